@@ -1,0 +1,60 @@
+"""agentsession-cas: a git-like content-addressed store for Agent Session Format records.
+
+The format core lives here: canonical JSON and the I-JSON test
+(:mod:`.canonical`), entry hashing (:mod:`.hashing`), the ``ts`` form
+(:mod:`.timestamps`), lossless entries and headers (:mod:`.entry`), reading
+and verifying files (:mod:`.reader`, :mod:`.legacy`), the tree and the
+resume rule (:mod:`.tree`) and writing (:mod:`.writer`).
+"""
+
+from .canonical import canonical_bytes, loads
+from .entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, ParentRef, make_entry, short_id
+from .errors import (
+    AgentSessionError,
+    EntryError,
+    IJSONError,
+    NoSuchEntryError,
+    Problem,
+    SessionFormatError,
+    TimestampError,
+)
+from .hashing import content_hash, entry_hashes, is_hash
+from .reader import SessionFile, read_session, read_session_bytes
+from .timestamps import check_ts, format_ts, is_valid_ts, now_ts
+from .tree import Tree
+from .writer import SessionBuilder, session_bytes, write_session
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentSessionError",
+    "EntryError",
+    "Entry",
+    "FORMAT_WRITTEN",
+    "Header",
+    "IJSONError",
+    "LEAF_LABEL",
+    "NoSuchEntryError",
+    "ParentRef",
+    "Problem",
+    "SessionBuilder",
+    "SessionFile",
+    "SessionFormatError",
+    "TimestampError",
+    "Tree",
+    "canonical_bytes",
+    "check_ts",
+    "content_hash",
+    "entry_hashes",
+    "format_ts",
+    "is_hash",
+    "is_valid_ts",
+    "loads",
+    "make_entry",
+    "now_ts",
+    "read_session",
+    "read_session_bytes",
+    "session_bytes",
+    "short_id",
+    "write_session",
+]

@@ -1,0 +1,264 @@
+"""Canonical JSON (RFC 8785, JCS) and the I-JSON test RFC 0001 puts on hashed members.
+
+This is the one place the project turns values into the bytes it hashes and
+the one place it parses JSON strictly. Two serialisers live here:
+
+* :func:`canonical_str_reference` is a direct, readable implementation of
+  JCS. It is the definition; property tests prove it byte-identical to the
+  ``rfc8785`` package.
+* :func:`canonical_bytes` is the hot path. It asks the C JSON encoder for
+  sorted, compact output, which is already JCS for strings, ``true``/
+  ``false``/``null``, small integers and keys inside the Basic Multilingual
+  Plane. A cheap scan of the output spots anything the C encoder renders
+  differently (a float, an integer of 16 or more digits, a supplementary
+  character) and only then falls back to the reference serialiser. False
+  alarms cost speed, never correctness.
+
+Parsing (:func:`loads`) refuses what ``json.loads`` silently accepts or
+alters: repeated member names, ``NaN``/``Infinity``, numbers that are not
+finite in binary64, and whole numbers a double reader would change (RFC
+0001 "Entry hash"). Lone surrogates are refused when the value is encoded
+to canonical UTF-8 bytes, which every hash needs anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from .errors import IJSONError
+
+__all__ = [
+    "loads",
+    "canonical_bytes",
+    "canonical_str",
+    "canonical_str_reference",
+    "number_to_json",
+    "check_whole_number",
+]
+
+_TWO_53 = 2**53
+
+# --------------------------------------------------------------------------
+# Numbers
+
+
+def number_to_json(value: float) -> str:
+    """Render a binary64 value as ECMAScript's Number::toString does (JCS 3.2.2.3)."""
+    if value != value or value in (math.inf, -math.inf):
+        raise IJSONError(f"number {value!r} is not finite")
+    if value == 0:
+        return "0"  # covers -0.0 as well
+    if value < 0:
+        return "-" + number_to_json(-value)
+    # repr gives the shortest digit string that round-trips, which is what
+    # ECMAScript asks for; only the layout differs.
+    sign, digits_t, exp = Decimal(repr(value)).as_tuple()
+    digits = "".join(map(str, digits_t)).rstrip("0") or "0"
+    exp += len(digits_t) - len(digits)
+    k = len(digits)
+    n = k + exp  # value = 0.digits * 10**n
+    if k <= n <= 21:
+        return digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return "0." + "0" * (-n) + digits
+    e = n - 1
+    mantissa = digits if k == 1 else digits[0] + "." + digits[1:]
+    return f"{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+
+
+def check_whole_number(exact: int | Decimal, spelled: str | None = None) -> float:
+    """Apply RFC 0001's whole-number rule to an exact whole value; return its double.
+
+    The value must be exactly representable in binary64, or equal to the
+    canonical rendering of the nearest double (so 2**60 spelled
+    ``1152921504606847000`` passes, ``9007199254740993`` never does).
+    """
+    try:
+        as_float = float(exact)
+    except OverflowError:
+        raise IJSONError(f"number {spelled or exact} is not finite in binary64") from None
+    if math.isinf(as_float):
+        raise IJSONError(f"number {spelled or exact} is not finite in binary64")
+    if Decimal(as_float) == exact:
+        return as_float
+    if Decimal(number_to_json(as_float)) == exact:
+        return as_float
+    raise IJSONError(
+        f"whole number {spelled or exact} is not exact in binary64 and is not the "
+        f"canonical rendering of the nearest double ({number_to_json(as_float)})"
+    )
+
+
+def _parse_float(text: str) -> float:
+    """Float hook for the strict parser: finite, and the whole-number rule by spelling."""
+    value = float(text)
+    if math.isinf(value) or value != value:
+        raise IJSONError(f"number {text} is not finite in binary64")
+    if abs(value) >= _TWO_53:
+        # Only here can a whole number be one a double does not hold.
+        try:
+            exact = Decimal(text)
+        except InvalidOperation:  # pragma: no cover - json already validated it
+            raise IJSONError(f"bad number {text}") from None
+        if exact == exact.to_integral_value():
+            check_whole_number(exact, text)
+    return value
+
+
+def _parse_constant(name: str) -> Any:
+    raise IJSONError(f"{name} is not a JSON number")
+
+
+def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise IJSONError(f"member name {json.dumps(key, ensure_ascii=False)} is repeated in one object")
+            seen.add(key)
+    return obj
+
+
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_object_pairs,
+    parse_float=_parse_float,
+    parse_constant=_parse_constant,
+)
+
+
+def loads(text: str | bytes) -> Any:
+    """Parse JSON strictly (I-JSON). Syntax errors raise ``json.JSONDecodeError``
+    (a ``ValueError``); values JSON admits but I-JSON refuses raise :class:`IJSONError`.
+
+    Integers are kept exact; :func:`canonical_bytes` applies the whole-number
+    rule to them, since it is a property of the value, not of its spelling.
+    """
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode("utf-8")
+    return _DECODER.decode(text)
+
+
+# --------------------------------------------------------------------------
+# The reference serialiser
+
+
+def _utf16_key(name: str) -> bytes:
+    return name.encode("utf-16-be", "surrogatepass")
+
+
+_encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
+
+def _ref(value: Any, out: list[str]) -> None:
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, str):
+        out.append(_encode_str(value))
+    elif isinstance(value, int):
+        if -_TWO_53 < value < _TWO_53:
+            out.append(str(int(value)))
+        else:
+            out.append(number_to_json(check_whole_number(int(value))))
+    elif isinstance(value, float):
+        out.append(number_to_json(value))
+    elif isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise IJSONError(f"member name {key!r} is not a string")
+        out.append("{")
+        first = True
+        for key in sorted(value, key=_utf16_key):
+            if not first:
+                out.append(",")
+            first = False
+            out.append(_encode_str(key))
+            out.append(":")
+            _ref(value[key], out)
+        out.append("}")
+    elif isinstance(value, (list, tuple)):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _ref(item, out)
+        out.append("]")
+    else:
+        raise IJSONError(f"value of type {type(value).__name__} is not JSON")
+
+
+def canonical_str_reference(value: Any) -> str:
+    """JCS text of ``value``, written straight from RFC 8785. Slow; the definition."""
+    out: list[str] = []
+    _ref(value, out)
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------
+# The fast path
+
+_C_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+)
+_c_encode = _C_ENCODER.encode
+
+# In the C encoder's output a number follows ':', ',' or '['. A float always
+# renders with '.' or 'e'; an integer the C encoder may render differently
+# from JCS has 16 digits or more. Supplementary characters may sort
+# differently as member names. Matches inside strings are harmless false alarms.
+_SUSPECT = re.compile(r"(?:^|[:,\[])-?[0-9]+[.eE]|(?:^|[:,\[])-?[0-9]{16}|[\U00010000-\U0010FFFF]")
+
+
+def canonical_str(value: Any) -> str:
+    """JCS text of ``value`` (not yet checked for lone surrogates; see :func:`canonical_bytes`)."""
+    try:
+        text = _c_encode(value)
+    except (TypeError, ValueError):
+        # Non-string keys of other types, NaN/inf, or unknown types: let the
+        # reference serialiser say precisely what is wrong.
+        return canonical_str_reference(value)
+    if _SUSPECT.search(text) is not None:
+        return canonical_str_reference(value)
+    return text
+
+
+def _check_keys(value: Any) -> None:
+    """The C encoder turns int/float/bool/None keys into strings; JSON has none."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise IJSONError(f"member name {key!r} is not a string")
+            if isinstance(item, (dict, list, tuple)):
+                _check_keys(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            if isinstance(item, (dict, list, tuple)):
+                _check_keys(item)
+
+
+def canonical_bytes(value: Any, *, parsed: bool = False) -> bytes:
+    """Canonical UTF-8 bytes of ``value``; refuses what I-JSON refuses.
+
+    ``parsed=True`` says the value came from :func:`loads`, so its member
+    names are known to be strings and the key check is skipped.
+    """
+    if not parsed:
+        _check_keys(value)
+    text = canonical_str(value)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.end]
+        raise IJSONError(
+            f"string holds a lone surrogate {json.dumps(bad)}"
+        ) from None

@@ -1,0 +1,359 @@
+"""Entries and headers as lossless wrappers over the JSON objects a line holds.
+
+An :class:`Entry` keeps the object exactly as parsed (every member the
+format does not define, at any depth, namespaced types included) and adds
+typed accessors for what the reader, the tree and the store need. Writing
+an entry back is canonical JSON of that same object, so nothing a tool
+preserves can change.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Mapping
+
+from .canonical import canonical_bytes
+from .errors import EntryError, SessionFormatError, Problem
+from .hashing import RESERVED_MEMBERS, ENVELOPE_MEMBERS, entry_hashes, is_hash
+from .timestamps import check_ts, format_ts, now_ts
+
+__all__ = [
+    "Entry",
+    "Header",
+    "ParentRef",
+    "FORMAT_WRITTEN",
+    "LEAF_LABEL",
+    "make_entry",
+    "short_id",
+    "parse_format",
+]
+
+#: The format minor this package writes.
+FORMAT_MAJOR, FORMAT_MINOR = 0, 14
+FORMAT_WRITTEN = f"agentsession/{FORMAT_MAJOR}.{FORMAT_MINOR}"
+#: The earliest minor read as it stands; earlier ones are migrated in memory.
+FIRST_HASHED_MINOR = 5
+#: The label value that marks the branch a reader resumes on.
+LEAF_LABEL = "leaf"
+
+_FORMAT = re.compile(r"agentsession/([0-9]+)\.([0-9]+)")
+
+
+def parse_format(value: object) -> tuple[int, int] | None:
+    """``agentsession/<major>.<minor>`` as a tuple, or None when not that shape."""
+    if not isinstance(value, str):
+        return None
+    m = _FORMAT.fullmatch(value)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def short_id(entry_id: str | None) -> str:
+    """A ``sha256:`` id as its first 12 hex digits (as git shortens); anything else as is."""
+    if entry_id is None:
+        return "-"
+    if is_hash(entry_id):
+        return entry_id[7:19]
+    return entry_id
+
+
+@dataclass(frozen=True)
+class ParentRef:
+    """One element of ``parents``: an entry by hash, and the session holding it if named."""
+
+    entry: str
+    session: str | None = None
+
+
+class Entry:
+    """One entry line: the object as read, its computed hashes and where it was read.
+
+    ``id`` is the id the entry is known by: the line's own when it has one,
+    else the computed one. ``computed_id`` and ``content_hash`` are always
+    what the line's members hash to.
+    """
+
+    __slots__ = ("data", "id", "computed_id", "content_hash", "line")
+
+    def __init__(
+        self,
+        data: dict[str, Any],
+        *,
+        computed_id: str,
+        content_hash: str,
+        line: int | None = None,
+    ):
+        self.data = data
+        stated = data.get("id")
+        self.id: str = stated if isinstance(stated, str) else computed_id
+        self.computed_id = computed_id
+        self.content_hash = content_hash
+        self.line = line
+
+    # -- construction -----------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, line: int | None = None) -> "Entry":
+        """Wrap an object, computing its hashes; a stated ``id`` that differs is refused."""
+        data = dict(data)
+        computed, chash = entry_hashes(data)
+        stated = data.get("id")
+        if stated is not None and stated != computed:
+            raise EntryError(f"id {stated} does not match the entry's hash {computed}")
+        data["id"] = computed
+        return cls(data, computed_id=computed, content_hash=chash, line=line)
+
+    # -- envelope ---------------------------------------------------------
+
+    @property
+    def type(self) -> str:
+        return self.data.get("type")  # type: ignore[return-value]
+
+    @property
+    def parent(self) -> str | None:
+        p = self.data.get("parent")
+        return p if isinstance(p, str) else None
+
+    @property
+    def parents(self) -> list[ParentRef]:
+        out = []
+        for ref in self.data.get("parents") or ():
+            if isinstance(ref, dict) and isinstance(ref.get("entry"), str):
+                session = ref.get("session")
+                out.append(ParentRef(ref["entry"], session if isinstance(session, str) else None))
+        return out
+
+    @property
+    def ts(self) -> str:
+        return self.data.get("ts")  # type: ignore[return-value]
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The content: every member outside the envelope."""
+        return {k: v for k, v in self.data.items() if k not in ENVELOPE_MEMBERS}
+
+    @property
+    def verified(self) -> bool:
+        """True when the line's own id is the hash of its members."""
+        return self.data.get("id") == self.computed_id
+
+    # -- typed accessors ----------------------------------------------------
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.data.get(name, default)
+
+    @property
+    def is_extension(self) -> bool:
+        """A namespaced (``ns:type``) entry: preserved, never in context unless known."""
+        return ":" in (self.type or "")
+
+    @property
+    def label(self) -> str | None:
+        v = self.data.get("label")
+        return v if isinstance(v, str) else None
+
+    @property
+    def target(self) -> str | None:
+        v = self.data.get("target")
+        return v if isinstance(v, str) else None
+
+    @property
+    def synthetic(self) -> bool:
+        return self.data.get("synthetic") is True
+
+    @property
+    def is_leaf_label(self) -> bool:
+        return self.type == "label" and self.data.get("label") == LEAF_LABEL
+
+    @property
+    def legacy_id(self) -> str | None:
+        v = self.data.get("legacy_id")
+        return v if isinstance(v, str) else None
+
+    # -- output -------------------------------------------------------------
+
+    def canonical_line(self) -> bytes:
+        """The entry as one canonical JSON line, LF included."""
+        return canonical_bytes(self.data, parsed=True) + b"\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.data)
+
+    def __repr__(self) -> str:
+        return f"Entry({self.type!r}, {short_id(self.id)}, parent={short_id(self.parent)})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Entry) and other.data == self.data
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+
+class Header:
+    """The header line: the session's id, format, payload profile, base, media and more.
+
+    Lossless like :class:`Entry`: unknown members are kept and written back.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+
+    @classmethod
+    def new(
+        cls,
+        session_id: str,
+        *,
+        payload: str = "openresponses/2026-04-24",
+        created_at: str | None = None,
+        harness: Mapping[str, str] | None = None,
+        records: Iterable[str] | None = None,
+        base: str | None = None,
+        media: str | None = None,
+        **extra: Any,
+    ) -> "Header":
+        """A header for a new session, in the format this package writes."""
+        data: dict[str, Any] = {
+            "type": "session",
+            "format": FORMAT_WRITTEN,
+            "id": session_id,
+            "created_at": created_at or now_ts(),
+            "payload": payload,
+        }
+        if harness is not None:
+            data["harness"] = dict(harness)
+        if records is not None:
+            data["records"] = list(records)
+        if base is not None:
+            data["base"] = base
+        if media is not None:
+            data["media"] = media
+        data.update(extra)
+        return cls(data)
+
+    @property
+    def id(self) -> str:
+        return self.data.get("id")  # type: ignore[return-value]
+
+    @property
+    def format(self) -> str:
+        return self.data.get("format")  # type: ignore[return-value]
+
+    @property
+    def format_version(self) -> tuple[int, int] | None:
+        return parse_format(self.data.get("format"))
+
+    @property
+    def is_legacy(self) -> bool:
+        """A format before 0.5, whose ids are not hashes and which is migrated on read."""
+        v = self.format_version
+        return v is not None and v[0] == 0 and v[1] < FIRST_HASHED_MINOR
+
+    @property
+    def payload(self) -> str | None:
+        return self.data.get("payload")
+
+    @property
+    def base(self) -> str | None:
+        v = self.data.get("base")
+        return v if isinstance(v, str) else None
+
+    @property
+    def media(self) -> str:
+        v = self.data.get("media")
+        return v if isinstance(v, str) else "inline"
+
+    @property
+    def records(self) -> list[str]:
+        v = self.data.get("records")
+        return [r for r in v if isinstance(r, str)] if isinstance(v, list) else []
+
+    @property
+    def created_at(self) -> str | None:
+        return self.data.get("created_at")
+
+    @property
+    def harness(self) -> dict[str, Any] | None:
+        v = self.data.get("harness")
+        return v if isinstance(v, dict) else None
+
+    def canonical_line(self) -> bytes:
+        return canonical_bytes(self.data, parsed=True) + b"\n"
+
+    def problems(self) -> list[Problem]:
+        """What is wrong with this header as RFC 0001 defines it (line 1)."""
+        out: list[Problem] = []
+        d = self.data
+        if d.get("type") != "session":
+            out.append(Problem(1, "header", "the first line is not a header: its type is not \"session\""))
+            return out
+        version = parse_format(d.get("format"))
+        if version is None:
+            out.append(Problem(1, "format", f"header format {d.get('format')!r} is not agentsession/<major>.<minor>"))
+        elif version[0] != FORMAT_MAJOR or version[1] > FORMAT_MINOR:
+            out.append(
+                Problem(1, "format", f"unsupported format {d.get('format')}: this reader reads agentsession/0.1 to {FORMAT_WRITTEN}")
+            )
+        if not isinstance(d.get("id"), str) or not d.get("id"):
+            out.append(Problem(1, "header", "header has no session id"))
+        if "base" in d and not is_hash(d.get("base")):
+            out.append(Problem(1, "header", f"header base {d.get('base')!r} is not a sha256: hash"))
+        media = d.get("media", "inline")
+        if media not in ("inline", "sidecar"):
+            out.append(Problem(1, "header", f"header media {media!r} is neither 'inline' nor 'sidecar'"))
+        return out
+
+    def __repr__(self) -> str:
+        return f"Header({self.id!r}, {self.format!r})"
+
+
+def make_entry(
+    type_: str,
+    parent: str | None,
+    *,
+    ts: str | datetime | None = None,
+    parents: Iterable[ParentRef | Mapping[str, str]] | None = None,
+    **body: Any,
+) -> Entry:
+    """Build a new entry with its hashes computed, for writers.
+
+    ``ts`` defaults to now; a datetime is spelled the admitted way. A body
+    member with a reserved name is refused; ``parents`` are sorted as the
+    format requires (by session, those without one first, then by entry).
+    """
+    for name in body:
+        if name in RESERVED_MEMBERS:
+            raise EntryError(f"body member {name!r} is reserved by the envelope")
+    if ts is None:
+        ts = now_ts()
+    elif isinstance(ts, datetime):
+        ts = format_ts(ts)
+    check_ts(ts)
+    data: dict[str, Any] = {"type": type_, "parent": parent, "ts": ts}
+    if parents:
+        refs = []
+        for ref in parents:
+            if isinstance(ref, ParentRef):
+                d = {"entry": ref.entry}
+                if ref.session is not None:
+                    d["session"] = ref.session
+            else:
+                d = dict(ref)
+            refs.append(d)
+        refs.sort(key=lambda r: (r.get("session") is not None, r.get("session") or "", r["entry"]))
+        data["parents"] = refs
+    data.update(body)
+    return Entry.from_dict(data)
+
+
+def header_or_error(obj: Any, source: str) -> Header:
+    """Wrap a parsed first line as a header, raising when it cannot be one."""
+    if not isinstance(obj, dict):
+        raise SessionFormatError(source, [Problem(1, "header", "the first line is not a JSON object")])
+    header = Header(obj)
+    problems = header.problems()
+    if problems:
+        raise SessionFormatError(source, problems)
+    return header

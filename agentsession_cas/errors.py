@@ -1,0 +1,65 @@
+"""The one exception hierarchy of agentsession-cas.
+
+Every error the library raises on purpose is an :class:`AgentSessionError`,
+so a caller (the CLI above all) can catch one type and print one line.
+Problems found while reading a file are not raised one by one: they are
+collected as :class:`Problem` values, since a verifier wants all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class AgentSessionError(Exception):
+    """Base of every error this library raises deliberately."""
+
+
+class IJSONError(AgentSessionError, ValueError):
+    """A value that JSON admits but I-JSON (RFC 7493, as RFC 0001 tests it) refuses."""
+
+
+class TimestampError(AgentSessionError, ValueError):
+    """A ``ts`` that is not in the one spelling RFC 0001 admits."""
+
+
+class EntryError(AgentSessionError, ValueError):
+    """An entry that cannot be hashed or built: a reserved member in its body,
+    a missing or mistyped envelope member, a caller-given id that differs."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with one line of a session file.
+
+    ``line`` is 1-based (the header is line 1); ``code`` is a short stable
+    word scripts can match on; ``message`` says what failed in words.
+    """
+
+    line: int | None
+    code: str
+    message: str
+    entry: str | None = None
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line is not None else ""
+        return f"{where}{self.message}"
+
+    def as_dict(self) -> dict:
+        return {"line": self.line, "code": self.code, "message": self.message, "entry": self.entry}
+
+
+class SessionFormatError(AgentSessionError):
+    """A session file that cannot be read at all (no header, an unsupported
+    format) or, when read strictly, one with problems. Carries them."""
+
+    def __init__(self, source: str, problems: list[Problem]):
+        self.source = source
+        self.problems = list(problems)
+        first = problems[0] if problems else None
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(f"{source}: {first}{more}" if first else f"{source}: unreadable")
+
+
+class NoSuchEntryError(AgentSessionError, LookupError):
+    """An entry id (or prefix) that names nothing, or names several entries."""

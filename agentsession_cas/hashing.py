@@ -1,0 +1,103 @@
+"""Entry hashing (RFC 0001 "Entry hash"): a content hash over the body, an id over the envelope.
+
+An entry hashes in two layers, as a git commit over its tree: the **content**
+is every member but ``id``, ``type``, ``parent``, ``parents`` and ``ts``; the
+**id** is the hash of the envelope object ``{type, parent, parents (only
+when non-empty), ts, content: <content hash>}``. Both are ``sha256:`` plus 64
+lowercase hex digits over canonical JSON bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any, Mapping
+
+from .canonical import canonical_bytes
+from .errors import EntryError
+
+__all__ = [
+    "ENVELOPE_MEMBERS",
+    "RESERVED_MEMBERS",
+    "HASH_PREFIX",
+    "is_hash",
+    "sha256_ref",
+    "body_of",
+    "content_hash",
+    "envelope_hash",
+    "entry_hashes",
+]
+
+HASH_PREFIX = "sha256:"
+ENVELOPE_MEMBERS = frozenset({"id", "type", "parent", "parents", "ts"})
+#: Names a body must not carry at top level: the envelope's, and ``content``.
+RESERVED_MEMBERS = ENVELOPE_MEMBERS | {"content"}
+
+_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def is_hash(value: object) -> bool:
+    """True for ``sha256:`` followed by exactly 64 lowercase hex digits."""
+    return isinstance(value, str) and _HASH.fullmatch(value) is not None
+
+
+def sha256_ref(data: bytes) -> str:
+    """``sha256:<hex>`` of raw bytes (content bodies, envelopes, media blobs)."""
+    return HASH_PREFIX + hashlib.sha256(data).hexdigest()
+
+
+def body_of(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The content of an entry: every member outside the envelope.
+
+    Raises :class:`EntryError` when the body carries ``content``, which the
+    format reserves (the other reserved names are the envelope's own and so
+    never reach the body).
+    """
+    if "content" in entry:
+        raise EntryError("body carries the reserved member 'content'")
+    return {k: v for k, v in entry.items() if k not in ENVELOPE_MEMBERS}
+
+
+def content_hash(body: Mapping[str, Any], *, parsed: bool = False) -> str:
+    """Hash of a body's canonical bytes. ``parsed`` as in :func:`canonical_bytes`."""
+    return sha256_ref(canonical_bytes(body, parsed=parsed))
+
+
+def envelope_object(
+    type_: str, parent: str | None, parents: list | None, ts: str, content: str
+) -> dict[str, Any]:
+    """The object an id is the hash of; ``parents`` is left out when empty."""
+    env: dict[str, Any] = {"type": type_, "parent": parent, "ts": ts, "content": content}
+    if parents:
+        env["parents"] = parents
+    return env
+
+
+def envelope_hash(
+    type_: str, parent: str | None, parents: list | None, ts: str, content: str
+) -> str:
+    """The entry id over its envelope."""
+    return sha256_ref(canonical_bytes(envelope_object(type_, parent, parents, ts, content)))
+
+
+def entry_hashes(entry: Mapping[str, Any], *, parsed: bool = False) -> tuple[str, str]:
+    """Compute ``(id, content hash)`` of an entry from its own members.
+
+    Checks only what hashing needs (types of the envelope members, the
+    reserved name); the ``ts`` spelling and the parent rules are the
+    reader's business.
+    """
+    type_ = entry.get("type")
+    if not isinstance(type_, str) or not type_:
+        raise EntryError("entry has no string 'type'")
+    parent = entry.get("parent")
+    if parent is not None and not isinstance(parent, str):
+        raise EntryError("entry 'parent' is neither a string nor null")
+    if "ts" not in entry:
+        raise EntryError("entry has no 'ts'")
+    ts = entry["ts"]
+    parents = entry.get("parents")
+    if parents is not None and not isinstance(parents, list):
+        raise EntryError("entry 'parents' is not an array")
+    chash = content_hash(body_of(entry), parsed=parsed)
+    return envelope_hash(type_, parent, parents, ts, chash), chash

@@ -1,0 +1,110 @@
+"""The one ``ts`` spelling RFC 0001 admits, checked for readers and produced for writers.
+
+``ts`` is hashed as the string it is, so the format admits exactly one
+spelling of an instant: UTC, uppercase ``T`` and ``Z``, seconds 00-59, a
+fraction only when non-zero, without trailing zeros, at most nine digits.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+
+from .errors import TimestampError
+
+__all__ = ["is_valid_ts", "check_ts", "format_ts", "now_ts", "normalise_ts"]
+
+_TS = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{0,8}[1-9]))?Z"
+)
+# Any RFC 3339 date-time, as an earlier format's writer may have spelled it.
+_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})"
+    r"(?:\.([0-9]+))?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+
+
+def _valid_fields(y: int, mo: int, d: int, h: int, mi: int, s: int) -> bool:
+    try:
+        datetime(y, mo, d, h, mi, s)
+    except ValueError:
+        return False
+    return True
+
+
+def is_valid_ts(value: object) -> bool:
+    """True when ``value`` is a string in the admitted form."""
+    if not isinstance(value, str):
+        return False
+    m = _TS.fullmatch(value)
+    if m is None:
+        return False
+    return _valid_fields(*(int(g) for g in m.groups()[:6]))
+
+
+def check_ts(value: object) -> str:
+    """Return ``value`` if admitted, else raise :class:`TimestampError` saying why."""
+    if is_valid_ts(value):
+        return value  # type: ignore[return-value]
+    if not isinstance(value, str):
+        raise TimestampError(f"ts is {type(value).__name__}, not a string")
+    raise TimestampError(
+        f"ts {value!r} is not in the admitted form (UTC, 'T' and 'Z', "
+        "fraction only when non-zero, no trailing zeros, at most nine digits)"
+    )
+
+
+def _join(dt: datetime, fraction: str) -> str:
+    fraction = fraction[:9].rstrip("0")
+    base = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{base}.{fraction}Z" if fraction else f"{base}Z"
+
+
+def format_ts(dt: datetime, nanoseconds: int | None = None) -> str:
+    """Spell a datetime the admitted way.
+
+    A naive datetime is taken as UTC. ``nanoseconds`` (0..999_999_999), when
+    given, replaces the datetime's microseconds, for writers holding a
+    nanosecond clock (``time.time_ns()``).
+    """
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    dt = dt.astimezone(timezone.utc)
+    if nanoseconds is None:
+        fraction = f"{dt.microsecond:06d}"
+    else:
+        if not 0 <= nanoseconds < 1_000_000_000:
+            raise ValueError("nanoseconds must be in 0..999999999")
+        fraction = f"{nanoseconds:09d}"
+    return _join(dt.replace(microsecond=0), fraction)
+
+
+def now_ts() -> str:
+    """The current instant, spelled the admitted way, to the nanosecond the clock gives."""
+    import time
+
+    ns = time.time_ns()
+    dt = datetime.fromtimestamp(ns // 1_000_000_000, tz=timezone.utc)
+    return format_ts(dt, ns % 1_000_000_000)
+
+
+def normalise_ts(value: str) -> str:
+    """Rewrite any RFC 3339 date-time to the admitted form, as migration and writers do:
+    convert an offset to UTC with the instant unchanged, truncate the fraction to
+    nine digits, and write a second 60 as 59 with the same fraction."""
+    m = _RFC3339.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        raise TimestampError(f"ts {value!r} is not an RFC 3339 date-time")
+    y, mo, d, h, mi, s = (int(g) for g in m.groups()[:6])
+    fraction = m.group(7) or ""
+    if s == 60:
+        s = 59
+    if not _valid_fields(y, mo, d, h, mi, s):
+        raise TimestampError(f"ts {value!r} names no valid instant")
+    dt = datetime(y, mo, d, h, mi, s, tzinfo=timezone.utc)
+    offset = m.group(8)
+    if offset not in ("Z", "z"):
+        sign = 1 if offset[0] == "+" else -1
+        oh, om = int(offset[1:3]), int(offset[4:6])
+        dt -= sign * timedelta(hours=oh, minutes=om)
+    return _join(dt, fraction)

@@ -1,0 +1,149 @@
+"""The entry tree of a session: children in file order, leaves, paths, and the resume rule.
+
+``parent`` is the only edge walked; ``parents`` is provenance and never
+widens a path. The tree works on ids so it serves a file's entries and,
+later, a store's log alike.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from .entry import Entry
+from .errors import NoSuchEntryError
+
+__all__ = ["Tree"]
+
+
+class Tree:
+    """Index over entries in file (or log) order.
+
+    ``prefix`` is the set of ids above the base (the base itself excluded),
+    where a leaf label may not rest; ``base`` is the base's id or None.
+    """
+
+    def __init__(
+        self,
+        entries: Sequence[Entry],
+        *,
+        base: str | None = None,
+        prefix: Iterable[str] = (),
+    ):
+        self.entries = list(entries)
+        self.base = base
+        self.prefix = frozenset(prefix)
+        self.by_id: dict[str, Entry] = {}
+        self.position: dict[str, int] = {}
+        self._children: dict[str | None, list[Entry]] = {}
+        for i, e in enumerate(self.entries):
+            self.by_id[e.id] = e
+            self.position[e.id] = i
+            self._children.setdefault(e.parent, []).append(e)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self.by_id
+
+    def get(self, entry_id: str) -> Entry | None:
+        return self.by_id.get(entry_id)
+
+    def children(self, entry_id: str | None) -> list[Entry]:
+        """Entries whose parent is ``entry_id`` (None: the roots), in file order."""
+        return list(self._children.get(entry_id, ()))
+
+    def roots(self) -> list[Entry]:
+        """Entries with no parent in this tree (a null parent, or one the tree lacks)."""
+        return [e for e in self.entries if e.parent is None or e.parent not in self.by_id]
+
+    def leaves(self) -> list[Entry]:
+        """Entries with no children, in file order."""
+        return [e for e in self.entries if e.id not in self._children]
+
+    def path(self, entry_id: str) -> list[Entry]:
+        """Entries from the root to ``entry_id``, following ``parent`` alone."""
+        out: list[Entry] = []
+        e = self.by_id.get(entry_id)
+        if e is None:
+            raise NoSuchEntryError(f"no such entry: {entry_id}")
+        seen: set[str] = set()
+        while e is not None and e.id not in seen:
+            seen.add(e.id)
+            out.append(e)
+            e = self.by_id.get(e.parent) if e.parent is not None else None
+        out.reverse()
+        return out
+
+    def is_ancestor(self, ancestor: str | None, entry_id: str) -> bool:
+        """True when ``ancestor`` is on the path to ``entry_id`` (itself included);
+        None (the universal root) is an ancestor of everything."""
+        if ancestor is None:
+            return True
+        return any(e.id == ancestor for e in self.path(entry_id))
+
+    # -- the resume rule -----------------------------------------------------
+
+    def _label_in_force_target(self, label: Entry) -> bool:
+        """May a leaf label naming this target be in force?"""
+        target = label.get("target")
+        if target is None:
+            # The universal root: a head only a baseless session may have.
+            return self.base is None
+        if not isinstance(target, str) or target not in self.by_id:
+            return False
+        if target in self.prefix:
+            return False
+        return not self.by_id[target].is_leaf_label
+
+    def leaf_label_in_force(self) -> Entry | None:
+        """The last ``leaf`` label in force, or None.
+
+        A label is out of force when its target is not in the file, is on the
+        prefix above the base, or is itself a leaf label, or when a later
+        label with ``label: null`` names the same target.
+        """
+        marks: list[Entry] = []
+        for e in self.entries:
+            if e.type != "label":
+                continue
+            if e.is_leaf_label:
+                if self._label_in_force_target(e):
+                    marks.append(e)
+            elif e.get("label") is None:
+                target = e.get("target")
+                marks = [m for m in marks if m.get("target") != target]
+        return marks[-1] if marks else None
+
+    def _not_a_leaf_label(self, e: Entry | None) -> Entry | None:
+        """A leaf that is itself a leaf label resolves to its nearest ancestor that is not one."""
+        while e is not None and e.is_leaf_label:
+            e = self.by_id.get(e.parent) if e.parent is not None else None
+        return e
+
+    def resume_leaf(self) -> str | None:
+        """The leaf a reader resumes at (RFC 0001 "File"), or None for the universal root
+        (an empty tree, or a leaf label naming the root with nothing written after it)."""
+        if not self.entries:
+            return None
+        mark = self.leaf_label_in_force()
+        if mark is None:
+            e = self._not_a_leaf_label(self.entries[-1])
+            return e.id if e is not None else None
+        target = mark.get("target")
+        start = self.position[mark.id]
+        if target is None:
+            later = [e for e in self.entries[start + 1 :]]
+        else:
+            descendants = {target}
+            later = []
+            for e in self.entries[self.position[target] + 1 :]:
+                if e.parent in descendants:
+                    descendants.add(e.id)
+                    if self.position[e.id] > start:
+                        later.append(e)
+        later = [e for e in later if e.id != mark.id]
+        if not later:
+            return target
+        found = self._not_a_leaf_label(later[-1])
+        return found.id if found is not None else None

@@ -1,0 +1,1 @@
+"""The ``agentsession`` command: a thin click layer over :mod:`agentsession_cas`."""

@@ -1,0 +1,301 @@
+"""The ``agentsession`` command line. Parsing and printing only; the work is the library's.
+
+Exit codes: 0 success; 1 a problem was found (and reported) or an error
+stopped the command; 2 a usage error (click's own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, NoReturn
+
+import click
+
+from agentsession_cas import (
+    AgentSessionError,
+    IJSONError,
+    EntryError,
+    SessionFile,
+    SessionFormatError,
+    __version__,
+    entry_hashes,
+    loads,
+    read_session,
+    short_id,
+)
+from agentsession_cas.reader import split_lines
+
+from .describe import describe
+
+
+def fail(message: str) -> NoReturn:
+    """Print one line to stderr and exit 1."""
+    click.echo(f"agentsession: error: {message}", err=True)
+    sys.exit(1)
+
+
+def _os_message(exc: OSError) -> str:
+    name = exc.filename if exc.filename is not None else ""
+    reason = {
+        FileNotFoundError: "no such file",
+        IsADirectoryError: "is a directory, not a session file",
+        PermissionError: "permission denied",
+    }.get(type(exc), exc.strerror or str(exc))
+    return f"{name}: {reason}" if name else reason
+
+
+class App(click.Group):
+    """Turns the library's errors and OS errors into one line and exit 1, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SessionFormatError as exc:
+            fail(str(exc))
+        except AgentSessionError as exc:
+            fail(str(exc))
+        except OSError as exc:
+            fail(_os_message(exc))
+
+
+@click.group(cls=App, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="agentsession")
+def main() -> None:
+    """A git-like content-addressed store for agent session records.
+
+    Today it reads, shows and verifies Agent Session Format files.
+    """
+
+
+def _emit_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, ensure_ascii=False, indent=2))
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    out = []
+    for r in rows:
+        cells = [c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+# ---------------------------------------------------------------------------
+# show
+
+
+def _children_counts(sf: SessionFile) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for e in sf.entries:
+        if e.parent is not None:
+            counts[e.parent] = counts.get(e.parent, 0) + 1
+    return counts
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=True, allow_dash=False))
+@click.option("--leaf", "leaf_name", metavar="ID", help="Entry to treat as the leaf: a full id, a legacy id or a unique hex prefix.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("-v", "--verbose", is_flag=True, help="Show the data of custom and extension entries.")
+def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool) -> None:
+    """Print a session file's entries in file order, then its leaf."""
+    sf = read_session(file)
+    leaf = sf.resolve(leaf_name).id if leaf_name else sf.leaf
+    path = [e.id for e in sf.tree.path(leaf)] if leaf is not None else []
+    truncated = (
+        {"line": sf.truncated.line, "error": sf.truncated.message} if sf.truncated is not None else None
+    )
+    if as_json:
+        _emit_json(
+            {
+                "source": file,
+                "header": sf.header.data,
+                "migrated": sf.migrated,
+                "entries": [
+                    {
+                        "id": e.id,
+                        "type": e.type,
+                        "parent": e.parent,
+                        "line": e.line,
+                        "content_hash": e.content_hash,
+                        **({"legacy_id": e.legacy_id} if e.legacy_id else {}),
+                    }
+                    for e in sf.entries
+                ],
+                "leaf": leaf,
+                "path": path,
+                "truncated": truncated,
+                "problems": [p.as_dict() for p in sf.problems],
+            }
+        )
+        return
+    h = sf.header
+    tree = sf.tree
+    info = [["session", h.id or "-"], ["format", f"{h.format} ({h.payload or '-'})" + (" migrated in memory" if sf.migrated else "")]]
+    if h.created_at:
+        info.append(["created", str(h.created_at)])
+    if h.harness:
+        info.append(["harness", f"{h.harness.get('name', '')} {h.harness.get('version', '')}".strip()])
+    if h.data.get("cwd"):
+        info.append(["cwd", str(h.data["cwd"])])
+    if h.data.get("parent_session"):
+        info.append(["parent", str(h.data["parent_session"])])
+    if h.base:
+        info.append(["base", short_id(h.base)])
+    if h.records:
+        info.append(["records", ", ".join(h.records)])
+    if "media" in h.data:
+        info.append(["media", h.media])
+    info.append(
+        [
+            "entries",
+            f"{len(sf.entries)} in {len(tree.roots())} root(s), {len(tree.leaves())} leaf(s), leaf {short_id(leaf)}",
+        ]
+    )
+    for line in _table([[k, v] for k, v in info]):
+        click.echo(line)
+    if sf.entries:
+        counts = _children_counts(sf)
+        labels: dict[str, str] = {}
+        for e in sf.entries:
+            if e.type == "label" and isinstance(e.get("target"), str):
+                labels[e.get("target")] = e.label or ""
+        rows = [["LINE", "ID", "PARENT", "TYPE", "SUMMARY"]]
+        for e in sf.entries:
+            marks = []
+            if counts.get(e.id, 0) > 1:
+                marks.append(f"fork\u00d7{counts[e.id]}")
+            if counts.get(e.id, 0) == 0:
+                marks.append("leaf")
+            if labels.get(e.id):
+                marks.append(f"[{labels[e.id]}]")
+            if e.parents:
+                marks.append(f"converges {len(e.parents)}")
+            summary = describe(e, verbose)
+            if marks:
+                summary += "  " + " ".join(marks)
+            rows.append([str(e.line), short_id(e.id), short_id(e.parent), e.type, summary])
+        click.echo()
+        for line in _table(rows):
+            click.echo(line)
+    click.echo()
+    if leaf is None:
+        click.echo("leaf -  (the universal root: the next entry is a root)" if sf.entries else "leaf -  (no entries)")
+    else:
+        how = "given" if leaf_name else "by the resume rule"
+        click.echo(f"leaf {short_id(leaf)}  ({how}; {len(path)} entries on its path)")
+    for p in sf.problems:
+        click.echo(f"problem: {p}")
+    if sf.truncated is not None:
+        click.echo(f"truncated: {sf.truncated} (not loaded)")
+
+
+# ---------------------------------------------------------------------------
+# verify
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=True))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def verify(file: str, as_json: bool) -> None:
+    """Check every line of a session file; exit 1 on any problem.
+
+    Each entry's id is recomputed from its members, its ts form and I-JSON
+    checked, and the parent, parents and base rules applied.
+    """
+    try:
+        sf = read_session(file)
+    except SessionFormatError as exc:
+        problems = exc.problems
+        if as_json:
+            _emit_json({"source": file, "ok": False, "entries": 0, "migrated": False,
+                        "problems": [p.as_dict() for p in problems], "notes": []})
+        else:
+            for p in problems:
+                click.echo(f"{file}: {p}")
+        sys.exit(1)
+    problems = sf.all_problems()
+    empty = not sf.entries
+    ok = not problems and not empty
+    if as_json:
+        _emit_json(
+            {
+                "source": file,
+                "ok": ok,
+                "entries": len(sf.entries),
+                "migrated": sf.migrated,
+                "problems": [p.as_dict() for p in problems]
+                + ([{"line": None, "code": "empty", "message": "the file holds a header and no entries", "entry": None}] if empty else []),
+                "notes": [p.as_dict() for p in sf.unresolved],
+            }
+        )
+        sys.exit(0 if ok else 1)
+    for p in problems:
+        click.echo(f"{file}: {p}")
+    for note in sf.unresolved:
+        click.echo(f"{file}: note: {note}")
+    if empty:
+        click.echo(f"nothing to verify: {file} holds a header and no entries")
+        sys.exit(1)
+    if sf.migrated:
+        how = f"migrated from {sf.header.format}: ids assigned in memory, not checked"
+    else:
+        how = "each id checked against its hash"
+    click.echo(f"{file}: {len(sf.entries)} entries read, {how}; {len(problems)} problem(s)")
+    sys.exit(0 if ok else 1)
+
+
+# ---------------------------------------------------------------------------
+# hash-object
+
+
+@main.command("hash-object")
+@click.argument("file", default="-", type=click.Path(allow_dash=True, dir_okay=True))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of text.")
+def hash_object(file: str, as_json: bool) -> None:
+    """Print the computed id and content hash of each entry line in FILE (or stdin).
+
+    A header line is skipped. Each output line is `ID CONTENT_HASH`, and
+    `!` is appended when the line states a different id. A line that cannot
+    be hashed is reported on stderr with its number, and the exit is 1.
+    """
+    if file == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        if os.path.isdir(file):
+            raise IsADirectoryError(21, "is a directory", file)
+        with open(file, "rb") as f:
+            data = f.read()
+    results = []
+    failed = 0
+    for lineno, raw in enumerate(split_lines(data), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = loads(raw.decode("utf-8"))
+            if not isinstance(obj, dict):
+                raise EntryError("the line is not a JSON object")
+            if obj.get("type") == "session":
+                continue
+            eid, chash = entry_hashes(obj, parsed=True)
+        except (ValueError, AgentSessionError) as exc:
+            reason = f"not valid UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
+            click.echo(f"agentsession: line {lineno}: {reason}", err=True)
+            failed += 1
+            continue
+        stated = obj.get("id")
+        results.append({"line": lineno, "id": eid, "content_hash": chash, "stated_id": stated, "matches": stated == eid})
+    if as_json:
+        _emit_json(results)
+    else:
+        for r in results:
+            flag = "" if r["matches"] or r["stated_id"] is None else "  !"
+            click.echo(f"{r['id']} {r['content_hash']}{flag}")
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
