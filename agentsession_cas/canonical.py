@@ -72,6 +72,14 @@ def number_to_json(value: float) -> str:
     return f"{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
 
 
+def _show(exact: int | Decimal) -> str:
+    """``str(exact)``, which for an int beyond ``sys.get_int_max_str_digits()`` raises."""
+    try:
+        return str(exact)
+    except ValueError:
+        return f"of {exact.bit_length()} bits"  # type: ignore[union-attr]
+
+
 def check_whole_number(exact: int | Decimal, spelled: str | None = None) -> float:
     """Apply RFC 0001's whole-number rule to an exact whole value; return its double.
 
@@ -82,9 +90,9 @@ def check_whole_number(exact: int | Decimal, spelled: str | None = None) -> floa
     try:
         as_float = float(exact)
     except OverflowError:
-        raise IJSONError(f"number {spelled or exact} is not finite in binary64") from None
+        raise IJSONError(f"number {spelled or _show(exact)} is not finite in binary64") from None
     if math.isinf(as_float):
-        raise IJSONError(f"number {spelled or exact} is not finite in binary64")
+        raise IJSONError(f"number {spelled or _show(exact)} is not finite in binary64")
     if Decimal(as_float) == exact:
         return as_float
     if Decimal(number_to_json(as_float)) == exact:
@@ -142,7 +150,14 @@ def loads(text: str | bytes) -> Any:
     """
     if isinstance(text, (bytes, bytearray)):
         text = text.decode("utf-8")
-    return _DECODER.decode(text)
+    try:
+        return _DECODER.decode(text)
+    except (json.JSONDecodeError, IJSONError):
+        raise
+    except ValueError as exc:
+        # int() refuses a literal longer than sys.get_int_max_str_digits()
+        # (at least 640 digits), and so a number far beyond binary64's range.
+        raise IJSONError(f"a number is not finite in binary64 ({exc})") from None
 
 
 # --------------------------------------------------------------------------
@@ -171,7 +186,7 @@ def _ref(value: Any, out: list[str]) -> None:
         else:
             out.append(number_to_json(check_whole_number(int(value))))
     elif isinstance(value, float):
-        out.append(number_to_json(value))
+        out.append(number_to_json(float(value)))  # a subclass's repr may differ
     elif isinstance(value, dict):
         for key in value:
             if not isinstance(key, str):
@@ -220,7 +235,8 @@ _SUSPECT = re.compile(r"(?:^|[:,\[])-?[0-9]+[.eE]|(?:^|[:,\[])-?[0-9]{16}|[\U000
 
 
 def canonical_str(value: Any) -> str:
-    """JCS text of ``value`` (not yet checked for lone surrogates; see :func:`canonical_bytes`)."""
+    """JCS text of ``value``, not yet checked for lone surrogates nor for non-string
+    member names (which the C encoder coerces to strings); see :func:`canonical_bytes`."""
     try:
         text = _c_encode(value)
     except (TypeError, ValueError):

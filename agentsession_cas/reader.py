@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -37,6 +38,8 @@ from .timestamps import is_valid_ts
 from .tree import Tree
 
 __all__ = ["SessionFile", "read_session", "read_session_bytes", "split_lines"]
+
+_CLAIMED_ID = re.compile(rb'"id"\s*:\s*"(sha256:[0-9a-f]{64})"')
 
 
 @dataclass
@@ -210,10 +213,11 @@ class _Reader:
             yield lineno, obj
 
     def _mark_broken(self, raw: bytes) -> None:
-        """Best effort: find the id a broken line claims, by a plain search."""
-        at = raw.find(b'"id":"sha256:')
-        if at >= 0:
-            self.broken.add(raw[at + 6 : at + 6 + 71].decode("ascii", "replace"))
+        """Best effort: find the id a broken line claims, by a plain search (any
+        spelling: whitespace around the colon, and every candidate, since a
+        nested member may also be named ``id``)."""
+        for m in _CLAIMED_ID.finditer(raw):
+            self.broken.add(m.group(1).decode("ascii"))
 
     def run(self) -> SessionFile:
         objects = self.parsed_objects()
@@ -270,6 +274,9 @@ class _Reader:
             self.problem(lineno, "id", f"the entry has no id (its members hash to {computed})", computed)
         elif not is_hash(stated):
             self.problem(lineno, "id", f"id {stated!r} is not sha256: followed by 64 lowercase hex digits", None)
+            # Its children name the hash it should have carried: the fault is
+            # reported here, not again as each child's missing parent.
+            self.broken.add(computed)
         elif stated != computed:
             self.problem(lineno, "hash", f"id {stated} does not match the hash of the entry's members ({computed})", stated)
         if not is_valid_ts(obj.get("ts")):

@@ -25,8 +25,10 @@ _RFC3339 = re.compile(
 
 
 def _valid_fields(y: int, mo: int, d: int, h: int, mi: int, s: int) -> bool:
+    # RFC 3339 admits year 0000, which datetime cannot hold; 2000 has the same
+    # calendar (the Gregorian cycle is 400 years), so check that instead.
     try:
-        datetime(y, mo, d, h, mi, s)
+        datetime(y or 2000, mo, d, h, mi, s)
     except ValueError:
         return False
     return True
@@ -56,7 +58,11 @@ def check_ts(value: object) -> str:
 
 def _join(dt: datetime, fraction: str) -> str:
     fraction = fraction[:9].rstrip("0")
-    base = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    # Not strftime: its %Y does not pad years before 1000 on every platform.
+    base = (
+        f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}"
+        f"T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}"
+    )
     return f"{base}.{fraction}Z" if fraction else f"{base}Z"
 
 
@@ -91,7 +97,12 @@ def now_ts() -> str:
 def normalise_ts(value: str) -> str:
     """Rewrite any RFC 3339 date-time to the admitted form, as migration and writers do:
     convert an offset to UTC with the instant unchanged, truncate the fraction to
-    nine digits, and write a second 60 as 59 with the same fraction."""
+    nine digits, and write a second 60 as 59 with the same fraction. An admitted
+    ``ts`` comes back unchanged; a date-time that is not one, an offset outside
+    -23:59..+23:59, and an instant outside years 0001-9999 UTC (what ``datetime``
+    holds) raise :class:`TimestampError`."""
+    if is_valid_ts(value):
+        return value  # type: ignore[return-value]  # already admitted (year 0000 too)
     m = _RFC3339.fullmatch(value) if isinstance(value, str) else None
     if m is None:
         raise TimestampError(f"ts {value!r} is not an RFC 3339 date-time")
@@ -99,12 +110,17 @@ def normalise_ts(value: str) -> str:
     fraction = m.group(7) or ""
     if s == 60:
         s = 59
-    if not _valid_fields(y, mo, d, h, mi, s):
-        raise TimestampError(f"ts {value!r} names no valid instant")
+    if y == 0 or not _valid_fields(y, mo, d, h, mi, s):
+        raise TimestampError(f"ts {value!r} names no valid instant this library can convert")
     dt = datetime(y, mo, d, h, mi, s, tzinfo=timezone.utc)
     offset = m.group(8)
     if offset not in ("Z", "z"):
         sign = 1 if offset[0] == "+" else -1
         oh, om = int(offset[1:3]), int(offset[4:6])
-        dt -= sign * timedelta(hours=oh, minutes=om)
+        if oh > 23 or om > 59:
+            raise TimestampError(f"ts {value!r} has no valid offset")
+        try:
+            dt -= sign * timedelta(hours=oh, minutes=om)
+        except OverflowError:
+            raise TimestampError(f"ts {value!r} falls outside years 0001-9999 in UTC") from None
     return _join(dt, fraction)

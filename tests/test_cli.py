@@ -1,0 +1,242 @@
+"""The agentsession command: output shapes, exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agentsession_cas import Header, SessionBuilder, make_entry
+from cli.main import main
+
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "sessions"
+needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason=f"reference corpus not found at {CORPUS}")
+
+TS = "2026-09-17T12:00:0{}Z"
+
+
+def run(*args: str, input: bytes | None = None):
+    return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
+
+
+def build(tmp_path: Path, name: str = "s.jsonl") -> tuple[Path, SessionBuilder]:
+    b = SessionBuilder(Header.new("sess-1", created_at="2026-09-17T12:00:00Z"))
+    b.append("config", ts=TS.format(0), model="m1")
+    b.append("item", ts=TS.format(1), item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
+    b.append("item", ts=TS.format(2), item={"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]})
+    path = tmp_path / name
+    b.write(path)
+    return path, b
+
+
+# -- verify -----------------------------------------------------------------
+
+
+def test_verify_clean_file_exits_0(tmp_path):
+    path, b = build(tmp_path)
+    r = run("verify", str(path))
+    assert r.exit_code == 0, r.output
+    assert "3 entries read, each id checked against its hash; 0 problem(s)" in r.output
+
+
+def test_verify_json_reports_problems_with_lines(tmp_path):
+    path, b = build(tmp_path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[2] = lines[2].replace(b'"hi"', b'"HI"')  # content changed, id kept
+    path.write_bytes(b"".join(lines))
+    r = run("verify", "--json", str(path))
+    assert r.exit_code == 1
+    out = json.loads(r.output)
+    assert out["ok"] is False
+    assert [(p["line"], p["code"]) for p in out["problems"]] == [(3, "hash")]
+
+
+def test_verify_bad_ts_is_reported_like_a_bad_hash(tmp_path):
+    path, b = build(tmp_path)
+    # A second entry whose ts is spelled with an offset: its id is computed over that spelling.
+    obj = dict(make_entry("item", b.leaf, ts=TS.format(3), item={"type": "message", "role": "user", "content": []}).data)
+    obj["ts"] = "2026-09-17T12:00:03+00:00"
+    from agentsession_cas.hashing import entry_hashes
+    obj["id"] = entry_hashes(obj)[0]
+    with open(path, "ab") as f:
+        f.write(json.dumps(obj).encode() + b"\n")
+    r = run("verify", str(path))
+    assert r.exit_code == 1
+    assert "line 5: ts '2026-09-17T12:00:03+00:00' is not in the admitted form" in r.output
+
+
+def test_verify_header_only_is_a_failure(tmp_path):
+    path = tmp_path / "h.jsonl"
+    path.write_bytes(Header.new("x", created_at="2026-09-17T12:00:00Z").canonical_line())
+    r = run("verify", str(path))
+    assert r.exit_code == 1
+    assert "nothing to verify" in r.output
+
+
+@needs_corpus
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("bad-parent.jsonl", "line 4: parent sha256:9b1aa7"),
+        ("duplicate-id.jsonl", "line 11: id f27ee964a736 repeats line 3"),
+        ("missing-id.jsonl", "line 3: the entry has no id"),
+        ("corrupt-middle.jsonl", "line 3: the line does not parse as JSON"),
+        ("truncated.jsonl", "line 10: the last line was cut short"),
+        ("unsupported-format.jsonl", "line 1: unsupported format agentsession/1.0"),
+        ("bad-base-parent.jsonl", "line 10: an own entry must hang from the base"),
+        ("bad-parents.jsonl", "line 3: 'parents' names sha256:78270f"),
+    ],
+)
+def test_verify_refuses_each_broken_corpus_file_for_its_reason(name, expected):
+    r = run("verify", str(CORPUS / name))
+    assert r.exit_code == 1
+    assert expected in r.output
+
+
+@needs_corpus
+def test_verify_migrated_file_says_so():
+    r = run("verify", str(CORPUS / "v0.4" / "basic.jsonl"))
+    assert r.exit_code == 0, r.output
+    assert "migrated from agentsession/0.1" in r.output
+
+
+@needs_corpus
+@pytest.mark.parametrize("name", ["basic", "branch", "fork", "converge", "extensions", "runs"])
+def test_verify_good_corpus_files(name):
+    r = run("verify", str(CORPUS / f"{name}.jsonl"))
+    assert r.exit_code == 0, r.output
+
+
+# -- show -------------------------------------------------------------------
+
+
+def test_show_json_shape(tmp_path):
+    path, b = build(tmp_path)
+    r = run("show", "--json", str(path))
+    assert r.exit_code == 0
+    out = json.loads(r.output)
+    assert out["header"]["id"] == "sess-1"
+    assert [e["line"] for e in out["entries"]] == [2, 3, 4]
+    assert [e["id"] for e in out["entries"]] == [e.id for e in b.entries]
+    assert out["entries"][1]["parent"] == b.entries[0].id
+    assert out["leaf"] == b.leaf
+    assert out["truncated"] is None
+    assert out["path"] == [e.id for e in b.entries]
+
+
+def test_show_reports_truncation_and_still_shows_prefix(tmp_path):
+    path, b = build(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 20])  # cut the last line in half
+    r = run("show", "--json", str(path))
+    assert r.exit_code == 0
+    out = json.loads(r.output)
+    assert out["truncated"]["line"] == 4
+    assert len(out["entries"]) == 2
+    text = run("show", str(path)).output
+    assert "truncated: line 4" in text
+
+
+def test_show_text_lists_entries_and_leaf(tmp_path):
+    path, b = build(tmp_path)
+    r = run("show", str(path))
+    assert r.exit_code == 0
+    assert "LINE  ID" in r.output
+    assert b.entries[1].id[7:19] in r.output
+    assert 'user: "hi"' in r.output
+    assert f"leaf {b.leaf[7:19]}" in r.output
+
+
+def test_show_leaf_option_accepts_prefix_and_refuses_unknown(tmp_path):
+    path, b = build(tmp_path)
+    first = b.entries[0].id
+    r = run("show", "--json", "--leaf", first[7:15], str(path))
+    assert json.loads(r.output)["leaf"] == first
+    r = CliRunner().invoke(main, ["show", "--leaf", "deadbeef", str(path)])
+    assert r.exit_code == 1
+    assert "no such entry: deadbeef" in r.output
+
+
+@needs_corpus
+def test_show_legacy_id_as_leaf():
+    r = run("show", "--json", "--leaf", "r0000001", str(CORPUS / "basic.jsonl"))
+    out = json.loads(r.output)
+    assert out["leaf"].startswith("sha256:f2a302d")
+    assert len(out["path"]) == 5
+
+
+# -- hash-object ------------------------------------------------------------
+
+
+def test_hash_object_prints_id_and_content_hash(tmp_path):
+    path, b = build(tmp_path)
+    r = run("hash-object", str(path))
+    assert r.exit_code == 0
+    lines = r.output.splitlines()
+    assert lines == [f"{e.id} {e.content_hash}" for e in b.entries]
+
+
+def test_hash_object_reads_stdin_and_flags_a_stated_id_that_differs(tmp_path):
+    e = make_entry("item", None, ts=TS.format(1), item={"type": "message"})
+    obj = dict(e.data, id="sha256:" + "0" * 64)
+    r = run("hash-object", "-", input=json.dumps(obj).encode() + b"\n")
+    assert r.exit_code == 0
+    assert r.output.strip() == f"{e.id} {e.content_hash}  !"
+
+
+def test_hash_object_bad_line_is_named_and_exits_1():
+    good = make_entry("item", None, ts=TS.format(1), item={"type": "message"})
+    data = good.canonical_line() + b'{"type":"item","parent":null,"ts":"2026-09-17T12:00:01Z","a":1,"a":2}\n'
+    r = CliRunner().invoke(main, ["hash-object", "--json"], input=data)
+    assert r.exit_code == 1
+    assert "line 2:" in r.output and "repeated" in r.output
+
+
+# -- errors -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["show", "verify", "hash-object"])
+def test_missing_file_is_one_line_exit_1(tmp_path, command):
+    r = CliRunner().invoke(main, [command, str(tmp_path / "nope.jsonl")])
+    assert r.exit_code == 1
+    assert r.output.strip() == f"agentsession: error: {tmp_path / 'nope.jsonl'}: no such file"
+
+
+@pytest.mark.parametrize("command", ["show", "verify", "hash-object"])
+def test_directory_is_one_line_exit_1(tmp_path, command):
+    r = CliRunner().invoke(main, [command, str(tmp_path)])
+    assert r.exit_code == 1
+    assert "is a directory" in r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("content", [b"\x00\x01\xff\xfe binary", b"not json at all\n", b"[1,2]\n", b""])
+def test_unreadable_headers_are_one_line_exit_1(tmp_path, content):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    for command in ("show", "verify"):
+        r = CliRunner().invoke(main, [command, str(path)])
+        assert r.exit_code == 1, (command, r.output)
+        assert "line 1:" in r.output
+        assert "Traceback" not in r.output
+
+
+def test_installed_console_script_runs(tmp_path):
+    """The `agentsession` entry point is installed and exits with the library's status."""
+    path, b = build(tmp_path)
+    exe = Path(sys.executable).with_name("agentsession")
+    if not exe.exists():
+        pytest.skip(f"console script not installed beside {sys.executable}")
+    ok = subprocess.run([str(exe), "verify", str(path)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    missing = subprocess.run([str(exe), "show", str(tmp_path / "x")], capture_output=True, text=True)
+    assert missing.returncode == 1
+    assert missing.stderr.strip().endswith("no such file")
+    assert "Traceback" not in missing.stderr
+    usage = subprocess.run([str(exe), "show"], capture_output=True, text=True)
+    assert usage.returncode == 2

@@ -1,0 +1,361 @@
+"""Entry hashing (RFC 0001 "Entry hash"): content hash over the body, id over the envelope.
+
+The independent oracle is ``hashlib.sha256`` over ``rfc8785.dumps``; the
+reference corpus (written by the Go implementation) supplies ids to match.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from pathlib import Path
+
+import pytest
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentsession_cas.canonical import loads
+from agentsession_cas.errors import EntryError, IJSONError
+from agentsession_cas.hashing import (
+    ENVELOPE_MEMBERS,
+    RESERVED_MEMBERS,
+    body_of,
+    content_hash,
+    entry_hashes,
+    envelope_hash,
+    envelope_object,
+    is_hash,
+    sha256_ref,
+)
+
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+SESSIONS = CORPUS / "sessions"
+
+# Files whose every entry line carries the id its members hash to (README:
+# the broken ones are broken for reasons of their own, some of them hashing).
+GOOD = ["basic", "branch", "compaction", "converge", "extensions", "fork", "handback", "instructions",
+        "omit", "pinned", "queued", "runs"]
+
+
+def need_corpus() -> None:
+    if not SESSIONS.is_dir():
+        pytest.skip(f"reference corpus not present at {SESSIONS}")
+
+
+def corpus_entries(name: str) -> list[tuple[bytes, dict]]:
+    need_corpus()
+    path = SESSIONS / f"{name}.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    lines = [line for line in path.read_bytes().split(b"\n") if line]
+    return [(line, loads(line)) for line in lines[1:]]  # line 1 is the header
+
+
+def ref(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def oracle_hashes(entry: dict) -> tuple[str, str]:
+    """(id, content hash) computed straight from the RFC text with rfc8785."""
+    body = {k: v for k, v in entry.items() if k not in ("id", "type", "parent", "parents", "ts")}
+    chash = ref(rfc8785.dumps(body))
+    env = {"type": entry["type"], "parent": entry.get("parent"), "ts": entry["ts"], "content": chash}
+    if entry.get("parents"):
+        env["parents"] = entry["parents"]
+    return ref(rfc8785.dumps(env)), chash
+
+
+# --------------------------------------------------------------------------
+# The corpus
+
+
+def test_basic_corpus_ids_recompute():
+    entries = corpus_entries("basic")
+    assert len(entries) >= 5
+    for line, obj in entries:
+        computed, chash = entry_hashes(obj, parsed=True)
+        assert computed == obj["id"], line
+        assert entry_hashes(obj) == (computed, chash)
+        assert oracle_hashes(obj) == (computed, chash)
+        assert is_hash(computed) and is_hash(chash)
+        assert chash == content_hash(body_of(obj))
+
+
+def test_basic_corpus_known_first_entry():
+    entries = corpus_entries("basic")
+    _, first = entries[0]
+    assert first["type"] == "config" and first["parent"] is None
+    assert entry_hashes(first)[0] == "sha256:315d501de2a8de2894e81df8b33412d172347001eab703c2676ae43cb2e0c17a"
+
+
+@pytest.mark.parametrize("name", GOOD)
+def test_good_corpus_ids_recompute(name):
+    entries = corpus_entries(name)
+    for line, obj in entries:
+        assert entry_hashes(obj, parsed=True)[0] == obj["id"], line
+
+
+def test_corpus_converge_has_parents_and_they_count():
+    entries = corpus_entries("converge")
+    with_parents = [obj for _, obj in entries if obj.get("parents")]
+    assert with_parents, "converge.jsonl has no entry with parents"
+    for obj in with_parents:
+        stripped = {k: v for k, v in obj.items() if k != "parents"}
+        assert entry_hashes(stripped)[0] != obj["id"]
+        assert entry_hashes(obj)[0] == obj["id"]
+
+
+def test_corpus_tampering_is_detected():
+    entries = corpus_entries("basic")
+    _, obj = entries[1]
+    for mutate in (
+        lambda o: o.__setitem__("ts", o["ts"].replace("Z", ".1Z")),
+        lambda o: o.__setitem__("parent", None),
+        lambda o: o.__setitem__("type", "custom"),
+        lambda o: o.__setitem__("legacy_id", "x"),
+        lambda o: o["item"].__setitem__("role", "assistant"),
+        lambda o: o.__setitem__("parents", [o["parent"]]),
+    ):
+        changed = copy.deepcopy(obj)
+        mutate(changed)
+        assert entry_hashes(changed)[0] != obj["id"]
+
+
+# --------------------------------------------------------------------------
+# Envelope and body
+
+
+ENTRY = {
+    "type": "item",
+    "id": "sha256:" + "0" * 64,
+    "parent": "sha256:" + "1" * 64,
+    "ts": "2026-09-17T12:00:01Z",
+    "item": {"role": "user", "content": [{"type": "input_text", "text": "hi \U0001f600"}], "type": "message"},
+    "extra": {"n": 1.5},
+}
+
+
+def test_entry_hashes_match_oracle():
+    assert entry_hashes(ENTRY) == oracle_hashes(ENTRY)
+
+
+def test_body_is_everything_but_the_envelope():
+    body = body_of(ENTRY)
+    assert set(body) == {"item", "extra"}
+    assert not ENVELOPE_MEMBERS & set(body)
+    assert body is not ENTRY and "id" in ENTRY  # the entry itself is left alone
+
+
+def test_content_hash_is_of_canonical_body_bytes():
+    _, chash = entry_hashes(ENTRY)
+    assert chash == ref(rfc8785.dumps({"item": ENTRY["item"], "extra": ENTRY["extra"]}))
+    # Order of members does not matter.
+    reordered = dict(reversed(list(ENTRY.items())))
+    assert entry_hashes(reordered) == entry_hashes(ENTRY)
+
+
+def test_envelope_hash_is_of_canonical_envelope_bytes():
+    _, chash = entry_hashes(ENTRY)
+    env = (
+        '{"content":"%s","parent":"%s","ts":"%s","type":"item"}' % (chash, ENTRY["parent"], ENTRY["ts"])
+    ).encode()
+    assert envelope_hash("item", ENTRY["parent"], None, ENTRY["ts"], chash) == ref(env)
+    assert entry_hashes(ENTRY)[0] == ref(env)
+
+
+def test_root_parent_is_null_in_the_envelope():
+    root = {k: v for k, v in ENTRY.items() if k != "parent"}
+    explicit = dict(root, parent=None)
+    assert entry_hashes(root) == entry_hashes(explicit)
+    _, chash = entry_hashes(root)
+    env = ('{"content":"%s","parent":null,"ts":"%s","type":"item"}' % (chash, ENTRY["ts"])).encode()
+    assert entry_hashes(root)[0] == ref(env)
+
+
+def test_stated_id_does_not_enter_the_hash():
+    other = dict(ENTRY, id="sha256:" + "f" * 64)
+    no_id = {k: v for k, v in ENTRY.items() if k != "id"}
+    assert entry_hashes(other) == entry_hashes(ENTRY) == entry_hashes(no_id)
+
+
+def test_every_member_outside_the_envelope_counts():
+    base_id, base_c = entry_hashes(ENTRY)
+    for changed in (
+        dict(ENTRY, unknown_member=None),
+        dict(ENTRY, extra={"n": 1.25}),
+        dict(ENTRY, extra={"n": 1.5, "host": "x"}),
+    ):
+        new_id, new_c = entry_hashes(changed)
+        assert new_c != base_c and new_id != base_id
+
+
+def test_envelope_members_change_id_not_content():
+    base_id, base_c = entry_hashes(ENTRY)
+    for changed in (
+        dict(ENTRY, ts="2026-09-17T12:00:01.5Z"),
+        dict(ENTRY, type="custom"),
+        dict(ENTRY, parent=None),
+        dict(ENTRY, parents=["sha256:" + "2" * 64]),
+    ):
+        new_id, new_c = entry_hashes(changed)
+        assert new_c == base_c
+        assert new_id != base_id
+
+
+def test_numbers_hash_by_value():
+    a = loads('{"type":"x","parent":null,"ts":"2026-01-01T00:00:00Z","n":1.0,"m":1e2}')
+    b = loads('{"type":"x","parent":null,"ts":"2026-01-01T00:00:00Z","n":1,"m":100}')
+    assert entry_hashes(a, parsed=True) == entry_hashes(b, parsed=True)
+
+
+# --------------------------------------------------------------------------
+# parents
+
+
+def test_empty_parents_hashes_like_absent():
+    absent = {k: v for k, v in ENTRY.items()}
+    empty = dict(ENTRY, parents=[])
+    assert entry_hashes(empty) == entry_hashes(absent)
+    assert entry_hashes(dict(ENTRY, parents=None)) == entry_hashes(absent)
+    _, chash = entry_hashes(ENTRY)
+    assert envelope_hash("item", None, [], ENTRY["ts"], chash) == envelope_hash("item", None, None, ENTRY["ts"], chash)
+    assert "parents" not in envelope_object("item", None, [], ENTRY["ts"], chash)
+
+
+def test_non_empty_parents_are_in_the_envelope():
+    parents = ["sha256:" + "2" * 64, {"entry": "b0000006", "session": "s"}]
+    entry = dict(ENTRY, parents=parents)
+    computed, chash = entry_hashes(entry)
+    assert envelope_object("item", ENTRY["parent"], parents, ENTRY["ts"], chash)["parents"] == parents
+    assert (computed, chash) == oracle_hashes(entry)
+    assert computed != entry_hashes(ENTRY)[0]
+    # Order of parents matters (an array).
+    assert entry_hashes(dict(ENTRY, parents=list(reversed(parents))))[0] != computed
+
+
+@pytest.mark.parametrize("parents", ["sha256:" + "2" * 64, {"entry": "x"}, 5, True])
+def test_parents_must_be_an_array(parents):
+    with pytest.raises(EntryError, match="parents"):
+        entry_hashes(dict(ENTRY, parents=parents))
+
+
+# --------------------------------------------------------------------------
+# Reserved names and envelope member types
+
+
+def test_reserved_content_in_body_refused():
+    with pytest.raises(EntryError, match="content"):
+        entry_hashes(dict(ENTRY, content="sha256:" + "3" * 64))
+    with pytest.raises(EntryError):
+        entry_hashes(dict(ENTRY, content=None))
+    with pytest.raises(EntryError):
+        body_of({"type": "x", "content": {}})
+    # Only at top level: a nested "content" is an ordinary member.
+    assert entry_hashes(ENTRY)  # ENTRY["item"] holds "content"
+
+
+def test_reserved_members():
+    assert RESERVED_MEMBERS == {"id", "type", "parent", "parents", "ts", "content"}
+    assert ENVELOPE_MEMBERS == {"id", "type", "parent", "parents", "ts"}
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"type": None}, "type"),
+        ({"type": ""}, "type"),
+        ({"type": 5}, "type"),
+        ({"parent": 5}, "parent"),
+        ({"parent": ["sha256:" + "1" * 64]}, "parent"),
+    ],
+)
+def test_envelope_member_types(change, match):
+    with pytest.raises(EntryError, match=match):
+        entry_hashes(dict(ENTRY, **change))
+
+
+def test_missing_members():
+    with pytest.raises(EntryError, match="type"):
+        entry_hashes({k: v for k, v in ENTRY.items() if k != "type"})
+    with pytest.raises(EntryError, match="ts"):
+        entry_hashes({k: v for k, v in ENTRY.items() if k != "ts"})
+
+
+def test_body_must_be_ijson():
+    with pytest.raises(IJSONError):
+        entry_hashes(dict(ENTRY, big=9007199254740993))
+    with pytest.raises(IJSONError):
+        entry_hashes(dict(ENTRY, s="\ud83d"))
+    with pytest.raises(IJSONError):
+        entry_hashes(dict(ENTRY, m={1: 2}))
+    with pytest.raises(IJSONError):
+        entry_hashes(dict(ENTRY, ts="2026-01-01T00:00:00Z\ud800"))
+
+
+# --------------------------------------------------------------------------
+# Hash spelling
+
+
+def test_sha256_ref():
+    assert sha256_ref(b"") == "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    assert sha256_ref(b"abc") == "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "sha256:" + "0" * 64,
+        "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+        "sha256:" + "0123456789abcdef" * 4,
+    ],
+)
+def test_is_hash_accepts(value):
+    assert is_hash(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "sha256:E3B0C44298FC1C149AFBF4C8996FB92427AE41E4649B934CA495991B7852B855",
+        "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b85F",
+        "SHA256:" + "0" * 64,
+        "sha512:" + "0" * 64,
+        "sha512:" + "0" * 128,
+        "sha1:" + "0" * 40,
+        "sha256-" + "0" * 64,
+        "sha256:" + "0" * 63,
+        "sha256:" + "0" * 65,
+        "sha256:",
+        "0" * 64,
+        "sha256:" + "g" * 64,
+        "sha256: " + "0" * 63,
+        "sha256:" + "0" * 64 + "\n",
+        " sha256:" + "0" * 64,
+        "sha256:" + "\uff10" * 64,  # FULLWIDTH DIGIT ZERO
+        "",
+        None,
+        b"sha256:" + b"0" * 64,
+        12,
+    ],
+)
+def test_is_hash_refuses(value):
+    assert not is_hash(value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(
+        st.text(max_size=80),
+        st.builds(
+            lambda prefix, digits: prefix + digits,
+            st.sampled_from(["sha256:", "sha256:", "sha512:", "Sha256:", "sha256", ""]),
+            st.text("0123456789abcdefABCDEFg\uff10", min_size=62, max_size=66),
+        ),
+    )
+)
+def test_is_hash_property(s):
+    expected = (
+        len(s) == 71 and s.startswith("sha256:") and all(c in "0123456789abcdef" for c in s[7:])
+    )
+    assert is_hash(s) == expected
