@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -33,6 +34,7 @@ from .errors import IJSONError
 
 __all__ = [
     "loads",
+    "loads_flagged",
     "canonical_bytes",
     "canonical_str",
     "canonical_str_reference",
@@ -103,8 +105,25 @@ def check_whole_number(exact: int | Decimal, spelled: str | None = None) -> floa
     )
 
 
+class _ParseFlags(threading.local):
+    """Per-thread note, set by the parser hooks, that the value being parsed
+    holds something the C encoder does not render as JCS does."""
+
+    careful = False
+
+
+_flags = _ParseFlags()
+
+
+def _parse_int(text: str) -> int:
+    if len(text) > 15:
+        _flags.careful = True
+    return int(text)
+
+
 def _parse_float(text: str) -> float:
     """Float hook for the strict parser: finite, and the whole-number rule by spelling."""
+    _flags.careful = True
     value = float(text)
     if math.isinf(value) or value != value:
         raise IJSONError(f"number {text} is not finite in binary64")
@@ -123,20 +142,44 @@ def _parse_constant(name: str) -> Any:
     raise IJSONError(f"{name} is not a JSON number")
 
 
-def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _object_pairs_ascii(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Hook for text known to be ASCII: only the repeated-name check."""
     obj = dict(pairs)
     if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise IJSONError(f"member name {json.dumps(key, ensure_ascii=False)} is repeated in one object")
-            seen.add(key)
+        _repeated(pairs)
     return obj
+
+
+def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if not _flags.careful and _astral("".join(obj)):
+        _flags.careful = True
+    if len(obj) != len(pairs):
+        _repeated(pairs)
+    return obj
+
+
+def _repeated(pairs: list[tuple[str, Any]]) -> None:
+    """Name the member that repeats (called only when one does)."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise IJSONError(f"member name {json.dumps(key, ensure_ascii=False)} is repeated in one object")
+        seen.add(key)
 
 
 _DECODER = json.JSONDecoder(
     object_pairs_hook=_object_pairs,
     parse_float=_parse_float,
+    parse_int=_parse_int,
+    parse_constant=_parse_constant,
+)
+# ASCII text without a surrogate escape holds no supplementary-plane member
+# name, so its hook skips that check.
+_DECODER_ASCII = json.JSONDecoder(
+    object_pairs_hook=_object_pairs_ascii,
+    parse_float=_parse_float,
+    parse_int=_parse_int,
     parse_constant=_parse_constant,
 )
 
@@ -148,10 +191,27 @@ def loads(text: str | bytes) -> Any:
     Integers are kept exact; :func:`canonical_bytes` applies the whole-number
     rule to them, since it is a property of the value, not of its spelling.
     """
+    return loads_flagged(text)[0]
+
+
+def loads_flagged(text: str | bytes) -> tuple[Any, bool]:
+    """:func:`loads`, also saying whether the value needs the careful serialiser
+    (it holds a float, an integer beyond 15 digits or a supplementary-plane
+    member name). Pass the flag to :func:`canonical_bytes` as ``careful``."""
     if isinstance(text, (bytes, bytearray)):
         text = text.decode("utf-8")
+    _flags.careful = False
     try:
-        return _DECODER.decode(text)
+        plain = text.isascii() and ("\\u" not in text or _SURROGATE_ESCAPE.search(text) is None)
+        decoder = _DECODER_ASCII if plain else _DECODER
+        # The scanner directly: decode() adds two regex matches and a call per line.
+        try:
+            value, end = decoder.scan_once(text, 0)
+        except StopIteration:
+            value, end = decoder.decode(text), len(text)  # leading space, or the real error
+        if end != len(text) and text[end:].strip(" \t\n\r"):
+            raise json.JSONDecodeError("Extra data", text, end)
+        return value, _flags.careful
     except (json.JSONDecodeError, IJSONError):
         raise
     except ValueError as exc:
@@ -222,59 +282,102 @@ def canonical_str_reference(value: Any) -> str:
 # --------------------------------------------------------------------------
 # The fast path
 
-_C_ENCODER = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
-)
-_c_encode = _C_ENCODER.encode
+# The C encoder, called directly: no per-call encoder object, no cycle check
+# (parsed values hold none, and a cycle in a caller's value ends in RecursionError).
+_c_iterencode = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+    None, None, _encode_str, None, ":", ",", True, False, False
+) if getattr(json.encoder, "c_make_encoder", None) else None
+_C_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"))
+
+
+def _c_encode(value: Any) -> str:
+    if _c_iterencode is None:  # pragma: no cover - CPython always has the C encoder
+        return _C_ENCODER.encode(value)
+    return "".join(_c_iterencode(value, 0))
+
 
 # In the C encoder's output a number follows ':', ',' or '['. A float always
 # renders with '.' or 'e'; an integer the C encoder may render differently
 # from JCS has 16 digits or more. Supplementary characters may sort
 # differently as member names. Matches inside strings are harmless false alarms.
+# Used only for parsed values whose parse flags are not known.
 _SUSPECT = re.compile(r"(?:^|[:,\[])-?[0-9]+[.eE]|(?:^|[:,\[])-?[0-9]{16}|[\U00010000-\U0010FFFF]")
+_ASTRAL = re.compile(r"[\U00010000-\U0010FFFF]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")
 
 
-def canonical_str(value: Any) -> str:
+def _astral(names: str) -> bool:
+    """True when a string holds a supplementary-plane character (UTF-16 sorts it differently)."""
+    return not names.isascii() and _ASTRAL.search(names) is not None
+
+
+def _inspect(value: Any) -> bool:
+    """Walk a caller-built value: refuse non-string member names (the C encoder
+    would coerce them) and say whether anything needs the careful serialiser
+    (a float, an integer beyond 15 digits, a supplementary-plane member name)."""
+    careful = False
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            for key, item in v.items():
+                if not isinstance(key, str):
+                    raise IJSONError(f"member name {key!r} is not a string")
+                if not careful and _astral(key):
+                    careful = True
+                if isinstance(item, (dict, list, tuple)):
+                    stack.append(item)
+                elif isinstance(item, float) or (
+                    isinstance(item, int) and not -(10**15) < item < 10**15
+                ):
+                    careful = True
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                if isinstance(item, (dict, list, tuple)):
+                    stack.append(item)
+                elif isinstance(item, float) or (
+                    isinstance(item, int) and not -(10**15) < item < 10**15
+                ):
+                    careful = True
+        elif isinstance(v, float) or (isinstance(v, int) and not -(10**15) < v < 10**15):
+            careful = True
+    return careful
+
+
+def canonical_str(value: Any, *, careful: bool | None = None) -> str:
     """JCS text of ``value``, not yet checked for lone surrogates nor for non-string
-    member names (which the C encoder coerces to strings); see :func:`canonical_bytes`."""
+    member names (which the C encoder coerces to strings); see :func:`canonical_bytes`.
+
+    ``careful`` says whether the value holds anything the C encoder renders
+    differently from JCS (True), nothing of the kind (False), or is unknown
+    (None: the output is scanned for it).
+    """
+    if careful:
+        return canonical_str_reference(value)
     try:
         text = _c_encode(value)
     except (TypeError, ValueError):
-        # Non-string keys of other types, NaN/inf, or unknown types: let the
-        # reference serialiser say precisely what is wrong.
+        # NaN/inf, unknown types or odd keys: let the reference serialiser say
+        # precisely what is wrong.
         return canonical_str_reference(value)
-    if _SUSPECT.search(text) is not None:
+    if careful is None and _SUSPECT.search(text) is not None:
         return canonical_str_reference(value)
     return text
 
 
-def _check_keys(value: Any) -> None:
-    """The C encoder turns int/float/bool/None keys into strings; JSON has none."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise IJSONError(f"member name {key!r} is not a string")
-            if isinstance(item, (dict, list, tuple)):
-                _check_keys(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            if isinstance(item, (dict, list, tuple)):
-                _check_keys(item)
-
-
-def canonical_bytes(value: Any, *, parsed: bool = False) -> bytes:
+def canonical_bytes(value: Any, *, parsed: bool = False, careful: bool | None = None) -> bytes:
     """Canonical UTF-8 bytes of ``value``; refuses what I-JSON refuses.
 
     ``parsed=True`` says the value came from :func:`loads`, so its member
-    names are known to be strings and the key check is skipped.
+    names are known to be strings; ``careful`` is then the flag
+    :func:`loads_flagged` returned for it, when known. A value the caller
+    built (``parsed=False``) is walked once to find both.
     """
     if not parsed:
-        _check_keys(value)
-    text = canonical_str(value)
+        careful = _inspect(value)
+    text = canonical_str(value, careful=careful)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as exc:
         bad = text[exc.start : exc.end]
-        raise IJSONError(
-            f"string holds a lone surrogate {json.dumps(bad)}"
-        ) from None
+        raise IJSONError(f"string holds a lone surrogate {json.dumps(bad)}") from None

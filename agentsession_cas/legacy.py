@@ -69,7 +69,7 @@ def migrate_entry(
             else:
                 notes.append(Problem(line, "unresolved", f"{name} names {value}, which is not an earlier entry of this file"))
     try:
-        new_id, _ = entry_hashes(out, parsed=True)
+        new_id, _ = entry_hashes(out, parsed=True, allow_reserved=True)
     except (EntryError, IJSONError):
         # Left without an id; the reader reports what is wrong with the line.
         return out, notes

@@ -7,6 +7,7 @@ fraction only when non-zero, without trailing zeros, at most nine digits.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import datetime, timedelta, timezone
 
@@ -34,14 +35,25 @@ def _valid_fields(y: int, mo: int, d: int, h: int, mi: int, s: int) -> bool:
     return True
 
 
+_TS_FAST = re.compile(
+    r"([0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01]))"
+    r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{0,8}[1-9])?Z"
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def _valid_date(date: str) -> bool:
+    """Whether a YYYY-MM-DD (with month and day already in range) names a real day.
+    Dates repeat across a session's entries, so the answer is cached."""
+    return _valid_fields(int(date[:4]), int(date[5:7]), int(date[8:10]), 0, 0, 0)
+
+
 def is_valid_ts(value: object) -> bool:
     """True when ``value`` is a string in the admitted form."""
     if not isinstance(value, str):
         return False
-    m = _TS.fullmatch(value)
-    if m is None:
-        return False
-    return _valid_fields(*(int(g) for g in m.groups()[:6]))
+    m = _TS_FAST.fullmatch(value)
+    return m is not None and _valid_date(m.group(1))
 
 
 def check_ts(value: object) -> str:

@@ -96,7 +96,13 @@ class SessionBuilder:
         parents: Iterable[ParentRef] | None = None,
         **body: Any,
     ) -> Entry:
-        """Append under ``parent``; the leaf moves only when ``parent`` is the leaf."""
+        """Append under ``parent``; the leaf moves only when ``parent`` is the leaf.
+
+        A reader of the file takes the newest line (under the leaf label in
+        force) as the leaf, so after a branch that leaves the leaf where it
+        was, call :meth:`mark_leaf` with :attr:`leaf` before writing, as a
+        projection records a head that is not the last line.
+        """
         entry = self._add(make_entry(type_, parent, ts=ts, parents=parents, **body))
         if parent == self.leaf:
             self.leaf = entry.id
@@ -104,7 +110,12 @@ class SessionBuilder:
 
     def mark_leaf(self, target: str | None, *, ts: str | datetime | None = None) -> Entry:
         """Write a ``leaf`` label hung from the leaf naming ``target`` (None: the
-        universal root) and move the leaf there."""
+        universal root) and move the leaf there. A session with a base may not
+        rest on the universal root, so None is refused there."""
+        if target is None and self.header.base is not None:
+            raise EntryError("a session with a base cannot have the universal root as its leaf")
+        if target is not None and target not in self.ids:
+            raise EntryError(f"leaf label target {target} is not in the session")
         entry = self._add(make_entry("label", self.leaf, ts=ts, target=target, label=LEAF_LABEL))
         self.leaf = target
         return entry

@@ -280,11 +280,35 @@ def test_floats_the_c_encoder_already_renders_right(value, expected):
 
 
 def test_fast_path_detector_is_what_saves_these(monkeypatch):
-    """Disable the suspect scan: the fast path then produces wrong bytes, so the
-    fallback cases above really exercise the scan, not some other route."""
+    """Each route to the C encoder has a detector; disable it and the fast path
+    produces wrong bytes, so the fallback cases really exercise the detector."""
+    # Parsed values with unknown flags: the output scan.
     monkeypatch.setattr(canonical, "_SUSPECT", re.compile(r"(?!)"))
+    wrong = [v for v, expected in FALLBACK_CASES if canonical_bytes(v, parsed=True) != expected]
+    assert len(wrong) == len(FALLBACK_CASES)
+    # Caller-built values: the walk.
+    monkeypatch.setattr(canonical, "_inspect", lambda value: False)
     wrong = [v for v, expected in FALLBACK_CASES if canonical_bytes(v) != expected]
     assert len(wrong) == len(FALLBACK_CASES)
+    # Parsed values with flags: the parser hooks.
+    monkeypatch.setattr(canonical, "_SUSPECT", re.compile(r"(?!)"))
+    for v, expected in FALLBACK_CASES:
+        obj, careful = canonical.loads_flagged(json.dumps(v, ensure_ascii=False))
+        assert careful, v
+        assert canonical_bytes(obj, parsed=True, careful=careful) == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(json_values)
+def test_parse_flags_route_matches_rfc8785(value):
+    """The reader's route: parse with flags, serialise trusting them."""
+    try:
+        expected = oracle(value)
+    except Exception:
+        return
+    for text in (json.dumps(value, ensure_ascii=False), json.dumps(value)):
+        obj, careful = canonical.loads_flagged(text)
+        assert canonical_bytes(obj, parsed=True, careful=careful) == expected
 
 
 @pytest.mark.parametrize(
@@ -616,3 +640,17 @@ def test_member_order_is_utf16(pairs):
     out = json.loads(canonical_bytes(dict(pairs)))
     names = list(out)
     assert names == sorted((k for k, _ in pairs), key=lambda k: k.encode("utf-16-be"))
+
+
+def test_escaped_astral_member_name_in_ascii_text_is_sorted_by_utf16():
+    """An all-ASCII line can still spell a supplementary-plane name with escapes."""
+    text = '{"\\ue000":1,"\\ud800\\udc00":2}'
+    obj, careful = canonical.loads_flagged(text)
+    assert careful
+    assert canonical_bytes(obj, parsed=True, careful=careful) == '{"\U00010000":2,"\ue000":1}'.encode()
+
+
+def test_ascii_text_without_astral_names_is_not_flagged():
+    obj, careful = canonical.loads_flagged('{"a":"\\u00e9\\ud83d\\ude00","b":[1,2,{"c":null}]}')
+    assert careful is False  # the astral character is in a value, where order does not matter
+    assert canonical_bytes(obj, parsed=True, careful=careful) == rfc8785.dumps(obj)

@@ -743,3 +743,41 @@ def test_every_pre_hash_minor_is_migrated(minor):
     lines[0]["format"] = f"agentsession/0.{minor}"
     s = read(dump(lines))
     assert s.migrated and codes(s) == []
+
+
+def test_legacy_body_with_content_is_noted_unresolved_not_dropped():
+    """RFC 0001 Versioning: a pre-0.5 body with a reserved name is reported as
+    unresolved; the entry still migrates and its children still find it."""
+    from agentsession_cas import read_session_bytes
+
+    lines = [
+        b'{"type":"session","format":"agentsession/0.4","id":"old","created_at":"2026-09-17T12:00:00Z","payload":"openresponses/2026-04-24"}',
+        b'{"type":"item","id":"a1","parent":null,"ts":"2026-09-17T12:00:01Z","content":"legacy text"}',
+        b'{"type":"item","id":"a2","parent":"a1","ts":"2026-09-17T14:00:02+02:00","item":{"type":"message"}}',
+    ]
+    sf = read_session_bytes(b"\n".join(lines) + b"\n")
+    assert sf.migrated
+    assert sf.problems == []
+    assert [e.legacy_id for e in sf.entries] == ["a1", "a2"]
+    assert sf.entries[1].parent == sf.entries[0].id
+    assert sf.entries[1].ts == "2026-09-17T12:00:02Z"
+    assert [(p.line, p.code) for p in sf.unresolved] == [(2, "unresolved")]
+    assert "content" in sf.unresolved[0].message
+
+
+def test_read_restores_the_collector_state():
+    """The reader pauses the cyclic collector for a read and puts it back as it was."""
+    import gc
+
+    from agentsession_cas import read_session_bytes
+
+    data = b'{"type":"session","format":"agentsession/0.14","id":"g","created_at":"2026-09-17T12:00:00Z","payload":"p"}\n'
+    assert gc.isenabled()
+    read_session_bytes(data + b"{broken\n")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        read_session_bytes(data)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

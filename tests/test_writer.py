@@ -400,3 +400,15 @@ def test_make_entry_refuses_what_ijson_refuses():
     for bad in (float("nan"), float("inf"), 2**53 + 1, "\ud800", {1: "x"}):
         with pytest.raises((IJSONError, EntryError)):
             make_entry("item", None, ts="2026-10-05T12:00:00Z", x=bad)
+
+
+def test_mark_leaf_refuses_the_root_in_a_based_session_and_unknown_targets():
+    from agentsession_cas import EntryError, Header, SessionBuilder, make_entry
+
+    root = make_entry("item", None, ts="2026-10-05T12:00:00Z", item={"n": 0})
+    b = SessionBuilder(Header.new("fork-x", created_at="2026-10-05T12:00:00Z", base=root.id), prefix=[root])
+    with pytest.raises(EntryError, match="universal root"):
+        b.mark_leaf(None, ts="2026-10-05T12:00:01Z")
+    with pytest.raises(EntryError, match="not in the session"):
+        b.mark_leaf("sha256:" + "0" * 64, ts="2026-10-05T12:00:01Z")
+    assert b.entries == [root]
