@@ -214,6 +214,8 @@ def loads_flagged(text: str | bytes) -> tuple[Any, bool]:
         return value, _flags.careful
     except (json.JSONDecodeError, IJSONError):
         raise
+    except RecursionError:
+        raise IJSONError("the value is nested too deeply to canonicalise") from None
     except ValueError as exc:
         # int() refuses a literal longer than sys.get_int_max_str_digits()
         # (at least 640 digits), and so a number far beyond binary64's range.
@@ -352,6 +354,13 @@ def canonical_str(value: Any, *, careful: bool | None = None) -> str:
     differently from JCS (True), nothing of the kind (False), or is unknown
     (None: the output is scanned for it).
     """
+    try:
+        return _canonical_str(value, careful)
+    except RecursionError:
+        raise IJSONError("the value is nested too deeply to canonicalise") from None
+
+
+def _canonical_str(value: Any, careful: bool | None) -> str:
     if careful:
         return canonical_str_reference(value)
     try:
@@ -374,7 +383,10 @@ def canonical_bytes(value: Any, *, parsed: bool = False, careful: bool | None = 
     built (``parsed=False``) is walked once to find both.
     """
     if not parsed:
-        careful = _inspect(value)
+        try:
+            careful = _inspect(value)
+        except RecursionError:  # pragma: no cover - _inspect keeps its own stack
+            raise IJSONError("the value is nested too deeply to canonicalise") from None
     text = canonical_str(value, careful=careful)
     try:
         return text.encode("utf-8")

@@ -298,6 +298,9 @@ class Header:
             )
         if not isinstance(d.get("id"), str) or not d.get("id"):
             out.append(Problem(1, "header", "header has no session id"))
+        for name in ("created_at", "payload"):
+            if not isinstance(d.get(name), str) or not d.get(name):
+                out.append(Problem(1, "header", f"header has no {name}, which RFC 0001 requires"))
         if "base" in d and not is_hash(d.get("base")):
             out.append(Problem(1, "header", f"header base {d.get('base')!r} is not a sha256: hash"))
         media = d.get("media", "inline")

@@ -27,6 +27,7 @@ from typing import Iterator
 from .canonical import loads, loads_flagged
 from .entry import Entry, Header, header_or_error, short_id
 from .errors import (
+    AgentSessionError,
     EntryError,
     IJSONError,
     NoSuchEntryError,
@@ -115,8 +116,31 @@ class SessionFile:
         raise NoSuchEntryError(f"no such entry: {name}")
 
     def canonical_bytes(self) -> bytes:
-        """The file written back out: the header, then each entry, as canonical lines."""
+        """The file written back out: the header, then each entry, as canonical lines.
+
+        A file migrated from before 0.5 is refused: RFC 0001 says a reader
+        migrates such a file in memory and never rewrites it.
+        """
+        if self.migrated:
+            raise AgentSessionError(
+                f"{self.source} was migrated in memory from {self.header.format}; such a file is never rewritten"
+            )
         return self.header.canonical_line() + b"".join(e.canonical_line() for e in self.entries)
+
+
+def _show(value: object) -> str:
+    """An untrusted value for a one-line message: a hash as is, anything else
+    JSON-quoted, so a newline or an escape sequence cannot break the line."""
+    if is_hash(value):
+        return value  # type: ignore[return-value]
+    return json.dumps(value)
+
+
+#: Entry types RFC 0001 defines; any other type must be namespaced (``ns:type``).
+CORE_TYPES = frozenset(
+    {"item", "response", "config", "compaction", "branch_summary", "run", "dispatch",
+     "decision", "queued", "label", "info", "env", "outcome", "link", "custom"}
+)
 
 
 def split_lines(data: bytes) -> list[bytes]:
@@ -266,6 +290,8 @@ class _Reader:
         if type_ == "session":
             self.problem(lineno, "entry", "a second header: only the first line may be of type 'session'")
             return
+        if type_ not in CORE_TYPES and ":" not in type_:
+            self.problem(lineno, "type", f"unknown entry type {_show(type_)}: neither a core type nor namespaced (ns:type)")
         stated = obj.get("id")
         try:
             computed, chash = entry_hashes(obj, parsed=True, careful=careful, allow_reserved=migrated)
@@ -290,7 +316,7 @@ class _Reader:
             # reported here, not again as each child's missing parent.
             self.broken.add(computed)
         elif stated != computed:
-            self.problem(lineno, "hash", f"id {stated} does not match the hash of the entry's members ({computed})", stated)
+            self.problem(lineno, "hash", f"id {_show(stated)} does not match the hash of the entry's members ({computed})", stated)
         if not is_valid_ts(obj.get("ts")):
             self.problem(
                 lineno,
@@ -302,7 +328,7 @@ class _Reader:
         if entry.id in self.index:
             first = self.index[entry.id]
             self.problem(
-                lineno, "duplicate", f"id {short_id(entry.id)} repeats line {first.line}; read as the same entry", entry.id
+                lineno, "duplicate", f"id {_show(short_id(entry.id))[1:-1] if not is_hash(entry.id) else short_id(entry.id)} repeats line {first.line}; read as the same entry", entry.id
             )
             return
         parent = obj.get("parent")
@@ -322,7 +348,7 @@ class _Reader:
         elif parent is not None and not isinstance(parent, str):
             self.problem(lineno, "parent", "'parent' is neither an id nor null", entry.id)
         elif parent is not None and parent not in self.index and parent not in self.broken:
-            self.problem(lineno, "parent", f"parent {parent} does not appear earlier in the file", entry.id)
+            self.problem(lineno, "parent", f"parent {_show(parent)} does not appear earlier in the file", entry.id)
 
     def check_parents(self, lineno: int, entry: Entry) -> None:
         refs = entry.data.get("parents")
@@ -346,7 +372,7 @@ class _Reader:
             if session is None or session == self.header.id:
                 if target not in self.index and target not in self.broken:
                     self.problem(
-                        lineno, "parents", f"'parents' names {target}, which does not appear earlier in this file", entry.id
+                        lineno, "parents", f"'parents' names {_show(target)}, which does not appear earlier in this file", entry.id
                     )
 
     def check_base(self, lineno: int, entry: Entry) -> None:
@@ -358,7 +384,7 @@ class _Reader:
                     lineno,
                     "base",
                     f"the file must open with the path to base {short_id(self.base)}: "
-                    f"this entry's parent is {entry.parent}, expected {expected}",
+                    f"this entry's parent is {_show(entry.parent)}, expected {expected}",
                     entry.id,
                 )
             self.prefix_prev = entry.id
@@ -369,7 +395,7 @@ class _Reader:
             self.problem(
                 lineno,
                 "base",
-                f"an own entry must hang from the base or another own entry; its parent {entry.parent} "
+                f"an own entry must hang from the base or another own entry; its parent {_show(entry.parent)} "
                 "is on the prefix above the base",
                 entry.id,
             )

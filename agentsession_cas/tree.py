@@ -117,9 +117,11 @@ class Tree:
 
     def _not_a_leaf_label(self, e: Entry | None) -> Entry | None:
         """A leaf that is itself a leaf label resolves to its nearest ancestor that is not one."""
-        while e is not None and e.is_leaf_label:
+        seen: set[str] = set()
+        while e is not None and e.is_leaf_label and e.id not in seen:
+            seen.add(e.id)
             e = self.by_id.get(e.parent) if e.parent is not None else None
-        return e
+        return None if e is not None and e.is_leaf_label else e
 
     def resume_leaf(self) -> str | None:
         """The leaf a reader resumes at (RFC 0001 "File"), or None for the universal root

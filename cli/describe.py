@@ -85,10 +85,12 @@ def describe(entry: Entry, verbose: bool = False) -> str:
             parts.append(f"model {d['model']}")
         if isinstance(d.get("instructions"), str):
             parts.append(f"instructions {quote(d['instructions'], 40)}")
-        for tool in d.get("tools_added") or []:
+        added = d.get("tools_added")
+        for tool in added if isinstance(added, list) else []:
             if isinstance(tool, dict):
                 parts.append(f"+{tool.get('name')}")
-        for tool in d.get("tools_removed") or []:
+        removed = d.get("tools_removed")
+        for tool in removed if isinstance(removed, list) else []:
             parts.append(f"-{tool}")
         if isinstance(d.get("extra"), dict):
             parts.extend(f"extra.{k}" for k in sorted(d["extra"]))

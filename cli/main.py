@@ -30,9 +30,19 @@ from agentsession_cas.reader import split_lines
 from .describe import describe
 
 
+def _printable(text: str) -> str:
+    """Values read from a file may hold lone surrogates, which no stream can
+    write; show them as backslash escapes instead of failing."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def echo(text: str = "", err: bool = False) -> None:
+    click.echo(_printable(text), err=err)
+
+
 def fail(message: str) -> NoReturn:
     """Print one line to stderr and exit 1."""
-    click.echo(f"agentsession: error: {message}", err=True)
+    echo(f"agentsession: error: {' '.join(message.splitlines())}", err=True)
     sys.exit(1)
 
 
@@ -58,6 +68,10 @@ class App(click.Group):
             fail(str(exc))
         except OSError as exc:
             fail(_os_message(exc))
+        except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # a bug of ours: still one line, never a traceback
+            fail(f"internal error ({type(exc).__name__}: {exc}); please report it")
 
 
 @click.group(cls=App, context_settings={"help_option_names": ["-h", "--help"]})
@@ -70,7 +84,12 @@ def main() -> None:
 
 
 def _emit_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, ensure_ascii=False, indent=2))
+    text = json.dumps(obj, ensure_ascii=False, indent=2)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate read from the file: escape everything
+        text = json.dumps(obj, ensure_ascii=True, indent=2)
+    click.echo(text)
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -95,7 +114,7 @@ def _children_counts(sf: SessionFile) -> dict[str, int]:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=True, allow_dash=False))
+@click.argument("file", type=click.Path(dir_okay=True, allow_dash=False, readable=False))
 @click.option("--leaf", "leaf_name", metavar="ID", help="Entry to treat as the leaf: a full id, a legacy id or a unique hex prefix.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("-v", "--verbose", is_flag=True, help="Show the data of custom and extension entries.")
@@ -155,7 +174,7 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool) -> None
         ]
     )
     for line in _table([[k, v] for k, v in info]):
-        click.echo(line)
+        echo(line)
     if sf.entries:
         counts = _children_counts(sf)
         labels: dict[str, str] = {}
@@ -177,19 +196,19 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool) -> None
             if marks:
                 summary += "  " + " ".join(marks)
             rows.append([str(e.line), short_id(e.id), short_id(e.parent), e.type, summary])
-        click.echo()
+        echo()
         for line in _table(rows):
-            click.echo(line)
-    click.echo()
+            echo(line)
+    echo()
     if leaf is None:
-        click.echo("leaf -  (the universal root: the next entry is a root)" if sf.entries else "leaf -  (no entries)")
+        echo("leaf -  (the universal root: the next entry is a root)" if sf.entries else "leaf -  (no entries)")
     else:
         how = "given" if leaf_name else "by the resume rule"
-        click.echo(f"leaf {short_id(leaf)}  ({how}; {len(path)} entries on its path)")
+        echo(f"leaf {short_id(leaf)}  ({how}; {len(path)} entries on its path)")
     for p in sf.problems:
-        click.echo(f"problem: {p}")
+        echo(f"problem: {p}")
     if sf.truncated is not None:
-        click.echo(f"truncated: {sf.truncated} (not loaded)")
+        echo(f"truncated: {sf.truncated} (not loaded)")
 
 
 # ---------------------------------------------------------------------------
@@ -197,7 +216,7 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool) -> None
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=True))
+@click.argument("file", type=click.Path(dir_okay=True, readable=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def verify(file: str, as_json: bool) -> None:
     """Check every line of a session file; exit 1 on any problem.
@@ -214,7 +233,7 @@ def verify(file: str, as_json: bool) -> None:
                         "problems": [p.as_dict() for p in problems], "notes": []})
         else:
             for p in problems:
-                click.echo(f"{file}: {p}")
+                echo(f"{file}: {p}")
         sys.exit(1)
     problems = sf.all_problems()
     empty = not sf.entries
@@ -233,17 +252,17 @@ def verify(file: str, as_json: bool) -> None:
         )
         sys.exit(0 if ok else 1)
     for p in problems:
-        click.echo(f"{file}: {p}")
+        echo(f"{file}: {p}")
     for note in sf.unresolved:
-        click.echo(f"{file}: note: {note}")
+        echo(f"{file}: note: {note}")
     if empty:
-        click.echo(f"nothing to verify: {file} holds a header and no entries")
+        echo(f"nothing to verify: {file} holds a header and no entries")
         sys.exit(1)
     if sf.migrated:
         how = f"migrated from {sf.header.format}: ids assigned in memory, not checked"
     else:
         how = "each id checked against its hash"
-    click.echo(f"{file}: {len(sf.entries)} entries read, {how}; {len(problems)} problem(s)")
+    echo(f"{file}: {len(sf.entries)} entries read, {how}; {len(problems)} problem(s)")
     sys.exit(0 if ok else 1)
 
 
@@ -252,7 +271,7 @@ def verify(file: str, as_json: bool) -> None:
 
 
 @main.command("hash-object")
-@click.argument("file", default="-", type=click.Path(allow_dash=True, dir_okay=True))
+@click.argument("file", default="-", type=click.Path(allow_dash=True, dir_okay=True, readable=False))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of text.")
 def hash_object(file: str, as_json: bool) -> None:
     """Print the computed id and content hash of each entry line in FILE (or stdin).
@@ -282,7 +301,7 @@ def hash_object(file: str, as_json: bool) -> None:
             eid, chash = entry_hashes(obj, parsed=True)
         except (ValueError, AgentSessionError) as exc:
             reason = f"not valid UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
-            click.echo(f"agentsession: line {lineno}: {reason}", err=True)
+            echo(f"agentsession: line {lineno}: {reason}", err=True)
             failed += 1
             continue
         stated = obj.get("id")
@@ -292,7 +311,7 @@ def hash_object(file: str, as_json: bool) -> None:
     else:
         for r in results:
             flag = "" if r["matches"] or r["stated_id"] is None else "  !"
-            click.echo(f"{r['id']} {r['content_hash']}{flag}")
+            echo(f"{r['id']} {r['content_hash']}{flag}")
     if failed:
         sys.exit(1)
 

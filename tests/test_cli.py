@@ -240,3 +240,78 @@ def test_installed_console_script_runs(tmp_path):
     assert "Traceback" not in missing.stderr
     usage = subprocess.run([str(exe), "show"], capture_output=True, text=True)
     assert usage.returncode == 2
+
+
+# -- hostile input found in review: one line, non-zero, never a traceback or a hang
+
+
+HEADER = b'{"type":"session","format":"agentsession/0.14","id":"h","created_at":"2026-09-17T12:00:00Z","payload":"p"}\n'
+
+
+@pytest.mark.parametrize("command", ["show", "verify", "hash-object"])
+def test_deeply_nested_line_is_an_error_not_a_traceback(tmp_path, command):
+    path = tmp_path / "deep.jsonl"
+    deep = b'{"type":"item","parent":null,"ts":"2026-09-17T12:00:01Z","x":' + b"[" * 5000 + b"]" * 5000 + b"}\n"
+    path.write_bytes(HEADER + deep + b"[" * 100000 + b"]" * 100000 + b"\n")
+    r = CliRunner().invoke(main, [command, str(path)])
+    assert r.exit_code == 1 or command == "show", r.output
+    assert "Traceback" not in r.output
+    assert not isinstance(r.exception, RecursionError)
+
+
+def test_show_terminates_on_a_self_parented_leaf_label(tmp_path):
+    fake = "sha256:" + "1" * 64
+    line = json.dumps({"type": "label", "id": fake, "parent": fake, "ts": "2026-09-17T12:00:01Z", "target": fake, "label": "leaf"})
+    path = tmp_path / "loop.jsonl"
+    path.write_bytes(HEADER + line.encode() + b"\n")
+    r = run("show", "--json", str(path))
+    assert r.exit_code == 0
+    assert json.loads(r.output)["leaf"] is None
+
+
+def test_lone_surrogates_outside_hashed_members_print_escaped(tmp_path):
+    path = tmp_path / "s.jsonl"
+    header = HEADER.replace(b'"id":"h"', b'"id":"s\\ud800"')
+    e = make_entry("item", None, ts=TS.format(1), item={"type": "message"})
+    bad = dict(e.data, id="x\ud800")
+    path.write_bytes(header + json.dumps(bad).encode() + b"\n" + json.dumps(bad).encode() + b"\n")
+    for args in (["show", str(path)], ["show", "--json", str(path)], ["verify", str(path)], ["verify", "--json", str(path)]):
+        r = CliRunner().invoke(main, args)
+        assert r.exception is None or isinstance(r.exception, SystemExit), (args, r.exception)
+        assert "Traceback" not in r.output
+
+
+def test_odd_config_members_do_not_break_show(tmp_path):
+    path = tmp_path / "c.jsonl"
+    e = make_entry("config", None, ts=TS.format(1), tools_removed=5, tools_added={"a": 1})
+    path.write_bytes(HEADER + e.canonical_line())
+    r = run("show", str(path))
+    assert r.exit_code == 0
+    assert "no change" in r.output
+
+
+def test_a_parent_holding_a_newline_cannot_fake_a_second_line(tmp_path):
+    path = tmp_path / "nl.jsonl"
+    e = make_entry("item", "x\nfake.jsonl: 3 entries read; 0 problem(s)", ts=TS.format(1), item={})
+    path.write_bytes(HEADER + e.canonical_line())
+    r = run("verify", str(path))
+    assert r.exit_code == 1
+    problem_lines = [l for l in r.output.splitlines() if "fake.jsonl" in l]
+    assert len(problem_lines) == 1 and "does not appear earlier" in problem_lines[0]
+
+
+def test_unknown_core_type_is_a_problem_but_namespaced_is_not(tmp_path):
+    path = tmp_path / "t.jsonl"
+    a = make_entry("frobnicate", None, ts=TS.format(1), x=1)
+    b = make_entry("acme:frobnicate", a.id, ts=TS.format(2), x=1)
+    path.write_bytes(HEADER + a.canonical_line() + b.canonical_line())
+    out = json.loads(run("verify", "--json", str(path)).output)
+    assert [(p["line"], p["code"]) for p in out["problems"]] == [(2, "type")]
+
+
+def test_header_without_created_at_or_payload_is_refused(tmp_path):
+    path = tmp_path / "h.jsonl"
+    path.write_bytes(b'{"type":"session","format":"agentsession/0.14","id":"h"}\n' + make_entry("item", None, ts=TS.format(1)).canonical_line())
+    r = run("verify", str(path))
+    assert r.exit_code == 1
+    assert "created_at" in r.output and "payload" in r.output

@@ -781,3 +781,16 @@ def test_read_restores_the_collector_state():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_migrated_file_is_never_rewritten():
+    from agentsession_cas import AgentSessionError, read_session_bytes
+
+    data = (
+        b'{"type":"session","format":"agentsession/0.4","id":"old","created_at":"2026-09-17T12:00:00Z","payload":"p"}\n'
+        b'{"type":"item","id":"a1","parent":null,"ts":"2026-09-17T12:00:01Z","item":{}}\n'
+    )
+    sf = read_session_bytes(data)
+    assert sf.migrated
+    with pytest.raises(AgentSessionError, match="never rewritten"):
+        sf.canonical_bytes()
