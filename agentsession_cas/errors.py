@@ -63,3 +63,71 @@ class SessionFormatError(AgentSessionError):
 
 class NoSuchEntryError(AgentSessionError, LookupError):
     """An entry id (or prefix) that names nothing, or names several entries."""
+
+
+# -- the store ---------------------------------------------------------------
+
+
+class StoreError(AgentSessionError):
+    """A store-level refusal or failure."""
+
+
+class LayoutError(StoreError):
+    """No store here, or a store of a layout this release does not read."""
+
+
+class BadNameError(StoreError, ValueError):
+    """A session id or hash that may not name anything (checked before any path is built)."""
+
+
+class ReadOnlyError(StoreError):
+    """A write through a store or session opened read-only."""
+
+
+class NoSuchSessionError(StoreError, LookupError):
+    """The store holds no session by that id."""
+
+
+class SessionExistsError(StoreError):
+    """A create or import under an id the store already holds."""
+
+
+class SessionLockedError(StoreError):
+    """Another process holds the session for writing."""
+
+
+class SessionDamagedError(StoreError):
+    """A session log record before the last commit fails its checksum: damage, not a crash's loss.
+    The session refuses writes until repaired."""
+
+    def __init__(self, message: str, *, session: str, line: int, offset: int):
+        super().__init__(message)
+        self.session = session
+        self.line = line
+        self.offset = offset
+
+
+class MirrorError(StoreError):
+    """A local append or head move on a session this store is a mirror of."""
+
+
+class HeadMovedError(StoreError):
+    """A head compare-and-swap whose expectation was wrong: the head moved."""
+
+
+class AppendRefusedError(StoreError, EntryError):
+    """An append the store's rules refuse (parent rule, synthetic label, bad id, ...)."""
+
+
+class NoSuchObjectError(StoreError, LookupError):
+    """An object the store does not hold."""
+
+
+class CorruptObjectError(StoreError):
+    """An object whose bytes do not hash to its name; never served."""
+
+    def __init__(self, message: str, *, space: str, name: str, path: str):
+        super().__init__(message)
+        self.space = space
+        self.name = name
+        self.path = path

@@ -1,0 +1,164 @@
+"""The session log: one checksummed record per line, the session's write-ahead log and record.
+
+A line is ``<checksum> <record>\\n``: the checksum is the first 16 hex digits
+(64 bits) of the BLAKE3 hash of the record's bytes, and the record is a
+canonical JSON object whose ``op`` says what happened:
+
+* ``create`` - the session began (``session``, ``base``, ``mark``);
+* ``append`` - an entry joined the log (``seq``, ``entry``, ``head``: where
+  the head is after it, ``lazy``: acknowledged before committed);
+* ``head`` - a head move (``head``, null for no head);
+* ``mark`` - the record mark set (``mark``: ``record`` or ``mirror``);
+* ``commit`` - every record before it is durable;
+* ``loss`` - recovery dropped an uncommitted append (``entry``, ``seq``).
+
+:func:`read_log` parses a log and tells a crash's loss from damage: a torn
+last line, or a bad line after the last commit, is uncommitted working
+state; a bad line before it is damage.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import blake3
+
+from .canonical import canonical_bytes
+
+__all__ = ["Record", "encode_record", "read_log", "LogRead", "LogDamage", "CHECKSUM_HEX"]
+
+#: Hex digits of the BLAKE3 checksum each line carries.
+CHECKSUM_HEX = 16
+_OPS = frozenset({"create", "append", "head", "mark", "commit", "loss"})
+
+
+def _checksum(data: bytes) -> str:
+    return blake3.blake3(data).hexdigest(length=CHECKSUM_HEX // 2)
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """One log line, LF included."""
+    body = canonical_bytes(record)
+    return _checksum(body).encode("ascii") + b" " + body + b"\n"
+
+
+@dataclass
+class Record:
+    """One record as read: its line number (1-based), byte offset and members."""
+
+    line: int
+    offset: int
+    data: dict[str, Any]
+
+    @property
+    def op(self) -> str:
+        return self.data["op"]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.data.get(name, default)
+
+
+@dataclass
+class LogDamage:
+    """A line that is no good record."""
+
+    line: int
+    offset: int
+    reason: str
+
+
+@dataclass
+class LogRead:
+    """A log as parsed: the good records up to the first bad line, and what was wrong.
+
+    ``records`` holds every good record in order, stopping at the first bad
+    line. ``damage`` lists every bad line when one lies before the last
+    commit, or is not what a crash leaves (a torn last line, or a line
+    holding zero bytes). ``cut`` is set when the log must be cut from a bad
+    line after the last commit that a crash explains (a crash's loss);
+    ``cut_records`` then holds the good records that followed the bad one,
+    which are dropped with it.
+    """
+
+    records: list[Record] = field(default_factory=list)
+    damage: list[LogDamage] = field(default_factory=list)
+    cut: LogDamage | None = None
+    cut_records: list[Record] = field(default_factory=list)
+    size: int = 0
+    #: Byte length of the records kept (the prefix of the file that is sound).
+    sound_bytes: int = 0
+
+
+def _parse_line(raw: bytes) -> dict[str, Any] | str:
+    """The record of a line, or why it is not one."""
+    if len(raw) < CHECKSUM_HEX + 2 or raw[CHECKSUM_HEX : CHECKSUM_HEX + 1] != b" ":
+        return "not a checksummed record"
+    stated = raw[:CHECKSUM_HEX]
+    body = raw[CHECKSUM_HEX + 1 :]
+    try:
+        if stated.decode("ascii") != _checksum(body):
+            return "checksum mismatch"
+    except UnicodeDecodeError:
+        return "checksum mismatch"
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return "checksum matches but the record is not JSON"
+    if not isinstance(data, dict) or data.get("op") not in _OPS:
+        return "not a known record"
+    return data
+
+
+def read_log(data: bytes) -> LogRead:
+    """Parse a whole log and classify what does not read."""
+    out = LogRead(size=len(data))
+    lines: list[tuple[int, int, bytes, bool]] = []  # (line, offset, bytes, terminated)
+    offset = 0
+    number = 0
+    while offset < len(data):
+        number += 1
+        end = data.find(b"\n", offset)
+        if end < 0:
+            lines.append((number, offset, data[offset:], False))
+            break
+        lines.append((number, offset, data[offset:end], True))
+        offset = end + 1
+    parsed: list[tuple[int, int, dict | str, int]] = []
+    crash_like: set[int] = set()  # bad lines a crash can leave: torn, or holding unwritten (zero) blocks
+    for i, (number, offset, raw, terminated) in enumerate(lines):
+        if not terminated:
+            result: dict | str = "torn: the last line has no newline"
+            crash_like.add(i)
+        else:
+            result = _parse_line(raw)
+            if isinstance(result, str) and b"\x00" in raw:
+                result += " (holds zero bytes: blocks a crash left unwritten)"
+                crash_like.add(i)
+        parsed.append((number, offset, result, offset + len(raw) + (1 if terminated else 0)))
+    last_commit = -1
+    for i, (_, _, result, _) in enumerate(parsed):
+        if isinstance(result, dict) and result["op"] in ("commit", "create"):
+            last_commit = i
+    first_bad = next((i for i, p in enumerate(parsed) if isinstance(p[2], str)), None)
+    if first_bad is None:
+        out.records = [Record(n, o, r) for n, o, r, _ in parsed]  # type: ignore[arg-type]
+        out.sound_bytes = len(data)
+        return out
+    for i, (number, offset, result, end) in enumerate(parsed):
+        if i < first_bad:
+            out.records.append(Record(number, offset, result))  # type: ignore[arg-type]
+            out.sound_bytes = end
+    bad_number, bad_offset, bad_reason, _ = parsed[first_bad]
+    bad_after = [i for i in range(first_bad, len(parsed)) if isinstance(parsed[i][2], str)]
+    # A crash damages only the uncommitted tail, and only by cutting it short or
+    # leaving blocks unwritten; any other bad line is damage, never dropped silently.
+    if first_bad < last_commit or any(i not in crash_like for i in bad_after):
+        for number, offset, result, _ in parsed:
+            if isinstance(result, str):
+                out.damage.append(LogDamage(number, offset, result))
+        return out
+    out.cut = LogDamage(bad_number, bad_offset, bad_reason)  # type: ignore[arg-type]
+    out.cut_records = [Record(n, o, r) for n, o, r, _ in parsed[first_bad + 1 :] if isinstance(r, dict)]
+    return out

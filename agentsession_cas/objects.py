@@ -1,0 +1,184 @@
+"""Loose objects: canonical bytes named by their SHA-256, in three spaces.
+
+``objects/entries/<2 hex>/<62 hex>`` holds envelopes, ``objects/contents/...``
+bodies, ``objects/blobs/...`` media blobs. Every read hashes the bytes and
+compares them with the name, so a corrupt object is never served; the
+error names the object and its path. Writing is idempotent: an object
+already present is not rewritten, since its name is its content.
+
+Durability is the caller's choice per write. ``put(..., durable=False)``
+leaves the file unsynced and returns its path, which a commit later
+fsyncs together with its directory (:func:`fsync_paths`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Iterator
+
+from .errors import AgentSessionError, CorruptObjectError, NoSuchObjectError
+from .hashing import HASH_PREFIX, is_hash
+
+__all__ = ["SPACES", "ObjectStore", "fsync_paths", "fsync_dir"]
+
+#: The three hash spaces RFC 0002 names, and their directories.
+SPACES = ("entries", "contents", "blobs")
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="agentsession-fsync")
+    return _POOL
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return  # swept or packed meanwhile: nothing is owed for it here
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_paths(files: Iterable[str]) -> None:
+    """Fsync files, then the directories holding them, each once.
+
+    The fsyncs run on a small thread pool so a journaling filesystem can
+    batch them; files before directories, so a name never becomes durable
+    ahead of its bytes.
+    """
+    files = list(dict.fromkeys(files))
+    if not files:
+        return
+    dirs = list(dict.fromkeys(os.path.dirname(f) for f in files))
+    if len(files) == 1:
+        _fsync_file(files[0])
+    else:
+        list(_pool().map(_fsync_file, files))
+    if len(dirs) == 1:
+        fsync_dir(dirs[0])
+    else:
+        list(_pool().map(fsync_dir, dirs))
+
+
+class ObjectStore:
+    """The loose objects of one store, under ``<root>/objects``."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.dir = os.path.join(root, "objects")
+        self.tmp = os.path.join(root, "tmp")
+
+    def path(self, space: str, name: str) -> str:
+        """Where the loose object ``name`` of ``space`` lives (the name is checked first)."""
+        if space not in SPACES:
+            raise AgentSessionError(f"unknown object space {space!r}")
+        if not is_hash(name):
+            raise AgentSessionError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+        hexd = name[len(HASH_PREFIX) :]
+        return os.path.join(self.dir, space, hexd[:2], hexd[2:])
+
+    def relpath(self, space: str, name: str) -> str:
+        return os.path.relpath(self.path(space, name), self.root)
+
+    def exists(self, space: str, name: str) -> bool:
+        return os.path.exists(self.path(space, name))
+
+    def get(self, space: str, name: str) -> bytes:
+        """The object's bytes, verified against its name."""
+        path = self.path(space, name)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise NoSuchObjectError(f"no {space} object {name} ({self.relpath(space, name)})") from None
+        if HASH_PREFIX + hashlib.sha256(data).hexdigest() != name:
+            raise CorruptObjectError(
+                f"corrupt object: {space} object {name} does not hash to its name ({self.relpath(space, name)})",
+                space=space,
+                name=name,
+                path=path,
+            )
+        return data
+
+    def is_sound(self, space: str, name: str) -> bool:
+        """True when the object is present and hashes to its name."""
+        try:
+            self.get(space, name)
+        except (NoSuchObjectError, CorruptObjectError):
+            return False
+        return True
+
+    def put(self, space: str, name: str, data: bytes, *, durable: bool) -> str | None:
+        """Store ``data`` under ``name`` unless a sound copy is there already.
+
+        Returns the path the caller owes an fsync for when ``durable`` is
+        False and something was written or found (None when written durably).
+        The caller guarantees ``name`` is the hash of ``data``.
+        """
+        path = self.path(space, name)
+        if os.path.exists(path):
+            if os.path.getsize(path) == len(data) and self.is_sound(space, name):
+                if durable:
+                    # Another process may have written it and not yet committed.
+                    fsync_paths([path])
+                    return None
+                return path
+            # Torn or corrupt: replace it with a good copy below.
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        os.makedirs(self.tmp, exist_ok=True)
+        tmp = os.path.join(self.tmp, f"obj-{os.getpid()}-{os.urandom(6).hex()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        if durable:
+            fsync_dir(directory)
+            return None
+        return path
+
+    def names(self, space: str) -> Iterator[str]:
+        """Every loose object name in a space (for fsck and sweeps)."""
+        base = os.path.join(self.dir, space)
+        try:
+            fans = sorted(os.listdir(base))
+        except FileNotFoundError:
+            return
+        for fan in fans:
+            if len(fan) != 2:
+                continue
+            try:
+                rests = sorted(os.listdir(os.path.join(base, fan)))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for rest in rests:
+                name = HASH_PREFIX + fan + rest
+                if is_hash(name):
+                    yield name

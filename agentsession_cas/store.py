@@ -1,0 +1,1038 @@
+"""The store: content-addressed objects, and sessions as refs whose logs are their commit point.
+
+A :class:`Store` is a directory (``docs/storage-format.md`` lays it out
+byte by byte). A :class:`Session` is a header, a base, a head, a record
+mark and a log; its log (:mod:`.log`) is its write-ahead log and its only
+record, and ``HEAD`` and ``mark`` are indexes rebuilt from it.
+
+An append writes its two objects first (idempotently), then its log
+record; it is visible once the record is written. A commit fsyncs the
+objects the session's appends named, then writes a ``commit`` record and
+fsyncs the log. Recovery, on open, reads that one session's log: a torn or
+unwritten tail after the last commit is the loss of uncommitted working
+state (dropped, and a ``loss`` record written); anything else that fails
+its checksum is damage, and the session refuses writes until repaired.
+
+One process writes a session at a time, holding ``locks/<id>.lock``; a
+read-only store takes no lock and writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+import filelock
+
+from .canonical import canonical_bytes, loads
+from .entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
+from .errors import (
+    AgentSessionError,
+    AppendRefusedError,
+    CorruptObjectError,
+    EntryError,
+    HeadMovedError,
+    IJSONError,
+    LayoutError,
+    MirrorError,
+    NoSuchObjectError,
+    NoSuchSessionError,
+    ReadOnlyError,
+    SessionDamagedError,
+    SessionExistsError,
+    SessionFormatError,
+    SessionLockedError,
+    StoreError,
+    TimestampError,
+)
+from .hashing import entry_objects, is_hash, sha256_ref
+from .log import LogRead, Record, encode_record, read_log
+from .names import check_session_id
+from .objects import ObjectStore, fsync_dir, fsync_paths
+from .reader import SessionFile, read_session, read_session_bytes
+from .timestamps import check_ts, now_ts
+from .tree import Tree
+
+__all__ = [
+    "LAYOUT",
+    "SYNC_POLICIES",
+    "DEFAULT_STORE",
+    "AppendResult",
+    "Store",
+    "Session",
+    "default_store_path",
+]
+
+#: The layout this release writes and reads, as the ``layout`` file spells it.
+LAYOUT = "agentsession-cas 1"
+#: When an append is made durable before it returns.
+SYNC_POLICIES = ("always", "responses", "never")
+DEFAULT_STORE = "~/.agent/cas"
+_SIDECAR = re.compile(r"sidecar:(sha256:[0-9a-f]{64})")
+_DURABLE_ON_RESPONSES = frozenset({"response", "compaction", "branch_summary"})
+_ENTRY_NAMING = ("target", "first_kept", "from", "queued_from")
+
+
+def default_store_path() -> str:
+    """``$AGENTSESSION_STORE``, else ``~/.agent/cas``."""
+    return os.path.expanduser(os.environ.get("AGENTSESSION_STORE") or DEFAULT_STORE)
+
+
+def _write_atomic(path: str, data: bytes, *, durable: bool) -> None:
+    """Temp file beside ``path``, renamed over it; fsynced (file and directory) when durable."""
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    if durable:
+        fsync_dir(directory)
+
+
+@dataclass
+class AppendResult:
+    """What an append did.
+
+    ``outcome`` is ``continued`` (the head moved to the entry), ``branched``
+    (the parent was not the head; nothing moved), ``no-op`` (the log already
+    held the entry), ``head-moved`` (a ``leaf`` label moved the head to its
+    target) or ``head-not-moved`` (a ``leaf`` label whose target may not
+    hold the head). ``durable`` says whether it was committed before
+    returning. ``unresolved`` lists references the store cannot resolve
+    (RFC 0002: reported, never a condition of acceptance).
+    """
+
+    id: str
+    outcome: str
+    head: str | None
+    durable: bool
+    seq: int | None = None
+    unresolved: list[str] = field(default_factory=list)
+    note: str | None = None
+
+    @property
+    def head_moved(self) -> bool:
+        return self.outcome in ("continued", "head-moved")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "outcome": self.outcome,
+            "head": self.head,
+            "head_moved": self.head_moved,
+            "durable": self.durable,
+            "seq": self.seq,
+            "unresolved": list(self.unresolved),
+            "note": self.note,
+        }
+
+
+class Store:
+    """A store directory, opened read-only or for writing.
+
+    Use as a context manager; sessions opened through a writing store are
+    committed and released when it closes. ``sync`` is the default policy
+    for appends: ``always`` (every append durable before it returns),
+    ``responses`` (durable on responses, function call outputs, compactions,
+    branch summaries and the record types the header names) or ``never``
+    (durable at :meth:`Session.commit` and close, and for the record types
+    the header names, which RFC 0001 requires durable before their side
+    effect).
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False, sync: str = "always"):
+        self.root = os.path.abspath(os.fspath(path) if path is not None else default_store_path())
+        if sync not in SYNC_POLICIES:
+            raise StoreError(f"unknown sync policy {sync!r}: use one of {', '.join(SYNC_POLICIES)}")
+        self.readonly = readonly
+        self.sync = sync
+        self.objects = ObjectStore(self.root)
+        self._open: dict[str, Session] = {}
+        self._check_layout()
+
+    # -- the directory --------------------------------------------------------
+
+    @classmethod
+    def init(cls, path: str | os.PathLike | None = None, **kwargs: Any) -> "Store":
+        """Create a store (or open the one already there) and return it open for writing."""
+        root = os.path.abspath(os.fspath(path) if path is not None else default_store_path())
+        layout = os.path.join(root, "layout")
+        if not os.path.exists(layout):
+            if os.path.isdir(root) and os.listdir(root):
+                raise LayoutError(f"{root} exists and is not empty; a store needs an empty or new directory")
+            for sub in ("objects/entries", "objects/contents", "objects/blobs", "sessions", "locks", "tmp", "trash"):
+                os.makedirs(os.path.join(root, sub), exist_ok=True)
+            fsync_dir(os.path.join(root, "objects"))
+            _write_atomic(layout, (LAYOUT + "\n").encode(), durable=True)
+        return cls(root, **kwargs)
+
+    def _check_layout(self) -> None:
+        layout = os.path.join(self.root, "layout")
+        try:
+            with open(layout, "rb") as f:
+                text = f.read().decode("utf-8", "replace").strip()
+        except FileNotFoundError:
+            raise LayoutError(f"no store at {self.root} (no layout file); create one with `agentsession init`") from None
+        except IsADirectoryError:
+            raise LayoutError(f"{layout} is a directory, not a layout file") from None
+        if text != LAYOUT:
+            raise LayoutError(
+                f"the store at {self.root} has layout {text!r}; this release reads {LAYOUT!r} (a newer or unknown layout)"
+            )
+
+    def _dir(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    def session_dir(self, session_id: str) -> str:
+        return self._dir("sessions", check_session_id(session_id))
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Commit and release every session this store opened for writing."""
+        errors = []
+        for session in list(self._open.values()):
+            try:
+                session.close()
+            except AgentSessionError as exc:  # keep closing the others
+                errors.append(exc)
+        self._open.clear()
+        if errors:
+            raise errors[0]
+
+    # -- sessions ---------------------------------------------------------------
+
+    def list(self) -> list[str]:
+        """The ids of the sessions held, sorted."""
+        try:
+            names = os.listdir(self._dir("sessions"))
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            try:
+                check_session_id(name)
+            except AgentSessionError:
+                continue
+            if os.path.exists(self._dir("sessions", name, "header")):
+                out.append(name)
+        return sorted(out)
+
+    def __contains__(self, session_id: object) -> bool:
+        try:
+            return os.path.exists(os.path.join(self.session_dir(session_id), "header"))  # type: ignore[arg-type]
+        except AgentSessionError:
+            return False
+
+    def session(self, session_id: str) -> "Session":
+        """Open a session: for writing (locked, recovered) or, on a read-only store, as a snapshot."""
+        check_session_id(session_id)
+        if session_id in self._open:
+            return self._open[session_id]
+        if session_id not in self:
+            raise NoSuchSessionError(f"no such session: {session_id}")
+        if self.readonly:
+            return Session._load(self, session_id, writable=False)
+        session = Session._load(self, session_id, writable=True)
+        self._open[session_id] = session
+        return session
+
+    open = session
+
+    def read(self, session_id: str) -> "Session":
+        """A read-only snapshot of a session, taking no lock, whatever the store's mode."""
+        check_session_id(session_id)
+        if session_id not in self:
+            raise NoSuchSessionError(f"no such session: {session_id}")
+        return Session._load(self, session_id, writable=False)
+
+    def _require_writable(self) -> None:
+        if self.readonly:
+            raise ReadOnlyError(f"the store at {self.root} is open read-only")
+
+    def _lock(self, session_id: str) -> filelock.BaseFileLock:
+        os.makedirs(self._dir("locks"), exist_ok=True)
+        lock = filelock.FileLock(self._dir("locks", session_id + ".lock"), timeout=0)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise SessionLockedError(f"session {session_id} is locked by another process") from None
+        return lock
+
+    def create(self, header: Header | Mapping[str, Any], *, record: bool = True) -> "Session":
+        """Create a session from its header, by one rename into place that fails if the id is held.
+
+        A fork names a ``base`` the store holds, that is not a ``leaf`` label,
+        with the media of the session owning it. Returns the new session,
+        open for writing.
+        """
+        self._require_writable()
+        header = header if isinstance(header, Header) else Header(dict(header))
+        header = self._checked_new_header(header)
+        base = header.base
+        prefix: list[Entry] = []
+        if base is not None:
+            prefix = self._prefix_for_base(header)
+        return self._stage_session(header, base=base, own=[], prefix=prefix, head=base, record=record)
+
+    def _checked_new_header(self, header: Header) -> Header:
+        data = dict(header.data)
+        data.setdefault("type", "session")
+        data.setdefault("format", FORMAT_WRITTEN)
+        data.setdefault("created_at", now_ts())
+        header = Header(data)
+        problems = header.problems()
+        if problems:
+            raise SessionFormatError("header", problems)
+        if header.is_legacy:
+            raise StoreError(f"a store holds hashed entries; format {header.format} is before 0.5")
+        check_session_id(header.id)
+        if header.data.get("redacted") is not None:
+            raise StoreError("a redacted session is a record to read, not one to hold (RFC 0002)")
+        if header.id in self:
+            raise SessionExistsError(f"session {header.id} already exists")
+        try:
+            canonical_bytes(header.data)
+        except IJSONError as exc:
+            raise StoreError(f"header is not I-JSON: {exc}") from None
+        return header
+
+    def _prefix_for_base(self, header: Header) -> list[Entry]:
+        """The path root..base, checked: held, not a leaf label, committed, same media."""
+        base = header.base
+        assert base is not None
+        owner = self._holder_of(base)
+        if owner is None:
+            raise StoreError(f"base {base} is not an entry this store holds (in a log or on a prefix)")
+        owner_id, owner_header, committed = owner
+        if not committed:
+            raise StoreError(f"base {short_id(base)} is not yet committed in session {owner_id}; commit it first")
+        if owner_header.media != header.media:
+            raise StoreError(
+                f"media {header.media!r} differs from {owner_header.media!r} of session {owner_id}, which holds the base"
+            )
+        path = self.path_to(base)
+        if path[-1].is_leaf_label:
+            raise StoreError(f"base {short_id(base)} is a leaf label; the base is a fork's first head")
+        fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
+        if fmt and owner_fmt and fmt < owner_fmt:
+            raise StoreError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
+        return path
+
+    def _holder_of(self, entry_id: str) -> tuple[str, Header, bool] | None:
+        """The session whose own entries (else whose prefix) hold ``entry_id``:
+        (id, header, whether the entry is committed there). Scans the store,
+        which only creating a fork or importing one needs."""
+        on_prefix = None
+        for sid in self.list():
+            if sid in self._open:
+                s = self._open[sid]
+                if entry_id in s.own:
+                    s.commit()
+                    return sid, s.header, True
+                if entry_id in s.prefix_set or entry_id == s.base:
+                    on_prefix = on_prefix or (sid, s.header, True)
+                continue
+            try:
+                s = Session._load(self, sid, writable=False)
+            except AgentSessionError:
+                continue
+            if entry_id in s.own:
+                return sid, s.header, entry_id in s.committed_own
+            if entry_id in s.prefix_set or entry_id == s.base:
+                on_prefix = on_prefix or (sid, s.header, True)
+        return on_prefix
+
+    def _stage_session(
+        self,
+        header: Header,
+        *,
+        base: str | None,
+        own: list[Entry],
+        prefix: list[Entry],
+        head: str | None,
+        record: bool,
+    ) -> "Session":
+        """Write a whole session in ``tmp/`` and rename it into ``sessions/``."""
+        lock = self._lock(header.id)
+        try:
+            if header.id in self:
+                raise SessionExistsError(f"session {header.id} already exists")
+            paths: list[str] = []
+            for e in prefix + own:
+                paths.extend(self._put_entry(e, durable=False))
+            fsync_paths(paths)
+            stage = self._dir("tmp", f"{header.id}-{os.getpid()}-{os.urandom(4).hex()}")
+            os.makedirs(stage)
+            mark = "record" if record else "mirror"
+            lines = [encode_record({"op": "create", "session": header.id, "base": base, "mark": mark})]
+            for seq, e in enumerate(own, start=1):
+                lines.append(encode_record({"op": "append", "seq": seq, "entry": e.id}))
+            if own:
+                lines.append(encode_record({"op": "head", "head": head}))
+                lines.append(encode_record({"op": "commit"}))
+            files = {
+                "header": header.canonical_line(),
+                "log": b"".join(lines),
+                "HEAD": ((head or "") + "\n").encode(),
+                "mark": (mark + "\n").encode(),
+            }
+            for name, data in files.items():
+                with open(os.path.join(stage, name), "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            fsync_dir(stage)
+            target = self.session_dir(header.id)
+            if os.path.exists(target):
+                shutil.rmtree(stage, ignore_errors=True)
+                raise SessionExistsError(f"session {header.id} already exists")
+            os.rename(stage, target)
+            fsync_dir(self._dir("sessions"))
+        except BaseException:
+            lock.release()
+            raise
+        session = Session._load(self, header.id, writable=True, lock=lock)
+        self._open[header.id] = session
+        return session
+
+    def delete(self, session_id: str) -> None:
+        """Remove a session in one step (a rename away), then its files."""
+        self._require_writable()
+        check_session_id(session_id)
+        session = self._open.pop(session_id, None)
+        if session is not None:
+            lock = session._release_for_delete()
+        else:
+            if session_id not in self:
+                raise NoSuchSessionError(f"no such session: {session_id}")
+            lock = self._lock(session_id)
+        try:
+            os.makedirs(self._dir("trash"), exist_ok=True)
+            trash = self._dir("trash", f"{session_id}-{time.time_ns()}")
+            os.rename(self.session_dir(session_id), trash)
+            fsync_dir(self._dir("sessions"))
+            shutil.rmtree(trash, ignore_errors=True)
+        finally:
+            lock.release()
+
+    # -- objects and entries ------------------------------------------------------
+
+    def _put_entry(
+        self, entry: Entry, *, durable: bool, content: bytes | None = None, env: bytes | None = None
+    ) -> list[str]:
+        """Write an entry's content then its envelope; return paths owed an fsync."""
+        if content is None or env is None:
+            _, _, content, env = entry_objects(entry.data)
+        owed = []
+        p = self.objects.put("contents", entry.content_hash, content, durable=durable)
+        if p:
+            owed.append(p)
+        p = self.objects.put("entries", entry.id, env, durable=durable)
+        if p:
+            owed.append(p)
+        return owed
+
+    def entry(self, entry_id: str) -> Entry:
+        """An entry rebuilt from its envelope and content objects, both verified."""
+        env = loads(self.objects.get("entries", entry_id))
+        if not isinstance(env, dict) or not isinstance(env.get("content"), str):
+            raise CorruptObjectError(
+                f"envelope {entry_id} is not an envelope ({self.objects.relpath('entries', entry_id)})",
+                space="entries",
+                name=entry_id,
+                path=self.objects.path("entries", entry_id),
+            )
+        chash = env["content"]
+        body = loads(self.objects.get("contents", chash))
+        data = dict(body)
+        data["type"] = env.get("type")
+        data["parent"] = env.get("parent")
+        if env.get("parents"):
+            data["parents"] = env["parents"]
+        data["ts"] = env.get("ts")
+        data["id"] = entry_id
+        return Entry(data, computed_id=entry_id, content_hash=chash)
+
+    def path_to(self, entry_id: str) -> list[Entry]:
+        """Entries from the root to ``entry_id``, read from the objects."""
+        out: list[Entry] = []
+        seen: set[str] = set()
+        current: str | None = entry_id
+        while current is not None:
+            if current in seen:
+                raise StoreError(f"entry {current} is its own ancestor: the objects are damaged")
+            seen.add(current)
+            e = self.entry(current)
+            out.append(e)
+            current = e.parent
+        out.reverse()
+        return out
+
+    def put_blob(self, data: bytes) -> str:
+        """Store a media blob durably; return its ``sha256:`` name (use as ``sidecar:<name>``)."""
+        self._require_writable()
+        name = sha256_ref(data)
+        self.objects.put("blobs", name, data, durable=True)
+        return name
+
+    def blob(self, name: str) -> bytes:
+        return self.objects.get("blobs", name)
+
+    def cat_object(self, name: str, space: str | None = None) -> tuple[str, bytes]:
+        """An object's verified bytes and its space, looked up in every space unless one is given."""
+        if not is_hash(name):
+            raise AgentSessionError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+        spaces = [space] if space else ["entries", "contents", "blobs"]
+        for sp in spaces:
+            try:
+                return sp, self.objects.get(sp, name)
+            except NoSuchObjectError:
+                continue
+        raise NoSuchObjectError(f"no object {name} in this store")
+
+    # -- projection and import ----------------------------------------------------
+
+    def export(self, session_id: str) -> bytes:
+        """The session's RFC 0002 projection as bytes."""
+        return self.read(session_id).projection()
+
+    def export_to(self, session_id: str, path: str | os.PathLike) -> None:
+        """Write the projection to ``path`` atomically, and sidecar media beside it."""
+        session = self.read(session_id)
+        data = session.projection()
+        path = os.fspath(path)
+        _write_atomic(path, data, durable=True)
+        if session.header.media == "sidecar":
+            side = os.path.join(os.path.dirname(os.path.abspath(path)), session.id)
+            os.makedirs(side, exist_ok=True)
+            for name in sorted(set(_SIDECAR.findall(data.decode("utf-8")))):
+                try:
+                    blob = self.blob(name)
+                except NoSuchObjectError:
+                    continue
+                _write_atomic(os.path.join(side, name[7:]), blob, durable=True)
+
+    def import_file(self, path: str | os.PathLike, *, record: bool = False) -> "Session":
+        """Import a projection (RFC 0002): every line verified, the head from the resume
+        rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``."""
+        sf = read_session(path)
+        return self.import_session(sf, record=record)
+
+    def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> "Session":
+        return self.import_session(read_session_bytes(data, source=source), record=record)
+
+    def import_session(self, sf: SessionFile, *, record: bool = False) -> "Session":
+        self._require_writable()
+        if sf.truncated is not None:
+            raise StoreError(f"{sf.source}: {sf.truncated}; a cut-short file is not imported")
+        if sf.problems:
+            raise SessionFormatError(sf.source, sf.problems)
+        if sf.migrated:
+            raise StoreError(f"{sf.source} is of format {sf.header.format}, before hashed ids; it is read, not imported")
+        header = self._checked_new_header(sf.header)
+        base = header.base
+        entries = sf.entries
+        tree = sf.tree
+        leaf = tree.resume_leaf()
+        kept = [e for e in entries if not (e.type == "label" and e.synthetic)]
+        if base is not None:
+            cut = next(i for i, e in enumerate(kept) if e.id == base) + 1
+            prefix, own = kept[:cut], kept[cut:]
+            holder = self._holder_of(base)
+            if holder is not None and holder[1].media != header.media:
+                raise StoreError(
+                    f"media {header.media!r} differs from {holder[1].media!r} of session {holder[0]}, which holds the base"
+                )
+        else:
+            prefix, own = [], kept
+        own_ids = {e.id for e in own}
+        for e in own:
+            if e.parent is None and base is not None:
+                raise StoreError(f"{sf.source}: line {e.line}: an own entry of a fork cannot be a root")
+            if e.parent is not None and e.parent != base and e.parent not in own_ids:
+                raise StoreError(f"{sf.source}: line {e.line}: parent {e.parent} is neither the base nor an own entry")
+        # The head: the resume rule, held to the head rule.
+        head = leaf
+        if head is not None and head not in own_ids:
+            head = base
+        else:
+            while head is not None and tree.by_id[head].is_leaf_label:
+                head = tree.by_id[head].parent
+                if head is not None and head not in own_ids:
+                    head = base
+                    break
+        return self._stage_session(header, base=base, own=own, prefix=prefix, head=head, record=record)
+
+
+class Session:
+    """A session as a store holds it: header, base, head, mark and the log of own entries."""
+
+    def __init__(self, store: Store, session_id: str):
+        self.store = store
+        self.id = session_id
+        self.dir = store.session_dir(session_id)
+        self.header: Header
+        self.base: str | None = None
+        self.head: str | None = None
+        self.mark: str = "mirror"
+        self.own: dict[str, int] = {}  # entry id -> seq
+        self.log_order: list[str] = []
+        self.committed_own: set[str] = set()
+        self.leaf_labels: set[str] = set()
+        self.prefix: list[str] = []  # root..base, base included
+        self.prefix_set: frozenset[str] = frozenset()
+        self.writable = False
+        self.lock: filelock.BaseFileLock | None = None
+        self.records_read: LogRead | None = None
+        self.recovered: list[str] = []  # what recovery did, for the caller to log
+        self._pending: list[str] = []
+        self._uncommitted = False
+        self._log_fd: int | None = None
+        self._closed = False
+
+    # -- loading and recovery -------------------------------------------------------
+
+    @classmethod
+    def _load(
+        cls, store: Store, session_id: str, *, writable: bool, lock: filelock.BaseFileLock | None = None
+    ) -> "Session":
+        s = cls(store, session_id)
+        if writable:
+            store._require_writable()
+            s.lock = lock or store._lock(session_id)
+        try:
+            s._read(writable)
+        except BaseException:
+            if s.lock is not None:
+                s.lock.release()
+            raise
+        return s
+
+    def _read(self, writable: bool) -> None:
+        try:
+            with open(os.path.join(self.dir, "header"), "rb") as f:
+                header_bytes = f.read()
+        except FileNotFoundError:
+            raise NoSuchSessionError(f"no such session: {self.id}") from None
+        try:
+            self.header = Header(loads(header_bytes))
+        except (ValueError, AgentSessionError) as exc:
+            raise StoreError(f"session {self.id}: header is unreadable: {exc}") from None
+        try:
+            with open(os.path.join(self.dir, "log"), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        logread = read_log(data)
+        self.records_read = logread
+        if logread.damage:
+            first = logread.damage[0]
+            raise SessionDamagedError(
+                f"session {self.id} is damaged: log line {first.line} (offset {first.offset}): {first.reason}; "
+                f"it refuses writes until repaired (`agentsession repair {self.id}`)",
+                session=self.id,
+                line=first.line,
+                offset=first.offset,
+            )
+        records = logread.records
+        cut_at = len(records)
+        last_commit = max((i for i, r in enumerate(records) if r.op in ("commit", "create")), default=-1)
+        # Uncommitted appends whose objects a crash took or tore are lost, with all after them.
+        for i in range(last_commit + 1, len(records)):
+            r = records[i]
+            if r.op == "append":
+                entry = r.get("entry")
+                if not self._objects_sound(entry):
+                    cut_at = i
+                    break
+        kept = records[:cut_at]
+        dropped = records[cut_at:] + logread.cut_records
+        lost = [r for r in dropped if r.op == "append"]
+        self._replay(kept, last_commit)
+        if self.base is not None:
+            try:
+                self.prefix = [e.id for e in self.store.path_to(self.base)]
+            except (NoSuchObjectError, CorruptObjectError) as exc:
+                raise StoreError(f"session {self.id}: its prefix cannot be read: {exc}") from None
+            self.prefix_set = frozenset(self.prefix)
+        adopted = [r for r in kept[last_commit + 1 :] if r.op == "append"]
+        needs_rewrite = bool(logread.cut or lost or cut_at < len(records))
+        if lost or logread.cut:
+            self.recovered.append(
+                f"recovered session {self.id}: dropped {len(lost)} uncommitted append(s)"
+                + (f" and a torn tail at log line {logread.cut.line}" if logread.cut else "")
+            )
+        if writable:
+            self.writable = True
+            if needs_rewrite or adopted or kept and kept[-1].op not in ("commit", "create"):
+                self._rewrite_log(kept, lost, adopted)
+            self._log_fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._write_indexes()
+
+    def _objects_sound(self, entry_id: object) -> bool:
+        if not isinstance(entry_id, str) or not is_hash(entry_id):
+            return False
+        objs = self.store.objects
+        try:
+            env = loads(objs.get("entries", entry_id))
+            return isinstance(env, dict) and objs.is_sound("contents", env.get("content", ""))
+        except (NoSuchObjectError, CorruptObjectError, ValueError, AgentSessionError):
+            return False
+
+    def _replay(self, records: list[Record], last_commit: int) -> None:
+        for i, r in enumerate(records):
+            op = r.op
+            if op == "create":
+                self.base = r.get("base")
+                self.head = self.base
+                self.mark = r.get("mark") or "mirror"
+            elif op == "append":
+                entry = r.get("entry")
+                if entry not in self.own:
+                    self.own[entry] = len(self.log_order) + 1
+                    self.log_order.append(entry)
+                    if i <= last_commit:
+                        self.committed_own.add(entry)
+                    if r.get("leaf_label"):
+                        self.leaf_labels.add(entry)
+                if "head" in r.data:
+                    self.head = r.get("head")
+            elif op == "head":
+                self.head = r.get("head")
+            elif op == "mark":
+                self.mark = r.get("mark")
+
+    def _rewrite_log(self, kept: list[Record], lost: list[Record], adopted: list[Record]) -> None:
+        """Recovery's rewrite: what reads, the losses, and a commit, as a new file."""
+        paths: list[str] = []
+        for r in adopted:
+            entry = self.store.entry(r.get("entry"))
+            paths.extend(self.store._put_entry(entry, durable=False))
+        fsync_paths(paths)
+        lines = [encode_record(r.data) for r in kept]
+        for r in lost:
+            lines.append(encode_record({"op": "loss", "entry": r.get("entry"), "seq": r.get("seq")}))
+        lines.append(encode_record({"op": "commit"}))
+        _write_atomic(os.path.join(self.dir, "log"), b"".join(lines), durable=True)
+        self.committed_own.update(self.own)
+
+    def _write_indexes(self) -> None:
+        """HEAD and mark: indexes of the log, rewritten without fsync (rebuilt on every open)."""
+        _write_atomic(os.path.join(self.dir, "HEAD"), ((self.head or "") + "\n").encode(), durable=False)
+        _write_atomic(os.path.join(self.dir, "mark"), (self.mark + "\n").encode(), durable=False)
+
+    # -- reading --------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.log_order)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self.own
+
+    def __iter__(self) -> Iterator[Entry]:
+        """Own entries in log order."""
+        for entry_id in self.log_order:
+            yield self.store.entry(entry_id)
+
+    entries = __iter__
+
+    def prefix_entries(self) -> list[Entry]:
+        return [self.store.entry(e) for e in self.prefix]
+
+    def records(self) -> list[Record]:
+        """The log's records as read at open (the session's history)."""
+        data = open(os.path.join(self.dir, "log"), "rb").read()
+        return read_log(data).records
+
+    @property
+    def is_record(self) -> bool:
+        return self.mark == "record"
+
+    def projection(self) -> bytes:
+        """RFC 0002 "Projection to JSONL": header, prefix root first, own entries in log
+        order, and a synthetic ``leaf`` label only when the resume rule over those lines
+        would not name the head. Byte-stable."""
+        prefix = self.prefix_entries()
+        own = list(self)
+        entries = prefix + own
+        lines = [self.header.canonical_line()]
+        lines.extend(e.canonical_line() for e in entries)
+        tree = Tree(entries, base=self.base, prefix=self.prefix[:-1])
+        if entries and tree.resume_leaf() != self.head:
+            last = entries[-1]
+            ts = tree.by_id[self.head].ts if self.head is not None else last.ts
+            marker = make_entry("label", last.id, ts=ts, target=self.head, label=LEAF_LABEL, synthetic=True)
+            lines.append(marker.canonical_line())
+        return b"".join(lines)
+
+    # -- writing --------------------------------------------------------------------
+
+    def _check_writable(self, what: str) -> None:
+        if self._closed:
+            raise StoreError(f"session {self.id} is closed")
+        if not self.writable:
+            raise ReadOnlyError(f"session {self.id} is open read-only; cannot {what}")
+        if self.mark != "record":
+            raise MirrorError(
+                f"session {self.id} is a mirror here; it refuses local {what} (only exchange moves it)"
+            )
+
+    def _durable_for(self, entry: Entry, durable: bool | None) -> bool:
+        if durable is not None:
+            return durable
+        if entry.type in self.header.records:
+            return True  # RFC 0001: durable before the side effect it precedes
+        policy = self.store.sync
+        if policy == "always":
+            return True
+        if policy == "responses":
+            if entry.type in _DURABLE_ON_RESPONSES:
+                return True
+            item = entry.data.get("item")
+            return entry.type == "item" and isinstance(item, dict) and item.get("type") == "function_call_output"
+        return False
+
+    def _may_hold_head(self, target: str | None) -> bool:
+        if target is None:
+            return self.base is None
+        if target == self.base:
+            return True
+        return target in self.own and target not in self.leaf_labels
+
+    def _prepare(self, entry: Entry | Mapping[str, Any]) -> tuple[Entry, bytes, bytes]:
+        """Hash and check an entry as an append needs; returns it and its two objects' bytes."""
+        data = dict(entry.data if isinstance(entry, Entry) else entry)
+        stated = data.pop("id", None)
+        if "parent" not in data:
+            data["parent"] = self.head
+        if "ts" not in data:
+            data["ts"] = now_ts()
+        try:
+            check_ts(data.get("ts"))
+            entry_id, chash, content, env = entry_objects(data)
+        except (TimestampError, EntryError, IJSONError) as exc:
+            raise AppendRefusedError(f"entry refused: {exc}") from None
+        data["id"] = entry_id
+        built = Entry(data, computed_id=entry_id, content_hash=chash)
+        if stated is not None:
+            if not isinstance(stated, str) or not stated.startswith("sha256:"):
+                raise AppendRefusedError(f"id {stated!r} does not carry the sha256: prefix; it is refused")
+            if stated != built.id:
+                raise AppendRefusedError(f"id {stated} differs from the entry's hash {built.id}; refused")
+        return built, content, env
+
+    def append(self, entry: Entry | Mapping[str, Any], *, durable: bool | None = None) -> AppendResult:
+        """Append one entry (RFC 0002 "Append"); see :class:`AppendResult` for what it reports.
+
+        ``parent`` defaults to the head and ``ts`` to now. ``durable`` overrides
+        the store's sync policy for this append.
+        """
+        self._check_writable("appends")
+        e, content, env = self._prepare(entry)
+        if e.type == "label" and e.data.get("synthetic") is not None:
+            raise AppendRefusedError("a label carrying 'synthetic' is a projection's marker; a store refuses it")
+        if e.id in self.own:
+            return AppendResult(e.id, "no-op", self.head, durable=e.id in self.committed_own, seq=self.own[e.id])
+        parent = e.parent
+        if parent is None:
+            if self.base is not None:
+                raise AppendRefusedError(f"session {self.id} has a base; every own entry hangs from it, so a root is refused")
+        elif parent != self.base and parent not in self.own:
+            where = "on the prefix above the base" if parent in self.prefix_set else "not held by this session"
+            raise AppendRefusedError(
+                f"parent {parent} is {where}; an own entry hangs from the base or another own entry"
+            )
+        outcome, new_head, note = "branched", self.head, None
+        is_leaf_label = e.is_leaf_label
+        if is_leaf_label:
+            target = e.data.get("target")
+            if self._may_hold_head(target):
+                outcome, new_head = "head-moved", target
+            else:
+                outcome = "head-not-moved"
+                note = f"label target {target} may not hold the head (not the base or an own entry, or a leaf label)"
+        elif parent == self.head:
+            outcome, new_head = "continued", e.id
+        durable_now = self._durable_for(e, durable)
+        self._raise_format()
+        owed = self.store._put_entry(e, durable=False, content=content, env=env)
+        unresolved = self._unresolved(e, content)
+        seq = len(self.log_order) + 1
+        record: dict[str, Any] = {"op": "append", "seq": seq, "entry": e.id}
+        if new_head != self.head or outcome in ("continued", "head-moved"):
+            record["head"] = new_head
+        if is_leaf_label:
+            record["leaf_label"] = True
+        if not durable_now:
+            record["lazy"] = True
+        line = encode_record(record)
+        if durable_now:
+            fsync_paths(self._pending + owed)
+            self._write_log(line + encode_record({"op": "commit"}), sync=True)
+            self._pending.clear()
+            self._uncommitted = False
+        else:
+            self._write_log(line, sync=False)
+            self._pending.extend(owed)
+            self._uncommitted = True
+        self.own[e.id] = seq
+        self.log_order.append(e.id)
+        if is_leaf_label:
+            self.leaf_labels.add(e.id)
+        if durable_now:
+            self.committed_own.update(self.own)
+        moved = new_head != self.head
+        self.head = new_head
+        if durable_now and moved:
+            self._write_indexes()
+        return AppendResult(e.id, outcome, self.head, durable=durable_now, seq=seq, unresolved=unresolved, note=note)
+
+    def _unresolved(self, e: Entry, content: bytes) -> list[str]:
+        """References RFC 0002 lets a store report and not refuse: ones it cannot resolve."""
+        out = []
+        names: list[str] = []
+        for ref in e.parents:
+            if ref.session is None or ref.session == self.id:
+                names.append(ref.entry)
+        for member in _ENTRY_NAMING:
+            v = e.data.get(member)
+            if isinstance(v, str):
+                names.append(v)
+        for name in names:
+            if name not in self.own and name not in self.prefix_set and name != e.id:
+                out.append(name)
+        if b"sidecar:" in content:
+            for blob in sorted(set(_SIDECAR.findall(content.decode("utf-8")))):
+                if not self.store.objects.exists("blobs", blob):
+                    out.append(f"sidecar:{blob}")
+        return out
+
+    def _raise_format(self) -> None:
+        """RFC 0002: a writer of a later minor raises the header's format, durably, first."""
+        mine, theirs = parse_format(FORMAT_WRITTEN), self.header.format_version
+        if theirs is not None and mine is not None and theirs < mine:
+            data = dict(self.header.data, format=FORMAT_WRITTEN)
+            _write_atomic(os.path.join(self.dir, "header"), canonical_bytes(data) + b"\n", durable=True)
+            self.header = Header(data)
+
+    def _write_log(self, data: bytes, *, sync: bool) -> None:
+        assert self._log_fd is not None
+        size = os.fstat(self._log_fd).st_size
+        try:
+            written = os.write(self._log_fd, data)
+            if written != len(data):
+                raise OSError(f"short write to the log of session {self.id}")
+            if sync:
+                os.fsync(self._log_fd)
+        except BaseException:
+            # Leave no partial record behind; the caller's append is not accepted.
+            try:
+                os.ftruncate(self._log_fd, size)
+            except OSError:
+                pass
+            raise
+
+    def commit(self) -> None:
+        """Make every append so far durable: their objects, then the log."""
+        if not self.writable or self._closed:
+            return
+        if not self._uncommitted and not self._pending:
+            return
+        fsync_paths(self._pending)
+        self._write_log(encode_record({"op": "commit"}), sync=True)
+        self._pending.clear()
+        self._uncommitted = False
+        self.committed_own.update(self.own)
+        self._write_indexes()
+
+    def set_head(self, new: str | None, *, expected: str | None) -> None:
+        """Compare-and-swap the head, durably. ``expected`` None means "no head"."""
+        self._check_writable("head moves")
+        if self.head != expected:
+            raise HeadMovedError(
+                f"the head of session {self.id} moved: it is {self.head or 'no head'}, not {expected or 'no head'}"
+            )
+        if new is not None and not is_hash(new):
+            raise AppendRefusedError(f"{new!r} is not an entry id")
+        if not self._may_hold_head(new):
+            if new is None:
+                raise AppendRefusedError(f"session {self.id} has a base; its head cannot be empty")
+            if new in self.leaf_labels:
+                raise AppendRefusedError(f"{new} is a leaf label; the head never rests on one")
+            raise AppendRefusedError(f"{new} is neither the base nor an own entry of session {self.id}")
+        fsync_paths(self._pending)
+        self._write_log(encode_record({"op": "head", "head": new}) + encode_record({"op": "commit"}), sync=True)
+        self._pending.clear()
+        self._uncommitted = False
+        self.committed_own.update(self.own)
+        self.head = new
+        self._write_indexes()
+
+    def set_mark(self, mark: str) -> None:
+        """Set the record mark (``record`` or ``mirror``), committed before it returns."""
+        if not self.writable or self._closed:
+            raise ReadOnlyError(f"session {self.id} is open read-only")
+        if mark not in ("record", "mirror"):
+            raise StoreError(f"mark must be 'record' or 'mirror', not {mark!r}")
+        fsync_paths(self._pending)
+        self._write_log(encode_record({"op": "mark", "mark": mark}) + encode_record({"op": "commit"}), sync=True)
+        self._pending.clear()
+        self._uncommitted = False
+        self.mark = mark
+        self._write_indexes()
+
+    def close(self) -> None:
+        """Commit and release the session's lock."""
+        if self._closed:
+            return
+        try:
+            if self.writable:
+                self.commit()
+                self._write_indexes()
+        finally:
+            self._closed = True
+            if self._log_fd is not None:
+                os.close(self._log_fd)
+                self._log_fd = None
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
+            self.store._open.pop(self.id, None)
+
+    def _release_for_delete(self) -> filelock.BaseFileLock:
+        """Close without committing further, keeping the lock for the caller (delete)."""
+        lock = self.lock
+        self.lock = None
+        self.close()
+        assert lock is not None
+        return lock
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Session({self.id!r}, head={short_id(self.head)}, entries={len(self)}, mark={self.mark})"
