@@ -17,19 +17,43 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The main job on bundled example sessions.
+# The main job on bundled example sessions: read and verify files, then
+# hold them in a store made under a temp directory.
+AS = $(BIN)/agentsession
+SID = $(PY) -c 'import json,sys; print(json.loads(sys.stdin.readline())["id"])'
 demo: $(STAMP)
 	@echo "== agentsession show fixtures/branches.jsonl"
-	$(BIN)/agentsession show fixtures/branches.jsonl
+	$(AS) show fixtures/branches.jsonl
 	@echo
 	@echo "== agentsession verify fixtures/fork.jsonl"
-	$(BIN)/agentsession verify fixtures/fork.jsonl
+	$(AS) verify fixtures/fork.jsonl
 	@echo
 	@echo "== agentsession hash-object (first two entries of fixtures/branches.jsonl)"
-	head -n 3 fixtures/branches.jsonl | tail -n 2 | $(BIN)/agentsession hash-object -
+	head -n 3 fixtures/branches.jsonl | tail -n 2 | $(AS) hash-object -
 	@echo
 	@echo "== agentsession verify fixtures/truncated.jsonl (a damaged file: exits 1)"
-	-$(BIN)/agentsession verify fixtures/truncated.jsonl
+	-$(AS) verify fixtures/truncated.jsonl
+	@echo
+	@set -e; store=$$(mktemp -d)/store; export AGENTSESSION_STORE=$$store; \
+	echo "== a store in $$store"; \
+	$(AS) init; \
+	for f in basic branches extensions; do echo "import fixtures/$$f.jsonl -> $$($(AS) import fixtures/$$f.jsonl)"; done; \
+	echo "import --record fixtures/fork-origin.jsonl -> $$($(AS) import --record fixtures/fork-origin.jsonl)"; \
+	echo "import fixtures/fork.jsonl -> $$($(AS) import fixtures/fork.jsonl)"; \
+	echo; echo "== agentsession list"; $(AS) list; \
+	sid=$$($(SID) < fixtures/branches.jsonl); \
+	echo; echo "== agentsession show $$sid"; $(AS) show $$sid; \
+	echo; echo "== agentsession export $$sid, compared with the file it was imported from"; \
+	$(AS) export $$sid | cmp - fixtures/branches.jsonl && echo "byte-identical to fixtures/branches.jsonl"; \
+	echo; echo "== record from the command line: create, append, log"; \
+	new=$$($(AS) create --id demo-recorded); \
+	echo '{"type":"config","model":"gpt-5"}' | $(AS) append --json $$new; \
+	echo '{"type":"item","item":{"type":"message","role":"user","content":[{"type":"input_text","text":"hello"}]}}' | $(AS) append --json $$new; \
+	$(AS) log $$new; \
+	echo; echo "== verify every session"; \
+	for s in $$($(AS) list --json | $(PY) -c 'import json,sys; print(" ".join(x["id"] for x in json.load(sys.stdin)))'); do \
+	  $(AS) verify $$s; done; \
+	rm -rf "$$(dirname $$store)"
 
 # The whole suite, slow tests included.
 test: $(STAMP)

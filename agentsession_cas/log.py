@@ -10,7 +10,9 @@ canonical JSON object whose ``op`` says what happened:
 * ``head`` - a head move (``head``, null for no head);
 * ``mark`` - the record mark set (``mark``: ``record`` or ``mirror``);
 * ``commit`` - every record before it is durable;
-* ``loss`` - recovery dropped an uncommitted append (``entry``, ``seq``).
+* ``loss`` - recovery dropped an uncommitted append (``entry``, ``seq``), or
+  a torn line after the last commit (``line``, ``offset``, ``reason``, and
+  ``entry`` when the torn bytes still name one, else null).
 
 :func:`read_log` parses a log and tells a crash's loss from damage: a torn
 last line, or a bad line after the last commit, is uncommitted working

@@ -53,7 +53,7 @@ from .hashing import entry_objects, is_hash, sha256_ref
 from .log import LogRead, Record, encode_record, read_log
 from .names import check_session_id
 from .objects import ObjectStore, fsync_dir, fsync_paths
-from .reader import SessionFile, read_session, read_session_bytes
+from .reader import CORE_TYPES, SessionFile, read_session, read_session_bytes
 from .timestamps import check_ts, now_ts
 from .tree import Tree
 
@@ -75,6 +75,11 @@ DEFAULT_STORE = "~/.agent/cas"
 _SIDECAR = re.compile(r"sidecar:(sha256:[0-9a-f]{64})")
 _DURABLE_ON_RESPONSES = frozenset({"response", "compaction", "branch_summary"})
 _ENTRY_NAMING = ("target", "first_kept", "from", "queued_from")
+_REPAIR_HINT = (
+    "it refuses writes until repaired; repair (`agentsession repair`) is not in this release yet, "
+    "so keep a copy of the session directory"
+)
+_ENTRY_IN_RECORD = re.compile(rb'"entry":"(sha256:[0-9a-f]{64})"')
 
 
 def default_store_path() -> str:
@@ -557,7 +562,15 @@ class Store:
         leaf = tree.resume_leaf()
         kept = [e for e in entries if not (e.type == "label" and e.synthetic)]
         if base is not None:
-            cut = next(i for i, e in enumerate(kept) if e.id == base) + 1
+            cut = next((i for i, e in enumerate(kept) if e.id == base), None)
+            if cut is None:
+                raise StoreError(
+                    f"{sf.source}: the header names base {base}, which the file does not hold; "
+                    "a fork's projection carries its prefix (RFC 0001 ingress)"
+                )
+            if kept[cut].is_leaf_label:
+                raise StoreError(f"{sf.source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
+            cut += 1
             prefix, own = kept[:cut], kept[cut:]
             holder = self._holder_of(base)
             if holder is not None and holder[1].media != header.media:
@@ -582,6 +595,8 @@ class Store:
                 if head is not None and head not in own_ids:
                     head = base
                     break
+        if head is None:
+            head = base  # a fork always has a head; a baseless session may have none
         return self._stage_session(header, base=base, own=own, prefix=prefix, head=head, record=record)
 
 
@@ -608,6 +623,8 @@ class Session:
         self.recovered: list[str] = []  # what recovery did, for the caller to log
         self._pending: list[str] = []
         self._uncommitted = False
+        self._max_seq = 0  # sequence numbers are never reused, a lost append's included
+        self._stopped: str | None = None  # set when an fsync failed
         self._log_fd: int | None = None
         self._closed = False
 
@@ -650,12 +667,23 @@ class Session:
             first = logread.damage[0]
             raise SessionDamagedError(
                 f"session {self.id} is damaged: log line {first.line} (offset {first.offset}): {first.reason}; "
-                f"it refuses writes until repaired (`agentsession repair {self.id}`)",
+                + _REPAIR_HINT,
                 session=self.id,
                 line=first.line,
                 offset=first.offset,
             )
         records = logread.records
+        if not records or records[0].op != "create":
+            # Every log opens with its create record, written durably with the session;
+            # without it nothing says what the session holds, so it is damage, not an empty session.
+            what = "is missing or empty" if not data else "does not open with its create record"
+            raise SessionDamagedError(
+                f"session {self.id} is damaged: its log {what}; "
+                + _REPAIR_HINT,
+                session=self.id,
+                line=1,
+                offset=0,
+            )
         cut_at = len(records)
         last_commit = max((i for i, r in enumerate(records) if r.op in ("commit", "create")), default=-1)
         # Uncommitted appends whose objects a crash took or tore are lost, with all after them.
@@ -670,6 +698,9 @@ class Session:
         dropped = records[cut_at:] + logread.cut_records
         lost = [r for r in dropped if r.op == "append"]
         self._replay(kept, last_commit)
+        for r in lost:  # a dropped append's sequence number stays spent
+            if isinstance(r.get("seq"), int):
+                self._max_seq = max(self._max_seq, r.get("seq"))
         if self.base is not None:
             try:
                 self.prefix = [e.id for e in self.store.path_to(self.base)]
@@ -683,10 +714,20 @@ class Session:
                 f"recovered session {self.id}: dropped {len(lost)} uncommitted append(s)"
                 + (f" and a torn tail at log line {logread.cut.line}" if logread.cut else "")
             )
+        losses = [{"op": "loss", "entry": r.get("entry"), "seq": r.get("seq")} for r in lost]
+        if logread.cut is not None:
+            # The cut line itself is no record; name what can be read of it.
+            cut = logread.cut
+            end = data.find(b"\n", cut.offset)
+            m = _ENTRY_IN_RECORD.search(data[cut.offset : end if end >= 0 else len(data)])
+            losses.insert(
+                0,
+                {"op": "loss", "entry": m.group(1).decode() if m else None, "line": cut.line, "offset": cut.offset, "reason": cut.reason},
+            )
         if writable:
             self.writable = True
             if needs_rewrite or adopted or kept and kept[-1].op not in ("commit", "create"):
-                self._rewrite_log(kept, lost, adopted)
+                self._rewrite_log(kept, losses, adopted)
             self._log_fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._write_indexes()
 
@@ -709,8 +750,11 @@ class Session:
                 self.mark = r.get("mark") or "mirror"
             elif op == "append":
                 entry = r.get("entry")
+                seq = r.get("seq")
+                if isinstance(seq, int):
+                    self._max_seq = max(self._max_seq, seq)
                 if entry not in self.own:
-                    self.own[entry] = len(self.log_order) + 1
+                    self.own[entry] = seq if isinstance(seq, int) else len(self.log_order) + 1
                     self.log_order.append(entry)
                     if i <= last_commit:
                         self.committed_own.add(entry)
@@ -722,17 +766,19 @@ class Session:
                 self.head = r.get("head")
             elif op == "mark":
                 self.mark = r.get("mark")
+            elif op == "loss" and isinstance(r.get("seq"), int):
+                self._max_seq = max(self._max_seq, r.get("seq"))
 
-    def _rewrite_log(self, kept: list[Record], lost: list[Record], adopted: list[Record]) -> None:
-        """Recovery's rewrite: what reads, the losses, and a commit, as a new file."""
+    def _rewrite_log(self, kept: list[Record], losses: list[dict[str, Any]], adopted: list[Record]) -> None:
+        """Recovery's rewrite: what reads, a ``loss`` record for each append dropped
+        (and one for a torn line), and a commit, as a new file."""
         paths: list[str] = []
         for r in adopted:
             entry = self.store.entry(r.get("entry"))
             paths.extend(self.store._put_entry(entry, durable=False))
         fsync_paths(paths)
         lines = [encode_record(r.data) for r in kept]
-        for r in lost:
-            lines.append(encode_record({"op": "loss", "entry": r.get("entry"), "seq": r.get("seq")}))
+        lines.extend(encode_record(loss) for loss in losses)
         lines.append(encode_record({"op": "commit"}))
         _write_atomic(os.path.join(self.dir, "log"), b"".join(lines), durable=True)
         self.committed_own.update(self.own)
@@ -761,9 +807,9 @@ class Session:
         return [self.store.entry(e) for e in self.prefix]
 
     def records(self) -> list[Record]:
-        """The log's records as read at open (the session's history)."""
-        data = open(os.path.join(self.dir, "log"), "rb").read()
-        return read_log(data).records
+        """The log's good records as the file holds them now (the session's history)."""
+        with open(os.path.join(self.dir, "log"), "rb") as f:
+            return read_log(f.read()).records
 
     @property
     def is_record(self) -> bool:
@@ -791,6 +837,11 @@ class Session:
     def _check_writable(self, what: str) -> None:
         if self._closed:
             raise StoreError(f"session {self.id} is closed")
+        if self._stopped:
+            raise StoreError(
+                f"session {self.id} stopped writing after an fsync failed ({self._stopped}); "
+                "reopen it to recover from what the disk holds"
+            )
         if not self.writable:
             raise ReadOnlyError(f"session {self.id} is open read-only; cannot {what}")
         if self.mark != "record":
@@ -828,6 +879,11 @@ class Session:
             data["parent"] = self.head
         if "ts" not in data:
             data["ts"] = now_ts()
+        type_ = data.get("type")
+        if type_ == "session" or (isinstance(type_, str) and type_ not in CORE_TYPES and ":" not in type_):
+            raise AppendRefusedError(
+                f"entry type {type_!r} is neither a core type of RFC 0001 nor namespaced (ns:type); refused"
+            )
         try:
             check_ts(data.get("ts"))
             entry_id, chash, content, env = entry_objects(data)
@@ -878,7 +934,7 @@ class Session:
         self._raise_format()
         owed = self.store._put_entry(e, durable=False, content=content, env=env)
         unresolved = self._unresolved(e, content)
-        seq = len(self.log_order) + 1
+        seq = self._max_seq + 1
         record: dict[str, Any] = {"op": "append", "seq": seq, "entry": e.id}
         if new_head != self.head or outcome in ("continued", "head-moved"):
             record["head"] = new_head
@@ -888,7 +944,7 @@ class Session:
             record["lazy"] = True
         line = encode_record(record)
         if durable_now:
-            fsync_paths(self._pending + owed)
+            self._flush_objects(self._pending + owed)
             self._write_log(line + encode_record({"op": "commit"}), sync=True)
             self._pending.clear()
             self._uncommitted = False
@@ -896,6 +952,7 @@ class Session:
             self._write_log(line, sync=False)
             self._pending.extend(owed)
             self._uncommitted = True
+        self._max_seq = seq
         self.own[e.id] = seq
         self.log_order.append(e.id)
         if is_leaf_label:
@@ -936,6 +993,14 @@ class Session:
             _write_atomic(os.path.join(self.dir, "header"), canonical_bytes(data) + b"\n", durable=True)
             self.header = Header(data)
 
+    def _flush_objects(self, paths: list[str]) -> None:
+        """Fsync objects owed to a commit; a failure stops the session's writes (see _write_log)."""
+        try:
+            fsync_paths(paths)
+        except OSError as exc:
+            self._stopped = str(exc)
+            raise
+
     def _write_log(self, data: bytes, *, sync: bool) -> None:
         assert self._log_fd is not None
         size = os.fstat(self._log_fd).st_size
@@ -944,7 +1009,13 @@ class Session:
             if written != len(data):
                 raise OSError(f"short write to the log of session {self.id}")
             if sync:
-                os.fsync(self._log_fd)
+                try:
+                    os.fsync(self._log_fd)
+                except OSError as exc:
+                    # Pages a failed fsync covered may never reach the disk and a later
+                    # fsync can succeed without them: write nothing more until reopened.
+                    self._stopped = str(exc)
+                    raise
         except BaseException:
             # Leave no partial record behind; the caller's append is not accepted.
             try:
@@ -959,7 +1030,7 @@ class Session:
             return
         if not self._uncommitted and not self._pending:
             return
-        fsync_paths(self._pending)
+        self._flush_objects(self._pending)
         self._write_log(encode_record({"op": "commit"}), sync=True)
         self._pending.clear()
         self._uncommitted = False
@@ -981,7 +1052,7 @@ class Session:
             if new in self.leaf_labels:
                 raise AppendRefusedError(f"{new} is a leaf label; the head never rests on one")
             raise AppendRefusedError(f"{new} is neither the base nor an own entry of session {self.id}")
-        fsync_paths(self._pending)
+        self._flush_objects(self._pending)
         self._write_log(encode_record({"op": "head", "head": new}) + encode_record({"op": "commit"}), sync=True)
         self._pending.clear()
         self._uncommitted = False
@@ -995,10 +1066,11 @@ class Session:
             raise ReadOnlyError(f"session {self.id} is open read-only")
         if mark not in ("record", "mirror"):
             raise StoreError(f"mark must be 'record' or 'mirror', not {mark!r}")
-        fsync_paths(self._pending)
+        self._flush_objects(self._pending)
         self._write_log(encode_record({"op": "mark", "mark": mark}) + encode_record({"op": "commit"}), sync=True)
         self._pending.clear()
         self._uncommitted = False
+        self.committed_own.update(self.own)
         self.mark = mark
         self._write_indexes()
 
@@ -1024,6 +1096,7 @@ class Session:
         """Close without committing further, keeping the lock for the caller (delete)."""
         lock = self.lock
         self.lock = None
+        self.writable = False  # so close() neither commits nor rewrites the indexes
         self.close()
         assert lock is not None
         return lock

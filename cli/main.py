@@ -6,10 +6,9 @@ stopped the command; 2 a usage error (click's own).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
@@ -27,33 +26,15 @@ from agentsession_cas import (
 )
 from agentsession_cas.reader import split_lines
 
+from . import store_commands
+from .common import echo, emit_json, fail, os_message, printable, table
 from .describe import describe
 
 
-def _printable(text: str) -> str:
-    """Values read from a file may hold lone surrogates, which no stream can
-    write; show them as backslash escapes instead of failing."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def echo(text: str = "", err: bool = False) -> None:
-    click.echo(_printable(text), err=err)
-
-
-def fail(message: str) -> NoReturn:
-    """Print one line to stderr and exit 1."""
-    echo(f"agentsession: error: {' '.join(message.splitlines())}", err=True)
-    sys.exit(1)
-
-
-def _os_message(exc: OSError) -> str:
-    name = exc.filename if exc.filename is not None else ""
-    reason = {
-        FileNotFoundError: "no such file",
-        IsADirectoryError: "is a directory, not a session file",
-        PermissionError: "permission denied",
-    }.get(type(exc), exc.strerror or str(exc))
-    return f"{name}: {reason}" if name else reason
+_printable = printable
+_emit_json = emit_json
+_table = table
+_os_message = os_message
 
 
 class App(click.Group):
@@ -66,6 +47,14 @@ class App(click.Group):
             fail(str(exc))
         except AgentSessionError as exc:
             fail(str(exc))
+        except BrokenPipeError:
+            # The reader went away (`| head`): stop quietly, as git does.
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+            sys.exit(1)
         except OSError as exc:
             fail(_os_message(exc))
         except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
@@ -76,29 +65,22 @@ class App(click.Group):
 
 @click.group(cls=App, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="agentsession")
-def main() -> None:
+@click.option(
+    "--store",
+    "store_path",
+    metavar="PATH",
+    envvar="AGENTSESSION_STORE",
+    help="The store directory (default: $AGENTSESSION_STORE, else ~/.agent/cas).",
+)
+@click.pass_context
+def main(ctx: click.Context, store_path: str | None) -> None:
     """A git-like content-addressed store for agent session records.
 
-    Today it reads, shows and verifies Agent Session Format files.
+    It reads, shows and verifies Agent Session Format files, and holds
+    sessions in a store: init, import, create, append, head, log, list,
+    export, cat-object, delete.
     """
-
-
-def _emit_json(obj: Any) -> None:
-    text = json.dumps(obj, ensure_ascii=False, indent=2)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate read from the file: escape everything
-        text = json.dumps(obj, ensure_ascii=True, indent=2)
-    click.echo(text)
-
-
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    out = []
-    for r in rows:
-        cells = [c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]
-        out.append("  ".join(cells).rstrip())
-    return out
+    ctx.obj = {"store": store_path or None}
 
 
 # ---------------------------------------------------------------------------
@@ -114,13 +96,23 @@ def _children_counts(sf: SessionFile) -> dict[str, int]:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=True, allow_dash=False, readable=False))
+@click.argument("file", metavar="FILE|ID", type=click.Path(dir_okay=True, allow_dash=False, readable=False))
 @click.option("--leaf", "leaf_name", metavar="ID", help="Entry to treat as the leaf: a full id, a legacy id or a unique hex prefix.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("-v", "--verbose", is_flag=True, help="Show the data of custom and extension entries.")
 def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool) -> None:
-    """Print a session file's entries in file order, then its leaf."""
-    sf = read_session(file)
+    """Print a session's entries in file order, then its leaf.
+
+    FILE|ID is a session file, a session id in the store, or a path inside
+    a session's directory in a store. A stored session is shown as its
+    projection (what `export` prints) would be.
+    """
+    target = store_commands.locate(file, files=True)
+    if target.kind == "file":
+        sf = read_session(file)
+    else:
+        sf = store_commands.projection_file(target)
+        file = sf.source
     leaf = sf.resolve(leaf_name).id if leaf_name else sf.leaf
     path = [e.id for e in sf.tree.path(leaf)] if leaf is not None else []
     truncated = (
@@ -216,14 +208,21 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool) -> None
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=True, readable=False))
+@click.argument("file", metavar="FILE|ID", type=click.Path(dir_okay=True, readable=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def verify(file: str, as_json: bool) -> None:
-    """Check every line of a session file; exit 1 on any problem.
+    """Check a session file or a stored session; exit 1 on any problem.
 
-    Each entry's id is recomputed from its members, its ts form and I-JSON
-    checked, and the parent, parents and base rules applied.
+    For a file: each entry's id is recomputed from its members, its ts form
+    and I-JSON checked, and the parent, parents and base rules applied. For
+    a stored session (an id, or a path inside its directory): its log
+    checksums, every object it needs present and hashing to its name, then
+    its projection as a file.
     """
+    target = store_commands.locate(file, files=True)
+    if target.kind == "session":
+        store_commands.verify_session(target, as_json)
+        return
     try:
         sf = read_session(file)
     except SessionFormatError as exc:
@@ -314,6 +313,10 @@ def hash_object(file: str, as_json: bool) -> None:
             echo(f"{r['id']} {r['content_hash']}{flag}")
     if failed:
         sys.exit(1)
+
+
+for _command in store_commands.COMMANDS:
+    main.add_command(_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,70 @@
+"""Printing helpers shared by the file commands and the store commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn
+
+import click
+
+
+def printable(text: str) -> str:
+    """Values read from a file may hold lone surrogates, which no stream can
+    write; show them as backslash escapes instead of failing."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def echo(text: str = "", err: bool = False) -> None:
+    click.echo(printable(text), err=err)
+
+
+def one_line(message: str) -> str:
+    return " ".join(str(message).splitlines())
+
+
+def note(message: str) -> None:
+    """A remark on stderr that does not change the exit status."""
+    echo(f"agentsession: note: {one_line(message)}", err=True)
+
+
+def fail(message: str) -> NoReturn:
+    """Print one line to stderr and exit 1."""
+    echo(f"agentsession: error: {one_line(message)}", err=True)
+    sys.exit(1)
+
+
+def emit_json(obj: Any) -> None:
+    text = json.dumps(obj, ensure_ascii=False, indent=2)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate read from the file: escape everything
+        text = json.dumps(obj, ensure_ascii=True, indent=2)
+    click.echo(text)
+
+
+def write_bytes(data: bytes) -> None:
+    """Raw bytes to stdout (projections and objects are printed exactly)."""
+    sys.stdout.flush()
+    out = sys.stdout.buffer
+    out.write(data)
+    out.flush()
+
+
+def table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    out = []
+    for r in rows:
+        cells = [c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def os_message(exc: OSError) -> str:
+    name = exc.filename if exc.filename is not None else ""
+    reason = {
+        FileNotFoundError: "no such file",
+        IsADirectoryError: "is a directory, not a session file",
+        PermissionError: "permission denied",
+    }.get(type(exc), exc.strerror or str(exc))
+    return f"{name}: {reason}" if name else reason

@@ -1,0 +1,534 @@
+"""The store commands of `agentsession`: output shapes, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agentsession_cas import make_entry, read_session
+from agentsession_cas.store import Store
+from cli.main import main
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "fixtures"
+CORPUS = REPO.parent / "shared" / "corpus" / "sessions"
+needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason=f"reference corpus not found at {CORPUS}")
+EXE = Path(sys.executable).parent / "agentsession"
+
+CONFIG = {"type": "config", "ts": "2026-09-17T12:00:00Z", "model": "m1"}
+
+
+def user(text: str, ts: str = "2026-09-17T12:00:01Z") -> dict:
+    return {"type": "item", "ts": ts, "item": {"type": "message", "role": "user", "content": text}}
+
+
+def cli(store: Path | str | None, *args: str, input: bytes | str | None = None, env: dict | None = None):
+    argv = (["--store", str(store)] if store is not None else []) + list(args)
+    return CliRunner().invoke(main, argv, input=input, env=env, catch_exceptions=False)
+
+
+def ok(result) -> str:
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return result.stdout
+
+
+def one_error(result, *needles: str) -> str:
+    """Exit 1, nothing on stdout, exactly one `agentsession: error:` line on stderr."""
+    assert result.exit_code == 1, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("agentsession: error: "), result.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.fixture
+def store(tmp_path) -> Path:
+    path = tmp_path / "store"
+    assert ok(cli(path, "init")).strip() == str(path)
+    return path
+
+
+def new_session(store: Path, sid: str = "s1", entries: int = 2) -> list[str]:
+    """Create a record session holding a config and user turns; return the entry ids."""
+    assert ok(cli(store, "create", "--id", sid)).strip() == sid
+    ids = [ok(cli(store, "append", sid, input=json.dumps(CONFIG))).strip()]
+    for i in range(1, entries):
+        ids.append(ok(cli(store, "append", sid, input=json.dumps(user(f"turn {i}", f"2026-09-17T12:00:0{i}Z")))).strip())
+    return ids
+
+
+def object_path(store: Path, space: str, name: str) -> Path:
+    hexd = name.split(":", 1)[1]
+    return store / "objects" / space / hexd[:2] / hexd[2:]
+
+
+def flip_byte(path: Path, at: int = 5) -> None:
+    os.chmod(path, 0o644)
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+# -- init, --store, env -------------------------------------------------------
+
+
+def test_init_creates_a_store_and_is_idempotent(tmp_path):
+    path = tmp_path / "a" / "store"
+    assert ok(cli(path, "init")).strip() == str(path)
+    assert (path / "layout").is_file()
+    assert ok(cli(path, "init")).strip() == str(path)
+
+
+def test_store_from_environment(tmp_path):
+    path = tmp_path / "envstore"
+    assert ok(cli(None, "init", env={"AGENTSESSION_STORE": str(path)})).strip() == str(path)
+    assert ok(cli(None, "list", "--json", env={"AGENTSESSION_STORE": str(path)})).strip() == "[]"
+
+
+@pytest.mark.parametrize("args", [["list"], ["log", "s1"], ["head", "s1"], ["import", str(FIXTURES / "basic.jsonl")]])
+def test_no_store_is_one_line_error(tmp_path, args):
+    one_error(cli(tmp_path / "none", *args), "no store at", "agentsession init")
+
+
+def test_newer_layout_is_refused(store):
+    (store / "layout").write_text("agentsession-cas 99\n")
+    one_error(cli(store, "list"), "layout")
+
+
+# -- create, append, head, log, list -----------------------------------------
+
+
+def test_create_append_log_list_head(store):
+    ids = new_session(store, "s1", 3)
+    assert ok(cli(store, "head", "s1")).strip() == ids[-1]
+    assert json.loads(ok(cli(store, "head", "--json", "s1"))) == {"session": "s1", "head": ids[-1]}
+
+    records = json.loads(ok(cli(store, "log", "--json", "s1")))
+    assert [r["op"] for r in records] == ["create", "append", "commit", "append", "commit", "append", "commit"]
+    assert [r["line"] for r in records] == list(range(1, 8))
+    appends = [r for r in records if r["op"] == "append"]
+    assert [(r["seq"], r["entry"], r["head"]) for r in appends] == [(i + 1, e, e) for i, e in enumerate(ids)]
+    assert records[0]["mark"] == "record"
+
+    text = ok(cli(store, "log", "s1")).splitlines()
+    assert text[0].split() == ["LINE", "OP", "SEQ", "ENTRY", "HEAD", "DETAIL"]
+    assert text[2].split()[:5] == ["2", "append", "1", ids[0][7:19], ids[0][7:19]]
+
+    listed = json.loads(ok(cli(store, "list", "--json")))
+    assert len(listed) == 1
+    row = listed[0]
+    assert {"id", "created", "entries", "head", "mark", "size"} <= set(row)
+    assert (row["id"], row["entries"], row["head"], row["mark"]) == ("s1", 3, ids[-1], "record")
+    assert row["size"] > 0 and row["created"]
+    lines = ok(cli(store, "list")).splitlines()
+    assert lines[0].split() == ["ID", "CREATED", "ENTRIES", "HEAD", "MARK", "SIZE"]
+    assert lines[1].split()[0] == "s1" and lines[1].split()[2:5] == ["3", ids[-1][7:19], "record"]
+
+
+def test_create_generates_an_id_and_refuses_a_held_one(store):
+    sid = ok(cli(store, "create")).strip()
+    assert len(sid) == 36 and sid.count("-") == 4
+    assert ok(cli(store, "head", sid)) == ""  # a new baseless session has no head
+    one_error(cli(store, "create", "--id", sid), "already exists")
+
+
+def test_create_from_header_file(store, tmp_path):
+    hfile = tmp_path / "h.json"
+    hfile.write_text(json.dumps({"type": "session", "format": "agentsession/0.14", "id": "from-file",
+                                 "created_at": "2026-09-17T12:00:00Z", "payload": "openresponses/2026-04-24"}))
+    assert ok(cli(store, "create", "--header", str(hfile))).strip() == "from-file"
+    assert ok(cli(store, "create", "--header", str(hfile), "--id", "other")).strip() == "other"
+    hfile.write_text("{not json")
+    one_error(cli(store, "create", "--header", str(hfile)), "not a JSON object")
+    hfile.write_text("[1]")
+    one_error(cli(store, "create", "--header", str(hfile)), "must be a JSON object")
+
+
+def test_create_fork_from_base(store):
+    ids = new_session(store, "s1", 3)
+    assert ok(cli(store, "create", "--id", "fork", "--base", ids[1])).strip() == "fork"
+    assert ok(cli(store, "head", "fork")).strip() == ids[1]
+    out = json.loads(ok(cli(store, "append", "--json", "fork", input=json.dumps(user("forked")))))
+    assert out["outcome"] == "continued"
+    shown = json.loads(ok(cli(store, "show", "--json", "fork")))
+    assert [e["id"] for e in shown["entries"]] == ids[:2] + [out["id"]]
+    assert shown["header"]["base"] == ids[1]
+    ok(cli(store, "verify", "fork"))
+    one_error(cli(store, "create", "--id", "f2", "--base", "sha256:" + "0" * 64), "base")
+
+
+def test_append_json_shape_and_stated_id(store):
+    ids = new_session(store, "s1", 1)
+    e = make_entry("item", ids[0], ts="2026-09-17T12:00:05Z", item={"type": "message", "role": "user", "content": "x"})
+    out = json.loads(ok(cli(store, "append", "--json", "s1", input=e.canonical_line())))
+    assert {"id", "outcome", "head", "head_moved", "durable", "unresolved"} <= set(out)
+    assert (out["id"], out["outcome"], out["head"], out["head_moved"], out["durable"]) == (e.id, "continued", e.id, True, True)
+    # the same entry again is a no-op, reported as such
+    again = cli(store, "append", "s1", input=e.canonical_line())
+    assert ok(again).strip() == e.id and "already holds" in again.stderr
+    # a stated id that is not the entry's hash is refused
+    data = dict(e.data, id="sha256:" + "1" * 64)
+    one_error(cli(store, "append", "s1", input=json.dumps(data)), "differs")
+
+
+def test_append_branch_is_reported_and_head_stays(store):
+    ids = new_session(store, "s1", 2)
+    r = cli(store, "append", "--json", "s1", input=json.dumps(dict(user("other"), parent=ids[0])))
+    out = json.loads(ok(r))
+    assert out["outcome"] == "branched" and out["head_moved"] is False and out["head"] == ids[1]
+    text = cli(store, "append", "s1", input=json.dumps(dict(user("third"), parent=ids[0])))
+    assert "branch" in text.stderr
+    assert ok(cli(store, "head", "s1")).strip() == ids[1]
+
+
+def test_append_leaf_label_moves_the_head(store):
+    ids = new_session(store, "s1", 2)
+    label = {"type": "label", "ts": "2026-09-17T12:00:09Z", "target": ids[0], "label": "leaf"}
+    out = json.loads(ok(cli(store, "append", "--json", "s1", input=json.dumps(label))))
+    assert out["outcome"] == "head-moved" and out["head"] == ids[0]
+    synthetic = dict(label, synthetic=True, ts="2026-09-17T12:00:10Z")
+    one_error(cli(store, "append", "s1", input=json.dumps(synthetic)), "synthetic")
+
+
+@pytest.mark.parametrize(
+    "stdin, needle",
+    [
+        ("{bad", "not a JSON object"),
+        ("", "no entry on stdin"),
+        ("[1, 2]", "not an object"),
+        ('{"type": "item", "ts": "yesterday"}', "refused"),
+        (b"\xff\xfe", "not UTF-8"),
+        ('{"type": "item"}\n{"type": "item"}', "not a JSON object"),
+    ],
+)
+def test_append_bad_input_is_one_line(store, stdin, needle):
+    new_session(store, "s1", 1)
+    one_error(cli(store, "append", "s1", input=stdin), needle)
+    assert len(json.loads(ok(cli(store, "log", "--json", "s1")))) == 3  # nothing written
+
+
+def test_append_parent_rule(store):
+    ids = new_session(store, "s1", 1)
+    one_error(cli(store, "append", "s1", input=json.dumps(dict(user("x"), parent="sha256:" + "2" * 64))), "not held")
+
+
+def test_head_compare_and_swap(store):
+    ids = new_session(store, "s1", 2)
+    one_error(cli(store, "head", "s1", ids[0], "--expect", ids[0]), "moved")
+    one_error(cli(store, "head", "s1", ids[0], "--expect", ""), "moved")
+    assert ok(cli(store, "head", "s1", ids[0], "--expect", ids[1])) == ""
+    assert ok(cli(store, "head", "s1")).strip() == ids[0]
+    out = json.loads(ok(cli(store, "head", "--json", "s1", "", "--expect", ids[0])))
+    assert out == {"session": "s1", "head": None, "previous": ids[0]}
+    assert ok(cli(store, "head", "s1")) == ""
+    assert ok(cli(store, "head", "s1", ids[1], "--expect", "")) == ""
+    assert ok(cli(store, "head", "s1")).strip() == ids[1]
+    one_error(cli(store, "head", "s1", "sha256:" + "3" * 64, "--expect", ids[1]), "neither the base nor an own entry")
+    one_error(cli(store, "head", "s1", "nonsense", "--expect", ids[1]), "not an entry id")
+    ops = [r["op"] for r in json.loads(ok(cli(store, "log", "--json", "s1")))]
+    assert ops.count("head") == 3
+
+
+def test_head_usage_errors_exit_2(store):
+    ids = new_session(store, "s1", 1)
+    r = cli(store, "head", "s1", ids[0])
+    assert r.exit_code == 2 and "--expect" in r.stderr
+    r = cli(store, "head", "s1", "--expect", ids[0])
+    assert r.exit_code == 2
+
+
+# -- mirrors, import, export -------------------------------------------------
+
+
+def test_import_is_a_mirror_that_refuses_appends_and_head_moves(store):
+    sid = ok(cli(store, "import", str(FIXTURES / "basic.jsonl"))).strip()
+    sf = read_session(FIXTURES / "basic.jsonl")
+    assert sid == sf.header.id
+    assert json.loads(ok(cli(store, "list", "--json")))[0]["mark"] == "mirror"
+    one_error(cli(store, "append", sid, input=json.dumps(user("x"))), "mirror", "refuses")
+    head = ok(cli(store, "head", sid)).strip()
+    one_error(cli(store, "head", sid, sf.entries[0].id, "--expect", head), "mirror")
+    one_error(cli(store, "import", str(FIXTURES / "basic.jsonl")), "already exists")
+
+
+def test_import_record_accepts_appends(store):
+    sid = ok(cli(store, "import", "--record", str(FIXTURES / "basic.jsonl"))).strip()
+    out = json.loads(ok(cli(store, "append", "--json", sid, input=json.dumps(user("more")))))
+    assert out["outcome"] == "continued"
+
+
+def test_import_refusals_are_one_line(store, tmp_path):
+    one_error(cli(store, "import", str(tmp_path / "nope.jsonl")), "no such file")
+    one_error(cli(store, "import", str(FIXTURES / "truncated.jsonl")), "cut short")
+
+
+def test_export_import_round_trip(store, tmp_path):
+    ids = new_session(store, "s1", 3)
+    ok(cli(store, "head", "s1", ids[1], "--expect", ids[2]))  # a head the resume rule would not name
+    out = tmp_path / "s1.jsonl"
+    assert ok(cli(store, "export", "s1", "-o", str(out))) == ""
+    stdout = cli(store, "export", "s1").stdout_bytes
+    assert stdout == out.read_bytes()
+    ok(cli(str(store), "verify", str(out)))
+    ok(cli(store, "delete", "s1"))
+    assert ok(cli(store, "import", "--record", str(out))).strip() == "s1"
+    assert ok(cli(store, "head", "s1")).strip() == ids[1]
+    assert cli(store, "export", "s1").stdout_bytes == out.read_bytes()
+    second = tmp_path / "other" / "store"
+    ok(cli(second, "init"))
+    ok(cli(second, "import", str(out)))
+    assert cli(second, "export", "s1").stdout_bytes == out.read_bytes()
+
+
+def test_export_refuses_a_plain_file(store):
+    one_error(cli(store, "export", str(FIXTURES / "basic.jsonl")), "not a session of a store")
+
+
+# -- cat-object, delete ------------------------------------------------------
+
+
+def test_cat_object(store):
+    ids = new_session(store, "s1", 1)
+    env = cli(store, "cat-object", ids[0]).stdout_bytes
+    envelope = json.loads(env)
+    assert envelope["type"] == "config" and envelope["parent"] is None
+    assert ok(cli(store, "cat-object", "-t", ids[0])).strip() == "entries"
+    assert ok(cli(store, "cat-object", "-t", envelope["content"][7:])).strip() == "contents"
+    assert json.loads(cli(store, "cat-object", envelope["content"]).stdout_bytes) == {"model": "m1"}
+    one_error(cli(store, "cat-object", "sha256:" + "4" * 64), "no object")
+    one_error(cli(store, "cat-object", "../../etc/passwd"), "not an object name")
+    flip_byte(object_path(store, "entries", ids[0]))
+    one_error(cli(store, "cat-object", ids[0]), "corrupt object", ids[0], "objects/entries/")
+
+
+def test_delete(store):
+    new_session(store, "s1", 1)
+    assert ok(cli(store, "delete", "s1")) == ""
+    assert json.loads(ok(cli(store, "list", "--json"))) == []
+    one_error(cli(store, "delete", "s1"), "no such session: s1")
+
+
+# -- errors common to the session commands -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["log", "ghost"], ["export", "ghost"], ["head", "ghost"], ["delete", "ghost"], ["show", "ghost"], ["verify", "ghost"]],
+)
+def test_unknown_session_is_one_line(store, args):
+    one_error(cli(store, *args), "ghost")
+
+
+def test_unknown_session_for_append(store):
+    one_error(cli(store, "append", "ghost", input="{}"), "no such session: ghost")
+
+
+@pytest.mark.parametrize("args", [["log", "../x"], ["head", "../x"], ["delete", "../x"], ["log", ".."], ["create", "--id", "a/b"]])
+def test_bad_session_id_is_refused_before_any_path(store, args):
+    one_error(cli(store, *args), "not usable")
+
+
+def test_bad_session_id_for_append(store):
+    one_error(cli(store, "append", "../x", input=json.dumps(CONFIG)), "not usable")
+
+
+def test_show_and_verify_a_missing_plain_name(store):
+    one_error(cli(store, "show", "ghost"), "no such file, nor a session")
+    one_error(cli(store, "verify", "../x"), "no such file")
+
+
+# -- locks: a writer beside the CLI ------------------------------------------
+
+
+def test_locked_session_refuses_a_second_writer_and_readers_still_work(store):
+    ids = new_session(store, "s1", 2)
+    with Store(store) as held:
+        held.session("s1").append(user("held", "2026-09-17T12:00:08Z"), durable=False)
+        one_error(cli(store, "append", "s1", input=json.dumps(user("x"))), "locked by another process")
+        one_error(cli(store, "head", "s1", ids[0], "--expect", ids[1]), "locked by another process")
+        one_error(cli(store, "delete", "s1"), "locked by another process")
+        # read-only commands take no lock
+        assert json.loads(ok(cli(store, "list", "--json")))[0]["entries"] == 3
+        ok(cli(store, "show", "s1"))
+        ok(cli(store, "log", "s1"))
+        ok(cli(store, "export", "s1"))
+        ok(cli(store, "verify", "s1"))
+        assert ok(cli(store, "head", "s1")).strip() != ids[1]
+        # other sessions of the store can be written meanwhile
+        new_session(store, "s2", 1)
+    assert ok(cli(store, "append", "s1", input=json.dumps(user("after", "2026-09-17T12:00:09Z")))).startswith("sha256:")
+
+
+# -- show and verify of stored sessions ---------------------------------------
+
+
+def test_show_stored_session_is_its_projection_shown(store, tmp_path):
+    ids = new_session(store, "s1", 3)
+    out = tmp_path / "p.jsonl"
+    ok(cli(store, "export", "s1", "-o", str(out)))
+    as_session = json.loads(ok(cli(store, "show", "--json", "s1")))
+    as_file = json.loads(ok(cli(store, "show", "--json", str(out))))
+    assert as_session["source"] == "s1"
+    as_file["source"] = "s1"
+    assert as_session == as_file
+    assert as_session["leaf"] == ids[-1]
+    text = ok(cli(store, "show", "s1"))
+    assert "session  s1" in text and f"leaf {ids[-1][7:19]}" in text
+
+
+def test_show_verify_export_through_a_path_inside_the_session_dir(store, tmp_path):
+    ids = new_session(store, "s1", 2)
+    sdir = store / "sessions" / "s1"
+    elsewhere = tmp_path / "no-such-store"  # the path's own store is used, not --store
+    for path in (sdir, sdir / "log", sdir / "header"):
+        r = cli(elsewhere, "show", "--json", str(path))
+        assert json.loads(ok(r))["leaf"] == ids[-1]
+        assert "session s1" in r.stderr and "note:" in r.stderr
+        r = cli(elsewhere, "verify", str(path))
+        assert "0 problem(s)" in ok(r) and "note:" in r.stderr
+    assert cli(elsewhere, "export", str(sdir / "HEAD")).stdout_bytes == cli(store, "export", "s1").stdout_bytes
+    one_error(cli(store, "verify", str(store / "objects")), "is a directory")
+
+
+def test_verify_json_shape(store):
+    new_session(store, "s1", 2)
+    out = json.loads(ok(cli(store, "verify", "--json", "s1")))
+    assert out["ok"] is True and out["session"] == "s1" and out["entries"] == 2
+    assert out["problems"] == [] and out["store"] == str(store)
+    ok(cli(store, "create", "--id", "empty"))
+    assert json.loads(ok(cli(store, "verify", "--json", "empty")))["ok"] is True
+
+
+@pytest.mark.parametrize("space", ["entries", "contents"])
+def test_verify_names_a_bit_flipped_object(store, space):
+    ids = new_session(store, "s1", 3)
+    name = ids[1]
+    if space == "contents":
+        name = json.loads(cli(store, "cat-object", ids[1]).stdout_bytes)["content"]
+    path = object_path(store, space, name)
+    flip_byte(path)
+    r = cli(store, "verify", "s1")
+    assert r.exit_code == 1
+    assert f"corrupt object: {space} object {name}" in r.stdout and str(path.relative_to(store)) in r.stdout
+    assert "1 problem(s)" in r.stdout
+    out = json.loads(cli(store, "verify", "--json", "s1").stdout)
+    assert out["ok"] is False
+    [p] = out["problems"]
+    assert (p["code"], p["object"], p["space"], p["path"]) == ("corrupt-object", name, space, str(path))
+    # and it is never served
+    one_error(cli(store, "show", "s1"), "corrupt object", name)
+    one_error(cli(store, "export", "s1"), "corrupt object", name)
+
+
+def test_verify_names_a_missing_object(store):
+    ids = new_session(store, "s1", 2)
+    object_path(store, "entries", ids[0]).unlink()
+    r = cli(store, "verify", "s1")
+    assert r.exit_code == 1 and f"no entries object {ids[0]}" in r.stdout
+
+
+def test_verify_and_log_report_a_damaged_log_line(store):
+    new_session(store, "s1", 3)
+    log = store / "sessions" / "s1" / "log"
+    data = bytearray(log.read_bytes())
+    second = data.index(b"\n") + 1
+    data[second + 30] ^= 0x01  # inside line 2, before the last commit
+    log.write_bytes(bytes(data))
+    r = cli(store, "verify", "s1")
+    assert r.exit_code == 1 and "log line 2" in r.stdout and "checksum" in r.stdout
+    out = json.loads(cli(store, "verify", "--json", "s1").stdout)
+    assert [(p["where"], p["line"]) for p in out["problems"]] == [("log", 2)]
+    r = cli(store, "log", "s1")
+    assert r.exit_code == 1 and "log line 2" in r.stderr and r.stdout.splitlines()[1].split()[1] == "create"
+    r = cli(store, "list", "--json")
+    assert r.exit_code == 1 and json.loads(r.stdout)[0]["mark"] == "damaged"
+    one_error(cli(store, "append", "s1", input=json.dumps(user("x"))), "damaged", "log line 2")
+    one_error(cli(store, "show", "s1"), "damaged")
+
+
+def test_verify_torn_tail_is_a_note_not_a_problem(store):
+    new_session(store, "s1", 2)
+    log = store / "sessions" / "s1" / "log"
+    with open(log, "ab") as f:
+        f.write(b"0123456789abcdef {\"op\":\"app")
+    r = cli(store, "verify", "s1")
+    assert ok(r) and "note:" in r.stdout and "uncommitted" in r.stdout
+    r = cli(store, "log", "s1")
+    assert ok(r) and "note:" in r.stderr
+
+
+# -- the reference corpus ------------------------------------------------------
+
+
+GOOD = ["basic", "branch", "compaction", "converge", "extensions", "fork", "handback", "instructions",
+        "omit", "pinned", "queued", "runs"]
+
+
+@needs_corpus
+def test_corpus_files_import_verify_and_export_in_order(tmp_path):
+    for name in GOOD:
+        store = tmp_path / name
+        ok(cli(store, "init"))
+        src = CORPUS / f"{name}.jsonl"
+        sid = ok(cli(store, "import", str(src))).strip()
+        sf = read_session(src)
+        assert sid == sf.header.id
+        ok(cli(store, "verify", sid))
+        exported = read_session_from_bytes(cli(store, "export", sid).stdout_bytes)
+        want = [e.id for e in sf.entries if not (e.type == "label" and e.synthetic)]
+        got = [e.id for e in exported.entries if not (e.type == "label" and e.synthetic)]
+        assert got == want, name
+        assert exported.leaf == (ok(cli(store, "head", sid)).strip() or None), name
+
+
+def read_session_from_bytes(data: bytes):
+    from agentsession_cas import read_session_bytes
+
+    return read_session_bytes(data, source="<export>")
+
+
+# -- the installed console script --------------------------------------------
+
+
+def test_console_script_store_round(tmp_path):
+    if not EXE.exists():
+        pytest.skip(f"console script not installed at {EXE}")
+    store = tmp_path / "store"
+    env = dict(os.environ, AGENTSESSION_STORE=str(store))
+    run = lambda *a, **kw: subprocess.run([str(EXE), *a], capture_output=True, env=env, **kw)  # noqa: E731
+    assert run("init").returncode == 0
+    r = run("import", str(FIXTURES / "branches.jsonl"))
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.decode().strip()
+    listed = json.loads(run("list", "--json").stdout)
+    assert [s["id"] for s in listed] == [sid]
+    r = run("verify", str(store / "sessions" / sid / "log"))
+    assert r.returncode == 0 and b"note:" in r.stderr
+    r = run("append", sid, input=b"{}")
+    assert r.returncode == 1 and r.stderr.decode().startswith("agentsession: error:") and b"Traceback" not in r.stderr
+    r = run("head", sid, "x")
+    assert r.returncode == 2
+
+
+def test_console_script_lock_across_processes(tmp_path):
+    if not EXE.exists():
+        pytest.skip(f"console script not installed at {EXE}")
+    store = tmp_path / "store"
+    ok(cli(store, "init"))
+    new_session(store, "s1", 1)
+    with Store(store) as held:
+        held.session("s1")
+        r = subprocess.run([str(EXE), "--store", str(store), "append", "s1"], input=json.dumps(user("x")).encode(),
+                           capture_output=True, timeout=30)
+        assert r.returncode == 1
+        assert r.stderr.decode().strip() == "agentsession: error: session s1 is locked by another process"
+        r = subprocess.run([str(EXE), "--store", str(store), "show", "s1"], capture_output=True, timeout=30)
+        assert r.returncode == 0, r.stderr

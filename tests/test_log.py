@@ -1,0 +1,146 @@
+"""The session log's line format and read_log's rule: a crash's loss versus damage."""
+
+from __future__ import annotations
+
+import blake3
+import pytest
+
+from agentsession_cas.canonical import canonical_bytes
+from agentsession_cas.log import CHECKSUM_HEX, encode_record, read_log
+
+ENTRY = "sha256:" + "ab" * 32
+CREATE = {"op": "create", "session": "s", "base": None, "mark": "record"}
+APPEND = lambda seq, lazy=False: {"op": "append", "seq": seq, "entry": ENTRY[:-4] + f"{seq:04d}", **({"lazy": True} if lazy else {})}  # noqa: E731
+COMMIT = {"op": "commit"}
+
+
+def log(*records: dict) -> bytes:
+    return b"".join(encode_record(r) for r in records)
+
+
+def flip(data: bytes, line: int, at: int = 25) -> bytes:
+    """Flip one bit inside the given (1-based) line, keeping its newline."""
+    lines = data.split(b"\n")
+    raw = bytearray(lines[line - 1])
+    raw[at] ^= 0x02
+    lines[line - 1] = bytes(raw)
+    return b"\n".join(lines)
+
+
+def test_line_format():
+    line = encode_record({"op": "commit"})
+    body = canonical_bytes({"op": "commit"})
+    assert line == blake3.blake3(body).hexdigest(length=CHECKSUM_HEX // 2).encode() + b" " + body + b"\n"
+    assert len(line.split(b" ", 1)[0]) == 16
+
+
+def test_good_log_reads_whole():
+    data = log(CREATE, APPEND(1), COMMIT, {"op": "head", "head": None}, {"op": "mark", "mark": "mirror"}, COMMIT)
+    r = read_log(data)
+    assert [x.op for x in r.records] == ["create", "append", "commit", "head", "mark", "commit"]
+    assert [x.line for x in r.records] == [1, 2, 3, 4, 5, 6]
+    assert r.records[1].get("seq") == 1 and r.records[1].get("missing", 7) == 7
+    assert r.records[2].offset == len(log(CREATE, APPEND(1)))
+    assert not r.damage and r.cut is None and r.sound_bytes == len(data) == r.size
+
+
+def test_empty_log():
+    r = read_log(b"")
+    assert r.records == [] and not r.damage and r.cut is None
+
+
+def test_torn_last_line_after_commit_is_cut():
+    whole = log(CREATE, APPEND(1), COMMIT, APPEND(2, lazy=True))
+    data = whole[:-7]
+    r = read_log(data)
+    assert not r.damage
+    assert r.cut is not None and r.cut.line == 4 and "torn" in r.cut.reason
+    assert [x.op for x in r.records] == ["create", "append", "commit"]
+    assert r.sound_bytes == len(log(CREATE, APPEND(1), COMMIT))
+
+
+def test_torn_line_after_create_only_is_cut():
+    # create is written durably with the session, so it counts as a commit point
+    r = read_log(log(CREATE, APPEND(1, lazy=True))[:-3])
+    assert not r.damage and r.cut is not None and len(r.records) == 1
+
+
+def test_missing_final_newline_of_a_good_record_is_torn():
+    data = log(CREATE, COMMIT, APPEND(1))[:-1]
+    r = read_log(data)
+    assert r.cut is not None and r.cut.line == 3 and not r.damage
+
+
+def test_bit_flip_before_last_commit_is_damage():
+    data = flip(log(CREATE, APPEND(1), COMMIT, APPEND(2), COMMIT), 2)
+    r = read_log(data)
+    assert r.cut is None
+    assert [d.line for d in r.damage] == [2] and "checksum" in r.damage[0].reason
+    assert [x.op for x in r.records] == ["create"]
+
+
+def test_bit_flip_in_checksum_is_damage():
+    data = flip(log(CREATE, APPEND(1), COMMIT), 2, at=3)
+    assert [d.line for d in read_log(data).damage] == [2]
+
+
+def test_bit_flip_in_a_whole_uncommitted_record_is_damage_not_loss():
+    # A crash cuts a tail short or leaves blocks unwritten; it does not flip bits in a whole line.
+    data = flip(log(CREATE, APPEND(1), COMMIT, APPEND(2, lazy=True), APPEND(3, lazy=True)), 4)
+    r = read_log(data)
+    assert r.cut is None and [d.line for d in r.damage] == [4]
+
+
+def test_zeroed_uncommitted_line_is_loss_with_later_records():
+    lines = log(CREATE, COMMIT, APPEND(1, lazy=True), APPEND(2, lazy=True)).split(b"\n")
+    lines[2] = b"\x00" * len(lines[2])
+    r = read_log(b"\n".join(lines))
+    assert not r.damage
+    assert r.cut is not None and r.cut.line == 3 and "zero" in r.cut.reason
+    assert [x.get("seq") for x in r.cut_records] == [2]
+    assert [x.op for x in r.records] == ["create", "commit"]
+
+
+def test_zeroed_line_before_commit_is_damage():
+    lines = log(CREATE, APPEND(1), COMMIT).split(b"\n")
+    lines[1] = b"\x00" * len(lines[1])
+    r = read_log(b"\n".join(lines))
+    assert r.cut is None and [d.line for d in r.damage] == [2]
+
+
+def test_zeroed_line_then_flipped_whole_line_is_damage():
+    lines = log(CREATE, COMMIT, APPEND(1, lazy=True), APPEND(2, lazy=True), APPEND(3, lazy=True)).split(b"\n")
+    lines[2] = b"\x00" * len(lines[2])
+    lines[3] = lines[3][:30] + bytes([lines[3][30] ^ 1]) + lines[3][31:]
+    r = read_log(b"\n".join(lines))
+    assert r.cut is None and [d.line for d in r.damage] == [3, 4]
+
+
+def test_every_bad_line_is_reported_as_damage():
+    data = flip(flip(log(CREATE, APPEND(1), APPEND(2), COMMIT), 2), 3)
+    assert [d.line for d in read_log(data).damage] == [2, 3]
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"garbage line", "not a checksummed record"),
+        (b"0123456789abcdef{\"op\":\"commit\"}", "not a checksummed record"),  # no space
+    ],
+)
+def test_lines_that_are_no_record(raw, reason):
+    data = log(CREATE) + raw + b"\n" + log(COMMIT)
+    r = read_log(data)
+    assert r.damage and r.damage[0].line == 2 and reason in r.damage[0].reason
+
+
+def test_checksummed_non_json_and_unknown_op_are_damage():
+    body = b"{not json"
+    bad_json = blake3.blake3(body).hexdigest(length=8).encode() + b" " + body + b"\n"
+    r = read_log(log(CREATE) + bad_json + log(COMMIT))
+    assert "not JSON" in r.damage[0].reason
+    r = read_log(log(CREATE) + encode_record({"op": "frobnicate"}) + log(COMMIT))
+    assert "not a known record" in r.damage[0].reason
+    # after the last commit, a whole line that is no record is damage too
+    r = read_log(log(CREATE, COMMIT) + encode_record({"op": "frobnicate"}))
+    assert r.damage and r.cut is None

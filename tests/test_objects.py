@@ -1,0 +1,131 @@
+"""Loose objects: three spaces, fan-out paths, verified reads, idempotent puts that mend torn files."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from agentsession_cas.errors import AgentSessionError, CorruptObjectError, NoSuchObjectError
+from agentsession_cas.objects import SPACES, ObjectStore, fsync_paths
+
+
+def name_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def objs(tmp_path) -> ObjectStore:
+    return ObjectStore(str(tmp_path))
+
+
+def test_spaces():
+    assert SPACES == ("entries", "contents", "blobs")
+
+
+def test_path_layout(objs, tmp_path):
+    n = name_of(b"x")
+    hexd = n[7:]
+    for space in SPACES:
+        assert objs.path(space, n) == os.path.join(str(tmp_path), "objects", space, hexd[:2], hexd[2:])
+        assert objs.relpath(space, n) == os.path.join("objects", space, hexd[:2], hexd[2:])
+    assert len(hexd[2:]) == 62
+
+
+@pytest.mark.parametrize("bad", ["sha256:../../etc/passwd", "sha256:" + "A" * 64, "md5:" + "0" * 64, "", "sha256:" + "0" * 63])
+def test_bad_names_refused_before_a_path(objs, bad):
+    with pytest.raises(AgentSessionError):
+        objs.path("entries", bad)
+    with pytest.raises(AgentSessionError):
+        objs.put("entries", bad, b"x", durable=False)
+
+
+def test_unknown_space_refused(objs):
+    with pytest.raises(AgentSessionError):
+        objs.path("trees", name_of(b"x"))
+
+
+def test_put_get_round_trip_and_spaces_apart(objs):
+    data = b'{"a":1}'
+    n = name_of(data)
+    assert objs.put("contents", n, data, durable=True) is None
+    assert objs.get("contents", n) == data
+    assert objs.exists("contents", n) and not objs.exists("entries", n)
+    with pytest.raises(NoSuchObjectError) as ei:
+        objs.get("entries", n)
+    assert objs.relpath("entries", n) in str(ei.value)
+    assert list(objs.names("contents")) == [n] and list(objs.names("entries")) == []
+
+
+def test_put_lazy_returns_path_owed(objs):
+    data = b"lazy"
+    n = name_of(data)
+    p = objs.put("blobs", n, data, durable=False)
+    assert p == objs.path("blobs", n)
+    # already present and sound: not rewritten, still owed an fsync by a lazy writer
+    ino = os.stat(p).st_ino
+    assert objs.put("blobs", n, data, durable=False) == p
+    assert objs.put("blobs", n, data, durable=True) is None
+    assert os.stat(p).st_ino == ino
+    fsync_paths([p, p, p + "-gone"])  # duplicates and a missing file are fine
+
+
+def test_get_verifies_and_names_the_object(objs):
+    data = b"important bytes"
+    n = name_of(data)
+    objs.put("entries", n, data, durable=True)
+    p = objs.path("entries", n)
+    with open(p, "r+b") as f:
+        f.seek(3)
+        f.write(b"X")
+    with pytest.raises(CorruptObjectError) as ei:
+        objs.get("entries", n)
+    e = ei.value
+    assert e.space == "entries" and e.name == n and e.path == p
+    assert n in str(e) and objs.relpath("entries", n) in str(e)
+    assert not objs.is_sound("entries", n)
+
+
+@pytest.mark.parametrize("damage", ["short", "zeros", "same-size-flip", "empty"])
+def test_put_replaces_a_torn_or_corrupt_object(objs, damage):
+    data = b"0123456789" * 10
+    n = name_of(data)
+    objs.put("contents", n, data, durable=True)
+    p = objs.path("contents", n)
+    bad = {
+        "short": data[:40],
+        "zeros": b"\x00" * len(data),
+        "same-size-flip": b"1" + data[1:],
+        "empty": b"",
+    }[damage]
+    with open(p, "wb") as f:
+        f.write(bad)
+    assert not objs.is_sound("contents", n)
+    objs.put("contents", n, data, durable=False)
+    assert objs.get("contents", n) == data
+
+
+def test_put_leaves_no_temp_files(objs, tmp_path):
+    for i in range(5):
+        d = f"obj {i}".encode()
+        objs.put("blobs", name_of(d), d, durable=i % 2 == 0)
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_names_skips_strays(objs, tmp_path):
+    d = b"one"
+    n = name_of(d)
+    objs.put("entries", n, d, durable=False)
+    (tmp_path / "objects" / "entries" / "zz-not-a-fan").mkdir()
+    (tmp_path / "objects" / "entries" / n[7:9] / "short").write_bytes(b"")
+    assert list(objs.names("entries")) == [n]
+
+
+def test_fsync_paths_many_dirs(objs):
+    paths = []
+    for i in range(20):
+        d = f"many {i}".encode()
+        paths.append(objs.put("contents", name_of(d), d, durable=False))
+    fsync_paths(paths)
+    fsync_paths([])
