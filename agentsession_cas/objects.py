@@ -141,7 +141,11 @@ class ObjectStore:
                 return path
             # Torn or corrupt: replace it with a good copy below.
         directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
+        new_fanout = not os.path.isdir(directory)
+        if new_fanout:
+            os.makedirs(directory, exist_ok=True)
+            # The new fan-out directory's own name lives in the space directory.
+            fsync_dir(os.path.dirname(directory))
         os.makedirs(self.tmp, exist_ok=True)
         tmp = os.path.join(self.tmp, f"obj-{os.getpid()}-{os.urandom(6).hex()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

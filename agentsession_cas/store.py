@@ -162,7 +162,7 @@ class Store:
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False, sync: str = "always"):
-        self.root = os.path.abspath(os.fspath(path) if path is not None else default_store_path())
+        self.root = os.path.abspath(os.path.expanduser(os.fspath(path)) if path is not None else default_store_path())
         if sync not in SYNC_POLICIES:
             raise StoreError(f"unknown sync policy {sync!r}: use one of {', '.join(SYNC_POLICIES)}")
         self.readonly = readonly
@@ -176,7 +176,7 @@ class Store:
     @classmethod
     def init(cls, path: str | os.PathLike | None = None, **kwargs: Any) -> "Store":
         """Create a store (or open the one already there) and return it open for writing."""
-        root = os.path.abspath(os.fspath(path) if path is not None else default_store_path())
+        root = os.path.abspath(os.path.expanduser(os.fspath(path)) if path is not None else default_store_path())
         layout = os.path.join(root, "layout")
         if not os.path.exists(layout):
             if os.path.isdir(root) and os.listdir(root):
@@ -339,10 +339,25 @@ class Store:
         path = self.path_to(base)
         if path[-1].is_leaf_label:
             raise StoreError(f"base {short_id(base)} is a leaf label; the base is a fork's first head")
+        self._check_prefix_readable(path, owner_id)
         fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
         if fmt and owner_fmt and fmt < owner_fmt:
             raise StoreError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
         return path
+
+    @staticmethod
+    def _check_prefix_readable(path: list[Entry], origin: str | None) -> None:
+        """Refuse a base below a merge: a prefix entry whose ``parents`` names, in this
+        session, an entry off the path would make a projection no reader can read
+        (RFC 0002, open questions; the reference refuses it too)."""
+        on_path = {e.id for e in path}
+        for e in path:
+            for ref in e.parents:
+                if (ref.session is None or ref.session == origin) and ref.entry not in on_path:
+                    raise StoreError(
+                        f"base is below a merge: prefix entry {short_id(e.id)} converges {short_id(ref.entry)}, "
+                        "which is off the path, so the fork's file could not be read"
+                    )
 
     def _holder_of(self, entry_id: str) -> tuple[str, Header, bool] | None:
         """The session whose own entries (else whose prefix) hold ``entry_id``:
@@ -523,31 +538,54 @@ class Store:
         return self.read(session_id).projection()
 
     def export_to(self, session_id: str, path: str | os.PathLike) -> None:
-        """Write the projection to ``path`` atomically, and sidecar media beside it."""
+        """Write the projection to ``path`` atomically, and sidecar media beside it
+        (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error."""
         session = self.read(session_id)
         data = session.projection()
         path = os.fspath(path)
-        _write_atomic(path, data, durable=True)
+        blobs: dict[str, bytes] = {}
         if session.header.media == "sidecar":
+            for name in sorted(set(_SIDECAR.findall(data.decode("utf-8")))):
+                blobs[name] = self.blob(name)  # raises, naming it, when missing or corrupt
+        _write_atomic(path, data, durable=True)
+        if blobs:
             side = os.path.join(os.path.dirname(os.path.abspath(path)), session.id)
             os.makedirs(side, exist_ok=True)
-            for name in sorted(set(_SIDECAR.findall(data.decode("utf-8")))):
-                try:
-                    blob = self.blob(name)
-                except NoSuchObjectError:
-                    continue
+            for name, blob in blobs.items():
                 _write_atomic(os.path.join(side, name[7:]), blob, durable=True)
 
     def import_file(self, path: str | os.PathLike, *, record: bool = False) -> "Session":
         """Import a projection (RFC 0002): every line verified, the head from the resume
         rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``."""
         sf = read_session(path)
-        return self.import_session(sf, record=record)
+        side = os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), str(sf.header.id))
+        return self.import_session(sf, record=record, sidecar_dir=side)
 
     def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> "Session":
         return self.import_session(read_session_bytes(data, source=source), record=record)
 
-    def import_session(self, sf: SessionFile, *, record: bool = False) -> "Session":
+    def _import_blobs(self, sf: SessionFile, sidecar_dir: str | None) -> None:
+        """A sidecar session's blobs come from ``<dir>/<id>/<hex>`` beside its file, each
+        verified against its name; one neither there nor held already refuses the import."""
+        names: set[str] = set()
+        for e in sf.entries:
+            text = canonical_bytes(e.body, parsed=True)
+            if b"sidecar:" in text:
+                names.update(_SIDECAR.findall(text.decode("utf-8")))
+        for name in sorted(names):
+            if self.objects.is_sound("blobs", name):
+                continue
+            where = os.path.join(sidecar_dir, name[7:]) if sidecar_dir else None
+            try:
+                with open(where, "rb") as f:  # type: ignore[arg-type]
+                    blob = f.read()
+            except (OSError, TypeError):
+                raise StoreError(f"{sf.source}: sidecar blob {name} is missing (looked for {where})") from None
+            if sha256_ref(blob) != name:
+                raise StoreError(f"{sf.source}: sidecar blob {where} does not hash to its name {name}")
+            self.objects.put("blobs", name, blob, durable=True)
+
+    def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> "Session":
         self._require_writable()
         if sf.truncated is not None:
             raise StoreError(f"{sf.source}: {sf.truncated}; a cut-short file is not imported")
@@ -597,6 +635,8 @@ class Store:
                     break
         if head is None:
             head = base  # a fork always has a head; a baseless session may have none
+        if header.media == "sidecar":
+            self._import_blobs(sf, sidecar_dir)
         return self._stage_session(header, base=base, own=own, prefix=prefix, head=head, record=record)
 
 
@@ -652,15 +692,26 @@ class Session:
                 header_bytes = f.read()
         except FileNotFoundError:
             raise NoSuchSessionError(f"no such session: {self.id}") from None
+        except OSError as exc:
+            raise StoreError(f"session {self.id}: its header cannot be read: {exc.strerror or exc}") from None
         try:
-            self.header = Header(loads(header_bytes))
+            header_obj = loads(header_bytes)
         except (ValueError, AgentSessionError) as exc:
             raise StoreError(f"session {self.id}: header is unreadable: {exc}") from None
+        if not isinstance(header_obj, dict) or header_obj.get("type") != "session":
+            raise StoreError(f"session {self.id}: header is not a session header object")
+        if header_obj.get("id") != self.id:
+            raise StoreError(
+                f"session {self.id}: its header names session {header_obj.get('id')!r}; the directory and the header disagree"
+            )
+        self.header = Header(header_obj)
         try:
             with open(os.path.join(self.dir, "log"), "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             data = b""
+        except OSError as exc:
+            raise StoreError(f"session {self.id}: its log cannot be read: {exc.strerror or exc}") from None
         logread = read_log(data)
         self.records_read = logread
         if logread.damage:
@@ -923,7 +974,7 @@ class Session:
         is_leaf_label = e.is_leaf_label
         if is_leaf_label:
             target = e.data.get("target")
-            if self._may_hold_head(target):
+            if "target" in e.data and self._may_hold_head(target):
                 outcome, new_head = "head-moved", target
             else:
                 outcome = "head-not-moved"

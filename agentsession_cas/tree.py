@@ -85,7 +85,10 @@ class Tree:
     # -- the resume rule -----------------------------------------------------
 
     def _label_in_force_target(self, label: Entry) -> bool:
-        """May a leaf label naming this target be in force?"""
+        """May a leaf label naming this target be in force? (A label without a
+        ``target`` member names nothing.)"""
+        if "target" not in label.data:
+            return False
         target = label.get("target")
         if target is None:
             # The universal root: a head only a baseless session may have.

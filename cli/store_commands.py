@@ -533,7 +533,7 @@ def create(base: str | None, header_file: str | None, new_id: str | None) -> Non
             data["base"] = base
         header = Header(data)
     else:
-        header = Header.new(new_id or str(uuid.uuid4()), base=base)
+        header = Header.new(str(uuid.uuid4()) if new_id is None else new_id, base=base)
     with write_store() as store:
         sid = store.create(header).id
     echo(sid)

@@ -532,3 +532,15 @@ def test_console_script_lock_across_processes(tmp_path):
         assert r.stderr.decode().strip() == "agentsession: error: session s1 is locked by another process"
         r = subprocess.run([str(EXE), "--store", str(store), "show", "s1"], capture_output=True, timeout=30)
         assert r.returncode == 0, r.stderr
+
+
+def test_create_with_an_empty_id_is_refused_not_replaced(tmp_path):
+    from click.testing import CliRunner
+    from cli.main import main
+
+    store = str(tmp_path / "st")
+    assert CliRunner().invoke(main, ["--store", store, "init"]).exit_code == 0
+    r = CliRunner().invoke(main, ["--store", store, "create", "--id", ""])
+    assert r.exit_code == 1
+    assert "error" in r.output
+    assert CliRunner().invoke(main, ["--store", store, "list", "--json"]).output.strip() == "[]"

@@ -1512,3 +1512,77 @@ def test_damaged_message_says_repair_is_not_available_yet(root):
     logp.write_bytes(bytes(data))
     with pytest.raises(SessionDamagedError, match="not in this release yet"):
         Store(root).session("dmg")
+
+
+def test_leaf_label_without_target_moves_nothing(store):
+    s, results = chain(store, "nolabel", 2)
+    head = s.head
+    r = s.append({"type": "label", "label": LEAF_LABEL, "ts": ts()})
+    assert r.outcome == "head-not-moved" and s.head == head
+    r = s.append(msg("after"))
+    assert r.outcome == "continued" and store.entry(r.id).parent == head
+
+
+def test_odd_session_dirs_are_store_errors_not_crashes(root):
+    st = Store.init(root)
+    chain(st, "ok", 1)
+    chain(st, "hdr", 1)
+    chain(st, "logdir", 1)
+    chain(st, "other", 1)
+    st.close()
+    (root / "sessions" / "hdr" / "header").write_text("[1,2]\n")
+    log = root / "sessions" / "logdir" / "log"
+    log.unlink()
+    log.mkdir()
+    hdr = root / "sessions" / "other" / "header"
+    hdr.write_text(hdr.read_text().replace('"id":"other"', '"id":"someone-else"'))
+    ro = Store(root, readonly=True)
+    assert ro.read("ok").head is not None
+    for sid, words in (("hdr", "not a session header"), ("logdir", "log cannot be read"), ("other", "disagree")):
+        with pytest.raises(StoreError, match=words):
+            ro.read(sid)
+
+
+def test_store_path_expands_user(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    st = Store.init("~/cas-here")
+    assert st.root == str(tmp_path / "cas-here")
+    st.close()
+
+
+def test_fork_below_a_merge_is_refused(store):
+    s = store.create(Header.new("merge-origin"))
+    a = s.append(msg("a"))
+    b = s.append(msg("b side", parent=a.id))  # a branch: b is off the main path
+    c = s.append({**msg("c merges b", parent=a.id), "parents": [{"entry": b.id}]})
+    s.commit()
+    with pytest.raises(StoreError, match="below a merge"):
+        store.create(Header.new("fork-below", base=c.id))
+    assert store.create(Header.new("fork-above", base=a.id)).head == a.id
+
+
+def test_sidecar_blobs_travel_with_export_and_import(tmp_path):
+    st = Store.init(tmp_path / "one")
+    name = st.put_blob(b"\x89PNG fake image bytes")
+    s = st.create(Header.new("media-s", media="sidecar"))
+    s.append({"type": "item", "ts": ts(), "item": {"type": "message", "role": "user",
+              "content": [{"type": "input_image", "image_url": f"sidecar:{name}"}]}})
+    st.close()
+    out = tmp_path / "out" / "media-s.jsonl"
+    out.parent.mkdir()
+    Store(tmp_path / "one", readonly=True).export_to("media-s", out)
+    blob_file = tmp_path / "out" / "media-s" / name[7:]
+    assert blob_file.read_bytes() == b"\x89PNG fake image bytes"
+    two = Store.init(tmp_path / "two")
+    two.import_file(out)
+    assert two.blob(name) == b"\x89PNG fake image bytes"
+    two.close()
+    # a missing or corrupt blob refuses the import
+    blob_file.write_bytes(b"tampered")
+    three = Store.init(tmp_path / "three")
+    with pytest.raises(StoreError, match="does not hash"):
+        three.import_file(out)
+    blob_file.unlink()
+    with pytest.raises(StoreError, match="missing"):
+        three.import_file(out)
+    assert "media-s" not in three

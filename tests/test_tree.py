@@ -366,3 +366,16 @@ def test_sessionfile_tree_without_the_base_has_no_prefix():
     b.branch(None, "item", ts=ts(), item={"n": 1})
     s = read_session_bytes(b.to_bytes())
     assert s.tree.prefix == frozenset()
+
+
+def test_leaf_label_without_a_target_member_is_not_in_force():
+    from agentsession_cas import Header, SessionBuilder, make_entry, read_session_bytes
+
+    b = SessionBuilder(Header.new("t-no-target", created_at="2026-10-05T12:00:00Z"))
+    first = b.append("item", ts="2026-10-05T12:00:01Z", item={"n": 1})
+    b.append("item", ts="2026-10-05T12:00:02Z", item={"n": 2})
+    label = make_entry("label", b.leaf, ts="2026-10-05T12:00:03Z", label="leaf")  # no target at all
+    data = b.to_bytes() + label.canonical_line()
+    sf = read_session_bytes(data)
+    assert sf.tree.leaf_label_in_force() is None
+    assert sf.leaf == b.leaf != first.id
