@@ -1,8 +1,10 @@
 """The session log: one checksummed record per line, the session's write-ahead log and record.
 
-A line is ``<checksum> <record>\\n``: the checksum is the first 16 hex digits
-(64 bits) of the BLAKE3 hash of the record's bytes, and the record is a
-canonical JSON object whose ``op`` says what happened:
+A line is ``<checksum> SP <record> [TAB <content> TAB <envelope>] LF``: the
+checksum is the first 16 hex digits (64 bits) of the BLAKE3 hash of every
+byte between the space and the LF; the record is a canonical JSON object
+whose ``op`` says what happened; a durable append also carries its two
+objects (the payload), so the log alone can restore them:
 
 * ``create`` - the session began (``session``, ``base``, ``mark``);
 * ``append`` - an entry joined the log (``seq``, ``entry``, ``head``: where
@@ -10,6 +12,8 @@ canonical JSON object whose ``op`` says what happened:
 * ``head`` - a head move (``head``, null for no head);
 * ``mark`` - the record mark set (``mark``: ``record`` or ``mirror``);
 * ``commit`` - every record before it is durable;
+* ``checkpoint`` - the objects of every append before it are durable in
+  ``objects/``, so recovery need not restore them from their payloads;
 * ``loss`` - recovery dropped an uncommitted append (``entry``, ``seq``), or
   a torn line after the last commit (``line``, ``offset``, ``reason``, and
   ``entry`` when the torn bytes still name one, else null).
@@ -33,16 +37,23 @@ __all__ = ["Record", "encode_record", "read_log", "LogRead", "LogDamage", "CHECK
 
 #: Hex digits of the BLAKE3 checksum each line carries.
 CHECKSUM_HEX = 16
-_OPS = frozenset({"create", "append", "head", "mark", "commit", "loss"})
+_OPS = frozenset({"create", "append", "head", "mark", "commit", "checkpoint", "loss"})
 
 
 def _checksum(data: bytes) -> str:
     return blake3.blake3(data).hexdigest(length=CHECKSUM_HEX // 2)
 
 
-def encode_record(record: dict[str, Any]) -> bytes:
-    """One log line, LF included."""
+def encode_record(record: dict[str, Any], payload: tuple[bytes, bytes] | None = None) -> bytes:
+    """One log line, LF included.
+
+    ``payload`` is an append's two objects (content bytes, envelope bytes),
+    carried after the record, each after a TAB, so recovery can restore them;
+    canonical JSON never holds a raw TAB, so the split is unambiguous.
+    """
     body = canonical_bytes(record)
+    if payload is not None:
+        body = body + b"\t" + payload[0] + b"\t" + payload[1]
     return _checksum(body).encode("ascii") + b" " + body + b"\n"
 
 
@@ -53,6 +64,8 @@ class Record:
     line: int
     offset: int
     data: dict[str, Any]
+    #: An append's objects carried in the line (content bytes, envelope bytes), if any.
+    payload: tuple[bytes, bytes] | None = None
 
     @property
     def op(self) -> str:
@@ -93,8 +106,8 @@ class LogRead:
     sound_bytes: int = 0
 
 
-def _parse_line(raw: bytes) -> dict[str, Any] | str:
-    """The record of a line, or why it is not one."""
+def _parse_line(raw: bytes) -> tuple[dict[str, Any], tuple[bytes, bytes] | None] | str:
+    """The record of a line (and its payload), or why it is not one."""
     if len(raw) < CHECKSUM_HEX + 2 or raw[CHECKSUM_HEX : CHECKSUM_HEX + 1] != b" ":
         return "not a checksummed record"
     stated = raw[:CHECKSUM_HEX]
@@ -104,13 +117,21 @@ def _parse_line(raw: bytes) -> dict[str, Any] | str:
             return "checksum mismatch"
     except UnicodeDecodeError:
         return "checksum mismatch"
+    payload = None
+    tab = body.find(b"\t")
+    if tab >= 0:
+        parts = body[tab + 1 :].split(b"\t")
+        if len(parts) != 2:
+            return "checksum matches but the payload is not two objects"
+        payload = (parts[0], parts[1])
+        body = body[:tab]
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return "checksum matches but the record is not JSON"
     if not isinstance(data, dict) or data.get("op") not in _OPS:
         return "not a known record"
-    return data
+    return data, payload
 
 
 def read_log(data: bytes) -> LogRead:
@@ -127,7 +148,7 @@ def read_log(data: bytes) -> LogRead:
             break
         lines.append((number, offset, data[offset:end], True))
         offset = end + 1
-    parsed: list[tuple[int, int, dict | str, int]] = []
+    parsed: list[tuple[int, int, Any, int]] = []
     crash_like: set[int] = set()  # bad lines a crash can leave: torn, or holding unwritten (zero) blocks
     for i, (number, offset, raw, terminated) in enumerate(lines):
         if not terminated:
@@ -141,16 +162,16 @@ def read_log(data: bytes) -> LogRead:
         parsed.append((number, offset, result, offset + len(raw) + (1 if terminated else 0)))
     last_commit = -1
     for i, (_, _, result, _) in enumerate(parsed):
-        if isinstance(result, dict) and result["op"] in ("commit", "create"):
+        if isinstance(result, tuple) and result[0]["op"] in ("commit", "create"):
             last_commit = i
     first_bad = next((i for i, p in enumerate(parsed) if isinstance(p[2], str)), None)
     if first_bad is None:
-        out.records = [Record(n, o, r) for n, o, r, _ in parsed]  # type: ignore[arg-type]
+        out.records = [Record(n, o, r[0], r[1]) for n, o, r, _ in parsed]
         out.sound_bytes = len(data)
         return out
     for i, (number, offset, result, end) in enumerate(parsed):
         if i < first_bad:
-            out.records.append(Record(number, offset, result))  # type: ignore[arg-type]
+            out.records.append(Record(number, offset, result[0], result[1]))
             out.sound_bytes = end
     bad_number, bad_offset, bad_reason, _ = parsed[first_bad]
     bad_after = [i for i in range(first_bad, len(parsed)) if isinstance(parsed[i][2], str)]
@@ -162,5 +183,5 @@ def read_log(data: bytes) -> LogRead:
                 out.damage.append(LogDamage(number, offset, result))
         return out
     out.cut = LogDamage(bad_number, bad_offset, bad_reason)  # type: ignore[arg-type]
-    out.cut_records = [Record(n, o, r) for n, o, r, _ in parsed[first_bad + 1 :] if isinstance(r, dict)]
+    out.cut_records = [Record(n, o, r[0], r[1]) for n, o, r, _ in parsed[first_bad + 1 :] if isinstance(r, tuple)]
     return out

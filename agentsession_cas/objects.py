@@ -128,24 +128,55 @@ class ObjectStore:
         """Store ``data`` under ``name`` unless a sound copy is there already.
 
         Returns the path the caller owes an fsync for when ``durable`` is
-        False and something was written or found (None when written durably).
-        The caller guarantees ``name`` is the hash of ``data``.
+        False (None when written durably). The caller guarantees ``name`` is
+        the hash of ``data``. A new object is created under its own name
+        (``O_EXCL``) and written in place: nothing names it until its append's
+        record is written, and a copy a crash tore is detected by its hash
+        and replaced by the next put.
         """
         path = self.path(space, name)
-        if os.path.exists(path):
+        try:
+            fd = self._create(path)
+        except FileExistsError:
             if os.path.getsize(path) == len(data) and self.is_sound(space, name):
                 if durable:
                     # Another process may have written it and not yet committed.
                     fsync_paths([path])
                     return None
                 return path
-            # Torn or corrupt: replace it with a good copy below.
-        directory = os.path.dirname(path)
-        new_fanout = not os.path.isdir(directory)
-        if new_fanout:
+            return self._replace(path, data, durable=durable)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            raise
+        os.close(fd)
+        if durable:
+            fsync_dir(os.path.dirname(path))
+            return None
+        return path
+
+    def _create(self, path: str) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            return os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            directory = os.path.dirname(path)
             os.makedirs(directory, exist_ok=True)
             # The new fan-out directory's own name lives in the space directory.
             fsync_dir(os.path.dirname(directory))
+            return os.open(path, flags, 0o644)
+
+    def _replace(self, path: str, data: bytes, *, durable: bool) -> str | None:
+        """Replace a torn or corrupt copy: a temp file renamed over it."""
         os.makedirs(self.tmp, exist_ok=True)
         tmp = os.path.join(self.tmp, f"obj-{os.getpid()}-{os.urandom(6).hex()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -164,7 +195,7 @@ class ObjectStore:
                 pass
             raise
         if durable:
-            fsync_dir(directory)
+            fsync_dir(os.path.dirname(path))
             return None
         return path
 

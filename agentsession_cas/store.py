@@ -75,6 +75,10 @@ DEFAULT_STORE = "~/.agent/cas"
 _SIDECAR = re.compile(r"sidecar:(sha256:[0-9a-f]{64})")
 _DURABLE_ON_RESPONSES = frozenset({"response", "compaction", "branch_summary"})
 _ENTRY_NAMING = ("target", "first_kept", "from", "queued_from")
+_COMMIT = encode_record({"op": "commit"})
+#: Appends whose objects live only in the log (their payloads) before a checkpoint
+#: writes them to objects/.
+CHECKPOINT_ENTRIES = 256
 _REPAIR_HINT = (
     "it refuses writes until repaired; repair (`agentsession repair`) is not in this release yet, "
     "so keep a copy of the session directory"
@@ -146,6 +150,34 @@ class AppendResult:
             "unresolved": list(self.unresolved),
             "note": self.note,
         }
+
+
+def _entry_from(entry_id: str, env: dict[str, Any], body: dict[str, Any]) -> Entry:
+    """The line an envelope and its body make: the body's members, the envelope's (less
+    ``content``), and ``id``."""
+    data = dict(body)
+    data["type"] = env.get("type")
+    data["parent"] = env.get("parent")
+    if env.get("parents"):
+        data["parents"] = env["parents"]
+    data["ts"] = env.get("ts")
+    data["id"] = entry_id
+    return Entry(data, computed_id=entry_id, content_hash=env["content"])
+
+
+def _payload_entry(entry_id: str, payload: tuple[bytes, bytes]) -> tuple[dict, dict] | None:
+    """Check an append's payload against the id it is logged under: (envelope, body) or None."""
+    content, env_bytes = payload
+    if sha256_ref(env_bytes) != entry_id:
+        return None
+    try:
+        env = loads(env_bytes)
+        body = loads(content)
+    except (ValueError, AgentSessionError):
+        return None
+    if not isinstance(env, dict) or env.get("content") != sha256_ref(content) or not isinstance(body, dict):
+        return None
+    return env, body
 
 
 class Store:
@@ -257,7 +289,11 @@ class Store:
         if session_id not in self:
             raise NoSuchSessionError(f"no such session: {session_id}")
         if self.readonly:
-            return Session._load(self, session_id, writable=False)
+            # A snapshot, kept so that entries it serves from log payloads resolve
+            # through the store too (Store.entry).
+            session = Session._load(self, session_id, writable=False)
+            self._open[session_id] = session
+            return session
         session = Session._load(self, session_id, writable=True)
         self._open[session_id] = session
         return session
@@ -329,17 +365,22 @@ class Store:
         owner = self._holder_of(base)
         if owner is None:
             raise StoreError(f"base {base} is not an entry this store holds (in a log or on a prefix)")
-        owner_id, owner_header, committed = owner
+        owner_id, owner_header, committed, owner_session = owner
         if not committed:
             raise StoreError(f"base {short_id(base)} is not yet committed in session {owner_id}; commit it first")
         if owner_header.media != header.media:
             raise StoreError(
                 f"media {header.media!r} differs from {owner_header.media!r} of session {owner_id}, which holds the base"
             )
-        path = self.path_to(base)
+        path = self.path_to(base, via=owner_session)
         if path[-1].is_leaf_label:
             raise StoreError(f"base {short_id(base)} is a leaf label; the base is a fork's first head")
         self._check_prefix_readable(path, owner_id)
+        # The fork reads its prefix from objects/: write any its owner holds only in its
+        # log so far (another process's session between checkpoints).
+        for e in path:
+            if not self.objects.is_sound("entries", e.id):
+                self._put_entry(e, durable=True)
         fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
         if fmt and owner_fmt and fmt < owner_fmt:
             raise StoreError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
@@ -359,28 +400,30 @@ class Store:
                         "which is off the path, so the fork's file could not be read"
                     )
 
-    def _holder_of(self, entry_id: str) -> tuple[str, Header, bool] | None:
+    def _holder_of(self, entry_id: str) -> tuple[str, Header, bool, "Session"] | None:
         """The session whose own entries (else whose prefix) hold ``entry_id``:
-        (id, header, whether the entry is committed there). Scans the store,
-        which only creating a fork or importing one needs."""
+        (id, header, whether the entry is committed there, the session). Scans the
+        store, which only creating a fork or importing one needs. A session open
+        here is committed and checkpointed first, so the fork finds its objects."""
         on_prefix = None
         for sid in self.list():
             if sid in self._open:
                 s = self._open[sid]
                 if entry_id in s.own:
                     s.commit()
-                    return sid, s.header, True
+                    s.checkpoint()
+                    return sid, s.header, True, s
                 if entry_id in s.prefix_set or entry_id == s.base:
-                    on_prefix = on_prefix or (sid, s.header, True)
+                    on_prefix = on_prefix or (sid, s.header, True, s)
                 continue
             try:
                 s = Session._load(self, sid, writable=False)
             except AgentSessionError:
                 continue
             if entry_id in s.own:
-                return sid, s.header, entry_id in s.committed_own
+                return sid, s.header, entry_id in s.committed_own, s
             if entry_id in s.prefix_set or entry_id == s.base:
-                on_prefix = on_prefix or (sid, s.header, True)
+                on_prefix = on_prefix or (sid, s.header, True, s)
         return on_prefix
 
     def _stage_session(
@@ -474,8 +517,16 @@ class Store:
         return owed
 
     def entry(self, entry_id: str) -> Entry:
-        """An entry rebuilt from its envelope and content objects, both verified."""
-        env = loads(self.objects.get("entries", entry_id))
+        """An entry rebuilt from its envelope and content objects, both verified (or
+        from a session open here that holds it only in its log until a checkpoint)."""
+        try:
+            env_bytes = self.objects.get("entries", entry_id)
+        except NoSuchObjectError:
+            for session in self._open.values():
+                if entry_id in session._unmaterialized or entry_id in session._payloads:
+                    return session.entry(entry_id)
+            raise
+        env = loads(env_bytes)
         if not isinstance(env, dict) or not isinstance(env.get("content"), str):
             raise CorruptObjectError(
                 f"envelope {entry_id} is not an envelope ({self.objects.relpath('entries', entry_id)})",
@@ -483,19 +534,11 @@ class Store:
                 name=entry_id,
                 path=self.objects.path("entries", entry_id),
             )
-        chash = env["content"]
-        body = loads(self.objects.get("contents", chash))
-        data = dict(body)
-        data["type"] = env.get("type")
-        data["parent"] = env.get("parent")
-        if env.get("parents"):
-            data["parents"] = env["parents"]
-        data["ts"] = env.get("ts")
-        data["id"] = entry_id
-        return Entry(data, computed_id=entry_id, content_hash=chash)
+        return _entry_from(entry_id, env, loads(self.objects.get("contents", env["content"])))
 
-    def path_to(self, entry_id: str) -> list[Entry]:
-        """Entries from the root to ``entry_id``, read from the objects."""
+    def path_to(self, entry_id: str, *, via: "Session | None" = None) -> list[Entry]:
+        """Entries from the root to ``entry_id``, read from the objects (or through
+        ``via``, a session that may hold some only in its log so far)."""
         out: list[Entry] = []
         seen: set[str] = set()
         current: str | None = entry_id
@@ -503,7 +546,7 @@ class Store:
             if current in seen:
                 raise StoreError(f"entry {current} is its own ancestor: the objects are damaged")
             seen.add(current)
-            e = self.entry(current)
+            e = via.entry(current) if via is not None else self.entry(current)
             out.append(e)
             current = e.parent
         out.reverse()
@@ -528,6 +571,12 @@ class Store:
             try:
                 return sp, self.objects.get(sp, name)
             except NoSuchObjectError:
+                for session in self._open.values():
+                    for entry_id, (chash, content, env) in session._unmaterialized.items():
+                        if sp == "entries" and entry_id == name:
+                            return sp, env
+                        if sp == "contents" and chash == name:
+                            return sp, content
                 continue
         raise NoSuchObjectError(f"no object {name} in this store")
 
@@ -661,8 +710,10 @@ class Session:
         self.lock: filelock.BaseFileLock | None = None
         self.records_read: LogRead | None = None
         self.recovered: list[str] = []  # what recovery did, for the caller to log
-        self._pending: list[str] = []
         self._uncommitted = False
+        # Appends whose objects are only in the log so far: id -> (content hash, content, envelope).
+        self._unmaterialized: dict[str, tuple[str, bytes, bytes]] = {}
+        self._payloads: dict[str, tuple[bytes, bytes]] = {}  # read-only: objects recovery could not write
         self._max_seq = 0  # sequence numbers are never reused, a lost append's included
         self._stopped: str | None = None  # set when an fsync failed
         self._log_fd: int | None = None
@@ -742,11 +793,27 @@ class Session:
             r = records[i]
             if r.op == "append":
                 entry = r.get("entry")
-                if not self._objects_sound(entry):
+                if not self._objects_sound(entry) and not (r.payload and _payload_entry(entry, r.payload)):
                     cut_at = i
                     break
         kept = records[:cut_at]
         dropped = records[cut_at:] + logread.cut_records
+        # Appends since the last checkpoint have their objects only in the log for
+        # sure; after a crash, any the disk lacks are restored from their payloads.
+        last_checkpoint = max((i for i, r in enumerate(kept) if r.op in ("checkpoint", "create")), default=-1)
+        since_checkpoint = [r for r in kept[last_checkpoint + 1 :] if r.op == "append" and r.payload is not None]
+        to_restore: list[Record] = []
+        for r in since_checkpoint:
+            if not self._objects_sound(r.get("entry")):
+                if _payload_entry(r.get("entry"), r.payload) is None:
+                    raise SessionDamagedError(
+                        f"session {self.id} is damaged: log line {r.line} carries a payload that does not "
+                        f"hash to entry {r.get('entry')}; " + _REPAIR_HINT,
+                        session=self.id,
+                        line=r.line,
+                        offset=r.offset,
+                    )
+                to_restore.append(r)
         lost = [r for r in dropped if r.op == "append"]
         self._replay(kept, last_commit)
         for r in lost:  # a dropped append's sequence number stays spent
@@ -775,12 +842,28 @@ class Session:
                 0,
                 {"op": "loss", "entry": m.group(1).decode() if m else None, "line": cut.line, "offset": cut.offset, "reason": cut.reason},
             )
-        if writable:
-            self.writable = True
-            if needs_rewrite or adopted or kept and kept[-1].op not in ("commit", "create"):
-                self._rewrite_log(kept, losses, adopted)
-            self._log_fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            self._write_indexes()
+        if to_restore:
+            self.recovered.append(f"recovered session {self.id}: restored the objects of {len(to_restore)} append(s) from the log")
+        if not writable:
+            for r in to_restore:
+                self._payloads[r.get("entry")] = r.payload  # type: ignore[assignment]
+            return
+        self.writable = True
+        # A checkpoint record needs no commit (lost, it only makes recovery check the
+        # objects again): a log whose tail after the last commit holds only checkpoints
+        # is clean and is not rewritten.
+        uncommitted_tail = any(r.op != "checkpoint" for r in kept[last_commit + 1 :])
+        if needs_rewrite or adopted or uncommitted_tail:
+            self._rewrite_log(kept, losses)
+        self._log_fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if since_checkpoint:
+            # Finish the checkpoint the last writer did not reach: every object since
+            # it written (where missing or torn) and fsynced, then the record.
+            for r in since_checkpoint:
+                content, env_bytes = r.payload  # type: ignore[misc]
+                self._unmaterialized[r.get("entry")] = (sha256_ref(content), content, env_bytes)
+            self._checkpoint()
+        self._write_indexes()
 
     def _objects_sound(self, entry_id: object) -> bool:
         if not isinstance(entry_id, str) or not is_hash(entry_id):
@@ -820,24 +903,29 @@ class Session:
             elif op == "loss" and isinstance(r.get("seq"), int):
                 self._max_seq = max(self._max_seq, r.get("seq"))
 
-    def _rewrite_log(self, kept: list[Record], losses: list[dict[str, Any]], adopted: list[Record]) -> None:
-        """Recovery's rewrite: what reads, a ``loss`` record for each append dropped
-        (and one for a torn line), and a commit, as a new file."""
-        paths: list[str] = []
-        for r in adopted:
-            entry = self.store.entry(r.get("entry"))
-            paths.extend(self.store._put_entry(entry, durable=False))
-        fsync_paths(paths)
-        lines = [encode_record(r.data) for r in kept]
+    def _rewrite_log(self, kept: list[Record], losses: list[dict[str, Any]]) -> None:
+        """Recovery's rewrite: what reads (appends with their payloads), a ``loss``
+        record for each append dropped (and one for a torn line), and a commit, as a
+        new file."""
+        lines = [encode_record(r.data, r.payload) for r in kept]
         lines.extend(encode_record(loss) for loss in losses)
         lines.append(encode_record({"op": "commit"}))
         _write_atomic(os.path.join(self.dir, "log"), b"".join(lines), durable=True)
         self.committed_own.update(self.own)
 
     def _write_indexes(self) -> None:
-        """HEAD and mark: indexes of the log, rewritten without fsync (rebuilt on every open)."""
-        _write_atomic(os.path.join(self.dir, "HEAD"), ((self.head or "") + "\n").encode(), durable=False)
-        _write_atomic(os.path.join(self.dir, "mark"), (self.mark + "\n").encode(), durable=False)
+        """HEAD and mark: indexes of the log, rewritten without fsync (rebuilt on every
+        open, never read), and only when they differ from what they should say."""
+        for name, text in (("HEAD", (self.head or "") + "\n"), ("mark", self.mark + "\n")):
+            path = os.path.join(self.dir, name)
+            data = text.encode()
+            try:
+                with open(path, "rb") as f:
+                    if f.read() == data:
+                        continue
+            except OSError:
+                pass
+            _write_atomic(path, data, durable=False)
 
     # -- reading --------------------------------------------------------------------
 
@@ -847,10 +935,23 @@ class Session:
     def __contains__(self, entry_id: object) -> bool:
         return entry_id in self.own
 
+    def entry(self, entry_id: str) -> Entry:
+        """An entry from the objects, or from its logged payload when a read-only
+        open found its objects not yet restored after a crash."""
+        pending = self._unmaterialized.get(entry_id)
+        if pending is not None:
+            return _entry_from(entry_id, loads(pending[2]), loads(pending[1]))
+        payload = self._payloads.get(entry_id)
+        if payload is not None:
+            checked = _payload_entry(entry_id, payload)
+            assert checked is not None  # checked when the payload was taken
+            return _entry_from(entry_id, *checked)
+        return self.store.entry(entry_id)
+
     def __iter__(self) -> Iterator[Entry]:
         """Own entries in log order."""
         for entry_id in self.log_order:
-            yield self.store.entry(entry_id)
+            yield self.entry(entry_id)
 
     entries = __iter__
 
@@ -983,7 +1084,6 @@ class Session:
             outcome, new_head = "continued", e.id
         durable_now = self._durable_for(e, durable)
         self._raise_format()
-        owed = self.store._put_entry(e, durable=False, content=content, env=env)
         unresolved = self._unresolved(e, content)
         seq = self._max_seq + 1
         record: dict[str, Any] = {"op": "append", "seq": seq, "entry": e.id}
@@ -993,16 +1093,16 @@ class Session:
             record["leaf_label"] = True
         if not durable_now:
             record["lazy"] = True
-        line = encode_record(record)
+        # The record carries the entry's two objects: the log alone makes the append
+        # durable (one fsync), and the objects reach objects/ at the next checkpoint.
+        line = encode_record(record, payload=(content, env))
         if durable_now:
-            self._flush_objects(self._pending + owed)
-            self._write_log(line + encode_record({"op": "commit"}), sync=True)
-            self._pending.clear()
+            self._write_log(line + _COMMIT, sync=True)
             self._uncommitted = False
         else:
             self._write_log(line, sync=False)
-            self._pending.extend(owed)
             self._uncommitted = True
+        self._unmaterialized[e.id] = (e.content_hash, content, env)
         self._max_seq = seq
         self.own[e.id] = seq
         self.log_order.append(e.id)
@@ -1010,10 +1110,9 @@ class Session:
             self.leaf_labels.add(e.id)
         if durable_now:
             self.committed_own.update(self.own)
-        moved = new_head != self.head
         self.head = new_head
-        if durable_now and moved:
-            self._write_indexes()
+        if len(self._unmaterialized) >= CHECKPOINT_ENTRIES:
+            self._checkpoint()
         return AppendResult(e.id, outcome, self.head, durable=durable_now, seq=seq, unresolved=unresolved, note=note)
 
     def _unresolved(self, e: Entry, content: bytes) -> list[str]:
@@ -1075,15 +1174,38 @@ class Session:
                 pass
             raise
 
+    def _checkpoint(self) -> None:
+        """Write the objects of the appends since the last checkpoint to objects/, fsync
+        them, then say so in the log. The record needs no fsync of its own: lost, it
+        only makes recovery check (and if need be restore) those objects again."""
+        if not self._unmaterialized:
+            return
+        owed: list[str] = []
+        for entry_id, (chash, content, env) in self._unmaterialized.items():
+            p = self.store.objects.put("contents", chash, content, durable=False)
+            if p:
+                owed.append(p)
+            p = self.store.objects.put("entries", entry_id, env, durable=False)
+            if p:
+                owed.append(p)
+        self._flush_objects(owed)
+        self._write_log(encode_record({"op": "checkpoint"}), sync=False)
+        self._unmaterialized.clear()
+
+    def checkpoint(self) -> None:
+        """Write every object the log alone holds so far to objects/ (the store does this
+        every 256 appends and at close); other processes then find them there."""
+        if self.writable and not self._closed:
+            self._checkpoint()
+
     def commit(self) -> None:
-        """Make every append so far durable: their objects, then the log."""
+        """Make every append so far durable: one fsync of the log, whose records carry
+        the appends' objects."""
         if not self.writable or self._closed:
             return
-        if not self._uncommitted and not self._pending:
+        if not self._uncommitted:
             return
-        self._flush_objects(self._pending)
-        self._write_log(encode_record({"op": "commit"}), sync=True)
-        self._pending.clear()
+        self._write_log(_COMMIT, sync=True)
         self._uncommitted = False
         self.committed_own.update(self.own)
         self._write_indexes()
@@ -1103,9 +1225,7 @@ class Session:
             if new in self.leaf_labels:
                 raise AppendRefusedError(f"{new} is a leaf label; the head never rests on one")
             raise AppendRefusedError(f"{new} is neither the base nor an own entry of session {self.id}")
-        self._flush_objects(self._pending)
-        self._write_log(encode_record({"op": "head", "head": new}) + encode_record({"op": "commit"}), sync=True)
-        self._pending.clear()
+        self._write_log(encode_record({"op": "head", "head": new}) + _COMMIT, sync=True)
         self._uncommitted = False
         self.committed_own.update(self.own)
         self.head = new
@@ -1117,9 +1237,7 @@ class Session:
             raise ReadOnlyError(f"session {self.id} is open read-only")
         if mark not in ("record", "mirror"):
             raise StoreError(f"mark must be 'record' or 'mirror', not {mark!r}")
-        self._flush_objects(self._pending)
-        self._write_log(encode_record({"op": "mark", "mark": mark}) + encode_record({"op": "commit"}), sync=True)
-        self._pending.clear()
+        self._write_log(encode_record({"op": "mark", "mark": mark}) + _COMMIT, sync=True)
         self._uncommitted = False
         self.committed_own.update(self.own)
         self.mark = mark
@@ -1132,6 +1250,7 @@ class Session:
         try:
             if self.writable:
                 self.commit()
+                self._checkpoint()
                 self._write_indexes()
         finally:
             self._closed = True
@@ -1144,7 +1263,11 @@ class Session:
             self.store._open.pop(self.id, None)
 
     def _release_for_delete(self) -> filelock.BaseFileLock:
-        """Close without committing further, keeping the lock for the caller (delete)."""
+        """Close without committing further, keeping the lock for the caller (delete).
+        Objects the log alone holds are written to objects/ first: deleting a session
+        removes its ref, never objects another session may come to need."""
+        if self.writable and not self._closed:
+            self._checkpoint()
         lock = self.lock
         self.lock = None
         self.writable = False  # so close() neither commits nor rewrites the indexes

@@ -112,8 +112,12 @@ def test_create_append_log_list_head(store):
     assert json.loads(ok(cli(store, "head", "--json", "s1"))) == {"session": "s1", "head": ids[-1]}
 
     records = json.loads(ok(cli(store, "log", "--json", "s1")))
-    assert [r["op"] for r in records] == ["create", "append", "commit", "append", "commit", "append", "commit"]
-    assert [r["line"] for r in records] == list(range(1, 8))
+    # each `append` is its own process: a durable append (record + commit), then the
+    # checkpoint its close makes; the next open finds the log clean and adds nothing
+    assert [r["op"] for r in records] == ["create"] + ["append", "commit", "checkpoint"] * 3
+    assert [r["line"] for r in records] == list(range(1, 11))
+    for e in ids:  # the close's checkpoint wrote every object
+        assert object_path(store, "entries", e).is_file()
     appends = [r for r in records if r["op"] == "append"]
     assert [(r["seq"], r["entry"], r["head"]) for r in appends] == [(i + 1, e, e) for i, e in enumerate(ids)]
     assert records[0]["mark"] == "record"
@@ -211,8 +215,12 @@ def test_append_leaf_label_moves_the_head(store):
 )
 def test_append_bad_input_is_one_line(store, stdin, needle):
     new_session(store, "s1", 1)
+    log = store / "sessions" / "s1" / "log"
+    before = log.read_bytes()
     one_error(cli(store, "append", "s1", input=stdin), needle)
-    assert len(json.loads(ok(cli(store, "log", "--json", "s1")))) == 3  # nothing written
+    assert log.read_bytes() == before  # nothing written (not even a rewrite on open)
+    ops = [r["op"] for r in json.loads(ok(cli(store, "log", "--json", "s1")))]
+    assert ops == ["create", "append", "commit", "checkpoint"]
 
 
 def test_append_parent_rule(store):

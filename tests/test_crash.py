@@ -94,8 +94,10 @@ def parse_lines(data: bytes) -> list[dict]:
         raw = data[offset:end]
         rec = None
         if terminated and b"\x00" not in raw and len(raw) > CHECKSUM_HEX + 1 and raw[CHECKSUM_HEX : CHECKSUM_HEX + 1] == b" ":
+            body = raw[CHECKSUM_HEX + 1 :]
+            tab = body.find(b"\t")  # an append's payload (its two objects) follows a TAB
             try:
-                rec = json.loads(raw[CHECKSUM_HEX + 1 :])
+                rec = json.loads(body[:tab] if tab >= 0 else body)
             except ValueError:
                 rec = None
         lines.append({"start": offset, "end": end + (1 if terminated else 0), "raw": raw, "terminated": terminated, "rec": rec})
@@ -216,9 +218,8 @@ def damage_tail(st: CrashState, rng: random.Random, kind: str) -> tuple[list[str
     commits = [i for i, ln in enumerate(lines) if ln["rec"] and ln["rec"].get("op") in ("commit", "create")]
     assert commits, f"no commit or create record in the log: {data[:300]!r}"
     tail_start = lines[commits[-1]]["end"]
-    if tail_start >= len(data):
+    if tail_start >= len(data) and kind != "object":
         return None
-    object_bad_at = None
     if kind == "truncate":
         cut = rng.randint(tail_start, len(data) - 1)
         path.write_bytes(data[:cut])
@@ -226,28 +227,31 @@ def damage_tail(st: CrashState, rng: random.Random, kind: str) -> tuple[list[str
         a = rng.randint(tail_start, len(data) - 1)
         b = min(len(data), a + rng.choice([1, rng.randint(2, 200), 512, 4096]))
         path.write_bytes(data[:a] + b"\x00" * (b - a) + data[b:])
-    else:  # an object of an uncommitted append did not reach the disk, or came back corrupt
-        tail = [i for i, ln in enumerate(lines) if i > commits[-1] and ln["rec"] and ln["rec"].get("op") == "append"]
+    else:
+        # An object written since the last checkpoint (committed or not) was never
+        # fsynced: a power loss may take it or leave it torn. Its append's payload
+        # restores it, so nothing is lost.
+        checkpoints = [i for i, ln in enumerate(lines) if ln["rec"] and ln["rec"].get("op") in ("checkpoint", "create")]
+        tail = [i for i, ln in enumerate(lines) if i > checkpoints[-1] and ln["rec"] and ln["rec"].get("op") == "append"]
         if not tail:
             return None
-        object_bad_at = rng.choice(tail)
-        entry_id = lines[object_bad_at]["rec"]["entry"]
+        entry_id = lines[rng.choice(tail)]["rec"]["entry"]
         store = Store(st.root, readonly=True)
-        space, name = rng.choice([("entries", entry_id), ("contents", store.entry(entry_id).content_hash)])
+        session = store.read(SID)
+        space, name = rng.choice([("entries", entry_id), ("contents", session.entry(entry_id).content_hash)])
         obj = Path(store.objects.path(space, name))
-        if rng.random() < 0.5:
-            obj.unlink()
-        else:
-            flip_bit(obj, rng.randrange(obj.stat().st_size))
+        if obj.exists():
+            if rng.random() < 0.5:
+                obj.unlink()
+            else:
+                flip_bit(obj, rng.randrange(obj.stat().st_size))
     # What recovery must keep: the appends before the first line that is no longer the
-    # record it was (or whose objects are gone); what it must log as lost: the appends
-    # after that point whose records still read.
+    # record it was; what it must log as lost: the appends after that point whose
+    # records still read.
     new = parse_lines(path.read_bytes())
     original = {(ln["start"], ln["raw"]) for ln in lines if ln["rec"] is not None}
     good = [ln["rec"] is not None and (ln["start"], ln["raw"]) in original for ln in new]
     first_bad = next((i for i, g in enumerate(good) if not g), len(new))
-    if object_bad_at is not None:
-        first_bad = min(first_bad, object_bad_at)
     kept, lost = [], []
     for i, ln in enumerate(new):
         if good[i] and ln["rec"].get("op") == "append":
@@ -277,7 +281,8 @@ def check_log_after_recovery(st: CrashState, store: Store, session) -> None:
     data = log_path(st.root).read_bytes()
     lr = read_log(data)
     assert not lr.damage and lr.cut is None, f"log not clean after recovery: {lr.damage or lr.cut}"
-    assert lr.records and lr.records[-1].op == "commit", "recovery commits what it keeps"
+    ops_ = [r.op for r in lr.records if r.op != "checkpoint"]
+    assert ops_ and ops_[-1] == "commit", "recovery commits what it keeps"
     appends = [r.get("entry") for r in lr.records if r.op == "append"]
     assert appends == session.log_order, "the log's append records are the session's own entries"
     for entry_id in appends:
@@ -603,7 +608,8 @@ def test_bit_flipped_log_record_is_damage(tmp_path, where):
     build_store(root, 3)
     lines = _log_lines(root)
     ops = [ln["rec"]["op"] for ln in lines]
-    assert ops == ["create", "append", "commit", "append", "commit", "append", "commit"]
+    # a clean close ends with the checkpoint that writes the objects to objects/
+    assert ops == ["create", "append", "commit", "append", "commit", "append", "commit", "checkpoint"]
     index, in_checksum = {
         "create record": (0, False),
         "append record": (3, False),
@@ -673,7 +679,7 @@ def test_zeros_after_last_commit_are_a_crash_loss(tmp_path, size):
     after = log_path(root).read_bytes()
     assert b"\x00" not in after and after.startswith(before)
     lr = read_log(after)
-    assert not lr.damage and lr.cut is None and lr.records[-1].op == "commit"
+    assert not lr.damage and lr.cut is None and [r.op for r in lr.records if r.op != "checkpoint"][-1] == "commit"
 
 
 def _lazy_tail(root: Path, count: int) -> list[str]:
@@ -715,25 +721,31 @@ def test_zeroed_block_inside_the_uncommitted_tail_drops_it_with_loss_records(tmp
 
 
 @pytest.mark.parametrize("how", ["envelope missing", "content missing", "envelope corrupt"])
-def test_uncommitted_append_whose_object_was_lost_is_dropped_with_the_rest(tmp_path, how):
+def test_uncommitted_append_whose_object_was_lost_is_restored_from_its_payload(tmp_path, how):
+    """Objects written since the last checkpoint may be lost or torn by a power loss;
+    the append's record carries them, so recovery writes them back and loses nothing."""
     root = tmp_path / "store"
     ids = build_store(root, 2)
     lazy = _lazy_tail(root, 3)
     store = Store(root, readonly=True)
+    session = store.read(SID)
     if how.startswith("envelope"):
         obj = Path(store.objects.path("entries", lazy[1]))
     else:
-        obj = Path(store.objects.path("contents", store.entry(lazy[1]).content_hash))
+        obj = Path(store.objects.path("contents", session.entry(lazy[1]).content_hash))
+    obj.parent.mkdir(parents=True, exist_ok=True)
     if how.endswith("missing"):
-        obj.unlink()
+        obj.unlink(missing_ok=True)
     else:
-        flip_bit(obj, 5)
+        obj.write_bytes(b"torn")  # a copy the crash left half-written
     with Store(root) as writer:
         session = writer.session(SID)
-        assert session.log_order == ids + lazy[:1]
-        assert session.head == lazy[0]
-        assert lazy[1] not in session and lazy[2] not in session
-    assert _losses(root) == lazy[1:]
+        assert session.log_order == ids + lazy
+        assert any("restored" in note for note in session.recovered)
+    assert _losses(root) == []
+    after = Store(root, readonly=True)
+    for entry_id in lazy:
+        assert after.entry(entry_id).id == entry_id  # objects back in objects/, verified
     lr = read_log(log_path(root).read_bytes())
-    assert not lr.damage and lr.records[-1].op == "commit"
-    assert [r.get("entry") for r in lr.records if r.op == "append"] == ids + lazy[:1]
+    assert not lr.damage and [r.op for r in lr.records if r.op != "checkpoint"][-1] == "commit"
+    assert [r.get("entry") for r in lr.records if r.op == "append"] == ids + lazy

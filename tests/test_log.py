@@ -144,3 +144,51 @@ def test_checksummed_non_json_and_unknown_op_are_damage():
     # after the last commit, a whole line that is no record is damage too
     r = read_log(log(CREATE, COMMIT) + encode_record({"op": "frobnicate"}))
     assert r.damage and r.cut is None
+
+
+# -- payloads and checkpoints --------------------------------------------------
+
+
+def _line(body: bytes) -> bytes:
+    return blake3.blake3(body).hexdigest(length=8).encode() + b" " + body + b"\n"
+
+
+def test_payload_round_trips_and_is_covered_by_the_checksum():
+    content, env = b'{"model":"m"}', b'{"content":"sha256:00","parent":null,"ts":"t","type":"config"}'
+    line = encode_record(APPEND(1), payload=(content, env))
+    record = canonical_bytes(APPEND(1))
+    assert line.endswith(b" " + record + b"\t" + content + b"\t" + env + b"\n")
+    assert line == _line(record + b"\t" + content + b"\t" + env)
+    r = read_log(log(CREATE) + line + log(COMMIT))
+    assert not r.damage and r.records[1].payload == (content, env)
+    assert r.records[1].data == APPEND(1) and r.records[2].payload is None
+    # a payload byte changed without the checksum is a bad line (damage before a commit)
+    bad = line.replace(b'"model":"m"', b'"model":"n"')
+    r = read_log(log(CREATE) + bad + log(COMMIT))
+    assert [d.line for d in r.damage] == [2] and "checksum" in r.damage[0].reason
+
+
+@pytest.mark.parametrize("tail", [b"\t{}", b"\t{}\t{}\t{}"])
+def test_payload_of_other_than_two_objects_is_no_record(tail):
+    body = canonical_bytes(APPEND(1)) + tail
+    r = read_log(log(CREATE) + _line(body) + log(COMMIT))
+    assert r.damage and r.damage[0].line == 2 and "payload" in r.damage[0].reason
+
+
+def test_checkpoint_is_a_known_record_and_no_commit_point():
+    r = read_log(log(CREATE, APPEND(1), COMMIT, {"op": "checkpoint"}))
+    assert [x.op for x in r.records] == ["create", "append", "commit", "checkpoint"] and not r.damage
+    # a torn line after a checkpoint that follows the last commit is still a crash's loss
+    data = log(CREATE, COMMIT, APPEND(1, lazy=True), {"op": "checkpoint"}, APPEND(2, lazy=True))[:-5]
+    r = read_log(data)
+    assert not r.damage and r.cut is not None and r.cut.line == 5
+    # and a bad line before a later commit is damage, a checkpoint between or not
+    data = flip(log(CREATE, APPEND(1), {"op": "checkpoint"}, COMMIT), 2)
+    assert [d.line for d in read_log(data).damage] == [2]
+
+
+def test_torn_payload_is_cut_after_the_last_commit():
+    line = encode_record(APPEND(1, lazy=True), payload=(b'{"a":1}', b'{"content":"x"}'))
+    data = log(CREATE, COMMIT) + line[: line.index(b"\t") + 3]
+    r = read_log(data)
+    assert not r.damage and r.cut is not None and r.cut.line == 3 and "torn" in r.cut.reason

@@ -33,8 +33,8 @@ from agentsession_cas.errors import (
     StoreError,
 )
 from agentsession_cas.hashing import entry_objects, sha256_ref
-from agentsession_cas.log import encode_record, read_log
-from agentsession_cas.store import LAYOUT, Session, Store
+from agentsession_cas.log import _checksum, encode_record, read_log
+from agentsession_cas.store import CHECKPOINT_ENTRIES, LAYOUT, Session, Store
 
 _TICK = itertools.count()
 
@@ -100,6 +100,45 @@ def _crash(st: Store) -> None:
             s.lock.release()
             s.lock = None
     st._open.clear()
+
+
+def _retamper_line(root: Path, sid: str, entry_id: str, edit) -> None:
+    """Rewrite the log line of ``entry_id``'s append with ``edit(body)`` applied and a
+    checksum that matches again: a whole, valid-looking line with other bytes."""
+    logp = root / "sessions" / sid / "log"
+    lines = logp.read_bytes().split(b"\n")
+    for i, raw in enumerate(lines):
+        if b'"op":"append"' in raw and entry_id.encode() in raw.split(b"\t", 1)[0]:
+            body = edit(raw[17:])
+            assert body != raw[17:]
+            lines[i] = _checksum(body).encode() + b" " + body
+            break
+    else:
+        raise AssertionError(f"no append of {entry_id} in the log")
+    logp.write_bytes(b"\n".join(lines))
+
+
+def tamper_payload(root: Path, sid: str, entry_id: str, part: str = "envelope") -> None:
+    """Change one byte of an append's payload (its envelope or its content), checksum fixed."""
+
+    def edit(body: bytes) -> bytes:
+        record, content, env = body.split(b"\t")
+        if part == "envelope":
+            env = env.replace(b'"ts":"20', b'"ts":"21', 1)
+        else:
+            content = content.replace(b'"role":"user"', b'"role":"USER"', 1)
+        return b"\t".join([record, content, env])
+
+    _retamper_line(root, sid, entry_id, edit)
+
+
+def objects_on_disk(root: Path) -> set[str]:
+    """Relative paths of every object file under objects/."""
+    out = set()
+    for dirpath, _, filenames in os.walk(root / "objects"):
+        for name in filenames:
+            out.add(os.path.relpath(os.path.join(dirpath, name), root))
+    return out
 
 
 def chain(store: Store, sid: str = "s1", n: int = 3, **header_kw):
@@ -221,6 +260,10 @@ def test_objects_stored_in_three_spaces_with_fanout(store, root):
     s = store.create(Header.new("s1"))
     r = s.append(msg("hello"))
     e = store.entry(r.id)
+    # the append's objects live in its log record until a checkpoint writes them
+    assert not obj_path(root, "entries", r.id).exists()
+    assert not obj_path(root, "contents", e.content_hash).exists()
+    s.checkpoint()
     assert obj_path(root, "entries", r.id).is_file()
     assert obj_path(root, "contents", e.content_hash).is_file()
     assert len(obj_path(root, "entries", r.id).name) == 62
@@ -283,6 +326,7 @@ def test_put_is_idempotent_and_repairs_torn_objects(store, root):
     s = store.create(Header.new("s1"))
     e = msg("x")
     r = s.append(e)
+    s.checkpoint()
     p = obj_path(root, "entries", r.id)
     good = p.read_bytes()
     ino = p.stat().st_ino
@@ -657,8 +701,11 @@ def test_fork_head_base_prefix_and_lazy_base_committed(root):
         a, ra = chain(st, "a", n=3)
         assert not ra[1].durable
         f = st.create(Header.new("f", base=ra[1].id))
-        # the origin's log through the base was committed before the fork was made
-        assert log_records(root, "a")[-1] == {"op": "commit"}
+        # the origin's log through the base was committed, and checkpointed (so the
+        # fork reads its prefix from objects/), before the fork was made
+        assert log_records(root, "a")[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
+        for r in ra:
+            assert obj_path(root, "entries", r.id).is_file()
         assert f.head == ra[1].id and f.base == ra[1].id
         assert f.prefix == [ra[0].id, ra[1].id]
         assert len(f) == 0
@@ -805,8 +852,12 @@ def test_lazy_appends_visible_to_a_reader_and_committed_on_close(root):
         s, rs = chain(st, n=2)
         snap = Store(root, readonly=True).read("s1")
         assert snap.head == rs[-1].id and len(snap) == 2
+        # neither committed nor checkpointed: the reader has them from the payloads
+        assert [e.id for e in snap] == [r.id for r in rs]
+        assert not obj_path(root, "entries", rs[0].id).exists()
     recs = log_records(root, "s1")
-    assert recs[-1] == {"op": "commit"}
+    assert recs[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
+    assert all(obj_path(root, "entries", r.id).is_file() for r in rs)
 
 
 # -- recovery -----------------------------------------------------------------------------------------------
@@ -831,7 +882,11 @@ def test_torn_last_line_after_commit_dropped_and_loss_written(root):
         recs = log_records(root, "s1")
         losses = [r for r in recs if r["op"] == "loss"]
         assert len(losses) == 1 and losses[0]["entry"] == r2.id and losses[0]["line"] == 4
-        assert recs[-1] == {"op": "commit"}
+        # the rewrite ends in a commit; the kept append, never checkpointed, then has
+        # its objects restored from its payload and a checkpoint follows
+        assert recs[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
+        assert obj_path(root, "entries", rs[0].id).is_file()
+        assert not obj_path(root, "entries", r2.id).exists()
         r = s.append(msg("after"))
         assert r.outcome == "continued" and s.head == r.id
     with Store(root) as st:
@@ -839,15 +894,22 @@ def test_torn_last_line_after_commit_dropped_and_loss_written(root):
 
 
 def test_torn_durable_commit_line_keeps_sound_append(root):
-    # The append's record is whole and its objects are there; only the commit was cut.
-    with Store.init(root) as st:
-        s, rs = chain(st, n=2)
+    # The append's record is whole and its payload sound; only the commit was cut.
+    st = Store.init(root)
+    s, rs = chain(st, n=2)
+    _crash(st)
     data = _log(root).read_bytes()
+    assert log_records(root, "s1")[-1] == {"op": "commit"}  # no checkpoint: the crash came first
     _log(root).write_bytes(data[:-5])
     with Store(root) as st:
         s = st.session("s1")
         assert s.head == rs[1].id and len(s) == 2
-        assert log_records(root, "s1")[-1] == {"op": "commit"}
+        recs = log_records(root, "s1")
+        # the torn commit line is recorded as a loss naming no entry; no append was lost
+        losses = [r for r in recs if r["op"] == "loss"]
+        assert len(losses) == 1 and losses[0]["entry"] is None and losses[0]["line"] == 5
+        assert recs[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
+        assert all(obj_path(root, "entries", r.id).is_file() for r in rs)
 
 
 def test_read_only_open_of_torn_log_writes_nothing(root):
@@ -866,40 +928,125 @@ def test_read_only_open_of_torn_log_writes_nothing(root):
     assert snapshot(root) == before
 
 
-def test_lazy_append_with_missing_objects_dropped_with_later_records(root):
-    with Store.init(root, sync="never") as st:
-        s, rs = chain(st, n=1)
-        s.commit()
-        r2 = s.append(msg("gone"))
-        r3 = s.append(msg("kept objects but after a loss"))
-        e2 = st.entry(r2.id)
-        _crash(st)
-    os.unlink(obj_path(root, "entries", r2.id))
+def test_lazy_append_with_missing_objects_restored_from_payload(root):
+    # A crash during a checkpoint: r3's objects and r2's content reached objects/,
+    # r2's envelope did not, and no checkpoint record was written.
+    st = Store.init(root, sync="never")
+    s, rs = chain(st, n=1)
+    s.commit()
+    r2 = s.append(msg("envelope missing"))
+    r3 = s.append(msg("objects written"))
+    e2, e3 = st.entry(r2.id), st.entry(r3.id)
+    st._put_entry(e3, durable=True)
+    st.objects.put("contents", e2.content_hash, entry_objects(dict(e2.data))[2], durable=True)
+    _crash(st)
+    assert not obj_path(root, "entries", r2.id).exists()
+    with Store(root) as st:
+        s = st.session("s1")
+        assert r2.id in s and r3.id in s and s.head == r3.id
+        recs = log_records(root, "s1")
+        assert not [r for r in recs if r["op"] == "loss"]
+        assert recs[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
+        assert obj_path(root, "entries", r2.id).is_file()
+        assert st.objects.get("entries", r2.id) == entry_objects(dict(e2.data))[3]
+        assert s.recovered and "restored" in s.recovered[-1]
+        # the entry is held: appending it again is a no-op
+        assert s.append(dict(e2.data)).outcome == "no-op"
+    with Store(root, readonly=True) as ro:
+        assert [e.id for e in ro.read("s1")] == [rs[0].id, r2.id, r3.id]
+
+
+def test_lazy_append_with_bad_payload_and_no_objects_dropped_with_later_records(root):
+    st = Store.init(root, sync="never")
+    s, rs = chain(st, n=1)
+    s.commit()
+    r2 = s.append(msg("gone"))
+    r3 = s.append(msg("sound payload but after a loss"))
+    e2 = st.entry(r2.id)
+    _crash(st)
+    tamper_payload(root, "s1", r2.id)  # a whole line, checksum good, payload not r2
     with Store(root) as st:
         s = st.session("s1")
         assert r2.id not in s and r3.id not in s
         assert s.head == rs[0].id
         losses = [r for r in log_records(root, "s1") if r["op"] == "loss"]
         assert {l["entry"] for l in losses} == {r2.id, r3.id}
-        # the id is appendable again once its objects are written back
+        assert not obj_path(root, "entries", r2.id).exists()
+        assert not obj_path(root, "entries", r3.id).exists()
+        # the id is appendable again
         r = s.append(dict(e2.data))
         assert r.id == r2.id and r.outcome == "continued"
 
 
-def test_lazy_append_with_corrupt_content_dropped(root):
+def test_torn_payload_line_dropped_with_a_loss_record(root):
     st = Store.init(root, sync="never")
     s, rs = chain(st, n=1)
     s.commit()
-    r2 = s.append(msg("gone"))
-    chash = st.entry(r2.id).content_hash
+    r2 = s.append(msg("torn in its payload " + "x" * 200))
     _crash(st)
-    _flip(obj_path(root, "contents", chash), at=2)
+    data = _log(root).read_bytes()
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    tab = data.index(b"\t", last)
+    _log(root).write_bytes(data[: tab + 40])  # cut inside the content payload
+    with Store(root) as st:
+        s = st.session("s1")
+        assert r2.id not in s and s.head == rs[0].id and len(s) == 1
+        assert s.recovered and "torn" in s.recovered[0]
+        recs = log_records(root, "s1")
+        losses = [r for r in recs if r["op"] == "loss"]
+        assert len(losses) == 1
+        assert losses[0]["entry"] == r2.id and losses[0]["line"] == 4 and losses[0]["offset"] == last
+        assert not obj_path(root, "entries", r2.id).exists()
+        assert obj_path(root, "entries", rs[0].id).is_file()  # the kept one was restored
+
+
+def _torn_content_before_crash(root):
+    """A lazy append whose content object a crash mid-checkpoint left corrupt."""
+    st = Store.init(root, sync="never")
+    s, rs = chain(st, n=1)
+    s.commit()
+    r2 = s.append(msg("content torn"))
+    e2 = st.entry(r2.id)
+    st._put_entry(e2, durable=True)
+    _crash(st)
+    _flip(obj_path(root, "contents", e2.content_hash), at=2)
+    return rs, r2, e2
+
+
+def test_lazy_append_with_corrupt_content_restored_from_payload(root):
+    rs, r2, e2 = _torn_content_before_crash(root)
+    with Store(root) as st:
+        s = st.session("s1")
+        assert r2.id in s and s.head == r2.id
+        assert st.objects.is_sound("contents", e2.content_hash)  # replaced from the payload
+        assert s.entry(r2.id).data == e2.data
+
+
+def test_lazy_append_with_corrupt_content_and_bad_payload_dropped(root):
+    rs, r2, e2 = _torn_content_before_crash(root)
+    tamper_payload(root, "s1", r2.id, part="content")
     with Store(root) as st:
         s = st.session("s1")
         assert r2.id not in s and s.head == rs[0].id
+        losses = [r for r in log_records(root, "s1") if r["op"] == "loss"]
+        assert [l["entry"] for l in losses] == [r2.id]
 
 
 def test_lazy_append_with_sound_objects_kept_and_committed(root):
+    st = Store.init(root, sync="never")
+    s, rs = chain(st, n=3)
+    s.checkpoint()  # objects written; the appends are still uncommitted
+    _crash(st)
+    recs = log_records(root, "s1")
+    assert recs[-1] == {"op": "checkpoint"} and recs[-2].get("lazy")
+    with Store(root) as st:
+        s = st.session("s1")
+        assert len(s) == 3 and s.head == rs[-1].id
+        assert log_records(root, "s1")[-1] == {"op": "commit"}
+        assert not s.recovered  # nothing dropped, nothing to restore
+
+
+def test_lazy_appends_without_checkpoint_kept_and_restored(root):
     st = Store.init(root, sync="never")
     s, rs = chain(st, n=3)
     _crash(st)
@@ -907,8 +1054,8 @@ def test_lazy_append_with_sound_objects_kept_and_committed(root):
     with Store(root) as st:
         s = st.session("s1")
         assert len(s) == 3 and s.head == rs[-1].id
-        assert log_records(root, "s1")[-1] == {"op": "commit"}
-        assert not s.recovered
+        assert log_records(root, "s1")[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
+        assert s.recovered == ["recovered session s1: restored the objects of 3 append(s) from the log"]
 
 
 def test_bit_flip_before_last_commit_is_damage(root):
@@ -994,9 +1141,14 @@ def test_head_and_mark_files_rebuilt_never_trusted(root, what):
     with Store(root) as st:
         s = st.session("s1")
         assert s.head == rs[0].id and s.mark == "record"
-        s.append(msg("ok"))
-        assert (d / "HEAD").read_text().strip() == s.head
-        assert (d / "mark").read_text().strip() == "record"
+        # a writing open rewrites the indexes from the log
+        assert (d / "HEAD").read_text() == rs[0].id + "\n"
+        assert (d / "mark").read_text() == "record\n"
+        r = s.append(msg("ok"))
+        assert s.head == r.id
+    # an append does not rewrite them; close does
+    assert (d / "HEAD").read_text() == r.id + "\n"
+    assert (d / "mark").read_text() == "record\n"
 
 
 @pytest.mark.parametrize("how", ["deleted", "emptied", "create-line-removed"])
@@ -1028,8 +1180,13 @@ def test_delete_of_an_open_session_writes_no_commit_first(root, monkeypatch):
     writes = []
     real = Session._write_log
     monkeypatch.setattr(Session, "_write_log", lambda self, data, sync: writes.append(data) or real(self, data, sync=sync))
+    assert not obj_path(root, "entries", rs[0].id).exists()
     st.delete("s1")
-    assert writes == [] and st.list() == []
+    # no commit: only the checkpoint that writes the objects the log alone held, so
+    # deleting the ref loses no object another session may come to need
+    assert writes == [encode_record({"op": "checkpoint"})] and st.list() == []
+    assert obj_path(root, "entries", rs[0].id).is_file()
+    assert st.entry(rs[0].id).id == rs[0].id
     st.close()
 
 
@@ -1487,9 +1644,9 @@ def test_sequence_numbers_are_never_reused_after_a_loss(root):
     s.commit()
     lost = s.append(msg("b"))
     _crash(st)
-    # the lazy append's envelope vanished with the crash
-    env = obj_path(root, "entries", lost.id)
-    env.unlink()
+    # the lazy append is lost: no objects on disk and a payload that is not its entry
+    assert not obj_path(root, "entries", lost.id).exists()
+    tamper_payload(root, "seq", lost.id)
     st2 = Store(root)
     s2 = st2.session("seq")
     assert lost.id not in s2
@@ -1586,3 +1743,157 @@ def test_sidecar_blobs_travel_with_export_and_import(tmp_path):
     with pytest.raises(StoreError, match="missing"):
         three.import_file(out)
     assert "media-s" not in three
+
+
+# -- payloads and checkpoints ----------------------------------------------------------------------
+
+
+def test_durable_append_is_one_line_pair_one_fsync_and_no_object_file(root, monkeypatch):
+    st = Store.init(root)
+    s, rs = chain(st, n=1)
+    s.checkpoint()
+    logp = _log(root)
+    before_log = logp.read_bytes()
+    before_objects = objects_on_disk(root)
+    fsyncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd) or real_fsync(fd))
+    r = s.append(msg("one fsync"))
+    assert r.durable
+    assert len(fsyncs) == 1  # the log's, whatever the entry's size
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    added = logp.read_bytes()[len(before_log) :]
+    assert logp.read_bytes()[: len(before_log)] == before_log
+    lines = added.split(b"\n")
+    assert len(lines) == 3 and lines[2] == b""  # exactly two lines
+    recs = read_log(before_log + added).records[-2:]
+    assert recs[0].op == "append" and recs[0].get("entry") == r.id and recs[1].op == "commit"
+    e = st.entry(r.id)
+    _, _, content, env = entry_objects(dict(e.data))
+    assert recs[0].payload == (content, env)  # the objects' exact bytes
+    # no object file until the checkpoint; the writer serves the entry from memory
+    assert objects_on_disk(root) == before_objects
+    assert st.cat_object(r.id) == ("entries", env)
+    assert st.cat_object(e.content_hash) == ("contents", content)
+    assert s.entry(r.id).id == r.id
+    s.checkpoint()
+    assert objects_on_disk(root) - before_objects == {
+        str(obj_path(root, "entries", r.id).relative_to(root)),
+        str(obj_path(root, "contents", e.content_hash).relative_to(root)),
+    }
+    assert logp.read_bytes()[len(before_log) + len(added) :] == encode_record({"op": "checkpoint"})
+    s.checkpoint()  # nothing owed: writes nothing
+    assert log_records(root, "s1")[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
+    st.close()
+
+
+def test_lazy_append_is_one_line_and_no_fsync(root, monkeypatch):
+    st = Store.init(root, sync="never")
+    s, rs = chain(st, n=1)
+    before = _log(root).read_bytes()
+    fsyncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd) or real_fsync(fd))
+    r = s.append(msg("lazy"))
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert not r.durable and fsyncs == []
+    added = _log(root).read_bytes()[len(before) :]
+    assert added.count(b"\n") == 1 and added.endswith(b"\n")
+    assert not obj_path(root, "entries", r.id).exists()
+    st.close()
+
+
+def test_checkpoint_every_256_appends(root):
+    assert CHECKPOINT_ENTRIES == 256
+    st = Store.init(root, sync="never")
+    s = st.create(Header.new("big"))
+    ids = [s.append(msg(f"n{i}")).id for i in range(CHECKPOINT_ENTRIES - 1)]
+    assert not [r for r in log_records(root, "big") if r["op"] == "checkpoint"]
+    assert not any(obj_path(root, "entries", i).exists() for i in ids)
+    ids.append(s.append(msg("the 256th")).id)
+    recs = log_records(root, "big")
+    assert recs[-1] == {"op": "checkpoint"}
+    assert [r["op"] for r in recs].count("checkpoint") == 1
+    assert [r["entry"] for r in recs if r["op"] == "append"] == ids
+    assert all(obj_path(root, "entries", i).is_file() for i in ids)
+    assert all(st.objects.is_sound("contents", st.entry(i).content_hash) for i in ids)
+    # the count starts again: the next append's objects wait for the next checkpoint
+    nxt = s.append(msg("257th"))
+    assert not obj_path(root, "entries", nxt.id).exists()
+    assert log_records(root, "big")[-1]["op"] == "append"
+    st.close()
+    assert obj_path(root, "entries", nxt.id).is_file()
+
+
+@pytest.mark.parametrize("sync", ["always", "never"])
+def test_read_only_store_serves_uncheckpointed_entries_from_payloads(root, sync):
+    st = Store.init(root, sync=sync)
+    s, rs = chain(st, n=3)
+    branch = s.append(msg("side", parent=rs[0].id))
+    lab = s.append(leaf(rs[1].id, rs[2].id))
+    assert branch.outcome == "branched" and lab.outcome == "head-moved"
+    own = [r.id for r in rs] + [branch.id, lab.id]
+    assert not any(obj_path(root, "entries", i).exists() for i in own)
+    before = snapshot(root)
+    with Store(root, readonly=True) as ro:
+        snap = ro.read("s1")
+        assert [e.id for e in snap] == own and snap.head == rs[1].id
+        assert [e.data for e in snap] == [st.entry(i).data for i in own]
+        assert ro.export("s1") == s.projection()
+        assert ro.session("s1").projection() == s.projection()
+    assert snapshot(root) == before  # served from the log; nothing written
+    # the writer's projection and export agree too, and after close nothing changes
+    assert st.export("s1") == s.projection()
+    projection = s.projection()
+    st.close()
+    with Store(root, readonly=True) as ro:
+        assert ro.export("s1") == projection
+
+
+def test_crash_without_checkpoint_restores_objects_on_reopen(root):
+    st = Store.init(root)  # durable appends: committed, never checkpointed
+    s, rs = chain(st, n=5)
+    _crash(st)
+    ids = [r.id for r in rs]
+    assert not any(obj_path(root, "entries", i).exists() for i in ids)
+    log_before = _log(root).read_bytes()
+    assert b'"op":"checkpoint"' not in log_before
+    with Store(root) as st:
+        s = st.session("s1")
+        assert s.recovered == ["recovered session s1: restored the objects of 5 append(s) from the log"]
+        assert all(obj_path(root, "entries", i).is_file() for i in ids)
+        assert all(st.objects.is_sound("contents", st.entry(i).content_hash) for i in ids)
+        # committed and clean: the log is not rewritten, a checkpoint record is appended
+        log_after = _log(root).read_bytes()
+        assert log_after == log_before + encode_record({"op": "checkpoint"})
+        assert [e.id for e in s] == ids and s.head == ids[-1]
+    # from objects/ now: a read-only open restores nothing
+    with Store(root, readonly=True) as ro:
+        snap = ro.read("s1")
+        assert [e.id for e in snap] == ids and snap._payloads == {}
+    with Store(root) as st:
+        s = st.session("s1")
+        assert not s.recovered
+    assert _log(root).read_bytes() == log_before + encode_record({"op": "checkpoint"})
+
+
+@pytest.mark.parametrize("part", ["envelope", "content"])
+def test_payload_not_hashing_to_its_entry_is_damage(root, part):
+    st = Store.init(root)
+    s, rs = chain(st, n=3)
+    _crash(st)  # committed, not checkpointed: the payloads are the only copy
+    tamper_payload(root, "s1", rs[1].id, part=part)
+    assert len(read_log(_log(root).read_bytes()).records) == 7  # every line still reads as good
+    before = snapshot(root)
+    with Store(root) as st:
+        with pytest.raises(SessionDamagedError) as ei:
+            st.session("s1")
+        assert ei.value.line == 4 and rs[1].id in str(ei.value) and "payload" in str(ei.value)
+    with Store(root, readonly=True) as ro:
+        with pytest.raises(SessionDamagedError):
+            ro.read("s1")
+        with pytest.raises(SessionDamagedError):
+            ro.export("s1")
+    assert {k: v for k, v in snapshot(root).items() if not k.startswith("locks")} == {
+        k: v for k, v in before.items() if not k.startswith("locks")
+    }
