@@ -74,7 +74,7 @@ class Entry:
     what the line's members hash to.
     """
 
-    __slots__ = ("data", "id", "computed_id", "content_hash", "line")
+    __slots__ = ("data", "id", "computed_id", "content_hash", "line", "careful")
 
     def __init__(
         self,
@@ -90,6 +90,9 @@ class Entry:
         self.computed_id = computed_id
         self.content_hash = content_hash
         self.line = line
+        #: Whether the data holds anything needing the careful serialiser (see
+        #: canonical.loads_flagged); None when unknown, and the output is scanned.
+        self.careful: bool | None = None
 
     # -- construction -----------------------------------------------------
 
@@ -175,7 +178,7 @@ class Entry:
 
     def canonical_line(self) -> bytes:
         """The entry as one canonical JSON line, LF included."""
-        return canonical_bytes(self.data, parsed=True) + b"\n"
+        return canonical_bytes(self.data, parsed=True, careful=self.careful) + b"\n"
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.data)

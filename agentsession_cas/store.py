@@ -28,7 +28,7 @@ from typing import Any, Iterator, Mapping
 
 import filelock
 
-from .canonical import canonical_bytes, loads
+from .canonical import canonical_bytes, loads, loads_flagged
 from .entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
 from .errors import (
     AgentSessionError,
@@ -152,9 +152,11 @@ class AppendResult:
         }
 
 
-def _entry_from(entry_id: str, env: dict[str, Any], body: dict[str, Any]) -> Entry:
+def _entry_from(
+    entry_id: str, env: dict[str, Any], body: dict[str, Any], careful: bool | None = None
+) -> Entry:
     """The line an envelope and its body make: the body's members, the envelope's (less
-    ``content``), and ``id``."""
+    ``content``), and ``id``. ``careful`` as :func:`canonical.loads_flagged` says."""
     data = dict(body)
     data["type"] = env.get("type")
     data["parent"] = env.get("parent")
@@ -162,7 +164,9 @@ def _entry_from(entry_id: str, env: dict[str, Any], body: dict[str, Any]) -> Ent
         data["parents"] = env["parents"]
     data["ts"] = env.get("ts")
     data["id"] = entry_id
-    return Entry(data, computed_id=entry_id, content_hash=env["content"])
+    entry = Entry(data, computed_id=entry_id, content_hash=env["content"])
+    entry.careful = careful
+    return entry
 
 
 def _payload_entry(entry_id: str, payload: tuple[bytes, bytes]) -> tuple[dict, dict] | None:
@@ -215,6 +219,7 @@ class Store:
                 raise LayoutError(f"{root} exists and is not empty; a store needs an empty or new directory")
             for sub in ("objects/entries", "objects/contents", "objects/blobs", "sessions", "locks", "tmp", "trash"):
                 os.makedirs(os.path.join(root, sub), exist_ok=True)
+            ObjectStore(root).make_fanout()
             fsync_dir(os.path.join(root, "objects"))
             _write_atomic(layout, (LAYOUT + "\n").encode(), durable=True)
         return cls(root, **kwargs)
@@ -441,10 +446,12 @@ class Store:
         try:
             if header.id in self:
                 raise SessionExistsError(f"session {header.id} already exists")
-            paths: list[str] = []
+            items: list[tuple[str, str, bytes]] = []
             for e in prefix + own:
-                paths.extend(self._put_entry(e, durable=False))
-            fsync_paths(paths)
+                _, chash, content, env = entry_objects(e.data)
+                items.append(("contents", chash, content))
+                items.append(("entries", e.id, env))
+            self.objects.put_many(items)
             stage = self._dir("tmp", f"{header.id}-{os.getpid()}-{os.urandom(4).hex()}")
             os.makedirs(stage)
             mark = "record" if record else "mirror"
@@ -526,7 +533,7 @@ class Store:
                 if entry_id in session._unmaterialized or entry_id in session._payloads:
                     return session.entry(entry_id)
             raise
-        env = loads(env_bytes)
+        env, env_careful = loads_flagged(env_bytes)
         if not isinstance(env, dict) or not isinstance(env.get("content"), str):
             raise CorruptObjectError(
                 f"envelope {entry_id} is not an envelope ({self.objects.relpath('entries', entry_id)})",
@@ -534,7 +541,8 @@ class Store:
                 name=entry_id,
                 path=self.objects.path("entries", entry_id),
             )
-        return _entry_from(entry_id, env, loads(self.objects.get("contents", env["content"])))
+        body, body_careful = loads_flagged(self.objects.get("contents", env["content"]))
+        return _entry_from(entry_id, env, body, env_careful or body_careful)
 
     def path_to(self, entry_id: str, *, via: "Session | None" = None) -> list[Entry]:
         """Entries from the root to ``entry_id``, read from the objects (or through
@@ -1180,15 +1188,15 @@ class Session:
         only makes recovery check (and if need be restore) those objects again."""
         if not self._unmaterialized:
             return
-        owed: list[str] = []
+        items: list[tuple[str, str, bytes]] = []
         for entry_id, (chash, content, env) in self._unmaterialized.items():
-            p = self.store.objects.put("contents", chash, content, durable=False)
-            if p:
-                owed.append(p)
-            p = self.store.objects.put("entries", entry_id, env, durable=False)
-            if p:
-                owed.append(p)
-        self._flush_objects(owed)
+            items.append(("contents", chash, content))
+            items.append(("entries", entry_id, env))
+        try:
+            self.store.objects.put_many(items)
+        except OSError as exc:
+            self._stopped = str(exc)
+            raise
         self._write_log(encode_record({"op": "checkpoint"}), sync=False)
         self._unmaterialized.clear()
 
