@@ -114,34 +114,31 @@ def entry_hashes(
     reserved name); the ``ts`` spelling and the parent rules are the
     reader's business.
     """
+    if "ts" not in entry:
+        raise EntryError("entry has no 'ts'")
+    type_, parent, parents = _envelope_members(entry)
+    chash = content_hash(body_of(entry, allow_reserved=allow_reserved), parsed=parsed, careful=careful)
+    return envelope_hash(type_, parent, parents, entry["ts"], chash), chash
+
+
+def _envelope_members(entry: Mapping[str, Any]) -> tuple[str, str | None, list | None]:
+    """``type``, ``parent`` and ``parents``, checked for the types hashing needs."""
     type_ = entry.get("type")
     if not isinstance(type_, str) or not type_:
         raise EntryError("entry has no string 'type'")
     parent = entry.get("parent")
     if parent is not None and not isinstance(parent, str):
         raise EntryError("entry 'parent' is neither a string nor null")
-    if "ts" not in entry:
-        raise EntryError("entry has no 'ts'")
-    ts = entry["ts"]
     parents = entry.get("parents")
     if parents is not None and not isinstance(parents, list):
         raise EntryError("entry 'parents' is not an array")
-    chash = content_hash(body_of(entry, allow_reserved=allow_reserved), parsed=parsed, careful=careful)
-    return envelope_hash(type_, parent, parents, ts, chash), chash
+    return type_, parent, parents
 
 
 def entry_objects(entry: Mapping[str, Any]) -> tuple[str, str, bytes, bytes]:
     """``(id, content hash, content bytes, envelope bytes)`` of an entry: what a store
     writes as its two objects, computed once."""
-    type_ = entry.get("type")
-    if not isinstance(type_, str) or not type_:
-        raise EntryError("entry has no string 'type'")
-    parent = entry.get("parent")
-    if parent is not None and not isinstance(parent, str):
-        raise EntryError("entry 'parent' is neither a string nor null")
-    parents = entry.get("parents")
-    if parents is not None and not isinstance(parents, list):
-        raise EntryError("entry 'parents' is not an array")
+    type_, parent, parents = _envelope_members(entry)
     content = canonical_bytes(body_of(entry))
     chash = sha256_ref(content)
     envelope = canonical_bytes(envelope_object(type_, parent, parents, entry.get("ts"), chash))

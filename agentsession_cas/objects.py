@@ -15,26 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator
 
 from .errors import AgentSessionError, CorruptObjectError, NoSuchObjectError
+from .fsutil import fsync_dir, fsync_paths, write_all, write_atomic
 from .hashing import HASH_PREFIX, is_hash
 
 __all__ = ["SPACES", "ObjectStore", "fsync_paths", "fsync_dir"]
 
 #: The three hash spaces RFC 0002 names, and their directories.
 SPACES = ("entries", "contents", "blobs")
-
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="agentsession-fsync")
-    return _POOL
-
 
 def _load_syncfs():
     """libc's syncfs(2) (Linux), or None where it is not to be had."""
@@ -61,46 +51,6 @@ _syncfs = _load_syncfs() if os.environ.get("AGENTSESSION_NO_SYNCFS") is None els
 #: From this many objects on, a batch is made durable with one syncfs(2) of the
 #: store's filesystem rather than an fsync per file and directory.
 SYNCFS_BATCH = 64
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return  # swept or packed meanwhile: nothing is owed for it here
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_paths(files: Iterable[str]) -> None:
-    """Fsync files, then the directories holding them, each once.
-
-    The fsyncs run on a small thread pool so a journaling filesystem can
-    batch them; files before directories, so a name never becomes durable
-    ahead of its bytes.
-    """
-    files = list(dict.fromkeys(files))
-    if not files:
-        return
-    dirs = list(dict.fromkeys(os.path.dirname(f) for f in files))
-    if len(files) == 1:
-        _fsync_file(files[0])
-    else:
-        list(_pool().map(_fsync_file, files))
-    if len(dirs) == 1:
-        fsync_dir(dirs[0])
-    else:
-        list(_pool().map(fsync_dir, dirs))
 
 
 class ObjectStore:
@@ -173,9 +123,7 @@ class ObjectStore:
                 return path
             return self._replace(path, data, durable=durable)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             if durable:
                 os.fsync(fd)
         except BaseException:
@@ -192,47 +140,38 @@ class ObjectStore:
         return path
 
     def put_many(self, items: list[tuple[str, str, bytes]]) -> None:
-        """Store many objects durably at once (a checkpoint): new files are created and
-        written, then every file (new, or present from another writer) and every
-        directory is fsynced on the pool, each once, holding the descriptors open so
-        no file is opened twice."""
-        fds: list[int] = []
-        dirs: dict[str, None] = {}
-        try:
-            for space, name, data in items:
-                path = self.path(space, name)
-                try:
-                    fd = self._create(path)
-                except FileExistsError:
-                    if not (os.path.getsize(path) == len(data) and self.is_sound(space, name)):
-                        self._replace(path, data, durable=True)
-                        continue
-                    fd = os.open(path, os.O_RDONLY)  # someone else's copy: ours to make durable too
-                    fds.append(fd)
-                    dirs[os.path.dirname(path)] = None
-                    continue
-                fds.append(fd)
-                dirs[os.path.dirname(path)] = None
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            if _syncfs is not None and len(fds) >= SYNCFS_BATCH:
-                # One call makes every file and directory of the filesystem durable:
-                # far cheaper than hundreds of fsyncs for a checkpoint's batch, at the
-                # price of also flushing what else is dirty on that filesystem.
-                _syncfs(fds[0])
-                return
-            if len(fds) > 1:
-                list(_pool().map(os.fsync, fds))
-            elif fds:
-                os.fsync(fds[0])
-            if len(dirs) > 1:
-                list(_pool().map(fsync_dir, dirs))
-            elif dirs:
-                fsync_dir(next(iter(dirs)))
-        finally:
-            for fd in fds:
+        """Store many objects durably at once (a checkpoint, an import): new files are
+        created and written, then every file (new, or present from another writer)
+        and every directory is made durable: by one syncfs(2) for a big batch, else
+        by an fsync of each file and then each directory on the pool."""
+        paths: list[str] = []
+        for space, name, data in items:
+            path = self.path(space, name)
+            try:
+                fd = self._create(path)
+            except FileExistsError:
+                if not (os.path.getsize(path) == len(data) and self.is_sound(space, name)):
+                    self._replace(path, data, durable=False)
+                paths.append(path)  # someone else's copy may not be durable yet: ours to make so
+                continue
+            try:
+                write_all(fd, data)
+            finally:
                 os.close(fd)
+            paths.append(path)
+        if not paths:
+            return
+        if _syncfs is not None and len(paths) >= SYNCFS_BATCH:
+            # One call makes every file and directory of the filesystem durable: far
+            # cheaper than hundreds of fsyncs, at the price of also flushing whatever
+            # else is dirty on that filesystem.
+            fd = os.open(self.dir, os.O_RDONLY)
+            try:
+                _syncfs(fd)
+            finally:
+                os.close(fd)
+            return
+        fsync_paths(paths)
 
     def make_fanout(self) -> None:
         """Create every ``<2 hex>`` directory of every space, once, and fsync them into
@@ -256,28 +195,10 @@ class ObjectStore:
             return os.open(path, flags, 0o644)
 
     def _replace(self, path: str, data: bytes, *, durable: bool) -> str | None:
-        """Replace a torn or corrupt copy: a temp file renamed over it."""
+        """Replace a torn or corrupt copy: a temp file in tmp/ renamed over it."""
         os.makedirs(self.tmp, exist_ok=True)
-        tmp = os.path.join(self.tmp, f"obj-{os.getpid()}-{os.urandom(6).hex()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, data)
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        if durable:
-            fsync_dir(os.path.dirname(path))
-            return None
-        return path
+        write_atomic(path, data, durable=durable, tmp_dir=self.tmp)
+        return None if durable else path
 
     def names(self, space: str) -> Iterator[str]:
         """Every loose object name in a space (for fsck and sweeps)."""

@@ -52,7 +52,8 @@ from .errors import (
 from .hashing import entry_objects, is_hash, sha256_ref
 from .log import LogRead, Record, encode_record, read_log
 from .names import check_session_id
-from .objects import ObjectStore, fsync_dir, fsync_paths
+from .fsutil import fsync_dir, fsync_paths, write_atomic
+from .objects import ObjectStore
 from .reader import CORE_TYPES, SessionFile, read_session, read_session_bytes
 from .timestamps import check_ts, now_ts
 from .tree import Tree
@@ -92,26 +93,7 @@ def default_store_path() -> str:
 
 
 def _write_atomic(path: str, data: bytes, *, durable: bool) -> None:
-    """Temp file beside ``path``, renamed over it; fsynced (file and directory) when durable."""
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    if durable:
-        fsync_dir(directory)
+    write_atomic(path, data, durable=durable)
 
 
 @dataclass

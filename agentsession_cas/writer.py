@@ -8,12 +8,12 @@ a member never change its hashes, so re-serialising is always safe.
 from __future__ import annotations
 
 import os
-import tempfile
 from datetime import datetime
 from typing import Any, Iterable
 
 from .entry import LEAF_LABEL, Entry, Header, ParentRef, make_entry
 from .errors import EntryError
+from .fsutil import write_atomic
 
 __all__ = ["session_bytes", "write_session", "SessionBuilder"]
 
@@ -27,27 +27,7 @@ def write_session(path: str | os.PathLike, header: Header, entries: Iterable[Ent
     """Write a whole session file atomically: a temp file in the same directory,
     fsynced, renamed over ``path``, and the directory fsynced, so a crash leaves
     either the old file or the new one, never a mix."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    data = session_bytes(header, entries)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".jsonl", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(os.path.abspath(os.fspath(path)), session_bytes(header, entries), durable=True)
 
 
 class SessionBuilder:

@@ -135,3 +135,33 @@ def test_fsync_paths_many_dirs(objs):
         paths.append(objs.put("contents", name_of(d), d, durable=False))
     fsync_paths(paths)
     fsync_paths([])
+
+
+@pytest.mark.parametrize("use_syncfs", [True, False])
+def test_put_many_stores_every_object_soundly_either_way(objs, tmp_path, monkeypatch, use_syncfs):
+    """A checkpoint's batch: new objects created, a torn one replaced, a present one kept;
+    made durable by syncfs for a big batch where the platform has it, else by fsyncs."""
+    from agentsession_cas import objects as objects_module
+
+    if use_syncfs and objects_module._syncfs is None:
+        pytest.skip("syncfs(2) is not available on this platform")
+    if not use_syncfs:
+        monkeypatch.setattr(objects_module, "_syncfs", None)
+    calls = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real_fsync(fd))[1])
+    datas = [f"batch {i}".encode() for i in range(objects_module.SYNCFS_BATCH + 6)]
+    objs.make_fanout()  # as Store.init does: no directory is new during the batch
+    objs.put("contents", name_of(datas[0]), datas[0], durable=True)  # already present
+    torn = objs.path("contents", name_of(datas[1]))
+    os.makedirs(os.path.dirname(torn), exist_ok=True)
+    with open(torn, "wb") as f:
+        f.write(b"bat")
+    calls.clear()
+    objs.put_many([("contents", name_of(d), d) for d in datas])
+    for d in datas:
+        assert objs.get("contents", name_of(d)) == d
+    if use_syncfs:
+        assert len(calls) <= 2  # the torn copy's replacement, and nothing per file
+    else:
+        assert len(calls) >= len(datas)

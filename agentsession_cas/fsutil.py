@@ -1,0 +1,96 @@
+"""Filesystem durability in one place: fsyncs of files and directories, and atomic writes.
+
+A name becomes durable only when its directory is fsynced, and bytes only when
+their file is; every writer in the project goes through these helpers so the
+order (file, then directory) is right everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable
+
+__all__ = ["fsync_dir", "fsync_paths", "write_all", "write_atomic"]
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="agentsession-fsync")
+    return _POOL
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return  # swept or packed meanwhile: nothing is owed for it here
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_paths(files: Iterable[str]) -> None:
+    """Fsync files, then the directories holding them, each once.
+
+    The fsyncs run on a small thread pool so a journaling filesystem can
+    batch them; files before directories, so a name never becomes durable
+    ahead of its bytes.
+    """
+    files = list(dict.fromkeys(files))
+    if not files:
+        return
+    dirs = list(dict.fromkeys(os.path.dirname(f) for f in files))
+    if len(files) == 1:
+        _fsync_file(files[0])
+    else:
+        list(_pool().map(_fsync_file, files))
+    if len(dirs) == 1:
+        fsync_dir(dirs[0])
+    else:
+        list(_pool().map(fsync_dir, dirs))
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte (os.write may write fewer than asked)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def write_atomic(path: str, data: bytes, *, durable: bool, tmp_dir: str | None = None) -> None:
+    """Write ``data`` to a temp file (beside ``path``, or in ``tmp_dir`` on the same
+    filesystem) and rename it over ``path``: a reader sees the old bytes or the new,
+    never a mix. When ``durable``, the file is fsynced before the rename and the
+    directory after it."""
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(tmp_dir or directory, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            write_all(fd, data)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    if durable:
+        fsync_dir(directory)
