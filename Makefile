@@ -62,8 +62,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow'
 
+# Benchmarks: ratios against baselines measured in the same run (a few minutes).
 bench: $(STAMP)
 	$(PY) tests/bench/bench_verify.py
+	$(PY) tests/bench/bench_store.py
 
 # Regenerate the project's own fixtures with the project's writer.
 fixtures: $(STAMP)
