@@ -7,8 +7,9 @@ error names the object and its path. Writing is idempotent: an object
 already present is not rewritten, since its name is its content.
 
 Durability is the caller's choice per write. ``put(..., durable=False)``
-leaves the file unsynced and returns its path, which a commit later
-fsyncs together with its directory (:func:`fsync_paths`).
+leaves the file unsynced and returns its path for the caller to make
+durable later; ``put_many`` writes a batch (a checkpoint, an import) and
+makes it durable at once.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _load_syncfs():
 _syncfs = _load_syncfs() if os.environ.get("AGENTSESSION_NO_SYNCFS") is None else None
 #: From this many objects on, a batch is made durable with one syncfs(2) of the
 #: store's filesystem rather than an fsync per file and directory.
-SYNCFS_BATCH = 64
+SYNCFS_BATCH = 256
 
 
 class ObjectStore:
@@ -156,8 +157,14 @@ class ObjectStore:
                 continue
             try:
                 write_all(fd, data)
-            finally:
+            except BaseException:
                 os.close(fd)
+                try:
+                    os.unlink(path)  # no partial object under its name
+                except FileNotFoundError:
+                    pass
+                raise
+            os.close(fd)
             paths.append(path)
         if not paths:
             return

@@ -5,10 +5,10 @@ byte by byte). A :class:`Session` is a header, a base, a head, a record
 mark and a log; its log (:mod:`.log`) is its write-ahead log and its only
 record, and ``HEAD`` and ``mark`` are indexes rebuilt from it.
 
-An append writes its two objects first (idempotently), then its log
-record; it is visible once the record is written. A commit fsyncs the
-objects the session's appends named, then writes a ``commit`` record and
-fsyncs the log. Recovery, on open, reads that one session's log: a torn or
+An append is one log record that carries the entry's two objects; it is
+visible once the record is written, and a commit (a ``commit`` record and
+one fsync of the log) makes it durable. Objects reach ``objects/`` at
+checkpoints, in batches; until then the log is where they are held. Recovery, on open, reads that one session's log: a torn or
 unwritten tail after the last commit is the loss of uncommitted working
 state (dropped, and a ``loss`` record written); anything else that fails
 its checksum is damage, and the session refuses writes until repaired.
@@ -85,6 +85,7 @@ _REPAIR_HINT = (
     "so keep a copy of the session directory"
 )
 _ENTRY_IN_RECORD = re.compile(rb'"entry":"(sha256:[0-9a-f]{64})"')
+_SEQ_IN_RECORD = re.compile(rb'"seq":([0-9]{1,18})[,}]')
 
 
 def default_store_path() -> str:
@@ -151,7 +152,7 @@ def _entry_from(
     return entry
 
 
-def _payload_entry(entry_id: str, payload: tuple[bytes, bytes]) -> tuple[dict, dict] | None:
+def payload_entry(entry_id: str, payload: tuple[bytes, bytes]) -> tuple[dict, dict] | None:
     """Check an append's payload against the id it is logged under: (envelope, body) or None."""
     content, env_bytes = payload
     if sha256_ref(env_bytes) != entry_id:
@@ -238,7 +239,7 @@ class Store:
         for session in list(self._open.values()):
             try:
                 session.close()
-            except AgentSessionError as exc:  # keep closing the others
+            except (AgentSessionError, OSError) as exc:  # keep closing the others
                 errors.append(exc)
         self._open.clear()
         if errors:
@@ -320,8 +321,8 @@ class Store:
         base = header.base
         prefix: list[Entry] = []
         if base is not None:
-            prefix = self._prefix_for_base(header)
-        return self._stage_session(header, base=base, own=[], prefix=prefix, head=base, record=record)
+            self._prefix_for_base(header)  # checks, and makes the prefix's objects durable
+        return self._stage_session(header, base=base, own=[], prefix=[], head=base, record=record)
 
     def _checked_new_header(self, header: Header) -> Header:
         data = dict(header.data)
@@ -562,13 +563,18 @@ class Store:
                 return sp, self.objects.get(sp, name)
             except NoSuchObjectError:
                 for session in self._open.values():
-                    for entry_id, (chash, content, env) in session._unmaterialized.items():
+                    pending = [(i, c, co, en) for i, (c, co, en) in session._unmaterialized.items()]
+                    pending += [(i, sha256_ref(co), co, en) for i, (co, en) in session._payloads.items()]
+                    for entry_id, chash, content, env in pending:
                         if sp == "entries" and entry_id == name:
                             return sp, env
                         if sp == "contents" and chash == name:
                             return sp, content
                 continue
-        raise NoSuchObjectError(f"no object {name} in this store")
+        raise NoSuchObjectError(
+            f"no object {name} in objects/ (an entry appended since its session's last checkpoint "
+            "is held only in that session's log until the next one)"
+        )
 
     # -- projection and import ----------------------------------------------------
 
@@ -783,7 +789,7 @@ class Session:
             r = records[i]
             if r.op == "append":
                 entry = r.get("entry")
-                if not self._objects_sound(entry) and not (r.payload and _payload_entry(entry, r.payload)):
+                if not self._objects_sound(entry) and not (r.payload and payload_entry(entry, r.payload)):
                     cut_at = i
                     break
         kept = records[:cut_at]
@@ -795,7 +801,7 @@ class Session:
         to_restore: list[Record] = []
         for r in since_checkpoint:
             if not self._objects_sound(r.get("entry")):
-                if _payload_entry(r.get("entry"), r.payload) is None:
+                if payload_entry(r.get("entry"), r.payload) is None:
                     raise SessionDamagedError(
                         f"session {self.id} is damaged: log line {r.line} carries a payload that does not "
                         f"hash to entry {r.get('entry')}; " + _REPAIR_HINT,
@@ -819,21 +825,33 @@ class Session:
         needs_rewrite = bool(logread.cut or lost or cut_at < len(records))
         if lost or logread.cut:
             self.recovered.append(
-                f"recovered session {self.id}: dropped {len(lost)} uncommitted append(s)"
-                + (f" and a torn tail at log line {logread.cut.line}" if logread.cut else "")
+                f"recovered session {self.id}: dropped {len(lost)} uncommitted record(s) after the last commit"
+                + (f", from a torn line {logread.cut.line} on" if logread.cut else "")
             )
         losses = [{"op": "loss", "entry": r.get("entry"), "seq": r.get("seq")} for r in lost]
         if logread.cut is not None:
             # The cut line itself is no record; name what can be read of it.
             cut = logread.cut
             end = data.find(b"\n", cut.offset)
-            m = _ENTRY_IN_RECORD.search(data[cut.offset : end if end >= 0 else len(data)])
-            losses.insert(
-                0,
-                {"op": "loss", "entry": m.group(1).decode() if m else None, "line": cut.line, "offset": cut.offset, "reason": cut.reason},
-            )
+            torn = data[cut.offset : end if end >= 0 else len(data)]
+            m = _ENTRY_IN_RECORD.search(torn)
+            loss: dict[str, Any] = {
+                "op": "loss", "entry": m.group(1).decode() if m else None,
+                "line": cut.line, "offset": cut.offset, "reason": cut.reason,
+            }
+            if m:
+                # An append's sequence number is spent even when its line was torn;
+                # read it from the bytes, or take the next one, never reusing it.
+                sq = _SEQ_IN_RECORD.search(torn)
+                loss["seq"] = int(sq.group(1)) if sq else self._max_seq + 1
+                self._max_seq = max(self._max_seq, loss["seq"])
+            losses.insert(0, loss)
         if to_restore:
-            self.recovered.append(f"recovered session {self.id}: restored the objects of {len(to_restore)} append(s) from the log")
+            self.recovered.append(
+                f"recovered session {self.id}: restored the objects of {len(to_restore)} append(s) from the log"
+                if writable
+                else f"session {self.id}: {len(to_restore)} append(s) not yet in objects/ are read from the log"
+            )
         if not writable:
             for r in to_restore:
                 self._payloads[r.get("entry")] = r.payload  # type: ignore[assignment]
@@ -933,7 +951,7 @@ class Session:
             return _entry_from(entry_id, loads(pending[2]), loads(pending[1]))
         payload = self._payloads.get(entry_id)
         if payload is not None:
-            checked = _payload_entry(entry_id, payload)
+            checked = payload_entry(entry_id, payload)
             assert checked is not None  # checked when the payload was taken
             return _entry_from(entry_id, *checked)
         return self.store.entry(entry_id)
@@ -1102,7 +1120,13 @@ class Session:
             self.committed_own.update(self.own)
         self.head = new_head
         if len(self._unmaterialized) >= CHECKPOINT_ENTRIES:
-            self._checkpoint()
+            try:
+                self._checkpoint()
+            except OSError as exc:
+                # The append was accepted at its record and stays so; the session now
+                # refuses writes until reopened, and the caller is told.
+                self._stopped = self._stopped or str(exc)
+                note = f"accepted, but the checkpoint after it failed ({exc}); the session stopped writing"
         return AppendResult(e.id, outcome, self.head, durable=durable_now, seq=seq, unresolved=unresolved, note=note)
 
     def _unresolved(self, e: Entry, content: bytes) -> list[str]:
@@ -1133,14 +1157,6 @@ class Session:
             _write_atomic(os.path.join(self.dir, "header"), canonical_bytes(data) + b"\n", durable=True)
             self.header = Header(data)
 
-    def _flush_objects(self, paths: list[str]) -> None:
-        """Fsync objects owed to a commit; a failure stops the session's writes (see _write_log)."""
-        try:
-            fsync_paths(paths)
-        except OSError as exc:
-            self._stopped = str(exc)
-            raise
-
     def _write_log(self, data: bytes, *, sync: bool) -> None:
         assert self._log_fd is not None
         size = os.fstat(self._log_fd).st_size
@@ -1164,10 +1180,18 @@ class Session:
                 pass
             raise
 
+    def _refuse_if_stopped(self) -> None:
+        if self._stopped:
+            raise StoreError(
+                f"session {self.id} stopped writing after an fsync failed ({self._stopped}); "
+                "reopen it to recover from what the disk holds"
+            )
+
     def _checkpoint(self) -> None:
-        """Write the objects of the appends since the last checkpoint to objects/, fsync
-        them, then say so in the log. The record needs no fsync of its own: lost, it
-        only makes recovery check (and if need be restore) those objects again."""
+        """Write the objects of the appends since the last checkpoint to objects/, make
+        them durable, then say so in the log. The record needs no fsync of its own:
+        lost, it only makes recovery check (and if need be restore) those objects again."""
+        self._refuse_if_stopped()
         if not self._unmaterialized:
             return
         items: list[tuple[str, str, bytes]] = []
@@ -1193,6 +1217,7 @@ class Session:
         the appends' objects."""
         if not self.writable or self._closed:
             return
+        self._refuse_if_stopped()
         if not self._uncommitted:
             return
         self._write_log(_COMMIT, sync=True)
@@ -1227,6 +1252,7 @@ class Session:
             raise ReadOnlyError(f"session {self.id} is open read-only")
         if mark not in ("record", "mirror"):
             raise StoreError(f"mark must be 'record' or 'mirror', not {mark!r}")
+        self._refuse_if_stopped()
         self._write_log(encode_record({"op": "mark", "mark": mark}) + _COMMIT, sync=True)
         self._uncommitted = False
         self.committed_own.update(self.own)
@@ -1234,11 +1260,13 @@ class Session:
         self._write_indexes()
 
     def close(self) -> None:
-        """Commit and release the session's lock."""
+        """Commit, checkpoint and release the session's lock. A session whose writes
+        stopped (a failed fsync) writes nothing more: it only lets go, and the next
+        open recovers from what the disk holds."""
         if self._closed:
             return
         try:
-            if self.writable:
+            if self.writable and not self._stopped:
                 self.commit()
                 self._checkpoint()
                 self._write_indexes()
@@ -1256,7 +1284,7 @@ class Session:
         """Close without committing further, keeping the lock for the caller (delete).
         Objects the log alone holds are written to objects/ first: deleting a session
         removes its ref, never objects another session may come to need."""
-        if self.writable and not self._closed:
+        if self.writable and not self._closed and not self._stopped:
             self._checkpoint()
         lock = self.lock
         self.lock = None

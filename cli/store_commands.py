@@ -29,7 +29,7 @@ from agentsession_cas.errors import (
 )
 from agentsession_cas.log import read_log
 from agentsession_cas.names import check_session_id
-from agentsession_cas.store import Session, Store, default_store_path
+from agentsession_cas.store import Session, Store, default_store_path, payload_entry
 
 from .common import echo, emit_json, fail, note, one_line, table, write_bytes
 
@@ -337,6 +337,7 @@ def check_session(store: Store, session_id: str) -> tuple[list[dict[str, Any]], 
 
     # The careful path: name every object that is missing or corrupt.
     last_commit = max((i for i, r in enumerate(lr.records) if r.op in ("commit", "create")), default=-1)
+    last_checkpoint = max((i for i, r in enumerate(lr.records) if r.op in ("checkpoint", "create")), default=-1)
     base = None
     seen: set[str] = set()
     for i, r in enumerate(lr.records):
@@ -351,6 +352,8 @@ def check_session(store: Store, session_id: str) -> tuple[list[dict[str, Any]], 
         try:
             store.entry(entry)
         except (NoSuchObjectError, CorruptObjectError) as exc:
+            if i > last_checkpoint and r.payload is not None and payload_entry(entry, r.payload) is not None:
+                continue  # held in the log until the next checkpoint writes it to objects/
             if i > last_commit:
                 notes.append(f"log line {r.line}: an uncommitted append whose objects are not sound ({one_line(str(exc))}); "
                              "the next writing open drops it")

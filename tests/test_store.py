@@ -1897,3 +1897,44 @@ def test_payload_not_hashing_to_its_entry_is_damage(root, part):
     assert {k: v for k, v in snapshot(root).items() if not k.startswith("locks")} == {
         k: v for k, v in before.items() if not k.startswith("locks")
     }
+
+
+# -- second review: failed flushes stop the session; torn seqs are spent ---------------------------
+
+
+def test_a_failed_fsync_stops_commit_mark_checkpoint_and_close_writes_nothing(store, root, monkeypatch):
+    s = store.create(Header.new("stop"))
+    s.append(msg("first"))
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(5, "Input/output error")))
+    with pytest.raises(OSError):
+        s.append(msg("second"))
+    monkeypatch.setattr(os, "fsync", real)
+    before = (root / "sessions" / "stop" / "log").read_bytes()
+    for attempt in (lambda: s.append(msg("third")), s.commit, lambda: s.set_mark("record"), s.checkpoint):
+        with pytest.raises(StoreError, match="stopped writing"):
+            attempt()
+    s.close()  # lets go, writes nothing
+    assert (root / "sessions" / "stop" / "log").read_bytes() == before
+    with Store(root) as again:  # the next open recovers from what the disk holds
+        assert len(again.session("stop")) >= 1
+
+
+def test_a_torn_appends_sequence_number_is_never_reused(root):
+    st = Store.init(root, sync="never")
+    s = st.create(Header.new("tornseq"))
+    s.append(msg("a"))
+    s.commit()
+    s.append(msg("b"))
+    torn = s.append(msg("c"))
+    _crash(st)
+    logp = root / "sessions" / "tornseq" / "log"
+    data = logp.read_bytes()
+    logp.write_bytes(data[: len(data) - 40])  # tear the last append's line
+    with Store(root) as st2:
+        s2 = st2.session("tornseq")
+        assert torn.id not in s2
+        again = s2.append(msg("d"))
+    assert again.seq == 4
+    losses = [r for r in log_records(root, "tornseq") if r["op"] == "loss"]
+    assert losses and losses[0]["seq"] == 3 and losses[0]["entry"] == torn.id
