@@ -24,6 +24,7 @@ from .hashing import HASH_PREFIX, is_hash
 
 __all__ = ["SPACES", "ObjectStore", "fsync_paths", "fsync_dir"]
 
+_READ = 1 << 20
 #: The three hash spaces RFC 0002 names, and their directories.
 SPACES = ("entries", "contents", "blobs")
 
@@ -68,8 +69,7 @@ class ObjectStore:
             raise AgentSessionError(f"unknown object space {space!r}")
         if not is_hash(name):
             raise AgentSessionError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
-        hexd = name[len(HASH_PREFIX) :]
-        return os.path.join(self.dir, space, hexd[:2], hexd[2:])
+        return f"{self.dir}{os.sep}{space}{os.sep}{name[7:9]}{os.sep}{name[9:]}"
 
     def relpath(self, space: str, name: str) -> str:
         return os.path.relpath(self.path(space, name), self.root)
@@ -81,10 +81,19 @@ class ObjectStore:
         """The object's bytes, verified against its name."""
         path = self.path(space, name)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             raise NoSuchObjectError(f"no {space} object {name} ({self.relpath(space, name)})") from None
+        try:
+            # A short read of a regular file is its end; most objects take one read.
+            data = os.read(fd, _READ)
+            if len(data) == _READ:
+                chunks = [data]
+                while chunk := os.read(fd, _READ):
+                    chunks.append(chunk)
+                data = b"".join(chunks)
+        finally:
+            os.close(fd)
         if HASH_PREFIX + hashlib.sha256(data).hexdigest() != name:
             raise CorruptObjectError(
                 f"corrupt object: {space} object {name} does not hash to its name ({self.relpath(space, name)})",
