@@ -8,9 +8,28 @@ resume rule (:mod:`.tree`) and writing (:mod:`.writer`).
 """
 
 from .canonical import canonical_bytes, loads
+from .context import (
+    Context,
+    ContextBuilder,
+    ContextHasher,
+    RequestCheck,
+    RequestReport,
+    Settings,
+    build_context,
+    canonical_request,
+    context_at,
+    context_hash_step,
+    output_entries,
+    request_context,
+    request_hash,
+    request_hash_for,
+    verify_requests,
+    verify_response,
+)
 from .entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, ParentRef, make_entry, short_id
 from .errors import (
     AgentSessionError,
+    ContextError,
     EntryError,
     IJSONError,
     NoSuchEntryError,
@@ -20,6 +39,7 @@ from .errors import (
 )
 from .hashing import content_hash, entry_hashes, is_hash
 from .reader import SessionFile, read_session, read_session_bytes
+from .runs import CallInfo, RecordsCheck, RunInfo, RunsReport, analyze_runs, render_runs, verify_records
 from .timestamps import check_ts, format_ts, is_valid_ts, now_ts
 from .tree import Tree
 from .writer import SessionBuilder, session_bytes, write_session
@@ -28,6 +48,24 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AgentSessionError",
+    "Context",
+    "ContextBuilder",
+    "ContextError",
+    "ContextHasher",
+    "RequestCheck",
+    "RequestReport",
+    "Settings",
+    "build_context",
+    "canonical_request",
+    "context_at",
+    "context_hash_step",
+    "output_entries",
+    "request_context",
+    "request_hash",
+    "request_hash_for",
+    "verify_requests",
+    "verify_response",
+    "CallInfo",
     "EntryError",
     "Entry",
     "FORMAT_WRITTEN",
@@ -37,11 +75,15 @@ __all__ = [
     "NoSuchEntryError",
     "ParentRef",
     "Problem",
+    "RecordsCheck",
+    "RunInfo",
+    "RunsReport",
     "SessionBuilder",
     "SessionFile",
     "SessionFormatError",
     "TimestampError",
     "Tree",
+    "analyze_runs",
     "canonical_bytes",
     "check_ts",
     "content_hash",
@@ -54,7 +96,9 @@ __all__ = [
     "now_ts",
     "read_session",
     "read_session_bytes",
+    "render_runs",
     "session_bytes",
     "short_id",
+    "verify_records",
     "write_session",
 ]

@@ -325,6 +325,7 @@ class _Reader:
                 "fraction only when non-zero, no trailing zeros, at most nine digits)",
             )
         entry = Entry(obj, computed_id=computed, content_hash=chash, line=lineno)
+        entry.careful = careful  # the parse's flag, so a later serialisation skips the scan
         if entry.id in self.index:
             first = self.index[entry.id]
             self.problem(

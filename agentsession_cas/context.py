@@ -1,0 +1,1434 @@
+"""What a model call was sent: settings replay, the context algorithm, the canonical
+request and the verification of ``request_hash`` (RFC 0001 "Context building",
+"Request context of a response", "Request hash").
+
+The pieces, in the order a reader meets them:
+
+* :class:`Settings` is the request settings in force at a point on a path. It is
+  immutable: :meth:`Settings.apply` returns the settings after a ``config`` delta
+  (``replace``, ``model``, ``instructions``, ``instructions_parts`` resolved
+  against the parts in force and those that left force, ``instructions_omitted``
+  with its ``keep`` and ``of`` elements, ``omit``, ``reasoning``, ``text``,
+  ``tools_added``/``tools_removed``, ``extra`` with null deletions), and
+  :meth:`Settings.from_checkpoint` reads a compaction's full ``config``.
+* :class:`ContextBuilder` walks a path one entry at a time (``push``) and can
+  step back (``pop``), so one builder serves every entry of a tree in a
+  depth-first walk. :meth:`ContextBuilder.context` gives the :class:`Context`
+  at the tip: settings, items, the entries selected, the entry each item came
+  from, and the items the ``omit`` setting left out or sent with a placeholder.
+* :func:`canonical_request` and :func:`request_hash` are step 5: the payload
+  profile's request with ``store: false``, no ``previous_response_id`` and the
+  settings' ``extra`` members at the top level, hashed as RFC 8785 bytes.
+* :func:`verify_requests` checks every ``response`` of a session file: each is
+  ``ok``, ``mismatch`` (with what differs, as far as can be told), ``no-hash``
+  (never counted as verified) or ``error``. The hash of each request is kept
+  incremental (see :class:`_Raw`), so a long session verifies in time linear in
+  its size, not in the sum of its requests' sizes.
+* :class:`ContextHasher` is RFC 0002's context hash, fed one entry at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from .canonical import canonical_bytes
+from .entry import Entry, short_id
+from .errors import AgentSessionError, ContextError, Problem
+from .hashing import HASH_PREFIX, is_hash, sha256_ref
+
+__all__ = [
+    "PART_SEPARATOR",
+    "OMIT_OTHER_MODELS",
+    "CONTEXT_TYPES",
+    "NULL_CONTEXT_HASH",
+    "Part",
+    "OmittedElement",
+    "Omit",
+    "Settings",
+    "Context",
+    "OmittedItem",
+    "ReplacedItem",
+    "ContextBuilder",
+    "RequestCheck",
+    "RequestReport",
+    "build_context",
+    "context_at",
+    "output_entries",
+    "request_context",
+    "canonical_request",
+    "request_bytes",
+    "request_hash",
+    "request_hash_for",
+    "verify_response",
+    "verify_requests",
+    "text_hash",
+    "tool_name",
+    "ContextHasher",
+    "context_hash_step",
+    "context_hashes",
+]
+
+#: Instruction parts are joined with one blank line (RFC 0001 "Instructions as parts").
+PART_SEPARATOR = "\n\n"
+#: The one value of ``omit.reasoning`` the format defines.
+OMIT_OTHER_MODELS = "other_models"
+#: Reasons an item is left out of, or changed in, a request.
+REASON_ITEMS = "items"
+REASON_OTHER_MODELS = "other_models"
+REASON_OUTPUTS = "outputs"
+REASON_IMAGES = "images"
+
+#: Entry types that contribute to the context hash (RFC 0002 "Prefix caching").
+CONTEXT_TYPES = frozenset({"item", "config", "compaction", "branch_summary"})
+#: The context hash before any contributing entry: the hash of canonical ``null``.
+NULL_CONTEXT_HASH = sha256_ref(b"null")
+
+
+def text_hash(text: str) -> str:
+    """``sha256:`` + hex of a text's UTF-8 bytes: how a delta names an unchanged part."""
+    return sha256_ref(text.encode("utf-8", "surrogatepass"))
+
+
+def tool_name(tool: Any) -> str:
+    """A tool's name: a function tool's ``name``, an extension tool's ``name`` member, else ""."""
+    if isinstance(tool, dict):
+        name = tool.get("name")
+        if isinstance(name, str):
+            return name
+    return ""
+
+
+def _positive_int(value: Any) -> bool:
+    """A ``keep`` counts only as a positive integer (not a bool, not 2.0)."""
+    return type(value) is int and value > 0
+
+
+def _name(value: Any) -> str | None:
+    """A non-empty string id, or None (an empty or missing id names nothing)."""
+    return value if isinstance(value, str) and value else None
+
+
+# ---------------------------------------------------------------------------
+# instruction parts
+
+
+@dataclass(frozen=True)
+class Part:
+    """One instruction part in force. ``unresolved`` parts have no text the path can
+    rebuild (a hash or keep it could not resolve, or an element naming nothing);
+    ``written`` is the element as the delta wrote it, shown for those."""
+
+    id: str | None
+    text: str | None
+    source: str | None = None
+    unresolved: bool = False
+    written: Any = None
+
+    def as_dict(self) -> Any:
+        if self.unresolved:
+            return self.written
+        out: dict[str, Any] = {"id": self.id}
+        if self.text:
+            out["text"] = self.text
+        if self.source:
+            out["source"] = self.source
+        return out
+
+
+def _join(parts: Sequence[Part]) -> str:
+    return PART_SEPARATOR.join(p.text or "" for p in parts)
+
+
+def _resolve_parts(
+    elements: list, old: Sequence[Part], history: Mapping[tuple[str, str], tuple[str, str | None]]
+) -> tuple[tuple[Part, ...], dict[tuple[str, str], tuple[str, str | None]]]:
+    """Resolve a delta's ``instructions_parts`` against the parts in force (``old``) and
+    the texts the path gave each id before they left force (``history``)."""
+    named = {i for el in elements if isinstance(el, dict) and (i := _name(el.get("id"))) is not None}
+    first: dict[str, int] = {}
+    for i, p in enumerate(old):
+        if p.id is not None:
+            first.setdefault(p.id, i)
+    cursor = 0
+    out: list[Part] = []
+    for el in elements:
+        pid = _name(el.get("id")) if isinstance(el, dict) else None
+        if pid is not None:
+            if pid in first:
+                cursor = first[pid] + 1
+            source = el.get("source")
+            explicit = source if isinstance(source, str) else None
+            if "text" in el:
+                text = el["text"]
+                if isinstance(text, str):
+                    out.append(Part(pid, text, explicit, False, el))
+                else:
+                    out.append(Part(pid, None, None, True, el))
+            elif "hash" in el:
+                h = el["hash"]
+                current = old[first[pid]] if pid in first else None
+                if current is not None and not current.unresolved and isinstance(h, str) and text_hash(current.text or "") == h:
+                    out.append(Part(pid, current.text, explicit if explicit is not None else current.source, False, el))
+                elif isinstance(h, str) and (pid, h) in history:
+                    text, kept_source = history[(pid, h)]
+                    out.append(Part(pid, text, explicit if explicit is not None else kept_source, False, el))
+                else:
+                    out.append(Part(pid, None, None, True, el))
+            else:  # an id with neither text nor hash: empty text
+                out.append(Part(pid, "", explicit, False, el))
+        elif isinstance(el, dict) and _positive_int(el.get("keep")):
+            n = el["keep"]
+            taken = old[cursor : cursor + n]
+            cursor += n
+            if len(taken) < n or any(p.id in named for p in taken if p.id is not None):
+                out.append(Part(None, None, None, True, el))
+            else:
+                out.extend(taken)
+        else:
+            out.append(Part(None, None, None, True, el))
+    new_history = dict(history)
+    for p in out:
+        if not p.unresolved and p.id is not None:
+            new_history[(p.id, text_hash(p.text or ""))] = (p.text or "", p.source)
+    return tuple(out), new_history
+
+
+# ---------------------------------------------------------------------------
+# omitted instruction parts
+
+
+@dataclass(frozen=True)
+class OmittedElement:
+    """One element of the ``instructions_omitted`` list in force: a part the writer left
+    out (as written), or an element that names no part (``unresolved``, kept as written)."""
+
+    data: Any
+    unresolved: bool = False
+
+    @property
+    def id(self) -> str | None:
+        return None if self.unresolved or not isinstance(self.data, dict) else _name(self.data.get("id"))
+
+
+def _resolve_omitted(
+    elements: list, old: Sequence[OmittedElement], lists: Mapping[str, tuple[OmittedElement, ...]]
+) -> tuple[tuple[OmittedElement, ...], bool]:
+    """Resolve a delta's ``instructions_omitted`` (``keep``, ``keep`` + ``of``) against the
+    list in force and the lists earlier config entries put in force. Returns the new list
+    and whether a ``keep`` with an ``of`` could not be resolved (a note, not corruption)."""
+    named = {i for el in elements if isinstance(el, dict) and (i := _name(el.get("id"))) is not None}
+    sources: dict[str | None, Sequence[OmittedElement] | None] = {None: old}
+    for el in elements:
+        if isinstance(el, dict) and _name(el.get("id")) is None and _positive_int(el.get("keep")):
+            of = _name(el.get("of"))
+            if of is not None:
+                sources[of] = lists.get(of)
+    positions: dict[str | None, dict[str, int]] = {}
+    for key, lst in sources.items():
+        pos: dict[str, int] = {}
+        for i, o in enumerate(lst or ()):
+            if o.id is not None:
+                pos.setdefault(o.id, i)
+        positions[key] = pos
+    cursors: dict[str | None, int] = {key: 0 for key in sources}
+    out: list[OmittedElement] = []
+    bad_of = False
+    for el in elements:
+        pid = _name(el.get("id")) if isinstance(el, dict) else None
+        if pid is not None:
+            out.append(OmittedElement(el))
+            for key, pos in positions.items():
+                if pid in pos:
+                    cursors[key] = pos[pid] + 1
+        elif isinstance(el, dict) and _positive_int(el.get("keep")):
+            n = el["keep"]
+            key = _name(el.get("of"))
+            lst = sources.get(key)
+            start = cursors[key]
+            cursors[key] = start + n
+            taken = list(lst[start : start + n]) if lst is not None else []
+            if lst is None or len(taken) < n or any(t.id in named for t in taken if t.id is not None):
+                out.append(OmittedElement(el, True))
+                bad_of = bad_of or key is not None
+            else:
+                out.extend(taken)
+        else:
+            out.append(OmittedElement(el, True))
+    return tuple(out), bad_of
+
+
+# ---------------------------------------------------------------------------
+# the omit setting
+
+
+def _images_form(value: Any) -> dict[str, Any] | None:
+    """``omit.images`` in one of its two forms, spelled exactly, or None."""
+    if not isinstance(value, dict) or not isinstance(value.get("placeholder"), str):
+        return None
+    if set(value) - {"placeholder", "keep", "before"}:
+        return None
+    before, keep = value.get("before"), value.get("keep")
+    if "before" in value and "keep" not in value and _name(before) is not None:
+        return {"before": before, "placeholder": value["placeholder"]}
+    if "keep" in value and "before" not in value and type(keep) is int and keep >= 0:
+        return {"keep": keep, "placeholder": value["placeholder"]}
+    return None
+
+
+def _outputs_form(value: Any) -> tuple[str, tuple[str, ...]] | None:
+    if not isinstance(value, dict) or not isinstance(value.get("text"), str):
+        return None
+    items = value.get("items", [])
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        return None
+    return value["text"], tuple(i for i in items if i)
+
+
+@dataclass(frozen=True)
+class Omit:
+    """The ``omit`` setting in force: what a request leaves out though it is on the path,
+    and (format 0.14) what it sends a placeholder for."""
+
+    reasoning: str | None = None
+    items: tuple[str, ...] = ()
+    outputs_text: str | None = None
+    outputs_items: tuple[str, ...] = ()
+    images: dict[str, Any] | None = None
+
+    @property
+    def zero(self) -> bool:
+        return self.reasoning is None and not self.items and self.outputs_text is None and self.images is None
+
+    @staticmethod
+    def _names_nothing(delta: Mapping[str, Any]) -> bool:
+        items = delta.get("items")
+        outputs = delta.get("outputs")
+        return (
+            not _name(delta.get("reasoning"))
+            and not (isinstance(items, list) and any(_name(i) for i in items))
+            and outputs is None
+            and delta.get("images") is None
+        )
+
+    def apply(self, delta: Any) -> "Omit":
+        """The omit after a config delta's ``omit`` member: null leaves it, an object naming
+        nothing clears it, anything else sets the rule it names and adds its entries."""
+        if not isinstance(delta, dict):
+            return self
+        if self._names_nothing(delta):
+            return Omit()
+        reasoning = self.reasoning
+        if delta.get("reasoning") == OMIT_OTHER_MODELS:
+            reasoning = OMIT_OTHER_MODELS
+        items = list(self.items)
+        if isinstance(delta.get("items"), list):
+            for i in delta["items"]:
+                if _name(i) is not None and i not in items:
+                    items.append(i)
+        outputs_text, outputs_items = self.outputs_text, list(self.outputs_items)
+        outputs = _outputs_form(delta.get("outputs"))
+        if outputs is not None:
+            outputs_text = outputs[0]
+            outputs_items.extend(i for i in outputs[1] if i not in outputs_items)
+        images = _images_form(delta.get("images")) or self.images
+        return Omit(reasoning, tuple(items), outputs_text, tuple(outputs_items), images)
+
+    @classmethod
+    def from_object(cls, value: Any) -> "Omit":
+        """The omit a compaction checkpoint carries (the object in force, not a delta)."""
+        return cls().apply(value) if isinstance(value, dict) else cls()
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.reasoning is not None:
+            out["reasoning"] = self.reasoning
+        if self.items:
+            out["items"] = list(self.items)
+        if self.outputs_text is not None:
+            out["outputs"] = {"text": self.outputs_text, **({"items": list(self.outputs_items)} if self.outputs_items else {})}
+        if self.images is not None:
+            out["images"] = dict(self.images)
+        return out
+
+
+# ---------------------------------------------------------------------------
+# settings
+
+
+def _utf16(key: str) -> bytes:
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+_INPUT_KEY = _utf16("input")
+
+
+class Settings:
+    """The request settings in force at a point on a path: the result of replaying
+    ``config`` entries. Immutable; :meth:`apply` returns new settings.
+
+    ``instructions`` is the string the request carries (the parts joined, when the
+    path composed them); ``parts`` is None for a path that set the instructions as
+    one string. ``omitted`` is the ``instructions_omitted`` list in force, which
+    reaches no request.
+    """
+
+    __slots__ = (
+        "model", "instructions", "parts", "omitted", "omit", "reasoning", "text", "tools", "extra",
+        "_history", "_lists", "_split",
+    )
+
+    def __init__(self) -> None:
+        self.model: str | None = None
+        self.instructions: str | None = None
+        self.parts: tuple[Part, ...] | None = None
+        self.omitted: tuple[OmittedElement, ...] = ()
+        self.omit: Omit = Omit()
+        self.reasoning: Any = None
+        self.text: Any = None
+        self.tools: tuple[Any, ...] = ()
+        self.extra: dict[str, Any] = {}
+        # (id, text hash) -> (text, source) for every part the path gave since the last
+        # replace or checkpoint, so a hash can name a part that has left force.
+        self._history: dict[tuple[str, str], tuple[str, str | None]] = {}
+        # config entry id -> the omitted list it put in force (for ``of``).
+        self._lists: dict[str, tuple[OmittedElement, ...]] = {}
+        self._split: tuple[bytes, bytes] | None = None
+
+    def _copy(self) -> "Settings":
+        s = Settings.__new__(Settings)
+        for name in Settings.__slots__:
+            setattr(s, name, getattr(self, name))
+        s._split = None
+        return s
+
+    # -- replay -------------------------------------------------------------
+
+    def apply(self, delta: Mapping[str, Any], entry_id: str | None = None) -> "Settings":
+        """The settings after the ``config`` delta ``delta`` (an entry's members)."""
+        s, _ = self.apply_checked(delta, entry_id)
+        return s
+
+    def apply_checked(self, delta: Mapping[str, Any], entry_id: str | None = None) -> tuple["Settings", bool]:
+        """:meth:`apply`, and whether the delta holds an omitted-parts ``keep`` whose ``of``
+        the path cannot resolve (which a verifier notes)."""
+        base = EMPTY_SETTINGS if delta.get("replace") is True else self
+        s = base._copy()
+        model = delta.get("model")
+        if isinstance(model, str) and model:
+            s.model = model
+        instructions = delta.get("instructions")
+        parts = delta.get("instructions_parts")
+        if isinstance(parts, list):
+            resolved, s._history = _resolve_parts(parts, base.parts or (), base._history)
+            s.parts = resolved
+            if any(p.unresolved for p in resolved) and isinstance(instructions, str):
+                s.instructions = instructions  # the only record of what was sent
+            else:
+                s.instructions = _join(resolved)
+        elif isinstance(instructions, str):
+            s.instructions = instructions
+            s.parts = None
+        bad_of = False
+        omitted = delta.get("instructions_omitted")
+        if isinstance(omitted, list):
+            s.omitted, bad_of = _resolve_omitted(omitted, base.omitted, base._lists)
+            if entry_id is not None:
+                s._lists = {**base._lists, entry_id: s.omitted}
+        if delta.get("reasoning") is not None:
+            s.reasoning = delta["reasoning"]
+        if delta.get("text") is not None:
+            s.text = delta["text"]
+        removed, added = delta.get("tools_removed"), delta.get("tools_added")
+        if isinstance(removed, list) or isinstance(added, list):
+            tools = list(base.tools)
+            if isinstance(removed, list):
+                gone = {r for r in removed if isinstance(r, str)}
+                tools = [t for t in tools if tool_name(t) not in gone]
+            if isinstance(added, list):
+                for tool in added:
+                    name = tool_name(tool)
+                    at = next((i for i, t in enumerate(tools) if name and tool_name(t) == name), None)
+                    if at is None:
+                        tools.append(tool)
+                    else:
+                        tools[at] = tool
+            s.tools = tuple(tools)
+        extra = delta.get("extra")
+        if isinstance(extra, dict):
+            merged = dict(base.extra)
+            for key, value in extra.items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+            s.extra = merged
+        s.omit = base.omit.apply(delta.get("omit"))
+        return s, bad_of
+
+    @classmethod
+    def from_checkpoint(cls, config: Any) -> "Settings":
+        """Settings from a compaction's ``config``: the full settings, taken as they stand
+        (parts each with its text, the omitted list with no ``keep`` resolved)."""
+        s = cls()
+        if not isinstance(config, dict):
+            return s
+        if isinstance(config.get("model"), str) and config["model"]:
+            s.model = config["model"]
+        parts = config.get("instructions_parts")
+        if isinstance(parts, list):
+            out = []
+            for el in parts:
+                pid = _name(el.get("id")) if isinstance(el, dict) else None
+                text = el.get("text", "") if isinstance(el, dict) else None
+                if pid is not None and isinstance(text, str):
+                    source = el.get("source")
+                    out.append(Part(pid, text, source if isinstance(source, str) else None, False, el))
+                else:
+                    out.append(Part(None, None, None, True, el))
+            s.parts = tuple(out)
+            s._history = {(p.id, text_hash(p.text or "")): (p.text or "", p.source) for p in out if not p.unresolved and p.id}
+        if isinstance(config.get("instructions"), str):
+            s.instructions = config["instructions"]
+        elif s.parts is not None:
+            s.instructions = _join(s.parts)
+        omitted = config.get("instructions_omitted")
+        if isinstance(omitted, list):
+            s.omitted = tuple(OmittedElement(el, _name(el.get("id")) is None if isinstance(el, dict) else True) for el in omitted)
+        s.omit = Omit.from_object(config.get("omit"))
+        if config.get("reasoning") is not None:
+            s.reasoning = config["reasoning"]
+        if config.get("text") is not None:
+            s.text = config["text"]
+        if isinstance(config.get("tools"), list):
+            s.tools = tuple(config["tools"])
+        if isinstance(config.get("extra"), dict):
+            s.extra = dict(config["extra"])
+        return s
+
+    def without_omit(self) -> "Settings":
+        """These settings with no omit in force (for a diagnosis)."""
+        if self.omit.zero:
+            return self
+        s = self._copy()
+        s.omit = Omit()
+        return s
+
+    # -- output ---------------------------------------------------------------
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings in the checkpoint shape RFC 0001 gives a compaction's ``config``
+        (members with empty values left out), as the corpus context files hold them."""
+        out: dict[str, Any] = {}
+        if self.model:
+            out["model"] = self.model
+        if self.instructions:
+            out["instructions"] = self.instructions
+        if self.parts:
+            out["instructions_parts"] = [p.as_dict() for p in self.parts]
+        if self.omitted:
+            out["instructions_omitted"] = [o.data for o in self.omitted]
+        if not self.omit.zero:
+            out["omit"] = self.omit.as_dict()
+        if self.reasoning not in (None, {}):
+            out["reasoning"] = self.reasoning
+        if self.text not in (None, {}):
+            out["text"] = self.text
+        if self.tools:
+            out["tools"] = list(self.tools)
+        if self.extra:
+            out["extra"] = dict(self.extra)
+        return out
+
+    def request_members(self) -> dict[str, Any]:
+        """Every member of the canonical request but ``input``: the ``extra`` members,
+        then the named settings over them, ``store: false``, no ``previous_response_id``."""
+        req = dict(self.extra)
+        req.pop("previous_response_id", None)
+        req.pop("input", None)
+        if self.model:
+            req["model"] = self.model
+        if self.instructions:
+            req["instructions"] = self.instructions
+        if self.tools:
+            req["tools"] = list(self.tools)
+        if self.reasoning not in (None, {}):
+            req["reasoning"] = self.reasoning
+        if self.text not in (None, {}):
+            req["text"] = self.text
+        req["store"] = False
+        return req
+
+    def request_split(self) -> tuple[bytes, bytes]:
+        """The canonical bytes of the request's members that sort before ``input`` and of
+        those after it (RFC 8785 sorts by UTF-16 code units), without braces. Cached."""
+        if self._split is None:
+            members = self.request_members()
+            before = {k: v for k, v in members.items() if _utf16(k) < _INPUT_KEY}
+            after = {k: v for k, v in members.items() if _utf16(k) > _INPUT_KEY}
+            self._split = (canonical_bytes(before)[1:-1], canonical_bytes(after)[1:-1])
+        return self._split
+
+    def __repr__(self) -> str:
+        return f"Settings({self.as_dict()!r})"
+
+
+EMPTY_SETTINGS = Settings()
+
+
+# ---------------------------------------------------------------------------
+# the canonical request
+
+
+def canonical_request(settings: Settings, items: Sequence[Any]) -> dict[str, Any]:
+    """The request of RFC 0001 step 5: settings plus the item list as ``input``."""
+    req = settings.request_members()
+    req["input"] = list(items)
+    return req
+
+
+def request_bytes(settings: Settings, items: Sequence[Any]) -> bytes:
+    """The canonical (RFC 8785) bytes of :func:`canonical_request`."""
+    return canonical_bytes(canonical_request(settings, items))
+
+
+def request_hash(request: Mapping[str, Any] | bytes) -> str:
+    """``sha256:`` + hex of a request's canonical bytes (a dict, or bytes already canonical)."""
+    data = request if isinstance(request, (bytes, bytearray)) else canonical_bytes(request)
+    return sha256_ref(bytes(data))
+
+
+# ---------------------------------------------------------------------------
+# contexts
+
+
+@dataclass(frozen=True)
+class OmittedItem:
+    """An item entry the request leaves out, and why (``items`` or ``other_models``)."""
+
+    entry: Entry
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"entry": self.entry.id, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ReplacedItem:
+    """An item entry the request sends with a placeholder in place of part of it:
+    its output (``outputs``) or ``parts`` image parts (``images``)."""
+
+    entry: Entry
+    reason: str
+    parts: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"entry": self.entry.id, "reason": self.reason}
+        if self.reason == REASON_IMAGES:
+            out["parts"] = self.parts
+        return out
+
+
+@dataclass
+class Context:
+    """What a model call at a point on a path receives, with where each item came from."""
+
+    settings: Settings
+    items: list[Any]
+    #: The entries the algorithm selected, in order: after a compaction, the compaction,
+    #: then the kept entries from ``first_kept`` up to it, then everything after.
+    entries: list[Entry]
+    #: Aligned with ``items``: the entry each item came from (a compaction once for its
+    #: summary and once per pinned item).
+    item_entries: list[Entry]
+    omitted: list[OmittedItem] = field(default_factory=list)
+    replaced: list[ReplacedItem] = field(default_factory=list)
+
+    def request(self) -> dict[str, Any]:
+        return canonical_request(self.settings, self.items)
+
+    def request_bytes(self) -> bytes:
+        return request_bytes(self.settings, self.items)
+
+    def request_hash(self) -> str:
+        return sha256_ref(self.request_bytes())
+
+    def as_dict(self) -> dict[str, Any]:
+        """The shape of a corpus context file's value: ``settings``, ``items``,
+        ``entries``, ``item_entries``, and ``omitted``/``replaced`` when any."""
+        out: dict[str, Any] = {
+            "settings": self.settings.as_dict(),
+            "items": list(self.items),
+            "entries": [e.id for e in self.entries],
+            "item_entries": [e.id for e in self.item_entries],
+        }
+        if self.omitted:
+            out["omitted"] = [o.as_dict() for o in self.omitted]
+        if self.replaced:
+            out["replaced"] = [r.as_dict() for r in self.replaced]
+        return out
+
+
+class _Contribution:
+    """One item the context algorithm placed in the list: from an ``item`` entry (the
+    only kind ``omit`` reaches), a compaction's summary or pin, or a branch summary."""
+
+    __slots__ = ("entry", "item", "kind", "model", "pos")
+
+    def __init__(self, entry: Entry, item: Any, kind: str, model: str | None, pos: int):
+        self.entry = entry
+        self.item = item
+        self.kind = kind
+        self.model = model  # the model in force when the entry was written
+        self.pos = pos  # its position on the path
+
+
+def _replace_images(item: dict, indexes: set[tuple[str, int]], placeholder: str) -> dict:
+    out = dict(item)
+    for key in ("content", "output"):
+        parts = item.get(key)
+        if isinstance(parts, list) and any(k == key for k, _ in indexes):
+            out[key] = [
+                {"type": "input_text", "text": placeholder} if (key, i) in indexes else p for i, p in enumerate(parts)
+            ]
+    return out
+
+
+def _image_keys(item: Any) -> list[tuple[str, int]]:
+    keys = []
+    if isinstance(item, dict):
+        for key in ("content", "output"):
+            parts = item.get(key)
+            if isinstance(parts, list):
+                keys.extend((key, i) for i, p in enumerate(parts) if isinstance(p, dict) and p.get("type") == "input_image")
+    return keys
+
+
+def _is_reasoning_output(c: _Contribution) -> bool:
+    return (
+        isinstance(c.item, dict)
+        and c.item.get("type") == "reasoning"
+        and _name(c.entry.data.get("response")) is not None
+    )
+
+
+def _omit_reason(c: _Contribution, settings: Settings, omit_items: frozenset[str]) -> str | None:
+    """Why the omit in force leaves this contribution out, or None. An entry both rules
+    reach is reported as listed."""
+    if c.kind != "item":
+        return None
+    if c.entry.id in omit_items:
+        return REASON_ITEMS
+    if settings.omit.reasoning == OMIT_OTHER_MODELS and _is_reasoning_output(c) and c.model != settings.model:
+        return REASON_OTHER_MODELS
+    return None
+
+
+def _apply_omit(
+    raw: Sequence[_Contribution], settings: Settings, path_index: Mapping[str, int]
+) -> tuple[list[tuple[_Contribution, Any]], list[OmittedItem], list[ReplacedItem]]:
+    """Apply the omit in force at the end of the path to the contributions: each kept
+    contribution with the item as sent (the recorded object itself when unchanged),
+    and what was left out or sent with a placeholder."""
+    omit = settings.omit
+    if omit.zero:
+        return [(c, c.item) for c in raw], [], []
+    omit_items = frozenset(omit.items)
+    outputs = frozenset(omit.outputs_items)
+    kept: list[tuple[_Contribution, Any]] = []
+    omitted: list[OmittedItem] = []
+    replaced: list[ReplacedItem] = []
+    for c in raw:
+        reason = _omit_reason(c, settings, omit_items)
+        if reason is not None:
+            omitted.append(OmittedItem(c.entry, reason))
+            continue
+        item = c.item
+        if (
+            c.kind == "item"
+            and omit.outputs_text is not None
+            and c.entry.id in outputs
+            and isinstance(item, dict)
+            and item.get("type") == "function_call_output"
+        ):
+            item = {**item, "output": omit.outputs_text}
+            replaced.append(ReplacedItem(c.entry, REASON_OUTPUTS))
+        kept.append((c, item))
+    images = omit.images
+    if images is not None:
+        targets: list[tuple[int, tuple[str, int]]] = []  # (index in kept, part key)
+        if "keep" in images:
+            for k, (c, item) in enumerate(kept):
+                if c.kind == "item":
+                    targets.extend((k, key) for key in _image_keys(item))
+            targets = targets[: max(0, len(targets) - images["keep"])]
+        else:
+            limit = path_index.get(images["before"])
+            if limit is not None:
+                for k, (c, item) in enumerate(kept):
+                    if c.kind == "item" and c.pos < limit:
+                        targets.extend((k, key) for key in _image_keys(item))
+        by_item: dict[int, set[tuple[str, int]]] = {}
+        for k, key in targets:
+            by_item.setdefault(k, set()).add(key)
+        for k in sorted(by_item):
+            c, item = kept[k]
+            kept[k] = (c, _replace_images(item, by_item[k], images["placeholder"]))
+            replaced.append(ReplacedItem(c.entry, REASON_IMAGES, len(by_item[k])))
+        replaced.sort(key=lambda r: path_index.get(r.entry.id, -1))
+    return kept, omitted, replaced
+
+
+# ---------------------------------------------------------------------------
+# incremental request hashing
+
+
+class _Mark:
+    """A request hash in progress: the SHA-256 state after ``{<members before input>,
+    "input":[`` and the items sent from the first ``upto`` contributions (``count`` of
+    them), under the signature ``sig``. ``last`` is the contribution at ``upto - 1``."""
+
+    __slots__ = ("sig", "upto", "last", "count", "h")
+
+    def __init__(self, sig: tuple, upto: int, last: _Contribution | None, count: int, h: Any):
+        self.sig = sig
+        self.upto = upto
+        self.last = last
+        self.count = count
+        self.h = h
+
+
+class _Raw:
+    """The contributions on the path since the last compaction (a stack), with the
+    request hashes in progress over them.
+
+    A request is the settings around a list of items, and between two model calls on
+    a path the list only grows, so the hash of each request extends the SHA-256 state
+    the one before left (``hashlib`` states can be copied) instead of hashing the
+    whole request again. A mark is valid for this list while the contribution it
+    ended at is still at its index: contributions are only pushed and popped, never
+    changed in place, so that one check proves the whole prefix unchanged. Settings
+    that change the members sorting before ``input``, or the omit in force, change
+    the signature, and the next request starts a new mark from the first item.
+    """
+
+    __slots__ = ("items", "marks")
+
+    MAX_PROBE = 8
+
+    def __init__(self, items: list[_Contribution] | None = None):
+        self.items: list[_Contribution] = items if items is not None else []
+        self.marks: list[_Mark] = []
+
+    def truncate(self, n: int) -> None:
+        del self.items[n:]
+        while self.marks and self.marks[-1].upto > n:
+            self.marks.pop()
+
+    def _valid(self, mark: _Mark, sig: tuple, upto: int) -> bool:
+        return (
+            mark.sig == sig
+            and mark.upto <= upto
+            and (mark.upto == 0 or (mark.upto <= len(self.items) and self.items[mark.upto - 1] is mark.last))
+        )
+
+    def hash_request(self, upto: int, settings: Settings, path_index: Mapping[str, int]) -> str:
+        """The request hash of the first ``upto`` contributions under ``settings``."""
+        omit = settings.omit
+        if omit.images is not None and "keep" in omit.images:
+            # Which images get the placeholder depends on how many follow: not a prefix.
+            kept, _, _ = _apply_omit(self.items[:upto], settings, path_index)
+            return sha256_ref(request_bytes(settings, [item for _, item in kept]))
+        before, after = settings.request_split()
+        if omit.zero:
+            sig: tuple = (before,)
+        else:
+            limit = path_index.get(omit.images["before"]) if omit.images is not None else None
+            sig = (before, omit, settings.model, limit)
+        start: _Mark | None = None
+        for mark in reversed(self.marks[-self.MAX_PROBE :]):
+            if self._valid(mark, sig, upto):
+                start = mark
+                break
+        if start is None:
+            h = hashlib.sha256()
+            h.update(b"{" + before + (b"," if before else b"") + b'"input":[')
+            upto0, count = 0, 0
+        else:
+            h = start.h.copy()
+            upto0, count = start.upto, start.count
+        if upto0 < upto:
+            chunk = self.items[upto0:upto]
+            if omit.zero:
+                blobs = [_item_bytes(c.entry, c.item) for c in chunk]
+            else:
+                kept, _, _ = _apply_omit(chunk, settings, path_index)
+                blobs = [_item_bytes(c.entry, item) if item is c.item else canonical_bytes(item) for c, item in kept]
+            if blobs:
+                h.update((b"," if count else b"") + b",".join(blobs))
+                count += len(blobs)
+        if start is None or upto0 < upto:
+            self.marks.append(_Mark(sig, upto, self.items[upto - 1] if upto else None, count, h.copy()))
+        h.update(b"]" + (b"," + after if after else b"") + b"}")
+        return HASH_PREFIX + h.hexdigest()
+
+
+def _item_bytes(entry: Entry, item: Any) -> bytes:
+    return canonical_bytes(item, parsed=True, careful=entry.careful)
+
+
+# ---------------------------------------------------------------------------
+# the builder
+
+
+def output_entries(path: Sequence[Entry], response: Entry) -> list[Entry]:
+    """The item entries on ``path`` holding ``response``'s own output, in path order
+    (RFC 0001 "Request context of a response").
+
+    Walking back from the end of ``path`` (which ends at the response, or just before
+    it): an entry that is not an ``item`` is skipped, an item whose ``response`` names
+    the response's ``response_id`` is an output, and the walk stops at the first item
+    that names another response or none. A response without a ``response_id`` has none.
+    """
+    rid = _name(response.data.get("response_id"))
+    if rid is None:
+        return []
+    found: list[Entry] = []
+    for e in reversed(path):
+        if e is response or e.type != "item":
+            continue
+        if e.data.get("response") == rid:
+            found.append(e)
+        else:
+            break
+    found.reverse()
+    return found
+
+
+class ContextBuilder:
+    """The context algorithm, one entry at a time along a path.
+
+    ``push`` adds the next entry of the path; ``pop`` takes the last one back, so a
+    depth-first walk of a tree serves every entry with one builder. The settings
+    are replayed as entries arrive, the last compaction is applied when it arrives
+    (its kept range rebuilt from the path), and the item list is kept as a stack
+    of contributions; :meth:`context` applies the omit in force at the tip.
+    """
+
+    def __init__(self) -> None:
+        self.path: list[Entry] = []
+        #: id -> position, for the entries on the path only.
+        self.index: dict[str, int] = {}
+        self._models: list[str | None] = []
+        self.settings: Settings = EMPTY_SETTINGS
+        self._raw = _Raw()
+        #: (position of the last compaction, position of its first_kept or None)
+        self.compaction: tuple[int, int | None] | None = None
+        #: Why the context cannot be built while the last compaction is in force.
+        self.error: str | None = None
+        #: Whether the config just pushed holds an omitted ``keep`` whose ``of`` the path cannot resolve.
+        self.unresolved_of = False
+        self._undo: list[tuple] = []
+
+    # -- walking --------------------------------------------------------------
+
+    def push(self, entry: Entry) -> None:
+        pos = len(self.path)
+        self._undo.append((self.index.get(entry.id), self.settings, self._raw, len(self._raw.items), self.compaction, self.error))
+        self.path.append(entry)
+        self.index[entry.id] = pos
+        self.unresolved_of = False
+        t = entry.type
+        data = entry.data
+        if t == "item":
+            item = data.get("item")
+            if isinstance(item, dict):
+                self._raw.items.append(_Contribution(entry, item, "item", self.settings.model, pos))
+        elif t == "config":
+            self.settings, self.unresolved_of = self.settings.apply_checked(data, entry.id)
+        elif t == "branch_summary":
+            summary = data.get("summary")
+            if isinstance(summary, dict):
+                self._raw.items.append(_Contribution(entry, summary, "branch_summary", self.settings.model, pos))
+        elif t == "compaction":
+            self._compact(entry, pos)
+        self._models.append(self.settings.model)
+
+    def _compact(self, entry: Entry, pos: int) -> None:
+        data = entry.data
+        fk = data.get("first_kept")
+        fk_pos = self.index.get(fk) if isinstance(fk, str) else None
+        self.settings = Settings.from_checkpoint(data.get("config"))
+        contributions: list[_Contribution] = []
+        summary = data.get("summary")
+        if isinstance(summary, dict):
+            contributions.append(_Contribution(entry, summary, "summary", self.settings.model, pos))
+        pinned = data.get("pinned")
+        if isinstance(pinned, list):
+            contributions.extend(_Contribution(entry, p, "pinned", self.settings.model, pos) for p in pinned if isinstance(p, dict))
+        if fk_pos is None or fk_pos >= pos:
+            shown = fk if is_hash(fk) else json.dumps(fk)
+            self.error = f"compaction {short_id(entry.id)}: first_kept {shown} names no entry on its path before it"
+            self.compaction = (pos, None)
+        else:
+            self.error = None
+            self.compaction = (pos, fk_pos)
+            for p in range(fk_pos, pos):
+                e = self.path[p]
+                if e.type == "item":
+                    item = e.data.get("item")
+                    if isinstance(item, dict):
+                        contributions.append(_Contribution(e, item, "item", self._models[p], p))
+                elif e.type == "branch_summary":
+                    summary = e.data.get("summary")
+                    if isinstance(summary, dict):
+                        contributions.append(_Contribution(e, summary, "branch_summary", self._models[p], p))
+        self._raw = _Raw(contributions)
+
+    def pop(self) -> Entry:
+        """Take the last entry of the path back, restoring the state before it."""
+        entry = self.path.pop()
+        self._models.pop()
+        prev_index, self.settings, raw, n, self.compaction, self.error = self._undo.pop()
+        if prev_index is None:
+            del self.index[entry.id]
+        else:
+            self.index[entry.id] = prev_index
+        if raw is self._raw:
+            raw.truncate(n)
+        else:
+            self._raw = raw
+        self.unresolved_of = False
+        return entry
+
+    def extend(self, entries: Iterable[Entry]) -> "ContextBuilder":
+        for e in entries:
+            self.push(e)
+        return self
+
+    # -- results --------------------------------------------------------------
+
+    def selected_entries(self) -> list[Entry]:
+        if self.compaction is None or self.compaction[1] is None:
+            return list(self.path)
+        c, fk = self.compaction
+        return [self.path[c]] + self.path[fk:c] + self.path[c + 1 :]
+
+    def context(self, *, apply_omit: bool = True) -> Context:
+        """The context at the tip of the path. Raises :class:`ContextError` when the
+        last compaction's ``first_kept`` names no entry on the path before it.
+        ``apply_omit=False`` gives the items the omit setting would leave out or change
+        as they are recorded (a diagnosis, not a context the format defines)."""
+        if self.error is not None:
+            raise ContextError(self.error)
+        settings = self.settings if apply_omit else self.settings.without_omit()
+        kept, omitted, replaced = _apply_omit(self._raw.items, settings, self.index)
+        return Context(
+            self.settings, [item for _, item in kept], self.selected_entries(), [c.entry for c, _ in kept], omitted, replaced
+        )
+
+    def response_hash(self, *, keep_outputs: bool = False, apply_omit: bool = True) -> str:
+        """The request hash of the response at the tip: its request context is the path
+        with its own output items removed (raises :class:`ContextError`).
+        ``keep_outputs`` and ``apply_omit=False`` give variants a diagnosis tries."""
+        response = self.path[-1]
+        rid = None if keep_outputs else _name(response.data.get("response_id"))
+        return self._hash_before(len(self.path) - 1, rid, apply_omit)
+
+    def request_hash_for(self, response_id: str | None) -> str:
+        """The ``request_hash`` a response with ``response_id`` appended at the tip would
+        verify with (its output items already pushed): what a writer that keeps a builder
+        along its session records, without rebuilding the path for every call."""
+        return self._hash_before(len(self.path), _name(response_id), True)
+
+    def _hash_before(self, end: int, rid: str | None, apply_omit: bool) -> str:
+        """The request hash over ``path[:end]`` with the output items of ``rid`` removed.
+
+        The outputs are the last contributions unless a compaction or branch summary
+        lies among them, which only a rebuild of the path without them gets right.
+        """
+        path = self.path
+        k = 0
+        slow = False
+        if rid is not None:
+            crossed = False
+            for i in range(end - 1, -1, -1):  # no slice: the path may be long
+                e = path[i]
+                if e.type != "item":
+                    if e.type in ("compaction", "branch_summary"):
+                        crossed = True
+                    continue
+                if e.data.get("response") != rid:
+                    break
+                if crossed:
+                    slow = True
+                    break
+                if isinstance(e.data.get("item"), dict):
+                    k += 1
+        settings = self.settings if apply_omit else self.settings.without_omit()
+        if slow:
+            outputs: set[int] = set()
+            for i in range(end - 1, -1, -1):
+                e = path[i]
+                if e.type != "item":
+                    continue
+                if e.data.get("response") != rid:
+                    break
+                outputs.add(id(e))
+            rebuilt = ContextBuilder().extend(e for e in path if id(e) not in outputs)
+            ctx = rebuilt.context(apply_omit=apply_omit)
+            return sha256_ref(request_bytes(settings, ctx.items))
+        if self.error is not None:
+            raise ContextError(self.error)
+        return self._raw.hash_request(len(self._raw.items) - k, settings, self.index)
+
+
+def build_context(path: Sequence[Entry]) -> Context:
+    """The context at the end of a root-first path (raises :class:`ContextError`)."""
+    return ContextBuilder().extend(path).context()
+
+
+def context_at(sf: Any, entry_id: str) -> Context:
+    """The context at an entry of a :class:`~agentsession_cas.reader.SessionFile` (or any
+    object with a ``tree``): the request a model call appended after it would receive."""
+    return build_context(sf.tree.path(entry_id))
+
+
+def request_context(path: Sequence[Entry]) -> Context:
+    """The context of the request that produced the response ``path`` ends at: the path
+    with the response's own output items removed."""
+    if not path or path[-1].type != "response":
+        raise ContextError("a request context is built at a response entry")
+    outputs = {id(e) for e in output_entries(path, path[-1])}
+    return build_context([e for e in path if id(e) not in outputs])
+
+
+def request_hash_for(path: Sequence[Entry], response: Mapping[str, Any]) -> str:
+    """The ``request_hash`` a response not yet written would verify with, were it
+    appended at the end of ``path`` (its output items already on it): the value a
+    writer built on this library records."""
+    rid = _name(response.get("response_id"))
+    outputs: set[int] = set()
+    if rid is not None:
+        for e in reversed(path):
+            if e.type != "item":
+                continue
+            if e.data.get("response") != rid:
+                break
+            outputs.add(id(e))
+    return build_context([e for e in path if id(e) not in outputs]).request_hash()
+
+
+# ---------------------------------------------------------------------------
+# verification
+
+
+@dataclass
+class RequestCheck:
+    """The check of one response's ``request_hash``.
+
+    ``status`` is ``ok``, ``mismatch``, ``no-hash`` (nothing was checked: never
+    reported as verified) or ``error`` (the request could not be rebuilt, or the
+    recorded value is not a hash). For a mismatch ``reason`` says what differs as far
+    as can be told: ``omit`` (the recorded hash is the request with the items the omit
+    setting leaves out), ``outputs`` (with the response's own output items left in),
+    ``other-response`` (it is the request rebuilt for another response), or None.
+    """
+
+    entry: Entry
+    status: str
+    recorded: Any = None
+    computed: str | None = None
+    reason: str | None = None
+    detail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("mismatch", "error")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "entry": self.entry.id,
+            "line": self.entry.line,
+            "status": self.status,
+            "recorded": self.recorded,
+            "computed": self.computed,
+            "reason": self.reason,
+            "detail": self.detail,
+        }
+
+    def message(self) -> str:
+        """What was found for this response, for a person (one line)."""
+        if self.status == "ok":
+            return "ok"
+        if self.status == "no-hash":
+            return "no hash recorded"
+        if self.status == "error":
+            return f"ERROR {self.detail}"
+        return f"MISMATCH recorded {self.recorded}" + (f", {self.detail}" if self.detail else "")
+
+
+@dataclass
+class RequestReport:
+    """Every response of a session checked, in file order, with what else the walk found."""
+
+    checks: list[RequestCheck] = field(default_factory=list)
+    #: Compactions whose ``first_kept`` names no entry on their path, and failed checks.
+    problems: list[Problem] = field(default_factory=list)
+    #: Remarks that are not failures (an omitted list named by an ``of`` the path cannot resolve).
+    notes: list[Problem] = field(default_factory=list)
+
+    @property
+    def verified(self) -> int:
+        return sum(1 for c in self.checks if c.status == "ok")
+
+    @property
+    def without_hash(self) -> int:
+        return sum(1 for c in self.checks if c.status == "no-hash")
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for c in self.checks if c.failed)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def counts(self) -> dict[str, int]:
+        return {"responses": len(self.checks), "verified": self.verified, "without_hash": self.without_hash, "failed": self.failed}
+
+
+#: How many mismatches of one walk get the variants that rebuild a request from
+#: scratch tried on them; past that a mismatch is reported without them, so a file
+#: whose every hash is wrong still verifies in linear time.
+DIAGNOSE_LIMIT = 20
+
+
+def _check_tip(builder: ContextBuilder, broken: str | None = None, diagnose: bool = True) -> RequestCheck:
+    """Check the response at the tip of ``builder``'s path."""
+    response = builder.path[-1]
+    recorded = response.data.get("request_hash")
+    if recorded is None or recorded == "":  # absent, null or empty: nothing was recorded
+        return RequestCheck(response, "no-hash")
+    if not is_hash(recorded):
+        return RequestCheck(response, "error", recorded, detail=f"request_hash {_show(recorded)} is not a sha256 hash")
+    if broken is not None:
+        return RequestCheck(response, "error", recorded, detail=broken)
+    try:
+        computed = builder.response_hash()
+    except AgentSessionError as exc:
+        return RequestCheck(response, "error", recorded, detail=str(exc))
+    if computed == recorded:
+        return RequestCheck(response, "ok", recorded, computed)
+    check = RequestCheck(response, "mismatch", recorded, computed)
+    if diagnose:
+        try:
+            if not builder.settings.omit.zero and builder.response_hash(apply_omit=False) == recorded:
+                check.reason, check.detail = "omit", "the request with the items the omit setting leaves out"
+            elif builder.response_hash(keep_outputs=True) == recorded:
+                check.reason, check.detail = "outputs", "the request with the response's own output items left in"
+        except AgentSessionError:
+            pass
+    return check
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)[:80]
+
+
+def verify_response(path: Sequence[Entry]) -> RequestCheck:
+    """Check the ``request_hash`` of the response ``path`` ends at."""
+    if not path or path[-1].type != "response":
+        raise ContextError("a request hash is checked at a response entry")
+    return _check_tip(ContextBuilder().extend(path))
+
+
+def verify_requests(sf: Any) -> RequestReport:
+    """Check every response of a session file (every branch, the prefix included) and
+    every compaction's ``first_kept``.
+
+    The tree is walked depth-first with one :class:`ContextBuilder`, so each entry is
+    pushed and popped once and each request hash extends the one before it on the
+    path: the work is linear in the session's size however many responses it holds.
+    """
+    entries: Sequence[Entry] = sf.entries
+    report = RequestReport()
+    results: dict[str, RequestCheck] = {}
+    rebuilt: dict[str, Entry] = {}
+    builder = ContextBuilder()
+    notes: list[Problem] = []
+    budget = DIAGNOSE_LIMIT
+    # Children in file order, and the roots: entries with a null parent, or one the
+    # file does not hold (whose paths are cut; their responses cannot be checked).
+    ids = {e.id for e in entries}
+    children: dict[str, list[Entry]] = {}
+    roots: list[tuple[Entry, str | None]] = []
+    for e in entries:
+        parent = e.data.get("parent")
+        if parent is None:
+            roots.append((e, None))
+        elif parent in ids:
+            children.setdefault(parent, []).append(e)
+        else:
+            shown = short_id(parent) if isinstance(parent, str) else json.dumps(parent)
+            cut = f"its path is cut: parent {shown} of line {e.line} is not in the file"
+            roots.append((e, cut))
+    # (entry, leaving?, why its path is cut) on an explicit stack: sessions are deep.
+    stack: list[tuple[Entry, bool, str | None]] = [(r, False, cut) for r, cut in reversed(roots)]
+    while stack:
+        entry, leaving, broken = stack.pop()
+        if leaving:
+            builder.pop()
+            continue
+        builder.push(entry)
+        t = entry.type
+        if t == "config" and builder.unresolved_of:
+            notes.append(
+                Problem(
+                    entry.line,
+                    "of",
+                    f"config {short_id(entry.id)} names an omitted list by an of its path cannot resolve; "
+                    "the element is kept as written, which is not corruption",
+                    entry.id,
+                )
+            )
+        elif t == "compaction" and builder.error is not None:
+            report.problems.append(Problem(entry.line, "first_kept", builder.error, entry.id))
+        elif t == "response":
+            check = _check_tip(builder, broken, diagnose=budget > 0)
+            results[entry.id] = check
+            if check.status == "mismatch":
+                budget -= 1
+            elif check.status == "ok" and check.computed is not None:
+                rebuilt.setdefault(check.computed, entry)
+        stack.append((entry, True, broken))
+        kids = children.get(entry.id)
+        if kids:
+            for child in reversed(kids):
+                stack.append((child, False, broken))
+    for e in entries:
+        if e.type != "response":
+            continue
+        check = results.get(e.id)
+        if check is None:
+            check = RequestCheck(e, "error", e.data.get("request_hash"), detail="its path does not reach a root")
+        elif check.status == "mismatch" and check.reason is None and check.recorded in rebuilt:
+            other = rebuilt[check.recorded]
+            check.reason, check.detail = "other-response", f"the request rebuilt for response {short_id(other.id)}"
+        report.checks.append(check)
+        if check.failed:
+            report.problems.append(Problem(e.line, "request_hash", f"response {short_id(e.id)}: {check.message()}", e.id))
+    report.problems.sort(key=lambda p: (p.line is None, p.line or 0))
+    report.notes = sorted(notes, key=lambda p: p.line or 0)
+    return report
+
+
+# ---------------------------------------------------------------------------
+# the context hash (RFC 0002 "Prefix caching")
+
+_PROVENANCE = ("legacy_id", "normalised")
+_ITEM_PROVENANCE = ("response", "source", "queued_from")
+
+
+def context_hash_step(
+    parent_hash: str,
+    type_: str,
+    body: Mapping[str, Any],
+    first_kept: tuple[str, str] | None = None,
+    *,
+    parsed: bool = False,
+    careful: bool | None = None,
+) -> str:
+    """The context hash at an entry, from its parent's (``NULL_CONTEXT_HASH`` for a root).
+
+    An entry that does not contribute (a response, a record, an extension) takes its
+    parent's. For a contributing one the hash is over ``[parent hash, type, content
+    hash]``, the content stripped of provenance (``legacy_id``, ``normalised``; an
+    item's ``response``, ``source``, ``queued_from``; a branch summary's ``from``) and,
+    for a compaction, ``first_kept`` replaced by ``[context hash, type]`` of the entry
+    it names when that entry is on the path (``first_kept``), else null.
+    ``parsed``/``careful`` are as :func:`~agentsession_cas.canonical.canonical_bytes`
+    takes them, for a body read from a line.
+    """
+    if type_ not in CONTEXT_TYPES:
+        return parent_hash
+    content = {k: v for k, v in body.items() if k not in _PROVENANCE}
+    if type_ == "item":
+        for k in _ITEM_PROVENANCE:
+            content.pop(k, None)
+    elif type_ == "branch_summary":
+        content.pop("from", None)
+    elif type_ == "compaction" and "first_kept" in content:
+        content["first_kept"] = list(first_kept) if first_kept is not None else None
+    chash = sha256_ref(canonical_bytes(content, parsed=parsed, careful=careful))
+    return sha256_ref(canonical_bytes([parent_hash, type_, chash]))
+
+
+class ContextHasher:
+    """RFC 0002's context hash, computed as entries are fed in (a parent before its
+    children), as a store computes it at append. It keeps each fed entry's hash, type
+    and parent, so any entry's value can be served and a compaction's ``first_kept``
+    can be looked for on its path."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[str, str, str | None]] = {}
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._known
+
+    def get(self, entry_id: str | None) -> str:
+        """The context hash at an entry fed earlier (None: the empty context)."""
+        if entry_id is None:
+            return NULL_CONTEXT_HASH
+        try:
+            return self._known[entry_id][0]
+        except KeyError:
+            raise AgentSessionError(f"no context hash for {entry_id}: the entry was not fed") from None
+
+    def _on_path(self, target: str, start: str | None) -> bool:
+        seen: set[str] = set()
+        current = start
+        while current is not None and current not in seen:
+            if current == target:
+                return True
+            seen.add(current)
+            known = self._known.get(current)
+            current = known[2] if known is not None else None
+        return False
+
+    def feed(self, entry: Entry | Mapping[str, Any]) -> str:
+        """Compute, remember and return the context hash at ``entry`` (an :class:`Entry` or
+        an entry object with its ``id``); its parent must have been fed, or be null."""
+        parsed, careful = False, None
+        if isinstance(entry, Entry):
+            # An Entry's members were parsed or hashed when it was made: known JSON.
+            eid, type_, parent, body = entry.id, entry.type, entry.parent, entry.body
+            parsed, careful = True, entry.careful
+        else:
+            eid, type_, parent = entry.get("id"), entry.get("type"), entry.get("parent")
+            body = {k: v for k, v in entry.items() if k not in ("id", "type", "parent", "parents", "ts")}
+        if not isinstance(eid, str) or not isinstance(type_, str):
+            raise AgentSessionError("an entry needs a string id and type to be fed")
+        parent_hash = self.get(parent)
+        ref = None
+        if type_ == "compaction":
+            fk = body.get("first_kept")
+            if isinstance(fk, str) and fk in self._known and self._on_path(fk, parent):
+                ref = (self._known[fk][0], self._known[fk][1])
+        value = context_hash_step(parent_hash, type_, body, ref, parsed=parsed, careful=careful)
+        self._known[eid] = (value, type_, parent)
+        return value
+
+
+def context_hashes(entries: Iterable[Entry]) -> dict[str, str]:
+    """The context hash at every entry, fed in file order (entries whose parent is not
+    among them are skipped, with their descendants)."""
+    hasher = ContextHasher()
+    out: dict[str, str] = {}
+    for e in entries:
+        if e.parent is not None and e.parent not in hasher:
+            continue
+        out[e.id] = hasher.feed(e)
+    return out

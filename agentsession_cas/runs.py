@@ -1,0 +1,1429 @@
+"""Runs and calls: what an agent did along a path, and the record rules (RFC 0001
+``run``, ``dispatch``, ``decision``, ``queued``).
+
+A path holds two stories beside the conversation. **Runs**: each ``run``
+start opens a segment that its matching end closes, and the end's
+``reason`` and ``pending`` list are shapes of that segment, which this
+module recomputes in the RFC's order. **Calls**: each ``function_call``
+item is a call, and the decisions, dispatches and output on the path say
+what happened to it: never started, in flight, held, answered, rejected or
+completed (``unknown`` where no promise in the header's ``records`` covers
+the call).
+
+:func:`analyze_runs` reads one path (root to a leaf) into a
+:class:`RunsReport`; :func:`render_runs` turns it into the lines
+``show --runs`` prints. :func:`verify_records` checks every path of a
+session in one depth-first walk, each entry visited once, so a session with
+many branches costs what its entries cost; it is what ``verify`` calls.
+
+Every broken rule is a :class:`~agentsession_cas.errors.Problem` naming the
+entry (id and line) and the rule; ``docs/runs.md`` lists the codes. Notes
+are remarks that are not failures.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from .entry import Entry, Header, short_id
+from .errors import Problem
+from .reader import SessionFile
+
+__all__ = [
+    "CALL_STATES",
+    "RUN_REASONS",
+    "CallEvent",
+    "CallInfo",
+    "QueuedInfo",
+    "RunInfo",
+    "RunsReport",
+    "RecordsCheck",
+    "analyze_runs",
+    "analyze_path",
+    "verify_records",
+    "render_runs",
+    "render_records_check",
+]
+
+#: What the path says happened to a call, as the JSON names them.
+CALL_STATES = ("never_started", "in_flight", "held", "answered", "rejected", "completed", "unknown")
+#: The closed set of run end reasons.
+RUN_REASONS = ("done", "stopped", "interrupted", "input_required", "aborted", "error")
+#: Reasons a writer adds where the segment cannot show them; a written one stands.
+WRITTEN_REASONS = ("error", "interrupted")
+VERDICTS = ("proceed", "reject", "hold", "answer")
+DECIDERS = ("human", "policy", "agent")
+SOURCES = ("input", "resume")
+QUEUE_MODES = ("steer", "followup")
+#: Entry types that are in context, for the "empty run" test.
+_CONTEXT_TYPES = frozenset(("item", "config", "compaction", "branch_summary"))
+
+
+def _state_words(state: str) -> str:
+    return state.replace("_", " ")
+
+
+# ---------------------------------------------------------------------------
+# results
+
+
+@dataclass(frozen=True)
+class CallEvent:
+    """One thing that happened to a call on the path: a decision, a dispatch or an output."""
+
+    kind: str  # "decision" | "dispatch" | "output"
+    entry: str
+    line: int | None
+    verdict: str | None = None
+    by: str | None = None
+    reason: str | None = None
+    args_rewritten: bool = False
+    idempotency_key: str | None = None
+    #: A dispatch withdrawn by the reject that directly follows it, or that reject.
+    withdrawn: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind, "entry": self.entry, "line": self.line}
+        if self.kind == "decision":
+            d.update(verdict=self.verdict, by=self.by, reason=self.reason, args_rewritten=self.args_rewritten)
+        if self.kind == "dispatch":
+            d["idempotency_key"] = self.idempotency_key
+        if self.withdrawn:
+            d["withdrawn"] = True
+        return d
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """A call as the path holds it at one point (a run's end, or the leaf)."""
+
+    call_id: str
+    name: str | None
+    arguments: str | None
+    entry: str
+    line: int | None
+    state: str
+    #: Made after the base (the header's ``records`` promise covers it).
+    own: bool
+    events: tuple[CallEvent, ...]
+    output: str | None
+    #: A dispatch for the call exists in the session off this path.
+    dispatched_elsewhere: bool = False
+
+    @property
+    def pending(self) -> bool:
+        return self.output is None
+
+    @property
+    def dispatches(self) -> tuple[CallEvent, ...]:
+        return tuple(e for e in self.events if e.kind == "dispatch" and not e.withdrawn)
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The key of the last dispatch that was not withdrawn."""
+        ds = self.dispatches
+        return ds[-1].idempotency_key if ds else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "name": self.name,
+            "arguments": self.arguments,
+            "entry": self.entry,
+            "line": self.line,
+            "state": self.state,
+            "own": self.own,
+            "output": self.output,
+            "dispatched_elsewhere": self.dispatched_elsewhere,
+            "events": [e.as_dict() for e in self.events],
+        }
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run's segment on the path, what its entries record and what the segment says."""
+
+    run_id: str | None
+    start: str
+    start_line: int | None
+    #: The end entry, or None when the run has none on the path.
+    end: str | None
+    end_line: int | None
+    #: How the segment closes: "end", "start" (the next run's start, with no end),
+    #: or "leaf" (open at the end of the path).
+    closed_by: str
+    source: str | None
+    computed_source: str
+    ref: str | None
+    trigger: Any
+    recorded_reason: str | None
+    recorded_pending: tuple[str, ...] | None
+    end_ref: str | None
+    computed_reason: str
+    #: Why the cascade gave ``computed_reason``, in words.
+    computed_why: str
+    pending: tuple[str, ...]
+    calls: tuple[CallInfo, ...]
+    #: The segment holds no context entry, response, dispatch or decision.
+    empty: bool
+
+    @property
+    def reason_agrees(self) -> bool | None:
+        """Whether the written reason stands against the segment (None without an end)."""
+        if self.end is None:
+            return None
+        if self.recorded_reason in WRITTEN_REASONS:
+            return True
+        return self.recorded_reason == self.computed_reason
+
+    @property
+    def pending_agrees(self) -> bool | None:
+        if self.end is None:
+            return None
+        if self.recorded_pending is None:
+            return False
+        return _same_ids(self.recorded_pending, self.pending)
+
+    @property
+    def source_agrees(self) -> bool:
+        if self.source == self.computed_source:
+            return True
+        return self.source == "resume" and self.empty
+
+    @property
+    def agrees(self) -> bool | None:
+        """The end agrees with the segment (None when the run has no end on the path)."""
+        if self.end is None:
+            return None
+        return bool(self.reason_agrees and self.pending_agrees)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "start": self.start,
+            "start_line": self.start_line,
+            "end": self.end,
+            "end_line": self.end_line,
+            "closed_by": self.closed_by,
+            "source": self.source,
+            "computed_source": self.computed_source,
+            "source_agrees": self.source_agrees,
+            "ref": self.ref,
+            "trigger": self.trigger,
+            "recorded_reason": self.recorded_reason,
+            "recorded_pending": list(self.recorded_pending) if self.recorded_pending is not None else None,
+            "end_ref": self.end_ref,
+            "computed_reason": self.computed_reason,
+            "computed_why": self.computed_why,
+            "pending": list(self.pending),
+            "agrees": self.agrees,
+            "empty": self.empty,
+            "calls": [c.as_dict() for c in self.calls],
+        }
+
+
+@dataclass(frozen=True)
+class QueuedInfo:
+    """A queued input the harness still owes the conversation (the inbox a resume drains)."""
+
+    entry: str
+    line: int | None
+    mode: str | None
+    item: Any
+    trigger: Any
+    ref: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"entry": self.entry, "line": self.line, "mode": self.mode, "item": self.item,
+                "trigger": self.trigger, "ref": self.ref}
+
+
+@dataclass
+class RunsReport:
+    """Runs and calls on one path, and every record rule broken on it."""
+
+    source: str
+    leaf: str | None
+    path_length: int
+    records: tuple[str, ...]
+    runs: list[RunInfo]
+    #: Every call on the path, in path order, with its state at the leaf.
+    calls: list[CallInfo]
+    inbox: list[QueuedInfo]
+    problems: list[Problem]
+    notes: list[Problem]
+
+    @property
+    def pending(self) -> list[CallInfo]:
+        """Calls with no output at the leaf: what a resume answers."""
+        return [c for c in self.calls if c.pending]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "leaf": self.leaf,
+            "path_length": self.path_length,
+            "records": list(self.records),
+            "runs": [r.as_dict() for r in self.runs],
+            "calls": [c.as_dict() for c in self.calls],
+            "pending": [c.call_id for c in self.pending],
+            "inbox": [q.as_dict() for q in self.inbox],
+            "problems": [p.as_dict() for p in self.problems],
+            "notes": [p.as_dict() for p in self.notes],
+            "ok": self.ok,
+        }
+
+
+@dataclass
+class RecordsCheck:
+    """The record rules checked on every path of a session (what ``verify`` reports)."""
+
+    source: str
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
+    #: Distinct runs (start entries) on any path.
+    runs_checked: int = 0
+    #: Distinct run ends compared with their segments.
+    ends_checked: int = 0
+    #: Distinct function calls.
+    calls_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "runs_checked": self.runs_checked,
+            "ends_checked": self.ends_checked,
+            "calls_checked": self.calls_checked,
+            "problems": [p.as_dict() for p in self.problems],
+            "notes": [p.as_dict() for p in self.notes],
+            "ok": self.ok,
+        }
+
+
+# ---------------------------------------------------------------------------
+# the walker's live state
+
+
+class _Event:
+    __slots__ = ("kind", "entry", "verdict", "withdraws")
+
+    def __init__(self, kind: str, entry: Entry, verdict: str | None = None, withdraws: bool = False):
+        self.kind = kind
+        self.entry = entry
+        self.verdict = verdict
+        #: A reject carrying ``withdrawn`` that directly follows a dispatch of its call.
+        self.withdraws = withdraws
+
+
+def _effective(events: list[_Event]) -> list[_Event]:
+    """The call's events with withdrawn hand-offs (a dispatch and the reject that
+    withdraws it) taken out, as RFC 0001 0.14 reads them: never made."""
+    out: list[_Event] = []
+    for ev in events:
+        if ev.withdraws:
+            if out and out[-1].kind == "dispatch":
+                out.pop()
+            continue
+        out.append(ev)
+    return out
+
+
+class _Call:
+    __slots__ = ("entry", "call_id", "depth", "own", "events", "output")
+
+    def __init__(self, entry: Entry, call_id: str, depth: int, own: bool):
+        self.entry = entry
+        self.call_id = call_id
+        self.depth = depth
+        self.own = own
+        self.events: list[_Event] = []
+        self.output: Entry | None = None
+
+
+class _Run:
+    __slots__ = ("start", "depth", "run_id", "calls", "call_keys", "nonempty", "out_or_decision", "takeup")
+
+    def __init__(self, start: Entry, depth: int):
+        self.start = start
+        self.depth = depth
+        rid = start.get("run_id")
+        self.run_id = rid if isinstance(rid, str) else None
+        self.calls: list[_Call] = []
+        self.call_keys: set[str] = set()
+        self.nonempty = False
+        self.out_or_decision = False
+        #: The source the segment's first output, decision or dispatch shows, and why, once seen.
+        self.takeup: tuple[str, str] | None = None
+
+
+def _same_ids(a: Iterable[str], b: Iterable[str]) -> bool:
+    return sorted(a) == sorted(b)
+
+
+def _q(value: Any) -> str:
+    """An untrusted value for a message: JSON-quoted, so it stays on one line."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+_WS = re.compile(r"\s+")
+
+
+def _cut(text: str, width: int) -> str:
+    """Whitespace collapsed, cut to ``width`` with an ellipsis, JSON-quoted."""
+    text = _WS.sub(" ", text).strip()
+    if len(text) > width:
+        text = text[: width - 1] + "\u2026"
+    return json.dumps(text, ensure_ascii=False)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _plain(text: str, width: int) -> str:
+    """Whitespace collapsed, control characters escaped, cut to ``width``: for
+    text shown unquoted, such as a call's JSON arguments."""
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", _WS.sub(" ", text).strip())
+    if len(text) > width:
+        text = text[: width - 1] + "\u2026"
+    return text
+
+
+class _Walker:
+    """Entries pushed in path order and popped in reverse, as a depth-first walk
+    does; every change a push makes is undone by its pop, so one walker serves
+    every branch of a tree with each entry visited once."""
+
+    def __init__(
+        self,
+        header: Header,
+        *,
+        foreign: frozenset[str],
+        dispatch_nodes: dict[str, list[str]],
+        entries: Sequence[Entry],
+        by_id: dict[str, Entry],
+        collect_runs: bool,
+    ):
+        self.header = header
+        records = header.records
+        self.records = tuple(records)
+        self.promise_dispatch = "dispatch" in records
+        self.promise_run = "run" in records
+        self.foreign = foreign
+        self.dispatch_nodes = dispatch_nodes
+        self.entries = entries
+        self._intervals: dict[str, tuple[int, int]] | None = None  # built on first need
+        self.by_id = by_id
+        self.collect_runs = collect_runs
+
+        self.path: list[Entry] = []
+        self.on_path: set[str] = set()
+        self.last_resp: list[tuple[Entry, int] | None] = []
+        self._marks: list[int] = []
+        self._undo: list[Callable[[], None]] = []
+
+        self.calls: dict[str, _Call] = {}  # function_call entry id -> call, on the path
+        self.by_call_id: dict[str, list[_Call]] = {}
+        self.call_order: list[_Call] = []
+        self.open_calls = 0
+        self.run: _Run | None = None
+        self.runs: list[RunInfo] = []  # closed runs, in path order (collect_runs only)
+
+        self.problems: list[Problem] = []
+        self.notes: list[Problem] = []
+        self._seen: set[tuple[str, str]] = set()
+        self.has_calls: dict[str, bool] = {}  # response entry id -> its output holds a function call
+        self.starts_seen: set[str] = set()
+        self.ends_seen: set[str] = set()
+
+    # -- bookkeeping ------------------------------------------------------
+
+    def problem(self, entry: Entry, code: str, message: str) -> None:
+        key = (entry.id, code)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.problems.append(Problem(entry.line, code, f"{entry.type} {short_id(entry.id)}: {message}", entry.id))
+
+    def note(self, entry: Entry, code: str, message: str) -> None:
+        key = (entry.id, "note:" + code)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.notes.append(Problem(entry.line, code, f"{entry.type} {short_id(entry.id)}: {message}", entry.id))
+
+    def _set(self, obj: Any, name: str, value: Any) -> None:
+        old = getattr(obj, name)
+        setattr(obj, name, value)
+        self._undo.append(lambda: setattr(obj, name, old))
+
+    def _set_run(self, run: _Run | None) -> None:
+        old = self.run
+        self.run = run
+        self._undo.append(lambda: setattr(self, "run", old))
+
+    def _add_open_calls(self, n: int) -> None:
+        self.open_calls += n
+        self._undo.append(lambda: setattr(self, "open_calls", self.open_calls - n))
+
+    # -- push / pop ---------------------------------------------------------
+
+    def push(self, e: Entry) -> None:
+        self._marks.append(len(self._undo))
+        depth = len(self.path)
+        self.path.append(e)
+        self.on_path.add(e.id)
+        t = e.data.get("type")
+        prev = self.last_resp[-1] if self.last_resp else None
+        self.last_resp.append((e, depth) if t == "response" else prev)
+
+        run = self.run
+        if run is not None and not run.nonempty and (t in _CONTEXT_TYPES or t == "response"):
+            self._set(run, "nonempty", True)
+        if t == "item":
+            self._item(e, depth)
+        elif t == "decision":
+            self._decision(e)
+        elif t == "dispatch":
+            self._dispatch(e)
+        elif t == "run":
+            self._run_entry(e, depth)
+        elif t == "response":
+            self._response(e, depth)
+        elif t == "queued":
+            self._queued(e)
+
+    def pop(self) -> None:
+        mark = self._marks.pop()
+        undo = self._undo
+        while len(undo) > mark:
+            undo.pop()()
+        e = self.path.pop()
+        self.on_path.discard(e.id)
+        self.last_resp.pop()
+
+    # -- entries ----------------------------------------------------------------
+
+    def _item(self, e: Entry, depth: int) -> None:
+        item = e.data.get("item")
+        if "from_link" in e.data:
+            self._from_link(e)
+        if not isinstance(item, dict):
+            return
+        kind = item.get("type")
+        if kind == "function_call":
+            cid = item.get("call_id")
+            call = _Call(e, cid if isinstance(cid, str) else "", depth, e.id not in self.foreign)
+            self.calls[e.id] = call
+            stack = self.by_call_id.setdefault(call.call_id, [])
+            stack.append(call)
+            self.call_order.append(call)
+
+            def undo_call() -> None:
+                del self.calls[e.id]
+                stack.pop()
+                self.call_order.pop()
+
+            self._undo.append(undo_call)
+            self._add_open_calls(1)
+            if self.run is not None:
+                self._run_takes(self.run, call)
+        elif kind == "function_call_output":
+            cid = item.get("call_id")
+            stack = self.by_call_id.get(cid) if isinstance(cid, str) else None
+            call = stack[-1] if stack else None
+            if call is None:
+                self.note(e, "orphan-output", f"output for call {_q(cid)} names no function call before it on the path")
+            else:
+                if call.output is None:
+                    if self.promise_dispatch and call.own:
+                        eff = _effective(call.events)
+                        ran = not any(ev.kind == "decision" and ev.verdict in ("reject", "answer") for ev in eff)
+                        if ran and not any(ev.kind == "dispatch" for ev in eff):
+                            self.problem(
+                                e,
+                                "dispatch-missing",
+                                f"call {_q(call.call_id)} has an output and no dispatch, though the header's records "
+                                "promise dispatch: a promised dispatch is written before the tool runs (RFC 0001 dispatch)",
+                            )
+                    self._set(call, "output", e)
+                    self._add_open_calls(-1)
+                self._event(call, _Event("output", e))
+            self._segment_event(e, call)
+
+    def _resolve_target(self, e: Entry) -> _Call | None:
+        """The call a decision or dispatch names by ``target``; a ``target`` naming no
+        call before it on the path is reported, and read as the latest call with its
+        ``call_id``, as RFC 0001 lets a reader."""
+        target = e.get("target")
+        cid = e.get("call_id")
+        if not isinstance(cid, str) or not cid:
+            self.problem(e, "record-malformed", f"{e.type} has no call_id, which RFC 0001 requires")
+        call = self.calls.get(target) if isinstance(target, str) else None
+        if call is None:
+            self.problem(
+                e,
+                "bad-target",
+                f"target {_q(target)} names no function call before it on the path: a {e.type}'s target is the "
+                "item entry holding its call (RFC 0001 dispatch, decision)",
+            )
+            stack = self.by_call_id.get(cid) if isinstance(cid, str) else None
+            return stack[-1] if stack else None
+        if isinstance(cid, str) and cid and call.call_id != cid:
+            self.problem(
+                e,
+                "bad-target",
+                f"target names call {_q(call.call_id)} but call_id is {_q(cid)}: the call_id must be the target call's "
+                "(RFC 0001 dispatch, decision)",
+            )
+        return call
+
+    def _decision(self, e: Entry) -> None:
+        verdict = e.get("verdict")
+        if verdict not in VERDICTS:
+            self.problem(e, "record-malformed", f"verdict {_q(verdict)} is not one of {', '.join(VERDICTS)}")
+            verdict = None
+        by = e.get("by")
+        if by is not None and by not in DECIDERS:
+            self.problem(e, "record-malformed", f"by {_q(by)} is not one of {', '.join(DECIDERS)}")
+        if verdict == "reject" and not isinstance(e.get("reason"), str):
+            self.problem(e, "record-malformed", "a reject carries no reason, which RFC 0001 requires (it is the output the model saw)")
+        call = self._resolve_target(e)
+        if call is None:
+            self._segment_event(e, None)
+            return
+        cid = _q(call.call_id)
+        eff = _effective(call.events)
+        rejected = any(ev.kind == "decision" and ev.verdict == "reject" for ev in eff)
+        answered = any(ev.kind == "decision" and ev.verdict == "answer" for ev in eff)
+        withdraws = (
+            verdict == "reject"
+            and e.get("withdrawn") is True
+            and bool(call.events)
+            and call.events[-1].kind == "dispatch"
+        )
+        if rejected:
+            self.problem(e, "decision-after-reject", f"decision on call {cid} after its reject: no decision follows a reject (RFC 0001 decision)")
+        elif answered:
+            self.problem(e, "decision-after-answer", f"decision on call {cid} after its answer: no decision follows an answer (RFC 0001 decision)")
+        elif verdict in ("reject", "answer") and call.output is not None:
+            self.problem(
+                e,
+                "decision-after-output",
+                f"{verdict} for call {cid} after its output at line {call.output.line}: the output ends the call (RFC 0001 decision)",
+            )
+        elif verdict == "reject" and not withdraws and any(ev.kind == "dispatch" for ev in eff):
+            self.problem(
+                e,
+                "reject-after-dispatch",
+                f"reject for call {cid}, which was dispatched: a call that may have run is ended by answer, never reject (RFC 0001 decision)",
+            )
+        elif (
+            verdict == "answer"
+            and self.promise_dispatch
+            and call.own
+            and not any(ev.kind == "dispatch" for ev in eff)
+            and not self._dispatched_elsewhere(call)
+        ):
+            self.problem(
+                e,
+                "answer-not-dispatched",
+                f"answer for call {cid}, which has no dispatch though the header's records promise dispatch: the record "
+                "says it never started, and a call ended without running is rejected (RFC 0001 decision)",
+            )
+        self._event(call, _Event("decision", e, verdict, withdraws))
+        self._segment_event(e, call)
+
+    def _dispatch(self, e: Entry) -> None:
+        key = e.get("idempotency_key")
+        if key is not None and not isinstance(key, str):
+            self.problem(e, "record-malformed", "idempotency_key is not a string")
+        call = self._resolve_target(e)
+        if call is None:
+            self._segment_event(e, None)
+            return
+        cid = _q(call.call_id)
+        eff = _effective(call.events)
+        if any(ev.kind == "decision" and ev.verdict == "reject" for ev in eff):
+            self.problem(e, "dispatch-after-reject", f"dispatch for call {cid} after its reject: no dispatch follows a reject (RFC 0001 decision)")
+        elif any(ev.kind == "decision" and ev.verdict == "answer" for ev in eff):
+            self.problem(e, "dispatch-after-answer", f"dispatch for call {cid} after its answer: no dispatch follows an answer (RFC 0001 decision)")
+        elif call.output is not None:
+            self.problem(
+                e,
+                "dispatch-after-output",
+                f"dispatch for call {cid} after its output at line {call.output.line}: the output ends the call, and running "
+                "the tool again is a new call (RFC 0001 dispatch)",
+            )
+        self._event(call, _Event("dispatch", e))
+        self._segment_event(e, call)
+
+    def _event(self, call: _Call, ev: _Event) -> None:
+        call.events.append(ev)
+        self._undo.append(call.events.pop)
+
+    def _dispatched_elsewhere(self, call: _Call) -> bool:
+        """A dispatch naming the call exists off the path: neither on it nor below
+        its last entry (a later hand-off on the same branch is not elsewhere).
+        RFC 0001 0.10 lets one stand for a dispatch on the path, for the answer
+        rule and against the call having never started."""
+        nodes = self.dispatch_nodes.get(call.entry.id)
+        if not nodes:
+            return False
+        off = [d for d in nodes if d not in self.on_path]
+        if not off:
+            return False
+        if self._intervals is None:
+            self._intervals = _intervals(self.entries)
+        here = self._intervals.get(self.path[-1].id) if self.path else None
+        for d in off:
+            if here is not None:
+                tin = self._intervals.get(d, (-1, -1))[0]
+                if here[0] <= tin <= here[1]:
+                    continue
+            return True
+        return False
+
+    def _from_link(self, e: Entry) -> None:
+        target = e.get("from_link")
+        link = self.by_id.get(target) if isinstance(target, str) and target in self.on_path else None
+        if link is None or link.type != "link" or link.get("rel") != "peer" or "cancel" in link.data:
+            self.problem(
+                e,
+                "bad-from-link",
+                f"from_link {_q(target)} names no peer link before the item on its path (RFC 0001 0.14 link)",
+            )
+
+    def _queued(self, e: Entry) -> None:
+        if not isinstance(e.get("item"), dict):
+            self.problem(e, "record-malformed", "queued entry has no item, which RFC 0001 requires")
+        if e.get("mode") not in QUEUE_MODES:
+            self.problem(e, "record-malformed", f"mode {_q(e.get('mode'))} is not one of {', '.join(QUEUE_MODES)}")
+
+    def _response(self, e: Entry, depth: int) -> None:
+        """Whether this response's output holds a function call, found as RFC 0001
+        "Request context of a response" finds output items: walking back over the
+        path, skipping entries that are not items, while items name this response."""
+        rid = e.get("response_id")
+        found = False
+        if isinstance(rid, str):
+            path = self.path
+            for i in range(depth - 1, -1, -1):
+                p = path[i]
+                if p.type != "item":
+                    continue
+                if p.get("response") != rid:
+                    break
+                item = p.get("item")
+                if isinstance(item, dict) and item.get("type") == "function_call":
+                    found = True
+        self.has_calls[e.id] = found
+
+    # -- runs -------------------------------------------------------------------
+
+    def _run_takes(self, run: _Run, call: _Call) -> None:
+        key = call.entry.id
+        if key in run.call_keys:
+            return
+        run.call_keys.add(key)
+        run.calls.append(call)
+
+        def undo() -> None:
+            run.call_keys.discard(key)
+            run.calls.pop()
+
+        self._undo.append(undo)
+
+    def _segment_event(self, e: Entry, call: _Call | None) -> None:
+        """An output, decision or dispatch inside a run: the run takes its call up,
+        and the first one decides the run's source."""
+        run = self.run
+        if run is None:
+            return
+        if call is not None:
+            self._run_takes(run, call)
+        if e.type != "dispatch" and not run.out_or_decision:
+            self._set(run, "out_or_decision", True)
+        if run.takeup is None:
+            # Judged now: "no output when the run began" is about the path before this entry.
+            if call is not None and call.depth < run.depth and (call.output is None or call.output is e):
+                takeup = ("resume", f"its first output, decision or dispatch (line {e.line}) takes up call "
+                          f"{_q(call.call_id)}, left without an output before the run")
+            else:
+                takeup = ("input", f"its first output, decision or dispatch (line {e.line}) takes up no call "
+                          "left without an output before the run")
+            self._set(run, "takeup", takeup)
+            self._check_source(run, closing=False)
+
+    def _computed_source(self, run: _Run) -> tuple[str, str]:
+        """The source the segment shows, and why."""
+        if run.takeup is None:
+            return "input", "the segment takes up no call"
+        return run.takeup
+
+    def _check_source(self, run: _Run, *, closing: bool) -> None:
+        start = run.start
+        written = start.get("source")
+        if written not in SOURCES:
+            return  # reported as malformed at the start
+        if run.takeup is None and not closing:
+            return
+        computed, why = self._computed_source(run)
+        if written == computed:
+            return
+        if written == "resume" and not run.nonempty and run.takeup is None:
+            return  # an empty run written resume is accepted as written (0.11, 0.14)
+        self.problem(
+            start,
+            "run-source",
+            f"run {_q(run.run_id)} starts {written} but its segment reads {computed}: {why} (RFC 0001 run source)",
+        )
+
+    def _run_entry(self, e: Entry, depth: int) -> None:
+        phase = e.get("phase")
+        rid = e.get("run_id")
+        if not isinstance(rid, str) or not rid:
+            self.problem(e, "record-malformed", "run entry has no run_id, which RFC 0001 requires")
+        if phase == "start":
+            if e.get("source") not in SOURCES:
+                self.problem(e, "record-malformed", f"run start source {_q(e.get('source'))} is not input or resume")
+            if self.run is not None:
+                open_run = self.run
+                if self.promise_run:
+                    self.note(
+                        e,
+                        "run-not-ended",
+                        f"run {_q(rid)} starts while run {_q(open_run.run_id)} (line {open_run.start.line}) has no end on "
+                        "the path; the header records runs, and the writer that continues a path closes the run open on it",
+                    )
+                self._close(open_run, None, "start")
+            run = _Run(e, depth)
+            self.starts_seen.add(e.id)
+            self._set_run(run)
+        elif phase == "end":
+            reason = e.get("reason")
+            if reason not in RUN_REASONS:
+                self.problem(e, "record-malformed", f"run end reason {_q(reason)} is not one of {', '.join(RUN_REASONS)}")
+            pending = e.get("pending")
+            if not isinstance(pending, list) or not all(isinstance(p, str) for p in pending):
+                self.problem(e, "record-malformed", "run end has no pending list of call ids, which RFC 0001 requires")
+            run = self.run
+            if run is not None and run.run_id is not None and run.run_id == rid:
+                self._close(run, e, "end")
+                self._set_run(None)
+            else:
+                self.note(
+                    e,
+                    "run-end-unmatched",
+                    f"run end for {_q(rid)} closes no run open on the path"
+                    + (f" (run {_q(run.run_id)} is open)" if run is not None else ""),
+                )
+        else:
+            self.problem(e, "record-malformed", f"run phase {_q(phase)} is neither start nor end")
+
+    def _reason(self, run: _Run, end_depth: int) -> tuple[str, str, list[_Call], dict[str, str]]:
+        """The RFC 0001 cascade over the run's segment (start..end_depth) and the path."""
+        path_last = self.last_resp[end_depth]
+        seg_last = path_last[0] if path_last is not None and path_last[1] > run.depth else None
+        states = {c.entry.id: self.state(c) for c in run.calls}
+        pending = [c for c in run.calls if c.output is None]
+        if seg_last is not None and seg_last.get("error") is not None:
+            return "error", "the segment's last response carries an error", pending, states
+        held = [c for c in pending if states[c.entry.id] == "held"]
+        flying = [c for c in pending if states[c.entry.id] == "in_flight"]
+        if held and not flying:
+            return "input_required", f"call {_q(held[0].call_id)} is held and no pending call is in flight", pending, states
+        if pending:
+            c = flying[0] if flying else pending[0]
+            return "aborted", f"call {_q(c.call_id)} is pending, {_state_words(states[c.entry.id])}", pending, states
+        if seg_last is not None and seg_last.get("incomplete") is not None:
+            return "aborted", "the segment's last response is incomplete", pending, states
+        if seg_last is not None and not self.has_calls.get(seg_last.id, False):
+            return "done", "the segment's last response made no call", pending, states
+        last_made_calls = path_last is not None and self.has_calls.get(path_last[0].id, False)
+        if last_made_calls and self.open_calls == 0 and run.out_or_decision:
+            return "stopped", "the last response made calls, every call has its output, and no model call followed", pending, states
+        # step 6: anything left
+        if seg_last is None and not run.out_or_decision:
+            why = "the run neither called the model nor finished a call"
+        elif self.open_calls:
+            why = "a call on the path, left by an earlier run, is still without an output"
+        else:
+            why = "the last response on the path made no call and the segment has no response of its own"
+        return "aborted", why, pending, states
+
+    def _close(self, run: _Run, end: Entry | None, closed_by: str) -> None:
+        """A run's segment closes: check its source and (with an end) its end, and
+        keep it for the report."""
+        self._check_source(run, closing=True)
+        if end is None and not self.collect_runs:
+            return
+        end_depth = len(self.path) - 1
+        if end is not None and closed_by == "end":
+            pass
+        elif closed_by == "start":
+            end_depth = len(self.path) - 2  # the segment stops before the next start
+        reason, why, pending, states = self._reason(run, end_depth)
+        pending_ids = tuple(c.call_id for c in pending)
+        if end is not None:
+            self.ends_seen.add(end.id)
+            written = end.get("reason")
+            if written in RUN_REASONS and written not in WRITTEN_REASONS and written != reason:
+                self.problem(
+                    end,
+                    "run-reason",
+                    f"run {_q(run.run_id)} ends {written} but its segment reads {reason}: {why} "
+                    "(RFC 0001 run: the segment is authoritative)",
+                )
+            listed = end.get("pending")
+            if isinstance(listed, list) and all(isinstance(p, str) for p in listed) and not _same_ids(listed, pending_ids):
+                self.problem(
+                    end,
+                    "run-pending",
+                    f"run {_q(run.run_id)} lists pending {_q(sorted(listed))} but its segment leaves "
+                    f"{_q(sorted(pending_ids))} without an output (RFC 0001 run: the segment is authoritative)",
+                )
+        if not self.collect_runs:
+            return
+        start = run.start
+        listed = end.get("pending") if end is not None else None
+        src, _ = self._computed_source(run)
+        info = RunInfo(
+            run_id=run.run_id,
+            start=start.id,
+            start_line=start.line,
+            end=end.id if end is not None else None,
+            end_line=end.line if end is not None else None,
+            closed_by=closed_by,
+            source=start.get("source") if isinstance(start.get("source"), str) else None,
+            computed_source=src,
+            ref=start.get("ref") if isinstance(start.get("ref"), str) else None,
+            trigger=start.get("trigger"),
+            recorded_reason=end.get("reason") if end is not None and isinstance(end.get("reason"), str) else None,
+            recorded_pending=tuple(listed) if isinstance(listed, list) and all(isinstance(p, str) for p in listed) else None,
+            end_ref=end.get("ref") if end is not None and isinstance(end.get("ref"), str) else None,
+            computed_reason=reason,
+            computed_why=why,
+            pending=pending_ids,
+            calls=tuple(self.info(c, states[c.entry.id]) for c in run.calls),
+            empty=not run.nonempty and run.takeup is None,
+        )
+        self.runs.append(info)
+        self._undo.append(self.runs.pop)
+
+    def at_leaf(self) -> None:
+        """The path ends here: a run still open is checked as far as it goes."""
+        if self.run is not None:
+            self._check_source(self.run, closing=True)
+
+    # -- calls ------------------------------------------------------------------
+
+    def state(self, call: _Call) -> str:
+        """What the path says happened to the call (RFC 0001 dispatch, decision)."""
+        if call.output is not None:
+            return "completed"
+        last_dispatch = -1
+        latest_hold = -1
+        for i, ev in enumerate(_effective(call.events)):
+            if ev.kind == "dispatch":
+                last_dispatch = i
+            elif ev.kind == "decision":
+                if ev.verdict == "reject":
+                    return "rejected"
+                if ev.verdict == "answer":
+                    return "answered"
+                if ev.verdict == "hold":
+                    latest_hold = i
+                elif ev.verdict == "proceed":
+                    latest_hold = -1
+        if latest_hold > last_dispatch:
+            return "held"
+        if last_dispatch >= 0:
+            return "in_flight"
+        if call.own and self.promise_dispatch and not self._dispatched_elsewhere(call):
+            return "never_started"
+        return "unknown"
+
+    def info(self, call: _Call, state: str | None = None) -> CallInfo:
+        item = call.entry.get("item")
+        name = item.get("name") if isinstance(item, dict) else None
+        args = item.get("arguments") if isinstance(item, dict) else None
+        withdrawn: set[int] = set()
+        for i, ev in enumerate(call.events):
+            if ev.withdraws and i > 0 and call.events[i - 1].kind == "dispatch":
+                withdrawn.update((i - 1, i))
+        events = []
+        for i, ev in enumerate(call.events):
+            d = ev.entry
+            args_member = d.get("args")
+            events.append(
+                CallEvent(
+                    kind=ev.kind,
+                    entry=d.id,
+                    line=d.line,
+                    verdict=ev.verdict,
+                    by=d.get("by") if ev.kind == "decision" and isinstance(d.get("by"), str) else None,
+                    reason=d.get("reason") if ev.kind == "decision" and isinstance(d.get("reason"), str) else None,
+                    args_rewritten=ev.kind == "decision" and ev.verdict != "answer" and args_member is not None,
+                    idempotency_key=d.get("idempotency_key") if ev.kind == "dispatch" and isinstance(d.get("idempotency_key"), str) else None,
+                    withdrawn=i in withdrawn,
+                )
+            )
+        return CallInfo(
+            call_id=call.call_id,
+            name=name if isinstance(name, str) else None,
+            arguments=args if isinstance(args, str) else None,
+            entry=call.entry.id,
+            line=call.entry.line,
+            state=state if state is not None else self.state(call),
+            own=call.own,
+            events=tuple(events),
+            output=call.output.id if call.output is not None else None,
+            dispatched_elsewhere=self._dispatched_elsewhere(call),
+        )
+
+
+# ---------------------------------------------------------------------------
+# session-wide rules and notes
+
+
+def _call_id_problems(entries: Sequence[Entry]) -> tuple[list[Problem], int]:
+    """A call_id is never empty and names one function call in the session, on any
+    branch. Returns the problems and the number of function calls."""
+    out: list[Problem] = []
+    first: dict[str, Entry] = {}
+    calls = 0
+    for e in entries:
+        d = e.data
+        if d.get("type") != "item":
+            continue
+        item = d.get("item")
+        if not isinstance(item, dict) or item.get("type") != "function_call":
+            continue
+        calls += 1
+        cid = item.get("call_id")
+        where = f"item {short_id(e.id)}: "
+        if not isinstance(cid, str) or not cid:
+            out.append(
+                Problem(e.line, "call-id-empty", where + "function call has no call_id: nothing could name it, not its "
+                        "output, a decision or a pending list (RFC 0001 item)", e.id)
+            )
+            continue
+        if cid in first:
+            out.append(
+                Problem(e.line, "call-id-repeated", where + f"call ID {_q(cid)} repeated: the function call at line "
+                        f"{first[cid].line} has it, and a call_id names one call in a session, on any branch (RFC 0001 item)", e.id)
+            )
+        else:
+            first[cid] = e
+    return out, calls
+
+
+def _format_notes(header: Header, problems: list[Problem]) -> list[Problem]:
+    """Remarks on which rules a file declares, when record rules are broken."""
+    if not problems:
+        return []
+    out: list[Problem] = []
+    version = header.format_version
+    minor = version[1] if version is not None and version[0] == 0 else None
+    codes = {p.code for p in problems}
+    if minor == 9:
+        out.append(Problem(None, "early-0.9", "draft 0.9 gained these rules after its first writers were released, so a 0.9 "
+                           "file breaking them may come from such a writer rather than be corrupt"))
+    elif minor is not None and minor < 9:
+        out.append(Problem(None, "before-0.9", f"this file declares {header.format}, before 0.9 added the reject, target, "
+                           "call_id and dispatch-after-output rules and counted calls an earlier run left among a run's; "
+                           "it may have been written under the rules of its own minor"))
+    if "run-source" in codes:
+        out.append(Problem(None, "source-rule", "no earlier release checked a run's source as it is written, so a writer "
+                           "that chose its own may disagree with the segment without the file being corrupt"))
+    if "run-reason" in codes and minor is not None and minor < 9:
+        out.append(Problem(None, "end-rule", "a run's end reads differently before 0.8 (a call held after its dispatch) "
+                           "and before 0.9 (calls an earlier run left), so an end written under those minors may disagree"))
+    return out
+
+
+def _dispatch_nodes(entries: Iterable[Entry]) -> dict[str, list[str]]:
+    """Dispatch entries by the call entry their ``target`` names, anywhere in the session."""
+    nodes: dict[str, list[str]] = {}
+    for e in entries:
+        d = e.data
+        if d.get("type") == "dispatch":
+            t = d.get("target")
+            if isinstance(t, str):
+                nodes.setdefault(t, []).append(e.id)
+    return nodes
+
+
+def _intervals(entries: Sequence[Entry]) -> dict[str, tuple[int, int]]:
+    """Each entry's (entry time, exit time) in a depth-first walk of the parent
+    tree, so "d is below p" is one comparison."""
+    children: dict[str | None, list[str]] = {}
+    ids = {e.id for e in entries}
+    for e in entries:
+        parent = e.data.get("parent")
+        children.setdefault(parent if parent in ids else None, []).append(e.id)
+    out: dict[str, tuple[int, int]] = {}
+    clock = 0
+    stack: list[tuple[str, bool]] = [(r, False) for r in reversed(children.get(None, []))]
+    tin: dict[str, int] = {}
+    while stack:
+        node, leaving = stack.pop()
+        if leaving:
+            out[node] = (tin[node], clock)
+            continue
+        if node in tin:
+            continue
+        clock += 1
+        tin[node] = clock
+        stack.append((node, True))
+        for k in reversed(children.get(node, [])):
+            stack.append((k, False))
+    return out
+
+
+def _foreign(header: Header, tree_prefix: Iterable[str], base_in_file: bool) -> frozenset[str]:
+    """The prefix: entries another session recorded, which this header's promise does not cover."""
+    if header.base is None or not base_in_file:
+        return frozenset()
+    return frozenset(tree_prefix) | {header.base}
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The walk allocates small acyclic objects per entry over a large live heap
+    (the session); the cyclic collector would rescan that heap again and again,
+    as reader.py explains for a read. Pause it for the walk."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _sort(problems: list[Problem]) -> list[Problem]:
+    return sorted(problems, key=lambda p: (p.line is None, p.line or 0, p.code))
+
+
+# ---------------------------------------------------------------------------
+# public API
+
+
+def analyze_path(
+    header: Header,
+    path: Sequence[Entry],
+    *,
+    entries: Sequence[Entry] | None = None,
+    source: str = "",
+) -> RunsReport:
+    """Runs, calls and record rules along ``path`` (root first).
+
+    ``entries`` is the whole session, for the rules that span branches (call
+    ids unique, a dispatch elsewhere standing for one on the path); it
+    defaults to the path. Problems are those of entries on the path.
+    """
+    all_entries = list(entries) if entries is not None else list(path)
+    foreign: frozenset[str] = frozenset()
+    if header.base is not None:
+        ids = [e.id for e in path]
+        if header.base in ids:
+            foreign = frozenset(ids[: ids.index(header.base) + 1])
+    walker = _Walker(
+        header,
+        foreign=foreign,
+        dispatch_nodes=_dispatch_nodes(all_entries),
+        entries=all_entries,
+        by_id={e.id: e for e in all_entries},
+        collect_runs=True,
+    )
+    for e in path:
+        walker.push(e)
+    if walker.run is not None:
+        walker._close(walker.run, None, "leaf")
+    on_path = {e.id for e in path}
+    problems = [p for p in _call_id_problems(all_entries)[0] if p.entry in on_path] + walker.problems
+    problems = _sort(problems)
+    notes = _sort(walker.notes) + _format_notes(header, problems)
+    return RunsReport(
+        source=source,
+        leaf=path[-1].id if path else None,
+        path_length=len(path),
+        records=tuple(header.records),
+        runs=list(walker.runs),
+        calls=[walker.info(c) for c in walker.call_order],
+        inbox=_inbox(path),
+        problems=problems,
+        notes=notes,
+    )
+
+
+def analyze_runs(session_file: SessionFile, leaf: str | None = None) -> RunsReport:
+    """Runs and calls on the path from the root to ``leaf`` (an entry id; the
+    resume rule's leaf when None), with every record rule broken on it."""
+    tree = session_file.tree
+    if leaf is None:
+        leaf = session_file.leaf
+    with _collector_paused():
+        path = tree.path(leaf) if leaf is not None else []
+        return analyze_path(session_file.header, path, entries=session_file.entries, source=session_file.source)
+
+
+def verify_records(session_file: SessionFile) -> RecordsCheck:
+    """Check the record rules on every path of the session in one depth-first
+    walk (each entry visited once): call ids, targets, the order of decisions,
+    dispatches and outputs, the ``records`` promise, every run's source, and
+    every run end against its segment."""
+    with _collector_paused():
+        return _verify_records(session_file)
+
+
+def _verify_records(sf: SessionFile) -> RecordsCheck:
+    tree = sf.tree
+    header = sf.header
+    base_in_file = header.base is not None and header.base in tree
+    walker = _Walker(
+        header,
+        foreign=_foreign(header, tree.prefix, base_in_file),
+        dispatch_nodes=_dispatch_nodes(sf.entries),
+        entries=sf.entries,
+        by_id=tree.by_id,
+        collect_runs=False,
+    )
+    visited: set[str] = set()
+    by_id = tree.by_id
+    roots = [e for e in sf.entries if not isinstance(p := e.data.get("parent"), str) or p not in by_id]
+    stack: list[tuple[Entry, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:
+        e, leaving = stack.pop()
+        if leaving:
+            walker.pop()
+            continue
+        if e.id in visited:
+            continue
+        visited.add(e.id)
+        walker.push(e)
+        stack.append((e, True))
+        kids = tree.children(e.id)
+        if not kids:
+            walker.at_leaf()
+        for k in reversed(kids):
+            stack.append((k, False))
+    id_problems, calls = _call_id_problems(sf.entries)
+    problems = _sort(id_problems + walker.problems)
+    return RecordsCheck(
+        source=sf.source,
+        problems=problems,
+        notes=_sort(walker.notes) + _format_notes(header, problems),
+        runs_checked=len(walker.starts_seen),
+        ends_checked=len(walker.ends_seen),
+        calls_checked=calls,
+    )
+
+
+def _inbox(path: Sequence[Entry]) -> list[QueuedInfo]:
+    """Queued inputs with no item naming them in ``queued_from`` and no run end after them."""
+    waiting: dict[str, Entry] = {}
+    for e in path:
+        if e.type == "queued":
+            waiting[e.id] = e
+        elif e.type == "item" and isinstance(e.get("queued_from"), str):
+            waiting.pop(e.get("queued_from"), None)
+        elif e.type == "run" and e.get("phase") == "end":
+            waiting.clear()
+    return [
+        QueuedInfo(
+            entry=e.id,
+            line=e.line,
+            mode=e.get("mode") if isinstance(e.get("mode"), str) else None,
+            item=e.get("item"),
+            trigger=e.get("trigger"),
+            ref=e.get("ref") if isinstance(e.get("ref"), str) else None,
+        )
+        for e in waiting.values()
+    ]
+
+
+# ---------------------------------------------------------------------------
+# text for people
+
+
+def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(max(len(r) for r in rows))]
+    out = []
+    for r in rows:
+        cells = [c.ljust(widths[i]) if i < len(r) - 1 else c for i, c in enumerate(r)]
+        out.append((indent + "  ".join(cells)).rstrip())
+    return out
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.:/@+-]+")
+
+
+def _name(value: str | None) -> str:
+    """An identifier from the file (a run or call id, a tool name): as is when it is
+    plain, JSON-quoted otherwise, so it can neither break a line nor hide."""
+    if value is None:
+        return "-"
+    return value if _NAME.fullmatch(value) else _q(value)
+
+
+def _call_label(c: CallInfo) -> str:
+    name = _name(c.name) if c.name is not None else "?"
+    return f"{name}({_plain(c.arguments, 40)})" if c.arguments else f"{name}()"
+
+
+def _history(c: CallInfo) -> str:
+    parts = []
+    for ev in c.events:
+        if ev.kind == "decision":
+            s = ev.verdict or "decision"
+            if ev.by:
+                s += f" by {ev.by}"
+            if ev.reason:
+                s += f" {_cut(ev.reason, 40)}"
+            if ev.args_rewritten:
+                s += " (args rewritten)"
+        elif ev.kind == "dispatch":
+            s = "dispatched"
+            if ev.idempotency_key:
+                s += f" key {_q(ev.idempotency_key)}"
+        else:
+            s = f"output (line {ev.line})"
+        if ev.withdrawn:
+            s += " [withdrawn]"
+        parts.append(s)
+    if c.dispatched_elsewhere and not c.dispatches:
+        parts.append("dispatched off the path")
+    return ", ".join(parts) if parts else "-"
+
+
+def _call_rows(calls: Iterable[CallInfo]) -> list[list[str]]:
+    return [[_name(c.call_id), _call_label(c), _state_words(c.state), _history(c)] for c in calls]
+
+
+def _ids(ids: Iterable[str]) -> str:
+    ids = list(ids)
+    return ", ".join(_name(i) for i in ids) if ids else "none"
+
+
+def _trigger(trigger: Any) -> str:
+    if not isinstance(trigger, dict):
+        return ""
+    s = " ".join(_name(trigger[k]) for k in ("kind", "ref") if isinstance(trigger.get(k), str))
+    if isinstance(trigger.get("source"), str):
+        s += f" via {_name(trigger['source'])}"
+    return s
+
+
+def render_runs(report: RunsReport) -> list[str]:
+    """The text ``show --runs`` prints: each run with its source and end, whether the
+    segment agrees, and its calls with their states at the run's end; calls outside
+    any run; the calls pending at the leaf; the inbox; problems and notes."""
+    leaf = short_id(report.leaf)
+    out = [
+        f"runs on the path to {leaf}: {len(report.runs)} run(s), {len(report.calls)} call(s), "
+        f"{len(report.pending)} pending"
+    ]
+    in_runs: set[str] = set()
+    for r in report.runs:
+        out.append("")
+        head = f"run {_name(r.run_id)}  {_name(r.source)}"
+        if r.ref is not None:
+            head += f" ref {_q(r.ref)}"
+        trig = _trigger(r.trigger)
+        if trig:
+            head += f" from {trig}"
+        lines = f"lines {r.start_line}-{r.end_line}" if r.end_line is not None else f"from line {r.start_line}"
+        out.append(f"{head}  ({lines})")
+        if not r.source_agrees:
+            out.append(f"  source {_name(r.source)}, but the segment reads {r.computed_source}  MISMATCH")
+        if r.end is not None:
+            end = f"  ended {_name(r.recorded_reason)}, pending {_ids(r.recorded_pending or ())}"
+            if r.end_ref is not None:
+                end += f", ref {_q(r.end_ref)}"
+            if r.agrees:
+                if r.recorded_reason in WRITTEN_REASONS and r.recorded_reason != r.computed_reason:
+                    end += f"; written, standing over a segment that reads {r.computed_reason}"
+                else:
+                    end += "; the segment agrees"
+            else:
+                end += f"; the segment reads {r.computed_reason}, pending {_ids(r.pending)} ({r.computed_why})  MISMATCH"
+            out.append(end)
+        elif r.closed_by == "start":
+            out.append(
+                f"  no end: the next run starts; the segment reads {r.computed_reason}, pending {_ids(r.pending)}"
+            )
+        else:
+            cut = "cut off (the header records runs)" if "run" in report.records else "open"
+            out.append(
+                f"  no end on the path: {cut}; the segment so far reads {r.computed_reason}, pending {_ids(r.pending)}"
+            )
+        if r.calls:
+            out.extend(_table(_call_rows(r.calls), "    "))
+        in_runs.update(c.entry for c in r.calls)
+    outside = [c for c in report.calls if c.entry not in in_runs]
+    if outside:
+        out.append("")
+        out.append("outside any run")
+        out.extend(_table(_call_rows(outside), "    "))
+    pending = report.pending
+    if pending:
+        out.append("")
+        out.append(f"pending at {leaf}: {len(pending)} call(s)")
+        rows = []
+        for c in pending:
+            note = f"key {_q(c.idempotency_key)}" if c.idempotency_key else ("dispatched off the path" if c.dispatched_elsewhere else "")
+            rows.append([_name(c.call_id), _name(c.name) if c.name is not None else "?", _state_words(c.state), note])
+        out.extend(_table(rows))
+    if report.inbox:
+        out.append("")
+        out.append(f"inbox at {leaf}: {len(report.inbox)} queued input(s)")
+        rows = []
+        for q in report.inbox:
+            text = _queued_text(q.item)
+            extra = _trigger(q.trigger)
+            rows.append([short_id(q.entry), _name(q.mode), text + (f" from {extra}" if extra else "") + (f" ref {_q(q.ref)}" if q.ref else "")])
+        out.extend(_table(rows))
+    if report.problems or report.notes:
+        out.append("")
+    for p in report.problems:
+        out.append(f"problem: {p}")
+    for p in report.notes:
+        out.append(f"note: {p}")
+    return out
+
+
+def _queued_text(item: Any) -> str:
+    if not isinstance(item, dict):
+        return "-"
+    content = item.get("content")
+    if isinstance(content, str):
+        return f"{item.get('role', '?')}: {_cut(content, 48)}"
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        if texts:
+            return f"{item.get('role', '?')}: {_cut(' '.join(texts), 48)}"
+    return str(item.get("type", "-"))
+
+
+def render_records_check(check: RecordsCheck) -> list[str]:
+    """The lines ``verify`` prints for the record rules: one per broken rule
+    (``records  ERROR line N: <type> <short id>: <rule>``), then the notes."""
+    out = [f"records  ERROR {p}" for p in check.problems]
+    out.extend(f"note: {p}" for p in check.notes)
+    return out
