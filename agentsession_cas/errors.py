@@ -65,6 +65,11 @@ class NoSuchEntryError(AgentSessionError, LookupError):
     """An entry id (or prefix) that names nothing, or names several entries."""
 
 
+class ContextError(AgentSessionError):
+    """A context that cannot be built from a path: the last compaction's ``first_kept``
+    names no entry on the path before it (RFC 0001 "compaction")."""
+
+
 # -- the store ---------------------------------------------------------------
 
 
@@ -74,6 +79,20 @@ class StoreError(AgentSessionError):
 
 class LayoutError(StoreError):
     """No store here, or a store of a layout this release does not read."""
+
+
+class MigrationError(StoreError):
+    """A store of the earlier journal layout that cannot be migrated as it stands.
+    ``problems`` lists every reason found (the message names the first); nothing was changed."""
+
+    def __init__(self, message: str, *, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = list(problems or [])
+
+
+class MigrationBusyError(MigrationError):
+    """A writer (or sweep) of the earlier layout holds one of the store's locks: migrating
+    now could lose what it commits, so the migration refuses until it has stopped."""
 
 
 class BadNameError(StoreError, ValueError):
@@ -131,3 +150,96 @@ class CorruptObjectError(StoreError):
         self.space = space
         self.name = name
         self.path = path
+
+
+class CorruptPackError(StoreError):
+    """A pack or its index fails its checksum or is not laid out as it says;
+    nothing in it is served until it is repaired (``fsck`` names the file)."""
+
+    def __init__(self, message: str, *, path: str):
+        super().__init__(message)
+        self.path = path
+
+
+# -- refs (agentsession_cas/refs.py) ---------------------------------------------
+
+
+class BadRefNameError(BadNameError):
+    """A ref name (or listing prefix) that RFC 0002's rules on names refuse, whatever the store holds."""
+
+
+class RefConflictError(BadRefNameError):
+    """A new ref name that clashes with one the store holds: one under the other, or a case-only difference."""
+
+    def __init__(self, message: str, *, name: str, existing: str):
+        super().__init__(message)
+        self.name = name
+        self.existing = existing
+
+
+class NoSuchRefError(StoreError, LookupError):
+    """The store holds no ref by that name."""
+
+
+class RefMovedError(StoreError):
+    """A ref compare-and-swap whose expectation was wrong. ``current`` is the session the
+    ref holds (None when it is absent); ``expected`` the one the caller named."""
+
+    def __init__(self, message: str, *, name: str, expected: str | None, current: str | None):
+        super().__init__(message)
+        self.name = name
+        self.expected = expected
+        self.current = current
+
+
+class DanglingRefError(NoSuchSessionError):
+    """A ref whose session is gone, or was deleted and created again under its id.
+    ``session`` is the id the ref holds, so a caller can tell which and move the ref."""
+
+    def __init__(self, message: str, *, name: str, session: str, state: str):
+        super().__init__(message)
+        self.name = name
+        self.session = session
+        self.state = state
+
+
+# -- exchange between stores (agentsession_cas/exchange.py, transport.py) ----------
+
+
+class TransportError(StoreError):
+    """A remote that cannot be reached or named: an unsupported URL scheme, no store there,
+    or the local store itself given as its own remote."""
+
+
+class NotRecordError(StoreError):
+    """A push (or handover) from a store that is not the session's record here (RFC 0002:
+    only the record may initiate a push)."""
+
+
+class HeaderDiffersError(StoreError):
+    """The receiver holds another session under the pushed id: the headers differ apart
+    from ``format``, and two sessions alike only in id are not one session."""
+
+
+class BadObjectError(StoreError):
+    """Bytes sent under a name they do not hash to; nothing of them was stored."""
+
+
+class MissingObjectsError(StoreError):
+    """A push names objects the receiver cannot find; nothing was admitted.
+    ``missing`` maps a space (entries, contents, blobs) to the hashes it lacks."""
+
+    def __init__(self, message: str, *, missing: dict[str, list[str]]):
+        super().__init__(message)
+        self.missing = {space: list(names) for space, names in missing.items()}
+
+
+class IncompletePushError(StoreError):
+    """A push that sent only what the sender believed new, to a receiver that lacks what it
+    builds on (its session, or a parent): nothing was admitted, and the sender pushes
+    again with the whole closure."""
+
+
+class HandoverIncompleteError(StoreError):
+    """A handover or take-back stopped between its two steps: both stores hold the session
+    as its record (never neither). Running the same command again finishes it."""

@@ -78,10 +78,10 @@ def envelope_object(
 _encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 
-def envelope_hash(
+def envelope_bytes(
     type_: str, parent: str | None, parents: list | None, ts: Any, content: str
-) -> str:
-    """The entry id over its envelope.
+) -> bytes:
+    """The canonical bytes of an envelope (what an entry id is the hash of).
 
     The envelope's members are few and fixed, so the common case (strings,
     no ``parents``) is written straight in canonical order: ``content``,
@@ -95,10 +95,17 @@ def envelope_hash(
             + ',"ts":' + _encode_str(ts) + ',"type":' + _encode_str(type_) + "}"
         )
         try:
-            return sha256_ref(text.encode("utf-8"))
+            return text.encode("utf-8")
         except UnicodeEncodeError:
             pass  # a lone surrogate: let canonical_bytes name it
-    return sha256_ref(canonical_bytes(envelope_object(type_, parent, parents, ts, content)))
+    return canonical_bytes(envelope_object(type_, parent, parents, ts, content))
+
+
+def envelope_hash(
+    type_: str, parent: str | None, parents: list | None, ts: Any, content: str
+) -> str:
+    """The entry id over its envelope."""
+    return sha256_ref(envelope_bytes(type_, parent, parents, ts, content))
 
 
 def entry_hashes(
@@ -135,11 +142,14 @@ def _envelope_members(entry: Mapping[str, Any]) -> tuple[str, str | None, list |
     return type_, parent, parents
 
 
-def entry_objects(entry: Mapping[str, Any]) -> tuple[str, str, bytes, bytes]:
+def entry_objects(
+    entry: Mapping[str, Any], *, parsed: bool = False, careful: bool | None = None
+) -> tuple[str, str, bytes, bytes]:
     """``(id, content hash, content bytes, envelope bytes)`` of an entry: what a store
-    writes as its two objects, computed once."""
+    writes as its two objects, computed once. ``parsed``/``careful`` as in
+    :func:`canonical_bytes` (``parsed=True``: the member names are known strings)."""
     type_, parent, parents = _envelope_members(entry)
-    content = canonical_bytes(body_of(entry))
+    content = canonical_bytes(body_of(entry), parsed=parsed, careful=careful)
     chash = sha256_ref(content)
-    envelope = canonical_bytes(envelope_object(type_, parent, parents, entry.get("ts"), chash))
+    envelope = envelope_bytes(type_, parent, parents, entry.get("ts"), chash)
     return sha256_ref(envelope), chash, content, envelope

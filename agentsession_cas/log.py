@@ -17,6 +17,10 @@ objects (the payload), so the log alone can restore them:
 * ``loss`` - recovery dropped an uncommitted append (``entry``, ``seq``), or
   a torn line after the last commit (``line``, ``offset``, ``reason``, and
   ``entry`` when the torn bytes still name one, else null).
+* ``repair`` - ``agentsession repair`` rewrote a damaged log (``at``,
+  ``damaged_log``: the name the damaged log was kept under, ``damage``: its
+  lines that did not read, ``dropped``: appends it could not keep, ``seq``:
+  every sequence number up to it is spent); see ``docs/repair.md``.
 
 :func:`read_log` parses a log and tells a crash's loss from damage: a torn
 last line, or a bad line after the last commit, is uncommitted working
@@ -33,11 +37,11 @@ import blake3
 
 from .canonical import canonical_bytes
 
-__all__ = ["Record", "encode_record", "read_log", "LogRead", "LogDamage", "CHECKSUM_HEX"]
+__all__ = ["Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX"]
 
 #: Hex digits of the BLAKE3 checksum each line carries.
 CHECKSUM_HEX = 16
-_OPS = frozenset({"create", "append", "head", "mark", "commit", "checkpoint", "loss"})
+_OPS = frozenset({"create", "append", "head", "mark", "commit", "checkpoint", "loss", "repair"})
 
 
 def _checksum(data: bytes) -> str:
@@ -51,7 +55,9 @@ def encode_record(record: dict[str, Any], payload: tuple[bytes, bytes] | None = 
     carried after the record, each after a TAB, so recovery can restore them;
     canonical JSON never holds a raw TAB, so the split is unambiguous.
     """
-    body = canonical_bytes(record)
+    # Records hold only the store's own members: short ASCII strings, small
+    # integers, booleans and null, which the fast encoder writes canonically.
+    body = canonical_bytes(record, parsed=True, careful=False)
     if payload is not None:
         body = body + b"\t" + payload[0] + b"\t" + payload[1]
     return _checksum(body).encode("ascii") + b" " + body + b"\n"
@@ -134,9 +140,43 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any], tuple[bytes, bytes] | None]
     return data, payload
 
 
-def read_log(data: bytes) -> LogRead:
-    """Parse a whole log and classify what does not read."""
-    out = LogRead(size=len(data))
+@dataclass
+class LogLine:
+    """One line of a log as :func:`scan_log` found it, good or not: repair needs every
+    line, with where it lies and what its bytes still say."""
+
+    line: int
+    offset: int
+    #: The line's bytes, LF excluded.
+    raw: bytes
+    terminated: bool
+    #: The record when the line reads, else None.
+    record: Record | None
+    #: Why the line is no record (None when it reads).
+    reason: str | None
+    #: A bad line a crash can leave: the torn last line, or one holding zero bytes.
+    crash_like: bool
+
+    @property
+    def end(self) -> int:
+        return self.offset + len(self.raw) + (1 if self.terminated else 0)
+
+
+def scan_log(data: bytes) -> list[LogLine]:
+    """Every line of a log in order, each with its record or why it has none; unlike
+    :func:`read_log` it does not stop at the first bad line or say what is damage."""
+    lines, parsed, crash_like = _scan(data)
+    out = []
+    for i, ((number, offset, raw, terminated), (_, _, result, _)) in enumerate(zip(lines, parsed)):
+        if isinstance(result, tuple):
+            out.append(LogLine(number, offset, raw, terminated, Record(number, offset, result[0], result[1]), None, False))
+        else:
+            out.append(LogLine(number, offset, raw, terminated, None, result, i in crash_like))
+    return out
+
+
+def _scan(data: bytes) -> tuple[list[tuple[int, int, bytes, bool]], list[tuple[int, int, Any, int]], set[int]]:
+    """Split a log on LF and parse each line: (lines, parsed, indexes of crash-like bad lines)."""
     lines: list[tuple[int, int, bytes, bool]] = []  # (line, offset, bytes, terminated)
     offset = 0
     number = 0
@@ -160,6 +200,13 @@ def read_log(data: bytes) -> LogRead:
                 result += " (holds zero bytes: blocks a crash left unwritten)"
                 crash_like.add(i)
         parsed.append((number, offset, result, offset + len(raw) + (1 if terminated else 0)))
+    return lines, parsed, crash_like
+
+
+def read_log(data: bytes) -> LogRead:
+    """Parse a whole log and classify what does not read."""
+    out = LogRead(size=len(data))
+    _, parsed, crash_like = _scan(data)
     last_commit = -1
     for i, (_, _, result, _) in enumerate(parsed):
         if isinstance(result, tuple) and result[0]["op"] in ("commit", "create"):

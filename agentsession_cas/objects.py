@@ -1,58 +1,70 @@
-"""Loose objects: canonical bytes named by their SHA-256, in three spaces.
+"""Objects: canonical bytes named by their SHA-256, in three spaces, loose or packed.
 
 ``objects/entries/<2 hex>/<62 hex>`` holds envelopes, ``objects/contents/...``
-bodies, ``objects/blobs/...`` media blobs. Every read hashes the bytes and
-compares them with the name, so a corrupt object is never served; the
-error names the object and its path. Writing is idempotent: an object
-already present is not rewritten, since its name is its content.
+bodies, ``objects/blobs/...`` media blobs; ``objects/pack/`` holds packs
+(:mod:`agentsession_cas.packs`). A read finds an object in a pack or loose,
+transparently, and hashes the bytes against the name either way, so a
+corrupt object is never served; the error names the object and its file.
+Writing is idempotent: an object already present is not rewritten, since
+its name is its content.
 
 Durability is the caller's choice per write. ``put(..., durable=False)``
 leaves the file unsynced and returns its path for the caller to make
 durable later; ``put_many`` writes a batch (a checkpoint, an import) and
-makes it durable at once.
+makes it durable at once: as one pack when the batch is big enough to be
+worth one, else as loose files.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from typing import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Iterator
 
-from .errors import AgentSessionError, CorruptObjectError, NoSuchObjectError
+import filelock
+
+from .errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
 from .fsutil import fsync_dir, fsync_paths, write_all, write_atomic
 from .hashing import HASH_PREFIX, is_hash
+from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter
 
-__all__ = ["SPACES", "ObjectStore", "fsync_paths", "fsync_dir"]
+__all__ = ["SPACES", "ObjectStore", "RepackResult", "fsync_paths", "fsync_dir"]
+
 
 _READ = 1 << 20
 #: The three hash spaces RFC 0002 names, and their directories.
 SPACES = ("entries", "contents", "blobs")
 
-def _load_syncfs():
-    """libc's syncfs(2) (Linux), or None where it is not to be had."""
+#: From this many objects on, a batch is written as one pack instead of loose files.
+PACK_BATCH = 64
+#: Pack size tiers start here and grow by MERGE_FANIN; that many packs in one
+#: tier are merged into one.
+TIER_BASE = 1 << 20
+MERGE_FANIN = 8
+#: Packs are merged on their own (without recompressing) while the merge copies
+#: no more than this many bytes; bigger merges are left to ``pack``.
+AUTO_MERGE_MAX = 64 * 1024 * 1024
+#: A full repack (``pack``, sweeps) compresses harder and in bigger blocks than
+#: a writer's checkpoint: it runs seldom and its pack is read for a long time.
+REPACK_LEVEL = 9
+REPACK_BLOCK = 1 << 20
+#: A store with about this many loose objects packs them when a writer closes
+#: (git's gc.auto is 6700).
+AUTO_PACK_LOOSE = 4096
+
+
+def _freshen(path: str) -> bool:
+    """Touch a file holding an object someone is writing again (as git freshens
+    objects): a sweep's grace period then counts from now, and a sweep does not
+    remove a file touched since it looked. False when the file is gone."""
     try:
-        import ctypes
-        import ctypes.util
-
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.syncfs
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int]
-    fn.restype = ctypes.c_int
-
-    def syncfs(fd: int) -> None:
-        if fn(fd) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-
-    return syncfs
-
-
-_syncfs = _load_syncfs() if os.environ.get("AGENTSESSION_NO_SYNCFS") is None else None
-#: From this many objects on, a batch is made durable with one syncfs(2) of the
-#: store's filesystem rather than an fsync per file and directory.
-SYNCFS_BATCH = 256
+        os.utime(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    return True
 
 
 class ObjectStore:
@@ -62,6 +74,11 @@ class ObjectStore:
         self.root = root
         self.dir = os.path.join(root, "objects")
         self.tmp = os.path.join(root, "tmp")
+        self.pack_dir = os.path.join(self.dir, "pack")
+        self.packs = PackSet(self.pack_dir)
+
+    def close(self) -> None:
+        self.packs.close()
 
     def path(self, space: str, name: str) -> str:
         """Where the loose object ``name`` of ``space`` lives (the name is checked first)."""
@@ -75,11 +92,62 @@ class ObjectStore:
         return os.path.relpath(self.path(space, name), self.root)
 
     def exists(self, space: str, name: str) -> bool:
-        return os.path.exists(self.path(space, name))
+        if self._packed(space, name) is not None or os.path.exists(self.path(space, name)):
+            return True
+        return self.packs.refresh() and self._packed(space, name) is not None
+
+    def is_packed(self, space: str, name: str) -> bool:
+        return self._packed(space, name) is not None
+
+    def _packed(self, space: str, name: str) -> tuple[Pack, object] | None:
+        found = self.packs.locate(name)
+        if found is not None and found[1].spaces & SPACE_BITS[space]:
+            return found
+        return None
 
     def get(self, space: str, name: str) -> bytes:
-        """The object's bytes, verified against its name."""
+        """The object's bytes, from a pack or a loose file, verified against its name."""
         path = self.path(space, name)
+        found = self._packed(space, name)
+        if found is not None:
+            bad = self._get_packed(space, name, *found)
+            if isinstance(bad, bytes):
+                return bad
+            # A corrupt packed copy: a sound loose one may still be there.
+            try:
+                return self._get_loose(space, name, path)
+            except NoSuchObjectError:
+                raise bad from None
+        try:
+            return self._get_loose(space, name, path)
+        except NoSuchObjectError:
+            # Packed (or merged, or swept and repacked) by another process since we looked?
+            if self.packs.refresh():
+                found = self._packed(space, name)
+                if found is not None:
+                    got = self._get_packed(space, name, *found)
+                    if isinstance(got, bytes):
+                        return got
+                    raise got from None
+            raise
+
+    def _get_packed(self, space: str, name: str, pack: Pack, loc: object) -> bytes | AgentSessionError:
+        """The packed copy's bytes, or the error that says why they cannot be served."""
+        try:
+            data = self.packs.read(pack, loc)  # type: ignore[arg-type]
+        except CorruptPackError as exc:
+            return exc
+        if HASH_PREFIX + hashlib.sha256(data).hexdigest() != name:
+            return CorruptObjectError(
+                f"corrupt object: {space} object {name} in {os.path.relpath(pack.path, self.root)} "
+                "does not hash to its name",
+                space=space,
+                name=name,
+                path=pack.path,
+            )
+        return data
+
+    def _get_loose(self, space: str, name: str, path: str) -> bytes:
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -107,6 +175,13 @@ class ObjectStore:
         """True when the object is present and hashes to its name."""
         try:
             self.get(space, name)
+        except (NoSuchObjectError, CorruptObjectError, CorruptPackError):
+            return False
+        return True
+
+    def _loose_sound(self, space: str, name: str, path: str) -> bool:
+        try:
+            self._get_loose(space, name, path)
         except (NoSuchObjectError, CorruptObjectError):
             return False
         return True
@@ -122,10 +197,16 @@ class ObjectStore:
         and replaced by the next put.
         """
         path = self.path(space, name)
+        found = self._packed(space, name)
+        if found is not None:
+            if _freshen(found[0].path):
+                return None  # packs are durable before they are visible
+            self.packs.refresh()  # swept or merged away meanwhile: write it again
         try:
             fd = self._create(path)
         except FileExistsError:
-            if os.path.getsize(path) == len(data) and self.is_sound(space, name):
+            if os.path.getsize(path) == len(data) and self._loose_sound(space, name, path):
+                _freshen(path)
                 if durable:
                     # Another process may have written it and not yet committed.
                     fsync_paths([path])
@@ -149,19 +230,28 @@ class ObjectStore:
             return None
         return path
 
-    def put_many(self, items: list[tuple[str, str, bytes]]) -> None:
-        """Store many objects durably at once (a checkpoint, an import): new files are
-        created and written, then every file (new, or present from another writer)
-        and every directory is made durable: by one syncfs(2) for a big batch, else
-        by an fsync of each file and then each directory on the pool."""
+    def put_many(self, items: list[tuple[str, str, bytes]], *, dedup: bool = True) -> None:
+        """Store many objects durably at once (a checkpoint, an import). A batch of
+        :data:`PACK_BATCH` objects or more becomes one pack (two files, two fsyncs).
+        A smaller one becomes loose files, created and written, then every file
+        (new, or present from another writer) and its directory fsynced on the pool.
+        ``dedup=False`` skips looking for each object in the packs first (a
+        checkpoint's objects are new but for the odd repeat, which a repack drops)."""
+        if len(items) >= PACK_BATCH:
+            self.write_pack(items, dedup=dedup)
+            return
         paths: list[str] = []
         for space, name, data in items:
+            if self._packed(space, name) is not None:
+                continue
             path = self.path(space, name)
             try:
                 fd = self._create(path)
             except FileExistsError:
-                if not (os.path.getsize(path) == len(data) and self.is_sound(space, name)):
+                if not (os.path.getsize(path) == len(data) and self._loose_sound(space, name, path)):
                     self._replace(path, data, durable=False)
+                else:
+                    _freshen(path)
                 paths.append(path)  # someone else's copy may not be durable yet: ours to make so
                 continue
             try:
@@ -176,16 +266,6 @@ class ObjectStore:
             os.close(fd)
             paths.append(path)
         if not paths:
-            return
-        if _syncfs is not None and len(paths) >= SYNCFS_BATCH:
-            # One call makes every file and directory of the filesystem durable: far
-            # cheaper than hundreds of fsyncs, at the price of also flushing whatever
-            # else is dirty on that filesystem.
-            fd = os.open(self.dir, os.O_RDONLY)
-            try:
-                _syncfs(fd)
-            finally:
-                os.close(fd)
             return
         fsync_paths(paths)
 
@@ -217,7 +297,21 @@ class ObjectStore:
         return None if durable else path
 
     def names(self, space: str) -> Iterator[str]:
-        """Every loose object name in a space (for fsck and sweeps)."""
+        """Every object name in a space, loose or packed, each once."""
+        seen: set[str] = set()
+        bit = SPACE_BITS[space]
+        self.packs.refresh()
+        for pack in self.packs.packs:
+            for name, loc in pack:
+                if loc.spaces & bit and name not in seen:
+                    seen.add(name)
+                    yield name
+        for name in self.loose_names(space):
+            if name not in seen:
+                yield name
+
+    def loose_names(self, space: str) -> Iterator[str]:
+        """Every loose object name in a space (for packing, fsck and sweeps)."""
         base = os.path.join(self.dir, space)
         try:
             fans = sorted(os.listdir(base))
@@ -234,3 +328,400 @@ class ObjectStore:
                 name = HASH_PREFIX + fan + rest
                 if is_hash(name):
                     yield name
+
+    # -- packing ------------------------------------------------------------------
+
+    def _pack_lock(self) -> filelock.BaseFileLock:
+        """The store-wide lock of whatever removes packs or loose copies (merges,
+        ``pack``, sweeps); writing a new pack needs none."""
+        locks = os.path.join(self.root, "locks")
+        if not os.path.isdir(locks):
+            os.makedirs(locks, exist_ok=True)
+        return filelock.FileLock(os.path.join(locks, "pack.lock"))
+
+    def write_pack(
+        self, items: Iterable[tuple[str, str, bytes]], *, level: int = 3, merge: bool = True, dedup: bool = True
+    ) -> str | None:
+        """Write the objects not already packed as one new pack, durably, then merge
+        small packs if that is cheap. Objects too big to pack are written loose.
+        Returns the new index's path (None when there was nothing to write)."""
+        writer = PackWriter(self.pack_dir, self.tmp, level=level)
+        big: list[tuple[str, str, bytes]] = []
+        try:
+            fresh: set[str] = set()
+            for space, name, data in items:
+                if len(data) > MAX_PACKED:
+                    big.append((space, name, data))
+                    continue
+                found = self._packed(space, name) if dedup else None
+                if found is None:
+                    writer.add(space, name, data)
+                elif found[0].path not in fresh:
+                    fresh.add(found[0].path)
+                    _freshen(found[0].path)
+            if not len(writer):
+                writer.abort()
+                idx = None
+            else:
+                idx = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        for space, name, data in big:
+            self.put(space, name, data, durable=True)
+        if idx is not None:
+            self.packs.refresh(force=True)
+            if merge:
+                # Only the smallest tier here: a writer pays for merges of a few MiB at
+                # most; bigger ones wait for a writer's close or for ``pack``.
+                self.merge_small_packs(max_tier=0)
+        return idx
+
+    def merge_small_packs(self, *, max_bytes: int = AUTO_MERGE_MAX, max_tier: int | None = None) -> bool:
+        """Merge packs by size tier, as a log-structured merge does: packs fall in
+        tiers by compressed size (under 1 MiB, 8 MiB, 64 MiB, ...); when a tier
+        holds :data:`MERGE_FANIN` packs they become one pack of the next tier. A
+        store written by many checkpoints so keeps O(log n) packs and copies each
+        byte O(log n) times. Blocks are copied as they are, not recompressed.
+        Returns False (merging nothing) when another process is packing; merges
+        that would copy more than ``max_bytes``, or merge packs above tier
+        ``max_tier``, are left to ``pack``."""
+        lock = self._pack_lock()
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return False
+        merged = False
+        try:
+            while True:
+                self.packs.refresh(force=True)
+                tiers: dict[int, list[tuple[int, Pack]]] = {}
+                for p in self.packs.packs:
+                    size = os.fstat(p._pack_fd()).st_size
+                    tier, limit = 0, TIER_BASE
+                    while size >= limit:
+                        tier, limit = tier + 1, limit * MERGE_FANIN
+                    tiers.setdefault(tier, []).append((size, p))
+                full = [
+                    t for t in sorted(tiers)
+                    if len(tiers[t]) >= MERGE_FANIN and (max_tier is None or t <= max_tier)
+                ]
+                if not full:
+                    return merged
+                group = tiers[full[0]]
+                if sum(size for size, _ in group) > max_bytes:
+                    return merged
+                self._copy_packs([p for _, p in sorted(group, key=lambda sp: sp[0], reverse=True)])
+                merged = True
+        finally:
+            lock.release()
+
+    def _copy_packs(self, packs: list[Pack]) -> str:
+        """One pack holding every block of ``packs``, then the old ones removed
+        (their index first, so no reader finds a pack without its index)."""
+        writer = PackWriter(self.pack_dir, self.tmp)
+        try:
+            for pack in packs:
+                writer.copy_pack(pack)
+            idx = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        new_name = os.path.basename(idx)[: -len(".idx")]
+        for pack in packs:
+            if pack.name != new_name:
+                self._remove_pack(pack)
+        fsync_dir(self.pack_dir)
+        self.packs.refresh(force=True)
+        return idx
+
+    def _remove_pack(self, pack: Pack) -> None:
+        for path in (pack.idx_path, pack.path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def estimate_loose(self) -> int:
+        """About how many loose objects there are, from one fan-out directory per
+        space (git's ``gc --auto`` counts objects/17 the same way)."""
+        total = 0
+        for space in ("entries", "contents"):
+            try:
+                total += len(os.listdir(os.path.join(self.dir, space, "17")))
+            except FileNotFoundError:
+                pass
+        return total * 256
+
+    def pack_loose(self, *, level: int = 3) -> tuple[int, str | None]:
+        """Move every loose object (of a size worth packing) into one new pack; the
+        loose copies are removed only once the pack is durable. Returns the count
+        moved and the new index path."""
+        lock = self._pack_lock()
+        with lock:
+            moved: list[tuple[str, str]] = []
+
+            def loose() -> Iterator[tuple[str, str, bytes]]:
+                for space in SPACES:
+                    for name in self.loose_names(space):
+                        path = self.path(space, name)
+                        try:
+                            data = self._get_loose(space, name, path)
+                        except (NoSuchObjectError, CorruptObjectError):
+                            continue  # gone meanwhile, or corrupt: fsck reports it, we do not pack it
+                        if len(data) <= MAX_PACKED:
+                            moved.append((space, name))
+                            yield space, name, data
+
+            idx = self.write_pack(loose(), level=level, merge=False)
+            self.packs.refresh(force=True)
+            for space, name in moved:
+                if self._packed(space, name) is not None:
+                    try:
+                        os.unlink(self.path(space, name))
+                    except FileNotFoundError:
+                        pass
+        return len(moved), idx
+
+    # -- repacking ------------------------------------------------------------------
+
+    def repack(
+        self,
+        *,
+        keep: "Callable[[str, int, float], bool] | None" = None,
+        dry_run: bool = False,
+        level: int = REPACK_LEVEL,
+        block_target: int = REPACK_BLOCK,
+        wait: float = 60.0,
+        progress: "Callable[[int, int], None] | None" = None,
+    ) -> "RepackResult":
+        """Rewrite every pack and loose object into one new pack, recompressed, each
+        object verified against its name on the way; then remove what it replaced.
+
+        ``keep(name, spaces, mtime)`` decides, for a sweep, which objects stay
+        (``mtime`` is that of the file holding the object: its pack, or the loose
+        file); objects it rejects are dropped. Objects that fail their hash, and
+        packs that cannot be read whole, are reported and left where they are (a
+        pack holding one is not removed), never copied. ``dry_run`` reads and
+        decides but writes and removes nothing. Objects too big to pack stay loose
+        (and are removed when ``keep`` rejects them).
+        """
+        lock = self._pack_lock()
+        try:
+            lock.acquire(timeout=wait)
+        except filelock.Timeout:
+            raise StoreError(
+                f"another process is packing or sweeping this store (it holds {os.path.join(self.root, 'locks', 'pack.lock')})"
+            ) from None
+        try:
+            return self._repack(keep, dry_run, level=level, block_target=block_target, progress=progress)
+        finally:
+            lock.release()
+
+    def snapshot(self) -> "Snapshot":
+        """The packs and loose files there are now, with their mtimes: what a repack
+        or sweep decides over (anything written later is not touched)."""
+        self.packs.refresh(force=True)
+        packs = []
+        for p in self.packs.packs:
+            try:
+                packs.append((p, os.stat(p.path).st_mtime_ns))
+            except FileNotFoundError:
+                continue
+        packs.sort(key=lambda pm: (pm[1], pm[0].name))
+        loose: list[tuple[str, str, str, os.stat_result]] = []
+        for space in SPACES:
+            for name in self.loose_names(space):
+                path = self.path(space, name)
+                try:
+                    loose.append((space, name, path, os.stat(path)))
+                except FileNotFoundError:
+                    continue
+        return Snapshot(packs, loose, dict(self.packs.bad))
+
+    def _repack(
+        self,
+        keep,
+        dry_run: bool,
+        *,
+        snapshot: "Snapshot | None" = None,
+        level: int = REPACK_LEVEL,
+        block_target: int = REPACK_BLOCK,
+        progress=None,
+    ) -> "RepackResult":
+        """The repack itself; the caller holds the pack lock."""
+        snap = snapshot or self.snapshot()
+        res = RepackResult(dry_run=dry_run)
+        packs = [p for p, _ in snap.packs]
+        loose = snap.loose
+        res.bad_packs = dict(snap.bad)
+        res.packs_before = len(packs)
+        res.loose_before = len(loose)
+        res.bytes_before = sum(os.stat(p.path).st_size + os.stat(p.idx_path).st_size for p in packs) + sum(
+            st.st_size for *_, st in loose
+        )
+        total = sum(p.count for p in packs) + len(loose)
+        done = 0
+        writer = None if dry_run else PackWriter(self.pack_dir, self.tmp, level=level, block_target=block_target)
+        kept: set[bytes] = set()
+        dropped: dict[bytes, int] = {}
+        keep_packs: list[Pack] = []  # packs not to remove: they hold what could not be read
+        sha256 = hashlib.sha256
+        try:
+            for pack in packs:
+                mtime = os.fstat(pack._pack_fd()).st_mtime
+                try:
+                    blocks = pack.objects_by_block()
+                except CorruptPackError as exc:
+                    res.problems.append(str(exc))
+                    keep_packs.append(pack)
+                    continue
+                intact = True
+                for b, objs in enumerate(blocks):
+                    if not objs:
+                        continue
+                    try:
+                        block = pack.read_block(b)
+                    except CorruptPackError as exc:
+                        res.problems.append(str(exc))
+                        intact = False
+                        continue
+                    for offset, length, raw, spaces in objs:
+                        data = block[offset : offset + length]
+                        if len(data) != length or sha256(data).digest() != raw:
+                            res.problems.append(
+                                f"corrupt object {HASH_PREFIX}{raw.hex()} in {os.path.relpath(pack.path, self.root)}: "
+                                "does not hash to its name; not copied"
+                            )
+                            intact = False
+                            continue
+                        self._repack_one(writer, keep, raw, spaces, data, mtime, kept, dropped, res)
+                    done += len(objs)
+                    if progress:
+                        progress(done, total)
+                if not intact:
+                    keep_packs.append(pack)
+            loose_done: list[tuple[str, int]] = []
+            for space, name, path, st in loose:
+                raw = bytes.fromhex(name[7:])
+                spaces = SPACE_BITS[space]
+                if st.st_size > MAX_PACKED:
+                    if keep is not None and raw not in kept and not keep(name, spaces, st.st_mtime):
+                        dropped[raw] = dropped.get(raw, 0) + st.st_size
+                        loose_done.append((path, st.st_mtime_ns))
+                    continue
+                try:
+                    data = self._get_loose(space, name, path)
+                except NoSuchObjectError:
+                    continue
+                except CorruptObjectError as exc:
+                    res.problems.append(f"{exc}; left in place")
+                    continue
+                self._repack_one(writer, keep, raw, spaces, data, st.st_mtime, kept, dropped, res)
+                loose_done.append((path, st.st_mtime_ns))
+                done += 1
+                if progress:
+                    progress(done, total)
+            res.objects = len(kept)
+            res.dropped = len(dropped)
+            res.dropped_bytes = sum(dropped.values())
+            res.dropped_names = sorted(HASH_PREFIX + raw.hex() for raw in dropped)
+            if dry_run:
+                return res
+            assert writer is not None
+            if keep is not None and not dropped and not res.problems and len(packs) == 1 and not loose and not keep_packs:
+                # A sweep over one sound pack that drops nothing: rewriting it changes nothing.
+                writer.abort()
+                writer = None
+                res.pack = packs[0].name
+                res.packs_after, res.bytes_after = 1, res.bytes_before
+                return res
+            if len(writer):
+                idx = writer.finish()
+                res.pack = os.path.basename(idx)[: -len(".idx")]
+            else:
+                writer.abort()
+            writer = None
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+        # The new pack is durable; only now does anything go, and nothing a writer
+        # freshened since the snapshot (it is writing an object that file holds).
+        for pack, mtime in snap.packs:
+            if pack in keep_packs or pack.name == res.pack:
+                continue
+            if _mtime_ns(pack.path) != mtime:
+                res.problems.append(f"{os.path.relpath(pack.path, self.root)} was touched by a writer meanwhile; kept")
+                continue
+            self._remove_pack(pack)
+        for path, mtime in loose_done:
+            if _mtime_ns(path) != mtime:
+                continue
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        fsync_dir(self.pack_dir) if os.path.isdir(self.pack_dir) else None
+        for space in SPACES:
+            base = os.path.join(self.dir, space)
+            if os.path.isdir(base):
+                fsync_dir(base)
+        self.packs.refresh(force=True)
+        res.bytes_after = sum(os.stat(p.path).st_size + os.stat(p.idx_path).st_size for p in self.packs.packs) + sum(
+            os.stat(self.path(sp, n)).st_size for sp in SPACES for n in self.loose_names(sp)
+        )
+        res.packs_after = len(self.packs.packs)
+        return res
+
+    @staticmethod
+    def _repack_one(writer, keep, raw, spaces, data, mtime, kept, dropped, res) -> None:
+        if raw in kept:
+            if writer is not None:
+                writer.add_raw(raw, spaces, data)  # merges the space bits
+            return
+        if keep is not None and not keep(HASH_PREFIX + raw.hex(), spaces, mtime):
+            dropped.setdefault(raw, len(data))
+            return
+        dropped.pop(raw, None)  # a second copy that is kept (a younger one) wins
+        kept.add(raw)
+        if writer is not None:
+            writer.add_raw(raw, spaces, data)
+
+
+def _mtime_ns(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
+@dataclass
+class Snapshot:
+    """Packs (with their mtimes), loose files (with their stat) and unreadable packs."""
+
+    packs: list[tuple[Pack, int]]
+    loose: list[tuple[str, str, str, os.stat_result]]
+    bad: dict[str, str]
+
+
+@dataclass
+class RepackResult:
+    """What a repack (``pack``) or a sweep did, or would do."""
+
+    dry_run: bool = False
+    packs_before: int = 0
+    loose_before: int = 0
+    bytes_before: int = 0
+    packs_after: int = 0
+    bytes_after: int = 0
+    objects: int = 0
+    dropped: int = 0
+    dropped_bytes: int = 0
+    dropped_names: list[str] = field(default_factory=list)
+    pack: str | None = None
+    problems: list[str] = field(default_factory=list)
+    bad_packs: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)

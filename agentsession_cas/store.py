@@ -53,7 +53,7 @@ from .hashing import entry_objects, is_hash, sha256_ref
 from .log import LogRead, Record, encode_record, read_log
 from .names import check_session_id
 from .fsutil import fsync_dir, fsync_paths, write_atomic
-from .objects import ObjectStore
+from .objects import AUTO_PACK_LOOSE, ObjectStore, RepackResult
 from .reader import CORE_TYPES, SessionFile, read_session, read_session_bytes
 from .timestamps import check_ts, now_ts
 from .tree import Tree
@@ -79,10 +79,10 @@ _ENTRY_NAMING = ("target", "first_kept", "from", "queued_from")
 _COMMIT = encode_record({"op": "commit"})
 #: Appends whose objects live only in the log (their payloads) before a checkpoint
 #: writes them to objects/.
-CHECKPOINT_ENTRIES = 256
+CHECKPOINT_ENTRIES = 1024
 _REPAIR_HINT = (
-    "it refuses writes until repaired; repair (`agentsession repair`) is not in this release yet, "
-    "so keep a copy of the session directory"
+    "it refuses writes until repaired: run `agentsession repair {id}` "
+    "(`--dry-run` first shows what it keeps and drops; the damaged log is kept aside)"
 )
 _ENTRY_IN_RECORD = re.compile(rb'"entry":"(sha256:[0-9a-f]{64})"')
 _SEQ_IN_RECORD = re.compile(rb'"seq":([0-9]{1,18})[,}]')
@@ -213,6 +213,11 @@ class Store:
             with open(layout, "rb") as f:
                 text = f.read().decode("utf-8", "replace").strip()
         except FileNotFoundError:
+            from .migrate import old_layout_hint  # here, not at the top: migrate imports this module
+
+            hint = old_layout_hint(self.root)
+            if hint is not None:
+                raise LayoutError(hint) from None
             raise LayoutError(f"no store at {self.root} (no layout file); create one with `agentsession init`") from None
         except IsADirectoryError:
             raise LayoutError(f"{layout} is a directory, not a layout file") from None
@@ -242,8 +247,36 @@ class Store:
             except (AgentSessionError, OSError) as exc:  # keep closing the others
                 errors.append(exc)
         self._open.clear()
+        if not errors and not self.readonly:
+            try:
+                self._auto_pack()
+            except (AgentSessionError, OSError) as exc:
+                errors.append(exc)
+        self.objects.close()
         if errors:
             raise errors[0]
+
+    def pack(self, **kwargs: Any) -> "RepackResult":
+        """Repack every loose and packed object into one pack (``agentsession pack``);
+        see :meth:`ObjectStore.repack`."""
+        self._require_writable()
+        return self.objects.repack(**kwargs)
+
+    def sweep(self, **kwargs: Any) -> "SweepResult":
+        """Remove what nothing retained names (``agentsession sweep``); see
+        :func:`agentsession_cas.sweep.sweep`."""
+        from .sweep import sweep
+
+        if not kwargs.get("dry_run"):
+            self._require_writable()
+        return sweep(self, **kwargs)
+
+    def _auto_pack(self) -> None:
+        """Pack loose objects once there are many (as ``git gc --auto`` does), when a
+        writer closes rather than inside an append; then merge small packs."""
+        if self.objects.estimate_loose() >= AUTO_PACK_LOOSE:
+            self.objects.pack_loose()
+        self.objects.merge_small_packs()
 
     # -- sessions ---------------------------------------------------------------
 
@@ -319,10 +352,11 @@ class Store:
         header = header if isinstance(header, Header) else Header(dict(header))
         header = self._checked_new_header(header)
         base = header.base
-        prefix: list[Entry] = []
+        prefix_ids: list[str] = []
         if base is not None:
-            self._prefix_for_base(header)  # checks, and makes the prefix's objects durable
-        return self._stage_session(header, base=base, own=[], prefix=[], head=base, record=record)
+            # Checks, and makes the prefix's objects durable; they are not written again.
+            prefix_ids = [e.id for e in self._prefix_for_base(header)]
+        return self._stage_session(header, base=base, own=[], prefix=[], head=base, record=record, prefix_ids=prefix_ids)
 
     def _checked_new_header(self, header: Header) -> Header:
         data = dict(header.data)
@@ -423,49 +457,68 @@ class Store:
         prefix: list[Entry],
         head: str | None,
         record: bool,
+        prefix_ids: list[str] | None = None,
     ) -> "Session":
-        """Write a whole session in ``tmp/`` and rename it into ``sessions/``."""
+        """Write a whole session in ``tmp/`` and rename it into ``sessions/``. The objects
+        of ``prefix`` and ``own`` are written; ``prefix_ids`` names a prefix whose
+        objects are already durable."""
         lock = self._lock(header.id)
         try:
             if header.id in self:
                 raise SessionExistsError(f"session {header.id} already exists")
-            items: list[tuple[str, str, bytes]] = []
-            for e in prefix + own:
-                _, chash, content, env = entry_objects(e.data)
-                items.append(("contents", chash, content))
-                items.append(("entries", e.id, env))
-            self.objects.put_many(items)
             stage = self._dir("tmp", f"{header.id}-{os.getpid()}-{os.urandom(4).hex()}")
             os.makedirs(stage)
-            mark = "record" if record else "mirror"
-            lines = [encode_record({"op": "create", "session": header.id, "base": base, "mark": mark})]
-            for seq, e in enumerate(own, start=1):
-                lines.append(encode_record({"op": "append", "seq": seq, "entry": e.id}))
-            if own:
-                lines.append(encode_record({"op": "head", "head": head}))
-                lines.append(encode_record({"op": "commit"}))
-            files = {
-                "header": header.canonical_line(),
-                "log": b"".join(lines),
-                "HEAD": ((head or "") + "\n").encode(),
-                "mark": (mark + "\n").encode(),
-            }
-            for name, data in files.items():
-                with open(os.path.join(stage, name), "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-            fsync_dir(stage)
-            target = self.session_dir(header.id)
-            if os.path.exists(target):
+            try:
+                mark = "record" if record else "mirror"
+                lines = [encode_record({"op": "create", "session": header.id, "base": base, "mark": mark})]
+                for seq, e in enumerate(own, start=1):
+                    rec: dict[str, Any] = {"op": "append", "seq": seq, "entry": e.id}
+                    if e.is_leaf_label:
+                        rec["leaf_label"] = True  # the head never rests on one, after a reopen too
+                    lines.append(encode_record(rec))
+                if own:
+                    lines.append(encode_record({"op": "head", "head": head}))
+                    lines.append(encode_record({"op": "commit"}))
+                files = {
+                    "header": header.canonical_line(),
+                    "log": b"".join(lines),
+                    "HEAD": ((head or "") + "\n").encode(),
+                    "mark": (mark + "\n").encode(),
+                }
+                # The staged log comes first, the objects after it: a sweep running now
+                # reads staged logs too, so it never takes these objects for garbage.
+                for name, data in files.items():
+                    with open(os.path.join(stage, name), "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                fsync_dir(stage)
+                items: list[tuple[str, str, bytes]] = []
+                for e in prefix + own:
+                    # Entries here were parsed (a file read, or objects of this store): their
+                    # member names are strings and their parse flags say how to serialise.
+                    _, chash, content, env = entry_objects(e.data, parsed=True, careful=e.careful)
+                    items.append(("contents", chash, content))
+                    items.append(("entries", e.id, env))
+                self.objects.put_many(items)
+                target = self.session_dir(header.id)
+                if os.path.exists(target):
+                    raise SessionExistsError(f"session {header.id} already exists")
+                os.rename(stage, target)
+            except BaseException:
                 shutil.rmtree(stage, ignore_errors=True)
-                raise SessionExistsError(f"session {header.id} already exists")
-            os.rename(stage, target)
+                raise
             fsync_dir(self._dir("sessions"))
         except BaseException:
             lock.release()
             raise
-        session = Session._load(self, header.id, writable=True, lock=lock)
+        # What the new log says is known here: no need to read it back.
+        session = Session(self, header.id)
+        session.lock = lock
+        session._adopt(
+            header, base=base, own=own, prefix=prefix_ids if prefix_ids is not None else [e.id for e in prefix],
+            head=head, mark=mark,
+        )
         self._open[header.id] = session
         return session
 
@@ -707,6 +760,7 @@ class Session:
         self.records_read: LogRead | None = None
         self.recovered: list[str] = []  # what recovery did, for the caller to log
         self._uncommitted = False
+        self._format_raised = False  # the header's format checked against ours (once)
         # Appends whose objects are only in the log so far: id -> (content hash, content, envelope).
         self._unmaterialized: dict[str, tuple[str, bytes, bytes]] = {}
         self._payloads: dict[str, tuple[bytes, bytes]] = {}  # read-only: objects recovery could not write
@@ -732,6 +786,26 @@ class Session:
                 s.lock.release()
             raise
         return s
+
+    def _adopt(
+        self, header: Header, *, base: str | None, own: list[Entry], prefix: list[str], head: str | None, mark: str
+    ) -> None:
+        """Take the state of a session just staged whole (create, import), committed."""
+        self.header = header
+        self.base = base
+        self.head = head
+        self.mark = mark
+        for seq, e in enumerate(own, start=1):
+            self.own[e.id] = seq
+            self.log_order.append(e.id)
+            if e.is_leaf_label:
+                self.leaf_labels.add(e.id)
+        self._max_seq = len(own)
+        self.committed_own.update(self.own)
+        self.prefix = prefix
+        self.prefix_set = frozenset(prefix)
+        self.writable = True
+        self._log_fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def _read(self, writable: bool) -> None:
         try:
@@ -765,7 +839,7 @@ class Session:
             first = logread.damage[0]
             raise SessionDamagedError(
                 f"session {self.id} is damaged: log line {first.line} (offset {first.offset}): {first.reason}; "
-                + _REPAIR_HINT,
+                + _REPAIR_HINT.format(id=self.id),
                 session=self.id,
                 line=first.line,
                 offset=first.offset,
@@ -777,7 +851,7 @@ class Session:
             what = "is missing or empty" if not data else "does not open with its create record"
             raise SessionDamagedError(
                 f"session {self.id} is damaged: its log {what}; "
-                + _REPAIR_HINT,
+                + _REPAIR_HINT.format(id=self.id),
                 session=self.id,
                 line=1,
                 offset=0,
@@ -804,7 +878,7 @@ class Session:
                 if payload_entry(r.get("entry"), r.payload) is None:
                     raise SessionDamagedError(
                         f"session {self.id} is damaged: log line {r.line} carries a payload that does not "
-                        f"hash to entry {r.get('entry')}; " + _REPAIR_HINT,
+                        f"hash to entry {r.get('entry')}; " + _REPAIR_HINT.format(id=self.id),
                         session=self.id,
                         line=r.line,
                         offset=r.offset,
@@ -908,7 +982,7 @@ class Session:
                 self.head = r.get("head")
             elif op == "mark":
                 self.mark = r.get("mark")
-            elif op == "loss" and isinstance(r.get("seq"), int):
+            elif op in ("loss", "repair") and isinstance(r.get("seq"), int):
                 self._max_seq = max(self._max_seq, r.get("seq"))
 
     def _rewrite_log(self, kept: list[Record], losses: list[dict[str, Any]]) -> None:
@@ -1151,11 +1225,14 @@ class Session:
 
     def _raise_format(self) -> None:
         """RFC 0002: a writer of a later minor raises the header's format, durably, first."""
+        if self._format_raised:
+            return
         mine, theirs = parse_format(FORMAT_WRITTEN), self.header.format_version
         if theirs is not None and mine is not None and theirs < mine:
             data = dict(self.header.data, format=FORMAT_WRITTEN)
             _write_atomic(os.path.join(self.dir, "header"), canonical_bytes(data) + b"\n", durable=True)
             self.header = Header(data)
+        self._format_raised = True
 
     def _write_log(self, data: bytes, *, sync: bool) -> None:
         assert self._log_fd is not None
@@ -1199,7 +1276,7 @@ class Session:
             items.append(("contents", chash, content))
             items.append(("entries", entry_id, env))
         try:
-            self.store.objects.put_many(items)
+            self.store.objects.put_many(items, dedup=False)
         except OSError as exc:
             self._stopped = str(exc)
             raise
@@ -1208,7 +1285,7 @@ class Session:
 
     def checkpoint(self) -> None:
         """Write every object the log alone holds so far to objects/ (the store does this
-        every 256 appends and at close); other processes then find them there."""
+        every 1024 appends and at close); other processes then find them there."""
         if self.writable and not self._closed:
             self._checkpoint()
 
@@ -1292,6 +1369,192 @@ class Session:
         self.close()
         assert lock is not None
         return lock
+
+    # -- exchange (agentsession_cas/exchange.py) ----------------------------------------
+    # What a push, a fetch, a handover and a take-back need of a session's internals,
+    # kept together in this block. None of these checks the record mark: they are how a
+    # mirror takes entries, head moves and marks "only through exchange" (RFC 0002).
+
+    @classmethod
+    def exchange_create(cls, store: Store, header: Header, *, prefix: list[str], record: bool) -> "Session":
+        """Create the session a push or fetch brings, from the pushed header, with the
+        base as its head (or none) and no own entries yet; committed, open for writing.
+        ``prefix`` (root..base) names entries whose objects the caller has already made
+        durable in objects/ and checked as admission requires."""
+        header = store._checked_new_header(header)
+        return store._stage_session(
+            header, base=header.base, own=[], prefix=[], head=header.base, record=record, prefix_ids=list(prefix)
+        )
+
+    def exchange_view(self) -> tuple[list[str], str | None, str]:
+        """(own entries in log order, head, mark) as last committed: what this session may
+        serve to another store. A session open for writing is committed first, so that is
+        all of it; a read-only snapshot replays its log only through the last commit, since
+        another process's working state is not the session's to serve yet."""
+        if self.writable and not self._closed:
+            self.commit()
+            return list(self.log_order), self.head, self.mark
+        read = self.records_read
+        records = read.records if read is not None else []
+        last = max((i for i, r in enumerate(records) if r.op in ("commit", "create")), default=-1)
+        if read is not None and not read.cut_records and all(r.op == "checkpoint" for r in records[last + 1 :]):
+            return list(self.log_order), self.head, self.mark
+        view = Session(self.store, self.id)
+        view._replay(records[: last + 1], last)
+        return list(view.log_order), view.head, view.mark
+
+    def exchange_objects(self, entry_id: str) -> tuple[str, bytes, bytes]:
+        """(content hash, content bytes, envelope bytes) of an entry this session holds or
+        builds on: from memory or the log's payloads until a checkpoint writes them to
+        objects/, else from objects/ (verified against their names there)."""
+        pending = self._unmaterialized.get(entry_id)
+        if pending is not None:
+            return pending
+        payload = self._payloads.get(entry_id)
+        if payload is not None:
+            return sha256_ref(payload[0]), payload[0], payload[1]
+        objects = self.store.objects
+        env = objects.get("entries", entry_id)
+        try:
+            chash = loads(env).get("content")
+        except (ValueError, AttributeError, AgentSessionError):
+            chash = None
+        if not is_hash(chash):
+            raise CorruptObjectError(
+                f"envelope {entry_id} is not an envelope ({objects.relpath('entries', entry_id)})",
+                space="entries", name=entry_id, path=objects.path("entries", entry_id),
+            )
+        return chash, objects.get("contents", chash), env
+
+    def exchange_pending(self) -> dict[str, bytes]:
+        """The objects this session holds only in its log (or memory) so far, by name:
+        what another store may ask for before the writer's next checkpoint."""
+        out: dict[str, bytes] = {}
+        for entry_id, (chash, content, env) in self._unmaterialized.items():
+            out[entry_id], out[chash] = env, content
+        for entry_id, (content, env) in self._payloads.items():
+            out[entry_id], out[sha256_ref(content)] = env, content
+        return out
+
+    def exchange_admit(
+        self,
+        entries: list[tuple[str, bool]],
+        *,
+        head: str | None = None,
+        move_head: bool = False,
+        mark: str | None = None,
+        header_format: str | None = None,
+    ) -> list[str]:
+        """Admit own entries through exchange, then move the head, then set the mark: one
+        write and one fsync, committed before it returns (a receiver commits what it
+        admits, and a mark, before it acknowledges them). ``entries`` are (id, whether it
+        is a ``leaf`` label), every object already durable in objects/, parents before
+        children, checked by the caller; ones the log holds are skipped. A later
+        ``header_format`` raises the header's format first, durably. Returns the ids
+        appended."""
+        if self._closed:
+            raise StoreError(f"session {self.id} is closed")
+        if not self.writable:
+            raise ReadOnlyError(f"session {self.id} is open read-only; cannot admit entries")
+        self._refuse_if_stopped()
+        if mark not in (None, "record", "mirror"):
+            raise StoreError(f"mark must be 'record' or 'mirror', not {mark!r}")
+        if move_head and not (head is None or head == self.base or head in self.own or any(e == head for e, _ in entries)):
+            raise AppendRefusedError(f"{head} is neither the base nor an own entry of session {self.id}")
+        if header_format is not None:
+            theirs, mine = parse_format(header_format), self.header.format_version
+            if theirs is not None and mine is not None and mine < theirs:
+                data = dict(self.header.data, format=header_format)
+                _write_atomic(os.path.join(self.dir, "header"), canonical_bytes(data) + b"\n", durable=True)
+                self.header = Header(data)
+        lines: list[bytes] = []
+        added: list[tuple[str, int, bool]] = []
+        seen: set[str] = set()
+        seq = self._max_seq
+        for entry_id, leaf in entries:
+            if entry_id in self.own or entry_id in seen:
+                continue
+            seen.add(entry_id)
+            seq += 1
+            record: dict[str, Any] = {"op": "append", "seq": seq, "entry": entry_id}
+            if leaf:
+                record["leaf_label"] = True
+            lines.append(encode_record(record))
+            added.append((entry_id, seq, leaf))
+        if move_head and head != self.head:
+            lines.append(encode_record({"op": "head", "head": head}))
+        else:
+            move_head = False
+        if mark is not None and mark != self.mark:
+            lines.append(encode_record({"op": "mark", "mark": mark}))
+        else:
+            mark = None
+        if not lines:
+            return []
+        self._write_log(b"".join(lines) + _COMMIT, sync=True)
+        for entry_id, s, leaf in added:
+            self.own[entry_id] = s
+            self.log_order.append(entry_id)
+            if leaf:
+                self.leaf_labels.add(entry_id)
+        self._max_seq = seq
+        self._uncommitted = False
+        self.committed_own.update(self.own)
+        if move_head:
+            self.head = head
+        if mark is not None:
+            self.mark = mark
+        self._write_indexes()
+        return [e for e, _, _ in added]
+
+    def _exchange_identity(self) -> tuple[tuple[int, int, int, int], ...]:
+        out = []
+        for name in ("log", "header"):
+            st = os.stat(os.path.join(self.dir, name))
+            out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(out)
+
+    def exchange_park(self) -> tuple[tuple[int, int, int, int], ...]:
+        """Let go of the lock and the log's descriptor, keeping what the session knows, so
+        the next exchange into it need not read its log again (:meth:`exchange_resume`).
+        Returns the identity of its files to hand back to that call."""
+        if self.writable and not self._closed and not self._stopped:
+            self.commit()
+            self._checkpoint()
+            self._write_indexes()
+        identity = self._exchange_identity()
+        if self._log_fd is not None:
+            os.close(self._log_fd)
+            self._log_fd = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        if self.store._open.get(self.id) is self:
+            del self.store._open[self.id]
+        return identity
+
+    def exchange_resume(self, identity: tuple[tuple[int, int, int, int], ...]) -> bool:
+        """Take the lock again and carry on from what was known at :meth:`exchange_park`,
+        if the log and header are the very files left then (same inode, size and mtime):
+        nothing wrote to the session meanwhile. False, holding nothing, when they changed
+        (the caller opens the session afresh); :class:`SessionLockedError` when another
+        process holds it."""
+        if self._closed or self._stopped or not self.writable or self.id in self.store._open:
+            return False
+        lock = self.store._lock(self.id)
+        try:
+            same = self._exchange_identity() == identity
+        except OSError:
+            same = False
+        if not same:
+            lock.release()
+            return False
+        self.lock = lock
+        self._log_fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.store._open[self.id] = self
+        return True
+
+    # -- end of the exchange block ---------------------------------------------------------
 
     def __enter__(self) -> "Session":
         return self

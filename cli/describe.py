@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from agentsession_cas import Entry, short_id
+from agentsession_cas.context import Settings, tool_name
 
 _WS = re.compile(r"\s+")
 WIDTH = 72
@@ -60,6 +61,137 @@ def describe_item(item: Any) -> str:
     return str(kind)
 
 
+def _trigger(t: dict[str, Any]) -> str:
+    out = str(t.get("kind", "?"))
+    if isinstance(t.get("ref"), str):
+        out += f" {t['ref'][:24]}"
+    if isinstance(t.get("source"), str):
+        out += f" via {t['source']}"
+    return out
+
+
+def _describe_config(d: dict[str, Any]) -> str:
+    parts = []
+    if d.get("replace") is True:
+        parts.append("replace")
+    if "model" in d:
+        parts.append(f"model {d['model']}")
+    if isinstance(d.get("instructions"), str):
+        parts.append(f"instructions {quote(d['instructions'], 40)}")
+    if isinstance(d.get("instructions_parts"), list):
+        names = []
+        for el in d["instructions_parts"]:
+            if not isinstance(el, dict):
+                names.append("?")
+            elif isinstance(el.get("id"), str) and el["id"]:
+                if isinstance(el.get("text"), str):
+                    names.append(f"{el['id']}({len(el['text'].encode('utf-8', 'surrogatepass'))}B)")
+                elif "hash" in el:
+                    names.append(f"{el['id']}=")
+                else:
+                    names.append(f"{el['id']}(0B)")
+            elif isinstance(el.get("keep"), int):
+                names.append(f"+{el['keep']}")
+            else:
+                names.append("?")
+        parts.append(f"instructions [{', '.join(names)}]")
+    omitted = d.get("instructions_omitted")
+    if isinstance(omitted, list):
+        if not omitted:
+            parts.append("omitted cleared")
+        else:
+            names = []
+            for el in omitted:
+                if isinstance(el, dict) and isinstance(el.get("id"), str) and el["id"]:
+                    names.append(f"{el['id']} ({el.get('reason', '?')})")
+                elif isinstance(el, dict) and isinstance(el.get("keep"), int):
+                    names.append(f"+{el['keep']}" + (f" of {short_id(el['of'])}" if isinstance(el.get("of"), str) else ""))
+                else:
+                    names.append("?")
+            parts.append("omitted " + ", ".join(names))
+    omit = d.get("omit")
+    if isinstance(omit, dict):
+        words = _omit_words(omit)
+        parts.append("omit " + (", ".join(words) if words else "cleared"))
+    if d.get("reasoning") is not None:
+        parts.append("reasoning")
+    if d.get("text") is not None:
+        parts.append("text")
+    added = d.get("tools_added")
+    for tool in added if isinstance(added, list) else []:
+        if isinstance(tool, dict):
+            parts.append(f"+{tool.get('name')}")
+    removed = d.get("tools_removed")
+    for tool in removed if isinstance(removed, list) else []:
+        parts.append(f"-{tool}")
+    if isinstance(d.get("extra"), dict):
+        parts.extend(f"extra.{k}" for k in sorted(d["extra"]))
+    return ", ".join(parts) or "no change"
+
+
+def _omit_words(omit: dict[str, Any]) -> list[str]:
+    words = []
+    if isinstance(omit.get("reasoning"), str):
+        words.append(f"reasoning {omit['reasoning']}")
+    if isinstance(omit.get("items"), list) and omit["items"]:
+        words.append(f"{len(omit['items'])} item(s)")
+    outputs = omit.get("outputs")
+    if isinstance(outputs, dict):
+        n = len(outputs["items"]) if isinstance(outputs.get("items"), list) else 0
+        words.append(f"outputs of {n} item(s)")
+    images = omit.get("images")
+    if isinstance(images, dict):
+        if "before" in images:
+            words.append(f"images before {short_id(images['before'])}")
+        else:
+            words.append(f"images but the last {images.get('keep')}")
+    return words
+
+
+def settings_rows(settings: Settings) -> list[tuple[str, str]]:
+    """The settings in force, one (key, value) row each, for the context block of ``show``."""
+    rows = [("model", settings.model or "-")]
+    rows.append(("instructions", quote(settings.instructions or "")))
+    if settings.parts:
+        shown = []
+        for p in settings.parts:
+            if p.unresolved:
+                written = p.written
+                if isinstance(written, dict) and isinstance(written.get("id"), str):
+                    shown.append(f"{written['id']} unresolved")
+                elif isinstance(written, dict) and isinstance(written.get("keep"), int):
+                    shown.append(f"keep {written['keep']} unresolved")
+                else:
+                    shown.append("- unresolved")
+            else:
+                size = len((p.text or "").encode("utf-8", "surrogatepass"))
+                shown.append(f"{p.id} {size}B" + (f" from {p.source}" if p.source else ""))
+        rows.append(("parts", ", ".join(shown)))
+    if settings.omitted:
+        shown = []
+        for o in settings.omitted:
+            data = o.data
+            if not o.unresolved:
+                shown.append(f"{data['id']} {data.get('size', '?')}B ({data.get('reason', '?')})")
+            elif isinstance(data, dict) and isinstance(data.get("keep"), int):
+                of = data.get("of")
+                shown.append(f"keep {data['keep']}" + (f" of {short_id(of)}" if isinstance(of, str) else "") + " unresolved")
+            else:
+                shown.append("- unresolved")
+        rows.append(("omitted", ", ".join(shown)))
+    if not settings.omit.zero:
+        rows.append(("omit", ", ".join(_omit_words(settings.omit.as_dict()))))
+    if settings.reasoning not in (None, {}):
+        rows.append(("reasoning", _WS.sub(" ", json.dumps(settings.reasoning, ensure_ascii=False))))
+    if settings.text not in (None, {}):
+        rows.append(("text", _WS.sub(" ", json.dumps(settings.text, ensure_ascii=False))))
+    if settings.tools:
+        rows.append(("tools", ", ".join(tool_name(t) or "?" for t in settings.tools)))
+    if settings.extra:
+        rows.append(("extra", ", ".join(sorted(settings.extra))))
+    return rows
+
+
 def describe(entry: Entry, verbose: bool = False) -> str:
     """A one-line summary of an entry, by type."""
     t = entry.type
@@ -68,7 +200,9 @@ def describe(entry: Entry, verbose: bool = False) -> str:
         out = describe_item(d.get("item"))
         if isinstance(d.get("response"), str):
             out += f" ({d['response']})"
-        return out
+        if isinstance(d.get("source"), dict):
+            out += f" from {_trigger(d['source'])}"
+        return ("hidden " + out) if d.get("visible") is False else out
     if t == "response":
         usage = d.get("usage") if isinstance(d.get("usage"), dict) else {}
         out = f"{d.get('response_id', '-')} {d.get('model') or '-'} {d.get('status', '')}".rstrip()
@@ -76,27 +210,21 @@ def describe(entry: Entry, verbose: bool = False) -> str:
             out += f" {usage.get('input_tokens')}+{usage.get('output_tokens')} tokens"
         if isinstance(d.get("request_hash"), str):
             out += f" hash {d['request_hash'][:18]}\u2026"
+        if isinstance(d.get("attempts"), int) and d["attempts"] > 1:
+            out += f" {d['attempts']} attempts"
+        error = d.get("error")
+        if isinstance(error, dict):
+            out += f" error {quote(str(error.get('message', '')), 40)}"
         return out
     if t == "config":
-        parts = []
-        if d.get("replace"):
-            parts.append("replace")
-        if "model" in d:
-            parts.append(f"model {d['model']}")
-        if isinstance(d.get("instructions"), str):
-            parts.append(f"instructions {quote(d['instructions'], 40)}")
-        added = d.get("tools_added")
-        for tool in added if isinstance(added, list) else []:
-            if isinstance(tool, dict):
-                parts.append(f"+{tool.get('name')}")
-        removed = d.get("tools_removed")
-        for tool in removed if isinstance(removed, list) else []:
-            parts.append(f"-{tool}")
-        if isinstance(d.get("extra"), dict):
-            parts.extend(f"extra.{k}" for k in sorted(d["extra"]))
-        return ", ".join(parts) or "no change"
+        return _describe_config(d)
     if t == "compaction":
-        return f"first kept {short_id(d.get('first_kept'))}; {describe_item(d.get('summary'))}"
+        out = f"first kept {short_id(d.get('first_kept'))}; {describe_item(d.get('summary'))}"
+        if isinstance(d.get("pinned"), list) and d["pinned"]:
+            out += f"; {len(d['pinned'])} pinned"
+        if isinstance(d.get("tokens_before"), int):
+            out += f" ({d['tokens_before']} tokens before)"
+        return out
     if t == "branch_summary":
         return f"from {short_id(d.get('from'))}; {describe_item(d.get('summary'))}"
     if t == "label":

@@ -24,11 +24,29 @@ from agentsession_cas import (
     read_session,
     short_id,
 )
+from agentsession_cas.context import (
+    NULL_CONTEXT_HASH,
+    Context,
+    RequestReport,
+    build_context,
+    context_hashes,
+    verify_requests,
+)
+from agentsession_cas.errors import ContextError, Problem
 from agentsession_cas.reader import split_lines
+from agentsession_cas.runs import RecordsCheck, analyze_runs, render_runs, verify_records
 
-from . import store_commands
+from . import (
+    exchange_commands,
+    fsck_command,
+    maintenance_commands,
+    migrate_command,
+    ref_commands,
+    repair_command,
+    store_commands,
+)
 from .common import echo, emit_json, fail, os_message, printable, table
-from .describe import describe
+from .describe import describe, describe_item, settings_rows
 
 
 _printable = printable
@@ -95,13 +113,45 @@ def _children_counts(sf: SessionFile) -> dict[str, int]:
     return counts
 
 
+def _context_at(sf: SessionFile, leaf: str | None) -> tuple[Context | None, str | None]:
+    """The context at the leaf (the empty context at the universal root), or why not."""
+    try:
+        return build_context(sf.tree.path(leaf) if leaf is not None else []), None
+    except ContextError as exc:
+        return None, str(exc)
+
+
+def _print_context(leaf: str | None, ctx: Context | None, error: str | None, context_hash: str) -> None:
+    at = short_id(leaf) if leaf is not None else "the root"
+    if ctx is None:
+        echo(f"context at {at}: not built: {error}")
+        return
+    echo(f"context at {at}: {len(ctx.items)} item(s) from {len(ctx.entries)} entries")
+    rows = [[k, v] for k, v in settings_rows(ctx.settings)]
+    rows.append(["context hash", context_hash])
+    for line in _table(rows):
+        echo("  " + line)
+    for i, (item, entry) in enumerate(zip(ctx.items, ctx.item_entries), start=1):
+        echo(f"  {i:>3}  {short_id(entry.id)}  {describe_item(item)}")
+    for o in ctx.omitted:
+        echo(f"  left out ({o.reason})  {short_id(o.entry.id)}  {describe_item(o.entry.get('item'))}")
+    for r in ctx.replaced:
+        what = f"{r.parts} image part(s)" if r.reason == "images" else "its output"
+        echo(f"  placeholder ({r.reason})  {short_id(r.entry.id)}  {what} sent as placeholder text")
+
+
 @main.command()
 @click.argument("file", metavar="FILE|ID", type=click.Path(dir_okay=True, allow_dash=False, readable=False))
 @click.option("--leaf", "leaf_name", metavar="ID", help="Entry to treat as the leaf: a full id, a legacy id or a unique hex prefix.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("-v", "--verbose", is_flag=True, help="Show the data of custom and extension entries.")
-def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool) -> None:
-    """Print a session's entries in file order, then its leaf.
+@click.option("--runs", "show_runs", is_flag=True, help="Also print the runs on the leaf's path: reasons, calls and their states.")
+def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool, show_runs: bool) -> None:
+    """Print a session's entries in file order, then the context at its leaf.
+
+    The context is what a model call appended at the leaf (or at --leaf ID)
+    would be sent: the settings in force, then each item with the entry it
+    came from, and the items the omit setting leaves out.
 
     FILE|ID is a session file, a session id in the store, or a path inside
     a session's directory in a store. A stored session is shown as its
@@ -115,9 +165,14 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool) -> None
         file = sf.source
     leaf = sf.resolve(leaf_name).id if leaf_name else sf.leaf
     path = [e.id for e in sf.tree.path(leaf)] if leaf is not None else []
+    ctx, ctx_error = _context_at(sf, leaf)
+    # Every entry's context hash for --json; for text, the leaf's alone (its path).
+    chashes = context_hashes(sf.entries if as_json else sf.tree.path(leaf) if leaf is not None else [])
+    leaf_hash = chashes.get(leaf, NULL_CONTEXT_HASH) if leaf is not None else NULL_CONTEXT_HASH
     truncated = (
         {"line": sf.truncated.line, "error": sf.truncated.message} if sf.truncated is not None else None
     )
+    runs = analyze_runs(sf, leaf) if (show_runs or as_json) and sf.entries else None
     if as_json:
         _emit_json(
             {
@@ -131,12 +186,17 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool) -> None
                         "parent": e.parent,
                         "line": e.line,
                         "content_hash": e.content_hash,
+                        **({"context_hash": chashes[e.id]} if e.id in chashes else {}),
                         **({"legacy_id": e.legacy_id} if e.legacy_id else {}),
                     }
                     for e in sf.entries
                 ],
                 "leaf": leaf,
                 "path": path,
+                "context": ctx.as_dict() if ctx is not None else None,
+                **({"context_error": ctx_error} if ctx_error is not None else {}),
+                "context_hash": leaf_hash,
+                "runs": runs.as_dict() if runs is not None else None,
                 "truncated": truncated,
                 "problems": [p.as_dict() for p in sf.problems],
             }
@@ -197,6 +257,15 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool) -> None
     else:
         how = "given" if leaf_name else "by the resume rule"
         echo(f"leaf {short_id(leaf)}  ({how}; {len(path)} entries on its path)")
+    if sf.entries:
+        echo()
+        _print_context(leaf, ctx, ctx_error, leaf_hash)
+    if runs is not None:
+        echo()
+        for line in render_runs(runs):
+            echo(line)
+    if sf.problems or sf.truncated is not None:
+        echo()
     for p in sf.problems:
         echo(f"problem: {p}")
     if sf.truncated is not None:
@@ -207,6 +276,18 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool) -> None
 # verify
 
 
+def _summary(sf: SessionFile, problems: int, report: RequestReport, records: RecordsCheck) -> str:
+    if sf.migrated:
+        how = f"migrated from {sf.header.format}: ids assigned in memory, not checked"
+    else:
+        how = "each id checked against its hash"
+    return (
+        f"{len(sf.entries)} entries read, {how}; {problems} problem(s); "
+        f"{len(report.checks)} response(s): {report.verified} request hash(es) verified, "
+        f"{report.without_hash} without a hash, {report.failed} failed; {records.runs_checked} run(s) checked"
+    )
+
+
 @main.command()
 @click.argument("file", metavar="FILE|ID", type=click.Path(dir_okay=True, readable=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
@@ -214,8 +295,11 @@ def verify(file: str, as_json: bool) -> None:
     """Check a session file or a stored session; exit 1 on any problem.
 
     For a file: each entry's id is recomputed from its members, its ts form
-    and I-JSON checked, and the parent, parents and base rules applied. For
-    a stored session (an id, or a path inside its directory): its log
+    and I-JSON checked, and the parent, parents and base rules applied; then
+    the request of every response is rebuilt from its path and its
+    request_hash checked (a response without one is counted, never called
+    verified), and every compaction's first_kept is looked up on its path.
+    For a stored session (an id, or a path inside its directory): its log
     checksums, every object it needs present and hashing to its name, then
     its projection as a file.
     """
@@ -234,7 +318,14 @@ def verify(file: str, as_json: bool) -> None:
             for p in problems:
                 echo(f"{file}: {p}")
         sys.exit(1)
-    problems = sf.all_problems()
+    report = verify_requests(sf)
+    records = verify_records(sf)
+    line_problems = sf.all_problems()
+    context_problems = [p for p in report.problems if p.code != "request_hash"]
+    problems = sorted(line_problems + report.problems + records.problems, key=lambda p: (p.line is None, p.line or 0))
+    notes = list(sf.unresolved) + report.notes + records.notes
+    if sf.header.data.get("redacted") is True:
+        notes.append(Problem(1, "redacted", "the header says the file was redacted: its hashes verify this file, never the original"))
     empty = not sf.entries
     ok = not problems and not empty
     if as_json:
@@ -244,24 +335,27 @@ def verify(file: str, as_json: bool) -> None:
                 "ok": ok,
                 "entries": len(sf.entries),
                 "migrated": sf.migrated,
+                "requests": report.counts(),
+                "responses": [c.as_dict() for c in report.checks],
+                "records": records.as_dict(),
                 "problems": [p.as_dict() for p in problems]
                 + ([{"line": None, "code": "empty", "message": "the file holds a header and no entries", "entry": None}] if empty else []),
-                "notes": [p.as_dict() for p in sf.unresolved],
+                "notes": [p.as_dict() for p in notes],
             }
         )
         sys.exit(0 if ok else 1)
-    for p in problems:
+    for p in sorted(line_problems + context_problems, key=lambda p: (p.line is None, p.line or 0)):
         echo(f"{file}: {p}")
-    for note in sf.unresolved:
+    for p in records.problems:
+        echo(f"{file}: records  ERROR {p}")
+    for c in report.checks:
+        echo(f"{file}: response {short_id(c.entry.id)}: {c.message()}")
+    for note in notes:
         echo(f"{file}: note: {note}")
     if empty:
         echo(f"nothing to verify: {file} holds a header and no entries")
         sys.exit(1)
-    if sf.migrated:
-        how = f"migrated from {sf.header.format}: ids assigned in memory, not checked"
-    else:
-        how = "each id checked against its hash"
-    echo(f"{file}: {len(sf.entries)} entries read, {how}; {len(problems)} problem(s)")
+    echo(f"{file}: {_summary(sf, len(problems), report, records)}")
     sys.exit(0 if ok else 1)
 
 
@@ -315,8 +409,17 @@ def hash_object(file: str, as_json: bool) -> None:
         sys.exit(1)
 
 
-for _command in store_commands.COMMANDS:
-    main.add_command(_command)
+for _module in (
+    store_commands,
+    maintenance_commands,
+    fsck_command,
+    migrate_command,
+    repair_command,
+    ref_commands,
+    exchange_commands,
+):
+    for _command in _module.COMMANDS:
+        main.add_command(_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -27,6 +27,8 @@ from agentsession_cas.errors import (
     NoSuchSessionError,
     SessionFormatError,
 )
+from agentsession_cas.context import verify_requests
+from agentsession_cas.runs import verify_records
 from agentsession_cas.log import read_log
 from agentsession_cas.names import check_session_id
 from agentsession_cas.store import Session, Store, default_store_path, payload_entry
@@ -332,7 +334,7 @@ def check_session(store: Store, session_id: str) -> tuple[list[dict[str, Any]], 
         if session is not None:
             notes.extend(session.recovered)
             stats["entries"], stats["prefix"] = len(session), len(session.prefix)
-            _check_projection(session, projection, problems, notes)
+            _check_projection(session, projection, problems, notes, stats)
             return problems, notes, stats
 
     # The careful path: name every object that is missing or corrupt.
@@ -383,7 +385,7 @@ def check_session(store: Store, session_id: str) -> tuple[list[dict[str, Any]], 
         # The objects are sound yet the session did not read: say why.
         try:
             session = store.read(session_id)
-            _check_projection(session, session.projection(), problems, notes)
+            _check_projection(session, session.projection(), problems, notes, stats)
         except AgentSessionError as exc:
             problems.append(_problem("session", "session", one_line(str(exc))))
     else:
@@ -391,7 +393,9 @@ def check_session(store: Store, session_id: str) -> tuple[list[dict[str, Any]], 
     return problems, notes, stats
 
 
-def _check_projection(session: Session, projection: bytes, problems: list[dict[str, Any]], notes: list[str]) -> None:
+def _check_projection(
+    session: Session, projection: bytes, problems: list[dict[str, Any]], notes: list[str], stats: dict[str, Any] | None = None
+) -> None:
     try:
         sf = read_session_bytes(projection, source=session.id)
     except SessionFormatError as exc:
@@ -400,6 +404,17 @@ def _check_projection(session: Session, projection: bytes, problems: list[dict[s
     for p in sf.all_problems():
         problems.append({"where": "projection", **p.as_dict()})
     notes.extend(str(p) for p in sf.unresolved)
+    # Every response's request rebuilt and its request_hash checked (agentsession_cas.context).
+    requests = verify_requests(sf)
+    problems.extend({"where": "requests", **p.as_dict()} for p in requests.problems)
+    notes.extend(str(p) for p in requests.notes)
+    # The record rules and every run end against its segment (agentsession_cas.runs).
+    records = verify_records(sf)
+    problems.extend({"where": "records", **p.as_dict()} for p in records.problems)
+    notes.extend(str(p) for p in records.notes)
+    if stats is not None:
+        stats["requests"] = requests.counts()
+        stats["runs_checked"] = records.runs_checked
     head = session.head
     if head is None:
         ok = session.base is None
@@ -424,6 +439,8 @@ def verify_session(target: Target, as_json: bool) -> None:
             "entries": stats["entries"],
             "prefix": stats["prefix"],
             "records": stats["records"],
+            "requests": stats.get("requests"),
+            "runs_checked": stats.get("runs_checked"),
             "problems": problems,
             "notes": notes,
         })
@@ -436,6 +453,13 @@ def verify_session(target: Target, as_json: bool) -> None:
     echo(
         f"{sid}: {stats['records']} log record(s), {stats['entries']} own entries and {stats['prefix']} on the prefix, "
         f"objects checked against their names; {len(problems)} problem(s)"
+        + (
+            f"; {stats['requests']['responses']} response(s): {stats['requests']['verified']} request hash(es) verified, "
+            f"{stats['requests']['without_hash']} without a hash, {stats['requests']['failed']} failed"
+            if stats.get("requests")
+            else ""
+        )
+        + (f"; {stats['runs_checked']} run(s) checked" if stats.get("runs_checked") is not None else "")
     )
     sys.exit(0 if ok else 1)
 

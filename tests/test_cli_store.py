@@ -386,6 +386,8 @@ def test_show_stored_session_is_its_projection_shown(store, tmp_path):
     as_file = json.loads(ok(cli(store, "show", "--json", str(out))))
     assert as_session["source"] == "s1"
     as_file["source"] = "s1"
+    assert as_session["runs"]["source"] == "s1"
+    as_file["runs"]["source"] = "s1"
     assert as_session == as_file
     assert as_session["leaf"] == ids[-1]
     text = ok(cli(store, "show", "s1"))

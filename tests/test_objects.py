@@ -137,31 +137,34 @@ def test_fsync_paths_many_dirs(objs):
     fsync_paths([])
 
 
-@pytest.mark.parametrize("use_syncfs", [True, False])
-def test_put_many_stores_every_object_soundly_either_way(objs, tmp_path, monkeypatch, use_syncfs):
-    """A checkpoint's batch: new objects created, a torn one replaced, a present one kept;
-    made durable by syncfs for a big batch where the platform has it, else by fsyncs."""
+@pytest.mark.parametrize("big", [True, False])
+def test_put_many_stores_every_object_soundly_either_way(objs, tmp_path, monkeypatch, big):
+    """A checkpoint's batch: new objects stored, a torn loose one replaced or bypassed,
+    a present one kept; a big batch as one pack (a handful of fsyncs, no loose files),
+    a small one as loose files each fsynced."""
     from agentsession_cas import objects as objects_module
 
-    if use_syncfs and objects_module._syncfs is None:
-        pytest.skip("syncfs(2) is not available on this platform")
-    if not use_syncfs:
-        monkeypatch.setattr(objects_module, "_syncfs", None)
     calls = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real_fsync(fd))[1])
-    datas = [f"batch {i}".encode() for i in range(objects_module.SYNCFS_BATCH + 6)]
+    n = objects_module.PACK_BATCH + 6 if big else objects_module.PACK_BATCH - 1
+    datas = [f"batch {i}".encode() for i in range(n)]
     objs.make_fanout()  # as Store.init does: no directory is new during the batch
     objs.put("contents", name_of(datas[0]), datas[0], durable=True)  # already present
     torn = objs.path("contents", name_of(datas[1]))
-    os.makedirs(os.path.dirname(torn), exist_ok=True)
     with open(torn, "wb") as f:
         f.write(b"bat")
     calls.clear()
     objs.put_many([("contents", name_of(d), d) for d in datas])
     for d in datas:
         assert objs.get("contents", name_of(d)) == d
-    if use_syncfs:
-        assert len(calls) <= 2  # the torn copy's replacement, and nothing per file
+    packs = os.listdir(os.path.join(objs.dir, "pack")) if os.path.isdir(os.path.join(objs.dir, "pack")) else []
+    loose_new = [d for d in datas[2:] if os.path.exists(objs.path("contents", name_of(d)))]
+    if big:
+        assert len(calls) <= 4  # the pack, its index, the pack directory
+        assert len([p for p in packs if p.endswith(".idx")]) == 1
+        assert loose_new == []
     else:
-        assert len(calls) >= len(datas)
+        assert len(calls) >= len(datas) - 1
+        assert packs == []
+        assert len(loose_new) == len(datas) - 2

@@ -34,6 +34,7 @@ from agentsession_cas.errors import (
 )
 from agentsession_cas.hashing import entry_objects, sha256_ref
 from agentsession_cas.log import _checksum, encode_record, read_log
+from agentsession_cas.objects import ObjectStore
 from agentsession_cas.store import CHECKPOINT_ENTRIES, LAYOUT, Session, Store
 
 _TICK = itertools.count()
@@ -69,6 +70,15 @@ def store(root: Path):
 
 def log_records(root: Path, sid: str) -> list[dict]:
     return [r.data for r in read_log((root / "sessions" / sid / "log").read_bytes()).records]
+
+
+def held(root: Path, space: str, name: str) -> bool:
+    """The store holds the object, loose or packed (as a fresh reader finds it)."""
+    objs = ObjectStore(str(root))
+    try:
+        return objs.exists(space, name)
+    finally:
+        objs.close()
 
 
 def obj_path(root: Path, space: str, name: str) -> Path:
@@ -705,7 +715,7 @@ def test_fork_head_base_prefix_and_lazy_base_committed(root):
         # fork reads its prefix from objects/), before the fork was made
         assert log_records(root, "a")[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
         for r in ra:
-            assert obj_path(root, "entries", r.id).is_file()
+            assert held(root, "entries", r.id)
         assert f.head == ra[1].id and f.base == ra[1].id
         assert f.prefix == [ra[0].id, ra[1].id]
         assert len(f) == 0
@@ -854,10 +864,10 @@ def test_lazy_appends_visible_to_a_reader_and_committed_on_close(root):
         assert snap.head == rs[-1].id and len(snap) == 2
         # neither committed nor checkpointed: the reader has them from the payloads
         assert [e.id for e in snap] == [r.id for r in rs]
-        assert not obj_path(root, "entries", rs[0].id).exists()
+        assert not held(root, "entries", rs[0].id)
     recs = log_records(root, "s1")
     assert recs[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
-    assert all(obj_path(root, "entries", r.id).is_file() for r in rs)
+    assert all(held(root, "entries", r.id) for r in rs)
 
 
 # -- recovery -----------------------------------------------------------------------------------------------
@@ -885,8 +895,8 @@ def test_torn_last_line_after_commit_dropped_and_loss_written(root):
         # the rewrite ends in a commit; the kept append, never checkpointed, then has
         # its objects restored from its payload and a checkpoint follows
         assert recs[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
-        assert obj_path(root, "entries", rs[0].id).is_file()
-        assert not obj_path(root, "entries", r2.id).exists()
+        assert held(root, "entries", rs[0].id)
+        assert not held(root, "entries", r2.id)
         r = s.append(msg("after"))
         assert r.outcome == "continued" and s.head == r.id
     with Store(root) as st:
@@ -909,7 +919,7 @@ def test_torn_durable_commit_line_keeps_sound_append(root):
         losses = [r for r in recs if r["op"] == "loss"]
         assert len(losses) == 1 and losses[0]["entry"] is None and losses[0]["line"] == 5
         assert recs[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
-        assert all(obj_path(root, "entries", r.id).is_file() for r in rs)
+        assert all(held(root, "entries", r.id) for r in rs)
 
 
 def test_read_only_open_of_torn_log_writes_nothing(root):
@@ -940,14 +950,14 @@ def test_lazy_append_with_missing_objects_restored_from_payload(root):
     st._put_entry(e3, durable=True)
     st.objects.put("contents", e2.content_hash, entry_objects(dict(e2.data))[2], durable=True)
     _crash(st)
-    assert not obj_path(root, "entries", r2.id).exists()
+    assert not held(root, "entries", r2.id)
     with Store(root) as st:
         s = st.session("s1")
         assert r2.id in s and r3.id in s and s.head == r3.id
         recs = log_records(root, "s1")
         assert not [r for r in recs if r["op"] == "loss"]
         assert recs[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
-        assert obj_path(root, "entries", r2.id).is_file()
+        assert held(root, "entries", r2.id)
         assert st.objects.get("entries", r2.id) == entry_objects(dict(e2.data))[3]
         assert s.recovered and "restored" in s.recovered[-1]
         # the entry is held: appending it again is a no-op
@@ -971,8 +981,8 @@ def test_lazy_append_with_bad_payload_and_no_objects_dropped_with_later_records(
         assert s.head == rs[0].id
         losses = [r for r in log_records(root, "s1") if r["op"] == "loss"]
         assert {l["entry"] for l in losses} == {r2.id, r3.id}
-        assert not obj_path(root, "entries", r2.id).exists()
-        assert not obj_path(root, "entries", r3.id).exists()
+        assert not held(root, "entries", r2.id)
+        assert not held(root, "entries", r3.id)
         # the id is appendable again
         r = s.append(dict(e2.data))
         assert r.id == r2.id and r.outcome == "continued"
@@ -996,8 +1006,8 @@ def test_torn_payload_line_dropped_with_a_loss_record(root):
         losses = [r for r in recs if r["op"] == "loss"]
         assert len(losses) == 1
         assert losses[0]["entry"] == r2.id and losses[0]["line"] == 4 and losses[0]["offset"] == last
-        assert not obj_path(root, "entries", r2.id).exists()
-        assert obj_path(root, "entries", rs[0].id).is_file()  # the kept one was restored
+        assert not held(root, "entries", r2.id)
+        assert held(root, "entries", rs[0].id)  # the kept one was restored
 
 
 def _torn_content_before_crash(root):
@@ -1180,12 +1190,12 @@ def test_delete_of_an_open_session_writes_no_commit_first(root, monkeypatch):
     writes = []
     real = Session._write_log
     monkeypatch.setattr(Session, "_write_log", lambda self, data, sync: writes.append(data) or real(self, data, sync=sync))
-    assert not obj_path(root, "entries", rs[0].id).exists()
+    assert not held(root, "entries", rs[0].id)
     st.delete("s1")
     # no commit: only the checkpoint that writes the objects the log alone held, so
     # deleting the ref loses no object another session may come to need
     assert writes == [encode_record({"op": "checkpoint"})] and st.list() == []
-    assert obj_path(root, "entries", rs[0].id).is_file()
+    assert held(root, "entries", rs[0].id)
     assert st.entry(rs[0].id).id == rs[0].id
     st.close()
 
@@ -1253,7 +1263,7 @@ def test_delete_and_reuse_id(store, root):
     store.delete("s1")
     assert "s1" not in store and store.list() == []
     assert not (root / "sessions" / "s1").exists()
-    assert obj_path(root, "entries", rs[0].id).exists()  # objects remain
+    assert held(root, "entries", rs[0].id)  # objects remain
     with pytest.raises(NoSuchSessionError):
         store.session("s1")
     with pytest.raises(NoSuchSessionError):
@@ -1645,7 +1655,7 @@ def test_sequence_numbers_are_never_reused_after_a_loss(root):
     lost = s.append(msg("b"))
     _crash(st)
     # the lazy append is lost: no objects on disk and a payload that is not its entry
-    assert not obj_path(root, "entries", lost.id).exists()
+    assert not held(root, "entries", lost.id)
     tamper_payload(root, "seq", lost.id)
     st2 = Store(root)
     s2 = st2.session("seq")
@@ -1659,7 +1669,7 @@ def test_sequence_numbers_are_never_reused_after_a_loss(root):
     assert [r["seq"] for r in recs if r["op"] == "append"] == [1, 3]
 
 
-def test_damaged_message_says_repair_is_not_available_yet(root):
+def test_damaged_message_names_the_repair_command(root):
     st = Store.init(root)
     chain(st, "dmg", 2)
     st.close()
@@ -1667,7 +1677,7 @@ def test_damaged_message_says_repair_is_not_available_yet(root):
     data = bytearray(logp.read_bytes())
     data[30] ^= 0x01
     logp.write_bytes(bytes(data))
-    with pytest.raises(SessionDamagedError, match="not in this release yet"):
+    with pytest.raises(SessionDamagedError, match=r"run `agentsession repair dmg`"):
         Store(root).session("dmg")
 
 
@@ -1799,30 +1809,30 @@ def test_lazy_append_is_one_line_and_no_fsync(root, monkeypatch):
     assert not r.durable and fsyncs == []
     added = _log(root).read_bytes()[len(before) :]
     assert added.count(b"\n") == 1 and added.endswith(b"\n")
-    assert not obj_path(root, "entries", r.id).exists()
+    assert not held(root, "entries", r.id)
     st.close()
 
 
-def test_checkpoint_every_256_appends(root):
-    assert CHECKPOINT_ENTRIES == 256
+def test_checkpoint_every_1024_appends(root):
+    assert CHECKPOINT_ENTRIES == 1024
     st = Store.init(root, sync="never")
     s = st.create(Header.new("big"))
     ids = [s.append(msg(f"n{i}")).id for i in range(CHECKPOINT_ENTRIES - 1)]
     assert not [r for r in log_records(root, "big") if r["op"] == "checkpoint"]
-    assert not any(obj_path(root, "entries", i).exists() for i in ids)
-    ids.append(s.append(msg("the 256th")).id)
+    assert not any(held(root, "entries", i) for i in ids)
+    ids.append(s.append(msg("the 1024th")).id)
     recs = log_records(root, "big")
     assert recs[-1] == {"op": "checkpoint"}
     assert [r["op"] for r in recs].count("checkpoint") == 1
     assert [r["entry"] for r in recs if r["op"] == "append"] == ids
-    assert all(obj_path(root, "entries", i).is_file() for i in ids)
+    assert all(held(root, "entries", i) for i in ids)
     assert all(st.objects.is_sound("contents", st.entry(i).content_hash) for i in ids)
     # the count starts again: the next append's objects wait for the next checkpoint
-    nxt = s.append(msg("257th"))
-    assert not obj_path(root, "entries", nxt.id).exists()
+    nxt = s.append(msg("1025th"))
+    assert not held(root, "entries", nxt.id)
     assert log_records(root, "big")[-1]["op"] == "append"
     st.close()
-    assert obj_path(root, "entries", nxt.id).is_file()
+    assert held(root, "entries", nxt.id)
 
 
 @pytest.mark.parametrize("sync", ["always", "never"])
@@ -1833,7 +1843,7 @@ def test_read_only_store_serves_uncheckpointed_entries_from_payloads(root, sync)
     lab = s.append(leaf(rs[1].id, rs[2].id))
     assert branch.outcome == "branched" and lab.outcome == "head-moved"
     own = [r.id for r in rs] + [branch.id, lab.id]
-    assert not any(obj_path(root, "entries", i).exists() for i in own)
+    assert not any(held(root, "entries", i) for i in own)
     before = snapshot(root)
     with Store(root, readonly=True) as ro:
         snap = ro.read("s1")
@@ -1855,13 +1865,13 @@ def test_crash_without_checkpoint_restores_objects_on_reopen(root):
     s, rs = chain(st, n=5)
     _crash(st)
     ids = [r.id for r in rs]
-    assert not any(obj_path(root, "entries", i).exists() for i in ids)
+    assert not any(held(root, "entries", i) for i in ids)
     log_before = _log(root).read_bytes()
     assert b'"op":"checkpoint"' not in log_before
     with Store(root) as st:
         s = st.session("s1")
         assert s.recovered == ["recovered session s1: restored the objects of 5 append(s) from the log"]
-        assert all(obj_path(root, "entries", i).is_file() for i in ids)
+        assert all(held(root, "entries", i) for i in ids)
         assert all(st.objects.is_sound("contents", st.entry(i).content_hash) for i in ids)
         # committed and clean: the log is not rewritten, a checkpoint record is appended
         log_after = _log(root).read_bytes()

@@ -1,0 +1,321 @@
+"""Sweeping a store: removing what nothing retained names (RFC 0002 "Deletion and retention").
+
+Retention follows references all the way down, as git's collector follows a
+commit to its tree to its blobs, and never reachability from heads:
+
+- an **envelope** is retained while any session's log names it (every
+  append record, abandoned branches and uncommitted appends included) or it
+  lies on a session's prefix (root..base);
+- a **content** while a retained envelope names it;
+- a **blob** while a retained content names it by a ``sidecar:`` URL.
+
+Logs are read from ``sessions/`` and also from sessions being staged in
+``tmp/`` (an import writes its staged log before its objects, so a sweep
+running meanwhile sees what those objects are for). Nothing younger than
+the grace period goes, whatever names it. What is kept is repacked into one
+pack; what is dropped is removed only after that pack is durable.
+
+Safety beside writers in other processes:
+
+- a sweep holds the store's pack lock (``locks/pack.lock``), so it never
+  runs beside another sweep, a ``pack`` or a writer's pack merge;
+- it decides over a snapshot of the packs and loose files taken first, and
+  reads the logs after it: an append whose record reaches a log before the
+  logs are read is retained, and one after it lands its objects in a new
+  pack (checkpoints write whole packs) or a new loose file, neither of which
+  is in the snapshot;
+- a writer that finds an object already present touches ("freshens") the
+  file holding it, as git does; a sweep does not remove a file whose mtime
+  changed since the snapshot, so the object survives even with ``--grace 0``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .errors import AgentSessionError, CorruptObjectError, NoSuchObjectError, StoreError
+from .hashing import is_hash
+from .log import read_log, scan_log
+from .objects import RepackResult
+from .packs import SPACE_BITS
+
+__all__ = ["DEFAULT_GRACE", "SweepResult", "parse_duration", "retained", "sweep"]
+
+#: Two weeks, as git's gc.pruneExpire.
+DEFAULT_GRACE = 14 * 24 * 3600.0
+#: Leftovers in tmp/ (a crashed import's stage, a pack never finished) go once
+#: older than the grace period, and never younger than this.
+TMP_MIN_AGE = 3600.0
+
+_DURATION = re.compile(r"(\d+)([smhdw]?)")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIDECAR = re.compile(rb"sidecar:(sha256:[0-9a-f]{64})")
+_ENV_CONTENT = b'{"content":"'
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``0``, ``90s``, ``15m``, ``12h``, ``14d``, ``2w`` (a bare number is seconds)."""
+    m = _DURATION.fullmatch(text.strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a duration (such as 0, 90s, 15m, 12h, 14d, 2w)")
+    return float(int(m.group(1)) * _UNITS[m.group(2)])
+
+
+@dataclass
+class Retained:
+    """What the logs and prefixes of a store retain, and where it was read."""
+
+    envelopes: set[str] = field(default_factory=set)
+    contents: set[str] = field(default_factory=set)
+    blobs: set[str] = field(default_factory=set)
+    sessions: int = 0
+    staged: int = 0
+
+
+def _session_dirs(root: str) -> list[tuple[str, bool]]:
+    """Every directory holding a log a sweep must honour: (path, staged)."""
+    out = []
+    for parent, staged in (("sessions", False), ("tmp", True)):
+        base = os.path.join(root, parent)
+        try:
+            names = sorted(os.listdir(base))
+        except FileNotFoundError:
+            continue
+        for name in names:
+            path = os.path.join(base, name)
+            if os.path.isfile(os.path.join(path, "log")):
+                out.append((path, staged))
+    return out
+
+
+def retained(store, *, progress: Callable[[str], None] | None = None) -> Retained:
+    """Read every log (and staged log) and follow references down to blobs.
+
+    A log with damage stops the sweep (``StoreError``): its unreadable records
+    may name entries, and a sweep never guesses. Repair the session first.
+    """
+    objects = store.objects
+    ret = Retained()
+    envelopes = ret.envelopes
+    contents = ret.contents
+    bases: list[str] = []
+    sidecar_media = False
+    for path, staged in _session_dirs(store.root):
+        try:
+            with open(os.path.join(path, "log"), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            continue  # deleted or renamed into place meanwhile: read where it went, or gone
+        logread = read_log(data)
+        if logread.damage:
+            first = logread.damage[0]
+            raise StoreError(
+                f"{os.path.relpath(path, store.root)} has a damaged log (line {first.line}: {first.reason}); "
+                "a sweep cannot tell what its unreadable records name: repair the session first "
+                f"(agentsession repair {os.path.basename(path)})"
+            )
+        try:
+            with open(os.path.join(path, "header"), "rb") as f:
+                if b'"media":"sidecar"' in f.read():
+                    sidecar_media = True
+        except FileNotFoundError:
+            pass
+        records = logread.records + logread.cut_records
+        # A log repair set aside (log.damaged-*) still names entries someone may want
+        # back: what of it reads is retained too, as long as the file is kept.
+        for name in sorted(os.listdir(path)):
+            if name.startswith("log.damaged"):
+                try:
+                    with open(os.path.join(path, name), "rb") as f:
+                        records = records + [ln.record for ln in scan_log(f.read()) if ln.record is not None]
+                except FileNotFoundError:
+                    continue
+        for r in records:
+            op = r.data.get("op")
+            if op == "append":
+                entry = r.data.get("entry")
+                if isinstance(entry, str):
+                    envelopes.add(entry)
+                    if r.payload is not None:
+                        c = _content_of(r.payload[1])
+                        if c:
+                            contents.add(c)
+            elif op == "create" and isinstance(r.data.get("base"), str):
+                bases.append(r.data["base"])
+        if staged:
+            ret.staged += 1
+        else:
+            ret.sessions += 1
+    if progress:
+        progress(f"read {ret.sessions} session log(s), {ret.staged} staged")
+    # Prefixes: walk up from each base until an entry already retained, whose
+    # ancestors its own session's log and prefix retain in turn.
+    for base in bases:
+        current: str | None = base
+        while current is not None and current not in envelopes:
+            envelopes.add(current)
+            try:
+                env = _envelope(objects, current)
+            except NoSuchObjectError:
+                break  # missing: fsck's business; nothing above it can be read either
+            current = env.get("parent") if isinstance(env.get("parent"), str) else None
+    # Contents of retained envelopes (those whose payload did not already say).
+    for name in envelopes:
+        try:
+            data = objects.get("entries", name)
+        except (NoSuchObjectError, CorruptObjectError):
+            continue
+        c = _content_of(data)
+        if c:
+            contents.add(c)
+    # Blobs: only sidecar sessions name any, so contents are read only then.
+    if sidecar_media:
+        for name in contents:
+            try:
+                data = objects.get("contents", name)
+            except (NoSuchObjectError, CorruptObjectError):
+                continue
+            if b"sidecar:" in data:
+                ret.blobs.update(m.decode() for m in _SIDECAR.findall(data))
+    return ret
+
+
+def _content_of(envelope: bytes) -> str | None:
+    """The content hash an envelope names (its first member, in canonical form)."""
+    if envelope.startswith(_ENV_CONTENT):
+        name = envelope[12:83].decode("ascii", "replace")
+        if is_hash(name):
+            return name
+    try:
+        from .canonical import loads
+
+        env = loads(envelope)
+    except (ValueError, AgentSessionError):
+        return None
+    c = env.get("content") if isinstance(env, dict) else None
+    return c if is_hash(c) else None
+
+
+def _envelope(objects, name: str) -> dict:
+    from .canonical import loads
+
+    try:
+        env = loads(objects.get("entries", name))
+    except CorruptObjectError as exc:
+        raise NoSuchObjectError(str(exc)) from None
+    return env if isinstance(env, dict) else {}
+
+
+@dataclass
+class SweepResult:
+    """What a sweep removed (or, dry, would remove), and what it kept."""
+
+    repack: RepackResult
+    grace: float
+    sessions: int
+    staged: int
+    retained_envelopes: int
+    retained_contents: int
+    retained_blobs: int
+    tmp_removed: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        d = self.repack.as_dict()
+        d.update(
+            grace_seconds=self.grace,
+            sessions=self.sessions,
+            staged=self.staged,
+            retained={"entries": self.retained_envelopes, "contents": self.retained_contents, "blobs": self.retained_blobs},
+            tmp_removed=self.tmp_removed,
+        )
+        return d
+
+
+def sweep(
+    store,
+    *,
+    grace: float = DEFAULT_GRACE,
+    dry_run: bool = False,
+    wait: float = 60.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> SweepResult:
+    """Remove every object nothing retained names and older than ``grace`` seconds,
+    repacking what stays into one pack. See the module docstring for why it is
+    safe beside writers."""
+    if store.readonly and not dry_run:
+        raise StoreError("the store is open read-only; a sweep removes objects")
+    objects = store.objects
+    lock = objects._pack_lock()
+    import filelock
+
+    try:
+        lock.acquire(timeout=wait)
+    except filelock.Timeout:
+        raise StoreError(
+            f"another process is packing or sweeping this store (it holds {os.path.join(store.root, 'locks', 'pack.lock')})"
+        ) from None
+    try:
+        # The snapshot first, the logs after it (see the module docstring).
+        snapshot = objects.snapshot()
+        ret = retained(store)
+        now = time.time()
+        env_bit, con_bit, blob_bit = SPACE_BITS["entries"], SPACE_BITS["contents"], SPACE_BITS["blobs"]
+
+        def keep(name: str, spaces: int, mtime: float) -> bool:
+            if now - mtime < grace:
+                return True
+            if spaces & env_bit and name in ret.envelopes:
+                return True
+            if spaces & con_bit and name in ret.contents:
+                return True
+            if spaces & blob_bit and name in ret.blobs:
+                return True
+            return False
+
+        result = objects._repack(keep, dry_run, snapshot=snapshot, progress=progress)
+        tmp_removed = [] if dry_run else _clean_tmp(store.root, max(grace, TMP_MIN_AGE), now)
+    finally:
+        lock.release()
+    return SweepResult(
+        repack=result,
+        grace=grace,
+        sessions=ret.sessions,
+        staged=ret.staged,
+        retained_envelopes=len(ret.envelopes),
+        retained_contents=len(ret.contents),
+        retained_blobs=len(ret.blobs),
+        tmp_removed=tmp_removed,
+    )
+
+
+def _clean_tmp(root: str, age: float, now: float) -> list[str]:
+    """Remove leftovers in tmp/ older than ``age`` (a crashed writer's)."""
+    import shutil
+
+    base = os.path.join(root, "tmp")
+    removed = []
+    try:
+        names = os.listdir(base)
+    except FileNotFoundError:
+        return removed
+    for name in sorted(names):
+        path = os.path.join(base, name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if now - st.st_mtime < age:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+        removed.append(os.path.join("tmp", name))
+    return removed

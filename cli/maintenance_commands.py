@@ -1,0 +1,129 @@
+"""pack and sweep: keeping a store's objects compact and free of garbage.
+
+Both hold the store's pack lock for their whole run; both write one new pack
+and remove what it replaced only once it is durable. Exit status: 0 done, 1
+refused or failed (one line on stderr), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import click
+
+from agentsession_cas.errors import AgentSessionError
+from agentsession_cas.objects import RepackResult
+from agentsession_cas.sweep import DEFAULT_GRACE, parse_duration
+
+from .common import echo, emit_json, fail, one_line
+from .store_commands import write_store
+
+
+def progress_reporter(label: str, enabled: bool) -> Callable[[int, int], None] | None:
+    """A progress line on stderr, redrawn in place, only when stderr is a terminal
+    (never under ``--json`` or in a pipe)."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+    state = {"last": -1}
+
+    def report(done: int, total: int) -> None:
+        pct = 100 * done // total if total else 100
+        if pct != state["last"]:
+            state["last"] = pct
+            sys.stderr.write(f"\r{label}: {pct:3d}% ({done:,}/{total:,} objects)")
+            if done >= total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+    return report
+
+
+def _mb(n: int) -> str:
+    """A byte count for people: B, kB, MB or GB."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= 10 * size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:,} B"
+
+
+def _report_problems(res: RepackResult) -> None:
+    for p in res.problems:
+        echo(f"agentsession: warning: {one_line(p)}", err=True)
+    for name, why in sorted(res.bad_packs.items()):
+        echo(f"agentsession: warning: {name} was not read: {one_line(why)}; left in place (run fsck)", err=True)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def pack(as_json: bool) -> None:
+    """Move every loose object and every pack into one new pack, recompressed.
+
+    Each object is verified against its name as it is copied; a corrupt one is
+    reported and left where it was, never copied. The old packs and loose files
+    are removed only once the new pack is durable.
+    """
+    try:
+        with write_store() as store:
+            res = store.pack(progress=progress_reporter("packing", not as_json))
+    except AgentSessionError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"pack failed: {exc}")
+    if as_json:
+        emit_json(res.as_dict())
+    else:
+        echo(
+            f"packed {res.objects:,} objects from {res.packs_before} pack(s) and {res.loose_before:,} loose file(s) "
+            f"into {res.packs_after} pack(s): {_mb(res.bytes_before)} -> {_mb(res.bytes_after)}"
+        )
+    _report_problems(res)
+
+
+@click.command()
+@click.option("--grace", "grace_text", default=None, metavar="DURATION",
+              help="Keep anything younger than this (0, 90s, 15m, 12h, 14d, 2w). Default 14d.")
+@click.option("--dry-run", is_flag=True, help="List what would go and the bytes it would free; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def sweep(grace_text: str | None, dry_run: bool, as_json: bool) -> None:
+    """Remove objects nothing retained names (RFC 0002 "Deletion and retention").
+
+    An envelope stays while any session's log or prefix names it, a content
+    while a retained envelope names it, a blob while a retained content names
+    it by a sidecar: URL; abandoned branches are in logs and always stay;
+    nothing younger than the grace period goes. What stays is repacked into
+    one pack.
+    """
+    try:
+        grace = DEFAULT_GRACE if grace_text is None else parse_duration(grace_text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--grace") from None
+    try:
+        with write_store() as store:
+            res = store.sweep(grace=grace, dry_run=dry_run, progress=progress_reporter("sweeping", not as_json))
+    except AgentSessionError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"sweep failed: {exc}")
+    r = res.repack
+    if as_json:
+        data: dict[str, Any] = res.as_dict()
+        emit_json(data)
+    else:
+        verb = "would remove" if dry_run else "removed"
+        if dry_run:
+            for name in r.dropped_names:
+                echo(name)
+        echo(
+            f"{verb} {r.dropped:,} object(s), {_mb(r.dropped_bytes)}; kept {r.objects:,} "
+            f"(retained by {res.sessions} session(s)"
+            + (f" and {res.staged} staged" if res.staged else "")
+            + f", grace {grace_text or '14d'})"
+            + ("" if dry_run else f"; {_mb(r.bytes_before)} -> {_mb(r.bytes_after)}")
+        )
+        for path in res.tmp_removed:
+            echo(f"removed leftover {path}")
+    _report_problems(r)
+
+
+COMMANDS: list[click.Command] = [pack, sweep]

@@ -1,0 +1,160 @@
+"""migrate: convert a store of the earlier journal layout in place.
+
+Exit codes (docs/migrate.md): 0 migrated, or nothing to migrate, or a dry run
+that found nothing in the way; 1 refused (nothing changed), not confirmed, or
+failed part way (run it again to finish); 2 a usage error; 3 a process of the
+earlier layout holds one of the store's locks.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from agentsession_cas import short_id
+from agentsession_cas.errors import MigrationBusyError, MigrationError
+from agentsession_cas.migrate import MigrationReport, SessionPlan, layout_state, migrate
+from agentsession_cas.store import LAYOUT
+
+from .common import echo, emit_json, fail, one_line, os_message
+from .store_commands import store_root
+
+#: Exit status when a writer of the earlier layout holds a lock (retry once it has stopped).
+EXIT_BUSY = 3
+
+
+def _stdin_is_tty() -> bool:
+    return sys.stdin.isatty()
+
+
+def _stderr_is_tty() -> bool:
+    return sys.stderr.isatty()
+
+
+def _session_line(s: SessionPlan) -> str:
+    if s.action in ("rebuild", "migrated"):
+        on = f" on base {short_id(s.base)}" if s.base else ""
+        text = f"{s.id}: {s.entries} entr{'y' if s.entries == 1 else 'ies'}{on}, head {short_id(s.head) or 'none'}, {s.mark}"
+        if s.action == "migrated":
+            text += " (rebuilt by an earlier run)"
+    else:
+        text = f"{s.id}: {s.reason}"
+        if s.trash:
+            text += f" ({s.trash})"
+    return text
+
+
+def _print_report(report: MigrationReport) -> None:
+    if report.status == "dry-run":
+        echo(f"would migrate the store at {report.root} to layout {report.layout!r} (dry run: nothing changed)")
+    elif report.status == "would-refuse":
+        echo(f"would refuse to migrate the store at {report.root} (dry run: nothing changed):")
+    else:
+        resumed = ", finishing a migration that did not" if report.resumed else ""
+        echo(f"migrated the store at {report.root} to layout {report.layout!r}{resumed}")
+    for s in report.sessions:
+        echo(f"{s.action:<10} {_session_line(s)}")
+        for lost in s.lost:
+            echo(f"{'lost':<10} {s.id}: {short_id(lost['entry'])}: {lost['why']}")
+        for n in s.notes:
+            echo(f"{'note':<10} {s.id}: {n}")
+    for f in report.torn:
+        echo(f"{'skipped':<10} {f} (a torn write: never committed)")
+    for f in report.damaged:
+        echo(f"{'skipped':<10} {f} (damaged; --skip-damaged)" if not report.problems else f"{'damaged':<10} {f}")
+    unpack = "to unpack" if report.status in ("dry-run", "would-refuse") else "unpacked"
+    for p in report.packs:
+        echo(f"{'pack':<10} {p['pack']}: {p['objects']} objects {unpack}" + (f"; {p['problem']}" if p["problem"] else ""))
+    if report.blobs_copied:
+        echo(f"{'blobs':<10} {len(report.blobs_copied)} media blob(s) copied from objects/contents to objects/blobs")
+    for name in report.blobs_missing:
+        echo(f"{'missing':<10} media blob {name}: named by a session, held nowhere (left unresolved, as before)")
+    for p in report.problems:
+        echo(f"{'problem':<10} {p}")
+    for k in report.kept:
+        echo(f"{'kept':<10} {k} (remove it once you no longer need it)")
+
+
+@click.command("migrate")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (only a terminal is asked).")
+@click.option("-n", "--dry-run", is_flag=True, help="Say what would be done, and change nothing.")
+@click.option(
+    "--skip-damaged",
+    is_flag=True,
+    help="Migrate even when the journal has damaged lines (not a crash's torn tail), without them.",
+)
+@click.option(
+    "--wait",
+    "lock_wait",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for a commit of the earlier layout in flight.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, as_json: bool) -> None:
+    """Convert a store of the earlier journal layout to this release's layout, in place.
+
+    Every session's log is rebuilt from the store-wide journal; heads, marks
+    and objects are kept; the journal is kept as migrated/journal and replaced
+    by a tombstone so that a writer of the earlier version fails rather than
+    writes; the layout file is written last. Stop every writer of the earlier
+    version and take a copy first. Running it again finishes a migration that
+    was interrupted, and does nothing to a migrated store.
+
+    \b
+    Exit codes: 0 migrated (or nothing to migrate); 1 refused with nothing
+    changed, not confirmed, or stopped part way (run it again); 2 usage;
+    3 a process of the earlier layout holds a lock of the store.
+    """
+    root = store_root()
+    state = layout_state(root)
+    if state == "current":
+        if as_json:
+            emit_json(MigrationReport(root, "current", LAYOUT).as_dict())
+        else:
+            echo(f"nothing to migrate: the store at {root} is already of layout {LAYOUT!r}")
+        return
+    if not dry_run and not yes and _stdin_is_tty() and state in ("old", "partial"):
+        what = "Finish migrating" if state == "partial" else "Migrate"
+        if not click.confirm(
+            f"{what} the store at {root} in place to layout {LAYOUT!r}? "
+            "Every writer of the earlier version must be stopped, and a copy taken first",
+            default=False,
+            err=True,
+        ):
+            fail("migration not confirmed; nothing changed")
+    progress = None
+    if not as_json and _stderr_is_tty():
+
+        def progress(text: str) -> None:
+            click.echo(f"migrate: {text}", err=True)
+
+    try:
+        report = migrate(root, dry_run=dry_run, skip_damaged=skip_damaged, lock_wait=lock_wait, progress=progress)
+    except MigrationError as exc:
+        code = EXIT_BUSY if isinstance(exc, MigrationBusyError) else 1
+        if as_json:
+            emit_json({
+                "store": root,
+                "status": "busy" if code == EXIT_BUSY else "refused",
+                "error": one_line(str(exc)),
+                "problems": exc.problems,
+            })
+            sys.exit(code)
+        echo(f"agentsession: error: {one_line(str(exc))}", err=True)
+        sys.exit(code)
+    except OSError as exc:
+        # Every step is atomic and a rerun passes over what is done, so say how to finish.
+        fail(f"{os_message(exc)}; the migration stopped part way: run `agentsession migrate` again to finish it")
+    if as_json:
+        emit_json(report.as_dict())
+    else:
+        _print_report(report)
+    if report.status == "would-refuse":
+        sys.exit(1)
+
+
+COMMANDS: list[click.Command] = [migrate_cmd]

@@ -1,0 +1,140 @@
+"""repair: rewrite a damaged session log from the records that read.
+
+Exit codes (docs/repair.md): 0 repaired, or nothing to repair, or a dry run
+printed; 1 a refusal or an error (the session is locked by another process,
+cannot be repaired, does not exist, or the confirmation was declined), with
+one line on stderr and nothing written; 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from agentsession_cas.repair import RepairReport, plan_repair, repair_session
+
+from .common import echo, emit_json, fail, one_line
+from .store_commands import read_store, write_store
+
+
+def _on_terminal() -> bool:
+    """Whether a person can be asked: the answer is read from stdin."""
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _progress_printer(as_json: bool):
+    """Phase lines on stderr while a long repair runs, only on a terminal and never under --json."""
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if as_json or not tty:
+        return None
+
+    def show(message: str) -> None:
+        click.echo(f"\r\x1b[Krepair: {message}", err=True, nl=False)
+
+    return show
+
+
+def report_lines(rep: RepairReport) -> list[str]:
+    """The plan (or what was done) as text, one fact a line, labels padded to nine columns."""
+    out: list[str] = []
+    if not rep.damaged:
+        return [f"session {rep.session} is not damaged: {rep.why}; nothing to repair"]
+    out.append(f"{'session':<9}{rep.session}: {one_line(rep.why)}")
+    for d in rep.damage:
+        legible = f"; still legible: append of {', '.join(d.legible)}" if d.legible else ""
+        out.append(f"{'damaged':<9}line {d.line} (offset {d.offset}, {d.length} bytes): {d.reason}{legible}")
+    if rep.create_rebuilt:
+        out.append(f"{'create':<9}rebuilt from the header")
+    out.append(f"{'kept':<9}{len(rep.kept)} entries, {len(rep.recovered)} of them recovered from what the damage hid")
+    for r in rep.recovered:
+        if r.how == "salvaged":
+            how = f"salvaged from damaged line {r.line}: its record or its payload still reads there, and its objects are whole"
+        else:
+            how = "hidden by the damage: a kept record names it and its objects are whole in objects/"
+        out.append(f"{'recovered':<9} {r.entry} seq {r.seq}: {how}")
+    for d in rep.dropped:
+        where = []
+        if d.seq is not None:
+            where.append(f"seq {d.seq}")
+        if d.line is not None:
+            where.append(f"line {d.line}")
+        at = f" ({', '.join(where)})" if where else ""
+        out.append(f"{'dropped':<9}{d.entry}{at}: {d.reason}: {one_line(d.message)}")
+    out.append(f"{'head':<9}{rep.head or 'none'}, {rep.head_note}")
+    out.append(f"{'mark':<9}{rep.mark}")
+    out.append(f"{'seq':<9}{rep.seq} (no sequence number up to it is given out again)")
+    for n in rep.notes:
+        out.append(f"{'note':<9}{one_line(n)}")
+    return out
+
+
+@click.command("repair")
+@click.argument("session_id", metavar="ID")
+@click.option("--dry-run", is_flag=True, help="Print what would be kept, recovered and dropped; write nothing.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (for scripts).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def repair(session_id: str, dry_run: bool, yes: bool, as_json: bool) -> None:
+    """Rewrite a damaged session's log from the records that read.
+
+    Records that read are kept; entries the damage hid are recovered only
+    where their objects prove them; appends that cannot be kept (objects
+    missing, parent not kept) are dropped and listed. The damaged log is
+    kept in the session directory as log.damaged-<UTC time>. The session's
+    lock is taken: a session another process holds is refused. On a
+    terminal it asks first (--yes skips the question); without one it
+    proceeds. A session that is not damaged is left as it is (exit 0).
+    See docs/repair.md.
+    """
+    progress = _progress_printer(as_json)
+    if dry_run:
+        rep = plan_repair(read_store(), session_id, progress=progress)
+        if progress:
+            click.echo("\r\x1b[K", err=True, nl=False)
+        _print(rep, as_json, dry_run=True)
+        return
+
+    def confirm(plan: RepairReport) -> bool:
+        if progress:
+            click.echo("\r\x1b[K", err=True, nl=False)
+        for line in report_lines(plan):
+            echo(line, err=True)
+        try:
+            return click.confirm(f"Rewrite the log of session {plan.session} as above?", default=False, err=True)
+        except click.Abort:
+            return False
+
+    ask = not yes and _on_terminal()
+    with write_store() as store:
+        rep = repair_session(store, session_id, confirm=confirm if ask else None, progress=progress)
+    if progress:
+        click.echo("\r\x1b[K", err=True, nl=False)
+    if rep.cancelled:
+        if as_json:
+            emit_json(rep.as_dict() | {"dry_run": False})
+        fail(f"repair of session {session_id} cancelled; nothing written")
+    _print(rep, as_json, dry_run=False, shown=ask)
+
+
+def _print(rep: RepairReport, as_json: bool, *, dry_run: bool, shown: bool = False) -> None:
+    if as_json:
+        emit_json(rep.as_dict() | {"dry_run": dry_run})
+        return
+    if not shown or not rep.damaged:  # after a confirmation the plan is on the screen already
+        for line in report_lines(rep):
+            echo(line)
+    if not rep.damaged:
+        return
+    if dry_run:
+        echo("dry run: nothing written")
+    else:
+        echo(f"repaired; the damaged log is kept as {rep.damaged_log or '(none: there was no log)'} until you remove it")
+
+
+COMMANDS: list[click.Command] = [repair]

@@ -1,0 +1,728 @@
+"""`agentsession repair` (issue 6 "repair"): a damaged session log rewritten from what reads.
+
+Damage is made the way tests/test_crash.py makes it: bytes of a closed
+store's log are flipped, zeroed, overwritten with random bytes, or garbage is
+appended, and objects are deleted. Each test then checks what repair keeps,
+recovers and drops, that the session opens, verifies and projects afterwards,
+and that nothing is written where nothing should be.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agentsession_cas import Header, make_entry, read_session_bytes
+from agentsession_cas.errors import SessionDamagedError, SessionLockedError, StoreError
+from agentsession_cas.log import _checksum, encode_record, read_log, scan_log
+from agentsession_cas.repair import DAMAGED_PREFIX, plan_repair, repair_session
+from agentsession_cas.store import Store
+from cli import repair_command
+from cli.main import main
+
+SID = "s1"
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def item(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def _crash(st: Store) -> None:
+    """Let go of a writing store's sessions as a killed process would: no commit, no checkpoint."""
+    for s in list(st._open.values()):
+        if s._log_fd is not None:
+            os.close(s._log_fd)
+            s._log_fd = None
+        s._closed = True
+        if s.lock is not None:
+            s.lock.release()
+            s.lock = None
+    st._open.clear()
+
+
+def build(root: Path, n: int = 6, sid: str = SID, *, checkpointed: bool = True) -> list[str]:
+    """A session of n continued durable appends. ``checkpointed``: closed cleanly, so
+    objects/ holds every entry; else the process "dies" first and only the log's
+    payloads hold them."""
+    st = Store.init(root)
+    s = st.create(Header.new(sid))
+    ids = [s.append(make_entry("item", s.head, item=item(f"{sid} entry {i}")).data).id for i in range(n)]
+    if checkpointed:
+        st.close()
+    else:
+        _crash(st)
+    return ids
+
+
+def log_path(root: Path, sid: str = SID) -> Path:
+    return root / "sessions" / sid / "log"
+
+
+def split(data: bytes) -> list[tuple[int, int, bytes]]:
+    """Our own reading of a log's lines (not log.py's): (start, end without LF, bytes)."""
+    out, offset = [], 0
+    while offset < len(data):
+        end = data.find(b"\n", offset)
+        end = len(data) if end < 0 else end
+        out.append((offset, end, data[offset:end]))
+        offset = end + 1
+    return out
+
+
+def line_of(root: Path, op: str, nth: int, sid: str = SID) -> tuple[int, int, bytes]:
+    """The nth (0-based) line of the log holding a record with this op."""
+    found = [ln for ln in split(log_path(root, sid).read_bytes()) if f'"op":"{op}"'.encode() in ln[2].split(b"\t")[0]]
+    return found[nth]
+
+
+def poke(root: Path, offset: int, value: int, sid: str = SID) -> None:
+    data = bytearray(log_path(root, sid).read_bytes())
+    assert data[offset] != value
+    data[offset] = value
+    log_path(root, sid).write_bytes(bytes(data))
+
+
+def flip(root: Path, offset: int, mask: int = 0x01, sid: str = SID) -> None:
+    data = log_path(root, sid).read_bytes()
+    poke(root, offset, data[offset] ^ mask, sid)
+
+
+def files(path: Path) -> dict[str, bytes | None]:
+    """Every file and directory under path with its bytes (None for a directory)."""
+    out: dict[str, bytes | None] = {}
+    for dirpath, dirnames, filenames in os.walk(path):
+        for d in dirnames:
+            out[os.path.relpath(os.path.join(dirpath, d), path)] = None
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            out[os.path.relpath(p, path)] = Path(p).read_bytes()
+    return out
+
+
+def cli(root: Path, *args: str, input: str | None = None):
+    return CliRunner().invoke(main, ["--store", str(root), *args], input=input, catch_exceptions=False)
+
+
+def repair_json(root: Path, *args: str, sid: str = SID) -> dict:
+    r = cli(root, "repair", "--json", *args, sid)
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    return json.loads(r.stdout)
+
+
+def assert_damaged(root: Path, sid: str = SID) -> None:
+    with pytest.raises(SessionDamagedError):
+        Store(root, readonly=True).read(sid)
+
+
+def assert_healthy(root: Path, ids: list[str], sid: str = SID, *, head: str | None = None) -> None:
+    """The session opens (for writing too), replays the given entries, verifies and projects."""
+    session = Store(root, readonly=True).read(sid)
+    assert session.log_order == ids
+    assert session.head == (ids[-1] if head is None else head)
+    with Store(root) as st:
+        s = st.session(sid)
+        assert not s.recovered, s.recovered
+    r = cli(root, "verify", sid)
+    assert r.exit_code == 0, r.stdout + r.stderr
+    sf = read_session_bytes(Store(root, readonly=True).export(sid))
+    assert sf.problems == [] and [e.id for e in sf.entries if not e.synthetic] == session.prefix + ids
+
+
+def seqs(root: Path, sid: str = SID) -> list[int]:
+    return [Store(root, readonly=True).read(sid).own[e] for e in Store(root, readonly=True).read(sid).log_order]
+
+
+def asides(root: Path, sid: str = SID) -> list[str]:
+    return sorted(n for n in os.listdir(root / "sessions" / sid) if n.startswith(DAMAGED_PREFIX))
+
+
+# -- scan_log ----------------------------------------------------------------------------------
+
+
+def test_scan_log_gives_every_line_with_its_record_or_reason(tmp_path):
+    good = encode_record({"op": "create", "session": "x", "base": None, "mark": "record"})
+    commit = encode_record({"op": "commit"})
+    bad = bytearray(commit)
+    bad[20] ^= 0x01
+    data = good + bytes(bad) + b"\x00" * 10 + b"\n" + commit + b"0123abc"
+    lines = scan_log(data)
+    assert [(ln.line, ln.offset) for ln in lines] == [(i + 1, s) for i, (s, _, _) in enumerate(split(data))]
+    assert [ln.record.op if ln.record else None for ln in lines] == ["create", None, None, "commit", None]
+    assert "checksum" in lines[1].reason and not lines[1].crash_like
+    assert lines[2].crash_like and "zero" in lines[2].reason
+    assert lines[4].crash_like and not lines[4].terminated and "torn" in lines[4].reason
+    assert lines[3].end == len(data) - 7 and lines[4].end == len(data)
+    # read_log, built on the same scan, still tells damage from a crash's loss
+    assert [d.line for d in read_log(data).damage] == [2, 3, 5]
+
+
+# -- what repair handles ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("part", ["record", "payload", "checksum"])
+def test_bit_flip_in_the_middle(tmp_path, part):
+    root = tmp_path / "store"
+    ids = build(root)
+    start, end, raw = line_of(root, "append", 2)  # the third append, before later commits
+    if part == "record":
+        flip(root, start + 17 + 3)  # inside the member name "entry": the record no longer reads at all,
+        how = "salvaged"  # but its payload is whole, and an envelope whole in a log line is an append
+    elif part == "payload":
+        flip(root, start + raw.index(b"\t") + 10)  # inside its content object
+        how = "salvaged"
+    else:
+        poke(root, start, ord("0") if raw[0:1] != b"0" else ord("1"))  # the checksum alone
+        how = "salvaged"
+    damaged = log_path(root).read_bytes()
+    assert_damaged(root)
+    out = repair_json(root, "--yes")
+    assert out["damaged"] and out["repaired"] and not out["dry_run"]
+    assert [d["line"] for d in out["damage"]] == [6]
+    assert out["kept"] == 6 and out["dropped"] == []
+    assert [(r["entry"], r["seq"], r["how"]) for r in out["recovered"]] == [(ids[2], 3, how)]
+    assert out["head"] == ids[-1] and out["head_note"] == "as the log last named it"
+    assert out["seq"] == 6 and out["mark"] == "record"
+    assert_healthy(root, ids)
+    assert seqs(root) == [1, 2, 3, 4, 5, 6]
+    # the damaged log is kept aside, byte for byte, under a name that says what it is
+    assert asides(root) == [os.path.basename(out["damaged_log"])]
+    assert Path(out["damaged_log"]).read_bytes() == damaged
+    # and the new log says a repair happened, naming it
+    rec = [r for r in read_log(log_path(root).read_bytes()).records if r.op == "repair"]
+    assert len(rec) == 1 and rec[0].get("damaged_log") == asides(root)[0] and rec[0].get("seq") == 6
+
+
+def test_a_flip_inside_an_entry_id_names_a_phantom_that_is_reported_not_kept(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root)
+    start, _, raw = line_of(root, "append", 2)
+    at = raw.index(b"sha256:") + 7 + 5  # a hex digit of the entry id in the record
+    poke(root, start + at, ord("0") if raw[at : at + 1] != b"0" else ord("1"))
+    phantom = raw[raw.index(b"sha256:") : raw.index(b"sha256:") + 71].decode()
+    phantom = phantom[: 7 + 5] + ("0" if raw[at : at + 1] != b"0" else "1") + phantom[7 + 6 :]
+    out = repair_json(root, "--yes")
+    assert [(d["entry"], d["reason"]) for d in out["dropped"]] == [(phantom, "objects-missing")]
+    assert "may have changed the id" in out["dropped"][0]["message"]
+    assert out["damage"][0]["legible"] == [phantom]
+    # the real entry is proved by its objects, whole in the damaged line's payload
+    assert [(r["entry"], r["how"]) for r in out["recovered"]] == [(ids[2], "salvaged")]
+    assert_healthy(root, ids)
+
+
+def test_torn_block_in_the_middle(tmp_path):
+    """A sector of the log overwritten with other bytes, across several records."""
+    root = tmp_path / "store"
+    ids = build(root, n=12)
+    data = bytearray(log_path(root).read_bytes())
+    rng = random.Random(6)
+    at = len(data) // 3
+    data[at : at + 1200] = bytes(rng.randrange(1, 256) for _ in range(1200))
+    log_path(root).write_bytes(bytes(data))
+    assert_damaged(root)
+    out = repair_json(root, "--yes")
+    assert out["kept"] == 12 and out["dropped"] == []
+    assert out["recovered"] and {r["how"] for r in out["recovered"]} <= {"hidden", "salvaged"}
+    assert_healthy(root, ids)
+    # the numbers the torn records held are given back to the same entries
+    assert seqs(root) == list(range(1, 13))
+
+
+def test_zeroed_block_in_the_middle(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root, n=8)
+    first = line_of(root, "append", 2)
+    last = line_of(root, "append", 4)
+    data = bytearray(log_path(root).read_bytes())
+    data[first[0] : last[1] + 1] = b"\x00" * (last[1] + 1 - first[0])  # three appends, newlines and all
+    log_path(root).write_bytes(bytes(data))
+    assert_damaged(root)
+    out = repair_json(root, "--yes")
+    assert [(r["entry"], r["seq"]) for r in out["recovered"]] == [(ids[2], 3), (ids[3], 4), (ids[4], 5)]
+    assert out["kept"] == 8 and out["dropped"] == []
+    assert_healthy(root, ids)
+    assert seqs(root) == list(range(1, 9))
+
+
+def test_garbage_appended_after_the_last_commit(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root, n=3)
+    clean = log_path(root).read_bytes()
+    with open(log_path(root), "ab") as f:
+        f.write(b"this is no record of ours\n")
+    assert_damaged(root)
+    out = repair_json(root, "--yes")
+    assert [d["line"] for d in out["damage"]] == [len(split(clean)) + 1]
+    assert out["kept"] == 3 and out["recovered"] == [] and out["dropped"] == []
+    assert "may have moved the head" in out["head_note"]
+    # a damaged last line may have been an append: its number is spent with it
+    assert out["seq"] > 3
+    assert_healthy(root, ids)
+    new_log = log_path(root).read_bytes()
+    assert new_log.startswith(clean)  # every record that read, as it was
+    with Store(root) as st:
+        r = st.session(SID).append(make_entry("item", ids[-1], item=item("after the repair")).data)
+    assert r.seq == out["seq"] + 1
+
+
+def zero_line(root: Path, start: int, end: int, sid: str = SID) -> None:
+    """Zero a line's bytes, its newline kept: record and payload gone."""
+    data = bytearray(log_path(root, sid).read_bytes())
+    data[start:end] = b"\x00" * (end - start)
+    log_path(root, sid).write_bytes(bytes(data))
+
+
+def test_a_damaged_last_append_spends_its_sequence_number(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root, n=6, checkpointed=False)  # its objects are only in the log
+    start, end, _ = line_of(root, "append", 5)
+    zero_line(root, start, end)  # before its commit: damage, and the only copy of the entry gone
+    out = repair_json(root, "--yes")
+    assert out["kept"] == 5 and out["recovered"] == []
+    assert out["seq"] >= 6
+    assert_healthy(root, ids[:5])
+    with Store(root) as st:
+        r = st.session(SID).append(make_entry("item", ids[4], item=item("next")).data)
+    assert r.seq > 6, "sequence number 6 was given out once and must not be again"
+
+
+@pytest.mark.parametrize("how", ["record", "checksum", "no mark index"])
+def test_damage_in_the_create_record_is_rebuilt_from_the_header(tmp_path, how):
+    root = tmp_path / "store"
+    ids = build(root)
+    start, _, raw = line_of(root, "create", 0)
+    if how == "checksum":
+        poke(root, start, ord("0") if raw[0:1] != b"0" else ord("1"))
+    else:
+        flip(root, start + raw.index(b'"op"') + 2)  # "op" -> "np": not a record
+    if how == "no mark index":
+        (root / "sessions" / SID / "mark").unlink()
+    assert_damaged(root)
+    out = repair_json(root, "--yes")
+    assert out["create_rebuilt"] and out["kept"] == 6 and out["dropped"] == []
+    assert [d["line"] for d in out["damage"]] == [1]
+    if how == "no mark index":
+        # nothing says which mark it had: the safer one, which refuses local writes
+        assert out["mark"] == "mirror" and any("mirror" in n for n in out["notes"])
+    else:
+        assert out["mark"] == "record"
+    assert_healthy(root, ids)
+    assert read_log(log_path(root).read_bytes()).records[0].data == {
+        "op": "create", "session": SID, "base": None, "mark": out["mark"]
+    }
+
+
+def test_damaged_create_of_a_fork_takes_its_base_from_the_header(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root, n=3)
+    with Store(root) as st:
+        f = st.create(Header.new("fork", base=ids[1]))
+        own = [f.append(make_entry("item", f.head, item=item(f"fork {i}")).data).id for i in range(2)]
+    start, _, raw = line_of(root, "create", 0, sid="fork")
+    flip(root, start + raw.index(b'"base"') + 2, sid="fork")
+    out = repair_json(root, "--yes", sid="fork")
+    assert out["create_rebuilt"] and out["kept"] == 2
+    session = Store(root, readonly=True).read("fork")
+    assert session.base == ids[1] and session.prefix == ids[:2]
+    assert_healthy(root, own, sid="fork")
+
+
+def test_a_fork_whose_prefix_cannot_be_read_is_refused(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root, n=3)
+    with Store(root) as st:
+        f = st.create(Header.new("fork", base=ids[1]))
+        f.append(make_entry("item", f.head, item=item("fork 0")).data)
+    flip(root, line_of(root, "append", 0, sid="fork")[0] + 17 + 3, sid="fork")
+    os.unlink(Store(root).objects.path("entries", ids[0]))
+    before = files(root)
+    r = cli(root, "repair", "--yes", "fork")
+    assert r.exit_code == 1 and "the prefix above its base" in r.stderr and "cannot be read" in r.stderr
+    assert files(root) == before
+
+
+def test_a_head_record_still_legible_in_a_damaged_line_is_followed(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root, n=4)
+    with Store(root) as st:
+        st.session(SID).set_head(ids[1], expected=ids[3])
+    start, _, raw = line_of(root, "head", 0)
+    poke(root, start, ord("0") if raw[0:1] != b"0" else ord("1"))  # its checksum only
+    assert_damaged(root)
+    out = repair_json(root, "--yes")
+    assert out["head"] == ids[1] and out["head_note"] == "as the log last named it"
+    assert out["kept"] == 4 and out["recovered"] == [] and out["dropped"] == []
+    assert_healthy(root, ids, head=ids[1])
+
+
+def test_damaged_create_and_unreadable_header_is_refused(tmp_path):
+    root = tmp_path / "store"
+    build(root)
+    start, _, raw = line_of(root, "create", 0)
+    flip(root, start + raw.index(b'"op"') + 2)
+    (root / "sessions" / SID / "header").write_bytes(b"{not json\n")
+    before = files(root)
+    r = cli(root, "repair", "--yes", SID)
+    assert r.exit_code == 1 and "header is unreadable" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert files(root) == before
+
+
+def test_missing_log_is_rebuilt_as_an_empty_session_from_the_header(tmp_path):
+    root = tmp_path / "store"
+    build(root, n=2)
+    log_path(root).unlink()
+    out = repair_json(root, "--yes")
+    assert out["create_rebuilt"] and out["kept"] == 0 and out["damaged_log"] is None
+    session = Store(root, readonly=True).read(SID)
+    assert len(session) == 0 and session.mark == "record"
+
+
+def test_missing_objects_are_reported_not_invented(tmp_path):
+    """No checkpoint ran: the payloads in the log were the only copy of the entries."""
+    root = tmp_path / "store"
+    ids = build(root, n=6, checkpointed=False)
+    start, end, _ = line_of(root, "append", 2)
+    data = bytearray(log_path(root).read_bytes())
+    data[start:end] = b"\x00" * (end - start)  # the third append's line, its newline kept
+    log_path(root).write_bytes(bytes(data))
+    out = repair_json(root, "--yes")
+    assert out["kept"] == 2 and out["recovered"] == []
+    dropped = {d["entry"]: d for d in out["dropped"]}
+    assert set(dropped) == set(ids[2:])
+    # the entry whose record is gone is named by its child, and its objects are nowhere
+    assert dropped[ids[2]]["reason"] == "objects-missing" and dropped[ids[2]]["seq"] is None
+    assert dropped[ids[3]]["reason"] == "parent-missing" and dropped[ids[3]]["because"] == ids[2]
+    assert dropped[ids[4]]["reason"] == "parent-dropped" and dropped[ids[4]]["because"] == ids[3]
+    assert dropped[ids[5]]["because"] == ids[4] and dropped[ids[5]]["seq"] == 6
+    # nothing invented: no object of a dropped entry appears in objects/
+    st = Store(root, readonly=True)
+    for e in ids[2:]:
+        assert not st.objects.exists("entries", e)
+    assert out["head"] == ids[1]
+    assert_healthy(root, ids[:2])
+    # what was dropped is still in the kept damaged log, and only there
+    assert all(e.encode() in Path(out["damaged_log"]).read_bytes() for e in ids[2:])
+    with Store(root) as st:
+        assert st.session(SID).append(make_entry("item", ids[1], item=item("next")).data).seq == 7
+
+
+def test_an_imported_session_without_payloads_drops_what_objects_lack(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root, n=4)
+    with Store(root) as st:
+        data = st.export(SID).replace(f'"id":"{SID}"'.encode(), b'"id":"imp"', 1)
+        st.import_bytes(data, record=True)
+    recs = read_log(log_path(root, "imp").read_bytes()).records
+    assert all(r.payload is None for r in recs if r.op == "append")
+    st = Store(root, readonly=True)
+    os.unlink(st.objects.path("contents", st.entry(ids[2]).content_hash))
+    start, _, _ = line_of(root, "commit", 0, sid="imp")
+    flip(root, start + 20, sid="imp")  # damage elsewhere: the commit record
+    out = repair_json(root, "--yes", sid="imp")
+    dropped = {d["entry"]: (d["reason"], d["because"]) for d in out["dropped"]}
+    assert dropped == {ids[2]: ("objects-missing", None), ids[3]: ("parent-dropped", ids[2])}
+    assert_healthy(root, ids[:2], sid="imp")
+
+
+def test_a_payload_that_does_not_hash_is_damage_and_whole_objects_take_its_place(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root)
+    start, end, raw = line_of(root, "append", 1)
+    record, content, env = raw[17:].split(b"\t")
+    bad = b"\t".join([record, content.replace(b"entry 1", b"entry X"), env])
+    data = log_path(root).read_bytes()
+    log_path(root).write_bytes(data[:start] + _checksum(bad).encode() + b" " + bad + data[end:])
+    flip(root, line_of(root, "append", 4)[0] + 17 + 3)  # and real damage elsewhere
+    out = repair_json(root, "--yes")
+    assert [d["line"] for d in out["damage"]] == [4, 10] and "payload" in out["damage"][0]["reason"]
+    assert out["kept"] == 6 and out["dropped"] == []
+    assert any("take its place" in n for n in out["notes"])
+    assert_healthy(root, ids)
+    rec = next(r for r in read_log(log_path(root).read_bytes()).records if r.get("entry") == ids[1])
+    assert rec.payload == (Store(root).objects.get("contents", Store(root).entry(ids[1]).content_hash),
+                           Store(root).objects.get("entries", ids[1]))
+
+
+def test_a_head_move_to_a_dropped_entry_whose_ancestry_is_lost_is_left_out(tmp_path):
+    root = tmp_path / "store"
+    st = Store.init(root)
+    s = st.create(Header.new(SID))
+    ids = [s.append(make_entry("item", s.head, item=item(f"e{i}")).data).id for i in range(4)]
+    s.set_head(ids[2], expected=ids[3])
+    label = s.append(make_entry("label", ids[2], target=ids[3], label="leaf").data)
+    assert s.head == ids[3]
+    _crash(st)
+    start, end, _ = line_of(root, "append", 1)
+    data = bytearray(log_path(root).read_bytes())
+    data[start:end] = b"\x00" * (end - start)
+    log_path(root).write_bytes(bytes(data))
+    out = repair_json(root, "--yes")
+    assert out["kept"] == 1 and out["head"] == ids[0]
+    assert {d["entry"] for d in out["dropped"]} == {ids[1], ids[2], ids[3], label.id}
+    # the head record named ids[2]; what it hangs from (ids[1]) is nowhere whole, so the
+    # head stays where the last kept move (the append of ids[0]) put it
+    assert any("head record" in n and "stays at" in n for n in out["notes"])
+    assert out["head_note"] == f"where the last kept move put it; the log last named {ids[3][7:19]}, which is not kept"
+    assert_healthy(root, ids[:1])
+
+
+def test_a_head_named_by_a_dropped_entry_goes_to_its_nearest_kept_ancestor(tmp_path):
+    """An imported session: its appends carry no head; one head record names the head."""
+    root = tmp_path / "store"
+    ids = build(root, n=5)
+    with Store(root) as st:
+        st.import_bytes(st.export(SID).replace(f'"id":"{SID}"'.encode(), b'"id":"imp"', 1), record=True)
+    st = Store(root, readonly=True)
+    os.unlink(st.objects.path("contents", st.entry(ids[2]).content_hash))  # its envelope stays
+    flip(root, line_of(root, "append", 0, sid="imp")[0] + 17 + 3, sid="imp")  # objects/ proves it again
+    out = repair_json(root, "--yes", sid="imp")
+    assert [(r["entry"], r["how"]) for r in out["recovered"]] == [(ids[0], "hidden")]
+    assert out["kept"] == 2 and out["head"] == ids[1]
+    assert out["head_note"] == f"its nearest ancestor that is kept; the log last named {ids[4][7:19]}, which is not kept"
+    assert_healthy(root, ids[:2], sid="imp")
+
+
+def test_an_entry_converging_on_a_dropped_one_is_dropped(tmp_path):
+    root = tmp_path / "store"
+    st = Store.init(root)
+    s = st.create(Header.new(SID))
+    a = s.append(make_entry("item", None, item=item("a")).data).id
+    b = s.append(make_entry("item", a, item=item("b")).data).id
+    c = s.append(make_entry("item", a, item=item("c"), parents=[{"entry": b}]).data).id
+    d = s.append(make_entry("item", a, item=item("d")).data).id
+    _crash(st)
+    start, end, _ = line_of(root, "append", 1)
+    data = bytearray(log_path(root).read_bytes())
+    data[start:end] = b"\x00" * (end - start)
+    log_path(root).write_bytes(bytes(data))
+    out = repair_json(root, "--yes")
+    dropped = {x["entry"]: (x["reason"], x["because"]) for x in out["dropped"]}
+    assert dropped[c] == ("converges-missing", b) and b in dropped
+    assert out["kept"] == 2
+    # b's append moved the head to b; b is gone, so the head is b's nearest kept ancestor
+    assert out["head"] == a
+    assert_healthy(root, [a, d], head=a)
+
+
+# -- what repair never does ----------------------------------------------------------------------
+
+
+def test_dry_run_changes_nothing(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root, n=6, checkpointed=False)
+    start, end, _ = line_of(root, "append", 3)
+    zero_line(root, start, end)
+    before = files(root)
+    r = cli(root, "repair", "--dry-run", SID)
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-1] == "dry run: nothing written"
+    assert any(ln.startswith("damaged  line 8 ") for ln in lines)
+    assert any(ln.startswith("kept     3 entries") for ln in lines)
+    assert sum(ln.startswith("dropped  ") for ln in lines) == 3  # the entry whose line is gone, and its two children
+    assert any(ln.startswith(f"dropped  {ids[3]}: objects-missing: named by a record that reads") for ln in lines)
+    assert any(ln.startswith(f"dropped  {ids[4]} (seq 5, line 10): parent-missing") for ln in lines)
+    out = json.loads(cli(root, "repair", "--dry-run", "--json", SID).stdout)
+    assert out["dry_run"] and out["damaged"] and not out["repaired"] and out["damaged_log"] is None
+    assert files(root) == before, "a dry run wrote to the store"
+    # and the plan is what the repair then does
+    done = repair_json(root, "--yes")
+    assert {k: done[k] for k in ("kept", "dropped", "recovered", "head", "seq")} == {
+        k: out[k] for k in ("kept", "dropped", "recovered", "head", "seq")
+    }
+
+
+def test_an_undamaged_session_is_left_as_it_is(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root, n=3)
+    with open(log_path(root), "ab") as f:
+        f.write(b'0123456789abcdef {"entry":"sha256:12')  # a torn tail: recovery's work, not damage
+    before = files(root / "sessions")
+    r = cli(root, "repair", SID)
+    assert r.exit_code == 0 and "is not damaged" in r.stdout and "nothing to repair" in r.stdout
+    out = repair_json(root)
+    assert out["damaged"] is False and out["repaired"] is False
+    assert files(root / "sessions") == before
+
+
+def test_repair_is_idempotent(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root)
+    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    assert repair_json(root, "--yes")["repaired"]
+    after = files(root / "sessions")
+    again = repair_json(root, "--yes")
+    assert again["damaged"] is False and again["repaired"] is False
+    assert files(root / "sessions") == after
+    assert len(asides(root)) == 1
+    assert_healthy(root, ids)
+
+
+def test_a_session_another_process_holds_is_refused(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root)
+    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    lock = root / "locks" / f"{SID}.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, filelock; l = filelock.FileLock(sys.argv[1], timeout=0); l.acquire(); "
+         "print('READY', flush=True); sys.stdin.readline()", str(lock)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "READY"
+        before = files(root / "sessions")
+        started = time.monotonic()
+        r = cli(root, "repair", "--yes", SID)
+        assert time.monotonic() - started < 5
+        assert r.exit_code == 1 and r.stdout == ""
+        err = r.stderr.strip().splitlines()
+        assert len(err) == 1 and "locked by another process" in err[0]
+        with pytest.raises(SessionLockedError):
+            repair_session(Store(root), SID)
+        assert files(root / "sessions") == before
+        # a dry run takes no lock: it still reports
+        assert cli(root, "repair", "--dry-run", SID).exit_code == 0
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert repair_json(root, "--yes")["repaired"]
+    assert_healthy(root, ids)
+
+
+def test_a_session_open_in_this_process_is_refused(tmp_path):
+    root = tmp_path / "store"
+    build(root)
+    with Store(root) as st:
+        st.session(SID)
+        with pytest.raises(StoreError, match="open in this process"):
+            repair_session(st, SID)
+
+
+def test_a_plan_that_does_not_read_back_changes_nothing(tmp_path, monkeypatch):
+    """The new log is opened and projected from a staging directory before it replaces anything."""
+    from agentsession_cas import repair as repair_module
+
+    root = tmp_path / "store"
+    build(root)
+    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    real = repair_module._build_log
+
+    def broken(report, name):  # loses an append: the replay no longer matches the plan
+        data = real(report, name)
+        lines = data.split(b"\n")
+        i = next(i for i, ln in enumerate(lines) if b'"op":"append"' in ln)
+        return b"\n".join(lines[:i] + lines[i + 1 :])
+
+    monkeypatch.setattr(repair_module, "_build_log", broken)
+    before = files(root / "sessions")
+    with pytest.raises(StoreError, match="does not read back"):
+        repair_session(Store(root), SID)
+    assert files(root / "sessions") == before
+    assert os.listdir(root / "tmp") == []
+
+
+def test_a_repair_interrupted_before_the_rename_is_finished_by_the_next(tmp_path, monkeypatch):
+    root = tmp_path / "store"
+    ids = build(root)
+    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    damaged = log_path(root).read_bytes()
+
+    def fail(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError):
+        repair_session(Store(root), SID)
+    monkeypatch.undo()
+    assert log_path(root).read_bytes() == damaged and len(asides(root)) == 1
+    report = repair_session(Store(root), SID)
+    assert report.repaired and len(asides(root)) == 1  # the copy already kept is reused
+    assert_healthy(root, ids)
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def test_on_a_terminal_it_asks_and_a_no_writes_nothing(tmp_path, monkeypatch):
+    root = tmp_path / "store"
+    ids = build(root)
+    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    monkeypatch.setattr(repair_command, "_on_terminal", lambda: True)
+    before = files(root / "sessions")
+    r = cli(root, "repair", SID, input="n\n")
+    assert r.exit_code == 1 and "Rewrite the log of session s1" in r.stderr
+    assert "kept     6 entries" in r.stderr and "cancelled; nothing written" in r.stderr
+    assert r.stdout == ""
+    r = cli(root, "repair", "--json", SID, input="\n")  # the default answer is no
+    assert r.exit_code == 1 and json.loads(r.stdout)["cancelled"] is True
+    assert files(root / "sessions") == before
+    r = cli(root, "repair", SID, input="y\n")
+    assert r.exit_code == 0 and r.stdout.startswith("repaired; the damaged log is kept as ")
+    assert len(r.stdout.splitlines()) == 1  # the plan was shown before the question
+    assert_healthy(root, ids)
+
+
+def test_yes_skips_the_question(tmp_path, monkeypatch):
+    root = tmp_path / "store"
+    build(root)
+    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    monkeypatch.setattr(repair_command, "_on_terminal", lambda: True)
+    r = cli(root, "repair", "--yes", SID, input="")
+    assert r.exit_code == 0 and "Rewrite the log" not in r.stderr
+    assert r.stdout.splitlines()[-1].startswith("repaired; the damaged log is kept as ")
+
+
+def test_without_a_terminal_it_proceeds_and_prints_what_it_did(tmp_path):
+    root = tmp_path / "store"
+    ids = build(root)
+    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    r = cli(root, "repair", SID)
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("session  s1: session s1 is damaged: log line 6")
+    assert "refuses writes" not in lines[0]
+    assert any(ln.startswith(f"recovered {ids[2]} seq 3: salvaged from damaged line 6") for ln in lines)
+    assert any(ln.startswith(f"head     {ids[-1]}, as the log last named it") for ln in lines)
+    assert "mark     record" in lines
+    assert lines[-1].startswith(f"repaired; the damaged log is kept as {root}/sessions/s1/{DAMAGED_PREFIX}")
+
+
+def test_command_errors(tmp_path):
+    root = tmp_path / "store"
+    build(root)
+    r = cli(root, "repair")
+    assert r.exit_code == 2
+    r = cli(root, "repair", "nosuch")
+    assert r.exit_code == 1 and "no such session: nosuch" in r.stderr
+    r = cli(root, "repair", "../x")
+    assert r.exit_code == 1 and "not usable" in r.stderr
+
+
+def test_the_damage_message_names_the_repair_command(tmp_path):
+    root = tmp_path / "store"
+    build(root)
+    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    with pytest.raises(SessionDamagedError, match=r"run `agentsession repair s1`"):
+        Store(root).session(SID)
+
+
+def test_plan_reads_only_and_works_on_a_read_only_store(tmp_path):
+    root = tmp_path / "store"
+    build(root)
+    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    before = files(root)
+    plan = plan_repair(Store(root, readonly=True), SID)
+    assert plan.damaged and not plan.repaired and len(plan.kept) == 6
+    assert files(root) == before
