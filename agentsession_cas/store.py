@@ -38,6 +38,7 @@ from .errors import (
     HeadMovedError,
     IJSONError,
     LayoutError,
+    NoSuchEntryError,
     MirrorError,
     NoSuchObjectError,
     NoSuchSessionError,
@@ -49,6 +50,7 @@ from .errors import (
     StoreError,
     TimestampError,
 )
+from .context import ContextHasher
 from .hashing import entry_objects, is_hash, sha256_ref
 from .log import LogRead, Record, encode_record, read_log
 from .names import check_session_id
@@ -761,6 +763,7 @@ class Session:
         self.recovered: list[str] = []  # what recovery did, for the caller to log
         self._uncommitted = False
         self._format_raised = False  # the header's format checked against ours (once)
+        self._context_hashes: ContextHasher | None = None  # built when first asked, then fed at append
         # Appends whose objects are only in the log so far: id -> (content hash, content, envelope).
         self._unmaterialized: dict[str, tuple[str, bytes, bytes]] = {}
         self._payloads: dict[str, tuple[bytes, bytes]] = {}  # read-only: objects recovery could not write
@@ -1040,6 +1043,23 @@ class Session:
     def prefix_entries(self) -> list[Entry]:
         return [self.store.entry(e) for e in self.prefix]
 
+    def context_hash(self, entry_id: str | None = None) -> str:
+        """RFC 0002's context hash ("Prefix caching") at an entry of this session (its
+        prefix or its own), by default at the head: the key a provider's prompt cache
+        can use. Computed along the session once, when first asked, then kept up to
+        date by every append of this handle, so each later append costs one step."""
+        if self._context_hashes is None:
+            hasher = ContextHasher()
+            for e in self.prefix_entries():
+                hasher.feed(e)
+            for eid in self.log_order:
+                hasher.feed(self.entry(eid))
+            self._context_hashes = hasher
+        target = self.head if entry_id is None else entry_id
+        if target is not None and target not in self._context_hashes:
+            raise NoSuchEntryError(f"{target} is not an entry of session {self.id}")
+        return self._context_hashes.get(target)
+
     def records(self) -> list[Record]:
         """The log's good records as the file holds them now (the session's history)."""
         with open(os.path.join(self.dir, "log"), "rb") as f:
@@ -1193,6 +1213,8 @@ class Session:
         if durable_now:
             self.committed_own.update(self.own)
         self.head = new_head
+        if self._context_hashes is not None:
+            self._context_hashes.feed(e)
         if len(self._unmaterialized) >= CHECKPOINT_ENTRIES:
             try:
                 self._checkpoint()

@@ -23,6 +23,7 @@ from agentsession_cas.errors import (
     HeadMovedError,
     LayoutError,
     MirrorError,
+    NoSuchEntryError,
     NoSuchObjectError,
     NoSuchSessionError,
     ReadOnlyError,
@@ -1948,3 +1949,30 @@ def test_a_torn_appends_sequence_number_is_never_reused(root):
     assert again.seq == 4
     losses = [r for r in log_records(root, "tornseq") if r["op"] == "loss"]
     assert losses and losses[0]["seq"] == 3 and losses[0]["entry"] == torn.id
+
+
+def test_context_hash_served_and_kept_up_to_date_by_appends(root):
+    """RFC 0002 "Prefix caching": the store serves the context hash at any entry of a
+    session, the same value the format core computes over its projection, and an
+    append after the first question feeds it incrementally."""
+    from agentsession_cas.context import NULL_CONTEXT_HASH, context_hashes
+
+    st = Store.init(root)
+    s = st.create(Header.new("ctx"))
+    assert s.context_hash() == NULL_CONTEXT_HASH  # no head: the empty context
+    rs = [s.append(msg(f"turn {i}")) for i in range(3)]
+    first = s.context_hash()
+    s.append(make_entry("info", rs[-1].id, ts="2026-10-05T09:00:00Z", name="not context"))
+    assert s.context_hash() == first  # a record entry contributes nothing
+    later = s.append(msg("turn 3"))
+    assert s.context_hash() != first
+    expected = context_hashes(read_session_bytes(s.projection()).entries)
+    for eid in s.log_order:
+        assert s.context_hash(eid) == expected[eid]
+    fork = st.create(Header.new("ctx-fork", base=rs[1].id))
+    assert fork.context_hash() == expected[rs[1].id]
+    with pytest.raises(NoSuchEntryError):
+        fork.context_hash(later.id)
+    st.close()
+    ro = Store(root, readonly=True).read("ctx")
+    assert ro.context_hash(later.id) == expected[later.id]

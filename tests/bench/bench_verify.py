@@ -43,7 +43,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 import agentsession_cas  # noqa: E402
-from agentsession_cas import Header, SessionBuilder, format_ts, read_session_bytes  # noqa: E402
+from agentsession_cas import Header, SessionBuilder, format_ts, make_entry, read_session_bytes  # noqa: E402
+from agentsession_cas.context import ContextBuilder  # noqa: E402
 from agentsession_cas.reader import split_lines  # noqa: E402
 
 TARGET = 3.0
@@ -283,6 +284,7 @@ class _Gen:
             cwd="/home/dev/project",
         )
         self.b = SessionBuilder(header)
+        self.cb = ContextBuilder()
         self.n_calls = 0
         self.n_resp = 0
         self.model = _MODELS[0]
@@ -301,8 +303,25 @@ class _Gen:
             frac -= frac % 1_000_000
         return format_ts(dt, frac)
 
+    def _follow(self, entry) -> None:
+        """Keep the context builder on the builder's path: back up to the entry's
+        parent (a branch leaves from an ancestor), then step onto the entry."""
+        cb = self.cb
+        while cb.path and cb.path[-1].id != entry.parent:
+            cb.pop()
+        cb.push(entry)
+
     def add(self, type_: str, **body) -> str:
-        return self.b.append(type_, ts=self.ts(), **body).id
+        ts = self.ts()
+        if type_ == "response" and body.pop("_hash", False):
+            # A real request_hash: the request this response's context rebuilds to.
+            probe = make_entry(type_, self.b.leaf, ts=ts, **body)
+            self._follow(probe)
+            body["request_hash"] = self.cb.response_hash()
+            self.cb.pop()
+        entry = self.b.append(type_, ts=ts, **body)
+        self._follow(entry)
+        return entry.id
 
     def config(self, full: bool) -> None:
         rng = self.rng
@@ -411,7 +430,7 @@ class _Gen:
             "latency_ms": rng.randint(300, 60_000),
         }
         if rng.random() < 0.5:
-            body["request_hash"] = f"sha256:{rng.getrandbits(256):064x}"
+            body["_hash"] = True  # add() computes it from the context, as a harness would
         if rng.random() < 0.03:
             body["attempts"] = 2
         self.add("response", **body)
@@ -437,6 +456,7 @@ class _Gen:
         }
         entry = b.branch(parent, "branch_summary", ts=self.ts(), **{"from": left, "summary": summary})
         b.leaf = entry.id  # continue on the new branch
+        self._follow(entry)
         self.user_turns = self.user_turns[: self.user_turns.index(target)]
 
     def run(self, count: int) -> tuple[bytes, list, str | None]:
