@@ -326,6 +326,18 @@ def _astral(names: str) -> bool:
     return not names.isascii() and _ASTRAL.search(names) is not None
 
 
+def needs_careful(value: Any) -> bool:
+    """Whether a caller-built value holds anything the fast serialiser writes
+    differently from RFC 8785 (a float, an integer beyond 15 digits, a
+    supplementary-plane member name); refuses non-string member names. The
+    answer can be passed to :func:`canonical_bytes` as ``careful`` (with
+    ``parsed=True``) for the same value later, sparing a second walk."""
+    try:
+        return _inspect(value)
+    except RecursionError:  # pragma: no cover - _inspect keeps its own stack
+        raise IJSONError("the value is nested too deeply to canonicalise") from None
+
+
 def _inspect(value: Any) -> bool:
     """Walk a caller-built value: refuse non-string member names (the C encoder
     would coerce them) and say whether anything needs the careful serialiser

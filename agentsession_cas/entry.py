@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from .canonical import canonical_bytes
+from .canonical import canonical_bytes, needs_careful
 from .errors import EntryError, SessionFormatError, Problem
 from .hashing import RESERVED_MEMBERS, ENVELOPE_MEMBERS, entry_hashes, is_hash
 from .timestamps import check_ts, format_ts, now_ts
@@ -100,12 +100,17 @@ class Entry:
     def from_dict(cls, data: Mapping[str, Any], *, line: int | None = None) -> "Entry":
         """Wrap an object, computing its hashes; a stated ``id`` that differs is refused."""
         data = dict(data)
-        computed, chash = entry_hashes(data)
+        # One walk finds what the serialiser needs; the flag is kept, so a store
+        # appending this entry need not walk it again.
+        careful = needs_careful(data)
+        computed, chash = entry_hashes(data, parsed=True, careful=careful)
         stated = data.get("id")
         if stated is not None and stated != computed:
             raise EntryError(f"id {stated} does not match the entry's hash {computed}")
         data["id"] = computed
-        return cls(data, computed_id=computed, content_hash=chash, line=line)
+        entry = cls(data, computed_id=computed, content_hash=chash, line=line)
+        entry.careful = careful
+        return entry
 
     # -- envelope ---------------------------------------------------------
 

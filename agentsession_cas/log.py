@@ -63,6 +63,31 @@ def encode_record(record: dict[str, Any], payload: tuple[bytes, bytes] | None = 
     return _checksum(body).encode("ascii") + b" " + body + b"\n"
 
 
+def encode_append(
+    seq: int,
+    entry: str,
+    head: str | None,
+    *,
+    head_moved: bool,
+    leaf_label: bool,
+    lazy: bool,
+    payload: tuple[bytes, bytes],
+) -> bytes:
+    """An ``append`` record's line, written straight in canonical member order (the
+    hot path of every append); the same bytes :func:`encode_record` gives (tested).
+    ``entry`` and ``head`` are entry ids the store computed (ASCII, no escapes)."""
+    text = '{"entry":"' + entry + '"'
+    if head_moved:
+        text += ',"head":null' if head is None else ',"head":"' + head + '"'
+    if lazy:
+        text += ',"lazy":true'
+    if leaf_label:
+        text += ',"leaf_label":true'
+    body = (text + ',"op":"append","seq":' + str(seq) + "}").encode("ascii")
+    body = body + b"\t" + payload[0] + b"\t" + payload[1]
+    return _checksum(body).encode("ascii") + b" " + body + b"\n"
+
+
 @dataclass
 class Record:
     """One record as read: its line number (1-based), byte offset and members."""

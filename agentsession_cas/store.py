@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
@@ -52,7 +53,7 @@ from .errors import (
 )
 from .context import ContextHasher
 from .hashing import entry_objects, is_hash, sha256_ref
-from .log import LogRead, Record, encode_record, read_log
+from .log import LogRead, Record, encode_append, encode_record, read_log
 from .names import check_session_id
 from .fsutil import fsync_dir, fsync_paths, write_atomic
 from .objects import AUTO_PACK_LOOSE, ObjectStore, RepackResult
@@ -88,6 +89,32 @@ _REPAIR_HINT = (
 )
 _ENTRY_IN_RECORD = re.compile(rb'"entry":"(sha256:[0-9a-f]{64})"')
 _SEQ_IN_RECORD = re.compile(rb'"seq":([0-9]{1,18})[,}]')
+
+
+def _checkpoint_covers(records: list[Record]) -> int:
+    """The highest sequence number whose objects a checkpoint record says are in
+    objects/: a record's ``seq``, or, for a record without one (written before
+    checkpoints ran on a worker), every append before it."""
+    covered, seen = 0, 0
+    for r in records:
+        if r.op == "append" and isinstance(r.get("seq"), int):
+            seen = max(seen, r.get("seq"))
+        elif r.op == "checkpoint":
+            seq = r.get("seq")
+            covered = max(covered, seq if isinstance(seq, int) else seen)
+    return covered
+
+
+_CHECKPOINT_POOL: ThreadPoolExecutor | None = None
+
+
+def _checkpoint_pool() -> ThreadPoolExecutor:
+    """One worker for background checkpoints: zstd and fsync let go of the GIL, so
+    the appending thread goes on while a pack is compressed and written."""
+    global _CHECKPOINT_POOL
+    if _CHECKPOINT_POOL is None:
+        _CHECKPOINT_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-checkpoint")
+    return _CHECKPOINT_POOL
 
 
 def default_store_path() -> str:
@@ -763,6 +790,10 @@ class Session:
         self.recovered: list[str] = []  # what recovery did, for the caller to log
         self._uncommitted = False
         self._format_raised = False  # the header's format checked against ours (once)
+        self._log_size: int | None = None  # the log's length as this writer left it
+        self._since_checkpoint = 0  # appends since the last checkpoint began
+        # The checkpoint on the worker thread: (future, entry ids, last seq covered).
+        self._inflight: tuple[Future, list[str], int] | None = None
         self._context_hashes: ContextHasher | None = None  # built when first asked, then fed at append
         # Appends whose objects are only in the log so far: id -> (content hash, content, envelope).
         self._unmaterialized: dict[str, tuple[str, bytes, bytes]] = {}
@@ -873,8 +904,12 @@ class Session:
         dropped = records[cut_at:] + logread.cut_records
         # Appends since the last checkpoint have their objects only in the log for
         # sure; after a crash, any the disk lacks are restored from their payloads.
-        last_checkpoint = max((i for i, r in enumerate(kept) if r.op in ("checkpoint", "create")), default=-1)
-        since_checkpoint = [r for r in kept[last_checkpoint + 1 :] if r.op == "append" and r.payload is not None]
+        covered = _checkpoint_covers(kept)
+        since_checkpoint = [
+            r for r in kept
+            if r.op == "append" and r.payload is not None
+            and not (isinstance(r.get("seq"), int) and r.get("seq") <= covered)
+        ]
         to_restore: list[Record] = []
         for r in since_checkpoint:
             if not self._objects_sound(r.get("entry")):
@@ -1140,7 +1175,12 @@ class Session:
             )
         try:
             check_ts(data.get("ts"))
-            entry_id, chash, content, env = entry_objects(data)
+            if isinstance(entry, Entry) and entry.careful is not None:
+                # Made or read by the format core, which walked it once already: its
+                # flag says how to serialise (an Entry's data is not changed once made).
+                entry_id, chash, content, env = entry_objects(data, parsed=True, careful=entry.careful)
+            else:
+                entry_id, chash, content, env = entry_objects(data)
         except (TimestampError, EntryError, IJSONError) as exc:
             raise AppendRefusedError(f"entry refused: {exc}") from None
         data["id"] = entry_id
@@ -1188,16 +1228,12 @@ class Session:
         self._raise_format()
         unresolved = self._unresolved(e, content)
         seq = self._max_seq + 1
-        record: dict[str, Any] = {"op": "append", "seq": seq, "entry": e.id}
-        if new_head != self.head or outcome in ("continued", "head-moved"):
-            record["head"] = new_head
-        if is_leaf_label:
-            record["leaf_label"] = True
-        if not durable_now:
-            record["lazy"] = True
+        moved = new_head != self.head or outcome in ("continued", "head-moved")
         # The record carries the entry's two objects: the log alone makes the append
         # durable (one fsync), and the objects reach objects/ at the next checkpoint.
-        line = encode_record(record, payload=(content, env))
+        line = encode_append(
+            seq, e.id, new_head, head_moved=moved, leaf_label=is_leaf_label, lazy=not durable_now, payload=(content, env)
+        )
         if durable_now:
             self._write_log(line + _COMMIT, sync=True)
             self._uncommitted = False
@@ -1215,9 +1251,11 @@ class Session:
         self.head = new_head
         if self._context_hashes is not None:
             self._context_hashes.feed(e)
-        if len(self._unmaterialized) >= CHECKPOINT_ENTRIES:
+        self._since_checkpoint += 1
+        if self._since_checkpoint >= CHECKPOINT_ENTRIES:
+            self._since_checkpoint = 0
             try:
-                self._checkpoint()
+                self._checkpoint(wait=False)
             except OSError as exc:
                 # The append was accepted at its record and stays so; the session now
                 # refuses writes until reopened, and the caller is told.
@@ -1258,7 +1296,9 @@ class Session:
 
     def _write_log(self, data: bytes, *, sync: bool) -> None:
         assert self._log_fd is not None
-        size = os.fstat(self._log_fd).st_size
+        size = self._log_size
+        if size is None:
+            size = os.fstat(self._log_fd).st_size
         try:
             written = os.write(self._log_fd, data)
             if written != len(data):
@@ -1276,8 +1316,9 @@ class Session:
             try:
                 os.ftruncate(self._log_fd, size)
             except OSError:
-                pass
+                self._log_size = None  # unknown now: ask the file next time
             raise
+        self._log_size = size + len(data)
 
     def _refuse_if_stopped(self) -> None:
         if self._stopped:
@@ -1286,24 +1327,63 @@ class Session:
                 "reopen it to recover from what the disk holds"
             )
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, *, wait: bool = True) -> None:
         """Write the objects of the appends since the last checkpoint to objects/, make
-        them durable, then say so in the log. The record needs no fsync of its own:
-        lost, it only makes recovery check (and if need be restore) those objects again."""
+        them durable, then say so in the log with a ``checkpoint`` record naming the
+        last sequence number covered. The record needs no fsync of its own: lost, it
+        only makes recovery check (and if need be restore) those objects again.
+
+        With ``wait=False`` (the checkpoint an append triggers) the pack is compressed,
+        written and fsynced on a worker thread while appends go on, and the log is
+        flushed there too so a later commit finds little left to write; the record is
+        written at the next checkpoint, commit point or close, once the work is known
+        done. Until then the objects stay in memory here (and in the log's payloads for
+        other processes). At most one such checkpoint is in flight per session."""
         self._refuse_if_stopped()
+        self._finish_checkpoint()
         if not self._unmaterialized:
             return
         items: list[tuple[str, str, bytes]] = []
         for entry_id, (chash, content, env) in self._unmaterialized.items():
             items.append(("contents", chash, content))
             items.append(("entries", entry_id, env))
+        ids, seq = list(self._unmaterialized), self._max_seq
+        if wait:
+            try:
+                self.store.objects.put_many(items, dedup=False)
+            except OSError as exc:
+                self._stopped = str(exc)
+                raise
+            self._checkpoint_done(ids, seq)
+            return
+        self._inflight = (_checkpoint_pool().submit(self._materialize, items), ids, seq)
+
+    def _materialize(self, items: list[tuple[str, str, bytes]]) -> None:
+        """The worker thread's share of a checkpoint: the pack, then the log's pages."""
+        self.store.objects.put_many(items, dedup=False)
+        fd = self._log_fd
+        if fd is not None:
+            os.fdatasync(fd)
+
+    def _finish_checkpoint(self) -> None:
+        """Wait for the checkpoint in flight, if any, and record it; a failure there (a
+        failed write or fsync) stops the session's writes, as a failed fsync does."""
+        if self._inflight is None:
+            return
+        job, ids, seq = self._inflight
+        self._inflight = None
         try:
-            self.store.objects.put_many(items, dedup=False)
+            job.result()
         except OSError as exc:
-            self._stopped = str(exc)
+            self._stopped = self._stopped or str(exc)
             raise
-        self._write_log(encode_record({"op": "checkpoint"}), sync=False)
-        self._unmaterialized.clear()
+        self._checkpoint_done(ids, seq)
+
+    def _checkpoint_done(self, ids: list[str], seq: int) -> None:
+        self._write_log(encode_record({"op": "checkpoint", "seq": seq}), sync=False)
+        for entry_id in ids:
+            self._unmaterialized.pop(entry_id, None)
+        self._since_checkpoint = len(self._unmaterialized)
 
     def checkpoint(self) -> None:
         """Write every object the log alone holds so far to objects/ (the store does this
@@ -1371,6 +1451,14 @@ class Session:
                 self._write_indexes()
         finally:
             self._closed = True
+            if self._inflight is not None:
+                # A stopped session still lets its worker finish before the log's
+                # descriptor goes (it may be flushing it); the outcome no longer matters.
+                try:
+                    self._inflight[0].result()
+                except Exception:
+                    pass
+                self._inflight = None
             if self._log_fd is not None:
                 os.close(self._log_fd)
                 self._log_fd = None
@@ -1514,14 +1602,16 @@ class Session:
         if not lines:
             return []
         self._write_log(b"".join(lines) + _COMMIT, sync=True)
+        if self._uncommitted:
+            self.committed_own.update(self.own)  # this process's own appends, committed by the same record
         for entry_id, s, leaf in added:
             self.own[entry_id] = s
             self.log_order.append(entry_id)
+            self.committed_own.add(entry_id)
             if leaf:
                 self.leaf_labels.add(entry_id)
         self._max_seq = seq
         self._uncommitted = False
-        self.committed_own.update(self.own)
         if move_head:
             self.head = head
         if mark is not None:

@@ -192,3 +192,25 @@ def test_torn_payload_is_cut_after_the_last_commit():
     data = log(CREATE, COMMIT) + line[: line.index(b"\t") + 3]
     r = read_log(data)
     assert not r.damage and r.cut is not None and r.cut.line == 3 and "torn" in r.cut.reason
+
+
+@pytest.mark.parametrize("head_moved", [True, False])
+@pytest.mark.parametrize("head", [None, "sha256:" + "b" * 64])
+@pytest.mark.parametrize("leaf_label", [True, False])
+@pytest.mark.parametrize("lazy", [True, False])
+def test_encode_append_is_encode_record(head_moved, head, leaf_label, lazy):
+    """The hand-written append line (the hot path) is byte for byte the generic one."""
+    from agentsession_cas.log import encode_append
+
+    entry = "sha256:" + "a" * 64
+    record = {"op": "append", "seq": 123456, "entry": entry}
+    if head_moved:
+        record["head"] = head
+    if leaf_label:
+        record["leaf_label"] = True
+    if lazy:
+        record["lazy"] = True
+    payload = (b'{"x":1}', b'{"content":"sha256:' + b"c" * 64 + b'"}')
+    line = encode_append(123456, entry, head, head_moved=head_moved, leaf_label=leaf_label, lazy=lazy, payload=payload)
+    assert line == encode_record(record, payload=payload)
+    assert read_log(line).records[0].data == record

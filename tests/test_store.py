@@ -70,7 +70,18 @@ def store(root: Path):
 
 
 def log_records(root: Path, sid: str) -> list[dict]:
-    return [r.data for r in read_log((root / "sessions" / sid / "log").read_bytes()).records]
+    """The log's records; a checkpoint's ``seq`` is checked (it covers no append the
+    log has not given out yet) and left out, so tests compare the shape."""
+    out, seen = [], 0
+    for r in read_log((root / "sessions" / sid / "log").read_bytes()).records:
+        d = dict(r.data)
+        if d.get("op") in ("append", "loss", "repair") and isinstance(d.get("seq"), int):
+            seen = max(seen, d["seq"])  # a lost append's number is spent, and may be covered
+        elif d.get("op") == "checkpoint":
+            assert isinstance(d.get("seq"), int) and 0 <= d["seq"] <= seen, d
+            del d["seq"]
+        out.append(d)
+    return out
 
 
 def held(root: Path, space: str, name: str) -> bool:
@@ -1195,7 +1206,7 @@ def test_delete_of_an_open_session_writes_no_commit_first(root, monkeypatch):
     st.delete("s1")
     # no commit: only the checkpoint that writes the objects the log alone held, so
     # deleting the ref loses no object another session may come to need
-    assert writes == [encode_record({"op": "checkpoint"})] and st.list() == []
+    assert writes == [encode_record({"op": "checkpoint", "seq": 1})] and st.list() == []
     assert held(root, "entries", rs[0].id)
     assert st.entry(rs[0].id).id == rs[0].id
     st.close()
@@ -1792,7 +1803,7 @@ def test_durable_append_is_one_line_pair_one_fsync_and_no_object_file(root, monk
         str(obj_path(root, "entries", r.id).relative_to(root)),
         str(obj_path(root, "contents", e.content_hash).relative_to(root)),
     }
-    assert logp.read_bytes()[len(before_log) + len(added) :] == encode_record({"op": "checkpoint"})
+    assert logp.read_bytes()[len(before_log) + len(added) :] == encode_record({"op": "checkpoint", "seq": s._max_seq})
     s.checkpoint()  # nothing owed: writes nothing
     assert log_records(root, "s1")[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
     st.close()
@@ -1822,18 +1833,67 @@ def test_checkpoint_every_1024_appends(root):
     assert not [r for r in log_records(root, "big") if r["op"] == "checkpoint"]
     assert not any(held(root, "entries", i) for i in ids)
     ids.append(s.append(msg("the 1024th")).id)
-    recs = log_records(root, "big")
-    assert recs[-1] == {"op": "checkpoint"}
-    assert [r["op"] for r in recs].count("checkpoint") == 1
-    assert [r["entry"] for r in recs if r["op"] == "append"] == ids
+    # The checkpoint runs on a worker thread while appends go on; once it is done the
+    # objects are in a pack every process finds.
+    assert s._inflight is not None
+    s._inflight[0].result()
     assert all(held(root, "entries", i) for i in ids)
-    assert all(st.objects.is_sound("contents", st.entry(i).content_hash) for i in ids)
-    # the count starts again: the next append's objects wait for the next checkpoint
+    # its record is written at the next checkpoint point, naming the last seq it covers
+    assert not [r for r in log_records(root, "big") if r["op"] == "checkpoint"]
     nxt = s.append(msg("1025th"))
     assert not held(root, "entries", nxt.id)
-    assert log_records(root, "big")[-1]["op"] == "append"
-    st.close()
+    s.checkpoint()
+    raw = [r.data for r in read_log(_log(root, "big").read_bytes()).records]
+    checkpoints = [r for r in raw if r["op"] == "checkpoint"]
+    assert checkpoints == [{"op": "checkpoint", "seq": 1024}, {"op": "checkpoint", "seq": 1025}]
+    assert [r["entry"] for r in raw if r["op"] == "append"] == ids + [nxt.id]
     assert held(root, "entries", nxt.id)
+    assert all(st.objects.is_sound("contents", st.entry(i).content_hash) for i in ids)
+    st.close()
+
+
+def test_background_checkpoint_failure_stops_the_session(root, monkeypatch):
+    """A checkpoint on the worker that fails (a write or fsync error) stops the session
+    at the next checkpoint point, as a failed fsync does; the appends stay accepted."""
+    st = Store.init(root, sync="never")
+    s = st.create(Header.new("bg"))
+    real = st.objects.put_many
+
+    def failing(items, **kw):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(st.objects, "put_many", failing)
+    rs = [s.append(msg(f"n{i}")) for i in range(CHECKPOINT_ENTRIES)]
+    assert all(r.note is None for r in rs)  # the failure is not known yet
+    with pytest.raises(OSError):
+        s.checkpoint()
+    with pytest.raises(StoreError, match="stopped writing"):
+        s.append(msg("after"))
+    monkeypatch.setattr(st.objects, "put_many", real)
+    st.close()
+    # reopened, recovery finds the appends' objects in the log's payloads
+    with Store(root) as st2:
+        s2 = st2.session("bg")
+        assert len(s2) in (0, CHECKPOINT_ENTRIES)  # uncommitted: recovery may drop them
+        for eid in s2.log_order:
+            assert st2.entry(eid).id == eid
+
+
+def test_recovery_honours_checkpoint_seq(root):
+    """A checkpoint record covers the appends up to its seq, not every record before it:
+    appends written after that seq but before the record are still restored."""
+    from agentsession_cas.store import _checkpoint_covers
+
+    recs = read_log(
+        encode_record({"op": "create", "session": "x", "base": None, "mark": "record"})
+        + encode_record({"op": "append", "seq": 1, "entry": "sha256:" + "a" * 64})
+        + encode_record({"op": "append", "seq": 2, "entry": "sha256:" + "b" * 64})
+        + encode_record({"op": "checkpoint", "seq": 1})
+        + encode_record({"op": "append", "seq": 3, "entry": "sha256:" + "c" * 64})
+        + encode_record({"op": "checkpoint"})
+    ).records
+    assert _checkpoint_covers(recs[:4]) == 1
+    assert _checkpoint_covers(recs) == 3  # a record without seq covers what came before it
 
 
 @pytest.mark.parametrize("sync", ["always", "never"])
@@ -1876,7 +1936,7 @@ def test_crash_without_checkpoint_restores_objects_on_reopen(root):
         assert all(st.objects.is_sound("contents", st.entry(i).content_hash) for i in ids)
         # committed and clean: the log is not rewritten, a checkpoint record is appended
         log_after = _log(root).read_bytes()
-        assert log_after == log_before + encode_record({"op": "checkpoint"})
+        assert log_after == log_before + encode_record({"op": "checkpoint", "seq": 5})
         assert [e.id for e in s] == ids and s.head == ids[-1]
     # from objects/ now: a read-only open restores nothing
     with Store(root, readonly=True) as ro:
@@ -1885,7 +1945,7 @@ def test_crash_without_checkpoint_restores_objects_on_reopen(root):
     with Store(root) as st:
         s = st.session("s1")
         assert not s.recovered
-    assert _log(root).read_bytes() == log_before + encode_record({"op": "checkpoint"})
+    assert _log(root).read_bytes() == log_before + encode_record({"op": "checkpoint", "seq": 5})
 
 
 @pytest.mark.parametrize("part", ["envelope", "content"])
