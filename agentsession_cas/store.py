@@ -384,7 +384,7 @@ class Store:
         prefix_ids: list[str] = []
         if base is not None:
             # Checks, and makes the prefix's objects durable; they are not written again.
-            prefix_ids = [e.id for e in self._prefix_for_base(header)]
+            prefix_ids = self._prefix_for_base(header)
         return self._stage_session(header, base=base, own=[], prefix=[], head=base, record=record, prefix_ids=prefix_ids)
 
     def _checked_new_header(self, header: Header) -> Header:
@@ -409,8 +409,10 @@ class Store:
             raise StoreError(f"header is not I-JSON: {exc}") from None
         return header
 
-    def _prefix_for_base(self, header: Header) -> list[Entry]:
-        """The path root..base, checked: held, not a leaf label, committed, same media."""
+    def _prefix_for_base(self, header: Header) -> list[str]:
+        """The ids root..base, checked: held, not a leaf label, committed, same media,
+        not below a merge. Only envelopes are read along the way (and the base whole),
+        so a fork deep in a long session costs one small read per prefix entry."""
         base = header.base
         assert base is not None
         owner = self._holder_of(base)
@@ -423,19 +425,42 @@ class Store:
             raise StoreError(
                 f"media {header.media!r} differs from {owner_header.media!r} of session {owner_id}, which holds the base"
             )
-        path = self.path_to(base, via=owner_session)
-        if path[-1].is_leaf_label:
+        base_entry = owner_session.entry(base) if owner_session is not None else self.entry(base)
+        if base_entry.is_leaf_label:
             raise StoreError(f"base {short_id(base)} is a leaf label; the base is a fork's first head")
-        self._check_prefix_readable(path, owner_id)
-        # The fork reads its prefix from objects/: write any its owner holds only in its
-        # log so far (another process's session between checkpoints).
-        for e in path:
-            if not self.objects.is_sound("entries", e.id):
+        chain: list[tuple[str, dict]] = []  # (id, envelope), base first
+        seen: set[str] = set()
+        current: str | None = base
+        while current is not None:
+            if current in seen:
+                raise StoreError(f"entry {current} is its own ancestor: the objects are damaged")
+            seen.add(current)
+            try:
+                env = loads(self.objects.get("entries", current))
+            except NoSuchObjectError:
+                # Held only in its owner's log so far (another process's session between
+                # checkpoints): the fork reads its prefix from objects/, so write it there.
+                if owner_session is None:
+                    raise
+                e = owner_session.entry(current)
                 self._put_entry(e, durable=True)
+                env = loads(self.objects.get("entries", current))
+            if not isinstance(env, dict):
+                raise CorruptObjectError(
+                    f"envelope {current} is not an envelope", space="entries", name=current,
+                    path=self.objects.path("entries", current),
+                )
+            chain.append((current, env))
+            parent = env.get("parent")
+            current = parent if isinstance(parent, str) else None
+        chain.reverse()
+        self._check_prefix_readable(
+            [Entry({"id": i, **env}, computed_id=i, content_hash=env.get("content", "")) for i, env in chain], owner_id
+        )
         fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
         if fmt and owner_fmt and fmt < owner_fmt:
             raise StoreError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
-        return path
+        return [i for i, _ in chain]
 
     @staticmethod
     def _check_prefix_readable(path: list[Entry], origin: str | None) -> None:
@@ -608,6 +633,46 @@ class Store:
             )
         body, body_careful = loads_flagged(self.objects.get("contents", env["content"]))
         return _entry_from(entry_id, env, body, env_careful or body_careful)
+
+    def _ancestry(self, entry_id: str) -> list[str]:
+        """The ids root..entry_id, walking parents through envelopes alone (a prefix
+        needs no contents), from objects or from a session open here that holds
+        them only in its log so far."""
+        out: list[str] = []
+        seen: set[str] = set()
+        current: str | None = entry_id
+        while current is not None:
+            if current in seen:
+                raise StoreError(f"entry {current} is its own ancestor: the objects are damaged")
+            seen.add(current)
+            out.append(current)
+            current = self._envelope_parent(current)
+        out.reverse()
+        return out
+
+    def _envelope_parent(self, entry_id: str) -> str | None:
+        try:
+            env_bytes = self.objects.get("entries", entry_id)
+        except NoSuchObjectError:
+            for session in self._open.values():
+                held = session._unmaterialized.get(entry_id)
+                if held is not None:
+                    env_bytes = held[2]
+                    break
+                payload = session._payloads.get(entry_id)
+                if payload is not None:
+                    env_bytes = payload[1]
+                    break
+            else:
+                raise
+        env = loads(env_bytes)
+        parent = env.get("parent") if isinstance(env, dict) else None
+        if parent is not None and not is_hash(parent):
+            raise CorruptObjectError(
+                f"envelope {entry_id} names parent {parent!r}, not an entry id",
+                space="entries", name=entry_id, path=self.objects.path("entries", entry_id),
+            )
+        return parent
 
     def path_to(self, entry_id: str, *, via: "Session | None" = None) -> list[Entry]:
         """Entries from the root to ``entry_id``, read from the objects (or through
@@ -782,8 +847,8 @@ class Session:
         self.log_order: list[str] = []
         self.committed_own: set[str] = set()
         self.leaf_labels: set[str] = set()
-        self.prefix: list[str] = []  # root..base, base included
-        self.prefix_set: frozenset[str] = frozenset()
+        self._prefix: list[str] | None = []  # root..base, base included; None: not read yet
+        self._prefix_set: frozenset[str] | None = None
         self.writable = False
         self.lock: filelock.BaseFileLock | None = None
         self.records_read: LogRead | None = None
@@ -927,12 +992,9 @@ class Session:
         for r in lost:  # a dropped append's sequence number stays spent
             if isinstance(r.get("seq"), int):
                 self._max_seq = max(self._max_seq, r.get("seq"))
-        if self.base is not None:
-            try:
-                self.prefix = [e.id for e in self.store.path_to(self.base)]
-            except (NoSuchObjectError, CorruptObjectError) as exc:
-                raise StoreError(f"session {self.id}: its prefix cannot be read: {exc}") from None
-            self.prefix_set = frozenset(self.prefix)
+        # The prefix (root..base) is read from the objects when first needed, not here:
+        # opening a fork then costs its own log, not the depth of its base.
+        self._prefix = None if self.base is not None else []
         adopted = [r for r in kept[last_commit + 1 :] if r.op == "append"]
         needs_rewrite = bool(logread.cut or lost or cut_at < len(records))
         if lost or logread.cut:
@@ -1074,6 +1136,32 @@ class Session:
             yield self.entry(entry_id)
 
     entries = __iter__
+
+    @property
+    def prefix(self) -> list[str]:
+        """The ids root..base (base included; empty without a base), read from the
+        envelopes on first use."""
+        if self._prefix is None:
+            try:
+                self._prefix = self.store._ancestry(self.base) if self.base is not None else []
+            except (NoSuchObjectError, CorruptObjectError) as exc:
+                raise StoreError(f"session {self.id}: its prefix cannot be read: {exc}") from None
+            self._prefix_set = None
+        return self._prefix
+
+    @prefix.setter
+    def prefix(self, ids: list[str]) -> None:
+        self._prefix, self._prefix_set = list(ids), None
+
+    @property
+    def prefix_set(self) -> frozenset[str]:
+        if self._prefix_set is None:
+            self._prefix_set = frozenset(self.prefix)
+        return self._prefix_set
+
+    @prefix_set.setter
+    def prefix_set(self, ids: frozenset[str]) -> None:
+        self._prefix_set = frozenset(ids)
 
     def prefix_entries(self) -> list[Entry]:
         return [self.store.entry(e) for e in self.prefix]
