@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator
 
@@ -57,13 +58,19 @@ AUTO_PACK_LOOSE = 4096
 def _freshen(path: str) -> bool:
     """Touch a file holding an object someone is writing again (as git freshens
     objects): a sweep's grace period then counts from now, and a sweep does not
-    remove a file touched since it looked. False when the file is gone."""
+    remove a file touched since it looked. False when the file is gone.
+
+    The new mtime is later than the old one even when the clock has not moved
+    since (file times come from a coarse clock): a sweep compares them exactly."""
     try:
-        os.utime(path)
-    except FileNotFoundError:
-        return False
+        old = os.stat(path).st_mtime_ns
+        new = max(time.time_ns(), old + 1)
+        try:
+            os.utime(path, ns=(new, new))
+        except PermissionError:
+            os.utime(path)  # not the file's owner: "now" needs only write access
     except OSError:
-        pass
+        return False  # gone, or not to be touched: the caller writes the object again
     return True
 
 
@@ -171,6 +178,29 @@ class ObjectStore:
             )
         return data
 
+    def freshen(self, space: str, name: str, *, touched: set[str] | None = None) -> str | None:
+        """Touch the file holding an object (its pack, or its loose file), as a writer does
+        before it names an object it did not just write (exchange admitting objects sent
+        earlier): a sweep's grace period then counts from now, and a sweep keeps a file
+        touched since its snapshot. Returns that file's path, or None when the object is
+        not here (any more), which the caller treats as missing. A pack whose path is in
+        ``touched`` is not touched again (the caller touched it for another object)."""
+        for _ in range(2):
+            found = self._packed(space, name)
+            if found is not None:
+                if touched is not None and found[0].path in touched:
+                    return found[0].path
+                if _freshen(found[0].path):
+                    if touched is not None:
+                        touched.add(found[0].path)
+                    return found[0].path
+            path = self.path(space, name)
+            if os.path.exists(path) and _freshen(path):
+                return path
+            if not self.packs.refresh():
+                break
+        return None
+
     def is_sound(self, space: str, name: str) -> bool:
         """True when the object is present and hashes to its name."""
         try:
@@ -205,8 +235,7 @@ class ObjectStore:
         try:
             fd = self._create(path)
         except FileExistsError:
-            if os.path.getsize(path) == len(data) and self._loose_sound(space, name, path):
-                _freshen(path)
+            if self._loose_same(space, name, path, data) and _freshen(path):
                 if durable:
                     # Another process may have written it and not yet committed.
                     fsync_paths([path])
@@ -230,6 +259,14 @@ class ObjectStore:
             return None
         return path
 
+    def _loose_same(self, space: str, name: str, path: str, data: bytes) -> bool:
+        """The loose file is there, whole and sound (False when it vanished meanwhile)."""
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:
+            return False
+        return size == len(data) and self._loose_sound(space, name, path)
+
     def put_many(self, items: list[tuple[str, str, bytes]], *, dedup: bool = True) -> None:
         """Store many objects durably at once (a checkpoint, an import). A batch of
         :data:`PACK_BATCH` objects or more becomes one pack (two files, two fsyncs).
@@ -242,16 +279,17 @@ class ObjectStore:
             return
         paths: list[str] = []
         for space, name, data in items:
-            if self._packed(space, name) is not None:
-                continue
+            found = self._packed(space, name)
+            if found is not None:
+                if _freshen(found[0].path):
+                    continue  # packs are durable before they are visible
+                self.packs.refresh()  # swept or merged away meanwhile: write it loose
             path = self.path(space, name)
             try:
                 fd = self._create(path)
             except FileExistsError:
-                if not (os.path.getsize(path) == len(data) and self._loose_sound(space, name, path)):
+                if not (self._loose_same(space, name, path, data) and _freshen(path)):
                     self._replace(path, data, durable=False)
-                else:
-                    _freshen(path)
                 paths.append(path)  # someone else's copy may not be durable yet: ours to make so
                 continue
             try:
@@ -348,17 +386,19 @@ class ObjectStore:
         writer = PackWriter(self.pack_dir, self.tmp, level=level)
         big: list[tuple[str, str, bytes]] = []
         try:
-            fresh: set[str] = set()
+            fresh: dict[str, bool] = {}  # pack path -> freshened (False: gone meanwhile)
             for space, name, data in items:
                 if len(data) > MAX_PACKED:
                     big.append((space, name, data))
                     continue
                 found = self._packed(space, name) if dedup else None
-                if found is None:
-                    writer.add(space, name, data)
-                elif found[0].path not in fresh:
-                    fresh.add(found[0].path)
-                    _freshen(found[0].path)
+                if found is not None:
+                    there = fresh.get(found[0].path)
+                    if there is None:
+                        there = fresh[found[0].path] = _freshen(found[0].path)
+                    if there:
+                        continue  # else swept away meanwhile: written again here
+                writer.add(space, name, data)
             if not len(writer):
                 writer.abort()
                 idx = None
@@ -456,9 +496,15 @@ class ObjectStore:
     def pack_loose(self, *, level: int = 3) -> tuple[int, str | None]:
         """Move every loose object (of a size worth packing) into one new pack; the
         loose copies are removed only once the pack is durable. Returns the count
-        moved and the new index path."""
+        moved and the new index path; (0, None) without waiting when another
+        process holds the pack lock (a sweep or ``pack`` can take long, and this
+        runs when a writer closes: it packs next time)."""
         lock = self._pack_lock()
-        with lock:
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return 0, None
+        try:
             moved: list[tuple[str, str]] = []
 
             def loose() -> Iterator[tuple[str, str, bytes]]:
@@ -481,6 +527,8 @@ class ObjectStore:
                         os.unlink(self.path(space, name))
                     except FileNotFoundError:
                         pass
+        finally:
+            lock.release()
         return len(moved), idx
 
     # -- repacking ------------------------------------------------------------------
@@ -648,20 +696,14 @@ class ObjectStore:
             raise
         # The new pack is durable; only now does anything go, and nothing a writer
         # freshened since the snapshot (it is writing an object that file holds).
+        os.makedirs(self.tmp, exist_ok=True)
         for pack, mtime in snap.packs:
             if pack in keep_packs or pack.name == res.pack:
                 continue
-            if _mtime_ns(pack.path) != mtime:
-                res.problems.append(f"{os.path.relpath(pack.path, self.root)} was touched by a writer meanwhile; kept")
-                continue
-            self._remove_pack(pack)
+            if not self._remove_untouched(pack.path, mtime, index=pack.idx_path):
+                res.notes.append(f"{os.path.relpath(pack.path, self.root)} was touched by a writer meanwhile; kept")
         for path, mtime in loose_done:
-            if _mtime_ns(path) != mtime:
-                continue
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            self._remove_untouched(path, mtime)
         fsync_dir(self.pack_dir) if os.path.isdir(self.pack_dir) else None
         for space in SPACES:
             base = os.path.join(self.dir, space)
@@ -673,6 +715,36 @@ class ObjectStore:
         )
         res.packs_after = len(self.packs.packs)
         return res
+
+    def _remove_untouched(self, path: str, mtime_ns: int, *, index: str | None = None) -> bool:
+        """Remove a file a repack or sweep decided over unless a writer touched it since
+        (its mtime moved); False when it was kept.
+
+        The file is first moved aside into ``tmp/`` and its mtime read there: a
+        writer that touches it before the move is seen (the file is put back), and
+        one that comes after finds it gone and writes its object again. Comparing
+        in place and then unlinking would lose an object a writer touched between
+        the two. ``index`` (a pack's) is removed once the pack is known untouched."""
+        aside = os.path.join(self.tmp, f"drop-{os.getpid()}-{os.urandom(6).hex()}")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return True
+        if os.stat(aside).st_mtime_ns != mtime_ns:
+            try:
+                os.link(aside, path)  # put back (a writer may have written a new copy meanwhile)
+            except FileExistsError:
+                pass
+            os.unlink(aside)
+            fsync_dir(os.path.dirname(path))
+            return False
+        if index is not None:
+            try:
+                os.unlink(index)
+            except FileNotFoundError:
+                pass
+        os.unlink(aside)
+        return True
 
     @staticmethod
     def _repack_one(writer, keep, raw, spaces, data, mtime, kept, dropped, res) -> None:
@@ -689,13 +761,6 @@ class ObjectStore:
             writer.add_raw(raw, spaces, data)
 
 
-def _mtime_ns(path: str) -> int | None:
-    try:
-        return os.stat(path).st_mtime_ns
-    except FileNotFoundError:
-        return None
-
-
 @dataclass
 class Snapshot:
     """Packs (with their mtimes), loose files (with their stat) and unreadable packs."""
@@ -703,6 +768,14 @@ class Snapshot:
     packs: list[tuple[Pack, int]]
     loose: list[tuple[str, str, str, os.stat_result]]
     bad: dict[str, str]
+
+    def size(self) -> int:
+        """Bytes on disk of these files (packs with their indexes)."""
+        total = sum(st.st_size for *_, st in self.loose)
+        for p, _ in self.packs:
+            for path in (p.path, p.idx_path):
+                total += os.stat(path).st_size if os.path.exists(path) else 0
+        return total
 
 
 @dataclass
@@ -720,8 +793,16 @@ class RepackResult:
     dropped_bytes: int = 0
     dropped_names: list[str] = field(default_factory=list)
     pack: str | None = None
+    #: What could not be read or copied (corrupt objects, unreadable blocks): the
+    #: command exits 1 when there is any, after doing the rest.
     problems: list[str] = field(default_factory=list)
     bad_packs: dict[str, str] = field(default_factory=dict)
+    #: Remarks that are not problems (a file a writer touched meanwhile, kept).
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.bad_packs
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "ok": self.ok}

@@ -36,6 +36,8 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -43,7 +45,7 @@ from typing import Iterable, Iterator
 import blake3
 import zstandard
 
-from .errors import CorruptPackError
+from .errors import CorruptPackError, StoreError
 from .fsutil import fsync_dir, write_all
 
 __all__ = [
@@ -105,6 +107,21 @@ class Pack:
             if size < len(IDX_MAGIC) + _HEAD.size + _FANOUT.size + 2 * _SUM:
                 raise CorruptPackError(f"pack index {idx_path} is too short ({size} bytes)", path=idx_path)
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self._check_index(size)
+        except BaseException:
+            self._map.close()  # a bad index is retried at every listing: leak no mapping
+            raise
+        # Opened now, so a pack merged or swept away later by another process
+        # stays readable through this handle for as long as we hold it.
+        try:
+            self._fd: int | None = os.open(self.path, os.O_RDONLY)
+        except BaseException:
+            self._map.close()
+            raise
+
+    def _check_index(self, size: int) -> None:
+        idx_path = self.idx_path
         m = self._map
         if m[: len(IDX_MAGIC)] != IDX_MAGIC:
             raise CorruptPackError(f"pack index {idx_path} does not start with the index magic", path=idx_path)
@@ -123,13 +140,6 @@ class Pack:
         if o + 2 * _SUM != size or self._fanout[255] != self.count:
             raise CorruptPackError(f"pack index {idx_path} is not laid out as its counts say", path=idx_path)
         self.pack_sum = bytes(m[o : o + _SUM])
-        # Opened now, so a pack merged or swept away later by another process
-        # stays readable through this handle for as long as we hold it.
-        try:
-            self._fd: int | None = os.open(self.path, os.O_RDONLY)
-        except BaseException:
-            self._map.close()
-            raise
 
     # -- the index --------------------------------------------------------------
 
@@ -222,6 +232,12 @@ class Pack:
         except (BufferError, ValueError):
             pass
 
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
     def check_pack_checksum(self) -> None:
         """Read the whole pack and compare its checksum with its trailer and the index."""
         h = blake3.blake3()
@@ -249,7 +265,10 @@ class Pack:
 def decompress_block(data: bytes, raw: int, *, where: str, path: str) -> bytes:
     if raw > MAX_BLOCK:
         raise CorruptPackError(f"{where} claims {raw} bytes, more than a block may hold", path=path)
-    declared = zstandard.frame_content_size(data) if len(data) >= 4 else -2
+    try:
+        declared = zstandard.frame_content_size(data)
+    except zstandard.ZstdError:
+        raise CorruptPackError(f"{where} is not a zstd frame", path=path) from None
     if declared not in (raw, -1):
         raise CorruptPackError(f"{where} declares {declared} bytes where the index says {raw}", path=path)
     try:
@@ -339,7 +358,7 @@ class PackWriter:
                 objects[raw] = [block + first, offset, length, spaces]
 
     def _flush(self) -> None:
-        if not self._buf_len:
+        if not self._buf:  # (not the byte count: an empty object still needs its block)
             return
         raw = b"".join(self._buf)
         data = self._cctx.compress(raw)
@@ -348,7 +367,11 @@ class PackWriter:
         self._buf, self._buf_len = [], 0
 
     def finish(self) -> str:
-        """Seal, fsync and rename into place; return the index's path."""
+        """Seal, fsync and rename into place; return the index's path. A pack of
+        no objects is refused (and its temp file removed): nothing would find it."""
+        if not self._objects:
+            self.abort()
+            raise StoreError("refusing to write an empty pack")
         self._flush()
         pack_sum = self._hash.digest()
         write_all(self._fd, pack_sum)
@@ -412,28 +435,41 @@ class PackSet:
     reading a session reads its objects in the order they were packed."""
 
     CACHE_BLOCKS = 16
+    #: A directory changed this recently may change again without its mtime
+    #: moving (timestamps come from a coarse clock, or whole seconds on some
+    #: filesystems): until it is older, a miss lists it again (git's "racy" rule).
+    RACY_NS = 2_000_000_000
 
     def __init__(self, pack_dir: str):
         self.dir = pack_dir
         self.packs: list[Pack] = []
         self._seen: int | None = None  # mtime_ns of the directory when last listed
+        self._racy = False  # listed within RACY_NS of that mtime: not to be trusted
         self._cache: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         #: Packs found unreadable when listed (name -> why); skipped by reads.
         self.bad: dict[str, str] = {}
+        self._lock = threading.RLock()
 
     def refresh(self, *, force: bool = False) -> bool:
         """List the directory again if it changed; True when the set changed."""
+        with self._lock:
+            return self._refresh(force)
+
+    def _refresh(self, force: bool) -> bool:
         try:
             mtime = os.stat(self.dir).st_mtime_ns
         except FileNotFoundError:
             mtime = -1  # no pack yet: listed all the same
-        if mtime == self._seen and not force:
+        if mtime == self._seen and not force and not self._racy:
             return False
         self._seen = mtime
+        self._racy = mtime >= 0 and time.time_ns() - mtime < self.RACY_NS
         try:
             names = sorted(n for n in os.listdir(self.dir) if n.startswith("pack-") and n.endswith(".idx"))
         except FileNotFoundError:
             names = []
+        listed = {n[: -len(".idx")] for n in names}
+        self.bad = {k: v for k, v in self.bad.items() if k in listed}  # gone since: no longer a problem
         old = {p.name: p for p in self.packs}
         packs = []
         for n in names:
@@ -451,8 +487,8 @@ class PackSet:
                 self.bad[key] = str(exc)
                 continue
             self.bad.pop(key, None)
-        for p in old.values():
-            p.close()
+        # Packs gone from the listing are not closed here: another thread may be
+        # reading one this moment; each closes itself when no longer referenced.
         # Biggest first: most lookups are answered by the first pack asked.
         packs.sort(key=lambda p: -p.count)
         changed = [p.name for p in packs] != [p.name for p in self.packs]
@@ -470,14 +506,16 @@ class PackSet:
 
     def read(self, pack: Pack, loc: Located) -> bytes:
         key = (pack.name, loc.block)
-        block = self._cache.get(key)
+        with self._lock:  # a checkpoint's worker thread reads and writes packs too
+            block = self._cache.get(key)
+            if block is not None:
+                self._cache.move_to_end(key)
         if block is None:
             block = pack.read_block(loc.block)
-            self._cache[key] = block
-            if len(self._cache) > self.CACHE_BLOCKS:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
+            with self._lock:
+                self._cache[key] = block
+                if len(self._cache) > self.CACHE_BLOCKS:
+                    self._cache.popitem(last=False)
         end = loc.offset + loc.length
         if end > len(block):
             raise CorruptPackError(

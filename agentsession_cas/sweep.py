@@ -12,8 +12,11 @@ commit to its tree to its blobs, and never reachability from heads:
 Logs are read from ``sessions/`` and also from sessions being staged in
 ``tmp/`` (an import writes its staged log before its objects, so a sweep
 running meanwhile sees what those objects are for). Nothing younger than
-the grace period goes, whatever names it. What is kept is repacked into one
-pack; what is dropped is removed only after that pack is durable.
+the grace period goes, whatever names it: a file (loose object or pack)
+written or touched within it is left as it is, not even rewritten, so the
+unretained objects in it go on ageing. What is kept of the older files is
+repacked into one pack; what is dropped is removed only after that pack is
+durable.
 
 Safety beside writers in other processes:
 
@@ -27,6 +30,9 @@ Safety beside writers in other processes:
 - a writer that finds an object already present touches ("freshens") the
   file holding it, as git does; a sweep does not remove a file whose mtime
   changed since the snapshot, so the object survives even with ``--grace 0``.
+  The sweep first moves the file aside and reads its mtime there: a touch
+  before the move is seen (the file is put back), and a writer touching it
+  after the move finds it gone and writes the object again.
 """
 
 from __future__ import annotations
@@ -35,12 +41,12 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from .errors import AgentSessionError, CorruptObjectError, NoSuchObjectError, StoreError
 from .hashing import is_hash
 from .log import read_log, scan_log
-from .objects import RepackResult
+from .objects import RepackResult, Snapshot
 from .packs import SPACE_BITS
 
 __all__ = ["DEFAULT_GRACE", "SweepResult", "parse_duration", "retained", "sweep"]
@@ -76,10 +82,14 @@ class Retained:
     staged: int = 0
 
 
-def _session_dirs(root: str) -> list[tuple[str, bool]]:
-    """Every directory holding a log a sweep must honour: (path, staged)."""
-    out = []
-    for parent, staged in (("sessions", False), ("tmp", True)):
+def _session_dirs(root: str) -> Iterator[tuple[str, bool]]:
+    """Every directory holding a log a sweep must honour: (path, staged).
+
+    ``tmp/`` is listed and its logs read before ``sessions/`` is listed: an
+    import renames its stage from the one to the other, so a stage that moves
+    while the sweep reads is found in ``sessions/`` (had ``sessions/`` been
+    listed first, the move could fall between the two listings and be missed)."""
+    for parent, staged in (("tmp", True), ("sessions", False)):
         base = os.path.join(root, parent)
         try:
             names = sorted(os.listdir(base))
@@ -88,22 +98,23 @@ def _session_dirs(root: str) -> list[tuple[str, bool]]:
         for name in names:
             path = os.path.join(base, name)
             if os.path.isfile(os.path.join(path, "log")):
-                out.append((path, staged))
-    return out
+                yield path, staged
 
 
-def retained(store, *, progress: Callable[[str], None] | None = None) -> Retained:
+def retained(store, *, progress: Callable[[str], None] | None = None, blobs: bool = True) -> Retained:
     """Read every log (and staged log) and follow references down to blobs.
 
     A log with damage stops the sweep (``StoreError``): its unreadable records
     may name entries, and a sweep never guesses. Repair the session first.
+    ``blobs=False`` (the store holds no blob) skips reading contents for
+    ``sidecar:`` URLs.
     """
     objects = store.objects
     ret = Retained()
     envelopes = ret.envelopes
     contents = ret.contents
     bases: list[str] = []
-    sidecar_media = False
+    said: set[str] = set()  # envelopes whose content their record's payload gave
     for path, staged in _session_dirs(store.root):
         try:
             with open(os.path.join(path, "log"), "rb") as f:
@@ -118,12 +129,6 @@ def retained(store, *, progress: Callable[[str], None] | None = None) -> Retaine
                 "a sweep cannot tell what its unreadable records name: repair the session first "
                 f"(agentsession repair {os.path.basename(path)})"
             )
-        try:
-            with open(os.path.join(path, "header"), "rb") as f:
-                if b'"media":"sidecar"' in f.read():
-                    sidecar_media = True
-        except FileNotFoundError:
-            pass
         records = logread.records + logread.cut_records
         # A log repair set aside (log.damaged-*) still names entries someone may want
         # back: what of it reads is retained too, as long as the file is kept.
@@ -144,6 +149,7 @@ def retained(store, *, progress: Callable[[str], None] | None = None) -> Retaine
                         c = _content_of(r.payload[1])
                         if c:
                             contents.add(c)
+                            said.add(entry)
             elif op == "create" and isinstance(r.data.get("base"), str):
                 bases.append(r.data["base"])
         if staged:
@@ -164,7 +170,7 @@ def retained(store, *, progress: Callable[[str], None] | None = None) -> Retaine
                 break  # missing: fsck's business; nothing above it can be read either
             current = env.get("parent") if isinstance(env.get("parent"), str) else None
     # Contents of retained envelopes (those whose payload did not already say).
-    for name in envelopes:
+    for name in _read_order(objects, envelopes - said):
         try:
             data = objects.get("entries", name)
         except (NoSuchObjectError, CorruptObjectError):
@@ -172,9 +178,10 @@ def retained(store, *, progress: Callable[[str], None] | None = None) -> Retaine
         c = _content_of(data)
         if c:
             contents.add(c)
-    # Blobs: only sidecar sessions name any, so contents are read only then.
-    if sidecar_media:
-        for name in contents:
+    # Blobs: any retained content may name one (RFC 0002 sets no condition on the
+    # session's media), so contents are read whenever the store holds a blob.
+    if blobs:
+        for name in _read_order(objects, contents):
             try:
                 data = objects.get("contents", name)
             except (NoSuchObjectError, CorruptObjectError):
@@ -182,6 +189,22 @@ def retained(store, *, progress: Callable[[str], None] | None = None) -> Retaine
             if b"sidecar:" in data:
                 ret.blobs.update(m.decode() for m in _SIDECAR.findall(data))
     return ret
+
+
+def _read_order(objects, names: set[str]) -> list[str]:
+    """``names`` in the order their bytes lie (pack, block, offset; loose ones last),
+    so reading them all decompresses each block once, not once per object."""
+    packs = objects.packs
+    rank = {p.name: i for i, p in enumerate(packs.packs)}
+
+    def where(name: str) -> tuple:
+        found = packs.locate(name)
+        if found is None:
+            return (len(rank), 0, 0, name)
+        pack, loc = found
+        return (rank.get(pack.name, len(rank)), loc.block, loc.offset, name)
+
+    return sorted(names, key=where)
 
 
 def _content_of(envelope: bytes) -> str | None:
@@ -222,6 +245,8 @@ class SweepResult:
     retained_contents: int
     retained_blobs: int
     tmp_removed: list[str] = field(default_factory=list)
+    #: Files younger than the grace period, left as they were.
+    young_files: int = 0
 
     def as_dict(self) -> dict:
         d = self.repack.as_dict()
@@ -231,6 +256,7 @@ class SweepResult:
             staged=self.staged,
             retained={"entries": self.retained_envelopes, "contents": self.retained_contents, "blobs": self.retained_blobs},
             tmp_removed=self.tmp_removed,
+            young_files=self.young_files,
         )
         return d
 
@@ -261,8 +287,12 @@ def sweep(
     try:
         # The snapshot first, the logs after it (see the module docstring).
         snapshot = objects.snapshot()
-        ret = retained(store)
         now = time.time()
+        # Files younger than the grace period are left as they are, not rewritten:
+        # a rewrite would make the unretained objects in them young again, and
+        # sweeps more frequent than the grace period would then never remove them.
+        old, young = _split_by_age(snapshot, now - grace)
+        ret = retained(store, blobs=_holds_blobs(old))
         env_bit, con_bit, blob_bit = SPACE_BITS["entries"], SPACE_BITS["contents"], SPACE_BITS["blobs"]
 
         def keep(name: str, spaces: int, mtime: float) -> bool:
@@ -276,7 +306,11 @@ def sweep(
                 return True
             return False
 
-        result = objects._repack(keep, dry_run, snapshot=snapshot, progress=progress)
+        result = objects._repack(keep, dry_run, snapshot=old, progress=progress)
+        # The figures before count every file, those left alone too.
+        result.packs_before += len(young.packs)
+        result.loose_before += len(young.loose)
+        result.bytes_before += young.size()
         tmp_removed = [] if dry_run else _clean_tmp(store.root, max(grace, TMP_MIN_AGE), now)
     finally:
         lock.release()
@@ -289,7 +323,28 @@ def sweep(
         retained_contents=len(ret.contents),
         retained_blobs=len(ret.blobs),
         tmp_removed=tmp_removed,
+        young_files=len(young.packs) + len(young.loose),
     )
+
+
+def _split_by_age(snap: Snapshot, cutoff: float) -> tuple[Snapshot, Snapshot]:
+    """(files last written at or before ``cutoff``, files written after it)."""
+    old = Snapshot([], [], dict(snap.bad))
+    young = Snapshot([], [], {})
+    for pm in snap.packs:
+        (old if pm[1] / 1e9 <= cutoff else young).packs.append(pm)
+    for item in snap.loose:
+        (old if item[3].st_mtime <= cutoff else young).loose.append(item)
+    return old, young
+
+
+def _holds_blobs(snap: Snapshot) -> bool:
+    """Whether any file a sweep decides over holds a blob (else no content need be
+    read for the blobs it names)."""
+    if any(space == "blobs" for space, *_ in snap.loose):
+        return True
+    bit = SPACE_BITS["blobs"]
+    return any(spaces & bit for pack, _ in snap.packs for _, (_, _, _, spaces) in pack.records())
 
 
 def _clean_tmp(root: str, age: float, now: float) -> list[str]:

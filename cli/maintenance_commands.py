@@ -17,7 +17,7 @@ from agentsession_cas.objects import RepackResult
 from agentsession_cas.sweep import DEFAULT_GRACE, parse_duration
 
 from .common import echo, emit_json, fail, one_line
-from .store_commands import write_store
+from .store_commands import read_store, write_store
 
 
 def progress_reporter(label: str, enabled: bool) -> Callable[[int, int], None] | None:
@@ -48,10 +48,16 @@ def _mb(n: int) -> str:
 
 
 def _report_problems(res: RepackResult) -> None:
+    """Problems on stderr, then exit 1 if there were any: the work was done for
+    everything else, but the store holds something damaged (run fsck)."""
+    for n in res.notes:
+        echo(f"agentsession: note: {one_line(n)}", err=True)
     for p in res.problems:
-        echo(f"agentsession: warning: {one_line(p)}", err=True)
+        echo(f"agentsession: error: {one_line(p)}", err=True)
     for name, why in sorted(res.bad_packs.items()):
-        echo(f"agentsession: warning: {name} was not read: {one_line(why)}; left in place (run fsck)", err=True)
+        echo(f"agentsession: error: {name} was not read: {one_line(why)}; left in place (run fsck)", err=True)
+    if not res.ok:
+        sys.exit(1)
 
 
 @click.command()
@@ -91,15 +97,18 @@ def sweep(grace_text: str | None, dry_run: bool, as_json: bool) -> None:
     An envelope stays while any session's log or prefix names it, a content
     while a retained envelope names it, a blob while a retained content names
     it by a sidecar: URL; abandoned branches are in logs and always stay;
-    nothing younger than the grace period goes. What stays is repacked into
-    one pack.
+    nothing younger than the grace period goes. What stays of the files older
+    than the grace period is repacked into one pack; younger files are left
+    as they are.
     """
     try:
         grace = DEFAULT_GRACE if grace_text is None else parse_duration(grace_text)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--grace") from None
     try:
-        with write_store() as store:
+        # A dry run opens the store read-only: a writing store's close packs loose
+        # objects and merges packs, and a dry run changes nothing.
+        with (read_store() if dry_run else write_store()) as store:
             res = store.sweep(grace=grace, dry_run=dry_run, progress=progress_reporter("sweeping", not as_json))
     except AgentSessionError as exc:
         fail(str(exc))

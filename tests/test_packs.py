@@ -1,0 +1,1008 @@
+"""Packs (agentsession_cas/packs.py) and the object store over them (objects.py):
+the pack and index format, lookups, checksums and corruption, bounded
+decompression, readers beside other processes' packs and merges, batches as
+packs, merge tiers, auto-pack at close, and the `agentsession pack` command.
+
+Another process is simulated by a second ObjectStore on the same directory:
+it shares nothing in memory with the first, as another process would not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import struct
+import time
+from pathlib import Path
+
+import blake3
+import pytest
+import zstandard
+from click.testing import CliRunner
+
+import agentsession_cas.objects as objects_mod
+import agentsession_cas.packs as packs_mod
+import agentsession_cas.store as store_mod
+from agentsession_cas import Header
+from agentsession_cas.errors import CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
+from agentsession_cas.hashing import sha256_ref
+from agentsession_cas.objects import PACK_BATCH, ObjectStore
+from agentsession_cas.packs import MAX_BLOCK, SPACE_BITS, Pack, PackSet, PackWriter
+from agentsession_cas.store import Store
+from cli.main import main
+
+# -- helpers -------------------------------------------------------------------
+
+
+def blob(i: int, size: int = 0, seed: int = 0) -> bytes:
+    """Distinct, JSON-looking bytes (objects of one store share words, as real ones do)."""
+    rng = random.Random(i * 7919 + seed)
+    words = ["assistant", "user", "function_call", "output", "the", "store", "pack", "read", str(i)]
+    text = " ".join(rng.choice(words) for _ in range(8 + i % 40))
+    data = json.dumps({"i": i, "seed": seed, "text": text}, separators=(",", ":")).encode()
+    if size > len(data):
+        data += rng.randbytes(size - len(data))  # incompressible filler
+    return data
+
+
+def items(n: int, space: str = "contents", *, start: int = 0, seed: int = 0, size: int = 0) -> list[tuple[str, str, bytes]]:
+    out = []
+    for i in range(start, start + n):
+        data = blob(i, size, seed)
+        out.append((space, sha256_ref(data), data))
+    return out
+
+
+def pack_files(root: Path) -> list[str]:
+    d = root / "objects" / "pack"
+    return sorted(os.listdir(d)) if d.is_dir() else []
+
+
+def idx_files(root: Path) -> list[Path]:
+    d = root / "objects" / "pack"
+    return sorted(d.glob("pack-*.idx")) if d.is_dir() else []
+
+
+def loose_files(root: Path) -> list[Path]:
+    out = []
+    for space in ("entries", "contents", "blobs"):
+        base = root / "objects" / space
+        if base.is_dir():
+            out.extend(p for p in base.glob("??/*") if p.is_file())
+    return sorted(out)
+
+
+def loose_path(root: Path, space: str, name: str) -> Path:
+    return root / "objects" / space / name[7:9] / name[9:]
+
+
+def flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def write_idx_fields(idx: Path, *, block_rows: dict[int, tuple[int, int, int]] | None = None, pack_sum: bytes | None = None) -> None:
+    """Rewrite fields of an index and seal it again with a valid checksum: a
+    hostile (or buggy) writer, not a bit flip."""
+    p = Pack(str(idx))
+    try:
+        blocks_at, nblocks = p._blocks_at, p.nblocks
+    finally:
+        p.close()
+    data = bytearray(idx.read_bytes()[:-32])
+    for b, row in (block_rows or {}).items():
+        assert 0 <= b < nblocks
+        struct.pack_into(">QII", data, blocks_at + 16 * b, *row)
+    if pack_sum is not None:
+        data[-32:] = pack_sum
+    idx.write_bytes(bytes(data) + blake3.blake3(bytes(data)).digest())
+
+
+def write_pack_bytes(pack: Path, body: bytes) -> bytes:
+    """Replace a pack file by magic + ``body`` + its trailer; return the trailer."""
+    head = packs_mod.PACK_MAGIC + body
+    trailer = blake3.blake3(head).digest()
+    pack.write_bytes(head + trailer)
+    return trailer
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "store"
+    Store.init(r).close()
+    return r
+
+
+@pytest.fixture
+def objs(root: Path):
+    o = ObjectStore(str(root))
+    yield o
+    o.close()
+
+
+def other(root: Path) -> ObjectStore:
+    """An ObjectStore of its own on the same store: another process, as far as
+    what it knows about the directory goes."""
+    return ObjectStore(str(root))
+
+
+def make_pack(tmp: Path, objects: list[tuple[str, str, bytes]], *, block_target: int = 4096) -> Path:
+    w = PackWriter(str(tmp / "pack"), str(tmp / "tmp"), block_target=block_target)
+    for space, name, data in objects:
+        w.add(space, name, data)
+    return Path(w.finish())
+
+
+# -- the format --------------------------------------------------------------------
+
+
+def test_round_trip_many_objects_several_blocks(tmp_path):
+    small = items(600, "contents")
+    big = items(3, "blobs", start=10_000, size=20_000)  # each bigger than a block
+    envs = items(40, "entries", start=20_000)
+    dup_space, dup_name, dup_data = small[7]
+    objects = small[:300] + big[:1] + envs + small[300:] + big[1:]
+    w = PackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"), block_target=4096)
+    for sp, n, d in objects:
+        w.add(sp, n, d)
+    w.add("entries", dup_name, dup_data)  # the same object again, in another space
+    assert len(w) == len(objects)
+    idx = Path(w.finish())
+    assert os.listdir(tmp_path / "tmp") == []  # nothing left behind in tmp/
+
+    pack_path = idx.with_suffix(".pack")
+    raw = pack_path.read_bytes()
+    assert raw.startswith(b"ASPACK\x00\x01")
+    assert blake3.blake3(raw[:-32]).digest() == raw[-32:]
+    assert idx.name == f"pack-{raw[-32:].hex()}.idx"  # named by its checksum
+
+    p = Pack(str(idx))
+    try:
+        assert len(p) == len(objects)
+        assert p.nblocks >= 10
+        p.check_pack_checksum()
+        names = [n for n, _ in p]
+        assert names == sorted(names) and len(set(names)) == len(objects)
+        ps = PackSet(str(tmp_path / "pack"))
+        for sp, n, d in objects:
+            loc = p.find(n)
+            assert loc is not None, n
+            assert ps.read(p, loc) == d
+            assert p.read_block(loc.block)[loc.offset : loc.offset + loc.length] == d
+            want = SPACE_BITS[sp] | (SPACE_BITS["entries"] if n == dup_name else 0)
+            assert loc.spaces == want
+        for _, n, d in big:
+            loc = p.find(n)
+            assert loc.offset == 0 and loc.length == len(d)  # a block of its own
+        assert p.find(dup_name).spaces == SPACE_BITS["contents"] | SPACE_BITS["entries"]
+        ps.close()
+    finally:
+        p.close()
+
+
+def test_spaces_of_a_packed_object_are_kept_apart(root, objs):
+    its = items(PACK_BATCH, "entries")
+    objs.put_many(its)
+    assert idx_files(root) and not loose_files(root)
+    _, name, data = its[0]
+    assert objs.get("entries", name) == data
+    assert objs.exists("entries", name)
+    assert not objs.exists("contents", name)  # packed as an envelope only
+    with pytest.raises(NoSuchObjectError):
+        objs.get("contents", name)
+
+
+def test_an_empty_object_packs_and_reads(root, objs):
+    empty = ("blobs", sha256_ref(b""), b"")
+    its = items(PACK_BATCH - 1) + [empty]
+    objs.write_pack(its)
+    assert not loose_files(root)
+    assert objs.get("blobs", empty[1]) == b""
+    # and alone in a pack of its own
+    w = PackWriter(str(root / "objects" / "pack"), str(root / "tmp"))
+    w.add(*empty)
+    idx = w.finish()
+    p = Pack(idx)
+    try:
+        loc = p.find(empty[1])
+        assert loc is not None and p.read_block(loc.block)[loc.offset : loc.offset + loc.length] == b""
+    finally:
+        p.close()
+
+
+def test_an_empty_pack_is_refused_and_never_written(root, objs, tmp_path):
+    pack_dir = root / "objects" / "pack"
+    w = PackWriter(str(pack_dir), str(root / "tmp"))
+    with pytest.raises(StoreError, match="empty"):
+        w.finish()
+    assert pack_files(root) == []
+    assert [n for n in os.listdir(root / "tmp") if n.startswith("pack-")] == []
+    # Nothing to write: no pack.
+    assert objs.write_pack([]) is None
+    assert pack_files(root) == []
+    # Everything already packed: no second pack.
+    its = items(PACK_BATCH)
+    first = objs.write_pack(its)
+    assert first is not None
+    assert objs.write_pack(its) is None
+    assert len(idx_files(root)) == 1
+
+
+def test_lookup_of_absent_names_in_every_fanout_slot(tmp_path):
+    present: list[bytes] = []
+    for b in range(256):
+        if b % 3 == 1:
+            continue  # every third slot empty
+        present.append(bytes([b]) + b"\x40" * 31)
+        present.append(bytes([b]) + b"\xc0" * 31)
+        if b in (0, 255):
+            present.append(bytes([b]) + b"\x00" * 31)
+            present.append(bytes([b]) + b"\xff" * 31)
+    w = PackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"))
+    for i, raw in enumerate(present):
+        w.add_raw(raw, SPACE_BITS["contents"], b"x%d" % i)
+    p = Pack(w.finish())
+    try:
+        assert p.count == len(present)
+        got = {raw: p.find("sha256:" + raw.hex()) for raw in present}
+        assert all(loc is not None for loc in got.values())
+        for i, raw in enumerate(present):
+            loc = got[raw]
+            assert p.read_block(loc.block)[loc.offset : loc.offset + loc.length] == b"x%d" % i
+        have = set(present)
+        for b in range(256):
+            for rest in (b"\x00" * 31, b"\x01" * 31, b"\x40" * 30 + b"\x41", b"\x80" * 31, b"\xc0" * 30 + b"\xbf", b"\xc1" * 31, b"\xff" * 31):
+                raw = bytes([b]) + rest
+                if raw in have:
+                    continue
+                assert p.find("sha256:" + raw.hex()) is None, (b, rest[:2])
+    finally:
+        p.close()
+
+
+# -- checksums and corruption ---------------------------------------------------------
+
+
+def test_index_checksum_is_checked_and_reads_fall_back_to_loose(root, objs):
+    its = items(PACK_BATCH)
+    objs.put_many(its)
+    [idx] = idx_files(root)
+    flip(idx, 2000)
+    with pytest.raises(CorruptPackError) as ei:
+        Pack(str(idx))
+    assert str(idx) in str(ei.value) and "checksum" in str(ei.value)
+    assert ei.value.path == str(idx)
+
+    reader = other(root)
+    try:
+        _, name, data = its[3]
+        with pytest.raises(NoSuchObjectError):
+            reader.get("contents", name)
+        assert idx.name[: -len(".idx")] in reader.packs.bad  # noted, not fatal
+        # A sound loose copy is served.
+        p = loose_path(root, "contents", name)
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(data)
+        assert reader.get("contents", name) == data
+        # Once the bad pack is gone, it is no longer reported.
+        idx.unlink()
+        reader.packs.refresh(force=True)
+        assert reader.packs.bad == {}
+    finally:
+        reader.close()
+
+
+def test_index_of_other_shapes_is_refused(root, objs):
+    objs.put_many(items(PACK_BATCH))
+    [idx] = idx_files(root)
+    good = idx.read_bytes()
+    for bad in (good[:100], b"NOTANIDX" + good[8:], good[:-40] + blake3.blake3(good[:-40]).digest()):
+        idx.write_bytes(bad)
+        with pytest.raises(CorruptPackError) as ei:
+            Pack(str(idx))
+        assert str(idx) in str(ei.value)
+
+
+def test_pack_checksum(tmp_path):
+    objects = items(300)
+    idx = make_pack(tmp_path, objects)
+    pack = idx.with_suffix(".pack")
+    good = pack.read_bytes()
+    p = Pack(str(idx))
+    p.check_pack_checksum()
+    p.close()
+    # A flipped byte in the trailer, and one in a block.
+    for at in (len(good) - 5, len(good) // 2):
+        flip(pack, at)
+        p = Pack(str(idx))
+        try:
+            with pytest.raises(CorruptPackError) as ei:
+                p.check_pack_checksum()
+            assert str(pack) in str(ei.value) and "checksum" in str(ei.value)
+        finally:
+            p.close()
+        pack.write_bytes(good)
+    # A sound pack that is not the one the index describes.
+    other_idx = make_pack(tmp_path / "b", items(50, start=5000))
+    pack.write_bytes(other_idx.with_suffix(".pack").read_bytes())
+    p = Pack(str(idx))
+    try:
+        with pytest.raises(CorruptPackError, match="is not the pack its index"):
+            p.check_pack_checksum()
+    finally:
+        p.close()
+
+
+def test_truncated_pack(root, objs):
+    its = items(2000)
+    objs.write_pack(its)
+    [idx] = idx_files(root)
+    pack = idx.with_suffix(".pack")
+    data = pack.read_bytes()
+    pack.write_bytes(data[: len(data) // 2])
+    reader = other(root)
+    try:
+        p = reader.packs.locate(its[0][1])[0]
+        with pytest.raises(CorruptPackError) as ei:
+            p.check_pack_checksum()
+        assert str(pack) in str(ei.value)
+        last = p.nblocks - 1
+        victim = next((sp, n, d) for sp, n, d in its if p.find(n).block == last)
+        with pytest.raises(CorruptPackError) as ei:
+            reader.get("contents", victim[1])
+        assert str(pack) in str(ei.value) and "ends inside block" in str(ei.value)
+        lp = loose_path(root, "contents", victim[1])
+        lp.parent.mkdir(exist_ok=True)
+        lp.write_bytes(victim[2])
+        assert reader.get("contents", victim[1]) == victim[2]
+        assert reader.is_sound("contents", victim[1])
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("where", ["frame-magic", "middle"])
+def test_flipped_byte_in_a_block(root, objs, where):
+    its = items(2000)
+    objs.write_pack(its)
+    [idx] = idx_files(root)
+    pack = idx.with_suffix(".pack")
+    reader = other(root)
+    try:
+        p = reader.packs.locate(its[0][1])[0]
+        offset, size, _ = p.block_info(1)
+        flip(pack, offset + (1 if where == "frame-magic" else size // 2))
+        in_block = [(sp, n, d) for sp, n, d in its if p.find(n).block == 1]
+        if where == "frame-magic":
+            with pytest.raises(CorruptPackError) as ei:
+                p.read_block(1)
+            assert str(pack) in str(ei.value) and "block 1" in str(ei.value)
+        failed = 0
+        for sp, n, d in in_block:
+            try:
+                got = reader.get(sp, n)
+            except (CorruptPackError, CorruptObjectError) as exc:
+                assert os.path.relpath(pack, root) in str(exc) or str(pack) in str(exc)
+                failed += 1
+            else:
+                assert got == d  # never anything but the right bytes
+        assert failed >= 1
+        # Blocks around it still read.
+        assert all(reader.get(sp, n) == d for sp, n, d in its if p.find(n).block != 1)
+        # A sound loose copy is served in place of the corrupt packed one.
+        sp, n, d = in_block[0]
+        lp = loose_path(root, sp, n)
+        lp.parent.mkdir(exist_ok=True)
+        lp.write_bytes(d)
+        assert reader.get(sp, n) == d
+    finally:
+        reader.close()
+
+
+def test_garbage_where_a_frame_should_be_is_a_corrupt_pack(tmp_path):
+    idx = make_pack(tmp_path, items(10))
+    p = Pack(str(idx))
+    _, size, raw = p.block_info(0)
+    p.close()
+    trailer = write_pack_bytes(idx.with_suffix(".pack"), b"\x00garbage!" * 10)
+    write_idx_fields(idx, block_rows={0: (8, 90, raw)}, pack_sum=trailer)
+    p = Pack(str(idx))
+    try:
+        with pytest.raises(CorruptPackError) as ei:
+            p.read_block(0)
+        assert str(idx.with_suffix(".pack")) in str(ei.value)
+    finally:
+        p.close()
+
+
+# -- bounded decompression -----------------------------------------------------------
+
+
+class _NoDecompress:
+    def __init__(self, *a, **k):
+        raise AssertionError("a decompressor was made for a block that should have been refused")
+
+
+def test_index_claiming_a_huge_block_is_refused_before_allocation(tmp_path, monkeypatch):
+    objects = items(20)
+    idx = make_pack(tmp_path, objects)
+    p = Pack(str(idx))
+    off, size, _ = p.block_info(0)
+    p.close()
+    for claim in (MAX_BLOCK + 1, 2**32 - 1):
+        write_idx_fields(idx, block_rows={0: (off, size, claim)})
+        monkeypatch.setattr(packs_mod.zstandard, "ZstdDecompressor", _NoDecompress)
+        p = Pack(str(idx))
+        try:
+            with pytest.raises(CorruptPackError) as ei:
+                p.read_block(0)
+            assert "claims" in str(ei.value) and str(idx.with_suffix(".pack")) in str(ei.value)
+        finally:
+            p.close()
+        monkeypatch.undo()
+
+
+def test_frame_declaring_another_size_is_refused_before_allocation(tmp_path, monkeypatch):
+    idx = make_pack(tmp_path, items(20))
+    p = Pack(str(idx))
+    _, _, raw = p.block_info(0)
+    p.close()
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 << 20))  # declares 64 MiB in ~2 KiB
+    assert zstandard.frame_content_size(bomb) == 64 << 20
+    trailer = write_pack_bytes(idx.with_suffix(".pack"), bomb)
+    write_idx_fields(idx, block_rows={0: (8, len(bomb), raw)}, pack_sum=trailer)
+    monkeypatch.setattr(packs_mod.zstandard, "ZstdDecompressor", _NoDecompress)
+    p = Pack(str(idx))
+    try:
+        with pytest.raises(CorruptPackError) as ei:
+            p.read_block(0)
+        assert "declares" in str(ei.value)
+    finally:
+        p.close()
+
+
+def test_index_placing_an_object_outside_its_block_is_refused(root, objs):
+    its = items(PACK_BATCH)
+    objs.write_pack(its)
+    [idx] = idx_files(root)
+    p = Pack(str(idx))
+    where_at, nblocks = p._where_at, p.nblocks
+    p.close()
+    body = bytearray(idx.read_bytes()[:-32])
+    block, offset, length, spaces = struct.unpack_from(">IIIB", body, where_at)
+    struct.pack_into(">IIIB", body, where_at, block, offset, 10**9, spaces)  # the first name's record
+    struct.pack_into(">IIIB", body, where_at + 13, nblocks + 5, offset, length, spaces)  # the second's
+    idx.write_bytes(bytes(body) + blake3.blake3(bytes(body)).digest())
+    names = sorted(its, key=lambda t: t[1])
+    reader = other(root)
+    try:
+        with pytest.raises(CorruptPackError, match="past the end of block"):
+            reader.get("contents", names[0][1])
+        with pytest.raises(CorruptPackError, match=f"names block {nblocks + 5}"):
+            reader.get("contents", names[1][1])
+        assert reader.get("contents", names[2][1]) == names[2][2]
+    finally:
+        reader.close()
+
+
+def test_frame_without_a_size_cannot_inflate_past_the_index(tmp_path):
+    idx = make_pack(tmp_path, items(20))
+    p = Pack(str(idx))
+    _, _, raw = p.block_info(0)
+    p.close()
+    cobj = zstandard.ZstdCompressor().compressobj()  # streamed: no content size in the header
+    bomb = cobj.compress(b"\0" * (64 << 20)) + cobj.flush()
+    assert zstandard.frame_content_size(bomb) == -1
+    trailer = write_pack_bytes(idx.with_suffix(".pack"), bomb)
+    write_idx_fields(idx, block_rows={0: (8, len(bomb), raw)}, pack_sum=trailer)
+    p = Pack(str(idx))
+    try:
+        with pytest.raises(CorruptPackError):
+            p.read_block(0)
+    finally:
+        p.close()
+
+
+# -- readers beside other processes ---------------------------------------------------
+
+
+def test_packset_rescans_when_another_process_writes_merges_and_removes(root, objs):
+    writer = other(root)
+    try:
+        first = items(PACK_BATCH, seed=1)
+        with pytest.raises(NoSuchObjectError):
+            objs.get("contents", first[0][1])
+        writer.put_many(first)
+        assert objs.get("contents", first[0][1]) == first[0][2]  # a miss lists the directory again
+        assert objs.exists("contents", first[-1][1])
+        batches = [first] + [items(PACK_BATCH, seed=s) for s in range(2, 9)]
+        for b in batches[1:]:
+            writer.write_pack(b, merge=False)
+        assert len(idx_files(root)) == 8
+        assert all(objs.get(sp, n) == d for b in batches for sp, n, d in b)
+        assert writer.merge_small_packs()
+        assert len(idx_files(root)) == 1
+        assert all(objs.get(sp, n) == d for b in batches for sp, n, d in b)
+        res = writer.repack()
+        assert res.packs_after == 1 and res.pack is not None
+        fresh = items(10, seed=99)
+        writer.put_many(fresh)  # loose
+        assert all(objs.get(sp, n) == d for b in batches + [fresh] for sp, n, d in b)
+        assert objs.packs.refresh(force=True) is False or len(objs.packs.packs) == 1
+        assert [p.name for p in objs.packs.packs] == [res.pack]
+    finally:
+        writer.close()
+
+
+def test_a_pack_written_in_the_same_mtime_tick_is_found(root, objs):
+    """Directory mtimes are coarse: a second pack can land without changing the
+    pack directory's mtime from what a reader last saw."""
+    writer = other(root)
+    try:
+        a, b = items(PACK_BATCH, seed=1), items(PACK_BATCH, seed=2)
+        writer.write_pack(a, merge=False)
+        pack_dir = root / "objects" / "pack"
+        assert objs.get("contents", a[0][1]) == a[0][2]
+        seen = os.stat(pack_dir).st_mtime_ns
+        writer.write_pack(b, merge=False)
+        os.utime(pack_dir, ns=(seen, seen))  # as if within one clock tick
+        assert objs.get("contents", b[0][1]) == b[0][2]
+        assert objs.exists("contents", b[1][1])
+    finally:
+        writer.close()
+
+
+def test_a_reader_holding_a_pack_reads_on_after_a_merge_unlinks_it(root, objs):
+    writer = other(root)
+    try:
+        batches = [items(PACK_BATCH, seed=s) for s in range(8)]
+        for b in batches:
+            writer.write_pack(b, merge=False)
+        # The reader has every pack open (one read lists them all).
+        assert objs.get("contents", batches[0][0][1]) == batches[0][0][2]
+        held = list(objs.packs.packs)
+        assert len(held) == 8
+        assert writer.merge_small_packs()
+        for p in held:
+            assert not os.path.exists(p.path) and not os.path.exists(p.idx_path)
+        # Without listing again: the open handles still read.
+        for b in batches:
+            for sp, n, d in b:
+                found = objs.packs.locate(n)
+                assert found is not None and found[0] in held
+                assert objs.packs.read(*found) == d
+        p = held[3]
+        p.check_pack_checksum()
+    finally:
+        writer.close()
+
+
+# -- batches, dedup, freshening -----------------------------------------------------------
+
+
+def test_put_many_small_is_loose_and_big_is_one_pack(root, objs, monkeypatch):
+    small = items(PACK_BATCH - 1, seed=1)
+    objs.put_many(small)
+    assert len(loose_files(root)) == PACK_BATCH - 1 and idx_files(root) == []
+    big = items(PACK_BATCH, seed=2)
+    objs.put_many(big)
+    assert len(idx_files(root)) == 1 and len(loose_files(root)) == PACK_BATCH - 1
+    assert all(objs.get(sp, n) == d and objs.is_packed(sp, n) for sp, n, d in big)
+    assert not any(objs.is_packed(sp, n) for sp, n, d in small)
+    # An object too big to pack stays loose, even in a packed batch.
+    monkeypatch.setattr(objects_mod, "MAX_PACKED", 5000)
+    huge = items(1, "blobs", start=77_777, size=6000)
+    mixed = items(PACK_BATCH, seed=3) + huge
+    objs.put_many(mixed)
+    assert loose_path(root, "blobs", huge[0][1]).read_bytes() == huge[0][2]
+    assert not objs.is_packed("blobs", huge[0][1])
+    assert objs.get("blobs", huge[0][1]) == huge[0][2]
+    assert len(idx_files(root)) == 2
+
+
+def _age(path: Path, seconds: float) -> int:
+    t = time.time_ns() - int(seconds * 1e9)
+    os.utime(path, ns=(t, t))
+    return t
+
+
+def test_write_pack_skips_and_freshens_what_is_packed(root, objs):
+    old = items(PACK_BATCH, seed=1)
+    [idx] = [Path(objs.write_pack(old))]
+    pack = idx.with_suffix(".pack")
+    t = _age(pack, 30 * 86400)
+    new = items(10, seed=2)
+    idx2 = objs.write_pack(old[:20] + new, merge=False)
+    assert os.stat(pack).st_mtime_ns > t  # freshened
+    p = Pack(idx2)
+    try:
+        assert p.count == len(new)  # only what was not packed
+    finally:
+        p.close()
+
+
+def test_put_and_small_put_many_freshen_the_file_holding_an_object(root, objs):
+    packed = items(PACK_BATCH, seed=1)
+    objs.write_pack(packed)
+    [idx] = idx_files(root)
+    pack = idx.with_suffix(".pack")
+    for how in ("put", "put_many"):
+        t = _age(pack, 30 * 86400)
+        sp, n, d = packed[5]
+        if how == "put":
+            assert objs.put(sp, n, d, durable=True) is None
+        else:
+            objs.put_many([(sp, n, d)], dedup=False)
+        assert os.stat(pack).st_mtime_ns > t, how
+        assert loose_files(root) == []  # not written again
+    loose = items(3, seed=2)
+    objs.put_many(loose)
+    for how in ("put", "put_many"):
+        lp = loose_path(root, *loose[0][:2])
+        t = _age(lp, 30 * 86400)
+        if how == "put":
+            objs.put(*loose[0], durable=False)
+        else:
+            objs.put_many([loose[0]])
+        assert os.stat(lp).st_mtime_ns > t, how
+
+
+def test_a_touch_always_moves_the_mtime(root, objs, monkeypatch):
+    """File times come from a coarse clock: a touch within the tick that wrote the
+    file must still be told apart from the snapshot a sweep took of it."""
+    packed = items(PACK_BATCH, seed=1)
+    objs.write_pack(packed)
+    [idx] = idx_files(root)
+    pack = idx.with_suffix(".pack")
+    then = os.stat(pack).st_mtime_ns
+    monkeypatch.setattr(objects_mod.time, "time_ns", lambda: then)  # the clock has not moved
+    objs.put(*packed[0], durable=True)
+    assert os.stat(pack).st_mtime_ns > then
+
+
+def test_a_file_that_cannot_be_touched_is_written_again(root, objs, monkeypatch):
+    """A touch that fails (not the owner, no write access) must not pass for one:
+    a sweep would take the file for untouched."""
+    sp, n, d = items(1, seed=8)[0]
+    objs.put(sp, n, d, durable=True)
+    lp = loose_path(root, sp, n)
+    t = _age(lp, 30 * 86400)
+
+    def refuse(path, *a, **kw):
+        raise PermissionError(1, "Operation not permitted", path)
+
+    monkeypatch.setattr(objects_mod.os, "utime", refuse)
+    objs.put(sp, n, d, durable=True)
+    monkeypatch.undo()
+    assert os.stat(lp).st_mtime_ns > t  # a new copy (renamed into place), not an untouched old one
+    assert lp.read_bytes() == d
+
+
+def test_a_put_whose_file_vanished_writes_it_again(root, objs, monkeypatch):
+    """A sweep may remove the file between a writer's finding it and touching it:
+    the writer then writes the object again (docs/storage-format.md, "Sweep")."""
+    sp, n, d = items(1, seed=5)[0]
+    objs.put(sp, n, d, durable=True)
+    lp = loose_path(root, sp, n)
+    real = objects_mod._freshen
+
+    def swept_first(path: str) -> bool:
+        if path == str(lp) and lp.exists():
+            lp.unlink()  # the sweep got there first
+        return real(path)
+
+    monkeypatch.setattr(objects_mod, "_freshen", swept_first)
+    for how in ("put", "put_many"):
+        if how == "put":
+            objs.put(sp, n, d, durable=True)
+        else:
+            objs.put_many([(sp, n, d)])
+        assert lp.read_bytes() == d, how
+    # and a packed copy whose pack vanished
+    packed = items(PACK_BATCH, seed=6)
+    objs.write_pack(packed)
+    [idx] = idx_files(root)
+    stale = other(root)
+    try:
+        assert stale.is_packed(*packed[0][:2])
+        idx.unlink()
+        idx.with_suffix(".pack").unlink()
+        stale.put_many([packed[0]])
+        stale.put(*packed[1], durable=True)
+        assert stale.get(*packed[0][:2]) == packed[0][2]
+        assert objs.get(*packed[1][:2]) == packed[1][2]
+    finally:
+        stale.close()
+
+
+# -- merges over many checkpoints ---------------------------------------------------------
+
+
+def msg(i: int, tag: str = "") -> dict:
+    return {
+        "type": "item",
+        "ts": f"2026-10-05T12:{(i // 60000) % 60:02d}:{(i // 1000) % 60:02d}.{i % 1000:03d}1Z",
+        "item": {"type": "message", "role": "user", "content": f"{tag} turn {i}: " + "lorem ipsum " * (i % 7)},
+    }
+
+
+def _tier(size: int) -> int:
+    tier, limit = 0, objects_mod.TIER_BASE
+    while size >= limit:
+        tier, limit = tier + 1, limit * objects_mod.MERGE_FANIN
+    return tier
+
+
+def _appends_with_checkpoints(root: Path, n: int, every: int) -> tuple[list[str], list[int]]:
+    """n appends with sync never, a checkpoint (a pack) every ``every``; returns the
+    ids and the pack count after each checkpoint."""
+    counts = []
+    st = Store(str(root), sync="never")
+    s = st.create(Header.new("long"))
+    ids = []
+    for i in range(n):
+        ids.append(s.append(msg(i)).id)
+        if i % every == every - 1:
+            s.checkpoint()
+            counts.append(len(idx_files(root)))
+    st.close()
+    return ids, counts
+
+
+@pytest.mark.slow
+def test_merge_tiers_keep_the_pack_count_bounded(root):
+    ids, counts = _appends_with_checkpoints(root, 6000, 40)  # 150 packs written
+    assert len(counts) == 150
+    assert max(counts) < objects_mod.MERGE_FANIN  # the smallest tier never holds 8
+    assert len(idx_files(root)) < objects_mod.MERGE_FANIN
+    with Store(str(root), readonly=True) as rd:
+        assert [e.id for e in rd.read("long")] == ids
+
+
+@pytest.mark.slow
+def test_a_writing_close_merges_every_tier(root, monkeypatch):
+    monkeypatch.setattr(objects_mod, "TIER_BASE", 16 * 1024)  # small tiers: several are climbed
+    ids, counts = _appends_with_checkpoints(root, 6000, 40)
+    sizes = [os.stat(p.with_suffix(".pack")).st_size for p in idx_files(root)]
+    tiers = [_tier(sz) for sz in sizes]
+    assert max(tiers) >= 2
+    for t in set(tiers):
+        assert tiers.count(t) < objects_mod.MERGE_FANIN, (t, sorted(sizes))
+    assert len(idx_files(root)) <= 3 * objects_mod.MERGE_FANIN
+    with Store(str(root), readonly=True) as rd:
+        assert [e.id for e in rd.read("long")] == ids
+        rd.export("long")
+
+
+def test_store_reads_everything_back_after_merges(root):
+    st = Store(str(root), sync="never")
+    sessions = {}
+    for k in range(3):
+        s = st.create(Header.new(f"s{k}"))
+        sessions[f"s{k}"] = [s.append(msg(i, f"s{k}")).id for i in range(200)]
+        for _ in range(4):
+            for i in range(40):
+                sessions[f"s{k}"].append(s.append(msg(10_000 + len(sessions[f"s{k}"]), f"s{k}")).id)
+            s.checkpoint()
+    st.close()
+    exported = {}
+    with Store(str(root), readonly=True) as rd:
+        for sid, ids in sessions.items():
+            assert [e.id for e in rd.read(sid)] == ids
+            exported[sid] = rd.export(sid)
+    writer = other(root)
+    try:
+        writer.merge_small_packs(max_tier=None)
+        writer.repack()
+    finally:
+        writer.close()
+    assert len(idx_files(root)) == 1 and loose_files(root) == []
+    with Store(str(root), readonly=True) as rd:
+        for sid in sessions:
+            assert rd.export(sid) == exported[sid]
+
+
+# -- auto-pack ----------------------------------------------------------------------
+
+
+def test_auto_pack_at_a_writing_close_past_the_threshold(root, monkeypatch):
+    monkeypatch.setattr(store_mod, "AUTO_PACK_LOOSE", 512)
+    st = Store(str(root))
+    few = [it for it in items(40, seed=1) if it[1][7:9] != "17"][:20]
+    for it in few:
+        st.objects.put(*it, durable=True)
+    assert st.objects.estimate_loose() < 512
+    st.close()
+    assert len(loose_files(root)) == 20  # below the threshold: left loose
+    assert idx_files(root) == []
+
+    o = other(root)
+    many: list[tuple[str, str, bytes]] = []
+    while o.estimate_loose() < 512:  # the estimate samples one fan-out directory
+        its = items(100, seed=2, start=len(many))
+        for it in its:
+            o.put(*it, durable=False)
+        many += its
+    o.close()
+    Store(str(root), readonly=True).close()
+    assert len(loose_files(root)) == 20 + len(many)  # a read-only close packs nothing
+    Store(str(root)).close()
+    assert loose_files(root) == []
+    assert len(idx_files(root)) == 1
+    o = other(root)
+    try:
+        assert all(o.get(sp, n) == d and o.is_packed(sp, n) for sp, n, d in few + many)
+    finally:
+        o.close()
+
+
+def test_auto_pack_skips_while_another_process_packs(root, monkeypatch):
+    """A writer's close does not wait for a sweep or `pack` of the whole store: it
+    packs next time, as its merges do."""
+    import threading
+
+    import filelock
+
+    monkeypatch.setattr(store_mod, "AUTO_PACK_LOOSE", 256)
+    o = other(root)
+    n = 0
+    while o.estimate_loose() < 256:
+        for it in items(100, seed=3, start=n):
+            o.put(*it, durable=False)
+        n += 100
+    o.close()
+    st = Store(str(root))
+    with filelock.FileLock(str(root / "locks" / "pack.lock")):  # held "elsewhere" (another fd)
+        t = threading.Thread(target=st.close, daemon=True)
+        t.start()
+        t.join(timeout=20)
+        assert not t.is_alive(), "a writing close waited for another process's pack"
+    assert len(loose_files(root)) == n and idx_files(root) == []
+    Store(str(root)).close()
+    assert loose_files(root) == [] and len(idx_files(root)) == 1
+
+
+# -- the pack command -----------------------------------------------------------------
+
+
+def cli(root: Path, *args: str, input: str | None = None):
+    return CliRunner().invoke(main, ["--store", str(root), *args], input=input, catch_exceptions=False)
+
+
+def build_mixed_store(root: Path) -> dict[str, bytes]:
+    """Sessions whose objects are loose (CLI appends) and packed (checkpoints of
+    64+ objects), with a fork; returns every session's export."""
+    assert cli(root, "create", "--id", "cli1").exit_code == 0
+    for i in range(5):
+        r = cli(root, "append", "cli1", input=json.dumps(msg(i, "cli")))
+        assert r.exit_code == 0, r.stderr
+    st = Store(str(root), sync="never")
+    s = st.create(Header.new("lib1"))
+    ids = [s.append(msg(i, "lib")).id for i in range(150)]
+    s.checkpoint()
+    for i in range(150, 170):
+        ids.append(s.append(msg(i, "lib")).id)
+    s.close()
+    f = st.create(Header.new("fork1", base=ids[100]))
+    f.append(msg(1, "fork"))
+    st.close()
+    with Store(str(root), readonly=True) as rd:
+        return {sid: rd.export(sid) for sid in rd.list()}
+
+
+def verify_all(root: Path, exported: dict[str, bytes]) -> None:
+    with Store(str(root), readonly=True) as rd:
+        assert sorted(rd.list()) == sorted(exported)
+        for sid, data in exported.items():
+            assert rd.export(sid) == data, sid
+    for sid in exported:
+        r = cli(root, "verify", sid)
+        assert r.exit_code == 0, (sid, r.stdout, r.stderr)
+
+
+def test_pack_command_makes_one_pack_and_changes_no_session(root):
+    exported = build_mixed_store(root)
+    loose_before = loose_files(root)
+    packs_before = idx_files(root)
+    assert loose_before and packs_before
+    r = cli(root, "pack", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr == ""
+    out = json.loads(r.stdout)
+    for key in ("objects", "packs_before", "loose_before", "bytes_before", "packs_after", "bytes_after", "pack", "problems", "bad_packs"):
+        assert key in out, key
+    assert out["packs_before"] == len(packs_before) and out["loose_before"] == len(loose_before)
+    assert out["packs_after"] == 1 and out["problems"] == [] and out["bad_packs"] == {}
+    assert [p.name for p in idx_files(root)] == [out["pack"] + ".idx"]
+    assert loose_files(root) == []
+    assert pack_files(root) == [out["pack"] + ".idx", out["pack"] + ".pack"]
+    p = Pack(str(idx_files(root)[0]))
+    try:
+        assert p.count == out["objects"]
+        p.check_pack_checksum()
+    finally:
+        p.close()
+    verify_all(root, exported)
+    # Text output, and a second pack of one pack.
+    r = cli(root, "pack")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.startswith(f"packed {out['objects']:,} objects from 1 pack(s) and 0 loose file(s) into 1 pack(s)")
+    verify_all(root, exported)
+
+
+def test_pack_leaves_a_corrupt_loose_object_in_place_and_does_not_copy_it(root):
+    exported = build_mixed_store(root)
+    # A loose object no session needs, corrupted.
+    sp, n, d = items(1, seed=42)[0]
+    o = other(root)
+    o.put(sp, n, d, durable=True)
+    o.close()
+    lp = loose_path(root, sp, n)
+    flip(lp, 3)
+    bad = lp.read_bytes()
+    r = cli(root, "pack", "--json")
+    assert r.exit_code == 1, r.stderr  # everything else packed, but the store holds damage
+    out = json.loads(r.stdout)
+    assert len(out["problems"]) == 1 and n in out["problems"][0] and out["ok"] is False
+    assert n in r.stderr and "error" in r.stderr
+    assert lp.read_bytes() == bad  # left where it was, as it was
+    p = Pack(str(idx_files(root)[0]))
+    try:
+        assert p.find(n) is None  # never copied
+    finally:
+        p.close()
+    assert loose_files(root) == [lp]
+    verify_all(root, exported)
+
+
+def test_pack_keeps_a_pack_holding_a_corrupt_object(root):
+    its = items(300, seed=3, size=2000)  # several blocks
+    o = other(root)
+    o.write_pack(its)
+    o.close()
+    [idx] = idx_files(root)
+    p = Pack(str(idx))
+    offset, size, _ = p.block_info(0)
+    in_block0 = sum(1 for _, loc in p if loc.block == 0)
+    p.close()
+    flip(idx.with_suffix(".pack"), offset + size // 2)
+    r = cli(root, "pack", "--json")
+    assert r.exit_code == 1, r.stderr
+    out = json.loads(r.stdout)
+    assert out["problems"] and str(idx.with_suffix(".pack").name) in " ".join(out["problems"])
+    assert idx.exists() and idx.with_suffix(".pack").exists()  # not removed
+    assert out["objects"] >= len(its) - in_block0
+    assert len(idx_files(root)) == 2
+
+
+def test_pack_leaves_an_unreadable_index_and_its_pack_in_place(root):
+    exported = build_mixed_store(root)
+    o = other(root)
+    victim = Path(o.write_pack(items(PACK_BATCH, seed=9), merge=False))  # objects no session needs
+    o.close()
+    flip(victim, 100)
+    r = cli(root, "pack", "--json")
+    assert r.exit_code == 1, r.stderr
+    out = json.loads(r.stdout)
+    assert list(out["bad_packs"]) == [victim.name[: -len(".idx")]]
+    assert victim.exists() and victim.with_suffix(".pack").exists()
+    assert victim.name[: -len(".idx")] in r.stderr and "left in place" in r.stderr
+    assert len(idx_files(root)) == 2
+    verify_all(root, exported)
+
+
+def test_pack_refuses_a_read_only_or_busy_store(root):
+    import filelock
+
+    with Store(str(root), readonly=True) as rd:
+        with pytest.raises(StoreError):
+            rd.pack()
+    lock = filelock.FileLock(str(root / "locks" / "pack.lock"))
+    with lock:
+        st = Store(str(root))
+        try:
+            with pytest.raises(StoreError, match="another process is packing"):
+                st.pack(wait=0.1)
+        finally:
+            st.close()
