@@ -846,6 +846,9 @@ class Session:
         self.own: dict[str, int] = {}  # entry id -> seq
         self.log_order: list[str] = []
         self.committed_own: set[str] = set()
+        # Own entries appended lazily and not yet committed (a suffix of log_order):
+        # a commit adds these to committed_own, not the whole log again.
+        self._uncommitted_ids: list[str] = []
         self.leaf_labels: set[str] = set()
         self._prefix: list[str] | None = []  # root..base, base included; None: not read yet
         self._prefix_set: frozenset[str] | None = None
@@ -1335,7 +1338,10 @@ class Session:
         if is_leaf_label:
             self.leaf_labels.add(e.id)
         if durable_now:
-            self.committed_own.update(self.own)
+            self._mark_committed()
+            self.committed_own.add(e.id)
+        else:
+            self._uncommitted_ids.append(e.id)
         self.head = new_head
         if self._context_hashes is not None:
             self._context_hashes.feed(e)
@@ -1407,6 +1413,10 @@ class Session:
                 self._log_size = None  # unknown now: ask the file next time
             raise
         self._log_size = size + len(data)
+
+    def _mark_committed(self) -> None:
+        self.committed_own.update(self._uncommitted_ids)
+        self._uncommitted_ids.clear()
 
     def _refuse_if_stopped(self) -> None:
         if self._stopped:
@@ -1489,7 +1499,7 @@ class Session:
             return
         self._write_log(_COMMIT, sync=True)
         self._uncommitted = False
-        self.committed_own.update(self.own)
+        self._mark_committed()
         self._write_indexes()
 
     def set_head(self, new: str | None, *, expected: str | None) -> None:
@@ -1509,7 +1519,7 @@ class Session:
             raise AppendRefusedError(f"{new} is neither the base nor an own entry of session {self.id}")
         self._write_log(encode_record({"op": "head", "head": new}) + _COMMIT, sync=True)
         self._uncommitted = False
-        self.committed_own.update(self.own)
+        self._mark_committed()
         self.head = new
         self._write_indexes()
 
@@ -1522,7 +1532,7 @@ class Session:
         self._refuse_if_stopped()
         self._write_log(encode_record({"op": "mark", "mark": mark}) + _COMMIT, sync=True)
         self._uncommitted = False
-        self.committed_own.update(self.own)
+        self._mark_committed()
         self.mark = mark
         self._write_indexes()
 
@@ -1691,7 +1701,7 @@ class Session:
             return []
         self._write_log(b"".join(lines) + _COMMIT, sync=True)
         if self._uncommitted:
-            self.committed_own.update(self.own)  # this process's own appends, committed by the same record
+            self._mark_committed()  # this process's own appends, committed by the same record
         for entry_id, s, leaf in added:
             self.own[entry_id] = s
             self.log_order.append(entry_id)
@@ -1751,6 +1761,7 @@ class Session:
             return False
         self.lock = lock
         self._log_fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._log_size = None  # asked of the file at the next write
         self.store._open[self.id] = self
         return True
 

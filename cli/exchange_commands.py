@@ -1,7 +1,244 @@
-"""push, fetch, handover, declare-record, take-back: exchange between stores."""
+"""push, fetch, handover, declare-record, take-back: exchange between stores.
+
+Each command works on ``--store`` (the local store) and a REMOTE given as a
+store's path or a ``file://`` URL; the work is :mod:`agentsession_cas.exchange`'s.
+What moved is printed on stdout (text, or ``--json``); a progress bar goes to
+stderr, and only when stderr is a terminal. Exit status: 0 done (a head
+already in place, or a fetch whose head may not move, included: a note on
+stderr says why); 1 refused or failed, including a push whose head did not
+move (its entries landed as a branch; the result is printed first); 2 usage.
+"""
 
 from __future__ import annotations
 
+import sys
+from typing import Any, Callable
+
 import click
 
-COMMANDS: list[click.Command] = []
+from agentsession_cas import exchange
+from agentsession_cas.entry import short_id
+from agentsession_cas.exchange import UNSET, ExchangeResult
+
+from .common import echo, emit_json, fail, note
+from .store_commands import write_store
+
+#: A bar is drawn for transfers of at least this many objects.
+PROGRESS_MIN = 256
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def _head(h: str | None) -> str:
+    return short_id(h) if h is not None else "none"
+
+
+class _Bar:
+    """A click progress bar on stderr, made on the first report of a large transfer,
+    and only when stderr is a terminal (never in a pipe, a log or a test)."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.bar: Any = None
+        self.done = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if total < PROGRESS_MIN or not sys.stderr.isatty():
+                return
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
+            self.bar.__enter__()
+        if total > self.bar.length:
+            self.bar.length = total
+        self.bar.update(done - self.done)
+        self.done = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def _run(label: str, action: Callable[[Callable[[int, int], None]], ExchangeResult]) -> ExchangeResult:
+    bar = _Bar(label)
+    try:
+        return action(bar)
+    finally:
+        bar.close()
+
+
+def _parse_ref(text: str) -> str | tuple[str, str | None]:
+    """NAME, or NAME:EXPECTED (EXPECTED empty: the ref must be absent there). A colon
+    is in no ref name and no session id, so the split is unambiguous."""
+    if ":" not in text:
+        return text
+    name, expected = text.split(":", 1)
+    return name, (expected or None)
+
+
+def _expect(value: str | None) -> Any:
+    if value is None:
+        return UNSET
+    return value or None
+
+
+def _report(result: ExchangeResult, as_json: bool) -> None:
+    """Print what moved; a refused head exits 1 after the result is printed."""
+    if as_json:
+        emit_json(result.as_dict())
+    else:
+        verb = {"push": "pushed", "handover": "handed over", "fetch": "fetched", "take-back": "took back"}[result.action]
+        direction = "to" if result.action in ("push", "handover") else "from"
+        moved = "received" if result.action in ("fetch", "take-back") else "sent"
+        created = ""
+        if result.created:
+            created = ", session created there" if direction == "to" else ", session created here"
+        echo(
+            f"{verb} {result.session} {direction} {result.remote}: {_count(result.objects, 'object')} "
+            f"({_bytes(result.bytes)}) {moved}, {_count(result.entries, 'entry', 'entries')} admitted{created}"
+        )
+        if result.outcome == "unchanged":
+            echo(f"head: {_head(result.head_after)} (unchanged)")
+        else:
+            echo(f"head: {_head(result.head_before)} -> {_head(result.head_after)} ({result.outcome})")
+        for r in result.refs:
+            if r.moved:
+                echo(f"ref {r.name}: {r.current}" + ("" if r.changed else " (already)"))
+            else:
+                echo(f"ref {r.name}: not moved: {r.why}")
+        if result.action == "handover" and result.handover:
+            echo(f"the remote is now the record of {result.session}; this store holds it as a mirror")
+        if result.action == "take-back" and result.handover:
+            echo(f"this store is now the record of {result.session}; the remote holds it as a mirror")
+    for text in result.notes:
+        note(text)
+    if result.outcome == "refused":
+        fail(
+            f"head not moved: {result.why}; the entries landed there as a branch. Push again with "
+            f"--expect {result.head_before or ''} to move it from there, or --force"
+        )
+    if result.outcome == "not-moved":
+        note(f"head not moved: {result.why}")
+    for r in result.refs:
+        if not r.moved:
+            note(f"ref {r.name} not moved: {r.why}")
+
+
+_REF_HELP = "A ref naming the session to move too, as NAME or NAME:EXPECTED (repeatable)."
+
+
+@click.command()
+@click.argument("session_id", metavar="ID")
+@click.argument("remote", metavar="REMOTE")
+@click.option("--expect", "expected", metavar="HEAD", help="The remote head you expect ('' for none); default: the last one seen there.")
+@click.option("--force", is_flag=True, help="Move the remote head whatever it is (reported as forced).")
+@click.option("--handover", is_flag=True, help="Make the remote the record and this store a mirror.")
+@click.option("--ref", "refs", multiple=True, metavar="NAME[:EXPECTED]", help=_REF_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+def push(session_id: str, remote: str, expected: str | None, force: bool, handover: bool, refs: tuple[str, ...], as_json: bool) -> None:
+    """Push session ID, of which this store is the record, to REMOTE (a store's path or file:// URL).
+
+    Sends only the objects the remote lacks, has it admit the entries (a
+    session it lacks is created there as a mirror), then moves its head by
+    compare-and-swap from the head last seen there. A head that moved
+    meanwhile is not moved: the entries land as a branch and the command
+    exits 1.
+    """
+    with write_store() as store:
+        result = _run("sending objects", lambda bar: exchange.push(
+            store, remote, session_id, expected=_expect(expected), force=force, handover=handover,
+            refs=[_parse_ref(r) for r in refs], progress=bar,
+        ))
+    _report(result, as_json)
+
+
+@click.command()
+@click.argument("session_id", metavar="ID")
+@click.argument("remote", metavar="REMOTE")
+@click.option("--ref", "refs", multiple=True, metavar="NAME[:EXPECTED]", help="A ref of the remote naming the session to set here too (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+def fetch(session_id: str, remote: str, refs: tuple[str, ...], as_json: bool) -> None:
+    """Fetch session ID from REMOTE, which may be its record or a mirror.
+
+    A session this store lacks is created as a mirror. Its head moves to the
+    fetched head only when this store is a mirror and that head descends from
+    its own; otherwise a note says why it did not (exit 0).
+    """
+    with write_store() as store:
+        result = _run("receiving objects", lambda bar: exchange.fetch(
+            store, remote, session_id, refs=[_parse_ref(r) for r in refs], progress=bar,
+        ))
+    _report(result, as_json)
+
+
+@click.command()
+@click.argument("session_id", metavar="ID")
+@click.argument("remote", metavar="REMOTE")
+@click.option("--expect", "expected", metavar="HEAD", help="The remote head you expect ('' for none); default: the last one seen there.")
+@click.option("--ref", "refs", multiple=True, metavar="NAME[:EXPECTED]", help=_REF_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+def handover(session_id: str, remote: str, expected: str | None, refs: tuple[str, ...], as_json: bool) -> None:
+    """Hand session ID over to REMOTE: push it, make the remote the record, then make this store a mirror.
+
+    The remote's mark is committed before this store clears its own, so a
+    failure between the two leaves two records, never none; running the
+    command again finishes it.
+    """
+    with write_store() as store:
+        result = _run("sending objects", lambda bar: exchange.handover(
+            store, remote, session_id, expected=_expect(expected), refs=[_parse_ref(r) for r in refs], progress=bar,
+        ))
+    _report(result, as_json)
+
+
+@click.command("declare-record")
+@click.argument("session_id", metavar="ID")
+@click.option("--remote", metavar="REMOTE", help="Declare REMOTE the record instead of this store.")
+@click.option("--expect", "expected", metavar="HEAD", help="The head the store must hold ('' for none).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+def declare_record(session_id: str, remote: str | None, expected: str | None, as_json: bool) -> None:
+    """Make a store the record of session ID, which it holds as a mirror.
+
+    For a session whose record deleted it without handing it over, or whose
+    only copy is a mirror. With --expect, refused if the head moved.
+    """
+    with write_store() as store:
+        result = exchange.declare_record(store, session_id, expected=_expect(expected), remote=remote)
+    where = "here" if remote is None else f"at {remote}"
+    if as_json:
+        emit_json({**result.as_dict(), "remote": remote})
+        return
+    if result.changed:
+        echo(f"{session_id} is now the record {where} (head {_head(result.head)})")
+    else:
+        note(f"{session_id} already is the record {where}; nothing was written")
+
+
+@click.command("take-back")
+@click.argument("session_id", metavar="ID")
+@click.argument("remote", metavar="REMOTE")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+def take_back(session_id: str, remote: str, as_json: bool) -> None:
+    """Take the record of session ID back from REMOTE: fetch, declare it here, release it there.
+
+    This store declares itself the record before the remote gives up its
+    mark, so a failure between leaves two records, never none; running the
+    command again finishes it.
+    """
+    with write_store() as store:
+        result = _run("receiving objects", lambda bar: exchange.take_back(store, remote, session_id, progress=bar))
+    _report(result, as_json)
+
+
+COMMANDS: list[click.Command] = [push, fetch, handover, declare_record, take_back]

@@ -1,0 +1,1067 @@
+"""Exchange between stores (RFC 0002): push, fetch, handover, declare-record, take-back.
+
+Two and three stores in temp directories, the library and the commands, and real
+processes for the concurrent pushes and for a handover killed between its steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agentsession_cas import Header, read_session_bytes
+from agentsession_cas import exchange as ex
+from agentsession_cas.canonical import canonical_bytes
+from agentsession_cas.errors import (
+    AppendRefusedError,
+    BadObjectError,
+    HandoverIncompleteError,
+    HeadMovedError,
+    HeaderDiffersError,
+    IncompletePushError,
+    MirrorError,
+    MissingObjectsError,
+    NoSuchSessionError,
+    NotRecordError,
+    ReadOnlyError,
+    StoreError,
+    TransportError,
+)
+from agentsession_cas.exchange import StoreEndpoint
+from agentsession_cas.fsck import fsck
+from agentsession_cas.hashing import entry_objects, sha256_ref
+from agentsession_cas.refs import Refs, header_ident
+from agentsession_cas.store import Store
+from agentsession_cas.transport import (
+    LocalTransport,
+    PushRequest,
+    RefPush,
+    Remembered,
+    remote_key,
+    remote_url,
+)
+from cli.main import main
+
+REPO = Path(__file__).resolve().parents[1]
+TS = "2026-09-17T12:00:00Z"
+
+
+# -- helpers ------------------------------------------------------------------------
+
+
+def store(tmp_path: Path, name: str) -> Store:
+    return Store.init(tmp_path / name)
+
+
+def user(text: str, n: int = 0) -> dict:
+    return {"type": "item", "ts": f"2026-09-17T12:{n // 60 % 60:02d}:{n % 60:02d}Z",
+            "item": {"type": "message", "role": "user", "content": text}}
+
+
+def record(st: Store, sid: str, n: int, *, base: str | None = None, tag: str = "", **header) -> list[str]:
+    """Create a record session: a config (unless a fork) then n user items; return own ids."""
+    s = st.create(Header.new(sid, created_at=TS, base=base, **header))
+    ids = []
+    if base is None:
+        ids.append(s.append({"type": "config", "ts": TS, "model": "m1"}).id)
+    for i in range(n):
+        ids.append(s.append(user(f"{sid}{tag} turn {i}", i)).id)
+    return ids
+
+
+def more(st: Store, sid: str, n: int, tag: str) -> list[str]:
+    s = st.session(sid)
+    return [s.append(user(f"{tag} {i}", i)).id for i in range(n)]
+
+
+def count_objects(st: Store) -> int:
+    return sum(1 for space in ("entries", "contents", "blobs") for _ in st.objects.names(space))
+
+
+def tree_snapshot(root: Path, *, skip: tuple[str, ...] = ("tmp", "locks")) -> dict[str, bytes]:
+    """Every file under a store (but temp and lock files), by relative path."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        if rel.split(os.sep)[0] in skip:
+            continue
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                out[os.path.join(rel, f)] = fh.read()
+    return out
+
+
+def sessions_snapshot(root: Path) -> dict[str, bytes]:
+    """What a store says about its sessions and refs (objects aside)."""
+    return {k: v for k, v in tree_snapshot(root).items() if not k.startswith("objects")}
+
+
+def reopen(path: Path, sid: str):
+    return Store(path, readonly=True).read(sid)
+
+
+def cli(st: Path | str, *args: str):
+    return CliRunner().invoke(main, ["--store", str(st), *args], catch_exceptions=False)
+
+
+def ok(result) -> str:
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return result.stdout
+
+
+@pytest.fixture
+def ab(tmp_path):
+    a, b = store(tmp_path, "a"), store(tmp_path, "b")
+    yield a, b, tmp_path / "b"
+    a.close()
+    b.close()
+
+
+# -- push ---------------------------------------------------------------------------
+
+
+def test_first_push_creates_a_mirror_that_projects_the_same(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 4)
+    r = ex.push(a, broot, "s1")
+    assert (r.created, r.entries, r.objects, r.outcome) == (True, 5, 10, "fast-forward")
+    assert r.head_before is None and r.head_after == ids[-1] and r.mark == "mirror"
+    assert r.bytes == sum(len(a.cat_object(i)[1]) + len(a.cat_object(a.entry(i).content_hash)[1]) for i in ids)
+    got = reopen(broot, "s1")
+    assert got.mark == "mirror" and got.head == ids[-1] and got.log_order == ids
+    assert got.header.data == a.read("s1").header.data
+    assert Store(broot).export("s1") == a.export("s1")
+
+
+def test_a_mirror_refuses_local_appends_and_head_moves(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    ex.push(a, broot, "s1")
+    with Store(broot) as b2:
+        s = b2.session("s1")
+        with pytest.raises(MirrorError):
+            s.append(user("local"))
+        with pytest.raises(MirrorError):
+            s.set_head(ids[0], expected=ids[-1])
+    assert reopen(broot, "s1").log_order == ids
+
+
+def test_incremental_push_sends_only_what_is_new(ab):
+    a, b, broot = ab
+    record(a, "s1", 5)
+    ex.push(a, broot, "s1")
+    before = count_objects(Store(broot))
+    new = more(a, "s1", 3, "later")
+    r = ex.push(a, broot, "s1")
+    assert (r.objects, r.entries, r.complete, r.created) == (6, 3, False, False)
+    assert count_objects(Store(broot)) == before + 6
+    assert reopen(broot, "s1").log_order[-3:] == new
+
+
+def test_pushing_twice_is_a_no_op_the_second_time(ab):
+    a, b, broot = ab
+    record(a, "s1", 3)
+    ex.push(a, broot, "s1")
+    snap = tree_snapshot(broot)
+    r = ex.push(a, broot, "s1")
+    assert (r.objects, r.bytes, r.entries, r.outcome, r.head_moved) == (0, 0, 0, "unchanged", False)
+    assert tree_snapshot(broot) == snap
+
+
+def test_shared_content_is_sent_once(ab):
+    a, b, broot = ab
+    s = a.create(Header.new("s1", created_at=TS))
+    s.append({"type": "config", "ts": TS, "model": "m"})
+    for i in range(3):  # one body, three envelopes
+        s.append({"type": "item", "ts": f"2026-09-17T12:00:0{i + 1}Z", "item": {"type": "message", "role": "user", "content": "same"}})
+    r = ex.push(a, broot, "s1")
+    assert (r.entries, r.objects) == (4, 4 + 2)
+
+
+def test_push_after_the_remote_lost_the_session_sends_the_whole_closure(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 3)
+    ex.push(a, broot, "s1")
+    Store(broot).delete("s1")
+    ids += more(a, "s1", 2, "more")
+    r = ex.push(a, broot, "s1")
+    assert r.complete and r.created and r.entries == len(ids)
+    assert reopen(broot, "s1").log_order == ids
+
+
+def test_remembered_state_is_what_the_storage_format_says(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    ex.push(a, broot, "s1")
+    url = remote_url(broot)
+    assert url == "file://" + os.path.realpath(broot)
+    key = remote_key(url)
+    assert len(key) == 32 and key == __import__("hashlib").sha256(url.encode()).hexdigest()[:32]
+    d = Path(a.root) / "remotes" / key
+    assert (d / "remote").read_bytes() == canonical_bytes({"url": url}) + b"\n"
+    ident = header_ident(a.read("s1").header.data)
+    want = {"head": ids[-1], "ident": ident, "last": ids[-1], "pushed": len(ids), "session": "s1"}
+    assert (d / "sessions" / "s1").read_bytes() == canonical_bytes(want) + b"\n"
+    state = Remembered(a, url).get("s1", ident)
+    assert (state.head, state.pushed, state.last) == (ids[-1], 3, ids[-1])
+    assert Remembered(a, url).get("s1", "sha256:" + "0" * 64) is None  # another incarnation
+
+
+def test_remote_urls_name_one_store_however_spelled(tmp_path):
+    b = store(tmp_path, "b")
+    os.symlink(tmp_path / "b", tmp_path / "link")
+    spelled = [str(tmp_path / "b"), "file://" + str(tmp_path / "b"), str(tmp_path / "link"),
+               "file://localhost" + str(tmp_path / "b") + "/"]
+    assert len({remote_url(s) for s in spelled}) == 1
+    for bad in ("http://example.com/x", "file://host/x", "", "s3://bucket"):
+        with pytest.raises(TransportError):
+            remote_url(bad)
+    b.close()
+
+
+def test_a_remote_that_is_no_store_is_refused(tmp_path):
+    a = store(tmp_path, "a")
+    record(a, "s1", 1)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TransportError, match="no store"):
+        ex.push(a, tmp_path / "empty", "s1")
+    with pytest.raises(TransportError, match="this store itself"):
+        ex.push(a, a.root, "s1")
+    a.close()
+
+
+def test_only_the_record_may_push(ab):
+    a, b, broot = ab
+    record(a, "s1", 1)
+    ex.push(a, broot, "s1")
+    c = Store.init(Path(a.root).parent / "c")
+    ex.fetch(c, broot, "s1")
+    snap = tree_snapshot(broot)
+    with pytest.raises(NotRecordError):
+        ex.push(c, broot, "s1")
+    assert tree_snapshot(broot) == snap
+    c.close()
+
+
+def test_a_session_another_process_is_writing_is_pushed_as_last_committed(tmp_path):
+    a = store(tmp_path, "a")
+    ids = record(a, "s1", 2)
+    a.close()
+    worker = subprocess.Popen([sys.executable, str(REPO / "tests" / "crash_worker.py"), "hold", str(tmp_path / "a"), "s1"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = worker.stdout.readline().split()
+        assert line[0] == "READY"
+        lazy = line[1]
+        b = store(tmp_path, "b")
+        with Store(tmp_path / "a") as a2:
+            r = ex.push(a2, tmp_path / "b", "s1")  # the session is locked: a snapshot serves
+            assert r.entries == len(ids)
+        assert reopen(tmp_path / "b", "s1").log_order == ids and lazy not in reopen(tmp_path / "b", "s1").own
+        c = store(tmp_path, "c")
+        ex.fetch(c, tmp_path / "a", "s1")
+        assert lazy not in c.read("s1").own and c.read("s1").head == ids[-1]
+        with Store(tmp_path / "a") as a3, pytest.raises(Exception, match="locked"):
+            ex.handover(a3, tmp_path / "b", "s1")
+        # Had the writer pushed further than the snapshot holds, the snapshot pushes nothing,
+        # and its older head does not move the remote's back.
+        with Store(tmp_path / "a") as a4:
+            url = remote_url(tmp_path / "b")
+            ident = header_ident(a4.read("s1").header.data)
+            state = Remembered(a4, url).get("s1", ident)
+            Remembered(a4, url).set(type(state)("s1", ident, lazy, state.pushed + 1, lazy))
+            snap = tree_snapshot(tmp_path / "b")
+            r = ex.push(a4, tmp_path / "b", "s1")
+            assert (r.objects, r.entries) == (0, 0) and "already pushed" in r.notes[0]
+            assert tree_snapshot(tmp_path / "b") == snap
+    finally:
+        worker.stdin.write("\n")
+        worker.stdin.flush()
+        worker.wait(timeout=30)
+    b.close()
+    c.close()
+
+
+# -- the head: compare-and-swap --------------------------------------------------------
+
+
+def test_two_records_are_revealed_by_the_compare_and_swap(tmp_path):
+    a, b, c = store(tmp_path, "a"), store(tmp_path, "b"), store(tmp_path, "c")
+    ids = record(a, "s1", 2)
+    ex.push(a, tmp_path / "b", "s1")
+    # C takes a copy and declares itself the record (as if A were gone), then goes on.
+    ex.fetch(c, tmp_path / "b", "s1")
+    ex.declare_record(c, "s1")
+    c_new = more(c, "s1", 2, "from c")
+    assert ex.push(c, tmp_path / "b", "s1").outcome == "fast-forward"
+    # A was not gone: it goes on too, and its push finds the head moved.
+    a_new = more(a, "s1", 2, "from a")
+    r = ex.push(a, tmp_path / "b", "s1")
+    assert r.outcome == "refused" and not r.head_moved and r.entries == 2
+    assert r.head_before == c_new[-1] and r.head_after == c_new[-1] and r.expected == ids[-1]
+    assert "not the expected" in r.why
+    got = reopen(tmp_path / "b", "s1")
+    assert got.head == c_new[-1] and set(a_new) <= set(got.own)  # A's line is a branch there
+    # A's remembered head is not advanced by a refusal: pushing again is refused again.
+    assert ex.push(a, tmp_path / "b", "s1").outcome == "refused"
+    for s in (a, b, c):
+        s.close()
+
+
+def test_a_wrong_expectation_leaves_a_branch_and_force_is_told_apart(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 3)
+    ex.push(a, broot, "s1")
+    new = more(a, "s1", 1, "x")
+    r = ex.push(a, broot, "s1", expected=ids[0])
+    assert (r.outcome, r.entries, r.head_after, r.forced) == ("refused", 1, ids[-1], False)
+    assert new[0] in reopen(broot, "s1").own and reopen(broot, "s1").head == ids[-1]
+    r = ex.push(a, broot, "s1", expected=ids[0], force=True)
+    assert (r.outcome, r.forced, r.head_moved, r.entries, r.head_after) == ("forced", True, True, 0, new[0])
+    more(a, "s1", 1, "y")
+    r = ex.push(a, broot, "s1", force=True)  # the expectation was right: no force was needed
+    assert (r.outcome, r.forced) == ("fast-forward", False)
+
+
+def test_a_head_moved_back_by_the_record_is_moved_not_fast_forwarded(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 3)
+    ex.push(a, broot, "s1")
+    a.session("s1").set_head(ids[1], expected=ids[-1])
+    r = ex.push(a, broot, "s1")
+    assert (r.outcome, r.head_after, r.entries) == ("moved", ids[1], 0)
+    branch = more(a, "s1", 1, "branch")
+    r = ex.push(a, broot, "s1")
+    assert (r.outcome, r.head_after) == ("fast-forward", branch[0])
+
+
+def test_a_leaf_label_pushed_is_an_entry_and_the_head_moves_only_by_the_swap(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    ex.push(a, broot, "s1")
+    s = a.session("s1")
+    label = s.append({"type": "label", "ts": TS, "label": "leaf", "target": ids[0]})
+    assert label.outcome == "head-moved" and s.head == ids[0]
+    r = ex.push(a, broot, "s1")
+    got = reopen(broot, "s1")
+    assert r.outcome == "moved" and got.head == ids[0] and label.id in got.leaf_labels
+    assert Store(broot).export("s1") == a.export("s1")
+
+
+def test_the_later_format_travels_and_an_unreadable_one_is_refused(ab):
+    a, b, broot = ab
+    header = Header.new("s1", created_at=TS)
+    header.data["format"] = "agentsession/0.13"
+    a.create(header)
+    ex.push(a, broot, "s1")
+    assert reopen(broot, "s1").header.format == "agentsession/0.13"
+    a.session("s1").append({"type": "config", "ts": TS, "model": "m"})  # a 0.14 writer raises it
+    r = ex.push(a, broot, "s1")
+    assert r.entries == 1 and reopen(broot, "s1").header.format == "agentsession/0.14"
+    later = dict(a.read("s1").header.data, id="s2", format="agentsession/0.99")
+    with LocalTransport(broot) as t, pytest.raises(Exception, match="unsupported format"):
+        t.push(PushRequest(header=later, prefix=[], entries=[], to=None, expected=None))
+    assert "s2" not in Store(broot)
+
+
+# -- fetch ---------------------------------------------------------------------------
+
+
+def test_fetch_from_a_mirror_makes_a_mirror_and_fast_forwards(tmp_path):
+    a, b, c = store(tmp_path, "a"), store(tmp_path, "b"), store(tmp_path, "c")
+    ids = record(a, "s1", 2)
+    ex.push(a, tmp_path / "b", "s1")
+    r = ex.fetch(c, tmp_path / "b", "s1")
+    assert (r.created, r.entries, r.objects, r.outcome, r.mark) == (True, 3, 6, "fast-forward", "mirror")
+    new = more(a, "s1", 2, "n")
+    ex.push(a, tmp_path / "b", "s1")
+    r = ex.fetch(c, tmp_path / "b", "s1")
+    assert (r.entries, r.objects, r.outcome, r.head_after) == (2, 4, "fast-forward", new[-1])
+    assert c.export("s1") == a.export("s1")
+    r = ex.fetch(c, tmp_path / "b", "s1")
+    assert (r.entries, r.objects, r.outcome) == (0, 0, "unchanged")
+    for s in (a, b, c):
+        s.close()
+
+
+def test_a_stale_mirrors_fetch_moves_nothing_and_says_so(tmp_path):
+    a, b, c = store(tmp_path, "a"), store(tmp_path, "b"), store(tmp_path, "c")
+    record(a, "s1", 2)
+    ex.push(a, tmp_path / "b", "s1")  # B stops here
+    new = more(a, "s1", 2, "n")
+    ex.push(a, tmp_path / "c", "s1")  # C is ahead
+    snap = sessions_snapshot(tmp_path / "c")
+    r = ex.fetch(c, tmp_path / "b", "s1")
+    assert (r.entries, r.objects, r.outcome, r.head_after) == (0, 0, "not-moved", new[-1])
+    assert "does not descend" in r.why
+    assert sessions_snapshot(tmp_path / "c") == snap
+    for s in (a, b, c):
+        s.close()
+
+
+def test_a_fetch_into_the_record_admits_entries_and_leaves_its_head(tmp_path):
+    a, b = store(tmp_path, "a"), store(tmp_path, "b")
+    ids = record(a, "s1", 2)
+    ex.push(a, tmp_path / "b", "s1")
+    ex.declare_record(b, "s1")  # two records: B goes on by itself
+    theirs = more(b, "s1", 1, "b")
+    r = ex.fetch(a, tmp_path / "b", "s1")
+    assert (r.entries, r.outcome) == (1, "not-moved") and "its head moves only by its own writers" in r.why
+    assert a.session("s1").head == ids[-1] and theirs[0] in a.session("s1").own
+    a.close()
+    b.close()
+
+
+def test_fetch_of_a_session_the_remote_lacks(ab):
+    a, b, broot = ab
+    with pytest.raises(NoSuchSessionError):
+        ex.fetch(a, broot, "nope")
+
+
+# -- forks ---------------------------------------------------------------------------
+
+
+def test_a_push_of_a_fork_carries_the_prefix(ab):
+    a, b, broot = ab
+    origin = record(a, "o", 4)
+    fork = record(a, "f", 2, base=origin[2], parent_session="o")
+    r = ex.push(a, broot, "f")
+    assert r.created and r.entries == 2 and r.objects == 2 * (3 + 2)
+    got = reopen(broot, "f")
+    assert got.base == origin[2] and got.prefix == origin[:3] and got.log_order == fork
+    assert "o" not in Store(broot)  # the prefix is held without its session
+    assert Store(broot).export("f") == a.export("f")
+    r = ex.push(a, broot, "o")  # the origin later: only what the fork did not bring
+    assert r.objects == 2 * 2 and r.entries == 5
+    assert Store(broot).export("o") == a.export("o")
+
+
+def test_a_fork_whose_media_differs_from_the_held_origin_is_refused(ab):
+    a, b, broot = ab
+    origin = record(a, "o", 2)
+    ex.push(a, broot, "o")
+    # A fork header claiming other media than its origin: build it through the endpoint.
+    header = Header.new("f", created_at=TS, base=origin[1], media="sidecar").data
+    with pytest.raises(StoreError, match="media"):
+        LocalTransport(broot).push(PushRequest(header=header, prefix=origin[:2], entries=[], to=origin[1], expected=origin[1]))
+    assert "f" not in Store(broot)
+
+
+# -- refused pushes leave the remote as it was -------------------------------------------
+
+
+def test_a_different_header_under_the_same_id_is_refused_before_anything_is_sent(ab):
+    a, b, broot = ab
+    record(a, "s1", 2)
+    record(b, "s1", 1, tag="other", cwd="/elsewhere")  # another session under the same id
+    b.close()
+    snap = tree_snapshot(broot)
+    with pytest.raises(HeaderDiffersError):
+        ex.push(a, broot, "s1")
+    assert tree_snapshot(broot) == snap
+    # The receiver refuses it too, whatever a sender checked.
+    header = dict(a.read("s1").header.data)
+    with pytest.raises(HeaderDiffersError):
+        LocalTransport(broot).push(PushRequest(header=header, prefix=[], entries=[], to=None, expected=None))
+    assert sessions_snapshot(broot) == {k: v for k, v in snap.items() if not k.startswith("objects")}
+
+
+def test_a_fetch_of_another_session_under_a_held_id_is_refused_before_anything_is_fetched(tmp_path):
+    a, c = store(tmp_path, "a"), store(tmp_path, "c")
+    record(a, "s1", 2)
+    record(c, "s1", 1, cwd="/elsewhere")
+    before = count_objects(c)
+    with pytest.raises(HeaderDiffersError):
+        ex.fetch(c, tmp_path / "a", "s1")
+    assert count_objects(c) == before and len(c.read("s1")) == 2
+    a.close()
+    c.close()
+
+
+def test_a_torn_object_at_the_receiver_is_reported_missing_and_replaced(ab, monkeypatch):
+    a, b, broot = ab
+    ids = record(a, "s1", 3)  # 8 objects: sent as loose files
+
+    def boom(point: str) -> None:
+        if point == "push:objects-sent":
+            raise OSError("interrupted")
+
+    monkeypatch.setattr(ex, "_fault", boom)
+    with pytest.raises(OSError):
+        ex.push(a, broot, "s1")
+    monkeypatch.undo()
+    torn = Path(Store(broot).objects.path("entries", ids[1]))
+    torn.write_bytes(torn.read_bytes()[:10])  # what a crash can leave of a loose file
+    r = ex.push(a, broot, "s1")
+    assert r.objects == 1 and r.entries == 4
+    assert Store(broot).export("s1") == a.export("s1")
+
+
+def test_objects_swept_before_the_push_named_them_are_sent_again(ab, monkeypatch):
+    a, b, broot = ab
+    ids = record(a, "s1", 3)
+
+    def boom(point: str) -> None:
+        if point == "push:objects-sent":
+            raise OSError("interrupted")
+
+    monkeypatch.setattr(ex, "_fault", boom)
+    with pytest.raises(OSError):
+        ex.push(a, broot, "s1")  # the objects are there, named by no log
+    objects = Store(broot).objects
+    old = 1_000_000_000 * 10**9  # 2001: far older than any grace period
+    for i in ids:
+        os.utime(objects.path("entries", i), ns=(old, old))
+
+    def sweep_one(point: str) -> None:  # a sweep takes one of them before the push names it
+        if point == "push:objects-sent":
+            os.unlink(objects.path("entries", ids[2]))
+
+    monkeypatch.setattr(ex, "_fault", sweep_one)
+    r = ex.push(a, broot, "s1")
+    assert (r.objects, r.entries) == (1, 4)  # reported missing, sent again, admitted
+    assert Store(broot).export("s1") == a.export("s1")
+    # Every file the push named and did not write was touched first, so a sweep spares it.
+    assert all(os.stat(objects.path("entries", i)).st_mtime_ns > old for i in ids)
+
+
+def _raw_entry(data: dict) -> tuple[str, list[tuple[str, str, bytes]]]:
+    entry_id, chash, content, env = entry_objects(data)
+    return entry_id, [("contents", chash, content), ("entries", entry_id, env)]
+
+
+def test_a_push_breaking_the_parent_rule_is_refused_and_changes_no_session(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    ex.push(a, broot, "s1")
+    snap = sessions_snapshot(broot)
+    orphan, objs = _raw_entry({"type": "item", "parent": "sha256:" + "ab" * 32, "ts": TS,
+                               "item": {"type": "message", "role": "user", "content": "orphan"}})
+    t = LocalTransport(broot)
+    t.put_objects(objs, len(objs))
+    header = dict(a.read("s1").header.data)
+    with pytest.raises(AppendRefusedError, match="neither the base"):
+        t.push(PushRequest(header=header, prefix=[], entries=ids + [orphan], to=ids[-1], expected=ids[-1]))
+    # A partial push (the sender thinks the rest is there) is told to send it all instead.
+    with pytest.raises(IncompletePushError):
+        t.push(PushRequest(header=header, prefix=[], entries=[orphan], to=ids[-1], expected=ids[-1], complete=False))
+    t.close()
+    assert sessions_snapshot(broot) == snap
+
+
+@pytest.mark.parametrize("bad", [
+    {"type": "label", "label": "leaf", "synthetic": True},
+    {"type": "notcore", "x": 1},
+    {"type": "item", "ts": "2026-09-17T12:00:00.000Z", "item": {}},
+])
+def test_entries_an_append_would_refuse_are_refused_by_a_push(ab, bad):
+    a, b, broot = ab
+    ids = record(a, "s1", 1)
+    ex.push(a, broot, "s1")
+    snap = sessions_snapshot(broot)
+    data = {"parent": ids[-1], "ts": TS, **bad}
+    entry_id, objs = _raw_entry(data)
+    with LocalTransport(broot) as t:
+        t.put_objects(objs, len(objs))
+        with pytest.raises(AppendRefusedError):
+            t.push(PushRequest(header=dict(a.read("s1").header.data), prefix=[], entries=ids + [entry_id],
+                               to=ids[-1], expected=ids[-1]))
+    assert sessions_snapshot(broot) == snap
+
+
+def test_non_canonical_objects_are_refused(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 1)
+    ex.push(a, broot, "s1")
+    content = b'{"item": {"type":"message"}}'  # hashes fine, but is not canonical JSON
+    chash = sha256_ref(content)
+    env = canonical_bytes({"content": chash, "parent": ids[-1], "ts": TS, "type": "item"})
+    eid = sha256_ref(env)
+    with LocalTransport(broot) as t:
+        t.put_objects([("contents", chash, content), ("entries", eid, env)], 2)
+        with pytest.raises(AppendRefusedError, match="canonical"):
+            t.push(PushRequest(header=dict(a.read("s1").header.data), prefix=[], entries=ids + [eid],
+                               to=eid, expected=ids[-1]))
+    assert reopen(broot, "s1").log_order == ids
+
+
+def test_objects_that_do_not_hash_to_their_names_are_refused(ab):
+    a, b, broot = ab
+    before = count_objects(b)
+    items = [("contents", sha256_ref(b"x%d" % i), b"x%d" % i) for i in range(70)]
+    items[50] = ("contents", sha256_ref(b"good"), b"evil")
+    with LocalTransport(broot) as t:
+        for batch in (items, items[45:55]):  # a pack, and loose files
+            with pytest.raises(BadObjectError):
+                t.put_objects(batch, len(batch))
+    assert count_objects(Store(broot)) == before
+
+
+def test_a_pushed_ref_must_name_the_pushed_session_and_a_read_only_store_receives_nothing(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 1)
+    record(a, "s2", 1)
+    ex.push(a, broot, "s2")
+    ex.push(a, broot, "s1")
+    header = dict(a.read("s1").header.data)
+    with LocalTransport(broot) as t:
+        adm = t.push(PushRequest(header=header, prefix=[], entries=ids, to=ids[-1], expected=ids[-1],
+                                 refs=[RefPush("chat/a", None, "s2"), RefPush("chat/b", None, "s1")]))
+    assert [(r.name, r.moved) for r in adm.refs] == [("chat/a", False), ("chat/b", True)]
+    assert "must name the pushed session" in adm.refs[0].why and Refs(Store(broot)).get("chat/a") is None
+    endpoint = StoreEndpoint(Store(broot, readonly=True))
+    with pytest.raises(ReadOnlyError):
+        endpoint.receive(PushRequest(header=header, prefix=[], entries=ids, to=ids[-1], expected=ids[-1]))
+    with pytest.raises(ReadOnlyError):
+        endpoint.put_objects([], 0)
+    assert endpoint.session_view("s1").entries == ids  # a read-only store still serves
+
+
+def test_a_push_naming_objects_the_receiver_lacks_admits_nothing(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    snap = sessions_snapshot(broot)
+    with LocalTransport(broot) as t, pytest.raises(MissingObjectsError) as err:
+        t.push(PushRequest(header=dict(a.read("s1").header.data), prefix=[], entries=ids, to=ids[-1], expected=None))
+    assert set(err.value.missing["entries"]) == set(ids)
+    assert sessions_snapshot(broot) == snap
+
+
+def test_an_interrupted_transfer_leaves_both_stores_valid_and_a_rerun_completes(ab, monkeypatch):
+    a, b, broot = ab
+    ids = record(a, "s1", 40)  # 82 objects: sent as a pack
+
+    def boom(point: str) -> None:
+        if point == "push:objects-sent":
+            raise OSError("the link went down")
+
+    monkeypatch.setattr(ex, "_fault", boom)
+    with pytest.raises(OSError):
+        ex.push(a, broot, "s1")
+    assert "s1" not in Store(broot) and count_objects(Store(broot)) == 82
+    assert a.read("s1").mark == "record" and a.read("s1").head == ids[-1]
+    assert fsck(broot).problems == [] and fsck(a.root).ok  # both stores valid (a is open: its HEAD index may lag)
+    assert Remembered(a, remote_url(broot)).get("s1", header_ident(a.read("s1").header.data)) is None
+    # Later, with the session there, an interruption after the objects changes no log.
+    monkeypatch.undo()
+    ex.push(a, broot, "s1")
+    new = more(a, "s1", 3, "late")
+    snap = sessions_snapshot(broot)
+    monkeypatch.setattr(ex, "_fault", boom)
+    with pytest.raises(OSError):
+        ex.push(a, broot, "s1")
+    assert sessions_snapshot(broot) == snap and reopen(broot, "s1").head == ids[-1]
+    assert fsck(broot).problems == []
+    monkeypatch.undo()
+    r = ex.push(a, broot, "s1")
+    assert (r.objects, r.entries, r.outcome) == (0, 3, "fast-forward")  # the objects were there
+    assert reopen(broot, "s1").log_order == ids + new
+
+
+def test_an_unresolved_sidecar_blob_stops_a_push_before_anything_is_sent(ab):
+    a, b, broot = ab
+    s = a.create(Header.new("m1", created_at=TS, media="sidecar"))
+    blob = a.put_blob(b"\x89PNG fake image bytes")
+    missing = sha256_ref(b"never stored")
+    s.append({"type": "item", "ts": TS, "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_image", "image_url": f"sidecar:{blob}"}]}})
+    ex.push(a, broot, "m1")
+    assert Store(broot).blob(blob) == b"\x89PNG fake image bytes"
+    out = Path(a.root).parent / "out"
+    out.mkdir()
+    Store(broot).export_to("m1", out / "m1.jsonl")  # the mirror projects with its media
+    assert (out / "m1" / blob[7:]).read_bytes() == b"\x89PNG fake image bytes"
+    s.append({"type": "item", "ts": TS, "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_image", "image_url": f"sidecar:{missing}"}]}})
+    snap = tree_snapshot(broot)
+    with pytest.raises(StoreError, match="unresolved blob"):
+        ex.push(a, broot, "m1")
+    assert tree_snapshot(broot) == snap
+
+
+# -- handover, declare-record, take-back ---------------------------------------------------
+
+
+def test_handover_makes_the_remote_the_record_and_this_store_a_mirror(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    r = ex.handover(a, broot, "s1")
+    assert r.handover and r.mark == "record" and r.action == "handover"
+    assert a.session("s1").mark == "mirror" and reopen(broot, "s1").mark == "record"
+    with pytest.raises(MirrorError):
+        a.session("s1").append(user("no"))
+    with pytest.raises(NotRecordError):
+        ex.push(a, broot, "s1")
+    with Store(broot) as b2:
+        b2.session("s1").append(user("the new record writes"))
+    with pytest.raises(NotRecordError):  # a handover done is not done again
+        ex.handover(a, broot, "s1")
+
+
+def test_a_handover_whose_head_would_not_move_is_refused_before_anything_lands(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    ex.push(a, broot, "s1")
+    more(a, "s1", 1, "a")
+    snap = sessions_snapshot(broot)
+    with pytest.raises(HeadMovedError, match="before anything landed"):
+        ex.handover(a, broot, "s1", expected=ids[0])
+    assert sessions_snapshot(broot) == snap and a.session("s1").mark == "record"
+
+
+def test_a_handover_failing_between_its_steps_leaves_two_records_and_a_retry_finishes(ab, monkeypatch):
+    a, b, broot = ab
+    record(a, "s1", 2)
+
+    def boom(point: str) -> None:
+        if point == "handover:between":
+            raise OSError("power cut")
+
+    monkeypatch.setattr(ex, "_fault", boom)
+    with pytest.raises(OSError):
+        ex.handover(a, broot, "s1")
+    assert a.session("s1").mark == "record" and reopen(broot, "s1").mark == "record"  # two, never none
+    monkeypatch.undo()
+    r = ex.handover(a, broot, "s1")
+    assert r.handover and (r.objects, r.entries, r.outcome) == (0, 0, "unchanged")
+    assert a.session("s1").mark == "mirror" and reopen(broot, "s1").mark == "record"
+    marks = [rec.data for rec in reopen(broot, "s1").records() if rec.op in ("mark", "create")]
+    assert [m.get("mark") for m in marks] == ["record"]  # the record from its birth there; the retry wrote no mark
+
+
+def test_a_failed_clear_is_reported_as_two_records(ab, monkeypatch):
+    a, b, broot = ab
+    record(a, "s1", 1)
+    s = a.session("s1")
+
+    def fail(mark: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(s, "set_mark", fail)
+    with pytest.raises(HandoverIncompleteError, match="two records"):
+        ex.handover(a, broot, "s1")
+    assert reopen(broot, "s1").mark == "record"
+
+
+HANDOVER_KILLED = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {repo!r})
+    from agentsession_cas import exchange as ex
+    from agentsession_cas.store import Store
+
+    def die(point):
+        if point == "handover:between":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    ex._fault = die
+    with Store({a!r}) as a:
+        ex.handover(a, {b!r}, "s1")
+    print("not killed")
+""")
+
+
+def test_a_handover_killed_between_its_steps_and_retried_finishes(tmp_path):
+    a, b = store(tmp_path, "a"), store(tmp_path, "b")
+    ids = record(a, "s1", 3)
+    a.close()
+    b.close()
+    script = HANDOVER_KILLED.format(repo=str(REPO), a=str(tmp_path / "a"), b=str(tmp_path / "b"))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert reopen(tmp_path / "a", "s1").mark == "record"
+    assert reopen(tmp_path / "b", "s1").mark == "record" and reopen(tmp_path / "b", "s1").head == ids[-1]
+    assert fsck(tmp_path / "a").ok and fsck(tmp_path / "b").ok
+    result = cli(tmp_path / "a", "handover", "s1", str(tmp_path / "b"), "--json")
+    data = json.loads(ok(result))
+    assert data["handover"] and data["head"]["outcome"] == "unchanged" and data["entries"] == 0
+    assert reopen(tmp_path / "a", "s1").mark == "mirror" and reopen(tmp_path / "b", "s1").mark == "record"
+
+
+def test_declare_record_here_and_at_a_remote(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    ex.push(a, broot, "s1")
+    with pytest.raises(HeadMovedError):
+        ex.declare_record(b, "s1", expected=ids[0])
+    assert b.read("s1").mark == "mirror"
+    d = ex.declare_record(b, "s1", expected=ids[-1])
+    assert d.changed and b.read("s1").mark == "record"
+    assert not ex.declare_record(b, "s1").changed  # already the record
+    c = Store.init(Path(a.root).parent / "c")
+    ex.fetch(c, broot, "s1")
+    c.close()  # the fetch left the session open in c, as any command would until it exits
+    with pytest.raises(HeadMovedError):
+        ex.declare_record(a, "s1", remote=Path(a.root).parent / "c", expected=ids[0])
+    d = ex.declare_record(a, "s1", remote=Path(a.root).parent / "c")
+    assert d.changed and reopen(Path(a.root).parent / "c", "s1").mark == "record"
+
+
+def test_take_back_fetches_what_the_remote_added_and_moves_the_record_here(ab):
+    a, b, broot = ab
+    record(a, "s1", 2)
+    ex.handover(a, broot, "s1")
+    with Store(broot) as b2:
+        added = [b2.session("s1").append(user(f"remote {i}", i)).id for i in range(2)]
+    r = ex.take_back(a, broot, "s1")
+    assert r.action == "take-back" and r.handover and r.entries == 2 and r.head_after == added[-1]
+    assert a.session("s1").mark == "record" and reopen(broot, "s1").mark == "mirror"
+    mine = more(a, "s1", 1, "back home")
+    assert ex.push(a, broot, "s1").outcome == "fast-forward"  # the head seen at take-back is expected
+    assert reopen(broot, "s1").head == mine[0]
+
+
+def test_take_back_interrupted_between_its_steps_is_finished_by_a_retry(ab, monkeypatch):
+    a, b, broot = ab
+    record(a, "s1", 2)
+    ex.handover(a, broot, "s1")
+
+    def boom(point: str) -> None:
+        if point == "take-back:between":
+            raise OSError("lost")
+
+    monkeypatch.setattr(ex, "_fault", boom)
+    with pytest.raises(OSError):
+        ex.take_back(a, broot, "s1")
+    assert a.session("s1").mark == "record" and reopen(broot, "s1").mark == "record"  # two, never none
+    monkeypatch.undo()
+    r = ex.take_back(a, broot, "s1")
+    assert r.handover and a.session("s1").mark == "record" and reopen(broot, "s1").mark == "mirror"
+    r = ex.take_back(a, broot, "s1")
+    assert not r.handover and "nothing to take back" in r.notes[0]
+
+
+def test_take_back_when_the_remote_writers_went_on_leaves_one_record_there(ab, monkeypatch):
+    a, b, broot = ab
+    record(a, "s1", 2)
+    ex.handover(a, broot, "s1")
+
+    def remote_writes(point: str) -> None:
+        if point == "take-back:between":
+            with Store(broot) as b2:
+                b2.session("s1").append(user("still writing"))
+
+    monkeypatch.setattr(ex, "_fault", remote_writes)
+    with pytest.raises(HeadMovedError, match="mirror of session s1 again"):
+        ex.take_back(a, broot, "s1")
+    assert a.session("s1").mark == "mirror" and reopen(broot, "s1").mark == "record"
+
+
+def test_take_back_from_a_mirror_is_refused(tmp_path):
+    a, b, c = store(tmp_path, "a"), store(tmp_path, "b"), store(tmp_path, "c")
+    record(a, "s1", 1)
+    ex.push(a, tmp_path / "b", "s1")
+    with pytest.raises(NotRecordError):
+        ex.take_back(c, tmp_path / "b", "s1")
+    assert c.read("s1").mark == "mirror"
+    for s in (a, b, c):
+        s.close()
+
+
+# -- refs travel when asked ----------------------------------------------------------------
+
+
+def test_refs_travel_with_a_push_by_compare_and_swap(ab):
+    a, b, broot = ab
+    record(a, "s1", 1)
+    record(a, "s2", 1, tag="next")
+    refs = Refs(a)
+    refs.update("chat/C1", "s1", expected=None)
+    r = ex.push(a, broot, "s1", refs=["chat/C1"])
+    assert [(x.name, x.moved, x.current) for x in r.refs] == [("chat/C1", True, "s1")]
+    assert Refs(Store(broot)).resolve("chat/C1") == "s1"
+    # The conversation goes on in s2: the ref moves from s1 there, as remembered.
+    refs.update("chat/C1", "s2", expected="s1")
+    r = ex.push(a, broot, "s2", refs=["chat/C1"])
+    assert r.refs[0].moved and Refs(Store(broot)).resolve("chat/C1") == "s2"
+    assert ex.push(a, broot, "s2", refs=["chat/C1"]).refs[0].moved  # a retried push is safe
+    # Someone moved the ref there: refused, reported, and the entries land anyway.
+    Refs(Store(broot)).update("chat/C1", "s1", expected="s2")
+    more(a, "s2", 1, "x")
+    r = ex.push(a, broot, "s2", refs=["chat/C1"])
+    assert r.entries == 1 and not r.refs[0].moved and r.refs[0].current == "s1" and "moved" in r.refs[0].why
+    r = ex.push(a, broot, "s2", refs=[("chat/C1", "s1")])
+    assert r.refs[0].moved and Refs(Store(broot)).resolve("chat/C1") == "s2"
+    with pytest.raises(StoreError, match="not the pushed session"):
+        ex.push(a, broot, "s1", refs=["chat/C1"])
+    with pytest.raises(StoreError, match="no such ref"):
+        ex.push(a, broot, "s1", refs=["nope"])
+
+
+def test_refs_travel_with_a_fetch(tmp_path):
+    a, b = store(tmp_path, "a"), store(tmp_path, "b")
+    record(a, "s1", 1)
+    Refs(a).update("chat/C1", "s1", expected=None)
+    r = ex.fetch(b, tmp_path / "a", "s1", refs=["chat/C1", "chat/none"])
+    assert [(x.name, x.moved) for x in r.refs] == [("chat/C1", True), ("chat/none", False)]
+    assert Refs(b).resolve("chat/C1") == "s1"
+    a.close()
+    b.close()
+
+
+# -- receiving into a parked session -----------------------------------------------------
+
+
+def test_a_long_lived_transport_notices_a_session_changed_by_someone_else(tmp_path):
+    a, b, c = store(tmp_path, "a"), store(tmp_path, "b"), store(tmp_path, "c")
+    record(a, "s1", 2)
+    t = LocalTransport(tmp_path / "b")
+    ex.push(a, t, "s1")  # the session at B is now parked in t, unlocked
+    view = t.session_view("s1")
+    assert (view.head, view.mark, view.entries) == (a.read("s1").head, "mirror", a.read("s1").log_order)
+    # Meanwhile another process's exchange changes B's session: a handover from elsewhere.
+    ex.fetch(c, tmp_path / "b", "s1")
+    ex.declare_record(b, "s1")
+    theirs = more(b, "s1", 1, "b")
+    b.close()
+    mine = more(a, "s1", 2, "a")
+    r = ex.push(a, t, "s1")
+    assert r.outcome == "refused" and r.head_after == theirs[0]  # it read the session again
+    t.close()
+    got = reopen(tmp_path / "b", "s1")
+    seqs = [rec.get("seq") for rec in got.records() if rec.op == "append"]
+    assert len(seqs) == len(set(seqs)) == 6 and set(mine) <= set(got.own)
+    a.close()
+    c.close()
+
+
+def test_progress_is_reported_per_object(ab):
+    a, b, broot = ab
+    record(a, "s1", 9)
+    seen = []
+    r = ex.push(a, broot, "s1", progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(i, 20) for i in range(1, 21)] and r.objects == 20
+
+
+# -- real processes ---------------------------------------------------------------------------
+
+
+def test_concurrent_pushes_of_two_forks_sharing_a_prefix(tmp_path):
+    a, b = store(tmp_path, "a"), store(tmp_path, "b")
+    origin = record(a, "o", 120)  # the prefix alone is 2 x 100 objects: packs, in both processes
+    forks = {f: record(a, f, 30, base=origin[100], parent_session="o", tag=f) for f in ("f1", "f2")}
+    a.close()
+    b.close()
+    cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from cli.main import main; main(sys.argv[2:])"]
+    procs = [subprocess.Popen(cmd + [str(REPO), "--store", str(tmp_path / "a"), "push", f, str(tmp_path / "b"), "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for f in forks]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert json.loads(out)["created"] is True
+    a2, b2 = Store(tmp_path / "a", readonly=True), Store(tmp_path / "b", readonly=True)
+    for f, own in forks.items():
+        got = b2.read(f)
+        assert got.log_order == own and got.prefix == origin[:101]
+        assert b2.export(f) == a2.export(f)
+        read_session_bytes(b2.export(f)).raise_for_problems()
+    assert fsck(tmp_path / "b").problems == []
+
+
+# -- the commands ------------------------------------------------------------------------------
+
+
+def test_push_and_fetch_commands_print_what_moved(tmp_path):
+    for n in ("a", "b", "c"):
+        ok(cli(tmp_path / n, "init"))
+    a = Store(tmp_path / "a")
+    ids = record(a, "s1", 2)
+    a.close()
+    r = cli(tmp_path / "a", "push", "s1", str(tmp_path / "b"))
+    out = ok(r)
+    assert f"pushed s1 to file://{tmp_path}/b: 6 objects" in out and "3 entries admitted, session created there" in out
+    assert f"head: none -> {ids[-1][7:19]} (fast-forward)" in out
+    assert r.stderr == ""  # no progress bar off a terminal
+    data = json.loads(ok(cli(tmp_path / "a", "push", "s1", "file://" + str(tmp_path / "b"), "--json")))
+    assert data["objects"] == 0 and data["head"]["outcome"] == "unchanged" and data["head"]["after"] == ids[-1]
+    out = ok(cli(tmp_path / "c", "fetch", "s1", str(tmp_path / "b")))
+    assert "fetched s1 from" in out and "session created here" in out
+    data = json.loads(ok(cli(tmp_path / "c", "fetch", "s1", str(tmp_path / "b"), "--json")))
+    assert set(data) >= {"objects", "bytes", "entries", "head", "mark", "refs"} and data["mark"] == "mirror"
+
+
+def test_a_refused_push_prints_the_result_and_exits_1(tmp_path):
+    a, b = store(tmp_path, "a"), store(tmp_path, "b")
+    ids = record(a, "s1", 2)
+    ex.push(a, tmp_path / "b", "s1")
+    more(a, "s1", 1, "x")
+    a.close()
+    b.close()
+    r = cli(tmp_path / "a", "push", "s1", str(tmp_path / "b"), "--expect", ids[0], "--json")
+    assert r.exit_code == 1
+    assert json.loads(r.stdout)["head"]["outcome"] == "refused"
+    assert r.stderr.startswith("agentsession: error: head not moved:") and f"--expect {ids[-1]}" in r.stderr
+    r = cli(tmp_path / "a", "push", "s1", str(tmp_path / "b"), "--expect", ids[0], "--force")
+    assert r.exit_code == 0 and "(forced)" in r.stdout
+
+
+def test_handover_declare_record_and_take_back_commands(tmp_path):
+    a, b = store(tmp_path, "a"), store(tmp_path, "b")
+    ids = record(a, "s1", 1)
+    Refs(a).update("chat/x", "s1", expected=None)
+    a.close()
+    b.close()
+    out = ok(cli(tmp_path / "a", "handover", "s1", str(tmp_path / "b"), "--ref", "chat/x:"))
+    assert "the remote is now the record of s1" in out and "ref chat/x: s1" in out
+    r = cli(tmp_path / "a", "push", "s1", str(tmp_path / "b"))
+    assert r.exit_code == 1 and "only its record may push" in r.stderr
+    out = ok(cli(tmp_path / "a", "take-back", "s1", str(tmp_path / "b")))
+    assert "this store is now the record of s1" in out
+    r = cli(tmp_path / "b", "declare-record", "s1", "--expect", "")
+    assert r.exit_code == 1 and "not none as expected" in r.stderr
+    assert json.loads(ok(cli(tmp_path / "b", "declare-record", "s1", "--json")))["changed"] is True
+    r = cli(tmp_path / "b", "declare-record", "s1")
+    assert r.exit_code == 0 and "already is the record" in r.stderr
+
+
+def test_command_errors_are_one_line(tmp_path):
+    store(tmp_path, "a").close()
+    for args, needle in [
+        (("fetch", "s1", str(tmp_path / "a2")), "no store"),
+        (("push", "nope", str(tmp_path / "a2")), "no such session: nope"),
+        (("push", "s1", "http://example.com/store"), "no transport for http"),
+        (("fetch", "s1", str(tmp_path / "a")), "this store itself"),
+        (("take-back", "../x", str(tmp_path / "a2")), "not usable"),
+    ]:
+        (tmp_path / "a2").mkdir(exist_ok=True)
+        r = cli(tmp_path / "a", *args)
+        assert r.exit_code == 1, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("agentsession: error: ") and needle in lines[0], (args, r.stderr)
+    r = cli(tmp_path / "a", "push", "s1")
+    assert r.exit_code == 2
+
+
+def test_a_progress_bar_is_drawn_on_a_terminal_only(tmp_path):
+    import pty
+
+    a, b = store(tmp_path, "a"), store(tmp_path, "b")
+    record(a, "s1", 150)  # 302 objects
+    a.close()
+    b.close()
+    master, slave = pty.openpty()
+    cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from cli.main import main; main(sys.argv[2:])",
+           str(REPO), "--store", str(tmp_path / "a"), "push", "s1", str(tmp_path / "b")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    out, _ = proc.communicate(timeout=120)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.returncode == 0 and b"302 objects" in out
+    assert b"sending objects" in seen and b"100%" in seen
