@@ -41,6 +41,7 @@ __all__ = ["Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDam
 
 #: Hex digits of the BLAKE3 checksum each line carries.
 CHECKSUM_HEX = 16
+_DECODE = json.JSONDecoder().raw_decode
 _OPS = frozenset({"create", "append", "head", "mark", "commit", "checkpoint", "loss", "repair"})
 
 
@@ -157,9 +158,18 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any], tuple[bytes, bytes] | None]
         payload = (parts[0], parts[1])
         body = body[:tab]
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return "checksum matches but the record is not JSON"
+        # A record is canonical JSON: UTF-8, no whitespace. Parse that text directly (what
+        # json.loads does after sniffing the encoding and skipping whitespace, at half the
+        # cost per line); anything else goes to json.loads, so the result is the same.
+        text = body.decode("utf-8", "surrogatepass")
+        data, end = _DECODE(text)
+        if end != len(text):
+            raise ValueError("not one canonical value")
+    except ValueError:
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return "checksum matches but the record is not JSON"
     if not isinstance(data, dict) or data.get("op") not in _OPS:
         return "not a known record"
     return data, payload

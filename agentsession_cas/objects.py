@@ -83,6 +83,9 @@ class ObjectStore:
         self.tmp = os.path.join(root, "tmp")
         self.pack_dir = os.path.join(self.dir, "pack")
         self.packs = PackSet(self.pack_dir)
+        #: Set once this handle has written an object: only then does a writer's
+        #: close look at whether loose objects or small packs want packing.
+        self.wrote = False
 
     def close(self) -> None:
         self.packs.close()
@@ -226,6 +229,7 @@ class ObjectStore:
         record is written, and a copy a crash tore is detected by its hash
         and replaced by the next put.
         """
+        self.wrote = True
         path = self.path(space, name)
         found = self._packed(space, name)
         if found is not None:
@@ -274,6 +278,7 @@ class ObjectStore:
         (new, or present from another writer) and its directory fsynced on the pool.
         ``dedup=False`` skips looking for each object in the packs first (a
         checkpoint's objects are new but for the odd repeat, which a repack drops)."""
+        self.wrote = True
         if len(items) >= PACK_BATCH:
             self.write_pack(items, dedup=dedup)
             return
@@ -383,6 +388,7 @@ class ObjectStore:
         """Write the objects not already packed as one new pack, durably, then merge
         small packs if that is cheap. Objects too big to pack are written loose.
         Returns the new index's path (None when there was nothing to write)."""
+        self.wrote = True
         writer = PackWriter(self.pack_dir, self.tmp, level=level)
         big: list[tuple[str, str, bytes]] = []
         try:

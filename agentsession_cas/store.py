@@ -303,6 +303,8 @@ class Store:
     def _auto_pack(self) -> None:
         """Pack loose objects once there are many (as ``git gc --auto`` does), when a
         writer closes rather than inside an append; then merge small packs."""
+        if not self.objects.wrote:
+            return  # nothing written here: closing costs nothing however big the store
         if self.objects.estimate_loose() >= AUTO_PACK_LOOSE:
             self.objects.pack_loose()
         self.objects.merge_small_packs()

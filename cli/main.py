@@ -289,9 +289,9 @@ def _summary(sf: SessionFile, problems: int, report: RequestReport, records: Rec
 
 
 @main.command()
-@click.argument("file", metavar="FILE|ID", type=click.Path(dir_okay=True, readable=False))
+@click.argument("file", metavar="[FILE|ID]", required=False, type=click.Path(dir_okay=True, readable=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def verify(file: str, as_json: bool) -> None:
+def verify(file: str | None, as_json: bool) -> None:
     """Check a session file or a stored session; exit 1 on any problem.
 
     For a file: each entry's id is recomputed from its members, its ts form
@@ -301,8 +301,10 @@ def verify(file: str, as_json: bool) -> None:
     verified), and every compaction's first_kept is looked up on its path.
     For a stored session (an id, or a path inside its directory): its log
     checksums, every object it needs present and hashing to its name, then
-    its projection as a file.
+    its projection as a file. With no argument: the whole store, as `fsck`.
     """
+    if file is None:
+        sys.exit(fsck_command.run_fsck(as_json))
     target = store_commands.locate(file, files=True)
     if target.kind == "session":
         store_commands.verify_session(target, as_json)

@@ -828,6 +828,11 @@ def test_auto_pack_at_a_writing_close_past_the_threshold(root, monkeypatch):
     Store(str(root), readonly=True).close()
     assert len(loose_files(root)) == 20 + len(many)  # a read-only close packs nothing
     Store(str(root)).close()
+    assert len(loose_files(root)) == 20 + len(many)  # nor does a close that wrote nothing
+    st = Store(str(root))
+    extra = items(1, seed=3, start=10_000)[0]
+    st.objects.put(*extra, durable=True)  # a writer: its close looks, as git gc --auto does
+    st.close()
     assert loose_files(root) == []
     assert len(idx_files(root)) == 1
     o = other(root)
@@ -853,13 +858,16 @@ def test_auto_pack_skips_while_another_process_packs(root, monkeypatch):
         n += 100
     o.close()
     st = Store(str(root))
+    st.objects.wrote = True  # a store that wrote: its close would pack
     with filelock.FileLock(str(root / "locks" / "pack.lock")):  # held "elsewhere" (another fd)
         t = threading.Thread(target=st.close, daemon=True)
         t.start()
         t.join(timeout=20)
         assert not t.is_alive(), "a writing close waited for another process's pack"
     assert len(loose_files(root)) == n and idx_files(root) == []
-    Store(str(root)).close()
+    st = Store(str(root))
+    st.objects.wrote = True
+    st.close()
     assert loose_files(root) == [] and len(idx_files(root)) == 1
 
 

@@ -1,0 +1,787 @@
+"""fsck: a whole-store walk (agentsession_cas/fsck.py) and the `fsck` command.
+
+One store is built per module (loose objects, a pack, a fork, a mirror, a
+sidecar session with a blob, a ref) and copied for each test, which then
+damages its copy one way and checks the finding is named precisely: code,
+session, object, file, line. Concurrency is tested with real writer
+processes (tests/crash_worker.py) appending while fsck runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agentsession_cas import Header, make_entry
+from agentsession_cas.fsck import FsckReport, fsck, writer_holds
+from agentsession_cas.hashing import entry_objects
+from agentsession_cas.log import encode_record, read_log
+from agentsession_cas.objects import ObjectStore
+from agentsession_cas.packs import Pack
+from agentsession_cas.refs import Refs
+from agentsession_cas.store import Store
+from agentsession_cas.writer import write_session
+from cli.fsck_command import run_fsck
+from cli.main import main
+
+WORKER = Path(__file__).with_name("crash_worker.py")
+_TICK = itertools.count()
+
+
+def ts() -> str:
+    n = next(_TICK)
+    return f"2026-10-05T12:{(n // 60) % 60:02d}:{n % 60:02d}.{n % 1000000:06d}1Z"
+
+
+def msg(text: str, **kw) -> dict:
+    d = {"type": "item", "item": {"type": "message", "role": "user", "content": text}, "ts": ts()}
+    d.update(kw)
+    return d
+
+
+# -- the store every test copies ------------------------------------------------------------
+
+
+def build(root: Path, tmp: Path) -> dict:
+    """rec: 6 durable appends (loose objects); fork: from rec's 4th entry; side: a sidecar
+    session with a blob; bigsrc: 40 lazy appends (one pack at close); mirror: an import."""
+    info: dict = {}
+    with Store.init(root) as st:
+        s = st.create(Header.new("rec"))
+        ids = [s.append({"type": "config", "model": "m", "ts": ts()}).id]
+        for i in range(5):
+            ids.append(s.append(msg(f"turn {i}")).id)
+        s.close()
+        info["rec"] = ids
+        f = st.create(Header.new("fork", base=ids[3]))
+        info["fork"] = [f.append(msg("fork turn", parent=ids[3])).id]
+        f.close()
+        side = st.create(Header.new("side", media="sidecar"))
+        blob = st.put_blob(b"\x89PNG not really an image")
+        info["blob"] = blob
+        side_ids = [side.append({"type": "config", "model": "m", "ts": ts()}).id]
+        image = {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": f"sidecar:{blob}"}]}
+        side_ids.append(side.append(msg("img", item=image)).id)
+        side.close()
+        info["side"] = side_ids
+        b = st.create(Header.new("bigsrc"))
+        info["bigsrc"] = [b.append(msg(f"big {i}"), durable=False).id for i in range(40)]
+        b.close()
+        entries = []
+        parent = None
+        for i in range(5):
+            e = make_entry("item", parent, ts=ts(), item={"type": "message", "role": "user", "content": f"mirrored {i}"})
+            entries.append(e)
+            parent = e.id
+        path = tmp / "mirror.jsonl"
+        write_session(path, Header.new("mirror"), entries)
+        st.import_file(path)
+        info["mirror"] = [e.id for e in entries]
+        Refs(st).update("chat/one", "rec", expected=None)
+    return info
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, dict]:
+    base = tmp_path_factory.mktemp("fsck-built")
+    root = base / "store"
+    info = build(root, base)
+    return root, info
+
+
+@pytest.fixture
+def store(built, tmp_path) -> tuple[Path, dict]:
+    root, info = built
+    copy = tmp_path / "store"
+    shutil.copytree(root, copy, symlinks=True)
+    return copy, info
+
+
+def loose(root: Path, space: str, name: str) -> Path:
+    h = name.split(":", 1)[1]
+    return root / "objects" / space / h[:2] / h[2:]
+
+
+def the_pack(root: Path) -> tuple[Path, Path]:
+    idx = sorted((root / "objects" / "pack").glob("pack-*.idx"))
+    assert len(idx) == 1, idx
+    return idx[0].with_suffix(".pack"), idx[0]
+
+
+def content_of(root: Path, entry: str) -> str:
+    env = json.loads(ObjectStore(str(root)).get("entries", entry))
+    return env["content"]
+
+
+def flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x20
+    path.write_bytes(bytes(data))
+
+
+def errors(report: FsckReport, code: str | None = None) -> list:
+    return [p for p in report.errors if code is None or p.code == code]
+
+
+def log_line_of(root: Path, sid: str, entry: str) -> int:
+    for r in read_log((root / "sessions" / sid / "log").read_bytes()).records:
+        if r.op == "append" and r.get("entry") == entry:
+            return r.line
+    raise AssertionError(f"{entry} not in the log of {sid}")
+
+
+def append_raw(root: Path, sid: str, *lines: bytes) -> None:
+    with open(root / "sessions" / sid / "log", "ab") as f:
+        f.write(b"".join(lines))
+
+
+def put_entry(root: Path, data: dict) -> tuple[str, bytes, bytes]:
+    """Write an entry's two objects straight to objects/ (bypassing every rule)."""
+    eid, chash, content, env = entry_objects(data)
+    objs = ObjectStore(str(root))
+    objs.put("contents", chash, content, durable=False)
+    objs.put("entries", eid, env, durable=False)
+    objs.close()
+    return eid, content, env
+
+
+def snapshot(root: Path) -> dict:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = os.lstat(p)
+            out[str(p.relative_to(root))] = (st.st_mode, st.st_mtime_ns, st.st_size,
+                                             None if p.is_dir() or p.is_symlink() else p.read_bytes())
+    st = os.lstat(root)
+    out["."] = (st.st_mode, st.st_mtime_ns)
+    return out
+
+
+def cli(root: Path, *args: str):
+    return CliRunner().invoke(main, ["--store", str(root), *args], catch_exceptions=False)
+
+
+# -- a clean store --------------------------------------------------------------------------
+
+
+def test_a_clean_store_is_clean(store):
+    root, info = store
+    report = fsck(root)
+    assert report.ok and report.problems == [], [str(p) for p in report.problems]
+    c = report.counts
+    assert c["packs"] == 1 and c["packed"] == 80 and c["blocks"] >= 1
+    assert c["loose"] > 0 and c["objects"] == c["loose"] + c["packed"]
+    assert c["sessions"] == 5 and c["refs"] == 1
+    assert c["spaces"]["blobs"] == 1
+    assert c["unreferenced"] == {"entries": 0, "contents": 0, "blobs": 0}
+    # Every entry of every session is counted in its space, each once.
+    own = sum(len(info[k]) for k in ("rec", "fork", "side", "bigsrc", "mirror"))
+    assert c["spaces"]["entries"] == own
+
+
+def test_fsck_writes_nothing(store):
+    root, info = store
+    # Damage of several kinds, so the walk takes its error paths too.
+    flip(loose(root, "entries", info["rec"][5]), 10)
+    (root / "sessions" / "rec" / "HEAD").write_text(info["rec"][1] + "\n")
+    append_raw(root, "fork", b"0123456789abcdef {\"op\":\"app")
+    (root / "stray-file").write_text("x")
+    time.sleep(0.01)
+    before = snapshot(root)
+    fsck(root)
+    cli(root, "fsck")
+    cli(root, "fsck", "--json", "--deep")
+    assert snapshot(root) == before
+
+
+# -- objects --------------------------------------------------------------------------------
+
+
+def test_a_flipped_byte_in_a_loose_object(store):
+    root, info = store
+    entry = info["rec"][2]
+    path = loose(root, "entries", entry)
+    flip(path, 20)
+    report = fsck(root)
+    [bad] = errors(report, "corrupt-object")
+    assert bad.object == entry and bad.space == "entries"
+    assert bad.file == str(path.relative_to(root))
+    # The sessions that need it are named too: rec's log line, and the fork's prefix.
+    missing = {p.session: p for p in errors(report, "missing-object")}
+    assert missing["rec"].object == entry and missing["rec"].line == log_line_of(root, "rec", entry)
+    assert "corrupt" in missing["rec"].message
+    assert missing["fork"].object == entry and "prefix" in missing["fork"].message
+    assert set(missing) == {"rec", "fork"}
+
+
+def test_a_flipped_byte_in_a_pack_block(store):
+    root, info = store
+    pack_path, idx_path = the_pack(root)
+    pack = Pack(str(idx_path))
+    offset, size, _ = pack.block_info(0)
+    pack.close()
+    flip(pack_path, offset + size // 2)
+    report = fsck(root)
+    rel = str(pack_path.relative_to(root))
+    assert any(p.code == "bad-pack" and p.file == rel for p in report.errors)
+    named = [p for p in report.errors if p.code in ("bad-block", "corrupt-object") and p.file == rel]
+    assert named and all(p.block == 0 for p in named)
+    assert {p.session for p in errors(report, "missing-object")} == {"bigsrc"}
+
+
+def test_a_flipped_byte_in_a_pack_index(store):
+    root, info = store
+    pack_path, idx_path = the_pack(root)
+    flip(idx_path, idx_path.stat().st_size // 2)
+    report = fsck(root)
+    [bad] = errors(report, "bad-pack-index")
+    assert bad.file == str(idx_path.relative_to(root)) and "checksum" in bad.message
+    missing = errors(report, "missing-object")
+    assert {p.session for p in missing} == {"bigsrc"} and len(missing) == 40
+
+
+def test_a_truncated_pack(store):
+    root, info = store
+    pack_path, _ = the_pack(root)
+    with open(pack_path, "r+b") as f:
+        f.truncate(pack_path.stat().st_size // 2)
+    report = fsck(root)
+    rel = str(pack_path.relative_to(root))
+    [cut] = errors(report, "truncated-pack")
+    assert cut.file == rel and "cut short" in cut.message
+    assert any(p.code == "bad-pack" and p.file == rel for p in report.errors)
+
+
+def test_an_index_without_its_pack_and_a_pack_without_its_index(store):
+    root, info = store
+    pack_path, idx_path = the_pack(root)
+    orphan = pack_path.with_name("pack-" + "ab" * 32 + ".pack")
+    shutil.copy(pack_path, orphan)
+    pack_path.unlink()
+    report = fsck(root)
+    [gone] = errors(report, "missing-pack")
+    assert gone.file == str(pack_path.relative_to(root))
+    [w] = [p for p in report.warnings if p.code == "pack-without-index"]
+    assert w.file == str(orphan.relative_to(root))
+
+
+def test_an_object_a_log_needs_is_deleted(store):
+    root, info = store
+    entry = info["mirror"][2]
+    loose(root, "entries", entry).unlink()
+    report = fsck(root)
+    [p] = errors(report)
+    assert (p.code, p.session, p.object, p.space) == ("missing-object", "mirror", entry, "entries")
+    assert p.line == log_line_of(root, "mirror", entry) and p.file == "sessions/mirror/log"
+    assert "not in objects/" in p.message
+
+
+def test_a_missing_content(store):
+    root, info = store
+    entry = info["rec"][4]
+    content = content_of(root, entry)
+    loose(root, "contents", content).unlink()
+    report = fsck(root)
+    found = {(p.code, p.session) for p in report.errors}
+    assert ("missing-content", "rec") in found
+    [p] = [p for p in report.errors if p.session == "rec"]
+    assert p.object == entry and content in p.message and p.line == log_line_of(root, "rec", entry)
+    # The content is on the fork's prefix too (rec's 5th entry is not: the base is the 4th).
+    assert "fork" not in {p.session for p in report.errors}
+
+
+def test_a_broken_prefix_is_named_for_the_fork(store):
+    root, info = store
+    loose(root, "entries", info["rec"][0]).unlink()
+    report = fsck(root)
+    fork = [p for p in report.errors if p.session == "fork"]
+    assert len(fork) == 1 and fork[0].object == info["rec"][0]
+    assert "path from its base" in fork[0].message
+
+
+# -- logs and indexes -----------------------------------------------------------------------
+
+
+def test_a_damaged_log_line(store):
+    root, info = store
+    log = root / "sessions" / "rec" / "log"
+    lines = log.read_bytes().split(b"\n")
+    offset = len(lines[0]) + 1 + len(lines[1]) + 1  # line 3
+    flip(log, offset + 30)
+    report = fsck(root)
+    damage = errors(report, "log-damage")
+    assert [(p.session, p.line, p.offset, p.file) for p in damage] == [("rec", 3, offset, "sessions/rec/log")]
+    assert "checksum" in damage[0].message
+    assert any(p.code == "not-checked" and p.session == "rec" for p in report.notes)
+    assert [p.code for p in report.errors] == ["log-damage"]  # the readable records' objects are all there
+
+
+def test_a_torn_tail_is_a_writer_or_a_crash_not_damage(store):
+    root, info = store
+    append_raw(root, "rec", encode_record({"op": "append", "seq": 99, "entry": info["rec"][0]})[:25])
+    report = fsck(root)
+    assert report.ok, [str(p) for p in report.errors]
+    [tail] = [p for p in report.notes if p.code == "log-tail"]
+    assert tail.session == "rec" and tail.line == len(read_log((root / "sessions/rec/log").read_bytes()).records) + 1
+
+
+def test_an_uncommitted_append_without_objects_is_dropped_not_damage(store):
+    root, info = store
+    ghost = "sha256:" + "7" * 64
+    append_raw(root, "rec", encode_record({"op": "append", "seq": 50, "entry": ghost, "lazy": True}))
+    report = fsck(root)
+    assert report.ok, [str(p) for p in report.errors]
+    [p] = [p for p in report.notes if p.code == "dropped-on-open"]
+    assert p.object == ghost and p.session == "rec"
+
+
+def test_a_stale_head(store):
+    root, info = store
+    (root / "sessions" / "rec" / "HEAD").write_text(info["rec"][1] + "\n")
+    report = fsck(root)
+    [p] = report.errors
+    assert (p.code, p.session, p.file) == ("stale-head", "rec", "sessions/rec/HEAD")
+    assert info["rec"][1] in p.message and info["rec"][5] in p.message
+
+
+def test_a_stale_mark_and_a_missing_head(store):
+    root, info = store
+    (root / "sessions" / "mirror" / "mark").write_text("record\n")
+    (root / "sessions" / "fork" / "HEAD").unlink()
+    report = fsck(root)
+    assert {(p.code, p.session) for p in report.errors} == {("stale-mark", "mirror"), ("stale-head", "fork")}
+    assert "missing" in [p for p in report.errors if p.session == "fork"][0].message
+
+
+def test_an_index_a_writer_has_not_rewritten_yet_is_a_lag(store):
+    root, info = store
+    with Store(root) as st:
+        s = st.session("rec")
+        s.append(msg("durable, HEAD not rewritten until close"), durable=True)
+        assert writer_holds(str(root), "rec") is True
+        report = fsck(root)
+        assert report.ok, [str(p) for p in report.errors]
+        assert [p.session for p in report.notes if p.code == "index-lag"] == ["rec"]
+    assert writer_holds(str(root), "rec") is False
+    assert fsck(root).problems == []
+
+
+def test_an_index_left_behind_by_a_crash_is_a_lag(store):
+    """A writer killed after durable appends leaves HEAD behind; the log shows it never
+    closed (appends after its last checkpoint), so fsck does not call that damage."""
+    root, info = store
+    subprocess.run([sys.executable, str(WORKER), "lazy", str(root), "rec", "3"], check=True, capture_output=True, timeout=60)
+    report = fsck(root)
+    assert report.ok, [str(p) for p in report.errors]
+    assert report.counts["in_log_only"] == 3
+    assert [p.session for p in report.notes if p.code == "index-lag"] == ["rec"]
+
+
+def test_a_torn_object_the_log_still_carries_is_a_note(store):
+    root, info = store
+    out = subprocess.run([sys.executable, str(WORKER), "lazy", str(root), "rec", "2"], check=True,
+                         capture_output=True, timeout=60, text=True)
+    entry = out.stdout.split()[2]
+    path = loose(root, "entries", entry)
+    path.write_bytes(b'{"content":"sha2')  # a checkpoint cut short while writing this file
+    report = fsck(root)
+    assert report.ok, [str(p) for p in report.errors]
+    [torn] = [p for p in report.notes if p.code == "torn-object"]
+    assert torn.object == entry and torn.file == str(path.relative_to(root)) and "sessions/rec/log" in torn.message
+
+
+def test_a_loose_object_read_while_being_written_is_not_damage(store, monkeypatch):
+    """A checkpoint of few objects writes loose files in place, then its record: the walk
+    may read a file half written and the log after the checkpoint record. The file is
+    read once more at the end, whole by then, and nothing is reported."""
+    import agentsession_cas.fsck as fsck_module
+
+    root, info = store
+    path = loose(root, "entries", info["rec"][3])
+    whole = path.read_bytes()
+    path.write_bytes(whole[:20])
+    walk_sessions = fsck_module._Walk.walk_sessions
+
+    def writer_finishes_first(self):
+        path.write_bytes(whole)
+        walk_sessions(self)
+
+    monkeypatch.setattr(fsck_module._Walk, "walk_sessions", writer_finishes_first)
+    report = fsck(root)
+    assert report.problems == [], [str(p) for p in report.problems]
+
+
+def test_a_checkpoint_covers_appends_by_sequence_number(store):
+    """A checkpoint runs beside later appends, so its record may follow appends it does
+    not cover: their objects are in their payloads only, which is no damage. An append
+    it covers must have its objects in objects/."""
+    root, info = store
+    data = msg("appended while the checkpoint ran", parent=info["rec"][5])
+    eid, chash, content, env = entry_objects(data)  # objects/ never gets them
+    append_raw(root, "rec", encode_record({"op": "append", "seq": 7, "entry": eid}, payload=(content, env)),
+               encode_record({"op": "checkpoint", "seq": 6}), encode_record({"op": "commit"}))
+    report = fsck(root)
+    assert report.ok, [str(p) for p in report.errors]
+    assert report.counts["in_log_only"] == 1
+    append_raw(root, "rec", encode_record({"op": "checkpoint", "seq": 7}))
+    [p] = fsck(root).errors
+    assert (p.code, p.session, p.object) == ("missing-object", "rec", eid)
+
+
+# -- rules ---------------------------------------------------------------------------------
+
+
+def test_the_parent_rule(store):
+    root, info = store
+    # An entry of rec hung in mirror: its parent is not in mirror.
+    eid, content, env = put_entry(root, msg("misplaced", parent=info["rec"][1]))
+    append_raw(root, "mirror", encode_record({"op": "append", "seq": 6, "entry": eid}, payload=(content, env)),
+               encode_record({"op": "commit"}))
+    # A root in a fork.
+    rid, rc, renv = put_entry(root, msg("a root in a fork", parent=None))
+    append_raw(root, "fork", encode_record({"op": "append", "seq": 2, "entry": rid}, payload=(rc, renv)),
+               encode_record({"op": "commit"}))
+    report = fsck(root)
+    rules = {p.session: p for p in errors(report, "parent-rule")}
+    assert set(rules) == {"mirror", "fork"}
+    assert rules["mirror"].object == eid and rules["mirror"].line == log_line_of(root, "mirror", eid)
+    assert info["rec"][1] in rules["mirror"].message
+    assert rules["fork"].object == rid and "root" in rules["fork"].message
+
+
+def test_a_parent_on_the_prefix_above_the_base(store):
+    root, info = store
+    eid, content, env = put_entry(root, msg("from above the base", parent=info["rec"][1]))
+    append_raw(root, "fork", encode_record({"op": "append", "seq": 2, "entry": eid}, payload=(content, env)),
+               encode_record({"op": "commit"}))
+    [p] = errors(fsck(root), "parent-rule")
+    assert p.session == "fork" and "on the prefix above the base" in p.message
+
+
+def test_the_parents_rule(store):
+    root, info = store
+    rec = info["rec"]
+    data = msg("converges", parent=rec[5], parents=[{"entry": rec[5]}, {"entry": "sha256:" + "1" * 64}])
+    eid, content, env = put_entry(root, data)
+    append_raw(root, "rec", encode_record({"op": "append", "seq": 7, "entry": eid}, payload=(content, env)),
+               encode_record({"op": "commit"}))
+    found = [p.message for p in errors(fsck(root), "parents-rule")]
+    assert len(found) == 2
+    assert any("repeats the parent" in m for m in found)
+    assert any("neither on the prefix nor an earlier own entry" in m for m in found)
+
+
+def test_the_head_rule(store):
+    root, info = store
+    above = info["rec"][1]  # on the fork's prefix, neither its base nor an own entry
+    append_raw(root, "fork", encode_record({"op": "head", "head": above}), encode_record({"op": "commit"}))
+    (root / "sessions" / "fork" / "HEAD").write_text(above + "\n")
+    [p] = fsck(root).errors
+    assert (p.code, p.session, p.object) == ("head-rule", "fork", above)
+
+
+def test_a_fork_with_a_base_of_other_media(store):
+    root, info = store
+    header = json.loads((root / "sessions" / "fork" / "header").read_text())
+    header["media"] = "sidecar"
+    (root / "sessions" / "fork" / "header").write_text(json.dumps(header) + "\n")
+    [p] = fsck(root).errors
+    assert (p.code, p.session, p.object) == ("base-rule", "fork", info["rec"][3])
+    assert "sidecar" in p.message and "rec" in p.message
+
+
+def test_a_bad_header(store):
+    root, info = store
+    (root / "sessions" / "side" / "header").write_text("{not json\n")
+    [p] = fsck(root).errors
+    assert (p.code, p.session, p.file) == ("bad-header", "side", "sessions/side/header")
+
+
+# -- the rest of the store ------------------------------------------------------------------
+
+
+def test_stray_names_are_warnings(store):
+    root, info = store
+    (root / "notes.txt").write_text("x")
+    (root / "objects" / "entries" / "zz").mkdir()
+    (root / "objects" / "contents" / "00" / "not-an-object").write_text("x")
+    (root / "sessions" / "rec" / "extra").write_text("x")
+    (root / "refs" / "bad%%name").write_text("x")
+    (root / "sessions" / "empty").mkdir()
+    report = fsck(root)
+    assert report.ok
+    strays = sorted(p.file for p in report.warnings if p.code == "stray")
+    assert strays == ["notes.txt", "objects/contents/00/not-an-object", "objects/entries/zz", "refs/bad%%name",
+                      "sessions/empty", "sessions/rec/extra"]
+
+
+def test_progress_only_on_a_terminal_and_never_under_json(store, capsys, monkeypatch):
+    root, info = store
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert run_fsck(False, root=str(root)) == 0
+    err = capsys.readouterr().err
+    assert "\r\x1b[Kfsck: " in err and err.endswith("\r\x1b[K")  # drawn, then cleared
+    assert run_fsck(True, root=str(root)) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_damaged_ref_and_a_dangling_one(store):
+    root, info = store
+    with Store(root) as st:
+        Refs(st).update("chat/two", "side", expected=None)
+        st.delete("side")
+    (root / "refs" / "chat%one").write_text("garbage")
+    report = fsck(root)
+    [bad] = report.errors
+    assert (bad.code, bad.file) == ("bad-ref", "refs/chat%one")
+    assert [(p.code, p.session) for p in report.notes if p.code.endswith("-ref")] == [("dangling-ref", "side")]
+
+
+def test_unreferenced_objects_are_counted_as_sweep_would_see_them(store):
+    from agentsession_cas.sweep import retained
+
+    root, info = store
+    with Store(root) as st:
+        st.delete("side")
+    report = fsck(root)
+    assert report.ok
+    # side's two entries and its blob go; of its contents only the message's, since its
+    # config body ({"model":"m"}) is rec's too, whose envelope still retains it.
+    assert report.counts["unreferenced"] == {"entries": 2, "contents": 1, "blobs": 1}
+    st = Store(root, readonly=True)
+    try:
+        ret = retained(st)
+        held = {space: set(st.objects.names(space)) for space in ("entries", "contents", "blobs")}
+    finally:
+        st.close()
+    assert report.counts["unreferenced"] == {
+        "entries": len(held["entries"] - ret.envelopes),
+        "contents": len(held["contents"] - ret.contents),
+        "blobs": len(held["blobs"] - ret.blobs),
+    }
+
+
+def test_a_missing_sidecar_blob_is_a_warning(store):
+    root, info = store
+    loose(root, "blobs", info["blob"]).unlink()
+    report = fsck(root)
+    assert report.ok
+    [w] = [p for p in report.warnings if p.code == "missing-blob"]
+    assert (w.session, w.object) == ("side", info["blob"])
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def test_cli_clean_exit_0(store):
+    root, info = store
+    r = cli(root, "fsck")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == "fsck: 0 problem(s), 0 warning(s)"
+    assert "80 packed in 1 pack(s)" in r.stdout and "5 session(s)" in r.stdout
+    assert "\r" not in r.stderr  # no progress without a terminal
+
+
+def test_cli_problems_exit_1_one_line_each(store):
+    root, info = store
+    path = loose(root, "entries", info["mirror"][1])
+    flip(path, 3)
+    (root / "stray").write_text("x")
+    r = cli(root, "fsck")
+    assert r.exit_code == 1
+    lines = r.stdout.splitlines()
+    rel = str(path.relative_to(root))
+    assert any(line.startswith("error: corrupt-object: ") and rel in line and info["mirror"][1] in line for line in lines)
+    assert any(line.startswith("error: missing-object: session mirror: log line") for line in lines)
+    assert any(line.startswith("warning: stray: stray") for line in lines)
+    assert lines[-1] == "fsck: 2 problem(s), 1 warning(s)"
+
+
+def test_cli_json_shape(store):
+    root, info = store
+    (root / "sessions" / "rec" / "HEAD").write_text("\n")
+    r = cli(root, "fsck", "--json")
+    assert r.exit_code == 1
+    data = json.loads(r.stdout)
+    assert set(data) == {"store", "ok", "problems", "warnings", "notes", "counts"}
+    assert data["ok"] is False and data["store"] == str(root)
+    [p] = data["problems"]
+    assert p == {"severity": "error", "code": "stale-head", "message": p["message"], "session": "rec", "object": None,
+                 "space": None, "file": "sessions/rec/HEAD", "line": None, "offset": None, "block": None}
+    assert data["counts"]["objects"] > 0 and data["counts"]["unreferenced"]["entries"] == 0
+    with Store(root) as st:
+        st.session("rec")  # a writing open rewrites HEAD from the log
+    clean = cli(root, "fsck", "--json")
+    assert clean.exit_code == 0 and json.loads(clean.stdout)["problems"] == []
+
+
+def test_cli_usage_and_no_store(tmp_path):
+    r = CliRunner().invoke(main, ["--store", str(tmp_path / "nothing"), "fsck", "--bogus"])
+    assert r.exit_code == 2
+    r = CliRunner().invoke(main, ["--store", str(tmp_path / "nothing"), "fsck"])
+    assert r.exit_code == 1 and r.stderr.startswith("agentsession: error: ") and len(r.stderr.splitlines()) == 1
+
+
+def test_run_fsck_for_verify_without_an_argument(store, capsys):
+    root, info = store
+    assert run_fsck(False, root=str(root)) == 0
+    assert "0 problem(s)" in capsys.readouterr().out
+    flip(loose(root, "contents", content_of(root, info["rec"][0])), 4)
+    assert run_fsck(True, root=str(root)) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert {p["code"] for p in data["problems"]} >= {"corrupt-object", "missing-content"}
+
+
+def test_cli_deep_verifies_what_the_walk_does_not_read(store):
+    """The walk checks structure; --deep also reads each session as `verify ID` does, so an
+    entry whose ts is not in the admitted form (a rule of the file format) is found."""
+    root, info = store
+    assert cli(root, "fsck", "--deep").exit_code == 0
+    data = msg("bad ts", parent=info["rec"][5])
+    data["ts"] = "yesterday"
+    eid, content, env = put_entry(root, data)
+    append_raw(root, "rec", encode_record({"op": "append", "seq": 7, "entry": eid, "head": eid}, payload=(content, env)),
+               encode_record({"op": "commit"}))
+    (root / "sessions" / "rec" / "HEAD").write_text(eid + "\n")
+    assert cli(root, "fsck").exit_code == 0
+    r = cli(root, "fsck", "--deep", "--json")
+    assert r.exit_code == 1
+    [p] = json.loads(r.stdout)["problems"]
+    assert p["session"] == "rec" and "ts" in p["message"]
+
+
+# -- beside writers in other processes ------------------------------------------------------
+
+
+def _spawn(root: Path, sid: str, policy: str, every: int, seed: int, out: Path) -> subprocess.Popen:
+    with open(out, "wb") as stdout, open(out.with_suffix(".err"), "wb") as stderr:
+        return subprocess.Popen(
+            [sys.executable, str(WORKER), "append", str(root), sid, policy, str(every), str(seed), "1000000"],
+            stdout=stdout, stderr=stderr,
+        )
+
+
+def _ready(proc: subprocess.Popen, out: Path) -> None:
+    deadline = time.monotonic() + 60
+    while b"READY" not in out.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(out.with_suffix(".err").read_text(errors="replace")[-2000:])
+        time.sleep(0.01)
+
+
+def test_fsck_beside_writers_in_other_processes(store, tmp_path):
+    """Two processes append (one lazily with commits now and then, one durably) while
+    fsck runs again and again: it must never report damage, torn last lines, lagging
+    indexes and payload-only entries included. Then the writers are killed (a crash):
+    what a crash leaves is not damage either."""
+    root, info = store
+    procs = [
+        (_spawn(root, "rec", "never", 3, 1, tmp_path / "w1.out"), tmp_path / "w1.out"),
+        (_spawn(root, "live", "always", 0, 2, tmp_path / "w2.out"), tmp_path / "w2.out"),
+    ]
+    try:
+        for proc, out in procs:
+            _ready(proc, out)
+        runs, saw_writer = 0, False
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline or runs < 5:
+            report = fsck(root)
+            runs += 1
+            assert report.ok, [str(p) for p in report.errors]
+            if report.counts["in_log_only"] or any(p.code in ("index-lag", "log-tail") for p in report.notes):
+                saw_writer = True
+            for proc, out in procs:
+                assert proc.poll() is None, out.with_suffix(".err").read_text(errors="replace")[-2000:]
+        assert saw_writer, "no run saw a writer at work; the test proved nothing"
+        acked = sum(out.read_bytes().count(b"ACK A") for _, out in procs)
+        assert acked > 20
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    report = fsck(root)
+    assert report.ok, [str(p) for p in report.errors]
+
+
+_HALF_WRITER = r"""
+import os, sys
+path, line, cut = sys.argv[1], open(sys.argv[2], "rb").read(), int(sys.argv[3])
+first, rest = line[:cut], line[cut:]
+fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+os.write(fd, first)
+os.write(1, b"HALF\n")
+sys.stdin.readline()
+os.write(fd, rest)
+os.close(fd)
+os.write(1, b"DONE\n")
+"""
+
+
+def test_a_line_being_written_by_another_process_is_not_damage(store, tmp_path):
+    """A writer process stops in the middle of a log line (as a reader sees one being
+    written): fsck reports the torn tail as a note, never as damage; once the line is
+    whole, the append is there and read from its payload."""
+    root, info = store
+    rec = info["rec"]
+    data = msg("x" * 200_000, parent=rec[5])
+    eid, chash, content, env = entry_objects(data)
+    line = encode_record({"op": "append", "seq": 7, "entry": eid, "head": eid}, payload=(content, env))
+    line += encode_record({"op": "commit"})
+    (tmp_path / "line").write_bytes(line)
+    with subprocess.Popen(
+        [sys.executable, "-c", _HALF_WRITER, str(root / "sessions" / "rec" / "log"), str(tmp_path / "line"), str(len(line) // 2)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    ) as proc:
+        try:
+            assert proc.stdout.readline() == b"HALF\n"
+            report = fsck(root)
+            assert report.ok, [str(p) for p in report.errors]
+            assert [p.code for p in report.notes if p.session == "rec"] == ["log-tail"]
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline() == b"DONE\n"
+        finally:
+            proc.kill()
+    report = fsck(root)
+    assert report.ok, [str(p) for p in report.errors]
+    assert report.counts["in_log_only"] == 1
+    assert [p.code for p in report.notes] == ["index-lag"]  # HEAD: rewritten by the next writing open
+
+
+def test_verify_without_an_argument_is_fsck(tmp_path):
+    """`agentsession verify` with no session walks the whole store, as `fsck` does,
+    with the same output and exit status."""
+    from click.testing import CliRunner
+
+    from agentsession_cas import Header
+    from agentsession_cas.store import Store
+    from cli.main import main
+
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        s = st.create(Header.new("v1"))
+        s.append({"type": "item", "item": {"type": "message", "role": "user", "content": "hi"}})
+    runner = CliRunner()
+    as_verify = runner.invoke(main, ["--store", str(root), "verify"])
+    as_fsck = runner.invoke(main, ["--store", str(root), "fsck"])
+    assert as_verify.exit_code == as_fsck.exit_code == 0
+    assert as_verify.output == as_fsck.output and "0 problem(s)" in as_verify.output
+    # damage: the same exit 1 from both
+    log = root / "sessions" / "v1" / "log"
+    data = bytearray(log.read_bytes())
+    data[30] ^= 0x01
+    log.write_bytes(bytes(data))
+    assert runner.invoke(main, ["--store", str(root), "verify"]).exit_code == 1
+    assert runner.invoke(main, ["--store", str(root), "fsck"]).exit_code == 1
