@@ -74,7 +74,7 @@ class Entry:
     what the line's members hash to.
     """
 
-    __slots__ = ("data", "id", "computed_id", "content_hash", "line", "careful")
+    __slots__ = ("data", "id", "computed_id", "content_hash", "line", "careful", "objects")
 
     def __init__(
         self,
@@ -93,6 +93,8 @@ class Entry:
         #: Whether the data holds anything needing the careful serialiser (see
         #: canonical.loads_flagged); None when unknown, and the output is scanned.
         self.careful: bool | None = None
+        #: (content bytes, envelope bytes) when the reader was asked to keep them.
+        self.objects: tuple[bytes, bytes] | None = None
 
     # -- construction -----------------------------------------------------
 

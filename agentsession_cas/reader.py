@@ -34,7 +34,7 @@ from .errors import (
     Problem,
     SessionFormatError,
 )
-from .hashing import entry_hashes, is_hash
+from .hashing import entry_hashes, entry_objects, is_hash
 from .legacy import migrate_entry
 from .timestamps import is_valid_ts
 from .tree import Tree
@@ -163,7 +163,7 @@ def _parse(raw: bytes) -> object:
     return loads(raw.decode("utf-8"))
 
 
-def read_session(path: str | os.PathLike) -> SessionFile:
+def read_session(path: str | os.PathLike, *, keep_objects: bool = False) -> SessionFile:
     """Read and check the session file at ``path``.
 
     Raises ``OSError`` when the file cannot be read and
@@ -175,11 +175,15 @@ def read_session(path: str | os.PathLike) -> SessionFile:
         raise IsADirectoryError(21, "is a directory, not a session file", name)
     with open(name, "rb") as f:
         data = f.read()
-    return read_session_bytes(data, source=name)
+    return read_session_bytes(data, source=name, keep_objects=keep_objects)
 
 
-def read_session_bytes(data: bytes, *, source: str = "<bytes>") -> SessionFile:
-    """Read and check a session held in memory (see :func:`read_session`)."""
+def read_session_bytes(data: bytes, *, source: str = "<bytes>", keep_objects: bool = False) -> SessionFile:
+    """Read and check a session held in memory (see :func:`read_session`).
+
+    ``keep_objects`` keeps each entry's two objects (content and envelope bytes,
+    computed anyway to check its hashes) on ``Entry.objects``, for an import that
+    writes them next; it costs their size in memory."""
     lines = split_lines(data)
     if not lines:
         raise SessionFormatError(source, [Problem(1, "header", "the file is empty: no header")])
@@ -194,7 +198,7 @@ def read_session_bytes(data: bytes, *, source: str = "<bytes>") -> SessionFile:
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _Reader(source, header, lines).run()
+        return _Reader(source, header, lines, keep_objects=keep_objects).run()
     finally:
         if paused:
             gc.enable()
@@ -203,7 +207,8 @@ def read_session_bytes(data: bytes, *, source: str = "<bytes>") -> SessionFile:
 class _Reader:
     """One pass over a file's lines; state for the parent, parents and base rules."""
 
-    def __init__(self, source: str, header: Header, lines: list[bytes]):
+    def __init__(self, source: str, header: Header, lines: list[bytes], *, keep_objects: bool = False):
+        self.keep_objects = keep_objects
         self.source = source
         self.header = header
         self.lines = lines
@@ -293,8 +298,13 @@ class _Reader:
         if type_ not in CORE_TYPES and ":" not in type_:
             self.problem(lineno, "type", f"unknown entry type {_show(type_)}: neither a core type nor namespaced (ns:type)")
         stated = obj.get("id")
+        objects = None
         try:
-            computed, chash = entry_hashes(obj, parsed=True, careful=careful, allow_reserved=migrated)
+            if self.keep_objects and not migrated:
+                computed, chash, content, env = entry_objects(obj, parsed=True, careful=careful)
+                objects = (content, env)
+            else:
+                computed, chash = entry_hashes(obj, parsed=True, careful=careful, allow_reserved=migrated)
         except EntryError as exc:
             code = "reserved" if "reserved" in str(exc) else "entry"
             self.problem(lineno, code, str(exc), stated if isinstance(stated, str) else None)
@@ -326,6 +336,7 @@ class _Reader:
             )
         entry = Entry(obj, computed_id=computed, content_hash=chash, line=lineno)
         entry.careful = careful  # the parse's flag, so a later serialisation skips the scan
+        entry.objects = objects
         if entry.id in self.index:
             first = self.index[entry.id]
             self.problem(

@@ -553,7 +553,10 @@ class Store:
                 for e in prefix + own:
                     # Entries here were parsed (a file read, or objects of this store): their
                     # member names are strings and their parse flags say how to serialise.
-                    _, chash, content, env = entry_objects(e.data, parsed=True, careful=e.careful)
+                    if e.objects is not None and e.id == e.computed_id:
+                        (content, env), chash = e.objects, e.content_hash  # kept by the reader
+                    else:
+                        _, chash, content, env = entry_objects(e.data, parsed=True, careful=e.careful)
                     items.append(("contents", chash, content))
                     items.append(("entries", e.id, env))
                 self.objects.put_many(items)
@@ -751,12 +754,12 @@ class Store:
     def import_file(self, path: str | os.PathLike, *, record: bool = False) -> "Session":
         """Import a projection (RFC 0002): every line verified, the head from the resume
         rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``."""
-        sf = read_session(path)
+        sf = read_session(path, keep_objects=True)  # the objects it writes, computed once
         side = os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), str(sf.header.id))
         return self.import_session(sf, record=record, sidecar_dir=side)
 
     def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> "Session":
-        return self.import_session(read_session_bytes(data, source=source), record=record)
+        return self.import_session(read_session_bytes(data, source=source, keep_objects=True), record=record)
 
     def _import_blobs(self, sf: SessionFile, sidecar_dir: str | None) -> None:
         """A sidecar session's blobs come from ``<dir>/<id>/<hex>`` beside its file, each

@@ -794,3 +794,24 @@ def test_a_migrated_file_is_never_rewritten():
     assert sf.migrated
     with pytest.raises(AgentSessionError, match="never rewritten"):
         sf.canonical_bytes()
+
+
+def test_keep_objects_keeps_exactly_the_bytes_a_store_writes(tmp_path):
+    """read_session(keep_objects=True) keeps each entry's content and envelope bytes
+    (what an import writes); they are entry_objects' bytes, and hash to the entry."""
+    from agentsession_cas.hashing import entry_objects, sha256_ref
+    from agentsession_cas import SessionBuilder, Header
+
+    b = SessionBuilder(Header.new("keep-objects"))
+    b.append("config", ts="2026-10-05T09:00:00Z", model="m", extra={"temperature": 0.2, "big": 10**17})
+    b.append("item", ts="2026-10-05T09:00:01Z", item={"type": "message", "role": "user", "content": "h\u00e9 \U0001f600"})
+    path = tmp_path / "k.jsonl"
+    b.write(path)
+    kept = read_session(path, keep_objects=True)
+    plain = read_session(path)
+    for e, p in zip(kept.entries, plain.entries):
+        assert p.objects is None
+        content, env = e.objects
+        _, chash, want_content, want_env = entry_objects(p.data)
+        assert (content, env) == (want_content, want_env)
+        assert sha256_ref(content) == e.content_hash == chash and sha256_ref(env) == e.id
