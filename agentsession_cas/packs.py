@@ -140,6 +140,8 @@ class Pack:
         if o + 2 * _SUM != size or self._fanout[255] != self.count:
             raise CorruptPackError(f"pack index {idx_path} is not laid out as its counts say", path=idx_path)
         self.pack_sum = bytes(m[o : o + _SUM])
+        self._finds = 0
+        self._index: dict[bytes, int] | None = None
 
     # -- the index --------------------------------------------------------------
 
@@ -147,9 +149,24 @@ class Pack:
         o = self._names_at + 32 * i
         return self._map[o : o + 32]
 
+    #: After this many lookups in one pack, its names are loaded into a dict: a
+    #: bulk reader (export, exchange, sweep) then pays a hash lookup per object,
+    #: while a process that asks for a few objects never pays for the load.
+    DICT_AFTER = 2048
+
     def find(self, name: str) -> Located | None:
-        """Where ``name`` lies, or None: a binary search within its fan-out slot."""
+        """Where ``name`` lies, or None: a binary search within its fan-out slot
+        (a dict once this pack has been asked often)."""
         raw = _raw(name)
+        index = self._index
+        if index is not None:
+            i = index.get(raw)
+            return None if i is None else Located(*_WHERE.unpack_from(self._map, self._where_at + _WHERE.size * i))
+        self._finds += 1
+        if self._finds > self.DICT_AFTER:
+            names = self._map[self._names_at : self._names_at + 32 * self.count]
+            self._index = {names[o : o + 32]: i for i, o in enumerate(range(0, len(names), 32))}
+            return self.find(name)
         first = raw[0]
         lo = self._fanout[first - 1] if first else 0
         hi = self._fanout[first]

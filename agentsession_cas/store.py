@@ -52,7 +52,7 @@ from .errors import (
     TimestampError,
 )
 from .context import ContextHasher
-from .hashing import entry_objects, is_hash, sha256_ref
+from .hashing import entry_objects, is_hash, parse_envelope, sha256_ref
 from .log import LogRead, Record, encode_append, encode_record, read_log
 from .names import check_session_id
 from .fsutil import fsync_dir, fsync_paths, write_atomic
@@ -628,7 +628,7 @@ class Store:
                 if entry_id in session._unmaterialized or entry_id in session._payloads:
                     return session.entry(entry_id)
             raise
-        env, env_careful = loads_flagged(env_bytes)
+        env, env_careful = parse_envelope(env_bytes)
         if not isinstance(env, dict) or not isinstance(env.get("content"), str):
             raise CorruptObjectError(
                 f"envelope {entry_id} is not an envelope ({self.objects.relpath('entries', entry_id)})",

@@ -384,3 +384,23 @@ def test_envelope_fast_path_matches_canonical_bytes(type_, parent, ts):
             envelope_hash(type_, parent, None, ts, content)
         return
     assert envelope_hash(type_, parent, None, ts, content) == expected
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"content": "sha256:" + "a" * 64, "parent": None, "ts": "2026-10-05T09:00:00Z", "type": "item"},
+        {"content": "sha256:" + "a" * 64, "parent": "sha256:" + "b" * 64, "ts": "2026-10-05T09:00:00.5Z", "type": "acme:probe"},
+        {"content": "sha256:" + "a" * 64, "parent": None, "parents": [{"entry": "sha256:" + "c" * 64}], "ts": "2026-10-05T09:00:00Z", "type": "item"},
+        {"content": "sha256:" + "a" * 64, "parent": None, "ts": "2026-10-05T09:00:00Z", "type": "caf\u00e9:x"},
+        {"content": "sha256:" + "a" * 64, "parent": None, "ts": "2026-10-05T09:00:00Z", "type": 'q"uote'},
+    ],
+)
+def test_parse_envelope_fast_form_agrees_with_json(env):
+    from agentsession_cas.canonical import loads
+    from agentsession_cas.hashing import parse_envelope
+
+    data = _cb(env)
+    parsed, careful = parse_envelope(data)
+    assert parsed == loads(data) == env
+    assert careful is False or careful is None or careful is True

@@ -1014,3 +1014,28 @@ def test_pack_refuses_a_read_only_or_busy_store(root):
                 st.pack(wait=0.1)
         finally:
             st.close()
+
+
+def test_find_agrees_before_and_after_the_pack_loads_its_names_into_a_dict(root, monkeypatch):
+    """A pack asked often loads its names into a dict; lookups of present and absent
+    names give the same answers either way."""
+    monkeypatch.setattr(Pack, "DICT_AFTER", 5)
+    o = other(root)
+    its = items(200, seed=11)
+    idx = o.write_pack(its, merge=False)
+    o.close()
+    p = Pack(str(idx))
+    try:
+        absent = [n for _, n, _ in items(20, seed=12, start=5000)]
+        before = [p.find(n) for _, n, _ in its[:3]]
+        assert p._index is None
+        answers = [p.find(n) for _, n, _ in its] + [p.find(n) for n in absent]
+        assert p._index is not None
+        assert all(a is not None for a in answers[: len(its)])
+        assert answers[len(its):] == [None] * len(absent)
+        assert answers[:3] == before
+        for (sp, n, d), loc in zip(its, answers):
+            block = p.read_block(loc.block)
+            assert block[loc.offset : loc.offset + loc.length] == d
+    finally:
+        p.close()
