@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from .canonical import loads_flagged
@@ -119,6 +119,8 @@ def _fault(point: str) -> None:
     the process) to show what an interruption there leaves. Does nothing otherwise.
 
     Points: ``push:objects-sent`` (objects at the receiver, no log record yet),
+    ``push:acknowledged`` (the receiver committed the push, the sender has not yet
+    remembered the head it moved),
     ``handover:between`` (the receiver is the record, the sender not yet cleared),
     ``take-back:between`` (this store declared the record, the remote not yet cleared).
     """
@@ -401,20 +403,23 @@ class StoreEndpoint:
         for a batch of :data:`~agentsession_cas.objects.PACK_BATCH` or more (streamed),
         else loose files. A bad one stops the batch; nothing of a pack is kept then."""
         self._require_writable()
-        written = self._written
+        names: list[str] = []
 
         def verified() -> Iterator[tuple[str, str, bytes]]:
             for space, name, data in items:
                 check_space(space)
                 if not is_hash(name) or sha256_ref(data) != name:
                     raise BadObjectError(f"{space} object sent as {name} does not hash to that name; nothing was stored")
-                written.add(name)
+                names.append(name)
                 yield space, name, data
 
         if count >= PACK_BATCH:
             self.store.objects.write_pack(verified())
         else:
             self.store.objects.put_many(list(verified()))
+        # Counted as made durable here only once the whole batch is: a batch that failed
+        # may have left none of them durable, and the next push then syncs what it finds.
+        self._written.update(names)
 
     def get_objects(
         self, wanted: Iterable[tuple[str, str]], *, session: str | None = None
@@ -625,6 +630,18 @@ class StoreEndpoint:
             else:
                 outcome = "refused"
                 why = f"the receiver's head is {current or 'none'}, not the expected {req.expected or 'none'}"
+        if (
+            handover and outcome == "refused" and session is not None and mark_here == "record"
+            and self._descends(session, {c.id: c.parent for c in checked}, current, to)
+        ):
+            # This store took the record in an earlier attempt whose answer was lost, and its
+            # writers went on from the head handed over: the handover is done, and the sender
+            # finishes it by clearing its own mark. Its writers' head is not moved back.
+            outcome = "not-moved"
+            why = (
+                f"this store is already the record of session {session_id} and its head {current} descends "
+                f"from the pushed head {to or 'none'}: the handover was done, and its writers went on"
+            )
         if handover and outcome == "refused":
             raise HeadMovedError(
                 f"handover of session {session_id} refused before anything landed: {why}; two stores each believe "
@@ -636,7 +653,10 @@ class StoreEndpoint:
         self._secure_objects(session_id, prefix_checked + ordered, written)
         created = session is None
         if session is None:
-            session = Session.exchange_create(store, header, prefix=list(req.prefix), record=handover)
+            # Created a mirror even for a handover: the record mark is written below, in the
+            # one commit that admits the entries and moves the head, never on a session
+            # holding nothing yet (a crash between the two leaves an empty mirror here).
+            session = Session.exchange_create(store, header, prefix=list(req.prefix), record=False)
             held.append(session)
         appended = session.exchange_admit(
             [(c.id, c.leaf) for c in ordered],
@@ -812,15 +832,20 @@ class StoreEndpoint:
 
     def release_record(self, session_id: str, *, head: str | None) -> DeclareResult:
         """Give up the record mark (the far side of a take-back): only while this store
-        holds the mark and its head is ``head``; committed before it returns. Releasing
-        a mark already released changes nothing, so a retried take-back finishes."""
+        holds the mark and its head is ``head``; committed before it returns. A store
+        that is not the record has nothing to release (:class:`NotRecordError`, as RFC
+        0003's handover to a client is refused): the record is elsewhere, and the store
+        taking it back must not become a second one. A retried take-back does not ask
+        twice: it finds this store a mirror already and finishes."""
         self._require_writable()
         session = self._session(check_session_id(session_id))
         if session is None:
             raise NoSuchSessionError(f"no such session: {session_id}")
         try:
             if session.mark != "record":
-                return DeclareResult(session_id, False, session.head, session.mark)
+                raise NotRecordError(
+                    f"this store holds session {session_id} as a mirror, not its record; it has no mark to give up"
+                )
             if session.head != head:
                 raise HeadMovedError(
                     f"the head of session {session_id} at the record is {session.head or 'none'}, not "
@@ -833,6 +858,19 @@ class StoreEndpoint:
 
 
 # -- the initiating side ----------------------------------------------------------------
+
+
+def _check_expected(expected: Any) -> Any:
+    """An expected head as given: UNSET, None (no head), or a full entry id. Anything else
+    (a short id, a typo) is refused before anything is sent, rather than posted as an
+    expectation no head can meet, which would land the entries as a branch."""
+    if expected is UNSET or expected is None:
+        return expected
+    if not isinstance(expected, str) or not is_hash(expected):
+        raise BadNameError(
+            f"expected head {expected!r} is not an entry id (sha256: and 64 lowercase hex digits; '' for no head)"
+        )
+    return expected
 
 
 def _transport(remote: "Transport | str | os.PathLike") -> tuple[Transport, bool]:
@@ -988,6 +1026,7 @@ def push(
     expected at the remote)``; ``progress(done, total)`` is called per object
     sent. ``session`` is the caller's open session (a recorder's).
     """
+    expected = _check_expected(expected)
     transport, owned = _transport(remote)
     try:
         return _push(store, transport, session_id, expected=expected, force=force, handover=handover,
@@ -1079,13 +1118,37 @@ def _push(
     assert adm is not None
     result.entries = adm.admitted
     result.created = adm.created
-    result.head_before, result.head_after = adm.previous, adm.head
+    first = adm
+    if (
+        adm.outcome == "refused" and expected is UNSET and adm.previous != exp
+        and _on_own_line(sess, exp, adm.previous) and _on_own_line(sess, adm.previous, head)
+    ):
+        # The remote's head is an entry of this store's own line, ahead of the head this
+        # store remembers seeing there and behind the one it pushes: a push of its own moved
+        # it there and its answer was lost (a crash before the head was remembered). This
+        # refusal showed the head; the second compare-and-swap expects it. A head another
+        # store moved (its own entries, or back along this line) is not on this path.
+        result.notes.append(
+            f"the remote's head {adm.previous} is on this store's line past the one remembered there "
+            f"({exp or 'none'}): an earlier push whose answer was lost moved it; moved on from there"
+        )
+        result.expected = adm.previous
+        adm = _push_request(store, sess, transport, closure, replace(request, expected=adm.previous), progress, result)
+    result.head_before, result.head_after = first.previous, adm.head
     result.outcome, result.why, result.mark, result.refs = adm.outcome, adm.why, adm.mark, adm.refs
-    _remember_push(remembered, session_id, ident, entries, adm, exp)
+    _fault("push:acknowledged")
+    _remember_push(remembered, session_id, ident, entries, adm, sess.base)
     for r in adm.refs:
         if r.moved:
             remembered.set_ref(r.name, r.current)
     if handover:
+        if adm.mark != "record":
+            # RFC 0003: the sender clears its mark only on the receiver's word that its own is
+            # committed. Clearing on anything less could leave no record at all.
+            raise StoreError(
+                f"the remote {transport.url} admitted session {session_id} but answered the handover with the mark "
+                f"{adm.mark!r}, not 'record': this store keeps the record; nothing was handed over"
+            )
         _fault("handover:between")
         try:
             sess.set_mark("mirror")
@@ -1098,18 +1161,35 @@ def _push(
     return result
 
 
+def _on_own_line(sess: Session, ancestor: str | None, descendant: str | None) -> bool:
+    """Whether ``ancestor`` is on the path from ``descendant`` up to the session's base,
+    through its own entries (the base, and no head, are on every path). Walks only the
+    entries between the two when it is; used on a refused push, never on the hot path."""
+    if ancestor == descendant or ancestor is None or ancestor == sess.base:
+        return True
+    current = descendant
+    while current is not None and current != sess.base and current in sess.own:
+        if current == ancestor:
+            return True
+        current = sess.entry(current).parent
+    return False
+
+
 def _remember_push(
-    remembered: Remembered, session_id: str, ident: str, entries: list[str], adm: Admission, expected: str | None
+    remembered: Remembered, session_id: str, ident: str, entries: list[str], adm: Admission, fresh: str | None
 ) -> None:
     """After an acknowledged push: the remote holds all of this log, and its head is the
     one pushed, unless the push was refused; then the head believed before stays (what is
-    on disk now: another process of this store may have pushed meanwhile)."""
+    on disk now: another process of this store may have pushed meanwhile), or, with none
+    remembered, the head a freshly created session has (``fresh``, the default expectation
+    without remembered state). Never the expectation the refused push was given: that is
+    a head this store never saw there."""
     now = remembered.get(session_id, ident)
     pushed, last = len(entries), (entries[-1] if entries else None)
     if now is not None and now.pushed > pushed:
         pushed, last = now.pushed, now.last  # this store's writer got further meanwhile
     if adm.outcome == "refused":
-        head = now.head if now is not None else expected
+        head = now.head if now is not None else fresh
     else:
         head = adm.head
     remembered.set(RemoteState(session_id, ident, head, pushed, last))
@@ -1267,6 +1347,11 @@ def _fetch(
 
 
 def _fetch_ref(store: Store, transport: Transport, session_id: str, item: str | tuple[str, Any]) -> RefResult:
+    """Set this store's ref to the fetched session if the remote's ref names it, by
+    compare-and-swap from ``expected`` when given, else from what the remote's ref named
+    when this store last saw it (absent here: created). A ref here that was moved
+    elsewhere since, or never followed that remote, names a session of this store's
+    own choosing, and a fetch does not take it away unless told to (``NAME:EXPECTED``)."""
     name, expected = (item, UNSET) if isinstance(item, str) else item
     check_ref_name(name)
     there = transport.get_ref(name)
@@ -1274,18 +1359,27 @@ def _fetch_ref(store: Store, transport: Transport, session_id: str, item: str | 
         where = f"names session {there}" if there is not None else "is absent"
         return RefResult(name, False, None, f"the remote's ref {name} {where}, not the fetched session {session_id}")
     refs = Refs(store)
-    if expected is UNSET:
+    remembered = Remembered(store, transport.url)
+    given = expected is not UNSET
+    if not given:
         held = refs.get(name)
-        expected = held.session if held is not None else None
+        expected = None if held is None else remembered.get_ref(name)
     try:
         update = refs.update(name, session_id, expected=expected)
     except RefMovedError as exc:
         if exc.current == session_id:
+            remembered.set_ref(name, session_id)
             return RefResult(name, True, session_id)
-        return RefResult(name, False, exc.current, str(exc))
+        why = str(exc)
+        if not given:
+            why = (
+                f"ref {name} here names {exc.current}, not {expected or 'nothing'} (what the remote's ref named when "
+                f"last seen): it is this store's own; give {name}:{exc.current} to move it"
+            )
+        return RefResult(name, False, exc.current, why)
     except AgentSessionError as exc:
         return RefResult(name, False, None, str(exc))
-    Remembered(store, transport.url).set_ref(name, session_id)
+    remembered.set_ref(name, session_id)
     return RefResult(name, True, update.new, None, update.changed)
 
 
@@ -1301,6 +1395,7 @@ def declare_record(
     moved is :class:`HeadMovedError` and nothing is declared; declaring a
     record that already is one changes nothing.
     """
+    expected = _check_expected(expected)
     if remote is None:
         return StoreEndpoint(store).declare_record(session_id, head=expected)
     transport, owned = _transport(remote)
@@ -1340,6 +1435,7 @@ def _take_back(store: Store, transport: Transport, session_id: str, *, progress:
     if store.readonly:
         raise ReadOnlyError(f"the store at {store.root} is open read-only; a take-back changes its mark")
     check_session_id(session_id)
+    notes: list[str] = []
     if session_id in store:
         local = store.session(session_id)
         if local.mark == "record":
@@ -1349,19 +1445,31 @@ def _take_back(store: Store, transport: Transport, session_id: str, *, progress:
             if view.mark != "record":
                 result.notes.append("this store is the record already and the remote a mirror: nothing to take back")
                 return result
-            if view.head != local.head:
+            if view.head == local.head:
+                _release(transport, session_id, view.head)
+                result.handover = True
+                result.notes.append("finished an interrupted take-back: the remote gave up its mark")
+                _remember_head(store, transport, local)
+                return result
+            # Two records with their heads apart. If this store's head is on the remote's
+            # line, a take-back was interrupted between its steps and the remote's writers
+            # went on: nothing here is lost by following them, so this store steps back to
+            # a mirror (one record again, the remote's) and takes the record back afresh.
+            _, view = _fetch(store, transport, session_id, refs=(), progress=progress)
+            if not StoreEndpoint(store)._descends(local, {}, view.head, local.head):
                 raise StoreError(
-                    f"both stores hold session {session_id} as its record, with different heads (here "
+                    f"both stores hold session {session_id} as its record, on lines apart (here "
                     f"{local.head or 'none'}, there {view.head or 'none'}): two records, which this command cannot "
                     "reconcile; continue one line as a fork (a session with a base) and hand the other over"
                 )
-            transport.release_record(session_id, head=view.head)
-            result.handover = True
-            result.notes.append("finished an interrupted take-back: the remote gave up its mark")
-            _remember_head(store, transport, local)
-            return result
+            local.set_mark("mirror")
+            notes.append(
+                "finished an interrupted take-back: the remote's writers had gone on, so this store followed "
+                "them as a mirror before taking the record back"
+            )
     result, view = _fetch(store, transport, session_id, refs=(), progress=progress)
     result.action = "take-back"
+    result.notes[:0] = notes
     if view.mark != "record":
         raise NotRecordError(
             f"the remote holds session {session_id} as a mirror, not its record; take it back from its record "
@@ -1376,9 +1484,9 @@ def _take_back(store: Store, transport: Transport, session_id: str, *, progress:
     local.set_mark("record")  # two records from here: never none
     _fault("take-back:between")
     try:
-        transport.release_record(session_id, head=view.head)
+        _release(transport, session_id, view.head)
     except (HeadMovedError, NotRecordError, SessionLockedError, NoSuchSessionError) as exc:
-        local.set_mark("mirror")  # the remote is still the record: one record again
+        local.set_mark("mirror")  # the remote is still the record, or another is: one record again
         raise type(exc)(f"{exc}; this store is a mirror of session {session_id} again; nothing was taken back") from None
     except (OSError, AgentSessionError) as exc:
         raise HandoverIncompleteError(
@@ -1389,6 +1497,17 @@ def _take_back(store: Store, transport: Transport, session_id: str, *, progress:
     result.handover = True
     _remember_head(store, transport, local)
     return result
+
+
+def _release(transport: Transport, session_id: str, head: str | None) -> None:
+    """Have the remote give up its record mark at ``head``, and believe it only when its
+    answer says the mark is gone (a network transport maps what the server said)."""
+    answer = transport.release_record(session_id, head=head)
+    if answer.mark == "record":
+        raise HandoverIncompleteError(
+            f"the remote {transport.url} answered the release of session {session_id} still holding the record "
+            "mark: two records, never none; run take-back again to finish"
+        )
 
 
 def _remember_head(store: Store, transport: Transport, session: Session) -> None:

@@ -345,6 +345,21 @@ class _Walk:
     def stray(self, path: str, why: str) -> None:
         self.warn("stray", f"{self.rel(path)}: {why}; nothing in the store reads it", file=self.rel(path))
 
+    def listing(self, path: str) -> list[str] | None:
+        """A directory's names, sorted; None when it is missing, or cannot be listed (an
+        ``unreadable`` error then: what it holds cannot be checked, and the walk goes on).
+        A name at the root that is no directory was reported by :meth:`walk_root`."""
+        try:
+            return sorted(os.listdir(path))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            rel = self.rel(path)
+            if not (isinstance(exc, NotADirectoryError) and os.sep not in rel):
+                self.error("unreadable", f"{rel} cannot be listed: {exc.strerror or exc}; nothing in it was checked",
+                           file=rel)
+            return None
+
     # -- the run ------------------------------------------------------------------
 
     def run(self) -> FsckReport:
@@ -405,9 +420,8 @@ class _Walk:
 
     def walk_packs(self) -> None:
         pack_dir = os.path.join(self.root, "objects", "pack")
-        try:
-            names = sorted(os.listdir(pack_dir))
-        except FileNotFoundError:
+        names = self.listing(pack_dir)
+        if names is None:
             return
         idx = set()
         packs = set()
@@ -611,6 +625,10 @@ class _Walk:
         except FileNotFoundError:
             self.warn("missing-directory", f"the store has no objects/{space}/ directory", file=f"objects/{space}")
             return
+        except OSError as exc:
+            self.error("unreadable", f"objects/{space} cannot be listed: {exc.strerror or exc}; nothing in it was "
+                       "checked", file=f"objects/{space}")
+            return
         bit = SPACE_BITS[space]
         sound = self.sound[space]
         sha = hashlib.sha256
@@ -713,7 +731,7 @@ class _Walk:
 
     def why_unsound(self, space: str, raw: bytes) -> str:
         why = self.unsound.get((space, raw))
-        return f"no sound copy: {why}" if why else "not in objects/ (no loose file, no pack holds it)"
+        return f"no sound copy: {why}" if why else "no copy: not in objects/ (no loose file, no pack holds it)"
 
     def walk_chain(self, start: bytes) -> tuple[str, bytes, str] | None:
         """The path from ``start`` to the root, checked once per entry for the whole
@@ -750,9 +768,8 @@ class _Walk:
 
     def walk_sessions(self) -> None:
         base = os.path.join(self.root, "sessions")
-        try:
-            names = sorted(os.listdir(base))
-        except FileNotFoundError:
+        names = self.listing(base)
+        if names is None:
             return
         for i, name in enumerate(names, start=1):
             self.say(f"session {i}/{len(names)}: {name}")
@@ -782,6 +799,10 @@ class _Walk:
             if name.startswith(_DAMAGED_LOG):
                 self.note("damaged-log-kept", f"session {sid}: {name} is a damaged log `repair` kept aside; remove it once read",
                           session=sid, file=f"{rel}/{name}")
+                # What of it reads retains its objects while it is kept, as a sweep counts it.
+                kept = _read_or_none(os.path.join(sdir, name))
+                if kept is not None:
+                    self.retain_records(ln.record for ln in scan_log(kept) if ln.record is not None)
             elif name.startswith(_ATOMIC_TMP):
                 self.note("temporary", f"session {sid}: {name} is a temporary file (a write in progress, or a crash's leftover)",
                           session=sid, file=f"{rel}/{name}")
@@ -1167,9 +1188,8 @@ class _Walk:
         """tmp/ holds what writers are writing (objects, packs, sessions being staged),
         or what a crash left there; a staged session's log retains its objects."""
         base = os.path.join(self.root, "tmp")
-        try:
-            names = sorted(os.listdir(base))
-        except FileNotFoundError:
+        names = self.listing(base)
+        if names is None:
             return
         staged = 0
         for name in names:
@@ -1187,9 +1207,8 @@ class _Walk:
         from .refs import Refs, check_ref_name
 
         base = os.path.join(self.root, "refs")
-        try:
-            files = sorted(os.listdir(base))
-        except FileNotFoundError:
+        files = self.listing(base)
+        if files is None:
             return
         refs = Refs(self.store)
         for file_name in files:
@@ -1215,9 +1234,8 @@ class _Walk:
 
     def walk_locks(self) -> None:
         base = os.path.join(self.root, "locks")
-        try:
-            names = sorted(os.listdir(base))
-        except FileNotFoundError:
+        names = self.listing(base)
+        if names is None:
             return
         for name in names:
             if name.endswith(".lock"):

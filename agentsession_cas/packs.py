@@ -314,6 +314,8 @@ class PackWriter:
             os.makedirs(tmp_dir, exist_ok=True)
             self._fd = os.open(self._tmp + ".pack", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._hash = blake3.blake3()
+        self._out: list[bytes] = []  # compressed bytes not yet written (see WRITE_BUFFER)
+        self._out_len = 0
         self._pos = 0
         self._objects: dict[bytes, list[int]] = {}  # raw name -> [block, offset, length, spaces]
         self._blocks: list[tuple[int, int, int]] = []
@@ -327,10 +329,24 @@ class PackWriter:
     def __len__(self) -> int:
         return len(self._objects)
 
+    #: Compressed bytes are gathered up to this much before one write: a writer
+    #: on a worker thread then gives up the interpreter lock a few times per
+    #: pack, not once per block (each hand-back can wait a switch interval).
+    WRITE_BUFFER = 8 << 20
+
     def _write(self, data: bytes) -> None:
-        write_all(self._fd, data)
-        self._hash.update(data)
+        self._out.append(data)
+        self._out_len += len(data)
         self._pos += len(data)
+        if self._out_len >= self.WRITE_BUFFER:
+            self._drain()
+
+    def _drain(self) -> None:
+        if self._out:
+            data = b"".join(self._out)
+            self._out, self._out_len = [], 0
+            write_all(self._fd, data)
+            self._hash.update(data)
 
     def add(self, space: str, name: str, data: bytes) -> None:
         """Add an object (the caller vouches that ``name`` is its hash)."""
@@ -390,6 +406,7 @@ class PackWriter:
             self.abort()
             raise StoreError("refusing to write an empty pack")
         self._flush()
+        self._drain()
         pack_sum = self._hash.digest()
         write_all(self._fd, pack_sum)
         try:

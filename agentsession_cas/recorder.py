@@ -435,14 +435,17 @@ class Recorder:
         return result
 
     def close(self, *, push: bool = True) -> ExchangeResult | None:
-        """Commit, push (when there is a remote and ``push``), and let the session go.
-        The session is released even when the push fails; the error is raised after."""
+        """Commit, push (when there is a remote and ``push``, and this store is still the
+        session's record), and let the session go. Returns the last push's result. The
+        session is released even when the push fails; the error is raised after."""
         if self._closed:
             return self.last_push
-        result = None
+        result = self.last_push
         try:
             self.session.commit()
-            if push and self._remote is not None:
+            # A session handed over (``push(handover=True)``) is a mirror here now: the
+            # remote is its record and already holds all of it, and a mirror may not push.
+            if push and self._remote is not None and self.session.mark == "record":
                 result = self.push()
         finally:
             self._closed = True

@@ -155,6 +155,8 @@ class RepairReport:
     _header_bytes: bytes = field(default=b"", repr=False)
     #: The damaged log's bytes as the plan read them (None: there was no log file).
     _source: bytes | None = field(default=None, repr=False)
+    #: The sequence number of each kept entry.
+    _kept_seqs: dict[str, int] = field(default_factory=dict, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -166,6 +168,7 @@ class RepairReport:
             "damage": [d.as_dict() for d in self.damage],
             "create_rebuilt": self.create_rebuilt,
             "kept": len(self.kept),
+            "kept_entries": [{"entry": e, "seq": self._kept_seqs.get(e)} for e in self.kept],
             "recovered": [r.as_dict() for r in self.recovered],
             "dropped": [d.as_dict() for d in self.dropped],
             "head": self.head,
@@ -885,6 +888,7 @@ class _Planner:
             if entry_id in self.kept:
                 spent = max(spent, s)
         rep.seq = spent
+        rep._kept_seqs = dict(self.kept)
         rep.head = self.head
         rep.mark = self.mark
         # Entries no record holds first (the causes), then the log's order.
@@ -944,6 +948,7 @@ def plan_repair(
         return RepairReport(
             session=session_id, damaged=False, why="its log reads whole", kept=list(probe.log_order),
             head=probe.head, mark=probe.mark, seq=probe._max_seq, head_note="as the log names it",
+            _kept_seqs=dict(probe.own),
         )
     try:
         with open(os.path.join(store.session_dir(session_id), "header"), "rb") as f:

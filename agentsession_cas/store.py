@@ -55,7 +55,7 @@ from .context import ContextHasher
 from .hashing import entry_objects, is_hash, parse_envelope, sha256_ref
 from .log import LogRead, Record, encode_append, encode_record, read_log
 from .names import check_session_id
-from .fsutil import fsync_dir, fsync_paths, write_atomic
+from .fsutil import fsync_dir, fsync_paths, start_writeback, write_atomic
 from .objects import AUTO_PACK_LOOSE, ObjectStore, RepackResult
 from .reader import CORE_TYPES, SessionFile, read_session, read_session_bytes
 from .timestamps import check_ts, now_ts
@@ -1352,7 +1352,6 @@ class Session:
             self._context_hashes.feed(e)
         self._since_checkpoint += 1
         if self._since_checkpoint >= CHECKPOINT_ENTRIES:
-            self._since_checkpoint = 0
             try:
                 self._checkpoint(wait=False)
             except OSError as exc:
@@ -1451,6 +1450,7 @@ class Session:
             items.append(("contents", chash, content))
             items.append(("entries", entry_id, env))
         ids, seq = list(self._unmaterialized), self._max_seq
+        self._since_checkpoint = 0  # this checkpoint takes every append so far
         if wait:
             try:
                 self.store.objects.put_many(items, dedup=False)
@@ -1462,11 +1462,12 @@ class Session:
         self._inflight = (_checkpoint_pool().submit(self._materialize, items), ids, seq)
 
     def _materialize(self, items: list[tuple[str, str, bytes]]) -> None:
-        """The worker thread's share of a checkpoint: the pack, then the log's pages."""
+        """The worker thread's share of a checkpoint: the pack, then writeback of the
+        log's pages started (not waited for), so a later commit finds little to write."""
         self.store.objects.put_many(items, dedup=False)
         fd = self._log_fd
         if fd is not None:
-            os.fdatasync(fd)
+            start_writeback(fd)
 
     def _finish_checkpoint(self) -> None:
         """Wait for the checkpoint in flight, if any, and record it; a failure there (a
@@ -1486,7 +1487,6 @@ class Session:
         self._write_log(encode_record({"op": "checkpoint", "seq": seq}), sync=False)
         for entry_id in ids:
             self._unmaterialized.pop(entry_id, None)
-        self._since_checkpoint = len(self._unmaterialized)
 
     def checkpoint(self) -> None:
         """Write every object the log alone holds so far to objects/ (the store does this

@@ -27,6 +27,10 @@ Safety beside writers in other processes:
   logs are read is retained, and one after it lands its objects in a new
   pack (checkpoints write whole packs) or a new loose file, neither of which
   is in the snapshot;
+- while a pass over the logs finds a session deleted before its log could be
+  read, it lists ``tmp/`` and ``sessions/`` again and reads every directory
+  it has not read yet: a fork made of that session meanwhile holds the only
+  log naming its prefix, and is read before anything is decided;
 - a writer that finds an object already present touches ("freshens") the
   file holding it, as git does; a sweep does not remove a file whose mtime
   changed since the snapshot, so the object survives even with ``--grace 0``.
@@ -82,8 +86,9 @@ class Retained:
     staged: int = 0
 
 
-def _session_dirs(root: str) -> Iterator[tuple[str, bool]]:
-    """Every directory holding a log a sweep must honour: (path, staged).
+def _session_dirs(root: str) -> Iterator[tuple[str, bool, bool]]:
+    """Every name in ``tmp/`` and ``sessions/``: (path, staged, holds a log). A directory
+    holding a log is one a sweep must honour.
 
     ``tmp/`` is listed and its logs read before ``sessions/`` is listed: an
     import renames its stage from the one to the other, so a stage that moves
@@ -97,8 +102,54 @@ def _session_dirs(root: str) -> Iterator[tuple[str, bool]]:
             continue
         for name in names:
             path = os.path.join(base, name)
-            if os.path.isfile(os.path.join(path, "log")):
-                yield path, staged
+            yield path, staged, os.path.isfile(os.path.join(path, "log"))
+
+
+def _identity(path: str) -> tuple[str, int, int] | None:
+    """What tells one session directory from another: its path and its inode (a session
+    deleted and created again under its id is another directory). None when it is gone."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return path, st.st_dev, st.st_ino
+
+
+def _read_logs(path: str) -> list | None:
+    """The records of a session's log (torn tail included) and of the logs ``repair`` set
+    aside beside it; None when the session went meanwhile. Raises ``_Damaged`` for a log
+    with damage."""
+    try:
+        with open(os.path.join(path, "log"), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None  # deleted or renamed into place meanwhile: read where it went, or gone
+    logread = read_log(data)
+    if logread.damage:
+        raise _Damaged(logread.damage[0])
+    records = logread.records + logread.cut_records
+    # A log repair set aside (log.damaged-*) still names entries someone may want
+    # back: what of it reads is retained too, as long as the file is kept.
+    try:
+        names = sorted(os.listdir(path))
+    except FileNotFoundError:
+        return records  # deleted since its log was read: what it named is kept this once
+    for name in names:
+        if name.startswith("log.damaged"):
+            try:
+                with open(os.path.join(path, name), "rb") as f:
+                    records = records + [ln.record for ln in scan_log(f.read()) if ln.record is not None]
+            except FileNotFoundError:
+                continue
+    return records
+
+
+class _Damaged(Exception):
+    """A log with damage (carries the first damaged line)."""
+
+    def __init__(self, first) -> None:
+        super().__init__(first.reason)
+        self.first = first
 
 
 def retained(store, *, progress: Callable[[str], None] | None = None, blobs: bool = True) -> Retained:
@@ -115,47 +166,56 @@ def retained(store, *, progress: Callable[[str], None] | None = None, blobs: boo
     contents = ret.contents
     bases: list[str] = []
     said: set[str] = set()  # envelopes whose content their record's payload gave
-    for path, staged in _session_dirs(store.root):
-        try:
-            with open(os.path.join(path, "log"), "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            continue  # deleted or renamed into place meanwhile: read where it went, or gone
-        logread = read_log(data)
-        if logread.damage:
-            first = logread.damage[0]
-            raise StoreError(
-                f"{os.path.relpath(path, store.root)} has a damaged log (line {first.line}: {first.reason}); "
-                "a sweep cannot tell what its unreadable records name: repair the session first "
-                f"(agentsession repair {os.path.basename(path)})"
-            )
-        records = logread.records + logread.cut_records
-        # A log repair set aside (log.damaged-*) still names entries someone may want
-        # back: what of it reads is retained too, as long as the file is kept.
-        for name in sorted(os.listdir(path)):
-            if name.startswith("log.damaged"):
-                try:
-                    with open(os.path.join(path, name), "rb") as f:
-                        records = records + [ln.record for ln in scan_log(f.read()) if ln.record is not None]
-                except FileNotFoundError:
-                    continue
-        for r in records:
-            op = r.data.get("op")
-            if op == "append":
-                entry = r.data.get("entry")
-                if isinstance(entry, str):
-                    envelopes.add(entry)
-                    if r.payload is not None:
-                        c = _content_of(r.payload[1])
-                        if c:
-                            contents.add(c)
-                            said.add(entry)
-            elif op == "create" and isinstance(r.data.get("base"), str):
-                bases.append(r.data["base"])
-        if staged:
-            ret.staged += 1
-        else:
-            ret.sessions += 1
+    # A session deleted before its log was read may have been forked meanwhile, and
+    # its fork's prefix is then named by no log read so far: so while a pass finds a
+    # session gone, the directories are listed again and any not read yet is read,
+    # before anything is decided. (A session created while the logs are read needs no
+    # reading otherwise: what it names is in a log read, or was written or touched
+    # after the snapshot.)
+    seen: set[tuple[str, int, int]] = set()
+    again = True
+    while again:
+        again = False
+        for path, staged, has_log in _session_dirs(store.root):
+            ident = _identity(path) if has_log else None
+            if ident is None:
+                # Gone since it was listed: a stage renamed into sessions/ (found there,
+                # listed next) or a session deleted (list everything again).
+                again = again or (not staged and not os.path.isdir(path))
+                continue
+            if ident in seen:
+                continue
+            seen.add(ident)
+            try:
+                records = _read_logs(path)
+            except _Damaged as exc:
+                raise StoreError(
+                    f"{os.path.relpath(path, store.root)} has a damaged log (line {exc.first.line}: {exc.first.reason}); "
+                    "a sweep cannot tell what its unreadable records name: repair the session first "
+                    f"(agentsession repair {os.path.basename(path)})"
+                ) from None
+            if records is None:
+                again = again or not staged
+                continue
+            for r in records:
+                op = r.data.get("op")
+                if op == "append":
+                    entry = r.data.get("entry")
+                    if isinstance(entry, str):
+                        envelopes.add(entry)
+                        if r.payload is not None:
+                            c = _content_of(r.payload[1])
+                            if c:
+                                contents.add(c)
+                                said.add(entry)
+                elif op == "create" and isinstance(r.data.get("base"), str):
+                    bases.append(r.data["base"])
+            if staged:
+                ret.staged += 1
+            else:
+                ret.sessions += 1
+            if progress and (ret.sessions + ret.staged) % 256 == 0:
+                progress(f"reading logs: {ret.sessions + ret.staged:,} read")
     if progress:
         progress(f"read {ret.sessions} session log(s), {ret.staged} staged")
     # Prefixes: walk up from each base until an entry already retained, whose
@@ -170,7 +230,10 @@ def retained(store, *, progress: Callable[[str], None] | None = None, blobs: boo
                 break  # missing: fsck's business; nothing above it can be read either
             current = env.get("parent") if isinstance(env.get("parent"), str) else None
     # Contents of retained envelopes (those whose payload did not already say).
-    for name in _read_order(objects, envelopes - said):
+    unsaid = envelopes - said
+    if progress and unsaid:
+        progress(f"reading {len(unsaid):,} envelope(s) for their contents")
+    for name in _read_order(objects, unsaid):
         try:
             data = objects.get("entries", name)
         except (NoSuchObjectError, CorruptObjectError):
@@ -181,6 +244,8 @@ def retained(store, *, progress: Callable[[str], None] | None = None, blobs: boo
     # Blobs: any retained content may name one (RFC 0002 sets no condition on the
     # session's media), so contents are read whenever the store holds a blob.
     if blobs:
+        if progress and contents:
+            progress(f"reading {len(contents):,} content(s) for the blobs they name")
         for name in _read_order(objects, contents):
             try:
                 data = objects.get("contents", name)
@@ -268,10 +333,12 @@ def sweep(
     dry_run: bool = False,
     wait: float = 60.0,
     progress: Callable[[int, int], None] | None = None,
+    phase: Callable[[str], None] | None = None,
 ) -> SweepResult:
     """Remove every object nothing retained names and older than ``grace`` seconds,
     repacking what stays into one pack. See the module docstring for why it is
-    safe beside writers."""
+    safe beside writers. ``progress(done, total)`` is called as objects are copied,
+    ``phase(text)`` as retention is read (logs, envelopes, contents) before that."""
     if store.readonly and not dry_run:
         raise StoreError("the store is open read-only; a sweep removes objects")
     objects = store.objects
@@ -292,7 +359,7 @@ def sweep(
         # a rewrite would make the unretained objects in them young again, and
         # sweeps more frequent than the grace period would then never remove them.
         old, young = _split_by_age(snapshot, now - grace)
-        ret = retained(store, blobs=_holds_blobs(old))
+        ret = retained(store, blobs=_holds_blobs(old), progress=phase)
         env_bit, con_bit, blob_bit = SPACE_BITS["entries"], SPACE_BITS["contents"], SPACE_BITS["blobs"]
 
         def keep(name: str, spaces: int, mtime: float) -> bool:

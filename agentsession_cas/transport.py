@@ -35,12 +35,13 @@ from __future__ import annotations
 import hashlib
 import os
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote_to_bytes, urlsplit
 
 from .canonical import canonical_bytes, loads
-from .errors import AgentSessionError, LayoutError, StoreError, TransportError
+from .errors import AgentSessionError, LayoutError, SessionLockedError, StoreError, TransportError
 from .fsutil import fsync_dir, write_atomic
 from .hashing import is_hash
 from .names import check_session_id
@@ -277,9 +278,16 @@ class Transport(ABC):
 def remote_url(remote: str | os.PathLike) -> str:
     """The normalised URL of a remote given as a path or a ``file://`` URL:
     ``file://`` and the percent-encoded real path, so two spellings of one
-    directory (relative, through a symlink) are one remote."""
+    directory (relative, through a symlink, percent-encoded) are one remote.
+
+    A URL's percent-escapes decode to the path's exact bytes (a name that is not
+    UTF-8 included), and a URL carrying a query or a fragment is refused rather
+    than cut short there: a literal ``#`` or ``?`` in a ``file://`` URL would
+    otherwise silently name another directory (RFC 8089 wants them encoded)."""
     text = os.fspath(remote)
-    if "://" in text:
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if "://" in text or text.lower().startswith("file:/"):
         parts = urlsplit(text)
         if parts.scheme != "file":
             raise TransportError(
@@ -287,14 +295,26 @@ def remote_url(remote: str | os.PathLike) -> str:
             )
         if parts.netloc not in ("", "localhost"):
             raise TransportError(f"remote {text!r}: a file:// URL names no host (or localhost), not {parts.netloc!r}")
-        path = unquote(parts.path)
+        if parts.query or parts.fragment or "?" in text or "#" in text:
+            raise TransportError(
+                f"remote {text!r}: a file:// URL names a directory and carries no query or fragment; "
+                "write '?' as %3F and '#' as %23, or give the path itself"
+            )
+        path = os.fsdecode(unquote_to_bytes(parts.path))
         if not path:
             raise TransportError(f"remote {text!r} names no path")
     else:
         if not text:
             raise TransportError("the remote is empty: give a store's path or a file:// URL")
         path = os.path.expanduser(text)
-    return "file://" + quote(os.path.realpath(os.path.abspath(path)))
+    if "\0" in path:
+        raise TransportError(f"remote {text!r}: a path holds no NUL character")
+    return "file://" + quote(os.fsencode(os.path.realpath(os.path.abspath(path))))
+
+
+def url_path(url: str) -> str:
+    """The local path a normalised ``file://`` URL names (its exact bytes)."""
+    return os.fsdecode(unquote_to_bytes(urlsplit(url).path))
 
 
 def remote_key(url: str) -> str:
@@ -322,7 +342,7 @@ class LocalTransport(Transport):
 
     def __init__(self, remote: str | os.PathLike, *, sync: str = "always"):
         self.url = remote_url(remote)
-        self.root = unquote(urlsplit(self.url).path)
+        self.root = url_path(self.url)
         self._sync = sync
         self._endpoint: "StoreEndpoint | None" = None
 
@@ -335,6 +355,8 @@ class LocalTransport(Transport):
                 store = Store(self.root, sync=self._sync)
             except LayoutError as exc:
                 raise TransportError(f"remote {self.url}: {exc}") from None
+            except NotADirectoryError:
+                raise TransportError(f"remote {self.url}: not a directory, so no store") from None
             self._endpoint = StoreEndpoint(store, own_store=True)
         return self._endpoint
 
@@ -362,13 +384,25 @@ class LocalTransport(Transport):
         return self._serve().session_view(session_id)
 
     def push(self, request: PushRequest) -> Admission:
-        return self._serve().receive(request)
+        with self._there():
+            return self._serve().receive(request)
 
     def declare_record(self, session_id: str, *, head: str | None) -> DeclareResult:
-        return self._serve().declare_record(session_id, head=head)
+        with self._there():
+            return self._serve().declare_record(session_id, head=head)
 
     def release_record(self, session_id: str, *, head: str | None) -> DeclareResult:
-        return self._serve().release_record(session_id, head=head)
+        with self._there():
+            return self._serve().release_record(session_id, head=head)
+
+    @contextmanager
+    def _there(self) -> Iterator[None]:
+        """Say which store a locked session is in: "locked by another process" alone
+        reads as this store's session."""
+        try:
+            yield
+        except SessionLockedError as exc:
+            raise SessionLockedError(f"at the remote {self.url}: {exc}") from None
 
     def get_ref(self, name: str) -> str | None:
         return self._serve().get_ref(name)

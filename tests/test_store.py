@@ -2036,3 +2036,17 @@ def test_context_hash_served_and_kept_up_to_date_by_appends(root):
     st.close()
     ro = Store(root, readonly=True).read("ctx")
     assert ro.context_hash(later.id) == expected[later.id]
+
+
+def test_checkpoints_come_every_1024_appends_not_more_often(root):
+    """Each background checkpoint takes exactly the appends since the one before: a
+    long lazy session makes one checkpoint record per 1024 appends."""
+    st = Store.init(root, sync="never")
+    s = st.create(Header.new("cadence"))
+    n = 3 * CHECKPOINT_ENTRIES + 10
+    for i in range(n):
+        s.append(msg(f"n{i}"))
+    st.close()
+    raw = [r.data for r in read_log(_log(root, "cadence").read_bytes()).records]
+    seqs = [r["seq"] for r in raw if r["op"] == "checkpoint"]
+    assert seqs == [CHECKPOINT_ENTRIES, 2 * CHECKPOINT_ENTRIES, 3 * CHECKPOINT_ENTRIES, n]
