@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator
 
@@ -560,6 +561,13 @@ class ObjectStore:
         decides but writes and removes nothing. Objects too big to pack stay loose
         (and are removed when ``keep`` rejects them).
         """
+        with self.exclusive(wait):
+            return self._repack(keep, dry_run, level=level, block_target=block_target, progress=progress)
+
+    @contextmanager
+    def exclusive(self, wait: float) -> Iterator[None]:
+        """Hold the store's pack lock for a whole repack or sweep, waiting up to
+        ``wait`` seconds for another to finish, else a clear error."""
         lock = self._pack_lock()
         try:
             lock.acquire(timeout=wait)
@@ -568,7 +576,7 @@ class ObjectStore:
                 f"another process is packing or sweeping this store (it holds {os.path.join(self.root, 'locks', 'pack.lock')})"
             ) from None
         try:
-            return self._repack(keep, dry_run, level=level, block_target=block_target, progress=progress)
+            yield
         finally:
             lock.release()
 

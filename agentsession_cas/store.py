@@ -25,7 +25,7 @@ import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import filelock
 
@@ -89,6 +89,23 @@ _REPAIR_HINT = (
 )
 _ENTRY_IN_RECORD = re.compile(rb'"entry":"(sha256:[0-9a-f]{64})"')
 _SEQ_IN_RECORD = re.compile(rb'"seq":([0-9]{1,18})[,}]')
+
+
+def _walk_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> list[Any]:
+    """What ``step`` gives for each entry from ``entry_id`` up to its root (``step``
+    returns the item and the parent's id), in root-first order; a cycle in the
+    parents is damaged objects, reported rather than looped on."""
+    out: list[Any] = []
+    seen: set[str] = set()
+    current: str | None = entry_id
+    while current is not None:
+        if current in seen:
+            raise StoreError(f"entry {current} is its own ancestor: the objects are damaged")
+        seen.add(current)
+        item, current = step(current)
+        out.append(item)
+    out.reverse()
+    return out
 
 
 def _checkpoint_covers(records: list[Record]) -> int:
@@ -643,17 +660,7 @@ class Store:
         """The ids root..entry_id, walking parents through envelopes alone (a prefix
         needs no contents), from objects or from a session open here that holds
         them only in its log so far."""
-        out: list[str] = []
-        seen: set[str] = set()
-        current: str | None = entry_id
-        while current is not None:
-            if current in seen:
-                raise StoreError(f"entry {current} is its own ancestor: the objects are damaged")
-            seen.add(current)
-            out.append(current)
-            current = self._envelope_parent(current)
-        out.reverse()
-        return out
+        return _walk_up(entry_id, lambda eid: (eid, self._envelope_parent(eid)))
 
     def _envelope_parent(self, entry_id: str) -> str | None:
         try:
@@ -682,18 +689,13 @@ class Store:
     def path_to(self, entry_id: str, *, via: "Session | None" = None) -> list[Entry]:
         """Entries from the root to ``entry_id``, read from the objects (or through
         ``via``, a session that may hold some only in its log so far)."""
-        out: list[Entry] = []
-        seen: set[str] = set()
-        current: str | None = entry_id
-        while current is not None:
-            if current in seen:
-                raise StoreError(f"entry {current} is its own ancestor: the objects are damaged")
-            seen.add(current)
-            e = via.entry(current) if via is not None else self.entry(current)
-            out.append(e)
-            current = e.parent
-        out.reverse()
-        return out
+        read = via.entry if via is not None else self.entry
+
+        def step(eid: str) -> tuple[Entry, str | None]:
+            e = read(eid)
+            return e, e.parent
+
+        return _walk_up(entry_id, step)
 
     def put_blob(self, data: bytes) -> str:
         """Store a media blob durably; return its ``sha256:`` name (use as ``sidecar:<name>``)."""

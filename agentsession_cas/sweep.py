@@ -342,45 +342,40 @@ def sweep(
     if store.readonly and not dry_run:
         raise StoreError("the store is open read-only; a sweep removes objects")
     objects = store.objects
-    lock = objects._pack_lock()
-    import filelock
+    with objects.exclusive(wait):
+        return _sweep_locked(store, grace=grace, dry_run=dry_run, progress=progress, phase=phase)
 
-    try:
-        lock.acquire(timeout=wait)
-    except filelock.Timeout:
-        raise StoreError(
-            f"another process is packing or sweeping this store (it holds {os.path.join(store.root, 'locks', 'pack.lock')})"
-        ) from None
-    try:
-        # The snapshot first, the logs after it (see the module docstring).
-        snapshot = objects.snapshot()
-        now = time.time()
-        # Files younger than the grace period are left as they are, not rewritten:
-        # a rewrite would make the unretained objects in them young again, and
-        # sweeps more frequent than the grace period would then never remove them.
-        old, young = _split_by_age(snapshot, now - grace)
-        ret = retained(store, blobs=_holds_blobs(old), progress=phase)
-        env_bit, con_bit, blob_bit = SPACE_BITS["entries"], SPACE_BITS["contents"], SPACE_BITS["blobs"]
 
-        def keep(name: str, spaces: int, mtime: float) -> bool:
-            if now - mtime < grace:
-                return True
-            if spaces & env_bit and name in ret.envelopes:
-                return True
-            if spaces & con_bit and name in ret.contents:
-                return True
-            if spaces & blob_bit and name in ret.blobs:
-                return True
-            return False
+def _sweep_locked(store, *, grace, dry_run, progress, phase) -> "SweepResult":
+    """The sweep itself; the caller holds the store's pack lock."""
+    objects = store.objects
+    # The snapshot first, the logs after it (see the module docstring).
+    snapshot = objects.snapshot()
+    now = time.time()
+    # Files younger than the grace period are left as they are, not rewritten:
+    # a rewrite would make the unretained objects in them young again, and
+    # sweeps more frequent than the grace period would then never remove them.
+    old, young = _split_by_age(snapshot, now - grace)
+    ret = retained(store, blobs=_holds_blobs(old), progress=phase)
+    env_bit, con_bit, blob_bit = SPACE_BITS["entries"], SPACE_BITS["contents"], SPACE_BITS["blobs"]
 
-        result = objects._repack(keep, dry_run, snapshot=old, progress=progress)
-        # The figures before count every file, those left alone too.
-        result.packs_before += len(young.packs)
-        result.loose_before += len(young.loose)
-        result.bytes_before += young.size()
-        tmp_removed = [] if dry_run else _clean_tmp(store.root, max(grace, TMP_MIN_AGE), now)
-    finally:
-        lock.release()
+    def keep(name: str, spaces: int, mtime: float) -> bool:
+        if now - mtime < grace:
+            return True
+        if spaces & env_bit and name in ret.envelopes:
+            return True
+        if spaces & con_bit and name in ret.contents:
+            return True
+        if spaces & blob_bit and name in ret.blobs:
+            return True
+        return False
+
+    result = objects._repack(keep, dry_run, snapshot=old, progress=progress)
+    # The figures before count every file, those left alone too.
+    result.packs_before += len(young.packs)
+    result.loose_before += len(young.loose)
+    result.bytes_before += young.size()
+    tmp_removed = [] if dry_run else _clean_tmp(store.root, max(grace, TMP_MIN_AGE), now)
     return SweepResult(
         repack=result,
         grace=grace,
