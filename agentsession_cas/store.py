@@ -403,8 +403,13 @@ class Store:
         prefix_ids: list[str] = []
         if base is not None:
             # Checks, and makes the prefix's objects durable; they are not written again.
-            prefix_ids = self._prefix_for_base(header)
-        return self._stage_session(header, base=base, own=[], prefix=[], head=base, record=record, prefix_ids=prefix_ids)
+            chain = self._prefix_for_base(header)
+            prefix_ids = [eid for eid, _ in chain]
+        else:
+            chain = []
+        return self._stage_session(
+            header, base=base, own=[], prefix=[], head=base, record=record, prefix_ids=prefix_ids, freshen=chain
+        )
 
     def _checked_new_header(self, header: Header) -> Header:
         data = dict(header.data)
@@ -428,10 +433,10 @@ class Store:
             raise StoreError(f"header is not I-JSON: {exc}") from None
         return header
 
-    def _prefix_for_base(self, header: Header) -> list[str]:
-        """The ids root..base, checked: held, not a leaf label, committed, same media,
-        not below a merge. Only envelopes are read along the way (and the base whole),
-        so a fork deep in a long session costs one small read per prefix entry."""
+    def _prefix_for_base(self, header: Header) -> list[tuple[str, str]]:
+        """(id, content hash) root..base, checked: held, not a leaf label, committed,
+        same media, not below a merge. Only envelopes are read along the way (and the
+        base whole), so a fork deep in a long session costs one small read per entry."""
         base = header.base
         assert base is not None
         owner = self._holder_of(base)
@@ -479,7 +484,7 @@ class Store:
         fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
         if fmt and owner_fmt and fmt < owner_fmt:
             raise StoreError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
-        return [i for i, _ in chain]
+        return [(i, env.get("content", "")) for i, env in chain]
 
     @staticmethod
     def _check_prefix_readable(path: list[Entry], origin: str | None) -> None:
@@ -531,6 +536,7 @@ class Store:
         head: str | None,
         record: bool,
         prefix_ids: list[str] | None = None,
+        freshen: list[tuple[str, str]] = (),  # type: ignore[assignment]
     ) -> "Session":
         """Write a whole session in ``tmp/`` and rename it into ``sessions/``. The objects
         of ``prefix`` and ``own`` are written; ``prefix_ids`` names a prefix whose
@@ -566,6 +572,20 @@ class Store:
                         f.flush()
                         os.fsync(f.fileno())
                 fsync_dir(stage)
+                # A fork names a prefix it does not write: touch the files holding it,
+                # now that the staged log names the base, so a sweep that read the logs
+                # before (while the origin was being deleted) keeps them; one already
+                # gone refuses the fork rather than leave it without its prefix.
+                touched: set[str] = set()
+                for eid, chash in freshen:
+                    if (
+                        self.objects.freshen("entries", eid, touched=touched) is None
+                        or self.objects.freshen("contents", chash, touched=touched) is None
+                    ):
+                        raise StoreError(
+                            f"prefix entry {short_id(eid)} of the fork's base was swept while the fork was "
+                            "being made; nothing was created (the base's session was deleted meanwhile?)"
+                        )
                 items: list[tuple[str, str, bytes]] = []
                 for e in prefix + own:
                     # Entries here were parsed (a file read, or objects of this store): their
@@ -1338,6 +1358,7 @@ class Session:
         else:
             self._write_log(line, sync=False)
             self._uncommitted = True
+        unresolved.extend(self._hold_blobs(content))
         self._unmaterialized[e.id] = (e.content_hash, content, env)
         self._max_seq = seq
         self.own[e.id] = seq
@@ -1377,11 +1398,19 @@ class Session:
         for name in names:
             if name not in self.own and name not in self.prefix_set and name != e.id:
                 out.append(name)
-        if b"sidecar:" in content:
-            for blob in sorted(set(_SIDECAR.findall(content.decode("utf-8")))):
-                if not self.store.objects.exists("blobs", blob):
-                    out.append(f"sidecar:{blob}")
         return out
+
+    def _hold_blobs(self, content: bytes) -> list[str]:
+        """Touch the blobs an appended content names by ``sidecar:`` URL, after its
+        record is written (RFC 0002: an accepted append holds its objects; a sweep
+        that looked before keeps a touched file), and name those not here."""
+        missing = []
+        if b"sidecar:" in content:
+            touched: set[str] = set()
+            for blob in sorted(set(_SIDECAR.findall(content.decode("utf-8")))):
+                if self.store.objects.freshen("blobs", blob, touched=touched) is None:
+                    missing.append(f"sidecar:{blob}")
+        return missing
 
     def _raise_format(self) -> None:
         """RFC 0002: a writer of a later minor raises the header's format, durably, first."""
@@ -1715,6 +1744,9 @@ class Session:
             self.committed_own.add(entry_id)
             if leaf:
                 self.leaf_labels.add(entry_id)
+            if self._context_hashes is not None:
+                # Kept up to date as append keeps it (parents come first: admitted in order).
+                self._context_hashes.feed(self.entry(entry_id))
         self._max_seq = seq
         self._uncommitted = False
         if move_head:

@@ -256,7 +256,9 @@ class Transport(ABC):
     @abstractmethod
     def release_record(self, session_id: str, *, head: str | None) -> DeclareResult:
         """Have the far store give up the record mark (a take-back), if it holds the
-        mark and its head is ``head``; committed before it returns."""
+        mark (:class:`NotRecordError` otherwise: the record is elsewhere) and its head
+        is ``head`` (:class:`HeadMovedError` otherwise); committed before it returns.
+        The answer's ``mark`` is what the caller believes: ``mirror`` once released."""
 
     @abstractmethod
     def get_ref(self, name: str) -> str | None:

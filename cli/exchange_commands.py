@@ -124,9 +124,10 @@ def _report(result: ExchangeResult, as_json: bool) -> None:
     for text in result.notes:
         note(text)
     if result.outcome == "refused":
+        there = result.head_before or "''"  # '' is how --expect says "no head"
         fail(
             f"head not moved: {result.why}; the entries landed there as a branch. Push again with "
-            f"--expect {result.head_before or ''} to move it from there, or --force"
+            f"--expect {there} to move it from there, or --force"
         )
     if result.outcome == "not-moved":
         note(f"head not moved: {result.why}")

@@ -8,7 +8,7 @@ refused or failed (one line on stderr), 2 bad usage.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -20,23 +20,52 @@ from .common import echo, emit_json, fail, one_line
 from .store_commands import read_store, write_store
 
 
-def progress_reporter(label: str, enabled: bool) -> Callable[[int, int], None] | None:
-    """A progress line on stderr, redrawn in place, only when stderr is a terminal
-    (never under ``--json`` or in a pipe)."""
-    if not enabled or not sys.stderr.isatty():
-        return None
-    state = {"last": -1}
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
-    def report(done: int, total: int) -> None:
+
+class _Progress:
+    """A progress line on stderr, redrawn in place; :meth:`end` finishes a line an
+    error interrupted, so the error is not printed at its end."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.last = -1
+        self.open = False
+
+    def __call__(self, done: int, total: int) -> None:
         pct = 100 * done // total if total else 100
-        if pct != state["last"]:
-            state["last"] = pct
-            sys.stderr.write(f"\r{label}: {pct:3d}% ({done:,}/{total:,} objects)")
+        if pct != self.last:
+            self.last = pct
+            sys.stderr.write(f"\r\x1b[K{self.label}: {pct:3d}% ({done:,}/{total:,} objects)")
+            self.open = True
             if done >= total:
                 sys.stderr.write("\n")
+                self.open = False
             sys.stderr.flush()
 
-    return report
+    def phase(self, text: str) -> None:
+        """A step before the count starts (reading logs, say), on the same line."""
+        sys.stderr.write(f"\r\x1b[K{self.label}: {text}")
+        sys.stderr.flush()
+        self.open = True
+
+    def end(self) -> None:
+        if self.open:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.open = False
+
+
+def progress_reporter(label: str, enabled: bool) -> _Progress | None:
+    """A progress line on stderr, redrawn in place, only when stderr is a terminal
+    (never under ``--json`` or in a pipe)."""
+    if not enabled or not _stderr_is_tty():
+        return None
+    return _Progress(label)
 
 
 def _mb(n: int) -> str:
@@ -69,9 +98,14 @@ def pack(as_json: bool) -> None:
     reported and left where it was, never copied. The old packs and loose files
     are removed only once the new pack is durable.
     """
+    progress = progress_reporter("packing", not as_json)
     try:
-        with write_store() as store:
-            res = store.pack(progress=progress_reporter("packing", not as_json))
+        try:
+            with write_store() as store:
+                res = store.pack(progress=progress)
+        finally:
+            if progress:
+                progress.end()  # a line an error interrupted: the error goes on a line of its own
     except AgentSessionError as exc:
         fail(str(exc))
     except OSError as exc:
@@ -105,11 +139,16 @@ def sweep(grace_text: str | None, dry_run: bool, as_json: bool) -> None:
         grace = DEFAULT_GRACE if grace_text is None else parse_duration(grace_text)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--grace") from None
+    progress = progress_reporter("sweeping", not as_json)
     try:
-        # A dry run opens the store read-only: a writing store's close packs loose
-        # objects and merges packs, and a dry run changes nothing.
-        with (read_store() if dry_run else write_store()) as store:
-            res = store.sweep(grace=grace, dry_run=dry_run, progress=progress_reporter("sweeping", not as_json))
+        try:
+            # A dry run opens the store read-only: a writing store's close packs loose
+            # objects and merges packs, and a dry run changes nothing.
+            with (read_store() if dry_run else write_store()) as store:
+                res = store.sweep(grace=grace, dry_run=dry_run, progress=progress, phase=progress.phase if progress else None)
+        finally:
+            if progress:
+                progress.end()  # a line an error interrupted: the error goes on a line of its own
     except AgentSessionError as exc:
         fail(str(exc))
     except OSError as exc:
@@ -128,6 +167,7 @@ def sweep(grace_text: str | None, dry_run: bool, as_json: bool) -> None:
             f"(retained by {res.sessions} session(s)"
             + (f" and {res.staged} staged" if res.staged else "")
             + f", grace {grace_text or '14d'})"
+            + (f"; left {res.young_files:,} file(s) younger than the grace period as they are" if res.young_files else "")
             + ("" if dry_run else f"; {_mb(r.bytes_before)} -> {_mb(r.bytes_after)}")
         )
         for path in res.tmp_removed:

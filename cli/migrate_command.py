@@ -25,11 +25,17 @@ EXIT_BUSY = 3
 
 
 def _stdin_is_tty() -> bool:
-    return sys.stdin.isatty()
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):  # no stdin at all (a daemon), or a closed one
+        return False
 
 
 def _stderr_is_tty() -> bool:
-    return sys.stderr.isatty()
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _session_line(s: SessionPlan) -> str:

@@ -26,13 +26,16 @@ def _on_terminal() -> bool:
         return False
 
 
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def _progress_printer(as_json: bool):
     """Phase lines on stderr while a long repair runs, only on a terminal and never under --json."""
-    try:
-        tty = sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        tty = False
-    if as_json or not tty:
+    if as_json or not _stderr_is_tty():
         return None
 
     def show(message: str) -> None:
@@ -93,16 +96,23 @@ def repair(session_id: str, dry_run: bool, yes: bool, as_json: bool) -> None:
     See docs/repair.md.
     """
     progress = _progress_printer(as_json)
-    if dry_run:
-        rep = plan_repair(read_store(), session_id, progress=progress)
+
+    def clear() -> None:
+        """Take the phase line away (before a question, a result or an error line)."""
         if progress:
             click.echo("\r\x1b[K", err=True, nl=False)
+
+    if dry_run:
+        try:
+            with read_store() as store:
+                rep = plan_repair(store, session_id, progress=progress)
+        finally:
+            clear()
         _print(rep, as_json, dry_run=True)
         return
 
     def confirm(plan: RepairReport) -> bool:
-        if progress:
-            click.echo("\r\x1b[K", err=True, nl=False)
+        clear()
         for line in report_lines(plan):
             echo(line, err=True)
         try:
@@ -111,10 +121,11 @@ def repair(session_id: str, dry_run: bool, yes: bool, as_json: bool) -> None:
             return False
 
     ask = not yes and _on_terminal()
-    with write_store() as store:
-        rep = repair_session(store, session_id, confirm=confirm if ask else None, progress=progress)
-    if progress:
-        click.echo("\r\x1b[K", err=True, nl=False)
+    try:
+        with write_store() as store:
+            rep = repair_session(store, session_id, confirm=confirm if ask else None, progress=progress)
+    finally:
+        clear()
     if rep.cancelled:
         if as_json:
             emit_json(rep.as_dict() | {"dry_run": False})

@@ -734,8 +734,10 @@ def test_a_handover_failing_between_its_steps_leaves_two_records_and_a_retry_fin
     r = ex.handover(a, broot, "s1")
     assert r.handover and (r.objects, r.entries, r.outcome) == (0, 0, "unchanged")
     assert a.session("s1").mark == "mirror" and reopen(broot, "s1").mark == "record"
-    marks = [rec.data for rec in reopen(broot, "s1").records() if rec.op in ("mark", "create")]
-    assert [m.get("mark") for m in marks] == ["record"]  # the record from its birth there; the retry wrote no mark
+    ops = [(rec.op, rec.data.get("mark")) for rec in reopen(broot, "s1").records()]
+    # Created a mirror; the record mark written in the one commit that admitted the entries
+    # and moved the head (never on a session holding nothing); the retry wrote no mark.
+    assert ops == [("create", "mirror")] + [("append", None)] * 3 + [("head", None), ("mark", "record"), ("commit", None)]
 
 
 def test_a_failed_clear_is_reported_as_two_records(ab, monkeypatch):
@@ -1065,3 +1067,302 @@ def test_a_progress_bar_is_drawn_on_a_terminal_only(tmp_path):
     os.close(master)
     assert proc.returncode == 0 and b"302 objects" in out
     assert b"sending objects" in seen and b"100%" in seen
+
+
+# -- remotes named oddly --------------------------------------------------------------------
+
+
+def test_a_file_url_with_a_query_or_fragment_is_refused_not_truncated(tmp_path):
+    store(tmp_path, "x").close()
+    (tmp_path / "x#y").mkdir()
+    for url in (f"file://{tmp_path}/x#y", f"file://{tmp_path}/x?y", f"file://{tmp_path}/x?"):
+        with pytest.raises(TransportError, match="query or fragment"):
+            remote_url(url)
+    # percent-encoded, the same characters name the directory they spell
+    assert remote_url(f"file://{tmp_path}/x%23y") == "file://" + str(tmp_path) + "/x%23y"
+    assert remote_url(f"file:{tmp_path}/x") == remote_url(tmp_path / "x")  # RFC 8089's short form
+
+
+def test_odd_characters_in_a_remote_name_the_very_directory(tmp_path):
+    a = store(tmp_path, "a")
+    record(a, "s1", 1)
+    raw = os.fsencode(str(tmp_path)) + b"/caf\xe9 #%?"  # not UTF-8, with a space, '#', '%' and '?'
+    Store.init(os.fsdecode(raw)).close()
+    url = remote_url(os.fsdecode(raw))
+    assert url == "file://" + str(tmp_path) + "/caf%E9%20%23%25%3F"
+    assert remote_url(url) == url  # the URL names the same store as the path
+    r = ex.push(a, url, "s1")
+    assert r.created and "s1" in Store(os.fsdecode(raw))
+    r = ex.push(a, os.fsdecode(raw), "s1")
+    assert (r.objects, r.outcome) == (0, "unchanged")  # one remote, one remembered state
+    assert len(os.listdir(Path(a.root) / "remotes")) == 1
+    with pytest.raises(TransportError, match="NUL"):
+        remote_url(f"file://{tmp_path}/a%00b")
+    a.close()
+
+
+def test_a_remote_that_is_a_file_is_refused_in_one_line(tmp_path):
+    a = store(tmp_path, "a")
+    record(a, "s1", 1)
+    a.close()
+    (tmp_path / "f").write_text("not a store")
+    with Store(tmp_path / "a") as a2, pytest.raises(TransportError, match="not a directory"):
+        ex.push(a2, tmp_path / "f", "s1")
+    r = cli(tmp_path / "a", "push", "s1", str(tmp_path / "f"))
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "not a directory" in r.stderr
+    r = cli(tmp_path / "a", "push", "s1", f"file://{tmp_path}/a%00b")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "internal error" not in r.stderr
+
+
+# -- the expected head ------------------------------------------------------------------------
+
+
+def test_a_refused_push_remembers_no_head_it_never_saw(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    bogus = "sha256:" + "1" * 64
+    r = ex.push(a, broot, "s1", expected=bogus)  # the session is created there; its head stays none
+    assert (r.created, r.outcome, r.head_after) == (True, "refused", None)
+    state = Remembered(a, remote_url(broot)).get("s1", header_ident(a.read("s1").header.data))
+    assert state.head != bogus and state.pushed == len(ids)
+    r = ex.push(a, broot, "s1")  # expects the head the created session has: none, which it is
+    assert (r.outcome, r.head_after) == ("fast-forward", ids[-1])
+
+
+def test_an_expected_head_that_is_no_entry_id_is_refused_before_anything_is_sent(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    ex.push(a, broot, "s1")
+    more(a, "s1", 1, "x")
+    snap = tree_snapshot(broot)
+    with pytest.raises(StoreError, match="not an entry id"):
+        ex.push(a, broot, "s1", expected=ids[-1][:19])  # a short id is not a head
+    with pytest.raises(StoreError, match="not an entry id"):
+        ex.declare_record(b, "s1", expected="abc")
+    assert tree_snapshot(broot) == snap
+    a.close()
+    r = cli(a.root, "push", "s1", str(broot), "--expect", "abc")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "not an entry id" in r.stderr
+    assert tree_snapshot(broot) == snap
+
+
+def test_a_refused_push_says_how_to_expect_no_head(tmp_path):
+    a, b = store(tmp_path, "a"), store(tmp_path, "b")
+    record(a, "s1", 1)
+    a.close()
+    b.close()
+    r = cli(tmp_path / "a", "push", "s1", str(tmp_path / "b"), "--expect", "sha256:" + "2" * 64)
+    assert r.exit_code == 1 and "--expect '' to move it" in r.stderr
+
+
+# -- marks: never none ----------------------------------------------------------------------
+
+
+class _Downgrading(LocalTransport):
+    """A far store that admits a handover's entries but answers without the record mark
+    (an older server, or one that refused the mark): the sender must keep its own."""
+
+    def push(self, request):
+        adm = super().push(PushRequest(**{**request.__dict__, "mark": "mirror"}))
+        return adm
+
+
+def test_a_handover_the_receiver_did_not_mark_leaves_the_sender_the_record(ab):
+    a, b, broot = ab
+    record(a, "s1", 2)
+    with _Downgrading(broot) as t, pytest.raises(StoreError, match="keeps the record"):
+        ex.handover(a, t, "s1")
+    assert a.session("s1").mark == "record" and reopen(broot, "s1").mark == "mirror"  # one record, never none
+
+
+def test_a_release_answered_without_clearing_the_mark_is_not_taken_for_one(ab):
+    a, b, broot = ab
+    record(a, "s1", 2)
+    ex.handover(a, broot, "s1")
+
+    class Stubborn(LocalTransport):
+        def release_record(self, session_id, *, head):
+            return ex.DeclareResult(session_id, False, head, "record")
+
+    with Stubborn(broot) as t, pytest.raises(HandoverIncompleteError, match="two records"):
+        ex.take_back(a, t, "s1")
+    assert a.session("s1").mark == "record" and reopen(broot, "s1").mark == "record"
+    assert ex.take_back(a, broot, "s1").handover  # a retry finishes it
+    assert reopen(broot, "s1").mark == "mirror"
+
+
+def test_a_handovers_mark_lands_with_its_entries_and_head(ab, monkeypatch):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    from agentsession_cas.store import Session
+
+    def crash(self, *args, **kwargs):  # the receiver dies after creating the session, before admitting
+        raise OSError("power cut")
+
+    monkeypatch.setattr(Session, "exchange_admit", crash)
+    with pytest.raises(OSError):
+        ex.handover(a, broot, "s1")
+    monkeypatch.undo()
+    got = reopen(broot, "s1")
+    assert (got.mark, got.head, len(got)) == ("mirror", None, 0)  # not a record of nothing
+    assert a.session("s1").mark == "record"
+    r = ex.handover(a, broot, "s1")
+    assert r.handover and reopen(broot, "s1").mark == "record" and reopen(broot, "s1").head == ids[-1]
+    assert a.session("s1").mark == "mirror"
+
+
+def test_a_retried_handover_finishes_after_the_new_record_wrote(ab, monkeypatch):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+
+    def lost(point: str) -> None:
+        if point == "handover:between":
+            raise OSError("power cut")
+
+    monkeypatch.setattr(ex, "_fault", lost)
+    with pytest.raises(OSError):
+        ex.handover(a, broot, "s1")
+    monkeypatch.undo()
+    with Store(broot) as b2:  # the new record's writers go on before the retry
+        theirs = b2.session("s1").append(user("the new record writes")).id
+    r = ex.handover(a, broot, "s1")
+    assert r.handover and r.outcome == "not-moved" and "already the record" in r.why
+    assert a.session("s1").mark == "mirror" and reopen(broot, "s1").mark == "record"
+    assert reopen(broot, "s1").head == theirs  # its writers' head is not moved back
+
+
+def test_a_handover_to_a_record_that_went_another_way_is_still_refused(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    ex.push(a, broot, "s1")
+    with Store(broot) as b2:
+        ex.declare_record(b2, "s1")
+        more(b2, "s1", 1, "b")
+    more(a, "s1", 1, "a")  # two records, on two lines: no handover can settle it
+    with pytest.raises(HeadMovedError):
+        ex.handover(a, broot, "s1")
+    assert a.session("s1").mark == "record"
+
+
+def test_a_retried_take_back_finishes_after_the_remote_wrote(ab, monkeypatch):
+    a, b, broot = ab
+    record(a, "s1", 2)
+    ex.handover(a, broot, "s1")
+
+    def lost(point: str) -> None:
+        if point == "take-back:between":
+            raise OSError("lost")
+
+    monkeypatch.setattr(ex, "_fault", lost)
+    with pytest.raises(OSError):
+        ex.take_back(a, broot, "s1")
+    monkeypatch.undo()
+    with Store(broot) as b2:  # the remote is still a record, and its writers go on
+        theirs = b2.session("s1").append(user("still writing")).id
+    r = ex.take_back(a, broot, "s1")
+    assert r.handover and r.head_after == theirs
+    assert a.session("s1").mark == "record" and a.session("s1").head == theirs
+    assert reopen(broot, "s1").mark == "mirror"
+
+
+def test_a_release_by_a_store_that_is_not_the_record_is_refused(ab):
+    a, b, broot = ab
+    ids = record(a, "s1", 1)
+    ex.push(a, broot, "s1")
+    with pytest.raises(NotRecordError):
+        StoreEndpoint(b).release_record("s1", head=ids[-1])
+    assert b.read("s1").mark == "mirror"
+
+
+# -- refs on a fetch ---------------------------------------------------------------------------
+
+
+def test_a_fetch_does_not_move_a_local_ref_that_names_another_session(tmp_path):
+    a, c = store(tmp_path, "a"), store(tmp_path, "c")
+    record(a, "s1", 1)
+    record(a, "s2", 1, tag="next")
+    record(c, "mine", 1)
+    Refs(a).update("chat/x", "s1", expected=None)
+    Refs(c).update("chat/x", "mine", expected=None)
+    r = ex.fetch(c, tmp_path / "a", "s1", refs=["chat/x"])
+    assert not r.refs[0].moved and r.refs[0].current == "mine" and Refs(c).get("chat/x").session == "mine"
+    r = ex.fetch(c, tmp_path / "a", "s1", refs=[("chat/x", "mine")])  # said explicitly: moved
+    assert r.refs[0].moved and Refs(c).get("chat/x").session == "s1"
+    # Tracking: the remote's ref moves on, and this one follows it from what it last saw there.
+    Refs(a).update("chat/x", "s2", expected="s1")
+    r = ex.fetch(c, tmp_path / "a", "s2", refs=["chat/x"])
+    assert r.refs[0].moved and Refs(c).get("chat/x").session == "s2"
+    a.close()
+    c.close()
+
+
+def test_objects_of_a_refused_batch_are_not_counted_as_written(ab):
+    a, b, broot = ab
+    endpoint = StoreEndpoint(b)
+    good = [("contents", sha256_ref(b"g%d" % i), b"g%d" % i) for i in range(3)]
+    with pytest.raises(BadObjectError):
+        endpoint.put_objects(good + [("contents", sha256_ref(b"a"), b"b")], 4)
+    assert endpoint._written == set()  # the next push fsyncs whatever of them it finds
+    endpoint.put_objects(good, 3)
+    assert endpoint._written == {name for _, name, _ in good}
+
+
+# -- a push whose answer was lost ---------------------------------------------------------------
+
+
+def _lose_the_answer(monkeypatch) -> None:
+    def lost(point: str) -> None:
+        if point == "push:acknowledged":
+            raise OSError("killed before the head was remembered")
+
+    monkeypatch.setattr(ex, "_fault", lost)
+
+
+def test_a_push_whose_answer_was_lost_does_not_refuse_the_next(ab, monkeypatch):
+    a, b, broot = ab
+    ids = record(a, "s1", 2)
+    ex.push(a, broot, "s1")
+    second = more(a, "s1", 2, "second")
+    _lose_the_answer(monkeypatch)
+    with pytest.raises(OSError):
+        ex.push(a, broot, "s1")  # the remote moved to second[-1]; this store still remembers ids[-1]
+    monkeypatch.undo()
+    assert reopen(broot, "s1").head == second[-1]
+    third = more(a, "s1", 1, "third")
+    r = ex.push(a, broot, "s1")
+    assert (r.outcome, r.head_before, r.head_after, r.expected) == ("fast-forward", second[-1], third[0], second[-1])
+    assert "answer was lost" in r.notes[0]
+    assert ex.push(a, broot, "s1").outcome == "unchanged"
+
+
+def test_a_head_another_store_moved_is_still_refused_after_a_lost_answer(ab, monkeypatch):
+    a, b, broot = ab
+    ids = record(a, "s1", 3)
+    ex.push(a, broot, "s1")
+    with Store(broot) as b2:  # another record moves the remote's head back along this line
+        ex.declare_record(b2, "s1")
+        b2.session("s1").set_head(ids[1], expected=ids[-1])
+    mine = more(a, "s1", 1, "mine")
+    r = ex.push(a, broot, "s1")
+    assert r.outcome == "refused" and reopen(broot, "s1").head == ids[1]
+    r = ex.push(a, broot, "s1", expected=ids[0])  # an expectation given is never second-guessed
+    assert r.outcome == "refused" and not r.notes
+
+
+# -- defects outside this module's files (store.py), shown and left to its owner ---------------------
+
+
+def test_entries_admitted_by_exchange_have_a_context_hash_on_the_open_handle(tmp_path):
+    a, c = store(tmp_path, "a"), store(tmp_path, "c")
+    record(a, "s1", 1)
+    ex.push(a, tmp_path / "c", "s1")
+    c.close()
+    c = Store(tmp_path / "c")
+    mirror = c.session("s1")
+    mirror.context_hash()  # asked once: kept up to date from here
+    new = more(a, "s1", 1, "later")
+    ex.fetch(c, tmp_path / "a", "s1")  # admitted into the same open handle
+    assert mirror.head == new[0]
+    assert mirror.context_hash() == Store(tmp_path / "c", readonly=True).read("s1").context_hash()
+    a.close()
+    c.close()

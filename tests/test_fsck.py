@@ -284,7 +284,22 @@ def test_an_object_a_log_needs_is_deleted(store):
     [p] = errors(report)
     assert (p.code, p.session, p.object, p.space) == ("missing-object", "mirror", entry, "entries")
     assert p.line == log_line_of(root, "mirror", entry) and p.file == "sessions/mirror/log"
-    assert "not in objects/" in p.message
+    assert "which has no copy: not in objects/" in p.message
+
+
+def test_a_pack_directory_that_cannot_be_listed_is_an_error_and_the_walk_goes_on(store):
+    root, info = store
+    pack_dir = root / "objects" / "pack"
+    shutil.rmtree(pack_dir)
+    pack_dir.write_bytes(b"not a directory")
+    report = fsck(root)
+    first = report.errors[0]
+    assert (first.code, first.file) == ("unreadable", "objects/pack")
+    assert "cannot be listed" in first.message
+    # the sessions were still checked: bigsrc's entries were in the pack
+    assert any(p.code == "missing-object" and p.session == "bigsrc" for p in report.errors)
+    r = cli(root, "fsck")
+    assert r.exit_code == 1 and r.stdout.startswith("error: unreadable: objects/pack cannot be listed")
 
 
 def test_a_missing_content(store):
@@ -570,6 +585,42 @@ def test_unreferenced_objects_are_counted_as_sweep_would_see_them(store):
         "contents": len(held["contents"] - ret.contents),
         "blobs": len(held["blobs"] - ret.blobs),
     }
+
+
+def test_a_log_repair_set_aside_retains_what_it_names_as_sweep_sees_it(tmp_path):
+    """Entries a repair dropped (their parent lost) whose objects are whole stay named by
+    the damaged log kept aside; a sweep keeps them, so fsck does not count them."""
+    from agentsession_cas.repair import repair_session
+    from agentsession_cas.sweep import retained
+
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        s = st.create(Header.new("hurt"))
+        ids = [s.append(msg(f"hurt {i}")).id for i in range(5)]
+    log = root / "sessions" / "hurt" / "log"
+    rec = next(r for r in read_log(log.read_bytes()).records if r.op == "append" and r.get("entry") == ids[2])
+    data = bytearray(log.read_bytes())
+    end = data.index(b"\n", rec.offset)
+    data[rec.offset:end] = b"\x00" * (end - rec.offset)  # its record and payload gone
+    log.write_bytes(bytes(data))
+    loose(root, "entries", ids[2]).unlink()  # and its envelope: nothing proves it
+    with Store(root) as st:
+        report = repair_session(st, "hurt")
+    assert {d.entry for d in report.dropped} == set(ids[2:])
+    rd = Store(root, readonly=True)
+    try:
+        ret = retained(rd)
+        held = {space: set(rd.objects.names(space)) for space in ("entries", "contents", "blobs")}
+    finally:
+        rd.close()
+    assert set(ids[3:]) <= ret.envelopes  # the sweep keeps them (the kept damaged log names them)
+    report = fsck(root)
+    assert report.ok
+    assert report.counts["unreferenced"] == {
+        "entries": len(held["entries"] - ret.envelopes),
+        "contents": len(held["contents"] - ret.contents),
+        "blobs": len(held["blobs"] - ret.blobs),
+    } == {"entries": 0, "contents": 1, "blobs": 0}  # the lost entry's content: nothing names it
 
 
 def test_a_missing_sidecar_blob_is_a_warning(store):

@@ -743,3 +743,17 @@ def test_the_generator_runs_as_a_script(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "fixtures" / "old_layout.py"), str(out)], capture_output=True)
     assert proc.returncode == 0 and (out / "journal").is_file()
     assert layout_state(str(out)) == "old"
+
+
+def test_no_stdin_or_stderr_at_all_is_no_terminal(old, monkeypatch):
+    """A daemon may run with no stdin (None) or a closed one: that is no terminal, and
+    the migration proceeds without asking instead of failing."""
+    closed = open(os.devnull)
+    closed.close()
+    for stream in (None, closed):
+        monkeypatch.setattr(sys, "stdin", stream)
+        monkeypatch.setattr(sys, "stderr", stream)
+        assert migrate_command._stdin_is_tty() is False
+        assert migrate_command._stderr_is_tty() is False
+    monkeypatch.undo()
+    assert cli(old.root, "migrate").exit_code == 0

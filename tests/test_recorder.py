@@ -277,3 +277,39 @@ def test_the_example_script_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "work")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "the remote's projection is byte-identical to the local one" in proc.stdout
+
+
+def test_closing_after_a_handover_does_not_push_again(tmp_path, remote):
+    rec = Recorder.open(tmp_path / "local", harness="h", remote=remote)
+    rec.config(model="m1")
+    handed = rec.push(handover=True)
+    assert handed.handover and rec.session.mark == "mirror"
+    with pytest.raises(MirrorError):
+        rec.user("the record is elsewhere now")
+    assert rec.close() is handed  # nothing more to publish: the remote is the record
+    assert Store(remote, readonly=True).read(rec.session_id).mark == "record"
+
+
+def test_a_push_cut_off_before_it_was_remembered_resumes_cleanly(tmp_path, remote, monkeypatch):
+    from agentsession_cas import exchange
+
+    rec = Recorder.open(tmp_path / "local", harness="h", remote=remote)
+    rec.config(model="m1")
+    rec.push()
+    rec.user("one")
+
+    def killed(point: str) -> None:
+        if point == "push:acknowledged":
+            raise OSError("killed")
+
+    monkeypatch.setattr(exchange, "_fault", killed)
+    with pytest.raises(OSError):
+        rec.push()  # the remote took it; the harness died before remembering its head
+    monkeypatch.undo()
+    sid = rec.session_id
+    rec.close(push=False)
+    rec = Recorder.open(tmp_path / "local", sid, remote=remote)
+    last = rec.user("two").id
+    result = rec.close()
+    assert result.outcome == "fast-forward" and result.head_after == last
+    assert projection(remote, sid) == projection(tmp_path / "local", sid)

@@ -726,3 +726,59 @@ def test_plan_reads_only_and_works_on_a_read_only_store(tmp_path):
     plan = plan_repair(Store(root, readonly=True), SID)
     assert plan.damaged and not plan.repaired and len(plan.kept) == 6
     assert files(root) == before
+
+
+def test_progress_only_on_a_terminal_and_never_under_json(tmp_path, monkeypatch):
+    root = tmp_path / "store"
+    ids = build(root)
+    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    monkeypatch.setattr(repair_command, "_stderr_is_tty", lambda: True)
+    r = cli(root, "repair", "--dry-run", "--json", SID)
+    assert r.exit_code == 0 and r.stderr == ""
+    r = cli(root, "repair", "--dry-run", SID)
+    # (click drops the erase-line escape when its stream is no terminal: "\r" is what stays)
+    assert r.exit_code == 0 and "\rrepair: " in r.stderr.replace("\x1b[K", "")
+    assert r.stderr.replace("\x1b[K", "").endswith("\r")  # cleared at the end
+    monkeypatch.setattr(repair_command, "_stderr_is_tty", lambda: False)  # a pipe
+    r = cli(root, "repair", "--dry-run", SID)
+    assert r.exit_code == 0 and r.stderr == ""
+    monkeypatch.setattr(repair_command, "_stderr_is_tty", lambda: True)
+    r = cli(root, "repair", "--json", SID)
+    assert r.exit_code == 0 and r.stderr == "" and json.loads(r.stdout)["repaired"]
+    assert_healthy(root, ids)
+
+
+def test_an_error_after_progress_is_not_written_over_it(tmp_path, monkeypatch):
+    """The phase line is taken away before the error line is printed."""
+    from agentsession_cas import repair as repair_module
+
+    root = tmp_path / "store"
+    build(root)
+    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    monkeypatch.setattr(repair_command, "_stderr_is_tty", lambda: True)
+
+    def broken(report, name):
+        raise StoreError("the log the repair built does not read back (a test)")
+
+    monkeypatch.setattr(repair_module, "_check_staged", lambda *a: broken(None, None))
+    r = cli(root, "repair", "--yes", SID)
+    assert r.exit_code == 1
+    err = r.stderr.replace("\x1b[K", "")
+    assert err.startswith("\rrepair: ")
+    assert err.endswith("\ragentsession: error: the log the repair built does not read back (a test)\n")
+
+
+def test_the_plan_names_every_entry_it_keeps(tmp_path):
+    """A damaged log cannot be listed with `log ID`; the dry run's JSON says which entries
+    would be kept, with their sequence numbers, and the repair then keeps exactly those."""
+    root = tmp_path / "store"
+    ids = build(root, n=6, checkpointed=False)
+    start, end, _ = line_of(root, "append", 3)
+    zero_line(root, start, end)
+    plan = json.loads(cli(root, "repair", "--dry-run", "--json", SID).stdout)
+    assert [k["entry"] for k in plan["kept_entries"]] == ids[:3] and plan["kept"] == 3
+    assert repair_json(root, "--yes")["kept_entries"] == plan["kept_entries"]
+    session = Store(root, readonly=True).read(SID)
+    assert [{"entry": e, "seq": session.own[e]} for e in session.log_order] == plan["kept_entries"]
+    whole = repair_json(root)  # not damaged now: what it holds, all the same
+    assert whole["damaged"] is False and whole["kept_entries"] == plan["kept_entries"]

@@ -151,6 +151,74 @@ def test_a_read_only_store_only_dry_runs_and_a_busy_one_is_refused(root):
                 st.sweep(grace=0, wait=0.1)
 
 
+def _one_session_and_garbage(root: Path) -> None:
+    with Store(str(root)) as st:
+        st.create(Header.new("live")).append(msg("stays"))
+        g = st.create(Header.new("gone"))
+        for i in range(3):
+            g.append(msg(f"goes {i}"))
+        g.close()
+        st.delete("gone")
+
+
+def test_progress_only_on_a_terminal_and_never_under_json(root, monkeypatch):
+    from cli import maintenance_commands
+
+    _one_session_and_garbage(root)
+    age_all(root)
+    monkeypatch.setattr(maintenance_commands, "_stderr_is_tty", lambda: True)
+    r = cli(root, "pack", "--json")
+    assert r.exit_code == 0 and r.stderr == ""
+    r = cli(root, "pack")
+    assert r.exit_code == 0 and "\r\x1b[Kpacking: 100% (" in r.stderr and r.stderr.endswith("\n")
+    age_all(root)
+    r = cli(root, "sweep", "--grace", "0", "--dry-run", "--json")
+    assert r.exit_code == 0 and r.stderr == ""
+    r = cli(root, "sweep", "--grace", "0", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    # the retention phase first (reading logs, then objects), then the count, on one line
+    assert r.stderr.index("\r\x1b[Ksweeping: read 1 session log(s), 0 staged") < r.stderr.index(
+        "\r\x1b[Ksweeping: 100% (") and r.stderr.endswith("\n")
+    r = cli(root, "sweep", "--grace", "0", "--json")
+    assert r.exit_code == 0 and r.stderr == ""
+    monkeypatch.setattr(maintenance_commands, "_stderr_is_tty", lambda: False)  # a pipe
+    age_all(root)
+    for args in (("pack",), ("sweep", "--grace", "0")):
+        r = cli(root, *args)
+        assert r.exit_code == 0 and r.stderr == ""
+
+
+def test_an_error_after_progress_starts_on_a_line_of_its_own(root, monkeypatch):
+    from cli import maintenance_commands
+
+    _one_session_and_garbage(root)
+    monkeypatch.setattr(maintenance_commands, "_stderr_is_tty", lambda: True)
+    real = ObjectStore._repack_one
+    calls = []
+
+    def failing(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ObjectStore, "_repack_one", staticmethod(failing))
+    r = cli(root, "pack")
+    assert r.exit_code == 1
+    assert r.stderr.startswith("\r\x1b[Kpacking: ") and "\nagentsession: error: pack failed: " in r.stderr
+    assert r.stderr.splitlines()[-1].startswith("agentsession: error: pack failed: ")
+
+
+def test_the_summary_counts_files_left_young(root):
+    _one_session_and_garbage(root)
+    r = cli(root, "sweep")  # the default grace: every file is minutes old
+    assert r.exit_code == 0, r.stderr
+    n = sweep_json(root, "--dry-run")["young_files"]
+    assert n > 0
+    assert r.stdout.startswith("removed 0 object(s), 0 B; kept 0 (retained by 1 session(s), grace 14d); "
+                               f"left {n:,} file(s) younger than the grace period as they are; ")
+
+
 # -- retention -------------------------------------------------------------------------
 
 
@@ -631,6 +699,120 @@ def test_an_object_re_put_as_the_sweep_removes_its_file_survives(root, monkeypat
     writer.close()
     assert state["done"]
     assert held(root, *obj[:2])
+
+
+def _origin(root: Path, n: int = 6) -> list[str]:
+    """A session "origin" of n entries, every object file a month old."""
+    with Store(str(root)) as st:
+        o = st.create(Header.new("origin"))
+        ids = [o.append(msg(f"origin {i}")).id for i in range(n)]
+    age_all(root)
+    return ids
+
+
+def test_a_fork_made_while_the_sweep_reads_keeps_its_prefix_when_its_origin_goes(root, monkeypatch):
+    """The sweep has listed sessions/; then another process forks the origin and deletes
+    it before the sweep reads the origin's log. The fork's log is the only one left that
+    retains the prefix (old objects, past any grace period): the sweep must read it."""
+    oids = _origin(root)
+    with Store(str(root), readonly=True) as rd:
+        prefix = objects_of(rd, oids[:4])
+        tail = objects_of(rd, oids[4:])
+    real = os.listdir
+    state = {"done": False}
+
+    def listdir(path="."):
+        out = real(path)
+        if not state["done"] and os.fspath(path) == str(root / "sessions"):
+            state["done"] = True
+            with Store(str(root)) as other:
+                other.create(Header.new("fork", base=oids[3])).close()
+                other.delete("origin")
+        return out
+
+    monkeypatch.setattr(sweep_mod.os, "listdir", listdir)
+    with Store(str(root)) as st:
+        res = st.sweep()  # the default grace: the origin's objects are a month old
+    monkeypatch.undo()
+    assert state["done"]
+    assert set(res.repack.dropped_names) == {n for _, n in tail}
+    for sp, n in prefix:
+        assert held(root, sp, n), n
+    check_sessions(root)
+
+
+def test_a_session_deleted_while_the_sweep_reads_does_not_stop_it(root, monkeypatch):
+    """A delete lands between the sweep's read of a session's log and its look for the
+    logs repair set aside beside it."""
+    with Store(str(root)) as st:
+        st.create(Header.new("a")).append(msg("in a"))
+        st.create(Header.new("b")).append(msg("in b"))
+    age_all(root)
+    real = sweep_mod.read_log
+    state = {"done": False}
+
+    def read_log(data):
+        out = real(data)
+        if not state["done"]:
+            state["done"] = True
+            with Store(str(root)) as other:
+                other.delete("a")
+        return out
+
+    monkeypatch.setattr(sweep_mod, "read_log", read_log)
+    with Store(str(root)) as st:
+        res = st.sweep(grace=0)
+    monkeypatch.undo()
+    assert state["done"] and res.repack.ok and res.repack.dropped == 0  # what a named stays this once
+    assert sweep_json(root, "--grace", "0")["dropped"] == 2  # and goes at the next sweep
+
+
+def test_a_sweep_between_a_forks_check_and_its_log_keeps_its_prefix(root, monkeypatch):
+    oids = _origin(root)
+    with Store(str(root), readonly=True) as rd:
+        prefix = objects_of(rd, oids[:4])
+    real = Store._prefix_for_base
+
+    def checked_then_swept(self, header):
+        ids = real(self, header)  # the origin holds the base: checked
+        self.delete("origin")
+        with Store(str(root)) as sweeper:
+            sweeper.sweep()  # the default grace
+        return ids
+
+    monkeypatch.setattr(Store, "_prefix_for_base", checked_then_swept)
+    with Store(str(root)) as st:
+        try:
+            st.create(Header.new("fork", base=oids[3])).close()
+        except StoreError:
+            return  # refusing the fork is right too
+    monkeypatch.undo()
+    for sp, n in prefix:
+        assert held(root, sp, n), n
+    check_sessions(root)
+
+
+def test_a_blob_an_append_names_during_a_sweep_survives(root, monkeypatch):
+    with Store(str(root)) as st:
+        blob = st.put_blob(b"\x89PNG put long ago, named by nothing yet")
+        st.create(Header.new("media", media="sidecar")).append(msg("no image yet"))
+    age_all(root)
+    writer = Store(str(root))
+    s = writer.session("media")
+    real = sweep_mod.retained
+    appended = {}
+
+    def retained_then_append(store, **kw):
+        ret = real(store, **kw)  # the logs are read: the append's record comes after
+        appended["result"] = s.append(image(blob))
+        return ret
+
+    monkeypatch.setattr(sweep_mod, "retained", retained_then_append)
+    with Store(str(root)) as st:
+        st.sweep()  # the default grace: the blob is a month old
+    monkeypatch.undo()
+    writer.close()
+    assert f"sidecar:{blob}" in appended["result"].unresolved or held(root, "blobs", blob)
 
 
 def _start(root: Path, sid: str, policy: str, seconds: float, seed: int, genfile: Path) -> subprocess.Popen:
