@@ -91,12 +91,14 @@ bench: $(STAMP)
 	$(PY) tests/bench/bench_store.py
 	$(PY) tests/bench/bench_fsck.py
 	$(PY) tests/bench/bench_pack.py
+	$(PY) tests/bench/bench_exchange.py
 
 bench-quick: $(STAMP)
 	$(PY) tests/bench/bench_verify.py --quick
 	$(PY) tests/bench/bench_store.py --quick
 	$(PY) tests/bench/bench_fsck.py --quick
 	$(PY) tests/bench/bench_pack.py --quick
+	$(PY) tests/bench/bench_exchange.py --quick
 
 # Regenerate the project's own fixtures with the project's writer.
 fixtures: $(STAMP)
