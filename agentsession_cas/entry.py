@@ -123,7 +123,8 @@ class Entry:
     @property
     def parent(self) -> str | None:
         p = self.data.get("parent")
-        return p if isinstance(p, str) else None
+        # the hot path of every tree walk: the exact-type test answers almost every call
+        return p if p.__class__ is str or isinstance(p, str) else None
 
     @property
     def parents(self) -> list[ParentRef]:

@@ -72,7 +72,7 @@ def encode_append(
     head_moved: bool,
     leaf_label: bool,
     lazy: bool,
-    payload: tuple[bytes, bytes],
+    payload: tuple[bytes, bytes] | None,
 ) -> bytes:
     """An ``append`` record's line, written straight in canonical member order (the
     hot path of every append); the same bytes :func:`encode_record` gives (tested).
@@ -85,7 +85,8 @@ def encode_append(
     if leaf_label:
         text += ',"leaf_label":true'
     body = (text + ',"op":"append","seq":' + str(seq) + "}").encode("ascii")
-    body = body + b"\t" + payload[0] + b"\t" + payload[1]
+    if payload is not None:
+        body = body + b"\t" + payload[0] + b"\t" + payload[1]
     return _checksum(body).encode("ascii") + b" " + body + b"\n"
 
 

@@ -57,7 +57,7 @@ from .log import LogRead, Record, encode_append, encode_record, read_log
 from .names import check_session_id
 from .fsutil import fsync_dir, fsync_paths, start_writeback, write_atomic
 from .objects import AUTO_PACK_LOOSE, ObjectStore, RepackResult
-from .reader import CORE_TYPES, SessionFile, read_session, read_session_bytes
+from .reader import CORE_TYPES, SessionFile, gc_paused, read_session, read_session_bytes
 from .timestamps import check_ts, now_ts
 from .tree import Tree
 
@@ -551,10 +551,10 @@ class Store:
                 mark = "record" if record else "mirror"
                 lines = [encode_record({"op": "create", "session": header.id, "base": base, "mark": mark})]
                 for seq, e in enumerate(own, start=1):
-                    rec: dict[str, Any] = {"op": "append", "seq": seq, "entry": e.id}
-                    if e.is_leaf_label:
-                        rec["leaf_label"] = True  # the head never rests on one, after a reopen too
-                    lines.append(encode_record(rec))
+                    # leaf_label: the head never rests on one, after a reopen too
+                    lines.append(
+                        encode_append(seq, e.id, None, head_moved=False, leaf_label=e.is_leaf_label, lazy=False, payload=None)
+                    )
                 if own:
                     lines.append(encode_record({"op": "head", "head": head}))
                     lines.append(encode_record({"op": "commit"}))
@@ -776,12 +776,14 @@ class Store:
     def import_file(self, path: str | os.PathLike, *, record: bool = False) -> "Session":
         """Import a projection (RFC 0002): every line verified, the head from the resume
         rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``."""
-        sf = read_session(path, keep_objects=True)  # the objects it writes, computed once
-        side = os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), str(sf.header.id))
-        return self.import_session(sf, record=record, sidecar_dir=side)
+        with gc_paused():  # a bulk pass: many acyclic objects per entry (see gc_paused)
+            sf = read_session(path, keep_objects=True)  # the objects it writes, computed once
+            side = os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), str(sf.header.id))
+            return self.import_session(sf, record=record, sidecar_dir=side)
 
     def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> "Session":
-        return self.import_session(read_session_bytes(data, source=source, keep_objects=True), record=record)
+        with gc_paused():
+            return self.import_session(read_session_bytes(data, source=source, keep_objects=True), record=record)
 
     def _import_blobs(self, sf: SessionFile, sidecar_dir: str | None) -> None:
         """A sidecar session's blobs come from ``<dir>/<id>/<hex>`` beside its file, each
@@ -1226,6 +1228,10 @@ class Session:
         """RFC 0002 "Projection to JSONL": header, prefix root first, own entries in log
         order, and a synthetic ``leaf`` label only when the resume rule over those lines
         would not name the head. Byte-stable."""
+        with gc_paused():
+            return self._projection()
+
+    def _projection(self) -> bytes:
         prefix = self.prefix_entries()
         own = list(self)
         entries = prefix + own

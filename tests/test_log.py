@@ -214,3 +214,5 @@ def test_encode_append_is_encode_record(head_moved, head, leaf_label, lazy):
     line = encode_append(123456, entry, head, head_moved=head_moved, leaf_label=leaf_label, lazy=lazy, payload=payload)
     assert line == encode_record(record, payload=payload)
     assert read_log(line).records[0].data == record
+    bare = encode_append(123456, entry, head, head_moved=head_moved, leaf_label=leaf_label, lazy=lazy, payload=None)
+    assert bare == encode_record(record)

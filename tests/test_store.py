@@ -2050,3 +2050,37 @@ def test_checkpoints_come_every_1024_appends_not_more_often(root):
     raw = [r.data for r in read_log(_log(root, "cadence").read_bytes()).records]
     seqs = [r["seq"] for r in raw if r["op"] == "checkpoint"]
     assert seqs == [CHECKPOINT_ENTRIES, 2 * CHECKPOINT_ENTRIES, 3 * CHECKPOINT_ENTRIES, n]
+
+
+def test_bulk_passes_restore_the_collector(root, tmp_path, monkeypatch):
+    """Import and projection pause the cyclic collector (a bulk pass allocates no
+    cycles) and restore it as it was, also when they fail."""
+    import gc
+
+    st = Store.init(root)
+    s = st.create(Header.new("gcs"))
+    s.append(msg("hello"))
+    seen = []
+    real = Session._projection
+
+    def spy(self):
+        seen.append(gc.isenabled())
+        return real(self)
+
+    monkeypatch.setattr(Session, "_projection", spy)
+    data = s.projection()
+    assert seen == [False] and gc.isenabled()
+    path = tmp_path / "g.jsonl"
+    path.write_bytes(data.replace(b'"id":"gcs"', b'"id":"gcs2"'))
+    st.import_file(path)
+    assert gc.isenabled()
+    with pytest.raises(SessionExistsError):
+        st.import_file(path)  # fails inside the paused pass
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        s.projection()
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()
+    st.close()
