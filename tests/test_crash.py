@@ -220,7 +220,16 @@ def damage_tail(st: CrashState, rng: random.Random, kind: str) -> tuple[list[str
     tail_start = lines[commits[-1]]["end"]
     if tail_start >= len(data) and kind != "object":
         return None
-    if kind == "truncate":
+    if kind == "hole":
+        # A block in the middle of the tail never reached the disk while later ones did
+        # (writeback is not in order): one append record zeroed, with appends after it.
+        tail_appends = [i for i, ln in enumerate(lines) if ln["start"] >= tail_start and ln["rec"] and ln["rec"].get("op") == "append"]
+        if len(tail_appends) < 2:
+            return None
+        ln = lines[rng.choice(tail_appends[:-1])]
+        a, b = ln["start"], ln["end"] - 1  # keep the newline: the next record still reads
+        path.write_bytes(data[:a] + b"\x00" * (b - a) + data[b:])
+    elif kind == "truncate":
         cut = rng.randint(tail_start, len(data) - 1)
         path.write_bytes(data[:cut])
     elif kind == "zeros":
@@ -292,15 +301,20 @@ def check_log_after_recovery(st: CrashState, store: Store, session) -> None:
     assert not (losses & set(session.own)), "an entry recorded lost is in the log"
 
 
-def crash_iteration(st: CrashState, rng: random.Random, i: int, tmp: Path, lazy: bool) -> None:
-    if lazy and rng.random() < 0.8:
+def crash_iteration(st: CrashState, rng: random.Random, i: int, tmp: Path, lazy: bool, force_hole: bool = False) -> None:
+    if force_hole:
+        policy, every = "never", 0
+    elif lazy and rng.random() < 0.8:
         policy, every = "never", rng.choice([0, 0, 1, 3, 7, 15])  # 0: a burst with no commit at all
     else:
         policy, every = "always", 0
     out = tmp / f"run{i}.out"
     proc = spawn("append", str(st.root), SID, policy, str(every), str(rng.randrange(1 << 30)), "1000000", out=out)
     try:
-        if rng.random() < 0.12:
+        if force_hole:
+            wait_for_line(proc, out, "READY")
+            time.sleep(0.15)  # a burst long enough to leave several uncommitted appends
+        elif rng.random() < 0.12:
             time.sleep(rng.uniform(0.0, 0.3))  # maybe during start-up, open, recovery or create
         else:
             wait_for_line(proc, out, "READY")
@@ -332,8 +346,8 @@ def crash_iteration(st: CrashState, rng: random.Random, i: int, tmp: Path, lazy:
             f"log after the kill holds {len(pre)} appends; {len(base)} acknowledged"
         )
         kept = pre
-        if policy == "never" and rng.random() < 0.85:
-            kind = rng.choice(["truncate", "zeros", "object"])
+        if force_hole or (policy == "never" and rng.random() < 0.85):
+            kind = "hole" if force_hole else rng.choice(["truncate", "zeros", "object", "hole"])
             damaged = damage_tail(st, rng, kind)
             if damaged is not None:
                 st.damage[kind] = st.damage.get(kind, 0) + 1
@@ -408,6 +422,18 @@ def run_crash_test(tmp_path: Path, *, lazy: bool, default_seed: int, default_kil
                 f"crash test failed at kill {i + 1} of {kills} (seed {seed}; replay with AGENTSESSION_CRASH_SEED={seed}; "
                 f"store left at {root}): {type(exc).__name__}: {exc}"
             ) from exc
+    # Whether a kill leaves appends after a torn record is up to timing; when none did,
+    # play torn records on purpose, so that every run exercises the drop-and-log path.
+    extra = 0
+    while lazy and st.lost == 0 and extra < 10:
+        try:
+            crash_iteration(st, rng, kills + extra, tmp_path, lazy, force_hole=True)
+        except Exception as exc:
+            raise AssertionError(
+                f"crash test failed at forced torn record {extra + 1} (seed {seed}; store left at {root}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        extra += 1
     if st.pending_rw_check:  # a last writable open, so every recovery's loss records are checked
         store = Store(root)
         try:
