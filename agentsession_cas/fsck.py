@@ -177,7 +177,7 @@ def _is_hash(value: object) -> bool:
     return type(value) is str and _HASH.fullmatch(value) is not None  # type: ignore[arg-type]
 
 
-def _read_block(pack: Pack, b: int, data_end: int) -> bytes | Exception | None:
+def _read_block(pack: Pack, b: int, data_end: int):
     """Block ``b`` decompressed; None when it lies past ``data_end`` (a pack cut short),
     or the error when it does not read."""
     offset, csize, _ = pack.block_info(b)
@@ -511,7 +511,7 @@ class _Walk:
             block = _read_block(pack, b, size - 32)
             if b % 64 == 0:
                 self.say(f"pack {pack.name[5:17]}: block {b}/{nblocks}")
-            if not isinstance(block, bytes):
+            if isinstance(block, Exception) or block is None:
                 why = _short(block, self.root) if block is not None else None
                 lost[b] = [why, len(objs)]
                 for raw, (_, _, _, sp) in objs:
@@ -519,22 +519,28 @@ class _Walk:
                                        + ("does not read" if why else "lies past the end of the pack"))
                 continue
             self.counts["blocks"] += 1
-            mv = memoryview(block)
-            n = len(block)
             for raw, (_, o, l, sp) in objs:
                 if not 0 < sp <= _ALL_BITS:
                     bad_records.append(raw)
                     self._mark_unsound(raw, _ALL_BITS, f"its record in {rel_idx} names no known space")
                     continue
-                end = o + l
-                if end > n:
-                    self.error("bad-pack-index", f"{rel_idx} places {_spaces_of(sp)} object {_name(raw)} past the "
-                               f"end of block {b}", file=rel_idx, object=_name(raw), block=b)
-                    self._mark_unsound(raw, sp, f"{rel_idx} places it past the end of block {b}")
+                try:
+                    data = block.object(o, l)
+                except CorruptPackError as exc:
+                    if pack.version == 1:
+                        self.error("bad-pack-index", f"{rel_idx} places {_spaces_of(sp)} object {_name(raw)} past the "
+                                   f"end of block {b}", file=rel_idx, object=_name(raw), block=b)
+                        self._mark_unsound(raw, sp, f"{rel_idx} places it past the end of block {b}")
+                    else:
+                        name = _name(raw)
+                        self.error("corrupt-object", f"{_spaces_of(sp)} object {name} in {rel_pack} (block {b}) does "
+                                   f"not decode: {_short(exc, self.root)}", object=name, space=_spaces_of(sp),
+                                   file=rel_pack, block=b)
+                        self._mark_unsound(raw, sp, f"its copy in {rel_pack} (block {b}) does not decode")
                     continue
                 objects += 1
-                hashed += l
-                if sha(mv[o:end]).digest() != raw:
+                hashed += len(data)
+                if sha(data).digest() != raw:
                     name = _name(raw)
                     self.error("corrupt-object", f"{_spaces_of(sp)} object {name} in {rel_pack} (block {b}) does "
                                "not hash to its name", object=name, space=_spaces_of(sp), file=rel_pack, block=b)
@@ -542,21 +548,21 @@ class _Walk:
                     continue
                 if sp == _BIT_C:
                     add_c(raw)
-                    if block.find(b"sidecar:", o, end) >= 0:
-                        self._sidecars(raw, block[o:end])
+                    if b"sidecar:" in data:
+                        self._sidecars(raw, data)
                     continue
                 if sp & _BIT_E:
-                    m = env_match(block, o, end)
+                    m = env_match(data)
                     if m is not None and m.group(3) is None:
                         c, p, _, t = m.groups()
                         env[raw] = (unhex(c), unhex(p) if p is not None else None, t == b"label")
                         add_e(raw)
-                    elif self._parse_envelope(raw, block[o:end], rel_pack):
+                    elif self._parse_envelope(raw, data, rel_pack):
                         add_e(raw)
                 if sp & _BIT_C:
                     add_c(raw)
-                    if block.find(b"sidecar:", o, end) >= 0:
-                        self._sidecars(raw, block[o:end])
+                    if b"sidecar:" in data:
+                        self._sidecars(raw, data)
                 if sp & _BIT_B:
                     self.sound["blobs"].add(raw)
         if bad_records:

@@ -77,6 +77,7 @@ from .hashing import HASH_PREFIX, is_hash, sha256_ref
 from .log import encode_record, read_log
 from .names import check_session_id
 from .objects import ObjectStore
+from .packs import read_varint
 
 __all__ = [
     "JOURNAL",
@@ -285,19 +286,6 @@ def _read_line(out: JournalRead, number: int, offset: int, raw: bytes, terminate
 # -- the earlier layout's packs ----------------------------------------------------
 
 
-def _uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            raise ValueError("bad length varint")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-
-
 @dataclass
 class OldPack:
     """A ``CASPACK`` pack of the earlier layout: where each object's bytes lie in it."""
@@ -359,7 +347,7 @@ def _scan_pack(path: str) -> OldPack:
                     if space is None:
                         raise ValueError(f"unknown object space byte {m[pos]:#x}")
                     name = HASH_PREFIX + m[pos + 1 : pos + 33].hex()
-                    length, pos = _uvarint(m, pos + 33, end)
+                    length, pos = read_varint(m, pos + 33, end)
                     if pos + length > end:
                         raise ValueError("an object runs past the pack's end")
                     pack.objects.setdefault((space, name), (pos, length))
@@ -546,11 +534,11 @@ def layout_state(root: str) -> str:
     """Where the store at ``root`` stands: ``current`` (our layout), ``old`` (the earlier
     journal layout, not yet touched), ``partial`` (a migration began and did not
     finish), ``other`` (a ``layout`` file naming another layout) or ``none``."""
-    from .store import LAYOUT
+    from .store import LAYOUT, OLDER_LAYOUTS
 
     text = _layout_text(root)
     if text is not None:
-        return "current" if text == LAYOUT else "other"
+        return "current" if text == LAYOUT or text in OLDER_LAYOUTS else "other"
     journal = _journal_kind(root)
     if journal == "file":
         return "old"

@@ -1,52 +1,82 @@
 """Packs: many objects in one zstd-compressed file, found through a sorted index.
 
 A loose object costs a file (an inode, a block, a directory entry and, to be
-durable, an fsync). A pack holds thousands: their bytes are concatenated in
-**blocks** of about :data:`BLOCK_TARGET` bytes, each block one zstd frame, so
-objects of one session compress together (they share most of their words)
-while reading one object decompresses one block, not the pack. Beside each
-pack, an index lists the objects' hashes sorted, with a 256-slot fan-out
-table, so a lookup is a binary search over a memory map and never reads the
-pack. Both files end in a BLAKE3 checksum of everything before it; the index
-also holds the pack's checksum, which pairs the two.
+durable, an fsync). A pack holds thousands: they are grouped in **blocks**,
+each one zstd frame of about :data:`BLOCK_TARGET` bytes, so objects of one
+session compress together (they share most of their words) while reading one
+object decompresses one block, not the pack. Beside each pack, an index lists
+the objects' hashes sorted, with a 256-slot fan-out table, so a lookup is a
+binary search over a memory map and never reads the pack. Both files end in a
+BLAKE3 checksum of everything before it; the index also holds the pack's
+checksum, which pairs the two.
+
+Inside a block each object has a **slot**; the index maps a name to its
+ordinal (which block, which slot), and the block says where each slot lies. A
+slot holds its object as it is (kind 0) or in one of two lossless encodings
+that a full repack uses (``encode=True``), because hashes are what no
+compressor can shrink:
+
+* kind 1, an envelope of the common form (:data:`hashing.FAST_ENVELOPE`):
+  its ``content`` and ``parent`` hashes are written as "the slot *d* places
+  back" when that object is in the same block (an entry's content lies just
+  before it, its parent two places before), else as 32 raw bytes; then ``ts``
+  and ``type``. Reading it hashes the slots it points to.
+* kind 2, a content with long random base64 runs (``encrypted_content``):
+  each run is cut out and its decoded bytes kept, uncompressed, in the
+  block's **side** area; zstd then compresses the text around it better.
+
+Every read still hashes the bytes it rebuilds against the name asked for, so
+an encoding error can never serve wrong bytes.
 
 Byte layout (all integers big-endian; see docs/storage-format.md)::
 
-    pack-<h>.pack   "ASPACK\\0\\1"  block*  blake3(previous bytes)[32]
-    pack-<h>.idx    "ASIDX\\0\\0\\1"  count:u32  blocks:u32
+    pack-<h>.pack   "ASPACK\\0\\2"  block*  blake3(previous bytes)[32]
+      block         zstd frame of the stream  side bytes
+      stream        kinds: count x u8  lengths: count x u32  side: count x u32
+                    payloads (concatenated, in slot order)
+    pack-<h>.idx    "ASIDX\\0\\0\\2"  count:u32  blocks:u32
                     fanout: 256 x u32  (objects whose first byte <= i)
                     names:  count x 32 (raw SHA-256, ascending)
-                    where:  count x (block:u32 offset:u32 length:u32 spaces:u8)
-                    blocks: blocks x (offset:u64 size:u32 raw:u32)
+                    where:  count x u32  (ordinal << 3 | space bits)
+                    blocks: blocks x (offset:u64 zsize:u32 raw:u32 side:u32
+                                      first:u32 slots:u32)
                     pack checksum[32]   blake3(previous bytes)[32]
 
 ``<h>`` is the hex of the pack's checksum: a pack is named by its bytes, so
 writing the same pack twice is harmless. The ``.pack`` is renamed into place
 before the ``.idx``, and readers find packs by their index, so a pack is
-visible whole or not at all.
+visible whole or not at all. Packs of the first format (``\\1``: each object's
+block, offset and length in the index, objects as they are) are still read.
 
-Decompression is bounded: a block's raw size comes from the (checksummed)
-index, may not exceed :data:`MAX_BLOCK`, and must agree with the size the
-zstd frame declares before anything is allocated. Objects above
-:data:`MAX_PACKED` stay loose.
+Decompression is bounded: a block's raw and side sizes come from the
+(checksummed) index, may not exceed :data:`MAX_BLOCK`, and the raw size must
+agree with the size the zstd frame declares before anything is allocated.
+Objects above :data:`MAX_PACKED` stay loose.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import itertools
 import mmap
 import os
+import re
 import struct
 import threading
 import time
+from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import blake3
 import zstandard
 
 from .errors import CorruptPackError, StoreError
 from .fsutil import fsync_dir, write_all
+from .hashing import FAST_ENVELOPE
 
 __all__ = [
     "BLOCK_TARGET",
@@ -58,37 +88,315 @@ __all__ = [
     "PackWriter",
 ]
 
-PACK_MAGIC = b"ASPACK\x00\x01"
-IDX_MAGIC = b"ASIDX\x00\x00\x01"
-#: A block is closed once it holds this many raw bytes.
+PACK_MAGIC = b"ASPACK\x00\x02"
+IDX_MAGIC = b"ASIDX\x00\x00\x02"
+#: The first format, still read.
+PACK_MAGIC_V1 = b"ASPACK\x00\x01"
+IDX_MAGIC_V1 = b"ASIDX\x00\x00\x01"
+#: A block is closed once its stream holds this many raw bytes.
 BLOCK_TARGET = 256 * 1024
 #: Objects larger than this are not packed (they stay loose files).
 MAX_PACKED = 32 * 1024 * 1024
-#: No block may claim more raw bytes than this (bounds what a read allocates).
-MAX_BLOCK = MAX_PACKED + BLOCK_TARGET
+#: The largest block target a writer takes.
+MAX_TARGET = 8 * 1024 * 1024
+#: No block may claim more raw (or side) bytes than this (bounds what a read allocates).
+MAX_BLOCK = MAX_PACKED + BLOCK_TARGET + (MAX_PACKED // 2)
 #: One bit per hash space in an index record.
 SPACE_BITS = {"entries": 1, "contents": 2, "blobs": 4}
+#: Slot kinds.
+KIND_PLAIN, KIND_ENVELOPE, KIND_SIDE = 0, 1, 2
+#: Ordinals fit beside three space bits in a u32.
+MAX_OBJECTS = 1 << 29
 
 _HEAD = struct.Struct(">II")
 _FANOUT = struct.Struct(">256I")
-_WHERE = struct.Struct(">IIIB")
-_BLOCK = struct.Struct(">QII")
+_WHERE_V1 = struct.Struct(">IIIB")
+_BLOCK_V1 = struct.Struct(">QII")
+_WHERE = struct.Struct(">I")
+_BLOCK = struct.Struct(">QIIIII")
 _SUM = 32
 _PREFIX = "sha256:"
+_SIDE_MARK = 0xFA  # never a byte of UTF-8 text, so never of a canonical JSON content
+_B64_RUN = re.compile(rb"[A-Za-z0-9+/]{64,}={0,2}")
+_HEX_ONLY = re.compile(rb"[0-9a-f]+")
 
 
 def _raw(name: str) -> bytes:
     return bytes.fromhex(name[7:])
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def read_varint(data, pos: int, end: int | None = None) -> tuple[int, int]:
+    """An unsigned LEB128 number at ``pos`` (not reading at or past ``end``), and
+    the position after it; ValueError when it runs past ``end`` or 63 bits."""
+    if end is None:
+        end = len(data)
+    n = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise ValueError("a varint runs past its end")
+        b = data[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, pos
+        shift += 7
+
+
 @dataclass(frozen=True)
 class Located:
-    """Where one object lies in a pack."""
+    """Where one object lies in a pack: its block, and in it its slot (format 2;
+    ``length`` is -1) or its byte offset and length (format 1)."""
 
     block: int
     offset: int
     length: int
     spaces: int
+
+
+# -- encodings of one slot ----------------------------------------------------------
+
+
+def _looks_random(raw: bytes) -> bool:
+    """Whether decoded base64 looks like random bytes (as encrypted or compressed data
+    does): about as many distinct byte values as random bytes would show. Text that
+    happens to be in the base64 alphabet compresses better left where it is."""
+    head = raw[:256]
+    n = len(head)
+    expected = 256.0 * (1.0 - (255.0 / 256.0) ** n)
+    return len(set(head)) >= 0.8 * expected
+
+
+def encode_side(data: bytes) -> tuple[bytes, bytes] | None:
+    """``data`` with its long random base64 runs cut out (each replaced by the mark
+    byte and the decoded length), and the decoded bytes; None when nothing is cut.
+    Only runs that decode and encode back to themselves are cut: the result is exact."""
+    if _SIDE_MARK in data:
+        return None
+    side: list[bytes] = []
+
+    def cut(m: re.Match) -> bytes:
+        run = m.group(0)
+        if len(run) % 4 or _HEX_ONLY.fullmatch(run):
+            return run
+        try:
+            raw = base64.b64decode(run, validate=True)
+        except (binascii.Error, ValueError):
+            return run
+        if base64.b64encode(raw) != run or not _looks_random(raw):
+            return run
+        side.append(raw)
+        return bytes((_SIDE_MARK,)) + _varint(len(raw))
+
+    out = _B64_RUN.sub(cut, data)
+    if not side:
+        return None
+    return out, b"".join(side)
+
+
+def decode_side(payload: bytes, side: bytes) -> bytes:
+    """The inverse of :func:`encode_side`; ValueError when the two do not fit."""
+    parts: list[bytes] = []
+    pos = used = 0
+    while True:
+        i = payload.find(_SIDE_MARK, pos)
+        if i < 0:
+            parts.append(payload[pos:])
+            break
+        parts.append(payload[pos:i])
+        n, pos = read_varint(payload, i + 1)
+        if used + n > len(side):
+            raise ValueError("a cut run reaches past the side bytes")
+        parts.append(base64.b64encode(side[used : used + n]))
+        used += n
+    if used != len(side):
+        raise ValueError("side bytes left over")
+    return b"".join(parts)
+
+
+#: An envelope whose parent chain within its block is this long names its parent by
+#: hash: reading one envelope then hashes at most this many others (and their
+#: contents) to rebuild it, wherever it lies in its block.
+MAX_CHAIN = 32
+
+
+def encode_envelope(data: bytes, slot: int, local: dict[bytes, int], depth: dict[int, int]) -> bytes | None:
+    """An envelope of the common form as a kind-1 payload (None for any other form):
+    flags, its content and parent as back references to slots of this block
+    (``local``: raw name -> slot) or raw hashes, then ts, NUL, type. ``depth`` (slot ->
+    length of its chain of back-referenced parents) is kept up to date here."""
+    m = FAST_ENVELOPE.fullmatch(data)
+    return None if m is None else _encode_envelope(m, slot, local, depth)
+
+
+def _encode_envelope(m: re.Match, slot: int, local: dict[bytes, int], depth: dict[int, int]) -> bytes:
+    content, parent, ts, type_ = m.groups()
+    out = bytearray(1)
+    flags = 0
+    c = bytes.fromhex(content[7:].decode())
+    at = local.get(c)
+    if at is not None and at < slot:  # (references point back only)
+        flags |= 1
+        out += _varint(slot - at)
+    else:
+        out += c
+    chain = 0
+    if parent is not None:
+        flags |= 2
+        p = bytes.fromhex(parent[7:].decode())
+        at = local.get(p)
+        if at is not None and at < slot and depth.get(at, 0) < MAX_CHAIN:
+            flags |= 4
+            out += _varint(slot - at)
+            chain = depth.get(at, 0) + 1
+        else:
+            out += p
+    depth[slot] = chain
+    out[0] = flags
+    out += ts + b"\x00" + type_
+    return bytes(out)
+
+
+def _reference(payload: bytes, pos: int, slot: int, back: bool, what: str) -> tuple[object, int]:
+    """A slot number (``back``: a varint counting back from ``slot``) or a raw hash."""
+    if not back:
+        return payload[pos : pos + 32], pos + 32
+    d, pos = read_varint(payload, pos)
+    if not 0 < d <= slot:
+        raise ValueError(f"{what} reference {d} slots back from slot {slot}")
+    return slot - d, pos
+
+
+def _envelope_refs(payload: bytes, slot: int) -> tuple[int, object, object, int]:
+    """(flags, content, parent, where ts starts) of a kind-1 payload: each reference a
+    slot number (int) or raw hash (bytes); parent None when null."""
+    flags = payload[0]
+    if flags > 7 or (flags & 4 and not flags & 2):
+        raise ValueError(f"envelope flags {flags} are not a known combination")
+    content, pos = _reference(payload, 1, slot, bool(flags & 1), "content")
+    parent: object = None
+    if flags & 2:
+        parent, pos = _reference(payload, pos, slot, bool(flags & 4), "parent")
+    if pos > len(payload) or payload.find(b"\x00", pos) < 0:
+        raise ValueError("envelope payload cut short")
+    return flags, content, parent, pos
+
+
+def _envelope_bytes(content: bytes, parent: bytes | None, rest: bytes) -> bytes:
+    ts, _, type_ = rest.partition(b"\x00")
+    return b"".join((
+        b'{"content":"sha256:', content.hex().encode(), b'","parent":',
+        b"null" if parent is None else b'"sha256:' + parent.hex().encode() + b'"',
+        b',"ts":"', ts, b'","type":"', type_, b'"}',
+    ))
+
+
+class Block:
+    """One decompressed block of a format-2 pack: its slots, decoded on demand.
+    Decoding an envelope needs the names of the slots it points to, which are
+    hashed once and remembered, as are rebuilt envelopes (the next one needs its
+    parent's name)."""
+
+    __slots__ = ("kinds", "starts", "ends", "side_at", "stream", "side", "names", "decoded", "where", "path")
+
+    def __init__(self, stream: bytes, side: bytes, count: int, *, where: str, path: str):
+        self.where, self.path = where, path
+        table = 9 * count
+        if table > len(stream):
+            raise CorruptPackError(f"{where} is too short for its {count} slot(s)", path=path)
+        self.kinds = stream[:count]
+        lengths = struct.unpack_from(f">{count}I", stream, count)
+        sides = struct.unpack_from(f">{count}I", stream, 5 * count)
+        self.ends = list(itertools.accumulate(lengths, initial=table))
+        self.starts = self.ends[:-1]
+        del self.ends[0]
+        self.side_at = list(itertools.accumulate(sides, initial=0))
+        if count and (self.ends[-1] != len(stream) or self.side_at[-1] != len(side)):
+            raise CorruptPackError(f"{where}: its slot table does not add up to its bytes", path=path)
+        self.stream, self.side = stream, side
+        self.names: dict[int, bytes] = {}
+        self.decoded: dict[int, bytes] = {}  # rebuilt envelopes
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def object(self, slot: int, length: int = -1) -> bytes:
+        """The bytes of the object in ``slot`` (``length`` is format 1's and unused)."""
+        if not 0 <= slot < len(self.kinds):
+            raise CorruptPackError(f"{self.where} has no slot {slot}", path=self.path)
+        try:
+            return self._decode(slot)
+        except (ValueError, IndexError, struct.error, RecursionError) as exc:
+            raise CorruptPackError(f"{self.where} slot {slot} does not decode: {exc}", path=self.path) from None
+
+    def _payload(self, slot: int) -> bytes:
+        return self.stream[self.starts[slot] : self.ends[slot]]
+
+    def _decode(self, slot: int) -> bytes:
+        kind = self.kinds[slot]
+        if kind == KIND_PLAIN:
+            return self._payload(slot)
+        if kind == KIND_SIDE:
+            return decode_side(self._payload(slot), self.side[self.side_at[slot] : self.side_at[slot + 1]])
+        if kind != KIND_ENVELOPE:
+            raise ValueError(f"unknown slot kind {kind}")
+        got = self.decoded.get(slot)
+        return got if got is not None else self._decode_envelope(slot)
+
+    def _decode_envelope(self, slot: int) -> bytes:
+        """Rebuild an envelope and, first, the envelopes its parent chain in this block
+        needs (oldest first: a chain costs a loop, not recursion)."""
+        decoded, kinds = self.decoded, self.kinds
+        chain = []
+        k = slot
+        while True:
+            refs = _envelope_refs(self._payload(k), k)
+            chain.append((k, refs))
+            p = refs[2]
+            if type(p) is int and p not in decoded and kinds[p] == KIND_ENVELOPE:
+                k = p
+                continue
+            break
+        for k, (_, c, p, pos) in reversed(chain):
+            if type(c) is int:
+                c = self._name(c)
+            if type(p) is int:
+                p = self._name(p)
+            decoded[k] = _envelope_bytes(c, p, self._payload(k)[pos:])  # type: ignore[arg-type]
+        return decoded[slot]
+
+    def _name(self, slot: int) -> bytes:
+        """The hash of the object in ``slot`` (remembered: the next envelope needs it)."""
+        got = self.names.get(slot)
+        if got is None:
+            got = self.names[slot] = hashlib.sha256(self._decode(slot)).digest()
+        return got
+
+
+class _FlatBlock:
+    """A decompressed block of a format-1 pack: objects are byte ranges."""
+
+    __slots__ = ("data", "where", "path")
+
+    def __init__(self, data: bytes, *, where: str, path: str):
+        self.data, self.where, self.path = data, where, path
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def object(self, offset: int, length: int) -> bytes:
+        end = offset + length
+        if length < 0 or end > len(self.data):
+            raise CorruptPackError(f"{self.where}: an object is placed past its end", path=self.path)
+        return self.data[offset:end]
 
 
 class Pack:
@@ -123,7 +431,12 @@ class Pack:
     def _check_index(self, size: int) -> None:
         idx_path = self.idx_path
         m = self._map
-        if m[: len(IDX_MAGIC)] != IDX_MAGIC:
+        magic = m[: len(IDX_MAGIC)]
+        if magic == IDX_MAGIC:
+            self.version, where, block = 2, _WHERE, _BLOCK
+        elif magic == IDX_MAGIC_V1:
+            self.version, where, block = 1, _WHERE_V1, _BLOCK_V1
+        else:
             raise CorruptPackError(f"pack index {idx_path} does not start with the index magic", path=idx_path)
         if blake3.blake3(m[: size - _SUM]).digest() != m[size - _SUM :]:
             raise CorruptPackError(f"pack index {idx_path} fails its checksum", path=idx_path)
@@ -134,14 +447,23 @@ class Pack:
         self._names_at = o
         o += 32 * self.count
         self._where_at = o
-        o += _WHERE.size * self.count
+        o += where.size * self.count
         self._blocks_at = o
-        o += _BLOCK.size * self.nblocks
+        o += block.size * self.nblocks
         if o + 2 * _SUM != size or self._fanout[255] != self.count:
             raise CorruptPackError(f"pack index {idx_path} is not laid out as its counts say", path=idx_path)
         self.pack_sum = bytes(m[o : o + _SUM])
         self._finds = 0
         self._index: dict[bytes, int] | None = None
+        self._blocks = list(block.iter_unpack(m[self._blocks_at : self._blocks_at + block.size * self.nblocks]))
+        if self.version == 2:
+            self._firsts = [b[4] for b in self._blocks]
+            slots = 0
+            for first, count in ((b[4], b[5]) for b in self._blocks):
+                if first != slots:
+                    raise CorruptPackError(f"pack index {idx_path} numbers its blocks' slots out of order", path=idx_path)
+                slots += count
+            self.slots = slots
 
     # -- the index --------------------------------------------------------------
 
@@ -154,6 +476,17 @@ class Pack:
     #: while a process that asks for a few objects never pays for the load.
     DICT_AFTER = 2048
 
+    def _located(self, i: int) -> Located:
+        if self.version == 1:
+            return Located(*_WHERE_V1.unpack_from(self._map, self._where_at + _WHERE_V1.size * i))
+        (w,) = _WHERE.unpack_from(self._map, self._where_at + 4 * i)
+        ordinal = w >> 3
+        b = bisect_right(self._firsts, ordinal) - 1
+        if b < 0 or ordinal >= self.slots:
+            b = self.nblocks  # names no block: reported by the read
+            return Located(b, 0, -1, w & 7)
+        return Located(b, ordinal - self._firsts[b], -1, w & 7)
+
     def find(self, name: str) -> Located | None:
         """Where ``name`` lies, or None: a binary search within its fan-out slot
         (a dict once this pack has been asked often)."""
@@ -161,7 +494,7 @@ class Pack:
         index = self._index
         if index is not None:
             i = index.get(raw)
-            return None if i is None else Located(*_WHERE.unpack_from(self._map, self._where_at + _WHERE.size * i))
+            return None if i is None else self._located(i)
         self._finds += 1
         if self._finds > self.DICT_AFTER:
             names = self._map[self._names_at : self._names_at + 32 * self.count]
@@ -180,14 +513,17 @@ class Pack:
             elif probe > raw:
                 hi = mid
             else:
-                return Located(*_WHERE.unpack_from(m, self._where_at + _WHERE.size * mid))
+                return self._located(mid)
         return None
 
     def block_info(self, block: int) -> tuple[int, int, int]:
-        """(offset in the pack, compressed size, raw size) of a block."""
+        """(offset in the pack, stored size, raw size of its stream) of a block."""
         if not 0 <= block < self.nblocks:
             raise CorruptPackError(f"pack index {self.idx_path} names block {block} of {self.nblocks}", path=self.idx_path)
-        return _BLOCK.unpack_from(self._map, self._blocks_at + _BLOCK.size * block)
+        b = self._blocks[block]
+        if self.version == 1:
+            return b
+        return b[0], b[1] + b[3], b[2]
 
     def __len__(self) -> int:
         return self.count
@@ -198,16 +534,31 @@ class Pack:
             yield _PREFIX + raw.hex(), Located(*where)
 
     def records(self) -> Iterator[tuple[bytes, tuple[int, int, int, int]]]:
-        """(raw name, (block, offset, length, spaces)) of every object, in hash order,
-        unpacked in bulk (merges and sweeps walk whole indexes)."""
+        """(raw name, (block, slot or offset, length, spaces)) of every object, in hash
+        order, unpacked in bulk (merges and sweeps walk whole indexes)."""
         m = self._map
         names = m[self._names_at : self._names_at + 32 * self.count]
-        wheres = _WHERE.iter_unpack(m[self._where_at : self._where_at + _WHERE.size * self.count])
-        return zip((names[i : i + 32] for i in range(0, len(names), 32)), wheres)
+        raws = (names[i : i + 32] for i in range(0, len(names), 32))
+        if self.version == 1:
+            return zip(raws, _WHERE_V1.iter_unpack(m[self._where_at : self._where_at + _WHERE_V1.size * self.count]))
+        owner: list[int] = []  # block number by ordinal
+        for b, blk in enumerate(self._blocks):
+            owner.extend(itertools.repeat(b, blk[5]))
+        firsts, nblocks, slots = self._firsts, self.nblocks, self.slots
+
+        def where(w: int) -> tuple[int, int, int, int]:
+            ordinal = w >> 3
+            if ordinal >= slots:
+                return (nblocks, 0, -1, w & 7)
+            b = owner[ordinal]
+            return (b, ordinal - firsts[b], -1, w & 7)
+
+        ws = struct.unpack_from(f">{self.count}I", m, self._where_at)
+        return zip(raws, map(where, ws))
 
     def objects_by_block(self) -> list[list[tuple[int, int, bytes, int]]]:
-        """For each block, its objects as (offset, length, raw name, spaces) in the
-        order they lie: a repack reads each block once and cuts it up."""
+        """For each block, its objects as (slot or offset, length, raw name, spaces) in
+        the order they lie: a repack reads each block once and cuts it up."""
         blocks: list[list[tuple[int, int, bytes, int]]] = [[] for _ in range(self.nblocks)]
         for raw, (block, offset, length, spaces) in self.records():
             if not 0 <= block < self.nblocks:
@@ -227,18 +578,30 @@ class Pack:
         return self._fd
 
     def read_block_raw(self, block: int) -> bytes:
-        """A block's compressed bytes, as stored."""
+        """A block's stored bytes, as they are (its zstd frame, then its side bytes)."""
         offset, size, _ = self.block_info(block)
         data = os.pread(self._pack_fd(), size, offset)
         if len(data) != size:
             raise CorruptPackError(f"pack {self.path} ends inside block {block}", path=self.path)
         return data
 
-    def read_block(self, block: int) -> bytes:
-        """A block decompressed, its size bounded by the index before any allocation."""
-        _, _, raw = self.block_info(block)
+    def read_block(self, block: int) -> "Block | _FlatBlock":
+        """A block decompressed (its size bounded by the index before any allocation),
+        ready to give its objects by :class:`Located` ``offset``/``length``."""
         data = self.read_block_raw(block)
-        return decompress_block(data, raw, where=f"pack {self.path} block {block}", path=self.path)
+        where = f"pack {self.path} block {block}"
+        if self.version == 1:
+            raw = self._blocks[block][2]
+            return _FlatBlock(decompress_block(data, raw, where=where, path=self.path), where=where, path=self.path)
+        _, zsize, raw, side, _, count = self._blocks[block]
+        if side > MAX_BLOCK:
+            raise CorruptPackError(f"{where} claims {side} side bytes, more than a block may hold", path=self.path)
+        stream = decompress_block(data[:zsize], raw, where=where, path=self.path)
+        return Block(stream, data[zsize:], count, where=where, path=self.path)
+
+    def read(self, loc: Located) -> bytes:
+        """One object's bytes (not checked against its name: the caller does that)."""
+        return self.read_block(loc.block).object(loc.offset, loc.length)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -262,12 +625,13 @@ class Pack:
         size = os.fstat(fd).st_size
         if size < len(PACK_MAGIC) + _SUM:
             raise CorruptPackError(f"pack {self.path} is too short ({size} bytes)", path=self.path)
+        magic = PACK_MAGIC if self.version == 2 else PACK_MAGIC_V1
         pos, end = 0, size - _SUM
         while pos < end:
             chunk = os.pread(fd, min(1 << 22, end - pos), pos)
             if not chunk:
                 raise CorruptPackError(f"pack {self.path} could not be read to its end", path=self.path)
-            if pos == 0 and chunk[: len(PACK_MAGIC)] != PACK_MAGIC:
+            if pos == 0 and chunk[: len(magic)] != magic:
                 raise CorruptPackError(f"pack {self.path} does not start with the pack magic", path=self.path)
             h.update(chunk)
             pos += len(chunk)
@@ -300,13 +664,35 @@ def decompress_block(data: bytes, raw: int, *, where: str, path: str) -> bytes:
 class PackWriter:
     """Write one pack and its index: objects are added in the order they should
     sit (a session's objects together compress best), then :meth:`finish`
-    makes both files durable and renames them into ``pack_dir``."""
+    makes both files durable and renames them into ``pack_dir``.
 
-    def __init__(self, pack_dir: str, tmp_dir: str, *, level: int = 3, block_target: int = BLOCK_TARGET):
+    ``encode`` stores envelopes and random base64 runs compactly (see the module
+    docstring) and puts a block's envelopes after its other objects (alike
+    things together compress better): what a full repack does. Writers on an
+    append's path leave it off, since it costs a regular expression per object.
+    ``threads`` compresses that many blocks at once beside the caller (zstd
+    lets go of the interpreter lock while it works); blocks are written in order.
+    """
+
+    def __init__(self, pack_dir: str, tmp_dir: str, *, level: int = 3, block_target: int = BLOCK_TARGET,
+                 encode: bool = False, threads: int = 0):
         self.pack_dir = pack_dir
         self.tmp_dir = tmp_dir
-        self.block_target = block_target
+        # Capped so that no block can outgrow what a reader accepts (MAX_BLOCK): a
+        # block is this target, or one object, plus what envelopes outweigh their
+        # estimate (ENVELOPE_SIZE) by.
+        self.block_target = min(block_target, MAX_TARGET)
+        self.encode = encode
+        self.level = level
         self._cctx = zstandard.ZstdCompressor(level=level, write_checksum=False)
+        self._pool = None
+        if threads > 0:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pack-compress")
+            self._threads = threads
+            self._local_cctx = threading.local()
+        self._inflight: list = []  # (future of the zstd frame, stream size, side, first, count), in order
         self._tmp = os.path.join(tmp_dir, f"pack-{os.getpid()}-{os.urandom(6).hex()}")
         try:
             self._fd = os.open(self._tmp + ".pack", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -317,9 +703,10 @@ class PackWriter:
         self._out: list[bytes] = []  # compressed bytes not yet written (see WRITE_BUFFER)
         self._out_len = 0
         self._pos = 0
-        self._objects: dict[bytes, list[int]] = {}  # raw name -> [block, offset, length, spaces]
-        self._blocks: list[tuple[int, int, int]] = []
-        self._buf: list[bytes] = []
+        self._objects: dict[bytes, list[int]] = {}  # raw name -> [ordinal, spaces]
+        self._blocks: list[tuple[int, int, int, int, int, int]] = []
+        self._slots = 0  # ordinals given out to blocks already cut
+        self._pending: list[tuple[bytes, int, bytes]] = []  # the block being filled: (raw, spaces, data)
         self._buf_len = 0
         self._write(PACK_MAGIC)
 
@@ -333,6 +720,9 @@ class PackWriter:
     #: on a worker thread then gives up the interpreter lock a few times per
     #: pack, not once per block (each hand-back can wait a switch interval).
     WRITE_BUFFER = 8 << 20
+    #: What an envelope is counted as towards a block's size when ``encode`` is on
+    #: (about what its encoded form takes).
+    ENVELOPE_SIZE = 48
 
     def _write(self, data: bytes) -> None:
         self._out.append(data)
@@ -356,48 +746,143 @@ class PackWriter:
         """Add an object by its raw name and space bits (a repack copying objects)."""
         known = self._objects.get(raw)
         if known is not None:
-            known[3] |= spaces
+            known[1] |= spaces
             return
-        if self._buf_len and self._buf_len + len(data) > self.block_target:
-            self._flush()
-        self._objects[raw] = [len(self._blocks), self._buf_len, len(data), spaces]
-        self._buf.append(data)
-        self._buf_len += len(data)
+        size = self.ENVELOPE_SIZE if self.encode and data[:12] == b'{"content":"' else len(data)
+        if self._buf_len and self._buf_len + size > self.block_target:
+            self._cut()
+        if self._slots + len(self._pending) >= MAX_OBJECTS:
+            raise StoreError(f"a pack holds at most {MAX_OBJECTS} objects")
+        self._objects[raw] = [-1, spaces]  # its ordinal is given when its block is cut
+        self._pending.append((raw, spaces, data))
+        self._buf_len += size
         if self._buf_len >= self.block_target:
-            self._flush()
+            self._cut()
 
     def copy_pack(self, pack: "Pack") -> None:
-        """Copy every block of another pack as it is (a merge need not recompress),
-        and take over its index records with their block numbers shifted."""
-        self._flush()
+        """Copy every block of another pack as it is (a merge need not recompress: a
+        slot's back references stay within its block), and take over its index
+        records with their ordinals shifted. A pack of the first format is read
+        and its objects added one by one."""
+        self._cut()
         if not pack.nblocks:
             return
-        first = len(self._blocks)
+        if pack.version == 1:
+            for b, objs in enumerate(pack.objects_by_block()):
+                if objs:
+                    blk = pack.read_block(b)
+                    for offset, length, raw, spaces in objs:
+                        self.add_raw(raw, spaces, blk.object(offset, length))
+            self._cut()
+            return
+        self._collect(wait=True)
         start = pack.block_info(0)[0]
-        blocks = [pack.block_info(b) for b in range(pack.nblocks)]
-        end = blocks[-1][0] + blocks[-1][1]
+        last = pack.block_info(pack.nblocks - 1)
+        end = last[0] + last[1]
         data = os.pread(pack._pack_fd(), end - start, start)
         if len(data) != end - start:
             raise CorruptPackError(f"pack {pack.path} ends inside its blocks", path=pack.path)
         shift = self._pos - start
-        self._blocks.extend((off + shift, size, raw) for off, size, raw in blocks)
+        base = self._slots
+        self._blocks.extend(
+            (off + shift, zsize, raw, side, first + base, count) for off, zsize, raw, side, first, count in pack._blocks
+        )
+        self._slots += pack.slots
         self._write(data)
         objects = self._objects
-        for raw, (block, offset, length, spaces) in pack.records():
+        for raw, w in zip(
+            (bytes(pack._name_at(i)) for i in range(pack.count)),
+            struct.unpack_from(f">{pack.count}I", pack._map, pack._where_at),
+        ):
             known = objects.get(raw)
             if known is not None:
-                known[3] |= spaces
+                known[1] |= w & 7
             else:
-                objects[raw] = [block + first, offset, length, spaces]
+                objects[raw] = [(w >> 3) + base, w & 7]
 
-    def _flush(self) -> None:
-        if not self._buf:  # (not the byte count: an empty object still needs its block)
+    def _cut(self) -> None:
+        """Close the block being filled: give its objects their slots (envelopes last
+        when encoding), encode them, and hand the stream to zstd."""
+        pending = self._pending
+        count = len(pending)
+        if not count:  # (not the byte count: an empty object still needs its slot)
             return
-        raw = b"".join(self._buf)
-        data = self._cctx.compress(raw)
-        self._blocks.append((self._pos, len(data), len(raw)))
-        self._write(data)
-        self._buf, self._buf_len = [], 0
+        self._pending, self._buf_len = [], 0
+        kinds = bytearray(count)
+        lens = [0] * count
+        side_lens = [0] * count
+        payloads: list[bytes] = []
+        side: list[bytes] = []
+        objects, first = self._objects, self._slots
+        if self.encode:
+            match = FAST_ENVELOPE.fullmatch
+            found = [match(d) if d[:12] == b'{"content":"' else None for _, _, d in pending]
+            order = [(o, None) for o, m in zip(pending, found) if m is None]
+            order += [(o, m) for o, m in zip(pending, found) if m is not None]
+            local = {raw: slot for slot, ((raw, _, _), _) in enumerate(order)}
+            depth: dict[int, int] = {}
+            contents = SPACE_BITS["contents"]
+            for slot, ((raw, spaces, data), m) in enumerate(order):
+                objects[raw][0] = first + slot
+                payload = None
+                if m is not None:
+                    payload = _encode_envelope(m, slot, local, depth)
+                    kinds[slot] = KIND_ENVELOPE
+                elif spaces & contents and len(data) >= 64:
+                    cut = encode_side(data)
+                    if cut is not None:
+                        payload, extra = cut
+                        kinds[slot] = KIND_SIDE
+                        side.append(extra)
+                        side_lens[slot] = len(extra)
+                if payload is None:
+                    payload = data
+                payloads.append(payload)
+                lens[slot] = len(payload)
+        else:
+            for slot, (raw, _, data) in enumerate(pending):
+                objects[raw][0] = first + slot
+                payloads.append(data)
+                lens[slot] = len(data)
+        stream = b"".join((bytes(kinds), struct.pack(f">{count}I", *lens), struct.pack(f">{count}I", *side_lens), *payloads))
+        side_bytes = b"".join(side)
+        if len(stream) > MAX_BLOCK or len(side_bytes) > MAX_BLOCK:  # (cannot happen: see MAX_TARGET)
+            raise StoreError(f"a block of {len(stream)} + {len(side_bytes)} bytes is more than a reader accepts")
+        self._slots += count
+        job = (stream, side_bytes, first, count)
+        if self._pool is None:
+            self._put_block(self._cctx.compress(stream), *job)
+            return
+        self._inflight.append((self._pool.submit(self._compress, stream), job))
+        self._collect(wait=False)
+
+    def _compress(self, stream: bytes) -> bytes:
+        cctx = getattr(self._local_cctx, "cctx", None)
+        if cctx is None:
+            cctx = self._local_cctx.cctx = zstandard.ZstdCompressor(level=self.level, write_checksum=False)
+        return cctx.compress(stream)
+
+    def _collect(self, *, wait: bool) -> None:
+        """Write the compressed blocks that are ready, in order (all of them when
+        ``wait``; else waiting only while too many are in flight)."""
+        inflight = self._inflight
+        while inflight and (wait or inflight[0][0].done() or len(inflight) > 2 * self._threads):
+            future, job = inflight.pop(0)
+            self._put_block(future.result(), *job)
+
+    def _put_block(self, frame: bytes, stream: bytes, side: bytes, first: int, count: int) -> None:
+        self._blocks.append((self._pos, len(frame), len(stream), len(side), first, count))
+        self._write(frame)
+        if side:
+            self._write(side)
+
+    def _shutdown(self) -> None:
+        if self._pool is not None:
+            for future, _ in self._inflight:
+                future.cancel()
+            self._inflight = []
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def finish(self) -> str:
         """Seal, fsync and rename into place; return the index's path. A pack of
@@ -405,7 +890,9 @@ class PackWriter:
         if not self._objects:
             self.abort()
             raise StoreError("refusing to write an empty pack")
-        self._flush()
+        self._cut()
+        self._collect(wait=True)
+        self._shutdown()
         self._drain()
         pack_sum = self._hash.digest()
         write_all(self._fd, pack_sum)
@@ -428,7 +915,7 @@ class PackWriter:
             _HEAD.pack(len(names), len(self._blocks)),
             _FANOUT.pack(*fanout),
             b"".join(names),
-            b"".join(_WHERE.pack(*objs[raw]) for raw in names),
+            struct.pack(f">{len(names)}I", *((objs[raw][0] << 3) | objs[raw][1] for raw in names)),
             b"".join(_BLOCK.pack(*b) for b in self._blocks),
             pack_sum,
         ]
@@ -452,6 +939,7 @@ class PackWriter:
         return final + ".idx"
 
     def abort(self) -> None:
+        self._shutdown()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -479,7 +967,7 @@ class PackSet:
         self.packs: list[Pack] = []
         self._seen: int | None = None  # mtime_ns of the directory when last listed
         self._racy = False  # listed within RACY_NS of that mtime: not to be trusted
-        self._cache: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int], Block | _FlatBlock] = OrderedDict()
         #: Packs found unreadable when listed (name -> why); skipped by reads.
         self.bad: dict[str, str] = {}
         self._lock = threading.RLock()
@@ -550,12 +1038,7 @@ class PackSet:
                 self._cache[key] = block
                 if len(self._cache) > self.CACHE_BLOCKS:
                     self._cache.popitem(last=False)
-        end = loc.offset + loc.length
-        if end > len(block):
-            raise CorruptPackError(
-                f"pack index {pack.idx_path} places an object past the end of block {loc.block}", path=pack.idx_path
-            )
-        return block[loc.offset : end]
+        return block.object(loc.offset, loc.length)
 
     def close(self) -> None:
         for p in self.packs:

@@ -63,6 +63,7 @@ from .tree import Tree
 
 __all__ = [
     "LAYOUT",
+    "OLDER_LAYOUTS",
     "SYNC_POLICIES",
     "DEFAULT_STORE",
     "AppendResult",
@@ -72,7 +73,11 @@ __all__ = [
 ]
 
 #: The layout this release writes and reads, as the ``layout`` file spells it.
-LAYOUT = "agentsession-cas 1"
+LAYOUT = "agentsession-cas 2"
+#: Earlier layouts this release reads as they are. A writable open moves the file to
+#: :data:`LAYOUT` before it writes anything, since what it writes (format-2 packs)
+#: is not readable by the releases that wrote those; a read-only open writes nothing.
+OLDER_LAYOUTS = ("agentsession-cas 1",)
 #: When an append is made durable before it returns.
 SYNC_POLICIES = ("always", "responses", "never")
 DEFAULT_STORE = "~/.agent/cas"
@@ -267,6 +272,10 @@ class Store:
             raise LayoutError(f"no store at {self.root} (no layout file); create one with `agentsession init`") from None
         except IsADirectoryError:
             raise LayoutError(f"{layout} is a directory, not a layout file") from None
+        if text in OLDER_LAYOUTS:
+            if not self.readonly:
+                _write_atomic(layout, (LAYOUT + "\n").encode(), durable=True)
+            return
         if text != LAYOUT:
             raise LayoutError(
                 f"the store at {self.root} has layout {text!r}; this release reads {LAYOUT!r} (a newer or unknown layout)"

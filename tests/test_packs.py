@@ -94,7 +94,10 @@ def write_idx_fields(idx: Path, *, block_rows: dict[int, tuple[int, int, int]] |
     data = bytearray(idx.read_bytes()[:-32])
     for b, row in (block_rows or {}).items():
         assert 0 <= b < nblocks
-        struct.pack_into(">QII", data, blocks_at + 16 * b, *row)
+        at = blocks_at + packs_mod._BLOCK.size * b
+        _, _, _, side, first, count = packs_mod._BLOCK.unpack_from(data, at)
+        offset, size, raw = row  # (offset, stored size, raw size), as block_info gives them
+        packs_mod._BLOCK.pack_into(data, at, offset, size - side, raw, side, first, count)
     if pack_sum is not None:
         data[-32:] = pack_sum
     idx.write_bytes(bytes(data) + blake3.blake3(bytes(data)).digest())
@@ -154,7 +157,7 @@ def test_round_trip_many_objects_several_blocks(tmp_path):
 
     pack_path = idx.with_suffix(".pack")
     raw = pack_path.read_bytes()
-    assert raw.startswith(b"ASPACK\x00\x01")
+    assert raw.startswith(b"ASPACK\x00\x02")
     assert blake3.blake3(raw[:-32]).digest() == raw[-32:]
     assert idx.name == f"pack-{raw[-32:].hex()}.idx"  # named by its checksum
 
@@ -170,12 +173,12 @@ def test_round_trip_many_objects_several_blocks(tmp_path):
             loc = p.find(n)
             assert loc is not None, n
             assert ps.read(p, loc) == d
-            assert p.read_block(loc.block)[loc.offset : loc.offset + loc.length] == d
+            assert p.read(loc) == d
             want = SPACE_BITS[sp] | (SPACE_BITS["entries"] if n == dup_name else 0)
             assert loc.spaces == want
         for _, n, d in big:
             loc = p.find(n)
-            assert loc.offset == 0 and loc.length == len(d)  # a block of its own
+            assert loc.offset == 0 and len(p.read_block(loc.block)) == 1  # a block of its own
         assert p.find(dup_name).spaces == SPACE_BITS["contents"] | SPACE_BITS["entries"]
         ps.close()
     finally:
@@ -207,7 +210,7 @@ def test_an_empty_object_packs_and_reads(root, objs):
     p = Pack(idx)
     try:
         loc = p.find(empty[1])
-        assert loc is not None and p.read_block(loc.block)[loc.offset : loc.offset + loc.length] == b""
+        assert loc is not None and p.read(loc) == b""
     finally:
         p.close()
 
@@ -250,7 +253,7 @@ def test_lookup_of_absent_names_in_every_fanout_slot(tmp_path):
         assert all(loc is not None for loc in got.values())
         for i, raw in enumerate(present):
             loc = got[raw]
-            assert p.read_block(loc.block)[loc.offset : loc.offset + loc.length] == b"x%d" % i
+            assert p.read(loc) == b"x%d" % i
         have = set(present)
         for b in range(256):
             for rest in (b"\x00" * 31, b"\x01" * 31, b"\x40" * 30 + b"\x41", b"\x80" * 31, b"\xc0" * 30 + b"\xbf", b"\xc1" * 31, b"\xff" * 31):
@@ -462,28 +465,40 @@ def test_frame_declaring_another_size_is_refused_before_allocation(tmp_path, mon
         p.close()
 
 
-def test_index_placing_an_object_outside_its_block_is_refused(root, objs):
+def test_index_placing_an_object_outside_its_blocks_is_refused(root, objs):
     its = items(PACK_BATCH)
     objs.write_pack(its)
     [idx] = idx_files(root)
     p = Pack(str(idx))
-    where_at, nblocks = p._where_at, p.nblocks
+    where_at, nblocks, slots = p._where_at, p.nblocks, p.slots
     p.close()
     body = bytearray(idx.read_bytes()[:-32])
-    block, offset, length, spaces = struct.unpack_from(">IIIB", body, where_at)
-    struct.pack_into(">IIIB", body, where_at, block, offset, 10**9, spaces)  # the first name's record
-    struct.pack_into(">IIIB", body, where_at + 13, nblocks + 5, offset, length, spaces)  # the second's
+    (w,) = struct.unpack_from(">I", body, where_at)
+    struct.pack_into(">I", body, where_at, ((slots + 5) << 3) | (w & 7))  # the first name's record
     idx.write_bytes(bytes(body) + blake3.blake3(bytes(body)).digest())
     names = sorted(its, key=lambda t: t[1])
     reader = other(root)
     try:
-        with pytest.raises(CorruptPackError, match="past the end of block"):
+        with pytest.raises(CorruptPackError, match=f"names block {nblocks} of {nblocks}"):
             reader.get("contents", names[0][1])
-        with pytest.raises(CorruptPackError, match=f"names block {nblocks + 5}"):
-            reader.get("contents", names[1][1])
-        assert reader.get("contents", names[2][1]) == names[2][2]
+        assert reader.get("contents", names[1][1]) == names[1][2]
     finally:
         reader.close()
+
+
+def test_blocks_numbering_their_slots_out_of_order_are_refused(tmp_path):
+    idx = make_pack(tmp_path, items(200))
+    p = Pack(str(idx))
+    blocks_at, nblocks = p._blocks_at, p.nblocks
+    p.close()
+    assert nblocks >= 2
+    body = bytearray(idx.read_bytes()[:-32])
+    row = list(packs_mod._BLOCK.unpack_from(body, blocks_at + packs_mod._BLOCK.size))
+    row[4] += 1  # block 1 starts one slot late: an ordinal would name no object
+    packs_mod._BLOCK.pack_into(body, blocks_at + packs_mod._BLOCK.size, *row)
+    idx.write_bytes(bytes(body) + blake3.blake3(bytes(body)).digest())
+    with pytest.raises(CorruptPackError, match="out of order"):
+        Pack(str(idx))
 
 
 def test_frame_without_a_size_cannot_inflate_past_the_index(tmp_path):
@@ -1035,7 +1050,6 @@ def test_find_agrees_before_and_after_the_pack_loads_its_names_into_a_dict(root,
         assert answers[len(its):] == [None] * len(absent)
         assert answers[:3] == before
         for (sp, n, d), loc in zip(its, answers):
-            block = p.read_block(loc.block)
-            assert block[loc.offset : loc.offset + loc.length] == d
+            assert p.read(loc) == d
     finally:
         p.close()

@@ -202,7 +202,7 @@ def test_open_without_layout_refused_and_writes_nothing(tmp_path):
     assert snapshot(d) == before
 
 
-@pytest.mark.parametrize("layout", ["agentsession-cas 2", "something else", ""])
+@pytest.mark.parametrize("layout", ["agentsession-cas 3", "something else", ""])
 def test_unknown_or_newer_layout_refused_before_writing(root, layout):
     with Store.init(root) as st:
         chain(st)

@@ -1,0 +1,431 @@
+"""Pack format 2 (agentsession_cas/packs.py): slots, the compact encodings a full
+repack uses (envelopes as back references, random base64 cut to a side area),
+their exactness and their failure modes, threaded compression, and packs of
+the first format still read, merged and repacked; the layout file's move from
+1 to 2.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import random
+import struct
+from pathlib import Path
+
+import blake3
+import pytest
+
+import agentsession_cas.packs as packs_mod
+from agentsession_cas import Header
+from agentsession_cas.errors import CorruptObjectError, CorruptPackError, LayoutError
+from agentsession_cas.fsck import fsck
+from agentsession_cas.hashing import envelope_bytes, sha256_ref
+from agentsession_cas.objects import ObjectStore
+from agentsession_cas.packs import (
+    KIND_ENVELOPE,
+    KIND_PLAIN,
+    KIND_SIDE,
+    MAX_BLOCK,
+    MAX_CHAIN,
+    SPACE_BITS,
+    Pack,
+    PackSet,
+    PackWriter,
+    decode_side,
+    encode_envelope,
+    encode_side,
+)
+from agentsession_cas.store import LAYOUT, Store
+
+E, C, B = SPACE_BITS["entries"], SPACE_BITS["contents"], SPACE_BITS["blobs"]
+
+
+def b64(rng: random.Random, n: int) -> str:
+    return base64.b64encode(rng.randbytes(n)).decode()
+
+
+def chain_objects(n: int, *, seed: int = 0, secret_every: int = 3) -> list[tuple[int, bytes, bytes]]:
+    """(space bits, raw name, bytes) of ``n`` entries as a store packs them: each
+    content, then its envelope, parent to parent; some contents carry random base64."""
+    rng = random.Random(seed)
+    out = []
+    parent = None
+    for i in range(n):
+        body = {"item": {"type": "message", "text": f"turn {i} of the session, words words"}}
+        if i % secret_every == 0:
+            body["item"]["encrypted_content"] = b64(rng, rng.randint(48, 600))
+        content = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+        c = sha256_ref(content)
+        env = envelope_bytes("item", parent, None, f"2026-11-30T07:{i // 60 % 60:02d}:{i % 60:02d}.{i:06d}Z", c)
+        out.append((C, bytes.fromhex(c[7:]), content))
+        out.append((E, hashlib.sha256(env).digest(), env))
+        parent = sha256_ref(env)
+    return out
+
+
+def write(tmp: Path, objects, **kw) -> Path:
+    w = PackWriter(str(tmp / "pack"), str(tmp / "tmp"), **kw)
+    for spaces, raw, data in objects:
+        w.add_raw(raw, spaces, data)
+    return Path(w.finish())
+
+
+def read_all(idx: Path, objects) -> None:
+    p = Pack(str(idx))
+    ps = PackSet(str(idx.parent))
+    try:
+        for spaces, raw, data in objects:
+            loc = p.find("sha256:" + raw.hex())
+            assert loc is not None and loc.spaces & spaces
+            assert ps.read(p, loc) == data
+    finally:
+        ps.close()
+        p.close()
+
+
+def kinds_of(idx: Path) -> dict[int, int]:
+    p = Pack(str(idx))
+    try:
+        counts: dict[int, int] = {}
+        for b in range(p.nblocks):
+            for k in p.read_block(b).kinds:
+                counts[k] = counts.get(k, 0) + 1
+        return counts
+    finally:
+        p.close()
+
+
+def write_v1_pack(pack_dir: Path, objects, *, block_target: int = 4096) -> Path:
+    """A pack of the first format, written as docs/storage-format.md describes it
+    (each object's block, offset and length in the index; objects as they are)."""
+    import zstandard
+
+    body = bytearray(packs_mod.PACK_MAGIC_V1)
+    blocks, where, buf = [], {}, []
+
+    def flush():
+        if buf:
+            raw = b"".join(buf)
+            frame = zstandard.ZstdCompressor(level=3).compress(raw)
+            blocks.append((len(body), len(frame), len(raw)))
+            body.extend(frame)
+            buf.clear()
+
+    for spaces, name, data in objects:
+        if name in where:
+            where[name][3] |= spaces
+            continue
+        if buf and sum(map(len, buf)) + len(data) > block_target:
+            flush()
+        where[name] = [len(blocks), sum(map(len, buf)), len(data), spaces]
+        buf.append(data)
+    flush()
+    pack_sum = blake3.blake3(bytes(body)).digest()
+    names = sorted(where)
+    fanout, total = [], 0
+    for i in range(256):
+        total += sum(1 for n in names if n[0] == i)
+        fanout.append(total)
+    idx = b"".join([
+        packs_mod.IDX_MAGIC_V1, struct.pack(">II", len(names), len(blocks)), struct.pack(">256I", *fanout),
+        b"".join(names), b"".join(struct.pack(">IIIB", *where[n]) for n in names),
+        b"".join(struct.pack(">QII", *b) for b in blocks), pack_sum,
+    ])
+    pack_dir.mkdir(parents=True, exist_ok=True)
+    final = pack_dir / f"pack-{pack_sum.hex()}"
+    (final.with_suffix(".pack")).write_bytes(bytes(body) + pack_sum)
+    (final.with_suffix(".idx")).write_bytes(idx + blake3.blake3(idx).digest())
+    return final.with_suffix(".idx")
+
+
+# -- the encodings, one by one ------------------------------------------------------------
+
+
+def test_random_base64_is_cut_exactly_and_nothing_else_is():
+    rng = random.Random(1)
+    secret = b64(rng, 300)
+    data = json.dumps({"a": secret, "b": "words " * 20, "c": b64(rng, 90)}).encode()
+    cut = encode_side(data)
+    assert cut is not None
+    payload, side = cut
+    assert len(side) == 390 and secret.encode() not in payload
+    assert decode_side(payload, side) == data
+    keep = [
+        json.dumps({"x": "A" * 400}).encode(),  # in the alphabet, not random: compresses where it is
+        json.dumps({"x": "abcdefghij" * 12}).encode(),
+        json.dumps({"x": "0123456789abcdef" * 8}).encode(),  # hex: zstd codes it in four bits a character
+        json.dumps({"x": b64(rng, 96)[:-1]}).encode(),  # not a whole number of quads
+        json.dumps({"x": "short " + b64(rng, 30)}).encode(),  # under 64 characters
+        json.dumps({"x": b64(rng, 100)}).encode() + b"\xfa",  # holds the mark byte: never cut
+    ]
+    for d in keep:
+        assert encode_side(d) is None, d[:40]
+    # Bits that a decode would drop (a non-canonical last quad) keep the run where it is.
+    odd = b64(rng, 96)[:-4] + "QR=="
+    assert base64.b64encode(base64.b64decode(odd, validate=True)) != odd.encode()
+    assert encode_side(json.dumps({"x": odd}).encode()) is None
+    # The inverse refuses side bytes that do not fit.
+    with pytest.raises(ValueError):
+        decode_side(payload, side[:-1])
+    with pytest.raises(ValueError):
+        decode_side(payload, side + b"!")
+
+
+def test_an_envelope_of_the_common_form_points_back_or_carries_its_hashes():
+    content = sha256_ref(b"{}")
+    parent = sha256_ref(b"parent")
+    env = envelope_bytes("item", parent, None, "2026-11-30T07:00:00.5Z", content)
+    local = {bytes.fromhex(content[7:]): 3, bytes.fromhex(parent[7:]): 1}
+    depth: dict[int, int] = {}
+    near = encode_envelope(env, 5, local, depth)
+    assert near is not None and near[0] == 1 | 2 | 4 and len(near) < 40 and depth[5] == 1
+    far = encode_envelope(env, 5, {}, {})
+    assert far is not None and far[0] == 2 and bytes.fromhex(content[7:]) in far
+    root = encode_envelope(envelope_bytes("config", None, None, "2026-11-30T07:00:00Z", content), 0, {}, {})
+    assert root is not None and root[0] == 0
+    # Other forms are stored as they are.
+    merged = envelope_bytes("merge", parent, [parent, content], "2026-11-30T07:00:00Z", content)
+    assert encode_envelope(merged, 5, local, {}) is None
+    assert encode_envelope(b'{"content":"x"}', 0, {}, {}) is None
+    # A parent whose chain in the block is already MAX_CHAIN long is named by hash.
+    assert encode_envelope(env, 5, local, {1: MAX_CHAIN})[0] == 1 | 2
+
+
+# -- packs written with encode=True -------------------------------------------------------
+
+
+def test_an_encoded_pack_reads_every_object_back_exactly(tmp_path):
+    objects = chain_objects(400)
+    objects.append((B, hashlib.sha256(b"\xfa binary").digest(), b"\xfa binary"))
+    blob_b64 = json.dumps({"x": b64(random.Random(3), 200)}).encode()  # a blob is never cut
+    objects.append((B, hashlib.sha256(blob_b64).digest(), blob_b64))
+    idx = write(tmp_path, objects, encode=True, block_target=16 << 10)
+    kinds = kinds_of(idx)
+    assert kinds[KIND_ENVELOPE] == 400 and kinds[KIND_SIDE] >= 100 and kinds[KIND_PLAIN] >= 200
+    read_all(idx, objects)
+    plain = write(tmp_path / "plain", objects, block_target=16 << 10)
+    assert set(kinds_of(plain)) == {KIND_PLAIN}
+    read_all(plain, objects)
+    assert idx.with_suffix(".pack").stat().st_size < 0.8 * plain.with_suffix(".pack").stat().st_size
+
+
+def test_envelopes_go_last_in_their_block_and_point_back_only(tmp_path):
+    objects = chain_objects(50)
+    idx = write(tmp_path, objects, encode=True, block_target=1 << 20)
+    p = Pack(str(idx))
+    try:
+        assert p.nblocks == 1
+        blk = p.read_block(0)
+        kinds = bytes(blk.kinds)
+        assert kinds.rstrip(bytes([KIND_ENVELOPE])) == kinds[:50] and kinds[50:] == bytes([KIND_ENVELOPE]) * 50
+    finally:
+        p.close()
+
+
+def test_any_envelope_of_a_long_chain_reads_without_walking_the_block(tmp_path):
+    objects = chain_objects(3000, secret_every=10**9)
+    idx = write(tmp_path, objects, encode=True, block_target=64 << 20)
+    p = Pack(str(idx))
+    try:
+        assert p.nblocks == 1
+        last = p.find("sha256:" + objects[-1][1].hex())
+        blk = p.read_block(0)
+        assert blk.object(last.offset) == objects[-1][2]
+        # Rebuilt: the one asked for and the parents back to the last anchor (a few
+        # dozen, whatever the block holds).
+        assert 1 <= len(blk.decoded) <= MAX_CHAIN + 1 <= 65
+        for spaces, raw, data in reversed(objects):
+            assert blk.object(p.find("sha256:" + raw.hex()).offset) == data
+    finally:
+        p.close()
+
+
+def test_children_added_before_their_parents_name_them_by_hash(tmp_path):
+    """A repack adds objects in the order older packs hold them, which need not be
+    parent first: a reference may only point back, so these carry hashes."""
+    objects = chain_objects(40, secret_every=10**9)
+    pairs = [objects[i : i + 2] for i in range(0, len(objects), 2)]
+    backwards = [o for pair in reversed(pairs) for o in reversed(pair)]  # envelope, then its content
+    idx = write(tmp_path, backwards, encode=True, block_target=1 << 20)
+    assert kinds_of(idx)[KIND_ENVELOPE] == 40
+    read_all(idx, objects)
+
+
+def test_threads_write_the_very_same_pack(tmp_path):
+    objects = chain_objects(600)
+    one = write(tmp_path / "a", objects, encode=True, block_target=8 << 10, level=5)
+    two = write(tmp_path / "b", objects, encode=True, block_target=8 << 10, level=5, threads=2)
+    assert one.name == two.name  # named by their checksum: the same bytes
+    assert one.read_bytes() == two.read_bytes()
+    assert one.with_suffix(".pack").read_bytes() == two.with_suffix(".pack").read_bytes()
+
+
+def test_a_wrong_back_reference_is_never_served(tmp_path, monkeypatch):
+    """A writer bug pointing an envelope at the wrong slot: the rebuilt bytes do not
+    hash to the name, and the read says so (it never serves them)."""
+    real = packs_mod._encode_envelope
+
+    def off_by_one(m, slot, local, depth):
+        out = real(m, slot, local, depth)
+        if out is not None and out[0] & 1 and out[1] == 50:  # the content 50 slots back
+            out = bytes([out[0], 49]) + out[2:]
+        return out
+
+    objects = chain_objects(50, secret_every=10**9)
+    root = tmp_path / "store"
+    Store.init(root).close()
+    monkeypatch.setattr(packs_mod, "_encode_envelope", off_by_one)
+    write(root / "objects", objects, encode=True, block_target=1 << 20)
+    monkeypatch.undo()
+    objs = ObjectStore(str(root))
+    try:
+        first_env = objects[1]
+        with pytest.raises(CorruptObjectError, match="does not hash to its name"):
+            objs.get("entries", "sha256:" + first_env[1].hex())
+        assert objs.get("contents", "sha256:" + objects[0][1].hex()) == objects[0][2]
+    finally:
+        objs.close()
+    report = fsck(str(root))
+    assert any(p.code == "corrupt-object" and first_env[1].hex() in p.message for p in report.problems)
+
+
+@pytest.mark.parametrize("distance", [0, 10**6])
+def test_a_reference_outside_the_block_does_not_decode(tmp_path, monkeypatch, distance):
+    real = packs_mod._encode_envelope
+
+    def bad(m, slot, local, depth):
+        out = real(m, slot, local, depth)
+        if out is not None and out[0] & 1:
+            out = bytes([out[0]]) + packs_mod._varint(distance) + out[1 + len(packs_mod._varint(out[1])):]
+        return out
+
+    objects = chain_objects(5, secret_every=10**9)
+    monkeypatch.setattr(packs_mod, "_encode_envelope", bad)
+    idx = write(tmp_path, objects, encode=True, block_target=1 << 20)
+    monkeypatch.undo()
+    p = Pack(str(idx))
+    try:
+        loc = p.find("sha256:" + objects[1][1].hex())
+        with pytest.raises(CorruptPackError, match=r"slot \d+ does not decode: content reference"):
+            p.read(loc)
+    finally:
+        p.close()
+
+
+def test_a_block_whose_slot_table_does_not_add_up_is_corrupt():
+    stream = bytes([0, 0]) + struct.pack(">2I", 3, 3) + struct.pack(">2I", 0, 0) + b"abcdef"
+    blk = packs_mod.Block(stream, b"", 2, where="w", path="p")
+    assert blk.object(0) == b"abc" and blk.object(1) == b"def"
+    with pytest.raises(CorruptPackError, match="does not add up"):
+        packs_mod.Block(stream + b"!", b"", 2, where="w", path="p")
+    with pytest.raises(CorruptPackError, match="does not add up"):
+        packs_mod.Block(stream, b"side", 2, where="w", path="p")
+    with pytest.raises(CorruptPackError, match="too short"):
+        packs_mod.Block(stream[:10], b"", 2, where="w", path="p")
+    with pytest.raises(CorruptPackError, match="no slot 2"):
+        blk.object(2)
+    odd = bytes([9]) + struct.pack(">I", 1) + struct.pack(">I", 0) + b"x"
+    with pytest.raises(CorruptPackError, match="unknown slot kind 9"):
+        packs_mod.Block(odd, b"", 1, where="w", path="p").object(0)
+
+
+def test_an_index_claiming_a_huge_side_area_is_refused_before_reading_it(tmp_path):
+    idx = write(tmp_path, chain_objects(20), encode=True)
+    p = Pack(str(idx))
+    blocks_at = p._blocks_at
+    p.close()
+    body = bytearray(idx.read_bytes()[:-32])
+    row = list(packs_mod._BLOCK.unpack_from(body, blocks_at))
+    row[3] = MAX_BLOCK + 1
+    packs_mod._BLOCK.pack_into(body, blocks_at, *row)
+    idx.write_bytes(bytes(body) + blake3.blake3(bytes(body)).digest())
+    p = Pack(str(idx))
+    try:
+        with pytest.raises(CorruptPackError):
+            p.read_block(0)
+    finally:
+        p.close()
+
+
+# -- the store: repack, merges, the first format ------------------------------------------
+
+
+def fill(store: Store, sid: str, n: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    s = store.create(Header.new(sid))
+    for i in range(n):
+        item = {"type": "reasoning", "id": f"rs_{rng.getrandbits(96):024x}", "summary": [],
+                "encrypted_content": b64(rng, rng.randint(100, 900))}
+        s.append({"type": "item", "item": item})
+        s.append({"type": "item", "item": {"type": "message", "role": "assistant",
+                                           "content": [{"type": "output_text", "text": f"answer {i}"}]}})
+    s.close()
+
+
+def test_pack_encodes_and_the_store_reads_the_same_sessions(tmp_path):
+    root = tmp_path / "store"
+    with Store.init(root, sync="never") as st:
+        fill(st, "s1", 150)
+        fill(st, "s2", 40, seed=1)
+        before = {sid: st.read(sid).projection() for sid in ("s1", "s2")}
+        st.pack()
+    [idx] = sorted((root / "objects" / "pack").glob("*.idx"))
+    kinds = kinds_of(idx)
+    assert kinds.get(KIND_ENVELOPE, 0) >= 380 and kinds.get(KIND_SIDE, 0) >= 190
+    with Store(root, readonly=True) as st:
+        assert {sid: st.read(sid).projection() for sid in ("s1", "s2")} == before
+    assert fsck(str(root)).ok
+
+
+def test_first_format_packs_are_read_merged_and_repacked(tmp_path):
+    root = tmp_path / "store"
+    Store.init(root).close()
+    old = chain_objects(120, seed=5)
+    v1 = write_v1_pack(root / "objects" / "pack", old)
+    assert Pack(str(v1)).version == 1
+    objs = ObjectStore(str(root))
+    try:
+        for spaces, raw, data in old:
+            space = "entries" if spaces & E else "contents"
+            assert objs.get(space, "sha256:" + raw.hex()) == data
+        # A merge with a pack of the new format re-adds the old one's objects.
+        new = chain_objects(30, seed=6)
+        objs.write_pack([("entries" if s & E else "contents", "sha256:" + r.hex(), d) for s, r, d in new], merge=False)
+        objs.packs.refresh(force=True)
+        objs._copy_packs(list(objs.packs.packs))
+        objs.packs.refresh(force=True)
+        assert [p.version for p in objs.packs.packs] == [2]
+        for spaces, raw, data in old + new:
+            assert objs.get("entries" if spaces & E else "contents", "sha256:" + raw.hex()) == data
+    finally:
+        objs.close()
+    # And a repack from the first format straight to the second.
+    root2 = tmp_path / "store2"
+    Store.init(root2).close()
+    write_v1_pack(root2 / "objects" / "pack", old)
+    report = fsck(str(root2))
+    assert report.counts["packed"] == len(old)
+    with Store(root2) as st:
+        st.objects.repack()
+    idxs = sorted((root2 / "objects" / "pack").glob("*.idx"))
+    assert len(idxs) == 1 and Pack(str(idxs[0])).version == 2
+    read_all(idxs[0], old)
+
+
+def test_a_layout_1_store_opens_and_moves_to_layout_2_when_opened_for_writing(tmp_path):
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        fill(st, "s", 3)
+    (root / "layout").write_text("agentsession-cas 1\n")
+    with Store(root, readonly=True) as st:
+        assert len(st.read("s")) == 6
+    assert (root / "layout").read_text() == "agentsession-cas 1\n"  # a reader writes nothing
+    with Store(root) as st:
+        assert len(st.read("s")) == 6
+    assert (root / "layout").read_text() == LAYOUT + "\n" == "agentsession-cas 2\n"
+    (root / "layout").write_text("agentsession-cas 3\n")
+    with pytest.raises(LayoutError, match="newer or unknown"):
+        Store(root)
