@@ -177,7 +177,7 @@ def _is_hash(value: object) -> bool:
     return type(value) is str and _HASH.fullmatch(value) is not None  # type: ignore[arg-type]
 
 
-def _read_block(pack: Pack, b: int, data_end: int):
+def _read_block(pack: Pack, b: int, data_end: int) -> Any:
     """Block ``b`` decompressed; None when it lies past ``data_end`` (a pack cut short),
     or the error when it does not read."""
     offset, csize, _ = pack.block_info(b)

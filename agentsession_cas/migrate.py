@@ -509,7 +509,8 @@ class MigrationReport:
 # -- where a store stands ---------------------------------------------------------------
 
 
-def _layout_text(root: str) -> str | None:
+def layout_text(root: str) -> str | None:
+    """What the store's ``layout`` file says (trimmed), or None when there is none."""
     path = os.path.join(root, "layout")
     try:
         with open(path, "rb") as f:
@@ -536,7 +537,7 @@ def layout_state(root: str) -> str:
     finish), ``other`` (a ``layout`` file naming another layout) or ``none``."""
     from .store import LAYOUT, OLDER_LAYOUTS
 
-    text = _layout_text(root)
+    text = layout_text(root)
     if text is not None:
         return "current" if text == LAYOUT or text in OLDER_LAYOUTS else "other"
     journal = _journal_kind(root)
@@ -1477,7 +1478,7 @@ def migrate(
         raise MigrationError(f"no store at {root}: no layout file, journal, sessions/ or objects/ to migrate")
     if state == "other":
         raise MigrationError(
-            f"the store at {root} has layout {_layout_text(root)!r}: neither this release's "
+            f"the store at {root} has layout {layout_text(root)!r}: neither this release's "
             f"({LAYOUT!r}) nor the earlier journal layout this command migrates"
         )
     with _Locks(root, create=not dry_run, wait=lock_wait) as locks:

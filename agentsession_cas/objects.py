@@ -91,6 +91,8 @@ class ObjectStore:
         #: Set once this handle has written an object: only then does a writer's
         #: close look at whether loose objects or small packs want packing.
         self.wrote = False
+        #: Packs a merge found unreadable (by name): left out of later merges in this process.
+        self._unmergeable: set[str] = set()
 
     def close(self) -> None:
         self.packs.close()
@@ -448,6 +450,8 @@ class ObjectStore:
                 self.packs.refresh(force=True)
                 tiers: dict[int, list[tuple[int, Pack]]] = {}
                 for p in self.packs.packs:
+                    if p.name in self._unmergeable:
+                        continue
                     size = os.fstat(p._pack_fd()).st_size
                     tier, limit = 0, TIER_BASE
                     while size >= limit:
@@ -462,7 +466,16 @@ class ObjectStore:
                 group = tiers[full[0]]
                 if sum(size for size, _ in group) > max_bytes:
                     return merged
-                self._copy_packs([p for _, p in sorted(group, key=lambda sp: sp[0], reverse=True)])
+                packs = [p for _, p in sorted(group, key=lambda sp: sp[0], reverse=True)]
+                try:
+                    self._copy_packs(packs)
+                except CorruptPackError as exc:
+                    # A pack that does not read whole (a damaged block of the first
+                    # format, which a merge must decompress) stays as it is: its sound
+                    # blocks still serve reads, fsck names it, `pack` rewrites what reads.
+                    bad = {p.name for p in packs if getattr(exc, "path", None) in (p.path, p.idx_path)}
+                    self._unmergeable |= bad or {p.name for p in packs}
+                    continue
                 merged = True
         finally:
             lock.release()

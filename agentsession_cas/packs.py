@@ -97,10 +97,14 @@ IDX_MAGIC_V1 = b"ASIDX\x00\x00\x01"
 BLOCK_TARGET = 256 * 1024
 #: Objects larger than this are not packed (they stay loose files).
 MAX_PACKED = 32 * 1024 * 1024
-#: The largest block target a writer takes.
-MAX_TARGET = 8 * 1024 * 1024
+#: The largest block target a writer takes: with envelopes counted at
+#: ENVELOPE_SIZE (up to ENVELOPE_COUNTED bytes), no block outgrows MAX_BLOCK.
+MAX_TARGET = 4 * 1024 * 1024
 #: No block may claim more raw (or side) bytes than this (bounds what a read allocates).
 MAX_BLOCK = MAX_PACKED + BLOCK_TARGET + (MAX_PACKED // 2)
+#: Nor more stored bytes: its zstd frame (which may exceed its raw size a little)
+#: and its side bytes.
+MAX_STORED = 2 * MAX_BLOCK + (MAX_BLOCK >> 7) + 4096
 #: One bit per hash space in an index record.
 SPACE_BITS = {"entries": 1, "contents": 2, "blobs": 4}
 #: Slot kinds.
@@ -141,8 +145,8 @@ def read_varint(data, pos: int, end: int | None = None) -> tuple[int, int]:
         end = len(data)
     n = shift = 0
     while True:
-        if pos >= end or shift > 63:
-            raise ValueError("a varint runs past its end")
+        if pos >= end or shift > 56:
+            raise ValueError("a varint runs past its end or past 63 bits")
         b = data[pos]
         pos += 1
         n |= (b & 0x7F) << shift
@@ -228,22 +232,27 @@ def decode_side(payload: bytes, side: bytes) -> bytes:
 MAX_CHAIN = 32
 
 
-def encode_envelope(data: bytes, slot: int, local: dict[bytes, int], depth: dict[int, int]) -> bytes | None:
+def encode_envelope(
+    data: bytes, slot: int, local: dict[bytes, int], depth: dict[int, int], plain: int | None = None
+) -> bytes | None:
     """An envelope of the common form as a kind-1 payload (None for any other form):
     flags, its content and parent as back references to slots of this block
-    (``local``: raw name -> slot) or raw hashes, then ts, NUL, type. ``depth`` (slot ->
-    length of its chain of back-referenced parents) is kept up to date here."""
+    (``local``: raw name -> slot) or raw hashes, then ts, NUL, type. A content may
+    point back only to the block's first ``plain`` slots (those before its envelopes;
+    default: all before ``slot``), so rebuilding one never needs another envelope's
+    content chain. ``depth`` (slot -> length of its chain of back-referenced
+    parents) is kept up to date here."""
     m = FAST_ENVELOPE.fullmatch(data)
-    return None if m is None else _encode_envelope(m, slot, local, depth)
+    return None if m is None else _encode_envelope(m, slot, local, depth, slot if plain is None else plain)
 
 
-def _encode_envelope(m: re.Match, slot: int, local: dict[bytes, int], depth: dict[int, int]) -> bytes:
+def _encode_envelope(m: re.Match, slot: int, local: dict[bytes, int], depth: dict[int, int], plain: int) -> bytes:
     content, parent, ts, type_ = m.groups()
     out = bytearray(1)
     flags = 0
     c = bytes.fromhex(content[7:].decode())
     at = local.get(c)
-    if at is not None and at < slot:  # (references point back only)
+    if at is not None and at < min(slot, plain):  # (references point back only, and not at envelopes)
         flags |= 1
         out += _varint(slot - at)
     else:
@@ -332,6 +341,8 @@ class Block:
         """The bytes of the object in ``slot`` (``length`` is format 1's and unused)."""
         if not 0 <= slot < len(self.kinds):
             raise CorruptPackError(f"{self.where} has no slot {slot}", path=self.path)
+        if self.kinds[slot] == KIND_PLAIN:  # the common case, without a call more
+            return self.stream[self.starts[slot] : self.ends[slot]]
         try:
             return self._decode(slot)
         except (ValueError, IndexError, struct.error, RecursionError) as exc:
@@ -367,6 +378,8 @@ class Block:
             break
         for k, (_, c, p, pos) in reversed(chain):
             if type(c) is int:
+                if kinds[c] == KIND_ENVELOPE:
+                    raise ValueError(f"content reference from slot {k} to an envelope (slot {c})")
                 c = self._name(c)
             if type(p) is int:
                 p = self._name(p)
@@ -452,17 +465,27 @@ class Pack:
         o += block.size * self.nblocks
         if o + 2 * _SUM != size or self._fanout[255] != self.count:
             raise CorruptPackError(f"pack index {idx_path} is not laid out as its counts say", path=idx_path)
+        fan = self._fanout
+        if any(fan[i] > fan[i + 1] for i in range(255)):
+            raise CorruptPackError(f"pack index {idx_path} has a fan-out table that goes down", path=idx_path)
         self.pack_sum = bytes(m[o : o + _SUM])
         self._finds = 0
         self._index: dict[bytes, int] | None = None
         self._blocks = list(block.iter_unpack(m[self._blocks_at : self._blocks_at + block.size * self.nblocks]))
         if self.version == 2:
+            # Whatever the index claims is bounded here, before anything is allocated for it.
             self._firsts = [b[4] for b in self._blocks]
             slots = 0
             for first, count in ((b[4], b[5]) for b in self._blocks):
                 if first != slots:
                     raise CorruptPackError(f"pack index {idx_path} numbers its blocks' slots out of order", path=idx_path)
+                if count > MAX_BLOCK // 9:
+                    raise CorruptPackError(f"pack index {idx_path} claims {count} slots in one block", path=idx_path)
                 slots += count
+            if slots > MAX_OBJECTS or self.count > slots:
+                raise CorruptPackError(
+                    f"pack index {idx_path} claims {slots} slots for {self.count} objects", path=idx_path
+                )
             self.slots = slots
 
     # -- the index --------------------------------------------------------------
@@ -541,16 +564,13 @@ class Pack:
         raws = (names[i : i + 32] for i in range(0, len(names), 32))
         if self.version == 1:
             return zip(raws, _WHERE_V1.iter_unpack(m[self._where_at : self._where_at + _WHERE_V1.size * self.count]))
-        owner: list[int] = []  # block number by ordinal
-        for b, blk in enumerate(self._blocks):
-            owner.extend(itertools.repeat(b, blk[5]))
         firsts, nblocks, slots = self._firsts, self.nblocks, self.slots
 
         def where(w: int) -> tuple[int, int, int, int]:
             ordinal = w >> 3
             if ordinal >= slots:
                 return (nblocks, 0, -1, w & 7)
-            b = owner[ordinal]
+            b = bisect_right(firsts, ordinal) - 1
             return (b, ordinal - firsts[b], -1, w & 7)
 
         ws = struct.unpack_from(f">{self.count}I", m, self._where_at)
@@ -578,9 +598,21 @@ class Pack:
         return self._fd
 
     def read_block_raw(self, block: int) -> bytes:
-        """A block's stored bytes, as they are (its zstd frame, then its side bytes)."""
-        offset, size, _ = self.block_info(block)
-        data = os.pread(self._pack_fd(), size, offset)
+        """A block's stored bytes, as they are (its zstd frame, then its side bytes):
+        what the index claims is checked against the limits and the file's size
+        before anything is read."""
+        offset, size, raw = self.block_info(block)
+        where = f"pack {self.path} block {block}"
+        if raw > MAX_BLOCK or size > MAX_STORED:
+            raise CorruptPackError(f"{where} claims {max(raw, size)} bytes, more than a block may hold", path=self.path)
+        if self.version == 2 and self._blocks[block][3] > MAX_BLOCK:
+            raise CorruptPackError(
+                f"{where} claims {self._blocks[block][3]} side bytes, more than a block may hold", path=self.path
+            )
+        fd = self._pack_fd()
+        if offset < len(PACK_MAGIC) or offset + size > os.fstat(fd).st_size - _SUM:
+            raise CorruptPackError(f"pack {self.path} ends inside block {block}", path=self.path)
+        data = os.pread(fd, size, offset)
         if len(data) != size:
             raise CorruptPackError(f"pack {self.path} ends inside block {block}", path=self.path)
         return data
@@ -594,8 +626,6 @@ class Pack:
             raw = self._blocks[block][2]
             return _FlatBlock(decompress_block(data, raw, where=where, path=self.path), where=where, path=self.path)
         _, zsize, raw, side, _, count = self._blocks[block]
-        if side > MAX_BLOCK:
-            raise CorruptPackError(f"{where} claims {side} side bytes, more than a block may hold", path=self.path)
         stream = decompress_block(data[:zsize], raw, where=where, path=self.path)
         return Block(stream, data[zsize:], count, where=where, path=self.path)
 
@@ -692,7 +722,7 @@ class PackWriter:
             self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pack-compress")
             self._threads = threads
             self._local_cctx = threading.local()
-        self._inflight: list = []  # (future of the zstd frame, stream size, side, first, count), in order
+        self._inflight: list = []  # (future of the zstd frame, (stream, side bytes, first, count)), in order
         self._tmp = os.path.join(tmp_dir, f"pack-{os.getpid()}-{os.urandom(6).hex()}")
         try:
             self._fd = os.open(self._tmp + ".pack", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -706,7 +736,9 @@ class PackWriter:
         self._objects: dict[bytes, list[int]] = {}  # raw name -> [ordinal, spaces]
         self._blocks: list[tuple[int, int, int, int, int, int]] = []
         self._slots = 0  # ordinals given out to blocks already cut
-        self._pending: list[tuple[bytes, int, bytes]] = []  # the block being filled: (raw, spaces, data)
+        # The block being filled: its objects' bytes (plain) or (raw, spaces, data, envelope
+        # match) (encoding; slots are given when the block is cut).
+        self._pending: list = []
         self._buf_len = 0
         self._write(PACK_MAGIC)
 
@@ -720,9 +752,11 @@ class PackWriter:
     #: on a worker thread then gives up the interpreter lock a few times per
     #: pack, not once per block (each hand-back can wait a switch interval).
     WRITE_BUFFER = 8 << 20
-    #: What an envelope is counted as towards a block's size when ``encode`` is on
-    #: (about what its encoded form takes).
+    #: What an envelope of the common form (of up to ENVELOPE_COUNTED bytes) is
+    #: counted as towards a block's size when ``encode`` is on: about what its
+    #: encoded form takes. Anything else counts its own size.
     ENVELOPE_SIZE = 48
+    ENVELOPE_COUNTED = 256
 
     def _write(self, data: bytes) -> None:
         self._out.append(data)
@@ -748,16 +782,28 @@ class PackWriter:
         if known is not None:
             known[1] |= spaces
             return
-        size = self.ENVELOPE_SIZE if self.encode and data[:12] == b'{"content":"' else len(data)
-        if self._buf_len and self._buf_len + size > self.block_target:
-            self._cut()
-        if self._slots + len(self._pending) >= MAX_OBJECTS:
-            raise StoreError(f"a pack holds at most {MAX_OBJECTS} objects")
-        self._objects[raw] = [-1, spaces]  # its ordinal is given when its block is cut
-        self._pending.append((raw, spaces, data))
-        self._buf_len += size
+        if not self.encode:
+            if self._buf_len and self._buf_len + len(data) > self.block_target:
+                self._cut()
+            self._check_room()
+            self._objects[raw] = [self._slots + len(self._pending), spaces]
+            self._pending.append(data)
+            self._buf_len += len(data)
+        else:
+            m = FAST_ENVELOPE.fullmatch(data) if data[:12] == b'{"content":"' else None
+            size = self.ENVELOPE_SIZE if m is not None and len(data) <= self.ENVELOPE_COUNTED else len(data)
+            if self._buf_len and self._buf_len + size > self.block_target:
+                self._cut()
+            self._check_room()
+            self._objects[raw] = [-1, spaces]  # its ordinal is given when its block is cut
+            self._pending.append((raw, spaces, data, m))
+            self._buf_len += size
         if self._buf_len >= self.block_target:
             self._cut()
+
+    def _check_room(self, more: int = 1) -> None:
+        if self._slots + len(self._pending) + more > MAX_OBJECTS:
+            raise StoreError(f"a pack holds at most {MAX_OBJECTS} objects")
 
     def copy_pack(self, pack: "Pack") -> None:
         """Copy every block of another pack as it is (a merge need not recompress: a
@@ -784,16 +830,20 @@ class PackWriter:
             raise CorruptPackError(f"pack {pack.path} ends inside its blocks", path=pack.path)
         shift = self._pos - start
         base = self._slots
+        self._check_room(pack.slots)
         self._blocks.extend(
             (off + shift, zsize, raw, side, first + base, count) for off, zsize, raw, side, first, count in pack._blocks
         )
         self._slots += pack.slots
         self._write(data)
         objects = self._objects
-        for raw, w in zip(
-            (bytes(pack._name_at(i)) for i in range(pack.count)),
-            struct.unpack_from(f">{pack.count}I", pack._map, pack._where_at),
-        ):
+        names = pack._map[pack._names_at : pack._names_at + 32 * pack.count]
+        for i, w in enumerate(struct.unpack_from(f">{pack.count}I", pack._map, pack._where_at)):
+            if w >> 3 >= pack.slots:
+                raise CorruptPackError(
+                    f"pack index {pack.idx_path} names slot {w >> 3} of {pack.slots}", path=pack.idx_path
+                )
+            raw = names[32 * i : 32 * i + 32]
             known = objects.get(raw)
             if known is not None:
                 known[1] |= w & 7
@@ -812,21 +862,20 @@ class PackWriter:
         lens = [0] * count
         side_lens = [0] * count
         payloads: list[bytes] = []
-        side: list[bytes] = []
+        side: list[bytes] = []  # (encoding only)
         objects, first = self._objects, self._slots
         if self.encode:
-            match = FAST_ENVELOPE.fullmatch
-            found = [match(d) if d[:12] == b'{"content":"' else None for _, _, d in pending]
-            order = [(o, None) for o, m in zip(pending, found) if m is None]
-            order += [(o, m) for o, m in zip(pending, found) if m is not None]
-            local = {raw: slot for slot, ((raw, _, _), _) in enumerate(order)}
+            order = [o for o in pending if o[3] is None]
+            plain = len(order)  # contents may point back only to these
+            order += [o for o in pending if o[3] is not None]
+            local = {o[0]: slot for slot, o in enumerate(order)}
             depth: dict[int, int] = {}
             contents = SPACE_BITS["contents"]
-            for slot, ((raw, spaces, data), m) in enumerate(order):
+            for slot, (raw, spaces, data, m) in enumerate(order):
                 objects[raw][0] = first + slot
                 payload = None
                 if m is not None:
-                    payload = _encode_envelope(m, slot, local, depth)
+                    payload = _encode_envelope(m, slot, local, depth, plain)
                     kinds[slot] = KIND_ENVELOPE
                 elif spaces & contents and len(data) >= 64:
                     cut = encode_side(data)
@@ -839,14 +888,13 @@ class PackWriter:
                     payload = data
                 payloads.append(payload)
                 lens[slot] = len(payload)
+            tables = (bytes(kinds), struct.pack(f">{count}I", *lens), struct.pack(f">{count}I", *side_lens))
         else:
-            for slot, (raw, _, data) in enumerate(pending):
-                objects[raw][0] = first + slot
-                payloads.append(data)
-                lens[slot] = len(data)
-        stream = b"".join((bytes(kinds), struct.pack(f">{count}I", *lens), struct.pack(f">{count}I", *side_lens), *payloads))
+            payloads = pending  # plain: ordinals were given as they came
+            tables = (bytes(count), struct.pack(f">{count}I", *map(len, pending)), bytes(4 * count))
+        stream = b"".join((*tables, *payloads))
         side_bytes = b"".join(side)
-        if len(stream) > MAX_BLOCK or len(side_bytes) > MAX_BLOCK:  # (cannot happen: see MAX_TARGET)
+        if len(stream) > MAX_BLOCK or len(side_bytes) > MAX_BLOCK:  # (cannot happen: see MAX_TARGET; never write one)
             raise StoreError(f"a block of {len(stream)} + {len(side_bytes)} bytes is more than a reader accepts")
         self._slots += count
         job = (stream, side_bytes, first, count)
@@ -878,10 +926,8 @@ class PackWriter:
 
     def _shutdown(self) -> None:
         if self._pool is not None:
-            for future, _ in self._inflight:
-                future.cancel()
             self._inflight = []
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
     def finish(self) -> str:

@@ -14,7 +14,7 @@ import click
 
 from agentsession_cas import short_id
 from agentsession_cas.errors import MigrationBusyError, MigrationError
-from agentsession_cas.migrate import MigrationReport, SessionPlan, layout_state, migrate
+from agentsession_cas.migrate import MigrationReport, SessionPlan, layout_state, layout_text, migrate
 from agentsession_cas.store import LAYOUT
 
 from .common import echo, emit_json, fail, one_line, os_message
@@ -118,10 +118,14 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
     root = store_root()
     state = layout_state(root)
     if state == "current":
+        found = layout_text(root) or LAYOUT
         if as_json:
-            emit_json(MigrationReport(root, "current", LAYOUT).as_dict())
-        else:
+            emit_json(MigrationReport(root, "current", found).as_dict())
+        elif found == LAYOUT:
             echo(f"nothing to migrate: the store at {root} is already of layout {LAYOUT!r}")
+        else:
+            echo(f"nothing to migrate: the store at {root} is of layout {found!r}, which this release reads as "
+                 f"it is (its next writable open moves it to {LAYOUT!r})")
         return
     if not dry_run and not yes and _stdin_is_tty() and state in ("old", "partial"):
         what = "Finish migrating" if state == "partial" else "Migrate"

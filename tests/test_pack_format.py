@@ -268,8 +268,8 @@ def test_a_wrong_back_reference_is_never_served(tmp_path, monkeypatch):
     hash to the name, and the read says so (it never serves them)."""
     real = packs_mod._encode_envelope
 
-    def off_by_one(m, slot, local, depth):
-        out = real(m, slot, local, depth)
+    def off_by_one(m, slot, local, depth, plain):
+        out = real(m, slot, local, depth, plain)
         if out is not None and out[0] & 1 and out[1] == 50:  # the content 50 slots back
             out = bytes([out[0], 49]) + out[2:]
         return out
@@ -296,8 +296,8 @@ def test_a_wrong_back_reference_is_never_served(tmp_path, monkeypatch):
 def test_a_reference_outside_the_block_does_not_decode(tmp_path, monkeypatch, distance):
     real = packs_mod._encode_envelope
 
-    def bad(m, slot, local, depth):
-        out = real(m, slot, local, depth)
+    def bad(m, slot, local, depth, plain):
+        out = real(m, slot, local, depth, plain)
         if out is not None and out[0] & 1:
             out = bytes([out[0]]) + packs_mod._varint(distance) + out[1 + len(packs_mod._varint(out[1])):]
         return out
@@ -429,3 +429,244 @@ def test_a_layout_1_store_opens_and_moves_to_layout_2_when_opened_for_writing(tm
     (root / "layout").write_text("agentsession-cas 3\n")
     with pytest.raises(LayoutError, match="newer or unknown"):
         Store(root)
+
+
+# -- found in review: hostile shapes, bounds, merges, failures -----------------------------
+
+
+def envelope_form_blobs(n: int) -> list[tuple[int, bytes, bytes]]:
+    """Blobs (any bytes a caller stores) that look like envelopes whose content is
+    the previous blob: a chain of contents through envelope-form objects."""
+    out, prev = [], hashlib.sha256(b"start").hexdigest()
+    for _ in range(n):
+        data = b'{"content":"sha256:' + prev.encode() + b'","parent":null,"ts":"1","type":"t"}'
+        out.append((B, hashlib.sha256(data).digest(), data))
+        prev = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def test_a_content_never_points_at_an_envelope_so_no_chain_of_contents_recurses(tmp_path):
+    objects = envelope_form_blobs(1500)
+    idx = write(tmp_path, objects, encode=True, block_target=4 << 20)
+    p = Pack(str(idx))
+    try:
+        assert p.nblocks == 1
+        last = p.find("sha256:" + objects[-1][1].hex())
+        blk = p.read_block(0)  # a fresh block: nothing rebuilt yet
+        assert blk.object(last.offset) == objects[-1][2]
+        assert len(blk.decoded) == 1 and len(blk.names) == 0
+    finally:
+        p.close()
+
+
+def test_a_content_reference_to_an_envelope_does_not_decode(tmp_path, monkeypatch):
+    """What our writer never writes, a hostile one might: refused, not followed."""
+    real = packs_mod._encode_envelope
+    monkeypatch.setattr(packs_mod, "_encode_envelope", lambda m, slot, local, depth, plain: real(m, slot, local, depth, slot))
+    objects = envelope_form_blobs(3)
+    root = tmp_path / "store"
+    Store.init(root).close()
+    write(root / "objects", objects, encode=True)
+    monkeypatch.undo()
+    objs = ObjectStore(str(root))
+    try:
+        with pytest.raises(CorruptPackError, match="content reference from slot 1 to an envelope"):
+            objs.get("blobs", "sha256:" + objects[1][1].hex())
+    finally:
+        objs.close()
+    report = fsck(str(root))
+    assert any(p.code == "corrupt-object" and "does not decode" in p.message for p in report.problems)
+
+
+def test_big_objects_that_start_like_envelopes_count_their_own_size(tmp_path):
+    big = [b'{"content":"' + bytes([65 + i]) * (3 << 20) + b'"}' for i in range(3)]
+    objects = [(B, hashlib.sha256(d).digest(), d) for d in big]
+    idx = write(tmp_path, objects, encode=True, block_target=2 << 20)
+    p = Pack(str(idx))
+    try:
+        assert p.nblocks == 3  # one each, not one block of three
+    finally:
+        p.close()
+    read_all(idx, objects)
+
+
+def test_envelope_payloads_that_are_malformed_do_not_decode():
+    def block_of(payload: bytes, slot_payloads=(b"x",)) -> packs_mod.Block:
+        payloads = list(slot_payloads) + [payload]
+        n = len(payloads)
+        kinds = bytes([KIND_PLAIN] * (n - 1) + [KIND_ENVELOPE])
+        stream = kinds + struct.pack(f">{n}I", *map(len, payloads)) + bytes(4 * n) + b"".join(payloads)
+        return packs_mod.Block(stream, b"", n, where="w", path="p")
+
+    good = bytes([1]) + packs_mod._varint(1) + b"2026-11-30T07:00:00Z\x00item"
+    assert block_of(good).object(1).startswith(b'{"content":"sha256:' + hashlib.sha256(b"x").hexdigest().encode())
+    for payload, why in [
+        (bytes([8]) + good[1:], "flags 8"),
+        (bytes([4]) + good[1:], "flags 4"),
+        (bytes([0]) + b"\x01" * 10, "cut short"),
+        (bytes([1]) + b"\x80", "varint"),
+        (bytes([1]) + packs_mod._varint(1) + b"no nul", "cut short"),
+        (bytes([1]) + packs_mod._varint(5) + b"t\x00x", "content reference 5"),
+    ]:
+        with pytest.raises(CorruptPackError, match="does not decode"):
+            block_of(payload).object(1)
+    with pytest.raises(ValueError, match="varint"):
+        decode_side(b"ab\xfa\x80", b"")
+    with pytest.raises(ValueError, match="varint"):
+        packs_mod.read_varint(b"\xff" * 12, 0)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    (5, 2**32 - 1, "claims 4294967295 slots in one block"),
+    (1, 2**32 - 1, r"claims \d+ bytes, more than a block may hold"),
+    (0, 2**63 + 5, "ends inside block 0"),
+    (3, MAX_BLOCK + 1, "side bytes"),
+])
+def test_an_index_claiming_too_much_is_refused_before_anything_is_allocated(tmp_path, field, value, match):
+    idx = write(tmp_path, chain_objects(20), encode=True)
+    p = Pack(str(idx))
+    blocks_at = p._blocks_at
+    p.close()
+    body = bytearray(idx.read_bytes()[:-32])
+    row = list(packs_mod._BLOCK.unpack_from(body, blocks_at))
+    row[field] = value
+    packs_mod._BLOCK.pack_into(body, blocks_at, *row)
+    idx.write_bytes(bytes(body) + blake3.blake3(bytes(body)).digest())
+    with pytest.raises(CorruptPackError, match=match):
+        p = Pack(str(idx))
+        try:
+            p.read_block(0)
+        finally:
+            p.close()
+
+
+def test_a_fanout_table_that_goes_down_is_refused(tmp_path):
+    idx = write(tmp_path, chain_objects(20))
+    body = bytearray(idx.read_bytes()[:-32])
+    at = len(packs_mod.IDX_MAGIC) + 8 + 4 * 10
+    struct.pack_into(">I", body, at, 2**31)  # slot 10 above slot 11
+    idx.write_bytes(bytes(body) + blake3.blake3(bytes(body)).digest())
+    with pytest.raises(CorruptPackError, match="fan-out"):
+        Pack(str(idx))
+
+
+def test_merging_encoded_packs_copies_their_blocks_and_side_bytes(tmp_path):
+    a = chain_objects(120, seed=1)
+    b = chain_objects(120, seed=2) + a[:30]  # the same objects in both: dead slots in the merge
+    ia = write(tmp_path / "a", a, encode=True, block_target=16 << 10)
+    ib = write(tmp_path / "b", b, encode=True, block_target=16 << 10)
+    pa, pb = Pack(str(ia)), Pack(str(ib))
+    try:
+        w = PackWriter(str(tmp_path / "m" / "pack"), str(tmp_path / "m" / "tmp"))
+        w.copy_pack(pa)
+        w.copy_pack(pb)
+        merged = Path(w.finish())
+    finally:
+        pa.close()
+        pb.close()
+    pm = Pack(str(merged))
+    try:
+        in_a, in_b = {r for _, r, _ in a}, {r for _, r, _ in b}
+        assert pm.slots == len(in_a) + len(in_b) and pm.count == len(in_a | in_b)
+        assert pm.slots - pm.count >= 30  # slots named by no record: the copies merged away
+        assert kinds_of(merged)[KIND_SIDE] > 0
+    finally:
+        pm.close()
+    read_all(merged, a + b)
+
+
+def test_a_damaged_first_format_pack_is_left_out_of_merges_and_writes_go_on(tmp_path):
+    root = tmp_path / "store"
+    Store.init(root).close()
+    v1 = write_v1_pack(root / "objects" / "pack", chain_objects(30, seed=9), block_target=1 << 20)
+    data = bytearray(v1.with_suffix(".pack").read_bytes())
+    data[20] ^= 0xFF  # inside block 0's frame; the index still reads
+    v1.with_suffix(".pack").write_bytes(bytes(data))
+    objs = ObjectStore(str(root))
+    try:
+        for i in range(8):  # enough small packs to fill the smallest tier
+            new = chain_objects(40, seed=100 + i)
+            objs.write_pack([("entries" if s & E else "contents", "sha256:" + r.hex(), d) for s, r, d in new])
+        names = sorted(p.name for p in objs.packs.packs)
+        assert v1.stem in names and len(names) < 9  # the others merged; the damaged one left as it was
+        assert v1.stem in objs._unmergeable
+    finally:
+        objs.close()
+
+
+def test_a_failure_while_blocks_compress_on_threads_leaves_nothing_behind(tmp_path, monkeypatch):
+    calls = []
+
+    def failing(self, stream):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return zstandard_compress(stream)
+
+    import zstandard
+
+    zstandard_compress = zstandard.ZstdCompressor(level=1).compress
+    monkeypatch.setattr(PackWriter, "_compress", failing)
+    w = PackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"), encode=True, block_target=4 << 10, threads=2)
+    with pytest.raises(OSError, match="No space left"):
+        for spaces, raw, data in chain_objects(300):
+            w.add_raw(raw, spaces, data)
+        w.finish()
+    w.abort()
+    assert w._pool is None
+    assert os.listdir(tmp_path / "tmp") == [] and not (tmp_path / "pack").exists()
+
+
+def test_an_empty_object_and_one_object_in_two_spaces_encode_and_read(tmp_path):
+    objects = chain_objects(10)
+    empty = (C, hashlib.sha256(b"").digest(), b"")
+    idx = write(tmp_path, objects + [empty, (E, objects[0][1], objects[0][2]), (B, objects[1][1], objects[1][2])],
+                encode=True)
+    read_all(idx, objects + [empty])
+    p = Pack(str(idx))
+    try:
+        assert p.find("sha256:" + objects[0][1].hex()).spaces == C | E
+        assert p.find("sha256:" + objects[1][1].hex()).spaces == E | B
+    finally:
+        p.close()
+
+
+def test_a_layout_1_store_is_current_for_migrate(tmp_path):
+    from agentsession_cas.migrate import layout_state
+
+    root = tmp_path / "store"
+    Store.init(root).close()
+    (root / "layout").write_text("agentsession-cas 1\n")
+    assert layout_state(str(root)) == "current"
+
+
+def test_migrate_says_a_layout_1_store_needs_nothing(tmp_path):
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    root = tmp_path / "store"
+    Store.init(root).close()
+    (root / "layout").write_text("agentsession-cas 1\n")
+    r = CliRunner().invoke(main, ["--store", str(root), "migrate"])
+    assert r.exit_code == 0, r.output
+    assert "of layout 'agentsession-cas 1', which this release reads as it is" in r.output
+    r = CliRunner().invoke(main, ["--store", str(root), "migrate", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["layout"] == "agentsession-cas 1"
+    assert (root / "layout").read_text() == "agentsession-cas 1\n"  # asking changed nothing
+
+
+def test_fsck_names_a_first_format_record_placed_past_its_block(tmp_path):
+    root = tmp_path / "store"
+    Store.init(root).close()
+    objects = chain_objects(10, seed=4)
+    v1 = write_v1_pack(root / "objects" / "pack", objects, block_target=1 << 20)
+    p = Pack(str(v1))
+    where_at = p._where_at
+    p.close()
+    body = bytearray(v1.read_bytes()[:-32])
+    block, offset, length, spaces = struct.unpack_from(">IIIB", body, where_at)
+    struct.pack_into(">IIIB", body, where_at, block, offset, 10**6, spaces)
+    v1.write_bytes(bytes(body) + blake3.blake3(bytes(body)).digest())
+    report = fsck(str(root))
+    assert any(p.code == "bad-pack-index" and "past the end of block 0" in p.message for p in report.problems)

@@ -85,7 +85,7 @@ def store_objects(root: str):
                 for raw, o, l in by_block[b]:
                     if raw not in seen:
                         seen.add(raw)
-                        yield raw.hex(), block[o : o + l]
+                        yield raw.hex(), block.object(o, l)
         for space in SPACES:
             for name in objs.loose_names(space):
                 raw = bytes.fromhex(name[7:])
