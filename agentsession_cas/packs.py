@@ -466,7 +466,7 @@ class Pack:
         if o + 2 * _SUM != size or self._fanout[255] != self.count:
             raise CorruptPackError(f"pack index {idx_path} is not laid out as its counts say", path=idx_path)
         fan = self._fanout
-        if any(fan[i] > fan[i + 1] for i in range(255)):
+        if list(fan) != sorted(fan):
             raise CorruptPackError(f"pack index {idx_path} has a fan-out table that goes down", path=idx_path)
         self.pack_sum = bytes(m[o : o + _SUM])
         self._finds = 0
