@@ -519,13 +519,17 @@ class _Walk:
                                        + ("does not read" if why else "lies past the end of the pack"))
                 continue
             self.counts["blocks"] += 1
+            plain = getattr(block, "kinds", None)  # format 2: plain slots are read without a call
             for raw, (_, o, l, sp) in objs:
                 if not 0 < sp <= _ALL_BITS:
                     bad_records.append(raw)
                     self._mark_unsound(raw, _ALL_BITS, f"its record in {rel_idx} names no known space")
                     continue
                 try:
-                    data = block.object(o, l)
+                    if plain is not None and 0 <= o < len(plain) and not plain[o]:
+                        data = block.stream[block.starts[o] : block.ends[o]]
+                    else:
+                        data = block.object(o, l)
                 except CorruptPackError as exc:
                     if pack.version == 1:
                         self.error("bad-pack-index", f"{rel_idx} places {_spaces_of(sp)} object {_name(raw)} past the "

@@ -566,15 +566,16 @@ class Pack:
             return zip(raws, _WHERE_V1.iter_unpack(m[self._where_at : self._where_at + _WHERE_V1.size * self.count]))
         firsts, nblocks, slots = self._firsts, self.nblocks, self.slots
 
-        def where(w: int) -> tuple[int, int, int, int]:
-            ordinal = w >> 3
-            if ordinal >= slots:
-                return (nblocks, 0, -1, w & 7)
-            b = bisect_right(firsts, ordinal) - 1
-            return (b, ordinal - firsts[b], -1, w & 7)
+        def wheres() -> Iterator[tuple[int, int, int, int]]:  # one loop, not a call per record
+            for w in struct.unpack_from(f">{self.count}I", m, self._where_at):
+                ordinal = w >> 3
+                if ordinal >= slots:
+                    yield (nblocks, 0, -1, w & 7)
+                else:
+                    b = bisect_right(firsts, ordinal) - 1
+                    yield (b, ordinal - firsts[b], -1, w & 7)
 
-        ws = struct.unpack_from(f">{self.count}I", m, self._where_at)
-        return zip(raws, map(where, ws))
+        return zip(raws, wheres())
 
     def objects_by_block(self) -> list[list[tuple[int, int, bytes, int]]]:
         """For each block, its objects as (slot or offset, length, raw name, spaces) in
