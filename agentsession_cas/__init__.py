@@ -7,8 +7,18 @@ and verifying files (:mod:`.reader`, :mod:`.legacy`), the tree and the
 resume rule (:mod:`.tree`) and writing (:mod:`.writer`).
 """
 
-from .canonical import canonical_bytes, loads
-from .context import (
+from .errors import (
+    AgentSessionError,
+    ContextError,
+    EntryError,
+    IJSONError,
+    NoSuchEntryError,
+    Problem,
+    SessionFormatError,
+    TimestampError,
+)
+from .format.canonical import canonical_bytes, loads
+from .format.context import (
     Context,
     ContextBuilder,
     ContextHasher,
@@ -26,23 +36,13 @@ from .context import (
     verify_requests,
     verify_response,
 )
-from .entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, ParentRef, make_entry, short_id
-from .errors import (
-    AgentSessionError,
-    ContextError,
-    EntryError,
-    IJSONError,
-    NoSuchEntryError,
-    Problem,
-    SessionFormatError,
-    TimestampError,
-)
-from .hashing import content_hash, entry_hashes, is_hash
-from .reader import SessionFile, read_session, read_session_bytes
-from .runs import CallInfo, RecordsCheck, RunInfo, RunsReport, analyze_runs, render_runs, verify_records
-from .timestamps import check_ts, format_ts, is_valid_ts, now_ts
-from .tree import Tree
-from .writer import SessionBuilder, session_bytes, write_session
+from .format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, ParentRef, make_entry, short_id
+from .format.hashing import content_hash, entry_hashes, is_hash
+from .format.reader import SessionFile, read_session, read_session_bytes
+from .format.runs import CallInfo, RecordsCheck, RunInfo, RunsReport, analyze_runs, render_runs, verify_records
+from .format.timestamps import check_ts, format_ts, is_valid_ts, now_ts
+from .format.tree import Tree
+from .format.writer import SessionBuilder, session_bytes, write_session
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,7 @@ collected as :class:`Problem` values, since a verifier wants all of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class AgentSessionError(Exception):

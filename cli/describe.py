@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from agentsession_cas import Entry, short_id
-from agentsession_cas.context import Settings, tool_name
+from agentsession_cas.format.context import Settings, tool_name
 
 _WS = re.compile(r"\s+")
 WIDTH = 72

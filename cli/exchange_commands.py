@@ -1,7 +1,7 @@
 """push, fetch, handover, declare-record, take-back: exchange between stores.
 
 Each command works on ``--store`` (the local store) and a REMOTE given as a
-store's path or a ``file://`` URL; the work is :mod:`agentsession_cas.exchange`'s.
+store's path or a ``file://`` URL; the work is :mod:`agentsession_cas.exchange.operations`'s.
 What moved is printed on stdout (text, or ``--json``); a progress bar goes to
 stderr, and only when stderr is a terminal. Exit status: 0 done (a head
 already in place, or a fetch whose head may not move, included: a note on
@@ -12,13 +12,14 @@ move (its entries landed as a branch; the result is printed first); 2 usage.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
 from agentsession_cas import exchange
-from agentsession_cas.entry import short_id
-from agentsession_cas.exchange import UNSET, ExchangeResult
+from agentsession_cas.exchange.operations import UNSET, ExchangeResult
+from agentsession_cas.format.entry import short_id
 
 from .common import echo, emit_json, fail, note
 from .store_commands import write_store

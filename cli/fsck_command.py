@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import click
 
 from agentsession_cas.errors import NoSuchSessionError
-from agentsession_cas.fsck import FsckProblem, FsckReport, fsck
+from agentsession_cas.maintenance.fsck import FsckProblem, FsckReport, fsck
 
 from .common import echo, emit_json, one_line
 from .store_commands import check_session, read_store, store_root

@@ -14,7 +14,6 @@ import click
 
 from agentsession_cas import (
     AgentSessionError,
-    IJSONError,
     EntryError,
     SessionFile,
     SessionFormatError,
@@ -24,7 +23,8 @@ from agentsession_cas import (
     read_session,
     short_id,
 )
-from agentsession_cas.context import (
+from agentsession_cas.errors import ContextError, Problem
+from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
     Context,
     RequestReport,
@@ -32,9 +32,8 @@ from agentsession_cas.context import (
     context_hashes,
     verify_requests,
 )
-from agentsession_cas.errors import ContextError, Problem
-from agentsession_cas.reader import split_lines
-from agentsession_cas.runs import RecordsCheck, analyze_runs, render_runs, verify_records
+from agentsession_cas.format.reader import split_lines
+from agentsession_cas.format.runs import RecordsCheck, analyze_runs, render_runs, verify_records
 
 from . import (
     exchange_commands,
@@ -47,7 +46,6 @@ from . import (
 )
 from .common import echo, emit_json, fail, os_message, printable, table
 from .describe import describe, describe_item, settings_rows
-
 
 _printable = printable
 _emit_json = emit_json
@@ -395,7 +393,7 @@ def hash_object(file: str, as_json: bool) -> None:
                 continue
             eid, chash = entry_hashes(obj, parsed=True)
         except (ValueError, AgentSessionError) as exc:
-            reason = f"not valid UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
+            reason = "not valid UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
             echo(f"agentsession: line {lineno}: {reason}", err=True)
             failed += 1
             continue

@@ -12,9 +12,9 @@ from typing import Any
 
 import click
 
+from agentsession_cas.backends.files.objects import RepackResult
 from agentsession_cas.errors import AgentSessionError
-from agentsession_cas.objects import RepackResult
-from agentsession_cas.sweep import DEFAULT_GRACE, parse_duration
+from agentsession_cas.maintenance.sweep import DEFAULT_GRACE, parse_duration
 
 from .common import echo, emit_json, fail, one_line
 from .store_commands import read_store, write_store

@@ -14,8 +14,8 @@ import click
 
 from agentsession_cas import short_id
 from agentsession_cas.errors import MigrationBusyError, MigrationError
-from agentsession_cas.migrate import MigrationReport, SessionPlan, layout_state, layout_text, migrate
-from agentsession_cas.store import LAYOUT
+from agentsession_cas.maintenance.migrate import MigrationReport, SessionPlan, layout_state, layout_text, migrate
+from agentsession_cas.store.core import LAYOUT
 
 from .common import echo, emit_json, fail, one_line, os_message
 from .store_commands import store_root

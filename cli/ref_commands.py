@@ -1,4 +1,4 @@
-"""ref list/show/update/delete: named refs to sessions (agentsession_cas.refs).
+"""ref list/show/update/delete: named refs to sessions (agentsession_cas.store.refs).
 
 list and show open the store read-only (no lock, nothing written); update
 and delete are compare-and-swaps, durable when the command exits 0. A
@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from agentsession_cas.errors import AgentSessionError, NoSuchRefError, RefMovedError
-from agentsession_cas.refs import Ref, Refs
+from agentsession_cas.store.refs import Ref, Refs
 
 from .common import echo, emit_json, fail, note, table
 from .store_commands import read_store, write_store

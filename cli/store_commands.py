@@ -1,4 +1,4 @@
-"""The store commands: plumbing over :class:`agentsession_cas.store.Store`.
+"""The store commands: plumbing over :class:`agentsession_cas.store.core.Store`.
 
 Read-only commands open the store with ``readonly=True`` (no lock, nothing
 written), so they work beside a process that is writing. Writing commands
@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from agentsession_cas import Header, SessionFile, loads, read_session_bytes, short_id
+from agentsession_cas.backends.files.log import read_log
 from agentsession_cas.errors import (
     AgentSessionError,
     BadNameError,
@@ -27,11 +28,10 @@ from agentsession_cas.errors import (
     NoSuchSessionError,
     SessionFormatError,
 )
-from agentsession_cas.context import verify_requests
-from agentsession_cas.runs import verify_records
-from agentsession_cas.log import read_log
-from agentsession_cas.names import check_session_id
-from agentsession_cas.store import Session, Store, default_store_path, payload_entry
+from agentsession_cas.format.context import verify_requests
+from agentsession_cas.format.names import check_session_id
+from agentsession_cas.format.runs import verify_records
+from agentsession_cas.store.core import Session, Store, default_store_path, payload_entry
 
 from .common import echo, emit_json, fail, note, one_line, table, write_bytes
 
@@ -404,11 +404,11 @@ def _check_projection(
     for p in sf.all_problems():
         problems.append({"where": "projection", **p.as_dict()})
     notes.extend(str(p) for p in sf.unresolved)
-    # Every response's request rebuilt and its request_hash checked (agentsession_cas.context).
+    # Every response's request rebuilt and its request_hash checked (agentsession_cas.format.context).
     requests = verify_requests(sf)
     problems.extend({"where": "requests", **p.as_dict()} for p in requests.problems)
     notes.extend(str(p) for p in requests.notes)
-    # The record rules and every run end against its segment (agentsession_cas.runs).
+    # The record rules and every run end against its segment (agentsession_cas.format.runs).
     records = verify_records(sf)
     problems.extend({"where": "records", **p.as_dict()} for p in records.problems)
     notes.extend(str(p) for p in records.notes)

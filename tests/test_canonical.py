@@ -27,8 +27,8 @@ import rfc8785
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from agentsession_cas import canonical
-from agentsession_cas.canonical import (
+from agentsession_cas.format import canonical
+from agentsession_cas.format.canonical import (
     IJSONError,
     canonical_bytes,
     canonical_str,

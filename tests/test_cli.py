@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import Header, SessionBuilder, make_entry
-from cli.main import main
+from agentsession_cli.main import main
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "sessions"
 needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason=f"reference corpus not found at {CORPUS}")
@@ -61,7 +61,7 @@ def test_verify_bad_ts_is_reported_like_a_bad_hash(tmp_path):
     # A second entry whose ts is spelled with an offset: its id is computed over that spelling.
     obj = dict(make_entry("item", b.leaf, ts=TS.format(3), item={"type": "message", "role": "user", "content": []}).data)
     obj["ts"] = "2026-09-17T12:00:03+00:00"
-    from agentsession_cas.hashing import entry_hashes
+    from agentsession_cas.format.hashing import entry_hashes
     obj["id"] = entry_hashes(obj)[0]
     with open(path, "ab") as f:
         f.write(json.dumps(obj).encode() + b"\n")

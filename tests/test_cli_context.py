@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import Header, SessionBuilder, read_session, request_hash_for
-from cli.main import main
+from agentsession_cli.main import main
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 needs_corpus = pytest.mark.skipif(not (CORPUS / "sessions").is_dir(), reason=f"reference corpus not found at {CORPUS}")

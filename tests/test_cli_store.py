@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import make_entry, read_session
-from agentsession_cas.store import Store
-from cli.main import main
+from agentsession_cas.store.core import Store
+from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"
@@ -546,7 +546,7 @@ def test_console_script_lock_across_processes(tmp_path):
 
 def test_create_with_an_empty_id_is_refused_not_replaced(tmp_path):
     from click.testing import CliRunner
-    from cli.main import main
+    from agentsession_cli.main import main
 
     store = str(tmp_path / "st")
     assert CliRunner().invoke(main, ["--store", store, "init"]).exit_code == 0

@@ -40,7 +40,7 @@ from agentsession_cas import (
     verify_requests,
     verify_response,
 )
-from agentsession_cas.context import (
+from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
     context_hash_step,
     context_hashes,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentsession_cas import SessionFormatError, read_session
-from agentsession_cas.reader import split_lines
+from agentsession_cas.format.reader import split_lines
 
 GOOD = [
     "basic",

@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import Header, read_session_bytes
-from agentsession_cas import exchange as ex
-from agentsession_cas.canonical import canonical_bytes
+from agentsession_cas.exchange import operations as ex
+from agentsession_cas.format.canonical import canonical_bytes
 from agentsession_cas.errors import (
     AppendRefusedError,
     BadObjectError,
@@ -35,12 +35,12 @@ from agentsession_cas.errors import (
     StoreError,
     TransportError,
 )
-from agentsession_cas.exchange import StoreEndpoint
-from agentsession_cas.fsck import fsck
-from agentsession_cas.hashing import entry_objects, sha256_ref
-from agentsession_cas.refs import Refs, header_ident
-from agentsession_cas.store import Store
-from agentsession_cas.transport import (
+from agentsession_cas.exchange.operations import StoreEndpoint
+from agentsession_cas.maintenance.fsck import fsck
+from agentsession_cas.format.hashing import entry_objects, sha256_ref
+from agentsession_cas.store.refs import Refs, header_ident
+from agentsession_cas.store.core import Store
+from agentsession_cas.exchange.transport import (
     LocalTransport,
     PushRequest,
     RefPush,
@@ -48,7 +48,7 @@ from agentsession_cas.transport import (
     remote_key,
     remote_url,
 )
-from cli.main import main
+from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 TS = "2026-09-17T12:00:00Z"
@@ -757,8 +757,8 @@ def test_a_failed_clear_is_reported_as_two_records(ab, monkeypatch):
 HANDOVER_KILLED = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {repo!r})
-    from agentsession_cas import exchange as ex
-    from agentsession_cas.store import Store
+    from agentsession_cas.exchange import operations as ex
+    from agentsession_cas.store.core import Store
 
     def die(point):
         if point == "handover:between":
@@ -952,7 +952,7 @@ def test_concurrent_pushes_of_two_forks_sharing_a_prefix(tmp_path):
     forks = {f: record(a, f, 30, base=origin[100], parent_session="o", tag=f) for f in ("f1", "f2")}
     a.close()
     b.close()
-    cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from cli.main import main; main(sys.argv[2:])"]
+    cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from agentsession_cli.main import main; main(sys.argv[2:])"]
     procs = [subprocess.Popen(cmd + [str(REPO), "--store", str(tmp_path / "a"), "push", f, str(tmp_path / "b"), "--json"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for f in forks]
     outs = [p.communicate(timeout=120) for p in procs]
@@ -1050,7 +1050,7 @@ def test_a_progress_bar_is_drawn_on_a_terminal_only(tmp_path):
     a.close()
     b.close()
     master, slave = pty.openpty()
-    cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from cli.main import main; main(sys.argv[2:])",
+    cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from agentsession_cli.main import main; main(sys.argv[2:])",
            str(REPO), "--store", str(tmp_path / "a"), "push", "s1", str(tmp_path / "b")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave)
     os.close(slave)
@@ -1194,7 +1194,7 @@ def test_a_release_answered_without_clearing_the_mark_is_not_taken_for_one(ab):
 def test_a_handovers_mark_lands_with_its_entries_and_head(ab, monkeypatch):
     a, b, broot = ab
     ids = record(a, "s1", 2)
-    from agentsession_cas.store import Session
+    from agentsession_cas.store.core import Session
 
     def crash(self, *args, **kwargs):  # the receiver dies after creating the session, before admitting
         raise OSError("power cut")

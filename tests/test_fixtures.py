@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentsession_cas import LEAF_LABEL, Tree, read_session, read_session_bytes, write_session
-from agentsession_cas.reader import split_lines
+from agentsession_cas.format.reader import split_lines
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_NAMES = [

@@ -23,16 +23,16 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import Header, make_entry
-from agentsession_cas.fsck import FsckReport, fsck, writer_holds
-from agentsession_cas.hashing import entry_objects
-from agentsession_cas.log import encode_record, read_log
-from agentsession_cas.objects import ObjectStore
-from agentsession_cas.packs import Pack
-from agentsession_cas.refs import Refs
-from agentsession_cas.store import Store
-from agentsession_cas.writer import write_session
-from cli.fsck_command import run_fsck
-from cli.main import main
+from agentsession_cas.maintenance.fsck import FsckReport, fsck, writer_holds
+from agentsession_cas.format.hashing import entry_objects
+from agentsession_cas.backends.files.log import encode_record, read_log
+from agentsession_cas.backends.files.objects import ObjectStore
+from agentsession_cas.backends.files.packs import Pack
+from agentsession_cas.store.refs import Refs
+from agentsession_cas.store.core import Store
+from agentsession_cas.format.writer import write_session
+from agentsession_cli.fsck_command import run_fsck
+from agentsession_cli.main import main
 
 WORKER = Path(__file__).with_name("crash_worker.py")
 _TICK = itertools.count()
@@ -420,7 +420,7 @@ def test_a_loose_object_read_while_being_written_is_not_damage(store, monkeypatc
     """A checkpoint of few objects writes loose files in place, then its record: the walk
     may read a file half written and the log after the checkpoint record. The file is
     read once more at the end, whole by then, and nothing is reported."""
-    import agentsession_cas.fsck as fsck_module
+    import agentsession_cas.maintenance.fsck as fsck_module
 
     root, info = store
     path = loose(root, "entries", info["rec"][3])
@@ -564,7 +564,7 @@ def test_a_damaged_ref_and_a_dangling_one(store):
 
 
 def test_unreferenced_objects_are_counted_as_sweep_would_see_them(store):
-    from agentsession_cas.sweep import retained
+    from agentsession_cas.maintenance.sweep import retained
 
     root, info = store
     with Store(root) as st:
@@ -590,8 +590,8 @@ def test_unreferenced_objects_are_counted_as_sweep_would_see_them(store):
 def test_a_log_repair_set_aside_retains_what_it_names_as_sweep_sees_it(tmp_path):
     """Entries a repair dropped (their parent lost) whose objects are whole stay named by
     the damaged log kept aside; a sweep keeps them, so fsck does not count them."""
-    from agentsession_cas.repair import repair_session
-    from agentsession_cas.sweep import retained
+    from agentsession_cas.maintenance.repair import repair_session
+    from agentsession_cas.maintenance.sweep import retained
 
     root = tmp_path / "store"
     with Store.init(root) as st:
@@ -817,8 +817,8 @@ def test_verify_without_an_argument_is_fsck(tmp_path):
     from click.testing import CliRunner
 
     from agentsession_cas import Header
-    from agentsession_cas.store import Store
-    from cli.main import main
+    from agentsession_cas.store.core import Store
+    from agentsession_cli.main import main
 
     root = tmp_path / "store"
     with Store.init(root) as st:

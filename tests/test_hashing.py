@@ -15,9 +15,9 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentsession_cas.canonical import loads
+from agentsession_cas.format.canonical import loads
 from agentsession_cas.errors import EntryError, IJSONError
-from agentsession_cas.hashing import (
+from agentsession_cas.format.hashing import (
     ENVELOPE_MEMBERS,
     RESERVED_MEMBERS,
     body_of,
@@ -365,8 +365,8 @@ def test_is_hash_property(s):
 
 from hypothesis import given, settings, strategies as st_env
 
-from agentsession_cas.canonical import canonical_bytes as _cb
-from agentsession_cas.hashing import envelope_hash, envelope_object, sha256_ref as _ref
+from agentsession_cas.format.canonical import canonical_bytes as _cb
+from agentsession_cas.format.hashing import envelope_hash, envelope_object, sha256_ref as _ref
 
 
 @settings(max_examples=300, deadline=None)
@@ -397,8 +397,8 @@ def test_envelope_fast_path_matches_canonical_bytes(type_, parent, ts):
     ],
 )
 def test_parse_envelope_fast_form_agrees_with_json(env):
-    from agentsession_cas.canonical import loads
-    from agentsession_cas.hashing import parse_envelope
+    from agentsession_cas.format.canonical import loads
+    from agentsession_cas.format.hashing import parse_envelope
 
     data = _cb(env)
     parsed, careful = parse_envelope(data)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import blake3
 import pytest
 
-from agentsession_cas.canonical import canonical_bytes
-from agentsession_cas.log import CHECKSUM_HEX, encode_record, read_log
+from agentsession_cas.format.canonical import canonical_bytes
+from agentsession_cas.backends.files.log import CHECKSUM_HEX, encode_record, read_log
 
 ENTRY = "sha256:" + "ab" * 32
 CREATE = {"op": "create", "session": "s", "base": None, "mark": "record"}
@@ -200,7 +200,7 @@ def test_torn_payload_is_cut_after_the_last_commit():
 @pytest.mark.parametrize("lazy", [True, False])
 def test_encode_append_is_encode_record(head_moved, head, leaf_label, lazy):
     """The hand-written append line (the hot path) is byte for byte the generic one."""
-    from agentsession_cas.log import encode_append
+    from agentsession_cas.backends.files.log import encode_append
 
     entry = "sha256:" + "a" * 64
     record = {"op": "append", "seq": 123456, "entry": entry}

@@ -21,14 +21,14 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import read_session_bytes
-from agentsession_cas import migrate as mig
+from agentsession_cas.maintenance import migrate as mig
 from agentsession_cas.errors import LayoutError, MigrationBusyError, MigrationError, MirrorError
-from agentsession_cas.log import read_log
-from agentsession_cas.migrate import crc32c, layout_state, migrate, read_journal
-from agentsession_cas.objects import SPACES, ObjectStore
-from agentsession_cas.store import LAYOUT, Store
-from cli import migrate_command
-from cli.main import main
+from agentsession_cas.backends.files.log import read_log
+from agentsession_cas.maintenance.migrate import crc32c, layout_state, migrate, read_journal
+from agentsession_cas.backends.files.objects import SPACES, ObjectStore
+from agentsession_cas.store.core import LAYOUT, Store
+from agentsession_cli import migrate_command
+from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -454,7 +454,7 @@ def test_a_killed_process_is_finished_by_running_again(tmp_path, point):
     store = old_layout.build_scenario(tmp_path / "store")
     code = (
         "import os, sys\n"
-        "from agentsession_cas import migrate as m\n"
+        "from agentsession_cas.maintenance import migrate as m\n"
         "m._reached = lambda p: os._exit(137) if p == sys.argv[2] else None\n"
         "m.migrate(sys.argv[1])\n"
         "sys.exit(0)\n"

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from agentsession_cas.errors import AgentSessionError, CorruptObjectError, NoSuchObjectError
-from agentsession_cas.objects import SPACES, ObjectStore, fsync_paths
+from agentsession_cas.backends.files.objects import SPACES, ObjectStore, fsync_paths
 
 
 def name_of(data: bytes) -> str:
@@ -142,7 +142,7 @@ def test_put_many_stores_every_object_soundly_either_way(objs, tmp_path, monkeyp
     """A checkpoint's batch: new objects stored, a torn loose one replaced or bypassed,
     a present one kept; a big batch as one pack (a handful of fsyncs, no loose files),
     a small one as loose files each fsynced."""
-    from agentsession_cas import objects as objects_module
+    from agentsession_cas.backends.files import objects as objects_module
 
     calls = []
     real_fsync = os.fsync

@@ -18,13 +18,13 @@ from pathlib import Path
 import blake3
 import pytest
 
-import agentsession_cas.packs as packs_mod
+import agentsession_cas.backends.files.packs as packs_mod
 from agentsession_cas import Header
 from agentsession_cas.errors import CorruptObjectError, CorruptPackError, LayoutError
-from agentsession_cas.fsck import fsck
-from agentsession_cas.hashing import envelope_bytes, sha256_ref
-from agentsession_cas.objects import ObjectStore
-from agentsession_cas.packs import (
+from agentsession_cas.maintenance.fsck import fsck
+from agentsession_cas.format.hashing import envelope_bytes, sha256_ref
+from agentsession_cas.backends.files.objects import ObjectStore
+from agentsession_cas.backends.files.packs import (
     KIND_ENVELOPE,
     KIND_PLAIN,
     KIND_SIDE,
@@ -38,7 +38,7 @@ from agentsession_cas.packs import (
     encode_envelope,
     encode_side,
 )
-from agentsession_cas.store import LAYOUT, Store
+from agentsession_cas.store.core import LAYOUT, Store
 
 E, C, B = SPACE_BITS["entries"], SPACE_BITS["contents"], SPACE_BITS["blobs"]
 
@@ -632,7 +632,7 @@ def test_an_empty_object_and_one_object_in_two_spaces_encode_and_read(tmp_path):
 
 
 def test_a_layout_1_store_is_current_for_migrate(tmp_path):
-    from agentsession_cas.migrate import layout_state
+    from agentsession_cas.maintenance.migrate import layout_state
 
     root = tmp_path / "store"
     Store.init(root).close()
@@ -643,7 +643,7 @@ def test_a_layout_1_store_is_current_for_migrate(tmp_path):
 def test_migrate_says_a_layout_1_store_needs_nothing(tmp_path):
     from click.testing import CliRunner
 
-    from cli.main import main
+    from agentsession_cli.main import main
 
     root = tmp_path / "store"
     Store.init(root).close()

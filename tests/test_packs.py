@@ -21,16 +21,16 @@ import pytest
 import zstandard
 from click.testing import CliRunner
 
-import agentsession_cas.objects as objects_mod
-import agentsession_cas.packs as packs_mod
-import agentsession_cas.store as store_mod
+import agentsession_cas.backends.files.objects as objects_mod
+import agentsession_cas.backends.files.packs as packs_mod
+import agentsession_cas.store.core as store_mod
 from agentsession_cas import Header
 from agentsession_cas.errors import CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
-from agentsession_cas.hashing import sha256_ref
-from agentsession_cas.objects import PACK_BATCH, ObjectStore
-from agentsession_cas.packs import MAX_BLOCK, SPACE_BITS, Pack, PackSet, PackWriter
-from agentsession_cas.store import Store
-from cli.main import main
+from agentsession_cas.format.hashing import sha256_ref
+from agentsession_cas.backends.files.objects import PACK_BATCH, ObjectStore
+from agentsession_cas.backends.files.packs import MAX_BLOCK, SPACE_BITS, Pack, PackSet, PackWriter
+from agentsession_cas.store.core import Store
+from agentsession_cli.main import main
 
 # -- helpers -------------------------------------------------------------------
 

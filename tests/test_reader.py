@@ -17,7 +17,7 @@ from agentsession_cas import (
     read_session,
     read_session_bytes,
 )
-from agentsession_cas.reader import split_lines
+from agentsession_cas.format.reader import split_lines
 
 SID = "0199c000-0000-7000-8000-000000000001"
 
@@ -242,7 +242,7 @@ def test_number_that_fails_the_ijson_test(number):
 
 @pytest.mark.parametrize("number", ["9007199254740992", "1e20", "0.1", "1152921504606847000", "-0", "1E2", "2.50"])
 def test_number_the_ijson_test_admits(number):
-    from agentsession_cas.canonical import loads
+    from agentsession_cas.format.canonical import loads
 
     o = objs(build(2))
     text = json.dumps(o[2])[:-1] + f', "n": {number}}}'
@@ -799,7 +799,7 @@ def test_a_migrated_file_is_never_rewritten():
 def test_keep_objects_keeps_exactly_the_bytes_a_store_writes(tmp_path):
     """read_session(keep_objects=True) keeps each entry's content and envelope bytes
     (what an import writes); they are entry_objects' bytes, and hash to the entry."""
-    from agentsession_cas.hashing import entry_objects, sha256_ref
+    from agentsession_cas.format.hashing import entry_objects, sha256_ref
     from agentsession_cas import SessionBuilder, Header
 
     b = SessionBuilder(Header.new("keep-objects"))

@@ -16,10 +16,10 @@ import pytest
 
 from agentsession_cas import is_valid_ts, read_session_bytes, verify_records, verify_requests
 from agentsession_cas.errors import MirrorError, StoreError, TransportError
-from agentsession_cas.hashing import entry_hashes
-from agentsession_cas.recorder import Recorder, new_session_id
-from agentsession_cas.refs import Refs
-from agentsession_cas.store import Store
+from agentsession_cas.format.hashing import entry_hashes
+from agentsession_cas.exchange.recorder import Recorder, new_session_id
+from agentsession_cas.store.refs import Refs
+from agentsession_cas.store.core import Store
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = [{"type": "function", "name": "ls", "parameters": {"type": "object", "properties": {}}}]
@@ -213,7 +213,7 @@ def test_session_ids_are_uuid7():
 HARNESS = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {repo!r})
-    from agentsession_cas.recorder import Recorder
+    from agentsession_cas.exchange.recorder import Recorder
 
     rec = Recorder.open({local!r}, {sid!r}, harness=("crashy", "0.1"), records=["run", "dispatch"],
                         remote={remote!r})
@@ -291,7 +291,7 @@ def test_closing_after_a_handover_does_not_push_again(tmp_path, remote):
 
 
 def test_a_push_cut_off_before_it_was_remembered_resumes_cleanly(tmp_path, remote, monkeypatch):
-    from agentsession_cas import exchange
+    from agentsession_cas.exchange import operations as exchange
 
     rec = Recorder.open(tmp_path / "local", harness="h", remote=remote)
     rec.config(model="m1")

@@ -1,4 +1,4 @@
-"""Named refs (agentsession_cas.refs, `agentsession ref`): the rules on names, conflicts,
+"""Named refs (agentsession_cas.store.refs, `agentsession ref`): the rules on names, conflicts,
 compare-and-swap, the files written, two real processes racing, and the CLI."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agentsession_cas import canonical_bytes
-from agentsession_cas.entry import Header
+from agentsession_cas.format.entry import Header
 from agentsession_cas.errors import (
     BadNameError,
     BadRefNameError,
@@ -29,9 +29,9 @@ from agentsession_cas.errors import (
     RefMovedError,
     StoreError,
 )
-from agentsession_cas import refs as refs_module
-from agentsession_cas.hashing import sha256_ref
-from agentsession_cas.refs import (
+from agentsession_cas.store import refs as refs_module
+from agentsession_cas.format.hashing import sha256_ref
+from agentsession_cas.store.refs import (
     MAX_REF_NAME,
     Ref,
     Refs,
@@ -41,8 +41,8 @@ from agentsession_cas.refs import (
     header_ident,
     ref_file_name,
 )
-from agentsession_cas.store import Store
-from cli.main import main
+from agentsession_cas.store.core import Store
+from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -625,8 +625,8 @@ def test_writes_are_fsynced_file_then_directory(root, refs, monkeypatch):
 
 WORKER = r"""
 import os, sys, time
-from agentsession_cas.store import Store
-from agentsession_cas.refs import Refs
+from agentsession_cas.store.core import Store
+from agentsession_cas.store.refs import Refs
 from agentsession_cas.errors import RefConflictError, RefMovedError
 
 root, name, session, expected, go = sys.argv[1:6]

@@ -22,11 +22,11 @@ from click.testing import CliRunner
 
 from agentsession_cas import Header, make_entry, read_session_bytes
 from agentsession_cas.errors import SessionDamagedError, SessionLockedError, StoreError
-from agentsession_cas.log import _checksum, encode_record, read_log, scan_log
-from agentsession_cas.repair import DAMAGED_PREFIX, plan_repair, repair_session
-from agentsession_cas.store import Store
-from cli import repair_command
-from cli.main import main
+from agentsession_cas.backends.files.log import _checksum, encode_record, read_log, scan_log
+from agentsession_cas.maintenance.repair import DAMAGED_PREFIX, plan_repair, repair_session
+from agentsession_cas.store.core import Store
+from agentsession_cli import repair_command
+from agentsession_cli.main import main
 
 SID = "s1"
 
@@ -612,7 +612,7 @@ def test_a_session_open_in_this_process_is_refused(tmp_path):
 
 def test_a_plan_that_does_not_read_back_changes_nothing(tmp_path, monkeypatch):
     """The new log is opened and projected from a staging directory before it replaces anything."""
-    from agentsession_cas import repair as repair_module
+    from agentsession_cas.maintenance import repair as repair_module
 
     root = tmp_path / "store"
     build(root)
@@ -750,7 +750,7 @@ def test_progress_only_on_a_terminal_and_never_under_json(tmp_path, monkeypatch)
 
 def test_an_error_after_progress_is_not_written_over_it(tmp_path, monkeypatch):
     """The phase line is taken away before the error line is printed."""
-    from agentsession_cas import repair as repair_module
+    from agentsession_cas.maintenance import repair as repair_module
 
     root = tmp_path / "store"
     build(root)

@@ -19,8 +19,8 @@ from agentsession_cas import (
     render_runs,
     verify_records,
 )
-from agentsession_cas.reader import split_lines
-from agentsession_cas.runs import CALL_STATES, analyze_path, render_records_check
+from agentsession_cas.format.reader import split_lines
+from agentsession_cas.format.runs import CALL_STATES, analyze_path, render_records_check
 
 ALL = ["run", "dispatch", "decision"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentsession_cas import Header, canonical_bytes, loads, make_entry, read_session, read_session_bytes
-from agentsession_cas.entry import FORMAT_WRITTEN, LEAF_LABEL
+from agentsession_cas.format.entry import FORMAT_WRITTEN, LEAF_LABEL
 from agentsession_cas.errors import (
     AppendRefusedError,
     BadNameError,
@@ -33,10 +33,10 @@ from agentsession_cas.errors import (
     SessionLockedError,
     StoreError,
 )
-from agentsession_cas.hashing import entry_objects, sha256_ref
-from agentsession_cas.log import _checksum, encode_record, read_log
-from agentsession_cas.objects import ObjectStore
-from agentsession_cas.store import CHECKPOINT_ENTRIES, LAYOUT, Session, Store
+from agentsession_cas.format.hashing import entry_objects, sha256_ref
+from agentsession_cas.backends.files.log import _checksum, encode_record, read_log
+from agentsession_cas.backends.files.objects import ObjectStore
+from agentsession_cas.store.core import CHECKPOINT_ENTRIES, LAYOUT, Session, Store
 
 _TICK = itertools.count()
 
@@ -518,7 +518,7 @@ def test_parent_defaults_to_head_ts_to_now(store):
     r = s.append({"type": "item", "item": {"type": "message", "role": "user", "content": "d"}})
     e = store.entry(r.id)
     assert e.parent == rs[-1].id
-    from agentsession_cas.timestamps import is_valid_ts
+    from agentsession_cas.format.timestamps import is_valid_ts
 
     assert is_valid_ts(e.ts) and e.ts.startswith("20")
     # an explicit None is honoured, not defaulted
@@ -1882,7 +1882,7 @@ def test_background_checkpoint_failure_stops_the_session(root, monkeypatch):
 def test_recovery_honours_checkpoint_seq(root):
     """A checkpoint record covers the appends up to its seq, not every record before it:
     appends written after that seq but before the record are still restored."""
-    from agentsession_cas.store import _checkpoint_covers
+    from agentsession_cas.store.core import _checkpoint_covers
 
     recs = read_log(
         encode_record({"op": "create", "session": "x", "base": None, "mark": "record"})
@@ -2015,7 +2015,7 @@ def test_context_hash_served_and_kept_up_to_date_by_appends(root):
     """RFC 0002 "Prefix caching": the store serves the context hash at any entry of a
     session, the same value the format core computes over its projection, and an
     append after the first question feeds it incrementally."""
-    from agentsession_cas.context import NULL_CONTEXT_HASH, context_hashes
+    from agentsession_cas.format.context import NULL_CONTEXT_HASH, context_hashes
 
     st = Store.init(root)
     s = st.create(Header.new("ctx"))

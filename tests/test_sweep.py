@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import agentsession_cas.objects as objects_mod
-import agentsession_cas.store as store_mod
-import agentsession_cas.sweep as sweep_mod
+import agentsession_cas.backends.files.objects as objects_mod
+import agentsession_cas.store.core as store_mod
+import agentsession_cas.maintenance.sweep as sweep_mod
 from agentsession_cas import Header
 from agentsession_cas.errors import StoreError
-from agentsession_cas.hashing import sha256_ref
-from agentsession_cas.objects import PACK_BATCH, ObjectStore
-from agentsession_cas.store import Store
-from agentsession_cas.sweep import DEFAULT_GRACE, parse_duration
-from cli.main import main
+from agentsession_cas.format.hashing import sha256_ref
+from agentsession_cas.backends.files.objects import PACK_BATCH, ObjectStore
+from agentsession_cas.store.core import Store
+from agentsession_cas.maintenance.sweep import DEFAULT_GRACE, parse_duration
+from agentsession_cli.main import main
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "sweep_worker.py"
@@ -162,7 +162,7 @@ def _one_session_and_garbage(root: Path) -> None:
 
 
 def test_progress_only_on_a_terminal_and_never_under_json(root, monkeypatch):
-    from cli import maintenance_commands
+    from agentsession_cli import maintenance_commands
 
     _one_session_and_garbage(root)
     age_all(root)
@@ -189,7 +189,7 @@ def test_progress_only_on_a_terminal_and_never_under_json(root, monkeypatch):
 
 
 def test_an_error_after_progress_starts_on_a_line_of_its_own(root, monkeypatch):
-    from cli import maintenance_commands
+    from agentsession_cli import maintenance_commands
 
     _one_session_and_garbage(root)
     monkeypatch.setattr(maintenance_commands, "_stderr_is_tty", lambda: True)
@@ -616,7 +616,7 @@ def test_retention_reads_each_block_once(root, monkeypatch):
     o = ObjectStore(str(root))
     o.pack_loose()
     o.close()
-    import agentsession_cas.packs as packs_mod
+    import agentsession_cas.backends.files.packs as packs_mod
 
     monkeypatch.setattr(packs_mod.PackSet, "CACHE_BLOCKS", 1)
     reads = []

@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agentsession_cas.errors import TimestampError
-from agentsession_cas.timestamps import check_ts, format_ts, is_valid_ts, normalise_ts, now_ts
+from agentsession_cas.format.timestamps import check_ts, format_ts, is_valid_ts, normalise_ts, now_ts
 
 VALID = [
     "2026-09-17T12:00:02Z",

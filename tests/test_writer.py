@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import agentsession_cas.writer as writer_module
+import agentsession_cas.format.writer as writer_module
 from agentsession_cas import (
     FORMAT_WRITTEN,
     EntryError,
@@ -27,8 +27,8 @@ from agentsession_cas import (
     session_bytes,
     write_session,
 )
-from agentsession_cas.hashing import RESERVED_MEMBERS
-from agentsession_cas.reader import split_lines
+from agentsession_cas.format.hashing import RESERVED_MEMBERS
+from agentsession_cas.format.reader import split_lines
 
 EPOCH = datetime(2026, 10, 5, 12, 0, 0, tzinfo=timezone.utc)
 SID = "0199e000-0000-7000-8000-000000000001"

@@ -3,7 +3,7 @@
 
 Reuses the deterministic coding-agent session of ``bench_verify.py``
 (:func:`bench_verify.generate`) and measures, in one process, two things
-from RFC 0002's exchange as ``agentsession_cas.exchange.push`` does it
+from RFC 0002's exchange as ``agentsession_cas.exchange.operations.push`` does it
 between stores reachable as paths (``LocalTransport``):
 
 1. **full push** of the whole session to an empty store, from its open
@@ -61,8 +61,8 @@ for p in (str(ROOT), str(HERE)):
 
 import agentsession_cas  # noqa: E402
 from agentsession_cas import exchange, read_session_bytes  # noqa: E402
-from agentsession_cas.store import CHECKPOINT_ENTRIES, Session, Store  # noqa: E402
-from agentsession_cas.transport import LocalTransport  # noqa: E402
+from agentsession_cas.store.core import CHECKPOINT_ENTRIES, Session, Store  # noqa: E402
+from agentsession_cas.exchange.transport import LocalTransport  # noqa: E402
 from bench_verify import SESSION_ID, generate  # noqa: E402
 
 DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000

@@ -12,7 +12,7 @@ repository that has been packed holds its objects.
 
 Timed, alternately, each the best of ``--repeat`` runs on a warm cache:
 
-* **fsck**: ``agentsession_cas.fsck.fsck(store)`` in this process: every pack
+* **fsck**: ``agentsession_cas.maintenance.fsck.fsck(store)`` in this process: every pack
   and index checksum, every object decompressed once and hashed against its
   name, the session's log (checksums, the rules, the indexes) and the
   retention counts. Objects verified = ``counts["objects"]``.
@@ -51,9 +51,9 @@ for p in (str(ROOT), str(HERE)):
         sys.path.insert(0, p)
 
 import agentsession_cas  # noqa: E402
-from agentsession_cas.fsck import fsck  # noqa: E402
-from agentsession_cas.objects import SPACES, ObjectStore  # noqa: E402
-from agentsession_cas.store import Store  # noqa: E402
+from agentsession_cas.maintenance.fsck import fsck  # noqa: E402
+from agentsession_cas.backends.files.objects import SPACES, ObjectStore  # noqa: E402
+from agentsession_cas.store.core import Store  # noqa: E402
 from bench_verify import generate  # noqa: E402
 
 DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000

@@ -65,9 +65,9 @@ import zstandard  # noqa: E402
 
 import agentsession_cas  # noqa: E402
 from agentsession_cas import Header  # noqa: E402
-from agentsession_cas.objects import REPACK_BLOCK, REPACK_LEVEL, REPACK_THREADS, SPACES  # noqa: E402
-from agentsession_cas.packs import BLOCK_TARGET, SPACE_BITS, Pack, PackWriter  # noqa: E402
-from agentsession_cas.store import CHECKPOINT_ENTRIES, Store  # noqa: E402
+from agentsession_cas.backends.files.objects import REPACK_BLOCK, REPACK_LEVEL, REPACK_THREADS, SPACES  # noqa: E402
+from agentsession_cas.backends.files.packs import BLOCK_TARGET, SPACE_BITS, Pack, PackWriter  # noqa: E402
+from agentsession_cas.store.core import CHECKPOINT_ENTRIES, Store  # noqa: E402
 from bench_verify import generate  # noqa: E402
 
 DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000

@@ -44,8 +44,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 
 import agentsession_cas  # noqa: E402
 from agentsession_cas import Header, SessionBuilder, format_ts, make_entry, read_session_bytes  # noqa: E402
-from agentsession_cas.context import ContextBuilder  # noqa: E402
-from agentsession_cas.reader import split_lines  # noqa: E402
+from agentsession_cas.format.context import ContextBuilder  # noqa: E402
+from agentsession_cas.format.reader import split_lines  # noqa: E402
 
 TARGET = 3.0
 DEFAULT_ENTRIES = 100_000

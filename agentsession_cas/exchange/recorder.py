@@ -41,17 +41,19 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
-from .context import Context, ContextBuilder
-from .entry import Entry, Header
-from .errors import ContextError, MirrorError, StoreError
-from .exchange import ExchangeResult, push as push_session
-from .refs import Refs
-from .runs import analyze_path
-from .store import AppendResult, Session, Store
-from .timestamps import now_ts
+from ..errors import ContextError, MirrorError, StoreError
+from ..format.context import Context, ContextBuilder
+from ..format.entry import Entry, Header
+from ..format.runs import analyze_path
+from ..format.timestamps import now_ts
+from ..store.core import AppendResult, Session, Store
+from ..store.refs import Refs
+from .operations import ExchangeResult
+from .operations import push as push_session
 from .transport import Transport, open_transport
 
 __all__ = ["Recorder", "new_session_id"]
@@ -95,7 +97,7 @@ class Recorder:
         store: Store,
         session: Session,
         *,
-        remote: "Transport | str | os.PathLike | None" = None,
+        remote: Transport | str | os.PathLike | None = None,
         ref: str | None = None,
         owns_store: bool = False,
         resumed: bool = False,
@@ -119,20 +121,20 @@ class Recorder:
     @classmethod
     def open(
         cls,
-        store: "Store | str | os.PathLike",
+        store: Store | str | os.PathLike,
         session_id: str | None = None,
         *,
-        harness: "str | Sequence[str] | Mapping[str, str] | None" = None,
+        harness: str | Sequence[str] | Mapping[str, str] | None = None,
         cwd: str | None = None,
         records: Iterable[str] | None = None,
-        remote: "Transport | str | os.PathLike | None" = None,
+        remote: Transport | str | os.PathLike | None = None,
         ref: str | None = None,
         base: str | None = None,
         parent_session: str | None = None,
         media: str | None = None,
         close_open_run: bool = True,
         **header_members: Any,
-    ) -> "Recorder":
+    ) -> Recorder:
         """Start a session, or resume ``session_id`` if the store holds it.
 
         ``store`` is an open :class:`Store` or a path (created if need be).
@@ -329,7 +331,7 @@ class Recorder:
         error: Any = None,
         incomplete: Any = None,
         latency_ms: int | None = None,
-        request_hash: "bool | str" = True,
+        request_hash: bool | str = True,
         **members: Any,
     ) -> AppendResult:
         """The ``response`` entry closing a model call, after its output items; durable.
@@ -459,7 +461,7 @@ class Recorder:
                     self.session.close()
         return result
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
@@ -471,7 +473,7 @@ class Recorder:
         return f"Recorder({self.session.id!r}, head={self.session.head}, remote={self._remote!r})"
 
 
-def _harness(harness: "str | Sequence[str] | Mapping[str, str] | None") -> dict[str, str] | None:
+def _harness(harness: str | Sequence[str] | Mapping[str, str] | None) -> dict[str, str] | None:
     if harness is None:
         return None
     if isinstance(harness, str):

@@ -23,15 +23,17 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import filelock
 
-from .canonical import canonical_bytes, loads, loads_flagged
-from .entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
-from .errors import (
+from ..backends.files.fsutil import fsync_dir, start_writeback, write_atomic
+from ..backends.files.log import LogRead, Record, encode_append, encode_record, read_log
+from ..backends.files.objects import AUTO_PACK_LOOSE, ObjectStore, RepackResult
+from ..errors import (
     AgentSessionError,
     AppendRefusedError,
     CorruptObjectError,
@@ -39,8 +41,8 @@ from .errors import (
     HeadMovedError,
     IJSONError,
     LayoutError,
-    NoSuchEntryError,
     MirrorError,
+    NoSuchEntryError,
     NoSuchObjectError,
     NoSuchSessionError,
     ReadOnlyError,
@@ -51,15 +53,14 @@ from .errors import (
     StoreError,
     TimestampError,
 )
-from .context import ContextHasher
-from .hashing import entry_objects, is_hash, parse_envelope, sha256_ref
-from .log import LogRead, Record, encode_append, encode_record, read_log
-from .names import check_session_id
-from .fsutil import fsync_dir, fsync_paths, start_writeback, write_atomic
-from .objects import AUTO_PACK_LOOSE, ObjectStore, RepackResult
-from .reader import CORE_TYPES, SessionFile, gc_paused, read_session, read_session_bytes
-from .timestamps import check_ts, now_ts
-from .tree import Tree
+from ..format.canonical import canonical_bytes, loads, loads_flagged
+from ..format.context import ContextHasher
+from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
+from ..format.hashing import entry_objects, is_hash, parse_envelope, sha256_ref
+from ..format.names import check_session_id
+from ..format.reader import CORE_TYPES, SessionFile, gc_paused, read_session, read_session_bytes
+from ..format.timestamps import check_ts, now_ts
+from ..format.tree import Tree
 
 __all__ = [
     "LAYOUT",
@@ -244,7 +245,7 @@ class Store:
     # -- the directory --------------------------------------------------------
 
     @classmethod
-    def init(cls, path: str | os.PathLike | None = None, **kwargs: Any) -> "Store":
+    def init(cls, path: str | os.PathLike | None = None, **kwargs: Any) -> Store:
         """Create a store (or open the one already there) and return it open for writing."""
         root = os.path.abspath(os.path.expanduser(os.fspath(path)) if path is not None else default_store_path())
         layout = os.path.join(root, "layout")
@@ -264,7 +265,7 @@ class Store:
             with open(layout, "rb") as f:
                 text = f.read().decode("utf-8", "replace").strip()
         except FileNotFoundError:
-            from .migrate import old_layout_hint  # here, not at the top: migrate imports this module
+            from ..maintenance.migrate import old_layout_hint  # here, not at the top: migrate imports this module
 
             hint = old_layout_hint(self.root)
             if hint is not None:
@@ -287,7 +288,7 @@ class Store:
     def session_dir(self, session_id: str) -> str:
         return self._dir("sessions", check_session_id(session_id))
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -311,16 +312,16 @@ class Store:
         if errors:
             raise errors[0]
 
-    def pack(self, **kwargs: Any) -> "RepackResult":
+    def pack(self, **kwargs: Any) -> RepackResult:
         """Repack every loose and packed object into one pack (``agentsession pack``);
         see :meth:`ObjectStore.repack`."""
         self._require_writable()
         return self.objects.repack(**kwargs)
 
-    def sweep(self, **kwargs: Any) -> "SweepResult":
+    def sweep(self, **kwargs: Any) -> SweepResult:
         """Remove what nothing retained names (``agentsession sweep``); see
         :func:`agentsession_cas.sweep.sweep`."""
-        from .sweep import sweep
+        from ..maintenance.sweep import sweep
 
         if not kwargs.get("dry_run"):
             self._require_writable()
@@ -359,7 +360,7 @@ class Store:
         except AgentSessionError:
             return False
 
-    def session(self, session_id: str) -> "Session":
+    def session(self, session_id: str) -> Session:
         """Open a session: for writing (locked, recovered) or, on a read-only store, as a snapshot."""
         check_session_id(session_id)
         if session_id in self._open:
@@ -378,7 +379,7 @@ class Store:
 
     open = session
 
-    def read(self, session_id: str) -> "Session":
+    def read(self, session_id: str) -> Session:
         """A read-only snapshot of a session, taking no lock, whatever the store's mode."""
         check_session_id(session_id)
         if session_id not in self:
@@ -398,7 +399,7 @@ class Store:
             raise SessionLockedError(f"session {session_id} is locked by another process") from None
         return lock
 
-    def create(self, header: Header | Mapping[str, Any], *, record: bool = True) -> "Session":
+    def create(self, header: Header | Mapping[str, Any], *, record: bool = True) -> Session:
         """Create a session from its header, by one rename into place that fails if the id is held.
 
         A fork names a ``base`` the store holds, that is not a ``leaf`` label,
@@ -509,7 +510,7 @@ class Store:
                         "which is off the path, so the fork's file could not be read"
                     )
 
-    def _holder_of(self, entry_id: str) -> tuple[str, Header, bool, "Session"] | None:
+    def _holder_of(self, entry_id: str) -> tuple[str, Header, bool, Session] | None:
         """The session whose own entries (else whose prefix) hold ``entry_id``:
         (id, header, whether the entry is committed there, the session). Scans the
         store, which only creating a fork or importing one needs. A session open
@@ -546,7 +547,7 @@ class Store:
         record: bool,
         prefix_ids: list[str] | None = None,
         freshen: list[tuple[str, str]] = (),  # type: ignore[assignment]
-    ) -> "Session":
+    ) -> Session:
         """Write a whole session in ``tmp/`` and rename it into ``sessions/``. The objects
         of ``prefix`` and ``own`` are written; ``prefix_ids`` names a prefix whose
         objects are already durable."""
@@ -715,7 +716,7 @@ class Store:
             )
         return parent
 
-    def path_to(self, entry_id: str, *, via: "Session | None" = None) -> list[Entry]:
+    def path_to(self, entry_id: str, *, via: Session | None = None) -> list[Entry]:
         """Entries from the root to ``entry_id``, read from the objects (or through
         ``via``, a session that may hold some only in its log so far)."""
         read = via.entry if via is not None else self.entry
@@ -782,7 +783,7 @@ class Store:
             for name, blob in blobs.items():
                 _write_atomic(os.path.join(side, name[7:]), blob, durable=True)
 
-    def import_file(self, path: str | os.PathLike, *, record: bool = False) -> "Session":
+    def import_file(self, path: str | os.PathLike, *, record: bool = False) -> Session:
         """Import a projection (RFC 0002): every line verified, the head from the resume
         rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``."""
         with gc_paused():  # a bulk pass: many acyclic objects per entry (see gc_paused)
@@ -790,7 +791,7 @@ class Store:
             side = os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), str(sf.header.id))
             return self.import_session(sf, record=record, sidecar_dir=side)
 
-    def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> "Session":
+    def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> Session:
         with gc_paused():
             return self.import_session(read_session_bytes(data, source=source, keep_objects=True), record=record)
 
@@ -815,7 +816,7 @@ class Store:
                 raise StoreError(f"{sf.source}: sidecar blob {where} does not hash to its name {name}")
             self.objects.put("blobs", name, blob, durable=True)
 
-    def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> "Session":
+    def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> Session:
         self._require_writable()
         if sf.truncated is not None:
             raise StoreError(f"{sf.source}: {sf.truncated}; a cut-short file is not imported")
@@ -914,7 +915,7 @@ class Session:
     @classmethod
     def _load(
         cls, store: Store, session_id: str, *, writable: bool, lock: filelock.BaseFileLock | None = None
-    ) -> "Session":
+    ) -> Session:
         s = cls(store, session_id)
         if writable:
             store._require_writable()
@@ -1635,7 +1636,7 @@ class Session:
     # mirror takes entries, head moves and marks "only through exchange" (RFC 0002).
 
     @classmethod
-    def exchange_create(cls, store: Store, header: Header, *, prefix: list[str], record: bool) -> "Session":
+    def exchange_create(cls, store: Store, header: Header, *, prefix: list[str], record: bool) -> Session:
         """Create the session a push or fetch brings, from the pushed header, with the
         base as its head (or none) and no own entries yet; committed, open for writing.
         ``prefix`` (root..base) names entries whose objects the caller has already made
@@ -1821,7 +1822,7 @@ class Session:
 
     # -- end of the exchange block ---------------------------------------------------------
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: object) -> None:

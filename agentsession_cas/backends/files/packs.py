@@ -68,15 +68,15 @@ import threading
 import time
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import blake3
 import zstandard
 
-from .errors import CorruptPackError, StoreError
+from ...errors import CorruptPackError, StoreError
+from ...format.hashing import FAST_ENVELOPE
 from .fsutil import fsync_dir, write_all
-from .hashing import FAST_ENVELOPE
 
 __all__ = [
     "BLOCK_TARGET",
@@ -618,7 +618,7 @@ class Pack:
             raise CorruptPackError(f"pack {self.path} ends inside block {block}", path=self.path)
         return data
 
-    def read_block(self, block: int) -> "Block | _FlatBlock":
+    def read_block(self, block: int) -> Block | _FlatBlock:
         """A block decompressed (its size bounded by the index before any allocation),
         ready to give its objects by :class:`Located` ``offset``/``length``."""
         data = self.read_block_raw(block)
@@ -806,7 +806,7 @@ class PackWriter:
         if self._slots + len(self._pending) + more > MAX_OBJECTS:
             raise StoreError(f"a pack holds at most {MAX_OBJECTS} objects")
 
-    def copy_pack(self, pack: "Pack") -> None:
+    def copy_pack(self, pack: Pack) -> None:
         """Copy every block of another pack as it is (a merge need not recompress: a
         slot's back references stay within its block), and take over its index
         records with their ordinals shifted. A pack of the first format is read

@@ -35,7 +35,7 @@ from typing import Any
 
 import blake3
 
-from .canonical import canonical_bytes
+from ...format.canonical import canonical_bytes
 
 __all__ = ["Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import EntryError, IJSONError, Problem, TimestampError
+from ..errors import EntryError, IJSONError, Problem, TimestampError
 from .hashing import entry_hashes
 from .timestamps import normalise_ts
 

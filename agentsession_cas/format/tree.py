@@ -7,10 +7,10 @@ later, a store's log alike.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
+from ..errors import NoSuchEntryError
 from .entry import Entry
-from .errors import NoSuchEntryError
 
 __all__ = ["Tree"]
 

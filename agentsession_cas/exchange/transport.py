@@ -35,21 +35,22 @@ from __future__ import annotations
 import hashlib
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote_to_bytes, urlsplit
 
-from .canonical import canonical_bytes, loads
-from .errors import AgentSessionError, LayoutError, SessionLockedError, StoreError, TransportError
-from .fsutil import fsync_dir, write_atomic
-from .hashing import is_hash
-from .names import check_session_id
-from .refs import check_ref_name, ref_file_name
+from ..backends.files.fsutil import fsync_dir, write_atomic
+from ..errors import AgentSessionError, LayoutError, SessionLockedError, StoreError, TransportError
+from ..format.canonical import canonical_bytes, loads
+from ..format.hashing import is_hash
+from ..format.names import check_session_id
+from ..store.refs import check_ref_name, ref_file_name
 
 if TYPE_CHECKING:  # exchange imports this module; the endpoint is imported where it is used
-    from .exchange import StoreEndpoint
-    from .store import Store
+    from ..store.core import Store
+    from .operations import StoreEndpoint
 
 __all__ = [
     "Admission",
@@ -267,7 +268,7 @@ class Transport(ABC):
     def close(self) -> None:
         """Let go of whatever the transport holds open."""
 
-    def __enter__(self) -> "Transport":
+    def __enter__(self) -> Transport:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -346,12 +347,12 @@ class LocalTransport(Transport):
         self.url = remote_url(remote)
         self.root = url_path(self.url)
         self._sync = sync
-        self._endpoint: "StoreEndpoint | None" = None
+        self._endpoint: StoreEndpoint | None = None
 
-    def _serve(self) -> "StoreEndpoint":
+    def _serve(self) -> StoreEndpoint:
         if self._endpoint is None:
-            from .exchange import StoreEndpoint
-            from .store import Store
+            from ..store.core import Store
+            from .operations import StoreEndpoint
 
             try:
                 store = Store(self.root, sync=self._sync)
@@ -450,7 +451,7 @@ class Remembered:
     canonical JSON and LF, replaced atomically and durably; a file that does not
     read is treated as absent, since all of it is a hint a push re-learns."""
 
-    def __init__(self, store: "Store", url: str):
+    def __init__(self, store: Store, url: str):
         self.store = store
         self.url = url
         self.dir = os.path.join(store.root, "remotes", remote_key(url))

@@ -38,17 +38,18 @@ import itertools
 import operator
 import os
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from .canonical import loads
-from .entry import LEAF_LABEL
-from .errors import AgentSessionError, BadNameError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
-from .hashing import HASH_PREFIX, is_hash
-from .log import Record, read_log, scan_log
-from .names import check_session_id
-from .packs import SPACE_BITS, Pack
-from .store import Store, _checkpoint_covers, payload_entry
+from ..backends.files.log import Record, read_log, scan_log
+from ..backends.files.packs import SPACE_BITS, Pack
+from ..errors import AgentSessionError, BadNameError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
+from ..format.canonical import loads
+from ..format.entry import LEAF_LABEL
+from ..format.hashing import HASH_PREFIX, is_hash
+from ..format.names import check_session_id
+from ..store.core import Store, _checkpoint_covers, payload_entry
 
 __all__ = ["SEVERITIES", "FsckProblem", "FsckReport", "fsck", "writer_holds"]
 
@@ -243,7 +244,7 @@ def _proc_locks() -> set[tuple[int, int, int]] | None:
     ``/proc/locks``), or None where that cannot be known. Read-only: taking the
     lock to test it would make a writer opening the session at that moment fail."""
     try:
-        with open("/proc/locks", "r", encoding="ascii", errors="replace") as f:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
             text = f.read()
     except OSError:
         return None
@@ -1214,7 +1215,7 @@ class _Walk:
                       + " (writes in progress, or a crash's leftovers)", file="tmp")
 
     def walk_refs(self) -> None:
-        from .refs import Refs, check_ref_name
+        from ..store.refs import Refs, check_ref_name
 
         base = os.path.join(self.root, "refs")
         files = self.listing(base)

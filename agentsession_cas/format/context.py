@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
+from ..errors import AgentSessionError, ContextError, Problem
 from .canonical import canonical_bytes
 from .entry import Entry, short_id
-from .errors import AgentSessionError, ContextError, Problem
 from .hashing import HASH_PREFIX, is_hash, sha256_ref
 
 __all__ = [
@@ -313,7 +314,7 @@ class Omit:
             and delta.get("images") is None
         )
 
-    def apply(self, delta: Any) -> "Omit":
+    def apply(self, delta: Any) -> Omit:
         """The omit after a config delta's ``omit`` member: null leaves it, an object naming
         nothing clears it, anything else sets the rule it names and adds its entries."""
         if not isinstance(delta, dict):
@@ -337,7 +338,7 @@ class Omit:
         return Omit(reasoning, tuple(items), outputs_text, tuple(outputs_items), images)
 
     @classmethod
-    def from_object(cls, value: Any) -> "Omit":
+    def from_object(cls, value: Any) -> Omit:
         """The omit a compaction checkpoint carries (the object in force, not a delta)."""
         return cls().apply(value) if isinstance(value, dict) else cls()
 
@@ -397,7 +398,7 @@ class Settings:
         self._lists: dict[str, tuple[OmittedElement, ...]] = {}
         self._split: tuple[bytes, bytes] | None = None
 
-    def _copy(self) -> "Settings":
+    def _copy(self) -> Settings:
         s = Settings.__new__(Settings)
         for name in Settings.__slots__:
             setattr(s, name, getattr(self, name))
@@ -406,12 +407,12 @@ class Settings:
 
     # -- replay -------------------------------------------------------------
 
-    def apply(self, delta: Mapping[str, Any], entry_id: str | None = None) -> "Settings":
+    def apply(self, delta: Mapping[str, Any], entry_id: str | None = None) -> Settings:
         """The settings after the ``config`` delta ``delta`` (an entry's members)."""
         s, _ = self.apply_checked(delta, entry_id)
         return s
 
-    def apply_checked(self, delta: Mapping[str, Any], entry_id: str | None = None) -> tuple["Settings", bool]:
+    def apply_checked(self, delta: Mapping[str, Any], entry_id: str | None = None) -> tuple[Settings, bool]:
         """:meth:`apply`, and whether the delta holds an omitted-parts ``keep`` whose ``of``
         the path cannot resolve (which a verifier notes)."""
         base = EMPTY_SETTINGS if delta.get("replace") is True else self
@@ -469,7 +470,7 @@ class Settings:
         return s, bad_of
 
     @classmethod
-    def from_checkpoint(cls, config: Any) -> "Settings":
+    def from_checkpoint(cls, config: Any) -> Settings:
         """Settings from a compaction's ``config``: the full settings, taken as they stand
         (parts each with its text, the omitted list with no ``keep`` resolved)."""
         s = cls()
@@ -508,7 +509,7 @@ class Settings:
             s.extra = dict(config["extra"])
         return s
 
-    def without_omit(self) -> "Settings":
+    def without_omit(self) -> Settings:
         """These settings with no omit in force (for a diagnosis)."""
         if self.omit.zero:
             return self
@@ -1003,7 +1004,7 @@ class ContextBuilder:
         self.unresolved_of = False
         return entry
 
-    def extend(self, entries: Iterable[Entry]) -> "ContextBuilder":
+    def extend(self, entries: Iterable[Entry]) -> ContextBuilder:
         for e in entries:
             self.push(e)
         return self

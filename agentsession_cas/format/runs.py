@@ -26,12 +26,13 @@ from __future__ import annotations
 import gc
 import json
 import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
+from ..errors import Problem
 from .entry import Entry, Header, short_id
-from .errors import Problem
 from .reader import SessionFile
 
 __all__ = [

@@ -44,14 +44,14 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
-from .errors import AgentSessionError, CorruptObjectError, NoSuchObjectError, StoreError
-from .hashing import is_hash
-from .log import read_log, scan_log
-from .objects import RepackResult, Snapshot
-from .packs import SPACE_BITS
+from ..backends.files.log import read_log, scan_log
+from ..backends.files.objects import RepackResult, Snapshot
+from ..backends.files.packs import SPACE_BITS
+from ..errors import AgentSessionError, CorruptObjectError, NoSuchObjectError, StoreError
+from ..format.hashing import is_hash
 
 __all__ = ["DEFAULT_GRACE", "SweepResult", "parse_duration", "retained", "sweep"]
 
@@ -279,7 +279,7 @@ def _content_of(envelope: bytes) -> str | None:
         if is_hash(name):
             return name
     try:
-        from .canonical import loads
+        from ..format.canonical import loads
 
         env = loads(envelope)
     except (ValueError, AgentSessionError):
@@ -289,7 +289,7 @@ def _content_of(envelope: bytes) -> str | None:
 
 
 def _envelope(objects, name: str) -> dict:
-    from .canonical import loads
+    from ..format.canonical import loads
 
     try:
         env = loads(objects.get("entries", name))
@@ -346,7 +346,7 @@ def sweep(
         return _sweep_locked(store, grace=grace, dry_run=dry_run, progress=progress, phase=phase)
 
 
-def _sweep_locked(store, *, grace, dry_run, progress, phase) -> "SweepResult":
+def _sweep_locked(store, *, grace, dry_run, progress, phase) -> SweepResult:
     """The sweep itself; the caller holds the store's pack lock."""
     objects = store.objects
     # The snapshot first, the logs after it (see the module docstring).

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import filelock
 
-from .canonical import canonical_bytes, loads
-from .errors import (
+from ..backends.files.fsutil import fsync_dir, write_atomic
+from ..errors import (
     AgentSessionError,
     BadNameError,
     BadRefNameError,
@@ -40,12 +41,12 @@ from .errors import (
     RefMovedError,
     StoreError,
 )
-from .fsutil import fsync_dir, write_atomic
-from .hashing import is_hash, sha256_ref
-from .names import check_session_id
+from ..format.canonical import canonical_bytes, loads
+from ..format.hashing import is_hash, sha256_ref
+from ..format.names import check_session_id
 
 if TYPE_CHECKING:  # the store imports nothing from here; keep it that way
-    from .store import Store
+    from .core import Store
 
 __all__ = [
     "MAX_REF_NAME",
@@ -246,7 +247,7 @@ class Refs:
     into ``refs/`` and the directory fsynced.
     """
 
-    def __init__(self, store: "Store"):
+    def __init__(self, store: Store):
         self.store = store
         self.root = store.root
         self.dir = os.path.join(self.root, "refs")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import BadNameError
+from ..errors import BadNameError
 
 __all__ = ["check_session_id", "MAX_SESSION_ID"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import functools
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-from .errors import TimestampError
+from ..errors import TimestampError
 
 __all__ = ["is_valid_ts", "check_ts", "format_ts", "now_ts", "normalise_ts"]
 
@@ -86,8 +86,8 @@ def format_ts(dt: datetime, nanoseconds: int | None = None) -> str:
     nanosecond clock (``time.time_ns()``).
     """
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    dt = dt.astimezone(timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
+    dt = dt.astimezone(UTC)
     if nanoseconds is None:
         fraction = f"{dt.microsecond:06d}"
     else:
@@ -102,7 +102,7 @@ def now_ts() -> str:
     import time
 
     ns = time.time_ns()
-    dt = datetime.fromtimestamp(ns // 1_000_000_000, tz=timezone.utc)
+    dt = datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC)
     return format_ts(dt, ns % 1_000_000_000)
 
 
@@ -124,7 +124,7 @@ def normalise_ts(value: str) -> str:
         s = 59
     if y == 0 or not _valid_fields(y, mo, d, h, mi, s):
         raise TimestampError(f"ts {value!r} names no valid instant this library can convert")
-    dt = datetime(y, mo, d, h, mi, s, tzinfo=timezone.utc)
+    dt = datetime(y, mo, d, h, mi, s, tzinfo=UTC)
     offset = m.group(8)
     if offset not in ("Z", "z"):
         sign = 1 if offset[0] == "+" else -1

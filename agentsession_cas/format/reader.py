@@ -18,16 +18,14 @@ reported as truncation; any other unparsable line is a problem.
 from __future__ import annotations
 
 import gc
-from contextlib import contextmanager
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
-from .canonical import loads, loads_flagged
-from .entry import Entry, Header, header_or_error, short_id
-from .errors import (
+from ..errors import (
     AgentSessionError,
     EntryError,
     IJSONError,
@@ -35,6 +33,8 @@ from .errors import (
     Problem,
     SessionFormatError,
 )
+from .canonical import loads, loads_flagged
+from .entry import Entry, Header, header_or_error, short_id
 from .hashing import entry_hashes, entry_objects, is_hash
 from .legacy import migrate_entry
 from .timestamps import is_valid_ts

@@ -54,17 +54,20 @@ import re
 import stat
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not a POSIX system
     fcntl = None  # type: ignore[assignment]
 
-from .canonical import loads
-from .entry import LEAF_LABEL, short_id
-from .errors import (
+from ..backends.files.fsutil import fsync_dir, write_atomic
+from ..backends.files.log import encode_record, read_log
+from ..backends.files.objects import ObjectStore
+from ..backends.files.packs import read_varint
+from ..errors import (
     AgentSessionError,
     CorruptObjectError,
     CorruptPackError,
@@ -72,12 +75,10 @@ from .errors import (
     MigrationError,
     NoSuchObjectError,
 )
-from .fsutil import fsync_dir, write_atomic
-from .hashing import HASH_PREFIX, is_hash, sha256_ref
-from .log import encode_record, read_log
-from .names import check_session_id
-from .objects import ObjectStore
-from .packs import read_varint
+from ..format.canonical import loads
+from ..format.entry import LEAF_LABEL, short_id
+from ..format.hashing import HASH_PREFIX, is_hash, sha256_ref
+from ..format.names import check_session_id
 
 __all__ = [
     "JOURNAL",
@@ -535,7 +536,7 @@ def layout_state(root: str) -> str:
     """Where the store at ``root`` stands: ``current`` (our layout), ``old`` (the earlier
     journal layout, not yet touched), ``partial`` (a migration began and did not
     finish), ``other`` (a ``layout`` file naming another layout) or ``none``."""
-    from .store import LAYOUT, OLDER_LAYOUTS
+    from ..store.core import LAYOUT, OLDER_LAYOUTS
 
     text = layout_text(root)
     if text is not None:
@@ -624,7 +625,7 @@ class _Locks:
             time.sleep(delay)
             delay = min(delay * 2, 0.25)
 
-    def __enter__(self) -> "_Locks":
+    def __enter__(self) -> _Locks:
         if fcntl is None:  # pragma: no cover
             raise MigrationError("migrating needs flock(2), which this platform lacks")
         try:
@@ -1246,7 +1247,7 @@ class _Migration:
         steps.append(f"rebuilt {sum(1 for s in sessions if s.action == 'rebuild')} session log(s)")
         self._cleanup()
         _reached("cleanup")
-        from .store import LAYOUT
+        from ..store.core import LAYOUT
 
         fsync_dir(self._path("objects"))
         write_atomic(self._path("layout"), (LAYOUT + "\n").encode(), durable=True)
@@ -1466,7 +1467,7 @@ def migrate(
     one of its locks, waiting up to ``lock_wait`` seconds for a commit in
     flight. ``dry_run`` decides everything and writes nothing.
     """
-    from .store import LAYOUT
+    from ..store.core import LAYOUT
 
     root = os.path.abspath(os.path.expanduser(os.fspath(root)))
     report = MigrationReport(root, "dry-run" if dry_run else "migrated", LAYOUT)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
+from ..errors import EntryError
 from .canonical import canonical_bytes, loads_flagged
-from .errors import EntryError
 
 __all__ = [
     "ENVELOPE_MEMBERS",

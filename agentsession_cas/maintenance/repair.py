@@ -32,26 +32,27 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
-from .canonical import canonical_bytes, loads
-from .entry import Entry, Header, short_id
-from .errors import (
+from ..backends.files.fsutil import fsync_dir, write_all
+from ..backends.files.log import LogLine, encode_record, scan_log
+from ..errors import (
     AgentSessionError,
     NoSuchObjectError,
     NoSuchSessionError,
     SessionDamagedError,
     StoreError,
 )
-from .fsutil import fsync_dir, write_all
-from .hashing import is_hash, sha256_ref
-from .log import LogLine, encode_record, scan_log
-from .names import check_session_id
-from .reader import read_session_bytes
-from .store import Session, Store, _entry_from
-from .timestamps import now_ts
+from ..format.canonical import canonical_bytes, loads
+from ..format.entry import Entry, Header, short_id
+from ..format.hashing import is_hash, sha256_ref
+from ..format.names import check_session_id
+from ..format.reader import read_session_bytes
+from ..format.timestamps import now_ts
+from ..store.core import Session, Store, _entry_from
 
 __all__ = ["DamagedLine", "Dropped", "Recovered", "RepairReport", "plan_repair", "repair_session"]
 
@@ -927,7 +928,7 @@ class _Planner:
 
 
 def _damaged_log_name() -> str:
-    return DAMAGED_PREFIX + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    return DAMAGED_PREFIX + datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
 def plan_repair(

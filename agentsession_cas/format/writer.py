@@ -8,12 +8,13 @@ a member never change its hashes, so re-serialising is always safe.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
+from ..backends.files.fsutil import write_atomic
+from ..errors import EntryError
 from .entry import LEAF_LABEL, Entry, Header, ParentRef, make_entry
-from .errors import EntryError
-from .fsutil import write_atomic
 
 __all__ = ["session_bytes", "write_session", "SessionBuilder"]
 

@@ -30,7 +30,7 @@ import threading
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from .errors import IJSONError
+from ..errors import IJSONError
 
 __all__ = [
     "loads",

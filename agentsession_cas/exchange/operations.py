@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
-from .canonical import loads_flagged
-from .entry import Entry, Header, parse_format, short_id
-from .errors import (
+from ..backends.files.fsutil import fsync_paths
+from ..backends.files.objects import PACK_BATCH
+from ..errors import (
     AgentSessionError,
     AppendRefusedError,
     BadNameError,
@@ -43,8 +44,8 @@ from .errors import (
     CorruptPackError,
     EntryError,
     HandoverIncompleteError,
-    HeadMovedError,
     HeaderDiffersError,
+    HeadMovedError,
     IJSONError,
     IncompletePushError,
     MissingObjectsError,
@@ -59,14 +60,14 @@ from .errors import (
     TimestampError,
     TransportError,
 )
-from .fsutil import fsync_paths
-from .hashing import RESERVED_MEMBERS, entry_objects, is_hash, sha256_ref
-from .names import check_session_id
-from .objects import PACK_BATCH
-from .reader import CORE_TYPES
-from .refs import Refs, check_ref_name, header_ident
-from .store import Session, Store
-from .timestamps import check_ts
+from ..format.canonical import loads_flagged
+from ..format.entry import Entry, Header, parse_format, short_id
+from ..format.hashing import RESERVED_MEMBERS, entry_objects, is_hash, sha256_ref
+from ..format.names import check_session_id
+from ..format.reader import CORE_TYPES
+from ..format.timestamps import check_ts
+from ..store.core import Session, Store
+from ..store.refs import Refs, check_ref_name, header_ident
 from .transport import (
     SPACES,
     Admission,
@@ -873,7 +874,7 @@ def _check_expected(expected: Any) -> Any:
     return expected
 
 
-def _transport(remote: "Transport | str | os.PathLike") -> tuple[Transport, bool]:
+def _transport(remote: Transport | str | os.PathLike) -> tuple[Transport, bool]:
     if isinstance(remote, Transport):
         return remote, False
     return open_transport(remote), True
@@ -1002,7 +1003,7 @@ def _send(
 
 def push(
     store: Store,
-    remote: "Transport | str | os.PathLike",
+    remote: Transport | str | os.PathLike,
     session_id: str,
     *,
     expected: Any = UNSET,
@@ -1036,7 +1037,7 @@ def push(
             transport.close()
 
 
-def handover(store: Store, remote: "Transport | str | os.PathLike", session_id: str, **kwargs: Any) -> ExchangeResult:
+def handover(store: Store, remote: Transport | str | os.PathLike, session_id: str, **kwargs: Any) -> ExchangeResult:
     """A push that makes the remote the record and then this store a mirror (RFC 0002):
     the remote's mark is committed before this store clears its own, so a failure
     between the two leaves two records and never none; running it again finishes."""
@@ -1215,7 +1216,7 @@ def _push_request(
 
 def fetch(
     store: Store,
-    remote: "Transport | str | os.PathLike",
+    remote: Transport | str | os.PathLike,
     session_id: str,
     *,
     refs: Iterable[str | tuple[str, Any]] = (),
@@ -1384,7 +1385,7 @@ def _fetch_ref(store: Store, transport: Transport, session_id: str, item: str | 
 
 
 def declare_record(
-    store: Store, session_id: str, *, expected: Any = UNSET, remote: "Transport | str | os.PathLike | None" = None
+    store: Store, session_id: str, *, expected: Any = UNSET, remote: Transport | str | os.PathLike | None = None
 ) -> DeclareResult:
     """Declare a store the record of a session it holds as a mirror (RFC 0002: its record
     deleted it without handing it over, or it is the only copy left).
@@ -1410,7 +1411,7 @@ def declare_record(
 
 
 def take_back(
-    store: Store, remote: "Transport | str | os.PathLike", session_id: str, *, progress: Progress | None = None
+    store: Store, remote: Transport | str | os.PathLike, session_id: str, *, progress: Progress | None = None
 ) -> ExchangeResult:
     """Take the record of a session back from the remote that holds it (RFC 0002's
     archive and take back; RFC 0003's server-to-client handover).

@@ -20,15 +20,15 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Iterator
 
 import filelock
 
-from .errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
+from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
+from ...format.hashing import HASH_PREFIX, is_hash
 from .fsutil import fsync_dir, fsync_paths, write_all, write_atomic
-from .hashing import HASH_PREFIX, is_hash
 from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter
 
 __all__ = ["SPACES", "ObjectStore", "RepackResult", "fsync_paths", "fsync_dir"]
@@ -560,13 +560,13 @@ class ObjectStore:
     def repack(
         self,
         *,
-        keep: "Callable[[str, int, float], bool] | None" = None,
+        keep: Callable[[str, int, float], bool] | None = None,
         dry_run: bool = False,
         level: int = REPACK_LEVEL,
         block_target: int = REPACK_BLOCK,
         wait: float = 60.0,
-        progress: "Callable[[int, int], None] | None" = None,
-    ) -> "RepackResult":
+        progress: Callable[[int, int], None] | None = None,
+    ) -> RepackResult:
         """Rewrite every pack and loose object into one new pack, recompressed, each
         object verified against its name on the way; then remove what it replaced.
 
@@ -597,7 +597,7 @@ class ObjectStore:
         finally:
             lock.release()
 
-    def snapshot(self) -> "Snapshot":
+    def snapshot(self) -> Snapshot:
         """The packs and loose files there are now, with their mtimes: what a repack
         or sweep decides over (anything written later is not touched)."""
         self.packs.refresh(force=True)
@@ -623,11 +623,11 @@ class ObjectStore:
         keep,
         dry_run: bool,
         *,
-        snapshot: "Snapshot | None" = None,
+        snapshot: Snapshot | None = None,
         level: int = REPACK_LEVEL,
         block_target: int = REPACK_BLOCK,
         progress=None,
-    ) -> "RepackResult":
+    ) -> RepackResult:
         """The repack itself; the caller holds the pack lock."""
         snap = snapshot or self.snapshot()
         res = RepackResult(dry_run=dry_run)

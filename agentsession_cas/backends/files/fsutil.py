@@ -8,8 +8,8 @@ order (file, then directory) is right everywhere.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable
 
 __all__ = ["fsync_dir", "fsync_paths", "start_writeback", "write_all", "write_atomic"]
 

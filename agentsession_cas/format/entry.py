@@ -10,13 +10,14 @@ preserves can change.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Any
 
+from ..errors import EntryError, Problem, SessionFormatError
 from .canonical import canonical_bytes, needs_careful
-from .errors import EntryError, SessionFormatError, Problem
-from .hashing import RESERVED_MEMBERS, ENVELOPE_MEMBERS, entry_hashes, is_hash
+from .hashing import ENVELOPE_MEMBERS, RESERVED_MEMBERS, entry_hashes, is_hash
 from .timestamps import check_ts, format_ts, now_ts
 
 __all__ = [
@@ -99,7 +100,7 @@ class Entry:
     # -- construction -----------------------------------------------------
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, line: int | None = None) -> "Entry":
+    def from_dict(cls, data: Mapping[str, Any], *, line: int | None = None) -> Entry:
         """Wrap an object, computing its hashes; a stated ``id`` that differs is refused."""
         data = dict(data)
         # One walk finds what the serialiser needs; the flag is kept, so a store
@@ -224,7 +225,7 @@ class Header:
         base: str | None = None,
         media: str | None = None,
         **extra: Any,
-    ) -> "Header":
+    ) -> Header:
         """A header for a new session, in the format this package writes."""
         data: dict[str, Any] = {
             "type": "session",
