@@ -2,30 +2,68 @@
 
 Every error the library raises on purpose is an :class:`AgentSessionError`,
 so a caller (the CLI above all) can catch one type and print one line.
-Problems found while reading a file are not raised one by one: they are
-collected as :class:`Problem` values, since a verifier wants all of them.
+Each class carries a stable machine ``code`` (scripts branch on it, the
+command prints it under ``--json``) and the HTTP ``status`` a server answers
+with: where RFC 0003's error table names a code for the refusal, the code
+is that one; the others are this project's own, and :attr:`wire_code` maps
+them to the protocol's ``store_fault``. Problems found while reading a file
+are not raised one by one: they are collected as :class:`Problem` values,
+since a verifier wants all of them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+#: The codes RFC 0003's error table defines (its section "Errors").
+PROTOCOL_CODES = frozenset(
+    {
+        "no_session", "session_exists", "session_replaced", "no_entry", "no_object", "no_ref", "ref_dangling",
+        "ref_moved", "ref_name", "head_moved", "head_target", "session_locked", "lease_lost", "mirror",
+        "not_record", "header_differs", "call_id_repeated", "synthetic", "bad_entry", "base_rule", "bad_base",
+        "bad_object", "missing_object", "bad_ref_target", "format", "read_only", "unsupported", "store_fault",
+        "auth", "scope",
+    }
+)
 
 
 class AgentSessionError(Exception):
     """Base of every error this library raises deliberately."""
 
+    code = "error"
+    status = 500
+
+    @property
+    def wire_code(self) -> str:
+        """The code as RFC 0003 spells it: this one where the protocol names it, else ``store_fault``."""
+        return self.code if self.code in PROTOCOL_CODES else "store_fault"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The error as one JSON object (what ``--json`` prints on stderr)."""
+        return {"error": {"code": self.code, "message": str(self)}}
+
 
 class IJSONError(AgentSessionError, ValueError):
     """A value that JSON admits but I-JSON (RFC 7493, as RFC 0001 tests it) refuses."""
+
+    code = "bad_entry"
+    status = 422
 
 
 class TimestampError(AgentSessionError, ValueError):
     """A ``ts`` that is not in the one spelling RFC 0001 admits."""
 
+    code = "bad_entry"
+    status = 422
+
 
 class EntryError(AgentSessionError, ValueError):
     """An entry that cannot be hashed or built: a reserved member in its body,
     a missing or mistyped envelope member, a caller-given id that differs."""
+
+    code = "bad_entry"
+    status = 422
 
 
 @dataclass(frozen=True)
@@ -53,6 +91,9 @@ class SessionFormatError(AgentSessionError):
     """A session file that cannot be read at all (no header, an unsupported
     format) or, when read strictly, one with problems. Carries them."""
 
+    code = "bad_file"
+    status = 422
+
     def __init__(self, source: str, problems: list[Problem]):
         self.source = source
         self.problems = list(problems)
@@ -64,10 +105,16 @@ class SessionFormatError(AgentSessionError):
 class NoSuchEntryError(AgentSessionError, LookupError):
     """An entry id (or prefix) that names nothing, or names several entries."""
 
+    code = "no_entry"
+    status = 404
+
 
 class ContextError(AgentSessionError):
     """A context that cannot be built from a path: the last compaction's ``first_kept``
     names no entry on the path before it (RFC 0001 "compaction")."""
+
+    code = "context"
+    status = 422
 
 
 # -- the store ---------------------------------------------------------------
@@ -76,14 +123,23 @@ class ContextError(AgentSessionError):
 class StoreError(AgentSessionError):
     """A store-level refusal or failure."""
 
+    code = "store_fault"
+    status = 500
+
 
 class LayoutError(StoreError):
     """No store here, or a store of a layout this release does not read."""
+
+    code = "layout"
+    status = 500
 
 
 class MigrationError(StoreError):
     """A store of the earlier journal layout that cannot be migrated as it stands.
     ``problems`` lists every reason found (the message names the first); nothing was changed."""
+
+    code = "migration"
+    status = 500
 
     def __init__(self, message: str, *, problems: list[str] | None = None):
         super().__init__(message)
@@ -94,30 +150,51 @@ class MigrationBusyError(MigrationError):
     """A writer (or sweep) of the earlier layout holds one of the store's locks: migrating
     now could lose what it commits, so the migration refuses until it has stopped."""
 
+    code = "migration_busy"
+    status = 409
+
 
 class BadNameError(StoreError, ValueError):
     """A session id or hash that may not name anything (checked before any path is built)."""
+
+    code = "bad_name"
+    status = 400
 
 
 class ReadOnlyError(StoreError):
     """A write through a store or session opened read-only."""
 
+    code = "read_only"
+    status = 403
+
 
 class NoSuchSessionError(StoreError, LookupError):
     """The store holds no session by that id."""
+
+    code = "no_session"
+    status = 404
 
 
 class SessionExistsError(StoreError):
     """A create or import under an id the store already holds."""
 
+    code = "session_exists"
+    status = 409
+
 
 class SessionLockedError(StoreError):
     """Another process holds the session for writing."""
+
+    code = "session_locked"
+    status = 409
 
 
 class SessionDamagedError(StoreError):
     """A session log record before the last commit fails its checksum: damage, not a crash's loss.
     The session refuses writes until repaired."""
+
+    code = "session_damaged"
+    status = 500
 
     def __init__(self, message: str, *, session: str, line: int, offset: int):
         super().__init__(message)
@@ -129,21 +206,51 @@ class SessionDamagedError(StoreError):
 class MirrorError(StoreError):
     """A local append or head move on a session this store is a mirror of."""
 
+    code = "mirror"
+    status = 409
+
 
 class HeadMovedError(StoreError):
     """A head compare-and-swap whose expectation was wrong: the head moved."""
 
+    code = "head_moved"
+    status = 409
+
 
 class AppendRefusedError(StoreError, EntryError):
-    """An append the store's rules refuse (parent rule, synthetic label, bad id, ...)."""
+    """An append (or an import, or a pushed entry) the rules refuse. ``rule`` is the
+    rule's code from :data:`agentsession_cas.format.rules.RULES` (the code ``verify``
+    reports for the same bytes); ``code`` is the refusal's protocol code
+    (``bad_entry``, ``base_rule``, ``call_id_repeated``, ``synthetic``, ...)."""
+
+    code = "bad_entry"
+    status = 422
+
+    def __init__(self, message: str, *, rule: str | None = None, code: str | None = None, entry: str | None = None):
+        super().__init__(message)
+        self.rule = rule
+        self.entry = entry
+        if code is not None:
+            self.code = code
+
+    def as_dict(self) -> dict[str, Any]:
+        out = super().as_dict()
+        out["error"].update(rule=self.rule, entry=self.entry)
+        return out
 
 
 class NoSuchObjectError(StoreError, LookupError):
     """An object the store does not hold."""
 
+    code = "no_object"
+    status = 404
+
 
 class CorruptObjectError(StoreError):
     """An object whose bytes do not hash to its name; never served."""
+
+    code = "corrupt_object"
+    status = 500
 
     def __init__(self, message: str, *, space: str, name: str, path: str):
         super().__init__(message)
@@ -156,6 +263,9 @@ class CorruptPackError(StoreError):
     """A pack or its index fails its checksum or is not laid out as it says;
     nothing in it is served until it is repaired (``fsck`` names the file)."""
 
+    code = "corrupt_pack"
+    status = 500
+
     def __init__(self, message: str, *, path: str):
         super().__init__(message)
         self.path = path
@@ -167,9 +277,15 @@ class CorruptPackError(StoreError):
 class BadRefNameError(BadNameError):
     """A ref name (or listing prefix) that RFC 0002's rules on names refuse, whatever the store holds."""
 
+    code = "ref_name"
+    status = 400
+
 
 class RefConflictError(BadRefNameError):
     """A new ref name that clashes with one the store holds: one under the other, or a case-only difference."""
+
+    code = "ref_name"
+    status = 400
 
     def __init__(self, message: str, *, name: str, existing: str):
         super().__init__(message)
@@ -180,10 +296,16 @@ class RefConflictError(BadRefNameError):
 class NoSuchRefError(StoreError, LookupError):
     """The store holds no ref by that name."""
 
+    code = "no_ref"
+    status = 404
+
 
 class RefMovedError(StoreError):
     """A ref compare-and-swap whose expectation was wrong. ``current`` is the session the
     ref holds (None when it is absent); ``expected`` the one the caller named."""
+
+    code = "ref_moved"
+    status = 409
 
     def __init__(self, message: str, *, name: str, expected: str | None, current: str | None):
         super().__init__(message)
@@ -196,6 +318,9 @@ class DanglingRefError(NoSuchSessionError):
     """A ref whose session is gone, or was deleted and created again under its id.
     ``session`` is the id the ref holds, so a caller can tell which and move the ref."""
 
+    code = "ref_dangling"
+    status = 409
+
     def __init__(self, message: str, *, name: str, session: str, state: str):
         super().__init__(message)
         self.name = name
@@ -206,28 +331,50 @@ class DanglingRefError(NoSuchSessionError):
 # -- exchange between stores (agentsession_cas/exchange.py, transport.py) ----------
 
 
+class UnsupportedError(StoreError):
+    """A feature or URL scheme this store (or this release) does not serve."""
+
+    code = "unsupported"
+    status = 501
+
+
 class TransportError(StoreError):
     """A remote that cannot be reached or named: an unsupported URL scheme, no store there,
     or the local store itself given as its own remote."""
+
+    code = "transport"
+    status = 502
 
 
 class NotRecordError(StoreError):
     """A push (or handover) from a store that is not the session's record here (RFC 0002:
     only the record may initiate a push)."""
 
+    code = "not_record"
+    status = 409
+
 
 class HeaderDiffersError(StoreError):
     """The receiver holds another session under the pushed id: the headers differ apart
     from ``format``, and two sessions alike only in id are not one session."""
 
+    code = "header_differs"
+    status = 409
+
 
 class BadObjectError(StoreError):
     """Bytes sent under a name they do not hash to; nothing of them was stored."""
+
+    code = "bad_object"
+    status = 422
 
 
 class MissingObjectsError(StoreError):
     """A push names objects the receiver cannot find; nothing was admitted.
     ``missing`` maps a space (entries, contents, blobs) to the hashes it lacks."""
+
+    code = "missing_object"
+    status = 409
 
     def __init__(self, message: str, *, missing: dict[str, list[str]]):
         super().__init__(message)
@@ -239,7 +386,13 @@ class IncompletePushError(StoreError):
     builds on (its session, or a parent): nothing was admitted, and the sender pushes
     again with the whole closure."""
 
+    code = "incomplete_push"
+    status = 409
+
 
 class HandoverIncompleteError(StoreError):
     """A handover or take-back stopped between its two steps: both stores hold the session
     as its record (never neither). Running the same command again finishes it."""
+
+    code = "handover_incomplete"
+    status = 500

@@ -13,11 +13,10 @@ from collections.abc import Callable
 
 import click
 
-from agentsession_cas.errors import NoSuchSessionError
-from agentsession_cas.maintenance.fsck import FsckProblem, FsckReport, fsck
+from agentsession_cas.maintenance.fsck import FsckProblem, fsck
 
 from .common import echo, emit_json, one_line
-from .store_commands import check_session, read_store, store_root
+from .store_commands import store_root
 
 
 def _progress(as_json: bool) -> tuple[Callable[[str], None] | None, Callable[[], None]]:
@@ -51,46 +50,16 @@ def _line(p: FsckProblem) -> str:
     return text
 
 
-def _deep(report: FsckReport, progress: Callable[[str], None] | None) -> int:
-    """Verify every session the walk found no error in as `verify ID` does (its
-    projection read as a file, request hashes included): the per-session check of
-    `verify`, reused, at a cost of every session's prefix and entries read again."""
-    failed = {p.session for p in report.errors if p.session}
-    store = read_store(report.root)
-    checked = 0
-    try:
-        sids = [s for s in store.list() if s not in failed]
-        for i, sid in enumerate(sids, start=1):
-            if progress:
-                progress(f"deep: session {i}/{len(sids)}: {sid}")
-            try:
-                problems, notes, _ = check_session(store, sid)
-            except NoSuchSessionError:
-                continue  # deleted since the walk
-            checked += 1
-            for p in problems:
-                where = f"{p['where']} line {p['line']}: " if p.get("line") is not None and p.get("where") == "projection" else ""
-                report.add("error", p.get("code") or "verify", f"session {sid}: {where}{one_line(p['message'])}",
-                           session=sid, object=p.get("entry") or p.get("object"))
-            for n in notes:
-                report.add("note", "verify", f"session {sid}: {one_line(n)}", session=sid)
-    finally:
-        store.close()
-    return checked
-
-
 def run_fsck(as_json: bool, *, deep: bool = False, root: str | None = None) -> int:
     """Walk the store (``--store``, else the default) and print what was found; return
     the exit status (0 clean, 1 problems). `verify` with no argument calls this."""
     progress, clear = _progress(as_json)
     try:
-        report = fsck(root or store_root(), progress=progress)
-        deep_checked = _deep(report, progress) if deep else None
+        report = fsck(root or store_root(), deep=deep, progress=progress)
     finally:
         clear()
     counts = report.counts
-    if deep_checked is not None:
-        counts["deep_checked"] = deep_checked
+    deep_checked = counts.get("deep_checked")
     if as_json:
         emit_json(report.as_dict())
         return 0 if report.ok else 1
@@ -100,8 +69,9 @@ def run_fsck(as_json: bool, *, deep: bool = False, root: str | None = None) -> i
         echo(f"agentsession: note: {p.code}: {one_line(p.message)}", err=True)
     u = counts.get("unreferenced", {})
     echo(
-        f"fsck: {counts['objects']:,} object(s) verified ({counts['packed']:,} packed in {counts['packs']} pack(s), "
-        f"{counts['loose']:,} loose), {counts['sessions']} session(s), {counts['log_records']:,} log record(s)"
+        f"fsck: {counts.get('objects', 0):,} object(s) verified ({counts.get('packed', 0):,} packed in "
+        f"{counts.get('packs', 0)} pack(s), {counts.get('loose', 0):,} loose), {counts.get('sessions', 0)} session(s), "
+        f"{counts.get('log_records', 0):,} log record(s)"
         + (f", {deep_checked} session(s) verified in depth" if deep_checked is not None else "")
         + f"; unreferenced: {u.get('entries', 0)} entries, {u.get('contents', 0)} contents, {u.get('blobs', 0)} blobs"
     )

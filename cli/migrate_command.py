@@ -13,9 +13,9 @@ import sys
 import click
 
 from agentsession_cas import short_id
+from agentsession_cas.backends.files.layout import LAYOUT
+from agentsession_cas.backends.files.migrate import MigrationReport, SessionPlan, layout_state, layout_text, migrate
 from agentsession_cas.errors import MigrationBusyError, MigrationError
-from agentsession_cas.maintenance.migrate import MigrationReport, SessionPlan, layout_state, layout_text, migrate
-from agentsession_cas.store.core import LAYOUT
 
 from .common import echo, emit_json, fail, one_line, os_message
 from .store_commands import store_root

@@ -12,7 +12,8 @@ import sys
 
 import click
 
-from agentsession_cas.maintenance.repair import RepairReport, plan_repair, repair_session
+from agentsession_cas.backends.files.repair import RepairReport
+from agentsession_cas.maintenance.repair import plan_repair, repair_session
 
 from .common import echo, emit_json, fail, one_line
 from .store_commands import read_store, write_store

@@ -1,4 +1,4 @@
-"""The store commands: plumbing over :class:`agentsession_cas.store.core.Store`.
+"""The store commands: plumbing over :class:`agentsession_cas.store.Store`.
 
 Read-only commands open the store with ``readonly=True`` (no lock, nothing
 written), so they work beside a process that is writing. Writing commands
@@ -17,21 +17,17 @@ from typing import Any
 import click
 
 from agentsession_cas import Header, SessionFile, loads, read_session_bytes, short_id
-from agentsession_cas.backends.files.log import read_log
 from agentsession_cas.errors import (
     AgentSessionError,
     BadNameError,
-    CorruptObjectError,
     IJSONError,
     LayoutError,
-    NoSuchObjectError,
     NoSuchSessionError,
-    SessionFormatError,
 )
-from agentsession_cas.format.context import verify_requests
 from agentsession_cas.format.names import check_session_id
-from agentsession_cas.format.runs import verify_records
-from agentsession_cas.store.core import Session, Store, default_store_path, payload_entry
+from agentsession_cas.maintenance.check import verify_stored
+from agentsession_cas.store import Session, Store, default_store_path
+from agentsession_cas.store.url import open_store, store_url_kind
 
 from .common import echo, emit_json, fail, note, one_line, table, write_bytes
 
@@ -43,19 +39,23 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def store_root() -> str:
-    """The store the command works on: ``--store``, else $AGENTSESSION_STORE, else ~/.agent/cas."""
+    """The store the command works on: ``--store``, else $AGENTSESSION_STORE, else ~/.agent/cas
+    (a path, made absolute, or a store URL as ``open_store`` takes it)."""
     ctx = click.get_current_context()
     obj = ctx.find_root().obj or {}
-    path = obj.get("store")
-    return os.path.abspath(os.path.expanduser(path)) if path else default_store_path()
+    given = obj.get("store") or default_store_path()
+    kind, rest = store_url_kind(given)
+    if kind == "file" and rest == given:
+        return os.path.abspath(os.path.expanduser(given))
+    return given
 
 
 def read_store(root: str | None = None) -> Store:
-    return Store(root or store_root(), readonly=True)
+    return open_store(root or store_root(), readonly=True)
 
 
 def write_store(root: str | None = None) -> Store:
-    return Store(root or store_root())
+    return open_store(root or store_root())
 
 
 @dataclass
@@ -128,21 +128,6 @@ def open_target(target: Target, *, files: bool) -> tuple[Store, Session]:
     return store, session
 
 
-def _dir_size(path: str) -> int:
-    total = 0
-    try:
-        with os.scandir(path) as it:
-            for e in it:
-                try:
-                    if e.is_file(follow_symlinks=False):
-                        total += e.stat(follow_symlinks=False).st_size
-                except OSError:
-                    continue
-    except OSError:
-        pass
-    return total
-
-
 def _stdin_json(what: str) -> Any:
     raw = sys.stdin.buffer.read()
     if not raw.strip():
@@ -162,9 +147,9 @@ def _stdin_json(what: str) -> Any:
 @click.command()
 def init() -> None:
     """Create the store (or find the one there) and print its path."""
-    store = Store.init(store_root())
+    store = open_store(store_root(), create=True)
     store.close()
-    echo(store.root)
+    echo(store.root or store.url)
 
 
 @click.command("list")
@@ -179,7 +164,7 @@ def list_sessions(as_json: bool) -> None:
     rows: list[dict[str, Any]] = []
     failed = 0
     for sid in store.list():
-        size = _dir_size(store.session_dir(sid))
+        size = store.backend.sessions.size(sid)
         try:
             s = store.read(sid)
         except NoSuchSessionError:
@@ -203,7 +188,7 @@ def list_sessions(as_json: bool) -> None:
                 "-" if r["entries"] is None else str(r["entries"]),
                 short_id(r["head"]),
                 r["mark"],
-                str(r["size"]),
+                "-" if r["size"] is None else str(r["size"]),
             ])
         for line in table(lines):
             echo(line)
@@ -252,36 +237,30 @@ def log_cmd(session_id: str, as_json: bool) -> None:
     check_session_id(session_id)
     if session_id not in store:
         raise NoSuchSessionError(f"no such session: {session_id}")
-    try:
-        with open(os.path.join(store.session_dir(session_id), "log"), "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        data = b""
-    lr = read_log(data)
+    history = store.backend.sessions.history(session_id)
+    records = history.records if history.tail_from is None else history.records[: history.tail_from]
+    positions = history.positions or [(i + 1, None) for i in range(len(records))]
     if as_json:
-        emit_json([{"line": r.line, "offset": r.offset, "op": r.op, **r.data} for r in lr.records])
+        emit_json([{"line": line, "offset": offset, **d} for d, (line, offset) in zip(records, positions)])
     else:
         rows = [["LINE", "OP", "SEQ", "ENTRY", "HEAD", "DETAIL"]]
-        for r in lr.records:
-            d = r.data
+        for d, (line, _) in zip(records, positions):
+            op = d.get("op")
             rows.append([
-                str(r.line),
-                r.op,
+                str(line),
+                str(op),
                 str(d["seq"]) if "seq" in d else "-",
                 short_id(d["entry"]) if isinstance(d.get("entry"), str) else "-",
-                _head_cell(d) if r.op in ("append", "head") else "-",
+                _head_cell(d) if op in ("append", "head") else "-",
                 _detail(d),
             ])
         for line in table(rows):
             echo(line)
-    if lr.cut is not None:
-        note(
-            f"session {session_id}: log line {lr.cut.line}: {lr.cut.reason}: an uncommitted tail "
-            f"({1 + len(lr.cut_records)} line(s)), a write in progress or a crash's loss that the next writing open drops"
-        )
-    for d in lr.damage:
-        echo(f"agentsession: error: session {session_id}: log line {d.line} (offset {d.offset}): {d.reason}", err=True)
-    if lr.damage:
+    if history.tail is not None:
+        note(f"session {session_id}: {history.tail}")
+    for why in history.damage:
+        echo(f"agentsession: error: session {session_id}: {why}", err=True)
+    if history.damage:
         sys.exit(1)
 
 
@@ -289,151 +268,17 @@ def log_cmd(session_id: str, as_json: bool) -> None:
 # verify (a stored session)
 
 
-def _problem(where: str, code: str, message: str, line: int | None = None, entry: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"where": where, "line": line, "code": code, "message": message, "entry": entry, **extra}
-
-
-def _object_problem(exc: AgentSessionError, context: str, entry: str | None, log_line: int | None = None) -> dict[str, Any]:
-    extra: dict[str, Any] = {"log_line": log_line}
-    if isinstance(exc, CorruptObjectError):
-        extra = {"object": exc.name, "space": exc.space, "path": exc.path}
-    code = "corrupt-object" if isinstance(exc, CorruptObjectError) else "missing-object"
-    return _problem("objects", code, f"{one_line(str(exc))}; {context}", entry=entry, **extra)
-
-
-def check_session(store: Store, session_id: str) -> tuple[list[dict[str, Any]], list[str], dict[str, Any]]:
-    """Verify a stored session: its log reads, every object it needs is present and hashes
-    to its name, and its projection verifies as a file. Returns (problems, notes, stats)."""
-    problems: list[dict[str, Any]] = []
-    notes: list[str] = []
-    stats: dict[str, Any] = {"entries": 0, "prefix": 0, "records": 0}
-    sdir = store.session_dir(session_id)
-    try:
-        with open(os.path.join(sdir, "log"), "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        data = b""
-    lr = read_log(data)
-    stats["records"] = len(lr.records)
-    for d in lr.damage:
-        problems.append(_problem("log", "log", f"log line {d.line} (offset {d.offset}): {d.reason}", line=d.line))
-    if lr.cut is not None:
-        notes.append(
-            f"log line {lr.cut.line}: {lr.cut.reason}: an uncommitted tail, which the next writing open drops"
-        )
-    if not lr.records or lr.records[0].op != "create":
-        problems.append(_problem("log", "log", "the log does not begin with a create record", line=1))
-
-    if not problems:
-        # The fast path: the library reads every object as it projects, verifying each.
-        try:
-            session = store.read(session_id)
-            projection = session.projection()
-        except AgentSessionError:
-            session = None  # the careful path below says why
-        if session is not None:
-            notes.extend(session.recovered)
-            stats["entries"], stats["prefix"] = len(session), len(session.prefix)
-            _check_projection(session, projection, problems, notes, stats)
-            return problems, notes, stats
-
-    # The careful path: name every object that is missing or corrupt.
-    last_commit = max((i for i, r in enumerate(lr.records) if r.op in ("commit", "create")), default=-1)
-    last_checkpoint = max((i for i, r in enumerate(lr.records) if r.op in ("checkpoint", "create")), default=-1)
-    base = None
-    seen: set[str] = set()
-    for i, r in enumerate(lr.records):
-        if r.op == "create":
-            base = r.get("base")
-        if r.op != "append":
-            continue
-        entry = r.get("entry")
-        if not isinstance(entry, str) or entry in seen:
-            continue
-        seen.add(entry)
-        try:
-            store.entry(entry)
-        except (NoSuchObjectError, CorruptObjectError) as exc:
-            if i > last_checkpoint and r.payload is not None and payload_entry(entry, r.payload) is not None:
-                continue  # held in the log until the next checkpoint writes it to objects/
-            if i > last_commit:
-                notes.append(f"log line {r.line}: an uncommitted append whose objects are not sound ({one_line(str(exc))}); "
-                             "the next writing open drops it")
-            else:
-                problems.append(_object_problem(exc, f"needed by log line {r.line}", entry, r.line))
-        except (AgentSessionError, ValueError) as exc:
-            problems.append(_problem("objects", "object", f"entry {entry}: {one_line(str(exc))}; needed by log line {r.line}", entry=entry))
-    stats["entries"] = len(seen)
-    if isinstance(base, str):
-        current: str | None = base
-        walked: set[str] = set()
-        while current is not None and current not in walked:
-            walked.add(current)
-            try:
-                current = store.entry(current).parent
-            except (NoSuchObjectError, CorruptObjectError) as exc:
-                problems.append(_object_problem(exc, f"on the prefix of base {short_id(base)}", current))
-                break
-            except (AgentSessionError, ValueError) as exc:
-                problems.append(_problem("objects", "object", f"entry {current}: {one_line(str(exc))}", entry=current))
-                break
-        else:
-            if current is not None:
-                problems.append(_problem("objects", "prefix", f"entry {current} is its own ancestor on the prefix", entry=current))
-        stats["prefix"] = len(walked)
-    if not problems:
-        # The objects are sound yet the session did not read: say why.
-        try:
-            session = store.read(session_id)
-            _check_projection(session, session.projection(), problems, notes, stats)
-        except AgentSessionError as exc:
-            problems.append(_problem("session", "session", one_line(str(exc))))
-    else:
-        notes.append("the projection was not checked: the log or the objects are damaged")
-    return problems, notes, stats
-
-
-def _check_projection(
-    session: Session, projection: bytes, problems: list[dict[str, Any]], notes: list[str], stats: dict[str, Any] | None = None
-) -> None:
-    try:
-        sf = read_session_bytes(projection, source=session.id)
-    except SessionFormatError as exc:
-        problems.extend({"where": "projection", **p.as_dict()} for p in exc.problems)
-        return
-    for p in sf.all_problems():
-        problems.append({"where": "projection", **p.as_dict()})
-    notes.extend(str(p) for p in sf.unresolved)
-    # Every response's request rebuilt and its request_hash checked (agentsession_cas.format.context).
-    requests = verify_requests(sf)
-    problems.extend({"where": "requests", **p.as_dict()} for p in requests.problems)
-    notes.extend(str(p) for p in requests.notes)
-    # The record rules and every run end against its segment (agentsession_cas.format.runs).
-    records = verify_records(sf)
-    problems.extend({"where": "records", **p.as_dict()} for p in records.problems)
-    notes.extend(str(p) for p in records.notes)
-    if stats is not None:
-        stats["requests"] = requests.counts()
-        stats["runs_checked"] = records.runs_checked
-    head = session.head
-    if head is None:
-        ok = session.base is None
-    else:
-        ok = head == session.base or (head in session.own and head not in session.leaf_labels)
-    if not ok:
-        problems.append(_problem("session", "head", f"the head {head or 'none'} is not the base or an own entry that is not a leaf label", entry=head))
-
-
 def verify_session(target: Target, as_json: bool) -> None:
     store = _open_for_verify(target)
     sid = target.session_id
     assert sid is not None
-    problems, notes, stats = check_session(store, sid)
-    ok = not problems
+    check = verify_stored(store, sid)
+    problems, notes, stats = check.problems, check.notes, check.stats
+    ok = check.ok
     if as_json:
         emit_json({
             "source": target.arg,
-            "store": store.root,
+            "store": store.root or store.url,
             "session": sid,
             "ok": ok,
             "entries": stats["entries"],

@@ -45,7 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from agentsession_cas import Header, make_entry  # noqa: E402
-from agentsession_cas.store.core import Store  # noqa: E402
+from agentsession_cas.store import Store  # noqa: E402
 
 
 def say(line: str) -> None:

@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from agentsession_cas import Header  # noqa: E402
-from agentsession_cas.store.core import Store  # noqa: E402
+from agentsession_cas.store import Store  # noqa: E402
 
 #: Bodies a test's deleted session also holds (their content objects are garbage there).
 POOL = [f"shared body {i}: " + "the quick brown fox " * (i % 5) for i in range(40)]

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import make_entry, read_session
-from agentsession_cas.store.core import Store
+from agentsession_cas.store import Store
 from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]

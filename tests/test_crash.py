@@ -33,7 +33,7 @@ import pytest
 from agentsession_cas import Header, make_entry, read_session_bytes
 from agentsession_cas.errors import CorruptObjectError, SessionDamagedError, SessionLockedError
 from agentsession_cas.backends.files.log import read_log
-from agentsession_cas.store.core import Store
+from agentsession_cas.store import Store
 
 WORKER = Path(__file__).with_name("crash_worker.py")
 SID = "crash-session"

@@ -35,19 +35,15 @@ from agentsession_cas.errors import (
     StoreError,
     TransportError,
 )
-from agentsession_cas.exchange.operations import StoreEndpoint
+from agentsession_cas.exchange.endpoint import StoreEndpoint
 from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.store.refs import Refs, header_ident
-from agentsession_cas.store.core import Store
-from agentsession_cas.exchange.transport import (
-    LocalTransport,
-    PushRequest,
-    RefPush,
-    Remembered,
-    remote_key,
-    remote_url,
-)
+from agentsession_cas.store import Store
+from agentsession_cas.backends.files.remotes import remote_key
+from agentsession_cas.exchange.local import LocalTransport
+from agentsession_cas.exchange.remembered import Remembered
+from agentsession_cas.exchange.transport import PushRequest, RefPush, remote_url
 from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -734,7 +730,7 @@ def test_a_handover_failing_between_its_steps_leaves_two_records_and_a_retry_fin
     r = ex.handover(a, broot, "s1")
     assert r.handover and (r.objects, r.entries, r.outcome) == (0, 0, "unchanged")
     assert a.session("s1").mark == "mirror" and reopen(broot, "s1").mark == "record"
-    ops = [(rec.op, rec.data.get("mark")) for rec in reopen(broot, "s1").records()]
+    ops = [(rec["op"], rec.get("mark")) for rec in reopen(broot, "s1").records()]
     # Created a mirror; the record mark written in the one commit that admitted the entries
     # and moved the head (never on a session holding nothing); the retry wrote no mark.
     assert ops == [("create", "mirror")] + [("append", None)] * 3 + [("head", None), ("mark", "record"), ("commit", None)]
@@ -758,7 +754,7 @@ HANDOVER_KILLED = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {repo!r})
     from agentsession_cas.exchange import operations as ex
-    from agentsession_cas.store.core import Store
+    from agentsession_cas.store import Store
 
     def die(point):
         if point == "handover:between":
@@ -929,7 +925,7 @@ def test_a_long_lived_transport_notices_a_session_changed_by_someone_else(tmp_pa
     assert r.outcome == "refused" and r.head_after == theirs[0]  # it read the session again
     t.close()
     got = reopen(tmp_path / "b", "s1")
-    seqs = [rec.get("seq") for rec in got.records() if rec.op == "append"]
+    seqs = [rec.get("seq") for rec in got.records() if rec["op"] == "append"]
     assert len(seqs) == len(set(seqs)) == 6 and set(mine) <= set(got.own)
     a.close()
     c.close()
@@ -1194,7 +1190,7 @@ def test_a_release_answered_without_clearing_the_mark_is_not_taken_for_one(ab):
 def test_a_handovers_mark_lands_with_its_entries_and_head(ab, monkeypatch):
     a, b, broot = ab
     ids = record(a, "s1", 2)
-    from agentsession_cas.store.core import Session
+    from agentsession_cas.store import Session
 
     def crash(self, *args, **kwargs):  # the receiver dies after creating the session, before admitting
         raise OSError("power cut")

@@ -23,13 +23,14 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import Header, make_entry
-from agentsession_cas.maintenance.fsck import FsckReport, fsck, writer_holds
+from agentsession_cas.backends.files.fsck import writer_holds
+from agentsession_cas.maintenance.fsck import FsckReport, fsck
 from agentsession_cas.format.hashing import entry_objects
 from agentsession_cas.backends.files.log import encode_record, read_log
-from agentsession_cas.backends.files.objects import ObjectStore
+from agentsession_cas.backends.files.objects import FileObjects
 from agentsession_cas.backends.files.packs import Pack
 from agentsession_cas.store.refs import Refs
-from agentsession_cas.store.core import Store
+from agentsession_cas.store import Store
 from agentsession_cas.format.writer import write_session
 from agentsession_cli.fsck_command import run_fsck
 from agentsession_cli.main import main
@@ -119,7 +120,7 @@ def the_pack(root: Path) -> tuple[Path, Path]:
 
 
 def content_of(root: Path, entry: str) -> str:
-    env = json.loads(ObjectStore(str(root)).get("entries", entry))
+    env = json.loads(FileObjects(str(root)).get("entries", entry))
     return env["content"]
 
 
@@ -148,7 +149,7 @@ def append_raw(root: Path, sid: str, *lines: bytes) -> None:
 def put_entry(root: Path, data: dict) -> tuple[str, bytes, bytes]:
     """Write an entry's two objects straight to objects/ (bypassing every rule)."""
     eid, chash, content, env = entry_objects(data)
-    objs = ObjectStore(str(root))
+    objs = FileObjects(str(root))
     objs.put("contents", chash, content, durable=False)
     objs.put("entries", eid, env, durable=False)
     objs.close()
@@ -420,7 +421,7 @@ def test_a_loose_object_read_while_being_written_is_not_damage(store, monkeypatc
     """A checkpoint of few objects writes loose files in place, then its record: the walk
     may read a file half written and the log after the checkpoint record. The file is
     read once more at the end, whole by then, and nothing is reported."""
-    import agentsession_cas.maintenance.fsck as fsck_module
+    import agentsession_cas.backends.files.fsck as fsck_module
 
     root, info = store
     path = loose(root, "entries", info["rec"][3])
@@ -817,7 +818,7 @@ def test_verify_without_an_argument_is_fsck(tmp_path):
     from click.testing import CliRunner
 
     from agentsession_cas import Header
-    from agentsession_cas.store.core import Store
+    from agentsession_cas.store import Store
     from agentsession_cli.main import main
 
     root = tmp_path / "store"

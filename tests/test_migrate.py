@@ -21,12 +21,13 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import read_session_bytes
-from agentsession_cas.maintenance import migrate as mig
+from agentsession_cas.backends.files import migrate as mig
 from agentsession_cas.errors import LayoutError, MigrationBusyError, MigrationError, MirrorError
 from agentsession_cas.backends.files.log import read_log
-from agentsession_cas.maintenance.migrate import crc32c, layout_state, migrate, read_journal
-from agentsession_cas.backends.files.objects import SPACES, ObjectStore
-from agentsession_cas.store.core import LAYOUT, Store
+from agentsession_cas.backends.files.migrate import crc32c, layout_state, migrate, read_journal
+from agentsession_cas.backends.files.objects import SPACES, FileObjects
+from agentsession_cas.backends.files.layout import LAYOUT
+from agentsession_cas.store import Store
 from agentsession_cli import migrate_command
 from agentsession_cli.main import main
 
@@ -76,7 +77,7 @@ def outcome(root: Path) -> tuple[dict[str, object], dict[str, set[str]]]:
             parts[1] = re.sub(r"-[0-9]+$", "", parts[1])
             rel = "/".join(parts)
         files[rel] = value
-    objects = ObjectStore(str(root))
+    objects = FileObjects(str(root))
     try:
         names = {space: set(objects.names(space)) for space in SPACES}
     finally:
@@ -288,7 +289,7 @@ def test_after_migration_every_session_verifies_exports_and_appends(old):
         store.export_to("media", out)
     blob = old.blobs[0]
     assert (old.root.parent / "media" / blob[7:]).read_bytes() == b"\x89PNG\r\n\x1a\n not really an image"
-    assert ObjectStore(str(old.root)).get("blobs", blob) == (old.root.parent / "media" / blob[7:]).read_bytes()
+    assert FileObjects(str(old.root)).get("blobs", blob) == (old.root.parent / "media" / blob[7:]).read_bytes()
 
 
 def test_an_old_writer_fails_rather_than_writes(old):
@@ -454,7 +455,7 @@ def test_a_killed_process_is_finished_by_running_again(tmp_path, point):
     store = old_layout.build_scenario(tmp_path / "store")
     code = (
         "import os, sys\n"
-        "from agentsession_cas.maintenance import migrate as m\n"
+        "from agentsession_cas.backends.files import migrate as m\n"
         "m._reached = lambda p: os._exit(137) if p == sys.argv[2] else None\n"
         "m.migrate(sys.argv[1])\n"
         "sys.exit(0)\n"

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from agentsession_cas.errors import AgentSessionError, CorruptObjectError, NoSuchObjectError
-from agentsession_cas.backends.files.objects import SPACES, ObjectStore, fsync_paths
+from agentsession_cas.backends.files.objects import SPACES, FileObjects, fsync_paths
 
 
 def name_of(data: bytes) -> str:
@@ -16,8 +16,8 @@ def name_of(data: bytes) -> str:
 
 
 @pytest.fixture
-def objs(tmp_path) -> ObjectStore:
-    return ObjectStore(str(tmp_path))
+def objs(tmp_path) -> FileObjects:
+    return FileObjects(str(tmp_path))
 
 
 def test_spaces():

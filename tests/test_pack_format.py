@@ -23,7 +23,7 @@ from agentsession_cas import Header
 from agentsession_cas.errors import CorruptObjectError, CorruptPackError, LayoutError
 from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.format.hashing import envelope_bytes, sha256_ref
-from agentsession_cas.backends.files.objects import ObjectStore
+from agentsession_cas.backends.files.objects import FileObjects
 from agentsession_cas.backends.files.packs import (
     KIND_ENVELOPE,
     KIND_PLAIN,
@@ -38,7 +38,8 @@ from agentsession_cas.backends.files.packs import (
     encode_envelope,
     encode_side,
 )
-from agentsession_cas.store.core import LAYOUT, Store
+from agentsession_cas.backends.files.layout import LAYOUT
+from agentsession_cas.store import Store
 
 E, C, B = SPACE_BITS["entries"], SPACE_BITS["contents"], SPACE_BITS["blobs"]
 
@@ -280,7 +281,7 @@ def test_a_wrong_back_reference_is_never_served(tmp_path, monkeypatch):
     monkeypatch.setattr(packs_mod, "_encode_envelope", off_by_one)
     write(root / "objects", objects, encode=True, block_target=1 << 20)
     monkeypatch.undo()
-    objs = ObjectStore(str(root))
+    objs = FileObjects(str(root))
     try:
         first_env = objects[1]
         with pytest.raises(CorruptObjectError, match="does not hash to its name"):
@@ -386,7 +387,7 @@ def test_first_format_packs_are_read_merged_and_repacked(tmp_path):
     old = chain_objects(120, seed=5)
     v1 = write_v1_pack(root / "objects" / "pack", old)
     assert Pack(str(v1)).version == 1
-    objs = ObjectStore(str(root))
+    objs = FileObjects(str(root))
     try:
         for spaces, raw, data in old:
             space = "entries" if spaces & E else "contents"
@@ -468,7 +469,7 @@ def test_a_content_reference_to_an_envelope_does_not_decode(tmp_path, monkeypatc
     Store.init(root).close()
     write(root / "objects", objects, encode=True)
     monkeypatch.undo()
-    objs = ObjectStore(str(root))
+    objs = FileObjects(str(root))
     try:
         with pytest.raises(CorruptPackError, match="content reference from slot 1 to an envelope"):
             objs.get("blobs", "sha256:" + objects[1][1].hex())
@@ -582,7 +583,7 @@ def test_a_damaged_first_format_pack_is_left_out_of_merges_and_writes_go_on(tmp_
     data = bytearray(v1.with_suffix(".pack").read_bytes())
     data[20] ^= 0xFF  # inside block 0's frame; the index still reads
     v1.with_suffix(".pack").write_bytes(bytes(data))
-    objs = ObjectStore(str(root))
+    objs = FileObjects(str(root))
     try:
         for i in range(8):  # enough small packs to fill the smallest tier
             new = chain_objects(40, seed=100 + i)
@@ -632,7 +633,7 @@ def test_an_empty_object_and_one_object_in_two_spaces_encode_and_read(tmp_path):
 
 
 def test_a_layout_1_store_is_current_for_migrate(tmp_path):
-    from agentsession_cas.maintenance.migrate import layout_state
+    from agentsession_cas.backends.files.migrate import layout_state
 
     root = tmp_path / "store"
     Store.init(root).close()

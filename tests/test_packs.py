@@ -3,7 +3,7 @@ the pack and index format, lookups, checksums and corruption, bounded
 decompression, readers beside other processes' packs and merges, batches as
 packs, merge tiers, auto-pack at close, and the `agentsession pack` command.
 
-Another process is simulated by a second ObjectStore on the same directory:
+Another process is simulated by a second FileObjects on the same directory:
 it shares nothing in memory with the first, as another process would not.
 """
 
@@ -23,13 +23,13 @@ from click.testing import CliRunner
 
 import agentsession_cas.backends.files.objects as objects_mod
 import agentsession_cas.backends.files.packs as packs_mod
-import agentsession_cas.store.core as store_mod
+import agentsession_cas.backends.files as store_mod
 from agentsession_cas import Header
 from agentsession_cas.errors import CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
 from agentsession_cas.format.hashing import sha256_ref
-from agentsession_cas.backends.files.objects import PACK_BATCH, ObjectStore
+from agentsession_cas.backends.files.objects import PACK_BATCH, FileObjects
 from agentsession_cas.backends.files.packs import MAX_BLOCK, SPACE_BITS, Pack, PackSet, PackWriter
-from agentsession_cas.store.core import Store
+from agentsession_cas.store import Store
 from agentsession_cli.main import main
 
 # -- helpers -------------------------------------------------------------------
@@ -120,15 +120,15 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def objs(root: Path):
-    o = ObjectStore(str(root))
+    o = FileObjects(str(root))
     yield o
     o.close()
 
 
-def other(root: Path) -> ObjectStore:
-    """An ObjectStore of its own on the same store: another process, as far as
+def other(root: Path) -> FileObjects:
+    """An FileObjects of its own on the same store: another process, as far as
     what it knows about the directory goes."""
-    return ObjectStore(str(root))
+    return FileObjects(str(root))
 
 
 def make_pack(tmp: Path, objects: list[tuple[str, str, bytes]], *, block_target: int = 4096) -> Path:

@@ -29,7 +29,7 @@ from agentsession_cas.errors import (
     RefMovedError,
     StoreError,
 )
-from agentsession_cas.store import refs as refs_module
+from agentsession_cas.backends.files import refs as refs_module
 from agentsession_cas.format.hashing import sha256_ref
 from agentsession_cas.store.refs import (
     MAX_REF_NAME,
@@ -39,9 +39,9 @@ from agentsession_cas.store.refs import (
     check_ref_name,
     check_ref_prefix,
     header_ident,
-    ref_file_name,
 )
-from agentsession_cas.store.core import Store
+from agentsession_cas.store import Store
+from agentsession_cas.backends.files.refs import ref_file_name
 from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -625,7 +625,8 @@ def test_writes_are_fsynced_file_then_directory(root, refs, monkeypatch):
 
 WORKER = r"""
 import os, sys, time
-from agentsession_cas.store.core import Store
+from agentsession_cas.store import Store
+from agentsession_cas.backends.files.refs import ref_file_name
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.errors import RefConflictError, RefMovedError
 

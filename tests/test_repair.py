@@ -23,8 +23,10 @@ from click.testing import CliRunner
 from agentsession_cas import Header, make_entry, read_session_bytes
 from agentsession_cas.errors import SessionDamagedError, SessionLockedError, StoreError
 from agentsession_cas.backends.files.log import _checksum, encode_record, read_log, scan_log
-from agentsession_cas.maintenance.repair import DAMAGED_PREFIX, plan_repair, repair_session
-from agentsession_cas.store.core import Store
+from agentsession_cas.backends.files.repair import DAMAGED_PREFIX
+from agentsession_cas.maintenance.repair import plan_repair, repair_session
+from storetools import crash, put_entry
+from agentsession_cas.store import Store
 from agentsession_cli import repair_command
 from agentsession_cli.main import main
 
@@ -38,19 +40,6 @@ def item(text: str) -> dict:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
-def _crash(st: Store) -> None:
-    """Let go of a writing store's sessions as a killed process would: no commit, no checkpoint."""
-    for s in list(st._open.values()):
-        if s._log_fd is not None:
-            os.close(s._log_fd)
-            s._log_fd = None
-        s._closed = True
-        if s.lock is not None:
-            s.lock.release()
-            s.lock = None
-    st._open.clear()
-
-
 def build(root: Path, n: int = 6, sid: str = SID, *, checkpointed: bool = True) -> list[str]:
     """A session of n continued durable appends. ``checkpointed``: closed cleanly, so
     objects/ holds every entry; else the process "dies" first and only the log's
@@ -61,7 +50,7 @@ def build(root: Path, n: int = 6, sid: str = SID, *, checkpointed: bool = True) 
     if checkpointed:
         st.close()
     else:
-        _crash(st)
+        crash(st)
     return ids
 
 
@@ -377,10 +366,24 @@ def test_damaged_create_and_unreadable_header_is_refused(tmp_path):
     assert files(root) == before
 
 
-def test_missing_log_is_rebuilt_as_an_empty_session_from_the_header(tmp_path):
+def test_missing_log_is_rebuilt_from_the_header_and_what_head_proves(tmp_path):
+    """The log gone whole: its create record is rebuilt from the header, and every entry
+    HEAD names (walking its parents through objects/) is taken back, not lost."""
+    root = tmp_path / "store"
+    ids = build(root, n=2)
+    log_path(root).unlink()
+    out = repair_json(root, "--yes")
+    assert out["create_rebuilt"] and out["kept"] == 2 and out["damaged_log"] is None
+    assert [(r["entry"], r["how"]) for r in out["recovered"]] == [(ids[0], "head"), (ids[1], "head")]
+    session = Store(root, readonly=True).read(SID)
+    assert session.log_order == ids and session.head == ids[1] and session.mark == "record"
+
+
+def test_missing_log_and_no_head_is_rebuilt_as_an_empty_session(tmp_path):
     root = tmp_path / "store"
     build(root, n=2)
     log_path(root).unlink()
+    (root / "sessions" / SID / "HEAD").write_bytes(b"\n")
     out = repair_json(root, "--yes")
     assert out["create_rebuilt"] and out["kept"] == 0 and out["damaged_log"] is None
     session = Store(root, readonly=True).read(SID)
@@ -461,7 +464,7 @@ def test_a_head_move_to_a_dropped_entry_whose_ancestry_is_lost_is_left_out(tmp_p
     s.set_head(ids[2], expected=ids[3])
     label = s.append(make_entry("label", ids[2], target=ids[3], label="leaf").data)
     assert s.head == ids[3]
-    _crash(st)
+    crash(st)
     start, end, _ = line_of(root, "append", 1)
     data = bytearray(log_path(root).read_bytes())
     data[start:end] = b"\x00" * (end - start)
@@ -500,7 +503,7 @@ def test_an_entry_converging_on_a_dropped_one_is_dropped(tmp_path):
     b = s.append(make_entry("item", a, item=item("b")).data).id
     c = s.append(make_entry("item", a, item=item("c"), parents=[{"entry": b}]).data).id
     d = s.append(make_entry("item", a, item=item("d")).data).id
-    _crash(st)
+    crash(st)
     start, end, _ = line_of(root, "append", 1)
     data = bytearray(log_path(root).read_bytes())
     data[start:end] = b"\x00" * (end - start)
@@ -612,7 +615,7 @@ def test_a_session_open_in_this_process_is_refused(tmp_path):
 
 def test_a_plan_that_does_not_read_back_changes_nothing(tmp_path, monkeypatch):
     """The new log is opened and projected from a staging directory before it replaces anything."""
-    from agentsession_cas.maintenance import repair as repair_module
+    from agentsession_cas.backends.files import repair as repair_module
 
     root = tmp_path / "store"
     build(root)
@@ -750,7 +753,7 @@ def test_progress_only_on_a_terminal_and_never_under_json(tmp_path, monkeypatch)
 
 def test_an_error_after_progress_is_not_written_over_it(tmp_path, monkeypatch):
     """The phase line is taken away before the error line is printed."""
-    from agentsession_cas.maintenance import repair as repair_module
+    from agentsession_cas.backends.files import repair as repair_module
 
     root = tmp_path / "store"
     build(root)

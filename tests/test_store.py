@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentsession_cas import Header, canonical_bytes, loads, make_entry, read_session, read_session_bytes
+from agentsession_cas import Entry, Header, canonical_bytes, loads, make_entry, read_session, read_session_bytes
 from agentsession_cas.format.entry import FORMAT_WRITTEN, LEAF_LABEL
 from agentsession_cas.errors import (
     AppendRefusedError,
@@ -35,8 +35,11 @@ from agentsession_cas.errors import (
 )
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.backends.files.log import _checksum, encode_record, read_log
-from agentsession_cas.backends.files.objects import ObjectStore
-from agentsession_cas.store.core import CHECKPOINT_ENTRIES, LAYOUT, Session, Store
+from agentsession_cas.backends.files.objects import FileObjects
+from agentsession_cas.backends.files.layout import LAYOUT
+from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES, FileSessionLog
+from storetools import crash, put_entry
+from agentsession_cas.store import Session, Store
 
 _TICK = itertools.count()
 
@@ -86,7 +89,7 @@ def log_records(root: Path, sid: str) -> list[dict]:
 
 def held(root: Path, space: str, name: str) -> bool:
     """The store holds the object, loose or packed (as a fresh reader finds it)."""
-    objs = ObjectStore(str(root))
+    objs = FileObjects(str(root))
     try:
         return objs.exists(space, name)
     finally:
@@ -109,19 +112,6 @@ def snapshot(root: Path) -> dict[str, tuple]:
     st = os.stat(root)
     out["."] = (st.st_size, st.st_mtime_ns)
     return out
-
-
-def _crash(st: Store) -> None:
-    """Drop a writing store's sessions as a killed process would: no commit, lock freed."""
-    for s in list(st._open.values()):
-        if s._log_fd is not None:
-            os.close(s._log_fd)
-            s._log_fd = None
-        s._closed = True
-        if s.lock is not None:
-            s.lock.release()
-            s.lock = None
-    st._open.clear()
 
 
 def _retamper_line(root: Path, sid: str, entry_id: str, edit) -> None:
@@ -254,7 +244,7 @@ def test_bad_session_ids_refused_before_any_path(store, root, bad, monkeypatch):
     # an empty id is already a header problem (RFC 0001 requires one); any other is a bad name
     with pytest.raises(BadNameError if bad else SessionFormatError):
         store.create(Header.new(bad))
-    for op in (store.session, store.read, store.delete, store.session_dir, store.export):
+    for op in (store.session, store.read, store.delete, store.backend.sessions.dir, store.export):
         with pytest.raises(BadNameError):
             op(bad)
     monkeypatch.undo()
@@ -441,7 +431,7 @@ def test_parent_must_be_held_not_merely_written(store):
     s, rs = chain(store, n=1)
     # An object written ahead of any record is not an entry the store holds.
     ahead = make_entry("item", rs[0].id, ts=ts(), item={"type": "message", "role": "user", "content": "ahead"})
-    store._put_entry(ahead, durable=True)
+    put_entry(store, ahead)
     with pytest.raises(AppendRefusedError, match="not held"):
         s.append(msg("child", parent=ahead.id))
     with pytest.raises(AppendRefusedError):
@@ -694,7 +684,7 @@ def test_fork_base_must_be_held(store):
         store.create(Header.new("f", base="sha256:" + "f" * 64))
     a, ra = chain(store, "a", n=1)
     ahead = make_entry("item", ra[0].id, ts=ts(), item={"type": "message", "role": "user", "content": "ahead"})
-    store._put_entry(ahead, durable=True)
+    put_entry(store, ahead)
     with pytest.raises(StoreError, match="holds"):
         store.create(Header.new("f", base=ahead.id))
     assert "f" not in store
@@ -894,7 +884,7 @@ def test_torn_last_line_after_commit_dropped_and_loss_written(root):
     s, rs = chain(st, n=1)
     s.commit()
     r2 = s.append(msg("lost"))
-    _crash(st)
+    crash(st)
     data = _log(root).read_bytes()
     _log(root).write_bytes(data[:-20])  # last line torn (no newline)
     with Store(root) as st:
@@ -919,7 +909,7 @@ def test_torn_durable_commit_line_keeps_sound_append(root):
     # The append's record is whole and its payload sound; only the commit was cut.
     st = Store.init(root)
     s, rs = chain(st, n=2)
-    _crash(st)
+    crash(st)
     data = _log(root).read_bytes()
     assert log_records(root, "s1")[-1] == {"op": "commit"}  # no checkpoint: the crash came first
     _log(root).write_bytes(data[:-5])
@@ -939,7 +929,7 @@ def test_read_only_open_of_torn_log_writes_nothing(root):
     s, rs = chain(st, n=1)
     s.commit()
     s.append(msg("lost"))
-    _crash(st)
+    crash(st)
     data = _log(root).read_bytes()
     _log(root).write_bytes(data[:-20])
     before = snapshot(root)
@@ -959,9 +949,9 @@ def test_lazy_append_with_missing_objects_restored_from_payload(root):
     r2 = s.append(msg("envelope missing"))
     r3 = s.append(msg("objects written"))
     e2, e3 = st.entry(r2.id), st.entry(r3.id)
-    st._put_entry(e3, durable=True)
+    put_entry(st, e3)
     st.objects.put("contents", e2.content_hash, entry_objects(dict(e2.data))[2], durable=True)
-    _crash(st)
+    crash(st)
     assert not held(root, "entries", r2.id)
     with Store(root) as st:
         s = st.session("s1")
@@ -985,7 +975,7 @@ def test_lazy_append_with_bad_payload_and_no_objects_dropped_with_later_records(
     r2 = s.append(msg("gone"))
     r3 = s.append(msg("sound payload but after a loss"))
     e2 = st.entry(r2.id)
-    _crash(st)
+    crash(st)
     tamper_payload(root, "s1", r2.id)  # a whole line, checksum good, payload not r2
     with Store(root) as st:
         s = st.session("s1")
@@ -1005,7 +995,7 @@ def test_torn_payload_line_dropped_with_a_loss_record(root):
     s, rs = chain(st, n=1)
     s.commit()
     r2 = s.append(msg("torn in its payload " + "x" * 200))
-    _crash(st)
+    crash(st)
     data = _log(root).read_bytes()
     last = data.rstrip(b"\n").rfind(b"\n") + 1
     tab = data.index(b"\t", last)
@@ -1022,21 +1012,21 @@ def test_torn_payload_line_dropped_with_a_loss_record(root):
         assert held(root, "entries", rs[0].id)  # the kept one was restored
 
 
-def _torn_content_before_crash(root):
+def _torn_content_beforecrash(root):
     """A lazy append whose content object a crash mid-checkpoint left corrupt."""
     st = Store.init(root, sync="never")
     s, rs = chain(st, n=1)
     s.commit()
     r2 = s.append(msg("content torn"))
     e2 = st.entry(r2.id)
-    st._put_entry(e2, durable=True)
-    _crash(st)
+    put_entry(st, e2)
+    crash(st)
     _flip(obj_path(root, "contents", e2.content_hash), at=2)
     return rs, r2, e2
 
 
 def test_lazy_append_with_corrupt_content_restored_from_payload(root):
-    rs, r2, e2 = _torn_content_before_crash(root)
+    rs, r2, e2 = _torn_content_beforecrash(root)
     with Store(root) as st:
         s = st.session("s1")
         assert r2.id in s and s.head == r2.id
@@ -1045,7 +1035,7 @@ def test_lazy_append_with_corrupt_content_restored_from_payload(root):
 
 
 def test_lazy_append_with_corrupt_content_and_bad_payload_dropped(root):
-    rs, r2, e2 = _torn_content_before_crash(root)
+    rs, r2, e2 = _torn_content_beforecrash(root)
     tamper_payload(root, "s1", r2.id, part="content")
     with Store(root) as st:
         s = st.session("s1")
@@ -1058,7 +1048,7 @@ def test_lazy_append_with_sound_objects_kept_and_committed(root):
     st = Store.init(root, sync="never")
     s, rs = chain(st, n=3)
     s.checkpoint()  # objects written; the appends are still uncommitted
-    _crash(st)
+    crash(st)
     recs = log_records(root, "s1")
     assert recs[-1] == {"op": "checkpoint"} and recs[-2].get("lazy")
     with Store(root) as st:
@@ -1071,7 +1061,7 @@ def test_lazy_append_with_sound_objects_kept_and_committed(root):
 def test_lazy_appends_without_checkpoint_kept_and_restored(root):
     st = Store.init(root, sync="never")
     s, rs = chain(st, n=3)
-    _crash(st)
+    crash(st)
     assert log_records(root, "s1")[-1].get("lazy")
     with Store(root) as st:
         s = st.session("s1")
@@ -1117,7 +1107,7 @@ def test_bit_flip_in_uncommitted_whole_record_is_damage(root):
     s.commit()
     s.append(msg("lazy 1"))
     s.append(msg("lazy 2"))
-    _crash(st)
+    crash(st)
     lines = _log(root).read_bytes().split(b"\n")
     # flip a byte inside the last whole (newline-terminated) record: not what a crash leaves
     lines[-2] = lines[-2][:30] + bytes([lines[-2][30] ^ 0x01]) + lines[-2][31:]
@@ -1132,7 +1122,7 @@ def test_zeroed_uncommitted_tail_is_loss(root):
     s, rs = chain(st, n=1)
     s.commit()
     s.append(msg("lazy 1"))
-    _crash(st)
+    crash(st)
     data = _log(root).read_bytes()
     last_start = data.rstrip(b"\n").rfind(b"\n") + 1
     zeroed = data[:last_start] + b"\x00" * (len(data) - last_start - 1) + b"\n"
@@ -1200,8 +1190,8 @@ def test_delete_of_an_open_session_writes_no_commit_first(root, monkeypatch):
     st = Store.init(root, sync="never")
     s, rs = chain(st, n=1)
     writes = []
-    real = Session._write_log
-    monkeypatch.setattr(Session, "_write_log", lambda self, data, sync: writes.append(data) or real(self, data, sync=sync))
+    real = FileSessionLog._write_log
+    monkeypatch.setattr(FileSessionLog, "_write_log", lambda self, data, sync: writes.append(data) or real(self, data, sync=sync))
     assert not held(root, "entries", rs[0].id)
     st.delete("s1")
     # no commit: only the checkpoint that writes the objects the log alone held, so
@@ -1665,7 +1655,7 @@ def test_sequence_numbers_are_never_reused_after_a_loss(root):
     s.append(msg("a"))
     s.commit()
     lost = s.append(msg("b"))
-    _crash(st)
+    crash(st)
     # the lazy append is lost: no objects on disk and a payload that is not its entry
     assert not held(root, "entries", lost.id)
     tamper_payload(root, "seq", lost.id)
@@ -1803,7 +1793,7 @@ def test_durable_append_is_one_line_pair_one_fsync_and_no_object_file(root, monk
         str(obj_path(root, "entries", r.id).relative_to(root)),
         str(obj_path(root, "contents", e.content_hash).relative_to(root)),
     }
-    assert logp.read_bytes()[len(before_log) + len(added) :] == encode_record({"op": "checkpoint", "seq": s._max_seq})
+    assert logp.read_bytes()[len(before_log) + len(added) :] == encode_record({"op": "checkpoint", "seq": s.state.max_seq})
     s.checkpoint()  # nothing owed: writes nothing
     assert log_records(root, "s1")[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
     st.close()
@@ -1835,8 +1825,8 @@ def test_checkpoint_every_1024_appends(root):
     ids.append(s.append(msg("the 1024th")).id)
     # The checkpoint runs on a worker thread while appends go on; once it is done the
     # objects are in a pack every process finds.
-    assert s._inflight is not None
-    s._inflight[0].result()
+    assert s.log._inflight is not None
+    s.log._inflight[0].result()
     assert all(held(root, "entries", i) for i in ids)
     # its record is written at the next checkpoint point, naming the last seq it covers
     assert not [r for r in log_records(root, "big") if r["op"] == "checkpoint"]
@@ -1882,7 +1872,7 @@ def test_background_checkpoint_failure_stops_the_session(root, monkeypatch):
 def test_recovery_honours_checkpoint_seq(root):
     """A checkpoint record covers the appends up to its seq, not every record before it:
     appends written after that seq but before the record are still restored."""
-    from agentsession_cas.store.core import _checkpoint_covers
+    from agentsession_cas.backends.files.sessions import checkpoint_covers as _checkpoint_covers
 
     recs = read_log(
         encode_record({"op": "create", "session": "x", "base": None, "mark": "record"})
@@ -1924,7 +1914,7 @@ def test_read_only_store_serves_uncheckpointed_entries_from_payloads(root, sync)
 def test_crash_without_checkpoint_restores_objects_on_reopen(root):
     st = Store.init(root)  # durable appends: committed, never checkpointed
     s, rs = chain(st, n=5)
-    _crash(st)
+    crash(st)
     ids = [r.id for r in rs]
     assert not any(held(root, "entries", i) for i in ids)
     log_before = _log(root).read_bytes()
@@ -1941,7 +1931,7 @@ def test_crash_without_checkpoint_restores_objects_on_reopen(root):
     # from objects/ now: a read-only open restores nothing
     with Store(root, readonly=True) as ro:
         snap = ro.read("s1")
-        assert [e.id for e in snap] == ids and snap._payloads == {}
+        assert [e.id for e in snap] == ids and snap.log.payloads == {}
     with Store(root) as st:
         s = st.session("s1")
         assert not s.recovered
@@ -1952,7 +1942,7 @@ def test_crash_without_checkpoint_restores_objects_on_reopen(root):
 def test_payload_not_hashing_to_its_entry_is_damage(root, part):
     st = Store.init(root)
     s, rs = chain(st, n=3)
-    _crash(st)  # committed, not checkpointed: the payloads are the only copy
+    crash(st)  # committed, not checkpointed: the payloads are the only copy
     tamper_payload(root, "s1", rs[1].id, part=part)
     assert len(read_log(_log(root).read_bytes()).records) == 7  # every line still reads as good
     before = snapshot(root)
@@ -1998,7 +1988,7 @@ def test_a_torn_appends_sequence_number_is_never_reused(root):
     s.commit()
     s.append(msg("b"))
     torn = s.append(msg("c"))
-    _crash(st)
+    crash(st)
     logp = root / "sessions" / "tornseq" / "log"
     data = logp.read_bytes()
     logp.write_bytes(data[: len(data) - 40])  # tear the last append's line

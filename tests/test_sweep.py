@@ -18,13 +18,15 @@ import pytest
 from click.testing import CliRunner
 
 import agentsession_cas.backends.files.objects as objects_mod
-import agentsession_cas.store.core as store_mod
+import agentsession_cas.backends.files.sessions as store_mod
+import agentsession_cas.backends.files as files_backend
+import agentsession_cas.backends.files.sweep as files_sweep
 import agentsession_cas.maintenance.sweep as sweep_mod
 from agentsession_cas import Header
 from agentsession_cas.errors import StoreError
 from agentsession_cas.format.hashing import sha256_ref
-from agentsession_cas.backends.files.objects import PACK_BATCH, ObjectStore
-from agentsession_cas.store.core import Store
+from agentsession_cas.backends.files.objects import PACK_BATCH, FileObjects
+from agentsession_cas.store import Store
 from agentsession_cas.maintenance.sweep import DEFAULT_GRACE, parse_duration
 from agentsession_cli.main import main
 
@@ -54,7 +56,7 @@ def cli(root: Path, *args: str, input: str | None = None):
 
 
 def held(root: Path, space: str, name: str) -> bool:
-    o = ObjectStore(str(root))
+    o = FileObjects(str(root))
     try:
         return o.is_sound(space, name)
     finally:
@@ -193,7 +195,7 @@ def test_an_error_after_progress_starts_on_a_line_of_its_own(root, monkeypatch):
 
     _one_session_and_garbage(root)
     monkeypatch.setattr(maintenance_commands, "_stderr_is_tty", lambda: True)
-    real = ObjectStore._repack_one
+    real = FileObjects._repack_one
     calls = []
 
     def failing(*a, **kw):
@@ -202,7 +204,7 @@ def test_an_error_after_progress_starts_on_a_line_of_its_own(root, monkeypatch):
             raise OSError(28, "No space left on device")
         return real(*a, **kw)
 
-    monkeypatch.setattr(ObjectStore, "_repack_one", staticmethod(failing))
+    monkeypatch.setattr(FileObjects, "_repack_one", staticmethod(failing))
     r = cli(root, "pack")
     assert r.exit_code == 1
     assert r.stderr.startswith("\r\x1b[Kpacking: ") and "\nagentsession: error: pack failed: " in r.stderr
@@ -418,7 +420,7 @@ def test_grace_keeps_young_unretained_objects(root):
     with Store(str(root)) as st:
         st.delete("gone")
         st.delete("gone-packed")
-    o = ObjectStore(str(root))
+    o = FileObjects(str(root))
     t = time.time_ns() - int(MONTH * 1e9)
     for sp, n in old:
         os.utime(o.path(sp, n), ns=(t, t))
@@ -458,11 +460,11 @@ def test_dry_run_lists_and_changes_nothing(root, monkeypatch):
     with Store(str(root)) as st:
         st.delete("gone")
     # Enough small packs and loose objects that a writing close would merge and pack.
-    o = ObjectStore(str(root))
+    o = FileObjects(str(root))
     for k in range(objects_mod.MERGE_FANIN):
         o.write_pack([("blobs", sha256_ref(b"%d-%d" % (k, j)), b"%d-%d" % (k, j)) for j in range(PACK_BATCH)], merge=False)
     o.close()
-    monkeypatch.setattr(store_mod, "AUTO_PACK_LOOSE", 1)
+    monkeypatch.setattr(files_backend, "AUTO_PACK_LOOSE", 1)
     garbage = {n for _, n in gone_objs} | {sha256_ref(b"%d-%d" % (k, j)) for k in range(objects_mod.MERGE_FANIN) for j in range(PACK_BATCH)}
     age_all(root)
     snap = tree(root)
@@ -475,7 +477,7 @@ def test_dry_run_lists_and_changes_nothing(root, monkeypatch):
     out = sweep_json(root, "--dry-run", "--grace", "0")
     assert out["dry_run"] is True and set(out["dropped_names"]) == garbage
     assert out["dropped_bytes"] == sum(len(b"%d-%d" % (k, j)) for k in range(objects_mod.MERGE_FANIN) for j in range(PACK_BATCH)) + sum(
-        len(ObjectStore(str(root)).get(sp, n)) for sp, n in gone_objs)
+        len(FileObjects(str(root)).get(sp, n)) for sp, n in gone_objs)
     assert tree(root) == snap
     # The real thing removes exactly what the dry run listed.
     out = sweep_json(root, "--grace", "0")
@@ -590,7 +592,7 @@ def test_a_stage_renamed_into_place_while_the_sweep_lists_is_retained(root, monk
             os.rename(stage, root / "sessions" / "imp")  # the import lands now
         return out
 
-    monkeypatch.setattr(sweep_mod.os, "listdir", listdir)
+    monkeypatch.setattr(files_sweep.os, "listdir", listdir)
     with Store(str(root)) as st:
         res = st.sweep(grace=0)
     monkeypatch.undo()
@@ -613,7 +615,7 @@ def test_retention_reads_each_block_once(root, monkeypatch):
     with Store(str(root)) as st:
         st.delete("src")
         st.import_bytes(data, record=True)
-    o = ObjectStore(str(root))
+    o = FileObjects(str(root))
     o.pack_loose()
     o.close()
     import agentsession_cas.backends.files.packs as packs_mod
@@ -636,7 +638,7 @@ def test_retention_reads_each_block_once(root, monkeypatch):
 def _garbage_store(root: Path) -> tuple[tuple[str, str, bytes], tuple[str, str, bytes]]:
     """A store holding one unretained loose object and one unretained packed one,
     both old; returns them."""
-    o = ObjectStore(str(root))
+    o = FileObjects(str(root))
     loose = ("contents", sha256_ref(b'{"loose":1}'), b'{"loose":1}')
     o.put(*loose, durable=True)
     batch = [("contents", sha256_ref(b'{"packed":%d}' % i), b'{"packed":%d}' % i) for i in range(PACK_BATCH)]
@@ -649,12 +651,12 @@ def _garbage_store(root: Path) -> tuple[tuple[str, str, bytes], tuple[str, str, 
 @pytest.mark.parametrize("how", ["put", "put_many", "write_pack"])
 def test_an_object_re_put_after_the_snapshot_survives(root, monkeypatch, how):
     loose, packed = _garbage_store(root)
-    writer = ObjectStore(str(root))  # another process, which found both before the sweep began
+    writer = FileObjects(str(root))  # another process, which found both before the sweep began
     assert writer.is_packed(*packed[:2]) and writer.exists(*loose[:2])
     real = sweep_mod.retained
 
-    def retained_then_write(store, **kw):
-        ret = real(store, **kw)  # the logs are read: the writer's record comes after
+    def retained_then_write(store, *args, **kw):
+        ret = real(store, *args, **kw)  # the logs are read: the writer's record comes after
         for obj in (loose, packed):
             if how == "put":
                 writer.put(*obj, durable=True)
@@ -677,9 +679,9 @@ def test_an_object_re_put_as_the_sweep_removes_its_file_survives(root, monkeypat
     file's mtime with its snapshot, just before the file goes."""
     loose, packed = _garbage_store(root)
     obj = loose if what == "loose" else packed
-    writer = ObjectStore(str(root))
+    writer = FileObjects(str(root))
     assert writer.is_sound(*obj[:2])
-    o = ObjectStore(str(root))
+    o = FileObjects(str(root))
     target = o.path(*loose[:2]) if what == "loose" else str(next((root / "objects" / "pack").glob("*.idx")))
     o.close()
     real = os.unlink
@@ -730,7 +732,7 @@ def test_a_fork_made_while_the_sweep_reads_keeps_its_prefix_when_its_origin_goes
                 other.delete("origin")
         return out
 
-    monkeypatch.setattr(sweep_mod.os, "listdir", listdir)
+    monkeypatch.setattr(files_sweep.os, "listdir", listdir)
     with Store(str(root)) as st:
         res = st.sweep()  # the default grace: the origin's objects are a month old
     monkeypatch.undo()
@@ -748,7 +750,7 @@ def test_a_session_deleted_while_the_sweep_reads_does_not_stop_it(root, monkeypa
         st.create(Header.new("a")).append(msg("in a"))
         st.create(Header.new("b")).append(msg("in b"))
     age_all(root)
-    real = sweep_mod.read_log
+    real = files_sweep.read_log
     state = {"done": False}
 
     def read_log(data):
@@ -759,7 +761,7 @@ def test_a_session_deleted_while_the_sweep_reads_does_not_stop_it(root, monkeypa
                 other.delete("a")
         return out
 
-    monkeypatch.setattr(sweep_mod, "read_log", read_log)
+    monkeypatch.setattr(files_sweep, "read_log", read_log)
     with Store(str(root)) as st:
         res = st.sweep(grace=0)
     monkeypatch.undo()
@@ -773,8 +775,8 @@ def test_a_sweep_between_a_forks_check_and_its_log_keeps_its_prefix(root, monkey
         prefix = objects_of(rd, oids[:4])
     real = Store._prefix_for_base
 
-    def checked_then_swept(self, header):
-        ids = real(self, header)  # the origin holds the base: checked
+    def checked_then_swept(self, header, owner):
+        ids = real(self, header, owner)  # the origin holds the base: checked
         self.delete("origin")
         with Store(str(root)) as sweeper:
             sweeper.sweep()  # the default grace
@@ -802,8 +804,8 @@ def test_a_blob_an_append_names_during_a_sweep_survives(root, monkeypatch):
     real = sweep_mod.retained
     appended = {}
 
-    def retained_then_append(store, **kw):
-        ret = real(store, **kw)  # the logs are read: the append's record comes after
+    def retained_then_append(store, *args, **kw):
+        ret = real(store, *args, **kw)  # the logs are read: the append's record comes after
         appended["result"] = s.append(image(blob))
         return ret
 

@@ -50,11 +50,13 @@ from ..format.context import Context, ContextBuilder
 from ..format.entry import Entry, Header
 from ..format.runs import analyze_path
 from ..format.timestamps import now_ts
-from ..store.core import AppendResult, Session, Store
 from ..store.refs import Refs
+from ..store.session import AppendResult, Session
+from ..store.store import Store
+from .local import open_transport
 from .operations import ExchangeResult
 from .operations import push as push_session
-from .transport import Transport, open_transport
+from .transport import Transport
 
 __all__ = ["Recorder", "new_session_id"]
 
@@ -155,7 +157,7 @@ class Recorder:
                 session = st.session(session_id)  # type: ignore[arg-type]
                 if session.mark != "record":
                     raise MirrorError(
-                        f"session {session_id} is a mirror in the store at {st.root}; a recorder writes only a "
+                        f"session {session_id} is a mirror in {st.describe()}; a recorder writes only a "
                         "session its store is the record of (take it back first)"
                     )
             else:
@@ -198,7 +200,7 @@ class Recorder:
         self._answered: set[str] = set()  # call_ids with an output on the path
         self._run: _Run | None = None
         head = self.session.head
-        self._path: list[Entry] = self.store.path_to(head, via=self.session) if head is not None else []
+        self._path: list[Entry] = self.store.path_to(head) if head is not None else []
         for e in self._path:
             self._track(e, on_path=False)
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from ..backends.files.fsutil import write_atomic
 from ..errors import EntryError
+from ..fsutil import write_atomic
 from .entry import LEAF_LABEL, Entry, Header, ParentRef, make_entry
 
 __all__ = ["session_bytes", "write_session", "SessionBuilder"]

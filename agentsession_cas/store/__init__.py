@@ -1,5 +1,20 @@
-"""The store's domain (RFC 0002): sessions, append, head, forks, projection and import."""
+"""The store's domain (RFC 0002): sessions, append, head, forks, projection and import.
 
-from .core import LAYOUT, AppendResult, Session, Store, default_store_path
+Nothing in this package touches a file: it works through the seam of
+:mod:`agentsession_cas.backends`."""
 
-__all__ = ["LAYOUT", "AppendResult", "Session", "Store", "default_store_path"]
+from .session import AppendResult, PreparedBatch, Session
+from .state import SessionState, replay
+from .store import DEFAULT_STORE, SYNC_POLICIES, Store, default_store_path
+
+__all__ = [
+    "DEFAULT_STORE",
+    "SYNC_POLICIES",
+    "AppendResult",
+    "PreparedBatch",
+    "Session",
+    "SessionState",
+    "Store",
+    "default_store_path",
+    "replay",
+]

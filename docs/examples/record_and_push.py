@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 from agentsession_cas import read_session_bytes, short_id, verify_records, verify_requests  # noqa: E402
 from agentsession_cas.exchange.recorder import Recorder  # noqa: E402
-from agentsession_cas.store.core import Store  # noqa: E402
+from agentsession_cas.store import Store  # noqa: E402
 
 TOOLS = [{"type": "function", "name": "ls", "description": "List a directory.",
           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}]

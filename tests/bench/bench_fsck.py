@@ -52,8 +52,8 @@ for p in (str(ROOT), str(HERE)):
 
 import agentsession_cas  # noqa: E402
 from agentsession_cas.maintenance.fsck import fsck  # noqa: E402
-from agentsession_cas.backends.files.objects import SPACES, ObjectStore  # noqa: E402
-from agentsession_cas.store.core import Store  # noqa: E402
+from agentsession_cas.backends.files.objects import SPACES, FileObjects  # noqa: E402
+from agentsession_cas.store import Store  # noqa: E402
 from bench_verify import generate  # noqa: E402
 
 DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000
@@ -72,7 +72,7 @@ def _git(*args: str, cwd: str, **kw) -> subprocess.CompletedProcess:
 def store_objects(root: str):
     """(name, bytes) of every object of the store, each once: packs read block by block,
     then loose files."""
-    objs = ObjectStore(root)
+    objs = FileObjects(root)
     seen: set[bytes] = set()
     try:
         objs.packs.refresh(force=True)

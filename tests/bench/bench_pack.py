@@ -10,7 +10,7 @@ same run:
    ``base`` on the session's path, the bases spread evenly along it, with 5
    to 20 own entries appended), then ``Store.pack()`` (a full repack). The
    same canonical objects (every envelope, content and blob, read through
-   ``ObjectStore.names``/``get``) go into a git repository as blobs with
+   ``FileObjects.names``/``get``) go into a git repository as blobs with
    ``git fast-import``, each at ``<space>/<2 hex>/<62 hex>`` in the tree of one
    commit (so gc keeps them), then ``git gc --aggressive``. Target: our
    ``.pack`` + ``.idx`` at most **half** of git's ``.pack`` + ``.idx``.
@@ -67,7 +67,8 @@ import agentsession_cas  # noqa: E402
 from agentsession_cas import Header  # noqa: E402
 from agentsession_cas.backends.files.objects import REPACK_BLOCK, REPACK_LEVEL, REPACK_THREADS, SPACES  # noqa: E402
 from agentsession_cas.backends.files.packs import BLOCK_TARGET, SPACE_BITS, Pack, PackWriter  # noqa: E402
-from agentsession_cas.store.core import CHECKPOINT_ENTRIES, Store  # noqa: E402
+from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES
+from agentsession_cas.store import Store  # noqa: E402
 from bench_verify import generate  # noqa: E402
 
 DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000

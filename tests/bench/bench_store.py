@@ -53,7 +53,7 @@ for p in (str(ROOT), str(HERE)):
 
 import agentsession_cas  # noqa: E402
 from agentsession_cas import Header, read_session_bytes  # noqa: E402
-from agentsession_cas.store.core import Store  # noqa: E402
+from agentsession_cas.store import Store  # noqa: E402
 from bench_verify import SESSION_ID, generate  # noqa: E402
 
 DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000

@@ -18,20 +18,24 @@ worth one, else as loose files.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import filelock
 
 from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
 from ...format.hashing import HASH_PREFIX, is_hash
-from .fsutil import fsync_dir, fsync_paths, write_all, write_atomic
+from ...fsutil import fsync_dir, fsync_paths, write_all, write_atomic
+from ..base import ObjectStore, RepackResult, Space
 from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter
 
-__all__ = ["SPACES", "ObjectStore", "RepackResult", "fsync_paths", "fsync_dir"]
+__all__ = ["SPACES", "FileObjects", "RepackResult", "fsync_paths", "fsync_dir"]
 
 
 _READ = 1 << 20
@@ -60,6 +64,16 @@ REPACK_THREADS = max(1, min(4, os.cpu_count() or 1))
 AUTO_PACK_LOOSE = 4096
 
 
+def _content_of(envelope: bytes) -> str | None:
+    """The content hash an envelope names, or None when it is not an envelope."""
+    try:
+        env = json.loads(envelope)
+    except ValueError:
+        return None
+    chash = env.get("content") if isinstance(env, dict) else None
+    return chash if is_hash(chash) else None
+
+
 def _freshen(path: str) -> bool:
     """Touch a file holding an object someone is writing again (as git freshens
     objects): a sweep's grace period then counts from now, and a sweep does not
@@ -79,11 +93,17 @@ def _freshen(path: str) -> bool:
     return True
 
 
-class ObjectStore:
-    """The loose objects of one store, under ``<root>/objects``."""
+class FileObjects(ObjectStore):
+    """The objects of one store directory, under ``<root>/objects``, loose or packed.
+
+    Objects a session's log holds and a checkpoint has not yet written here
+    (appends of a session open in this process, or restored from payloads by a
+    snapshot) are served from that log: each such log registers itself while it
+    holds any (:meth:`register`)."""
 
     def __init__(self, root: str):
         self.root = root
+        self._logs: weakref.WeakSet[Any] = weakref.WeakSet()  # FileSessionLog handles holding objects not yet here
         self.dir = os.path.join(root, "objects")
         self.tmp = os.path.join(root, "tmp")
         self.pack_dir = os.path.join(self.dir, "pack")
@@ -122,8 +142,37 @@ class ObjectStore:
             return found
         return None
 
-    def get(self, space: str, name: str) -> bytes:
-        """The object's bytes, from a pack or a loose file, verified against its name."""
+    def get(self, space: str, name: str) -> bytes:  # type: ignore[override]
+        """The object's bytes, from a pack or a loose file (or a log that holds it until
+        its next checkpoint), verified against its name."""
+        try:
+            return self._get(space, name)
+        except NoSuchObjectError:
+            for log in self._logs:
+                data = log.pending_object(space, name)
+                if data is not None:
+                    return data  # checked against its name when it was taken in
+            raise
+
+    def register(self, log: Any) -> None:
+        """A log now holds objects not yet written here: serve them from it (while the
+        log is open and referenced)."""
+        self._logs.add(log)
+
+    def unregister(self, log: Any) -> None:
+        self._logs.discard(log)
+
+    def pending_names(self) -> set[str]:
+        """The names of objects held only in logs open here (a sweep keeps them)."""
+        out: set[str] = set()
+        for log in self._logs:
+            for entry_id, (chash, _, _) in log.unmaterialized.items():
+                out.update((entry_id, chash))
+            for entry_id, (content, _) in log.payloads.items():
+                out.update((entry_id, HASH_PREFIX + hashlib.sha256(content).hexdigest()))
+        return out
+
+    def _get(self, space: str, name: str) -> bytes:
         path = self.path(space, name)
         found = self._packed(space, name)
         if found is not None:
@@ -226,7 +275,7 @@ class ObjectStore:
             return False
         return True
 
-    def put(self, space: str, name: str, data: bytes, *, durable: bool) -> str | None:
+    def put(self, space: str, name: str, data: bytes, *, durable: bool = True) -> str | None:  # type: ignore[override]
         """Store ``data`` under ``name`` unless a sound copy is there already.
 
         Returns the path the caller owes an fsync for when ``durable`` is
@@ -278,14 +327,21 @@ class ObjectStore:
             return False
         return size == len(data) and self._loose_sound(space, name, path)
 
-    def put_many(self, items: list[tuple[str, str, bytes]], *, dedup: bool = True) -> None:
-        """Store many objects durably at once (a checkpoint, an import). A batch of
-        :data:`PACK_BATCH` objects or more becomes one pack (two files, two fsyncs).
-        A smaller one becomes loose files, created and written, then every file
-        (new, or present from another writer) and its directory fsynced on the pool.
-        ``dedup=False`` skips looking for each object in the packs first (a
-        checkpoint's objects are new but for the odd repeat, which a repack drops)."""
+    def put_many(  # type: ignore[override]
+        self, items: Iterable[tuple[str, str, bytes]], *, count: int | None = None, dedup: bool = True
+    ) -> None:
+        """Store many objects durably at once (a checkpoint, an import, a push). A batch
+        of :data:`PACK_BATCH` objects or more becomes one pack (two files, two fsyncs),
+        streamed from ``items`` when ``count`` says it is that big. A smaller one becomes
+        loose files, created and written, then every file (new, or present from another
+        writer) and its directory fsynced on the pool. ``dedup=False`` skips looking for
+        each object in the packs first (a checkpoint's objects are new but for the odd
+        repeat, which a repack drops)."""
         self.wrote = True
+        if count is not None and count >= PACK_BATCH:
+            self.write_pack(items, dedup=dedup)
+            return
+        items = list(items)
         if len(items) >= PACK_BATCH:
             self.write_pack(items, dedup=dedup)
             return
@@ -318,6 +374,97 @@ class ObjectStore:
         if not paths:
             return
         fsync_paths(paths)
+
+    def held(self, space: Space, name: str) -> bool:
+        """Held and sound: packed (durable and checksummed), or a loose copy that hashes
+        to its name (a torn one is reported missing, so a sender replaces it)."""
+        if self.is_packed(space, name):
+            return True
+        if not os.path.exists(self.path(space, name)):
+            return self.exists(space, name)  # packed by another process since we looked
+        return self.is_sound_here(space, name)
+
+    def hold(self, names: Iterable[tuple[Space, str]], *, written: set[str] = frozenset()) -> list[tuple[Space, str]]:  # type: ignore[assignment]
+        """Just before a log record names them: touch every file holding one of the
+        objects, so a sweep running now spares it (a sweep keeps a file touched since
+        its snapshot, and one it moved aside first is found gone here: reported
+        missing); and make durable the loose objects not in ``written``, which another
+        process may have written and not yet synced (RFC 0002's commit covers "one
+        already present"). Packs are durable before they are visible."""
+        touched: set[str] = set()
+        sync: list[str] = []
+        missing: list[tuple[Space, str]] = []
+        for space, name in names:
+            path = self.freshen(space, name, touched=touched)
+            if path is None:
+                missing.append((space, name))
+            elif name not in written and path == self.path(space, name):
+                sync.append(path)  # loose, and not written by the caller
+        if sync:
+            fsync_paths(sync)
+        return missing
+
+    def read_order(self, names: Iterable[str]) -> list[str]:
+        """``names`` in the order their bytes lie (pack, block, offset; loose ones last),
+        so reading them all decompresses each block once, not once per object."""
+        packs = self.packs
+        rank = {p.name: i for i, p in enumerate(packs.packs)}
+
+        def where(name: str) -> tuple[Any, ...]:
+            found = packs.locate(name)
+            if found is None:
+                return (len(rank), 0, 0, name)
+            pack, loc = found
+            return (rank.get(pack.name, len(rank)), loc.block, loc.offset, name)
+
+        return sorted(names, key=where)
+
+    def where(self, space: Space, name: str) -> str:
+        found = self._packed(space, name)
+        if found is not None:
+            return os.path.relpath(found[0].path, self.root)
+        return self.relpath(space, name)
+
+    def entry_sound(self, entry_id: object) -> bool:
+        """An entry's envelope and its content are both here and sound (what recovery
+        asks of an uncommitted append)."""
+        if not isinstance(entry_id, str) or not is_hash(entry_id):
+            return False
+        try:
+            env = self._get("entries", entry_id)
+            chash = _content_of(env)
+            return chash is not None and self.is_sound_here("contents", chash)
+        except (NoSuchObjectError, CorruptObjectError, CorruptPackError):
+            return False
+
+    def is_sound_here(self, space: str, name: str) -> bool:
+        """Sound in objects/ itself (not merely held by a log open in this process)."""
+        try:
+            self._get(space, name)
+        except (NoSuchObjectError, CorruptObjectError, CorruptPackError):
+            return False
+        return True
+
+    def secure_prefix(self, prefix: Iterable[tuple[str, str]]) -> None:
+        """A new fork's prefix (entry id, content hash), root to base: make each object
+        durable here (one may so far be held only in a log open in this process) and
+        touch the files holding them, so a sweep that read the logs before the fork's
+        log named its base keeps them. One gone refuses the fork."""
+        touched: set[str] = set()
+        for eid, chash in prefix:
+            for space, name in (("entries", eid), ("contents", chash)):
+                if not self.exists(space, name):
+                    try:
+                        data = self.get(space, name)  # held by a log open here
+                    except NoSuchObjectError:
+                        data = None
+                    if data is not None:
+                        self.put(space, name, data, durable=True)
+                if self.freshen(space, name, touched=touched) is None:
+                    raise StoreError(
+                        f"prefix entry {eid[7:19]} of the fork's base was swept while the fork was "
+                        "being made; nothing was created (the base's session was deleted meanwhile?)"
+                    )
 
     def make_fanout(self) -> None:
         """Create every ``<2 hex>`` directory of every space, once, and fsync them into
@@ -814,33 +961,3 @@ class Snapshot:
             for path in (p.path, p.idx_path):
                 total += os.stat(path).st_size if os.path.exists(path) else 0
         return total
-
-
-@dataclass
-class RepackResult:
-    """What a repack (``pack``) or a sweep did, or would do."""
-
-    dry_run: bool = False
-    packs_before: int = 0
-    loose_before: int = 0
-    bytes_before: int = 0
-    packs_after: int = 0
-    bytes_after: int = 0
-    objects: int = 0
-    dropped: int = 0
-    dropped_bytes: int = 0
-    dropped_names: list[str] = field(default_factory=list)
-    pack: str | None = None
-    #: What could not be read or copied (corrupt objects, unreadable blocks): the
-    #: command exits 1 when there is any, after doing the rest.
-    problems: list[str] = field(default_factory=list)
-    bad_packs: dict[str, str] = field(default_factory=dict)
-    #: Remarks that are not problems (a file a writer touched meanwhile, kept).
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems and not self.bad_packs
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "ok": self.ok}

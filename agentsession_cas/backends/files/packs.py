@@ -76,7 +76,7 @@ import zstandard
 
 from ...errors import CorruptPackError, StoreError
 from ...format.hashing import FAST_ENVELOPE
-from .fsutil import fsync_dir, write_all
+from ...fsutil import fsync_dir, write_all
 
 __all__ = [
     "BLOCK_TARGET",

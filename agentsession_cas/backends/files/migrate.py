@@ -51,7 +51,6 @@ import json
 import mmap
 import os
 import re
-import stat
 import struct
 import time
 from collections.abc import Callable
@@ -63,11 +62,7 @@ try:
 except ImportError:  # pragma: no cover - not a POSIX system
     fcntl = None  # type: ignore[assignment]
 
-from ..backends.files.fsutil import fsync_dir, write_atomic
-from ..backends.files.log import encode_record, read_log
-from ..backends.files.objects import ObjectStore
-from ..backends.files.packs import read_varint
-from ..errors import (
+from ...errors import (
     AgentSessionError,
     CorruptObjectError,
     CorruptPackError,
@@ -75,10 +70,15 @@ from ..errors import (
     MigrationError,
     NoSuchObjectError,
 )
-from ..format.canonical import loads
-from ..format.entry import LEAF_LABEL, short_id
-from ..format.hashing import HASH_PREFIX, is_hash, sha256_ref
-from ..format.names import check_session_id
+from ...format.canonical import loads
+from ...format.entry import LEAF_LABEL, short_id
+from ...format.hashing import HASH_PREFIX, is_hash, sha256_ref
+from ...format.names import check_session_id
+from ...fsutil import fsync_dir, write_atomic
+from .layout import JOURNAL, KEPT_DIR, LAYOUT, _journal_kind, layout_state, layout_text, old_layout_hint
+from .log import encode_record, read_log
+from .objects import FileObjects
+from .packs import read_varint
 
 __all__ = [
     "JOURNAL",
@@ -94,11 +94,6 @@ __all__ = [
     "read_journal",
 ]
 
-#: The earlier layout's store-wide journal, at the store's root.
-JOURNAL = "journal"
-#: Where the migration keeps what an operator may want to look at afterwards:
-#: the old journal (``migrated/journal``) and any damaged old pack.
-KEPT_DIR = "migrated"
 #: What the tombstone ``journal`` points at: through the regular file ``layout``,
 #: so opening the journal fails with ENOTDIR (ENOENT before ``layout`` exists).
 TOMBSTONE_TARGET = "layout/journal"
@@ -367,7 +362,7 @@ class _Objects:
     read is checked against the object's name."""
 
     def __init__(self, root: str, packs: list[OldPack], *, new_packs: bool):
-        self.loose = ObjectStore(root)
+        self.loose = FileObjects(root)
         self.packs = packs
         #: Our ObjectStore reads objects/pack, which it cannot while old packs lie there.
         self.new_packs = new_packs
@@ -508,70 +503,6 @@ class MigrationReport:
 
 
 # -- where a store stands ---------------------------------------------------------------
-
-
-def layout_text(root: str) -> str | None:
-    """What the store's ``layout`` file says (trimmed), or None when there is none."""
-    path = os.path.join(root, "layout")
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace").strip()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except IsADirectoryError:
-        return "(a directory)"
-
-
-def _journal_kind(root: str) -> str | None:
-    """``file`` (the earlier layout's journal), ``tombstone`` (any non-regular file:
-    a migration's symbolic link), or None."""
-    try:
-        st = os.lstat(os.path.join(root, JOURNAL))
-    except FileNotFoundError:
-        return None
-    return "file" if stat.S_ISREG(st.st_mode) else "tombstone"
-
-
-def layout_state(root: str) -> str:
-    """Where the store at ``root`` stands: ``current`` (our layout), ``old`` (the earlier
-    journal layout, not yet touched), ``partial`` (a migration began and did not
-    finish), ``other`` (a ``layout`` file naming another layout) or ``none``."""
-    from ..store.core import LAYOUT, OLDER_LAYOUTS
-
-    text = layout_text(root)
-    if text is not None:
-        return "current" if text == LAYOUT or text in OLDER_LAYOUTS else "other"
-    journal = _journal_kind(root)
-    if journal == "file":
-        return "old"
-    if journal == "tombstone" or os.path.exists(os.path.join(root, KEPT_DIR, JOURNAL)):
-        return "partial"
-    if (
-        os.path.isdir(os.path.join(root, "sessions"))
-        and os.path.isdir(os.path.join(root, "objects"))
-        and not os.path.isdir(os.path.join(root, "objects", "blobs"))
-    ):
-        # The earlier layout before its first commit wrote a journal (objects/blobs is
-        # ours: a store whose `init` stopped before its layout file is not this).
-        return "old"
-    return "none"
-
-
-def old_layout_hint(root: str) -> str | None:
-    """What to tell someone opening a store that needs migrating (None when it does not)."""
-    state = layout_state(root)
-    if state == "old":
-        return (
-            f"the store at {root} is of the earlier layout (a store-wide journal, no layout file) and must be "
-            "migrated before this release reads or writes it: stop every writer of the earlier version, "
-            "take a copy, and run `agentsession migrate`"
-        )
-    if state == "partial":
-        return (
-            f"a migration of the store at {root} from the earlier journal layout did not finish "
-            "(its journal is a tombstone and there is no layout file yet): run `agentsession migrate` to finish it"
-        )
-    return None
 
 
 # -- locks -----------------------------------------------------------------------------
@@ -1207,7 +1138,7 @@ class _Migration:
         self.root = root
         self.report = report
         self.progress = progress
-        self.objects = ObjectStore(root)
+        self.objects = FileObjects(root)
 
     def _path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
@@ -1247,7 +1178,6 @@ class _Migration:
         steps.append(f"rebuilt {sum(1 for s in sessions if s.action == 'rebuild')} session log(s)")
         self._cleanup()
         _reached("cleanup")
-        from ..store.core import LAYOUT
 
         fsync_dir(self._path("objects"))
         write_atomic(self._path("layout"), (LAYOUT + "\n").encode(), durable=True)
@@ -1467,7 +1397,6 @@ def migrate(
     one of its locks, waiting up to ``lock_wait`` seconds for a commit in
     flight. ``dry_run`` decides everything and writes nothing.
     """
-    from ..store.core import LAYOUT
 
     root = os.path.abspath(os.path.expanduser(os.fspath(root)))
     report = MigrationReport(root, "dry-run" if dry_run else "migrated", LAYOUT)

@@ -1,0 +1,424 @@
+"""The storage seam: what the store's domain asks of whatever holds its bytes.
+
+The domain (:mod:`agentsession_cas.store`, exchange, the rules of fsck and
+sweep) decides *what* is written and *whether* it may be; a backend decides
+*how* it is kept. The domain talks to a backend only through the abstract
+classes here, as dulwich's object-store ladder and borgstore's backend base
+do, so a new backend is one class per interface and passes the same
+contract suite (``tests/test_contract.py``).
+
+A backend is five parts:
+
+- :class:`ObjectStore`: objects named by their SHA-256 in three spaces
+  (RFC 0002: envelopes, contents, media blobs), every read verified.
+- :class:`SessionStore` and :class:`SessionLog`: sessions, each a header and
+  a log of records that is its write-ahead log and commit point. A log
+  handle is opened for writing (an exclusive hold: one writer per session)
+  or as a read-only snapshot; recovery after a crash is the backend's,
+  since only it knows what a crash can leave in its medium.
+- :class:`RefStore`: named refs, replaced under one store-wide hold so a
+  compare-and-swap sees every name.
+- :class:`RemoteStore`: what this store remembers of each remote it
+  exchanged with (hints a push re-learns).
+- Maintenance hooks on :class:`Backend` (pack, the physical half of sweep,
+  fsck and repair), which a backend may answer with "nothing to do".
+
+Records cross the seam as plain JSON objects (``dict`` with an ``op``),
+except the hot path's :class:`Append`, which a backend encodes as it likes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "SPACES",
+    "Space",
+    "Mark",
+    "Append",
+    "Record",
+    "LogHistory",
+    "LogOpen",
+    "ObjectStore",
+    "SessionLog",
+    "SessionStore",
+    "RefStore",
+    "RemoteStore",
+    "Backend",
+    "Capabilities",
+    "RepackResult",
+    "record_data",
+]
+
+#: The three hash spaces RFC 0002 names.
+Space = Literal["entries", "contents", "blobs"]
+SPACES: tuple[Space, ...] = ("entries", "contents", "blobs")
+#: A session's record mark (RFC 0002 "One store of record").
+Mark = Literal["record", "mirror"]
+
+
+@dataclass(slots=True)
+class Append:
+    """An ``append`` record as the domain hands it to a log: the hot path, so not a dict.
+
+    ``objects`` is (content hash, content bytes, envelope bytes) for an append
+    whose objects the backend has not stored yet (a local append), or None when
+    they are already durable in the object store (an import, exchange)."""
+
+    seq: int
+    entry: str
+    head: str | None
+    head_moved: bool
+    leaf_label: bool
+    lazy: bool
+    objects: tuple[str, bytes, bytes] | None = None
+
+    def as_record(self) -> dict[str, Any]:
+        """The record as JSON members (what the log holds, payload aside)."""
+        out: dict[str, Any] = {"op": "append", "seq": self.seq, "entry": self.entry}
+        if self.head_moved:
+            out["head"] = self.head
+        if self.lazy:
+            out["lazy"] = True
+        if self.leaf_label:
+            out["leaf_label"] = True
+        return out
+
+
+#: A record as it crosses the seam: an :class:`Append`, or a JSON object with an ``op``.
+Record = Append | dict[str, Any]
+
+
+def record_data(record: Record) -> dict[str, Any]:
+    """A record's JSON members, whichever form it came in."""
+    return record.as_record() if isinstance(record, Append) else record
+
+
+@dataclass
+class LogOpen:
+    """What opening a session's log found, for the domain to replay.
+
+    ``records`` are the log's records in order as JSON objects, recovery done:
+    for a writable open the backend has already rewritten the log (dropped a
+    crash's uncommitted tail, written ``loss`` records); a read-only snapshot
+    writes nothing and shows the same records it would keep, ``loss`` records
+    included. ``head_index`` and ``mark_index`` are what the backend's indexes
+    say (None where it keeps none, or the index is missing or unreadable): the
+    domain checks them against the replayed log, since an index that names an
+    entry the log lacks means committed records were lost. ``recovered`` says
+    in words what recovery did."""
+
+    header: bytes
+    records: list[dict[str, Any]]
+    head_index: str | None = None
+    mark_index: str | None = None
+    recovered: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LogHistory:
+    """A session's log as it is held now, read without recovery (``agentsession log``,
+    a stored session's ``verify``): the records that read, in order, each with where it
+    lies when the backend has lines (``(line, byte offset)``), what does not read
+    (``damage``, in words, each naming its place), and an uncommitted tail a writing
+    open would drop (``tail``, in words; its records are in ``records`` too, after
+    ``tail_from``)."""
+
+    records: list[dict[str, Any]]
+    positions: list[tuple[int, int]] | None = None
+    damage: list[str] = field(default_factory=list)
+    damage_lines: list[int] = field(default_factory=list)
+    tail: str | None = None
+    tail_from: int | None = None
+
+
+class ObjectStore(ABC):
+    """Objects named by ``sha256:<hex>`` of their bytes, in three spaces.
+
+    Every read hashes what it returns against the name (a corrupt object is
+    never served: :class:`~agentsession_cas.errors.CorruptObjectError`);
+    storing an object that is present is a no-op that succeeds. Objects a
+    session's log holds and the store has not yet written out (a backend may
+    batch them) are served by :meth:`get` too."""
+
+    @abstractmethod
+    def get(self, space: Space, name: str) -> bytes:
+        """The object's bytes, verified; NoSuchObjectError when absent."""
+
+    @abstractmethod
+    def exists(self, space: Space, name: str) -> bool:
+        """Whether the object store proper holds it (present, not verified; a log's
+        pending objects do not count)."""
+
+    @abstractmethod
+    def held(self, space: Space, name: str) -> bool:
+        """Whether it is held and sound, as a receiver answers "missing": what is
+        reported held need not be sent again."""
+
+    def is_sound(self, space: Space, name: str) -> bool:
+        """Present and hashing to its name."""
+        from ..errors import AgentSessionError
+
+        try:
+            self.get(space, name)
+        except AgentSessionError:
+            return False
+        return True
+
+    @abstractmethod
+    def put(self, space: Space, name: str, data: bytes, *, durable: bool = True) -> None:
+        """Store ``data`` under ``name`` (the caller computed the name)."""
+
+    @abstractmethod
+    def put_many(self, items: Iterable[tuple[Space, str, bytes]], *, count: int | None = None) -> None:
+        """Store many objects durably at once (an import, a push); ``count`` is a hint
+        of how many ``items`` yields, for a backend that streams big batches."""
+
+    @abstractmethod
+    def hold(self, names: Iterable[tuple[Space, str]], *, written: set[str] = frozenset()) -> list[tuple[Space, str]]:  # type: ignore[assignment]
+        """Before a record names objects it did not write itself: make each durable and
+        safe from a sweep running now (RFC 0002: an accepted append holds its objects).
+        ``written`` names objects this caller stored durably already. Returns those
+        found missing (nothing may then name them)."""
+
+    @abstractmethod
+    def names(self, space: Space) -> Iterator[str]:
+        """Every object name of a space, each once."""
+
+    @abstractmethod
+    def where(self, space: Space, name: str) -> str:
+        """Where the object lives, in words for a message (a path relative to the store)."""
+
+    def read_order(self, names: Iterable[str]) -> list[str]:
+        """``names`` in the order reading them all costs least (the backend's layout)."""
+        return sorted(names)
+
+    def close(self) -> None:  # noqa: B027 - a hook: most object stores hold nothing open
+        """Let go of whatever is held open."""
+
+
+class SessionLog(ABC):
+    """One session's log, open for writing (holding the session) or as a snapshot.
+
+    A writable handle is the only writer of its session until it is closed. Its
+    writes are records; ``commit=True`` makes every record so far durable before
+    the call returns (RFC 0002 "Durability": the commit point), and a failure there
+    stops the handle (nothing more is written until the session is reopened)."""
+
+    session_id: str
+    writable: bool
+    #: Why the handle stopped taking writes (a failed fsync), or None.
+    stopped: str | None = None
+
+    @abstractmethod
+    def write(self, records: Sequence[Record], *, commit: bool) -> str | None:
+        """Append ``records`` to the log, as one write; with ``commit`` also a commit
+        record, durable before this returns. All or nothing: a failure leaves no
+        partial record behind and raises. Returns a note when the records were
+        accepted but work they triggered failed (the handle has then stopped)."""
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Make every record so far durable (nothing to do when all are)."""
+
+    @abstractmethod
+    def set_indexes(self, head: str | None, mark: Mark) -> None:
+        """Record the committed head and mark where readers find them cheaply."""
+
+    @abstractmethod
+    def set_header(self, header: bytes) -> None:
+        """Replace the header, durably (RFC 0002: only ``format`` is raised)."""
+
+    def checkpoint(self) -> None:  # noqa: B027 - a hook: only a backend that batches objects has work
+        """Write out objects the log alone holds (a backend that batches them); others have none."""
+
+    def park(self) -> bool:
+        """Let go of the hold but keep what is known, for :meth:`resume` (an exchange
+        endpoint between pushes). False when this backend cannot."""
+        return False
+
+    def resume(self) -> bool:
+        """Take the hold again after :meth:`park`, if nothing wrote the session since:
+        True; False (holding nothing) when it changed, the caller reopening it."""
+        return False
+
+    @abstractmethod
+    def close(self) -> None:
+        """Commit nothing more; release the hold. Idempotent."""
+
+
+class SessionStore(ABC):
+    """The sessions of a store, by id (ids are checked by the caller)."""
+
+    @abstractmethod
+    def list(self) -> list[str]:
+        """The ids held, sorted."""
+
+    @abstractmethod
+    def exists(self, session_id: str) -> bool: ...
+
+    @abstractmethod
+    def header(self, session_id: str) -> bytes | None:
+        """The header's bytes (one small read), or None when the session is absent."""
+
+    @abstractmethod
+    def open(self, session_id: str, *, writable: bool) -> tuple[SessionLog, LogOpen]:
+        """Open a session's log: for writing (an exclusive hold, SessionLockedError when
+        another holds it; recovery runs), or as a read-only snapshot. NoSuchSessionError
+        when absent; SessionDamagedError when the log is damaged beyond a crash's loss."""
+
+    @abstractmethod
+    def create(
+        self,
+        session_id: str,
+        header: bytes,
+        records: Sequence[Record],
+        objects: Iterable[tuple[Space, str, bytes]],
+        *,
+        head: str | None,
+        mark: Mark,
+        prefix: Sequence[tuple[str, str]] = (),
+    ) -> SessionLog:
+        """Create a session whole: its header and first records, with ``objects``
+        stored first, visible in one step that fails (SessionExistsError) if the id is
+        held. ``prefix`` (entry id, content hash) names objects already stored that the
+        new session builds on (a fork's prefix): they are made durable and held from a
+        sweep, and one gone refuses the creation. Returns the log open for writing."""
+
+    def size(self, session_id: str) -> int | None:
+        """Bytes the session's own records take, where the backend can tell cheaply."""
+        return None
+
+    @abstractmethod
+    def history(self, session_id: str) -> LogHistory:
+        """The log as held now, without recovery (what ``agentsession log`` shows)."""
+
+    @abstractmethod
+    def delete(self, session_id: str, log: SessionLog | None = None) -> None:
+        """Remove a session in one step (its header, log and indexes), holding it (or
+        through ``log``, the caller's writable handle, which is closed)."""
+
+
+class RefStore(ABC):
+    """Named refs as opaque JSON records, one per name. Every change happens inside
+    :meth:`locked`, so a compare-and-swap (and a new name's conflict check) sees a
+    stable set of names; reads take no hold."""
+
+    @abstractmethod
+    def get(self, name: str) -> dict[str, Any] | None:
+        """The record held under ``name`` (None when absent or unreadable)."""
+
+    @abstractmethod
+    def names(self, prefix: str = "") -> list[str]:
+        """The names held that start with ``prefix``, sorted."""
+
+    @abstractmethod
+    def locked(self) -> AbstractContextManager[None]:
+        """The store-wide hold every ref change is made under."""
+
+    @abstractmethod
+    def put(self, name: str, record: Mapping[str, Any]) -> None:
+        """Create or replace a ref durably (inside :meth:`locked`)."""
+
+    @abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove a ref durably (inside :meth:`locked`); absent is a no-op."""
+
+
+class RemoteStore(ABC):
+    """What a store remembers of its remotes: small JSON records by (remote URL,
+    kind, name), each a hint that a lost write only costs re-learning."""
+
+    @abstractmethod
+    def get(self, url: str, kind: Literal["sessions", "refs"], name: str) -> dict[str, Any] | None: ...
+
+    @abstractmethod
+    def put(self, url: str, kind: Literal["sessions", "refs"], name: str, record: Mapping[str, Any]) -> None: ...
+
+    @abstractmethod
+    def delete(self, url: str, kind: Literal["sessions", "refs"], name: str) -> None: ...
+
+
+@dataclass
+class RepackResult:
+    """What a repack (``pack``) or a sweep did, or would do."""
+
+    dry_run: bool = False
+    packs_before: int = 0
+    loose_before: int = 0
+    bytes_before: int = 0
+    packs_after: int = 0
+    bytes_after: int = 0
+    objects: int = 0
+    dropped: int = 0
+    dropped_bytes: int = 0
+    dropped_names: list[str] = field(default_factory=list)
+    pack: str | None = None
+    #: What could not be read or copied (corrupt objects, unreadable blocks): the
+    #: command exits 1 when there is any, after doing the rest.
+    problems: list[str] = field(default_factory=list)
+    bad_packs: dict[str, str] = field(default_factory=dict)
+    #: Remarks that are not problems (a file a writer touched meanwhile, kept).
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.bad_packs
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend offers beyond the interfaces (RFC 0003's capabilities say it
+    truthfully): whether it persists across processes, packs objects, and can be
+    swept, repaired or migrated."""
+
+    persistent: bool
+    packs: bool
+    sweep: bool
+    repair: bool
+    migrate: bool
+
+
+class Backend(ABC):
+    """One store's storage: the four stores and the maintenance hooks."""
+
+    url: str
+    readonly: bool
+    objects: ObjectStore
+    sessions: SessionStore
+    refs: RefStore
+    remotes: RemoteStore
+    capabilities: Capabilities
+
+    def describe(self) -> str:
+        """The store, named for a message ("the store at /path", "the memory store")."""
+        return f"the store at {self.url}"
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release everything; a writer's close may tidy storage (pack loose objects)."""
+
+    # -- maintenance hooks: the physical half of what maintenance/ decides ----------------
+
+    @abstractmethod
+    def retention_sources(self) -> Iterator[Any]:
+        """Every log a sweep must honour, as
+        :class:`~agentsession_cas.maintenance.sweep.RetentionSource` values (sessions
+        held, being made, and records kept aside by a repair)."""
+
+    @abstractmethod
+    def sweep_objects(
+        self, compute: Callable[[bool], Any], *, grace: float, dry_run: bool, wait: float,
+        progress: Callable[[int, int], None] | None,
+    ) -> tuple[RepackResult, int, list[str], Any]:
+        """Remove what nothing retains: take a snapshot of the objects first, then call
+        ``compute(holds_blobs)`` for what is retained (it reads the logs), then drop what
+        is not and is older than ``grace`` seconds. Returns (what was done, objects left
+        young, leftovers removed, what ``compute`` returned)."""

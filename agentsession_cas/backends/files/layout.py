@@ -1,0 +1,133 @@
+"""Which layout a store directory has: its ``layout`` file, read on every open.
+
+A missing file means no store here, or one of the earlier journal layout
+(which ``agentsession migrate`` converts); ``agentsession-cas 1`` (the same
+store with packs of the first format only) is read as it is and moved to
+:data:`LAYOUT` by a writable open, since the packs it may then write are not
+readable by the releases that wrote layout 1.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from ...errors import LayoutError
+from ...fsutil import fsync_dir, write_atomic
+
+__all__ = ["LAYOUT", "OLDER_LAYOUTS", "JOURNAL", "KEPT_DIR", "layout_text", "layout_state", "old_layout_hint", "check_layout", "init_layout"]
+
+#: The layout this release writes and reads, as the ``layout`` file spells it.
+LAYOUT = "agentsession-cas 2"
+#: Earlier layouts this release reads as they are (see the module docstring).
+OLDER_LAYOUTS = ("agentsession-cas 1",)
+#: The earlier layout's store-wide journal, and where a migration keeps it.
+JOURNAL = "journal"
+KEPT_DIR = "migrated"
+#: The directories a new store has (the objects' fan-out directories are made too).
+_DIRS = ("objects/entries", "objects/contents", "objects/blobs", "sessions", "locks", "tmp", "trash")
+
+
+def layout_text(root: str) -> str | None:
+    """What the store's ``layout`` file says (trimmed), or None when there is none."""
+    path = os.path.join(root, "layout")
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace").strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except IsADirectoryError:
+        return "(a directory)"
+
+
+def _journal_kind(root: str) -> str | None:
+    """``file`` (the earlier layout's journal), ``tombstone`` (any non-regular file:
+    a migration's symbolic link), or None."""
+    try:
+        st = os.lstat(os.path.join(root, JOURNAL))
+    except FileNotFoundError:
+        return None
+    return "file" if stat.S_ISREG(st.st_mode) else "tombstone"
+
+
+def layout_state(root: str) -> str:
+    """Where the store at ``root`` stands: ``current`` (our layout), ``old`` (the earlier
+    journal layout, not yet touched), ``partial`` (a migration began and did not
+    finish), ``other`` (a ``layout`` file naming another layout) or ``none``."""
+    text = layout_text(root)
+    if text is not None:
+        return "current" if text == LAYOUT or text in OLDER_LAYOUTS else "other"
+    journal = _journal_kind(root)
+    if journal == "file":
+        return "old"
+    if journal == "tombstone" or os.path.exists(os.path.join(root, KEPT_DIR, JOURNAL)):
+        return "partial"
+    if (
+        os.path.isdir(os.path.join(root, "sessions"))
+        and os.path.isdir(os.path.join(root, "objects"))
+        and not os.path.isdir(os.path.join(root, "objects", "blobs"))
+    ):
+        # The earlier layout before its first commit wrote a journal (objects/blobs is
+        # ours: a store whose `init` stopped before its layout file is not this).
+        return "old"
+    return "none"
+
+
+def old_layout_hint(root: str) -> str | None:
+    """What to tell someone opening a store that needs migrating (None when it does not)."""
+    state = layout_state(root)
+    if state == "old":
+        return (
+            f"the store at {root} is of the earlier layout (a store-wide journal, no layout file) and must be "
+            "migrated before this release reads or writes it: stop every writer of the earlier version, "
+            "take a copy, and run `agentsession migrate`"
+        )
+    if state == "partial":
+        return (
+            f"a migration of the store at {root} from the earlier journal layout did not finish "
+            "(its journal is a tombstone and there is no layout file yet): run `agentsession migrate` to finish it"
+        )
+    return None
+
+
+def check_layout(root: str, *, readonly: bool) -> None:
+    """Refuse a directory that is not a store of a layout this release reads; move an
+    older layout this release reads to :data:`LAYOUT` on a writable open."""
+    layout = os.path.join(root, "layout")
+    try:
+        with open(layout, "rb") as f:
+            text = f.read().decode("utf-8", "replace").strip()
+    except FileNotFoundError:
+        hint = old_layout_hint(root)
+        if hint is not None:
+            raise LayoutError(hint) from None
+        raise LayoutError(f"no store at {root} (no layout file); create one with `agentsession init`") from None
+    except IsADirectoryError:
+        raise LayoutError(f"{layout} is a directory, not a layout file") from None
+    except NotADirectoryError:
+        raise LayoutError(f"no store at {root}: it is not a directory") from None
+    if text in OLDER_LAYOUTS:
+        if not readonly:
+            write_atomic(layout, (LAYOUT + "\n").encode(), durable=True)
+        return
+    if text != LAYOUT:
+        raise LayoutError(
+            f"the store at {root} has layout {text!r}; this release reads {LAYOUT!r} (a newer or unknown layout)"
+        )
+
+
+def init_layout(root: str) -> bool:
+    """Make a new store at ``root`` (an empty or new directory); False when one is there."""
+    from .objects import FileObjects
+
+    layout = os.path.join(root, "layout")
+    if os.path.exists(layout):
+        return False
+    if os.path.isdir(root) and os.listdir(root):
+        raise LayoutError(f"{root} exists and is not empty; a store needs an empty or new directory")
+    for sub in _DIRS:
+        os.makedirs(os.path.join(root, sub), exist_ok=True)
+    FileObjects(root).make_fanout()
+    fsync_dir(os.path.join(root, "objects"))
+    write_atomic(layout, (LAYOUT + "\n").encode(), durable=True)
+    return True

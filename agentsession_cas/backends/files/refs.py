@@ -1,0 +1,124 @@
+"""Refs in a store directory: ``refs/<name with / as %>``, one small file each, under ``refs.lock``.
+
+Each file is the ref's record as canonical JSON and LF, written to ``tmp/``,
+fsynced and renamed into place (the directory fsynced). The store-wide lock
+``refs.lock`` is held by every change, since a creation's conflict check
+spans every name; reads take none. On a file system that ignores case, the
+file of ``Chat`` is the file of ``chat``: a file holding another spelling
+is another ref, not this one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import filelock
+
+from ...errors import AgentSessionError, BadRefNameError, StoreError
+from ...format.canonical import canonical_bytes, loads
+from ...format.names import check_ref_name
+from ...fsutil import fsync_dir, write_atomic
+from ..base import RefStore
+
+__all__ = ["FileRefs", "LOCK_TIMEOUT", "ref_file_name"]
+
+#: How long a writer waits for another's ref update before giving up. Updates hold the
+#: lock for a read, a file write and two fsyncs, so a wait this long means a stuck process.
+LOCK_TIMEOUT = 30.0
+#: The file-name spelling of ``/``; no ref name can hold it, so the mapping is one to one.
+_SLASH = "%"
+
+
+def ref_file_name(name: str) -> str:
+    """The file in ``refs/`` that holds the ref ``name`` (``/`` written as ``%``)."""
+    return check_ref_name(name).replace("/", _SLASH)
+
+
+def _name_of_file(file_name: str) -> str | None:
+    name = file_name.replace(_SLASH, "/")
+    try:
+        return check_ref_name(name)
+    except BadRefNameError:
+        return None
+
+
+class FileRefs(RefStore):
+    def __init__(self, root: str):
+        self.root = root
+        self.dir = os.path.join(root, "refs")
+
+    def where(self, name: str) -> str:
+        return os.path.join(self.dir, ref_file_name(name))
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        path = self.where(name)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        except IsADirectoryError:
+            raise StoreError(f"ref file {path} is a directory; refs/ holds one file per ref") from None
+        try:
+            data = loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, AgentSessionError) as exc:
+            raise StoreError(f"ref file {path} is damaged: not a JSON object ({exc})") from None
+        if not isinstance(data, dict):
+            raise StoreError(f"ref file {path} is damaged: not a JSON object")
+        held = data.get("name")
+        if not isinstance(held, str):
+            raise StoreError(f"ref file {path} is damaged: 'name' is {held!r}, not a ref name")
+        if held.lower() != name.lower():
+            raise StoreError(f"ref file {path} is damaged: it holds the ref {held!r}, not {name!r}")
+        if held != name:
+            return None  # another spelling a case-insensitive file system maps here
+        return data
+
+    def names(self, prefix: str = "") -> list[str]:
+        try:
+            files = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        want = prefix.replace("/", _SLASH)
+        out = []
+        for file_name in files:
+            if file_name.startswith(want):
+                name = _name_of_file(file_name)
+                if name is not None:
+                    out.append(name)
+        out.sort()
+        return out
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """The store-wide refs lock. Its file is made by the first write and never
+        removed, as a session's lock file is."""
+        lock = filelock.FileLock(os.path.join(self.root, "refs.lock"), timeout=LOCK_TIMEOUT)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise StoreError(
+                f"the refs of the store at {self.root} stayed locked for {LOCK_TIMEOUT:g}s by another process"
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def put(self, name: str, record: Mapping[str, Any]) -> None:
+        if not os.path.isdir(self.dir):
+            os.makedirs(self.dir, exist_ok=True)
+            fsync_dir(self.root)  # the new directory's name, before any ref in it
+        tmp = os.path.join(self.root, "tmp")
+        os.makedirs(tmp, exist_ok=True)
+        write_atomic(self.where(name), canonical_bytes(dict(record)) + b"\n", durable=True, tmp_dir=tmp)
+
+    def delete(self, name: str) -> None:
+        try:
+            os.unlink(self.where(name))
+        except FileNotFoundError:
+            return
+        fsync_dir(self.dir)

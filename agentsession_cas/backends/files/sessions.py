@@ -1,0 +1,764 @@
+"""Sessions in a store directory: ``sessions/<id>/{header,log,HEAD,mark}``, one lock each.
+
+The log's byte format is :mod:`.log`'s. This module is how the file backend
+keeps a session's log as RFC 0002 asks, and one speed-up of its own:
+
+- **The log carries the objects.** An append record carries its entry's two
+  objects after its JSON (the payload), so a durable append is one write and
+  one fsync of the log. Objects reach ``objects/`` at **checkpoints** (every
+  :data:`CHECKPOINT_ENTRIES` appends, on a worker thread; at close; before a
+  fork reads them), written as one pack, made durable, then a ``checkpoint``
+  record says so. Until then the log (and this process's memory) is where
+  they are, and :class:`~.objects.FileObjects` serves them from here.
+- **Recovery** reads one session's log when it is opened: a torn or
+  unwritten tail after the last commit is a crash's loss (dropped, with a
+  ``loss`` record); an uncommitted append whose objects the crash took is
+  lost with everything after it; objects a checkpoint did not reach are
+  restored from their payloads. Anything else that fails its checksum is
+  damage (:class:`~agentsession_cas.errors.SessionDamagedError`).
+- ``HEAD`` and ``mark`` are indexes written after a commit (never ahead of
+  the durable log), for readers that want them without the log; the domain
+  checks them against the log on every open.
+- One writer per session, holding ``locks/<id>.lock``; a read-only snapshot
+  takes no lock and writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import filelock
+
+from ...errors import (
+    AgentSessionError,
+    NoSuchSessionError,
+    SessionDamagedError,
+    SessionExistsError,
+    SessionLockedError,
+    StoreError,
+)
+from ...format.canonical import loads
+from ...format.hashing import sha256_ref
+from ...format.names import check_session_id
+from ...fsutil import fsync_dir, start_writeback, write_atomic
+from ..base import Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
+from .log import encode_append, encode_record, read_log
+
+if TYPE_CHECKING:
+    from . import FileBackend
+
+__all__ = ["CHECKPOINT_ENTRIES", "FileSessionLog", "FileSessions", "payload_entry", "checkpoint_covers"]
+
+#: Appends whose objects live only in the log (their payloads) before a checkpoint
+#: writes them to objects/.
+CHECKPOINT_ENTRIES = 1024
+_COMMIT = encode_record({"op": "commit"})
+_REPAIR_HINT = (
+    "it refuses writes until repaired: run `agentsession repair {id}` "
+    "(`--dry-run` first shows what it keeps and drops; the damaged log is kept aside)"
+)
+_ENTRY_IN_RECORD = re.compile(rb'"entry":"(sha256:[0-9a-f]{64})"')
+_SEQ_IN_RECORD = re.compile(rb'"seq":([0-9]{1,18})[,}]')
+
+_CHECKPOINT_POOL: ThreadPoolExecutor | None = None
+
+
+def _checkpoint_pool() -> ThreadPoolExecutor:
+    """One worker for background checkpoints: zstd and fsync let go of the GIL, so
+    the appending thread goes on while a pack is compressed and written."""
+    global _CHECKPOINT_POOL
+    if _CHECKPOINT_POOL is None:
+        _CHECKPOINT_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-checkpoint")
+    return _CHECKPOINT_POOL
+
+
+def repair_hint(session_id: str) -> str:
+    return _REPAIR_HINT.format(id=session_id)
+
+
+def checkpoint_covers(records: Sequence[Any]) -> int:
+    """The highest sequence number whose objects a checkpoint record says are in
+    objects/: a record's ``seq``, or, for a record without one (written before
+    checkpoints ran on a worker), every append before it."""
+    covered, seen = 0, 0
+    for r in records:
+        if r.op == "append" and isinstance(r.get("seq"), int):
+            seen = max(seen, r.get("seq"))
+        elif r.op == "checkpoint":
+            seq = r.get("seq")
+            covered = max(covered, seq if isinstance(seq, int) else seen)
+    return covered
+
+
+def payload_entry(entry_id: str, payload: tuple[bytes, bytes]) -> tuple[dict, dict] | None:
+    """Check an append's payload against the id it is logged under: (envelope, body) or None."""
+    content, env_bytes = payload
+    if sha256_ref(env_bytes) != entry_id:
+        return None
+    try:
+        env = loads(env_bytes)
+        body = loads(content)
+    except (ValueError, AgentSessionError):
+        return None
+    if not isinstance(env, dict) or env.get("content") != sha256_ref(content) or not isinstance(body, dict):
+        return None
+    return env, body
+
+
+def _encode(record: Record) -> bytes:
+    if isinstance(record, Append):
+        payload = None if record.objects is None else (record.objects[1], record.objects[2])
+        return encode_append(
+            record.seq, record.entry, record.head, head_moved=record.head_moved, leaf_label=record.leaf_label,
+            lazy=record.lazy, payload=payload,
+        )
+    return encode_record(record)
+
+
+class FileSessions(SessionStore):
+    """``sessions/`` of a store directory."""
+
+    def __init__(self, backend: FileBackend):
+        self.backend = backend
+        self.root = backend.root
+
+    # -- paths and holds ------------------------------------------------------------
+
+    def dir(self, session_id: str) -> str:
+        return os.path.join(self.root, "sessions", check_session_id(session_id))
+
+    def lock(self, session_id: str) -> filelock.BaseFileLock:
+        """Take the session's writer lock now, or SessionLockedError."""
+        locks = os.path.join(self.root, "locks")
+        os.makedirs(locks, exist_ok=True)
+        lock = filelock.FileLock(os.path.join(locks, check_session_id(session_id) + ".lock"), timeout=0)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise SessionLockedError(f"session {session_id} is locked by another process") from None
+        return lock
+
+    # -- SessionStore -------------------------------------------------------------------
+
+    def list(self) -> list[str]:
+        try:
+            names = os.listdir(os.path.join(self.root, "sessions"))
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            try:
+                check_session_id(name)
+            except AgentSessionError:
+                continue
+            if os.path.exists(os.path.join(self.root, "sessions", name, "header")):
+                out.append(name)
+        return sorted(out)
+
+    def exists(self, session_id: str) -> bool:
+        try:
+            return os.path.exists(os.path.join(self.dir(session_id), "header"))
+        except AgentSessionError:
+            return False
+
+    def header(self, session_id: str) -> bytes | None:
+        try:
+            with open(os.path.join(self.dir(session_id), "header"), "rb") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise StoreError(f"session {session_id}: its header cannot be read: {exc.strerror or exc}") from None
+
+    def open(self, session_id: str, *, writable: bool) -> tuple[SessionLog, LogOpen]:
+        log = FileSessionLog(self.backend, session_id)
+        if writable:
+            self.backend.require_writable()
+            log.lock = self.lock(session_id)
+        try:
+            opened = log._open(writable)
+        except BaseException:
+            log._release()
+            raise
+        return log, opened
+
+    def create(
+        self,
+        session_id: str,
+        header: bytes,
+        records: Sequence[Record],
+        objects: Iterable[tuple[Space, str, bytes]],
+        *,
+        head: str | None,
+        mark: Mark,
+        prefix: Sequence[tuple[str, str]] = (),
+    ) -> SessionLog:
+        """Write the whole session in ``tmp/``, then rename it into ``sessions/``."""
+        self.backend.require_writable()
+        lock = self.lock(session_id)
+        stage = os.path.join(self.root, "tmp", f"{session_id}-{os.getpid()}-{os.urandom(4).hex()}")
+        try:
+            if self.exists(session_id):
+                raise SessionExistsError(f"session {session_id} already exists")
+            os.makedirs(stage)
+            try:
+                files = {
+                    "header": header,
+                    "log": b"".join(_encode(r) for r in records),
+                    "HEAD": ((head or "") + "\n").encode(),
+                    "mark": (mark + "\n").encode(),
+                }
+                # The staged log comes first, the objects after it: a sweep running now
+                # reads staged logs too, so it never takes these objects for garbage.
+                for name, data in files.items():
+                    with open(os.path.join(stage, name), "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                fsync_dir(stage)
+                # A fork names a prefix it does not write: make it durable in objects/
+                # (a prefix entry may so far be held only in its session's log) and touch
+                # the files holding it, now that the staged log names the base, so a sweep
+                # that read the logs before (while the origin was being deleted) keeps them;
+                # one already gone refuses the fork rather than leave it without its prefix.
+                if prefix:
+                    self.backend.objects.secure_prefix(prefix)
+                self.backend.objects.put_many(objects)
+                target = self.dir(session_id)
+                if os.path.exists(target):
+                    raise SessionExistsError(f"session {session_id} already exists")
+                os.rename(stage, target)
+            except BaseException:
+                shutil.rmtree(stage, ignore_errors=True)
+                raise
+            fsync_dir(os.path.join(self.root, "sessions"))
+        except BaseException:
+            lock.release()
+            raise
+        log = FileSessionLog(self.backend, session_id)
+        log.lock = lock
+        log.writable = True
+        log._fd = os.open(os.path.join(log.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        log._max_seq = max((r.seq for r in records if isinstance(r, Append)), default=0)
+        log._head, log._mark = head, mark
+        return log
+
+    def size(self, session_id: str) -> int | None:
+        """Bytes of the session's directory (header, log, indexes)."""
+        total = 0
+        try:
+            with os.scandir(self.dir(session_id)) as it:
+                for e in it:
+                    try:
+                        if e.is_file(follow_symlinks=False):
+                            total += e.stat(follow_symlinks=False).st_size
+                    except OSError:
+                        continue
+        except OSError:
+            return None
+        return total
+
+    def history(self, session_id: str) -> LogHistory:
+        """The log as the file holds it now: its good records (up to the first bad line,
+        and a crash's tail after it), their lines and offsets, and what does not read."""
+        path = os.path.join(self.dir(session_id), "log")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            if not self.exists(session_id):
+                raise NoSuchSessionError(f"no such session: {session_id}") from None
+            data = b""
+        lr = read_log(data)
+        records = lr.records + lr.cut_records
+        out = LogHistory(
+            [r.data for r in records],
+            [(r.line, r.offset) for r in records],
+            [f"log line {d.line} (offset {d.offset}): {d.reason}" for d in lr.damage],
+            [d.line for d in lr.damage],
+        )
+        if lr.cut is not None:
+            out.tail = (
+                f"log line {lr.cut.line}: {lr.cut.reason}: an uncommitted tail ({1 + len(lr.cut_records)} line(s)), "
+                "a write in progress or a crash's loss that the next writing open drops"
+            )
+            out.tail_from = len(lr.records)
+        if not data:
+            out.damage.append("the log is missing or empty")
+            out.damage_lines.append(1)
+        elif not lr.records or lr.records[0].op != "create":
+            if not lr.damage:
+                out.damage.append("the log does not begin with a create record")
+                out.damage_lines.append(1)
+        return out
+
+    def delete(self, session_id: str, log: SessionLog | None = None) -> None:
+        """Rename the session away (one step), then remove its files."""
+        self.backend.require_writable()
+        if log is not None:
+            assert isinstance(log, FileSessionLog)
+            lock = log._release_for_delete()
+        else:
+            if not self.exists(session_id):
+                raise NoSuchSessionError(f"no such session: {session_id}")
+            lock = self.lock(session_id)
+        try:
+            trash_dir = os.path.join(self.root, "trash")
+            os.makedirs(trash_dir, exist_ok=True)
+            trash = os.path.join(trash_dir, f"{session_id}-{time.time_ns()}")
+            os.rename(self.dir(session_id), trash)
+            fsync_dir(os.path.join(self.root, "sessions"))
+            shutil.rmtree(trash, ignore_errors=True)
+        finally:
+            lock.release()
+
+
+class FileSessionLog(SessionLog):
+    """One session's ``log`` file, open for appending (locked) or read as a snapshot."""
+
+    def __init__(self, backend: FileBackend, session_id: str):
+        self.backend = backend
+        self.session_id = session_id
+        self.dir = backend.sessions.dir(session_id)
+        self.writable = False
+        self.lock: filelock.BaseFileLock | None = None
+        self.stopped: str | None = None  # why writes stopped (a failed fsync), if they did
+        self._fd: int | None = None
+        self._size: int | None = None  # the log's length as this writer left it
+        self._uncommitted = False
+        self._max_seq = 0
+        self._head: str | None = None
+        self._mark: str | None = None
+        self._since_checkpoint = 0
+        # Appends whose objects are only in the log so far: id -> (content hash, content, envelope).
+        self.unmaterialized: dict[str, tuple[str, bytes, bytes]] = {}
+        # A snapshot's appends whose objects recovery would restore: id -> (content, envelope).
+        self.payloads: dict[str, tuple[bytes, bytes]] = {}
+        # The checkpoint on the worker thread: (future, entry ids, last seq covered).
+        self._inflight: tuple[Future, list[str], int] | None = None
+        self._closed = False
+        self._identity: tuple[tuple[int, int, int, int], ...] | None = None
+
+    # -- opening and recovery -------------------------------------------------------------
+
+    def _open(self, writable: bool) -> LogOpen:
+        """Read the header and the log, recover (writable) or look as recovery would
+        (a snapshot), and say what the indexes hold."""
+        sid = self.session_id
+        try:
+            with open(os.path.join(self.dir, "header"), "rb") as f:
+                header = f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            raise NoSuchSessionError(f"no such session: {sid}") from None
+        except OSError as exc:
+            raise StoreError(f"session {sid}: its header cannot be read: {exc.strerror or exc}") from None
+        try:
+            with open(os.path.join(self.dir, "log"), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        except OSError as exc:
+            raise StoreError(f"session {sid}: its log cannot be read: {exc.strerror or exc}") from None
+        logread = read_log(data)
+        if logread.damage:
+            first = logread.damage[0]
+            raise SessionDamagedError(
+                f"session {sid} is damaged: log line {first.line} (offset {first.offset}): {first.reason}; "
+                + repair_hint(sid),
+                session=sid, line=first.line, offset=first.offset,
+            )
+        records = logread.records
+        if not records or records[0].op != "create":
+            # Every log opens with its create record, written durably with the session;
+            # without it nothing says what the session holds: damage, not an empty session.
+            what = "is missing or empty" if not data else "does not open with its create record"
+            raise SessionDamagedError(
+                f"session {sid} is damaged: its log {what}; " + repair_hint(sid), session=sid, line=1, offset=0
+            )
+        cut_at = len(records)
+        last_commit = max((i for i, r in enumerate(records) if r.op in ("commit", "create")), default=-1)
+        # Uncommitted appends whose objects a crash took or tore are lost, with all after them.
+        objects = self.backend.objects
+        for i in range(last_commit + 1, len(records)):
+            r = records[i]
+            if r.op == "append":
+                entry = r.get("entry")
+                if not objects.entry_sound(entry) and not (r.payload and payload_entry(entry, r.payload)):
+                    cut_at = i
+                    break
+        kept = records[:cut_at]
+        dropped = records[cut_at:] + logread.cut_records
+        # Appends since the last checkpoint have their objects only in the log for
+        # sure; after a crash, any the disk lacks are restored from their payloads.
+        covered = checkpoint_covers(kept)
+        since_checkpoint = [
+            r for r in kept
+            if r.op == "append" and r.payload is not None
+            and not (isinstance(r.get("seq"), int) and r.get("seq") <= covered)
+        ]
+        to_restore = []
+        for r in since_checkpoint:
+            if not objects.entry_sound(r.get("entry")):
+                if payload_entry(r.get("entry"), r.payload) is None:  # type: ignore[arg-type]
+                    raise SessionDamagedError(
+                        f"session {sid} is damaged: log line {r.line} carries a payload that does not "
+                        f"hash to entry {r.get('entry')}; " + repair_hint(sid),
+                        session=sid, line=r.line, offset=r.offset,
+                    )
+                to_restore.append(r)
+        lost = [r for r in dropped if r.op == "append"]
+        max_seq = 0
+        for r in records + logread.cut_records:
+            seq = r.get("seq")
+            if isinstance(seq, int) and not isinstance(seq, bool):
+                max_seq = max(max_seq, seq)
+        recovered: list[str] = []
+        if lost or logread.cut:
+            recovered.append(
+                f"recovered session {sid}: dropped {len(lost)} uncommitted record(s) after the last commit"
+                + (f", from a torn line {logread.cut.line} on" if logread.cut else "")
+            )
+        losses: list[dict[str, Any]] = [{"op": "loss", "entry": r.get("entry"), "seq": r.get("seq")} for r in lost]
+        if logread.cut is not None:
+            # The cut line itself is no record; name what can be read of it.
+            cut = logread.cut
+            end = data.find(b"\n", cut.offset)
+            torn = data[cut.offset : end if end >= 0 else len(data)]
+            m = _ENTRY_IN_RECORD.search(torn)
+            loss: dict[str, Any] = {
+                "op": "loss", "entry": m.group(1).decode() if m else None,
+                "line": cut.line, "offset": cut.offset, "reason": cut.reason,
+            }
+            if m:
+                # An append's sequence number is spent even when its line was torn;
+                # read it from the bytes, or take the next one, never reusing it.
+                sq = _SEQ_IN_RECORD.search(torn)
+                loss["seq"] = int(sq.group(1)) if sq else max_seq + 1
+                max_seq = max(max_seq, loss["seq"])
+            losses.insert(0, loss)
+        self._max_seq = max_seq
+        if to_restore:
+            recovered.append(
+                f"recovered session {sid}: restored the objects of {len(to_restore)} append(s) from the log"
+                if writable
+                else f"session {sid}: {len(to_restore)} append(s) not yet in objects/ are read from the log"
+            )
+        out_records = [r.data for r in kept]
+        head_index, mark_index = self._read_indexes()
+        if not writable:
+            for r in to_restore:
+                self.payloads[r.get("entry")] = r.payload  # type: ignore[assignment]
+            if self.payloads:
+                objects.register(self)
+            if losses or cut_at < len(records):
+                out_records = out_records + losses + [{"op": "commit"}]
+            return LogOpen(header, out_records, head_index, mark_index, recovered)
+        self.writable = True
+        # A checkpoint record needs no commit (lost, it only makes recovery check the
+        # objects again): a log whose tail after the last commit holds only checkpoints
+        # is clean and is not rewritten.
+        adopted = [r for r in kept[last_commit + 1 :] if r.op == "append"]
+        uncommitted_tail = any(r.op != "checkpoint" for r in kept[last_commit + 1 :])
+        if logread.cut or lost or cut_at < len(records) or adopted or uncommitted_tail:
+            lines = [encode_record(r.data, r.payload) for r in kept]
+            lines.extend(encode_record(x) for x in losses)
+            lines.append(_COMMIT)
+            write_atomic(os.path.join(self.dir, "log"), b"".join(lines), durable=True)
+            out_records = out_records + losses + [{"op": "commit"}]
+        self._fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if since_checkpoint:
+            # Finish the checkpoint the last writer did not reach: every object since
+            # it written (where missing or torn) and fsynced, then the record.
+            for r in since_checkpoint:
+                content, env_bytes = r.payload  # type: ignore[misc]
+                self.unmaterialized[r.get("entry")] = (sha256_ref(content), content, env_bytes)
+            objects.register(self)
+            self._checkpoint()
+        return LogOpen(header, out_records, head_index, mark_index, recovered)
+
+    def _read_indexes(self) -> tuple[str | None, str | None]:
+        out: list[str | None] = []
+        for name in ("HEAD", "mark"):
+            try:
+                with open(os.path.join(self.dir, name), "rb") as f:
+                    text = f.read(200).decode("ascii", "replace").strip()
+            except OSError:
+                text = None
+            out.append(text)
+        return out[0], out[1]
+
+    # -- objects held here ---------------------------------------------------------------
+
+    def pending_object(self, space: Space, name: str) -> bytes | None:
+        """An object this log alone holds so far (not yet in objects/), or None."""
+        if space == "entries":
+            held = self.unmaterialized.get(name)
+            if held is not None:
+                return held[2]
+            payload = self.payloads.get(name)
+            return payload[1] if payload is not None else None
+        if space == "contents":
+            for chash, content, _ in self.unmaterialized.values():
+                if chash == name:
+                    return content
+            for content, _ in self.payloads.values():
+                if sha256_ref(content) == name:
+                    return content
+        return None
+
+    # -- writing ----------------------------------------------------------------------
+
+    def _refuse_if_stopped(self) -> None:
+        if self.stopped:
+            raise StoreError(
+                f"session {self.session_id} stopped writing after an fsync failed ({self.stopped}); "
+                "reopen it to recover from what the disk holds"
+            )
+
+    def write(self, records: Sequence[Record], *, commit: bool) -> str | None:
+        """Write records (and a commit record and an fsync with ``commit``). Returns a
+        note when the write was accepted but the checkpoint it triggered failed (the
+        log stops taking writes: reopen to recover)."""
+        self._check_open()
+        data = b"".join(_encode(r) for r in records)
+        if commit:
+            data += _COMMIT
+        self._write_log(data, sync=commit)
+        self._uncommitted = not commit
+        note = None
+        for r in records:
+            if isinstance(r, Append):
+                self._max_seq = max(self._max_seq, r.seq)
+                if r.objects is not None:
+                    self.unmaterialized[r.entry] = r.objects
+                    self._since_checkpoint += 1
+            elif isinstance(r.get("seq"), int):
+                self._max_seq = max(self._max_seq, r["seq"])
+        if self.unmaterialized:
+            self.backend.objects.register(self)
+        if self._since_checkpoint >= CHECKPOINT_ENTRIES:
+            try:
+                self._checkpoint(wait=False)
+            except OSError as exc:
+                # The write was accepted at its records and stays so; the log now
+                # refuses writes until reopened, and the caller is told.
+                self.stopped = self.stopped or str(exc)
+                note = f"accepted, but the checkpoint after it failed ({exc}); the session stopped writing"
+        return note
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"session {self.session_id} is closed")
+        if not self.writable:
+            raise StoreError(f"session {self.session_id} is open read-only")
+        self._refuse_if_stopped()
+
+    def _write_log(self, data: bytes, *, sync: bool) -> None:
+        assert self._fd is not None
+        size = self._size
+        if size is None:
+            size = os.fstat(self._fd).st_size
+        try:
+            written = os.write(self._fd, data)
+            if written != len(data):
+                raise OSError(f"short write to the log of session {self.session_id}")
+            if sync:
+                try:
+                    os.fsync(self._fd)
+                except OSError as exc:
+                    # Pages a failed fsync covered may never reach the disk and a later
+                    # fsync can succeed without them: write nothing more until reopened.
+                    self.stopped = str(exc)
+                    raise
+        except BaseException:
+            # Leave no partial record behind; the caller's write is not accepted.
+            try:
+                os.ftruncate(self._fd, size)
+            except OSError:
+                self._size = None  # unknown now: ask the file next time
+            raise
+        self._size = size + len(data)
+
+    def commit(self) -> None:
+        if not self.writable or self._closed:
+            return
+        self._refuse_if_stopped()
+        if not self._uncommitted:
+            return
+        self._write_log(_COMMIT, sync=True)
+        self._uncommitted = False
+
+    def set_indexes(self, head: str | None, mark: Mark) -> None:
+        """HEAD and mark, rewritten without fsync (the log is the record; the domain
+        checks them against it) and only when they differ from what they should say."""
+        if not self.writable or self._closed or self.stopped:
+            return
+        for name, text, last in (("HEAD", (head or "") + "\n", self._head), ("mark", mark + "\n", self._mark)):
+            value = text[:-1]
+            if value == last:
+                continue
+            path = os.path.join(self.dir, name)
+            data = text.encode()
+            try:
+                with open(path, "rb") as f:
+                    same = f.read() == data
+            except OSError:
+                same = False
+            if not same:
+                write_atomic(path, data, durable=False)
+            if name == "HEAD":
+                self._head = value or None
+            else:
+                self._mark = value
+
+    def set_header(self, header: bytes) -> None:
+        self._check_open()
+        write_atomic(os.path.join(self.dir, "header"), header, durable=True)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        if self.writable and not self._closed:
+            self._checkpoint()
+
+    def _checkpoint(self, *, wait: bool = True) -> None:
+        """Write the objects of the appends since the last checkpoint to objects/, make
+        them durable, then say so in the log with a ``checkpoint`` record naming the
+        last sequence number covered. The record needs no fsync of its own: lost, it
+        only makes recovery check (and if need be restore) those objects again.
+
+        With ``wait=False`` (the checkpoint an append triggers) the pack is compressed,
+        written and fsynced on a worker thread while appends go on, and the log is
+        flushed there too so a later commit finds little left to write; the record is
+        written at the next checkpoint, commit point or close, once the work is known
+        done. Until then the objects stay in memory here (and in the log's payloads for
+        other processes). At most one such checkpoint is in flight per session."""
+        self._refuse_if_stopped()
+        self._finish_checkpoint()
+        if not self.unmaterialized:
+            return
+        items: list[tuple[Space, str, bytes]] = []
+        for entry_id, (chash, content, env) in self.unmaterialized.items():
+            items.append(("contents", chash, content))
+            items.append(("entries", entry_id, env))
+        ids, seq = list(self.unmaterialized), self._max_seq
+        self._since_checkpoint = 0  # this checkpoint takes every append so far
+        if wait:
+            try:
+                self.backend.objects.put_many(items, dedup=False)
+            except OSError as exc:
+                self.stopped = str(exc)
+                raise
+            self._checkpoint_done(ids, seq)
+            return
+        self._inflight = (_checkpoint_pool().submit(self._materialize, items), ids, seq)
+
+    def _materialize(self, items: list[tuple[Space, str, bytes]]) -> None:
+        """The worker thread's share of a checkpoint: the pack, then writeback of the
+        log's pages started (not waited for), so a later commit finds little to write."""
+        self.backend.objects.put_many(items, dedup=False)
+        fd = self._fd
+        if fd is not None:
+            start_writeback(fd)
+
+    def _finish_checkpoint(self) -> None:
+        """Wait for the checkpoint in flight, if any, and record it; a failure there (a
+        failed write or fsync) stops the log's writes, as a failed fsync does."""
+        if self._inflight is None:
+            return
+        job, ids, seq = self._inflight
+        self._inflight = None
+        try:
+            job.result()
+        except OSError as exc:
+            self.stopped = self.stopped or str(exc)
+            raise
+        self._checkpoint_done(ids, seq)
+
+    def _checkpoint_done(self, ids: list[str], seq: int) -> None:
+        self._write_log(encode_record({"op": "checkpoint", "seq": seq}), sync=False)
+        for entry_id in ids:
+            self.unmaterialized.pop(entry_id, None)
+
+    # -- closing, parking -----------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        if self._inflight is not None:
+            # A stopped log still lets its worker finish before the descriptor goes
+            # (it may be flushing it); the outcome no longer matters.
+            try:
+                self._inflight[0].result()
+            except Exception:
+                pass
+            self._inflight = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        self.backend.objects.unregister(self)
+
+    def _release_for_delete(self) -> filelock.BaseFileLock:
+        """Close keeping the lock for the caller (delete). Objects the log alone holds are
+        written to objects/ first: deleting a session removes its ref, never objects
+        another session may come to need."""
+        if self.writable and not self._closed and not self.stopped:
+            self._checkpoint()
+        lock = self.lock
+        self.lock = None
+        self.close()
+        assert lock is not None
+        return lock
+
+    def _file_identity(self) -> tuple[tuple[int, int, int, int], ...]:
+        out = []
+        for name in ("log", "header"):
+            st = os.stat(os.path.join(self.dir, name))
+            out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(out)
+
+    def park(self) -> bool:
+        if not self.writable or self._closed or self.stopped:
+            return False
+        self.commit()
+        self._checkpoint()
+        self._identity = self._file_identity()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        return True
+
+    def resume(self) -> bool:
+        if self._closed or self.stopped or not self.writable or self._identity is None:
+            return False
+        lock = self.backend.sessions.lock(self.session_id)
+        try:
+            same = self._file_identity() == self._identity
+        except OSError:
+            same = False
+        if not same:
+            lock.release()
+            return False
+        self.lock = lock
+        self._fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = None  # asked of the file at the next write
+        self._identity = None
+        return True
+
+

@@ -1,0 +1,236 @@
+"""The file backend's half of a sweep: which logs retain objects, and removing the rest.
+
+The rule is the domain's (:func:`agentsession_cas.maintenance.sweep.retained`);
+this module reads the logs it needs (``sessions/``, sessions being staged in
+``tmp/``, logs ``repair`` kept aside) and removes, under the store's pack lock,
+what nothing retains from the files older than the grace period. See the
+docstring of :mod:`agentsession_cas.maintenance.sweep` for why it is safe
+beside writers in other processes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from ...errors import StoreError
+from ..base import RepackResult
+from .log import read_log, scan_log
+from .objects import FileObjects, Snapshot
+from .packs import SPACE_BITS
+
+if TYPE_CHECKING:
+    from ...maintenance.sweep import Retained, RetentionSource
+
+__all__ = ["TMP_MIN_AGE", "retention_sources", "sweep_objects"]
+
+#: Leftovers in tmp/ (a crashed import's stage, a pack never finished) go once
+#: older than the grace period, and never younger than this.
+TMP_MIN_AGE = 3600.0
+
+
+def _session_dirs(root: str) -> Iterator[tuple[str, bool, bool]]:
+    """Every name in ``tmp/`` and ``sessions/``: (path, staged, holds a log). A directory
+    holding a log is one a sweep must honour.
+
+    ``tmp/`` is listed and its logs read before ``sessions/`` is listed: an
+    import renames its stage from the one to the other, so a stage that moves
+    while the sweep reads is found in ``sessions/`` (had ``sessions/`` been
+    listed first, the move could fall between the two listings and be missed)."""
+    for parent, staged in (("tmp", True), ("sessions", False)):
+        base = os.path.join(root, parent)
+        try:
+            names = sorted(os.listdir(base))
+        except FileNotFoundError:
+            continue
+        for name in names:
+            path = os.path.join(base, name)
+            yield path, staged, os.path.isfile(os.path.join(path, "log"))
+
+
+def _identity(path: str) -> tuple[str, int, int] | None:
+    """What tells one session directory from another: its path and its inode (a session
+    deleted and created again under its id is another directory). None when it is gone."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return path, st.st_dev, st.st_ino
+
+
+def _read_logs(path: str) -> list | None:
+    """The records of a session's log (torn tail included) and of the logs ``repair`` set
+    aside beside it; None when the session went meanwhile. Raises ``_Damaged`` for a log
+    with damage."""
+    try:
+        with open(os.path.join(path, "log"), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None  # deleted or renamed into place meanwhile: read where it went, or gone
+    logread = read_log(data)
+    if logread.damage:
+        raise _Damaged(logread.damage[0])
+    records = logread.records + logread.cut_records
+    # A log repair set aside (log.damaged-*) still names entries someone may want
+    # back: what of it reads is retained too, as long as the file is kept.
+    try:
+        names = sorted(os.listdir(path))
+    except FileNotFoundError:
+        return records  # deleted since its log was read: what it named is kept this once
+    for name in names:
+        if name.startswith("log.damaged"):
+            try:
+                with open(os.path.join(path, name), "rb") as f:
+                    records = records + [ln.record for ln in scan_log(f.read()) if ln.record is not None]
+            except FileNotFoundError:
+                continue
+    return records
+
+
+class _Damaged(Exception):
+    """A log with damage (carries the first damaged line)."""
+
+    def __init__(self, first) -> None:
+        super().__init__(first.reason)
+        self.first = first
+
+
+def retention_sources(root: str) -> Iterator[RetentionSource]:
+    """Every log a sweep must honour, read as it stands (torn tail included).
+
+    A session deleted before its log was read may have been forked meanwhile, and
+    its fork's prefix is then named by no log read so far: so while a pass finds a
+    session gone, the directories are listed again and any not read yet is read,
+    before anything is decided. (A session created while the logs are read needs no
+    reading otherwise: what it names is in a log read, or was written or touched
+    after the snapshot.) A log with damage stops the sweep: its unreadable records
+    may name entries, and a sweep never guesses."""
+    from ...maintenance.sweep import RetentionSource, content_of
+
+    seen: set[tuple[str, int, int]] = set()
+    again = True
+    while again:
+        again = False
+        for path, staged, has_log in _session_dirs(root):
+            ident = _identity(path) if has_log else None
+            if ident is None:
+                # Gone since it was listed: a stage renamed into sessions/ (found there,
+                # listed next) or a session deleted (list everything again).
+                again = again or (not staged and not os.path.isdir(path))
+                continue
+            if ident in seen:
+                continue
+            seen.add(ident)
+            try:
+                records = _read_logs(path)
+            except _Damaged as exc:
+                raise StoreError(
+                    f"{os.path.relpath(path, root)} has a damaged log (line {exc.first.line}: {exc.first.reason}); "
+                    "a sweep cannot tell what its unreadable records name: repair the session first "
+                    f"(agentsession repair {os.path.basename(path)})"
+                ) from None
+            if records is None:
+                again = again or not staged
+                continue
+            contents: dict[str, str] = {}
+            for r in records:
+                if r.payload is not None and r.data.get("op") == "append" and isinstance(r.data.get("entry"), str):
+                    c = content_of(r.payload[1])
+                    if c:
+                        contents[r.data["entry"]] = c
+            yield RetentionSource([r.data for r in records], contents, staged)
+
+
+def sweep_objects(
+    objects: FileObjects,
+    root: str,
+    compute: Callable[[bool], Retained],
+    *,
+    grace: float,
+    dry_run: bool,
+    wait: float,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[RepackResult, int, list[str], Retained]:
+    """Under the pack lock: snapshot the files, then learn what is retained (``compute``
+    reads the logs), then repack the files older than ``grace``, keeping what is
+    retained. Returns (what the repack did, files left young, tmp/ leftovers removed,
+    what was retained)."""
+    with objects.exclusive(wait):
+        # The snapshot first, the logs after it (see the module docstring).
+        snapshot = objects.snapshot()
+        now = time.time()
+        # Files younger than the grace period are left as they are, not rewritten:
+        # a rewrite would make the unretained objects in them young again, and
+        # sweeps more frequent than the grace period would then never remove them.
+        old, young = _split_by_age(snapshot, now - grace)
+        ret = compute(_holds_blobs(old))
+        env_bit, con_bit, blob_bit = SPACE_BITS["entries"], SPACE_BITS["contents"], SPACE_BITS["blobs"]
+
+        def keep(name: str, spaces: int, mtime: float) -> bool:
+            if now - mtime < grace:
+                return True
+            if spaces & env_bit and name in ret.envelopes:
+                return True
+            if spaces & con_bit and name in ret.contents:
+                return True
+            if spaces & blob_bit and name in ret.blobs:
+                return True
+            return False
+
+        result = objects._repack(keep, dry_run, snapshot=old, progress=progress)
+        # The figures before count every file, those left alone too.
+        result.packs_before += len(young.packs)
+        result.loose_before += len(young.loose)
+        result.bytes_before += young.size()
+        tmp_removed = [] if dry_run else _clean_tmp(root, max(grace, TMP_MIN_AGE), now)
+        return result, len(young.packs) + len(young.loose), tmp_removed, ret
+
+
+def _split_by_age(snap: Snapshot, cutoff: float) -> tuple[Snapshot, Snapshot]:
+    """(files last written at or before ``cutoff``, files written after it)."""
+    old = Snapshot([], [], dict(snap.bad))
+    young = Snapshot([], [], {})
+    for pm in snap.packs:
+        (old if pm[1] / 1e9 <= cutoff else young).packs.append(pm)
+    for item in snap.loose:
+        (old if item[3].st_mtime <= cutoff else young).loose.append(item)
+    return old, young
+
+
+def _holds_blobs(snap: Snapshot) -> bool:
+    """Whether any file a sweep decides over holds a blob (else no content need be
+    read for the blobs it names)."""
+    if any(space == "blobs" for space, *_ in snap.loose):
+        return True
+    bit = SPACE_BITS["blobs"]
+    return any(spaces & bit for pack, _ in snap.packs for _, (_, _, _, spaces) in pack.records())
+
+
+def _clean_tmp(root: str, age: float, now: float) -> list[str]:
+    """Remove leftovers in tmp/ older than ``age`` (a crashed writer's)."""
+    base = os.path.join(root, "tmp")
+    removed = []
+    try:
+        names = os.listdir(base)
+    except FileNotFoundError:
+        return removed
+    for name in sorted(names):
+        path = os.path.join(base, name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if now - st.st_mtime < age:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+        removed.append(os.path.join("tmp", name))
+    return removed

@@ -1,0 +1,706 @@
+"""The receiving side of exchange: RFC 0002's rules for admitting a push, serving a
+fetch and changing a mark, over one :class:`~agentsession_cas.store.Store`.
+
+:class:`~.local.LocalTransport` calls :class:`StoreEndpoint` in process; a
+server (RFC 0003) calls the same methods per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.base import SPACES, Space
+from ..errors import (
+    AgentSessionError,
+    AppendRefusedError,
+    BadNameError,
+    BadObjectError,
+    CorruptObjectError,
+    CorruptPackError,
+    EntryError,
+    HeaderDiffersError,
+    HeadMovedError,
+    IJSONError,
+    IncompletePushError,
+    MissingObjectsError,
+    NoSuchObjectError,
+    NoSuchSessionError,
+    NotRecordError,
+    ReadOnlyError,
+    RefMovedError,
+    SessionFormatError,
+    SessionLockedError,
+    StoreError,
+    TimestampError,
+)
+from ..format.canonical import loads_flagged
+from ..format.entry import Entry, Header, parse_format, short_id
+from ..format.hashing import RESERVED_MEMBERS, entry_objects, is_hash, sha256_ref
+from ..format.media import sidecar_names
+from ..format.names import check_ref_name, check_session_id
+from ..format.reader import CORE_TYPES
+from ..format.timestamps import check_ts
+from ..store.refs import Refs, header_ident
+from ..store.session import Session
+from ..store.store import Store
+from .transport import Admission, DeclareResult, PushRequest, RefPush, RefResult, SessionView, check_space
+
+__all__ = ["UNSET", "StoreEndpoint"]
+
+_ENVELOPE_KEYS = frozenset({"content", "parent", "parents", "ts", "type"})
+#: How far up ``parent_session`` a receiver looks for the session holding a new
+#: fork's base before it searches the store (as the reference does).
+_ORIGIN_HOPS = 64
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: "Not given" for an expected head, where None means "no head".
+UNSET: Any = _Unset()
+
+
+# -- admission: the checks an append makes, on objects already in the store ----------
+
+
+@dataclass
+class _Checked:
+    """An entry whose objects the receiver holds, checked as an append is."""
+
+    id: str
+    parent: str | None
+    leaf: bool
+    content: str
+    blobs: tuple[str, ...]
+    entry: Entry | None = None
+
+
+def _refuse(entry_id: str, why: str) -> AppendRefusedError:
+    return AppendRefusedError(f"entry {entry_id} refused: {why}")
+
+
+def _check_entry(
+    store: Store, entry_id: str, missing: dict[str, list[str]], *, keep: bool = False
+) -> _Checked | None:
+    """Read an entry's two objects from ``store`` and check them as an append would:
+    every hash recomputed from the parsed values (so the bytes are canonical I-JSON),
+    no reserved member in the body, a known or namespaced type, the one ``ts``
+    spelling, no ``synthetic`` label. A missing or corrupt object is added to
+    ``missing`` (None returned); anything else wrong raises AppendRefusedError."""
+    if not is_hash(entry_id):
+        raise AppendRefusedError(f"{entry_id!r} is not an entry id (sha256: and 64 lowercase hex digits)")
+    objects = store.objects
+    try:
+        env_bytes = objects.get("entries", entry_id)
+    except (NoSuchObjectError, CorruptObjectError, CorruptPackError):
+        missing["entries"].append(entry_id)
+        return None
+    try:
+        env, env_careful = loads_flagged(env_bytes)
+    except (ValueError, AgentSessionError) as exc:
+        raise _refuse(entry_id, f"its envelope is not I-JSON ({exc})") from None
+    if not isinstance(env, dict) or not set(env) <= _ENVELOPE_KEYS or not is_hash(env.get("content")):
+        raise _refuse(entry_id, "its envelope is not {content, parent, [parents], ts, type}")
+    chash = env["content"]
+    try:
+        content = objects.get("contents", chash)
+    except (NoSuchObjectError, CorruptObjectError, CorruptPackError):
+        missing["contents"].append(chash)
+        return None
+    try:
+        body, careful = loads_flagged(content)
+    except (ValueError, AgentSessionError) as exc:
+        raise _refuse(entry_id, f"its content is not I-JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise _refuse(entry_id, "its content is not a JSON object")
+    reserved = sorted(RESERVED_MEMBERS & body.keys())
+    if reserved:
+        raise _refuse(entry_id, f"its body carries the reserved member {reserved[0]!r}")
+    type_ = env.get("type")
+    if not isinstance(type_, str) or type_ == "session" or (type_ not in CORE_TYPES and ":" not in type_):
+        raise _refuse(entry_id, f"type {type_!r} is neither a core type of RFC 0001 nor namespaced (ns:type)")
+    parent = env.get("parent")
+    if parent is not None and not is_hash(parent):
+        raise _refuse(entry_id, f"parent {parent!r} is not an entry id")
+    try:
+        check_ts(env.get("ts"))
+    except TimestampError as exc:
+        raise _refuse(entry_id, str(exc)) from None
+    data = dict(body)
+    data["type"], data["parent"], data["ts"] = type_, parent, env["ts"]
+    if "parents" in env:
+        data["parents"] = env["parents"]
+    try:
+        computed, computed_content, _, _ = entry_objects(data, parsed=True, careful=bool(careful or env_careful))
+    except (EntryError, IJSONError, UnicodeEncodeError) as exc:
+        raise _refuse(entry_id, str(exc)) from None
+    if computed != entry_id or computed_content != chash:
+        raise _refuse(entry_id, "its objects are not in canonical form (the hashes of the parsed values differ)")
+    if type_ == "label" and body.get("synthetic") is not None:
+        raise _refuse(entry_id, "a label carrying 'synthetic' is a projection's marker; a store refuses it")
+    leaf = type_ == "label" and body.get("label") == "leaf"
+    blobs = tuple(sidecar_names(content))
+    entry = None
+    if keep:
+        data["id"] = entry_id
+        entry = Entry(data, computed_id=entry_id, content_hash=chash)
+    return _Checked(entry_id, parent, leaf, chash, blobs, entry)
+
+
+def _missing_message(session_id: str, missing: Mapping[str, Sequence[str]]) -> str:
+    parts = [f"{len(v)} {space}" for space, v in missing.items() if v]
+    first = next(v[0] for v in missing.values() if v)
+    return f"push of session {session_id} names objects the receiver lacks ({', '.join(parts)}; first {first}); nothing was admitted"
+
+
+def _order(new: list[_Checked]) -> list[_Checked]:
+    """Parents before children, otherwise keeping the sender's order (which already is
+    one, for an honest sender: its own appends needed each parent first)."""
+    new_ids = {c.id for c in new}
+    placed: set[str] = set()
+    waiting: dict[str, list[_Checked]] = {}
+    out: list[_Checked] = []
+    for c in new:
+        if c.parent in new_ids and c.parent not in placed:
+            waiting.setdefault(c.parent, []).append(c)  # type: ignore[arg-type]
+            continue
+        stack = [c]
+        while stack:
+            x = stack.pop()
+            out.append(x)
+            placed.add(x.id)
+            stack.extend(reversed(waiting.pop(x.id, [])))
+    if waiting:  # a cycle cannot be built from hashes; only damage gets here
+        first = next(iter(waiting.values()))[0]
+        raise _refuse(first.id, "its parent chain never reaches the base or a root")
+    return out
+
+
+# -- the receiving side --------------------------------------------------------------
+
+
+class StoreEndpoint:
+    """A store as the far end of an exchange: RFC 0002's rules for receiving a push,
+    serving a fetch, and changing a mark, over one :class:`Store`.
+
+    :class:`~agentsession_cas.transport.LocalTransport` calls it in process; a
+    server (RFC 0003) would call the same methods per request. With
+    ``own_store`` the endpoint opened the store itself: sessions it receives into
+    are parked between calls (no lock held, nothing read again while their files
+    are unchanged), and :meth:`close` closes the store.
+    """
+
+    def __init__(self, store: Store, *, own_store: bool = False):
+        self.store = store
+        self._own = own_store
+        self._parked: dict[str, Session] = {}
+        self._snapshots: dict[str, Session] = {}
+        #: Objects this endpoint made durable since the last push it received.
+        self._written: set[str] = set()
+
+    def close(self) -> None:
+        for s in list(self._parked.values()) + list(self._snapshots.values()):
+            try:
+                s.close()
+            except (OSError, AgentSessionError):
+                pass
+        self._parked.clear()
+        self._snapshots.clear()
+        if self._own:
+            self.store.close()
+
+    # -- sessions ------------------------------------------------------------------
+
+    def _session(self, session_id: str) -> Session | None:
+        """The session open for writing (locked, recovered), or None when absent."""
+        parked = self._parked.pop(session_id, None)
+        if parked is not None:
+            if parked.exchange_resume():
+                return parked
+            parked.close()
+        if session_id not in self.store:
+            return None
+        return self.store.session(session_id)
+
+    def _release(self, session: Session) -> None:
+        """Park the session (own store) or leave it open with the store's owner."""
+        if not self._own:
+            return
+        try:
+            if session.exchange_park():
+                self._parked[session.id] = session
+                return
+        except (OSError, AgentSessionError):
+            pass
+        try:
+            session.close()
+        except (OSError, AgentSessionError):
+            pass
+
+    def _require_writable(self) -> None:
+        if self.store.readonly:
+            raise ReadOnlyError(f"{self.store.describe()} is open read-only; it receives nothing")
+
+    # -- objects --------------------------------------------------------------------
+
+    def _has(self, space: Space, name: str) -> bool:
+        """Held and sound, as the backend answers it (what is held need not be sent)."""
+        return self.store.objects.held(space, name)  # type: ignore[no-any-return]
+
+    def missing(self, wanted: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
+        """Of ``{space: [hash, ...]}``, those this store lacks, or holds only torn."""
+        out: dict[str, list[str]] = {}
+        for space, names in wanted.items():
+            check_space(space)
+            lacking = []
+            for name in dict.fromkeys(names):
+                if not is_hash(name):
+                    raise BadNameError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+                if not self._has(space, name):
+                    lacking.append(name)
+            out[space] = lacking
+        return out
+
+    def put_objects(self, items: Iterable[tuple[str, str, bytes]], count: int) -> None:
+        """Store sent objects, each verified against its name first, durably: one pack
+        for a batch of :data:`~agentsession_cas.objects.PACK_BATCH` or more (streamed),
+        else loose files. A bad one stops the batch; nothing of a pack is kept then."""
+        self._require_writable()
+        names: list[str] = []
+
+        def verified() -> Iterator[tuple[str, str, bytes]]:
+            for space, name, data in items:
+                check_space(space)
+                if not is_hash(name) or sha256_ref(data) != name:
+                    raise BadObjectError(f"{space} object sent as {name} does not hash to that name; nothing was stored")
+                names.append(name)
+                yield space, name, data
+
+        self.store.objects.put_many(verified(), count=count)
+        # Counted as made durable here only once the whole batch is: a batch that failed
+        # may have left none of them durable, and the next push then syncs what it finds.
+        self._written.update(names)
+
+    def get_objects(
+        self, wanted: Iterable[tuple[str, str]], *, session: str | None = None
+    ) -> Iterator[tuple[str, str, bytes]]:
+        """Serve objects by name (those a session's log holds until its next checkpoint
+        included, while this endpoint holds the session or a snapshot of it).
+        :class:`NoSuchObjectError` for one held nowhere."""
+        for space, name in wanted:
+            try:
+                yield space, name, self.store.objects.get(check_space(space), name)
+            except NoSuchObjectError:
+                raise NoSuchObjectError(f"no {space} object {name} in {self.store.describe()}") from None
+
+    def session_view(self, session_id: str) -> SessionView:
+        """The session as last committed here: header, mark, head, own entries in log
+        order and prefix. A session another process is writing is served as its
+        writer last committed it, never its working state."""
+        check_session_id(session_id)
+        parked = self._parked.pop(session_id, None)
+        if parked is not None:
+            try:
+                resumed = parked.exchange_resume()
+            except SessionLockedError:
+                resumed = False  # another process writes it now: read what it committed
+            if resumed:
+                try:
+                    entries, head, mark = parked.exchange_view()
+                    return SessionView(session_id, dict(parked.header.data), mark, head, entries, list(parked.prefix))
+                finally:
+                    self._release(parked)
+            parked.close()
+        s = self.store.opened(session_id) or self.store.read(session_id)
+        entries, head, mark = s.exchange_view()
+        if not s.writable:
+            old = self._snapshots.pop(session_id, None)
+            if old is not None:
+                old.close()
+            self._snapshots[session_id] = s  # kept: it serves what its log holds
+        return SessionView(session_id, dict(s.header.data), mark, head, entries, list(s.prefix))
+
+    def session_header(self, session_id: str) -> dict[str, Any] | None:
+        """The header held under ``session_id`` (one small file read), or None."""
+        check_session_id(session_id)
+        for s in (self.store.opened(session_id), self._parked.get(session_id)):
+            if s is not None and not s.closed:
+                return dict(s.header.data)
+        try:
+            return dict(self.store.header(session_id).data)
+        except NoSuchSessionError:
+            return None
+
+    def get_ref(self, name: str) -> str | None:
+        ref = Refs(self.store).get(check_ref_name(name))
+        return ref.session if ref is not None else None
+
+    # -- receiving a push (or a fetch's admission) ---------------------------------------
+
+    def receive(self, req: PushRequest, *, fetch: bool = False) -> Admission:
+        """Admit a pushed closure, then take the head step, then the ref steps.
+
+        Refused with nothing changed: a header this store cannot hold or that
+        differs from the one it holds under that id (:class:`HeaderDiffersError`),
+        an entry an append would refuse or that breaks the parent rule
+        (:class:`AppendRefusedError`), objects it lacks
+        (:class:`MissingObjectsError`), a partial push to a store lacking what it
+        builds on (:class:`IncompletePushError`), and a handover whose head would
+        not move (:class:`HeadMovedError`). Otherwise the entries land, committed,
+        whether or not the head moves; the :class:`Admission` says which.
+        ``fetch`` applies the fetch rule to the head instead of the push rule.
+        """
+        self._require_writable()
+        header = Header(dict(req.header))
+        problems = header.problems()
+        if problems:
+            raise SessionFormatError("pushed header", problems)
+        session_id = check_session_id(header.id)
+        if header.is_legacy:
+            raise StoreError(f"session {session_id}: format {header.format} is before hashed ids; it cannot be exchanged")
+        if header.data.get("redacted") is not None:
+            raise StoreError(f"session {session_id} is redacted: a record to read, not one a store holds (RFC 0002)")
+        if req.mark not in ("mirror", "record"):
+            raise StoreError(f"a push asks for the mark 'mirror' or 'record', not {req.mark!r}")
+        handover = req.mark == "record" and not fetch
+        written, self._written = self._written, set()
+        held: list[Session] = []
+        session = self._session(session_id)
+        if session is not None:
+            held.append(session)
+        try:
+            return self._receive(req, header, session, handover=handover, fetch=fetch, written=written, held=held)
+        finally:
+            for s in held:
+                self._release(s)
+
+    def _receive(
+        self, req: PushRequest, header: Header, session: Session | None, *, handover: bool, fetch: bool,
+        written: set[str], held: list[Session],
+    ) -> Admission:
+        store = self.store
+        session_id = header.id
+        base = header.base
+        missing: dict[str, list[str]] = {space: [] for space in SPACES}
+        prefix_checked: list[_Checked] = []
+        if session is None:
+            if not req.complete:
+                raise IncompletePushError(
+                    f"this store does not hold session {session_id}; the push must carry the whole closure"
+                )
+            prefix_checked = self._check_prefix(header, req.prefix, missing)
+            own: Mapping[str, int] = {}
+            leaf_labels: set[str] = set()
+            current = base
+            mark_here = "record" if handover else "mirror"
+        else:
+            if header_ident(session.header.data) != header_ident(header.data):
+                raise HeaderDiffersError(
+                    f"this store holds another session under the id {session_id}: the headers differ apart from "
+                    "'format', and two sessions alike only in id are not one session"
+                )
+            own, leaf_labels, current, mark_here = session.own, session.leaf_labels, session.head, session.mark
+        # Admission: every own entry this log lacks, checked as an append is.
+        checked: list[_Checked] = []
+        seen: set[str] = set()
+        for entry_id in req.entries:
+            if entry_id in own or entry_id in seen:
+                continue
+            seen.add(entry_id)
+            c = _check_entry(store, entry_id, missing)
+            if c is not None:
+                checked.append(c)
+        for c in prefix_checked + checked:
+            for blob in c.blobs:
+                if not self._has("blobs", blob):
+                    missing["blobs"].append(blob)
+        if any(missing.values()):
+            raise MissingObjectsError(
+                _missing_message(session_id, missing),
+                missing={k: list(dict.fromkeys(v)) for k, v in missing.items() if v},
+            )
+        new_ids = {c.id for c in checked}
+        for c in checked:
+            p = c.parent
+            if p is None:
+                if base is None:
+                    continue
+                raise _refuse(c.id, f"session {session_id} has a base; an own entry cannot be a root")
+            if p == base or p in own or p in new_ids:
+                continue
+            if not req.complete:
+                raise IncompletePushError(
+                    f"entry {c.id}'s parent {p} is not in this store's log of session {session_id}; "
+                    "the push must carry the whole closure"
+                )
+            raise _refuse(
+                c.id,
+                f"its parent {p} is neither the base, an own entry of session {session_id}, nor (without a base) null",
+            )
+        ordered = _order(checked)
+        # The head step, decided before anything is written.
+        to = req.to
+        leafs = {c.id for c in checked if c.leaf}
+        if to is None:
+            if base is not None:
+                raise AppendRefusedError(f"the pushed head of session {session_id} is empty, but the session has a base")
+        elif not (to == base or to in own or to in new_ids):
+            raise AppendRefusedError(f"the pushed head {to} is neither the base nor an own entry of session {session_id}")
+        elif to in leafs or to in leaf_labels:
+            raise AppendRefusedError(f"the pushed head {to} is a leaf label; the head never rests on one")
+        outcome, why = "unchanged", None
+        if to != current:
+            if fetch:
+                if mark_here == "record" and session is not None:
+                    outcome = "not-moved"
+                    why = f"this store is the record for session {session_id}; its head moves only by its own writers"
+                elif self._descends(session, {c.id: c.parent for c in checked}, to, current):
+                    outcome = "fast-forward"
+                else:
+                    outcome = "not-moved"
+                    why = (
+                        f"the fetched head {to} does not descend from this store's head {current}: "
+                        "the source is behind (a stale mirror) or on another line"
+                    )
+            elif req.expected == current:
+                descends = self._descends(session, {c.id: c.parent for c in checked}, to, current)
+                outcome = "fast-forward" if descends else "moved"
+            elif req.force:
+                outcome, why = "forced", f"forced over head {current or 'none'}, not the expected {req.expected or 'none'}"
+            else:
+                outcome = "refused"
+                why = f"the receiver's head is {current or 'none'}, not the expected {req.expected or 'none'}"
+        if (
+            handover and outcome == "refused" and session is not None and mark_here == "record"
+            and self._descends(session, {c.id: c.parent for c in checked}, current, to)
+        ):
+            # This store took the record in an earlier attempt whose answer was lost, and its
+            # writers went on from the head handed over: the handover is done, and the sender
+            # finishes it by clearing its own mark. Its writers' head is not moved back.
+            outcome = "not-moved"
+            why = (
+                f"this store is already the record of session {session_id} and its head {current} descends "
+                f"from the pushed head {to or 'none'}: the handover was done, and its writers went on"
+            )
+        if handover and outcome == "refused":
+            raise HeadMovedError(
+                f"handover of session {session_id} refused before anything landed: {why}; two stores each believe "
+                "they are the record, or the remote moved since you last saw it"
+            )
+        move = outcome in ("fast-forward", "moved", "forced")
+        # Writing: objects durable first (those this endpoint did not just write may be
+        # another process's, not yet synced), then the log records, committed.
+        self._secure_objects(session_id, prefix_checked + ordered, written)
+        created = session is None
+        if session is None:
+            # Created a mirror even for a handover: the record mark is written below, in the
+            # one commit that admits the entries and moves the head, never on a session
+            # holding nothing yet (a crash between the two leaves an empty mirror here).
+            session = store.exchange_create(header, prefix=list(req.prefix), record=False)
+            held.append(session)
+        appended = session.exchange_admit(
+            [(c.id, c.leaf) for c in ordered],
+            head=to,
+            move_head=move,
+            mark="record" if handover else None,
+            header_format=header.format,
+        )
+        refs = [self._ref_step(session_id, r) for r in req.refs]
+        return Admission(
+            session=session_id,
+            created=created,
+            admitted=len(appended),
+            previous=current,
+            head=session.head,
+            outcome=outcome,
+            why=why,
+            mark=session.mark,
+            refs=refs,
+        )
+
+    def _check_prefix(self, header: Header, prefix: list[str], missing: dict[str, list[str]]) -> list[_Checked]:
+        """A new session's prefix, root..base: held (sent), checked as entries, one chain
+        ending at the base, the base no leaf label, no merge off the path, and the media
+        (and format) of a session here whose own entries hold the base."""
+        base = header.base
+        if base is None:
+            if prefix:
+                raise AppendRefusedError(f"session {header.id} has no base, yet the push carries a prefix")
+            return []
+        if not prefix or prefix[-1] != base:
+            raise AppendRefusedError(f"the pushed prefix of session {header.id} does not end at its base {base}")
+        checked = [_check_entry(self.store, e, missing, keep=True) for e in prefix]
+        if any(c is None for c in checked):
+            return []  # reported as missing by the caller
+        path: list[_Checked] = checked  # type: ignore[assignment]
+        expect: str | None = None
+        for c in path:
+            if c.parent != expect:
+                raise AppendRefusedError(
+                    f"the pushed prefix of session {header.id} is not one chain from a root to the base "
+                    f"(entry {c.id} has parent {c.parent}, not {expect})"
+                )
+            expect = c.id
+        if path[-1].leaf:
+            raise AppendRefusedError(f"base {short_id(base)} is a leaf label; the base is a fork's first head")
+        Store.check_prefix_readable([c.entry for c in path if c.entry is not None], header.data.get("parent_session"))
+        holder = self._holder(header)
+        if holder is not None:
+            owner_id, owner_header = holder
+            if owner_header.media != header.media:
+                raise StoreError(
+                    f"media {header.media!r} differs from {owner_header.media!r} of session {owner_id}, which holds the base"
+                )
+            fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
+            if fmt and owner_fmt and fmt < owner_fmt:
+                raise StoreError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
+        return path
+
+    def _holder(self, header: Header) -> tuple[str, Header] | None:
+        """The session here whose own entries hold the base: looked for up
+        ``parent_session`` first, then through the store (what creating a fork costs)."""
+        base = header.base
+        seen: set[str] = set()
+        sid = header.data.get("parent_session")
+        for _ in range(_ORIGIN_HOPS):
+            if not isinstance(sid, str) or sid in seen:
+                break
+            seen.add(sid)
+            try:
+                check_session_id(sid)
+                if sid not in self.store:
+                    break
+                held = self.store.opened(sid)
+                s = held or self.store.read(sid)
+            except AgentSessionError:
+                break
+            try:
+                if base in s.own:
+                    return sid, s.header
+                sid = s.header.data.get("parent_session")
+            finally:
+                if held is None:
+                    s.close()
+        assert base is not None
+        found = self.store.holder_of(base)
+        if found is None:
+            return None
+        found.close()
+        return (found.session, found.header) if found.owns else None
+
+    def _descends(self, session: Session | None, parents: Mapping[str, str | None], to: str | None, ancestor: str | None) -> bool:
+        """Whether ``to`` has ``ancestor`` on its path (a head of none, or the base, is
+        every own entry's ancestor). Walks up from ``to``: what it reads is the path
+        between the two, which for an incremental push is what was pushed."""
+        if to == ancestor:
+            return True
+        if session is None or ancestor is None or ancestor == session.base:
+            return True
+        current: str | None = to
+        while current is not None and current != session.base:
+            if current == ancestor:
+                return True
+            if current in parents:
+                current = parents[current]
+            elif current in session.own:
+                current = session.entry(current).parent
+            else:
+                return False
+        return False
+
+    def _secure_objects(self, session_id: str, checked: list[_Checked], written: set[str]) -> None:
+        """Just before the log records that name them: touch every file holding an object
+        the push names, so a sweep running now spares it (a sweep keeps a file touched
+        since its snapshot, and one it moved aside first is found gone here, which is
+        reported as missing and admits nothing); and make durable the loose objects this
+        push did not write, which another process may have written and not yet synced
+        (RFC 0002's commit covers "one already present"). Packs are durable before they
+        are visible."""
+        names: list[tuple[Space, str]] = []
+        for c in checked:
+            names.append(("entries", c.id))
+            names.append(("contents", c.content))
+            names.extend(("blobs", b) for b in c.blobs)
+        lost = self.store.objects.hold(names, written=written)
+        if lost:
+            missing: dict[str, list[str]] = {}
+            for space, name in lost:
+                missing.setdefault(space, []).append(name)
+            raise MissingObjectsError(_missing_message(session_id, missing), missing=missing)
+
+    def _ref_step(self, session_id: str, r: RefPush) -> RefResult:
+        """One ref's compare-and-swap at the receiver; a refusal is reported, not raised,
+        and undoes nothing (RFC 0003)."""
+        if r.next != session_id:
+            return RefResult(r.name, False, None, f"a pushed ref must name the pushed session {session_id}, not {r.next}")
+        refs = Refs(self.store)
+        try:
+            update = refs.update(r.name, r.next, expected=r.expected)
+        except RefMovedError as exc:
+            if exc.current == r.next:
+                return RefResult(r.name, True, r.next, None, False)  # already there: a retried push
+            return RefResult(r.name, False, exc.current, str(exc))
+        except AgentSessionError as exc:
+            current = None
+            try:
+                held = refs.get(r.name)
+                current = held.session if held is not None else None
+            except AgentSessionError:
+                pass
+            return RefResult(r.name, False, current, str(exc))
+        return RefResult(r.name, True, update.new, None, update.changed)
+
+    # -- marks ------------------------------------------------------------------------
+
+    def declare_record(self, session_id: str, *, head: Any = UNSET) -> DeclareResult:
+        """Make this store the record of a session it holds as a mirror (RFC 0002: the
+        record deleted it without handing it over, or this is the only copy), if its
+        head is ``head`` (UNSET: whatever it is). Committed before it returns."""
+        self._require_writable()
+        session = self._session(check_session_id(session_id))
+        if session is None:
+            raise NoSuchSessionError(f"no such session: {session_id}")
+        try:
+            if session.mark == "record":
+                return DeclareResult(session_id, False, session.head, session.mark)
+            if head is not UNSET and session.head != head:
+                raise HeadMovedError(
+                    f"the head of session {session_id} here is {session.head or 'none'}, not {head or 'none'} "
+                    "as expected; nothing was declared"
+                )
+            session.set_mark("record")
+            return DeclareResult(session_id, True, session.head, session.mark)
+        finally:
+            self._release(session)
+
+    def release_record(self, session_id: str, *, head: str | None) -> DeclareResult:
+        """Give up the record mark (the far side of a take-back): only while this store
+        holds the mark and its head is ``head``; committed before it returns. A store
+        that is not the record has nothing to release (:class:`NotRecordError`, as RFC
+        0003's handover to a client is refused): the record is elsewhere, and the store
+        taking it back must not become a second one. A retried take-back does not ask
+        twice: it finds this store a mirror already and finishes."""
+        self._require_writable()
+        session = self._session(check_session_id(session_id))
+        if session is None:
+            raise NoSuchSessionError(f"no such session: {session_id}")
+        try:
+            if session.mark != "record":
+                raise NotRecordError(
+                    f"this store holds session {session_id} as a mirror, not its record; it has no mark to give up"
+                )
+            if session.head != head:
+                raise HeadMovedError(
+                    f"the head of session {session_id} at the record is {session.head or 'none'}, not "
+                    f"{head or 'none'}: its writers went on since it was fetched; the record stays there"
+                )
+            session.set_mark("mirror")
+            return DeclareResult(session_id, True, session.head, session.mark)
+        finally:
+            self._release(session)
+
+

@@ -1,0 +1,47 @@
+"""Media by ``sidecar:`` URL (RFC 0001 "File"): the one pattern, and the sidecar directory.
+
+An item names a sidecar blob as ``sidecar:sha256:<hex>``, the hash being the
+blob's; beside a session's file the blob is the file ``<hex>`` in a
+directory named after the session. Every module that follows media (import,
+export, push, sweep, fsck, migrate) finds the names here, so they agree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+__all__ = ["SIDECAR", "SIDECAR_BYTES", "sidecar_names", "sidecar_dir", "read_sidecar", "write_sidecars"]
+
+#: A sidecar URL in text; group 1 is the blob's name (``sha256:<hex>``).
+SIDECAR = re.compile(r"sidecar:(sha256:[0-9a-f]{64})")
+#: The same over bytes (a content object's canonical JSON).
+SIDECAR_BYTES = re.compile(rb"sidecar:(sha256:[0-9a-f]{64})")
+
+
+def sidecar_names(content: bytes) -> list[str]:
+    """The blob names a content (canonical JSON bytes) refers to, sorted, each once."""
+    if b"sidecar:" not in content:
+        return []
+    return sorted({m.decode("ascii") for m in SIDECAR_BYTES.findall(content)})
+
+
+def sidecar_dir(file_path: str | os.PathLike[str], session_id: str) -> str:
+    """The directory beside a session's file that holds its sidecar blobs."""
+    return os.path.join(os.path.dirname(os.path.abspath(os.fspath(file_path))), session_id)
+
+
+def read_sidecar(directory: str, name: str) -> bytes:
+    """The bytes of blob ``name`` in a sidecar directory (OSError when absent); the
+    caller verifies them against the name."""
+    with open(os.path.join(directory, name[7:]), "rb") as f:
+        return f.read()
+
+
+def write_sidecars(directory: str, blobs: dict[str, bytes]) -> None:
+    """Write blobs beside a projection, each atomically, named by its hex digest."""
+    from ..fsutil import write_atomic
+
+    os.makedirs(directory, exist_ok=True)
+    for name, data in blobs.items():
+        write_atomic(os.path.join(directory, name[7:]), data, durable=True)

@@ -1,0 +1,192 @@
+"""Checking a stored session, for any backend: what ``verify ID`` reports and what fsck asks of every session.
+
+A stored session is verified in three layers, each the one place for its
+rule: its **log** (what the backend reads of it, and :func:`replay` of its
+records, with its indexes checked against it), its **objects** (every entry
+its log and prefix need, present and hashing to its name), and its
+**projection**, verified as any file is by the format core's rules. A session
+whose log or objects are damaged is still walked, naming every object that
+is missing or corrupt, so an operator knows what ``repair`` will face.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import AgentSessionError, CorruptObjectError, NoSuchObjectError, SessionDamagedError, SessionFormatError
+from ..format.context import verify_requests
+from ..format.entry import short_id
+from ..format.reader import read_session_bytes
+from ..format.runs import verify_records
+from ..store.state import replay
+from .fsck import FsckReport
+
+if TYPE_CHECKING:
+    from ..store.session import Session
+    from ..store.store import Store
+
+__all__ = ["StoredCheck", "check_sessions", "verify_stored"]
+
+
+@dataclass
+class StoredCheck:
+    """What verifying one stored session found: problems (each a JSON-ready dict with
+    ``where``, ``code``, ``message``, ``line``, ``entry``), notes, and counts."""
+
+    session: str
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _problem(where: str, code: str, message: str, line: int | None = None, entry: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"where": where, "line": line, "code": code, "message": message, "entry": entry, **extra}
+
+
+def _object_problem(exc: AgentSessionError, context: str, entry: str | None, log_line: int | None = None) -> dict[str, Any]:
+    extra: dict[str, Any] = {"log_line": log_line}
+    if isinstance(exc, CorruptObjectError):
+        extra = {"object": exc.name, "space": exc.space, "path": exc.path}
+    code = "corrupt-object" if isinstance(exc, CorruptObjectError) else "missing-object"
+    return _problem("objects", code, f"{_one_line(str(exc))}; {context}", entry=entry, **extra)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.splitlines())
+
+
+def verify_stored(store: Store, session_id: str) -> StoredCheck:
+    """Verify a stored session: its log reads and replays, its indexes agree with it,
+    every object it needs is sound, and its projection verifies as a file."""
+    out = StoredCheck(session_id, stats={"entries": 0, "prefix": 0, "records": 0})
+    history = store.backend.sessions.history(session_id)
+    out.stats["records"] = len(history.records) if history.tail_from is None else history.tail_from
+    for why, line in zip(history.damage, history.damage_lines):
+        out.problems.append(_problem("log", "log", why, line=line))
+    if history.tail is not None:
+        out.notes.append(history.tail)
+    session: Session | None = None
+    if not out.problems:
+        try:
+            session = store.read(session_id)
+        except SessionDamagedError as exc:
+            out.problems.append(_problem("log", "session-damaged", _one_line(str(exc).split("; it refuses writes")[0])))
+        except AgentSessionError:
+            session = None  # the careful path below says why
+    if session is not None:
+        try:
+            projection = session.projection()
+        except AgentSessionError:
+            projection = None
+        if projection is not None:
+            out.notes.extend(session.recovered)
+            out.stats["entries"], out.stats["prefix"] = len(session), len(session.prefix)
+            _check_projection(session, projection, out)
+            session.close()
+            return out
+        session.close()
+    _careful(store, session_id, history, out)
+    return out
+
+
+def _careful(store: Store, session_id: str, history: Any, out: StoredCheck) -> None:
+    """Name every object the log and the prefix need that is missing or corrupt."""
+    records = history.records if history.tail_from is None else history.records[: history.tail_from]
+    state = replay(records)
+    positions = history.positions
+    line_of: dict[str, int | None] = {}
+    for i, r in enumerate(records):
+        if r.get("op") == "append" and isinstance(r.get("entry"), str):
+            line_of.setdefault(r["entry"], positions[i][0] if positions else None)
+    committed = set(state.log_order[: sum(1 for e in state.log_order if state.is_committed(e))])
+    for entry in state.log_order:
+        line = line_of.get(entry)
+        try:
+            store.entry(entry)
+        except (NoSuchObjectError, CorruptObjectError) as exc:
+            if entry not in committed:
+                out.notes.append(f"log line {line}: an uncommitted append whose objects are not sound "
+                                 f"({_one_line(str(exc))}); the next writing open drops it")
+            else:
+                out.problems.append(_object_problem(exc, f"needed by log line {line}", entry, line))
+        except (AgentSessionError, ValueError) as exc:
+            out.problems.append(_problem("objects", "object", f"entry {entry}: {_one_line(str(exc))}; needed by log line {line}", entry=entry))
+    out.stats["entries"] = len(state.log_order)
+    base = state.base
+    if base is not None:
+        current: str | None = base
+        walked: set[str] = set()
+        while current is not None and current not in walked:
+            walked.add(current)
+            try:
+                current = store.entry(current).parent
+            except (NoSuchObjectError, CorruptObjectError) as exc:
+                out.problems.append(_object_problem(exc, f"on the prefix of base {short_id(base)}", current))
+                break
+            except (AgentSessionError, ValueError) as exc:
+                out.problems.append(_problem("objects", "object", f"entry {current}: {_one_line(str(exc))}", entry=current))
+                break
+        else:
+            if current is not None:
+                out.problems.append(_problem("objects", "prefix", f"entry {current} is its own ancestor on the prefix", entry=current))
+        out.stats["prefix"] = len(walked)
+    for why in state.damage:
+        out.problems.append(_problem("log", "session-damaged", why))
+    if not out.problems:
+        # The objects are sound yet the session did not read: say why.
+        try:
+            s = store.read(session_id)
+            try:
+                _check_projection(s, s.projection(), out)
+            finally:
+                s.close()
+        except AgentSessionError as exc:
+            out.problems.append(_problem("session", "session", _one_line(str(exc))))
+    else:
+        out.notes.append("the projection was not checked: the log or the objects are damaged")
+
+
+def _check_projection(session: Session, projection: bytes, out: StoredCheck) -> None:
+    """The projection verified as a file, by the format core's rules."""
+    try:
+        sf = read_session_bytes(projection, source=session.id)
+    except SessionFormatError as exc:
+        out.problems.extend({"where": "projection", **p.as_dict()} for p in exc.problems)
+        return
+    for p in sf.all_problems():
+        out.problems.append({"where": "projection", **p.as_dict()})
+    out.notes.extend(str(p) for p in sf.unresolved)
+    requests = verify_requests(sf)
+    out.problems.extend({"where": "requests", **p.as_dict()} for p in requests.problems)
+    out.notes.extend(str(p) for p in requests.notes)
+    records = verify_records(sf)
+    out.problems.extend({"where": "records", **p.as_dict()} for p in records.problems)
+    out.notes.extend(str(p) for p in records.notes)
+    out.stats["requests"] = requests.counts()
+    out.stats["runs_checked"] = records.runs_checked
+    if not session.state.may_hold_head(session.head):
+        out.problems.append(_problem(
+            "session", "head", f"the head {session.head or 'none'} is not the base or an own entry that is not a leaf label",
+            entry=session.head,
+        ))
+
+
+def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str], None] | None = None) -> None:
+    """fsck's walk over the seam: every session verified as :func:`verify_stored` does
+    (its objects and log; the projection's rules only under ``deep``, as fsck's are)."""
+    ids = store.list()
+    report.counts["sessions"] = len(ids)
+    for i, sid in enumerate(ids, start=1):
+        if progress:
+            progress(f"session {i}/{len(ids)}: {sid}")
+        check = verify_stored(store, sid)
+        for p in check.problems:
+            report.add("error", p["code"], f"session {sid}: {p['message']}", session=sid, object=p.get("entry"))
+        for n in check.notes:
+            report.add("note", "note", f"session {sid}: {n}", session=sid)

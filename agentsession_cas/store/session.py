@@ -1,0 +1,872 @@
+"""A session as the store holds it: header, base, head, record mark and the log of own entries.
+
+The domain half of RFC 0002's session: what an append may do and what it
+does (the rules, the head, the outcome the appender is told), prepared and
+then committed as one step, over a :class:`~agentsession_cas.backends.base.SessionLog`
+that keeps the records wherever its backend keeps them. Nothing here touches
+a file: the state is replayed from the log's records (:mod:`.state`), and
+every object is read through the backend's object store.
+
+**Prepare, then commit.** :meth:`Session.prepare` takes one or more entries,
+hashes them and checks them against the session's reduced state without
+writing anything, and returns a :class:`PreparedBatch`; its ``commit()``
+makes the whole batch durable and visible at once (one write of the log's
+records), or nothing. :meth:`Session.append` is prepare plus commit of one
+entry. Until the commit nothing a reader can see changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..backends.base import Append, Mark, Record, SessionLog
+from ..errors import (
+    AgentSessionError,
+    AppendRefusedError,
+    CorruptObjectError,
+    EntryError,
+    HeadMovedError,
+    IJSONError,
+    MirrorError,
+    NoSuchEntryError,
+    NoSuchObjectError,
+    ReadOnlyError,
+    SessionDamagedError,
+    StoreError,
+    TimestampError,
+)
+from ..format.canonical import canonical_bytes, loads
+from ..format.context import ContextHasher
+from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
+from ..format.hashing import entry_objects, is_hash, parse_envelope
+from ..format.media import sidecar_names
+from ..format.reader import CORE_TYPES, gc_paused
+from ..format.timestamps import check_ts, now_ts
+from ..format.tree import Tree
+from .state import SessionState, committed_view, index_damage, replay
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["AppendResult", "PreparedBatch", "Session", "entry_from_objects", "walk_up"]
+
+_DURABLE_ON_RESPONSES = frozenset({"response", "compaction", "branch_summary"})
+_ENTRY_NAMING = ("target", "first_kept", "from", "queued_from")
+_REPAIR_HINT = (
+    "it refuses writes until repaired: run `agentsession repair {id}` "
+    "(`--dry-run` first shows what it keeps and drops; the damaged log is kept aside)"
+)
+
+
+def walk_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> list[Any]:
+    """What ``step`` gives for each entry from ``entry_id`` up to its root (``step``
+    returns the item and the parent's id), in root-first order; a cycle in the
+    parents is damaged objects, reported rather than looped on. The one ancestry
+    walk: prefixes, paths, fork bases and repair all go through it."""
+    out: list[Any] = []
+    seen: set[str] = set()
+    current: str | None = entry_id
+    while current is not None:
+        if current in seen:
+            raise StoreError(f"entry {current} is its own ancestor: the objects are damaged")
+        seen.add(current)
+        item, current = step(current)
+        out.append(item)
+    out.reverse()
+    return out
+
+
+def entry_from_objects(
+    entry_id: str, env: Mapping[str, Any], body: Mapping[str, Any], careful: bool | None = None
+) -> Entry:
+    """The line an envelope and its body make: the body's members, the envelope's (less
+    ``content``), and ``id``. ``careful`` as :func:`canonical.loads_flagged` says."""
+    data = dict(body)
+    data["type"] = env.get("type")
+    data["parent"] = env.get("parent")
+    if env.get("parents"):
+        data["parents"] = env["parents"]
+    data["ts"] = env.get("ts")
+    data["id"] = entry_id
+    entry = Entry(data, computed_id=entry_id, content_hash=env["content"])
+    entry.careful = careful
+    return entry
+
+
+@dataclass
+class AppendResult:
+    """What an append did.
+
+    ``outcome`` is ``continued`` (the head moved to the entry), ``branched``
+    (the parent was not the head; nothing moved), ``no-op`` (the log already
+    held the entry), ``head-moved`` (a ``leaf`` label moved the head to its
+    target) or ``head-not-moved`` (a ``leaf`` label whose target may not
+    hold the head). ``durable`` says whether it was committed before
+    returning. ``unresolved`` lists references the store cannot resolve
+    (RFC 0002: reported, never a condition of acceptance). ``findings`` are
+    problems the rules report but a store does not refuse (a ``request_hash``
+    that does not match: refusing would lose a model's output).
+    """
+
+    id: str
+    outcome: str
+    head: str | None
+    durable: bool
+    seq: int | None = None
+    unresolved: list[str] = field(default_factory=list)
+    note: str | None = None
+    findings: list[Any] = field(default_factory=list)
+
+    @property
+    def head_moved(self) -> bool:
+        return self.outcome in ("continued", "head-moved")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "outcome": self.outcome,
+            "head": self.head,
+            "head_moved": self.head_moved,
+            "durable": self.durable,
+            "seq": self.seq,
+            "unresolved": list(self.unresolved),
+            "note": self.note,
+            "findings": [f.as_dict() if hasattr(f, "as_dict") else f for f in self.findings],
+        }
+
+
+@dataclass
+class _Planned:
+    """One entry of a prepared batch: the entry, its objects, and what it will do."""
+
+    entry: Entry
+    content: bytes
+    env: bytes
+    result: AppendResult
+    record: Append | None  # None for a no-op
+
+
+class PreparedBatch:
+    """Entries checked against a session and ready to commit as one step.
+
+    Made by :meth:`Session.prepare`; nothing is written until :meth:`commit`,
+    which writes every append record at once (and makes them durable when any
+    of them asks to be, or ``durable`` says so). A batch that is not committed
+    is dropped by :meth:`discard`, or by the session's next write."""
+
+    def __init__(self, session: Session, planned: list[_Planned], head: str | None, mark: Any):
+        self.session = session
+        self.planned = planned
+        self.head = head
+        self._mark = mark
+        self.done = False
+
+    @property
+    def results(self) -> list[AppendResult]:
+        return [p.result for p in self.planned]
+
+    def __len__(self) -> int:
+        return len(self.planned)
+
+    def commit(self, *, durable: bool | None = None) -> list[AppendResult]:
+        """Write the batch (one write of the log), committed when ``durable`` is True,
+        or, by default, when any entry's sync policy asks for it. Returns each entry's
+        result, in order."""
+        self.session._commit_batch(self, durable)
+        return self.results
+
+    def discard(self) -> None:
+        """Drop the batch: the session is as if it had never been prepared."""
+        self.session._discard_batch(self)
+
+
+class Session:
+    """A session open for writing (held: one writer) or read as a snapshot."""
+
+    def __init__(self, store: Store, session_id: str, log: SessionLog, header: Header, state: SessionState):
+        self.store = store
+        self.id = session_id
+        self.log = log
+        self.header = header
+        self.state = state
+        self.writable = log.writable
+        self.recovered: list[str] = []
+        self._closed = False
+        self._prefix: list[str] | None = [] if state.base is None else None
+        self._prefix_set: frozenset[str] | None = None
+        self._format_raised = False
+        self._context_hashes: ContextHasher | None = None
+        self._pending: PreparedBatch | None = None
+        #: The records a snapshot was opened with (its committed view for exchange).
+        self._records: list[dict[str, Any]] | None = None
+
+    # -- opening ------------------------------------------------------------------------
+
+    @classmethod
+    def _open(cls, store: Store, session_id: str, *, writable: bool) -> Session:
+        log, opened = store.backend.sessions.open(session_id, writable=writable)
+        try:
+            header = parse_header(session_id, opened.header)
+            state = replay(opened.records)
+            damage = list(state.damage)
+            why = index_damage(state, opened.head_index)
+            if why is not None:
+                damage.append(why)
+            if damage:
+                raise SessionDamagedError(
+                    f"session {session_id} is damaged: {damage[0]}; " + _REPAIR_HINT.format(id=session_id),
+                    session=session_id, line=0, offset=0,
+                )
+        except BaseException:
+            log.close()
+            raise
+        session = cls(store, session_id, log, header, state)
+        session.recovered = list(opened.recovered)
+        if writable:
+            log.set_indexes(state.head, state.mark)
+        else:
+            session._records = opened.records
+        return session
+
+    @classmethod
+    def _created(cls, store: Store, session_id: str, log: SessionLog, header: Header, records: Sequence[Record]) -> Session:
+        """A session just created whole: its state is what its records say."""
+        state = replay(_data(r) for r in records)
+        return cls(store, session_id, log, header, state)
+
+    # -- the state, as attributes -----------------------------------------------------------
+
+    @property
+    def base(self) -> str | None:
+        return self.state.base
+
+    @property
+    def head(self) -> str | None:
+        return self.state.head
+
+    @property
+    def mark(self) -> Mark:
+        return self.state.mark
+
+    @property
+    def own(self) -> dict[str, int]:
+        """Own entry id -> its sequence number."""
+        return self.state.own
+
+    @property
+    def log_order(self) -> list[str]:
+        return self.state.log_order
+
+    @property
+    def leaf_labels(self) -> set[str]:
+        return self.state.leaf_labels
+
+    @property
+    def is_record(self) -> bool:
+        return self.mark == "record"
+
+    def is_committed(self, entry_id: str) -> bool:
+        return self.state.is_committed(entry_id)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- reading ------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.state.log_order)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self.state.own
+
+    def entry(self, entry_id: str) -> Entry:
+        """An entry rebuilt from its envelope and content objects, both verified."""
+        return self.store.entry(entry_id)
+
+    def __iter__(self) -> Iterator[Entry]:
+        """Own entries in log order."""
+        for entry_id in self.state.log_order:
+            yield self.entry(entry_id)
+
+    entries = __iter__
+
+    @property
+    def prefix(self) -> list[str]:
+        """The ids root..base (base included; empty without a base), read from the
+        envelopes on first use: opening a fork costs its own log, not its base's depth."""
+        if self._prefix is None:
+            try:
+                self._prefix = self.store.ancestry(self.base) if self.base is not None else []
+            except (NoSuchObjectError, CorruptObjectError) as exc:
+                raise StoreError(f"session {self.id}: its prefix cannot be read: {exc}") from None
+            self._prefix_set = None
+        return self._prefix
+
+    @prefix.setter
+    def prefix(self, ids: list[str]) -> None:
+        self._prefix, self._prefix_set = list(ids), None
+
+    @property
+    def prefix_set(self) -> frozenset[str]:
+        if self._prefix_set is None:
+            self._prefix_set = frozenset(self.prefix)
+        return self._prefix_set
+
+    def prefix_entries(self) -> list[Entry]:
+        return [self.store.entry(e) for e in self.prefix]
+
+    def context_hash(self, entry_id: str | None = None) -> str:
+        """RFC 0002's context hash ("Prefix caching") at an entry of this session (its
+        prefix or its own), by default at the head: the key a provider's prompt cache
+        can use. Computed along the session once, when first asked, then kept up to
+        date by every append of this handle, so each later append costs one step."""
+        if self._context_hashes is None:
+            hasher = ContextHasher()
+            for e in self.prefix_entries():
+                hasher.feed(e)
+            for eid in self.state.log_order:
+                hasher.feed(self.entry(eid))
+            self._context_hashes = hasher
+        target = self.head if entry_id is None else entry_id
+        if target is not None and target not in self._context_hashes:
+            raise NoSuchEntryError(f"{target} is not an entry of session {self.id}")
+        return self._context_hashes.get(target)
+
+    def records(self) -> list[dict[str, Any]]:
+        """The log's records as held now (the session's history)."""
+        return self.store.backend.sessions.history(self.id).records
+
+    def projection(self) -> bytes:
+        """RFC 0002 "Projection to JSONL": header, prefix root first, own entries in log
+        order, and a synthetic ``leaf`` label only when the resume rule over those lines
+        would not name the head. Byte-stable."""
+        with gc_paused():
+            return self._projection()
+
+    def _projection(self) -> bytes:
+        prefix = self.prefix_entries()
+        own = list(self)
+        entries = prefix + own
+        lines = [self.header.canonical_line()]
+        lines.extend(e.canonical_line() for e in entries)
+        tree = Tree(entries, base=self.base, prefix=self.prefix[:-1])
+        if entries and tree.resume_leaf() != self.head:
+            last = entries[-1]
+            ts = tree.by_id[self.head].ts if self.head is not None else last.ts
+            marker = make_entry("label", last.id, ts=ts, target=self.head, label=LEAF_LABEL, synthetic=True)
+            lines.append(marker.canonical_line())
+        return b"".join(lines)
+
+    # -- writing: checks --------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"session {self.id} is closed")
+        if self.log.stopped:
+            raise StoreError(
+                f"session {self.id} stopped writing after an fsync failed ({self.log.stopped}); "
+                "reopen it to recover from what the disk holds"
+            )
+
+    def _check_writable(self, what: str) -> None:
+        self._check_open()
+        if not self.writable:
+            raise ReadOnlyError(f"session {self.id} is open read-only; cannot {what}")
+        if self.mark != "record":
+            raise MirrorError(f"session {self.id} is a mirror here; it refuses local {what} (only exchange moves it)")
+
+    def _durable_for(self, entry: Entry, durable: bool | None) -> bool:
+        if durable is not None:
+            return durable
+        if entry.type in self.header.records:
+            return True  # RFC 0001: durable before the side effect it precedes
+        policy = self.store.sync
+        if policy == "always":
+            return True
+        if policy == "responses":
+            if entry.type in _DURABLE_ON_RESPONSES:
+                return True
+            item = entry.data.get("item")
+            return entry.type == "item" and isinstance(item, dict) and item.get("type") == "function_call_output"
+        return False
+
+    def _hash(self, entry: Entry | Mapping[str, Any], head: str | None) -> tuple[Entry, bytes, bytes]:
+        """Fill ``parent`` and ``ts`` as an append does, hash, and check what a line must
+        be: the line rules (type, ts, I-JSON, reserved members, the stated id)."""
+        data = dict(entry.data if isinstance(entry, Entry) else entry)
+        stated = data.pop("id", None)
+        if "parent" not in data:
+            data["parent"] = head
+        if "ts" not in data:
+            data["ts"] = now_ts()
+        type_ = data.get("type")
+        if type_ == "session" or (isinstance(type_, str) and type_ not in CORE_TYPES and ":" not in type_):
+            raise AppendRefusedError(
+                f"entry type {type_!r} is neither a core type of RFC 0001 nor namespaced (ns:type); refused",
+                rule="type",
+            )
+        try:
+            check_ts(data.get("ts"))
+            if isinstance(entry, Entry) and entry.careful is not None:
+                # Made or read by the format core, which walked it once already: its
+                # flag says how to serialise (an Entry's data is not changed once made).
+                entry_id, chash, content, env = entry_objects(data, parsed=True, careful=entry.careful)
+            else:
+                entry_id, chash, content, env = entry_objects(data)
+        except TimestampError as exc:
+            raise AppendRefusedError(f"entry refused: {exc}", rule="ts") from None
+        except IJSONError as exc:
+            raise AppendRefusedError(f"entry refused: {exc}", rule="ijson") from None
+        except EntryError as exc:
+            rule = "reserved" if "reserved" in str(exc) else "entry"
+            raise AppendRefusedError(f"entry refused: {exc}", rule=rule) from None
+        data["id"] = entry_id
+        built = Entry(data, computed_id=entry_id, content_hash=chash)
+        if stated is not None:
+            if not isinstance(stated, str) or not stated.startswith("sha256:"):
+                raise AppendRefusedError(f"id {stated!r} does not carry the sha256: prefix; it is refused", rule="id")
+            if stated != built.id:
+                raise AppendRefusedError(f"id {stated} differs from the entry's hash {built.id}; refused", rule="hash")
+        return built, content, env
+
+    def _check_parent(self, e: Entry, own: Mapping[str, Any]) -> None:
+        """RFC 0002's parent rule: an own entry hangs from the base, another own entry,
+        or (without a base) nothing."""
+        parent = e.parent
+        if parent is None:
+            if self.base is not None:
+                raise AppendRefusedError(
+                    f"session {self.id} has a base; every own entry hangs from it, so a root is refused",
+                    rule="base", code="base_rule", entry=e.id,
+                )
+        elif parent != self.base and parent not in own:
+            if parent in self.prefix_set:
+                raise AppendRefusedError(
+                    f"parent {parent} is on the prefix above the base; an own entry hangs from the base or "
+                    "another own entry", rule="base", code="base_rule", entry=e.id,
+                )
+            raise AppendRefusedError(
+                f"parent {parent} is not held by this session; an own entry hangs from the base or another own entry",
+                rule="parent", code="no_entry", entry=e.id,
+            )
+
+    # -- writing: prepare and commit ----------------------------------------------------------
+
+    def prepare(self, entries: Iterable[Entry | Mapping[str, Any]], *, durable: bool | None = None) -> PreparedBatch:
+        """Hash and check entries, in order, against the session as it stands and the
+        entries before them in the batch; write nothing. Each may leave ``parent`` (the
+        head as the batch leaves it) and ``ts`` (now) to be filled. A refused entry
+        raises :class:`AppendRefusedError` and the batch is not made. ``durable``
+        overrides the store's sync policy for the whole batch."""
+        self._check_writable("appends")
+        self._drop_pending()
+        head = self.state.head
+        added: dict[str, Append] = {}
+        leaf_added: set[str] = set()
+        planned: list[_Planned] = []
+        seq = self.state.max_seq
+        for raw in entries:
+            e, content, env = self._hash(raw, head)
+            if e.type == "label" and e.data.get("synthetic") is not None:
+                raise AppendRefusedError(
+                    "a label carrying 'synthetic' is a projection's marker; a store refuses it",
+                    rule="synthetic", code="synthetic", entry=e.id,
+                )
+            if e.id in self.state.own or e.id in added:
+                seq_of = self.state.own.get(e.id) or added[e.id].seq
+                res = AppendResult(e.id, "no-op", head, durable=self.state.is_committed(e.id), seq=seq_of)
+                planned.append(_Planned(e, content, env, res, None))
+                continue
+            own_view: Mapping[str, Any] = _Union(self.state.own, added)
+            self._check_parent(e, own_view)
+            outcome, new_head, note = "branched", head, None
+            is_leaf_label = e.is_leaf_label
+            if is_leaf_label:
+                target = e.data.get("target")
+                if "target" in e.data and self._may_hold_head(target, added, leaf_added):
+                    outcome, new_head = "head-moved", target
+                else:
+                    outcome = "head-not-moved"
+                    note = f"label target {target} may not hold the head (not the base or an own entry, or a leaf label)"
+            elif e.parent == head:
+                outcome, new_head = "continued", e.id
+            seq += 1
+            moved = new_head != head or outcome in ("continued", "head-moved")
+            durable_now = self._durable_for(e, durable)
+            record = Append(
+                seq, e.id, new_head, head_moved=moved, leaf_label=is_leaf_label, lazy=not durable_now,
+                objects=(e.content_hash, content, env),
+            )
+            res = AppendResult(e.id, outcome, new_head, durable=durable_now, seq=seq, note=note)
+            res.unresolved = self._unresolved(e, own_view)
+            planned.append(_Planned(e, content, env, res, record))
+            added[e.id] = record
+            if is_leaf_label:
+                leaf_added.add(e.id)
+            head = new_head
+        batch = PreparedBatch(self, planned, head, None)
+        self._pending = batch
+        return batch
+
+    def _may_hold_head(self, target: object, added: Mapping[str, Any] = {}, leaf_added: set[str] = set()) -> bool:  # noqa: B006
+        if target is None:
+            return self.base is None
+        if target == self.base:
+            return True
+        return (target in self.state.own or target in added) and target not in self.state.leaf_labels and target not in leaf_added
+
+    def _drop_pending(self) -> None:
+        if self._pending is not None:
+            self._discard_batch(self._pending)
+
+    def _discard_batch(self, batch: PreparedBatch) -> None:
+        if batch.done:
+            return
+        batch.done = True
+        if self._pending is batch:
+            self._pending = None
+
+    def _commit_batch(self, batch: PreparedBatch, durable: bool | None) -> None:
+        if batch.done:
+            raise StoreError("this batch was committed or discarded already")
+        if self._pending is not batch:
+            raise StoreError("this batch is stale: the session was written since it was prepared")
+        self._check_writable("appends")
+        records = [p.record for p in batch.planned if p.record is not None]
+        batch.done = True
+        self._pending = None
+        if not records:
+            return
+        commit = any(not r.lazy for r in records) if durable is None else durable
+        if commit:
+            for r in records:
+                r.lazy = False
+            for p in batch.planned:
+                if p.record is not None:
+                    p.result.durable = True
+        self._raise_format()
+        note = self.log.write(records, commit=commit)
+        state = self.state
+        for p in batch.planned:
+            r = p.record
+            if r is None:
+                continue
+            state.own[r.entry] = r.seq
+            state.log_order.append(r.entry)
+            if r.leaf_label:
+                state.leaf_labels.add(r.entry)
+            state.max_seq = r.seq
+            if r.head_moved:
+                state.head = r.head
+            if self._context_hashes is not None:
+                self._context_hashes.feed(p.entry)
+            p.result.unresolved.extend(self._hold_blobs(p.content))
+        if commit:
+            state.committed_seq = state.max_seq
+        if note is not None:
+            batch.planned[-1].result.note = note
+
+    def append(self, entry: Entry | Mapping[str, Any], *, durable: bool | None = None) -> AppendResult:
+        """Append one entry (RFC 0002 "Append"); see :class:`AppendResult` for what it reports.
+
+        ``parent`` defaults to the head and ``ts`` to now. ``durable`` overrides
+        the store's sync policy for this append.
+        """
+        batch = self.prepare([entry], durable=durable)
+        return batch.commit()[0]
+
+    def _unresolved(self, e: Entry, own: Mapping[str, Any]) -> list[str]:
+        """References RFC 0002 lets a store report and not refuse: ones it cannot resolve."""
+        out = []
+        names: list[str] = []
+        for ref in e.parents:
+            if ref.session is None or ref.session == self.id:
+                names.append(ref.entry)
+        for member in _ENTRY_NAMING:
+            v = e.data.get(member)
+            if isinstance(v, str):
+                names.append(v)
+        for name in names:
+            if name not in own and name not in self.prefix_set and name != e.id:
+                out.append(name)
+        return out
+
+    def _hold_blobs(self, content: bytes) -> list[str]:
+        """Hold the blobs an appended content names by ``sidecar:`` URL, after its record
+        is written (RFC 0002: an accepted append holds its objects; a sweep that looked
+        before keeps a held file), and name those not here."""
+        names = sidecar_names(content)
+        if not names:
+            return []
+        missing = self.store.objects.hold([("blobs", b) for b in names], written=set(names))
+        return [f"sidecar:{name}" for _, name in missing]
+
+    def _raise_format(self) -> None:
+        """RFC 0002: a writer of a later minor raises the header's format, durably, first."""
+        if self._format_raised:
+            return
+        mine, theirs = parse_format(FORMAT_WRITTEN), self.header.format_version
+        if theirs is not None and mine is not None and theirs < mine:
+            data = dict(self.header.data, format=FORMAT_WRITTEN)
+            self.log.set_header(canonical_bytes(data) + b"\n")
+            self.header = Header(data)
+        self._format_raised = True
+
+    def checkpoint(self) -> None:
+        """Write out every object the log alone holds so far (a backend that batches
+        them does so every 1024 appends and at close); other processes then find them."""
+        if self.writable and not self._closed:
+            self.log.checkpoint()
+
+    def commit(self) -> None:
+        """Make every append so far durable."""
+        if not self.writable or self._closed:
+            return
+        self._check_open()
+        self._drop_pending()
+        if self.state.committed_seq >= self.state.max_seq:
+            return
+        self.log.commit()
+        self.state.committed_seq = self.state.max_seq
+        self.log.set_indexes(self.head, self.mark)
+
+    def set_head(self, new: str | None, *, expected: str | None) -> None:
+        """Compare-and-swap the head, durably. ``expected`` None means "no head"."""
+        self._check_writable("head moves")
+        self._drop_pending()
+        if self.head != expected:
+            raise HeadMovedError(
+                f"the head of session {self.id} moved: it is {self.head or 'no head'}, not {expected or 'no head'}"
+            )
+        if new is not None and not is_hash(new):
+            raise AppendRefusedError(f"{new!r} is not an entry id", rule="head", code="head_target")
+        if not self.state.may_hold_head(new):
+            if new is None:
+                raise AppendRefusedError(f"session {self.id} has a base; its head cannot be empty", rule="head", code="head_target")
+            if new in self.leaf_labels:
+                raise AppendRefusedError(f"{new} is a leaf label; the head never rests on one", rule="head", code="head_target")
+            raise AppendRefusedError(
+                f"{new} is neither the base nor an own entry of session {self.id}", rule="head", code="no_entry"
+            )
+        self.log.write([{"op": "head", "head": new}], commit=True)
+        self.state.head = new
+        self.state.committed_seq = self.state.max_seq
+        self.log.set_indexes(self.head, self.mark)
+
+    def set_mark(self, mark: Mark) -> None:
+        """Set the record mark (``record`` or ``mirror``), committed before it returns."""
+        if not self.writable or self._closed:
+            raise ReadOnlyError(f"session {self.id} is open read-only")
+        if mark not in ("record", "mirror"):
+            raise StoreError(f"mark must be 'record' or 'mirror', not {mark!r}")
+        self._check_open()
+        self._drop_pending()
+        self.log.write([{"op": "mark", "mark": mark}], commit=True)
+        self.state.mark = mark
+        self.state.committed_seq = self.state.max_seq
+        self.log.set_indexes(self.head, self.mark)
+
+    def close(self) -> None:
+        """Commit, checkpoint and release the session. A session whose writes stopped (a
+        failed fsync) writes nothing more: it only lets go, and the next open recovers
+        from what the storage holds."""
+        if self._closed:
+            return
+        try:
+            self._drop_pending()
+            if self.writable and not self.log.stopped:
+                self.commit()
+                self.log.checkpoint()
+                self.log.set_indexes(self.head, self.mark)
+        finally:
+            self._closed = True
+            self.log.close()
+            self.store._forget(self)
+
+    # -- exchange (agentsession_cas/exchange) ------------------------------------------
+    # What a push, a fetch, a handover and a take-back need of a session. None of these
+    # checks the record mark: they are how a mirror takes entries, head moves and marks
+    # "only through exchange" (RFC 0002).
+
+    def exchange_view(self) -> tuple[list[str], str | None, Mark]:
+        """(own entries in log order, head, mark) as last committed: what this session may
+        serve to another store. A session open for writing is committed first, so that is
+        all of it; a snapshot serves its log only through the last commit, since another
+        process's working state is not the session's to serve yet."""
+        if self.writable and not self._closed:
+            self.commit()
+            return list(self.log_order), self.head, self.mark
+        if self._records is None or self.state.committed_seq >= self.state.max_seq:
+            return list(self.log_order), self.head, self.mark
+        view = committed_view(self._records)
+        return list(view.log_order), view.head, view.mark
+
+    def exchange_objects(self, entry_id: str) -> tuple[str, bytes, bytes]:
+        """(content hash, content bytes, envelope bytes) of an entry this session holds or
+        builds on, verified against their names."""
+        objects = self.store.objects
+        env = objects.get("entries", entry_id)
+        try:
+            chash = loads(env).get("content")
+        except (ValueError, AttributeError, AgentSessionError):
+            chash = None
+        if not is_hash(chash):
+            raise CorruptObjectError(
+                f"envelope {entry_id} is not an envelope ({objects.where('entries', entry_id)})",
+                space="entries", name=entry_id, path=objects.where("entries", entry_id),
+            )
+        return chash, objects.get("contents", chash), env
+
+    def exchange_admit(
+        self,
+        entries: list[tuple[str, bool]],
+        *,
+        head: str | None = None,
+        move_head: bool = False,
+        mark: Mark | None = None,
+        header_format: str | None = None,
+    ) -> list[str]:
+        """Admit own entries through exchange, then move the head, then set the mark: one
+        write, committed before it returns (a receiver commits what it admits, and a mark,
+        before it acknowledges them). ``entries`` are (id, whether it is a ``leaf``
+        label), every object already durable in the object store, parents before
+        children, checked by the caller; ones the log holds are skipped. A later
+        ``header_format`` raises the header's format first, durably. Returns the ids
+        appended."""
+        self._check_open()
+        if not self.writable:
+            raise ReadOnlyError(f"session {self.id} is open read-only; cannot admit entries")
+        self._drop_pending()
+        if mark not in (None, "record", "mirror"):
+            raise StoreError(f"mark must be 'record' or 'mirror', not {mark!r}")
+        if move_head and not (
+            head is None or head == self.base or head in self.own or any(e == head for e, _ in entries)
+        ):
+            raise AppendRefusedError(f"{head} is neither the base nor an own entry of session {self.id}", rule="head", code="no_entry")
+        if header_format is not None:
+            theirs, mine = parse_format(header_format), self.header.format_version
+            if theirs is not None and mine is not None and mine < theirs:
+                data = dict(self.header.data, format=header_format)
+                self.log.set_header(canonical_bytes(data) + b"\n")
+                self.header = Header(data)
+        records: list[Record] = []
+        added: list[Append] = []
+        seen: set[str] = set()
+        seq = self.state.max_seq
+        for entry_id, leaf in entries:
+            if entry_id in self.own or entry_id in seen:
+                continue
+            seen.add(entry_id)
+            seq += 1
+            rec = Append(seq, entry_id, None, head_moved=False, leaf_label=leaf, lazy=False)
+            records.append(rec)
+            added.append(rec)
+        if move_head and head != self.head:
+            records.append({"op": "head", "head": head})
+        else:
+            move_head = False
+        if mark is not None and mark != self.mark:
+            records.append({"op": "mark", "mark": mark})
+        else:
+            mark = None
+        if not records:
+            return []
+        self.log.write(records, commit=True)
+        state = self.state
+        for rec in added:
+            state.own[rec.entry] = rec.seq
+            state.log_order.append(rec.entry)
+            if rec.leaf_label:
+                state.leaf_labels.add(rec.entry)
+            if self._context_hashes is not None:
+                # Kept up to date as append keeps it (parents come first: admitted in order).
+                self._context_hashes.feed(self.entry(rec.entry))
+        state.max_seq = max(state.max_seq, seq)
+        state.committed_seq = state.max_seq
+        if move_head:
+            state.head = head
+        if mark is not None:
+            state.mark = mark
+        self.log.set_indexes(self.head, self.mark)
+        return [r.entry for r in added]
+
+    def exchange_park(self) -> bool:
+        """Let go of the hold, keeping what the session knows, so the next exchange into
+        it need not read its log again (:meth:`exchange_resume`). False when the backend
+        cannot park (the caller closes the session instead)."""
+        self._drop_pending()
+        if not self.log.park():
+            return False
+        self.store._forget(self)
+        return True
+
+    def exchange_resume(self) -> bool:
+        """Take the hold again after :meth:`exchange_park` if nothing wrote the session
+        meanwhile; False, holding nothing, when it changed (the caller opens it afresh).
+        :class:`SessionLockedError` when another process holds it."""
+        if self._closed or self.id in self.store._open:
+            return False
+        if not self.log.resume():
+            return False
+        self.store._open[self.id] = self
+        return True
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Session({self.id!r}, head={short_id(self.head)}, entries={len(self)}, mark={self.mark})"
+
+
+class _Union(Mapping[str, Any]):
+    """Two mappings read as one (a session's own entries and a batch's), copying neither."""
+
+    def __init__(self, a: Mapping[str, Any], b: Mapping[str, Any]):
+        self.a, self.b = a, b
+
+    def __getitem__(self, key: str) -> Any:
+        return self.a[key] if key in self.a else self.b[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.a or key in self.b
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.a
+        yield from self.b
+
+    def __len__(self) -> int:
+        return len(self.a) + len(self.b)
+
+
+def _data(record: Record) -> dict[str, Any]:
+    return record.as_record() if isinstance(record, Append) else record
+
+
+def parse_header(session_id: str, raw: bytes) -> Header:
+    """A stored header, checked as far as opening needs (its own rules are the format's)."""
+    try:
+        header_obj = loads(raw)
+    except (ValueError, AgentSessionError) as exc:
+        raise StoreError(f"session {session_id}: header is unreadable: {exc}") from None
+    if not isinstance(header_obj, dict) or header_obj.get("type") != "session":
+        raise StoreError(f"session {session_id}: header is not a session header object")
+    if header_obj.get("id") != session_id:
+        raise StoreError(
+            f"session {session_id}: its header names session {header_obj.get('id')!r}; the directory and the header disagree"
+        )
+    return Header(header_obj)
+
+
+def envelope_parts(env_bytes: bytes, entry_id: str, where: str) -> tuple[dict[str, Any], bool | None]:
+    """An envelope parsed, checked to be one (a content hash named)."""
+    env, careful = parse_envelope(env_bytes)
+    if not isinstance(env, dict) or not isinstance(env.get("content"), str):
+        raise CorruptObjectError(f"envelope {entry_id} is not an envelope ({where})", space="entries", name=entry_id, path=where)
+    return env, careful
+

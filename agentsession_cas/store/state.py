@@ -1,0 +1,176 @@
+"""A session's state, replayed from its log: the one function every reader of a log uses.
+
+A session's log is its record (RFC 0002 "A log per session"): the head, the
+mark, the own entries and their order are whatever its records say, and any
+index a backend keeps beside it is rebuilt from it. :func:`replay` turns the
+records into a :class:`SessionState`; opening a session, fsck, repair, the
+stored-session ``verify`` and exchange's committed view all call it, so they
+read one log one way.
+
+Replay also finds **damage** a checksum cannot: records that contradict each
+other (an append before the create, a head move to an entry no append holds),
+and, through :func:`index_damage`, an index naming an entry the log lacks,
+which is what a log cut short at a record boundary looks like (its committed
+appends gone, each remaining record still sound).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..backends.base import Mark
+from ..format.hashing import is_hash
+
+__all__ = ["SessionState", "replay", "index_damage"]
+
+
+@dataclass
+class SessionState:
+    """What a session's log says: base, head, mark, own entries in log order.
+
+    ``own`` maps each own entry to its sequence number; sequence numbers grow in
+    log order, so the committed entries are those with ``seq <= committed_seq``.
+    ``max_seq`` is the highest number ever used (a lost append's too: numbers
+    are never reused). ``damage`` lists contradictions found while replaying."""
+
+    base: str | None = None
+    head: str | None = None
+    mark: Mark = "mirror"
+    own: dict[str, int] = field(default_factory=dict)
+    log_order: list[str] = field(default_factory=list)
+    leaf_labels: set[str] = field(default_factory=set)
+    committed_seq: int = 0
+    max_seq: int = 0
+    created: bool = False
+    damage: list[str] = field(default_factory=list)
+    #: Records replayed, and the index of the last commit (or create) among them.
+    records: int = 0
+    last_commit: int = -1
+
+    def copy(self) -> SessionState:
+        return SessionState(
+            self.base, self.head, self.mark, dict(self.own), list(self.log_order), set(self.leaf_labels),
+            self.committed_seq, self.max_seq, self.created, list(self.damage), self.records, self.last_commit,
+        )
+
+    def is_committed(self, entry_id: str) -> bool:
+        seq = self.own.get(entry_id)
+        return seq is not None and seq <= self.committed_seq
+
+    def may_hold_head(self, target: str | None) -> bool:
+        """RFC 0002's head rule: the base or an own entry that is not a ``leaf`` label
+        (no head only without a base)."""
+        if target is None:
+            return self.base is None
+        if target == self.base:
+            return True
+        return target in self.own and target not in self.leaf_labels
+
+    # -- applying records (replay, and a writer keeping its state current) ----------
+
+    def apply(self, record: Mapping[str, Any], index: int | None = None) -> None:
+        """Apply one record, as it was (or is being) written to the log."""
+        op = record.get("op")
+        i = self.records if index is None else index
+        self.records = i + 1
+        if op == "create":
+            if self.created:
+                self.damage.append(f"record {i + 1}: a second create record")
+                return
+            self.created = True
+            base = record.get("base")
+            if base is not None and not is_hash(base):
+                self.damage.append(f"record {i + 1}: the create record names base {base!r}, not an entry id")
+                base = None
+            self.base = base
+            self.head = base
+            mark = record.get("mark")
+            self.mark = "record" if mark == "record" else "mirror"
+            self.last_commit = i
+            return
+        if not self.created:
+            self.damage.append(f"record {i + 1}: a {op} record before the create record")
+            return
+        if op == "append":
+            self._append(record, i)
+        elif op == "head":
+            head = record.get("head")
+            if head is not None and head != self.base and head not in self.own:
+                self.damage.append(f"record {i + 1}: a head move to {head}, which no append of the log holds")
+            else:
+                self.head = head
+        elif op == "mark":
+            mark = record.get("mark")
+            if mark in ("record", "mirror"):
+                self.mark = mark
+            else:
+                self.damage.append(f"record {i + 1}: mark {mark!r} is neither record nor mirror")
+        elif op == "commit":
+            self.last_commit = i
+            self.committed_seq = self.max_seq
+        elif op in ("loss", "repair"):
+            seq = record.get("seq")
+            if isinstance(seq, int) and not isinstance(seq, bool):
+                self.max_seq = max(self.max_seq, seq)
+
+    def _append(self, record: Mapping[str, Any], i: int) -> None:
+        entry = record.get("entry")
+        if not is_hash(entry):
+            self.damage.append(f"record {i + 1}: an append naming {entry!r}, not an entry id")
+            return
+        seq = record.get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            seq = self.max_seq + 1
+        self.max_seq = max(self.max_seq, seq)
+        if entry not in self.own:
+            self.own[entry] = seq
+            self.log_order.append(entry)
+            if record.get("leaf_label"):
+                self.leaf_labels.add(entry)
+        if "head" in record:
+            head = record.get("head")
+            if head is not None and head != self.base and head not in self.own:
+                self.damage.append(f"record {i + 1}: an append moving the head to {head}, which no append holds")
+            else:
+                self.head = head
+
+
+def replay(records: Iterable[Mapping[str, Any]]) -> SessionState:
+    """The state a log's records give, in order; contradictions are in ``damage``.
+
+    Every commit record commits what came before it; a log that ends without
+    one has uncommitted appends (``committed_seq`` below ``max_seq``), which is
+    what a writer's working state looks like."""
+    state = SessionState()
+    for i, record in enumerate(records):
+        state.apply(record, i)
+    if not state.created:
+        state.damage.append("the log holds no create record")
+    return state
+
+
+def committed_view(records: list[Mapping[str, Any]]) -> SessionState:
+    """The state as of the last commit (what exchange may serve of a session another
+    process is writing: never its working state)."""
+    last = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1)
+    return replay(records[: last + 1])
+
+
+def index_damage(state: SessionState, head_index: str | None) -> str | None:
+    """Why a head index contradicts the log, or None.
+
+    A backend writes its head index only after the log is committed, so an index
+    may lag the log (a crash before it was rewritten) but never lead it: one
+    naming an entry that is neither the base nor an own entry of the log means
+    committed records were lost, and the log must not be written over (the
+    sequence numbers and the head would be reused and the evidence erased)."""
+    if head_index is None or not is_hash(head_index):
+        return None
+    if head_index == state.base or head_index in state.own:
+        return None
+    return (
+        f"its head index names {head_index}, which the log does not hold: the log has lost committed records "
+        "(cut short?)"
+    )

@@ -1,0 +1,609 @@
+"""The store: content-addressed objects, and sessions as refs whose logs are their commit point.
+
+A :class:`Store` is RFC 0002's rules over a backend
+(:mod:`agentsession_cas.backends`): a directory (the default), memory, or any
+other class implementing the seam. It creates, opens and deletes sessions,
+serves entries from objects, forks, projects and imports; the session itself
+is :mod:`.session`. Nothing here touches a file: reading a projection or its
+sidecar blobs is the format core's, keeping bytes is the backend's.
+
+One writer holds a session at a time; a read-only store takes no hold and
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..backends.base import Append, Backend, Record, Space
+from ..errors import (
+    AgentSessionError,
+    BadNameError,
+    CorruptObjectError,
+    IJSONError,
+    NoSuchObjectError,
+    NoSuchSessionError,
+    ReadOnlyError,
+    SessionExistsError,
+    SessionFormatError,
+    StoreError,
+)
+from ..format.canonical import canonical_bytes, loads_flagged
+from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
+from ..format.hashing import entry_objects, is_hash, sha256_ref
+from ..format.media import read_sidecar, sidecar_dir, sidecar_names
+from ..format.names import check_session_id
+from ..format.reader import SessionFile, gc_paused, read_session, read_session_bytes
+from ..format.timestamps import now_ts
+from .refs import header_ident
+from .session import AppendResult, Session, entry_from_objects, envelope_parts, walk_up
+
+if TYPE_CHECKING:
+    from ..backends.files.objects import RepackResult
+    from ..maintenance.sweep import SweepResult
+
+__all__ = ["DEFAULT_STORE", "SYNC_POLICIES", "AppendResult", "Session", "Store", "default_store_path"]
+
+#: When an append is made durable before it returns.
+SYNC_POLICIES = ("always", "responses", "never")
+DEFAULT_STORE = "~/.agent/cas"
+
+
+def default_store_path() -> str:
+    """``$AGENTSESSION_STORE``, else ``~/.agent/cas``."""
+    return os.path.expanduser(os.environ.get("AGENTSESSION_STORE") or DEFAULT_STORE)
+
+
+class Store:
+    """A store over a backend, opened read-only or for writing.
+
+    ``Store(path)`` opens a store directory; ``Store(backend)`` any backend
+    (:func:`agentsession_cas.open_store` makes one from a URL). Use as a
+    context manager; sessions opened through a writing store are committed and
+    released when it closes. ``sync`` is the default policy for appends:
+    ``always`` (every append durable before it returns), ``responses``
+    (durable on responses, function call outputs, compactions, branch
+    summaries and the record types the header names) or ``never`` (durable at
+    :meth:`Session.commit` and close, and for the record types the header
+    names, which RFC 0001 requires durable before their side effect).
+    """
+
+    def __init__(self, target: str | os.PathLike[str] | Backend | None = None, *, readonly: bool = False, sync: str = "always"):
+        if sync not in SYNC_POLICIES:
+            raise StoreError(f"unknown sync policy {sync!r}: use one of {', '.join(SYNC_POLICIES)}")
+        if isinstance(target, Backend):
+            self.backend = target
+        else:
+            from ..backends.files import FileBackend
+
+            self.backend = FileBackend(target if target is not None else default_store_path(), readonly=readonly)
+        self.sync = sync
+        self._open: dict[str, Session] = {}
+
+    @classmethod
+    def init(cls, target: str | os.PathLike[str] | None = None, **kwargs: Any) -> Store:
+        """Create a store directory (or open the one already there), open for writing."""
+        from ..backends.files import FileBackend
+
+        readonly = kwargs.pop("readonly", False)
+        backend, _ = FileBackend.init(target if target is not None else default_store_path(), readonly=readonly)
+        return cls(backend, **kwargs)
+
+    # -- the store ---------------------------------------------------------------------
+
+    @property
+    def readonly(self) -> bool:
+        return self.backend.readonly
+
+    @property
+    def objects(self) -> Any:
+        """The backend's object store (see :class:`~agentsession_cas.backends.base.ObjectStore`)."""
+        return self.backend.objects
+
+    @property
+    def root(self) -> str | None:
+        """The directory of a file store (None for a store held elsewhere)."""
+        return getattr(self.backend, "root", None)
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    def describe(self) -> str:
+        """The store named for a message: "the store at /path", "the memory store"."""
+        return self.backend.describe()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Commit and release every session this store opened for writing, then the backend."""
+        errors: list[BaseException] = []
+        for session in list(self._open.values()):
+            try:
+                session.close()
+            except (AgentSessionError, OSError) as exc:  # keep closing the others
+                errors.append(exc)
+        self._open.clear()
+        try:
+            self.backend.close()
+        except (AgentSessionError, OSError) as exc:
+            errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _forget(self, session: Session) -> None:
+        if self._open.get(session.id) is session:
+            del self._open[session.id]
+
+    def _require_writable(self) -> None:
+        if self.readonly:
+            raise ReadOnlyError(f"{self.describe()} is open read-only")
+
+    def pack(self, **kwargs: Any) -> RepackResult:
+        """Repack every object into one pack (``agentsession pack``), where the backend packs."""
+        self._require_writable()
+        pack = getattr(self.backend, "pack", None)
+        if pack is None:
+            from ..backends.files.objects import RepackResult
+
+            result = RepackResult()
+            result.notes.append(f"{self.describe()} keeps its objects its own way: there is nothing to pack")
+            return result
+        return pack(**kwargs)  # type: ignore[no-any-return]
+
+    def sweep(self, **kwargs: Any) -> SweepResult:
+        """Remove what nothing retained names (``agentsession sweep``); see
+        :func:`agentsession_cas.maintenance.sweep.sweep`."""
+        from ..maintenance.sweep import sweep
+
+        if not kwargs.get("dry_run"):
+            self._require_writable()
+        return sweep(self, **kwargs)
+
+    # -- sessions ---------------------------------------------------------------------
+
+    def list(self) -> list[str]:
+        """The ids of the sessions held, sorted."""
+        return self.backend.sessions.list()
+
+    def __contains__(self, session_id: object) -> bool:
+        try:
+            return self.backend.sessions.exists(check_session_id(session_id))
+        except BadNameError:
+            return False
+
+    def session(self, session_id: str) -> Session:
+        """Open a session: for writing (held, recovered) or, on a read-only store, as a snapshot."""
+        check_session_id(session_id)
+        if session_id in self._open:
+            return self._open[session_id]
+        if session_id not in self:
+            raise NoSuchSessionError(f"no such session: {session_id}")
+        session = Session._open(self, session_id, writable=not self.readonly)
+        self._open[session_id] = session
+        return session
+
+    open = session
+
+    def read(self, session_id: str) -> Session:
+        """A read-only snapshot of a session, taking no hold, whatever the store's mode."""
+        check_session_id(session_id)
+        if session_id not in self:
+            raise NoSuchSessionError(f"no such session: {session_id}")
+        return Session._open(self, session_id, writable=False)
+
+    def header(self, session_id: str) -> Header:
+        """A session's header, read alone (one small read)."""
+        raw = self.backend.sessions.header(check_session_id(session_id))
+        if raw is None:
+            raise NoSuchSessionError(f"no such session: {session_id}")
+        try:
+            data, _ = loads_flagged(raw)
+        except (ValueError, AgentSessionError) as exc:
+            raise StoreError(f"session {session_id}: its header here is unreadable: {exc}") from None
+        if not isinstance(data, dict):
+            raise StoreError(f"session {session_id}: its header here is not a JSON object")
+        return Header(data)
+
+    def session_ident(self, session_id: str) -> str:
+        """The ident of a session's incarnation (see :func:`~.refs.header_ident`)."""
+        return header_ident(self.header(session_id).data)
+
+    def create(self, header: Header | Mapping[str, Any], *, record: bool = True) -> Session:
+        """Create a session from its header, in one step that fails if the id is held.
+
+        A fork names a ``base`` the store holds, that is not a ``leaf`` label,
+        with the media of the session owning it. Returns the new session,
+        open for writing.
+        """
+        self._require_writable()
+        header = header if isinstance(header, Header) else Header(dict(header))
+        header = self._checked_new_header(header)
+        if header.base is None:
+            return self._create(header, own=[], head=None, record=record)
+        owner = self.holder_of(header.base)
+        try:
+            prefix = self._prefix_for_base(header, owner)
+            # The owner stays open until the fork is made: a prefix entry another process
+            # holds only in its log so far is served from the snapshot, and made durable.
+            return self._create(header, own=[], head=header.base, record=record, prefix=prefix)
+        finally:
+            if owner is not None:
+                owner.close()
+
+    def _checked_new_header(self, header: Header) -> Header:
+        data = dict(header.data)
+        data.setdefault("type", "session")
+        data.setdefault("format", FORMAT_WRITTEN)
+        data.setdefault("created_at", now_ts())
+        header = Header(data)
+        problems = header.problems()
+        if problems:
+            raise SessionFormatError("header", problems)
+        if header.is_legacy:
+            raise StoreError(f"a store holds hashed entries; format {header.format} is before 0.5")
+        check_session_id(header.id)
+        if header.data.get("redacted") is not None:
+            raise StoreError("a redacted session is a record to read, not one to hold (RFC 0002)")
+        if header.id in self:
+            raise SessionExistsError(f"session {header.id} already exists")
+        try:
+            canonical_bytes(header.data)
+        except IJSONError as exc:
+            raise StoreError(f"header is not I-JSON: {exc}") from None
+        return header
+
+    def _prefix_for_base(self, header: Header, owner: Holder | None) -> list[tuple[str, str]]:
+        """(id, content hash) root..base, checked: held, not a leaf label, committed, same
+        media, not below a merge. Only envelopes are read along the way (and the base
+        whole), so a fork deep in a long session costs one small read per entry."""
+        base = header.base
+        assert base is not None
+        if owner is None:
+            raise StoreError(f"base {base} is not an entry this store holds (in a log or on a prefix)")
+        owner_id, owner_header, committed = owner.session, owner.header, owner.committed
+        if not committed:
+            raise StoreError(f"base {short_id(base)} is not yet committed in session {owner_id}; commit it first")
+        if owner_header.media != header.media:
+            raise StoreError(
+                f"media {header.media!r} differs from {owner_header.media!r} of session {owner_id}, which holds the base"
+            )
+        if self.entry(base).is_leaf_label:
+            raise StoreError(f"base {short_id(base)} is a leaf label; the base is a fork's first head")
+
+        def step(eid: str) -> tuple[tuple[str, dict[str, Any]], str | None]:
+            env = self.envelope(eid)
+            return (eid, env), _parent_of(env)
+
+        chain = walk_up(base, step)
+        self.check_prefix_readable(
+            [Entry({"id": i, **env}, computed_id=i, content_hash=env.get("content", "")) for i, env in chain], owner_id
+        )
+        fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
+        if fmt and owner_fmt and fmt < owner_fmt:
+            raise StoreError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
+        return [(i, env.get("content", "")) for i, env in chain]
+
+    @staticmethod
+    def check_prefix_readable(path: list[Entry], origin: str | None) -> None:
+        """Refuse a base below a merge: a prefix entry whose ``parents`` names, in this
+        session, an entry off the path would make a projection no reader can read
+        (RFC 0002, open questions; the reference refuses it too)."""
+        on_path = {e.id for e in path}
+        for e in path:
+            for ref in e.parents:
+                if (ref.session is None or ref.session == origin) and ref.entry not in on_path:
+                    raise StoreError(
+                        f"base is below a merge: prefix entry {short_id(e.id)} converges {short_id(ref.entry)}, "
+                        "which is off the path, so the fork's file could not be read"
+                    )
+
+    def holder_of(self, entry_id: str) -> Holder | None:
+        """The session whose own entries (else whose prefix) hold ``entry_id``. Scans the
+        store, which only creating a fork or importing one needs. A session open here is
+        committed and checkpointed first, so the fork finds its objects; one read as a
+        snapshot to find it is kept open in the answer, for the caller to close."""
+        on_prefix: Holder | None = None
+        for sid in self.list():
+            s = self._open.get(sid)
+            if s is not None:
+                if entry_id in s.own:
+                    s.commit()
+                    s.checkpoint()
+                    if on_prefix is not None:
+                        on_prefix.close()
+                    return Holder(sid, s.header, True, True, None)
+                if on_prefix is None and (entry_id in s.prefix_set or entry_id == s.base):
+                    on_prefix = Holder(sid, s.header, True, False, None)
+                continue
+            try:
+                s = self.read(sid)
+            except AgentSessionError:
+                continue
+            if entry_id in s.own:
+                if on_prefix is not None:
+                    on_prefix.close()
+                return Holder(sid, s.header, s.is_committed(entry_id), True, s)
+            if on_prefix is None and (entry_id in s.prefix_set or entry_id == s.base):
+                on_prefix = Holder(sid, s.header, True, False, s)
+            else:
+                s.close()
+        return on_prefix
+
+    def opened(self, session_id: str) -> Session | None:
+        """The session if this store has it open for writing, else None."""
+        return self._open.get(session_id)
+
+    def exchange_create(self, header: Header, *, prefix: list[str], record: bool) -> Session:
+        """Create the session a push or fetch brings, from the pushed header, with the
+        base as its head (or none) and no own entries yet; committed, open for writing.
+        ``prefix`` (root..base) names entries whose objects the caller has already made
+        durable and checked as admission requires."""
+        header = self._checked_new_header(header)
+        session = self._create(header, own=[], head=header.base, record=record)
+        session.prefix = list(prefix)
+        return session
+
+    def _create(
+        self,
+        header: Header,
+        *,
+        own: list[Entry],
+        head: str | None,
+        record: bool,
+        prefix: list[tuple[str, str]] = [],  # noqa: B006 - read only
+        objects: Iterable[tuple[Space, str, bytes]] = (),
+    ) -> Session:
+        """Create a session whole through the backend: its create record, its own
+        entries' appends (their objects in ``objects``), the head and a commit."""
+        mark = "record" if record else "mirror"
+        records: list[Record] = [{"op": "create", "session": header.id, "base": header.base, "mark": mark}]
+        for seq, e in enumerate(own, start=1):
+            # leaf_label: the head never rests on one, after a reopen too
+            records.append(Append(seq, e.id, None, head_moved=False, leaf_label=e.is_leaf_label, lazy=False))
+        if own:
+            records.append({"op": "head", "head": head})
+            records.append({"op": "commit"})
+        log = self.backend.sessions.create(
+            header.id, header.canonical_line(), records, objects, head=head, mark=mark, prefix=prefix
+        )
+        session = Session._created(self, header.id, log, header, records)
+        session.prefix = [eid for eid, _ in prefix]
+        self._open[header.id] = session
+        return session
+
+    def delete(self, session_id: str) -> None:
+        """Remove a session in one step (its log and header; objects stay for a sweep)."""
+        self._require_writable()
+        check_session_id(session_id)
+        session = self._open.pop(session_id, None)
+        if session is not None:
+            session._drop_pending()
+            session._closed = True
+            self.backend.sessions.delete(session_id, session.log)
+            return
+        if session_id not in self:
+            raise NoSuchSessionError(f"no such session: {session_id}")
+        self.backend.sessions.delete(session_id)
+
+    # -- objects and entries ------------------------------------------------------------
+
+    def envelope(self, entry_id: str) -> dict[str, Any]:
+        """An entry's envelope, parsed and checked to be one."""
+        env_bytes = self.objects.get("entries", entry_id)
+        env, _ = envelope_parts(env_bytes, entry_id, self.objects.where("entries", entry_id))
+        parent = env.get("parent")
+        if parent is not None and not is_hash(parent):
+            where = self.objects.where("entries", entry_id)
+            raise CorruptObjectError(
+                f"envelope {entry_id} names parent {parent!r}, not an entry id", space="entries", name=entry_id, path=where
+            )
+        return env
+
+    def entry(self, entry_id: str) -> Entry:
+        """An entry rebuilt from its envelope and content objects, both verified."""
+        env_bytes = self.objects.get("entries", entry_id)
+        env, env_careful = envelope_parts(env_bytes, entry_id, self.objects.where("entries", entry_id))
+        body, body_careful = loads_flagged(self.objects.get("contents", env["content"]))
+        return entry_from_objects(entry_id, env, body, env_careful or body_careful)
+
+    def ancestry(self, entry_id: str) -> list[str]:
+        """The ids root..entry_id, walking parents through envelopes alone."""
+        return walk_up(entry_id, lambda eid: (eid, _parent_of(self.envelope(eid))))
+
+    def path_to(self, entry_id: str) -> list[Entry]:
+        """Entries from the root to ``entry_id``, read from the objects."""
+
+        def step(eid: str) -> tuple[Entry, str | None]:
+            e = self.entry(eid)
+            return e, e.parent
+
+        return walk_up(entry_id, step)
+
+    def put_blob(self, data: bytes) -> str:
+        """Store a media blob durably; return its ``sha256:`` name (use as ``sidecar:<name>``)."""
+        self._require_writable()
+        name = sha256_ref(data)
+        self.objects.put("blobs", name, data, durable=True)
+        return name
+
+    def blob(self, name: str) -> bytes:
+        return self.objects.get("blobs", name)  # type: ignore[no-any-return]
+
+    def cat_object(self, name: str, space: Space | None = None) -> tuple[Space, bytes]:
+        """An object's verified bytes and its space, looked up in every space unless one is given."""
+        if not is_hash(name):
+            raise AgentSessionError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+        spaces: list[Space] = [space] if space else ["entries", "contents", "blobs"]
+        for sp in spaces:
+            try:
+                return sp, self.objects.get(sp, name)
+            except NoSuchObjectError:
+                continue
+        raise NoSuchObjectError(f"no object {name} in {self.describe()}")
+
+    # -- projection and import ----------------------------------------------------------
+
+    def export(self, session_id: str) -> bytes:
+        """The session's RFC 0002 projection as bytes."""
+        s = self.read(session_id)
+        try:
+            return s.projection()
+        finally:
+            s.close()
+
+    def export_blobs(self, session_id: str, projection: bytes) -> dict[str, bytes]:
+        """The sidecar blobs a sidecar session's projection names (a blob the store
+        lacks is an error naming it)."""
+        header = self.header(session_id)
+        if header.media != "sidecar":
+            return {}
+        return {name: self.blob(name) for name in sidecar_names(projection)}
+
+    def export_to(self, session_id: str, path: str | os.PathLike[str]) -> None:
+        """Write the projection to ``path`` atomically, and sidecar media beside it
+        (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error."""
+        from ..format.media import write_sidecars
+        from ..fsutil import write_atomic
+
+        data = self.export(session_id)
+        blobs = self.export_blobs(session_id, data)
+        write_atomic(os.fspath(path), data, durable=True)
+        if blobs:
+            write_sidecars(sidecar_dir(path, session_id), blobs)
+
+    def import_file(self, path: str | os.PathLike[str], *, record: bool = False) -> Session:
+        """Import a projection (RFC 0002): every line verified, the head from the resume
+        rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``."""
+        with gc_paused():  # a bulk pass: many acyclic objects per entry (see gc_paused)
+            sf = read_session(path, keep_objects=True)  # the objects it writes, computed once
+            return self.import_session(sf, record=record, sidecar_dir=sidecar_dir(path, str(sf.header.id)))
+
+    def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> Session:
+        with gc_paused():
+            return self.import_session(read_session_bytes(data, source=source, keep_objects=True), record=record)
+
+    def _import_blobs(self, sf: SessionFile, directory: str | None) -> None:
+        """A sidecar session's blobs come from ``<dir>/<id>/<hex>`` beside its file, each
+        verified against its name; one neither there nor held already refuses the import."""
+        names: set[str] = set()
+        for e in sf.entries:
+            names.update(sidecar_names(canonical_bytes(e.body, parsed=True)))
+        for name in sorted(names):
+            if self.objects.is_sound("blobs", name):
+                continue
+            try:
+                if directory is None:
+                    raise OSError
+                blob = read_sidecar(directory, name)
+            except OSError:
+                where = os.path.join(directory, name[7:]) if directory else None
+                raise StoreError(f"{sf.source}: sidecar blob {name} is missing (looked for {where})") from None
+            if sha256_ref(blob) != name:
+                raise StoreError(f"{sf.source}: sidecar blob {os.path.join(directory, name[7:])} does not hash to its name {name}")
+            self.objects.put("blobs", name, blob, durable=True)
+
+    def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> Session:
+        self._require_writable()
+        if sf.truncated is not None:
+            raise StoreError(f"{sf.source}: {sf.truncated}; a cut-short file is not imported")
+        if sf.problems:
+            raise SessionFormatError(sf.source, sf.problems)
+        if sf.migrated:
+            raise StoreError(f"{sf.source} is of format {sf.header.format}, before hashed ids; it is read, not imported")
+        header = self._checked_new_header(sf.header)
+        base = header.base
+        entries = sf.entries
+        tree = sf.tree
+        leaf = tree.resume_leaf()
+        kept = [e for e in entries if not (e.type == "label" and e.synthetic)]
+        if base is not None:
+            cut = next((i for i, e in enumerate(kept) if e.id == base), None)
+            if cut is None:
+                raise StoreError(
+                    f"{sf.source}: the header names base {base}, which the file does not hold; "
+                    "a fork's projection carries its prefix (RFC 0001 ingress)"
+                )
+            if kept[cut].is_leaf_label:
+                raise StoreError(f"{sf.source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
+            cut += 1
+            prefix, own = kept[:cut], kept[cut:]
+            holder = self.holder_of(base)
+            if holder is not None:
+                holder.close()
+                if holder.header.media != header.media:
+                    raise StoreError(
+                        f"media {header.media!r} differs from {holder.header.media!r} of session {holder.session}, "
+                        "which holds the base"
+                    )
+        else:
+            prefix, own = [], kept
+        own_ids = {e.id for e in own}
+        for e in own:
+            if e.parent is None and base is not None:
+                raise StoreError(f"{sf.source}: line {e.line}: an own entry of a fork cannot be a root")
+            if e.parent is not None and e.parent != base and e.parent not in own_ids:
+                raise StoreError(f"{sf.source}: line {e.line}: parent {e.parent} is neither the base nor an own entry")
+        # The head: the resume rule, held to the head rule.
+        head = leaf
+        if head is not None and head not in own_ids:
+            head = base
+        else:
+            while head is not None and tree.by_id[head].is_leaf_label:
+                head = tree.by_id[head].parent
+                if head is not None and head not in own_ids:
+                    head = base
+                    break
+        if head is None:
+            head = base  # a fork always has a head; a baseless session may have none
+        if header.media == "sidecar":
+            self._import_blobs(sf, sidecar_dir)
+        session = self._create(header, own=own, head=head, record=record, objects=_objects_of(prefix + own))
+        session.prefix = [e.id for e in prefix]
+        return session
+
+
+@dataclass
+class Holder:
+    """The session found holding an entry: its id and header, whether the entry is
+    committed there, whether it is an own entry (else on its prefix), and the snapshot
+    read to find it (None for a session open here)."""
+
+    session: str
+    header: Header
+    committed: bool
+    owns: bool
+    snapshot: Session | None
+
+    def close(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.close()
+            self.snapshot = None
+
+
+def _objects_of(entries: list[Entry]) -> list[tuple[Space, str, bytes]]:
+    """The two objects of each entry, from what the reader kept or computed afresh."""
+    items: list[tuple[Space, str, bytes]] = []
+    for e in entries:
+        # Entries here were parsed (a file read): their member names are strings and
+        # their parse flags say how to serialise.
+        if e.objects is not None and e.id == e.computed_id:
+            (content, env), chash = e.objects, e.content_hash  # kept by the reader
+        else:
+            _, chash, content, env = entry_objects(e.data, parsed=True, careful=e.careful)
+        items.append(("contents", chash, content))
+        items.append(("entries", e.id, env))
+    return items
+
+
+def _parent_of(env: Mapping[str, Any]) -> str | None:
+    parent = env.get("parent")
+    return parent if isinstance(parent, str) else None
+
