@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv demo test test-fast bench bench-quick fixtures clean
+.PHONY: all venv demo test test-fast lint bench bench-quick fixtures clean
 
 all: test
 
@@ -76,12 +76,17 @@ demo: $(STAMP)
 	$(AS) --store $$work/ex/remote verify $$id | tail -n 1; \
 	rm -rf $$work
 
-# The whole suite, slow tests included.
-test: $(STAMP)
+# The linter and the type checker (configured in pyproject.toml), then the whole
+# suite, slow tests included.
+test: lint
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: lint
 	$(PY) -m pytest -q -m 'not slow'
+
+lint: $(STAMP)
+	$(BIN)/ruff check agentsession_cas cli
+	$(BIN)/mypy
 
 # Benchmarks: ratios against baselines measured in the same run. The full set
 # takes about half an hour (the pack benchmark builds a 100-fork store and a git

@@ -28,9 +28,24 @@ def note(message: str) -> None:
     echo(f"agentsession: note: {one_line(message)}", err=True)
 
 
-def fail(message: str) -> NoReturn:
-    """Print one line to stderr and exit 1."""
-    echo(f"agentsession: error: {one_line(message)}", err=True)
+def fail(
+    message: str,
+    *,
+    code: str = "error",
+    as_json: bool = False,
+    problems: list[dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> NoReturn:
+    """Print one line to stderr and exit 1; under ``--json``, one JSON object on stderr
+    (``{"error": {"code": ..., "message": ...}}``) carrying the error's machine code."""
+    if as_json:
+        error: dict[str, Any] = dict(extra or {})
+        error.update(code=code, message=one_line(message))
+        if problems is not None:
+            error["problems"] = problems
+        click.echo(json.dumps({"error": error}, ensure_ascii=True), err=True)
+    else:
+        echo(f"agentsession: error: {one_line(message)}", err=True)
     sys.exit(1)
 
 

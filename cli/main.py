@@ -56,13 +56,20 @@ _os_message = os_message
 class App(click.Group):
     """Turns the library's errors and OS errors into one line and exit 1, never a traceback."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # Under --json an error is one JSON object on stderr carrying its code: note it
+        # while every argument is still in sight (the subcommand's included).
+        ctx.meta["agentsession.json"] = "--json" in args
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
+        as_json = bool(ctx.meta.get("agentsession.json"))
         try:
             return super().invoke(ctx)
         except SessionFormatError as exc:
-            fail(str(exc))
+            fail(str(exc), code=exc.code, as_json=as_json, problems=[p.as_dict() for p in exc.problems])
         except AgentSessionError as exc:
-            fail(str(exc))
+            fail(str(exc), code=exc.code, as_json=as_json, extra=exc.as_dict()["error"])
         except BrokenPipeError:
             # The reader went away (`| head`): stop quietly, as git does.
             try:
@@ -72,11 +79,11 @@ class App(click.Group):
                 pass
             sys.exit(1)
         except OSError as exc:
-            fail(_os_message(exc))
+            fail(_os_message(exc), code="os_error", as_json=as_json)
         except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
             raise
         except Exception as exc:  # a bug of ours: still one line, never a traceback
-            fail(f"internal error ({type(exc).__name__}: {exc}); please report it")
+            fail(f"internal error ({type(exc).__name__}: {exc}); please report it", code="internal", as_json=as_json)
 
 
 @click.group(cls=App, context_settings={"help_option_names": ["-h", "--help"]})

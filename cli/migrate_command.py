@@ -76,8 +76,8 @@ def _print_report(report: MigrationReport) -> None:
         echo(f"{'blobs':<10} {len(report.blobs_copied)} media blob(s) copied from objects/contents to objects/blobs")
     for name in report.blobs_missing:
         echo(f"{'missing':<10} media blob {name}: named by a session, held nowhere (left unresolved, as before)")
-    for p in report.problems:
-        echo(f"{'problem':<10} {p}")
+    for problem in report.problems:
+        echo(f"{'problem':<10} {problem}")
     for k in report.kept:
         echo(f"{'kept':<10} {k} (remove it once you no longer need it)")
 

@@ -60,17 +60,19 @@ def report_lines(rep: RepairReport) -> list[str]:
     for r in rep.recovered:
         if r.how == "salvaged":
             how = f"salvaged from damaged line {r.line}: its record or its payload still reads there, and its objects are whole"
+        elif r.how == "head":
+            how = "named by HEAD (or on its path), which no record holds: the log lost committed records; its objects are whole"
         else:
             how = "hidden by the damage: a kept record names it and its objects are whole in objects/"
         out.append(f"{'recovered':<9} {r.entry} seq {r.seq}: {how}")
-    for d in rep.dropped:
+    for dropped in rep.dropped:
         where = []
-        if d.seq is not None:
-            where.append(f"seq {d.seq}")
-        if d.line is not None:
-            where.append(f"line {d.line}")
+        if dropped.seq is not None:
+            where.append(f"seq {dropped.seq}")
+        if dropped.line is not None:
+            where.append(f"line {dropped.line}")
         at = f" ({', '.join(where)})" if where else ""
-        out.append(f"{'dropped':<9}{d.entry}{at}: {d.reason}: {one_line(d.message)}")
+        out.append(f"{'dropped':<9}{dropped.entry}{at}: {dropped.reason}: {one_line(dropped.message)}")
     out.append(f"{'head':<9}{rep.head or 'none'}, {rep.head_note}")
     out.append(f"{'mark':<9}{rep.mark}")
     out.append(f"{'seq':<9}{rep.seq} (no sequence number up to it is given out again)")

@@ -239,15 +239,17 @@ def log_cmd(session_id: str, as_json: bool) -> None:
         raise NoSuchSessionError(f"no such session: {session_id}")
     history = store.backend.sessions.history(session_id)
     records = history.records if history.tail_from is None else history.records[: history.tail_from]
-    positions = history.positions or [(i + 1, None) for i in range(len(records))]
+    positions: list[tuple[int, int | None]] = (
+        list(history.positions) if history.positions else [(i + 1, None) for i in range(len(records))]
+    )
     if as_json:
         emit_json([{"line": line, "offset": offset, **d} for d, (line, offset) in zip(records, positions)])
     else:
         rows = [["LINE", "OP", "SEQ", "ENTRY", "HEAD", "DETAIL"]]
-        for d, (line, _) in zip(records, positions):
+        for d, (number, _) in zip(records, positions):
             op = d.get("op")
             rows.append([
-                str(line),
+                str(number),
                 str(op),
                 str(d["seq"]) if "seq" in d else "-",
                 short_id(d["entry"]) if isinstance(d.get("entry"), str) else "-",

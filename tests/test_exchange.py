@@ -43,7 +43,8 @@ from agentsession_cas.store import Store
 from agentsession_cas.backends.files.remotes import remote_key
 from agentsession_cas.exchange.local import LocalTransport
 from agentsession_cas.exchange.remembered import Remembered
-from agentsession_cas.exchange.transport import PushRequest, RefPush, remote_url
+from agentsession_cas.exchange.local import remote_url
+from agentsession_cas.exchange.transport import PushRequest, RefPush
 from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -504,7 +504,7 @@ def test_the_head_rule(store):
     append_raw(root, "fork", encode_record({"op": "head", "head": above}), encode_record({"op": "commit"}))
     (root / "sessions" / "fork" / "HEAD").write_text(above + "\n")
     [p] = fsck(root).errors
-    assert (p.code, p.session, p.object) == ("head-rule", "fork", above)
+    assert (p.code, p.session) == ("head-rule", "fork") and above in p.message
 
 
 def test_a_fork_with_a_base_of_other_media(store):

@@ -1,5 +1,78 @@
-"""Storage backends behind one seam (:mod:`.base`): files (:mod:`.files`) and memory (:mod:`.memory`)."""
+"""Storage backends behind one seam (:mod:`.base`): files (:mod:`.files`) and memory (:mod:`.memory`).
 
+:func:`open_backend` is the one place that knows which backend serves which
+store URL: a plain path or a ``file:`` URL (a store directory), ``memory:``
+(a new store in this process's memory) or ``memory:NAME`` (one shared by
+name within the process). Any other scheme is refused with a one-line error
+naming those served.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from urllib.parse import unquote_to_bytes, urlsplit
+
+from ..errors import UnsupportedError
 from .base import Append, Backend, Capabilities, LogOpen, ObjectStore, RefStore, RemoteStore, SessionLog, SessionStore
+from .files import FileBackend
+from .memory import MemoryBackend
 
-__all__ = ["Append", "Backend", "Capabilities", "LogOpen", "ObjectStore", "RefStore", "RemoteStore", "SessionLog", "SessionStore"]
+__all__ = [
+    "DEFAULT_STORE",
+    "SCHEMES",
+    "Append",
+    "Backend",
+    "Capabilities",
+    "FileBackend",
+    "LogOpen",
+    "MemoryBackend",
+    "ObjectStore",
+    "RefStore",
+    "RemoteStore",
+    "SessionLog",
+    "SessionStore",
+    "default_store_path",
+    "open_backend",
+    "store_url_kind",
+]
+
+#: Where a store is when nothing says (``--store``, ``AGENTSESSION_STORE``).
+DEFAULT_STORE = "~/.agent/cas"
+#: The URL schemes this release serves (a plain path is a directory too).
+SCHEMES = ("file", "memory")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+def default_store_path() -> str:
+    """``$AGENTSESSION_STORE``, else ``~/.agent/cas``."""
+    return os.path.expanduser(os.environ.get("AGENTSESSION_STORE") or DEFAULT_STORE)
+
+
+def store_url_kind(url: str) -> tuple[str, str]:
+    """(scheme, the rest): ``file`` and a path for a path or ``file:`` URL, ``memory``
+    and a name (maybe empty); UnsupportedError for a scheme not served."""
+    m = _SCHEME.match(url)
+    if m is None or len(m.group(1)) == 1:  # no scheme, or a Windows drive letter
+        return "file", url
+    scheme = m.group(1).lower()
+    if scheme == "file":
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost"):
+            raise UnsupportedError(f"store {url!r}: a file: URL names no host (or localhost), not {parts.netloc!r}")
+        return "file", os.fsdecode(unquote_to_bytes(parts.path))
+    if scheme == "memory":
+        return "memory", url[len("memory:"):]
+    served = ", ".join(f"{s}:" for s in SCHEMES)
+    raise UnsupportedError(f"store {url!r}: this release serves no {scheme}: stores; it serves a path, {served}")
+
+
+def open_backend(url: str | os.PathLike[str], *, create: bool = False, readonly: bool = False) -> Backend:
+    """The backend a store URL (or path) names; ``create`` makes the store where there is none."""
+    kind, rest = store_url_kind(os.fspath(url))
+    if kind == "memory":
+        return MemoryBackend(rest or None, readonly=readonly)
+    if create:
+        backend, _ = FileBackend.init(rest, readonly=readonly)
+        return backend
+    return FileBackend(rest, readonly=readonly)

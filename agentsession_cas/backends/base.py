@@ -50,7 +50,12 @@ __all__ = [
     "RemoteStore",
     "Backend",
     "Capabilities",
+    "FsckProblem",
+    "FsckReport",
     "RepackResult",
+    "Retained",
+    "RetentionSource",
+    "SEVERITIES",
     "record_data",
 ]
 
@@ -214,6 +219,11 @@ class SessionLog(ABC):
     #: Why the handle stopped taking writes (a failed fsync), or None.
     stopped: str | None = None
 
+    def recover(self) -> None:  # noqa: B027 - a hook: only a backend a crash can leave half-written has work
+        """Apply the recovery a writable open found needed (rewriting a crash's tail),
+        called once the domain has checked the log it replays to and its indexes: a
+        damaged session is left exactly as it was found."""
+
     @abstractmethod
     def write(self, records: Sequence[Record], *, commit: bool) -> str | None:
         """Append ``records`` to the log, as one write; with ``commit`` also a commit
@@ -268,8 +278,10 @@ class SessionStore(ABC):
     @abstractmethod
     def open(self, session_id: str, *, writable: bool) -> tuple[SessionLog, LogOpen]:
         """Open a session's log: for writing (an exclusive hold, SessionLockedError when
-        another holds it; recovery runs), or as a read-only snapshot. NoSuchSessionError
-        when absent; SessionDamagedError when the log is damaged beyond a crash's loss."""
+        another holds it), or as a read-only snapshot. Nothing is written: the records
+        returned are those recovery would keep, and :meth:`SessionLog.recover` applies
+        it. NoSuchSessionError when absent; SessionDamagedError when the log is damaged
+        beyond a crash's loss."""
 
     @abstractmethod
     def create(
@@ -373,6 +385,113 @@ class RepackResult:
         return {**asdict(self), "ok": self.ok}
 
 
+@dataclass
+class Retained:
+    """What the logs and prefixes of a store retain, and where it was read."""
+
+    envelopes: set[str] = field(default_factory=set)
+    contents: set[str] = field(default_factory=set)
+    blobs: set[str] = field(default_factory=set)
+    sessions: int = 0
+    staged: int = 0
+
+
+@dataclass
+class RetentionSource:
+    """One log a sweep must honour, as the backend read it: its records (a crash's torn
+    tail and records kept aside by repair included), the content each append's own
+    copy of its objects names where the backend keeps one (so the envelope need not
+    be read), and whether it is a session being made (staged) rather than held."""
+
+    records: list[dict[str, Any]]
+    contents: dict[str, str] = field(default_factory=dict)
+    staged: bool = False
+
+
+#: Severities of a finding, from the one that fails the check to the one that only informs.
+Severity = Literal["error", "warning", "note"]
+SEVERITIES: tuple[Severity, ...] = ("error", "warning", "note")
+
+
+@dataclass
+class FsckProblem:
+    """One finding: what (``code``, ``message``), how bad (``severity``), and what it
+    concerns: a session, an object (``object`` in ``space``), a file (relative to
+    the store's root) and a place in it (a log ``line`` and byte ``offset``, a
+    pack ``block``)."""
+
+    severity: Severity
+    code: str
+    message: str
+    session: str | None = None
+    object: str | None = None
+    space: str | None = None
+    file: str | None = None
+    line: int | None = None
+    offset: int | None = None
+    block: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "severity": self.severity,
+            "code": self.code,
+            "message": self.message,
+            "session": self.session,
+            "object": self.object,
+            "space": self.space,
+            "file": self.file,
+            "line": self.line,
+            "offset": self.offset,
+            "block": self.block,
+        }
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+@dataclass
+class FsckReport:
+    """Everything one walk found, and what it looked at (``counts``)."""
+
+    root: str
+    problems: list[FsckProblem] = field(default_factory=list)
+    counts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[FsckProblem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+    @property
+    def warnings(self) -> list[FsckProblem]:
+        return [p for p in self.problems if p.severity == "warning"]
+
+    @property
+    def notes(self) -> list[FsckProblem]:
+        return [p for p in self.problems if p.severity == "note"]
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is damaged (warnings and notes do not count)."""
+        return not self.errors
+
+    def add(self, severity: Severity, code: str, message: str, **where: Any) -> FsckProblem:
+        if severity not in SEVERITIES:
+            raise ValueError(f"unknown severity {severity!r}")
+        p = FsckProblem(severity, code, message, **where)
+        self.problems.append(p)
+        return p
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "store": self.root,
+            "ok": self.ok,
+            "problems": [p.as_dict() for p in self.errors],
+            "warnings": [p.as_dict() for p in self.warnings],
+            "notes": [p.as_dict() for p in self.notes],
+            "counts": self.counts,
+        }
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend offers beyond the interfaces (RFC 0003's capabilities say it
@@ -408,16 +527,15 @@ class Backend(ABC):
     # -- maintenance hooks: the physical half of what maintenance/ decides ----------------
 
     @abstractmethod
-    def retention_sources(self) -> Iterator[Any]:
-        """Every log a sweep must honour, as
-        :class:`~agentsession_cas.maintenance.sweep.RetentionSource` values (sessions
-        held, being made, and records kept aside by a repair)."""
+    def retention_sources(self) -> Iterator[RetentionSource]:
+        """Every log a sweep must honour (sessions held, being made, and records kept
+        aside by a repair)."""
 
     @abstractmethod
     def sweep_objects(
-        self, compute: Callable[[bool], Any], *, grace: float, dry_run: bool, wait: float,
+        self, compute: Callable[[bool], Retained], *, grace: float, dry_run: bool, wait: float,
         progress: Callable[[int, int], None] | None,
-    ) -> tuple[RepackResult, int, list[str], Any]:
+    ) -> tuple[RepackResult, int, list[str], Retained]:
         """Remove what nothing retains: take a snapshot of the objects first, then call
         ``compute(holds_blobs)`` for what is retained (it reads the logs), then drop what
         is not and is older than ``grace`` seconds. Returns (what was done, objects left

@@ -42,6 +42,8 @@ from .base import (
     RefStore,
     RemoteStore,
     RepackResult,
+    Retained,
+    RetentionSource,
     SessionLog,
     SessionStore,
     Space,
@@ -384,18 +386,16 @@ class MemoryBackend(Backend):
     def close(self) -> None:
         """Nothing to release: the data lives as long as the process (or its registry entry)."""
 
-    def retention_sources(self) -> Iterator[Any]:
-        from ..maintenance.sweep import RetentionSource
-
+    def retention_sources(self) -> Iterator[RetentionSource]:
         with self.data.lock:
             logs = [list(s.records) for s in self.data.sessions.values()]
         for records in logs:
             yield RetentionSource(records)
 
     def sweep_objects(
-        self, compute: Callable[[bool], Any], *, grace: float, dry_run: bool, wait: float,
+        self, compute: Callable[[bool], Retained], *, grace: float, dry_run: bool, wait: float,
         progress: Callable[[int, int], None] | None,
-    ) -> tuple[RepackResult, int, list[str], Any]:
+    ) -> tuple[RepackResult, int, list[str], Retained]:
         with self.data.lock:
             now = time.time()
             keys = list(self.data.objects)

@@ -165,8 +165,8 @@ def _order(new: list[_Checked]) -> list[_Checked]:
     waiting: dict[str, list[_Checked]] = {}
     out: list[_Checked] = []
     for c in new:
-        if c.parent in new_ids and c.parent not in placed:
-            waiting.setdefault(c.parent, []).append(c)  # type: ignore[arg-type]
+        if c.parent is not None and c.parent in new_ids and c.parent not in placed:
+            waiting.setdefault(c.parent, []).append(c)
             continue
         stack = [c]
         while stack:
@@ -249,13 +249,13 @@ class StoreEndpoint:
 
     def _has(self, space: Space, name: str) -> bool:
         """Held and sound, as the backend answers it (what is held need not be sent)."""
-        return self.store.objects.held(space, name)  # type: ignore[no-any-return]
+        return self.store.objects.held(space, name)
 
     def missing(self, wanted: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
         """Of ``{space: [hash, ...]}``, those this store lacks, or holds only torn."""
         out: dict[str, list[str]] = {}
-        for space, names in wanted.items():
-            check_space(space)
+        for given, names in wanted.items():
+            space = check_space(given)
             lacking = []
             for name in dict.fromkeys(names):
                 if not is_hash(name):
@@ -272,9 +272,9 @@ class StoreEndpoint:
         self._require_writable()
         names: list[str] = []
 
-        def verified() -> Iterator[tuple[str, str, bytes]]:
-            for space, name, data in items:
-                check_space(space)
+        def verified() -> Iterator[tuple[Space, str, bytes]]:
+            for given, name, data in items:
+                space = check_space(given)
                 if not is_hash(name) or sha256_ref(data) != name:
                     raise BadObjectError(f"{space} object sent as {name} does not hash to that name; nothing was stored")
                 names.append(name)

@@ -8,12 +8,62 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote, unquote_to_bytes, urlsplit
 
 from ..errors import LayoutError, SessionLockedError, TransportError
 from .endpoint import StoreEndpoint
-from .transport import Admission, DeclareResult, PushRequest, SessionView, Transport, remote_url, url_path
+from .transport import Admission, DeclareResult, PushRequest, SessionView, Transport
 
-__all__ = ["LocalTransport", "open_transport"]
+__all__ = ["LocalTransport", "open_transport", "remote_url", "url_path"]
+
+
+def remote_url(remote: str | os.PathLike[str]) -> str:
+    """The normalised URL of a remote given as a path, a ``file://`` URL or a named
+    ``memory:`` store: for a directory ``file://`` and the percent-encoded real
+    path, so two spellings of one directory (relative, through a symlink,
+    percent-encoded) are one remote.
+
+    A URL's percent-escapes decode to the path's exact bytes (a name that is not
+    UTF-8 included), and a URL carrying a query or a fragment is refused rather
+    than cut short there: a literal ``#`` or ``?`` in a ``file://`` URL would
+    otherwise silently name another directory (RFC 8089 wants them encoded)."""
+    text = os.fspath(remote)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if text.startswith("memory:"):
+        if len(text) == len("memory:"):
+            raise TransportError("remote 'memory:' names no store: a memory remote is memory:NAME")
+        return text
+    if "://" in text or text.lower().startswith("file:/"):
+        parts = urlsplit(text)
+        if parts.scheme != "file":
+            raise TransportError(
+                f"remote {text!r}: no transport for {parts.scheme}:// here; a remote is a store's path or a file:// URL"
+            )
+        if parts.netloc not in ("", "localhost"):
+            raise TransportError(f"remote {text!r}: a file:// URL names no host (or localhost), not {parts.netloc!r}")
+        if parts.query or parts.fragment or "?" in text or "#" in text:
+            raise TransportError(
+                f"remote {text!r}: a file:// URL names a directory and carries no query or fragment; "
+                "write '?' as %3F and '#' as %23, or give the path itself"
+            )
+        path = os.fsdecode(unquote_to_bytes(parts.path))
+        if not path:
+            raise TransportError(f"remote {text!r} names no path")
+    else:
+        if not text:
+            raise TransportError("the remote is empty: give a store's path or a file:// URL")
+        path = os.path.expanduser(text)
+    if "\0" in path:
+        raise TransportError(f"remote {text!r}: a path holds no NUL character")
+    return "file://" + quote(os.fsencode(os.path.realpath(os.path.abspath(path))))
+
+
+def url_path(url: str) -> str:
+    """The local path a normalised ``file://`` URL names (its exact bytes)."""
+    return os.fsdecode(unquote_to_bytes(urlsplit(url).path))
+
+
 
 
 def open_transport(remote: str | os.PathLike[str], **kwargs: Any) -> Transport:

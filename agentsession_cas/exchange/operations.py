@@ -53,8 +53,7 @@ from ..errors import (
     StoreError,
     TransportError,
 )
-from ..format.canonical import loads_flagged
-from ..format.hashing import is_hash, sha256_ref
+from ..format.hashing import envelope_content, is_hash, sha256_ref
 from ..format.media import sidecar_names
 from ..format.names import check_session_id
 from ..store.refs import Refs, check_ref_name, header_ident
@@ -587,18 +586,14 @@ def _fetch(
         envs[name] = data
     contents: list[str] = []
     for e in need:
-        data = envs.get(e)
-        if data is None:
+        held = envs.get(e)
+        if held is None:
             try:
-                data = store.objects.get("entries", e)
+                held = store.objects.get("entries", e)
             except (NoSuchObjectError, CorruptObjectError, CorruptPackError):
                 continue  # the admission below names it
-        try:
-            env, _ = loads_flagged(data)
-            chash = env.get("content") if isinstance(env, dict) else None
-        except (ValueError, AgentSessionError):
-            chash = None
-        if is_hash(chash):
+        chash = envelope_content(held)
+        if chash is not None:
             contents.append(chash)
     contents = list(dict.fromkeys(contents))
     lacking_contents = [c for c in contents if not endpoint._has("contents", c)]

@@ -150,11 +150,11 @@ class Recorder:
         with an ``error`` end unless ``close_open_run`` is False.
         """
         owns = not isinstance(store, Store)
-        st = Store.init(store, sync="never") if owns else store  # type: ignore[arg-type]
+        st = store if isinstance(store, Store) else Store.init(store, sync="never")
         try:
             resumed = session_id is not None and session_id in st
-            if resumed:
-                session = st.session(session_id)  # type: ignore[arg-type]
+            if session_id is not None and resumed:
+                session = st.session(session_id)
                 if session.mark != "record":
                     raise MirrorError(
                         f"session {session_id} is a mirror in {st.describe()}; a recorder writes only a "

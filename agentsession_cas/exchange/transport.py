@@ -26,15 +26,13 @@ server would.
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote_to_bytes, urlsplit
 
 from ..backends.base import SPACES, Space
-from ..errors import StoreError, TransportError
+from ..errors import StoreError
 
 if TYPE_CHECKING:
     from ..store.store import Store
@@ -49,8 +47,6 @@ __all__ = [
     "SessionView",
     "Transport",
     "check_space",
-    "remote_url",
-    "url_path",
 ]
 
 
@@ -252,57 +248,7 @@ class Transport(ABC):
         self.close()
 
 
-# -- naming remotes --------------------------------------------------------------
-
-
-def remote_url(remote: str | os.PathLike[str]) -> str:
-    """The normalised URL of a remote given as a path, a ``file://`` URL or a named
-    ``memory:`` store: for a directory ``file://`` and the percent-encoded real
-    path, so two spellings of one directory (relative, through a symlink,
-    percent-encoded) are one remote.
-
-    A URL's percent-escapes decode to the path's exact bytes (a name that is not
-    UTF-8 included), and a URL carrying a query or a fragment is refused rather
-    than cut short there: a literal ``#`` or ``?`` in a ``file://`` URL would
-    otherwise silently name another directory (RFC 8089 wants them encoded)."""
-    text = os.fspath(remote)
-    if isinstance(text, bytes):
-        text = os.fsdecode(text)
-    if text.startswith("memory:"):
-        if len(text) == len("memory:"):
-            raise TransportError("remote 'memory:' names no store: a memory remote is memory:NAME")
-        return text
-    if "://" in text or text.lower().startswith("file:/"):
-        parts = urlsplit(text)
-        if parts.scheme != "file":
-            raise TransportError(
-                f"remote {text!r}: no transport for {parts.scheme}:// here; a remote is a store's path or a file:// URL"
-            )
-        if parts.netloc not in ("", "localhost"):
-            raise TransportError(f"remote {text!r}: a file:// URL names no host (or localhost), not {parts.netloc!r}")
-        if parts.query or parts.fragment or "?" in text or "#" in text:
-            raise TransportError(
-                f"remote {text!r}: a file:// URL names a directory and carries no query or fragment; "
-                "write '?' as %3F and '#' as %23, or give the path itself"
-            )
-        path = os.fsdecode(unquote_to_bytes(parts.path))
-        if not path:
-            raise TransportError(f"remote {text!r} names no path")
-    else:
-        if not text:
-            raise TransportError("the remote is empty: give a store's path or a file:// URL")
-        path = os.path.expanduser(text)
-    if "\0" in path:
-        raise TransportError(f"remote {text!r}: a path holds no NUL character")
-    return "file://" + quote(os.fsencode(os.path.realpath(os.path.abspath(path))))
-
-
-def url_path(url: str) -> str:
-    """The local path a normalised ``file://`` URL names (its exact bytes)."""
-    return os.fsdecode(unquote_to_bytes(urlsplit(url).path))
-
-
 def check_space(space: object) -> Space:
     if space not in SPACES:
         raise StoreError(f"unknown object space {space!r}: one of {', '.join(SPACES)}")
-    return space  # type: ignore[return-value]
+    return space

@@ -13,12 +13,13 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
-from ..errors import EntryError
+from ..errors import AgentSessionError, EntryError
 from .canonical import canonical_bytes, loads_flagged
 
 __all__ = [
+    "envelope_content",
     "ENVELOPE_MEMBERS",
     "RESERVED_MEMBERS",
     "HASH_PREFIX",
@@ -38,7 +39,7 @@ RESERVED_MEMBERS = ENVELOPE_MEMBERS | {"content"}
 _HASH = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def is_hash(value: object) -> bool:
+def is_hash(value: object) -> TypeGuard[str]:
     """True for ``sha256:`` followed by exactly 64 lowercase hex digits."""
     return isinstance(value, str) and _HASH.fullmatch(value) is not None
 
@@ -168,6 +169,25 @@ def parse_envelope(data: bytes) -> tuple[dict[str, Any], bool | None]:
             False,
         )
     return loads_flagged(data)
+
+
+_CONTENT_FIRST = b'{"content":"'
+
+
+def envelope_content(data: bytes) -> str | None:
+    """The content hash an envelope's bytes name, or None when they are no envelope: the
+    one place a reader of objects finds it (a sweep, recovery, fsck, exchange). In
+    canonical form it is the first member, so most envelopes need no parse at all."""
+    if data.startswith(_CONTENT_FIRST) and data[83:84] == b'"':
+        name = data[12:83].decode("ascii", "replace")
+        if is_hash(name):
+            return name
+    try:
+        env = loads_flagged(data)[0]
+    except (ValueError, AgentSessionError):
+        return None
+    c = env.get("content") if isinstance(env, dict) else None
+    return c if isinstance(c, str) and is_hash(c) else None
 
 
 def entry_objects(

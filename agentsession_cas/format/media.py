@@ -11,7 +11,16 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["SIDECAR", "SIDECAR_BYTES", "sidecar_names", "sidecar_dir", "read_sidecar", "write_sidecars"]
+__all__ = [
+    "SIDECAR",
+    "SIDECAR_BYTES",
+    "read_sidecar",
+    "sidecar_dir",
+    "sidecar_names",
+    "sidecar_path",
+    "write_projection",
+    "write_sidecars",
+]
 
 #: A sidecar URL in text; group 1 is the blob's name (``sha256:<hex>``).
 SIDECAR = re.compile(r"sidecar:(sha256:[0-9a-f]{64})")
@@ -31,11 +40,26 @@ def sidecar_dir(file_path: str | os.PathLike[str], session_id: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(os.fspath(file_path))), session_id)
 
 
+def sidecar_path(directory: str, name: str) -> str:
+    """Where blob ``name`` lies in a sidecar directory: the file named by its hex digest."""
+    return os.path.join(directory, name[7:])
+
+
 def read_sidecar(directory: str, name: str) -> bytes:
     """The bytes of blob ``name`` in a sidecar directory (OSError when absent); the
     caller verifies them against the name."""
-    with open(os.path.join(directory, name[7:]), "rb") as f:
+    with open(sidecar_path(directory, name), "rb") as f:
         return f.read()
+
+
+def write_projection(path: str | os.PathLike[str], data: bytes, session_id: str, blobs: dict[str, bytes]) -> None:
+    """A projection written to ``path`` atomically and durably, and its sidecar blobs
+    beside it in ``<dir>/<session id>/<hex>`` (RFC 0001)."""
+    from ..fsutil import write_atomic
+
+    write_atomic(os.fspath(path), data, durable=True)
+    if blobs:
+        write_sidecars(sidecar_dir(path, session_id), blobs)
 
 
 def write_sidecars(directory: str, blobs: dict[str, bytes]) -> None:

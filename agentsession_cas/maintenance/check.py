@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..backends.base import FsckReport
 from ..errors import AgentSessionError, CorruptObjectError, NoSuchObjectError, SessionDamagedError, SessionFormatError
 from ..format.context import verify_requests
 from ..format.entry import short_id
 from ..format.reader import read_session_bytes
 from ..format.runs import verify_records
 from ..store.state import replay
-from .fsck import FsckReport
 
 if TYPE_CHECKING:
     from ..store.session import Session
@@ -136,8 +136,8 @@ def _careful(store: Store, session_id: str, history: Any, out: StoredCheck) -> N
             if current is not None:
                 out.problems.append(_problem("objects", "prefix", f"entry {current} is its own ancestor on the prefix", entry=current))
         out.stats["prefix"] = len(walked)
-    for why in state.damage:
-        out.problems.append(_problem("log", "session-damaged", why))
+    for code, why in state.damage:
+        out.problems.append(_problem("log", code, why))
     if not out.problems:
         # The objects are sound yet the session did not read: say why.
         try:

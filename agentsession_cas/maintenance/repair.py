@@ -24,7 +24,8 @@ __all__ = ["plan_repair", "repair_session"]
 
 def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None] | None = None) -> RepairReport:
     """What a repair of the session would keep, recover and drop; writes nothing."""
-    return _backend_repair(store, "plan_repair")(store, session_id, progress=progress)  # type: ignore[no-any-return]
+    report: RepairReport = _backend_repair(store, "plan_repair")(store, session_id, progress=progress)
+    return report
 
 
 def repair_session(
@@ -35,9 +36,8 @@ def repair_session(
     progress: Callable[[str], None] | None = None,
 ) -> RepairReport:
     """Repair a damaged session (a whole one is left as it is); see the module docstring."""
-    return _backend_repair(store, "repair_session")(  # type: ignore[no-any-return]
-        store, session_id, confirm=confirm, progress=progress
-    )
+    report: RepairReport = _backend_repair(store, "repair_session")(store, session_id, confirm=confirm, progress=progress)
+    return report
 
 
 def _backend_repair(store: Store, what: str) -> Any:

@@ -47,10 +47,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import RepackResult
-from ..errors import AgentSessionError, CorruptObjectError, NoSuchObjectError
+from ..backends.base import RepackResult, Retained, RetentionSource
+from ..errors import CorruptObjectError, NoSuchObjectError, ReadOnlyError
 from ..format.canonical import loads
-from ..format.hashing import is_hash
+from ..format.hashing import envelope_content
 from ..format.media import sidecar_names
 
 if TYPE_CHECKING:
@@ -63,7 +63,6 @@ DEFAULT_GRACE = 14 * 24 * 3600.0
 
 _DURATION = re.compile(r"(\d+)([smhdw]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_ENV_CONTENT = b'{"content":"'
 
 
 def parse_duration(text: str) -> float:
@@ -72,29 +71,6 @@ def parse_duration(text: str) -> float:
     if not m:
         raise ValueError(f"{text!r} is not a duration (such as 0, 90s, 15m, 12h, 14d, 2w)")
     return float(int(m.group(1)) * _UNITS[m.group(2)])
-
-
-@dataclass
-class Retained:
-    """What the logs and prefixes of a store retain, and where it was read."""
-
-    envelopes: set[str] = field(default_factory=set)
-    contents: set[str] = field(default_factory=set)
-    blobs: set[str] = field(default_factory=set)
-    sessions: int = 0
-    staged: int = 0
-
-
-@dataclass
-class RetentionSource:
-    """One log a sweep must honour, as the backend read it: its records (a crash's torn
-    tail and records kept aside by repair included), the content each append's own
-    copy of its objects names where the backend keeps one (so the envelope need not
-    be read), and whether it is a session being made (staged) rather than held."""
-
-    records: list[dict[str, Any]]
-    contents: dict[str, str] = field(default_factory=dict)
-    staged: bool = False
 
 
 def retained(
@@ -161,7 +137,7 @@ def retained(
             data = objects.get("entries", name)
         except (NoSuchObjectError, CorruptObjectError):
             continue
-        c = content_of(data)
+        c = envelope_content(data)
         if c:
             contents.add(c)
     # Blobs: any retained content may name one (RFC 0002 sets no condition on the
@@ -176,20 +152,6 @@ def retained(
                 continue
             ret.blobs.update(sidecar_names(data))
     return ret
-
-
-def content_of(envelope: bytes) -> str | None:
-    """The content hash an envelope names (its first member, in canonical form)."""
-    if envelope.startswith(_ENV_CONTENT):
-        name = envelope[12:83].decode("ascii", "replace")
-        if is_hash(name):
-            return name
-    try:
-        env = loads(envelope)
-    except (ValueError, AgentSessionError):
-        return None
-    c = env.get("content") if isinstance(env, dict) else None
-    return c if is_hash(c) else None
 
 
 def _envelope(objects: Any, name: str) -> dict[str, Any]:
@@ -244,14 +206,12 @@ def sweep(
     before the logs are read (see the module docstring)."""
     backend = store.backend
     if store.readonly and not dry_run:
-        from ..errors import ReadOnlyError
-
         raise ReadOnlyError(f"{store.describe()} is open read-only; a sweep removes objects")
 
     def compute(holds_blobs: bool) -> Retained:
-        return retained(store, backend.retention_sources(), blobs=holds_blobs, progress=phase)  # type: ignore[attr-defined]
+        return retained(store, backend.retention_sources(), blobs=holds_blobs, progress=phase)
 
-    repack, young, tmp_removed, ret = backend.sweep_objects(  # type: ignore[attr-defined]
+    repack, young, tmp_removed, ret = backend.sweep_objects(
         compute, grace=grace, dry_run=dry_run, wait=wait, progress=progress
     )
     return SweepResult(

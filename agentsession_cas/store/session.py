@@ -210,7 +210,7 @@ class Session:
         try:
             header = parse_header(session_id, opened.header)
             state = replay(opened.records)
-            damage = list(state.damage)
+            damage = [message for _, message in state.damage]
             why = index_damage(state, opened.head_index)
             if why is not None:
                 damage.append(why)
@@ -225,6 +225,11 @@ class Session:
         session = cls(store, session_id, log, header, state)
         session.recovered = list(opened.recovered)
         if writable:
+            try:
+                log.recover()
+            except BaseException:
+                log.close()
+                raise
             log.set_indexes(state.head, state.mark)
         else:
             session._records = opened.records
@@ -551,9 +556,9 @@ class Session:
         note = self.log.write(records, commit=commit)
         state = self.state
         for p in batch.planned:
-            r = p.record
-            if r is None:
+            if p.record is None:
                 continue
+            r = p.record
             state.own[r.entry] = r.seq
             state.log_order.append(r.entry)
             if r.leaf_label:

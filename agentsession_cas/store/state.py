@@ -16,7 +16,7 @@ appends gone, each remaining record still sound).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +44,9 @@ class SessionState:
     committed_seq: int = 0
     max_seq: int = 0
     created: bool = False
-    damage: list[str] = field(default_factory=list)
+    #: (code, message) for each contradiction: ``log-order`` (records out of place),
+    #: ``head-rule`` (a head moved where it may not rest), ``bad-record``.
+    damage: list[tuple[str, str]] = field(default_factory=list)
     #: Records replayed, and the index of the last commit (or create) among them.
     records: int = 0
     last_commit: int = -1
@@ -77,12 +79,12 @@ class SessionState:
         self.records = i + 1
         if op == "create":
             if self.created:
-                self.damage.append(f"record {i + 1}: a second create record")
+                self.damage.append(("log-order", f"record {i + 1}: a second create record"))
                 return
             self.created = True
             base = record.get("base")
             if base is not None and not is_hash(base):
-                self.damage.append(f"record {i + 1}: the create record names base {base!r}, not an entry id")
+                self.damage.append(("bad-record", f"record {i + 1}: the create record names base {base!r}, not an entry id"))
                 base = None
             self.base = base
             self.head = base
@@ -91,22 +93,18 @@ class SessionState:
             self.last_commit = i
             return
         if not self.created:
-            self.damage.append(f"record {i + 1}: a {op} record before the create record")
+            self.damage.append(("log-order", f"record {i + 1}: a {op} record before the create record"))
             return
         if op == "append":
             self._append(record, i)
         elif op == "head":
-            head = record.get("head")
-            if head is not None and head != self.base and head not in self.own:
-                self.damage.append(f"record {i + 1}: a head move to {head}, which no append of the log holds")
-            else:
-                self.head = head
+            self._move_head(record.get("head"), f"record {i + 1}: a head move")
         elif op == "mark":
             mark = record.get("mark")
             if mark in ("record", "mirror"):
                 self.mark = mark
             else:
-                self.damage.append(f"record {i + 1}: mark {mark!r} is neither record nor mirror")
+                self.damage.append(("bad-record", f"record {i + 1}: mark {mark!r} is neither record nor mirror"))
         elif op == "commit":
             self.last_commit = i
             self.committed_seq = self.max_seq
@@ -117,8 +115,8 @@ class SessionState:
 
     def _append(self, record: Mapping[str, Any], i: int) -> None:
         entry = record.get("entry")
-        if not is_hash(entry):
-            self.damage.append(f"record {i + 1}: an append naming {entry!r}, not an entry id")
+        if not isinstance(entry, str) or not is_hash(entry):
+            self.damage.append(("bad-record", f"record {i + 1}: an append naming {entry!r}, not an entry id"))
             return
         seq = record.get("seq")
         if not isinstance(seq, int) or isinstance(seq, bool):
@@ -130,11 +128,23 @@ class SessionState:
             if record.get("leaf_label"):
                 self.leaf_labels.add(entry)
         if "head" in record:
-            head = record.get("head")
-            if head is not None and head != self.base and head not in self.own:
-                self.damage.append(f"record {i + 1}: an append moving the head to {head}, which no append holds")
-            else:
-                self.head = head
+            self._move_head(record.get("head"), f"record {i + 1}: an append")
+
+    def _move_head(self, head: Any, what: str) -> None:
+        """A head move a record makes, held to the head rule: one it breaks is damage
+        (no writer of the store writes it), and the head stays where it was."""
+        if self.may_hold_head(head):
+            self.head = head
+            return
+        if head is None:
+            why = "no head, though the session has a base"
+        elif head in self.leaf_labels:
+            why = f"{head}, a leaf label"
+        elif head in self.own or head == self.base:
+            why = str(head)
+        else:
+            why = f"{head}, which no append of the log holds"
+        self.damage.append(("head-rule", f"{what} moves the head to {why}"))
 
 
 def replay(records: Iterable[Mapping[str, Any]]) -> SessionState:
@@ -147,11 +157,11 @@ def replay(records: Iterable[Mapping[str, Any]]) -> SessionState:
     for i, record in enumerate(records):
         state.apply(record, i)
     if not state.created:
-        state.damage.append("the log holds no create record")
+        state.damage.append(("log-order", "the log holds no create record"))
     return state
 
 
-def committed_view(records: list[Mapping[str, Any]]) -> SessionState:
+def committed_view(records: Sequence[Mapping[str, Any]]) -> SessionState:
     """The state as of the last commit (what exchange may serve of a session another
     process is writing: never its working state)."""
     last = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1)

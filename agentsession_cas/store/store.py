@@ -13,12 +13,14 @@ writes nothing.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
+import builtins
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from os import PathLike
+from typing import Any
 
-from ..backends.base import Append, Backend, Record, Space
+from ..backends import DEFAULT_STORE, default_store_path, open_backend
+from ..backends.base import Append, Backend, Mark, ObjectStore, Record, RepackResult, Space
 from ..errors import (
     AgentSessionError,
     BadNameError,
@@ -34,27 +36,18 @@ from ..errors import (
 from ..format.canonical import canonical_bytes, loads_flagged
 from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
 from ..format.hashing import entry_objects, is_hash, sha256_ref
-from ..format.media import read_sidecar, sidecar_dir, sidecar_names
+from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
 from ..format.reader import SessionFile, gc_paused, read_session, read_session_bytes
 from ..format.timestamps import now_ts
+from ..maintenance.sweep import SweepResult, sweep
 from .refs import header_ident
 from .session import AppendResult, Session, entry_from_objects, envelope_parts, walk_up
-
-if TYPE_CHECKING:
-    from ..backends.files.objects import RepackResult
-    from ..maintenance.sweep import SweepResult
 
 __all__ = ["DEFAULT_STORE", "SYNC_POLICIES", "AppendResult", "Session", "Store", "default_store_path"]
 
 #: When an append is made durable before it returns.
 SYNC_POLICIES = ("always", "responses", "never")
-DEFAULT_STORE = "~/.agent/cas"
-
-
-def default_store_path() -> str:
-    """``$AGENTSESSION_STORE``, else ``~/.agent/cas``."""
-    return os.path.expanduser(os.environ.get("AGENTSESSION_STORE") or DEFAULT_STORE)
 
 
 class Store:
@@ -71,26 +64,21 @@ class Store:
     names, which RFC 0001 requires durable before their side effect).
     """
 
-    def __init__(self, target: str | os.PathLike[str] | Backend | None = None, *, readonly: bool = False, sync: str = "always"):
+    def __init__(self, target: str | PathLike[str] | Backend | None = None, *, readonly: bool = False, sync: str = "always"):
         if sync not in SYNC_POLICIES:
             raise StoreError(f"unknown sync policy {sync!r}: use one of {', '.join(SYNC_POLICIES)}")
         if isinstance(target, Backend):
             self.backend = target
         else:
-            from ..backends.files import FileBackend
-
-            self.backend = FileBackend(target if target is not None else default_store_path(), readonly=readonly)
+            self.backend = open_backend(target if target is not None else default_store_path(), readonly=readonly)
         self.sync = sync
         self._open: dict[str, Session] = {}
 
     @classmethod
-    def init(cls, target: str | os.PathLike[str] | None = None, **kwargs: Any) -> Store:
-        """Create a store directory (or open the one already there), open for writing."""
-        from ..backends.files import FileBackend
-
+    def init(cls, target: str | PathLike[str] | None = None, **kwargs: Any) -> Store:
+        """Create a store (or open the one already there), open for writing."""
         readonly = kwargs.pop("readonly", False)
-        backend, _ = FileBackend.init(target if target is not None else default_store_path(), readonly=readonly)
-        return cls(backend, **kwargs)
+        return cls(open_backend(target if target is not None else default_store_path(), create=True, readonly=readonly), **kwargs)
 
     # -- the store ---------------------------------------------------------------------
 
@@ -99,7 +87,7 @@ class Store:
         return self.backend.readonly
 
     @property
-    def objects(self) -> Any:
+    def objects(self) -> ObjectStore:
         """The backend's object store (see :class:`~agentsession_cas.backends.base.ObjectStore`)."""
         return self.backend.objects
 
@@ -124,7 +112,7 @@ class Store:
 
     def close(self) -> None:
         """Commit and release every session this store opened for writing, then the backend."""
-        errors: list[BaseException] = []
+        errors: builtins.list[BaseException] = []
         for session in list(self._open.values()):
             try:
                 session.close()
@@ -151,25 +139,22 @@ class Store:
         self._require_writable()
         pack = getattr(self.backend, "pack", None)
         if pack is None:
-            from ..backends.files.objects import RepackResult
-
-            result = RepackResult()
-            result.notes.append(f"{self.describe()} keeps its objects its own way: there is nothing to pack")
-            return result
-        return pack(**kwargs)  # type: ignore[no-any-return]
+            nothing = RepackResult()
+            nothing.notes.append(f"{self.describe()} keeps its objects its own way: there is nothing to pack")
+            return nothing
+        result: RepackResult = pack(**kwargs)
+        return result
 
     def sweep(self, **kwargs: Any) -> SweepResult:
         """Remove what nothing retained names (``agentsession sweep``); see
         :func:`agentsession_cas.maintenance.sweep.sweep`."""
-        from ..maintenance.sweep import sweep
-
         if not kwargs.get("dry_run"):
             self._require_writable()
         return sweep(self, **kwargs)
 
     # -- sessions ---------------------------------------------------------------------
 
-    def list(self) -> list[str]:
+    def list(self) -> builtins.list[str]:
         """The ids of the sessions held, sorted."""
         return self.backend.sessions.list()
 
@@ -260,7 +245,7 @@ class Store:
             raise StoreError(f"header is not I-JSON: {exc}") from None
         return header
 
-    def _prefix_for_base(self, header: Header, owner: Holder | None) -> list[tuple[str, str]]:
+    def _prefix_for_base(self, header: Header, owner: Holder | None) -> builtins.list[tuple[str, str]]:
         """(id, content hash) root..base, checked: held, not a leaf label, committed, same
         media, not below a merge. Only envelopes are read along the way (and the base
         whole), so a fork deep in a long session costs one small read per entry."""
@@ -292,7 +277,7 @@ class Store:
         return [(i, env.get("content", "")) for i, env in chain]
 
     @staticmethod
-    def check_prefix_readable(path: list[Entry], origin: str | None) -> None:
+    def check_prefix_readable(path: builtins.list[Entry], origin: str | None) -> None:
         """Refuse a base below a merge: a prefix entry whose ``parents`` names, in this
         session, an entry off the path would make a projection no reader can read
         (RFC 0002, open questions; the reference refuses it too)."""
@@ -341,7 +326,7 @@ class Store:
         """The session if this store has it open for writing, else None."""
         return self._open.get(session_id)
 
-    def exchange_create(self, header: Header, *, prefix: list[str], record: bool) -> Session:
+    def exchange_create(self, header: Header, *, prefix: builtins.list[str], record: bool) -> Session:
         """Create the session a push or fetch brings, from the pushed header, with the
         base as its head (or none) and no own entries yet; committed, open for writing.
         ``prefix`` (root..base) names entries whose objects the caller has already made
@@ -355,16 +340,16 @@ class Store:
         self,
         header: Header,
         *,
-        own: list[Entry],
+        own: builtins.list[Entry],
         head: str | None,
         record: bool,
-        prefix: list[tuple[str, str]] = [],  # noqa: B006 - read only
+        prefix: Sequence[tuple[str, str]] = (),
         objects: Iterable[tuple[Space, str, bytes]] = (),
     ) -> Session:
         """Create a session whole through the backend: its create record, its own
         entries' appends (their objects in ``objects``), the head and a commit."""
-        mark = "record" if record else "mirror"
-        records: list[Record] = [{"op": "create", "session": header.id, "base": header.base, "mark": mark}]
+        mark: Mark = "record" if record else "mirror"
+        records: builtins.list[Record] = [{"op": "create", "session": header.id, "base": header.base, "mark": mark}]
         for seq, e in enumerate(own, start=1):
             # leaf_label: the head never rests on one, after a reopen too
             records.append(Append(seq, e.id, None, head_moved=False, leaf_label=e.is_leaf_label, lazy=False))
@@ -414,11 +399,11 @@ class Store:
         body, body_careful = loads_flagged(self.objects.get("contents", env["content"]))
         return entry_from_objects(entry_id, env, body, env_careful or body_careful)
 
-    def ancestry(self, entry_id: str) -> list[str]:
+    def ancestry(self, entry_id: str) -> builtins.list[str]:
         """The ids root..entry_id, walking parents through envelopes alone."""
         return walk_up(entry_id, lambda eid: (eid, _parent_of(self.envelope(eid))))
 
-    def path_to(self, entry_id: str) -> list[Entry]:
+    def path_to(self, entry_id: str) -> builtins.list[Entry]:
         """Entries from the root to ``entry_id``, read from the objects."""
 
         def step(eid: str) -> tuple[Entry, str | None]:
@@ -435,13 +420,13 @@ class Store:
         return name
 
     def blob(self, name: str) -> bytes:
-        return self.objects.get("blobs", name)  # type: ignore[no-any-return]
+        return self.objects.get("blobs", name)
 
     def cat_object(self, name: str, space: Space | None = None) -> tuple[Space, bytes]:
         """An object's verified bytes and its space, looked up in every space unless one is given."""
         if not is_hash(name):
             raise AgentSessionError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
-        spaces: list[Space] = [space] if space else ["entries", "contents", "blobs"]
+        spaces: builtins.list[Space] = [space] if space else ["entries", "contents", "blobs"]
         for sp in spaces:
             try:
                 return sp, self.objects.get(sp, name)
@@ -467,19 +452,13 @@ class Store:
             return {}
         return {name: self.blob(name) for name in sidecar_names(projection)}
 
-    def export_to(self, session_id: str, path: str | os.PathLike[str]) -> None:
+    def export_to(self, session_id: str, path: str | PathLike[str]) -> None:
         """Write the projection to ``path`` atomically, and sidecar media beside it
         (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error."""
-        from ..format.media import write_sidecars
-        from ..fsutil import write_atomic
-
         data = self.export(session_id)
-        blobs = self.export_blobs(session_id, data)
-        write_atomic(os.fspath(path), data, durable=True)
-        if blobs:
-            write_sidecars(sidecar_dir(path, session_id), blobs)
+        write_projection(path, data, session_id, self.export_blobs(session_id, data))
 
-    def import_file(self, path: str | os.PathLike[str], *, record: bool = False) -> Session:
+    def import_file(self, path: str | PathLike[str], *, record: bool = False) -> Session:
         """Import a projection (RFC 0002): every line verified, the head from the resume
         rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``."""
         with gc_paused():  # a bulk pass: many acyclic objects per entry (see gc_paused)
@@ -504,10 +483,10 @@ class Store:
                     raise OSError
                 blob = read_sidecar(directory, name)
             except OSError:
-                where = os.path.join(directory, name[7:]) if directory else None
+                where = sidecar_path(directory, name) if directory else None
                 raise StoreError(f"{sf.source}: sidecar blob {name} is missing (looked for {where})") from None
             if sha256_ref(blob) != name:
-                raise StoreError(f"{sf.source}: sidecar blob {os.path.join(directory, name[7:])} does not hash to its name {name}")
+                raise StoreError(f"{sf.source}: sidecar blob {sidecar_path(directory, name)} does not hash to its name {name}")
             self.objects.put("blobs", name, blob, durable=True)
 
     def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> Session:

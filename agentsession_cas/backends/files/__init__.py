@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import AgentSessionError, ReadOnlyError
-from ..base import Backend, Capabilities, RepackResult
+from ..base import Backend, Capabilities, FsckReport, RepackResult, Retained, RetentionSource
 from .layout import check_layout, init_layout
 from .objects import AUTO_PACK_LOOSE, FileObjects
 from .refs import FileRefs
 from .remotes import FileRemotes
 from .sessions import FileSessions
 from .sweep import retention_sources, sweep_objects
-
-if TYPE_CHECKING:
-    from ...maintenance.fsck import FsckReport
-    from ...maintenance.sweep import Retained, RetentionSource
 
 __all__ = ["FileBackend"]
 

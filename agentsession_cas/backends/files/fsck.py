@@ -48,7 +48,10 @@ from ...format.entry import LEAF_LABEL
 from ...format.hashing import HASH_PREFIX, is_hash
 from ...format.names import check_session_id
 from ...maintenance.fsck import FsckProblem, FsckReport
+from ...store.state import index_damage, replay
+from . import FileBackend
 from .log import Record, read_log, scan_log
+from .objects import FileObjects
 from .packs import SPACE_BITS, Pack
 from .sessions import checkpoint_covers as _checkpoint_covers
 from .sessions import payload_entry
@@ -98,7 +101,7 @@ _HASH = re.compile(r"sha256:[0-9a-f]{64}")
 
 def _is_hash(value: object) -> bool:
     """:func:`hashing.is_hash`, without the call through it (it runs once per log record)."""
-    return type(value) is str and _HASH.fullmatch(value) is not None  # type: ignore[arg-type]
+    return isinstance(value, str) and _HASH.fullmatch(value) is not None
 
 
 def _read_block(pack: Pack, b: int, data_end: int) -> Any:
@@ -214,9 +217,12 @@ class _Walk:
 
     def __init__(self, store: Store, progress: Callable[[str], None] | None):
         self.store = store
-        self.root = store.root
+        backend = store.backend
+        assert isinstance(backend, FileBackend)
+        self.root: str = backend.root
+        self.objects: FileObjects = backend.objects
         self.progress = progress
-        self.report = FsckReport(store.root)
+        self.report = FsckReport(self.root)
         self.sound: dict[str, set[bytes]] = {s: set() for s in _SPACES}
         self.env: dict[bytes, tuple[bytes, bytes | None, bool]] = {}
         self.env_parents: dict[bytes, Any] = {}
@@ -444,7 +450,7 @@ class _Walk:
                 continue
             self.counts["blocks"] += 1
             plain = getattr(block, "kinds", None)  # format 2: plain slots are read without a call
-            for raw, (_, o, l, sp) in objs:
+            for raw, (_, o, length, sp) in objs:
                 if not 0 < sp <= _ALL_BITS:
                     bad_records.append(raw)
                     self._mark_unsound(raw, _ALL_BITS, f"its record in {rel_idx} names no known space")
@@ -453,7 +459,7 @@ class _Walk:
                     if plain is not None and 0 <= o < len(plain) and not plain[o]:
                         data = block.stream[block.starts[o] : block.ends[o]]
                     else:
-                        data = block.object(o, l)
+                        data = block.object(o, length)
                 except CorruptPackError as exc:
                     if pack.version == 1:
                         self.error("bad-pack-index", f"{rel_idx} places {_spaces_of(sp)} object {_name(raw)} past the "
@@ -642,7 +648,7 @@ class _Walk:
         if key in self._absent:
             return False
         try:
-            data = self.store.objects.get(space, _name(raw))
+            data = self.objects.get(space, _name(raw))
         except (NoSuchObjectError, CorruptObjectError, CorruptPackError, OSError):
             self._absent.add(key)
             return False
@@ -852,7 +858,8 @@ class _Walk:
             return False
         env = checked[0]
         parent = env.get("parent")
-        into[raw] = (_raw(env["content"]), _raw(parent) if _is_hash(parent) else None, env.get("type") == "label")
+        into[raw] = (_raw(env["content"]), _raw(parent) if isinstance(parent, str) and _is_hash(parent) else None,
+                     env.get("type") == "label")
         if env.get("parents") is not None:
             self.env_parents.setdefault(raw, env["parents"])
         self.ret_c.add(into[raw][0])
@@ -876,9 +883,9 @@ class _Walk:
         self, sid: str, records: list[Record], logrel: str, media: str,
         head_file: bytes | None, mark_file: bytes | None, sdir: str, log_size: int,
     ) -> None:
-        """One pass over the records a reader keeps: the objects each append needs, the
-        state the log replays to (as :meth:`Session._replay` does), and the parent and
-        ``parents`` rules; then the base and head rules and the indexes."""
+        """One pass over the records a reader keeps: the objects each append needs and the
+        parent and ``parents`` rules; then the state the log replays to (the domain's
+        :func:`replay`), the base and head rules, and the indexes against it."""
         create = records[0].data
         if create.get("session") != sid:
             self.error("bad-log", f"session {sid}: its create record names session {create.get('session')!r}",
@@ -895,8 +902,6 @@ class _Walk:
                 self.error("bad-log", f"session {sid}: its create record's base {base!r} is not an entry id",
                            session=sid, file=logrel, line=records[0].line)
                 rules = False
-        head: str | None = base
-        mark = create.get("mark") or "mirror"
         ops = [r.data["op"] for r in records]
         last_commit = max(i for i, op in enumerate(ops) if op == "commit" or op == "create")
         # Appends a checkpoint record covers (by sequence number: a checkpoint runs beside
@@ -906,7 +911,6 @@ class _Walk:
         unhex, hash_match = binascii.unhexlify, _HASH.fullmatch
         own: set[bytes] = set()  # own entries, in the order they are met
         own_add = own.add
-        leaf_labels: set[bytes] = set()
         seqs: list[int] = []
         payload_envs: dict[bytes, tuple[bytes, bytes | None, bool]] = {}
         prefix: set[bytes] | None = None
@@ -916,10 +920,6 @@ class _Walk:
             d = r.data
             op = ops[i]
             if op != "append":
-                if op == "head":
-                    head = d.get("head")
-                elif op == "mark":
-                    mark = d.get("mark")
                 continue
             entry = d.get("entry")
             if type(entry) is not str or hash_match(entry) is None:
@@ -955,8 +955,6 @@ class _Walk:
                     else:
                         self.report_missing(sid, r, info, logrel)
             if raw not in own:
-                if d.get("leaf_label"):
-                    leaf_labels.add(raw)
                 if info is not None and rules:
                     parent = info[1]
                     if parent is None:
@@ -978,8 +976,6 @@ class _Walk:
                     if sidecars and info[0] in sidecars:
                         self.check_sidecars(sid, r, sidecars[info[0]], logrel)
                 own_add(raw)
-            if "head" in d:
-                head = d["head"]
         self.ret_e.update(own)
         owner = self.owner
         for raw in own:
@@ -995,14 +991,20 @@ class _Walk:
             if info is not None and info[2] and self.is_leaf_label(info[0]):
                 self.error("base-rule", f"session {sid}: its base {base} is a leaf label; a fork's base is its first head",
                            session=sid, object=base, file=logrel)
-        head_raw = unhex(head[7:]) if type(head) is str and hash_match(head) else None
-        if head is None:
-            if base is not None:
-                self.error("head-rule", f"session {sid}: it has a base but no head (a fork's head is never empty)",
-                           session=sid, file=logrel)
-        elif not (head == base or (head_raw in own and head_raw not in leaf_labels)):
-            what = "a leaf label" if head_raw in leaf_labels else "neither the base nor an own entry"
-            self.error("head-rule", f"session {sid}: its head {head} is {what}", session=sid, object=str(head), file=logrel)
+        # The state is what the one replay of the domain says (open, repair and exchange
+        # read a log the same way); its contradictions are damage.
+        state = replay([r.data for r in records[:cut_at]])
+        for code, why in state.damage:
+            self.error(code, f"session {sid}: {why}", session=sid, file=logrel)
+        if state.damage:
+            return  # the indexes cannot be judged against a log that contradicts itself
+        head, mark = state.head, state.mark
+        if head_file is not None:
+            lost = index_damage(state, head_file.decode("ascii", "replace").strip())
+            if lost is not None:
+                self.error("log-cut", f"session {sid}: {lost}; `agentsession repair {sid}` takes back what HEAD proves",
+                           session=sid, file=f"sessions/{sid}/HEAD")
+                return
         self.check_indexes(sid, head, mark, head_file, mark_file, sdir, log_size, unclean)
 
     def report_seqs(self, sid: str, records: list[Record], logrel: str) -> None:
@@ -1100,7 +1102,8 @@ class _Walk:
         for n in wrong:
             code = "stale-head" if n == "HEAD" else "stale-mark"
             what = "head" if n == "HEAD" else "mark"
-            says = "is missing" if found[n] is None else f"says {found[n].decode('utf-8', 'replace').strip() or 'no head'!r}"
+            text = found[n]
+            says = "is missing" if text is None else f"says {text.decode('utf-8', 'replace').strip() or 'no head'!r}"
             should = expect[n].decode().strip() or "no head"
             where = dict(session=sid, file=f"sessions/{sid}/{n}")
             if held:

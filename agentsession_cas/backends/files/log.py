@@ -228,7 +228,7 @@ def _scan(data: bytes) -> tuple[list[tuple[int, int, bytes, bool]], list[tuple[i
     crash_like: set[int] = set()  # bad lines a crash can leave: torn, or holding unwritten (zero) blocks
     for i, (number, offset, raw, terminated) in enumerate(lines):
         if not terminated:
-            result: dict | str = "torn: the last line has no newline"
+            result: tuple[dict[str, Any], tuple[bytes, bytes] | None] | str = "torn: the last line has no newline"
             crash_like.add(i)
         else:
             result = _parse_line(raw)
@@ -265,6 +265,6 @@ def read_log(data: bytes) -> LogRead:
             if isinstance(result, str):
                 out.damage.append(LogDamage(number, offset, result))
         return out
-    out.cut = LogDamage(bad_number, bad_offset, bad_reason)  # type: ignore[arg-type]
+    out.cut = LogDamage(bad_number, bad_offset, bad_reason)
     out.cut_records = [Record(n, o, r[0], r[1]) for n, o, r, _ in parsed[first_bad + 1 :] if isinstance(r, tuple)]
     return out

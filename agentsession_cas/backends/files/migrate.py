@@ -626,8 +626,15 @@ class _Planner:
         self.progress = progress
         self.infos: dict[str, _EntryInfo | str] = {}
         self.sound_prefix: set[str] = set()
-        self.objects: _Objects | None = None
+        self._objects: _Objects | None = None
 
+
+    @property
+    def objects(self) -> _Objects:
+        """The old layout's objects, once :meth:`plan` has looked at them."""
+        if self._objects is None:
+            raise MigrationError("the objects were asked for before the plan read them")
+        return self._objects
     def _path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
 
@@ -669,7 +676,7 @@ class _Planner:
                     "(--skip-damaged migrates without it)"
                 )
         packs, in_place = self._packs(report)
-        self.objects = _Objects(self.root, packs, new_packs=not in_place)
+        self._objects = _Objects(self.root, packs, new_packs=not in_place)
         self.by_session: dict[str, list[JournalRecord]] = {}
         for r in jr.records:
             if r.op != "journal":

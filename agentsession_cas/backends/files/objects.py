@@ -18,7 +18,6 @@ worth one, else as loose files.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 import weakref
@@ -30,7 +29,7 @@ from typing import Any
 import filelock
 
 from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
-from ...format.hashing import HASH_PREFIX, is_hash
+from ...format.hashing import HASH_PREFIX, envelope_content, is_hash
 from ...fsutil import fsync_dir, fsync_paths, write_all, write_atomic
 from ..base import ObjectStore, RepackResult, Space
 from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter
@@ -62,16 +61,6 @@ REPACK_THREADS = max(1, min(4, os.cpu_count() or 1))
 #: A store with about this many loose objects packs them when a writer closes
 #: (git's gc.auto is 6700).
 AUTO_PACK_LOOSE = 4096
-
-
-def _content_of(envelope: bytes) -> str | None:
-    """The content hash an envelope names, or None when it is not an envelope."""
-    try:
-        env = json.loads(envelope)
-    except ValueError:
-        return None
-    chash = env.get("content") if isinstance(env, dict) else None
-    return chash if is_hash(chash) else None
 
 
 def _freshen(path: str) -> bool:
@@ -142,7 +131,7 @@ class FileObjects(ObjectStore):
             return found
         return None
 
-    def get(self, space: str, name: str) -> bytes:  # type: ignore[override]
+    def get(self, space: str, name: str) -> bytes:
         """The object's bytes, from a pack or a loose file (or a log that holds it until
         its next checkpoint), verified against its name."""
         try:
@@ -327,7 +316,7 @@ class FileObjects(ObjectStore):
             return False
         return size == len(data) and self._loose_sound(space, name, path)
 
-    def put_many(  # type: ignore[override]
+    def put_many(
         self, items: Iterable[tuple[str, str, bytes]], *, count: int | None = None, dedup: bool = True
     ) -> None:
         """Store many objects durably at once (a checkpoint, an import, a push). A batch
@@ -432,7 +421,7 @@ class FileObjects(ObjectStore):
             return False
         try:
             env = self._get("entries", entry_id)
-            chash = _content_of(env)
+            chash = envelope_content(env)
             return chash is not None and self.is_sound_here("contents", chash)
         except (NoSuchObjectError, CorruptObjectError, CorruptPackError):
             return False

@@ -53,6 +53,8 @@ from ...format.timestamps import now_ts
 from ...fsutil import fsync_dir, write_all, write_atomic
 from ...store.session import Session, entry_from_objects, parse_header
 from ...store.state import replay
+from ..base import Space
+from . import FileBackend
 from .log import LogLine, encode_record, scan_log
 from .sessions import FileSessionLog
 
@@ -158,7 +160,7 @@ class RepairReport:
     # What executing the plan writes (not part of the report's public shape).
     _create: dict[str, Any] = field(default_factory=dict, repr=False)
     _records: list[tuple[dict[str, Any], tuple[bytes, bytes] | None]] = field(default_factory=list, repr=False)
-    _objects: list[tuple[str, str, bytes]] = field(default_factory=list, repr=False)
+    _objects: list[tuple[Space, str, bytes]] = field(default_factory=list, repr=False)
     _header_bytes: bytes = field(default=b"", repr=False)
     #: The damaged log's bytes as the plan read them (None: there was no log file).
     _source: bytes | None = field(default=None, repr=False)
@@ -197,7 +199,7 @@ class _Objects:
     entry: Entry
     content: bytes
     envelope: bytes
-    write: list[tuple[str, str, bytes]]
+    write: list[tuple[Space, str, bytes]]
 
 
 def _legible_records(raw: bytes) -> list[tuple[int, dict[str, Any], tuple[bytes, bytes] | None]]:
@@ -304,6 +306,40 @@ class _Planner:
         self.head_fallback = ""
         self.last_head_read = -1  # index of the last line whose head move was read (or -1: the create)
 
+    # placing recovered entries
+
+    def _deps(self, x: str, salvaged: dict[str, Any]) -> list[str]:
+        """What entry ``x`` hangs from in this session (its parent and converged entries)."""
+        objs = self.objects(x, salvaged[x][1] if x in salvaged else None)
+        if isinstance(objs, tuple):
+            return []
+        out = [objs.entry.parent] if objs.entry.parent is not None else []
+        out += [ref.entry for ref in objs.entry.parents if ref.session in (None, self.sid)]
+        return out
+
+    def _emit(self, x: str, salvaged: dict[str, Any], hidden: frozenset[str], emitted: set[str],
+              plan: list[tuple[str, Any]]) -> None:
+        """Place x after every entry of its region it hangs from (iteratively: a long
+        hidden chain must not exhaust the stack)."""
+        todo: list[tuple[str, bool]] = [(x, False)]
+        pending: set[str] = set()
+        while todo:
+            node, ready = todo.pop()
+            if node in emitted:
+                continue
+            if ready:
+                emitted.add(node)
+                pending.discard(node)
+                plan.append(("append", node))
+                continue
+            if node in pending:
+                continue  # a cycle (objects can be forged to make one): stop here
+            pending.add(node)
+            todo.append((node, True))
+            for dep in reversed(self._deps(node, salvaged)):
+                if (dep in salvaged or dep in hidden) and dep not in emitted and dep not in pending:
+                    todo.append((dep, False))
+
     # objects
 
     def objects(self, entry_id: str, payload: tuple[bytes, bytes] | None) -> _Objects | tuple[str, str]:
@@ -314,7 +350,7 @@ class _Planner:
         if cached is not None and (not isinstance(cached, tuple) or payload is None):
             return cached  # whole objects are the same bytes whichever copy they came from
         objs = self.store.objects
-        write: list[tuple[str, str, bytes]] = []
+        write: list[tuple[Space, str, bytes]] = []
         result: _Objects | tuple[str, str]
         try:
             if payload is not None and sha256_ref(payload[1]) == entry_id:
@@ -503,7 +539,7 @@ class _Planner:
                 t = _UNKNOWN
                 break
             seen.add(t)
-            t = self.parent_of(t)  # type: ignore[arg-type]
+            t = self.parent_of(t)
             if t is _UNKNOWN:
                 break
         if t is _UNKNOWN:
@@ -576,7 +612,8 @@ class _Planner:
                     "repair rewrites the session's log and cannot restore the entries of the prefix"
                 ) from None
         self.head = self.base
-        self.mark = create.get("mark") if create.get("mark") in ("record", "mirror") else "mirror"
+        mark = create.get("mark")
+        self.mark = mark if isinstance(mark, str) and mark in ("record", "mirror") else "mirror"
         rep._create = create
 
         # -- damaged lines: regions of consecutive bad lines, and what they still spell
@@ -731,35 +768,9 @@ class _Planner:
             emitted: set[str] = set()
             plan: list[tuple[str, Any]] = []
 
-            def deps(x: str) -> list[str]:
-                objs = self.objects(x, salvaged_here[x][1] if x in salvaged_here else None)
-                if isinstance(objs, tuple):
-                    return []
-                out = [objs.entry.parent] if objs.entry.parent is not None else []
-                out += [ref.entry for ref in objs.entry.parents if ref.session in (None, self.sid)]
-                return out
-
-            def emit(x: str) -> None:
-                """Place x after every entry of this region it hangs from (iteratively: a
-                long hidden chain must not exhaust the stack)."""
-                todo: list[tuple[str, bool]] = [(x, False)]
-                pending: set[str] = set()
-                while todo:
-                    node, ready = todo.pop()
-                    if node in emitted:
-                        continue
-                    if ready:
-                        emitted.add(node)
-                        pending.discard(node)
-                        plan.append(("append", node))
-                        continue
-                    if node in pending:
-                        continue  # a cycle (objects can be forged to make one): stop here
-                    pending.add(node)
-                    todo.append((node, True))
-                    for dep in reversed(deps(node)):
-                        if (dep in salvaged_here or dep in hidden_set) and dep not in emitted and dep not in pending:
-                            todo.append((dep, False))
+            def emit(x: str, salvaged: dict[str, Any] = salvaged_here, hidden: frozenset[str] = hidden_set,
+                     done: set[str] = emitted, into: list[tuple[str, Any]] = plan) -> None:
+                self._emit(x, salvaged, hidden, done, into)
 
             # What the region's lines still say, in line order: legible records and
             # payload-only appends; then what it hid.
@@ -768,16 +779,17 @@ class _Planner:
             ]
             said += [(j, len(said) + k, None, h) for k, (h, j) in enumerate(payload_only[r].items())]
             said.sort(key=lambda t: (t[0], t[1]))
-            for j, _, data, h in said:
-                if data is None:
-                    emit(h)  # type: ignore[arg-type]
-                elif data["op"] == "append":
-                    if data["entry"] in salvaged_here:
-                        emit(data["entry"])
+            for j, _, said_data, said_h in said:
+                if said_data is None:
+                    assert said_h is not None
+                    emit(said_h)
+                elif said_data["op"] == "append":
+                    if said_data["entry"] in salvaged_here:
+                        emit(said_data["entry"])
                 else:
-                    if data["op"] == "head" and data["head"] in hidden_set:
-                        emit(data["head"])
-                    plan.append((data["op"], (data, j)))
+                    if said_data["op"] == "head" and said_data["head"] in hidden_set:
+                        emit(said_data["head"])
+                    plan.append((said_data["op"], (said_data, j)))
             for h in hidden_here:
                 emit(h)
             plans[r] = [(kind, x if kind != "append" else (x, salvaged_here.get(x))) for kind, x in plan]
@@ -965,7 +977,7 @@ class _Planner:
     def head_index(self) -> str | None:
         """What the ``HEAD`` index file names, when it names an entry."""
         try:
-            with open(os.path.join(self.store.backend.sessions.dir(self.sid), "HEAD"), "rb") as f:  # type: ignore[attr-defined]
+            with open(os.path.join(_files(self.store).sessions.dir(self.sid), "HEAD"), "rb") as f:
                 text = f.read(200).decode("ascii", "replace").strip()
         except OSError:
             return None
@@ -975,7 +987,7 @@ class _Planner:
         """The mark when the create record is lost: the ``mark`` index file when it says
         one, else ``mirror`` (which refuses local writes rather than risk them)."""
         try:
-            with open(os.path.join(self.store.backend.sessions.dir(self.sid), "mark"), "rb") as f:
+            with open(os.path.join(_files(self.store).sessions.dir(self.sid), "mark"), "rb") as f:
                 text = f.read().decode("ascii", "replace").strip()
         except OSError:
             text = ""
@@ -985,6 +997,12 @@ class _Planner:
 
 
 # -- the entry points ------------------------------------------------------------------------
+
+
+def _files(store: Store) -> FileBackend:
+    backend = store.backend
+    assert isinstance(backend, FileBackend), "repair of this module is the file backend's"
+    return backend
 
 
 def _damaged_log_name() -> str:
@@ -1011,7 +1029,7 @@ def plan_repair(
             head=probe.head, mark=probe.mark, seq=probe.state.max_seq, head_note="as the log names it",
             _kept_seqs=dict(probe.own),
         )
-    sdir = store.backend.sessions.dir(session_id)
+    sdir = _files(store).sessions.dir(session_id)
     try:
         with open(os.path.join(sdir, "header"), "rb") as f:
             header_bytes = f.read()
@@ -1050,12 +1068,14 @@ def _build_log(report: RepairReport, damaged_log: str | None) -> bytes:
 def _check_staged(store: Store, session_id: str, stage: str, report: RepairReport) -> None:
     """Open the new log as the store would (from a staging directory) and project it: the
     repaired session must open, replay to the plan, and verify, before it replaces anything."""
-    log = FileSessionLog(store.backend, session_id)  # type: ignore[arg-type]
+    backend = store.backend
+    assert isinstance(backend, FileBackend)
+    log = FileSessionLog(backend, session_id)
     log.dir = stage
     try:
         opened = log._open(False)
         state = replay(opened.records)
-        problems = list(state.damage)
+        problems = [why for _, why in state.damage]
         if state.log_order != report.kept:
             problems.append("the entries it replays differ from the plan")
         if state.head != report.head or state.mark != report.mark:
@@ -1131,7 +1151,7 @@ def repair_session(
         raise StoreError(f"session {session_id} is open in this process; close it before repairing it")
     if session_id not in store:
         raise NoSuchSessionError(f"no such session: {session_id}")
-    lock = store.backend.sessions.lock(session_id)
+    lock = _files(store).sessions.lock(session_id)
     try:
         report = plan_repair(store, session_id, progress=progress)
         if not report.damaged:
@@ -1139,7 +1159,7 @@ def repair_session(
         if confirm is not None and not confirm(report):
             report.cancelled = True
             return report
-        sdir = store.backend.sessions.dir(session_id)
+        sdir = _files(store).sessions.dir(session_id)
         log_path = os.path.join(sdir, "log")
         before = report._source
         # 1. Objects first: every kept entry's objects are then in objects/, durably.
@@ -1152,7 +1172,7 @@ def repair_session(
         if before is not None:
             aside_name = _existing_aside(sdir, log_path, before) or _damaged_log_name()
         data = _build_log(report, aside_name)
-        stage = os.path.join(store.backend.root, "tmp", f"repair-{session_id}-{os.getpid()}-{os.urandom(4).hex()}")  # type: ignore[attr-defined]
+        stage = os.path.join(_files(store).root, "tmp", f"repair-{session_id}-{os.getpid()}-{os.urandom(4).hex()}")
         os.makedirs(stage)
         try:
             with open(os.path.join(stage, "header"), "wb") as f:

@@ -344,6 +344,7 @@ class FileSessionLog(SessionLog):
         self._inflight: tuple[Future, list[str], int] | None = None
         self._closed = False
         self._identity: tuple[tuple[int, int, int, int], ...] | None = None
+        self._recovery: tuple[bytes | None, list[Any]] | None = None
 
     # -- opening and recovery -------------------------------------------------------------
 
@@ -465,22 +466,36 @@ class FileSessionLog(SessionLog):
         # is clean and is not rewritten.
         adopted = [r for r in kept[last_commit + 1 :] if r.op == "append"]
         uncommitted_tail = any(r.op != "checkpoint" for r in kept[last_commit + 1 :])
+        rewrite = None
         if logread.cut or lost or cut_at < len(records) or adopted or uncommitted_tail:
             lines = [encode_record(r.data, r.payload) for r in kept]
             lines.extend(encode_record(x) for x in losses)
             lines.append(_COMMIT)
-            write_atomic(os.path.join(self.dir, "log"), b"".join(lines), durable=True)
+            rewrite = b"".join(lines)
             out_records = out_records + losses + [{"op": "commit"}]
+        # Nothing is written yet: the domain checks the log first (recover() writes).
+        self._recovery = (rewrite, since_checkpoint)
+        return LogOpen(header, out_records, head_index, mark_index, recovered)
+
+    def recover(self) -> None:
+        """Apply what opening found a crash left, now that the domain found the log sound:
+        the log rewritten (uncommitted working state adopted, or dropped with ``loss``
+        records, then a commit), and the checkpoint the last writer did not reach."""
+        if not self.writable or self._recovery is None:
+            return
+        rewrite, since_checkpoint = self._recovery
+        self._recovery = None
+        if rewrite is not None:
+            write_atomic(os.path.join(self.dir, "log"), rewrite, durable=True)
         self._fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if since_checkpoint:
             # Finish the checkpoint the last writer did not reach: every object since
             # it written (where missing or torn) and fsynced, then the record.
             for r in since_checkpoint:
-                content, env_bytes = r.payload  # type: ignore[misc]
+                content, env_bytes = r.payload
                 self.unmaterialized[r.get("entry")] = (sha256_ref(content), content, env_bytes)
-            objects.register(self)
+            self.backend.objects.register(self)
             self._checkpoint()
-        return LogOpen(header, out_records, head_index, mark_index, recovered)
 
     def _read_indexes(self) -> tuple[str | None, str | None]:
         out: list[str | None] = []

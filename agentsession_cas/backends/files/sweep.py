@@ -14,16 +14,13 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from ...errors import StoreError
-from ..base import RepackResult
+from ...format.hashing import envelope_content
+from ..base import RepackResult, Retained, RetentionSource
 from .log import read_log, scan_log
 from .objects import FileObjects, Snapshot
 from .packs import SPACE_BITS
-
-if TYPE_CHECKING:
-    from ...maintenance.sweep import Retained, RetentionSource
 
 __all__ = ["TMP_MIN_AGE", "retention_sources", "sweep_objects"]
 
@@ -108,8 +105,6 @@ def retention_sources(root: str) -> Iterator[RetentionSource]:
     reading otherwise: what it names is in a log read, or was written or touched
     after the snapshot.) A log with damage stops the sweep: its unreadable records
     may name entries, and a sweep never guesses."""
-    from ...maintenance.sweep import RetentionSource, content_of
-
     seen: set[tuple[str, int, int]] = set()
     again = True
     while again:
@@ -138,7 +133,7 @@ def retention_sources(root: str) -> Iterator[RetentionSource]:
             contents: dict[str, str] = {}
             for r in records:
                 if r.payload is not None and r.data.get("op") == "append" and isinstance(r.data.get("entry"), str):
-                    c = content_of(r.payload[1])
+                    c = envelope_content(r.payload[1])
                     if c:
                         contents[r.data["entry"]] = c
             yield RetentionSource([r.data for r in records], contents, staged)
@@ -212,7 +207,7 @@ def _holds_blobs(snap: Snapshot) -> bool:
 def _clean_tmp(root: str, age: float, now: float) -> list[str]:
     """Remove leftovers in tmp/ older than ``age`` (a crashed writer's)."""
     base = os.path.join(root, "tmp")
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(base)
     except FileNotFoundError:

@@ -1,0 +1,126 @@
+"""A session log cut short at a record boundary: committed appends gone, every remaining
+record sound, HEAD still naming the last entry.
+
+A checksum per record cannot see this; the head index can. HEAD is written only after
+the log is committed, so it may lag the log but never lead it: an index naming an entry
+the log does not hold means committed records were lost. ``verify`` and ``fsck`` report
+it, the session refuses writes (no append may reuse the lost sequence numbers or rewrite
+HEAD over the evidence), and ``repair`` takes back every entry HEAD proves through the
+objects, with sequence numbers after every one the log ever used.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agentsession_cas import Header, make_entry
+from agentsession_cas.errors import SessionDamagedError
+from agentsession_cas.maintenance.fsck import fsck
+from agentsession_cas.maintenance.repair import repair_session
+from agentsession_cas.store import Store
+from agentsession_cli.main import main
+
+SID = "cut"
+
+
+def item(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def build(root: Path, n: int = 5) -> tuple[list[str], list[bytes]]:
+    """A session of ``n`` continued durable appends, closed (objects checkpointed);
+    returns the entry ids and the log's lines."""
+    with Store.init(root) as st:
+        s = st.create(Header.new(SID))
+        ids = [s.append(make_entry("item", s.head, item=item(f"entry {i}")).data).id for i in range(n)]
+    lines = (root / "sessions" / SID / "log").read_bytes().splitlines(keepends=True)
+    return ids, lines
+
+
+def cli(root: Path, *args: str, input: str | None = None):
+    return CliRunner().invoke(main, ["--store", str(root), *args], input=input)
+
+
+def kept_appends(lines: list[bytes]) -> list[str]:
+    out = []
+    for line in lines:
+        body = json.loads(line.split(b" ", 1)[1].split(b"\t", 1)[0])
+        if body["op"] == "append":
+            out.append(body["entry"])
+    return out
+
+
+def test_every_record_boundary_cut(tmp_path):
+    ids, lines = build(tmp_path / "template")
+    assert (tmp_path / "template" / "sessions" / SID / "HEAD").read_text().strip() == ids[-1]
+    damaged_cuts = 0
+    for k in range(1, len(lines)):
+        root = tmp_path / f"cut{k}"
+        _copy_store(tmp_path / "template", root)
+        (root / "sessions" / SID / "log").write_bytes(b"".join(lines[:k]))
+        left = kept_appends(lines[:k])
+        if ids[-1] in left:
+            # Only records after the last append went (its commit, a checkpoint): nothing
+            # HEAD names is missing, and the session opens (an uncommitted tail at worst).
+            with Store(root) as st:
+                assert st.session(SID).log_order == ids
+            continue
+        damaged_cuts += 1
+        # verify reports it, naming the loss
+        r = cli(root, "verify", SID)
+        assert r.exit_code == 1 and "lost committed records" in r.output, (k, r.output)
+        # fsck reports it, naming HEAD
+        report = fsck(root)
+        assert not report.ok and [p.code for p in report.errors] == ["log-cut"], (k, report.errors)
+        assert report.errors[0].file == f"sessions/{SID}/HEAD"
+        # no write: an append is refused, and nothing in the session changed
+        before = {p.name: p.read_bytes() for p in (root / "sessions" / SID).iterdir()}
+        with Store(root) as st, pytest.raises(SessionDamagedError):
+            st.session(SID)
+        r = cli(root, "append", SID, input=json.dumps({"type": "item", "item": item("more")}))
+        assert r.exit_code == 1 and "repair" in r.output
+        assert {p.name: p.read_bytes() for p in (root / "sessions" / SID).iterdir()} == before
+        # repair takes back every entry HEAD proves, and the sequence goes on after them
+        with Store(root) as st:
+            report_r = repair_session(st, SID)
+        assert report_r.repaired
+        assert [x.entry for x in report_r.recovered] == ids[len(left):]
+        assert all(x.how == "head" for x in report_r.recovered)
+        with Store(root) as st:
+            s = st.session(SID)
+            assert s.log_order == ids and s.head == ids[-1]
+            res = s.append(make_entry("item", s.head, item=item("after repair")).data)
+            assert res.seq == len(ids) + 1 and res.outcome == "continued"
+        assert fsck(root).ok
+        assert cli(root, "verify", SID).exit_code == 0
+    last_append = max(i for i, line in enumerate(lines) if kept_appends([line]))
+    assert damaged_cuts == last_append  # every cut before the last append's line
+
+
+def test_a_lagging_head_index_is_no_damage(tmp_path):
+    """HEAD behind the log (a crash before the index was rewritten) is what a lag looks
+    like: the session opens and rewrites it."""
+    root = tmp_path / "store"
+    ids, _ = build(root)
+    (root / "sessions" / SID / "HEAD").write_text(ids[1] + "\n")
+    with Store(root) as st:
+        assert st.session(SID).head == ids[-1]
+    assert (root / "sessions" / SID / "HEAD").read_text().strip() == ids[-1]
+
+
+def test_an_unreadable_head_index_is_rebuilt_not_damage(tmp_path):
+    root = tmp_path / "store"
+    ids, _ = build(root)
+    (root / "sessions" / SID / "HEAD").write_bytes(b"\x00garbage\n")
+    with Store(root) as st:
+        assert st.session(SID).head == ids[-1]
+
+
+def _copy_store(src: Path, dst: Path) -> None:
+    import shutil
+
+    shutil.copytree(src, dst)
