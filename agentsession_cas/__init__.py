@@ -1,10 +1,12 @@
 """agentsession-cas: a git-like content-addressed store for Agent Session Format records.
 
-The format core lives here: canonical JSON and the I-JSON test
-(:mod:`.canonical`), entry hashing (:mod:`.hashing`), the ``ts`` form
-(:mod:`.timestamps`), lossless entries and headers (:mod:`.entry`), reading
-and verifying files (:mod:`.reader`, :mod:`.legacy`), the tree and the
-resume rule (:mod:`.tree`) and writing (:mod:`.writer`).
+The public API, from the packages that hold it (``docs/architecture.md``):
+the format core (:mod:`.format`: reading, verifying and writing session
+files, context and request hashes, runs and calls), the store
+(:func:`open_store`, :class:`Store`, :class:`Session`; :mod:`.store`), the
+storage seam and its backends (:mod:`.backends`), exchange between stores
+(:mod:`.exchange`) and maintenance (:mod:`.maintenance`). Every error is an
+:class:`AgentSessionError` carrying a machine ``code``.
 """
 
 from .errors import (
@@ -44,9 +46,17 @@ from .format.timestamps import check_ts, format_ts, is_valid_ts, now_ts
 from .format.tree import Tree
 from .format.writer import SessionBuilder, session_bytes, write_session
 
+from .store import AppendResult, PreparedBatch, Session, Store
+from .store.url import open_store
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "AppendResult",
+    "PreparedBatch",
+    "Session",
+    "Store",
+    "open_store",
     "AgentSessionError",
     "Context",
     "ContextBuilder",

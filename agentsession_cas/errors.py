@@ -203,6 +203,21 @@ class SessionDamagedError(StoreError):
         self.offset = offset
 
 
+class BaseNotHeldError(StoreError, NoSuchEntryError):
+    """A fork whose base is an entry the store does not hold (in a log or on a prefix)."""
+
+    code = "no_entry"
+    status = 404
+
+
+class BadBaseError(StoreError):
+    """A fork (or a pushed or imported one) whose base may not be one: a ``leaf`` label,
+    an entry not yet committed, one below a merge, or a base owned with other media."""
+
+    code = "bad_base"
+    status = 422
+
+
 class MirrorError(StoreError):
     """A local append or head move on a session this store is a mirror of."""
 

@@ -710,16 +710,8 @@ _BAD_LINES = {
     "hash": {"type": "x:n", "parent": None, "ts": TS0, "id": UNHELD},
     "md5-id": {"type": "x:n", "parent": None, "ts": TS0, "id": "md5:" + "0" * 32},
     "synthetic": {"type": "label", "label": LEAF_LABEL, "target": None, "synthetic": True, "parent": None, "ts": TS0},
-    "bad-hex-id": pytest.param(
-        {"type": "x:n", "parent": None, "ts": TS0, "id": "sha256:" + "A" * 64},
-        marks=pytest.mark.xfail(strict=True, reason="BUG: an id 'sha256:' + uppercase hex is refused with "
-                                "rule 'hash'; verify reports 'id' for the same line"),
-    ),
-    "session-type": pytest.param(
-        {"type": "session", "parent": None, "ts": TS0, "id": UNHELD},
-        marks=pytest.mark.xfail(strict=True, reason="BUG: an entry of type 'session' is refused with rule "
-                                "'type'; verify reports 'entry' for the same line"),
-    ),
+    "bad-hex-id": {"type": "x:n", "parent": None, "ts": TS0, "id": "sha256:" + "A" * 64},
+    "session-type": {"type": "session", "parent": None, "ts": TS0, "id": UNHELD},
 }
 
 
@@ -745,8 +737,6 @@ def test_open_of_a_store_never_made_is_refused(make_store, request):
     makes one where there is none. Without it, a URL naming no store is refused (the
     file backend: ``layout``), rather than a new empty store handed back as if it were
     the one meant."""
-    known_bug(request, make_store.name == "memory", "BUG: open_store('memory:NAME') without create=True makes a new empty "
-              "store where none was made, instead of refusing as a path with no store does")
     url = make_store.url("never-made")
     with pytest.raises(AgentSessionError):
         open_store(url)
@@ -1055,11 +1045,6 @@ def test_fork_media_mismatch_refused(make_store):
     assert st.create(Header.new("f", base=ids[0], media="sidecar")).head == ids[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: fork refusals (base not held, base a leaf label, media differs) carry code store_fault, "
-    "not RFC 0003's no_entry / bad_base",
-)
 @pytest.mark.parametrize("case", ["unheld", "leaf", "media"])
 def test_fork_refusal_codes(make_store, case):
     """RFC 0003 "Errors": a base the store does not hold is ``no_entry``; a base that is a
@@ -1813,8 +1798,6 @@ def test_push_to_a_remote_never_made_is_refused(remote_pair, request):
     """A push names its remote by URL; a URL where no store is refuses the push
     (``transport``), and nothing is made there."""
     a_f, b_f = remote_pair
-    known_bug(request, b_f.name == "memory", "BUG: a push to memory:NAME where no store was made "
-              "silently creates that store and lands the session in it, instead of a transport error")
     a = a_f("a")
     chain(a, n=1)
     url = b_f.url("never-made")
@@ -1830,9 +1813,6 @@ def test_kept_transport_after_remote_session_replaced(remote_pair, request, new_
     remote meanwhile: the next push meets the new session's header (``header_differs``),
     and that session is left exactly as its writer left it, readable."""
     a_f, b_f = remote_pair
-    known_bug(request, b_f.name == "memory", "BUG: a memory session log parked by the exchange endpoint writes "
-              "into (or resumes) a new session created under its id after a delete: it overwrites its head index "
-              "(the session then opens as damaged), or admits into it with the old header")
     a, b = a_f("a"), b_f("b")
     s, ids = chain(a, n=2)
     transport = open_transport(b_f.url("b"))

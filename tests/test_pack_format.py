@@ -598,15 +598,16 @@ def test_a_damaged_first_format_pack_is_left_out_of_merges_and_writes_go_on(tmp_
 def test_a_failure_while_blocks_compress_on_threads_leaves_nothing_behind(tmp_path, monkeypatch):
     calls = []
 
+    import zstandard
+
     def failing(self, stream):
         calls.append(1)
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        return zstandard_compress(stream)
+        # A compressor per call: one ZstdCompressor is not safe to share between the
+        # writer's threads (sharing one crashed the interpreter now and then).
+        return zstandard.ZstdCompressor(level=1).compress(stream)
 
-    import zstandard
-
-    zstandard_compress = zstandard.ZstdCompressor(level=1).compress
     monkeypatch.setattr(PackWriter, "_compress", failing)
     w = PackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"), encode=True, block_target=4 << 10, threads=2)
     with pytest.raises(OSError, match="No space left"):

@@ -1640,10 +1640,10 @@ def test_opening_a_session_reads_no_other_session(root, monkeypatch):
 # -- review fixes ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("type_", ["weird", "session"])
-def test_append_refuses_types_a_reader_refuses(store, type_):
+@pytest.mark.parametrize("type_,says", [("weird", "neither a core type"), ("session", "only a header")])
+def test_append_refuses_types_a_reader_refuses(store, type_, says):
     s = store.create(Header.new("types"))
-    with pytest.raises(AppendRefusedError, match="neither a core type"):
+    with pytest.raises(AppendRefusedError, match=says):
         s.append({"type": type_, "ts": ts()})
     assert len(s) == 0
     assert s.append({"type": "acme:note", "ts": ts(), "x": 1}).outcome == "continued"

@@ -71,7 +71,7 @@ def open_backend(url: str | os.PathLike[str], *, create: bool = False, readonly:
     """The backend a store URL (or path) names; ``create`` makes the store where there is none."""
     kind, rest = store_url_kind(os.fspath(url))
     if kind == "memory":
-        return MemoryBackend(rest or None, readonly=readonly)
+        return MemoryBackend(rest or None, readonly=readonly, create=create)
     if create:
         backend, _ = FileBackend.init(rest, readonly=readonly)
         return backend

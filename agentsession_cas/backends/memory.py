@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import (
+    LayoutError,
     CorruptObjectError,
     NoSuchObjectError,
     NoSuchSessionError,
@@ -80,15 +81,19 @@ _REGISTRY: dict[str, MemoryData] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
-def memory_store(name: str | None, *, create: bool = True) -> MemoryData:
-    """The memory store called ``name`` (a new anonymous one for None)."""
+def memory_store(name: str | None, *, create: bool = False) -> MemoryData:
+    """The memory store called ``name`` (a new anonymous one for None); one never made
+    is :class:`LayoutError` unless ``create``, as a directory with no store is."""
     if not name:
         return MemoryData()
     with _REGISTRY_LOCK:
         data = _REGISTRY.get(name)
         if data is None:
             if not create:
-                raise NoSuchSessionError(f"no memory store {name!r} in this process")
+                raise LayoutError(
+                    f"no store at memory:{name} (no memory store of that name in this process); "
+                    "create one with `agentsession init` or open_store(..., create=True)"
+                )
             data = _REGISTRY[name] = MemoryData()
         return data
 
@@ -151,18 +156,20 @@ class MemoryObjects(ObjectStore):
 
 
 class MemorySessionLog(SessionLog):
-    def __init__(self, backend: MemoryBackend, session_id: str, writable: bool):
+    def __init__(self, backend: MemoryBackend, session: _SessionData, session_id: str, writable: bool):
         self.backend = backend
         self.session_id = session_id
         self.writable = writable
         self.stopped: str | None = None
+        self._session = session  # this incarnation: one deleted and made again is another
         self._closed = False
         self._parked = False
+        self._parked_at = 0
 
     def _data(self) -> _SessionData:
         data = self.backend.data.sessions.get(self.session_id)
-        if data is None:
-            raise NoSuchSessionError(f"no such session: {self.session_id}")
+        if data is None or data is not self._session:
+            raise NoSuchSessionError(f"no such session: {self.session_id} (deleted since it was opened)")
         return data
 
     def _check(self) -> _SessionData:
@@ -199,10 +206,9 @@ class MemorySessionLog(SessionLog):
                 data.committed = len(data.records)
 
     def set_indexes(self, head: str | None, mark: Mark) -> None:
-        if not self.writable or self._closed:
+        if not self.writable or self._closed or self._session.holder is not self:
             return
-        data = self._data()
-        data.head, data.mark = head, mark
+        self._session.head, self._session.mark = head, mark
 
     def set_header(self, header: bytes) -> None:
         self._check().header = bytes(header)
@@ -221,7 +227,7 @@ class MemorySessionLog(SessionLog):
     def resume(self) -> bool:
         with self.backend.data.lock:
             data = self.backend.data.sessions.get(self.session_id)
-            if not self._parked or data is None:
+            if not self._parked or data is not self._session:
                 return False
             if data.holder is not None:
                 raise SessionLockedError(f"session {self.session_id} is held by another writer")
@@ -236,9 +242,8 @@ class MemorySessionLog(SessionLog):
             return
         self._closed = True
         with self.backend.data.lock:
-            data = self.backend.data.sessions.get(self.session_id)
-            if data is not None and data.holder is self:
-                data.holder = None
+            if self._session.holder is self:
+                self._session.holder = None
 
 
 class MemorySessions(SessionStore):
@@ -261,7 +266,7 @@ class MemorySessions(SessionStore):
             s = self.data.sessions.get(session_id)
             if s is None:
                 raise NoSuchSessionError(f"no such session: {session_id}")
-            log = MemorySessionLog(self.backend, session_id, writable)
+            log = MemorySessionLog(self.backend, s, session_id, writable)
             if writable:
                 self.backend.require_writable()
                 if s.holder is not None:
@@ -299,7 +304,7 @@ class MemorySessions(SessionStore):
             self.backend.objects.put_many(objects)
             recs = [dict(record_data(r)) for r in records]
             s = _SessionData(bytes(header), recs, len(recs), head, mark)
-            log = MemorySessionLog(self.backend, session_id, True)
+            log = MemorySessionLog(self.backend, s, session_id, True)
             s.holder = log
             self.data.sessions[session_id] = s
             return log
@@ -366,11 +371,13 @@ class MemoryBackend(Backend):
 
     capabilities = Capabilities(persistent=False, packs=False, sweep=True, repair=True, migrate=False)
 
-    def __init__(self, name: str | None = None, *, readonly: bool = False, data: MemoryData | None = None):
+    def __init__(
+        self, name: str | None = None, *, readonly: bool = False, create: bool = False, data: MemoryData | None = None
+    ):
         self.name = name
         self.url = f"memory:{name}" if name else "memory:"
         self.readonly = readonly
-        self.data = data if data is not None else memory_store(name)
+        self.data = data if data is not None else memory_store(name, create=create)
         self.objects = MemoryObjects(self.data, self)
         self.sessions = MemorySessions(self)
         self.refs = MemoryRefs(self.data)

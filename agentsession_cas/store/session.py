@@ -408,7 +408,9 @@ class Session:
         if "ts" not in data:
             data["ts"] = now_ts()
         type_ = data.get("type")
-        if type_ == "session" or (isinstance(type_, str) and type_ not in CORE_TYPES and ":" not in type_):
+        if type_ == "session":
+            raise AppendRefusedError("an entry of type 'session': only a header is of that type; refused", rule="entry")
+        if isinstance(type_, str) and type_ not in CORE_TYPES and ":" not in type_:
             raise AppendRefusedError(
                 f"entry type {type_!r} is neither a core type of RFC 0001 nor namespaced (ns:type); refused",
                 rule="type",
@@ -433,6 +435,10 @@ class Session:
         if stated is not None:
             if not isinstance(stated, str) or not stated.startswith("sha256:"):
                 raise AppendRefusedError(f"id {stated!r} does not carry the sha256: prefix; it is refused", rule="id")
+            if not is_hash(stated):
+                raise AppendRefusedError(
+                    f"id {stated!r} is not sha256: followed by 64 lowercase hex digits; it is refused", rule="id"
+                )
             if stated != built.id:
                 raise AppendRefusedError(f"id {stated} differs from the entry's hash {built.id}; refused", rule="hash")
         return built, content, env

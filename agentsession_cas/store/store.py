@@ -22,6 +22,8 @@ from typing import Any
 from ..backends import DEFAULT_STORE, default_store_path, open_backend
 from ..backends.base import Append, Backend, Mark, ObjectStore, Record, RepackResult, Space
 from ..errors import (
+    BadBaseError,
+    BaseNotHeldError,
     AgentSessionError,
     BadNameError,
     CorruptObjectError,
@@ -252,16 +254,16 @@ class Store:
         base = header.base
         assert base is not None
         if owner is None:
-            raise StoreError(f"base {base} is not an entry this store holds (in a log or on a prefix)")
+            raise BaseNotHeldError(f"base {base} is not an entry this store holds (in a log or on a prefix)")
         owner_id, owner_header, committed = owner.session, owner.header, owner.committed
         if not committed:
-            raise StoreError(f"base {short_id(base)} is not yet committed in session {owner_id}; commit it first")
+            raise BadBaseError(f"base {short_id(base)} is not yet committed in session {owner_id}; commit it first")
         if owner_header.media != header.media:
-            raise StoreError(
+            raise BadBaseError(
                 f"media {header.media!r} differs from {owner_header.media!r} of session {owner_id}, which holds the base"
             )
         if self.entry(base).is_leaf_label:
-            raise StoreError(f"base {short_id(base)} is a leaf label; the base is a fork's first head")
+            raise BadBaseError(f"base {short_id(base)} is a leaf label; the base is a fork's first head")
 
         def step(eid: str) -> tuple[tuple[str, dict[str, Any]], str | None]:
             env = self.envelope(eid)
@@ -273,7 +275,7 @@ class Store:
         )
         fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
         if fmt and owner_fmt and fmt < owner_fmt:
-            raise StoreError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
+            raise BadBaseError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
         return [(i, env.get("content", "")) for i, env in chain]
 
     @staticmethod
@@ -285,7 +287,7 @@ class Store:
         for e in path:
             for ref in e.parents:
                 if (ref.session is None or ref.session == origin) and ref.entry not in on_path:
-                    raise StoreError(
+                    raise BadBaseError(
                         f"base is below a merge: prefix entry {short_id(e.id)} converges {short_id(ref.entry)}, "
                         "which is off the path, so the fork's file could not be read"
                     )
@@ -511,14 +513,14 @@ class Store:
                     "a fork's projection carries its prefix (RFC 0001 ingress)"
                 )
             if kept[cut].is_leaf_label:
-                raise StoreError(f"{sf.source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
+                raise BadBaseError(f"{sf.source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
             cut += 1
             prefix, own = kept[:cut], kept[cut:]
             holder = self.holder_of(base)
             if holder is not None:
                 holder.close()
                 if holder.header.media != header.media:
-                    raise StoreError(
+                    raise BadBaseError(
                         f"media {header.media!r} differs from {holder.header.media!r} of session {holder.session}, "
                         "which holds the base"
                     )
