@@ -2,9 +2,10 @@
 
 The format core lives here: canonical JSON and the I-JSON test
 (:mod:`.canonical`), entry hashing (:mod:`.hashing`), the ``ts`` form
-(:mod:`.timestamps`), lossless entries and headers (:mod:`.entry`), reading
-and verifying files (:mod:`.reader`, :mod:`.legacy`), the tree and the
-resume rule (:mod:`.tree`) and writing (:mod:`.writer`).
+(:mod:`.timestamps`), lossless entries and headers (:mod:`.entry`), the one
+rule set every reader and store consults (:mod:`.rules`), reading and
+verifying files (:mod:`.reader`, :mod:`.legacy`), the tree and the resume
+rule (:mod:`.tree`) and writing (:mod:`.writer`).
 """
 
 from .errors import (
@@ -39,6 +40,18 @@ from .format.context import (
 from .format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, ParentRef, make_entry, short_id
 from .format.hashing import content_hash, entry_hashes, is_hash
 from .format.reader import SessionFile, read_session, read_session_bytes
+from .format.rules import (
+    RULES,
+    OpenRun,
+    PathChecker,
+    Rule,
+    SessionChecker,
+    TreeState,
+    Trial,
+    VerifyReport,
+    check_line,
+    verify_session,
+)
 from .format.runs import CallInfo, RecordsCheck, RunInfo, RunsReport, analyze_runs, render_runs, verify_records
 from .format.timestamps import check_ts, format_ts, is_valid_ts, now_ts
 from .format.tree import Tree
@@ -75,6 +88,16 @@ __all__ = [
     "NoSuchEntryError",
     "ParentRef",
     "Problem",
+    "RULES",
+    "Rule",
+    "OpenRun",
+    "PathChecker",
+    "SessionChecker",
+    "TreeState",
+    "Trial",
+    "VerifyReport",
+    "check_line",
+    "verify_session",
     "RecordsCheck",
     "RunInfo",
     "RunsReport",
