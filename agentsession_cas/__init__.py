@@ -41,11 +41,22 @@ from .format.context import (
 from .format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, ParentRef, make_entry, short_id
 from .format.hashing import content_hash, entry_hashes, is_hash
 from .format.reader import SessionFile, read_session, read_session_bytes
+from .format.rules import (
+    RULES,
+    OpenRun,
+    PathChecker,
+    Rule,
+    SessionChecker,
+    TreeState,
+    Trial,
+    VerifyReport,
+    check_line,
+    verify_session,
+)
 from .format.runs import CallInfo, RecordsCheck, RunInfo, RunsReport, analyze_runs, render_runs, verify_records
 from .format.timestamps import check_ts, format_ts, is_valid_ts, now_ts
 from .format.tree import Tree
 from .format.writer import SessionBuilder, session_bytes, write_session
-
 from .store import AppendResult, PreparedBatch, Session, Store
 from .store.url import open_store
 
@@ -85,6 +96,16 @@ __all__ = [
     "NoSuchEntryError",
     "ParentRef",
     "Problem",
+    "RULES",
+    "Rule",
+    "OpenRun",
+    "PathChecker",
+    "SessionChecker",
+    "TreeState",
+    "Trial",
+    "VerifyReport",
+    "check_line",
+    "verify_session",
     "RecordsCheck",
     "RunInfo",
     "RunsReport",

@@ -14,7 +14,10 @@ since a verifier wants all of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+#: How much a problem weighs: an ``error`` fails a verify, a ``note`` is a remark.
+Severity = Literal["error", "note"]
 
 #: The codes RFC 0003's error table defines (its section "Errors").
 PROTOCOL_CODES = frozenset(
@@ -71,20 +74,23 @@ class Problem:
     """One thing wrong with one line of a session file.
 
     ``line`` is 1-based (the header is line 1); ``code`` is a short stable
-    word scripts can match on; ``message`` says what failed in words.
+    word scripts can match on (``agentsession_cas.format.rules.RULES`` lists
+    every one); ``message`` says what failed in words, on one line;
+    ``severity`` is ``error`` or, for a remark that fails nothing, ``note``.
     """
 
     line: int | None
     code: str
     message: str
     entry: str | None = None
+    severity: Severity = "error"
 
     def __str__(self) -> str:
         where = f"line {self.line}: " if self.line is not None else ""
         return f"{where}{self.message}"
 
-    def as_dict(self) -> dict:
-        return {"line": self.line, "code": self.code, "message": self.message, "entry": self.entry}
+    def as_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "code": self.code, "message": self.message, "entry": self.entry, "severity": self.severity}
 
 
 class SessionFormatError(AgentSessionError):

@@ -26,7 +26,7 @@ def _item_text(item: dict[str, Any]) -> str | None:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        parts = [str(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
         if parts:
             return " ".join(parts)
     return None
@@ -54,7 +54,7 @@ def describe_item(item: Any) -> str:
     if kind == "reasoning":
         summary = item.get("summary")
         if isinstance(summary, list):
-            texts = [s.get("text") for s in summary if isinstance(s, dict) and isinstance(s.get("text"), str)]
+            texts = [str(s["text"]) for s in summary if isinstance(s, dict) and isinstance(s.get("text"), str)]
             if texts:
                 return f"reasoning: {quote(' '.join(texts))}"
         return "reasoning (encrypted)" if item.get("encrypted_content") else "reasoning"
@@ -204,7 +204,8 @@ def describe(entry: Entry, verbose: bool = False) -> str:
             out += f" from {_trigger(d['source'])}"
         return ("hidden " + out) if d.get("visible") is False else out
     if t == "response":
-        usage = d.get("usage") if isinstance(d.get("usage"), dict) else {}
+        given = d.get("usage")
+        usage: dict[str, Any] = given if isinstance(given, dict) else {}
         out = f"{d.get('response_id', '-')} {d.get('model') or '-'} {d.get('status', '')}".rstrip()
         if usage.get("input_tokens") is not None:
             out += f" {usage.get('input_tokens')}+{usage.get('output_tokens')} tokens"

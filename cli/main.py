@@ -23,17 +23,16 @@ from agentsession_cas import (
     read_session,
     short_id,
 )
-from agentsession_cas.errors import ContextError, Problem
+from agentsession_cas.errors import ContextError
 from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
     Context,
-    RequestReport,
     build_context,
     context_hashes,
-    verify_requests,
 )
 from agentsession_cas.format.reader import split_lines
-from agentsession_cas.format.runs import RecordsCheck, analyze_runs, render_runs, verify_records
+from agentsession_cas.format.rules import RULES, VerifyReport, verify_session
+from agentsession_cas.format.runs import render_runs
 
 from . import (
     exchange_commands,
@@ -177,7 +176,8 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool, show_ru
     truncated = (
         {"line": sf.truncated.line, "error": sf.truncated.message} if sf.truncated is not None else None
     )
-    runs = analyze_runs(sf, leaf) if (show_runs or as_json) and sf.entries else None
+    # The runs on the leaf's path, with the record problems the one check of the file finds on it.
+    runs = verify_session(sf).runs_report(leaf) if (show_runs or as_json) and sf.entries else None
     if as_json:
         _emit_json(
             {
@@ -281,15 +281,16 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool, show_ru
 # verify
 
 
-def _summary(sf: SessionFile, problems: int, report: RequestReport, records: RecordsCheck) -> str:
+def _summary(sf: SessionFile, report: VerifyReport) -> str:
     if sf.migrated:
         how = f"migrated from {sf.header.format}: ids assigned in memory, not checked"
     else:
         how = "each id checked against its hash"
+    counts = report.counts()
     return (
-        f"{len(sf.entries)} entries read, {how}; {problems} problem(s); "
-        f"{len(report.checks)} response(s): {report.verified} request hash(es) verified, "
-        f"{report.without_hash} without a hash, {report.failed} failed; {records.runs_checked} run(s) checked"
+        f"{len(sf.entries)} entries read, {how}; {len(report.problems)} problem(s); "
+        f"{counts['responses']} response(s): {counts['verified']} request hash(es) verified, "
+        f"{counts['without_hash']} without a hash, {counts['failed']} failed; {report.runs_checked} run(s) checked"
     )
 
 
@@ -325,45 +326,24 @@ def verify(file: str | None, as_json: bool) -> None:
             for p in problems:
                 echo(f"{file}: {p}")
         sys.exit(1)
-    report = verify_requests(sf)
-    records = verify_records(sf)
-    line_problems = sf.all_problems()
-    context_problems = [p for p in report.problems if p.code != "request_hash"]
-    problems = sorted(line_problems + report.problems + records.problems, key=lambda p: (p.line is None, p.line or 0))
-    notes = list(sf.unresolved) + report.notes + records.notes
-    if sf.header.data.get("redacted") is True:
-        notes.append(Problem(1, "redacted", "the header says the file was redacted: its hashes verify this file, never the original"))
-    empty = not sf.entries
-    ok = not problems and not empty
+    report = verify_session(sf)
     if as_json:
-        _emit_json(
-            {
-                "source": file,
-                "ok": ok,
-                "entries": len(sf.entries),
-                "migrated": sf.migrated,
-                "requests": report.counts(),
-                "responses": [c.as_dict() for c in report.checks],
-                "records": records.as_dict(),
-                "problems": [p.as_dict() for p in problems]
-                + ([{"line": None, "code": "empty", "message": "the file holds a header and no entries", "entry": None}] if empty else []),
-                "notes": [p.as_dict() for p in notes],
-            }
-        )
-        sys.exit(0 if ok else 1)
-    for p in sorted(line_problems + context_problems, key=lambda p: (p.line is None, p.line or 0)):
-        echo(f"{file}: {p}")
-    for p in records.problems:
+        _emit_json(report.as_dict())
+        sys.exit(0 if report.ok else 1)
+    for p in report.problems:  # line, tree and context problems; a failed request hash is its response's line
+        if p.code not in ("request_hash", "empty") and RULES[p.code].scope != "record":
+            echo(f"{file}: {p}")
+    for p in report.of_scope("record"):
         echo(f"{file}: records  ERROR {p}")
-    for c in report.checks:
+    for c in report.requests:
         echo(f"{file}: response {short_id(c.entry.id)}: {c.message()}")
-    for note in notes:
+    for note in report.notes:
         echo(f"{file}: note: {note}")
-    if empty:
+    if report.empty:
         echo(f"nothing to verify: {file} holds a header and no entries")
         sys.exit(1)
-    echo(f"{file}: {_summary(sf, len(problems), report, records)}")
-    sys.exit(0 if ok else 1)
+    echo(f"{file}: {_summary(sf, report)}")
+    sys.exit(0 if report.ok else 1)
 
 
 # ---------------------------------------------------------------------------

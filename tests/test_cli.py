@@ -67,7 +67,7 @@ def test_verify_bad_ts_is_reported_like_a_bad_hash(tmp_path):
         f.write(json.dumps(obj).encode() + b"\n")
     r = run("verify", str(path))
     assert r.exit_code == 1
-    assert "line 5: ts '2026-09-17T12:00:03+00:00' is not in the admitted form" in r.output
+    assert 'line 5: ts "2026-09-17T12:00:03+00:00" is not in the admitted form' in r.output
 
 
 def test_verify_header_only_is_a_failure(tmp_path):

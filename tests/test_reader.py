@@ -752,7 +752,7 @@ def test_legacy_body_with_content_is_noted_unresolved_not_dropped():
 
     lines = [
         b'{"type":"session","format":"agentsession/0.4","id":"old","created_at":"2026-09-17T12:00:00Z","payload":"openresponses/2026-04-24"}',
-        b'{"type":"item","id":"a1","parent":null,"ts":"2026-09-17T12:00:01Z","content":"legacy text"}',
+        b'{"type":"item","id":"a1","parent":null,"ts":"2026-09-17T12:00:01Z","content":"legacy text","item":{"type":"message"}}',
         b'{"type":"item","id":"a2","parent":"a1","ts":"2026-09-17T14:00:02+02:00","item":{"type":"message"}}',
     ]
     sf = read_session_bytes(b"\n".join(lines) + b"\n")

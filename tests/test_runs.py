@@ -875,7 +875,10 @@ def test_source_resume_whose_first_take_up_is_the_output():
     assert (r2.computed_source, r2.computed_reason, [c.call_id for c in r2.calls]) == ("resume", "done", ["a"])
 
 
-def test_source_of_an_open_run_is_checked_on_every_branch():
+def test_source_of_an_open_run_is_noted_at_a_leaf_and_judged_at_its_end():
+    """Decision (docs/runs.md): a resume run open at a leaf that has taken nothing up yet
+    is a note, not a problem; RFC 0001 lets a resume add a message before it takes its
+    call up, and a writer checked entry by entry passes through that state."""
     s = S()
     s.start("r1")
     s.user()
@@ -884,9 +887,19 @@ def test_source_of_an_open_run_is_checked_on_every_branch():
     s.end("r1")
     start = s.start("r2", source="resume")
     s.add("custom", ns="hook", data=1)   # this branch: empty, accepted
-    s.at(start, "item", item={"type": "message", "role": "user", "content": "more"})  # this one: not
+    s.at(start, "item", item={"type": "message", "role": "user", "content": "more"})  # this one: not judged yet
+    check = verify_records(s.file())
+    assert check.ok
+    assert [(n.code, n.entry) for n in check.notes] == [("run-source-open", start.id)]
+    report = analyze_runs(s.file())
+    assert report.ok and [n.code for n in report.notes] == ["run-source-open"]
+    assert report.runs[-1].source_agrees and not report.runs[-1].source_judged
+    assert not any("MISMATCH" in line for line in render_runs(report))
+    # the run ends on that branch having taken nothing up: now its source is judged
+    s.end("r2", reason="aborted")
     check = verify_records(s.file())
     assert codes(check) == ["run-source"] and check.problems[0].entry == start.id
+    assert "run-source-open" not in [n.code for n in check.notes]
     assert r is not None
 
 

@@ -86,6 +86,11 @@ def _build(operations, based: bool) -> SessionBuilder:
     b = SessionBuilder(Header.new(SID, created_at="2026-10-05T12:00:00Z", base=base), prefix=prefix)
     above_base = {e.id for e in prefix[:-1]}
     for i, (kind, pick, type_, body, nanos) in enumerate(operations):
+        # what RFC 0001 requires of the type (rules.py "missing-member"): an item its item, an outcome its target
+        if type_ == "item" and not isinstance(body.get("item"), dict):
+            body = {**body, "item": {"type": "message", "n": i}}
+        elif type_ == "outcome" and not isinstance(body.get("target"), str):
+            body = {**body, "target": b.entries[pick % len(b.entries)].id if b.entries else "sha256:" + "0" * 64}
         ts = EPOCH + timedelta(seconds=3 * i)
         t0 = format_ts(ts, nanos)
         t1 = format_ts(ts + timedelta(seconds=1), nanos)

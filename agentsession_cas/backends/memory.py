@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import (
-    LayoutError,
     CorruptObjectError,
+    LayoutError,
     NoSuchObjectError,
     NoSuchSessionError,
     ReadOnlyError,

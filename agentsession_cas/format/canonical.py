@@ -58,7 +58,8 @@ def number_to_json(value: float) -> str:
         return "-" + number_to_json(-value)
     # repr gives the shortest digit string that round-trips, which is what
     # ECMAScript asks for; only the layout differs.
-    sign, digits_t, exp = Decimal(repr(value)).as_tuple()
+    _, digits_t, exponent = Decimal(repr(value)).as_tuple()
+    exp: int = exponent  # type: ignore[assignment]  # a finite value's exponent is an int, never n, N or F
     digits = "".join(map(str, digits_t)).rstrip("0") or "0"
     exp += len(digits_t) - len(digits)
     k = len(digits)
@@ -206,7 +207,7 @@ def loads_flagged(text: str | bytes) -> tuple[Any, bool]:
         decoder = _DECODER_ASCII if plain else _DECODER
         # The scanner directly: decode() adds two regex matches and a call per line.
         try:
-            value, end = decoder.scan_once(text, 0)
+            value, end = decoder.scan_once(text, 0)  # type: ignore[attr-defined]  # set on each decoder by json.decoder
         except StopIteration:
             value, end = decoder.decode(text), len(text)  # leading space, or the real error
         if end != len(text) and text[end:].strip(" \t\n\r"):
@@ -230,7 +231,7 @@ def _utf16_key(name: str) -> bytes:
     return name.encode("utf-16-be", "surrogatepass")
 
 
-_encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_encode_str = json.encoder.encode_basestring
 
 
 def _ref(value: Any, out: list[str]) -> None:

@@ -65,6 +65,8 @@ __all__ = [
     "request_hash_for",
     "verify_response",
     "verify_requests",
+    "check_tip",
+    "DIAGNOSE_LIMIT",
     "text_hash",
     "tool_name",
     "ContextHasher",
@@ -148,7 +150,7 @@ def _resolve_parts(
 ) -> tuple[tuple[Part, ...], dict[tuple[str, str], tuple[str, str | None]]]:
     """Resolve a delta's ``instructions_parts`` against the parts in force (``old``) and
     the texts the path gave each id before they left force (``history``)."""
-    named = {i for el in elements if isinstance(el, dict) and (i := _name(el.get("id"))) is not None}
+    named = {n for el in elements if isinstance(el, dict) and (n := _name(el.get("id"))) is not None}
     first: dict[str, int] = {}
     for i, p in enumerate(old):
         if p.id is not None:
@@ -216,11 +218,12 @@ class OmittedElement:
 
 def _resolve_omitted(
     elements: list, old: Sequence[OmittedElement], lists: Mapping[str, tuple[OmittedElement, ...]]
-) -> tuple[tuple[OmittedElement, ...], bool]:
+) -> tuple[tuple[OmittedElement, ...], str | None]:
     """Resolve a delta's ``instructions_omitted`` (``keep``, ``keep`` + ``of``) against the
     list in force and the lists earlier config entries put in force. Returns the new list
-    and whether a ``keep`` with an ``of`` could not be resolved (a note, not corruption)."""
-    named = {i for el in elements if isinstance(el, dict) and (i := _name(el.get("id"))) is not None}
+    and the ``of`` of the first ``keep`` that could not be resolved (a note, not
+    corruption), or None."""
+    named = {n for el in elements if isinstance(el, dict) and (n := _name(el.get("id"))) is not None}
     sources: dict[str | None, Sequence[OmittedElement] | None] = {None: old}
     for el in elements:
         if isinstance(el, dict) and _name(el.get("id")) is None and _positive_int(el.get("keep")):
@@ -236,7 +239,7 @@ def _resolve_omitted(
         positions[key] = pos
     cursors: dict[str | None, int] = {key: 0 for key in sources}
     out: list[OmittedElement] = []
-    bad_of = False
+    bad_of: str | None = None
     for el in elements:
         pid = _name(el.get("id")) if isinstance(el, dict) else None
         if pid is not None:
@@ -253,7 +256,8 @@ def _resolve_omitted(
             taken = list(lst[start : start + n]) if lst is not None else []
             if lst is None or len(taken) < n or any(t.id in named for t in taken if t.id is not None):
                 out.append(OmittedElement(el, True))
-                bad_of = bad_of or key is not None
+                if bad_of is None and key is not None:
+                    bad_of = key
             else:
                 out.extend(taken)
         else:
@@ -412,9 +416,9 @@ class Settings:
         s, _ = self.apply_checked(delta, entry_id)
         return s
 
-    def apply_checked(self, delta: Mapping[str, Any], entry_id: str | None = None) -> tuple[Settings, bool]:
-        """:meth:`apply`, and whether the delta holds an omitted-parts ``keep`` whose ``of``
-        the path cannot resolve (which a verifier notes)."""
+    def apply_checked(self, delta: Mapping[str, Any], entry_id: str | None = None) -> tuple[Settings, str | None]:
+        """:meth:`apply`, and the ``of`` of an omitted-parts ``keep`` in the delta that the
+        path cannot resolve (which a verifier notes), or None."""
         base = EMPTY_SETTINGS if delta.get("replace") is True else self
         s = base._copy()
         model = delta.get("model")
@@ -432,7 +436,7 @@ class Settings:
         elif isinstance(instructions, str):
             s.instructions = instructions
             s.parts = None
-        bad_of = False
+        bad_of: str | None = None
         omitted = delta.get("instructions_omitted")
         if isinstance(omitted, list):
             s.omitted, bad_of = _resolve_omitted(omitted, base.omitted, base._lists)
@@ -698,7 +702,7 @@ def _replace_images(item: dict, indexes: set[tuple[str, int]], placeholder: str)
 
 
 def _image_keys(item: Any) -> list[tuple[str, int]]:
-    keys = []
+    keys: list[tuple[str, int]] = []
     if isinstance(item, dict):
         for key in ("content", "output"):
             parts = item.get(key)
@@ -929,8 +933,8 @@ class ContextBuilder:
         self.compaction: tuple[int, int | None] | None = None
         #: Why the context cannot be built while the last compaction is in force.
         self.error: str | None = None
-        #: Whether the config just pushed holds an omitted ``keep`` whose ``of`` the path cannot resolve.
-        self.unresolved_of = False
+        #: The ``of`` of an omitted ``keep`` in the config just pushed that the path cannot resolve.
+        self.unresolved_of: str | None = None
         self._undo: list[tuple] = []
 
     # -- walking --------------------------------------------------------------
@@ -940,7 +944,7 @@ class ContextBuilder:
         self._undo.append((self.index.get(entry.id), self.settings, self._raw, len(self._raw.items), self.compaction, self.error))
         self.path.append(entry)
         self.index[entry.id] = pos
-        self.unresolved_of = False
+        self.unresolved_of = None
         t = entry.type
         data = entry.data
         if t == "item":
@@ -1001,7 +1005,7 @@ class ContextBuilder:
             raw.truncate(n)
         else:
             self._raw = raw
-        self.unresolved_of = False
+        self.unresolved_of = None
         return entry
 
     def extend(self, entries: Iterable[Entry]) -> ContextBuilder:
@@ -1207,8 +1211,10 @@ class RequestReport:
 DIAGNOSE_LIMIT = 20
 
 
-def _check_tip(builder: ContextBuilder, broken: str | None = None, diagnose: bool = True) -> RequestCheck:
-    """Check the response at the tip of ``builder``'s path."""
+def check_tip(builder: ContextBuilder, broken: str | None = None, diagnose: bool = True) -> RequestCheck:
+    """Check the response at the tip of ``builder``'s path; ``broken`` says why its path
+    cannot be rebuilt (cut by a parent not held), and ``diagnose`` whether the variants
+    that rebuild the request from scratch are tried on a mismatch."""
     response = builder.path[-1]
     recorded = response.data.get("request_hash")
     if recorded is None or recorded == "":  # absent, null or empty: nothing was recorded
@@ -1243,87 +1249,18 @@ def verify_response(path: Sequence[Entry]) -> RequestCheck:
     """Check the ``request_hash`` of the response ``path`` ends at."""
     if not path or path[-1].type != "response":
         raise ContextError("a request hash is checked at a response entry")
-    return _check_tip(ContextBuilder().extend(path))
+    return check_tip(ContextBuilder().extend(path))
 
 
 def verify_requests(sf: Any) -> RequestReport:
-    """Check every response of a session file (every branch, the prefix included) and
-    every compaction's ``first_kept``.
+    """Every ``response`` of a session file checked (every branch, the prefix included),
+    with every compaction's ``first_kept``: the context part of
+    :func:`~agentsession_cas.format.rules.verify_session`, which checks the session in
+    one pass in file order, each request hash extending the one before it on the path,
+    so the work is linear in the session's size however many responses it holds."""
+    from .rules import verify_session  # the rules build on this module
 
-    The tree is walked depth-first with one :class:`ContextBuilder`, so each entry is
-    pushed and popped once and each request hash extends the one before it on the
-    path: the work is linear in the session's size however many responses it holds.
-    """
-    entries: Sequence[Entry] = sf.entries
-    report = RequestReport()
-    results: dict[str, RequestCheck] = {}
-    rebuilt: dict[str, Entry] = {}
-    builder = ContextBuilder()
-    notes: list[Problem] = []
-    budget = DIAGNOSE_LIMIT
-    # Children in file order, and the roots: entries with a null parent, or one the
-    # file does not hold (whose paths are cut; their responses cannot be checked).
-    ids = {e.id for e in entries}
-    children: dict[str, list[Entry]] = {}
-    roots: list[tuple[Entry, str | None]] = []
-    for e in entries:
-        parent = e.data.get("parent")
-        if parent is None:
-            roots.append((e, None))
-        elif parent in ids:
-            children.setdefault(parent, []).append(e)
-        else:
-            shown = short_id(parent) if isinstance(parent, str) else json.dumps(parent)
-            cut = f"its path is cut: parent {shown} of line {e.line} is not in the file"
-            roots.append((e, cut))
-    # (entry, leaving?, why its path is cut) on an explicit stack: sessions are deep.
-    stack: list[tuple[Entry, bool, str | None]] = [(r, False, cut) for r, cut in reversed(roots)]
-    while stack:
-        entry, leaving, broken = stack.pop()
-        if leaving:
-            builder.pop()
-            continue
-        builder.push(entry)
-        t = entry.type
-        if t == "config" and builder.unresolved_of:
-            notes.append(
-                Problem(
-                    entry.line,
-                    "of",
-                    f"config {short_id(entry.id)} names an omitted list by an of its path cannot resolve; "
-                    "the element is kept as written, which is not corruption",
-                    entry.id,
-                )
-            )
-        elif t == "compaction" and builder.error is not None:
-            report.problems.append(Problem(entry.line, "first_kept", builder.error, entry.id))
-        elif t == "response":
-            check = _check_tip(builder, broken, diagnose=budget > 0)
-            results[entry.id] = check
-            if check.status == "mismatch":
-                budget -= 1
-            elif check.status == "ok" and check.computed is not None:
-                rebuilt.setdefault(check.computed, entry)
-        stack.append((entry, True, broken))
-        kids = children.get(entry.id)
-        if kids:
-            for child in reversed(kids):
-                stack.append((child, False, broken))
-    for e in entries:
-        if e.type != "response":
-            continue
-        check = results.get(e.id)
-        if check is None:
-            check = RequestCheck(e, "error", e.data.get("request_hash"), detail="its path does not reach a root")
-        elif check.status == "mismatch" and check.reason is None and check.recorded in rebuilt:
-            other = rebuilt[check.recorded]
-            check.reason, check.detail = "other-response", f"the request rebuilt for response {short_id(other.id)}"
-        report.checks.append(check)
-        if check.failed:
-            report.problems.append(Problem(e.line, "request_hash", f"response {short_id(e.id)}: {check.message()}", e.id))
-    report.problems.sort(key=lambda p: (p.line is None, p.line or 0))
-    report.notes = sorted(notes, key=lambda p: p.line or 0)
-    return report
+    return verify_session(sf).request_report()
 
 
 # ---------------------------------------------------------------------------
@@ -1403,6 +1340,9 @@ class ContextHasher:
         """Compute, remember and return the context hash at ``entry`` (an :class:`Entry` or
         an entry object with its ``id``); its parent must have been fed, or be null."""
         parsed, careful = False, None
+        eid: Any
+        type_: Any
+        parent: Any
         if isinstance(entry, Entry):
             # An Entry's members were parsed or hashed when it was made: known JSON.
             eid, type_, parent, body = entry.id, entry.type, entry.parent, entry.body

@@ -9,6 +9,7 @@ preserves can change.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ __all__ = [
     "LEAF_LABEL",
     "make_entry",
     "short_id",
+    "shown_id",
     "parse_format",
 ]
 
@@ -57,6 +59,14 @@ def short_id(entry_id: str | None) -> str:
     if is_hash(entry_id):
         return entry_id[7:19]
     return entry_id
+
+
+def shown_id(value: object) -> str:
+    """An entry id for a one-line message: a ``sha256:`` id as its short form, anything
+    else (an id a line claims, untrusted) JSON-quoted, so it cannot break the line."""
+    if isinstance(value, str) and is_hash(value):
+        return value[7:19]
+    return json.dumps(value)
 
 
 @dataclass(frozen=True)
@@ -296,28 +306,30 @@ class Header:
 
     def problems(self) -> list[Problem]:
         """What is wrong with this header as RFC 0001 defines it (line 1)."""
+        from .rules import problem  # the rule table builds on this module
+
         out: list[Problem] = []
         d = self.data
         if d.get("type") != "session":
-            out.append(Problem(1, "header", "the first line is not a header: its type is not \"session\""))
+            out.append(problem(1, "header", "the first line is not a header: its type is not \"session\""))
             return out
         version = parse_format(d.get("format"))
         if version is None:
-            out.append(Problem(1, "format", f"header format {d.get('format')!r} is not agentsession/<major>.<minor>"))
+            out.append(problem(1, "format", f"header format {json.dumps(d.get('format'))} is not agentsession/<major>.<minor>"))
         elif version[0] != FORMAT_MAJOR or version[1] > FORMAT_MINOR:
             out.append(
-                Problem(1, "format", f"unsupported format {d.get('format')}: this reader reads agentsession/0.1 to {FORMAT_WRITTEN}")
+                problem(1, "format", f"unsupported format {d.get('format')}: this reader reads agentsession/0.1 to {FORMAT_WRITTEN}")
             )
         if not isinstance(d.get("id"), str) or not d.get("id"):
-            out.append(Problem(1, "header", "header has no session id"))
+            out.append(problem(1, "header", "header has no session id"))
         for name in ("created_at", "payload"):
             if not isinstance(d.get(name), str) or not d.get(name):
-                out.append(Problem(1, "header", f"header has no {name}, which RFC 0001 requires"))
+                out.append(problem(1, "header", f"header has no {name}, which RFC 0001 requires"))
         if "base" in d and not is_hash(d.get("base")):
-            out.append(Problem(1, "header", f"header base {d.get('base')!r} is not a sha256: hash"))
+            out.append(problem(1, "header", f"header base {json.dumps(d.get('base'))} is not a sha256: hash"))
         media = d.get("media", "inline")
         if media not in ("inline", "sidecar"):
-            out.append(Problem(1, "header", f"header media {media!r} is neither 'inline' nor 'sidecar'"))
+            out.append(problem(1, "header", f"header media {json.dumps(media)} is neither 'inline' nor 'sidecar'"))
         return out
 
     def __repr__(self) -> str:
@@ -366,7 +378,9 @@ def make_entry(
 def header_or_error(obj: Any, source: str) -> Header:
     """Wrap a parsed first line as a header, raising when it cannot be one."""
     if not isinstance(obj, dict):
-        raise SessionFormatError(source, [Problem(1, "header", "the first line is not a JSON object")])
+        from .rules import problem  # the rule table builds on this module
+
+        raise SessionFormatError(source, [problem(1, "header", "the first line is not a JSON object")])
     header = Header(obj)
     problems = header.problems()
     if problems:

@@ -25,6 +25,7 @@ __all__ = [
     "HASH_PREFIX",
     "is_hash",
     "sha256_ref",
+    "ReservedMemberError",
     "body_of",
     "content_hash",
     "envelope_hash",
@@ -49,6 +50,10 @@ def sha256_ref(data: bytes) -> str:
     return HASH_PREFIX + hashlib.sha256(data).hexdigest()
 
 
+class ReservedMemberError(EntryError):
+    """A body carrying a top-level member by a name the envelope reserves."""
+
+
 def body_of(entry: Mapping[str, Any], *, allow_reserved: bool = False) -> dict[str, Any]:
     """The content of an entry: every member outside the envelope.
 
@@ -58,7 +63,7 @@ def body_of(entry: Mapping[str, Any], *, allow_reserved: bool = False) -> dict[s
     before 0.5, which could carry it and is reported as unresolved instead.
     """
     if "content" in entry and not allow_reserved:
-        raise EntryError("body carries the reserved member 'content'")
+        raise ReservedMemberError("body carries the reserved member 'content'")
     return {k: v for k, v in entry.items() if k not in ENVELOPE_MEMBERS}
 
 
@@ -77,7 +82,7 @@ def envelope_object(
     return env
 
 
-_encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_encode_str = json.encoder.encode_basestring
 
 
 def envelope_bytes(

@@ -10,10 +10,12 @@ disk is never touched.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..errors import EntryError, IJSONError, Problem, TimestampError
 from .hashing import entry_hashes
+from .rules import problem
 from .timestamps import normalise_ts
 
 __all__ = ["ENTRY_NAMING_MEMBERS", "migrate_entry"]
@@ -35,7 +37,7 @@ def migrate_entry(
     out = {k: v for k, v in obj.items() if k != "id"}
     if "content" in out:
         notes.append(
-            Problem(line, "unresolved", "body carries 'content', a name 0.5 reserves; this file must not be re-emitted as 0.5 or later")
+            problem(line, "unresolved", "body carries 'content', a name 0.5 reserves; this file must not be re-emitted as 0.5 or later")
         )
     if isinstance(old_id, str):
         out["legacy_id"] = old_id
@@ -58,7 +60,7 @@ def migrate_entry(
                 if in_file and ref["entry"] in assigned:
                     ref = {**ref, "entry": assigned[ref["entry"]]}
                 else:
-                    notes.append(Problem(line, "unresolved", f"parents names {ref['entry']}, which this reader cannot rewrite"))
+                    notes.append(problem(line, "unresolved", f"parents names {json.dumps(ref['entry'])}, which this reader cannot rewrite"))
             rewritten.append(ref)
         out["parents"] = rewritten
     for name in ENTRY_NAMING_MEMBERS:
@@ -67,7 +69,7 @@ def migrate_entry(
             if value in assigned:
                 out[name] = assigned[value]
             else:
-                notes.append(Problem(line, "unresolved", f"{name} names {value}, which is not an earlier entry of this file"))
+                notes.append(problem(line, "unresolved", f"{name} names {json.dumps(value)}, which is not an earlier entry of this file"))
     try:
         new_id, _ = entry_hashes(out, parsed=True, allow_reserved=True)
     except (EntryError, IJSONError):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import re
 
+from ..fsutil import write_atomic
+
 __all__ = [
     "SIDECAR",
     "SIDECAR_BYTES",
@@ -55,8 +57,6 @@ def read_sidecar(directory: str, name: str) -> bytes:
 def write_projection(path: str | os.PathLike[str], data: bytes, session_id: str, blobs: dict[str, bytes]) -> None:
     """A projection written to ``path`` atomically and durably, and its sidecar blobs
     beside it in ``<dir>/<session id>/<hex>`` (RFC 0001)."""
-    from ..fsutil import write_atomic
-
     write_atomic(os.fspath(path), data, durable=True)
     if blobs:
         write_sidecars(sidecar_dir(path, session_id), blobs)
@@ -64,8 +64,6 @@ def write_projection(path: str | os.PathLike[str], data: bytes, session_id: str,
 
 def write_sidecars(directory: str, blobs: dict[str, bytes]) -> None:
     """Write blobs beside a projection, each atomically, named by its hex digest."""
-    from ..fsutil import write_atomic
-
     os.makedirs(directory, exist_ok=True)
     for name, data in blobs.items():
         write_atomic(os.path.join(directory, name[7:]), data, durable=True)

@@ -10,15 +10,20 @@ what happened to it: never started, in flight, held, answered, rejected or
 completed (``unknown`` where no promise in the header's ``records`` covers
 the call).
 
+:class:`RecordWalker` holds the record rules along one path: pushed and
+popped, it is the record half of
+:class:`~agentsession_cas.format.rules.PathChecker`, which feeds it a
+session in file (log) order. The rules live there, in one table
+(``agentsession_cas.format.rules.RULES``); this module says what each record
+rule reads on a path, and in what words.
+
 :func:`analyze_runs` reads one path (root to a leaf) into a
 :class:`RunsReport`; :func:`render_runs` turns it into the lines
-``show --runs`` prints. :func:`verify_records` checks every path of a
-session in one depth-first walk, each entry visited once, so a session with
-many branches costs what its entries cost; it is what ``verify`` calls.
-
-Every broken rule is a :class:`~agentsession_cas.errors.Problem` naming the
-entry (id and line) and the rule; ``docs/runs.md`` lists the codes. Notes
-are remarks that are not failures.
+``show --runs`` prints. :func:`verify_records` is the record part of
+:func:`~agentsession_cas.format.rules.verify_session`, which ``verify``
+calls. Every broken rule is a :class:`~agentsession_cas.errors.Problem`
+naming the entry (id and line) and the rule; ``docs/runs.md`` lists the
+codes. Notes are problems of severity ``note``, remarks that fail nothing.
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..errors import Problem
 from .entry import Entry, Header, short_id
-from .reader import SessionFile
+
+if TYPE_CHECKING:  # the reader builds on the rules, which build on this module
+    from .reader import SessionFile
 
 __all__ = [
     "CALL_STATES",
@@ -52,14 +59,18 @@ __all__ = [
 ]
 
 #: What the path says happened to a call, as the JSON names them.
-CALL_STATES = ("never_started", "in_flight", "held", "answered", "rejected", "completed", "unknown")
+CallState = Literal["never_started", "in_flight", "held", "answered", "rejected", "completed", "unknown"]
+CALL_STATES: tuple[CallState, ...] = get_args(CallState)
 #: The closed set of run end reasons.
-RUN_REASONS = ("done", "stopped", "interrupted", "input_required", "aborted", "error")
+RunReason = Literal["done", "stopped", "interrupted", "input_required", "aborted", "error"]
+RUN_REASONS: tuple[RunReason, ...] = get_args(RunReason)
+#: The closed set of run start sources.
+RunSource = Literal["input", "resume"]
 #: Reasons a writer adds where the segment cannot show them; a written one stands.
 WRITTEN_REASONS = ("error", "interrupted")
 VERDICTS = ("proceed", "reject", "hold", "answer")
 DECIDERS = ("human", "policy", "agent")
-SOURCES = ("input", "resume")
+SOURCES: tuple[RunSource, ...] = get_args(RunSource)
 QUEUE_MODES = ("steer", "followup")
 #: Entry types that are in context, for the "empty run" test.
 _CONTEXT_TYPES = frozenset(("item", "config", "compaction", "branch_summary"))
@@ -108,7 +119,7 @@ class CallInfo:
     arguments: str | None
     entry: str
     line: int | None
-    state: str
+    state: CallState
     #: Made after the base (the header's ``records`` promise covers it).
     own: bool
     events: tuple[CallEvent, ...]
@@ -157,21 +168,24 @@ class RunInfo:
     end_line: int | None
     #: How the segment closes: "end", "start" (the next run's start, with no end),
     #: or "leaf" (open at the end of the path).
-    closed_by: str
+    closed_by: Literal["end", "start", "leaf"]
     source: str | None
-    computed_source: str
+    computed_source: RunSource
     ref: str | None
     trigger: Any
     recorded_reason: str | None
     recorded_pending: tuple[str, ...] | None
     end_ref: str | None
-    computed_reason: str
+    computed_reason: RunReason
     #: Why the cascade gave ``computed_reason``, in words.
     computed_why: str
     pending: tuple[str, ...]
     calls: tuple[CallInfo, ...]
     #: The segment holds no context entry, response, dispatch or decision.
     empty: bool
+    #: False for a run open at the leaf that has taken no call up: its source is
+    #: judged when it takes one up or ends, not before (``run-source-open``).
+    source_judged: bool = True
 
     @property
     def reason_agrees(self) -> bool | None:
@@ -192,7 +206,7 @@ class RunInfo:
 
     @property
     def source_agrees(self) -> bool:
-        if self.source == self.computed_source:
+        if not self.source_judged or self.source == self.computed_source:
             return True
         return self.source == "resume" and self.empty
 
@@ -214,6 +228,7 @@ class RunInfo:
             "source": self.source,
             "computed_source": self.computed_source,
             "source_agrees": self.source_agrees,
+            "source_judged": self.source_judged,
             "ref": self.ref,
             "trigger": self.trigger,
             "recorded_reason": self.recorded_reason,
@@ -366,7 +381,7 @@ class _Run:
         self.nonempty = False
         self.out_or_decision = False
         #: The source the segment's first output, decision or dispatch shows, and why, once seen.
-        self.takeup: tuple[str, str] | None = None
+        self.takeup: tuple[RunSource, str] | None = None
 
 
 def _same_ids(a: Iterable[str], b: Iterable[str]) -> bool:
@@ -401,39 +416,59 @@ def _plain(text: str, width: int) -> str:
     return text
 
 
-class _Walker:
-    """Entries pushed in path order and popped in reverse, as a depth-first walk
-    does; every change a push makes is undone by its pop, so one walker serves
-    every branch of a tree with each entry visited once."""
+class RecordWalker:
+    """The record rules along one path at a time.
+
+    Entries are pushed in path order and popped in reverse; every change a push
+    makes to the path's state is undone by its pop, so a caller that moves along
+    a tree (a depth-first walk, or :class:`~agentsession_cas.format.rules.PathChecker`
+    repositioning to each entry's parent in file order) serves every branch.
+
+    Session-wide facts are not undone by a pop: each call id's first call, every
+    dispatch with the call it names and its place in file order, the prefix, and
+    what was counted. They are registered once per entry, in file (or log) order,
+    by :meth:`register`, and only :meth:`forget` (a rolled-back trial) takes them
+    back. A broken rule is handed to ``report(entry, code, message)``; the caller
+    builds the problem, so its words are the same whichever driver pushed.
+    """
 
     def __init__(
         self,
         header: Header,
         *,
-        foreign: frozenset[str],
-        dispatch_nodes: dict[str, list[str]],
-        entries: Sequence[Entry],
-        by_id: dict[str, Entry],
-        collect_runs: bool,
+        report: Callable[[Entry, str, str], None],
+        seq: dict[str, int],
+        collect_runs: bool = False,
     ):
         self.header = header
         records = header.records
         self.records = tuple(records)
         self.promise_dispatch = "dispatch" in records
         self.promise_run = "run" in records
-        self.foreign = foreign
-        self.dispatch_nodes = dispatch_nodes
-        self.entries = entries
-        self._intervals: dict[str, tuple[int, int]] | None = None  # built on first need
-        self.by_id = by_id
+        self.report = report
+        #: Each registered entry's place in file (or log) order; the caller's map.
+        self.seq = seq
         self.collect_runs = collect_runs
 
+        # session-wide, in file order
+        #: The prefix above (and including) the base: entries the ``records`` promise does not cover.
+        self.foreign: set[str] = set()
+        #: Dispatches by the call entry their ``target`` names: (file order, dispatch id).
+        self.dispatch_nodes: dict[str, list[tuple[int, str]]] = {}
+        #: The first function call with each call id.
+        self.first_call: dict[str, Entry] = {}
+        self.calls_checked = 0
+        self.starts_seen: set[str] = set()
+        self.ends_seen: set[str] = set()
+        #: response entry id -> its output holds a function call (a fact of its path, fixed).
+        self.has_calls: dict[str, bool] = {}
+
+        # the path
         self.path: list[Entry] = []
-        self.on_path: set[str] = set()
+        self.on_path: dict[str, Entry] = {}
         self.last_resp: list[tuple[Entry, int] | None] = []
         self._marks: list[int] = []
-        self._undo: list[Callable[[], None]] = []
-
+        self._undo: list[Callable[[], object]] = []
         self.calls: dict[str, _Call] = {}  # function_call entry id -> call, on the path
         self.by_call_id: dict[str, list[_Call]] = {}
         self.call_order: list[_Call] = []
@@ -441,28 +476,60 @@ class _Walker:
         self.run: _Run | None = None
         self.runs: list[RunInfo] = []  # closed runs, in path order (collect_runs only)
 
-        self.problems: list[Problem] = []
-        self.notes: list[Problem] = []
-        self._seen: set[tuple[str, str]] = set()
-        self.has_calls: dict[str, bool] = {}  # response entry id -> its output holds a function call
-        self.starts_seen: set[str] = set()
-        self.ends_seen: set[str] = set()
+    # -- session-wide facts ---------------------------------------------------
 
-    # -- bookkeeping ------------------------------------------------------
+    def register(self, e: Entry) -> None:
+        """An entry arrives in file order: the call-id rules (a call_id is never empty
+        and names one function call in the session, on any branch), and its place
+        among the dispatches of the call it names."""
+        d = e.data
+        t = d.get("type")
+        if t == "item":
+            item = d.get("item")
+            if not isinstance(item, dict) or item.get("type") != "function_call":
+                return
+            self.calls_checked += 1
+            cid = item.get("call_id")
+            if not isinstance(cid, str) or not cid:
+                self.report(e, "call-id-empty", "function call has no call_id: nothing could name it, not its output, "
+                            "a decision or a pending list (RFC 0001 item)")
+            elif cid in self.first_call:
+                self.report(e, "call-id-repeated", f"call ID {_q(cid)} repeated: the function call at line "
+                            f"{self.first_call[cid].line} has it, and a call_id names one call in a session, on any "
+                            "branch (RFC 0001 item)")
+            else:
+                self.first_call[cid] = e
+        elif t == "dispatch":
+            target = d.get("target")
+            if isinstance(target, str):
+                self.dispatch_nodes.setdefault(target, []).append((self.seq[e.id], e.id))
 
-    def problem(self, entry: Entry, code: str, message: str) -> None:
-        key = (entry.id, code)
-        if key in self._seen:
-            return
-        self._seen.add(key)
-        self.problems.append(Problem(entry.line, code, f"{entry.type} {short_id(entry.id)}: {message}", entry.id))
+    def forget(self, entries: Sequence[Entry], calls_checked: int) -> None:
+        """Take back what :meth:`register` and the pushes of ``entries`` (the last ones
+        registered, in order) added to the session-wide facts."""
+        for e in reversed(entries):
+            eid = e.id
+            self.foreign.discard(eid)
+            self.starts_seen.discard(eid)
+            self.ends_seen.discard(eid)
+            self.has_calls.pop(eid, None)
+            d = e.data
+            t = d.get("type")
+            if t == "item":
+                item = d.get("item")
+                cid = item.get("call_id") if isinstance(item, dict) else None
+                if isinstance(cid, str) and self.first_call.get(cid) is e:
+                    del self.first_call[cid]
+            elif t == "dispatch":
+                target = d.get("target")
+                nodes = self.dispatch_nodes.get(target) if isinstance(target, str) else None
+                if nodes and nodes[-1][1] == eid:
+                    nodes.pop()
+                    if not nodes:
+                        del self.dispatch_nodes[target]  # type: ignore[arg-type]  # a str: nodes were found under it
+        self.calls_checked = calls_checked
 
-    def note(self, entry: Entry, code: str, message: str) -> None:
-        key = (entry.id, "note:" + code)
-        if key in self._seen:
-            return
-        self._seen.add(key)
-        self.notes.append(Problem(entry.line, code, f"{entry.type} {short_id(entry.id)}: {message}", entry.id))
+    # -- undoable changes -------------------------------------------------------
 
     def _set(self, obj: Any, name: str, value: Any) -> None:
         old = getattr(obj, name)
@@ -484,7 +551,7 @@ class _Walker:
         self._marks.append(len(self._undo))
         depth = len(self.path)
         self.path.append(e)
-        self.on_path.add(e.id)
+        self.on_path[e.id] = e
         t = e.data.get("type")
         prev = self.last_resp[-1] if self.last_resp else None
         self.last_resp.append((e, depth) if t == "response" else prev)
@@ -511,7 +578,7 @@ class _Walker:
         while len(undo) > mark:
             undo.pop()()
         e = self.path.pop()
-        self.on_path.discard(e.id)
+        del self.on_path[e.id]
         self.last_resp.pop()
 
     # -- entries ----------------------------------------------------------------
@@ -542,26 +609,26 @@ class _Walker:
                 self._run_takes(self.run, call)
         elif kind == "function_call_output":
             cid = item.get("call_id")
-            stack = self.by_call_id.get(cid) if isinstance(cid, str) else None
-            call = stack[-1] if stack else None
-            if call is None:
-                self.note(e, "orphan-output", f"output for call {_q(cid)} names no function call before it on the path")
+            calls = self.by_call_id.get(cid) if isinstance(cid, str) else None
+            found = calls[-1] if calls else None
+            if found is None:
+                self.report(e, "orphan-output", f"output for call {_q(cid)} names no function call before it on the path")
             else:
-                if call.output is None:
-                    if self.promise_dispatch and call.own:
-                        eff = _effective(call.events)
+                if found.output is None:
+                    if self.promise_dispatch and found.own:
+                        eff = _effective(found.events)
                         ran = not any(ev.kind == "decision" and ev.verdict in ("reject", "answer") for ev in eff)
                         if ran and not any(ev.kind == "dispatch" for ev in eff):
-                            self.problem(
+                            self.report(
                                 e,
                                 "dispatch-missing",
-                                f"call {_q(call.call_id)} has an output and no dispatch, though the header's records "
+                                f"call {_q(found.call_id)} has an output and no dispatch, though the header's records "
                                 "promise dispatch: a promised dispatch is written before the tool runs (RFC 0001 dispatch)",
                             )
-                    self._set(call, "output", e)
+                    self._set(found, "output", e)
                     self._add_open_calls(-1)
-                self._event(call, _Event("output", e))
-            self._segment_event(e, call)
+                self._event(found, _Event("output", e))
+            self._segment_event(e, found)
 
     def _resolve_target(self, e: Entry) -> _Call | None:
         """The call a decision or dispatch names by ``target``; a ``target`` naming no
@@ -570,19 +637,19 @@ class _Walker:
         target = e.get("target")
         cid = e.get("call_id")
         if not isinstance(cid, str) or not cid:
-            self.problem(e, "record-malformed", f"{e.type} has no call_id, which RFC 0001 requires")
+            self.report(e, "record-malformed", f"{e.type} has no call_id, which RFC 0001 requires")
         call = self.calls.get(target) if isinstance(target, str) else None
         if call is None:
-            self.problem(
+            self.report(
                 e,
                 "bad-target",
                 f"target {_q(target)} names no function call before it on the path: a {e.type}'s target is the "
                 "item entry holding its call (RFC 0001 dispatch, decision)",
             )
-            stack = self.by_call_id.get(cid) if isinstance(cid, str) else None
-            return stack[-1] if stack else None
+            calls = self.by_call_id.get(cid) if isinstance(cid, str) else None
+            return calls[-1] if calls else None
         if isinstance(cid, str) and cid and call.call_id != cid:
-            self.problem(
+            self.report(
                 e,
                 "bad-target",
                 f"target names call {_q(call.call_id)} but call_id is {_q(cid)}: the call_id must be the target call's "
@@ -593,13 +660,13 @@ class _Walker:
     def _decision(self, e: Entry) -> None:
         verdict = e.get("verdict")
         if verdict not in VERDICTS:
-            self.problem(e, "record-malformed", f"verdict {_q(verdict)} is not one of {', '.join(VERDICTS)}")
+            self.report(e, "record-malformed", f"verdict {_q(verdict)} is not one of {', '.join(VERDICTS)}")
             verdict = None
         by = e.get("by")
         if by is not None and by not in DECIDERS:
-            self.problem(e, "record-malformed", f"by {_q(by)} is not one of {', '.join(DECIDERS)}")
+            self.report(e, "record-malformed", f"by {_q(by)} is not one of {', '.join(DECIDERS)}")
         if verdict == "reject" and not isinstance(e.get("reason"), str):
-            self.problem(e, "record-malformed", "a reject carries no reason, which RFC 0001 requires (it is the output the model saw)")
+            self.report(e, "record-malformed", "a reject carries no reason, which RFC 0001 requires (it is the output the model saw)")
         call = self._resolve_target(e)
         if call is None:
             self._segment_event(e, None)
@@ -615,17 +682,17 @@ class _Walker:
             and call.events[-1].kind == "dispatch"
         )
         if rejected:
-            self.problem(e, "decision-after-reject", f"decision on call {cid} after its reject: no decision follows a reject (RFC 0001 decision)")
+            self.report(e, "decision-after-reject", f"decision on call {cid} after its reject: no decision follows a reject (RFC 0001 decision)")
         elif answered:
-            self.problem(e, "decision-after-answer", f"decision on call {cid} after its answer: no decision follows an answer (RFC 0001 decision)")
+            self.report(e, "decision-after-answer", f"decision on call {cid} after its answer: no decision follows an answer (RFC 0001 decision)")
         elif verdict in ("reject", "answer") and call.output is not None:
-            self.problem(
+            self.report(
                 e,
                 "decision-after-output",
                 f"{verdict} for call {cid} after its output at line {call.output.line}: the output ends the call (RFC 0001 decision)",
             )
         elif verdict == "reject" and not withdraws and any(ev.kind == "dispatch" for ev in eff):
-            self.problem(
+            self.report(
                 e,
                 "reject-after-dispatch",
                 f"reject for call {cid}, which was dispatched: a call that may have run is ended by answer, never reject (RFC 0001 decision)",
@@ -637,7 +704,7 @@ class _Walker:
             and not any(ev.kind == "dispatch" for ev in eff)
             and not self._dispatched_elsewhere(call)
         ):
-            self.problem(
+            self.report(
                 e,
                 "answer-not-dispatched",
                 f"answer for call {cid}, which has no dispatch though the header's records promise dispatch: the record "
@@ -649,7 +716,7 @@ class _Walker:
     def _dispatch(self, e: Entry) -> None:
         key = e.get("idempotency_key")
         if key is not None and not isinstance(key, str):
-            self.problem(e, "record-malformed", "idempotency_key is not a string")
+            self.report(e, "record-malformed", "idempotency_key is not a string")
         call = self._resolve_target(e)
         if call is None:
             self._segment_event(e, None)
@@ -657,11 +724,11 @@ class _Walker:
         cid = _q(call.call_id)
         eff = _effective(call.events)
         if any(ev.kind == "decision" and ev.verdict == "reject" for ev in eff):
-            self.problem(e, "dispatch-after-reject", f"dispatch for call {cid} after its reject: no dispatch follows a reject (RFC 0001 decision)")
+            self.report(e, "dispatch-after-reject", f"dispatch for call {cid} after its reject: no dispatch follows a reject (RFC 0001 decision)")
         elif any(ev.kind == "decision" and ev.verdict == "answer" for ev in eff):
-            self.problem(e, "dispatch-after-answer", f"dispatch for call {cid} after its answer: no dispatch follows an answer (RFC 0001 decision)")
+            self.report(e, "dispatch-after-answer", f"dispatch for call {cid} after its answer: no dispatch follows an answer (RFC 0001 decision)")
         elif call.output is not None:
-            self.problem(
+            self.report(
                 e,
                 "dispatch-after-output",
                 f"dispatch for call {cid} after its output at line {call.output.line}: the output ends the call, and running "
@@ -671,36 +738,29 @@ class _Walker:
         self._segment_event(e, call)
 
     def _event(self, call: _Call, ev: _Event) -> None:
-        call.events.append(ev)
-        self._undo.append(call.events.pop)
+        events = call.events
+        events.append(ev)
+        self._undo.append(events.pop)
 
     def _dispatched_elsewhere(self, call: _Call) -> bool:
-        """A dispatch naming the call exists off the path: neither on it nor below
-        its last entry (a later hand-off on the same branch is not elsewhere).
-        RFC 0001 0.10 lets one stand for a dispatch on the path, for the answer
-        rule and against the call having never started."""
+        """A dispatch naming the call was written before the tip of the path, in file
+        (log) order, and is not on the path. RFC 0001 0.10 lets one stand for a
+        dispatch on the path, for the answer rule and against the call having never
+        started. One written later cannot: the record said, when the tip was written,
+        that the call never started, and a verdict must not depend on whether the
+        entries are checked as they arrive or the whole file at once."""
         nodes = self.dispatch_nodes.get(call.entry.id)
-        if not nodes:
+        if not nodes or not self.path:
             return False
-        off = [d for d in nodes if d not in self.on_path]
-        if not off:
-            return False
-        if self._intervals is None:
-            self._intervals = _intervals(self.entries)
-        here = self._intervals.get(self.path[-1].id) if self.path else None
-        for d in off:
-            if here is not None:
-                tin = self._intervals.get(d, (-1, -1))[0]
-                if here[0] <= tin <= here[1]:
-                    continue
-            return True
-        return False
+        now = self.seq.get(self.path[-1].id, -1)
+        on = self.on_path
+        return any(at < now and d not in on for at, d in nodes)
 
     def _from_link(self, e: Entry) -> None:
         target = e.get("from_link")
-        link = self.by_id.get(target) if isinstance(target, str) and target in self.on_path else None
+        link = self.on_path.get(target) if isinstance(target, str) else None
         if link is None or link.type != "link" or link.get("rel") != "peer" or "cancel" in link.data:
-            self.problem(
+            self.report(
                 e,
                 "bad-from-link",
                 f"from_link {_q(target)} names no peer link before the item on its path (RFC 0001 0.14 link)",
@@ -708,14 +768,16 @@ class _Walker:
 
     def _queued(self, e: Entry) -> None:
         if not isinstance(e.get("item"), dict):
-            self.problem(e, "record-malformed", "queued entry has no item, which RFC 0001 requires")
+            self.report(e, "record-malformed", "queued entry has no item, which RFC 0001 requires")
         if e.get("mode") not in QUEUE_MODES:
-            self.problem(e, "record-malformed", f"mode {_q(e.get('mode'))} is not one of {', '.join(QUEUE_MODES)}")
+            self.report(e, "record-malformed", f"mode {_q(e.get('mode'))} is not one of {', '.join(QUEUE_MODES)}")
 
     def _response(self, e: Entry, depth: int) -> None:
         """Whether this response's output holds a function call, found as RFC 0001
         "Request context of a response" finds output items: walking back over the
         path, skipping entries that are not items, while items name this response."""
+        if e.id in self.has_calls:
+            return  # a fact of the entry's path, found when it was first pushed
         rid = e.get("response_id")
         found = False
         if isinstance(rid, str):
@@ -758,6 +820,7 @@ class _Walker:
             self._set(run, "out_or_decision", True)
         if run.takeup is None:
             # Judged now: "no output when the run began" is about the path before this entry.
+            takeup: tuple[RunSource, str]
             if call is not None and call.depth < run.depth and (call.output is None or call.output is e):
                 takeup = ("resume", f"its first output, decision or dispatch (line {e.line}) takes up call "
                           f"{_q(call.call_id)}, left without an output before the run")
@@ -765,44 +828,55 @@ class _Walker:
                 takeup = ("input", f"its first output, decision or dispatch (line {e.line}) takes up no call "
                           "left without an output before the run")
             self._set(run, "takeup", takeup)
-            self._check_source(run, closing=False)
+            self._check_source(run)
 
-    def _computed_source(self, run: _Run) -> tuple[str, str]:
+    def _computed_source(self, run: _Run) -> tuple[RunSource, str]:
         """The source the segment shows, and why."""
         if run.takeup is None:
             return "input", "the segment takes up no call"
         return run.takeup
 
-    def _check_source(self, run: _Run, *, closing: bool) -> None:
+    def _check_source(self, run: _Run) -> None:
+        """Judge a run's written source: when its segment takes a call up, and when the
+        segment closes (an end, or the next run's start). A run open at the tip that
+        has taken nothing up is not judged: a resume may add a message before it
+        takes its call up (RFC 0001 run source), see :meth:`open_unjudged`."""
         start = run.start
         written = start.get("source")
         if written not in SOURCES:
             return  # reported as malformed at the start
-        if run.takeup is None and not closing:
-            return
         computed, why = self._computed_source(run)
         if written == computed:
             return
         if written == "resume" and not run.nonempty and run.takeup is None:
             return  # an empty run written resume is accepted as written (0.11, 0.14)
-        self.problem(
+        self.report(
             start,
             "run-source",
             f"run {_q(run.run_id)} starts {written} but its segment reads {computed}: {why} (RFC 0001 run source)",
         )
 
+    def open_unjudged(self) -> _Run | None:
+        """The run open at the tip when its written source cannot be judged yet but would
+        not stand were the run to end here: written ``resume``, nothing taken up, and
+        something added (an empty resume stands as written)."""
+        run = self.run
+        if run is None or run.takeup is not None or not run.nonempty or run.start.get("source") != "resume":
+            return None
+        return run
+
     def _run_entry(self, e: Entry, depth: int) -> None:
         phase = e.get("phase")
         rid = e.get("run_id")
         if not isinstance(rid, str) or not rid:
-            self.problem(e, "record-malformed", "run entry has no run_id, which RFC 0001 requires")
+            self.report(e, "record-malformed", "run entry has no run_id, which RFC 0001 requires")
         if phase == "start":
             if e.get("source") not in SOURCES:
-                self.problem(e, "record-malformed", f"run start source {_q(e.get('source'))} is not input or resume")
+                self.report(e, "record-malformed", f"run start source {_q(e.get('source'))} is not input or resume")
             if self.run is not None:
                 open_run = self.run
                 if self.promise_run:
-                    self.note(
+                    self.report(
                         e,
                         "run-not-ended",
                         f"run {_q(rid)} starts while run {_q(open_run.run_id)} (line {open_run.start.line}) has no end on "
@@ -815,26 +889,27 @@ class _Walker:
         elif phase == "end":
             reason = e.get("reason")
             if reason not in RUN_REASONS:
-                self.problem(e, "record-malformed", f"run end reason {_q(reason)} is not one of {', '.join(RUN_REASONS)}")
+                self.report(e, "record-malformed", f"run end reason {_q(reason)} is not one of {', '.join(RUN_REASONS)}")
             pending = e.get("pending")
             if not isinstance(pending, list) or not all(isinstance(p, str) for p in pending):
-                self.problem(e, "record-malformed", "run end has no pending list of call ids, which RFC 0001 requires")
-            run = self.run
-            if run is not None and run.run_id is not None and run.run_id == rid:
-                self._close(run, e, "end")
+                self.report(e, "record-malformed", "run end has no pending list of call ids, which RFC 0001 requires")
+            current = self.run
+            if current is not None and current.run_id is not None and current.run_id == rid:
+                self._close(current, e, "end")
                 self._set_run(None)
             else:
-                self.note(
+                self.report(
                     e,
                     "run-end-unmatched",
                     f"run end for {_q(rid)} closes no run open on the path"
-                    + (f" (run {_q(run.run_id)} is open)" if run is not None else ""),
+                    + (f" (run {_q(current.run_id)} is open)" if current is not None else ""),
                 )
         else:
-            self.problem(e, "record-malformed", f"run phase {_q(phase)} is neither start nor end")
+            self.report(e, "record-malformed", f"run phase {_q(phase)} is neither start nor end")
 
-    def _reason(self, run: _Run, end_depth: int) -> tuple[str, str, list[_Call], dict[str, str]]:
-        """The RFC 0001 cascade over the run's segment (start..end_depth) and the path."""
+    def reason(self, run: _Run, end_depth: int) -> tuple[RunReason, str, list[_Call], dict[str, CallState]]:
+        """The RFC 0001 cascade over the run's segment (start..end_depth) and the path:
+        the reason, why, the pending calls and every call's state."""
         path_last = self.last_resp[end_depth]
         seg_last = path_last[0] if path_last is not None and path_last[1] > run.depth else None
         states = {c.entry.id: self.state(c) for c in run.calls}
@@ -864,24 +939,24 @@ class _Walker:
             why = "the last response on the path made no call and the segment has no response of its own"
         return "aborted", why, pending, states
 
-    def _close(self, run: _Run, end: Entry | None, closed_by: str) -> None:
+    def _close(self, run: _Run, end: Entry | None, closed_by: Literal["end", "start", "leaf"]) -> None:
         """A run's segment closes: check its source and (with an end) its end, and
-        keep it for the report."""
-        self._check_source(run, closing=True)
+        keep it for the report. At the leaf (a report) the source is judged only
+        when the run has taken a call up."""
+        if closed_by != "leaf":
+            self._check_source(run)
         if end is None and not self.collect_runs:
             return
         end_depth = len(self.path) - 1
-        if end is not None and closed_by == "end":
-            pass
-        elif closed_by == "start":
+        if closed_by == "start":
             end_depth = len(self.path) - 2  # the segment stops before the next start
-        reason, why, pending, states = self._reason(run, end_depth)
+        reason, why, pending, states = self.reason(run, end_depth)
         pending_ids = tuple(c.call_id for c in pending)
         if end is not None:
             self.ends_seen.add(end.id)
             written = end.get("reason")
             if written in RUN_REASONS and written not in WRITTEN_REASONS and written != reason:
-                self.problem(
+                self.report(
                     end,
                     "run-reason",
                     f"run {_q(run.run_id)} ends {written} but its segment reads {reason}: {why} "
@@ -889,7 +964,7 @@ class _Walker:
                 )
             listed = end.get("pending")
             if isinstance(listed, list) and all(isinstance(p, str) for p in listed) and not _same_ids(listed, pending_ids):
-                self.problem(
+                self.report(
                     end,
                     "run-pending",
                     f"run {_q(run.run_id)} lists pending {_q(sorted(listed))} but its segment leaves "
@@ -919,19 +994,16 @@ class _Walker:
             pending=pending_ids,
             calls=tuple(self.info(c, states[c.entry.id]) for c in run.calls),
             empty=not run.nonempty and run.takeup is None,
+            source_judged=closed_by != "leaf" or run.takeup is not None,
         )
-        self.runs.append(info)
-        self._undo.append(self.runs.pop)
-
-    def at_leaf(self) -> None:
-        """The path ends here: a run still open is checked as far as it goes."""
-        if self.run is not None:
-            self._check_source(self.run, closing=True)
+        runs = self.runs
+        runs.append(info)
+        self._undo.append(runs.pop)
 
     # -- calls ------------------------------------------------------------------
 
-    def state(self, call: _Call) -> str:
-        """What the path says happened to the call (RFC 0001 dispatch, decision)."""
+    def state(self, call: _Call) -> CallState:
+        """What the path says happened to the call (RFC 0001 dispatch, decision), at the tip."""
         if call.output is not None:
             return "completed"
         last_dispatch = -1
@@ -956,7 +1028,7 @@ class _Walker:
             return "never_started"
         return "unknown"
 
-    def info(self, call: _Call, state: str | None = None) -> CallInfo:
+    def info(self, call: _Call, state: CallState | None = None) -> CallInfo:
         item = call.entry.get("item")
         name = item.get("name") if isinstance(item, dict) else None
         args = item.get("arguments") if isinstance(item, dict) else None
@@ -995,110 +1067,41 @@ class _Walker:
         )
 
 
+def open_source_message(run_id: str | None) -> str:
+    """The words of the ``run-source-open`` note, the same at every leaf that finds it."""
+    return (
+        f"run {_q(run_id)} starts resume and is open here with no call taken up: its source is judged when "
+        "the run takes a call up or ends, and a message before the take-up is allowed (RFC 0001 run source)"
+    )
+
+
 # ---------------------------------------------------------------------------
-# session-wide rules and notes
+# session-wide notes
 
 
-def _call_id_problems(entries: Sequence[Entry]) -> tuple[list[Problem], int]:
-    """A call_id is never empty and names one function call in the session, on any
-    branch. Returns the problems and the number of function calls."""
-    out: list[Problem] = []
-    first: dict[str, Entry] = {}
-    calls = 0
-    for e in entries:
-        d = e.data
-        if d.get("type") != "item":
-            continue
-        item = d.get("item")
-        if not isinstance(item, dict) or item.get("type") != "function_call":
-            continue
-        calls += 1
-        cid = item.get("call_id")
-        where = f"item {short_id(e.id)}: "
-        if not isinstance(cid, str) or not cid:
-            out.append(
-                Problem(e.line, "call-id-empty", where + "function call has no call_id: nothing could name it, not its "
-                        "output, a decision or a pending list (RFC 0001 item)", e.id)
-            )
-            continue
-        if cid in first:
-            out.append(
-                Problem(e.line, "call-id-repeated", where + f"call ID {_q(cid)} repeated: the function call at line "
-                        f"{first[cid].line} has it, and a call_id names one call in a session, on any branch (RFC 0001 item)", e.id)
-            )
-        else:
-            first[cid] = e
-    return out, calls
-
-
-def _format_notes(header: Header, problems: list[Problem]) -> list[Problem]:
-    """Remarks on which rules a file declares, when record rules are broken."""
-    if not problems:
+def format_notes(header: Header, codes: Iterable[str]) -> list[tuple[str, str]]:
+    """Remarks on which rules a file declares, when record rules are broken
+    (``codes``: those broken): (code, message) pairs, for the file as a whole."""
+    codes = set(codes)
+    if not codes:
         return []
-    out: list[Problem] = []
+    out: list[tuple[str, str]] = []
     version = header.format_version
     minor = version[1] if version is not None and version[0] == 0 else None
-    codes = {p.code for p in problems}
     if minor == 9:
-        out.append(Problem(None, "early-0.9", "draft 0.9 gained these rules after its first writers were released, so a 0.9 "
-                           "file breaking them may come from such a writer rather than be corrupt"))
+        out.append(("early-0.9", "draft 0.9 gained these rules after its first writers were released, so a 0.9 "
+                    "file breaking them may come from such a writer rather than be corrupt"))
     elif minor is not None and minor < 9:
-        out.append(Problem(None, "before-0.9", f"this file declares {header.format}, before 0.9 added the reject, target, "
-                           "call_id and dispatch-after-output rules and counted calls an earlier run left among a run's; "
-                           "it may have been written under the rules of its own minor"))
+        out.append(("before-0.9", f"this file declares {header.format}, before 0.9 added the reject, target, "
+                    "call_id and dispatch-after-output rules and counted calls an earlier run left among a run's; "
+                    "it may have been written under the rules of its own minor"))
     if "run-source" in codes:
-        out.append(Problem(None, "source-rule", "no earlier release checked a run's source as it is written, so a writer "
-                           "that chose its own may disagree with the segment without the file being corrupt"))
+        out.append(("source-rule", "no earlier release checked a run's source as it is written, so a writer "
+                    "that chose its own may disagree with the segment without the file being corrupt"))
     if "run-reason" in codes and minor is not None and minor < 9:
-        out.append(Problem(None, "end-rule", "a run's end reads differently before 0.8 (a call held after its dispatch) "
-                           "and before 0.9 (calls an earlier run left), so an end written under those minors may disagree"))
+        out.append(("end-rule", "a run's end reads differently before 0.8 (a call held after its dispatch) "
+                    "and before 0.9 (calls an earlier run left), so an end written under those minors may disagree"))
     return out
-
-
-def _dispatch_nodes(entries: Iterable[Entry]) -> dict[str, list[str]]:
-    """Dispatch entries by the call entry their ``target`` names, anywhere in the session."""
-    nodes: dict[str, list[str]] = {}
-    for e in entries:
-        d = e.data
-        if d.get("type") == "dispatch":
-            t = d.get("target")
-            if isinstance(t, str):
-                nodes.setdefault(t, []).append(e.id)
-    return nodes
-
-
-def _intervals(entries: Sequence[Entry]) -> dict[str, tuple[int, int]]:
-    """Each entry's (entry time, exit time) in a depth-first walk of the parent
-    tree, so "d is below p" is one comparison."""
-    children: dict[str | None, list[str]] = {}
-    ids = {e.id for e in entries}
-    for e in entries:
-        parent = e.data.get("parent")
-        children.setdefault(parent if parent in ids else None, []).append(e.id)
-    out: dict[str, tuple[int, int]] = {}
-    clock = 0
-    stack: list[tuple[str, bool]] = [(r, False) for r in reversed(children.get(None, []))]
-    tin: dict[str, int] = {}
-    while stack:
-        node, leaving = stack.pop()
-        if leaving:
-            out[node] = (tin[node], clock)
-            continue
-        if node in tin:
-            continue
-        clock += 1
-        tin[node] = clock
-        stack.append((node, True))
-        for k in reversed(children.get(node, [])):
-            stack.append((k, False))
-    return out
-
-
-def _foreign(header: Header, tree_prefix: Iterable[str], base_in_file: bool) -> frozenset[str]:
-    """The prefix: entries another session recorded, which this header's promise does not cover."""
-    if header.base is None or not base_in_file:
-        return frozenset()
-    return frozenset(tree_prefix) | {header.base}
 
 
 @contextmanager
@@ -1115,12 +1118,8 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _sort(problems: list[Problem]) -> list[Problem]:
-    return sorted(problems, key=lambda p: (p.line is None, p.line or 0, p.code))
-
-
 # ---------------------------------------------------------------------------
-# public API
+# public API: views over the one rule set (agentsession_cas.format.rules)
 
 
 def analyze_path(
@@ -1132,109 +1131,46 @@ def analyze_path(
 ) -> RunsReport:
     """Runs, calls and record rules along ``path`` (root first).
 
-    ``entries`` is the whole session, for the rules that span branches (call
-    ids unique, a dispatch elsewhere standing for one on the path); it
-    defaults to the path. Problems are those of entries on the path.
+    ``entries`` is the whole session in file (log) order, for the rules that span
+    branches (call ids unique, a dispatch elsewhere standing for one on the
+    path); it defaults to the path. The session is checked once through
+    :class:`~agentsession_cas.format.rules.PathChecker`, and the problems are
+    those it finds for entries on the path: the words ``verify`` prints.
     """
+    from .rules import PathChecker  # rules builds on this module
+
     all_entries = list(entries) if entries is not None else list(path)
-    foreign: frozenset[str] = frozenset()
-    if header.base is not None:
-        ids = [e.id for e in path]
-        if header.base in ids:
-            foreign = frozenset(ids[: ids.index(header.base) + 1])
-    walker = _Walker(
-        header,
-        foreign=foreign,
-        dispatch_nodes=_dispatch_nodes(all_entries),
-        entries=all_entries,
-        by_id={e.id: e for e in all_entries},
-        collect_runs=True,
-    )
-    for e in path:
-        walker.push(e)
-    if walker.run is not None:
-        walker._close(walker.run, None, "leaf")
-    on_path = {e.id for e in path}
-    problems = [p for p in _call_id_problems(all_entries)[0] if p.entry in on_path] + walker.problems
-    problems = _sort(problems)
-    notes = _sort(walker.notes) + _format_notes(header, problems)
-    return RunsReport(
-        source=source,
-        leaf=path[-1].id if path else None,
-        path_length=len(path),
-        records=tuple(header.records),
-        runs=list(walker.runs),
-        calls=[walker.info(c) for c in walker.call_order],
-        inbox=_inbox(path),
-        problems=problems,
-        notes=notes,
-    )
+    with _collector_paused():
+        checker = PathChecker(header)
+        checker.add_all(all_entries)
+        checker.finish()
+        return checker.report(path[-1].id if path else None, source=source)
 
 
 def analyze_runs(session_file: SessionFile, leaf: str | None = None) -> RunsReport:
     """Runs and calls on the path from the root to ``leaf`` (an entry id; the
     resume rule's leaf when None), with every record rule broken on it."""
-    tree = session_file.tree
+    from .rules import verify_session  # rules builds on this module
+
     if leaf is None:
         leaf = session_file.leaf
+    elif leaf not in session_file.tree:
+        session_file.tree.path(leaf)  # raises NoSuchEntryError, as it always did
     with _collector_paused():
-        path = tree.path(leaf) if leaf is not None else []
-        return analyze_path(session_file.header, path, entries=session_file.entries, source=session_file.source)
+        return verify_session(session_file).runs_report(leaf)
 
 
 def verify_records(session_file: SessionFile) -> RecordsCheck:
-    """Check the record rules on every path of the session in one depth-first
-    walk (each entry visited once): call ids, targets, the order of decisions,
-    dispatches and outputs, the ``records`` promise, every run's source, and
-    every run end against its segment."""
-    with _collector_paused():
-        return _verify_records(session_file)
+    """The record rules on every path of the session: call ids, targets, the order
+    of decisions, dispatches and outputs, the ``records`` promise, every run's
+    source, and every run end against its segment (a view of
+    :func:`~agentsession_cas.format.rules.verify_session`)."""
+    from .rules import verify_session  # rules builds on this module
+
+    return verify_session(session_file).records_check()
 
 
-def _verify_records(sf: SessionFile) -> RecordsCheck:
-    tree = sf.tree
-    header = sf.header
-    base_in_file = header.base is not None and header.base in tree
-    walker = _Walker(
-        header,
-        foreign=_foreign(header, tree.prefix, base_in_file),
-        dispatch_nodes=_dispatch_nodes(sf.entries),
-        entries=sf.entries,
-        by_id=tree.by_id,
-        collect_runs=False,
-    )
-    visited: set[str] = set()
-    by_id = tree.by_id
-    roots = [e for e in sf.entries if not isinstance(p := e.data.get("parent"), str) or p not in by_id]
-    stack: list[tuple[Entry, bool]] = [(r, False) for r in reversed(roots)]
-    while stack:
-        e, leaving = stack.pop()
-        if leaving:
-            walker.pop()
-            continue
-        if e.id in visited:
-            continue
-        visited.add(e.id)
-        walker.push(e)
-        stack.append((e, True))
-        kids = tree.children(e.id)
-        if not kids:
-            walker.at_leaf()
-        for k in reversed(kids):
-            stack.append((k, False))
-    id_problems, calls = _call_id_problems(sf.entries)
-    problems = _sort(id_problems + walker.problems)
-    return RecordsCheck(
-        source=sf.source,
-        problems=problems,
-        notes=_sort(walker.notes) + _format_notes(header, problems),
-        runs_checked=len(walker.starts_seen),
-        ends_checked=len(walker.ends_seen),
-        calls_checked=calls,
-    )
-
-
-def _inbox(path: Sequence[Entry]) -> list[QueuedInfo]:
+def inbox_of(path: Sequence[Entry]) -> list[QueuedInfo]:
     """Queued inputs with no item naming them in ``queued_from`` and no run end after them."""
     waiting: dict[str, Entry] = {}
     for e in path:
@@ -1416,7 +1352,7 @@ def _queued_text(item: Any) -> str:
     if isinstance(content, str):
         return f"{item.get('role', '?')}: {_cut(content, 48)}"
     if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        texts = [t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str)]
         if texts:
             return f"{item.get('role', '?')}: {_cut(' '.join(texts), 48)}"
     return str(item.get("type", "-"))

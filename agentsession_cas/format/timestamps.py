@@ -114,7 +114,7 @@ def normalise_ts(value: str) -> str:
     -23:59..+23:59, and an instant outside years 0001-9999 UTC (what ``datetime``
     holds) raise :class:`TimestampError`."""
     if is_valid_ts(value):
-        return value  # type: ignore[return-value]  # already admitted (year 0000 too)
+        return value  # already admitted (year 0000 too)
     m = _RFC3339.fullmatch(value) if isinstance(value, str) else None
     if m is None:
         raise TimestampError(f"ts {value!r} is not an RFC 3339 date-time")

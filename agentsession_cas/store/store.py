@@ -22,10 +22,10 @@ from typing import Any
 from ..backends import DEFAULT_STORE, default_store_path, open_backend
 from ..backends.base import Append, Backend, Mark, ObjectStore, Record, RepackResult, Space
 from ..errors import (
-    BadBaseError,
-    BaseNotHeldError,
     AgentSessionError,
+    BadBaseError,
     BadNameError,
+    BaseNotHeldError,
     CorruptObjectError,
     IJSONError,
     NoSuchObjectError,

@@ -1,0 +1,1199 @@
+"""The rules a session is checked against, in one place (RFC 0001, RFC 0002, RFC 0003 "Errors").
+
+Every consumer asks this module: the file reader, ``agentsession verify`` and
+``show``, and (done by the store's own code) a store's append, import, push,
+fsck and repair. A rule broken is a :class:`~agentsession_cas.errors.Problem`
+whose ``code`` is a row of :data:`RULES`, and the table says, as data, how
+heavy it is, where it is found, and what a store does with an entry that
+brings it. :func:`problem` is the one way a problem is made, and it refuses a
+code the table does not hold, so nothing can report a rule nobody listed.
+
+The rules come in four scopes, each with one implementation:
+
+* **line**: what one line says on its own (:func:`check_line`): I-JSON, a
+  known or namespaced type, the id against the hash of the members, the ``ts``
+  form, no reserved member in the body, the members a core type requires.
+* **tree**: where an entry hangs (:class:`TreeState`, fed one entry at a
+  time): its parent held before it, its ``parents``, the base and prefix rule,
+  a repeated id.
+* **record** and **context**: what the entries on a path say together
+  (:class:`PathChecker`): runs, calls, decisions and dispatches (the record
+  half, :class:`~agentsession_cas.format.runs.RecordWalker`), and the context
+  algorithm with every ``request_hash`` and ``first_kept`` (the context half,
+  :class:`~agentsession_cas.format.context.ContextBuilder`). It is fed entries in
+  file order, which is a store's log order, and keeps itself positioned on the
+  path to the last entry: an entry whose parent is elsewhere makes it pop to
+  the common ancestor and push down the parent's path, so a verdict never
+  depends on whether entries are checked as they are appended or as a whole
+  file. A linear session costs one push per entry; a file that alternates
+  between deep branches costs the distance moved each time.
+
+:class:`SessionChecker` puts the tree and path parts together for a writer or a
+store, with trials (:meth:`SessionChecker.begin`, ``rollback``, ``commit``)
+for a prepare that may be abandoned. :func:`verify_session` is what a file
+verify reports, computed in one pass over the entries in file order.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+from ..errors import AgentSessionError, EntryError, IJSONError, Problem, SessionFormatError, Severity
+from .canonical import loads, loads_flagged
+from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, RequestReport, check_tip
+from .entry import LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
+from .hashing import ReservedMemberError, entry_hashes, entry_objects, is_hash
+from .runs import RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, inbox_of, open_source_message
+from .timestamps import is_valid_ts
+
+if TYPE_CHECKING:  # the reader builds on this module
+    from .reader import SessionFile
+
+__all__ = [
+    "CORE_TYPES",
+    "RULES",
+    "Rule",
+    "Scope",
+    "StorePolicy",
+    "ErrorCode",
+    "problem",
+    "rule_of",
+    "parse_line",
+    "line_failure",
+    "read_header",
+    "describe_json_error",
+    "unloaded_claims",
+    "check_line",
+    "TreeState",
+    "PathChecker",
+    "SessionChecker",
+    "Trial",
+    "OpenRun",
+    "VerifyReport",
+    "verify_session",
+    "gc_paused",
+]
+
+#: Where a rule is found: one line alone, where it hangs, or what a path says.
+Scope = Literal["line", "tree", "record", "context"]
+#: What a store does with an entry that brings the rule: refuse it, store it and
+#: report it, or only remark on it.
+StorePolicy = Literal["refuse", "finding", "note"]
+#: The RFC 0003 error a store's refusal carries.
+ErrorCode = Literal["bad_entry", "base_rule", "call_id_repeated", "no_entry", "format"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One row of :data:`RULES`."""
+
+    code: str
+    severity: Severity
+    scope: Scope
+    store: StorePolicy
+    #: The RFC 0003 error code of a store's refusal (None: a store never refuses for it).
+    error: ErrorCode | None
+    summary: str
+    section: str
+
+
+def _rules(*rows: Rule) -> Mapping[str, Rule]:
+    table = {r.code: r for r in rows}
+    assert len(table) == len(rows), "a code is listed twice"
+    for r in rows:
+        assert (r.store == "refuse") == (r.error is not None), r.code
+        assert r.severity == "error" or r.store == "note", r.code
+    return MappingProxyType(table)
+
+
+def _line(code: str, summary: str, section: str, error: ErrorCode = "bad_entry") -> Rule:
+    return Rule(code, "error", "line", "refuse", error, summary, section)
+
+
+def _record(code: str, summary: str, section: str, error: ErrorCode = "bad_entry") -> Rule:
+    return Rule(code, "error", "record", "refuse", error, summary, section)
+
+
+def _note(code: str, scope: Scope, summary: str, section: str) -> Rule:
+    return Rule(code, "note", scope, "note", None, summary, section)
+
+
+#: Every code the format core reports, by code.
+RULES: Mapping[str, Rule] = _rules(
+    # -- one line ------------------------------------------------------------------
+    _line("header", "the first line is a header: an object of type session with an id, created_at and payload", "RFC 0001 Header"),
+    _line("format", "the header's format is agentsession/<major>.<minor>, of a version this reader reads", "RFC 0001 Versioning", "format"),
+    Rule("empty", "error", "line", "note", None, "a file holds at least one entry (a store may hold a session with none)", "RFC 0001 File"),
+    _line("json", "every line is one JSON object (UTF-8)", "RFC 0001 File"),
+    _line("truncated", "the last line parses (a reader tolerates and reports one cut short)", "RFC 0001 File"),
+    _line("ijson", "every hashed member is I-JSON", "RFC 0001 Entry hash"),
+    _line("entry", "an entry has a string type, a ts and envelope members of the right types; only line 1 is a header", "RFC 0001 Entry envelope"),
+    _line("type", "a type is a core type or namespaced (ns:type)", "RFC 0001 Core entry types, Namespaced types"),
+    _line("reserved", "a body carries no member by a name the envelope reserves", "RFC 0001 Entry hash"),
+    _line("id", "an entry's id is sha256: followed by 64 lowercase hex digits", "RFC 0001 Entry hash"),
+    _line("hash", "an entry's id is the hash of its envelope over the hash of its body", "RFC 0001 Entry hash"),
+    _line("ts", "ts is in the one admitted spelling", "RFC 0001 Entry envelope"),
+    _line("missing-member", "a core entry carries what its type requires: an item its item, an outcome its target", "RFC 0001 item, outcome"),
+    _note("unresolved", "line", "a reference a file before 0.5 holds that migration could not rewrite", "RFC 0001 Versioning"),
+    _note("redacted", "line", "the header says the file was redacted: its hashes verify it, never the original", "RFC 0001 Header"),
+    # -- where an entry hangs --------------------------------------------------------
+    Rule("duplicate", "error", "tree", "note", None, "an id appears once in a file; a repeat is read as the first (a store's re-append is a no-op)", "RFC 0001 Entry hash"),
+    Rule("parent", "error", "tree", "refuse", "no_entry", "an entry has a parent, held before it, or null for a root", "RFC 0001 Entry envelope, RFC 0002 Entries"),
+    Rule("parents", "error", "tree", "refuse", "bad_entry", "parents is an array of references naming earlier entries, not the parent, none twice", "RFC 0001 Convergence"),
+    Rule("base", "error", "tree", "refuse", "base_rule", "a file opens with the path to its base, and own entries hang from the base or each other", "RFC 0001 File, RFC 0002 Sessions"),
+    # -- what a path records -----------------------------------------------------------
+    _record("call-id-empty", "a function call's call_id is never empty", "RFC 0001 item"),
+    _record("call-id-repeated", "a call_id names one function call in the session, on any branch", "RFC 0001 item", "call_id_repeated"),
+    _record("bad-target", "a decision's or dispatch's target is a function call before it on the path, and its call_id that call's", "RFC 0001 dispatch, decision"),
+    _record("dispatch-after-reject", "no dispatch follows a reject", "RFC 0001 decision"),
+    _record("dispatch-after-answer", "no dispatch follows an answer", "RFC 0001 decision"),
+    _record("dispatch-after-output", "no dispatch follows the call's output", "RFC 0001 dispatch"),
+    _record("decision-after-reject", "no decision follows a reject", "RFC 0001 decision"),
+    _record("decision-after-answer", "no decision follows an answer", "RFC 0001 decision"),
+    _record("decision-after-output", "no reject or answer follows the call's output", "RFC 0001 decision"),
+    _record("reject-after-dispatch", "a call that may have run is ended by answer, never reject", "RFC 0001 decision"),
+    _record("answer-not-dispatched", "under a dispatch promise, an answer ends only a call dispatched before it", "RFC 0001 decision"),
+    _record("dispatch-missing", "under a dispatch promise, a call that ran has a dispatch before its output", "RFC 0001 dispatch"),
+    _record("run-reason", "a run end's reason is the one its segment reads (error and interrupted stand as written)", "RFC 0001 run"),
+    _record("run-pending", "a run end lists the calls its segment leaves pending", "RFC 0001 run"),
+    _record("run-source", "a run start's source is the shape of its segment", "RFC 0001 run"),
+    _record("bad-from-link", "an item's from_link names a peer link before it on its path", "RFC 0001 0.14 link"),
+    _record("record-malformed", "a run, dispatch, decision or queued entry carries its required members and closed values", "RFC 0001 run, dispatch, decision, queued"),
+    _note("orphan-output", "record", "an output names no function call before it on the path", "RFC 0001 item"),
+    _note("run-not-ended", "record", "under a run promise, a run starts while another is open on the path", "RFC 0001 run"),
+    _note("run-end-unmatched", "record", "a run end closes no run open on the path", "RFC 0001 run"),
+    _note("run-source-open", "record", "a resume run open at a leaf has taken no call up yet: its source is not judged until it does or ends", "RFC 0001 run"),
+    _note("early-0.9", "record", "a 0.9 file breaking record rules may come from a writer released before 0.9 gained them", "RFC 0001 Changes since 0.8"),
+    _note("before-0.9", "record", "a file of a minor before 0.9 was written under other record rules", "RFC 0001 Changes since 0.8"),
+    _note("source-rule", "record", "no earlier release checked a run's written source", "RFC 0001 run"),
+    _note("end-rule", "record", "a run's end reads differently before 0.8 and 0.9", "RFC 0001 Changes since 0.7, 0.8"),
+    # -- what a path sends ----------------------------------------------------------------
+    Rule("first_kept", "error", "context", "refuse", "bad_entry", "a compaction's first_kept names an entry on its path before it", "RFC 0001 compaction"),
+    Rule("request_hash", "error", "context", "finding", None, "a response's request_hash is the hash of the request its path rebuilds", "RFC 0001 Request hash"),
+    _note("of", "context", "an omitted list named by an of the path cannot resolve is kept as written", "RFC 0001 config"),
+)
+
+
+def rule_of(code: str) -> Rule:
+    """The rule a code names; :class:`KeyError` for a code no rule has."""
+    return RULES[code]
+
+
+def problem(line: int | None, code: str, message: str, entry: str | None = None) -> Problem:
+    """A problem of the rule ``code``, with its severity from the table.
+
+    Raises :class:`AgentSessionError` for a code :data:`RULES` does not hold: a
+    rule nobody listed cannot be reported."""
+    rule = RULES.get(code)
+    if rule is None:
+        raise AgentSessionError(f"no rule has the code {code!r}: add it to agentsession_cas.format.rules.RULES")
+    return Problem(line, code, message, entry, rule.severity)
+
+
+def _show(value: object) -> str:
+    """An untrusted value for a one-line message: a hash as is, anything else
+    JSON-quoted, so a newline or an escape sequence cannot break the line."""
+    if isinstance(value, str) and is_hash(value):
+        return value
+    return json.dumps(value)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic collector for a bulk pass over a session (a read, a check,
+    a projection, a log replay): such a pass allocates a few objects per entry and
+    no reference cycles, and the collector would otherwise rescan the growing
+    heap again and again (about a fifth of a 100,000-entry read). It is
+    restored as it was, whatever happens."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
+# ---------------------------------------------------------------------------
+# line rules
+
+
+_CLAIMED_ID = re.compile(rb'"id"\s*:\s*"(sha256:[0-9a-f]{64})"')
+_NO_CLAIMS: tuple[str, ...] = ()
+
+
+def describe_json_error(exc: Exception) -> str:
+    """Why a line (or the header) does not parse, in words."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"is not valid UTF-8 (byte {exc.start})"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"does not parse as JSON: {exc.msg} at column {exc.colno}"
+    return f"does not parse as JSON: {exc}"
+
+
+def parse_line(raw: bytes, *, line: int, last: bool = False) -> tuple[dict[str, Any] | None, bool, Problem | None, tuple[str, ...]]:
+    """One entry line parsed, as I-JSON: ``(object, careful, problem, claims)``.
+
+    ``object`` is None when the line is no JSON object; the problem says why
+    (``truncated`` for the ``last`` line of a file, which a reader tolerates, else
+    ``json`` or ``ijson``). ``claims`` are the ids such a line seems to claim, found by
+    a plain search (any spelling, every candidate, since a nested member may also be
+    named ``id``), so its children do not report a missing parent for a fault reported
+    already. ``careful`` is the parse's flag (see ``canonical.loads_flagged``)."""
+    try:
+        obj, careful = loads_flagged(raw.decode("utf-8"))
+    except ValueError as exc:  # IJSONError, JSONDecodeError, UnicodeDecodeError
+        found, claims = line_failure(raw, exc, line=line, last=last)
+        return None, False, found, claims
+    if not isinstance(obj, dict):
+        found, claims = line_failure(raw, None, line=line, last=last)
+        return None, False, found, claims
+    return obj, careful, None, _NO_CLAIMS
+
+
+def line_failure(raw: bytes, exc: Exception | None, *, line: int, last: bool = False) -> tuple[Problem, tuple[str, ...]]:
+    """The problem of a line :func:`parse_line` cannot read, and the ids it claims: the
+    parse's exception, or None for JSON that is no object. (A bulk reader parses
+    inline and comes here only when a line fails.)"""
+    if exc is None:
+        return problem(line, "json", "the line is not a JSON object"), _NO_CLAIMS
+    if isinstance(exc, IJSONError):
+        return problem(line, "ijson", f"not I-JSON: {exc}"), _claims(raw)
+    if last:
+        return problem(line, "truncated", f"the last line was cut short: {describe_json_error(exc)}"), _NO_CLAIMS
+    return problem(line, "json", f"the line {describe_json_error(exc)}"), _claims(raw)
+
+
+def _claims(raw: bytes) -> tuple[str, ...]:
+    return tuple(m.group(1).decode("ascii") for m in _CLAIMED_ID.finditer(raw))
+
+
+def unloaded_claims(obj: Mapping[str, Any], entry: Entry | None) -> tuple[str, ...]:
+    """After :func:`check_line`: the id to hold as broken (see :meth:`TreeState.mark_broken`)
+    when the entry could not be loaded under the id its line claims. A line that
+    cannot be hashed claims its stated id; one whose stated id is not a hash at all
+    is loaded under it, and its children name the hash it should have carried."""
+    stated = obj.get("id")
+    if entry is None:
+        type_ = obj.get("type")
+        if isinstance(stated, str) and isinstance(type_, str) and type_ and type_ != "session":
+            return (stated,)
+        return _NO_CLAIMS
+    if stated is not None and stated != entry.computed_id and not is_hash(stated):
+        return (entry.computed_id,)
+    return _NO_CLAIMS
+
+
+def read_header(raw: bytes, source: str) -> Header:
+    """The first line as a header; :class:`SessionFormatError` when it cannot be one."""
+    try:
+        obj = loads(raw.decode("utf-8"))
+    except (ValueError, IJSONError) as exc:
+        raise SessionFormatError(source, [problem(1, "header", f"the header {describe_json_error(exc)}")]) from None
+    return header_or_error(obj, source)
+
+
+#: Entry types RFC 0001 defines; any other type must be namespaced (``ns:type``).
+CORE_TYPES = frozenset(
+    {"item", "response", "config", "compaction", "branch_summary", "run", "dispatch",
+     "decision", "queued", "label", "info", "env", "outcome", "link", "custom"}
+)
+
+_TS_FORM = "is not in the admitted form (UTC, 'T' and 'Z', fraction only when non-zero, no trailing zeros, at most nine digits)"
+
+
+def _required(type_: str, obj: Mapping[str, Any]) -> list[str]:
+    """What a core entry lacks of what RFC 0001 requires of its type, in words: an
+    item's ``item``, an outcome's ``target``. (The envelope's members are the hash's
+    and the tree's; the record entries' required members and closed values are
+    ``record-malformed``, judged with the path they are read against.)"""
+    out = []
+    if type_ == "item":
+        if "item" not in obj:
+            out.append("item entry has no 'item', which RFC 0001 requires (item)")
+        elif not isinstance(obj["item"], dict):
+            out.append(f"item entry's 'item' is {_show(obj['item'])}, not an object: it must be an item of the payload profile (RFC 0001 item)")
+    elif type_ == "outcome":
+        if "target" not in obj:
+            out.append("outcome has no 'target', which RFC 0001 requires (outcome): the entry it judges")
+        elif not isinstance(obj["target"], str):
+            out.append(f"outcome target {_show(obj['target'])} is not an entry id (RFC 0001 outcome)")
+    return out
+
+
+def check_line(
+    obj: dict[str, Any],
+    *,
+    line: int | None = None,
+    careful: bool | None = None,
+    keep_objects: bool = False,
+    migrated: bool = False,
+) -> tuple[Entry | None, list[Problem]]:
+    """The line rules of one parsed entry line: the entry (None when it cannot be
+    hashed, or is no entry at all) and every line rule it breaks.
+
+    ``careful`` is the parse's flag (see ``canonical.loads_flagged``);
+    ``keep_objects`` keeps the content and envelope bytes on ``Entry.objects``
+    for a caller that stores them next; ``migrated`` is for an object migrated from
+    before 0.5, which may carry ``content`` (reported as unresolved instead)."""
+    type_ = obj.get("type")
+    if not isinstance(type_, str) or not type_:
+        return None, [problem(line, "entry", "the entry has no string 'type'")]
+    if type_ == "session":
+        return None, [problem(line, "entry", "a second header: only the first line may be of type 'session'")]
+    out: list[Problem] = []
+    if type_ not in CORE_TYPES and ":" not in type_:
+        out.append(problem(line, "type", f"unknown entry type {_show(type_)}: neither a core type nor namespaced (ns:type)"))
+    stated = obj.get("id")
+    objects = None
+    try:
+        if keep_objects and not migrated:
+            if "ts" not in obj:
+                raise EntryError("entry has no 'ts'")  # entry_objects hashes a missing ts as null
+            computed, chash, content, env = entry_objects(obj, parsed=True, careful=careful)
+            objects = (content, env)
+        else:
+            computed, chash = entry_hashes(obj, parsed=True, careful=careful, allow_reserved=migrated)
+    except (EntryError, IJSONError) as exc:
+        named = stated if isinstance(stated, str) else None
+        if isinstance(exc, ReservedMemberError):
+            out.append(problem(line, "reserved", str(exc), named))
+        elif isinstance(exc, EntryError):
+            out.append(problem(line, "entry", str(exc), named))
+        else:
+            out.append(problem(line, "ijson", f"not I-JSON: {exc}", named))
+        return None, out
+    if stated == computed:
+        pass  # the common case: the line's id is the hash of its members
+    elif stated is None:
+        out.append(problem(line, "id", f"the entry has no id (its members hash to {computed})", computed))
+    elif not is_hash(stated):
+        out.append(problem(line, "id", f"id {_show(stated)} is not sha256: followed by 64 lowercase hex digits"))
+    else:
+        out.append(problem(line, "hash", f"id {stated} does not match the hash of the entry's members ({computed})", stated))
+    ts = obj.get("ts")
+    if not is_valid_ts(ts):
+        out.append(problem(line, "ts", f"ts {_show(ts)} {_TS_FORM}"))
+    if (type_ == "item" and obj.get("item").__class__ is not dict) or (
+        type_ == "outcome" and not isinstance(obj.get("target"), str)
+    ):
+        for lack in _required(type_, obj):
+            out.append(problem(line, "missing-member", lack, stated if isinstance(stated, str) else computed))
+    entry = Entry(obj, computed_id=computed, content_hash=chash, line=line)
+    entry.careful = careful  # the parse's flag, so a later serialisation skips the scan
+    entry.objects = objects
+    return entry, out
+
+
+# ---------------------------------------------------------------------------
+# tree rules
+
+
+class TreeState:
+    """Where each entry hangs, fed one entry at a time in file (log) order.
+
+    It holds what the tree rules need and nothing of the entries themselves: the
+    ids held (with the line each was read from, for a repeat's message), the
+    prefix above the base and the session's own entries, the ids of lines that
+    could not be read (so their children do not report a missing parent for a
+    fault reported already), and which entries are ``leaf`` labels (a base or a
+    head never rests on one). A store uses the same object for its append's parent
+    rule: an own entry hangs from the base, from an own entry, or from null when
+    there is no base.
+    """
+
+    def __init__(self, header: Header):
+        self.session = header.id
+        self.base = header.base
+        #: id -> the line it was read from (None: not read from a file).
+        self.held: dict[str, int | None] = {}
+        #: Ids of lines that could not be read (a reader's; a store has none).
+        self.broken: set[str] = set()
+        #: Still reading the path to the base.
+        self.in_prefix = self.base is not None
+        self._prefix_prev: str | None = None
+        #: The prefix, base excluded, in order.
+        self.prefix: list[str] = []
+        #: Entries after the base (kept with a base only: without one, every entry held is own).
+        self.own: set[str] = set()
+        self.leaf_labels: set[str] = set()
+        # Ids added while a trial is open, for a rollback.
+        self._trial_ids: list[str] | None = None
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self.held
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def mark_broken(self, entry_id: str) -> None:
+        """An id a line claims that could not be read."""
+        self.broken.add(entry_id)
+
+    def add(self, entry: Entry) -> list[Problem]:
+        """The tree rules the entry breaks; it is held from now on, unless its id is held
+        already, which is the same entry again (the first is kept)."""
+        eid = entry.id
+        held = self.held
+        if eid in held:
+            first = held[eid]
+            where = f"line {first}" if first is not None else "an earlier entry"
+            return [problem(entry.line, "duplicate", f"id {shown_id(eid)} repeats {where}; read as the same entry", eid)]
+        out: list[Problem] = []
+        data = entry.data
+        parent = data.get("parent")
+        if parent is None or parent not in held:
+            self._parent(entry, out)
+        if "parents" in data:
+            self._parents(entry, out)
+        if self.base is not None:
+            self._base(entry, out)
+        held[eid] = entry.line
+        if data.get("label") == LEAF_LABEL and data.get("type") == "label":
+            self.leaf_labels.add(eid)
+        if self._trial_ids is not None:
+            self._trial_ids.append(eid)
+        return out
+
+    def _parent(self, entry: Entry, out: list[Problem]) -> None:
+        # (A parent that is neither a string nor null never hashes: check_line's "entry".)
+        data = entry.data
+        parent = data.get("parent")
+        if "parent" not in data:
+            out.append(problem(entry.line, "parent", "the entry has no 'parent' (null for a root)", entry.id))
+        elif parent is not None and parent not in self.held and parent not in self.broken:
+            out.append(problem(entry.line, "parent", f"parent {_show(parent)} does not appear earlier in the file", entry.id))
+
+    def _parents(self, entry: Entry, out: list[Problem]) -> None:
+        refs = entry.data.get("parents")
+        if refs is None:
+            return
+        line, eid = entry.line, entry.id
+        if not isinstance(refs, list):
+            out.append(problem(line, "parents", "'parents' is not an array", eid))
+            return
+        seen: set[str] = set()
+        for ref in refs:
+            if not isinstance(ref, dict) or not isinstance(ref.get("entry"), str):
+                out.append(problem(line, "parents", "a 'parents' reference has no string 'entry'", eid))
+                continue
+            target = ref["entry"]
+            session = ref.get("session")
+            if target == entry.parent:
+                out.append(problem(line, "parents", f"'parents' repeats the parent {shown_id(target)}", eid))
+            if target in seen:
+                out.append(problem(line, "parents", f"'parents' names {shown_id(target)} twice", eid))
+            seen.add(target)
+            if (session is None or session == self.session) and target not in self.held and target not in self.broken:
+                out.append(problem(line, "parents", f"'parents' names {_show(target)}, which does not appear earlier in this file", eid))
+
+    def _base(self, entry: Entry, out: list[Problem]) -> None:
+        """The file opens with the path to the base; every own entry hangs from it."""
+        base = self.base
+        assert base is not None
+        if self.in_prefix:
+            if entry.parent != self._prefix_prev:
+                expected = "null (the root)" if self._prefix_prev is None else _show(self._prefix_prev)
+                out.append(problem(
+                    entry.line,
+                    "base",
+                    f"the file must open with the path to base {short_id(base)}: "
+                    f"this entry's parent is {_show(entry.parent)}, expected {expected}",
+                    entry.id,
+                ))
+            self._prefix_prev = entry.id
+            if entry.id == base:
+                self.in_prefix = False
+            else:
+                self.prefix.append(entry.id)
+            return
+        parent = entry.parent
+        if parent is None and "parent" not in entry.data:
+            pass  # no parent member at all: the parent rule's, reported once
+        elif parent is None:
+            out.append(problem(
+                entry.line,
+                "base",
+                "an own entry must hang from the base or another own entry; its parent is null, and a session "
+                "with a base has its one root on the prefix",
+                entry.id,
+            ))
+        elif parent != base and parent not in self.own and parent in self.held:
+            # (a parent not held at all is the parent rule's, reported once)
+            out.append(problem(
+                entry.line,
+                "base",
+                f"an own entry must hang from the base or another own entry; its parent {_show(parent)} "
+                "is on the prefix above the base",
+                entry.id,
+            ))
+        self.own.add(entry.id)
+
+    def finish(self) -> list[Problem]:
+        """The tree rules of the file as a whole: a base named and never held."""
+        if self.base is not None and self.in_prefix and self.held:
+            return [problem(None, "base", f"the header names base {self.base}, which the file does not hold")]
+        return []
+
+    def head_allowed(self, target: str | None) -> bool:
+        """May the session's head (the leaf) rest on ``target``: the base, or an own
+        entry that is not a ``leaf`` label; null only without a base (RFC 0002 Head)."""
+        if target is None:
+            return self.base is None
+        if target == self.base:
+            return not self.in_prefix
+        own = self.own if self.base is not None else self.held
+        return target in own and target not in self.leaf_labels
+
+    # -- trials -----------------------------------------------------------------
+
+    def _snapshot(self) -> tuple[int, bool, str | None, int]:
+        if self._trial_ids is None:
+            self._trial_ids = []
+        return len(self._trial_ids), self.in_prefix, self._prefix_prev, len(self.prefix)
+
+    def _restore(self, mark: tuple[int, bool, str | None, int]) -> None:
+        n, self.in_prefix, self._prefix_prev, prefix = mark
+        ids = self._trial_ids or []
+        for eid in ids[n:]:
+            del self.held[eid]
+            self.own.discard(eid)
+            self.leaf_labels.discard(eid)
+        del ids[n:]
+        del self.prefix[prefix:]
+
+    def _settle(self) -> None:
+        """No trial is open any more: stop keeping the ids added."""
+        self._trial_ids = None
+
+
+# ---------------------------------------------------------------------------
+# record and context rules along the path
+
+
+class OpenRun(NamedTuple):
+    """The run open at the tip of the path, and what its segment reads so far: the
+    end a writer closing it here agrees with (the ``reason`` by the RFC's cascade,
+    and the ``pending`` calls)."""
+
+    run_id: str | None
+    start: str
+    reason: RunReason
+    why: str
+    pending: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _PathMark:
+    order: int
+    trial: int
+    tip: str | None
+    problems: int
+    notes: int
+    seen: int
+    rebuilt: int
+    budget: int
+    calls_checked: int
+
+
+class PathChecker:
+    """The record and context rules, fed entries in file (log) order.
+
+    It stays positioned on the path to the last entry added. :meth:`add` moves to
+    the entry's parent (popping back to the common ancestor and pushing down the
+    parent's path, the entries loaded by ``loader``, a dict of every entry added
+    when none is given) and pushes the entry into the record walker and the context
+    builder, returning the problems that brought: whichever entry each names, such as
+    a run start's ``run-source`` found when the entry taking a call up arrives.
+    Pushing an entry again (when the path comes back to it) finds nothing new, and
+    nothing is reported twice. A ``response`` has its ``request_hash`` checked when
+    it is first pushed, and the :class:`RequestCheck` is kept (:attr:`requests`).
+
+    An entry whose parent was never added is the root of a cut path: its responses,
+    and those below it, cannot be rebuilt and are ``error`` checks.
+    """
+
+    def __init__(self, header: Header, *, loader: Callable[[str], Entry] | None = None):
+        self.header = header
+        #: Each entry's place in the order added.
+        self.seq: dict[str, int] = {}
+        self._order: list[str] = []
+        self._loader = loader
+        self._entries: dict[str, Entry] | None = {} if loader is None else None
+        #: The parent each entry hangs from on its path (None: a root, cut or not).
+        self._parent: dict[str, str | None] = {}
+        #: Why the path from each cut root cannot be rebuilt.
+        self._cut: dict[str, str] = {}
+        self.walker = RecordWalker(header, report=self._report, seq=self.seq)
+        self.builder = ContextBuilder()
+        self.path: list[Entry] = []
+        self._depth: dict[str, int] = {}
+        #: Every response's check, in the order added.
+        self.requests: dict[str, RequestCheck] = {}
+        self._rebuilt: dict[str, str] = {}  # a request hash that verified -> the response it verified for
+        self._budget = DIAGNOSE_LIMIT
+        #: Every problem of severity error found, and every note, in the order found.
+        self.problems: list[Problem] = []
+        self.notes: list[Problem] = []
+        #: The file-level notes of the last :meth:`finish`.
+        self.file_notes: list[Problem] = []
+        self._seen: set[tuple[str, str]] = set()
+        self._seen_log: list[tuple[str, str]] = []
+        self._out: list[Problem] | None = None
+        #: entry id -> (start, run id) of a resume run open there that has taken nothing up
+        self._open: dict[str, tuple[Entry, str | None]] = {}
+        self._trial: list[Entry] | None = None  # entries added while a trial is open
+
+    # -- reporting ----------------------------------------------------------------
+
+    def _report(self, entry: Entry, code: str, message: str) -> None:
+        """A rule broken at ``entry``, in the record rules' words: ``<type> <id>: ...``."""
+        self._keep(entry, code, _at(entry, message))
+
+    def _keep(self, entry: Entry, code: str, message: str) -> None:
+        key = (entry.id, code)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self._seen_log.append(key)
+        p = problem(entry.line, code, message, entry.id)
+        (self.notes if p.severity == "note" else self.problems).append(p)
+        if self._out is not None:
+            self._out.append(p)
+
+    # -- moving along the tree ----------------------------------------------------------
+
+    def _load(self, entry_id: str) -> Entry:
+        if self._entries is not None:
+            return self._entries[entry_id]
+        assert self._loader is not None
+        return self._loader(entry_id)
+
+    def _push(self, e: Entry) -> None:
+        self._depth[e.id] = len(self.path)
+        self.path.append(e)
+        w = self.walker
+        b = self.builder
+        w.push(e)
+        b.push(e)
+        t = e.data.get("type")
+        if t == "response":
+            if e.id not in self.requests:
+                self._check_response(e)
+        elif t == "compaction":
+            if b.error is not None:
+                self._keep(e, "first_kept", b.error)
+        elif t == "config":
+            if b.unresolved_of is not None:
+                self._keep(e, "of", f"config {shown_id(e.id)}: an omitted keep names the list of config "
+                           f"{json.dumps(b.unresolved_of)}, which its path cannot resolve; the element is kept as "
+                           "written, which is not corruption")
+        if w.run is not None and w.open_unjudged() is not None:
+            run = w.run
+            self._open[e.id] = (run.start, run.run_id)
+
+    def _pop(self) -> None:
+        e = self.path.pop()
+        del self._depth[e.id]
+        self.walker.pop()
+        self.builder.pop()
+
+    def _goto(self, target: str | None) -> None:
+        """Reposition so that ``target`` (None: nothing) is the tip of the path."""
+        path = self.path
+        if target is None:
+            while path:
+                self._pop()
+            return
+        if path and path[-1].id == target:
+            return
+        d = self._depth.get(target)
+        if d is not None:
+            while len(path) > d + 1:
+                self._pop()
+            return
+        chain: list[str] = []
+        x: str | None = target
+        while x is not None and x not in self._depth:
+            chain.append(x)
+            x = self._parent[x]
+        keep = self._depth[x] + 1 if x is not None else 0
+        while len(path) > keep:
+            self._pop()
+        for eid in reversed(chain):
+            self._push(self._load(eid))
+
+    def _check_response(self, e: Entry) -> None:
+        check = check_tip(self.builder, self._cut.get(self.path[0].id), diagnose=self._budget > 0)
+        if check.status == "mismatch":
+            self._budget -= 1
+            if check.reason is None and isinstance(check.recorded, str) and check.recorded in self._rebuilt:
+                # only a response added before this one: a later one cannot change the words
+                other = self._rebuilt[check.recorded]
+                check.reason, check.detail = "other-response", f"the request rebuilt for response {shown_id(other)}"
+        elif check.status == "ok" and check.computed is not None:
+            self._rebuilt.setdefault(check.computed, e.id)
+        self.requests[e.id] = check
+        if check.failed:
+            self._keep(e, "request_hash", f"response {shown_id(e.id)}: {check.message()}")
+
+    # -- feeding --------------------------------------------------------------------
+
+    def add(self, entry: Entry, *, prefix: bool = False) -> list[Problem]:
+        """Check ``entry``, the next in file (log) order, where it hangs; ``prefix`` for an
+        entry of a fork's prefix (the path to the base, the base included), which the
+        header's ``records`` promise does not cover. Returns the problems it brought
+        (notes among them). An id added already is ignored: it is the same entry."""
+        eid = entry.id
+        if eid in self.seq:
+            return []
+        out: list[Problem] = []
+        self._out = out
+        try:
+            parent = entry.parent
+            held = parent is not None and parent in self.seq  # before this entry is: it may name itself
+            self.seq[eid] = len(self._order)
+            self._order.append(eid)
+            if self._entries is not None:
+                self._entries[eid] = entry
+            if self._trial is not None:
+                self._trial.append(entry)
+            if held:
+                self._parent[eid] = parent
+                self._goto(parent)
+            else:
+                self._parent[eid] = None
+                if parent is not None:
+                    self._cut[eid] = f"its path is cut: parent {shown_id(parent)} of line {entry.line} is not in the file"
+                self._goto(None)
+            if prefix:
+                self.walker.foreign.add(eid)
+            self.walker.register(entry)
+            self._push(entry)
+        finally:
+            self._out = None
+        return out
+
+    def add_all(self, entries: Iterable[Entry]) -> None:
+        """Add a whole session in file order; in a session with a base, every entry until
+        the base has come, and the base, is the prefix."""
+        base = self.header.base
+        add = self.add
+        if base is None:
+            for e in entries:
+                add(e)
+            return
+        prefix = True
+        for e in entries:
+            add(e, prefix=prefix)
+            if e.id == base:
+                prefix = False
+
+    def finish(self) -> list[Problem]:
+        """What can be said once every entry is in: a resume run open at a leaf with no
+        call taken up (``run-source-open``, once a run), and which rules the file's
+        format declares when record rules are broken. Returns both (also kept on
+        :attr:`notes` and :attr:`file_notes`)."""
+        out: list[Problem] = []
+        self._out = out
+        try:
+            if self._open:
+                parents = {p for p in self._parent.values() if p is not None}
+                for eid, (start, run_id) in list(self._open.items()):
+                    if eid not in parents:
+                        self._report(start, "run-source-open", open_source_message(run_id))
+        finally:
+            self._out = None
+        codes = {p.code for p in self.problems if RULES[p.code].scope == "record"}
+        self.file_notes = [problem(None, code, message) for code, message in format_notes(self.header, codes)]
+        return out + self.file_notes
+
+    # -- views ------------------------------------------------------------------------
+
+    def open_run(self) -> OpenRun | None:
+        """The run open at the tip, with the reason and pending list its segment reads
+        were it to end here; None when no run is open."""
+        w = self.walker
+        run = w.run
+        if run is None:
+            return None
+        reason, why, pending, _ = w.reason(run, len(w.path) - 1)
+        return OpenRun(run.run_id, run.start.id, reason, why, tuple(c.call_id for c in pending))
+
+    def report(self, leaf: str | None, *, source: str = "") -> RunsReport:
+        """Runs, calls, the inbox and the record problems on the path to ``leaf`` (None:
+        the universal root): the problems found for entries on it, in the words the
+        whole check used, and a resume run open at the leaf noted, not judged."""
+        w = self.walker
+        self._goto(None)
+        w.collect_runs = True
+        w.runs = []
+        open_note: Problem | None = None
+        try:
+            chain: list[str] = []
+            x = leaf
+            while x is not None:
+                chain.append(x)
+                x = self._parent[x]
+            for eid in reversed(chain):
+                self._push(self._load(eid))
+            run = w.run
+            if run is not None:
+                w._close(run, None, "leaf")
+                if w.open_unjudged() is not None:
+                    start = run.start
+                    open_note = problem(start.line, "run-source-open", _at(start, open_source_message(run.run_id)), start.id)
+            path = list(self.path)
+            runs = list(w.runs)
+            calls = [w.info(c) for c in w.call_order]
+        finally:
+            w.collect_runs = False
+            w.runs = []
+        on_path = self._depth
+
+        def here(p: Problem) -> bool:
+            return p.entry in on_path and RULES[p.code].scope == "record"
+
+        problems = _by_line_code([p for p in self.problems if here(p)])
+        notes = [p for p in self.notes if here(p) and p.code != "run-source-open"]
+        if open_note is not None:
+            notes.append(open_note)
+        notes = _by_line_code(notes)
+        notes += [problem(None, code, message) for code, message in format_notes(self.header, {p.code for p in problems})]
+        return RunsReport(
+            source=source,
+            leaf=leaf,
+            path_length=len(path),
+            records=tuple(self.header.records),
+            runs=runs,
+            calls=calls,
+            inbox=inbox_of(path),
+            problems=problems,
+            notes=notes,
+        )
+
+    # -- trials -----------------------------------------------------------------------
+
+    def _snapshot(self) -> _PathMark:
+        if self._trial is None:
+            self._trial = []
+        return _PathMark(
+            order=len(self._order),
+            trial=len(self._trial),
+            tip=self.path[-1].id if self.path else None,
+            problems=len(self.problems),
+            notes=len(self.notes),
+            seen=len(self._seen_log),
+            rebuilt=len(self._rebuilt),
+            budget=self._budget,
+            calls_checked=self.walker.calls_checked,
+        )
+
+    def _restore(self, mark: _PathMark) -> None:
+        """Undo every add since ``mark``: the path returns to its tip then, and every
+        session-wide fact those adds registered is forgotten."""
+        n = mark.order
+        seq = self.seq
+        while self.path and seq[self.path[-1].id] >= n:
+            self._pop()
+        gone = (self._trial or [])[mark.trial:]
+        for e in gone:
+            eid = e.id
+            del seq[eid]
+            del self._parent[eid]
+            self._cut.pop(eid, None)
+            self.requests.pop(eid, None)
+            self._open.pop(eid, None)
+            if self._entries is not None:
+                self._entries.pop(eid, None)
+        self.walker.forget(gone, mark.calls_checked)
+        del self._order[n:]
+        if self._trial is not None:
+            del self._trial[mark.trial:]
+        while len(self._rebuilt) > mark.rebuilt:
+            self._rebuilt.popitem()
+        for key in self._seen_log[mark.seen:]:
+            self._seen.discard(key)
+        del self._seen_log[mark.seen:]
+        del self.problems[mark.problems:]
+        del self.notes[mark.notes:]
+        self._budget = mark.budget
+        self._goto(mark.tip)
+
+    def _settle(self) -> None:
+        self._trial = None
+
+
+def _empty() -> Problem:
+    return problem(None, "empty", "the file holds a header and no entries")
+
+
+def _header_notes(header: Header) -> list[Problem]:
+    """What the header alone says about the checks: a redacted file verifies itself only."""
+    if header.data.get("redacted") is True:
+        return [problem(1, "redacted", "the header says the file was redacted: its hashes verify this file, never the original")]
+    return []
+
+
+def _at(entry: Entry, message: str) -> str:
+    """A message about one entry, as the record rules word it: ``<type> <id>: <message>``."""
+    return f"{entry.type} {shown_id(entry.id)}: {message}"
+
+
+def _by_line_code(problems: list[Problem]) -> list[Problem]:
+    return sorted(problems, key=lambda p: (p.line is None, p.line or 0, p.code))
+
+
+def _by_line(problems: list[Problem]) -> list[Problem]:
+    return sorted(problems, key=lambda p: (p.line is None, p.line or 0))
+
+
+# ---------------------------------------------------------------------------
+# the two put together
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A mark :meth:`SessionChecker.begin` returns: what to go back to."""
+
+    tree: tuple[int, bool, str | None, int]
+    path: _PathMark
+    problems: int
+    notes: int
+
+
+class SessionChecker:
+    """The tree, record and context rules of one session, fed entries one at a time
+    in file (log) order: what a writer or a store consults before it appends.
+
+    :meth:`add` returns every problem the entry brings (tree, record and context;
+    the line rules are :func:`check_line`'s), and the state moves on even when
+    there are some, as a verifier goes on. A store that prepares an append and may
+    abandon it opens a trial: ``mark = checker.begin()``, then ``add``, then
+    ``checker.commit(mark)`` to keep the adds or ``checker.rollback(mark)`` to
+    undo every one of them, after which the checker behaves as if they never came.
+    Trials nest and end last first.
+
+    ``loader`` fetches an entry by id for the path checker when it moves to a
+    branch it left (a dict of every entry added when None).
+    """
+
+    def __init__(self, header: Header, *, loader: Callable[[str], Entry] | None = None):
+        self.header = header
+        self.tree = TreeState(header)
+        self.path = PathChecker(header, loader=loader)
+        self.problems: list[Problem] = []
+        self.notes: list[Problem] = []
+        self._trials: list[Trial] = []
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self.tree
+
+    def add(self, entry: Entry, *, prefix: bool | None = None) -> list[Problem]:
+        """Check ``entry`` where it hangs. ``prefix`` says whether it is on a fork's
+        prefix (the path to the base, the base included), which the header's
+        ``records`` promise does not cover; None reads it off the order: every entry
+        until the base has come is on the prefix, as in a file."""
+        tree = self.tree
+        if entry.id in tree:
+            out = tree.add(entry)  # the same entry again: reported, and nothing else
+        else:
+            on_prefix = tree.in_prefix if prefix is None else prefix
+            out = tree.add(entry)
+            out.extend(self.path.add(entry, prefix=on_prefix))
+        self._keep(out)
+        return out
+
+    def add_prefix(self, entries: Iterable[Entry]) -> list[Problem]:
+        """Feed a fork's prefix, the path to the base with the base, before any own entry."""
+        out: list[Problem] = []
+        for e in entries:
+            out.extend(self.add(e, prefix=True))
+        return out
+
+    def finish(self) -> list[Problem]:
+        """The rules of the session as a whole, once every entry is in: a base never held,
+        no entry at all, and the notes of :meth:`PathChecker.finish` and the header."""
+        out = self.tree.finish()
+        if not len(self.tree):
+            out.append(_empty())
+        out += self.path.finish() + _header_notes(self.header)
+        return out
+
+    def _keep(self, problems: list[Problem]) -> None:
+        for p in problems:
+            (self.notes if p.severity == "note" else self.problems).append(p)
+
+    def open_run(self) -> OpenRun | None:
+        """The run open at the tip of the last entry's path (see :meth:`PathChecker.open_run`)."""
+        return self.path.open_run()
+
+    @property
+    def requests(self) -> dict[str, RequestCheck]:
+        return self.path.requests
+
+    # -- trials -----------------------------------------------------------------------
+
+    def begin(self) -> Trial:
+        """Open a trial: every add from now on can be undone by :meth:`rollback`."""
+        trial = Trial(self.tree._snapshot(), self.path._snapshot(), len(self.problems), len(self.notes))
+        self._trials.append(trial)
+        return trial
+
+    def _end(self, trial: Trial) -> None:
+        if not self._trials or self._trials[-1] is not trial:
+            raise AgentSessionError("trials end last first: this one is not the innermost open")
+        self._trials.pop()
+        if not self._trials:
+            self.tree._settle()
+            self.path._settle()
+
+    def commit(self, trial: Trial) -> None:
+        """Keep every add since ``trial`` began."""
+        self._end(trial)
+
+    def rollback(self, trial: Trial) -> None:
+        """Undo every add since ``trial`` began: the tree, the path and every session-wide
+        fact (call ids, dispatches, counts, problems reported) are as they were."""
+        if not self._trials or self._trials[-1] is not trial:
+            raise AgentSessionError("trials end last first: this one is not the innermost open")
+        self.path._restore(trial.path)
+        self.tree._restore(trial.tree)
+        del self.problems[trial.problems:]
+        del self.notes[trial.notes:]
+        self._end(trial)
+
+
+# ---------------------------------------------------------------------------
+# verifying a file
+
+
+@dataclass
+class VerifyReport:
+    """Everything ``agentsession verify FILE`` reports, from one pass in file order."""
+
+    source: str
+    header: Header
+    entries: int
+    migrated: bool
+    #: Every problem of severity error: line and tree (from the read), context and
+    #: record, by line (on one line in that order, records by code).
+    problems: list[Problem]
+    #: Every note: migration, context, record, the file's format, redaction.
+    notes: list[Problem]
+    #: Every response's request check, in file order.
+    requests: list[RequestCheck]
+    runs_checked: int
+    ends_checked: int
+    calls_checked: int
+    _checker: PathChecker = field(repr=False)
+
+    @property
+    def empty(self) -> bool:
+        """The file holds a header and no entries: nothing verified."""
+        return self.entries == 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def of_scope(self, *scopes: Scope, notes: bool = False) -> list[Problem]:
+        """The problems (or notes) of the given scopes, in report order."""
+        return [p for p in (self.notes if notes else self.problems) if RULES[p.code].scope in scopes]
+
+    def counts(self) -> dict[str, int]:
+        checks = self.requests
+        return {
+            "responses": len(checks),
+            "verified": sum(1 for c in checks if c.status == "ok"),
+            "without_hash": sum(1 for c in checks if c.status == "no-hash"),
+            "failed": sum(1 for c in checks if c.failed),
+        }
+
+    def request_report(self) -> RequestReport:
+        """The context part: request checks, context problems and notes."""
+        return RequestReport(
+            checks=list(self.requests),
+            problems=self.of_scope("context"),
+            notes=self.of_scope("context", notes=True),
+        )
+
+    def records_check(self) -> RecordsCheck:
+        """The record part: record problems, record notes (the file's format notes last) and counts."""
+        return RecordsCheck(
+            source=self.source,
+            problems=self.of_scope("record"),
+            notes=self.of_scope("record", notes=True),
+            runs_checked=self.runs_checked,
+            ends_checked=self.ends_checked,
+            calls_checked=self.calls_checked,
+        )
+
+    def runs_report(self, leaf: str | None) -> RunsReport:
+        """Runs and calls on the path to ``leaf``, with the record problems this report
+        holds for entries on it (``show --runs``)."""
+        return self._checker.report(leaf, source=self.source)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The object ``verify --json`` prints."""
+        problems = [p.as_dict() for p in self.problems]
+        records = self.records_check().as_dict()
+        return {
+            "source": self.source,
+            "ok": self.ok,
+            "entries": self.entries,
+            "migrated": self.migrated,
+            "requests": self.counts(),
+            "responses": [c.as_dict() for c in self.requests],
+            "records": records,
+            "problems": problems,
+            "notes": [p.as_dict() for p in self.notes],
+        }
+
+
+def verify_session(sf: SessionFile) -> VerifyReport:
+    """Every rule a session file breaks, in one pass over its entries in file order.
+
+    The line and tree rules were applied as the file was read (``sf.problems``, by
+    :func:`check_line` and :class:`TreeState`); here a :class:`PathChecker` is fed
+    every entry once, for the record and context rules. The result is kept on ``sf``,
+    so ``verify_requests``, ``verify_records`` and ``analyze_runs`` over one file
+    share it."""
+    cached = sf._verified
+    if isinstance(cached, VerifyReport) and cached.entries == len(sf.entries):
+        return cached
+    checker = PathChecker(sf.header)
+    with gc_paused():
+        checker.add_all(sf.entries)
+        checker.finish()
+    context = _by_line([p for p in checker.problems if RULES[p.code].scope == "context"])
+    records = _by_line_code([p for p in checker.problems if RULES[p.code].scope == "record"])
+    problems = _by_line(sf.all_problems() + context + records)
+    if not sf.entries:
+        problems.append(_empty())
+    context_notes = _by_line([p for p in checker.notes if RULES[p.code].scope == "context"])
+    record_notes = _by_line_code([p for p in checker.notes if RULES[p.code].scope == "record"])
+    notes = list(sf.unresolved) + context_notes + record_notes + checker.file_notes + _header_notes(sf.header)
+    w = checker.walker
+    report = VerifyReport(
+        source=sf.source,
+        header=sf.header,
+        entries=len(sf.entries),
+        migrated=sf.migrated,
+        problems=problems,
+        notes=notes,
+        requests=list(checker.requests.values()),
+        runs_checked=len(w.starts_seen),
+        ends_checked=len(w.ends_seen),
+        calls_checked=w.calls_checked,
+        _checker=checker,
+    )
+    sf._verified = report
+    return report
