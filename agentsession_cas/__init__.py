@@ -35,7 +35,6 @@ from .format.context import (
     request_context,
     request_hash,
     request_hash_for,
-    verify_requests,
     verify_response,
 )
 from .format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, ParentRef, make_entry, short_id
@@ -50,10 +49,13 @@ from .format.rules import (
     TreeState,
     Trial,
     VerifyReport,
+    analyze_runs,
     check_line,
+    verify_records,
+    verify_requests,
     verify_session,
 )
-from .format.runs import CallInfo, RecordsCheck, RunInfo, RunsReport, analyze_runs, render_runs, verify_records
+from .format.runs import CallInfo, RecordsCheck, RunInfo, RunsReport, render_runs
 from .format.timestamps import check_ts, format_ts, is_valid_ts, now_ts
 from .format.tree import Tree
 from .format.writer import SessionBuilder, session_bytes, write_session

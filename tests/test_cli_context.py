@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import Header, SessionBuilder, read_session, request_hash_for
+from agentsession_cas.store import Store
 from agentsession_cli.main import main
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
@@ -209,7 +210,16 @@ def test_verify_a_stored_session_checks_its_request_hashes(tmp_path):
     # the same id twice would clash: make the second one another session
     text = bad.read_text().replace('"id":"sess-ctx"', '"id":"sess-bad"', 1)
     bad.write_text(text)
-    sid_bad = run("import", str(bad), store=store).output.strip()
+    # import refuses a file verify rejects, naming the rule; appends store the response
+    # (refusing would lose a model's output) and return the mismatch as a finding.
+    r = run("import", str(bad), store=store)
+    assert r.exit_code == 1 and "MISMATCH" in r.output
+    sid_bad = "sess-bad"
+    sf = read_session(bad)
+    with Store(store) as st:
+        s = st.create(sf.header)
+        results = [s.append(dict(e.data)) for e in sf.entries]
+    assert [p.code for r_ in results for p in r_.findings] == ["request_hash"]
     r = run("verify", sid_bad, store=store)
     assert r.exit_code == 1
     assert f"response {short(b.entries[-1].id)}: MISMATCH recorded" in r.output

@@ -180,7 +180,7 @@ def test_append_json_shape_and_stated_id(store):
     assert ok(again).strip() == e.id and "already holds" in again.stderr
     # a stated id that is not the entry's hash is refused
     data = dict(e.data, id="sha256:" + "1" * 64)
-    one_error(cli(store, "append", "s1", input=json.dumps(data)), "differs")
+    one_error(cli(store, "append", "s1", input=json.dumps(data)), "does not match the hash")
 
 
 def test_append_branch_is_reported_and_head_stays(store):
@@ -208,7 +208,7 @@ def test_append_leaf_label_moves_the_head(store):
         ("{bad", "not a JSON object"),
         ("", "no entry on stdin"),
         ("[1, 2]", "not an object"),
-        ('{"type": "item", "ts": "yesterday"}', "refused"),
+        ('{"type": "item", "ts": "yesterday"}', "is not in the admitted form"),
         (b"\xff\xfe", "not UTF-8"),
         ('{"type": "item"}\n{"type": "item"}', "not a JSON object"),
     ],
@@ -225,7 +225,7 @@ def test_append_bad_input_is_one_line(store, stdin, needle):
 
 def test_append_parent_rule(store):
     ids = new_session(store, "s1", 1)
-    one_error(cli(store, "append", "s1", input=json.dumps(dict(user("x"), parent="sha256:" + "2" * 64))), "not held")
+    one_error(cli(store, "append", "s1", input=json.dumps(dict(user("x"), parent="sha256:" + "2" * 64))), "does not appear earlier")
 
 
 def test_head_compare_and_swap(store):

@@ -546,7 +546,7 @@ def test_a_push_breaking_the_parent_rule_is_refused_and_changes_no_session(ab):
     t = LocalTransport(broot)
     t.put_objects(objs, len(objs))
     header = dict(a.read("s1").header.data)
-    with pytest.raises(AppendRefusedError, match="neither the base"):
+    with pytest.raises(AppendRefusedError, match="does not appear earlier in the session"):
         t.push(PushRequest(header=header, prefix=[], entries=ids + [orphan], to=ids[-1], expected=ids[-1]))
     # A partial push (the sender thinks the rest is there) is told to send it all instead.
     with pytest.raises(IncompletePushError):

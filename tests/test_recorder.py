@@ -99,12 +99,37 @@ def test_appends_are_durable_where_the_writing_discipline_asks(tmp_path):
     durable["dispatch"] = rec.dispatch("c1").durable
     durable["function output"] = rec.function_output("c1", "ok").durable
     durable["info"] = rec.record("info", text="note").durable
-    durable["run end"] = rec.run_end("done").durable
+    durable["run end"] = rec.run_end().durable  # the segment reads stopped: the reason computed
     assert durable == {
         "config": False, "run start (records names run)": True, "user": False, "output item": False,
         "response": True, "dispatch": True, "function output": True, "info": False, "run end": True,
     }
     rec.close()
+
+
+def test_a_run_end_the_segment_does_not_read_is_refused_and_the_computed_one_written(tmp_path):
+    """The segment is authoritative (RFC 0001 run): a recorder never writes an end that
+    verify then rejects. Asked for "done" where the segment reads "stopped" (the last
+    response made a call, its output came, no model call followed), the store refuses
+    it with verify's rule; with no reason given, the computed one is written."""
+    from agentsession_cas.errors import AppendRefusedError
+
+    rec = Recorder.open(tmp_path / "local", harness="h", records=["run", "dispatch"])
+    rec.run_start()
+    rec.user("hi")
+    rec.items([call("c1")], response="r1")
+    rec.response("r1", model="m1")
+    rec.dispatch("c1")
+    rec.function_output("c1", "ok")
+    before = rec.session.head
+    with pytest.raises(AppendRefusedError) as info:
+        rec.run_end("done")
+    assert info.value.rule == "run-reason" and rec.session.head == before
+    result = rec.run_end()
+    assert rec.store.entry(result.id).data["reason"] == "stopped"
+    rec.close()
+    sf = read_session_bytes(rec.store.export(rec.session_id))
+    assert verify_records(sf).ok
 
 
 def test_request_is_what_the_response_hash_covers(tmp_path):

@@ -28,6 +28,7 @@ from agentsession_cas.format.context import ContextBuilder
 from agentsession_cas.format.hashing import entry_hashes
 from agentsession_cas.format.legacy import migrate_entry
 from agentsession_cas.format.reader import split_lines
+from agentsession_cas.format.codes import STORE_ONLY
 from agentsession_cas.format.rules import (
     CORE_TYPES,
     PathChecker,
@@ -541,8 +542,11 @@ def _literal_codes() -> set[str]:
                 continue
             f = node.func
             name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
-            if name == "Problem" and "format" in path.parts and path.name != "rules.py":
-                raise AssertionError(f"{path}: a Problem made without the table (use rules.problem)")
+            if name == "Problem" and "format" in path.parts and path.name != "codes.py":
+                raise AssertionError(f"{path}: a Problem made without the table (use codes.problem)")
+            for kw in node.keywords:  # a store's refusal names its rule: AppendRefusedError(..., rule="...")
+                if kw.arg == "rule" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                    found.add(kw.value.value)
             index = {"problem": 1, "report": 1, "_report": 1, "_keep": 1}.get(name or "")
             if index is None or len(node.args) <= index:
                 continue
@@ -555,7 +559,10 @@ def _literal_codes() -> set[str]:
 def test_every_code_the_package_names_is_in_the_table():
     names = _literal_codes()
     assert names, "the scan found the calls"
-    assert names <= set(RULES), sorted(names - set(RULES))
+    # A store's refusals name a rule of the table or one of the store's own (a synthetic
+    # label, a head move), listed beside it.
+    assert names <= set(RULES) | set(STORE_ONLY), sorted(names - set(RULES) - set(STORE_ONLY))
+    assert set(STORE_ONLY) <= names and not set(STORE_ONLY) & set(RULES)
     # and the few codes chosen at run time are the table's too
     assert {"run-source-open", "run-source", "truncated", "json", "ijson"} <= names
 

@@ -20,7 +20,8 @@ from agentsession_cas import (
     verify_records,
 )
 from agentsession_cas.format.reader import split_lines
-from agentsession_cas.format.runs import CALL_STATES, analyze_path, render_records_check
+from agentsession_cas.format.rules import analyze_path
+from agentsession_cas.format.runs import CALL_STATES, render_records_check
 
 ALL = ["run", "dispatch", "decision"]
 

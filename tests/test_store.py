@@ -381,8 +381,9 @@ def test_caller_id_that_matches_is_accepted_and_differs_refused(store):
     e = msg("a", parent=None)
     right = make_entry("item", None, ts=e["ts"], item=e["item"]).id
     wrong = "sha256:" + "1" * 64
-    with pytest.raises(AppendRefusedError, match="differs"):
+    with pytest.raises(AppendRefusedError, match="does not match the hash") as info:
         s.append(dict(e, id=wrong))
+    assert info.value.rule == "hash"
     assert len(s) == 0
     assert s.append(dict(e, id=right)).id == right
 
@@ -432,8 +433,9 @@ def test_parent_must_be_held_not_merely_written(store):
     # An object written ahead of any record is not an entry the store holds.
     ahead = make_entry("item", rs[0].id, ts=ts(), item={"type": "message", "role": "user", "content": "ahead"})
     put_entry(store, ahead)
-    with pytest.raises(AppendRefusedError, match="not held"):
+    with pytest.raises(AppendRefusedError, match="does not appear earlier") as info:
         s.append(msg("child", parent=ahead.id))
+    assert (info.value.rule, info.value.code) == ("parent", "no_entry")
     with pytest.raises(AppendRefusedError):
         s.append(msg("child", parent="sha256:" + "a" * 64))
 
@@ -821,9 +823,9 @@ def store_entry_again(st: Store, entry_id: str):
 
 def test_sync_never_records_types_durable(root):
     with Store.init(root, sync="never") as st:
-        s = st.create(Header.new("s1", records=["decision"]))
+        s = st.create(Header.new("s1", records=["custom"]))
         r1 = s.append(msg("lazy"))
-        r2 = s.append({"type": "decision", "ts": ts(), "what": "go"})
+        r2 = s.append({"type": "custom", "ts": ts(), "ns": "test", "data": "go"})
         assert not r1.durable and r2.durable
         recs = log_records(root, "s1")
         assert recs[-1] == {"op": "commit"} and "lazy" not in recs[-2]
@@ -834,7 +836,7 @@ def test_sync_never_records_types_durable(root):
     [
         ({"type": "response", "status": "completed"}, True),
         ({"type": "item", "item": {"type": "function_call_output", "call_id": "c", "output": "o"}}, True),
-        ({"type": "compaction", "summary": "s"}, True),
+        ({"type": "compaction", "summary": {"type": "message", "role": "user", "content": "s"}}, True),
         ({"type": "branch_summary", "summary": "s"}, True),
         ({"type": "item", "item": {"type": "message", "role": "user", "content": "q"}}, False),
         ({"type": "item", "item": {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}}, False),
@@ -843,7 +845,9 @@ def test_sync_never_records_types_durable(root):
 )
 def test_sync_responses(root, entry, durable):
     with Store.init(root, sync="responses") as st:
-        s, _ = chain(st, n=1)
+        s, rs = chain(st, n=1)
+        if entry["type"] == "compaction":
+            entry = dict(entry, first_kept=rs[0].id)
         r = s.append(dict(entry, ts=ts()))
         assert r.durable is durable
         last = log_records(root, "s1")[-1]
@@ -1416,8 +1420,9 @@ def test_import_truncated_refused(store):
     s, rs = chain(store, n=2)
     x = store.export("s1")
     store.delete("s1")
-    with pytest.raises(StoreError):
+    with pytest.raises(SessionFormatError) as err:
         store.import_bytes(x[:-10])
+    assert [p.code for p in err.value.problems] == ["truncated"]  # verify's code for the same bytes
     assert "s1" not in store
 
 
@@ -1554,6 +1559,8 @@ def test_format_not_raised_by_refused_or_noop_append(store, root):
 BROKEN = {
     "bad-base-parent", "bad-parent", "bad-parents",
     "corrupt-middle", "duplicate-id", "missing-id", "truncated", "unsupported-format",
+    # files that read but break a record or context rule: verify rejects them, so does import
+    "bad-first-kept", "bad-records", "bad-omit",
 }  # fmt: skip
 
 
@@ -1640,7 +1647,7 @@ def test_opening_a_session_reads_no_other_session(root, monkeypatch):
 # -- review fixes ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("type_,says", [("weird", "neither a core type"), ("session", "only a header")])
+@pytest.mark.parametrize("type_,says", [("weird", "neither a core type"), ("session", "only the first line")])
 def test_append_refuses_types_a_reader_refuses(store, type_, says):
     s = store.create(Header.new("types"))
     with pytest.raises(AppendRefusedError, match=says):
@@ -1683,11 +1690,12 @@ def test_damaged_message_names_the_repair_command(root):
         Store(root).session("dmg")
 
 
-def test_leaf_label_without_target_moves_nothing(store):
+def test_leaf_label_without_target_is_refused_as_verify_reports_it(store):
     s, results = chain(store, "nolabel", 2)
     head = s.head
-    r = s.append({"type": "label", "label": LEAF_LABEL, "ts": ts()})
-    assert r.outcome == "head-not-moved" and s.head == head
+    with pytest.raises(AppendRefusedError) as info:
+        s.append({"type": "label", "label": LEAF_LABEL, "ts": ts()})
+    assert info.value.rule == "missing-member" and s.head == head and len(s) == 2
     r = s.append(msg("after"))
     assert r.outcome == "continued" and store.entry(r.id).parent == head
 

@@ -7,7 +7,7 @@ server (RFC 0003) calls the same methods per request.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +19,8 @@ from ..errors import (
     BadObjectError,
     CorruptObjectError,
     CorruptPackError,
-    EntryError,
     HeaderDiffersError,
     HeadMovedError,
-    IJSONError,
     IncompletePushError,
     MissingObjectsError,
     NoSuchObjectError,
@@ -33,15 +31,13 @@ from ..errors import (
     SessionFormatError,
     SessionLockedError,
     StoreError,
-    TimestampError,
 )
 from ..format.canonical import loads_flagged
 from ..format.entry import Entry, Header, parse_format, short_id
-from ..format.hashing import RESERVED_MEMBERS, entry_objects, is_hash, sha256_ref
+from ..format.hashing import is_hash, sha256_ref
 from ..format.media import sidecar_names
 from ..format.names import check_ref_name, check_session_id
-from ..format.reader import CORE_TYPES
-from ..format.timestamps import check_ts
+from ..format.rules import RULES, SessionChecker, Trial, check_line, head_may_rest
 from ..store.refs import Refs, header_ident
 from ..store.session import Session
 from ..store.store import Store
@@ -64,6 +60,18 @@ class _Unset:
 UNSET: Any = _Unset()
 
 
+class _Either:
+    """Two containers looked up as one (no copy of a session's own entries per push)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Container[str], b: Container[str]):
+        self.a, self.b = a, b
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.a or item in self.b
+
+
 # -- admission: the checks an append makes, on objects already in the store ----------
 
 
@@ -79,18 +87,20 @@ class _Checked:
     entry: Entry | None = None
 
 
-def _refuse(entry_id: str, why: str) -> AppendRefusedError:
-    return AppendRefusedError(f"entry {entry_id} refused: {why}")
+def _refuse(entry_id: str, why: str, rule: str | None = None) -> AppendRefusedError:
+    known = RULES.get(rule) if rule is not None else None
+    code = (known.error if known is not None else None) or "bad_entry"
+    return AppendRefusedError(f"entry {entry_id} refused: {why}", rule=rule, code=code, entry=entry_id)
 
 
 def _check_entry(
     store: Store, entry_id: str, missing: dict[str, list[str]], *, keep: bool = False
 ) -> _Checked | None:
-    """Read an entry's two objects from ``store`` and check them as an append would:
-    every hash recomputed from the parsed values (so the bytes are canonical I-JSON),
-    no reserved member in the body, a known or namespaced type, the one ``ts``
-    spelling, no ``synthetic`` label. A missing or corrupt object is added to
-    ``missing`` (None returned); anything else wrong raises AppendRefusedError."""
+    """Read an entry's two objects from ``store`` and hold them to the line rules an
+    append holds an entry to (:func:`check_line`), every hash recomputed from the
+    parsed values (so the bytes are canonical I-JSON), and no ``synthetic`` label. A
+    missing or corrupt object is added to ``missing`` (None returned); anything else
+    wrong raises AppendRefusedError with the rule's code."""
     if not is_hash(entry_id):
         raise AppendRefusedError(f"{entry_id!r} is not an entry id (sha256: and 64 lowercase hex digits)")
     objects = store.objects
@@ -117,37 +127,31 @@ def _check_entry(
         raise _refuse(entry_id, f"its content is not I-JSON ({exc})") from None
     if not isinstance(body, dict):
         raise _refuse(entry_id, "its content is not a JSON object")
-    reserved = sorted(RESERVED_MEMBERS & body.keys())
-    if reserved:
-        raise _refuse(entry_id, f"its body carries the reserved member {reserved[0]!r}")
     type_ = env.get("type")
-    if not isinstance(type_, str) or type_ == "session" or (type_ not in CORE_TYPES and ":" not in type_):
-        raise _refuse(entry_id, f"type {type_!r} is neither a core type of RFC 0001 nor namespaced (ns:type)")
-    parent = env.get("parent")
-    if parent is not None and not is_hash(parent):
-        raise _refuse(entry_id, f"parent {parent!r} is not an entry id")
-    try:
-        check_ts(env.get("ts"))
-    except TimestampError as exc:
-        raise _refuse(entry_id, str(exc)) from None
     data = dict(body)
-    data["type"], data["parent"], data["ts"] = type_, parent, env["ts"]
+    data["type"], data["parent"], data["ts"] = type_, env.get("parent"), env.get("ts")
     if "parents" in env:
         data["parents"] = env["parents"]
-    try:
-        computed, computed_content, _, _ = entry_objects(data, parsed=True, careful=bool(careful or env_careful))
-    except (EntryError, IJSONError, UnicodeEncodeError) as exc:
-        raise _refuse(entry_id, str(exc)) from None
-    if computed != entry_id or computed_content != chash:
-        raise _refuse(entry_id, "its objects are not in canonical form (the hashes of the parsed values differ)")
+    # The line rules an append holds an entry to (format/rules.py), on the parsed values:
+    # objects that hash to their names yet are not the canonical bytes of those values
+    # are refused too.
+    built, problems = check_line(data, careful=bool(careful or env_careful), keep_objects=True, require_id=False)
+    refused = [p for p in problems if RULES[p.code].store == "refuse"]
+    if refused or built is None:
+        p = refused[0] if refused else problems[0]
+        raise _refuse(entry_id, p.message, p.code)
+    if built.computed_id != entry_id or built.content_hash != chash:
+        raise _refuse(entry_id, "its objects are not in canonical form (the hashes of the parsed values differ)", "hash")
     if type_ == "label" and body.get("synthetic") is not None:
-        raise _refuse(entry_id, "a label carrying 'synthetic' is a projection's marker; a store refuses it")
+        raise _refuse(entry_id, "a label carrying 'synthetic' is a projection's marker; a store refuses it", "synthetic")
+    parent = data["parent"]
     leaf = type_ == "label" and body.get("label") == "leaf"
     blobs = tuple(sidecar_names(content))
     entry = None
     if keep:
-        data["id"] = entry_id
-        entry = Entry(data, computed_id=entry_id, content_hash=chash)
+        built.data["id"] = built.id = entry_id
+        built.objects = None
+        entry = built
     return _Checked(entry_id, parent, leaf, chash, blobs, entry)
 
 
@@ -411,7 +415,7 @@ class StoreEndpoint:
             if entry_id in own or entry_id in seen:
                 continue
             seen.add(entry_id)
-            c = _check_entry(store, entry_id, missing)
+            c = _check_entry(store, entry_id, missing, keep=True)
             if c is not None:
                 checked.append(c)
         for c in prefix_checked + checked:
@@ -424,34 +428,29 @@ class StoreEndpoint:
                 missing={k: list(dict.fromkeys(v)) for k, v in missing.items() if v},
             )
         new_ids = {c.id for c in checked}
-        for c in checked:
-            p = c.parent
-            if p is None:
-                if base is None:
-                    continue
-                raise _refuse(c.id, f"session {session_id} has a base; an own entry cannot be a root")
-            if p == base or p in own or p in new_ids:
-                continue
-            if not req.complete:
-                raise IncompletePushError(
-                    f"entry {c.id}'s parent {p} is not in this store's log of session {session_id}; "
-                    "the push must carry the whole closure"
-                )
-            raise _refuse(
-                c.id,
-                f"its parent {p} is neither the base, an own entry of session {session_id}, nor (without a base) null",
-            )
+        if not req.complete:
+            # A partial push whose entries hang from something this log lacks: the sender
+            # sends the whole closure instead. (The parent and base rules themselves are
+            # the rule set's, below.)
+            for c in checked:
+                p = c.parent
+                if p is not None and p != base and p not in own and p not in new_ids:
+                    raise IncompletePushError(
+                        f"entry {c.id}'s parent {p} is not in this store's log of session {session_id}; "
+                        "the push must carry the whole closure"
+                    )
         ordered = _order(checked)
         # The head step, decided before anything is written.
         to = req.to
         leafs = {c.id for c in checked if c.leaf}
-        if to is None:
-            if base is not None:
-                raise AppendRefusedError(f"the pushed head of session {session_id} is empty, but the session has a base")
-        elif not (to == base or to in own or to in new_ids):
-            raise AppendRefusedError(f"the pushed head {to} is neither the base nor an own entry of session {session_id}")
-        elif to in leafs or to in leaf_labels:
-            raise AppendRefusedError(f"the pushed head {to} is a leaf label; the head never rests on one")
+        if not head_may_rest(to, base, _Either(own, new_ids), _Either(leafs, leaf_labels)):
+            if to is None:
+                refusal = f"the pushed head of session {session_id} is empty, but the session has a base"
+            elif to in leafs or to in leaf_labels:
+                refusal = f"the pushed head {to} is a leaf label; the head never rests on one"
+            else:
+                refusal = f"the pushed head {to} is neither the base nor an own entry of session {session_id}"
+            raise AppendRefusedError(refusal, rule="head", code="head_target")
         outcome, why = "unchanged", None
         if to != current:
             if fetch:
@@ -492,23 +491,35 @@ class StoreEndpoint:
                 "they are the record, or the remote moved since you last saw it"
             )
         move = outcome in ("fast-forward", "moved", "forced")
-        # Writing: objects durable first (those this endpoint did not just write may be
-        # another process's, not yet synced), then the log records, committed.
-        self._secure_objects(session_id, prefix_checked + ordered, written)
-        created = session is None
-        if session is None:
-            # Created a mirror even for a handover: the record mark is written below, in the
-            # one commit that admits the entries and moves the head, never on a session
-            # holding nothing yet (a crash between the two leaves an empty mirror here).
-            session = store.exchange_create(header, prefix=list(req.prefix), record=False)
-            held.append(session)
-        appended = session.exchange_admit(
-            [(c.id, c.leaf) for c in ordered],
-            head=to,
-            move_head=move,
-            mark="record" if handover else None,
-            header_format=header.format,
-        )
+        # Every rule verify holds the session to, for the entries admitted in order: the
+        # one rule set, as an append is held to it. Nothing is written before this.
+        checker, trial = self._check_rules(session, header, prefix_checked, ordered)
+        try:
+            # Writing: objects durable first (those this endpoint did not just write may
+            # be another process's, not yet synced), then the log records, committed.
+            self._secure_objects(session_id, prefix_checked + ordered, written)
+            created = session is None
+            if session is None:
+                # Created a mirror even for a handover: the record mark is written below, in
+                # the one commit that admits the entries and moves the head, never on a
+                # session holding nothing yet (a crash between the two leaves an empty mirror).
+                session = store.exchange_create(header, prefix=list(req.prefix), record=False)
+                held.append(session)
+            appended = session.exchange_admit(
+                [(c.id, c.leaf) for c in ordered],
+                head=to,
+                move_head=move,
+                mark="record" if handover else None,
+                header_format=header.format,
+            )
+        except BaseException:
+            if trial is not None:
+                checker.rollback(trial)
+            raise
+        if trial is not None:
+            checker.commit(trial)
+        else:
+            session.adopt_rules(checker)
         refs = [self._ref_step(session_id, r) for r in req.refs]
         return Admission(
             session=session_id,
@@ -521,6 +532,38 @@ class StoreEndpoint:
             mark=session.mark,
             refs=refs,
         )
+
+    def _check_rules(
+        self, session: Session | None, header: Header, prefix: list[_Checked], ordered: list[_Checked]
+    ) -> tuple[SessionChecker, Trial | None]:
+        """Hold the admitted entries, in admission order, to the one rule set: the
+        session's own reduced state (in a trial the caller commits once the records are
+        written), or, for a session this store lacks, a new one from the pushed header
+        and prefix. A refusing rule refuses the push with its code, nothing written."""
+        if session is None:
+            checker = SessionChecker(header, loader=self.store.entry)
+            checker.add_prefix(c.entry for c in prefix if c.entry is not None)
+            trial: Trial | None = None
+        else:
+            session.discard_prepared()
+            checker = session.rules()
+            trial = checker.begin()
+        try:
+            for c in ordered:
+                assert c.entry is not None
+                problems = checker.add(c.entry, prefix=False)
+                refused = [p for p in problems if RULES[p.code].store == "refuse"]
+                if refused:
+                    p = refused[0]
+                    raise AppendRefusedError(
+                        f"entry {c.id} refused: {p.message}", rule=p.code, code=RULES[p.code].error or "bad_entry", entry=c.id
+                    )
+                c.entry = None  # checked: not kept for the length of a big push
+        except BaseException:
+            if trial is not None:
+                checker.rollback(trial)
+            raise
+        return checker, trial
 
     def _check_prefix(self, header: Header, prefix: list[str], missing: dict[str, list[str]]) -> list[_Checked]:
         """A new session's prefix, root..base: held (sent), checked as entries, one chain

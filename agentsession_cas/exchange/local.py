@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import quote, unquote_to_bytes, urlsplit
 
 from ..errors import LayoutError, SessionLockedError, TransportError
+from ..store.url import open_store
 from .endpoint import StoreEndpoint
 from .transport import Admission, DeclareResult, PushRequest, SessionView, Transport
 
@@ -91,8 +92,6 @@ class LocalTransport(Transport):
 
     def _serve(self) -> StoreEndpoint:
         if self._endpoint is None:
-            from ..store.url import open_store
-
             try:
                 store = open_store(self.root if self.root is not None else self.url, sync=self._sync)
             except LayoutError as exc:

@@ -42,13 +42,12 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ContextError, MirrorError, StoreError
 from ..format.context import Context, ContextBuilder
 from ..format.entry import Entry, Header
-from ..format.runs import analyze_path
 from ..format.timestamps import now_ts
 from ..store.refs import Refs
 from ..store.session import AppendResult, Session
@@ -78,12 +77,6 @@ def new_session_id() -> str:
 
 
 @dataclass
-class _Run:
-    run_id: str
-    start: str
-    calls: list[str] = field(default_factory=list)
-
-
 class Recorder:
     """One session being recorded into a local store, and published to a remote.
 
@@ -198,7 +191,6 @@ class Recorder:
         self._builder = ContextBuilder()
         self._calls: dict[str, str] = {}  # call_id -> function_call entry on the path
         self._answered: set[str] = set()  # call_ids with an output on the path
-        self._run: _Run | None = None
         head = self.session.head
         self._path: list[Entry] = self.store.path_to(head) if head is not None else []
         for e in self._path:
@@ -220,27 +212,15 @@ class Recorder:
                 self._answered.add(call_id)
             else:
                 call_id = None
-        elif t in ("dispatch", "decision"):
-            call_id = e.data.get("call_id")
-        elif t == "run":
-            if e.data.get("phase") == "start":
-                self._run = _Run(str(e.data.get("run_id")), e.id)
-            elif e.data.get("phase") == "end" and self._run is not None and e.data.get("run_id") == self._run.run_id:
-                self._run = None
-        if self._run is not None and isinstance(call_id, str) and call_id not in self._run.calls:
-            self._run.calls.append(call_id)
 
     def _close_cut_run(self) -> None:
         """RFC 0001: the writer that continues a path on which a run is open that no
         writer is running closes it first, with ``error`` and a ``ref`` naming the cut."""
-        if self._run is None:
+        run = self.session.open_run()
+        if run is None:
             return
-        report = analyze_path(self.session.header, self._path)
-        open_runs = [r for r in report.runs if r.end is None and r.start == self._run.start]
-        pending = list(open_runs[0].pending) if open_runs else self.pending_calls()
-        run_id = self._run.run_id
-        self.run_end("error", pending=pending, ref="cut off: the writer stopped before the run ended; resumed")
-        self.notes.append(f"closed run {run_id}, left open by a writer that stopped, with reason error")
+        self.run_end("error", ref="cut off: the writer stopped before the run ended; resumed")
+        self.notes.append(f"closed run {run.run_id}, left open by a writer that stopped, with reason error")
 
     # -- reading ----------------------------------------------------------------------
 
@@ -255,7 +235,8 @@ class Recorder:
     @property
     def run_id(self) -> str | None:
         """The run in progress on the path, if any."""
-        return self._run.run_id if self._run is not None else None
+        run = self.session.open_run()
+        return run.run_id if run is not None else None
 
     def pending_calls(self) -> list[str]:
         """The call ids of function calls on the path with no output yet."""
@@ -397,15 +378,23 @@ class Recorder:
         self.record("run", **body)
         return rid
 
-    def run_end(self, reason: str, *, pending: Sequence[str] | None = None, ref: str | None = None) -> AppendResult:
-        """End the run in progress with ``reason``; durable. ``pending`` defaults to the
-        run's calls that have no output on the path."""
-        if self._run is None:
+    def run_end(
+        self, reason: str | None = None, *, pending: Sequence[str] | None = None, ref: str | None = None
+    ) -> AppendResult:
+        """End the run in progress; durable. ``reason`` defaults to what the run's segment
+        reads (RFC 0001's cascade, computed by the one rule set); a written ``error`` or
+        ``interrupted`` stands over any segment, and any other reason the segment does
+        not read is refused as ``verify`` would report it (``run-reason``). ``pending``
+        defaults to the run's calls with no output on the path."""
+        run = self.session.open_run()
+        if run is None:
             raise StoreError(f"no run is in progress on the path of session {self.session.id}")
-        run = self._run
-        if pending is None:
-            pending = [c for c in run.calls if c not in self._answered]
-        body: dict[str, Any] = {"run_id": run.run_id, "phase": "end", "reason": reason, "pending": list(pending)}
+        body: dict[str, Any] = {
+            "run_id": run.run_id,
+            "phase": "end",
+            "reason": run.reason if reason is None else reason,
+            "pending": list(run.pending if pending is None else pending),
+        }
         if ref is not None:
             body["ref"] = ref
         return self.record("run", **body)

@@ -64,7 +64,6 @@ __all__ = [
     "request_hash",
     "request_hash_for",
     "verify_response",
-    "verify_requests",
     "check_tip",
     "DIAGNOSE_LIMIT",
     "text_hash",
@@ -1250,17 +1249,6 @@ def verify_response(path: Sequence[Entry]) -> RequestCheck:
     if not path or path[-1].type != "response":
         raise ContextError("a request hash is checked at a response entry")
     return check_tip(ContextBuilder().extend(path))
-
-
-def verify_requests(sf: Any) -> RequestReport:
-    """Every ``response`` of a session file checked (every branch, the prefix included),
-    with every compaction's ``first_kept``: the context part of
-    :func:`~agentsession_cas.format.rules.verify_session`, which checks the session in
-    one pass in file order, each request hash extending the one before it on the path,
-    so the work is linear in the session's size however many responses it holds."""
-    from .rules import verify_session  # the rules build on this module
-
-    return verify_session(sf).request_report()
 
 
 # ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import EntryError, Problem, SessionFormatError
 from .canonical import canonical_bytes, needs_careful
+from .codes import problem
 from .hashing import ENVELOPE_MEMBERS, RESERVED_MEMBERS, entry_hashes, is_hash
 from .timestamps import check_ts, format_ts, now_ts
 
@@ -306,8 +307,6 @@ class Header:
 
     def problems(self) -> list[Problem]:
         """What is wrong with this header as RFC 0001 defines it (line 1)."""
-        from .rules import problem  # the rule table builds on this module
-
         out: list[Problem] = []
         d = self.data
         if d.get("type") != "session":
@@ -378,8 +377,6 @@ def make_entry(
 def header_or_error(obj: Any, source: str) -> Header:
     """Wrap a parsed first line as a header, raising when it cannot be one."""
     if not isinstance(obj, dict):
-        from .rules import problem  # the rule table builds on this module
-
         raise SessionFormatError(source, [problem(1, "header", "the first line is not a JSON object")])
     header = Header(obj)
     problems = header.problems()

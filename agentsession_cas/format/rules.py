@@ -3,10 +3,11 @@
 Every consumer asks this module: the file reader, ``agentsession verify`` and
 ``show``, and (done by the store's own code) a store's append, import, push,
 fsck and repair. A rule broken is a :class:`~agentsession_cas.errors.Problem`
-whose ``code`` is a row of :data:`RULES`, and the table says, as data, how
-heavy it is, where it is found, and what a store does with an entry that
-brings it. :func:`problem` is the one way a problem is made, and it refuses a
-code the table does not hold, so nothing can report a rule nobody listed.
+whose ``code`` is a row of :data:`RULES` (the table, as data, in
+:mod:`~agentsession_cas.format.codes`, re-exported here), which says how heavy it
+is, where it is found, and what a store does with an entry that brings it.
+:func:`problem` is the one way a problem is made, and it refuses a code the table
+does not hold, so nothing can report a rule nobody listed.
 
 The rules come in four scopes, each with one implementation:
 
@@ -39,14 +40,14 @@ from __future__ import annotations
 import gc
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import AgentSessionError, EntryError, IJSONError, Problem, SessionFormatError, Severity
+from ..errors import AgentSessionError, EntryError, IJSONError, Problem, SessionFormatError
 from .canonical import loads, loads_flagged
+from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
 from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, RequestReport, check_tip
 from .entry import LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
 from .hashing import ReservedMemberError, entry_hashes, entry_objects, is_hash
@@ -79,123 +80,11 @@ __all__ = [
     "VerifyReport",
     "verify_session",
     "gc_paused",
+    "analyze_path",
+    "analyze_runs",
+    "verify_records",
+    "verify_requests",
 ]
-
-#: Where a rule is found: one line alone, where it hangs, or what a path says.
-Scope = Literal["line", "tree", "record", "context"]
-#: What a store does with an entry that brings the rule: refuse it, store it and
-#: report it, or only remark on it.
-StorePolicy = Literal["refuse", "finding", "note"]
-#: The RFC 0003 error a store's refusal carries.
-ErrorCode = Literal["bad_entry", "base_rule", "call_id_repeated", "no_entry", "format"]
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """One row of :data:`RULES`."""
-
-    code: str
-    severity: Severity
-    scope: Scope
-    store: StorePolicy
-    #: The RFC 0003 error code of a store's refusal (None: a store never refuses for it).
-    error: ErrorCode | None
-    summary: str
-    section: str
-
-
-def _rules(*rows: Rule) -> Mapping[str, Rule]:
-    table = {r.code: r for r in rows}
-    assert len(table) == len(rows), "a code is listed twice"
-    for r in rows:
-        assert (r.store == "refuse") == (r.error is not None), r.code
-        assert r.severity == "error" or r.store == "note", r.code
-    return MappingProxyType(table)
-
-
-def _line(code: str, summary: str, section: str, error: ErrorCode = "bad_entry") -> Rule:
-    return Rule(code, "error", "line", "refuse", error, summary, section)
-
-
-def _record(code: str, summary: str, section: str, error: ErrorCode = "bad_entry") -> Rule:
-    return Rule(code, "error", "record", "refuse", error, summary, section)
-
-
-def _note(code: str, scope: Scope, summary: str, section: str) -> Rule:
-    return Rule(code, "note", scope, "note", None, summary, section)
-
-
-#: Every code the format core reports, by code.
-RULES: Mapping[str, Rule] = _rules(
-    # -- one line ------------------------------------------------------------------
-    _line("header", "the first line is a header: an object of type session with an id, created_at and payload", "RFC 0001 Header"),
-    _line("format", "the header's format is agentsession/<major>.<minor>, of a version this reader reads", "RFC 0001 Versioning", "format"),
-    Rule("empty", "error", "line", "note", None, "a file holds at least one entry (a store may hold a session with none)", "RFC 0001 File"),
-    _line("json", "every line is one JSON object (UTF-8)", "RFC 0001 File"),
-    _line("truncated", "the last line parses (a reader tolerates and reports one cut short)", "RFC 0001 File"),
-    _line("ijson", "every hashed member is I-JSON", "RFC 0001 Entry hash"),
-    _line("entry", "an entry has a string type, a ts and envelope members of the right types; only line 1 is a header", "RFC 0001 Entry envelope"),
-    _line("type", "a type is a core type or namespaced (ns:type)", "RFC 0001 Core entry types, Namespaced types"),
-    _line("reserved", "a body carries no member by a name the envelope reserves", "RFC 0001 Entry hash"),
-    _line("id", "an entry's id is sha256: followed by 64 lowercase hex digits", "RFC 0001 Entry hash"),
-    _line("hash", "an entry's id is the hash of its envelope over the hash of its body", "RFC 0001 Entry hash"),
-    _line("ts", "ts is in the one admitted spelling", "RFC 0001 Entry envelope"),
-    _line("missing-member", "a core entry carries what its type requires: an item its item, an outcome its target", "RFC 0001 item, outcome"),
-    _note("unresolved", "line", "a reference a file before 0.5 holds that migration could not rewrite", "RFC 0001 Versioning"),
-    _note("redacted", "line", "the header says the file was redacted: its hashes verify it, never the original", "RFC 0001 Header"),
-    # -- where an entry hangs --------------------------------------------------------
-    Rule("duplicate", "error", "tree", "note", None, "an id appears once in a file; a repeat is read as the first (a store's re-append is a no-op)", "RFC 0001 Entry hash"),
-    Rule("parent", "error", "tree", "refuse", "no_entry", "an entry has a parent, held before it, or null for a root", "RFC 0001 Entry envelope, RFC 0002 Entries"),
-    Rule("parents", "error", "tree", "refuse", "bad_entry", "parents is an array of references naming earlier entries, not the parent, none twice", "RFC 0001 Convergence"),
-    Rule("base", "error", "tree", "refuse", "base_rule", "a file opens with the path to its base, and own entries hang from the base or each other", "RFC 0001 File, RFC 0002 Sessions"),
-    # -- what a path records -----------------------------------------------------------
-    _record("call-id-empty", "a function call's call_id is never empty", "RFC 0001 item"),
-    _record("call-id-repeated", "a call_id names one function call in the session, on any branch", "RFC 0001 item", "call_id_repeated"),
-    _record("bad-target", "a decision's or dispatch's target is a function call before it on the path, and its call_id that call's", "RFC 0001 dispatch, decision"),
-    _record("dispatch-after-reject", "no dispatch follows a reject", "RFC 0001 decision"),
-    _record("dispatch-after-answer", "no dispatch follows an answer", "RFC 0001 decision"),
-    _record("dispatch-after-output", "no dispatch follows the call's output", "RFC 0001 dispatch"),
-    _record("decision-after-reject", "no decision follows a reject", "RFC 0001 decision"),
-    _record("decision-after-answer", "no decision follows an answer", "RFC 0001 decision"),
-    _record("decision-after-output", "no reject or answer follows the call's output", "RFC 0001 decision"),
-    _record("reject-after-dispatch", "a call that may have run is ended by answer, never reject", "RFC 0001 decision"),
-    _record("answer-not-dispatched", "under a dispatch promise, an answer ends only a call dispatched before it", "RFC 0001 decision"),
-    _record("dispatch-missing", "under a dispatch promise, a call that ran has a dispatch before its output", "RFC 0001 dispatch"),
-    _record("run-reason", "a run end's reason is the one its segment reads (error and interrupted stand as written)", "RFC 0001 run"),
-    _record("run-pending", "a run end lists the calls its segment leaves pending", "RFC 0001 run"),
-    _record("run-source", "a run start's source is the shape of its segment", "RFC 0001 run"),
-    _record("bad-from-link", "an item's from_link names a peer link before it on its path", "RFC 0001 0.14 link"),
-    _record("record-malformed", "a run, dispatch, decision or queued entry carries its required members and closed values", "RFC 0001 run, dispatch, decision, queued"),
-    _note("orphan-output", "record", "an output names no function call before it on the path", "RFC 0001 item"),
-    _note("run-not-ended", "record", "under a run promise, a run starts while another is open on the path", "RFC 0001 run"),
-    _note("run-end-unmatched", "record", "a run end closes no run open on the path", "RFC 0001 run"),
-    _note("run-source-open", "record", "a resume run open at a leaf has taken no call up yet: its source is not judged until it does or ends", "RFC 0001 run"),
-    _note("early-0.9", "record", "a 0.9 file breaking record rules may come from a writer released before 0.9 gained them", "RFC 0001 Changes since 0.8"),
-    _note("before-0.9", "record", "a file of a minor before 0.9 was written under other record rules", "RFC 0001 Changes since 0.8"),
-    _note("source-rule", "record", "no earlier release checked a run's written source", "RFC 0001 run"),
-    _note("end-rule", "record", "a run's end reads differently before 0.8 and 0.9", "RFC 0001 Changes since 0.7, 0.8"),
-    # -- what a path sends ----------------------------------------------------------------
-    Rule("first_kept", "error", "context", "refuse", "bad_entry", "a compaction's first_kept names an entry on its path before it", "RFC 0001 compaction"),
-    Rule("request_hash", "error", "context", "finding", None, "a response's request_hash is the hash of the request its path rebuilds", "RFC 0001 Request hash"),
-    _note("of", "context", "an omitted list named by an of the path cannot resolve is kept as written", "RFC 0001 config"),
-)
-
-
-def rule_of(code: str) -> Rule:
-    """The rule a code names; :class:`KeyError` for a code no rule has."""
-    return RULES[code]
-
-
-def problem(line: int | None, code: str, message: str, entry: str | None = None) -> Problem:
-    """A problem of the rule ``code``, with its severity from the table.
-
-    Raises :class:`AgentSessionError` for a code :data:`RULES` does not hold: a
-    rule nobody listed cannot be reported."""
-    rule = RULES.get(code)
-    if rule is None:
-        raise AgentSessionError(f"no rule has the code {code!r}: add it to agentsession_cas.format.rules.RULES")
-    return Problem(line, code, message, entry, rule.severity)
-
 
 def _show(value: object) -> str:
     """An untrusted value for a one-line message: a hash as is, anything else
@@ -311,7 +200,9 @@ _TS_FORM = "is not in the admitted form (UTC, 'T' and 'Z', fraction only when no
 
 def _required(type_: str, obj: Mapping[str, Any]) -> list[str]:
     """What a core entry lacks of what RFC 0001 requires of its type, in words: an
-    item's ``item``, an outcome's ``target``. (The envelope's members are the hash's
+    item's ``item``, an outcome's ``target``, a label's ``target`` and ``label`` (each
+    may be null: the universal root, a clearing label, but never absent: a label
+    names what it marks), a link's ``rel``. (The envelope's members are the hash's
     and the tree's; the record entries' required members and closed values are
     ``record-malformed``, judged with the path they are read against.)"""
     out = []
@@ -325,6 +216,16 @@ def _required(type_: str, obj: Mapping[str, Any]) -> list[str]:
             out.append("outcome has no 'target', which RFC 0001 requires (outcome): the entry it judges")
         elif not isinstance(obj["target"], str):
             out.append(f"outcome target {_show(obj['target'])} is not an entry id (RFC 0001 outcome)")
+    elif type_ == "label":
+        for member in ("target", "label"):
+            if member not in obj:
+                out.append(f"label has no '{member}' (RFC 0001 label: a label names the entry it marks, and the label; "
+                           "either may be null, never absent)")
+            elif obj[member] is not None and not isinstance(obj[member], str):
+                out.append(f"label {member} {_show(obj[member])} is neither a string nor null (RFC 0001 label)")
+    elif type_ == "link":
+        if not isinstance(obj.get("rel"), str):
+            out.append(f"link rel {_show(obj.get('rel'))} is not a string: a link says how it relates to the session it names (RFC 0001 link)")
     return out
 
 
@@ -335,6 +236,7 @@ def check_line(
     careful: bool | None = None,
     keep_objects: bool = False,
     migrated: bool = False,
+    require_id: bool = True,
 ) -> tuple[Entry | None, list[Problem]]:
     """The line rules of one parsed entry line: the entry (None when it cannot be
     hashed, or is no entry at all) and every line rule it breaks.
@@ -342,7 +244,9 @@ def check_line(
     ``careful`` is the parse's flag (see ``canonical.loads_flagged``);
     ``keep_objects`` keeps the content and envelope bytes on ``Entry.objects``
     for a caller that stores them next; ``migrated`` is for an object migrated from
-    before 0.5, which may carry ``content`` (reported as unresolved instead)."""
+    before 0.5, which may carry ``content`` (reported as unresolved instead);
+    ``require_id=False`` for an entry a store is given to append, whose id it computes
+    (a stated one is still held to the hash)."""
     type_ = obj.get("type")
     if not isinstance(type_, str) or not type_:
         return None, [problem(line, "entry", "the entry has no string 'type'")]
@@ -373,7 +277,8 @@ def check_line(
     if stated == computed:
         pass  # the common case: the line's id is the hash of its members
     elif stated is None:
-        out.append(problem(line, "id", f"the entry has no id (its members hash to {computed})", computed))
+        if require_id:
+            out.append(problem(line, "id", f"the entry has no id (its members hash to {computed})", computed))
     elif not is_hash(stated):
         out.append(problem(line, "id", f"id {_show(stated)} is not sha256: followed by 64 lowercase hex digits"))
     else:
@@ -381,8 +286,11 @@ def check_line(
     ts = obj.get("ts")
     if not is_valid_ts(ts):
         out.append(problem(line, "ts", f"ts {_show(ts)} {_TS_FORM}"))
-    if (type_ == "item" and obj.get("item").__class__ is not dict) or (
-        type_ == "outcome" and not isinstance(obj.get("target"), str)
+    if (
+        (type_ == "item" and obj.get("item").__class__ is not dict)
+        or (type_ == "outcome" and not isinstance(obj.get("target"), str))
+        or type_ == "label"
+        or (type_ == "link" and not isinstance(obj.get("rel"), str))
     ):
         for lack in _required(type_, obj):
             out.append(problem(line, "missing-member", lack, stated if isinstance(stated, str) else computed))
@@ -394,6 +302,17 @@ def check_line(
 
 # ---------------------------------------------------------------------------
 # tree rules
+
+
+def head_may_rest(target: str | None, base: str | None, own: Container[str], leaf_labels: Container[str]) -> bool:
+    """RFC 0002 Head: a session's head rests on its base or an own entry that is not a
+    ``leaf`` label; on no entry only without a base. (The rule, for every holder of a
+    session's state: the reader's tree, a store's replay, repair's plan.)"""
+    if target is None:
+        return base is None
+    if target == base:
+        return True
+    return target in own and target not in leaf_labels
 
 
 class TreeState:
@@ -409,15 +328,19 @@ class TreeState:
     there is no base.
     """
 
-    def __init__(self, header: Header):
+    def __init__(self, header: Header, *, above: Container[str] | None = None):
         self.session = header.id
         self.base = header.base
+        #: The prefix, base included, when the caller holds it already and does not
+        #: feed it (fsck: a lookup it fills only when an entry names something not
+        #: own); None when the prefix comes first in the order, as in a file.
+        self.above = above
         #: id -> the line it was read from (None: not read from a file).
         self.held: dict[str, int | None] = {}
         #: Ids of lines that could not be read (a reader's; a store has none).
         self.broken: set[str] = set()
         #: Still reading the path to the base.
-        self.in_prefix = self.base is not None
+        self.in_prefix = self.base is not None and above is None
         self._prefix_prev: str | None = None
         #: The prefix, base excluded, in order.
         self.prefix: list[str] = []
@@ -433,6 +356,13 @@ class TreeState:
     def __len__(self) -> int:
         return len(self.held)
 
+    def _known(self, entry_id: str) -> bool:
+        """Held, or on a prefix the caller holds; an unreadable line's id counts too,
+        so its children do not report again a fault reported already."""
+        if entry_id in self.held or entry_id in self.broken:
+            return True
+        return self.above is not None and entry_id in self.above
+
     def mark_broken(self, entry_id: str) -> None:
         """An id a line claims that could not be read."""
         self.broken.add(entry_id)
@@ -440,10 +370,18 @@ class TreeState:
     def add(self, entry: Entry) -> list[Problem]:
         """The tree rules the entry breaks; it is held from now on, unless its id is held
         already, which is the same entry again (the first is kept)."""
+        return self._rules(entry, hold=True)
+
+    def check(self, entry: Entry) -> list[Problem]:
+        """The tree rules the entry would break were it added now, holding nothing: a
+        planner's question (repair: may this entry be kept where it stands?)."""
+        return self._rules(entry, hold=False)
+
+    def _rules(self, entry: Entry, *, hold: bool) -> list[Problem]:
         eid = entry.id
         held = self.held
-        if eid in held:
-            first = held[eid]
+        if eid in held or (self.above is not None and eid in self.above):
+            first = held.get(eid)
             where = f"line {first}" if first is not None else "an earlier entry"
             return [problem(entry.line, "duplicate", f"id {shown_id(eid)} repeats {where}; read as the same entry", eid)]
         out: list[Problem] = []
@@ -454,12 +392,13 @@ class TreeState:
         if "parents" in data:
             self._parents(entry, out)
         if self.base is not None:
-            self._base(entry, out)
-        held[eid] = entry.line
-        if data.get("label") == LEAF_LABEL and data.get("type") == "label":
-            self.leaf_labels.add(eid)
-        if self._trial_ids is not None:
-            self._trial_ids.append(eid)
+            self._base(entry, out, hold)
+        if hold:
+            held[eid] = entry.line
+            if data.get("label") == LEAF_LABEL and data.get("type") == "label":
+                self.leaf_labels.add(eid)
+            if self._trial_ids is not None:
+                self._trial_ids.append(eid)
         return out
 
     def _parent(self, entry: Entry, out: list[Problem]) -> None:
@@ -468,8 +407,8 @@ class TreeState:
         parent = data.get("parent")
         if "parent" not in data:
             out.append(problem(entry.line, "parent", "the entry has no 'parent' (null for a root)", entry.id))
-        elif parent is not None and parent not in self.held and parent not in self.broken:
-            out.append(problem(entry.line, "parent", f"parent {_show(parent)} does not appear earlier in the file", entry.id))
+        elif parent is not None and not self._known(parent):
+            out.append(problem(entry.line, "parent", f"parent {_show(parent)} does not appear earlier in the session", entry.id))
 
     def _parents(self, entry: Entry, out: list[Problem]) -> None:
         refs = entry.data.get("parents")
@@ -491,10 +430,10 @@ class TreeState:
             if target in seen:
                 out.append(problem(line, "parents", f"'parents' names {shown_id(target)} twice", eid))
             seen.add(target)
-            if (session is None or session == self.session) and target not in self.held and target not in self.broken:
-                out.append(problem(line, "parents", f"'parents' names {_show(target)}, which does not appear earlier in this file", eid))
+            if (session is None or session == self.session) and not self._known(target):
+                out.append(problem(line, "parents", f"'parents' names {_show(target)}, which does not appear earlier in this session", eid))
 
-    def _base(self, entry: Entry, out: list[Problem]) -> None:
+    def _base(self, entry: Entry, out: list[Problem], hold: bool) -> None:
         """The file opens with the path to the base; every own entry hangs from it."""
         base = self.base
         assert base is not None
@@ -508,6 +447,8 @@ class TreeState:
                     f"this entry's parent is {_show(entry.parent)}, expected {expected}",
                     entry.id,
                 ))
+            if not hold:
+                return
             self._prefix_prev = entry.id
             if entry.id == base:
                 self.in_prefix = False
@@ -525,7 +466,7 @@ class TreeState:
                 "with a base has its one root on the prefix",
                 entry.id,
             ))
-        elif parent != base and parent not in self.own and parent in self.held:
+        elif parent != base and parent not in self.own and parent is not None and self._known(parent) and parent not in self.broken:
             # (a parent not held at all is the parent rule's, reported once)
             out.append(problem(
                 entry.line,
@@ -534,7 +475,8 @@ class TreeState:
                 "is on the prefix above the base",
                 entry.id,
             ))
-        self.own.add(entry.id)
+        if hold:
+            self.own.add(entry.id)
 
     def finish(self) -> list[Problem]:
         """The tree rules of the file as a whole: a base named and never held."""
@@ -545,12 +487,9 @@ class TreeState:
     def head_allowed(self, target: str | None) -> bool:
         """May the session's head (the leaf) rest on ``target``: the base, or an own
         entry that is not a ``leaf`` label; null only without a base (RFC 0002 Head)."""
-        if target is None:
-            return self.base is None
-        if target == self.base:
-            return not self.in_prefix
-        own = self.own if self.base is not None else self.held
-        return target in own and target not in self.leaf_labels
+        if target == self.base and self.in_prefix:
+            return False
+        return head_may_rest(target, self.base, self.own if self.base is not None else self.held, self.leaf_labels)
 
     # -- trials -----------------------------------------------------------------
 
@@ -817,9 +756,12 @@ class PathChecker:
 
     # -- views ------------------------------------------------------------------------
 
-    def open_run(self) -> OpenRun | None:
-        """The run open at the tip, with the reason and pending list its segment reads
-        were it to end here; None when no run is open."""
+    def open_run(self, at: str | None | object = ...) -> OpenRun | None:
+        """The run open at the tip (or at entry ``at``, moving there: None is the
+        universal root), with the reason and pending list its segment reads were it to
+        end there; None when no run is open."""
+        if at is not ...:
+            self._goto(at)  # type: ignore[arg-type]
         w = self.walker
         run = w.run
         if run is None:
@@ -1031,9 +973,10 @@ class SessionChecker:
         for p in problems:
             (self.notes if p.severity == "note" else self.problems).append(p)
 
-    def open_run(self) -> OpenRun | None:
-        """The run open at the tip of the last entry's path (see :meth:`PathChecker.open_run`)."""
-        return self.path.open_run()
+    def open_run(self, at: str | None | object = ...) -> OpenRun | None:
+        """The run open at the tip of the last entry's path, or at entry ``at`` (see
+        :meth:`PathChecker.open_run`)."""
+        return self.path.open_run(at)
 
     @property
     def requests(self) -> dict[str, RequestCheck]:
@@ -1197,3 +1140,58 @@ def verify_session(sf: SessionFile) -> VerifyReport:
     )
     sf._verified = report
     return report
+
+
+# ---------------------------------------------------------------------------
+# views over verify_session, for callers that want one part
+
+
+def analyze_path(
+    header: Header,
+    path: Sequence[Entry],
+    *,
+    entries: Sequence[Entry] | None = None,
+    source: str = "",
+) -> RunsReport:
+    """Runs, calls and record rules along ``path`` (root first).
+
+    ``entries`` is the whole session in file (log) order, for the rules that span
+    branches (call ids unique, a dispatch elsewhere standing for one on the
+    path); it defaults to the path. The session is checked once through
+    :class:`~agentsession_cas.format.rules.PathChecker`, and the problems are
+    those it finds for entries on the path: the words ``verify`` prints.
+    """
+    all_entries = list(entries) if entries is not None else list(path)
+    with gc_paused():
+        checker = PathChecker(header)
+        checker.add_all(all_entries)
+        checker.finish()
+        return checker.report(path[-1].id if path else None, source=source)
+
+
+def analyze_runs(session_file: SessionFile, leaf: str | None = None) -> RunsReport:
+    """Runs and calls on the path from the root to ``leaf`` (an entry id; the
+    resume rule's leaf when None), with every record rule broken on it."""
+    if leaf is None:
+        leaf = session_file.leaf
+    elif leaf not in session_file.tree:
+        session_file.tree.path(leaf)  # raises NoSuchEntryError, as it always did
+    with gc_paused():
+        return verify_session(session_file).runs_report(leaf)
+
+
+def verify_records(session_file: SessionFile) -> RecordsCheck:
+    """The record rules on every path of the session: call ids, targets, the order
+    of decisions, dispatches and outputs, the ``records`` promise, every run's
+    source, and every run end against its segment (a view of
+    :func:`~agentsession_cas.format.rules.verify_session`)."""
+    return verify_session(session_file).records_check()
+
+
+def verify_requests(sf: Any) -> RequestReport:
+    """Every ``response`` of a session file checked (every branch, the prefix included),
+    with every compaction's ``first_kept``: the context part of
+    :func:`~agentsession_cas.format.rules.verify_session`, which checks the session in
+    one pass in file order, each request hash extending the one before it on the path,
+    so the work is linear in the session's size however many responses it holds."""
+    return verify_session(sf).request_report()

@@ -28,19 +28,14 @@ codes. Notes are problems of severity ``note``, remarks that fail nothing.
 
 from __future__ import annotations
 
-import gc
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 from ..errors import Problem
-from .entry import Entry, Header, short_id
-
-if TYPE_CHECKING:  # the reader builds on the rules, which build on this module
-    from .reader import SessionFile
+from .entry import Entry, Header, short_id, shown_id
 
 __all__ = [
     "CALL_STATES",
@@ -51,9 +46,6 @@ __all__ = [
     "RunInfo",
     "RunsReport",
     "RecordsCheck",
-    "analyze_runs",
-    "analyze_path",
-    "verify_records",
     "render_runs",
     "render_records_check",
 ]
@@ -494,9 +486,10 @@ class RecordWalker:
                 self.report(e, "call-id-empty", "function call has no call_id: nothing could name it, not its output, "
                             "a decision or a pending list (RFC 0001 item)")
             elif cid in self.first_call:
-                self.report(e, "call-id-repeated", f"call ID {_q(cid)} repeated: the function call at line "
-                            f"{self.first_call[cid].line} has it, and a call_id names one call in a session, on any "
-                            "branch (RFC 0001 item)")
+                first = self.first_call[cid]
+                where = f"at line {first.line}" if first.line is not None else shown_id(first.id)
+                self.report(e, "call-id-repeated", f"call ID {_q(cid)} repeated: the function call {where} has it, "
+                            "and a call_id names one call in a session, on any branch (RFC 0001 item)")
             else:
                 self.first_call[cid] = e
         elif t == "dispatch":
@@ -1102,72 +1095,6 @@ def format_notes(header: Header, codes: Iterable[str]) -> list[tuple[str, str]]:
         out.append(("end-rule", "a run's end reads differently before 0.8 (a call held after its dispatch) "
                     "and before 0.9 (calls an earlier run left), so an end written under those minors may disagree"))
     return out
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The walk allocates small acyclic objects per entry over a large live heap
-    (the session); the cyclic collector would rescan that heap again and again,
-    as reader.py explains for a read. Pause it for the walk."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-# ---------------------------------------------------------------------------
-# public API: views over the one rule set (agentsession_cas.format.rules)
-
-
-def analyze_path(
-    header: Header,
-    path: Sequence[Entry],
-    *,
-    entries: Sequence[Entry] | None = None,
-    source: str = "",
-) -> RunsReport:
-    """Runs, calls and record rules along ``path`` (root first).
-
-    ``entries`` is the whole session in file (log) order, for the rules that span
-    branches (call ids unique, a dispatch elsewhere standing for one on the
-    path); it defaults to the path. The session is checked once through
-    :class:`~agentsession_cas.format.rules.PathChecker`, and the problems are
-    those it finds for entries on the path: the words ``verify`` prints.
-    """
-    from .rules import PathChecker  # rules builds on this module
-
-    all_entries = list(entries) if entries is not None else list(path)
-    with _collector_paused():
-        checker = PathChecker(header)
-        checker.add_all(all_entries)
-        checker.finish()
-        return checker.report(path[-1].id if path else None, source=source)
-
-
-def analyze_runs(session_file: SessionFile, leaf: str | None = None) -> RunsReport:
-    """Runs and calls on the path from the root to ``leaf`` (an entry id; the
-    resume rule's leaf when None), with every record rule broken on it."""
-    from .rules import verify_session  # rules builds on this module
-
-    if leaf is None:
-        leaf = session_file.leaf
-    elif leaf not in session_file.tree:
-        session_file.tree.path(leaf)  # raises NoSuchEntryError, as it always did
-    with _collector_paused():
-        return verify_session(session_file).runs_report(leaf)
-
-
-def verify_records(session_file: SessionFile) -> RecordsCheck:
-    """The record rules on every path of the session: call ids, targets, the order
-    of decisions, dispatches and outputs, the ``records`` promise, every run's
-    source, and every run end against its segment (a view of
-    :func:`~agentsession_cas.format.rules.verify_session`)."""
-    from .rules import verify_session  # rules builds on this module
-
-    return verify_session(session_file).records_check()
 
 
 def inbox_of(path: Sequence[Entry]) -> list[QueuedInfo]:

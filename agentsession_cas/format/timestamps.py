@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from datetime import UTC, datetime, timedelta
 
 from ..errors import TimestampError
@@ -99,8 +100,6 @@ def format_ts(dt: datetime, nanoseconds: int | None = None) -> str:
 
 def now_ts() -> str:
     """The current instant, spelled the admitted way, to the nanosecond the clock gives."""
-    import time
-
     ns = time.time_ns()
     dt = datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC)
     return format_ts(dt, ns % 1_000_000_000)

@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..backends.files import FileBackend
+from ..backends.files import repair as file_repair
+from ..backends.files.repair import RepairReport
 from ..errors import SessionDamagedError, UnsupportedError
 
 if TYPE_CHECKING:
-    from ..backends.files.repair import RepairReport
     from ..store.store import Store
 
 __all__ = ["plan_repair", "repair_session"]
@@ -41,18 +43,12 @@ def repair_session(
 
 
 def _backend_repair(store: Store, what: str) -> Any:
-    from ..backends.files import FileBackend
-
     if isinstance(store.backend, FileBackend):
-        from ..backends.files import repair
-
-        return getattr(repair, what)
+        return getattr(file_repair, what)
     return lambda st, sid, **kw: _whole_or_refused(st, sid)
 
 
 def _whole_or_refused(store: Store, session_id: str) -> RepairReport:
-    from ..backends.files.repair import RepairReport
-
     try:
         s = store.read(session_id)
     except SessionDamagedError as exc:

@@ -26,24 +26,24 @@ from ..errors import (
     AgentSessionError,
     AppendRefusedError,
     CorruptObjectError,
-    EntryError,
     HeadMovedError,
     IJSONError,
     MirrorError,
     NoSuchEntryError,
     NoSuchObjectError,
+    Problem,
     ReadOnlyError,
     SessionDamagedError,
     StoreError,
-    TimestampError,
 )
-from ..format.canonical import canonical_bytes, loads
+from ..format.canonical import canonical_bytes, loads, needs_careful
 from ..format.context import ContextHasher
 from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
-from ..format.hashing import entry_objects, is_hash, parse_envelope
+from ..format.hashing import is_hash, parse_envelope
 from ..format.media import sidecar_names
-from ..format.reader import CORE_TYPES, gc_paused
-from ..format.timestamps import check_ts, now_ts
+from ..format.reader import gc_paused
+from ..format.rules import RULES, OpenRun, SessionChecker, Trial, check_line
+from ..format.timestamps import now_ts
 from ..format.tree import Tree
 from .state import SessionState, committed_view, index_damage, replay
 
@@ -199,6 +199,10 @@ class Session:
         self._format_raised = False
         self._context_hashes: ContextHasher | None = None
         self._pending: PreparedBatch | None = None
+        #: The rules' reduced state of the session (built on first need), and the
+        #: entries of a batch being prepared, which the rules may need to read back.
+        self._checker: SessionChecker | None = None
+        self._staged: dict[str, Entry] = {}
         #: The records a snapshot was opened with (its committed view for exchange).
         self._records: list[dict[str, Any]] | None = None
 
@@ -365,6 +369,36 @@ class Session:
             lines.append(marker.canonical_line())
         return b"".join(lines)
 
+    # -- the rules ------------------------------------------------------------------------
+
+    def rules(self) -> SessionChecker:
+        """The session as the one rule set sees it (:class:`SessionChecker`): built on
+        first need from the prefix and the own entries in log order, then fed by every
+        commit. What an append, an admission or a recorder is held to."""
+        if self._checker is None:
+            checker = SessionChecker(self.header, loader=self._rules_entry)
+            with gc_paused():
+                checker.add_prefix(self.prefix_entries())
+                for eid in self.state.log_order:
+                    checker.add(self.entry(eid), prefix=False)
+            self._checker = checker
+        return self._checker
+
+    def _rules_entry(self, entry_id: str) -> Entry:
+        staged = self._staged.get(entry_id)
+        return staged if staged is not None else self.store.entry(entry_id)
+
+    def adopt_rules(self, checker: SessionChecker) -> None:
+        """Take the rules' state a caller built for this session's entries (exchange,
+        which checked a new session's entries before creating it), instead of building
+        it again on first need."""
+        self._checker = checker
+
+    def open_run(self) -> OpenRun | None:
+        """The run open on the path to the head, with the end reason and pending calls
+        its segment reads were it to end there (what a writer closing it writes)."""
+        return self.rules().open_run(self.head)
+
     # -- writing: checks --------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -399,70 +433,32 @@ class Session:
         return False
 
     def _hash(self, entry: Entry | Mapping[str, Any], head: str | None) -> tuple[Entry, bytes, bytes]:
-        """Fill ``parent`` and ``ts`` as an append does, hash, and check what a line must
-        be: the line rules (type, ts, I-JSON, reserved members, the stated id)."""
+        """Fill ``parent`` and ``ts`` as an append does, hash, and hold the line to the
+        line rules (:func:`~agentsession_cas.format.rules.check_line`: type, ts, I-JSON,
+        reserved members, required members, a stated id) as ``verify`` would."""
         data = dict(entry.data if isinstance(entry, Entry) else entry)
-        stated = data.pop("id", None)
         if "parent" not in data:
             data["parent"] = head
         if "ts" not in data:
             data["ts"] = now_ts()
-        type_ = data.get("type")
-        if type_ == "session":
-            raise AppendRefusedError("an entry of type 'session': only a header is of that type; refused", rule="entry")
-        if isinstance(type_, str) and type_ not in CORE_TYPES and ":" not in type_:
-            raise AppendRefusedError(
-                f"entry type {type_!r} is neither a core type of RFC 0001 nor namespaced (ns:type); refused",
-                rule="type",
-            )
-        try:
-            check_ts(data.get("ts"))
-            if isinstance(entry, Entry) and entry.careful is not None:
-                # Made or read by the format core, which walked it once already: its
-                # flag says how to serialise (an Entry's data is not changed once made).
-                entry_id, chash, content, env = entry_objects(data, parsed=True, careful=entry.careful)
-            else:
-                entry_id, chash, content, env = entry_objects(data)
-        except TimestampError as exc:
-            raise AppendRefusedError(f"entry refused: {exc}", rule="ts") from None
-        except IJSONError as exc:
-            raise AppendRefusedError(f"entry refused: {exc}", rule="ijson") from None
-        except EntryError as exc:
-            rule = "reserved" if "reserved" in str(exc) else "entry"
-            raise AppendRefusedError(f"entry refused: {exc}", rule=rule) from None
-        data["id"] = entry_id
-        built = Entry(data, computed_id=entry_id, content_hash=chash)
-        if stated is not None:
-            if not isinstance(stated, str) or not stated.startswith("sha256:"):
-                raise AppendRefusedError(f"id {stated!r} does not carry the sha256: prefix; it is refused", rule="id")
-            if not is_hash(stated):
-                raise AppendRefusedError(
-                    f"id {stated!r} is not sha256: followed by 64 lowercase hex digits; it is refused", rule="id"
-                )
-            if stated != built.id:
-                raise AppendRefusedError(f"id {stated} differs from the entry's hash {built.id}; refused", rule="hash")
+        if isinstance(entry, Entry) and entry.careful is not None and entry.data.get("ts") == data["ts"]:
+            # Made or read by the format core, which walked it once already: its flag
+            # says how to serialise (an Entry's data is not changed once made).
+            careful: bool | None = entry.careful
+        else:
+            try:
+                careful = needs_careful(data)
+            except IJSONError as exc:
+                raise AppendRefusedError(f"not I-JSON: {exc}", rule="ijson") from None
+        built, problems = check_line(data, careful=careful, keep_objects=True, require_id=False)
+        refused = [p for p in problems if RULES[p.code].store == "refuse"]
+        if refused or built is None or built.objects is None:
+            raise _refusal(refused[0] if refused else problems[0])
+        content, env = built.objects
+        built.data["id"] = built.computed_id
+        built.id = built.computed_id
+        built.objects = None
         return built, content, env
-
-    def _check_parent(self, e: Entry, own: Mapping[str, Any]) -> None:
-        """RFC 0002's parent rule: an own entry hangs from the base, another own entry,
-        or (without a base) nothing."""
-        parent = e.parent
-        if parent is None:
-            if self.base is not None:
-                raise AppendRefusedError(
-                    f"session {self.id} has a base; every own entry hangs from it, so a root is refused",
-                    rule="base", code="base_rule", entry=e.id,
-                )
-        elif parent != self.base and parent not in own:
-            if parent in self.prefix_set:
-                raise AppendRefusedError(
-                    f"parent {parent} is on the prefix above the base; an own entry hangs from the base or "
-                    "another own entry", rule="base", code="base_rule", entry=e.id,
-                )
-            raise AppendRefusedError(
-                f"parent {parent} is not held by this session; an own entry hangs from the base or another own entry",
-                rule="parent", code="no_entry", entry=e.id,
-            )
 
     # -- writing: prepare and commit ----------------------------------------------------------
 
@@ -474,9 +470,20 @@ class Session:
         overrides the store's sync policy for the whole batch."""
         self._check_writable("appends")
         self._drop_pending()
+        checker = self.rules()
+        trial = checker.begin()
+        try:
+            return self._prepare(entries, durable, checker, trial)
+        except BaseException:
+            checker.rollback(trial)
+            self._staged.clear()
+            raise
+
+    def _prepare(
+        self, entries: Iterable[Entry | Mapping[str, Any]], durable: bool | None, checker: SessionChecker, trial: Trial
+    ) -> PreparedBatch:
         head = self.state.head
         added: dict[str, Append] = {}
-        leaf_added: set[str] = set()
         planned: list[_Planned] = []
         seq = self.state.max_seq
         for raw in entries:
@@ -491,13 +498,26 @@ class Session:
                 res = AppendResult(e.id, "no-op", head, durable=self.state.is_committed(e.id), seq=seq_of)
                 planned.append(_Planned(e, content, env, res, None))
                 continue
+            if e.id == self.base or e.id in self.prefix_set:
+                raise AppendRefusedError(
+                    f"entry {e.id} is {'the base' if e.id == self.base else 'on the prefix above the base'}: "
+                    "an own entry hangs from the base or another own entry, and is not one of them",
+                    rule="base", code="base_rule", entry=e.id,
+                )
+            # Every rule verify holds the session to, against the session as it stands
+            # and the batch so far: the one rule set (format/rules.py).
+            self._staged[e.id] = e
+            problems = checker.add(e, prefix=False)
+            refused = [p for p in problems if RULES[p.code].store == "refuse"]
+            if refused:
+                raise _refusal(refused[0])
+            findings = [p for p in problems if RULES[p.code].store == "finding"]
             own_view: Mapping[str, Any] = _Union(self.state.own, added)
-            self._check_parent(e, own_view)
             outcome, new_head, note = "branched", head, None
             is_leaf_label = e.is_leaf_label
             if is_leaf_label:
                 target = e.data.get("target")
-                if "target" in e.data and self._may_hold_head(target, added, leaf_added):
+                if "target" in e.data and checker.tree.head_allowed(target):
                     outcome, new_head = "head-moved", target
                 else:
                     outcome = "head-not-moved"
@@ -511,23 +531,18 @@ class Session:
                 seq, e.id, new_head, head_moved=moved, leaf_label=is_leaf_label, lazy=not durable_now,
                 objects=(e.content_hash, content, env),
             )
-            res = AppendResult(e.id, outcome, new_head, durable=durable_now, seq=seq, note=note)
+            res = AppendResult(e.id, outcome, new_head, durable=durable_now, seq=seq, note=note, findings=findings)
             res.unresolved = self._unresolved(e, own_view)
             planned.append(_Planned(e, content, env, res, record))
             added[e.id] = record
-            if is_leaf_label:
-                leaf_added.add(e.id)
             head = new_head
-        batch = PreparedBatch(self, planned, head, None)
+        batch = PreparedBatch(self, planned, head, trial)
         self._pending = batch
         return batch
 
-    def _may_hold_head(self, target: object, added: Mapping[str, Any] = {}, leaf_added: set[str] = set()) -> bool:  # noqa: B006
-        if target is None:
-            return self.base is None
-        if target == self.base:
-            return True
-        return (target in self.state.own or target in added) and target not in self.state.leaf_labels and target not in leaf_added
+    def discard_prepared(self) -> None:
+        """Drop a batch prepared and not committed (another write comes first)."""
+        self._drop_pending()
 
     def _drop_pending(self) -> None:
         if self._pending is not None:
@@ -539,6 +554,9 @@ class Session:
         batch.done = True
         if self._pending is batch:
             self._pending = None
+            if self._checker is not None:
+                self._checker.rollback(batch._mark)
+            self._staged.clear()
 
     def _commit_batch(self, batch: PreparedBatch, durable: bool | None) -> None:
         if batch.done:
@@ -547,8 +565,25 @@ class Session:
             raise StoreError("this batch is stale: the session was written since it was prepared")
         self._check_writable("appends")
         records = [p.record for p in batch.planned if p.record is not None]
+        try:
+            self._write_batch(batch, records, durable)
+        except BaseException:
+            batch.done = True
+            self._pending = None
+            self._checker_rollback(batch._mark)
+            raise
         batch.done = True
         self._pending = None
+        if self._checker is not None:
+            self._checker.commit(batch._mark)
+        self._staged.clear()
+
+    def _checker_rollback(self, trial: Trial) -> None:
+        if self._checker is not None:
+            self._checker.rollback(trial)
+        self._staged.clear()
+
+    def _write_batch(self, batch: PreparedBatch, records: list[Append], durable: bool | None) -> None:
         if not records:
             return
         commit = any(not r.lazy for r in records) if durable is None else durable
@@ -853,6 +888,12 @@ class _Union(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self.a) + len(self.b)
+
+
+def _refusal(p: Problem) -> AppendRefusedError:
+    """The refusal of an entry that breaks a rule: the rule's own words and code, and the
+    protocol's code for the refusal (``bad_entry``, ``base_rule``, ``no_entry``, ...)."""
+    return AppendRefusedError(p.message, rule=p.code, code=RULES[p.code].error or "bad_entry", entry=p.entry)
 
 
 def _data(record: Record) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..backends.base import Mark
 from ..format.hashing import is_hash
+from ..format.rules import head_may_rest
 
 __all__ = ["SessionState", "replay", "index_damage"]
 
@@ -64,11 +65,7 @@ class SessionState:
     def may_hold_head(self, target: str | None) -> bool:
         """RFC 0002's head rule: the base or an own entry that is not a ``leaf`` label
         (no head only without a base)."""
-        if target is None:
-            return self.base is None
-        if target == self.base:
-            return True
-        return target in self.own and target not in self.leaf_labels
+        return head_may_rest(target, self.base, self.own, self.leaf_labels)
 
     # -- applying records (replay, and a writer keeping its state current) ----------
 

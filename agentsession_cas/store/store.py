@@ -41,6 +41,7 @@ from ..format.hashing import entry_objects, is_hash, sha256_ref
 from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
 from ..format.reader import SessionFile, gc_paused, read_session, read_session_bytes
+from ..format.rules import verify_session
 from ..format.timestamps import now_ts
 from ..maintenance.sweep import SweepResult, sweep
 from .refs import header_ident
@@ -493,10 +494,17 @@ class Store:
 
     def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> Session:
         self._require_writable()
-        if sf.truncated is not None:
-            raise StoreError(f"{sf.source}: {sf.truncated}; a cut-short file is not imported")
-        if sf.problems:
-            raise SessionFormatError(sf.source, sf.problems)
+        if sf.problems or sf.truncated is not None:
+            # A last line cut short is a problem like any other here: verify's (the reader
+            # tolerates it to read the rest), and a cut-short file is not imported.
+            raise SessionFormatError(sf.source, sf.all_problems())
+        # Every rule verify holds a file to, the one rule set: a file verify rejects is
+        # refused here with the same codes. A request_hash that does not match is
+        # refused too (unlike at append, nothing is lost: the file stays as it is); a
+        # header alone is a session to hold, though verify has nothing to check in it.
+        problems = [p for p in verify_session(sf).problems if p.code != "empty"]
+        if problems:
+            raise SessionFormatError(sf.source, problems)
         if sf.migrated:
             raise StoreError(f"{sf.source} is of format {sf.header.format}, before hashed ids; it is read, not imported")
         header = self._checked_new_header(sf.header)

@@ -44,11 +44,13 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import AgentSessionError, BadNameError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
 from ...format.canonical import loads
-from ...format.entry import LEAF_LABEL
+from ...format.entry import LEAF_LABEL, Entry, Header
 from ...format.hashing import HASH_PREFIX, is_hash
 from ...format.names import check_session_id
-from ...maintenance.fsck import FsckProblem, FsckReport
+from ...format.rules import TreeState
+from ...fsutil import read_whole
 from ...store.state import index_damage, replay
+from ..base import FsckProblem, FsckReport
 from . import FileBackend
 from .log import Record, read_log, scan_log
 from .objects import FileObjects
@@ -128,21 +130,6 @@ def _spaces_of(bits: int) -> str:
     return "+".join(s for s in _SPACES if bits & SPACE_BITS[s]) or "no space"
 
 
-def _read_file(path: str) -> bytes:
-    """A whole file, in as few reads as it takes (most objects take one)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        data = os.read(fd, _READ)
-        if len(data) == _READ:
-            chunks = [data]
-            while chunk := os.read(fd, _READ):
-                chunks.append(chunk)
-            data = b"".join(chunks)
-    finally:
-        os.close(fd)
-    return data
-
-
 def _hash_file(path: str) -> tuple[bytes, int]:
     """SHA-256 of a file read in chunks (big blobs are never held whole), and its size."""
     h = hashlib.sha256()
@@ -202,6 +189,19 @@ def writer_holds(root: str, session_id: str) -> bool | None:
     return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held
 
 
+class _Prefix:
+    """A fork's prefix as the tree rules look it up: walked in the objects on first
+    lookup (an own entry naming something not own), not for every fork."""
+
+    __slots__ = ("fsck", "base")
+
+    def __init__(self, fsck: Any, base: bytes):
+        self.fsck, self.base = fsck, base
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self.fsck.prefix_ids(self.base)
+
+
 @dataclass
 class _SessionState:
     """What pass one learned of a session that pass two (media, retention) needs."""
@@ -226,6 +226,7 @@ class _Walk:
         self.sound: dict[str, set[bytes]] = {s: set() for s in _SPACES}
         self.env: dict[bytes, tuple[bytes, bytes | None, bool]] = {}
         self.env_parents: dict[bytes, Any] = {}
+        self.prefixes: dict[bytes, set[str]] = {}  # base -> the ids on the path to it
         self.sidecars: dict[bytes, tuple[bytes, ...]] = {}
         #: (space, raw) -> why the copies seen are not sound (for the messages of those who need it).
         self.unsound: dict[tuple[str, bytes], str] = {}
@@ -594,7 +595,7 @@ class _Walk:
                         digest, size = _hash_file(f.path)
                         data = b""
                     else:
-                        data = _read_file(f.path)
+                        data = read_whole(f.path)
                         digest, size = sha(data).digest(), len(data)
                 except FileNotFoundError:
                     continue  # packed (or swept) since it was listed
@@ -607,7 +608,7 @@ class _Walk:
                 if digest != raw:
                     # A writer creates a loose object in place: give one in progress a second look.
                     try:
-                        data = _read_file(f.path)
+                        data = read_whole(f.path)
                     except OSError:
                         continue
                     if sha(data).digest() != raw:
@@ -913,7 +914,9 @@ class _Walk:
         own_add = own.add
         seqs: list[int] = []
         payload_envs: dict[bytes, tuple[bytes, bytes | None, bool]] = {}
-        prefix: set[bytes] | None = None
+        # The tree rules (format/rules.py), fed the own entries in log order; the prefix
+        # is looked up in the objects only when an entry names something not own.
+        tree: TreeState | None = None
         unclean = False  # the last writer is open or did not close: appends no checkpoint covers
         cut_at = len(records)
         for i, r in enumerate(records):
@@ -956,25 +959,20 @@ class _Walk:
                         self.report_missing(sid, r, info, logrel)
             if raw not in own:
                 if info is not None and rules:
+                    if tree is None:
+                        above = _Prefix(self, base_raw) if base_raw is not None else None
+                        tree = TreeState(Header({"type": "session", "id": sid, "base": base}), above=above)
                     parent = info[1]
-                    if parent is None:
-                        if base_raw is not None:
-                            self.error("parent-rule", f"session {sid}: log line {r.line}: own entry {entry} is a root, "
-                                       "but the session has a base: every own entry hangs from it",
-                                       session=sid, object=entry, file=logrel, line=r.line, offset=r.offset)
-                    elif parent != base_raw and parent not in own:
-                        if prefix is None:
-                            prefix = self.prefix_of(base_raw)
-                        where = "on the prefix above the base" if parent in prefix else "not an earlier entry of this session"
-                        self.error("parent-rule", f"session {sid}: log line {r.line}: own entry {entry} hangs from "
-                                   f"{_name(parent)}, {where}; an own entry hangs from the base or an earlier own entry",
-                                   session=sid, object=entry, file=logrel, line=r.line, offset=r.offset)
+                    data: dict[str, Any] = {"parent": _name(parent) if parent is not None else None}
                     if env_parents and raw in env_parents:
-                        if prefix is None:
-                            prefix = self.prefix_of(base_raw)
-                        self.check_parents(sid, r, env_parents[raw], parent, own, prefix, logrel)
+                        data["parents"] = env_parents[raw]
+                    for p in tree.add(Entry(data, computed_id=entry, content_hash=_name(info[0]), line=r.line)):
+                        self.error(f"{p.code}-rule", f"session {sid}: log line {r.line}: entry {entry}: {p.message}",
+                                   session=sid, object=entry, file=logrel, line=r.line, offset=r.offset)
                     if sidecars and info[0] in sidecars:
                         self.check_sidecars(sid, r, sidecars[info[0]], logrel)
+                elif tree is not None:
+                    tree.mark_broken(entry)
                 own_add(raw)
         self.ret_e.update(own)
         owner = self.owner
@@ -1029,36 +1027,12 @@ class _Walk:
                           f"{_name(blob)}, which has {self.why_unsound('blobs', blob)}",
                           session=sid, object=_name(blob), space="blobs", file=logrel, line=r.line)
 
-    def check_parents(
-        self, sid: str, r: Record, refs: Any, parent: bytes | None, own: set[bytes], prefix: set[bytes], logrel: str,
-    ) -> None:
-        """RFC 0001's ``parents`` rules as a projection of the session would be read:
-        no repeat of the parent or of a target, and a target in this session earlier."""
-        entry = r.get("entry")
-        where = dict(session=sid, object=entry, file=logrel, line=r.line, offset=r.offset)
-
-        def bad(why: str) -> None:
-            self.error("parents-rule", f"session {sid}: log line {r.line}: entry {entry}: {why}", **where)
-
-        if not isinstance(refs, list):
-            bad("'parents' is not an array")
-            return
-        seen: set[str] = set()
-        for ref in refs:
-            if not isinstance(ref, dict) or not _is_hash(ref.get("entry")):
-                bad("a 'parents' reference has no entry id")
-                continue
-            target = ref["entry"]
-            if parent is not None and target == _name(parent):
-                bad(f"'parents' repeats the parent {target}")
-            if target in seen:
-                bad(f"'parents' names {target} twice")
-            seen.add(target)
-            session = ref.get("session")
-            if session is None or session == sid:
-                t = _raw(target)
-                if t not in own and t not in prefix:
-                    bad(f"'parents' names {target}, which is neither on the prefix nor an earlier own entry")
+    def prefix_ids(self, base: bytes) -> set[str]:
+        """The ids on the path to ``base``, base included, once per base (forks share)."""
+        ids = self.prefixes.get(base)
+        if ids is None:
+            ids = self.prefixes[base] = {_name(raw) for raw in self.prefix_of(base)}
+        return ids
 
     def prefix_of(self, base: bytes | None) -> set[bytes]:
         out: set[bytes] = set()
@@ -1189,7 +1163,7 @@ class _Walk:
             # Read once more: a checkpoint writes loose objects in place, and one the walk
             # read half written is whole by now if the log said its checkpoint was done.
             try:
-                if hashlib.sha256(_read_file(os.path.join(self.root, rel))).digest() == raw:
+                if hashlib.sha256(read_whole(os.path.join(self.root, rel))).digest() == raw:
                     continue
             except FileNotFoundError:
                 continue  # packed since, or swept: its sessions were checked through the store

@@ -14,6 +14,7 @@ import stat
 
 from ...errors import LayoutError
 from ...fsutil import fsync_dir, write_atomic
+from .objects import FileObjects
 
 __all__ = ["LAYOUT", "OLDER_LAYOUTS", "JOURNAL", "KEPT_DIR", "layout_text", "layout_state", "old_layout_hint", "check_layout", "init_layout"]
 
@@ -118,8 +119,6 @@ def check_layout(root: str, *, readonly: bool) -> None:
 
 def init_layout(root: str) -> bool:
     """Make a new store at ``root`` (an empty or new directory); False when one is there."""
-    from .objects import FileObjects
-
     layout = os.path.join(root, "layout")
     if os.path.exists(layout):
         return False

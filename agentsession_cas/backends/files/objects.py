@@ -30,14 +30,13 @@ import filelock
 
 from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
 from ...format.hashing import HASH_PREFIX, envelope_content, is_hash
-from ...fsutil import fsync_dir, fsync_paths, write_all, write_atomic
+from ...fsutil import fsync_dir, fsync_paths, read_whole, write_all, write_atomic
 from ..base import ObjectStore, RepackResult, Space
 from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter
 
 __all__ = ["SPACES", "FileObjects", "RepackResult", "fsync_paths", "fsync_dir"]
 
 
-_READ = 1 << 20
 #: The three hash spaces RFC 0002 names, and their directories.
 SPACES = ("entries", "contents", "blobs")
 
@@ -204,19 +203,9 @@ class FileObjects(ObjectStore):
 
     def _get_loose(self, space: str, name: str, path: str) -> bytes:
         try:
-            fd = os.open(path, os.O_RDONLY)
+            data = read_whole(path)
         except FileNotFoundError:
             raise NoSuchObjectError(f"no {space} object {name} ({self.relpath(space, name)})") from None
-        try:
-            # A short read of a regular file is its end; most objects take one read.
-            data = os.read(fd, _READ)
-            if len(data) == _READ:
-                chunks = [data]
-                while chunk := os.read(fd, _READ):
-                    chunks.append(chunk)
-                data = b"".join(chunks)
-        finally:
-            os.close(fd)
         if HASH_PREFIX + hashlib.sha256(data).hexdigest() != name:
             raise CorruptObjectError(
                 f"corrupt object: {space} object {name} does not hash to its name ({self.relpath(space, name)})",

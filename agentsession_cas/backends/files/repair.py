@@ -49,6 +49,7 @@ from ...format.entry import Entry, Header, short_id
 from ...format.hashing import is_hash, sha256_ref
 from ...format.names import check_session_id
 from ...format.reader import read_session_bytes
+from ...format.rules import TreeState
 from ...format.timestamps import now_ts
 from ...fsutil import fsync_dir, write_all, write_atomic
 from ...store.session import Session, entry_from_objects, parse_header
@@ -118,7 +119,8 @@ class Dropped:
 
     ``reason`` is a stable word: ``objects-missing``, ``objects-corrupt``,
     ``parent-dropped``, ``parent-missing``, ``parent-on-prefix``,
-    ``root-in-fork``, ``converges-dropped``, ``converges-missing``, ``no-seq``."""
+    ``root-in-fork``, ``converges-dropped``, ``converges-missing``, ``parents-rule`` (another
+    ``parents`` rule: the parent repeated, an entry named twice), ``no-seq``."""
 
     entry: str
     reason: str
@@ -294,11 +296,13 @@ class _Planner:
         #: Whole objects found in the payload parts of damaged lines, by hash.
         self.pieces: dict[str, bytes] = {}
         self.kept: dict[str, int] = {}
-        self.leaf_labels: set[str] = set()
         self.dropped: dict[str, Dropped] = {}
         self.head: str | None = None
         self.base: str | None = None
         self.prefix: frozenset[str] = frozenset()
+        #: The tree rules (format/rules.py), fed each entry kept: whether an append can be
+        #: kept, and where the head may rest, are their verdicts, as verify's and fsck's.
+        self.tree = self._tree()
         self.mark = "mirror"
         self.out: list[tuple[dict[str, Any], tuple[bytes, bytes] | None]] = []
         self.damage_by_line: dict[int, DamagedLine] = {}
@@ -388,12 +392,12 @@ class _Planner:
 
     # the walk
 
+    def _tree(self) -> TreeState:
+        above = self.prefix | {self.base} if self.base is not None else None
+        return TreeState(Header({"type": "session", "id": self.sid, "base": self.base}), above=above)
+
     def may_hold(self, target: object) -> bool:
-        if target is None:
-            return self.base is None
-        if target == self.base:
-            return True
-        return target in self.kept and target not in self.leaf_labels
+        return (target is None or isinstance(target, str)) and self.tree.head_allowed(target)
 
     def drop(self, entry_id: str, reason: str, message: str, *, seq: int | None, line: int | None, because: str | None = None) -> None:
         if entry_id not in self.dropped and entry_id not in self.kept:
@@ -448,9 +452,8 @@ class _Planner:
         assert not isinstance(objs, tuple) and seq is not None
         e = objs.entry
         self.kept[entry_id] = seq
+        self.tree.add(e)
         self.report.kept.append(entry_id)
-        if e.is_leaf_label:
-            self.leaf_labels.add(entry_id)
         self.report._objects.extend(objs.write)
         if how is not None:
             self.report.recovered.append(Recovered(entry_id, seq, how, line))
@@ -477,28 +480,28 @@ class _Planner:
         if isinstance(objs, tuple):
             return objs[0], objs[1], None
         e = objs.entry
-        parent = e.parent
-        if parent is None:
-            if self.base is not None:
-                return "root-in-fork", "a root (parent null) in a session with a base", None
-        elif parent != self.base and parent not in self.kept:
-            if parent in self.dropped:
-                return "parent-dropped", f"its parent {parent} was dropped", parent
-            if parent in self.prefix:
+        problems = self.tree.check(e)
+        if problems:
+            # The rule set's verdict; the words say what this repair did to cause it.
+            p, parent = problems[0], e.parent
+            if p.code == "base":
+                if parent is None:
+                    return "root-in-fork", "a root (parent null) in a session with a base", None
                 return "parent-on-prefix", f"its parent {parent} is on the prefix above the base", parent
-            return (
-                "parent-missing",
-                f"its parent {parent} is not held: no record that reads appends it, and no whole objects prove it",
-                parent,
-            )
-        for ref in e.parents:
-            if ref.session is not None and ref.session != self.sid:
-                continue
-            t = ref.entry
-            if t == self.base or t in self.prefix or t in self.kept:
-                continue
-            word = "converges-dropped" if t in self.dropped else "converges-missing"
-            return word, f"its 'parents' names {t} of this session, which is not kept", t
+            if p.code == "parent" and isinstance(parent, str):
+                if parent in self.dropped:
+                    return "parent-dropped", f"its parent {parent} was dropped", parent
+                return (
+                    "parent-missing",
+                    f"its parent {parent} is not held: no record that reads appends it, and no whole objects prove it",
+                    parent,
+                )
+            for ref in e.parents:
+                t = ref.entry
+                if (ref.session is None or ref.session == self.sid) and t != self.base and t not in self.prefix and t not in self.kept:
+                    word = "converges-dropped" if t in self.dropped else "converges-missing"
+                    return word, f"its 'parents' names {t} of this session, which is not kept", t
+            return f"{p.code}-rule", p.message, None
         if seq is None:
             return "no-seq", "no sequence number is free at its place in the log", None
         return None
@@ -611,6 +614,7 @@ class _Planner:
                     f"session {self.sid} cannot be repaired: the prefix above its base {self.base} cannot be read ({exc}); "
                     "repair rewrites the session's log and cannot restore the entries of the prefix"
                 ) from None
+        self.tree = self._tree()
         self.head = self.base
         mark = create.get("mark")
         self.mark = mark if isinstance(mark, str) and mark in ("record", "mirror") else "mirror"

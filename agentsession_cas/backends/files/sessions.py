@@ -718,13 +718,17 @@ class FileSessionLog(SessionLog):
             except Exception:
                 pass
             self._inflight = None
+        self._let_go()
+        self.backend.objects.unregister(self)
+
+    def _let_go(self) -> None:
+        """Close the log's descriptor and release the session's lock."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
         if self.lock is not None:
             self.lock.release()
             self.lock = None
-        self.backend.objects.unregister(self)
 
     def _release_for_delete(self) -> filelock.BaseFileLock:
         """Close keeping the lock for the caller (delete). Objects the log alone holds are
@@ -751,12 +755,7 @@ class FileSessionLog(SessionLog):
         self.commit()
         self._checkpoint()
         self._identity = self._file_identity()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
+        self._let_go()
         return True
 
     def resume(self) -> bool:

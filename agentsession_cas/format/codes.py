@@ -1,0 +1,148 @@
+"""The rule table: every code a reader or a store reports, as data (RFC 0001, RFC 0002, RFC 0003 "Errors").
+
+A rule broken is a :class:`~agentsession_cas.errors.Problem` whose ``code`` is
+a row of :data:`RULES`; the row says how heavy it is, where it is found, and
+what a store does with an entry that brings it. :func:`problem` is the one way
+a problem is made, and it refuses a code the table does not hold. The
+functions that apply the rows are in :mod:`agentsession_cas.format.rules`;
+the table sits below every module of the format core, so each can report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from ..errors import AgentSessionError, Problem, Severity
+
+__all__ = ["RULES", "STORE_ONLY", "ErrorCode", "Rule", "Scope", "StorePolicy", "problem", "rule_of"]
+
+#: Where a rule is found: one line alone, where it hangs, or what a path says.
+Scope = Literal["line", "tree", "record", "context"]
+#: What a store does with an entry that brings the rule: refuse it, store it and
+#: report it, or only remark on it.
+StorePolicy = Literal["refuse", "finding", "note"]
+#: The RFC 0003 error a store's refusal carries.
+ErrorCode = Literal["bad_entry", "base_rule", "call_id_repeated", "no_entry", "format"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One row of :data:`RULES`."""
+
+    code: str
+    severity: Severity
+    scope: Scope
+    store: StorePolicy
+    #: The RFC 0003 error code of a store's refusal (None: a store never refuses for it).
+    error: ErrorCode | None
+    summary: str
+    section: str
+
+
+def _rules(*rows: Rule) -> Mapping[str, Rule]:
+    table = {r.code: r for r in rows}
+    assert len(table) == len(rows), "a code is listed twice"
+    for r in rows:
+        assert (r.store == "refuse") == (r.error is not None), r.code
+        assert r.severity == "error" or r.store == "note", r.code
+    return MappingProxyType(table)
+
+
+def _line(code: str, summary: str, section: str, error: ErrorCode = "bad_entry") -> Rule:
+    return Rule(code, "error", "line", "refuse", error, summary, section)
+
+
+def _record(code: str, summary: str, section: str, error: ErrorCode = "bad_entry") -> Rule:
+    return Rule(code, "error", "record", "refuse", error, summary, section)
+
+
+def _note(code: str, scope: Scope, summary: str, section: str) -> Rule:
+    return Rule(code, "note", scope, "note", None, summary, section)
+
+
+#: Every code the format core reports, by code.
+RULES: Mapping[str, Rule] = _rules(
+    # -- one line ------------------------------------------------------------------
+    _line("header", "the first line is a header: an object of type session with an id, created_at and payload", "RFC 0001 Header"),
+    _line("format", "the header's format is agentsession/<major>.<minor>, of a version this reader reads", "RFC 0001 Versioning", "format"),
+    Rule("empty", "error", "line", "note", None, "a file holds at least one entry (a store may hold a session with none)", "RFC 0001 File"),
+    _line("json", "every line is one JSON object (UTF-8)", "RFC 0001 File"),
+    _line("truncated", "the last line parses (a reader tolerates and reports one cut short)", "RFC 0001 File"),
+    _line("ijson", "every hashed member is I-JSON", "RFC 0001 Entry hash"),
+    _line("entry", "an entry has a string type, a ts and envelope members of the right types; only line 1 is a header", "RFC 0001 Entry envelope"),
+    _line("type", "a type is a core type or namespaced (ns:type)", "RFC 0001 Core entry types, Namespaced types"),
+    _line("reserved", "a body carries no member by a name the envelope reserves", "RFC 0001 Entry hash"),
+    _line("id", "an entry's id is sha256: followed by 64 lowercase hex digits", "RFC 0001 Entry hash"),
+    _line("hash", "an entry's id is the hash of its envelope over the hash of its body", "RFC 0001 Entry hash"),
+    _line("ts", "ts is in the one admitted spelling", "RFC 0001 Entry envelope"),
+    _line(
+        "missing-member",
+        "a core entry carries what its type requires: an item its item, an outcome its target, a label its target "
+        "and label, a link its rel",
+        "RFC 0001 item, outcome, label, link",
+    ),
+    _note("unresolved", "line", "a reference a file before 0.5 holds that migration could not rewrite", "RFC 0001 Versioning"),
+    _note("redacted", "line", "the header says the file was redacted: its hashes verify it, never the original", "RFC 0001 Header"),
+    # -- where an entry hangs --------------------------------------------------------
+    Rule("duplicate", "error", "tree", "note", None, "an id appears once in a file; a repeat is read as the first (a store's re-append is a no-op)", "RFC 0001 Entry hash"),
+    Rule("parent", "error", "tree", "refuse", "no_entry", "an entry has a parent, held before it, or null for a root", "RFC 0001 Entry envelope, RFC 0002 Entries"),
+    Rule("parents", "error", "tree", "refuse", "bad_entry", "parents is an array of references naming earlier entries, not the parent, none twice", "RFC 0001 Convergence"),
+    Rule("base", "error", "tree", "refuse", "base_rule", "a file opens with the path to its base, and own entries hang from the base or each other", "RFC 0001 File, RFC 0002 Sessions"),
+    # -- what a path records -----------------------------------------------------------
+    _record("call-id-empty", "a function call's call_id is never empty", "RFC 0001 item"),
+    _record("call-id-repeated", "a call_id names one function call in the session, on any branch", "RFC 0001 item", "call_id_repeated"),
+    _record("bad-target", "a decision's or dispatch's target is a function call before it on the path, and its call_id that call's", "RFC 0001 dispatch, decision"),
+    _record("dispatch-after-reject", "no dispatch follows a reject", "RFC 0001 decision"),
+    _record("dispatch-after-answer", "no dispatch follows an answer", "RFC 0001 decision"),
+    _record("dispatch-after-output", "no dispatch follows the call's output", "RFC 0001 dispatch"),
+    _record("decision-after-reject", "no decision follows a reject", "RFC 0001 decision"),
+    _record("decision-after-answer", "no decision follows an answer", "RFC 0001 decision"),
+    _record("decision-after-output", "no reject or answer follows the call's output", "RFC 0001 decision"),
+    _record("reject-after-dispatch", "a call that may have run is ended by answer, never reject", "RFC 0001 decision"),
+    _record("answer-not-dispatched", "under a dispatch promise, an answer ends only a call dispatched before it", "RFC 0001 decision"),
+    _record("dispatch-missing", "under a dispatch promise, a call that ran has a dispatch before its output", "RFC 0001 dispatch"),
+    _record("run-reason", "a run end's reason is the one its segment reads (error and interrupted stand as written)", "RFC 0001 run"),
+    _record("run-pending", "a run end lists the calls its segment leaves pending", "RFC 0001 run"),
+    _record("run-source", "a run start's source is the shape of its segment", "RFC 0001 run"),
+    _record("bad-from-link", "an item's from_link names a peer link before it on its path", "RFC 0001 0.14 link"),
+    _record("record-malformed", "a run, dispatch, decision or queued entry carries its required members and closed values", "RFC 0001 run, dispatch, decision, queued"),
+    _note("orphan-output", "record", "an output names no function call before it on the path", "RFC 0001 item"),
+    _note("run-not-ended", "record", "under a run promise, a run starts while another is open on the path", "RFC 0001 run"),
+    _note("run-end-unmatched", "record", "a run end closes no run open on the path", "RFC 0001 run"),
+    _note("run-source-open", "record", "a resume run open at a leaf has taken no call up yet: its source is not judged until it does or ends", "RFC 0001 run"),
+    _note("early-0.9", "record", "a 0.9 file breaking record rules may come from a writer released before 0.9 gained them", "RFC 0001 Changes since 0.8"),
+    _note("before-0.9", "record", "a file of a minor before 0.9 was written under other record rules", "RFC 0001 Changes since 0.8"),
+    _note("source-rule", "record", "no earlier release checked a run's written source", "RFC 0001 run"),
+    _note("end-rule", "record", "a run's end reads differently before 0.8 and 0.9", "RFC 0001 Changes since 0.7, 0.8"),
+    # -- what a path sends ----------------------------------------------------------------
+    Rule("first_kept", "error", "context", "refuse", "bad_entry", "a compaction's first_kept names an entry on its path before it", "RFC 0001 compaction"),
+    Rule("request_hash", "error", "context", "finding", None, "a response's request_hash is the hash of the request its path rebuilds", "RFC 0001 Request hash"),
+    _note("of", "context", "an omitted list named by an of the path cannot resolve is kept as written", "RFC 0001 config"),
+)
+
+
+def rule_of(code: str) -> Rule:
+    """The rule a code names; :class:`KeyError` for a code no rule has."""
+    return RULES[code]
+
+
+def problem(line: int | None, code: str, message: str, entry: str | None = None) -> Problem:
+    """A problem of the rule ``code``, with its severity from the table.
+
+    Raises :class:`AgentSessionError` for a code :data:`RULES` does not hold: a
+    rule nobody listed cannot be reported."""
+    rule = RULES.get(code)
+    if rule is None:
+        raise AgentSessionError(f"no rule has the code {code!r}: add it to agentsession_cas.format.codes.RULES")
+    return Problem(line, code, message, entry, rule.severity)
+
+
+#: The rules a store holds an entry or a head move to that a file has no counterpart
+#: of (``AppendRefusedError.rule``), by code: verify of a file never reports them.
+STORE_ONLY: Mapping[str, str] = MappingProxyType({
+    "synthetic": "a label carrying 'synthetic' is a projection's marker, never an entry of record (RFC 0002 Projection)",
+    "head": "a head rests on the base or an own entry that is not a leaf label; on none only without a base (RFC 0002 Head)",
+})
