@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,45 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "corpus"
 FIXTURES = REPO / "fixtures"
+
+#: Memory-backed temp space for the stores tests make, when the machine has room.
+_SHM = Path("/dev/shm")
+_SHM_NEEDED = 4 << 30
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Put the tests' temp directories in memory (/dev/shm) unless told where.
+
+    The suite makes thousands of small stores, each a few hundred directories and
+    many fsyncs; on a virtual disk that is most of its time (seven times the whole
+    run, measured). Nothing a test checks depends on the disk itself: a killed
+    writer's data survives in the page cache either way, and the fsync-failure
+    paths are forced. ``--basetemp`` (or ``AGENTSESSION_TEST_DISK=1``) keeps them on disk.
+    """
+    if config.option.basetemp or os.environ.get("AGENTSESSION_TEST_DISK") or hasattr(config, "workerinput"):
+        return
+    try:
+        if not _SHM.is_dir() or shutil.disk_usage(_SHM).free < _SHM_NEEDED:
+            return
+        base = tempfile.mkdtemp(prefix="agentsession-tests-", dir=_SHM)
+    except OSError:
+        return
+    config.option.basetemp = base
+    config._agentsession_shm = base  # type: ignore[attr-defined]
+    # Subprocesses and tempfile users (benchmarks' helpers, workers) follow.
+    os.environ["TMPDIR"] = base
+    tempfile.tempdir = None
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Free the memory when every test passed; keep the stores of a failed run to look at."""
+    base = getattr(session.config, "_agentsession_shm", None)
+    if base is None:
+        return
+    if exitstatus == 0 or not any(Path(base).iterdir()):
+        shutil.rmtree(base, ignore_errors=True)
+    else:
+        print(f"\nthe failed run's temp directories are kept in {base}")
 
 
 @pytest.fixture(scope="session")
