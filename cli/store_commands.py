@@ -447,6 +447,10 @@ def append(session_id: str, as_json: bool) -> None:
         note(result.note)
     for ref in result.unresolved:
         note(f"unresolved reference {ref} (kept; a store reports it and does not refuse)")
+    for f in result.findings:
+        note(f"{f.code}: {f.message} (stored, as a store keeps a model's output; verify counts it as failed)")
+    for n in result.notes:
+        note(f"{n.code}: {n.message}")
 
 
 @click.command()

@@ -554,3 +554,17 @@ def test_create_with_an_empty_id_is_refused_not_replaced(tmp_path):
     assert r.exit_code == 1
     assert "error" in r.output
     assert CliRunner().invoke(main, ["--store", store, "list", "--json"]).output.strip() == "[]"
+
+
+def test_append_says_a_request_hash_finding_and_a_note(store):
+    """A response whose request_hash does not match is stored and said (verify fails it);
+    an output naming no call is taken with verify's note."""
+    new_session(store, "s1", 1)
+    bad = {"type": "response", "ts": "2026-09-17T12:00:05Z", "response_id": "r1", "request_hash": "sha256:" + "ab" * 32}
+    r = cli(store, "append", "s1", input=json.dumps(bad))
+    assert r.exit_code == 0 and "request_hash: " in r.stderr and "MISMATCH" in r.stderr and "stored" in r.stderr
+    out = json.loads(ok(cli(store, "append", "--json", "s1", input=json.dumps(
+        {"type": "item", "ts": "2026-09-17T12:00:06Z", "item": {"type": "function_call_output", "call_id": "x", "output": "o"}}))))
+    assert [n["code"] for n in out["notes"]] == ["orphan-output"] and out["findings"] == []
+    v = cli(store, "verify", "s1")
+    assert v.exit_code == 1 and "MISMATCH" in v.output

@@ -60,6 +60,14 @@ def verdict(data: bytes) -> list[Any]:
     return list(verify_session(sf).problems)
 
 
+def notes_of(data: bytes) -> list[Any]:
+    """The notes verify of the file makes (they fail nothing)."""
+    try:
+        return list(verify_session(read_session_bytes(data)).notes)
+    except SessionFormatError:
+        return []
+
+
 def refusing(problems: list[Any]) -> list[Any]:
     return [p for p in problems if RULES[p.code].store == "refuse"]
 
@@ -142,7 +150,7 @@ def append_outcomes(header: dict[str, Any], entries: list[dict[str, Any]]) -> li
             except AppendRefusedError as exc:
                 out.append(("refused", exc.rule))
                 break
-            out.append(("ok", sorted(p.code for p in res.findings)))
+            out.append(("ok", (sorted(p.code for p in res.findings), sorted({p.code for p in res.notes}))))
     return out
 
 
@@ -240,7 +248,9 @@ def test_every_consulting_command_agrees(name, tmp_path):
         return  # append takes JSON objects, to a session of this format made without a prefix
     header, entries = found
 
-    # append: the first entry a refusing rule is broken at is refused with that rule.
+    # append: the first entry a refusing rule is broken at is refused with that rule; the
+    # others are taken, with verify's findings and notes at that line.
+    notes = notes_of(data)
     outcomes = append_outcomes(header, entries)
     by_line: dict[int, list[Any]] = {}
     for p in errors:
@@ -255,7 +265,8 @@ def test_every_consulting_command_agrees(name, tmp_path):
             assert detail in _codes(stop), f"line {line}: append names {detail}, verify {_codes(stop)}"
         else:
             assert what == "ok", f"append refused line {line} ({detail}), which verify finds no refusing rule broken at"
-            assert detail == _codes([p for p in here if RULES[p.code].store == "finding"])
+            remarks = [p for p in notes if p.line == line and p.code != "duplicate"]  # a repeat is a no-op
+            assert detail == (_codes([p for p in here if RULES[p.code].store == "finding"]), _codes(remarks)), line
 
 
 def _storable(data: bytes) -> bool:
@@ -344,3 +355,21 @@ def test_every_corpus_file_verify_accepts_imports_and_a_store_of_them_is_clean(c
         deep = fsck(st, deep=True)
         assert deep.ok, [str(p) for p in deep.errors]
         st.close()
+
+
+def test_an_append_says_the_note_verify_says():
+    """Where an RFC lets a case be reported rather than refused (an ``of`` the path cannot
+    resolve, an output naming no call), the append takes the entry and says verify's note."""
+    header = Header.new("s-notes", created_at="2026-10-05T11:00:00Z")
+    with memory_store() as st:
+        s = st.create(header)
+        s.append({"type": "config", "model": "m", "ts": "2026-10-05T11:00:01Z"})
+        of = s.append({"type": "config", "ts": "2026-10-05T11:00:02Z",
+                       "instructions_omitted": [{"keep": 1, "of": "sha256:" + "0" * 64}]})
+        orphan = s.append({"type": "item", "ts": "2026-10-05T11:00:03Z",
+                           "item": {"type": "function_call_output", "call_id": "nobody", "output": "x"}})
+        data = st.export("s-notes")
+    assert [n.code for n in of.notes] == ["of"] and [n.code for n in orphan.notes] == ["orphan-output"]
+    said = {(n.code, n.message) for n in notes_of(data)}
+    assert {(n.code, n.message) for n in of.notes + orphan.notes} <= said
+    assert "notes" in of.as_dict() and of.as_dict()["notes"][0]["code"] == "of"

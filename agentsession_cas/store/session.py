@@ -107,7 +107,9 @@ class AppendResult:
     returning. ``unresolved`` lists references the store cannot resolve
     (RFC 0002: reported, never a condition of acceptance). ``findings`` are
     problems the rules report but a store does not refuse (a ``request_hash``
-    that does not match: refusing would lose a model's output).
+    that does not match: refusing would lose a model's output); ``notes`` the
+    remarks ``verify`` would make at this entry (an ``of`` its path cannot
+    resolve, an output naming no call), which fail nothing.
     """
 
     id: str
@@ -118,6 +120,7 @@ class AppendResult:
     unresolved: list[str] = field(default_factory=list)
     note: str | None = None
     findings: list[Any] = field(default_factory=list)
+    notes: list[Any] = field(default_factory=list)
 
     @property
     def head_moved(self) -> bool:
@@ -134,6 +137,7 @@ class AppendResult:
             "unresolved": list(self.unresolved),
             "note": self.note,
             "findings": [f.as_dict() if hasattr(f, "as_dict") else f for f in self.findings],
+            "notes": [n.as_dict() if hasattr(n, "as_dict") else n for n in self.notes],
         }
 
 
@@ -512,6 +516,7 @@ class Session:
             if refused:
                 raise _refusal(refused[0])
             findings = [p for p in problems if RULES[p.code].store == "finding"]
+            notes = [p for p in problems if RULES[p.code].store == "note"]
             own_view: Mapping[str, Any] = _Union(self.state.own, added)
             outcome, new_head, note = "branched", head, None
             is_leaf_label = e.is_leaf_label
@@ -531,7 +536,7 @@ class Session:
                 seq, e.id, new_head, head_moved=moved, leaf_label=is_leaf_label, lazy=not durable_now,
                 objects=(e.content_hash, content, env),
             )
-            res = AppendResult(e.id, outcome, new_head, durable=durable_now, seq=seq, note=note, findings=findings)
+            res = AppendResult(e.id, outcome, new_head, durable=durable_now, seq=seq, note=note, findings=findings, notes=notes)
             res.unresolved = self._unresolved(e, own_view)
             planned.append(_Planned(e, content, env, res, record))
             added[e.id] = record
