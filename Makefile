@@ -97,6 +97,7 @@ bench: $(STAMP)
 	$(PY) tests/bench/bench_fsck.py
 	$(PY) tests/bench/bench_pack.py
 	$(PY) tests/bench/bench_exchange.py
+	$(PY) tests/bench/bench_startup.py
 
 bench-quick: $(STAMP)
 	$(PY) tests/bench/bench_verify.py --quick
@@ -104,6 +105,7 @@ bench-quick: $(STAMP)
 	$(PY) tests/bench/bench_fsck.py --quick
 	$(PY) tests/bench/bench_pack.py --quick
 	$(PY) tests/bench/bench_exchange.py --quick
+	$(PY) tests/bench/bench_startup.py --quick
 
 # Regenerate the project's own fixtures with the project's writer.
 fixtures: $(STAMP)

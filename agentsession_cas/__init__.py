@@ -9,58 +9,64 @@ storage seam and its backends (:mod:`.backends`), exchange between stores
 :class:`AgentSessionError` carrying a machine ``code``.
 """
 
-from .errors import (
-    AgentSessionError,
-    ContextError,
-    EntryError,
-    IJSONError,
-    NoSuchEntryError,
-    Problem,
-    SessionFormatError,
-    TimestampError,
-)
-from .format.canonical import canonical_bytes, loads
-from .format.context import (
-    Context,
-    ContextBuilder,
-    ContextHasher,
-    RequestCheck,
-    RequestReport,
-    Settings,
-    build_context,
-    canonical_request,
-    context_at,
-    context_hash_step,
-    output_entries,
-    request_context,
-    request_hash,
-    request_hash_for,
-    verify_response,
-)
-from .format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, ParentRef, make_entry, short_id
-from .format.hashing import content_hash, entry_hashes, is_hash
-from .format.reader import SessionFile, read_session, read_session_bytes
-from .format.rules import (
-    RULES,
-    OpenRun,
-    PathChecker,
-    Rule,
-    SessionChecker,
-    TreeState,
-    Trial,
-    VerifyReport,
-    analyze_runs,
-    check_line,
-    verify_records,
-    verify_requests,
-    verify_session,
-)
-from .format.runs import CallInfo, RecordsCheck, RunInfo, RunsReport, render_runs
-from .format.timestamps import check_ts, format_ts, is_valid_ts, now_ts
-from .format.tree import Tree
-from .format.writer import SessionBuilder, session_bytes, write_session
-from .store import AppendResult, PreparedBatch, Session, Store
-from .store.url import open_store
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers
+    from .errors import (
+        AgentSessionError,
+        ContextError,
+        EntryError,
+        IJSONError,
+        NoSuchEntryError,
+        Problem,
+        SessionFormatError,
+        TimestampError,
+    )
+    from .format.canonical import canonical_bytes, loads
+    from .format.context import (
+        Context,
+        ContextBuilder,
+        ContextHasher,
+        RequestCheck,
+        RequestReport,
+        Settings,
+        build_context,
+        canonical_request,
+        context_at,
+        context_hash_step,
+        output_entries,
+        request_context,
+        request_hash,
+        request_hash_for,
+        verify_response,
+    )
+    from .format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, ParentRef, make_entry, short_id
+    from .format.hashing import content_hash, entry_hashes, is_hash
+    from .format.reader import SessionFile, read_session, read_session_bytes
+    from .format.rules import (
+        RULES,
+        OpenRun,
+        PathChecker,
+        Rule,
+        SessionChecker,
+        TreeState,
+        Trial,
+        VerifyReport,
+        analyze_runs,
+        check_line,
+        verify_records,
+        verify_requests,
+        verify_session,
+    )
+    from .format.runs import CallInfo, RecordsCheck, RunInfo, RunsReport, render_runs
+    from .format.timestamps import check_ts, format_ts, is_valid_ts, now_ts
+    from .format.tree import Tree
+    from .format.writer import SessionBuilder, session_bytes, write_session
+    from .store import AppendResult, PreparedBatch, Session, Store
+    from .store.url import open_store
 
 __version__ = "0.1.0"
 
@@ -135,3 +141,90 @@ __all__ = [
     "verify_records",
     "write_session",
 ]
+
+#: Where each public name lives: imported on first use (PEP 562), so a program that
+#: needs one piece (the command's --version, an error class) does not load them all.
+_EXPORTS: dict[str, str] = {
+    "AgentSessionError": ".errors",
+    "AppendResult": ".store",
+    "CallInfo": ".format.runs",
+    "Context": ".format.context",
+    "ContextBuilder": ".format.context",
+    "ContextError": ".errors",
+    "ContextHasher": ".format.context",
+    "Entry": ".format.entry",
+    "EntryError": ".errors",
+    "FORMAT_WRITTEN": ".format.entry",
+    "Header": ".format.entry",
+    "IJSONError": ".errors",
+    "LEAF_LABEL": ".format.entry",
+    "NoSuchEntryError": ".errors",
+    "OpenRun": ".format.rules",
+    "ParentRef": ".format.entry",
+    "PathChecker": ".format.rules",
+    "PreparedBatch": ".store",
+    "Problem": ".errors",
+    "RULES": ".format.rules",
+    "RecordsCheck": ".format.runs",
+    "RequestCheck": ".format.context",
+    "RequestReport": ".format.context",
+    "Rule": ".format.rules",
+    "RunInfo": ".format.runs",
+    "RunsReport": ".format.runs",
+    "Session": ".store",
+    "SessionBuilder": ".format.writer",
+    "SessionChecker": ".format.rules",
+    "SessionFile": ".format.reader",
+    "SessionFormatError": ".errors",
+    "Settings": ".format.context",
+    "Store": ".store",
+    "TimestampError": ".errors",
+    "Tree": ".format.tree",
+    "TreeState": ".format.rules",
+    "Trial": ".format.rules",
+    "VerifyReport": ".format.rules",
+    "analyze_runs": ".format.rules",
+    "build_context": ".format.context",
+    "canonical_bytes": ".format.canonical",
+    "canonical_request": ".format.context",
+    "check_line": ".format.rules",
+    "check_ts": ".format.timestamps",
+    "content_hash": ".format.hashing",
+    "context_at": ".format.context",
+    "context_hash_step": ".format.context",
+    "entry_hashes": ".format.hashing",
+    "format_ts": ".format.timestamps",
+    "is_hash": ".format.hashing",
+    "is_valid_ts": ".format.timestamps",
+    "loads": ".format.canonical",
+    "make_entry": ".format.entry",
+    "now_ts": ".format.timestamps",
+    "open_store": ".store.url",
+    "output_entries": ".format.context",
+    "read_session": ".format.reader",
+    "read_session_bytes": ".format.reader",
+    "render_runs": ".format.runs",
+    "request_context": ".format.context",
+    "request_hash": ".format.context",
+    "request_hash_for": ".format.context",
+    "session_bytes": ".format.writer",
+    "short_id": ".format.entry",
+    "verify_records": ".format.rules",
+    "verify_requests": ".format.rules",
+    "verify_response": ".format.context",
+    "verify_session": ".format.rules",
+    "write_session": ".format.writer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # once: later lookups are plain
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
