@@ -80,6 +80,19 @@ def wait_for_line(proc: subprocess.Popen, out: Path, prefix: str, timeout: float
     raise AssertionError(f"worker printed no {prefix!r} within {timeout}s: {stderr_of(out)}")
 
 
+def wait_for_count(proc: subprocess.Popen, out: Path, prefix: str, count: int, timeout: float = 30.0) -> None:
+    """Wait until the worker has printed `count` lines starting with `prefix`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(1 for line in out_lines(out) if line.startswith(prefix)) >= count:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"worker exited ({proc.returncode}) before {count} {prefix!r} lines: {stderr_of(out)}")
+        time.sleep(0.005)
+    proc.kill()
+    raise AssertionError(f"worker printed fewer than {count} {prefix!r} lines within {timeout}s: {stderr_of(out)}")
+
+
 def parse_lines(data: bytes) -> list[dict]:
     """Our own reading of a log (independent of log.py): one dict per line with its
     offsets, raw bytes, whether it ends in a newline and, when it is a well-formed
@@ -312,8 +325,10 @@ def crash_iteration(st: CrashState, rng: random.Random, i: int, tmp: Path, lazy:
     proc = spawn("append", str(st.root), SID, policy, str(every), str(rng.randrange(1 << 30)), "1000000", out=out)
     try:
         if force_hole:
+            # Not a sleep: on a slow or busy machine a fixed burst may hold fewer than the
+            # two uncommitted appends a hole needs. Wait until the worker has said so.
             wait_for_line(proc, out, "READY")
-            time.sleep(0.15)  # a burst long enough to leave several uncommitted appends
+            wait_for_count(proc, out, "ACK A ", 4)
         elif rng.random() < 0.12:
             time.sleep(rng.uniform(0.0, 0.3))  # maybe during start-up, open, recovery or create
         else:
