@@ -23,6 +23,8 @@ from agentsession_cas.format.hashing import (
     body_of,
     content_hash,
     entry_hashes,
+    entry_objects,
+    entry_objects_item,
     envelope_hash,
     envelope_object,
     is_hash,
@@ -404,3 +406,38 @@ def test_parse_envelope_fast_form_agrees_with_json(env):
     parsed, careful = parse_envelope(data)
     assert parsed == loads(data) == env
     assert careful is False or careful is None or careful is True
+
+
+# -- the item's bytes, a piece of the content's ------------------------------------------
+
+_JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-(2**53) + 1, 2**53 - 1), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8))
+_JSON = st.recursive(_JSON_LEAF, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=12)
+# Member names around "item": ones sorting before it (the assembly is not used), after it,
+# non-ASCII, and names that merely start with it.
+_NAMES = st.sampled_from(["from_link", "response", "items", "item2", "a:x", "z:y", "\u00e9t\u00e9", "\U0001f600", "itel"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(item=st.dictionaries(st.text(max_size=6), _JSON, max_size=4), others=st.dictionaries(_NAMES, _JSON, max_size=3))
+def test_content_assembled_around_the_item_is_the_canonical_form(item, others):
+    """entry_objects_item assembles the content from the item's bytes when the other
+    member names allow: byte for byte what rfc8785 gives for the whole body, and the
+    item's bytes are rfc8785's of the item."""
+    entry = {"type": "item", "parent": None, "ts": "2026-01-01T00:00:00Z", "item": item, **others}
+    entry_id, chash, content, env, item_bytes = entry_objects_item(entry)
+    assert content == rfc8785.dumps(body_of(entry))
+    assert (entry_id, chash, content, env) == entry_objects(entry)
+    assert chash == "sha256:" + hashlib.sha256(content).hexdigest()
+    if item_bytes is not None:
+        assert item_bytes == rfc8785.dumps(item)
+    if all(k > "item" and k.isascii() for k in others):
+        assert item_bytes is not None, "the common shape takes the assembled path"
+
+
+def test_item_bytes_absent_without_an_item_object():
+    for entry in (
+        {"type": "label", "parent": None, "ts": "2026-01-01T00:00:00Z", "target": None, "label": "x"},
+        {"type": "item", "parent": None, "ts": "2026-01-01T00:00:00Z", "item": [1, 2]},
+    ):
+        *_, item_bytes = entry_objects_item(entry)
+        assert item_bytes is None

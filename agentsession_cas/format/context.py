@@ -679,7 +679,7 @@ class _Contribution:
     """One item the context algorithm placed in the list: from an ``item`` entry (the
     only kind ``omit`` reaches), a compaction's summary or pin, or a branch summary."""
 
-    __slots__ = ("entry", "item", "kind", "model", "pos")
+    __slots__ = ("entry", "item", "kind", "model", "pos", "raw")
 
     def __init__(self, entry: Entry, item: Any, kind: str, model: str | None, pos: int):
         self.entry = entry
@@ -687,6 +687,9 @@ class _Contribution:
         self.kind = kind
         self.model = model  # the model in force when the entry was written
         self.pos = pos  # its position on the path
+        #: The item's canonical bytes while a request hash may still need them (see
+        #: :class:`_Raw`); None once hashed into a mark, or when never had.
+        self.raw: bytes | None = None
 
 
 def _replace_images(item: dict, indexes: set[tuple[str, int]], placeholder: str) -> dict:
@@ -866,13 +869,18 @@ class _Raw:
         if upto0 < upto:
             chunk = self.items[upto0:upto]
             if omit.zero:
-                blobs = [_item_bytes(c.entry, c.item) for c in chunk]
+                blobs = [c.raw if c.raw is not None else _item_bytes(c.entry, c.item) for c in chunk]
             else:
                 kept, _, _ = _apply_omit(chunk, settings, path_index)
-                blobs = [_item_bytes(c.entry, item) if item is c.item else canonical_bytes(item) for c, item in kept]
+                blobs = [
+                    (c.raw if c.raw is not None else _item_bytes(c.entry, item)) if item is c.item else canonical_bytes(item)
+                    for c, item in kept
+                ]
             if blobs:
                 h.update((b"," if count else b"") + b",".join(blobs))
                 count += len(blobs)
+            for c in chunk:
+                c.raw = None  # hashed into the mark below: a path keeps no second copy of its items
         if start is None or upto0 < upto:
             self.marks.append(_Mark(sig, upto, self.items[upto - 1] if upto else None, count, h.copy()))
         h.update(b"]" + (b"," + after if after else b"") + b"}")
@@ -940,16 +948,25 @@ class ContextBuilder:
 
     def push(self, entry: Entry) -> None:
         pos = len(self.path)
-        self._undo.append((self.index.get(entry.id), self.settings, self._raw, len(self._raw.items), self.compaction, self.error))
+        t = entry.type
+        if t == "config" or t == "compaction":
+            self._undo.append((self.index.get(entry.id), len(self._raw.items), self.settings, self._raw, self.compaction, self.error))
+        else:
+            # Only a config or a compaction changes the rest; a pair of atomic values is
+            # one the collector stops tracking, and a long path keeps one per entry.
+            self._undo.append((self.index.get(entry.id), len(self._raw.items)))
         self.path.append(entry)
         self.index[entry.id] = pos
         self.unresolved_of = None
-        t = entry.type
         data = entry.data
         if t == "item":
             item = data.get("item")
             if isinstance(item, dict):
-                self._raw.items.append(_Contribution(entry, item, "item", self.settings.model, pos))
+                c = _Contribution(entry, item, "item", self.settings.model, pos)
+                if entry.item_bytes is not None:
+                    # Bytes the entry's hashing made, taken once: the entry keeps no copy.
+                    c.raw, entry.item_bytes = entry.item_bytes, None
+                self._raw.items.append(c)
         elif t == "config":
             self.settings, self.unresolved_of = self.settings.apply_checked(data, entry.id)
         elif t == "branch_summary":
@@ -995,7 +1012,11 @@ class ContextBuilder:
         """Take the last entry of the path back, restoring the state before it."""
         entry = self.path.pop()
         self._models.pop()
-        prev_index, self.settings, raw, n, self.compaction, self.error = self._undo.pop()
+        undo = self._undo.pop()
+        prev_index, n = undo[0], undo[1]
+        raw = self._raw
+        if len(undo) > 2:
+            self.settings, raw, self.compaction, self.error = undo[2:]
         if prev_index is None:
             del self.index[entry.id]
         else:

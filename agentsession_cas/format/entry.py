@@ -86,7 +86,7 @@ class Entry:
     what the line's members hash to.
     """
 
-    __slots__ = ("data", "id", "computed_id", "content_hash", "line", "careful", "objects")
+    __slots__ = ("data", "id", "computed_id", "content_hash", "line", "careful", "objects", "item_bytes")
 
     def __init__(
         self,
@@ -107,6 +107,9 @@ class Entry:
         self.careful: bool | None = None
         #: (content bytes, envelope bytes) when the reader was asked to keep them.
         self.objects: tuple[bytes, bytes] | None = None
+        #: The canonical bytes of ``item``, when hashing the entry made them: the context
+        #: builder takes them (once) for the request hash instead of encoding again.
+        self.item_bytes: bytes | None = None
 
     # -- construction -----------------------------------------------------
 

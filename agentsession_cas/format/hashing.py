@@ -27,6 +27,7 @@ __all__ = [
     "sha256_ref",
     "ReservedMemberError",
     "body_of",
+    "entry_objects_item",
     "content_hash",
     "envelope_hash",
     "entry_hashes",
@@ -201,8 +202,32 @@ def entry_objects(
     """``(id, content hash, content bytes, envelope bytes)`` of an entry: what a store
     writes as its two objects, computed once. ``parsed``/``careful`` as in
     :func:`canonical_bytes` (``parsed=True``: the member names are known strings)."""
+    entry_id, chash, content, envelope, _ = entry_objects_item(entry, parsed=parsed, careful=careful)
+    return entry_id, chash, content, envelope
+
+
+def entry_objects_item(
+    entry: Mapping[str, Any], *, parsed: bool = False, careful: bool | None = None
+) -> tuple[str, str, bytes, bytes, bytes | None]:
+    """:func:`entry_objects`, and the canonical bytes of an ``item`` member (None when
+    there is none): the request hash of a later response hashes the item again, and
+    its bytes are a piece of the content's. The content is then assembled from the
+    item's bytes and the other members' (JCS sorts members by name, and this is done
+    only when every other name is ASCII and sorts after ``item``), byte for byte the
+    canonical form of the whole."""
     type_, parent, parents = _envelope_members(entry)
-    content = canonical_bytes(body_of(entry), parsed=parsed, careful=careful)
+    body = body_of(entry)
+    item = body.get("item")
+    item_bytes: bytes | None = None
+    if item.__class__ is dict and all(k.__class__ is str and k > "item" and k.isascii() for k in body if k != "item"):
+        item_bytes = canonical_bytes(item, parsed=parsed, careful=careful)
+        if len(body) == 1:
+            content = b'{"item":' + item_bytes + b"}"
+        else:
+            rest = canonical_bytes({k: v for k, v in body.items() if k != "item"}, parsed=parsed, careful=careful)
+            content = b'{"item":' + item_bytes + b"," + rest[1:]
+    else:
+        content = canonical_bytes(body, parsed=parsed, careful=careful)
     chash = sha256_ref(content)
     envelope = envelope_bytes(type_, parent, parents, entry.get("ts"), chash)
-    return sha256_ref(envelope), chash, content, envelope
+    return sha256_ref(envelope), chash, content, envelope, item_bytes

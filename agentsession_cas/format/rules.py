@@ -50,7 +50,7 @@ from .canonical import loads, loads_flagged
 from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
 from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, RequestReport, check_tip
 from .entry import LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
-from .hashing import ReservedMemberError, entry_hashes, entry_objects, is_hash
+from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
 from .runs import RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, inbox_of, open_source_message
 from .timestamps import is_valid_ts
 
@@ -257,11 +257,12 @@ def check_line(
         out.append(problem(line, "type", f"unknown entry type {_show(type_)}: neither a core type nor namespaced (ns:type)"))
     stated = obj.get("id")
     objects = None
+    item_bytes = None
     try:
         if keep_objects and not migrated:
             if "ts" not in obj:
                 raise EntryError("entry has no 'ts'")  # entry_objects hashes a missing ts as null
-            computed, chash, content, env = entry_objects(obj, parsed=True, careful=careful)
+            computed, chash, content, env, item_bytes = entry_objects_item(obj, parsed=True, careful=careful)
             objects = (content, env)
         else:
             computed, chash = entry_hashes(obj, parsed=True, careful=careful, allow_reserved=migrated)
@@ -297,6 +298,8 @@ def check_line(
     entry = Entry(obj, computed_id=computed, content_hash=chash, line=line)
     entry.careful = careful  # the parse's flag, so a later serialisation skips the scan
     entry.objects = objects
+    if objects is not None:
+        entry.item_bytes = item_bytes
     return entry, out
 
 
@@ -529,7 +532,7 @@ class OpenRun(NamedTuple):
     pending: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen init costs a setattr call per field, and every append makes one
 class _PathMark:
     order: int
     trial: int
@@ -901,7 +904,7 @@ def _by_line(problems: list[Problem]) -> list[Problem]:
 # the two put together
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: see _PathMark
 class Trial:
     """A mark :meth:`SessionChecker.begin` returns: what to go back to."""
 

@@ -408,6 +408,14 @@ def _plain(text: str, width: int) -> str:
     return text
 
 
+# The kinds of RecordWalker's undo records (compared by identity: interned strings).
+_UNDO_POP = "pop"  # (kind, list): pop the list's last element
+_UNDO_SET = "set"  # (kind, obj, attribute, old value)
+_UNDO_OPEN_CALLS = "open-calls"  # (kind, n): n calls were opened
+_UNDO_CALL = "call"  # (kind, call entry id, its call_id stack)
+_UNDO_TAKE = "take"  # (kind, run, call entry id): the run took the call up
+
+
 class RecordWalker:
     """The record rules along one path at a time.
 
@@ -460,7 +468,11 @@ class RecordWalker:
         self.on_path: dict[str, Entry] = {}
         self.last_resp: list[tuple[Entry, int] | None] = []
         self._marks: list[int] = []
-        self._undo: list[Callable[[], object]] = []
+        #: What each push changed, as plain tuples ``(op, ...)`` that :meth:`pop` undoes:
+        #: not closures, which cost a function, its cells and a tuple each, and every
+        #: entry of a long linear session keeps its records while it is on the path
+        #: (the collector rescans them; appends slowed by a third).
+        self._undo: list[tuple] = []
         self.calls: dict[str, _Call] = {}  # function_call entry id -> call, on the path
         self.by_call_id: dict[str, list[_Call]] = {}
         self.call_order: list[_Call] = []
@@ -527,16 +539,16 @@ class RecordWalker:
     def _set(self, obj: Any, name: str, value: Any) -> None:
         old = getattr(obj, name)
         setattr(obj, name, value)
-        self._undo.append(lambda: setattr(obj, name, old))
+        self._undo.append((_UNDO_SET, obj, name, old))
 
     def _set_run(self, run: _Run | None) -> None:
         old = self.run
         self.run = run
-        self._undo.append(lambda: setattr(self, "run", old))
+        self._undo.append((_UNDO_SET, self, "run", old))
 
     def _add_open_calls(self, n: int) -> None:
         self.open_calls += n
-        self._undo.append(lambda: setattr(self, "open_calls", self.open_calls - n))
+        self._undo.append((_UNDO_OPEN_CALLS, n))
 
     # -- push / pop ---------------------------------------------------------
 
@@ -569,7 +581,22 @@ class RecordWalker:
         mark = self._marks.pop()
         undo = self._undo
         while len(undo) > mark:
-            undo.pop()()
+            op = undo.pop()
+            kind = op[0]
+            if kind is _UNDO_POP:
+                op[1].pop()
+            elif kind is _UNDO_SET:
+                setattr(op[1], op[2], op[3])
+            elif kind is _UNDO_OPEN_CALLS:
+                self.open_calls -= op[1]
+            elif kind is _UNDO_CALL:
+                del self.calls[op[1]]
+                op[2].pop()
+                self.call_order.pop()
+            else:  # _UNDO_TAKE
+                run, key = op[1], op[2]
+                run.call_keys.discard(key)
+                run.calls.pop()
         e = self.path.pop()
         del self.on_path[e.id]
         self.last_resp.pop()
@@ -590,13 +617,7 @@ class RecordWalker:
             stack = self.by_call_id.setdefault(call.call_id, [])
             stack.append(call)
             self.call_order.append(call)
-
-            def undo_call() -> None:
-                del self.calls[e.id]
-                stack.pop()
-                self.call_order.pop()
-
-            self._undo.append(undo_call)
+            self._undo.append((_UNDO_CALL, e.id, stack))
             self._add_open_calls(1)
             if self.run is not None:
                 self._run_takes(self.run, call)
@@ -733,7 +754,7 @@ class RecordWalker:
     def _event(self, call: _Call, ev: _Event) -> None:
         events = call.events
         events.append(ev)
-        self._undo.append(events.pop)
+        self._undo.append((_UNDO_POP, events))
 
     def _dispatched_elsewhere(self, call: _Call) -> bool:
         """A dispatch naming the call was written before the tip of the path, in file
@@ -794,12 +815,7 @@ class RecordWalker:
             return
         run.call_keys.add(key)
         run.calls.append(call)
-
-        def undo() -> None:
-            run.call_keys.discard(key)
-            run.calls.pop()
-
-        self._undo.append(undo)
+        self._undo.append((_UNDO_TAKE, run, key))
 
     def _segment_event(self, e: Entry, call: _Call | None) -> None:
         """An output, decision or dispatch inside a run: the run takes its call up,
@@ -991,7 +1007,7 @@ class RecordWalker:
         )
         runs = self.runs
         runs.append(info)
-        self._undo.append(runs.pop)
+        self._undo.append((_UNDO_POP, runs))
 
     # -- calls ------------------------------------------------------------------
 

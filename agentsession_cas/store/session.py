@@ -440,11 +440,14 @@ class Session:
         """Fill ``parent`` and ``ts`` as an append does, hash, and hold the line to the
         line rules (:func:`~agentsession_cas.format.rules.check_line`: type, ts, I-JSON,
         reserved members, required members, a stated id) as ``verify`` would."""
-        data = dict(entry.data if isinstance(entry, Entry) else entry)
-        if "parent" not in data:
-            data["parent"] = head
-        if "ts" not in data:
-            data["ts"] = now_ts()
+        if isinstance(entry, Entry) and "parent" in entry.data and "ts" in entry.data and entry.data.get("id") == entry.computed_id:
+            data = entry.data  # whole already, and an Entry's data is never changed: shared, not copied
+        else:
+            data = dict(entry.data if isinstance(entry, Entry) else entry)
+            if "parent" not in data:
+                data["parent"] = head
+            if "ts" not in data:
+                data["ts"] = now_ts()
         if isinstance(entry, Entry) and entry.careful is not None and entry.data.get("ts") == data["ts"]:
             # Made or read by the format core, which walked it once already: its flag
             # says how to serialise (an Entry's data is not changed once made).
@@ -455,13 +458,18 @@ class Session:
             except IJSONError as exc:
                 raise AppendRefusedError(f"not I-JSON: {exc}", rule="ijson") from None
         built, problems = check_line(data, careful=careful, keep_objects=True, require_id=False)
-        refused = [p for p in problems if RULES[p.code].store == "refuse"]
+        refused = [p for p in problems if RULES[p.code].store == "refuse"] if problems else problems
         if refused or built is None or built.objects is None:
             raise _refusal(refused[0] if refused else problems[0])
         content, env = built.objects
+        built.objects = None
+        if isinstance(entry, Entry) and data is entry.data and entry.line is None:
+            # The caller's own entry, whole and unchanged: the session keeps it rather
+            # than a second object for the same data (a long session keeps one per entry).
+            entry.item_bytes = built.item_bytes
+            return entry, content, env
         built.data["id"] = built.computed_id
         built.id = built.computed_id
-        built.objects = None
         return built, content, env
 
     # -- writing: prepare and commit ----------------------------------------------------------
@@ -512,12 +520,14 @@ class Session:
             # and the batch so far: the one rule set (format/rules.py).
             self._staged[e.id] = e
             problems = checker.add(e, prefix=False)
-            refused = [p for p in problems if RULES[p.code].store == "refuse"]
-            if refused:
-                raise _refusal(refused[0])
-            findings = [p for p in problems if RULES[p.code].store == "finding"]
-            notes = [p for p in problems if RULES[p.code].store == "note"]
-            own_view: Mapping[str, Any] = _Union(self.state.own, added)
+            findings: list[Any] = []
+            notes: list[Any] = []
+            if problems:
+                refused = [p for p in problems if RULES[p.code].store == "refuse"]
+                if refused:
+                    raise _refusal(refused[0])
+                findings = [p for p in problems if RULES[p.code].store == "finding"]
+                notes = [p for p in problems if RULES[p.code].store == "note"]
             outcome, new_head, note = "branched", head, None
             is_leaf_label = e.is_leaf_label
             if is_leaf_label:
@@ -537,7 +547,7 @@ class Session:
                 objects=(e.content_hash, content, env),
             )
             res = AppendResult(e.id, outcome, new_head, durable=durable_now, seq=seq, note=note, findings=findings, notes=notes)
-            res.unresolved = self._unresolved(e, own_view)
+            res.unresolved = self._unresolved(e, added)
             planned.append(_Planned(e, content, env, res, record))
             added[e.id] = record
             head = new_head
@@ -629,21 +639,24 @@ class Session:
         batch = self.prepare([entry], durable=durable)
         return batch.commit()[0]
 
-    def _unresolved(self, e: Entry, own: Mapping[str, Any]) -> list[str]:
-        """References RFC 0002 lets a store report and not refuse: ones it cannot resolve."""
-        out = []
+    def _unresolved(self, e: Entry, added: Mapping[str, Any]) -> list[str]:
+        """References RFC 0002 lets a store report and not refuse: ones it cannot resolve
+        (among the session's own entries, the batch's so far, and the prefix)."""
         names: list[str] = []
-        for ref in e.parents:
-            if ref.session is None or ref.session == self.id:
-                names.append(ref.entry)
+        data = e.data
+        if "parents" in data:
+            for ref in e.parents:
+                if ref.session is None or ref.session == self.id:
+                    names.append(ref.entry)
         for member in _ENTRY_NAMING:
-            v = e.data.get(member)
-            if isinstance(v, str):
+            v = data.get(member)
+            if v.__class__ is str:
                 names.append(v)
-        for name in names:
-            if name not in own and name not in self.prefix_set and name != e.id:
-                out.append(name)
-        return out
+        if not names:
+            return []
+        own = self.state.own
+        prefix = self.prefix_set
+        return [n for n in names if n not in own and n not in added and n not in prefix and n != e.id]
 
     def _hold_blobs(self, content: bytes) -> list[str]:
         """Hold the blobs an appended content names by ``sidecar:`` URL, after its record
@@ -873,26 +886,6 @@ class Session:
 
     def __repr__(self) -> str:
         return f"Session({self.id!r}, head={short_id(self.head)}, entries={len(self)}, mark={self.mark})"
-
-
-class _Union(Mapping[str, Any]):
-    """Two mappings read as one (a session's own entries and a batch's), copying neither."""
-
-    def __init__(self, a: Mapping[str, Any], b: Mapping[str, Any]):
-        self.a, self.b = a, b
-
-    def __getitem__(self, key: str) -> Any:
-        return self.a[key] if key in self.a else self.b[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.a or key in self.b
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self.a
-        yield from self.b
-
-    def __len__(self) -> int:
-        return len(self.a) + len(self.b)
 
 
 def _refusal(p: Problem) -> AppendRefusedError:
