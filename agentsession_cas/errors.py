@@ -100,12 +100,13 @@ class SessionFormatError(AgentSessionError):
     code = "bad_file"
     status = 422
 
-    def __init__(self, source: str, problems: list[Problem]):
+    def __init__(self, source: str, problems: list[Problem], *, why: str | None = None):
         self.source = source
         self.problems = list(problems)
         first = problems[0] if problems else None
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        super().__init__(f"{source}: {first}{more}" if first else f"{source}: unreadable")
+        lead = f"{source}: {why}: " if why else f"{source}: "
+        super().__init__(f"{lead}{first}{more}" if first else f"{source}: unreadable")
 
 
 class NoSuchEntryError(AgentSessionError, LookupError):
@@ -350,6 +351,14 @@ class DanglingRefError(NoSuchSessionError):
 
 
 # -- exchange between stores (agentsession_cas/exchange.py, transport.py) ----------
+
+
+class OutputError(AgentSessionError, OSError):
+    """A file the user named to write cannot be written (its directory is missing, it
+    is a directory, permission is denied); the message names the user's path."""
+
+    code = "output"
+    status = 400
 
 
 class UnsupportedError(StoreError):

@@ -8,10 +8,13 @@ order (file, then directory) is right everywhere.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["fsync_dir", "fsync_paths", "start_writeback", "write_all", "write_atomic"]
+from .errors import OutputError
+
+__all__ = ["fsync_dir", "fsync_paths", "start_writeback", "write_all", "write_atomic", "write_output"]
 
 _POOL: ThreadPoolExecutor | None = None
 
@@ -94,6 +97,41 @@ def write_atomic(path: str, data: bytes, *, durable: bool, tmp_dir: str | None =
         raise
     if durable:
         fsync_dir(directory)
+
+
+def write_output(path: str, data: bytes, *, durable: bool = True) -> bool:
+    """Write ``data`` to a file the user named, as a user expects of an output path.
+
+    A regular file (or a new one) is replaced atomically, as :func:`write_atomic`
+    does; a symlink is followed, so its target is written and the link stays. Anything
+    else that exists (a terminal, a pipe, ``/dev/stdout``, a FIFO, ``/dev/null``) is
+    opened and written as a stream: renaming over it would replace the device with a
+    file. Returns True for a regular file, False for a stream. Errors are
+    :class:`~agentsession_cas.errors.OutputError` naming ``path``, never a temp name.
+    """
+    try:
+        st = os.stat(path)  # follows symlinks: what a write would reach
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror}") from None
+    try:
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise OutputError(f"cannot write {path}: it is a directory")
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            with open(path, "wb") as f:
+                f.write(data)
+            return False
+        target = os.path.realpath(path)  # a symlink's target (a dangling one's too)
+        directory = os.path.dirname(target) or "."
+        if not os.path.isdir(directory):
+            raise OutputError(f"cannot write {path}: directory {os.path.dirname(path) or '.'} does not exist")
+        write_atomic(target, data, durable=durable)
+        return True
+    except OutputError:
+        raise
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _load_sync_file_range():

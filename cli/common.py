@@ -15,6 +15,11 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """``1 entry``, ``2 entries``, ``1,024 objects``: a count in words, never ``1 entries``."""
+    return f"{n:,} {noun if n == 1 else (many or noun + 's')}"
+
+
 def echo(text: str = "", err: bool = False) -> None:
     click.echo(printable(text), err=err)
 

@@ -29,7 +29,7 @@ from agentsession_cas.format.rules import RULES, VerifyReport, verify_session
 from agentsession_cas.format.runs import render_runs
 
 from . import fsck_command, store_commands
-from .common import echo, emit_json, table
+from .common import echo, emit_json, plural, table
 from .describe import describe, describe_item, settings_rows
 
 # ---------------------------------------------------------------------------
@@ -57,7 +57,7 @@ def _print_context(leaf: str | None, ctx: Context | None, error: str | None, con
     if ctx is None:
         echo(f"context at {at}: not built: {error}")
         return
-    echo(f"context at {at}: {len(ctx.items)} item(s) from {len(ctx.entries)} entries")
+    echo(f"context at {at}: {plural(len(ctx.items), 'item')} from {plural(len(ctx.entries), 'entry', 'entries')}")
     rows = [[k, v] for k, v in settings_rows(ctx.settings)]
     rows.append(["context hash", context_hash])
     for line in table(rows):
@@ -188,7 +188,7 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool, show_ru
         echo("leaf -  (the universal root: the next entry is a root)" if sf.entries else "leaf -  (no entries)")
     else:
         how = "given" if leaf_name else "by the resume rule"
-        echo(f"leaf {short_id(leaf)}  ({how}; {len(path)} entries on its path)")
+        echo(f"leaf {short_id(leaf)}  ({how}; {plural(len(path), 'entry', 'entries')} on its path)")
     if sf.entries:
         echo()
         _print_context(leaf, ctx, ctx_error, leaf_hash)
@@ -215,7 +215,7 @@ def _summary(sf: SessionFile, report: VerifyReport) -> str:
         how = "each id checked against its hash"
     counts = report.counts()
     return (
-        f"{len(sf.entries)} entries read, {how}; {len(report.problems)} problem(s); "
+        f"{plural(len(sf.entries), 'entry', 'entries')} read, {how}; {len(report.problems)} problem(s); "
         f"{counts['responses']} response(s): {counts['verified']} request hash(es) verified, "
         f"{counts['without_hash']} without a hash, {counts['failed']} failed; {report.runs_checked} run(s) checked"
     )

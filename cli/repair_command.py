@@ -15,7 +15,7 @@ import click
 from agentsession_cas.backends.files.repair import RepairReport
 from agentsession_cas.maintenance.repair import plan_repair, repair_session
 
-from .common import echo, emit_json, fail, one_line
+from .common import echo, emit_json, fail, one_line, plural
 from .store_commands import read_store, write_store
 
 
@@ -56,7 +56,7 @@ def report_lines(rep: RepairReport) -> list[str]:
         out.append(f"{'damaged':<9}line {d.line} (offset {d.offset}, {d.length} bytes): {d.reason}{legible}")
     if rep.create_rebuilt:
         out.append(f"{'create':<9}rebuilt from the header")
-    out.append(f"{'kept':<9}{len(rep.kept)} entries, {len(rep.recovered)} of them recovered from what the damage hid")
+    out.append(f"{'kept':<9}{plural(len(rep.kept), 'entry', 'entries')}, {len(rep.recovered)} of them recovered from what the damage hid")
     for r in rep.recovered:
         if r.how == "salvaged":
             how = f"salvaged from damaged line {r.line}: its record or its payload still reads there, and its objects are whole"

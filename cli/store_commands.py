@@ -274,7 +274,7 @@ def verify_session(target: Target, as_json: bool) -> None:
     store = _open_for_verify(target)
     sid = target.session_id
     assert sid is not None
-    check = verify_stored(store, sid)
+    check = verify_stored(store, sid, empty_ok=False)  # as verify of its export says
     problems, notes, stats = check.problems, check.notes, check.stats
     ok = check.ok
     if as_json:
@@ -356,7 +356,10 @@ def export(session: str, output: str | None) -> None:
     if output is None or output == "-":
         write_bytes(s.projection())
     else:
-        store.export_to(s.id, output)
+        skipped = store.export_to(s.id, output)
+        if skipped:
+            note(f"{skipped} sidecar blob{'s' if skipped != 1 else ''} not written: {output} is not a regular file, "
+                 "so there is no directory beside it")
 
 
 @click.command("import")

@@ -68,7 +68,7 @@ def test_show_text_prints_settings_and_each_item_with_its_entry(tmp_path):
     path = tmp_path / "s.jsonl"
     b = write_session(path)
     text = run("show", str(path)).output
-    assert f"context at {short(b.leaf)}: 4 item(s) from 7 entries" in text
+    assert f"context at {short(b.leaf)}: 4 items from 7 entries" in text
     assert "  model         m1" in text and '  instructions  "Be brief."' in text and "  extra         temperature" in text
     assert f"    1  {short(b.entries[1].id)}  user: \"question 0\"" in text
     assert f"    4  {short(b.entries[5].id)}  assistant: \"answer 1\"" in text
@@ -81,7 +81,7 @@ def test_show_leaf_gives_the_context_at_that_entry(tmp_path):
     assert out["leaf"] == b.entries[2].id
     assert out["context"]["item_entries"] == [b.entries[1].id, b.entries[2].id]
     text = run("show", "--leaf", b.entries[0].id, str(path)).output
-    assert f"context at {short(b.entries[0].id)}: 0 item(s) from 1 entries" in text
+    assert f"context at {short(b.entries[0].id)}: 0 items from 1 entry" in text
 
 
 @needs_corpus

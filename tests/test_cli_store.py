@@ -296,6 +296,127 @@ def test_export_import_round_trip(store, tmp_path):
     assert cli(second, "export", "s1").stdout_bytes == out.read_bytes()
 
 
+def test_export_output_writes_what_the_path_names(store, tmp_path):
+    """-o replaces a regular file atomically, but writes a symlink's target (the link
+    stays), and writes a device or a pipe as a stream (never renamed over); a missing
+    directory or a directory is an error naming the user's path, never a temp name."""
+    import stat
+    import threading
+
+    new_session(store, "s1", 2)
+    expected = cli(store, "export", "s1").stdout_bytes
+
+    target = tmp_path / "real.jsonl"
+    target.write_bytes(b"old bytes\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    ok(cli(store, "export", "s1", "-o", str(link)))
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_bytes() == expected
+
+    dangling = tmp_path / "dangling.jsonl"
+    dangling.symlink_to(tmp_path / "made.jsonl")
+    ok(cli(store, "export", "s1", "-o", str(dangling)))
+    assert dangling.is_symlink() and (tmp_path / "made.jsonl").read_bytes() == expected
+
+    # /dev/stdout on a pipe: the bytes arrive on stdout, and /dev/stdout is not replaced.
+    r = subprocess.run([str(EXE), "--store", str(store), "export", "s1", "-o", "/dev/stdout"], capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == expected
+    assert not stat.S_ISREG(os.lstat("/dev/stdout").st_mode)
+    ok(cli(store, "export", "s1", "-o", os.devnull))
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    ok(cli(store, "export", "s1", "-o", str(fifo)))
+    reader.join(timeout=30)
+    assert got == [expected] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+    missing = tmp_path / "nodir" / "x.jsonl"
+    line = one_error(cli(store, "export", "s1", "-o", str(missing)), str(missing), "does not exist")
+    assert ".tmp-" not in line
+    one_error(cli(store, "export", "s1", "-o", str(tmp_path)), str(tmp_path), "is a directory")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")) == []
+
+
+def test_write_session_follows_a_symlink(tmp_path):
+    from agentsession_cas import Header, write_session
+
+    target = tmp_path / "t.jsonl"
+    target.write_bytes(b"")
+    link = tmp_path / "l.jsonl"
+    link.symlink_to(target)
+    header = Header.new("w1", created_at="2026-09-17T12:00:00Z")
+    write_session(link, header, [])
+    assert link.is_symlink() and target.read_bytes() == header.canonical_line()
+
+
+LEGACY_LINES = [
+    {"type": "session", "format": "agentsession/0.4", "id": "0199c000-0000-7000-8000-0000000000aa",
+     "created_at": "2026-09-17T12:00:00Z", "payload": "openresponses/2026-04-24"},
+    {"type": "config", "id": "c1", "parent": None, "ts": "2026-09-17T14:00:00+02:00", "model": "gpt-5"},
+    {"type": "item", "id": "i1", "parent": "c1", "ts": "2026-09-17T12:00:01Z",
+     "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}},
+    {"type": "label", "id": "l1", "parent": "i1", "ts": "2026-09-17T12:00:02Z", "target": "i1", "label": "checkpoint"},
+]
+
+
+def _jsonl(lines: list[dict]) -> bytes:
+    return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+
+
+def test_import_migrates_a_file_from_before_hashed_ids(store, tmp_path):
+    """RFC 0001 Versioning: a pre-0.5 file is migrated as the reader migrates it (ids
+    hashed, legacy_id kept) and held under the current format; its export verifies and
+    names the same entries verify of the old file did."""
+    old = tmp_path / "old.jsonl"
+    old.write_bytes(_jsonl(LEGACY_LINES))
+    sid = LEGACY_LINES[0]["id"]
+    assert ok(cli(store, "import", str(old))).strip() == sid
+    migrated = read_session(old)
+    out = tmp_path / "new.jsonl"
+    ok(cli(store, "export", sid, "-o", str(out)))
+    sf = read_session(out)
+    assert sf.problems == [] and not sf.migrated
+    assert sf.header.format_version > migrated.header.format_version
+    assert [e.id for e in sf.entries] == [e.id for e in migrated.entries]
+    assert [e.legacy_id for e in sf.entries] == ["c1", "i1", "l1"]
+    ok(cli(store, "verify", sid))
+    ok(cli(store, "fsck", "--deep"))
+
+
+def test_import_refuses_a_legacy_file_migration_cannot_resolve(store, tmp_path):
+    """One holding a reference migration cannot rewrite must never be re-emitted as 0.5
+    or later (RFC 0001): refused, naming the line, and the store is unchanged."""
+    lines = [dict(x) for x in LEGACY_LINES]
+    lines[2]["content"] = "a member 0.5 reserves"
+    old = tmp_path / "old.jsonl"
+    old.write_bytes(_jsonl(lines))
+    r = cli(store, "import", str(old))
+    line = one_error(r, "line 3", "content", "re-emitted")
+    assert str(old) in line
+    assert ok(cli(store, "list", "--json")).strip() == "[]"
+
+
+def test_an_empty_session_verifies_as_its_export_does(store, tmp_path):
+    """verify ID and verify of the export agree on a session with no entry (both say
+    'empty' and exit 1); fsck holds it clean, as a store may hold one."""
+    ok(cli(store, "create", "--id", "e1"))
+    stored = cli(store, "verify", "e1")
+    out = tmp_path / "e1.jsonl"
+    ok(cli(store, "export", "e1", "-o", str(out)))
+    as_file = cli(store, "verify", str(out))
+    assert stored.exit_code == as_file.exit_code == 1
+    assert "no entries" in stored.stdout and "no entries" in as_file.stdout
+    codes = [p["code"] for p in json.loads(cli(store, "verify", "e1", "--json").stdout)["problems"]]
+    assert codes == ["empty"]
+    ok(cli(store, "fsck", "--deep"))
+
+
 def test_export_refuses_a_plain_file(store):
     one_error(cli(store, "export", str(FIXTURES / "basic.jsonl")), "not a session of a store")
 
@@ -414,7 +535,8 @@ def test_verify_json_shape(store):
     assert out["ok"] is True and out["session"] == "s1" and out["entries"] == 2
     assert out["problems"] == [] and out["store"] == str(store)
     ok(cli(store, "create", "--id", "empty"))
-    assert json.loads(ok(cli(store, "verify", "--json", "empty")))["ok"] is True
+    r = cli(store, "verify", "--json", "empty")  # as verify of its export: nothing was checked
+    assert r.exit_code == 1 and json.loads(r.stdout)["ok"] is False
 
 
 @pytest.mark.parametrize("space", ["entries", "contents"])

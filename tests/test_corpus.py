@@ -247,6 +247,22 @@ def test_v04_migrates_to_the_same_ids(sessions, name):
     assert old.resolve(raw[-1]["id"]).id == new.entries[-1].id
 
 
+@pytest.mark.parametrize("name", MIGRATED)
+def test_v04_imports_as_migrated(sessions, name, tmp_path):
+    """A store holds a migrated file (RFC 0001 Versioning): the same entries the native
+    file holds, each with the legacy_id it had, under the current format."""
+    from agentsession_cas import open_store, read_session_bytes
+
+    new = read_session(sessions / f"{name}.jsonl")
+    with open_store(str(tmp_path / "store"), create=True) as st:
+        s = st.import_file(sessions / "v0.4" / f"{name}.jsonl")
+        out = read_session_bytes(st.export(s.id))
+    assert out.problems == [] and not out.migrated
+    assert [e.id for e in out.entries if not e.synthetic] == [e.id for e in new.entries]
+    raw = _raw_entries(sessions / "v0.4" / f"{name}.jsonl")
+    assert [e.legacy_id for e in out.entries if not e.synthetic] == [o["id"] for o in raw]
+
+
 def test_v04_bad_parent(sessions):
     s = read_session(sessions / "v0.4" / "bad-parent.jsonl")
     assert s.migrated

@@ -353,9 +353,9 @@ def test_cas_moves_from_the_expected_session(root, refs):
 @pytest.mark.parametrize(
     "setup,expected,message",
     [
-        (None, "s1", "ref r moved: it is absent, not session s1 as expected"),
-        ("s2", None, "ref r moved: it holds session s2, not absent as expected"),
-        ("s2", "s1", "ref r moved: it holds session s2, not session s1 as expected"),
+        (None, "s1", "ref r moved: it is absent, where it was expected to hold session s1"),
+        ("s2", None, "ref r moved: it holds session s2, where it was expected to be absent"),
+        ("s2", "s1", "ref r moved: it holds session s2, where it was expected to hold session s1"),
     ],
 )
 def test_a_wrong_expectation_says_what_the_ref_holds_and_writes_nothing(root, refs, setup, expected, message):
@@ -419,13 +419,13 @@ def test_a_deleted_ref_frees_its_name_for_refs_under_it(refs):
 def test_delete_by_compare_and_swap(root, refs):
     refs.update("r", "s1", expected=None)
     before = snapshot(root)
-    with pytest.raises(RefMovedError, match="it holds session s1, not session s2"):
+    with pytest.raises(RefMovedError, match="it holds session s1, where it was expected to hold session s2"):
         refs.delete("r", expected="s2")
     assert snapshot(root) == before
     result = refs.delete("r", expected="s1")
     assert (result.old, result.new, result.changed, result.deleted) == ("s1", None, True, True)
     assert refs.get("r") is None and ref_files(root) == []
-    with pytest.raises(RefMovedError, match="it is absent, not session s1") as info:
+    with pytest.raises(RefMovedError, match="it is absent, where it was expected to hold session s1") as info:
         refs.delete("r", expected="s1")
     assert info.value.current is None
     with pytest.raises(BadNameError):
@@ -758,17 +758,17 @@ def test_cli_update_show_list_delete(root):
 def test_cli_refusals_are_one_line_and_exit_1(root):
     ok(cli(root, "ref", "update", "a", "s1"))
     before = snapshot(root)
-    one_error(cli(root, "ref", "update", "a", "s2"), "ref a moved: it holds session s1, not absent as expected",
+    one_error(cli(root, "ref", "update", "a", "s2"), "ref a moved: it holds session s1, where it was expected to be absent",
               "pass --expect s1")
     one_error(cli(root, "ref", "update", "a", "s2", "--expect", "s3"),
-              "ref a moved: it holds session s1, not session s3")
+              "ref a moved: it holds session s1, where it was expected to hold session s3")
     one_error(cli(root, "ref", "update", "a/b", "s2"), "invalid ref name 'a/b'", "under the ref 'a'")
     one_error(cli(root, "ref", "update", "A", "s2"), "invalid ref name 'A'", "differs only in case")
     one_error(cli(root, "ref", "update", "bad name", "s2"), "invalid ref name 'bad name'")
     one_error(cli(root, "ref", "update", "con.txt", "s2"), "Windows device")
     one_error(cli(root, "ref", "update", "b", "nope"), "no such session: nope")
     one_error(cli(root, "ref", "update", "b", "../x"), "session id")
-    one_error(cli(root, "ref", "delete", "a", "--expect", "s2"), "ref a moved: it holds session s1, not session s2")
+    one_error(cli(root, "ref", "delete", "a", "--expect", "s2"), "ref a moved: it holds session s1, where it was expected to hold session s2")
     one_error(cli(root, "ref", "delete", "nope"), "no such ref: nope")
     one_error(cli(root, "ref", "delete", "nope", "--expect", "s1"), "ref nope moved: it is absent")
     one_error(cli(root, "ref", "show", "nope"), "no such ref: nope")

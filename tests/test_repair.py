@@ -530,6 +530,7 @@ def test_dry_run_changes_nothing(tmp_path):
     assert r.exit_code == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[-1] == "dry run: nothing written"
+    assert lines[0].startswith(f"session  {SID}: log line 8 ") and lines[0].count(SID) == 1, lines[0]
     assert any(ln.startswith("damaged  line 8 ") for ln in lines)
     assert any(ln.startswith("kept     3 entries") for ln in lines)
     assert sum(ln.startswith("dropped  ") for ln in lines) == 3  # the entry whose line is gone, and its two children
@@ -694,7 +695,7 @@ def test_without_a_terminal_it_proceeds_and_prints_what_it_did(tmp_path):
     r = cli(root, "repair", SID)
     assert r.exit_code == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("session  s1: session s1 is damaged: log line 6")
+    assert lines[0].startswith("session  s1: log line 6")
     assert "refuses writes" not in lines[0]
     assert any(ln.startswith(f"recovered {ids[2]} seq 3: salvaged from damaged line 6") for ln in lines)
     assert any(ln.startswith(f"head     {ids[-1]}, as the log last named it") for ln in lines)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..fsutil import write_atomic
+from ..fsutil import write_atomic, write_output
 
 __all__ = [
     "SIDECAR",
@@ -54,12 +54,18 @@ def read_sidecar(directory: str, name: str) -> bytes:
         return f.read()
 
 
-def write_projection(path: str | os.PathLike[str], data: bytes, session_id: str, blobs: dict[str, bytes]) -> None:
-    """A projection written to ``path`` atomically and durably, and its sidecar blobs
-    beside it in ``<dir>/<session id>/<hex>`` (RFC 0001)."""
-    write_atomic(os.fspath(path), data, durable=True)
+def write_projection(path: str | os.PathLike[str], data: bytes, session_id: str, blobs: dict[str, bytes]) -> int:
+    """A projection written to ``path`` (see :func:`~agentsession_cas.fsutil.write_output`:
+    a regular file atomically and durably, a symlink's target, a device or pipe as a
+    stream), and its sidecar blobs beside the file in ``<dir>/<session id>/<hex>``
+    (RFC 0001). Returns how many blobs were not written because the output is a
+    stream, which has no directory beside it."""
+    path = os.fspath(path)
+    if not write_output(path, data, durable=True):
+        return len(blobs)
     if blobs:
-        write_sidecars(sidecar_dir(path, session_id), blobs)
+        write_sidecars(sidecar_dir(os.path.realpath(path), session_id), blobs)
+    return 0
 
 
 def write_sidecars(directory: str, blobs: dict[str, bytes]) -> None:

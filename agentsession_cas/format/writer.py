@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import EntryError
-from ..fsutil import write_atomic
+from ..fsutil import write_output
 from .entry import LEAF_LABEL, Entry, Header, ParentRef, make_entry
 
 __all__ = ["session_bytes", "write_session", "SessionBuilder"]
@@ -25,10 +25,11 @@ def session_bytes(header: Header, entries: Iterable[Entry]) -> bytes:
 
 
 def write_session(path: str | os.PathLike, header: Header, entries: Iterable[Entry]) -> None:
-    """Write a whole session file atomically: a temp file in the same directory,
-    fsynced, renamed over ``path``, and the directory fsynced, so a crash leaves
-    either the old file or the new one, never a mix."""
-    write_atomic(os.path.abspath(os.fspath(path)), session_bytes(header, entries), durable=True)
+    """Write a whole session file: a regular file atomically (a temp file in the same
+    directory, fsynced, renamed over ``path``, the directory fsynced, so a crash leaves
+    the old file or the new, never a mix), a symlink's target, a device or a pipe as
+    a stream (:func:`~agentsession_cas.fsutil.write_output`)."""
+    write_output(os.fspath(path), session_bytes(header, entries), durable=True)
 
 
 class SessionBuilder:

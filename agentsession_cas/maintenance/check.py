@@ -64,9 +64,12 @@ def _one_line(text: str) -> str:
     return " ".join(text.splitlines())
 
 
-def verify_stored(store: Store, session_id: str) -> StoredCheck:
+def verify_stored(store: Store, session_id: str, *, empty_ok: bool = True) -> StoredCheck:
     """Verify a stored session: its log reads and replays, its indexes agree with it,
-    every object it needs is sound, and its projection verifies as a file."""
+    every object it needs is sound, and its projection verifies as a file.
+    ``empty_ok=False`` holds a session with no entry to what ``verify`` of its export
+    says (``empty``: nothing was checked); fsck keeps the default, since a store may
+    hold a session with no entry yet."""
     out = StoredCheck(session_id, stats={"entries": 0, "prefix": 0, "records": 0})
     history = store.backend.sessions.history(session_id)
     out.stats["records"] = len(history.records) if history.tail_from is None else history.tail_from
@@ -90,15 +93,15 @@ def verify_stored(store: Store, session_id: str) -> StoredCheck:
         if projection is not None:
             out.notes.extend(session.recovered)
             out.stats["entries"], out.stats["prefix"] = len(session), len(session.prefix)
-            _check_projection(session, projection, out)
+            _check_projection(session, projection, out, empty_ok=empty_ok)
             session.close()
             return out
         session.close()
-    _careful(store, session_id, history, out)
+    _careful(store, session_id, history, out, empty_ok=empty_ok)
     return out
 
 
-def _careful(store: Store, session_id: str, history: Any, out: StoredCheck) -> None:
+def _careful(store: Store, session_id: str, history: Any, out: StoredCheck, *, empty_ok: bool) -> None:
     """Name every object the log and the prefix need that is missing or corrupt."""
     records = history.records if history.tail_from is None else history.records[: history.tail_from]
     state = replay(records)
@@ -146,7 +149,7 @@ def _careful(store: Store, session_id: str, history: Any, out: StoredCheck) -> N
         try:
             s = store.read(session_id)
             try:
-                _check_projection(s, s.projection(), out)
+                _check_projection(s, s.projection(), out, empty_ok=empty_ok)
             finally:
                 s.close()
         except AgentSessionError as exc:
@@ -155,7 +158,7 @@ def _careful(store: Store, session_id: str, history: Any, out: StoredCheck) -> N
         out.notes.append("the projection was not checked: the log or the objects are damaged")
 
 
-def _check_projection(session: Session, projection: bytes, out: StoredCheck) -> None:
+def _check_projection(session: Session, projection: bytes, out: StoredCheck, *, empty_ok: bool) -> None:
     """The projection verified as a file is (:func:`verify_session`, the one rule set):
     the same problems, codes and notes ``verify FILE`` gives of its export."""
     try:
@@ -165,7 +168,7 @@ def _check_projection(session: Session, projection: bytes, out: StoredCheck) -> 
         return
     report = verify_session(sf)
     for p in report.problems:
-        if p.code != "empty":  # a store may hold a session with no entry yet
+        if p.code != "empty" or not empty_ok:
             out.problems.append({"where": _WHERE.get(RULES[p.code].scope, "projection"), **p.as_dict()})
     out.notes.extend(str(p) for p in report.notes)
     out.stats["requests"] = report.counts()

@@ -265,5 +265,5 @@ def _valid_session(session: str) -> bool:
 
 def _moved_message(name: str, expected: str | None, held: str | None) -> str:
     now = f"it holds session {held}" if held is not None else "it is absent"
-    wanted = f"session {expected}" if expected is not None else "absent"
-    return f"ref {name} moved: {now}, not {wanted} as expected"
+    wanted = f"it was expected to hold session {expected}" if expected is not None else "it was expected to be absent"
+    return f"ref {name} moved: {now}, where {wanted}"

@@ -455,11 +455,13 @@ class Store:
             return {}
         return {name: self.blob(name) for name in sidecar_names(projection)}
 
-    def export_to(self, session_id: str, path: str | PathLike[str]) -> None:
-        """Write the projection to ``path`` atomically, and sidecar media beside it
-        (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error."""
+    def export_to(self, session_id: str, path: str | PathLike[str]) -> int:
+        """Write the projection to ``path`` (a regular file atomically, a symlink's
+        target, a device or pipe as a stream), and sidecar media beside a file
+        (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error.
+        Returns how many blobs a stream output left unwritten."""
         data = self.export(session_id)
-        write_projection(path, data, session_id, self.export_blobs(session_id, data))
+        return write_projection(path, data, session_id, self.export_blobs(session_id, data))
 
     def import_file(self, path: str | PathLike[str], *, record: bool = False) -> Session:
         """Import a projection (RFC 0002): every line verified, the head from the resume
@@ -505,9 +507,19 @@ class Store:
         problems = [p for p in verify_session(sf).problems if p.code != "empty"]
         if problems:
             raise SessionFormatError(sf.source, problems)
+        header = sf.header
         if sf.migrated:
-            raise StoreError(f"{sf.source} is of format {sf.header.format}, before hashed ids; it is read, not imported")
-        header = self._checked_new_header(sf.header)
+            # RFC 0001 Versioning: a file before 0.5 is migrated on read (ids hashed, each
+            # old id kept in legacy_id), and may be held as 0.5 or later unless migration
+            # left a reference it could not rewrite, which must never be re-emitted.
+            if sf.unresolved:
+                raise SessionFormatError(
+                    sf.source, list(sf.unresolved),
+                    why=f"of format {sf.header.format}, migrated on read, and RFC 0001 forbids re-emitting it as a "
+                    "later format: it holds a reference migration could not rewrite",
+                )
+            header = Header(dict(header.data, format=FORMAT_WRITTEN))
+        header = self._checked_new_header(header)
         base = header.base
         entries = sf.entries
         tree = sf.tree
