@@ -1,9 +1,8 @@
-"""``python -m agentsession_cas``: the ``agentsession`` command.
+"""``python -m agentsession_cas``: the ``agentsession`` command, for a machine where the
+script is not on the PATH. The library never imports the command (nor click): the
+command's package is looked up by name here, only when run."""
 
-The command lives in the ``agentsession_cli`` package (the ``cli/`` folder of the
-project); it is found at run time, since the library itself never imports it."""
-
-from importlib import import_module
+import importlib
 
 if __name__ == "__main__":
-    import_module("agentsession_cli.main").main(prog_name="agentsession")
+    importlib.import_module("agentsession_cli.main").main(prog_name="agentsession")

@@ -15,6 +15,14 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+#: Exit statuses, one table (docs/cli.md "Exit status").
+EXIT_OK = 0
+EXIT_FAILED = 1  # a check failed, or an error
+EXIT_USAGE = 2  # click's: a bad option or argument
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C
+EXIT_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`| head`)
+
+
 def plural(n: int, noun: str, many: str | None = None) -> str:
     """``1 entry``, ``2 entries``, ``1,024 objects``: a count in words, never ``1 entries``."""
     return f"{n:,} {noun if n == 1 else (many or noun + 's')}"

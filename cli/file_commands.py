@@ -14,7 +14,6 @@ from agentsession_cas import (
     SessionFormatError,
     entry_hashes,
     loads,
-    read_session,
     short_id,
 )
 from agentsession_cas.errors import ContextError
@@ -90,7 +89,7 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool, show_ru
     """
     target = store_commands.locate(file, files=True)
     if target.kind == "file":
-        sf = read_session(file)
+        sf = store_commands.read_file_arg(file)
     else:
         sf = store_commands.projection_file(target)
         file = sf.source
@@ -242,8 +241,9 @@ def verify(file: str | None, as_json: bool) -> None:
     if target.kind == "session":
         store_commands.verify_session(target, as_json)
         return
+    arg, file = file, ("<stdin>" if file == "-" else file)  # what messages name
     try:
-        sf = read_session(file)
+        sf = store_commands.read_file_arg(arg)
     except SessionFormatError as exc:
         problems = exc.problems
         if as_json:

@@ -16,7 +16,7 @@ import click
 from agentsession_cas import __version__
 from agentsession_cas.errors import AgentSessionError, SessionFormatError
 
-from .common import fail, os_message
+from .common import EXIT_INTERRUPTED, EXIT_PIPE, fail, os_message
 
 #: Each subcommand: the module of this package that defines it, imported only when
 #: that subcommand runs, and the summary `--help` lists (its docstring's first
@@ -88,16 +88,20 @@ class App(click.Group):
         except AgentSessionError as exc:
             fail(str(exc), code=exc.code, as_json=as_json, extra=exc.as_dict()["error"])
         except BrokenPipeError:
-            # The reader went away (`| head`): stop quietly, as git does.
+            # The reader went away (`| head`): stop quietly with 128+SIGPIPE, as git does.
             try:
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, sys.stdout.fileno())
             except (OSError, ValueError):
                 pass
-            sys.exit(1)
+            sys.exit(EXIT_PIPE)
+        except KeyboardInterrupt:
+            # Ctrl-C: no traceback, no "Aborted!", 128+SIGINT as a shell reports it.
+            sys.stderr.write("\n")
+            sys.exit(EXIT_INTERRUPTED)
         except OSError as exc:
             fail(os_message(exc), code="os_error", as_json=as_json)
-        except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
+        except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except Exception as exc:  # a bug of ours: still one line, never a traceback
             fail(f"internal error ({type(exc).__name__}: {exc}); please report it", code="internal", as_json=as_json)

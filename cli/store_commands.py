@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from agentsession_cas import Header, SessionFile, loads, read_session_bytes, short_id
+from agentsession_cas import Header, SessionFile, loads, read_session, read_session_bytes, short_id
 from agentsession_cas.errors import (
     AgentSessionError,
     BadNameError,
@@ -93,7 +93,9 @@ def locate(arg: str, *, files: bool) -> Target:
     """The rule: an existing path outside any session directory is a file; a path inside
     ``<store>/sessions/<id>/`` is that session, read through the store it lies in;
     anything else is a session id in ``--store`` (or, when ``files`` and it cannot be
-    one, a file that is missing)."""
+    one, a file that is missing). ``-`` is standard input, read as a file."""
+    if arg == "-":
+        return Target("file", arg)
     if os.path.lexists(arg):
         found = session_of_path(arg)
         if found is not None:
@@ -126,6 +128,13 @@ def open_target(target: Target, *, files: bool) -> tuple[Store, Session]:
     if target.via_path:
         note(f"{target.arg} lies in session {target.session_id} of the store at {target.root}; reading that session")
     return store, session
+
+
+def read_file_arg(file: str) -> SessionFile:
+    """A session file named on the command line; ``-`` reads standard input."""
+    if file == "-":
+        return read_session_bytes(sys.stdin.buffer.read(), source="<stdin>")
+    return read_session(file)
 
 
 def _stdin_json(what: str) -> Any:
@@ -363,7 +372,7 @@ def export(session: str, output: str | None) -> None:
 
 
 @click.command("import")
-@click.argument("file", type=click.Path(dir_okay=True, readable=False))
+@click.argument("file", type=click.Path(allow_dash=True, dir_okay=True, readable=False))
 @click.option("--record", is_flag=True, help="Hold it as a record (appendable here), not a mirror.")
 def import_cmd(file: str, record: bool) -> None:
     """Import a session file; print the new session's id.
@@ -372,7 +381,10 @@ def import_cmd(file: str, record: bool) -> None:
     unless --record is given.
     """
     with write_store() as store:
-        session = store.import_file(file, record=record)
+        if file == "-":
+            session = store.import_bytes(sys.stdin.buffer.read(), record=record, source="<stdin>")
+        else:
+            session = store.import_file(file, record=record)
         sid = session.id
     echo(sid)
 

@@ -417,6 +417,60 @@ def test_an_empty_session_verifies_as_its_export_does(store, tmp_path):
     ok(cli(store, "fsck", "--deep"))
 
 
+def test_dash_reads_standard_input(store):
+    """`-` is standard input wherever a file is read: verify, show, import."""
+    data = (FIXTURES / "basic.jsonl").read_bytes()
+    r = cli(None, "verify", "-", input=data)
+    assert r.exit_code == 0 and r.stdout.splitlines()[-1].startswith("<stdin>: 7 entries read")
+    assert ok(cli(None, "show", "-", input=data)).startswith("session  0199b000-0000-7000-8000-000000000001")
+    sid = ok(cli(store, "import", "-", input=data)).strip()
+    assert cli(store, "export", sid).stdout_bytes == data
+    bad = cli(None, "verify", "-", input=data[:-5])
+    assert bad.exit_code == 1 and "<stdin>" in bad.output
+
+
+def test_exit_statuses_for_a_closed_pipe_and_ctrl_c(store, tmp_path):
+    """A reader that goes away (`| head`) ends the command quietly with 141, as git
+    does; Ctrl-C with 130 and no traceback. The interrupt is forced (a SIGINT sent
+    while the command waits on its standard input), not timed."""
+    import signal
+
+    new_session(store, "s1", 3)
+    env = dict(os.environ, AGENTSESSION_STORE=str(store))
+    p = subprocess.Popen([str(EXE), "export", "s1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert p.stdout is not None
+    p.stdout.close()  # the reader is gone before the first byte is written
+    assert p.wait(timeout=60) == 141
+    assert p.stderr is not None and b"Traceback" not in p.stderr.read()
+
+    p = subprocess.Popen([str(EXE), "verify", "-"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    assert p.stdin is not None and p.stderr is not None
+    p.stdin.write(b'{"type":"session"')  # it is reading standard input, which stays open
+    p.stdin.flush()
+    deadline = 0
+    while deadline < 600 and not _reading_stdin(p.pid):
+        deadline += 1
+        subprocess.run(["sleep", "0.05"])
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=60) == 130
+    err = p.stderr.read()
+    assert b"Traceback" not in err and b"Aborted" not in err
+
+
+def _reading_stdin(pid: int) -> bool:
+    """The process is blocked reading (its main thread in a read syscall)."""
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            return f.read().split()[0] == "0"  # read(2) on x86-64
+    except (OSError, IndexError):
+        return False
+
+
+def test_python_dash_m_runs_the_command():
+    r = subprocess.run([sys.executable, "-m", "agentsession_cas", "verify", str(FIXTURES / "basic.jsonl")], capture_output=True)
+    assert r.returncode == 0 and b"7 entries read" in r.stdout
+
+
 def test_export_refuses_a_plain_file(store):
     one_error(cli(store, "export", str(FIXTURES / "basic.jsonl")), "not a session of a store")
 
