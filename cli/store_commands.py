@@ -27,6 +27,7 @@ from agentsession_cas.errors import (
 from agentsession_cas.format.names import check_session_id
 from agentsession_cas.maintenance.check import verify_stored
 from agentsession_cas.store import Session, Store, default_store_path
+from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store, store_url_kind
 
 from .common import echo, emit_json, fail, note, one_line, table, write_bytes
@@ -519,10 +520,31 @@ def cat_object(name: str, show_space: bool) -> None:
 
 @click.command()
 @click.argument("session_id", metavar="ID")
-def delete(session_id: str) -> None:
-    """Delete a session (its objects stay; other sessions may share them)."""
+@click.option("--json", "as_json", is_flag=True, help="Print {session, deleted, head, dangling_refs}.")
+def delete(session_id: str, as_json: bool) -> None:
+    """Delete a session (its objects stay; other sessions may share them).
+
+    Prints what was deleted, and warns of refs that named the session (they
+    dangle now; `ref delete` removes one).
+    """
     with write_store() as store:
+        head: str | None = None
+        try:
+            snapshot = store.read(session_id)
+            head = snapshot.head
+            snapshot.close()
+        except NoSuchSessionError:
+            raise
+        except AgentSessionError:
+            pass  # a damaged session is deleted all the same; its head is not known
         store.delete(session_id)
+        dangling = sorted(r.name for r in Refs(store).list() if r.session == session_id)
+    if as_json:
+        emit_json({"session": session_id, "deleted": True, "head": head, "dangling_refs": dangling})
+        return
+    echo(f"deleted {session_id} (head {head or 'none'})")
+    for name in dangling:
+        note(f"ref {name} named {session_id} and dangles now; `agentsession ref delete {name}` removes it")
 
 
 COMMANDS = [init, list_sessions, log_cmd, export, import_cmd, create, append, head, cat_object, delete]

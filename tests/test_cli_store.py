@@ -493,10 +493,26 @@ def test_cat_object(store):
 
 
 def test_delete(store):
-    new_session(store, "s1", 1)
-    assert ok(cli(store, "delete", "s1")) == ""
+    ids = new_session(store, "s1", 1)
+    assert ok(cli(store, "delete", "s1")) == f"deleted s1 (head {ids[-1]})\n"
     assert json.loads(ok(cli(store, "list", "--json"))) == []
     one_error(cli(store, "delete", "s1"), "no such session: s1")
+
+
+def test_delete_says_which_refs_dangle_and_takes_a_damaged_session(store):
+    ids = new_session(store, "s1", 2)
+    new_session(store, "s2", 1)
+    ok(cli(store, "ref", "update", "chat/a", "s1"))
+    ok(cli(store, "ref", "update", "chat/b", "s2"))
+    r = cli(store, "delete", "s1")
+    assert r.exit_code == 0 and r.stdout == f"deleted s1 (head {ids[-1]})\n"
+    assert "ref chat/a named s1 and dangles now" in r.stderr and "chat/b" not in r.stderr
+    log = store / "sessions" / "s2" / "log"
+    data = bytearray(log.read_bytes())
+    data[5] ^= 0x20  # the create record's checksum no longer holds: the session does not read
+    log.write_bytes(bytes(data))
+    out = json.loads(ok(cli(store, "delete", "s2", "--json")))
+    assert out == {"session": "s2", "deleted": True, "head": None, "dangling_refs": ["chat/b"]}
 
 
 # -- errors common to the session commands -----------------------------------
