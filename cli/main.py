@@ -26,7 +26,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("file_commands", "Print a session's entries in file order, then the context at its leaf."),
     "verify": ("file_commands", 'Check a session file or a stored session; exit 1 on any problem.'),
     "hash-object": ("file_commands", 'Print the computed id and content hash of each entry line in FILE (or stdin).'),
-    "init": ("store_commands", 'Create the store (or find the one there) and print its path.'),
+    "init": ("store_commands", 'Create the store (or find the one there) and say which, with its path.'),
     "list": ("store_commands", "List the store's sessions: id, created, own entries, head, mark, size."),
     "log": ("store_commands", "Print a session's log records: line, op, seq, entry, head."),
     "export": ("store_commands", "Print a session's projection (RFC 0002) to stdout, or write it to FILE."),
@@ -48,6 +48,39 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "declare-record": ("exchange_commands", 'Make a store the record of session ID, which it holds as a mirror.'),
     "take-back": ("exchange_commands", 'Take the record of session ID back from REMOTE: fetch, declare it here, release it there.'),
 }
+
+
+#: The group's options that take a value and may also be written after the subcommand.
+_GLOBAL_WITH_VALUE = ("--store", "-C")
+
+
+def hoist_global_options(args: list[str]) -> list[str]:
+    """Move ``--store X``, ``--store=X`` and ``-C X`` written after the subcommand to
+    before it, so either place works, as users of git expect. Nothing after ``--`` is
+    touched."""
+    cmd = 0  # the subcommand's index: the first word that is no option nor an option's value
+    while cmd < len(args) and (args[cmd].startswith("-") or (cmd and args[cmd - 1] in _GLOBAL_WITH_VALUE)):
+        if args[cmd] == "--":
+            return args
+        cmd += 1
+    head, tail = args[: cmd + 1], args[cmd + 1 :]
+    moved: list[str] = []
+    kept: list[str] = []
+    i = 0
+    while i < len(tail):
+        a = tail[i]
+        if a == "--":
+            kept.extend(tail[i:])
+            break
+        if a in _GLOBAL_WITH_VALUE and i + 1 < len(tail):
+            moved.extend(tail[i : i + 2])
+            i += 2
+            continue
+        (moved if a.startswith("--store=") else kept).append(a)
+        i += 1
+    if not moved:
+        return args
+    return head[:-1] + moved + head[-1:] + kept
 
 
 class App(click.Group):
@@ -77,7 +110,7 @@ class App(click.Group):
         # Under --json an error is one JSON object on stderr carrying its code: note it
         # while every argument is still in sight (the subcommand's included).
         ctx.meta["agentsession.json"] = "--json" in args
-        return super().parse_args(ctx, args)
+        return super().parse_args(ctx, hoist_global_options(args))
 
     def invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.meta.get("agentsession.json"))
@@ -113,17 +146,29 @@ class App(click.Group):
     "--store",
     "store_path",
     metavar="PATH",
-    envvar="AGENTSESSION_STORE",
-    help="The store directory (default: $AGENTSESSION_STORE, else ~/.agent/cas).",
+    help="The store (a directory or URL). Default: the one found walking up from the working "
+    "directory, else $AGENTSESSION_STORE, else ~/.agent/cas.",
+)
+@click.option(
+    "-C",
+    "directory",
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Run as if started in DIR (as git -C): paths and the store search start there.",
 )
 @click.pass_context
-def main(ctx: click.Context, store_path: str | None) -> None:
+def main(ctx: click.Context, store_path: str | None, directory: str | None) -> None:
     """A git-like content-addressed store for agent session records.
 
     It reads, shows and verifies Agent Session Format files, and holds
     sessions in a store: init, import, create, append, head, log, list,
     export, cat-object, delete.
     """
+    if directory is not None:
+        try:
+            os.chdir(directory)
+        except OSError as exc:
+            fail(f"cannot change to {directory}: {exc.strerror}")
     ctx.obj = {"store": store_path or None}
 
 

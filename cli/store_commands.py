@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from agentsession_cas import Header, SessionFile, loads, read_session, read_session_bytes, short_id
+from agentsession_cas.backends.files.layout import find_store, layout_text
 from agentsession_cas.errors import (
     AgentSessionError,
     BadNameError,
@@ -40,11 +41,13 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def store_root() -> str:
-    """The store the command works on: ``--store``, else $AGENTSESSION_STORE, else ~/.agent/cas
-    (a path, made absolute, or a store URL as ``open_store`` takes it)."""
+    """The store the command works on: ``--store``; else the store found walking up from
+    the working directory (a store, or a ``.agentsession`` store inside a directory, as
+    git finds ``.git``); else $AGENTSESSION_STORE; else ~/.agent/cas (a path, made
+    absolute, or a store URL as ``open_store`` takes it)."""
     ctx = click.get_current_context()
     obj = ctx.find_root().obj or {}
-    given = obj.get("store") or default_store_path()
+    given = obj.get("store") or find_store(os.getcwd()) or default_store_path()
     kind, rest = store_url_kind(given)
     if kind == "file" and rest == given:
         return os.path.abspath(os.path.expanduser(given))
@@ -155,11 +158,19 @@ def _stdin_json(what: str) -> Any:
 
 
 @click.command()
-def init() -> None:
-    """Create the store (or find the one there) and print its path."""
-    store = open_store(store_root(), create=True)
+@click.option("--json", "as_json", is_flag=True, help="Print {store, created}.")
+def init(as_json: bool) -> None:
+    """Create the store (or find the one there) and say which, with its path."""
+    root = store_root()
+    kind, _ = store_url_kind(root)
+    existed = kind == "file" and layout_text(root) is not None
+    store = open_store(root, create=True)
     store.close()
-    echo(store.root or store.url)
+    where = store.root or store.url
+    if as_json:
+        emit_json({"store": where, "created": not existed})
+    else:
+        echo(f"{'found' if existed else 'created'} store at {where}")
 
 
 @click.command("list")

@@ -52,7 +52,7 @@ def one_error(result, *needles: str) -> str:
 @pytest.fixture
 def store(tmp_path) -> Path:
     path = tmp_path / "store"
-    assert ok(cli(path, "init")).strip() == str(path)
+    assert ok(cli(path, "init")).strip() == f"created store at {path}"
     return path
 
 
@@ -82,15 +82,44 @@ def flip_byte(path: Path, at: int = 5) -> None:
 
 def test_init_creates_a_store_and_is_idempotent(tmp_path):
     path = tmp_path / "a" / "store"
-    assert ok(cli(path, "init")).strip() == str(path)
+    assert ok(cli(path, "init")).strip() == f"created store at {path}"
     assert (path / "layout").is_file()
-    assert ok(cli(path, "init")).strip() == str(path)
+    assert ok(cli(path, "init")).strip() == f"found store at {path}"
+    assert json.loads(ok(cli(path, "init", "--json"))) == {"store": str(path), "created": False}
+    other = tmp_path / "b"
+    assert json.loads(ok(cli(other, "init", "--json"))) == {"store": str(other), "created": True}
 
 
 def test_store_from_environment(tmp_path):
     path = tmp_path / "envstore"
-    assert ok(cli(None, "init", env={"AGENTSESSION_STORE": str(path)})).strip() == str(path)
+    assert ok(cli(None, "init", env={"AGENTSESSION_STORE": str(path)})).strip() == f"created store at {path}"
     assert ok(cli(None, "list", "--json", env={"AGENTSESSION_STORE": str(path)})).strip() == "[]"
+
+
+def test_store_found_walking_up_and_global_options_after_the_subcommand(tmp_path, monkeypatch):
+    """With no --store, the store is the working directory or its nearest ancestor
+    that is one (or holds one as .agentsession), before $AGENTSESSION_STORE; --store
+    and -C DIR work before or after the subcommand."""
+    project = tmp_path / "project"
+    inner = project / "src" / "deep"
+    inner.mkdir(parents=True)
+    ok(cli(project / ".agentsession", "init"))
+    elsewhere = tmp_path / "env-store"
+    ok(cli(elsewhere, "init"))
+    ok(cli(project / ".agentsession", "create", "--id", "here"))
+    env = {"AGENTSESSION_STORE": str(elsewhere)}
+    monkeypatch.chdir(inner)
+    assert [r["id"] for r in json.loads(ok(cli(None, "list", "--json", env=env)))] == ["here"]
+    assert ok(cli(None, "init", env=env)).strip() == f"found store at {project / '.agentsession'}"
+    # a directory merely holding a file called layout is not a store
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "layout").write_text("a page layout\n")
+    assert json.loads(ok(cli(None, "list", "--json", env=env))) == []
+    # --store and -C after the subcommand
+    assert [r["id"] for r in json.loads(ok(cli(None, "list", "--json", "--store", str(project / ".agentsession"))))] == ["here"]
+    assert [r["id"] for r in json.loads(ok(cli(None, "list", "-C", str(inner), "--json", env=env)))] == ["here"]
+    assert [r["id"] for r in json.loads(ok(cli(None, "-C", str(project), "list", "--json", env=env)))] == ["here"]
+    one_error(cli(None, "-C", str(tmp_path / "nowhere"), "list"), "nowhere")
 
 
 @pytest.mark.parametrize("args", [["list"], ["log", "s1"], ["head", "s1"], ["import", str(FIXTURES / "basic.jsonl")]])

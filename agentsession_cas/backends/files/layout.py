@@ -16,7 +16,10 @@ from ...errors import LayoutError
 from ...fsutil import fsync_dir, write_atomic
 from .objects import FileObjects
 
-__all__ = ["LAYOUT", "OLDER_LAYOUTS", "JOURNAL", "KEPT_DIR", "layout_text", "layout_state", "old_layout_hint", "check_layout", "init_layout"]
+__all__ = [
+    "LAYOUT", "OLDER_LAYOUTS", "JOURNAL", "KEPT_DIR", "STORE_DIR_NAME", "layout_text", "layout_state", "old_layout_hint",
+    "check_layout", "init_layout", "find_store",
+]
 
 #: The layout this release writes and reads, as the ``layout`` file spells it.
 LAYOUT = "agentsession-cas 2"
@@ -39,6 +42,28 @@ def layout_text(root: str) -> str | None:
         return None
     except IsADirectoryError:
         return "(a directory)"
+
+
+#: The name of a store kept inside a project directory, found as git finds ``.git``.
+STORE_DIR_NAME = ".agentsession"
+
+
+def find_store(start: str) -> str | None:
+    """The store a command started in ``start`` works on when none is named: ``start``
+    or its nearest ancestor that is a store (a regular ``layout`` file naming a layout
+    of ours: a directory that merely holds a file called ``layout`` is not one), or
+    that holds one as ``.agentsession``. None when no ancestor does."""
+    d = os.path.abspath(start)
+    while True:
+        for candidate in (d, os.path.join(d, STORE_DIR_NAME)):
+            if os.path.isfile(os.path.join(candidate, "layout")):
+                text = layout_text(candidate)
+                if text == LAYOUT or text in OLDER_LAYOUTS:
+                    return candidate
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
 
 
 def _journal_kind(root: str) -> str | None:
