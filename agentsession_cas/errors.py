@@ -361,6 +361,22 @@ class OutputError(AgentSessionError, OSError):
     status = 400
 
 
+class AmbiguousNameError(StoreError, LookupError):
+    """A prefix that names more than one session or entry; the message lists them."""
+
+    code = "ambiguous"
+    status = 400
+
+    def __init__(self, message: str, *, candidates: list[str] | None = None):
+        super().__init__(message)
+        self.candidates = list(candidates or [])
+
+    def as_dict(self) -> dict[str, Any]:
+        out = super().as_dict()
+        out["error"]["candidates"] = self.candidates
+        return out
+
+
 class UnsupportedError(StoreError):
     """A feature or URL scheme this store (or this release) does not serve."""
 

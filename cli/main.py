@@ -36,6 +36,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "head": ("store_commands", "Print a session's head (nothing when it has none), or move it with NEW --expect OLD."),
     "cat-object": ("store_commands", "Print an object's bytes, verified against its name (sha256:<64 hex>)."),
     "delete": ("store_commands", 'Delete a session (its objects stay; other sessions may share them).'),
+    "rev-parse": ("store_commands", "Print the session id a name resolves to (and an entry's full id)."),
     "pack": ("maintenance_commands", 'Move every loose object and every pack into one new pack, recompressed.'),
     "sweep": ("maintenance_commands", 'Remove objects nothing retained names (RFC 0002 "Deletion and retention").'),
     "fsck": ("fsck_command", 'Check the whole store, as `git fsck --full` does; exit 1 if anything is damaged.'),

@@ -28,6 +28,7 @@ from agentsession_cas.errors import (
 from agentsession_cas.format.names import check_session_id
 from agentsession_cas.maintenance.check import verify_stored
 from agentsession_cas.store import Session, Store, default_store_path
+from agentsession_cas.store.names import REF_PREFIX, resolve_entry, resolve_session
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store, store_url_kind
 
@@ -100,6 +101,8 @@ def locate(arg: str, *, files: bool) -> Target:
     one, a file that is missing). ``-`` is standard input, read as a file."""
     if arg == "-":
         return Target("file", arg)
+    if arg.startswith(REF_PREFIX) and not os.path.lexists(arg):
+        return Target("session", arg, store_root(), arg)
     if os.path.lexists(arg):
         found = session_of_path(arg)
         if found is not None:
@@ -120,6 +123,8 @@ def open_target(target: Target, *, files: bool) -> tuple[Store, Session]:
     assert target.session_id is not None and target.root is not None
     try:
         store = read_store(target.root)
+        if not target.via_path:
+            target.session_id = resolve_session(store, target.session_id)
         session = store.read(target.session_id)
     except LayoutError as exc:
         if files and not target.via_path:
@@ -255,9 +260,7 @@ def log_cmd(session_id: str, as_json: bool) -> None:
     the good records before it are still printed.
     """
     store = read_store()
-    check_session_id(session_id)
-    if session_id not in store:
-        raise NoSuchSessionError(f"no such session: {session_id}")
+    session_id = resolve_session(store, session_id)
     history = store.backend.sessions.history(session_id)
     records = history.records if history.tail_from is None else history.records[: history.tail_from]
     positions: list[tuple[int, int | None]] = (
@@ -341,9 +344,12 @@ def _open_for_verify(target: Target) -> Store:
         if not target.via_path:
             fail(f"{target.arg}: no such file, nor a session: {exc}")
         raise
-    if target.session_id not in store:
-        if not target.via_path:
+    if not target.via_path:
+        try:
+            target.session_id = resolve_session(store, target.session_id)
+        except NoSuchSessionError:
             fail(f"{target.arg}: no such file, nor a session of the store at {target.root}")
+    if target.session_id not in store:
         raise NoSuchSessionError(f"no such session: {target.session_id}")
     if target.via_path:
         note(f"{target.arg} lies in session {target.session_id} of the store at {target.root}; verifying that session")
@@ -386,7 +392,8 @@ def export(session: str, output: str | None) -> None:
 @click.command("import")
 @click.argument("file", type=click.Path(allow_dash=True, dir_okay=True, readable=False))
 @click.option("--record", is_flag=True, help="Hold it as a record (appendable here), not a mirror.")
-def import_cmd(file: str, record: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print {session, entries, prefix, head, mark}.")
+def import_cmd(file: str, record: bool, as_json: bool) -> None:
     """Import a session file; print the new session's id.
 
     The session is a mirror (it refuses local appends and head moves)
@@ -397,8 +404,12 @@ def import_cmd(file: str, record: bool) -> None:
             session = store.import_bytes(sys.stdin.buffer.read(), record=record, source="<stdin>")
         else:
             session = store.import_file(file, record=record)
-        sid = session.id
-    echo(sid)
+        facts = {"session": session.id, "entries": len(session), "prefix": len(session.prefix),
+                 "head": session.head, "mark": session.mark}
+    if as_json:
+        emit_json(facts)
+    else:
+        echo(str(facts["session"]))
 
 
 # ---------------------------------------------------------------------------
@@ -409,7 +420,8 @@ def import_cmd(file: str, record: bool) -> None:
 @click.option("--base", metavar="H", help="Fork from entry H, which the store holds.")
 @click.option("--header", "header_file", metavar="FILE", help="Take the header from FILE (a JSON object; - for stdin).")
 @click.option("--id", "new_id", metavar="ID", help="The session id (default: a new uuid, or the header's).")
-def create(base: str | None, header_file: str | None, new_id: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print {session, base, head, mark}.")
+def create(base: str | None, header_file: str | None, new_id: str | None, as_json: bool) -> None:
     """Create a session (a record) and print its id."""
     if header_file is not None:
         if header_file == "-":
@@ -436,8 +448,12 @@ def create(base: str | None, header_file: str | None, new_id: str | None) -> Non
     else:
         header = Header.new(str(uuid.uuid4()) if new_id is None else new_id, base=base)
     with write_store() as store:
-        sid = store.create(header).id
-    echo(sid)
+        s = store.create(header)
+        facts = {"session": s.id, "base": s.base, "head": s.head, "mark": s.mark}
+    if as_json:
+        emit_json(facts)
+    else:
+        echo(str(facts["session"]))
 
 
 _OUTCOME_NOTES = {
@@ -460,7 +476,7 @@ def append(session_id: str, as_json: bool) -> None:
     if not isinstance(obj, dict):
         fail("stdin holds JSON but not an object; an entry is one JSON object")
     with write_store() as store:
-        session = store.session(session_id)
+        session = store.session(resolve_session(store, session_id))
         for message in session.recovered:
             note(message)
         result = session.append(obj)
@@ -493,7 +509,9 @@ def head(session_id: str, new: str | None, expected: str | None, as_json: bool) 
     if new is None:
         if expected is not None:
             raise click.UsageError("--expect goes with NEW, the head to set")
-        current = read_store().read(session_id).head
+        store = read_store()
+        session_id = resolve_session(store, session_id)
+        current = store.read(session_id).head
         if as_json:
             emit_json({"session": session_id, "head": current})
         elif current is not None:
@@ -502,13 +520,17 @@ def head(session_id: str, new: str | None, expected: str | None, as_json: bool) 
     if expected is None:
         raise click.UsageError("moving the head needs --expect OLD (the head you expect; '' for no head)")
     with write_store() as store:
+        session_id = resolve_session(store, session_id)
         session = store.session(session_id)
         for message in session.recovered:
             note(message)
-        session.set_head(new or None, expected=expected or None)
+        # NEW and OLD: full ids or unique prefixes of entries the session holds.
+        new_id = resolve_entry(session, new) if new else None
+        expected_id = resolve_entry(session, expected) if expected else None
+        session.set_head(new_id, expected=expected_id)
         moved_to = session.head
     if as_json:
-        emit_json({"session": session_id, "head": moved_to, "previous": expected or None})
+        emit_json({"session": session_id, "head": moved_to, "previous": expected_id})
 
 
 # ---------------------------------------------------------------------------
@@ -539,6 +561,7 @@ def delete(session_id: str, as_json: bool) -> None:
     dangle now; `ref delete` removes one).
     """
     with write_store() as store:
+        session_id = resolve_session(store, session_id)
         head: str | None = None
         try:
             snapshot = store.read(session_id)
@@ -558,4 +581,24 @@ def delete(session_id: str, as_json: bool) -> None:
         note(f"ref {name} named {session_id} and dangles now; `agentsession ref delete {name}` removes it")
 
 
-COMMANDS = [init, list_sessions, log_cmd, export, import_cmd, create, append, head, cat_object, delete]
+@click.command("rev-parse")
+@click.argument("name", metavar="SESSION")
+@click.argument("entry", metavar="[ENTRY]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print {session, entry}.")
+def rev_parse(name: str, entry: str | None, as_json: bool) -> None:
+    """Print the session id a name resolves to (and an entry's full id)."""
+    store = read_store()
+    sid = resolve_session(store, name)
+    entry_id = None
+    if entry is not None:
+        with store.read(sid) as s:
+            entry_id = resolve_entry(s, entry)
+    if as_json:
+        emit_json({"session": sid, "entry": entry_id})
+        return
+    echo(sid)
+    if entry_id is not None:
+        echo(entry_id)
+
+
+COMMANDS = [init, list_sessions, log_cmd, export, import_cmd, create, append, head, cat_object, delete, rev_parse]

@@ -500,6 +500,49 @@ def test_python_dash_m_runs_the_command():
     assert r.returncode == 0 and b"7 entries read" in r.stdout
 
 
+def test_create_and_import_say_what_they_made_under_json(store, tmp_path):
+    out = json.loads(ok(cli(store, "create", "--id", "c1", "--json")))
+    assert out == {"session": "c1", "base": None, "head": None, "mark": "record"}
+    data = (FIXTURES / "basic.jsonl").read_bytes()
+    got = json.loads(ok(cli(store, "import", "-", "--json", input=data)))
+    sf = read_session(FIXTURES / "basic.jsonl")
+    assert got == {"session": str(sf.header.id), "entries": len(sf.entries), "prefix": 0, "head": sf.entries[-1].id, "mark": "mirror"}
+
+
+def test_sessions_and_entries_are_named_as_git_names_revisions(store):
+    """A session by id, unique id prefix (4 or more), ref:NAME or a bare ref name; an
+    entry by full id or unique prefix of 4+ hex digits; an ambiguous prefix is an error
+    listing the candidates; rev-parse prints what a name resolves to."""
+    ids = new_session(store, "abcd-one", 3)
+    new_session(store, "abce-two", 1)
+    ok(cli(store, "ref", "update", "chat/main", "abcd-one"))
+    for name in ("abcd-one", "abcd", "ref:chat/main", "chat/main"):
+        assert ok(cli(store, "rev-parse", name)).strip() == "abcd-one", name
+        assert ok(cli(store, "head", name)).strip() == ids[-1], name
+    line = one_error(cli(store, "rev-parse", "abc"), "no such session: abc")
+    assert "the store at" in line
+    line = one_error(cli(store, "rev-parse", "abc-"), "no such session")
+    ok(cli(store, "create", "--id", "abcd-three"))
+    line = one_error(cli(store, "rev-parse", "abcd"), "abcd is the start of 2 session ids", "abcd-one", "abcd-three")
+    r = cli(store, "rev-parse", "abcd", "--json")
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == "ambiguous" and err["candidates"] == ["abcd-one", "abcd-three"]
+
+    short = ids[0][7:13]
+    assert ok(cli(store, "rev-parse", "ref:chat/main", short)).splitlines() == ["abcd-one", ids[0]]
+    assert json.loads(ok(cli(store, "rev-parse", "chat/main", "sha256:" + short, "--json"))) == {"session": "abcd-one", "entry": ids[0]}
+    one_error(cli(store, "rev-parse", "abcd-one", ids[0][7:10]), "not an entry id nor a prefix")
+    one_error(cli(store, "rev-parse", "abcd-one", "ffff" if not ids[0][7:].startswith("ffff") else "eeee"), "no entry of session abcd-one")
+    # head moves by prefixes too; show, log, export and delete take the names
+    ok(cli(store, "head", "chat/main", ids[1][7:15], "--expect", ids[2][7:15]))
+    assert ok(cli(store, "head", "abcd-one")).strip() == ids[1]
+    assert ok(cli(store, "export", "ref:chat/main")) == ok(cli(store, "export", "abcd-one"))
+    assert ok(cli(store, "log", "chat/main", "--json")) == ok(cli(store, "log", "abcd-one", "--json"))
+    assert "abcd-one" in ok(cli(store, "show", "ref:chat/main"))
+    ok(cli(store, "verify", "ref:chat/main"))
+    assert ok(cli(store, "delete", "abce")).startswith("deleted abce-two ")
+
+
 def test_export_refuses_a_plain_file(store):
     one_error(cli(store, "export", str(FIXTURES / "basic.jsonl")), "not a session of a store")
 

@@ -1,0 +1,98 @@
+"""Names a person types for sessions and entries, resolved as git resolves revisions.
+
+A session is named by its id, by ``ref:NAME``, by a bare ref name where no session
+has that id, or by a unique prefix of its id (at least :data:`MIN_ENTRY_PREFIX`
+characters); an entry by its full hash or a unique
+prefix of at least :data:`MIN_ENTRY_PREFIX` hex digits (with or without ``sha256:``)
+among the entries a session holds (its own and its prefix). A prefix that names
+several is an :class:`~agentsession_cas.errors.AmbiguousNameError` listing them; one
+that names none is the usual "no such" error, naming the store looked in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..errors import AmbiguousNameError, BadNameError, NoSuchEntryError, NoSuchRefError, NoSuchSessionError
+from ..format.hashing import is_hash
+from ..format.names import check_session_id
+from .refs import Refs
+
+if TYPE_CHECKING:
+    from .session import Session
+    from .store import Store
+
+__all__ = ["MIN_ENTRY_PREFIX", "REF_PREFIX", "resolve_session", "resolve_entry"]
+
+#: The fewest hex digits an entry prefix may have (as git's short ids).
+MIN_ENTRY_PREFIX = 4
+#: Names a ref explicitly, whatever session ids exist.
+REF_PREFIX = "ref:"
+#: The most candidates an ambiguity error lists.
+_SHOWN = 10
+_HEX = re.compile(r"[0-9a-f]+")
+
+
+def resolve_session(store: Store, name: str) -> str:
+    """The id of the session ``name`` names in ``store`` (see the module docstring)."""
+    refs = Refs(store)
+    if name.startswith(REF_PREFIX):
+        return refs.resolve(name[len(REF_PREFIX):])
+    unusable: BadNameError | None = None
+    try:
+        check_session_id(name)
+    except BadNameError as exc:
+        unusable = exc  # perhaps a ref (they may hold '/'); else refused as it stands
+    if unusable is None and name in store:
+        return name
+    try:
+        return refs.resolve(name)
+    except (NoSuchRefError, BadNameError):
+        pass
+    if unusable is not None:
+        raise unusable
+    # A prefix of at least as many characters as an entry prefix: a command that deletes
+    # must not take one letter for a session.
+    found = [sid for sid in store.list() if sid.startswith(name)] if len(name) >= MIN_ENTRY_PREFIX else []
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise AmbiguousNameError(
+            f"{name} is the start of {len(found)} session ids in {store.describe()}: {_listed(found)}",
+            candidates=found,
+        )
+    raise NoSuchSessionError(f"no such session: {name} (no id, ref or id prefix in {store.describe()})")
+
+
+def resolve_entry(session: Session, name: str) -> str:
+    """The id of the entry ``name`` names among the entries ``session`` holds."""
+    if is_hash(name):
+        return name
+    digits = name[len("sha256:"):] if name.startswith("sha256:") else name
+    if len(digits) < MIN_ENTRY_PREFIX or not _HEX.fullmatch(digits):
+        raise NoSuchEntryError(
+            f"{name!r} is not an entry id nor a prefix of one ({MIN_ENTRY_PREFIX} to 64 lowercase hex digits, "
+            "with or without sha256:)"
+        )
+    want = "sha256:" + digits
+    found = sorted({e for e in _held(session) if e.startswith(want)})
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise AmbiguousNameError(
+            f"{name} is the start of {len(found)} entries of session {session.id}: {_listed(found)}",
+            candidates=found,
+        )
+    raise NoSuchEntryError(f"no entry of session {session.id} starts with {name}")
+
+
+def _held(session: Session) -> Iterable[str]:
+    yield from session.log_order
+    yield from session.prefix
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:_SHOWN])
+    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
