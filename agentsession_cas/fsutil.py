@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .errors import OutputError
 
-__all__ = ["fsync_dir", "fsync_paths", "start_writeback", "write_all", "write_atomic", "write_output"]
+__all__ = ["NotAFileError", "fsync_dir", "fsync_paths", "read_whole", "start_writeback", "write_all", "write_atomic", "write_output"]
 
 _POOL: ThreadPoolExecutor | None = None
 
@@ -166,16 +166,30 @@ def start_writeback(fd: int) -> bool:
 _READ = 1 << 20
 
 
+class NotAFileError(OSError):
+    """A path a store reads as a file is a FIFO, a device or a socket (put there by
+    someone else): reading it could block forever or never end."""
+
+
 def read_whole(path: str) -> bytes:
-    """A whole file, in as few reads as it takes (a short read of a regular file is its
-    end, so most objects take one read and no fstat)."""
-    fd = os.open(path, os.O_RDONLY)
+    """A whole regular file, in as few reads as it takes (a short read of a regular file
+    is its end, so most objects take one read and no fstat). Opened non-blocking, so a
+    FIFO without a writer reads as empty instead of hanging; a long read is checked to
+    be of a regular file (``/dev/zero`` never ends) and bounded by its size."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         data = os.read(fd, _READ)
+        if not data and not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotAFileError(f"{path} is not a regular file")
         if len(data) == _READ:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise NotAFileError(f"{path} is not a regular file")
             chunks = [data]
-            while chunk := os.read(fd, _READ):
+            left = st.st_size - len(data)
+            while left > 0 and (chunk := os.read(fd, min(left, 1 << 24))):
                 chunks.append(chunk)
+                left -= len(chunk)
             data = b"".join(chunks)
     finally:
         os.close(fd)

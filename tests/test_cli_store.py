@@ -702,6 +702,23 @@ def test_verify_names_a_bit_flipped_object(store, space):
     one_error(cli(store, "export", "s1"), "corrupt object", name)
 
 
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_an_object_that_is_no_regular_file_is_corrupt_not_a_hang(store, kind):
+    """A FIFO where a loose object belongs would block a read forever, and a link to
+    /dev/zero would never end: both are reported as a corrupt object, at once."""
+    ids = new_session(store, "s1", 2)
+    path = object_path(store, "entries", ids[0])
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    for args in (["cat-object", ids[0]], ["export", "s1"]):
+        r = subprocess.run([str(EXE), "--store", str(store), *args], capture_output=True, timeout=60)
+        assert r.returncode == 1, r
+        assert b"not a regular file" in r.stderr and ids[0].encode() in r.stderr
+
+
 def test_verify_names_a_missing_object(store):
     ids = new_session(store, "s1", 2)
     object_path(store, "entries", ids[0]).unlink()

@@ -567,6 +567,24 @@ def test_a_staged_import_in_tmp_retains_its_objects(root):
     assert set(out["dropped_names"]) == {n for _, n in objs}
 
 
+def test_sweep_refuses_a_tmp_that_is_a_symlink_to_elsewhere(root, tmp_path):
+    """tmp/ replaced by a link to an outside directory: a sweep would remove that
+    directory's old files. It refuses, naming the link, and removes nothing anywhere."""
+    outside = tmp_path / "someone-elses"
+    outside.mkdir()
+    old = outside / "precious.txt"
+    old.write_text("keep me")
+    t = time.time_ns() - int(30 * 86400 * 1e9)
+    os.utime(old, ns=(t, t))
+    shutil.rmtree(root / "tmp")
+    os.symlink(outside, root / "tmp")
+    before = sorted(p.name for p in (root / "objects").rglob("*"))
+    r = cli(root, "sweep", "--grace", "0")
+    assert r.exit_code == 1 and "symbolic link" in r.stderr and str(root / "tmp") in r.stderr
+    assert old.read_text() == "keep me"
+    assert sorted(p.name for p in (root / "objects").rglob("*")) == before
+
+
 def test_a_stage_renamed_into_place_while_the_sweep_lists_is_retained(root, monkeypatch):
     """The import's rename from tmp/ to sessions/ can land between the sweep's
     listing of one directory and of the other: it must be seen in one of them."""

@@ -30,7 +30,7 @@ import filelock
 
 from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
 from ...format.hashing import HASH_PREFIX, envelope_content, is_hash
-from ...fsutil import fsync_dir, fsync_paths, read_whole, write_all, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, fsync_paths, read_whole, write_all, write_atomic
 from ..base import ObjectStore, RepackResult, Space
 from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter
 
@@ -206,6 +206,11 @@ class FileObjects(ObjectStore):
             data = read_whole(path)
         except FileNotFoundError:
             raise NoSuchObjectError(f"no {space} object {name} ({self.relpath(space, name)})") from None
+        except NotAFileError:
+            raise CorruptObjectError(
+                f"corrupt object: {space} object {name} is not a regular file ({self.relpath(space, name)})",
+                space=space, name=name, path=path,
+            ) from None
         if HASH_PREFIX + hashlib.sha256(data).hexdigest() != name:
             raise CorruptObjectError(
                 f"corrupt object: {space} object {name} does not hash to its name ({self.relpath(space, name)})",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 
@@ -153,6 +154,7 @@ def sweep_objects(
     reads the logs), then repack the files older than ``grace``, keeping what is
     retained. Returns (what the repack did, files left young, tmp/ leftovers removed,
     what was retained)."""
+    _check_own_dir(root, "tmp")  # before anything is removed
     with objects.exclusive(wait):
         # The snapshot first, the logs after it (see the module docstring).
         snapshot = objects.snapshot()
@@ -202,6 +204,24 @@ def _holds_blobs(snap: Snapshot) -> bool:
         return True
     bit = SPACE_BITS["blobs"]
     return any(spaces & bit for pack, _ in snap.packs for _, (_, _, _, spaces) in pack.records())
+
+
+def _check_own_dir(root: str, name: str) -> None:
+    """A store directory a sweep removes old files from must be the store's own: a
+    symbolic link there (to a directory outside) would have them removed where they
+    belong to someone else. Refused, naming it, before anything is removed."""
+    path = os.path.join(root, name)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise StoreError(
+            f"{path} is a symbolic link (to {os.readlink(path)}), not the store's own directory; "
+            "sweep removes old files there, so it refuses to run: put a directory back in its place"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise StoreError(f"{path} is not a directory; sweep refuses to run until it is the store's own directory")
 
 
 def _clean_tmp(root: str, age: float, now: float) -> list[str]:
