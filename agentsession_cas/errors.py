@@ -203,8 +203,13 @@ class SessionDamagedError(StoreError):
     code = "session_damaged"
     status = 500
 
-    def __init__(self, message: str, *, session: str, line: int, offset: int):
-        super().__init__(message)
+    def __init__(self, why: str, *, session: str, line: int, offset: int):
+        super().__init__(
+            f"session {session} is damaged: {why}; it refuses writes until repaired: run `agentsession repair "
+            f"{session}` (`--dry-run` first shows what it keeps and drops; the damaged log is kept aside)"
+        )
+        #: What is wrong, without the session's name or the advice (for a report that names the session).
+        self.why = why
         self.session = session
         self.line = line
         self.offset = offset

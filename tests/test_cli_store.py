@@ -719,6 +719,25 @@ def test_an_object_that_is_no_regular_file_is_corrupt_not_a_hang(store, kind):
         assert b"not a regular file" in r.stderr and ids[0].encode() in r.stderr
 
 
+def test_verify_of_a_damaged_session_names_it_once(store):
+    """A head record naming an entry no append holds (its checksum good): verify says
+    what is wrong as `ID: record N: ...`, naming the session once, code session-damaged."""
+    from agentsession_cas.backends.files.log import encode_record
+
+    new_session(store, "s1", 2)
+    log = store / "sessions" / "s1" / "log"
+    with open(log, "ab") as f:
+        f.write(encode_record({"op": "head", "head": "sha256:" + "ab" * 32, "seq": 99}))
+    r = cli(store, "verify", "s1")
+    assert r.exit_code == 1
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("s1: record ") and "which no append of the log holds" in first, first
+    assert first.count("s1") == 1
+    codes = [p["code"] for p in json.loads(cli(store, "verify", "s1", "--json").stdout)["problems"]]
+    assert "session-damaged" in codes
+    assert "refuses writes until repaired" in cli(store, "export", "s1").stderr
+
+
 def test_verify_names_a_missing_object(store):
     ids = new_session(store, "s1", 2)
     object_path(store, "entries", ids[0]).unlink()

@@ -82,7 +82,7 @@ def verify_stored(store: Store, session_id: str, *, empty_ok: bool = True) -> St
         try:
             session = store.read(session_id)
         except SessionDamagedError as exc:
-            out.problems.append(_problem("log", "session-damaged", _one_line(str(exc).split("; it refuses writes")[0])))
+            out.problems.append(_problem("log", "session-damaged", _one_line(exc.why)))
         except AgentSessionError:
             session = None  # the careful path below says why
     if session is not None:

@@ -54,10 +54,6 @@ __all__ = ["AppendResult", "PreparedBatch", "Session", "entry_from_objects", "wa
 
 _DURABLE_ON_RESPONSES = frozenset({"response", "compaction", "branch_summary"})
 _ENTRY_NAMING = ("target", "first_kept", "from", "queued_from")
-_REPAIR_HINT = (
-    "it refuses writes until repaired: run `agentsession repair {id}` "
-    "(`--dry-run` first shows what it keeps and drops; the damaged log is kept aside)"
-)
 
 
 def walk_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> list[Any]:
@@ -224,8 +220,7 @@ class Session:
                 damage.append(why)
             if damage:
                 raise SessionDamagedError(
-                    f"session {session_id} is damaged: {damage[0]}; " + _REPAIR_HINT.format(id=session_id),
-                    session=session_id, line=0, offset=0,
+                    damage[0], session=session_id, line=0, offset=0,
                 )
         except BaseException:
             log.close()

@@ -1025,9 +1025,7 @@ def plan_repair(
     try:
         probe = Session._open(store, session_id, writable=False)
     except SessionDamagedError as exc:
-        why = str(exc).split("; it refuses writes until repaired")[0]
-        lead = f"session {session_id} is damaged: "
-        why = why[len(lead):] if why.startswith(lead) else why  # the report names the session itself
+        why = exc.why  # the report names the session itself
     else:
         probe.close()
         return RepairReport(

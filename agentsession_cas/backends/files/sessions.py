@@ -59,10 +59,6 @@ __all__ = ["CHECKPOINT_ENTRIES", "FileSessionLog", "FileSessions", "payload_entr
 #: writes them to objects/.
 CHECKPOINT_ENTRIES = 1024
 _COMMIT = encode_record({"op": "commit"})
-_REPAIR_HINT = (
-    "it refuses writes until repaired: run `agentsession repair {id}` "
-    "(`--dry-run` first shows what it keeps and drops; the damaged log is kept aside)"
-)
 _ENTRY_IN_RECORD = re.compile(rb'"entry":"(sha256:[0-9a-f]{64})"')
 _SEQ_IN_RECORD = re.compile(rb'"seq":([0-9]{1,18})[,}]')
 
@@ -77,9 +73,6 @@ def _checkpoint_pool() -> ThreadPoolExecutor:
         _CHECKPOINT_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-checkpoint")
     return _CHECKPOINT_POOL
 
-
-def repair_hint(session_id: str) -> str:
-    return _REPAIR_HINT.format(id=session_id)
 
 
 def checkpoint_covers(records: Sequence[Any]) -> int:
@@ -370,8 +363,7 @@ class FileSessionLog(SessionLog):
         if logread.damage:
             first = logread.damage[0]
             raise SessionDamagedError(
-                f"session {sid} is damaged: log line {first.line} (offset {first.offset}): {first.reason}; "
-                + repair_hint(sid),
+                f"log line {first.line} (offset {first.offset}): {first.reason}",
                 session=sid, line=first.line, offset=first.offset,
             )
         records = logread.records
@@ -380,7 +372,7 @@ class FileSessionLog(SessionLog):
             # without it nothing says what the session holds: damage, not an empty session.
             what = "is missing or empty" if not data else "does not open with its create record"
             raise SessionDamagedError(
-                f"session {sid} is damaged: its log {what}; " + repair_hint(sid), session=sid, line=1, offset=0
+                f"its log {what}", session=sid, line=1, offset=0
             )
         cut_at = len(records)
         last_commit = max((i for i, r in enumerate(records) if r.op in ("commit", "create")), default=-1)
@@ -408,8 +400,7 @@ class FileSessionLog(SessionLog):
             if not objects.entry_sound(r.get("entry")):
                 if payload_entry(r.get("entry"), r.payload) is None:  # type: ignore[arg-type]
                     raise SessionDamagedError(
-                        f"session {sid} is damaged: log line {r.line} carries a payload that does not "
-                        f"hash to entry {r.get('entry')}; " + repair_hint(sid),
+                        f"log line {r.line} carries a payload that does not hash to entry {r.get('entry')}",
                         session=sid, line=r.line, offset=r.offset,
                     )
                 to_restore.append(r)
