@@ -49,7 +49,14 @@ def report_lines(rep: RepairReport) -> list[str]:
     """The plan (or what was done) as text, one fact a line, labels padded to nine columns."""
     out: list[str] = []
     if not rep.damaged:
-        return [f"session {rep.session} is not damaged: {rep.why}; nothing to repair"]
+        if not rep.stale_indexes:
+            return [f"session {rep.session} is not damaged: {rep.why}; nothing to repair"]
+        done = "rewritten" if rep.indexes_fixed else "to rewrite"
+        lines = [f"session {rep.session} is not damaged: {rep.why}; its index files disagree with it"]
+        for name, said, value in rep.stale_indexes:
+            shown = "missing" if said is None else repr(said or "no head")
+            lines.append(f"{name:<9}said {shown}, the log says {value or 'no head'!r}: {done}")
+        return lines
     out.append(f"{'session':<9}{rep.session}: {one_line(rep.why)}")
     for d in rep.damage:
         legible = f"; still legible: append of {', '.join(d.legible)}" if d.legible else ""

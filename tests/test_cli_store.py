@@ -738,6 +738,27 @@ def test_verify_of_a_damaged_session_names_it_once(store):
     assert "refuses writes until repaired" in cli(store, "export", "s1").stderr
 
 
+def test_repair_rewrites_stale_indexes_of_a_whole_log(store):
+    """A mirror's HEAD and mark files changed behind the store's back: fsck reports
+    them, and repair (which no writer's open would do for a mirror) rewrites them to
+    what the log says; a dry run says so and writes nothing."""
+    sid = ok(cli(store, "import", str(FIXTURES / "basic.jsonl"))).strip()
+    log = [r["entry"] for r in json.loads(ok(cli(store, "log", sid, "--json"))) if r.get("entry")]
+    sdir = store / "sessions" / sid
+    (sdir / "HEAD").write_text(log[2] + "\n")
+    (sdir / "mark").write_text("record\n")
+    r = cli(store, "fsck")
+    assert r.exit_code == 1 and "stale-head" in r.stdout and f"agentsession repair {sid}" in r.stdout
+    dry = ok(cli(store, "repair", "--dry-run", sid))
+    assert "to rewrite" in dry and (sdir / "mark").read_text() == "record\n"
+    out = json.loads(ok(cli(store, "repair", "--json", "--yes", sid)))
+    assert out["damaged"] is False and out["indexes_fixed"] is True
+    assert [x["file"] for x in out["stale_indexes"]] == ["HEAD", "mark"]
+    assert (sdir / "HEAD").read_text() == log[-1] + "\n" and (sdir / "mark").read_text() == "mirror\n"
+    ok(cli(store, "fsck"))
+    assert "nothing to repair" in ok(cli(store, "repair", "--yes", sid))
+
+
 def test_verify_names_a_missing_object(store):
     ids = new_session(store, "s1", 2)
     object_path(store, "entries", ids[0]).unlink()

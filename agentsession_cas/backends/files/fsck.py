@@ -1091,7 +1091,7 @@ class _Walk:
                           "holds the session cannot be told here)", **where)
             else:
                 self.error(code, f"session {sid}: {n} {says}, but the log's {what} is {should}; no writer holds "
-                           "the session (the next writing open rewrites it)", **where)
+                           f"the session (`agentsession repair {sid}` or the next writing open rewrites it)", **where)
 
     # -- staged sessions, refs, locks ---------------------------------------------------
 

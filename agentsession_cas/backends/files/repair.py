@@ -159,6 +159,11 @@ class RepairReport:
     repaired: bool = False
     cancelled: bool = False
     damaged_log: str | None = None
+    #: Of a log that reads whole: the index files (HEAD, mark) that disagree with it, as
+    #: (name, what it says or None when missing, what the log says); and whether they
+    #: were rewritten to the log's word (the log is the record; they only lead to it).
+    stale_indexes: list[tuple[str, str | None, str]] = field(default_factory=list)
+    indexes_fixed: bool = False
     # What executing the plan writes (not part of the report's public shape).
     _create: dict[str, Any] = field(default_factory=dict, repr=False)
     _records: list[tuple[dict[str, Any], tuple[bytes, bytes] | None]] = field(default_factory=list, repr=False)
@@ -188,6 +193,8 @@ class RepairReport:
             "seq": self.seq,
             "notes": list(self.notes),
             "damaged_log": self.damaged_log,
+            "stale_indexes": [{"file": n, "said": said, "log": log} for n, said, log in self.stale_indexes],
+            "indexes_fixed": self.indexes_fixed,
         }
 
 
@@ -1032,6 +1039,7 @@ def plan_repair(
             session=session_id, damaged=False, why="its log reads whole", kept=list(probe.log_order),
             head=probe.head, mark=probe.mark, seq=probe.state.max_seq, head_note="as the log names it",
             _kept_seqs=dict(probe.own),
+            stale_indexes=_stale_indexes(_files(store).sessions.dir(session_id), probe.head, probe.mark),
         )
     sdir = _files(store).sessions.dir(session_id)
     try:
@@ -1136,6 +1144,20 @@ def _existing_aside(sdir: str, log_path: str, data: bytes) -> str | None:
     return None
 
 
+def _stale_indexes(sdir: str, head: str | None, mark: str) -> list[tuple[str, str | None, str]]:
+    """The index files of a session directory that disagree with its log's head and mark."""
+    out: list[tuple[str, str | None, str]] = []
+    for name, value in (("HEAD", head or ""), ("mark", mark)):
+        try:
+            with open(os.path.join(sdir, name), "rb") as f:
+                said: str | None = f.read().decode("utf-8", "replace").strip()
+        except OSError:
+            said = None
+        if said != value:
+            out.append((name, said, value))
+    return out
+
+
 def repair_session(
     store: Store,
     session_id: str,
@@ -1159,6 +1181,12 @@ def repair_session(
     try:
         report = plan_repair(store, session_id, progress=progress)
         if not report.damaged:
+            if report.stale_indexes:
+                # Under the lock, no writer can be about to rewrite them: the log's word.
+                sdir = _files(store).sessions.dir(session_id)
+                for name, _, value in report.stale_indexes:
+                    write_atomic(os.path.join(sdir, name), (value + "\n").encode(), durable=True)
+                report.indexes_fixed = True
             return report
         if confirm is not None and not confirm(report):
             report.cancelled = True
