@@ -49,13 +49,16 @@ def report_lines(rep: RepairReport) -> list[str]:
     """The plan (or what was done) as text, one fact a line, labels padded to nine columns."""
     out: list[str] = []
     if not rep.damaged:
-        if not rep.stale_indexes:
+        if not rep.stale_indexes and not rep.restorable:
             return [f"session {rep.session} is not damaged: {rep.why}; nothing to repair"]
+        lines = [f"session {rep.session} is not damaged: {rep.why}; what it leads to is not all sound"]
         done = "rewritten" if rep.indexes_fixed else "to rewrite"
-        lines = [f"session {rep.session} is not damaged: {rep.why}; its index files disagree with it"]
         for name, said, value in rep.stale_indexes:
             shown = "missing" if said is None else repr(said or "no head")
             lines.append(f"{name:<9}said {shown}, the log says {value or 'no head'!r}: {done}")
+        done = "restored" if rep.objects_restored else "to restore"
+        for space, name in rep.restorable:
+            lines.append(f"{'object':<9}{space} {name}: missing or corrupt in objects/, whole in the log: {done}")
         return lines
     out.append(f"{'session':<9}{rep.session}: {one_line(rep.why)}")
     for d in rep.damage:

@@ -759,6 +759,26 @@ def test_repair_rewrites_stale_indexes_of_a_whole_log(store):
     assert "nothing to repair" in ok(cli(store, "repair", "--yes", sid))
 
 
+@pytest.mark.parametrize("how", ["corrupt", "missing"])
+def test_repair_restores_an_object_from_the_log_payload(store, how):
+    """A loose object corrupt or gone while the log still carries it whole: export
+    refuses, repair writes it back from the log (a dry run only says so), export works."""
+    ids = new_session(store, "s1", 3)
+    content = json.loads(cli(store, "cat-object", ids[1]).stdout_bytes)["content"]
+    path = object_path(store, "contents", content)
+    if how == "corrupt":
+        flip_byte(path)
+    else:
+        path.unlink()
+    assert cli(store, "export", "s1").exit_code == 1
+    assert "to restore" in ok(cli(store, "repair", "--dry-run", "s1"))
+    assert cli(store, "export", "s1").exit_code == 1
+    out = json.loads(ok(cli(store, "repair", "--json", "--yes", "s1")))
+    assert out["restorable"] == [{"space": "contents", "name": content}] and out["objects_restored"] is True
+    ok(cli(store, "export", "s1"))
+    ok(cli(store, "fsck"))
+
+
 def test_verify_names_a_missing_object(store):
     ids = new_session(store, "s1", 2)
     object_path(store, "entries", ids[0]).unlink()

@@ -56,8 +56,8 @@ from ...store.session import Session, entry_from_objects, parse_header
 from ...store.state import replay
 from ..base import Space
 from . import FileBackend
-from .log import LogLine, encode_record, scan_log
-from .sessions import FileSessionLog
+from .log import LogLine, encode_record, read_log, scan_log
+from .sessions import FileSessionLog, payload_entry
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -164,6 +164,11 @@ class RepairReport:
     #: were rewritten to the log's word (the log is the record; they only lead to it).
     stale_indexes: list[tuple[str, str | None, str]] = field(default_factory=list)
     indexes_fixed: bool = False
+    #: Of a log that reads whole: objects its entries need that objects/ lacks or holds
+    #: corrupt, with a whole copy in the log's payload, as (space, name); written back
+    #: from that copy by the repair (``objects_restored``).
+    restorable: list[tuple[str, str]] = field(default_factory=list)
+    objects_restored: bool = False
     # What executing the plan writes (not part of the report's public shape).
     _create: dict[str, Any] = field(default_factory=dict, repr=False)
     _records: list[tuple[dict[str, Any], tuple[bytes, bytes] | None]] = field(default_factory=list, repr=False)
@@ -195,6 +200,8 @@ class RepairReport:
             "damaged_log": self.damaged_log,
             "stale_indexes": [{"file": n, "said": said, "log": log} for n, said, log in self.stale_indexes],
             "indexes_fixed": self.indexes_fixed,
+            "restorable": [{"space": s, "name": n} for s, n in self.restorable],
+            "objects_restored": self.objects_restored,
         }
 
 
@@ -1035,12 +1042,16 @@ def plan_repair(
         why = exc.why  # the report names the session itself
     else:
         probe.close()
-        return RepairReport(
+        sdir = _files(store).sessions.dir(session_id)
+        report = RepairReport(
             session=session_id, damaged=False, why="its log reads whole", kept=list(probe.log_order),
             head=probe.head, mark=probe.mark, seq=probe.state.max_seq, head_note="as the log names it",
             _kept_seqs=dict(probe.own),
-            stale_indexes=_stale_indexes(_files(store).sessions.dir(session_id), probe.head, probe.mark),
+            stale_indexes=_stale_indexes(sdir, probe.head, probe.mark),
         )
+        report._objects = _restorable_objects(store, sdir)
+        report.restorable = [(space, name) for space, name, _ in report._objects]
+        return report
     sdir = _files(store).sessions.dir(session_id)
     try:
         with open(os.path.join(sdir, "header"), "rb") as f:
@@ -1144,6 +1155,33 @@ def _existing_aside(sdir: str, log_path: str, data: bytes) -> str | None:
     return None
 
 
+def _restorable_objects(store: Store, sdir: str) -> list[tuple[Space, str, bytes]]:
+    """The objects a whole log's appends carry in their payloads (checked against the
+    entry id) that objects/ lacks or holds corrupt: nothing else holds them, so a
+    repair writes them back rather than leave the session unreadable."""
+    try:
+        with open(os.path.join(sdir, "log"), "rb") as f:
+            records = read_log(f.read()).records
+    except OSError:
+        return []
+    objects = _files(store).objects
+    out: list[tuple[Space, str, bytes]] = []
+    seen: set[tuple[str, str]] = set()
+    for r in records:
+        entry = r.get("entry")
+        if r.op != "append" or r.payload is None or not isinstance(entry, str):
+            continue
+        if payload_entry(entry, r.payload) is None:
+            continue  # a payload that does not prove itself restores nothing
+        content, env = r.payload
+        pair: tuple[tuple[Space, str, bytes], ...] = (("entries", entry, env), ("contents", sha256_ref(content), content))
+        for space, name, data in pair:
+            if (space, name) not in seen and not objects.is_sound_here(space, name):
+                out.append((space, name, data))
+            seen.add((space, name))
+    return out
+
+
 def _stale_indexes(sdir: str, head: str | None, mark: str) -> list[tuple[str, str | None, str]]:
     """The index files of a session directory that disagree with its log's head and mark."""
     out: list[tuple[str, str | None, str]] = []
@@ -1181,6 +1219,9 @@ def repair_session(
     try:
         report = plan_repair(store, session_id, progress=progress)
         if not report.damaged:
+            if report._objects:
+                store.objects.put_many(report._objects)
+                report.objects_restored = True
             if report.stale_indexes:
                 # Under the lock, no writer can be about to rewrite them: the log's word.
                 sdir = _files(store).sessions.dir(session_id)
