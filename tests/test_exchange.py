@@ -195,6 +195,32 @@ def test_push_after_the_remote_lost_the_session_sends_the_whole_closure(ab):
     assert reopen(broot, "s1").log_order == ids
 
 
+def test_push_to_a_remote_whose_packed_copies_are_corrupt_sends_them_again(ab):
+    """The remote holds the objects only in a pack whose bytes were damaged: 'missing'
+    must not trust the pack index, or the push is refused forever for objects the
+    receiver says it has. The sound copies sent land loose beside the pack and serve."""
+    a, b, broot = ab
+    ids = record(a, "s1", 3)
+    ex.push(a, broot, "s1")
+    fork_ids = record(a, "s2", 2, base=ids[-1])  # its prefix is s1's entries
+    b.close()
+    rb = Store(broot)
+    rb.pack()
+    rb.close()
+    [pack] = [p for p in broot.rglob("*") if p.is_file() and p.suffix == ".pack"]
+    data = bytearray(pack.read_bytes())
+    for at in range(32, len(data) - 64, 7):
+        data[at] ^= 0x55
+    pack.write_bytes(bytes(data))
+    with Store(broot) as rb:
+        assert not any(rb.objects.held("entries", i) for i in ids)
+    r = ex.push(a, broot, "s2")
+    assert r.complete and r.created and r.outcome == "fast-forward", r
+    with Store(broot) as rb:
+        assert rb.export("s2") == a.export("s2")
+        assert all(rb.objects.held("entries", i) for i in ids + fork_ids)
+
+
 def test_remembered_state_is_what_the_storage_format_says(ab):
     a, b, broot = ab
     ids = record(a, "s1", 2)

@@ -130,6 +130,16 @@ class FileObjects(ObjectStore):
             return found
         return None
 
+    def _packed_sound(self, space: str, name: str) -> tuple[Pack, object] | None:
+        """Where a pack holds the object and its copy reads and hashes to its name: a
+        writer that finds it there need not write it, a receiver need not be sent it. A
+        corrupt packed copy counts as absent, so a sound loose copy is written beside it
+        (and served first, see :meth:`_get`); a pack index is no proof of the bytes."""
+        found = self._packed(space, name)
+        if found is not None and isinstance(self._get_packed(space, name, *found), bytes):
+            return found
+        return None
+
     def get(self, space: str, name: str) -> bytes:
         """The object's bytes, from a pack or a loose file (or a log that holds it until
         its next checkpoint), verified against its name."""
@@ -270,7 +280,7 @@ class FileObjects(ObjectStore):
         """
         self.wrote = True
         path = self.path(space, name)
-        found = self._packed(space, name)
+        found = self._packed_sound(space, name)
         if found is not None:
             if _freshen(found[0].path):
                 return None  # packs are durable before they are visible
@@ -330,7 +340,7 @@ class FileObjects(ObjectStore):
             return
         paths: list[str] = []
         for space, name, data in items:
-            found = self._packed(space, name)
+            found = self._packed_sound(space, name)
             if found is not None:
                 if _freshen(found[0].path):
                     continue  # packs are durable before they are visible
@@ -359,12 +369,13 @@ class FileObjects(ObjectStore):
         fsync_paths(paths)
 
     def held(self, space: Space, name: str) -> bool:
-        """Held and sound: packed (durable and checksummed), or a loose copy that hashes
-        to its name (a torn one is reported missing, so a sender replaces it)."""
-        if self.is_packed(space, name):
+        """Held and sound: a packed copy or a loose one that reads and hashes to its name
+        (a torn or corrupt one is reported missing, so a sender sends a sound copy)."""
+        if self._packed_sound(space, name) is not None:
             return True
         if not os.path.exists(self.path(space, name)):
-            return self.exists(space, name)  # packed by another process since we looked
+            # Packed by another process since we looked?
+            return self.packs.refresh() and self._packed_sound(space, name) is not None
         return self.is_sound_here(space, name)
 
     def hold(self, names: Iterable[tuple[Space, str]], *, written: set[str] = frozenset()) -> list[tuple[Space, str]]:  # type: ignore[assignment]
@@ -534,7 +545,7 @@ class FileObjects(ObjectStore):
                 if len(data) > MAX_PACKED:
                     big.append((space, name, data))
                     continue
-                found = self._packed(space, name) if dedup else None
+                found = self._packed_sound(space, name) if dedup else None
                 if found is not None:
                     there = fresh.get(found[0].path)
                     if there is None:
