@@ -56,13 +56,8 @@ def resolve_session(store: Store, name: str) -> str:
     # A prefix of at least as many characters as an entry prefix: a command that deletes
     # must not take one letter for a session.
     found = [sid for sid in store.list() if sid.startswith(name)] if len(name) >= MIN_ENTRY_PREFIX else []
-    if len(found) == 1:
-        return found[0]
     if found:
-        raise AmbiguousNameError(
-            f"{name} is the start of {len(found)} session ids in {store.describe()}: {_listed(found)}",
-            candidates=found,
-        )
+        return _the_one(name, found, f"session ids in {store.describe()}")
     raise NoSuchSessionError(f"no such session: {name} (no id, ref or id prefix in {store.describe()})")
 
 
@@ -78,19 +73,21 @@ def resolve_entry(session: Session, name: str) -> str:
         )
     want = "sha256:" + digits
     found = sorted({e for e in _held(session) if e.startswith(want)})
-    if len(found) == 1:
-        return found[0]
     if found:
-        raise AmbiguousNameError(
-            f"{name} is the start of {len(found)} entries of session {session.id}: {_listed(found)}",
-            candidates=found,
-        )
+        return _the_one(name, found, f"entries of session {session.id}")
     raise NoSuchEntryError(f"no entry of session {session.id} starts with {name}")
 
 
 def _held(session: Session) -> Iterable[str]:
     yield from session.log_order
     yield from session.prefix
+
+
+def _the_one(name: str, found: list[str], what: str) -> str:
+    """The one name a prefix matched; more than one is an error listing them."""
+    if len(found) == 1:
+        return found[0]
+    raise AmbiguousNameError(f"{name} is the start of {len(found)} {what}: {_listed(found)}", candidates=found)
 
 
 def _listed(names: list[str]) -> str:
