@@ -192,7 +192,12 @@ def test_push_after_the_remote_lost_the_session_sends_the_whole_closure(ab):
     ids += more(a, "s1", 2, "more")
     r = ex.push(a, broot, "s1")
     assert r.complete and r.created and r.entries == len(ids)
-    assert reopen(broot, "s1").log_order == ids
+    # The head this store remembered there is stale: the session is created anew, head and all.
+    assert r.outcome == "fast-forward" and r.head_after == ids[-1], r
+    assert any("no longer held" in n for n in r.notes)
+    got = reopen(broot, "s1")
+    assert got.log_order == ids and got.head == ids[-1]
+    assert Store(broot, readonly=True).export("s1") == a.export("s1")
 
 
 def test_push_to_a_remote_whose_packed_copies_are_corrupt_sends_them_again(ab):

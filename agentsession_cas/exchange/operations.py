@@ -430,7 +430,17 @@ def _push(
     result.entries = adm.admitted
     result.created = adm.created
     first = adm
-    if (
+    if adm.outcome == "refused" and expected is UNSET and adm.created and adm.previous is None and exp is not None:
+        # The remote no longer held the session (deleted there, or a store put back from
+        # an older copy): this push created it, with no head, and the head this store
+        # remembers seeing there is stale. Only the head is still to move: from none.
+        result.notes.append(
+            f"the remote no longer held session {session_id} (this store remembered its head there as {exp}); "
+            "created it anew"
+        )
+        result.expected = None
+        adm = _push_request(store, sess, transport, closure, replace(request, expected=None), progress, result)
+    elif (
         adm.outcome == "refused" and expected is UNSET and adm.previous != exp
         and _on_own_line(sess, exp, adm.previous) and _on_own_line(sess, adm.previous, head)
     ):
