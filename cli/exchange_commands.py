@@ -18,8 +18,12 @@ from typing import Any
 import click
 
 from agentsession_cas import exchange
+from agentsession_cas.errors import NoSuchSessionError
 from agentsession_cas.exchange.operations import UNSET, ExchangeResult
 from agentsession_cas.format.entry import short_id
+from agentsession_cas.format.hashing import is_hash
+from agentsession_cas.store import Store
+from agentsession_cas.store.names import resolve_entry, resolve_session
 
 from .common import echo, emit_json, fail, note
 from .store_commands import write_store
@@ -88,10 +92,26 @@ def _parse_ref(text: str) -> str | tuple[str, str | None]:
     return name, (expected or None)
 
 
-def _expect(value: str | None) -> Any:
+def _expect(value: str | None, store: Store | None = None, session_id: str | None = None) -> Any:
+    """--expect as given: UNSET when absent, None for '', else an entry id; a prefix of
+    4+ hex digits is resolved among the entries the session holds here."""
     if value is None:
         return UNSET
+    if value and store is not None and session_id is not None and not is_hash(value) and session_id in store:
+        with store.read(session_id) as s:
+            return resolve_entry(s, value)
     return value or None
+
+
+def _local(store: Store, name: str, *, strict: bool = True) -> str:
+    """A session named as everywhere (id, unique prefix, ref); with ``strict=False`` a
+    name this store does not know is passed on as it is (a fetch names the remote's)."""
+    try:
+        return resolve_session(store, name)
+    except NoSuchSessionError:
+        if strict:
+            raise
+        return name
 
 
 def _report(result: ExchangeResult, as_json: bool) -> None:
@@ -158,8 +178,10 @@ def push(session_id: str, remote: str, expected: str | None, force: bool, handov
     exits 1.
     """
     with write_store() as store:
+        session_id = _local(store, session_id)
+        expect = _expect(expected, store, session_id)
         result = _run("sending objects", lambda bar: exchange.push(
-            store, remote, session_id, expected=_expect(expected), force=force, handover=handover,
+            store, remote, session_id, expected=expect, force=force, handover=handover,
             refs=[_parse_ref(r) for r in refs], progress=bar,
         ))
     _report(result, as_json)
@@ -178,6 +200,7 @@ def fetch(session_id: str, remote: str, refs: tuple[str, ...], as_json: bool) ->
     its own; otherwise a note says why it did not (exit 0).
     """
     with write_store() as store:
+        session_id = _local(store, session_id, strict=False)
         result = _run("receiving objects", lambda bar: exchange.fetch(
             store, remote, session_id, refs=[_parse_ref(r) for r in refs], progress=bar,
         ))
@@ -198,8 +221,10 @@ def handover(session_id: str, remote: str, expected: str | None, refs: tuple[str
     command again finishes it.
     """
     with write_store() as store:
+        session_id = _local(store, session_id)
+        expect = _expect(expected, store, session_id)
         result = _run("sending objects", lambda bar: exchange.handover(
-            store, remote, session_id, expected=_expect(expected), refs=[_parse_ref(r) for r in refs], progress=bar,
+            store, remote, session_id, expected=expect, refs=[_parse_ref(r) for r in refs], progress=bar,
         ))
     _report(result, as_json)
 
@@ -216,7 +241,9 @@ def declare_record(session_id: str, remote: str | None, expected: str | None, as
     only copy is a mirror. With --expect, refused if the head moved.
     """
     with write_store() as store:
-        result = exchange.declare_record(store, session_id, expected=_expect(expected), remote=remote)
+        if remote is None:
+            session_id = _local(store, session_id)
+        result = exchange.declare_record(store, session_id, expected=_expect(expected, store, session_id), remote=remote)
     where = "here" if remote is None else f"at {remote}"
     if as_json:
         emit_json({**result.as_dict(), "remote": remote})
@@ -239,6 +266,7 @@ def take_back(session_id: str, remote: str, as_json: bool) -> None:
     command again finishes it.
     """
     with write_store() as store:
+        session_id = _local(store, session_id, strict=False)
         result = _run("receiving objects", lambda bar: exchange.take_back(store, remote, session_id, progress=bar))
     _report(result, as_json)
 

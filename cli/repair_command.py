@@ -14,6 +14,7 @@ import click
 
 from agentsession_cas.backends.files.repair import RepairReport
 from agentsession_cas.maintenance.repair import plan_repair, repair_session
+from agentsession_cas.store.names import resolve_session
 
 from .common import echo, emit_json, fail, one_line, plural
 from .store_commands import read_store, write_store
@@ -118,7 +119,7 @@ def repair(session_id: str, dry_run: bool, yes: bool, as_json: bool) -> None:
     if dry_run:
         try:
             with read_store() as store:
-                rep = plan_repair(store, session_id, progress=progress)
+                rep = plan_repair(store, resolve_session(store, session_id), progress=progress)
         finally:
             clear()
         _print(rep, as_json, dry_run=True)
@@ -136,6 +137,7 @@ def repair(session_id: str, dry_run: bool, yes: bool, as_json: bool) -> None:
     ask = not yes and _on_terminal()
     try:
         with write_store() as store:
+            session_id = resolve_session(store, session_id)
             rep = repair_session(store, session_id, confirm=confirm if ask else None, progress=progress)
     finally:
         clear()

@@ -226,6 +226,29 @@ def test_push_to_a_remote_whose_packed_copies_are_corrupt_sends_them_again(ab):
         assert all(rb.objects.held("entries", i) for i in ids + fork_ids)
 
 
+def test_exchange_commands_take_session_names_and_entry_prefixes(tmp_path):
+    """push, fetch and repair name a session as every command does (unique id prefix,
+    ref); push --expect takes an entry prefix of the session's own entries."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with Store.init(a) as st:
+        ids = record(st, "sess-one", 2)
+    Store.init(b).close()
+    ok(cli(a, "ref", "update", "chat/one", "sess-one"))
+    ok(cli(a, "push", "sess", str(b)))
+    with Store.init(a) as st:
+        ids += more(st, "sess-one", 1, "more")
+    r = cli(a, "push", "ref:chat/one", str(b), "--expect", ids[-2][7:15])  # the head pushed before
+    assert r.exit_code == 0, r.stderr
+    with Store(b, readonly=True) as sb:
+        assert sb.read("sess-one").head == ids[-1]
+    one_error = cli(a, "push", "nope", str(b))
+    assert one_error.exit_code == 1 and "no such session: nope" in one_error.stderr
+    c = tmp_path / "c"
+    Store.init(c).close()
+    ok(cli(c, "fetch", "sess-one", str(b)))  # a name this store does not know goes to the remote as it is
+    assert "not damaged" in ok(cli(c, "repair", "sess"))
+
+
 def test_remembered_state_is_what_the_storage_format_says(ab):
     a, b, broot = ab
     ids = record(a, "s1", 2)
@@ -1053,7 +1076,9 @@ def test_handover_declare_record_and_take_back_commands(tmp_path):
 
 
 def test_command_errors_are_one_line(tmp_path):
-    store(tmp_path, "a").close()
+    st = store(tmp_path, "a")
+    record(st, "s1", 1)  # held here: the push's name resolves, and the transport is what fails
+    st.close()
     for args, needle in [
         (("fetch", "s1", str(tmp_path / "a2")), "no store"),
         (("push", "nope", str(tmp_path / "a2")), "no such session: nope"),
