@@ -71,12 +71,16 @@ def _print_context(leaf: str | None, ctx: Context | None, error: str | None, con
 
 
 @click.command()
-@click.argument("file", metavar="FILE|ID", type=click.Path(dir_okay=True, allow_dash=False, readable=False))
+@click.argument("file", metavar="FILE|ID", type=click.Path(dir_okay=True, allow_dash=True, readable=False))
 @click.option("--leaf", "leaf_name", metavar="ID", help="Entry to treat as the leaf: a full id, a legacy id or a unique hex prefix.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("-v", "--verbose", is_flag=True, help="Show the data of custom and extension entries.")
 @click.option("--runs", "show_runs", is_flag=True, help="Also print the runs on the leaf's path: reasons, calls and their states.")
-def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool, show_runs: bool) -> None:
+@click.option("-n", "--first", "first", type=click.IntRange(min=0), metavar="N", help="List only the first N entries (the text listing).")
+@click.option("--tail", "last", type=click.IntRange(min=0), metavar="N", help="List only the last N entries (the text listing).")
+def show(
+    file: str, leaf_name: str | None, as_json: bool, verbose: bool, show_runs: bool, first: int | None, last: int | None
+) -> None:
     """Print a session's entries in file order, then the context at its leaf.
 
     The context is what a model call appended at the leaf (or at --leaf ID)
@@ -165,7 +169,12 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool, show_ru
             if e.type == "label" and isinstance(e.get("target"), str):
                 labels[e.get("target")] = e.label or ""
         rows = [["LINE", "ID", "PARENT", "TYPE", "SUMMARY"]]
-        for e in sf.entries:
+        listed = sf.entries
+        if first is not None:
+            listed = listed[:first]
+        if last is not None:
+            listed = listed[len(listed) - last:] if last else []
+        for e in listed:
             marks = []
             if counts.get(e.id, 0) > 1:
                 marks.append(f"fork\u00d7{counts[e.id]}")
@@ -182,6 +191,8 @@ def show(file: str, leaf_name: str | None, as_json: bool, verbose: bool, show_ru
         echo()
         for line in table(rows):
             echo(line)
+        if len(listed) < len(sf.entries):
+            echo(f"({len(listed):,} of {plural(len(sf.entries), 'entry', 'entries')} listed)")
     echo()
     if leaf is None:
         echo("leaf -  (the universal root: the next entry is a root)" if sf.entries else "leaf -  (no entries)")

@@ -543,6 +543,22 @@ def test_sessions_and_entries_are_named_as_git_names_revisions(store):
     assert ok(cli(store, "delete", "abce")).startswith("deleted abce-two ")
 
 
+def test_show_first_and_tail_limit_the_listing(store):
+    path = str(FIXTURES / "basic.jsonl")
+    sf = read_session(FIXTURES / "basic.jsonl")
+
+    def listed(*args: str) -> list[str]:
+        out = ok(cli(None, "show", *args, path)).splitlines()
+        start = next(i for i, ln in enumerate(out) if ln.startswith("LINE "))
+        return [ln.split()[1] for ln in out[start + 1:] if ln and not ln.startswith("(")][: len(sf.entries)]
+
+    short = [e.id[7:19] for e in sf.entries]
+    assert listed("-n", "2")[:2] == short[:2] and "(2 of 7 entries listed)" in ok(cli(None, "show", "-n", "2", path))
+    assert listed("--tail", "1")[0] == short[-1]
+    assert "entries listed" not in ok(cli(None, "show", path))
+    assert cli(None, "show", "-n", "-1", path).exit_code == 2
+
+
 def test_export_refuses_a_plain_file(store):
     one_error(cli(store, "export", str(FIXTURES / "basic.jsonl")), "not a session of a store")
 
