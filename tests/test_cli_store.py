@@ -487,11 +487,14 @@ def test_exit_statuses_for_a_closed_pipe_and_ctrl_c(store, tmp_path):
 
 
 def _reading_stdin(pid: int) -> bool:
-    """The process is blocked reading (its main thread in a read syscall)."""
+    """The process is blocked reading its standard input: its main thread is in read(2)
+    (number 0 on x86-64) on fd 0, which only the command's own read of `-` does (start-up
+    reads its modules through other descriptors), so a SIGINT then lands in our handler."""
     try:
         with open(f"/proc/{pid}/syscall") as f:
-            return f.read().split()[0] == "0"  # read(2) on x86-64
-    except (OSError, IndexError):
+            parts = f.read().split()
+        return parts[0] == "0" and int(parts[1], 16) == 0
+    except (OSError, IndexError, ValueError):
         return False
 
 
