@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "COMMIT_POINTS",
     "SPACES",
     "Space",
     "Mark",
@@ -64,6 +65,10 @@ Space = Literal["entries", "contents", "blobs"]
 SPACES: tuple[Space, ...] = ("entries", "contents", "blobs")
 #: A session's record mark (RFC 0002 "One store of record").
 Mark = Literal["record", "mirror"]
+#: The records that commit everything before them: a crash never takes what precedes
+#: one, and a reader serves another writer's log only up to the last one. ``snapshot``
+#: is what a compacted log holds in place of committed records (files backend).
+COMMIT_POINTS = frozenset({"create", "commit", "snapshot"})
 
 
 @dataclass(slots=True)

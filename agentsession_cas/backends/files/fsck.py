@@ -50,7 +50,7 @@ from ...format.names import check_session_id
 from ...format.rules import TreeState
 from ...fsutil import read_whole
 from ...store.state import index_damage, replay
-from ..base import FsckProblem, FsckReport
+from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
 from .log import Record, read_log, scan_log
 from .objects import FileObjects
@@ -812,7 +812,7 @@ class _Walk:
         retained); the rules are not, since the damage may hide any record."""
         records = [ln.record for ln in scan_log(data) if ln.record is not None]
         self.retain_records(records)
-        last_commit = max((i for i, r in enumerate(records) if r.op in ("commit", "create")), default=-1)
+        last_commit = max((i for i, r in enumerate(records) if r.op in COMMIT_POINTS), default=-1)
         for i, r in enumerate(records):
             if r.op == "append" and i <= last_commit and _is_hash(r.get("entry")):
                 sound, info = self.entry_sound(_raw(r.get("entry")))
@@ -904,7 +904,7 @@ class _Walk:
                            session=sid, file=logrel, line=records[0].line)
                 rules = False
         ops = [r.data["op"] for r in records]
-        last_commit = max(i for i, op in enumerate(ops) if op == "commit" or op == "create")
+        last_commit = max(i for i, op in enumerate(ops) if op in COMMIT_POINTS)
         # Appends a checkpoint record covers (by sequence number: a checkpoint runs beside
         # later appends) have their objects in objects/; the others only in their payloads.
         covered = _checkpoint_covers(records) if "checkpoint" in ops else 0
