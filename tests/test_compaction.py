@@ -302,3 +302,37 @@ def test_snapshot_replays_to_the_state_of_the_records_it_replaces(log):
     # A snapshot of a snapshot (a second compaction) is the same snapshot.
     again = make_snapshot(create, [snap])
     assert {k: v for k, v in again.items()} == snap
+
+
+def test_repair_of_a_compacted_log_with_a_damaged_line_after_its_snapshot(tmp_path):
+    """Repair reads a snapshot as the appends it stands for: a bad line after it costs
+    nothing the snapshot holds."""
+    from agentsession_cas.maintenance.repair import repair_session
+
+    root = tmp_path / "store"
+    st = Store.init(root)
+    fill(st)
+    st.close()
+    st = Store(root)
+    s = st.session("s1")
+    for i in range(3):
+        s.append(msg(f"late{i}"))
+    want = list(s.log_order)
+    st.close()
+    path = root / "sessions" / "s1" / "log"
+    lines = path.read_bytes().split(b"\n")
+    assert read_log(path.read_bytes(), expand=False).records[1].op == "snapshot"
+    # Flip a byte in the first record after the snapshot (an append of "late0").
+    third = bytearray(lines[2])
+    third[30] ^= 1
+    lines[2] = bytes(third)
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(SessionDamagedError):
+        Store(root, readonly=True).read("s1")
+    st = Store(root)
+    report = repair_session(st, "s1")
+    st.close()
+    assert report.damaged
+    ro = Store(root, readonly=True).read("s1")
+    assert list(ro.log_order) == want
+    assert fsck(root).ok

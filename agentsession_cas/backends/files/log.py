@@ -226,24 +226,19 @@ class LogLine:
     def end(self) -> int:
         return self.offset + len(self.raw) + (1 if self.terminated else 0)
 
-    @property
-    def records(self) -> list[Record]:
-        """The records the line stands for: its record, or a snapshot's, expanded."""
-        if self.record is None:
-            return []
-        if self.record.op == "snapshot":
-            return [Record(self.line, self.offset, d) for d in expand_snapshot(self.record.data)]
-        return [self.record]
 
 
-def scan_log(data: bytes) -> list[LogLine]:
+def scan_log(data: bytes, *, expand: bool = True) -> list[LogLine]:
     """Every line of a log in order, each with its record or why it has none; unlike
-    :func:`read_log` it does not stop at the first bad line or say what is damage."""
+    :func:`read_log` it does not stop at the first bad line or say what is damage.
+    A snapshot line is given as one line per record it stands for (each with the
+    snapshot's place; the first with its bytes), or, ``expand=False``, as itself."""
     lines, parsed, crash_like = _scan(data)
     out = []
     for i, ((number, offset, raw, terminated), (_, _, result, _)) in enumerate(zip(lines, parsed)):
         if isinstance(result, tuple):
-            out.append(LogLine(number, offset, raw, terminated, Record(number, offset, result[0], result[1]), None, False))
+            for k, rec in enumerate(_records(number, offset, result, expand)):
+                out.append(LogLine(number, offset, raw if k == 0 else b"", terminated, rec, None, False))
         else:
             out.append(LogLine(number, offset, raw, terminated, None, result, i in crash_like))
     return out
