@@ -27,7 +27,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("file_commands", 'Check a session file or a stored session; exit 1 on any problem.'),
     "hash-object": ("file_commands", 'Print the computed id and content hash of each entry line in FILE (or stdin).'),
     "init": ("store_commands", 'Create the store (or find the one there) and say which, with its path.'),
-    "list": ("store_commands", "List the store's sessions: id, created, own entries, head, mark, size."),
+    "list": ("list_command", "List the store's sessions, newest activity first: title, model, harness, times, entries, head, mark."),
     "log": ("store_commands", "Print a session's log records: line, op, seq, entry, head."),
     "export": ("store_commands", "Print a session's projection (RFC 0002) to stdout, or write it to FILE."),
     "import": ("store_commands", "Import a session file; print the new session's id."),

@@ -32,7 +32,7 @@ from agentsession_cas.store.names import REF_PREFIX, resolve_entry, resolve_sess
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store, store_url_kind
 
-from .common import echo, emit_json, fail, note, one_line, table, write_bytes
+from .common import echo, emit_json, fail, note, table, write_bytes
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -176,50 +176,6 @@ def init(as_json: bool) -> None:
         emit_json({"store": where, "created": not existed})
     else:
         echo(f"{'found' if existed else 'created'} store at {where}")
-
-
-@click.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of text.")
-def list_sessions(as_json: bool) -> None:
-    """List the store's sessions: id, created, own entries, head, mark, size.
-
-    A session that cannot be read (a damaged log) is listed with mark
-    `damaged`, reported on stderr, and the exit status is 1.
-    """
-    store = read_store()
-    rows: list[dict[str, Any]] = []
-    failed = 0
-    for sid in store.list():
-        size = store.backend.sessions.size(sid)
-        try:
-            s = store.read(sid)
-        except NoSuchSessionError:
-            continue  # deleted meanwhile
-        except AgentSessionError as exc:
-            failed += 1
-            echo(f"agentsession: error: {one_line(str(exc))}", err=True)
-            rows.append({"id": sid, "created": None, "entries": None, "head": None, "base": None,
-                         "mark": "damaged", "size": size, "error": one_line(str(exc))})
-            continue
-        rows.append({"id": sid, "created": s.header.created_at, "entries": len(s), "head": s.head,
-                     "base": s.base, "mark": s.mark, "size": size})
-    if as_json:
-        emit_json(rows)
-    elif rows:
-        lines = [["ID", "CREATED", "ENTRIES", "HEAD", "MARK", "SIZE"]]
-        for r in rows:
-            lines.append([
-                r["id"],
-                str(r["created"] or "-"),
-                "-" if r["entries"] is None else str(r["entries"]),
-                short_id(r["head"]),
-                r["mark"],
-                "-" if r["size"] is None else str(r["size"]),
-            ])
-        for line in table(lines):
-            echo(line)
-    if failed:
-        sys.exit(1)
 
 
 # ---------------------------------------------------------------------------
@@ -601,4 +557,4 @@ def rev_parse(name: str, entry: str | None, as_json: bool) -> None:
         echo(entry_id)
 
 
-COMMANDS = [init, list_sessions, log_cmd, export, import_cmd, create, append, head, cat_object, delete, rev_parse]
+COMMANDS = [init, log_cmd, export, import_cmd, create, append, head, cat_object, delete, rev_parse]

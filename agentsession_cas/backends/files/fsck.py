@@ -93,7 +93,7 @@ _ROOT_NAMES = {
     "gc.lock": "file",  # the earlier layout's flock files, which `migrate` keeps
     "sweep.lock": "file",
 }
-_SESSION_FILES = ("header", "log", "HEAD", "mark")
+_SESSION_FILES = ("header", "log", "HEAD", "mark", "summary")
 _DAMAGED_LOG = "log.damaged-"  # repair keeps the damaged log beside the new one
 _ATOMIC_TMP = ".tmp-"  # fsutil.write_atomic's temp files, beside their target
 
@@ -1004,6 +1004,25 @@ class _Walk:
                            session=sid, file=f"sessions/{sid}/HEAD")
                 return
         self.check_indexes(sid, head, mark, head_file, mark_file, sdir, log_size, unclean)
+        self.check_summary(sid, state)
+
+    def check_summary(self, sid: str, state: Any) -> None:
+        """``summary`` is what ``list`` shows without reading the log: one that says it
+        describes the log as it is now (its identity) but disagrees with it (count, last
+        entry, head, mark) would show a person the wrong session. Stale or unreadable,
+        it is only rebuilt (no finding)."""
+        kept = self.store.backend.sessions.summary(sid)
+        if kept is None or not kept[1]:
+            return
+        s = kept[0]
+        order = state.log_order
+        expect = {"id": sid, "entries": len(order), "last_entry": order[-1] if order else None,
+                  "head": state.head, "mark": state.mark, "base": state.base}
+        wrong = [k for k, v in expect.items() if s.get(k) != v]
+        if wrong:
+            self.warn("stale-summary", f"session {sid}: its summary disagrees with the log ({', '.join(wrong)}); "
+                      "`list` shows it until the session is next written; removing the file is safe (an index, "
+                      "rebuilt from the log)", session=sid, file=f"sessions/{sid}/summary")
 
     def report_seqs(self, sid: str, records: list[Record], logrel: str) -> None:
         """Sequence numbers given out twice (a writer never reuses one, a lost append's included)."""

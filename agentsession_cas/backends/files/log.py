@@ -49,7 +49,7 @@ from ..base import COMMIT_POINTS
 
 __all__ = [
     "Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX",
-    "make_snapshot", "expand_snapshot",
+    "make_snapshot", "expand_snapshot", "checksummed_line", "checked_body",
 ]
 
 #: Hex digits of the BLAKE3 checksum each line carries.
@@ -67,6 +67,20 @@ _SNAPSHOT_OTHERS = _SNAPSHOT_KEEPS | {"append"}
 
 def _checksum(data: bytes) -> str:
     return blake3.blake3(data).hexdigest(length=CHECKSUM_HEX // 2)
+
+
+def checksummed_line(body: bytes) -> bytes:
+    """``body`` as a line of the log's form (checksum, space, body, LF); the small index
+    files that carry a checksum (a session's ``summary``) use it too."""
+    return _checksum(body).encode("ascii") + b" " + body + b"\n"
+
+
+def checked_body(line: bytes) -> bytes | None:
+    """The body of one such line (LF included), or None when its checksum fails."""
+    if len(line) < CHECKSUM_HEX + 3 or not line.endswith(b"\n") or line[CHECKSUM_HEX : CHECKSUM_HEX + 1] != b" ":
+        return None
+    body = line[CHECKSUM_HEX + 1 : -1]
+    return body if line[:CHECKSUM_HEX] == _checksum(body).encode("ascii") and b"\n" not in body else None
 
 
 def encode_record(record: dict[str, Any], payload: tuple[bytes, bytes] | None = None) -> bytes:

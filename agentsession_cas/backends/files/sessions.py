@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -43,12 +43,12 @@ from ...errors import (
     SessionLockedError,
     StoreError,
 )
-from ...format.canonical import loads
+from ...format.canonical import canonical_bytes, loads
 from ...format.hashing import sha256_ref
 from ...format.names import check_session_id
 from ...fsutil import fsync_dir, start_writeback, write_atomic
 from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
-from .log import encode_append, encode_record, make_snapshot, read_log
+from .log import checked_body, checksummed_line, encode_append, encode_record, make_snapshot, read_log
 
 if TYPE_CHECKING:
     from . import FileBackend
@@ -110,6 +110,33 @@ def payload_entry(entry_id: str, payload: tuple[bytes, bytes]) -> tuple[dict, di
     if not isinstance(env, dict) or env.get("content") != sha256_ref(content) or not isinstance(body, dict):
         return None
     return env, body
+
+
+def _identity(st: os.stat_result) -> list[str]:
+    """What tells one state of a log file from another: inode, size, mtime (as strings:
+    an I-JSON number could not hold them whole)."""
+    return [str(st.st_ino), str(st.st_size), str(st.st_mtime_ns)]
+
+
+def _read_summary(directory: str) -> tuple[dict[str, Any], list[str]] | None:
+    """(summary, log identity) from a session's ``summary`` file, or None when there is
+    none or it does not read (an index: rebuilt, never an error)."""
+    try:
+        with open(os.path.join(directory, "summary"), "rb") as f:
+            raw = f.read(1 << 16)
+    except OSError:
+        return None
+    body = checked_body(raw)
+    try:
+        data = loads(body) if body is not None else None
+    except (ValueError, AgentSessionError):
+        data = None
+    if not isinstance(data, dict):
+        return None
+    summary, ident = data.get("summary"), data.get("log")
+    if not isinstance(summary, dict) or not (isinstance(ident, list) and len(ident) == 3):
+        return None
+    return summary, ident
 
 
 def _encode(record: Record) -> bytes:
@@ -250,6 +277,20 @@ class FileSessions(SessionStore):
         log._head, log._mark = head, mark
         return log
 
+    def summary(self, session_id: str) -> tuple[dict[str, Any], bool] | None:
+        """``summary``: one checksummed line (as a log record is) holding the domain's
+        summary and the log's identity (inode, size, mtime) when it was written; current
+        while the log is still that file at that size and time."""
+        kept = _read_summary(self.dir(session_id))
+        if kept is None:
+            return None
+        data, ident = kept
+        try:
+            st = os.stat(os.path.join(self.dir(session_id), "log"))
+        except OSError:
+            return data, False
+        return data, ident == _identity(st)
+
     def size(self, session_id: str) -> int | None:
         """Bytes of the session's directory (header, log, indexes)."""
         total = 0
@@ -349,6 +390,8 @@ class FileSessionLog(SessionLog):
         #: Where the log's records after its snapshot begin (0: it has none): what
         #: compaction would replace lies after it.
         self._compacted = 0
+        #: The summary the domain handed over, written when the log is let go.
+        self._summary: dict[str, Any] | None = None
 
     # -- opening and recovery -------------------------------------------------------------
 
@@ -463,7 +506,7 @@ class FileSessionLog(SessionLog):
                 objects.register(self)
             if losses or cut_at < len(records):
                 out_records = out_records + losses + [{"op": "commit"}]
-            return LogOpen(header, out_records, head_index, mark_index, recovered)
+            return LogOpen(header, out_records, head_index, mark_index, recovered, self._kept_summary())
         self.writable = True
         # A checkpoint record needs no commit (lost, it only makes recovery check the
         # objects again): a log whose tail after the last commit holds only checkpoints
@@ -479,7 +522,7 @@ class FileSessionLog(SessionLog):
             out_records = out_records + losses + [{"op": "commit"}]
         # Nothing is written yet: the domain checks the log first (recover() writes).
         self._recovery = (rewrite, since_checkpoint)
-        return LogOpen(header, out_records, head_index, mark_index, recovered)
+        return LogOpen(header, out_records, head_index, mark_index, recovered, self._kept_summary())
 
     def recover(self) -> None:
         """Apply what opening found a crash left, now that the domain found the log sound:
@@ -500,6 +543,26 @@ class FileSessionLog(SessionLog):
                 self.unmaterialized[r.get("entry")] = (sha256_ref(content), content, env_bytes)
             self.backend.objects.register(self)
             self._checkpoint()
+
+    def _kept_summary(self) -> dict[str, Any] | None:
+        kept = _read_summary(self.dir)
+        return kept[0] if kept is not None else None
+
+    def set_summary(self, summary: Mapping[str, Any]) -> None:
+        if self.writable and not self._closed:
+            self._summary = dict(summary)
+
+    def _write_summary(self) -> None:
+        """The summary handed over, with the log's identity as the writer leaves it (after
+        any compaction): written atomically, not fsynced (an index; lost, it is rebuilt)."""
+        if self._summary is None or self._fd is None or self.stopped:
+            return
+        summary, self._summary = self._summary, None
+        try:
+            body = canonical_bytes({"log": _identity(os.fstat(self._fd)), "summary": summary})
+        except (ValueError, AgentSessionError):
+            return  # a summary the domain made that is no I-JSON: none is kept, list rebuilds it
+        write_atomic(os.path.join(self.dir, "summary"), checksummed_line(body), durable=False)
 
     def _read_indexes(self) -> tuple[str | None, str | None]:
         out: list[str | None] = []
@@ -772,6 +835,7 @@ class FileSessionLog(SessionLog):
                 self._finish_checkpoint()
                 if not self._uncommitted:
                     self._compact(final=True)
+                    self._write_summary()
         except OSError:
             pass  # the log is whole as it was (the rename is the switch); the next close tries again
         finally:
