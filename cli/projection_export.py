@@ -1,7 +1,8 @@
-"""``export --format atif``: a session's projections other than its file.
+"""``export --format atif|otel``: a session's projections other than its file.
 
 Kept apart from ``store_commands.export`` so that command only chooses; the
-projection itself is the library's (``agentsession_cas.format.atif``). The argument is a file or a stored session, as
+projections themselves are the library's (``agentsession_cas.format.atif`` and
+``agentsession_cas.format.otel``). The argument is a file or a stored session, as
 ``show`` takes it; a linked subsession is embedded when its session is in the same
 store, or its file (``<child id>.jsonl``) lies beside the exported file.
 """
@@ -15,6 +16,7 @@ from typing import Any
 from agentsession_cas import SessionFile, read_session, read_session_bytes
 from agentsession_cas.errors import OutputError
 from agentsession_cas.format.atif import ChildResolver, document_name, trajectories, trajectory_at
+from agentsession_cas.format.otel import otlp_request
 from agentsession_cas.fsutil import write_output
 from agentsession_cas.store import Store
 
@@ -64,6 +66,13 @@ def export_projection(sf: SessionFile, store: Store | None, arg: str, fmt: str, 
     if not sf.entries:
         fail(f"{arg}: the session has no entries, so it has no {fmt} projection")
     entry = sf.resolve(at).id if at is not None else None
+    if fmt == "otel":
+        data = _dumps(otlp_request(sf, at=entry), indent=2) + b"\n"
+        if output is None or output == "-":
+            write_bytes(data)
+        else:
+            write_output(output, data)
+        return
     if entry is not None:
         docs = [(document_name(sf.header.id, entry, sf.leaf), trajectory_at(sf, entry, resolve_child=resolver))]
     else:

@@ -370,15 +370,15 @@ def projection_file(target: Target) -> SessionFile:
 @click.command()
 @click.argument("session", metavar="ID")
 @click.option("-o", "--output", metavar="FILE", help="Write the projection (and sidecar media beside it) to FILE.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "atif"]), default="jsonl", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "atif", "otel"]), default="jsonl", show_default=True,
               help="jsonl: the session file; atif: one ATIF document per path (a line each, or files in the "
-                   "directory -o names; docs/projections.md).")
-@click.option("--at", metavar="ENTRY", help="With --format atif: the path to this entry only.")
+                   "directory -o names); otel: the session as OTLP JSON spans (docs/projections.md).")
+@click.option("--at", metavar="ENTRY", help="With --format atif or otel: the path to this entry only.")
 def export(session: str, output: str | None, fmt: str, at: str | None) -> None:
     """Print a session's projection (RFC 0002) to stdout, or write it to FILE.
 
     ID may also be a path inside the session's directory in a store, and, with
-    --format atif, a session file.
+    --format atif or otel, a session file.
     """
     if fmt != "jsonl":
         located = locate(session, files=True)
@@ -387,7 +387,7 @@ def export(session: str, output: str | None, fmt: str, at: str | None) -> None:
         store, s = open_target(located, files=True)
         return export_projection(read_session_bytes(s.projection(), source=s.id), store, session, fmt, at, output)
     if at is not None:
-        fail("--at builds the projection at one entry: give it with --format atif")
+        fail("--at builds the projection at one entry: give it with --format atif or otel")
     target = locate(session, files=False)
     if target.kind == "file":
         if not os.path.lexists(target.arg):
