@@ -475,6 +475,8 @@ class MigrationReport:
     kept: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
+    #: Refs rewritten (a store of the reference library's layout): {name, session, ident, note}.
+    refs: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -499,6 +501,7 @@ class MigrationReport:
             "kept": list(self.kept),
             "problems": list(self.problems),
             "steps": list(self.steps),
+            "refs": list(self.refs),
         }
 
 
@@ -619,6 +622,9 @@ def _reached(point: str) -> None:
 
 class _Planner:
     """Reads the store and decides everything; writes nothing."""
+
+    #: What the records are read from, as a refusal names it.
+    SOURCE = "journal"
 
     def __init__(self, root: str, *, skip_damaged: bool, progress: Callable[[str], None] | None):
         self.root = root
@@ -1031,6 +1037,10 @@ class _Planner:
         cut = False
         for ev in events:
             kind = ev[0]
+            if kind == "lost":
+                # ("lost", entry, why): an append the reader already knows a crash took.
+                losses.append((ev[1], ev[2]))
+                continue
             if cut:
                 if kind == "append" and ev[1] not in own_set:
                     losses.append((ev[1], "after an earlier lazy append the crash took"))
@@ -1039,7 +1049,7 @@ class _Planner:
                 entry, h, lazy, line, index = ev[1], ev[2], ev[3], ev[4], ev[5]
                 if last_lost.get(entry, -1) > index:
                     if entry not in own_set:
-                        losses.append((entry, "the journal recorded it lost"))
+                        losses.append((entry, f"the {self.SOURCE} recorded it lost"))
                     continue
                 if entry in own_set:
                     if h is not _NO_HEAD:
@@ -1053,7 +1063,7 @@ class _Planner:
                         cut = True
                         losses.append((entry, f"a lazy append whose objects are gone ({info})"))
                         continue
-                    where = f" (journal line {line})" if line else " (its index log)"
+                    where = f" ({self.SOURCE} line {line})" if line else " (its index log)"
                     plan.problems.append(f"entry {entry}{where} is committed but {info}")
                     return
                 parent = info.parent
@@ -1413,6 +1423,11 @@ def migrate(
         return report
     if state == "none":
         raise MigrationError(f"no store at {root}: no layout file, journal, sessions/ or objects/ to migrate")
+    if state == "reference":
+        raise MigrationError(
+            f"the store at {root} is of the reference library's layout ({layout_text(root)!r}); "
+            "migrate_reference.migrate_reference converts it"
+        )
     if state == "other":
         raise MigrationError(
             f"the store at {root} has layout {layout_text(root)!r}: neither this release's "
