@@ -105,8 +105,8 @@ def _print_report(report: MigrationReport) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, as_json: bool) -> None:
-    """Convert a store of the earlier journal layout, or of the reference library's
-    current layout ('cas 2'), to this release's layout, in place.
+    """Convert a store of the earlier journal layout, or of the reference library's,
+    to this release's layout, in place.
 
     Every session's log is rebuilt from the store-wide journal; heads, marks
     and objects are kept; the journal is kept as migrated/journal and replaced

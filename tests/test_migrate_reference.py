@@ -20,7 +20,6 @@ from test_migrate import cli, held, outcome, tree
 
 from agentsession_cas import read_session_bytes
 from agentsession_cas.backends.files import migrate as mig
-from agentsession_cas.backends.files import migrate_reference as mref
 from agentsession_cas.backends.files.layout import LAYOUT, layout_state
 from agentsession_cas.backends.files.log import read_log
 from agentsession_cas.backends.files.migrate_reference import migrate_reference, migrate_store, read_session_log
@@ -273,12 +272,11 @@ def test_a_crash_after_any_step_is_finished_by_running_again(tmp_path):
     expected = outcome(clean.root)
     seen: list[str] = []
     orig = mig._reached
-    mref_orig = mref._reached
-    mref._reached = seen.append
+    mig._reached = seen.append
     try:
         migrate_store(build(tmp_path / "points").root)
     finally:
-        mref._reached = mref_orig
+        mig._reached = orig
     assert seen[0] == "locked" and seen[-1] == "cleanup" and "refs" in seen
     assert [p for p in seen if p.startswith("session:")] == [f"session:{s}" for s in sorted(
         set(clean.expected()) | clean.set_aside)]
@@ -289,12 +287,12 @@ def test_a_crash_after_any_step_is_finished_by_running_again(tmp_path):
             if reached == point:
                 raise OSError(f"injected crash after {point}")
 
-        mref._reached = crash
+        mig._reached = crash
         try:
             with pytest.raises(OSError, match="injected"):
                 migrate_store(store.root)
         finally:
-            mref._reached = mref_orig
+            mig._reached = orig
         assert layout_state(str(store.root)) == "reference", point
         hint = "did not finish" if point not in ("locked", "planned") else "only once migrated"
         with pytest.raises(LayoutError, match=hint):
@@ -314,9 +312,9 @@ def test_a_killed_process_is_finished_by_running_again(tmp_path, point):
     store = reference_layout.build_reference_scenario(tmp_path / "store")
     code = (
         "import os, sys\n"
-        "from agentsession_cas.backends.files import migrate_reference as m\n"
+        "from agentsession_cas.backends.files import migrate as m, migrate_reference as r\n"
         "m._reached = lambda p: os._exit(137) if p == sys.argv[2] else None\n"
-        "m.migrate_store(sys.argv[1])\n"
+        "r.migrate_store(sys.argv[1])\n"
         "sys.exit(0)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(store.root), point], cwd=REPO, timeout=60)

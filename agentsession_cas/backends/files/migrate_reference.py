@@ -50,6 +50,7 @@ from ...format.hashing import is_hash
 from ...format.names import check_ref_name, check_session_id
 from ...fsutil import fsync_dir, write_atomic
 from ...store.refs import header_ident
+from . import migrate as journal_migration
 from .layout import KEPT_DIR, LAYOUT, REFERENCE_LAYOUT, layout_state
 from .migrate import (
     _NEW_LOG,
@@ -64,7 +65,7 @@ from .migrate import (
     _Migration,
     _Objects,
     _Planner,
-    _reached,
+    _run,
     _segment,
     crc32c,
     migrate,
@@ -327,16 +328,9 @@ class _ReferencePlanner(_Planner):
         if log_data.startswith(b"sha256:"):
             plan.problems.append("its log is an index of the journal layout (v0.0.15 and earlier) in a 'cas 2' store")
             return plan
-        try:
-            with open(header_path, "rb") as f:
-                header = loads(f.read())
-        except (ValueError, AgentSessionError, OSError) as exc:
-            plan.problems.append(f"its header does not read: {exc}")
+        header_base = self._header_base(plan, sid, header_path)
+        if plan.problems:
             return plan
-        if not isinstance(header, dict) or header.get("type") != "session" or header.get("id") != sid:
-            plan.problems.append("its header is not a session header naming this session")
-            return plan
-        header_base = header.get("base") if isinstance(header.get("base"), str) else None
         lr = read_session_log(sid, log_data)
         self.log_faults.extend(lr.faults)
         damaged = [fault for fault in lr.faults if fault.kind == "damaged"]
@@ -398,42 +392,24 @@ class _ReferencePlanner(_Planner):
 
 
 class _ReferenceMigration(_Migration):
-    def run(self, planner: _Planner) -> None:
-        assert isinstance(planner, _ReferencePlanner)
-        steps = self.report.steps
+    """The journal migration's steps, with the reference's first write, what it keeps of
+    each session, and its refs."""
+
+    def _begin(self, planner: _Planner) -> None:
+        # There is no journal to keep: the first write is where the reference logs go,
+        # which also tells a refused open that a migration began.
         os.makedirs(self._path(KEPT_DIR, _LOGS), exist_ok=True)
         fsync_dir(self._path(KEPT_DIR))
         fsync_dir(self.root)
-        _reached("begun")
-        self._directories()
-        _reached("directories")
-        self._stage_packs(planner.objects.packs)
-        planner.objects.new_packs = True
-        _reached("packs-staged")
-        self._unpack(planner.objects.packs)
-        _reached("unpacked")
-        self._blobs(planner.objects)
-        _reached("blobs")
-        self._lazy(planner.objects)
-        _reached("lazy-objects")
-        self._retire_packs(planner.objects.packs)
-        _reached("packs-retired")
-        sessions = self.report.sessions
-        for i, plan in enumerate(sessions, 1):
-            self._say(f"session {i}/{len(sessions)}: {plan.id}")
-            self._keep(plan)
-            self._session(plan)
-            _reached(f"session:{plan.id}")
-        fsync_dir(self._path("sessions"))
-        fsync_dir(self._path("trash"))
-        steps.append(f"rebuilt {sum(1 for s in sessions if s.action == 'rebuild')} session log(s)")
+        journal_migration._reached("begun")
+
+    def _before_session(self, plan: SessionPlan) -> None:
+        self._keep(plan)
+
+    def _after_sessions(self, planner: _Planner) -> None:
+        assert isinstance(planner, _ReferencePlanner)
         self._refs(planner.refs)
-        _reached("refs")
-        self._cleanup()
-        _reached("cleanup")
-        fsync_dir(self._path("objects"))
-        write_atomic(self._path("layout"), (LAYOUT + "\n").encode(), durable=True)
-        steps.append(f"wrote layout {LAYOUT!r} (the commit point)")
+        journal_migration._reached("refs")
 
     def _keep(self, plan: SessionPlan) -> None:
         """Keep the session's reference log (a hard link, once) and move the reference's
@@ -550,27 +526,8 @@ def migrate_reference(
     with _ReferenceLocks(root, create=not dry_run, wait=lock_wait) as locks:
         planner = _ReferencePlanner(root, skip_damaged=skip_damaged, progress=progress)
         try:
-            ids = planner.read(report)
-            locks.sessions(ids)
-            _reached("locked")
-            planner.plan(report, ids)
-            if report.problems:
-                if dry_run:
-                    report.status = "would-refuse"
-                    return report
-                first = report.problems[0]
-                more = f" (and {len(report.problems) - 1} more; --dry-run lists them)" if len(report.problems) > 1 else ""
-                raise MigrationError(f"cannot migrate the store at {root}: {first}{more}; nothing was changed",
-                                     problems=report.problems)
-            if dry_run:
-                return report
-            _reached("planned")
-            migration = _ReferenceMigration(root, report, progress)
-            try:
-                migration.run(planner)
-            finally:
-                migration.objects.close()
-            report.kept.insert(0, f"{KEPT_DIR}/{_LOGS}")
+            _run(planner, locks, report, dry_run=dry_run, progress=progress,
+                 migration_class=_ReferenceMigration, kept=f"{KEPT_DIR}/{_LOGS}")
         finally:
             planner.close()
     return report
