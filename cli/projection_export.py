@@ -80,12 +80,13 @@ def export_projection(sf: SessionFile, store: Store | None, arg: str, fmt: str, 
     if output is None or output == "-":
         write_bytes(b"".join(_dumps(doc, indent=None) + b"\n" for _, doc in docs))
         return
+    if os.path.lexists(output) and not os.path.isdir(output):
+        raise OutputError(f"cannot write {output}: it is not a directory, and an ATIF export writes one document "
+                          "per path into the directory -o names")
     try:
         os.makedirs(output, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot write {output}: {exc.strerror}") from None
-    if not os.path.isdir(output):
-        raise OutputError(f"cannot write {output}: an ATIF export writes a directory, one document per path")
     for name, doc in docs:
         write_output(os.path.join(output, name), _dumps(doc, indent=2) + b"\n")
 

@@ -304,3 +304,17 @@ def test_export_atif_of_a_stored_session_embeds_its_stored_child(tmp_path):
     assert ref["trajectory_id"] == child_doc["trajectory_id"]
     with Store(str(root), readonly=True) as store:
         assert store.read(parent_id).head == docs[0]["trajectory_id"]
+
+
+def test_export_atif_errors_name_what_and_where(tmp_path):
+    src = FIXTURES / "projections" / "delegate.jsonl"
+    r = run("export", "--format", "atif", "--at", "deadbeef", str(src))
+    assert r.exit_code == 1 and "no such entry: deadbeef" in r.output
+    target = tmp_path / "a-file"
+    target.write_bytes(b"kept")
+    r = run("export", "--format", "atif", "-o", str(target), str(src))
+    assert r.exit_code == 1 and "is not a directory" in r.output and target.read_bytes() == b"kept"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(Header.new("empty", created_at="2026-09-17T12:00:00Z").canonical_line())
+    r = run("export", "--format", "atif", str(empty))
+    assert r.exit_code == 1 and "has no entries" in r.output
