@@ -40,7 +40,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "pack": ("maintenance_commands", 'Move every loose object and every pack into one new pack, recompressed.'),
     "sweep": ("maintenance_commands", 'Remove objects nothing retained names (RFC 0002 "Deletion and retention").'),
     "fsck": ("fsck_command", 'Check the whole store, as `git fsck --full` does; exit 1 if anything is damaged.'),
-    "migrate": ("migrate_command", "Convert a store of the earlier journal layout to this release's layout, in place."),
+    "migrate": ("migrate_command", "Convert a store of the earlier journal layout, or of the reference library's, to this release's layout, in place."),
     "repair": ("repair_command", "Rewrite a damaged session's log from the records that read."),
     "ref": ("ref_commands", 'Named refs: store-wide names (chat/slack/C123) for sessions.'),
     "push": ("exchange_commands", "Push session ID, of which this store is the record, to REMOTE (a store's path or file:// URL)."),

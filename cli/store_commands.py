@@ -33,6 +33,7 @@ from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store, store_url_kind
 
 from .common import echo, emit_json, fail, note, table, write_bytes
+from .projection_export import export_projection
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -325,11 +326,24 @@ def projection_file(target: Target) -> SessionFile:
 @click.command()
 @click.argument("session", metavar="ID")
 @click.option("-o", "--output", metavar="FILE", help="Write the projection (and sidecar media beside it) to FILE.")
-def export(session: str, output: str | None) -> None:
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "atif", "otel"]), default="jsonl", show_default=True,
+              help="jsonl: the session file; atif: one ATIF document per path (a line each, or files in the "
+                   "directory -o names); otel: the session as OTLP JSON spans (docs/projections.md).")
+@click.option("--at", metavar="ENTRY", help="With --format atif or otel: the path to this entry only.")
+def export(session: str, output: str | None, fmt: str, at: str | None) -> None:
     """Print a session's projection (RFC 0002) to stdout, or write it to FILE.
 
-    ID may also be a path inside the session's directory in a store.
+    ID may also be a path inside the session's directory in a store, and, with
+    --format atif or otel, a session file.
     """
+    if fmt != "jsonl":
+        located = locate(session, files=True)
+        if located.kind == "file":
+            return export_projection(read_file_arg(located.arg), None, located.arg, fmt, at, output)
+        store, s = open_target(located, files=True)
+        return export_projection(read_session_bytes(s.projection(), source=s.id), store, session, fmt, at, output)
+    if at is not None:
+        fail("--at builds the projection at one entry: give it with --format atif or otel")
     target = locate(session, files=False)
     if target.kind == "file":
         if not os.path.lexists(target.arg):

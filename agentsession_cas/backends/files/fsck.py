@@ -92,6 +92,10 @@ _ROOT_NAMES = {
     "journal": "tombstone",  # the earlier layout's journal, replaced by `migrate`
     "gc.lock": "file",  # the earlier layout's flock files, which `migrate` keeps
     "sweep.lock": "file",
+    # the reference library's flock files, which `migrate` keeps (never unlinked)
+    "sweep.lock.want": "file",
+    "sweep.lock.next": "file",
+    "reflocks": "dir",
 }
 _SESSION_FILES = ("header", "log", "HEAD", "mark", "summary")
 _DAMAGED_LOG = "log.damaged-"  # repair keeps the damaged log beside the new one
