@@ -745,8 +745,10 @@ def test_verify_of_a_damaged_session_names_it_once(store):
 
     new_session(store, "s1", 2)
     log = store / "sessions" / "s1" / "log"
+    from storetools import chained_after
+
     with open(log, "ab") as f:
-        f.write(encode_record({"op": "head", "head": "sha256:" + "ab" * 32, "seq": 99}))
+        f.write(chained_after(log.read_bytes(), encode_record({"op": "head", "head": "sha256:" + "ab" * 32, "seq": 99})))
     r = cli(store, "verify", "s1")
     assert r.exit_code == 1
     first = r.stdout.splitlines()[0]

@@ -109,6 +109,8 @@ def parse_lines(data: bytes) -> list[dict]:
         rec = None
         if terminated and b"\x00" not in raw and len(raw) > CHECKSUM_HEX + 1 and raw[CHECKSUM_HEX : CHECKSUM_HEX + 1] == b" ":
             body = raw[CHECKSUM_HEX + 1 :]
+            if body[CHECKSUM_HEX : CHECKSUM_HEX + 1] == b" ":
+                body = body[CHECKSUM_HEX + 1 :]  # the link to the line before (the chain)
             tab = body.find(b"\t")  # an append's payload (its two objects) follows a TAB
             try:
                 rec = json.loads(body[:tab] if tab >= 0 else body)

@@ -1,10 +1,15 @@
 """The session log: one checksummed record per line, the session's write-ahead log and record.
 
-A line is ``<checksum> SP <record> [TAB <content> TAB <envelope>] LF``: the
-checksum is the first 16 hex digits (64 bits) of the BLAKE3 hash of every
-byte between the space and the LF; the record is a canonical JSON object
-whose ``op`` says what happened; a durable append also carries its two
-objects (the payload), so the log alone can restore them:
+A line is ``<checksum> SP <link> SP <record> [TAB <content> TAB <envelope>]
+LF``: the checksum is the first 16 hex digits (64 bits) of the BLAKE3 hash of
+every byte between the first space and the LF; the link is the checksum of
+the line before (16 zeros on the first line), so the lines form a chain and a
+record removed, inserted or moved breaks it where it was; the record is a
+canonical JSON object whose ``op`` says what happened; a durable append also
+carries its two objects (the payload), so the log alone can restore them.
+Logs written before the chain have no link (``<checksum> SP <record> ...``,
+the checksum over the record and payload); they are read as they are, and a
+line without a link after one with a link is out of place:
 
 * ``create`` - the session began (``session``, ``base``, ``mark``);
 * ``append`` - an entry joined the log (``seq``, ``entry``, ``head``: where
@@ -49,7 +54,8 @@ from ..base import COMMIT_POINTS
 
 __all__ = [
     "Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX",
-    "make_snapshot", "expand_snapshot", "checksummed_line", "checked_body",
+    "make_snapshot", "expand_snapshot", "checksummed_line", "checked_body", "frame", "chain", "encode_log",
+    "record_body", "append_body", "line_checksum", "ZERO_LINK",
 ]
 
 #: Hex digits of the BLAKE3 checksum each line carries.
@@ -69,10 +75,46 @@ def _checksum(data: bytes) -> str:
     return blake3.blake3(data).hexdigest(length=CHECKSUM_HEX // 2)
 
 
-def checksummed_line(body: bytes) -> bytes:
-    """``body`` as a line of the log's form (checksum, space, body, LF); the small index
-    files that carry a checksum (a session's ``summary``) use it too."""
+#: The link of a log's first line: the checksum of no line.
+ZERO_LINK = "0" * CHECKSUM_HEX
+_HEX = frozenset(b"0123456789abcdef")
+
+
+def frame(body: bytes, prev: str | None) -> bytes:
+    """A record's bytes (and payload) as a log line: chained to ``prev`` (the checksum of
+    the line before, :data:`ZERO_LINK` for the first), or, ``prev=None``, a line with no
+    link (the form of index files, and of logs written before the chain)."""
+    if prev is not None:
+        body = prev.encode("ascii") + b" " + body
     return _checksum(body).encode("ascii") + b" " + body + b"\n"
+
+
+def line_checksum(line: bytes) -> str:
+    """The checksum a framed line states (what the next line links to)."""
+    return line[:CHECKSUM_HEX].decode("ascii")
+
+
+def chain(bodies: Iterable[bytes], prev: str = ZERO_LINK) -> tuple[bytes, str]:
+    """Records' bytes framed as consecutive chained lines after ``prev``: (the lines,
+    the checksum of the last, which the next line links to)."""
+    out = []
+    for body in bodies:
+        line = frame(body, prev)
+        prev = line_checksum(line)
+        out.append(line)
+    return b"".join(out), prev
+
+
+def encode_log(records: Iterable[dict[str, Any] | tuple[dict[str, Any], tuple[bytes, bytes] | None]]) -> bytes:
+    """A whole log from its first line: each record (or (record, payload)), chained."""
+    bodies = (record_body(*r) if isinstance(r, tuple) else record_body(r) for r in records)
+    return chain(bodies)[0]
+
+
+def checksummed_line(body: bytes) -> bytes:
+    """``body`` as a line of the log's form with no link (checksum, space, body, LF):
+    the small index files that carry a checksum (a session's ``summary``) use it."""
+    return frame(body, None)
 
 
 def checked_body(line: bytes) -> bytes | None:
@@ -83,8 +125,13 @@ def checked_body(line: bytes) -> bytes | None:
     return body if line[:CHECKSUM_HEX] == _checksum(body).encode("ascii") and b"\n" not in body else None
 
 
-def encode_record(record: dict[str, Any], payload: tuple[bytes, bytes] | None = None) -> bytes:
-    """One log line, LF included.
+def encode_record(record: dict[str, Any], payload: tuple[bytes, bytes] | None = None, *, prev: str | None = None) -> bytes:
+    """One log line, LF included, chained to ``prev`` (see :func:`frame`)."""
+    return frame(record_body(record, payload), prev)
+
+
+def record_body(record: dict[str, Any], payload: tuple[bytes, bytes] | None = None) -> bytes:
+    """A record's bytes as a line carries them.
 
     ``payload`` is an append's two objects (content bytes, envelope bytes),
     carried after the record, each after a TAB, so recovery can restore them;
@@ -97,10 +144,10 @@ def encode_record(record: dict[str, Any], payload: tuple[bytes, bytes] | None = 
     body = canonical_bytes(record, parsed=True, careful=False)
     if payload is not None:
         body = body + b"\t" + payload[0] + b"\t" + payload[1]
-    return _checksum(body).encode("ascii") + b" " + body + b"\n"
+    return body
 
 
-def encode_append(
+def append_body(
     seq: int,
     entry: str,
     head: str | None,
@@ -110,8 +157,8 @@ def encode_append(
     lazy: bool,
     payload: tuple[bytes, bytes] | None,
 ) -> bytes:
-    """An ``append`` record's line, written straight in canonical member order (the
-    hot path of every append); the same bytes :func:`encode_record` gives (tested).
+    """An ``append`` record's bytes, written straight in canonical member order (the
+    hot path of every append); the same bytes :func:`record_body` gives (tested).
     ``entry`` and ``head`` are entry ids the store computed (ASCII, no escapes)."""
     text = '{"entry":"' + entry + '"'
     if head_moved:
@@ -123,7 +170,7 @@ def encode_append(
     body = (text + ',"op":"append","seq":' + str(seq) + "}").encode("ascii")
     if payload is not None:
         body = body + b"\t" + payload[0] + b"\t" + payload[1]
-    return _checksum(body).encode("ascii") + b" " + body + b"\n"
+    return body
 
 
 @dataclass
@@ -135,6 +182,8 @@ class Record:
     data: dict[str, Any]
     #: An append's objects carried in the line (content bytes, envelope bytes), if any.
     payload: tuple[bytes, bytes] | None = None
+    #: The checksum the line states (what the next line links to).
+    checksum: str = ZERO_LINK
 
     @property
     def op(self) -> str:
@@ -175,17 +224,34 @@ class LogRead:
     sound_bytes: int = 0
 
 
-def _parse_line(raw: bytes) -> tuple[dict[str, Any], tuple[bytes, bytes] | None] | str:
-    """The record of a line (and its payload), or why it is not one."""
+def _link_of(raw: bytes) -> str | None:
+    """The link a line's bytes hold (None for a line of the form with no link)."""
+    n = CHECKSUM_HEX
+    if len(raw) > 2 * n + 2 and raw[n : n + 1] == b" " and raw[2 * n + 1 : 2 * n + 2] == b" " \
+            and _HEX.issuperset(raw[n + 1 : 2 * n + 1]):
+        return raw[n + 1 : 2 * n + 1].decode("ascii")
+    return None
+
+
+def _stated(raw: bytes) -> str | None:
+    """The checksum a line states when it has the shape of one (even if it fails)."""
+    head = raw[:CHECKSUM_HEX]
+    return head.decode("ascii") if len(head) == CHECKSUM_HEX and _HEX.issuperset(head) else None
+
+
+def _parse_line(raw: bytes) -> tuple[dict[str, Any], tuple[bytes, bytes] | None, str] | str:
+    """The record of a line (and its payload), or why it is not one; the link is the
+    caller's to check."""
     if len(raw) < CHECKSUM_HEX + 2 or raw[CHECKSUM_HEX : CHECKSUM_HEX + 1] != b" ":
         return "not a checksummed record"
     stated = raw[:CHECKSUM_HEX]
-    body = raw[CHECKSUM_HEX + 1 :]
+    covered = raw[CHECKSUM_HEX + 1 :]
     try:
-        if stated.decode("ascii") != _checksum(body):
+        if stated.decode("ascii") != _checksum(covered):
             return "checksum mismatch"
     except UnicodeDecodeError:
         return "checksum mismatch"
+    body = covered[CHECKSUM_HEX + 1 :] if _link_of(raw) is not None else covered
     payload = None
     tab = body.find(b"\t")
     if tab >= 0:
@@ -216,7 +282,7 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any], tuple[bytes, bytes] | None]
         if isinstance(decoded, str):
             return f"checksum matches but the snapshot record {decoded}"
         data = decoded
-    return data, payload
+    return data, payload, stated.decode("ascii")
 
 
 @dataclass
@@ -273,24 +339,38 @@ def _scan(data: bytes) -> tuple[list[tuple[int, int, bytes, bool]], list[tuple[i
         offset = end + 1
     parsed: list[tuple[int, int, Any, int]] = []
     crash_like: set[int] = set()  # bad lines a crash can leave: torn, or holding unwritten (zero) blocks
+    # The chain: each linked line must link to the checksum the line before it states,
+    # when that line reads (a bad line's own checksum may be what is damaged, or a crash
+    # zeroed it: the link after it is not judged); once a line is linked, every later
+    # one must be.
+    before: str | None = ZERO_LINK
+    linked = False
     for i, (number, offset, raw, terminated) in enumerate(lines):
+        link = _link_of(raw)
         if not terminated:
-            result: tuple[dict[str, Any], tuple[bytes, bytes] | None] | str = "torn: the last line has no newline"
+            result: tuple[dict[str, Any], tuple[bytes, bytes] | None, str] | str = "torn: the last line has no newline"
             crash_like.add(i)
         else:
             result = _parse_line(raw)
             if isinstance(result, str) and b"\x00" in raw:
                 result += " (holds zero bytes: blocks a crash left unwritten)"
                 crash_like.add(i)
+            elif isinstance(result, tuple):
+                if link is None and linked:
+                    result = "out of place: a line with no link after linked ones (a record inserted?)"
+                elif link is not None and before is not None and link != before:
+                    result = "out of place: it does not follow the line before it (a record removed, inserted or moved)"
+        linked = linked or link is not None
+        before = _stated(raw) if isinstance(result, tuple) else None
         parsed.append((number, offset, result, offset + len(raw) + (1 if terminated else 0)))
     return lines, parsed, crash_like
 
 
-def _records(number: int, offset: int, result: tuple[dict[str, Any], Any], expand: bool) -> list[Record]:
-    data, payload = result
+def _records(number: int, offset: int, result: tuple[dict[str, Any], Any, str], expand: bool) -> list[Record]:
+    data, payload, checksum = result
     if expand and data["op"] == "snapshot":
-        return [Record(number, offset, d) for d in expand_snapshot(data)]
-    return [Record(number, offset, data, payload)]
+        return [Record(number, offset, d, None, checksum) for d in expand_snapshot(data)]
+    return [Record(number, offset, data, payload, checksum)]
 
 
 def read_log(data: bytes, *, expand: bool = True) -> LogRead:

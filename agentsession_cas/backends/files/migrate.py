@@ -76,7 +76,7 @@ from ...format.hashing import HASH_PREFIX, is_hash, sha256_ref
 from ...format.names import check_session_id
 from ...fsutil import fsync_dir, write_atomic
 from .layout import JOURNAL, KEPT_DIR, LAYOUT, _journal_kind, layout_state, layout_text, old_layout_hint
-from .log import encode_record, read_log
+from .log import encode_log, read_log
 from .objects import FileObjects
 from .packs import read_varint
 
@@ -1119,7 +1119,7 @@ class _Planner:
             return
         file_mark = self._record_mark(sdir)
         final_mark = mark or file_mark
-        lines = [encode_record({"op": "create", "session": sid, "base": base, "mark": first_mark or file_mark})]
+        lines: list[dict[str, Any]] = [{"op": "create", "session": sid, "base": base, "mark": first_mark or file_mark}]
         seq = 0
         replay_head = base
         for ev in out:
@@ -1131,24 +1131,24 @@ class _Planner:
                     replay_head = ev[2]
                 if ev[3]:
                     rec["leaf_label"] = True
-                lines.append(encode_record(rec))
+                lines.append(rec)
             elif ev[0] == "head":
-                lines.append(encode_record({"op": "head", "head": ev[1]}))
+                lines.append({"op": "head", "head": ev[1]})
                 replay_head = ev[1]
             else:
-                lines.append(encode_record({"op": "mark", "mark": ev[1]}))
+                lines.append({"op": "mark", "mark": ev[1]})
         if replay_head != head:
-            lines.append(encode_record({"op": "head", "head": head}))
+            lines.append({"op": "head", "head": head})
         seen_loss: set[str] = set()
         for entry, why in losses:
             if entry in seen_loss or entry in own_set:
                 continue
             seen_loss.add(entry)
             seq += 1
-            lines.append(encode_record({"op": "loss", "entry": entry, "seq": seq}))
+            lines.append({"op": "loss", "entry": entry, "seq": seq})
             plan.lost.append({"entry": entry, "why": why})
-        lines.append(encode_record({"op": "commit"}))
-        plan.log = b"".join(lines)
+        lines.append({"op": "commit"})
+        plan.log = encode_log(lines)
         plan.base, plan.head, plan.mark, plan.entries = base, head, final_mark, len(own)
 
 

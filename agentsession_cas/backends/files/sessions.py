@@ -48,7 +48,7 @@ from ...format.hashing import sha256_ref
 from ...format.names import check_session_id
 from ...fsutil import fsync_dir, start_writeback, write_atomic
 from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
-from .log import checked_body, checksummed_line, encode_append, encode_record, make_snapshot, read_log
+from .log import ZERO_LINK, append_body, chain, checked_body, checksummed_line, make_snapshot, read_log, record_body
 
 if TYPE_CHECKING:
     from . import FileBackend
@@ -64,7 +64,7 @@ COMPACT_AT_CLOSE = 64 << 10
 #: ... and while writing once it grew this much and at least its snapshot's size (so
 #: the bytes rewritten stay proportional to the bytes appended).
 COMPACT_WHILE_WRITING = 8 << 20
-_COMMIT = encode_record({"op": "commit"})
+_COMMIT = record_body({"op": "commit"})
 _ENTRY_IN_RECORD = re.compile(rb'"entry":"(sha256:[0-9a-f]{64})"')
 _SEQ_IN_RECORD = re.compile(rb'"seq":([0-9]{1,18})[,}]')
 
@@ -140,13 +140,14 @@ def _read_summary(directory: str) -> tuple[dict[str, Any], list[str]] | None:
 
 
 def _encode(record: Record) -> bytes:
+    """A record's bytes in its line (the line's frame is :func:`~.log.chain`'s)."""
     if isinstance(record, Append):
         payload = None if record.objects is None else (record.objects[1], record.objects[2])
-        return encode_append(
+        return append_body(
             record.seq, record.entry, record.head, head_moved=record.head_moved, leaf_label=record.leaf_label,
             lazy=record.lazy, payload=payload,
         )
-    return encode_record(record)
+    return record_body(record)
 
 
 class FileSessions(SessionStore):
@@ -236,9 +237,10 @@ class FileSessions(SessionStore):
                 raise SessionExistsError(f"session {session_id} already exists")
             os.makedirs(stage)
             try:
+                log_bytes, last_line = chain(_encode(r) for r in records)
                 files = {
                     "header": header,
-                    "log": b"".join(_encode(r) for r in records),
+                    "log": log_bytes,
                     "HEAD": ((head or "") + "\n").encode(),
                     "mark": (mark + "\n").encode(),
                 }
@@ -275,6 +277,7 @@ class FileSessions(SessionStore):
         log._fd = os.open(os.path.join(log.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         log._max_seq = max((r.seq for r in records if isinstance(r, Append)), default=0)
         log._head, log._mark = head, mark
+        log._last = last_line
         return log
 
     def summary(self, session_id: str) -> tuple[dict[str, Any], bool] | None:
@@ -390,6 +393,8 @@ class FileSessionLog(SessionLog):
         #: Where the log's records after its snapshot begin (0: it has none): what
         #: compaction would replace lies after it.
         self._compacted = 0
+        #: The checksum of the log's last line, which the next line links to.
+        self._last = ZERO_LINK
         #: The summary the domain handed over, written when the log is let go.
         self._summary: dict[str, Any] | None = None
 
@@ -514,11 +519,12 @@ class FileSessionLog(SessionLog):
         adopted = [r for r in kept[last_commit + 1 :] if r.op == "append"]
         uncommitted_tail = any(r.op != "checkpoint" for r in kept[last_commit + 1 :])
         rewrite = None
+        self._last = records[-1].checksum
         if logread.cut or lost or cut_at < len(records) or adopted or uncommitted_tail:
-            lines = [encode_record(r.data, r.payload) for r in kept]
-            lines.extend(encode_record(x) for x in losses)
-            lines.append(_COMMIT)
-            rewrite = b"".join(lines)
+            bodies = [record_body(r.data, r.payload) for r in kept]
+            bodies.extend(record_body(x) for x in losses)
+            bodies.append(_COMMIT)
+            rewrite, self._last = chain(bodies)
             out_records = out_records + losses + [{"op": "commit"}]
         # Nothing is written yet: the domain checks the log first (recover() writes).
         self._recovery = (rewrite, since_checkpoint)
@@ -608,10 +614,10 @@ class FileSessionLog(SessionLog):
         note when the write was accepted but the checkpoint it triggered failed (the
         log stops taking writes: reopen to recover)."""
         self._check_open()
-        data = b"".join(_encode(r) for r in records)
+        bodies = [_encode(r) for r in records]
         if commit:
-            data += _COMMIT
-        self._write_log(data, sync=commit)
+            bodies.append(_COMMIT)
+        self._write_log(bodies, sync=commit)
         self._uncommitted = not commit
         note = None
         for r in records:
@@ -641,8 +647,10 @@ class FileSessionLog(SessionLog):
             raise StoreError(f"session {self.session_id} is open read-only")
         self._refuse_if_stopped()
 
-    def _write_log(self, data: bytes, *, sync: bool) -> None:
+    def _write_log(self, bodies: Iterable[bytes], *, sync: bool) -> None:
+        """Records' bytes as chained lines after the log's last, written whole or not at all."""
         assert self._fd is not None
+        data, last = chain(bodies, self._last)
         size = self._size
         if size is None:
             size = os.fstat(self._fd).st_size
@@ -666,6 +674,7 @@ class FileSessionLog(SessionLog):
                 self._size = None  # unknown now: ask the file next time
             raise
         self._size = size + len(data)
+        self._last = last
 
     def commit(self) -> None:
         if not self.writable or self._closed:
@@ -673,7 +682,7 @@ class FileSessionLog(SessionLog):
         self._refuse_if_stopped()
         if not self._uncommitted:
             return
-        self._write_log(_COMMIT, sync=True)
+        self._write_log([_COMMIT], sync=True)
         self._uncommitted = False
 
     def set_indexes(self, head: str | None, mark: Mark) -> None:
@@ -764,7 +773,7 @@ class FileSessionLog(SessionLog):
         self._checkpoint_done(ids, seq)
 
     def _checkpoint_done(self, ids: list[str], seq: int) -> None:
-        self._write_log(encode_record({"op": "checkpoint", "seq": seq}), sync=False)
+        self._write_log([record_body({"op": "checkpoint", "seq": seq})], sync=False)
         for entry_id in ids:
             self.unmaterialized.pop(entry_id, None)
         self._compact(final=False)
@@ -810,8 +819,8 @@ class FileSessionLog(SessionLog):
         if end <= 1 or (end == 2 and records[1].op == "snapshot"):
             return
         create = records[0].data
-        head_lines = encode_record(create) + encode_record(make_snapshot(create, [r.data for r in records[1:end]]))
-        tail = b"".join(encode_record(r.data, r.payload) for r in records[end:])
+        head_lines, link = chain([record_body(create), record_body(make_snapshot(create, [r.data for r in records[1:end]]))])
+        tail, last = chain((record_body(r.data, r.payload) for r in records[end:]), link)
         try:
             write_atomic(path, head_lines + tail, durable=True)
             fd = os.open(path, os.O_WRONLY | os.O_APPEND)
@@ -822,6 +831,7 @@ class FileSessionLog(SessionLog):
             raise
         os.close(self._fd)
         self._fd = fd
+        self._last = last
         self._size = len(head_lines) + len(tail)
         self._compacted = len(head_lines)
 
