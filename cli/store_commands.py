@@ -21,10 +21,12 @@ from agentsession_cas.backends.files.layout import find_store, layout_text
 from agentsession_cas.errors import (
     AgentSessionError,
     BadNameError,
+    ContinuationError,
     IJSONError,
     LayoutError,
     NoSuchSessionError,
 )
+from agentsession_cas.format.links import fork_of_link
 from agentsession_cas.format.names import check_session_id
 from agentsession_cas.maintenance.check import verify_stored
 from agentsession_cas.store import Session, Store, default_store_path
@@ -350,6 +352,7 @@ def export(session: str, output: str | None, fmt: str, at: str | None) -> None:
             fail(f"{target.arg}: no such file, nor a session")
         fail(f"{target.arg} is not a session of a store (give a session id or a path inside <store>/sessions/<id>/)")
     store, s = open_target(target, files=False)
+    _say_where_it_went(store, s)
     if output is None or output == "-":
         write_bytes(s.projection())
     else:
@@ -357,6 +360,24 @@ def export(session: str, output: str | None, fmt: str, at: str | None) -> None:
         if skipped:
             note(f"{skipped} sidecar blob{'s' if skipped != 1 else ''} not written: {output} is not a regular file, "
                  "so there is no directory beside it")
+
+
+def _say_where_it_went(store: Store, s: Session) -> None:
+    """A note naming the successor of a superseded session (and the chain's current one)."""
+    successor = s.superseded_by
+    if successor is None:
+        return
+    try:
+        chain = store.resolve_current(s.id)
+    except ContinuationError as exc:
+        note(f"session {s.id} was continued in {successor}; {exc}")
+        return
+    where = f"session {s.id} was continued in {successor}"
+    if chain.current != successor:
+        where += f"; the chain's current session is {chain.current}"
+    if chain.missing is not None:
+        where += f" (which names {chain.missing}, not in this store)"
+    note(where + "; this is the superseded record")
 
 
 @click.command("import")
@@ -390,9 +411,18 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
 @click.option("--base", metavar="H", help="Fork from entry H, which the store holds.")
 @click.option("--header", "header_file", metavar="FILE", help="Take the header from FILE (a JSON object; - for stdin).")
 @click.option("--id", "new_id", metavar="ID", help="The session id (default: a new uuid, or the header's).")
+@click.option("--link", "fork_link", is_flag=True,
+              help="With --base: also append a fork_of link naming the session the fork was made from.")
 @click.option("--json", "as_json", is_flag=True, help="Print {session, base, head, mark}.")
-def create(base: str | None, header_file: str | None, new_id: str | None, as_json: bool) -> None:
-    """Create a session (a record) and print its id."""
+def create(base: str | None, header_file: str | None, new_id: str | None, fork_link: bool, as_json: bool) -> None:
+    """Create a session (a record) and print its id.
+
+    A fork (--base) whose header names no parent_session gets the session
+    holding the base; --link also records that session in a fork_of link,
+    the fork's first entry.
+    """
+    if fork_link and base is None:
+        fail("--link records the session a fork was made from: give --base")
     if header_file is not None:
         if header_file == "-":
             data = _stdin_json("header")
@@ -419,6 +449,11 @@ def create(base: str | None, header_file: str | None, new_id: str | None, as_jso
         header = Header.new(str(uuid.uuid4()) if new_id is None else new_id, base=base)
     with write_store() as store:
         s = store.create(header)
+        if fork_link:
+            origin = s.header.data.get("parent_session")
+            if not isinstance(origin, str) or not origin:
+                fail("--link: the header's parent_session is not a session id")
+            s.append(fork_of_link(origin))
         facts = {"session": s.id, "base": s.base, "head": s.head, "mark": s.mark}
     if as_json:
         emit_json(facts)

@@ -51,6 +51,7 @@ from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
 from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, RequestReport, check_tip
 from .entry import LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
+from .links import derived_note, link_notes, own_entries, store_note
 from .runs import RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, inbox_of, open_source_message
 from .timestamps import is_valid_ts
 
@@ -912,6 +913,7 @@ class Trial:
     path: _PathMark
     problems: int
     notes: int
+    links: int
 
 
 class SessionChecker:
@@ -937,6 +939,8 @@ class SessionChecker:
         self.problems: list[Problem] = []
         self.notes: list[Problem] = []
         self._trials: list[Trial] = []
+        #: The session's own link entries, for the link notes of :meth:`finish`.
+        self._links: list[Entry] = []
 
     def __contains__(self, entry_id: object) -> bool:
         return entry_id in self.tree
@@ -953,6 +957,11 @@ class SessionChecker:
             on_prefix = tree.in_prefix if prefix is None else prefix
             out = tree.add(entry)
             out.extend(self.path.add(entry, prefix=on_prefix))
+            if entry.type == "link" and not on_prefix:
+                derived = derived_note(self.header, entry, self._links)
+                if derived is not None:
+                    out.append(derived)
+                self._links.append(entry)
         self._keep(out)
         return out
 
@@ -969,7 +978,7 @@ class SessionChecker:
         out = self.tree.finish()
         if not len(self.tree):
             out.append(_empty())
-        out += self.path.finish() + _header_notes(self.header)
+        out += self.path.finish() + _header_notes(self.header) + store_note(self._links)
         return out
 
     def _keep(self, problems: list[Problem]) -> None:
@@ -989,7 +998,7 @@ class SessionChecker:
 
     def begin(self) -> Trial:
         """Open a trial: every add from now on can be undone by :meth:`rollback`."""
-        trial = Trial(self.tree._snapshot(), self.path._snapshot(), len(self.problems), len(self.notes))
+        trial = Trial(self.tree._snapshot(), self.path._snapshot(), len(self.problems), len(self.notes), len(self._links))
         self._trials.append(trial)
         return trial
 
@@ -1014,6 +1023,7 @@ class SessionChecker:
         self.tree._restore(trial.tree)
         del self.problems[trial.problems:]
         del self.notes[trial.notes:]
+        del self._links[trial.links:]
         self._end(trial)
 
 
@@ -1127,6 +1137,7 @@ def verify_session(sf: SessionFile) -> VerifyReport:
     context_notes = _by_line([p for p in checker.notes if RULES[p.code].scope == "context"])
     record_notes = _by_line_code([p for p in checker.notes if RULES[p.code].scope == "record"])
     notes = list(sf.unresolved) + context_notes + record_notes + checker.file_notes + _header_notes(sf.header)
+    notes += link_notes(sf.header, own_entries(sf.header, sf.entries))
     w = checker.walker
     report = VerifyReport(
         source=sf.source,
