@@ -255,6 +255,15 @@ class SupersededError(StoreError):
         return out
 
 
+class RedactionError(AgentSessionError):
+    """A redaction that cannot be made: a pattern that is no regular expression, a
+    file that does not verify or is redacted already, or a rewrite that makes two
+    entries (or two paths of an env entry) one."""
+
+    code = "redaction"
+    status = 422
+
+
 class ContinuationError(StoreError):
     """A chain of ``continued_in`` links that cannot be followed to its end: a cycle,
     or longer than the bound a walk allows."""

@@ -249,13 +249,18 @@ def show(
 def _summary(sf: SessionFile, report: VerifyReport) -> str:
     if sf.migrated:
         how = f"migrated from {sf.header.format}: ids assigned in memory, not checked"
+    elif sf.header.data.get("redacted") is True:
+        how = "each id checked against its hash: this redacted file's, never the original's"
     else:
         how = "each id checked against its hash"
     counts = report.counts()
+    failed = f"{counts['failed']} failed"
+    if "redacted" in counts:
+        failed += f", {counts['redacted']} not rebuilt (redacted)"
     return (
         f"{plural(len(sf.entries), 'entry', 'entries')} read, {how}; {len(report.problems)} problem(s); "
         f"{counts['responses']} response(s): {counts['verified']} request hash(es) verified, "
-        f"{counts['without_hash']} without a hash, {counts['failed']} failed; {report.runs_checked} run(s) checked"
+        f"{counts['without_hash']} without a hash, {failed}; {report.runs_checked} run(s) checked"
     )
 
 

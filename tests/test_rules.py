@@ -305,8 +305,11 @@ def case_links():
 
 
 def case_redacted():
-    s = S(redacted=True)
+    s = S(redacted=True, records=None)
+    s.add("config", model="m")
     s.user()
+    s.say("r1")
+    s.response("r1", request_hash=BAD_HASH)  # the original's request: noted, not failed
     return s.bytes()
 
 
@@ -492,7 +495,7 @@ def test_every_rule_is_provoked_by_some_case():
         ("hash-0", ["hash"]),
         ("ts-0", ["ts"]),
         ("missing_member-0", ["missing-member"] * 4),
-        ("redacted-0", ["redacted"]),
+        ("redacted-0", ["redacted", "redacted-request"]),
         ("links-0", ["link-derived", "link-store"]),
         ("duplicate-0", ["duplicate"]),
         ("parent-0", ["parent"]),

@@ -124,6 +124,7 @@ RULES: Mapping[str, Rule] = _rules(
     # -- what a path sends ----------------------------------------------------------------
     Rule("first_kept", "error", "context", "refuse", "bad_entry", "a compaction's first_kept names an entry on its path before it", "RFC 0001 compaction"),
     Rule("request_hash", "error", "context", "finding", None, "a response's request_hash is the hash of the request its path rebuilds", "RFC 0001 Request hash"),
+    _note("redacted-request", "context", "in a redacted file a request_hash names the original's request, which the redacted path need not rebuild", "RFC 0001 Header"),
     _note("of", "context", "an omitted list named by an of the path cannot resolve is kept as written", "RFC 0001 config"),
     # -- what only a store sees: the sessions links name (store/links.py) ----------------
     Rule("link-parent", "error", "store", "note", None, "a subsession a link names, when held, names this session as parent_session and the link's call as spawned_by", "RFC 0001 Header, link"),

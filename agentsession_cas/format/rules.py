@@ -685,7 +685,12 @@ class PathChecker:
             self._rebuilt.setdefault(check.computed, e.id)
         self.requests[e.id] = check
         if check.failed:
-            self._keep(e, "request_hash", f"response {shown_id(e.id)}: {check.message()}")
+            if self.header.data.get("redacted") is True:
+                # RFC 0001: a redacted file's request_hash is the original's request.
+                self._keep(e, "redacted-request", f"response {shown_id(e.id)}: {check.message()}; the file is redacted, "
+                                                  "so its request_hash names the original's request, not this path's")
+            else:
+                self._keep(e, "request_hash", f"response {shown_id(e.id)}: {check.message()}")
 
     # -- feeding --------------------------------------------------------------------
 
@@ -1065,13 +1070,20 @@ class VerifyReport:
         return [p for p in (self.notes if notes else self.problems) if RULES[p.code].scope in scopes]
 
     def counts(self) -> dict[str, int]:
+        """Responses by their request check. In a redacted file a request that does not
+        rebuild is counted ``redacted``, not ``failed`` (RFC 0001: its hash is the
+        original's)."""
         checks = self.requests
-        return {
+        failed = sum(1 for c in checks if c.failed)
+        out = {
             "responses": len(checks),
             "verified": sum(1 for c in checks if c.status == "ok"),
             "without_hash": sum(1 for c in checks if c.status == "no-hash"),
-            "failed": sum(1 for c in checks if c.failed),
+            "failed": failed,
         }
+        if self.header.data.get("redacted") is True:
+            out["failed"], out["redacted"] = 0, failed
+        return out
 
     def request_report(self) -> RequestReport:
         """The context part: request checks, context problems and notes."""
