@@ -264,6 +264,15 @@ class RedactionError(AgentSessionError):
     status = 422
 
 
+class NormalisationError(AgentSessionError, ValueError):
+    """A value no normalisation makes I-JSON (RFC 0001: a number not finite in binary64,
+    an object repeating a member name), or one a writer may not normalise (a member name
+    a pointer cannot record, a body normalised already)."""
+
+    code = "bad_entry"
+    status = 422
+
+
 class ContinuationError(StoreError):
     """A chain of ``continued_in`` links that cannot be followed to its end: a cycle,
     or longer than the bound a walk allows."""
