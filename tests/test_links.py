@@ -398,3 +398,32 @@ def test_successor_of_takes_the_last_continued_in_link():
     assert successor_of(entries) == "two"
     assert successor_of(entries[:2]) == "one"
     assert successor_of(entries[1:2]) is None
+
+
+def test_continue_session_rolls_over_with_the_settings_in_force():
+    from agentsession_cas.format.context import build_context
+    from agentsession_cas.errors import MirrorError
+
+    st = mem()
+    old = st.create(Header.new("old", harness={"name": "h", "version": "1"}, cwd="/w", records=["run"]))
+    old.append({"type": "config", "model": "m", "instructions_parts": [{"id": "p", "text": "Be brief.", "source": "product"}],
+                "tools_added": [{"type": "function", "name": "t"}], "extra": {"temperature": 0.1}})
+    old.append(user())
+    summary = {"type": "message", "role": "system", "content": "so far: hi"}
+    new = st.continue_session("old", successor_id="new", summary=summary)
+    assert new.header.data["parent_session"] == "old" and new.header.data["cwd"] == "/w"
+    assert new.header.data["harness"] == {"name": "h", "version": "1"} and new.header.records == ["run"]
+    before = build_context(st.path_to(old.head)).settings
+    after = build_context(st.path_to(new.head))
+    assert after.settings.request_members() == before.request_members()
+    assert [(p.id, p.source) for p in after.settings.parts] == [("p", "product")]
+    assert after.items == [summary]
+    assert old.superseded_by == "new" and st.resolve_current("old").current == "new"
+    with pytest.raises(SupersededError):
+        st.continue_session("old")
+    assert verify_stored(st, "new").ok and verify_stored(st, "old").ok
+    # a session that cannot take the link (a mirror here) keeps no successor
+    mirror = st.import_bytes(parent_file("k", "m1")).id
+    with pytest.raises(MirrorError):
+        st.continue_session(mirror, successor_id="orphan")
+    assert "orphan" not in st

@@ -528,7 +528,7 @@ def test_the_table_is_closed_and_consistent():
     for code, rule in RULES.items():
         assert rule.code == code
         assert rule.severity in ("error", "note")
-        assert rule.scope in ("line", "tree", "record", "context", "store")
+        assert rule.scope in ("line", "tree", "record", "context", "link", "store")
         assert rule.store in ("refuse", "finding", "note")
         assert (rule.store == "refuse") == (rule.error is not None)
         assert rule.error in (None, "bad_entry", "base_rule", "call_id_repeated", "no_entry", "format")

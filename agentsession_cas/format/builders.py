@@ -32,6 +32,7 @@ __all__ = [
     "compaction_keeping",
     "config_delta",
     "config_from_request",
+    "config_from_settings",
     "drain",
     "env",
     "outcome",
@@ -116,6 +117,21 @@ def config_from_request(
         body["extra"] = extra
     if omitted is not None:
         body["instructions_omitted"] = [dict(o) for o in omitted]
+    return body
+
+
+def config_from_settings(settings: Settings) -> dict[str, Any]:
+    """The ``config`` entry putting ``settings`` in force on a root, whole: what a
+    session continued from another writes first, so its first request rebuilds."""
+    d = settings.as_dict()
+    body: dict[str, Any] = {"type": "config"}
+    for name in ("model", "instructions", "instructions_parts", "instructions_omitted", "omit", "reasoning", "text"):
+        if name in d:
+            body[name] = d[name]
+    if "tools" in d:
+        body["tools_added"] = d["tools"]
+    if "extra" in d:
+        body["extra"] = d["extra"]
     return body
 
 

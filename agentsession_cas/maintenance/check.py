@@ -47,7 +47,7 @@ class StoredCheck:
 
 
 #: Where a stored session's problem is said to be, by the scope of its rule.
-_WHERE = {"context": "requests", "record": "records"}
+_WHERE = {"context": "requests", "record": "records", "link": "links", "store": "links"}
 
 
 def _problem(where: str, code: str, message: str, line: int | None = None, entry: str | None = None, **extra: Any) -> dict[str, Any]:

@@ -35,11 +35,14 @@ from ..errors import (
     SessionExistsError,
     SessionFormatError,
     StoreError,
+    SupersededError,
 )
+from ..format.builders import config_from_settings
 from ..format.canonical import canonical_bytes, loads_flagged
+from ..format.context import build_context
 from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
 from ..format.hashing import entry_objects, is_hash, sha256_ref
-from ..format.links import fork_of_link
+from ..format.links import continued_in_link, fork_of_link
 from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
 from ..format.reader import SessionFile, gc_paused, read_session, read_session_bytes
@@ -297,6 +300,39 @@ class Store:
                 fork.close()
                 raise
         return fork
+
+    def continue_session(
+        self, session_id: str, *, successor_id: str | None = None, summary: Mapping[str, Any] | None = None
+    ) -> Session:
+        """Roll session ``session_id`` over into a successor (RFC 0003 Continue): a new
+        session naming it as ``parent_session``, with its ``harness``, ``cwd``,
+        ``records``, ``media`` and ``payload``, whose first entry is a full ``config``
+        of the settings in force at the old head (and ``summary``, an item, after it);
+        then a ``continued_in`` link appended to the old session, which retires it.
+        A session continued already is refused (:class:`SupersededError`), and when
+        the link cannot be appended the successor is deleted. Returns the successor,
+        open for writing."""
+        old = self.session(session_id)
+        if old.superseded_by is not None:
+            raise SupersededError(f"session {session_id} was continued in {old.superseded_by} already; continue that one",
+                                  session=session_id, successor=old.superseded_by)
+        settings = build_context(self.path_to(old.head)).settings if old.head is not None else None
+        kept = {k: old.header.data[k] for k in ("harness", "cwd", "records", "media") if k in old.header.data}
+        header = Header.new(successor_id or str(uuid.uuid4()), parent_session=session_id, **kept)
+        if old.header.payload is not None:
+            header.data["payload"] = old.header.payload
+        new = self.create(header)
+        try:
+            if settings is not None and settings.as_dict():
+                new.append(config_from_settings(settings))
+            if summary is not None:
+                new.append({"type": "item", "item": dict(summary)})
+            old.append(continued_in_link(new.id))
+        except BaseException:
+            new.close()
+            self.delete(new.id)
+            raise
+        return new
 
     def resolve_current(self, session_id: str, *, limit: int = CHAIN_LIMIT) -> Chain:
         """The current session of the chain of continuations ``session_id`` starts
