@@ -427,3 +427,32 @@ def test_continue_session_rolls_over_with_the_settings_in_force():
     with pytest.raises(MirrorError):
         st.continue_session(mirror, successor_id="orphan")
     assert "orphan" not in st
+
+
+def test_a_child_whose_header_cannot_be_read_fails_the_parents_link(tmp_path):
+    st = Store.init(tmp_path / "st")
+    kid = subsession_id("p1", "call_a")
+    p = st.create(Header.new("p1"))
+    p.append(user())
+    p.append(call("call_a"))
+    p.append(subsession_link(kid, "call_a"))
+    st.create(Header.new(kid, parent_session="p1", spawned_by="call_a")).append(user("x"))
+    st.close()
+    (tmp_path / "st" / "sessions" / kid / "header").write_bytes(b"not json\n")
+    st = open_store(str(tmp_path / "st"))
+    check = verify_stored(st, "p1")
+    assert [p["code"] for p in check.problems] == ["link-parent"] and "cannot be read" in check.problems[0]["message"]
+
+
+def test_a_fork_at_an_append_not_yet_committed(tmp_path):
+    """The origin is open here with a lazy append at its head: the fork is made there,
+    the store committing the base first (RFC 0002), and it reads back whole."""
+    st = Store.init(tmp_path / "st", sync="never")
+    a = st.create(Header.new("a"))
+    a.append(user())
+    head = a.append(user("lazy")).id
+    assert not a.is_committed(head)
+    f = st.fork("a", session_id="f")
+    assert f.base == head and f.header.data["parent_session"] == "a"
+    st.close()
+    assert verify_stored(open_store(str(tmp_path / "st")), "f").ok

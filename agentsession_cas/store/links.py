@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ContinuationError, NoSuchSessionError, Problem, StoreError
+from ..errors import AgentSessionError, ContinuationError, NoSuchSessionError, Problem
 from ..format.codes import problem
 from ..format.entry import Entry, Header, short_id
 from ..format.links import REL_FORK_OF, REL_SUBSESSION, CalleeLink, callees, judges
@@ -32,6 +32,8 @@ CHAIN_LIMIT = 64
 
 
 def _header_or_none(store: Store, session_id: str) -> Header | None:
+    """The header of a session the store holds, None when it holds none; a header
+    that cannot be read raises (the caller reports it)."""
     if session_id not in store:
         return None
     try:
@@ -45,14 +47,20 @@ def check_links(store: Store, header: Header, own: Sequence[Entry]) -> list[Prob
     where the store holds it: a subsession's header names this session as its
     ``parent_session`` and the link's call as ``spawned_by`` (``link-parent``); a
     ``fork_of`` origin holds this fork's base (``link-fork``). A link on a fork's prefix
-    is the origin's, checked there."""
+    is the origin's, checked there. A named session that cannot be read is reported
+    under the same code, since the link cannot be checked."""
     out: list[Problem] = []
     for e in own:
         if e.type != "link" or not isinstance(e.get("session"), str):
             continue
         rel, target = e.get("rel"), e.get("session")
+        where = f"link {short_id(e.id)} -> {rel} {target}"
         if rel == REL_SUBSESSION:
-            child = _header_or_none(store, target)
+            try:
+                child = _header_or_none(store, target)
+            except AgentSessionError as exc:
+                out.append(problem(e.line, "link-parent", f"{where}: its header cannot be read ({exc})", e.id))
+                continue
             if child is None:
                 continue  # the child never started (RFC 0001 link): nothing to disagree with
             wrong = []
@@ -61,15 +69,16 @@ def check_links(store: Store, header: Header, own: Sequence[Entry]) -> list[Prob
             if e.get("call_id") is not None and child.data.get("spawned_by") != e.get("call_id"):
                 wrong.append(f"its spawned_by is {_shown(child.data.get('spawned_by'))}, not the link's call {e.get('call_id')}")
             if wrong:
-                out.append(problem(e.line, "link-parent",
-                                   f"link {short_id(e.id)} -> subsession {target}: " + "; ".join(wrong), e.id))
-        elif rel == REL_FORK_OF and header.base is not None:
-            if _header_or_none(store, target) is None:
+                out.append(problem(e.line, "link-parent", f"{where}: " + "; ".join(wrong), e.id))
+        elif rel == REL_FORK_OF and header.base is not None and target in store:
+            try:
+                holds = _holds(store, target, header.base)
+            except AgentSessionError as exc:
+                out.append(problem(e.line, "link-fork", f"{where}: that session cannot be read ({exc})", e.id))
                 continue
-            if not _holds(store, target, header.base):
-                out.append(problem(e.line, "link-fork",
-                                   f"link {short_id(e.id)} -> fork_of {target}: that session does not hold this fork's "
-                                   f"base {short_id(header.base)} (in its own entries or on its prefix)", e.id))
+            if not holds:
+                out.append(problem(e.line, "link-fork", f"{where}: that session does not hold this fork's base "
+                                                         f"{short_id(header.base)} (in its own entries or on its prefix)", e.id))
     return out
 
 
@@ -81,7 +90,7 @@ def _holds(store: Store, session_id: str, entry_id: str) -> bool:
     """Whether a session holds an entry: among its own entries, its base, or above it."""
     try:
         s = store.read(session_id)
-    except StoreError:
+    except NoSuchSessionError:
         return False
     try:
         return entry_id in s or entry_id == s.base or entry_id in s.prefix_set

@@ -272,7 +272,8 @@ class Store:
         a ``fork_of`` link naming ``origin`` as the fork's first entry (RFC 0001: the
         session it was made from, which the header's provenance may not say). Returns
         the fork, open for writing."""
-        o = self.read(origin)
+        held = self._open.get(origin)  # open here: its head may be an append not yet committed
+        o = held if held is not None else self.read(origin)
         try:
             base = o.head if at is None else at
             if base is None:
@@ -281,7 +282,8 @@ class Store:
                 raise BaseNotHeldError(f"entry {base} is not on session {origin} (its own entries, base or prefix)")
             media, payload = o.header.data.get("media"), o.header.payload
         finally:
-            o.close()
+            if held is None:
+                o.close()
         data: dict[str, Any] = dict(header or {})
         if session_id is not None:
             data["id"] = session_id
