@@ -144,14 +144,21 @@ def test_the_corpus_subsession_links_are_noted_and_pass_a_store():
 # a stored session: links checked against the sessions they name
 
 
+def linked_parent(st: Store, sid: str = "p1", call_id: str = "call_a") -> str:
+    """A session that called ``call_id`` and linked the subsession it spawns (derived
+    id, which it returns), as a parent writes it at dispatch."""
+    kid = subsession_id(sid, call_id)
+    p = st.create(Header.new(sid))
+    p.append(user())
+    p.append(call(call_id))
+    p.append(subsession_link(kid, call_id))
+    return kid
+
+
 def test_a_subsession_naming_another_parent_or_call_fails_verify_and_fsck_deep(tmp_path):
     st = Store.init(tmp_path / "st")
-    kid = subsession_id("p1", "call_a")
-    p = st.create(Header.new("p1"))
-    p.append(user())
-    p.append(call("call_a"))
-    p.append(subsession_link(kid, "call_a"))
-    p.close()
+    kid = linked_parent(st)
+    st.session("p1").close()
     assert verify_stored(st, "p1").ok  # the child never started: passes
     c = st.create(Header.new(kid, parent_session="p9", spawned_by="call_b"))
     c.append(user("x"))
@@ -169,11 +176,7 @@ def test_a_subsession_naming_another_parent_or_call_fails_verify_and_fsck_deep(t
 
 def test_a_subsession_that_agrees_passes():
     st = mem()
-    kid = subsession_id("p1", "call_a")
-    p = st.create(Header.new("p1"))
-    p.append(user())
-    p.append(call("call_a"))
-    p.append(subsession_link(kid, "call_a"))
+    kid = linked_parent(st)
     c = st.create(Header.new(kid, parent_session="p1", spawned_by="call_a"))
     c.append(user("x"))
     assert verify_stored(st, "p1").ok and not fsck(st, deep=True).errors
@@ -431,11 +434,7 @@ def test_continue_session_rolls_over_with_the_settings_in_force():
 
 def test_a_child_whose_header_cannot_be_read_fails_the_parents_link(tmp_path):
     st = Store.init(tmp_path / "st")
-    kid = subsession_id("p1", "call_a")
-    p = st.create(Header.new("p1"))
-    p.append(user())
-    p.append(call("call_a"))
-    p.append(subsession_link(kid, "call_a"))
+    kid = linked_parent(st)
     st.create(Header.new(kid, parent_session="p1", spawned_by="call_a")).append(user("x"))
     st.close()
     (tmp_path / "st" / "sessions" / kid / "header").write_bytes(b"not json\n")
