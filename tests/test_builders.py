@@ -29,7 +29,7 @@ from agentsession_cas.format.builders import (
     withdrawal,
 )
 from agentsession_cas.format.context import EMPTY_SETTINGS, build_context, canonical_request, request_hash_for, text_hash
-from agentsession_cas.format.normalise import normalise, normalise_json, normalised_body
+from agentsession_cas.format.normalise import check_normalised, normalise, normalise_json, normalised_body
 from agentsession_cas.format.rules import analyze_runs
 from agentsession_cas.format.runs import inbox_of
 from agentsession_cas.store import Store
@@ -366,3 +366,17 @@ def test_the_recorder_writes_a_calls_items_as_one_batch(tmp_path):
     sf = read_session_bytes(open_store(str(tmp_path / "st")).export("rec"))
     report = verify_session(sf)
     assert report.ok and report.counts()["verified"] == 1
+
+
+def test_the_reader_holds_normalised_to_its_shape():
+    assert check_normalised(normalised_body(said("cut \ud83d"))["normalised"]) is None
+    assert check_normalised(normalise_json(b'{"a":"\xff","b":"\\ud800"}')[1]) is None
+    for bad, words in [({"at": "/a"}, "not an array"), ([1], "not an object"), ([{"at": "a", "was": "1"}], "Pointer"),
+                       ([{"at": "/a", "was": 1}], "not a string"), ([{"at": "/a", "raw": "not base64!"}], "neither"),
+                       ([{"at": "/a", "raw": "YQ"}], "neither"),  # unpadded: one response, two hashes
+                       ([{"at": "/b", "was": "1"}, {"at": "/a", "was": "2"}], "not sorted")]:
+        assert words in (check_normalised(bad) or ""), bad
+    s = mem().create(Header.new("bad-norm"))
+    with pytest.raises(AppendRefusedError) as exc:
+        s.append({**user(), "normalised": [{"at": "/b", "was": "1"}, {"at": "/a", "was": "2"}]})
+    assert exc.value.rule == "normalised"

@@ -294,6 +294,15 @@ def case_unresolved():
     return b"\n".join(lines) + b"\n"
 
 
+def case_normalised():
+    """A normalised member out of order (RFC 0001: sorted by at, so two writers
+    normalising one response write one content hash)."""
+    s = S()
+    s.add("item", item={"type": "message", "role": "assistant", "content": "a\ufffd b\ufffd"},
+          normalised=[{"at": "/item/content", "was": '"b"'}, {"at": "/item", "was": '"a"'}])
+    return s.bytes()
+
+
 def case_links():
     """A subsession link whose child id is not derived from parent/call (a note), and
     links at all (a note that a file cannot check the sessions they name)."""
@@ -497,6 +506,7 @@ def test_every_rule_is_provoked_by_some_case():
         ("missing_member-0", ["missing-member"] * 4),
         ("redacted-0", ["redacted", "redacted-request"]),
         ("links-0", ["link-derived", "link-store"]),
+        ("normalised-0", ["normalised"]),
         ("duplicate-0", ["duplicate"]),
         ("parent-0", ["parent"]),
         ("reject_after_dispatch-0", ["reject-after-dispatch"]),

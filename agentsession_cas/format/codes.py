@@ -86,6 +86,7 @@ RULES: Mapping[str, Rule] = _rules(
         "and label, a link its rel",
         "RFC 0001 item, outcome, label, link",
     ),
+    _line("normalised", "an entry's normalised member is an array of {at, was or raw} records sorted by at", "RFC 0001 Entry hash"),
     _note("unresolved", "line", "a reference a file before 0.5 holds that migration could not rewrite", "RFC 0001 Versioning"),
     _note("redacted", "line", "the header says the file was redacted: its hashes verify it, never the original", "RFC 0001 Header"),
     # -- where an entry hangs --------------------------------------------------------

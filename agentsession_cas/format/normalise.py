@@ -37,7 +37,7 @@ from typing import Any
 from ..errors import IJSONError, NormalisationError
 from .canonical import check_whole_number
 
-__all__ = ["normalise", "normalise_json", "normalised_body", "pointer"]
+__all__ = ["check_normalised", "normalise", "normalise_json", "normalised_body", "pointer"]
 
 _LONE = re.compile(r"[\ud800-\udfff]")
 _NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
@@ -55,6 +55,40 @@ def _utf16(text: str) -> bytes:
 
 def _sorted(found: list[dict[str, str]]) -> list[dict[str, str]]:
     return sorted(found, key=lambda n: _utf16(n["at"]))
+
+
+def _base64(text: str) -> bool:
+    try:
+        return base64.b64encode(base64.b64decode(text, validate=True)).decode("ascii") == text
+    except ValueError:
+        return False
+
+
+def check_normalised(value: Any) -> str | None:
+    """What is wrong with an entry's ``normalised`` member as RFC 0001 defines it, or
+    None: an array of objects, each with ``at`` (a JSON Pointer: empty or starting with
+    ``/``) and ``was`` (a string) or, without ``was``, ``raw`` (padded standard
+    base64), in ascending order of ``at`` as UTF-16 code units. Other members of an
+    element are kept as any member is."""
+    if not isinstance(value, list):
+        return "normalised is not an array"
+    last: bytes | None = None
+    for i, el in enumerate(value):
+        if not isinstance(el, dict):
+            return f"normalised[{i}] is not an object"
+        at = el.get("at")
+        if not isinstance(at, str) or (at and not at.startswith("/")):
+            return f"normalised[{i}].at is not a JSON Pointer"
+        if "was" in el:
+            if not isinstance(el["was"], str):
+                return f"normalised[{i}].was is not a string (the member's JSON source text)"
+        elif not isinstance(el.get("raw"), str) or not _base64(el["raw"]):
+            return f"normalised[{i}] has neither was nor raw in padded standard base64"
+        key = _utf16(at)
+        if last is not None and key < last:
+            return f"normalised is not sorted by at: {at!r} comes after a later pointer"
+        last = key
+    return None
 
 
 def _escaped(text: str) -> str:

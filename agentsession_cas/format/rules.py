@@ -52,6 +52,7 @@ from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, RequestReport
 from .entry import LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
 from .links import derived_note, link_notes, own_entries, store_note
+from .normalise import check_normalised
 from .runs import RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, inbox_of, open_source_message
 from .timestamps import is_valid_ts
 
@@ -288,6 +289,10 @@ def check_line(
     ts = obj.get("ts")
     if not is_valid_ts(ts):
         out.append(problem(line, "ts", f"ts {_show(ts)} {_TS_FORM}"))
+    if "normalised" in obj:
+        wrong = check_normalised(obj["normalised"])
+        if wrong is not None:
+            out.append(problem(line, "normalised", wrong, stated if isinstance(stated, str) else computed))
     if (
         (type_ == "item" and obj.get("item").__class__ is not dict)
         or (type_ == "outcome" and not isinstance(obj.get("target"), str))
