@@ -36,6 +36,7 @@ __all__ = [
     "judges",
     "link_entry",
     "link_notes",
+    "nil_uuid5",
     "own_entries",
     "render_links",
     "store_note",
@@ -60,6 +61,12 @@ LINK_RELS = (REL_SUBSESSION, REL_FORK_OF, REL_CONTINUED_IN, REL_JUDGED_BY, REL_P
 _NIL = uuid.UUID(int=0)
 
 
+def nil_uuid5(name: str) -> str:
+    """A UUIDv5 under the nil namespace: how the format derives a session's id from
+    another's (a subsession's, a redacted session's)."""
+    return str(uuid.uuid5(_NIL, name))
+
+
 def subsession_id(parent_session: str, call_id: str, attempt: int = 0) -> str:
     """The id RFC 0001 recommends for the subsession the call ``call_id`` of session
     ``parent_session`` spawned: a UUIDv5 under the nil namespace over
@@ -71,7 +78,7 @@ def subsession_id(parent_session: str, call_id: str, attempt: int = 0) -> str:
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
         raise EntryError(f"attempt {attempt!r} is not a whole number from 0")
     name = f"{parent_session}/{call_id}" if attempt == 0 else f"{parent_session}/{call_id}/{attempt}"
-    return str(uuid.uuid5(_NIL, name))
+    return nil_uuid5(name)
 
 
 def derivation_attempt(child: str, parent_session: str, call_id: str, attempts: int) -> int | None:

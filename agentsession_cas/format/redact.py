@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from ..errors import RedactionError
 from .canonical import canonical_bytes
 from .entry import REDACTED_FROM_MINOR, Entry, Header, make_entry, parse_format
 from .hashing import is_hash
+from .links import nil_uuid5
 from .reader import SessionFile
 
 __all__ = ["REDACTED", "RedactOptions", "Redacted", "redact", "redacted_session_id"]
@@ -98,7 +98,7 @@ def redacted_session_id(original: str, profile: str) -> str:
     canonical JSON array ``["redacted", original, profile]`` (as the reference library
     derives it), so one original under one profile is one redacted session."""
     name = canonical_bytes(["redacted", original, profile]).decode("utf-8")
-    return str(uuid.uuid5(uuid.UUID(int=0), name))
+    return nil_uuid5(name)
 
 
 @dataclass
