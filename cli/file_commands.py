@@ -16,19 +16,21 @@ from agentsession_cas import (
     loads,
     short_id,
 )
-from agentsession_cas.errors import ContextError
+from agentsession_cas.errors import ContextError, ContinuationError
 from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
     Context,
     build_context,
     context_hashes,
 )
+from agentsession_cas.format.links import callees, judges, own_entries, render_links, successor_of
 from agentsession_cas.format.reader import split_lines
 from agentsession_cas.format.rules import RULES, VerifyReport, verify_session
 from agentsession_cas.format.runs import render_runs
 
 from . import fsck_command, store_commands
 from .common import echo, emit_json, plural, table
+from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
 
 # ---------------------------------------------------------------------------
@@ -108,6 +110,19 @@ def show(
     )
     # The runs on the leaf's path, with the record problems the one check of the file finds on it.
     runs = verify_session(sf).runs_report(leaf) if (show_runs or as_json) and sf.entries else None
+    # Sessions this one refers to: where it went (continued_in), the callees and judges of the path.
+    successor = successor_of(own_entries(sf.header, sf.entries))
+    on_path = sf.tree.path(leaf) if leaf is not None else []
+    found_callees, found_judges = callees(on_path), judges(on_path)
+    held, current = None, None
+    if target.kind != "file":
+        store = store_commands.read_store(target.root)
+        held = store.__contains__
+        if successor is not None and target.session_id is not None:
+            try:
+                current = store.resolve_current(target.session_id).current
+            except ContinuationError as exc:
+                say_note(str(exc))
     if as_json:
         emit_json(
             {
@@ -132,6 +147,11 @@ def show(
                 **({"context_error": ctx_error} if ctx_error is not None else {}),
                 "context_hash": leaf_hash,
                 "runs": runs.as_dict() if runs is not None else None,
+                "continued_in": successor,
+                **({"current": current} if current is not None else {}),
+                "callees": [{**c.as_dict(), **({"held": held(c.session)} if held else {})} for c in found_callees],
+                "judges": [{"link": j.id, "session": j.get("session"), "target": j.get("target"),
+                            **({"held": held(j.get("session"))} if held else {})} for j in found_judges],
                 "truncated": truncated,
                 "problems": [p.as_dict() for p in sf.problems],
             }
@@ -150,6 +170,11 @@ def show(
         info.append(["parent", str(h.data["parent_session"])])
     if h.base:
         info.append(["base", short_id(h.base)])
+    if successor is not None:
+        went = f"{successor} (superseded: takes no more appends)"
+        if current is not None and current != successor:
+            went += f"; the chain's current session is {current}"
+        info.append(["continued in", went])
     if h.records:
         info.append(["records", ", ".join(h.records)])
     if "media" in h.data:
@@ -206,6 +231,9 @@ def show(
         echo()
         for line in render_runs(runs):
             echo(line)
+        echo()
+        for line in render_links(found_callees, found_judges, held):
+            echo(line)
     if sf.problems or sf.truncated is not None:
         echo()
     for p in sf.problems:
@@ -221,13 +249,18 @@ def show(
 def _summary(sf: SessionFile, report: VerifyReport) -> str:
     if sf.migrated:
         how = f"migrated from {sf.header.format}: ids assigned in memory, not checked"
+    elif sf.header.data.get("redacted") is True:
+        how = "each id checked against its hash: this redacted file's, never the original's"
     else:
         how = "each id checked against its hash"
     counts = report.counts()
+    failed = f"{counts['failed']} failed"
+    if "redacted" in counts:
+        failed += f", {counts['redacted']} not rebuilt (redacted)"
     return (
         f"{plural(len(sf.entries), 'entry', 'entries')} read, {how}; {len(report.problems)} problem(s); "
         f"{counts['responses']} response(s): {counts['verified']} request hash(es) verified, "
-        f"{counts['without_hash']} without a hash, {counts['failed']} failed; {report.runs_checked} run(s) checked"
+        f"{counts['without_hash']} without a hash, {failed}; {report.runs_checked} run(s) checked"
     )
 
 

@@ -39,12 +39,15 @@ def _when(value: str | None, option: str) -> str | None:
 @click.option("--cwd", "cwd", help="Only sessions whose working directory is this one or below it.")
 @click.option("--after", help="Only sessions active at or after this (2026-01-02, 2026-01-02T03:04Z, or an age: 3d).")
 @click.option("--before", help="Only sessions last active before this (same forms as --after).")
+@click.option("--current", is_flag=True, help="Leave out sessions that were continued in a successor.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of the same fields instead of text.")
 def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after: str | None, before: str | None,
-                  as_json: bool) -> None:
+                  current: bool, as_json: bool) -> None:
     """List the store's sessions, newest activity first: title, model, harness, times, entries, head, mark.
 
-    Times are UTC to the second. A session that cannot be read (a damaged log)
+    Times are UTC to the second. A session continued in a successor (a
+    continued_in link) is superseded: a CONTINUED IN column names the
+    successor, and --current leaves it out. A session that cannot be read (a damaged log)
     is listed with mark `damaged`, reported on stderr, and the exit status is 1.
     """
     after_ts, before_ts = _when(after, "--after"), _when(before, "--before")
@@ -60,7 +63,7 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
             echo(f"agentsession: error: {one_line(str(exc))}", err=True)
             damaged.append({"id": sid, "mark": "damaged", "error": one_line(str(exc))})
     chosen = select(summaries, harness=harness, cwd=os.path.abspath(cwd) if cwd else None,
-                    after=after_ts, before=before_ts, limit=limit)
+                    after=after_ts, before=before_ts, limit=limit, current=current)
     rows: list[dict[str, Any]] = []
     for s in chosen:
         row = s.as_dict()
@@ -71,7 +74,9 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
     if as_json:
         emit_json(rows)
     elif rows:
-        lines = [["ID", "TITLE", "MODEL", "HARNESS", "CREATED", "ACTIVE", "ENTRIES", "HEAD", "MARK"]]
+        continued = any(r.get("continued_in") for r in rows)
+        lines = [["ID", "TITLE", "MODEL", "HARNESS", "CREATED", "ACTIVE", "ENTRIES", "HEAD", "MARK"]
+                 + (["CONTINUED IN"] if continued else [])]
         for r in rows:
             title = r.get("title") or "-"
             if len(title) > TITLE_WIDTH:
@@ -81,7 +86,7 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
                 r.get("created") or "-", r.get("last_activity") or "-",
                 "-" if r.get("entries") is None else str(r["entries"]),
                 short_id(r.get("head")), r["mark"],
-            ])
+            ] + ([r.get("continued_in") or "-"] if continued else []))
         for line in table(lines):
             echo(line)
     if damaged:

@@ -21,18 +21,22 @@ from agentsession_cas.backends.files.layout import find_store, layout_text
 from agentsession_cas.errors import (
     AgentSessionError,
     BadNameError,
+    ContinuationError,
     IJSONError,
     LayoutError,
     NoSuchSessionError,
 )
+from agentsession_cas.format.links import fork_of_link
+from agentsession_cas.format.media import write_projection
 from agentsession_cas.format.names import check_session_id
+from agentsession_cas.format.redact import RedactOptions, redact
 from agentsession_cas.maintenance.check import verify_stored
 from agentsession_cas.store import Session, Store, default_store_path
 from agentsession_cas.store.names import REF_PREFIX, resolve_entry, resolve_session
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store, store_url_kind
 
-from .common import echo, emit_json, fail, note, table, write_bytes
+from .common import echo, emit_json, fail, note, plural, table, write_bytes
 from .projection_export import export_projection
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -330,13 +334,26 @@ def projection_file(target: Target) -> SessionFile:
               help="jsonl: the session file; atif: one ATIF document per path (a line each, or files in the "
                    "directory -o names); otel: the session as OTLP JSON spans (docs/projections.md).")
 @click.option("--at", metavar="ENTRY", help="With --format atif or otel: the path to this entry only.")
-def export(session: str, output: str | None, fmt: str, at: str | None) -> None:
+@click.option("--redact-home", is_flag=True, help="Replace the home directory with ~ in every text (a redacted file).")
+@click.option("--redact-env", is_flag=True, help="Empty every env entry, keeping its place (a redacted file).")
+@click.option("--secret", "secrets", metavar="REGEX", multiple=True,
+              help="Replace each match with REDACTED (repeatable; a redacted file).")
+def export(session: str, output: str | None, fmt: str, at: str | None, redact_home: bool, redact_env: bool,
+           secrets: tuple[str, ...]) -> None:
     """Print a session's projection (RFC 0002) to stdout, or write it to FILE.
 
     ID may also be a path inside the session's directory in a store, and, with
-    --format atif or otel, a session file.
+    --format atif or otel, a session file. With --redact-home, --redact-env or
+    --secret the output is a redacted session file (RFC 0001): every hash and
+    id recomputed, entry references re-pointed, the header marked redacted,
+    with a session id of its own. It verifies against itself, never as the
+    original, and no store imports it.
     """
+    redacting = bool(redact_home or redact_env or secrets)
     if fmt != "jsonl":
+        if redacting:
+            fail(f"--redact-home, --redact-env and --secret write a redacted session file; --format {fmt} would "
+                 "embed subsessions unredacted: export the redacted file, then project it")
         located = locate(session, files=True)
         if located.kind == "file":
             return export_projection(read_file_arg(located.arg), None, located.arg, fmt, at, output)
@@ -349,7 +366,27 @@ def export(session: str, output: str | None, fmt: str, at: str | None) -> None:
         if not os.path.lexists(target.arg):
             fail(f"{target.arg}: no such file, nor a session")
         fail(f"{target.arg} is not a session of a store (give a session id or a path inside <store>/sessions/<id>/)")
+    options = None
+    if redacting:
+        home = None
+        if redact_home:
+            home = os.path.expanduser("~")
+            if home == "~" or not os.path.isabs(home):
+                fail("--redact-home: no home directory is known (set HOME)")
+        options = RedactOptions(home=home, env=redact_env, secrets=secrets)
+        options.rewriter()  # a bad pattern is refused before anything is read
     store, s = open_target(target, files=False)
+    _say_where_it_went(store, s)
+    if options is not None:
+        data = s.projection()
+        done = redact(read_session_bytes(data, source=s.id), options)
+        note(f"redacted: {plural(len(done.ids), 'entry', 'entries')} rewritten as session {done.session_id}; "
+             "it verifies against itself, never as the original")
+        if output is None or output == "-":
+            write_bytes(done.data)
+        else:
+            write_projection(output, done.data, done.session_id, store.export_blobs(s.id, data))
+        return
     if output is None or output == "-":
         write_bytes(s.projection())
     else:
@@ -357,6 +394,24 @@ def export(session: str, output: str | None, fmt: str, at: str | None) -> None:
         if skipped:
             note(f"{skipped} sidecar blob{'s' if skipped != 1 else ''} not written: {output} is not a regular file, "
                  "so there is no directory beside it")
+
+
+def _say_where_it_went(store: Store, s: Session) -> None:
+    """A note naming the successor of a superseded session (and the chain's current one)."""
+    successor = s.superseded_by
+    if successor is None:
+        return
+    try:
+        chain = store.resolve_current(s.id)
+    except ContinuationError as exc:
+        note(f"session {s.id} was continued in {successor}; {exc}")
+        return
+    where = f"session {s.id} was continued in {successor}"
+    if chain.current != successor:
+        where += f"; the chain's current session is {chain.current}"
+    if chain.missing is not None:
+        where += f" (which names {chain.missing}, not in this store)"
+    note(where + "; this is the superseded record")
 
 
 @click.command("import")
@@ -390,9 +445,18 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
 @click.option("--base", metavar="H", help="Fork from entry H, which the store holds.")
 @click.option("--header", "header_file", metavar="FILE", help="Take the header from FILE (a JSON object; - for stdin).")
 @click.option("--id", "new_id", metavar="ID", help="The session id (default: a new uuid, or the header's).")
+@click.option("--link", "fork_link", is_flag=True,
+              help="With --base: also append a fork_of link naming the session the fork was made from.")
 @click.option("--json", "as_json", is_flag=True, help="Print {session, base, head, mark}.")
-def create(base: str | None, header_file: str | None, new_id: str | None, as_json: bool) -> None:
-    """Create a session (a record) and print its id."""
+def create(base: str | None, header_file: str | None, new_id: str | None, fork_link: bool, as_json: bool) -> None:
+    """Create a session (a record) and print its id.
+
+    A fork (--base) whose header names no parent_session gets the session
+    holding the base; --link also records that session in a fork_of link,
+    the fork's first entry.
+    """
+    if fork_link and base is None:
+        fail("--link records the session a fork was made from: give --base")
     if header_file is not None:
         if header_file == "-":
             data = _stdin_json("header")
@@ -419,6 +483,11 @@ def create(base: str | None, header_file: str | None, new_id: str | None, as_jso
         header = Header.new(str(uuid.uuid4()) if new_id is None else new_id, base=base)
     with write_store() as store:
         s = store.create(header)
+        if fork_link:
+            origin = s.header.data.get("parent_session")
+            if not isinstance(origin, str) or not origin:
+                fail("--link: the header's parent_session is not a session id")
+            s.append(fork_of_link(origin))
         facts = {"session": s.id, "base": s.base, "head": s.head, "mark": s.mark}
     if as_json:
         emit_json(facts)

@@ -190,5 +190,5 @@ def test_from_dict_refuses_what_is_no_summary():
     assert SessionSummary.from_dict({"id": "x", "entries": "3"}) is None
     assert SessionSummary.from_dict({"id": 3}) is None
     assert SessionSummary.from_dict({"id": "x", "title": ["no"]}) is None
-    assert SessionSummary.from_dict({"id": "x", "entries": 2, "bogus": 1}) == SessionSummary(id="x", entries=2)
+    assert SessionSummary.from_dict({"id": "x", "entries": 2, "continued_in": None, "bogus": 1}) == SessionSummary(id="x", entries=2)
     assert select([SessionSummary(id="z", created="2026-01-01T00:00:00Z"), SessionSummary(id="y")]) [0].id == "z"

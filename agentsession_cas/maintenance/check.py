@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 from ..backends.base import FsckReport
 from ..errors import AgentSessionError, CorruptObjectError, NoSuchObjectError, SessionDamagedError, SessionFormatError
 from ..format.entry import short_id
+from ..format.links import own_entries
 from ..format.reader import read_session_bytes
 from ..format.rules import RULES, verify_session
+from ..store.links import check_links
 from ..store.state import replay
 
 if TYPE_CHECKING:
@@ -45,7 +47,7 @@ class StoredCheck:
 
 
 #: Where a stored session's problem is said to be, by the scope of its rule.
-_WHERE = {"context": "requests", "record": "records"}
+_WHERE = {"context": "requests", "record": "records", "link": "links", "store": "links"}
 
 
 def _problem(where: str, code: str, message: str, line: int | None = None, entry: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -170,7 +172,10 @@ def _check_projection(session: Session, projection: bytes, out: StoredCheck, *, 
     for p in report.problems:
         if p.code != "empty" or not empty_ok:
             out.problems.append({"where": _WHERE.get(RULES[p.code].scope, "projection"), **p.as_dict()})
-    out.notes.extend(str(p) for p in report.notes)
+    # What a file could not check, the store does: the sessions its links name.
+    out.notes.extend(str(p) for p in report.notes if p.code != "link-store")
+    for p in check_links(session.store, sf.header, own_entries(sf.header, sf.entries)):
+        out.problems.append({"where": "links", **p.as_dict()})
     out.stats["requests"] = report.counts()
     out.stats["runs_checked"] = report.runs_checked
     if not session.state.may_hold_head(session.head):

@@ -36,11 +36,13 @@ from ..errors import (
     ReadOnlyError,
     SessionDamagedError,
     StoreError,
+    SupersededError,
 )
 from ..format.canonical import canonical_bytes, loads, needs_careful
 from ..format.context import ContextHasher
 from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
 from ..format.hashing import is_hash, parse_envelope
+from ..format.links import REL_CONTINUED_IN, successor_of
 from ..format.media import sidecar_names
 from ..format.reader import gc_paused
 from ..format.rules import RULES, OpenRun, SessionChecker, Trial, check_line
@@ -211,6 +213,9 @@ class Session:
         #: describes a prefix of this log, and a writer's builder, fed as it appends.
         self._summary_base: SessionSummary | None = None
         self._builder: SummaryBuilder | None = None
+        #: The successor a continued_in link names (once known: see superseded_by).
+        self._successor: str | None = None
+        self._successor_known = False
 
     # -- opening ------------------------------------------------------------------------
 
@@ -412,12 +417,28 @@ class Session:
         commit. What an append, an admission or a recorder is held to."""
         if self._checker is None:
             checker = SessionChecker(self.header, loader=self._rules_entry)
+            links: list[Entry] = []
             with gc_paused():
                 checker.add_prefix(self.prefix_entries())
                 for eid in self.state.log_order:
-                    checker.add(self.entry(eid), prefix=False)
+                    e = self.entry(eid)
+                    checker.add(e, prefix=False)
+                    if e.type == "link":
+                        links.append(e)
             self._checker = checker
+            if not self._successor_known:  # every own entry was read: the successor is free
+                self._successor, self._successor_known = successor_of(links), True
         return self._checker
+
+    @property
+    def superseded_by(self) -> str | None:
+        """The session this one was continued in: the successor its last
+        ``continued_in`` link names, or None. A superseded session refuses appends
+        (:class:`SupersededError`). Found once, from the session's summary (which
+        reads no entry while the summary the backend kept is current)."""
+        if not self._successor_known:
+            self._successor, self._successor_known = self.summary().continued_in, True
+        return self._successor
 
     def _rules_entry(self, entry_id: str) -> Entry:
         staged = self._staged.get(entry_id)
@@ -529,6 +550,7 @@ class Session:
         added: dict[str, Append] = {}
         planned: list[_Planned] = []
         seq = self.state.max_seq
+        successor = self.superseded_by
         for raw in entries:
             e, content, env = self._hash(raw, head)
             if e.type == "label" and e.data.get("synthetic") is not None:
@@ -541,6 +563,12 @@ class Session:
                 res = AppendResult(e.id, "no-op", head, durable=self.state.is_committed(e.id), seq=seq_of)
                 planned.append(_Planned(e, content, env, res, None))
                 continue
+            if successor is not None:
+                raise SupersededError(
+                    f"session {self.id} was continued in {successor} (a continued_in link): it takes no more appends; "
+                    f"append to {successor}, the end of its chain",
+                    session=self.id, successor=successor,
+                )
             if e.id == self.base or e.id in self.prefix_set:
                 raise AppendRefusedError(
                     f"entry {e.id} is {'the base' if e.id == self.base else 'on the prefix above the base'}: "
@@ -582,6 +610,8 @@ class Session:
             planned.append(_Planned(e, content, env, res, record))
             added[e.id] = record
             head = new_head
+            if e.type == "link" and e.get("rel") == REL_CONTINUED_IN and isinstance(e.get("session"), str):
+                successor = e.get("session")  # the rest of the batch is refused, as after its commit
         batch = PreparedBatch(self, planned, head, trial)
         self._pending = batch
         return batch
@@ -656,6 +686,8 @@ class Session:
             if self._context_hashes is not None:
                 self._context_hashes.feed(p.entry)
             self._summarize(p.entry)
+            if p.entry.type == "link" and p.entry.get("rel") == REL_CONTINUED_IN and isinstance(p.entry.get("session"), str):
+                self._successor, self._successor_known = p.entry.get("session"), True
             p.result.unresolved.extend(self._hold_blobs(p.content))
         if commit:
             state.committed_seq = state.max_seq
@@ -894,6 +926,8 @@ class Session:
         if mark is not None:
             state.mark = mark
         self.log.set_indexes(self.head, self.mark)
+        if added:
+            self._successor_known = False  # an admitted continued_in link is found on next need
         return [r.entry for r in added]
 
     def exchange_park(self) -> bool:

@@ -14,6 +14,7 @@ writes nothing.
 from __future__ import annotations
 
 import builtins
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -34,16 +35,21 @@ from ..errors import (
     SessionExistsError,
     SessionFormatError,
     StoreError,
+    SupersededError,
 )
+from ..format.builders import config_from_settings
 from ..format.canonical import canonical_bytes, loads_flagged
+from ..format.context import build_context
 from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
 from ..format.hashing import entry_objects, is_hash, sha256_ref
+from ..format.links import continued_in_link, fork_of_link
 from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
 from ..format.reader import SessionFile, gc_paused, read_session, read_session_bytes
 from ..format.rules import verify_session
 from ..format.timestamps import now_ts
 from ..maintenance.sweep import SweepResult, sweep
+from .links import CHAIN_LIMIT, Chain, resolve_current
 from .refs import header_ident
 from .session import AppendResult, Session, entry_from_objects, envelope_parts, walk_up
 from .summary import SessionSummary
@@ -238,6 +244,10 @@ class Store:
         if header.base is None:
             return self._create(header, own=[], head=None, record=record)
         owner = self.holder_of(header.base)
+        if owner is not None and header.data.get("parent_session") is None:
+            # RFC 0001: parent_session names the session a fork was made from; the
+            # caller who names none gets the session holding the base.
+            header = Header({**header.data, "parent_session": owner.session})
         try:
             prefix = self._prefix_for_base(header, owner)
             # The owner stays open until the fork is made: a prefix entry another process
@@ -246,6 +256,90 @@ class Store:
         finally:
             if owner is not None:
                 owner.close()
+
+    def fork(
+        self,
+        origin: str,
+        at: str | None = None,
+        *,
+        session_id: str | None = None,
+        header: Mapping[str, Any] | None = None,
+        link: bool = False,
+    ) -> Session:
+        """Fork session ``origin`` at entry ``at`` (its head by default): a new session
+        whose base is that entry, whose header names ``origin`` as ``parent_session``
+        unless ``header`` names one, with the origin's ``media`` and ``payload``. ``link`` also appends
+        a ``fork_of`` link naming ``origin`` as the fork's first entry (RFC 0001: the
+        session it was made from, which the header's provenance may not say). Returns
+        the fork, open for writing."""
+        held = self._open.get(origin)  # open here: its head may be an append not yet committed
+        o = held if held is not None else self.read(origin)
+        try:
+            base = o.head if at is None else at
+            if base is None:
+                raise BadBaseError(f"session {origin} has no head to fork at; name an entry")
+            if base not in o and base != o.base and base not in o.prefix_set:
+                raise BaseNotHeldError(f"entry {base} is not on session {origin} (its own entries, base or prefix)")
+            media, payload = o.header.data.get("media"), o.header.payload
+        finally:
+            if held is None:
+                o.close()
+        data: dict[str, Any] = dict(header or {})
+        if session_id is not None:
+            data["id"] = session_id
+        data.setdefault("id", str(uuid.uuid4()))
+        data["base"] = base
+        data.setdefault("parent_session", origin)
+        if media is not None:
+            data.setdefault("media", media)
+        if payload is not None:
+            data.setdefault("payload", payload)
+        fork = self.create(Header(data))
+        if link:
+            try:
+                fork.append(fork_of_link(origin))
+            except BaseException:
+                fork.close()
+                raise
+        return fork
+
+    def continue_session(
+        self, session_id: str, *, successor_id: str | None = None, summary: Mapping[str, Any] | None = None
+    ) -> Session:
+        """Roll session ``session_id`` over into a successor (RFC 0003 Continue): a new
+        session naming it as ``parent_session``, with its ``harness``, ``cwd``,
+        ``records``, ``media`` and ``payload``, whose first entry is a full ``config``
+        of the settings in force at the old head (and ``summary``, an item, after it);
+        then a ``continued_in`` link appended to the old session, which retires it.
+        A session continued already is refused (:class:`SupersededError`), and when
+        the link cannot be appended the successor is deleted. Returns the successor,
+        open for writing."""
+        old = self.session(session_id)
+        if old.superseded_by is not None:
+            raise SupersededError(f"session {session_id} was continued in {old.superseded_by} already; continue that one",
+                                  session=session_id, successor=old.superseded_by)
+        settings = build_context(self.path_to(old.head)).settings if old.head is not None else None
+        kept = {k: old.header.data[k] for k in ("harness", "cwd", "records", "media") if k in old.header.data}
+        header = Header.new(successor_id or str(uuid.uuid4()), parent_session=session_id, **kept)
+        if old.header.payload is not None:
+            header.data["payload"] = old.header.payload
+        new = self.create(header)
+        try:
+            if settings is not None and settings.as_dict():
+                new.append(config_from_settings(settings))
+            if summary is not None:
+                new.append({"type": "item", "item": dict(summary)})
+            old.append(continued_in_link(new.id))
+        except BaseException:
+            new.close()
+            self.delete(new.id)
+            raise
+        return new
+
+    def resolve_current(self, session_id: str, *, limit: int = CHAIN_LIMIT) -> Chain:
+        """The current session of the chain of continuations ``session_id`` starts
+        (:func:`~agentsession_cas.store.links.resolve_current`)."""
+        return resolve_current(self, session_id, limit=limit)
 
     def _checked_new_header(self, header: Header) -> Header:
         data = dict(header.data)

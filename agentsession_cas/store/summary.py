@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..format.entry import Entry, Header
+from ..format.links import REL_CONTINUED_IN
 
 __all__ = ["SessionSummary", "SummaryBuilder", "parse_when", "seconds", "select"]
 
@@ -46,6 +47,8 @@ class SessionSummary:
     head: str | None = None
     base: str | None = None
     mark: str = "mirror"
+    #: The successor the session was continued in (its last ``continued_in`` link).
+    continued_in: str | None = None
     #: The last own entry counted, and the highest sequence number then: what ties a
     #: stale summary to the prefix of the log it describes.
     last_entry: str | None = None
@@ -57,13 +60,18 @@ class SessionSummary:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SessionSummary | None:
         """A summary as a backend kept it, or None when it is not one (a damaged or
-        foreign file is only a summary to rebuild, never an error)."""
+        foreign file is only a summary to rebuild, never an error). One from before
+        summaries named the successor (no ``continued_in`` member) is rebuilt, since
+        it cannot say whether the session was continued."""
+        if "continued_in" not in data:
+            return None
         try:
             kw = {f.name: data[f.name] for f in fields(cls) if f.name in data}
             out = cls(**kw)
         except (TypeError, KeyError):
             return None
-        text = ("title", "model", "harness", "cwd", "created", "last_activity", "head", "base", "last_entry")
+        text = ("title", "model", "harness", "cwd", "created", "last_activity", "head", "base", "last_entry",
+                "continued_in")
         if not isinstance(out.id, str) or any(getattr(out, n) is not None and not isinstance(getattr(out, n), str) for n in text):
             return None
         if not all(isinstance(getattr(out, n), int) and not isinstance(getattr(out, n), bool) for n in ("entries", "seq")):
@@ -98,6 +106,8 @@ class SummaryBuilder:
             s.title = data["name"]
         elif t == "env" and isinstance(data.get("cwd"), str):
             s.cwd = data["cwd"]
+        elif t == "link" and data.get("rel") == REL_CONTINUED_IN and isinstance(data.get("session"), str):
+            s.continued_in = data["session"]
         s.last_activity = seconds(entry.ts)
         s.last_entry = entry.id
         self.count += 1
@@ -149,18 +159,22 @@ def select(
     after: str | None = None,
     before: str | None = None,
     limit: int | None = None,
+    current: bool = False,
 ) -> list[SessionSummary]:
     """The summaries ``list`` shows, newest activity first (a session with none by its
     creation; ties by id): those whose harness is named ``harness`` (its name, or name
     and version), whose working directory is ``cwd`` or below it, and whose last
-    activity is at or after ``after`` and before ``before`` (``ts`` to the second);
-    at most ``limit`` of them."""
+    activity is at or after ``after`` and before ``before`` (``ts`` to the second),
+    and, with ``current``, that were not continued in a successor; at most ``limit``
+    of them."""
     out = []
     for s in summaries:
         when = s.last_activity or s.created or ""
         if harness is not None and s.harness != harness and (s.harness or "").split(" ")[0] != harness:
             continue
         if cwd is not None and not _under(s.cwd, cwd):
+            continue
+        if current and s.continued_in is not None:
             continue
         if after is not None and when[:19] < after[:19]:
             continue
