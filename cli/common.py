@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 import click
@@ -76,6 +77,17 @@ def write_bytes(data: bytes) -> None:
     sys.stdout.flush()
     out = sys.stdout.buffer
     out.write(data)
+    out.flush()
+
+
+def write_stream(chunks: Iterable[bytes]) -> None:
+    """Raw pieces to stdout as they come, gathered into large writes (a projection's lines)."""
+    from agentsession_cas.fsutil import batched
+
+    sys.stdout.flush()
+    out = sys.stdout.buffer
+    for chunk in batched(chunks):
+        out.write(chunk)
     out.flush()
 
 

@@ -32,7 +32,7 @@ from agentsession_cas.store.names import REF_PREFIX, resolve_entry, resolve_sess
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store, store_url_kind
 
-from .common import echo, emit_json, fail, note, one_line, table, write_bytes
+from .common import echo, emit_json, fail, note, one_line, table, write_bytes, write_stream
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -381,7 +381,7 @@ def export(session: str, output: str | None) -> None:
         fail(f"{target.arg} is not a session of a store (give a session id or a path inside <store>/sessions/<id>/)")
     store, s = open_target(target, files=False)
     if output is None or output == "-":
-        write_bytes(s.projection())
+        write_stream(s.projection_lines())
     else:
         skipped = store.export_to(s.id, output)
         if skipped:

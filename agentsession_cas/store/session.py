@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import Append, Mark, Record, SessionLog
+from ..backends.base import Append, Mark, ObjectStore, Record, SessionLog
 from ..errors import (
     AgentSessionError,
     AppendRefusedError,
@@ -39,7 +39,7 @@ from ..errors import (
 from ..format.canonical import canonical_bytes, loads, needs_careful
 from ..format.context import ContextHasher
 from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
-from ..format.hashing import is_hash, parse_envelope
+from ..format.hashing import is_hash, line_from_objects, parse_envelope
 from ..format.media import sidecar_names
 from ..format.reader import gc_paused
 from ..format.rules import RULES, OpenRun, SessionChecker, Trial, check_line
@@ -350,23 +350,54 @@ class Session:
     def projection(self) -> bytes:
         """RFC 0002 "Projection to JSONL": header, prefix root first, own entries in log
         order, and a synthetic ``leaf`` label only when the resume rule over those lines
-        would not name the head. Byte-stable."""
+        would not name the head. Byte-stable. (:meth:`projection_lines` streams it.)"""
         with gc_paused():
-            return self._projection()
+            return b"".join(self.projection_lines())
 
-    def _projection(self) -> bytes:
-        prefix = self.prefix_entries()
-        own = list(self)
-        entries = prefix + own
-        lines = [self.header.canonical_line()]
-        lines.extend(e.canonical_line() for e in entries)
-        tree = Tree(entries, base=self.base, prefix=self.prefix[:-1])
-        if entries and tree.resume_leaf() != self.head:
-            last = entries[-1]
-            ts = tree.by_id[self.head].ts if self.head is not None else last.ts
-            marker = make_entry("label", last.id, ts=ts, target=self.head, label=LEAF_LABEL, synthetic=True)
-            lines.append(marker.canonical_line())
-        return b"".join(lines)
+    def projection_lines(self) -> Iterator[bytes]:
+        """:meth:`projection`, one line at a time, each built from the stored objects as
+        it is reached (:func:`~agentsession_cas.format.hashing.line_from_objects`: the
+        content's canonical bytes spliced, not parsed and encoded again). What it holds
+        while it goes is bounded by the session's entry count, not its bytes: each
+        entry's id and parent (for the resume rule, which decides the synthetic marker at
+        the end), and a ``label`` entry's members."""
+        yield self.header.canonical_line()
+        objects = self.store.objects
+        get = objects.get
+        stubs: list[tuple[str, str | None, Mapping[str, Any] | None]] = []
+        leaf_labels = False
+        head_ts: Any = None
+        last: tuple[str, Any] | None = None
+        for entry_id in self._projection_ids():
+            env_bytes = get("entries", entry_id)
+            env, _ = envelope_parts(env_bytes, entry_id, objects)
+            content = get("contents", env["content"])
+            type_ = env.get("type")
+            label: Mapping[str, Any] | None = None
+            if type_ == "label":
+                label = loads(content)
+                if isinstance(label, dict):
+                    leaf_labels = leaf_labels or label.get("label") in (LEAF_LABEL, None)
+            parent = env.get("parent")
+            stubs.append((entry_id, parent if isinstance(parent, str) else None, label))
+            if entry_id == self.head:
+                head_ts = env.get("ts")
+            last = (entry_id, env.get("ts"))
+            yield line_from_objects(entry_id, env, content)
+        if last is None:
+            return
+        if leaf_labels:
+            leaf = _resume_leaf(stubs, self.base, self.prefix[:-1])
+        else:
+            leaf = last[0]  # no leaf label, nor a clearing one: the last line is the leaf
+        if leaf != self.head:
+            ts = head_ts if self.head is not None else last[1]
+            marker = make_entry("label", last[0], ts=ts, target=self.head, label=LEAF_LABEL, synthetic=True)
+            yield marker.canonical_line()
+
+    def _projection_ids(self) -> Iterator[str]:
+        yield from self.prefix
+        yield from self.state.log_order
 
     # -- the rules ------------------------------------------------------------------------
 
@@ -908,10 +939,26 @@ def parse_header(session_id: str, raw: bytes) -> Header:
     return Header(header_obj)
 
 
-def envelope_parts(env_bytes: bytes, entry_id: str, where: str) -> tuple[dict[str, Any], bool | None]:
-    """An envelope parsed, checked to be one (a content hash named)."""
+def envelope_parts(env_bytes: bytes, entry_id: str, objects: ObjectStore) -> tuple[dict[str, Any], bool | None]:
+    """An envelope parsed, checked to be one (a content hash named); an error names
+    where ``objects`` keeps it (worked out only then: it costs a path per call)."""
     env, careful = parse_envelope(env_bytes)
     if not isinstance(env, dict) or not isinstance(env.get("content"), str):
+        where = objects.where("entries", entry_id)
         raise CorruptObjectError(f"envelope {entry_id} is not an envelope ({where})", space="entries", name=entry_id, path=where)
     return env, careful
+
+
+def _resume_leaf(
+    stubs: Sequence[tuple[str, str | None, Mapping[str, Any] | None]], base: str | None, above_base: Sequence[str]
+) -> str | None:
+    """The resume rule over a projection's lines, from what :meth:`Session.projection_lines`
+    kept of each (id, parent, a label's members): the format's :class:`Tree`, fed
+    entries holding no more than the rule reads."""
+    entries = []
+    for entry_id, parent, label in stubs:
+        data: dict[str, Any] = dict(label) if label is not None else {}
+        data.update(id=entry_id, parent=parent, type="label" if label is not None else "")
+        entries.append(Entry(data, computed_id=entry_id, content_hash=""))
+    return Tree(entries, base=base, prefix=above_base).resume_leaf()
 

@@ -14,7 +14,7 @@ writes nothing.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from typing import Any
@@ -386,7 +386,7 @@ class Store:
     def envelope(self, entry_id: str) -> dict[str, Any]:
         """An entry's envelope, parsed and checked to be one."""
         env_bytes = self.objects.get("entries", entry_id)
-        env, _ = envelope_parts(env_bytes, entry_id, self.objects.where("entries", entry_id))
+        env, _ = envelope_parts(env_bytes, entry_id, self.objects)
         parent = env.get("parent")
         if parent is not None and not is_hash(parent):
             where = self.objects.where("entries", entry_id)
@@ -398,7 +398,7 @@ class Store:
     def entry(self, entry_id: str) -> Entry:
         """An entry rebuilt from its envelope and content objects, both verified."""
         env_bytes = self.objects.get("entries", entry_id)
-        env, env_careful = envelope_parts(env_bytes, entry_id, self.objects.where("entries", entry_id))
+        env, env_careful = envelope_parts(env_bytes, entry_id, self.objects)
         body, body_careful = loads_flagged(self.objects.get("contents", env["content"]))
         return entry_from_objects(entry_id, env, body, env_careful or body_careful)
 
@@ -440,10 +440,15 @@ class Store:
     # -- projection and import ----------------------------------------------------------
 
     def export(self, session_id: str) -> bytes:
-        """The session's RFC 0002 projection as bytes."""
+        """The session's RFC 0002 projection as bytes (:meth:`export_lines` streams it)."""
+        return b"".join(self.export_lines(session_id))
+
+    def export_lines(self, session_id: str) -> Iterator[bytes]:
+        """The session's projection one line at a time, read from a snapshot as it goes
+        (``Session.projection_lines``): what it holds does not grow with the entries' bytes."""
         s = self.read(session_id)
         try:
-            return s.projection()
+            yield from s.projection_lines()
         finally:
             s.close()
 
@@ -458,10 +463,24 @@ class Store:
     def export_to(self, session_id: str, path: str | PathLike[str]) -> int:
         """Write the projection to ``path`` (a regular file atomically, a symlink's
         target, a device or pipe as a stream), and sidecar media beside a file
-        (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error.
+        (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error,
+        raised before a file is put in place. The projection streams to the file.
         Returns how many blobs a stream output left unwritten."""
-        data = self.export(session_id)
-        return write_projection(path, data, session_id, self.export_blobs(session_id, data))
+        blobs: dict[str, bytes] = {}
+        lines = self.export_lines(session_id)
+        if self.header(session_id).media == "sidecar":
+            lines = self._collect_blobs(lines, blobs)
+        return write_projection(path, lines, session_id, blobs)
+
+    def _collect_blobs(self, lines: Iterator[bytes], blobs: dict[str, bytes]) -> Iterator[bytes]:
+        """``lines`` passed on, and once they are all written (before the file is renamed
+        into place), every blob they name read into ``blobs``."""
+        names: set[str] = set()
+        for line in lines:
+            names.update(sidecar_names(line))
+            yield line
+        for name in sorted(names):
+            blobs[name] = self.blob(name)
 
     def import_file(self, path: str | PathLike[str], *, record: bool = False) -> Session:
         """Import a projection (RFC 0002): every line verified, the head from the resume
