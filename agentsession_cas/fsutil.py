@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import OutputError
 
@@ -169,22 +169,26 @@ def write_output(path: str, data: bytes | Iterable[bytes], *, durable: bool = Tr
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _load_sync_file_range():
-    """libc's sync_file_range(2) (Linux), or None."""
+def _load_sync_file_range() -> Any:
+    """libc's sync_file_range(2) (Linux), or None. Looked up on first use: ctypes and
+    the library search cost a command that writes nothing tens of milliseconds."""
     try:
         import ctypes
-        import ctypes.util
 
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.sync_file_range
-    except (OSError, AttributeError):
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).sync_file_range  # libc is loaded already
+        except (OSError, AttributeError):
+            import ctypes.util
+
+            fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).sync_file_range
+    except (OSError, AttributeError, ImportError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
     fn.restype = ctypes.c_int
     return fn
 
 
-_SYNC_FILE_RANGE = _load_sync_file_range()
+_SYNC_FILE_RANGE: Any = ...  # not looked up yet
 _SYNC_FILE_RANGE_WRITE = 2
 
 
@@ -192,6 +196,9 @@ def start_writeback(fd: int) -> bool:
     """Ask the kernel to start writing a file's dirty pages now, without waiting and
     without any durability promise (sync_file_range with SYNC_FILE_RANGE_WRITE), so a
     later fsync has little left to do. False where the platform cannot."""
+    global _SYNC_FILE_RANGE
+    if _SYNC_FILE_RANGE is ...:
+        _SYNC_FILE_RANGE = _load_sync_file_range()
     if _SYNC_FILE_RANGE is None:
         return False
     return _SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) == 0

@@ -12,11 +12,10 @@ import re
 import sys
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from agentsession_cas import Header, SessionFile, loads, read_session, read_session_bytes, short_id
 from agentsession_cas.backends.files.layout import find_store, layout_text
 from agentsession_cas.errors import (
     AgentSessionError,
@@ -25,17 +24,24 @@ from agentsession_cas.errors import (
     LayoutError,
     NoSuchSessionError,
 )
+from agentsession_cas.format.canonical import loads
+from agentsession_cas.format.entry import Header, short_id
 from agentsession_cas.format.names import check_session_id
-from agentsession_cas.maintenance.check import verify_stored
 from agentsession_cas.store import Session, Store, default_store_path
 from agentsession_cas.store.names import REF_PREFIX, resolve_entry, resolve_session
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store, store_url_kind
 
+if TYPE_CHECKING:
+    from agentsession_cas.format.reader import SessionFile
+
 from .common import echo, emit_json, fail, note, one_line, table, write_bytes, write_stream
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
+
+# The reader, the rule set and the maintenance checks are imported by the commands that
+# use them: head, list and append do not load them (tests/test_cli_startup.py).
 
 # ---------------------------------------------------------------------------
 # the store and what an argument names
@@ -141,6 +147,8 @@ def open_target(target: Target, *, files: bool) -> tuple[Store, Session]:
 
 def read_file_arg(file: str) -> SessionFile:
     """A session file named on the command line; ``-`` reads standard input."""
+    from agentsession_cas.format.reader import read_session, read_session_bytes  # the rule set: not for head or list
+
     if file == "-":
         return read_session_bytes(sys.stdin.buffer.read(), source="<stdin>")
     return read_session(file)
@@ -298,6 +306,8 @@ def verify_session(target: Target, as_json: bool) -> None:
     store = _open_for_verify(target)
     sid = target.session_id
     assert sid is not None
+    from agentsession_cas.maintenance.check import verify_stored
+
     check = verify_stored(store, sid, empty_ok=False)  # as verify of its export says
     problems, notes, stats = check.problems, check.notes, check.stats
     ok = check.ok
@@ -358,6 +368,8 @@ def _open_for_verify(target: Target) -> Store:
 
 def projection_file(target: Target) -> SessionFile:
     """The projection of a located session, read as a file (for ``show``)."""
+    from agentsession_cas.format.reader import read_session_bytes
+
     _, session = open_target(target, files=True)
     return read_session_bytes(session.projection(), source=target.session_id or target.arg)
 

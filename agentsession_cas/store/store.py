@@ -17,7 +17,7 @@ import builtins
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backends import DEFAULT_STORE, default_store_path, open_backend
 from ..backends.base import Append, Backend, Mark, ObjectStore, Record, RepackResult, Space
@@ -40,12 +40,16 @@ from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
 from ..format.hashing import entry_objects, is_hash, sha256_ref
 from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
-from ..format.reader import SessionFile, gc_paused, read_session, read_session_bytes
-from ..format.rules import verify_session
 from ..format.timestamps import now_ts
-from ..maintenance.sweep import SweepResult, sweep
 from .refs import header_ident
 from .session import AppendResult, Session, entry_from_objects, envelope_parts, walk_up
+
+if TYPE_CHECKING:
+    from ..format.reader import SessionFile
+    from ..maintenance.sweep import SweepResult
+
+# The reader, the rule set and sweep are imported by the methods that use them (import,
+# sweep), so opening a store to read a head or list sessions does not load them.
 
 __all__ = ["DEFAULT_STORE", "SYNC_POLICIES", "AppendResult", "Session", "Store", "default_store_path"]
 
@@ -151,6 +155,8 @@ class Store:
     def sweep(self, **kwargs: Any) -> SweepResult:
         """Remove what nothing retained names (``agentsession sweep``); see
         :func:`agentsession_cas.maintenance.sweep.sweep`."""
+        from ..maintenance.sweep import sweep
+
         if not kwargs.get("dry_run"):
             self._require_writable()
         return sweep(self, **kwargs)
@@ -485,11 +491,15 @@ class Store:
     def import_file(self, path: str | PathLike[str], *, record: bool = False) -> Session:
         """Import a projection (RFC 0002): every line verified, the head from the resume
         rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``."""
+        from ..format.reader import gc_paused, read_session
+
         with gc_paused():  # a bulk pass: many acyclic objects per entry (see gc_paused)
             sf = read_session(path, keep_objects=True)  # the objects it writes, computed once
             return self.import_session(sf, record=record, sidecar_dir=sidecar_dir(path, str(sf.header.id)))
 
     def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> Session:
+        from ..format.reader import gc_paused, read_session_bytes
+
         with gc_paused():
             return self.import_session(read_session_bytes(data, source=source, keep_objects=True), record=record)
 
@@ -514,6 +524,8 @@ class Store:
             self.objects.put("blobs", name, blob, durable=True)
 
     def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> Session:
+        from ..format.rules import verify_session
+
         self._require_writable()
         if sf.problems or sf.truncated is not None:
             # A last line cut short is a problem like any other here: verify's (the reader
