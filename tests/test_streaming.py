@@ -215,3 +215,53 @@ def test_cli_verify_streams_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(reader, "read_session", whole)
     r = CliRunner().invoke(main, ["verify", str(path)], catch_exceptions=False)
     assert r.exit_code == 1 and "1 request hash(es) verified" in r.stdout and "1 failed" in r.stdout, r.stdout
+
+
+def test_export_to_a_file_missing_a_blob_leaves_the_file_as_it_was(tmp_path):
+    """A sidecar session's blobs are read once its lines are written, before the file is
+    renamed into place: one the store lacks is an error, and the file named keeps its bytes."""
+    from agentsession_cas.errors import NoSuchObjectError
+
+    st = Store.init(tmp_path / "store")
+    s = st.create(Header.new("media-s", media="sidecar"))
+    blob = st.put_blob(b"image bytes")
+    s.append({"type": "item", "item": {"type": "message", "role": "user",
+              "content": [{"type": "input_image", "image_url": f"sidecar:{blob}"}]}})
+    s.close()
+    out = tmp_path / "out" / "media-s.jsonl"
+    out.parent.mkdir()
+    st.export_to("media-s", out)
+    assert (out.parent / "media-s" / blob[7:]).read_bytes() == b"image bytes"
+    before = out.read_bytes()
+    out.write_bytes(b"what was there\n")
+    Path(st.objects.path("blobs", blob)).unlink()
+    with pytest.raises(NoSuchObjectError):
+        st.export_to("media-s", out)
+    assert out.read_bytes() == b"what was there\n"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["media-s", "media-s.jsonl"]  # no temp file left
+    assert before.startswith(b'{"created_at"')
+    st.close()
+
+
+def test_verify_of_a_stored_session_streams_its_projection(shapes, tmp_path, monkeypatch):
+    """``verify ID`` checks the projection as its lines are made, never asking for it whole,
+    and says what ``verify`` of the exported file says of the rules."""
+    import json
+
+    root, sids = shapes
+    exported = {}
+    for sid in sids:
+        path = tmp_path / f"{sid}.jsonl"
+        cli(root, "export", sid, "-o", str(path))
+        exported[sid] = json.loads(cli(root, "verify", str(path), "--json").stdout)
+
+    def whole(self):
+        raise AssertionError("verify asked for the whole projection")
+
+    monkeypatch.setattr(Session, "projection", whole)
+    for sid in sids:
+        r = cli(root, "verify", sid, "--json")
+        got = json.loads(r.stdout)
+        want = exported[sid]
+        assert r.exit_code == (0 if want["ok"] else 1) and got["ok"] == want["ok"], (sid, got, want)
+        assert got["requests"] == want["requests"], sid

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +51,7 @@ from .rules import (
 )
 from .tree import Tree
 
-__all__ = ["CORE_TYPES", "SessionFile", "gc_paused", "read_session", "read_session_bytes", "split_lines", "verify_bytes", "verify_file"]
+__all__ = ["CORE_TYPES", "SessionFile", "gc_paused", "read_session", "read_session_bytes", "split_lines", "verify_bytes", "verify_file", "verify_lines"]
 
 
 
@@ -236,6 +236,32 @@ def verify_bytes(data: bytes, *, source: str = "<bytes>") -> VerifyReport:
         raise SessionFormatError(source, [problem(1, "header", "the file is empty: no header")])
     header = read_header(lines[0], source)
     return _verify(source, header, lines[1:], PathChecker(header), None)
+
+
+def verify_lines(
+    lines: Iterable[bytes], *, source: str, loader: Callable[[str], Entry] | None = None
+) -> VerifyReport:
+    """:func:`verify_file` of a session given as its lines as they come (the header's
+    first, each with or without its LF: a stored session's projection, say). ``loader``
+    gives an entry again by id when the checker goes back to a branch it left (its line
+    number is set here), so the entries are not held; without one they are."""
+    it = iter(lines)
+    first = next(it, None)
+    if first is None:
+        raise SessionFormatError(source, [problem(1, "header", "the file is empty: no header")])
+    header = read_header(first[:-1] if first.endswith(b"\n") else first, source)
+    if header.is_legacy:
+        loader = None  # migration assigns ids as it goes: nothing to load them by
+    where: dict[str, int] | None = {} if loader is not None else None
+
+    def load(entry_id: str) -> Entry:
+        assert loader is not None and where is not None
+        entry = loader(entry_id)
+        entry.line = where[entry_id]
+        return entry
+
+    entries = (raw[:-1] if raw.endswith(b"\n") else raw for raw in it)
+    return _verify(source, header, entries, PathChecker(header, loader=load if loader is not None else None), where)
 
 
 def _verify(source: str, header: Header, lines: Iterable[bytes], checker: PathChecker, where: dict[str, int] | None) -> VerifyReport:
