@@ -51,7 +51,11 @@ def shapes(tmp_path_factory) -> tuple[Path, list[str]]:
     cleared.append({"type": "label", "target": c, "label": None})
     cleared.append(_user("d"))
     st.create(Header.new("empty"))
-    sids += ["moved", "fork", "labelled", "cleared", "empty"]
+    rooted = st.create(Header.new("rooted"))
+    r2 = [rooted.append(_user(f"r{i}")).id for i in range(2)]
+    rooted.set_head(None, expected=r2[-1])  # back to the universal root: the marker names none
+    st.create(Header.new("bare-fork", base=ids[1]))  # a fork with no entry of its own: its head is its base
+    sids += ["moved", "fork", "labelled", "cleared", "empty", "rooted", "bare-fork"]
     st.close()
     return root, sids
 
