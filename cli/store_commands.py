@@ -12,11 +12,10 @@ import re
 import sys
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from agentsession_cas import Header, SessionFile, loads, read_session, read_session_bytes, short_id
 from agentsession_cas.backends.files.layout import find_store, layout_text
 from agentsession_cas.errors import (
     AgentSessionError,
@@ -26,21 +25,25 @@ from agentsession_cas.errors import (
     LayoutError,
     NoSuchSessionError,
 )
+from agentsession_cas.format.canonical import loads
+from agentsession_cas.format.entry import Header, short_id
 from agentsession_cas.format.links import fork_of_link
-from agentsession_cas.format.media import write_projection
 from agentsession_cas.format.names import check_session_id
-from agentsession_cas.format.redact import RedactOptions, redact
-from agentsession_cas.maintenance.check import verify_stored
 from agentsession_cas.store import Session, Store, default_store_path
 from agentsession_cas.store.names import REF_PREFIX, resolve_entry, resolve_session
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store, store_url_kind
 
-from .common import echo, emit_json, fail, note, plural, table, write_bytes
-from .projection_export import export_projection
+if TYPE_CHECKING:
+    from agentsession_cas.format.reader import SessionFile
+
+from .common import echo, emit_json, fail, note, plural, table, write_bytes, write_stream
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
+
+# The reader, the rule set and the maintenance checks are imported by the commands that
+# use them: head, list and append do not load them (tests/test_cli_startup.py).
 
 # ---------------------------------------------------------------------------
 # the store and what an argument names
@@ -146,6 +149,8 @@ def open_target(target: Target, *, files: bool) -> tuple[Store, Session]:
 
 def read_file_arg(file: str) -> SessionFile:
     """A session file named on the command line; ``-`` reads standard input."""
+    from agentsession_cas.format.reader import read_session, read_session_bytes  # the rule set: not for head or list
+
     if file == "-":
         return read_session_bytes(sys.stdin.buffer.read(), source="<stdin>")
     return read_session(file)
@@ -259,6 +264,8 @@ def verify_session(target: Target, as_json: bool) -> None:
     store = _open_for_verify(target)
     sid = target.session_id
     assert sid is not None
+    from agentsession_cas.maintenance.check import verify_stored
+
     check = verify_stored(store, sid, empty_ok=False)  # as verify of its export says
     problems, notes, stats = check.problems, check.notes, check.stats
     ok = check.ok
@@ -319,6 +326,8 @@ def _open_for_verify(target: Target) -> Store:
 
 def projection_file(target: Target) -> SessionFile:
     """The projection of a located session, read as a file (for ``show``)."""
+    from agentsession_cas.format.reader import read_session_bytes
+
     _, session = open_target(target, files=True)
     return read_session_bytes(session.projection(), source=target.session_id or target.arg)
 
@@ -354,6 +363,10 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
         if redacting:
             fail(f"--redact-home, --redact-env and --secret write a redacted session file; --format {fmt} would "
                  "embed subsessions unredacted: export the redacted file, then project it")
+        from agentsession_cas.format.reader import read_session_bytes
+
+        from .projection_export import export_projection  # the reader and the projections: not for jsonl
+
         located = locate(session, files=True)
         if located.kind == "file":
             return export_projection(read_file_arg(located.arg), None, located.arg, fmt, at, output)
@@ -368,6 +381,8 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
         fail(f"{target.arg} is not a session of a store (give a session id or a path inside <store>/sessions/<id>/)")
     options = None
     if redacting:
+        from agentsession_cas.format.redact import RedactOptions
+
         home = None
         if redact_home:
             home = os.path.expanduser("~")
@@ -378,6 +393,10 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
     store, s = open_target(target, files=False)
     _say_where_it_went(store, s)
     if options is not None:
+        from agentsession_cas.format.media import write_projection
+        from agentsession_cas.format.reader import read_session_bytes
+        from agentsession_cas.format.redact import redact
+
         data = s.projection()
         done = redact(read_session_bytes(data, source=s.id), options)
         note(f"redacted: {plural(len(done.ids), 'entry', 'entries')} rewritten as session {done.session_id}; "
@@ -388,7 +407,7 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
             write_projection(output, done.data, done.session_id, store.export_blobs(s.id, data))
         return
     if output is None or output == "-":
-        write_bytes(s.projection())
+        write_stream(s.projection_lines())
     else:
         skipped = store.export_to(s.id, output)
         if skipped:

@@ -2064,13 +2064,13 @@ def test_bulk_passes_restore_the_collector(root, tmp_path, monkeypatch):
     s = st.create(Header.new("gcs"))
     s.append(msg("hello"))
     seen = []
-    real = Session._projection
+    real = Session.projection_lines
 
     def spy(self):
         seen.append(gc.isenabled())
         return real(self)
 
-    monkeypatch.setattr(Session, "_projection", spy)
+    monkeypatch.setattr(Session, "projection_lines", spy)
     data = s.projection()
     assert seen == [False] and gc.isenabled()
     path = tmp_path / "g.jsonl"

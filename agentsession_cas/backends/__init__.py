@@ -11,12 +11,24 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
 from ..errors import UnsupportedError
 from .base import Append, Backend, Capabilities, LogOpen, ObjectStore, RefStore, RemoteStore, SessionLog, SessionStore
 from .files import FileBackend
-from .memory import MemoryBackend
+
+if TYPE_CHECKING:
+    from .memory import MemoryBackend
+
+
+def __getattr__(name: str) -> Any:
+    """``MemoryBackend`` on first use: a command on a store directory does not load it."""
+    if name == "MemoryBackend":
+        from .memory import MemoryBackend
+
+        return MemoryBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "DEFAULT_STORE",
@@ -71,6 +83,8 @@ def open_backend(url: str | os.PathLike[str], *, create: bool = False, readonly:
     """The backend a store URL (or path) names; ``create`` makes the store where there is none."""
     kind, rest = store_url_kind(os.fspath(url))
     if kind == "memory":
+        from .memory import MemoryBackend
+
         return MemoryBackend(rest or None, readonly=readonly, create=create)
     if create:
         backend, _ = FileBackend.init(rest, readonly=readonly)

@@ -55,6 +55,7 @@ from .links import derived_note, link_notes, own_entries, store_note
 from .normalise import check_normalised
 from .runs import RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, inbox_of, open_source_message
 from .timestamps import is_valid_ts
+from .tree import head_may_rest
 
 if TYPE_CHECKING:  # the reader builds on this module
     from .reader import SessionFile
@@ -80,6 +81,7 @@ __all__ = [
     "Trial",
     "OpenRun",
     "VerifyReport",
+    "verify_report",
     "verify_session",
     "gc_paused",
     "analyze_path",
@@ -311,17 +313,6 @@ def check_line(
 
 # ---------------------------------------------------------------------------
 # tree rules
-
-
-def head_may_rest(target: str | None, base: str | None, own: Container[str], leaf_labels: Container[str]) -> bool:
-    """RFC 0002 Head: a session's head rests on its base or an own entry that is not a
-    ``leaf`` label; on no entry only without a base. (The rule, for every holder of a
-    session's state: the reader's tree, a store's replay, repair's plan.)"""
-    if target is None:
-        return base is None
-    if target == base:
-        return True
-    return target in own and target not in leaf_labels
 
 
 class TreeState:
@@ -1060,6 +1051,8 @@ class VerifyReport:
     ends_checked: int
     calls_checked: int
     _checker: PathChecker = field(repr=False)
+    #: The session's own ``link`` entries, for a store to check what the file cannot.
+    links: list[Entry] = field(default_factory=list, repr=False)
 
     @property
     def empty(self) -> bool:
@@ -1146,21 +1139,42 @@ def verify_session(sf: SessionFile) -> VerifyReport:
     with gc_paused():
         checker.add_all(sf.entries)
         checker.finish()
+    report = verify_report(sf.source, sf.header, len(sf.entries), sf.migrated, sf.all_problems(), sf.unresolved, checker,
+                           own_entries(sf.header, sf.entries))
+    sf._verified = report
+    return report
+
+
+def verify_report(
+    source: str,
+    header: Header,
+    entries: int,
+    migrated: bool,
+    read: list[Problem],
+    unresolved: list[Problem],
+    checker: PathChecker,
+    links: Sequence[Entry] = (),
+) -> VerifyReport:
+    """The report of a verify, once the entries were read (``read``: the line and tree
+    problems, truncation included, in line order; ``unresolved``: migration notes) and
+    fed to ``checker``, which has finished; ``links``: the session's own ``link``
+    entries, for the notes only a store can settle): what :func:`verify_session` and a
+    streamed verify of a file (``reader.verify_file``) both report."""
     context = _by_line([p for p in checker.problems if RULES[p.code].scope == "context"])
     records = _by_line_code([p for p in checker.problems if RULES[p.code].scope == "record"])
-    problems = _by_line(sf.all_problems() + context + records)
-    if not sf.entries:
+    problems = _by_line(read + context + records)
+    if not entries:
         problems.append(_empty())
     context_notes = _by_line([p for p in checker.notes if RULES[p.code].scope == "context"])
     record_notes = _by_line_code([p for p in checker.notes if RULES[p.code].scope == "record"])
-    notes = list(sf.unresolved) + context_notes + record_notes + checker.file_notes + _header_notes(sf.header)
-    notes += link_notes(sf.header, own_entries(sf.header, sf.entries))
+    notes = list(unresolved) + context_notes + record_notes + checker.file_notes + _header_notes(header)
+    notes += link_notes(header, links)
     w = checker.walker
-    report = VerifyReport(
-        source=sf.source,
-        header=sf.header,
-        entries=len(sf.entries),
-        migrated=sf.migrated,
+    return VerifyReport(
+        source=source,
+        header=header,
+        entries=entries,
+        migrated=migrated,
         problems=problems,
         notes=notes,
         requests=list(checker.requests.values()),
@@ -1168,9 +1182,8 @@ def verify_session(sf: SessionFile) -> VerifyReport:
         ends_checked=len(w.ends_seen),
         calls_checked=w.calls_checked,
         _checker=checker,
+        links=[e for e in links if e.type == "link"],
     )
-    sf._verified = report
-    return report
 
 
 # ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..backends.base import COMMIT_POINTS, Mark
 from ..format.hashing import is_hash
-from ..format.rules import head_may_rest
+from ..format.tree import head_may_rest
 
 __all__ = ["SessionState", "replay", "index_damage"]
 

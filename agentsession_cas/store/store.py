@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backends import DEFAULT_STORE, default_store_path, open_backend
 from ..backends.base import Append, Backend, Mark, ObjectStore, Record, RepackResult, Space
@@ -37,22 +37,24 @@ from ..errors import (
     StoreError,
     SupersededError,
 )
-from ..format.builders import config_from_settings
 from ..format.canonical import canonical_bytes, loads_flagged
-from ..format.context import build_context
 from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
 from ..format.hashing import entry_objects, is_hash, sha256_ref
 from ..format.links import continued_in_link, fork_of_link
 from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
-from ..format.reader import SessionFile, gc_paused, read_session, read_session_bytes
-from ..format.rules import verify_session
 from ..format.timestamps import now_ts
-from ..maintenance.sweep import SweepResult, sweep
 from .links import CHAIN_LIMIT, Chain, resolve_current
 from .refs import header_ident
 from .session import AppendResult, Session, entry_from_objects, envelope_parts, walk_up
 from .summary import SessionSummary
+
+if TYPE_CHECKING:
+    from ..format.reader import SessionFile
+    from ..maintenance.sweep import SweepResult
+
+# The reader, the rule set and sweep are imported by the methods that use them (import,
+# sweep), so opening a store to read a head or list sessions does not load them.
 
 __all__ = ["DEFAULT_STORE", "SYNC_POLICIES", "AppendResult", "Session", "Store", "default_store_path"]
 
@@ -158,6 +160,8 @@ class Store:
     def sweep(self, **kwargs: Any) -> SweepResult:
         """Remove what nothing retained names (``agentsession sweep``); see
         :func:`agentsession_cas.maintenance.sweep.sweep`."""
+        from ..maintenance.sweep import sweep
+
         if not kwargs.get("dry_run"):
             self._require_writable()
         return sweep(self, **kwargs)
@@ -318,6 +322,9 @@ class Store:
         if old.superseded_by is not None:
             raise SupersededError(f"session {session_id} was continued in {old.superseded_by} already; continue that one",
                                   session=session_id, successor=old.superseded_by)
+        from ..format.builders import config_from_settings  # the context machinery: not for head or list
+        from ..format.context import build_context
+
         settings = build_context(self.path_to(old.head)).settings if old.head is not None else None
         kept = {k: old.header.data[k] for k in ("harness", "cwd", "records", "media") if k in old.header.data}
         header = Header.new(successor_id or str(uuid.uuid4()), parent_session=session_id, **kept)
@@ -503,7 +510,7 @@ class Store:
     def envelope(self, entry_id: str) -> dict[str, Any]:
         """An entry's envelope, parsed and checked to be one."""
         env_bytes = self.objects.get("entries", entry_id)
-        env, _ = envelope_parts(env_bytes, entry_id, self.objects.where("entries", entry_id))
+        env, _ = envelope_parts(env_bytes, entry_id, self.objects)
         parent = env.get("parent")
         if parent is not None and not is_hash(parent):
             where = self.objects.where("entries", entry_id)
@@ -515,7 +522,7 @@ class Store:
     def entry(self, entry_id: str) -> Entry:
         """An entry rebuilt from its envelope and content objects, both verified."""
         env_bytes = self.objects.get("entries", entry_id)
-        env, env_careful = envelope_parts(env_bytes, entry_id, self.objects.where("entries", entry_id))
+        env, env_careful = envelope_parts(env_bytes, entry_id, self.objects)
         body, body_careful = loads_flagged(self.objects.get("contents", env["content"]))
         return entry_from_objects(entry_id, env, body, env_careful or body_careful)
 
@@ -557,10 +564,15 @@ class Store:
     # -- projection and import ----------------------------------------------------------
 
     def export(self, session_id: str) -> bytes:
-        """The session's RFC 0002 projection as bytes."""
+        """The session's RFC 0002 projection as bytes (:meth:`export_lines` streams it)."""
+        return b"".join(self.export_lines(session_id))
+
+    def export_lines(self, session_id: str) -> Iterator[bytes]:
+        """The session's projection one line at a time, read from a snapshot as it goes
+        (``Session.projection_lines``): what it holds does not grow with the entries' bytes."""
         s = self.read(session_id)
         try:
-            return s.projection()
+            yield from s.projection_lines()
         finally:
             s.close()
 
@@ -575,19 +587,37 @@ class Store:
     def export_to(self, session_id: str, path: str | PathLike[str]) -> int:
         """Write the projection to ``path`` (a regular file atomically, a symlink's
         target, a device or pipe as a stream), and sidecar media beside a file
-        (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error.
+        (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error,
+        raised before a file is put in place. The projection streams to the file.
         Returns how many blobs a stream output left unwritten."""
-        data = self.export(session_id)
-        return write_projection(path, data, session_id, self.export_blobs(session_id, data))
+        blobs: dict[str, bytes] = {}
+        lines = self.export_lines(session_id)
+        if self.header(session_id).media == "sidecar":
+            lines = self._collect_blobs(lines, blobs)
+        return write_projection(path, lines, session_id, blobs)
+
+    def _collect_blobs(self, lines: Iterator[bytes], blobs: dict[str, bytes]) -> Iterator[bytes]:
+        """``lines`` passed on, and once they are all written (before the file is renamed
+        into place), every blob they name read into ``blobs``."""
+        names: set[str] = set()
+        for line in lines:
+            names.update(sidecar_names(line))
+            yield line
+        for name in sorted(names):
+            blobs[name] = self.blob(name)
 
     def import_file(self, path: str | PathLike[str], *, record: bool = False) -> Session:
         """Import a projection (RFC 0002): every line verified, the head from the resume
         rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``."""
+        from ..format.reader import gc_paused, read_session
+
         with gc_paused():  # a bulk pass: many acyclic objects per entry (see gc_paused)
             sf = read_session(path, keep_objects=True)  # the objects it writes, computed once
             return self.import_session(sf, record=record, sidecar_dir=sidecar_dir(path, str(sf.header.id)))
 
     def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> Session:
+        from ..format.reader import gc_paused, read_session_bytes
+
         with gc_paused():
             return self.import_session(read_session_bytes(data, source=source, keep_objects=True), record=record)
 
@@ -612,6 +642,8 @@ class Store:
             self.objects.put("blobs", name, blob, durable=True)
 
     def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> Session:
+        from ..format.rules import verify_session
+
         self._require_writable()
         if sf.problems or sf.truncated is not None:
             # A last line cut short is a problem like any other here: verify's (the reader
