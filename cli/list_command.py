@@ -68,7 +68,8 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
     for s in chosen:
         row = s.as_dict()
         del row["last_entry"], row["seq"]
-        row["size"] = store.backend.sessions.size(s.id)
+        if as_json:  # a directory walk per session: only where it is printed
+            row["size"] = store.backend.sessions.size(s.id)
         rows.append(row)
     rows.extend(damaged)
     if as_json:
