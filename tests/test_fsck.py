@@ -516,19 +516,42 @@ def test_the_head_rule(store):
     assert (p.code, p.session) == ("head-rule", "fork") and above in p.message
 
 
+def _set_header(root: Path, sid: str, header: dict) -> None:
+    """A header written into the log (its create record) and its file, as a writer would."""
+    from agentsession_cas.backends.files.log import encode_log
+    from agentsession_cas.format.canonical import canonical_bytes
+
+    log = root / "sessions" / sid / "log"
+    recs = read_log(log.read_bytes(), expand=False).records
+    recs[0].data["header"] = header
+    log.write_bytes(encode_log([(r.data, r.payload) for r in recs]))
+    (root / "sessions" / sid / "header").write_bytes(canonical_bytes(header) + b"\n")
+
+
 def test_a_fork_with_a_base_of_other_media(store):
     root, info = store
     header = json.loads((root / "sessions" / "fork" / "header").read_text())
     header["media"] = "sidecar"
-    (root / "sessions" / "fork" / "header").write_text(json.dumps(header) + "\n")
+    _set_header(root, "fork", header)
     [p] = fsck(root).errors
     assert (p.code, p.session, p.object) == ("base-rule", "fork", info["rec"][3])
     assert "sidecar" in p.message and "rec" in p.message
 
 
 def test_a_bad_header(store):
+    """A header file that no longer parses: the log holds the header, so the file is a
+    stale index (a warning; served from the log, rewritten by a writing open). A log
+    written before logs held the header has only the file: then it is an error."""
     root, info = store
     (root / "sessions" / "side" / "header").write_text("{not json\n")
+    report = fsck(root)
+    assert not report.errors and [(p.code, p.file) for p in report.warnings] == [("stale-header", "sessions/side/header")]
+    log = root / "sessions" / "side" / "log"
+    recs = read_log(log.read_bytes(), expand=False).records
+    del recs[0].data["header"]
+    from agentsession_cas.backends.files.log import encode_log
+
+    log.write_bytes(encode_log([(r.data, r.payload) for r in recs]))
     [p] = fsck(root).errors
     assert (p.code, p.session, p.file) == ("bad-header", "side", "sessions/side/header")
 

@@ -308,9 +308,9 @@ def test_damage_in_the_create_record_is_rebuilt_from_the_header(tmp_path, how):
     else:
         assert out["mark"] == "record"
     assert_healthy(root, ids)
-    assert read_log(log_path(root).read_bytes()).records[0].data == {
-        "op": "create", "session": SID, "base": None, "mark": out["mark"]
-    }
+    create = read_log(log_path(root).read_bytes()).records[0].data
+    header = json.loads((root / "sessions" / SID / "header").read_bytes())
+    assert create == {"op": "create", "session": SID, "base": None, "mark": out["mark"], "header": header}
 
 
 def test_damaged_create_of_a_fork_takes_its_base_from_the_header(tmp_path):

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...errors import AgentSessionError, BadNameError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
-from ...format.canonical import loads
+from ...format.canonical import canonical_bytes, loads
 from ...format.entry import LEAF_LABEL, Entry, Header
 from ...format.hashing import HASH_PREFIX, is_hash
 from ...format.names import check_session_id
@@ -52,7 +52,7 @@ from ...fsutil import read_whole
 from ...store.state import index_damage, replay
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
-from .log import Record, read_log, scan_log
+from .log import Record, header_of, read_log, scan_log
 from .objects import FileObjects
 from .packs import SPACE_BITS, Pack
 from .sessions import checkpoint_covers as _checkpoint_covers
@@ -763,7 +763,18 @@ class _Walk:
             return  # deleted since it was listed
         self.counts["sessions"] += 1
         media = "inline"
-        if header_bytes is None:
+        # The log holds the header (create and header records): the file is its index.
+        logged = header_of(ln.record for ln in scan_log(data) if ln.record is not None) if data is not None else None
+        if logged is not None:
+            held = canonical_bytes(logged) + b"\n"
+            if header_bytes is not None and header_bytes != held:
+                self.warn("stale-header", f"session {sid}: its header file differs from the header its log holds; the "
+                          "log's is served, and the next writing open rewrites the file", session=sid, file=f"{rel}/header")
+            if header_bytes is None:
+                self.error("missing-header", f"session {sid} has no header file ({rel}/header); the store does not list "
+                           "it (its log holds the header: recreate the file from it)", session=sid, file=f"{rel}/header")
+            media = self.check_header(sid, held, rel) or media
+        elif header_bytes is None:
             self.error("missing-header", f"session {sid} has no header ({rel}/header); the store does not list it", session=sid, file=f"{rel}/header")
         else:
             media = self.check_header(sid, header_bytes, rel) or media

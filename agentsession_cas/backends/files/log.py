@@ -26,6 +26,9 @@ line without a link after one with a link is out of place:
   ``damaged_log``: the name the damaged log was kept under, ``damage``: its
   lines that did not read, ``dropped``: appends it could not keep, ``seq``:
   every sequence number up to it is spent); see ``docs/repair.md``.
+* ``header`` - the session's header changed (``header``: the whole new header);
+  the ``create`` record carries the first one the same way, so the log holds the
+  header and the ``header`` file is an index of it (see ``header_of``);
 * ``snapshot`` - what a compaction left of the records it replaced: the own
   entries in log order (raw ids, base64), their sequence numbers as runs,
   the leaf labels, the head and mark after them, the highest sequence
@@ -55,16 +58,16 @@ from ..base import COMMIT_POINTS
 __all__ = [
     "Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX",
     "make_snapshot", "expand_snapshot", "checksummed_line", "checked_body", "frame", "chain", "encode_log",
-    "record_body", "append_body", "line_checksum", "ZERO_LINK",
+    "record_body", "append_body", "line_checksum", "ZERO_LINK", "header_of",
 ]
 
 #: Hex digits of the BLAKE3 checksum each line carries.
 CHECKSUM_HEX = 16
 _DECODE = json.JSONDecoder().raw_decode
-_OPS = frozenset({"create", "append", "head", "mark", "commit", "checkpoint", "loss", "repair", "snapshot"})
+_OPS = frozenset({"create", "append", "head", "mark", "commit", "checkpoint", "loss", "repair", "snapshot", "header"})
 #: Records a snapshot keeps as they were (besides its appends); commits and
 #: checkpoints it replaces say nothing a snapshot does not (it is both).
-_SNAPSHOT_KEEPS = frozenset({"head", "mark", "loss", "repair"})
+_SNAPSHOT_KEEPS = frozenset({"head", "mark", "loss", "repair", "header"})
 #: What a snapshot's other records may be: those, and an append of an entry it holds
 #: already (a repeat, whose sequence number is spent all the same).
 _SNAPSHOT_OTHERS = _SNAPSHOT_KEEPS | {"append"}
@@ -137,11 +140,15 @@ def record_body(record: dict[str, Any], payload: tuple[bytes, bytes] | None = No
     carried after the record, each after a TAB, so recovery can restore them;
     canonical JSON never holds a raw TAB, so the split is unambiguous.
     """
-    if record.get("op") == "snapshot":
+    snapshot = record.get("op") == "snapshot"
+    if snapshot:
         record = _snapshot_file_form(record)
-    # Records hold only the store's own members: short ASCII strings, small
-    # integers, booleans and null, which the fast encoder writes canonically.
-    body = canonical_bytes(record, parsed=True, careful=False)
+    if snapshot or "header" in record:
+        body = canonical_bytes(record)  # a session's header (kept by a snapshot too): any I-JSON, walked
+    else:
+        # The store's own members: short ASCII strings, small integers, booleans and
+        # null, which the fast encoder writes canonically.
+        body = canonical_bytes(record, parsed=True, careful=False)
     if payload is not None:
         body = body + b"\t" + payload[0] + b"\t" + payload[1]
     return body
@@ -477,6 +484,23 @@ def make_snapshot(create: dict[str, Any], records: Iterable[dict[str, Any]]) -> 
         "op": "snapshot", "seq": max_seq, "records": count, "entries": entries, "seqs": seqs,
         "leaf_labels": leaf_labels, "head": head, "mark": mark, "others": others,
     }
+
+
+def header_of(records: Iterable[Any]) -> dict[str, Any] | None:
+    """The session header the log holds last (the ``create`` record's, or a later
+    ``header`` record's, a snapshot's kept ones included), or None for a log written
+    before logs held it; ``records`` as read (:class:`Record`) or their data."""
+    found = None
+    for r in records:
+        data = r.data if isinstance(r, Record) else r
+        op = data.get("op")
+        if op in ("create", "header") and isinstance(data.get("header"), dict):
+            found = data["header"]
+        elif op == "snapshot":
+            for _, other in data.get("others", ()):
+                if other.get("op") == "header" and isinstance(other.get("header"), dict):
+                    found = other["header"]
+    return found
 
 
 def expand_snapshot(snapshot: dict[str, Any]) -> list[dict[str, Any]]:

@@ -56,7 +56,7 @@ from ...store.session import Session, entry_from_objects, parse_header
 from ...store.state import replay
 from ..base import Space
 from . import FileBackend
-from .log import ZERO_LINK, LogLine, encode_log, encode_record, read_log, scan_log
+from .log import ZERO_LINK, LogLine, encode_log, encode_record, header_of, read_log, scan_log
 from .sessions import FileSessionLog, payload_entry
 
 if TYPE_CHECKING:
@@ -1054,20 +1054,28 @@ def plan_repair(
         report.restorable = [(space, name) for space, name, _ in report._objects]
         return report
     sdir = _files(store).sessions.dir(session_id)
-    try:
-        with open(os.path.join(sdir, "header"), "rb") as f:
-            header_bytes = f.read()
-    except OSError as exc:
-        raise StoreError(f"session {session_id}: its header cannot be read ({exc}); repair needs it") from None
-    header = parse_header(session_id, header_bytes)
     source: bytes | None
     try:
         with open(os.path.join(sdir, "log"), "rb") as f:
             source = f.read()
     except FileNotFoundError:
         source = None
+    # The log holds the header (its create record, later header records): a line of it
+    # that reads is worth more than the header file, which may be what is damaged.
+    logged = header_of(ln.record for ln in scan_log(source or b"") if ln.record is not None)
+    if logged is not None:
+        header_bytes = canonical_bytes(logged) + b"\n"
+    else:
+        try:
+            with open(os.path.join(sdir, "header"), "rb") as f:
+                header_bytes = f.read()
+        except OSError as exc:
+            raise StoreError(f"session {session_id}: its header cannot be read ({exc}); repair needs it") from None
+    header = parse_header(session_id, header_bytes)
     report = _Planner(store, session_id, header, header_bytes, source or b"", why, progress).run()
     report._source = source
+    if report._create:
+        report._create = dict(report._create, header=header.data)  # the log keeps holding it
     return report
 
 
@@ -1280,9 +1288,18 @@ def repair_session(
             shutil.rmtree(stage, ignore_errors=True)
         report.repaired = True
         report.damaged_log = aside
-        # 4. The indexes, as the new log (checked above to replay to the plan) says.
+        # 4. The indexes, as the new log (checked above to replay to the plan) says, and the
+        # header file as the log holds it (the file may be what was damaged).
         for name, text in (("HEAD", report.head or ""), ("mark", report.mark)):
             write_atomic(os.path.join(sdir, name), (text + "\n").encode(), durable=False)
+        header_path = os.path.join(sdir, "header")
+        try:
+            with open(header_path, "rb") as f:
+                same = f.read() == report._header_bytes
+        except OSError:
+            same = False
+        if not same:
+            write_atomic(header_path, report._header_bytes, durable=True)
         return report
     finally:
         lock.release()

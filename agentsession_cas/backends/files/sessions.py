@@ -48,7 +48,17 @@ from ...format.hashing import sha256_ref
 from ...format.names import check_session_id
 from ...fsutil import fsync_dir, start_writeback, write_atomic
 from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
-from .log import ZERO_LINK, append_body, chain, checked_body, checksummed_line, make_snapshot, read_log, record_body
+from .log import (
+    ZERO_LINK,
+    append_body,
+    chain,
+    checked_body,
+    checksummed_line,
+    header_of,
+    make_snapshot,
+    read_log,
+    record_body,
+)
 
 if TYPE_CHECKING:
     from . import FileBackend
@@ -137,6 +147,15 @@ def _read_summary(directory: str) -> tuple[dict[str, Any], list[str]] | None:
     if not isinstance(summary, dict) or not (isinstance(ident, list) and len(ident) == 3):
         return None
     return summary, ident
+
+
+def _with_header(records: Sequence[Record], header: bytes) -> list[Record]:
+    """The records with the session's header in the ``create`` record: the log holds the
+    header, so a damaged or stale ``header`` file is an index to rewrite, not a loss."""
+    out = list(records)
+    if out and not isinstance(out[0], Append) and out[0].get("op") == "create" and "header" not in out[0]:
+        out[0] = dict(out[0], header=loads(header))
+    return out
 
 
 def _encode(record: Record) -> bytes:
@@ -237,7 +256,7 @@ class FileSessions(SessionStore):
                 raise SessionExistsError(f"session {session_id} already exists")
             os.makedirs(stage)
             try:
-                log_bytes, last_line = chain(_encode(r) for r in records)
+                log_bytes, last_line = chain(_encode(r) for r in _with_header(records, header))
                 files = {
                     "header": header,
                     "log": log_bytes,
@@ -395,6 +414,8 @@ class FileSessionLog(SessionLog):
         self._compacted = 0
         #: The checksum of the log's last line, which the next line links to.
         self._last = ZERO_LINK
+        #: The header the log holds, when the header file says otherwise (rewritten at recovery).
+        self._header_fix: bytes | None = None
         #: The summary the domain handed over, written when the log is let go.
         self._summary: dict[str, Any] | None = None
 
@@ -433,6 +454,12 @@ class FileSessionLog(SessionLog):
             raise SessionDamagedError(
                 f"its log {what}", session=sid, line=1, offset=0
             )
+        logged = header_of(records)
+        if logged is not None:
+            held = canonical_bytes(logged) + b"\n"
+            if held != header:
+                self._header_fix = held
+                header = held
         if len(records) > 1 and records[1].op == "snapshot":
             self._compacted = records[2].offset if len(records) > 2 else logread.sound_bytes
         cut_at = len(records)
@@ -472,6 +499,11 @@ class FileSessionLog(SessionLog):
             if isinstance(seq, int) and not isinstance(seq, bool):
                 max_seq = max(max_seq, seq)
         recovered: list[str] = []
+        if self._header_fix is not None:
+            recovered.append(f"session {sid}: its header file differs from the header its log holds; the log's is used"
+                             + (" and the file rewritten" if writable else ""))
+            if not writable:
+                self._header_fix = None
         if lost or logread.cut:
             recovered.append(
                 f"recovered session {sid}: dropped {len(lost)} uncommitted record(s) after the last commit"
@@ -538,6 +570,9 @@ class FileSessionLog(SessionLog):
             return
         rewrite, since_checkpoint = self._recovery
         self._recovery = None
+        if self._header_fix is not None:
+            write_atomic(os.path.join(self.dir, "header"), self._header_fix, durable=True)
+            self._header_fix = None
         if rewrite is not None:
             write_atomic(os.path.join(self.dir, "log"), rewrite, durable=True)
         self._fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -709,7 +744,11 @@ class FileSessionLog(SessionLog):
                 self._mark = value
 
     def set_header(self, header: bytes) -> None:
+        """The new header into the log first (a ``header`` record, committed: the log is
+        the record), then its file."""
         self._check_open()
+        self._write_log([record_body({"op": "header", "header": loads(header)}), _COMMIT], sync=True)
+        self._uncommitted = False
         write_atomic(os.path.join(self.dir, "header"), header, durable=True)
 
     # -- checkpoints ------------------------------------------------------------------------
