@@ -95,7 +95,8 @@ class ServerProcess:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server over a new file store, with the tests' token file."""
+    """A server over a new file store, with the tests' token file; an append is durable
+    when it asks (``?commit=true``), else lazy (``--sync never``)."""
     Store.init(tmp_path / "served").close()
-    with ServerProcess(tmp_path / "served", auth=token_file(tmp_path)) as server:
+    with ServerProcess(tmp_path / "served", auth=token_file(tmp_path), extra=("--sync", "never")) as server:
         yield server

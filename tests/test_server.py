@@ -89,8 +89,8 @@ def test_capabilities_are_truthful(served):
         assert features["objects"] and features["exchange"] and features["leases"] and features["refs"]
         assert caps["limits"]["max_body_bytes"] > 0 and caps["limits"]["max_lease_ttl_ms"] > 0
         # What is not claimed answers 501 unsupported, a problem body; an unknown path 404.
-        assert features["follow"] is False
-        problem(c.get("/v1/sessions/x/follow"), 501, "unsupported")
+        assert features["follow"] is True  # tests/test_server_follow.py
+        problem(c.get("/v1/sessions/x/follow"), 404, "no_session")
         assert features["shallow"] is False
         problem(c.get("/v1/sessions/x/path", params={"contents": "since-fold"}), 501, "unsupported")
         assert features["ref_follow"] is False and features["ref_log"] is False
@@ -225,8 +225,9 @@ def test_the_log_with_cursors_and_the_path(served):
         # A lazy append is in the log, not durable; durable=true commits and serves it.
         r = append(c, "s1", held["token"], user("lazy", 9))
         lazy = r.json()["results"][0]
+        assert lazy["durable"] is False
         tail = lines(c.get("/v1/sessions/s1/log", params={"after": log[-1]["cursor"]}))
-        assert [x["entry"] for x in tail[:-1]] == [lazy["id"]]
+        assert [x["entry"] for x in tail[:-1]] == [lazy["id"]] and tail[0]["durable"] is False
         durable = lines(c.get("/v1/sessions/s1/log", params={"durable": "true"}))
         assert durable[-2]["entry"] == lazy["id"] and durable[-2]["durable"] is True
         # The path: root first, envelopes inline, verifiable from the response alone.

@@ -30,7 +30,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ..backends.base import Space
@@ -67,6 +67,7 @@ from ..store.session import Session
 from ..store.state import SessionState
 from ..store.store import Store
 from .auth import LOCAL, Principal, Tokens
+from .follow import Changes, Stream, cursor_of, load_view, log_line
 from .leases import Leases
 from .reach import Reach
 
@@ -91,6 +92,8 @@ class Limits:
     idempotency_ttl_ms: int = 20 * 60 * 1000
     idempotency_keys: int = 100_000
     upload_grace_s: int = 3600
+    max_streams: int = 256
+    max_stream_age_s: int = 3600
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -100,6 +103,8 @@ class Limits:
             "max_lease_ttl_ms": self.max_lease_ttl_ms,
             "idempotency_ttl_ms": self.idempotency_ttl_ms,
             "upload_grace_s": self.upload_grace_s,
+            "max_streams": self.max_streams,
+            "max_stream_age_s": self.max_stream_age_s,
         }
 
 
@@ -133,6 +138,8 @@ class ServerState:
         self.replies: OrderedDict[tuple[str, str], _Stored] = OrderedDict()
         #: Objects each principal uploaded and no push has named yet: (space, name) -> time.
         self.uploads: dict[str, dict[tuple[str, str], float]] = {}
+        self.changes = Changes()
+        self.streams = 0
 
     # -- sessions -----------------------------------------------------------------
 
@@ -255,6 +262,9 @@ class Api:
                     if stored is not None:
                         return stored
                 response = await fn(request, principal)
+                sid = request.path_params.get("id")
+                if request.method not in ("GET", "HEAD") and sid is not None:
+                    self.state.changes.notify(sid)  # wake the session's followers
                 if key is not None:
                     self._remember(principal, key, request, response)
                 return response
@@ -546,19 +556,9 @@ class Api:
             state.apply(rec, i)
             if i < start:
                 continue
-            op = rec.get("op")
-            line: dict[str, Any]
-            if op == "append":
-                line = {"seq": rec.get("seq"), "entry": rec.get("entry"), "head": state.head,
-                        "outcome": _outcome(rec), "durable": i <= last_commit}
-            elif op == "head":
-                line = {"seq": state.max_seq, "head": rec.get("head"), "durable": i <= last_commit}
-            elif op == "mark":
-                line = {"seq": state.max_seq, "mark": rec.get("mark"), "durable": i <= last_commit}
-            else:
-                continue
-            line["cursor"] = _cursor(i + 1, ident)
-            lines.append(line)
+            line = log_line(rec, state, i <= last_commit, _cursor(i + 1, ident))
+            if line is not None:
+                lines.append(line)
         view = {"id": sid, "header": dict(s.header.data), "incarnation": ident, "head": state.head,
                 "mark": state.mark, "base": state.base, "length": len(state.log_order)}
         end: dict[str, Any] = {"end": True, "cursor": _cursor(max(upto, start), ident)}
@@ -604,6 +604,38 @@ class Api:
             return out
 
         return _ndjson(await self.work(do))
+
+    async def follow(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        durable = _flag(request, "durable")
+        after = request.headers.get("last-event-id") or request.query_params.get("after")
+        accept = request.headers.get("accept", "")
+        sse = "application/x-ndjson" not in accept
+        if self.state.streams >= self.state.limits.max_streams:
+            busy = StoreError(f"this server has {self.state.streams} follow streams open, its limit; try again later")
+            busy.status = 503
+            raise busy
+
+        def first() -> Any:
+            self._readable_session(principal, sid, request)
+            return load_view(self.state.store, sid, durable)
+
+        view = await self.work(first)
+        stream = Stream(self.state.store, sid, durable, sse, self.work, self.state.changes,
+                        float(self.state.limits.max_stream_age_s))
+        state = self.state
+
+        async def body() -> Any:
+            state.streams += 1
+            try:
+                async for chunk in stream.events(view, after):
+                    yield chunk
+            finally:
+                state.streams -= 1
+
+        media = "text/event-stream" if sse else NDJSON
+        return StreamingResponse(body(), media_type=media,
+                                 headers={"Cache-Control": "no-store", "Incarnation": view.ident, "X-Accel-Buffering": "no"})
 
     # -- exchange --------------------------------------------------------------------------
 
@@ -952,7 +984,7 @@ FEATURES: dict[str, bool] = {
     "refs": True,
     "ref_log": False,
     "ref_follow": False,
-    "follow": False,
+    "follow": True,
     "leases": True,
 }
 
@@ -966,9 +998,8 @@ def _need_any(principal: Principal, *scopes: str) -> None:
         principal.need(scopes[0])
 
 
-def _cursor(position: int, ident: str) -> str:
-    """A cursor: how many of the log's records were read, and the incarnation it is of."""
-    return f"{position}-{ident[7:23]}"
+#: A cursor: how many of the log's records were read, and the incarnation it is of.
+_cursor = cursor_of
 
 
 def _parse_cursor(cursor: str, ident: str, length: int) -> int:
@@ -981,13 +1012,6 @@ def _parse_cursor(cursor: str, ident: str, length: int) -> int:
     if n > length:
         raise SessionReplacedError(f"cursor {cursor} is past this session's log: it was replaced; read it afresh")
     return n
-
-
-def _outcome(rec: dict[str, Any]) -> str:
-    leaf = bool(rec.get("leaf_label"))
-    if "head" in rec:
-        return "leaf_moved" if leaf else "continued"
-    return "leaf_not_moved" if leaf else "branched"
 
 
 def _check_incarnation(request: Request, s: Session) -> None:
@@ -1095,7 +1119,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/sessions/{id}", r(api.delete_session, replay=True), methods=["DELETE"]),
         Route("/v1/sessions/{id}/log", r(api.read_log), methods=["GET"]),
         Route("/v1/sessions/{id}/path", r(api.read_path), methods=["GET"]),
-        Route("/v1/sessions/{id}/follow", r(api.unsupported), methods=["GET"]),
+        Route("/v1/sessions/{id}/follow", r(api.follow), methods=["GET"]),
         Route("/v1/sessions/{id}/push", r(api.push, replay=True), methods=["POST"]),
         Route("/v1/sessions/{id}/handover", r(api.handover, replay=True), methods=["POST"]),
         Route("/v1/sessions/{id}/record", r(api.record, replay=True), methods=["POST"]),
