@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -423,3 +424,47 @@ def test_a_killed_server_keeps_what_it_acknowledged_durable(tmp_path):
     server.stop(signal.SIGKILL)
     with Store(tmp_path / "st") as st:
         assert st.read("s1").log_order == ids
+
+
+HOLDER = r"""
+import json, sys, time
+import httpx
+url, token = sys.argv[1], sys.argv[2]
+with httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": "Bearer " + token}, timeout=30) as c:
+    held = c.post("/v1/sessions/s1/lease", json={"holder": "doomed", "ttl_ms": 400}).json()
+    line = json.dumps({"type": "item", "ts": "2026-09-17T12:00:01Z",
+                       "item": {"type": "message", "role": "user", "content": "before the kill"}})
+    r = c.post("/v1/sessions/s1/entries", content=line.encode(), headers={"Lease-Token": str(held["token"])})
+    print(json.dumps({"token": held["token"], "entry": r.json()["results"][0]["id"]}), flush=True)
+    time.sleep(3600)
+"""
+
+
+def test_a_holder_killed_loses_its_lease_at_expiry_and_its_token_is_fenced(served):
+    with served.client("all") as c:
+        create(c, "s1")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, served.url, TOKENS["all"][0]], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None
+        doomed = json.loads(holder.stdout.readline())
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with served.client("writer") as c:
+        # Until the lease expires the session stays locked; then the next writer gets it.
+        deadline = time.monotonic() + 30
+        while True:
+            r = c.post("/v1/sessions/s1/lease", json={"holder": "successor", "ttl_ms": 60_000})
+            if r.status_code == 201 or time.monotonic() > deadline:
+                break
+            problem(r, 409, "session_locked")
+            time.sleep(0.05)
+        assert r.status_code == 201, r.text
+        successor = r.json()
+        assert successor["token"] > doomed["token"]
+        # The takeover committed the dead holder's lazy append: the new holder resumes from it.
+        log = lines(c.get("/v1/sessions/s1/log"))
+        assert log[0]["entry"] == doomed["entry"] and log[0]["durable"] is True
+        # A late write under the old token is fenced off; the new holder's lands.
+        problem(append(c, "s1", doomed["token"], user("late", 2)), 409, "lease_lost")
+        assert append(c, "s1", successor["token"], user("next", 3)).json()["stopped"] is None

@@ -7,13 +7,21 @@ error when a followed session is deleted.
 from __future__ import annotations
 
 import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 
-from server_helpers import served  # noqa: F401 - a fixture
+from server_helpers import TOKENS, served  # noqa: F401 - served is a fixture
 from test_server import create, lease, recorded, user
 
+from agentsession_cas import Header
 from agentsession_cas.format.canonical import canonical_bytes
 from agentsession_cas.format.hashing import sha256_ref
+from agentsession_cas.store import Store
 
 
 def ndjson_events(response) -> Iterator[dict]:
@@ -148,3 +156,57 @@ def test_following_needs_read_and_a_session(served):
     with served.client("all") as c:
         r = c.get("/v1/sessions/none/follow")
         assert r.status_code == 404 and r.json()["code"] == "no_session"
+
+
+# -- agentsession show -f ---------------------------------------------------------------------
+
+
+class Lines:
+    """A process's stdout lines, read by a thread; ``next()`` waits for the next one."""
+
+    def __init__(self, proc):
+        self.q: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [self.q.put(x.decode()) for x in iter(proc.stdout.readline, b"")], daemon=True).start()
+
+    def next(self) -> str:
+        return self.q.get(timeout=60)
+
+
+def _show_f(args, env=None):
+    return subprocess.Popen([sys.executable, "-m", "agentsession_cas", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})))
+
+
+def test_show_f_follows_a_remote_session_until_interrupted(served):
+    with served.client("all") as c:
+        held, ids = recorded(c, "s1", 1)
+        proc = _show_f(["show", "-f", "s1", "--remote", served.url], {"AGENTSESSION_TOKEN": TOKENS["reader"][0]})
+        out = Lines(proc)
+        try:
+            assert out.next().startswith(ids[0][7:19])
+            assert out.next().startswith(ids[1][7:19])
+            (new,) = append(c, "s1", held["token"], user("followed", 7), commit=True)
+            line = out.next()
+            assert line.startswith(new[7:19]) and "followed" in line and "(head)" in line
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 130
+
+
+def test_show_f_follows_a_local_session(tmp_path):
+    st = Store.init(tmp_path / "st")
+    s = st.create(Header.new("s1", created_at="2026-09-17T12:00:00Z"))
+    first = s.append({"type": "config", "ts": "2026-09-17T12:00:00Z", "model": "m"}, durable=True).id
+    s.close()
+    proc = _show_f(["--store", str(tmp_path / "st"), "show", "-f", "s1", "--json"])
+    out = Lines(proc)
+    try:
+        assert json.loads(out.next())["entry"]["id"] == first
+        with st.session("s1") as s:
+            new = s.append(user("later", 3), durable=True).id
+        got = json.loads(out.next())
+        assert got["change"] == "appended" and got["entry"]["id"] == new and got["head"] == new
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        st.close()

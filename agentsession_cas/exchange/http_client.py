@@ -30,7 +30,8 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from ..errors import AgentSessionError, NoSuchRefError, NoSuchSessionError, TransportError
+from ..errors import AgentSessionError, BadObjectError, NoSuchRefError, NoSuchSessionError, TransportError
+from ..format.hashing import sha256_ref
 from .transport import Admission, DeclareResult, PushRequest, RefResult, SessionView, Transport
 from .wire import error_from_problem, space_from_wire, space_to_wire
 
@@ -160,6 +161,26 @@ class HttpTransport(Transport):
             if frame.get("end") is True:
                 return frames
         raise TransportError(f"remote {self.url}: the answer to {path} was cut before its end frame")
+
+    def fetch_object(self, space: str, name: str) -> bytes:
+        """One object's bytes, verified against its name."""
+        data = self.request("GET", f"/objects/{space_to_wire(space)}/{name}", safe=True).content
+        if sha256_ref(data) != name:
+            raise BadObjectError(f"the remote {self.url} served {space} object {name} with bytes that do not hash to it")
+        return data
+
+    def stream_lines(self, path: str, *, params: dict[str, str], headers: dict[str, str]) -> Iterator[str]:
+        """The lines of a long-lived stream (a follow), as they come; an error status is
+        raised as its problem, a dropped connection as TransportError."""
+        try:
+            with self._http.stream("GET", path, params=params, headers=headers,
+                                   timeout=httpx.Timeout(30.0, read=None)) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise self._error(response)
+                yield from response.iter_lines()
+        except httpx.TransportError as exc:
+            raise TransportError(f"remote {self.url}: the stream {path} dropped: {exc}") from None
 
     # -- the transport --------------------------------------------------------------------
 
