@@ -399,6 +399,10 @@ def test_refs_resolve_update_by_compare_and_swap_and_list(served):
                 501, "unsupported")
         assert c.put("/v1/refs/chat/one", json={"expected": "s1", "next": "s2"}).status_code == 200
         assert [x["name"] for x in lines(c.get("/v1/refs", params={"prefix": "chat/"}))[:-1]] == ["chat/one"]
+        c.put("/v1/refs/chat/gone", json={"expected": None, "next": "s1"})
+        deleted = c.put("/v1/refs/chat/gone", json={"expected": "s1", "next": None})
+        assert deleted.status_code == 200 and deleted.json()["current"] is None
+        problem(c.get("/v1/refs/chat/gone"), 404, "no_ref")
         # Dangling once its session is deleted: 409 with the target.
         c.delete("/v1/sessions/s2", headers={"Lease-Token": str(held["token"])})
         body = problem(c.get("/v1/refs/chat/one"), 409, "ref_dangling")
