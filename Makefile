@@ -98,6 +98,7 @@ bench: $(STAMP)
 	$(PY) tests/bench/bench_pack.py
 	$(PY) tests/bench/bench_exchange.py
 	$(PY) tests/bench/bench_startup.py
+	$(PY) tests/bench/bench_server.py
 
 bench-quick: $(STAMP)
 	$(PY) tests/bench/bench_verify.py --quick
@@ -106,6 +107,7 @@ bench-quick: $(STAMP)
 	$(PY) tests/bench/bench_pack.py --quick
 	$(PY) tests/bench/bench_exchange.py --quick
 	$(PY) tests/bench/bench_startup.py --quick
+	$(PY) tests/bench/bench_server.py --quick
 
 # Regenerate the project's own fixtures with the project's writer.
 fixtures: $(STAMP)

@@ -167,11 +167,15 @@ class ServerState:
         except (AgentSessionError, OSError):
             return False
 
-    def reachable(self, principal: Principal, space: Space, name: str, sessions: list[str] | None = None) -> bool:
+    def reachable(
+        self, principal: Principal, space: Space, name: str, view: list[dict[str, set[str]]] | None = None
+    ) -> bool:
+        """Whether the caller may be told of the object (``view``: :meth:`Reach.view` of
+        the sessions it may read, when one request asks about many)."""
         if not is_hash(name):
             return False
-        ids = self.readable(principal) if sessions is None else sessions
-        return any(self.reach.holds(sid, space, name) for sid in ids) and self.present(space, name)
+        sets = self.reach.view(self.readable(principal)) if view is None else view
+        return any(name in held[space] for held in sets) and self.present(space, name)
 
 
 # -- plumbing --------------------------------------------------------------------------
@@ -324,6 +328,13 @@ class Api:
 
         return await run_in_threadpool(locked)
 
+    def quick(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run small store work (one append batch, a commit, a lease) in the event loop
+        itself, under the same lock: a thread hop would cost more than the work, and the
+        store's writes are ordered by the lock either way."""
+        with self.state.lock:
+            return fn(*args)
+
     # -- capabilities ------------------------------------------------------------------
 
     async def capabilities(self, request: Request, principal: Principal) -> Response:
@@ -383,6 +394,24 @@ class Api:
         await self.work(do)
         return Response(b"", 204)
 
+    async def put_objects(self, request: Request, principal: Principal) -> Response:
+        """``POST /v1/objects``: this server's extension (capability ``object_batch``), many
+        uploads in one body, each framed ``<space> <hash> <length>\\n<bytes>``, stored as
+        one batch (one pack, one sync) and each verified as a PUT is."""
+        principal.need("exchange")
+        raw = await _body(request, self.state.limits.max_body_bytes)
+        items = _frames(raw, self.state.limits.max_object_bytes)
+
+        def do() -> None:
+            self.state.endpoint.put_objects(items, len(items))
+            mine = self.state.uploads.setdefault(principal.name, {})
+            now = time.monotonic()
+            for space, name, _ in items:
+                mine[(space, name)] = now
+
+        await self.work(do)
+        return _json({"stored": len(items)})
+
     async def missing(self, request: Request, principal: Principal) -> Response:
         principal.need("exchange")
         wanted = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the request"), "the request")
@@ -391,7 +420,7 @@ class Api:
             raise TooLargeError(f"{count} hashes asked; this server answers at most {self.state.limits.max_missing} at once")
 
         def do() -> dict[str, list[str]]:
-            sessions = self.state.readable(principal)
+            sessions = self.state.reach.view(self.state.readable(principal))
             out: dict[str, list[str]] = {}
             for wire_space, names in wanted.items():
                 space = space_from_wire(wire_space)
@@ -678,7 +707,7 @@ class Api:
         it (within the grace period) is ``missing_object``, and nothing is admitted."""
         uploads = self.state.uploads.get(principal.name, {})
         horizon = time.monotonic() - self.state.limits.upload_grace_s
-        sessions = self.state.readable(principal)
+        sessions = self.state.reach.view(self.state.readable(principal))
         objects = self.state.store.objects
         missing: dict[str, list[str]] = {"entries": [], "contents": [], "blobs": []}
 
@@ -790,7 +819,7 @@ class Api:
             s.commit()
             return 200, {"session": sid, "released": True, "token": lease.token, "incarnation": ident}
 
-        status, out = await self.work(do)
+        status, out = self.quick(do)
         return _json(out, status, headers={"Incarnation": out["incarnation"]})
 
     async def lease_break(self, request: Request, principal: Principal) -> Response:
@@ -850,10 +879,9 @@ class Api:
                 for r2 in results:
                     r2["durable"] = True
             ident = header_ident(s.header.data)
-            return {"session": sid, "results": results, "stopped": stopped, "head": s.head,
-                    "cursor": _cursor(len(s.records()), ident), "incarnation": ident}
+            return {"session": sid, "results": results, "stopped": stopped, "head": s.head, "incarnation": ident}
 
-        out = await self.work(do)
+        out = await self.work(do) if commit else self.quick(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
 
     async def commit(self, request: Request, principal: Principal) -> Response:
@@ -866,7 +894,7 @@ class Api:
             ident = header_ident(s.header.data)
             return {"session": sid, "cursor": _cursor(len(s.records()), ident), "head": s.head, "incarnation": ident}
 
-        out = await self.work(do)
+        out = self.quick(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
 
     async def set_head(self, request: Request, principal: Principal) -> Response:
@@ -888,7 +916,7 @@ class Api:
             return {"session": sid, "head": s.head, "durable": True, "incarnation": ident,
                     "cursor": _cursor(len(s.records()), ident)}
 
-        out = await self.work(do)
+        out = self.quick(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
 
     # -- refs --------------------------------------------------------------------------------
@@ -976,6 +1004,7 @@ class Api:
 #: What this server offers (RFC 0003, Conventions): every claim here has a route behind it.
 FEATURES: dict[str, bool] = {
     "objects": True,
+    "object_batch": True,
     "shallow": False,
     "exchange": True,
     "marks": True,
@@ -1055,6 +1084,31 @@ def _matches(header: Header, q: Any, extras: list[tuple[str, bytes]]) -> bool:
     return True
 
 
+def _frames(raw: bytes, max_object: int) -> list[tuple[Space, str, bytes]]:
+    """The objects of a batch upload body; BadNameError naming the first malformed frame."""
+    out: list[tuple[Space, str, bytes]] = []
+    pos = 0
+    while pos < len(raw):
+        end = raw.find(b"\n", pos, pos + 200)
+        if end < 0:
+            raise BadNameError(f"object frame {len(out)} has no '<space> <hash> <length>' line")
+        parts = raw[pos:end].split(b" ")
+        if len(parts) != 3 or not parts[2].isdigit():
+            raise BadNameError(f"object frame {len(out)}: expected '<space> <hash> <length>'")
+        space = space_from_wire(parts[0].decode("ascii", "replace"))
+        name, size = parts[1].decode("ascii", "replace"), int(parts[2])
+        if not is_hash(name):
+            raise BadNameError(f"object frame {len(out)}: {name!r} is not an object name")
+        if size > max_object:
+            raise TooLargeError(f"object {name} is {size} bytes; this server takes objects of at most {max_object}")
+        data = raw[end + 1 : end + 1 + size]
+        if len(data) != size:
+            raise BadNameError(f"object frame {len(out)} ({name}) is cut short")
+        out.append((space, name, data))
+        pos = end + 1 + size
+    return out
+
+
 def _push_request(sid: str, body: dict[str, Any]) -> PushRequest:
     header = _obj(body.get("header"), "header")
     head = _obj(body.get("head", {}), "head")
@@ -1111,6 +1165,7 @@ def create_app(state: ServerState) -> Starlette:
     routes = [
         Route("/v1/", r(api.capabilities), methods=["GET"]),
         Route("/v1/objects/missing", r(api.missing), methods=["POST"]),
+        Route("/v1/objects", r(api.put_objects), methods=["POST"]),
         Route("/v1/objects/{space}/{hash}", r(api.get_object), methods=["GET", "HEAD"]),
         Route("/v1/objects/{space}/{hash}", r(api.put_object), methods=["PUT"]),
         Route("/v1/sessions", r(api.list_sessions), methods=["GET"]),

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..backends.base import Space
 from ..errors import AgentSessionError, NoSuchObjectError
 from ..format.hashing import envelope_content
 from ..format.media import sidecar_names
@@ -32,6 +31,7 @@ __all__ = ["Reach"]
 @dataclass
 class _Held:
     ident: str
+    session: object = None  # the Session object the sets were last read from
     own: int = 0
     prefix: bool = False
     sets: dict[str, set[str]] = field(default_factory=lambda: {"entries": set(), "contents": set(), "blobs": set()})
@@ -81,11 +81,15 @@ class Reach:
         if s is None:
             self._held.pop(session_id, None)
             return None
-        ident = header_ident(s.header.data)
         held = self._held.get(session_id)
         order = s.log_order
-        if held is None or held.ident != ident or held.own > len(order):
-            held = self._held[session_id] = _Held(ident)
+        if held is None or held.session is not s:
+            ident = header_ident(s.header.data)
+            if held is None or held.ident != ident:
+                held = self._held[session_id] = _Held(ident)
+            held.session = s
+        if held.own > len(order):
+            held = self._held[session_id] = _Held(held.ident, s)
         sidecar = s.header.media == "sidecar"
         if not held.prefix:
             for e in s.prefix:
@@ -96,13 +100,12 @@ class Reach:
         held.own = len(order)
         return held.sets
 
-    def holds(self, session_id: str, space: Space, name: str) -> bool:
-        sets = self.sets(session_id)
-        return sets is not None and name in sets[space]
-
-    def reachable(self, sessions: Iterable[str], space: Space, name: str) -> bool:
-        """Whether any of ``sessions`` (those the caller may read) holds the object, and
-        the store holds it sound (so it can be served)."""
-        if not self.store.objects.held(space, name):
-            return False
-        return any(self.holds(sid, space, name) for sid in sessions)
+    def view(self, sessions: Iterable[str]) -> list[dict[str, set[str]]]:
+        """The object sets of ``sessions`` (those a caller may read), read once for a
+        request that asks about many objects."""
+        out = []
+        for sid in sessions:
+            sets = self.sets(sid)
+            if sets is not None:
+                out.append(sets)
+        return out
