@@ -496,3 +496,10 @@ class FormatVersionError(StoreError):
 
     code = "format"
     status = 422
+
+
+class BadRefTargetError(StoreError):
+    """A pushed ref whose ``next`` is not the pushed session (RFC 0003, Exchange)."""
+
+    code = "bad_ref_target"
+    status = 422

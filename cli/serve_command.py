@@ -21,10 +21,12 @@ from .store_commands import store_root
 @click.option("--tls-key", metavar="FILE", help="The certificate's private key (PEM).")
 @click.option("--sync", type=click.Choice(["always", "responses", "never"]), default="always", show_default=True,
               help="When an append made through the server is durable before it answers (the store's policy).")
+@click.option("--read-only", "read_only", is_flag=True, help="Serve the store read-only: every write is refused (read_only).")
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=None, metavar="N",
               help="The largest request body taken (default 256 MiB; objects at most 64 MiB or N).")
 def serve(
-    listen: str, auth_file: str | None, tls_cert: str | None, tls_key: str | None, sync: str, max_body_bytes: int | None
+    listen: str, auth_file: str | None, tls_cert: str | None, tls_key: str | None, sync: str, read_only: bool,
+    max_body_bytes: int | None,
 ) -> None:
     """Serve the store over HTTP (RFC 0003) until interrupted.
 
@@ -39,7 +41,7 @@ def serve(
     except ImportError as exc:
         fail(f"the server needs its extra: pip install 'agentsession-cas[server]' ({exc})")
     tokens = load_tokens(auth_file) if auth_file else None
-    store = open_store(store_root(), sync=sync)
+    store = open_store(store_root(), sync=sync, readonly=read_only)
 
     def ready(url: str) -> None:
         auth = "bearer tokens" if tokens is not None else "none: loopback only"

@@ -19,6 +19,8 @@ import pytest
 from server_helpers import TOKENS, ServerProcess, served, token_file  # noqa: F401 - served is a fixture
 
 from agentsession_cas import Header
+from agentsession_cas.exchange import push
+from agentsession_cas.exchange.http_client import HttpTransport
 from agentsession_cas.format.canonical import canonical_bytes
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.maintenance.fsck import fsck
@@ -292,6 +294,21 @@ def test_an_uploaded_object_is_verified_and_reachable_by_no_one_until_a_push_nam
         problem(c.get("/v1/objects/contents/sha256:xyz"), 400, "store_fault")
 
 
+def test_a_batch_upload_verifies_every_object_and_keeps_none_of_a_bad_batch(served):
+    good, other = b'{"b":2}', b'{"c":3}'
+    frame = lambda space, name, data: f"{space} {name} {len(data)}\n".encode() + data  # noqa: E731
+    with served.client("all") as c:
+        assert c.get("/v1/").json()["features"]["object_batch"] is True
+        bad = frame("contents", sha256_ref(good), good) + frame("contents", sha256_ref(b"x"), other)
+        problem(c.post("/v1/objects", content=bad), 422, "bad_object")
+        problem(c.post("/v1/objects", content=b"contents nothing\n"), 400, "store_fault")
+        problem(c.post("/v1/objects", content=frame("contents", sha256_ref(good), good)[:-2]), 400, "store_fault")
+        ok = c.post("/v1/objects", content=frame("contents", sha256_ref(good), good) + frame("media", sha256_ref(other), other))
+        assert ok.status_code == 200 and ok.json() == {"stored": 2}
+    with served.client("reader") as c:
+        problem(c.post("/v1/objects", content=frame("contents", sha256_ref(good), good)), 403, "scope")
+
+
 def test_request_bodies_are_bounded(tmp_path):
     Store.init(tmp_path / "st").close()
     with ServerProcess(tmp_path / "st", extra=("--max-body-bytes", "4096")) as server, server.client() as c:
@@ -472,3 +489,64 @@ def test_a_holder_killed_loses_its_lease_at_expiry_and_its_token_is_fenced(serve
         # A late write under the old token is fenced off; the new holder's lands.
         problem(append(c, "s1", doomed["token"], user("late", 2)), 409, "lease_lost")
         assert append(c, "s1", successor["token"], user("next", 3)).json()["stopped"] is None
+
+
+# -- the rest of RFC 0003's error table, each provoked over the wire ---------------------------
+
+
+def test_each_remaining_error_code_over_the_wire(served, tmp_path):
+    with served.client("all") as c:
+        held, ids = recorded(c, "s1", 1)
+        tok = {"Lease-Token": str(held["token"])}
+        # head_target: a head may not rest on a leaf label.
+        r = append(c, "s1", held["token"], {"type": "label", "ts": TS, "target": ids[0], "label": "leaf"})
+        label = r.json()["results"][0]["id"]
+        problem(c.put("/v1/sessions/s1/head", json={"expected": ids[0], "to": label}, headers=tok), 422, "head_target")
+        # synthetic: a label carrying it is a projection's marker.
+        r = append(c, "s1", held["token"], {"type": "label", "ts": TS, "target": ids[0], "label": "x", "synthetic": True})
+        assert r.json()["stopped"]["problem"]["code"] == "synthetic"
+        # call_id_repeated: one call_id names one function call in a session.
+        call = {"type": "item", "ts": TS, "item": {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}}
+        assert append(c, "s1", held["token"], call).json()["stopped"] is None
+        r = append(c, "s1", held["token"], dict(call, ts="2026-09-17T12:00:05Z"))
+        assert r.json()["stopped"]["problem"]["code"] == "call_id_repeated"
+        # base_rule: a fork's own entry is never a root.
+        fork = create(c, "f1", base=ids[-1], parent_session="s1")
+        fl = lease(c, "f1")
+        r = append(c, "f1", fl["token"], dict(user("root"), parent=None))
+        assert r.json()["stopped"]["problem"]["code"] == "base_rule", r.text
+        assert fork["head"] == ids[-1]
+        # bad_base: a fork whose base is a leaf label.
+        r = c.post("/v1/sessions", json=Header.new("f2", created_at=TS, base=label).data)
+        problem(r, 422, "bad_base")
+        # header_differs: a push of another session under a held id.
+        other = Header.new("s1", created_at="2026-09-20T00:00:00Z").data
+        r = c.post("/v1/sessions/s1/push", json={"header": other, "entries": [], "prefix": [],
+                                                 "head": {"expected": None, "to": None}, "mark": "mirror"})
+        problem(r, 409, "header_differs")
+        # bad_ref_target: a pushed ref must name the pushed session.
+        r = c.post("/v1/sessions/s1/push", json={"header": c.get("/v1/sessions/s1").json()["header"], "entries": [],
+                                                 "prefix": [], "head": {"expected": None, "to": None}, "mark": "mirror",
+                                                 "refs": [{"name": "x", "expected": None, "next": "f1"}]})
+        problem(r, 422, "bad_ref_target")
+    # mirror: a pushed session is a mirror here; it cannot be leased or written.
+    a = Store.init(tmp_path / "a")
+    s = a.create(Header.new("m1", created_at=TS))
+    s.append({"type": "config", "ts": TS, "model": "m"})
+    a.close()
+    with Store(tmp_path / "a") as a:
+        push(a, HttpTransport(served.url, token=TOKENS["all"][0]), "m1")
+    with served.client("all") as c:
+        problem(c.post("/v1/sessions/m1/lease", json={"ttl_ms": 1000}), 409, "mirror")
+
+
+def test_a_read_only_server_refuses_writes(tmp_path):
+    st = Store.init(tmp_path / "st")
+    st.create(Header.new("s1", created_at=TS)).append({"type": "config", "ts": TS, "model": "m"})
+    st.close()
+    with ServerProcess(tmp_path / "st", extra=("--read-only",)) as server, server.client() as c:
+        assert c.get("/v1/").json()["store"]["read_only"] is True
+        assert lines(c.get("/v1/sessions/s1/log"))[0]["entry"]
+        problem(c.post("/v1/sessions", json=Header.new("s2", created_at=TS).data), 403, "read_only")
+        problem(c.put(f"/v1/objects/contents/{sha256_ref(b'{}')}", content=b"{}"), 403, "read_only")
+        problem(c.put("/v1/refs/x", json={"expected": None, "next": "s1"}), 403, "read_only")

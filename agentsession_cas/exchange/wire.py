@@ -106,7 +106,7 @@ _PLAIN: dict[str, type[E.AgentSessionError]] = {
         E.NoSuchRefError, E.BadRefNameError, E.HeadMovedError, E.MirrorError, E.NotRecordError, E.HeaderDiffersError,
         E.BadBaseError, E.BadObjectError, E.ReadOnlyError, E.UnsupportedError, E.IncompletePushError,
         E.BadNameError, E.SessionReplacedError, E.LeaseLostError, E.AuthError, E.ScopeError, E.TooLargeError,
-        E.TransportError, E.LayoutError, E.HandoverIncompleteError,
+        E.TransportError, E.LayoutError, E.HandoverIncompleteError, E.BadRefTargetError, E.FormatVersionError,
     )
 }
 

@@ -39,8 +39,10 @@ from ..errors import (
     AppendRefusedError,
     BadNameError,
     BadRefNameError,
+    BadRefTargetError,
     DanglingRefError,
     FormatVersionError,
+    HeaderDiffersError,
     MirrorError,
     MissingObjectsError,
     NoSuchEntryError,
@@ -675,6 +677,9 @@ class Api:
         req = _push_request(sid, body)
         if req.refs:
             principal.need("refs")
+        for ref in req.refs:
+            if ref.next != sid:
+                raise BadRefTargetError(f"pushed ref {ref.name} must name the pushed session {sid}, not {ref.next}")
         if req.header.get("id") != sid:
             raise BadNameError(f"the pushed header's id {req.header.get('id')!r} is not the session in the path, {sid}")
 
@@ -682,6 +687,11 @@ class Api:
             held = self.state.store.opened(sid) or (self.state.session(sid) if sid in self.state.store else None)
             if held is not None:
                 _check_incarnation(request, held)
+                if header_ident(held.header.data) != header_ident(req.header):
+                    raise HeaderDiffersError(
+                        f"this server holds another session under the id {sid} (the headers differ apart from "
+                        "'format'); nothing was admitted"
+                    )
                 if self.state.leases.current(sid) is not None:
                     raise SessionLockedError(f"session {sid} is leased here; a push waits until its lease ends")
             self._prove(principal, req)
