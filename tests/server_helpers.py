@@ -73,8 +73,10 @@ class ServerProcess:
         self.url = line.split()[-1]
         return self
 
-    def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {TOKENS[token][0]}"} if token else {}
+    def client(self, token: str | None = None, *, bearer: str | None = None, **kwargs: Any) -> httpx.Client:
+        """An httpx client of the server, with one of :data:`TOKENS` (by name) or a bearer token."""
+        bearer = TOKENS[token][0] if token else bearer
+        headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
         return httpx.Client(base_url=self.url.rstrip("/"), headers=headers, timeout=60, **kwargs)
 
     def stop(self, sig: int = signal.SIGTERM) -> int:

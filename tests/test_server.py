@@ -550,3 +550,21 @@ def test_a_read_only_server_refuses_writes(tmp_path):
         problem(c.post("/v1/sessions", json=Header.new("s2", created_at=TS).data), 403, "read_only")
         problem(c.put(f"/v1/objects/contents/{sha256_ref(b'{}')}", content=b"{}"), 403, "read_only")
         problem(c.put("/v1/refs/x", json={"expected": None, "next": "s1"}), 403, "read_only")
+
+
+def test_two_tokens_of_one_name_do_not_share_replayed_answers(tmp_path):
+    Store.init(tmp_path / "st").close()
+    auth = tmp_path / "twins.json"
+    auth.write_text(json.dumps({"tokens": [
+        {"name": "twin", "token": "twin-one-0123456789", "scopes": ["read", "write"]},
+        {"name": "twin", "token": "twin-two-0123456789", "scopes": ["read", "write"]},
+    ]}))
+    unfilled = {k: v for k, v in Header.new("x", created_at=TS).data.items() if k != "id"}
+    with ServerProcess(tmp_path / "st", auth=auth) as server:
+        made = []
+        for token in ("twin-one-0123456789", "twin-two-0123456789"):
+            with server.client(bearer=token) as c:
+                r = c.post("/v1/sessions", json=unfilled, headers={"Idempotency-Key": "same"})
+                assert r.status_code == 201 and "idempotent-replay" not in r.headers
+                made.append(r.json()["session"])
+        assert made[0] != made[1]

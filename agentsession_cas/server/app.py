@@ -291,7 +291,7 @@ class Api:
     def _replayed(self, principal: Principal, key: str, request: Request) -> Response | None:
         with self.state.lock:
             self._expire_replies()
-            stored = self.state.replies.get((principal.name, key))
+            stored = self.state.replies.get((principal.key, key))
         if stored is None:
             return None
         if stored.method != request.method or stored.path != request.url.path:
@@ -308,7 +308,7 @@ class Api:
         stored = _Stored(request.method, request.url.path, response.status_code, bytes(response.body),
                          response.media_type or JSON, headers, time.monotonic())
         with self.state.lock:
-            self.state.replies[(principal.name, key)] = stored
+            self.state.replies[(principal.key, key)] = stored
             while len(self.state.replies) > self.state.limits.idempotency_keys:
                 self.state.replies.popitem(last=False)
 
@@ -385,7 +385,7 @@ class Api:
 
         def do() -> None:
             self.state.endpoint.put_objects([(space, name, data)], 1)
-            mine = self.state.uploads.setdefault(principal.name, {})
+            mine = self.state.uploads.setdefault(principal.key, {})
             now = time.monotonic()
             mine[(space, name)] = now
             if len(mine) > 100_000:  # forget those past the grace period
@@ -406,7 +406,7 @@ class Api:
 
         def do() -> None:
             self.state.endpoint.put_objects(items, len(items))
-            mine = self.state.uploads.setdefault(principal.name, {})
+            mine = self.state.uploads.setdefault(principal.key, {})
             now = time.monotonic()
             for space, name, _ in items:
                 mine[(space, name)] = now
@@ -715,7 +715,7 @@ class Api:
         """RFC 0003: a push must upload every object it names that the caller could not
         already show it may read. What is neither reachable by the caller nor uploaded by
         it (within the grace period) is ``missing_object``, and nothing is admitted."""
-        uploads = self.state.uploads.get(principal.name, {})
+        uploads = self.state.uploads.get(principal.key, {})
         horizon = time.monotonic() - self.state.limits.upload_grace_s
         sessions = self.state.reach.view(self.state.readable(principal))
         objects = self.state.store.objects

@@ -31,6 +31,9 @@ class Principal:
     name: str
     scopes: frozenset[str]
     sessions: str = ""
+    #: What the server keys a caller's state by (replies, uploads): a digest of the
+    #: token, never the token, and unique even where two tokens share a name.
+    key: str = "local"
 
     def need(self, scope: str) -> None:
         """ScopeError unless the caller holds ``scope``."""
@@ -114,5 +117,5 @@ def load_tokens(path: str | os.PathLike[str]) -> Tokens:
         if digest in seen:
             raise StoreError(f"{at}: the same token twice")
         seen.add(digest)
-        entries.append((digest, Principal(name, frozenset(scopes), prefix)))
+        entries.append((digest, Principal(name, frozenset(scopes), prefix, digest.hex()[:32])))
     return Tokens(entries)
