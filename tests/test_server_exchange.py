@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import threading
 from pathlib import Path
 
@@ -17,9 +18,16 @@ from click.testing import CliRunner
 from server_helpers import TOKENS, ServerProcess, served, token_file  # noqa: F401 - served is a fixture
 
 from agentsession_cas import Header
-from agentsession_cas.errors import AuthError, HeadMovedError, MissingObjectsError, NotRecordError, ScopeError
+from agentsession_cas.errors import (
+    AuthError,
+    HeadMovedError,
+    MissingObjectsError,
+    NotRecordError,
+    ScopeError,
+    TransportError,
+)
 from agentsession_cas.exchange import operations as ex
-from agentsession_cas.exchange.http_client import HttpTransport, http_url
+from agentsession_cas.exchange.http_client import HttpTransport, http_url, token_for
 from agentsession_cas.exchange.recorder import Recorder
 from agentsession_cas.format.canonical import canonical_bytes
 from agentsession_cas.format.hashing import sha256_ref
@@ -282,3 +290,52 @@ def test_a_push_whose_answer_was_lost_is_retried_under_its_key_and_lands_once(se
     with served.client("all") as c:
         log = [x for x in c.get("/v1/sessions/s1/log").text.splitlines()]
         assert len(log) == 1 + 3 + 1  # three entries, the head move, the end frame
+
+
+def test_the_server_serves_https_with_its_own_certificate(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=120)
+    Store.init(tmp_path / "served").close()
+    a = Store.init(tmp_path / "a")
+    ids = record(a, "s1", 1)
+    a.close()
+    with ServerProcess(tmp_path / "served", auth=token_file(tmp_path),
+                       extra=("--tls-cert", str(cert), "--tls-key", str(key))) as server:
+        assert server.url.startswith("https://127.0.0.1:")
+        remote = HttpTransport(server.url, token=TOKENS["all"][0], verify=str(cert))
+        with Store(tmp_path / "a") as st:
+            assert ex.push(st, remote, "s1").head_after == ids[-1]
+        with pytest.raises(TransportError):  # a client that does not trust the certificate
+            HttpTransport(server.url, token=TOKENS["all"][0]).session_header("s1")
+
+
+def test_a_token_comes_from_the_environment_or_the_remotes_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("AGENTSESSION_TOKEN", raising=False)
+    remotes = tmp_path / "remotes.json"
+    remotes.write_text(json.dumps({"remotes": {"http://127.0.0.1:9/": {"token": "from-the-file"}}}))
+    monkeypatch.setenv("AGENTSESSION_REMOTES", str(remotes))
+    assert token_for("http://127.0.0.1:9/") == "from-the-file"
+    assert token_for("http://127.0.0.1:10/") is None
+    monkeypatch.setenv("AGENTSESSION_TOKEN", "from-the-environment")
+    assert token_for("http://127.0.0.1:9/") == "from-the-environment"
+    monkeypatch.delenv("AGENTSESSION_TOKEN")
+    remotes.write_text("{not json")
+    with pytest.raises(TransportError):
+        token_for("http://127.0.0.1:9/")
+
+
+def test_a_remote_that_does_not_answer_is_one_error_line(tmp_path):
+    a = tmp_path / "a"
+    st = Store.init(a)
+    record(st, "s1", 1)
+    st.close()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    r = cli(a, "push", "s1", f"http://127.0.0.1:{port}/")
+    assert r.exit_code == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "got no answer" in lines[0]

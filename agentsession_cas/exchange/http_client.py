@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -92,12 +93,18 @@ def token_for(url: str) -> str | None:
 class HttpTransport(Transport):
     """A store behind an RFC 0003 server."""
 
-    def __init__(self, remote: str, *, token: str | None = None, timeout: float = 300.0, verify: bool | str = True):
+    def __init__(
+        self, remote: str, *, token: str | None = None, timeout: float = 300.0, verify: bool | str | ssl.SSLContext = True
+    ):
+        """``verify``: check the server's certificate against certifi's authorities
+        (True; ``SSL_CERT_FILE`` names others), a CA file's path, or an SSL context."""
         self.url = http_url(remote)
         self._token = token if token is not None else token_for(self.url)
         headers = {"User-Agent": "agentsession"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
+        if isinstance(verify, str):
+            verify = ssl.create_default_context(cafile=verify)
         self._caps: dict[str, Any] | None = None
         self._http = httpx.Client(base_url=self.url + "v1", headers=headers, timeout=timeout, verify=verify)
 
