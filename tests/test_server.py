@@ -94,8 +94,7 @@ def test_capabilities_are_truthful(served):
         # What is not claimed answers 501 unsupported, a problem body; an unknown path 404.
         assert features["follow"] is True  # tests/test_server_follow.py
         problem(c.get("/v1/sessions/x/follow"), 404, "no_session")
-        assert features["shallow"] is False
-        problem(c.get("/v1/sessions/x/path", params={"contents": "since-fold"}), 501, "unsupported")
+        assert features["shallow"] is True  # test_a_shallow_path_leaves_out_what_the_fold_replaced
         assert features["ref_follow"] is False and features["ref_log"] is False
         problem(c.get("/v1/refs/a/b", params={"view": "follow"}), 501, "unsupported")
         problem(c.get("/v1/refs/a/b", params={"view": "log"}), 501, "unsupported")
@@ -568,3 +567,31 @@ def test_two_tokens_of_one_name_do_not_share_replayed_answers(tmp_path):
                 assert r.status_code == 201 and "idempotent-replay" not in r.headers
                 made.append(r.json()["session"])
         assert made[0] != made[1]
+
+
+def test_a_shallow_path_leaves_out_what_the_fold_replaced(tmp_path):
+    st = Store.init(tmp_path / "st")
+    s = st.create(Header.new("s1", created_at=TS))
+    ids = [s.append({"type": "config", "ts": TS, "model": "m1", "instructions": "Be brief."}).id]
+    ids += [s.append(user(f"old {i}", i)).id for i in range(2)]
+    ids.append(s.append({"type": "config", "ts": TS, "model": "m2"}).id)
+    ids.append(s.append(user("kept", 3)).id)
+    summary = {"type": "message", "role": "assistant", "content": "the story so far"}
+    ids.append(s.append({"type": "compaction", "ts": TS, "first_kept": ids[4], "summary": summary,
+                         "config": {"model": "m2", "instructions": "Be brief."}}).id)
+    ids.append(s.append(user("after", 5)).id)
+    # A second session whose fold carries no config checkpoint: answered as all.
+    t = st.create(Header.new("s2", created_at=TS))
+    tids = [t.append({"type": "config", "ts": TS, "model": "m1"}).id, t.append(user("x", 1)).id]
+    tids.append(t.append({"type": "compaction", "ts": TS, "first_kept": tids[1], "summary": summary}).id)
+    st.close()
+    with ServerProcess(tmp_path / "st") as server, server.client() as c:
+        path = lines(c.get("/v1/sessions/s1/path", params={"contents": "since-fold"}))[:-1]
+        assert [x["entry"] for x in path] == ids and path[0]["contents"] == "since-fold"
+        served = [x["content"] is not None for x in path]
+        assert served == [True, False, False, True, True, True, True]
+        # Every envelope still comes, so the chain verifies; an omitted content by its hash.
+        assert all(sha256_ref(canonical_bytes(x["envelope"])) == x["entry"] for x in path)
+        whole = lines(c.get("/v1/sessions/s2/path", params={"contents": "since-fold"}))[:-1]
+        assert whole[0]["contents"] == "all" and all(x["content"] is not None for x in whole)
+        problem(c.get("/v1/sessions/s1/path", params={"contents": "some"}), 400, "store_fault")

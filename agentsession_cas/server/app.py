@@ -602,9 +602,7 @@ class Api:
     async def read_path(self, request: Request, principal: Principal) -> Response:
         sid = request.path_params["id"]
         contents = request.query_params.get("contents", "all")
-        if contents == "since-fold":
-            raise UnsupportedError("this server does not serve shallow paths (contents=since-fold); read contents=all")
-        if contents not in ("all", "none"):
+        if contents not in ("all", "since-fold", "none"):
             raise BadNameError(f"contents must be all, since-fold or none, not {contents!r}")
         leaf = request.query_params.get("leaf")
 
@@ -621,14 +619,16 @@ class Api:
             ids = self.state.store.ancestry(target) if target is not None else []
             out: list[bytes] = []
             objects = self.state.store.objects
+            envs = [objects.get("entries", eid) for eid in ids]
+            chashes = [envelope_content(env) for env in envs]
+            wanted, mode = _shallow(self.state.store, envs, chashes, ids, contents)
             for n, eid in enumerate(ids):
-                env = objects.get("entries", eid)
-                chash = envelope_content(env)
-                body = objects.get("contents", chash) if contents == "all" and chash is not None else b"null"
-                line = b'{"entry":"' + eid.encode() + b'","envelope":' + env + b',"content":' + body
+                chash = chashes[n]
+                body = objects.get("contents", chash) if wanted[n] and chash is not None else b"null"
+                line = b'{"entry":"' + eid.encode() + b'","envelope":' + envs[n] + b',"content":' + body
                 if n == 0:
                     first = {"head": s.head, "cursor": _cursor(len(s.records()), ident), "incarnation": ident,
-                             "contents": contents}
+                             "contents": mode}
                     line += b"," + _dumps(first)[1:-1]
                 out.append(line + b"}")
             out.append(_dumps({"end": True, "count": len(ids), "incarnation": ident}))
@@ -1015,7 +1015,7 @@ class Api:
 FEATURES: dict[str, bool] = {
     "objects": True,
     "object_batch": True,
-    "shallow": False,
+    "shallow": True,
     "exchange": True,
     "marks": True,
     "commit": True,
@@ -1092,6 +1092,31 @@ def _matches(header: Header, q: Any, extras: list[tuple[str, bytes]]) -> bool:
         if name not in d or canonical_bytes(d[name]) != value:
             return False
     return True
+
+
+#: The entry types whose contents a shallow path leaves out above the newest fold.
+_FOLDED = frozenset({"item", "branch_summary"})
+
+
+def _shallow(store: Store, envs: list[bytes], chashes: list[str | None], ids: list[str], mode: str) -> tuple[list[bool], str]:
+    """Which contents a path read serves (RFC 0003, Reading): every one for ``all``, none
+    for ``none``; for ``since-fold`` those context building needs at the leaf: from the
+    newest compaction's ``first_kept`` on, and above it every entry that is not an
+    ``item`` or ``branch_summary``. No fold, or a fold with no ``config`` checkpoint
+    (the settings do not start afresh), is answered as ``all``, and says so."""
+    n = len(ids)
+    if mode != "since-fold":
+        return [mode == "all"] * n, mode
+    types = [json.loads(env).get("type") for env in envs]
+    fold = next((i for i in range(n - 1, -1, -1) if types[i] == "compaction"), None)
+    if fold is None or chashes[fold] is None:
+        return [True] * n, "all"
+    body = json.loads(store.objects.get("contents", str(chashes[fold])))
+    first_kept = body.get("first_kept") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or not isinstance(body.get("config"), dict) or first_kept not in ids[:fold]:
+        return [True] * n, "all"
+    kept = ids.index(first_kept)
+    return [i >= kept or types[i] not in _FOLDED for i in range(n)], "since-fold"
 
 
 def _frames(raw: bytes, max_object: int) -> list[tuple[Space, str, bytes]]:
