@@ -95,8 +95,7 @@ def test_capabilities_are_truthful(served):
         assert features["follow"] is True  # tests/test_server_follow.py
         problem(c.get("/v1/sessions/x/follow"), 404, "no_session")
         assert features["shallow"] is True  # test_a_shallow_path_leaves_out_what_the_fold_replaced
-        assert features["ref_follow"] is False and features["ref_log"] is False
-        problem(c.get("/v1/refs/a/b", params={"view": "follow"}), 501, "unsupported")
+        assert features["ref_follow"] is True and features["ref_log"] is False
         problem(c.get("/v1/refs/a/b", params={"view": "log"}), 501, "unsupported")
         problem(c.get("/v1/no/such/route"), 404, "unsupported")
         problem(c.delete("/v1/"), 405, "unsupported")

@@ -210,3 +210,25 @@ def test_show_f_follows_a_local_session(tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130
         st.close()
+
+
+def test_following_a_ref_sends_its_target_and_each_change(served):
+    with served.client("all") as c:
+        held, _ = recorded(c, "s1", 1)
+        recorded(c, "s2", 1)
+        with c.stream("GET", "/v1/refs/chat/one", params={"view": "follow"}) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = sse_events(r)
+            assert next(events)["data"] == {"name": "chat/one", "target": None, "state": "live"}
+            c.put("/v1/refs/chat/one", json={"expected": None, "next": "s1"})
+            ev = next(events)
+            assert ev["event"] == "target" and ev["data"]["target"] == {"session": "s1", "entry": ""}
+            assert ev["data"]["state"] == "live"
+            # The ref did not move, but its session went: live to dangling is an event.
+            c.delete("/v1/sessions/s1", headers={"Lease-Token": str(held["token"])})
+            assert next(events)["data"]["state"] == "dangling"
+            c.put("/v1/refs/chat/one", json={"expected": "s1", "next": "s2"})
+            ev = next(events)
+            assert ev["data"]["target"]["session"] == "s2" and ev["data"]["state"] == "live"
+            c.put("/v1/refs/chat/one", json={"expected": "s2", "next": None})
+            assert next(events)["data"]["target"] is None

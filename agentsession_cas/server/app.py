@@ -16,6 +16,7 @@ Routes not built answer a problem too (404 for an unknown path, 501
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -269,8 +270,10 @@ class Api:
                         return stored
                 response = await fn(request, principal)
                 sid = request.path_params.get("id")
-                if request.method not in ("GET", "HEAD") and sid is not None:
-                    self.state.changes.notify(sid)  # wake the session's followers
+                if request.method not in ("GET", "HEAD"):
+                    if sid is not None:
+                        self.state.changes.notify(sid)  # wake the session's followers
+                    self.state.changes.notify(REFS_CHANGED)  # and the refs' (a ref moved, a session went)
                 if key is not None:
                     self._remember(principal, key, request, response)
                 return response
@@ -961,7 +964,8 @@ class Api:
         if request.method == "PUT":
             return await self._update_ref(request, principal, name)
         if view == "follow":
-            raise UnsupportedError("this server does not follow refs (ref_follow)")
+            _need_any(principal, "read", "refs")
+            return await self._follow_ref(request, principal, name)
         if view == "log":
             raise UnsupportedError("this store keeps no log of ref moves")
         if view is not None:
@@ -982,6 +986,51 @@ class Api:
         if status == 409:
             return Response(json.dumps(out).encode(), 409, media_type=PROBLEM)
         return _json(out, headers={"Incarnation": out["incarnation"]} if out.get("incarnation") else None)
+
+    async def _follow_ref(self, request: Request, principal: Principal, name: str) -> Response:
+        """``?view=follow``: a ``target`` event with ``{name, target, state}`` on connect and
+        whenever the target or its state (live, dangling) changes, as SSE or NDJSON."""
+        sse = "application/x-ndjson" not in request.headers.get("accept", "")
+
+        def read() -> dict[str, Any]:
+            refs = Refs(self.state.store)
+            ref = refs.get(name)
+            if ref is None or not principal.may_touch(ref.session):
+                return {"name": name, "target": None, "state": "live"}
+            facts = _ref_facts(refs, ref)
+            return {"name": name, "target": facts["target"], "state": "live" if facts["state"] == "live" else "dangling"}
+
+        first = await self.work(read)
+        state, changes = self.state, self.state.changes
+        age = float(state.limits.max_stream_age_s)
+
+        def frame(data: dict[str, Any], n: int) -> bytes:
+            body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+            if sse:
+                return f"id: {n}\nevent: target\ndata: {body}\n\n".encode()
+            return _dumps({"event": "target", "id": str(n), "data": data}) + b"\n"
+
+        async def body() -> Any:
+            state.streams += 1
+            try:
+                last, n, started = first, 0, time.monotonic()
+                yield frame(first, n)
+                while (left := age - (time.monotonic() - started)) > 0:
+                    try:
+                        await asyncio.wait_for(changes.event(REFS_CHANGED).wait(), timeout=min(15.0, left))
+                    except TimeoutError:
+                        yield b": keep-alive\n\n" if sse else b"\n"
+                        continue
+                    now = await self.work(read)
+                    if now != last:
+                        n += 1
+                        last = now
+                        yield frame(now, n)
+            finally:
+                state.streams -= 1
+
+        return StreamingResponse(body(), media_type="text/event-stream" if sse else NDJSON,
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     async def _update_ref(self, request: Request, principal: Principal, name: str) -> Response:
         principal.need("refs")
@@ -1011,6 +1060,9 @@ class Api:
         raise UnsupportedError(f"{request.method} {request.url.path}: this server does not serve it yet (see GET /v1/)")
 
 
+#: The wakeup key of every ref follower: any write may move a ref or end its session.
+REFS_CHANGED = "\0refs"
+
 #: What this server offers (RFC 0003, Conventions): every claim here has a route behind it.
 FEATURES: dict[str, bool] = {
     "objects": True,
@@ -1022,7 +1074,7 @@ FEATURES: dict[str, bool] = {
     "committed_view": True,
     "refs": True,
     "ref_log": False,
-    "ref_follow": False,
+    "ref_follow": True,
     "follow": True,
     "leases": True,
 }
