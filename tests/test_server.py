@@ -19,6 +19,7 @@ import pytest
 from server_helpers import TOKENS, ServerProcess, served, token_file  # noqa: F401 - served is a fixture
 
 from agentsession_cas import Header
+from agentsession_cas.errors import SessionLockedError
 from agentsession_cas.exchange import push
 from agentsession_cas.exchange.http_client import HttpTransport
 from agentsession_cas.format.canonical import canonical_bytes
@@ -594,3 +595,17 @@ def test_a_shallow_path_leaves_out_what_the_fold_replaced(tmp_path):
         whole = lines(c.get("/v1/sessions/s2/path", params={"contents": "since-fold"}))[:-1]
         assert whole[0]["contents"] == "all" and all(x["content"] is not None for x in whole)
         problem(c.get("/v1/sessions/s1/path", params={"contents": "some"}), 400, "store_fault")
+
+
+def test_leases_and_local_holds_are_one_mechanism(tmp_path):
+    st = Store.init(tmp_path / "st")
+    st.create(Header.new("s1", created_at=TS)).append({"type": "config", "ts": TS, "model": "m"})
+    st.create(Header.new("s2", created_at=TS)).close()
+    with ServerProcess(tmp_path / "st") as server, server.client() as c:
+        # Held by a local writer (this process): the server cannot lease it.
+        problem(c.post("/v1/sessions/s1/lease", json={"ttl_ms": 60_000}), 409, "session_locked")
+        # Leased through the server: a local writer cannot hold it.
+        lease(c, "s2")
+        with Store(tmp_path / "st") as other, pytest.raises(SessionLockedError):
+            other.session("s2")
+    st.close()
