@@ -189,7 +189,7 @@ def test_create_get_list_and_a_retried_create(served):
         assert [x["id"] for x in lines(c.get("/v1/sessions", params={"cwd": "/w"}))[:-1]] == ["s1"]
         assert [x["id"] for x in lines(c.get("/v1/sessions", params={"limit": "1"}))[:-1]] == ["s2"]
         assert [x["id"] for x in lines(c.get("/v1/sessions", params={"extra": 'cwd:"/v"'}))[:-1]] == ["s2"]
-        problem(c.get("/v1/sessions", params={"with_names": "true"}), 501, "unsupported")
+        problem(c.get("/v1/sessions", params={"page": "2"}), 501, "unsupported")
         problem(c.get("/v1/sessions/nope"), 404, "no_session")
         problem(c.post("/v1/sessions", json={"id": "../x", "created_at": TS}), 400, "store_fault")
 
@@ -609,3 +609,30 @@ def test_leases_and_local_holds_are_one_mechanism(tmp_path):
         with Store(tmp_path / "st") as other, pytest.raises(SessionLockedError):
             other.session("s2")
     st.close()
+
+
+def test_listing_with_names_current_and_the_header_filters(tmp_path):
+    st = Store.init(tmp_path / "st")
+    old = st.create(Header.new("old", created_at=TS, harness={"name": "h1"}))
+    old.append({"type": "config", "ts": TS, "model": "m"})
+    old.append({"type": "info", "ts": TS, "name": "First name"})
+    old.append({"type": "info", "ts": TS, "name": "Refactor auth"})
+    old.append({"type": "link", "ts": TS, "rel": "continued_in", "session": "new"})
+    new = st.create(Header.new("new", created_at="2026-09-18T00:00:00Z", harness={"name": "h2"}))
+    new.append({"type": "config", "ts": TS, "model": "m"})
+    st.create(Header.new("sub", created_at="2026-09-19T00:00:00Z", spawned_by="call_1", parent_session="new")).close()
+    st.close()
+    with ServerProcess(tmp_path / "st") as server, server.client() as c:
+        def ids(**params):
+            return [x["id"] for x in lines(c.get("/v1/sessions", params=params))[:-1]]
+
+        assert ids() == ["sub", "new", "old"]
+        assert ids(top_level="true") == ["new", "old"]
+        assert ids(harness="h1") == ["old"]
+        assert ids(parent_session="new") == ["sub"]
+        assert ids(after="2026-09-17T12:00:00Z", before="2026-09-19T00:00:00Z") == ["new"]
+        named = {x["id"]: x for x in lines(c.get("/v1/sessions", params={"with_names": "true"}))[:-1]}
+        assert named["old"]["name"] == "Refactor auth" and named["old"]["superseded_by"] == "new"
+        assert named["new"]["name"] is None and named["new"]["superseded_by"] is None
+        assert "name" not in lines(c.get("/v1/sessions"))[0]
+        assert ids(current="true") == ["sub", "new"]

@@ -481,9 +481,9 @@ class Api:
     async def list_sessions(self, request: Request, principal: Principal) -> Response:
         _need_any(principal, "read", "exchange")
         q = request.query_params
-        for unsupported in ("with_names", "current", "page"):
-            if unsupported in q:
-                raise UnsupportedError(f"this server does not index session names or successors ({unsupported})")
+        if "page" in q:
+            raise UnsupportedError("this server lists in one stream and hands out no page tokens")
+        with_names, current = _flag(request, "with_names"), _flag(request, "current")
         limit = q.get("limit")
         if limit is not None and not limit.isdigit():
             raise BadNameError("limit must be a whole number")
@@ -503,14 +503,38 @@ class Api:
                     continue
                 if not _matches(header, q, extras):
                     continue
-                rows.append({"id": sid, "header": header.data, "incarnation": header_ident(header.data),
-                             "size": self.state.store.backend.sessions.size(sid)})
+                row = {"id": sid, "header": header.data, "incarnation": header_ident(header.data),
+                       "size": self.state.store.backend.sessions.size(sid)}
+                if with_names or current:
+                    name, successor = self._names(sid)
+                    if current and successor is not None:
+                        continue
+                    row.update(name=name, superseded_by=successor)
+                rows.append(row)
             rows.sort(key=lambda r: str(r["header"].get("created_at") or ""), reverse=True)
             if limit is not None:
                 rows = rows[: int(limit)]
             return [_dumps(r) for r in rows] + [_dumps({"end": True, "count": len(rows)})]
 
         return _ndjson(await self.work(do))
+
+    def _names(self, sid: str) -> tuple[str | None, str | None]:
+        """A session's name (its last ``info`` entry's) and successor (its last
+        ``continued_in`` link's session), read from its own entries: this store keeps no
+        index of them, so a listing that asks scans each session."""
+        s = self.state.session(sid)
+        objects = self.state.store.objects
+        name = successor = None
+        for eid in s.log_order:
+            env = json.loads(objects.get("entries", eid))
+            if env.get("type") not in ("info", "link"):
+                continue
+            body = json.loads(objects.get("contents", env["content"]))
+            if env["type"] == "info" and isinstance(body.get("name"), str):
+                name = body["name"]
+            elif body.get("rel") == "continued_in" and isinstance(body.get("session"), str):
+                successor = body["session"]
+        return name, successor
 
     async def create_session(self, request: Request, principal: Principal) -> Response:
         header = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the header"), "the header")
@@ -1131,10 +1155,10 @@ def _matches(header: Header, q: Any, extras: list[tuple[str, bytes]]) -> bool:
             return False
     if "harness" in q:
         h = d.get("harness")
-        if not (isinstance(h, dict) and h.get("name") == q["harness"]) and h != q["harness"]:
+        if not (isinstance(h, dict) and h.get("name") == q["harness"]):
             return False
-    if "top_level" in q and (q["top_level"].lower() in ("true", "1")) != (d.get("parent_session") is None):
-        return False
+    if q.get("top_level", "false").lower() in ("true", "1") and d.get("spawned_by") is not None:
+        return False  # top level: no spawned_by (what a call spawned is a subsession)
     created = str(d.get("created_at") or "")
     if "after" in q and not created > q["after"]:
         return False
