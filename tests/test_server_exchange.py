@@ -24,6 +24,7 @@ from agentsession_cas.errors import (
     MissingObjectsError,
     NotRecordError,
     ScopeError,
+    SessionReplacedError,
     TransportError,
 )
 from agentsession_cas.exchange import operations as ex
@@ -339,3 +340,19 @@ def test_a_remote_that_does_not_answer_is_one_error_line(tmp_path):
     assert r.exit_code == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "got no answer" in lines[0]
+
+
+def test_a_mark_change_names_the_incarnation_it_saw(served, tmp_path):
+    a = Store.init(tmp_path / "a")
+    record(a, "s1", 1)
+    a.close()
+    remote = HttpTransport(served.url, token=TOKENS["all"][0])
+    with Store(tmp_path / "a") as st:
+        ex.handover(st, remote, "s1")
+    view = remote.session_view("s1")  # the transport has seen this incarnation
+    with served.client("all") as c:
+        held = c.post("/v1/sessions/s1/lease", json={"ttl_ms": 60_000}).json()
+        c.delete("/v1/sessions/s1", headers={"Lease-Token": str(held["token"])})
+        c.post("/v1/sessions", json=Header.new("s1", created_at="2026-09-30T00:00:00Z").data)
+    with pytest.raises(SessionReplacedError):
+        remote.release_record("s1", head=view.head)

@@ -106,6 +106,9 @@ class HttpTransport(Transport):
         if isinstance(verify, str):
             verify = ssl.create_default_context(cafile=verify)
         self._caps: dict[str, Any] | None = None
+        #: The incarnation last seen of each session: sent as If-Incarnation with a mark
+        #: change, so one deleted and created again there meanwhile is refused.
+        self._seen: dict[str, str] = {}
         self._http = httpx.Client(base_url=self.url + "v1", headers=headers, timeout=timeout, verify=verify)
 
     def __repr__(self) -> str:
@@ -244,6 +247,8 @@ class HttpTransport(Transport):
         except NoSuchSessionError:
             return None
         header = facts.get("header")
+        if isinstance(facts.get("incarnation"), str):
+            self._seen[session_id] = facts["incarnation"]
         return dict(header) if isinstance(header, dict) else None
 
     def session_view(self, session_id: str) -> SessionView:
@@ -254,6 +259,8 @@ class HttpTransport(Transport):
             raise TransportError(f"remote {self.url}: its log of session {session_id} names no session")
         entries = [f["entry"] for f in frames if isinstance(f.get("entry"), str)]
         header = dict(view["header"])
+        if isinstance(view.get("incarnation"), str):
+            self._seen[session_id] = view["incarnation"]
         prefix: list[str] = []
         base = header.get("base")
         if isinstance(base, str):
@@ -287,14 +294,18 @@ class HttpTransport(Transport):
     def _declared(self, session_id: str, answer: dict[str, Any]) -> DeclareResult:
         return DeclareResult(session_id, bool(answer.get("changed")), answer.get("head"), str(answer.get("mark")))
 
+    def _incarnation(self, session_id: str) -> dict[str, str]:
+        seen = self._seen.get(session_id)
+        return {"If-Incarnation": seen} if seen is not None else {}
+
     def declare_record(self, session_id: str, *, head: str | None) -> DeclareResult:
         answer = self.request("POST", f"/sessions/{quote(session_id, safe='')}/record", safe=False, keyed=True,
-                              json={"basis": "sole_copy", "head": head}).json()
+                              json={"basis": "sole_copy", "head": head}, headers=self._incarnation(session_id)).json()
         return self._declared(session_id, answer)
 
     def release_record(self, session_id: str, *, head: str | None) -> DeclareResult:
         answer = self.request("POST", f"/sessions/{quote(session_id, safe='')}/handover", safe=False, keyed=True,
-                              json={"to": "client", "head": head}).json()
+                              json={"to": "client", "head": head}, headers=self._incarnation(session_id)).json()
         return self._declared(session_id, answer)
 
     def get_ref(self, name: str) -> str | None:
