@@ -206,6 +206,16 @@ def test_an_idempotency_key_replays_the_first_outcome(served):
         assert len(lines(c.get("/v1/sessions"))) == 2  # one session and the end frame
         # The same key for another request is refused, not replayed.
         problem(c.post("/v1/sessions/x/commit", headers=key), 400, "store_fault")
+        # A refusal is an outcome too: replayed, though the retry would now succeed.
+        sid = first.json()["session"]
+        held = lease(c, sid)
+        k2 = {"Idempotency-Key": "lease-1"}
+        problem(c.post(f"/v1/sessions/{sid}/lease", json={"ttl_ms": 1000}, headers=k2), 409, "session_locked")
+        c.delete(f"/v1/sessions/{sid}/lease", headers={"Lease-ID": held["lease_id"]})
+        again = c.post(f"/v1/sessions/{sid}/lease", json={"ttl_ms": 1000}, headers=k2)
+        problem(again, 409, "session_locked")
+        assert again.headers["idempotent-replay"] == "true"
+        assert c.post(f"/v1/sessions/{sid}/lease", json={"ttl_ms": 1000}).status_code == 201
 
 
 def test_the_log_with_cursors_and_the_path(served):

@@ -143,6 +143,8 @@ class ServerState:
         self.uploads: dict[str, dict[tuple[str, str], float]] = {}
         self.changes = Changes()
         self.streams = 0
+        #: Idempotency keys whose first request is being served now.
+        self.inflight: dict[tuple[str, str], asyncio.Event] = {}
 
     # -- sessions -----------------------------------------------------------------
 
@@ -263,28 +265,45 @@ class Api:
         async def endpoint(request: Request) -> Response:
             try:
                 principal = self._principal(request)
-                key = request.headers.get("idempotency-key") if replay else None
-                if key is not None:
-                    stored = self._replayed(principal, key, request)
-                    if stored is not None:
-                        return stored
-                response = await fn(request, principal)
-                sid = request.path_params.get("id")
-                if request.method not in ("GET", "HEAD"):
-                    if sid is not None:
-                        self.state.changes.notify(sid)  # wake the session's followers
-                    self.state.changes.notify(REFS_CHANGED)  # and the refs' (a ref moved, a session went)
-                if key is not None:
-                    self._remember(principal, key, request, response)
-                return response
             except AgentSessionError as exc:
                 return _problem(exc)
-            except Exception as exc:  # a bug or a failure the store did not name: still a problem body
-                log.exception("unexpected failure serving %s %s", request.method, request.url.path)
-                fault = StoreError(f"the server failed: {type(exc).__name__}: {exc}")
-                return _problem(fault)
+            key = request.headers.get("idempotency-key") if replay else None
+            if key is None:
+                return await self._answer(fn, request, principal)
+            # A retry that arrives while the first request with its key is still being
+            # served waits for that one's outcome rather than acting a second time.
+            slot = (principal.key, key)
+            while (running := self.state.inflight.get(slot)) is not None:
+                await running.wait()
+            stored = self._replayed(principal, key, request)
+            if stored is not None:
+                return stored
+            done = self.state.inflight[slot] = asyncio.Event()
+            try:
+                response = await self._answer(fn, request, principal)
+                self._remember(principal, key, request, response)
+                return response
+            finally:
+                del self.state.inflight[slot]
+                done.set()
 
         return endpoint
+
+    async def _answer(self, fn: Handler, request: Request, principal: Principal) -> Response:
+        """The route's response, a refusal as its problem body; followers woken after a write."""
+        try:
+            response = await fn(request, principal)
+        except AgentSessionError as exc:
+            return _problem(exc)
+        except Exception as exc:  # a bug or a failure the store did not name: still a problem body
+            log.exception("unexpected failure serving %s %s", request.method, request.url.path)
+            return _problem(StoreError(f"the server failed: {type(exc).__name__}: {exc}"))
+        if request.method not in ("GET", "HEAD"):
+            sid = request.path_params.get("id")
+            if sid is not None:
+                self.state.changes.notify(sid)  # wake the session's followers
+            self.state.changes.notify(REFS_CHANGED)  # and the refs' (a ref moved, a session went)
+        return response
 
     def _principal(self, request: Request) -> Principal:
         if self.state.tokens is None:
