@@ -559,6 +559,10 @@ def test_a_read_only_server_refuses_writes(tmp_path):
         problem(c.post("/v1/sessions", json=Header.new("s2", created_at=TS).data), 403, "read_only")
         problem(c.put(f"/v1/objects/contents/{sha256_ref(b'{}')}", content=b"{}"), 403, "read_only")
         problem(c.put("/v1/refs/x", json={"expected": None, "next": "s1"}), 403, "read_only")
+        # Another process writes the store: the read-only server reads the session afresh.
+        with Store(tmp_path / "st") as writer:
+            new = writer.session("s1").append(user("later", 4), durable=True).id
+        assert lines(c.get("/v1/sessions/s1/log"))[-2]["entry"] == new
 
 
 def test_two_tokens_of_one_name_do_not_share_replayed_answers(tmp_path):

@@ -143,14 +143,28 @@ class ServerState:
         self.uploads: dict[str, dict[tuple[str, str], float]] = {}
         self.changes = Changes()
         self.streams = 0
+        self._snapshots: dict[str, tuple[int | None, Session]] = {}
         #: Idempotency keys whose first request is being served now.
         self.inflight: dict[tuple[str, str], asyncio.Event] = {}
 
     # -- sessions -----------------------------------------------------------------
 
     def session(self, session_id: str) -> Session:
-        """The session open for writing here (the server is its writer); NoSuchSessionError."""
-        return self.store.session(check_session_id(session_id))
+        """The session open for writing here (the server is its writer); NoSuchSessionError.
+        A read-only server reads a snapshot instead, again whenever the session's size
+        says another process wrote it since."""
+        check_session_id(session_id)
+        if not self.store.readonly:
+            return self.store.session(session_id)
+        size = self.store.backend.sessions.size(session_id)
+        held = self._snapshots.get(session_id)
+        if held is not None and held[0] == size and size is not None and session_id in self.store:
+            return held[1]
+        s = self.store.read(session_id)
+        if held is not None:
+            held[1].close()
+        self._snapshots[session_id] = (size, s)
+        return s
 
     def _held_session(self, session_id: str) -> Session | None:
         try:
