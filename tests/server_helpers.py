@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agentsession_cas.exchange.http_client import no_delay_transport
 from agentsession_cas.store import Store
 
 __all__ = ["ServerProcess", "served", "TOKENS", "token_file"]
@@ -77,6 +78,7 @@ class ServerProcess:
         """An httpx client of the server, with one of :data:`TOKENS` (by name) or a bearer token."""
         bearer = TOKENS[token][0] if token else bearer
         headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+        kwargs.setdefault("transport", no_delay_transport())
         return httpx.Client(base_url=self.url.rstrip("/"), headers=headers, timeout=60, **kwargs)
 
     def stop(self, sig: int = signal.SIGTERM) -> int:

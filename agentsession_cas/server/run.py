@@ -60,7 +60,10 @@ def serve(
     if (tls_cert is None) != (tls_key is None):
         raise StoreError("--tls-cert and --tls-key go together")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY on accepted connections only when
+    # the socket says it is TCP, and without it every response (head and body written
+    # apart) waits some 40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

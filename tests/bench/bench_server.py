@@ -46,7 +46,7 @@ from server_helpers import ServerProcess  # noqa: E402
 
 from agentsession_cas import Header  # noqa: E402
 from agentsession_cas.exchange import push  # noqa: E402
-from agentsession_cas.exchange.http_client import HttpTransport  # noqa: E402
+from agentsession_cas.exchange.http_client import HttpTransport, no_delay_transport  # noqa: E402
 from agentsession_cas.store import Store  # noqa: E402
 
 
@@ -83,7 +83,7 @@ def appends(url: str, writers: int, seconds: float, commit: bool) -> float:
     stop = [0.0]
 
     def work(i: int) -> None:
-        with httpx.Client(base_url=url.rstrip("/"), timeout=60) as c:
+        with httpx.Client(base_url=url.rstrip("/"), timeout=60, transport=no_delay_transport()) as c:
             sid = f"bench-{'d' if commit else 'l'}-{i}"
             c.post("/v1/sessions", json=Header.new(sid, created_at="2026-09-17T12:00:00Z").data).raise_for_status()
             token = str(c.post(f"/v1/sessions/{sid}/lease", json={"ttl_ms": 600_000}).json()["token"])
@@ -123,7 +123,7 @@ def local_durable(tmp: Path, seconds: float) -> float:
 def follow_latency(url: str, count: int) -> list[float]:
     got: dict[str, float] = {}
     ready = threading.Event()
-    with httpx.Client(base_url=url.rstrip("/"), timeout=60) as c:
+    with httpx.Client(base_url=url.rstrip("/"), timeout=60, transport=no_delay_transport()) as c:
         c.post("/v1/sessions", json=Header.new("f", created_at="2026-09-17T12:00:00Z").data).raise_for_status()
         token = str(c.post("/v1/sessions/f/lease", json={"ttl_ms": 600_000}).json()["token"])
 
