@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import click
 
@@ -24,9 +25,13 @@ from .store_commands import store_root
 @click.option("--read-only", "read_only", is_flag=True, help="Serve the store read-only: every write is refused (read_only).")
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=None, metavar="N",
               help="The largest request body taken (default 256 MiB; objects at most 64 MiB or N).")
+@click.option("--max-streams", type=click.IntRange(min=1), default=None, metavar="N",
+              help="The most follow streams open at once (default 256); past it a follow is 503.")
+@click.option("--max-stream-age", type=click.IntRange(min=1), default=None, metavar="SECONDS",
+              help="How long a follow stream lives (default 3600) before it ends with an end event to resume from.")
 def serve(
     listen: str, auth_file: str | None, tls_cert: str | None, tls_key: str | None, sync: str, read_only: bool,
-    max_body_bytes: int | None,
+    max_body_bytes: int | None, max_streams: int | None, max_stream_age: int | None,
 ) -> None:
     """Serve the store over HTTP (RFC 0003) until interrupted.
 
@@ -51,7 +56,12 @@ def serve(
 
     limits = Limits()
     if max_body_bytes is not None:
-        limits = Limits(max_body_bytes=max_body_bytes, max_object_bytes=min(max_body_bytes, limits.max_object_bytes))
+        limits = replace(limits, max_body_bytes=max_body_bytes,
+                         max_object_bytes=min(max_body_bytes, limits.max_object_bytes))
+    if max_streams is not None:
+        limits = replace(limits, max_streams=max_streams)
+    if max_stream_age is not None:
+        limits = replace(limits, max_stream_age_s=max_stream_age)
     run(store, listen=listen, tokens=tokens, tls_cert=tls_cert, tls_key=tls_key, limits=limits, ready=ready)
 
 

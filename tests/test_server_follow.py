@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-from server_helpers import TOKENS, served  # noqa: F401 - served is a fixture
+from server_helpers import TOKENS, ServerProcess, served  # noqa: F401 - served is a fixture
 from test_server import create, lease, recorded, user
 
 from agentsession_cas import Header
@@ -232,3 +232,24 @@ def test_following_a_ref_sends_its_target_and_each_change(served):
             assert ev["data"]["target"]["session"] == "s2" and ev["data"]["state"] == "live"
             c.put("/v1/refs/chat/one", json={"expected": "s2", "next": None})
             assert next(events)["data"]["target"] is None
+
+
+def test_follow_streams_are_bounded_in_number_and_age(tmp_path):
+    st = Store.init(tmp_path / "st")
+    st.create(Header.new("s1", created_at="2026-09-17T12:00:00Z")).append(
+        {"type": "config", "ts": "2026-09-17T12:00:00Z", "model": "m"})
+    st.close()
+    with ServerProcess(tmp_path / "st", extra=("--max-streams", "1", "--max-stream-age", "1")) as server, \
+            server.client() as c:
+        limits = c.get("/v1/").json()["limits"]
+        assert limits["max_streams"] == 1 and limits["max_stream_age_s"] == 1
+        with c.stream("GET", "/v1/sessions/s1/follow") as r:
+            events = sse_events(r)
+            snap = next(events)
+            assert snap["event"] == "snapshot"
+            busy = c.get("/v1/sessions/s1/follow")
+            assert busy.status_code == 503 and busy.json()["code"] == "store_fault"
+            end = next(events)  # the stream's age runs out: an end event with the cursor to resume from
+            assert end["event"] == "end" and end["data"]["reason"] == "max_stream_age"
+            assert end["data"]["cursor"] == snap["id"].rsplit(".", 1)[0]
+            assert next(events, None) is None
