@@ -32,7 +32,8 @@ from agentsession_cas.store.names import REF_PREFIX, resolve_entry, resolve_sess
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store, store_url_kind
 
-from .common import echo, emit_json, fail, note, one_line, table, write_bytes
+from .common import echo, emit_json, fail, note, table, write_bytes
+from .projection_export import export_projection
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -176,50 +177,6 @@ def init(as_json: bool) -> None:
         emit_json({"store": where, "created": not existed})
     else:
         echo(f"{'found' if existed else 'created'} store at {where}")
-
-
-@click.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of text.")
-def list_sessions(as_json: bool) -> None:
-    """List the store's sessions: id, created, own entries, head, mark, size.
-
-    A session that cannot be read (a damaged log) is listed with mark
-    `damaged`, reported on stderr, and the exit status is 1.
-    """
-    store = read_store()
-    rows: list[dict[str, Any]] = []
-    failed = 0
-    for sid in store.list():
-        size = store.backend.sessions.size(sid)
-        try:
-            s = store.read(sid)
-        except NoSuchSessionError:
-            continue  # deleted meanwhile
-        except AgentSessionError as exc:
-            failed += 1
-            echo(f"agentsession: error: {one_line(str(exc))}", err=True)
-            rows.append({"id": sid, "created": None, "entries": None, "head": None, "base": None,
-                         "mark": "damaged", "size": size, "error": one_line(str(exc))})
-            continue
-        rows.append({"id": sid, "created": s.header.created_at, "entries": len(s), "head": s.head,
-                     "base": s.base, "mark": s.mark, "size": size})
-    if as_json:
-        emit_json(rows)
-    elif rows:
-        lines = [["ID", "CREATED", "ENTRIES", "HEAD", "MARK", "SIZE"]]
-        for r in rows:
-            lines.append([
-                r["id"],
-                str(r["created"] or "-"),
-                "-" if r["entries"] is None else str(r["entries"]),
-                short_id(r["head"]),
-                r["mark"],
-                "-" if r["size"] is None else str(r["size"]),
-            ])
-        for line in table(lines):
-            echo(line)
-    if failed:
-        sys.exit(1)
 
 
 # ---------------------------------------------------------------------------
@@ -369,11 +326,24 @@ def projection_file(target: Target) -> SessionFile:
 @click.command()
 @click.argument("session", metavar="ID")
 @click.option("-o", "--output", metavar="FILE", help="Write the projection (and sidecar media beside it) to FILE.")
-def export(session: str, output: str | None) -> None:
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "atif", "otel"]), default="jsonl", show_default=True,
+              help="jsonl: the session file; atif: one ATIF document per path (a line each, or files in the "
+                   "directory -o names); otel: the session as OTLP JSON spans (docs/projections.md).")
+@click.option("--at", metavar="ENTRY", help="With --format atif or otel: the path to this entry only.")
+def export(session: str, output: str | None, fmt: str, at: str | None) -> None:
     """Print a session's projection (RFC 0002) to stdout, or write it to FILE.
 
-    ID may also be a path inside the session's directory in a store.
+    ID may also be a path inside the session's directory in a store, and, with
+    --format atif or otel, a session file.
     """
+    if fmt != "jsonl":
+        located = locate(session, files=True)
+        if located.kind == "file":
+            return export_projection(read_file_arg(located.arg), None, located.arg, fmt, at, output)
+        store, s = open_target(located, files=True)
+        return export_projection(read_session_bytes(s.projection(), source=s.id), store, session, fmt, at, output)
+    if at is not None:
+        fail("--at builds the projection at one entry: give it with --format atif or otel")
     target = locate(session, files=False)
     if target.kind == "file":
         if not os.path.lexists(target.arg):
@@ -601,4 +571,4 @@ def rev_parse(name: str, entry: str | None, as_json: bool) -> None:
         echo(entry_id)
 
 
-COMMANDS = [init, list_sessions, log_cmd, export, import_cmd, create, append, head, cat_object, delete, rev_parse]
+COMMANDS = [init, log_cmd, export, import_cmd, create, append, head, cat_object, delete, rev_parse]

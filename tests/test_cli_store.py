@@ -162,8 +162,8 @@ def test_create_append_log_list_head(store):
     assert (row["id"], row["entries"], row["head"], row["mark"]) == ("s1", 3, ids[-1], "record")
     assert row["size"] > 0 and row["created"]
     lines = ok(cli(store, "list")).splitlines()
-    assert lines[0].split() == ["ID", "CREATED", "ENTRIES", "HEAD", "MARK", "SIZE"]
-    assert lines[1].split()[0] == "s1" and lines[1].split()[2:5] == ["3", ids[-1][7:19], "record"]
+    assert lines[0].split() == ["ID", "TITLE", "MODEL", "HARNESS", "CREATED", "ACTIVE", "ENTRIES", "HEAD", "MARK"]
+    assert lines[1].split()[0] == "s1" and lines[1].split()[-3:] == ["3", ids[-1][7:19], "record"]
 
 
 def test_create_generates_an_id_and_refuses_a_held_one(store):

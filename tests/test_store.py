@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import agentsession_cas.backends.files.sessions as files_sessions
+
 from agentsession_cas import Entry, Header, canonical_bytes, loads, make_entry, read_session, read_session_bytes
 from agentsession_cas.format.entry import FORMAT_WRITTEN, LEAF_LABEL
 from agentsession_cas.errors import (
@@ -2036,9 +2038,12 @@ def test_context_hash_served_and_kept_up_to_date_by_appends(root):
     assert ro.context_hash(later.id) == expected[later.id]
 
 
-def test_checkpoints_come_every_1024_appends_not_more_often(root):
+def test_checkpoints_come_every_1024_appends_not_more_often(root, monkeypatch):
     """Each background checkpoint takes exactly the appends since the one before: a
-    long lazy session makes one checkpoint record per 1024 appends."""
+    long lazy session makes one checkpoint record per 1024 appends (compaction, which
+    would fold them into a snapshot, is held off to see them)."""
+    monkeypatch.setattr(files_sessions, "COMPACT_AT_CLOSE", 1 << 62)
+    monkeypatch.setattr(files_sessions, "COMPACT_WHILE_WRITING", 1 << 62)
     st = Store.init(root, sync="never")
     s = st.create(Header.new("cadence"))
     n = 3 * CHECKPOINT_ENTRIES + 10

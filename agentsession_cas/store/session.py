@@ -17,6 +17,7 @@ entry. Until the commit nothing a reader can see changes.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ from ..format.rules import RULES, OpenRun, SessionChecker, Trial, check_line
 from ..format.timestamps import now_ts
 from ..format.tree import Tree
 from .state import SessionState, committed_view, index_damage, replay
+from .summary import SessionSummary, SummaryBuilder
 
 if TYPE_CHECKING:
     from .store import Store
@@ -205,6 +207,10 @@ class Session:
         self._staged: dict[str, Entry] = {}
         #: The records a snapshot was opened with (its committed view for exchange).
         self._records: list[dict[str, Any]] | None = None
+        #: What ``list`` shows (:mod:`.summary`): the summary the backend kept, when it
+        #: describes a prefix of this log, and a writer's builder, fed as it appends.
+        self._summary_base: SessionSummary | None = None
+        self._builder: SummaryBuilder | None = None
 
     # -- opening ------------------------------------------------------------------------
 
@@ -227,7 +233,9 @@ class Session:
             raise
         session = cls(store, session_id, log, header, state)
         session.recovered = list(opened.recovered)
+        session._summary_base = _prefix_summary(session_id, state, opened.summary)
         if writable:
+            session._builder = SummaryBuilder(header, copy.copy(session._summary_base))
             try:
                 log.recover()
             except BaseException:
@@ -242,7 +250,9 @@ class Session:
     def _created(cls, store: Store, session_id: str, log: SessionLog, header: Header, records: Sequence[Record]) -> Session:
         """A session just created whole: its state is what its records say."""
         state = replay(_data(r) for r in records)
-        return cls(store, session_id, log, header, state)
+        session = cls(store, session_id, log, header, state)
+        session._builder = SummaryBuilder(header)
+        return session
 
     # -- the state, as attributes -----------------------------------------------------------
 
@@ -367,6 +377,32 @@ class Session:
             marker = make_entry("label", last.id, ts=ts, target=self.head, label=LEAF_LABEL, synthetic=True)
             lines.append(marker.canonical_line())
         return b"".join(lines)
+
+    # -- the summary ----------------------------------------------------------------------
+
+    def summary(self) -> SessionSummary:
+        """What ``list`` shows of the session now. A writer's is kept current as it
+        appends; otherwise only the entries since the summary the backend kept are read
+        (all of them when it kept none)."""
+        builder = self._builder
+        if builder is None:
+            builder = SummaryBuilder(self.header, copy.copy(self._summary_base))
+        for eid in self.state.log_order[builder.count :]:
+            builder.feed(self.entry(eid))
+        if self.writable:
+            self._builder = builder
+        return copy.copy(builder.finish(head=self.head, base=self.base, mark=self.mark, seq=self.state.max_seq))
+
+    def _summarize_created(self, entry: Entry) -> None:
+        """Feed an own entry of a session created whole (import), in log order."""
+        if self._builder is not None:
+            self._builder.feed(entry)
+
+    def _summarize(self, entry: Entry | None) -> None:
+        """Feed an entry just written, when the builder has every one before it."""
+        b = self._builder
+        if b is not None and entry is not None and b.count == len(self.state.log_order) - 1:
+            b.feed(entry)
 
     # -- the rules ------------------------------------------------------------------------
 
@@ -619,6 +655,7 @@ class Session:
                 state.head = r.head
             if self._context_hashes is not None:
                 self._context_hashes.feed(p.entry)
+            self._summarize(p.entry)
             p.result.unresolved.extend(self._hold_blobs(p.content))
         if commit:
             state.committed_seq = state.max_seq
@@ -740,6 +777,10 @@ class Session:
                 self.commit()
                 self.log.checkpoint()
                 self.log.set_indexes(self.head, self.mark)
+                try:
+                    self.log.set_summary(self.summary().as_dict())
+                except AgentSessionError:
+                    pass  # an entry that does not read: fsck's to say; the summary is rebuilt later
         finally:
             self._closed = True
             self.log.close()
@@ -783,6 +824,7 @@ class Session:
         self,
         entries: list[tuple[str, bool]],
         *,
+        known: Mapping[str, Entry] | None = None,
         head: str | None = None,
         move_head: bool = False,
         mark: Mark | None = None,
@@ -792,7 +834,8 @@ class Session:
         write, committed before it returns (a receiver commits what it admits, and a mark,
         before it acknowledges them). ``entries`` are (id, whether it is a ``leaf``
         label), every object already durable in the object store, parents before
-        children, checked by the caller; ones the log holds are skipped. A later
+        children, checked by the caller; ones the log holds are skipped. ``known``
+        holds such of them as the caller has parsed (the summary is fed from it). A later
         ``header_format`` raises the header's format first, durably. Returns the ids
         appended."""
         self._check_open()
@@ -843,6 +886,7 @@ class Session:
             if self._context_hashes is not None:
                 # Kept up to date as append keeps it (parents come first: admitted in order).
                 self._context_hashes.feed(self.entry(rec.entry))
+            self._summarize(known.get(rec.entry) if known else None)
         state.max_seq = max(state.max_seq, seq)
         state.committed_seq = state.max_seq
         if move_head:
@@ -915,3 +959,16 @@ def envelope_parts(env_bytes: bytes, entry_id: str, where: str) -> tuple[dict[st
         raise CorruptObjectError(f"envelope {entry_id} is not an envelope ({where})", space="entries", name=entry_id, path=where)
     return env, careful
 
+
+def _prefix_summary(session_id: str, state: SessionState, kept: Mapping[str, Any] | None) -> SessionSummary | None:
+    """The summary a backend kept, when it describes a prefix of the log replayed: its
+    count of entries within the log's, its last entry where the log has it. Anything
+    else (a log repaired, cut, or another session's file) is a summary to rebuild."""
+    if kept is None:
+        return None
+    s = SessionSummary.from_dict(kept)
+    if s is None or s.id != session_id or s.entries > len(state.log_order) or s.seq > state.max_seq:
+        return None
+    if s.entries and state.log_order[s.entries - 1] != s.last_entry:
+        return None
+    return s

@@ -46,6 +46,7 @@ from ..format.timestamps import now_ts
 from ..maintenance.sweep import SweepResult, sweep
 from .refs import header_ident
 from .session import AppendResult, Session, entry_from_objects, envelope_parts, walk_up
+from .summary import SessionSummary
 
 __all__ = ["DEFAULT_STORE", "SYNC_POLICIES", "AppendResult", "Session", "Store", "default_store_path"]
 
@@ -186,6 +187,26 @@ class Store:
         if session_id not in self:
             raise NoSuchSessionError(f"no such session: {session_id}")
         return Session._open(self, session_id, writable=False)
+
+    def summary(self, session_id: str) -> SessionSummary:
+        """What ``list`` shows of a session (:class:`~.summary.SessionSummary`): the summary
+        the backend keeps when it describes the log as it is, without reading the log;
+        else the log replayed and the summary kept brought up to date (only the entries
+        appended since it are read; all of them when none was kept)."""
+        check_session_id(session_id)
+        held = self._open.get(session_id)
+        if held is not None:
+            return held.summary()
+        kept = self.backend.sessions.summary(session_id)
+        if kept is not None and kept[1]:
+            s = SessionSummary.from_dict(kept[0])
+            if s is not None and s.id == session_id:
+                return s
+        session = self.read(session_id)
+        try:
+            return session.summary()
+        finally:
+            session.close()
 
     def header(self, session_id: str) -> Header:
         """A session's header, read alone (one small read)."""
@@ -363,6 +384,8 @@ class Store:
             header.id, header.canonical_line(), records, objects, head=head, mark=mark, prefix=prefix
         )
         session = Session._created(self, header.id, log, header, records)
+        for e in own:
+            session._summarize_created(e)
         session.prefix = [eid for eid, _ in prefix]
         self._open[header.id] = session
         return session
