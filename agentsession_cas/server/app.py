@@ -536,13 +536,15 @@ class Api:
                     continue
                 if not _matches(header, q, extras):
                     continue
+                summary = self.state.store.summary(sid)
                 row = {"id": sid, "header": header.data, "incarnation": header_ident(header.data),
+                       "name": summary.title, "modified": summary.last_activity,
                        "size": self.state.store.backend.sessions.size(sid)}
                 if with_names or current:
-                    name, successor = self._names(sid)
+                    successor = self._successor(sid)
                     if current and successor is not None:
                         continue
-                    row.update(name=name, superseded_by=successor)
+                    row["superseded_by"] = successor
                 rows.append(row)
             rows.sort(key=lambda r: str(r["header"].get("created_at") or ""), reverse=True)
             if limit is not None:
@@ -551,23 +553,21 @@ class Api:
 
         return _ndjson(await self.work(do))
 
-    def _names(self, sid: str) -> tuple[str | None, str | None]:
-        """A session's name (its last ``info`` entry's) and successor (its last
-        ``continued_in`` link's session), read from its own entries: this store keeps no
-        index of them, so a listing that asks scans each session."""
+    def _successor(self, sid: str) -> str | None:
+        """The session a ``continued_in`` link of this one names (the last such), read from
+        its own entries: no index of successors is kept, so a listing that asks for
+        ``with_names`` or ``current`` scans each session's envelopes."""
         s = self.state.session(sid)
         objects = self.state.store.objects
-        name = successor = None
+        successor = None
         for eid in s.log_order:
             env = json.loads(objects.get("entries", eid))
-            if env.get("type") not in ("info", "link"):
+            if env.get("type") != "link":
                 continue
             body = json.loads(objects.get("contents", env["content"]))
-            if env["type"] == "info" and isinstance(body.get("name"), str):
-                name = body["name"]
-            elif body.get("rel") == "continued_in" and isinstance(body.get("session"), str):
+            if body.get("rel") == "continued_in" and isinstance(body.get("session"), str):
                 successor = body["session"]
-        return name, successor
+        return successor
 
     async def create_session(self, request: Request, principal: Principal) -> Response:
         header = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the header"), "the header")
