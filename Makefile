@@ -12,7 +12,7 @@ all: test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,server]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -100,6 +100,7 @@ bench: $(STAMP)
 	$(PY) tests/bench/bench_startup.py
 	$(PY) tests/bench/bench_storage.py
 	$(PY) tests/bench/bench_commands.py
+	$(PY) tests/bench/bench_server.py
 
 bench-quick: $(STAMP)
 	$(PY) tests/bench/bench_verify.py --quick
@@ -110,6 +111,7 @@ bench-quick: $(STAMP)
 	$(PY) tests/bench/bench_startup.py --quick
 	$(PY) tests/bench/bench_storage.py --quick
 	$(PY) tests/bench/bench_commands.py --quick
+	$(PY) tests/bench/bench_server.py --quick
 
 # Regenerate the project's own fixtures with the project's writer.
 fixtures: $(STAMP)

@@ -491,3 +491,59 @@ class HandoverIncompleteError(StoreError):
 
     code = "handover_incomplete"
     status = 500
+
+
+# -- the HTTP protocol (agentsession_cas/server, exchange/http_client.py) ------------
+
+
+class AuthError(AgentSessionError):
+    """A request to a server without a token it accepts (RFC 0003: 401 ``auth``)."""
+
+    code = "auth"
+    status = 401
+
+
+class ScopeError(AgentSessionError):
+    """A request whose token lacks the scope it needs, or names a session outside the
+    token's ``sessions`` prefix (RFC 0003: 403 ``scope``)."""
+
+    code = "scope"
+    status = 403
+
+
+class SessionReplacedError(StoreError):
+    """The session under this id is another incarnation than the caller's
+    ``If-Incarnation`` names: deleted and created again since it looked."""
+
+    code = "session_replaced"
+    status = 409
+
+
+class LeaseLostError(StoreError):
+    """A write (or renew) whose lease is not the session's current, unexpired one: it
+    expired, was released, broken or taken by another holder (fencing)."""
+
+    code = "lease_lost"
+    status = 409
+
+
+class TooLargeError(AgentSessionError):
+    """A request body past the server's published limit; nothing of it was used."""
+
+    code = "too_large"
+    status = 413
+
+
+class FormatVersionError(StoreError):
+    """A writer's format minor (``Session-Format``) this store does not read, or one
+    earlier than the session's (RFC 0002: a later writer raises it, never lowers it)."""
+
+    code = "format"
+    status = 422
+
+
+class BadRefTargetError(StoreError):
+    """A pushed ref whose ``next`` is not the pushed session (RFC 0003, Exchange)."""
+
+    code = "bad_ref_target"
+    status = 422

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -38,6 +39,32 @@ from .describe import describe, describe_item, settings_rows
 
 # ---------------------------------------------------------------------------
 # show
+
+
+def _follow(name: str, remote: str | None, as_json: bool, verbose: bool) -> None:
+    """show -f: each committed entry of a session as one line, as it commits, from a store
+    (read every tenth of a second) or a server (its durable follow stream)."""
+    # Exchange and its transports are loaded only by a follow: `show FILE` stays light.
+    from agentsession_cas.exchange.following import follow_remote, follow_store
+    from agentsession_cas.exchange.local import open_transport
+    from agentsession_cas.store.names import resolve_session
+    from agentsession_cas.store.url import open_store
+
+    if remote is not None and remote[:8].lower().startswith(("http://", "https://")):
+        changes = follow_remote(open_transport(remote), name)
+    else:
+        store = open_store(remote, readonly=True) if remote is not None else store_commands.read_store()
+        changes = follow_store(store, resolve_session(store, name))
+    for change in changes:
+        e = change.entry
+        if as_json:
+            echo(json.dumps({"change": change.kind, "session": change.session, "head": change.head,
+                             "entry": e.data if e is not None else None}, ensure_ascii=True, separators=(",", ":")))
+        elif e is not None:
+            marks = "  (head)" if change.head == e.id else ""
+            echo(f"{short_id(e.id)}  {short_id(e.parent)}  {e.type:<10} {describe(e, verbose)}{marks}")
+        else:
+            echo(f"head -> {short_id(change.head)}")
 
 
 def _children_counts(sf: SessionFile) -> dict[str, int]:
@@ -83,8 +110,11 @@ def _print_context(leaf: str | None, ctx: Context | None, error: str | None, con
 @click.option("--runs", "show_runs", is_flag=True, help="Also print the runs on the leaf's path: reasons, calls and their states.")
 @click.option("-n", "--first", "first", type=click.IntRange(min=0), metavar="N", help="List only the first N entries (the text listing).")
 @click.option("--tail", "last", type=click.IntRange(min=0), metavar="N", help="List only the last N entries (the text listing).")
+@click.option("-f", "--follow", is_flag=True, help="Follow the stored session ID: print its entries, then each one as it commits, until interrupted.")
+@click.option("--remote", metavar="REMOTE", help="With -f: follow ID at REMOTE (an http(s):// server or a store's path).")
 def show(
-    file: str, leaf_name: str | None, as_json: bool, verbose: bool, show_runs: bool, first: int | None, last: int | None
+    file: str, leaf_name: str | None, as_json: bool, verbose: bool, show_runs: bool, first: int | None, last: int | None,
+    follow: bool, remote: str | None,
 ) -> None:
     """Print a session's entries in file order, then the context at its leaf.
 
@@ -96,6 +126,11 @@ def show(
     a session's directory in a store. A stored session is shown as its
     projection (what `export` prints) would be.
     """
+    if remote is not None and not follow:
+        raise click.UsageError("--remote goes with -f (follow)")
+    if follow:
+        _follow(file, remote, as_json, verbose)
+        return
     target = store_commands.locate(file, files=True)
     if target.kind == "session" and not (as_json or show_runs or leaf_name):
         _, session = store_commands.open_target(target, files=True)

@@ -48,6 +48,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "handover": ("exchange_commands", 'Hand session ID over to REMOTE: push it, make the remote the record, then make this store a mirror.'),
     "declare-record": ("exchange_commands", 'Make a store the record of session ID, which it holds as a mirror.'),
     "take-back": ("exchange_commands", 'Take the record of session ID back from REMOTE: fetch, declare it here, release it there.'),
+    "serve": ("serve_command", "Serve the store over HTTP (RFC 0003) until interrupted."),
 }
 
 

@@ -1082,7 +1082,7 @@ def test_command_errors_are_one_line(tmp_path):
     for args, needle in [
         (("fetch", "s1", str(tmp_path / "a2")), "no store"),
         (("push", "nope", str(tmp_path / "a2")), "no such session: nope"),
-        (("push", "s1", "http://example.com/store"), "no transport for http"),
+        (("push", "s1", "ftp://example.com/store"), "no transport for ftp"),
         (("fetch", "s1", str(tmp_path / "a")), "this store itself"),
         (("take-back", "../x", str(tmp_path / "a2")), "not usable"),
     ]:

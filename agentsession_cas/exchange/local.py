@@ -39,7 +39,8 @@ def remote_url(remote: str | os.PathLike[str]) -> str:
         parts = urlsplit(text)
         if parts.scheme != "file":
             raise TransportError(
-                f"remote {text!r}: no transport for {parts.scheme}:// here; a remote is a store's path or a file:// URL"
+                f"remote {text!r}: no transport for {parts.scheme}:// here; a remote is a store's path, a file:// URL "
+                "or an http:// or https:// server"
             )
         if parts.netloc not in ("", "localhost"):
             raise TransportError(f"remote {text!r}: a file:// URL names no host (or localhost), not {parts.netloc!r}")
@@ -69,7 +70,20 @@ def url_path(url: str) -> str:
 
 def open_transport(remote: str | os.PathLike[str], **kwargs: Any) -> Transport:
     """A transport to ``remote``: a path, a ``file://`` URL or a named ``memory:`` store
-    (:class:`LocalTransport`). Other schemes are refused with :class:`TransportError`."""
+    (:class:`LocalTransport`), or an ``http://``/``https://`` server
+    (:class:`~.http_client.HttpTransport`). Other schemes are refused with
+    :class:`TransportError`."""
+    text = os.fspath(remote)
+    if isinstance(text, str) and text[:8].lower().startswith(("http://", "https://")):
+        try:
+            # httpx comes with the server extra: a store that never names an HTTP remote
+            # does not need it, so the import waits for the first one that does.
+            from .http_client import HttpTransport
+        except ImportError as exc:
+            raise TransportError(
+                f"remote {text!r}: an HTTP remote needs the server extra: pip install 'agentsession-cas[server]' ({exc})"
+            ) from None
+        return HttpTransport(text)
     return LocalTransport(remote, **kwargs)
 
 

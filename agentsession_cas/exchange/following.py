@@ -1,0 +1,135 @@
+"""Following a session as it is written, from a store this process opens or from a
+server (RFC 0003 Following): what ``agentsession show -f`` prints.
+
+Both give the same :class:`Change` values, committed changes only (a follower
+that prints is told what will survive a crash): each own entry once, in log
+order, and each head move. A remote follow reads the server's durable stream,
+verifies every entry it receives by its hashes, and resumes after a dropped
+connection from the last event it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import BadObjectError, NoSuchSessionError, TransportError
+from ..format.canonical import canonical_bytes
+from ..format.entry import Entry
+from ..format.hashing import sha256_ref
+from ..store.refs import header_ident
+from ..store.session import entry_from_objects
+from ..store.store import Store
+
+__all__ = ["Change", "follow_remote", "follow_store"]
+
+
+@dataclass
+class Change:
+    """One committed change: an entry appended (``entry``, and the head after it), or a
+    head move no append explains (``entry`` None)."""
+
+    kind: str
+    session: str
+    head: str | None
+    entry: Entry | None = None
+    cursor: str | None = None
+
+
+def follow_store(
+    store: Store, session_id: str, *, interval: float = 0.1, sleep: Callable[[float], None] = time.sleep
+) -> Iterator[Change]:
+    """The session's committed entries from the first, then each one committed after,
+    read from ``store`` every ``interval`` seconds (a store on this machine tells no
+    one of a commit). Ends with :class:`NoSuchSessionError` when the session is
+    deleted or created again while followed."""
+    seen = 0
+    ident: str | None = None
+    head: Any = object()
+    while True:
+        try:
+            s = store.read(session_id)
+        except NoSuchSessionError:
+            if ident is None:
+                raise
+            raise NoSuchSessionError(f"session {session_id} was deleted while followed") from None
+        try:
+            now = header_ident(s.header.data)
+            if ident is not None and now != ident:
+                raise NoSuchSessionError(f"session {session_id} was deleted and created again while followed")
+            ident = now
+            entries, current, _ = s.exchange_view()
+            fresh = [(e, s.entry(e)) for e in entries[seen:]]
+        finally:
+            s.close()
+        for _, entry in fresh:
+            yield Change("appended", session_id, current, entry)
+        if fresh and current == fresh[-1][0]:
+            head = current
+        if current != head:
+            head = current
+            yield Change("head", session_id, current)
+        seen += len(fresh)
+        sleep(interval)
+
+
+def _verified_entry(entry_id: str, envelope: Any, content: Any) -> Entry:
+    """An entry received inline, its two hashes recomputed: a server's word is not taken."""
+    if not isinstance(envelope, dict) or not isinstance(content, dict):
+        raise BadObjectError(f"entry {entry_id} came without its envelope and content")
+    if sha256_ref(canonical_bytes(envelope)) != entry_id or sha256_ref(canonical_bytes(content)) != envelope.get("content"):
+        raise BadObjectError(f"entry {entry_id} came with objects that do not hash to their names")
+    return entry_from_objects(entry_id, envelope, content)
+
+
+def follow_remote(transport: Any, session_id: str, *, retries: int = 5) -> Iterator[Change]:
+    """The committed changes of a session a server holds (``GET .../follow?durable=true``),
+    from its first entry; a connection that drops is resumed from the last event seen
+    (a ``reset`` then says the session was replaced: :class:`NoSuchSessionError`)."""
+    last_id: str | None = None
+    failures = 0
+    ident: str | None = None
+    while True:
+        headers = {"Accept": "application/x-ndjson"}
+        if last_id is not None:
+            headers["Last-Event-ID"] = last_id
+        try:
+            for event in transport.stream_lines(f"/sessions/{session_id}/follow", params={"durable": "true"},
+                                                headers=headers):
+                failures = 0
+                frame = json.loads(event)
+                kind, data = frame.get("event"), frame.get("data") or {}
+                if kind == "error":
+                    raise NoSuchSessionError(str(data.get("detail") or f"session {session_id} is gone"))
+                if kind in ("snapshot", "reset"):
+                    if ident is not None:
+                        raise NoSuchSessionError(f"session {session_id} was replaced while followed")
+                    ident = data.get("incarnation")
+                    inline = data.get("entries") or {}
+                    for rec in data.get("records") or []:
+                        entry_id = rec.get("entry")
+                        if entry_id is None:
+                            continue
+                        obj = inline.get(entry_id)
+                        if obj is None:
+                            env_bytes = transport.fetch_object("entries", entry_id)
+                            env = json.loads(env_bytes)
+                            obj = {"envelope": env, "content": json.loads(transport.fetch_object("contents", env["content"]))}
+                        yield Change("appended", session_id, rec.get("head"),
+                                     _verified_entry(entry_id, obj["envelope"], obj["content"]), rec.get("cursor"))
+                elif kind == "appended":
+                    entry = _verified_entry(str(data.get("entry")), data.get("envelope"), data.get("content"))
+                    yield Change("appended", session_id, data.get("head"), entry, data.get("cursor"))
+                elif kind == "head":
+                    yield Change("head", session_id, data.get("leaf"), None, data.get("cursor"))
+                elif kind == "end":
+                    pass  # the stream's age limit: resumed below from the last id
+                last_id = frame.get("id") or last_id
+        except (TransportError, OSError) as exc:
+            failures += 1
+            if failures > retries:
+                raise TransportError(f"following session {session_id}: the connection keeps dropping ({exc})") from None
+            time.sleep(min(2.0, 0.1 * 2 ** failures))

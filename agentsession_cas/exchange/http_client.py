@@ -1,0 +1,328 @@
+"""The transport to a store served over HTTP (RFC 0003): ``http://`` and ``https://`` remotes.
+
+Each :class:`~.transport.Transport` call is the RFC's request (the table in
+:mod:`.transport`), answered by the server's :class:`~.endpoint.StoreEndpoint`,
+so a push, fetch, handover, declare-record or take-back to a server follows
+exactly the rules it follows between two directories. A problem the server
+answers is raised as the library error it names (:mod:`.wire`).
+
+**Retries.** A request that did not get an answer (connection refused, reset
+or cut, a timeout) is sent again, up to :data:`RETRIES` times, when that is
+safe: reads, object uploads (idempotent by hash), ``missing``, and writes sent
+with an ``Idempotency-Key``, which the server answers with the first outcome
+(push, record, handover). A 502/503/504 from a proxy is retried the same way.
+
+**Tokens.** The bearer token is ``AGENTSESSION_TOKEN``, else the entry for the
+remote in ``$AGENTSESSION_REMOTES`` (default
+``~/.config/agentsession/remotes.json``: ``{"remotes": {"https://host/": {"token":
+"..."}}}``), else none (a server without ``--auth`` on loopback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from ..errors import AgentSessionError, BadObjectError, NoSuchRefError, NoSuchSessionError, TransportError
+from ..format.hashing import sha256_ref
+from .transport import Admission, DeclareResult, PushRequest, RefResult, SessionView, Transport
+from .wire import error_from_problem, space_from_wire, space_to_wire
+
+__all__ = ["RETRIES", "HttpTransport", "http_url", "no_delay_transport", "token_for"]
+
+#: How many times a request that got no answer is sent again (when safe).
+RETRIES = 4
+#: Seconds before each retry.
+_BACKOFF = (0.05, 0.2, 0.5, 1.0)
+_RETRY_STATUS = frozenset({502, 503, 504})
+#: The most bytes of objects one batch upload carries.
+BATCH_BYTES = 16 * 1024 * 1024
+
+
+def no_delay_transport(verify: bool | ssl.SSLContext = True) -> httpx.HTTPTransport:
+    """An httpx transport whose sockets send at once (TCP_NODELAY). A request goes out as
+    two writes, its head then its body; with Nagle's algorithm the body waits for the
+    server's ACK of the head, which a delayed ACK holds back some 40 ms: every request
+    with a body would take that long."""
+    return httpx.HTTPTransport(verify=verify, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+
+
+def http_url(remote: str) -> str:
+    """The normalised URL of an HTTP remote: scheme and host lowercased, a default port
+    dropped, the path ending in ``/`` (the routes are under ``<url>v1/``)."""
+    parts = urlsplit(remote)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise TransportError(f"remote {remote!r} is no http:// or https:// URL with a host")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise TransportError(
+            f"remote {remote!r}: an HTTP remote carries no query, fragment or credentials (the token is AGENTSESSION_TOKEN)"
+        )
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        raise TransportError(f"remote {remote!r}: the port is not a number") from None
+    if port is not None and port != {"http": 80, "https": 443}[scheme]:
+        host = f"{host}:{port}"
+    path = parts.path if parts.path.endswith("/") else parts.path + "/"
+    return f"{scheme}://{host}{path}"
+
+
+def token_for(url: str) -> str | None:
+    """The bearer token for a remote (see the module's docstring)."""
+    token = os.environ.get("AGENTSESSION_TOKEN")
+    if token:
+        return token
+    where = os.environ.get("AGENTSESSION_REMOTES") or os.path.expanduser("~/.config/agentsession/remotes.json")
+    try:
+        with open(where, "rb") as f:
+            data = json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise TransportError(f"remotes file {where}: {exc}") from None
+    entry = data.get("remotes", {}).get(url) if isinstance(data, dict) and isinstance(data.get("remotes"), dict) else None
+    if isinstance(entry, dict) and isinstance(entry.get("token"), str):
+        return str(entry["token"])
+    return None
+
+
+class HttpTransport(Transport):
+    """A store behind an RFC 0003 server."""
+
+    def __init__(
+        self, remote: str, *, token: str | None = None, timeout: float = 300.0, verify: bool | str | ssl.SSLContext = True
+    ):
+        """``verify``: check the server's certificate against certifi's authorities
+        (True; ``SSL_CERT_FILE`` names others), a CA file's path, or an SSL context."""
+        self.url = http_url(remote)
+        self._token = token if token is not None else token_for(self.url)
+        headers = {"User-Agent": "agentsession"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        if isinstance(verify, str):
+            verify = ssl.create_default_context(cafile=verify)
+        self._caps: dict[str, Any] | None = None
+        #: The incarnation last seen of each session: sent as If-Incarnation with a mark
+        #: change, so one deleted and created again there meanwhile is refused.
+        self._seen: dict[str, str] = {}
+        self._http = httpx.Client(base_url=self.url + "v1", headers=headers, timeout=timeout,
+                                  transport=no_delay_transport(verify))
+
+    def __repr__(self) -> str:
+        return f"HttpTransport({self.url!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- one request, with the retry rules ----------------------------------------------
+
+    def request(
+        self, method: str, path: str, *, safe: bool, keyed: bool = False, ok: Iterable[int] = (), **kwargs: Any
+    ) -> httpx.Response:
+        """Send a request; raise the server's problem as the library's error. ``safe``: it
+        may be sent again when no answer came; ``keyed``: it carries an Idempotency-Key
+        (the same on every attempt), which makes it safe. ``ok``: error statuses the
+        caller reads itself."""
+        headers = dict(kwargs.pop("headers", None) or {})
+        if keyed:
+            headers["Idempotency-Key"] = uuid.uuid4().hex
+            safe = True
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(method, path, headers=headers, **kwargs)
+            except httpx.TransportError as exc:
+                if safe and attempt < RETRIES:
+                    time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+                    attempt += 1
+                    continue
+                landed = "" if safe else " (it may or may not have been carried out)"
+                raise TransportError(f"remote {self.url}: {method} {path} got no answer: {exc}{landed}") from None
+            if response.status_code in _RETRY_STATUS and safe and attempt < RETRIES:
+                time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+                attempt += 1
+                continue
+            if response.status_code >= 400 and response.status_code not in ok:
+                raise self._error(response)
+            return response
+
+    def _error(self, response: httpx.Response) -> AgentSessionError:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        exc = error_from_problem(response.status_code, body, where=f"remote {self.url}")
+        if exc.code == "session_locked":
+            exc.args = (f"at the remote {self.url}: {exc}",)
+        return exc
+
+    def ndjson(self, path: str, **kwargs: Any) -> list[dict[str, Any]]:
+        """The frames of a stream that ends with ``{"end": true}``; an ``error`` frame is
+        raised, and a stream cut before its end is an error, never a short result."""
+        response = self.request("GET", path, safe=True, **kwargs)
+        frames: list[dict[str, Any]] = []
+        for line in response.text.splitlines():
+            if not line.strip():
+                continue
+            frame = json.loads(line)
+            if "error" in frame:
+                raise error_from_problem(int(frame["error"].get("status", 500)), frame["error"], where=self.url)
+            frames.append(frame)
+            if frame.get("end") is True:
+                return frames
+        raise TransportError(f"remote {self.url}: the answer to {path} was cut before its end frame")
+
+    def fetch_object(self, space: str, name: str) -> bytes:
+        """One object's bytes, verified against its name."""
+        data = self.request("GET", f"/objects/{space_to_wire(space)}/{name}", safe=True).content
+        if sha256_ref(data) != name:
+            raise BadObjectError(f"the remote {self.url} served {space} object {name} with bytes that do not hash to it")
+        return data
+
+    def stream_lines(self, path: str, *, params: dict[str, str], headers: dict[str, str]) -> Iterator[str]:
+        """The lines of a long-lived stream (a follow), as they come; an error status is
+        raised as its problem, a dropped connection as TransportError."""
+        try:
+            with self._http.stream("GET", path, params=params, headers=headers,
+                                   timeout=httpx.Timeout(30.0, read=None)) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise self._error(response)
+                yield from response.iter_lines()
+        except httpx.TransportError as exc:
+            raise TransportError(f"remote {self.url}: the stream {path} dropped: {exc}") from None
+
+    # -- the transport --------------------------------------------------------------------
+
+    def missing(self, wanted: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
+        body = {space_to_wire(space): list(dict.fromkeys(names)) for space, names in wanted.items()}
+        answer = self.request("POST", "/objects/missing", safe=True, json=body).json()
+        return {space_from_wire(space): list(names) for space, names in answer.items()}
+
+    def capabilities(self) -> dict[str, Any]:
+        """The server's ``GET /v1/`` (read once per transport)."""
+        if self._caps is None:
+            self._caps = self.request("GET", "/", safe=True).json()
+        return self._caps
+
+    def put_objects(self, items: Iterable[tuple[str, str, bytes]], count: int) -> None:
+        """One PUT per object, or, where the server offers ``object_batch``, batches of up
+        to :data:`BATCH_BYTES` in one request each (one sync there per batch)."""
+        caps = self.capabilities()
+        if count <= 1 or not caps.get("features", {}).get("object_batch"):
+            for space, name, data in items:
+                self.request("PUT", f"/objects/{space_to_wire(space)}/{name}", safe=True, content=data,
+                             headers={"Content-Type": "application/octet-stream"})
+            return
+        limit = min(BATCH_BYTES, int(caps.get("limits", {}).get("max_body_bytes", BATCH_BYTES)))
+        chunk: list[bytes] = []
+        size = 0
+        for space, name, data in items:
+            frame = f"{space_to_wire(space)} {name} {len(data)}\n".encode("ascii") + data
+            if chunk and size + len(frame) > limit:
+                self._send_batch(chunk)
+                chunk, size = [], 0
+            chunk.append(frame)
+            size += len(frame)
+        if chunk:
+            self._send_batch(chunk)
+
+    def _send_batch(self, frames: list[bytes]) -> None:
+        self.request("POST", "/objects", safe=True, content=b"".join(frames),
+                     headers={"Content-Type": "application/x-agentsession-objects"})
+
+    def get_objects(
+        self, wanted: Iterable[tuple[str, str]], *, session: str | None = None
+    ) -> Iterator[tuple[str, str, bytes]]:
+        for space, name in wanted:
+            response = self.request("GET", f"/objects/{space_to_wire(space)}/{name}", safe=True)
+            yield space, name, response.content
+
+    def session_header(self, session_id: str) -> dict[str, Any] | None:
+        try:
+            facts = self.request("GET", f"/sessions/{quote(session_id, safe='')}", safe=True).json()
+        except NoSuchSessionError:
+            return None
+        header = facts.get("header")
+        if isinstance(facts.get("incarnation"), str):
+            self._seen[session_id] = facts["incarnation"]
+        return dict(header) if isinstance(header, dict) else None
+
+    def session_view(self, session_id: str) -> SessionView:
+        sid = quote(session_id, safe="")
+        frames = self.ndjson(f"/sessions/{sid}/log", params={"durable": "true"})
+        view = next((f["session"] for f in frames if isinstance(f.get("session"), dict)), None)
+        if view is None:
+            raise TransportError(f"remote {self.url}: its log of session {session_id} names no session")
+        entries = [f["entry"] for f in frames if isinstance(f.get("entry"), str)]
+        header = dict(view["header"])
+        if isinstance(view.get("incarnation"), str):
+            self._seen[session_id] = view["incarnation"]
+        prefix: list[str] = []
+        base = header.get("base")
+        if isinstance(base, str):
+            path = self.ndjson(f"/sessions/{sid}/path", params={"leaf": base, "contents": "none"})
+            prefix = [f["entry"] for f in path if isinstance(f.get("entry"), str)]
+        return SessionView(session_id, header, str(view["mark"]), view.get("head"), entries, prefix)
+
+    def push(self, request: PushRequest) -> Admission:
+        body = {
+            "header": request.header,
+            "entries": request.entries,
+            "prefix": request.prefix,
+            "head": {"expected": request.expected, "to": request.to, "force": request.force},
+            "mark": request.mark,
+            "refs": [{"name": r.name, "expected": r.expected, "next": r.next} for r in request.refs],
+            "complete": request.complete,
+        }
+        answer = self.request("POST", f"/sessions/{quote(request.session, safe='')}/push", safe=False, keyed=True,
+                              json=body).json()
+        head = answer.get("head") or {}
+        refs = [
+            RefResult(str(r.get("name")), bool(r.get("moved")), r.get("current"), r.get("why"), bool(r.get("changed")))
+            for r in answer.get("refs") or []
+        ]
+        return Admission(
+            session=request.session, created=bool(answer.get("created")), admitted=int(answer.get("admitted", 0)),
+            previous=head.get("previous"), head=head.get("current"), outcome=str(head.get("outcome")),
+            why=head.get("why"), mark=str(answer.get("mark")), refs=refs,
+        )
+
+    def _declared(self, session_id: str, answer: dict[str, Any]) -> DeclareResult:
+        return DeclareResult(session_id, bool(answer.get("changed")), answer.get("head"), str(answer.get("mark")))
+
+    def _incarnation(self, session_id: str) -> dict[str, str]:
+        seen = self._seen.get(session_id)
+        return {"If-Incarnation": seen} if seen is not None else {}
+
+    def declare_record(self, session_id: str, *, head: str | None) -> DeclareResult:
+        answer = self.request("POST", f"/sessions/{quote(session_id, safe='')}/record", safe=False, keyed=True,
+                              json={"basis": "sole_copy", "head": head}, headers=self._incarnation(session_id)).json()
+        return self._declared(session_id, answer)
+
+    def release_record(self, session_id: str, *, head: str | None) -> DeclareResult:
+        answer = self.request("POST", f"/sessions/{quote(session_id, safe='')}/handover", safe=False, keyed=True,
+                              json={"to": "client", "head": head}, headers=self._incarnation(session_id)).json()
+        return self._declared(session_id, answer)
+
+    def get_ref(self, name: str) -> str | None:
+        try:
+            response = self.request("GET", f"/refs/{name}", safe=True, ok=(409,))
+        except NoSuchRefError:
+            return None
+        target = response.json().get("target") or {}
+        session = target.get("session")
+        return session if isinstance(session, str) else None

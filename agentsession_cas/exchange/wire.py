@@ -1,0 +1,144 @@
+"""What RFC 0003 spells differently from the library, in one place for both ends of the
+wire: object space names, append outcome names, and errors as problem bodies.
+
+The server (:mod:`agentsession_cas.server`) writes with these and the HTTP client
+(:mod:`.http_client`) reads with them, so an error raised by the store behind a
+server reaches a client's caller as the same class, with the same code and
+message, that a local store would have raised.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import errors as E
+from ..backends.base import Space
+
+__all__ = [
+    "OUTCOMES",
+    "PROBLEM_TYPE",
+    "error_from_problem",
+    "problem_body",
+    "wire_status",
+    "space_from_wire",
+    "space_to_wire",
+]
+
+#: The library's object spaces as RFC 0003 names them (a sidecar blob is ``media``).
+_SPACE_TO_WIRE: dict[str, str] = {"entries": "entries", "contents": "contents", "blobs": "media"}
+_SPACE_FROM_WIRE: dict[str, Space] = {"entries": "entries", "contents": "contents", "media": "blobs"}
+
+#: The library's append outcomes as RFC 0003 names them.
+OUTCOMES: dict[str, str] = {
+    "continued": "continued",
+    "branched": "branched",
+    "no-op": "held",
+    "head-moved": "leaf_moved",
+    "head-not-moved": "leaf_not_moved",
+}
+
+#: The problem ``type`` prefix (RFC 9457); the code follows it.
+PROBLEM_TYPE = "urn:agentsession:problem:"
+
+
+def space_to_wire(space: str) -> str:
+    return _SPACE_TO_WIRE[space]
+
+
+def space_from_wire(space: str) -> Space:
+    """The library's space for a wire name; BadNameError for an unknown one."""
+    try:
+        return _SPACE_FROM_WIRE[space]
+    except KeyError:
+        raise E.BadNameError(f"unknown object space {space!r}: one of entries, contents, media") from None
+
+
+#: The status RFC 0003's error table gives each code (a class whose code a refusal
+#: overrides, an AppendRefusedError carrying ``no_entry``, answers the code's status).
+STATUS: dict[str, int] = {
+    "no_session": 404, "session_exists": 409, "session_replaced": 409, "no_entry": 404, "no_object": 404,
+    "no_ref": 404, "ref_dangling": 409, "ref_moved": 409, "ref_name": 400, "head_moved": 409, "head_target": 422,
+    "session_locked": 409, "lease_lost": 409, "mirror": 409, "not_record": 409, "header_differs": 409,
+    "call_id_repeated": 409, "synthetic": 422, "bad_entry": 422, "base_rule": 422, "bad_base": 422,
+    "bad_object": 422, "missing_object": 409, "bad_ref_target": 422, "format": 422, "read_only": 403,
+    "unsupported": 501, "auth": 401, "scope": 403,
+}
+
+
+def wire_status(exc: E.AgentSessionError) -> int:
+    """The HTTP status of an error: the table's for a protocol code, else the class's."""
+    if exc.code in STATUS and exc.status != 405 and not (exc.code == "unsupported" and exc.status == 404):
+        return STATUS[exc.code]
+    return exc.status
+
+
+def problem_body(exc: E.AgentSessionError) -> dict[str, Any]:
+    """An error as an RFC 9457 problem body: ``code`` is the protocol's (RFC 0003's table,
+    ``store_fault`` for the library's own), ``library_code`` the library's, and the
+    members a caller needs to act (the hashes a push lacks, a ref's current target, the
+    rule an entry broke)."""
+    body: dict[str, Any] = {
+        "type": PROBLEM_TYPE + exc.wire_code,
+        "title": exc.wire_code.replace("_", " "),
+        "status": wire_status(exc),
+        "detail": str(exc),
+        "code": exc.wire_code,
+        "library_code": exc.code,
+    }
+    if isinstance(exc, E.MissingObjectsError):
+        body["missing"] = {space_to_wire(s): list(v) for s, v in exc.missing.items()}
+    elif isinstance(exc, E.RefMovedError):
+        body.update(name=exc.name, expected=exc.expected, current=exc.current)
+    elif isinstance(exc, E.DanglingRefError):
+        body.update(name=exc.name, target={"session": exc.session}, state=exc.state)
+    elif isinstance(exc, E.AppendRefusedError):
+        body.update(reason=exc.rule, entry=exc.entry)
+    elif isinstance(exc, E.AmbiguousNameError):
+        body["candidates"] = exc.candidates
+    return body
+
+
+#: One class per library code, for a problem that needs no members to rebuild.
+_PLAIN: dict[str, type[E.AgentSessionError]] = {
+    cls.code: cls
+    for cls in (
+        E.NoSuchSessionError, E.SessionExistsError, E.SessionLockedError, E.NoSuchEntryError, E.NoSuchObjectError,
+        E.NoSuchRefError, E.BadRefNameError, E.HeadMovedError, E.MirrorError, E.NotRecordError, E.HeaderDiffersError,
+        E.BadBaseError, E.BadObjectError, E.ReadOnlyError, E.UnsupportedError, E.IncompletePushError,
+        E.BadNameError, E.SessionReplacedError, E.LeaseLostError, E.AuthError, E.ScopeError, E.TooLargeError,
+        E.TransportError, E.LayoutError, E.HandoverIncompleteError, E.BadRefTargetError, E.FormatVersionError,
+    )
+}
+
+
+def error_from_problem(status: int, body: Any, *, where: str) -> E.AgentSessionError:
+    """The library error a problem body stands for (``where`` names the server in the
+    message's lead when the body is no problem at all)."""
+    if not isinstance(body, dict) or not isinstance(body.get("code"), str):
+        return E.TransportError(f"{where} answered HTTP {status} without a problem body")
+    code = body["code"]
+    lib: str = body["library_code"] if isinstance(body.get("library_code"), str) else code
+    detail = str(body.get("detail") or body.get("title") or code)
+    exc: E.AgentSessionError
+    if lib == "missing_object":
+        missing = body["missing"] if isinstance(body.get("missing"), dict) else {}
+        exc = E.MissingObjectsError(
+            detail, missing={space_from_wire(s): [str(h) for h in v] for s, v in missing.items() if isinstance(v, list)}
+        )
+    elif lib == "ref_moved":
+        exc = E.RefMovedError(detail, name=str(body.get("name")), expected=body.get("expected"), current=body.get("current"))
+    elif lib == "ref_dangling":
+        target = body["target"] if isinstance(body.get("target"), dict) else {}
+        exc = E.DanglingRefError(detail, name=str(body.get("name")), session=str(target.get("session")),
+                                 state=str(body.get("state")))
+    elif lib in ("bad_entry", "base_rule", "call_id_repeated", "synthetic", "head_target"):
+        exc = E.AppendRefusedError(detail, rule=body.get("reason"), code=lib, entry=body.get("entry"))
+    elif lib == "ambiguous":
+        exc = E.AmbiguousNameError(detail, candidates=list(body.get("candidates") or []))
+    elif lib in _PLAIN:
+        exc = _PLAIN[lib](detail)
+    else:
+        exc = E.StoreError(detail)
+        exc.code = lib  # the library's code is kept: a caller branches on it
+    exc.status = status
+    return exc

@@ -1,0 +1,1 @@
+"""The RFC 0003 HTTP server."""

@@ -1,0 +1,1344 @@
+"""The RFC 0003 server: a Starlette application over one :class:`Store`.
+
+Every route authenticates its caller (:mod:`.auth`), checks the scope it needs,
+does its work on the store under one lock (the store is one writer; requests
+are ordered as a single-writer store orders its callers), and answers JSON,
+NDJSON ending with an ``{"end": true}`` frame, object bytes, or an RFC 9457
+problem whose ``code`` is the error class's (:mod:`..exchange.wire`). The
+receiving rules of exchange are :class:`~..exchange.endpoint.StoreEndpoint`'s,
+the same a local transport calls; what the server adds is the network's:
+authentication, reach (:mod:`.reach`), leases (:mod:`.leases`), limits and
+``Idempotency-Key`` replay.
+
+Routes not built answer a problem too (404 for an unknown path, 501
+``unsupported`` for a feature the capabilities do not claim).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from ..backends.base import Space
+from ..errors import (
+    AgentSessionError,
+    AppendRefusedError,
+    BadNameError,
+    BadRefNameError,
+    BadRefTargetError,
+    DanglingRefError,
+    FormatVersionError,
+    HeaderDiffersError,
+    MirrorError,
+    MissingObjectsError,
+    NoSuchEntryError,
+    NoSuchObjectError,
+    NoSuchRefError,
+    NoSuchSessionError,
+    SessionExistsError,
+    SessionLockedError,
+    SessionReplacedError,
+    StoreError,
+    TooLargeError,
+    UnsupportedError,
+)
+from ..exchange.endpoint import StoreEndpoint
+from ..exchange.transport import PushRequest, RefPush
+from ..exchange.wire import OUTCOMES, problem_body, space_from_wire, space_to_wire
+from ..format.canonical import canonical_bytes, loads_flagged
+from ..format.entry import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_WRITTEN, Header, parse_format
+from ..format.hashing import envelope_content, is_hash
+from ..format.media import sidecar_names
+from ..format.names import check_ref_name, check_session_id
+from ..store.refs import Refs, header_ident
+from ..store.session import Session
+from ..store.state import SessionState
+from ..store.store import Store
+from .auth import LOCAL, Principal, Tokens
+from .follow import Changes, Stream, cursor_of, load_view, log_line
+from .leases import Leases
+from .reach import Reach
+
+__all__ = ["Limits", "ServerState", "create_app"]
+
+log = logging.getLogger("agentsession.server")
+
+JSON = "application/json"
+NDJSON = "application/x-ndjson"
+PROBLEM = "application/problem+json"
+OCTETS = "application/octet-stream"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the server bounds, published in the capabilities."""
+
+    max_body_bytes: int = 256 * 1024 * 1024
+    max_object_bytes: int = 64 * 1024 * 1024
+    max_missing: int = 1_000_000
+    max_lease_ttl_ms: int = 10 * 60 * 1000
+    idempotency_ttl_ms: int = 20 * 60 * 1000
+    idempotency_keys: int = 100_000
+    upload_grace_s: int = 3600
+    max_streams: int = 256
+    max_stream_age_s: int = 3600
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "max_body_bytes": self.max_body_bytes,
+            "max_object_bytes": self.max_object_bytes,
+            "max_missing": self.max_missing,
+            "max_lease_ttl_ms": self.max_lease_ttl_ms,
+            "idempotency_ttl_ms": self.idempotency_ttl_ms,
+            "upload_grace_s": self.upload_grace_s,
+            "max_streams": self.max_streams,
+            "max_stream_age_s": self.max_stream_age_s,
+        }
+
+
+@dataclass
+class _Stored:
+    """The first outcome of a request sent with an ``Idempotency-Key``."""
+
+    method: str
+    path: str
+    status: int
+    body: bytes
+    media_type: str
+    headers: dict[str, str]
+    at: float
+
+
+@dataclass
+class ServerState:
+    """What one server keeps: the store, its token table (None: loopback, no auth), the
+    one lock its work is done under, and the network's state beside the store's."""
+
+    store: Store
+    tokens: Tokens | None
+    limits: Limits = field(default_factory=Limits)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def __post_init__(self) -> None:
+        self.endpoint = StoreEndpoint(self.store)
+        self.reach = Reach(self.store, self._held_session)
+        self.leases = Leases(self.store, max_ttl_ms=self.limits.max_lease_ttl_ms)
+        self.replies: OrderedDict[tuple[str, str], _Stored] = OrderedDict()
+        #: Objects each principal uploaded and no push has named yet: (space, name) -> time.
+        self.uploads: dict[str, dict[tuple[str, str], float]] = {}
+        self.changes = Changes()
+        self.streams = 0
+        self._snapshots: dict[str, tuple[int | None, Session]] = {}
+        #: Idempotency keys whose first request is being served now.
+        self.inflight: dict[tuple[str, str], asyncio.Event] = {}
+
+    # -- sessions -----------------------------------------------------------------
+
+    def session(self, session_id: str) -> Session:
+        """The session open for writing here (the server is its writer); NoSuchSessionError.
+        A read-only server reads a snapshot instead, again whenever the session's size
+        says another process wrote it since."""
+        check_session_id(session_id)
+        if not self.store.readonly:
+            return self.store.session(session_id)
+        size = self.store.backend.sessions.size(session_id)
+        held = self._snapshots.get(session_id)
+        if held is not None and held[0] == size and size is not None and session_id in self.store:
+            return held[1]
+        s = self.store.read(session_id)
+        if held is not None:
+            held[1].close()
+        self._snapshots[session_id] = (size, s)
+        return s
+
+    def _held_session(self, session_id: str) -> Session | None:
+        try:
+            return self.session(session_id)
+        except AgentSessionError:
+            return None
+
+    def readable(self, principal: Principal) -> list[str]:
+        """The ids of the sessions the caller may read."""
+        return [s for s in self.store.list() if principal.may_read(s)]
+
+    def present(self, space: Space, name: str) -> bool:
+        """Held sound, or held by a log open here until its next checkpoint."""
+        if self.store.objects.held(space, name):
+            return True
+        try:
+            self.store.objects.get(space, name)
+            return True
+        except (AgentSessionError, OSError):
+            return False
+
+    def reachable(
+        self, principal: Principal, space: Space, name: str, view: list[dict[str, set[str]]] | None = None
+    ) -> bool:
+        """Whether the caller may be told of the object (``view``: :meth:`Reach.view` of
+        the sessions it may read, when one request asks about many)."""
+        if not is_hash(name):
+            return False
+        sets = self.reach.view(self.readable(principal)) if view is None else view
+        return any(name in held[space] for held in sets) and self.present(space, name)
+
+
+# -- plumbing --------------------------------------------------------------------------
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8"), status, headers,
+                    media_type=JSON)
+
+
+def _problem(exc: AgentSessionError, headers: dict[str, str] | None = None) -> Response:
+    body = problem_body(exc)
+    extra = dict(headers or {})
+    if exc.code == "auth":
+        extra["WWW-Authenticate"] = 'Bearer realm="agentsession"'
+    return Response(json.dumps(body, ensure_ascii=False).encode("utf-8"), body["status"], extra, media_type=PROBLEM)
+
+
+def _ndjson(lines: Iterable[bytes], headers: dict[str, str] | None = None) -> Response:
+    return Response(b"".join(line + b"\n" for line in lines), 200, headers, media_type=NDJSON)
+
+
+def _dumps(data: Any) -> bytes:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+async def _body(request: Request, cap: int) -> bytes:
+    """The request body, refused past ``cap`` bytes before more is read."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise TooLargeError(f"the request body is {declared} bytes; this server takes at most {cap}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise TooLargeError(f"the request body passes this server's limit of {cap} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_json(data: bytes, what: str) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise BadNameError(f"{what} is not JSON: {exc}") from None
+
+
+def _obj(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadNameError(f"{what} must be a JSON object")
+    return value
+
+
+def _opt_hash(value: Any, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not is_hash(value):
+        raise BadNameError(f"{what} must be an entry id (sha256: and 64 lowercase hex digits) or null")
+    return value
+
+
+def _flag(request: Request, name: str) -> bool:
+    value = request.query_params.get(name, "false").lower()
+    if value not in ("true", "false", "1", "0"):
+        raise BadNameError(f"query parameter {name} must be true or false, not {value!r}")
+    return value in ("true", "1")
+
+
+Handler = Callable[[Request, Principal], Awaitable[Response]]
+
+
+class Api:
+    """The routes, bound to one :class:`ServerState`."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    # -- the wrapper every route goes through ----------------------------------------
+
+    def route(self, fn: Handler, *, replay: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                principal = self._principal(request)
+            except AgentSessionError as exc:
+                return _problem(exc)
+            key = request.headers.get("idempotency-key") if replay else None
+            if key is None:
+                return await self._answer(fn, request, principal)
+            # A retry that arrives while the first request with its key is still being
+            # served waits for that one's outcome rather than acting a second time.
+            slot = (principal.key, key)
+            while (running := self.state.inflight.get(slot)) is not None:
+                await running.wait()
+            stored = self._replayed(principal, key, request)
+            if stored is not None:
+                return stored
+            done = self.state.inflight[slot] = asyncio.Event()
+            try:
+                response = await self._answer(fn, request, principal)
+                self._remember(principal, key, request, response)
+                return response
+            finally:
+                del self.state.inflight[slot]
+                done.set()
+
+        return endpoint
+
+    async def _answer(self, fn: Handler, request: Request, principal: Principal) -> Response:
+        """The route's response, a refusal as its problem body; followers woken after a write."""
+        try:
+            response = await fn(request, principal)
+        except AgentSessionError as exc:
+            return _problem(exc)
+        except Exception as exc:  # a bug or a failure the store did not name: still a problem body
+            log.exception("unexpected failure serving %s %s", request.method, request.url.path)
+            return _problem(StoreError(f"the server failed: {type(exc).__name__}: {exc}"))
+        if request.method not in ("GET", "HEAD"):
+            sid = request.path_params.get("id")
+            if sid is not None:
+                self.state.changes.notify(sid)  # wake the session's followers
+            self.state.changes.notify(REFS_CHANGED)  # and the refs' (a ref moved, a session went)
+        return response
+
+    def _principal(self, request: Request) -> Principal:
+        if self.state.tokens is None:
+            return LOCAL
+        return self.state.tokens.principal(request.headers.get("authorization"))
+
+    def _replayed(self, principal: Principal, key: str, request: Request) -> Response | None:
+        with self.state.lock:
+            self._expire_replies()
+            stored = self.state.replies.get((principal.key, key))
+        if stored is None:
+            return None
+        if stored.method != request.method or stored.path != request.url.path:
+            return _problem(BadNameError(
+                f"Idempotency-Key {key!r} was first used for {stored.method} {stored.path}, not this request"
+            ))
+        headers = dict(stored.headers, **{"Idempotent-Replay": "true"})
+        return Response(stored.body, stored.status, headers, media_type=stored.media_type)
+
+    def _remember(self, principal: Principal, key: str, request: Request, response: Response) -> None:
+        if response.status_code >= 500:
+            return  # a fault is not an outcome: the retry may succeed
+        headers = {k: v for k, v in response.headers.items() if k.lower() in ("incarnation", "location")}
+        stored = _Stored(request.method, request.url.path, response.status_code, bytes(response.body),
+                         response.media_type or JSON, headers, time.monotonic())
+        with self.state.lock:
+            self.state.replies[(principal.key, key)] = stored
+            while len(self.state.replies) > self.state.limits.idempotency_keys:
+                self.state.replies.popitem(last=False)
+
+    def _expire_replies(self) -> None:
+        horizon = time.monotonic() - self.state.limits.idempotency_ttl_ms / 1000
+        replies = self.state.replies
+        while replies:
+            first = next(iter(replies.values()))
+            if first.at >= horizon:
+                break
+            replies.popitem(last=False)
+
+    async def work(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run store work in a worker thread, under the server's lock."""
+
+        def locked() -> Any:
+            with self.state.lock:
+                return fn(*args)
+
+        return await run_in_threadpool(locked)
+
+    def quick(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run small store work (one append batch, a commit, a lease) in the event loop
+        itself, under the same lock: a thread hop would cost more than the work, and the
+        store's writes are ordered by the lock either way."""
+        with self.state.lock:
+            return fn(*args)
+
+    # -- capabilities ------------------------------------------------------------------
+
+    async def capabilities(self, request: Request, principal: Principal) -> Response:
+        st = self.state
+        backend = st.store.backend
+        return _json({
+            "protocol": "agentsession-store/1",
+            "formats": {"reads": [f"agentsession/0.{m}" for m in range(5, FORMAT_MINOR + 1)] if FORMAT_MAJOR == 0 else [],
+                        "writes": FORMAT_WRITTEN},
+            "features": FEATURES,
+            "limits": st.limits.as_dict(),
+            "auth": "bearer" if st.tokens is not None else "none (loopback only)",
+            "store": {"describe": st.store.describe(), "persistent": backend.capabilities.persistent,
+                      "read_only": st.store.readonly},
+            "principal": {"name": principal.name, "scopes": sorted(principal.scopes), "sessions": principal.sessions},
+        })
+
+    # -- objects -------------------------------------------------------------------------
+
+    def _object_name(self, request: Request) -> tuple[Space, str]:
+        space = space_from_wire(request.path_params["space"])
+        name = request.path_params["hash"]
+        if not is_hash(name):
+            raise BadNameError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+        return space, name
+
+    async def get_object(self, request: Request, principal: Principal) -> Response:
+        _need_any(principal, "read", "exchange")
+        space, name = self._object_name(request)
+
+        def do() -> bytes:
+            if not self.state.reachable(principal, space, name):
+                raise NoSuchObjectError(f"no {space_to_wire(space)} object {name} here that this caller may read")
+            return self.state.store.objects.get(space, name)
+
+        data = await self.work(do)
+        headers = {"Cache-Control": "private, max-age=31536000, immutable", "Content-Length": str(len(data))}
+        if request.method == "HEAD":
+            return Response(b"", 200, headers, media_type=OCTETS)
+        return Response(data, 200, headers, media_type=OCTETS)
+
+    async def put_object(self, request: Request, principal: Principal) -> Response:
+        principal.need("exchange")
+        space, name = self._object_name(request)
+        data = await _body(request, self.state.limits.max_object_bytes)
+
+        def do() -> None:
+            self.state.endpoint.put_objects([(space, name, data)], 1)
+            mine = self.state.uploads.setdefault(principal.key, {})
+            now = time.monotonic()
+            mine[(space, name)] = now
+            if len(mine) > 100_000:  # forget those past the grace period
+                horizon = now - self.state.limits.upload_grace_s
+                for k in [k for k, at in mine.items() if at < horizon]:
+                    del mine[k]
+
+        await self.work(do)
+        return Response(b"", 204)
+
+    async def put_objects(self, request: Request, principal: Principal) -> Response:
+        """``POST /v1/objects``: this server's extension (capability ``object_batch``), many
+        uploads in one body, each framed ``<space> <hash> <length>\\n<bytes>``, stored as
+        one batch (one pack, one sync) and each verified as a PUT is."""
+        principal.need("exchange")
+        raw = await _body(request, self.state.limits.max_body_bytes)
+        items = _frames(raw, self.state.limits.max_object_bytes)
+
+        def do() -> None:
+            self.state.endpoint.put_objects(items, len(items))
+            mine = self.state.uploads.setdefault(principal.key, {})
+            now = time.monotonic()
+            for space, name, _ in items:
+                mine[(space, name)] = now
+
+        await self.work(do)
+        return _json({"stored": len(items)})
+
+    async def missing(self, request: Request, principal: Principal) -> Response:
+        principal.need("exchange")
+        wanted = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the request"), "the request")
+        count = sum(len(v) for v in wanted.values() if isinstance(v, list))
+        if count > self.state.limits.max_missing:
+            raise TooLargeError(f"{count} hashes asked; this server answers at most {self.state.limits.max_missing} at once")
+
+        def do() -> dict[str, list[str]]:
+            sessions = self.state.reach.view(self.state.readable(principal))
+            out: dict[str, list[str]] = {}
+            for wire_space, names in wanted.items():
+                space = space_from_wire(wire_space)
+                if not isinstance(names, list):
+                    raise BadNameError(f"{wire_space} must be a list of hashes")
+                lacking = []
+                for name in dict.fromkeys(names):
+                    if not isinstance(name, str) or not is_hash(name):
+                        raise BadNameError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+                    if not self.state.reachable(principal, space, name, sessions):
+                        lacking.append(name)
+                out[wire_space] = lacking
+            return out
+
+        return _json(await self.work(do))
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def _session_facts(self, s: Session) -> dict[str, Any]:
+        return {
+            "session": s.id,
+            "header": dict(s.header.data),
+            "incarnation": header_ident(s.header.data),
+            "head": s.head,
+            "base": s.base,
+            "mark": s.mark,
+            "length": len(s),
+        }
+
+    def _readable_session(self, principal: Principal, session_id: str, request: Request) -> Session:
+        """The session, for a caller who may read it; the If-Incarnation check."""
+        check_session_id(session_id)
+        if not principal.may_read(session_id):
+            principal.need_session(session_id, "read")
+        s = self.state.session(session_id)
+        _check_incarnation(request, s)
+        return s
+
+    async def get_session(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+
+        def do() -> dict[str, Any]:
+            s = self._readable_session(principal, sid, request)
+            facts = self._session_facts(s)
+            lease = self.state.leases.current(sid)
+            facts["leased"] = lease is not None
+            facts["cursor"] = _cursor(len(s.records()), facts["incarnation"])
+            return facts
+
+        facts = await self.work(do)
+        return _json(facts, headers={"Incarnation": facts["incarnation"]})
+
+    async def list_sessions(self, request: Request, principal: Principal) -> Response:
+        _need_any(principal, "read", "exchange")
+        q = request.query_params
+        if "page" in q:
+            raise UnsupportedError("this server lists in one stream and hands out no page tokens")
+        with_names, current = _flag(request, "with_names"), _flag(request, "current")
+        limit = q.get("limit")
+        if limit is not None and not limit.isdigit():
+            raise BadNameError("limit must be a whole number")
+        extras: list[tuple[str, bytes]] = []
+        for item in q.getlist("extra"):
+            name, sep, value = item.partition(":")
+            if not sep:
+                raise BadNameError("extra is written name:<canonical JSON value>")
+            extras.append((name, canonical_bytes(_parse_json(value.encode("utf-8"), f"extra {name}"))))
+
+        def do() -> list[bytes]:
+            rows: list[dict[str, Any]] = []
+            for sid in self.state.readable(principal):
+                try:
+                    header = self.state.store.header(sid)
+                except NoSuchSessionError:
+                    continue
+                if not _matches(header, q, extras):
+                    continue
+                summary = self.state.store.summary(sid)
+                row = {"id": sid, "header": header.data, "incarnation": header_ident(header.data),
+                       "name": summary.title, "modified": summary.last_activity,
+                       "size": self.state.store.backend.sessions.size(sid)}
+                if with_names or current:
+                    successor = self._successor(sid)
+                    if current and successor is not None:
+                        continue
+                    row["superseded_by"] = successor
+                rows.append(row)
+            rows.sort(key=lambda r: str(r["header"].get("created_at") or ""), reverse=True)
+            if limit is not None:
+                rows = rows[: int(limit)]
+            return [_dumps(r) for r in rows] + [_dumps({"end": True, "count": len(rows)})]
+
+        return _ndjson(await self.work(do))
+
+    def _successor(self, sid: str) -> str | None:
+        """The session a ``continued_in`` link of this one names (the last such), read from
+        its own entries: no index of successors is kept, so a listing that asks for
+        ``with_names`` or ``current`` scans each session's envelopes."""
+        s = self.state.session(sid)
+        objects = self.state.store.objects
+        successor = None
+        for eid in s.log_order:
+            env = json.loads(objects.get("entries", eid))
+            if env.get("type") != "link":
+                continue
+            body = json.loads(objects.get("contents", env["content"]))
+            if body.get("rel") == "continued_in" and isinstance(body.get("session"), str):
+                successor = body["session"]
+        return successor
+
+    async def create_session(self, request: Request, principal: Principal) -> Response:
+        header = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the header"), "the header")
+        ttl = request.query_params.get("lease_ttl_ms")
+        holder = request.query_params.get("holder", principal.name)
+        data = dict(header)
+        data.setdefault("id", str(uuid.uuid4()))
+        if not isinstance(data["id"], str):
+            raise BadNameError("the header's id must be a string")
+        principal.need_session(data["id"], "write")
+
+        def do() -> tuple[int, dict[str, Any]]:
+            sid = check_session_id(data["id"])
+            store = self.state.store
+            if sid in store:
+                held = store.header(sid)
+                filled = Header(dict(data))
+                if "created_at" in data and header_ident(held.data) == header_ident(filled.data):
+                    s = self.state.session(sid)
+                    return 200, self._session_facts(s)
+                raise SessionExistsError(f"session {sid} already exists under another header")
+            base = data.get("base")
+            if base is not None and not self.state.reachable(principal, "entries", str(base)):
+                raise NoSuchEntryError(f"base {base} is not an entry of a session this caller may read")
+            s = store.create(Header(data))
+            self.state.reach.forget(sid)
+            facts = self._session_facts(s)
+            if ttl is not None:
+                if not ttl.isdigit():
+                    raise BadNameError("lease_ttl_ms must be a whole number of milliseconds")
+                lease, _ = self.state.leases.acquire(sid, holder, int(ttl))
+                facts["lease"] = lease.as_dict()
+            return 201, facts
+
+        status, facts = await self.work(do)
+        return _json(facts, status, headers={"Incarnation": facts["incarnation"]})
+
+    async def delete_session(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        principal.need_session(sid, "write")
+
+        def do() -> dict[str, Any]:
+            s = self.state.session(sid)
+            _check_incarnation(request, s)
+            self.state.leases.check(sid, request.headers.get("lease-token"))
+            ident = header_ident(s.header.data)
+            self.state.store.delete(sid)
+            self.state.reach.forget(sid)
+            self.state.leases.drop(sid)
+            return {"session": sid, "deleted": True, "incarnation": ident}
+
+        facts = await self.work(do)
+        return _json(facts, headers={"Incarnation": facts["incarnation"]})
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def read_log(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        durable = _flag(request, "durable")
+        after = request.query_params.get("after")
+        return _ndjson(await self.work(self._log_lines, principal, sid, request, durable, after))
+
+    def _log_lines(self, principal: Principal, sid: str, request: Request, durable: bool, after: str | None) -> list[bytes]:
+        s = self._readable_session(principal, sid, request)
+        if durable:
+            s.commit()
+        records = s.records()
+        ident = header_ident(s.header.data)
+        upto = len(records)
+        if durable:
+            upto = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1) + 1
+        last_commit = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1)
+        start = _parse_cursor(after, ident, len(records)) if after is not None else 0
+        state = SessionState()
+        lines: list[dict[str, Any]] = []
+        for i, rec in enumerate(records[:upto]):
+            state.apply(rec, i)
+            if i < start:
+                continue
+            line = log_line(rec, state, i <= last_commit, _cursor(i + 1, ident))
+            if line is not None:
+                lines.append(line)
+        view = {"id": sid, "header": dict(s.header.data), "incarnation": ident, "head": state.head,
+                "mark": state.mark, "base": state.base, "length": len(state.log_order)}
+        end: dict[str, Any] = {"end": True, "cursor": _cursor(max(upto, start), ident)}
+        if lines:
+            lines[0]["session"] = view
+        else:
+            end["session"] = view
+        return [_dumps(x) for x in lines] + [_dumps(end)]
+
+    async def read_path(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        contents = request.query_params.get("contents", "all")
+        if contents not in ("all", "since-fold", "none"):
+            raise BadNameError(f"contents must be all, since-fold or none, not {contents!r}")
+        leaf = request.query_params.get("leaf")
+
+        def do() -> list[bytes]:
+            s = self._readable_session(principal, sid, request)
+            ident = header_ident(s.header.data)
+            target = leaf if leaf is not None else s.head
+            if target is not None and not (target in s.own or target in s.prefix_set):
+                raise NoSuchEntryError(f"{target} is not an entry of session {sid}")
+            if target is not None and target in s.prefix_set and principal.sessions:
+                origin = s.header.data.get("parent_session")
+                if not (isinstance(origin, str) and principal.may_read(origin)):
+                    raise NoSuchEntryError(f"{target} is not an entry of a session this caller may read")
+            ids = self.state.store.ancestry(target) if target is not None else []
+            out: list[bytes] = []
+            objects = self.state.store.objects
+            envs = [objects.get("entries", eid) for eid in ids]
+            chashes = [envelope_content(env) for env in envs]
+            wanted, mode = _shallow(self.state.store, envs, chashes, ids, contents)
+            for n, eid in enumerate(ids):
+                chash = chashes[n]
+                body = objects.get("contents", chash) if wanted[n] and chash is not None else b"null"
+                line = b'{"entry":"' + eid.encode() + b'","envelope":' + envs[n] + b',"content":' + body
+                if n == 0:
+                    first = {"head": s.head, "cursor": _cursor(len(s.records()), ident), "incarnation": ident,
+                             "contents": mode}
+                    line += b"," + _dumps(first)[1:-1]
+                out.append(line + b"}")
+            out.append(_dumps({"end": True, "count": len(ids), "incarnation": ident}))
+            return out
+
+        return _ndjson(await self.work(do))
+
+    async def follow(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        durable = _flag(request, "durable")
+        after = request.headers.get("last-event-id") or request.query_params.get("after")
+        accept = request.headers.get("accept", "")
+        sse = "application/x-ndjson" not in accept
+        if self.state.streams >= self.state.limits.max_streams:
+            busy = StoreError(f"this server has {self.state.streams} follow streams open, its limit; try again later")
+            busy.status = 503
+            raise busy
+
+        def first() -> Any:
+            self._readable_session(principal, sid, request)
+            return load_view(self.state.store, sid, durable)
+
+        view = await self.work(first)
+        stream = Stream(self.state.store, sid, durable, sse, self.work, self.state.changes,
+                        float(self.state.limits.max_stream_age_s))
+        state = self.state
+
+        async def body() -> Any:
+            state.streams += 1
+            try:
+                async for chunk in stream.events(view, after):
+                    yield chunk
+            finally:
+                state.streams -= 1
+
+        media = "text/event-stream" if sse else NDJSON
+        return StreamingResponse(body(), media_type=media,
+                                 headers={"Cache-Control": "no-store", "Incarnation": view.ident, "X-Accel-Buffering": "no"})
+
+    # -- exchange --------------------------------------------------------------------------
+
+    async def push(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        principal.need_session(sid, "exchange")
+        body = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the push"), "the push")
+        req = _push_request(sid, body)
+        if req.refs:
+            principal.need("refs")
+        for ref in req.refs:
+            if ref.next != sid:
+                raise BadRefTargetError(f"pushed ref {ref.name} must name the pushed session {sid}, not {ref.next}")
+        if req.header.get("id") != sid:
+            raise BadNameError(f"the pushed header's id {req.header.get('id')!r} is not the session in the path, {sid}")
+
+        def do() -> dict[str, Any]:
+            held = self.state.store.opened(sid) or (self.state.session(sid) if sid in self.state.store else None)
+            if held is not None:
+                _check_incarnation(request, held)
+                if header_ident(held.header.data) != header_ident(req.header):
+                    raise HeaderDiffersError(
+                        f"this server holds another session under the id {sid} (the headers differ apart from "
+                        "'format'); nothing was admitted"
+                    )
+                if self.state.leases.current(sid) is not None:
+                    raise SessionLockedError(f"session {sid} is leased here; a push waits until its lease ends")
+            self._prove(principal, req)
+            adm = self.state.endpoint.receive(req)
+            s = self.state.session(sid)
+            return {
+                "session": sid,
+                "admitted": adm.admitted,
+                "created": adm.created,
+                "head": {"moved": adm.moved, "forced": adm.forced, "current": adm.head, "why": adm.why,
+                         "previous": adm.previous, "outcome": adm.outcome},
+                "mark": adm.mark,
+                "refs": [r.as_dict() for r in adm.refs],
+                "incarnation": header_ident(s.header.data),
+            }
+
+        out = await self.work(do)
+        return _json(out, headers={"Incarnation": out["incarnation"]})
+
+    def _prove(self, principal: Principal, req: PushRequest) -> None:
+        """RFC 0003: a push must upload every object it names that the caller could not
+        already show it may read. What is neither reachable by the caller nor uploaded by
+        it (within the grace period) is ``missing_object``, and nothing is admitted."""
+        uploads = self.state.uploads.get(principal.key, {})
+        horizon = time.monotonic() - self.state.limits.upload_grace_s
+        sessions = self.state.reach.view(self.state.readable(principal))
+        objects = self.state.store.objects
+        missing: dict[str, list[str]] = {"entries": [], "contents": [], "blobs": []}
+
+        def proven(space: Space, name: str) -> bool:
+            at = uploads.get((space, name))
+            if at is not None and at >= horizon:
+                return True
+            return self.state.reachable(principal, space, name, sessions)
+
+        for eid in list(req.prefix) + list(req.entries):
+            if not is_hash(eid):
+                raise AppendRefusedError(f"{eid!r} is not an entry id (sha256: and 64 lowercase hex digits)")
+            if not proven("entries", eid):
+                missing["entries"].append(eid)
+                continue
+            chash = envelope_content(objects.get("entries", eid))
+            if chash is None:
+                continue  # admission refuses it with the reason
+            if not proven("contents", chash):
+                missing["contents"].append(chash)
+                continue
+            data = objects.get("contents", chash)
+            if b"sidecar:" in data:
+                for blob in sidecar_names(data):
+                    if not proven("blobs", blob):
+                        missing["blobs"].append(blob)
+        if any(missing.values()):
+            missing = {k: list(dict.fromkeys(v)) for k, v in missing.items() if v}
+            parts = ", ".join(f"{len(v)} {k}" for k, v in missing.items())
+            raise MissingObjectsError(
+                f"push of session {req.session} names objects this caller has not uploaded and may not read ({parts}); "
+                "nothing was admitted",
+                missing=missing,
+            )
+
+    async def handover(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        principal.need_session(sid, "exchange")
+        body = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the handover"), "the handover")
+        if body.get("to") != "client":
+            raise BadNameError("a handover names {\"to\": \"client\", \"head\": ...}; a push hands over to this server")
+        head = _opt_hash(body.get("head"), "head")
+
+        def do() -> dict[str, Any]:
+            s = self.state.session(sid)
+            _check_incarnation(request, s)
+            if self.state.leases.current(sid) is not None:
+                raise SessionLockedError(f"session {sid} is leased here; it is handed over once its lease ends")
+            result = self.state.endpoint.release_record(sid, head=head)
+            return dict(result.as_dict(), incarnation=header_ident(s.header.data))
+
+        out = await self.work(do)
+        return _json(out, headers={"Incarnation": out["incarnation"]})
+
+    async def record(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        if "exchange" not in principal.scopes:
+            principal.need("write")
+        principal.need_session(sid, "exchange" if "exchange" in principal.scopes else "write")
+        body = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the request"), "the request")
+        if body.get("basis") not in ("record_deleted", "sole_copy"):
+            raise BadNameError("basis must be record_deleted or sole_copy")
+        if "head" not in body:
+            raise BadNameError("a declare-record carries the head the caller believes this server holds")
+        head = _opt_hash(body.get("head"), "head")
+
+        def do() -> dict[str, Any]:
+            s = self.state.session(sid)
+            _check_incarnation(request, s)
+            result = self.state.endpoint.declare_record(sid, head=head)
+            return dict(result.as_dict(), incarnation=header_ident(s.header.data))
+
+        out = await self.work(do)
+        return _json(out, headers={"Incarnation": out["incarnation"]})
+
+    # -- leases ----------------------------------------------------------------------------
+
+    async def lease(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        principal.need_session(sid, "write")
+        method = request.method
+        body: dict[str, Any] = {}
+        raw = await _body(request, 64 * 1024)
+        if raw.strip():
+            body = _obj(_parse_json(raw, "the request"), "the request")
+        lease_id = request.headers.get("lease-id", "")
+
+        def do() -> tuple[int, dict[str, Any]]:
+            s = self.state.session(sid)
+            _check_incarnation(request, s)
+            leases = self.state.leases
+            ident = header_ident(s.header.data)
+            if method == "POST":
+                if s.mark != "record":
+                    raise MirrorError(f"session {sid} is held here as a mirror; a mirror is written only through exchange")
+                ttl = body.get("ttl_ms", 30_000)
+                if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0:
+                    raise BadNameError("ttl_ms must be a positive whole number")
+                holder = body.get("holder", principal.name)
+                lease, old = leases.acquire(sid, str(holder), ttl)
+                if old is not None:
+                    s.commit()  # a takeover resumes from a durable log
+                return 201, dict(lease.as_dict(), incarnation=ident)
+            if method == "PUT":
+                ttl = body.get("ttl_ms")
+                lease = leases.renew(sid, lease_id, ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else None)
+                return 200, dict(lease.as_dict(), incarnation=ident)
+            lease = leases.release(sid, lease_id)
+            s.commit()
+            return 200, {"session": sid, "released": True, "token": lease.token, "incarnation": ident}
+
+        status, out = self.quick(do)
+        return _json(out, status, headers={"Incarnation": out["incarnation"]})
+
+    async def lease_break(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        principal.need_session(sid, "admin")
+
+        def do() -> dict[str, Any]:
+            s = self.state.session(sid)
+            old = self.state.leases.break_(sid)
+            s.commit()
+            return {"session": sid, "broken": old is not None, "holder": old.holder if old else None,
+                    "incarnation": header_ident(s.header.data)}
+
+        out = await self.work(do)
+        return _json(out, headers={"Incarnation": out["incarnation"]})
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _writer(self, principal: Principal, request: Request, sid: str) -> Session:
+        """The session for a leased write: scope, incarnation, then the fence."""
+        s = self.state.session(sid)
+        _check_incarnation(request, s)
+        self.state.leases.check(sid, request.headers.get("lease-token"))
+        return s
+
+    async def append(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        principal.need_session(sid, "write")
+        commit = _flag(request, "commit")
+        fmt = request.headers.get("session-format")
+        raw = await _body(request, self.state.limits.max_body_bytes)
+        lines = [line for line in raw.split(b"\n") if line.strip()]
+        if not lines:
+            raise BadNameError("an append carries one entry line, or several as newline-delimited lines")
+
+        def do() -> dict[str, Any]:
+            s = self._writer(principal, request, sid)
+            _check_format(fmt, s)
+            results: list[dict[str, Any]] = []
+            stopped: dict[str, Any] | None = None
+            for i, line in enumerate(lines):
+                try:
+                    try:
+                        obj, _ = loads_flagged(line)
+                    except ValueError as exc:
+                        raise AppendRefusedError(f"line {i + 1} is not I-JSON: {exc}", rule="ijson") from None
+                    if not isinstance(obj, dict):
+                        raise AppendRefusedError(f"line {i + 1} is not a JSON object", rule="ijson")
+                    r = s.prepare([obj]).commit(durable=True if commit else None)[0]
+                except AgentSessionError as exc:
+                    stopped = {"index": i, "problem": problem_body(exc)}
+                    break
+                results.append({"id": r.id, "outcome": OUTCOMES.get(r.outcome, r.outcome), "head": r.head,
+                                "durable": r.durable, "seq": r.seq, "unresolved": list(r.unresolved)})
+            if commit:
+                s.commit()
+                for r2 in results:
+                    r2["durable"] = True
+            ident = header_ident(s.header.data)
+            return {"session": sid, "results": results, "stopped": stopped, "head": s.head, "incarnation": ident}
+
+        out = await self.work(do) if commit else self.quick(do)
+        return _json(out, headers={"Incarnation": out["incarnation"]})
+
+    async def commit(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        principal.need_session(sid, "write")
+
+        def do() -> dict[str, Any]:
+            s = self._writer(principal, request, sid)
+            s.commit()
+            ident = header_ident(s.header.data)
+            return {"session": sid, "cursor": _cursor(len(s.records()), ident), "head": s.head, "incarnation": ident}
+
+        out = self.quick(do)
+        return _json(out, headers={"Incarnation": out["incarnation"]})
+
+    async def set_head(self, request: Request, principal: Principal) -> Response:
+        sid = request.path_params["id"]
+        principal.need_session(sid, "write")
+        body = _obj(_parse_json(await _body(request, 64 * 1024), "the request"), "the request")
+        if "expected" not in body or "to" not in body:
+            raise BadNameError("a head move is {\"expected\": e|null, \"to\": t, \"durable\": bool}")
+        expected, to = _opt_hash(body["expected"], "expected"), body["to"]
+        if to is not None and not isinstance(to, str):
+            raise BadNameError("to must be an entry id or null")
+
+        def do() -> dict[str, Any]:
+            s = self._writer(principal, request, sid)
+            if s.mark != "record":
+                raise MirrorError(f"session {sid} is held here as a mirror; its head moves only through exchange")
+            s.set_head(to, expected=expected)
+            ident = header_ident(s.header.data)
+            return {"session": sid, "head": s.head, "durable": True, "incarnation": ident,
+                    "cursor": _cursor(len(s.records()), ident)}
+
+        out = self.quick(do)
+        return _json(out, headers={"Incarnation": out["incarnation"]})
+
+    # -- refs --------------------------------------------------------------------------------
+
+    async def list_refs(self, request: Request, principal: Principal) -> Response:
+        _need_any(principal, "read", "refs")
+        prefix = request.query_params.get("prefix", "")
+
+        def do() -> Iterator[bytes]:
+            refs = Refs(self.state.store)
+            lines = []
+            try:
+                for ref in refs.iter(prefix):
+                    if not principal.may_touch(ref.session):
+                        continue
+                    lines.append(_dumps(_ref_facts(refs, ref)))
+            except AgentSessionError as exc:
+                lines.append(_dumps({"error": problem_body(exc)}))
+                return iter(lines)
+            lines.append(_dumps({"end": True, "count": len(lines)}))
+            return iter(lines)
+
+        return _ndjson(await self.work(do))
+
+    async def ref(self, request: Request, principal: Principal) -> Response:
+        name = request.path_params["name"]
+        try:
+            check_ref_name(name)
+        except BadNameError as exc:
+            raise BadRefNameError(str(exc)) from None
+        view = request.query_params.get("view")
+        if request.method == "PUT":
+            return await self._update_ref(request, principal, name)
+        if view == "follow":
+            _need_any(principal, "read", "refs")
+            return await self._follow_ref(request, principal, name)
+        if view == "log":
+            raise UnsupportedError("this store keeps no log of ref moves")
+        if view is not None:
+            raise BadNameError(f"view must be log or follow, not {view!r}")
+        _need_any(principal, "read", "refs")
+
+        def do() -> tuple[int, dict[str, Any]]:
+            refs = Refs(self.state.store)
+            ref = refs.get(name)
+            if ref is None or not principal.may_touch(ref.session):
+                raise NoSuchRefError(f"no such ref: {name}")
+            facts = _ref_facts(refs, ref)
+            if facts["state"] != "live":
+                return 409, dict(problem_body(_dangling(name, ref.session, facts["state"])), **facts)
+            return 200, facts
+
+        status, out = await self.work(do)
+        if status == 409:
+            return Response(json.dumps(out).encode(), 409, media_type=PROBLEM)
+        return _json(out, headers={"Incarnation": out["incarnation"]} if out.get("incarnation") else None)
+
+    async def _follow_ref(self, request: Request, principal: Principal, name: str) -> Response:
+        """``?view=follow``: a ``target`` event with ``{name, target, state}`` on connect and
+        whenever the target or its state (live, dangling) changes, as SSE or NDJSON."""
+        sse = "application/x-ndjson" not in request.headers.get("accept", "")
+
+        def read() -> dict[str, Any]:
+            refs = Refs(self.state.store)
+            ref = refs.get(name)
+            if ref is None or not principal.may_touch(ref.session):
+                return {"name": name, "target": None, "state": "live"}
+            facts = _ref_facts(refs, ref)
+            return {"name": name, "target": facts["target"], "state": "live" if facts["state"] == "live" else "dangling"}
+
+        first = await self.work(read)
+        state, changes = self.state, self.state.changes
+        age = float(state.limits.max_stream_age_s)
+
+        def frame(data: dict[str, Any], n: int) -> bytes:
+            body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+            if sse:
+                return f"id: {n}\nevent: target\ndata: {body}\n\n".encode()
+            return _dumps({"event": "target", "id": str(n), "data": data}) + b"\n"
+
+        async def body() -> Any:
+            state.streams += 1
+            try:
+                last, n, started = first, 0, time.monotonic()
+                yield frame(first, n)
+                while (left := age - (time.monotonic() - started)) > 0:
+                    try:
+                        await asyncio.wait_for(changes.event(REFS_CHANGED).wait(), timeout=min(15.0, left))
+                    except TimeoutError:
+                        yield b": keep-alive\n\n" if sse else b"\n"
+                        continue
+                    now = await self.work(read)
+                    if now != last:
+                        n += 1
+                        last = now
+                        yield frame(now, n)
+            finally:
+                state.streams -= 1
+
+        return StreamingResponse(body(), media_type="text/event-stream" if sse else NDJSON,
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    async def _update_ref(self, request: Request, principal: Principal, name: str) -> Response:
+        principal.need("refs")
+        body = _obj(_parse_json(await _body(request, 64 * 1024), "the request"), "the request")
+        if "expected" not in body or "next" not in body:
+            raise BadNameError("a ref update is {\"expected\": target|null, \"next\": target|null}")
+        expected, nxt = _target(body["expected"], "expected"), _target(body["next"], "next")
+        for sid in (expected, nxt):
+            if sid is not None and not principal.may_touch(sid):
+                principal.need_session(sid, "refs")
+
+        def do() -> dict[str, Any]:
+            refs = Refs(self.state.store)
+            held = refs.get(name)
+            if held is not None and nxt is not None and held.session == nxt and refs.state(held) != "ok":
+                raise _dangling(name, held.session, "dangling" if refs.state(held) == "dangling" else "replaced")
+            update = refs.update(name, nxt, expected=expected)
+            return {"name": name, "moved": True, "changed": update.changed,
+                    "current": {"session": update.new, "entry": ""} if update.new else None,
+                    "previous": {"session": update.old, "entry": ""} if update.old else None}
+
+        return _json(await self.work(do))
+
+    # -- not built -----------------------------------------------------------------------------
+
+    async def unsupported(self, request: Request, principal: Principal) -> Response:
+        raise UnsupportedError(f"{request.method} {request.url.path}: this server does not serve it yet (see GET /v1/)")
+
+
+#: The wakeup key of every ref follower: any write may move a ref or end its session.
+REFS_CHANGED = "\0refs"
+
+#: What this server offers (RFC 0003, Conventions): every claim here has a route behind it.
+FEATURES: dict[str, bool] = {
+    "objects": True,
+    "object_batch": True,
+    "shallow": True,
+    "exchange": True,
+    "marks": True,
+    "commit": True,
+    "committed_view": True,
+    "refs": True,
+    "ref_log": False,
+    "ref_follow": True,
+    "follow": True,
+    "leases": True,
+}
+
+
+# -- small helpers ---------------------------------------------------------------------------
+
+
+def _need_any(principal: Principal, *scopes: str) -> None:
+    """ScopeError unless the caller holds one of ``scopes`` (the first is named)."""
+    if not principal.scopes.intersection(scopes):
+        principal.need(scopes[0])
+
+
+#: A cursor: how many of the log's records were read, and the incarnation it is of.
+_cursor = cursor_of
+
+
+def _parse_cursor(cursor: str, ident: str, length: int) -> int:
+    pos, _, tag = cursor.partition("-")
+    if not pos.isdigit() or len(tag) != 16:
+        raise BadNameError(f"{cursor!r} is no cursor of this server")
+    if tag != ident[7:23]:
+        raise SessionReplacedError(f"cursor {cursor} is of another incarnation of this session: read it afresh")
+    n = int(pos)
+    if n > length:
+        raise SessionReplacedError(f"cursor {cursor} is past this session's log: it was replaced; read it afresh")
+    return n
+
+
+def _check_incarnation(request: Request, s: Session) -> None:
+    want = request.headers.get("if-incarnation")
+    if want is not None and want != header_ident(s.header.data):
+        raise SessionReplacedError(
+            f"session {s.id} here is another incarnation ({header_ident(s.header.data)}) than If-Incarnation {want}"
+        )
+
+
+def _check_format(fmt: str | None, s: Session) -> None:
+    if fmt is None:
+        return
+    version = parse_format(fmt)
+    if version is None or version[0] != FORMAT_MAJOR or version[1] > FORMAT_MINOR:
+        raise FormatVersionError(f"Session-Format {fmt!r} is not one this server reads (up to {FORMAT_WRITTEN})")
+    theirs = s.header.format_version
+    if theirs is not None and version < theirs:
+        raise FormatVersionError(f"Session-Format {fmt} is earlier than session {s.id}'s {s.header.format}")
+
+
+def _matches(header: Header, q: Any, extras: list[tuple[str, bytes]]) -> bool:
+    d = header.data
+    for key in ("cwd", "parent_session"):
+        if key in q and d.get(key) != q[key]:
+            return False
+    if "harness" in q:
+        h = d.get("harness")
+        if not (isinstance(h, dict) and h.get("name") == q["harness"]):
+            return False
+    if q.get("top_level", "false").lower() in ("true", "1") and d.get("spawned_by") is not None:
+        return False  # top level: no spawned_by (what a call spawned is a subsession)
+    created = str(d.get("created_at") or "")
+    if "after" in q and not created > q["after"]:
+        return False
+    if "before" in q and not created < q["before"]:
+        return False
+    for name, value in extras:
+        if name not in d or canonical_bytes(d[name]) != value:
+            return False
+    return True
+
+
+#: The entry types whose contents a shallow path leaves out above the newest fold.
+_FOLDED = frozenset({"item", "branch_summary"})
+
+
+def _shallow(store: Store, envs: list[bytes], chashes: list[str | None], ids: list[str], mode: str) -> tuple[list[bool], str]:
+    """Which contents a path read serves (RFC 0003, Reading): every one for ``all``, none
+    for ``none``; for ``since-fold`` those context building needs at the leaf: from the
+    newest compaction's ``first_kept`` on, and above it every entry that is not an
+    ``item`` or ``branch_summary``. No fold, or a fold with no ``config`` checkpoint
+    (the settings do not start afresh), is answered as ``all``, and says so."""
+    n = len(ids)
+    if mode != "since-fold":
+        return [mode == "all"] * n, mode
+    types = [json.loads(env).get("type") for env in envs]
+    fold = next((i for i in range(n - 1, -1, -1) if types[i] == "compaction"), None)
+    if fold is None or chashes[fold] is None:
+        return [True] * n, "all"
+    body = json.loads(store.objects.get("contents", str(chashes[fold])))
+    first_kept = body.get("first_kept") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or not isinstance(body.get("config"), dict) or first_kept not in ids[:fold]:
+        return [True] * n, "all"
+    kept = ids.index(first_kept)
+    return [i >= kept or types[i] not in _FOLDED for i in range(n)], "since-fold"
+
+
+def _frames(raw: bytes, max_object: int) -> list[tuple[Space, str, bytes]]:
+    """The objects of a batch upload body; BadNameError naming the first malformed frame."""
+    out: list[tuple[Space, str, bytes]] = []
+    pos = 0
+    while pos < len(raw):
+        end = raw.find(b"\n", pos, pos + 200)
+        if end < 0:
+            raise BadNameError(f"object frame {len(out)} has no '<space> <hash> <length>' line")
+        parts = raw[pos:end].split(b" ")
+        if len(parts) != 3 or not parts[2].isdigit():
+            raise BadNameError(f"object frame {len(out)}: expected '<space> <hash> <length>'")
+        space = space_from_wire(parts[0].decode("ascii", "replace"))
+        name, size = parts[1].decode("ascii", "replace"), int(parts[2])
+        if not is_hash(name):
+            raise BadNameError(f"object frame {len(out)}: {name!r} is not an object name")
+        if size > max_object:
+            raise TooLargeError(f"object {name} is {size} bytes; this server takes objects of at most {max_object}")
+        data = raw[end + 1 : end + 1 + size]
+        if len(data) != size:
+            raise BadNameError(f"object frame {len(out)} ({name}) is cut short")
+        out.append((space, name, data))
+        pos = end + 1 + size
+    return out
+
+
+def _push_request(sid: str, body: dict[str, Any]) -> PushRequest:
+    header = _obj(body.get("header"), "header")
+    head = _obj(body.get("head", {}), "head")
+    entries, prefix = body.get("entries", []), body.get("prefix", [])
+    if not isinstance(entries, list) or not isinstance(prefix, list):
+        raise BadNameError("entries and prefix are lists of entry ids")
+    mark = body.get("mark", "mirror")
+    if mark not in ("mirror", "record"):
+        raise BadNameError("mark is mirror or record")
+    refs = []
+    for r in body.get("refs") or []:
+        r = _obj(r, "a ref")
+        nxt = _target(r.get("next"), "next")
+        refs.append(RefPush(str(r.get("name")), _target(r.get("expected"), "expected"), str(nxt)))
+    return PushRequest(
+        header=header, prefix=[str(e) for e in prefix], entries=[str(e) for e in entries],
+        to=_opt_hash(head.get("to"), "head.to"), expected=_opt_hash(head.get("expected"), "head.expected"),
+        force=bool(head.get("force", False)), mark=mark, refs=refs, complete=bool(body.get("complete", True)),
+    )
+
+
+def _target(value: Any, what: str) -> str | None:
+    """A ref target as the wire gives it: null, a session id, or {"session", "entry"};
+    this store's refs name sessions, so an entry pin is unsupported."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return check_session_id(value)
+    if isinstance(value, dict) and isinstance(value.get("session"), str):
+        if value.get("entry"):
+            raise UnsupportedError(f"{what}: this store's refs name sessions, not entries (no entry pins)")
+        return check_session_id(value["session"])
+    raise BadNameError(f"{what} must be null, a session id or {{\"session\": id}}")
+
+
+def _ref_facts(refs: Refs, ref: Any) -> dict[str, Any]:
+    state = refs.state(ref)
+    return {"name": ref.name, "target": {"session": ref.session, "entry": ""}, "incarnation": ref.ident,
+            "state": "live" if state == "ok" else ("dangling" if state == "dangling" else "replaced")}
+
+
+def _dangling(name: str, session: str, state: str) -> AgentSessionError:
+    return DanglingRefError(f"ref {name} is dangling ({state}): its session {session} is gone or another now",
+                            name=name, session=session, state=state)
+
+
+# -- the application -------------------------------------------------------------------------
+
+
+def create_app(state: ServerState) -> Starlette:
+    """The ASGI application over ``state``."""
+    api = Api(state)
+    r = api.route
+    routes = [
+        Route("/v1/", r(api.capabilities), methods=["GET"]),
+        Route("/v1/objects/missing", r(api.missing), methods=["POST"]),
+        Route("/v1/objects", r(api.put_objects), methods=["POST"]),
+        Route("/v1/objects/{space}/{hash}", r(api.get_object), methods=["GET", "HEAD"]),
+        Route("/v1/objects/{space}/{hash}", r(api.put_object), methods=["PUT"]),
+        Route("/v1/sessions", r(api.list_sessions), methods=["GET"]),
+        Route("/v1/sessions", r(api.create_session, replay=True), methods=["POST"]),
+        Route("/v1/sessions/{id}", r(api.get_session), methods=["GET"]),
+        Route("/v1/sessions/{id}", r(api.delete_session, replay=True), methods=["DELETE"]),
+        Route("/v1/sessions/{id}/log", r(api.read_log), methods=["GET"]),
+        Route("/v1/sessions/{id}/path", r(api.read_path), methods=["GET"]),
+        Route("/v1/sessions/{id}/follow", r(api.follow), methods=["GET"]),
+        Route("/v1/sessions/{id}/push", r(api.push, replay=True), methods=["POST"]),
+        Route("/v1/sessions/{id}/handover", r(api.handover, replay=True), methods=["POST"]),
+        Route("/v1/sessions/{id}/record", r(api.record, replay=True), methods=["POST"]),
+        Route("/v1/sessions/{id}/lease", r(api.lease, replay=True), methods=["POST", "PUT", "DELETE"]),
+        Route("/v1/sessions/{id}/lease/break", r(api.lease_break, replay=True), methods=["POST"]),
+        Route("/v1/sessions/{id}/entries", r(api.append, replay=True), methods=["POST"]),
+        Route("/v1/sessions/{id}/commit", r(api.commit, replay=True), methods=["POST"]),
+        Route("/v1/sessions/{id}/head", r(api.set_head, replay=True), methods=["PUT"]),
+        Route("/v1/refs", r(api.list_refs), methods=["GET"]),
+        Route("/v1/refs/{name:path}", r(api.ref), methods=["GET", "PUT"]),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        if status == 405:
+            err: AgentSessionError = UnsupportedError(f"{request.method} is not served on {request.url.path}")
+            err.status = 405
+        else:
+            err = UnsupportedError(f"no route {request.url.path} here (RFC 0003 routes are under /v1/; see GET /v1/)")
+            err.status = 404
+        return _problem(err)
+
+    return Starlette(routes=routes, exception_handlers={HTTPException: not_found})

@@ -1,0 +1,111 @@
+"""Which objects a caller may be told about (RFC 0003, Objects: "Reach").
+
+An object is reachable by a caller when some session the caller may read holds
+it: an own or prefix entry's envelope, the content it names, or a media blob
+that content names through a ``sidecar:`` URL. A hash is a name, not a
+capability: the server serves, and reports held, only reachable objects, so a
+guess at another tenant's content learns nothing.
+
+The index is per session and grows with its log: a session's sets are
+extended by the entries appended since they were last looked at (objects never
+change under their hashes, so what an entry names is cached for good). The
+server is the writer of every session it serves, so a session's live state
+says exactly what it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ..errors import AgentSessionError, NoSuchObjectError
+from ..format.hashing import envelope_content
+from ..format.media import sidecar_names
+from ..store.refs import header_ident
+from ..store.session import Session
+from ..store.store import Store
+
+__all__ = ["Reach"]
+
+
+@dataclass
+class _Held:
+    ident: str
+    session: object = None  # the Session object the sets were last read from
+    own: int = 0
+    prefix: bool = False
+    sets: dict[str, set[str]] = field(default_factory=lambda: {"entries": set(), "contents": set(), "blobs": set()})
+
+
+class Reach:
+    """The objects each session holds, for answering "may this caller see it?"."""
+
+    def __init__(self, store: Store, open_session: Callable[[str], Session | None]):
+        self.store = store
+        self._open = open_session
+        self._held: dict[str, _Held] = {}
+        self._content_of: dict[str, str | None] = {}
+        self._blobs_of: dict[str, tuple[str, ...]] = {}
+
+    def forget(self, session_id: str) -> None:
+        """Drop what is known of a session (deleted, or created again)."""
+        self._held.pop(session_id, None)
+
+    def _add(self, held: _Held, entry_id: str, sidecar: bool) -> None:
+        sets = held.sets
+        sets["entries"].add(entry_id)
+        chash = self._content_of.get(entry_id, "")
+        if chash == "":
+            try:
+                chash = envelope_content(self.store.objects.get("entries", entry_id))
+            except (NoSuchObjectError, AgentSessionError, OSError):
+                chash = None
+            self._content_of[entry_id] = chash
+        if chash is None:
+            return
+        sets["contents"].add(chash)
+        if sidecar:
+            blobs = self._blobs_of.get(chash)
+            if blobs is None:
+                try:
+                    blobs = tuple(sidecar_names(self.store.objects.get("contents", chash)))
+                except (AgentSessionError, OSError):
+                    blobs = ()
+                self._blobs_of[chash] = blobs
+            sets["blobs"].update(blobs)
+
+    def sets(self, session_id: str) -> dict[str, set[str]] | None:
+        """The objects ``session_id`` holds now, by space (None: no such session, or
+        one that cannot be read, which holds nothing anyone may see)."""
+        s = self._open(session_id)
+        if s is None:
+            self._held.pop(session_id, None)
+            return None
+        held = self._held.get(session_id)
+        order = s.log_order
+        if held is None or held.session is not s:
+            ident = header_ident(s.header.data)
+            if held is None or held.ident != ident:
+                held = self._held[session_id] = _Held(ident)
+            held.session = s
+        if held.own > len(order):
+            held = self._held[session_id] = _Held(held.ident, s)
+        sidecar = s.header.media == "sidecar"
+        if not held.prefix:
+            for e in s.prefix:
+                self._add(held, e, sidecar)
+            held.prefix = True
+        for e in order[held.own:]:
+            self._add(held, e, sidecar)
+        held.own = len(order)
+        return held.sets
+
+    def view(self, sessions: Iterable[str]) -> list[dict[str, set[str]]]:
+        """The object sets of ``sessions`` (those a caller may read), read once for a
+        request that asks about many objects."""
+        out = []
+        for sid in sessions:
+            sets = self.sets(sid)
+            if sets is not None:
+                out.append(sets)
+        return out

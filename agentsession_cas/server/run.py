@@ -1,0 +1,89 @@
+"""Serving the application: a listening socket, uvicorn, and the store closed after.
+
+``serve`` binds the socket itself (so ``--listen 127.0.0.1:0`` picks a free
+port and says which), refuses a non-loopback address without a token file,
+and closes the store when uvicorn stops (SIGINT or SIGTERM), which commits
+every session it holds.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable
+
+import uvicorn
+
+from ..errors import StoreError
+from ..store.store import Store
+from .app import Limits, ServerState, create_app
+from .auth import Tokens
+
+__all__ = ["is_loopback", "parse_listen", "serve"]
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """HOST:PORT (``[::1]:PORT`` for IPv6); StoreError naming what is wrong."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise StoreError(f"--listen {text!r}: expected HOST:PORT (a port number up to 65535)")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host or "127.0.0.1", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    store: Store,
+    *,
+    listen: str = "127.0.0.1:8765",
+    tokens: Tokens | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    limits: Limits | None = None,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve ``store`` until interrupted; ``ready(url)`` is called once listening."""
+    host, port = parse_listen(listen)
+    if tokens is None and not is_loopback(host):
+        raise StoreError(
+            f"--listen {listen}: without --auth this server serves loopback only (127.0.0.1, ::1); "
+            "give a token file to listen elsewhere"
+        )
+    if (tls_cert is None) != (tls_key is None):
+        raise StoreError("--tls-cert and --tls-key go together")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY on accepted connections only when
+    # the socket says it is TCP, and without it every response (head and body written
+    # apart) waits some 40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StoreError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    bound = sock.getsockname()[1]
+    state = ServerState(store, tokens, limits or Limits())
+    config = uvicorn.Config(
+        create_app(state), log_level="warning", lifespan="off", ssl_certfile=tls_cert, ssl_keyfile=tls_key,
+        timeout_graceful_shutdown=5, access_log=False,
+    )
+    server = uvicorn.Server(config)
+    scheme = "https" if tls_cert else "http"
+    shown = f"[{host}]" if ":" in host else host
+    if ready is not None:
+        ready(f"{scheme}://{shown}:{bound}/")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        store.close()

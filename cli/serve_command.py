@@ -1,0 +1,68 @@
+"""serve: the store over HTTP (RFC 0003), for other machines to push to, fetch from and follow."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import click
+
+from agentsession_cas.store.url import open_store
+
+from .common import fail
+from .store_commands import store_root
+
+
+@click.command("serve")
+@click.option("--listen", default="127.0.0.1:8765", show_default=True, metavar="HOST:PORT",
+              help="Where to listen; port 0 picks a free one (the first line printed names it).")
+@click.option("--auth", "auth_file", metavar="FILE",
+              help='Bearer tokens: {"tokens": [{"token", "scopes", "sessions"?}]}. Without it: loopback only.')
+@click.option("--tls-cert", metavar="FILE", help="Serve HTTPS with this certificate (PEM), with --tls-key.")
+@click.option("--tls-key", metavar="FILE", help="The certificate's private key (PEM).")
+@click.option("--sync", type=click.Choice(["always", "responses", "never"]), default="always", show_default=True,
+              help="When an append made through the server is durable before it answers (the store's policy).")
+@click.option("--read-only", "read_only", is_flag=True, help="Serve the store read-only: every write is refused (read_only).")
+@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=None, metavar="N",
+              help="The largest request body taken (default 256 MiB; objects at most 64 MiB or N).")
+@click.option("--max-streams", type=click.IntRange(min=1), default=None, metavar="N",
+              help="The most follow streams open at once (default 256); past it a follow is 503.")
+@click.option("--max-stream-age", type=click.IntRange(min=1), default=None, metavar="SECONDS",
+              help="How long a follow stream lives (default 3600) before it ends with an end event to resume from.")
+def serve(
+    listen: str, auth_file: str | None, tls_cert: str | None, tls_key: str | None, sync: str, read_only: bool,
+    max_body_bytes: int | None, max_streams: int | None, max_stream_age: int | None,
+) -> None:
+    """Serve the store over HTTP (RFC 0003) until interrupted.
+
+    Prints `listening on URL` once it accepts connections. Without --auth it
+    listens on loopback only and every caller may do everything; with it,
+    every request needs a bearer token from FILE and the token's scopes.
+    """
+    try:
+        from agentsession_cas.server.app import Limits
+        from agentsession_cas.server.auth import load_tokens
+        from agentsession_cas.server.run import serve as run
+    except ImportError as exc:
+        fail(f"the server needs its extra: pip install 'agentsession-cas[server]' ({exc})")
+    tokens = load_tokens(auth_file) if auth_file else None
+    store = open_store(store_root(), sync=sync, readonly=read_only)
+
+    def ready(url: str) -> None:
+        auth = "bearer tokens" if tokens is not None else "none: loopback only"
+        click.echo(f"listening on {url}", file=sys.stdout)
+        click.echo(f"agentsession: serving {store.describe()} (auth: {auth})", err=True)
+        sys.stdout.flush()
+
+    limits = Limits()
+    if max_body_bytes is not None:
+        limits = replace(limits, max_body_bytes=max_body_bytes,
+                         max_object_bytes=min(max_body_bytes, limits.max_object_bytes))
+    if max_streams is not None:
+        limits = replace(limits, max_streams=max_streams)
+    if max_stream_age is not None:
+        limits = replace(limits, max_stream_age_s=max_stream_age)
+    run(store, listen=listen, tokens=tokens, tls_cert=tls_cert, tls_key=tls_key, limits=limits, ready=ready)
+
+
+COMMANDS: list[click.Command] = [serve]

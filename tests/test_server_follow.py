@@ -1,0 +1,255 @@
+"""Following over the wire (RFC 0003, Following): NDJSON and server-sent events against a
+real server, each event read as it comes (no sleeping: a read blocks until the
+server sends), resumption by cursor and Last-Event-ID, reset, and the terminal
+error when a followed session is deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+from server_helpers import TOKENS, ServerProcess, served  # noqa: F401 - served is a fixture
+from test_server import create, lease, recorded, user
+
+from agentsession_cas import Header
+from agentsession_cas.format.canonical import canonical_bytes
+from agentsession_cas.format.hashing import sha256_ref
+from agentsession_cas.store import Store
+
+
+def ndjson_events(response) -> Iterator[dict]:
+    for line in response.iter_lines():
+        if line.strip():
+            yield json.loads(line)
+
+
+def sse_events(response) -> Iterator[dict]:
+    event: dict = {}
+    for line in response.iter_lines():
+        if line.startswith(":"):
+            continue
+        if not line:
+            if event:
+                yield event
+            event = {}
+            continue
+        name, _, value = line.partition(": ")
+        event[name] = json.loads(value) if name == "data" else value
+
+
+def append(c, sid, token, *entries, commit=False):
+    body = b"".join(json.dumps(e).encode() + b"\n" for e in entries)
+    r = c.post(f"/v1/sessions/{sid}/entries", content=body, params={"commit": str(commit).lower()},
+               headers={"Lease-Token": str(token)})
+    assert r.status_code == 200 and r.json()["stopped"] is None, r.text
+    return [x["id"] for x in r.json()["results"]]
+
+
+def test_a_follower_sees_each_change_with_its_durability(served):
+    with served.client("all") as c, served.client("reader") as f:
+        held, ids = recorded(c, "s1", 2)
+        with f.stream("GET", "/v1/sessions/s1/follow", headers={"Accept": "application/x-ndjson"}) as r:
+            assert r.headers["content-type"].startswith("application/x-ndjson")
+            events = ndjson_events(r)
+            snap = next(events)
+            assert snap["event"] == "snapshot"
+            data = snap["data"]
+            assert [x["entry"] for x in data["records"]] == ids and data["head"] == ids[-1] and data["inline"]
+            for eid, obj in data["entries"].items():
+                assert sha256_ref(canonical_bytes(obj["envelope"])) == eid
+            # A lazy append: appended, not durable, with its content inline; then committed.
+            (lazy,) = append(c, "s1", held["token"], user("lazy", 5))
+            ev = next(events)
+            assert ev["event"] == "appended" and ev["data"]["entry"] == lazy and ev["data"]["durable"] is False
+            assert ev["data"]["head"] == lazy and ev["data"]["outcome"] == "continued"
+            assert ev["data"]["content"]["item"]["content"] == "lazy"
+            assert ev["id"] == ev["data"]["cursor"] + ".0"
+            c.post("/v1/sessions/s1/commit", headers={"Lease-Token": str(held["token"])})
+            ev = next(events)
+            assert ev["event"] == "committed"
+            # A head move no append explains is a head event.
+            c.put("/v1/sessions/s1/head", json={"expected": lazy, "to": ids[0]},
+                  headers={"Lease-Token": str(held["token"])})
+            ev = next(events)
+            assert ev["event"] == "head" and ev["data"] == {"leaf": ids[0], "durable": True, "cursor": ev["data"]["cursor"]}
+            # A durable append is durable when it is sent, and needs no committed event.
+            (durable,) = append(c, "s1", held["token"], user("durable", 6), commit=True)
+            ev = next(events)
+            assert ev["event"] == "appended" and ev["data"]["entry"] == durable and ev["data"]["durable"] is True
+            # Deleted under a live follow: an error event, no_session, and the stream ends.
+            c.delete("/v1/sessions/s1", headers={"Lease-Token": str(held["token"])})
+            ev = next(events)
+            assert ev["event"] == "error" and ev["data"]["code"] == "no_session"
+            assert next(events, None) is None
+
+
+def test_server_sent_events_resume_after_the_last_event_id(served):
+    with served.client("all") as c:
+        held, ids = recorded(c, "s1", 1)
+        with c.stream("GET", "/v1/sessions/s1/follow") as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = sse_events(r)
+            snap = next(events)
+            assert snap["event"] == "snapshot"
+            new = append(c, "s1", held["token"], user("a", 1), commit=True)
+            first = next(events)
+            assert first["event"] == "appended" and first["data"]["entry"] == new[0]
+        # Two more while nobody follows; a follower resuming after the last id it saw gets
+        # exactly those, in order, and no snapshot.
+        later = append(c, "s1", held["token"], user("b", 2), user("c", 3), commit=True)
+        with c.stream("GET", "/v1/sessions/s1/follow", headers={"Last-Event-ID": first["id"]}) as r:
+            events = sse_events(r)
+            got = [next(events), next(events)]
+        assert [e["event"] for e in got] == ["appended", "appended"]
+        assert [e["data"]["entry"] for e in got] == later
+        # `after` takes a cursor; Last-Event-ID wins when both are sent.
+        with c.stream("GET", "/v1/sessions/s1/follow", params={"after": "0-0000000000000000"},
+                      headers={"Last-Event-ID": got[0]["id"]}) as r:
+            assert next(sse_events(r))["data"]["entry"] == later[1]
+
+
+def test_a_cursor_that_cannot_be_resumed_gets_a_reset(served):
+    with served.client("all") as c:
+        held, ids = recorded(c, "s1", 1)
+        with c.stream("GET", "/v1/sessions/s1/follow", params={"after": "junk"}) as r:
+            ev = next(sse_events(r))
+            assert ev["event"] == "reset" and [x["entry"] for x in ev["data"]["records"]] == ids
+        with c.stream("GET", "/v1/sessions/s1/follow") as r:
+            old_cursor = next(sse_events(r))["id"]
+        # Deleted and created again under its id: an old cursor is of another session.
+        c.delete("/v1/sessions/s1", headers={"Lease-Token": str(held["token"])})
+        create(c, "s1", created_at="2026-09-19T00:00:00Z")
+        with c.stream("GET", "/v1/sessions/s1/follow", headers={"Last-Event-ID": old_cursor}) as r:
+            ev = next(sse_events(r))
+            assert ev["event"] == "reset" and ev["data"]["records"] == []
+            assert ev["data"]["incarnation"] != old_cursor
+
+
+def test_a_durable_follow_sends_only_committed_records(served):
+    with served.client("all") as c:
+        held, ids = recorded(c, "s1", 1)
+        lease_token = held["token"]
+        with c.stream("GET", "/v1/sessions/s1/follow", params={"durable": "true"},
+                      headers={"Accept": "application/x-ndjson"}) as r:
+            events = ndjson_events(r)
+            assert next(events)["event"] == "snapshot"
+            (lazy,) = append(c, "s1", lease_token, user("lazy", 4))
+            ev = next(events)
+            # The server commits what its writer accepted before it serves a durable read.
+            assert ev["event"] == "appended" and ev["data"]["entry"] == lazy and ev["data"]["durable"] is True
+
+
+def test_following_needs_read_and_a_session(served):
+    with served.client("all") as c:
+        create(c, "a-1")
+        lease(c, "a-1")
+    with served.client("team-b") as b:
+        r = b.get("/v1/sessions/a-1/follow")
+        assert r.status_code == 403 and r.json()["code"] == "scope"
+    with served.client("all") as c:
+        r = c.get("/v1/sessions/none/follow")
+        assert r.status_code == 404 and r.json()["code"] == "no_session"
+
+
+# -- agentsession show -f ---------------------------------------------------------------------
+
+
+class Lines:
+    """A process's stdout lines, read by a thread; ``next()`` waits for the next one."""
+
+    def __init__(self, proc):
+        self.q: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [self.q.put(x.decode()) for x in iter(proc.stdout.readline, b"")], daemon=True).start()
+
+    def next(self) -> str:
+        return self.q.get(timeout=60)
+
+
+def _show_f(args, env=None):
+    return subprocess.Popen([sys.executable, "-m", "agentsession_cas", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})))
+
+
+def test_show_f_follows_a_remote_session_until_interrupted(served):
+    with served.client("all") as c:
+        held, ids = recorded(c, "s1", 1)
+        proc = _show_f(["show", "-f", "s1", "--remote", served.url], {"AGENTSESSION_TOKEN": TOKENS["reader"][0]})
+        out = Lines(proc)
+        try:
+            assert out.next().startswith(ids[0][7:19])
+            assert out.next().startswith(ids[1][7:19])
+            (new,) = append(c, "s1", held["token"], user("followed", 7), commit=True)
+            line = out.next()
+            assert line.startswith(new[7:19]) and "followed" in line and "(head)" in line
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 130
+
+
+def test_show_f_follows_a_local_session(tmp_path):
+    st = Store.init(tmp_path / "st")
+    s = st.create(Header.new("s1", created_at="2026-09-17T12:00:00Z"))
+    first = s.append({"type": "config", "ts": "2026-09-17T12:00:00Z", "model": "m"}, durable=True).id
+    s.close()
+    proc = _show_f(["--store", str(tmp_path / "st"), "show", "-f", "s1", "--json"])
+    out = Lines(proc)
+    try:
+        assert json.loads(out.next())["entry"]["id"] == first
+        with st.session("s1") as s:
+            new = s.append(user("later", 3), durable=True).id
+        got = json.loads(out.next())
+        assert got["change"] == "appended" and got["entry"]["id"] == new and got["head"] == new
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        st.close()
+
+
+def test_following_a_ref_sends_its_target_and_each_change(served):
+    with served.client("all") as c:
+        held, _ = recorded(c, "s1", 1)
+        recorded(c, "s2", 1)
+        with c.stream("GET", "/v1/refs/chat/one", params={"view": "follow"}) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = sse_events(r)
+            assert next(events)["data"] == {"name": "chat/one", "target": None, "state": "live"}
+            c.put("/v1/refs/chat/one", json={"expected": None, "next": "s1"})
+            ev = next(events)
+            assert ev["event"] == "target" and ev["data"]["target"] == {"session": "s1", "entry": ""}
+            assert ev["data"]["state"] == "live"
+            # The ref did not move, but its session went: live to dangling is an event.
+            c.delete("/v1/sessions/s1", headers={"Lease-Token": str(held["token"])})
+            assert next(events)["data"]["state"] == "dangling"
+            c.put("/v1/refs/chat/one", json={"expected": "s1", "next": "s2"})
+            ev = next(events)
+            assert ev["data"]["target"]["session"] == "s2" and ev["data"]["state"] == "live"
+            c.put("/v1/refs/chat/one", json={"expected": "s2", "next": None})
+            assert next(events)["data"]["target"] is None
+
+
+def test_follow_streams_are_bounded_in_number_and_age(tmp_path):
+    st = Store.init(tmp_path / "st")
+    st.create(Header.new("s1", created_at="2026-09-17T12:00:00Z")).append(
+        {"type": "config", "ts": "2026-09-17T12:00:00Z", "model": "m"})
+    st.close()
+    with ServerProcess(tmp_path / "st", extra=("--max-streams", "1", "--max-stream-age", "1")) as server, \
+            server.client() as c:
+        limits = c.get("/v1/").json()["limits"]
+        assert limits["max_streams"] == 1 and limits["max_stream_age_s"] == 1
+        with c.stream("GET", "/v1/sessions/s1/follow") as r:
+            events = sse_events(r)
+            snap = next(events)
+            assert snap["event"] == "snapshot"
+            busy = c.get("/v1/sessions/s1/follow")
+            assert busy.status_code == 503 and busy.json()["code"] == "store_fault"
+            end = next(events)  # the stream's age runs out: an end event with the cursor to resume from
+            assert end["event"] == "end" and end["data"]["reason"] == "max_stream_age"
+            assert end["data"]["cursor"] == snap["id"].rsplit(".", 1)[0]
+            assert next(events, None) is None
