@@ -6,13 +6,13 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv demo test test-fast lint bench bench-quick fixtures clean
+.PHONY: all venv demo test test-fast lint postgresql-server bench bench-quick fixtures clean
 
 all: test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,postgresql]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -77,12 +77,19 @@ demo: $(STAMP)
 	rm -rf $$work
 
 # The linter and the type checker (configured in pyproject.toml), then the whole
-# suite, slow tests included.
-test: lint
+# suite, slow tests included. The PostgreSQL tests start a server of their own
+# (tests/pg_server.py) and fail, not skip, without one: install it where missing.
+test: lint postgresql-server
 	$(PY) -m pytest -q
 
-test-fast: lint
+test-fast: lint postgresql-server
 	$(PY) -m pytest -q -m 'not slow'
+
+postgresql-server:
+	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	else echo "installing PostgreSQL (the PostgreSQL tests start a throwaway server)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentsession_cas cli

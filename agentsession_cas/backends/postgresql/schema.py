@@ -1,0 +1,119 @@
+"""The PostgreSQL store's tables, their version, and upgrading an older version in one transaction.
+
+A store is one PostgreSQL schema (``agentsession`` unless the URL's ``schema=``
+names another), so several stores can share a database. Its ``meta`` table
+says which version of the tables it holds; this release writes
+:data:`SCHEMA_VERSION`, opens nothing else, and upgrades an older version
+only when asked (``agentsession migrate``), running every step of
+:data:`UPGRADES` inside one transaction, so a failed upgrade leaves the
+older schema exactly as it was.
+
+Hashes are kept as their 32 raw bytes (``bytea``), not as ``sha256:<hex>``
+text: half the size in the tables and their indexes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SCHEMA_VERSION", "UPGRADES", "SPACE_CODES", "MigrationPlan", "create_statements", "plan_upgrade"]
+
+#: The version of the tables this release creates and reads.
+SCHEMA_VERSION = 1
+
+#: The three hash spaces, as the ``space`` column holds them.
+SPACE_CODES: dict[str, int] = {"entries": 0, "contents": 1, "blobs": 2}
+
+#: Statements that take version N to N + 1, keyed by N: each list runs inside the one
+#: transaction of an upgrade. Empty while version 1 is the only one there has been.
+UPGRADES: dict[int, list[str]] = {}
+
+
+def create_statements(schema: str) -> list[str]:
+    """The statements that create every table of a store in ``schema`` (quoted by the caller)."""
+    s = schema
+    return [
+        f"CREATE SCHEMA IF NOT EXISTS {s}",
+        f"CREATE TABLE {s}.meta (key text PRIMARY KEY, value text NOT NULL)",
+        # Objects of the three spaces, by space and hash; ``born`` is when the object
+        # was last written or held (what a sweep's grace counts from).
+        f"""CREATE TABLE {s}.objects (
+            space smallint NOT NULL,
+            hash bytea NOT NULL,
+            data bytea NOT NULL,
+            born timestamptz NOT NULL DEFAULT clock_timestamp(),
+            PRIMARY KEY (space, hash))""",
+        # The reverse index the parent hashes cannot give (RFC 0002 "edges"): every
+        # envelope stored adds a row per parent it names (``parent`` and ``parents``).
+        f"""CREATE TABLE {s}.edges (
+            parent bytea NOT NULL,
+            child bytea NOT NULL,
+            PRIMARY KEY (parent, child))""",
+        # One row per session incarnation: ``key`` is never reused, so a session deleted
+        # and made again is another row and another log. ``last_pos`` is the log's length
+        # (every write is a conditional update on it and on ``fence``, the token of the
+        # writer that holds the session, which only ever grows).
+        f"""CREATE TABLE {s}.sessions (
+            key bigserial PRIMARY KEY,
+            id text NOT NULL UNIQUE,
+            header bytea NOT NULL,
+            base text,
+            head text,
+            mark text NOT NULL CHECK (mark IN ('record', 'mirror')),
+            last_pos integer NOT NULL,
+            fence bigint NOT NULL DEFAULT 0,
+            holder text,
+            created timestamptz NOT NULL DEFAULT clock_timestamp())""",
+        # The per-session log: one row per record, in order (``pos``); the record's op,
+        # its entry's sequence number and hash, and the entry's content hash where the
+        # writer knew it, as columns for SQL and for a sweep; the record's JSON as written.
+        f"""CREATE TABLE {s}.log (
+            session bigint NOT NULL,
+            pos integer NOT NULL,
+            op text NOT NULL,
+            seq integer,
+            hash bytea,
+            content bytea,
+            record text NOT NULL,
+            PRIMARY KEY (session, pos))""",
+        f"""CREATE TABLE {s}.refs (
+            name text PRIMARY KEY,
+            record text NOT NULL)""",
+        f"""CREATE TABLE {s}.remotes (
+            url text NOT NULL,
+            kind text NOT NULL,
+            name text NOT NULL,
+            record text NOT NULL,
+            PRIMARY KEY (url, kind, name))""",
+        # What a sweep decides over: the oldest objects first.
+        f"CREATE INDEX objects_born ON {s}.objects (born)",
+    ]
+
+
+@dataclass
+class MigrationPlan:
+    """What ``migrate`` would do to a store's schema: from which version to which, with
+    the statements it would run (all in one transaction)."""
+
+    url: str
+    found: int | None
+    target: int = SCHEMA_VERSION
+    statements: list[str] = field(default_factory=list)
+    status: str = "current"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"store": self.url, "found": self.found, "target": self.target, "status": self.status,
+                "statements": list(self.statements)}
+
+
+def plan_upgrade(found: int, schema: str) -> list[str]:
+    """The statements that take a schema of version ``found`` to :data:`SCHEMA_VERSION`,
+    with ``{schema}`` filled in; ValueError where a step is missing."""
+    out: list[str] = []
+    for version in range(found, SCHEMA_VERSION):
+        steps = UPGRADES.get(version)
+        if steps is None:
+            raise ValueError(f"no upgrade from schema version {version} to {version + 1}")
+        out.extend(step.format(schema=schema) for step in steps)
+    return out
