@@ -3,7 +3,7 @@
 The rules (what is kept, recovered and dropped, and why) are stated in
 ``docs/repair.md``; reading a damaged log line by line is the backend's, since
 only it knows its bytes (:mod:`agentsession_cas.backends.files.repair` for a
-store directory). A backend without a repair of its own has nothing a crash
+store directory, :mod:`agentsession_cas.backends.postgresql.repair` for a database). A backend without a repair of its own has nothing a crash
 can damage beyond what opening recovers: its sessions are reported whole, or
 the repair is refused saying so.
 """
@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from ..backends.files import FileBackend
 from ..backends.files import repair as file_repair
 from ..backends.files.repair import RepairReport
+from ..backends.postgresql import PostgresBackend
+from ..backends.postgresql import repair as postgresql_repair
 from ..errors import SessionDamagedError, UnsupportedError
 
 if TYPE_CHECKING:
@@ -45,6 +47,8 @@ def repair_session(
 def _backend_repair(store: Store, what: str) -> Any:
     if isinstance(store.backend, FileBackend):
         return getattr(file_repair, what)
+    if isinstance(store.backend, PostgresBackend):
+        return getattr(postgresql_repair, what)
     return lambda st, sid, **kw: _whole_or_refused(st, sid)
 
 

@@ -23,12 +23,12 @@ from typing import Any, Literal
 from ...errors import LayoutError, ReadOnlyError, UnsupportedError
 from ..base import Backend, Capabilities, RefStore, RemoteStore, RepackResult, Retained, RetentionSource
 from .database import Database, sql, translate
-from .maintenance import storage_report, sweep_objects
+from .maintenance import migrate_schema, storage_report, sweep_objects
 from .objects import PgObjects, hash_name
-from .schema import SCHEMA_VERSION, create_statements
-from .sessions import PgSessions
+from .schema import SCHEMA_VERSION, MigrationPlan, create_statements
+from .sessions import PgSessions, parse_record
 
-__all__ = ["PostgresBackend", "SCHEMA_VERSION"]
+__all__ = ["PostgresBackend", "SCHEMA_VERSION", "MigrationPlan", "migrate_store"]
 
 _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
@@ -197,6 +197,14 @@ class PostgresBackend(Backend):
                 contents[hash_name(bytes(raw))] = hash_name(bytes(content))
         if current is not None:
             yield RetentionSource(records, contents)
+        aside = self.db.query("SELECT session, kept, record FROM log_aside ORDER BY session, kept, pos")
+        groups: dict[tuple[int, Any], list[dict[str, Any]]] = {}
+        for key, kept, text in aside:
+            record = parse_record(text)
+            if not isinstance(record, str):
+                groups.setdefault((key, kept), []).append(record)
+        for records in groups.values():
+            yield RetentionSource(records)
 
     def sweep_objects(
         self, compute: Callable[[bool], Retained], *, grace: float, dry_run: bool, wait: float,
@@ -246,3 +254,13 @@ def check_version(db: Database, version: int | None) -> None:
             f"{db.describe()} has schema version {version}, older than this release's {SCHEMA_VERSION}: "
             "run `agentsession migrate` (it says what it will do first with --dry-run)"
         )
+
+
+def migrate_store(url: str, *, dry_run: bool = False) -> MigrationPlan:
+    """Upgrade the schema of the store at ``url`` to this release's version, in one
+    transaction (``agentsession migrate``); ``dry_run`` says what it would run."""
+    db = Database(url)
+    try:
+        return migrate_schema(db, dry_run=dry_run)
+    finally:
+        db.close()

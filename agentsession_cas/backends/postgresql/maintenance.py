@@ -91,7 +91,7 @@ def storage_report(backend: PostgresBackend) -> RepackResult:
         "SELECT count(*), coalesce(sum(octet_length(data)), 0), pg_total_relation_size('objects') FROM objects"
     )
     count, raw, on_disk = rows[0]
-    res = RepackResult(objects=int(count), loose_before=int(count), bytes_before=int(on_disk), bytes_after=int(on_disk))
+    res = RepackResult(bytes_before=int(on_disk), bytes_after=int(on_disk))
     res.notes.append(
         f"{backend.describe()} keeps its own storage (TOAST compresses large objects, autovacuum reclaims "
         f"space): nothing to pack; {int(count):,} objects of {int(raw):,} bytes take {int(on_disk):,} bytes with indexes"

@@ -77,6 +77,15 @@ def create_statements(schema: str) -> list[str]:
             content bytea,
             record text NOT NULL,
             PRIMARY KEY (session, pos))""",
+        # The rows of a log a repair replaced, kept aside (as the file backend keeps a
+        # damaged log file): a sweep still honours what they name.
+        f"""CREATE TABLE {s}.log_aside (
+            session bigint NOT NULL,
+            id text NOT NULL,
+            kept timestamptz NOT NULL,
+            pos integer NOT NULL,
+            record text NOT NULL,
+            PRIMARY KEY (session, kept, pos))""",
         f"""CREATE TABLE {s}.refs (
             name text PRIMARY KEY,
             record text NOT NULL)""",

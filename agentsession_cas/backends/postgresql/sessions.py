@@ -34,7 +34,7 @@ import socket
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...errors import NoSuchSessionError, SessionExistsError, SessionLockedError, StoreError
+from ...errors import NoSuchSessionError, SessionDamagedError, SessionExistsError, SessionLockedError, StoreError
 from ..base import Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
 from .database import psycopg, translate
 from .objects import raw_hash
@@ -93,6 +93,17 @@ def _objects_of(records: Sequence[Record]) -> list[tuple[Space, str, bytes]]:
             out.append(("contents", chash, content))
             out.append(("entries", r.entry, env))
     return out
+
+
+def parse_record(text: str) -> dict[str, Any] | str:
+    """A log row's record, or why it is none (a row someone altered: damage)."""
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        return f"is not a JSON record ({exc})"
+    if not isinstance(record, dict) or not isinstance(record.get("op"), str):
+        return "is not a record (a JSON object with an op)"
+    return record
 
 
 def _uncommitted_tail(records: list[dict[str, Any]]) -> bool:
@@ -294,8 +305,8 @@ class PgSessions(SessionStore):
         rows = self.db.query("SELECT header FROM sessions WHERE id = %s", [session_id])
         return bytes(rows[0][0]) if rows else None
 
-    def _read(self, conn: Any, session_id: str) -> tuple[tuple[Any, ...], builtins.list[dict[str, Any]]]:
-        """The session's row and its log's records, in one snapshot."""
+    def rows(self, conn: Any, session_id: str) -> tuple[tuple[Any, ...], builtins.list[tuple[int, str]]]:
+        """The session's row and its log's rows (position, record text), in one snapshot."""
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             row = conn.execute(
@@ -303,8 +314,19 @@ class PgSessions(SessionStore):
             ).fetchone()
             if row is None:
                 raise NoSuchSessionError(f"no such session: {session_id}")
-            texts = conn.execute("SELECT record FROM log WHERE session = %s ORDER BY pos", [row[0]]).fetchall()
-        return row, [json.loads(t) for (t,) in texts]
+            texts = conn.execute("SELECT pos, record FROM log WHERE session = %s ORDER BY pos", [row[0]]).fetchall()
+        return row, texts
+
+    def _read(self, conn: Any, session_id: str) -> tuple[tuple[Any, ...], builtins.list[dict[str, Any]]]:
+        """The session's row and its log's records; SessionDamagedError at a row that is no record."""
+        row, texts = self.rows(conn, session_id)
+        records = []
+        for pos, text in texts:
+            record = parse_record(text)
+            if isinstance(record, str):
+                raise SessionDamagedError(f"log row {pos} {record}", session=session_id, line=pos, offset=0)
+            records.append(record)
+        return row, records
 
     def open(self, session_id: str, *, writable: bool) -> tuple[SessionLog, LogOpen]:
         if not writable:
@@ -403,8 +425,16 @@ class PgSessions(SessionStore):
 
     def history(self, session_id: str) -> LogHistory:
         with self.db.conn() as c:
-            _, records = self._read(c, session_id)
-        return LogHistory(records)
+            _, texts = self.rows(c, session_id)
+        out = LogHistory([])
+        for pos, text in texts:
+            record = parse_record(text)
+            if isinstance(record, str):
+                out.damage.append(f"log row {pos} {record}")
+                out.damage_lines.append(pos)
+            else:
+                out.records.append(record)
+        return out
 
     def delete(self, session_id: str, log: SessionLog | None = None) -> None:
         self.backend.require_writable()
