@@ -24,6 +24,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 __all__ = ["PgServer", "pg_bindir", "shared", "store_url", "fresh_schema"]
@@ -96,8 +97,12 @@ class PgServer:
                 "-c", "shared_buffers=64MB"]
         for s in self.settings:
             opts += ["-c", s]
-        self._cmd([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "-l", str(self.dir / "log"),
-                   "-o", " ".join(opts), "start"])
+        try:
+            self._cmd([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "-l", str(self.dir / "log"),
+                       "-o", " ".join(opts), "start"])
+        except RuntimeError as exc:
+            log = (self.dir / "log").read_text(errors="replace")[-1500:] if (self.dir / "log").exists() else ""
+            raise RuntimeError(f"{exc}\nserver log:\n{log}") from None
 
     def pid(self) -> int:
         return int((self.data / "postmaster.pid").read_text().split()[0])
@@ -112,6 +117,19 @@ class PgServer:
                 os.kill(int(k), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        # The next start must find none of them holding the shared memory: wait until
+        # every one is gone (a condition, not a delay).
+        deadline = time.monotonic() + 30
+        for p in [pid, *map(int, kids)]:
+            while _alive(p):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"PostgreSQL process {p} survived SIGKILL for 30 s")
+                time.sleep(0.01)
+        # A killed postmaster no process reaps (a container's init may not) stays a zombie
+        # whose pid makes the next start believe it runs: its lock files go, as after a reboot.
+        (self.data / "postmaster.pid").unlink(missing_ok=True)
+        for lock in self.socket.glob(".s.PGSQL.*.lock"):
+            lock.unlink(missing_ok=True)
 
     def stop(self) -> None:
         if self.data.exists() and (self.data / "postmaster.pid").exists():
@@ -133,6 +151,16 @@ class PgServer:
 
     def store_url(self, schema: str) -> str:
         return f"postgresql://{USER}@/{DATABASE}?host={self.socket}&schema={schema}"
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie (a killed child of ours not yet reaped
+    is gone for the server's purposes)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 _SHARED: PgServer | None = None
