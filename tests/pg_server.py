@@ -65,11 +65,14 @@ def _run_as() -> str | None:
 class PgServer:
     """One PostgreSQL server in a directory of its own, on a Unix socket there."""
 
-    def __init__(self, *, durable: bool = False, settings: tuple[str, ...] = ()):
+    def __init__(self, *, durable: bool = False, settings: tuple[str, ...] = (), base: str | None = None):
+        """``durable``: fsync as a production server does, in ``base`` (default /var/tmp),
+        for benchmarks; else fast, in memory (/dev/shm) where there is one."""
         self.bindir = pg_bindir()
-        base = "/dev/shm" if not durable and os.access("/dev/shm", os.W_OK) else None
+        if base is None:
+            base = "/dev/shm" if not durable and os.access("/dev/shm", os.W_OK) else "/var/tmp"
         # Not under pytest's basetemp: that is root's alone, and the server may be another user.
-        self.dir = Path(tempfile.mkdtemp(prefix="agentsession-pg-", dir=base or "/var/tmp"))
+        self.dir = Path(tempfile.mkdtemp(prefix="agentsession-pg-", dir=base))
         self.data = self.dir / "data"
         self.socket = self.dir
         self.user = _run_as()

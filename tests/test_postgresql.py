@@ -166,15 +166,20 @@ def test_cli_init_creates_then_finds(url):
 
 
 class Recorder:
-    """A connection proxy that notes the statements a handle sends (and sends them)."""
+    """A connection proxy that notes the statements a handle sends, with their
+    parameters (and sends them)."""
 
     def __init__(self, conn: Any):
         self._conn = conn
-        self.statements: list[str] = []
+        self.calls: list[tuple[str, Any]] = []
 
-    def execute(self, statement: Any, *args: Any, **kw: Any) -> Any:
-        self.statements.append(statement if isinstance(statement, str) else repr(statement))
-        return self._conn.execute(statement, *args, **kw)
+    def execute(self, statement: Any, params: Any = None, *args: Any, **kw: Any) -> Any:
+        self.calls.append((statement if isinstance(statement, str) else repr(statement), params))
+        return self._conn.execute(statement, params, *args, **kw)
+
+    def appends(self) -> list[bool]:
+        """For each write the handle sent: whether it asked for an asynchronous commit."""
+        return [params[5] for text, params in self.calls if "append_records" in text]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
@@ -189,19 +194,30 @@ def test_lazy_append_commits_asynchronously_and_commit_waits(url):
         rec = Recorder(s.log.conn)
         s.log.conn = rec
         r = s.append(msg("lazy"))
-        assert not r.durable
-        assert any("synchronous_commit TO off" in t for t in rec.statements)
-        assert sql(url, "SELECT op FROM log l JOIN sessions s ON s.key = l.session ORDER BY pos")[-1] == ("append",)
-        rec.statements.clear()
+        assert not r.durable and rec.appends() == [True]
+        assert sql(url, "SELECT op FROM log ORDER BY pos")[-1] == ("append",)
         s.commit()
-        assert not any("synchronous_commit TO off" in t for t in rec.statements)
+        assert rec.appends() == [True, False]
         assert sql(url, "SELECT op FROM log ORDER BY pos")[-1] == ("commit",)
-        rec.statements.clear()
         d = s.append(msg("durable"), durable=True)
-        assert d.durable and not any("synchronous_commit TO off" in t for t in rec.statements)
+        assert d.durable and rec.appends() == [True, False, False]
         assert [op for (op,) in sql(url, "SELECT op FROM log ORDER BY pos")][-2:] == ["append", "commit"]
     finally:
         st.close()
+
+
+def test_the_append_function_sets_asynchronous_commit_for_its_own_transaction_only(store, url):
+    """What a lazy write asks of the server: synchronous_commit off inside its own
+    transaction, and the connection's setting (on) untouched after it."""
+    s, _ = chain(store, n=1)
+    conn = s.log.conn
+    key, last_pos = sql(url, "SELECT key, last_pos FROM sessions")[0]
+    assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+    with conn.transaction(force_rollback=True):
+        conn.execute("SELECT append_records(%s::bigint, %s::bigint, %s::integer, NULL, 'record', true, 0, "
+                     "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')", [key, s.log.fence, last_pos])
+        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+    assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
 
 
 def test_append_is_one_transaction_with_its_objects_and_head(store, url):
@@ -227,8 +243,9 @@ def test_second_writer_is_refused_and_a_dropped_connection_frees_the_hold(store,
         assert snap.log_order == ids
         snap.close()
         # The holder's connection dies (a killed process, a network cut): the server lets
-        # go, and the next writer's token fences the old handle out.
-        sql(url, "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+        # go (the terminate waits for the backend to end), and the next writer's token fences
+        # the old handle out.
+        sql(url, "SELECT pg_terminate_backend(pid, 30000) FROM pg_locks WHERE locktype = 'advisory' AND granted")
         s2 = other.session("s1")
         assert s2.append(msg("second writer")).outcome == "continued"
         with pytest.raises(StoreError):
@@ -318,6 +335,23 @@ def test_sweep_keeps_an_object_written_again_while_it_decides(store):
     res, _, _, _ = backend.sweep_objects(compute, grace=0, dry_run=False, wait=0, progress=None)
     assert res.dropped == 0 and store.objects.exists("blobs", name)
     assert any("written or held again" in n for n in res.notes)
+
+
+def test_a_fork_holds_its_prefix_for_the_grace_with_one_row(store, url):
+    """Making a fork writes one hold, not one row per prefix object; a sweep keeps the
+    prefix of a hold younger than its grace after every session naming it is gone."""
+    s, ids = chain(store, "src", 3)
+    s.close()
+    born = sql(url, "SELECT xmin::text FROM objects ORDER BY space, hash")
+    f = store.create(Header.new("fork", base=ids[1]))
+    f.close()
+    assert sql(url, "SELECT xmin::text FROM objects ORDER BY space, hash") == born  # no row rewritten
+    store.delete("fork")
+    store.delete("src")
+    res = store.sweep(grace=3600)
+    assert res.repack.dropped == 0
+    res = store.sweep(grace=0)
+    assert res.repack.dropped == 6 and not sql(url, "SELECT 1 FROM holds")
 
 
 def test_pack_says_the_database_keeps_its_own_storage(store):

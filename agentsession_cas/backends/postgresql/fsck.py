@@ -1,4 +1,4 @@
-"""fsck of a PostgreSQL store: every object re-hashed in the server (``sha256(data)``),
+"""fsck of a PostgreSQL store: every object read (decompressed) and re-hashed against its name,
 every log row and session row checked against the records they hold, the edges index
 against the envelopes, and then every session against the one rule set
 (:func:`agentsession_cas.maintenance.check.check_sessions`, as a store of any backend).
@@ -9,6 +9,7 @@ it uses the domain (replay, the rules' walk), which sits above the backends.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ...maintenance.check import check_sessions
 from ...store.state import replay
 from ..base import FsckReport
-from .objects import envelope_parents, hash_name
+from .objects import decode, envelope_parents, hash_name
 from .schema import SPACE_CODES
 
 if TYPE_CHECKING:
@@ -33,18 +34,27 @@ def fsck_walk(backend: PostgresBackend, store: Any, *, progress: Callable[[str],
     report = FsckReport(backend.describe())
     if progress:
         progress("re-hashing every object")
-    with db.conn() as c:
-        counts = c.execute("SELECT space, count(*) FROM objects GROUP BY space").fetchall()
-        bad = c.execute("SELECT space, hash FROM objects WHERE sha256(data) <> hash").fetchall()
-    total = sum(int(n) for _, n in counts)
-    report.counts.update(objects=total, **{_SPACES[s]: int(n) for s, n in counts})
-    for space, raw in bad:
-        name = hash_name(bytes(raw))
-        report.add("error", "corrupt-object", f"{_SPACES[space]} object {name} does not hash to its name",
-                   object=name, space=_SPACES[space], file="objects")
+    counts: dict[str, int] = {}
+    parents: set[tuple[bytes, bytes]] = set()  # what the edges index must hold
+    envelopes: set[bytes] = set()
+    with db.conn() as c, c.transaction(), c.cursor(name="fsck_objects") as cur:
+        cur.itersize = 500
+        cur.execute("SELECT space, hash, codec, data FROM objects")
+        for space, raw, codec, stored in cur:
+            raw, name, sp = bytes(raw), hash_name(bytes(raw)), _SPACES[space]
+            counts[sp] = counts.get(sp, 0) + 1
+            data = decode(int(codec), bytes(stored))
+            if data is None or hashlib.sha256(data).digest() != raw:
+                report.add("error", "corrupt-object", f"{sp} object {name} does not hash to its name",
+                           object=name, space=sp, file="objects")
+                continue
+            if space == 0:
+                envelopes.add(raw)
+                parents.update((p, raw) for p in envelope_parents(data))
+    report.counts.update(objects=sum(counts.values()), **counts)
     if progress:
         progress("checking the edges index against the envelopes")
-    _check_edges(db, report)
+    _check_edges(db, report, parents, envelopes)
     if progress:
         progress("checking the session and log rows")
     _check_rows(db, report)
@@ -52,21 +62,16 @@ def fsck_walk(backend: PostgresBackend, store: Any, *, progress: Callable[[str],
     return report
 
 
-def _check_edges(db: Database, report: FsckReport) -> None:
-    """Every parent an envelope names has its edge; every edge names a held envelope."""
+def _check_edges(db: Database, report: FsckReport, wanted: set[tuple[bytes, bytes]], envelopes: set[bytes]) -> None:
+    """Every parent a sound envelope names has its edge; every edge names a held envelope."""
     with db.conn() as c:
         edges = {(bytes(p), bytes(ch)) for p, ch in c.execute("SELECT parent, child FROM edges").fetchall()}
-        wanted: set[tuple[bytes, bytes]] = set()
-        with c.cursor() as cur:
-            cur.execute("SELECT hash, data FROM objects WHERE space = 0 AND sha256(data) = hash")
-            for raw, data in cur:
-                wanted.update((p, bytes(raw)) for p in envelope_parents(bytes(data)))
-        children = {bytes(r[0]) for r in c.execute("SELECT hash FROM objects WHERE space = 0").fetchall()}
+        held = {bytes(r[0]) for r in c.execute("SELECT hash FROM objects WHERE space = 0").fetchall()}
     for parent, child in sorted(wanted - edges):
         report.add("warning", "edges-missing", f"envelope {hash_name(child)} names parent {hash_name(parent)}, "
-                   "and the edges index lacks that row (an index: repair rebuilds it)", object=hash_name(child), file="edges")
+                   "and the edges index lacks that row (an index of the envelopes: storing the envelope again restores it)", object=hash_name(child), file="edges")
     for parent, child in sorted(edges - wanted):
-        if child not in children:
+        if child not in held:
             report.add("warning", "edges-orphan", f"edges row {hash_name(parent)} -> {hash_name(child)} names no held envelope",
                        object=hash_name(child), file="edges")
     report.counts["edges"] = len(edges)

@@ -5,7 +5,13 @@
   sweep barrier (see :mod:`.objects`), then deletes the unretained ones in
   small transactions of their own, each re-checking ``born``, so writers are
   never blocked for longer than one batch's rows and an object a writer
-  freshened meanwhile stays.
+  freshened meanwhile stays. What a log names is retained by the domain's
+  rule; a fork made within the grace holds its prefix with one ``holds``
+  row (no row of the prefix rewritten), kept here by the same rule.
+  A write committed after the logs were read either wrote its objects (a
+  ``born`` after the barrier) or names entries some log read before held
+  (a fork needs its base held by a session or a prefix), so it loses
+  nothing.
 - **fsck** is :mod:`.fsck`.
 - **pack** has nothing to do: PostgreSQL keeps its own storage (TOAST
   compresses objects over about 2 kB; autovacuum reclaims dead rows).
@@ -16,6 +22,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ...errors import AgentSessionError
+from ...format.canonical import loads
+from ...format.hashing import envelope_content
+from ...format.media import sidecar_names
 from ..base import RepackResult, Retained
 from .database import sql
 from .objects import hash_name
@@ -44,7 +54,10 @@ def sweep_objects(
             cutoff = c.execute("SELECT clock_timestamp() - make_interval(secs => %s)", [grace]).fetchone()[0]
         total, size = c.execute("SELECT count(*), coalesce(sum(octet_length(data)), 0) FROM objects").fetchone()
         old = c.execute("SELECT space, hash, octet_length(data) FROM objects WHERE born < %s", [cutoff]).fetchall()
-    ret = compute(any(space == SPACE_CODES["blobs"] for space, _, _ in old))
+        held = [b for (b,) in c.execute("SELECT base FROM holds WHERE at >= %s", [cutoff]).fetchall()]
+    blobs = any(space == SPACE_CODES["blobs"] for space, _, _ in old)
+    ret = compute(blobs)
+    retain_prefixes(backend, held, ret, blobs=blobs)  # forks made within the grace hold theirs
     retained = {SPACE_CODES["entries"]: ret.envelopes, SPACE_CODES["contents"]: ret.contents, SPACE_CODES["blobs"]: ret.blobs}
     drop = [(space, bytes(raw), n) for space, raw, n in old if hash_name(bytes(raw)) not in retained[space]]
     result = RepackResult(dry_run=dry_run, loose_before=int(total), bytes_before=int(size))
@@ -74,6 +87,9 @@ def sweep_objects(
             names.add(hash_name(key[1]))
         if progress:
             progress(min(i + SWEEP_BATCH, len(drop)), len(drop))
+    if not dry_run:
+        with db.conn() as c:
+            c.execute("DELETE FROM holds WHERE at < %s", [cutoff])
     kept = len(drop) - removed
     if kept and not dry_run:
         result.notes.append(f"{kept} object(s) were written or held again while the sweep ran, and were kept")
@@ -83,6 +99,34 @@ def sweep_objects(
     result.objects = int(total) - removed
     result.bytes_after = int(size) - removed_bytes
     return result, int(total) - len(old), [], ret
+
+
+def retain_prefixes(backend: PostgresBackend, bases: list[str], ret: Retained, *, blobs: bool) -> None:
+    """Add to ``ret`` the prefixes root..base of ``bases`` (walking up until an envelope
+    already retained), their contents and, where the store holds blobs, the blobs those
+    name: the sweep's rule for a prefix (:func:`agentsession_cas.maintenance.sweep.retained`)."""
+    objects = backend.objects
+    for base in bases:
+        current: str | None = base
+        while current is not None and current not in ret.envelopes:
+            ret.envelopes.add(current)
+            try:
+                env = objects.get("entries", current)
+            except AgentSessionError:
+                break  # missing or corrupt: fsck's business
+            content = envelope_content(env)
+            if content is not None and content not in ret.contents:
+                ret.contents.add(content)
+                if blobs:
+                    try:
+                        ret.blobs.update(sidecar_names(objects.get("contents", content)))
+                    except AgentSessionError:
+                        pass
+            try:
+                parent = loads(env).get("parent")
+            except (ValueError, AttributeError):
+                break
+            current = parent if isinstance(parent, str) else None
 
 
 def storage_report(backend: PostgresBackend) -> RepackResult:

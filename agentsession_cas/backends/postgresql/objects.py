@@ -8,32 +8,84 @@ sweep barrier in shared mode (:meth:`PgObjects.barrier`): a sweep takes it
 exclusively for an instant before it reads the logs, so every write that
 touched an object before then is committed and visible to it, and every write
 after it stamps a ``born`` the sweep's cut-off excludes.
+
+Objects are stored compressed (a zstd frame, one per object) where that makes
+them smaller, since PostgreSQL's own TOAST compression only looks at rows over
+about 2 kB and most objects are smaller; every read decompresses and hashes
+what it returns against the name. A reader that walks a session's entries in
+order (a projection, an export) is served by a read-ahead: the first miss
+fetches the next entries of the order the session registered and their
+contents in two queries, and each is verified as it is served.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
+
+import zstandard
 
 from ...errors import CorruptObjectError, NoSuchObjectError
 from ...format.canonical import loads
+from ...format.hashing import envelope_content
 from ..base import ObjectStore, Space
-from .schema import SPACE_CODES
+from .schema import SPACE_CODES, sound
 
 if TYPE_CHECKING:
     from . import PostgresBackend
 
-__all__ = ["PgObjects", "raw_hash", "hash_name", "envelope_parents"]
+__all__ = ["PgObjects", "raw_hash", "hash_name", "envelope_parents", "encode", "decode"]
 
 _PREFIX = "sha256:"
 _BATCH = 500
+#: Objects shorter than this are stored as they are (a frame would not pay).
+COMPRESS_FROM = 96
+#: Entries a read-ahead fetches at once (with their contents).
+READ_AHEAD = 256
+_SOUND = sound("objects")
 
 _UPSERT = (
-    "INSERT INTO objects (space, hash, data) VALUES (%s, %s, %s) "
+    "INSERT INTO objects (space, hash, codec, sum, data) VALUES (%s, %s, %s, %s, %s) "
     "ON CONFLICT (space, hash) DO UPDATE SET born = clock_timestamp(), "
-    "data = CASE WHEN sha256(objects.data) = objects.hash THEN objects.data ELSE EXCLUDED.data END"
+    f"codec = CASE WHEN {_SOUND} THEN objects.codec ELSE EXCLUDED.codec END, "
+    f"sum = CASE WHEN {_SOUND} THEN objects.sum ELSE EXCLUDED.sum END, "
+    f"data = CASE WHEN {_SOUND} THEN objects.data ELSE EXCLUDED.data END"
 )
+_codecs = threading.local()
+
+
+def _compressor() -> Any:
+    c = getattr(_codecs, "c", None)
+    if c is None:
+        c = _codecs.c = zstandard.ZstdCompressor(level=3)
+    return c
+
+
+def encode(raw: bytes, data: bytes) -> tuple[int, bytes, bytes]:
+    """(codec, stored bytes, their SHA-256) for an object named ``raw``. Bytes that do not
+    hash to their name (a corrupt put) are stored as they are, where the server sees it."""
+    if len(data) >= COMPRESS_FROM and hashlib.sha256(data).digest() == raw:
+        frame = _compressor().compress(data)
+        if len(frame) < len(data) - 16:
+            return 1, frame, hashlib.sha256(frame).digest()
+    return 0, data, hashlib.sha256(data).digest()
+
+
+def decode(codec: int, stored: bytes) -> bytes | None:
+    """The object's bytes from a row; None when they cannot be had (a damaged frame)."""
+    if codec == 0:
+        return stored
+    if codec == 1:
+        d = getattr(_codecs, "d", None)
+        if d is None:
+            d = _codecs.d = zstandard.ZstdDecompressor()
+        try:
+            return bytes(d.decompress(stored))
+        except zstandard.ZstdError:
+            return None
+    return None
 _EDGE = "INSERT INTO edges (parent, child) VALUES (%s, %s) ON CONFLICT DO NOTHING"
 
 
@@ -73,25 +125,32 @@ def envelope_parents(env: bytes) -> list[bytes]:
     return out
 
 
-def object_rows(items: Iterable[tuple[Space, str, bytes]]) -> tuple[list[tuple[int, bytes, bytes]], list[tuple[bytes, bytes]]]:
-    """The ``objects`` rows and ``edges`` rows of some objects (a name that is no hash is
-    stored under nothing: NoSuchObjectError)."""
-    rows: list[tuple[int, bytes, bytes]] = []
-    edges: list[tuple[bytes, bytes]] = []
+def object_rows(items: Iterable[tuple[Space, str, bytes]]) -> tuple[list[tuple[int, bytes, int, bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """The ``objects`` rows (space, hash, codec, sum, data) and ``edges`` rows of some
+    objects (a name that is no hash is stored under nothing: NoSuchObjectError)."""
+    rows: dict[tuple[int, bytes], bytes] = {}  # one row per object: an upsert may not meet one twice
+    edges: dict[tuple[bytes, bytes], None] = {}
     for space, name, data in items:
         raw = raw_hash(name)
         if raw is None:
             raise NoSuchObjectError(f"{name!r} is not an object name (sha256:<64 hex>)")
-        rows.append((SPACE_CODES[space], raw, bytes(data)))
+        rows[(SPACE_CODES[space], raw)] = bytes(data)
         if space == "entries":
-            edges.extend((p, raw) for p in envelope_parents(data))
-    return rows, edges
+            edges.update(((p, raw), None) for p in envelope_parents(data))
+    out = []
+    for (space, raw), data in rows.items():
+        codec, stored, digest = encode(raw, data)
+        out.append((space, raw, codec, digest, stored))
+    return out, list(edges)
 
 
 class PgObjects(ObjectStore):
     def __init__(self, backend: PostgresBackend):
         self.backend = backend
         self.db = backend.db
+        self._order: dict[str, int] = {}
+        self._sequence: list[str] = []
+        self._ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
 
     def barrier(self, conn: Any) -> None:
         """Inside a write transaction: the sweep barrier, shared (see the module)."""
@@ -108,40 +167,54 @@ class PgObjects(ObjectStore):
 
     def get(self, space: Space, name: str) -> bytes:
         raw = raw_hash(name)
-        row = None
-        if raw is not None:
-            rows = self.db.query("SELECT data FROM objects WHERE space = %s AND hash = %s", [SPACE_CODES[space], raw])
-            row = rows[0] if rows else None
+        row = self._ahead.pop((space, name), None)
+        if row is None and raw is not None:
+            if space == "entries" and name in self._order:
+                self._read_ahead(name)
+                row = self._ahead.pop((space, name), None)
+            if row is None:
+                rows = self.db.query("SELECT codec, data FROM objects WHERE space = %s AND hash = %s",
+                                     [SPACE_CODES[space], raw])
+                row = (int(rows[0][0]), bytes(rows[0][1])) if rows else None
         if row is None:
             raise NoSuchObjectError(f"no {space} object {name} in {self.backend.describe()}")
-        data = bytes(row[0])
-        if raw != hashlib.sha256(data).digest():
+        data = decode(*row)
+        if data is None or raw != hashlib.sha256(data).digest():
             raise CorruptObjectError(
                 f"corrupt object: {space} object {name} does not hash to its name (in {self.where(space, name)})",
                 space=space, name=name, path=self.where(space, name),
             )
         return data
 
-    def get_many(self, space: Space, names: Iterable[str]) -> dict[str, bytes]:
-        """Several objects in one query, each verified; absent ones are left out, a
-        corrupt one raises (a projection reads a session's objects this way)."""
-        wanted = {raw: n for n in names if (raw := raw_hash(n)) is not None}
-        out: dict[str, bytes] = {}
-        keys = list(wanted)
-        for i in range(0, len(keys), 2000):
-            rows = self.db.query(
-                "SELECT hash, data FROM objects WHERE space = %s AND hash = ANY(%s)", [SPACE_CODES[space], keys[i:i + 2000]]
-            )
-            for raw, data in rows:
-                raw, data = bytes(raw), bytes(data)
-                name = wanted[raw]
-                if hashlib.sha256(data).digest() != raw:
-                    raise CorruptObjectError(
-                        f"corrupt object: {space} object {name} does not hash to its name (in {self.where(space, name)})",
-                        space=space, name=name, path=self.where(space, name),
-                    )
-                out[name] = data
-        return out
+    # -- the read-ahead ------------------------------------------------------------------
+
+    def expect(self, order: Sequence[str]) -> None:
+        """The entries a reader is about to walk, in order (a session's log): a miss on
+        one of them fetches it and the next ones, with their contents."""
+        self._order = {eid: i for i, eid in enumerate(order)}
+        self._sequence = list(order)
+        self._ahead = {}
+
+    def _read_ahead(self, name: str) -> None:
+        start = self._order[name]
+        chunk = [raw_hash(n) for n in self._sequence[start:start + READ_AHEAD]]
+        ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
+        contents: list[bytes] = []
+        for raw, codec, data in self.db.query(
+            "SELECT hash, codec, data FROM objects WHERE space = 0 AND hash = ANY(%s)", [chunk]
+        ):
+            row = (int(codec), bytes(data))
+            ahead[("entries", hash_name(bytes(raw)))] = row
+            env = decode(*row)
+            c = envelope_content(env) if env is not None else None
+            if c is not None and (craw := raw_hash(c)) is not None:
+                contents.append(craw)
+        if contents:
+            for raw, codec, data in self.db.query(
+                "SELECT hash, codec, data FROM objects WHERE space = 1 AND hash = ANY(%s)", [contents]
+            ):
+                ahead[("contents", hash_name(bytes(raw)))] = (int(codec), bytes(data))
+        self._ahead = ahead
 
     def exists(self, space: Space, name: str) -> bool:
         raw = raw_hash(name)
@@ -191,7 +264,7 @@ class PgObjects(ObjectStore):
                 raws = [r for n in wanted if (r := raw_hash(n)) is not None]
                 rows = c.execute(
                     "UPDATE objects SET born = clock_timestamp() WHERE space = %s AND hash = ANY(%s) "
-                    "AND sha256(data) = hash RETURNING hash", [SPACE_CODES[space], raws]
+                    f"AND {_SOUND} RETURNING hash", [SPACE_CODES[space], raws]
                 ).fetchall()
                 found = {hash_name(bytes(r[0])) for r in rows}
                 missing.extend((space, n) for n in wanted if n not in found)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "UPGRADES", "SPACE_CODES", "MigrationPlan", "create_statements", "plan_upgrade"]
+__all__ = ["SCHEMA_VERSION", "UPGRADES", "SPACE_CODES", "MigrationPlan", "create_statements", "plan_upgrade", "sound"]
 
 #: The version of the tables this release creates and reads.
 SCHEMA_VERSION = 1
@@ -36,14 +36,21 @@ def create_statements(schema: str) -> list[str]:
     return [
         f"CREATE SCHEMA IF NOT EXISTS {s}",
         f"CREATE TABLE {s}.meta (key text PRIMARY KEY, value text NOT NULL)",
-        # Objects of the three spaces, by space and hash; ``born`` is when the object
-        # was last written or held (what a sweep's grace counts from).
+        # Objects of the three spaces, by space and hash. ``data`` is the object's bytes
+        # as ``codec`` says (0: as they are; 1: a zstd frame of them, where that is
+        # smaller), ``sum`` the SHA-256 of ``data`` as stored, so the server can check
+        # the stored bytes (the name is checked against the bytes by every reader); ``born``
+        # is when the object was last written or held (what a sweep's grace counts from).
         f"""CREATE TABLE {s}.objects (
             space smallint NOT NULL,
             hash bytea NOT NULL,
+            codec smallint NOT NULL,
+            sum bytea NOT NULL,
             data bytea NOT NULL,
             born timestamptz NOT NULL DEFAULT clock_timestamp(),
             PRIMARY KEY (space, hash))""",
+        # The values are compressed already: TOAST need not try again.
+        f"ALTER TABLE {s}.objects ALTER COLUMN data SET STORAGE EXTERNAL",
         # The reverse index the parent hashes cannot give (RFC 0002 "edges"): every
         # envelope stored adds a row per parent it names (``parent`` and ``parents``).
         f"""CREATE TABLE {s}.edges (
@@ -97,7 +104,55 @@ def create_statements(schema: str) -> list[str]:
             PRIMARY KEY (url, kind, name))""",
         # What a sweep decides over: the oldest objects first.
         f"CREATE INDEX objects_born ON {s}.objects (born)",
+        # A fork's hold on its prefix (root..base), one row per fork made: a sweep keeps
+        # the prefix of every hold younger than its grace, as it keeps a touched file.
+        f"""CREATE TABLE {s}.holds (
+            id bigserial PRIMARY KEY,
+            base text NOT NULL,
+            at timestamptz NOT NULL DEFAULT clock_timestamp())""",
+        APPEND_FUNCTION.format(schema=s, sound=sound("objects")),
     ]
+
+
+def sound(table: str) -> str:
+    """The server's test that a row of ``table`` is sound: its stored bytes hash to their
+    ``sum``, and raw bytes (codec 0) to the object's name. (Bytes that did not hash to
+    their name when stored are always stored raw, so the test finds them; a compressed
+    row's name is checked by the reader, after decompressing.)"""
+    return f"(sha256({table}.data) = {table}.sum AND ({table}.codec = 1 OR {table}.sum = {table}.hash))"
+
+
+#: An append as one statement (one round trip, its own transaction): the conditional
+#: update of the session's row (its fencing token and log length), then the objects, the
+#: edges and the log rows. False, with nothing written, when the row did not match.
+APPEND_FUNCTION = """CREATE FUNCTION {schema}.append_records(
+    p_key bigint, p_fence bigint, p_from integer, p_head text, p_mark text, p_lazy boolean, p_barrier bigint,
+    o_space smallint[], o_hash bytea[], o_codec smallint[], o_sum bytea[], o_data bytea[],
+    e_parent bytea[], e_child bytea[],
+    l_op text[], l_seq integer[], l_hash bytea[], l_content bytea[], l_record text[]) RETURNS boolean
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF p_lazy THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(p_barrier);
+    UPDATE sessions SET last_pos = p_from + cardinality(l_op), head = p_head, mark = p_mark
+     WHERE key = p_key AND fence = p_fence AND last_pos = p_from;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO objects (space, hash, codec, sum, data) SELECT * FROM unnest(o_space, o_hash, o_codec, o_sum, o_data)
+        ON CONFLICT (space, hash) DO UPDATE SET born = clock_timestamp(),
+            codec = CASE WHEN {sound} THEN objects.codec ELSE EXCLUDED.codec END,
+            sum = CASE WHEN {sound} THEN objects.sum ELSE EXCLUDED.sum END,
+            data = CASE WHEN {sound} THEN objects.data ELSE EXCLUDED.data END;
+    INSERT INTO edges (parent, child) SELECT * FROM unnest(e_parent, e_child) ON CONFLICT DO NOTHING;
+    INSERT INTO log (session, pos, op, seq, hash, content, record)
+        SELECT p_key, p_from + t.n, t.op, t.seq, t.hash, t.content, t.record
+          FROM unnest(l_op, l_seq, l_hash, l_content, l_record) WITH ORDINALITY AS t(op, seq, hash, content, record, n);
+    RETURN true;
+END
+$$"""
 
 
 @dataclass

@@ -5,7 +5,8 @@ its own, kept for as long as the handle is open: two processes, on one
 machine or two, never interleave one session's records, and a writer that
 dies (or whose connection drops) lets go at once, the server releasing the
 lock. Taking the hold also raises the session's ``fence``, and every write
-is one transaction whose first statement is the conditional update
+is one statement, its own transaction (the schema's ``append_records``, one
+round trip), whose first step is the conditional update
 
     UPDATE sessions SET last_pos = …, head = …, mark = …
      WHERE key = … AND fence = <the handle's token> AND last_pos = <what it last wrote>
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import NoSuchSessionError, SessionDamagedError, SessionExistsError, SessionLockedError, StoreError
 from ..base import Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
 from .database import psycopg, translate
-from .objects import raw_hash
+from .objects import object_rows, raw_hash
 
 if TYPE_CHECKING:
     from . import PostgresBackend
@@ -147,27 +148,28 @@ class PgSessionLog(SessionLog):
         return self.conn
 
     def _write(self, records: Sequence[Record], *, durable: bool) -> None:
-        """One transaction: the conditional update of the session's row, its log rows and
-        the objects the records carry. Nothing of it is left when it fails."""
+        """One statement in a transaction of its own (the schema's ``append_records``): the
+        conditional update of the session's row, the objects the records carry, their
+        edges and the log rows. Nothing of it is left when it fails."""
         conn = self._check()
         head, mark = indexes_after(records, self.head, self.mark)
         rows = log_rows(self.key, self.last_pos, records)
         end = self.last_pos + len(rows)
+        orows, erows = object_rows(_objects_of(records))
+        cols = list(zip(*rows))
         try:
-            with conn.transaction():
-                if not durable:
-                    conn.execute("SET LOCAL synchronous_commit TO off")
-                self.backend.objects.barrier(conn)
-                moved = conn.execute(
-                    "UPDATE sessions SET last_pos = %s, head = %s, mark = %s "
-                    "WHERE key = %s AND fence = %s AND last_pos = %s RETURNING 1",
-                    [end, head, mark, self.key, self.fence, self.last_pos],
-                ).fetchone()
-                if moved is None:
-                    raise _Fenced()
-                self.backend.objects.write_rows(conn, _objects_of(records))
-                with conn.cursor() as cur:
-                    cur.executemany(_LOG_ROW, rows)
+            done = conn.execute(
+                "SELECT append_records(%s, %s, %s, %s, %s, %s, %s, %s::smallint[], %s::bytea[], %s::smallint[], "
+                "%s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[], %s::text[], %s::integer[], %s::bytea[], "
+                "%s::bytea[], %s::text[])",
+                [self.key, self.fence, self.last_pos, head, mark, not durable, self.backend.db.lock_key("sweep"),
+                 [r[0] for r in orows], [r[1] for r in orows], [r[2] for r in orows], [r[3] for r in orows],
+                 [r[4] for r in orows],
+                 [e[0] for e in erows], [e[1] for e in erows],
+                 list(cols[2]), list(cols[3]), list(cols[4]), list(cols[5]), list(cols[6])],
+            ).fetchone()[0]
+            if not done:
+                raise _Fenced()
         except _Fenced:
             self._lost_hold()
         except psycopg.OperationalError as exc:
@@ -332,6 +334,8 @@ class PgSessions(SessionStore):
         if not writable:
             with self.db.conn() as c:
                 row, records = self._read(c, session_id)
+            # A snapshot is mostly opened to be read whole (a projection): read ahead.
+            self.backend.objects.expect([r["entry"] for r in records if r.get("op") == "append" and "entry" in r])
             key, header, head, mark, last_pos, _ = row
             log = PgSessionLog(self.backend, session_id, key, writable=False, last_pos=last_pos, head=head, mark=mark)
             return log, LogOpen(bytes(header), records, head, mark)
@@ -406,15 +410,23 @@ class PgSessions(SessionStore):
                             last_pos=len(records), head=final_head, mark=final_mark)
 
     def _hold_prefix(self, conn: Any, prefix: Sequence[tuple[str, str]]) -> None:
-        """Freshen the prefix's objects (a sweep now keeps them) and refuse a missing one."""
+        """Hold the prefix from a sweep with one ``holds`` row (not one write per object: a
+        fork of a deep session would rewrite its whole path), and refuse a prefix whose
+        objects are not all held."""
+        if not prefix:
+            return
+        wanted = {(0, raw_hash(eid)) for eid, _ in prefix} | {(1, raw_hash(c)) for _, c in prefix}
+        found: set[tuple[int, bytes | None]] = set()
+        for space in (0, 1):
+            keys = [h for sp, h in wanted if sp == space]
+            for i in range(0, len(keys), 10000):
+                rows = conn.execute("SELECT hash FROM objects WHERE space = %s AND hash = ANY(%s)",
+                                    [space, keys[i:i + 10000]]).fetchall()
+                found.update((space, bytes(r[0])) for r in rows)
         for eid, chash in prefix:
-            for space, name in ((0, eid), (1, chash)):
-                found = conn.execute(
-                    "UPDATE objects SET born = clock_timestamp() WHERE space = %s AND hash = %s RETURNING 1",
-                    [space, raw_hash(name)],
-                ).fetchone()
-                if found is None:
-                    raise StoreError(f"prefix entry {eid[7:19]} of the fork's base is not held; nothing was created")
+            if (0, raw_hash(eid)) not in found or (1, raw_hash(chash)) not in found:
+                raise StoreError(f"prefix entry {eid[7:19]} of the fork's base is not held; nothing was created")
+        conn.execute("INSERT INTO holds (base) VALUES (%s)", [prefix[-1][0]])
 
     def size(self, session_id: str) -> int | None:
         rows = self.db.query(
