@@ -215,7 +215,7 @@ def test_the_append_function_sets_asynchronous_commit_for_its_own_transaction_on
     assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
     with conn.transaction(force_rollback=True):
         conn.execute("SELECT append_records(%s::bigint, %s::bigint, %s::integer, NULL, 'record', true, 0, "
-                     "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')", [key, s.log.fence, last_pos])
+                     "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')", [key, s.log.fence, last_pos])
         assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
     assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
 

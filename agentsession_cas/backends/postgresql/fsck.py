@@ -50,7 +50,7 @@ def fsck_walk(backend: PostgresBackend, store: Any, *, progress: Callable[[str],
                 continue
             if space == 0:
                 envelopes.add(raw)
-                parents.update((p, raw) for p in envelope_parents(data))
+                parents.update((p, raw) for p, _ in envelope_parents(data))
     report.counts.update(objects=sum(counts.values()), **counts)
     if progress:
         progress("checking the edges index against the envelopes")

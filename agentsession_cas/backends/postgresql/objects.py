@@ -36,12 +36,14 @@ from .schema import SPACE_CODES, sound
 if TYPE_CHECKING:
     from . import PostgresBackend
 
-__all__ = ["PgObjects", "raw_hash", "hash_name", "envelope_parents", "encode", "decode"]
+__all__ = ["PgObjects", "raw_hash", "hash_name", "envelope_parents", "encode", "decode", "copy_rows"]
 
 _PREFIX = "sha256:"
 _BATCH = 500
 #: Objects shorter than this are stored as they are (a frame would not pay).
 COMPRESS_FROM = 96
+#: Rows from which a write goes through COPY rather than one statement per row.
+COPY_FROM = 64
 #: Entries a read-ahead fetches at once (with their contents).
 READ_AHEAD = 256
 _SOUND = sound("objects")
@@ -86,7 +88,15 @@ def decode(codec: int, stored: bytes) -> bytes | None:
         except zstandard.ZstdError:
             return None
     return None
-_EDGE = "INSERT INTO edges (parent, child) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+_EDGE = "INSERT INTO edges (parent, child, first) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+
+
+def copy_rows(conn: Any, target: str, types: list[str], rows: Iterable[Sequence[Any]]) -> None:
+    """``rows`` into ``target`` (a table and its columns) through one binary COPY."""
+    with conn.cursor() as cur, cur.copy(f"COPY {target} FROM STDIN (FORMAT BINARY)") as cp:
+        cp.set_types(types)
+        for row in rows:
+            cp.write_row(row)
 
 
 def raw_hash(name: str) -> bytes | None:
@@ -104,9 +114,10 @@ def hash_name(raw: bytes) -> str:
     return _PREFIX + bytes(raw).hex()
 
 
-def envelope_parents(env: bytes) -> list[bytes]:
-    """The parents an envelope names (``parent`` and ``parents``), as raw hashes, for the
-    edges index; nothing for bytes that are not an envelope (a corrupt put)."""
+def envelope_parents(env: bytes) -> list[tuple[bytes, bool]]:
+    """The parents an envelope names, as raw hashes, each with whether it is the
+    ``parent`` (not one of ``parents``), for the edges index; nothing for bytes that are
+    not an envelope (a corrupt put)."""
     try:
         data = loads(env)
     except (ValueError, UnicodeDecodeError):
@@ -117,31 +128,33 @@ def envelope_parents(env: bytes) -> list[bytes]:
     parents = data.get("parents")
     if isinstance(parents, list):
         names.extend(p.get("entry") for p in parents if isinstance(p, dict))
-    out = []
-    for n in names:
+    out: list[tuple[bytes, bool]] = []
+    for i, n in enumerate(names):
         raw = raw_hash(n) if isinstance(n, str) else None
-        if raw is not None and raw not in out:
-            out.append(raw)
+        if raw is not None and all(raw != r for r, _ in out):
+            out.append((raw, i == 0))
     return out
 
 
-def object_rows(items: Iterable[tuple[Space, str, bytes]]) -> tuple[list[tuple[int, bytes, int, bytes, bytes]], list[tuple[bytes, bytes]]]:
-    """The ``objects`` rows (space, hash, codec, sum, data) and ``edges`` rows of some
-    objects (a name that is no hash is stored under nothing: NoSuchObjectError)."""
+def object_rows(
+    items: Iterable[tuple[Space, str, bytes]],
+) -> tuple[list[tuple[int, bytes, int, bytes, bytes]], list[tuple[bytes, bytes, bool]]]:
+    """The ``objects`` rows (space, hash, codec, sum, data) and ``edges`` rows (parent,
+    child, first) of some objects (a name that is no hash: NoSuchObjectError)."""
     rows: dict[tuple[int, bytes], bytes] = {}  # one row per object: an upsert may not meet one twice
-    edges: dict[tuple[bytes, bytes], None] = {}
+    edges: dict[tuple[bytes, bytes], bool] = {}
     for space, name, data in items:
         raw = raw_hash(name)
         if raw is None:
             raise NoSuchObjectError(f"{name!r} is not an object name (sha256:<64 hex>)")
         rows[(SPACE_CODES[space], raw)] = bytes(data)
         if space == "entries":
-            edges.update(((p, raw), None) for p in envelope_parents(data))
+            edges.update(((p, raw), first) for p, first in envelope_parents(data))
     out = []
-    for (space, raw), data in rows.items():
+    for (code, raw), data in rows.items():
         codec, stored, digest = encode(raw, data)
-        out.append((space, raw, codec, digest, stored))
-    return out, list(edges)
+        out.append((code, raw, codec, digest, stored))
+    return out, [(p, c, first) for (p, c), first in edges.items()]
 
 
 class PgObjects(ObjectStore):
@@ -151,25 +164,37 @@ class PgObjects(ObjectStore):
         self._order: dict[str, int] = {}
         self._sequence: list[str] = []
         self._ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
+        self._up_next: str | None = None
 
     def barrier(self, conn: Any) -> None:
         """Inside a write transaction: the sweep barrier, shared (see the module)."""
         conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", [self.db.lock_key("sweep")])
 
     def write_rows(self, conn: Any, items: Iterable[tuple[Space, str, bytes]]) -> None:
-        """Store objects inside the caller's transaction (barrier taken)."""
+        """Store objects inside the caller's transaction (barrier taken): row by row for a
+        few, through COPY into a scratch table and one upsert for many (an import)."""
         rows, edges = object_rows(items)
-        if rows:
+        if len(rows) < COPY_FROM:
             with conn.cursor() as cur:
-                cur.executemany(_UPSERT, rows)
+                if rows:
+                    cur.executemany(_UPSERT, rows)
                 if edges:
                     cur.executemany(_EDGE, edges)
+            return
+        conn.execute("CREATE TEMPORARY TABLE IF NOT EXISTS incoming_objects "
+                     "(space smallint, hash bytea, codec smallint, sum bytea, data bytea) ON COMMIT DELETE ROWS")
+        conn.execute("CREATE TEMPORARY TABLE IF NOT EXISTS incoming_edges (parent bytea, child bytea, first boolean) "
+                     "ON COMMIT DELETE ROWS")
+        copy_rows(conn, "incoming_objects (space, hash, codec, sum, data)", ["int2", "bytea", "int2", "bytea", "bytea"], rows)
+        copy_rows(conn, "incoming_edges (parent, child, first)", ["bytea", "bytea", "bool"], edges)
+        conn.execute(_UPSERT.replace("VALUES (%s, %s, %s, %s, %s)", "SELECT * FROM incoming_objects"))
+        conn.execute("INSERT INTO edges (parent, child, first) SELECT * FROM incoming_edges ON CONFLICT DO NOTHING")
 
     def get(self, space: Space, name: str) -> bytes:
         raw = raw_hash(name)
         row = self._ahead.pop((space, name), None)
         if row is None and raw is not None:
-            if space == "entries" and name in self._order:
+            if space == "entries" and (name in self._order or name == self._up_next):
                 self._read_ahead(name)
                 row = self._ahead.pop((space, name), None)
             if row is None:
@@ -184,6 +209,11 @@ class PgObjects(ObjectStore):
                 f"corrupt object: {space} object {name} does not hash to its name (in {self.where(space, name)})",
                 space=space, name=name, path=self.where(space, name),
             )
+        if space == "entries":
+            # A walk up the parents (a prefix) asks for this one's parent next: when it
+            # is not at hand, read ahead up the chain.
+            first = [p for p, is_parent in envelope_parents(data) if is_parent]
+            self._up_next = hash_name(first[0]) if first else None
         return data
 
     # -- the read-ahead ------------------------------------------------------------------
@@ -196,8 +226,17 @@ class PgObjects(ObjectStore):
         self._ahead = {}
 
     def _read_ahead(self, name: str) -> None:
-        start = self._order[name]
-        chunk = [raw_hash(n) for n in self._sequence[start:start + READ_AHEAD]]
+        """Fetch ``name`` and the entries after it: the next of the expected order, or its
+        ancestors (up the ``parent`` edges) when it is not in that order."""
+        if name in self._order:
+            start = self._order[name]
+            chunk = [raw_hash(n) for n in self._sequence[start:start + READ_AHEAD]]
+        else:
+            rows = self.db.query(
+                "WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
+                "SELECT e.parent, up.n + 1 FROM up JOIN edges e ON e.child = up.h AND e.first WHERE up.n < %s) "
+                "SELECT h FROM up", [raw_hash(name), READ_AHEAD])
+            chunk = [bytes(r[0]) for r in rows]
         ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
         contents: list[bytes] = []
         for raw, codec, data in self.db.query(

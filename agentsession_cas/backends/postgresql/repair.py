@@ -29,7 +29,8 @@ from ..base import Space
 from ..files.log import encode_record, read_log
 from ..files.repair import RepairReport, _build_log, _Planner
 from . import PostgresBackend
-from .sessions import _LOG_ROW, log_rows, parse_record
+from .objects import copy_rows
+from .sessions import LOG_COLUMNS, LOG_TYPES, log_rows, parse_record
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -165,8 +166,7 @@ def _write(backend: PostgresBackend, conn: Any, session_id: str, report: RepairR
             [session_id, key],
         ).fetchone()
         conn.execute("DELETE FROM log WHERE session = %s", [key])
-        with conn.cursor() as cur:
-            cur.executemany(_LOG_ROW, log_rows(key, 0, records))
+        copy_rows(conn, LOG_COLUMNS, LOG_TYPES, log_rows(key, 0, records))
         conn.execute("UPDATE sessions SET last_pos = %s, head = %s, mark = %s, fence = fence + 1 WHERE key = %s",
                      [len(records), state.head, state.mark, key])
     report.repaired = True

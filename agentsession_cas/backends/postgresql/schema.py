@@ -52,11 +52,15 @@ def create_statements(schema: str) -> list[str]:
         # The values are compressed already: TOAST need not try again.
         f"ALTER TABLE {s}.objects ALTER COLUMN data SET STORAGE EXTERNAL",
         # The reverse index the parent hashes cannot give (RFC 0002 "edges"): every
-        # envelope stored adds a row per parent it names (``parent`` and ``parents``).
+        # envelope stored adds a row per parent it names (``parent`` and ``parents``);
+        # ``first`` marks its ``parent``, which the index on ``child`` walks up by (a
+        # fork's prefix read in a few queries, not one per entry).
         f"""CREATE TABLE {s}.edges (
             parent bytea NOT NULL,
             child bytea NOT NULL,
+            first boolean NOT NULL,
             PRIMARY KEY (parent, child))""",
+        f"CREATE INDEX edges_up ON {s}.edges (child) INCLUDE (parent) WHERE first",
         # One row per session incarnation: ``key`` is never reused, so a session deleted
         # and made again is another row and another log. ``last_pos`` is the log's length
         # (every write is a conditional update on it and on ``fence``, the token of the
@@ -128,7 +132,7 @@ def sound(table: str) -> str:
 APPEND_FUNCTION = """CREATE FUNCTION {schema}.append_records(
     p_key bigint, p_fence bigint, p_from integer, p_head text, p_mark text, p_lazy boolean, p_barrier bigint,
     o_space smallint[], o_hash bytea[], o_codec smallint[], o_sum bytea[], o_data bytea[],
-    e_parent bytea[], e_child bytea[],
+    e_parent bytea[], e_child bytea[], e_first boolean[],
     l_op text[], l_seq integer[], l_hash bytea[], l_content bytea[], l_record text[]) RETURNS boolean
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
@@ -146,7 +150,7 @@ BEGIN
             codec = CASE WHEN {sound} THEN objects.codec ELSE EXCLUDED.codec END,
             sum = CASE WHEN {sound} THEN objects.sum ELSE EXCLUDED.sum END,
             data = CASE WHEN {sound} THEN objects.data ELSE EXCLUDED.data END;
-    INSERT INTO edges (parent, child) SELECT * FROM unnest(e_parent, e_child) ON CONFLICT DO NOTHING;
+    INSERT INTO edges (parent, child, first) SELECT * FROM unnest(e_parent, e_child, e_first) ON CONFLICT DO NOTHING;
     INSERT INTO log (session, pos, op, seq, hash, content, record)
         SELECT p_key, p_from + t.n, t.op, t.seq, t.hash, t.content, t.record
           FROM unnest(l_op, l_seq, l_hash, l_content, l_record) WITH ORDINALITY AS t(op, seq, hash, content, record, n);

@@ -38,14 +38,16 @@ from typing import TYPE_CHECKING, Any
 from ...errors import NoSuchSessionError, SessionDamagedError, SessionExistsError, SessionLockedError, StoreError
 from ..base import Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
 from .database import psycopg, translate
-from .objects import object_rows, raw_hash
+from .objects import copy_rows, object_rows, raw_hash
 
 if TYPE_CHECKING:
     from . import PostgresBackend
 
 __all__ = ["PgSessions", "PgSessionLog"]
 
-_LOG_ROW = "INSERT INTO log (session, pos, op, seq, hash, content, record) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+#: The log's columns and their types, for COPY.
+LOG_COLUMNS = "log (session, pos, op, seq, hash, content, record)"
+LOG_TYPES = ["int8", "int4", "text", "int4", "bytea", "bytea", "text"]
 _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
@@ -160,12 +162,12 @@ class PgSessionLog(SessionLog):
         try:
             done = conn.execute(
                 "SELECT append_records(%s, %s, %s, %s, %s, %s, %s, %s::smallint[], %s::bytea[], %s::smallint[], "
-                "%s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[], %s::text[], %s::integer[], %s::bytea[], "
-                "%s::bytea[], %s::text[])",
+                "%s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[], %s::boolean[], %s::text[], %s::integer[], "
+                "%s::bytea[], %s::bytea[], %s::text[])",
                 [self.key, self.fence, self.last_pos, head, mark, not durable, self.backend.db.lock_key("sweep"),
                  [r[0] for r in orows], [r[1] for r in orows], [r[2] for r in orows], [r[3] for r in orows],
                  [r[4] for r in orows],
-                 [e[0] for e in erows], [e[1] for e in erows],
+                 [e[0] for e in erows], [e[1] for e in erows], [e[2] for e in erows],
                  list(cols[2]), list(cols[3]), list(cols[4]), list(cols[5]), list(cols[6])],
             ).fetchone()[0]
             if not done:
@@ -401,8 +403,7 @@ class PgSessions(SessionStore):
                 if row is None:
                     raise SessionExistsError(f"session {session_id} already exists")
                 key = int(row[0])
-                with conn.cursor() as cur:
-                    cur.executemany(_LOG_ROW, log_rows(key, 0, records))
+                copy_rows(conn, LOG_COLUMNS, LOG_TYPES, log_rows(key, 0, records))
         except BaseException:
             self.let_go(conn)
             raise
