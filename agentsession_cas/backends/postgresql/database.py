@@ -135,9 +135,9 @@ class Database:
         finally:
             self.putconn(c)
 
-    def query(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
+    def query(self, statement: Any, params: Any = None, *, binary: bool = False) -> list[tuple[Any, ...]]:
         with self.conn() as c:
-            return c.execute(statement, params).fetchall()
+            return c.execute(statement, params, binary=binary).fetchall()
 
     def lock_key(self, name: str) -> int:
         """The advisory lock key of ``name`` within this store (a 64-bit hash of the

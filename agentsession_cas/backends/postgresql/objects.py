@@ -165,6 +165,8 @@ class PgObjects(ObjectStore):
         self._sequence: list[str] = []
         self._ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
         self._up_next: str | None = None
+        self._chain: list[str] = []
+        self._last = -1
 
     def barrier(self, conn: Any) -> None:
         """Inside a write transaction: the sweep barrier, shared (see the module)."""
@@ -194,8 +196,8 @@ class PgObjects(ObjectStore):
         raw = raw_hash(name)
         row = self._ahead.pop((space, name), None)
         if row is None and raw is not None:
-            if space == "entries" and (name in self._order or name == self._up_next):
-                self._read_ahead(name)
+            if space == "entries" and (name == self._up_next or self._walks_forward(name)):
+                self._read_ahead(name, up=name == self._up_next)
                 row = self._ahead.pop((space, name), None)
             if row is None:
                 rows = self.db.query("SELECT codec, data FROM objects WHERE space = %s AND hash = %s",
@@ -210,37 +212,57 @@ class PgObjects(ObjectStore):
                 space=space, name=name, path=self.where(space, name),
             )
         if space == "entries":
-            # A walk up the parents (a prefix) asks for this one's parent next: when it
-            # is not at hand, read ahead up the chain.
-            first = [p for p, is_parent in envelope_parents(data) if is_parent]
-            self._up_next = hash_name(first[0]) if first else None
+            self._served(name, data)
         return data
 
     # -- the read-ahead ------------------------------------------------------------------
 
     def expect(self, order: Sequence[str]) -> None:
         """The entries a reader is about to walk, in order (a session's log): a miss on
-        one of them fetches it and the next ones, with their contents."""
+        the first of them, or on the one after the last served, fetches it and the next
+        ones, with their contents."""
         self._order = {eid: i for i, eid in enumerate(order)}
         self._sequence = list(order)
         self._ahead = {}
+        self._last = -1
 
-    def _read_ahead(self, name: str) -> None:
-        """Fetch ``name`` and the entries after it: the next of the expected order, or its
-        ancestors (up the ``parent`` edges) when it is not in that order."""
-        if name in self._order:
+    def _walks_forward(self, name: str) -> bool:
+        at = self._order.get(name)
+        return at is not None and (at == 0 or at == self._last + 1)
+
+    def _served(self, name: str, envelope: bytes) -> None:
+        """Follow the walk an envelope served belongs to. Up the parents (a prefix, read
+        from the base): its parent is asked next, so a miss on that reads ahead up the
+        chain; and once the walk reaches the root, the chain read top down (the prefix's
+        entries, then the session's own) is the order expected next."""
+        at = self._order.get(name)
+        if at is not None:
+            self._last = at
+        if name != self._up_next:
+            self._chain = []
+        self._chain.append(name)
+        first = [p for p, is_parent in envelope_parents(envelope) if is_parent]
+        self._up_next = hash_name(first[0]) if first else None
+        if self._up_next is None and len(self._chain) > 1:
+            self.expect([*reversed(self._chain), *(e for e in self._sequence if e not in set(self._chain))])
+            self._chain = []
+
+    def _read_ahead(self, name: str, *, up: bool) -> None:
+        """Fetch ``name`` and the entries after it: its ancestors (up the ``parent``
+        edges) on a walk up, else the next of the expected order."""
+        if not up:
             start = self._order[name]
             chunk = [raw_hash(n) for n in self._sequence[start:start + READ_AHEAD]]
         else:
             rows = self.db.query(
                 "WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
                 "SELECT e.parent, up.n + 1 FROM up JOIN edges e ON e.child = up.h AND e.first WHERE up.n < %s) "
-                "SELECT h FROM up", [raw_hash(name), READ_AHEAD])
+                "SELECT h FROM up", [raw_hash(name), READ_AHEAD], binary=True)
             chunk = [bytes(r[0]) for r in rows]
         ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
         contents: list[bytes] = []
         for raw, codec, data in self.db.query(
-            "SELECT hash, codec, data FROM objects WHERE space = 0 AND hash = ANY(%s)", [chunk]
+            "SELECT hash, codec, data FROM objects WHERE space = 0 AND hash = ANY(%b)", [chunk]
         ):
             row = (int(codec), bytes(data))
             ahead[("entries", hash_name(bytes(raw)))] = row
@@ -250,7 +272,7 @@ class PgObjects(ObjectStore):
                 contents.append(craw)
         if contents:
             for raw, codec, data in self.db.query(
-                "SELECT hash, codec, data FROM objects WHERE space = 1 AND hash = ANY(%s)", [contents]
+                "SELECT hash, codec, data FROM objects WHERE space = 1 AND hash = ANY(%b)", [contents]
             ):
                 ahead[("contents", hash_name(bytes(raw)))] = (int(codec), bytes(data))
         self._ahead = ahead
