@@ -98,21 +98,23 @@ lint: $(STAMP)
 # Benchmarks: ratios against baselines measured in the same run. The full set
 # takes about half an hour (the pack benchmark builds a 100-fork store and a git
 # repository of the same objects); bench-quick runs each at a small size.
-bench: $(STAMP)
+bench: $(STAMP) postgresql-server
 	$(PY) tests/bench/bench_verify.py
 	$(PY) tests/bench/bench_store.py
 	$(PY) tests/bench/bench_fsck.py
 	$(PY) tests/bench/bench_pack.py
 	$(PY) tests/bench/bench_exchange.py
 	$(PY) tests/bench/bench_startup.py
+	$(PY) tests/bench/bench_postgresql.py
 
-bench-quick: $(STAMP)
+bench-quick: $(STAMP) postgresql-server
 	$(PY) tests/bench/bench_verify.py --quick
 	$(PY) tests/bench/bench_store.py --quick
 	$(PY) tests/bench/bench_fsck.py --quick
 	$(PY) tests/bench/bench_pack.py --quick
 	$(PY) tests/bench/bench_exchange.py --quick
 	$(PY) tests/bench/bench_startup.py --quick
+	$(PY) tests/bench/bench_postgresql.py --quick
 
 # Regenerate the project's own fixtures with the project's writer.
 fixtures: $(STAMP)

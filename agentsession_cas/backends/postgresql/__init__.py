@@ -33,6 +33,17 @@ __all__ = ["PostgresBackend", "SCHEMA_VERSION", "MigrationPlan", "migrate_store"
 _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
+def _json_record(rows: list[tuple[Any, ...]]) -> dict[str, Any] | None:
+    """The JSON object a one-row, one-column result holds (None when absent or unreadable)."""
+    if not rows:
+        return None
+    try:
+        record = json.loads(rows[0][0])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 class PgRefs(RefStore):
     """Refs in the ``refs`` table; :meth:`locked` is a store-wide advisory lock held on a
     connection of its own, which the changes inside it use."""
@@ -43,14 +54,7 @@ class PgRefs(RefStore):
         self._local = threading.local()
 
     def get(self, name: str) -> dict[str, Any] | None:
-        rows = self._run("SELECT record FROM refs WHERE name = %s", [name])
-        if not rows:
-            return None
-        try:
-            record = json.loads(rows[0][0])
-        except ValueError:
-            return None
-        return record if isinstance(record, dict) else None
+        return _json_record(self._run("SELECT record FROM refs WHERE name = %s", [name]))
 
     def names(self, prefix: str = "") -> list[str]:
         rows = self._run('SELECT name FROM refs WHERE starts_with(name, %s) ORDER BY name COLLATE "C"', [prefix])
@@ -114,14 +118,8 @@ class PgRemotes(RemoteStore):
         self.db = backend.db
 
     def get(self, url: str, kind: Literal["sessions", "refs"], name: str) -> dict[str, Any] | None:
-        rows = self.db.query("SELECT record FROM remotes WHERE url = %s AND kind = %s AND name = %s", [url, kind, name])
-        if not rows:
-            return None
-        try:
-            record = json.loads(rows[0][0])
-        except ValueError:
-            return None
-        return record if isinstance(record, dict) else None
+        return _json_record(self.db.query("SELECT record FROM remotes WHERE url = %s AND kind = %s AND name = %s",
+                                           [url, kind, name]))
 
     def put(self, url: str, kind: Literal["sessions", "refs"], name: str, record: Mapping[str, Any]) -> None:
         if self.backend.readonly:

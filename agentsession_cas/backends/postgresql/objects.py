@@ -45,7 +45,7 @@ COMPRESS_FROM = 96
 #: Rows from which a write goes through COPY rather than one statement per row.
 COPY_FROM = 64
 #: Entries a read-ahead fetches at once (with their contents).
-READ_AHEAD = 256
+READ_AHEAD = 1000
 _SOUND = sound("objects")
 
 _UPSERT = (

@@ -20,14 +20,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...errors import NoSuchSessionError, SessionDamagedError, StoreError
+from ...errors import SessionDamagedError, StoreError
 from ...format.hashing import is_hash, sha256_ref
 from ...format.names import check_session_id
 from ...store.session import Session, parse_header
 from ...store.state import replay
 from ..base import Space
 from ..files.log import encode_record, read_log
-from ..files.repair import RepairReport, _build_log, _Planner
+from ..files.repair import RepairReport, _build_log, _Planner, check_repairable
 from . import PostgresBackend
 from .objects import copy_rows
 from .sessions import LOG_COLUMNS, LOG_TYPES, log_rows, parse_record
@@ -114,12 +114,7 @@ def repair_session(
 ) -> RepairReport:
     """Repair a damaged session holding its advisory lock (see the module); a whole one is
     left as it is, its row set to what its log says where they differ."""
-    store._require_writable()
-    check_session_id(session_id)
-    if store.opened(session_id) is not None:
-        raise StoreError(f"session {session_id} is open in this process; close it before repairing it")
-    if session_id not in store:
-        raise NoSuchSessionError(f"no such session: {session_id}")
+    check_repairable(store, session_id)
     backend = _backend(store)
     conn = backend.sessions.take(session_id)
     try:

@@ -106,8 +106,6 @@ def create_statements(schema: str) -> list[str]:
             name text NOT NULL,
             record text NOT NULL,
             PRIMARY KEY (url, kind, name))""",
-        # What a sweep decides over: the oldest objects first.
-        f"CREATE INDEX objects_born ON {s}.objects (born)",
         # A fork's hold on its prefix (root..base), one row per fork made: a sweep keeps
         # the prefix of every hold younger than its grace, as it keeps a touched file.
         f"""CREATE TABLE {s}.holds (
