@@ -13,13 +13,27 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
 from ..errors import UnsupportedError
 from .base import Append, Backend, Capabilities, LogOpen, ObjectStore, RefStore, RemoteStore, SessionLog, SessionStore
 from .files import FileBackend
 from .memory import MemoryBackend
-from .postgresql import PostgresBackend
+
+if TYPE_CHECKING:
+    from .postgresql import PostgresBackend
+
+
+def __getattr__(name: str) -> Any:
+    """``PostgresBackend`` on first use: a command on a store directory does not load the
+    PostgreSQL backend (nor psycopg)."""
+    if name == "PostgresBackend":
+        from .postgresql import PostgresBackend
+
+        return PostgresBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_STORE",
@@ -80,6 +94,8 @@ def open_backend(url: str | os.PathLike[str], *, create: bool = False, readonly:
     if kind == "memory":
         return MemoryBackend(rest or None, readonly=readonly, create=create)
     if kind == "postgresql":
+        from .postgresql import PostgresBackend  # loaded only for a postgresql:// store
+
         return PostgresBackend(rest, readonly=readonly, create=create)
     if create:
         backend, _ = FileBackend.init(rest, readonly=readonly)

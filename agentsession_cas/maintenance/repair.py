@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 from ..backends.files import FileBackend
 from ..backends.files import repair as file_repair
 from ..backends.files.repair import RepairReport
-from ..backends.postgresql import PostgresBackend
-from ..backends.postgresql import repair as postgresql_repair
 from ..errors import SessionDamagedError, UnsupportedError
 
 if TYPE_CHECKING:
@@ -47,7 +45,9 @@ def repair_session(
 def _backend_repair(store: Store, what: str) -> Any:
     if isinstance(store.backend, FileBackend):
         return getattr(file_repair, what)
-    if isinstance(store.backend, PostgresBackend):
+    if store.url.startswith(("postgresql:", "postgres:")):
+        from ..backends.postgresql import repair as postgresql_repair  # loaded only for such a store
+
         return getattr(postgresql_repair, what)
     return lambda st, sid, **kw: _whole_or_refused(st, sid)
 
