@@ -105,6 +105,8 @@ bench: $(STAMP) postgresql-server
 	$(PY) tests/bench/bench_pack.py
 	$(PY) tests/bench/bench_exchange.py
 	$(PY) tests/bench/bench_startup.py
+	$(PY) tests/bench/bench_storage.py
+	$(PY) tests/bench/bench_commands.py
 	$(PY) tests/bench/bench_postgresql.py
 
 bench-quick: $(STAMP) postgresql-server
@@ -114,6 +116,8 @@ bench-quick: $(STAMP) postgresql-server
 	$(PY) tests/bench/bench_pack.py --quick
 	$(PY) tests/bench/bench_exchange.py --quick
 	$(PY) tests/bench/bench_startup.py --quick
+	$(PY) tests/bench/bench_storage.py --quick
+	$(PY) tests/bench/bench_commands.py --quick
 	$(PY) tests/bench/bench_postgresql.py --quick
 
 # Regenerate the project's own fixtures with the project's writer.

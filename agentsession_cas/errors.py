@@ -237,6 +237,50 @@ class MirrorError(StoreError):
     status = 409
 
 
+class SupersededError(StoreError):
+    """An append to a session a ``continued_in`` link retired: its record goes on in
+    the successor (``successor``), and a store refuses to fork the chain."""
+
+    code = "superseded"
+    status = 409
+
+    def __init__(self, message: str, *, session: str | None = None, successor: str | None = None):
+        super().__init__(message)
+        self.session = session
+        self.successor = successor
+
+    def as_dict(self) -> dict[str, Any]:
+        out = super().as_dict()
+        out["error"].update(session=self.session, successor=self.successor)
+        return out
+
+
+class RedactionError(AgentSessionError):
+    """A redaction that cannot be made: a pattern that is no regular expression, a
+    file that does not verify or is redacted already, or a rewrite that makes two
+    entries (or two paths of an env entry) one."""
+
+    code = "redaction"
+    status = 422
+
+
+class NormalisationError(AgentSessionError, ValueError):
+    """A value no normalisation makes I-JSON (RFC 0001: a number not finite in binary64,
+    an object repeating a member name), or one a writer may not normalise (a member name
+    a pointer cannot record, a body normalised already)."""
+
+    code = "bad_entry"
+    status = 422
+
+
+class ContinuationError(StoreError):
+    """A chain of ``continued_in`` links that cannot be followed to its end: a cycle,
+    or longer than the bound a walk allows."""
+
+    code = "continuation"
+    status = 409
+
+
 class HeadMovedError(StoreError):
     """A head compare-and-swap whose expectation was wrong: the head moved."""
 

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .errors import OutputError
 
-__all__ = ["NotAFileError", "fsync_dir", "fsync_paths", "read_whole", "start_writeback", "write_all", "write_atomic", "write_output"]
+if TYPE_CHECKING:  # the pool is made on first use: a command that fsyncs nothing does not load it
+    from concurrent.futures import ThreadPoolExecutor
+
+__all__ = [
+    "NotAFileError", "batched", "fsync_dir", "fsync_paths", "read_whole", "start_writeback", "write_all",
+    "write_atomic", "write_chunks", "write_output",
+]
 
 _POOL: ThreadPoolExecutor | None = None
 
@@ -22,6 +28,8 @@ _POOL: ThreadPoolExecutor | None = None
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
         _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="agentsession-fsync")
     return _POOL
 
@@ -73,8 +81,35 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def write_atomic(path: str, data: bytes, *, durable: bool, tmp_dir: str | None = None) -> None:
-    """Write ``data`` to a temp file (beside ``path``, or in ``tmp_dir`` on the same
+#: What :func:`batched` gathers before one write: few system calls, little held.
+WRITE_BATCH = 1 << 20
+
+
+def batched(chunks: Iterable[bytes], size: int = WRITE_BATCH) -> Iterator[bytes]:
+    """Small pieces (a stream's lines) gathered into writes of about ``size`` bytes."""
+    held: list[bytes] = []
+    n = 0
+    for chunk in chunks:
+        held.append(chunk)
+        n += len(chunk)
+        if n >= size:
+            yield b"".join(held)
+            held, n = [], 0
+    if held:
+        yield b"".join(held)
+
+
+def write_chunks(fd: int, data: bytes | Iterable[bytes]) -> None:
+    """:func:`write_all` of bytes, or of an iterable of pieces as they come (batched)."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        write_all(fd, bytes(data) if not isinstance(data, bytes) else data)
+        return
+    for chunk in batched(data):
+        write_all(fd, chunk)
+
+
+def write_atomic(path: str, data: bytes | Iterable[bytes], *, durable: bool, tmp_dir: str | None = None) -> None:
+    """Write ``data`` (bytes, or pieces streamed as they come) to a temp file (beside ``path``, or in ``tmp_dir`` on the same
     filesystem) and rename it over ``path``: a reader sees the old bytes or the new,
     never a mix. When ``durable``, the file is fsynced before the rename and the
     directory after it."""
@@ -83,7 +118,7 @@ def write_atomic(path: str, data: bytes, *, durable: bool, tmp_dir: str | None =
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
-            write_all(fd, data)
+            write_chunks(fd, data)
             if durable:
                 os.fsync(fd)
         finally:
@@ -99,7 +134,7 @@ def write_atomic(path: str, data: bytes, *, durable: bool, tmp_dir: str | None =
         fsync_dir(directory)
 
 
-def write_output(path: str, data: bytes, *, durable: bool = True) -> bool:
+def write_output(path: str, data: bytes | Iterable[bytes], *, durable: bool = True) -> bool:
     """Write ``data`` to a file the user named, as a user expects of an output path.
 
     A regular file (or a new one) is replaced atomically, as :func:`write_atomic`
@@ -120,7 +155,7 @@ def write_output(path: str, data: bytes, *, durable: bool = True) -> bool:
             raise OutputError(f"cannot write {path}: it is a directory")
         if st is not None and not stat.S_ISREG(st.st_mode):
             with open(path, "wb") as f:
-                f.write(data)
+                write_chunks(f.fileno(), data)
             return False
         target = os.path.realpath(path)  # a symlink's target (a dangling one's too)
         directory = os.path.dirname(target) or "."
@@ -134,22 +169,26 @@ def write_output(path: str, data: bytes, *, durable: bool = True) -> bool:
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _load_sync_file_range():
-    """libc's sync_file_range(2) (Linux), or None."""
+def _load_sync_file_range() -> Any:
+    """libc's sync_file_range(2) (Linux), or None. Looked up on first use: ctypes and
+    the library search cost a command that writes nothing tens of milliseconds."""
     try:
         import ctypes
-        import ctypes.util
 
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.sync_file_range
-    except (OSError, AttributeError):
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).sync_file_range  # libc is loaded already
+        except (OSError, AttributeError):
+            import ctypes.util
+
+            fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).sync_file_range
+    except (OSError, AttributeError, ImportError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
     fn.restype = ctypes.c_int
     return fn
 
 
-_SYNC_FILE_RANGE = _load_sync_file_range()
+_SYNC_FILE_RANGE: Any = ...  # not looked up yet
 _SYNC_FILE_RANGE_WRITE = 2
 
 
@@ -157,6 +196,9 @@ def start_writeback(fd: int) -> bool:
     """Ask the kernel to start writing a file's dirty pages now, without waiting and
     without any durability promise (sync_file_range with SYNC_FILE_RANGE_WRITE), so a
     later fsync has little left to do. False where the platform cannot."""
+    global _SYNC_FILE_RANGE
+    if _SYNC_FILE_RANGE is ...:
+        _SYNC_FILE_RANGE = _load_sync_file_range()
     if _SYNC_FILE_RANGE is None:
         return False
     return _SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) == 0

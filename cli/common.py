@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 import click
@@ -79,13 +80,27 @@ def write_bytes(data: bytes) -> None:
     out.flush()
 
 
+def write_stream(chunks: Iterable[bytes]) -> None:
+    """Raw pieces to stdout as they come, gathered into large writes (a projection's lines)."""
+    from agentsession_cas.fsutil import batched
+
+    sys.stdout.flush()
+    out = sys.stdout.buffer
+    for chunk in batched(chunks):
+        out.write(chunk)
+    out.flush()
+
+
 def table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    out = []
-    for r in rows:
-        cells = [c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]
-        out.append("  ".join(cells).rstrip())
-    return out
+    return [table_line(r, widths) for r in rows]
+
+
+def table_line(row: list[str], widths: list[int]) -> str:
+    """One row of :func:`table`, for a caller that knows the column widths before the rows
+    (a listing printed as it is read): every cell but the last padded, two spaces apart."""
+    cells = [c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]
+    return "  ".join(cells).rstrip()
 
 
 def os_message(exc: OSError) -> str:

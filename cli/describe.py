@@ -15,7 +15,10 @@ WIDTH = 72
 
 def quote(text: str, width: int = WIDTH) -> str:
     """Collapse whitespace, cut to ``width`` characters with an ellipsis, and quote."""
-    text = _WS.sub(" ", text).strip()
+    head = _WS.sub(" ", text[: 8 * width]).strip() if len(text) > 8 * width else None
+    # A long text's first characters are all a summary shows: when its head alone collapses
+    # to more than ``width`` of them, the rest of it cannot change what is shown.
+    text = head if head is not None and len(head) > width else _WS.sub(" ", text).strip()
     if len(text) > width:
         text = text[: width - 1] + "\u2026"
     return json.dumps(text, ensure_ascii=False)

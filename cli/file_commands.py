@@ -16,19 +16,24 @@ from agentsession_cas import (
     loads,
     short_id,
 )
-from agentsession_cas.errors import ContextError
+from agentsession_cas.errors import ContextError, ContinuationError
+from agentsession_cas.format.canonical import loads_flagged
 from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
     Context,
     build_context,
     context_hashes,
 )
-from agentsession_cas.format.reader import split_lines
+from agentsession_cas.format.entry import Entry, Header
+from agentsession_cas.format.links import callees, judges, own_entries, render_links, successor_of
+from agentsession_cas.format.reader import split_lines, verify_bytes, verify_file
 from agentsession_cas.format.rules import RULES, VerifyReport, verify_session
 from agentsession_cas.format.runs import render_runs
+from agentsession_cas.store import Session
 
 from . import fsck_command, store_commands
-from .common import echo, emit_json, plural, table
+from .common import echo, emit_json, plural, table, table_line
+from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
 
 # ---------------------------------------------------------------------------
@@ -92,6 +97,10 @@ def show(
     projection (what `export` prints) would be.
     """
     target = store_commands.locate(file, files=True)
+    if target.kind == "session" and not (as_json or show_runs or leaf_name):
+        _, session = store_commands.open_target(target, files=True)
+        _show_stored(session, verbose, first, last)
+        return
     if target.kind == "file":
         sf = store_commands.read_file_arg(file)
     else:
@@ -108,6 +117,19 @@ def show(
     )
     # The runs on the leaf's path, with the record problems the one check of the file finds on it.
     runs = verify_session(sf).runs_report(leaf) if (show_runs or as_json) and sf.entries else None
+    # Sessions this one refers to: where it went (continued_in), the callees and judges of the path.
+    successor = successor_of(own_entries(sf.header, sf.entries))
+    on_path = sf.tree.path(leaf) if leaf is not None else []
+    found_callees, found_judges = callees(on_path), judges(on_path)
+    held, current = None, None
+    if target.kind != "file":
+        store = store_commands.read_store(target.root)
+        held = store.__contains__
+        if successor is not None and target.session_id is not None:
+            try:
+                current = store.resolve_current(target.session_id).current
+            except ContinuationError as exc:
+                say_note(str(exc))
     if as_json:
         emit_json(
             {
@@ -132,14 +154,119 @@ def show(
                 **({"context_error": ctx_error} if ctx_error is not None else {}),
                 "context_hash": leaf_hash,
                 "runs": runs.as_dict() if runs is not None else None,
+                "continued_in": successor,
+                **({"current": current} if current is not None else {}),
+                "callees": [{**c.as_dict(), **({"held": held(c.session)} if held else {})} for c in found_callees],
+                "judges": [{"link": j.id, "session": j.get("session"), "target": j.get("target"),
+                            **({"held": held(j.get("session"))} if held else {})} for j in found_judges],
                 "truncated": truncated,
                 "problems": [p.as_dict() for p in sf.problems],
             }
         )
         return
-    h = sf.header
     tree = sf.tree
-    info = [["session", h.id or "-"], ["format", f"{h.format} ({h.payload or '-'})" + (" migrated in memory" if sf.migrated else "")]]
+    _print_info(sf.header, sf.migrated, len(sf.entries), len(tree.roots()), len(tree.leaves()), leaf,
+                successor=successor, current=current)
+    if sf.entries:
+        counts = _children_counts(sf)
+        labels: dict[str, str] = {}
+        for e in sf.entries:
+            if e.type == "label" and isinstance(e.get("target"), str):
+                labels[e.get("target")] = e.label or ""
+        listed = _listed(len(sf.entries), first, last)
+        rows = [_ROW_HEADER]
+        for e in sf.entries[listed.start:listed.stop]:
+            marks = _marks(counts.get(e.id, 0), labels.get(e.id), len(e.parents))
+            rows.append(_row(e, marks, verbose))
+        echo()
+        for line in table(rows):
+            echo(line)
+        _print_listed(len(listed), len(sf.entries))
+    _print_leaf(leaf, leaf_name, len(path), bool(sf.entries))
+    if sf.entries:
+        echo()
+        _print_context(leaf, ctx, ctx_error, leaf_hash)
+    if runs is not None:
+        echo()
+        for line in render_runs(runs):
+            echo(line)
+        echo()
+        for line in render_links(found_callees, found_judges, held):
+            echo(line)
+    if sf.problems or sf.truncated is not None:
+        echo()
+    for p in sf.problems:
+        echo(f"problem: {p}")
+    if sf.truncated is not None:
+        echo(f"truncated: {sf.truncated} (not loaded)")
+
+
+_ROW_HEADER = ["LINE", "ID", "PARENT", "TYPE", "SUMMARY"]
+
+
+def _show_stored(session: Session, verbose: bool, first: int | None, last: int | None) -> None:
+    """``show`` of a stored session, streamed: what the text shows of its projection, as
+    ``show`` of the exported file would, without holding the file. First the outline
+    from the envelopes (ids, parents, types, labels: what the head of the listing and
+    the column widths need), then one pass over the projection's lines, each row printed
+    as its line is read; the entries on the leaf's path are kept for the context, which
+    the context algorithm must hold anyway."""
+    outline = session.projection_outline()
+    n = len(outline)
+    leaf = session.head if n else None  # the projection's resume rule names the head (its marker sees to it)
+    path = outline.path(leaf) if leaf is not None else []
+    on_path = set(path)
+    successor, current = session.superseded_by, None
+    if successor is not None:
+        try:
+            current = session.store.resolve_current(session.id).current
+        except ContinuationError as exc:
+            say_note(str(exc))
+    _print_info(session.header, False, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
+    listed = _listed(n, first, last)
+    kept: list[Entry] = []
+    lines = session.projection_lines()
+    next(lines)  # the header
+    widths = None
+    if n:
+        ids = outline.ids
+        widths = [
+            max(len(_ROW_HEADER[0]), len(str(listed[-1] + 2)) if listed else 0),
+            max([len(_ROW_HEADER[1])] + [len(short_id(ids[i])) for i in listed]),
+            max([len(_ROW_HEADER[2])] + [len(short_id(outline.parent(i))) for i in listed]),
+            max([len(_ROW_HEADER[3])] + [len(outline.types[i]) for i in listed]),
+        ]
+        echo()
+        echo(table_line(_ROW_HEADER, widths))
+    for pos, raw in enumerate(lines):
+        if pos not in listed and pos not in on_path:
+            continue
+        obj, careful = loads_flagged(raw)
+        e = Entry(obj, computed_id=obj["id"], content_hash="", line=pos + 2)  # the listing shows no content hash
+        e.careful = careful
+        if pos in on_path:
+            kept.append(e)
+        if pos in listed and widths is not None:
+            marks = _marks(outline.children.get(pos, 0), outline.labels.get(e.id), outline.converges.get(pos, 0))
+            echo(table_line(_row(e, marks, verbose), widths))
+    if n:
+        _print_listed(len(listed), n)
+    _print_leaf(leaf, None, len(path), bool(n))
+    if n:
+        try:
+            ctx, error = build_context(kept), None
+        except ContextError as exc:
+            ctx, error = None, str(exc)
+        leaf_hash = context_hashes(kept).get(leaf, NULL_CONTEXT_HASH) if leaf is not None else NULL_CONTEXT_HASH
+        echo()
+        _print_context(leaf, ctx, error, leaf_hash)
+
+
+def _print_info(
+    h: Header, migrated: bool, entries: int, roots: int, leaves: int, leaf: str | None,
+    *, successor: str | None = None, current: str | None = None,
+) -> None:
+    info = [["session", h.id or "-"], ["format", f"{h.format} ({h.payload or '-'})" + (" migrated in memory" if migrated else "")]]
     if h.created_at:
         info.append(["created", str(h.created_at)])
     if h.harness:
@@ -150,84 +277,83 @@ def show(
         info.append(["parent", str(h.data["parent_session"])])
     if h.base:
         info.append(["base", short_id(h.base)])
+    if successor is not None:
+        went = f"{successor} (superseded: takes no more appends)"
+        if current is not None and current != successor:
+            went += f"; the chain's current session is {current}"
+        info.append(["continued in", went])
     if h.records:
         info.append(["records", ", ".join(h.records)])
     if "media" in h.data:
         info.append(["media", h.media])
-    info.append(
-        [
-            "entries",
-            f"{len(sf.entries)} in {len(tree.roots())} root(s), {len(tree.leaves())} leaf(s), leaf {short_id(leaf)}",
-        ]
-    )
+    info.append(["entries", f"{entries} in {roots} root(s), {leaves} leaf(s), leaf {short_id(leaf)}"])
     for line in table([[k, v] for k, v in info]):
         echo(line)
-    if sf.entries:
-        counts = _children_counts(sf)
-        labels: dict[str, str] = {}
-        for e in sf.entries:
-            if e.type == "label" and isinstance(e.get("target"), str):
-                labels[e.get("target")] = e.label or ""
-        rows = [["LINE", "ID", "PARENT", "TYPE", "SUMMARY"]]
-        listed = sf.entries
-        if first is not None:
-            listed = listed[:first]
-        if last is not None:
-            listed = listed[len(listed) - last:] if last else []
-        for e in listed:
-            marks = []
-            if counts.get(e.id, 0) > 1:
-                marks.append(f"fork\u00d7{counts[e.id]}")
-            if counts.get(e.id, 0) == 0:
-                marks.append("leaf")
-            if labels.get(e.id):
-                marks.append(f"[{labels[e.id]}]")
-            if e.parents:
-                marks.append(f"converges {len(e.parents)}")
-            summary = describe(e, verbose)
-            if marks:
-                summary += "  " + " ".join(marks)
-            rows.append([str(e.line), short_id(e.id), short_id(e.parent), e.type, summary])
-        echo()
-        for line in table(rows):
-            echo(line)
-        if len(listed) < len(sf.entries):
-            echo(f"({len(listed):,} of {plural(len(sf.entries), 'entry', 'entries')} listed)")
+
+
+def _listed(n: int, first: int | None, last: int | None) -> range:
+    """Which entries the listing shows: -n N the first N, --tail N the last N (of those)."""
+    listed = range(n)
+    if first is not None:
+        listed = listed[:first]
+    if last is not None:
+        listed = listed[len(listed) - last:] if last else listed[:0]
+    return listed
+
+
+def _marks(children: int, label: str | None, converges: int) -> list[str]:
+    marks = []
+    if children > 1:
+        marks.append(f"fork\u00d7{children}")
+    if children == 0:
+        marks.append("leaf")
+    if label:
+        marks.append(f"[{label}]")
+    if converges:
+        marks.append(f"converges {converges}")
+    return marks
+
+
+def _row(e: Entry, marks: list[str], verbose: bool) -> list[str]:
+    summary = describe(e, verbose)
+    if marks:
+        summary += "  " + " ".join(marks)
+    return [str(e.line), short_id(e.id), short_id(e.parent), e.type, summary]
+
+
+def _print_listed(listed: int, entries: int) -> None:
+    if listed < entries:
+        echo(f"({listed:,} of {plural(entries, 'entry', 'entries')} listed)")
+
+
+def _print_leaf(leaf: str | None, leaf_name: str | None, path_length: int, has_entries: bool) -> None:
     echo()
     if leaf is None:
-        echo("leaf -  (the universal root: the next entry is a root)" if sf.entries else "leaf -  (no entries)")
+        echo("leaf -  (the universal root: the next entry is a root)" if has_entries else "leaf -  (no entries)")
     else:
         how = "given" if leaf_name else "by the resume rule"
-        echo(f"leaf {short_id(leaf)}  ({how}; {plural(len(path), 'entry', 'entries')} on its path)")
-    if sf.entries:
-        echo()
-        _print_context(leaf, ctx, ctx_error, leaf_hash)
-    if runs is not None:
-        echo()
-        for line in render_runs(runs):
-            echo(line)
-    if sf.problems or sf.truncated is not None:
-        echo()
-    for p in sf.problems:
-        echo(f"problem: {p}")
-    if sf.truncated is not None:
-        echo(f"truncated: {sf.truncated} (not loaded)")
+        echo(f"leaf {short_id(leaf)}  ({how}; {plural(path_length, 'entry', 'entries')} on its path)")
 
 
 # ---------------------------------------------------------------------------
 # verify
 
 
-def _summary(sf: SessionFile, report: VerifyReport) -> str:
-    if sf.migrated:
-        how = f"migrated from {sf.header.format}: ids assigned in memory, not checked"
+def _summary(report: VerifyReport) -> str:
+    if report.migrated:
+        how = f"migrated from {report.header.format}: ids assigned in memory, not checked"
+    elif report.header.data.get("redacted") is True:
+        how = "each id checked against its hash: this redacted file's, never the original's"
     else:
         how = "each id checked against its hash"
     counts = report.counts()
+    failed = f"{counts['failed']} failed"
+    if "redacted" in counts:
+        failed += f", {counts['redacted']} not rebuilt (redacted)"
     return (
-        f"{plural(len(sf.entries), 'entry', 'entries')} read, {how}; {len(report.problems)} problem(s); "
+        f"{plural(report.entries, 'entry', 'entries')} read, {how}; {len(report.problems)} problem(s); "
         f"{counts['responses']} response(s): {counts['verified']} request hash(es) verified, "
-        f"{counts['without_hash']} without a hash, {counts['failed']} failed; {report.runs_checked} run(s) checked"
+        f"{counts['without_hash']} without a hash, {failed}; {report.runs_checked} run(s) checked"
     )
 
 
@@ -254,7 +380,11 @@ def verify(file: str | None, as_json: bool) -> None:
         return
     arg, file = file, ("<stdin>" if file == "-" else file)  # what messages name
     try:
-        sf = store_commands.read_file_arg(arg)
+        # one pass over the file as it is read: every rule, each entry once (issue 11)
+        if arg == "-":
+            report = verify_bytes(sys.stdin.buffer.read(), source="<stdin>")
+        else:
+            report = verify_file(arg)
     except SessionFormatError as exc:
         problems = exc.problems
         if as_json:
@@ -264,7 +394,6 @@ def verify(file: str | None, as_json: bool) -> None:
             for p in problems:
                 echo(f"{file}: {p}")
         sys.exit(1)
-    report = verify_session(sf)
     if as_json:
         emit_json(report.as_dict())
         sys.exit(0 if report.ok else 1)
@@ -280,7 +409,7 @@ def verify(file: str | None, as_json: bool) -> None:
     if report.empty:
         echo(f"nothing to verify: {file} holds a header and no entries")
         sys.exit(1)
-    echo(f"{file}: {_summary(sf, report)}")
+    echo(f"{file}: {_summary(report)}")
     sys.exit(0 if report.ok else 1)
 
 

@@ -14,8 +14,9 @@ import click
 
 from agentsession_cas import short_id
 from agentsession_cas.backends.files.layout import LAYOUT
-from agentsession_cas.backends.files.migrate import MigrationReport, SessionPlan, layout_state, layout_text, migrate
-from agentsession_cas.backends.postgresql import migrate_store
+from agentsession_cas.backends.files.migrate import MigrationReport, SessionPlan, layout_state, layout_text
+from agentsession_cas.backends.files.migrate_reference import migrate_store
+from agentsession_cas.backends.postgresql import migrate_store as migrate_postgresql
 from agentsession_cas.errors import AgentSessionError, MigrationBusyError, MigrationError
 from agentsession_cas.store.url import store_url_kind
 
@@ -80,6 +81,9 @@ def _print_report(report: MigrationReport) -> None:
         echo(f"{'missing':<10} media blob {name}: named by a session, held nowhere (left unresolved, as before)")
     for problem in report.problems:
         echo(f"{'problem':<10} {problem}")
+    for r in report.refs:
+        target = f"-> {r['session']}" if r["session"] else "deleted by its log's last record"
+        echo(f"{'ref':<10} {r['name']} {target}" + (f" ({r['note']})" if r["note"] else ""))
     for k in report.kept:
         echo(f"{'kept':<10} {k} (remove it once you no longer need it)")
 
@@ -103,14 +107,17 @@ def _print_report(report: MigrationReport) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, as_json: bool) -> None:
-    """Convert a store of the earlier journal layout to this release's layout, in place.
+    """Convert a store of the earlier journal layout, or of the reference library's,
+    to this release's layout, in place.
 
     Every session's log is rebuilt from the store-wide journal; heads, marks
     and objects are kept; the journal is kept as migrated/journal and replaced
     by a tombstone so that a writer of the earlier version fails rather than
     writes; the layout file is written last. Stop every writer of the earlier
     version and take a copy first. Running it again finishes a migration that
-    was interrupted, and does nothing to a migrated store.
+    was interrupted, and does nothing to a migrated store. A store of the
+    reference library's layout has each session's log rebuilt from itself (kept
+    as migrated/logs/<id>) and its refs rewritten (docs/migrate.md).
 
     A postgresql:// store's schema is upgraded to this release's version in one
     transaction instead (--dry-run lists the statements it would run).
@@ -135,7 +142,7 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
             echo(f"nothing to migrate: the store at {root} is of layout {found!r}, which this release reads as "
                  f"it is (its next writable open moves it to {LAYOUT!r})")
         return
-    if not dry_run and not yes and _stdin_is_tty() and state in ("old", "partial"):
+    if not dry_run and not yes and _stdin_is_tty() and state in ("old", "partial", "reference"):
         what = "Finish migrating" if state == "partial" else "Migrate"
         if not click.confirm(
             f"{what} the store at {root} in place to layout {LAYOUT!r}? "
@@ -151,7 +158,7 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
             click.echo(f"migrate: {text}", err=True)
 
     try:
-        report = migrate(root, dry_run=dry_run, skip_damaged=skip_damaged, lock_wait=lock_wait, progress=progress)
+        report = migrate_store(root, dry_run=dry_run, skip_damaged=skip_damaged, lock_wait=lock_wait, progress=progress)
     except MigrationError as exc:
         code = EXIT_BUSY if isinstance(exc, MigrationBusyError) else 1
         if as_json:
@@ -178,7 +185,7 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
 def _migrate_postgresql(url: str, *, dry_run: bool, as_json: bool) -> None:
     """A PostgreSQL store's schema upgraded in one transaction (docs/postgresql.md)."""
     try:
-        plan = migrate_store(url, dry_run=dry_run)
+        plan = migrate_postgresql(url, dry_run=dry_run)
     except AgentSessionError as exc:
         fail(str(exc))
     if as_json:

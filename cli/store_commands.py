@@ -12,30 +12,38 @@ import re
 import sys
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from agentsession_cas import Header, SessionFile, loads, read_session, read_session_bytes, short_id
 from agentsession_cas.backends.files.layout import find_store, layout_text
 from agentsession_cas.errors import (
     AgentSessionError,
     BadNameError,
+    ContinuationError,
     IJSONError,
     LayoutError,
     NoSuchSessionError,
 )
+from agentsession_cas.format.canonical import loads
+from agentsession_cas.format.entry import Header, short_id
+from agentsession_cas.format.links import fork_of_link
 from agentsession_cas.format.names import check_session_id
-from agentsession_cas.maintenance.check import verify_stored
 from agentsession_cas.store import Session, Store, default_store_path
 from agentsession_cas.store.names import REF_PREFIX, resolve_entry, resolve_session
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store, store_url_kind
 
-from .common import echo, emit_json, fail, note, one_line, table, write_bytes
+if TYPE_CHECKING:
+    from agentsession_cas.format.reader import SessionFile
+
+from .common import echo, emit_json, fail, note, plural, table, write_bytes, write_stream
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
+
+# The reader, the rule set and the maintenance checks are imported by the commands that
+# use them: head, list and append do not load them (tests/test_cli_startup.py).
 
 # ---------------------------------------------------------------------------
 # the store and what an argument names
@@ -141,6 +149,8 @@ def open_target(target: Target, *, files: bool) -> tuple[Store, Session]:
 
 def read_file_arg(file: str) -> SessionFile:
     """A session file named on the command line; ``-`` reads standard input."""
+    from agentsession_cas.format.reader import read_session, read_session_bytes  # the rule set: not for head or list
+
     if file == "-":
         return read_session_bytes(sys.stdin.buffer.read(), source="<stdin>")
     return read_session(file)
@@ -178,50 +188,6 @@ def init(as_json: bool) -> None:
         emit_json({"store": where, "created": not existed})
     else:
         echo(f"{'found' if existed else 'created'} store at {where}")
-
-
-@click.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of text.")
-def list_sessions(as_json: bool) -> None:
-    """List the store's sessions: id, created, own entries, head, mark, size.
-
-    A session that cannot be read (a damaged log) is listed with mark
-    `damaged`, reported on stderr, and the exit status is 1.
-    """
-    store = read_store()
-    rows: list[dict[str, Any]] = []
-    failed = 0
-    for sid in store.list():
-        size = store.backend.sessions.size(sid)
-        try:
-            s = store.read(sid)
-        except NoSuchSessionError:
-            continue  # deleted meanwhile
-        except AgentSessionError as exc:
-            failed += 1
-            echo(f"agentsession: error: {one_line(str(exc))}", err=True)
-            rows.append({"id": sid, "created": None, "entries": None, "head": None, "base": None,
-                         "mark": "damaged", "size": size, "error": one_line(str(exc))})
-            continue
-        rows.append({"id": sid, "created": s.header.created_at, "entries": len(s), "head": s.head,
-                     "base": s.base, "mark": s.mark, "size": size})
-    if as_json:
-        emit_json(rows)
-    elif rows:
-        lines = [["ID", "CREATED", "ENTRIES", "HEAD", "MARK", "SIZE"]]
-        for r in rows:
-            lines.append([
-                r["id"],
-                str(r["created"] or "-"),
-                "-" if r["entries"] is None else str(r["entries"]),
-                short_id(r["head"]),
-                r["mark"],
-                "-" if r["size"] is None else str(r["size"]),
-            ])
-        for line in table(lines):
-            echo(line)
-    if failed:
-        sys.exit(1)
 
 
 # ---------------------------------------------------------------------------
@@ -300,6 +266,8 @@ def verify_session(target: Target, as_json: bool) -> None:
     store = _open_for_verify(target)
     sid = target.session_id
     assert sid is not None
+    from agentsession_cas.maintenance.check import verify_stored
+
     check = verify_stored(store, sid, empty_ok=False)  # as verify of its export says
     problems, notes, stats = check.problems, check.notes, check.stats
     ok = check.ok
@@ -360,6 +328,8 @@ def _open_for_verify(target: Target) -> Store:
 
 def projection_file(target: Target) -> SessionFile:
     """The projection of a located session, read as a file (for ``show``)."""
+    from agentsession_cas.format.reader import read_session_bytes
+
     _, session = open_target(target, files=True)
     return read_session_bytes(session.projection(), source=target.session_id or target.arg)
 
@@ -371,24 +341,98 @@ def projection_file(target: Target) -> SessionFile:
 @click.command()
 @click.argument("session", metavar="ID")
 @click.option("-o", "--output", metavar="FILE", help="Write the projection (and sidecar media beside it) to FILE.")
-def export(session: str, output: str | None) -> None:
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "atif", "otel"]), default="jsonl", show_default=True,
+              help="jsonl: the session file; atif: one ATIF document per path (a line each, or files in the "
+                   "directory -o names); otel: the session as OTLP JSON spans (docs/projections.md).")
+@click.option("--at", metavar="ENTRY", help="With --format atif or otel: the path to this entry only.")
+@click.option("--redact-home", is_flag=True, help="Replace the home directory with ~ in every text (a redacted file).")
+@click.option("--redact-env", is_flag=True, help="Empty every env entry, keeping its place (a redacted file).")
+@click.option("--secret", "secrets", metavar="REGEX", multiple=True,
+              help="Replace each match with REDACTED (repeatable; a redacted file).")
+def export(session: str, output: str | None, fmt: str, at: str | None, redact_home: bool, redact_env: bool,
+           secrets: tuple[str, ...]) -> None:
     """Print a session's projection (RFC 0002) to stdout, or write it to FILE.
 
-    ID may also be a path inside the session's directory in a store.
+    ID may also be a path inside the session's directory in a store, and, with
+    --format atif or otel, a session file. With --redact-home, --redact-env or
+    --secret the output is a redacted session file (RFC 0001): every hash and
+    id recomputed, entry references re-pointed, the header marked redacted,
+    with a session id of its own. It verifies against itself, never as the
+    original, and no store imports it.
     """
+    redacting = bool(redact_home or redact_env or secrets)
+    if fmt != "jsonl":
+        if redacting:
+            fail(f"--redact-home, --redact-env and --secret write a redacted session file; --format {fmt} would "
+                 "embed subsessions unredacted: export the redacted file, then project it")
+        from agentsession_cas.format.reader import read_session_bytes
+
+        from .projection_export import export_projection  # the reader and the projections: not for jsonl
+
+        located = locate(session, files=True)
+        if located.kind == "file":
+            return export_projection(read_file_arg(located.arg), None, located.arg, fmt, at, output)
+        store, s = open_target(located, files=True)
+        return export_projection(read_session_bytes(s.projection(), source=s.id), store, session, fmt, at, output)
+    if at is not None:
+        fail("--at builds the projection at one entry: give it with --format atif or otel")
     target = locate(session, files=False)
     if target.kind == "file":
         if not os.path.lexists(target.arg):
             fail(f"{target.arg}: no such file, nor a session")
         fail(f"{target.arg} is not a session of a store (give a session id or a path inside <store>/sessions/<id>/)")
+    options = None
+    if redacting:
+        from agentsession_cas.format.redact import RedactOptions
+
+        home = None
+        if redact_home:
+            home = os.path.expanduser("~")
+            if home == "~" or not os.path.isabs(home):
+                fail("--redact-home: no home directory is known (set HOME)")
+        options = RedactOptions(home=home, env=redact_env, secrets=secrets)
+        options.rewriter()  # a bad pattern is refused before anything is read
     store, s = open_target(target, files=False)
+    _say_where_it_went(store, s)
+    if options is not None:
+        from agentsession_cas.format.media import write_projection
+        from agentsession_cas.format.reader import read_session_bytes
+        from agentsession_cas.format.redact import redact
+
+        data = s.projection()
+        done = redact(read_session_bytes(data, source=s.id), options)
+        note(f"redacted: {plural(len(done.ids), 'entry', 'entries')} rewritten as session {done.session_id}; "
+             "it verifies against itself, never as the original")
+        if output is None or output == "-":
+            write_bytes(done.data)
+        else:
+            write_projection(output, done.data, done.session_id, store.export_blobs(s.id, data))
+        return
     if output is None or output == "-":
-        write_bytes(s.projection())
+        write_stream(s.projection_lines())
     else:
         skipped = store.export_to(s.id, output)
         if skipped:
             note(f"{skipped} sidecar blob{'s' if skipped != 1 else ''} not written: {output} is not a regular file, "
                  "so there is no directory beside it")
+
+
+def _say_where_it_went(store: Store, s: Session) -> None:
+    """A note naming the successor of a superseded session (and the chain's current one)."""
+    successor = s.superseded_by
+    if successor is None:
+        return
+    try:
+        chain = store.resolve_current(s.id)
+    except ContinuationError as exc:
+        note(f"session {s.id} was continued in {successor}; {exc}")
+        return
+    where = f"session {s.id} was continued in {successor}"
+    if chain.current != successor:
+        where += f"; the chain's current session is {chain.current}"
+    if chain.missing is not None:
+        where += f" (which names {chain.missing}, not in this store)"
+    note(where + "; this is the superseded record")
 
 
 @click.command("import")
@@ -422,9 +466,18 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
 @click.option("--base", metavar="H", help="Fork from entry H, which the store holds.")
 @click.option("--header", "header_file", metavar="FILE", help="Take the header from FILE (a JSON object; - for stdin).")
 @click.option("--id", "new_id", metavar="ID", help="The session id (default: a new uuid, or the header's).")
+@click.option("--link", "fork_link", is_flag=True,
+              help="With --base: also append a fork_of link naming the session the fork was made from.")
 @click.option("--json", "as_json", is_flag=True, help="Print {session, base, head, mark}.")
-def create(base: str | None, header_file: str | None, new_id: str | None, as_json: bool) -> None:
-    """Create a session (a record) and print its id."""
+def create(base: str | None, header_file: str | None, new_id: str | None, fork_link: bool, as_json: bool) -> None:
+    """Create a session (a record) and print its id.
+
+    A fork (--base) whose header names no parent_session gets the session
+    holding the base; --link also records that session in a fork_of link,
+    the fork's first entry.
+    """
+    if fork_link and base is None:
+        fail("--link records the session a fork was made from: give --base")
     if header_file is not None:
         if header_file == "-":
             data = _stdin_json("header")
@@ -451,6 +504,11 @@ def create(base: str | None, header_file: str | None, new_id: str | None, as_jso
         header = Header.new(str(uuid.uuid4()) if new_id is None else new_id, base=base)
     with write_store() as store:
         s = store.create(header)
+        if fork_link:
+            origin = s.header.data.get("parent_session")
+            if not isinstance(origin, str) or not origin:
+                fail("--link: the header's parent_session is not a session id")
+            s.append(fork_of_link(origin))
         facts = {"session": s.id, "base": s.base, "head": s.head, "mark": s.mark}
     if as_json:
         emit_json(facts)
@@ -603,4 +661,4 @@ def rev_parse(name: str, entry: str | None, as_json: bool) -> None:
         echo(entry_id)
 
 
-COMMANDS = [init, list_sessions, log_cmd, export, import_cmd, create, append, head, cat_object, delete, rev_parse]
+COMMANDS = [init, log_cmd, export, import_cmd, create, append, head, cat_object, delete, rev_parse]

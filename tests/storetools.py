@@ -35,3 +35,31 @@ def put_entry(st: Store, e: Entry) -> None:
     _, chash, content, env = entry_objects(dict(e.data))
     st.objects.put("contents", chash, content, durable=True)
     st.objects.put("entries", e.id, env, durable=True)
+
+
+def line_body(line: bytes) -> bytes:
+    """A log line's record bytes (and payload), whichever form it has (with a link or not)."""
+    from agentsession_cas.backends.files.log import CHECKSUM_HEX
+
+    raw = line.rstrip(b"\n")
+    if raw[2 * CHECKSUM_HEX + 1 : 2 * CHECKSUM_HEX + 2] == b" " and raw[CHECKSUM_HEX : CHECKSUM_HEX + 1] == b" ":
+        return raw[2 * CHECKSUM_HEX + 2 :]
+    return raw[CHECKSUM_HEX + 1 :]
+
+
+def rechain(data: bytes) -> bytes:
+    """A log with every line framed anew as a chain from the first (records kept): what a
+    test that edits a line whole must write so only its edit, not the chain, is wrong."""
+    from agentsession_cas.backends.files.log import chain
+
+    lines = [ln for ln in data.split(b"\n") if ln]
+    return chain(line_body(ln) for ln in lines)[0]
+
+
+def chained_after(log: bytes, *lines: bytes) -> bytes:
+    """``lines`` (each a framed line, any form) framed anew to follow ``log``'s last line."""
+    from agentsession_cas.backends.files.log import ZERO_LINK, chain, line_checksum
+
+    last = [ln for ln in log.split(b"\n") if ln]
+    prev = line_checksum(last[-1]) if last else ZERO_LINK
+    return chain((line_body(ln) for ln in b"".join(lines).split(b"\n") if ln), prev)[0]

@@ -56,3 +56,62 @@ def test_a_store_command_does_not_load_exchange_or_the_file_commands(tmp_path):
     loaded = _loaded_after(["--store", str(tmp_path / "s"), "init"])
     assert "agentsession_cli.store_commands" in loaded
     assert not any(m.startswith(("agentsession_cli.exchange", "agentsession_cli.file_commands")) for m in loaded), sorted(loaded)
+
+
+#: The rule set and what only checking and reading files need: never loaded by a command
+#: that checks no rule (issue 11, start-up).
+RULE_MACHINERY = ("agentsession_cas.format.rules", "agentsession_cas.format.context", "agentsession_cas.format.runs")
+FILE_READING = ("agentsession_cas.format.reader", "agentsession_cas.format.legacy")
+ELSEWHERE = ("agentsession_cas.maintenance", "agentsession_cas.exchange", "agentsession_cas.backends.memory",
+             "agentsession_cli.file_commands", "agentsession_cli.exchange")
+
+
+def _small_store(tmp_path) -> tuple[str, str]:
+    from agentsession_cas import Header
+    from agentsession_cas.store import Store
+
+    root = str(tmp_path / "s")
+    with Store.init(root) as st:
+        s = st.create(Header.new("startup-s"))
+        s.append({"type": "item", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}})
+        s.append({"type": "label", "target": None, "label": "x"})
+    return root, "startup-s"
+
+
+def _loaded_by(argv: list[str], stdin: bytes = b"") -> set[str]:
+    code = (
+        "import sys\n"
+        "from agentsession_cli.main import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print('\\n'.join(m for m in sys.modules if m.startswith(('agentsession_cas', 'agentsession_cli'))), file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True, check=True)
+    return set(r.stderr.decode().split())
+
+
+def _loads_any(loaded: set[str], prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in loaded if m.startswith(prefixes))
+
+
+def test_head_and_list_load_no_rule_set_nor_reader(tmp_path):
+    root, sid = _small_store(tmp_path)
+    for argv in (["head", sid], ["list"], ["head", sid, "--json"]):
+        loaded = _loaded_by(["--store", root, *argv])
+        assert "agentsession_cas.store.session" in loaded  # the store was opened
+        assert not _loads_any(loaded, RULE_MACHINERY + FILE_READING + ELSEWHERE), (argv, _loads_any(loaded, RULE_MACHINERY + FILE_READING + ELSEWHERE))
+
+
+def test_export_streams_without_the_rule_set(tmp_path):
+    root, sid = _small_store(tmp_path)
+    loaded = _loaded_by(["--store", root, "export", sid])
+    assert not _loads_any(loaded, RULE_MACHINERY + FILE_READING + ELSEWHERE)
+
+
+def test_append_loads_the_rules_but_no_reader_nor_maintenance(tmp_path):
+    root, sid = _small_store(tmp_path)
+    loaded = _loaded_by(["--store", root, "append", sid], stdin=b'{"type":"config","model":"m"}')
+    assert "agentsession_cas.format.rules" in loaded  # an append is held to the rule set
+    assert not _loads_any(loaded, FILE_READING + ELSEWHERE)

@@ -162,8 +162,8 @@ def test_create_append_log_list_head(store):
     assert (row["id"], row["entries"], row["head"], row["mark"]) == ("s1", 3, ids[-1], "record")
     assert row["size"] > 0 and row["created"]
     lines = ok(cli(store, "list")).splitlines()
-    assert lines[0].split() == ["ID", "CREATED", "ENTRIES", "HEAD", "MARK", "SIZE"]
-    assert lines[1].split()[0] == "s1" and lines[1].split()[2:5] == ["3", ids[-1][7:19], "record"]
+    assert lines[0].split() == ["ID", "TITLE", "MODEL", "HARNESS", "CREATED", "ACTIVE", "ENTRIES", "HEAD", "MARK"]
+    assert lines[1].split()[0] == "s1" and lines[1].split()[-3:] == ["3", ids[-1][7:19], "record"]
 
 
 def test_create_generates_an_id_and_refuses_a_held_one(store):
@@ -745,8 +745,10 @@ def test_verify_of_a_damaged_session_names_it_once(store):
 
     new_session(store, "s1", 2)
     log = store / "sessions" / "s1" / "log"
+    from storetools import chained_after
+
     with open(log, "ab") as f:
-        f.write(encode_record({"op": "head", "head": "sha256:" + "ab" * 32, "seq": 99}))
+        f.write(chained_after(log.read_bytes(), encode_record({"op": "head", "head": "sha256:" + "ab" * 32, "seq": 99})))
     r = cli(store, "verify", "s1")
     assert r.exit_code == 1
     first = r.stdout.splitlines()[0]

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -108,6 +109,8 @@ def parse_lines(data: bytes) -> list[dict]:
         rec = None
         if terminated and b"\x00" not in raw and len(raw) > CHECKSUM_HEX + 1 and raw[CHECKSUM_HEX : CHECKSUM_HEX + 1] == b" ":
             body = raw[CHECKSUM_HEX + 1 :]
+            if body[CHECKSUM_HEX : CHECKSUM_HEX + 1] == b" ":
+                body = body[CHECKSUM_HEX + 1 :]  # the link to the line before (the chain)
             tab = body.find(b"\t")  # an append's payload (its two objects) follows a TAB
             try:
                 rec = json.loads(body[:tab] if tab >= 0 else body)
@@ -116,6 +119,20 @@ def parse_lines(data: bytes) -> list[dict]:
         lines.append({"start": offset, "end": end + (1 if terminated else 0), "raw": raw, "terminated": terminated, "rec": rec})
         offset = end + 1
     return lines
+
+
+def entries_of(ln: dict) -> list[str]:
+    """The entries a line appends: an append record's, or those a compaction's snapshot
+    record holds (raw 32-byte ids in base64, read here without log.py)."""
+    rec = ln["rec"]
+    if not rec:
+        return []
+    if rec.get("op") == "append":
+        return [rec["entry"]]
+    if rec.get("op") == "snapshot":
+        raw = base64.b64decode(rec["entries"])
+        return ["sha256:" + raw[i : i + 32].hex() for i in range(0, len(raw), 32)]
+    return []
 
 
 def log_path(root: Path, sid: str = SID) -> Path:
@@ -228,7 +245,7 @@ def damage_tail(st: CrashState, rng: random.Random, kind: str) -> tuple[list[str
     path = log_path(st.root)
     data = path.read_bytes()
     lines = parse_lines(data)
-    commits = [i for i, ln in enumerate(lines) if ln["rec"] and ln["rec"].get("op") in ("commit", "create")]
+    commits = [i for i, ln in enumerate(lines) if ln["rec"] and ln["rec"].get("op") in ("commit", "create", "snapshot")]
     assert commits, f"no commit or create record in the log: {data[:300]!r}"
     tail_start = lines[commits[-1]]["end"]
     if tail_start >= len(data) and kind != "object":
@@ -253,7 +270,7 @@ def damage_tail(st: CrashState, rng: random.Random, kind: str) -> tuple[list[str
         # An object written since the last checkpoint (committed or not) was never
         # fsynced: a power loss may take it or leave it torn. Its append's payload
         # restores it, so nothing is lost.
-        checkpoints = [i for i, ln in enumerate(lines) if ln["rec"] and ln["rec"].get("op") in ("checkpoint", "create")]
+        checkpoints = [i for i, ln in enumerate(lines) if ln["rec"] and ln["rec"].get("op") in ("checkpoint", "create", "snapshot")]
         tail = [i for i, ln in enumerate(lines) if i > checkpoints[-1] and ln["rec"] and ln["rec"].get("op") == "append"]
         if not tail:
             return None
@@ -276,8 +293,8 @@ def damage_tail(st: CrashState, rng: random.Random, kind: str) -> tuple[list[str
     first_bad = next((i for i, g in enumerate(good) if not g), len(new))
     kept, lost = [], []
     for i, ln in enumerate(new):
-        if good[i] and ln["rec"].get("op") == "append":
-            (kept if i < first_bad else lost).append(ln["rec"]["entry"])
+        if good[i]:
+            (kept if i < first_bad else lost).extend(entries_of(ln))
     return kept, lost
 
 
@@ -304,7 +321,9 @@ def check_log_after_recovery(st: CrashState, store: Store, session) -> None:
     lr = read_log(data)
     assert not lr.damage and lr.cut is None, f"log not clean after recovery: {lr.damage or lr.cut}"
     ops_ = [r.op for r in lr.records if r.op != "checkpoint"]
-    assert ops_ and ops_[-1] == "commit", "recovery commits what it keeps"
+    # A session killed before its first append reached the log holds its create record
+    # alone: nothing to commit (a fresh session's log is that record).
+    assert ops_ == ["create"] or (ops_ and ops_[-1] == "commit"), "recovery commits what it keeps"
     appends = [r.get("entry") for r in lr.records if r.op == "append"]
     assert appends == session.log_order, "the log's append records are the session's own entries"
     for entry_id in appends:
@@ -355,7 +374,7 @@ def crash_iteration(st: CrashState, rng: random.Random, i: int, tmp: Path, lazy:
     if ready:
         # A process kill loses no written byte: the log holds every acknowledged append,
         # and the one in flight only if its record was written.
-        pre = [ln["rec"]["entry"] for ln in parse_lines(log_path(st.root).read_bytes()) if ln["rec"] and ln["rec"].get("op") == "append"]
+        pre = [e for ln in parse_lines(log_path(st.root).read_bytes()) for e in entries_of(ln)]
         base = st.own + acked_a
         assert pre == base or (inflight is not None and inflight.kind == "A" and pre == base + [inflight.id]), (
             f"log after the kill holds {len(pre)} appends; {len(base)} acknowledged"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from storetools import line_body
 from agentsession_cas import Header, make_entry
 from agentsession_cas.errors import SessionDamagedError
 from agentsession_cas.maintenance.fsck import fsck
@@ -48,7 +49,7 @@ def cli(root: Path, *args: str, input: str | None = None):
 def kept_appends(lines: list[bytes]) -> list[str]:
     out = []
     for line in lines:
-        body = json.loads(line.split(b" ", 1)[1].split(b"\t", 1)[0])
+        body = json.loads(line_body(line).split(b"\t", 1)[0])
         if body["op"] == "append":
             out.append(body["entry"])
     return out

@@ -27,6 +27,7 @@ from agentsession_cas.backends.files.fsck import writer_holds
 from agentsession_cas.maintenance.fsck import FsckReport, fsck
 from agentsession_cas.format.hashing import entry_objects
 from agentsession_cas.backends.files.log import encode_record, read_log
+from storetools import chained_after
 from agentsession_cas.backends.files.objects import FileObjects
 from agentsession_cas.backends.files.packs import Pack
 from agentsession_cas.store.refs import Refs
@@ -142,8 +143,14 @@ def log_line_of(root: Path, sid: str, entry: str) -> int:
 
 
 def append_raw(root: Path, sid: str, *lines: bytes) -> None:
-    with open(root / "sessions" / sid / "log", "ab") as f:
-        f.write(b"".join(lines))
+    """Append whole records, each framed anew to follow the log's last line (the chain);
+    bytes that are no whole line (a torn write) are appended as they are."""
+    path = root / "sessions" / sid / "log"
+    data = b"".join(lines)
+    if data.endswith(b"\n"):
+        data = chained_after(path.read_bytes(), data)
+    with open(path, "ab") as f:
+        f.write(data)
 
 
 def put_entry(root: Path, data: dict) -> tuple[str, bytes, bytes]:
@@ -793,6 +800,7 @@ def test_a_line_being_written_by_another_process_is_not_damage(store, tmp_path):
     eid, chash, content, env = entry_objects(data)
     line = encode_record({"op": "append", "seq": 7, "entry": eid, "head": eid}, payload=(content, env))
     line += encode_record({"op": "commit"})
+    line = chained_after((root / "sessions" / "rec" / "log").read_bytes(), line)
     (tmp_path / "line").write_bytes(line)
     with subprocess.Popen(
         [sys.executable, "-c", _HALF_WRITER, str(root / "sessions" / "rec" / "log"), str(tmp_path / "line"), str(len(line) // 2)],

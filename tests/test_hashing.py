@@ -441,3 +441,88 @@ def test_item_bytes_absent_without_an_item_object():
     ):
         *_, item_bytes = entry_objects_item(entry)
         assert item_bytes is None
+
+
+# ---------------------------------------------------------------------------
+# an entry's line from its two objects, by splicing (export and show stream with it)
+
+_PARENTS = st.one_of(st.none(), st.just([]), st.lists(
+    st.fixed_dictionaries({"entry": st.just("sha256:" + "c" * 64)}, optional={"session": st.text(max_size=4)}),
+    min_size=1, max_size=2))
+
+
+def _line_of(entry: dict) -> tuple[bytes, bytes]:
+    """(line_from_objects of the entry's stored objects, rfc8785's line of the entry with its id)."""
+    from agentsession_cas.format.hashing import line_from_objects, parse_envelope
+
+    entry_id, _, content, env_bytes = entry_objects(entry)
+    env, _ = parse_envelope(env_bytes)
+    expected = rfc8785.dumps({**{k: v for k, v in entry.items() if k != "parents" or v}, "id": entry_id}) + b"\n"
+    return line_from_objects(entry_id, env, content), expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    item=st.one_of(st.dictionaries(st.text(max_size=6), _JSON, max_size=4), _JSON),
+    others=st.dictionaries(_NAMES, _JSON, max_size=3),
+    with_item=st.booleans(),
+    parent=st.sampled_from([None, "sha256:" + "a" * 64]),
+    parents=_PARENTS,
+    ts=st.sampled_from(["2026-01-01T00:00:00Z", "2026-01-01T00:00:00.5Z", "2026-01-01T00:00:00.123456789Z"]),
+    type_=st.sampled_from(["item", "response", "ns:x"]),
+)
+def test_line_from_objects_is_the_canonical_line(item, others, with_item, parent, parents, ts, type_):
+    """Whatever the body (an item object or not, names before and after it, non-ASCII
+    and astral names, floats and big numbers) and the envelope (parents or not), the
+    spliced line is byte for byte rfc8785's of the whole entry with its id."""
+    entry = {"type": type_, "parent": parent, "ts": ts, **others}
+    if with_item:
+        entry["item"] = item
+    if parents is not None:
+        entry["parents"] = parents
+    got, expected = _line_of(entry)
+    assert got == expected
+
+
+def test_line_from_objects_splices_the_common_shapes():
+    """The common item entry takes the written-out splice, an item with other members
+    around it the general one; neither falls back to encoding the whole body."""
+    from agentsession_cas.format import hashing
+
+    calls = []
+    original = hashing.canonical_bytes
+
+    def spy(value, **kw):
+        calls.append(value)
+        return original(value, **kw)
+
+    big = {"type": "function_call_output", "call_id": "c1", "output": "x" * 5000}
+    shapes = [
+        {"type": "item", "parent": None, "ts": "2026-01-01T00:00:00Z", "item": big},
+        {"type": "item", "parent": "sha256:" + "a" * 64, "ts": "2026-01-01T00:00:00.5Z", "item": big, "response": "r1"},
+        {"type": "item", "parent": None, "ts": "2026-01-01T00:00:00Z", "item": big, "attempt": 2, "zeta": [1.5]},
+    ]
+    for entry in shapes:
+        entry_id, _, content, env_bytes = entry_objects(entry)
+        env, _ = hashing.parse_envelope(env_bytes)
+        calls.clear()
+        hashing.canonical_bytes = spy
+        try:
+            got = hashing.line_from_objects(entry_id, env, content)
+        finally:
+            hashing.canonical_bytes = original
+        assert got == _line_of(entry)[1]
+        assert all("item" not in value for value in calls), "the item was encoded again"
+
+
+def test_line_from_objects_over_the_corpus():
+    """Every entry of the reference corpus's good files: its stored objects give back its line."""
+    from agentsession_cas.format.entry import Entry
+    from agentsession_cas.format.hashing import line_from_objects, parse_envelope
+
+    for name in GOOD:
+        for raw, obj in corpus_entries(name):
+            entry_id, _, content, env_bytes = entry_objects(obj)
+            env, _ = parse_envelope(env_bytes)
+            entry = Entry.from_dict(obj)
+            assert line_from_objects(entry_id, env, content) == entry.canonical_line() == raw + b"\n", (name, entry_id)

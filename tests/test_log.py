@@ -200,7 +200,10 @@ def test_torn_payload_is_cut_after_the_last_commit():
 @pytest.mark.parametrize("lazy", [True, False])
 def test_encode_append_is_encode_record(head_moved, head, leaf_label, lazy):
     """The hand-written append line (the hot path) is byte for byte the generic one."""
-    from agentsession_cas.backends.files.log import encode_append
+    from agentsession_cas.backends.files.log import ZERO_LINK, append_body, frame, record_body
+
+    def encode_append(*args, payload, **kw):
+        return frame(append_body(*args, payload=payload, **kw), ZERO_LINK)
 
     entry = "sha256:" + "a" * 64
     record = {"op": "append", "seq": 123456, "entry": entry}
@@ -212,7 +215,127 @@ def test_encode_append_is_encode_record(head_moved, head, leaf_label, lazy):
         record["lazy"] = True
     payload = (b'{"x":1}', b'{"content":"sha256:' + b"c" * 64 + b'"}')
     line = encode_append(123456, entry, head, head_moved=head_moved, leaf_label=leaf_label, lazy=lazy, payload=payload)
-    assert line == encode_record(record, payload=payload)
+    assert line == encode_record(record, payload=payload, prev=ZERO_LINK)
+    assert append_body(123456, entry, head, head_moved=head_moved, leaf_label=leaf_label, lazy=lazy, payload=payload) \
+        == record_body(record, payload)
     assert read_log(line).records[0].data == record
     bare = encode_append(123456, entry, head, head_moved=head_moved, leaf_label=leaf_label, lazy=lazy, payload=None)
-    assert bare == encode_record(record)
+    assert bare == encode_record(record, prev=ZERO_LINK)
+
+
+# -- the chain: each line links to the one before it --------------------------------------
+
+from agentsession_cas.backends.files.log import ZERO_LINK, encode_log, line_checksum  # noqa: E402
+
+
+def chained(*records: dict) -> bytes:
+    return encode_log(records)
+
+
+def lines_of(data: bytes) -> list[bytes]:
+    return [ln + b"\n" for ln in data.split(b"\n") if ln]
+
+
+def test_chained_line_format():
+    data = chained(CREATE, COMMIT)
+    first, second = lines_of(data)
+    assert first[17:34] == ZERO_LINK.encode() + b" "
+    assert second[17:33] == first[:16], "the second line links to the first's checksum"
+    covered = second[17:-1]
+    assert second[:16] == blake3.blake3(covered).hexdigest(length=CHECKSUM_HEX // 2).encode()
+    assert line_checksum(second) == second[:16].decode()
+    r = read_log(data)
+    assert [x.data for x in r.records] == [CREATE, COMMIT] and not r.damage
+    assert r.records[1].checksum == second[:16].decode()
+
+
+@pytest.mark.parametrize("case", ["removed", "swapped", "duplicated", "inserted-unlinked", "first-not-zero"])
+def test_a_record_removed_moved_or_inserted_breaks_the_chain(case):
+    lines = lines_of(chained(CREATE, APPEND(1), COMMIT, APPEND(2), COMMIT, APPEND(3), COMMIT))
+    if case == "removed":
+        del lines[3]
+        bad = [4]
+    elif case == "swapped":
+        lines[3], lines[5] = lines[5], lines[3]
+        bad = [4, 6]  # the line after a bad one is not judged by its link
+    elif case == "duplicated":
+        lines.insert(4, lines[3])
+        bad = [5]
+    elif case == "inserted-unlinked":
+        lines.insert(3, encode_record(APPEND(9)))
+        bad = [4]
+    else:
+        lines[0] = encode_record(CREATE, prev="1" * 16)
+        bad = [1]
+    r = read_log(b"".join(lines))
+    assert [d.line for d in r.damage] == bad, r.damage
+    assert all("out of place" in d.reason for d in r.damage if "checksum" not in d.reason)
+
+
+def test_a_bad_line_does_not_make_the_next_out_of_place():
+    """The line after a damaged one is not judged by its link (the damage may be in the
+    checksum it links to), and a crash's zeroed line leaves the tail a crash's loss."""
+    data = chained(CREATE, APPEND(1), COMMIT, APPEND(2), APPEND(3))
+    lines = lines_of(data)
+    raw = bytearray(lines[1])
+    raw[3] ^= 0x01  # the checksum of the first append
+    r = read_log(b"".join([lines[0], bytes(raw), *lines[2:]]))
+    assert [d.line for d in r.damage] == [2]
+    zeroed = lines[3][:-1].replace(lines[3][:-1], b"\x00" * (len(lines[3]) - 1)) + b"\n"
+    r = read_log(b"".join([*lines[:3], zeroed, lines[4]]))
+    assert not r.damage and r.cut is not None and r.cut.line == 4 and [x.data for x in r.cut_records] == [APPEND(3)]
+
+
+def test_a_log_from_before_the_chain_reads_and_new_lines_chain_after_it(tmp_path):
+    """An unlinked log (written before the chain) reads as it is; a writer appends linked
+    lines after it; a line with no link after linked ones is out of place."""
+    from agentsession_cas import Header
+    from agentsession_cas.store import Store
+
+    root = tmp_path / "store"
+    st = Store.init(root)
+    s = st.create(Header.new("old"))
+    s.append({"type": "item", "item": {"type": "message", "role": "user", "content": "a"}, "ts": "2026-01-01T00:00:00Z"})
+    st.close()
+    path = root / "sessions" / "old" / "log"
+    from storetools import line_body
+
+    legacy = b"".join(encode_record_raw(line_body(ln)) for ln in lines_of(path.read_bytes()))
+    path.write_bytes(legacy)
+    assert all(ln[16:17] == b" " and ln[17:18] == b"{" for ln in lines_of(legacy))
+    st = Store(root)
+    s = st.session("old")
+    s.append({"type": "item", "item": {"type": "message", "role": "user", "content": "b"}, "ts": "2026-01-01T00:00:01Z"})
+    st.close()
+    data = path.read_bytes()
+    assert data.startswith(legacy)
+    new = lines_of(data[len(legacy) :])
+    assert new and new[0][17:33] == lines_of(legacy)[-1][:16]
+    assert not read_log(data).damage
+    assert len(Store(root, readonly=True).read("old")) == 2
+
+
+def encode_record_raw(body: bytes) -> bytes:
+    return blake3.blake3(body).hexdigest(length=CHECKSUM_HEX // 2).encode() + b" " + body + b"\n"
+
+
+def test_fsck_names_a_removed_record(tmp_path):
+    from agentsession_cas import Header
+    from agentsession_cas.maintenance.fsck import fsck
+    from agentsession_cas.store import Store
+
+    root = tmp_path / "store"
+    st = Store.init(root)
+    s = st.create(Header.new("s"))
+    for i in range(4):
+        s.append({"type": "item", "item": {"type": "message", "role": "user", "content": f"m{i}"},
+                  "ts": f"2026-01-01T00:00:0{i}Z"}, durable=True)
+    st.close()
+    path = root / "sessions" / "s" / "log"
+    lines = lines_of(path.read_bytes())
+    victim = next(i for i, ln in enumerate(lines) if b'"seq":2' in ln)
+    del lines[victim]
+    path.write_bytes(b"".join(lines))
+    report = fsck(root)
+    assert not report.ok
+    assert any("out of place" in p.message and p.line == victim + 1 for p in report.errors), [str(p) for p in report.errors]

@@ -25,12 +25,14 @@ from agentsession_cas.errors import SessionDamagedError, SessionLockedError, Sto
 from agentsession_cas.backends.files.log import _checksum, encode_record, read_log, scan_log
 from agentsession_cas.backends.files.repair import DAMAGED_PREFIX
 from agentsession_cas.maintenance.repair import plan_repair, repair_session
-from storetools import crash, put_entry
+from storetools import crash, line_body, put_entry, rechain
 from agentsession_cas.store import Store
 from agentsession_cli import repair_command
 from agentsession_cli.main import main
 
 SID = "s1"
+#: Where a record line's JSON begins: its checksum, a space, its link, a space.
+RECORD = 34
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -165,7 +167,7 @@ def test_bit_flip_in_the_middle(tmp_path, part):
     ids = build(root)
     start, end, raw = line_of(root, "append", 2)  # the third append, before later commits
     if part == "record":
-        flip(root, start + 17 + 3)  # inside the member name "entry": the record no longer reads at all,
+        flip(root, start + RECORD + 3)  # inside the member name "entry": the record no longer reads at all,
         how = "salvaged"  # but its payload is whole, and an envelope whole in a log line is an append
     elif part == "payload":
         flip(root, start + raw.index(b"\t") + 10)  # inside its content object
@@ -332,7 +334,7 @@ def test_a_fork_whose_prefix_cannot_be_read_is_refused(tmp_path):
     with Store(root) as st:
         f = st.create(Header.new("fork", base=ids[1]))
         f.append(make_entry("item", f.head, item=item("fork 0")).data)
-    flip(root, line_of(root, "append", 0, sid="fork")[0] + 17 + 3, sid="fork")
+    flip(root, line_of(root, "append", 0, sid="fork")[0] + RECORD + 3, sid="fork")
     os.unlink(Store(root).objects.path("entries", ids[0]))
     before = files(root)
     r = cli(root, "repair", "--yes", "fork")
@@ -441,11 +443,11 @@ def test_a_payload_that_does_not_hash_is_damage_and_whole_objects_take_its_place
     root = tmp_path / "store"
     ids = build(root)
     start, end, raw = line_of(root, "append", 1)
-    record, content, env = raw[17:].split(b"\t")
+    record, content, env = line_body(raw).split(b"\t")
     bad = b"\t".join([record, content.replace(b"entry 1", b"entry X"), env])
     data = log_path(root).read_bytes()
-    log_path(root).write_bytes(data[:start] + _checksum(bad).encode() + b" " + bad + data[end:])
-    flip(root, line_of(root, "append", 4)[0] + 17 + 3)  # and real damage elsewhere
+    log_path(root).write_bytes(rechain(data[:start] + _checksum(bad).encode() + b" " + bad + data[end:]))
+    flip(root, line_of(root, "append", 4)[0] + RECORD + 3)  # and real damage elsewhere
     out = repair_json(root, "--yes")
     assert [d["line"] for d in out["damage"]] == [4, 10] and "payload" in out["damage"][0]["reason"]
     assert out["kept"] == 6 and out["dropped"] == []
@@ -487,7 +489,7 @@ def test_a_head_named_by_a_dropped_entry_goes_to_its_nearest_kept_ancestor(tmp_p
         st.import_bytes(st.export(SID).replace(f'"id":"{SID}"'.encode(), b'"id":"imp"', 1), record=True)
     st = Store(root, readonly=True)
     os.unlink(st.objects.path("contents", st.entry(ids[2]).content_hash))  # its envelope stays
-    flip(root, line_of(root, "append", 0, sid="imp")[0] + 17 + 3, sid="imp")  # objects/ proves it again
+    flip(root, line_of(root, "append", 0, sid="imp")[0] + RECORD + 3, sid="imp")  # objects/ proves it again
     out = repair_json(root, "--yes", sid="imp")
     assert [(r["entry"], r["how"]) for r in out["recovered"]] == [(ids[0], "hidden")]
     assert out["kept"] == 2 and out["head"] == ids[1]
@@ -562,7 +564,7 @@ def test_an_undamaged_session_is_left_as_it_is(tmp_path):
 def test_repair_is_idempotent(tmp_path):
     root = tmp_path / "store"
     ids = build(root)
-    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
     assert repair_json(root, "--yes")["repaired"]
     after = files(root / "sessions")
     again = repair_json(root, "--yes")
@@ -575,7 +577,7 @@ def test_repair_is_idempotent(tmp_path):
 def test_a_session_another_process_holds_is_refused(tmp_path):
     root = tmp_path / "store"
     ids = build(root)
-    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
     lock = root / "locks" / f"{SID}.lock"
     holder = subprocess.Popen(
         [sys.executable, "-c",
@@ -620,7 +622,7 @@ def test_a_plan_that_does_not_read_back_changes_nothing(tmp_path, monkeypatch):
 
     root = tmp_path / "store"
     build(root)
-    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
     real = repair_module._build_log
 
     def broken(report, name):  # loses an append: the replay no longer matches the plan
@@ -640,7 +642,7 @@ def test_a_plan_that_does_not_read_back_changes_nothing(tmp_path, monkeypatch):
 def test_a_repair_interrupted_before_the_rename_is_finished_by_the_next(tmp_path, monkeypatch):
     root = tmp_path / "store"
     ids = build(root)
-    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
     damaged = log_path(root).read_bytes()
 
     def fail(*a, **k):
@@ -662,7 +664,7 @@ def test_a_repair_interrupted_before_the_rename_is_finished_by_the_next(tmp_path
 def test_on_a_terminal_it_asks_and_a_no_writes_nothing(tmp_path, monkeypatch):
     root = tmp_path / "store"
     ids = build(root)
-    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
     monkeypatch.setattr(repair_command, "_on_terminal", lambda: True)
     before = files(root / "sessions")
     r = cli(root, "repair", SID, input="n\n")
@@ -681,7 +683,7 @@ def test_on_a_terminal_it_asks_and_a_no_writes_nothing(tmp_path, monkeypatch):
 def test_yes_skips_the_question(tmp_path, monkeypatch):
     root = tmp_path / "store"
     build(root)
-    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
     monkeypatch.setattr(repair_command, "_on_terminal", lambda: True)
     r = cli(root, "repair", "--yes", SID, input="")
     assert r.exit_code == 0 and "Rewrite the log" not in r.stderr
@@ -691,7 +693,7 @@ def test_yes_skips_the_question(tmp_path, monkeypatch):
 def test_without_a_terminal_it_proceeds_and_prints_what_it_did(tmp_path):
     root = tmp_path / "store"
     ids = build(root)
-    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
     r = cli(root, "repair", SID)
     assert r.exit_code == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -717,7 +719,7 @@ def test_command_errors(tmp_path):
 def test_the_damage_message_names_the_repair_command(tmp_path):
     root = tmp_path / "store"
     build(root)
-    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
     with pytest.raises(SessionDamagedError, match=r"run `agentsession repair s1`"):
         Store(root).session(SID)
 
@@ -725,7 +727,7 @@ def test_the_damage_message_names_the_repair_command(tmp_path):
 def test_plan_reads_only_and_works_on_a_read_only_store(tmp_path):
     root = tmp_path / "store"
     build(root)
-    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
     before = files(root)
     plan = plan_repair(Store(root, readonly=True), SID)
     assert plan.damaged and not plan.repaired and len(plan.kept) == 6
@@ -735,7 +737,7 @@ def test_plan_reads_only_and_works_on_a_read_only_store(tmp_path):
 def test_progress_only_on_a_terminal_and_never_under_json(tmp_path, monkeypatch):
     root = tmp_path / "store"
     ids = build(root)
-    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
     monkeypatch.setattr(repair_command, "_stderr_is_tty", lambda: True)
     r = cli(root, "repair", "--dry-run", "--json", SID)
     assert r.exit_code == 0 and r.stderr == ""
@@ -758,7 +760,7 @@ def test_an_error_after_progress_is_not_written_over_it(tmp_path, monkeypatch):
 
     root = tmp_path / "store"
     build(root)
-    flip(root, line_of(root, "append", 2)[0] + 17 + 3)
+    flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
     monkeypatch.setattr(repair_command, "_stderr_is_tty", lambda: True)
 
     def broken(report, name):

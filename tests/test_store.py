@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import agentsession_cas.backends.files.sessions as files_sessions
+
 from agentsession_cas import Entry, Header, canonical_bytes, loads, make_entry, read_session, read_session_bytes
 from agentsession_cas.format.entry import FORMAT_WRITTEN, LEAF_LABEL
 from agentsession_cas.errors import (
@@ -34,11 +36,11 @@ from agentsession_cas.errors import (
     StoreError,
 )
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
-from agentsession_cas.backends.files.log import _checksum, encode_record, read_log
+from agentsession_cas.backends.files.log import _checksum, encode_record, read_log, record_body
 from agentsession_cas.backends.files.objects import FileObjects
 from agentsession_cas.backends.files.layout import LAYOUT
 from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES, FileSessionLog
-from storetools import crash, put_entry
+from storetools import chained_after, crash, line_body, put_entry, rechain
 from agentsession_cas.store import Session, Store
 
 _TICK = itertools.count()
@@ -121,13 +123,13 @@ def _retamper_line(root: Path, sid: str, entry_id: str, edit) -> None:
     lines = logp.read_bytes().split(b"\n")
     for i, raw in enumerate(lines):
         if b'"op":"append"' in raw and entry_id.encode() in raw.split(b"\t", 1)[0]:
-            body = edit(raw[17:])
-            assert body != raw[17:]
+            body = edit(line_body(raw))
+            assert body != line_body(raw)
             lines[i] = _checksum(body).encode() + b" " + body
             break
     else:
         raise AssertionError(f"no append of {entry_id} in the log")
-    logp.write_bytes(b"\n".join(lines))
+    logp.write_bytes(rechain(b"\n".join(lines)))
 
 
 def tamper_payload(root: Path, sid: str, entry_id: str, part: str = "envelope") -> None:
@@ -1195,12 +1197,12 @@ def test_delete_of_an_open_session_writes_no_commit_first(root, monkeypatch):
     s, rs = chain(st, n=1)
     writes = []
     real = FileSessionLog._write_log
-    monkeypatch.setattr(FileSessionLog, "_write_log", lambda self, data, sync: writes.append(data) or real(self, data, sync=sync))
+    monkeypatch.setattr(FileSessionLog, "_write_log", lambda self, bodies, sync: writes.extend(bodies) or real(self, bodies, sync=sync))
     assert not held(root, "entries", rs[0].id)
     st.delete("s1")
     # no commit: only the checkpoint that writes the objects the log alone held, so
     # deleting the ref loses no object another session may come to need
-    assert writes == [encode_record({"op": "checkpoint", "seq": 1})] and st.list() == []
+    assert writes == [record_body({"op": "checkpoint", "seq": 1})] and st.list() == []
     assert held(root, "entries", rs[0].id)
     assert st.entry(rs[0].id).id == rs[0].id
     st.close()
@@ -1801,7 +1803,7 @@ def test_durable_append_is_one_line_pair_one_fsync_and_no_object_file(root, monk
         str(obj_path(root, "entries", r.id).relative_to(root)),
         str(obj_path(root, "contents", e.content_hash).relative_to(root)),
     }
-    assert logp.read_bytes()[len(before_log) + len(added) :] == encode_record({"op": "checkpoint", "seq": s.state.max_seq})
+    assert line_body(logp.read_bytes()[len(before_log) + len(added) :]) == record_body({"op": "checkpoint", "seq": s.state.max_seq})
     s.checkpoint()  # nothing owed: writes nothing
     assert log_records(root, "s1")[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
     st.close()
@@ -1934,7 +1936,7 @@ def test_crash_without_checkpoint_restores_objects_on_reopen(root):
         assert all(st.objects.is_sound("contents", st.entry(i).content_hash) for i in ids)
         # committed and clean: the log is not rewritten, a checkpoint record is appended
         log_after = _log(root).read_bytes()
-        assert log_after == log_before + encode_record({"op": "checkpoint", "seq": 5})
+        assert log_after == log_before + chained_after(log_before, encode_record({"op": "checkpoint", "seq": 5}))
         assert [e.id for e in s] == ids and s.head == ids[-1]
     # from objects/ now: a read-only open restores nothing
     with Store(root, readonly=True) as ro:
@@ -1943,7 +1945,7 @@ def test_crash_without_checkpoint_restores_objects_on_reopen(root):
     with Store(root) as st:
         s = st.session("s1")
         assert not s.recovered
-    assert _log(root).read_bytes() == log_before + encode_record({"op": "checkpoint", "seq": 5})
+    assert _log(root).read_bytes() == log_before + chained_after(log_before, encode_record({"op": "checkpoint", "seq": 5}))
 
 
 @pytest.mark.parametrize("part", ["envelope", "content"])
@@ -2036,9 +2038,12 @@ def test_context_hash_served_and_kept_up_to_date_by_appends(root):
     assert ro.context_hash(later.id) == expected[later.id]
 
 
-def test_checkpoints_come_every_1024_appends_not_more_often(root):
+def test_checkpoints_come_every_1024_appends_not_more_often(root, monkeypatch):
     """Each background checkpoint takes exactly the appends since the one before: a
-    long lazy session makes one checkpoint record per 1024 appends."""
+    long lazy session makes one checkpoint record per 1024 appends (compaction, which
+    would fold them into a snapshot, is held off to see them)."""
+    monkeypatch.setattr(files_sessions, "COMPACT_AT_CLOSE", 1 << 62)
+    monkeypatch.setattr(files_sessions, "COMPACT_WHILE_WRITING", 1 << 62)
     st = Store.init(root, sync="never")
     s = st.create(Header.new("cadence"))
     n = 3 * CHECKPOINT_ENTRIES + 10
@@ -2059,13 +2064,13 @@ def test_bulk_passes_restore_the_collector(root, tmp_path, monkeypatch):
     s = st.create(Header.new("gcs"))
     s.append(msg("hello"))
     seen = []
-    real = Session._projection
+    real = Session.projection_lines
 
     def spy(self):
         seen.append(gc.isenabled())
         return real(self)
 
-    monkeypatch.setattr(Session, "_projection", spy)
+    monkeypatch.setattr(Session, "projection_lines", spy)
     data = s.projection()
     assert seen == [False] and gc.isenabled()
     path = tmp_path / "g.jsonl"

@@ -19,15 +19,19 @@ from urllib.parse import unquote_to_bytes, urlsplit
 from ..errors import UnsupportedError
 from .base import Append, Backend, Capabilities, LogOpen, ObjectStore, RefStore, RemoteStore, SessionLog, SessionStore
 from .files import FileBackend
-from .memory import MemoryBackend
 
 if TYPE_CHECKING:
+    from .memory import MemoryBackend
     from .postgresql import PostgresBackend
 
 
 def __getattr__(name: str) -> Any:
-    """``PostgresBackend`` on first use: a command on a store directory does not load the
-    PostgreSQL backend (nor psycopg)."""
+    """``MemoryBackend`` and ``PostgresBackend`` on first use: a command on a store
+    directory loads neither (nor psycopg)."""
+    if name == "MemoryBackend":
+        from .memory import MemoryBackend
+
+        return MemoryBackend
     if name == "PostgresBackend":
         from .postgresql import PostgresBackend
 
@@ -92,6 +96,8 @@ def open_backend(url: str | os.PathLike[str], *, create: bool = False, readonly:
     """The backend a store URL (or path) names; ``create`` makes the store where there is none."""
     kind, rest = store_url_kind(os.fspath(url))
     if kind == "memory":
+        from .memory import MemoryBackend
+
         return MemoryBackend(rest or None, readonly=readonly, create=create)
     if kind == "postgresql":
         from .postgresql import PostgresBackend  # loaded only for a postgresql:// store

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "COMMIT_POINTS",
     "SPACES",
     "Space",
     "Mark",
@@ -64,6 +65,10 @@ Space = Literal["entries", "contents", "blobs"]
 SPACES: tuple[Space, ...] = ("entries", "contents", "blobs")
 #: A session's record mark (RFC 0002 "One store of record").
 Mark = Literal["record", "mirror"]
+#: The records that commit everything before them: a crash never takes what precedes
+#: one, and a reader serves another writer's log only up to the last one. ``snapshot``
+#: is what a compacted log holds in place of committed records (files backend).
+COMMIT_POINTS = frozenset({"create", "commit", "snapshot"})
 
 
 @dataclass(slots=True)
@@ -122,6 +127,10 @@ class LogOpen:
     head_index: str | None = None
     mark_index: str | None = None
     recovered: list[str] = field(default_factory=list)
+    #: The last summary the backend keeps for the session (see
+    #: :meth:`SessionLog.set_summary`), current or not: the domain checks it against the
+    #: log before it trusts it, and counts only the entries appended since.
+    summary: dict[str, Any] | None = None
 
 
 @dataclass
@@ -239,6 +248,12 @@ class SessionLog(ABC):
     def set_indexes(self, head: str | None, mark: Mark) -> None:
         """Record the committed head and mark where readers find them cheaply."""
 
+    def set_summary(self, summary: Mapping[str, Any]) -> None:  # noqa: B027 - a hook: a backend may keep none
+        """Keep what ``list`` shows of the session (a JSON object the domain made) with
+        what identifies the log as it is when the session is let go, so a reader can
+        tell whether it is current (:meth:`SessionStore.summary`). Called at close; an
+        index, like HEAD: lost or stale, it is rebuilt from the log."""
+
     @abstractmethod
     def set_header(self, header: bytes) -> None:
         """Replace the header, durably (RFC 0002: only ``format`` is raised)."""
@@ -300,6 +315,11 @@ class SessionStore(ABC):
         held. ``prefix`` (entry id, content hash) names objects already stored that the
         new session builds on (a fork's prefix): they are made durable and held from a
         sweep, and one gone refuses the creation. Returns the log open for writing."""
+
+    def summary(self, session_id: str) -> tuple[dict[str, Any], bool] | None:
+        """The summary kept for a session and whether it describes the log as it is now
+        (True), or an older state of it (False); None when none is kept."""
+        return None
 
     def size(self, session_id: str) -> int | None:
         """Bytes the session's own records take, where the backend can tell cheaply."""

@@ -62,6 +62,8 @@ class _SessionData:
     head: str | None = None
     mark: Mark = "mirror"
     holder: object | None = None
+    #: The summary the domain handed over, and how many records the log held then.
+    summary: tuple[dict[str, Any], int] | None = None
 
 
 @dataclass
@@ -213,6 +215,12 @@ class MemorySessionLog(SessionLog):
     def set_header(self, header: bytes) -> None:
         self._check().header = bytes(header)
 
+    def set_summary(self, summary: Mapping[str, Any]) -> None:
+        if not self.writable or self._closed or self._session.holder is not self:
+            return
+        with self.backend.data.lock:
+            self._session.summary = (dict(summary), len(self._session.records))
+
     def park(self) -> bool:
         if not self.writable or self._closed:
             return False
@@ -278,7 +286,15 @@ class MemorySessions(SessionStore):
                 if s.committed < len(s.records):
                     s.records.append({"op": "commit"})
                     s.committed = len(s.records)
-            return log, LogOpen(s.header, [dict(r) for r in s.records], s.head, s.mark, [])
+            kept = dict(s.summary[0]) if s.summary is not None else None
+            return log, LogOpen(s.header, [dict(r) for r in s.records], s.head, s.mark, [], kept)
+
+    def summary(self, session_id: str) -> tuple[dict[str, Any], bool] | None:
+        with self.data.lock:
+            s = self.data.sessions.get(session_id)
+            if s is None or s.summary is None:
+                return None
+            return dict(s.summary[0]), s.summary[1] == len(s.records)
 
     def create(
         self,

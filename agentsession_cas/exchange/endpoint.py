@@ -507,6 +507,7 @@ class StoreEndpoint:
                 held.append(session)
             appended = session.exchange_admit(
                 [(c.id, c.leaf) for c in ordered],
+                known={c.id: c.entry for c in ordered if c.entry is not None},
                 head=to,
                 move_head=move,
                 mark="record" if handover else None,

@@ -253,13 +253,14 @@ class Recorder:
 
     # -- appending ----------------------------------------------------------------------
 
-    def _durable(self, e: Entry) -> bool:
-        t = e.type
+    def _durable(self, e: Entry | Mapping[str, Any]) -> bool:
+        data = e.data if isinstance(e, Entry) else e
+        t = data.get("type")
         if t in _DURABLE_TYPES or t in self.session.header.records:
             return True
         if t == "run":
-            return e.data.get("phase") == "end"
-        item = e.data.get("item")
+            return data.get("phase") == "end"
+        item = data.get("item")
         return t == "item" and isinstance(item, dict) and item.get("type") == "function_call_output"
 
     def append(self, entry: Mapping[str, Any], *, durable: bool | None = None) -> AppendResult:
@@ -277,6 +278,26 @@ class Recorder:
         elif result.outcome == "head-moved":
             self._rebuild()
         return result
+
+    def append_batch(self, entries: Iterable[Mapping[str, Any]], *, durable: bool | None = None) -> list[AppendResult]:
+        """Append several entries at the head as one batch (``Session.prepare`` then
+        ``commit``): each is checked against the session and the ones before it, and
+        none is written if any is refused. Durable when any of them asks it (a batch is
+        all durable or all lazy)."""
+        if self._closed:
+            raise StoreError(f"the recorder of session {self.session.id} is closed")
+        bodies = [dict(e) for e in entries]
+        if durable is None:
+            durable = any(self._durable(b) for b in bodies)
+        batch = self.session.prepare(bodies, durable=durable)
+        planned = [p.entry for p in batch.planned]
+        results = batch.commit()
+        for e, result in zip(planned, results):
+            if result.outcome == "continued":
+                self._track(e)
+            elif result.outcome == "head-moved":
+                self._rebuild()
+        return results
 
     def record(self, type_: str, **body: Any) -> AppendResult:
         """Append an entry of any type with these body members (``info``, ``label``,
@@ -301,8 +322,11 @@ class Recorder:
         return self.item({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}, **members)
 
     def items(self, items: Iterable[Mapping[str, Any]], *, response: str | None = None) -> list[AppendResult]:
-        """The model's output items of one call, in order, each carrying ``response``."""
-        return [self.item(i, response=response) for i in items]
+        """The model's output items of one call, in order, each carrying ``response``:
+        one batch, so a refused item leaves none of them written."""
+        return self.append_batch(
+            {"type": "item", "item": dict(i), **({"response": response} if response is not None else {})} for i in items
+        )
 
     def response(
         self,

@@ -227,7 +227,8 @@ def loads_flagged(text: str | bytes) -> tuple[Any, bool]:
 # The reference serialiser
 
 
-def _utf16_key(name: str) -> bytes:
+def member_order(name: str) -> bytes:
+    """The key JCS orders member names by: their UTF-16 code units."""
     return name.encode("utf-16-be", "surrogatepass")
 
 
@@ -256,7 +257,7 @@ def _ref(value: Any, out: list[str]) -> None:
                 raise IJSONError(f"member name {key!r} is not a string")
         out.append("{")
         first = True
-        for key in sorted(value, key=_utf16_key):
+        for key in sorted(value, key=member_order):
             if not first:
                 out.append(",")
             first = False

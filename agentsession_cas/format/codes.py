@@ -19,8 +19,10 @@ from ..errors import AgentSessionError, Problem, Severity
 
 __all__ = ["RULES", "STORE_ONLY", "ErrorCode", "Rule", "Scope", "StorePolicy", "problem", "rule_of"]
 
-#: Where a rule is found: one line alone, where it hangs, or what a path says.
-Scope = Literal["line", "tree", "record", "context"]
+#: Where a rule is found: one line alone, where it hangs, what a path says, what the
+#: session's links say of the sessions they name, or what only a store can see (another session's header: checked by ``verify ID`` and
+#: ``fsck --deep``, noted as unchecked by ``verify FILE``).
+Scope = Literal["line", "tree", "record", "context", "link", "store"]
 #: What a store does with an entry that brings the rule: refuse it, store it and
 #: report it, or only remark on it.
 StorePolicy = Literal["refuse", "finding", "note"]
@@ -84,6 +86,7 @@ RULES: Mapping[str, Rule] = _rules(
         "and label, a link its rel",
         "RFC 0001 item, outcome, label, link",
     ),
+    _line("normalised", "an entry's normalised member is an array of {at, was or raw} records sorted by at", "RFC 0001 Entry hash"),
     _note("unresolved", "line", "a reference a file before 0.5 holds that migration could not rewrite", "RFC 0001 Versioning"),
     _note("redacted", "line", "the header says the file was redacted: its hashes verify it, never the original", "RFC 0001 Header"),
     # -- where an entry hangs --------------------------------------------------------
@@ -117,10 +120,16 @@ RULES: Mapping[str, Rule] = _rules(
     _note("before-0.9", "record", "a file of a minor before 0.9 was written under other record rules", "RFC 0001 Changes since 0.8"),
     _note("source-rule", "record", "no earlier release checked a run's written source", "RFC 0001 run"),
     _note("end-rule", "record", "a run's end reads differently before 0.8 and 0.9", "RFC 0001 Changes since 0.7, 0.8"),
+    _note("link-derived", "link", "a subsession link names the UUIDv5 of <parent>/<call_id>[/<n>] RFC 0001 recommends", "RFC 0001 Header"),
+    _note("link-store", "link", "the sessions a file's links name are checked only where a store holds them", "RFC 0001 link"),
     # -- what a path sends ----------------------------------------------------------------
     Rule("first_kept", "error", "context", "refuse", "bad_entry", "a compaction's first_kept names an entry on its path before it", "RFC 0001 compaction"),
     Rule("request_hash", "error", "context", "finding", None, "a response's request_hash is the hash of the request its path rebuilds", "RFC 0001 Request hash"),
+    _note("redacted-request", "context", "in a redacted file a request_hash names the original's request, which the redacted path need not rebuild", "RFC 0001 Header"),
     _note("of", "context", "an omitted list named by an of the path cannot resolve is kept as written", "RFC 0001 config"),
+    # -- what only a store sees: the sessions links name (store/links.py) ----------------
+    Rule("link-parent", "error", "store", "note", None, "a subsession a link names, when held, names this session as parent_session and the link's call as spawned_by", "RFC 0001 Header, link"),
+    Rule("link-fork", "error", "store", "note", None, "the session a fork_of link names, when held, holds the fork's base", "RFC 0002 Sessions"),
 )
 
 

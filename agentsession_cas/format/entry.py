@@ -36,6 +36,8 @@ __all__ = [
 
 #: The format minor this package writes.
 FORMAT_MAJOR, FORMAT_MINOR = 0, 14
+#: The first minor that defines the header's ``redacted_from``.
+REDACTED_FROM_MINOR = 13
 FORMAT_WRITTEN = f"agentsession/{FORMAT_MAJOR}.{FORMAT_MINOR}"
 #: The earliest minor read as it stands; earlier ones are migrated in memory.
 FIRST_HASHED_MINOR = 5
@@ -332,6 +334,30 @@ class Header:
         media = d.get("media", "inline")
         if media not in ("inline", "sidecar"):
             out.append(problem(1, "header", f"header media {json.dumps(media)} is neither 'inline' nor 'sidecar'"))
+        return out + self._redaction_problems(version)
+
+    def _redaction_problems(self, version: tuple[int, int] | None) -> list[Problem]:
+        """RFC 0001's ``redacted`` is true when bodies were changed after they were
+        written; from 0.13 ``redacted_from`` names the original, and only a redacted
+        session has one, never naming itself. Before 0.13 ``redacted_from`` is a member
+        that minor does not define, kept as written and not read."""
+        d = self.data
+        out: list[Problem] = []
+        redacted = d.get("redacted")
+        if "redacted" in d and not isinstance(redacted, bool):
+            out.append(problem(1, "header", f"header redacted {json.dumps(redacted)} is not a boolean"))
+        if "redacted_from" not in d or version is None or version < (0, REDACTED_FROM_MINOR):
+            return out
+        origin = d["redacted_from"]
+        if redacted is not True:
+            out.append(problem(1, "header", "header carries redacted_from without redacted: true; only a redacted "
+                                            "session names an original"))
+        if not isinstance(origin, dict) or not isinstance(origin.get("session"), str) or not origin.get("session"):
+            out.append(problem(1, "header", f"header redacted_from {json.dumps(origin)} is not an object naming the "
+                                            "original's session"))
+        elif origin["session"] == d.get("id"):
+            out.append(problem(1, "header", "header redacted_from names the session itself; a redacted session has an "
+                                            "id of its own"))
         return out
 
     def __repr__(self) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from ..errors import AgentSessionError, EntryError
-from .canonical import canonical_bytes, loads_flagged
+from .canonical import canonical_bytes, loads_flagged, member_order, needs_careful
 
 __all__ = [
     "envelope_content",
@@ -31,6 +31,7 @@ __all__ = [
     "content_hash",
     "envelope_hash",
     "entry_hashes",
+    "line_from_objects",
 ]
 
 HASH_PREFIX = "sha256:"
@@ -231,3 +232,119 @@ def entry_objects_item(
     chash = sha256_ref(content)
     envelope = envelope_bytes(type_, parent, parents, entry.get("ts"), chash)
     return sha256_ref(envelope), chash, content, envelope, item_bytes
+
+
+#: The member a line is spliced around when the content holds it (see
+#: :func:`line_from_objects`): an ``item`` is most of an entry's bytes.
+_SPLICE_MEMBER = "item"
+
+
+def line_from_objects(entry_id: str, env: Mapping[str, Any], content: bytes) -> bytes:
+    """The canonical line (LF included) of the entry an envelope (parsed) and its content
+    object's bytes make: the content's members, the envelope's less ``content``, and
+    ``id``, in canonical order. Byte for byte what ``Entry.canonical_line`` gives for the
+    entry rebuilt from the same objects, without encoding the body again: the stored
+    content is canonical, so where it holds an ``item`` the member's bytes are copied
+    as they are and only the members around it (small) are encoded with the envelope's.
+    Anything else is parsed strictly and encoded whole, as a rebuilt entry would be."""
+    members: dict[str, Any] = {"id": entry_id, "parent": env.get("parent"), "ts": env.get("ts"), "type": env.get("type")}
+    parents = env.get("parents")
+    if parents:
+        members["parents"] = parents
+    try:
+        body = json.loads(content)
+    except ValueError:
+        body = None
+    if body.__class__ is dict and _SPLICE_MEMBER in body:
+        line = _after_item(members, body, content) or _spliced(members, body, content, _SPLICE_MEMBER)
+        if line is not None:
+            return line
+    if body.__class__ is not dict:
+        body, careful = loads_flagged(content)  # the strict parse names what is wrong
+        if not isinstance(body, dict):
+            raise EntryError("the content object is not a JSON object")
+    else:
+        careful = needs_careful(body)  # the content is stored canonical: its plain parse re-encodes to it
+    plain = all(v is None or v.__class__ is str for v in members.values())
+    body.update(members)
+    # the envelope's members are strings or null in the common form; anything else is scanned for
+    return canonical_bytes(body, parsed=True, careful=True if careful else (False if plain else None)) + b"\n"
+
+
+def _spliced(members: dict[str, Any], body: dict[str, Any], content: bytes, name: str) -> bytes | None:
+    """The line built around member ``name`` of the canonical ``content`` (parsed as
+    ``body``, in the content's order, which is canonical): the members before and after
+    it are encoded (with the envelope's on their side of it) and the member's own bytes
+    copied. None when the content's bytes are not what its parse re-encodes to, which
+    a stored (canonical) content always is; the caller then encodes it whole."""
+    before: dict[str, Any] = {}
+    after: dict[str, Any] = {}
+    side = before
+    for k, v in body.items():
+        if k == name:
+            side = after
+        else:
+            side[k] = v
+    # The members around it are few and small: one walk says how to encode them.
+    careful: bool | None = needs_careful(before) or needs_careful(after)
+    if not careful and not all(v is None or v.__class__ is str for v in members.values()):
+        careful = None  # an envelope of an uncommon form: the encoder's output is scanned
+    # where the member's bytes begin and end: after "{" or "{<before>,", before "}" or ",<after>}"
+    head = canonical_bytes(before, parsed=True, careful=careful)[:-1] + b"," if before else b"{"
+    tail = b"," + canonical_bytes(after, parsed=True, careful=careful)[1:] if after else b"}"
+    end = len(content) - len(tail)
+    key = _MEMBER_KEYS.get(name) or (_encode_str(name) + ":").encode("utf-8")
+    if not (content.startswith(head) and content.endswith(tail) and content.startswith(key, len(head)) and end > len(head) + len(key)):
+        return None
+    pivot = member_order(name)
+    for k, v in members.items():
+        (before if member_order(k) < pivot else after)[k] = v
+    return b"".join((
+        canonical_bytes(before, parsed=True, careful=careful)[:-1] + b"," if before else b"{",
+        content[len(head):end],
+        b"," + canonical_bytes(after, parsed=True, careful=careful)[1:] if after else b"}",
+        b"\n",
+    ))
+
+
+def _after_item(members: dict[str, Any], body: dict[str, Any], content: bytes) -> bytes | None:
+    """:func:`_spliced` for the common item entry, written out: ``item`` is the body's
+    first member, every other one (a ``response`` id, say) and every envelope member but
+    ``id`` a string (or a null parent) named in ASCII after ``item``; None otherwise."""
+    first = True
+    rest: list[tuple[str, str]] = []
+    for k, v in body.items():
+        if first:
+            if k != _SPLICE_MEMBER:
+                return None
+            first = False
+        elif v.__class__ is str and k.isascii() and k > _SPLICE_MEMBER:
+            rest.append((k, v))
+        else:
+            return None
+    if rest:
+        tail = ("," + ",".join([_encode_str(k) + ":" + _encode_str(v) for k, v in rest]) + "}").encode("utf-8")
+        if not content.endswith(tail):
+            return None
+    else:
+        tail = b"}"
+    for k, v in members.items():
+        if k == "id":
+            continue
+        if v is None and k == "parent":
+            rest.append((k, None))  # type: ignore[arg-type]
+        elif v.__class__ is str:
+            rest.append((k, v))
+        else:
+            return None
+    rest.sort()  # ASCII names after "item": code point order is JCS's
+    out = ",".join([_encode_str(k) + ":" + ("null" if v is None else _encode_str(v)) for k, v in rest])
+    try:
+        spliced = out.encode("utf-8")
+        entry_id = _encode_str(members["id"]).encode("utf-8")
+    except UnicodeEncodeError:
+        return None  # a lone surrogate: the whole encoding names it
+    return b"".join((b'{"id":', entry_id, b",", content[1 : len(content) - len(tail)], b",", spliced, b"}\n"))
+
+
+_MEMBER_KEYS = {_SPLICE_MEMBER: b'"' + _SPLICE_MEMBER.encode("ascii") + b'":'}

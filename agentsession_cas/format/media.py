@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 
 from ..fsutil import write_atomic, write_output
 
@@ -54,11 +55,14 @@ def read_sidecar(directory: str, name: str) -> bytes:
         return f.read()
 
 
-def write_projection(path: str | os.PathLike[str], data: bytes, session_id: str, blobs: dict[str, bytes]) -> int:
-    """A projection written to ``path`` (see :func:`~agentsession_cas.fsutil.write_output`:
-    a regular file atomically and durably, a symlink's target, a device or pipe as a
-    stream), and its sidecar blobs beside the file in ``<dir>/<session id>/<hex>``
-    (RFC 0001). Returns how many blobs were not written because the output is a
+def write_projection(
+    path: str | os.PathLike[str], data: bytes | Iterable[bytes], session_id: str, blobs: dict[str, bytes]
+) -> int:
+    """A projection (bytes, or lines as they come) written to ``path`` (see
+    :func:`~agentsession_cas.fsutil.write_output`: a regular file atomically and durably,
+    a symlink's target, a device or pipe as a stream), and its sidecar blobs beside the
+    file in ``<dir>/<session id>/<hex>`` (RFC 0001): ``blobs`` as it is once ``data``
+    has been written, so a stream of lines may fill it as it goes. Returns how many blobs were not written because the output is a
     stream, which has no directory beside it."""
     path = os.fspath(path)
     if not write_output(path, data, durable=True):

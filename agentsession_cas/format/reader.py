@@ -22,7 +22,8 @@ second half of a verify (:func:`~agentsession_cas.format.rules.verify_session`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,10 +36,22 @@ from ..errors import (
 from .canonical import loads_flagged
 from .entry import Entry, Header
 from .legacy import migrate_entry
-from .rules import CORE_TYPES, TreeState, check_line, gc_paused, line_failure, problem, read_header, unloaded_claims
+from .rules import (
+    CORE_TYPES,
+    PathChecker,
+    TreeState,
+    VerifyReport,
+    check_line,
+    gc_paused,
+    line_failure,
+    problem,
+    read_header,
+    unloaded_claims,
+    verify_report,
+)
 from .tree import Tree
 
-__all__ = ["CORE_TYPES", "SessionFile", "gc_paused", "read_session", "read_session_bytes", "split_lines"]
+__all__ = ["CORE_TYPES", "SessionFile", "gc_paused", "read_session", "read_session_bytes", "split_lines", "verify_bytes", "verify_file", "verify_lines"]
 
 
 
@@ -162,42 +175,161 @@ def read_session_bytes(data: bytes, *, source: str = "<bytes>", keep_objects: bo
         raise SessionFormatError(source, [problem(1, "header", "the file is empty: no header")])
     header = read_header(lines[0], source)
     with gc_paused():
-        return _Reader(source, header, lines, keep_objects=keep_objects).run()
+        return _Reader(source, header, lines[1:], keep_objects=keep_objects).run()
+
+
+def verify_file(path: str | os.PathLike) -> VerifyReport:
+    """What ``agentsession verify FILE`` reports (:func:`~agentsession_cas.format.rules.verify_session`
+    of the file as read), in one pass over the file read line by line: each line through
+    the line and tree rules, then at once through the record and context rules, its
+    item's canonical bytes made once for both its id and the request hashes. What it holds
+    is not the file nor its entries, but the entries on the path the checker stands on
+    (what the context algorithm holds), each entry's line number, and the session-wide
+    facts of the rules (call ids, problems); an entry of a branch the checker left is
+    read again from the file when the file's order comes back to it.
+
+    Raises ``OSError`` when the file cannot be read and :class:`SessionFormatError` when
+    its first line is no usable header."""
+    name = os.fspath(path)
+    if os.path.isdir(name):
+        raise IsADirectoryError(21, "is a directory, not a session file", name)
+    with open(name, "rb") as f:
+        first = f.readline()
+        if not first:
+            raise SessionFormatError(name, [problem(1, "header", "the file is empty: no header")])
+        header = read_header(first[:-1] if first.endswith(b"\n") else first, name)
+        if header.is_legacy:  # migration assigns ids as it goes: entries are kept, not read again
+            return verify_bytes(first + f.read(), source=name)
+        starts = array("q")
+        ends = array("q")
+        fd = f.fileno()
+
+        def lines() -> Iterator[bytes]:
+            pos = len(first)
+            for raw in f:
+                n = len(raw) - 1 if raw.endswith(b"\n") else len(raw)
+                starts.append(pos)
+                ends.append(pos + n)
+                pos += len(raw)
+                yield raw[:n]
+
+        where: dict[str, int] = {}
+
+        def load(entry_id: str) -> Entry:
+            i = where[entry_id] - 2
+            raw = os.pread(fd, ends[i] - starts[i], starts[i])
+            obj, careful = loads_flagged(raw.decode("utf-8"))
+            entry, _ = check_line(obj, line=i + 2, careful=careful, keep_objects=True)
+            if entry is None:  # the file changed under the verify
+                raise SessionFormatError(name, [problem(i + 2, "entry", "the line changed while it was verified")])
+            entry.objects = None
+            return entry
+
+        return _verify(name, header, lines(), PathChecker(header, loader=load), where)
+
+
+def verify_bytes(data: bytes, *, source: str = "<bytes>") -> VerifyReport:
+    """:func:`verify_file` of a session held in memory (standard input, say): the entries
+    are kept, since there is no file to read one again from."""
+    lines = split_lines(data)
+    if not lines:
+        raise SessionFormatError(source, [problem(1, "header", "the file is empty: no header")])
+    header = read_header(lines[0], source)
+    return _verify(source, header, lines[1:], PathChecker(header), None)
+
+
+def verify_lines(
+    lines: Iterable[bytes], *, source: str, loader: Callable[[str], Entry] | None = None
+) -> VerifyReport:
+    """:func:`verify_file` of a session given as its lines as they come (the header's
+    first, each with or without its LF: a stored session's projection, say). ``loader``
+    gives an entry again by id when the checker goes back to a branch it left (its line
+    number is set here), so the entries are not held; without one they are."""
+    it = iter(lines)
+    first = next(it, None)
+    if first is None:
+        raise SessionFormatError(source, [problem(1, "header", "the file is empty: no header")])
+    header = read_header(first[:-1] if first.endswith(b"\n") else first, source)
+    if header.is_legacy:
+        loader = None  # migration assigns ids as it goes: nothing to load them by
+    where: dict[str, int] | None = {} if loader is not None else None
+
+    def load(entry_id: str) -> Entry:
+        assert loader is not None and where is not None
+        entry = loader(entry_id)
+        entry.line = where[entry_id]
+        return entry
+
+    entries = (raw[:-1] if raw.endswith(b"\n") else raw for raw in it)
+    return _verify(source, header, entries, PathChecker(header, loader=load if loader is not None else None), where)
+
+
+def _verify(source: str, header: Header, lines: Iterable[bytes], checker: PathChecker, where: dict[str, int] | None) -> VerifyReport:
+    with gc_paused():
+        reader = _Reader(source, header, lines, checker=checker, keep_entries=False, where=where)
+        sf = reader.run()
+        checker.finish()
+    return verify_report(source, header, reader.count, sf.migrated, sf.all_problems(), sf.unresolved, checker, reader.links)
 
 
 class _Reader:
-    """One pass over a file's lines: the line rules of each, then the tree rules."""
+    """One pass over a file's lines: the line rules of each, then the tree rules; and, for
+    a streamed verify, the record and context rules of each entry as it is accepted
+    (``checker``), the entries not kept (``keep_entries=False``)."""
 
-    def __init__(self, source: str, header: Header, lines: list[bytes], *, keep_objects: bool = False):
+    def __init__(
+        self,
+        source: str,
+        header: Header,
+        lines: Iterable[bytes],
+        *,
+        keep_objects: bool = False,
+        checker: PathChecker | None = None,
+        keep_entries: bool = True,
+        where: dict[str, int] | None = None,
+    ):
         self.keep_objects = keep_objects
         self.source = source
         self.header = header
-        self.lines = lines
+        self.lines = lines  # the entry lines, the header's excluded
         self.entries: list[Entry] = []
+        self.count = 0
         self.problems: list[Problem] = []
         self.truncated: Problem | None = None
         self.unresolved: list[Problem] = []
         self.tree = TreeState(header)
+        self.checker = checker
+        self.keep_entries = keep_entries
+        #: entry id -> its line, for a checker that loads entries again (see verify_file)
+        self.where = where
+        #: The own ``link`` entries (after the base), kept when the entries are not.
+        self.links: list[Entry] = []
 
     def parsed_objects(self) -> Iterator[tuple[int, dict, bool]]:
-        """Parse every entry line, reporting those that do not parse."""
-        last = len(self.lines)
-        lines = self.lines
-        for lineno in range(2, last + 1):
-            raw = lines[lineno - 1]
+        """Parse every entry line, reporting those that do not parse (the last line of the
+        file may be cut short: one line is read ahead to know which is last)."""
+        it = iter(self.lines)
+        raw = next(it, None)
+        lineno = 1
+        while raw is not None:
+            lineno += 1
+            following = next(it, None)
             # parse_line's work, with its fast path inline: a bulk read calls it per line
             try:
                 obj, careful = loads_flagged(raw.decode("utf-8"))
             except ValueError as exc:  # IJSONError, JSONDecodeError, UnicodeDecodeError
-                self._failed(raw, exc, lineno, last)
+                self._failed(raw, exc, lineno, following is None)
+                raw = following
                 continue
             if obj.__class__ is not dict:
-                self._failed(raw, None, lineno, last)
+                self._failed(raw, None, lineno, following is None)
+                raw = following
                 continue
             yield lineno, obj, careful
+            raw = following
 
-    def _failed(self, raw: bytes, exc: Exception | None, lineno: int, last: int) -> None:
-        found, claims = line_failure(raw, exc, line=lineno, last=lineno == last)
+    def _failed(self, raw: bytes, exc: Exception | None, lineno: int, last: bool) -> None:
+        found, claims = line_failure(raw, exc, line=lineno, last=last)
         if found.code == "truncated":
             self.truncated = found
         else:
@@ -214,7 +346,12 @@ class _Reader:
         held = tree.held
         entries = self.entries
         problems = self.problems
-        keep = self.keep_objects
+        checker = self.checker
+        # A streamed verify shares the item's canonical bytes between the id check and the
+        # request hashes (the context builder takes them): hashed once, not kept after.
+        keep = self.keep_objects or (checker is not None and not migrated)
+        base = self.header.base
+        on_prefix = base is not None
         for lineno, obj, careful in objects:
             entry, found = check_line(obj, line=lineno, careful=careful, keep_objects=keep, migrated=migrated)
             if found:
@@ -229,7 +366,19 @@ class _Reader:
             found = tree.add(entry)
             if found:
                 problems.extend(found)
-            entries.append(entry)
+            self.count += 1
+            if self.keep_entries:
+                entries.append(entry)
+            elif entry.type == "link" and not on_prefix:
+                self.links.append(entry)
+            if checker is not None:
+                if not self.keep_objects:
+                    entry.objects = None
+                if self.where is not None:
+                    self.where[entry.id] = lineno
+                checker.add(entry, prefix=on_prefix)  # as PathChecker.add_all feeds a file
+            if entry.id == base:
+                on_prefix = False
         problems.extend(tree.finish())
         return SessionFile(
             source=self.source,

@@ -51,8 +51,11 @@ from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
 from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, RequestReport, check_tip
 from .entry import LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
+from .links import derived_note, link_notes, own_entries, store_note
+from .normalise import check_normalised
 from .runs import RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, inbox_of, open_source_message
 from .timestamps import is_valid_ts
+from .tree import head_may_rest
 
 if TYPE_CHECKING:  # the reader builds on this module
     from .reader import SessionFile
@@ -78,6 +81,7 @@ __all__ = [
     "Trial",
     "OpenRun",
     "VerifyReport",
+    "verify_report",
     "verify_session",
     "gc_paused",
     "analyze_path",
@@ -287,6 +291,10 @@ def check_line(
     ts = obj.get("ts")
     if not is_valid_ts(ts):
         out.append(problem(line, "ts", f"ts {_show(ts)} {_TS_FORM}"))
+    if "normalised" in obj:
+        wrong = check_normalised(obj["normalised"])
+        if wrong is not None:
+            out.append(problem(line, "normalised", wrong, stated if isinstance(stated, str) else computed))
     if (
         (type_ == "item" and obj.get("item").__class__ is not dict)
         or (type_ == "outcome" and not isinstance(obj.get("target"), str))
@@ -305,17 +313,6 @@ def check_line(
 
 # ---------------------------------------------------------------------------
 # tree rules
-
-
-def head_may_rest(target: str | None, base: str | None, own: Container[str], leaf_labels: Container[str]) -> bool:
-    """RFC 0002 Head: a session's head rests on its base or an own entry that is not a
-    ``leaf`` label; on no entry only without a base. (The rule, for every holder of a
-    session's state: the reader's tree, a store's replay, repair's plan.)"""
-    if target is None:
-        return base is None
-    if target == base:
-        return True
-    return target in own and target not in leaf_labels
 
 
 class TreeState:
@@ -684,7 +681,12 @@ class PathChecker:
             self._rebuilt.setdefault(check.computed, e.id)
         self.requests[e.id] = check
         if check.failed:
-            self._keep(e, "request_hash", f"response {shown_id(e.id)}: {check.message()}")
+            if self.header.data.get("redacted") is True:
+                # RFC 0001: a redacted file's request_hash is the original's request.
+                self._keep(e, "redacted-request", f"response {shown_id(e.id)}: {check.message()}; the file is redacted, "
+                                                  "so its request_hash names the original's request, not this path's")
+            else:
+                self._keep(e, "request_hash", f"response {shown_id(e.id)}: {check.message()}")
 
     # -- feeding --------------------------------------------------------------------
 
@@ -912,6 +914,7 @@ class Trial:
     path: _PathMark
     problems: int
     notes: int
+    links: int
 
 
 class SessionChecker:
@@ -937,6 +940,8 @@ class SessionChecker:
         self.problems: list[Problem] = []
         self.notes: list[Problem] = []
         self._trials: list[Trial] = []
+        #: The session's own link entries, for the link notes of :meth:`finish`.
+        self._links: list[Entry] = []
 
     def __contains__(self, entry_id: object) -> bool:
         return entry_id in self.tree
@@ -953,6 +958,11 @@ class SessionChecker:
             on_prefix = tree.in_prefix if prefix is None else prefix
             out = tree.add(entry)
             out.extend(self.path.add(entry, prefix=on_prefix))
+            if entry.type == "link" and not on_prefix:
+                derived = derived_note(self.header, entry, self._links)
+                if derived is not None:
+                    out.append(derived)
+                self._links.append(entry)
         self._keep(out)
         return out
 
@@ -969,7 +979,7 @@ class SessionChecker:
         out = self.tree.finish()
         if not len(self.tree):
             out.append(_empty())
-        out += self.path.finish() + _header_notes(self.header)
+        out += self.path.finish() + _header_notes(self.header) + store_note(self._links)
         return out
 
     def _keep(self, problems: list[Problem]) -> None:
@@ -989,7 +999,7 @@ class SessionChecker:
 
     def begin(self) -> Trial:
         """Open a trial: every add from now on can be undone by :meth:`rollback`."""
-        trial = Trial(self.tree._snapshot(), self.path._snapshot(), len(self.problems), len(self.notes))
+        trial = Trial(self.tree._snapshot(), self.path._snapshot(), len(self.problems), len(self.notes), len(self._links))
         self._trials.append(trial)
         return trial
 
@@ -1014,6 +1024,7 @@ class SessionChecker:
         self.tree._restore(trial.tree)
         del self.problems[trial.problems:]
         del self.notes[trial.notes:]
+        del self._links[trial.links:]
         self._end(trial)
 
 
@@ -1040,6 +1051,8 @@ class VerifyReport:
     ends_checked: int
     calls_checked: int
     _checker: PathChecker = field(repr=False)
+    #: The session's own ``link`` entries, for a store to check what the file cannot.
+    links: list[Entry] = field(default_factory=list, repr=False)
 
     @property
     def empty(self) -> bool:
@@ -1055,13 +1068,20 @@ class VerifyReport:
         return [p for p in (self.notes if notes else self.problems) if RULES[p.code].scope in scopes]
 
     def counts(self) -> dict[str, int]:
+        """Responses by their request check. In a redacted file a request that does not
+        rebuild is counted ``redacted``, not ``failed`` (RFC 0001: its hash is the
+        original's)."""
         checks = self.requests
-        return {
+        failed = sum(1 for c in checks if c.failed)
+        out = {
             "responses": len(checks),
             "verified": sum(1 for c in checks if c.status == "ok"),
             "without_hash": sum(1 for c in checks if c.status == "no-hash"),
-            "failed": sum(1 for c in checks if c.failed),
+            "failed": failed,
         }
+        if self.header.data.get("redacted") is True:
+            out["failed"], out["redacted"] = 0, failed
+        return out
 
     def request_report(self) -> RequestReport:
         """The context part: request checks, context problems and notes."""
@@ -1119,20 +1139,42 @@ def verify_session(sf: SessionFile) -> VerifyReport:
     with gc_paused():
         checker.add_all(sf.entries)
         checker.finish()
+    report = verify_report(sf.source, sf.header, len(sf.entries), sf.migrated, sf.all_problems(), sf.unresolved, checker,
+                           own_entries(sf.header, sf.entries))
+    sf._verified = report
+    return report
+
+
+def verify_report(
+    source: str,
+    header: Header,
+    entries: int,
+    migrated: bool,
+    read: list[Problem],
+    unresolved: list[Problem],
+    checker: PathChecker,
+    links: Sequence[Entry] = (),
+) -> VerifyReport:
+    """The report of a verify, once the entries were read (``read``: the line and tree
+    problems, truncation included, in line order; ``unresolved``: migration notes) and
+    fed to ``checker``, which has finished; ``links``: the session's own ``link``
+    entries, for the notes only a store can settle): what :func:`verify_session` and a
+    streamed verify of a file (``reader.verify_file``) both report."""
     context = _by_line([p for p in checker.problems if RULES[p.code].scope == "context"])
     records = _by_line_code([p for p in checker.problems if RULES[p.code].scope == "record"])
-    problems = _by_line(sf.all_problems() + context + records)
-    if not sf.entries:
+    problems = _by_line(read + context + records)
+    if not entries:
         problems.append(_empty())
     context_notes = _by_line([p for p in checker.notes if RULES[p.code].scope == "context"])
     record_notes = _by_line_code([p for p in checker.notes if RULES[p.code].scope == "record"])
-    notes = list(sf.unresolved) + context_notes + record_notes + checker.file_notes + _header_notes(sf.header)
+    notes = list(unresolved) + context_notes + record_notes + checker.file_notes + _header_notes(header)
+    notes += link_notes(header, links)
     w = checker.walker
-    report = VerifyReport(
-        source=sf.source,
-        header=sf.header,
-        entries=len(sf.entries),
-        migrated=sf.migrated,
+    return VerifyReport(
+        source=source,
+        header=header,
+        entries=entries,
+        migrated=migrated,
         problems=problems,
         notes=notes,
         requests=list(checker.requests.values()),
@@ -1140,9 +1182,8 @@ def verify_session(sf: SessionFile) -> VerifyReport:
         ends_checked=len(w.ends_seen),
         calls_checked=w.calls_checked,
         _checker=checker,
+        links=[e for e in links if e.type == "link"],
     )
-    sf._verified = report
-    return report
 
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from ..errors import TimestampError
 
-__all__ = ["is_valid_ts", "check_ts", "format_ts", "now_ts", "normalise_ts"]
+__all__ = ["is_valid_ts", "check_ts", "format_ts", "now_ts", "normalise_ts", "ts_unix_nanos"]
 
 _TS = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{0,8}[1-9]))?Z"
@@ -135,3 +135,16 @@ def normalise_ts(value: str) -> str:
         except OverflowError:
             raise TimestampError(f"ts {value!r} falls outside years 0001-9999 in UTC") from None
     return _join(dt, fraction)
+
+
+def ts_unix_nanos(value: object) -> int | None:
+    """Nanoseconds since the Unix epoch of an admitted ``ts`` (what a trace's span times
+    are), or None for one that is not admitted, or before 1970."""
+    m = _TS.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        return None
+    y, mo, d, h, mi, s = (int(g) for g in m.groups()[:6])
+    if y < 1970 or not _valid_fields(y, mo, d, h, mi, s):
+        return None
+    seconds = int(datetime(y, mo, d, h, mi, s, tzinfo=UTC).timestamp())
+    return seconds * 1_000_000_000 + int((m.group(7) or "").ljust(9, "0"))

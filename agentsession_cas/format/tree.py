@@ -7,12 +7,12 @@ later, a store's log alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 
 from ..errors import NoSuchEntryError
 from .entry import Entry
 
-__all__ = ["Tree"]
+__all__ = ["Tree", "head_may_rest"]
 
 
 class Tree:
@@ -152,3 +152,14 @@ class Tree:
             return target
         found = self._not_a_leaf_label(later[-1])
         return found.id if found is not None else None
+
+
+def head_may_rest(target: str | None, base: str | None, own: Container[str], leaf_labels: Container[str]) -> bool:
+    """RFC 0002 Head: a session's head rests on its base or an own entry that is not a
+    ``leaf`` label; on no entry only without a base. (The rule, for every holder of a
+    session's state: the reader's tree, a store's replay, repair's plan.)"""
+    if target is None:
+        return base is None
+    if target == base:
+        return True
+    return target in own and target not in leaf_labels

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 from ..backends.base import FsckReport
 from ..errors import AgentSessionError, CorruptObjectError, NoSuchObjectError, SessionDamagedError, SessionFormatError
 from ..format.entry import short_id
-from ..format.reader import read_session_bytes
-from ..format.rules import RULES, verify_session
+from ..format.reader import verify_lines
+from ..format.rules import RULES, VerifyReport
+from ..store.links import check_links
 from ..store.state import replay
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class StoredCheck:
 
 
 #: Where a stored session's problem is said to be, by the scope of its rule.
-_WHERE = {"context": "requests", "record": "records"}
+_WHERE = {"context": "requests", "record": "records", "link": "links", "store": "links"}
 
 
 def _problem(where: str, code: str, message: str, line: int | None = None, entry: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -87,13 +88,13 @@ def verify_stored(store: Store, session_id: str, *, empty_ok: bool = True) -> St
             session = None  # the careful path below says why
     if session is not None:
         try:
-            projection = session.projection()
+            report = _verify_projection(session)
         except AgentSessionError:
-            projection = None
-        if projection is not None:
+            report = None  # an object the projection needs is missing or corrupt: the careful path names it
+        if report is not None:
             out.notes.extend(session.recovered)
             out.stats["entries"], out.stats["prefix"] = len(session), len(session.prefix)
-            _check_projection(session, projection, out, empty_ok=empty_ok)
+            _check_projection(session, report, out, empty_ok=empty_ok)
             session.close()
             return out
         session.close()
@@ -149,7 +150,7 @@ def _careful(store: Store, session_id: str, history: Any, out: StoredCheck, *, e
         try:
             s = store.read(session_id)
             try:
-                _check_projection(s, s.projection(), out, empty_ok=empty_ok)
+                _check_projection(s, _verify_projection(s), out, empty_ok=empty_ok)
             finally:
                 s.close()
         except AgentSessionError as exc:
@@ -158,19 +159,28 @@ def _careful(store: Store, session_id: str, history: Any, out: StoredCheck, *, e
         out.notes.append("the projection was not checked: the log or the objects are damaged")
 
 
-def _check_projection(session: Session, projection: bytes, out: StoredCheck, *, empty_ok: bool) -> None:
-    """The projection verified as a file is (:func:`verify_session`, the one rule set):
-    the same problems, codes and notes ``verify FILE`` gives of its export."""
+def _verify_projection(session: Session) -> VerifyReport | SessionFormatError:
+    """The projection verified as a file is (the one rule set: the same problems, codes and
+    notes ``verify FILE`` gives of its export), as its lines are made, an entry the
+    checker goes back to read again from the store; or the error of a projection that
+    has no header to read. Raises the error of an object it cannot read."""
     try:
-        sf = read_session_bytes(projection, source=session.id)
+        return verify_lines(session.projection_lines(), source=session.id, loader=session.store.entry)
     except SessionFormatError as exc:
-        out.problems.extend({"where": "projection", **p.as_dict()} for p in exc.problems)
+        return exc
+
+
+def _check_projection(session: Session, report: VerifyReport | SessionFormatError, out: StoredCheck, *, empty_ok: bool) -> None:
+    if isinstance(report, SessionFormatError):
+        out.problems.extend({"where": "projection", **p.as_dict()} for p in report.problems)
         return
-    report = verify_session(sf)
     for p in report.problems:
         if p.code != "empty" or not empty_ok:
             out.problems.append({"where": _WHERE.get(RULES[p.code].scope, "projection"), **p.as_dict()})
-    out.notes.extend(str(p) for p in report.notes)
+    # What a file could not check, the store does: the sessions its links name.
+    out.notes.extend(str(p) for p in report.notes if p.code != "link-store")
+    for p in check_links(session.store, report.header, report.links):
+        out.problems.append({"where": "links", **p.as_dict()})
     out.stats["requests"] = report.counts()
     out.stats["runs_checked"] = report.runs_checked
     if not session.state.may_hold_head(session.head):

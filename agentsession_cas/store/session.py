@@ -17,11 +17,12 @@ entry. Until the commit nothing a reader can see changes.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import Append, Mark, Record, SessionLog
+from ..backends.base import Append, Mark, ObjectStore, Record, SessionLog
 from ..errors import (
     AgentSessionError,
     AppendRefusedError,
@@ -35,22 +36,29 @@ from ..errors import (
     ReadOnlyError,
     SessionDamagedError,
     StoreError,
+    SupersededError,
 )
 from ..format.canonical import canonical_bytes, loads, needs_careful
-from ..format.context import ContextHasher
+from ..format.codes import RULES
 from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
-from ..format.hashing import is_hash, parse_envelope
+from ..format.hashing import is_hash, line_from_objects, parse_envelope
+from ..format.links import REL_CONTINUED_IN, successor_of
 from ..format.media import sidecar_names
-from ..format.reader import gc_paused
-from ..format.rules import RULES, OpenRun, SessionChecker, Trial, check_line
 from ..format.timestamps import now_ts
 from ..format.tree import Tree
 from .state import SessionState, committed_view, index_damage, replay
+from .summary import SessionSummary, SummaryBuilder
 
 if TYPE_CHECKING:
+    from ..format.context import ContextHasher
+    from ..format.rules import OpenRun, SessionChecker, Trial
     from .store import Store
 
-__all__ = ["AppendResult", "PreparedBatch", "Session", "entry_from_objects", "walk_up"]
+# The rule set (format/rules.py, with the context and record machinery) is imported
+# where a session is checked or projected, not here: opening a session to read its
+# head, list it or export it does not load it (issue 11, start-up).
+
+__all__ = ["AppendResult", "PreparedBatch", "ProjectionOutline", "Session", "entry_from_objects", "walk_up"]
 
 _DURABLE_ON_RESPONSES = frozenset({"response", "compaction", "branch_summary"})
 _ENTRY_NAMING = ("target", "first_kept", "from", "queued_from")
@@ -205,6 +213,13 @@ class Session:
         self._staged: dict[str, Entry] = {}
         #: The records a snapshot was opened with (its committed view for exchange).
         self._records: list[dict[str, Any]] | None = None
+        #: What ``list`` shows (:mod:`.summary`): the summary the backend kept, when it
+        #: describes a prefix of this log, and a writer's builder, fed as it appends.
+        self._summary_base: SessionSummary | None = None
+        self._builder: SummaryBuilder | None = None
+        #: The successor a continued_in link names (once known: see superseded_by).
+        self._successor: str | None = None
+        self._successor_known = False
 
     # -- opening ------------------------------------------------------------------------
 
@@ -227,7 +242,9 @@ class Session:
             raise
         session = cls(store, session_id, log, header, state)
         session.recovered = list(opened.recovered)
+        session._summary_base = _prefix_summary(session_id, state, opened.summary)
         if writable:
+            session._builder = SummaryBuilder(header, copy.copy(session._summary_base))
             try:
                 log.recover()
             except BaseException:
@@ -242,7 +259,9 @@ class Session:
     def _created(cls, store: Store, session_id: str, log: SessionLog, header: Header, records: Sequence[Record]) -> Session:
         """A session just created whole: its state is what its records say."""
         state = replay(_data(r) for r in records)
-        return cls(store, session_id, log, header, state)
+        session = cls(store, session_id, log, header, state)
+        session._builder = SummaryBuilder(header)
+        return session
 
     # -- the state, as attributes -----------------------------------------------------------
 
@@ -332,6 +351,8 @@ class Session:
         can use. Computed along the session once, when first asked, then kept up to
         date by every append of this handle, so each later append costs one step."""
         if self._context_hashes is None:
+            from ..format.context import ContextHasher
+
             hasher = ContextHasher()
             for e in self.prefix_entries():
                 hasher.feed(e)
@@ -350,23 +371,71 @@ class Session:
     def projection(self) -> bytes:
         """RFC 0002 "Projection to JSONL": header, prefix root first, own entries in log
         order, and a synthetic ``leaf`` label only when the resume rule over those lines
-        would not name the head. Byte-stable."""
-        with gc_paused():
-            return self._projection()
+        would not name the head. Byte-stable. (:meth:`projection_lines` streams it.)"""
+        from ..format.rules import gc_paused
 
-    def _projection(self) -> bytes:
-        prefix = self.prefix_entries()
-        own = list(self)
-        entries = prefix + own
-        lines = [self.header.canonical_line()]
-        lines.extend(e.canonical_line() for e in entries)
-        tree = Tree(entries, base=self.base, prefix=self.prefix[:-1])
-        if entries and tree.resume_leaf() != self.head:
-            last = entries[-1]
-            ts = tree.by_id[self.head].ts if self.head is not None else last.ts
-            marker = make_entry("label", last.id, ts=ts, target=self.head, label=LEAF_LABEL, synthetic=True)
-            lines.append(marker.canonical_line())
-        return b"".join(lines)
+        with gc_paused():
+            return b"".join(self.projection_lines())
+
+    def projection_lines(self) -> Iterator[bytes]:
+        """:meth:`projection`, one line at a time, each built from the stored objects as
+        it is reached (:func:`~agentsession_cas.format.hashing.line_from_objects`: the
+        content's canonical bytes spliced, not parsed and encoded again). What it holds
+        while it goes is bounded by the session's entry count, not its bytes: each
+        entry's id and parent (for the resume rule, which decides the synthetic marker at
+        the end), and a ``label`` entry's members."""
+        yield self.header.canonical_line()
+        walk = _ProjectionWalk(self)
+        for entry_id, env, content in walk.objects(contents=True):
+            assert content is not None
+            yield line_from_objects(entry_id, env, content)
+        marker = walk.marker()
+        if marker is not None:
+            yield marker.canonical_line()
+
+    def projection_outline(self) -> ProjectionOutline:
+        """The shape of the projection's entries (ids, parents, types, labels, the synthetic
+        marker included) from the envelopes, reading only a ``label``'s content: what a
+        listing needs before its first line, for the cost of the entry count."""
+        walk = _ProjectionWalk(self)
+        out = ProjectionOutline()
+        for entry_id, env, _ in walk.objects(contents=False):
+            parents = env.get("parents")
+            out.add(entry_id, env.get("parent"), env.get("type"), parents, walk.label)
+        marker = walk.marker()
+        if marker is not None:
+            out.add(marker.id, marker.parent, marker.type, None, marker.data)
+        return out
+
+    def _projection_ids(self) -> Iterator[str]:
+        yield from self.prefix
+        yield from self.state.log_order
+
+    # -- the summary ----------------------------------------------------------------------
+
+    def summary(self) -> SessionSummary:
+        """What ``list`` shows of the session now. A writer's is kept current as it
+        appends; otherwise only the entries since the summary the backend kept are read
+        (all of them when it kept none)."""
+        builder = self._builder
+        if builder is None:
+            builder = SummaryBuilder(self.header, copy.copy(self._summary_base))
+        for eid in self.state.log_order[builder.count :]:
+            builder.feed(self.entry(eid))
+        if self.writable:
+            self._builder = builder
+        return copy.copy(builder.finish(head=self.head, base=self.base, mark=self.mark, seq=self.state.max_seq))
+
+    def _summarize_created(self, entry: Entry) -> None:
+        """Feed an own entry of a session created whole (import), in log order."""
+        if self._builder is not None:
+            self._builder.feed(entry)
+
+    def _summarize(self, entry: Entry | None) -> None:
+        """Feed an entry just written, when the builder has every one before it."""
+        b = self._builder
+        if b is not None and entry is not None and b.count == len(self.state.log_order) - 1:
+            b.feed(entry)
 
     # -- the rules ------------------------------------------------------------------------
 
@@ -375,13 +444,31 @@ class Session:
         first need from the prefix and the own entries in log order, then fed by every
         commit. What an append, an admission or a recorder is held to."""
         if self._checker is None:
+            from ..format.rules import SessionChecker, gc_paused
+
             checker = SessionChecker(self.header, loader=self._rules_entry)
+            links: list[Entry] = []
             with gc_paused():
                 checker.add_prefix(self.prefix_entries())
                 for eid in self.state.log_order:
-                    checker.add(self.entry(eid), prefix=False)
+                    e = self.entry(eid)
+                    checker.add(e, prefix=False)
+                    if e.type == "link":
+                        links.append(e)
             self._checker = checker
+            if not self._successor_known:  # every own entry was read: the successor is free
+                self._successor, self._successor_known = successor_of(links), True
         return self._checker
+
+    @property
+    def superseded_by(self) -> str | None:
+        """The session this one was continued in: the successor its last
+        ``continued_in`` link names, or None. A superseded session refuses appends
+        (:class:`SupersededError`). Found once, from the session's summary (which
+        reads no entry while the summary the backend kept is current)."""
+        if not self._successor_known:
+            self._successor, self._successor_known = self.summary().continued_in, True
+        return self._successor
 
     def _rules_entry(self, entry_id: str) -> Entry:
         staged = self._staged.get(entry_id)
@@ -452,6 +539,8 @@ class Session:
                 careful = needs_careful(data)
             except IJSONError as exc:
                 raise AppendRefusedError(f"not I-JSON: {exc}", rule="ijson") from None
+        from ..format.rules import check_line
+
         built, problems = check_line(data, careful=careful, keep_objects=True, require_id=False)
         refused = [p for p in problems if RULES[p.code].store == "refuse"] if problems else problems
         if refused or built is None or built.objects is None:
@@ -493,6 +582,7 @@ class Session:
         added: dict[str, Append] = {}
         planned: list[_Planned] = []
         seq = self.state.max_seq
+        successor = self.superseded_by
         for raw in entries:
             e, content, env = self._hash(raw, head)
             if e.type == "label" and e.data.get("synthetic") is not None:
@@ -505,6 +595,12 @@ class Session:
                 res = AppendResult(e.id, "no-op", head, durable=self.state.is_committed(e.id), seq=seq_of)
                 planned.append(_Planned(e, content, env, res, None))
                 continue
+            if successor is not None:
+                raise SupersededError(
+                    f"session {self.id} was continued in {successor} (a continued_in link): it takes no more appends; "
+                    f"append to {successor}, the end of its chain",
+                    session=self.id, successor=successor,
+                )
             if e.id == self.base or e.id in self.prefix_set:
                 raise AppendRefusedError(
                     f"entry {e.id} is {'the base' if e.id == self.base else 'on the prefix above the base'}: "
@@ -546,6 +642,8 @@ class Session:
             planned.append(_Planned(e, content, env, res, record))
             added[e.id] = record
             head = new_head
+            if e.type == "link" and e.get("rel") == REL_CONTINUED_IN and isinstance(e.get("session"), str):
+                successor = e.get("session")  # the rest of the batch is refused, as after its commit
         batch = PreparedBatch(self, planned, head, trial)
         self._pending = batch
         return batch
@@ -619,6 +717,9 @@ class Session:
                 state.head = r.head
             if self._context_hashes is not None:
                 self._context_hashes.feed(p.entry)
+            self._summarize(p.entry)
+            if p.entry.type == "link" and p.entry.get("rel") == REL_CONTINUED_IN and isinstance(p.entry.get("session"), str):
+                self._successor, self._successor_known = p.entry.get("session"), True
             p.result.unresolved.extend(self._hold_blobs(p.content))
         if commit:
             state.committed_seq = state.max_seq
@@ -740,6 +841,10 @@ class Session:
                 self.commit()
                 self.log.checkpoint()
                 self.log.set_indexes(self.head, self.mark)
+                try:
+                    self.log.set_summary(self.summary().as_dict())
+                except AgentSessionError:
+                    pass  # an entry that does not read: fsck's to say; the summary is rebuilt later
         finally:
             self._closed = True
             self.log.close()
@@ -783,6 +888,7 @@ class Session:
         self,
         entries: list[tuple[str, bool]],
         *,
+        known: Mapping[str, Entry] | None = None,
         head: str | None = None,
         move_head: bool = False,
         mark: Mark | None = None,
@@ -792,7 +898,8 @@ class Session:
         write, committed before it returns (a receiver commits what it admits, and a mark,
         before it acknowledges them). ``entries`` are (id, whether it is a ``leaf``
         label), every object already durable in the object store, parents before
-        children, checked by the caller; ones the log holds are skipped. A later
+        children, checked by the caller; ones the log holds are skipped. ``known``
+        holds such of them as the caller has parsed (the summary is fed from it). A later
         ``header_format`` raises the header's format first, durably. Returns the ids
         appended."""
         self._check_open()
@@ -843,6 +950,7 @@ class Session:
             if self._context_hashes is not None:
                 # Kept up to date as append keeps it (parents come first: admitted in order).
                 self._context_hashes.feed(self.entry(rec.entry))
+            self._summarize(known.get(rec.entry) if known else None)
         state.max_seq = max(state.max_seq, seq)
         state.committed_seq = state.max_seq
         if move_head:
@@ -850,6 +958,8 @@ class Session:
         if mark is not None:
             state.mark = mark
         self.log.set_indexes(self.head, self.mark)
+        if added:
+            self._successor_known = False  # an admitted continued_in link is found on next need
         return [r.entry for r in added]
 
     def exchange_park(self) -> bool:
@@ -908,10 +1018,159 @@ def parse_header(session_id: str, raw: bytes) -> Header:
     return Header(header_obj)
 
 
-def envelope_parts(env_bytes: bytes, entry_id: str, where: str) -> tuple[dict[str, Any], bool | None]:
-    """An envelope parsed, checked to be one (a content hash named)."""
+def envelope_parts(env_bytes: bytes, entry_id: str, objects: ObjectStore) -> tuple[dict[str, Any], bool | None]:
+    """An envelope parsed, checked to be one (a content hash named); an error names
+    where ``objects`` keeps it (worked out only then: it costs a path per call)."""
     env, careful = parse_envelope(env_bytes)
     if not isinstance(env, dict) or not isinstance(env.get("content"), str):
+        where = objects.where("entries", entry_id)
         raise CorruptObjectError(f"envelope {entry_id} is not an envelope ({where})", space="entries", name=entry_id, path=where)
     return env, careful
 
+
+class _ProjectionWalk:
+    """One walk over a session's projection entries (prefix root first, then the own
+    entries in log order), keeping what the resume rule needs to decide the synthetic
+    ``leaf`` marker at the end: each entry's id and parent, a label's members."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        self.stubs: list[tuple[str, str | None, Mapping[str, Any] | None]] = []
+        self.leaf_labels = False
+        self.head_ts: Any = None
+        self.last: tuple[str, Any] | None = None
+        #: The members of the last entry walked when it is a label (else None).
+        self.label: dict[str, Any] | None = None
+
+    def objects(self, *, contents: bool) -> Iterator[tuple[str, dict[str, Any], bytes | None]]:
+        """(id, envelope, content bytes or None) of each entry; a label's content is
+        read either way."""
+        session = self.session
+        objects = session.store.objects
+        get = objects.get
+        head = session.head
+        for entry_id in session._projection_ids():
+            env, _ = envelope_parts(get("entries", entry_id), entry_id, objects)
+            type_ = env.get("type")
+            content = get("contents", env["content"]) if contents or type_ == "label" else None
+            label = None
+            if content is not None and type_ == "label":
+                label = loads(content)
+                if isinstance(label, dict):
+                    self.leaf_labels = self.leaf_labels or label.get("label") in (LEAF_LABEL, None)
+                else:
+                    label = None
+            self.label = label
+            parent = env.get("parent")
+            self.stubs.append((entry_id, parent if isinstance(parent, str) else None, label))
+            if entry_id == head:
+                self.head_ts = env.get("ts")
+            self.last = (entry_id, env.get("ts"))
+            yield entry_id, env, content
+
+    def marker(self) -> Entry | None:
+        """The synthetic ``leaf`` label that ends the projection, when the resume rule over
+        the entries walked would not name the head."""
+        if self.last is None:
+            return None
+        session = self.session
+        if self.leaf_labels:
+            leaf = _resume_leaf(self.stubs, session.base, session.prefix[:-1])
+        else:
+            leaf = self.last[0]  # no leaf label, nor a clearing one: the last line is the leaf
+        if leaf == session.head:
+            return None
+        ts = self.head_ts if session.head is not None else self.last[1]
+        return make_entry("label", self.last[0], ts=ts, target=session.head, label=LEAF_LABEL, synthetic=True)
+
+
+class ProjectionOutline:
+    """The projection's entries as a listing needs them before printing one: position,
+    id, parent, type, how many ``parents`` they name, children counted, labels by target.
+    Held per entry: an id, a parent's position, a type shared among entries."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        #: The parent's position, or -1 for none; a parent not among the entries is kept in ``absent``.
+        self.parent_at: list[int] = []
+        self.absent: dict[int, str] = {}
+        self.types: list[str] = []
+        self.converges: dict[int, int] = {}
+        self.children: dict[int, int] = {}
+        #: target id -> the text of the last label naming it (as ``show`` marks it).
+        self.labels: dict[str, str] = {}
+        self.index: dict[str, int] = {}
+        self._types: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(self, entry_id: str, parent: Any, type_: Any, parents: Any, label: Mapping[str, Any] | None) -> None:
+        pos = len(self.ids)
+        self.ids.append(entry_id)
+        self.index[entry_id] = pos
+        t = type_ if isinstance(type_, str) else ""
+        self.types.append(self._types.setdefault(t, t))
+        at = self.index.get(parent, -1) if isinstance(parent, str) else -1
+        if isinstance(parent, str) and at < 0:
+            self.absent[pos] = parent
+        self.parent_at.append(at)
+        if at >= 0:
+            self.children[at] = self.children.get(at, 0) + 1
+        refs = sum(1 for r in parents or () if isinstance(r, dict) and isinstance(r.get("entry"), str)) if isinstance(parents, list) else 0
+        if refs:
+            self.converges[pos] = refs
+        if label is not None and type_ == "label" and isinstance(label.get("target"), str):
+            text = label.get("label")
+            self.labels[label["target"]] = text if isinstance(text, str) else ""
+
+    def parent(self, pos: int) -> str | None:
+        at = self.parent_at[pos]
+        return self.ids[at] if at >= 0 else self.absent.get(pos)
+
+    def roots(self) -> int:
+        """Entries whose parent is null or not among the entries."""
+        return sum(1 for at in self.parent_at if at < 0)
+
+    def leaves(self) -> int:
+        return len(self.ids) - len(self.children)
+
+    def path(self, entry_id: str) -> list[int]:
+        """Positions from the root to ``entry_id``, following ``parent`` alone."""
+        out: list[int] = []
+        at = self.index[entry_id]
+        seen: set[int] = set()
+        while at >= 0 and at not in seen:
+            seen.add(at)
+            out.append(at)
+            at = self.parent_at[at]
+        out.reverse()
+        return out
+
+
+def _resume_leaf(
+    stubs: Sequence[tuple[str, str | None, Mapping[str, Any] | None]], base: str | None, above_base: Sequence[str]
+) -> str | None:
+    """The resume rule over a projection's lines, from what :meth:`Session.projection_lines`
+    kept of each (id, parent, a label's members): the format's :class:`Tree`, fed
+    entries holding no more than the rule reads."""
+    entries = []
+    for entry_id, parent, label in stubs:
+        data: dict[str, Any] = dict(label) if label is not None else {}
+        data.update(id=entry_id, parent=parent, type="label" if label is not None else "")
+        entries.append(Entry(data, computed_id=entry_id, content_hash=""))
+    return Tree(entries, base=base, prefix=above_base).resume_leaf()
+
+
+def _prefix_summary(session_id: str, state: SessionState, kept: Mapping[str, Any] | None) -> SessionSummary | None:
+    """The summary a backend kept, when it describes a prefix of the log replayed: its
+    count of entries within the log's, its last entry where the log has it. Anything
+    else (a log repaired, cut, or another session's file) is a summary to rebuild."""
+    if kept is None:
+        return None
+    s = SessionSummary.from_dict(kept)
+    if s is None or s.id != session_id or s.entries > len(state.log_order) or s.seq > state.max_seq:
+        return None
+    if s.entries and state.log_order[s.entries - 1] != s.last_entry:
+        return None
+    return s

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends.base import Mark
+from ..backends.base import COMMIT_POINTS, Mark
 from ..format.hashing import is_hash
-from ..format.rules import head_may_rest
+from ..format.tree import head_may_rest
 
 __all__ = ["SessionState", "replay", "index_damage"]
 
@@ -109,6 +109,31 @@ class SessionState:
             seq = record.get("seq")
             if isinstance(seq, int) and not isinstance(seq, bool):
                 self.max_seq = max(self.max_seq, seq)
+        elif op == "snapshot":
+            self._snapshot(record, i)
+
+    def _snapshot(self, record: Mapping[str, Any], i: int) -> None:
+        """Load what a compacted log's snapshot stands for at once (its records replay
+        to the same state, one by one; ``docs/storage-format.md``): the own entries in
+        log order with their sequence numbers, the leaf labels, the head (held to the
+        head rule as any move), the mark, the numbers spent; all of it committed."""
+        if self.log_order:
+            self.damage.append(("log-order", f"record {i + 1}: a snapshot record after appends"))
+            return
+        entries, seqs = record["entries"], record["seqs"]
+        own = dict(zip(entries, seqs))
+        if len(own) != len(entries) or not all(is_hash(e) for e in entries):
+            self.damage.append(("bad-record", f"record {i + 1}: a snapshot naming an entry twice or not by id"))
+            return
+        self.own, self.log_order = own, list(entries)
+        self.leaf_labels = set(record["leaf_labels"])
+        self.max_seq = max(self.max_seq, record["seq"], seqs[-1] if seqs else 0)
+        mark = record.get("mark")
+        if mark in ("record", "mirror"):
+            self.mark = mark
+        self._move_head(record.get("head"), f"record {i + 1}: a snapshot")
+        self.committed_seq = self.max_seq
+        self.last_commit = i
 
     def _append(self, record: Mapping[str, Any], i: int) -> None:
         entry = record.get("entry")
@@ -161,7 +186,7 @@ def replay(records: Iterable[Mapping[str, Any]]) -> SessionState:
 def committed_view(records: Sequence[Mapping[str, Any]]) -> SessionState:
     """The state as of the last commit (what exchange may serve of a session another
     process is writing: never its working state)."""
-    last = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1)
+    last = max((i for i, r in enumerate(records) if r.get("op") in COMMIT_POINTS), default=-1)
     return replay(records[: last + 1])
 
 

@@ -14,10 +14,11 @@ writes nothing.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backends import DEFAULT_STORE, default_store_path, open_backend
 from ..backends.base import Append, Backend, Mark, ObjectStore, Record, RepackResult, Space
@@ -34,18 +35,26 @@ from ..errors import (
     SessionExistsError,
     SessionFormatError,
     StoreError,
+    SupersededError,
 )
 from ..format.canonical import canonical_bytes, loads_flagged
 from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
 from ..format.hashing import entry_objects, is_hash, sha256_ref
+from ..format.links import continued_in_link, fork_of_link
 from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
-from ..format.reader import SessionFile, gc_paused, read_session, read_session_bytes
-from ..format.rules import verify_session
 from ..format.timestamps import now_ts
-from ..maintenance.sweep import SweepResult, sweep
+from .links import CHAIN_LIMIT, Chain, resolve_current
 from .refs import header_ident
 from .session import AppendResult, Session, entry_from_objects, envelope_parts, walk_up
+from .summary import SessionSummary
+
+if TYPE_CHECKING:
+    from ..format.reader import SessionFile
+    from ..maintenance.sweep import SweepResult
+
+# The reader, the rule set and sweep are imported by the methods that use them (import,
+# sweep), so opening a store to read a head or list sessions does not load them.
 
 __all__ = ["DEFAULT_STORE", "SYNC_POLICIES", "AppendResult", "Session", "Store", "default_store_path"]
 
@@ -151,6 +160,8 @@ class Store:
     def sweep(self, **kwargs: Any) -> SweepResult:
         """Remove what nothing retained names (``agentsession sweep``); see
         :func:`agentsession_cas.maintenance.sweep.sweep`."""
+        from ..maintenance.sweep import sweep
+
         if not kwargs.get("dry_run"):
             self._require_writable()
         return sweep(self, **kwargs)
@@ -187,6 +198,26 @@ class Store:
             raise NoSuchSessionError(f"no such session: {session_id}")
         return Session._open(self, session_id, writable=False)
 
+    def summary(self, session_id: str) -> SessionSummary:
+        """What ``list`` shows of a session (:class:`~.summary.SessionSummary`): the summary
+        the backend keeps when it describes the log as it is, without reading the log;
+        else the log replayed and the summary kept brought up to date (only the entries
+        appended since it are read; all of them when none was kept)."""
+        check_session_id(session_id)
+        held = self._open.get(session_id)
+        if held is not None:
+            return held.summary()
+        kept = self.backend.sessions.summary(session_id)
+        if kept is not None and kept[1]:
+            s = SessionSummary.from_dict(kept[0])
+            if s is not None and s.id == session_id:
+                return s
+        session = self.read(session_id)
+        try:
+            return session.summary()
+        finally:
+            session.close()
+
     def header(self, session_id: str) -> Header:
         """A session's header, read alone (one small read)."""
         raw = self.backend.sessions.header(check_session_id(session_id))
@@ -217,6 +248,10 @@ class Store:
         if header.base is None:
             return self._create(header, own=[], head=None, record=record)
         owner = self.holder_of(header.base)
+        if owner is not None and header.data.get("parent_session") is None:
+            # RFC 0001: parent_session names the session a fork was made from; the
+            # caller who names none gets the session holding the base.
+            header = Header({**header.data, "parent_session": owner.session})
         try:
             prefix = self._prefix_for_base(header, owner)
             # The owner stays open until the fork is made: a prefix entry another process
@@ -225,6 +260,93 @@ class Store:
         finally:
             if owner is not None:
                 owner.close()
+
+    def fork(
+        self,
+        origin: str,
+        at: str | None = None,
+        *,
+        session_id: str | None = None,
+        header: Mapping[str, Any] | None = None,
+        link: bool = False,
+    ) -> Session:
+        """Fork session ``origin`` at entry ``at`` (its head by default): a new session
+        whose base is that entry, whose header names ``origin`` as ``parent_session``
+        unless ``header`` names one, with the origin's ``media`` and ``payload``. ``link`` also appends
+        a ``fork_of`` link naming ``origin`` as the fork's first entry (RFC 0001: the
+        session it was made from, which the header's provenance may not say). Returns
+        the fork, open for writing."""
+        held = self._open.get(origin)  # open here: its head may be an append not yet committed
+        o = held if held is not None else self.read(origin)
+        try:
+            base = o.head if at is None else at
+            if base is None:
+                raise BadBaseError(f"session {origin} has no head to fork at; name an entry")
+            if base not in o and base != o.base and base not in o.prefix_set:
+                raise BaseNotHeldError(f"entry {base} is not on session {origin} (its own entries, base or prefix)")
+            media, payload = o.header.data.get("media"), o.header.payload
+        finally:
+            if held is None:
+                o.close()
+        data: dict[str, Any] = dict(header or {})
+        if session_id is not None:
+            data["id"] = session_id
+        data.setdefault("id", str(uuid.uuid4()))
+        data["base"] = base
+        data.setdefault("parent_session", origin)
+        if media is not None:
+            data.setdefault("media", media)
+        if payload is not None:
+            data.setdefault("payload", payload)
+        fork = self.create(Header(data))
+        if link:
+            try:
+                fork.append(fork_of_link(origin))
+            except BaseException:
+                fork.close()
+                raise
+        return fork
+
+    def continue_session(
+        self, session_id: str, *, successor_id: str | None = None, summary: Mapping[str, Any] | None = None
+    ) -> Session:
+        """Roll session ``session_id`` over into a successor (RFC 0003 Continue): a new
+        session naming it as ``parent_session``, with its ``harness``, ``cwd``,
+        ``records``, ``media`` and ``payload``, whose first entry is a full ``config``
+        of the settings in force at the old head (and ``summary``, an item, after it);
+        then a ``continued_in`` link appended to the old session, which retires it.
+        A session continued already is refused (:class:`SupersededError`), and when
+        the link cannot be appended the successor is deleted. Returns the successor,
+        open for writing."""
+        old = self.session(session_id)
+        if old.superseded_by is not None:
+            raise SupersededError(f"session {session_id} was continued in {old.superseded_by} already; continue that one",
+                                  session=session_id, successor=old.superseded_by)
+        from ..format.builders import config_from_settings  # the context machinery: not for head or list
+        from ..format.context import build_context
+
+        settings = build_context(self.path_to(old.head)).settings if old.head is not None else None
+        kept = {k: old.header.data[k] for k in ("harness", "cwd", "records", "media") if k in old.header.data}
+        header = Header.new(successor_id or str(uuid.uuid4()), parent_session=session_id, **kept)
+        if old.header.payload is not None:
+            header.data["payload"] = old.header.payload
+        new = self.create(header)
+        try:
+            if settings is not None and settings.as_dict():
+                new.append(config_from_settings(settings))
+            if summary is not None:
+                new.append({"type": "item", "item": dict(summary)})
+            old.append(continued_in_link(new.id))
+        except BaseException:
+            new.close()
+            self.delete(new.id)
+            raise
+        return new
+
+    def resolve_current(self, session_id: str, *, limit: int = CHAIN_LIMIT) -> Chain:
+        """The current session of the chain of continuations ``session_id`` starts
+        (:func:`~agentsession_cas.store.links.resolve_current`)."""
+        return resolve_current(self, session_id, limit=limit)
 
     def _checked_new_header(self, header: Header) -> Header:
         data = dict(header.data)
@@ -363,6 +485,8 @@ class Store:
             header.id, header.canonical_line(), records, objects, head=head, mark=mark, prefix=prefix
         )
         session = Session._created(self, header.id, log, header, records)
+        for e in own:
+            session._summarize_created(e)
         session.prefix = [eid for eid, _ in prefix]
         self._open[header.id] = session
         return session
@@ -386,7 +510,7 @@ class Store:
     def envelope(self, entry_id: str) -> dict[str, Any]:
         """An entry's envelope, parsed and checked to be one."""
         env_bytes = self.objects.get("entries", entry_id)
-        env, _ = envelope_parts(env_bytes, entry_id, self.objects.where("entries", entry_id))
+        env, _ = envelope_parts(env_bytes, entry_id, self.objects)
         parent = env.get("parent")
         if parent is not None and not is_hash(parent):
             where = self.objects.where("entries", entry_id)
@@ -398,7 +522,7 @@ class Store:
     def entry(self, entry_id: str) -> Entry:
         """An entry rebuilt from its envelope and content objects, both verified."""
         env_bytes = self.objects.get("entries", entry_id)
-        env, env_careful = envelope_parts(env_bytes, entry_id, self.objects.where("entries", entry_id))
+        env, env_careful = envelope_parts(env_bytes, entry_id, self.objects)
         body, body_careful = loads_flagged(self.objects.get("contents", env["content"]))
         return entry_from_objects(entry_id, env, body, env_careful or body_careful)
 
@@ -440,10 +564,15 @@ class Store:
     # -- projection and import ----------------------------------------------------------
 
     def export(self, session_id: str) -> bytes:
-        """The session's RFC 0002 projection as bytes."""
+        """The session's RFC 0002 projection as bytes (:meth:`export_lines` streams it)."""
+        return b"".join(self.export_lines(session_id))
+
+    def export_lines(self, session_id: str) -> Iterator[bytes]:
+        """The session's projection one line at a time, read from a snapshot as it goes
+        (``Session.projection_lines``): what it holds does not grow with the entries' bytes."""
         s = self.read(session_id)
         try:
-            return s.projection()
+            yield from s.projection_lines()
         finally:
             s.close()
 
@@ -458,19 +587,37 @@ class Store:
     def export_to(self, session_id: str, path: str | PathLike[str]) -> int:
         """Write the projection to ``path`` (a regular file atomically, a symlink's
         target, a device or pipe as a stream), and sidecar media beside a file
-        (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error.
+        (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error,
+        raised before a file is put in place. The projection streams to the file.
         Returns how many blobs a stream output left unwritten."""
-        data = self.export(session_id)
-        return write_projection(path, data, session_id, self.export_blobs(session_id, data))
+        blobs: dict[str, bytes] = {}
+        lines = self.export_lines(session_id)
+        if self.header(session_id).media == "sidecar":
+            lines = self._collect_blobs(lines, blobs)
+        return write_projection(path, lines, session_id, blobs)
+
+    def _collect_blobs(self, lines: Iterator[bytes], blobs: dict[str, bytes]) -> Iterator[bytes]:
+        """``lines`` passed on, and once they are all written (before the file is renamed
+        into place), every blob they name read into ``blobs``."""
+        names: set[str] = set()
+        for line in lines:
+            names.update(sidecar_names(line))
+            yield line
+        for name in sorted(names):
+            blobs[name] = self.blob(name)
 
     def import_file(self, path: str | PathLike[str], *, record: bool = False) -> Session:
         """Import a projection (RFC 0002): every line verified, the head from the resume
         rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``."""
+        from ..format.reader import gc_paused, read_session
+
         with gc_paused():  # a bulk pass: many acyclic objects per entry (see gc_paused)
             sf = read_session(path, keep_objects=True)  # the objects it writes, computed once
             return self.import_session(sf, record=record, sidecar_dir=sidecar_dir(path, str(sf.header.id)))
 
     def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> Session:
+        from ..format.reader import gc_paused, read_session_bytes
+
         with gc_paused():
             return self.import_session(read_session_bytes(data, source=source, keep_objects=True), record=record)
 
@@ -495,6 +642,8 @@ class Store:
             self.objects.put("blobs", name, blob, durable=True)
 
     def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> Session:
+        from ..format.rules import verify_session
+
         self._require_writable()
         if sf.problems or sf.truncated is not None:
             # A last line cut short is a problem like any other here: verify's (the reader

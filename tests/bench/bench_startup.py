@@ -3,10 +3,14 @@
 
 Timed, alternately, each the best of ``--repeat`` runs: ``python -c pass`` (the
 baseline), and the installed ``agentsession`` with ``--version``, ``--help``, and
-``head`` of a one-entry session in a small store (made in a temp directory).
-It prints each wall time, its ratio to the baseline, and the target for
-``--version``: at most 3x ``python -c pass``, with ``RESULT: target MET`` or
-``NOT MET``. The exit status is 0 either way; 2 on bad arguments.
+``head``, ``list`` and ``append`` (one small entry each run) on a one-session store
+made in a temp directory. Then the Python import time of each command
+(``python -X importtime``: every module's import, summed over the top-level ones, the
+least of ``--repeat`` runs), the interpreter's own start-up included.
+
+Targets: ``--version`` wall time at most 3x ``python -c pass``; the import time of
+``--version``, ``--help``, ``head``, ``list`` and ``append`` under 100 ms each. Each
+printed with ``MET`` or ``NOT MET``; the exit status is 0 either way, 2 on bad arguments.
 
 Run: ``.venv/bin/python tests/bench/bench_startup.py [--quick] [--repeat R]``.
 """
@@ -22,16 +26,38 @@ import time
 from pathlib import Path
 
 TARGET = 3.0
+TARGET_IMPORT_MS = 100.0
 BIN = Path(sys.executable).parent
+ENTRY = b'{"type":"config","model":"m"}'
 
 
-def wall(argv: list[str], repeat: int, env: dict[str, str]) -> float:
+def wall(argv: list[str], repeat: int, env: dict[str, str], stdin: bytes | None) -> float:
     best = float("inf")
     for _ in range(repeat):
         t = time.perf_counter()
-        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env)
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env, input=stdin)
         best = min(best, time.perf_counter() - t)
     return best
+
+
+def import_ms(argv: list[str], repeat: int, env: dict[str, str], stdin: bytes | None) -> tuple[float, int]:
+    """The least, over ``repeat`` runs, of the import time ``-X importtime`` reports (the
+    top-level imports' cumulative times summed), and how many modules were imported."""
+    best, modules = float("inf"), 0
+    for _ in range(repeat):
+        r = subprocess.run([sys.executable, "-X", "importtime", *argv], env=env, input=stdin,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True)
+        total = count = 0
+        for line in r.stderr.decode().splitlines():
+            if not line.startswith("import time:") or "cumulative" in line:
+                continue
+            _, cumulative, name = line[len("import time:"):].split("|")
+            count += 1
+            if name.startswith(" ") and not name.startswith("  "):  # a top-level import
+                total += int(cumulative)
+        if total / 1000 < best:
+            best, modules = total / 1000, count
+    return best, modules
 
 
 def main() -> int:
@@ -40,29 +66,45 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=None)
     args = ap.parse_args()
     repeat = args.repeat or (5 if args.quick else 20)
+    if repeat < 1:
+        ap.error("--repeat must be at least 1")
     cmd = str(BIN / "agentsession")
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, AGENTSESSION_STORE=os.path.join(tmp, "store"))
         subprocess.run([cmd, "init"], check=True, stdout=subprocess.DEVNULL, env=env)
         sid = subprocess.run([cmd, "create", "--id", "bench-startup"], check=True, capture_output=True, text=True, env=env).stdout.strip()
-        subprocess.run([cmd, "append", sid], input=b'{"type":"config","model":"m"}', check=True, stdout=subprocess.DEVNULL, env=env)
-        runs = {
-            "python -c pass": [sys.executable, "-c", "pass"],
-            "agentsession --version": [cmd, "--version"],
-            "agentsession --help": [cmd, "--help"],
-            "agentsession head ID": [cmd, "head", sid],
+        subprocess.run([cmd, "append", sid], input=ENTRY, check=True, stdout=subprocess.DEVNULL, env=env)
+        runs: dict[str, tuple[list[str], bytes | None]] = {
+            "python -c pass": ([sys.executable, "-c", "pass"], None),
+            "agentsession --version": ([cmd, "--version"], None),
+            "agentsession --help": ([cmd, "--help"], None),
+            "agentsession head ID": ([cmd, "head", sid], None),
+            "agentsession list": ([cmd, "list"], None),
+            "agentsession append ID": ([cmd, "append", sid], ENTRY),
         }
         best = {name: float("inf") for name in runs}
         for _ in range(2):  # alternate, so a slow moment of the machine hits all alike
-            for name, argv in runs.items():
-                best[name] = min(best[name], wall(argv, max(1, repeat // 2), env))
+            for name, (argv, stdin) in runs.items():
+                best[name] = min(best[name], wall(argv, max(1, repeat // 2), env, stdin))
+        imports = {name: import_ms(argv[1:] if argv[0] == sys.executable else argv, repeat, env, stdin)
+                   for name, (argv, stdin) in runs.items()}
     base = best["python -c pass"]
     print(f"bench_startup: Python {sys.version.split()[0]}, best of {repeat} runs each")
+    print(f"  {'':<24}  {'wall':>8}   {'vs python':>9}   {'import time':>11}  modules")
+    met_all = True
     for name, t in best.items():
-        print(f"  {name:<24}: {t * 1000:8.1f} ms   {t / base:5.2f}x python -c pass")
+        ms, modules = imports[name]
+        line = f"  {name:<24}: {t * 1000:8.1f} ms {t / base:6.2f}x   {ms:8.1f} ms  {modules:5d}"
+        if name != "python -c pass":
+            ok = ms < TARGET_IMPORT_MS
+            met_all &= ok
+            line += f"   import {'MET' if ok else 'NOT MET'} (< {TARGET_IMPORT_MS:.0f} ms)"
+        print(line)
     ratio = best["agentsession --version"] / base
     met = ratio <= TARGET
     print(f"RESULT: target {'MET' if met else 'NOT MET'}: --version is {ratio:.2f}x python -c pass (target <= {TARGET:.1f}x)")
+    print(f"RESULT: target {'MET' if met_all else 'NOT MET'}: import time of --version, --help, head, list, append "
+          f"each < {TARGET_IMPORT_MS:.0f} ms")
     return 0
 
 

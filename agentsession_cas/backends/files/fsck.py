@@ -50,7 +50,7 @@ from ...format.names import check_session_id
 from ...format.rules import TreeState
 from ...fsutil import read_whole
 from ...store.state import index_damage, replay
-from ..base import FsckProblem, FsckReport
+from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
 from .log import Record, read_log, scan_log
 from .objects import FileObjects
@@ -92,8 +92,12 @@ _ROOT_NAMES = {
     "journal": "tombstone",  # the earlier layout's journal, replaced by `migrate`
     "gc.lock": "file",  # the earlier layout's flock files, which `migrate` keeps
     "sweep.lock": "file",
+    # the reference library's flock files, which `migrate` keeps (never unlinked)
+    "sweep.lock.want": "file",
+    "sweep.lock.next": "file",
+    "reflocks": "dir",
 }
-_SESSION_FILES = ("header", "log", "HEAD", "mark")
+_SESSION_FILES = ("header", "log", "HEAD", "mark", "summary")
 _DAMAGED_LOG = "log.damaged-"  # repair keeps the damaged log beside the new one
 _ATOMIC_TMP = ".tmp-"  # fsutil.write_atomic's temp files, beside their target
 
@@ -812,7 +816,7 @@ class _Walk:
         retained); the rules are not, since the damage may hide any record."""
         records = [ln.record for ln in scan_log(data) if ln.record is not None]
         self.retain_records(records)
-        last_commit = max((i for i, r in enumerate(records) if r.op in ("commit", "create")), default=-1)
+        last_commit = max((i for i, r in enumerate(records) if r.op in COMMIT_POINTS), default=-1)
         for i, r in enumerate(records):
             if r.op == "append" and i <= last_commit and _is_hash(r.get("entry")):
                 sound, info = self.entry_sound(_raw(r.get("entry")))
@@ -904,7 +908,7 @@ class _Walk:
                            session=sid, file=logrel, line=records[0].line)
                 rules = False
         ops = [r.data["op"] for r in records]
-        last_commit = max(i for i, op in enumerate(ops) if op == "commit" or op == "create")
+        last_commit = max(i for i, op in enumerate(ops) if op in COMMIT_POINTS)
         # Appends a checkpoint record covers (by sequence number: a checkpoint runs beside
         # later appends) have their objects in objects/; the others only in their payloads.
         covered = _checkpoint_covers(records) if "checkpoint" in ops else 0
@@ -1004,6 +1008,25 @@ class _Walk:
                            session=sid, file=f"sessions/{sid}/HEAD")
                 return
         self.check_indexes(sid, head, mark, head_file, mark_file, sdir, log_size, unclean)
+        self.check_summary(sid, state)
+
+    def check_summary(self, sid: str, state: Any) -> None:
+        """``summary`` is what ``list`` shows without reading the log: one that says it
+        describes the log as it is now (its identity) but disagrees with it (count, last
+        entry, head, mark) would show a person the wrong session. Stale or unreadable,
+        it is only rebuilt (no finding)."""
+        kept = self.store.backend.sessions.summary(sid)
+        if kept is None or not kept[1]:
+            return
+        s = kept[0]
+        order = state.log_order
+        expect = {"id": sid, "entries": len(order), "last_entry": order[-1] if order else None,
+                  "head": state.head, "mark": state.mark, "base": state.base}
+        wrong = [k for k, v in expect.items() if s.get(k) != v]
+        if wrong:
+            self.warn("stale-summary", f"session {sid}: its summary disagrees with the log ({', '.join(wrong)}); "
+                      "`list` shows it until the session is next written; removing the file is safe (an index, "
+                      "rebuilt from the log)", session=sid, file=f"sessions/{sid}/summary")
 
     def report_seqs(self, sid: str, records: list[Record], logrel: str) -> None:
         """Sequence numbers given out twice (a writer never reuses one, a lost append's included)."""

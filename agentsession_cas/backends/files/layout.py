@@ -17,7 +17,7 @@ from ...fsutil import fsync_dir, write_atomic
 from .objects import FileObjects
 
 __all__ = [
-    "LAYOUT", "OLDER_LAYOUTS", "JOURNAL", "KEPT_DIR", "STORE_DIR_NAME", "layout_text", "layout_state", "old_layout_hint",
+    "LAYOUT", "OLDER_LAYOUTS", "REFERENCE_LAYOUT", "JOURNAL", "KEPT_DIR", "STORE_DIR_NAME", "layout_text", "layout_state", "old_layout_hint",
     "check_layout", "init_layout", "find_store",
 ]
 
@@ -25,6 +25,9 @@ __all__ = [
 LAYOUT = "agentsession-cas 2"
 #: Earlier layouts this release reads as they are (see the module docstring).
 OLDER_LAYOUTS = ("agentsession-cas 1",)
+#: The layout the reference (Go) library writes today, as its ``layout`` file spells it
+#: (go-cas-internals section 1.5): per-session logs of checksummed records.
+REFERENCE_LAYOUT = "cas 2"
 #: The earlier layout's store-wide journal, and where a migration keeps it.
 JOURNAL = "journal"
 KEPT_DIR = "migrated"
@@ -79,9 +82,13 @@ def _journal_kind(root: str) -> str | None:
 def layout_state(root: str) -> str:
     """Where the store at ``root`` stands: ``current`` (our layout), ``old`` (the earlier
     journal layout, not yet touched), ``partial`` (a migration began and did not
-    finish), ``other`` (a ``layout`` file naming another layout) or ``none``."""
+    finish), ``reference`` (the reference library's current layout, migrated or not
+    yet: its ``layout`` file is replaced last), ``other`` (a ``layout`` file naming
+    another layout) or ``none``."""
     text = layout_text(root)
     if text is not None:
+        if text == REFERENCE_LAYOUT:
+            return "reference"
         return "current" if text == LAYOUT or text in OLDER_LAYOUTS else "other"
     journal = _journal_kind(root)
     if journal == "file":
@@ -108,6 +115,15 @@ def old_layout_hint(root: str) -> str | None:
             "migrated before this release reads or writes it: stop every writer of the earlier version, "
             "take a copy, and run `agentsession migrate`"
         )
+    if state == "reference":
+        begun = os.path.isdir(os.path.join(root, KEPT_DIR, "logs"))
+        return (
+            f"the store at {root} is of the reference library's layout ({REFERENCE_LAYOUT!r}: per-session logs "
+            "of checksummed records)"
+            + (", and a migration of it did not finish: run `agentsession migrate` to finish it" if begun else
+               ", which this release reads only once migrated: stop every writer of the reference library, "
+               "take a copy, and run `agentsession migrate`")
+        )
     if state == "partial":
         return (
             f"a migration of the store at {root} from the earlier journal layout did not finish "
@@ -132,6 +148,8 @@ def check_layout(root: str, *, readonly: bool) -> None:
         raise LayoutError(f"{layout} is a directory, not a layout file") from None
     except NotADirectoryError:
         raise LayoutError(f"no store at {root}: it is not a directory") from None
+    if text == REFERENCE_LAYOUT:
+        raise LayoutError(old_layout_hint(root) or text)
     if text in OLDER_LAYOUTS:
         if not readonly:
             write_atomic(layout, (LAYOUT + "\n").encode(), durable=True)

@@ -1,10 +1,15 @@
 """The session log: one checksummed record per line, the session's write-ahead log and record.
 
-A line is ``<checksum> SP <record> [TAB <content> TAB <envelope>] LF``: the
-checksum is the first 16 hex digits (64 bits) of the BLAKE3 hash of every
-byte between the space and the LF; the record is a canonical JSON object
-whose ``op`` says what happened; a durable append also carries its two
-objects (the payload), so the log alone can restore them:
+A line is ``<checksum> SP <link> SP <record> [TAB <content> TAB <envelope>]
+LF``: the checksum is the first 16 hex digits (64 bits) of the BLAKE3 hash of
+every byte between the first space and the LF; the link is the checksum of
+the line before (16 zeros on the first line), so the lines form a chain and a
+record removed, inserted or moved breaks it where it was; the record is a
+canonical JSON object whose ``op`` says what happened; a durable append also
+carries its two objects (the payload), so the log alone can restore them.
+Logs written before the chain have no link (``<checksum> SP <record> ...``,
+the checksum over the record and payload); they are read as they are, and a
+line without a link after one with a link is out of place:
 
 * ``create`` - the session began (``session``, ``base``, ``mark``);
 * ``append`` - an entry joined the log (``seq``, ``entry``, ``head``: where
@@ -21,6 +26,12 @@ objects (the payload), so the log alone can restore them:
   ``damaged_log``: the name the damaged log was kept under, ``damage``: its
   lines that did not read, ``dropped``: appends it could not keep, ``seq``:
   every sequence number up to it is spent); see ``docs/repair.md``.
+* ``snapshot`` - what a compaction left of the records it replaced: the own
+  entries in log order (raw ids, base64), their sequence numbers as runs,
+  the leaf labels, the head and mark after them, the highest sequence
+  number spent, and the other records (head moves, marks, losses, repairs)
+  with where they fell. It stands right after ``create``, is committed, and
+  every append it names is checkpointed (see ``docs/storage-format.md``).
 
 :func:`read_log` parses a log and tells a crash's loss from damage: a torn
 last line, or a bad line after the last commit, is uncommitted working
@@ -29,42 +40,114 @@ state; a bad line before it is damage.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import blake3
 
 from ...format.canonical import canonical_bytes
+from ..base import COMMIT_POINTS
 
-__all__ = ["Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX"]
+__all__ = [
+    "Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX",
+    "make_snapshot", "expand_snapshot", "checksummed_line", "checked_body", "frame", "chain", "encode_log",
+    "record_body", "append_body", "line_checksum", "ZERO_LINK",
+]
 
 #: Hex digits of the BLAKE3 checksum each line carries.
 CHECKSUM_HEX = 16
 _DECODE = json.JSONDecoder().raw_decode
-_OPS = frozenset({"create", "append", "head", "mark", "commit", "checkpoint", "loss", "repair"})
+_OPS = frozenset({"create", "append", "head", "mark", "commit", "checkpoint", "loss", "repair", "snapshot"})
+#: Records a snapshot keeps as they were (besides its appends); commits and
+#: checkpoints it replaces say nothing a snapshot does not (it is both).
+_SNAPSHOT_KEEPS = frozenset({"head", "mark", "loss", "repair"})
+#: What a snapshot's other records may be: those, and an append of an entry it holds
+#: already (a repeat, whose sequence number is spent all the same).
+_SNAPSHOT_OTHERS = _SNAPSHOT_KEEPS | {"append"}
+
 
 
 def _checksum(data: bytes) -> str:
     return blake3.blake3(data).hexdigest(length=CHECKSUM_HEX // 2)
 
 
-def encode_record(record: dict[str, Any], payload: tuple[bytes, bytes] | None = None) -> bytes:
-    """One log line, LF included.
+#: The link of a log's first line: the checksum of no line.
+ZERO_LINK = "0" * CHECKSUM_HEX
+_HEX = frozenset(b"0123456789abcdef")
+
+
+def frame(body: bytes, prev: str | None) -> bytes:
+    """A record's bytes (and payload) as a log line: chained to ``prev`` (the checksum of
+    the line before, :data:`ZERO_LINK` for the first), or, ``prev=None``, a line with no
+    link (the form of index files, and of logs written before the chain)."""
+    if prev is not None:
+        body = prev.encode("ascii") + b" " + body
+    return _checksum(body).encode("ascii") + b" " + body + b"\n"
+
+
+def line_checksum(line: bytes) -> str:
+    """The checksum a framed line states (what the next line links to)."""
+    return line[:CHECKSUM_HEX].decode("ascii")
+
+
+def chain(bodies: Iterable[bytes], prev: str = ZERO_LINK) -> tuple[bytes, str]:
+    """Records' bytes framed as consecutive chained lines after ``prev``: (the lines,
+    the checksum of the last, which the next line links to)."""
+    out = []
+    for body in bodies:
+        line = frame(body, prev)
+        prev = line_checksum(line)
+        out.append(line)
+    return b"".join(out), prev
+
+
+def encode_log(records: Iterable[dict[str, Any] | tuple[dict[str, Any], tuple[bytes, bytes] | None]]) -> bytes:
+    """A whole log from its first line: each record (or (record, payload)), chained."""
+    bodies = (record_body(*r) if isinstance(r, tuple) else record_body(r) for r in records)
+    return chain(bodies)[0]
+
+
+def checksummed_line(body: bytes) -> bytes:
+    """``body`` as a line of the log's form with no link (checksum, space, body, LF):
+    the small index files that carry a checksum (a session's ``summary``) use it."""
+    return frame(body, None)
+
+
+def checked_body(line: bytes) -> bytes | None:
+    """The body of one such line (LF included), or None when its checksum fails."""
+    if len(line) < CHECKSUM_HEX + 3 or not line.endswith(b"\n") or line[CHECKSUM_HEX : CHECKSUM_HEX + 1] != b" ":
+        return None
+    body = line[CHECKSUM_HEX + 1 : -1]
+    return body if line[:CHECKSUM_HEX] == _checksum(body).encode("ascii") and b"\n" not in body else None
+
+
+def encode_record(record: dict[str, Any], payload: tuple[bytes, bytes] | None = None, *, prev: str | None = None) -> bytes:
+    """One log line, LF included, chained to ``prev`` (see :func:`frame`)."""
+    return frame(record_body(record, payload), prev)
+
+
+def record_body(record: dict[str, Any], payload: tuple[bytes, bytes] | None = None) -> bytes:
+    """A record's bytes as a line carries them.
 
     ``payload`` is an append's two objects (content bytes, envelope bytes),
     carried after the record, each after a TAB, so recovery can restore them;
     canonical JSON never holds a raw TAB, so the split is unambiguous.
     """
+    if record.get("op") == "snapshot":
+        record = _snapshot_file_form(record)
     # Records hold only the store's own members: short ASCII strings, small
     # integers, booleans and null, which the fast encoder writes canonically.
     body = canonical_bytes(record, parsed=True, careful=False)
     if payload is not None:
         body = body + b"\t" + payload[0] + b"\t" + payload[1]
-    return _checksum(body).encode("ascii") + b" " + body + b"\n"
+    return body
 
 
-def encode_append(
+def append_body(
     seq: int,
     entry: str,
     head: str | None,
@@ -74,8 +157,8 @@ def encode_append(
     lazy: bool,
     payload: tuple[bytes, bytes] | None,
 ) -> bytes:
-    """An ``append`` record's line, written straight in canonical member order (the
-    hot path of every append); the same bytes :func:`encode_record` gives (tested).
+    """An ``append`` record's bytes, written straight in canonical member order (the
+    hot path of every append); the same bytes :func:`record_body` gives (tested).
     ``entry`` and ``head`` are entry ids the store computed (ASCII, no escapes)."""
     text = '{"entry":"' + entry + '"'
     if head_moved:
@@ -87,7 +170,7 @@ def encode_append(
     body = (text + ',"op":"append","seq":' + str(seq) + "}").encode("ascii")
     if payload is not None:
         body = body + b"\t" + payload[0] + b"\t" + payload[1]
-    return _checksum(body).encode("ascii") + b" " + body + b"\n"
+    return body
 
 
 @dataclass
@@ -99,6 +182,8 @@ class Record:
     data: dict[str, Any]
     #: An append's objects carried in the line (content bytes, envelope bytes), if any.
     payload: tuple[bytes, bytes] | None = None
+    #: The checksum the line states (what the next line links to).
+    checksum: str = ZERO_LINK
 
     @property
     def op(self) -> str:
@@ -139,17 +224,34 @@ class LogRead:
     sound_bytes: int = 0
 
 
-def _parse_line(raw: bytes) -> tuple[dict[str, Any], tuple[bytes, bytes] | None] | str:
-    """The record of a line (and its payload), or why it is not one."""
+def _link_of(raw: bytes) -> str | None:
+    """The link a line's bytes hold (None for a line of the form with no link)."""
+    n = CHECKSUM_HEX
+    if len(raw) > 2 * n + 2 and raw[n : n + 1] == b" " and raw[2 * n + 1 : 2 * n + 2] == b" " \
+            and _HEX.issuperset(raw[n + 1 : 2 * n + 1]):
+        return raw[n + 1 : 2 * n + 1].decode("ascii")
+    return None
+
+
+def _stated(raw: bytes) -> str | None:
+    """The checksum a line states when it has the shape of one (even if it fails)."""
+    head = raw[:CHECKSUM_HEX]
+    return head.decode("ascii") if len(head) == CHECKSUM_HEX and _HEX.issuperset(head) else None
+
+
+def _parse_line(raw: bytes) -> tuple[dict[str, Any], tuple[bytes, bytes] | None, str] | str:
+    """The record of a line (and its payload), or why it is not one; the link is the
+    caller's to check."""
     if len(raw) < CHECKSUM_HEX + 2 or raw[CHECKSUM_HEX : CHECKSUM_HEX + 1] != b" ":
         return "not a checksummed record"
     stated = raw[:CHECKSUM_HEX]
-    body = raw[CHECKSUM_HEX + 1 :]
+    covered = raw[CHECKSUM_HEX + 1 :]
     try:
-        if stated.decode("ascii") != _checksum(body):
+        if stated.decode("ascii") != _checksum(covered):
             return "checksum mismatch"
     except UnicodeDecodeError:
         return "checksum mismatch"
+    body = covered[CHECKSUM_HEX + 1 :] if _link_of(raw) is not None else covered
     payload = None
     tab = body.find(b"\t")
     if tab >= 0:
@@ -173,7 +275,14 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any], tuple[bytes, bytes] | None]
             return "checksum matches but the record is not JSON"
     if not isinstance(data, dict) or data.get("op") not in _OPS:
         return "not a known record"
-    return data, payload
+    if data["op"] == "snapshot":
+        if payload is not None:
+            return "checksum matches but a snapshot record carries a payload"
+        decoded = _decode_snapshot(data)
+        if isinstance(decoded, str):
+            return f"checksum matches but the snapshot record {decoded}"
+        data = decoded
+    return data, payload, stated.decode("ascii")
 
 
 @dataclass
@@ -198,14 +307,18 @@ class LogLine:
         return self.offset + len(self.raw) + (1 if self.terminated else 0)
 
 
-def scan_log(data: bytes) -> list[LogLine]:
+
+def scan_log(data: bytes, *, expand: bool = True) -> list[LogLine]:
     """Every line of a log in order, each with its record or why it has none; unlike
-    :func:`read_log` it does not stop at the first bad line or say what is damage."""
+    :func:`read_log` it does not stop at the first bad line or say what is damage.
+    A snapshot line is given as one line per record it stands for (each with the
+    snapshot's place; the first with its bytes), or, ``expand=False``, as itself."""
     lines, parsed, crash_like = _scan(data)
     out = []
     for i, ((number, offset, raw, terminated), (_, _, result, _)) in enumerate(zip(lines, parsed)):
         if isinstance(result, tuple):
-            out.append(LogLine(number, offset, raw, terminated, Record(number, offset, result[0], result[1]), None, False))
+            for k, rec in enumerate(_records(number, offset, result, expand)):
+                out.append(LogLine(number, offset, raw if k == 0 else b"", terminated, rec, None, False))
         else:
             out.append(LogLine(number, offset, raw, terminated, None, result, i in crash_like))
     return out
@@ -226,35 +339,60 @@ def _scan(data: bytes) -> tuple[list[tuple[int, int, bytes, bool]], list[tuple[i
         offset = end + 1
     parsed: list[tuple[int, int, Any, int]] = []
     crash_like: set[int] = set()  # bad lines a crash can leave: torn, or holding unwritten (zero) blocks
+    # The chain: each linked line must link to the checksum the line before it states,
+    # when that line reads (a bad line's own checksum may be what is damaged, or a crash
+    # zeroed it: the link after it is not judged); once a line is linked, every later
+    # one must be.
+    before: str | None = ZERO_LINK
+    linked = False
     for i, (number, offset, raw, terminated) in enumerate(lines):
+        link = _link_of(raw)
         if not terminated:
-            result: tuple[dict[str, Any], tuple[bytes, bytes] | None] | str = "torn: the last line has no newline"
+            result: tuple[dict[str, Any], tuple[bytes, bytes] | None, str] | str = "torn: the last line has no newline"
             crash_like.add(i)
         else:
             result = _parse_line(raw)
             if isinstance(result, str) and b"\x00" in raw:
                 result += " (holds zero bytes: blocks a crash left unwritten)"
                 crash_like.add(i)
+            elif isinstance(result, tuple):
+                if link is None and linked:
+                    result = "out of place: a line with no link after linked ones (a record inserted?)"
+                elif link is not None and before is not None and link != before:
+                    result = "out of place: it does not follow the line before it (a record removed, inserted or moved)"
+        linked = linked or link is not None
+        before = _stated(raw) if isinstance(result, tuple) else None
         parsed.append((number, offset, result, offset + len(raw) + (1 if terminated else 0)))
     return lines, parsed, crash_like
 
 
-def read_log(data: bytes) -> LogRead:
-    """Parse a whole log and classify what does not read."""
+def _records(number: int, offset: int, result: tuple[dict[str, Any], Any, str], expand: bool) -> list[Record]:
+    data, payload, checksum = result
+    if expand and data["op"] == "snapshot":
+        return [Record(number, offset, d, None, checksum) for d in expand_snapshot(data)]
+    return [Record(number, offset, data, payload, checksum)]
+
+
+def read_log(data: bytes, *, expand: bool = True) -> LogRead:
+    """Parse a whole log and classify what does not read.
+
+    A ``snapshot`` record is given as the records it stands for (``expand``, what
+    every reader of history wants), or as itself, decoded (``expand=False``: an open,
+    which loads the state it holds at once)."""
     out = LogRead(size=len(data))
     _, parsed, crash_like = _scan(data)
     last_commit = -1
     for i, (_, _, result, _) in enumerate(parsed):
-        if isinstance(result, tuple) and result[0]["op"] in ("commit", "create"):
+        if isinstance(result, tuple) and result[0]["op"] in COMMIT_POINTS:
             last_commit = i
     first_bad = next((i for i, p in enumerate(parsed) if isinstance(p[2], str)), None)
     if first_bad is None:
-        out.records = [Record(n, o, r[0], r[1]) for n, o, r, _ in parsed]
+        out.records = [rec for n, o, r, _ in parsed for rec in _records(n, o, r, expand)]
         out.sound_bytes = len(data)
         return out
     for i, (number, offset, result, end) in enumerate(parsed):
         if i < first_bad:
-            out.records.append(Record(number, offset, result[0], result[1]))
+            out.records.extend(_records(number, offset, result, expand))
             out.sound_bytes = end
     bad_number, bad_offset, bad_reason, _ = parsed[first_bad]
     bad_after = [i for i in range(first_bad, len(parsed)) if isinstance(parsed[i][2], str)]
@@ -266,5 +404,187 @@ def read_log(data: bytes) -> LogRead:
                 out.damage.append(LogDamage(number, offset, result))
         return out
     out.cut = LogDamage(bad_number, bad_offset, bad_reason)
-    out.cut_records = [Record(n, o, r[0], r[1]) for n, o, r, _ in parsed[first_bad + 1 :] if isinstance(r, tuple)]
+    out.cut_records = [
+        rec for n, o, r, _ in parsed[first_bad + 1 :] if isinstance(r, tuple) for rec in _records(n, o, r, expand)
+    ]
     return out
+
+
+# -- snapshots: what compaction leaves of the records it replaced --------------------------
+
+_HASH_PREFIX = "sha256:"
+#: A snapshot's other records are few (head moves, marks, losses, repairs); more than this
+#: many in a row of 32-byte ids is not what a writer of ours leaves.
+_MAX_SNAPSHOT_ENTRIES = 1 << 26
+
+
+def make_snapshot(create: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The snapshot (decoded form) of the records after ``create`` that a compaction
+    replaces: every one committed, every append's objects durable in objects/.
+
+    The head and mark are followed as the records set them (no rule is judged here:
+    the domain holds the snapshot to the head rule when it replays it)."""
+    entries: list[str] = []
+    seqs: list[int] = []
+    held: set[str] = set()
+    leaf_labels: list[str] = []
+    others: list[list[Any]] = []
+    head = create.get("base")
+    mark = create.get("mark")
+    max_seq = 0
+    count = 0
+    for r in records:
+        op = r.get("op")
+        count += 1
+        stated = r.get("seq")
+        if isinstance(stated, int) and not isinstance(stated, bool):
+            seq = stated
+        elif op == "append":
+            seq = max_seq + 1  # as a replay numbers an append without one
+        else:
+            seq = 0
+        max_seq = max(max_seq, seq)
+        if op == "append":
+            entry = r["entry"]
+            if entry not in held:
+                held.add(entry)
+                entries.append(entry)
+                seqs.append(seq)
+                if r.get("leaf_label"):
+                    leaf_labels.append(entry)
+            else:
+                others.append([len(entries), dict(r)])  # the same entry again: its number is spent
+            if "head" in r:
+                head = r["head"]
+        elif op == "snapshot":
+            # A log compacted before: its snapshot is the start of this one.
+            for entry, s in zip(r["entries"], r["seqs"]):
+                held.add(entry)
+                entries.append(entry)
+                seqs.append(s)
+            leaf_labels.extend(r["leaf_labels"])
+            others.extend([n + len(entries) - len(r["entries"]), o] for n, o in r["others"])
+            head, mark = r["head"], r["mark"]
+            max_seq = max(max_seq, r["seq"])
+            count += r["records"] - 1
+        elif op in _SNAPSHOT_KEEPS:
+            others.append([len(entries), dict(r)])
+            if op == "head":
+                head = r.get("head")
+            elif op == "mark":
+                mark = r.get("mark")
+    return {
+        "op": "snapshot", "seq": max_seq, "records": count, "entries": entries, "seqs": seqs,
+        "leaf_labels": leaf_labels, "head": head, "mark": mark, "others": others,
+    }
+
+
+def expand_snapshot(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
+    """Records that replay to the state a snapshot (decoded form) stands for: its appends
+    in order with the other records where they fell, a head move to where the head
+    was left, and a commit. What history, fsck, sweep and repair read."""
+    out: list[dict[str, Any]] = []
+    labels = set(snapshot["leaf_labels"])
+    others = snapshot["others"]
+    k = 0
+    for i, (entry, seq) in enumerate(zip(snapshot["entries"], snapshot["seqs"])):
+        while k < len(others) and others[k][0] <= i:
+            out.append(dict(others[k][1]))
+            k += 1
+        rec: dict[str, Any] = {"entry": entry, "op": "append", "seq": seq}
+        if entry in labels:
+            rec["leaf_label"] = True
+        out.append(rec)
+    out.extend(dict(o) for _, o in others[k:])
+    out.append({"head": snapshot["head"], "op": "head"})
+    if snapshot["mark"] is not None:
+        out.append({"mark": snapshot["mark"], "op": "mark"})
+    out.append({"op": "commit"})
+    return out
+
+
+def _runs(seqs: Sequence[int]) -> list[list[int]]:
+    """Sequence numbers as [first, count] runs of consecutive numbers."""
+    runs: list[list[int]] = []
+    for s in seqs:
+        if runs and runs[-1][0] + runs[-1][1] == s:
+            runs[-1][1] += 1
+        else:
+            runs.append([s, 1])
+    return runs
+
+
+def _snapshot_file_form(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The decoded form as a log line holds it: ids as raw bytes in base64, sequence
+    numbers as runs, leaf labels as indexes into the ids."""
+    entries = snapshot["entries"]
+    raw = bytes.fromhex("".join(e[len(_HASH_PREFIX):] for e in entries))
+    index = {e: i for i, e in enumerate(entries)} if snapshot["leaf_labels"] else {}
+    return {
+        "entries": base64.b64encode(raw).decode("ascii"),
+        "head": snapshot["head"],
+        "leaf_labels": sorted(index[e] for e in snapshot["leaf_labels"]),
+        "mark": snapshot["mark"],
+        "op": "snapshot",
+        "others": snapshot["others"],
+        "records": snapshot["records"],
+        "seq": snapshot["seq"],
+        "seqs": _runs(snapshot["seqs"]),
+    }
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _decode_snapshot(data: dict[str, Any]) -> dict[str, Any] | str:
+    """The decoded form of a snapshot line's record, or what is wrong with it."""
+    text = data.get("entries")
+    try:
+        if not isinstance(text, str):
+            raise ValueError
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return "holds no base64 entry ids"
+    if len(raw) % 32 or len(raw) // 32 > _MAX_SNAPSHOT_ENTRIES:
+        return "holds entry ids of the wrong length"
+    n = len(raw) // 32
+    hexed = raw.hex()
+    entries = [_HASH_PREFIX + hexed[i : i + 64] for i in range(0, 64 * n, 64)]
+    seqs: list[int] = []
+    runs = data.get("seqs")
+    if not isinstance(runs, list):
+        return "holds no sequence numbers"
+    last = 0
+    for run in runs:
+        if not (isinstance(run, list) and len(run) == 2 and _is_count(run[0]) and _is_count(run[1])):
+            return "holds a sequence run that is not [first, count]"
+        first, count = run
+        if first <= last or count < 1 or len(seqs) + count > n:
+            return "holds sequence numbers out of order or too many"
+        seqs.extend(range(first, first + count))
+        last = first + count - 1
+    if len(seqs) != n:
+        return f"holds {len(seqs)} sequence numbers for {n} entries"
+    labels = data.get("leaf_labels")
+    if not isinstance(labels, list) or not all(_is_count(i) and i < n for i in labels):
+        return "holds leaf labels that are not indexes of its entries"
+    others = data.get("others")
+    if not isinstance(others, list) or not all(
+        isinstance(o, list) and len(o) == 2 and _is_count(o[0]) and o[0] <= n
+        and isinstance(o[1], dict) and o[1].get("op") in _SNAPSHOT_OTHERS
+        for o in others
+    ) or any(a[0] > b[0] for a, b in zip(others, others[1:])):
+        return "holds other records that are not in order or of a kind it keeps"
+    head = data.get("head")
+    seq = data.get("seq")
+    if head is not None and not (isinstance(head, str) and head.startswith(_HASH_PREFIX)):
+        return "names a head that is not an entry id"
+    if data.get("mark") not in ("record", "mirror", None):
+        return "names a mark that is neither record nor mirror"
+    if not isinstance(seq, int) or not _is_count(seq) or seq < last or not _is_count(data.get("records")):
+        return "holds a sequence number below its appends' or no record count"
+    return {
+        "op": "snapshot", "seq": seq, "records": data["records"], "entries": entries, "seqs": seqs,
+        "leaf_labels": [entries[i] for i in labels], "head": head, "mark": data.get("mark"), "others": others,
+    }

@@ -76,7 +76,7 @@ from ...format.hashing import HASH_PREFIX, is_hash, sha256_ref
 from ...format.names import check_session_id
 from ...fsutil import fsync_dir, write_atomic
 from .layout import JOURNAL, KEPT_DIR, LAYOUT, _journal_kind, layout_state, layout_text, old_layout_hint
-from .log import encode_record, read_log
+from .log import encode_log, read_log
 from .objects import FileObjects
 from .packs import read_varint
 
@@ -475,6 +475,8 @@ class MigrationReport:
     kept: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
+    #: Refs rewritten (a store of the reference library's layout): {name, session, ident, note}.
+    refs: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -499,6 +501,7 @@ class MigrationReport:
             "kept": list(self.kept),
             "problems": list(self.problems),
             "steps": list(self.steps),
+            "refs": list(self.refs),
         }
 
 
@@ -619,6 +622,9 @@ def _reached(point: str) -> None:
 
 class _Planner:
     """Reads the store and decides everything; writes nothing."""
+
+    #: What the records are read from, as a refusal names it.
+    SOURCE = "journal"
 
     def __init__(self, root: str, *, skip_damaged: bool, progress: Callable[[str], None] | None):
         self.root = root
@@ -843,18 +849,26 @@ class _Planner:
         if log_data and not log_data.startswith(b"sha256:"):
             plan.problems.append("its log is neither the earlier layout's index of hashes nor ours")
             return plan
+        header_base = self._header_base(plan, sid, header_path)
+        if plan.problems:
+            return plan
+        self._replay(plan, sid, sdir, recs, last, header_base, compacted)
+        return plan
+
+    @staticmethod
+    def _header_base(plan: SessionPlan, sid: str, header_path: str) -> str | None:
+        """The base the session's header names; a header that does not read, or is not a
+        session header naming ``sid``, is a problem of the plan."""
         try:
             with open(header_path, "rb") as f:
                 header = loads(f.read())
         except (ValueError, AgentSessionError, OSError) as exc:
             plan.problems.append(f"its header does not read: {exc}")
-            return plan
+            return None
         if not isinstance(header, dict) or header.get("type") != "session" or header.get("id") != sid:
             plan.problems.append("its header is not a session header naming this session")
-            return plan
-        header_base = header.get("base") if isinstance(header.get("base"), str) else None
-        self._replay(plan, sid, sdir, recs, last, header_base, compacted)
-        return plan
+            return None
+        return header.get("base") if isinstance(header.get("base"), str) else None
 
     def _already_migrated(self, sid: str, log_data: bytes) -> SessionPlan:
         plan = SessionPlan(sid, "migrated", reason="its log is already in the current format")
@@ -1031,6 +1045,10 @@ class _Planner:
         cut = False
         for ev in events:
             kind = ev[0]
+            if kind == "lost":
+                # ("lost", entry, why): an append the reader already knows a crash took.
+                losses.append((ev[1], ev[2]))
+                continue
             if cut:
                 if kind == "append" and ev[1] not in own_set:
                     losses.append((ev[1], "after an earlier lazy append the crash took"))
@@ -1039,7 +1057,7 @@ class _Planner:
                 entry, h, lazy, line, index = ev[1], ev[2], ev[3], ev[4], ev[5]
                 if last_lost.get(entry, -1) > index:
                     if entry not in own_set:
-                        losses.append((entry, "the journal recorded it lost"))
+                        losses.append((entry, f"the {self.SOURCE} recorded it lost"))
                     continue
                 if entry in own_set:
                     if h is not _NO_HEAD:
@@ -1053,7 +1071,7 @@ class _Planner:
                         cut = True
                         losses.append((entry, f"a lazy append whose objects are gone ({info})"))
                         continue
-                    where = f" (journal line {line})" if line else " (its index log)"
+                    where = f" ({self.SOURCE} line {line})" if line else " (its index log)"
                     plan.problems.append(f"entry {entry}{where} is committed but {info}")
                     return
                 parent = info.parent
@@ -1101,7 +1119,7 @@ class _Planner:
             return
         file_mark = self._record_mark(sdir)
         final_mark = mark or file_mark
-        lines = [encode_record({"op": "create", "session": sid, "base": base, "mark": first_mark or file_mark})]
+        lines: list[dict[str, Any]] = [{"op": "create", "session": sid, "base": base, "mark": first_mark or file_mark}]
         seq = 0
         replay_head = base
         for ev in out:
@@ -1113,24 +1131,24 @@ class _Planner:
                     replay_head = ev[2]
                 if ev[3]:
                     rec["leaf_label"] = True
-                lines.append(encode_record(rec))
+                lines.append(rec)
             elif ev[0] == "head":
-                lines.append(encode_record({"op": "head", "head": ev[1]}))
+                lines.append({"op": "head", "head": ev[1]})
                 replay_head = ev[1]
             else:
-                lines.append(encode_record({"op": "mark", "mark": ev[1]}))
+                lines.append({"op": "mark", "mark": ev[1]})
         if replay_head != head:
-            lines.append(encode_record({"op": "head", "head": head}))
+            lines.append({"op": "head", "head": head})
         seen_loss: set[str] = set()
         for entry, why in losses:
             if entry in seen_loss or entry in own_set:
                 continue
             seen_loss.add(entry)
             seq += 1
-            lines.append(encode_record({"op": "loss", "entry": entry, "seq": seq}))
+            lines.append({"op": "loss", "entry": entry, "seq": seq})
             plan.lost.append({"entry": entry, "why": why})
-        lines.append(encode_record({"op": "commit"}))
-        plan.log = b"".join(lines)
+        lines.append({"op": "commit"})
+        plan.log = encode_log(lines)
         plan.base, plan.head, plan.mark, plan.entries = base, head, final_mark, len(own)
 
 
@@ -1155,13 +1173,33 @@ class _Migration:
             self.progress(text)
 
     def run(self, planner: _Planner) -> None:
-        steps = self.report.steps
+        self._begin(planner)
+        self._convert_objects(planner)
+        self._rebuild_sessions()
+        self._after_sessions(planner)
+        self._cleanup()
+        _reached("cleanup")
+        fsync_dir(self._path("objects"))
+        write_atomic(self._path("layout"), (LAYOUT + "\n").encode(), durable=True)
+        self.report.steps.append(f"wrote layout {LAYOUT!r} (the commit point)")
+
+    def _begin(self, planner: _Planner) -> None:
+        """The first writes: the journal kept, then its tombstone."""
         self._keep_journal()
-        steps.append("kept the journal as migrated/journal")
+        self.report.steps.append("kept the journal as migrated/journal")
         _reached("kept-journal")
         self._tombstone()
-        steps.append("replaced the journal with a tombstone")
+        self.report.steps.append("replaced the journal with a tombstone")
         _reached("tombstone")
+
+    def _before_session(self, plan: SessionPlan) -> None:
+        """What a layout keeps of a session before its log is replaced (nothing here:
+        the journal, kept whole, is the record)."""
+
+    def _after_sessions(self, planner: _Planner) -> None:
+        """Store-wide state beside the sessions (none in the journal layout)."""
+
+    def _convert_objects(self, planner: _Planner) -> None:
         self._directories()
         _reached("directories")
         self._stage_packs(planner.objects.packs)
@@ -1175,20 +1213,17 @@ class _Migration:
         _reached("lazy-objects")
         self._retire_packs(planner.objects.packs)
         _reached("packs-retired")
+
+    def _rebuild_sessions(self) -> None:
         sessions = self.report.sessions
         for i, plan in enumerate(sessions, 1):
             self._say(f"session {i}/{len(sessions)}: {plan.id}")
+            self._before_session(plan)
             self._session(plan)
             _reached(f"session:{plan.id}")
         fsync_dir(self._path("sessions"))
         fsync_dir(self._path("trash"))
-        steps.append(f"rebuilt {sum(1 for s in sessions if s.action == 'rebuild')} session log(s)")
-        self._cleanup()
-        _reached("cleanup")
-
-        fsync_dir(self._path("objects"))
-        write_atomic(self._path("layout"), (LAYOUT + "\n").encode(), durable=True)
-        steps.append(f"wrote layout {LAYOUT!r} (the commit point)")
+        self.report.steps.append(f"rebuilt {sum(1 for s in sessions if s.action == 'rebuild')} session log(s)")
 
     def _keep_journal(self) -> None:
         """Hard-link the journal into migrated/ (so the tombstone's rename keeps its bytes);
@@ -1413,6 +1448,11 @@ def migrate(
         return report
     if state == "none":
         raise MigrationError(f"no store at {root}: no layout file, journal, sessions/ or objects/ to migrate")
+    if state == "reference":
+        raise MigrationError(
+            f"the store at {root} is of the reference library's layout ({layout_text(root)!r}); "
+            "migrate_reference.migrate_reference converts it"
+        )
     if state == "other":
         raise MigrationError(
             f"the store at {root} has layout {layout_text(root)!r}: neither this release's "
@@ -1434,8 +1474,11 @@ def _run(
     *,
     dry_run: bool,
     progress: Callable[[str], None] | None,
+    migration_class: type[_Migration] = _Migration,
+    kept: str = f"{KEPT_DIR}/{JOURNAL}",
 ) -> None:
-    """Under the earlier layout's store-wide locks: read, lock the sessions, plan, do."""
+    """Under the store-wide locks: read, lock the sessions, plan, do (with
+    ``migration_class``); ``kept`` is what the report names first as kept."""
     ids = planner.read(report)
     locks.sessions(ids)
     _reached("locked")
@@ -1453,9 +1496,9 @@ def _run(
     if dry_run:
         return
     _reached("planned")
-    migration = _Migration(report.root, report, progress)
+    migration = migration_class(report.root, report, progress)
     try:
         migration.run(planner)
     finally:
         migration.objects.close()
-    report.kept.insert(0, f"{KEPT_DIR}/{JOURNAL}")
+    report.kept.insert(0, kept)

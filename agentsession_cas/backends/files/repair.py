@@ -56,7 +56,7 @@ from ...store.session import Session, entry_from_objects, parse_header
 from ...store.state import replay
 from ..base import Space
 from . import FileBackend
-from .log import LogLine, encode_record, read_log, scan_log
+from .log import ZERO_LINK, LogLine, encode_log, encode_record, read_log, scan_log
 from .sessions import FileSessionLog, payload_entry
 
 if TYPE_CHECKING:
@@ -66,9 +66,10 @@ __all__ = ["DamagedLine", "Dropped", "Recovered", "RepairReport", "plan_repair",
 
 #: The shortest line an append record can be: a damaged line of N bytes held at most
 #: N // this + 1 appends, which bounds the sequence numbers it may have spent.
-MIN_APPEND_LINE = len(encode_record({"entry": "sha256:" + "0" * 64, "op": "append", "seq": 1}))
-#: Where a record may begin inside a damaged line: its checksum, a space and a brace.
-_RECORD_START = re.compile(rb"[0-9a-f]{16} \{")
+MIN_APPEND_LINE = len(encode_record({"entry": "sha256:" + "0" * 64, "op": "append", "seq": 1}, prev=ZERO_LINK))
+#: Where a record may begin inside a damaged line: its checksum, a space, its link (which
+#: the damage may have changed) and a space, or (a log from before the chain) none, and a brace.
+_RECORD_START = re.compile(rb"[0-9a-f]{16} (?:[^ \t\n]{16} )?\{")
 _DECODER = json.JSONDecoder()
 _UNKNOWN = object()  # an answer the damage took
 _APPEND_MEMBERS = frozenset({"op", "seq", "entry", "head", "leaf_label", "lazy"})
@@ -1080,12 +1081,12 @@ def _build_log(report: RepairReport, damaged_log: str | None) -> bytes:
         "recovered": [{"entry": r.entry, "seq": r.seq, "how": r.how} for r in report.recovered],
         "seq": report.seq,
     }
-    lines = [encode_record(report._create)]
-    lines.extend(encode_record(data, payload) for data, payload in report._records)
-    lines.append(encode_record(repair))
-    lines.append(encode_record({"op": "commit"}))
-    lines.append(encode_record({"op": "checkpoint"}))  # every kept entry's objects are in objects/ first
-    return b"".join(lines)
+    records: list[dict[str, Any] | tuple[dict[str, Any], tuple[bytes, bytes] | None]] = [report._create]
+    records.extend((data, payload) for data, payload in report._records)
+    records.append(repair)
+    records.append({"op": "commit"})
+    records.append({"op": "checkpoint"})  # every kept entry's objects are in objects/ first
+    return encode_log(records)
 
 
 def _check_staged(store: Store, session_id: str, stage: str, report: RepairReport) -> None:

@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -43,12 +43,12 @@ from ...errors import (
     SessionLockedError,
     StoreError,
 )
-from ...format.canonical import loads
+from ...format.canonical import canonical_bytes, loads
 from ...format.hashing import sha256_ref
 from ...format.names import check_session_id
 from ...fsutil import fsync_dir, start_writeback, write_atomic
-from ..base import Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
-from .log import encode_append, encode_record, read_log
+from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
+from .log import ZERO_LINK, append_body, chain, checked_body, checksummed_line, make_snapshot, read_log, record_body
 
 if TYPE_CHECKING:
     from . import FileBackend
@@ -58,7 +58,13 @@ __all__ = ["CHECKPOINT_ENTRIES", "FileSessionLog", "FileSessions", "payload_entr
 #: Appends whose objects live only in the log (their payloads) before a checkpoint
 #: writes them to objects/.
 CHECKPOINT_ENTRIES = 1024
-_COMMIT = encode_record({"op": "commit"})
+#: Compaction (a snapshot in place of the records a checkpoint covers, payloads
+#: dropped): at close once the log grew this much since its last snapshot ...
+COMPACT_AT_CLOSE = 64 << 10
+#: ... and while writing once it grew this much and at least its snapshot's size (so
+#: the bytes rewritten stay proportional to the bytes appended).
+COMPACT_WHILE_WRITING = 8 << 20
+_COMMIT = record_body({"op": "commit"})
 _ENTRY_IN_RECORD = re.compile(rb'"entry":"(sha256:[0-9a-f]{64})"')
 _SEQ_IN_RECORD = re.compile(rb'"seq":([0-9]{1,18})[,}]')
 
@@ -83,6 +89,8 @@ def checkpoint_covers(records: Sequence[Any]) -> int:
     for r in records:
         if r.op == "append" and isinstance(r.get("seq"), int):
             seen = max(seen, r.get("seq"))
+        elif r.op == "snapshot":  # compaction kept only appends a checkpoint covered
+            covered = seen = max(seen, r.get("seq"))
         elif r.op == "checkpoint":
             seq = r.get("seq")
             covered = max(covered, seq if isinstance(seq, int) else seen)
@@ -104,14 +112,42 @@ def payload_entry(entry_id: str, payload: tuple[bytes, bytes]) -> tuple[dict, di
     return env, body
 
 
+def _identity(st: os.stat_result) -> list[str]:
+    """What tells one state of a log file from another: inode, size, mtime (as strings:
+    an I-JSON number could not hold them whole)."""
+    return [str(st.st_ino), str(st.st_size), str(st.st_mtime_ns)]
+
+
+def _read_summary(directory: str) -> tuple[dict[str, Any], list[str]] | None:
+    """(summary, log identity) from a session's ``summary`` file, or None when there is
+    none or it does not read (an index: rebuilt, never an error)."""
+    try:
+        with open(os.path.join(directory, "summary"), "rb") as f:
+            raw = f.read(1 << 16)
+    except OSError:
+        return None
+    body = checked_body(raw)
+    try:
+        data = loads(body) if body is not None else None
+    except (ValueError, AgentSessionError):
+        data = None
+    if not isinstance(data, dict):
+        return None
+    summary, ident = data.get("summary"), data.get("log")
+    if not isinstance(summary, dict) or not (isinstance(ident, list) and len(ident) == 3):
+        return None
+    return summary, ident
+
+
 def _encode(record: Record) -> bytes:
+    """A record's bytes in its line (the line's frame is :func:`~.log.chain`'s)."""
     if isinstance(record, Append):
         payload = None if record.objects is None else (record.objects[1], record.objects[2])
-        return encode_append(
+        return append_body(
             record.seq, record.entry, record.head, head_moved=record.head_moved, leaf_label=record.leaf_label,
             lazy=record.lazy, payload=payload,
         )
-    return encode_record(record)
+    return record_body(record)
 
 
 class FileSessions(SessionStore):
@@ -201,9 +237,10 @@ class FileSessions(SessionStore):
                 raise SessionExistsError(f"session {session_id} already exists")
             os.makedirs(stage)
             try:
+                log_bytes, last_line = chain(_encode(r) for r in records)
                 files = {
                     "header": header,
-                    "log": b"".join(_encode(r) for r in records),
+                    "log": log_bytes,
                     "HEAD": ((head or "") + "\n").encode(),
                     "mark": (mark + "\n").encode(),
                 }
@@ -240,7 +277,22 @@ class FileSessions(SessionStore):
         log._fd = os.open(os.path.join(log.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         log._max_seq = max((r.seq for r in records if isinstance(r, Append)), default=0)
         log._head, log._mark = head, mark
+        log._last = last_line
         return log
+
+    def summary(self, session_id: str) -> tuple[dict[str, Any], bool] | None:
+        """``summary``: one checksummed line (as a log record is) holding the domain's
+        summary and the log's identity (inode, size, mtime) when it was written; current
+        while the log is still that file at that size and time."""
+        kept = _read_summary(self.dir(session_id))
+        if kept is None:
+            return None
+        data, ident = kept
+        try:
+            st = os.stat(os.path.join(self.dir(session_id), "log"))
+        except OSError:
+            return data, False
+        return data, ident == _identity(st)
 
     def size(self, session_id: str) -> int | None:
         """Bytes of the session's directory (header, log, indexes)."""
@@ -338,6 +390,13 @@ class FileSessionLog(SessionLog):
         self._closed = False
         self._identity: tuple[tuple[int, int, int, int], ...] | None = None
         self._recovery: tuple[bytes | None, list[Any]] | None = None
+        #: Where the log's records after its snapshot begin (0: it has none): what
+        #: compaction would replace lies after it.
+        self._compacted = 0
+        #: The checksum of the log's last line, which the next line links to.
+        self._last = ZERO_LINK
+        #: The summary the domain handed over, written when the log is let go.
+        self._summary: dict[str, Any] | None = None
 
     # -- opening and recovery -------------------------------------------------------------
 
@@ -359,7 +418,7 @@ class FileSessionLog(SessionLog):
             data = b""
         except OSError as exc:
             raise StoreError(f"session {sid}: its log cannot be read: {exc.strerror or exc}") from None
-        logread = read_log(data)
+        logread = read_log(data, expand=False)
         if logread.damage:
             first = logread.damage[0]
             raise SessionDamagedError(
@@ -374,8 +433,10 @@ class FileSessionLog(SessionLog):
             raise SessionDamagedError(
                 f"its log {what}", session=sid, line=1, offset=0
             )
+        if len(records) > 1 and records[1].op == "snapshot":
+            self._compacted = records[2].offset if len(records) > 2 else logread.sound_bytes
         cut_at = len(records)
-        last_commit = max((i for i, r in enumerate(records) if r.op in ("commit", "create")), default=-1)
+        last_commit = max((i for i, r in enumerate(records) if r.op in COMMIT_POINTS), default=-1)
         # Uncommitted appends whose objects a crash took or tore are lost, with all after them.
         objects = self.backend.objects
         for i in range(last_commit + 1, len(records)):
@@ -450,7 +511,7 @@ class FileSessionLog(SessionLog):
                 objects.register(self)
             if losses or cut_at < len(records):
                 out_records = out_records + losses + [{"op": "commit"}]
-            return LogOpen(header, out_records, head_index, mark_index, recovered)
+            return LogOpen(header, out_records, head_index, mark_index, recovered, self._kept_summary())
         self.writable = True
         # A checkpoint record needs no commit (lost, it only makes recovery check the
         # objects again): a log whose tail after the last commit holds only checkpoints
@@ -458,15 +519,16 @@ class FileSessionLog(SessionLog):
         adopted = [r for r in kept[last_commit + 1 :] if r.op == "append"]
         uncommitted_tail = any(r.op != "checkpoint" for r in kept[last_commit + 1 :])
         rewrite = None
+        self._last = records[-1].checksum
         if logread.cut or lost or cut_at < len(records) or adopted or uncommitted_tail:
-            lines = [encode_record(r.data, r.payload) for r in kept]
-            lines.extend(encode_record(x) for x in losses)
-            lines.append(_COMMIT)
-            rewrite = b"".join(lines)
+            bodies = [record_body(r.data, r.payload) for r in kept]
+            bodies.extend(record_body(x) for x in losses)
+            bodies.append(_COMMIT)
+            rewrite, self._last = chain(bodies)
             out_records = out_records + losses + [{"op": "commit"}]
         # Nothing is written yet: the domain checks the log first (recover() writes).
         self._recovery = (rewrite, since_checkpoint)
-        return LogOpen(header, out_records, head_index, mark_index, recovered)
+        return LogOpen(header, out_records, head_index, mark_index, recovered, self._kept_summary())
 
     def recover(self) -> None:
         """Apply what opening found a crash left, now that the domain found the log sound:
@@ -487,6 +549,26 @@ class FileSessionLog(SessionLog):
                 self.unmaterialized[r.get("entry")] = (sha256_ref(content), content, env_bytes)
             self.backend.objects.register(self)
             self._checkpoint()
+
+    def _kept_summary(self) -> dict[str, Any] | None:
+        kept = _read_summary(self.dir)
+        return kept[0] if kept is not None else None
+
+    def set_summary(self, summary: Mapping[str, Any]) -> None:
+        if self.writable and not self._closed:
+            self._summary = dict(summary)
+
+    def _write_summary(self) -> None:
+        """The summary handed over, with the log's identity as the writer leaves it (after
+        any compaction): written atomically, not fsynced (an index; lost, it is rebuilt)."""
+        if self._summary is None or self._fd is None or self.stopped:
+            return
+        summary, self._summary = self._summary, None
+        try:
+            body = canonical_bytes({"log": _identity(os.fstat(self._fd)), "summary": summary})
+        except (ValueError, AgentSessionError):
+            return  # a summary the domain made that is no I-JSON: none is kept, list rebuilds it
+        write_atomic(os.path.join(self.dir, "summary"), checksummed_line(body), durable=False)
 
     def _read_indexes(self) -> tuple[str | None, str | None]:
         out: list[str | None] = []
@@ -532,10 +614,10 @@ class FileSessionLog(SessionLog):
         note when the write was accepted but the checkpoint it triggered failed (the
         log stops taking writes: reopen to recover)."""
         self._check_open()
-        data = b"".join(_encode(r) for r in records)
+        bodies = [_encode(r) for r in records]
         if commit:
-            data += _COMMIT
-        self._write_log(data, sync=commit)
+            bodies.append(_COMMIT)
+        self._write_log(bodies, sync=commit)
         self._uncommitted = not commit
         note = None
         for r in records:
@@ -565,8 +647,10 @@ class FileSessionLog(SessionLog):
             raise StoreError(f"session {self.session_id} is open read-only")
         self._refuse_if_stopped()
 
-    def _write_log(self, data: bytes, *, sync: bool) -> None:
+    def _write_log(self, bodies: Iterable[bytes], *, sync: bool) -> None:
+        """Records' bytes as chained lines after the log's last, written whole or not at all."""
         assert self._fd is not None
+        data, last = chain(bodies, self._last)
         size = self._size
         if size is None:
             size = os.fstat(self._fd).st_size
@@ -590,6 +674,7 @@ class FileSessionLog(SessionLog):
                 self._size = None  # unknown now: ask the file next time
             raise
         self._size = size + len(data)
+        self._last = last
 
     def commit(self) -> None:
         if not self.writable or self._closed:
@@ -597,7 +682,7 @@ class FileSessionLog(SessionLog):
         self._refuse_if_stopped()
         if not self._uncommitted:
             return
-        self._write_log(_COMMIT, sync=True)
+        self._write_log([_COMMIT], sync=True)
         self._uncommitted = False
 
     def set_indexes(self, head: str | None, mark: Mark) -> None:
@@ -688,17 +773,84 @@ class FileSessionLog(SessionLog):
         self._checkpoint_done(ids, seq)
 
     def _checkpoint_done(self, ids: list[str], seq: int) -> None:
-        self._write_log(encode_record({"op": "checkpoint", "seq": seq}), sync=False)
+        self._write_log([record_body({"op": "checkpoint", "seq": seq})], sync=False)
         for entry_id in ids:
             self.unmaterialized.pop(entry_id, None)
+        self._compact(final=False)
+
+    # -- compaction -----------------------------------------------------------------------
+
+    def _compact(self, *, final: bool) -> None:
+        """Rewrite the log with one ``snapshot`` record in place of every record a commit
+        and a checkpoint both cover, so the log stops carrying a second copy of objects
+        that objects/ holds durably and an open reads one line for them.
+
+        The new log (create, snapshot, then the records after them as they were, payloads
+        included) is written whole, fsynced and renamed over the old one: a crash leaves
+        one or the other, each the same session. Done at close once the log grew by
+        :data:`COMPACT_AT_CLOSE`, and while writing once it grew by both
+        :data:`COMPACT_WHILE_WRITING` and the size of its last snapshot."""
+        if self._fd is None or self.stopped or self._inflight is not None or self._closed:
+            return
+        size = self._size if self._size is not None else os.fstat(self._fd).st_size
+        growth = size - self._compacted
+        if growth < (COMPACT_AT_CLOSE if final else max(COMPACT_WHILE_WRITING, self._compacted)):
+            return
+        path = os.path.join(self.dir, "log")
+        with open(path, "rb") as f:
+            data = f.read()
+        logread = read_log(data, expand=False)
+        records = logread.records
+        if logread.damage or logread.cut or len(records) < 2 or records[0].op != "create":
+            return  # what the next open must judge is never rewritten here
+        covered = checkpoint_covers(records)
+        last_commit = max(i for i, r in enumerate(records) if r.op in COMMIT_POINTS)
+        end = last_commit + 1
+        for i in range(1, last_commit + 1):
+            r = records[i]
+            seq = r.get("seq")
+            if r.op == "append" and not (isinstance(seq, int) and seq <= covered):
+                end = i
+                break
+        if end == last_commit + 1:
+            # A checkpoint record needs no commit: one right after the last commit folds in too.
+            while end < len(records) and records[end].op == "checkpoint":
+                end += 1
+        if end <= 1 or (end == 2 and records[1].op == "snapshot"):
+            return
+        create = records[0].data
+        head_lines, link = chain([record_body(create), record_body(make_snapshot(create, [r.data for r in records[1:end]]))])
+        tail, last = chain((record_body(r.data, r.payload) for r in records[end:]), link)
+        try:
+            write_atomic(path, head_lines + tail, durable=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            # The old log stays whole (the rename is the switch): nothing was lost, but
+            # whether the new one reached the disk is unknown, so stop as after a failed fsync.
+            self.stopped = self.stopped or str(exc)
+            raise
+        os.close(self._fd)
+        self._fd = fd
+        self._last = last
+        self._size = len(head_lines) + len(tail)
+        self._compacted = len(head_lines)
 
     # -- closing, parking -----------------------------------------------------------------
 
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
-        self._release()
+        try:
+            if self.writable and not self.stopped and self._fd is not None and not self.unmaterialized:
+                self._finish_checkpoint()
+                if not self._uncommitted:
+                    self._compact(final=True)
+                    self._write_summary()
+        except OSError:
+            pass  # the log is whole as it was (the rename is the switch); the next close tries again
+        finally:
+            self._closed = True
+            self._release()
 
     def _release(self) -> None:
         if self._inflight is not None:
@@ -745,6 +897,7 @@ class FileSessionLog(SessionLog):
             return False
         self.commit()
         self._checkpoint()
+        self._compact(final=True)
         self._identity = self._file_identity()
         self._let_go()
         return True

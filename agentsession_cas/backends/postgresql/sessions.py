@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import NoSuchSessionError, SessionDamagedError, SessionExistsError, SessionLockedError, StoreError
-from ..base import Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
+from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
 from .database import psycopg, translate
 from .objects import copy_rows, object_rows, raw_hash
 
@@ -111,11 +111,7 @@ def parse_record(text: str) -> dict[str, Any] | str:
 
 def _uncommitted_tail(records: list[dict[str, Any]]) -> bool:
     """Whether records follow the last commit (or create): a writer's lazy work it never committed."""
-    for r in reversed(records):
-        if r.get("op") in ("commit", "create"):
-            return False
-        return True
-    return False
+    return bool(records) and records[-1].get("op") not in COMMIT_POINTS
 
 
 class PgSessionLog(SessionLog):

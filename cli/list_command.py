@@ -1,0 +1,97 @@
+"""``agentsession list``: the store's sessions from their summaries, newest first.
+
+A session's summary (:mod:`agentsession_cas.store.summary`) is kept beside its log,
+so listing reads no log while the summaries are current; a session written since
+its summary is brought up to date from its log.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from agentsession_cas.errors import AgentSessionError, NoSuchSessionError
+from agentsession_cas.format.entry import short_id
+from agentsession_cas.store.summary import parse_when, select
+
+from .common import echo, emit_json, fail, one_line, table
+from .store_commands import read_store
+
+#: The longest title the text listing prints whole.
+TITLE_WIDTH = 40
+
+
+def _when(value: str | None, option: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        return parse_when(value)
+    except ValueError as exc:
+        fail(f"{option}: {exc}")
+
+
+@click.command("list")
+@click.option("--limit", "-n", type=click.IntRange(min=0), help="Show at most N sessions (the newest).")
+@click.option("--harness", help="Only sessions recorded by this harness (its name, or name and version).")
+@click.option("--cwd", "cwd", help="Only sessions whose working directory is this one or below it.")
+@click.option("--after", help="Only sessions active at or after this (2026-01-02, 2026-01-02T03:04Z, or an age: 3d).")
+@click.option("--before", help="Only sessions last active before this (same forms as --after).")
+@click.option("--current", is_flag=True, help="Leave out sessions that were continued in a successor.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of the same fields instead of text.")
+def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after: str | None, before: str | None,
+                  current: bool, as_json: bool) -> None:
+    """List the store's sessions, newest activity first: title, model, harness, times, entries, head, mark.
+
+    Times are UTC to the second. A session continued in a successor (a
+    continued_in link) is superseded: a CONTINUED IN column names the
+    successor, and --current leaves it out. A session that cannot be read (a damaged log)
+    is listed with mark `damaged`, reported on stderr, and the exit status is 1.
+    """
+    after_ts, before_ts = _when(after, "--after"), _when(before, "--before")
+    store = read_store()
+    summaries = []
+    damaged: list[dict[str, Any]] = []
+    for sid in store.list():
+        try:
+            summaries.append(store.summary(sid))
+        except NoSuchSessionError:
+            continue  # deleted meanwhile
+        except AgentSessionError as exc:
+            echo(f"agentsession: error: {one_line(str(exc))}", err=True)
+            damaged.append({"id": sid, "mark": "damaged", "error": one_line(str(exc))})
+    chosen = select(summaries, harness=harness, cwd=os.path.abspath(cwd) if cwd else None,
+                    after=after_ts, before=before_ts, limit=limit, current=current)
+    rows: list[dict[str, Any]] = []
+    for s in chosen:
+        row = s.as_dict()
+        del row["last_entry"], row["seq"]
+        if as_json:  # a directory walk per session: only where it is printed
+            row["size"] = store.backend.sessions.size(s.id)
+        rows.append(row)
+    rows.extend(damaged)
+    if as_json:
+        emit_json(rows)
+    elif rows:
+        continued = any(r.get("continued_in") for r in rows)
+        lines = [["ID", "TITLE", "MODEL", "HARNESS", "CREATED", "ACTIVE", "ENTRIES", "HEAD", "MARK"]
+                 + (["CONTINUED IN"] if continued else [])]
+        for r in rows:
+            title = r.get("title") or "-"
+            if len(title) > TITLE_WIDTH:
+                title = title[: TITLE_WIDTH - 1] + "…"
+            lines.append([
+                r["id"], one_line(title), r.get("model") or "-", r.get("harness") or "-",
+                r.get("created") or "-", r.get("last_activity") or "-",
+                "-" if r.get("entries") is None else str(r["entries"]),
+                short_id(r.get("head")), r["mark"],
+            ] + ([r.get("continued_in") or "-"] if continued else []))
+        for line in table(lines):
+            echo(line)
+    if damaged:
+        sys.exit(1)
+
+
+COMMANDS: list[click.Command] = [list_sessions]

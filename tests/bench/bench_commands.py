@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Benchmark: the reading commands through the installed ``agentsession``, against a bare parse.
+
+Reuses the deterministic coding-agent session of ``bench_verify.py``
+(:func:`bench_verify.generate`, 100,000 entries by default) written to a file, and
+times, each the best of ``--repeat`` runs of the installed command in a subprocess
+(interpreter start-up, imports and the file or store read included), with the
+child's peak resident memory (``ru_maxrss``):
+
+* ``agentsession verify FILE``;
+* ``agentsession import FILE`` into a new store (made untimed before each run);
+* ``agentsession export ID`` (stdout to ``/dev/null``; once to a file, which must be
+  the imported file's bytes);
+* ``agentsession show ID`` (stdout to ``/dev/null``).
+
+The baseline is measured in the same run, in this process: every line of the file
+decoded and handed to ``json.loads``, the objects kept (``bench_verify.baseline``).
+Targets (issue 11): export <= 1.5x the baseline, verify <= 2.5x, import <= 2.5x, show
+<= 2x export, and each command's peak memory <= 1.5x the file's size. Each is printed
+beside its figure with ``MET`` or ``NOT MET``; the exit status is 0 whatever is met,
+1 when the session does not verify or an export differs from the file, 2 on bad arguments.
+
+Run: ``.venv/bin/python tests/bench/bench_commands.py [--quick | --entries N] [--repeat R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+for p in (str(ROOT), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import agentsession_cas  # noqa: E402
+from bench_verify import SESSION_ID, baseline, best_of, generate  # noqa: E402
+
+DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000
+TARGET_EXPORT = 1.5  # x bare parse
+TARGET_VERIFY = 2.5
+TARGET_IMPORT = 2.5
+TARGET_SHOW = 2.0  # x export
+TARGET_MEMORY = 1.5  # x the file's size
+
+
+#: A small launcher that runs the command and reports its wall time and peak memory: a
+#: child forked from this process (which holds the session and the baseline's objects)
+#: would start its peak from this process's size.
+_LAUNCH = (
+    "import resource, subprocess, sys, time\n"
+    "t = time.perf_counter()\n"
+    "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL if sys.stdout.isatty() else None)\n"
+    "dt = time.perf_counter() - t\n"
+    "sys.stderr.write('\\nBENCH %r %d %d\\n' % (dt, r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
+)
+
+
+def run(argv: list[str], *, stdout: int | None = subprocess.DEVNULL) -> tuple[float, int, int]:
+    """(wall seconds, exit status, peak resident bytes) of one run of ``argv``."""
+    proc = subprocess.run([sys.executable, "-c", _LAUNCH, *argv], stdout=stdout, stderr=subprocess.PIPE)
+    err = proc.stderr.decode("utf-8", "replace")
+    head, _, last = err.rstrip().rpartition("\nBENCH ")
+    dt, rc, maxrss = last.split()
+    if int(rc) != 0:
+        sys.stderr.write(head)
+    return float(dt), int(rc), int(maxrss) * 1024
+
+
+def best(argv: list[str], repeat: int, before=None) -> tuple[float, int, int]:
+    """The least wall time and the largest peak memory over ``repeat`` runs (``before``
+    runs untimed ahead of each); the exit status of the last."""
+    t_best, peak, rc = float("inf"), 0, 0
+    for _ in range(repeat):
+        if before is not None:
+            before()
+        dt, rc, mem = run(argv)
+        t_best, peak = min(t_best, dt), max(peak, mem)
+    return t_best, rc, peak
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--entries", type=int, default=None, help=f"entries to generate (default {DEFAULT_ENTRIES:,})")
+    size.add_argument("--quick", action="store_true", help=f"{QUICK_ENTRIES:,} entries")
+    ap.add_argument("--repeat", type=int, default=None, help="runs of each command; the best is reported (default 2, 3 with --quick)")
+    ap.add_argument("--seed", type=int, default=20260917, help="generator seed")
+    ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    args = ap.parse_args(argv)
+    count = QUICK_ENTRIES if args.quick else (args.entries if args.entries is not None else DEFAULT_ENTRIES)
+    repeat = args.repeat or (3 if count <= QUICK_ENTRIES else 2)
+    if count < 1 or repeat < 1:
+        ap.error("--entries and --repeat must be at least 1")
+    exe = shutil.which("agentsession", path=str(Path(sys.executable).parent))
+    if exe is None:
+        ap.error("the agentsession command is not installed beside this interpreter")
+
+    print(f"bench_commands: agentsession-cas {agentsession_cas.__version__}, Python {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs")
+    t0 = time.perf_counter()
+    data, _, _ = generate(count, args.seed)
+    size_mb = len(data) / 1e6
+    print(f"session: {count:,} entries + header, {size_mb:.1f} MB, seed {args.seed}, generated in {time.perf_counter() - t0:.1f}s")
+    base_dir = ROOT / ".bench-tmp"
+    base_dir.mkdir(exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="bench-commands-", dir=base_dir)
+    ok = True
+    try:
+        path = os.path.join(tmp, "session.jsonl")
+        with open(path, "wb") as f:
+            f.write(data)
+        base_s, _ = best_of(baseline, data, repeat)
+        del _
+        py_s = best([sys.executable, "-c", "pass"], repeat)[0]
+        print(f"\nbaseline  json.loads of every line, objects kept, best of {repeat}: {base_s * 1000:9.1f} ms")
+        print(f"(for scale: python -c pass {py_s * 1000:.1f} ms; every command below includes its start-up)")
+
+        stores = os.path.join(tmp, "stores")
+
+        def fresh_store() -> None:
+            shutil.rmtree(stores, ignore_errors=True)
+            subprocess.run([exe, "--store", stores, "init"], check=True, stdout=subprocess.DEVNULL)
+
+        verify = best([exe, "verify", path], repeat)
+        if verify[1] != 0:
+            print("INVALID: agentsession verify of the generated session failed")
+            return 1
+        imp = best([exe, "--store", stores, "import", path], repeat, before=fresh_store)
+        if imp[1] != 0:
+            print("INVALID: agentsession import of the generated session failed")
+            return 1
+        out = os.path.join(tmp, "export.jsonl")
+        with open(out, "wb") as f:
+            run([exe, "--store", stores, "export", SESSION_ID], stdout=f.fileno())
+        with open(out, "rb") as f:
+            same = f.read() == data
+        if not same:
+            ok = False
+        os.unlink(out)
+        export = best([exe, "--store", stores, "export", SESSION_ID], repeat)
+        show = best([exe, "--store", stores, "show", SESSION_ID], repeat)
+
+        print(f"\nthrough {exe}, best of {repeat} (peak memory: the largest of the runs; the file is {size_mb:.1f} MB)")
+        results: list[tuple[str, bool]] = []
+
+        def row(name: str, figure: tuple[float, int, int], against: float, against_name: str, target: float) -> None:
+            t, rc, peak = figure
+            ratio = t / against
+            mem = peak / len(data)
+            met_t, met_m = ratio <= target, mem <= TARGET_MEMORY
+            results.append((f"{name} time", met_t))
+            results.append((f"{name} memory", met_m))
+            print(f"  {name:<8} {t * 1000:9.1f} ms  {ratio:5.2f}x {against_name:<10} (target <= {target:.1f}x: "
+                  f"{'MET' if met_t else 'NOT MET'})   peak {peak / 1e6:7.1f} MB = {mem:4.2f}x the file "
+                  f"(target <= {TARGET_MEMORY:.1f}x: {'MET' if met_m else 'NOT MET'})  exit {rc}")
+
+        row("export", export, base_s, "bare parse", TARGET_EXPORT)
+        row("verify", verify, base_s, "bare parse", TARGET_VERIFY)
+        row("import", imp, base_s, "bare parse", TARGET_IMPORT)
+        row("show", show, export[0], "export", TARGET_SHOW)
+        print(f"  export's bytes {'are' if same else 'DIFFER from'} the imported file's")
+        print("\nSUMMARY")
+        for name, met in results:
+            print(f"  {name:<16} {'MET' if met else 'NOT MET'}")
+    finally:
+        if args.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

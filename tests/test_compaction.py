@@ -1,0 +1,338 @@
+"""Log compaction (files backend): a ``snapshot`` record in place of the records a commit
+and a checkpoint cover, so a closed log carries no second copy of its objects and an open
+reads one line for them (docs/storage-format.md, "Compaction")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+import agentsession_cas.backends.files.sessions as files_sessions
+from agentsession_cas import Header, make_entry
+from agentsession_cas.backends.files.log import (
+    encode_record,
+    expand_snapshot,
+    make_snapshot,
+    read_log,
+)
+from agentsession_cas.errors import SessionDamagedError
+from agentsession_cas.exchange import operations as ex
+from agentsession_cas.maintenance.fsck import fsck
+from agentsession_cas.store import Store
+from agentsession_cas.store.state import replay
+
+BIG = "x" * 2000  # an entry of about 2 KB: 40 of them pass the close threshold
+
+
+def msg(text: str) -> dict:
+    return {"type": "item", "item": {"type": "message", "role": "user", "content": text + BIG}, "ts": "2026-01-01T00:00:00Z"}
+
+
+def log_of(root: Path, sid: str = "s1") -> bytes:
+    return (root / "sessions" / sid / "log").read_bytes()
+
+
+def ops(root: Path, sid: str = "s1") -> list[str]:
+    return [r.op for r in read_log(log_of(root, sid), expand=False).records]
+
+
+def state_of(session) -> tuple:
+    return (list(session.log_order), dict(session.own), session.head, session.mark, set(session.leaf_labels),
+            session.state.max_seq, session.state.committed_seq)
+
+
+def fill(st: Store, sid: str = "s1", n: int = 60):
+    s = st.create(Header.new(sid))
+    for i in range(n):
+        s.append(msg(f"m{i}"))
+    return s
+
+
+def test_close_compacts_a_grown_log_into_one_snapshot(tmp_path):
+    root = tmp_path / "store"
+    st = Store.init(root)
+    s = fill(st)
+    before = state_of(s)
+    projection = s.projection()
+    packed_before = len(log_of(root))
+    st.close()
+    assert ops(root) == ["create", "snapshot"]
+    data = log_of(root)
+    assert b"\t" not in data, "no payload is left in the log"
+    assert len(data) < packed_before / 10
+    ro = Store(root, readonly=True).read("s1")
+    assert state_of(ro) == before
+    assert ro.projection() == projection
+    # History still reads as appends, in order, each with its sequence number.
+    hist = ro.records()
+    assert [r["entry"] for r in hist if r["op"] == "append"] == before[0]
+    assert [r["seq"] for r in hist if r["op"] == "append"] == list(range(1, 61))
+    assert fsck(root).ok
+
+
+def test_a_small_log_is_left_as_it_is(tmp_path):
+    root = tmp_path / "store"
+    st = Store.init(root)
+    fill(st, n=3)
+    st.close()
+    assert "snapshot" not in ops(root)
+
+
+def test_appends_after_a_snapshot_and_a_second_compaction(tmp_path):
+    root = tmp_path / "store"
+    st = Store.init(root)
+    fill(st)
+    st.close()
+    st = Store(root)
+    s = st.session("s1")
+    first = s.log_order[0]
+    s.append(make_entry("label", s.head, ts="2026-01-01T00:00:01Z", target=first, label="leaf"))
+    s.set_head(first, expected=s.head)
+    for i in range(40):
+        s.append(msg(f"again{i}"))
+    before = state_of(s)
+    st.close()
+    assert ops(root) == ["create", "snapshot"]
+    ro = Store(root, readonly=True).read("s1")
+    assert state_of(ro) == before
+    assert len(ro.leaf_labels) == 1
+    hist = ro.records()
+    assert any(r["op"] == "head" and r["head"] == first for r in hist)
+    assert fsck(root, deep=True).ok
+
+
+def test_compaction_while_writing_keeps_the_uncommitted_tail(tmp_path, monkeypatch):
+    """A lazy writer compacts at a checkpoint; appends not yet committed stay in the log
+    with their payloads, after the snapshot, and a crash then loses none of the rest."""
+    monkeypatch.setattr(files_sessions, "COMPACT_WHILE_WRITING", 4096)
+    monkeypatch.setattr(files_sessions, "CHECKPOINT_ENTRIES", 16)
+    root = tmp_path / "store"
+    st = Store.init(root, sync="never")
+    s = st.create(Header.new("s1"))
+    for i in range(100):
+        s.append(msg(f"m{i}"))
+        if i % 7 == 0:
+            s.commit()
+    assert "snapshot" in ops(root), "a compaction ran while writing"
+    s.commit()
+    before = state_of(s)
+    s.append(msg("uncommitted"))
+    # Kill: the lazy append's record may or may not be in the log; nothing committed is lost.
+    from storetools import crash
+
+    crash(st)
+    st = Store(root)
+    s = st.session("s1")
+    assert s.log_order[: len(before[0])] == before[0]
+    st.close()
+    assert fsck(root).ok
+
+
+def test_exchange_serves_a_compacted_session_from_a_reader(tmp_path):
+    root, remote = tmp_path / "a", tmp_path / "b"
+    st = Store.init(root)
+    fill(st)
+    st.close()
+    Store.init(remote).close()
+    reader = Store(root, readonly=True)
+    assert ops(root) == ["create", "snapshot"]
+    ex.push(Store(root), remote, "s1")
+    assert Store(remote, readonly=True).read("s1").projection() == reader.read("s1").projection()
+
+
+def test_sweep_keeps_what_a_snapshot_names(tmp_path):
+    root = tmp_path / "store"
+    st = Store.init(root)
+    fill(st)
+    st.close()
+    st = Store(root)
+    st.sweep(grace=0)
+    st.close()
+    ro = Store(root, readonly=True).read("s1")
+    assert len(list(ro)) == 60
+    assert fsck(root).ok
+
+
+def test_a_damaged_snapshot_line_is_damage_naming_it(tmp_path):
+    root = tmp_path / "store"
+    st = Store.init(root)
+    fill(st)
+    st.close()
+    path = root / "sessions" / "s1" / "log"
+    data = bytearray(path.read_bytes())
+    second = data.index(b"\n") + 1
+    data[second + 40] ^= 1  # inside the snapshot's base64 ids
+    path.write_bytes(bytes(data))
+    with pytest.raises(SessionDamagedError) as info:
+        Store(root, readonly=True).read("s1")
+    assert info.value.line == 2
+
+
+def test_a_snapshot_that_decodes_badly_is_damage(tmp_path):
+    """Its checksum matches (a writer's bug or a hostile file): still refused, by line."""
+    root = tmp_path / "store"
+    st = Store.init(root)
+    fill(st)
+    st.close()
+    lr = read_log(log_of(root), expand=False)
+    create, snap = lr.records[0].data, lr.records[1].data
+    snap = dict(snap, seqs=list(reversed(snap["seqs"])))
+    (root / "sessions" / "s1" / "log").write_bytes(encode_record(create) + encode_record(snap))
+    with pytest.raises(SessionDamagedError, match="snapshot record holds sequence numbers out of order"):
+        Store(root, readonly=True).read("s1")
+
+
+_WORKER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import agentsession_cas.fsutil as fsutil
+    from agentsession_cas.store import Store
+    root, when = sys.argv[1], sys.argv[2]
+    replace = os.replace
+    def dying_replace(src, dst):
+        # The compaction's switch: die just before it, or just after it.
+        if dst.endswith(os.sep + "log"):
+            if when == "after":
+                replace(src, dst)
+            os.kill(os.getpid(), signal.SIGKILL)
+        replace(src, dst)
+    fsutil.os.replace = dying_replace
+    st = Store(root)
+    st.session("s1")
+    st.close()
+    """
+)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_crash_during_compaction_loses_nothing(tmp_path, when):
+    """Killed just before or just after the new log replaces the old: either log is the
+    whole session (the rename is the switch)."""
+    root = tmp_path / "store"
+    st = Store.init(root)
+    s = fill(st)
+    s.commit()
+    before = state_of(s)
+    projection = s.projection()
+    # Leave it as a killed writer would (committed, not compacted) for the worker to close.
+    from storetools import crash
+
+    s.checkpoint()
+    crash(st)
+    proc = subprocess.run([sys.executable, "-c", _WORKER, str(root), when], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    expected_ops = ["create", "snapshot"] if when == "after" else None
+    if expected_ops:
+        assert ops(root) == expected_ops
+    else:
+        assert "snapshot" not in ops(root)
+    st = Store(root)
+    s = st.session("s1")
+    assert state_of(s)[:6] == before[:6]
+    assert s.projection() == projection
+    st.close()
+    assert fsck(root).ok
+
+
+# -- the snapshot's records replay to the same state as the records it replaced -----------
+
+_IDS = [f"sha256:{i:064x}" for i in range(1, 13)]
+
+
+@hs.composite
+def _logs(draw):
+    create = {"op": "create", "session": "s", "base": None, "mark": draw(hs.sampled_from(["record", "mirror"]))}
+    records: list[dict] = []
+    seq = 0
+    own: list[str] = []
+    for _ in range(draw(hs.integers(0, 25))):
+        kind = draw(hs.sampled_from(["append", "append", "append", "head", "mark", "loss", "commit", "checkpoint"]))
+        if kind == "append":
+            seq += draw(hs.integers(1, 2))
+            entry = draw(hs.sampled_from(_IDS))
+            rec = {"op": "append", "entry": entry, "seq": seq, "head": entry}
+            if draw(hs.booleans()) and own:
+                rec["leaf_label"] = True
+                rec["head"] = own[-1]
+            if entry not in own:
+                own.append(entry)
+            records.append(rec)
+        elif kind == "head" and own:
+            records.append({"op": "head", "head": draw(hs.sampled_from(own))})
+        elif kind == "mark":
+            records.append({"op": "mark", "mark": draw(hs.sampled_from(["record", "mirror"]))})
+        elif kind == "loss":
+            seq += 1
+            records.append({"op": "loss", "entry": None, "seq": seq})
+        elif kind in ("commit", "checkpoint"):
+            records.append({"op": kind, **({"seq": seq} if kind == "checkpoint" else {})})
+    records.append({"op": "commit"})
+    return create, records
+
+
+def _key(state) -> tuple:
+    return (state.base, state.head, state.mark, state.own, state.log_order, state.leaf_labels,
+            state.max_seq, state.committed_seq, [c for c, _ in state.damage])
+
+
+@given(_logs())
+@settings(max_examples=300, deadline=None)
+def test_snapshot_replays_to_the_state_of_the_records_it_replaces(log):
+    create, records = log
+    whole = replay([create, *records])
+    snap = make_snapshot(create, records)
+    # As an open loads it (the decoded record), and as history reads it (expanded) ...
+    loaded = replay([create, snap])
+    expanded = replay([create, *expand_snapshot(snap)])
+    # ... and after a trip through the log's bytes.
+    lr = read_log(encode_record(create) + encode_record(snap), expand=False)
+    assert not lr.damage
+    tripped = replay([r.data for r in lr.records])
+    if whole.damage:
+        return  # a compaction never runs over a log that does not replay cleanly
+    assert _key(loaded) == _key(whole)
+    assert _key(expanded) == _key(whole)
+    assert _key(tripped) == _key(whole)
+    # A snapshot of a snapshot (a second compaction) is the same snapshot.
+    again = make_snapshot(create, [snap])
+    assert {k: v for k, v in again.items()} == snap
+
+
+def test_repair_of_a_compacted_log_with_a_damaged_line_after_its_snapshot(tmp_path):
+    """Repair reads a snapshot as the appends it stands for: a bad line after it costs
+    nothing the snapshot holds."""
+    from agentsession_cas.maintenance.repair import repair_session
+
+    root = tmp_path / "store"
+    st = Store.init(root)
+    fill(st)
+    st.close()
+    st = Store(root)
+    s = st.session("s1")
+    for i in range(3):
+        s.append(msg(f"late{i}"))
+    want = list(s.log_order)
+    st.close()
+    path = root / "sessions" / "s1" / "log"
+    lines = path.read_bytes().split(b"\n")
+    assert read_log(path.read_bytes(), expand=False).records[1].op == "snapshot"
+    # Flip a byte in the first record after the snapshot (an append of "late0").
+    third = bytearray(lines[2])
+    third[30] ^= 1
+    lines[2] = bytes(third)
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(SessionDamagedError):
+        Store(root, readonly=True).read("s1")
+    st = Store(root)
+    report = repair_session(st, "s1")
+    st.close()
+    assert report.damaged
+    ro = Store(root, readonly=True).read("s1")
+    assert list(ro.log_order) == want
+    assert fsck(root).ok
