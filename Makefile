@@ -6,13 +6,13 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv demo test test-fast lint bench bench-quick fixtures clean
+.PHONY: all venv demo test test-fast lint postgresql-server bench bench-quick fixtures clean
 
 all: test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,server]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,server,postgresql]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -77,12 +77,19 @@ demo: $(STAMP)
 	rm -rf $$work
 
 # The linter and the type checker (configured in pyproject.toml), then the whole
-# suite, slow tests included.
-test: lint
+# suite, slow tests included. The PostgreSQL tests start a server of their own
+# (tests/pg_server.py) and fail, not skip, without one: install it where missing.
+test: lint postgresql-server
 	$(PY) -m pytest -q
 
-test-fast: lint
+test-fast: lint postgresql-server
 	$(PY) -m pytest -q -m 'not slow'
+
+postgresql-server:
+	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	else echo "installing PostgreSQL (the PostgreSQL tests start a throwaway server)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentsession_cas cli
@@ -91,7 +98,7 @@ lint: $(STAMP)
 # Benchmarks: ratios against baselines measured in the same run. The full set
 # takes about half an hour (the pack benchmark builds a 100-fork store and a git
 # repository of the same objects); bench-quick runs each at a small size.
-bench: $(STAMP)
+bench: $(STAMP) postgresql-server
 	$(PY) tests/bench/bench_verify.py
 	$(PY) tests/bench/bench_store.py
 	$(PY) tests/bench/bench_fsck.py
@@ -101,8 +108,9 @@ bench: $(STAMP)
 	$(PY) tests/bench/bench_storage.py
 	$(PY) tests/bench/bench_commands.py
 	$(PY) tests/bench/bench_server.py
+	$(PY) tests/bench/bench_postgresql.py
 
-bench-quick: $(STAMP)
+bench-quick: $(STAMP) postgresql-server
 	$(PY) tests/bench/bench_verify.py --quick
 	$(PY) tests/bench/bench_store.py --quick
 	$(PY) tests/bench/bench_fsck.py --quick
@@ -112,6 +120,7 @@ bench-quick: $(STAMP)
 	$(PY) tests/bench/bench_storage.py --quick
 	$(PY) tests/bench/bench_commands.py --quick
 	$(PY) tests/bench/bench_server.py --quick
+	$(PY) tests/bench/bench_postgresql.py --quick
 
 # Regenerate the project's own fixtures with the project's writer.
 fixtures: $(STAMP)

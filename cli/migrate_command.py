@@ -16,7 +16,9 @@ from agentsession_cas import short_id
 from agentsession_cas.backends.files.layout import LAYOUT
 from agentsession_cas.backends.files.migrate import MigrationReport, SessionPlan, layout_state, layout_text
 from agentsession_cas.backends.files.migrate_reference import migrate_store
-from agentsession_cas.errors import MigrationBusyError, MigrationError
+from agentsession_cas.backends.postgresql import migrate_store as migrate_postgresql
+from agentsession_cas.errors import AgentSessionError, MigrationBusyError, MigrationError
+from agentsession_cas.store.url import store_url_kind
 
 from .common import echo, emit_json, fail, one_line, os_message
 from .store_commands import store_root
@@ -117,12 +119,18 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
     reference library's layout has each session's log rebuilt from itself (kept
     as migrated/logs/<id>) and its refs rewritten (docs/migrate.md).
 
+    A postgresql:// store's schema is upgraded to this release's version in one
+    transaction instead (--dry-run lists the statements it would run).
+
     \b
     Exit codes: 0 migrated (or nothing to migrate); 1 refused with nothing
     changed, not confirmed, or stopped part way (run it again); 2 usage;
     3 a process of the earlier layout holds a lock of the store.
     """
     root = store_root()
+    if store_url_kind(root)[0] == "postgresql":
+        _migrate_postgresql(root, dry_run=dry_run, as_json=as_json)
+        return
     state = layout_state(root)
     if state == "current":
         found = layout_text(root) or LAYOUT
@@ -172,6 +180,33 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
         _print_report(report)
     if report.status == "would-refuse":
         sys.exit(1)
+
+
+def _migrate_postgresql(url: str, *, dry_run: bool, as_json: bool) -> None:
+    """A PostgreSQL store's schema upgraded in one transaction (docs/postgresql.md)."""
+    try:
+        plan = migrate_postgresql(url, dry_run=dry_run)
+    except AgentSessionError as exc:
+        fail(str(exc))
+    if as_json:
+        emit_json(plan.as_dict())
+    elif plan.status == "current":
+        echo(f"nothing to migrate: the store at {plan.url} has schema version {plan.found}, this release's")
+    elif plan.status == "dry-run":
+        echo(f"would upgrade the store at {plan.url} from schema version {plan.found} to {plan.target}, "
+             f"in one transaction (dry run: nothing changed):")
+        for statement in plan.statements:
+            echo(f"  {' '.join(statement.split())};")
+    elif plan.status == "migrated":
+        echo(f"upgraded the store at {plan.url} from schema version {plan.found} to {plan.target} "
+             f"({len(plan.statements)} statement(s), one transaction)")
+    elif plan.status == "no-store":
+        fail(f"no store at {plan.url}: create one with `agentsession init`")
+    elif plan.status == "newer":
+        fail(f"the store at {plan.url} has schema version {plan.found}, newer than this release's {plan.target}: "
+             "upgrade agentsession-cas")
+    else:
+        fail(f"the store at {plan.url} changed while migrate ran (schema version {plan.found} no more); run it again")
 
 
 COMMANDS: list[click.Command] = [migrate_cmd]

@@ -181,6 +181,8 @@ def init(as_json: bool) -> None:
     existed = kind == "file" and layout_text(root) is not None
     store = open_store(root, create=True)
     store.close()
+    if kind == "postgresql":
+        existed = not getattr(store.backend, "created", True)
     where = store.root or store.url
     if as_json:
         emit_json({"store": where, "created": not existed})

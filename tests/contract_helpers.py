@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pg_server
+
 from agentsession_cas import LEAF_LABEL
 from agentsession_cas.errors import AgentSessionError
 from agentsession_cas.store import Session, Store
@@ -65,6 +67,7 @@ class BackendKind:
 BACKENDS: list[BackendKind] = [
     BackendKind("file", lambda scratch, tag, name: str(scratch / f"{tag}-{name}")),
     BackendKind("memory", lambda tmp, tag, name: f"memory:contract-{tag}-{name}"),
+    BackendKind("postgresql", lambda scratch, tag, name: pg_server.store_url(f"c_{tag}_{name}")),
 ]
 
 

@@ -1,10 +1,12 @@
-"""Storage backends behind one seam (:mod:`.base`): files (:mod:`.files`) and memory (:mod:`.memory`).
+"""Storage backends behind one seam (:mod:`.base`): files (:mod:`.files`), memory
+(:mod:`.memory`) and PostgreSQL (:mod:`.postgresql`).
 
 :func:`open_backend` is the one place that knows which backend serves which
 store URL: a plain path or a ``file:`` URL (a store directory), ``memory:``
-(a new store in this process's memory) or ``memory:NAME`` (one shared by
-name within the process). Any other scheme is refused with a one-line error
-naming those served.
+(a new store in this process's memory), ``memory:NAME`` (one shared by
+name within the process), or ``postgresql://…`` (``postgres://`` too: a
+store in a PostgreSQL database, with the ``postgresql`` extra installed).
+Any other scheme is refused with a one-line error naming those served.
 """
 
 from __future__ import annotations
@@ -20,15 +22,22 @@ from .files import FileBackend
 
 if TYPE_CHECKING:
     from .memory import MemoryBackend
+    from .postgresql import PostgresBackend
 
 
 def __getattr__(name: str) -> Any:
-    """``MemoryBackend`` on first use: a command on a store directory does not load it."""
+    """``MemoryBackend`` and ``PostgresBackend`` on first use: a command on a store
+    directory loads neither (nor psycopg)."""
     if name == "MemoryBackend":
         from .memory import MemoryBackend
 
         return MemoryBackend
+    if name == "PostgresBackend":
+        from .postgresql import PostgresBackend
+
+        return PostgresBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_STORE",
@@ -39,6 +48,7 @@ __all__ = [
     "FileBackend",
     "LogOpen",
     "MemoryBackend",
+    "PostgresBackend",
     "ObjectStore",
     "RefStore",
     "RemoteStore",
@@ -52,7 +62,7 @@ __all__ = [
 #: Where a store is when nothing says (``--store``, ``AGENTSESSION_STORE``).
 DEFAULT_STORE = "~/.agent/cas"
 #: The URL schemes this release serves (a plain path is a directory too).
-SCHEMES = ("file", "memory")
+SCHEMES = ("file", "memory", "postgresql")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 
 
@@ -63,7 +73,8 @@ def default_store_path() -> str:
 
 def store_url_kind(url: str) -> tuple[str, str]:
     """(scheme, the rest): ``file`` and a path for a path or ``file:`` URL, ``memory``
-    and a name (maybe empty); UnsupportedError for a scheme not served."""
+    and a name (maybe empty), ``postgresql`` and the whole URL; UnsupportedError for a
+    scheme not served."""
     m = _SCHEME.match(url)
     if m is None or len(m.group(1)) == 1:  # no scheme, or a Windows drive letter
         return "file", url
@@ -75,6 +86,8 @@ def store_url_kind(url: str) -> tuple[str, str]:
         return "file", os.fsdecode(unquote_to_bytes(parts.path))
     if scheme == "memory":
         return "memory", url[len("memory:"):]
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql", url
     served = ", ".join(f"{s}:" for s in SCHEMES)
     raise UnsupportedError(f"store {url!r}: this release serves no {scheme}: stores; it serves a path, {served}")
 
@@ -86,6 +99,10 @@ def open_backend(url: str | os.PathLike[str], *, create: bool = False, readonly:
         from .memory import MemoryBackend
 
         return MemoryBackend(rest or None, readonly=readonly, create=create)
+    if kind == "postgresql":
+        from .postgresql import PostgresBackend  # loaded only for a postgresql:// store
+
+        return PostgresBackend(rest, readonly=readonly, create=create)
     if create:
         backend, _ = FileBackend.init(rest, readonly=readonly)
         return backend

@@ -35,6 +35,8 @@ def remote_url(remote: str | os.PathLike[str]) -> str:
         if len(text) == len("memory:"):
             raise TransportError("remote 'memory:' names no store: a memory remote is memory:NAME")
         return text
+    if text.startswith(("postgresql://", "postgres://")):
+        return text  # a store in a database, opened by its URL as it stands
     if "://" in text or text.lower().startswith("file:/"):
         parts = urlsplit(text)
         if parts.scheme != "file":

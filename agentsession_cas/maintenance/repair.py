@@ -3,7 +3,7 @@
 The rules (what is kept, recovered and dropped, and why) are stated in
 ``docs/repair.md``; reading a damaged log line by line is the backend's, since
 only it knows its bytes (:mod:`agentsession_cas.backends.files.repair` for a
-store directory). A backend without a repair of its own has nothing a crash
+store directory, :mod:`agentsession_cas.backends.postgresql.repair` for a database). A backend without a repair of its own has nothing a crash
 can damage beyond what opening recovers: its sessions are reported whole, or
 the repair is refused saying so.
 """
@@ -45,6 +45,10 @@ def repair_session(
 def _backend_repair(store: Store, what: str) -> Any:
     if isinstance(store.backend, FileBackend):
         return getattr(file_repair, what)
+    if store.url.startswith(("postgresql:", "postgres:")):
+        from ..backends.postgresql import repair as postgresql_repair  # loaded only for such a store
+
+        return getattr(postgresql_repair, what)
     return lambda st, sid, **kw: _whole_or_refused(st, sid)
 
 

@@ -1205,6 +1205,17 @@ def _stale_indexes(sdir: str, head: str | None, mark: str) -> list[tuple[str, st
     return out
 
 
+def check_repairable(store: Store, session_id: str) -> None:
+    """What any backend's repair refuses before taking the session: a read-only store, a
+    bad id, a session this process has open, an absent one."""
+    store._require_writable()
+    check_session_id(session_id)
+    if store.opened(session_id) is not None:
+        raise StoreError(f"session {session_id} is open in this process; close it before repairing it")
+    if session_id not in store:
+        raise NoSuchSessionError(f"no such session: {session_id}")
+
+
 def repair_session(
     store: Store,
     session_id: str,
@@ -1218,12 +1229,7 @@ def repair_session(
     written; returning False cancels (``cancelled`` is then True). A session that
     is not damaged is left as it is. Raises :class:`SessionLockedError` when
     another process holds the session."""
-    store._require_writable()
-    check_session_id(session_id)
-    if store.opened(session_id) is not None:
-        raise StoreError(f"session {session_id} is open in this process; close it before repairing it")
-    if session_id not in store:
-        raise NoSuchSessionError(f"no such session: {session_id}")
+    check_repairable(store, session_id)
     lock = _files(store).sessions.lock(session_id)
     try:
         report = plan_repair(store, session_id, progress=progress)

@@ -1,0 +1,264 @@
+"""The PostgreSQL backend: a store in a PostgreSQL database (``postgresql://…``).
+
+For a shared store that outgrows one disk, on a database its operators
+already replicate and back up. The tables (:mod:`.schema`) follow RFC 0002's
+reference schema: objects by space and hash, sessions, a log of records per
+session, the edges reverse index, refs and remote state; ``docs/postgresql.md``
+says what each holds, what is transactional and what the store promises when
+the database fails over. Every rule is the domain's: this backend only keeps
+bytes, in transactions.
+
+psycopg 3 and psycopg-pool come with the ``postgresql`` extra
+(``pip install 'agentsession-cas[postgresql]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Literal
+
+from ...errors import LayoutError, ReadOnlyError, UnsupportedError
+from ..base import Backend, Capabilities, RefStore, RemoteStore, RepackResult, Retained, RetentionSource
+from .database import Database, sql, translate
+from .maintenance import migrate_schema, storage_report, sweep_objects
+from .objects import PgObjects, hash_name
+from .schema import SCHEMA_VERSION, MigrationPlan, create_statements
+from .sessions import PgSessions, parse_record
+
+__all__ = ["PostgresBackend", "SCHEMA_VERSION", "MigrationPlan", "migrate_store"]
+
+_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _json_record(rows: list[tuple[Any, ...]]) -> dict[str, Any] | None:
+    """The JSON object a one-row, one-column result holds (None when absent or unreadable)."""
+    if not rows:
+        return None
+    try:
+        record = json.loads(rows[0][0])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+class PgRefs(RefStore):
+    """Refs in the ``refs`` table; :meth:`locked` is a store-wide advisory lock held on a
+    connection of its own, which the changes inside it use."""
+
+    def __init__(self, backend: PostgresBackend):
+        self.backend = backend
+        self.db = backend.db
+        self._local = threading.local()
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return _json_record(self._run("SELECT record FROM refs WHERE name = %s", [name]))
+
+    def names(self, prefix: str = "") -> list[str]:
+        rows = self._run('SELECT name FROM refs WHERE starts_with(name, %s) ORDER BY name COLLATE "C"', [prefix])
+        return [r[0] for r in rows]
+
+    def _run(self, statement: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        """Run on the connection holding the refs lock when inside :meth:`locked`, else on a pooled one."""
+        held = getattr(self._local, "conn", None)
+        with self.db.conn() if held is None else _as_is(held) as conn, translate(self.backend.describe()):
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description is not None else []
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        depth = getattr(self._local, "depth", 0)
+        if depth:
+            self._local.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._local.depth -= 1
+            return
+        self.backend.require_writable()
+        conn = self.db.getconn()
+        try:
+            with translate(self.backend.describe()):
+                conn.execute("SELECT pg_advisory_lock(%s)", [self.db.lock_key("refs")])
+            self._local.conn, self._local.depth = conn, 1
+            try:
+                yield
+            finally:
+                self._local.conn, self._local.depth = None, 0
+                with translate(self.backend.describe()):
+                    conn.execute("SELECT pg_advisory_unlock(%s)", [self.db.lock_key("refs")])
+        finally:
+            self.db.putconn(conn)
+
+    def put(self, name: str, record: Mapping[str, Any]) -> None:
+        self.backend.require_writable()
+        self._run(
+            "INSERT INTO refs (name, record) VALUES (%s, %s) ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record",
+            [name, _DUMPS(dict(record))],
+        )
+
+    def delete(self, name: str) -> None:
+        self.backend.require_writable()
+        self._run("DELETE FROM refs WHERE name = %s", [name])
+
+
+@contextmanager
+def _as_is(conn: Any) -> Iterator[Any]:
+    yield conn
+
+
+class PgRemotes(RemoteStore):
+    """What the store remembers of each remote, one row per (remote, kind, name): hints,
+    which a read-only store does not write (it re-learns them)."""
+
+    def __init__(self, backend: PostgresBackend):
+        self.backend = backend
+        self.db = backend.db
+
+    def get(self, url: str, kind: Literal["sessions", "refs"], name: str) -> dict[str, Any] | None:
+        return _json_record(self.db.query("SELECT record FROM remotes WHERE url = %s AND kind = %s AND name = %s",
+                                           [url, kind, name]))
+
+    def put(self, url: str, kind: Literal["sessions", "refs"], name: str, record: Mapping[str, Any]) -> None:
+        if self.backend.readonly:
+            return  # a hint: a read-only store re-learns it next time, as a file store does
+        with self.db.conn() as c:
+            c.execute(
+                "INSERT INTO remotes (url, kind, name, record) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (url, kind, name) DO UPDATE SET record = EXCLUDED.record",
+                [url, kind, name, _DUMPS(dict(record))],
+            )
+
+    def delete(self, url: str, kind: Literal["sessions", "refs"], name: str) -> None:
+        if self.backend.readonly:
+            return
+        with self.db.conn() as c:
+            c.execute("DELETE FROM remotes WHERE url = %s AND kind = %s AND name = %s", [url, kind, name])
+
+
+class PostgresBackend(Backend):
+    """A store in a PostgreSQL schema (see the module). ``create`` makes the schema where
+    there is none (``agentsession init``); an older schema version is refused until
+    ``agentsession migrate`` upgrades it, a newer one always."""
+
+    capabilities = Capabilities(persistent=True, packs=False, sweep=True, repair=True, migrate=True)
+    objects: PgObjects
+    sessions: PgSessions
+
+    def __init__(self, url: str, *, readonly: bool = False, create: bool = False):
+        self.url = url
+        self.readonly = readonly
+        self.db = Database(url)
+        try:
+            self.created = False
+            version = self.db.version()
+            if version is None and create and not readonly:
+                self.created = init_schema(self.db)
+                version = self.db.version()
+            check_version(self.db, version)
+        except BaseException:
+            self.db.close()
+            raise
+        self.objects = PgObjects(self)
+        self.sessions = PgSessions(self)
+        self.refs = PgRefs(self)
+        self.remotes = PgRemotes(self)
+
+    def describe(self) -> str:
+        return self.db.describe()
+
+    def require_writable(self) -> None:
+        if self.readonly:
+            raise ReadOnlyError(f"{self.describe()} is open read-only")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- maintenance ------------------------------------------------------------------
+
+    def retention_sources(self) -> Iterator[RetentionSource]:
+        rows = self.db.query(
+            "SELECT session, record, hash, content FROM log WHERE op IN ('append', 'create') ORDER BY session, pos"
+        )
+        current: int | None = None
+        records: list[dict[str, Any]] = []
+        contents: dict[str, str] = {}
+        for key, text, raw, content in rows:
+            if key != current:
+                if current is not None:
+                    yield RetentionSource(records, contents)
+                current, records, contents = key, [], {}
+            records.append(json.loads(text))
+            if raw is not None and content is not None:
+                contents[hash_name(bytes(raw))] = hash_name(bytes(content))
+        if current is not None:
+            yield RetentionSource(records, contents)
+        aside = self.db.query("SELECT session, kept, record FROM log_aside ORDER BY session, kept, pos")
+        groups: dict[tuple[int, Any], list[dict[str, Any]]] = {}
+        for key, kept, text in aside:
+            record = parse_record(text)
+            if not isinstance(record, str):
+                groups.setdefault((key, kept), []).append(record)
+        for records in groups.values():
+            yield RetentionSource(records)
+
+    def sweep_objects(
+        self, compute: Callable[[bool], Retained], *, grace: float, dry_run: bool, wait: float,
+        progress: Callable[[int, int], None] | None,
+    ) -> tuple[RepackResult, int, list[str], Retained]:
+        return sweep_objects(self, compute, grace=grace, dry_run=dry_run, progress=progress)
+
+    def fsck(self, store: Any, *, progress: Callable[[str], None] | None = None) -> Any:
+        """fsck's walk (called by :func:`agentsession_cas.maintenance.fsck.fsck`)."""
+        from .fsck import fsck_walk  # the domain's rules sit above the backends (as files/ does)
+
+        return fsck_walk(self, store, progress=progress)
+
+    def pack(self, **kwargs: Any) -> RepackResult:
+        """Nothing to pack: the database keeps its own storage. Says what it holds."""
+        return storage_report(self)
+
+
+def init_schema(db: Database) -> bool:
+    """Create the store's tables in one transaction (serialised with any other ``init``
+    by an advisory lock); False when another made them first."""
+    with db.conn() as c, c.transaction():
+        c.execute("SELECT pg_advisory_xact_lock(%s)", [db.lock_key("init")])
+        if c.execute("SELECT 1 FROM pg_namespace n JOIN pg_class r ON r.relnamespace = n.oid "
+                     "WHERE n.nspname = %s AND r.relname = 'meta'", [db.schema]).fetchone():
+            return False
+        quoted = sql.Identifier(db.schema).as_string(c)
+        for statement in create_statements(quoted):
+            c.execute(statement.encode())
+        c.execute("INSERT INTO meta (key, value) VALUES ('version', %s)", [str(SCHEMA_VERSION)])
+    return True
+
+
+def check_version(db: Database, version: int | None) -> None:
+    """Refuse a database holding no store, or a schema of another version."""
+    if version is None:
+        raise LayoutError(
+            f"no store at {db.public} (no schema {db.schema!r} with a store's tables); "
+            "create one with `agentsession init` or open_store(..., create=True)"
+        )
+    if version > SCHEMA_VERSION:
+        raise UnsupportedError(
+            f"{db.describe()} has schema version {version}; this release reads version {SCHEMA_VERSION}: upgrade agentsession-cas"
+        )
+    if version < SCHEMA_VERSION:
+        raise LayoutError(
+            f"{db.describe()} has schema version {version}, older than this release's {SCHEMA_VERSION}: "
+            "run `agentsession migrate` (it says what it will do first with --dry-run)"
+        )
+
+
+def migrate_store(url: str, *, dry_run: bool = False) -> MigrationPlan:
+    """Upgrade the schema of the store at ``url`` to this release's version, in one
+    transaction (``agentsession migrate``); ``dry_run`` says what it would run."""
+    db = Database(url)
+    try:
+        return migrate_schema(db, dry_run=dry_run)
+    finally:
+        db.close()

@@ -1,0 +1,119 @@
+"""fsck of a PostgreSQL store: every object read (decompressed) and re-hashed against its name,
+every log row and session row checked against the records they hold, the edges index
+against the envelopes, and then every session against the one rule set
+(:func:`agentsession_cas.maintenance.check.check_sessions`, as a store of any backend).
+
+Imported when fsck runs (:meth:`PostgresBackend.fsck`), as the file backend's walk is:
+it uses the domain (replay, the rules' walk), which sits above the backends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ...maintenance.check import check_sessions
+from ...store.state import replay
+from ..base import FsckReport
+from .objects import decode, envelope_parents, hash_name
+from .schema import SPACE_CODES
+
+if TYPE_CHECKING:
+    from . import PostgresBackend
+    from .database import Database
+
+__all__ = ["fsck_walk"]
+
+_SPACES = {code: space for space, code in SPACE_CODES.items()}
+
+
+def fsck_walk(backend: PostgresBackend, store: Any, *, progress: Callable[[str], None] | None = None) -> FsckReport:
+    db = backend.db
+    report = FsckReport(backend.describe())
+    if progress:
+        progress("re-hashing every object")
+    counts: dict[str, int] = {}
+    parents: set[tuple[bytes, bytes]] = set()  # what the edges index must hold
+    envelopes: set[bytes] = set()
+    with db.conn() as c, c.transaction(), c.cursor(name="fsck_objects") as cur:
+        cur.itersize = 500
+        cur.execute("SELECT space, hash, codec, data FROM objects")
+        for space, raw, codec, stored in cur:
+            raw, name, sp = bytes(raw), hash_name(bytes(raw)), _SPACES[space]
+            counts[sp] = counts.get(sp, 0) + 1
+            data = decode(int(codec), bytes(stored))
+            if data is None or hashlib.sha256(data).digest() != raw:
+                report.add("error", "corrupt-object", f"{sp} object {name} does not hash to its name",
+                           object=name, space=sp, file="objects")
+                continue
+            if space == 0:
+                envelopes.add(raw)
+                parents.update((p, raw) for p, _ in envelope_parents(data))
+    report.counts.update(objects=sum(counts.values()), **counts)
+    if progress:
+        progress("checking the edges index against the envelopes")
+    _check_edges(db, report, parents, envelopes)
+    if progress:
+        progress("checking the session and log rows")
+    _check_rows(db, report)
+    check_sessions(store, report, progress=progress)
+    return report
+
+
+def _check_edges(db: Database, report: FsckReport, wanted: set[tuple[bytes, bytes]], envelopes: set[bytes]) -> None:
+    """Every parent a sound envelope names has its edge; every edge names a held envelope."""
+    with db.conn() as c:
+        edges = {(bytes(p), bytes(ch)) for p, ch in c.execute("SELECT parent, child FROM edges").fetchall()}
+        held = {bytes(r[0]) for r in c.execute("SELECT hash FROM objects WHERE space = 0").fetchall()}
+    for parent, child in sorted(wanted - edges):
+        report.add("warning", "edges-missing", f"envelope {hash_name(child)} names parent {hash_name(parent)}, "
+                   "and the edges index lacks that row (an index of the envelopes: storing the envelope again restores it)", object=hash_name(child), file="edges")
+    for parent, child in sorted(edges - wanted):
+        if child not in held:
+            report.add("warning", "edges-orphan", f"edges row {hash_name(parent)} -> {hash_name(child)} names no held envelope",
+                       object=hash_name(child), file="edges")
+    report.counts["edges"] = len(edges)
+
+
+def _check_rows(db: Database, report: FsckReport) -> None:
+    """Each session's row against its log's rows, and each log row's columns against its record."""
+    with db.conn() as c:
+        sessions = c.execute('SELECT key, id, head, mark, last_pos FROM sessions ORDER BY id COLLATE "C"').fetchall()
+        orphans = c.execute("SELECT count(*) FROM log WHERE session NOT IN (SELECT key FROM sessions)").fetchone()[0]
+        log_records = 0
+        for key, sid, head, mark, last_pos in sessions:
+            rows = c.execute("SELECT pos, op, seq, hash, record FROM log WHERE session = %s ORDER BY pos", [key]).fetchall()
+            log_records += len(rows)
+            records = []
+            for want, (pos, op, seq, raw, text) in enumerate(rows, start=1):
+                where = {"session": sid, "file": "log", "line": pos}
+                if pos != want:
+                    report.add("error", "log-gap", f"session {sid}: log position {want} is missing (next is {pos})", **where)
+                try:
+                    record = json.loads(text)
+                except ValueError as exc:
+                    report.add("error", "log-record", f"session {sid}: log row {pos} is not a JSON record: {exc}", **where)
+                    continue
+                if not isinstance(record, dict) or record.get("op") != op:
+                    report.add("error", "log-row", f"session {sid}: log row {pos}'s op column {op!r} is not its record's", **where)
+                    continue
+                entry = record.get("entry")
+                if (raw is not None and hash_name(bytes(raw)) != entry) or (seq is not None and record.get("seq") != seq):
+                    report.add("error", "log-row", f"session {sid}: log row {pos}'s columns disagree with its record", **where)
+                records.append(record)
+            if len(rows) != last_pos:
+                report.add("error", "log-length", f"session {sid}: its row says {last_pos} log record(s), the log holds {len(rows)}",
+                           session=sid, file="sessions")
+            state = replay(records)
+            if state.head != head or state.mark != mark:
+                report.add("error", "session-row",
+                           f"session {sid}: its row says head {head or 'none'} and mark {mark}, its log says "
+                           f"head {state.head or 'none'} and mark {state.mark}", session=sid, file="sessions")
+    if orphans:
+        report.add("warning", "log-orphan", f"{orphans} log row(s) belong to no session (a deleted one's): they retain nothing",
+                   file="log")
+    report.counts["log_records"] = log_records
+
+

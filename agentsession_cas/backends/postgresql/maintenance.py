@@ -1,0 +1,184 @@
+"""fsck, sweep, pack and migrate on a PostgreSQL store: the physical half of what
+:mod:`agentsession_cas.maintenance` decides.
+
+- **sweep** decides over the objects older than the grace, read after the
+  sweep barrier (see :mod:`.objects`), then deletes the unretained ones in
+  small transactions of their own, each re-checking ``born``, so writers are
+  never blocked for longer than one batch's rows and an object a writer
+  freshened meanwhile stays. What a log names is retained by the domain's
+  rule; a fork made within the grace holds its prefix with one ``holds``
+  row (no row of the prefix rewritten), kept here by the same rule.
+  A write committed after the logs were read either wrote its objects (a
+  ``born`` after the barrier) or names entries some log read before held
+  (a fork needs its base held by a session or a prefix), so it loses
+  nothing.
+- **fsck** is :mod:`.fsck`.
+- **pack** has nothing to do: PostgreSQL keeps its own storage (TOAST
+  compresses objects over about 2 kB; autovacuum reclaims dead rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ...errors import AgentSessionError
+from ...format.canonical import loads
+from ...format.hashing import envelope_content
+from ...format.media import sidecar_names
+from ..base import RepackResult, Retained
+from .database import sql
+from .objects import hash_name
+from .schema import SCHEMA_VERSION, SPACE_CODES, MigrationPlan, plan_upgrade
+
+if TYPE_CHECKING:
+    from . import PostgresBackend
+    from .database import Database
+
+__all__ = ["storage_report", "sweep_objects", "plan_migration", "migrate_schema"]
+
+#: Rows a sweep deletes per transaction.
+SWEEP_BATCH = 500
+
+
+def sweep_objects(
+    backend: PostgresBackend, compute: Callable[[bool], Retained], *, grace: float, dry_run: bool,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[RepackResult, int, list[str], Retained]:
+    db = backend.db
+    with db.conn() as c:
+        with c.transaction():
+            # The barrier: every write that touched an object before now has committed
+            # (its log rows are read below); every later one stamps a younger ``born``.
+            c.execute("SELECT pg_advisory_xact_lock(%s)", [db.lock_key("sweep")])
+            cutoff = c.execute("SELECT clock_timestamp() - make_interval(secs => %s)", [grace]).fetchone()[0]
+        total, size = c.execute("SELECT count(*), coalesce(sum(octet_length(data)), 0) FROM objects").fetchone()
+        old = c.execute("SELECT space, hash, octet_length(data) FROM objects WHERE born < %s", [cutoff]).fetchall()
+        held = [b for (b,) in c.execute("SELECT base FROM holds WHERE at >= %s", [cutoff]).fetchall()]
+    blobs = any(space == SPACE_CODES["blobs"] for space, _, _ in old)
+    ret = compute(blobs)
+    retain_prefixes(backend, held, ret, blobs=blobs)  # forks made within the grace hold theirs
+    retained = {SPACE_CODES["entries"]: ret.envelopes, SPACE_CODES["contents"]: ret.contents, SPACE_CODES["blobs"]: ret.blobs}
+    drop = [(space, bytes(raw), n) for space, raw, n in old if hash_name(bytes(raw)) not in retained[space]]
+    result = RepackResult(dry_run=dry_run, loose_before=int(total), bytes_before=int(size))
+    removed = 0
+    removed_bytes = 0
+    names: set[str] = set()
+    for i in range(0, len(drop), SWEEP_BATCH):
+        batch = drop[i:i + SWEEP_BATCH]
+        if dry_run:
+            gone = [(s, r) for s, r, _ in batch]
+        else:
+            gone = []
+            with db.conn() as c, c.transaction():
+                for space in {s for s, _, _ in batch}:
+                    raws = [r for s, r, _ in batch if s == space]
+                    rows = c.execute(
+                        "DELETE FROM objects WHERE space = %s AND hash = ANY(%s) AND born < %s RETURNING hash",
+                        [space, raws, cutoff],
+                    ).fetchall()
+                    gone.extend((space, bytes(r[0])) for r in rows)
+                    if space == SPACE_CODES["entries"] and rows:
+                        c.execute("DELETE FROM edges WHERE child = ANY(%s)", [[bytes(r[0]) for r in rows]])
+        sizes = {(s, r): n for s, r, n in batch}
+        for key in gone:
+            removed += 1
+            removed_bytes += int(sizes[key])
+            names.add(hash_name(key[1]))
+        if progress:
+            progress(min(i + SWEEP_BATCH, len(drop)), len(drop))
+    if not dry_run:
+        with db.conn() as c:
+            c.execute("DELETE FROM holds WHERE at < %s", [cutoff])
+    kept = len(drop) - removed
+    if kept and not dry_run:
+        result.notes.append(f"{kept} object(s) were written or held again while the sweep ran, and were kept")
+    result.dropped = len(names)
+    result.dropped_names = sorted(names)
+    result.dropped_bytes = removed_bytes
+    result.objects = int(total) - removed
+    result.bytes_after = int(size) - removed_bytes
+    return result, int(total) - len(old), [], ret
+
+
+def retain_prefixes(backend: PostgresBackend, bases: list[str], ret: Retained, *, blobs: bool) -> None:
+    """Add to ``ret`` the prefixes root..base of ``bases`` (walking up until an envelope
+    already retained), their contents and, where the store holds blobs, the blobs those
+    name: the sweep's rule for a prefix (:func:`agentsession_cas.maintenance.sweep.retained`)."""
+    objects = backend.objects
+    for base in bases:
+        current: str | None = base
+        while current is not None and current not in ret.envelopes:
+            ret.envelopes.add(current)
+            try:
+                env = objects.get("entries", current)
+            except AgentSessionError:
+                break  # missing or corrupt: fsck's business
+            content = envelope_content(env)
+            if content is not None and content not in ret.contents:
+                ret.contents.add(content)
+                if blobs:
+                    try:
+                        ret.blobs.update(sidecar_names(objects.get("contents", content)))
+                    except AgentSessionError:
+                        pass
+            try:
+                parent = loads(env).get("parent")
+            except (ValueError, AttributeError):
+                break
+            current = parent if isinstance(parent, str) else None
+
+
+def storage_report(backend: PostgresBackend) -> RepackResult:
+    """``pack`` on this backend: nothing moves; the report says what the tables hold."""
+    rows = backend.db.query(
+        "SELECT count(*), coalesce(sum(octet_length(data)), 0), pg_total_relation_size('objects') FROM objects"
+    )
+    count, raw, on_disk = rows[0]
+    res = RepackResult(bytes_before=int(on_disk), bytes_after=int(on_disk))
+    res.notes.append(
+        f"{backend.describe()} keeps its own storage (TOAST compresses large objects, autovacuum reclaims "
+        f"space): nothing to pack; {int(count):,} objects of {int(raw):,} bytes take {int(on_disk):,} bytes with indexes"
+    )
+    return res
+
+
+# -- migrate -----------------------------------------------------------------------------
+
+
+def plan_migration(db: Database) -> MigrationPlan:
+    """What ``agentsession migrate`` would do to this database's store; writes nothing."""
+    found = db.version()
+    plan = MigrationPlan(db.public, found)
+    if found is None:
+        plan.status = "no-store"
+    elif found > SCHEMA_VERSION:
+        plan.status = "newer"
+    elif found < SCHEMA_VERSION:
+        with db.conn() as c:
+            quoted = sql.Identifier(db.schema).as_string(c)
+        plan.statements = plan_upgrade(found, quoted)
+        plan.status = "upgrade"
+    return plan
+
+
+def migrate_schema(db: Database, *, dry_run: bool = False) -> MigrationPlan:
+    """Upgrade the store's schema to this release's version in one transaction (a failed
+    step rolls all of it back); a dry run only plans. Serialised with any other migrate
+    or init by an advisory lock, and re-planned under it."""
+    plan = plan_migration(db)
+    if dry_run or plan.status != "upgrade":
+        if dry_run and plan.status == "upgrade":
+            plan.status = "dry-run"
+        return plan
+    with db.conn() as c, c.transaction():
+        c.execute("SELECT pg_advisory_xact_lock(%s)", [db.lock_key("init")])
+        row = c.execute("SELECT value FROM meta WHERE key = 'version' FOR UPDATE").fetchone()
+        if row is None or int(row[0]) != plan.found:
+            plan.status = "changed"
+            return plan
+        for statement in plan.statements:
+            c.execute(statement.encode())
+        c.execute("UPDATE meta SET value = %s WHERE key = 'version'", [str(SCHEMA_VERSION)])
+    plan.status = "migrated"
+    return plan

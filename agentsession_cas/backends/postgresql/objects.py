@@ -1,0 +1,340 @@
+"""Objects in the ``objects`` table, by space and hash, each verified when read.
+
+A put of an object already held freshens its ``born`` (what a sweep's grace
+counts from, as the file backend touches a file) and replaces a copy that no
+longer hashes to its name, so storing the sound bytes over a corrupt row
+repairs it, as it does a file. Every write transaction first takes the store's
+sweep barrier in shared mode (:meth:`PgObjects.barrier`): a sweep takes it
+exclusively for an instant before it reads the logs, so every write that
+touched an object before then is committed and visible to it, and every write
+after it stamps a ``born`` the sweep's cut-off excludes.
+
+Objects are stored compressed (a zstd frame, one per object) where that makes
+them smaller, since PostgreSQL's own TOAST compression only looks at rows over
+about 2 kB and most objects are smaller; every read decompresses and hashes
+what it returns against the name. A reader that walks a session's entries in
+order (a projection, an export) is served by a read-ahead: the first miss
+fetches the next entries of the order the session registered and their
+contents in two queries, and each is verified as it is served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import zstandard
+
+from ...errors import CorruptObjectError, NoSuchObjectError
+from ...format.canonical import loads
+from ...format.hashing import envelope_content
+from ..base import ObjectStore, Space
+from .schema import SPACE_CODES, sound
+
+if TYPE_CHECKING:
+    from . import PostgresBackend
+
+__all__ = ["PgObjects", "raw_hash", "hash_name", "envelope_parents", "encode", "decode", "copy_rows"]
+
+_PREFIX = "sha256:"
+_BATCH = 500
+#: Objects shorter than this are stored as they are (a frame would not pay).
+COMPRESS_FROM = 96
+#: Rows from which a write goes through COPY rather than one statement per row.
+COPY_FROM = 64
+#: Entries a read-ahead fetches at once (with their contents).
+READ_AHEAD = 1000
+_SOUND = sound("objects")
+
+_UPSERT = (
+    "INSERT INTO objects (space, hash, codec, sum, data) VALUES (%s, %s, %s, %s, %s) "
+    "ON CONFLICT (space, hash) DO UPDATE SET born = clock_timestamp(), "
+    f"codec = CASE WHEN {_SOUND} THEN objects.codec ELSE EXCLUDED.codec END, "
+    f"sum = CASE WHEN {_SOUND} THEN objects.sum ELSE EXCLUDED.sum END, "
+    f"data = CASE WHEN {_SOUND} THEN objects.data ELSE EXCLUDED.data END"
+)
+_codecs = threading.local()
+
+
+def _compressor() -> Any:
+    c = getattr(_codecs, "c", None)
+    if c is None:
+        c = _codecs.c = zstandard.ZstdCompressor(level=3)
+    return c
+
+
+def encode(raw: bytes, data: bytes) -> tuple[int, bytes, bytes]:
+    """(codec, stored bytes, their SHA-256) for an object named ``raw``. Bytes that do not
+    hash to their name (a corrupt put) are stored as they are, where the server sees it."""
+    if len(data) >= COMPRESS_FROM and hashlib.sha256(data).digest() == raw:
+        frame = _compressor().compress(data)
+        if len(frame) < len(data) - 16:
+            return 1, frame, hashlib.sha256(frame).digest()
+    return 0, data, hashlib.sha256(data).digest()
+
+
+def decode(codec: int, stored: bytes) -> bytes | None:
+    """The object's bytes from a row; None when they cannot be had (a damaged frame)."""
+    if codec == 0:
+        return stored
+    if codec == 1:
+        d = getattr(_codecs, "d", None)
+        if d is None:
+            d = _codecs.d = zstandard.ZstdDecompressor()
+        try:
+            return bytes(d.decompress(stored))
+        except zstandard.ZstdError:
+            return None
+    return None
+_EDGE = "INSERT INTO edges (parent, child, first) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+
+
+def copy_rows(conn: Any, target: str, types: list[str], rows: Iterable[Sequence[Any]]) -> None:
+    """``rows`` into ``target`` (a table and its columns) through one binary COPY."""
+    with conn.cursor() as cur, cur.copy(f"COPY {target} FROM STDIN (FORMAT BINARY)") as cp:
+        cp.set_types(types)
+        for row in rows:
+            cp.write_row(row)
+
+
+def raw_hash(name: str) -> bytes | None:
+    """The 32 bytes of a ``sha256:<hex>`` name, or None when it is not one."""
+    if len(name) != 71 or not name.startswith(_PREFIX):
+        return None
+    try:
+        raw = bytes.fromhex(name[7:])
+    except ValueError:
+        return None
+    return raw if name[7:].islower() or name[7:].isdigit() else None
+
+
+def hash_name(raw: bytes) -> str:
+    return _PREFIX + bytes(raw).hex()
+
+
+def envelope_parents(env: bytes) -> list[tuple[bytes, bool]]:
+    """The parents an envelope names, as raw hashes, each with whether it is the
+    ``parent`` (not one of ``parents``), for the edges index; nothing for bytes that are
+    not an envelope (a corrupt put)."""
+    try:
+        data = loads(env)
+    except (ValueError, UnicodeDecodeError):
+        return []
+    if not isinstance(data, dict):
+        return []
+    names: list[Any] = [data.get("parent")]
+    parents = data.get("parents")
+    if isinstance(parents, list):
+        names.extend(p.get("entry") for p in parents if isinstance(p, dict))
+    out: list[tuple[bytes, bool]] = []
+    for i, n in enumerate(names):
+        raw = raw_hash(n) if isinstance(n, str) else None
+        if raw is not None and all(raw != r for r, _ in out):
+            out.append((raw, i == 0))
+    return out
+
+
+def object_rows(
+    items: Iterable[tuple[Space, str, bytes]],
+) -> tuple[list[tuple[int, bytes, int, bytes, bytes]], list[tuple[bytes, bytes, bool]]]:
+    """The ``objects`` rows (space, hash, codec, sum, data) and ``edges`` rows (parent,
+    child, first) of some objects (a name that is no hash: NoSuchObjectError)."""
+    rows: dict[tuple[int, bytes], bytes] = {}  # one row per object: an upsert may not meet one twice
+    edges: dict[tuple[bytes, bytes], bool] = {}
+    for space, name, data in items:
+        raw = raw_hash(name)
+        if raw is None:
+            raise NoSuchObjectError(f"{name!r} is not an object name (sha256:<64 hex>)")
+        rows[(SPACE_CODES[space], raw)] = bytes(data)
+        if space == "entries":
+            edges.update(((p, raw), first) for p, first in envelope_parents(data))
+    out = []
+    for (code, raw), data in rows.items():
+        codec, stored, digest = encode(raw, data)
+        out.append((code, raw, codec, digest, stored))
+    return out, [(p, c, first) for (p, c), first in edges.items()]
+
+
+class PgObjects(ObjectStore):
+    def __init__(self, backend: PostgresBackend):
+        self.backend = backend
+        self.db = backend.db
+        self._order: dict[str, int] = {}
+        self._sequence: list[str] = []
+        self._ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
+        self._up_next: str | None = None
+        self._chain: list[str] = []
+        self._last = -1
+
+    def barrier(self, conn: Any) -> None:
+        """Inside a write transaction: the sweep barrier, shared (see the module)."""
+        conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", [self.db.lock_key("sweep")])
+
+    def write_rows(self, conn: Any, items: Iterable[tuple[Space, str, bytes]]) -> None:
+        """Store objects inside the caller's transaction (barrier taken): row by row for a
+        few, through COPY into a scratch table and one upsert for many (an import)."""
+        rows, edges = object_rows(items)
+        if len(rows) < COPY_FROM:
+            with conn.cursor() as cur:
+                if rows:
+                    cur.executemany(_UPSERT, rows)
+                if edges:
+                    cur.executemany(_EDGE, edges)
+            return
+        conn.execute("CREATE TEMPORARY TABLE IF NOT EXISTS incoming_objects "
+                     "(space smallint, hash bytea, codec smallint, sum bytea, data bytea) ON COMMIT DELETE ROWS")
+        conn.execute("CREATE TEMPORARY TABLE IF NOT EXISTS incoming_edges (parent bytea, child bytea, first boolean) "
+                     "ON COMMIT DELETE ROWS")
+        copy_rows(conn, "incoming_objects (space, hash, codec, sum, data)", ["int2", "bytea", "int2", "bytea", "bytea"], rows)
+        copy_rows(conn, "incoming_edges (parent, child, first)", ["bytea", "bytea", "bool"], edges)
+        conn.execute(_UPSERT.replace("VALUES (%s, %s, %s, %s, %s)", "SELECT * FROM incoming_objects"))
+        conn.execute("INSERT INTO edges (parent, child, first) SELECT * FROM incoming_edges ON CONFLICT DO NOTHING")
+
+    def get(self, space: Space, name: str) -> bytes:
+        raw = raw_hash(name)
+        row = self._ahead.pop((space, name), None)
+        if row is None and raw is not None:
+            if space == "entries" and (name == self._up_next or self._walks_forward(name)):
+                self._read_ahead(name, up=name == self._up_next)
+                row = self._ahead.pop((space, name), None)
+            if row is None:
+                rows = self.db.query("SELECT codec, data FROM objects WHERE space = %s AND hash = %s",
+                                     [SPACE_CODES[space], raw])
+                row = (int(rows[0][0]), bytes(rows[0][1])) if rows else None
+        if row is None:
+            raise NoSuchObjectError(f"no {space} object {name} in {self.backend.describe()}")
+        data = decode(*row)
+        if data is None or raw != hashlib.sha256(data).digest():
+            raise CorruptObjectError(
+                f"corrupt object: {space} object {name} does not hash to its name (in {self.where(space, name)})",
+                space=space, name=name, path=self.where(space, name),
+            )
+        if space == "entries":
+            self._served(name, data)
+        return data
+
+    # -- the read-ahead ------------------------------------------------------------------
+
+    def expect(self, order: Sequence[str]) -> None:
+        """The entries a reader is about to walk, in order (a session's log): a miss on
+        the first of them, or on the one after the last served, fetches it and the next
+        ones, with their contents."""
+        self._order = {eid: i for i, eid in enumerate(order)}
+        self._sequence = list(order)
+        self._ahead = {}
+        self._last = -1
+
+    def _walks_forward(self, name: str) -> bool:
+        at = self._order.get(name)
+        return at is not None and (at == 0 or at == self._last + 1)
+
+    def _served(self, name: str, envelope: bytes) -> None:
+        """Follow the walk an envelope served belongs to. Up the parents (a prefix, read
+        from the base): its parent is asked next, so a miss on that reads ahead up the
+        chain; and once the walk reaches the root, the chain read top down (the prefix's
+        entries, then the session's own) is the order expected next."""
+        at = self._order.get(name)
+        if at is not None:
+            self._last = at
+        if name != self._up_next:
+            self._chain = []
+        self._chain.append(name)
+        first = [p for p, is_parent in envelope_parents(envelope) if is_parent]
+        self._up_next = hash_name(first[0]) if first else None
+        if self._up_next is None and len(self._chain) > 1:
+            self.expect([*reversed(self._chain), *(e for e in self._sequence if e not in set(self._chain))])
+            self._chain = []
+
+    def _read_ahead(self, name: str, *, up: bool) -> None:
+        """Fetch ``name`` and the entries after it: its ancestors (up the ``parent``
+        edges) on a walk up, else the next of the expected order."""
+        if not up:
+            start = self._order[name]
+            chunk = [raw_hash(n) for n in self._sequence[start:start + READ_AHEAD]]
+        else:
+            rows = self.db.query(
+                "WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
+                "SELECT e.parent, up.n + 1 FROM up JOIN edges e ON e.child = up.h AND e.first WHERE up.n < %s) "
+                "SELECT h FROM up", [raw_hash(name), READ_AHEAD], binary=True)
+            chunk = [bytes(r[0]) for r in rows]
+        ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
+        contents: list[bytes] = []
+        for raw, codec, data in self.db.query(
+            "SELECT hash, codec, data FROM objects WHERE space = 0 AND hash = ANY(%b)", [chunk]
+        ):
+            row = (int(codec), bytes(data))
+            ahead[("entries", hash_name(bytes(raw)))] = row
+            env = decode(*row)
+            c = envelope_content(env) if env is not None else None
+            if c is not None and (craw := raw_hash(c)) is not None:
+                contents.append(craw)
+        if contents:
+            for raw, codec, data in self.db.query(
+                "SELECT hash, codec, data FROM objects WHERE space = 1 AND hash = ANY(%b)", [contents]
+            ):
+                ahead[("contents", hash_name(bytes(raw)))] = (int(codec), bytes(data))
+        self._ahead = ahead
+
+    def exists(self, space: Space, name: str) -> bool:
+        raw = raw_hash(name)
+        if raw is None:
+            return False
+        return bool(self.db.query("SELECT 1 FROM objects WHERE space = %s AND hash = %s", [SPACE_CODES[space], raw]))
+
+    def held(self, space: Space, name: str) -> bool:
+        return self.is_sound(space, name)
+
+    def put(self, space: Space, name: str, data: bytes, *, durable: bool = True) -> None:
+        self.backend.require_writable()
+        with self.db.conn() as c, c.transaction():
+            if not durable:
+                c.execute("SET LOCAL synchronous_commit TO off")
+            self.barrier(c)
+            self.write_rows(c, [(space, name, data)])
+
+    def put_many(self, items: Iterable[tuple[Space, str, bytes]], *, count: int | None = None) -> None:
+        self.backend.require_writable()
+        batch: list[tuple[Space, str, bytes]] = []
+        size = 0
+        for item in items:
+            batch.append(item)
+            size += len(item[2])
+            if len(batch) >= 4 * _BATCH or size >= 8 << 20:
+                self._put_batch(batch)
+                batch, size = [], 0
+        if batch:
+            self._put_batch(batch)
+
+    def _put_batch(self, batch: list[tuple[Space, str, bytes]]) -> None:
+        with self.db.conn() as c, c.transaction():
+            self.barrier(c)
+            self.write_rows(c, batch)
+
+    def hold(self, names: Iterable[tuple[Space, str]], *, written: set[str] = frozenset()) -> list[tuple[Space, str]]:  # type: ignore[assignment]
+        by_space: dict[Space, list[str]] = {}
+        for space, name in names:
+            by_space.setdefault(space, []).append(name)
+        if not by_space:
+            return []
+        missing: list[tuple[Space, str]] = []
+        with self.db.conn() as c, c.transaction():
+            self.barrier(c)
+            for space, wanted in by_space.items():
+                raws = [r for n in wanted if (r := raw_hash(n)) is not None]
+                rows = c.execute(
+                    "UPDATE objects SET born = clock_timestamp() WHERE space = %s AND hash = ANY(%s) "
+                    f"AND {_SOUND} RETURNING hash", [SPACE_CODES[space], raws]
+                ).fetchall()
+                found = {hash_name(bytes(r[0])) for r in rows}
+                missing.extend((space, n) for n in wanted if n not in found)
+        return missing
+
+    def names(self, space: Space) -> Iterator[str]:
+        rows = self.db.query("SELECT hash FROM objects WHERE space = %s", [SPACE_CODES[space]])
+        for (raw,) in rows:
+            yield hash_name(bytes(raw))
+
+    def where(self, space: Space, name: str) -> str:
+        return f"{self.backend.describe()}, table objects ({space})"

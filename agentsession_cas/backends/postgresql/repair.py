@@ -1,0 +1,168 @@
+"""Repair of a damaged session in a PostgreSQL store: its log rows rewritten from what can
+be proved, the damaged rows kept aside in ``log_aside``.
+
+The rules are the file backend's repair planner's, run unchanged over this
+session's rows (:class:`agentsession_cas.backends.files.repair._Planner`, which
+consults the one rule set): each row is spelled as a log line, a row that is no
+record as a line that does not read, and the session's row stands where the
+file backend reads its ``HEAD`` and ``mark`` index files. What the plan keeps is
+written in one transaction: the objects it recovered, the damaged rows copied to
+``log_aside``, the new rows, and the session's row, conditional on the log
+being as the plan read it. ``docs/repair.md`` states the rules; ``docs/postgresql.md``
+what differs here.
+
+It uses the domain (sessions, replay), so nothing in ``backends/`` imports it:
+:mod:`agentsession_cas.maintenance.repair` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ...errors import SessionDamagedError, StoreError
+from ...format.hashing import is_hash, sha256_ref
+from ...format.names import check_session_id
+from ...store.session import Session, parse_header
+from ...store.state import replay
+from ..base import Space
+from ..files.log import encode_record, read_log
+from ..files.repair import RepairReport, _build_log, _Planner, check_repairable
+from . import PostgresBackend
+from .objects import copy_rows
+from .sessions import LOG_COLUMNS, LOG_TYPES, log_rows, parse_record
+
+if TYPE_CHECKING:
+    from ...store.store import Store
+
+__all__ = ["plan_repair", "repair_session"]
+
+
+class _RowPlanner(_Planner):
+    """The file backend's planner, with the session's row for its index files."""
+
+    row_head: str | None = None
+    row_mark: str = ""
+
+    def head_index(self) -> str | None:
+        return self.row_head if isinstance(self.row_head, str) and is_hash(self.row_head) else None
+
+    def mark_index(self) -> tuple[str, str]:
+        if self.row_mark in ("record", "mirror"):
+            return self.row_mark, "from the session's row"
+        return "mirror", "the session's row says neither, so the safer mirror"
+
+
+def _backend(store: Store) -> PostgresBackend:
+    backend = store.backend
+    if not isinstance(backend, PostgresBackend):
+        raise StoreError(f"{store.describe()} is not a PostgreSQL store")
+    return backend
+
+
+def _as_log(texts: list[tuple[int, str]]) -> bytes:
+    """The rows as the file backend's log lines: a row that is no record as a line that
+    does not read (its text, newlines made spaces)."""
+    out = []
+    for _, text in texts:
+        record = parse_record(text)
+        if isinstance(record, str):
+            out.append(b"damaged-row " + text.replace("\n", " ").encode("utf-8", "replace") + b"\n")
+        else:
+            out.append(encode_record(record))
+    return b"".join(out)
+
+
+def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None] | None = None) -> RepairReport:
+    """What a repair of the session would keep, recover and drop; writes nothing."""
+    check_session_id(session_id)
+    backend = _backend(store)
+    with backend.db.conn() as c:
+        row, texts = backend.sessions.rows(c, session_id)
+    _, header_bytes, row_head, row_mark, _, _ = row
+    try:
+        probe = Session._open(store, session_id, writable=False)
+    except SessionDamagedError as exc:
+        why = exc.why
+    else:
+        probe.close()
+        report = RepairReport(
+            session=session_id, damaged=False, why="its log reads whole", kept=list(probe.log_order),
+            head=probe.head, mark=probe.mark, seq=probe.state.max_seq, head_note="as the log names it",
+            _kept_seqs=dict(probe.own),
+        )
+        if row_head != probe.head:
+            report.stale_indexes.append(("head", row_head, probe.head or ""))
+        if row_mark != probe.mark:
+            report.stale_indexes.append(("mark", row_mark, probe.mark))
+        return report
+    header_bytes = bytes(header_bytes)
+    header = parse_header(session_id, header_bytes)
+    planner = _RowPlanner(store, session_id, header, header_bytes, _as_log(texts), why, progress)
+    planner.row_head, planner.row_mark = row_head, row_mark
+    report = planner.run()
+    report._source = repr([(pos, text) for pos, text in texts]).encode()
+    return report
+
+
+def repair_session(
+    store: Store,
+    session_id: str,
+    *,
+    confirm: Callable[[RepairReport], bool] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> RepairReport:
+    """Repair a damaged session holding its advisory lock (see the module); a whole one is
+    left as it is, its row set to what its log says where they differ."""
+    check_repairable(store, session_id)
+    backend = _backend(store)
+    conn = backend.sessions.take(session_id)
+    try:
+        report = plan_repair(store, session_id, progress=progress)
+        if not report.damaged:
+            if report.stale_indexes:
+                conn.execute("UPDATE sessions SET head = %s, mark = %s WHERE id = %s",
+                             [report.head, report.mark, session_id])
+                report.indexes_fixed = True
+            return report
+        if confirm is not None and not confirm(report):
+            report.cancelled = True
+            return report
+        _write(backend, conn, session_id, report)
+        return report
+    finally:
+        backend.sessions.let_go(conn)
+
+
+def _write(backend: PostgresBackend, conn: Any, session_id: str, report: RepairReport) -> None:
+    """The plan, in one transaction, checked to replay to it before anything is kept."""
+    records = [r.data for r in read_log(_build_log(report, "log_aside")).records if r.op != "checkpoint"]
+    state = replay(records)
+    if [why for _, why in state.damage] or state.log_order != report.kept or (state.head, state.mark) != (report.head, report.mark):
+        raise StoreError(f"session {session_id} was not repaired: the log the repair built does not replay to the plan; "
+                         "nothing was changed (please report this)")
+    objects: dict[tuple[Space, str], bytes] = {(s, n): b for s, n, b in report._objects}
+    for data, payload in report._records:
+        if payload is not None:
+            content, envelope = payload
+            objects[("contents", sha256_ref(content))] = content
+            objects[("entries", str(data["entry"]))] = envelope
+    with conn.transaction():
+        backend.objects.barrier(conn)
+        row = conn.execute("SELECT key, last_pos FROM sessions WHERE id = %s FOR UPDATE", [session_id]).fetchone()
+        texts = conn.execute("SELECT pos, record FROM log WHERE session = %s ORDER BY pos", [row[0]]).fetchall()
+        if repr([(pos, text) for pos, text in texts]).encode() != report._source:
+            raise StoreError(f"session {session_id} was not repaired: its log changed while the repair read it")
+        key = int(row[0])
+        backend.objects.write_rows(conn, [(s, n, b) for (s, n), b in objects.items()])
+        kept = conn.execute(
+            "INSERT INTO log_aside (session, id, kept, pos, record) "
+            "SELECT session, %s, clock_timestamp(), pos, record FROM log WHERE session = %s RETURNING kept",
+            [session_id, key],
+        ).fetchone()
+        conn.execute("DELETE FROM log WHERE session = %s", [key])
+        copy_rows(conn, LOG_COLUMNS, LOG_TYPES, log_rows(key, 0, records))
+        conn.execute("UPDATE sessions SET last_pos = %s, head = %s, mark = %s, fence = fence + 1 WHERE key = %s",
+                     [len(records), state.head, state.mark, key])
+    report.repaired = True
+    report.damaged_log = f"table log_aside, session {session_id}, kept at {kept[0].isoformat() if kept else '?'}"

@@ -1,0 +1,185 @@
+"""The PostgreSQL store's tables, their version, and upgrading an older version in one transaction.
+
+A store is one PostgreSQL schema (``agentsession`` unless the URL's ``schema=``
+names another), so several stores can share a database. Its ``meta`` table
+says which version of the tables it holds; this release writes
+:data:`SCHEMA_VERSION`, opens nothing else, and upgrades an older version
+only when asked (``agentsession migrate``), running every step of
+:data:`UPGRADES` inside one transaction, so a failed upgrade leaves the
+older schema exactly as it was.
+
+Hashes are kept as their 32 raw bytes (``bytea``), not as ``sha256:<hex>``
+text: half the size in the tables and their indexes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SCHEMA_VERSION", "UPGRADES", "SPACE_CODES", "MigrationPlan", "create_statements", "plan_upgrade", "sound"]
+
+#: The version of the tables this release creates and reads.
+SCHEMA_VERSION = 1
+
+#: The three hash spaces, as the ``space`` column holds them.
+SPACE_CODES: dict[str, int] = {"entries": 0, "contents": 1, "blobs": 2}
+
+#: Statements that take version N to N + 1, keyed by N: each list runs inside the one
+#: transaction of an upgrade. Empty while version 1 is the only one there has been.
+UPGRADES: dict[int, list[str]] = {}
+
+
+def create_statements(schema: str) -> list[str]:
+    """The statements that create every table of a store in ``schema`` (quoted by the caller)."""
+    s = schema
+    return [
+        f"CREATE SCHEMA IF NOT EXISTS {s}",
+        f"CREATE TABLE {s}.meta (key text PRIMARY KEY, value text NOT NULL)",
+        # Objects of the three spaces, by space and hash. ``data`` is the object's bytes
+        # as ``codec`` says (0: as they are; 1: a zstd frame of them, where that is
+        # smaller), ``sum`` the SHA-256 of ``data`` as stored, so the server can check
+        # the stored bytes (the name is checked against the bytes by every reader); ``born``
+        # is when the object was last written or held (what a sweep's grace counts from).
+        f"""CREATE TABLE {s}.objects (
+            space smallint NOT NULL,
+            hash bytea NOT NULL,
+            codec smallint NOT NULL,
+            sum bytea NOT NULL,
+            data bytea NOT NULL,
+            born timestamptz NOT NULL DEFAULT clock_timestamp(),
+            PRIMARY KEY (space, hash))""",
+        # The values are compressed already: TOAST need not try again.
+        f"ALTER TABLE {s}.objects ALTER COLUMN data SET STORAGE EXTERNAL",
+        # The reverse index the parent hashes cannot give (RFC 0002 "edges"): every
+        # envelope stored adds a row per parent it names (``parent`` and ``parents``);
+        # ``first`` marks its ``parent``, which the index on ``child`` walks up by (a
+        # fork's prefix read in a few queries, not one per entry).
+        f"""CREATE TABLE {s}.edges (
+            parent bytea NOT NULL,
+            child bytea NOT NULL,
+            first boolean NOT NULL,
+            PRIMARY KEY (parent, child))""",
+        f"CREATE INDEX edges_up ON {s}.edges (child) INCLUDE (parent) WHERE first",
+        # One row per session incarnation: ``key`` is never reused, so a session deleted
+        # and made again is another row and another log. ``last_pos`` is the log's length
+        # (every write is a conditional update on it and on ``fence``, the token of the
+        # writer that holds the session, which only ever grows).
+        f"""CREATE TABLE {s}.sessions (
+            key bigserial PRIMARY KEY,
+            id text NOT NULL UNIQUE,
+            header bytea NOT NULL,
+            base text,
+            head text,
+            mark text NOT NULL CHECK (mark IN ('record', 'mirror')),
+            last_pos integer NOT NULL,
+            fence bigint NOT NULL DEFAULT 0,
+            holder text,
+            created timestamptz NOT NULL DEFAULT clock_timestamp())""",
+        # The per-session log: one row per record, in order (``pos``); the record's op,
+        # its entry's sequence number and hash, and the entry's content hash where the
+        # writer knew it, as columns for SQL and for a sweep; the record's JSON as written.
+        f"""CREATE TABLE {s}.log (
+            session bigint NOT NULL,
+            pos integer NOT NULL,
+            op text NOT NULL,
+            seq integer,
+            hash bytea,
+            content bytea,
+            record text NOT NULL,
+            PRIMARY KEY (session, pos))""",
+        # The rows of a log a repair replaced, kept aside (as the file backend keeps a
+        # damaged log file): a sweep still honours what they name.
+        f"""CREATE TABLE {s}.log_aside (
+            session bigint NOT NULL,
+            id text NOT NULL,
+            kept timestamptz NOT NULL,
+            pos integer NOT NULL,
+            record text NOT NULL,
+            PRIMARY KEY (session, kept, pos))""",
+        f"""CREATE TABLE {s}.refs (
+            name text PRIMARY KEY,
+            record text NOT NULL)""",
+        f"""CREATE TABLE {s}.remotes (
+            url text NOT NULL,
+            kind text NOT NULL,
+            name text NOT NULL,
+            record text NOT NULL,
+            PRIMARY KEY (url, kind, name))""",
+        # A fork's hold on its prefix (root..base), one row per fork made: a sweep keeps
+        # the prefix of every hold younger than its grace, as it keeps a touched file.
+        f"""CREATE TABLE {s}.holds (
+            id bigserial PRIMARY KEY,
+            base text NOT NULL,
+            at timestamptz NOT NULL DEFAULT clock_timestamp())""",
+        APPEND_FUNCTION.format(schema=s, sound=sound("objects")),
+    ]
+
+
+def sound(table: str) -> str:
+    """The server's test that a row of ``table`` is sound: its stored bytes hash to their
+    ``sum``, and raw bytes (codec 0) to the object's name. (Bytes that did not hash to
+    their name when stored are always stored raw, so the test finds them; a compressed
+    row's name is checked by the reader, after decompressing.)"""
+    return f"(sha256({table}.data) = {table}.sum AND ({table}.codec = 1 OR {table}.sum = {table}.hash))"
+
+
+#: An append as one statement (one round trip, its own transaction): the conditional
+#: update of the session's row (its fencing token and log length), then the objects, the
+#: edges and the log rows. False, with nothing written, when the row did not match.
+APPEND_FUNCTION = """CREATE FUNCTION {schema}.append_records(
+    p_key bigint, p_fence bigint, p_from integer, p_head text, p_mark text, p_lazy boolean, p_barrier bigint,
+    o_space smallint[], o_hash bytea[], o_codec smallint[], o_sum bytea[], o_data bytea[],
+    e_parent bytea[], e_child bytea[], e_first boolean[],
+    l_op text[], l_seq integer[], l_hash bytea[], l_content bytea[], l_record text[]) RETURNS boolean
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF p_lazy THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(p_barrier);
+    UPDATE sessions SET last_pos = p_from + cardinality(l_op), head = p_head, mark = p_mark
+     WHERE key = p_key AND fence = p_fence AND last_pos = p_from;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO objects (space, hash, codec, sum, data) SELECT * FROM unnest(o_space, o_hash, o_codec, o_sum, o_data)
+        ON CONFLICT (space, hash) DO UPDATE SET born = clock_timestamp(),
+            codec = CASE WHEN {sound} THEN objects.codec ELSE EXCLUDED.codec END,
+            sum = CASE WHEN {sound} THEN objects.sum ELSE EXCLUDED.sum END,
+            data = CASE WHEN {sound} THEN objects.data ELSE EXCLUDED.data END;
+    INSERT INTO edges (parent, child, first) SELECT * FROM unnest(e_parent, e_child, e_first) ON CONFLICT DO NOTHING;
+    INSERT INTO log (session, pos, op, seq, hash, content, record)
+        SELECT p_key, p_from + t.n, t.op, t.seq, t.hash, t.content, t.record
+          FROM unnest(l_op, l_seq, l_hash, l_content, l_record) WITH ORDINALITY AS t(op, seq, hash, content, record, n);
+    RETURN true;
+END
+$$"""
+
+
+@dataclass
+class MigrationPlan:
+    """What ``migrate`` would do to a store's schema: from which version to which, with
+    the statements it would run (all in one transaction)."""
+
+    url: str
+    found: int | None
+    target: int = SCHEMA_VERSION
+    statements: list[str] = field(default_factory=list)
+    status: str = "current"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"store": self.url, "found": self.found, "target": self.target, "status": self.status,
+                "statements": list(self.statements)}
+
+
+def plan_upgrade(found: int, schema: str) -> list[str]:
+    """The statements that take a schema of version ``found`` to :data:`SCHEMA_VERSION`,
+    with ``{schema}`` filled in; ValueError where a step is missing."""
+    out: list[str] = []
+    for version in range(found, SCHEMA_VERSION):
+        steps = UPGRADES.get(version)
+        if steps is None:
+            raise ValueError(f"no upgrade from schema version {version} to {version + 1}")
+        out.extend(step.format(schema=schema) for step in steps)
+    return out

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Benchmark: the PostgreSQL backend against the file backend, measured in the same run.
+
+Issue 13, "Figures". A PostgreSQL server of its own (tests/pg_server.py, with
+``fsync`` on, its data directory on the repository's filesystem, as the file
+stores are) and, on the same machine, the file backend:
+
+1. **durable appends/s with 16 writers**: 16 threads, each with its own store
+   handle and session, appending under sync policy ``always``; PostgreSQL's /
+   the file backend's. Target **>= 1**.
+2. **import** of the deterministic benchmark session (``bench_verify.generate``,
+   100,000 entries by default) through ``Store.import_bytes``: PostgreSQL's time
+   / the file backend's. Target **<= 2**.
+3. **export** of it (``projection()`` of a read-only snapshot): PostgreSQL's time /
+   the file backend's. Target **<= 1.5**.
+4. **size** of the session plus ``--forks`` forks (bases spread along its path,
+   5 to 20 own entries each, as ``bench_pack.py`` builds them): every table and
+   index of the store's schema (``pg_total_relation_size``, after a ``VACUUM``) /
+   the file store's directory after ``Store.pack()``. Target **<= 3**. Then the
+   objects' raw bytes are copied into tables left to PostgreSQL's own TOAST
+   compression (pglz, lz4, a lower ``toast_tuple_target``), so the numbers say
+   whether a compression setting would do what the backend's own does.
+
+A missed target is a measurement, not a failure: the exit status is 0 either
+way; 1 when an export does not give back the imported bytes or a store fails.
+
+Run: ``.venv/bin/python tests/bench/bench_postgresql.py [--quick | --entries N]
+[--forks N] [--appends N] [--only appends,import,size] [--keep]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+for p in (str(ROOT), str(HERE), str(HERE.parent)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import agentsession_cas  # noqa: E402
+import pg_server  # noqa: E402
+import psycopg  # noqa: E402
+from agentsession_cas import Header  # noqa: E402
+from agentsession_cas.backends.postgresql.database import parse_url  # noqa: E402
+from agentsession_cas.backends.postgresql.objects import decode  # noqa: E402
+from agentsession_cas.store import Store  # noqa: E402
+from agentsession_cas.store.url import open_store  # noqa: E402
+from bench_pack import CREATED, _body, fork_plan, resume_path  # noqa: E402
+from bench_verify import generate  # noqa: E402
+
+DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000
+DEFAULT_FORKS, QUICK_FORKS = 100, 10
+DEFAULT_APPENDS, QUICK_APPENDS = 200, 30  # per writer
+WRITERS = 16
+TARGET_APPENDS = 1.0
+TARGET_IMPORT = 2.0
+TARGET_EXPORT = 1.5
+TARGET_SIZE = 3.0
+BENCHES = ("appends", "import", "size")
+
+
+def say(*args: object) -> None:
+    print(*args, flush=True)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _du(path: str) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+    return total
+
+
+class Results:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, float, str, bool]] = []
+
+    def add(self, name: str, value: float, target: str, met: bool) -> None:
+        self.rows.append((name, value, target, met))
+        say(f"  RESULT {name}: {'MET' if met else 'NOT MET'} ({value:.3f}, target {target})")
+
+
+class BenchError(Exception):
+    pass
+
+
+def _sql(url: str, statement: str) -> list[tuple]:
+    conninfo, schema = parse_url(url)
+    with psycopg.connect(conninfo, autocommit=True) as c:
+        c.execute(f"SET search_path TO {schema}")
+        cur = c.execute(statement.encode())
+        return cur.fetchall() if cur.description is not None else []
+
+
+# ---------------------------------------------------------------------------
+# 1. durable appends with 16 writers
+
+
+def concurrent_appends(target: str, bodies: list[dict], per_writer: int) -> float:
+    """Durable appends per second, WRITERS threads each appending to its own session
+    through its own store handle (all started together)."""
+    stores = [open_store(target, sync="always") for _ in range(WRITERS)]
+    sessions = [st.create(Header.new(f"writer-{i:02d}-{os.getpid()}-{time.monotonic_ns()}", created_at=CREATED))
+                for i, st in enumerate(stores)]
+    start = threading.Barrier(WRITERS + 1)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            start.wait()
+            for j in range(per_writer):
+                r = sessions[i].append(bodies[(i * per_writer + j) % len(bodies)])
+                if not r.durable:
+                    raise BenchError("an append under 'always' was not durable")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(WRITERS)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    for st in stores:
+        st.close()
+    if errors:
+        raise BenchError(f"a writer failed: {errors[0]!r}")
+    return WRITERS * per_writer / seconds
+
+
+def bench_appends(files_root: str, pg_url: str, bodies: list[dict], per_writer: int, res: Results) -> None:
+    say(f"\n[1] durable appends/s, {WRITERS} writers x {per_writer} appends, each its own session")
+    Store.init(files_root).close()
+    f_rate = concurrent_appends(files_root, bodies, per_writer)
+    p_rate = concurrent_appends(pg_url, bodies, per_writer)
+    say(f"    files {f_rate:,.0f}/s, PostgreSQL {p_rate:,.0f}/s")
+    res.add("durable appends/s, PostgreSQL / files", p_rate / f_rate, f">= {TARGET_APPENDS}", p_rate / f_rate >= TARGET_APPENDS)
+
+
+# ---------------------------------------------------------------------------
+# 2, 3. import and export
+
+
+def _import(target: str, data: bytes) -> tuple[float, str]:
+    with open_store(target, sync="never") as st:
+        gc.collect()
+        t0 = time.perf_counter()
+        sid = st.import_bytes(data, source="<bench>").id
+        return time.perf_counter() - t0, sid
+
+
+def _export(target: str, sid: str) -> tuple[float, bytes]:
+    with open_store(target, readonly=True) as st:
+        gc.collect()
+        t0 = time.perf_counter()
+        snap = st.read(sid)
+        out = snap.projection()
+        snap.close()
+        return time.perf_counter() - t0, out
+
+
+def bench_import_export(files_root: str, pg_url: str, data: bytes, res: Results) -> str:
+    say(f"\n[2,3] import and export of the {len(data) / 1e6:.1f} MB session")
+    Store.init(files_root).close()
+    f_imp, sid = _import(files_root, data)
+    p_imp, sid2 = _import(pg_url, data)
+    if sid != sid2:
+        raise BenchError("the two stores imported different session ids")
+    f_exp, f_out = _export(files_root, sid)
+    p_exp, p_out = _export(pg_url, sid)
+    if f_out != data or p_out != data:
+        raise BenchError("an export did not give back the imported bytes")
+    say(f"    import: files {f_imp:.2f} s, PostgreSQL {p_imp:.2f} s; export: files {f_exp:.2f} s, PostgreSQL {p_exp:.2f} s "
+        "(both byte-identical to the file imported)")
+    res.add("import time, PostgreSQL / files", p_imp / f_imp, f"<= {TARGET_IMPORT}", p_imp / f_imp <= TARGET_IMPORT)
+    res.add("export time, PostgreSQL / files", p_exp / f_exp, f"<= {TARGET_EXPORT}", p_exp / f_exp <= TARGET_EXPORT)
+    return sid
+
+
+# ---------------------------------------------------------------------------
+# 4. size
+
+
+def _add_forks(target: str, plan) -> None:
+    with open_store(target, sync="never") as st:
+        for fid, base, own in plan:
+            f = st.create(Header.new(fid, created_at=CREATED, base=base))
+            for body in own:
+                f.append(body)
+            f.close()
+
+
+def _schema_bytes(url: str) -> int:
+    _, schema = parse_url(url)
+    _sql(url, "VACUUM ANALYZE")
+    rows = _sql(url, f"SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                     f"JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '{schema}' AND c.relkind = 'r'")
+    return int(rows[0][0])
+
+
+def _objects_variant(url: str, label: str, settings: list[str]) -> int:
+    """The objects' raw bytes (decompressed) copied into a table of (hash, data) with other
+    TOAST settings: its total size, to see what PostgreSQL's own compression would do."""
+    conninfo, schema = parse_url(url)
+    with psycopg.connect(conninfo, autocommit=True) as c:
+        c.execute(f"SET search_path TO {schema}")
+        c.execute("DROP TABLE IF EXISTS objects_variant")
+        c.execute("CREATE TABLE objects_variant (space smallint, hash bytea, data bytea, PRIMARY KEY (space, hash))")
+        for st in settings:
+            c.execute(st.format(table="objects_variant").encode())
+        rows = c.execute("SELECT space, hash, codec, data FROM objects").fetchall()
+        with c.cursor() as cur, cur.copy("COPY objects_variant (space, hash, data) FROM STDIN (FORMAT BINARY)") as cp:
+            cp.set_types(["int2", "bytea", "bytea"])
+            for space, raw, codec, data in rows:
+                cp.write_row((space, raw, decode(codec, bytes(data))))
+        c.execute("VACUUM ANALYZE objects_variant")
+        size = int(c.execute("SELECT pg_total_relation_size('objects_variant')").fetchone()[0])
+        c.execute("DROP TABLE objects_variant")
+    return size
+
+
+def bench_size(files_root: str, pg_url: str, entries: list, leaf: str, forks: int, seed: int, res: Results) -> None:
+    say(f"\n[4] size: the session + {forks} forks, PostgreSQL's tables / the file store packed")
+    path = resume_path(entries, leaf)
+    fork_src = generate(max(40, 20 * forks), seed + 1)[1]
+    bodies = [_body(e) for e in fork_src if e.type in ("item", "response")]
+    plan = fork_plan(path, forks, seed, bodies)
+    _add_forks(files_root, plan)
+    _add_forks(pg_url, plan)
+    with Store(files_root) as st:
+        st.pack()
+    f_size = _du(files_root)
+    p_size = _schema_bytes(pg_url)
+    count, stored, zstd = _sql(pg_url, "SELECT count(*), sum(octet_length(data)), count(*) FILTER (WHERE codec = 1) FROM objects")[0]
+    objects_size = int(_sql(pg_url, "SELECT pg_total_relation_size('objects')")[0][0])
+    say(f"    objects: {int(count):,}, {zstd:,} of them stored as zstd frames, {_mb(int(stored))} stored")
+    say(f"    files packed {_mb(f_size)}; PostgreSQL schema {_mb(p_size)} (objects table with its TOAST and indexes {_mb(objects_size)})")
+    res.add("size, PostgreSQL / files packed", p_size / f_size, f"<= {TARGET_SIZE}", p_size / f_size <= TARGET_SIZE)
+    say("    the same objects stored raw, left to PostgreSQL's TOAST compression (a table of space, hash, data):")
+    variants = [
+        ("pglz (the default)", []),
+        ("lz4", ["ALTER TABLE {table} ALTER COLUMN data SET COMPRESSION lz4"]),
+        ("pglz, toast_tuple_target=128", ["ALTER TABLE {table} SET (toast_tuple_target = 128)"]),
+    ]
+    for label, settings in variants:
+        try:
+            size = _objects_variant(pg_url, label, settings)
+        except psycopg.Error as exc:
+            say(f"      {label}: not available here ({' '.join(str(exc).split())[:120]})")
+            continue
+        say(f"      {label}: {_mb(size)} ({size / objects_size:.2f} x the objects table as this backend keeps it)")
+
+
+# ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help=f"{QUICK_ENTRIES:,} entries, {QUICK_FORKS} forks, "
+                      f"{QUICK_APPENDS} appends per writer")
+    size.add_argument("--entries", type=int, default=None, help=f"entries of the session (default {DEFAULT_ENTRIES:,})")
+    ap.add_argument("--forks", type=int, default=None, help=f"forks (default {DEFAULT_FORKS})")
+    ap.add_argument("--appends", type=int, default=None, help=f"appends per writer (default {DEFAULT_APPENDS})")
+    ap.add_argument("--seed", type=int, default=20260917, help="generator seed")
+    ap.add_argument("--only", default=",".join(BENCHES), help=f"comma-separated subset of {','.join(BENCHES)}")
+    ap.add_argument("--keep", action="store_true", help="keep the temp directory (and stop the server)")
+    args = ap.parse_args(argv)
+    q = args.quick
+    count = QUICK_ENTRIES if q else (args.entries or DEFAULT_ENTRIES)
+    forks = args.forks or (QUICK_FORKS if q else DEFAULT_FORKS)
+    per_writer = args.appends or (QUICK_APPENDS if q else DEFAULT_APPENDS)
+    benches = tuple(b.strip() for b in args.only.split(",") if b.strip())
+    bad = [b for b in benches if b not in BENCHES]
+    if bad:
+        ap.error(f"--only: unknown {', '.join(bad)}")
+    if "size" in benches and "import" not in benches:
+        ap.error("--only: size needs import (it measures the imported session and its forks)")
+    say(f"bench_postgresql: agentsession-cas {agentsession_cas.__version__}, Python {platform.python_version()}, "
+        f"psycopg {psycopg.__version__}, {platform.machine()}, {os.cpu_count()} CPUs (shared: times vary)")
+    base = ROOT / ".bench-tmp"
+    base.mkdir(exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="bench-postgresql-", dir=base)
+    os.chmod(tmp, 0o755)
+    server = pg_server.PgServer(durable=True, base=tmp)
+    version = _sql(server.store_url("x").replace("schema=x", "schema=public"), "SHOW server_version")[0][0]
+    say(f"PostgreSQL {version} with fsync on, data in {server.dir}; file stores in {tmp} (the same filesystem)")
+    res = Results()
+    try:
+        data, entries, leaf = generate(count, args.seed)
+        if "appends" in benches:
+            bodies = [_body(e) for e in entries[:2000] if e.type in ("item", "response")]
+            pg_url = server.store_url("appends")
+            open_store(pg_url, create=True).close()
+            bench_appends(os.path.join(tmp, "files-appends"), pg_url, bodies, per_writer, res)
+        if "import" in benches:
+            pg_url = server.store_url("session")
+            open_store(pg_url, create=True).close()
+            files_root = os.path.join(tmp, "files-session")
+            bench_import_export(files_root, pg_url, data, res)
+            if "size" in benches:
+                bench_size(files_root, pg_url, entries, leaf, forks, args.seed, res)
+    except BenchError as exc:
+        say(f"FAILED: {exc}")
+        return 1
+    finally:
+        server.remove()
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    say("\nsummary:")
+    for name, value, target, met in res.rows:
+        say(f"  {'MET    ' if met else 'NOT MET'} {name}: {value:.3f} (target {target})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,437 @@
+"""The PostgreSQL backend beyond the contract suite (which runs on it too, from
+contract_helpers.BACKENDS): its URL, schema version and migration, the transaction of an
+append and its commit durability, the writer's hold and fencing token, fsck, sweep, pack
+and repair on its rows, the command line, and exchange with file stores.
+
+Every test runs against the throwaway server of tests/pg_server.py, each in a schema of
+its own; the tests fail (never skip) where no server can be started.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pg_server
+import pytest
+from click.testing import CliRunner
+
+from agentsession_cas import Header, read_session_bytes
+from agentsession_cas.backends import SCHEMES, open_backend, store_url_kind
+from agentsession_cas.backends.postgresql import PostgresBackend, migrate_store, schema
+from agentsession_cas.backends.postgresql import maintenance as pg_maintenance
+from agentsession_cas.backends.postgresql.database import parse_url, public_url
+from agentsession_cas.errors import (
+    CorruptObjectError,
+    LayoutError,
+    NoSuchSessionError,
+    SessionDamagedError,
+    SessionLockedError,
+    StoreError,
+    UnsupportedError,
+)
+from agentsession_cas.exchange import operations as ex
+from agentsession_cas.maintenance.fsck import fsck
+from agentsession_cas.maintenance.repair import plan_repair, repair_session
+from agentsession_cas.store import Store
+from agentsession_cas.store.url import open_store
+from agentsession_cli.main import main
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture
+def url() -> str:
+    """The URL of a store no other test uses (a schema of its own), not yet created."""
+    return pg_server.fresh_schema("pg")
+
+
+@pytest.fixture
+def store(url: str):
+    st = open_store(url, create=True)
+    yield st
+    st.close()
+
+
+def sql(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """Run SQL in the store's schema, as an operator (or damage) would."""
+    import psycopg
+
+    conninfo, schema_name = parse_url(url)
+    with psycopg.connect(conninfo, autocommit=True) as c:
+        c.execute(f"SET search_path TO {schema_name}")
+        cur = c.execute(statement, params)
+        return cur.fetchall() if cur.description is not None else []
+
+
+def msg(text: str) -> dict[str, Any]:
+    return {"type": "item", "item": {"type": "message", "role": "user", "content": text}}
+
+
+def chain(st: Store, sid: str = "s1", n: int = 3) -> tuple[Any, list[str]]:
+    s = st.create(Header.new(sid))
+    return s, [s.append(msg(f"{sid} {i}")).id for i in range(n)]
+
+
+def run(argv: list[str], url: str) -> Any:
+    return CliRunner().invoke(main, argv, env={"AGENTSESSION_STORE": url}, catch_exceptions=False)
+
+
+# -- the URL and the schema -----------------------------------------------------------------
+
+
+def test_scheme_is_served_and_spelled_both_ways(url):
+    assert "postgresql" in SCHEMES
+    assert store_url_kind(url) == ("postgresql", url)
+    other = url.replace("postgresql://", "postgres://", 1)
+    assert store_url_kind(other) == ("postgresql", other)
+    backend = open_backend(other, create=True)
+    try:
+        assert isinstance(backend, PostgresBackend) and backend.created
+    finally:
+        backend.close()
+
+
+def test_url_schema_member_is_ours_and_checked():
+    conninfo, name = parse_url("postgresql://u:secret@db.example:5433/cas?sslmode=require&schema=team_a")
+    assert name == "team_a" and "schema" not in conninfo and "sslmode=require" in conninfo
+    assert parse_url("postgresql:///cas")[1] == "agentsession"
+    assert public_url("postgresql://u:secret@h/db") == "postgresql://u:***@h/db"
+    with pytest.raises(UnsupportedError, match="schema="):
+        parse_url("postgresql:///cas?schema=Bad-Name")
+
+
+def test_no_store_is_a_layout_error_until_init(url):
+    with pytest.raises(LayoutError, match="agentsession init"):
+        open_store(url)
+    st = open_store(url, create=True)
+    st.close()
+    open_store(url, readonly=True).close()
+
+
+def test_unreachable_server_is_a_store_error(tmp_path):
+    with pytest.raises(StoreError, match="cannot connect"):
+        open_store(f"postgresql://nobody@/nowhere?host={tmp_path}")
+
+
+def test_newer_schema_is_refused_and_older_asks_for_migrate(store, url):
+    sql(url, "UPDATE meta SET value = %s WHERE key = 'version'", [str(schema.SCHEMA_VERSION + 1)])
+    with pytest.raises(UnsupportedError, match="upgrade agentsession-cas"):
+        open_store(url)
+    sql(url, "UPDATE meta SET value = %s WHERE key = 'version'", [str(schema.SCHEMA_VERSION - 1)])
+    with pytest.raises(LayoutError, match="agentsession migrate"):
+        open_store(url)
+
+
+def test_migrate_upgrades_in_one_transaction_and_says_so_first(store, url, monkeypatch):
+    """An older schema (version N-1, with an upgrade step) is planned by a dry run, which
+    changes nothing, and upgraded by migrate; a step that fails rolls every step back."""
+    old = schema.SCHEMA_VERSION - 1
+    monkeypatch.setitem(schema.UPGRADES, old, ["CREATE TABLE {schema}.added (x integer)", "INSERT INTO {schema}.added VALUES (1)"])
+    sql(url, "UPDATE meta SET value = %s WHERE key = 'version'", [str(old)])
+    plan = migrate_store(url, dry_run=True)
+    assert plan.status == "dry-run" and plan.found == old and len(plan.statements) == 2
+    assert not sql(url, "SELECT 1 FROM pg_tables WHERE tablename = 'added' AND schemaname = current_schema()")
+    # A failing step: nothing of the upgrade is left, the version is still the old one.
+    monkeypatch.setitem(schema.UPGRADES, old, ["CREATE TABLE {schema}.added (x integer)", "SELECT 1 / 0"])
+    with pytest.raises(StoreError, match="division by zero"):
+        migrate_store(url)
+    assert sql(url, "SELECT value FROM meta WHERE key = 'version'") == [(str(old),)]
+    assert not sql(url, "SELECT 1 FROM pg_tables WHERE tablename = 'added' AND schemaname = current_schema()")
+    monkeypatch.setitem(schema.UPGRADES, old, ["CREATE TABLE {schema}.added (x integer)", "INSERT INTO {schema}.added VALUES (1)"])
+    r = run(["migrate", "--dry-run"], url)
+    assert r.exit_code == 0 and "CREATE TABLE" in r.output and "dry run" in r.output
+    r = run(["migrate"], url)
+    assert r.exit_code == 0 and f"from schema version {old} to {schema.SCHEMA_VERSION}" in r.output, r.output
+    assert sql(url, "SELECT x FROM added") == [(1,)]
+    open_store(url).close()
+    r = run(["migrate", "--json"], url)
+    assert json.loads(r.output)["status"] == "current"
+
+
+def test_cli_init_creates_then_finds(url):
+    r = run(["init", "--json"], url)
+    assert r.exit_code == 0 and json.loads(r.output)["created"] is True
+    r = run(["init"], url)
+    assert r.exit_code == 0 and r.output.startswith("found store at postgresql://"), r.output
+    r = run(["import", str(FIXTURES / "branches.jsonl")], url)
+    assert r.exit_code == 0, r.output
+    sid = r.output.strip()
+    r = run(["export", sid], url)
+    assert r.stdout_bytes == (FIXTURES / "branches.jsonl").read_bytes()
+
+
+# -- the append's transaction and durability ---------------------------------------------
+
+
+class Recorder:
+    """A connection proxy that notes the statements a handle sends, with their
+    parameters (and sends them)."""
+
+    def __init__(self, conn: Any):
+        self._conn = conn
+        self.calls: list[tuple[str, Any]] = []
+
+    def execute(self, statement: Any, params: Any = None, *args: Any, **kw: Any) -> Any:
+        self.calls.append((statement if isinstance(statement, str) else repr(statement), params))
+        return self._conn.execute(statement, params, *args, **kw)
+
+    def appends(self) -> list[bool]:
+        """For each write the handle sent: whether it asked for an asynchronous commit."""
+        return [params[5] for text, params in self.calls if "append_records" in text]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def test_lazy_append_commits_asynchronously_and_commit_waits(url):
+    """sync 'never': an append is one transaction with synchronous_commit off and no commit
+    record; commit() writes the commit record synchronously (flushing the WAL before it)."""
+    st = open_store(url, create=True, sync="never")
+    try:
+        s = st.create(Header.new("s1"))
+        rec = Recorder(s.log.conn)
+        s.log.conn = rec
+        r = s.append(msg("lazy"))
+        assert not r.durable and rec.appends() == [True]
+        assert sql(url, "SELECT op FROM log ORDER BY pos")[-1] == ("append",)
+        s.commit()
+        assert rec.appends() == [True, False]
+        assert sql(url, "SELECT op FROM log ORDER BY pos")[-1] == ("commit",)
+        d = s.append(msg("durable"), durable=True)
+        assert d.durable and rec.appends() == [True, False, False]
+        assert [op for (op,) in sql(url, "SELECT op FROM log ORDER BY pos")][-2:] == ["append", "commit"]
+    finally:
+        st.close()
+
+
+def test_the_append_function_sets_asynchronous_commit_for_its_own_transaction_only(store, url):
+    """What a lazy write asks of the server: synchronous_commit off inside its own
+    transaction, and the connection's setting (on) untouched after it."""
+    s, _ = chain(store, n=1)
+    conn = s.log.conn
+    key, last_pos = sql(url, "SELECT key, last_pos FROM sessions")[0]
+    assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+    with conn.transaction(force_rollback=True):
+        conn.execute("SELECT append_records(%s::bigint, %s::bigint, %s::integer, NULL, 'record', true, 0, "
+                     "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')", [key, s.log.fence, last_pos])
+        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+    assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+
+
+def test_append_is_one_transaction_with_its_objects_and_head(store, url):
+    s, ids = chain(store, n=2)
+    rows = sql(url, "SELECT s.head, s.last_pos, count(l.*) FROM sessions s JOIN log l ON l.session = s.key GROUP BY s.key")
+    assert rows == [(ids[-1], rows[0][1], rows[0][1])]
+    # A write that fails leaves nothing: the fence moved (another writer), the append refused.
+    sql(url, "UPDATE sessions SET fence = fence + 1")
+    before = sql(url, "SELECT count(*) FROM log")
+    with pytest.raises(SessionLockedError, match="another writer took the session"):
+        s.append(msg("lost hold"))
+    assert sql(url, "SELECT count(*) FROM log") == before
+    assert sql(url, "SELECT head FROM sessions") == [(ids[-1],)]
+
+
+def test_second_writer_is_refused_and_a_dropped_connection_frees_the_hold(store, url):
+    s, ids = chain(store)
+    other = open_store(url)
+    try:
+        with pytest.raises(SessionLockedError):
+            other.session("s1")
+        snap = other.read("s1")  # a reader takes no hold
+        assert snap.log_order == ids
+        snap.close()
+        # The holder's connection dies (a killed process, a network cut): the server lets
+        # go (the terminate waits for the backend to end), and the next writer's token fences
+        # the old handle out.
+        sql(url, "SELECT pg_terminate_backend(pid, 30000) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+        s2 = other.session("s1")
+        assert s2.append(msg("second writer")).outcome == "continued"
+        with pytest.raises(StoreError):
+            s.append(msg("first writer, after losing the hold"))
+        assert other.read("s1").log_order == ids + [s2.head]
+    finally:
+        other.close()
+
+
+def test_deleted_session_refuses_its_old_handle(store, url):
+    s, _ = chain(store)
+    other = open_store(url)
+    try:
+        s.close()
+        other.delete("s1")
+    finally:
+        other.close()
+    with pytest.raises(NoSuchSessionError):
+        store.read("s1")
+
+
+# -- objects, fsck, sweep, pack, repair ----------------------------------------------------
+
+
+def test_object_corrupted_in_the_table_is_never_served_and_fsck_names_it(store, url):
+    s, ids = chain(store)
+    env = store.objects.get("entries", ids[1])
+    env_hash = bytes.fromhex(ids[1][7:])
+    sql(url, "UPDATE objects SET data = 'x' || data WHERE space = 0 AND hash = %s", [env_hash])
+    with pytest.raises(CorruptObjectError):
+        store.entry(ids[1])
+    assert not store.objects.held("entries", ids[1])
+    report = fsck(store)
+    assert not report.ok
+    walk = [p.object for p in report.errors if p.code == "corrupt-object" and p.file == "objects"]
+    assert walk == [ids[1]]  # the table's re-hash; the session's check names it too
+    assert any(p.session == "s1" for p in report.errors)
+    store.objects.put("entries", ids[1], env)  # storing the sound bytes again repairs the row
+    assert store.entry(ids[1]).id == ids[1]
+    assert fsck(store).ok
+
+
+def test_fsck_checks_rows_against_the_log_and_the_edges(store, url):
+    s, ids = chain(store)
+    s.close()
+    assert fsck(store).ok
+    sql(url, "UPDATE sessions SET head = %s", [ids[0]])
+    sql(url, "DELETE FROM edges WHERE child = %s", [bytes.fromhex(ids[2][7:])])
+    sql(url, "UPDATE log SET op = 'head' WHERE pos = 2")
+    report = fsck(store)
+    codes = {p.code for p in report.problems}
+    assert {"session-row", "log-row", "edges-missing"} <= codes, report.as_dict()
+    assert not report.ok
+
+
+def test_sweep_drops_unretained_objects_in_batches_and_keeps_the_rest(store, url, monkeypatch):
+    monkeypatch.setattr(pg_maintenance, "SWEEP_BATCH", 2)
+    s, kept = chain(store, "keep", 2)
+    d, gone = chain(store, "gone", 3)
+    blob = store.put_blob(b"unnamed media")
+    d.close()
+    store.delete("gone")
+    assert store.sweep(grace=3600).repack.dropped == 0  # nothing old enough
+    dry = store.sweep(grace=0, dry_run=True)
+    assert dry.repack.dropped == 7 and store.objects.exists("entries", gone[0])
+    res = store.sweep(grace=0)
+    assert res.repack.dropped == 7 and blob in res.repack.dropped_names
+    assert not any(store.objects.exists("entries", e) for e in gone)
+    assert all(store.entry(e).id == e for e in kept)
+    assert not sql(url, "SELECT 1 FROM edges WHERE child = ANY(%s)", [[bytes.fromhex(e[7:]) for e in gone]])
+    assert fsck(store).ok
+
+
+def test_sweep_keeps_an_object_written_again_while_it_decides(store):
+    """The race a sweep must lose: an unretained object written again (freshened) after the
+    sweep's snapshot and before its delete stays, however short the grace."""
+    name = store.put_blob(b"about to be named again")
+    backend = store.backend
+
+    def compute(holds_blobs: bool):
+        from agentsession_cas.maintenance.sweep import retained
+
+        out = retained(store, backend.retention_sources(), blobs=holds_blobs)
+        store.objects.put("blobs", name, b"about to be named again")  # a writer, meanwhile
+        return out
+
+    res, _, _, _ = backend.sweep_objects(compute, grace=0, dry_run=False, wait=0, progress=None)
+    assert res.dropped == 0 and store.objects.exists("blobs", name)
+    assert any("written or held again" in n for n in res.notes)
+
+
+def test_a_fork_holds_its_prefix_for_the_grace_with_one_row(store, url):
+    """Making a fork writes one hold, not one row per prefix object; a sweep keeps the
+    prefix of a hold younger than its grace after every session naming it is gone."""
+    s, ids = chain(store, "src", 3)
+    s.close()
+    born = sql(url, "SELECT xmin::text FROM objects ORDER BY space, hash")
+    f = store.create(Header.new("fork", base=ids[1]))
+    f.close()
+    assert sql(url, "SELECT xmin::text FROM objects ORDER BY space, hash") == born  # no row rewritten
+    store.delete("fork")
+    store.delete("src")
+    res = store.sweep(grace=3600)
+    assert res.repack.dropped == 0
+    res = store.sweep(grace=0)
+    assert res.repack.dropped == 6 and not sql(url, "SELECT 1 FROM holds")
+
+
+def test_pack_says_the_database_keeps_its_own_storage(store):
+    chain(store)
+    res = store.pack()
+    assert res.ok and res.objects == 0 and res.bytes_after > 0
+    assert "keeps its own storage" in res.notes[0]
+
+
+def test_repair_rewrites_damaged_rows_and_keeps_them_aside(store, url):
+    s, ids = chain(store, n=4)
+    s.close()
+    sql(url, "UPDATE log SET record = '{not json' WHERE pos = 3")  # the second append's row
+    with pytest.raises(SessionDamagedError, match="log row 3"):
+        store.read("s1")
+    assert not fsck(store).ok
+    plan = plan_repair(store, "s1")
+    assert plan.damaged and not plan.repaired
+    assert sql(url, "SELECT count(*) FROM log_aside") == [(0,)]
+    report = repair_session(store, "s1")
+    assert report.repaired and "log_aside" in (report.damaged_log or "")
+    snap = store.read("s1")
+    assert set(snap.log_order) <= set(ids) and ids[0] in snap.log_order
+    read_session_bytes(snap.projection()).raise_for_problems()
+    snap.close()
+    assert sql(url, "SELECT count(*) FROM log_aside")[0][0] > 0
+    assert fsck(store).ok
+    # the session takes writes again
+    w = store.session("s1")
+    assert w.append(msg("after repair")).outcome == "continued"
+
+
+def test_repair_of_a_whole_session_sets_a_stale_row_to_its_log(store, url):
+    s, ids = chain(store)
+    s.close()
+    sql(url, "UPDATE sessions SET mark = 'mirror'")
+    report = repair_session(store, "s1")
+    assert not report.damaged and report.indexes_fixed
+    assert sql(url, "SELECT mark FROM sessions") == [("record",)]
+
+
+# -- exchange with file stores ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["basic", "branches", "extensions", "fork-origin"])
+def test_import_export_byte_identical_with_a_file_store(store, tmp_path, name):
+    data = (FIXTURES / f"{name}.jsonl").read_bytes()
+    files = Store.init(tmp_path / "files")
+    try:
+        sid = store.import_bytes(data).id
+        fsid = files.import_bytes(data).id
+        assert sid == fsid
+        pg_bytes = store.read(sid).projection()
+        assert pg_bytes == files.read(fsid).projection() == data
+    finally:
+        files.close()
+
+
+def test_push_and_fetch_between_postgresql_and_files_both_ways(store, url, tmp_path):
+    s, ids = chain(store, n=3)
+    files_path = tmp_path / "files"
+    Store.init(files_path).close()
+    ex.push(store, str(files_path), "s1")
+    files = Store(files_path)
+    try:
+        assert files.read("s1").head == ids[-1]
+        assert files.read("s1").projection() == store.read("s1").projection()
+        # a session recorded in the file store, fetched into PostgreSQL and pushed back
+        f, fids = chain(files, "f1", 2)
+        f.close()
+    finally:
+        files.close()
+    ex.fetch(store, str(files_path), "f1")
+    assert store.read("f1").log_order == fids
+    # and the file store pushes to the PostgreSQL store by its URL
+    files = Store(files_path)
+    try:
+        g, _ = chain(files, "g1", 2)
+        g.close()
+        ex.push(files, url, "g1")
+        assert store.read("g1").projection() == files.read("g1").projection()
+    finally:
+        files.close()
