@@ -7,6 +7,7 @@ open a writing store and close it, which commits, before they print.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import sys
@@ -30,7 +31,7 @@ from agentsession_cas.format.entry import Header, short_id
 from agentsession_cas.format.links import fork_of_link
 from agentsession_cas.format.names import check_session_id
 from agentsession_cas.store import Session, Store, default_store_path
-from agentsession_cas.store.names import REF_PREFIX, resolve_entry, resolve_session
+from agentsession_cas.store.names import REF_PREFIX, resolve_entry, resolve_object, resolve_session
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store, store_url_kind
 
@@ -600,12 +601,23 @@ def head(session_id: str, new: str | None, expected: str | None, as_json: bool) 
 @click.command("cat-object")
 @click.argument("name", metavar="HASH")
 @click.option("-t", "show_space", is_flag=True, help="Print the object's space (entries, contents, blobs) instead.")
-def cat_object(name: str, show_space: bool) -> None:
-    """Print an object's bytes, verified against its name (sha256:<64 hex>)."""
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {object, space, size, json} (an envelope or content parsed) or {..., base64} (a blob).")
+def cat_object(name: str, show_space: bool, as_json: bool) -> None:
+    """Print an object's bytes, verified against its name (sha256:<64 hex>, or a unique prefix of 4+ hex digits)."""
     if _HEX64.fullmatch(name):
         name = "sha256:" + name
-    space, data = read_store().cat_object(name)
-    if show_space:
+    store = read_store()
+    name = resolve_object(store, name)
+    space, data = store.cat_object(name)
+    if as_json:
+        out: dict[str, Any] = {"object": name, "space": space, "size": len(data)}
+        if space == "blobs":
+            out["base64"] = base64.b64encode(data).decode("ascii")
+        else:
+            out["json"] = loads(data)  # envelopes and contents are canonical JSON, verified above
+        emit_json(out)
+    elif show_space:
         echo(space)
     else:
         write_bytes(data)

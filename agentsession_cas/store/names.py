@@ -15,7 +15,15 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..errors import AmbiguousNameError, BadNameError, NoSuchEntryError, NoSuchRefError, NoSuchSessionError
+from ..backends.base import SPACES
+from ..errors import (
+    AmbiguousNameError,
+    BadNameError,
+    NoSuchEntryError,
+    NoSuchObjectError,
+    NoSuchRefError,
+    NoSuchSessionError,
+)
 from ..format.hashing import is_hash
 from ..format.names import check_session_id
 from .refs import Refs
@@ -24,7 +32,7 @@ if TYPE_CHECKING:
     from .session import Session
     from .store import Store
 
-__all__ = ["MIN_ENTRY_PREFIX", "REF_PREFIX", "resolve_session", "resolve_entry"]
+__all__ = ["MIN_ENTRY_PREFIX", "REF_PREFIX", "resolve_session", "resolve_entry", "resolve_object"]
 
 #: The fewest hex digits an entry prefix may have (as git's short ids).
 MIN_ENTRY_PREFIX = 4
@@ -76,6 +84,26 @@ def resolve_entry(session: Session, name: str) -> str:
     if found:
         return _the_one(name, found, f"entries of session {session.id}")
     raise NoSuchEntryError(f"no entry of session {session.id} starts with {name}")
+
+
+def resolve_object(store: Store, name: str) -> str:
+    """The name of the object ``name`` names: a full ``sha256:`` name, or a unique prefix
+    of at least :data:`MIN_ENTRY_PREFIX` hex digits among every object the store holds,
+    in any space (as ``git cat-file`` takes a short id). Looking a prefix up reads the
+    names of every object (packs' indexes and loose fan-out directories)."""
+    if is_hash(name):
+        return name
+    digits = name[len("sha256:"):] if name.startswith("sha256:") else name
+    if len(digits) < MIN_ENTRY_PREFIX or not _HEX.fullmatch(digits):
+        raise BadNameError(
+            f"{name!r} is not an object name nor a prefix of one ({MIN_ENTRY_PREFIX} to 64 lowercase hex digits, "
+            "with or without sha256:)"
+        )
+    want = "sha256:" + digits
+    found = sorted({n for space in SPACES for n in store.objects.names(space) if n.startswith(want)})
+    if found:
+        return _the_one(name, found, f"objects in {store.describe()}")
+    raise NoSuchObjectError(f"no object in {store.describe()} starts with {name}")
 
 
 def _held(session: Session) -> Iterable[str]:
