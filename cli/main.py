@@ -34,7 +34,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "create": ("store_commands", 'Create a session (a record) and print its id.'),
     "append": ("store_commands", 'Append one entry, given as a JSON object on stdin, and print its id.'),
     "head": ("store_commands", "Print a session's head (nothing when it has none), or move it with NEW --expect OLD."),
-    "cat-object": ("store_commands", "Print an object's bytes, verified against its name (sha256:<64 hex>)."),
+    "cat-object": ("store_commands", "Print an object's bytes, verified against its name (sha256:<64 hex>, or a unique prefix of 4+ hex digits)."),
     "delete": ("store_commands", 'Delete a session (its objects stay; other sessions may share them).'),
     "rev-parse": ("store_commands", "Print the session id a name resolves to (and an entry's full id)."),
     "pack": ("maintenance_commands", 'Move every loose object and every pack into one new pack, recompressed.'),
@@ -99,6 +99,10 @@ class App(click.Group):
         module = importlib.import_module(f".{LAZY_COMMANDS[cmd_name][0]}", __package__)
         for command in module.COMMANDS:
             if command.name == cmd_name:
+                if ctx.resilient_parsing:  # completing: session ids and ref names where they go
+                    from .completion import attach
+
+                    attach(command)
                 return command
         raise RuntimeError(f"{module.__name__} does not define the command {cmd_name!r}")
 
