@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -395,7 +396,9 @@ def _summary(report: VerifyReport) -> str:
 @click.command()
 @click.argument("file", metavar="[FILE|ID]", required=False, type=click.Path(dir_okay=True, readable=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def verify(file: str | None, as_json: bool) -> None:
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status says (0 sound, 1 not).")
+@click.option("-v", "--verbose", is_flag=True, help="Also print one line per response whose request hash checked.")
+def verify(file: str | None, as_json: bool, quiet: bool, verbose: bool) -> None:
     """Check a session file or a stored session; exit 1 on any problem.
 
     For a file: each entry's id is recomputed from its members, its ts form
@@ -406,7 +409,19 @@ def verify(file: str | None, as_json: bool) -> None:
     For a stored session (an id, or a path inside its directory): its log
     checksums, every object it needs present and hashing to its name, then
     its projection as a file. With no argument: the whole store, as `fsck`.
+
+    Text output is the problems, the notes and a summary line; a failed
+    request hash is a problem; -v adds a line for every response checked.
     """
+    if not quiet:
+        _verify(file, as_json, verbose)
+        return
+    # Nothing printed, the exit status alone: the checks run as they would.
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        _verify(file, as_json, verbose)
+
+
+def _verify(file: str | None, as_json: bool, verbose: bool) -> None:
     if file is None:
         sys.exit(fsck_command.run_fsck(as_json))
     target = store_commands.locate(file, files=True)
@@ -438,7 +453,8 @@ def verify(file: str | None, as_json: bool) -> None:
     for p in report.of_scope("record"):
         echo(f"{file}: records  ERROR {p}")
     for c in report.requests:
-        echo(f"{file}: response {short_id(c.entry.id)}: {c.message()}")
+        if verbose or c.failed:
+            echo(f"{file}: response {short_id(c.entry.id)}: {c.message()}")
     for note in report.notes:
         echo(f"{file}: note: {note}")
     if report.empty:

@@ -118,9 +118,11 @@ def test_show_a_context_that_cannot_be_built():
 
 
 def test_verify_checks_every_request_hash(tmp_path):
+    """Per-response lines with -v; without, the summary and the problems only."""
     path = tmp_path / "s.jsonl"
     b = write_session(path)
-    r = run("verify", str(path))
+    r = run("verify", "-v", str(path))
+    assert "response " not in run("verify", str(path)).output
     assert r.exit_code == 0, r.output
     for e in b.entries:
         if e.type == "response":
@@ -149,7 +151,7 @@ def test_verify_exits_1_on_a_mismatch_naming_the_response(tmp_path):
 def test_verify_counts_responses_without_a_hash_and_never_calls_them_verified(tmp_path):
     path = tmp_path / "s.jsonl"
     write_session(path, hashes=False)
-    r = run("verify", str(path))
+    r = run("verify", "-v", str(path))
     assert r.exit_code == 0
     assert r.output.count(": no hash recorded") == 2 and ": ok" not in r.output
     assert "2 response(s): 0 request hash(es) verified, 2 without a hash, 0 failed" in r.output
@@ -228,3 +230,12 @@ def test_verify_a_stored_session_checks_its_request_hashes(tmp_path):
     assert [p["where"] for p in out["problems"]] == ["requests"]
     shown = json.loads(run("show", "--json", sid_bad, store=store).output)
     assert len(shown["context"]["items"]) == 4
+
+
+def test_verify_quiet_prints_nothing_and_sets_the_status(tmp_path):
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    write_session(good)
+    bad.write_bytes(good.read_bytes().replace(b'"sha256:', b'"sha256:0', 1))
+    for args, code in ((["-q", str(good)], 0), (["-q", str(bad)], 1), (["-q", "--json", str(bad)], 1)):
+        r = run("verify", *args)
+        assert (r.exit_code, r.stdout) == (code, ""), (args, r.output)
