@@ -90,7 +90,11 @@ class Problem:
         return f"{where}{self.message}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"line": self.line, "code": self.code, "message": self.message, "entry": self.entry, "severity": self.severity}
+        """The problem shape every ``--json`` output shares (``docs/cli.md``, "JSON"):
+        ``code``, ``severity``, ``where`` (here the file's lines), ``line``, ``entry``,
+        ``message``."""
+        return {"code": self.code, "severity": self.severity, "where": "file", "line": self.line, "entry": self.entry,
+                "message": self.message}
 
 
 class SessionFormatError(AgentSessionError):

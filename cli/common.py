@@ -46,12 +46,16 @@ def fail(
     message: str,
     *,
     code: str = "error",
-    as_json: bool = False,
+    as_json: bool | None = None,
     problems: list[dict[str, Any]] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> NoReturn:
     """Print one line to stderr and exit 1; under ``--json``, one JSON object on stderr
-    (``{"error": {"code": ..., "message": ...}}``) carrying the error's machine code."""
+    (``{"error": {"code": ..., "message": ...}}``) carrying the error's machine code.
+    ``as_json`` defaults to whether the command line holds ``--json``."""
+    if as_json is None:
+        ctx = click.get_current_context(silent=True)
+        as_json = bool(ctx is not None and ctx.find_root().meta.get("agentsession.json"))
     if as_json:
         error: dict[str, Any] = dict(extra or {})
         error.update(code=code, message=one_line(message))

@@ -8,10 +8,13 @@ open a writing store and close it, which commits, before they print.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
+import stat
 import sys
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -350,8 +353,10 @@ def projection_file(target: Target) -> SessionFile:
 @click.option("--redact-env", is_flag=True, help="Empty every env entry, keeping its place (a redacted file).")
 @click.option("--secret", "secrets", metavar="REGEX", multiple=True,
               help="Replace each match with REDACTED (repeatable; a redacted file).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {session, head, output, bytes}: on stderr when the projection goes to stdout.")
 def export(session: str, output: str | None, fmt: str, at: str | None, redact_home: bool, redact_env: bool,
-           secrets: tuple[str, ...]) -> None:
+           secrets: tuple[str, ...], as_json: bool) -> None:
     """Print a session's projection (RFC 0002) to stdout, or write it to FILE.
 
     ID may also be a path inside the session's directory in a store, and, with
@@ -363,6 +368,8 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
     """
     redacting = bool(redact_home or redact_env or secrets)
     if fmt != "jsonl":
+        if as_json:
+            fail(f"--json summarises the jsonl projection; --format {fmt} prints JSON itself")
         if redacting:
             fail(f"--redact-home, --redact-env and --secret write a redacted session file; --format {fmt} would "
                  "embed subsessions unredacted: export the redacted file, then project it")
@@ -408,14 +415,38 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
             write_bytes(done.data)
         else:
             write_projection(output, done.data, done.session_id, store.export_blobs(s.id, data))
+        if as_json:
+            _export_summary(done.session_id, None, output, len(done.data))
         return
     if output is None or output == "-":
-        write_stream(s.projection_lines())
+        written = [0]
+
+        def counted(lines: Iterable[bytes]) -> Iterator[bytes]:
+            for line in lines:
+                written[0] += len(line)
+                yield line
+
+        write_stream(counted(s.projection_lines()))
+        if as_json:
+            _export_summary(s.id, s.head, None, written[0])
     else:
         skipped = store.export_to(s.id, output)
         if skipped:
             note(f"{skipped} sidecar blob{'s' if skipped != 1 else ''} not written: {output} is not a regular file, "
                  "so there is no directory beside it")
+        if as_json:
+            st = os.stat(output)
+            _export_summary(s.id, s.head, output, st.st_size if stat.S_ISREG(st.st_mode) else None)
+
+
+def _export_summary(session: str, head: str | None, output: str | None, size: int | None) -> None:
+    """export --json: one object on stdout when the projection went to a file, on stderr
+    when it went to stdout (the bytes are the output there)."""
+    summary = {"session": session, "head": head, "output": output, "bytes": size}
+    if output is None or output == "-":
+        click.echo(json.dumps(summary, ensure_ascii=False), err=True)
+    else:
+        emit_json(summary)
 
 
 def _say_where_it_went(store: Store, s: Session) -> None:

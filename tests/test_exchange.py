@@ -1051,7 +1051,8 @@ def test_a_refused_push_prints_the_result_and_exits_1(tmp_path):
     r = cli(tmp_path / "a", "push", "s1", str(tmp_path / "b"), "--expect", ids[0], "--json")
     assert r.exit_code == 1
     assert json.loads(r.stdout)["head"]["outcome"] == "refused"
-    assert r.stderr.startswith("agentsession: error: head not moved:") and f"--expect {ids[-1]}" in r.stderr
+    err = json.loads(r.stderr)["error"]  # under --json, the error is JSON on stderr too
+    assert err["message"].startswith("head not moved:") and f"--expect {ids[-1]}" in err["message"]
     r = cli(tmp_path / "a", "push", "s1", str(tmp_path / "b"), "--expect", ids[0], "--force")
     assert r.exit_code == 0 and "(forced)" in r.stdout
 

@@ -701,7 +701,8 @@ def test_cli_json_shape(store):
     assert set(data) == {"store", "ok", "problems", "warnings", "notes", "counts"}
     assert data["ok"] is False and data["store"] == str(root)
     [p] = data["problems"]
-    assert p == {"severity": "error", "code": "stale-head", "message": p["message"], "session": "rec", "object": None,
+    assert p == {"severity": "error", "code": "stale-head", "where": "sessions/rec/HEAD", "entry": None,
+                 "message": p["message"], "session": "rec", "object": None,
                  "space": None, "file": "sessions/rec/HEAD", "line": None, "offset": None, "block": None}
     assert data["counts"]["objects"] > 0 and data["counts"]["unreferenced"]["entries"] == 0
     with Store(root) as st:

@@ -508,8 +508,11 @@ def test_a_damaged_log_stops_the_sweep(root):
         assert r.exit_code == 1
         assert r.stdout == ""
         lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("agentsession: error: ")
-        assert "sessions/hurt" in lines[0] and "damaged log" in lines[0] and "agentsession repair hurt" in lines[0]
+        assert len(lines) == 1
+        # under --json the error is one JSON object on stderr (docs/cli.md, "JSON output")
+        text = json.loads(lines[0])["error"]["message"] if "--json" in args else lines[0]
+        assert "--json" in args or text.startswith("agentsession: error: ")
+        assert "sessions/hurt" in text and "damaged log" in text and "agentsession repair hurt" in text
         assert tree(root) == snap
 
 

@@ -452,9 +452,13 @@ class FsckProblem:
     block: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        """The shared problem shape (``code``, ``severity``, ``where``: the file, else the
+        session or the store; ``line``, ``entry``, ``message``) and where in the store."""
         return {
             "severity": self.severity,
             "code": self.code,
+            "where": self.file or (f"session {self.session}" if self.session else "store"),
+            "entry": self.object if self.space == "entries" else None,
             "message": self.message,
             "session": self.session,
             "object": self.object,

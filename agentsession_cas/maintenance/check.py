@@ -50,7 +50,7 @@ _WHERE = {"context": "requests", "record": "records", "link": "links", "store": 
 
 
 def _problem(where: str, code: str, message: str, line: int | None = None, entry: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"where": where, "line": line, "code": code, "message": message, "entry": entry, **extra}
+    return {"code": code, "severity": "error", "where": where, "line": line, "entry": entry, "message": message, **extra}
 
 
 def _object_problem(exc: AgentSessionError, context: str, entry: str | None, log_line: int | None = None) -> dict[str, Any]:
@@ -172,15 +172,15 @@ def _verify_projection(session: Session) -> VerifyReport | SessionFormatError:
 
 def _check_projection(session: Session, report: VerifyReport | SessionFormatError, out: StoredCheck, *, empty_ok: bool) -> None:
     if isinstance(report, SessionFormatError):
-        out.problems.extend({"where": "projection", **p.as_dict()} for p in report.problems)
+        out.problems.extend({**p.as_dict(), "where": "projection"} for p in report.problems)
         return
     for p in report.problems:
         if p.code != "empty" or not empty_ok:
-            out.problems.append({"where": _WHERE.get(RULES[p.code].scope, "projection"), **p.as_dict()})
+            out.problems.append({**p.as_dict(), "where": _WHERE.get(RULES[p.code].scope, "projection")})
     # What a file could not check, the store does: the sessions its links name.
     out.notes.extend(str(p) for p in report.notes if p.code != "link-store")
     for p in check_links(session.store, report.header, report.links):
-        out.problems.append({"where": "links", **p.as_dict()})
+        out.problems.append({**p.as_dict(), "where": "links"})
     out.stats["requests"] = report.counts()
     out.stats["runs_checked"] = report.runs_checked
     if not session.state.may_hold_head(session.head):
