@@ -99,6 +99,7 @@ _ROOT_NAMES = {
 }
 _SESSION_FILES = ("header", "log", "HEAD", "mark", "summary")
 _DAMAGED_LOG = "log.damaged-"  # repair keeps the damaged log beside the new one
+_DAMAGED_PACK = ".damaged-"  # pack sets a damaged pack file aside under this suffix
 _ATOMIC_TMP = ".tmp-"  # fsutil.write_atomic's temp files, beside their target
 
 
@@ -362,7 +363,10 @@ class _Walk:
         packs = set()
         for n in names:
             m = _PACK_FILE.fullmatch(n)
-            if m is None:
+            if m is None and _DAMAGED_PACK in n:
+                self.note("damaged-pack-kept", f"objects/pack/{n} is a damaged pack file `pack` set aside "
+                          "(what of it read was copied); remove it once read", file=f"objects/pack/{n}")
+            elif m is None:
                 self.stray(os.path.join(pack_dir, n), "not a pack or pack index name (pack-<64 hex>.pack|.idx)")
             elif m.group(2) == "idx":
                 idx.add(n[: -len(".idx")])
@@ -384,7 +388,12 @@ class _Walk:
                 self.error("missing-pack", f"{rel_idx} has no pack beside it ({rel_pack} is missing)", file=rel_pack)
             return  # else removed since it was listed: a merge or a sweep
         except (CorruptPackError, OSError, ValueError) as exc:
-            self.error("bad-pack-index", f"{rel_idx}: {_short(exc, self.root)}; none of its objects can be read through it", file=rel_idx)
+            self.error(
+                "bad-pack-index",
+                f"{rel_idx}: {_short(exc, self.root)}; none of its objects can be read through it "
+                "(`agentsession pack` rebuilds them from the pack)",
+                file=rel_idx,
+            )
             return
         try:
             self._check_open_pack(pack, rel_idx)
@@ -405,7 +414,7 @@ class _Walk:
         try:
             pack.check_pack_checksum()
         except CorruptPackError as exc:
-            self.error("bad-pack", _short(exc, self.root), file=rel_pack)
+            self.error("bad-pack", f"{_short(exc, self.root)} (`agentsession pack` copies what reads and sets it aside)", file=rel_pack)
         nblocks = pack.nblocks
         # The index's records: in strict hash order (a lookup is a binary search) and
         # counted right by the fan-out table.

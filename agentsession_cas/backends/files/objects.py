@@ -17,6 +17,7 @@ worth one, else as loose files.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -32,7 +33,7 @@ from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, N
 from ...format.hashing import HASH_PREFIX, envelope_content, is_hash
 from ...fsutil import NotAFileError, fsync_dir, fsync_paths, read_whole, write_all, write_atomic
 from ..base import ObjectStore, RepackResult, Space
-from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter
+from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter, pack_file_sound, salvage_pack
 
 __all__ = ["SPACES", "FileObjects", "RepackResult", "fsync_paths", "fsync_dir"]
 
@@ -828,6 +829,25 @@ class FileObjects(ObjectStore):
                         progress(done, total)
                 if not intact:
                     keep_packs.append(pack)
+            # A pack whose index does not open: its objects are read from the pack itself
+            # (the index rebuilt, in effect, into the new pack).
+            salvaged: list[tuple[str, bool]] = []
+            for key in sorted(snap.bad):
+                path = os.path.join(self.pack_dir, key + ".pack")
+                if not os.path.lexists(path):
+                    continue
+                found: list[str] = []
+                mtime = os.lstat(path).st_mtime
+                for raw, spaces, data in salvage_pack(path, found):
+                    self._repack_one(writer, keep, raw, spaces, data, mtime, kept, dropped, res)
+                whole = not found and pack_file_sound(path)
+                res.problems.extend(found)
+                if not dry_run:
+                    res.notes.append(
+                        f"objects/pack/{key}.idx was damaged: the objects of its pack were read without it"
+                        + ("" if whole else " (not all of them: the pack is damaged too)")
+                    )
+                salvaged.append((key, whole))
             loose_done: list[tuple[str, int]] = []
             for space, name, path, st in loose:
                 raw = bytes.fromhex(name[7:])
@@ -881,6 +901,18 @@ class FileObjects(ObjectStore):
                 continue
             if not self._remove_untouched(pack.path, mtime, index=pack.idx_path):
                 res.notes.append(f"{os.path.relpath(pack.path, self.root)} was touched by a writer meanwhile; kept")
+        for key, whole in salvaged:
+            if whole:
+                res.bad_packs.pop(key, None)
+            if whole:  # every object it held is in the new pack: the bad index and its pack go
+                for ext in (".idx", ".pack"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.pack_dir, key + ext))
+            else:
+                self._set_aside(key, res)
+        for pack in keep_packs:
+            if pack.name != res.pack:
+                self._set_aside(pack.name, res)
         for path, mtime in loose_done:
             self._remove_untouched(path, mtime)
         fsync_dir(self.pack_dir) if os.path.isdir(self.pack_dir) else None
@@ -894,6 +926,19 @@ class FileObjects(ObjectStore):
         )
         res.packs_after = len(self.packs.packs)
         return res
+
+    def _set_aside(self, key: str, res: RepackResult) -> None:
+        """Move a damaged pack and its index out of the readers' sight (renamed
+        ``.damaged-<UTC time>``, kept for an operator to read), once what of them reads
+        is durable in the new pack: a damaged pack kept in place is an fsck error no
+        command clears. Its objects no copy holds show as missing, for ``repair``."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        for ext in (".idx", ".pack"):  # the index first: the pack is then invisible
+            path = os.path.join(self.pack_dir, key + ext)
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(path, f"{path}.damaged-{stamp}")
+        fsync_dir(self.pack_dir)
+        res.notes.append(f"objects/pack/{key}.pack is damaged: what of it read was copied; it is set aside as .damaged-{stamp}")
 
     def _remove_untouched(self, path: str, mtime_ns: int, *, index: str | None = None) -> bool:
         """Remove a file a repack or sweep decided over unless a writer touched it since

@@ -56,6 +56,7 @@ Objects above :data:`MAX_PACKED` stay loose.
 
 from __future__ import annotations
 
+import array
 import base64
 import binascii
 import hashlib
@@ -63,7 +64,9 @@ import itertools
 import mmap
 import os
 import re
+import stat
 import struct
+import sys
 import threading
 import time
 from bisect import bisect_right
@@ -79,6 +82,8 @@ from ...format.hashing import FAST_ENVELOPE
 from ...fsutil import fsync_dir, write_all
 
 __all__ = [
+    "pack_file_sound",
+    "salvage_pack",
     "BLOCK_TARGET",
     "MAX_BLOCK",
     "MAX_PACKED",
@@ -1093,3 +1098,137 @@ class PackSet:
         self.packs = []
         self._cache.clear()
         self._seen = None
+
+
+def _spaces_of(kind: int, data: bytes) -> int:
+    """The spaces of an object read from a pack without its index (which alone records
+    them): an envelope slot, or bytes of an envelope's form, is an entry; anything else
+    is filed as both a content and a blob. A name is the hash of its bytes in any
+    space (every read checks it), so a name in one space too many serves nothing wrong."""
+    if kind == KIND_ENVELOPE or FAST_ENVELOPE.fullmatch(data):
+        return SPACE_BITS["entries"]
+    return SPACE_BITS["contents"] | SPACE_BITS["blobs"]
+
+
+def salvage_pack(path: str, problems: list[str]) -> Iterator[tuple[bytes, int, bytes]]:
+    """Every object a format-2 pack file still holds, read without its index: (raw
+    name, spaces, bytes), each name the SHA-256 of the bytes.
+
+    The pack's blocks are walked from its magic: each zstd frame declares its size
+    (bounded by :data:`MAX_BLOCK` before anything is decompressed), the stream's
+    slot table says how many side bytes follow it. A block that does not read ends
+    the walk (the blocks after it cannot be found); what could not be read is added
+    to ``problems``. Used by ``pack`` to rebuild what a damaged index lost."""
+    rel = path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        problems.append(f"pack {rel} cannot be opened: {exc.strerror}")
+        return
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            problems.append(f"pack {rel} is not a regular file")
+            return
+        size = st.st_size
+        head = os.pread(fd, len(PACK_MAGIC), 0)
+        if head != PACK_MAGIC:
+            problems.append(f"pack {rel} does not start with the format-2 pack magic; its objects cannot be found without its index")
+            return
+        pos, end, block = len(PACK_MAGIC), size - _SUM, 0
+        while pos < end:
+            where = f"pack {rel} block {block} (offset {pos})"
+            header = os.pread(fd, 18, pos)
+            try:
+                raw = zstandard.frame_content_size(header)
+            except zstandard.ZstdError:
+                problems.append(f"{where} is not a zstd frame; the rest of the pack cannot be read")
+                return
+            if raw < 0 or raw > MAX_BLOCK:
+                problems.append(f"{where} declares {raw} bytes; the rest of the pack cannot be read")
+                return
+            dec = zstandard.ZstdDecompressor().decompressobj()
+            out, at = [], pos
+            got = 0
+            try:
+                while not dec.eof and at < end:
+                    chunk = os.pread(fd, min(1 << 20, end - at), at)
+                    if not chunk:
+                        break
+                    part = dec.decompress(chunk)
+                    got += len(part)
+                    if got > raw:
+                        raise zstandard.ZstdError("more bytes than the frame declares")
+                    out.append(part)
+                    at += len(chunk) - len(dec.unused_data)
+            except zstandard.ZstdError as exc:
+                problems.append(f"{where} does not decompress ({exc}); the rest of the pack cannot be read")
+                return
+            stream = b"".join(out)
+            if not dec.eof or len(stream) != raw or len(stream) < 0:
+                problems.append(f"{where} ends early; the rest of the pack cannot be read")
+                return
+            count = _slot_count(stream)
+            if count is None:
+                problems.append(f"{where}: its slot table does not add up; the rest of the pack cannot be read")
+                return
+            side_len = sum(struct.unpack_from(f">{count}I", stream, 5 * count)) if count else 0
+            if side_len > MAX_BLOCK or at + side_len > end:
+                problems.append(f"{where} claims {side_len} side bytes; the rest of the pack cannot be read")
+                return
+            side = os.pread(fd, side_len, at)
+            try:
+                blk = Block(stream, side, count, where=where, path=path)
+            except CorruptPackError as exc:
+                problems.append(f"{exc}; the rest of the pack cannot be read")
+                return
+            for slot in range(count):
+                try:
+                    data = blk.object(slot)
+                except CorruptPackError as exc:
+                    problems.append(str(exc))
+                    continue
+                yield hashlib.sha256(data).digest(), _spaces_of(blk.kinds[slot], data), data
+            pos, block = at + side_len, block + 1
+    finally:
+        os.close(fd)
+
+
+def _slot_count(stream: bytes) -> int | None:
+    """How many slots a block's stream holds: the n whose table (9n bytes) and payload
+    lengths add up to the stream. The stream does not record n; at most one n fits
+    the common case, found by trying each (a block holds at most MAX_BLOCK // 9)."""
+    size = len(stream)
+    swap = sys.byteorder == "little"
+    for n in range(1, min(size // 9, MAX_BLOCK // 9) + 1):
+        if stream[n - 1] > KIND_SIDE:
+            return None  # a kind byte that is not one: every larger n includes it too
+        lengths = array.array("I", stream[n : 5 * n])
+        if swap:
+            lengths.byteswap()
+        if 9 * n + sum(lengths) == size:
+            return n
+    return None
+
+
+def pack_file_sound(path: str) -> bool:
+    """Whether a pack file's bytes match its trailing checksum (read in bounded chunks)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < len(PACK_MAGIC) + _SUM:
+            return False
+        h = blake3.blake3()
+        pos, end = 0, st.st_size - _SUM
+        while pos < end:
+            chunk = os.pread(fd, min(1 << 22, end - pos), pos)
+            if not chunk:
+                return False
+            h.update(chunk)
+            pos += len(chunk)
+        return h.digest() == os.pread(fd, _SUM, end)
+    finally:
+        os.close(fd)
