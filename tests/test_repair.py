@@ -786,3 +786,31 @@ def test_the_plan_names_every_entry_it_keeps(tmp_path):
     assert [{"entry": e, "seq": session.own[e]} for e in session.log_order] == plan["kept_entries"]
     whole = repair_json(root)  # not damaged now: what it holds, all the same
     assert whole["damaged"] is False and whole["kept_entries"] == plan["kept_entries"]
+
+
+def test_repair_rewrites_an_index_file_stale_by_one_stray_byte(tmp_path):
+    """HEAD or mark whose value is right but whose final newline was damaged: fsck
+    calls it stale (it compares bytes), so repair must rewrite it too; it said
+    'not damaged' and the fsck error stayed (issue 16)."""
+    from click.testing import CliRunner
+
+    from agentsession_cas import Header
+    from agentsession_cas.maintenance.fsck import fsck
+    from agentsession_cli.main import main
+
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        s = st.create(Header.new("s"))
+        s.append({"type": "config", "model": "m", "ts": "2026-10-05T12:00:00Z"})
+        s.close()
+    for name in ("HEAD", "mark"):
+        path = root / "sessions" / "s" / name
+        good = path.read_bytes()
+        path.write_bytes(good[:-1] + b"\x0b")
+        report = fsck(root)
+        assert [p.code for p in report.errors] == ["stale-head" if name == "HEAD" else "stale-mark"]
+        assert "\\x0b" in str(report.errors[0]) or "\x0b" in str(report.errors[0])
+        r = CliRunner().invoke(main, ["--store", str(root), "repair", "--yes", "s"])
+        assert r.exit_code == 0, r.output
+        assert path.read_bytes() == good
+        assert fsck(root).ok

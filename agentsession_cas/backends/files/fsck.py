@@ -1109,7 +1109,9 @@ class _Walk:
             code = "stale-head" if n == "HEAD" else "stale-mark"
             what = "head" if n == "HEAD" else "mark"
             text = found[n]
-            says = "is missing" if text is None else f"says {text.decode('utf-8', 'replace').strip() or 'no head'!r}"
+            # Shown as it is, less one final newline: a stray byte around the value is what is stale.
+            shown = "" if text is None else text.decode("utf-8", "replace").removesuffix("\n")
+            says = "is missing" if text is None else f"says {shown or 'no head'!r}"
             should = expect[n].decode().strip() or "no head"
             where = dict(session=sid, file=f"sessions/{sid}/{n}")
             if held:

@@ -1183,15 +1183,17 @@ def _restorable_objects(store: Store, sdir: str) -> list[tuple[Space, str, bytes
 
 
 def _stale_indexes(sdir: str, head: str | None, mark: str) -> list[tuple[str, str | None, str]]:
-    """The index files of a session directory that disagree with its log's head and mark."""
+    """The index files of a session directory that disagree with its log's head and mark:
+    byte for byte, as fsck compares them (a stray byte around the value is stale too)."""
     out: list[tuple[str, str | None, str]] = []
     for name, value in (("HEAD", head or ""), ("mark", mark)):
         try:
             with open(os.path.join(sdir, name), "rb") as f:
-                said: str | None = f.read().decode("utf-8", "replace").strip()
+                raw: bytes | None = f.read(4096)
         except OSError:
-            said = None
-        if said != value:
+            raw = None
+        if raw != f"{value}\n".encode():
+            said = None if raw is None else raw.decode("utf-8", "replace").strip()
             out.append((name, said, value))
     return out
 
