@@ -196,6 +196,14 @@ class SessionLockedError(StoreError):
     status = 409
 
 
+class WritersActiveError(StoreError):
+    """A sweep whose grace is too short to protect a writer in flight, refused while a
+    writer holds a session of the store (``--force`` takes that risk)."""
+
+    code = "writers_active"
+    status = 409
+
+
 class SessionDamagedError(StoreError):
     """A session log record before the last commit fails its checksum: damage, not a crash's loss.
     The session refuses writes until repaired."""

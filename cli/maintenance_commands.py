@@ -124,8 +124,10 @@ def pack(as_json: bool) -> None:
 @click.option("--grace", "grace_text", default=None, metavar="DURATION",
               help="Keep anything younger than this (0, 90s, 15m, 12h, 14d, 2w). Default 14d.")
 @click.option("--dry-run", is_flag=True, help="List what would go and the bytes it would free; change nothing.")
+@click.option("--force", is_flag=True,
+              help="Sweep with a grace under 1h even while writers hold sessions (their objects in flight may go).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def sweep(grace_text: str | None, dry_run: bool, as_json: bool) -> None:
+def sweep(grace_text: str | None, dry_run: bool, force: bool, as_json: bool) -> None:
     """Remove objects nothing retained names (RFC 0002 "Deletion and retention").
 
     An envelope stays while any session's log or prefix names it, a content
@@ -145,7 +147,9 @@ def sweep(grace_text: str | None, dry_run: bool, as_json: bool) -> None:
             # A dry run opens the store read-only: a writing store's close packs loose
             # objects and merges packs, and a dry run changes nothing.
             with (read_store() if dry_run else write_store()) as store:
-                res = store.sweep(grace=grace, dry_run=dry_run, progress=progress, phase=progress.phase if progress else None)
+                res = store.sweep(
+                    grace=grace, dry_run=dry_run, force=force, progress=progress, phase=progress.phase if progress else None
+                )
         finally:
             if progress:
                 progress.end()  # a line an error interrupted: the error goes on a line of its own
