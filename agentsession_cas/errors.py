@@ -31,6 +31,16 @@ PROTOCOL_CODES = frozenset(
 )
 
 
+def quoted(value: object, limit: int = 80) -> str:
+    """A value as an error message shows it: its repr, cut to ``limit`` characters with
+    its full length said, so a hostile 10,000-character name stays a one-line error."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, (str, bytes)) else f"{len(text)} characters shown"
+    return f"{text[:limit]}... ({size})"
+
+
 class AgentSessionError(Exception):
     """Base of every error this library raises deliberately."""
 

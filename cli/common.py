@@ -8,6 +8,8 @@ from typing import Any, NoReturn
 
 import click
 
+from agentsession_cas.errors import quoted
+
 
 def printable(text: str) -> str:
     """Values read from a file may hold lone surrogates, which no stream can
@@ -90,6 +92,8 @@ def table(rows: list[list[str]]) -> list[str]:
 
 def os_message(exc: OSError) -> str:
     name = exc.filename if exc.filename is not None else ""
+    if isinstance(name, (str, bytes)) and len(name) > 200:  # a hostile path: still one short line
+        name = quoted(name, 120)
     reason = {
         FileNotFoundError: "no such file",
         IsADirectoryError: "is a directory, not a session file",

@@ -137,6 +137,10 @@ class App(click.Group):
             fail(os_message(exc), code="os_error", as_json=as_json)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
+        except ValueError as exc:
+            if "null byte" not in str(exc):  # os and open() refuse a path holding NUL so
+                fail(f"internal error ({type(exc).__name__}: {exc}); please report it", code="internal", as_json=as_json)
+            fail("a file name cannot hold a NUL character", code="bad_name", as_json=as_json)
         except Exception as exc:  # a bug of ours: still one line, never a traceback
             fail(f"internal error ({type(exc).__name__}: {exc}); please report it", code="internal", as_json=as_json)
 

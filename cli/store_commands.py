@@ -24,6 +24,7 @@ from agentsession_cas.errors import (
     IJSONError,
     LayoutError,
     NoSuchSessionError,
+    quoted,
 )
 from agentsession_cas.format.names import check_session_id
 from agentsession_cas.maintenance.check import verify_stored
@@ -114,7 +115,9 @@ def locate(arg: str, *, files: bool) -> Target:
     if files:
         try:
             check_session_id(arg)
-        except BadNameError:
+        except BadNameError as exc:
+            if "\x00" in arg:  # no path holds NUL: neither a file nor a session
+                raise BadNameError(f"{quoted(arg)} is no file (a path cannot hold NUL) and {exc}") from None
             return Target("file", arg)
     return Target("session", arg, store_root(), arg)
 
@@ -360,7 +363,7 @@ def export(session: str, output: str | None, fmt: str, at: str | None) -> None:
 
 
 @click.command("import")
-@click.argument("file", type=click.Path(allow_dash=True, dir_okay=True, readable=False))
+@click.argument("file", type=str)  # no stat() of a name holding NUL
 @click.option("--record", is_flag=True, help="Hold it as a record (appendable here), not a mirror.")
 @click.option("--json", "as_json", is_flag=True, help="Print {session, entries, prefix, head, mark}.")
 def import_cmd(file: str, record: bool, as_json: bool) -> None:

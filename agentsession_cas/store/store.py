@@ -34,6 +34,7 @@ from ..errors import (
     SessionExistsError,
     SessionFormatError,
     StoreError,
+    quoted,
 )
 from ..format.canonical import canonical_bytes, loads_flagged
 from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
@@ -451,7 +452,7 @@ class Store:
     def cat_object(self, name: str, space: Space | None = None) -> tuple[Space, bytes]:
         """An object's verified bytes and its space, looked up in every space unless one is given."""
         if not is_hash(name):
-            raise AgentSessionError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+            raise AgentSessionError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
         spaces: builtins.list[Space] = [space] if space else ["entries", "contents", "blobs"]
         for sp in spaces:
             try:

@@ -29,7 +29,7 @@ from typing import Any
 
 import filelock
 
-from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
+from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError, quoted
 from ...format.hashing import HASH_PREFIX, envelope_content, is_hash
 from ...fsutil import NotAFileError, fsync_dir, fsync_paths, read_whole, write_all, write_atomic
 from ..base import ObjectStore, RepackResult, Space
@@ -111,7 +111,7 @@ class FileObjects(ObjectStore):
         if space not in SPACES:
             raise AgentSessionError(f"unknown object space {space!r}")
         if not is_hash(name):
-            raise AgentSessionError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+            raise AgentSessionError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
         return f"{self.dir}{os.sep}{space}{os.sep}{name[7:9]}{os.sep}{name[9:]}"
 
     def relpath(self, space: str, name: str) -> str:
