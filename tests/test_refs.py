@@ -541,6 +541,8 @@ def test_reads_touch_only_the_refs_and_the_headers_they_name(root, monkeypatch):
     monkeypatch.setattr(builtins, "open", lambda p, *a, **k: (opened.append(os.fspath(p)), real_open(p, *a, **k))[1])
     monkeypatch.setattr(os, "listdir", lambda p=".": (listed.append(os.fspath(p)), real_listdir(p))[1])
     monkeypatch.setattr(os, "scandir", lambda p=".": (listed.append(os.fspath(p)), real_scandir(p))[1])
+    real_os_open = os.open  # small files (layout, refs) are opened with os.open (fsutil.read_small)
+    monkeypatch.setattr(os, "open", lambda p, *a, **k: (opened.append(os.fspath(p)), real_os_open(p, *a, **k))[1])
     ro = Refs(Store(root, readonly=True))
     states = [ro.state(r) for r in ro.list("x/")]
     assert states == ["ok", "ok"] and ro.resolve("x/one") == "s1"

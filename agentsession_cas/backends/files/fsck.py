@@ -48,7 +48,7 @@ from ...format.entry import LEAF_LABEL, Entry, Header
 from ...format.hashing import HASH_PREFIX, is_hash
 from ...format.names import check_session_id
 from ...format.rules import TreeState
-from ...fsutil import read_whole
+from ...fsutil import NotAFileError, read_whole
 from ...store.state import index_damage, replay
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
@@ -135,11 +135,15 @@ def _spaces_of(bits: int) -> str:
     return "+".join(s for s in _SPACES if bits & SPACE_BITS[s]) or "no space"
 
 
+#: A loose entry or content bigger than this is hashed in chunks before it is read whole.
+_HASH_FIRST = 64 << 20
+
+
 def _hash_file(path: str) -> tuple[bytes, int]:
     """SHA-256 of a file read in chunks (big blobs are never held whole), and its size."""
     h = hashlib.sha256()
     size = 0
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         while chunk := os.read(fd, _READ):
             h.update(chunk)
@@ -150,11 +154,15 @@ def _hash_file(path: str) -> tuple[bytes, int]:
 
 
 def _read_or_none(path: str) -> bytes | None:
+    """A session file's bytes, or None when absent. Read as objects are (fsutil.read_whole:
+    a FIFO does not block, /dev/zero is not read without end); anything not a regular
+    file is a StoreError naming it, which fsck reports."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return read_whole(path)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    except NotAFileError:
+        raise StoreError(f"{path} is not a regular file (a FIFO, a device or a link to one)") from None
 
 
 def _proc_locks() -> set[tuple[int, int, int]] | None:
@@ -604,9 +612,12 @@ class _Walk:
                     continue
                 raw = binascii.unhexlify(fan.name + f.name)
                 try:
-                    if space == "blobs":
+                    big = f.stat(follow_symlinks=False).st_size > _HASH_FIRST
+                    if space == "blobs" or big:
+                        # Hashed in chunks: a big file (a sparse one of gigabytes put there)
+                        # is read whole only once it proves to be the object it is named for.
                         digest, size = _hash_file(f.path)
-                        data = b""
+                        data = read_whole(f.path) if space != "blobs" and digest == raw else b""
                     else:
                         data = read_whole(f.path)
                         digest, size = sha(data).digest(), len(data)
@@ -621,17 +632,17 @@ class _Walk:
                 if digest != raw:
                     # A writer creates a loose object in place: give one in progress a second look.
                     try:
-                        data = read_whole(f.path)
+                        again, size = _hash_file(f.path)
                     except OSError:
                         continue
-                    if sha(data).digest() != raw:
+                    if again != raw:
                         # Judged at the end: a copy some log still carries (no checkpoint
                         # covers its append) is a checkpoint cut short, not damage.
                         rel = self.rel(f.path)
-                        self.corrupt_loose.append((space, raw, rel, "is empty" if not data else "does not hash to its name"))
+                        self.corrupt_loose.append((space, raw, rel, "is empty" if not size else "does not hash to its name"))
                         self.unsound.setdefault((space, raw), f"its loose copy {rel} is corrupt")
                         continue
-                    size = len(data)
+                    data = read_whole(f.path) if space != "blobs" else b""
                 self.counts["objects"] += 1
                 self.counts["loose"] += 1
                 self.counts["bytes"] += size
@@ -1197,7 +1208,7 @@ class _Walk:
             # Read once more: a checkpoint writes loose objects in place, and one the walk
             # read half written is whole by now if the log said its checkpoint was done.
             try:
-                if hashlib.sha256(read_whole(os.path.join(self.root, rel))).digest() == raw:
+                if _hash_file(os.path.join(self.root, rel))[0] == raw:
                     continue
             except FileNotFoundError:
                 continue  # packed since, or swept: its sessions were checked through the store

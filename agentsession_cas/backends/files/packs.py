@@ -59,6 +59,7 @@ from __future__ import annotations
 import array
 import base64
 import binascii
+import errno
 import hashlib
 import itertools
 import mmap
@@ -417,6 +418,28 @@ class _FlatBlock:
         return self.data[offset:end]
 
 
+def open_regular(path: str, what: str) -> int:
+    """A read-only descriptor of ``path``, which must be a regular file and no symbolic
+    link: a FIFO would block the open (O_NONBLOCK spares that), a device or a link to
+    /dev/zero would be read without end, and a link leads out of the store. Anything
+    else is a :class:`CorruptPackError` naming the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptPackError(f"{what} {path} is a symbolic link; the store makes none", path=path) from None
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise CorruptPackError(f"{what} {path} cannot be opened: {exc.strerror}", path=path) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise CorruptPackError(f"{what} {path} is {kind}", path=path)
+    os.set_blocking(fd, True)
+    return fd
+
+
 class Pack:
     """One pack and its index, opened read-only.
 
@@ -428,7 +451,7 @@ class Pack:
         self.idx_path = idx_path
         self.path = idx_path[: -len(".idx")] + ".pack"
         self.name = os.path.basename(idx_path)[: -len(".idx")]
-        with open(idx_path, "rb") as f:
+        with os.fdopen(open_regular(idx_path, "pack index"), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < len(IDX_MAGIC) + _HEAD.size + _FANOUT.size + 2 * _SUM:
                 raise CorruptPackError(f"pack index {idx_path} is too short ({size} bytes)", path=idx_path)
@@ -441,7 +464,7 @@ class Pack:
         # Opened now, so a pack merged or swept away later by another process
         # stays readable through this handle for as long as we hold it.
         try:
-            self._fd: int | None = os.open(self.path, os.O_RDONLY)
+            self._fd: int | None = open_regular(self.path, "pack")
         except BaseException:
             self._map.close()
             raise
@@ -456,9 +479,16 @@ class Pack:
             self.version, where, block = 1, _WHERE_V1, _BLOCK_V1
         else:
             raise CorruptPackError(f"pack index {idx_path} does not start with the index magic", path=idx_path)
+        self.count, self.nblocks = _HEAD.unpack_from(m, len(IDX_MAGIC))
+        if self.count > MAX_OBJECTS or self.nblocks > MAX_OBJECTS:
+            raise CorruptPackError(f"pack index {idx_path} claims {self.count} objects in {self.nblocks} blocks", path=idx_path)
+        laid = len(IDX_MAGIC) + _HEAD.size + _FANOUT.size + (32 + where.size) * self.count + block.size * self.nblocks + 2 * _SUM
+        if laid != size:
+            # Before the checksum reads it all: a file of another size (a sparse one of
+            # gigabytes say) is refused without a byte of it read past the head.
+            raise CorruptPackError(f"pack index {idx_path} is not laid out as its counts say", path=idx_path)
         if blake3.blake3(m[: size - _SUM]).digest() != m[size - _SUM :]:
             raise CorruptPackError(f"pack index {idx_path} fails its checksum", path=idx_path)
-        self.count, self.nblocks = _HEAD.unpack_from(m, len(IDX_MAGIC))
         o = len(IDX_MAGIC) + _HEAD.size
         self._fanout = _FANOUT.unpack_from(m, o)
         o += _FANOUT.size

@@ -23,7 +23,7 @@ import filelock
 from ...errors import AgentSessionError, BadRefNameError, StoreError
 from ...format.canonical import canonical_bytes, loads
 from ...format.names import check_ref_name
-from ...fsutil import fsync_dir, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, read_small, write_atomic
 from ..base import RefStore
 
 __all__ = ["FileRefs", "LOCK_TIMEOUT", "ref_file_bytes", "ref_file_name"]
@@ -35,6 +35,9 @@ LOCK_TIMEOUT = 30.0
 _SLASH = "%"
 #: The second line of a ref file: the SHA-256 of the first (record) line, LF included.
 _SUM_PREFIX = b"sha256:"
+#: A ref file is a name (at most 200 bytes), a session id, an ident and a checksum: a
+#: longer one is not a ref file.
+_MAX_REF_FILE = 4096
 
 
 def ref_file_name(name: str) -> str:
@@ -80,10 +83,11 @@ class FileRefs(RefStore):
     def get(self, name: str) -> dict[str, Any] | None:
         path = self.where(name)
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            raw = read_small(path, _MAX_REF_FILE)
         except FileNotFoundError:
             return None
+        except NotAFileError as exc:
+            raise StoreError(f"ref file {path} is damaged: {exc}") from None
         except IsADirectoryError:
             raise StoreError(f"ref file {path} is a directory; refs/ holds one file per ref") from None
         raw = _checked(raw, path)
