@@ -206,6 +206,17 @@ class SessionLockedError(StoreError):
     status = 409
 
 
+class NoSpaceError(StoreError):
+    """The device (or quota) holding the store is full: a write was refused whole."""
+
+    code = "no_space"
+    status = 507
+
+
+#: The errno values that mean the device or quota is full.
+NO_SPACE_ERRNOS = frozenset({28, 122})  # ENOSPC, EDQUOT (Linux)
+
+
 class WritersActiveError(StoreError):
     """A sweep whose grace is too short to protect a writer in flight, refused while a
     writer holds a session of the store (``--force`` takes that risk)."""

@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 import click
 
-from agentsession_cas.errors import quoted
+from agentsession_cas.errors import NO_SPACE_ERRNOS, NoSpaceError, quoted
 
 
 def printable(text: str) -> str:
@@ -90,7 +90,15 @@ def table(rows: list[list[str]]) -> list[str]:
     return out
 
 
+def os_code(exc: OSError) -> str:
+    """The machine code of an OSError a command reports: ``no_space`` for a full device."""
+    return NoSpaceError.code if exc.errno in NO_SPACE_ERRNOS else "os_error"
+
+
 def os_message(exc: OSError) -> str:
+    if exc.errno in NO_SPACE_ERRNOS:
+        return (f"no space left on the device holding {exc.filename or 'the store'} ({exc.strerror}): "
+                "free space and run it again (what the store holds reads as before; `agentsession fsck` checks it)")
     name = exc.filename if exc.filename is not None else ""
     if isinstance(name, (str, bytes)) and len(name) > 200:  # a hostile path: still one short line
         name = quoted(name, 120)

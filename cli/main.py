@@ -16,7 +16,7 @@ import click
 from agentsession_cas import __version__
 from agentsession_cas.errors import AgentSessionError, SessionFormatError
 
-from .common import EXIT_INTERRUPTED, EXIT_PIPE, fail, os_message
+from .common import EXIT_INTERRUPTED, EXIT_PIPE, fail, os_code, os_message
 
 #: Each subcommand: the module of this package that defines it, imported only when
 #: that subcommand runs, and the summary `--help` lists (its docstring's first
@@ -134,7 +134,7 @@ class App(click.Group):
             sys.stderr.write("\n")
             sys.exit(EXIT_INTERRUPTED)
         except OSError as exc:
-            fail(os_message(exc), code="os_error", as_json=as_json)
+            fail(os_message(exc), code=os_code(exc), as_json=as_json)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except ValueError as exc:

@@ -16,7 +16,7 @@ from agentsession_cas.backends.files.objects import RepackResult
 from agentsession_cas.errors import AgentSessionError
 from agentsession_cas.maintenance.sweep import DEFAULT_GRACE, parse_duration
 
-from .common import echo, emit_json, fail, one_line
+from .common import echo, emit_json, fail, one_line, os_code, os_message
 from .store_commands import read_store, write_store
 
 
@@ -109,7 +109,7 @@ def pack(as_json: bool) -> None:
     except AgentSessionError as exc:
         fail(str(exc))
     except OSError as exc:
-        fail(f"pack failed: {exc}")
+        fail(f"pack failed: {os_message(exc)}", code=os_code(exc), as_json=as_json)
     if as_json:
         emit_json(res.as_dict())
     else:
@@ -156,7 +156,7 @@ def sweep(grace_text: str | None, dry_run: bool, force: bool, as_json: bool) -> 
     except AgentSessionError as exc:
         fail(str(exc))
     except OSError as exc:
-        fail(f"sweep failed: {exc}")
+        fail(f"sweep failed: {os_message(exc)}", code=os_code(exc), as_json=as_json)
     r = res.repack
     if as_json:
         data: dict[str, Any] = res.as_dict()
