@@ -8,6 +8,7 @@ order (file, then directory) is right everywhere.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 from collections.abc import Iterable
@@ -220,3 +221,18 @@ def read_small(path: str, limit: int) -> bytes:
         return os.read(fd, limit + 1)[:limit]
     finally:
         os.close(fd)
+
+
+def hash_file(path: str) -> tuple[bytes, int]:
+    """SHA-256 of a file read in chunks (a big file is never held whole), and its size.
+    Opened non-blocking: a FIFO reads as empty instead of hanging."""
+    h = hashlib.sha256()
+    size = 0
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while chunk := os.read(fd, 1 << 22):
+            h.update(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return h.digest(), size

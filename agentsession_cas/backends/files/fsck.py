@@ -48,12 +48,12 @@ from ...format.entry import LEAF_LABEL, Entry, Header
 from ...format.hashing import HASH_PREFIX, is_hash
 from ...format.names import check_session_id
 from ...format.rules import TreeState
-from ...fsutil import NotAFileError, read_whole
+from ...fsutil import NotAFileError, hash_file, read_whole
 from ...store.state import index_damage, replay
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
 from .log import Record, read_log, scan_log
-from .objects import FileObjects
+from .objects import HASH_FIRST, FileObjects
 from .packs import SPACE_BITS, Pack
 from .sessions import checkpoint_covers as _checkpoint_covers
 from .sessions import payload_entry
@@ -76,7 +76,6 @@ _ENVELOPE = re.compile(
     rb'(,"parents":\[[^\t\n]*\])?,"ts":"[^"\\]*","type":"([^"\\]*)"\}'
 )
 _SIDECAR = re.compile(rb"sidecar:sha256:([0-9a-f]{64})")
-_READ = 1 << 20
 #: Names a writer of this store leaves at its root, in ``locks/`` and beside files.
 _ROOT_NAMES = {
     "layout": "file",
@@ -135,22 +134,6 @@ def _spaces_of(bits: int) -> str:
     return "+".join(s for s in _SPACES if bits & SPACE_BITS[s]) or "no space"
 
 
-#: A loose entry or content bigger than this is hashed in chunks before it is read whole.
-_HASH_FIRST = 64 << 20
-
-
-def _hash_file(path: str) -> tuple[bytes, int]:
-    """SHA-256 of a file read in chunks (big blobs are never held whole), and its size."""
-    h = hashlib.sha256()
-    size = 0
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        while chunk := os.read(fd, _READ):
-            h.update(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    return h.digest(), size
 
 
 def _read_or_none(path: str) -> bytes | None:
@@ -612,11 +595,11 @@ class _Walk:
                     continue
                 raw = binascii.unhexlify(fan.name + f.name)
                 try:
-                    big = f.stat(follow_symlinks=False).st_size > _HASH_FIRST
+                    big = f.stat(follow_symlinks=False).st_size > HASH_FIRST
                     if space == "blobs" or big:
                         # Hashed in chunks: a big file (a sparse one of gigabytes put there)
                         # is read whole only once it proves to be the object it is named for.
-                        digest, size = _hash_file(f.path)
+                        digest, size = hash_file(f.path)
                         data = read_whole(f.path) if space != "blobs" and digest == raw else b""
                     else:
                         data = read_whole(f.path)
@@ -632,7 +615,7 @@ class _Walk:
                 if digest != raw:
                     # A writer creates a loose object in place: give one in progress a second look.
                     try:
-                        again, size = _hash_file(f.path)
+                        again, size = hash_file(f.path)
                     except OSError:
                         continue
                     if again != raw:
@@ -1208,7 +1191,7 @@ class _Walk:
             # Read once more: a checkpoint writes loose objects in place, and one the walk
             # read half written is whole by now if the log said its checkpoint was done.
             try:
-                if _hash_file(os.path.join(self.root, rel))[0] == raw:
+                if hash_file(os.path.join(self.root, rel))[0] == raw:
                     continue
             except FileNotFoundError:
                 continue  # packed since, or swept: its sessions were checked through the store

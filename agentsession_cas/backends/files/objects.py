@@ -31,7 +31,7 @@ import filelock
 
 from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError, quoted
 from ...format.hashing import HASH_PREFIX, envelope_content, is_hash
-from ...fsutil import NotAFileError, fsync_dir, fsync_paths, read_whole, write_all, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, fsync_paths, hash_file, read_whole, write_all, write_atomic
 from ..base import ObjectStore, RepackResult, Space
 from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter, pack_file_sound, salvage_pack
 
@@ -84,18 +84,6 @@ def _freshen(path: str) -> bool:
 
 #: A loose object bigger than this is hashed in chunks before it is read whole.
 HASH_FIRST = 64 << 20
-
-
-def _hashes_to(path: str, name: str) -> bool:
-    """Whether a file's bytes, read in chunks, hash to ``name`` (a FIFO reads as empty)."""
-    h = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        while chunk := os.read(fd, 1 << 22):
-            h.update(chunk)
-    finally:
-        os.close(fd)
-    return HASH_PREFIX + h.hexdigest() == name
 
 
 class FileObjects(ObjectStore):
@@ -230,7 +218,7 @@ class FileObjects(ObjectStore):
 
     def _get_loose(self, space: str, name: str, path: str) -> bytes:
         try:
-            if os.lstat(path).st_size > HASH_FIRST and not _hashes_to(path, name):
+            if os.lstat(path).st_size > HASH_FIRST and HASH_PREFIX + hash_file(path)[0].hex() != name:
                 # A big file (a sparse one of gigabytes put there) is hashed in chunks and
                 # refused before it is held whole.
                 raise CorruptObjectError(
