@@ -31,6 +31,16 @@ PROTOCOL_CODES = frozenset(
 )
 
 
+def quoted(value: object, limit: int = 80) -> str:
+    """A value as an error message shows it: its repr, cut to ``limit`` characters with
+    its full length said, so a hostile 10,000-character name stays a one-line error."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, (str, bytes)) else f"{len(text)} characters shown"
+    return f"{text[:limit]}... ({size})"
+
+
 class AgentSessionError(Exception):
     """Base of every error this library raises deliberately."""
 
@@ -197,6 +207,25 @@ class SessionLockedError(StoreError):
     """Another process holds the session for writing."""
 
     code = "session_locked"
+    status = 409
+
+
+class NoSpaceError(StoreError):
+    """The device (or quota) holding the store is full: a write was refused whole."""
+
+    code = "no_space"
+    status = 507
+
+
+#: The errno values that mean the device or quota is full.
+NO_SPACE_ERRNOS = frozenset({28, 122})  # ENOSPC, EDQUOT (Linux)
+
+
+class WritersActiveError(StoreError):
+    """A sweep whose grace is too short to protect a writer in flight, refused while a
+    writer holds a session of the store (``--force`` takes that risk)."""
+
+    code = "writers_active"
     status = 409
 
 

@@ -7,6 +7,8 @@ order (file, then directory) is right everywhere.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -236,3 +238,43 @@ def read_whole(path: str) -> bytes:
     finally:
         os.close(fd)
     return data
+
+
+def read_small(path: str, limit: int) -> bytes:
+    """A small file the store keeps (layout, a ref), read whole: opened non-blocking and
+    without following a final symbolic link (the store makes none), checked to be a
+    regular file, and refused past ``limit`` bytes before anything is read (a sparse
+    file of gigabytes is not read). :class:`NotAFileError` says which of these it is;
+    FileNotFoundError and IsADirectoryError pass as they are."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotAFileError(f"{path} is a symbolic link; the store makes none") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAFileError(f"{path} is not a regular file (a FIFO, a device or a socket)")
+        if st.st_size > limit:
+            raise NotAFileError(f"{path} is {st.st_size} bytes; a file of its kind is at most {limit}")
+        return os.read(fd, limit + 1)[:limit]
+    finally:
+        os.close(fd)
+
+
+def hash_file(path: str) -> tuple[bytes, int]:
+    """SHA-256 of a file read in chunks (a big file is never held whole), and its size.
+    Opened non-blocking: a FIFO reads as empty instead of hanging."""
+    h = hashlib.sha256()
+    size = 0
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while chunk := os.read(fd, 1 << 22):
+            h.update(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return h.digest(), size

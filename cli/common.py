@@ -9,6 +9,8 @@ from typing import Any, NoReturn
 
 import click
 
+from agentsession_cas.errors import NO_SPACE_ERRNOS, NoSpaceError, quoted
+
 
 def printable(text: str) -> str:
     """Values read from a file may hold lone surrogates, which no stream can
@@ -107,8 +109,18 @@ def table_line(row: list[str], widths: list[int]) -> str:
     return "  ".join(cells).rstrip()
 
 
+def os_code(exc: OSError) -> str:
+    """The machine code of an OSError a command reports: ``no_space`` for a full device."""
+    return NoSpaceError.code if exc.errno in NO_SPACE_ERRNOS else "os_error"
+
+
 def os_message(exc: OSError) -> str:
+    if exc.errno in NO_SPACE_ERRNOS:
+        return (f"no space left on the device holding {exc.filename or 'the store'} ({exc.strerror}): "
+                "free space and run it again (what the store holds reads as before; `agentsession fsck` checks it)")
     name = exc.filename if exc.filename is not None else ""
+    if isinstance(name, (str, bytes)) and len(name) > 200:  # a hostile path: still one short line
+        name = quoted(name, 120)
     reason = {
         FileNotFoundError: "no such file",
         IsADirectoryError: "is a directory, not a session file",

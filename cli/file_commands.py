@@ -104,7 +104,7 @@ def _print_context(leaf: str | None, ctx: Context | None, error: str | None, con
 
 
 @click.command()
-@click.argument("file", metavar="FILE|ID", type=click.Path(dir_okay=True, allow_dash=True, readable=False))
+@click.argument("file", metavar="FILE|ID", type=str)  # not click.Path: its stat() of a name holding NUL raised ValueError
 @click.option("--leaf", "leaf_name", metavar="ID", help="Entry to treat as the leaf: a full id, a legacy id or a unique hex prefix.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("-v", "--verbose", is_flag=True, help="Show the data of custom and extension entries.")
@@ -394,7 +394,7 @@ def _summary(report: VerifyReport) -> str:
 
 
 @click.command()
-@click.argument("file", metavar="[FILE|ID]", required=False, type=click.Path(dir_okay=True, readable=False))
+@click.argument("file", metavar="[FILE|ID]", required=False, type=str)  # as show: no stat() of a name holding NUL
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status says (0 sound, 1 not).")
 @click.option("-v", "--verbose", is_flag=True, help="Also print one line per response whose request hash checked.")
@@ -469,7 +469,7 @@ def _verify(file: str | None, as_json: bool, verbose: bool) -> None:
 
 
 @click.command("hash-object")
-@click.argument("file", default="-", type=click.Path(allow_dash=True, dir_okay=True, readable=False))
+@click.argument("file", default="-", type=str)  # no stat() of a name holding NUL
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of text.")
 def hash_object(file: str, as_json: bool) -> None:
     """Print the computed id and content hash of each entry line in FILE (or stdin).

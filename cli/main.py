@@ -16,7 +16,7 @@ import click
 from agentsession_cas import __version__
 from agentsession_cas.errors import AgentSessionError, SessionFormatError
 
-from .common import EXIT_INTERRUPTED, EXIT_PIPE, fail, os_message
+from .common import EXIT_INTERRUPTED, EXIT_PIPE, fail, os_code, os_message
 
 #: Each subcommand: the module of this package that defines it, imported only when
 #: that subcommand runs, and the summary `--help` lists (its docstring's first
@@ -139,9 +139,13 @@ class App(click.Group):
             sys.stderr.write("\n")
             sys.exit(EXIT_INTERRUPTED)
         except OSError as exc:
-            fail(os_message(exc), code="os_error", as_json=as_json)
+            fail(os_message(exc), code=os_code(exc), as_json=as_json)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
+        except ValueError as exc:
+            if "null byte" not in str(exc):  # os and open() refuse a path holding NUL so
+                fail(f"internal error ({type(exc).__name__}: {exc}); please report it", code="internal", as_json=as_json)
+            fail("a file name cannot hold a NUL character", code="bad_name", as_json=as_json)
         except Exception as exc:  # a bug of ours: still one line, never a traceback
             fail(f"internal error ({type(exc).__name__}: {exc}); please report it", code="internal", as_json=as_json)
 

@@ -16,7 +16,7 @@ from agentsession_cas.backends.files.objects import RepackResult
 from agentsession_cas.errors import AgentSessionError
 from agentsession_cas.maintenance.sweep import DEFAULT_GRACE, parse_duration
 
-from .common import echo, emit_json, fail, one_line
+from .common import echo, emit_json, fail, one_line, os_code, os_message
 from .store_commands import read_store, write_store
 
 
@@ -109,7 +109,7 @@ def pack(as_json: bool) -> None:
     except AgentSessionError as exc:
         fail(str(exc))
     except OSError as exc:
-        fail(f"pack failed: {exc}")
+        fail(f"pack failed: {os_message(exc)}", code=os_code(exc), as_json=as_json)
     if as_json:
         emit_json(res.as_dict())
     else:
@@ -124,8 +124,10 @@ def pack(as_json: bool) -> None:
 @click.option("--grace", "grace_text", default=None, metavar="DURATION",
               help="Keep anything younger than this (0, 90s, 15m, 12h, 14d, 2w). Default 14d.")
 @click.option("--dry-run", is_flag=True, help="List what would go and the bytes it would free; change nothing.")
+@click.option("--force", is_flag=True,
+              help="Sweep with a grace under 1h even while writers hold sessions (their objects in flight may go).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def sweep(grace_text: str | None, dry_run: bool, as_json: bool) -> None:
+def sweep(grace_text: str | None, dry_run: bool, force: bool, as_json: bool) -> None:
     """Remove objects nothing retained names (RFC 0002 "Deletion and retention").
 
     An envelope stays while any session's log or prefix names it, a content
@@ -145,14 +147,16 @@ def sweep(grace_text: str | None, dry_run: bool, as_json: bool) -> None:
             # A dry run opens the store read-only: a writing store's close packs loose
             # objects and merges packs, and a dry run changes nothing.
             with (read_store() if dry_run else write_store()) as store:
-                res = store.sweep(grace=grace, dry_run=dry_run, progress=progress, phase=progress.phase if progress else None)
+                res = store.sweep(
+                    grace=grace, dry_run=dry_run, force=force, progress=progress, phase=progress.phase if progress else None
+                )
         finally:
             if progress:
                 progress.end()  # a line an error interrupted: the error goes on a line of its own
     except AgentSessionError as exc:
         fail(str(exc))
     except OSError as exc:
-        fail(f"sweep failed: {exc}")
+        fail(f"sweep failed: {os_message(exc)}", code=os_code(exc), as_json=as_json)
     r = res.repack
     if as_json:
         data: dict[str, Any] = res.as_dict()

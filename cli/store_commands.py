@@ -28,6 +28,7 @@ from agentsession_cas.errors import (
     IJSONError,
     LayoutError,
     NoSuchSessionError,
+    quoted,
 )
 from agentsession_cas.format.canonical import loads
 from agentsession_cas.format.entry import Header, short_id
@@ -125,7 +126,9 @@ def locate(arg: str, *, files: bool) -> Target:
     if files:
         try:
             check_session_id(arg)
-        except BadNameError:
+        except BadNameError as exc:
+            if "\x00" in arg:  # no path holds NUL: neither a file nor a session
+                raise BadNameError(f"{quoted(arg)} is no file (a path cannot hold NUL) and {exc}") from None
             return Target("file", arg)
     return Target("session", arg, store_root(), arg)
 
@@ -468,7 +471,7 @@ def _say_where_it_went(store: Store, s: Session) -> None:
 
 
 @click.command("import")
-@click.argument("file", type=click.Path(allow_dash=True, dir_okay=True, readable=False))
+@click.argument("file", type=str)  # no stat() of a name holding NUL
 @click.option("--record", is_flag=True, help="Hold it as a record (appendable here), not a mirror.")
 @click.option("--json", "as_json", is_flag=True, help="Print {session, entries, prefix, head, mark}.")
 def import_cmd(file: str, record: bool, as_json: bool) -> None:

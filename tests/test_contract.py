@@ -2160,7 +2160,7 @@ def test_sweep_keeps_working_state(make_store):
     s, ids = chain(st, n=2)
     export = st.export("s1")
     other = make_store.reopen()
-    other.sweep(grace=0)
+    other.sweep(grace=0, force=True)  # beside its writer, on purpose
     assert all(st.entry(i).id == i for i in ids)
     s.close()
     assert st.export("s1") == export

@@ -994,24 +994,36 @@ def test_pack_keeps_a_pack_holding_a_corrupt_object(root):
     assert r.exit_code == 1, r.stderr
     out = json.loads(r.stdout)
     assert out["problems"] and str(idx.with_suffix(".pack").name) in " ".join(out["problems"])
-    assert idx.exists() and idx.with_suffix(".pack").exists()  # not removed
+    # not removed: set aside under another name, out of the readers' sight (issue 16)
+    assert not idx.exists() and not idx.with_suffix(".pack").exists()
+    aside = sorted(p.name for p in idx.parent.iterdir() if ".damaged-" in p.name)
+    assert [a.split(".damaged-")[0] for a in aside] == [idx.name, idx.with_suffix(".pack").name]
     assert out["objects"] >= len(its) - in_block0
-    assert len(idx_files(root)) == 2
+    assert len(idx_files(root)) == 1
 
 
-def test_pack_leaves_an_unreadable_index_and_its_pack_in_place(root):
+def test_pack_rebuilds_an_unreadable_index_from_its_intact_pack(root):
+    """An index that does not open hid every object of its pack: `pack` reads them from
+    the pack itself, copies them, and removes both files (issue 16; they were left in
+    place, the objects unreachable, an fsck error no command cleared)."""
     exported = build_mixed_store(root)
     o = other(root)
-    victim = Path(o.write_pack(items(PACK_BATCH, seed=9), merge=False))  # objects no session needs
+    its = items(PACK_BATCH, seed=9)
+    victim = Path(o.write_pack(its, merge=False))  # objects no session needs
     o.close()
     flip(victim, 100)
     r = cli(root, "pack", "--json")
-    assert r.exit_code == 1, r.stderr
+    assert r.exit_code == 0, r.stderr
     out = json.loads(r.stdout)
-    assert list(out["bad_packs"]) == [victim.name[: -len(".idx")]]
-    assert victim.exists() and victim.with_suffix(".pack").exists()
-    assert victim.name[: -len(".idx")] in r.stderr and "left in place" in r.stderr
-    assert len(idx_files(root)) == 2
+    assert out["bad_packs"] == {}
+    assert not victim.exists() and not victim.with_suffix(".pack").exists()
+    assert len(idx_files(root)) == 1
+    o = other(root)
+    try:
+        for space, name, data in its:
+            assert o.get(space, name) == data
+    finally:
+        o.close()
     verify_all(root, exported)
 
 

@@ -4,6 +4,7 @@ compare-and-swap, the files written, two real processes racing, and the CLI."""
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
 import os
 import subprocess
@@ -327,9 +328,8 @@ def test_create_read_and_the_file_written(root, refs):
     ident = sha256_ref(canonical_bytes({k: v for k, v in header.items() if k != "format"}))
     assert ref == Ref("chat/one", "s1", ident)
     assert ident == header_ident(header) == refs.session_ident("s1")
-    assert (root / "refs" / "chat%one").read_bytes() == (
-        b'{"ident":"' + ident.encode() + b'","name":"chat/one","session":"s1"}\n'
-    )
+    line = b'{"ident":"' + ident.encode() + b'","name":"chat/one","session":"s1"}\n'
+    assert (root / "refs" / "chat%one").read_bytes() == line + b"sha256:" + hashlib.sha256(line).hexdigest().encode() + b"\n"
     assert ref_files(root) == ["chat%one"]
     assert os.listdir(root / "tmp") == []  # the temp file was renamed, not left
     assert refs.state(ref) == "ok" and refs.resolve("chat/one") == "s1"
@@ -541,6 +541,8 @@ def test_reads_touch_only_the_refs_and_the_headers_they_name(root, monkeypatch):
     monkeypatch.setattr(builtins, "open", lambda p, *a, **k: (opened.append(os.fspath(p)), real_open(p, *a, **k))[1])
     monkeypatch.setattr(os, "listdir", lambda p=".": (listed.append(os.fspath(p)), real_listdir(p))[1])
     monkeypatch.setattr(os, "scandir", lambda p=".": (listed.append(os.fspath(p)), real_scandir(p))[1])
+    real_os_open = os.open  # small files (layout, refs) are opened with os.open (fsutil.read_small)
+    monkeypatch.setattr(os, "open", lambda p, *a, **k: (opened.append(os.fspath(p)), real_os_open(p, *a, **k))[1])
     ro = Refs(Store(root, readonly=True))
     states = [ro.state(r) for r in ro.list("x/")]
     assert states == ["ok", "ok"] and ro.resolve("x/one") == "s1"
@@ -820,3 +822,26 @@ def test_cli_reads_write_nothing_and_a_damaged_file_fails_the_listing(root):
 
 def test_cli_ref_on_a_missing_store(tmp_path):
     one_error(cli(tmp_path / "none", "ref", "list"), "no store at")
+
+
+def test_a_flipped_byte_in_a_ref_file_is_damage_never_another_session(root, refs):
+    """A ref file carries a checksum line: a byte flipped inside the session's name (which
+    still parses, naming another session) is found by the read and by fsck (issue 16)."""
+    from agentsession_cas.maintenance.fsck import fsck
+
+    refs.update("chat/one", "s1", expected=None)
+    path = root / "refs" / "chat%one"
+    data = bytearray(path.read_bytes())
+    at = data.index(b'"session":"s1"') + len('"session":"s')
+    data[at] ^= 0x03  # s1 -> s2
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="does not match its checksum"):
+        refs.get("chat/one")
+    report = fsck(root)
+    assert not report.ok and any("refs/chat%one" in str(p) for p in report.errors)
+
+
+def test_a_ref_file_of_one_line_from_before_the_checksum_still_reads(root, refs):
+    (root / "refs").mkdir(exist_ok=True)
+    (root / "refs" / "old").write_bytes(b'{"name":"old","session":"s1"}\n')
+    assert refs.get("old").session == "s1"

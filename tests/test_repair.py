@@ -788,3 +788,58 @@ def test_the_plan_names_every_entry_it_keeps(tmp_path):
     assert [{"entry": e, "seq": session.own[e]} for e in session.log_order] == plan["kept_entries"]
     whole = repair_json(root)  # not damaged now: what it holds, all the same
     assert whole["damaged"] is False and whole["kept_entries"] == plan["kept_entries"]
+
+
+def test_repair_rewrites_an_index_file_stale_by_one_stray_byte(tmp_path):
+    """HEAD or mark whose value is right but whose final newline was damaged: fsck
+    calls it stale (it compares bytes), so repair must rewrite it too; it said
+    'not damaged' and the fsck error stayed (issue 16)."""
+    from click.testing import CliRunner
+
+    from agentsession_cas import Header
+    from agentsession_cas.maintenance.fsck import fsck
+    from agentsession_cli.main import main
+
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        s = st.create(Header.new("s"))
+        s.append({"type": "config", "model": "m", "ts": "2026-10-05T12:00:00Z"})
+        s.close()
+    for name in ("HEAD", "mark"):
+        path = root / "sessions" / "s" / name
+        good = path.read_bytes()
+        path.write_bytes(good[:-1] + b"\x0b")
+        report = fsck(root)
+        assert [p.code for p in report.errors] == ["stale-head" if name == "HEAD" else "stale-mark"]
+        assert "\\x0b" in str(report.errors[0]) or "\x0b" in str(report.errors[0])
+        r = CliRunner().invoke(main, ["--store", str(root), "repair", "--yes", "s"])
+        assert r.exit_code == 0, r.output
+        assert path.read_bytes() == good
+        assert fsck(root).ok
+
+
+def test_a_damaged_envelope_in_a_payload_is_not_taken_for_another_entry(tmp_path):
+    """A flipped member name inside an append's payload envelope ("parent" -> "pasent")
+    leaves a JSON object that hashes to some name: it is no envelope (its members are
+    not an envelope's), so repair never salvages it as an entry of its own, and the
+    append whose record still reads keeps its place (its objects are sound in objects/)."""
+    root = tmp_path / "store"
+    ids = build(root)
+    start, end, raw = line_of(root, "append", 2)
+    at = raw.rindex(b'"parent":')
+    flip(root, start + at + 4)  # "parent" -> "pasent" (bit 1 of 'r')
+    out = repair_json(root, "--yes")
+    assert all(r["how"] != "salvaged" or r["entry"] in ids for r in out["recovered"]), out["recovered"]
+    assert out["dropped"] == []
+    assert_healthy(root, ids)
+
+
+def test_envelope_defect_names_what_is_wrong():
+    from agentsession_cas.format.hashing import envelope_defect
+
+    h = "sha256:" + "a" * 64
+    good = {"content": h, "parent": None, "ts": "2026-01-01T00:00:00Z", "type": "item"}
+    assert envelope_defect(good) is None and envelope_defect({**good, "parents": [{"entry": h}]}) is None
+    assert "lacks parent" in envelope_defect({k: v for k, v in good.items() if k != "parent"})
+    assert "pasent" in envelope_defect({**{k: v for k, v in good.items() if k != "parent"}, "pasent": h, "parent": None})
+    assert envelope_defect({**good, "content": "x"}) and envelope_defect({**good, "parents": []}) and envelope_defect([1])

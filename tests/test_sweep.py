@@ -873,7 +873,7 @@ def test_sweeps_beside_writers_in_other_processes(root, tmp_path):
             tmp.write_text(str(sweeps))
             os.replace(tmp, genfile)  # writers now append this generation's bodies
             with Store(str(root)) as st:
-                st.sweep(grace=0)
+                st.sweep(grace=0, force=True)  # writers run beside it on purpose
     finally:
         outs = [w.communicate(timeout=60) for w in workers]
     for w, (out, err) in zip(workers, outs):
@@ -895,3 +895,36 @@ def test_sweeps_beside_writers_in_other_processes(root, tmp_path):
     with Store(str(root), readonly=True) as rd:
         for sid, n in counts.items():
             assert len(rd.read(sid)) == n, sid
+
+
+def test_a_sweep_with_a_short_grace_refuses_while_a_writer_holds_a_session(tmp_path):
+    """A grace under an hour does not protect objects a writer or a push has sent but not
+    yet recorded: such a sweep refuses, naming the sessions held, while any writer holds
+    one, unless --force (issue 16: `sweep --grace 0` beside pushes lost the first
+    push's objects)."""
+    from click.testing import CliRunner
+
+    from agentsession_cas.errors import WritersActiveError
+    from agentsession_cli.main import main
+
+    root = tmp_path / "store"
+    Store.init(str(root)).close()
+    writer = Store(str(root))
+    s = writer.create(Header.new("busy"))
+    s.append({"type": "config", "model": "m", "ts": "2026-10-05T12:00:00Z"})
+    try:
+        r = CliRunner().invoke(main, ["--store", str(root), "sweep", "--grace", "0"])
+        assert r.exit_code == 1 and "a writer holds 1 session(s): busy" in r.output and "--force" in r.output
+        with Store(str(root)) as st:
+            with pytest.raises(WritersActiveError) as info:
+                st.sweep(grace=0)
+            assert info.value.code == "writers_active"
+            assert st.sweep(grace=0, dry_run=True).repack.dropped == 0  # a dry run removes nothing: allowed
+            assert st.sweep(grace=3600).repack.problems == []  # a grace that covers writers: allowed
+        r = CliRunner().invoke(main, ["--store", str(root), "sweep", "--grace", "0", "--force"])
+        assert r.exit_code == 0, r.output
+    finally:
+        s.close()
+        writer.close()
+    r = CliRunner().invoke(main, ["--store", str(root), "sweep", "--grace", "0"])
+    assert r.exit_code == 0, r.output  # no writer now

@@ -555,6 +555,11 @@ class Backend(ABC):
         """Every log a sweep must honour (sessions held, being made, and records kept
         aside by a repair)."""
 
+    def writers_holding(self) -> list[str] | None:
+        """The sessions a writer (in any process) holds now, or None when this backend
+        cannot tell. A sweep with a short grace asks first (see maintenance/sweep.py)."""
+        return []
+
     @abstractmethod
     def sweep_objects(
         self, compute: Callable[[bool], Retained], *, grace: float, dry_run: bool, wait: float,

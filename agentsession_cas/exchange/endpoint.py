@@ -31,6 +31,7 @@ from ..errors import (
     SessionFormatError,
     SessionLockedError,
     StoreError,
+    quoted,
 )
 from ..format.canonical import loads_flagged
 from ..format.entry import Entry, Header, parse_format, short_id
@@ -263,7 +264,7 @@ class StoreEndpoint:
             lacking = []
             for name in dict.fromkeys(names):
                 if not is_hash(name):
-                    raise BadNameError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+                    raise BadNameError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
                 if not self._has(space, name):
                     lacking.append(name)
             out[space] = lacking

@@ -239,6 +239,32 @@ def entry_objects_item(
 _SPLICE_MEMBER = "item"
 
 
+#: What an envelope holds (RFC 0001, "The two hashes"): these, and ``parents`` when not empty.
+_ENVELOPE_NEEDS = frozenset({"content", "parent", "ts", "type"})
+
+
+def envelope_defect(env: Any) -> str | None:
+    """Why a parsed object is no envelope the two hashes could have made, or None: the
+    members exactly ``content`` (a hash), ``parent`` (a hash or null), ``ts`` and ``type``
+    (strings), and ``parents`` only as a non-empty list. An object whose bytes hash to
+    its name but that fails this is damaged (a flipped member name, say), never an entry."""
+    if not isinstance(env, dict):
+        return "not a JSON object"
+    missing = _ENVELOPE_NEEDS - env.keys()
+    if missing:
+        return f"it lacks {', '.join(sorted(missing))}"
+    extra = env.keys() - _ENVELOPE_NEEDS - {"parents"}
+    if extra:
+        return f"it holds {', '.join(sorted(extra))}, which no envelope holds"
+    if not is_hash(env["content"]) or not (env["parent"] is None or is_hash(env["parent"])):
+        return "its content or parent is not an entry hash"
+    if not isinstance(env["ts"], str) or not isinstance(env["type"], str):
+        return "its ts or type is not a string"
+    if "parents" in env and not (isinstance(env["parents"], list) and env["parents"]):
+        return "its parents is not a non-empty list"
+    return None
+
+
 def line_from_objects(entry_id: str, env: Mapping[str, Any], content: bytes) -> bytes:
     """The canonical line (LF included) of the entry an envelope (parsed) and its content
     object's bytes make: the content's members, the envelope's less ``content``, and

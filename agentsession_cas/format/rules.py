@@ -95,7 +95,15 @@ def _show(value: object) -> str:
     JSON-quoted, so a newline or an escape sequence cannot break the line."""
     if isinstance(value, str) and is_hash(value):
         return value
-    return json.dumps(value)
+    text = json.dumps(value)
+    if len(text) > _SHOW_MAX:  # a 10 MB value is still a one-line message
+        size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters as JSON"
+        return f"{text[:_SHOW_MAX]}... ({size})"
+    return text
+
+
+#: How much of an untrusted value a message quotes.
+_SHOW_MAX = 120
 
 
 @contextmanager

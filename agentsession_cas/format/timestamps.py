@@ -12,7 +12,7 @@ import re
 import time
 from datetime import UTC, datetime, timedelta
 
-from ..errors import TimestampError
+from ..errors import TimestampError, quoted
 
 __all__ = ["is_valid_ts", "check_ts", "format_ts", "now_ts", "normalise_ts", "ts_unix_nanos"]
 
@@ -64,7 +64,7 @@ def check_ts(value: object) -> str:
     if not isinstance(value, str):
         raise TimestampError(f"ts is {type(value).__name__}, not a string")
     raise TimestampError(
-        f"ts {value!r} is not in the admitted form (UTC, 'T' and 'Z', "
+        f"ts {quoted(value, 120)} is not in the admitted form (UTC, 'T' and 'Z', "
         "fraction only when non-zero, no trailing zeros, at most nine digits)"
     )
 

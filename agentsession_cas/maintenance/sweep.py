@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import RepackResult, Retained, RetentionSource
-from ..errors import CorruptObjectError, NoSuchObjectError, ReadOnlyError
+from ..errors import CorruptObjectError, NoSuchObjectError, ReadOnlyError, WritersActiveError
 from ..format.canonical import loads
 from ..format.hashing import envelope_content
 from ..format.media import sidecar_names
@@ -56,10 +56,15 @@ from ..format.media import sidecar_names
 if TYPE_CHECKING:
     from ..store.store import Store
 
-__all__ = ["DEFAULT_GRACE", "Retained", "RetentionSource", "SweepResult", "parse_duration", "retained", "sweep"]
+__all__ = ["DEFAULT_GRACE", "SAFE_GRACE", "Retained", "RetentionSource", "SweepResult", "parse_duration", "retained", "sweep"]
 
 #: Two weeks, as git's gc.pruneExpire.
 DEFAULT_GRACE = 14 * 24 * 3600.0
+#: A grace shorter than this does not cover a writer in flight: the objects a push
+#: sent before its session is made, or an append's objects before its record lands,
+#: are named by nothing yet and only their age protects them. Such a sweep refuses
+#: while any writer holds a session of the store, unless forced.
+SAFE_GRACE = 3600.0
 
 _DURATION = re.compile(r"(\d+)([smhdw]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -198,15 +203,27 @@ def sweep(
     wait: float = 60.0,
     progress: Callable[[int, int], None] | None = None,
     phase: Callable[[str], None] | None = None,
+    force: bool = False,
 ) -> SweepResult:
     """Remove every object nothing retained names and older than ``grace`` seconds
     (repacking what stays, where the backend packs). ``progress(done, total)`` is
     called as objects are copied, ``phase(text)`` as retention is read (logs,
     envelopes, contents) before that. The backend decides over a snapshot taken
-    before the logs are read (see the module docstring)."""
+    before the logs are read (see the module docstring). A ``grace`` under
+    :data:`SAFE_GRACE` refuses while a writer holds any session (``force`` overrides)."""
     backend = store.backend
     if store.readonly and not dry_run:
         raise ReadOnlyError(f"{store.describe()} is open read-only; a sweep removes objects")
+    if grace < SAFE_GRACE and not dry_run and not force:
+        held = backend.writers_holding()
+        if held is None or held:
+            who = "whether a writer holds a session cannot be told here" if held is None else (
+                f"a writer holds {len(held)} session(s): {', '.join(held[:5])}{' ...' if len(held) > 5 else ''}")
+            raise WritersActiveError(
+                f"refusing to sweep with a grace of {grace:g}s: {who}, and a grace under {SAFE_GRACE:g}s does not "
+                "protect the objects a writer or a push has sent but not yet recorded; wait for the writers, "
+                "use a longer grace, or --force to take that risk"
+            )
 
     def compute(holds_blobs: bool) -> Retained:
         return retained(store, backend.retention_sources(), blobs=holds_blobs, progress=phase)

@@ -23,6 +23,7 @@ from ..errors import (
     NoSuchObjectError,
     NoSuchRefError,
     NoSuchSessionError,
+    quoted,
 )
 from ..format.hashing import is_hash
 from ..format.names import check_session_id
@@ -96,14 +97,14 @@ def resolve_object(store: Store, name: str) -> str:
     digits = name[len("sha256:"):] if name.startswith("sha256:") else name
     if len(digits) < MIN_ENTRY_PREFIX or not _HEX.fullmatch(digits):
         raise BadNameError(
-            f"{name!r} is not an object name nor a prefix of one ({MIN_ENTRY_PREFIX} to 64 lowercase hex digits, "
+            f"{quoted(name)} is not an object name nor a prefix of one ({MIN_ENTRY_PREFIX} to 64 lowercase hex digits, "
             "with or without sha256:)"
         )
     want = "sha256:" + digits
     found = sorted({n for space in SPACES for n in store.objects.names(space) if n.startswith(want)})
     if found:
         return _the_one(name, found, f"objects in {store.describe()}")
-    raise NoSuchObjectError(f"no object in {store.describe()} starts with {name}")
+    raise NoSuchObjectError(f"no object in {store.describe()} starts with {quoted(name)}")
 
 
 def _held(session: Session) -> Iterable[str]:

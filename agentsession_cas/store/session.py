@@ -41,7 +41,7 @@ from ..errors import (
 from ..format.canonical import canonical_bytes, loads, needs_careful
 from ..format.codes import RULES
 from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
-from ..format.hashing import is_hash, line_from_objects, parse_envelope
+from ..format.hashing import envelope_defect, is_hash, line_from_objects, parse_envelope
 from ..format.links import REL_CONTINUED_IN, successor_of
 from ..format.media import sidecar_names
 from ..format.timestamps import now_ts
@@ -839,8 +839,16 @@ class Session:
             self._drop_pending()
             if self.writable and not self.log.stopped:
                 self.commit()
-                self.log.checkpoint()
-                self.log.set_indexes(self.head, self.mark)
+                try:
+                    self.log.checkpoint()
+                    self.log.set_indexes(self.head, self.mark)
+                except OSError:
+                    # Everything is committed, and the log holds the objects a checkpoint
+                    # would write (their payloads) and what the indexes say: the next
+                    # writing open writes them. An append acknowledged durable must not be
+                    # reported failed (a retry would record it twice) because a full disk
+                    # refused these copies.
+                    pass
                 try:
                     self.log.set_summary(self.summary().as_dict())
                 except AgentSessionError:
@@ -1022,9 +1030,11 @@ def envelope_parts(env_bytes: bytes, entry_id: str, objects: ObjectStore) -> tup
     """An envelope parsed, checked to be one (a content hash named); an error names
     where ``objects`` keeps it (worked out only then: it costs a path per call)."""
     env, careful = parse_envelope(env_bytes)
-    if not isinstance(env, dict) or not isinstance(env.get("content"), str):
+    why = envelope_defect(env)
+    if why is not None:
         where = objects.where("entries", entry_id)
-        raise CorruptObjectError(f"envelope {entry_id} is not an envelope ({where})", space="entries", name=entry_id, path=where)
+        raise CorruptObjectError(f"envelope {entry_id} is not an envelope: {why} ({where})", space="entries", name=entry_id,
+                                 path=where)
     return env, careful
 
 

@@ -36,6 +36,7 @@ from ..errors import (
     SessionFormatError,
     StoreError,
     SupersededError,
+    quoted,
 )
 from ..format.canonical import canonical_bytes, loads_flagged
 from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
@@ -552,7 +553,7 @@ class Store:
     def cat_object(self, name: str, space: Space | None = None) -> tuple[Space, bytes]:
         """An object's verified bytes and its space, looked up in every space unless one is given."""
         if not is_hash(name):
-            raise AgentSessionError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+            raise AgentSessionError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
         spaces: builtins.list[Space] = [space] if space else ["entries", "contents", "blobs"]
         for sp in spaces:
             try:

@@ -21,7 +21,7 @@ from .objects import AUTO_PACK_LOOSE, FileObjects
 from .refs import FileRefs
 from .remotes import FileRemotes
 from .sessions import FileSessions
-from .sweep import retention_sources, sweep_objects
+from .sweep import retention_sources, sweep_objects, writers_holding
 
 __all__ = ["FileBackend"]
 
@@ -84,6 +84,9 @@ class FileBackend(Backend):
 
     def retention_sources(self) -> Iterator[RetentionSource]:
         return retention_sources(self.root)
+
+    def writers_holding(self) -> list[str] | None:
+        return writers_holding(self.root)
 
     def sweep_objects(
         self, compute: Callable[[bool], Retained], *, grace: float, dry_run: bool, wait: float,

@@ -48,12 +48,12 @@ from ...format.entry import LEAF_LABEL, Entry, Header
 from ...format.hashing import HASH_PREFIX, is_hash
 from ...format.names import check_session_id
 from ...format.rules import TreeState
-from ...fsutil import read_whole
+from ...fsutil import NotAFileError, hash_file, read_whole
 from ...store.state import index_damage, replay
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
 from .log import Record, header_of, read_log, scan_log
-from .objects import FileObjects
+from .objects import HASH_FIRST, FileObjects
 from .packs import SPACE_BITS, Pack
 from .sessions import checkpoint_covers as _checkpoint_covers
 from .sessions import payload_entry
@@ -76,7 +76,6 @@ _ENVELOPE = re.compile(
     rb'(,"parents":\[[^\t\n]*\])?,"ts":"[^"\\]*","type":"([^"\\]*)"\}'
 )
 _SIDECAR = re.compile(rb"sidecar:sha256:([0-9a-f]{64})")
-_READ = 1 << 20
 #: Names a writer of this store leaves at its root, in ``locks/`` and beside files.
 _ROOT_NAMES = {
     "layout": "file",
@@ -99,6 +98,7 @@ _ROOT_NAMES = {
 }
 _SESSION_FILES = ("header", "log", "HEAD", "mark", "summary")
 _DAMAGED_LOG = "log.damaged-"  # repair keeps the damaged log beside the new one
+_DAMAGED_PACK = ".damaged-"  # pack sets a damaged pack file aside under this suffix
 _ATOMIC_TMP = ".tmp-"  # fsutil.write_atomic's temp files, beside their target
 
 
@@ -134,26 +134,18 @@ def _spaces_of(bits: int) -> str:
     return "+".join(s for s in _SPACES if bits & SPACE_BITS[s]) or "no space"
 
 
-def _hash_file(path: str) -> tuple[bytes, int]:
-    """SHA-256 of a file read in chunks (big blobs are never held whole), and its size."""
-    h = hashlib.sha256()
-    size = 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while chunk := os.read(fd, _READ):
-            h.update(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    return h.digest(), size
 
 
 def _read_or_none(path: str) -> bytes | None:
+    """A session file's bytes, or None when absent. Read as objects are (fsutil.read_whole:
+    a FIFO does not block, /dev/zero is not read without end); anything not a regular
+    file is a StoreError naming it, which fsck reports."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return read_whole(path)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    except NotAFileError:
+        raise StoreError(f"{path} is not a regular file (a FIFO, a device or a link to one)") from None
 
 
 def _proc_locks() -> set[tuple[int, int, int]] | None:
@@ -362,7 +354,10 @@ class _Walk:
         packs = set()
         for n in names:
             m = _PACK_FILE.fullmatch(n)
-            if m is None:
+            if m is None and _DAMAGED_PACK in n:
+                self.note("damaged-pack-kept", f"objects/pack/{n} is a damaged pack file `pack` set aside "
+                          "(what of it read was copied); remove it once read", file=f"objects/pack/{n}")
+            elif m is None:
                 self.stray(os.path.join(pack_dir, n), "not a pack or pack index name (pack-<64 hex>.pack|.idx)")
             elif m.group(2) == "idx":
                 idx.add(n[: -len(".idx")])
@@ -384,7 +379,12 @@ class _Walk:
                 self.error("missing-pack", f"{rel_idx} has no pack beside it ({rel_pack} is missing)", file=rel_pack)
             return  # else removed since it was listed: a merge or a sweep
         except (CorruptPackError, OSError, ValueError) as exc:
-            self.error("bad-pack-index", f"{rel_idx}: {_short(exc, self.root)}; none of its objects can be read through it", file=rel_idx)
+            self.error(
+                "bad-pack-index",
+                f"{rel_idx}: {_short(exc, self.root)}; none of its objects can be read through it "
+                "(`agentsession pack` rebuilds them from the pack)",
+                file=rel_idx,
+            )
             return
         try:
             self._check_open_pack(pack, rel_idx)
@@ -405,7 +405,7 @@ class _Walk:
         try:
             pack.check_pack_checksum()
         except CorruptPackError as exc:
-            self.error("bad-pack", _short(exc, self.root), file=rel_pack)
+            self.error("bad-pack", f"{_short(exc, self.root)} (`agentsession pack` copies what reads and sets it aside)", file=rel_pack)
         nblocks = pack.nblocks
         # The index's records: in strict hash order (a lookup is a binary search) and
         # counted right by the fan-out table.
@@ -595,9 +595,12 @@ class _Walk:
                     continue
                 raw = binascii.unhexlify(fan.name + f.name)
                 try:
-                    if space == "blobs":
-                        digest, size = _hash_file(f.path)
-                        data = b""
+                    big = f.stat(follow_symlinks=False).st_size > HASH_FIRST
+                    if space == "blobs" or big:
+                        # Hashed in chunks: a big file (a sparse one of gigabytes put there)
+                        # is read whole only once it proves to be the object it is named for.
+                        digest, size = hash_file(f.path)
+                        data = read_whole(f.path) if space != "blobs" and digest == raw else b""
                     else:
                         data = read_whole(f.path)
                         digest, size = sha(data).digest(), len(data)
@@ -612,17 +615,17 @@ class _Walk:
                 if digest != raw:
                     # A writer creates a loose object in place: give one in progress a second look.
                     try:
-                        data = read_whole(f.path)
+                        again, size = hash_file(f.path)
                     except OSError:
                         continue
-                    if sha(data).digest() != raw:
+                    if again != raw:
                         # Judged at the end: a copy some log still carries (no checkpoint
                         # covers its append) is a checkpoint cut short, not damage.
                         rel = self.rel(f.path)
-                        self.corrupt_loose.append((space, raw, rel, "is empty" if not data else "does not hash to its name"))
+                        self.corrupt_loose.append((space, raw, rel, "is empty" if not size else "does not hash to its name"))
                         self.unsound.setdefault((space, raw), f"its loose copy {rel} is corrupt")
                         continue
-                    size = len(data)
+                    data = read_whole(f.path) if space != "blobs" else b""
                 self.counts["objects"] += 1
                 self.counts["loose"] += 1
                 self.counts["bytes"] += size
@@ -1111,7 +1114,9 @@ class _Walk:
             code = "stale-head" if n == "HEAD" else "stale-mark"
             what = "head" if n == "HEAD" else "mark"
             text = found[n]
-            says = "is missing" if text is None else f"says {text.decode('utf-8', 'replace').strip() or 'no head'!r}"
+            # Shown as it is, less one final newline: a stray byte around the value is what is stale.
+            shown = "" if text is None else text.decode("utf-8", "replace").removesuffix("\n")
+            says = "is missing" if text is None else f"says {shown or 'no head'!r}"
             should = expect[n].decode().strip() or "no head"
             where = dict(session=sid, file=f"sessions/{sid}/{n}")
             if held:
@@ -1197,7 +1202,7 @@ class _Walk:
             # Read once more: a checkpoint writes loose objects in place, and one the walk
             # read half written is whole by now if the log said its checkpoint was done.
             try:
-                if hashlib.sha256(read_whole(os.path.join(self.root, rel))).digest() == raw:
+                if hash_file(os.path.join(self.root, rel))[0] == raw:
                     continue
             except FileNotFoundError:
                 continue  # packed since, or swept: its sessions were checked through the store

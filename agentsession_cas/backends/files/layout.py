@@ -13,7 +13,7 @@ import os
 import stat
 
 from ...errors import LayoutError
-from ...fsutil import fsync_dir, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, read_small, write_atomic
 from .objects import FileObjects
 
 __all__ = [
@@ -137,8 +137,9 @@ def check_layout(root: str, *, readonly: bool) -> None:
     older layout this release reads to :data:`LAYOUT` on a writable open."""
     layout = os.path.join(root, "layout")
     try:
-        with open(layout, "rb") as f:
-            text = f.read().decode("utf-8", "replace").strip()
+        text = read_small(layout, 4096).decode("utf-8", "replace").strip()
+    except NotAFileError as exc:
+        raise LayoutError(f"the store's layout file is damaged: {exc}") from None
     except FileNotFoundError:
         hint = old_layout_hint(root)
         if hint is not None:

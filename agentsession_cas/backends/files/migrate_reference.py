@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import AgentSessionError, BadNameError, MigrationError
-from ...format.canonical import canonical_bytes, loads
+from ...format.canonical import loads
 from ...format.hashing import is_hash
 from ...format.names import check_ref_name, check_session_id
 from ...fsutil import fsync_dir, write_atomic
@@ -70,7 +70,7 @@ from .migrate import (
     crc32c,
     migrate,
 )
-from .refs import ref_file_name
+from .refs import ref_file_bytes, ref_file_name
 
 __all__ = ["LogFault", "LogRead", "migrate_reference", "migrate_store", "read_session_log"]
 
@@ -455,7 +455,7 @@ class _ReferenceMigration(_Migration):
             if r.ident is not None:
                 record["ident"] = r.ident
             target = os.path.join(refs_dir, ref_file_name(r.name))
-            write_atomic(target, canonical_bytes(record) + b"\n", durable=True)
+            write_atomic(target, ref_file_bytes(record), durable=True)
             if target != path and os.path.exists(path):
                 os.unlink(path)
             written += 1

@@ -17,6 +17,7 @@ worth one, else as loose files.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -28,11 +29,11 @@ from typing import Any
 
 import filelock
 
-from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
+from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError, quoted
 from ...format.hashing import HASH_PREFIX, envelope_content, is_hash
-from ...fsutil import NotAFileError, fsync_dir, fsync_paths, read_whole, write_all, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, fsync_paths, hash_file, read_whole, write_all, write_atomic
 from ..base import ObjectStore, RepackResult, Space
-from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter
+from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter, pack_file_sound, salvage_pack
 
 __all__ = ["SPACES", "FileObjects", "RepackResult", "fsync_paths", "fsync_dir"]
 
@@ -81,6 +82,10 @@ def _freshen(path: str) -> bool:
     return True
 
 
+#: A loose object bigger than this is hashed in chunks before it is read whole.
+HASH_FIRST = 64 << 20
+
+
 class FileObjects(ObjectStore):
     """The objects of one store directory, under ``<root>/objects``, loose or packed.
 
@@ -110,7 +115,7 @@ class FileObjects(ObjectStore):
         if space not in SPACES:
             raise AgentSessionError(f"unknown object space {space!r}")
         if not is_hash(name):
-            raise AgentSessionError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+            raise AgentSessionError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
         return f"{self.dir}{os.sep}{space}{os.sep}{name[7:9]}{os.sep}{name[9:]}"
 
     def relpath(self, space: str, name: str) -> str:
@@ -213,6 +218,13 @@ class FileObjects(ObjectStore):
 
     def _get_loose(self, space: str, name: str, path: str) -> bytes:
         try:
+            if os.lstat(path).st_size > HASH_FIRST and HASH_PREFIX + hash_file(path)[0].hex() != name:
+                # A big file (a sparse one of gigabytes put there) is hashed in chunks and
+                # refused before it is held whole.
+                raise CorruptObjectError(
+                    f"corrupt object: {space} object {name} does not hash to its name ({self.relpath(space, name)})",
+                    space=space, name=name, path=path,
+                )
             data = read_whole(path)
         except FileNotFoundError:
             raise NoSuchObjectError(f"no {space} object {name} ({self.relpath(space, name)})") from None
@@ -828,6 +840,25 @@ class FileObjects(ObjectStore):
                         progress(done, total)
                 if not intact:
                     keep_packs.append(pack)
+            # A pack whose index does not open: its objects are read from the pack itself
+            # (the index rebuilt, in effect, into the new pack).
+            salvaged: list[tuple[str, bool]] = []
+            for key in sorted(snap.bad):
+                path = os.path.join(self.pack_dir, key + ".pack")
+                if not os.path.lexists(path):
+                    continue
+                found: list[str] = []
+                mtime = os.lstat(path).st_mtime
+                for raw, spaces, data in salvage_pack(path, found):
+                    self._repack_one(writer, keep, raw, spaces, data, mtime, kept, dropped, res)
+                whole = not found and pack_file_sound(path)
+                res.problems.extend(found)
+                if not dry_run:
+                    res.notes.append(
+                        f"objects/pack/{key}.idx was damaged: the objects of its pack were read without it"
+                        + ("" if whole else " (not all of them: the pack is damaged too)")
+                    )
+                salvaged.append((key, whole))
             loose_done: list[tuple[str, int]] = []
             for space, name, path, st in loose:
                 raw = bytes.fromhex(name[7:])
@@ -881,6 +912,18 @@ class FileObjects(ObjectStore):
                 continue
             if not self._remove_untouched(pack.path, mtime, index=pack.idx_path):
                 res.notes.append(f"{os.path.relpath(pack.path, self.root)} was touched by a writer meanwhile; kept")
+        for key, whole in salvaged:
+            if whole:
+                res.bad_packs.pop(key, None)
+            if whole:  # every object it held is in the new pack: the bad index and its pack go
+                for ext in (".idx", ".pack"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.pack_dir, key + ext))
+            else:
+                self._set_aside(key, res)
+        for pack in keep_packs:
+            if pack.name != res.pack:
+                self._set_aside(pack.name, res)
         for path, mtime in loose_done:
             self._remove_untouched(path, mtime)
         fsync_dir(self.pack_dir) if os.path.isdir(self.pack_dir) else None
@@ -894,6 +937,19 @@ class FileObjects(ObjectStore):
         )
         res.packs_after = len(self.packs.packs)
         return res
+
+    def _set_aside(self, key: str, res: RepackResult) -> None:
+        """Move a damaged pack and its index out of the readers' sight (renamed
+        ``.damaged-<UTC time>``, kept for an operator to read), once what of them reads
+        is durable in the new pack: a damaged pack kept in place is an fsck error no
+        command clears. Its objects no copy holds show as missing, for ``repair``."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        for ext in (".idx", ".pack"):  # the index first: the pack is then invisible
+            path = os.path.join(self.pack_dir, key + ext)
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(path, f"{path}.damaged-{stamp}")
+        fsync_dir(self.pack_dir)
+        res.notes.append(f"objects/pack/{key}.pack is damaged: what of it read was copied; it is set aside as .damaged-{stamp}")
 
     def _remove_untouched(self, path: str, mtime_ns: int, *, index: str | None = None) -> bool:
         """Remove a file a repack or sweep decided over unless a writer touched it since

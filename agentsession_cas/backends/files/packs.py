@@ -56,14 +56,18 @@ Objects above :data:`MAX_PACKED` stay loose.
 
 from __future__ import annotations
 
+import array
 import base64
 import binascii
+import errno
 import hashlib
 import itertools
 import mmap
 import os
 import re
+import stat
 import struct
+import sys
 import threading
 import time
 from bisect import bisect_right
@@ -79,6 +83,8 @@ from ...format.hashing import FAST_ENVELOPE
 from ...fsutil import fsync_dir, write_all
 
 __all__ = [
+    "pack_file_sound",
+    "salvage_pack",
     "BLOCK_TARGET",
     "MAX_BLOCK",
     "MAX_PACKED",
@@ -412,6 +418,28 @@ class _FlatBlock:
         return self.data[offset:end]
 
 
+def open_regular(path: str, what: str) -> int:
+    """A read-only descriptor of ``path``, which must be a regular file and no symbolic
+    link: a FIFO would block the open (O_NONBLOCK spares that), a device or a link to
+    /dev/zero would be read without end, and a link leads out of the store. Anything
+    else is a :class:`CorruptPackError` naming the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptPackError(f"{what} {path} is a symbolic link; the store makes none", path=path) from None
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise CorruptPackError(f"{what} {path} cannot be opened: {exc.strerror}", path=path) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise CorruptPackError(f"{what} {path} is {kind}", path=path)
+    os.set_blocking(fd, True)
+    return fd
+
+
 class Pack:
     """One pack and its index, opened read-only.
 
@@ -423,7 +451,7 @@ class Pack:
         self.idx_path = idx_path
         self.path = idx_path[: -len(".idx")] + ".pack"
         self.name = os.path.basename(idx_path)[: -len(".idx")]
-        with open(idx_path, "rb") as f:
+        with os.fdopen(open_regular(idx_path, "pack index"), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < len(IDX_MAGIC) + _HEAD.size + _FANOUT.size + 2 * _SUM:
                 raise CorruptPackError(f"pack index {idx_path} is too short ({size} bytes)", path=idx_path)
@@ -436,7 +464,7 @@ class Pack:
         # Opened now, so a pack merged or swept away later by another process
         # stays readable through this handle for as long as we hold it.
         try:
-            self._fd: int | None = os.open(self.path, os.O_RDONLY)
+            self._fd: int | None = open_regular(self.path, "pack")
         except BaseException:
             self._map.close()
             raise
@@ -451,9 +479,16 @@ class Pack:
             self.version, where, block = 1, _WHERE_V1, _BLOCK_V1
         else:
             raise CorruptPackError(f"pack index {idx_path} does not start with the index magic", path=idx_path)
+        self.count, self.nblocks = _HEAD.unpack_from(m, len(IDX_MAGIC))
+        if self.count > MAX_OBJECTS or self.nblocks > MAX_OBJECTS:
+            raise CorruptPackError(f"pack index {idx_path} claims {self.count} objects in {self.nblocks} blocks", path=idx_path)
+        laid = len(IDX_MAGIC) + _HEAD.size + _FANOUT.size + (32 + where.size) * self.count + block.size * self.nblocks + 2 * _SUM
+        if laid != size:
+            # Before the checksum reads it all: a file of another size (a sparse one of
+            # gigabytes say) is refused without a byte of it read past the head.
+            raise CorruptPackError(f"pack index {idx_path} is not laid out as its counts say", path=idx_path)
         if blake3.blake3(m[: size - _SUM]).digest() != m[size - _SUM :]:
             raise CorruptPackError(f"pack index {idx_path} fails its checksum", path=idx_path)
-        self.count, self.nblocks = _HEAD.unpack_from(m, len(IDX_MAGIC))
         o = len(IDX_MAGIC) + _HEAD.size
         self._fanout = _FANOUT.unpack_from(m, o)
         o += _FANOUT.size
@@ -1093,3 +1128,137 @@ class PackSet:
         self.packs = []
         self._cache.clear()
         self._seen = None
+
+
+def _spaces_of(kind: int, data: bytes) -> int:
+    """The spaces of an object read from a pack without its index (which alone records
+    them): an envelope slot, or bytes of an envelope's form, is an entry; anything else
+    is filed as both a content and a blob. A name is the hash of its bytes in any
+    space (every read checks it), so a name in one space too many serves nothing wrong."""
+    if kind == KIND_ENVELOPE or FAST_ENVELOPE.fullmatch(data):
+        return SPACE_BITS["entries"]
+    return SPACE_BITS["contents"] | SPACE_BITS["blobs"]
+
+
+def salvage_pack(path: str, problems: list[str]) -> Iterator[tuple[bytes, int, bytes]]:
+    """Every object a format-2 pack file still holds, read without its index: (raw
+    name, spaces, bytes), each name the SHA-256 of the bytes.
+
+    The pack's blocks are walked from its magic: each zstd frame declares its size
+    (bounded by :data:`MAX_BLOCK` before anything is decompressed), the stream's
+    slot table says how many side bytes follow it. A block that does not read ends
+    the walk (the blocks after it cannot be found); what could not be read is added
+    to ``problems``. Used by ``pack`` to rebuild what a damaged index lost."""
+    rel = path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        problems.append(f"pack {rel} cannot be opened: {exc.strerror}")
+        return
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            problems.append(f"pack {rel} is not a regular file")
+            return
+        size = st.st_size
+        head = os.pread(fd, len(PACK_MAGIC), 0)
+        if head != PACK_MAGIC:
+            problems.append(f"pack {rel} does not start with the format-2 pack magic; its objects cannot be found without its index")
+            return
+        pos, end, block = len(PACK_MAGIC), size - _SUM, 0
+        while pos < end:
+            where = f"pack {rel} block {block} (offset {pos})"
+            header = os.pread(fd, 18, pos)
+            try:
+                raw = zstandard.frame_content_size(header)
+            except zstandard.ZstdError:
+                problems.append(f"{where} is not a zstd frame; the rest of the pack cannot be read")
+                return
+            if raw < 0 or raw > MAX_BLOCK:
+                problems.append(f"{where} declares {raw} bytes; the rest of the pack cannot be read")
+                return
+            dec = zstandard.ZstdDecompressor().decompressobj()
+            out, at = [], pos
+            got = 0
+            try:
+                while not dec.eof and at < end:
+                    chunk = os.pread(fd, min(1 << 20, end - at), at)
+                    if not chunk:
+                        break
+                    part = dec.decompress(chunk)
+                    got += len(part)
+                    if got > raw:
+                        raise zstandard.ZstdError("more bytes than the frame declares")
+                    out.append(part)
+                    at += len(chunk) - len(dec.unused_data)
+            except zstandard.ZstdError as exc:
+                problems.append(f"{where} does not decompress ({exc}); the rest of the pack cannot be read")
+                return
+            stream = b"".join(out)
+            if not dec.eof or len(stream) != raw or len(stream) < 0:
+                problems.append(f"{where} ends early; the rest of the pack cannot be read")
+                return
+            count = _slot_count(stream)
+            if count is None:
+                problems.append(f"{where}: its slot table does not add up; the rest of the pack cannot be read")
+                return
+            side_len = sum(struct.unpack_from(f">{count}I", stream, 5 * count)) if count else 0
+            if side_len > MAX_BLOCK or at + side_len > end:
+                problems.append(f"{where} claims {side_len} side bytes; the rest of the pack cannot be read")
+                return
+            side = os.pread(fd, side_len, at)
+            try:
+                blk = Block(stream, side, count, where=where, path=path)
+            except CorruptPackError as exc:
+                problems.append(f"{exc}; the rest of the pack cannot be read")
+                return
+            for slot in range(count):
+                try:
+                    data = blk.object(slot)
+                except CorruptPackError as exc:
+                    problems.append(str(exc))
+                    continue
+                yield hashlib.sha256(data).digest(), _spaces_of(blk.kinds[slot], data), data
+            pos, block = at + side_len, block + 1
+    finally:
+        os.close(fd)
+
+
+def _slot_count(stream: bytes) -> int | None:
+    """How many slots a block's stream holds: the n whose table (9n bytes) and payload
+    lengths add up to the stream. The stream does not record n; at most one n fits
+    the common case, found by trying each (a block holds at most MAX_BLOCK // 9)."""
+    size = len(stream)
+    swap = sys.byteorder == "little"
+    for n in range(1, min(size // 9, MAX_BLOCK // 9) + 1):
+        if stream[n - 1] > KIND_SIDE:
+            return None  # a kind byte that is not one: every larger n includes it too
+        lengths = array.array("I", stream[n : 5 * n])
+        if swap:
+            lengths.byteswap()
+        if 9 * n + sum(lengths) == size:
+            return n
+    return None
+
+
+def pack_file_sound(path: str) -> bool:
+    """Whether a pack file's bytes match its trailing checksum (read in bounded chunks)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < len(PACK_MAGIC) + _SUM:
+            return False
+        h = blake3.blake3()
+        pos, end = 0, st.st_size - _SUM
+        while pos < end:
+            chunk = os.pread(fd, min(1 << 22, end - pos), pos)
+            if not chunk:
+                return False
+            h.update(chunk)
+            pos += len(chunk)
+        return h.digest() == os.pread(fd, _SUM, end)
+    finally:
+        os.close(fd)

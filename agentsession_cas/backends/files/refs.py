@@ -1,7 +1,9 @@
 """Refs in a store directory: ``refs/<name with / as %>``, one small file each, under ``refs.lock``.
 
-Each file is the ref's record as canonical JSON and LF, written to ``tmp/``,
-fsynced and renamed into place (the directory fsynced). The store-wide lock
+Each file is the ref's record as canonical JSON and LF, then ``sha256:<hex>`` of
+that line and LF (so a flipped byte is found, never served as another session),
+written to ``tmp/``, fsynced and renamed into place (the directory fsynced). A
+file of one line (written before the checksum) is still read. The store-wide lock
 ``refs.lock`` is held by every change, since a creation's conflict check
 spans every name; reads take none. On a file system that ignores case, the
 file of ``Chat`` is the file of ``chat``: a file holding another spelling
@@ -10,6 +12,7 @@ is another ref, not this one.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -20,21 +23,45 @@ import filelock
 from ...errors import AgentSessionError, BadRefNameError, StoreError
 from ...format.canonical import canonical_bytes, loads
 from ...format.names import check_ref_name
-from ...fsutil import fsync_dir, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, read_small, write_atomic
 from ..base import RefStore
 
-__all__ = ["FileRefs", "LOCK_TIMEOUT", "ref_file_name"]
+__all__ = ["FileRefs", "LOCK_TIMEOUT", "ref_file_bytes", "ref_file_name"]
 
 #: How long a writer waits for another's ref update before giving up. Updates hold the
 #: lock for a read, a file write and two fsyncs, so a wait this long means a stuck process.
 LOCK_TIMEOUT = 30.0
 #: The file-name spelling of ``/``; no ref name can hold it, so the mapping is one to one.
 _SLASH = "%"
+#: The second line of a ref file: the SHA-256 of the first (record) line, LF included.
+_SUM_PREFIX = b"sha256:"
+#: A ref file is a name (at most 200 bytes), a session id, an ident and a checksum: a
+#: longer one is not a ref file.
+_MAX_REF_FILE = 4096
 
 
 def ref_file_name(name: str) -> str:
     """The file in ``refs/`` that holds the ref ``name`` (``/`` written as ``%``)."""
     return check_ref_name(name).replace("/", _SLASH)
+
+
+def ref_file_bytes(record: Mapping[str, Any]) -> bytes:
+    """A ref file's bytes: the record's canonical JSON line, then its checksum line."""
+    line = canonical_bytes(dict(record)) + b"\n"
+    return line + _SUM_PREFIX + hashlib.sha256(line).hexdigest().encode() + b"\n"
+
+
+def _checked(raw: bytes, path: str) -> bytes:
+    """The record line of a ref file, its checksum line checked (a file of one line,
+    written before refs had one, is taken as it is)."""
+    first, nl, rest = raw.partition(b"\n")
+    if not nl or not rest:
+        return raw
+    line = first + nl
+    want = _SUM_PREFIX + hashlib.sha256(line).hexdigest().encode() + b"\n"
+    if rest != want:
+        raise StoreError(f"ref file {path} is damaged: its record does not match its checksum line")
+    return first
 
 
 def _name_of_file(file_name: str) -> str | None:
@@ -56,12 +83,14 @@ class FileRefs(RefStore):
     def get(self, name: str) -> dict[str, Any] | None:
         path = self.where(name)
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            raw = read_small(path, _MAX_REF_FILE)
         except FileNotFoundError:
             return None
+        except NotAFileError as exc:
+            raise StoreError(f"ref file {path} is damaged: {exc}") from None
         except IsADirectoryError:
             raise StoreError(f"ref file {path} is a directory; refs/ holds one file per ref") from None
+        raw = _checked(raw, path)
         try:
             data = loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, AgentSessionError) as exc:
@@ -114,7 +143,7 @@ class FileRefs(RefStore):
             fsync_dir(self.root)  # the new directory's name, before any ref in it
         tmp = os.path.join(self.root, "tmp")
         os.makedirs(tmp, exist_ok=True)
-        write_atomic(self.where(name), canonical_bytes(dict(record)) + b"\n", durable=True, tmp_dir=tmp)
+        write_atomic(self.where(name), ref_file_bytes(record), durable=True, tmp_dir=tmp)
 
     def delete(self, name: str) -> None:
         try:

@@ -46,7 +46,7 @@ from ...errors import (
 )
 from ...format.canonical import canonical_bytes, loads
 from ...format.entry import Entry, Header, short_id
-from ...format.hashing import is_hash, sha256_ref
+from ...format.hashing import envelope_defect, is_hash, sha256_ref
 from ...format.names import check_session_id
 from ...format.reader import read_session_bytes
 from ...format.rules import TreeState
@@ -689,7 +689,7 @@ class _Planner:
                         env = loads(piece)
                     except (ValueError, AgentSessionError):
                         continue
-                    if isinstance(env, dict) and is_hash(env.get("content")) and isinstance(env.get("type"), str):
+                    if envelope_defect(env) is None:
                         if not isinstance(self.objects(h, None), tuple):
                             payload_only[r][h] = i
                             appended.add(h)
@@ -1192,15 +1192,17 @@ def _restorable_objects(store: Store, sdir: str) -> list[tuple[Space, str, bytes
 
 
 def _stale_indexes(sdir: str, head: str | None, mark: str) -> list[tuple[str, str | None, str]]:
-    """The index files of a session directory that disagree with its log's head and mark."""
+    """The index files of a session directory that disagree with its log's head and mark:
+    byte for byte, as fsck compares them (a stray byte around the value is stale too)."""
     out: list[tuple[str, str | None, str]] = []
     for name, value in (("HEAD", head or ""), ("mark", mark)):
         try:
             with open(os.path.join(sdir, name), "rb") as f:
-                said: str | None = f.read().decode("utf-8", "replace").strip()
+                raw: bytes | None = f.read(4096)
         except OSError:
-            said = None
-        if said != value:
+            raw = None
+        if raw != f"{value}\n".encode():
+            said = None if raw is None else raw.decode("utf-8", "replace").strip()
             out.append((name, said, value))
     return out
 

@@ -46,7 +46,7 @@ from ...errors import (
 from ...format.canonical import canonical_bytes, loads
 from ...format.hashing import sha256_ref
 from ...format.names import check_session_id
-from ...fsutil import fsync_dir, start_writeback, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, read_small, read_whole, start_writeback, write_atomic
 from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
 from .log import (
     ZERO_LINK,
@@ -68,6 +68,10 @@ __all__ = ["CHECKPOINT_ENTRIES", "FileSessionLog", "FileSessions", "payload_entr
 #: Appends whose objects live only in the log (their payloads) before a checkpoint
 #: writes them to objects/.
 CHECKPOINT_ENTRIES = 1024
+#: The most a session's header file may hold (a header is small; a sparse file of
+#: gigabytes where one should be is refused unread), and an index file (HEAD, mark, summary).
+HEADER_LIMIT = 16 << 20
+_SMALL = 1 << 16
 #: Compaction (a snapshot in place of the records a checkpoint covers, payloads
 #: dropped): at close once the log grew this much since its last snapshot ...
 COMPACT_AT_CLOSE = 64 << 10
@@ -132,8 +136,7 @@ def _read_summary(directory: str) -> tuple[dict[str, Any], list[str]] | None:
     """(summary, log identity) from a session's ``summary`` file, or None when there is
     none or it does not read (an index: rebuilt, never an error)."""
     try:
-        with open(os.path.join(directory, "summary"), "rb") as f:
-            raw = f.read(1 << 16)
+        raw = read_small(os.path.join(directory, "summary"), _SMALL)
     except OSError:
         return None
     body = checked_body(raw)
@@ -217,8 +220,7 @@ class FileSessions(SessionStore):
 
     def header(self, session_id: str) -> bytes | None:
         try:
-            with open(os.path.join(self.dir(session_id), "header"), "rb") as f:
-                return f.read()
+            return read_small(os.path.join(self.dir(session_id), "header"), HEADER_LIMIT)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
@@ -333,8 +335,9 @@ class FileSessions(SessionStore):
         and a crash's tail after it), their lines and offsets, and what does not read."""
         path = os.path.join(self.dir(session_id), "log")
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = read_whole(path)
+        except NotAFileError as exc:
+            raise StoreError(f"session {session_id}: its log cannot be read: {exc}") from None
         except FileNotFoundError:
             if not self.exists(session_id):
                 raise NoSuchSessionError(f"no such session: {session_id}") from None
@@ -426,15 +429,13 @@ class FileSessionLog(SessionLog):
         (a snapshot), and say what the indexes hold."""
         sid = self.session_id
         try:
-            with open(os.path.join(self.dir, "header"), "rb") as f:
-                header = f.read()
+            header = read_small(os.path.join(self.dir, "header"), HEADER_LIMIT)
         except (FileNotFoundError, NotADirectoryError):
             raise NoSuchSessionError(f"no such session: {sid}") from None
         except OSError as exc:
             raise StoreError(f"session {sid}: its header cannot be read: {exc.strerror or exc}") from None
         try:
-            with open(os.path.join(self.dir, "log"), "rb") as f:
-                data = f.read()
+            data = read_whole(os.path.join(self.dir, "log"))  # a FIFO or device there is refused, never waited on
         except FileNotFoundError:
             data = b""
         except OSError as exc:
@@ -609,8 +610,7 @@ class FileSessionLog(SessionLog):
         out: list[str | None] = []
         for name in ("HEAD", "mark"):
             try:
-                with open(os.path.join(self.dir, name), "rb") as f:
-                    text = f.read(200).decode("ascii", "replace").strip()
+                text = read_small(os.path.join(self.dir, name), _SMALL).decode("ascii", "replace").strip()
             except OSError:
                 text = None
             out.append(text)
@@ -732,8 +732,7 @@ class FileSessionLog(SessionLog):
             path = os.path.join(self.dir, name)
             data = text.encode()
             try:
-                with open(path, "rb") as f:
-                    same = f.read() == data
+                same = read_small(path, _SMALL) == data
             except OSError:
                 same = False
             if not same:
@@ -836,8 +835,7 @@ class FileSessionLog(SessionLog):
         if growth < (COMPACT_AT_CLOSE if final else max(COMPACT_WHILE_WRITING, self._compacted)):
             return
         path = os.path.join(self.dir, "log")
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_whole(path)
         logread = read_log(data, expand=False)
         records = logread.records
         if logread.damage or logread.cut or len(records) < 2 or records[0].op != "create":

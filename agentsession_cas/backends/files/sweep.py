@@ -23,7 +23,7 @@ from .log import read_log, scan_log
 from .objects import FileObjects, Snapshot
 from .packs import SPACE_BITS
 
-__all__ = ["TMP_MIN_AGE", "retention_sources", "sweep_objects"]
+__all__ = ["TMP_MIN_AGE", "retention_sources", "sweep_objects", "writers_holding"]
 
 #: Leftovers in tmp/ (a crashed import's stage, a pack never finished) go once
 #: older than the grace period, and never younger than this.
@@ -249,3 +249,30 @@ def _clean_tmp(root: str, age: float, now: float) -> list[str]:
                 continue
         removed.append(os.path.join("tmp", name))
     return removed
+
+
+def writers_holding(root: str) -> list[str] | None:
+    """The sessions whose writer lock (``locks/<id>.lock``) a process holds now, read
+    from the kernel's lock table without taking any lock (taking one to test it would
+    make a writer opening that moment fail); None where that table cannot be read."""
+    from .fsck import _proc_locks  # the one reader of /proc/locks
+
+    held = _proc_locks()
+    if held is None:
+        return None
+    locks = os.path.join(root, "locks")
+    try:
+        names = sorted(os.listdir(locks))
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        if not name.endswith(".lock") or name == "pack.lock":
+            continue
+        try:
+            st = os.stat(os.path.join(locks, name))
+        except OSError:
+            continue
+        if (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held:
+            out.append(name[: -len(".lock")])
+    return out
