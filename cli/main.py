@@ -50,6 +50,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "take-back": ("exchange_commands", 'Take the record of session ID back from REMOTE: fetch, declare it here, release it there.'),
     "diff": ("view_commands", "Compare two sessions, or two entries' paths: the common prefix, then what only each holds."),
     "grep": ("view_commands", "Search entries' text for a regular expression; exit 1 when nothing matches."),
+    "stats": ("view_commands", "Print the store's objects, logical versus stored bytes, and how much sessions share."),
     "serve": ("serve_command", "Serve the store over HTTP (RFC 0003) until interrupted."),
 }
 

@@ -14,7 +14,7 @@ from agentsession_cas.store import Store
 from agentsession_cas.store.names import resolve_entry, resolve_session
 from agentsession_cas.store.views import Diff, diff_paths, diff_sequences, grep_entries
 
-from .common import echo, emit_json, one_line, plural
+from .common import echo, emit_json, one_line, plural, table
 from .describe import describe
 from .store_commands import read_store
 
@@ -137,4 +137,57 @@ def grep(pattern: str, sessions: tuple[str, ...], types: tuple[str, ...], ignore
     sys.exit(0 if matched else 1)
 
 
-COMMANDS: list[click.Command] = [diff, grep]
+# ---------------------------------------------------------------------------
+# stats
+
+
+def _size(n: int) -> str:
+    """``12,345 bytes (12.1 KiB)``: exact, then in the largest binary unit it reaches."""
+    exact = plural(n, "byte")
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{exact} ({n / scale:.1f} {unit})"
+    return exact
+
+
+@click.command()
+@click.option("--by-session", is_flag=True, help="Also print each session's entries, bytes and what it shares.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def stats(by_session: bool, as_json: bool) -> None:
+    """Print the store's objects, logical versus stored bytes, and how much sessions share.
+
+    Logical bytes are what the sessions would be as files (each session's
+    projection entry lines; a fork's prefix counted in the fork too);
+    stored bytes what the objects take (loose files and packs). Distinct
+    bytes count each entry once, however many sessions hold it; the dedup
+    ratio is logical over distinct.
+    """
+    from agentsession_cas.maintenance.stats import store_stats
+
+    result = store_stats(read_store())
+    if as_json:
+        emit_json(result.as_dict(by_session=by_session))
+        return
+    rows = [["" if i else "objects", f"{space} {result.objects[space]:,} in {_size(result.object_bytes[space])}"]
+            for i, space in enumerate(result.objects)]
+    rows += [["sessions", f"{len(result.sessions):,}"], ["logical", _size(result.logical_bytes)]]
+    if result.stored is None:
+        rows.append(["stored", "not known for this backend"])
+    else:
+        parts = ", ".join(f"{kind} {_size(n)}" for kind, n in result.stored.items())
+        rows.append(["stored", f"{_size(sum(result.stored.values()))}: {parts}"])
+    dedup = f"; dedup {result.dedup:.2f}x" if result.dedup is not None else ""
+    rows.append(["distinct", f"{plural(result.distinct_entries, 'entry', 'entries')}, {_size(result.distinct_bytes)}"])
+    rows.append(["shared", f"{plural(result.shared_entries, 'entry', 'entries')} held by more than one session{dedup}"])
+    for line in table(rows):
+        echo(line)
+    if by_session and result.sessions:
+        echo()
+        head = [["SESSION", "ENTRIES", "OWN", "LOGICAL", "SHARED"]]
+        body = [[s.session, f"{s.entries:,}", f"{s.own:,}", f"{s.logical_bytes:,}",
+                 f"{s.shared_entries:,} ({s.shared_bytes:,} bytes)"] for s in result.sessions]
+        for line in table(head + body):
+            echo(line)
+
+
+COMMANDS: list[click.Command] = [diff, grep, stats]

@@ -214,3 +214,63 @@ def test_grep_without_a_match_exits_1_and_a_bad_pattern_2(store):
     assert cli(store, "grep", "(").exit_code == 2
     r = cli(store, "grep", "x", "nosuch")
     assert r.exit_code == 1 and "no such session: nosuch" in r.stderr
+
+
+# -- stats ----------------------------------------------------------------------
+
+
+def _files_bytes(directory: Path, pattern: str) -> int:
+    return sum(p.stat().st_size for p in directory.glob(pattern) if p.is_file())
+
+
+def test_stats_counts_objects_logical_and_stored_bytes(store):
+    data = json.loads(ok(cli(store, "stats", "--json", "--by-session")))
+    with Store(str(store), readonly=True) as st:
+        # logical: the sessions' exported entry lines (none of them ends with a synthetic marker)
+        exported = {sid: st.export(sid).splitlines(keepends=True)[1:] for sid in ("orig", "fork", "other")}
+        distinct = {line for lines in exported.values() for line in lines}
+    assert data["sessions"] == 3
+    assert data["logical_bytes"] == sum(len(line) for lines in exported.values() for line in lines)
+    assert data["distinct_entries"] == len(distinct) == 7 + 1 + 1
+    assert data["distinct_bytes"] == sum(len(line) for line in distinct)
+    assert data["shared_entries"] == 3  # the fork's prefix: config, user turn, answer
+    assert data["dedup"] == round(data["logical_bytes"] / data["distinct_bytes"], 3) and data["dedup"] > 1
+    assert data["objects"]["entries"]["count"] == 9 and data["objects"]["blobs"] == {"count": 0, "bytes": 0}
+    assert data["stored"] == {"loose": _files_bytes(store / "objects", "[ecb]*/*/*"), "packs": 0}
+    by = {s["session"]: s for s in data["by_session"]}
+    assert by["fork"] == {"session": "fork", "entries": 4, "own": 1, "shared_entries": 3,
+                          "logical_bytes": sum(len(line) for line in exported["fork"]),
+                          "shared_bytes": sum(len(line) for line in exported["fork"][:3])}
+    assert by["other"]["shared_entries"] == 0 and by["orig"]["shared_entries"] == 3
+
+
+def test_stats_after_pack_and_as_text(store):
+    ok(cli(store, "pack"))
+    data = json.loads(ok(cli(store, "stats", "--json")))
+    assert data["stored"] == {"loose": 0, "packs": _files_bytes(store / "objects" / "pack", "pack-*")}
+    assert "by_session" not in data
+    out = ok(cli(store, "stats", "--by-session")).splitlines()
+    assert out[0].startswith("objects") and "entries 9 in " in out[0]
+    assert any(line.startswith("stored") and "loose 0 bytes, packs " in line for line in out)
+    assert any(line.startswith("shared") and "3 entries held by more than one session; dedup " in line for line in out)
+    assert out[-4].split() == ["SESSION", "ENTRIES", "OWN", "LOGICAL", "SHARED"]
+    assert out[-3].split()[:3] == ["fork", "4", "1"]
+
+
+def test_stats_of_an_empty_store(tmp_path):
+    Store.init(str(tmp_path / "empty")).close()
+    data = json.loads(ok(cli(tmp_path / "empty", "stats", "--json")))
+    assert data["sessions"] == data["logical_bytes"] == data["distinct_entries"] == 0 and data["dedup"] is None
+    assert data["objects"]["entries"] == {"count": 0, "bytes": 0}
+    assert "dedup" not in ok(cli(tmp_path / "empty", "stats"))
+
+
+def test_stats_of_a_backend_that_cannot_say_what_it_stores():
+    from agentsession_cas.store.url import open_store
+
+    with open_store("memory:views-stats", create=True) as st:
+        st.create(Header.new("m")).append({"type": "item", "ts": TS, "item": msg("user", "hi")})
+        out = ok(cli("memory:views-stats", "stats"))
+        data = json.loads(ok(cli("memory:views-stats", "stats", "--json")))
+    assert "stored    not known for this backend" in out.splitlines()
+    assert data["stored"] is None and data["stored_bytes"] is None and data["distinct_entries"] == 1
