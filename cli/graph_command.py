@@ -54,6 +54,7 @@ def draw(file: str, as_json: bool, verbose: bool) -> None:
             "entries": [{"id": r.entry.id, "parent": r.entry.parent, "type": r.entry.type,
                          "summary": describe(r.entry, verbose), "graph": r.lanes,
                          **({"branch": r.branch} if r.branch is not None else {}),
+                         **({"collapse": r.collapse} if r.collapse is not None else {}),
                          "marks": _marks(r.entry, head, base, labels)} for r in rows],
         })
         return
@@ -64,6 +65,8 @@ def draw(file: str, as_json: bool, verbose: bool) -> None:
         marks = _marks(r.entry, head, base, labels)
         line = f"{r.lanes.ljust(width)}  {short_id(r.entry.id)}  {r.entry.type:<10} {describe(r.entry, verbose)}"
         echo((line + "  " + " ".join(marks)) if marks else line)
+        if r.collapse is not None:
+            echo(r.collapse)
 
 
 def _show(graph: bool, **kwargs: Any) -> None:

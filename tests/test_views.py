@@ -57,13 +57,16 @@ def store(tmp_path) -> Path:
 # -- show --graph ---------------------------------------------------------------
 
 
+def _tree(*spec: tuple[str, str | None]) -> list:
+    """Entries named by text, each (name, parent's name), in file order."""
+    made: dict = {}
+    for name, parent in spec:
+        made[name] = make_entry("item", made[parent].id if parent else None, ts=TS, item=msg("user", name))
+    return list(made.values())
+
+
 def test_graph_rows_draw_lanes_as_git_log_graph():
-    a = make_entry("item", None, ts=TS, item=msg("user", "a"))
-    b = make_entry("item", a.id, ts=TS, item=msg("assistant", "b"))
-    c = make_entry("item", b.id, ts=TS, item=msg("user", "c"))
-    d = make_entry("item", a.id, ts=TS, item=msg("assistant", "d"))
-    e = make_entry("item", d.id, ts=TS, item=msg("user", "e"))
-    rows = graph_rows([a, b, c, d, e])
+    rows = graph_rows(_tree(("a", None), ("b", "a"), ("c", "b"), ("d", "a"), ("e", "d")))
     assert [(r.branch, r.lanes) for r in rows] == [
         (None, "*"),
         ("|\\", "| *"),  # b: a's first child of two opens a lane
@@ -73,19 +76,27 @@ def test_graph_rows_draw_lanes_as_git_log_graph():
     ]
 
 
-def test_graph_of_a_branch_next_to_an_open_one_crosses_it():
-    a = make_entry("item", None, ts=TS, item=msg("user", "a"))
-    b1 = make_entry("item", a.id, ts=TS, item=msg("user", "b1"))
-    b2 = make_entry("item", b1.id, ts=TS, item=msg("user", "b2"))
-    c = make_entry("item", a.id, ts=TS, item=msg("user", "c"))
-    c1 = make_entry("item", c.id, ts=TS, item=msg("user", "c1"))
-    c2 = make_entry("item", c.id, ts=TS, item=msg("user", "c2"))
-    d = make_entry("item", b1.id, ts=TS, item=msg("user", "d"))
-    rows = graph_rows([a, b1, b2, c, c1, c2, d])
-    drawn = [(r.entry.id, r.branch, r.lanes) for r in rows]
-    assert drawn[1] == (b1.id, "|\\", "| *")
-    assert drawn[2] == (b2.id, "| |\\", "| | *")  # b1 has a later child: b2 opens lane 2
-    assert [r.lanes.index("*") // 2 for r in rows] == [0, 1, 2, 0, 2, 0, 1]
+def test_graph_of_a_branch_beside_an_open_lane_crosses_it():
+    rows = graph_rows(_tree(("a", None), ("b", "a"), ("x", "a"), ("bb", "b"), ("y", "a"), ("r", None)))
+    assert [(r.branch, r.lanes) for r in rows] == [
+        (None, "*"),
+        ("|\\", "| *"),
+        ("|_|\\", "| | *"),  # x: a's lane joined to a third lane, across b's
+        (None, "| *"),  # bb, below b; x's lane closed
+        (None, "*"),  # y: a's last child
+        (None, "*"),  # a second root: a lane of its own
+    ]
+
+
+
+def test_graph_moves_lanes_left_when_one_ends_before_them():
+    rows = graph_rows(_tree(("a", None), ("b", "a"), ("c", "a"), ("bb", "b")))
+    assert [(r.branch, r.lanes, r.collapse) for r in rows] == [
+        (None, "*", None),
+        ("|\\", "| *", None),  # b opens lane 1
+        (None, "* |", " /"),  # c, a's last child, is a leaf: its lane ends, b's moves left
+        (None, "*", None),  # bb, b's child, in lane 0 now
+    ]
 
 
 def test_show_graph_marks_head_labels_and_branches(store):
@@ -96,8 +107,10 @@ def test_show_graph_marks_head_labels_and_branches(store):
     assert answer.startswith("| *") and answer.endswith("[good]")
     retry = next(line for line in out if "Eleven" in line)
     assert retry.startswith("* |")  # the user turn's last child keeps its lane, beside the open branch
-    # the head went on from the label (the retry started a branch and left it there)
-    assert out[-1].startswith("  *") and "output c1" in out[-1] and out[-1].endswith("(head)")
+    # the head went on from the label (the retry started a branch and left it there): the
+    # retry's lane ends, and the label's moves left into it
+    assert out[out.index(retry) + 1] == " /"
+    assert out[-1].startswith("*  ") and "output c1" in out[-1] and out[-1].endswith("(head)")
     assert sum("(head)" in line for line in out) == 1
 
 

@@ -25,11 +25,13 @@ __all__ = ["GraphRow", "graph_rows", "Diff", "diff_sequences", "diff_paths", "en
 @dataclass
 class GraphRow:
     """One line of the graph: ``lanes`` is the drawing left of the entry (``*`` marks it);
-    ``branch`` a connector line drawn before it when it starts a branch (else None)."""
+    ``branch`` a connector line drawn before it when it starts a branch, ``collapse`` one
+    drawn after it when its lane ends left of open ones, which move left (else None)."""
 
     entry: Entry
     lanes: str
     branch: str | None = None
+    collapse: str | None = None
 
 
 def _draw(lanes: Sequence[str | None], at: int, mark: str) -> str:
@@ -41,8 +43,9 @@ def graph_rows(entries: Sequence[Entry]) -> list[GraphRow]:
     """The entries in file order, each in a lane as ``git log --graph`` draws them (oldest
     first): an entry continues its parent's lane when it is the parent's last child; an
     earlier child opens a lane to the right (the branch line ``|\\`` before it), which
-    closes after its last entry. A root (or an entry whose parent is not among them)
-    starts a lane of its own. Only ``parent`` is followed, as the tree does."""
+    closes after its last entry (the lanes right of it moving left: ``/``). A root (or an
+    entry whose parent is not among them) starts a lane of its own. Only ``parent`` is
+    followed, as the tree does."""
     tree = Tree(entries)
     remaining = {e.id: len(tree.children(e.id)) for e in entries}
     lanes: list[str | None] = []
@@ -62,11 +65,13 @@ def graph_rows(entries: Sequence[Entry]) -> list[GraphRow]:
         else:
             at = _free_lane(lanes, after=-1)
         lanes[at] = e.id
-        rows.append(GraphRow(e, _draw(lanes, at, "*"), branch))
+        row = GraphRow(e, _draw(lanes, at, "*"), branch)
+        rows.append(row)
         if remaining[e.id] == 0:
-            lanes[at] = None
-            while lanes and lanes[-1] is None:
-                lanes.pop()
+            # the lane ends here; the lanes right of it move one left (`` /``)
+            if any(lane is not None for lane in lanes[at + 1:]):
+                row.collapse = _collapse(lanes, at)
+            del lanes[at]
     return rows
 
 
@@ -81,6 +86,20 @@ def _connector(lanes: Sequence[str | None], src: int, to: int) -> str:
         if cells[k] == " ":
             cells[k] = "_"
     cells[2 * to - 1] = "\\"
+    return "".join(cells).rstrip()
+
+
+def _collapse(lanes: Sequence[str | None], gone: int) -> str:
+    """The line after lane ``gone`` ends: the lanes left of it go on (``|``), those right
+    of it move one lane left (``/``)."""
+    cells = [" "] * (2 * len(lanes))
+    for i, lane in enumerate(lanes):
+        if lane is None:
+            continue
+        if i < gone:
+            cells[2 * i] = "|"
+        elif i > gone:
+            cells[2 * i - 1] = "/"
     return "".join(cells).rstrip()
 
 
