@@ -11,6 +11,7 @@ counted once in ``distinct_bytes``, and ``dedup`` is logical over distinct.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,38 +87,52 @@ class StoreStats:
 def store_stats(store: Store) -> StoreStats:
     """Count the objects of each space (each read, so verified), the stored bytes the
     backend reports, and every session's projection entries, each distinct entry's
-    line measured once."""
+    line measured once. Objects are read in the backend's cheapest order (a pack's
+    blocks one after another), never in the order names come."""
     out = StoreStats()
     objects = store.objects
     for space in SPACES:
         count = size = 0
-        for name in objects.names(space):
+        for name in objects.read_order(objects.names(space)):
             count += 1
             size += len(objects.get(space, name))
         out.objects[space], out.object_bytes[space] = count, size
     out.stored = objects.stored_bytes()
-    line_bytes: dict[str, int] = {}
     holders: dict[str, int] = {}
     held: list[tuple[SessionStats, list[str]]] = []
     for sid in sorted(store.list()):
         with store.read(sid) as s:
             ids = [*s.prefix, *s.log_order]
             stats = SessionStats(sid, entries=len(ids), own=len(s.log_order))
-        for entry_id in ids:
-            if entry_id not in line_bytes:
-                env = store.envelope(entry_id)
-                line_bytes[entry_id] = len(line_from_objects(entry_id, env, objects.get("contents", env["content"])))
-            stats.logical_bytes += line_bytes[entry_id]
         for entry_id in set(ids):
             holders[entry_id] = holders.get(entry_id, 0) + 1
         held.append((stats, ids))
         out.sessions.append(stats)
+    line_bytes = _line_bytes(store, holders)
     for stats, ids in held:
         for entry_id in ids:
+            n = line_bytes[entry_id]
+            stats.logical_bytes += n
             if holders[entry_id] > 1:
                 stats.shared_entries += 1
-                stats.shared_bytes += line_bytes[entry_id]
+                stats.shared_bytes += n
     out.distinct_entries = len(line_bytes)
     out.distinct_bytes = sum(line_bytes.values())
     out.shared_entries = sum(1 for n in holders.values() if n > 1)
+    return out
+
+
+def _line_bytes(store: Store, entry_ids: Iterable[str]) -> dict[str, int]:
+    """The length of each entry's canonical line, from its envelope and content objects
+    (envelopes first, then contents, each in the backend's read order)."""
+    objects = store.objects
+    envelopes = {eid: store.envelope(eid) for eid in objects.read_order(entry_ids)}
+    by_content: dict[str, list[str]] = {}
+    for eid, env in envelopes.items():
+        by_content.setdefault(env["content"], []).append(eid)
+    out: dict[str, int] = {}
+    for name in objects.read_order(by_content):
+        content = objects.get("contents", name)
+        for eid in by_content[name]:
+            out[eid] = len(line_from_objects(eid, envelopes[eid], content))
     return out
