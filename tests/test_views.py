@@ -124,6 +124,8 @@ def test_show_graph_of_a_fork_marks_its_base(store):
 def test_show_graph_of_a_file_and_json(store, tmp_path):
     out = ok(cli(None, "show", "--graph", str(FIXTURES / "branches.jsonl")))
     assert out.count("*") == 14 and "|\\" in out and "(head)" in out
+    piped = CliRunner().invoke(main, ["show", "--graph", "-"], input=(FIXTURES / "branches.jsonl").read_bytes())
+    assert piped.exit_code == 0 and piped.stdout == out
     data = json.loads(ok(cli(store, "show", "--graph", "--json", "orig")))
     assert data["session"] == "orig" and data["base"] is None
     rows = data["entries"]
