@@ -23,7 +23,7 @@ from .common import EXIT_INTERRUPTED, EXIT_PIPE, fail, os_code, os_message
 #: sentence; tests/test_cli_startup.py holds the two equal). `--version`, `--help`,
 #: `head` and `append` do not pay for the file readers, exchange and maintenance.
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
-    "show": ("file_commands", "Print a session's entries in file order, then the context at its leaf."),
+    "show": ("graph_command", "Print a session's entries in file order, then the context at its leaf."),
     "verify": ("file_commands", 'Check a session file or a stored session; exit 1 on any problem.'),
     "hash-object": ("file_commands", 'Print the computed id and content hash of each entry line in FILE (or stdin).'),
     "init": ("store_commands", 'Create the store (or find the one there) and say which, with its path.'),
@@ -48,6 +48,9 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "handover": ("exchange_commands", 'Hand session ID over to REMOTE: push it, make the remote the record, then make this store a mirror.'),
     "declare-record": ("exchange_commands", 'Make a store the record of session ID, which it holds as a mirror.'),
     "take-back": ("exchange_commands", 'Take the record of session ID back from REMOTE: fetch, declare it here, release it there.'),
+    "diff": ("view_commands", "Compare two sessions, or two entries' paths: the common prefix, then what only each holds."),
+    "grep": ("view_commands", "Search entries' text for a regular expression; exit 1 when nothing matches."),
+    "stats": ("view_commands", "Print the store's objects, logical versus stored bytes, and how much sessions share."),
     "serve": ("serve_command", "Serve the store over HTTP (RFC 0003) until interrupted."),
 }
 

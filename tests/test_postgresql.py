@@ -361,6 +361,16 @@ def test_pack_says_the_database_keeps_its_own_storage(store):
     assert "keeps its own storage" in res.notes[0]
 
 
+def test_stats_reports_the_objects_table(store, url):
+    chain(store, "s1")
+    r = run(["stats", "--json"], url)
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    (on_disk,) = sql(url, "SELECT pg_total_relation_size('objects')")[0]
+    assert data["stored"] == {"table": on_disk} and on_disk > 0
+    assert data["objects"]["entries"]["count"] == 3 and data["distinct_entries"] == 3
+
+
 def test_repair_rewrites_damaged_rows_and_keeps_them_aside(store, url):
     s, ids = chain(store, n=4)
     s.close()

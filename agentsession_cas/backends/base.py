@@ -211,6 +211,11 @@ class ObjectStore(ABC):
         """``names`` in the order reading them all costs least (the backend's layout)."""
         return sorted(names)
 
+    def stored_bytes(self) -> dict[str, int] | None:
+        """The bytes the objects take where they are kept, by kind (the file backend's
+        ``loose`` and ``packs``), for ``stats``; None when the backend cannot say."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - a hook: most object stores hold nothing open
         """Let go of whatever is held open."""
 

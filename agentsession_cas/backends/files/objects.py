@@ -750,6 +750,12 @@ class FileObjects(ObjectStore):
         finally:
             lock.release()
 
+    def stored_bytes(self) -> dict[str, int]:
+        """Loose files and packs (with their indexes) on disk."""
+        snap = self.snapshot()
+        loose = sum(st.st_size for *_, st in snap.loose)
+        return {"loose": loose, "packs": snap.size() - loose}
+
     def snapshot(self) -> Snapshot:
         """The packs and loose files there are now, with their mtimes: what a repack
         or sweep decides over (anything written later is not touched)."""

@@ -336,5 +336,10 @@ class PgObjects(ObjectStore):
         for (raw,) in rows:
             yield hash_name(bytes(raw))
 
+    def stored_bytes(self) -> dict[str, int]:
+        """The objects table as PostgreSQL counts it: its rows, TOAST and indexes."""
+        rows = self.db.query("SELECT pg_total_relation_size('objects')")
+        return {"table": int(rows[0][0])}
+
     def where(self, space: Space, name: str) -> str:
         return f"{self.backend.describe()}, table objects ({space})"

@@ -1,0 +1,245 @@
+"""Views of sessions people reach for (issue 14): the entry tree as a graph, the
+difference of two sessions or two entries' paths, and a text search over entries.
+
+No printing: each view returns rows or records the command prints as text or JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..format.entry import Entry
+from ..format.tree import Tree
+
+__all__ = ["GraphRow", "graph_rows", "Diff", "diff_sequences", "diff_paths", "entry_texts", "Match", "grep_entries"]
+
+
+# ---------------------------------------------------------------------------
+# the graph
+
+
+@dataclass
+class GraphRow:
+    """One line of the graph: ``lanes`` is the drawing left of the entry (``*`` marks it);
+    ``branch`` a connector line drawn before it when it starts a branch, ``collapse`` one
+    drawn after it when its lane ends left of open ones, which move left (else None)."""
+
+    entry: Entry
+    lanes: str
+    branch: str | None = None
+    collapse: str | None = None
+
+
+def _draw(lanes: Sequence[str | None], at: int, mark: str) -> str:
+    cells = [mark if i == at else ("|" if lane is not None else " ") for i, lane in enumerate(lanes)]
+    return " ".join(cells).rstrip()
+
+
+def graph_rows(entries: Sequence[Entry]) -> list[GraphRow]:
+    """The entries in file order, each in a lane as ``git log --graph`` draws them (oldest
+    first): an entry continues its parent's lane when it is the parent's last child; an
+    earlier child opens a lane to the right (the branch line ``|\\`` before it), which
+    closes after its last entry (the lanes right of it moving left: ``/``). A root (or an
+    entry whose parent is not among them) starts a lane of its own. Only ``parent`` is
+    followed, as the tree does."""
+    tree = Tree(entries)
+    remaining = {e.id: len(tree.children(e.id)) for e in entries}
+    lanes: list[str | None] = []
+    rows: list[GraphRow] = []
+    for e in entries:
+        parent = e.parent
+        branch = None
+        at = lanes.index(parent) if parent is not None and parent in lanes else -1
+        if at >= 0:
+            assert parent is not None
+            remaining[parent] -= 1
+            if remaining[parent] > 0:
+                # an earlier child: a new lane to the right, joined to the parent's
+                src = at
+                at = _free_lane(lanes, after=src)
+                branch = _connector(lanes, src, at)
+        else:
+            at = _free_lane(lanes, after=-1)
+        lanes[at] = e.id
+        row = GraphRow(e, _draw(lanes, at, "*"), branch)
+        rows.append(row)
+        if remaining[e.id] == 0:
+            # the lane ends here; the lanes right of it move one left (`` /``)
+            if any(lane is not None for lane in lanes[at + 1:]):
+                row.collapse = _collapse(lanes, at)
+            del lanes[at]
+    return rows
+
+
+def _connector(lanes: Sequence[str | None], src: int, to: int) -> str:
+    """The line ``|\\`` that joins lane ``src`` to the lane ``to`` a branch opens right of it
+    (``_`` under the lanes it passes)."""
+    cells = [" "] * (2 * len(lanes))
+    for i, lane in enumerate(lanes):
+        if lane is not None or i == src:
+            cells[2 * i] = "|"
+    for k in range(2 * src + 1, 2 * to - 1):
+        if cells[k] == " ":
+            cells[k] = "_"
+    cells[2 * to - 1] = "\\"
+    return "".join(cells).rstrip()
+
+
+def _collapse(lanes: Sequence[str | None], gone: int) -> str:
+    """The line after lane ``gone`` ends: the lanes left of it go on (``|``), those right
+    of it move one lane left (``/``)."""
+    cells = [" "] * (2 * len(lanes))
+    for i, lane in enumerate(lanes):
+        if lane is None:
+            continue
+        if i < gone:
+            cells[2 * i] = "|"
+        elif i > gone:
+            cells[2 * i - 1] = "/"
+    return "".join(cells).rstrip()
+
+
+def _free_lane(lanes: list[str | None], *, after: int) -> int:
+    """The first free lane right of ``after`` (made at the end when none is), marked taken."""
+    for i in range(after + 1, len(lanes)):
+        if lanes[i] is None:
+            return i
+    lanes.append(None)
+    return len(lanes) - 1
+
+
+# ---------------------------------------------------------------------------
+# diff
+
+
+@dataclass
+class Diff:
+    """Two sequences of entry ids compared: the ``common`` prefix both start with, then
+    each side's rest; ``shared`` names the ids of a rest that the other side holds too
+    (elsewhere than in the common prefix), the rest's others are held by one side alone."""
+
+    common: list[str]
+    rest_a: list[str]
+    rest_b: list[str]
+    shared: set[str] = field(default_factory=set)
+
+    @property
+    def only_a(self) -> list[str]:
+        return [e for e in self.rest_a if e not in self.shared]
+
+    @property
+    def only_b(self) -> list[str]:
+        return [e for e in self.rest_b if e not in self.shared]
+
+    @property
+    def same(self) -> bool:
+        return not self.rest_a and not self.rest_b
+
+
+def diff_sequences(a: Sequence[str], b: Sequence[str]) -> Diff:
+    """The common prefix of ``a`` and ``b``, then what follows it on each side."""
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    rest_a, rest_b = list(a[n:]), list(b[n:])
+    shared = set(rest_a) & set(rest_b)
+    return Diff(list(a[:n]), rest_a, rest_b, shared)
+
+
+def diff_paths(path_a: Sequence[str], path_b: Sequence[str]) -> Diff:
+    """Two entries' paths (root first): the path to their last common ancestor, then each
+    entry's own steps below it. (Two paths of one tree share exactly a prefix.)"""
+    return diff_sequences(path_a, path_b)
+
+
+# ---------------------------------------------------------------------------
+# grep
+
+
+def _item_texts(item: Any, where: str) -> Iterator[tuple[str, str]]:
+    """(field, text) of what a person reads in an item: a message's text parts, a tool
+    call's name and arguments, a call's output, reasoning's summary and text."""
+    if not isinstance(item, dict):
+        return
+    kind = item.get("type")
+    content = item.get("content")
+    if isinstance(content, str):
+        yield f"{where}.content", content
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                yield f"{where}.content", part["text"]
+    for key in ("name", "arguments", "input", "action"):
+        value = item.get(key)
+        if isinstance(value, str):
+            yield f"{where}.{key}", value
+        elif value is not None and key != "name":
+            yield f"{where}.{key}", json.dumps(value, ensure_ascii=False)
+    out = item.get("output")
+    if isinstance(out, str):
+        yield f"{where}.output", out
+    elif out is not None:
+        yield f"{where}.output", json.dumps(out, ensure_ascii=False)
+    if kind == "reasoning":
+        for key in ("summary", "content"):
+            parts = item.get(key)
+            for part in parts if isinstance(parts, list) else []:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    yield f"{where}.{key}", part["text"]
+
+
+def entry_texts(entry: Entry) -> Iterator[tuple[str, str]]:
+    """The text of an entry a search looks at, as (field, text): the items it carries
+    (an item, a queued item, a compaction's or branch summary's summary), a config's
+    instructions, a custom entry's data as JSON. Ids, hashes and times are not text."""
+    t, d = entry.type, entry.data
+    if t in ("item", "queued"):
+        yield from _item_texts(d.get("item"), "item")
+    elif t in ("compaction", "branch_summary"):
+        yield from _item_texts(d.get("summary"), "summary")
+    elif t == "config":
+        if isinstance(d.get("instructions"), str):
+            yield "instructions", d["instructions"]
+    elif t == "custom":
+        data = entry.body.get("data")
+        if data is not None:
+            yield "data", json.dumps(data, ensure_ascii=False)
+    elif t == "info" and isinstance(d.get("name"), str):
+        yield "name", d["name"]
+
+
+@dataclass
+class Match:
+    """One line of an entry's text that matched."""
+
+    session: str
+    entry: str
+    type: str
+    field: str
+    line: int  # within the field's text, from 1
+    text: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"session": self.session, "entry": self.entry, "type": self.type, "field": self.field,
+                "line": self.line, "text": self.text}
+
+
+def grep_entries(session: str, entries: Iterable[Entry], pattern: re.Pattern[str], *,
+                 types: Sequence[str] = ()) -> Iterator[Match]:
+    """Every line of the entries' text (:func:`entry_texts`) that ``pattern`` matches,
+    entries in the order given; ``types`` (when any) keeps only entries of those types."""
+    for e in entries:
+        if types and e.type not in types:
+            continue
+        for where, text in entry_texts(e):
+            if pattern.search(text) is None:
+                continue
+            lines = text.splitlines() or [text]
+            found = [(n, line) for n, line in enumerate(lines, start=1) if pattern.search(line) is not None]
+            # a pattern that spans lines matches the text and no one line: show where it starts
+            for n, line in found or [(1, lines[0])]:
+                yield Match(session, e.id, e.type, where, n, line)

@@ -1,0 +1,193 @@
+"""Views over stored sessions (issue 14): ``diff`` and ``grep``. The views themselves are
+:mod:`agentsession_cas.store.views`; this module parses and prints."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import click
+
+from agentsession_cas.format.entry import Entry, short_id
+from agentsession_cas.store import Store
+from agentsession_cas.store.names import resolve_entry, resolve_session
+from agentsession_cas.store.views import Diff, diff_paths, diff_sequences, grep_entries
+
+from .common import echo, emit_json, one_line, plural, table
+from .describe import describe
+from .store_commands import read_store
+
+# ---------------------------------------------------------------------------
+# diff
+
+
+def _entry_row(store: Store, sign: str, entry_id: str) -> str:
+    e = store.entry(entry_id)
+    return f"{sign} {short_id(e.id)}  {e.type:<10} {describe(e)}"
+
+
+def _entry_json(store: Store, entry_id: str) -> dict[str, Any]:
+    e: Entry = store.entry(entry_id)
+    return {"entry": e.id, "parent": e.parent, "type": e.type, "summary": describe(e)}
+
+
+@click.command()
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@click.option("--session", "session_name", metavar="S",
+              help="A and B are entries of session S (ids or unique prefixes): compare their paths.")
+@click.option("--json", "as_json", is_flag=True, help="Print {a, b, common, only_a, only_b, shared} as JSON.")
+def diff(a: str, b: str, session_name: str | None, as_json: bool) -> None:
+    """Compare two sessions, or two entries' paths: the common prefix, then what only each holds.
+
+    Two sessions (A and B name sessions) are compared entry by entry in
+    projection order (a fork's prefix first, then its own entries): the run
+    of entries both start with, then the rest of each. With --session S, A
+    and B are entries of S and their paths from the root are compared: the
+    path to their last common ancestor, then each one's own steps.
+
+    Lines after the common prefix start with `-` for an entry only A holds,
+    `+` for one only B holds, and `=` for one both hold elsewhere. The exit
+    status is 0 whether they differ or not (as git diff); `same` in --json says.
+    """
+    store = read_store()
+    if session_name is not None:
+        with store.read(resolve_session(store, session_name)) as s:
+            names = (resolve_entry(s, a), resolve_entry(s, b))
+            sid = s.id
+        result: Diff = diff_paths(store.ancestry(names[0]), store.ancestry(names[1]))
+        sides: dict[str, Any] = {"session": sid, "a": names[0], "b": names[1]}
+    else:
+        ids = (resolve_session(store, a), resolve_session(store, b))
+        seqs = []
+        for sid in ids:
+            with store.read(sid) as s:
+                seqs.append([*s.prefix, *s.log_order])
+        result = diff_sequences(seqs[0], seqs[1])
+        sides = {"a": ids[0], "b": ids[1]}
+    if as_json:
+        emit_json({
+            **sides,
+            "same": result.same,
+            "common": len(result.common),
+            "last_common": result.common[-1] if result.common else None,
+            "only_a": [_entry_json(store, e) for e in result.only_a],
+            "only_b": [_entry_json(store, e) for e in result.only_b],
+            "shared": sorted(result.shared),
+        })
+        return
+    last = f", up to {short_id(result.common[-1])}" if result.common else ""
+    echo(f"a {sides['a']}")
+    echo(f"b {sides['b']}")
+    echo(f"common prefix: {plural(len(result.common), 'entry', 'entries')}{last}")
+    for sign, rest in (("-", result.rest_a), ("+", result.rest_b)):
+        for entry_id in rest:
+            if sign == "+" and entry_id in result.shared:
+                continue  # listed once, under A
+            echo(_entry_row(store, "=" if entry_id in result.shared else sign, entry_id))
+
+
+# ---------------------------------------------------------------------------
+# grep
+
+
+@click.command()
+@click.argument("pattern")
+@click.argument("sessions", metavar="[SESSION...]", nargs=-1)
+@click.option("--type", "types", metavar="TYPE", multiple=True, help="Search only entries of this type (repeatable).")
+@click.option("-i", "--ignore-case", is_flag=True, help="Match upper and lower case alike.")
+@click.option("-l", "--files-with-matches", "list_only", is_flag=True, help="Print only the sessions that match.")
+@click.option("--json", "as_json", is_flag=True, help="Print the matches as a JSON array.")
+def grep(pattern: str, sessions: tuple[str, ...], types: tuple[str, ...], ignore_case: bool, list_only: bool,
+         as_json: bool) -> None:
+    """Search entries' text for a regular expression; exit 1 when nothing matches.
+
+    The text of an entry is what a person reads in it: messages, tool calls'
+    names and arguments, their outputs, reasoning summaries, a compaction's
+    summary, a config's instructions, a custom entry's data. Each session's
+    own entries are searched (a fork's prefix belongs to the session it was
+    forked from), the given SESSIONs or, with none, every session of the
+    store. A match prints SESSION:ENTRY:TYPE:FIELD: LINE.
+    """
+    try:
+        regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+    except re.error as exc:
+        raise click.BadParameter(f"not a regular expression: {exc}", param_hint="PATTERN") from None
+    store = read_store()
+    ids = [resolve_session(store, name) for name in sessions] if sessions else sorted(store.list())
+    found: list[dict[str, Any]] = []
+    matched = False
+    for sid in dict.fromkeys(ids):
+        with store.read(sid) as s:
+            for m in grep_entries(sid, s, regex, types=types):
+                matched = True
+                if list_only:
+                    if as_json:
+                        found.append({"session": sid})
+                    else:
+                        echo(sid)
+                    break
+                if as_json:
+                    found.append(m.as_dict())
+                else:
+                    echo(f"{sid}:{short_id(m.entry)}:{m.type}:{m.field}: {one_line(m.text)}")
+    if as_json:
+        emit_json(found)
+    sys.exit(0 if matched else 1)
+
+
+# ---------------------------------------------------------------------------
+# stats
+
+
+def _size(n: int) -> str:
+    """``12,345 bytes (12.1 KiB)``: exact, then in the largest binary unit it reaches."""
+    exact = plural(n, "byte")
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{exact} ({n / scale:.1f} {unit})"
+    return exact
+
+
+@click.command()
+@click.option("--by-session", is_flag=True, help="Also print each session's entries, bytes and what it shares.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def stats(by_session: bool, as_json: bool) -> None:
+    """Print the store's objects, logical versus stored bytes, and how much sessions share.
+
+    Logical bytes are what the sessions would be as files (each session's
+    projection entry lines; a fork's prefix counted in the fork too);
+    stored bytes what the objects take (loose files and packs). Distinct
+    bytes count each entry once, however many sessions hold it; the dedup
+    ratio is logical over distinct.
+    """
+    from agentsession_cas.maintenance.stats import store_stats
+
+    result = store_stats(read_store())
+    if as_json:
+        emit_json(result.as_dict(by_session=by_session))
+        return
+    rows = [["" if i else "objects", f"{space} {result.objects[space]:,} in {_size(result.object_bytes[space])}"]
+            for i, space in enumerate(result.objects)]
+    rows += [["sessions", f"{len(result.sessions):,}"], ["logical", _size(result.logical_bytes)]]
+    if result.stored is None:
+        rows.append(["stored", "not known for this backend"])
+    else:
+        parts = ", ".join(f"{kind} {_size(n)}" for kind, n in result.stored.items())
+        rows.append(["stored", f"{_size(sum(result.stored.values()))}: {parts}"])
+    dedup = f"; dedup {result.dedup:.2f}x" if result.dedup is not None else ""
+    rows.append(["distinct", f"{plural(result.distinct_entries, 'entry', 'entries')}, {_size(result.distinct_bytes)}"])
+    rows.append(["shared", f"{plural(result.shared_entries, 'entry', 'entries')} held by more than one session{dedup}"])
+    for line in table(rows):
+        echo(line)
+    if by_session and result.sessions:
+        echo()
+        head = [["SESSION", "ENTRIES", "OWN", "LOGICAL", "SHARED"]]
+        body = [[s.session, f"{s.entries:,}", f"{s.own:,}", f"{s.logical_bytes:,}",
+                 f"{s.shared_entries:,} ({s.shared_bytes:,} bytes)"] for s in result.sessions]
+        for line in table(head + body):
+            echo(line)
+
+
+COMMANDS: list[click.Command] = [diff, grep, stats]
