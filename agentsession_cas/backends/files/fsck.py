@@ -766,8 +766,10 @@ class _Walk:
             return  # deleted since it was listed
         self.counts["sessions"] += 1
         media = "inline"
-        # The log holds the header (create and header records): the file is its index.
-        logged = header_of(ln.record for ln in scan_log(data) if ln.record is not None) if data is not None else None
+        # The log holds the header (create and header records): the file is its index. The
+        # log is parsed once, here, for this and for everything below.
+        lr = read_log(data) if data is not None else None
+        logged = header_of(lr.records + lr.cut_records) if lr is not None else None
         if logged is not None:
             held = canonical_bytes(logged) + b"\n"
             if header_bytes is not None and header_bytes != held:
@@ -781,10 +783,9 @@ class _Walk:
             self.error("missing-header", f"session {sid} has no header ({rel}/header); the store does not list it", session=sid, file=f"{rel}/header")
         else:
             media = self.check_header(sid, header_bytes, rel) or media
-        if data is None:
+        if data is None or lr is None:
             self.error("missing-log", f"session {sid} has no log ({rel}/log): nothing says what it holds", session=sid, file=f"{rel}/log")
             return
-        lr = read_log(data)
         self.counts["log_records"] += len(lr.records) + len(lr.cut_records)
         logrel = f"{rel}/log"
         if lr.damage:
