@@ -367,3 +367,69 @@ def test_repair_of_a_compacted_log_with_a_damaged_line_after_its_snapshot(tmp_pa
     ro = Store(root, readonly=True).read("s1")
     assert list(ro.log_order) == want
     assert fsck(root).ok
+
+
+def _write_a_session(root: Path) -> None:
+    """Durable and lazy appends, commits, head moves, a mark change and a branch, with
+    compaction while writing and at close."""
+    st = Store.init(root, sync="never")
+    s = st.create(Header.new("s1", created_at="2026-01-01T00:00:00Z"))
+    first = None
+    for i in range(120):
+        r = s.append(msg(f"m{i}"), durable=(i % 11 == 0))
+        first = first or r.id
+        if i % 9 == 0:
+            s.commit()
+        if i == 50:
+            s.set_head(first, expected=s.head)
+        if i == 51:
+            s.set_head(s.log_order[-1], expected=s.head)
+        if i == 70:
+            s.set_mark("mirror")
+            s.set_mark("record")
+    s.commit()
+    st.close()
+    st = Store(root)
+    s = st.session("s1")
+    for i in range(30):
+        s.append(msg(f"again {i}"))
+    st.close()
+
+
+def test_compaction_from_what_the_writer_holds_writes_what_reading_the_log_would(tmp_path, monkeypatch):
+    """A writer folds the records it knows it wrote (no read of the log back); the log it
+    leaves is byte for byte the one a compaction reading the log writes."""
+    monkeypatch.setattr(files_sessions, "COMPACT_WHILE_WRITING", 8192)
+    monkeypatch.setattr(files_sessions, "CHECKPOINT_ENTRIES", 16)
+    reads: list[int] = []  # logs read back by a compaction
+    compacting: list[bool] = []
+    real_read = files_sessions.read_whole
+    real_compact = files_sessions.FileSessionLog._compact
+
+    def counting(path, *args, **kwargs):
+        if compacting and str(path).endswith("log"):
+            reads.append(1)
+        return real_read(path, *args, **kwargs)
+
+    def watched(self, *, final):
+        compacting.append(True)
+        try:
+            return real_compact(self, final=final)
+        finally:
+            compacting.pop()
+
+    monkeypatch.setattr(files_sessions, "read_whole", counting)
+    monkeypatch.setattr(files_sessions.FileSessionLog, "_compact", watched)
+    _write_a_session(tmp_path / "held")
+    assert reads == [], "the writer read its log back to compact it"
+
+    def from_the_file(self, *, final):
+        self._held = None  # as if nothing were known: read the log
+        return watched(self, final=final)
+
+    monkeypatch.setattr(files_sessions.FileSessionLog, "_compact", from_the_file)
+    _write_a_session(tmp_path / "read")
+    assert reads, "the reference run read the log"
+    assert log_of(tmp_path / "held") == log_of(tmp_path / "read")
+    assert ops(tmp_path / "held").count("snapshot") == 1
+    assert fsck(tmp_path / "held").ok

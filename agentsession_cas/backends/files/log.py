@@ -58,7 +58,7 @@ from ..base import COMMIT_POINTS
 __all__ = [
     "Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX",
     "make_snapshot", "expand_snapshot", "checksummed_line", "checked_body", "frame", "chain", "encode_log",
-    "record_body", "append_body", "line_checksum", "ZERO_LINK", "header_of",
+    "record_body", "append_body", "line_checksum", "ZERO_LINK", "header_of", "line_bodies", "LINE_OVERHEAD",
 ]
 
 #: Hex digits of the BLAKE3 checksum each line carries.
@@ -95,6 +95,28 @@ def frame(body: bytes, prev: str | None) -> bytes:
 def line_checksum(line: bytes) -> str:
     """The checksum a framed line states (what the next line links to)."""
     return line[:CHECKSUM_HEX].decode("ascii")
+
+
+#: Bytes a chained line adds to its record's: checksum, space, link, space, newline.
+LINE_OVERHEAD = 2 * CHECKSUM_HEX + 3
+
+
+def line_bodies(data: bytes) -> list[bytes] | None:
+    """The records' bytes of whole log lines (chained or not), each line's checksum
+    checked; None when a line is torn or fails its checksum. What a writer copies
+    when it re-frames lines it wrote (compaction): nothing damaged is copied."""
+    out: list[bytes] = []
+    lines = data.split(b"\n")
+    if lines.pop() != b"":
+        return None  # the last line has no newline
+    for raw in lines:
+        if len(raw) < CHECKSUM_HEX + 2 or raw[CHECKSUM_HEX : CHECKSUM_HEX + 1] != b" ":
+            return None
+        covered = raw[CHECKSUM_HEX + 1 :]
+        if raw[:CHECKSUM_HEX] != _checksum(covered).encode("ascii"):
+            return None
+        out.append(covered[CHECKSUM_HEX + 1 :] if _link_of(raw) is not None else covered)
+    return out
 
 
 def chain(bodies: Iterable[bytes], prev: str = ZERO_LINK) -> tuple[bytes, str]:

@@ -49,16 +49,19 @@ from ...format.names import check_session_id
 from ...fsutil import NotAFileError, fsync_dir, read_small, read_whole, start_writeback, write_atomic
 from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
 from .log import (
+    LINE_OVERHEAD,
     ZERO_LINK,
     append_body,
     chain,
     checked_body,
     checksummed_line,
     header_of,
+    line_bodies,
     make_snapshot,
     read_log,
     record_body,
 )
+from .log import Record as LogRecord
 
 if TYPE_CHECKING:
     from . import FileBackend
@@ -172,6 +175,20 @@ def _encode(record: Record) -> bytes:
     return record_body(record)
 
 
+def _record_data(record: Record) -> dict[str, Any]:
+    """A record as a reader of its line parses it, payload aside (what compaction folds)."""
+    if isinstance(record, Append):
+        data: dict[str, Any] = {"entry": record.entry, "op": "append", "seq": record.seq}
+        if record.head_moved:
+            data["head"] = record.head
+        if record.lazy:
+            data["lazy"] = True
+        if record.leaf_label:
+            data["leaf_label"] = True
+        return data
+    return dict(record)
+
+
 class FileSessions(SessionStore):
     """``sessions/`` of a store directory."""
 
@@ -258,7 +275,9 @@ class FileSessions(SessionStore):
                 raise SessionExistsError(f"session {session_id} already exists")
             os.makedirs(stage)
             try:
-                log_bytes, last_line = chain(_encode(r) for r in _with_header(records, header))
+                staged = _with_header(records, header)
+                bodies = [_encode(r) for r in staged]
+                log_bytes, last_line = chain(bodies)
                 files = {
                     "header": header,
                     "log": log_bytes,
@@ -299,6 +318,12 @@ class FileSessions(SessionStore):
         log._max_seq = max((r.seq for r in records if isinstance(r, Append)), default=0)
         log._head, log._mark = head, mark
         log._last = last_line
+        datas = [_record_data(r) for r in staged]
+        log._held_head, log._held = datas[:1], []
+        offset = len(bodies[0]) + LINE_OVERHEAD
+        for body, record in zip(bodies[1:], datas[1:], strict=True):
+            log._held.append((record, offset))
+            offset += len(body) + LINE_OVERHEAD
         return log
 
     def summary(self, session_id: str) -> tuple[dict[str, Any], bool] | None:
@@ -421,6 +446,12 @@ class FileSessionLog(SessionLog):
         self._committed_to = 0
         #: ``_committed_to`` when compaction last looked and found nothing to fold.
         self._compact_looked = 0
+        #: What this writer knows the log holds, so compaction need not read it back: the
+        #: records before ``_compacted`` (create, and a snapshot), and each record after
+        #: them with its offset. None when not known (a recovery rewrote the log, or a
+        #: record was written without its data): compaction then reads the file.
+        self._held_head: list[dict[str, Any]] | None = None
+        self._held: list[tuple[dict[str, Any], int]] | None = None
         #: The checksum of the log's last line, which the next line links to.
         self._last = ZERO_LINK
         #: The header the log holds, when the header file says otherwise (rewritten at recovery).
@@ -474,6 +505,10 @@ class FileSessionLog(SessionLog):
         if last_commit >= 0:
             after = last_commit + 1
             self._committed_to = records[after].offset if after < len(records) else logread.sound_bytes
+        if writable and logread.cut is None:
+            k = 2 if len(records) > 1 and records[1].op == "snapshot" else 1
+            self._held_head = [r.data for r in records[:k]]
+            self._held = [(r.data, r.offset) for r in records[k:]]
         # Uncommitted appends whose objects a crash took or tore are lost, with all after them.
         objects = self.backend.objects
         for i in range(last_commit + 1, len(records)):
@@ -586,6 +621,7 @@ class FileSessionLog(SessionLog):
         if rewrite is not None:
             write_atomic(os.path.join(self.dir, "log"), rewrite, durable=True)
             self._committed_to = len(rewrite)  # it ends with a commit
+            self._held = None  # compaction reads what recovery wrote
         self._fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if since_checkpoint:
             # Finish the checkpoint the last writer did not reach: every object since
@@ -660,9 +696,11 @@ class FileSessionLog(SessionLog):
         log stops taking writes: reopen to recover)."""
         self._check_open()
         bodies = [_encode(r) for r in records]
+        datas = [_record_data(r) for r in records]
         if commit:
             bodies.append(_COMMIT)
-        self._write_log(bodies, sync=commit)
+            datas.append({"op": "commit"})
+        self._write_log(bodies, sync=commit, datas=datas)
         self._uncommitted = not commit
         if commit:
             self._committed_to = self._size or 0
@@ -694,8 +732,10 @@ class FileSessionLog(SessionLog):
             raise StoreError(f"session {self.session_id} is open read-only")
         self._refuse_if_stopped()
 
-    def _write_log(self, bodies: Iterable[bytes], *, sync: bool) -> None:
-        """Records' bytes as chained lines after the log's last, written whole or not at all."""
+    def _write_log(self, bodies: Sequence[bytes], *, sync: bool, datas: Sequence[dict[str, Any]]) -> None:
+        """Records' bytes as chained lines after the log's last, written whole or not at
+        all; ``datas`` are the records as a reader of the lines would parse them (without
+        payloads), kept for compaction."""
         assert self._fd is not None
         data, last = chain(bodies, self._last)
         size = self._size
@@ -722,6 +762,11 @@ class FileSessionLog(SessionLog):
             raise
         self._size = size + len(data)
         self._last = last
+        if self._held is not None:
+            offset = size
+            for body, record in zip(bodies, datas, strict=True):
+                self._held.append((record, offset))
+                offset += len(body) + LINE_OVERHEAD
 
     def commit(self) -> None:
         if not self.writable or self._closed:
@@ -729,7 +774,7 @@ class FileSessionLog(SessionLog):
         self._refuse_if_stopped()
         if not self._uncommitted:
             return
-        self._write_log([_COMMIT], sync=True)
+        self._write_log([_COMMIT], sync=True, datas=[{"op": "commit"}])
         self._uncommitted = False
         self._committed_to = self._size or 0
 
@@ -759,7 +804,8 @@ class FileSessionLog(SessionLog):
         """The new header into the log first (a ``header`` record, committed: the log is
         the record), then its file."""
         self._check_open()
-        self._write_log([record_body({"op": "header", "header": loads(header)}), _COMMIT], sync=True)
+        record = {"op": "header", "header": loads(header)}
+        self._write_log([record_body(record), _COMMIT], sync=True, datas=[record, {"op": "commit"}])
         self._uncommitted = False
         self._committed_to = self._size or 0
         write_atomic(os.path.join(self.dir, "header"), header, durable=True)
@@ -825,7 +871,8 @@ class FileSessionLog(SessionLog):
         self._checkpoint_done(ids, seq)
 
     def _checkpoint_done(self, ids: list[str], seq: int) -> None:
-        self._write_log([record_body({"op": "checkpoint", "seq": seq})], sync=False)
+        record = {"op": "checkpoint", "seq": seq}
+        self._write_log([record_body(record)], sync=False, datas=[record])
         for entry_id in ids:
             self.unmaterialized.pop(entry_id, None)
         self._compact(final=False)
@@ -856,11 +903,18 @@ class FileSessionLog(SessionLog):
             return
         self._compact_looked = self._committed_to
         path = os.path.join(self.dir, "log")
-        data = read_whole(path)
-        logread = read_log(data, expand=False)
-        records = logread.records
-        if logread.damage or logread.cut or len(records) < 2 or records[0].op != "create":
-            return  # what the next open must judge is never rewritten here
+        size = self._size if self._size is not None else os.fstat(self._fd).st_size
+        if self._held is not None and self._held_head is not None:
+            # What this writer wrote and read is known: no need to read the log back.
+            records = [LogRecord(0, 0, d) for d in self._held_head] + [LogRecord(0, o, d) for d, o in self._held]
+        else:
+            logread = read_log(read_whole(path), expand=False)
+            if logread.damage or logread.cut:
+                return  # what the next open must judge is never rewritten here
+            records = logread.records
+            size = logread.size
+        if len(records) < 2 or records[0].op != "create":
+            return
         covered = checkpoint_covers(records)
         last_commit = max(i for i, r in enumerate(records) if r.op in COMMIT_POINTS)
         end = last_commit + 1
@@ -876,9 +930,19 @@ class FileSessionLog(SessionLog):
                 end += 1
         if end <= 1 or (end == 2 and records[1].op == "snapshot"):
             return
+        # The records after the fold are copied as their lines hold them, payloads included,
+        # each line's checksum checked on the way (nothing damaged is copied).
+        start = records[end].offset if end < len(records) else size
+        with open(path, "rb") as f:
+            f.seek(start)
+            tail_bodies = line_bodies(f.read(size - start))
+        if tail_bodies is None or len(tail_bodies) != len(records) - end:
+            self._held = None  # the file is not what this writer knows: the next look reads it
+            return
         create = records[0].data
-        head_lines, link = chain([record_body(create), record_body(make_snapshot(create, [r.data for r in records[1:end]]))])
-        tail, last = chain((record_body(r.data, r.payload) for r in records[end:]), link)
+        snapshot = make_snapshot(create, [r.data for r in records[1:end]])
+        head_lines, link = chain([record_body(create), record_body(snapshot)])
+        tail, last = chain(tail_bodies, link)
         try:
             write_atomic(path, head_lines + tail, durable=True)
             fd = os.open(path, os.O_WRONLY | os.O_APPEND)
@@ -893,7 +957,13 @@ class FileSessionLog(SessionLog):
         self._size = len(head_lines) + len(tail)
         self._compacted = len(head_lines)
         # Where the last commit point now lies: the records after it were copied as they were.
-        self._committed_to = self._compact_looked = max(self._compacted, self._size - (len(data) - self._committed_to))
+        self._committed_to = self._compact_looked = max(self._compacted, self._size - (size - self._committed_to))
+        self._held_head = [create, snapshot]
+        self._held = []
+        offset = self._compacted
+        for r, body in zip(records[end:], tail_bodies, strict=True):
+            self._held.append((r.data, offset))
+            offset += len(body) + LINE_OVERHEAD
 
     # -- closing, parking -----------------------------------------------------------------
 
