@@ -172,6 +172,36 @@ def _encode(record: Record) -> bytes:
     return record_body(record)
 
 
+#: The fewest bytes an append record's line takes (checksum, link, op, seq and a full
+#: entry id): how many appends make a log at least :data:`COMPACT_AT_CLOSE` long.
+_APPEND_LINE_MIN = 100
+
+
+def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int]:
+    """The log a session created whole starts with: (its bytes, its last line's checksum,
+    where what compaction would replace begins). Its objects are made durable in the
+    same create, before the session is visible, so when its records end with a commit
+    and carry no payloads it is written as its close would compact it, once it is
+    :data:`COMPACT_AT_CLOSE` or longer: the ``create`` record and one ``snapshot``. An
+    import of 100,000 entries so writes two lines, not 100,000 appends that its close
+    would read back and every open would replay one by one."""
+    last = records[-1] if records else None
+    appends = sum(1 for r in records if isinstance(r, Append))
+    foldable = (
+        appends and isinstance(last, dict) and last.get("op") in COMMIT_POINTS
+        and not any(isinstance(r, Append) and r.objects is not None for r in records)
+    )
+    if not foldable or appends * _APPEND_LINE_MIN < COMPACT_AT_CLOSE:
+        data, link = chain(_encode(r) for r in records)
+        if not foldable or len(data) < COMPACT_AT_CLOSE:
+            return data, link, 0
+    create = records[0]
+    assert isinstance(create, dict)
+    snapshot = make_snapshot(create, [r.as_record() if isinstance(r, Append) else r for r in records[1:]])
+    data, link = chain([record_body(create), record_body(snapshot)])
+    return data, link, len(data)
+
+
 class FileSessions(SessionStore):
     """``sessions/`` of a store directory."""
 
@@ -258,7 +288,7 @@ class FileSessions(SessionStore):
                 raise SessionExistsError(f"session {session_id} already exists")
             os.makedirs(stage)
             try:
-                log_bytes, last_line = chain(_encode(r) for r in _with_header(records, header))
+                log_bytes, last_line, compacted = _created_log(_with_header(records, header))
                 files = {
                     "header": header,
                     "log": log_bytes,
@@ -299,6 +329,7 @@ class FileSessions(SessionStore):
         log._max_seq = max((r.seq for r in records if isinstance(r, Append)), default=0)
         log._head, log._mark = head, mark
         log._last = last_line
+        log._compacted = compacted
         return log
 
     def summary(self, session_id: str) -> tuple[dict[str, Any], bool] | None:
