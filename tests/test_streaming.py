@@ -216,6 +216,11 @@ def test_cli_verify_streams_the_file(tmp_path, monkeypatch):
     def whole(*args, **kwargs):
         raise AssertionError("verify read the file whole")
 
+    from agentsession_cas.backends.files import packs
+
+    # The pack writer gathers up to WRITE_BUFFER compressed bytes before a write: a bound of
+    # its own, whatever the file's size, taken down here so the measure is the import's.
+    monkeypatch.setattr(packs.PackWriter, "WRITE_BUFFER", 1 << 20)
     monkeypatch.setattr(reader, "read_session", whole)
     r = CliRunner().invoke(main, ["verify", str(path)], catch_exceptions=False)
     assert r.exit_code == 1 and "1 request hash(es) verified" in r.stdout and "1 failed" in r.stdout, r.stdout
@@ -269,3 +274,113 @@ def test_verify_of_a_stored_session_streams_its_projection(shapes, tmp_path, mon
         want = exported[sid]
         assert r.exit_code == (0 if want["ok"] else 1) and got["ok"] == want["ok"], (sid, got, want)
         assert got["requests"] == want["requests"], sid
+
+
+# ---------------------------------------------------------------------------
+# import FILE in one pass
+
+
+def _fresh(tmp_path: Path, name: str) -> Store:
+    return Store.init(tmp_path / name)
+
+
+def _held(st: Store, sid: str) -> tuple:
+    s = st.read(sid)
+    out = (list(s.log_order), s.head, s.mark, list(s.prefix), s.projection(), s.summary().as_dict())
+    s.close()
+    return out
+
+
+def test_import_file_holds_what_an_import_of_the_bytes_holds(shapes, tmp_path):
+    """The streamed import (one pass, objects spilled) and the import of the same bytes
+    held in memory make the same session: entries, head, mark, prefix, projection and
+    summary, for every shape (a fork's prefix, a synthetic marker, labels, no entries)."""
+    root, sids = shapes
+    src = Store(root, readonly=True)
+    for record in (False, True):
+        streamed, whole = _fresh(tmp_path, f"streamed-{record}"), _fresh(tmp_path, f"whole-{record}")
+        for sid in sids:
+            path = tmp_path / f"{sid}.jsonl"
+            data = src.export(sid)
+            path.write_bytes(data)
+            a = streamed.import_file(path, record=record)
+            b = whole.import_bytes(data, record=record)
+            assert (a.id, len(a), a.head, a.mark) == (b.id, len(b), b.head, b.mark), sid
+        streamed.close()
+        whole.close()
+        s2, w2 = Store(tmp_path / f"streamed-{record}", readonly=True), Store(tmp_path / f"whole-{record}", readonly=True)
+        for sid in sids:
+            assert _held(s2, sid) == _held(w2, sid), sid
+            assert s2.export(sid) == src.export(sid)
+
+
+def test_import_file_refuses_what_the_bytes_import_refuses_and_leaves_the_store(tmp_path):
+    """Every corpus and fixture file: imported from the file or from its bytes, it is held
+    alike or refused alike (the same error class and code); a refused file leaves the store
+    with no session, no pack and nothing in tmp/."""
+    for i, path in enumerate(_files()):
+        streamed, whole = _fresh(tmp_path, f"s{i}"), _fresh(tmp_path, f"w{i}")
+        outcome = []
+        for st, do in ((streamed, lambda st: st.import_file(path)), (whole, lambda st: st.import_bytes(path.read_bytes(), source=str(path)))):
+            try:
+                s = do(st)
+                outcome.append(("held", s.id, s.head, len(s), st.export(s.id)))
+            except Exception as exc:  # noqa: BLE001 - compared between the two paths
+                outcome.append(("refused", type(exc).__name__, getattr(exc, "code", None)))
+        assert outcome[0] == outcome[1], path
+        if outcome[0][0] == "refused":
+            assert streamed.list() == []
+            for where in ("objects/pack", "tmp"):
+                d = tmp_path / f"s{i}" / where
+                assert not d.exists() or not list(d.iterdir()), (path, where)
+        streamed.close()
+        whole.close()
+
+
+def test_import_file_does_not_hold_the_file(tmp_path, monkeypatch):
+    """An import reads its file line by line (never whole) and keeps a few ids per entry,
+    not the entries: doubling the file (4 MB to 8 MB of entries) moves the import's peak
+    (tracemalloc) by a small part of the bytes added; an import that held the file or
+    its entries would add them at least once. (The context rules hold the entries on the
+    path they stand on, every entry in a linear session; here each entry is a branch of
+    the first, so the path stays two entries long and what is measured is the import's
+    own holding.)"""
+    import tracemalloc
+
+    from agentsession_cas import make_entry
+    from agentsession_cas.format import reader
+
+    def whole(*a, **k):
+        raise AssertionError("the import read the file whole")
+
+    from agentsession_cas.backends.files import packs
+
+    # The pack writer gathers compressed blocks up to WRITE_BUFFER bytes before a write: a
+    # bound of its own (whatever the file's size), which these entries (compressing to
+    # almost nothing) would never reach; taken down so the measure is the import's.
+    monkeypatch.setattr(packs.PackWriter, "WRITE_BUFFER", 1)
+    monkeypatch.setattr(reader, "read_session", whole)
+    monkeypatch.setattr(reader, "read_session_bytes", whole)
+    peaks, sizes = [], []
+    for n in (128, 256):
+        sid = f"big{n}"
+        lines = [Header.new(sid).canonical_line()]
+        first = parent = None
+        for i in range(n):
+            e = make_entry("acme:blob", first, ts="2026-01-01T00:00:00Z", data=f"{sid} {i:04d} " + "x" * 32_000)
+            lines.append(e.canonical_line())
+            first, parent = first or e.id, e.id
+        path = tmp_path / f"{sid}.jsonl"
+        path.write_bytes(b"".join(lines))
+        st = _fresh(tmp_path, sid)
+        tracemalloc.start()
+        try:
+            s = st.import_file(path)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        sizes.append(path.stat().st_size)
+        assert len(s) == n and s.head == parent
+        st.close()
+        assert Store(tmp_path / sid, readonly=True).export(sid) == path.read_bytes()
+    assert peaks[1] - peaks[0] < (sizes[1] - sizes[0]) / 4, (peaks, sizes)

@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -310,7 +310,8 @@ class FileSessions(SessionStore):
                 # one already gone refuses the fork rather than leave it without its prefix.
                 if prefix:
                     self.backend.objects.secure_prefix(prefix)
-                self.backend.objects.put_many(objects)
+                # Sized (an import's spill): streamed into one pack, never listed whole.
+                self.backend.objects.put_many(objects, count=len(objects) if isinstance(objects, Sized) else None)
                 target = self.dir(session_id)
                 if os.path.exists(target):
                     raise SessionExistsError(f"session {session_id} already exists")
