@@ -41,7 +41,7 @@ from ..errors import (
 from ..format.canonical import canonical_bytes, loads, needs_careful
 from ..format.codes import RULES
 from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
-from ..format.hashing import envelope_defect, is_hash, line_from_objects, parse_envelope
+from ..format.hashing import checked_envelope, is_hash, line_from_objects
 from ..format.links import REL_CONTINUED_IN, successor_of
 from ..format.media import sidecar_names
 from ..format.timestamps import now_ts
@@ -1029,8 +1029,7 @@ def parse_header(session_id: str, raw: bytes) -> Header:
 def envelope_parts(env_bytes: bytes, entry_id: str, objects: ObjectStore) -> tuple[dict[str, Any], bool | None]:
     """An envelope parsed, checked to be one (a content hash named); an error names
     where ``objects`` keeps it (worked out only then: it costs a path per call)."""
-    env, careful = parse_envelope(env_bytes)
-    why = envelope_defect(env)
+    env, careful, why = checked_envelope(env_bytes)
     if why is not None:
         where = objects.where("entries", entry_id)
         raise CorruptObjectError(f"envelope {entry_id} is not an envelope: {why} ({where})", space="entries", name=entry_id,
