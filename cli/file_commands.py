@@ -19,7 +19,6 @@ from agentsession_cas import (
     short_id,
 )
 from agentsession_cas.errors import ContextError, ContinuationError
-from agentsession_cas.format.canonical import loads_flagged
 from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
     Context,
@@ -261,8 +260,6 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
     _print_info(session.header, False, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
     listed = _listed(n, first, last)
     kept: list[Entry] = []
-    lines = session.projection_lines()
-    next(lines)  # the header
     widths = None
     if n:
         ids = outline.ids
@@ -274,12 +271,10 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
         ]
         echo()
         echo(table_line(_ROW_HEADER, widths))
-    for pos, raw in enumerate(lines):
+    for pos, e in enumerate(session.projection_entries()):
         if pos not in listed and pos not in on_path:
             continue
-        obj, careful = loads_flagged(raw)
-        e = Entry(obj, computed_id=obj["id"], content_hash="", line=pos + 2)  # the listing shows no content hash
-        e.careful = careful
+        e.line = pos + 2
         if pos in on_path:
             kept.append(e)
         if pos in listed and widths is not None:

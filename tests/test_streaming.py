@@ -124,6 +124,35 @@ def test_export_holds_no_more_than_the_outline_per_entry(shapes, monkeypatch):
     )
 
 
+def test_projection_entries_are_the_lines_parsed(shapes, tmp_path):
+    """What ``show`` reads (Session.projection_entries: each entry from its two objects,
+    the content parsed once) is what parsing each projection line gives: the members in
+    the line's order, the parse's careful flag, the synthetic marker last; for every
+    shape, and for contents with member names outside ASCII, floats and integers of 16 digits."""
+    from agentsession_cas.format.canonical import loads_flagged
+
+    root, sids = shapes
+    odd = Store.init(tmp_path / "odd")
+    s = odd.create(Header.new("odd"))
+    s.append({"type": "acme:x", "\u00e9t\u00e9": 1, "zeta": 1.5, "big": 9007199254740993 - 1})
+    s.append({"type": "acme:y", "\U0001f600": "smile", "a": [1, 2.25, {"\u00e9": None}]})
+    s.append({"type": "acme:z", "v": 2.5, "n": {"\u00e9": 1, "e": 2, "\U0001f600": 3}})  # ASCII at the top only
+    s.append(_user("plain"))
+    odd.close()
+    stores = [(Store(root, readonly=True), sids), (Store(tmp_path / "odd", readonly=True), ["odd"])]
+    for st, names in stores:
+        for sid in names:
+            s = st.read(sid)
+            lines = list(s.projection_lines())[1:]
+            entries = list(s.projection_entries())
+            assert len(entries) == len(lines), sid
+            for raw, e in zip(lines, entries):
+                obj, careful = loads_flagged(raw)
+                assert list(e.data.items()) == list(obj.items()), (sid, raw)
+                assert (e.id, e.careful) == (obj["id"], careful), (sid, raw)
+            s.close()
+
+
 # ---------------------------------------------------------------------------
 # verify FILE in one pass
 

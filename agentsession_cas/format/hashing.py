@@ -312,6 +312,28 @@ def line_from_objects(entry_id: str, env: Mapping[str, Any], content: bytes) -> 
     return canonical_bytes(body, parsed=True, careful=True if careful else (False if plain else None)) + b"\n"
 
 
+def line_members(entry_id: str, env: Mapping[str, Any], content: bytes) -> tuple[dict[str, Any], bool | None]:
+    """What parsing the line :func:`line_from_objects` makes gives (the members in the
+    line's order, the parse's careful flag), with the content parsed once and no line
+    made: for a reader of entries, not of bytes (a listing). The envelope's members are
+    ASCII-named strings, null or ``parents``' plain objects, which raise no careful flag.
+    A content with a member name outside ASCII (where JCS's order is not ``sorted``'s)
+    is read through its line."""
+    body, careful = loads_flagged(content)
+    if body.__class__ is not dict:
+        raise EntryError("the content object is not a JSON object")
+    if not all(k.isascii() for k in body):
+        return loads_flagged(line_from_objects(entry_id, env, content))
+    body["id"] = entry_id
+    body["parent"] = env.get("parent")
+    parents = env.get("parents")
+    if parents:
+        body["parents"] = parents
+    body["ts"] = env.get("ts")
+    body["type"] = env.get("type")
+    return dict(sorted(body.items())), careful
+
+
 def _spliced(members: dict[str, Any], body: dict[str, Any], content: bytes, name: str) -> bytes | None:
     """The line built around member ``name`` of the canonical ``content`` (parsed as
     ``body``, in the content's order, which is canonical): the members before and after
