@@ -25,7 +25,7 @@ import os
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import (
     AgentSessionError,
@@ -181,14 +181,24 @@ def read_session_bytes(data: bytes, *, source: str = "<bytes>", keep_objects: bo
 def file_header(path: str | os.PathLike) -> Header:
     """The header of the session file at ``path`` (its first line, checked), the rest
     unread. Raises as :func:`read_session` does for a file with no usable header."""
+    name = _session_file(path)
+    with open(name, "rb") as f:
+        return _first_line(f, name)[1]
+
+
+def _session_file(path: str | os.PathLike) -> str:
     name = os.fspath(path)
     if os.path.isdir(name):
         raise IsADirectoryError(21, "is a directory, not a session file", name)
-    with open(name, "rb") as f:
-        first = f.readline()
+    return name
+
+
+def _first_line(f: BinaryIO, name: str) -> tuple[bytes, Header]:
+    """The file's first line as read (its LF kept) and the header it holds, checked."""
+    first = f.readline()
     if not first:
         raise SessionFormatError(name, [problem(1, "header", "the file is empty: no header")])
-    return read_header(first[:-1] if first.endswith(b"\n") else first, name)
+    return first, read_header(first[:-1] if first.endswith(b"\n") else first, name)
 
 
 def verify_file(path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | None = None) -> VerifyReport:
@@ -208,14 +218,9 @@ def verify_file(path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | 
 
     Raises ``OSError`` when the file cannot be read and :class:`SessionFormatError` when
     its first line is no usable header."""
-    name = os.fspath(path)
-    if os.path.isdir(name):
-        raise IsADirectoryError(21, "is a directory, not a session file", name)
+    name = _session_file(path)
     with open(name, "rb") as f:
-        first = f.readline()
-        if not first:
-            raise SessionFormatError(name, [problem(1, "header", "the file is empty: no header")])
-        header = read_header(first[:-1] if first.endswith(b"\n") else first, name)
+        first, header = _first_line(f, name)
         if header.is_legacy:  # migration assigns ids as it goes: entries are kept, not read again
             if on_entry is not None:
                 raise ValueError("a file before format 0.5 is migrated whole: it is not streamed")
