@@ -33,7 +33,7 @@ from agentsession_cas.format.runs import render_runs
 from agentsession_cas.store import Session
 
 from . import fsck_command, store_commands
-from .common import echo, emit_json, plural, table, table_line
+from .common import echo, emit_json, plural, table, table_line, whole_pass
 from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
 
@@ -239,6 +239,7 @@ def show(
 _ROW_HEADER = ["LINE", "ID", "PARENT", "TYPE", "SUMMARY"]
 
 
+@whole_pass
 def _show_stored(session: Session, verbose: bool, first: int | None, last: int | None) -> None:
     """``show`` of a stored session, streamed: what the text shows of its projection, as
     ``show`` of the exported file would, without holding the file. First the outline
@@ -393,6 +394,7 @@ def _summary(report: VerifyReport) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status says (0 sound, 1 not).")
 @click.option("-v", "--verbose", is_flag=True, help="Also print one line per response whose request hash checked.")
+@whole_pass
 def verify(file: str | None, as_json: bool, quiet: bool, verbose: bool) -> None:
     """Check a session file or a stored session; exit 1 on any problem.
 

@@ -413,3 +413,41 @@ def test_import_file_does_not_hold_the_file(tmp_path, monkeypatch):
         st.close()
         assert Store(tmp_path / sid, readonly=True).export(sid) == path.read_bytes()
     assert peaks[1] - peaks[0] < (sizes[1] - sizes[0]) / 4, (peaks, sizes)
+
+
+def test_whole_pass_commands_keep_the_collector_off_until_they_return(shapes, tmp_path, monkeypatch):
+    """verify, import, export and show of a stored session run their pass with the cyclic
+    collector off and turn it back on (as it was) once they return: seen from inside the
+    pass, and after each command, in this process (CliRunner)."""
+    import gc
+
+    from agentsession_cas.format import reader
+    from agentsession_cas.store import session as session_mod
+
+    root, sids = shapes
+    seen: list[bool] = []
+    real_verify, real_walk = reader.verify_file, session_mod._ProjectionWalk.objects
+
+    def verify_spy(*a, **k):
+        seen.append(gc.isenabled())
+        return real_verify(*a, **k)
+
+    def walk_spy(self, **k):
+        seen.append(gc.isenabled())
+        yield from real_walk(self, **k)
+
+    monkeypatch.setattr(reader, "verify_file", verify_spy)
+    monkeypatch.setattr("agentsession_cli.file_commands.verify_file", verify_spy)
+    monkeypatch.setattr(session_mod._ProjectionWalk, "objects", walk_spy)
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(Store(root, readonly=True).export(sids[0]))
+    seen.clear()
+    assert gc.isenabled()
+    for args in (["verify", str(path)], ["export", sids[0]], ["show", sids[0]]):
+        assert cli(root, *args).exit_code == 0, args
+        assert gc.isenabled(), args
+    other = tmp_path / "other"
+    assert cli(other, "init").exit_code == 0
+    assert cli(other, "import", str(path)).exit_code == 0
+    assert gc.isenabled()
+    assert len(seen) >= 4 and not any(seen), seen
