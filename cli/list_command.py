@@ -61,13 +61,14 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
             continue  # deleted meanwhile
         except AgentSessionError as exc:
             echo(f"agentsession: error: {one_line(str(exc))}", err=True)
-            damaged.append({"id": sid, "mark": "damaged", "error": one_line(str(exc))})
+            damaged.append({"session": sid, "mark": "damaged", "error": one_line(str(exc))})
     chosen = select(summaries, harness=harness, cwd=os.path.abspath(cwd) if cwd else None,
                     after=after_ts, before=before_ts, limit=limit, current=current)
     rows: list[dict[str, Any]] = []
     for s in chosen:
         row = s.as_dict()
         del row["last_entry"], row["seq"]
+        row = {"session": row.pop("id"), **row}  # the JSON grammar names a session `session`
         if as_json:  # a directory walk per session: only where it is printed
             row["size"] = store.backend.sessions.size(s.id)
         rows.append(row)
@@ -83,7 +84,7 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
             if len(title) > TITLE_WIDTH:
                 title = title[: TITLE_WIDTH - 1] + "…"
             lines.append([
-                r["id"], one_line(title), r.get("model") or "-", r.get("harness") or "-",
+                r["session"], one_line(title), r.get("model") or "-", r.get("harness") or "-",
                 r.get("created") or "-", r.get("last_activity") or "-",
                 "-" if r.get("entries") is None else str(r["entries"]),
                 short_id(r.get("head")), r["mark"],

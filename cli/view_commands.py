@@ -12,7 +12,7 @@ import click
 from agentsession_cas.format.entry import Entry, short_id
 from agentsession_cas.store import Store
 from agentsession_cas.store.names import resolve_entry, resolve_session
-from agentsession_cas.store.views import Diff, diff_paths, diff_sequences, grep_entries
+from agentsession_cas.store.views import Diff, diff_paths, diff_sequences, grep_store
 
 from .common import echo, emit_json, one_line, plural, table
 from .describe import describe
@@ -118,20 +118,22 @@ def grep(pattern: str, sessions: tuple[str, ...], types: tuple[str, ...], ignore
     ids = [resolve_session(store, name) for name in sessions] if sessions else sorted(store.list())
     found: list[dict[str, Any]] = []
     matched = False
-    for sid in dict.fromkeys(ids):
-        with store.read(sid) as s:
-            for m in grep_entries(sid, s, regex, types=types):
-                matched = True
-                if list_only:
-                    if as_json:
-                        found.append({"session": sid})
-                    else:
-                        echo(sid)
-                    break
+    listed: set[str] = set()
+    for m in grep_store(store, ids, regex, types=types):
+        matched = True
+        sid = m.session
+        if list_only:
+            if sid not in listed:
+                listed.add(sid)
                 if as_json:
-                    found.append(m.as_dict())
+                    found.append({"session": sid})
                 else:
-                    echo(f"{sid}:{short_id(m.entry)}:{m.type}:{m.field}: {one_line(m.text)}")
+                    echo(sid)
+            continue
+        if as_json:
+            found.append(m.as_dict())
+        else:
+            echo(f"{sid}:{short_id(m.entry)}:{m.type}:{m.field}: {one_line(m.text)}")
     if as_json:
         emit_json(found)
     sys.exit(0 if matched else 1)

@@ -109,16 +109,16 @@ def test_store_found_walking_up_and_global_options_after_the_subcommand(tmp_path
     ok(cli(project / ".agentsession", "create", "--id", "here"))
     env = {"AGENTSESSION_STORE": str(elsewhere)}
     monkeypatch.chdir(inner)
-    assert [r["id"] for r in json.loads(ok(cli(None, "list", "--json", env=env)))] == ["here"]
+    assert [r["session"] for r in json.loads(ok(cli(None, "list", "--json", env=env)))] == ["here"]
     assert ok(cli(None, "init", env=env)).strip() == f"found store at {project / '.agentsession'}"
     # a directory merely holding a file called layout is not a store
     monkeypatch.chdir(tmp_path)
     (tmp_path / "layout").write_text("a page layout\n")
     assert json.loads(ok(cli(None, "list", "--json", env=env))) == []
     # --store and -C after the subcommand
-    assert [r["id"] for r in json.loads(ok(cli(None, "list", "--json", "--store", str(project / ".agentsession"))))] == ["here"]
-    assert [r["id"] for r in json.loads(ok(cli(None, "list", "-C", str(inner), "--json", env=env)))] == ["here"]
-    assert [r["id"] for r in json.loads(ok(cli(None, "-C", str(project), "list", "--json", env=env)))] == ["here"]
+    assert [r["session"] for r in json.loads(ok(cli(None, "list", "--json", "--store", str(project / ".agentsession"))))] == ["here"]
+    assert [r["session"] for r in json.loads(ok(cli(None, "list", "-C", str(inner), "--json", env=env)))] == ["here"]
+    assert [r["session"] for r in json.loads(ok(cli(None, "-C", str(project), "list", "--json", env=env)))] == ["here"]
     one_error(cli(None, "-C", str(tmp_path / "nowhere"), "list"), "nowhere")
 
 
@@ -158,8 +158,8 @@ def test_create_append_log_list_head(store):
     listed = json.loads(ok(cli(store, "list", "--json")))
     assert len(listed) == 1
     row = listed[0]
-    assert {"id", "created", "entries", "head", "mark", "size"} <= set(row)
-    assert (row["id"], row["entries"], row["head"], row["mark"]) == ("s1", 3, ids[-1], "record")
+    assert {"session", "created", "entries", "head", "mark", "size"} <= set(row)
+    assert (row["session"], row["entries"], row["head"], row["mark"]) == ("s1", 3, ids[-1], "record")
     assert row["size"] > 0 and row["created"]
     lines = ok(cli(store, "list")).splitlines()
     assert lines[0].split() == ["ID", "TITLE", "MODEL", "HARNESS", "CREATED", "ACTIVE", "ENTRIES", "HEAD", "MARK"]
@@ -881,7 +881,7 @@ def test_console_script_store_round(tmp_path):
     assert r.returncode == 0, r.stderr
     sid = r.stdout.decode().strip()
     listed = json.loads(run("list", "--json").stdout)
-    assert [s["id"] for s in listed] == [sid]
+    assert [s["session"] for s in listed] == [sid]
     r = run("verify", str(store / "sessions" / sid / "log"))
     assert r.returncode == 0 and b"note:" in r.stderr
     r = run("append", sid, input=b"{}")

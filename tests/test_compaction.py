@@ -166,6 +166,37 @@ def test_compaction_while_writing_keeps_the_uncommitted_tail(tmp_path, monkeypat
     assert fsck(root).ok
 
 
+def test_lazy_appends_that_commit_nothing_never_reread_the_log(tmp_path, monkeypatch):
+    """Only committed records fold: a stream of lazy appends with no commit gives a
+    compaction nothing to do, so no checkpoint reads the log to find that out (it once
+    read the whole log at every checkpoint, a cost growing with the stream). The commit
+    at the end lets the checkpoints of the close compact."""
+    monkeypatch.setattr(files_sessions, "COMPACT_WHILE_WRITING", 4096)
+    monkeypatch.setattr(files_sessions, "CHECKPOINT_ENTRIES", 16)
+    reads: list[str] = []
+    real = files_sessions.read_whole
+
+    def counting(path, *args, **kwargs):
+        if str(path).endswith("log"):
+            reads.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(files_sessions, "read_whole", counting)
+    root = tmp_path / "store"
+    st = Store.init(root, sync="never")
+    s = st.create(Header.new("s1"))
+    for i in range(100):
+        s.append(msg(f"m{i}"))
+    assert reads == [], "checkpoints of uncommitted appends read the log"
+    s.commit()
+    st.close()
+    assert reads and ops(root)[:2] == ["create", "snapshot"]
+    st = Store(root)
+    assert len(st.session("s1").log_order) == 100
+    st.close()
+    assert fsck(root).ok
+
+
 def test_exchange_serves_a_compacted_session_from_a_reader(tmp_path):
     root, remote = tmp_path / "a", tmp_path / "b"
     st = Store.init(root)

@@ -352,6 +352,11 @@ def crash_iteration(st: CrashState, rng: random.Random, i: int, tmp: Path, lazy:
             time.sleep(rng.uniform(0.0, 0.3))  # maybe during start-up, open, recovery or create
         else:
             wait_for_line(proc, out, "READY")
+            if rng.random() < 0.75:
+                # Most kills land after the worker acknowledged a few appends, however slow
+                # this machine is (a busy one once gave 8 acknowledgements in 31 kills):
+                # what is checked is what was acknowledged before a kill.
+                wait_for_count(proc, out, "ACK A ", rng.randint(1, 4))
             time.sleep(rng.uniform(0.0, 0.3 if policy == "always" else 0.12))
     finally:
         proc.send_signal(signal.SIGKILL)

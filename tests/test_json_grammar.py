@@ -128,6 +128,12 @@ def test_every_command_prints_one_json_document_with_the_one_problem_shape(world
             assert json.loads(r.stderr.strip().splitlines()[-1])["error"]["code"], (name, r.stderr)
 
 
+def test_listings_name_each_session_by_session(world):
+    """`list --json` rows name their session `session`, as every other document does."""
+    rows = json.loads(CliRunner().invoke(main, ["--store", str(world["a"]), "list", "--json"]).stdout)
+    assert rows and all("session" in r and "id" not in r for r in rows), rows
+
+
 def test_export_to_stdout_puts_its_summary_on_stderr(world):
     r = CliRunner().invoke(main, ["--store", str(world["a"]), "export", "--json", "rec"])
     assert r.exit_code == 0

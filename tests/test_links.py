@@ -334,8 +334,8 @@ def test_list_show_and_export_say_where_a_session_went(tmp_path):
     by_id = {r.split()[0]: r.split() for r in rows}
     assert by_id["a"][-1] == "b" and by_id["b"][-1] == "c" and by_id["c"][-1] == "-"
     listed = json.loads(cli(path, "list", "--json").stdout)
-    assert {r["id"]: r["continued_in"] for r in listed} == {"a": "b", "b": "c", "c": None}
-    assert [r["id"] for r in json.loads(cli(path, "list", "--current", "--json").stdout)] == ["c"]
+    assert {r["session"]: r["continued_in"] for r in listed} == {"a": "b", "b": "c", "c": None}
+    assert [r["session"] for r in json.loads(cli(path, "list", "--current", "--json").stdout)] == ["c"]
     shown = cli(path, "show", "a").stdout
     assert "continued in  b (superseded: takes no more appends); the chain's current session is c" in shown
     data = json.loads(cli(path, "show", "a", "--json").stdout)

@@ -57,7 +57,7 @@ def store(tmp_path) -> Path:
 
 def test_list_shows_what_a_person_looks_for_newest_first(store):
     rows = json.loads(cli(store, "list", "--json").stdout)
-    assert [r["id"] for r in rows] == ["b", "c", "a"]
+    assert [r["session"] for r in rows] == ["b", "c", "a"]
     a = rows[2]
     assert a["title"] == "Refactor auth" and a["model"] == "m1" and a["harness"] == "claw 2" and a["cwd"] == "/w/proj"
     assert a["created"] == "2026-03-01T08:00:00Z", "seconds, not fractions"
@@ -85,7 +85,7 @@ def test_list_shows_what_a_person_looks_for_newest_first(store):
     ],
 )
 def test_filters(store, args, ids):
-    assert [r["id"] for r in json.loads(cli(store, "list", "--json", *args).stdout)] == ids
+    assert [r["session"] for r in json.loads(cli(store, "list", "--json", *args).stdout)] == ids
 
 
 def test_a_bad_date_is_one_clear_error(store):
@@ -129,7 +129,7 @@ def test_a_stale_summary_reads_only_the_entries_appended_since(store, monkeypatc
 def test_a_damaged_or_foreign_summary_is_rebuilt_never_an_error(store):
     (store / "sessions" / "a" / "summary").write_bytes(b"garbage\n")
     (store / "sessions" / "c" / "summary").write_bytes((store / "sessions" / "b" / "summary").read_bytes())
-    rows = {r["id"]: r for r in json.loads(cli(store, "list", "--json").stdout)}
+    rows = {r["session"]: r for r in json.loads(cli(store, "list", "--json").stdout)}
     assert rows["a"]["title"] == "Refactor auth" and rows["c"]["entries"] == 5 and rows["c"]["model"] == "m1"
 
 

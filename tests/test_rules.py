@@ -1098,3 +1098,22 @@ def test_docs_rules_table_is_the_table():
     want = [f"| `{r.code}` | {r.severity} | {r.scope} | {r.store} | {r.error or '-'} | {r.summary} | {r.section} |"
             for r in RULES.values()]
     assert rows == want
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('{"a":"x', "does not parse as JSON: Unterminated string starting at column 6"),
+        ('{"a" 1}', "does not parse as JSON: Expecting ':' delimiter at column 6"),
+    ],
+)
+def test_a_json_failure_is_worded_once(text, said):
+    """The parser's own words, with the column said once ("starting at at column" was shown)."""
+    from agentsession_cas.format.rules import describe_json_error
+
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        assert describe_json_error(exc) == said
+    else:
+        raise AssertionError("the text parsed")

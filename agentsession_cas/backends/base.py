@@ -211,6 +211,24 @@ class ObjectStore(ABC):
         """``names`` in the order reading them all costs least (the backend's layout)."""
         return sorted(names)
 
+    def scan(self, spaces: Sequence[Space]) -> Iterator[tuple[Space, str, bytes]]:
+        """Every object of the given spaces as ``(space, name, bytes)``, in the order
+        reading them costs least: a bulk pass (a search) that must not pay a lookup per
+        object.
+
+        The bytes are NOT verified against their names, and an object that cannot be
+        read is left out: a caller uses them only to rule objects out, and reads what it
+        shows through :meth:`get`. An object may come more than once (two packs hold it);
+        objects only a session's log holds so far may not come at all."""
+        from ..errors import AgentSessionError
+
+        for space in spaces:
+            for name in self.read_order(self.names(space)):
+                try:
+                    yield space, name, self.get(space, name)
+                except AgentSessionError:
+                    continue
+
     def stored_bytes(self) -> dict[str, int] | None:
         """The bytes the objects take where they are kept, by kind (the file backend's
         ``loose`` and ``packs``), for ``stats``; None when the backend cannot say."""

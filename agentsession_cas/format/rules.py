@@ -135,7 +135,9 @@ def describe_json_error(exc: Exception) -> str:
     if isinstance(exc, UnicodeDecodeError):
         return f"is not valid UTF-8 (byte {exc.start})"
     if isinstance(exc, json.JSONDecodeError):
-        return f"does not parse as JSON: {exc.msg} at column {exc.colno}"
+        # Some of the parser's messages end in "at" already ("Unterminated string starting at").
+        msg = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
+        return f"does not parse as JSON: {msg} at column {exc.colno}"
     return f"does not parse as JSON: {exc}"
 
 

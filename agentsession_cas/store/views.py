@@ -6,16 +6,23 @@ No printing: each view returns rows or records the command prints as text or JSO
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..format.canonical import canonical_bytes
 from ..format.entry import Entry
+from ..format.hashing import envelope_content
 from ..format.tree import Tree
 
-__all__ = ["GraphRow", "graph_rows", "Diff", "diff_sequences", "diff_paths", "entry_texts", "Match", "grep_entries"]
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = [
+    "GraphRow", "graph_rows", "Diff", "diff_sequences", "diff_paths", "entry_texts", "Match", "grep_entries",
+    "grep_store", "required_literal",
+]
 
 
 # ---------------------------------------------------------------------------
@@ -160,6 +167,12 @@ def diff_paths(path_a: Sequence[str], path_b: Sequence[str]) -> Diff:
 # grep
 
 
+def _json_text(value: Any) -> str:
+    """A structured value's text as the store holds it (canonical JSON): what a search
+    finds in it is then found in the stored bytes too (see :func:`grep_store`)."""
+    return canonical_bytes(value).decode("utf-8")
+
+
 def _item_texts(item: Any, where: str) -> Iterator[tuple[str, str]]:
     """(field, text) of what a person reads in an item: a message's text parts, a tool
     call's name and arguments, a call's output, reasoning's summary and text."""
@@ -178,12 +191,12 @@ def _item_texts(item: Any, where: str) -> Iterator[tuple[str, str]]:
         if isinstance(value, str):
             yield f"{where}.{key}", value
         elif value is not None and key != "name":
-            yield f"{where}.{key}", json.dumps(value, ensure_ascii=False)
+            yield f"{where}.{key}", _json_text(value)
     out = item.get("output")
     if isinstance(out, str):
         yield f"{where}.output", out
     elif out is not None:
-        yield f"{where}.output", json.dumps(out, ensure_ascii=False)
+        yield f"{where}.output", _json_text(out)
     if kind == "reasoning":
         for key in ("summary", "content"):
             parts = item.get(key)
@@ -207,7 +220,7 @@ def entry_texts(entry: Entry) -> Iterator[tuple[str, str]]:
     elif t == "custom":
         data = entry.body.get("data")
         if data is not None:
-            yield "data", json.dumps(data, ensure_ascii=False)
+            yield "data", _json_text(data)
     elif t == "info" and isinstance(d.get("name"), str):
         yield "name", d["name"]
 
@@ -243,3 +256,112 @@ def grep_entries(session: str, entries: Iterable[Entry], pattern: re.Pattern[str
             # a pattern that spans lines matches the text and no one line: show where it starts
             for n, line in found or [(1, lines[0])]:
                 yield Match(session, e.id, e.type, where, n, line)
+
+
+# -- a search over a whole store ---------------------------------------------------------
+
+#: Characters canonical JSON writes escaped inside a string: a text holding one is not
+#: found verbatim in the stored bytes.
+_ESCAPED = frozenset('"\\') | frozenset(chr(c) for c in range(0x20))
+
+
+def required_literal(pattern: re.Pattern[str]) -> re.Pattern[Any] | None:
+    """A test every entry whose text ``pattern`` matches passes on its stored content
+    bytes, or None when the pattern yields none (then every entry is searched).
+
+    It is the longest run of plain characters every match must hold (top-level
+    literals of the parsed pattern, cut at anything else), without the characters
+    canonical JSON escapes: such a run in an entry's text (a string member, or a
+    structured value's canonical JSON) lies verbatim in the canonical bytes of its
+    content. Case-insensitive patterns test the decoded text, as Unicode case rules
+    need; others the bytes."""
+    try:
+        from re import _constants as sre_constants  # type: ignore[attr-defined]
+        from re import _parser as sre_parser  # type: ignore[attr-defined]
+
+        parsed = sre_parser.parse(pattern.pattern, pattern.flags)
+        literal = sre_constants.LITERAL
+    except Exception:  # the parser is CPython's own: without it, no shortcut
+        return None
+    best, run = "", []
+    for op, arg in list(parsed) + [(None, None)]:
+        if op is literal and chr(arg) not in _ESCAPED:
+            run.append(chr(arg))
+            continue
+        if len(run) > len(best):
+            best = "".join(run)
+        run = []
+    if not best:
+        return None
+    if pattern.flags & re.IGNORECASE:
+        return re.compile(re.escape(best), re.IGNORECASE)
+    return re.compile(re.escape(best.encode("utf-8")))
+
+
+def _passes(test: re.Pattern[Any], data: bytes) -> bool:
+    if isinstance(test.pattern, str):
+        return test.search(data.decode("utf-8", "replace")) is not None
+    return test.search(data) is not None
+
+
+def grep_store(store: Store, sessions: Sequence[str], pattern: re.Pattern[str], *,
+               types: Sequence[str] = ()) -> Iterator[Match]:
+    """:func:`grep_entries` over each session's own entries, sessions in the order given,
+    costing one bulk pass over the store's objects rather than a lookup per entry.
+
+    Where the pattern has a :func:`required_literal`, the objects are scanned in bulk
+    (:meth:`~agentsession_cas.backends.base.ObjectStore.scan`): envelopes for their
+    content, contents for the literal, each distinct content tested once however many
+    entries share it. Only entries whose content passes, or which the scan did not see
+    (an object only a log holds, a block that does not read), are read and searched,
+    through the verified path: a scan rules out, it never shows."""
+    order: list[str] = list(dict.fromkeys(sessions))
+    test = required_literal(pattern)
+    candidates: set[str] | None = None
+    own: dict[str, list[str]] = {}
+    if test is not None:
+        for sid in order:
+            with store.read(sid) as s:
+                own[sid] = list(s.log_order)
+        candidates = _candidates(store, {eid for ids in own.values() for eid in ids}, test)
+    for sid in order:
+        if candidates is not None and candidates.isdisjoint(own[sid]):
+            continue  # nothing of it can match: not opened again
+        with store.read(sid) as s:
+            ids = s.log_order if candidates is None else [eid for eid in s.log_order if eid in candidates]
+            yield from grep_entries(sid, (s.entry(eid) for eid in ids), pattern, types=types)
+
+
+def _candidates(store: Store, wanted: set[str], test: re.Pattern[Any]) -> set[str]:
+    """The entries of ``wanted`` a search must read: those whose content passes ``test``,
+    and those the scan could not rule out (not seen, or their envelope not read). One
+    pass over envelopes and contents in the order they lie; a content is tested once
+    however many entries hold it, whichever of an entry's two objects comes first."""
+    unseen = set(wanted)
+    passed: set[str] = set()
+    failed: set[str] = set()
+    waiting: dict[str, list[str]] = {}  # content not yet tested -> entries holding it
+    out: set[str] = set()
+    for space, name, data in store.backend.objects.scan(("entries", "contents")):
+        if space == "entries":
+            if name not in unseen:
+                continue
+            content = envelope_content(data)
+            if content is None:
+                continue  # left unseen: the verified read says what is wrong
+            unseen.discard(name)
+            if content in passed:
+                out.add(name)
+            elif content not in failed:
+                waiting.setdefault(content, []).append(name)
+        elif name not in passed and name not in failed:
+            if _passes(test, data):
+                passed.add(name)
+                out.update(waiting.pop(name, ()))
+            else:
+                failed.add(name)
+                waiting.pop(name, None)
+    out.update(unseen)
+    for held in waiting.values():  # contents the scan did not see
+        out.update(held)
+    return out

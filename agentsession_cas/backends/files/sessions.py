@@ -447,6 +447,12 @@ class FileSessionLog(SessionLog):
         #: Where the log's records after its snapshot begin (0: it has none): what
         #: compaction would replace lies after it.
         self._compacted = 0
+        #: The log's length up to the last commit point this writer wrote (0: none yet).
+        #: Compaction replaces only committed records, so until this moves past what
+        #: the last compaction (or attempt) looked at there is nothing new to fold.
+        self._committed_to = 0
+        #: ``_committed_to`` when compaction last looked and found nothing to fold.
+        self._compact_looked = 0
         #: The checksum of the log's last line, which the next line links to.
         self._last = ZERO_LINK
         #: The header the log holds, when the header file says otherwise (rewritten at recovery).
@@ -497,6 +503,9 @@ class FileSessionLog(SessionLog):
             self._compacted = records[2].offset if len(records) > 2 else logread.sound_bytes
         cut_at = len(records)
         last_commit = max((i for i, r in enumerate(records) if r.op in COMMIT_POINTS), default=-1)
+        if last_commit >= 0:
+            after = last_commit + 1
+            self._committed_to = records[after].offset if after < len(records) else logread.sound_bytes
         # Uncommitted appends whose objects a crash took or tore are lost, with all after them.
         objects = self.backend.objects
         for i in range(last_commit + 1, len(records)):
@@ -608,6 +617,7 @@ class FileSessionLog(SessionLog):
             self._header_fix = None
         if rewrite is not None:
             write_atomic(os.path.join(self.dir, "log"), rewrite, durable=True)
+            self._committed_to = len(rewrite)  # it ends with a commit
         self._fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if since_checkpoint:
             # Finish the checkpoint the last writer did not reach: every object since
@@ -686,6 +696,8 @@ class FileSessionLog(SessionLog):
             bodies.append(_COMMIT)
         self._write_log(bodies, sync=commit)
         self._uncommitted = not commit
+        if commit:
+            self._committed_to = self._size or 0
         note = None
         for r in records:
             if isinstance(r, Append):
@@ -751,6 +763,7 @@ class FileSessionLog(SessionLog):
             return
         self._write_log([_COMMIT], sync=True)
         self._uncommitted = False
+        self._committed_to = self._size or 0
 
     def set_indexes(self, head: str | None, mark: Mark) -> None:
         """HEAD and mark, rewritten without fsync (the log is the record; the domain
@@ -780,6 +793,7 @@ class FileSessionLog(SessionLog):
         self._check_open()
         self._write_log([record_body({"op": "header", "header": loads(header)}), _COMMIT], sync=True)
         self._uncommitted = False
+        self._committed_to = self._size or 0
         write_atomic(os.path.join(self.dir, "header"), header, durable=True)
 
     # -- checkpoints ------------------------------------------------------------------------
@@ -862,10 +876,17 @@ class FileSessionLog(SessionLog):
         :data:`COMPACT_WHILE_WRITING` and the size of its last snapshot."""
         if self._fd is None or self.stopped or self._inflight is not None or self._closed:
             return
-        size = self._size if self._size is not None else os.fstat(self._fd).st_size
-        growth = size - self._compacted
-        if growth < (COMPACT_AT_CLOSE if final else max(COMPACT_WHILE_WRITING, self._compacted)):
+        # Only committed records fold, so the growth that counts is the committed part's:
+        # while writing, since the last compaction or the last look that found nothing to
+        # fold (a stream of lazy appends commits nothing, and reading the log at each
+        # checkpoint to learn that costs a whole read each time); at close, since the last
+        # compaction (the close's checkpoint may have covered what a look found uncovered).
+        if final:
+            if self._committed_to - self._compacted < COMPACT_AT_CLOSE:
+                return
+        elif self._committed_to - max(self._compacted, self._compact_looked) < max(COMPACT_WHILE_WRITING, self._compacted):
             return
+        self._compact_looked = self._committed_to
         path = os.path.join(self.dir, "log")
         data = read_whole(path)
         logread = read_log(data, expand=False)
@@ -903,6 +924,8 @@ class FileSessionLog(SessionLog):
         self._last = last
         self._size = len(head_lines) + len(tail)
         self._compacted = len(head_lines)
+        # Where the last commit point now lies: the records after it were copied as they were.
+        self._committed_to = self._compact_looked = max(self._compacted, self._size - (len(data) - self._committed_to))
 
     # -- closing, parking -----------------------------------------------------------------
 
