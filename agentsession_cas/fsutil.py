@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the pool is made on first use: a command that fsyncs nothin
     from concurrent.futures import ThreadPoolExecutor
 
 __all__ = [
+    "Spill",
     "NotAFileError", "batched", "fsync_dir", "fsync_paths", "read_whole", "start_writeback", "write_all",
     "write_atomic", "write_chunks", "write_output",
 ]
@@ -278,3 +279,50 @@ def hash_file(path: str) -> tuple[bytes, int]:
     finally:
         os.close(fd)
     return h.digest(), size
+
+
+class Spill:
+    """Objects (space, name, bytes) written in order to an anonymous temporary file and
+    read back once in the same order: what a one-pass import holds of a file's objects
+    between checking them and handing them to the store, so its memory does not grow
+    with the file. The file lives in the system's temporary directory (``TMPDIR``) and
+    is gone when closed or when the process ends. ``len()`` is how many were added."""
+
+    _LENGTHS = 4  # bytes of each length field
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self._f = tempfile.TemporaryFile(buffering=1 << 20)
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, space: str, name: str, data: bytes) -> None:
+        head = f"{space} {name}".encode()
+        self._f.write(len(head).to_bytes(self._LENGTHS, "big") + len(data).to_bytes(self._LENGTHS, "big"))
+        self._f.write(head)
+        self._f.write(data)
+        self._count += 1
+
+    def __iter__(self) -> Iterator[tuple[Any, str, bytes]]:
+        f = self._f
+        f.flush()
+        f.seek(0)
+        n = self._LENGTHS
+        for _ in range(self._count):
+            lengths = f.read(2 * n)
+            head = f.read(int.from_bytes(lengths[:n], "big")).decode("utf-8")
+            data = f.read(int.from_bytes(lengths[n:], "big"))
+            space, _, name = head.partition(" ")
+            yield space, name, data
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> Spill:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -19,7 +19,6 @@ from agentsession_cas import (
     short_id,
 )
 from agentsession_cas.errors import ContextError, ContinuationError
-from agentsession_cas.format.canonical import loads_flagged
 from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
     Context,
@@ -34,7 +33,7 @@ from agentsession_cas.format.runs import render_runs
 from agentsession_cas.store import Session
 
 from . import fsck_command, store_commands
-from .common import echo, emit_json, plural, table, table_line
+from .common import echo, emit_json, plural, table, table_line, whole_pass
 from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
 
@@ -240,6 +239,7 @@ def show(
 _ROW_HEADER = ["LINE", "ID", "PARENT", "TYPE", "SUMMARY"]
 
 
+@whole_pass
 def _show_stored(session: Session, verbose: bool, first: int | None, last: int | None) -> None:
     """``show`` of a stored session, streamed: what the text shows of its projection, as
     ``show`` of the exported file would, without holding the file. First the outline
@@ -261,8 +261,6 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
     _print_info(session.header, False, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
     listed = _listed(n, first, last)
     kept: list[Entry] = []
-    lines = session.projection_lines()
-    next(lines)  # the header
     widths = None
     if n:
         ids = outline.ids
@@ -274,12 +272,10 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
         ]
         echo()
         echo(table_line(_ROW_HEADER, widths))
-    for pos, raw in enumerate(lines):
+    for pos, e in enumerate(session.projection_entries()):
         if pos not in listed and pos not in on_path:
             continue
-        obj, careful = loads_flagged(raw)
-        e = Entry(obj, computed_id=obj["id"], content_hash="", line=pos + 2)  # the listing shows no content hash
-        e.careful = careful
+        e.line = pos + 2
         if pos in on_path:
             kept.append(e)
         if pos in listed and widths is not None:
@@ -398,6 +394,7 @@ def _summary(report: VerifyReport) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status says (0 sound, 1 not).")
 @click.option("-v", "--verbose", is_flag=True, help="Also print one line per response whose request hash checked.")
+@whole_pass
 def verify(file: str | None, as_json: bool, quiet: bool, verbose: bool) -> None:
     """Check a session file or a stored session; exit 1 on any problem.
 

@@ -42,7 +42,7 @@ from agentsession_cas.store.url import open_store, store_url_kind
 if TYPE_CHECKING:
     from agentsession_cas.format.reader import SessionFile
 
-from .common import echo, emit_json, fail, note, plural, table, write_bytes, write_stream
+from .common import echo, emit_json, fail, note, plural, table, whole_pass, write_bytes, write_stream
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -358,6 +358,7 @@ def projection_file(target: Target) -> SessionFile:
               help="Replace each match with REDACTED (repeatable; a redacted file).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print {session, head, output, bytes}: on stderr when the projection goes to stdout.")
+@whole_pass
 def export(session: str, output: str | None, fmt: str, at: str | None, redact_home: bool, redact_env: bool,
            secrets: tuple[str, ...], as_json: bool) -> None:
     """Print a session's projection (RFC 0002) to stdout, or write it to FILE.
@@ -474,6 +475,7 @@ def _say_where_it_went(store: Store, s: Session) -> None:
 @click.argument("file", type=str)  # no stat() of a name holding NUL
 @click.option("--record", is_flag=True, help="Hold it as a record (appendable here), not a mirror.")
 @click.option("--json", "as_json", is_flag=True, help="Print {session, entries, prefix, head, mark}.")
+@whole_pass
 def import_cmd(file: str, record: bool, as_json: bool) -> None:
     """Import a session file; print the new session's id.
 

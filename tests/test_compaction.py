@@ -84,6 +84,38 @@ def test_a_small_log_is_left_as_it_is(tmp_path):
     assert "snapshot" not in ops(root)
 
 
+def test_an_import_writes_its_log_compacted_and_its_close_leaves_it(tmp_path):
+    """A session created whole (an import) has its objects durable before it is visible:
+    a log of 64 KiB or more is written as create and one snapshot, which the close does
+    not read back nor rewrite; a small one keeps its records one by one."""
+    root = tmp_path / "store"
+    st = Store.init(root)
+    s = st.create(Header.new("s1"))
+    for i in range(700):  # about 700 appends: past the 64 KiB an append-per-line log would take
+        s.append({"type": "item", "item": {"type": "message", "role": "user", "content": f"m{i}"},
+                  "ts": "2026-01-01T00:00:00Z"})
+    data = s.projection()
+    st.close()
+    for sid, copy in (("big", data), ("small", data[: data.index(b"\n", data.index(b"\n") + 1) + 1])):
+        copy = copy.replace(b'"id":"s1"', f'"id":"{sid}"'.encode(), 1)
+        with Store(root) as st:
+            imported = st.import_bytes(copy, record=True)
+            ident = (root / "sessions" / sid / "log").stat()
+            before = state_of(imported)
+        after = (root / "sessions" / sid / "log").stat()
+        assert (after.st_ino, after.st_size, after.st_mtime_ns) == (ident.st_ino, ident.st_size, ident.st_mtime_ns)
+        ro = Store(root, readonly=True).read(sid)
+        assert state_of(ro) == before and ro.projection() == copy
+        assert [r["entry"] for r in ro.records() if r["op"] == "append"] == before[0]
+    assert ops(root, "big") == ["create", "snapshot"] and len(log_of(root, "big")) < 50 * 701
+    assert ops(root, "small") == ["create", "append", "head", "commit"]
+    assert fsck(root).ok
+    with Store(root) as st:  # a record imported compacted takes appends as any other
+        st.session("big").append({"type": "item", "item": {"type": "message", "role": "user", "content": "next"}})
+    assert ops(root, "big")[:2] == ["create", "snapshot"] and "append" in ops(root, "big")
+    assert fsck(root).ok
+
+
 def test_appends_after_a_snapshot_and_a_second_compaction(tmp_path):
     root = tmp_path / "store"
     st = Store.init(root)

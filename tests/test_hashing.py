@@ -408,6 +408,33 @@ def test_parse_envelope_fast_form_agrees_with_json(env):
     assert careful is False or careful is None or careful is True
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"content": "sha256:" + "a" * 64, "parent": None, "ts": "2026-10-05T09:00:00Z", "type": "item"},
+        {"content": "sha256:" + "a" * 64, "parent": "sha256:" + "b" * 64, "ts": "2026-10-05T09:00:00Z", "type": "x:y"},
+        {"content": "sha256:" + "a" * 64, "parent": None, "parents": [{"entry": "sha256:" + "c" * 64}], "ts": "t", "type": "item"},
+        {"content": "sha256:" + "a" * 64, "parent": None, "parents": [], "ts": "t", "type": "item"},
+        {"content": "sha256:" + "A" * 64, "parent": None, "ts": "t", "type": "item"},
+        {"content": "sha256:" + "a" * 64, "parent": "sha256:b", "ts": "t", "type": "item"},
+        {"content": "sha256:" + "a" * 64, "parent": None, "ts": 5, "type": "item"},
+        {"content": "sha256:" + "a" * 64, "parent": None, "ts": "t"},
+        {"content": "sha256:" + "a" * 64, "parent": None, "ts": "t", "type": "item", "extra": 1},
+        ["not", "an", "object"],
+    ],
+)
+def test_checked_envelope_says_what_envelope_defect_says(env):
+    """The common form is taken as an envelope by its match alone: for every object, the
+    verdict is the rule's (envelope_defect) on the parsed object."""
+    from agentsession_cas.format.canonical import loads
+    from agentsession_cas.format.hashing import checked_envelope, envelope_defect
+
+    data = _cb(env)
+    parsed, _, why = checked_envelope(data)
+    assert parsed == loads(data)
+    assert why == envelope_defect(loads(data))
+
+
 # -- the item's bytes, a piece of the content's ------------------------------------------
 
 _JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-(2**53) + 1, 2**53 - 1), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8))

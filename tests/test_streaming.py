@@ -124,6 +124,35 @@ def test_export_holds_no_more_than_the_outline_per_entry(shapes, monkeypatch):
     )
 
 
+def test_projection_entries_are_the_lines_parsed(shapes, tmp_path):
+    """What ``show`` reads (Session.projection_entries: each entry from its two objects,
+    the content parsed once) is what parsing each projection line gives: the members in
+    the line's order, the parse's careful flag, the synthetic marker last; for every
+    shape, and for contents with member names outside ASCII, floats and integers of 16 digits."""
+    from agentsession_cas.format.canonical import loads_flagged
+
+    root, sids = shapes
+    odd = Store.init(tmp_path / "odd")
+    s = odd.create(Header.new("odd"))
+    s.append({"type": "acme:x", "\u00e9t\u00e9": 1, "zeta": 1.5, "big": 9007199254740993 - 1})
+    s.append({"type": "acme:y", "\U0001f600": "smile", "a": [1, 2.25, {"\u00e9": None}]})
+    s.append({"type": "acme:z", "v": 2.5, "n": {"\u00e9": 1, "e": 2, "\U0001f600": 3}})  # ASCII at the top only
+    s.append(_user("plain"))
+    odd.close()
+    stores = [(Store(root, readonly=True), sids), (Store(tmp_path / "odd", readonly=True), ["odd"])]
+    for st, names in stores:
+        for sid in names:
+            s = st.read(sid)
+            lines = list(s.projection_lines())[1:]
+            entries = list(s.projection_entries())
+            assert len(entries) == len(lines), sid
+            for raw, e in zip(lines, entries):
+                obj, careful = loads_flagged(raw)
+                assert list(e.data.items()) == list(obj.items()), (sid, raw)
+                assert (e.id, e.careful) == (obj["id"], careful), (sid, raw)
+            s.close()
+
+
 # ---------------------------------------------------------------------------
 # verify FILE in one pass
 
@@ -216,6 +245,11 @@ def test_cli_verify_streams_the_file(tmp_path, monkeypatch):
     def whole(*args, **kwargs):
         raise AssertionError("verify read the file whole")
 
+    from agentsession_cas.backends.files import packs
+
+    # The pack writer gathers up to WRITE_BUFFER compressed bytes before a write: a bound of
+    # its own, whatever the file's size, taken down here so the measure is the import's.
+    monkeypatch.setattr(packs.PackWriter, "WRITE_BUFFER", 1 << 20)
     monkeypatch.setattr(reader, "read_session", whole)
     r = CliRunner().invoke(main, ["verify", str(path)], catch_exceptions=False)
     assert r.exit_code == 1 and "1 request hash(es) verified" in r.stdout and "1 failed" in r.stdout, r.stdout
@@ -269,3 +303,151 @@ def test_verify_of_a_stored_session_streams_its_projection(shapes, tmp_path, mon
         want = exported[sid]
         assert r.exit_code == (0 if want["ok"] else 1) and got["ok"] == want["ok"], (sid, got, want)
         assert got["requests"] == want["requests"], sid
+
+
+# ---------------------------------------------------------------------------
+# import FILE in one pass
+
+
+def _fresh(tmp_path: Path, name: str) -> Store:
+    return Store.init(tmp_path / name)
+
+
+def _held(st: Store, sid: str) -> tuple:
+    s = st.read(sid)
+    out = (list(s.log_order), s.head, s.mark, list(s.prefix), s.projection(), s.summary().as_dict())
+    s.close()
+    return out
+
+
+def test_import_file_holds_what_an_import_of_the_bytes_holds(shapes, tmp_path):
+    """The streamed import (one pass, objects spilled) and the import of the same bytes
+    held in memory make the same session: entries, head, mark, prefix, projection and
+    summary, for every shape (a fork's prefix, a synthetic marker, labels, no entries)."""
+    root, sids = shapes
+    src = Store(root, readonly=True)
+    for record in (False, True):
+        streamed, whole = _fresh(tmp_path, f"streamed-{record}"), _fresh(tmp_path, f"whole-{record}")
+        for sid in sids:
+            path = tmp_path / f"{sid}.jsonl"
+            data = src.export(sid)
+            path.write_bytes(data)
+            a = streamed.import_file(path, record=record)
+            b = whole.import_bytes(data, record=record)
+            assert (a.id, len(a), a.head, a.mark) == (b.id, len(b), b.head, b.mark), sid
+        streamed.close()
+        whole.close()
+        s2, w2 = Store(tmp_path / f"streamed-{record}", readonly=True), Store(tmp_path / f"whole-{record}", readonly=True)
+        for sid in sids:
+            assert _held(s2, sid) == _held(w2, sid), sid
+            assert s2.export(sid) == src.export(sid)
+
+
+def test_import_file_refuses_what_the_bytes_import_refuses_and_leaves_the_store(tmp_path):
+    """Every corpus and fixture file: imported from the file or from its bytes, it is held
+    alike or refused alike (the same error class and code); a refused file leaves the store
+    with no session, no pack and nothing in tmp/."""
+    for i, path in enumerate(_files()):
+        streamed, whole = _fresh(tmp_path, f"s{i}"), _fresh(tmp_path, f"w{i}")
+        outcome = []
+        for st, do in ((streamed, lambda st: st.import_file(path)), (whole, lambda st: st.import_bytes(path.read_bytes(), source=str(path)))):
+            try:
+                s = do(st)
+                outcome.append(("held", s.id, s.head, len(s), st.export(s.id)))
+            except Exception as exc:  # noqa: BLE001 - compared between the two paths
+                outcome.append(("refused", type(exc).__name__, getattr(exc, "code", None)))
+        assert outcome[0] == outcome[1], path
+        if outcome[0][0] == "refused":
+            assert streamed.list() == []
+            for where in ("objects/pack", "tmp"):
+                d = tmp_path / f"s{i}" / where
+                assert not d.exists() or not list(d.iterdir()), (path, where)
+        streamed.close()
+        whole.close()
+
+
+def test_import_file_does_not_hold_the_file(tmp_path, monkeypatch):
+    """An import reads its file line by line (never whole) and keeps a few ids per entry,
+    not the entries: doubling the file (4 MB to 8 MB of entries) moves the import's peak
+    (tracemalloc) by a small part of the bytes added; an import that held the file or
+    its entries would add them at least once. (The context rules hold the entries on the
+    path they stand on, every entry in a linear session; here each entry is a branch of
+    the first, so the path stays two entries long and what is measured is the import's
+    own holding.)"""
+    import tracemalloc
+
+    from agentsession_cas import make_entry
+    from agentsession_cas.format import reader
+
+    def whole(*a, **k):
+        raise AssertionError("the import read the file whole")
+
+    from agentsession_cas.backends.files import packs
+
+    # The pack writer gathers compressed blocks up to WRITE_BUFFER bytes before a write: a
+    # bound of its own (whatever the file's size), which these entries (compressing to
+    # almost nothing) would never reach; taken down so the measure is the import's.
+    monkeypatch.setattr(packs.PackWriter, "WRITE_BUFFER", 1)
+    monkeypatch.setattr(reader, "read_session", whole)
+    monkeypatch.setattr(reader, "read_session_bytes", whole)
+    peaks, sizes = [], []
+    for n in (128, 256):
+        sid = f"big{n}"
+        lines = [Header.new(sid).canonical_line()]
+        first = parent = None
+        for i in range(n):
+            e = make_entry("acme:blob", first, ts="2026-01-01T00:00:00Z", data=f"{sid} {i:04d} " + "x" * 32_000)
+            lines.append(e.canonical_line())
+            first, parent = first or e.id, e.id
+        path = tmp_path / f"{sid}.jsonl"
+        path.write_bytes(b"".join(lines))
+        st = _fresh(tmp_path, sid)
+        tracemalloc.start()
+        try:
+            s = st.import_file(path)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        sizes.append(path.stat().st_size)
+        assert len(s) == n and s.head == parent
+        st.close()
+        assert Store(tmp_path / sid, readonly=True).export(sid) == path.read_bytes()
+    assert peaks[1] - peaks[0] < (sizes[1] - sizes[0]) / 4, (peaks, sizes)
+
+
+def test_whole_pass_commands_keep_the_collector_off_until_they_return(shapes, tmp_path, monkeypatch):
+    """verify, import, export and show of a stored session run their pass with the cyclic
+    collector off and turn it back on (as it was) once they return: seen from inside the
+    pass, and after each command, in this process (CliRunner)."""
+    import gc
+
+    from agentsession_cas.format import reader
+    from agentsession_cas.store import session as session_mod
+
+    root, sids = shapes
+    seen: list[bool] = []
+    real_verify, real_walk = reader.verify_file, session_mod._ProjectionWalk.objects
+
+    def verify_spy(*a, **k):
+        seen.append(gc.isenabled())
+        return real_verify(*a, **k)
+
+    def walk_spy(self, **k):
+        seen.append(gc.isenabled())
+        yield from real_walk(self, **k)
+
+    monkeypatch.setattr(reader, "verify_file", verify_spy)
+    monkeypatch.setattr("agentsession_cli.file_commands.verify_file", verify_spy)
+    monkeypatch.setattr(session_mod._ProjectionWalk, "objects", walk_spy)
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(Store(root, readonly=True).export(sids[0]))
+    seen.clear()
+    assert gc.isenabled()
+    for args in (["verify", str(path)], ["export", sids[0]], ["show", sids[0]]):
+        assert cli(root, *args).exit_code == 0, args
+        assert gc.isenabled(), args
+    other = tmp_path / "other"
+    assert cli(other, "init").exit_code == 0
+    assert cli(other, "import", str(path)).exit_code == 0
+    assert gc.isenabled()
+    assert len(seen) >= 4 and not any(seen), seen

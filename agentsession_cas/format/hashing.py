@@ -159,23 +159,38 @@ FAST_ENVELOPE = re.compile(
 )
 
 
+def _fast_envelope(data: bytes) -> dict[str, Any] | None:
+    """The envelope of the common form read by one match, or None for any other bytes."""
+    m = FAST_ENVELOPE.fullmatch(data)
+    if m is None:
+        return None
+    parent = m.group(2)
+    return {
+        "content": m.group(1).decode("ascii"),
+        "parent": parent.decode("ascii") if parent is not None else None,
+        "ts": m.group(3).decode("ascii"),
+        "type": m.group(4).decode("ascii"),
+    }
+
+
 def parse_envelope(data: bytes) -> tuple[dict[str, Any], bool | None]:
     """An envelope object from its canonical bytes, and the parse's careful flag.
     The common form (no ``parents``, plain strings) is read with one regular
     expression; anything else is parsed as JSON. Both give the same dict (tested)."""
-    m = FAST_ENVELOPE.fullmatch(data)
-    if m is not None:
-        parent = m.group(2)
-        return (
-            {
-                "content": m.group(1).decode("ascii"),
-                "parent": parent.decode("ascii") if parent is not None else None,
-                "ts": m.group(3).decode("ascii"),
-                "type": m.group(4).decode("ascii"),
-            },
-            False,
-        )
-    return loads_flagged(data)
+    env = _fast_envelope(data)
+    return (env, False) if env is not None else loads_flagged(data)
+
+
+def checked_envelope(data: bytes) -> tuple[Any, bool | None, str | None]:
+    """:func:`parse_envelope`, and why the object is no envelope (:func:`envelope_defect`)
+    or None. One of the common form is an envelope by its match alone (the expression
+    admits exactly the members, hashes and strings the rule asks for), so the rule's
+    walk is taken for the others only."""
+    env = _fast_envelope(data)
+    if env is not None:
+        return env, False, None
+    obj, careful = loads_flagged(data)
+    return obj, careful, envelope_defect(obj)
 
 
 _CONTENT_FIRST = b'{"content":"'
@@ -295,6 +310,28 @@ def line_from_objects(entry_id: str, env: Mapping[str, Any], content: bytes) -> 
     body.update(members)
     # the envelope's members are strings or null in the common form; anything else is scanned for
     return canonical_bytes(body, parsed=True, careful=True if careful else (False if plain else None)) + b"\n"
+
+
+def line_members(entry_id: str, env: Mapping[str, Any], content: bytes) -> tuple[dict[str, Any], bool | None]:
+    """What parsing the line :func:`line_from_objects` makes gives (the members in the
+    line's order, the parse's careful flag), with the content parsed once and no line
+    made: for a reader of entries, not of bytes (a listing). The envelope's members are
+    ASCII-named strings, null or ``parents``' plain objects, which raise no careful flag.
+    A content with a member name outside ASCII (where JCS's order is not ``sorted``'s)
+    is read through its line."""
+    body, careful = loads_flagged(content)
+    if body.__class__ is not dict:
+        raise EntryError("the content object is not a JSON object")
+    if not all(k.isascii() for k in body):
+        return loads_flagged(line_from_objects(entry_id, env, content))
+    body["id"] = entry_id
+    body["parent"] = env.get("parent")
+    parents = env.get("parents")
+    if parents:
+        body["parents"] = parents
+    body["ts"] = env.get("ts")
+    body["type"] = env.get("type")
+    return dict(sorted(body.items())), careful
 
 
 def _spliced(members: dict[str, Any], body: dict[str, Any], content: bytes, name: str) -> bytes | None:

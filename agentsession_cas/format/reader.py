@@ -25,7 +25,7 @@ import os
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import (
     AgentSessionError,
@@ -51,7 +51,7 @@ from .rules import (
 )
 from .tree import Tree
 
-__all__ = ["CORE_TYPES", "SessionFile", "gc_paused", "read_session", "read_session_bytes", "split_lines", "verify_bytes", "verify_file", "verify_lines"]
+__all__ = ["CORE_TYPES", "SessionFile", "file_header", "gc_paused", "read_session", "read_session_bytes", "split_lines", "verify_bytes", "verify_file", "verify_lines"]
 
 
 
@@ -178,7 +178,30 @@ def read_session_bytes(data: bytes, *, source: str = "<bytes>", keep_objects: bo
         return _Reader(source, header, lines[1:], keep_objects=keep_objects).run()
 
 
-def verify_file(path: str | os.PathLike) -> VerifyReport:
+def file_header(path: str | os.PathLike) -> Header:
+    """The header of the session file at ``path`` (its first line, checked), the rest
+    unread. Raises as :func:`read_session` does for a file with no usable header."""
+    name = _session_file(path)
+    with open(name, "rb") as f:
+        return _first_line(f, name)[1]
+
+
+def _session_file(path: str | os.PathLike) -> str:
+    name = os.fspath(path)
+    if os.path.isdir(name):
+        raise IsADirectoryError(21, "is a directory, not a session file", name)
+    return name
+
+
+def _first_line(f: BinaryIO, name: str) -> tuple[bytes, Header]:
+    """The file's first line as read (its LF kept) and the header it holds, checked."""
+    first = f.readline()
+    if not first:
+        raise SessionFormatError(name, [problem(1, "header", "the file is empty: no header")])
+    return first, read_header(first[:-1] if first.endswith(b"\n") else first, name)
+
+
+def verify_file(path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | None = None) -> VerifyReport:
     """What ``agentsession verify FILE`` reports (:func:`~agentsession_cas.format.rules.verify_session`
     of the file as read), in one pass over the file read line by line: each line through
     the line and tree rules, then at once through the record and context rules, its
@@ -188,17 +211,19 @@ def verify_file(path: str | os.PathLike) -> VerifyReport:
     facts of the rules (call ids, problems); an entry of a branch the checker left is
     read again from the file when the file's order comes back to it.
 
+    ``on_entry`` is given each entry the line and tree rules accepted, in file order, with
+    its two objects (``Entry.objects``, dropped once it returns): what a streamed import
+    writes. A file of a format before 0.5 is read whole (migration assigns ids as it
+    goes), and then ``on_entry`` is refused.
+
     Raises ``OSError`` when the file cannot be read and :class:`SessionFormatError` when
     its first line is no usable header."""
-    name = os.fspath(path)
-    if os.path.isdir(name):
-        raise IsADirectoryError(21, "is a directory, not a session file", name)
+    name = _session_file(path)
     with open(name, "rb") as f:
-        first = f.readline()
-        if not first:
-            raise SessionFormatError(name, [problem(1, "header", "the file is empty: no header")])
-        header = read_header(first[:-1] if first.endswith(b"\n") else first, name)
+        first, header = _first_line(f, name)
         if header.is_legacy:  # migration assigns ids as it goes: entries are kept, not read again
+            if on_entry is not None:
+                raise ValueError("a file before format 0.5 is migrated whole: it is not streamed")
             return verify_bytes(first + f.read(), source=name)
         starts = array("q")
         ends = array("q")
@@ -225,7 +250,7 @@ def verify_file(path: str | os.PathLike) -> VerifyReport:
             entry.objects = None
             return entry
 
-        return _verify(name, header, lines(), PathChecker(header, loader=load), where)
+        return _verify(name, header, lines(), PathChecker(header, loader=load), where, on_entry)
 
 
 def verify_bytes(data: bytes, *, source: str = "<bytes>") -> VerifyReport:
@@ -264,9 +289,12 @@ def verify_lines(
     return _verify(source, header, entries, PathChecker(header, loader=load if loader is not None else None), where)
 
 
-def _verify(source: str, header: Header, lines: Iterable[bytes], checker: PathChecker, where: dict[str, int] | None) -> VerifyReport:
+def _verify(
+    source: str, header: Header, lines: Iterable[bytes], checker: PathChecker, where: dict[str, int] | None,
+    on_entry: Callable[[Entry], None] | None = None,
+) -> VerifyReport:
     with gc_paused():
-        reader = _Reader(source, header, lines, checker=checker, keep_entries=False, where=where)
+        reader = _Reader(source, header, lines, checker=checker, keep_entries=False, where=where, on_entry=on_entry)
         sf = reader.run()
         checker.finish()
     return verify_report(source, header, reader.count, sf.migrated, sf.all_problems(), sf.unresolved, checker, reader.links)
@@ -287,8 +315,10 @@ class _Reader:
         checker: PathChecker | None = None,
         keep_entries: bool = True,
         where: dict[str, int] | None = None,
+        on_entry: Callable[[Entry], None] | None = None,
     ):
         self.keep_objects = keep_objects
+        self.on_entry = on_entry
         self.source = source
         self.header = header
         self.lines = lines  # the entry lines, the header's excluded
@@ -349,7 +379,8 @@ class _Reader:
         checker = self.checker
         # A streamed verify shares the item's canonical bytes between the id check and the
         # request hashes (the context builder takes them): hashed once, not kept after.
-        keep = self.keep_objects or (checker is not None and not migrated)
+        keep = self.keep_objects or (checker is not None and not migrated) or self.on_entry is not None
+        on_entry = self.on_entry
         base = self.header.base
         on_prefix = base is not None
         for lineno, obj, careful in objects:
@@ -371,6 +402,8 @@ class _Reader:
                 entries.append(entry)
             elif entry.type == "link" and not on_prefix:
                 self.links.append(entry)
+            if on_entry is not None:
+                on_entry(entry)
             if checker is not None:
                 if not self.keep_objects:
                     entry.objects = None

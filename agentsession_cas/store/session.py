@@ -38,10 +38,10 @@ from ..errors import (
     StoreError,
     SupersededError,
 )
-from ..format.canonical import canonical_bytes, loads, needs_careful
+from ..format.canonical import canonical_bytes, loads, loads_flagged, needs_careful
 from ..format.codes import RULES
 from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
-from ..format.hashing import envelope_defect, is_hash, line_from_objects, parse_envelope
+from ..format.hashing import checked_envelope, is_hash, line_from_objects, line_members
 from ..format.links import REL_CONTINUED_IN, successor_of
 from ..format.media import sidecar_names
 from ..format.timestamps import now_ts
@@ -392,6 +392,25 @@ class Session:
         marker = walk.marker()
         if marker is not None:
             yield marker.canonical_line()
+
+    def projection_entries(self) -> Iterator[Entry]:
+        """The entries of :meth:`projection_lines`, each what parsing its line gives
+        (:func:`~agentsession_cas.format.hashing.line_members`: the content parsed once, no
+        line made), the synthetic marker last when there is one: what a listing reads.
+        Held while it goes: what :meth:`projection_lines` holds."""
+        walk = _ProjectionWalk(self)
+        for entry_id, env, content in walk.objects(contents=True):
+            assert content is not None
+            data, careful = line_members(entry_id, env, content)
+            entry = Entry(data, computed_id=entry_id, content_hash=env["content"])
+            entry.careful = careful
+            yield entry
+        marker = walk.marker()
+        if marker is not None:
+            data, careful = loads_flagged(marker.canonical_line())
+            entry = Entry(data, computed_id=marker.id, content_hash=marker.content_hash)
+            entry.careful = careful
+            yield entry
 
     def projection_outline(self) -> ProjectionOutline:
         """The shape of the projection's entries (ids, parents, types, labels, the synthetic
@@ -1029,8 +1048,7 @@ def parse_header(session_id: str, raw: bytes) -> Header:
 def envelope_parts(env_bytes: bytes, entry_id: str, objects: ObjectStore) -> tuple[dict[str, Any], bool | None]:
     """An envelope parsed, checked to be one (a content hash named); an error names
     where ``objects`` keeps it (worked out only then: it costs a path per call)."""
-    env, careful = parse_envelope(env_bytes)
-    why = envelope_defect(env)
+    env, careful, why = checked_envelope(env_bytes)
     if why is not None:
         where = objects.where("entries", entry_id)
         raise CorruptObjectError(f"envelope {entry_id} is not an envelope: {why} ({where})", space="entries", name=entry_id,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from typing import TYPE_CHECKING, Any
@@ -45,10 +45,11 @@ from ..format.links import continued_in_link, fork_of_link
 from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
 from ..format.timestamps import now_ts
+from ..fsutil import Spill
 from .links import CHAIN_LIMIT, Chain, resolve_current
 from .refs import header_ident
-from .session import AppendResult, Session, entry_from_objects, envelope_parts, walk_up
-from .summary import SessionSummary
+from .session import AppendResult, Session, _resume_leaf, entry_from_objects, envelope_parts, walk_up
+from .summary import SessionSummary, SummaryBuilder
 
 if TYPE_CHECKING:
     from ..format.reader import SessionFile
@@ -349,12 +350,18 @@ class Store:
         (:func:`~agentsession_cas.store.links.resolve_current`)."""
         return resolve_current(self, session_id, limit=limit)
 
-    def _checked_new_header(self, header: Header) -> Header:
+    @staticmethod
+    def _defaulted_header(header: Header) -> Header:
+        """The header with what a store fills in when it is absent (type, format, creation
+        time); a header already so is returned as it is."""
         data = dict(header.data)
         data.setdefault("type", "session")
         data.setdefault("format", FORMAT_WRITTEN)
         data.setdefault("created_at", now_ts())
-        header = Header(data)
+        return header if data == header.data else Header(data)
+
+    def _checked_new_header(self, header: Header) -> Header:
+        header = self._defaulted_header(header)
         problems = header.problems()
         if problems:
             raise SessionFormatError("header", problems)
@@ -466,19 +473,20 @@ class Store:
         self,
         header: Header,
         *,
-        own: builtins.list[Entry],
+        own: Sequence[tuple[str, bool]],
         head: str | None,
         record: bool,
         prefix: Sequence[tuple[str, str]] = (),
         objects: Iterable[tuple[Space, str, bytes]] = (),
     ) -> Session:
         """Create a session whole through the backend: its create record, its own
-        entries' appends (their objects in ``objects``), the head and a commit."""
+        entries' appends (``own``: each id and whether it is a leaf label; their objects
+        in ``objects``), the head and a commit."""
         mark: Mark = "record" if record else "mirror"
         records: builtins.list[Record] = [{"op": "create", "session": header.id, "base": header.base, "mark": mark}]
-        for seq, e in enumerate(own, start=1):
+        for seq, (eid, leaf_label) in enumerate(own, start=1):
             # leaf_label: the head never rests on one, after a reopen too
-            records.append(Append(seq, e.id, None, head_moved=False, leaf_label=e.is_leaf_label, lazy=False))
+            records.append(Append(seq, eid, None, head_moved=False, leaf_label=leaf_label, lazy=False))
         if own:
             records.append({"op": "head", "head": head})
             records.append({"op": "commit"})
@@ -486,8 +494,6 @@ class Store:
             header.id, header.canonical_line(), records, objects, head=head, mark=mark, prefix=prefix
         )
         session = Session._created(self, header.id, log, header, records)
-        for e in own:
-            session._summarize_created(e)
         session.prefix = [eid for eid, _ in prefix]
         self._open[header.id] = session
         return session
@@ -609,12 +615,62 @@ class Store:
 
     def import_file(self, path: str | PathLike[str], *, record: bool = False) -> Session:
         """Import a projection (RFC 0002): every line verified, the head from the resume
-        rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``."""
-        from ..format.reader import gc_paused, read_session
+        rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``.
 
-        with gc_paused():  # a bulk pass: many acyclic objects per entry (see gc_paused)
-            sf = read_session(path, keep_objects=True)  # the objects it writes, computed once
-            return self.import_session(sf, record=record, sidecar_dir=sidecar_dir(path, str(sf.header.id)))
+        One pass over the file, read line by line (:func:`~..format.reader.verify_file`:
+        the line, tree, record and context rules of each entry as it comes), each entry's
+        two objects spilled to a temporary file as they are checked and handed to the
+        backend once the whole file is found sound: what it holds is what a verify holds
+        (the entries on the path the context rules stand on) and a few ids per entry, not
+        the file. A file of a format before 0.5 is migrated whole, in memory."""
+        from ..format.reader import file_header, gc_paused, read_session
+
+        first = file_header(path)
+        if first.is_legacy:
+            with gc_paused():
+                sf = read_session(path, keep_objects=True)
+                return self.import_session(sf, record=record, sidecar_dir=sidecar_dir(path, str(sf.header.id)))
+        self._require_writable()
+        with gc_paused(), Spill() as spill:  # a bulk pass: many acyclic objects per entry (see gc_paused)
+            return self._import_streamed(path, first, spill, record)
+
+    def _import_streamed(self, path: str | PathLike[str], first: Header, spill: Spill, record: bool) -> Session:
+        from ..format.reader import verify_file
+
+        taken = _TakenImport(spill, self._defaulted_header(first))
+        report = verify_file(path, on_entry=taken.take)
+        source = report.source
+        problems = [p for p in report.problems if p.code != "empty"]  # a header alone is a session to hold
+        if problems:
+            raise SessionFormatError(source, problems)
+        if report.header.data != first.data:
+            raise StoreError(f"{source}: the file changed while it was imported (its header is not the one first read)")
+        header = self._checked_new_header(taken.header)
+        base = header.base
+        if base is not None:
+            if not taken.base_found:
+                raise StoreError(
+                    f"{source}: the header names base {base}, which the file does not hold; "
+                    "a fork's projection carries its prefix (RFC 0001 ingress)"
+                )
+            if taken.base_is_leaf_label:
+                raise BadBaseError(f"{source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
+            self._check_holder_media(base, header)
+        own_ids = {eid for eid, _, _, _ in taken.own}
+        for _, parent, _, line in taken.own:
+            if parent is None and base is not None:
+                raise StoreError(f"{source}: line {line}: an own entry of a fork cannot be a root")
+            if parent is not None and parent != base and parent not in own_ids:
+                raise StoreError(f"{source}: line {line}: parent {parent} is neither the base nor an own entry")
+        leaf = _resume_leaf(taken.stubs, base, taken.above_base)
+        head = self._import_head(leaf, base, own_ids, lambda eid: taken.parents[eid])
+        if header.media == "sidecar":
+            self._import_blobs(taken.sidecars, source, sidecar_dir(path, str(header.id)))
+        session = self._create(header, own=[(eid, leaf_label) for eid, _, leaf_label, _ in taken.own], head=head,
+                               record=record, objects=spill)
+        session._builder = taken.summary
+        session.prefix = taken.prefix
+        return session
 
     def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> Session:
         from ..format.reader import gc_paused, read_session_bytes
@@ -622,13 +678,10 @@ class Store:
         with gc_paused():
             return self.import_session(read_session_bytes(data, source=source, keep_objects=True), record=record)
 
-    def _import_blobs(self, sf: SessionFile, directory: str | None) -> None:
+    def _import_blobs(self, names: Iterable[str], source: str, directory: str | None) -> None:
         """A sidecar session's blobs come from ``<dir>/<id>/<hex>`` beside its file, each
         verified against its name; one neither there nor held already refuses the import."""
-        names: set[str] = set()
-        for e in sf.entries:
-            names.update(sidecar_names(canonical_bytes(e.body, parsed=True)))
-        for name in sorted(names):
+        for name in sorted(set(names)):
             if self.objects.is_sound("blobs", name):
                 continue
             try:
@@ -637,9 +690,9 @@ class Store:
                 blob = read_sidecar(directory, name)
             except OSError:
                 where = sidecar_path(directory, name) if directory else None
-                raise StoreError(f"{sf.source}: sidecar blob {name} is missing (looked for {where})") from None
+                raise StoreError(f"{source}: sidecar blob {name} is missing (looked for {where})") from None
             if sha256_ref(blob) != name:
-                raise StoreError(f"{sf.source}: sidecar blob {sidecar_path(directory, name)} does not hash to its name {name}")
+                raise StoreError(f"{source}: sidecar blob {sidecar_path(directory, name)} does not hash to its name {name}")
             self.objects.put("blobs", name, blob, durable=True)
 
     def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> Session:
@@ -686,14 +739,7 @@ class Store:
                 raise BadBaseError(f"{sf.source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
             cut += 1
             prefix, own = kept[:cut], kept[cut:]
-            holder = self.holder_of(base)
-            if holder is not None:
-                holder.close()
-                if holder.header.media != header.media:
-                    raise BadBaseError(
-                        f"media {header.media!r} differs from {holder.header.media!r} of session {holder.session}, "
-                        "which holds the base"
-                    )
+            self._check_holder_media(base, header)
         else:
             prefix, own = [], kept
         own_ids = {e.id for e in own}
@@ -702,23 +748,52 @@ class Store:
                 raise StoreError(f"{sf.source}: line {e.line}: an own entry of a fork cannot be a root")
             if e.parent is not None and e.parent != base and e.parent not in own_ids:
                 raise StoreError(f"{sf.source}: line {e.line}: parent {e.parent} is neither the base nor an own entry")
-        # The head: the resume rule, held to the head rule.
+        head = self._import_head(leaf, base, own_ids, lambda eid: (tree.by_id[eid].parent, tree.by_id[eid].is_leaf_label))
+        if header.media == "sidecar":
+            names: list[str] = []
+            for e in sf.entries:
+                names.extend(sidecar_names(canonical_bytes(e.body, parsed=True)))
+            self._import_blobs(names, sf.source, sidecar_dir)
+        session = self._create(header, own=[(e.id, e.is_leaf_label) for e in own], head=head, record=record,
+                               objects=_objects_of(prefix + own))
+        for e in own:
+            session._summarize_created(e)
+        session.prefix = [e.id for e in prefix]
+        return session
+
+    def _check_holder_media(self, base: str, header: Header) -> None:
+        """A fork imported over a base held here: its media must be the holder's."""
+        holder = self.holder_of(base)
+        if holder is not None:
+            holder.close()
+            if holder.header.media != header.media:
+                raise BadBaseError(
+                    f"media {header.media!r} differs from {holder.header.media!r} of session {holder.session}, "
+                    "which holds the base"
+                )
+
+    @staticmethod
+    def _import_head(
+        leaf: str | None, base: str | None, own_ids: set[str], entry: Callable[[str], tuple[str | None, bool]]
+    ) -> str | None:
+        """An imported session's head: the resume rule's leaf held to the head rule (a leaf
+        label gives way to its parent; anything not an own entry to the base). ``entry``
+        gives an entry's (parent, is a leaf label)."""
         head = leaf
         if head is not None and head not in own_ids:
             head = base
         else:
-            while head is not None and tree.by_id[head].is_leaf_label:
-                head = tree.by_id[head].parent
+            while head is not None:
+                parent, leaf_label = entry(head)
+                if not leaf_label:
+                    break
+                head = parent
                 if head is not None and head not in own_ids:
                     head = base
                     break
         if head is None:
             head = base  # a fork always has a head; a baseless session may have none
-        if header.media == "sidecar":
-            self._import_blobs(sf, sidecar_dir)
-        session = self._create(header, own=own, head=head, record=record, objects=_objects_of(prefix + own))
-        session.prefix = [e.id for e in prefix]
-        return session
+        return head
 
 
 @dataclass
@@ -737,6 +812,58 @@ class Holder:
         if self.snapshot is not None:
             self.snapshot.close()
             self.snapshot = None
+
+
+class _TakenImport:
+    """What a streamed import keeps of each entry the reader accepted, in file order: its
+    two objects spilled (a synthetic marker's aside), and per entry only what the head,
+    the prefix and the summary need: (id, parent, a label's members) for the resume rule,
+    (parent, is a leaf label) by id for the head rule, own entries' ids, parents and
+    lines, sidecar names, and the summary's running fields."""
+
+    def __init__(self, spill: Spill, header: Header):
+        self.spill = spill
+        #: The header the session gets (the store's defaults filled in), which the summary starts from.
+        self.header = header
+        self._base = header.base
+        self._sidecar = header.media == "sidecar"
+        self.stubs: list[tuple[str, str | None, Mapping[str, Any] | None]] = []
+        self.parents: dict[str, tuple[str | None, bool]] = {}
+        self.above_base: list[str] = []  # every entry's id before the base (the tree's prefix)
+        self.prefix: list[str] = []  # the kept ones, the base included
+        self.own: list[tuple[str, str | None, bool, int | None]] = []
+        self.sidecars: list[str] = []
+        self.base_found = False
+        self.base_is_leaf_label = False
+        #: The summary of the own entries taken.
+        self.summary = SummaryBuilder(header)
+
+    def take(self, e: Entry) -> None:
+        eid, parent = e.id, e.parent
+        label = e.type == "label"
+        leaf_label = label and e.is_leaf_label
+        self.stubs.append((eid, parent, e.body if label else None))
+        self.parents[eid] = (parent, leaf_label)
+        past_base = self.base_found or self._base is None
+        if not past_base:
+            self.above_base.append(eid)
+        if label and e.synthetic:
+            return  # a projection's marker, never an entry of record
+        if e.objects is None or eid != e.computed_id:
+            return  # a line the rules refuse: the import is refused once the pass ends
+        content, envelope = e.objects
+        if past_base:
+            self.own.append((eid, parent, leaf_label, e.line))
+            self.summary.feed(e)
+        else:
+            self.prefix.append(eid)
+            if eid == self._base:
+                self.above_base.pop()
+                self.base_found, self.base_is_leaf_label = True, leaf_label
+        self.spill.add("contents", e.content_hash, content)
+        self.spill.add("entries", eid, envelope)
+        if self._sidecar:
+            self.sidecars.extend(sidecar_names(content))
 
 
 def _objects_of(entries: list[Entry]) -> list[tuple[Space, str, bytes]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -55,7 +55,9 @@ class SessionSummary:
     seq: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Every member is a string, an int or None: a copy of the members, not asdict's
+        # deep walk (list calls this once per session of the store).
+        return {name: getattr(self, name) for name in _FIELDS}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SessionSummary | None:
@@ -66,7 +68,7 @@ class SessionSummary:
         if "continued_in" not in data:
             return None
         try:
-            kw = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+            kw = {name: data[name] for name in _FIELDS if name in data}
             out = cls(**kw)
         except (TypeError, KeyError):
             return None
@@ -77,6 +79,10 @@ class SessionSummary:
         if not all(isinstance(getattr(out, n), int) and not isinstance(getattr(out, n), bool) for n in ("entries", "seq")):
             return None
         return out
+
+
+#: The members of a summary, in order.
+_FIELDS = tuple(f.name for f in fields(SessionSummary))
 
 
 class SummaryBuilder:

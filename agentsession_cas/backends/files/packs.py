@@ -73,7 +73,7 @@ import time
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import blake3
 import zstandard
@@ -161,10 +161,10 @@ def read_varint(data, pos: int, end: int | None = None) -> tuple[int, int]:
         shift += 7
 
 
-@dataclass(frozen=True)
-class Located:
+class Located(NamedTuple):
     """Where one object lies in a pack: its block, and in it its slot (format 2;
-    ``length`` is -1) or its byte offset and length (format 1)."""
+    ``length`` is -1) or its byte offset and length (format 1). A named tuple: one is
+    made per object read, and a frozen dataclass costs several times as much to make."""
 
     block: int
     offset: int

@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +47,18 @@ from ...format.canonical import canonical_bytes, loads
 from ...format.hashing import sha256_ref
 from ...format.names import check_session_id
 from ...fsutil import NotAFileError, fsync_dir, read_small, read_whole, start_writeback, write_atomic
-from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
+from ..base import (
+    COMMIT_POINTS,
+    Append,
+    LogHistory,
+    LogOpen,
+    Mark,
+    Record,
+    SessionLog,
+    SessionStore,
+    Space,
+    record_data,
+)
 from .log import (
     LINE_OVERHEAD,
     ZERO_LINK,
@@ -175,18 +186,34 @@ def _encode(record: Record) -> bytes:
     return record_body(record)
 
 
-def _record_data(record: Record) -> dict[str, Any]:
-    """A record as a reader of its line parses it, payload aside (what compaction folds)."""
-    if isinstance(record, Append):
-        data: dict[str, Any] = {"entry": record.entry, "op": "append", "seq": record.seq}
-        if record.head_moved:
-            data["head"] = record.head
-        if record.lazy:
-            data["lazy"] = True
-        if record.leaf_label:
-            data["leaf_label"] = True
-        return data
-    return dict(record)
+#: The fewest bytes an append record's line takes (checksum, link, op, seq and a full
+#: entry id): how many appends make a log at least :data:`COMPACT_AT_CLOSE` long.
+_APPEND_LINE_MIN = 100
+
+
+def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int]:
+    """The log a session created whole starts with: (its bytes, its last line's checksum,
+    where what compaction would replace begins). Its objects are made durable in the
+    same create, before the session is visible, so when its records end with a commit
+    and carry no payloads it is written as its close would compact it, once it is
+    :data:`COMPACT_AT_CLOSE` or longer: the ``create`` record and one ``snapshot``. An
+    import of 100,000 entries so writes two lines, not 100,000 appends that its close
+    would read back and every open would replay one by one."""
+    last = records[-1] if records else None
+    appends = sum(1 for r in records if isinstance(r, Append))
+    foldable = (
+        appends and isinstance(last, dict) and last.get("op") in COMMIT_POINTS
+        and not any(isinstance(r, Append) and r.objects is not None for r in records)
+    )
+    if not foldable or appends * _APPEND_LINE_MIN < COMPACT_AT_CLOSE:
+        data, link = chain(_encode(r) for r in records)
+        if not foldable or len(data) < COMPACT_AT_CLOSE:
+            return data, link, 0
+    create = records[0]
+    assert isinstance(create, dict)
+    snapshot = make_snapshot(create, [r.as_record() if isinstance(r, Append) else r for r in records[1:]])
+    data, link = chain([record_body(create), record_body(snapshot)])
+    return data, link, len(data)
 
 
 class FileSessions(SessionStore):
@@ -276,8 +303,7 @@ class FileSessions(SessionStore):
             os.makedirs(stage)
             try:
                 staged = _with_header(records, header)
-                bodies = [_encode(r) for r in staged]
-                log_bytes, last_line = chain(bodies)
+                log_bytes, last_line, compacted = _created_log(staged)
                 files = {
                     "header": header,
                     "log": log_bytes,
@@ -299,7 +325,8 @@ class FileSessions(SessionStore):
                 # one already gone refuses the fork rather than leave it without its prefix.
                 if prefix:
                     self.backend.objects.secure_prefix(prefix)
-                self.backend.objects.put_many(objects)
+                # Sized (an import's spill): streamed into one pack, never listed whole.
+                self.backend.objects.put_many(objects, count=len(objects) if isinstance(objects, Sized) else None)
                 target = self.dir(session_id)
                 if os.path.exists(target):
                     raise SessionExistsError(f"session {session_id} already exists")
@@ -318,12 +345,15 @@ class FileSessions(SessionStore):
         log._max_seq = max((r.seq for r in records if isinstance(r, Append)), default=0)
         log._head, log._mark = head, mark
         log._last = last_line
-        datas = [_record_data(r) for r in staged]
-        log._held_head, log._held = datas[:1], []
-        offset = len(bodies[0]) + LINE_OVERHEAD
-        for body, record in zip(bodies[1:], datas[1:], strict=True):
-            log._held.append((record, offset))
-            offset += len(body) + LINE_OVERHEAD
+        log._compacted = compacted
+        if not compacted:  # (a log written compacted is read back by its first compaction)
+            offsets, offset = [], 0
+            for line in log_bytes.split(b"\n")[:-1]:  # (a record or payload holds no raw LF)
+                offsets.append(offset)
+                offset += len(line) + 1
+            datas = [record_data(r) for r in staged]
+            log._held_head = datas[:1]
+            log._held = list(zip(datas[1:], offsets[1:], strict=True))
         return log
 
     def summary(self, session_id: str) -> tuple[dict[str, Any], bool] | None:
@@ -696,7 +726,7 @@ class FileSessionLog(SessionLog):
         log stops taking writes: reopen to recover)."""
         self._check_open()
         bodies = [_encode(r) for r in records]
-        datas = [_record_data(r) for r in records]
+        datas = [record_data(r) for r in records]
         if commit:
             bodies.append(_COMMIT)
             datas.append({"op": "commit"})
