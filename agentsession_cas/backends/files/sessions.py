@@ -356,6 +356,10 @@ class FileSessions(SessionStore):
                 "a write in progress or a crash's loss that the next writing open drops"
             )
             out.tail_from = len(lr.records)
+        try:
+            out.head_index = read_small(os.path.join(self.dir(session_id), "HEAD"), _SMALL).decode("ascii", "replace").strip()
+        except OSError:
+            out.head_index = None
         if not data:
             out.damage.append("the log is missing or empty")
             out.damage_lines.append(1)
