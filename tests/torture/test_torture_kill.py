@@ -9,7 +9,6 @@ exports as before; an import, push or fetch killed is absent or whole)."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
