@@ -21,3 +21,115 @@ def test_pack_sweep_and_fsck_racing_appends_pushes_forks_and_deletes(tmp_path):
     race = play(str(root), tmp_path, SECONDS, (("pack",), ("sweep",)))
     print(race.figures())
     assert not race.failures, "\n".join(race.failures[:20])
+
+
+@pytest.mark.slow
+def test_the_race_over_postgresql(tmp_path):
+    """The same race with the store in PostgreSQL (a throwaway server): the workers, the
+    pushes and the maintenance commands reach it by its URL."""
+    import pg_server
+
+    from agentsession_cas.store.url import open_store
+
+    url = pg_server.store_url(f"race_{tmp_path.name}")
+    open_store(url, create=True).close()
+    race = play(url, tmp_path, SECONDS, (("pack",), ("sweep",)))
+    print(race.figures())
+    assert not race.failures, "\n".join(race.failures[:20])
+
+
+# -- what the race found, each path forced ---------------------------------------------------
+
+
+def _session(store, sid: str, n: int = 2):  # type: ignore[no-untyped-def]
+    from agentsession_cas import Header, make_entry
+
+    s = store.create(Header.new(sid))
+    for i in range(n):
+        s.append(make_entry("item", s.head, item={"type": "message", "role": "user", "content": f"{sid} {i}"}).data)
+    return s
+
+
+@pytest.mark.parametrize("url", ["memory:race-listed-then-deleted", "postgresql"])
+def test_fsck_passes_over_a_session_deleted_after_it_listed_it(url, monkeypatch):
+    """fsck lists the sessions, then checks each: one deleted in between was 'no such
+    session' and fsck exited 1 (seen racing deletes over PostgreSQL)."""
+    from agentsession_cas.maintenance.fsck import fsck
+    from agentsession_cas.store import Store
+    from agentsession_cas.store.url import open_store
+
+    if url == "postgresql":
+        import pg_server
+
+        url = pg_server.fresh_schema("race_listed")
+    store = open_store(url, create=True)
+    try:
+        _session(store, "kept").close()
+        listed = store.list()
+        monkeypatch.setattr(Store, "list", lambda self: [*listed, "gone-meanwhile"])
+        report = fsck(store)
+        assert report.ok, [p.message for p in report.errors]
+        assert report.counts["sessions"] == 1
+    finally:
+        store.close()
+
+
+def test_postgresql_fsck_reads_the_rows_in_one_snapshot(monkeypatch):
+    """An append committed between fsck's read of the session rows and of a log's rows
+    was 'its row says N log record(s), the log holds N+2' (seen racing appenders)."""
+    import pg_server
+
+    from agentsession_cas.backends.postgresql import fsck as pgfsck
+    from agentsession_cas.store.url import open_store
+
+    url = pg_server.fresh_schema("race_snapshot")
+    store = open_store(url, create=True)
+    writer = _session(store, "busy")
+    other = open_store(url)
+    try:
+        real_conn = store.backend.db.conn
+        appended = []
+
+        class Conn:
+            def __init__(self, c):  # type: ignore[no-untyped-def]
+                self.c = c
+
+            def __getattr__(self, name):  # type: ignore[no-untyped-def]
+                return getattr(self.c, name)
+
+            def execute(self, statement, *a, **kw):  # type: ignore[no-untyped-def]
+                out = self.c.execute(statement, *a, **kw)
+                if isinstance(statement, str) and statement.startswith("SELECT key, id, head") and not appended:
+                    out = out.fetchall()  # the session rows are read: now a writer commits an append
+                    from agentsession_cas import make_entry
+
+                    appended.append(writer.append(make_entry(
+                        "item", writer.head, item={"type": "message", "role": "user", "content": "meanwhile"}).data))
+                    return _Rows(out)
+                return out
+
+        class _Rows:
+            def __init__(self, rows):  # type: ignore[no-untyped-def]
+                self.rows = rows
+
+            def fetchall(self):  # type: ignore[no-untyped-def]
+                return self.rows
+
+        from contextlib import contextmanager
+
+        @contextmanager
+        def conn():  # type: ignore[no-untyped-def]
+            with real_conn() as c:
+                yield Conn(c)
+
+        monkeypatch.setattr(store.backend.db, "conn", conn)
+        from agentsession_cas.backends.base import FsckReport
+
+        report = FsckReport("pg")
+        pgfsck._check_rows(store.backend.db, report)
+        assert appended, "the forced append did not happen"
+        assert report.ok, [p.message for p in report.errors]
+    finally:
+        writer.close()
+        other.close()
+        store.close()
