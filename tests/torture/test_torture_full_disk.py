@@ -108,3 +108,40 @@ def test_an_append_that_fails_on_a_full_disk_has_not_committed(small_disk):
         assert after == before, "the append failed but its entry was committed"
     else:
         assert len(after.splitlines()) == len(before.splitlines()) + 1
+
+
+def test_a_push_into_a_full_store_fails_clearly_and_loses_nothing(small_disk, tmp_path):
+    """The receiving store is on the full device, the sender elsewhere: the push fails
+    with no_space, the receiver reads as before and fsck is clean once space returns,
+    and the same push then completes without repair."""
+    remote = small_disk / "store"
+    assert invoke(remote, "init").exit_code == 0
+    assert invoke(remote, "create", "--id", "there").exit_code == 0
+    for i in range(3):
+        assert _append(remote, "there", item(i)).exit_code == 0
+    before = invoke(remote, "export", "there").stdout_bytes
+    source = tmp_path / "source"
+    assert invoke(source, "init").exit_code == 0
+    assert invoke(source, "create", "--id", "s1").exit_code == 0
+    for i in range(6):
+        big = json.dumps({"type": "item", "ts": TS.format(i), "item": {"type": "message", "role": "user",
+                                                                      "content": f"turn {i} " + os.urandom(20000).hex()}})
+        assert _append(source, "s1", big.encode()).exit_code == 0
+    filler = fill(small_disk)
+    r = invoke(source, "push", "s1", str(remote))
+    assert r.exit_code == 1, r.output
+    assert "no space left on the device" in r.output, r.output
+    assert "Traceback" not in r.output and "internal error" not in r.output
+    j = invoke(source, "push", "--json", "s1", str(remote))
+    assert j.exit_code == 1 and '"no_space"' in j.output, j.output
+    assert invoke(remote, "export", "there").stdout_bytes == before  # still reads, the same
+    filler.unlink()
+    fs = invoke(remote, "fsck")
+    assert fs.exit_code == 0, fs.output
+    assert invoke(remote, "export", "there").stdout_bytes == before
+    # the push completes now, without repair, and the receiver holds it whole
+    r = invoke(source, "push", "s1", str(remote))
+    assert r.exit_code == 0, r.output
+    assert invoke(remote, "export", "s1").stdout_bytes == invoke(source, "export", "s1").stdout_bytes
+    assert _append(remote, "there", item(7)).exit_code == 0
+    assert invoke(remote, "fsck").exit_code == 0
