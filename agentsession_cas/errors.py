@@ -219,6 +219,9 @@ class NoSpaceError(StoreError):
 
 #: The errno values that mean the device or quota is full.
 NO_SPACE_ERRNOS = frozenset({28, 122})  # ENOSPC, EDQUOT (Linux)
+#: The errno value that means the device holding the store is mounted read-only: the
+#: store's own read-only refusal (ReadOnlyError's code), met at the filesystem instead.
+READ_ONLY_ERRNOS = frozenset({30})  # EROFS
 
 
 class WritersActiveError(StoreError):

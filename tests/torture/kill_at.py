@@ -9,12 +9,18 @@ At step N (before it happens) the process sends itself SIGKILL: no handler, no c
 no buffered write flushed, as a power cut or the OOM killer would. With N = 0 it kills
 nothing and writes the number of steps it counted to COUNT_FILE, so a test can spread
 its kills over every step of a run instead of guessing at moments in time.
+
+With ``TORTURE_REMOUNT_RO=MOUNTPOINT`` in the environment, step N remounts that
+filesystem read-only instead of killing (the kernel refuses while a file on it is open
+for writing: then each later step tries again); the step at which it took is written
+to COUNT_FILE (0: never), and the command runs on, to meet the read-only store.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -29,9 +35,14 @@ def main() -> None:
     count_file = sys.argv[2]
     args = sys.argv[3:]
     seen = 0
+    remount = os.environ.get("TORTURE_REMOUNT_RO")
+    made_ro = 0
+    busy = False
 
     def hook(event: str, hargs: tuple) -> None:
-        nonlocal seen
+        nonlocal seen, made_ro, busy
+        if busy:
+            return
         if event == "open":
             _, mode, flags = hargs
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
@@ -42,7 +53,15 @@ def main() -> None:
         elif event not in STEPS:
             return
         seen += 1
-        if seen == at:
+        if remount and at and seen >= at and not made_ro:
+            busy = True
+            try:
+                done = subprocess.run(["mount", "-o", "remount,ro", remount], capture_output=True)
+            finally:
+                busy = False
+            if done.returncode == 0:
+                made_ro = seen
+        elif seen == at and not remount:
             os.kill(os.getpid(), signal.SIGKILL)
 
     sys.addaudithook(hook)
@@ -62,8 +81,9 @@ def main() -> None:
     try:
         command(args, prog_name="agentsession", standalone_mode=True)
     finally:
-        if at == 0:
-            total = seen  # before the open below, which the hook counts too
+        if at == 0 or remount:
+            total = made_ro if remount else seen  # before the open below, which the hook counts too
+            busy = True
             with open(count_file, "w") as f:
                 f.write(str(total))
 

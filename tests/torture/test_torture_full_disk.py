@@ -22,21 +22,6 @@ def item(i: int) -> bytes:
     return json.dumps({"type": "item", "ts": TS.format(i), "item": {"type": "message", "role": "user", "content": f"turn {i}"}}).encode()
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs root and mount(8)")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def fill(mnt: Path) -> Path:
     """Take every free byte of the device (written through, so nothing waits in a buffer)."""
     filler = mnt / "filler"

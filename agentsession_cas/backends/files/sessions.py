@@ -726,7 +726,12 @@ class FileSessionLog(SessionLog):
 
     def set_indexes(self, head: str | None, mark: Mark) -> None:
         """HEAD and mark, rewritten without fsync (the log is the record; the domain
-        checks them against it) and only when they differ from what they should say."""
+        checks them against it) and only when they differ from what they should say.
+
+        They are written after the log is committed, so a device that refuses them
+        (full, or made read-only) must not turn a committed write into a failure (a
+        retry would record it twice): an index may lag the log, and the next writing
+        open or close sets it from the log."""
         if not self.writable or self._closed or self.stopped:
             return
         for name, text, last in (("HEAD", (head or "") + "\n", self._head), ("mark", mark + "\n", self._mark)):
@@ -740,7 +745,10 @@ class FileSessionLog(SessionLog):
             except OSError:
                 same = False
             if not same:
-                write_atomic(path, data, durable=False)
+                try:
+                    write_atomic(path, data, durable=False)
+                except OSError:
+                    continue  # lags the log, as after a crash; tried again at the next write
             if name == "HEAD":
                 self._head = value or None
             else:
