@@ -347,10 +347,12 @@ class AppendRefusedError(StoreError, EntryError):
 
 
 class NoSuchObjectError(StoreError, LookupError):
-    """An object the store does not hold."""
+    """An object the store does not hold. ``unread`` names what might hold it but could
+    not be read (a pack the process may not open): then the object may not be lost."""
 
     code = "no_object"
     status = 404
+    unread: str | None = None
 
 
 class CorruptObjectError(StoreError):

@@ -576,12 +576,17 @@ class Store:
         if not is_hash(name):
             raise AgentSessionError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
         spaces: builtins.list[Space] = [space] if space else ["entries", "contents", "blobs"]
+        unread = None
         for sp in spaces:
             try:
                 return sp, self.objects.get(sp, name)
-            except NoSuchObjectError:
+            except NoSuchObjectError as exc:
+                unread = unread or exc.unread
                 continue
-        raise NoSuchObjectError(f"no object {name} in {self.describe()}")
+        missing = NoSuchObjectError(f"no object {name} in {self.describe()}"
+                                    + (f"; it may be in a pack that could not be read: {unread}" if unread else ""))
+        missing.unread = unread
+        raise missing
 
     # -- projection and import ----------------------------------------------------------
 
