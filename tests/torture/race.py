@@ -108,16 +108,92 @@ def play(url: str, work: Path, seconds: float, maintenance: tuple[tuple[str, ...
             rc = p.wait()
         if rc != 0:
             race.failures.append(f"worker {name} exit {rc}")
-    check(race, url, work, procs)
+    check(race, url, str(work / "pusher"), {name: out for name, (_, out) in procs.items()}, _fsck_command)
     return race
 
 
-def check(race: Race, url: str, work: Path, procs: dict) -> None:
+def _fsck_command(url: str) -> str | None:
+    after = command(url, "fsck")
+    text = after.stdout + after.stderr
+    return None if after.returncode == 0 and "0 problem(s)" in text else text[-800:]
+
+
+def _fsck_library(url: str) -> str | None:
+    from agentsession_cas.maintenance.fsck import fsck
+
+    report = fsck(url)
+    return None if report.ok else "; ".join(p.message for p in report.errors)[:800]
+
+
+def play_threads(url: str, work: Path, seconds: float) -> Race:
+    """The same race inside this process, for a store only this process reaches (memory:):
+    the workers are threads, and sweep, pack and fsck run through the library in loops."""
+    from agentsession_cas.maintenance.fsck import fsck
+    from race_worker import work as worker
+
+    race = Race()
+    done = threading.Event()
+    outs: dict[str, Path] = {}
+    first = threading.Event()
+
+    def start(role: str, name: str, extra: str = "") -> threading.Thread:
+        out = outs[name] = work / f"{name}.acks"
+        lock = threading.Lock()
+
+        def say(line: str) -> None:
+            with lock, open(out, "a") as f:
+                f.write(line + "\n")
+            first.set()
+
+        t = threading.Thread(target=worker, args=(role, url, name, done.is_set, LEAST, extra, say))
+        t.start()
+        return t
+
+    def loop(what: str) -> None:
+        store = open_store(url)
+        rounds = 0
+        try:
+            while not done.is_set() or rounds < LEAST:
+                rounds += 1
+                race.maintenance[what] += 1
+                try:
+                    if what == "fsck":
+                        report = fsck(store)
+                        race.fsck_during[0 if report.ok else 1] += 1
+                        if not report.ok:
+                            race.failures.append("fsck during the race: " + "; ".join(p.message for p in report.errors)[:600])
+                    elif what == "sweep":
+                        store.sweep()
+                    else:
+                        store.pack()
+                except Exception as exc:  # noqa: BLE001 - a failure of maintenance is what the test looks for
+                    race.failures.append(f"{what}: {type(exc).__name__}: {exc}")
+                time.sleep(0.01)
+        finally:
+            store.close()
+
+    threads = [start("append", "a1"), start("append", "a2")]
+    first.wait(60)
+    threads += [start("fork", "f", "a1"), start("push", "p", url + "-pusher"), start("delete", "d")]
+    loops = [threading.Thread(target=loop, args=(w,)) for w in ("pack", "sweep", "fsck")]
+    for t in loops:
+        t.start()
+    time.sleep(seconds)
+    done.set()
+    for t in threads + loops:
+        t.join(timeout=600)
+        if t.is_alive():
+            race.failures.append("a thread did not end")
+    check(race, url, url + "-pusher", outs, _fsck_library)
+    return race
+
+
+def check(race: Race, url: str, pusher: str, outs: dict[str, Path], fsck_after) -> None:  # type: ignore[no-untyped-def]
     """Every acknowledged operation is there whole; every deleted session is gone."""
     heads: dict[str, str] = {}
     appended: dict[str, list[str]] = {}
     deleted: set[str] = set()
-    for name, (_, out) in procs.items():
+    for name, out in outs.items():
         lines = out.read_text().splitlines()
         for line in lines:
             parts = line.split()
@@ -136,9 +212,9 @@ def check(race: Race, url: str, work: Path, procs: dict) -> None:
     for kind in ("append", "push", "fork", "kept", "deleted"):
         if race.acks[kind] < 1:
             race.failures.append(f"no {kind} was acknowledged: the race proved nothing of it")
-    after = command(url, "fsck")
-    if after.returncode != 0 or "0 problem(s)" not in after.stdout + after.stderr:
-        race.failures.append(f"fsck after the race: {(after.stdout + after.stderr)[-800:]}")
+    problem = fsck_after(url)
+    if problem is not None:
+        race.failures.append(f"fsck after the race: {problem}")
     store = open_store(url)
     try:
         held = set(store.list())
@@ -159,7 +235,7 @@ def check(race: Race, url: str, work: Path, procs: dict) -> None:
                 s.close()
         pushed = [sid for sid in heads if sid.startswith("p-")]
         if pushed:
-            source = open_store(str(work / "pusher"))
+            source = open_store(pusher)
             try:
                 for sid in pushed:
                     if sid in held and store.export(sid) != source.export(sid):

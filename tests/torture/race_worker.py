@@ -51,9 +51,10 @@ def append_to(session, text: str) -> str:  # type: ignore[no-untyped-def]
     return session.append(make_entry("item", session.head, item=item(text)).data).id
 
 
-def main() -> None:
-    role, url, name, stop, least = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-    extra = sys.argv[6] if len(sys.argv) > 6 else ""
+def work(role: str, url: str, name: str, stop, least: int, extra: str, say=say) -> None:  # type: ignore[no-untyped-def]
+    """Do ``role``'s operations on the store at ``url`` until ``stop()`` and at least
+    ``least`` of them, telling ``say`` each one acknowledged (race.py, in a process or,
+    for a store of this process such as memory:, a thread)."""
     import time
 
     t0 = time.monotonic()
@@ -62,7 +63,7 @@ def main() -> None:
     source = Store.init(extra) if role == "push" else None
     session = store.create(Header.new(name)) if role == "append" else None
     n = 0
-    while (not os.path.exists(stop) or done < least) and time.monotonic() - t0 < LIMIT:
+    while (not stop() or done < least) and time.monotonic() - t0 < LIMIT:
         n += 1
         try:
             if role == "append":
@@ -114,6 +115,12 @@ def main() -> None:
     if source is not None:
         source.close()
     store.close()
+
+
+def main() -> None:
+    role, url, name, stop, least = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+    extra = sys.argv[6] if len(sys.argv) > 6 else ""
+    work(role, url, name, lambda: os.path.exists(stop), least, extra)
 
 
 if __name__ == "__main__":

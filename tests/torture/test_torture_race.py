@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from race import play
+from race import play, play_threads
 
 SECONDS = 12.0
 
@@ -34,6 +34,23 @@ def test_the_race_over_postgresql(tmp_path):
     url = pg_server.store_url(f"race_{tmp_path.name}")
     open_store(url, create=True).close()
     race = play(url, tmp_path, SECONDS, (("pack",), ("sweep",)))
+    print(race.figures())
+    assert not race.failures, "\n".join(race.failures[:20])
+
+
+
+@pytest.mark.slow
+def test_the_race_over_the_memory_backend(tmp_path):
+    """A memory store is reached only by this process: the workers are threads, and pack,
+    sweep and fsck run through the library, each in a loop of its own."""
+    from agentsession_cas.store import Store
+
+    url = f"memory:race-{tmp_path.name}"
+    keep = Store.init(url)  # the named store lives while a handle does
+    try:
+        race = play_threads(url, tmp_path, SECONDS)
+    finally:
+        keep.close()
     print(race.figures())
     assert not race.failures, "\n".join(race.failures[:20])
 
@@ -133,3 +150,42 @@ def test_postgresql_fsck_reads_the_rows_in_one_snapshot(monkeypatch):
         writer.close()
         other.close()
         store.close()
+
+
+def test_a_snapshot_beside_a_live_writer_is_not_damage(tmp_path, monkeypatch):
+    """A reader read the log, then HEAD: a writer committing between the two left HEAD
+    naming an entry the reader's log lacked, and `show`/`export`/`log` called the session
+    damaged ("the log has lost committed records"), seen racing a fork against an
+    appender. Forced: the writer commits right after the reader's read of the log."""
+    from agentsession_cas import make_entry
+    from agentsession_cas.backends.files import sessions as files_sessions
+    from agentsession_cas.store import Store
+
+    root = tmp_path / "store"
+    writer_store = Store.init(root)
+    w = _session(writer_store, "live")
+    w.commit()
+    reader = Store(root)
+    real = files_sessions.read_whole
+    fired = []
+
+    def read_then_write(path, *a, **kw):  # type: ignore[no-untyped-def]
+        data = real(path, *a, **kw)
+        if str(path).endswith("/live/log") and len(fired) < 2:
+            entry = make_entry("item", w.head, item={"type": "message", "role": "user", "content": f"x{len(fired)}"})
+            fired.append(w.append(entry.data, durable=False))
+            w.commit()  # the log's commit, then HEAD
+        return data
+
+    monkeypatch.setattr(files_sessions, "read_whole", read_then_write)
+    try:
+        snap = reader.read("live")  # was SessionDamagedError
+        snap.close()
+        history = reader.history("live")  # `log ID`: the same order
+        assert len(fired) == 2
+        assert not history.damage, history.damage
+    finally:
+        monkeypatch.undo()
+        w.close()
+        writer_store.close()
+        reader.close()

@@ -334,6 +334,10 @@ class FileSessions(SessionStore):
         """The log as the file holds it now: its good records (up to the first bad line,
         and a crash's tail after it), their lines and offsets, and what does not read."""
         path = os.path.join(self.dir(session_id), "log")
+        try:  # HEAD before the log, so that it can lag what is read, never lead it (see _open)
+            head_index: str | None = read_small(os.path.join(self.dir(session_id), "HEAD"), _SMALL).decode("ascii", "replace").strip()
+        except OSError:
+            head_index = None
         try:
             data = read_whole(path)
         except NotAFileError as exc:
@@ -356,10 +360,7 @@ class FileSessions(SessionStore):
                 "a write in progress or a crash's loss that the next writing open drops"
             )
             out.tail_from = len(lr.records)
-        try:
-            out.head_index = read_small(os.path.join(self.dir(session_id), "HEAD"), _SMALL).decode("ascii", "replace").strip()
-        except OSError:
-            out.head_index = None
+        out.head_index = head_index
         if not data:
             out.damage.append("the log is missing or empty")
             out.damage_lines.append(1)
@@ -438,6 +439,10 @@ class FileSessionLog(SessionLog):
             raise NoSuchSessionError(f"no such session: {sid}") from None
         except OSError as exc:
             raise StoreError(f"session {sid}: its header cannot be read: {exc.strerror or exc}") from None
+        # The indexes before the log: a writer rewrites HEAD only after the log holds what it
+        # names, so read in this order HEAD can lag what is read of the log, never lead it
+        # (read after, a snapshot beside a live writer saw a head "the log does not hold").
+        head_index, mark_index = self._read_indexes()
         try:
             data = read_whole(os.path.join(self.dir, "log"))  # a FIFO or device there is refused, never waited on
         except FileNotFoundError:
@@ -540,7 +545,6 @@ class FileSessionLog(SessionLog):
                 else f"session {sid}: {len(to_restore)} append(s) not yet in objects/ are read from the log"
             )
         out_records = [r.data for r in kept]
-        head_index, mark_index = self._read_indexes()
         if not writable:
             for r in to_restore:
                 self.payloads[r.get("entry")] = r.payload  # type: ignore[assignment]
