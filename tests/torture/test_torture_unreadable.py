@@ -10,6 +10,7 @@ Skipped with the reason where setpriv is missing or the user cannot run the pack
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -25,9 +26,29 @@ NOBODY = 65534
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 
 
-def as_nobody(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*AS_NOBODY, sys.executable, "-m", "agentsession_cas", "--store", str(root), *args],
-                          capture_output=True, text=True, timeout=60)
+#: Runs each command line it is given (JSON on stdin) in this one process, through the
+#: command's own entry point (click's runner: a traceback is an exception it reports),
+#: and prints each one's exit status, stdout and stderr: one process per file kind
+#: instead of one per command.
+RUNNER = """
+import json, sys
+from click.testing import CliRunner
+from agentsession_cli.main import main
+out = []
+for args in json.load(sys.stdin):
+    r = CliRunner().invoke(main, args)
+    tb = r.exception is not None and not isinstance(r.exception, SystemExit)
+    out.append([r.exit_code, r.stdout, r.stderr + ("Traceback: " + repr(r.exception) if tb else "")])
+json.dump(out, sys.stdout)
+"""
+
+
+def as_nobody(root: Path, cmds: list[tuple[str, ...]]) -> list[subprocess.CompletedProcess]:
+    """Each command run as the unprivileged user, in one process of its own (limited)."""
+    p = subprocess.run([*AS_NOBODY, sys.executable, "-c", RUNNER], capture_output=True, text=True, timeout=120,
+                       input=json.dumps([["--store", str(root), *c] for c in cmds]))
+    assert p.returncode == 0, p.stderr[-800:]
+    return [subprocess.CompletedProcess(list(c), rc, out, err) for c, (rc, out, err) in zip(cmds, json.loads(p.stdout))]
 
 
 @pytest.fixture
@@ -77,9 +98,9 @@ def test_a_file_the_process_may_not_read_is_a_clear_error(rich_store, nobody_dir
         os.chmod(target, 0)
         rel = str(target.relative_to(root))
         fsck_clean, others_same = False, True
-        for cmd in reads(info, kind):
+        cmds = reads(info, kind)
+        for cmd, r in zip(cmds, as_nobody(root, cmds)):
             tried += 1
-            r = as_nobody(root, *cmd)
             what = f"{kind} ({rel}) unreadable: {' '.join(cmd)} exit {r.returncode}"
             text = r.stdout + r.stderr
             if "Traceback" in text or "internal error" in text:
