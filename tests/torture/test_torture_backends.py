@@ -17,7 +17,7 @@ from agentsession_cas.store.url import open_store
 from contract_helpers import BACKENDS, fingerprint
 
 from damage import invoke
-from test_torture_input import NAMES, TS, VALID, _usable, hostile_lines, one_line_error
+from test_torture_input import NAMES, TS, _usable, hostile_files, one_line_error
 
 KINDS = [b for b in BACKENDS if b.name in ("memory", "postgresql")]
 
@@ -58,14 +58,10 @@ def test_hostile_names_over_the_backend(backend_store):
 def test_hostile_entries_over_the_backend(backend_store, tmp_path):
     url, store = backend_store
     before = fingerprint(store)
-    header = b'{"format":"agent-session/1","id":"imp","created_at":"2026-10-05T12:00:00Z"}\n'
-    for what, data in hostile_lines().items():
-        if what in VALID:
-            continue
-        r = _append(url, data)
-        one_line_error(r)
+    for what, line, data in hostile_files():
+        one_line_error(_append(url, line))
         path = tmp_path / "in.jsonl"
-        path.write_bytes(header + data + b"\n")
+        path.write_bytes(data)
         one_line_error(invoke(url, "import", str(path)))
         assert fingerprint(store) == before, what
 

@@ -47,13 +47,18 @@ def _append(root: Path, sid: str, data: bytes):
     return CliRunner().invoke(main, ["--store", str(root), "append", sid], input=data)
 
 
+def three_turns(root: Path, sid: str) -> bytes:
+    """A new store at ``root`` holding session ``sid`` of three turns; its export."""
+    assert invoke(root, "init").exit_code == 0
+    assert invoke(root, "create", "--id", sid).exit_code == 0
+    for i in range(3):
+        assert _append(root, sid, item(i)).exit_code == 0
+    return invoke(root, "export", sid).stdout_bytes
+
+
 def test_maintenance_and_import_on_a_full_disk_fail_clearly_and_lose_nothing(small_disk, tmp_path):
     root = small_disk / "store"
-    assert invoke(root, "init").exit_code == 0
-    assert invoke(root, "create", "--id", "s1").exit_code == 0
-    for i in range(3):
-        assert _append(root, "s1", item(i)).exit_code == 0
-    before = invoke(root, "export", "s1").stdout_bytes
+    before = three_turns(root, "s1")
     session = tmp_path / "in.jsonl"
     session.write_bytes(before.replace(b'"id":"s1"', b'"id":"imp"', 1))
     filler = fill(small_disk)
@@ -100,11 +105,7 @@ def test_a_push_into_a_full_store_fails_clearly_and_loses_nothing(small_disk, tm
     with no_space, the receiver reads as before and fsck is clean once space returns,
     and the same push then completes without repair."""
     remote = small_disk / "store"
-    assert invoke(remote, "init").exit_code == 0
-    assert invoke(remote, "create", "--id", "there").exit_code == 0
-    for i in range(3):
-        assert _append(remote, "there", item(i)).exit_code == 0
-    before = invoke(remote, "export", "there").stdout_bytes
+    before = three_turns(remote, "there")
     source = tmp_path / "source"
     assert invoke(source, "init").exit_code == 0
     assert invoke(source, "create", "--id", "s1").exit_code == 0

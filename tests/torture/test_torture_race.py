@@ -9,7 +9,7 @@ import pytest
 
 from race import play, play_threads
 
-SECONDS = 12.0
+SECONDS = 8.0
 
 
 @pytest.mark.slow
