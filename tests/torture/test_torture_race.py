@@ -189,3 +189,28 @@ def test_a_snapshot_beside_a_live_writer_is_not_damage(tmp_path, monkeypatch):
         w.close()
         writer_store.close()
         reader.close()
+
+
+def test_a_memory_put_waits_for_a_sweep_deciding_under_the_lock():
+    """A sweep of the memory backend decides under the store's lock; a put from another
+    thread changed its dicts meanwhile ("dictionary changed size during iteration", seen
+    racing). Forced: the lock is held as a sweep holds it; the put must wait for it."""
+    import threading
+
+    from agentsession_cas.format.hashing import sha256_ref
+    from agentsession_cas.store import Store
+
+    store = Store.init("memory:race-put-waits")
+    try:
+        objects = store.backend.objects
+        done = threading.Event()
+        data = b"an object"
+        worker = threading.Thread(target=lambda: (objects.put("blobs", sha256_ref(data), data), done.set()))
+        with store.backend.data.lock:  # what sweep_objects holds while it walks the dicts
+            worker.start()
+            assert not done.wait(0.5), "the put changed the objects while the sweep held the lock"
+        assert done.wait(30)
+        worker.join()
+        assert objects.get("blobs", sha256_ref(data)) == data
+    finally:
+        store.close()
