@@ -219,6 +219,9 @@ class NoSpaceError(StoreError):
 
 #: The errno values that mean the device or quota is full.
 NO_SPACE_ERRNOS = frozenset({28, 122})  # ENOSPC, EDQUOT (Linux)
+#: The errno value that means the device holding the store is mounted read-only: the
+#: store's own read-only refusal (ReadOnlyError's code), met at the filesystem instead.
+READ_ONLY_ERRNOS = frozenset({30})  # EROFS
 
 
 class WritersActiveError(StoreError):
@@ -344,10 +347,12 @@ class AppendRefusedError(StoreError, EntryError):
 
 
 class NoSuchObjectError(StoreError, LookupError):
-    """An object the store does not hold."""
+    """An object the store does not hold. ``unread`` names what might hold it but could
+    not be read (a pack the process may not open): then the object may not be lost."""
 
     code = "no_object"
     status = 404
+    unread: str | None = None
 
 
 class CorruptObjectError(StoreError):

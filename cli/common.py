@@ -11,7 +11,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from agentsession_cas.errors import NO_SPACE_ERRNOS, NoSpaceError, quoted
+from agentsession_cas.errors import NO_SPACE_ERRNOS, READ_ONLY_ERRNOS, NoSpaceError, ReadOnlyError, quoted
 
 
 def printable(text: str) -> str:
@@ -112,14 +112,20 @@ def table_line(row: list[str], widths: list[int]) -> str:
 
 
 def os_code(exc: OSError) -> str:
-    """The machine code of an OSError a command reports: ``no_space`` for a full device."""
-    return NoSpaceError.code if exc.errno in NO_SPACE_ERRNOS else "os_error"
+    """The machine code of an OSError a command reports: ``no_space`` for a full device,
+    ``read_only`` for one mounted read-only."""
+    if exc.errno in NO_SPACE_ERRNOS:
+        return NoSpaceError.code
+    return ReadOnlyError.code if exc.errno in READ_ONLY_ERRNOS else "os_error"
 
 
 def os_message(exc: OSError) -> str:
     if exc.errno in NO_SPACE_ERRNOS:
         return (f"no space left on the device holding {exc.filename or 'the store'} ({exc.strerror}): "
                 "free space and run it again (what the store holds reads as before; `agentsession fsck` checks it)")
+    if exc.errno in READ_ONLY_ERRNOS:
+        return (f"the device holding {exc.filename or 'the store'} is read-only ({exc.strerror}): make it writable "
+                "and run it again (what the store holds reads as before; `agentsession fsck` checks it)")
     name = exc.filename if exc.filename is not None else ""
     if isinstance(name, (str, bytes)) and len(name) > 200:  # a hostile path: still one short line
         name = quoted(name, 120)

@@ -236,7 +236,7 @@ def log_cmd(session_id: str, as_json: bool) -> None:
     """
     store = read_store()
     session_id = resolve_session(store, session_id)
-    history = store.backend.sessions.history(session_id)
+    history = store.history(session_id)
     records = history.records if history.tail_from is None else history.records[: history.tail_from]
     positions: list[tuple[int, int | None]] = (
         list(history.positions) if history.positions else [(i + 1, None) for i in range(len(records))]
@@ -259,6 +259,16 @@ def log_cmd(session_id: str, as_json: bool) -> None:
             echo(line)
     if history.tail is not None:
         note(f"session {session_id}: {history.tail}")
+    if history.damage and as_json:
+        # the records that read are on stdout; the damage is the error, with its code
+        fail(
+            f"session {session_id}: {history.damage[0]}",
+            code="session_damaged",
+            problems=[
+                {"code": "log", "severity": "error", "where": "log", "line": line, "entry": None, "message": why}
+                for why, line in zip(history.damage, history.damage_lines)
+            ],
+        )
     for why in history.damage:
         echo(f"agentsession: error: session {session_id}: {why}", err=True)
     if history.damage:

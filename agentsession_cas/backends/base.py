@@ -140,7 +140,9 @@ class LogHistory:
     lies when the backend has lines (``(line, byte offset)``), what does not read
     (``damage``, in words, each naming its place), and an uncommitted tail a writing
     open would drop (``tail``, in words; its records are in ``records`` too, after
-    ``tail_from``)."""
+    ``tail_from``). ``head_index`` is the head the backend's index names, where it
+    keeps one apart from the log (the domain holds it to the log: an index may lag
+    the log, never lead it)."""
 
     records: list[dict[str, Any]]
     positions: list[tuple[int, int]] | None = None
@@ -148,6 +150,7 @@ class LogHistory:
     damage_lines: list[int] = field(default_factory=list)
     tail: str | None = None
     tail_from: int | None = None
+    head_index: str | None = None
 
 
 class ObjectStore(ABC):

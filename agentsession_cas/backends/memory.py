@@ -123,12 +123,15 @@ class MemoryObjects(ObjectStore):
         return self.is_sound(space, name)
 
     def put(self, space: Space, name: str, data: bytes, *, durable: bool = True) -> None:
+        """Under the store's lock, as a sweep decides under it: a put beside a sweep in
+        another thread changed the dicts it was walking ("dictionary changed size")."""
         self.backend.require_writable()
         key = (space, name)
-        current = self.data.objects.get(key)
-        if current is None or sha256_ref(current) != name:
-            self.data.objects[key] = bytes(data)
-        self.data.born[key] = time.time()  # written or held again: a sweep's grace counts from now
+        with self.data.lock:
+            current = self.data.objects.get(key)
+            if current is None or sha256_ref(current) != name:
+                self.data.objects[key] = bytes(data)
+            self.data.born[key] = time.time()  # written or held again: a sweep's grace counts from now
 
     def put_many(self, items: Iterable[tuple[Space, str, bytes]], *, count: int | None = None) -> None:
         for space, name, data in items:
@@ -136,12 +139,13 @@ class MemoryObjects(ObjectStore):
 
     def hold(self, names: Iterable[tuple[Space, str]], *, written: set[str] = frozenset()) -> list[tuple[Space, str]]:  # type: ignore[assignment]
         missing = []
-        now = time.time()
-        for space, name in names:
-            if self.is_sound(space, name):
-                self.data.born[(space, name)] = now
-            else:
-                missing.append((space, name))
+        with self.data.lock:  # as put: a sweep decides under it
+            now = time.time()
+            for space, name in names:
+                if self.is_sound(space, name):
+                    self.data.born[(space, name)] = now
+                else:
+                    missing.append((space, name))
         return missing
 
     def names(self, space: Space) -> Iterator[str]:

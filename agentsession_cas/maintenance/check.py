@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import FsckReport
-from ..errors import AgentSessionError, CorruptObjectError, NoSuchObjectError, SessionDamagedError, SessionFormatError
+from ..errors import (
+    AgentSessionError,
+    CorruptObjectError,
+    NoSuchObjectError,
+    NoSuchSessionError,
+    SessionDamagedError,
+    SessionFormatError,
+)
 from ..format.entry import short_id
 from ..format.reader import verify_lines
 from ..format.rules import RULES, VerifyReport
@@ -198,7 +205,11 @@ def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str]
     for i, sid in enumerate(ids, start=1):
         if progress:
             progress(f"session {i}/{len(ids)}: {sid}")
-        check = verify_stored(store, sid)
+        try:
+            check = verify_stored(store, sid)
+        except NoSuchSessionError:
+            report.counts["sessions"] -= 1  # deleted since it was listed: nothing to check
+            continue
         for p in check.problems:
             report.add("error", p["code"], f"session {sid}: {p['message']}", session=sid, object=p.get("entry"))
         for n in check.notes:

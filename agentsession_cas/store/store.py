@@ -21,7 +21,7 @@ from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 from ..backends import DEFAULT_STORE, default_store_path, open_backend
-from ..backends.base import Append, Backend, Mark, ObjectStore, Record, RepackResult, Space
+from ..backends.base import Append, Backend, LogHistory, Mark, ObjectStore, Record, RepackResult, Space
 from ..errors import (
     AgentSessionError,
     BadBaseError,
@@ -49,6 +49,7 @@ from ..fsutil import Spill
 from .links import CHAIN_LIMIT, Chain, resolve_current
 from .refs import header_ident
 from .session import AppendResult, Session, _resume_leaf, entry_from_objects, envelope_parts, walk_up
+from .state import index_damage, replay
 from .summary import SessionSummary, SummaryBuilder
 
 if TYPE_CHECKING:
@@ -199,6 +200,26 @@ class Store:
         if session_id not in self:
             raise NoSuchSessionError(f"no such session: {session_id}")
         return Session._open(self, session_id, writable=False)
+
+    def history(self, session_id: str) -> LogHistory:
+        """A session's log as held now, without recovery (``agentsession log``), with the
+        damage a line's checksum cannot show added to what the backend found: records
+        that contradict each other and a head index leading the log (committed records
+        lost: a log cut short at a record boundary reads cleanly line by line)."""
+        history = self.backend.sessions.history(check_session_id(session_id))
+        if history.damage:
+            return history  # the replay of a log that does not read would only repeat it
+        records = history.records if history.tail_from is None else history.records[: history.tail_from]
+        state = replay(records)
+        after = history.positions[len(records) - 1][0] + 1 if history.positions and records else len(records) + 1
+        for _, why in state.damage:
+            history.damage.append(why)
+            history.damage_lines.append(after)
+        lost = index_damage(state, history.head_index)
+        if lost is not None:
+            history.damage.append(lost)
+            history.damage_lines.append(after)
+        return history
 
     def summary(self, session_id: str) -> SessionSummary:
         """What ``list`` shows of a session (:class:`~.summary.SessionSummary`): the summary
@@ -561,12 +582,17 @@ class Store:
         if not is_hash(name):
             raise AgentSessionError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
         spaces: builtins.list[Space] = [space] if space else ["entries", "contents", "blobs"]
+        unread = None
         for sp in spaces:
             try:
                 return sp, self.objects.get(sp, name)
-            except NoSuchObjectError:
+            except NoSuchObjectError as exc:
+                unread = unread or exc.unread
                 continue
-        raise NoSuchObjectError(f"no object {name} in {self.describe()}")
+        missing = NoSuchObjectError(f"no object {name} in {self.describe()}"
+                                    + (f"; it may be in a pack that could not be read: {unread}" if unread else ""))
+        missing.unread = unread
+        raise missing
 
     # -- projection and import ----------------------------------------------------------
 

@@ -6,9 +6,11 @@ positions. Both print the table and hold the store to what docs/reliability.md s
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from damage import Row, play, table
+from damage import Row, invoke, play, table
 
 #: Damage the store cannot save by itself, and why (docs/reliability.md says the same):
 #: the file is the only copy of what it holds.
@@ -55,3 +57,27 @@ def test_damage_table_log_tail(rich_store, tmp_path):
 def test_damage_table_many_positions(rich_store, tmp_path):
     root, info = rich_store
     check(play(root, info, tmp_path, many=True))
+
+
+def test_log_of_a_log_cut_at_a_record_boundary_reports_the_loss(store):
+    """Every line left reads and chains, so only HEAD shows the loss: `log` must not
+    list what is left as the whole history with exit 0 (it did: issue 16)."""
+    root, _ = store
+    log = root / "sessions" / "rec" / "log"
+    lines = log.read_bytes().splitlines(keepends=True)
+    whole = invoke(root, "log", "rec")
+    assert whole.exit_code == 0, whole.output
+    log.write_bytes(b"".join(lines[: len(lines) // 2]))
+    r = invoke(root, "log", "rec")
+    assert r.exit_code == 1, r.output
+    assert "does not hold" in r.stderr and "cut short" in r.stderr, r.stderr
+    assert len(r.stdout.splitlines()) > 1  # the records that are left are still listed
+    j = invoke(root, "log", "--json", "rec")
+    assert j.exit_code == 1
+    err = json.loads(j.stderr.strip().splitlines()[-1])["error"]
+    assert err["code"] == "session_damaged" and err["problems"][0]["where"] == "log", err
+    # verify and fsck say the same; repair takes the lost entries back and `log` is clean again
+    assert invoke(root, "verify", "rec").exit_code == 1
+    assert invoke(root, "fsck").exit_code == 1
+    assert invoke(root, "repair", "--yes", "rec").exit_code == 0
+    assert invoke(root, "log", "rec").exit_code == 0

@@ -22,21 +22,6 @@ def item(i: int) -> bytes:
     return json.dumps({"type": "item", "ts": TS.format(i), "item": {"type": "message", "role": "user", "content": f"turn {i}"}}).encode()
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs root and mount(8)")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def fill(mnt: Path) -> Path:
     """Take every free byte of the device (written through, so nothing waits in a buffer)."""
     filler = mnt / "filler"
@@ -62,13 +47,18 @@ def _append(root: Path, sid: str, data: bytes):
     return CliRunner().invoke(main, ["--store", str(root), "append", sid], input=data)
 
 
+def three_turns(root: Path, sid: str) -> bytes:
+    """A new store at ``root`` holding session ``sid`` of three turns; its export."""
+    assert invoke(root, "init").exit_code == 0
+    assert invoke(root, "create", "--id", sid).exit_code == 0
+    for i in range(3):
+        assert _append(root, sid, item(i)).exit_code == 0
+    return invoke(root, "export", sid).stdout_bytes
+
+
 def test_maintenance_and_import_on_a_full_disk_fail_clearly_and_lose_nothing(small_disk, tmp_path):
     root = small_disk / "store"
-    assert invoke(root, "init").exit_code == 0
-    assert invoke(root, "create", "--id", "s1").exit_code == 0
-    for i in range(3):
-        assert _append(root, "s1", item(i)).exit_code == 0
-    before = invoke(root, "export", "s1").stdout_bytes
+    before = three_turns(root, "s1")
     session = tmp_path / "in.jsonl"
     session.write_bytes(before.replace(b'"id":"s1"', b'"id":"imp"', 1))
     filler = fill(small_disk)
@@ -108,3 +98,36 @@ def test_an_append_that_fails_on_a_full_disk_has_not_committed(small_disk):
         assert after == before, "the append failed but its entry was committed"
     else:
         assert len(after.splitlines()) == len(before.splitlines()) + 1
+
+
+def test_a_push_into_a_full_store_fails_clearly_and_loses_nothing(small_disk, tmp_path):
+    """The receiving store is on the full device, the sender elsewhere: the push fails
+    with no_space, the receiver reads as before and fsck is clean once space returns,
+    and the same push then completes without repair."""
+    remote = small_disk / "store"
+    before = three_turns(remote, "there")
+    source = tmp_path / "source"
+    assert invoke(source, "init").exit_code == 0
+    assert invoke(source, "create", "--id", "s1").exit_code == 0
+    for i in range(6):
+        big = json.dumps({"type": "item", "ts": TS.format(i), "item": {"type": "message", "role": "user",
+                                                                      "content": f"turn {i} " + os.urandom(20000).hex()}})
+        assert _append(source, "s1", big.encode()).exit_code == 0
+    filler = fill(small_disk)
+    r = invoke(source, "push", "s1", str(remote))
+    assert r.exit_code == 1, r.output
+    assert "no space left on the device" in r.output, r.output
+    assert "Traceback" not in r.output and "internal error" not in r.output
+    j = invoke(source, "push", "--json", "s1", str(remote))
+    assert j.exit_code == 1 and '"no_space"' in j.output, j.output
+    assert invoke(remote, "export", "there").stdout_bytes == before  # still reads, the same
+    filler.unlink()
+    fs = invoke(remote, "fsck")
+    assert fs.exit_code == 0, fs.output
+    assert invoke(remote, "export", "there").stdout_bytes == before
+    # the push completes now, without repair, and the receiver holds it whole
+    r = invoke(source, "push", "s1", str(remote))
+    assert r.exit_code == 0, r.output
+    assert invoke(remote, "export", "s1").stdout_bytes == invoke(source, "export", "s1").stdout_bytes
+    assert _append(remote, "there", item(7)).exit_code == 0
+    assert invoke(remote, "fsck").exit_code == 0

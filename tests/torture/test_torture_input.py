@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -121,15 +122,20 @@ def _append(root: Path, data: bytes):
     return CliRunner().invoke(main, ["--store", str(root), "append", "rec"], input=data)
 
 
+def hostile_files() -> Iterator[tuple[str, bytes, bytes]]:
+    """(what, the line, a session file holding it) for each line the format refuses."""
+    header = b'{"format":"agent-session/1","id":"imp","created_at":"2026-10-05T12:00:00Z"}\n'
+    for what, data in hostile_lines().items():
+        if what not in VALID:
+            yield what, data, header + data + b"\n"
+
+
 def test_hostile_session_files_are_refused_by_import(store, tmp_path):
     root, info = store
     before = tree(root)
-    header = b'{"format":"agent-session/1","id":"imp","created_at":"2026-10-05T12:00:00Z"}\n'
-    for what, data in hostile_lines().items():
-        if what in VALID:
-            continue
+    for what, _, data in hostile_files():
         path = tmp_path / "in.jsonl"
-        path.write_bytes(header + data + b"\n")
+        path.write_bytes(data)
         r = invoke(root, "import", str(path))
         one_line_error(r)
         assert tree(root) == before, what

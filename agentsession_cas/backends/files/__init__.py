@@ -58,13 +58,20 @@ class FileBackend(Backend):
     def close(self) -> None:
         """Pack loose objects once there are many (as ``git gc --auto`` does) and merge
         small packs, when a writer closes rather than inside an append; a store that
-        wrote nothing here pays nothing however big it is."""
+        wrote nothing here pays nothing however big it is.
+
+        Every object is durable before this runs, so a device that refuses the packing
+        (full, or made read-only) fails nothing the command did: the objects stay as
+        they are, a pack cut short is a temporary file the next sweep removes, and the
+        next writing close packs them."""
         try:
             if not self.readonly and self.objects.wrote:
                 if self.objects.estimate_loose() >= AUTO_PACK_LOOSE:
                     self.objects.pack_loose()
                 self.objects.merge_small_packs()
-        except (AgentSessionError, OSError):
+        except OSError:
+            pass  # see above: an optimisation the device refused, nothing lost
+        except AgentSessionError:
             self.objects.close()
             raise
         self.objects.close()

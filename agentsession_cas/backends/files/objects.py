@@ -211,7 +211,14 @@ class FileObjects(ObjectStore):
                     if isinstance(got, bytes):
                         return got
                     raise got from None
-            raise
+            if not self.packs.bad:
+                raise
+            # Not "no such object" alone: a pack that could not be read may hold it.
+            unread = "; ".join(f"objects/pack/{k}.pack ({why})" for k, why in sorted(self.packs.bad.items()))
+            exc = NoSuchObjectError(f"no {space} object {name} ({self.relpath(space, name)}); it may be in a pack "
+                                    f"that could not be read: {unread}")
+            exc.unread = unread
+            raise exc from None
 
     def _get_packed(self, space: str, name: str, pack: Pack, loc: object) -> bytes | AgentSessionError:
         """The packed copy's bytes, or the error that says why they cannot be served."""

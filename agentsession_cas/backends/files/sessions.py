@@ -389,6 +389,10 @@ class FileSessions(SessionStore):
         """The log as the file holds it now: its good records (up to the first bad line,
         and a crash's tail after it), their lines and offsets, and what does not read."""
         path = os.path.join(self.dir(session_id), "log")
+        try:  # HEAD before the log, so that it can lag what is read, never lead it (see _open)
+            head_index: str | None = read_small(os.path.join(self.dir(session_id), "HEAD"), _SMALL).decode("ascii", "replace").strip()
+        except OSError:
+            head_index = None
         try:
             data = read_whole(path)
         except NotAFileError as exc:
@@ -411,6 +415,7 @@ class FileSessions(SessionStore):
                 "a write in progress or a crash's loss that the next writing open drops"
             )
             out.tail_from = len(lr.records)
+        out.head_index = head_index
         if not data:
             out.damage.append("the log is missing or empty")
             out.damage_lines.append(1)
@@ -501,6 +506,10 @@ class FileSessionLog(SessionLog):
             raise NoSuchSessionError(f"no such session: {sid}") from None
         except OSError as exc:
             raise StoreError(f"session {sid}: its header cannot be read: {exc.strerror or exc}") from None
+        # The indexes before the log: a writer rewrites HEAD only after the log holds what it
+        # names, so read in this order HEAD can lag what is read of the log, never lead it
+        # (read after, a snapshot beside a live writer saw a head "the log does not hold").
+        head_index, mark_index = self._read_indexes()
         try:
             data = read_whole(os.path.join(self.dir, "log"))  # a FIFO or device there is refused, never waited on
         except FileNotFoundError:
@@ -610,7 +619,6 @@ class FileSessionLog(SessionLog):
                 else f"session {sid}: {len(to_restore)} append(s) not yet in objects/ are read from the log"
             )
         out_records = [r.data for r in kept]
-        head_index, mark_index = self._read_indexes()
         if not writable:
             for r in to_restore:
                 self.payloads[r.get("entry")] = r.payload  # type: ignore[assignment]
@@ -810,7 +818,12 @@ class FileSessionLog(SessionLog):
 
     def set_indexes(self, head: str | None, mark: Mark) -> None:
         """HEAD and mark, rewritten without fsync (the log is the record; the domain
-        checks them against it) and only when they differ from what they should say."""
+        checks them against it) and only when they differ from what they should say.
+
+        They are written after the log is committed, so a device that refuses them
+        (full, or made read-only) must not turn a committed write into a failure (a
+        retry would record it twice): an index may lag the log, and the next writing
+        open or close sets it from the log."""
         if not self.writable or self._closed or self.stopped:
             return
         for name, text, last in (("HEAD", (head or "") + "\n", self._head), ("mark", mark + "\n", self._mark)):
@@ -824,7 +837,10 @@ class FileSessionLog(SessionLog):
             except OSError:
                 same = False
             if not same:
-                write_atomic(path, data, durable=False)
+                try:
+                    write_atomic(path, data, durable=False)
+                except OSError:
+                    continue  # lags the log, as after a crash; tried again at the next write
             if name == "HEAD":
                 self._head = value or None
             else:

@@ -78,8 +78,11 @@ def _check_edges(db: Database, report: FsckReport, wanted: set[tuple[bytes, byte
 
 
 def _check_rows(db: Database, report: FsckReport) -> None:
-    """Each session's row against its log's rows, and each log row's columns against its record."""
-    with db.conn() as c:
+    """Each session's row against its log's rows, and each log row's columns against its record,
+    all read in one snapshot: an append or a delete committed while fsck reads is not a
+    row disagreeing with its log."""
+    with db.conn() as c, c.transaction():
+        c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         sessions = c.execute('SELECT key, id, head, mark, last_pos FROM sessions ORDER BY id COLLATE "C"').fetchall()
         orphans = c.execute("SELECT count(*) FROM log WHERE session NOT IN (SELECT key FROM sessions)").fetchone()[0]
         log_records = 0
