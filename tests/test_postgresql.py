@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from agentsession_cas import Header, read_session_bytes
 from agentsession_cas.backends import SCHEMES, open_backend, store_url_kind
-from agentsession_cas.backends.postgresql import PostgresBackend, migrate_store, schema
+from agentsession_cas.backends.postgresql import PostgresBackend, literals, migrate_store, schema
 from agentsession_cas.backends.postgresql import maintenance as pg_maintenance
 from agentsession_cas.backends.postgresql.database import parse_url, public_url
 from agentsession_cas.errors import (
@@ -218,6 +218,19 @@ def test_the_append_function_sets_asynchronous_commit_for_its_own_transaction_on
                      "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')", [key, s.log.fence, last_pos])
         assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
     assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+
+
+def test_array_literals_read_back_as_the_values_they_were_built_from(url):
+    """An append's arrays go as text literals (literals.py): every value a record, a hash or
+    a sequence number can be comes back from the server's own parser unchanged."""
+    texts = ['{"op":"append","note":"a \\"quoted\\" \\\\ back\\\\slash"}', "NULL", "null", "", "{a,b}", "x,y", " sp ",
+             "é ü 漢字 🙂", "\\", '"', "\\x00", None]
+    blobs = [bytes(range(256)), b"", b"\\", b'"', None, b"\x00" * 3]
+    ints = [0, -1, 2**31 - 1, None, 7]
+    got = sql(url, "SELECT %s::text[], %s::bytea[], %s::integer[], %s::smallint[], %s::boolean[], %s::text[], %s::bytea[]",
+              [literals.text_array(texts), literals.bytea_array(blobs), literals.int_array(ints), literals.int_array([0, 1, 2]),
+               literals.bool_array([True, False]), literals.text_array([]), literals.bytea_array([])])
+    assert got == [(texts, blobs, ints, [0, 1, 2], [True, False], [], [])]
 
 
 def test_append_is_one_transaction_with_its_objects_and_head(store, url):
