@@ -301,6 +301,39 @@ def test_object_corrupted_in_the_table_is_never_served_and_fsck_names_it(store, 
     assert fsck(store).ok
 
 
+def test_a_projection_reads_its_objects_in_a_few_bulk_queries_and_verifies_each(store, url):
+    """Exporting a fork reads the prefix up the parents and the fork's own entries through
+    the read-ahead: a handful of queries for 60 entries, not one per object, and an object
+    damaged in the table is still refused when the read-ahead served it."""
+    s, ids = chain(store, "origin", n=50)
+    s.close()
+    f = store.fork("origin", ids[39], session_id="fork")
+    own = [f.append(msg(f"fork {i}")).id for i in range(10)]
+    f.close()
+    expected = store.read("fork").projection()
+    with open_store(url, readonly=True) as ro:
+        objects = ro.backend.objects
+        calls: list[str] = []
+        real = objects.db.query
+
+        def counting(statement: Any, params: Any = None, **kw: Any) -> Any:
+            calls.append(str(statement))
+            return real(statement, params, **kw)
+
+        objects.db.query = counting  # type: ignore[method-assign]
+        snap = ro.read("fork")
+        assert snap.projection() == expected
+        snap.close()
+        object_queries = [c for c in calls if "FROM objects" in c or "edges" in c]
+        assert 0 < len(object_queries) <= 8, object_queries
+    sql(url, "UPDATE objects SET data = 'x' || data WHERE space = 0 AND hash = %s", [bytes.fromhex(own[5][7:])])
+    with open_store(url, readonly=True) as ro:
+        snap = ro.read("fork")
+        with pytest.raises(CorruptObjectError):
+            snap.projection()
+        snap.close()
+
+
 def test_fsck_checks_rows_against_the_log_and_the_edges(store, url):
     s, ids = chain(store)
     s.close()

@@ -164,9 +164,11 @@ class PgObjects(ObjectStore):
         self._order: dict[str, int] = {}
         self._sequence: list[str] = []
         self._ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
-        self._up_next: str | None = None
         self._chain: list[str] = []
         self._last = -1
+        self._prev: bytes | None = None  # the envelope served last
+        self._prev_parent: str | None = None
+        self._prev_parsed = True
 
     def barrier(self, conn: Any) -> None:
         """Inside a write transaction: the sweep barrier, shared (see the module)."""
@@ -196,8 +198,9 @@ class PgObjects(ObjectStore):
         raw = raw_hash(name)
         row = self._ahead.pop((space, name), None)
         if row is None and raw is not None:
-            if space == "entries" and (name == self._up_next or self._walks_forward(name)):
-                self._read_ahead(name, up=name == self._up_next)
+            up = space == "entries" and self._parent_of_last_is(name)
+            if up or (space == "entries" and self._walks_forward(name)):
+                self._read_ahead(name, up=up)
                 row = self._ahead.pop((space, name), None)
             if row is None:
                 rows = self.db.query("SELECT codec, data FROM objects WHERE space = %s AND hash = %s",
@@ -230,6 +233,21 @@ class PgObjects(ObjectStore):
         at = self._order.get(name)
         return at is not None and (at == 0 or at == self._last + 1)
 
+    def _parent_of_last_is(self, name: str) -> bool:
+        """Whether ``name`` is the ``parent`` of the envelope served last. Only an envelope
+        that holds the name can name it, and on a walk forward none does, so the envelope
+        is parsed (once) only where it might."""
+        prev = self._prev
+        if prev is None or name.encode() not in prev:
+            return False
+        return name == self._parent_of_last()
+
+    def _parent_of_last(self) -> str | None:
+        if not self._prev_parsed:
+            first = [p for p, is_parent in envelope_parents(self._prev or b"") if is_parent]
+            self._prev_parent, self._prev_parsed = (hash_name(first[0]) if first else None), True
+        return self._prev_parent
+
     def _served(self, name: str, envelope: bytes) -> None:
         """Follow the walk an envelope served belongs to. Up the parents (a prefix, read
         from the base): its parent is asked next, so a miss on that reads ahead up the
@@ -238,12 +256,11 @@ class PgObjects(ObjectStore):
         at = self._order.get(name)
         if at is not None:
             self._last = at
-        if name != self._up_next:
+        if not self._parent_of_last_is(name):
             self._chain = []
         self._chain.append(name)
-        first = [p for p, is_parent in envelope_parents(envelope) if is_parent]
-        self._up_next = hash_name(first[0]) if first else None
-        if self._up_next is None and len(self._chain) > 1:
+        self._prev, self._prev_parsed = envelope, False
+        if len(self._chain) > 1 and self._parent_of_last() is None:
             self.expect([*reversed(self._chain), *(e for e in self._sequence if e not in set(self._chain))])
             self._chain = []
 
@@ -265,8 +282,9 @@ class PgObjects(ObjectStore):
             "SELECT hash, codec, data FROM objects WHERE space = 0 AND hash = ANY(%b)", [chunk]
         ):
             row = (int(codec), bytes(data))
-            ahead[("entries", hash_name(bytes(raw)))] = row
             env = decode(*row)
+            # Kept decompressed (codec 0): get() verifies it without decompressing it again.
+            ahead[("entries", hash_name(bytes(raw)))] = row if env is None else (0, env)
             c = envelope_content(env) if env is not None else None
             if c is not None and (craw := raw_hash(c)) is not None:
                 contents.append(craw)
