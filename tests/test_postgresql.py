@@ -9,6 +9,7 @@ its own; the tests fail (never skip) where no server can be started.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -332,6 +333,39 @@ def test_a_projection_reads_its_objects_in_a_few_bulk_queries_and_verifies_each(
         with pytest.raises(CorruptObjectError):
             snap.projection()
         snap.close()
+
+
+def test_put_many_is_durable_when_it_returns_though_its_first_batches_commit_asynchronously(monkeypatch):
+    """put_many stores batches on a worker thread, all but the last with an asynchronous
+    commit; the last one's synchronous commit flushes the WAL before it. A server killed
+    the moment put_many returns loses none of the objects. (Batches of 80 are compressed
+    in one call: every object comes back whole.)"""
+    from agentsession_cas.backends.postgresql import objects as pg_objects
+
+    monkeypatch.setattr(pg_objects, "_BATCH", 20)  # batches of 80: five of them
+    server = pg_server.PgServer()
+    try:
+        url = server.store_url("put_many")
+        blobs = [b"object %d, " % i * 20 for i in range(390)]
+        items = [("contents", "sha256:" + hashlib.sha256(b).hexdigest(), b) for b in blobs]
+        with open_store(url, create=True) as st:
+            seen: list[bool] = []
+            real = pg_objects.PgObjects._put_batch
+
+            def spy(self: Any, encoded: Any, *, durable: bool) -> None:
+                seen.append(durable)
+                real(self, encoded, durable=durable)
+
+            monkeypatch.setattr(pg_objects.PgObjects, "_put_batch", spy)
+            st.objects.put_many(items)
+            server.kill()
+        assert seen == [False, False, False, False, True]
+        server.start()
+        with open_store(url) as st:
+            assert all(st.objects.get(space, name) == data for space, name, data in items)
+        assert sql(url, "SELECT codec, count(*) FROM objects GROUP BY codec") == [(1, 390)]
+    finally:
+        server.remove()
 
 
 def test_fsck_checks_rows_against_the_log_and_the_edges(store, url):

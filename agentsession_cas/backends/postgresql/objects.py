@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import zstandard
@@ -42,6 +43,8 @@ _PREFIX = "sha256:"
 _BATCH = 500
 #: Objects shorter than this are stored as they are (a frame would not pay).
 COMPRESS_FROM = 96
+#: Objects from which a batch is compressed in one call, on every core.
+MULTI_FROM = 64
 #: Rows from which a write goes through COPY rather than one statement per row.
 COPY_FROM = 64
 #: Entries a read-ahead fetches at once (with their contents).
@@ -68,11 +71,31 @@ def _compressor() -> Any:
 def encode(raw: bytes, data: bytes) -> tuple[int, bytes, bytes]:
     """(codec, stored bytes, their SHA-256) for an object named ``raw``. Bytes that do not
     hash to their name (a corrupt put) are stored as they are, where the server sees it."""
-    if len(data) >= COMPRESS_FROM and hashlib.sha256(data).digest() == raw:
-        frame = _compressor().compress(data)
-        if len(frame) < len(data) - 16:
-            return 1, frame, hashlib.sha256(frame).digest()
-    return 0, data, hashlib.sha256(data).digest()
+    return encode_many([(raw, data)])[0]
+
+
+def encode_many(objects: Sequence[tuple[bytes, bytes]]) -> list[tuple[int, bytes, bytes]]:
+    """:func:`encode` of many (name, bytes) pairs. Many are compressed in one call that
+    runs zstd on every core without the GIL (an import's batch: the thread that stores
+    the batch before goes on meanwhile); the frames are the same as one at a time."""
+    todo = [i for i, (raw, data) in enumerate(objects)
+            if len(data) >= COMPRESS_FROM and hashlib.sha256(data).digest() == raw]
+    frames: dict[int, bytes] = {}
+    if todo:
+        compressor = _compressor()
+        if len(todo) >= MULTI_FROM and hasattr(compressor, "multi_compress_to_buffer"):
+            done = compressor.multi_compress_to_buffer([objects[i][1] for i in todo], threads=-1)
+            frames = {i: done[k].tobytes() for k, i in enumerate(todo)}
+        else:
+            frames = {i: compressor.compress(objects[i][1]) for i in todo}
+    out = []
+    for i, (_, data) in enumerate(objects):
+        frame = frames.get(i)
+        if frame is not None and len(frame) < len(data) - 16:
+            out.append((1, frame, hashlib.sha256(frame).digest()))
+        else:
+            out.append((0, data, hashlib.sha256(data).digest()))
+    return out
 
 
 def decode(codec: int, stored: bytes) -> bytes | None:
@@ -136,9 +159,25 @@ def envelope_parents(env: bytes) -> list[tuple[bytes, bool]]:
     return out
 
 
-def object_rows(
-    items: Iterable[tuple[Space, str, bytes]],
-) -> tuple[list[tuple[int, bytes, int, bytes, bytes]], list[tuple[bytes, bytes, bool]]]:
+#: What :func:`object_rows` makes: the ``objects`` rows and the ``edges`` rows.
+Encoded = tuple[list[tuple[int, bytes, int, bytes, bytes]], list[tuple[bytes, bytes, bool]]]
+
+
+def _batches(items: Iterable[tuple[Space, str, bytes]]) -> Iterator[list[tuple[Space, str, bytes]]]:
+    """``items`` in batches of at most 4 x _BATCH objects or about 8 MiB."""
+    batch: list[tuple[Space, str, bytes]] = []
+    size = 0
+    for item in items:
+        if len(batch) >= 4 * _BATCH or size >= 8 << 20:
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += len(item[2])
+    if batch:
+        yield batch
+
+
+def object_rows(items: Iterable[tuple[Space, str, bytes]]) -> Encoded:
     """The ``objects`` rows (space, hash, codec, sum, data) and ``edges`` rows (parent,
     child, first) of some objects (a name that is no hash: NoSuchObjectError)."""
     rows: dict[tuple[int, bytes], bytes] = {}  # one row per object: an upsert may not meet one twice
@@ -150,10 +189,8 @@ def object_rows(
         rows[(SPACE_CODES[space], raw)] = bytes(data)
         if space == "entries":
             edges.update(((p, raw), first) for p, first in envelope_parents(data))
-    out = []
-    for (code, raw), data in rows.items():
-        codec, stored, digest = encode(raw, data)
-        out.append((code, raw, codec, digest, stored))
+    coded = encode_many([(raw, data) for (_, raw), data in rows.items()])
+    out = [(code, raw, codec, digest, stored) for ((code, raw), _), (codec, stored, digest) in zip(rows.items(), coded)]
     return out, [(p, c, first) for (p, c), first in edges.items()]
 
 
@@ -175,9 +212,14 @@ class PgObjects(ObjectStore):
         conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", [self.db.lock_key("sweep")])
 
     def write_rows(self, conn: Any, items: Iterable[tuple[Space, str, bytes]]) -> None:
-        """Store objects inside the caller's transaction (barrier taken): row by row for a
-        few, through COPY into a scratch table and one upsert for many (an import)."""
-        rows, edges = object_rows(items)
+        """Store objects inside the caller's transaction (barrier taken)."""
+        self.write_encoded(conn, object_rows(items))
+
+    def write_encoded(self, conn: Any, encoded: Encoded) -> None:
+        """Store rows :func:`object_rows` made, inside the caller's transaction (barrier
+        taken): row by row for a few, through COPY into a scratch table and one upsert for
+        many (an import)."""
+        rows, edges = encoded
         if len(rows) < COPY_FROM:
             with conn.cursor() as cur:
                 if rows:
@@ -313,22 +355,39 @@ class PgObjects(ObjectStore):
             self.write_rows(c, [(space, name, data)])
 
     def put_many(self, items: Iterable[tuple[Space, str, bytes]], *, count: int | None = None) -> None:
+        """Store objects in batches, each its own transaction, the next batch encoded here
+        (zstd, hashes) while a worker thread stores the one before. Every batch but the
+        last commits asynchronously and the last synchronously, after all the others: the
+        WAL is one sequence, so flushing the last commit flushes every batch before it, and
+        the objects are all durable when this returns, for one wait on the disk."""
         self.backend.require_writable()
-        batch: list[tuple[Space, str, bytes]] = []
-        size = 0
-        for item in items:
-            batch.append(item)
-            size += len(item[2])
-            if len(batch) >= 4 * _BATCH or size >= 8 << 20:
-                self._put_batch(batch)
-                batch, size = [], 0
-        if batch:
-            self._put_batch(batch)
+        pool: ThreadPoolExecutor | None = None
+        flight: Future[None] | None = None
+        held: Encoded | None = None
+        try:
+            for batch in _batches(items):
+                encoded = object_rows(batch)
+                if held is not None:
+                    if pool is None:
+                        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-pg-put")
+                    if flight is not None:
+                        flight.result()
+                    flight = pool.submit(self._put_batch, held, durable=False)
+                held = encoded
+            if flight is not None:
+                flight.result()
+            if held is not None:
+                self._put_batch(held, durable=True)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
 
-    def _put_batch(self, batch: list[tuple[Space, str, bytes]]) -> None:
+    def _put_batch(self, encoded: Encoded, *, durable: bool) -> None:
         with self.db.conn() as c, c.transaction():
+            if not durable:
+                c.execute("SET LOCAL synchronous_commit TO off")
             self.barrier(c)
-            self.write_rows(c, batch)
+            self.write_encoded(c, encoded)
 
     def hold(self, names: Iterable[tuple[Space, str]], *, written: set[str] = frozenset()) -> list[tuple[Space, str]]:  # type: ignore[assignment]
         by_space: dict[Space, list[str]] = {}
