@@ -335,6 +335,41 @@ def test_a_projection_reads_its_objects_in_a_few_bulk_queries_and_verifies_each(
         snap.close()
 
 
+def test_a_long_walk_forward_is_read_a_chunk_ahead_on_a_worker(store, url, monkeypatch):
+    """A projection's walk forward fetches each chunk once: the first on the reader's
+    thread, each next one on the worker while the reader serves the one before; a chunk
+    fetched for an order the reader left is not used."""
+    import threading
+
+    from agentsession_cas.backends.postgresql import objects as pg_objects
+
+    monkeypatch.setattr(pg_objects, "READ_AHEAD", 8)
+    s, ids = chain(store, "long", n=50)
+    s.close()
+    expected = store.read("long").projection()
+    with open_store(url, readonly=True) as ro:
+        objects = ro.backend.objects
+        where: list[str] = []
+        real = objects._fetch
+
+        def fetch(chunk: Any) -> Any:
+            where.append(threading.current_thread().name)
+            return real(chunk)
+
+        monkeypatch.setattr(objects, "_fetch", fetch)
+        snap = ro.read("long")
+        assert snap.projection() == expected
+        snap.close()
+        assert len(where) == 7  # 50 entries in chunks of 8, each fetched once
+        assert where[0] == threading.current_thread().name
+        assert all(w.startswith("agentsession-pg-read") for w in where[1:])
+        objects.expect(ids)
+        objects.get("entries", ids[0])  # a chunk fetched ahead for this order
+        objects.expect(list(reversed(ids)))  # another order: the chunk is not its
+        assert objects._prefetched(8) is None
+    assert objects._pool is None  # closed with the store, after the worker's last fetch
+
+
 def test_put_many_is_durable_when_it_returns_though_its_first_batches_commit_asynchronously(monkeypatch):
     """put_many stores batches on a worker thread, all but the last with an asynchronous
     commit; the last one's synchronous commit flushes the WAL before it. A server killed

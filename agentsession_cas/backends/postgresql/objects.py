@@ -206,6 +206,9 @@ class PgObjects(ObjectStore):
         self._prev: bytes | None = None  # the envelope served last
         self._prev_parent: str | None = None
         self._prev_parsed = True
+        self._epoch = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._next: tuple[int, int, Future[dict[tuple[Space, str], tuple[int, bytes]]]] | None = None
 
     def barrier(self, conn: Any) -> None:
         """Inside a write transaction: the sweep barrier, shared (see the module)."""
@@ -270,6 +273,8 @@ class PgObjects(ObjectStore):
         self._sequence = list(order)
         self._ahead = {}
         self._last = -1
+        self._epoch += 1  # a chunk fetched for the order before is not this one's
+        self._next = None
 
     def _walks_forward(self, name: str) -> bool:
         at = self._order.get(name)
@@ -308,16 +313,47 @@ class PgObjects(ObjectStore):
 
     def _read_ahead(self, name: str, *, up: bool) -> None:
         """Fetch ``name`` and the entries after it: its ancestors (up the ``parent``
-        edges) on a walk up, else the next of the expected order."""
+        edges) on a walk up, else the next of the expected order, whose following
+        chunk is then fetched on a worker thread while the reader works through this one."""
         if not up:
             start = self._order[name]
-            chunk = [raw_hash(n) for n in self._sequence[start:start + READ_AHEAD]]
+            ahead = self._prefetched(start)
+            if ahead is None:
+                ahead = self._fetch(self._chunk(start))
+            if start + READ_AHEAD < len(self._sequence):
+                self._prefetch(start + READ_AHEAD)
         else:
             rows = self.db.query(
                 "WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
                 "SELECT e.parent, up.n + 1 FROM up JOIN edges e ON e.child = up.h AND e.first WHERE up.n < %s) "
                 "SELECT h FROM up", [raw_hash(name), READ_AHEAD], binary=True)
-            chunk = [bytes(r[0]) for r in rows]
+            ahead = self._fetch([bytes(r[0]) for r in rows])
+        self._ahead = ahead
+
+    def _chunk(self, start: int) -> list[bytes | None]:
+        return [raw_hash(n) for n in self._sequence[start:start + READ_AHEAD]]
+
+    def _prefetch(self, start: int) -> None:
+        """Fetch the chunk of the expected order at ``start`` on the worker (a pooled
+        connection of its own); the reader takes it when it gets there."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-pg-read")
+        self._next = (self._epoch, start, self._pool.submit(self._fetch, self._chunk(start)))
+
+    def _prefetched(self, start: int) -> dict[tuple[Space, str], tuple[int, bytes]] | None:
+        """The chunk at ``start`` the worker fetched for this order, if it did; None when
+        it did not or failed (the reader then reads it itself, and meets any error)."""
+        pending, self._next = self._next, None
+        if pending is None or pending[0] != self._epoch or pending[1] != start:
+            return None
+        try:
+            return pending[2].result()
+        except Exception:
+            return None
+
+    def _fetch(self, chunk: list[bytes | None]) -> dict[tuple[Space, str], tuple[int, bytes]]:
+        """Envelopes named in ``chunk`` and their contents, as rows (two queries). Runs on
+        the reader's thread or the worker's; every row is verified when served."""
         ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
         contents: list[bytes] = []
         for raw, codec, data in self.db.query(
@@ -335,7 +371,13 @@ class PgObjects(ObjectStore):
                 "SELECT hash, codec, data FROM objects WHERE space = 1 AND hash = ANY(%b)", [contents]
             ):
                 ahead[("contents", hash_name(bytes(raw)))] = (int(codec), bytes(data))
-        self._ahead = ahead
+        return ahead
+
+    def close(self) -> None:
+        """Wait for a chunk the worker is fetching (before the pool closes)."""
+        pool, self._pool, self._next = self._pool, None, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def exists(self, space: Space, name: str) -> bool:
         raw = raw_hash(name)
