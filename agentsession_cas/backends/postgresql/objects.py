@@ -249,7 +249,7 @@ class PgObjects(ObjectStore):
                 row = self._ahead.pop((space, name), None)
             if row is None:
                 rows = self.db.query("SELECT codec, data FROM objects WHERE space = %s AND hash = %s",
-                                     [SPACE_CODES[space], raw])
+                                     [SPACE_CODES[space], raw], binary=True)
                 row = (int(rows[0][0]), bytes(rows[0][1])) if rows else None
         if row is None:
             raise NoSuchObjectError(f"no {space} object {name} in {self.backend.describe()}")
@@ -356,8 +356,10 @@ class PgObjects(ObjectStore):
         the reader's thread or the worker's; every row is verified when served."""
         ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
         contents: list[bytes] = []
+        # Binary results: bytea in text would travel as hex, twice its size, encoded by the
+        # server and decoded here.
         for raw, codec, data in self.db.query(
-            "SELECT hash, codec, data FROM objects WHERE space = 0 AND hash = ANY(%b)", [chunk]
+            "SELECT hash, codec, data FROM objects WHERE space = 0 AND hash = ANY(%b)", [chunk], binary=True
         ):
             row = (int(codec), bytes(data))
             env = decode(*row)
@@ -368,7 +370,7 @@ class PgObjects(ObjectStore):
                 contents.append(craw)
         if contents:
             for raw, codec, data in self.db.query(
-                "SELECT hash, codec, data FROM objects WHERE space = 1 AND hash = ANY(%b)", [contents]
+                "SELECT hash, codec, data FROM objects WHERE space = 1 AND hash = ANY(%b)", [contents], binary=True
             ):
                 ahead[("contents", hash_name(bytes(raw)))] = (int(codec), bytes(data))
         return ahead
