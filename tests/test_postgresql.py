@@ -9,6 +9,7 @@ its own; the tests fail (never skip) where no server can be started.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from click.testing import CliRunner
 
 from agentsession_cas import Header, read_session_bytes
 from agentsession_cas.backends import SCHEMES, open_backend, store_url_kind
-from agentsession_cas.backends.postgresql import PostgresBackend, migrate_store, schema
+from agentsession_cas.backends.postgresql import PostgresBackend, literals, migrate_store, schema
 from agentsession_cas.backends.postgresql import maintenance as pg_maintenance
 from agentsession_cas.backends.postgresql.database import parse_url, public_url
 from agentsession_cas.errors import (
@@ -220,6 +221,19 @@ def test_the_append_function_sets_asynchronous_commit_for_its_own_transaction_on
     assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
 
 
+def test_array_literals_read_back_as_the_values_they_were_built_from(url):
+    """An append's arrays go as text literals (literals.py): every value a record, a hash or
+    a sequence number can be comes back from the server's own parser unchanged."""
+    texts = ['{"op":"append","note":"a \\"quoted\\" \\\\ back\\\\slash"}', "NULL", "null", "", "{a,b}", "x,y", " sp ",
+             "é ü 漢字 🙂", "\\", '"', "\\x00", None]
+    blobs = [bytes(range(256)), b"", b"\\", b'"', None, b"\x00" * 3]
+    ints = [0, -1, 2**31 - 1, None, 7]
+    got = sql(url, "SELECT %s::text[], %s::bytea[], %s::integer[], %s::smallint[], %s::boolean[], %s::text[], %s::bytea[]",
+              [literals.text_array(texts), literals.bytea_array(blobs), literals.int_array(ints), literals.int_array([0, 1, 2]),
+               literals.bool_array([True, False]), literals.text_array([]), literals.bytea_array([])])
+    assert got == [(texts, blobs, ints, [0, 1, 2], [True, False], [], [])]
+
+
 def test_append_is_one_transaction_with_its_objects_and_head(store, url):
     s, ids = chain(store, n=2)
     rows = sql(url, "SELECT s.head, s.last_pos, count(l.*) FROM sessions s JOIN log l ON l.session = s.key GROUP BY s.key")
@@ -286,6 +300,107 @@ def test_object_corrupted_in_the_table_is_never_served_and_fsck_names_it(store, 
     store.objects.put("entries", ids[1], env)  # storing the sound bytes again repairs the row
     assert store.entry(ids[1]).id == ids[1]
     assert fsck(store).ok
+
+
+def test_a_projection_reads_its_objects_in_a_few_bulk_queries_and_verifies_each(store, url):
+    """Exporting a fork reads the prefix up the parents and the fork's own entries through
+    the read-ahead: a handful of queries for 60 entries, not one per object, and an object
+    damaged in the table is still refused when the read-ahead served it."""
+    s, ids = chain(store, "origin", n=50)
+    s.close()
+    f = store.fork("origin", ids[39], session_id="fork")
+    own = [f.append(msg(f"fork {i}")).id for i in range(10)]
+    f.close()
+    expected = store.read("fork").projection()
+    with open_store(url, readonly=True) as ro:
+        objects = ro.backend.objects
+        calls: list[str] = []
+        real = objects.db.query
+
+        def counting(statement: Any, params: Any = None, **kw: Any) -> Any:
+            calls.append(str(statement))
+            return real(statement, params, **kw)
+
+        objects.db.query = counting  # type: ignore[method-assign]
+        snap = ro.read("fork")
+        assert snap.projection() == expected
+        snap.close()
+        object_queries = [c for c in calls if "FROM objects" in c or "edges" in c]
+        assert 0 < len(object_queries) <= 8, object_queries
+    sql(url, "UPDATE objects SET data = 'x' || data WHERE space = 0 AND hash = %s", [bytes.fromhex(own[5][7:])])
+    with open_store(url, readonly=True) as ro:
+        snap = ro.read("fork")
+        with pytest.raises(CorruptObjectError):
+            snap.projection()
+        snap.close()
+
+
+def test_a_long_walk_forward_is_read_a_chunk_ahead_on_a_worker(store, url, monkeypatch):
+    """A projection's walk forward fetches each chunk once: the first on the reader's
+    thread, each next one on the worker while the reader serves the one before; a chunk
+    fetched for an order the reader left is not used."""
+    import threading
+
+    from agentsession_cas.backends.postgresql import objects as pg_objects
+
+    monkeypatch.setattr(pg_objects, "READ_AHEAD", 8)
+    s, ids = chain(store, "long", n=50)
+    s.close()
+    expected = store.read("long").projection()
+    with open_store(url, readonly=True) as ro:
+        objects = ro.backend.objects
+        where: list[str] = []
+        real = objects._fetch
+
+        def fetch(chunk: Any) -> Any:
+            where.append(threading.current_thread().name)
+            return real(chunk)
+
+        monkeypatch.setattr(objects, "_fetch", fetch)
+        snap = ro.read("long")
+        assert snap.projection() == expected
+        snap.close()
+        assert len(where) == 7  # 50 entries in chunks of 8, each fetched once
+        assert where[0] == threading.current_thread().name
+        assert all(w.startswith("agentsession-pg-read") for w in where[1:])
+        objects.expect(ids)
+        objects.get("entries", ids[0])  # a chunk fetched ahead for this order
+        objects.expect(list(reversed(ids)))  # another order: the chunk is not its
+        assert objects._prefetched(8) is None
+    assert objects._pool is None  # closed with the store, after the worker's last fetch
+
+
+def test_put_many_is_durable_when_it_returns_though_its_first_batches_commit_asynchronously(monkeypatch):
+    """put_many stores batches on a worker thread, all but the last with an asynchronous
+    commit; the last one's synchronous commit flushes the WAL before it. A server killed
+    the moment put_many returns loses none of the objects. (Batches of 80 are compressed
+    in one call: every object comes back whole.)"""
+    from agentsession_cas.backends.postgresql import objects as pg_objects
+
+    monkeypatch.setattr(pg_objects, "_BATCH", 20)  # batches of 80: five of them
+    server = pg_server.PgServer()
+    try:
+        url = server.store_url("put_many")
+        blobs = [b"object %d, " % i * 20 for i in range(390)]
+        items = [("contents", "sha256:" + hashlib.sha256(b).hexdigest(), b) for b in blobs]
+        with open_store(url, create=True) as st:
+            seen: list[bool] = []
+            real = pg_objects.PgObjects._put_batch
+
+            def spy(self: Any, encoded: Any, *, durable: bool) -> None:
+                seen.append(durable)
+                real(self, encoded, durable=durable)
+
+            monkeypatch.setattr(pg_objects.PgObjects, "_put_batch", spy)
+            st.objects.put_many(items)
+            server.kill()
+        assert seen == [False, False, False, False, True]
+        server.start()
+        with open_store(url) as st:
+            assert all(st.objects.get(space, name) == data for space, name, data in items)
+        assert sql(url, "SELECT codec, count(*) FROM objects GROUP BY codec") == [(1, 390)]
+    finally:
+        server.remove()
 
 
 def test_fsck_checks_rows_against_the_log_and_the_edges(store, url):

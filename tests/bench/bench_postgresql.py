@@ -7,7 +7,9 @@ stores are) and, on the same machine, the file backend:
 
 1. **durable appends/s with 16 writers**: 16 threads, each with its own store
    handle and session, appending under sync policy ``always``; PostgreSQL's /
-   the file backend's. Target **>= 1**.
+   the file backend's, the medians of three rounds run alternately. Each round
+   also says the CPU an append took in the writers' process and in the server.
+   Target **>= 1**.
 2. **import** of the deterministic benchmark session (``bench_verify.generate``,
    100,000 entries by default) through ``Store.import_bytes``: PostgreSQL's time
    / the file backend's. Target **<= 2**.
@@ -35,6 +37,8 @@ import gc
 import os
 import platform
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -62,6 +66,8 @@ DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000
 DEFAULT_FORKS, QUICK_FORKS = 100, 10
 DEFAULT_APPENDS, QUICK_APPENDS = 200, 30  # per writer
 WRITERS = 16
+#: Rounds of the appends figure, files and PostgreSQL alternating; the medians are compared.
+APPEND_ROUNDS = 3
 TARGET_APPENDS = 1.0
 TARGET_IMPORT = 2.0
 TARGET_EXPORT = 1.5
@@ -110,8 +116,10 @@ def _sql(url: str, statement: str) -> list[tuple]:
 # 1. durable appends with 16 writers
 
 
-def concurrent_appends(target: str, bodies: list[dict], per_writer: int) -> float:
-    """Durable appends per second, WRITERS threads each appending to its own session
+def concurrent_appends(target: str, bodies: list[dict], per_writer: int, server: pg_server.PgServer | None = None,
+                       ) -> tuple[float, float, float]:
+    """(durable appends per second, this process's CPU per append, the PostgreSQL
+    server's CPU per append) with WRITERS threads each appending to its own session
     through its own store handle (all started together)."""
     stores = [open_store(target, sync="always") for _ in range(WRITERS)]
     sessions = [st.create(Header.new(f"writer-{i:02d}-{os.getpid()}-{time.monotonic_ns()}", created_at=CREATED))
@@ -132,25 +140,58 @@ def concurrent_appends(target: str, bodies: list[dict], per_writer: int) -> floa
     threads = [threading.Thread(target=work, args=(i,)) for i in range(WRITERS)]
     for t in threads:
         t.start()
+    server_cpu = _server_cpu(server)
+    cpu = time.process_time()
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
         t.join()
     seconds = time.perf_counter() - t0
+    cpu = time.process_time() - cpu
+    server_cpu = _server_cpu(server) - server_cpu
     for st in stores:
         st.close()
     if errors:
         raise BenchError(f"a writer failed: {errors[0]!r}")
-    return WRITERS * per_writer / seconds
+    n = WRITERS * per_writer
+    return n / seconds, cpu / n, server_cpu / n
 
 
-def bench_appends(files_root: str, pg_url: str, bodies: list[dict], per_writer: int, res: Results) -> None:
-    say(f"\n[1] durable appends/s, {WRITERS} writers x {per_writer} appends, each its own session")
+def _server_cpu(server: pg_server.PgServer | None) -> float:
+    """CPU seconds the server's processes have used (user and system; children the
+    postmaster reaped included); 0 without a server."""
+    if server is None:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    postmaster = server.pid()
+    kids = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+    total = 0
+    for pid in [postmaster, *map(int, kids)]:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if pid == postmaster else 0)
+    return total / tick
+
+
+def bench_appends(files_root: str, pg_url: str, server: pg_server.PgServer, bodies: list[dict], per_writer: int,
+                  res: Results) -> None:
+    say(f"\n[1] durable appends/s, {WRITERS} writers x {per_writer} appends, each its own session, "
+        f"{APPEND_ROUNDS} rounds alternating (the machine's load moves between them)")
     Store.init(files_root).close()
-    f_rate = concurrent_appends(files_root, bodies, per_writer)
-    p_rate = concurrent_appends(pg_url, bodies, per_writer)
-    say(f"    files {f_rate:,.0f}/s, PostgreSQL {p_rate:,.0f}/s")
-    res.add("durable appends/s, PostgreSQL / files", p_rate / f_rate, f">= {TARGET_APPENDS}", p_rate / f_rate >= TARGET_APPENDS)
+    f_rates, p_rates = [], []
+    for r in range(APPEND_ROUNDS):
+        f_rate, f_cpu, _ = concurrent_appends(files_root, bodies, per_writer)
+        p_rate, p_cpu, p_server = concurrent_appends(pg_url, bodies, per_writer, server)
+        f_rates.append(f_rate)
+        p_rates.append(p_rate)
+        say(f"    round {r + 1}: files {f_rate:,.0f}/s ({f_cpu * 1e3:.2f} ms CPU per append); PostgreSQL {p_rate:,.0f}/s "
+            f"({p_cpu * 1e3:.2f} ms CPU in the writers' process, {p_server * 1e3:.2f} ms in the server, per append)")
+    f_mid, p_mid = statistics.median(f_rates), statistics.median(p_rates)
+    say(f"    medians: files {f_mid:,.0f}/s, PostgreSQL {p_mid:,.0f}/s")
+    res.add("durable appends/s, PostgreSQL / files", p_mid / f_mid, f">= {TARGET_APPENDS}", p_mid / f_mid >= TARGET_APPENDS)
 
 
 # ---------------------------------------------------------------------------
@@ -308,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             bodies = [_body(e) for e in entries[:2000] if e.type in ("item", "response")]
             pg_url = server.store_url("appends")
             open_store(pg_url, create=True).close()
-            bench_appends(os.path.join(tmp, "files-appends"), pg_url, bodies, per_writer, res)
+            bench_appends(os.path.join(tmp, "files-appends"), pg_url, server, bodies, per_writer, res)
         if "import" in benches:
             pg_url = server.store_url("session")
             open_store(pg_url, create=True).close()

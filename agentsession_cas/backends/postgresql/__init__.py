@@ -174,6 +174,7 @@ class PostgresBackend(Backend):
             raise ReadOnlyError(f"{self.describe()} is open read-only")
 
     def close(self) -> None:
+        self.objects.close()
         self.db.close()
 
     # -- maintenance ------------------------------------------------------------------

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import zstandard
@@ -42,6 +43,8 @@ _PREFIX = "sha256:"
 _BATCH = 500
 #: Objects shorter than this are stored as they are (a frame would not pay).
 COMPRESS_FROM = 96
+#: Objects from which a batch is compressed in one call, on every core.
+MULTI_FROM = 64
 #: Rows from which a write goes through COPY rather than one statement per row.
 COPY_FROM = 64
 #: Entries a read-ahead fetches at once (with their contents).
@@ -68,11 +71,31 @@ def _compressor() -> Any:
 def encode(raw: bytes, data: bytes) -> tuple[int, bytes, bytes]:
     """(codec, stored bytes, their SHA-256) for an object named ``raw``. Bytes that do not
     hash to their name (a corrupt put) are stored as they are, where the server sees it."""
-    if len(data) >= COMPRESS_FROM and hashlib.sha256(data).digest() == raw:
-        frame = _compressor().compress(data)
-        if len(frame) < len(data) - 16:
-            return 1, frame, hashlib.sha256(frame).digest()
-    return 0, data, hashlib.sha256(data).digest()
+    return encode_many([(raw, data)])[0]
+
+
+def encode_many(objects: Sequence[tuple[bytes, bytes]]) -> list[tuple[int, bytes, bytes]]:
+    """:func:`encode` of many (name, bytes) pairs. Many are compressed in one call that
+    runs zstd on every core without the GIL (an import's batch: the thread that stores
+    the batch before goes on meanwhile); the frames are the same as one at a time."""
+    todo = [i for i, (raw, data) in enumerate(objects)
+            if len(data) >= COMPRESS_FROM and hashlib.sha256(data).digest() == raw]
+    frames: dict[int, bytes] = {}
+    if todo:
+        compressor = _compressor()
+        if len(todo) >= MULTI_FROM and hasattr(compressor, "multi_compress_to_buffer"):
+            done = compressor.multi_compress_to_buffer([objects[i][1] for i in todo], threads=-1)
+            frames = {i: done[k].tobytes() for k, i in enumerate(todo)}
+        else:
+            frames = {i: compressor.compress(objects[i][1]) for i in todo}
+    out = []
+    for i, (_, data) in enumerate(objects):
+        frame = frames.get(i)
+        if frame is not None and len(frame) < len(data) - 16:
+            out.append((1, frame, hashlib.sha256(frame).digest()))
+        else:
+            out.append((0, data, hashlib.sha256(data).digest()))
+    return out
 
 
 def decode(codec: int, stored: bytes) -> bytes | None:
@@ -136,9 +159,25 @@ def envelope_parents(env: bytes) -> list[tuple[bytes, bool]]:
     return out
 
 
-def object_rows(
-    items: Iterable[tuple[Space, str, bytes]],
-) -> tuple[list[tuple[int, bytes, int, bytes, bytes]], list[tuple[bytes, bytes, bool]]]:
+#: What :func:`object_rows` makes: the ``objects`` rows and the ``edges`` rows.
+Encoded = tuple[list[tuple[int, bytes, int, bytes, bytes]], list[tuple[bytes, bytes, bool]]]
+
+
+def _batches(items: Iterable[tuple[Space, str, bytes]]) -> Iterator[list[tuple[Space, str, bytes]]]:
+    """``items`` in batches of at most 4 x _BATCH objects or about 8 MiB."""
+    batch: list[tuple[Space, str, bytes]] = []
+    size = 0
+    for item in items:
+        if len(batch) >= 4 * _BATCH or size >= 8 << 20:
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += len(item[2])
+    if batch:
+        yield batch
+
+
+def object_rows(items: Iterable[tuple[Space, str, bytes]]) -> Encoded:
     """The ``objects`` rows (space, hash, codec, sum, data) and ``edges`` rows (parent,
     child, first) of some objects (a name that is no hash: NoSuchObjectError)."""
     rows: dict[tuple[int, bytes], bytes] = {}  # one row per object: an upsert may not meet one twice
@@ -150,10 +189,8 @@ def object_rows(
         rows[(SPACE_CODES[space], raw)] = bytes(data)
         if space == "entries":
             edges.update(((p, raw), first) for p, first in envelope_parents(data))
-    out = []
-    for (code, raw), data in rows.items():
-        codec, stored, digest = encode(raw, data)
-        out.append((code, raw, codec, digest, stored))
+    coded = encode_many([(raw, data) for (_, raw), data in rows.items()])
+    out = [(code, raw, codec, digest, stored) for ((code, raw), _), (codec, stored, digest) in zip(rows.items(), coded)]
     return out, [(p, c, first) for (p, c), first in edges.items()]
 
 
@@ -164,18 +201,28 @@ class PgObjects(ObjectStore):
         self._order: dict[str, int] = {}
         self._sequence: list[str] = []
         self._ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
-        self._up_next: str | None = None
         self._chain: list[str] = []
         self._last = -1
+        self._prev: bytes | None = None  # the envelope served last
+        self._prev_parent: str | None = None
+        self._prev_parsed = True
+        self._epoch = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._next: tuple[int, int, Future[dict[tuple[Space, str], tuple[int, bytes]]]] | None = None
 
     def barrier(self, conn: Any) -> None:
         """Inside a write transaction: the sweep barrier, shared (see the module)."""
         conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", [self.db.lock_key("sweep")])
 
     def write_rows(self, conn: Any, items: Iterable[tuple[Space, str, bytes]]) -> None:
-        """Store objects inside the caller's transaction (barrier taken): row by row for a
-        few, through COPY into a scratch table and one upsert for many (an import)."""
-        rows, edges = object_rows(items)
+        """Store objects inside the caller's transaction (barrier taken)."""
+        self.write_encoded(conn, object_rows(items))
+
+    def write_encoded(self, conn: Any, encoded: Encoded) -> None:
+        """Store rows :func:`object_rows` made, inside the caller's transaction (barrier
+        taken): row by row for a few, through COPY into a scratch table and one upsert for
+        many (an import)."""
+        rows, edges = encoded
         if len(rows) < COPY_FROM:
             with conn.cursor() as cur:
                 if rows:
@@ -196,12 +243,13 @@ class PgObjects(ObjectStore):
         raw = raw_hash(name)
         row = self._ahead.pop((space, name), None)
         if row is None and raw is not None:
-            if space == "entries" and (name == self._up_next or self._walks_forward(name)):
-                self._read_ahead(name, up=name == self._up_next)
+            up = space == "entries" and self._parent_of_last_is(name)
+            if up or (space == "entries" and self._walks_forward(name)):
+                self._read_ahead(name, up=up)
                 row = self._ahead.pop((space, name), None)
             if row is None:
                 rows = self.db.query("SELECT codec, data FROM objects WHERE space = %s AND hash = %s",
-                                     [SPACE_CODES[space], raw])
+                                     [SPACE_CODES[space], raw], binary=True)
                 row = (int(rows[0][0]), bytes(rows[0][1])) if rows else None
         if row is None:
             raise NoSuchObjectError(f"no {space} object {name} in {self.backend.describe()}")
@@ -225,10 +273,27 @@ class PgObjects(ObjectStore):
         self._sequence = list(order)
         self._ahead = {}
         self._last = -1
+        self._epoch += 1  # a chunk fetched for the order before is not this one's
+        self._next = None
 
     def _walks_forward(self, name: str) -> bool:
         at = self._order.get(name)
         return at is not None and (at == 0 or at == self._last + 1)
+
+    def _parent_of_last_is(self, name: str) -> bool:
+        """Whether ``name`` is the ``parent`` of the envelope served last. Only an envelope
+        that holds the name can name it, and on a walk forward none does, so the envelope
+        is parsed (once) only where it might."""
+        prev = self._prev
+        if prev is None or name.encode() not in prev:
+            return False
+        return name == self._parent_of_last()
+
+    def _parent_of_last(self) -> str | None:
+        if not self._prev_parsed:
+            first = [p for p, is_parent in envelope_parents(self._prev or b"") if is_parent]
+            self._prev_parent, self._prev_parsed = (hash_name(first[0]) if first else None), True
+        return self._prev_parent
 
     def _served(self, name: str, envelope: bytes) -> None:
         """Follow the walk an envelope served belongs to. Up the parents (a prefix, read
@@ -238,44 +303,83 @@ class PgObjects(ObjectStore):
         at = self._order.get(name)
         if at is not None:
             self._last = at
-        if name != self._up_next:
+        if not self._parent_of_last_is(name):
             self._chain = []
         self._chain.append(name)
-        first = [p for p, is_parent in envelope_parents(envelope) if is_parent]
-        self._up_next = hash_name(first[0]) if first else None
-        if self._up_next is None and len(self._chain) > 1:
+        self._prev, self._prev_parsed = envelope, False
+        if len(self._chain) > 1 and self._parent_of_last() is None:
             self.expect([*reversed(self._chain), *(e for e in self._sequence if e not in set(self._chain))])
             self._chain = []
 
     def _read_ahead(self, name: str, *, up: bool) -> None:
         """Fetch ``name`` and the entries after it: its ancestors (up the ``parent``
-        edges) on a walk up, else the next of the expected order."""
+        edges) on a walk up, else the next of the expected order, whose following
+        chunk is then fetched on a worker thread while the reader works through this one."""
         if not up:
             start = self._order[name]
-            chunk = [raw_hash(n) for n in self._sequence[start:start + READ_AHEAD]]
+            ahead = self._prefetched(start)
+            if ahead is None:
+                ahead = self._fetch(self._chunk(start))
+            if start + READ_AHEAD < len(self._sequence):
+                self._prefetch(start + READ_AHEAD)
         else:
             rows = self.db.query(
                 "WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
                 "SELECT e.parent, up.n + 1 FROM up JOIN edges e ON e.child = up.h AND e.first WHERE up.n < %s) "
                 "SELECT h FROM up", [raw_hash(name), READ_AHEAD], binary=True)
-            chunk = [bytes(r[0]) for r in rows]
+            ahead = self._fetch([bytes(r[0]) for r in rows])
+        self._ahead = ahead
+
+    def _chunk(self, start: int) -> list[bytes | None]:
+        return [raw_hash(n) for n in self._sequence[start:start + READ_AHEAD]]
+
+    def _prefetch(self, start: int) -> None:
+        """Fetch the chunk of the expected order at ``start`` on the worker (a pooled
+        connection of its own); the reader takes it when it gets there."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-pg-read")
+        self._next = (self._epoch, start, self._pool.submit(self._fetch, self._chunk(start)))
+
+    def _prefetched(self, start: int) -> dict[tuple[Space, str], tuple[int, bytes]] | None:
+        """The chunk at ``start`` the worker fetched for this order, if it did; None when
+        it did not or failed (the reader then reads it itself, and meets any error)."""
+        pending, self._next = self._next, None
+        if pending is None or pending[0] != self._epoch or pending[1] != start:
+            return None
+        try:
+            return pending[2].result()
+        except Exception:
+            return None
+
+    def _fetch(self, chunk: list[bytes | None]) -> dict[tuple[Space, str], tuple[int, bytes]]:
+        """Envelopes named in ``chunk`` and their contents, as rows (two queries). Runs on
+        the reader's thread or the worker's; every row is verified when served."""
         ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
         contents: list[bytes] = []
+        # Binary results: bytea in text would travel as hex, twice its size, encoded by the
+        # server and decoded here.
         for raw, codec, data in self.db.query(
-            "SELECT hash, codec, data FROM objects WHERE space = 0 AND hash = ANY(%b)", [chunk]
+            "SELECT hash, codec, data FROM objects WHERE space = 0 AND hash = ANY(%b)", [chunk], binary=True
         ):
             row = (int(codec), bytes(data))
-            ahead[("entries", hash_name(bytes(raw)))] = row
             env = decode(*row)
+            # Kept decompressed (codec 0): get() verifies it without decompressing it again.
+            ahead[("entries", hash_name(bytes(raw)))] = row if env is None else (0, env)
             c = envelope_content(env) if env is not None else None
             if c is not None and (craw := raw_hash(c)) is not None:
                 contents.append(craw)
         if contents:
             for raw, codec, data in self.db.query(
-                "SELECT hash, codec, data FROM objects WHERE space = 1 AND hash = ANY(%b)", [contents]
+                "SELECT hash, codec, data FROM objects WHERE space = 1 AND hash = ANY(%b)", [contents], binary=True
             ):
                 ahead[("contents", hash_name(bytes(raw)))] = (int(codec), bytes(data))
-        self._ahead = ahead
+        return ahead
+
+    def close(self) -> None:
+        """Wait for a chunk the worker is fetching (before the pool closes)."""
+        pool, self._pool, self._next = self._pool, None, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def exists(self, space: Space, name: str) -> bool:
         raw = raw_hash(name)
@@ -295,22 +399,39 @@ class PgObjects(ObjectStore):
             self.write_rows(c, [(space, name, data)])
 
     def put_many(self, items: Iterable[tuple[Space, str, bytes]], *, count: int | None = None) -> None:
+        """Store objects in batches, each its own transaction, the next batch encoded here
+        (zstd, hashes) while a worker thread stores the one before. Every batch but the
+        last commits asynchronously and the last synchronously, after all the others: the
+        WAL is one sequence, so flushing the last commit flushes every batch before it, and
+        the objects are all durable when this returns, for one wait on the disk."""
         self.backend.require_writable()
-        batch: list[tuple[Space, str, bytes]] = []
-        size = 0
-        for item in items:
-            batch.append(item)
-            size += len(item[2])
-            if len(batch) >= 4 * _BATCH or size >= 8 << 20:
-                self._put_batch(batch)
-                batch, size = [], 0
-        if batch:
-            self._put_batch(batch)
+        pool: ThreadPoolExecutor | None = None
+        flight: Future[None] | None = None
+        held: Encoded | None = None
+        try:
+            for batch in _batches(items):
+                encoded = object_rows(batch)
+                if held is not None:
+                    if pool is None:
+                        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-pg-put")
+                    if flight is not None:
+                        flight.result()
+                    flight = pool.submit(self._put_batch, held, durable=False)
+                held = encoded
+            if flight is not None:
+                flight.result()
+            if held is not None:
+                self._put_batch(held, durable=True)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
 
-    def _put_batch(self, batch: list[tuple[Space, str, bytes]]) -> None:
+    def _put_batch(self, encoded: Encoded, *, durable: bool) -> None:
         with self.db.conn() as c, c.transaction():
+            if not durable:
+                c.execute("SET LOCAL synchronous_commit TO off")
             self.barrier(c)
-            self.write_rows(c, batch)
+            self.write_encoded(c, encoded)
 
     def hold(self, names: Iterable[tuple[Space, str]], *, written: set[str] = frozenset()) -> list[tuple[Space, str]]:  # type: ignore[assignment]
         by_space: dict[Space, list[str]] = {}

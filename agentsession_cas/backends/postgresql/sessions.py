@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import NoSuchSessionError, SessionDamagedError, SessionExistsError, SessionLockedError, StoreError
 from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
 from .database import psycopg, translate
+from .literals import bool_array, bytea_array, int_array, text_array
 from .objects import copy_rows, object_rows, raw_hash
 
 if TYPE_CHECKING:
@@ -49,6 +50,13 @@ __all__ = ["PgSessions", "PgSessionLog"]
 LOG_COLUMNS = "log (session, pos, op, seq, hash, content, record)"
 LOG_TYPES = ["int8", "int4", "text", "int4", "bytea", "bytea", "text"]
 _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+#: An append: the arrays go as text literals (:mod:`.literals`), cast here; prepared on
+#: each connection at its first use.
+_APPEND_CALL = (
+    "SELECT append_records(%s, %s, %s, %s, %s, %s, %s, %s::smallint[], %s::bytea[], %s::smallint[], "
+    "%s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[], %s::boolean[], %s::text[], %s::integer[], "
+    "%s::bytea[], %s::bytea[], %s::text[])"
+)
 
 
 def _holder() -> str:
@@ -157,14 +165,13 @@ class PgSessionLog(SessionLog):
         cols = list(zip(*rows))
         try:
             done = conn.execute(
-                "SELECT append_records(%s, %s, %s, %s, %s, %s, %s, %s::smallint[], %s::bytea[], %s::smallint[], "
-                "%s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[], %s::boolean[], %s::text[], %s::integer[], "
-                "%s::bytea[], %s::bytea[], %s::text[])",
+                _APPEND_CALL,
                 [self.key, self.fence, self.last_pos, head, mark, not durable, self.backend.db.lock_key("sweep"),
-                 [r[0] for r in orows], [r[1] for r in orows], [r[2] for r in orows], [r[3] for r in orows],
-                 [r[4] for r in orows],
-                 [e[0] for e in erows], [e[1] for e in erows], [e[2] for e in erows],
-                 list(cols[2]), list(cols[3]), list(cols[4]), list(cols[5]), list(cols[6])],
+                 int_array(r[0] for r in orows), bytea_array(r[1] for r in orows), int_array(r[2] for r in orows),
+                 bytea_array(r[3] for r in orows), bytea_array(r[4] for r in orows),
+                 bytea_array(e[0] for e in erows), bytea_array(e[1] for e in erows), bool_array(e[2] for e in erows),
+                 text_array(cols[2]), int_array(cols[3]), bytea_array(cols[4]), bytea_array(cols[5]), text_array(cols[6])],
+                prepare=True,
             ).fetchone()[0]
             if not done:
                 raise _Fenced()
