@@ -824,13 +824,23 @@ class Api:
         def do() -> dict[str, Any]:
             s = self.state.session(sid)
             _check_incarnation(request, s)
-            if self.state.leases.current(sid) is not None:
-                raise SessionLockedError(f"session {sid} is leased here; it is handed over once its lease ends")
+            self._not_leased_to_another(request, sid, "it is handed over once its lease ends")
             result = self.state.endpoint.release_record(sid, head=head)
             return dict(result.as_dict(), incarnation=header_ident(s.header.data))
 
         out = await self.work(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
+
+    def _not_leased_to_another(self, request: Request, sid: str, wait: str) -> None:
+        """A mark change on a leased session is its holder's (it presents the lease's
+        token, as every leased write does); anyone else is ``session_locked``."""
+        lease = self.state.leases.current(sid)
+        if lease is None:
+            return
+        token = request.headers.get("lease-token")
+        if token is None:
+            raise SessionLockedError(f"session {sid} is leased here; {wait}")
+        self.state.leases.check(sid, token)
 
     async def record(self, request: Request, principal: Principal) -> Response:
         sid = request.path_params["id"]
@@ -847,6 +857,7 @@ class Api:
         def do() -> dict[str, Any]:
             s = self.state.session(sid)
             _check_incarnation(request, s)
+            self._not_leased_to_another(request, sid, "its record is declared once its lease ends")
             result = self.state.endpoint.declare_record(sid, head=head)
             return dict(result.as_dict(), incarnation=header_ident(s.header.data))
 
