@@ -515,6 +515,23 @@ class RemoteRefs(RefStore):
         finally:
             self._local.read = None
 
+    @property
+    def keeps_moves(self) -> bool:  # type: ignore[override]
+        return bool(self.backend.http.capabilities().get("features", {}).get("ref_log"))
+
+    def moves(self, name: str) -> list[dict[str, Any]] | None:
+        """The server's ref log (newest first on the wire), oldest first as the seam has it;
+        the server records each change itself."""
+        if not self.keeps_moves:
+            return None
+        frames = self.backend.http.ndjson(f"/refs/{name}", params={"view": "log"})
+        out = []
+        for f in reversed([f for f in frames if not f.get("end")]):
+            old, new = f.get("old") or {}, f.get("new") or {}
+            out.append({"name": name, "old": old.get("session"), "new": new.get("session"),
+                        "ident": f.get("incarnation"), "at": f.get("at"), "reason": f.get("reason")})
+        return out
+
     def _update(self, name: str, nxt: str | None) -> None:
         self.backend.require_writable()
         read = self._read()
