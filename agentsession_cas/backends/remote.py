@@ -48,7 +48,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import quote
 
 from ..errors import (
@@ -79,7 +79,6 @@ from .base import (
     ObjectStore,
     Record,
     RefStore,
-    RemoteStore,
     RepackResult,
     Retained,
     RetentionSource,
@@ -88,6 +87,7 @@ from .base import (
     Space,
     record_data,
 )
+from .memory import MemoryData, MemoryRemotes
 
 __all__ = ["LEASE_TTL_MS", "RemoteBackend", "records_from_log"]
 
@@ -546,23 +546,6 @@ class RemoteRefs(RefStore):
         self._update(name, None)
 
 
-class RemoteRemotes(RemoteStore):
-    """What this store remembers of its remotes, in the handle's memory (see the module)."""
-
-    def __init__(self) -> None:
-        self._data: dict[tuple[str, str, str], dict[str, Any]] = {}
-
-    def get(self, url: str, kind: Literal["sessions", "refs"], name: str) -> dict[str, Any] | None:
-        r = self._data.get((url, kind, name))
-        return dict(r) if r is not None else None
-
-    def put(self, url: str, kind: Literal["sessions", "refs"], name: str, record: Mapping[str, Any]) -> None:
-        self._data[(url, kind, name)] = dict(record)
-
-    def delete(self, url: str, kind: Literal["sessions", "refs"], name: str) -> None:
-        self._data.pop((url, kind, name), None)
-
-
 class RemoteBackend(Backend):
     """A store behind an RFC 0003 server (see the module)."""
 
@@ -589,7 +572,7 @@ class RemoteBackend(Backend):
         self.objects = RemoteObjects(self)
         self.sessions = RemoteSessions(self)
         self.refs = RemoteRefs(self)
-        self.remotes = RemoteRemotes()
+        self.remotes = MemoryRemotes(MemoryData())  # hints, in this handle's memory (see the module)
 
     def describe(self) -> str:
         return f"the store at {self.url}"
