@@ -19,12 +19,13 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import http_store
 import pg_server
 
 from agentsession_cas import LEAF_LABEL
@@ -58,6 +59,16 @@ class BackendKind:
     url: Callable[[Path, str, str], str]
     #: The local transport reaches a store of this backend by its URL (a push's remote).
     reachable: bool = True
+    #: Contract tests that cannot apply to this backend: test name -> why (they are
+    #: skipped with that reason, for this backend and any pair it is part of); a name
+    #: ending ``[first]`` or ``[second]`` skips a cross-store test only where this
+    #: backend is that store of the pair.
+    skips: Mapping[str, str] = field(default_factory=dict)
+    #: The backends it is paired with in cross-store tests (None: every one).
+    pairs_with: tuple[str, ...] | None = None
+    #: Called with (scratch, tag) once a test's stores are closed, for a backend whose
+    #: stores have a side to let go of (a server's).
+    release: Callable[[Path, str], None] | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -68,6 +79,8 @@ BACKENDS: list[BackendKind] = [
     BackendKind("file", lambda scratch, tag, name: str(scratch / f"{tag}-{name}")),
     BackendKind("memory", lambda tmp, tag, name: f"memory:contract-{tag}-{name}"),
     BackendKind("postgresql", lambda scratch, tag, name: pg_server.store_url(f"c_{tag}_{name}")),
+    BackendKind("http", http_store.served_url, skips=http_store.CANNOT, release=http_store.release,
+                pairs_with=http_store.PAIRS_WITH),
 ]
 
 
@@ -112,6 +125,8 @@ class StoreFactory:
             except (AgentSessionError, OSError) as exc:  # reported by the fixture
                 errors.append(exc)
         self.opened.clear()
+        if self.kind.release is not None:
+            self.kind.release(self.scratch, self.tag)
         return errors
 
 

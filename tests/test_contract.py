@@ -91,7 +91,11 @@ def scratch(_scratch_root: str | None, tmp_path: Path) -> Iterator[Path]:
     remove_tree(path)
 
 
-def _factory(kind, scratch: Path, request: pytest.FixtureRequest) -> StoreFactory:
+def _factory(kind, scratch: Path, request: pytest.FixtureRequest, role: str = "") -> StoreFactory:
+    name = request.node.originalname
+    why = kind.skips.get(name) or kind.skips.get(f"{name}[{role}]")
+    if why is not None:
+        pytest.skip(f"{kind}: {why}")
     factory = StoreFactory(kind, scratch)
 
     def close() -> None:
@@ -109,7 +113,9 @@ def make_store(request: pytest.FixtureRequest, scratch: Path) -> StoreFactory:
     return _factory(request.param, scratch, request)
 
 
-_PAIRS = [(a, b) for a in BACKENDS for b in BACKENDS]
+#: Every ordered pair, but a backend that says so (``pairs_with``) only meets those it names.
+_PAIRS = [(a, b) for a in BACKENDS for b in BACKENDS
+          if (a.pairs_with is None or b.name in a.pairs_with) and (b.pairs_with is None or a.name in b.pairs_with)]
 
 
 @pytest.fixture(params=_PAIRS, ids=lambda p: f"{p[0]}-to-{p[1]}")
@@ -117,7 +123,7 @@ def pair(request: pytest.FixtureRequest, scratch: Path) -> tuple[StoreFactory, S
     """Two factories, for a store of the first backend and one of the second (every
     ordered pair, the same backend twice included)."""
     src, dst = request.param
-    return _factory(src, scratch, request), _factory(dst, scratch, request)
+    return _factory(src, scratch, request, "first"), _factory(dst, scratch, request, "second")
 
 
 @pytest.fixture

@@ -614,13 +614,13 @@ def test_writes_are_fsynced_file_then_directory(root, refs, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", spy)
     refs.update("a/b", "s1", expected=None)
-    # the first write made refs/ (its name fsynced in the root), then the temp file, then refs/
-    assert [os.path.relpath(p, root) for p in synced][0] == "."
-    assert os.path.relpath(synced[-1], root) == "refs"
-    assert os.path.relpath(synced[-2], root).startswith("tmp/.tmp-")
+    # the first write made refs/ (its name fsynced in the root), then the temp file, then
+    # refs/; then the line of refs.log, and the root for the log's new name
+    rel = [os.path.relpath(p, root) for p in synced]
+    assert rel[0] == "." and rel[1].startswith("tmp/.tmp-") and rel[2:] == ["refs", "refs.log", "."]
     synced.clear()
     refs.delete("a/b", expected="s1")
-    assert [os.path.relpath(p, root) for p in synced] == ["refs"]
+    assert [os.path.relpath(p, root) for p in synced] == ["refs", "refs.log"]
 
 
 # -- two real processes -------------------------------------------------------------
@@ -845,3 +845,46 @@ def test_a_ref_file_of_one_line_from_before_the_checksum_still_reads(root, refs)
     (root / "refs").mkdir(exist_ok=True)
     (root / "refs" / "old").write_bytes(b'{"name":"old","session":"s1"}\n')
     assert refs.get("old").session == "s1"
+
+
+# -- the refs' history (RFC 0003's ref log) ------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["files", "memory"])
+def test_ref_log_keeps_every_change_newest_first(tmp_path, url):
+    """Every change of a ref is kept with what it held before and after, when, and why;
+    an update that changes nothing is not; other refs' changes are not this one's."""
+    target = str(tmp_path / "st") if url == "files" else f"memory:reflog-{tmp_path.name}"
+    with Store.init(target) as st:
+        for sid in ("s1", "s2"):
+            st.create(Header.new(sid)).close()
+        refs = Refs(st)
+        assert refs.log("conv/x") == []
+        refs.update("conv/x", "s1", expected=None, reason="start")
+        refs.update("conv/x", "s1", expected="s1")  # nothing changes, nothing logged
+        refs.update("conv/y", "s2", expected=None)
+        refs.update("conv/x", "s2", expected="s1", reason="continued")
+        refs.delete("conv/x", expected="s2")
+        log = refs.log("conv/x")
+        assert [(m["old"], m["new"], m.get("reason")) for m in log] == [
+            ("s2", None, None), ("s1", "s2", "continued"), (None, "s1", "start")]
+        assert log[1]["ident"] == st.session_ident("s2") and all(m["at"] for m in log)
+        assert [(m["old"], m["new"]) for m in refs.log("conv/y")] == [(None, "s2")]
+        with pytest.raises(BadRefNameError):
+            refs.log("bad name")
+
+
+def test_ref_log_file_skips_a_torn_last_line_and_refuses_a_damaged_one(tmp_path):
+    """``refs.log`` is appended under the refs lock: a crash inside an append leaves a torn
+    last line, which is not read; a damaged line before the last is an error naming it."""
+    with Store.init(tmp_path / "st") as st:
+        st.create(Header.new("s1")).close()
+        Refs(st).update("r", "s1", expected=None)
+    path = tmp_path / "st" / "refs.log"
+    good = path.read_bytes()
+    path.write_bytes(good + b'{"name":"r","old":"s1"')
+    with Store(tmp_path / "st") as st:
+        assert [(m["old"], m["new"]) for m in Refs(st).log("r")] == [(None, "s1")]
+    path.write_bytes(b"{torn\n" + good)
+    with Store(tmp_path / "st") as st, pytest.raises(StoreError, match="line 1"):
+        Refs(st).log("r")

@@ -96,8 +96,7 @@ def test_capabilities_are_truthful(served):
         assert features["follow"] is True  # tests/test_server_follow.py
         problem(c.get("/v1/sessions/x/follow"), 404, "no_session")
         assert features["shallow"] is True  # test_a_shallow_path_leaves_out_what_the_fold_replaced
-        assert features["ref_follow"] is True and features["ref_log"] is False
-        problem(c.get("/v1/refs/a/b", params={"view": "log"}), 501, "unsupported")
+        assert features["ref_follow"] is True and features["ref_log"] is True  # test_ref_log_over_the_wire
         problem(c.get("/v1/no/such/route"), 404, "unsupported")
         problem(c.delete("/v1/"), 405, "unsupported")
 
@@ -652,3 +651,31 @@ def test_listing_with_names_current_and_the_header_filters(tmp_path):
         assert plain["old"]["name"] == "Refactor auth" and "superseded_by" not in plain["old"]
         assert plain["old"]["modified"] == "2026-09-17T12:00:00Z"
         assert ids(current="true") == ["sub", "new"]
+
+
+def test_ref_log_over_the_wire(served):
+    """``GET /v1/refs/NAME?view=log``: the ref's changes, newest first, with the reason a
+    ``PUT`` gave; an update that changes nothing is not logged; a token limited to a
+    session prefix sees only changes between sessions it may touch."""
+    with served.client("all") as c:
+        for sid in ("a-1", "a-2", "b-1"):
+            assert c.post("/v1/sessions", json=Header.new(sid).data).status_code == 201
+        assert c.put("/v1/refs/conv/x", json={"expected": None, "next": "a-1", "reason": "start"}).status_code == 200
+        assert c.put("/v1/refs/conv/x", json={"expected": "a-1", "next": "a-1"}).status_code == 200  # no change
+        assert c.put("/v1/refs/conv/x", json={"expected": "a-1", "next": "a-2", "reason": "continued"}).status_code == 200
+        assert c.put("/v1/refs/conv/x", json={"expected": "a-2", "next": "b-1"}).status_code == 200
+        assert c.put("/v1/refs/conv/x", json={"expected": "b-1", "next": None}).status_code == 200
+        frames = [json.loads(x) for x in c.get("/v1/refs/conv/x", params={"view": "log"}).text.splitlines()]
+        assert frames[-1] == {"end": True, "count": 4}
+        moves = [((f["old"] or {}).get("session"), (f["new"] or {}).get("session"), f["reason"]) for f in frames[:-1]]
+        assert moves == [("b-1", None, None), ("a-2", "b-1", None), ("a-1", "a-2", "continued"), (None, "a-1", "start")]
+        assert all(f["at"] for f in frames[:-1])
+        empty = [json.loads(x) for x in c.get("/v1/refs/never", params={"view": "log"}).text.splitlines()]
+        assert empty == [{"end": True, "count": 0}]
+        problem(c.get("/v1/refs/bad@name", params={"view": "log"}), 400, "ref_name")
+    with served.client("team-a") as c:
+        frames = [json.loads(x) for x in c.get("/v1/refs/conv/x", params={"view": "log"}).text.splitlines()]
+        assert [((f["old"] or {}).get("session"), (f["new"] or {}).get("session")) for f in frames[:-1]] == [
+            ("a-1", "a-2"), (None, "a-1")]
+    with served.client("nobody") as c:
+        problem(c.get("/v1/refs/conv/x", params={"view": "log"}), 403, "scope")

@@ -4,8 +4,10 @@
 :func:`open_backend` is the one place that knows which backend serves which
 store URL: a plain path or a ``file:`` URL (a store directory), ``memory:``
 (a new store in this process's memory), ``memory:NAME`` (one shared by
-name within the process), or ``postgresql://…`` (``postgres://`` too: a
-store in a PostgreSQL database, with the ``postgresql`` extra installed).
+name within the process), ``postgresql://…`` (``postgres://`` too: a
+store in a PostgreSQL database, with the ``postgresql`` extra installed), or
+``http://…``/``https://…`` (a store served by ``agentsession serve``, RFC 0003,
+with the ``server`` extra: :mod:`.remote`).
 Any other scheme is refused with a one-line error naming those served.
 """
 
@@ -62,7 +64,7 @@ __all__ = [
 #: Where a store is when nothing says (``--store``, ``AGENTSESSION_STORE``).
 DEFAULT_STORE = "~/.agent/cas"
 #: The URL schemes this release serves (a plain path is a directory too).
-SCHEMES = ("file", "memory", "postgresql")
+SCHEMES = ("file", "memory", "postgresql", "http", "https")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 
 
@@ -73,7 +75,7 @@ def default_store_path() -> str:
 
 def store_url_kind(url: str) -> tuple[str, str]:
     """(scheme, the rest): ``file`` and a path for a path or ``file:`` URL, ``memory``
-    and a name (maybe empty), ``postgresql`` and the whole URL; UnsupportedError for a
+    and a name (maybe empty), ``postgresql`` or ``http`` and the whole URL; UnsupportedError for a
     scheme not served."""
     m = _SCHEME.match(url)
     if m is None or len(m.group(1)) == 1:  # no scheme, or a Windows drive letter
@@ -88,6 +90,8 @@ def store_url_kind(url: str) -> tuple[str, str]:
         return "memory", url[len("memory:"):]
     if scheme in ("postgresql", "postgres"):
         return "postgresql", url
+    if scheme in ("http", "https"):
+        return "http", url
     served = ", ".join(f"{s}:" for s in SCHEMES)
     raise UnsupportedError(f"store {url!r}: this release serves no {scheme}: stores; it serves a path, {served}")
 
@@ -103,6 +107,14 @@ def open_backend(url: str | os.PathLike[str], *, create: bool = False, readonly:
         from .postgresql import PostgresBackend  # loaded only for a postgresql:// store
 
         return PostgresBackend(rest, readonly=readonly, create=create)
+    if kind == "http":
+        try:
+            from .remote import RemoteBackend  # loaded only for an http(s):// store (httpx: the server extra)
+        except ImportError as exc:
+            raise UnsupportedError(
+                f"store {url!r}: an HTTP store needs the server extra: pip install 'agentsession-cas[server]' ({exc})"
+            ) from None
+        return RemoteBackend(rest, readonly=readonly, create=create)
     if create:
         backend, _ = FileBackend.init(rest, readonly=readonly)
         return backend

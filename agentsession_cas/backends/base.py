@@ -364,7 +364,20 @@ class SessionStore(ABC):
 class RefStore(ABC):
     """Named refs as opaque JSON records, one per name. Every change happens inside
     :meth:`locked`, so a compare-and-swap (and a new name's conflict check) sees a
-    stable set of names; reads take no hold."""
+    stable set of names; reads take no hold. A backend may keep each ref's history
+    (:attr:`keeps_moves`): one record per change, written after it."""
+
+    #: Whether :meth:`record_move` keeps what it is given (RFC 0003's ref log).
+    keeps_moves: bool = False
+
+    def record_move(self, name: str, move: Mapping[str, Any]) -> None:  # noqa: B027 - a hook: a backend may keep none
+        """Keep one change of the ref ``name`` (inside :meth:`locked`, once the change is
+        durable); a backend that keeps no history does nothing."""
+
+    def moves(self, name: str) -> list[dict[str, Any]] | None:
+        """The changes kept of the ref ``name``, oldest first (empty when none), or None
+        when this backend keeps no history."""
+        return None
 
     @abstractmethod
     def get(self, name: str) -> dict[str, Any] | None:

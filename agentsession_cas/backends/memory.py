@@ -73,6 +73,7 @@ class MemoryData:
     objects: dict[tuple[Space, str], bytes] = field(default_factory=dict)
     sessions: dict[str, _SessionData] = field(default_factory=dict)
     refs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ref_moves: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     remotes: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     #: When each object was last written or held (what a sweep's grace counts from).
     born: dict[tuple[Space, str], float] = field(default_factory=dict)
@@ -349,8 +350,16 @@ class MemorySessions(SessionStore):
 
 
 class MemoryRefs(RefStore):
+    keeps_moves = True
+
     def __init__(self, data: MemoryData):
         self.data = data
+
+    def record_move(self, name: str, move: Mapping[str, Any]) -> None:
+        self.data.ref_moves.setdefault(name, []).append(dict(move))
+
+    def moves(self, name: str) -> list[dict[str, Any]] | None:
+        return [dict(m) for m in self.data.ref_moves.get(name, [])]
 
     def get(self, name: str) -> dict[str, Any] | None:
         r = self.data.refs.get(name)

@@ -382,7 +382,7 @@ class Api:
             "protocol": "agentsession-store/1",
             "formats": {"reads": [f"agentsession/0.{m}" for m in range(5, FORMAT_MINOR + 1)] if FORMAT_MAJOR == 0 else [],
                         "writes": FORMAT_WRITTEN},
-            "features": FEATURES,
+            "features": dict(FEATURES, ref_log=backend.refs.keeps_moves),
             "limits": st.limits.as_dict(),
             "auth": "bearer" if st.tokens is not None else "none (loopback only)",
             "store": {"describe": st.store.describe(), "persistent": backend.capabilities.persistent,
@@ -824,13 +824,23 @@ class Api:
         def do() -> dict[str, Any]:
             s = self.state.session(sid)
             _check_incarnation(request, s)
-            if self.state.leases.current(sid) is not None:
-                raise SessionLockedError(f"session {sid} is leased here; it is handed over once its lease ends")
+            self._not_leased_to_another(request, sid, "it is handed over once its lease ends")
             result = self.state.endpoint.release_record(sid, head=head)
             return dict(result.as_dict(), incarnation=header_ident(s.header.data))
 
         out = await self.work(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
+
+    def _not_leased_to_another(self, request: Request, sid: str, wait: str) -> None:
+        """A mark change on a leased session is its holder's (it presents the lease's
+        token, as every leased write does); anyone else is ``session_locked``."""
+        lease = self.state.leases.current(sid)
+        if lease is None:
+            return
+        token = request.headers.get("lease-token")
+        if token is None:
+            raise SessionLockedError(f"session {sid} is leased here; {wait}")
+        self.state.leases.check(sid, token)
 
     async def record(self, request: Request, principal: Principal) -> Response:
         sid = request.path_params["id"]
@@ -847,6 +857,7 @@ class Api:
         def do() -> dict[str, Any]:
             s = self.state.session(sid)
             _check_incarnation(request, s)
+            self._not_leased_to_another(request, sid, "its record is declared once its lease ends")
             result = self.state.endpoint.declare_record(sid, head=head)
             return dict(result.as_dict(), incarnation=header_ident(s.header.data))
 
@@ -1024,7 +1035,8 @@ class Api:
             _need_any(principal, "read", "refs")
             return await self._follow_ref(request, principal, name)
         if view == "log":
-            raise UnsupportedError("this store keeps no log of ref moves")
+            _need_any(principal, "read", "refs")
+            return await self._ref_log(principal, name)
         if view is not None:
             raise BadNameError(f"view must be log or follow, not {view!r}")
         _need_any(principal, "read", "refs")
@@ -1043,6 +1055,25 @@ class Api:
         if status == 409:
             return Response(json.dumps(out).encode(), 409, media_type=PROBLEM)
         return _json(out, headers={"Incarnation": out["incarnation"]} if out.get("incarnation") else None)
+
+    async def _ref_log(self, principal: Principal, name: str) -> Response:
+        """``?view=log``: the ref's changes, newest first, as NDJSON ending ``end``; each
+        ``{name, old, new, ident, at[, reason]}`` with ``old``/``new`` as targets. A caller
+        limited to a session prefix sees a change only when it may touch both sides."""
+
+        def do() -> list[bytes]:
+            out = []
+            for move in Refs(self.state.store).log(name):
+                if not all(s is None or principal.may_touch(s) for s in (move.get("old"), move.get("new"))):
+                    continue
+                out.append(_dumps({
+                    "name": name, "at": move.get("at"), "reason": move.get("reason"), "incarnation": move.get("ident"),
+                    "old": {"session": move["old"], "entry": ""} if move.get("old") else None,
+                    "new": {"session": move["new"], "entry": ""} if move.get("new") else None,
+                }))
+            return out + [_dumps({"end": True, "count": len(out)})]
+
+        return _ndjson(await self.work(do))
 
     async def _follow_ref(self, request: Request, principal: Principal, name: str) -> Response:
         """``?view=follow``: a ``target`` event with ``{name, target, state}`` on connect and
@@ -1104,7 +1135,8 @@ class Api:
             held = refs.get(name)
             if held is not None and nxt is not None and held.session == nxt and refs.state(held) != "ok":
                 raise _dangling(name, held.session, "dangling" if refs.state(held) == "dangling" else "replaced")
-            update = refs.update(name, nxt, expected=expected)
+            reason = body.get("reason")
+            update = refs.update(name, nxt, expected=expected, reason=reason if isinstance(reason, str) else None)
             return {"name": name, "moved": True, "changed": update.changed,
                     "current": {"session": update.new, "entry": ""} if update.new else None,
                     "previous": {"session": update.old, "entry": ""} if update.old else None}
@@ -1130,7 +1162,7 @@ FEATURES: dict[str, bool] = {
     "commit": True,
     "committed_view": True,
     "refs": True,
-    "ref_log": False,
+    "ref_log": False,  # per store: whether its backend keeps the refs' history
     "ref_follow": True,
     "follow": True,
     "leases": True,

@@ -20,6 +20,7 @@ of sessions.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ from ..errors import (
     ReadOnlyError,
     RefMovedError,
     StoreError,
+    UnsupportedError,
 )
 from ..format.canonical import canonical_bytes
 from ..format.hashing import is_hash, sha256_ref
@@ -42,6 +44,7 @@ from ..format.names import (
     check_ref_prefix,
     check_session_id,
 )
+from ..format.timestamps import now_ts
 
 if TYPE_CHECKING:
     from .store import Store
@@ -212,7 +215,7 @@ class Refs:
         if self.store.readonly:
             raise ReadOnlyError(f"{self.store.describe()} is open read-only; refs cannot be moved")
 
-    def update(self, name: str, session: str | None, *, expected: str | None) -> RefUpdate:
+    def update(self, name: str, session: str | None, *, expected: str | None, reason: str | None = None) -> RefUpdate:
         """Move the ref ``name`` from ``expected`` to ``session``, by compare-and-swap.
 
         None as ``expected`` means the ref must be absent (a creation); None as
@@ -238,6 +241,7 @@ class Refs:
                 if current is None:
                     return RefUpdate(name, None, None, changed=False)
                 self.backend.delete(name)
+                self._moved(name, held, None, None, reason)
                 return RefUpdate(name, held, None, changed=True)
             ident = self.session_ident(session)
             if current is not None and current.session == session and current.ident == ident:
@@ -245,7 +249,25 @@ class Refs:
             if current is None:
                 check_ref_conflict(name, self.backend.names())
             self.backend.put(name, {"ident": ident, "name": name, "session": session})
+            self._moved(name, held, session, ident, reason)
             return RefUpdate(name, held, session, changed=True)
+
+    def _moved(self, name: str, old: str | None, new: str | None, ident: str | None, reason: str | None) -> None:
+        """One line of the ref's history (a backend that keeps one): what it held, what it
+        holds now (and which incarnation), when, and why when the caller said."""
+        move: dict[str, Any] = {"name": name, "old": old, "new": new, "ident": ident, "at": now_ts()}
+        if reason:
+            move["reason"] = reason
+        self.backend.record_move(name, move)
+
+    def log(self, name: str) -> builtins.list[dict[str, Any]]:
+        """The ref's changes, newest first (RFC 0003's ref log): each ``{name, old, new,
+        ident, at[, reason]}``. :class:`UnsupportedError` when the backend keeps none."""
+        check_ref_name(name)
+        moves = self.backend.moves(name)
+        if moves is None:
+            raise UnsupportedError(f"{self.store.describe()} keeps no history of its refs")
+        return list(reversed(moves))
 
     def delete(self, name: str, *, expected: str) -> RefUpdate:
         """Delete the ref ``name`` if it holds ``expected`` (compare-and-swap); a ref that

@@ -86,6 +86,7 @@ _ROOT_NAMES = {
     "trash": "dir",
     "refs": "dir",
     "refs.lock": "file",
+    "refs.log": "file",  # the refs' history (backends/files/refs.py)
     "remotes": "dir",  # what exchange remembers of each remote (docs/storage-format.md)
     "migrated": "dir",  # what `migrate` kept for the operator (docs/migrate.md)
     "journal": "tombstone",  # the earlier layout's journal, replaced by `migrate`

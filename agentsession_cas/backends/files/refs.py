@@ -8,12 +8,18 @@ file of one line (written before the checksum) is still read. The store-wide loc
 spans every name; reads take none. On a file system that ignores case, the
 file of ``Chat`` is the file of ``chat``: a file holding another spelling
 is another ref, not this one.
+
+Each change is also a line of ``refs.log`` (canonical JSON and LF, appended and
+fsynced under the same lock, after the ref file is durable): the refs' history
+RFC 0003 serves as a ref's log. A crash between the two loses the line, never a
+move; a torn last line (a crash inside the append) is not read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -23,7 +29,7 @@ import filelock
 from ...errors import AgentSessionError, BadRefNameError, StoreError
 from ...format.canonical import canonical_bytes, loads
 from ...format.names import check_ref_name
-from ...fsutil import NotAFileError, fsync_dir, read_small, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, read_small, read_whole, write_all, write_atomic
 from ..base import RefStore
 
 __all__ = ["FileRefs", "LOCK_TIMEOUT", "ref_file_bytes", "ref_file_name"]
@@ -151,3 +157,42 @@ class FileRefs(RefStore):
         except FileNotFoundError:
             return
         fsync_dir(self.dir)
+
+    keeps_moves = True
+
+    def record_move(self, name: str, move: Mapping[str, Any]) -> None:
+        path = os.path.join(self.root, "refs.log")
+        made = not os.path.exists(path)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StoreError(f"the refs' log {path} is not a regular file; the ref moved, its history was not kept")
+            write_all(fd, canonical_bytes(dict(move, name=name)) + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if made:
+            fsync_dir(self.root)
+
+    def moves(self, name: str) -> list[dict[str, Any]] | None:
+        path = os.path.join(self.root, "refs.log")
+        try:
+            data = read_whole(path)
+        except FileNotFoundError:
+            return []
+        except NotAFileError as exc:
+            raise StoreError(f"the refs' log {path} cannot be read: {exc}") from None
+        lines = data.split(b"\n")
+        out: list[dict[str, Any]] = []
+        for n, line in enumerate(lines, start=1):
+            if not line:
+                continue
+            try:
+                move = loads(line)
+            except (ValueError, AgentSessionError):
+                if n == len(lines):  # a torn last line: an append a crash cut
+                    break
+                raise StoreError(f"the refs' log {path} line {n} does not read as JSON") from None
+            if isinstance(move, dict) and move.get("name") == name:
+                out.append(move)
+        return out

@@ -1,0 +1,191 @@
+"""A store over HTTP (``open_store("http://…")``, agentsession_cas/backends/remote.py): what the
+contract suite does not say about it. The contract suite runs every store rule against it
+(contract_helpers.BACKENDS, "http"); these tests cover what is the remote backend's own:
+leases as the writer's hold, fencing, the object cache, tokens, the command's --store and
+AGENTSESSION_STORE, and the refusals of what the protocol does not carry. Real servers
+(``agentsession serve`` processes, server_helpers.ServerProcess), nothing mocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from server_helpers import TOKENS, ServerProcess, served  # noqa: F401 - a fixture
+
+from agentsession_cas import Header
+from agentsession_cas.errors import (
+    AuthError,
+    LeaseLostError,
+    ScopeError,
+    SessionLockedError,
+    TransportError,
+    UnsupportedError,
+)
+from agentsession_cas.store import Store
+from agentsession_cas.store.refs import Refs
+from agentsession_cas.store.url import open_store
+
+
+def _msg(text: str) -> dict:
+    return {"type": "item", "item": {"type": "message", "role": "user", "content": text}}
+
+
+@pytest.fixture
+def token(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("AGENTSESSION_TOKEN", TOKENS["all"][0])
+    return TOKENS["all"][0]
+
+
+def test_a_session_written_over_http_is_the_servers(served, token, tmp_path):  # noqa: F811
+    """Appends through the remote store land on the server's store: after the server
+    stops, its directory holds the same session, entry for entry."""
+    with open_store(served.url) as st:
+        s = st.create(Header.new("chat-1"))
+        ids = [s.append(_msg(f"m{i}")).id for i in range(5)]
+        assert s.head == ids[-1] and s.mark == "record"
+        exported = st.export("chat-1")
+    served.stop()
+    with Store(served.store, readonly=True) as local:
+        snap = local.read("chat-1")
+        assert snap.log_order == ids and snap.head == ids[-1]
+        assert local.export("chat-1") == exported
+
+
+def test_a_writer_holds_a_lease_and_a_second_is_refused(served, token):  # noqa: F811
+    """A writable open is a lease: another client's open is ``session_locked`` until the
+    first closes (and releases it)."""
+    a, b = open_store(served.url), open_store(served.url)
+    try:
+        s = a.create(Header.new("chat-2"))
+        s.append(_msg("one"))
+        with pytest.raises(SessionLockedError):
+            b.session("chat-2")
+        with served.client("all") as c:
+            assert c.get("/v1/sessions/chat-2").json()["leased"] is True
+        s.close()
+        s2 = b.session("chat-2")
+        assert s2.append(_msg("two")).outcome == "continued"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_broken_lease_fences_the_old_writer(served, token):  # noqa: F811
+    """RFC 0003 fencing: once an admin breaks the lease, the old handle's next write is
+    ``lease_lost`` and lands nothing."""
+    with open_store(served.url) as st:
+        s = st.create(Header.new("chat-3"))
+        first = s.append(_msg("before")).id
+        with served.client("all") as c:
+            assert c.post("/v1/sessions/chat-3/lease/break").json()["broken"] is True
+        with pytest.raises(LeaseLostError):
+            s.append(_msg("after"))
+    with open_store(served.url, readonly=True) as ro:
+        assert ro.read("chat-3").log_order == [first]
+
+
+def test_objects_are_cached(served, token):  # noqa: F811
+    """An object read once is served from the handle's cache: the second read of an entry
+    asks the server nothing."""
+    with open_store(served.url) as st:
+        s = st.create(Header.new("chat-4"))
+        eid = s.append(_msg("cached")).id
+    with open_store(served.url, readonly=True) as ro:
+        calls: list[str] = []
+        http = ro.backend.http._http  # type: ignore[attr-defined]
+        http.event_hooks["request"].append(lambda request: calls.append(request.url.path))
+        assert ro.entry(eid).id == eid
+        fetched = [p for p in calls if "/objects/" in p]
+        assert len(fetched) == 2  # its envelope and its content
+        calls.clear()
+        assert ro.entry(eid).id == eid
+        assert not [p for p in calls if "/objects/" in p]
+
+
+def test_refs_compare_and_swap_over_http(served, token):  # noqa: F811
+    """A ref change sends what was read as ``expected``: two clients that both saw the ref
+    absent cannot both create it."""
+    with open_store(served.url) as st:
+        st.create(Header.new("chat-5")).close()
+        st.create(Header.new("chat-6")).close()
+        Refs(st).update("conv/x", "chat-5", expected=None)
+        assert Refs(st).resolve("conv/x") == "chat-5"
+        with pytest.raises(Exception) as ei:
+            Refs(st).update("conv/x", "chat-6", expected=None)
+        assert ei.value.code == "ref_moved"  # type: ignore[attr-defined]
+        Refs(st).update("conv/x", "chat-6", expected="chat-5")
+        assert Refs(st).resolve("conv/x") == "chat-6"
+
+
+def test_tokens_and_scopes_apply(served, monkeypatch, tmp_path):  # noqa: F811
+    """No token is 401 ``auth`` at open; a read-only token reads and cannot write."""
+    monkeypatch.delenv("AGENTSESSION_TOKEN", raising=False)
+    monkeypatch.setenv("AGENTSESSION_REMOTES", str(tmp_path / "no-remotes.json"))
+    with pytest.raises(AuthError):
+        open_store(served.url)
+    monkeypatch.setenv("AGENTSESSION_TOKEN", TOKENS["all"][0])
+    with open_store(served.url) as st:
+        st.create(Header.new("chat-7")).append(_msg("x"))
+    monkeypatch.setenv("AGENTSESSION_TOKEN", TOKENS["reader"][0])
+    with open_store(served.url) as st:
+        assert st.list() == ["chat-7"]
+        with pytest.raises(ScopeError):
+            st.session("chat-7")
+
+
+def test_what_the_protocol_does_not_carry_is_refused(served, token):  # noqa: F811
+    """Sweep and listing objects are the server's maintenance: ``unsupported``, and the
+    store is left as it was."""
+    with open_store(served.url) as st:
+        st.create(Header.new("chat-8")).append(_msg("x"))
+        with pytest.raises(UnsupportedError):
+            st.sweep(grace=0, force=True)
+        with pytest.raises(UnsupportedError):
+            list(st.objects.names("entries"))
+        assert len(st.read("chat-8")) == 1
+
+
+def test_no_server_there_is_refused(tmp_path):
+    """A URL where no server answers is refused at open, as a directory with no store is."""
+    with pytest.raises(TransportError):
+        open_store("http://127.0.0.1:9/")
+
+
+def test_the_command_takes_an_http_store(served, token, tmp_path):  # noqa: F811
+    """``--store URL`` and ``AGENTSESSION_STORE`` name a served store to the command."""
+    env = dict(os.environ, AGENTSESSION_TOKEN=token)
+
+    def run(*args: str, stdin: str | None = None, store: bool = True) -> subprocess.CompletedProcess[str]:
+        pre = ["--store", served.url] if store else []
+        return subprocess.run([sys.executable, "-m", "agentsession_cas", *pre, *args], input=stdin, text=True,
+                              capture_output=True, env=env, timeout=120)
+
+    with open_store(served.url) as st:
+        st.create(Header.new("chat-9")).close()
+    r = run("append", "chat-9", stdin=json.dumps(_msg("from the command")))
+    assert r.returncode == 0, r.stderr
+    eid = r.stdout.strip()
+    env["AGENTSESSION_STORE"] = served.url
+    r = run("head", "chat-9", store=False)
+    assert r.returncode == 0 and eid in r.stdout, r.stderr
+    r = run("export", "chat-9", store=False)
+    assert r.returncode == 0 and "from the command" in r.stdout, r.stderr
+
+
+def test_the_server_side_log_matches_the_clients_records(served, token):  # noqa: F811
+    """The records a client replays (from the log read) give the state the server holds:
+    head, order, leaf labels and what is committed."""
+    with open_store(served.url, sync="never") as st:
+        s = st.create(Header.new("chat-10"))
+        a = s.append(_msg("a")).id
+        b = s.append(_msg("b")).id
+        s.set_head(a, expected=b)
+        c = s.append(_msg("c"), durable=False).id
+        snap = st.read("chat-10")
+        assert (snap.head, snap.log_order) == (c, [a, b, c])
+        assert snap.is_committed(b) and not snap.is_committed(c)
+        s.commit()
+        assert st.read("chat-10").is_committed(c)
