@@ -132,6 +132,8 @@ CANNOT.update({
     "test_ref_replaced_after_delete_and_create":
         "RFC 0003 refuses a same-target update of a dangling ref, a replaced one included (ref_dangling); "
         "the library re-adopts a replaced ref that way (docs/refs.md)",
+    "test_scan_gives_every_object_of_the_spaces_asked":
+        "RFC 0003 carries no listing of objects, which a bulk scan is (grep over such a store reads every entry)",
     "test_put_blob_and_blob":
         "RFC 0003 Reach: an uploaded object is reachable by no one until a push or an append names it, "
         "so another handle (the read-only reopen) cannot read a blob no session names",

@@ -129,3 +129,23 @@ def test_a_corrupt_pack_is_an_error_not_a_silent_miss(tmp_path):
 
     with Store(str(root), readonly=True) as st, pytest.raises(AgentSessionError):
         list(grep_store(st, sorted(st.list()), re.compile("prime")))
+
+
+def test_a_store_that_cannot_list_its_objects_is_searched_entry_by_entry(tmp_path, monkeypatch):
+    """A store over HTTP lists no objects (RFC 0003): grep reads every entry instead."""
+    from agentsession_cas.errors import UnsupportedError
+
+    root = tmp_path / "store"
+    with Store.init(str(root)) as st:
+        fill(st)
+
+    def no_scan(self, spaces):
+        raise UnsupportedError("this store does not list its objects")
+        yield  # a generator, as scan is
+
+    with Store(str(root), readonly=True) as st:
+        pattern = re.compile("prime")
+        sessions = sorted(st.list())
+        expected = naive(st, sessions, pattern)
+        monkeypatch.setattr(type(st.backend.objects), "scan", no_scan)
+        assert expected and list(grep_store(st, sessions, pattern)) == expected

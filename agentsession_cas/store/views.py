@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..errors import UnsupportedError
 from ..format.canonical import canonical_bytes
 from ..format.entry import Entry
 from ..format.hashing import envelope_content
@@ -323,7 +324,10 @@ def grep_store(store: Store, sessions: Sequence[str], pattern: re.Pattern[str], 
         for sid in order:
             with store.read(sid) as s:
                 own[sid] = list(s.log_order)
-        candidates = _candidates(store, {eid for ids in own.values() for eid in ids}, test)
+        try:
+            candidates = _candidates(store, {eid for ids in own.values() for eid in ids}, test)
+        except UnsupportedError:
+            candidates = None  # a store that cannot list its objects (one over HTTP): read every entry
     for sid in order:
         if candidates is not None and candidates.isdisjoint(own[sid]):
             continue  # nothing of it can match: not opened again
