@@ -45,6 +45,7 @@ from ..format.links import continued_in_link, fork_of_link
 from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
 from ..format.timestamps import now_ts
+from ..progress import Progress, reported
 from .links import CHAIN_LIMIT, Chain, resolve_current
 from .refs import header_ident
 from .session import AppendResult, Session, entry_from_objects, envelope_parts, walk_up
@@ -585,14 +586,19 @@ class Store:
             return {}
         return {name: self.blob(name) for name in sidecar_names(projection)}
 
-    def export_to(self, session_id: str, path: str | PathLike[str]) -> int:
+    def export_to(self, session_id: str, path: str | PathLike[str], *, progress: Progress | None = None) -> int:
         """Write the projection to ``path`` (a regular file atomically, a symlink's
         target, a device or pipe as a stream), and sidecar media beside a file
         (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error,
         raised before a file is put in place. The projection streams to the file.
-        Returns how many blobs a stream output left unwritten."""
+        Returns how many blobs a stream output left unwritten. ``progress(lines, total)``
+        is called as the lines are written (:mod:`agentsession_cas.progress`)."""
         blobs: dict[str, bytes] = {}
-        lines = self.export_lines(session_id)
+        lines: Iterator[bytes] = self.export_lines(session_id)
+        if progress is not None:
+            with self.read(session_id) as s:
+                total = 1 + len(s.prefix) + len(s)
+            lines = iter(reported(lines, total, progress))
         if self.header(session_id).media == "sidecar":
             lines = self._collect_blobs(lines, blobs)
         return write_projection(path, lines, session_id, blobs)
@@ -607,20 +613,24 @@ class Store:
         for name in sorted(names):
             blobs[name] = self.blob(name)
 
-    def import_file(self, path: str | PathLike[str], *, record: bool = False) -> Session:
+    def import_file(self, path: str | PathLike[str], *, record: bool = False, progress: Progress | None = None) -> Session:
         """Import a projection (RFC 0002): every line verified, the head from the resume
-        rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``."""
+        rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``.
+        ``progress(lines, total)`` is called as the file's lines are read and checked."""
         from ..format.reader import gc_paused, read_session
 
         with gc_paused():  # a bulk pass: many acyclic objects per entry (see gc_paused)
-            sf = read_session(path, keep_objects=True)  # the objects it writes, computed once
+            sf = read_session(path, keep_objects=True, progress=progress)  # the objects it writes, computed once
             return self.import_session(sf, record=record, sidecar_dir=sidecar_dir(path, str(sf.header.id)))
 
-    def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> Session:
+    def import_bytes(
+        self, data: bytes, *, record: bool = False, source: str = "<bytes>", progress: Progress | None = None
+    ) -> Session:
         from ..format.reader import gc_paused, read_session_bytes
 
         with gc_paused():
-            return self.import_session(read_session_bytes(data, source=source, keep_objects=True), record=record)
+            sf = read_session_bytes(data, source=source, keep_objects=True, progress=progress)
+            return self.import_session(sf, record=record)
 
     def _import_blobs(self, sf: SessionFile, directory: str | None) -> None:
         """A sidecar session's blobs come from ``<dir>/<id>/<hex>`` beside its file, each
