@@ -17,10 +17,11 @@ from agentsession_cas.backends.files.layout import LAYOUT
 from agentsession_cas.backends.files.migrate import MigrationReport, SessionPlan, layout_state, layout_text
 from agentsession_cas.backends.files.migrate_reference import migrate_store
 from agentsession_cas.backends.postgresql import migrate_store as migrate_postgresql
-from agentsession_cas.errors import AgentSessionError, MigrationBusyError, MigrationError
+from agentsession_cas.errors import AgentSessionError, LayoutError, MigrationBusyError, MigrationError
 from agentsession_cas.store.url import store_url_kind
 
-from .common import echo, emit_json, fail, one_line, os_message
+from . import terminal
+from .common import echo, emit_json, fail, one_line, os_code, os_message
 from .store_commands import store_root
 
 #: Exit status when a writer of the earlier layout holds a lock (retry once it has stopped).
@@ -31,13 +32,6 @@ def _stdin_is_tty() -> bool:
     try:
         return sys.stdin.isatty()
     except (AttributeError, ValueError):  # no stdin at all (a daemon), or a closed one
-        return False
-
-
-def _stderr_is_tty() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
         return False
 
 
@@ -150,15 +144,15 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
             default=False,
             err=True,
         ):
-            fail("migration not confirmed; nothing changed")
-    progress = None
-    if not as_json and _stderr_is_tty():
-
-        def progress(text: str) -> None:
-            click.echo(f"migrate: {text}", err=True)
-
+            fail("migration not confirmed; nothing changed", code="not_confirmed")
+    bar = terminal.progress("migrate")
     try:
-        report = migrate_store(root, dry_run=dry_run, skip_damaged=skip_damaged, lock_wait=lock_wait, progress=progress)
+        try:
+            report = migrate_store(root, dry_run=dry_run, skip_damaged=skip_damaged, lock_wait=lock_wait,
+                                   progress=bar.phase if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.end()
     except MigrationError as exc:
         code = EXIT_BUSY if isinstance(exc, MigrationBusyError) else 1
         if as_json:
@@ -173,7 +167,8 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
         sys.exit(code)
     except OSError as exc:
         # Every step is atomic and a rerun passes over what is done, so say how to finish.
-        fail(f"{os_message(exc)}; the migration stopped part way: run `agentsession migrate` again to finish it")
+        fail(f"{os_message(exc)}; the migration stopped part way: run `agentsession migrate` again to finish it",
+             code=os_code(exc))
     if as_json:
         emit_json(report.as_dict())
     else:
@@ -187,7 +182,7 @@ def _migrate_postgresql(url: str, *, dry_run: bool, as_json: bool) -> None:
     try:
         plan = migrate_postgresql(url, dry_run=dry_run)
     except AgentSessionError as exc:
-        fail(str(exc))
+        fail(str(exc), code=exc.code)
     if as_json:
         emit_json(plan.as_dict())
     elif plan.status == "current":
@@ -201,12 +196,13 @@ def _migrate_postgresql(url: str, *, dry_run: bool, as_json: bool) -> None:
         echo(f"upgraded the store at {plan.url} from schema version {plan.found} to {plan.target} "
              f"({len(plan.statements)} statement(s), one transaction)")
     elif plan.status == "no-store":
-        fail(f"no store at {plan.url}: create one with `agentsession init`")
+        fail(f"no store at {plan.url}: create one with `agentsession init`", code=LayoutError.code)
     elif plan.status == "newer":
         fail(f"the store at {plan.url} has schema version {plan.found}, newer than this release's {plan.target}: "
-             "upgrade agentsession-cas")
+             "upgrade agentsession-cas", code=LayoutError.code)
     else:
-        fail(f"the store at {plan.url} changed while migrate ran (schema version {plan.found} no more); run it again")
+        fail(f"the store at {plan.url} changed while migrate ran (schema version {plan.found} no more); run it again",
+             code=MigrationError.code)
 
 
 COMMANDS: list[click.Command] = [migrate_cmd]

@@ -13,6 +13,12 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "corpus"
 FIXTURES = REPO / "fixtures"
 
+#: Human output is fitted to the width (docs/cli.md "Human output"): the suite reads each
+#: reported item on one line, so it runs as on a terminal wider than any line. Whatever
+#: the shell exported is replaced; tests/test_cli_terminal.py checks the fitting, with
+#: COLUMNS unset (100 columns off a terminal) and with a forced terminal's width.
+os.environ["COLUMNS"] = "10000"
+
 #: Memory-backed temp space for the stores tests make, when the machine has room.
 _SHM = Path("/dev/shm")
 _SHM_NEEDED = 4 << 30
