@@ -497,6 +497,7 @@ def verify(file: str | None, as_json: bool, quiet: bool, verbose: bool) -> None:
         _verify(file, as_json, verbose)
         return
     # Nothing printed, the exit status alone: the checks run as they would.
+    terminal.settings().quiet = True  # no progress line either
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
         _verify(file, as_json, verbose)
 

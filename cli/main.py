@@ -7,6 +7,7 @@ stopped the command; 2 a usage error (click's own).
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 from typing import Any
@@ -17,7 +18,7 @@ from agentsession_cas import __version__
 from agentsession_cas.errors import AgentSessionError, SessionFormatError
 
 from . import terminal
-from .common import EXIT_INTERRUPTED, EXIT_PIPE, fail, os_code, os_message
+from .common import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, fail, os_code, os_message
 
 #: Each subcommand: the module of this package that defines it, imported only when
 #: that subcommand runs, and the summary `--help` lists (its docstring's first
@@ -151,6 +152,13 @@ class App(click.Group):
             sys.exit(EXIT_INTERRUPTED)
         except OSError as exc:
             fail(os_message(exc), code=os_code(exc), as_json=as_json)
+        except click.UsageError as exc:
+            if not as_json:
+                raise
+            # --json: the usage error too is one JSON object on stderr, exit 2 as click's
+            click.echo(json.dumps({"error": {"code": "usage", "message": exc.format_message()}}, ensure_ascii=True),
+                       err=True)
+            sys.exit(EXIT_USAGE)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except ValueError as exc:

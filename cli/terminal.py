@@ -53,6 +53,7 @@ class Settings:
     color: str = "auto"  # auto, always or never (--color)
     pager: bool = True  # False under --no-pager
     json: bool = False  # the command line holds --json: no pager, colour or progress
+    quiet: bool = False  # a command's -q: no progress either
     stdout_tty: bool | None = None  # standard output was a terminal before a pager took it
     width: int | None = None
     paging: Any = None  # the pager's process while it runs
@@ -331,8 +332,8 @@ def _stderr_width() -> int:
 
 def progress(label: str, unit: str = "") -> Progress | None:
     """A progress line for an operation that may take long, or None: only when standard
-    error is a terminal, the command line holds no --json and no pager runs."""
-    if _settings.json or _settings.paging is not None or not isatty(sys.stderr):
+    error is a terminal, the command line holds no --json nor a -q, and no pager runs."""
+    if _settings.json or _settings.quiet or _settings.paging is not None or not isatty(sys.stderr):
         return None  # under a pager the line would tear the page: none there
     return Progress(label, unit)
 

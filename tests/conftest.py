@@ -13,12 +13,6 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "corpus"
 FIXTURES = REPO / "fixtures"
 
-#: Human output is fitted to the width (docs/cli.md "Human output"): the suite reads each
-#: reported item on one line, so it runs as on a terminal wider than any line. Whatever
-#: the shell exported is replaced; tests/test_cli_terminal.py checks the fitting, with
-#: COLUMNS unset (100 columns off a terminal) and with a forced terminal's width.
-os.environ["COLUMNS"] = "10000"
-
 #: Memory-backed temp space for the stores tests make, when the machine has room.
 _SHM = Path("/dev/shm")
 _SHM_NEEDED = 4 << 30
@@ -71,3 +65,15 @@ def corpus() -> Path:
 def fixtures_dir() -> Path:
     """The repository's own fixtures/ directory (written by fixtures/generate.py)."""
     return FIXTURES
+
+
+@pytest.fixture(autouse=True)
+def _output_on_one_line(monkeypatch):
+    """Human output is fitted to the width (docs/cli.md "Human output"): the suite reads
+    each reported item on one line, so the command runs in it as off a terminal 10,000
+    columns wide, whatever COLUMNS the shell exported. tests/test_cli_terminal.py checks
+    the fitting itself (100 columns off a terminal, a forced terminal's width)."""
+    from agentsession_cli import terminal
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(terminal, "FALLBACK_WIDTH", 10_000)

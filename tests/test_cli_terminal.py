@@ -44,6 +44,7 @@ def _plain(monkeypatch):
     """Each test starts as a pipe would: no COLUMNS, no NO_COLOR, no pager chosen."""
     for name in ("COLUMNS", "NO_COLOR", "PAGER", "AGENTSESSION_PAGER", "LESS", "TERM"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(terminal, "FALLBACK_WIDTH", 100)  # as shipped (conftest widens it for the suite)
 
 
 @pytest.fixture
@@ -137,7 +138,7 @@ def test_no_human_line_is_wider_than_100_columns_off_a_terminal(world):
     for argv in _commands(world):
         r = cli(*argv)
         assert r.exit_code in (0, 1), (argv, r.output)
-        wide = [line for line in r.stdout.splitlines() if len(line) > terminal.FALLBACK_WIDTH]
+        wide = [line for line in r.stdout.splitlines() if len(line) > 100]
         assert not wide, (argv, wide[:3])
     # a wrapped line loses nothing: the words read as before
     out = cli("--store", world["a"], "verify", "long").stdout
@@ -395,3 +396,18 @@ def test_every_refusal_in_the_command_names_its_code():
                 codes = [k.value for k in node.keywords if k.arg == "code"]
                 assert codes, f"{path.name}:{node.lineno}: fail() without code="
                 assert not (isinstance(codes[0], ast.Constant) and codes[0].value == "error"), f"{path.name}:{node.lineno}"
+
+
+def test_a_usage_error_under_json_is_json_too(world):
+    r = cli("--store", world["a"], "head", "talk", "abcd", "--json")  # NEW without --expect
+    assert r.exit_code == 2
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == "usage" and "--expect" in err["message"]
+    r = cli("--store", world["a"], "head", "talk", "abcd")
+    assert r.exit_code == 2 and r.stderr.startswith("Usage:")
+
+
+def test_verify_quiet_draws_no_progress(world, tty, slow):
+    r = cli("--store", world["a"], "verify", "-q", "long")
+    assert r.exit_code == 0 and r.stdout == "" and r.stderr == ""
+    assert "verifying" in _drawn(cli("--store", world["a"], "verify", "long").stderr)
