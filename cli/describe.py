@@ -9,7 +9,7 @@ from typing import Any
 from agentsession_cas import Entry, short_id
 from agentsession_cas.format.context import Settings, tool_name
 
-from .common import size
+from .common import plural, size
 
 _WS = re.compile(r"\s+")
 WIDTH = 72
@@ -139,11 +139,11 @@ def _omit_words(omit: dict[str, Any]) -> list[str]:
     if isinstance(omit.get("reasoning"), str):
         words.append(f"reasoning {omit['reasoning']}")
     if isinstance(omit.get("items"), list) and omit["items"]:
-        words.append(f"{len(omit['items'])} item(s)")
+        words.append(plural(len(omit['items']), "item"))
     outputs = omit.get("outputs")
     if isinstance(outputs, dict):
         n = len(outputs["items"]) if isinstance(outputs.get("items"), list) else 0
-        words.append(f"outputs of {n} item(s)")
+        words.append(f"outputs of {plural(n, 'item')}")
     images = omit.get("images")
     if isinstance(images, dict):
         if "before" in images:

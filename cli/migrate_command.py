@@ -21,7 +21,7 @@ from agentsession_cas.errors import AgentSessionError, LayoutError, MigrationBus
 from agentsession_cas.store.url import store_url_kind
 
 from . import terminal
-from .common import echo, emit_json, fail, one_line, os_code, os_message
+from .common import echo, emit_json, fail, one_line, os_code, os_message, plural
 from .store_commands import store_root
 
 #: Exit status when a writer of the earlier layout holds a lock (retry once it has stopped).
@@ -38,7 +38,7 @@ def _stdin_is_tty() -> bool:
 def _session_line(s: SessionPlan) -> str:
     if s.action in ("rebuild", "migrated"):
         on = f" on base {short_id(s.base)}" if s.base else ""
-        text = f"{s.id}: {s.entries} entr{'y' if s.entries == 1 else 'ies'}{on}, head {short_id(s.head) or 'none'}, {s.mark}"
+        text = f"{s.id}: {plural(s.entries, 'entry', 'entries')}{on}, head {short_id(s.head) or 'none'}, {s.mark}"
         if s.action == "migrated":
             text += " (rebuilt by an earlier run)"
     else:
@@ -68,9 +68,9 @@ def _print_report(report: MigrationReport) -> None:
         echo(f"{'skipped':<10} {f} (damaged; --skip-damaged)" if not report.problems else f"{'damaged':<10} {f}")
     unpack = "to unpack" if report.status in ("dry-run", "would-refuse") else "unpacked"
     for p in report.packs:
-        echo(f"{'pack':<10} {p['pack']}: {p['objects']} objects {unpack}" + (f"; {p['problem']}" if p["problem"] else ""))
+        echo(f"{'pack':<10} {p['pack']}: {plural(p['objects'], 'object')} {unpack}" + (f"; {p['problem']}" if p["problem"] else ""))
     if report.blobs_copied:
-        echo(f"{'blobs':<10} {len(report.blobs_copied)} media blob(s) copied from objects/contents to objects/blobs")
+        echo(f"{'blobs':<10} {plural(len(report.blobs_copied), 'media blob')} copied from objects/contents to objects/blobs")
     for name in report.blobs_missing:
         echo(f"{'missing':<10} media blob {name}: named by a session, held nowhere (left unresolved, as before)")
     for problem in report.problems:
@@ -194,7 +194,7 @@ def _migrate_postgresql(url: str, *, dry_run: bool, as_json: bool) -> None:
             echo(f"  {' '.join(statement.split())};")
     elif plan.status == "migrated":
         echo(f"upgraded the store at {plan.url} from schema version {plan.found} to {plan.target} "
-             f"({len(plan.statements)} statement(s), one transaction)")
+             f"({plural(len(plan.statements), 'statement')}, one transaction)")
     elif plan.status == "no-store":
         fail(f"no store at {plan.url}: create one with `agentsession init`", code=LayoutError.code)
     elif plan.status == "newer":

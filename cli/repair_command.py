@@ -17,7 +17,7 @@ from agentsession_cas.maintenance.repair import plan_repair, repair_session
 from agentsession_cas.store.names import resolve_session
 
 from . import terminal
-from .common import echo, emit_json, fail, one_line, plural
+from .common import echo, emit_json, fail, number, one_line, plural, size
 from .store_commands import read_store, write_store
 
 
@@ -47,10 +47,10 @@ def report_lines(rep: RepairReport) -> list[str]:
     out.append(f"{'session':<9}{rep.session}: {one_line(rep.why)}")
     for d in rep.damage:
         legible = f"; still legible: append of {', '.join(d.legible)}" if d.legible else ""
-        out.append(f"{'damaged':<9}line {d.line} (offset {d.offset}, {d.length} bytes): {d.reason}{legible}")
+        out.append(f"{'damaged':<9}line {d.line} (offset {d.offset}, {size(d.length)}): {d.reason}{legible}")
     if rep.create_rebuilt:
         out.append(f"{'create':<9}rebuilt from the header")
-    out.append(f"{'kept':<9}{plural(len(rep.kept), 'entry', 'entries')}, {len(rep.recovered)} of them recovered from what the damage hid")
+    out.append(f"{'kept':<9}{plural(len(rep.kept), 'entry', 'entries')}, {number(len(rep.recovered))} of them recovered from what the damage hid")
     for r in rep.recovered:
         if r.how == "salvaged":
             how = f"salvaged from damaged line {r.line}: its record or its payload still reads there, and its objects are whole"
