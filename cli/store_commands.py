@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 from agentsession_cas.progress import Progress, reported
 
 from .common import echo, emit_json, fail, note, number, plural, table, write_bytes, write_stream
-from .terminal import paint, progressing
+from .terminal import paint, progressing, stdout_is_tty
 from .terminal import start_pager as page
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -443,9 +443,10 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
                 written[0] += len(line)
                 yield line
 
+        # a progress line only when the bytes go elsewhere than the terminal it is drawn on
         with progressing("exporting", "entries") as bar:
             total = 1 + len(s.prefix) + len(s)
-            write_stream(counted(reported(s.projection_lines(), total, bar)))
+            write_stream(counted(reported(s.projection_lines(), total, None if stdout_is_tty() else bar)))
         if as_json:
             _export_summary(s.id, s.head, None, written[0])
     else:

@@ -265,7 +265,7 @@ def _drawn(stderr: str) -> list[str]:
     return DRAWN.findall(stderr)
 
 
-def test_progress_on_a_terminal_for_each_long_command(world, tty, slow, tmp_path):
+def test_progress_on_a_terminal_for_each_long_command(world, tty, slow, tmp_path, monkeypatch):
     a = ["--no-pager", "--store", world["a"]]
     exported = str(tmp_path / "long.jsonl")
     cases = {
@@ -286,6 +286,9 @@ def test_progress_on_a_terminal_for_each_long_command(world, tty, slow, tmp_path
         assert all(len(x) < 60 for x in progress_lines), progress_lines[:3]
     r = cli(*a, "verify", "long")
     assert "verifying" in _drawn(r.stderr)
+    r = cli(*a, "export", "long")  # the projection to the terminal itself: no line drawn over it
+    assert r.stderr == "" and r.stdout.count("\n") == 1102
+    monkeypatch.setattr(terminal, "isatty", lambda stream: stream is sys.stderr)  # stdout to a file or pipe
     r = cli(*a, "export", "long")
     assert "exporting" in _drawn(r.stderr) and r.stdout.count("\n") == 1102
 
