@@ -61,7 +61,7 @@ demo: $(STAMP)
 	$(AS) --store $$remote list; \
 	echo; echo "== delete a session, then sweep what nothing retains (dry run, then for real), pack, fsck"; \
 	$(AS) delete $$sid; \
-	$(AS) sweep --grace 0 --dry-run | tail -n 1; \
+	$(AS) sweep --grace 0 --dry-run | grep -v '^sha256:'; \
 	$(AS) sweep --grace 0; \
 	$(AS) pack; \
 	$(AS) fsck; \
@@ -70,11 +70,14 @@ demo: $(STAMP)
 	@echo "== a Python harness records locally, crashes, resumes and pushes (docs/examples/record_and_push.py)"
 	@set -e; work=$$(mktemp -d); \
 	$(PY) docs/examples/record_and_push.py $$work/ex; \
-	echo; echo "== agentsession show --runs on the mirror it pushed to (runs, end reasons, calls and their states)"; \
+	echo; echo "== agentsession show --runs on the mirror it pushed to (runs, end reasons, calls; the run the crash cut off ended error)"; \
 	id=$$($(AS) --store $$work/ex/remote list --json | $(PY) -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])'); \
 	$(AS) --store $$work/ex/remote show --runs $$id | sed -n '/^runs on the path/,$$p'; \
-	$(AS) --store $$work/ex/remote verify $$id | tail -n 1; \
+	$(AS) --store $$work/ex/remote verify $$id; \
 	rm -rf $$work
+	@echo
+	@echo "== done: every step above succeeded (the one exit status 1 was the damaged file, on purpose)."
+	@echo "   Put the command on your PATH with: export PATH=\"$$PWD/.venv/bin:\$$PATH\""
 
 # The linter and the type checker (configured in pyproject.toml), then the whole
 # suite, slow tests included. The PostgreSQL tests start a server of their own

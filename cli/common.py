@@ -13,6 +13,8 @@ import click
 
 from agentsession_cas.errors import NO_SPACE_ERRNOS, READ_ONLY_ERRNOS, NoSpaceError, ReadOnlyError, quoted
 
+from .terminal import color_on, cut, fit_table, paint, visible, wrap
+
 
 def printable(text: str) -> str:
     """Values read from a file may hold lone surrogates, which no stream can
@@ -28,13 +30,58 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C
 EXIT_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`| head`)
 
 
+# ---------------------------------------------------------------------------
+# numbers, sizes and times: the one format of human output (docs/cli.md "Human output")
+
+
+def number(n: int) -> str:
+    """``1,234,567``: every count a person reads, with thousands separators."""
+    return f"{n:,}"
+
+
 def plural(n: int, noun: str, many: str | None = None) -> str:
     """``1 entry``, ``2 entries``, ``1,024 objects``: a count in words, never ``1 entries``."""
-    return f"{n:,} {noun if n == 1 else (many or noun + 's')}"
+    return f"{number(n)} {noun if n == 1 else (many or noun + 's')}"
 
 
-def echo(text: str = "", err: bool = False) -> None:
-    click.echo(printable(text), err=err)
+_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def size(n: int) -> str:
+    """``12,345 bytes (12.1 KiB)``: a size exact, then in the largest binary unit it
+    reaches (``512 bytes`` alone below 1 KiB)."""
+    exact = plural(n, "byte")
+    for unit, scale in _UNITS:
+        if n >= scale:
+            return f"{exact} ({n / scale:,.1f} {unit})"
+    return exact
+
+
+def when(ts: str | None) -> str:
+    """A time as a person reads it: to the second, UTC (``2026-01-02T03:04:05Z``); ``-`` for none."""
+    from agentsession_cas.store.summary import seconds  # the one rule, with list's
+
+    return seconds(ts) or "-"
+
+
+# ---------------------------------------------------------------------------
+# printing
+
+
+def echo(text: str = "", err: bool = False, *, fit: str | None = "wrap") -> None:
+    """A line of human output. On standard output it is fitted to the width
+    (:func:`terminal.width`): ``wrap`` breaks a long line at spaces (nothing is lost),
+    ``cut`` shortens it with ``…`` (a table's row), None leaves it (an id or a hash a
+    script reads). Standard error is left whole: an error is one line to grep."""
+    text = printable(text)
+    # colour was decided here (terminal.color_on); when it is off click strips escapes
+    if err or fit is None:
+        click.echo(text, err=err, color=color_on(err))
+        return
+    lines = []
+    for line in text.split("\n"):
+        lines.extend(wrap(line) if fit == "wrap" else [cut(line)])
+    click.echo("\n".join(lines), color=color_on())
 
 
 def one_line(message: str) -> str:
@@ -49,13 +96,14 @@ def note(message: str) -> None:
 def fail(
     message: str,
     *,
-    code: str = "error",
+    code: str,
     as_json: bool | None = None,
     problems: list[dict[str, Any]] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> NoReturn:
     """Print one line to stderr and exit 1; under ``--json``, one JSON object on stderr
-    (``{"error": {"code": ..., "message": ...}}``) carrying the error's machine code.
+    (``{"error": {"code": ..., "message": ...}}``) carrying the error's machine code,
+    which every refusal names (the error class's ``code``; there is no default).
     ``as_json`` defaults to whether the command line holds ``--json``."""
     if as_json is None:
         ctx = click.get_current_context(silent=True)
@@ -67,7 +115,7 @@ def fail(
             error["problems"] = problems
         click.echo(json.dumps({"error": error}, ensure_ascii=True), err=True)
     else:
-        echo(f"agentsession: error: {one_line(message)}", err=True)
+        echo(f"{paint('agentsession: error:', 'bad', err=True)} {one_line(message)}", err=True)
     sys.exit(1)
 
 
@@ -99,15 +147,18 @@ def write_stream(chunks: Iterable[bytes]) -> None:
     out.flush()
 
 
-def table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+def table(rows: list[list[str]], shrink: int | None = None) -> list[str]:
+    """Rows as aligned lines that fit the width: column ``shrink`` (default: the last) is
+    cut to what the others leave. Print them with ``echo(line, fit="cut")``."""
+    rows = fit_table(rows, shrink)
+    widths = [max(len(visible(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
     return [table_line(r, widths) for r in rows]
 
 
 def table_line(row: list[str], widths: list[int]) -> str:
     """One row of :func:`table`, for a caller that knows the column widths before the rows
     (a listing printed as it is read): every cell but the last padded, two spaces apart."""
-    cells = [c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]
+    cells = [c + " " * (w - len(visible(c))) for c, w in zip(row, widths)] + [row[-1]]
     return "  ".join(cells).rstrip()
 
 

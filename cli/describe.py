@@ -9,6 +9,8 @@ from typing import Any
 from agentsession_cas import Entry, short_id
 from agentsession_cas.format.context import Settings, tool_name
 
+from .common import plural, size
+
 _WS = re.compile(r"\s+")
 WIDTH = 72
 
@@ -88,11 +90,11 @@ def _describe_config(d: dict[str, Any]) -> str:
                 names.append("?")
             elif isinstance(el.get("id"), str) and el["id"]:
                 if isinstance(el.get("text"), str):
-                    names.append(f"{el['id']}({len(el['text'].encode('utf-8', 'surrogatepass'))}B)")
+                    names.append(f"{el['id']}({size(len(el['text'].encode('utf-8', 'surrogatepass')))})")
                 elif "hash" in el:
                     names.append(f"{el['id']}=")
                 else:
-                    names.append(f"{el['id']}(0B)")
+                    names.append(f"{el['id']}({size(0)})")
             elif isinstance(el.get("keep"), int):
                 names.append(f"+{el['keep']}")
             else:
@@ -137,11 +139,11 @@ def _omit_words(omit: dict[str, Any]) -> list[str]:
     if isinstance(omit.get("reasoning"), str):
         words.append(f"reasoning {omit['reasoning']}")
     if isinstance(omit.get("items"), list) and omit["items"]:
-        words.append(f"{len(omit['items'])} item(s)")
+        words.append(plural(len(omit['items']), "item"))
     outputs = omit.get("outputs")
     if isinstance(outputs, dict):
         n = len(outputs["items"]) if isinstance(outputs.get("items"), list) else 0
-        words.append(f"outputs of {n} item(s)")
+        words.append(f"outputs of {plural(n, 'item')}")
     images = omit.get("images")
     if isinstance(images, dict):
         if "before" in images:
@@ -273,9 +275,9 @@ def describe(entry: Entry, verbose: bool = False) -> str:
         data = body.get("data")
         if verbose:
             return f"{body.get('ns')} {_WS.sub(' ', json.dumps(data, ensure_ascii=False))}"
-        size = len(json.dumps(data, ensure_ascii=False).encode()) if data is not None else 0
-        return f"{body.get('ns')} ({size} bytes)" if data is not None else f"{body.get('ns')} (no data)"
+        n = len(json.dumps(data, ensure_ascii=False).encode()) if data is not None else 0
+        return f"{body.get('ns')} ({size(n)})" if data is not None else f"{body.get('ns')} (no data)"
     raw = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     if verbose:
         return f"extension {raw}"
-    return f"extension ({len(raw.encode())} bytes)"
+    return f"extension ({size(len(raw.encode()))})"

@@ -2,8 +2,8 @@
 
 Each command works on ``--store`` (the local store) and a REMOTE given as a
 store's path or a ``file://`` URL; the work is :mod:`agentsession_cas.exchange.operations`'s.
-What moved is printed on stdout (text, or ``--json``); a progress bar goes to
-stderr, and only when stderr is a terminal. Exit status: 0 done (a head
+What moved is printed on stdout (text, or ``--json``); a progress line goes to
+stderr, and only when stderr is a terminal (cli/terminal.py). Exit status: 0 done (a head
 already in place, or a fetch whose head may not move, included: a note on
 stderr says why); 1 refused or failed, including a push whose head did not
 move (its entries landed as a branch; the result is printed first); 2 usage.
@@ -11,76 +11,32 @@ move (its entries landed as a branch; the result is printed first); 2 usage.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
 
 from agentsession_cas import exchange
-from agentsession_cas.errors import NoSuchSessionError
-from agentsession_cas.exchange.operations import UNSET, ExchangeResult
+from agentsession_cas.errors import HeadMovedError, NoSuchSessionError
+from agentsession_cas.exchange.operations import UNSET, ExchangeResult, Progress
 from agentsession_cas.format.entry import short_id
 from agentsession_cas.format.hashing import is_hash
 from agentsession_cas.store import Store
 from agentsession_cas.store.names import resolve_entry, resolve_session
 
-from .common import echo, emit_json, fail, note
+from .common import echo, emit_json, fail, note, plural, size
 from .store_commands import write_store
-
-#: A bar is drawn for transfers of at least this many objects.
-PROGRESS_MIN = 256
-
-
-def _bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
-def _count(n: int, one: str, many: str | None = None) -> str:
-    return f"{n} {one if n == 1 else (many or one + 's')}"
+from .terminal import progressing
 
 
 def _head(h: str | None) -> str:
     return short_id(h) if h is not None else "none"
 
 
-class _Bar:
-    """A click progress bar on stderr, made on the first report of a large transfer,
-    and only when stderr is a terminal (never in a pipe, a log or a test)."""
-
-    def __init__(self, label: str):
-        self.label = label
-        self.bar: Any = None
-        self.done = 0
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.bar is None:
-            if total < PROGRESS_MIN or not sys.stderr.isatty():
-                return
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
-            self.bar.__enter__()
-        if total > self.bar.length:
-            self.bar.length = total
-        self.bar.update(done - self.done)
-        self.done = done
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
-
-
-def _run(label: str, action: Callable[[Callable[[int, int], None]], ExchangeResult]) -> ExchangeResult:
-    bar = _Bar(label)
-    try:
+def _run(label: str, action: Callable[[Progress | None], ExchangeResult]) -> ExchangeResult:
+    """The transfer, with the one progress line (cli/terminal.py) on a terminal."""
+    with progressing(label, "objects") as bar:
         return action(bar)
-    finally:
-        bar.close()
 
 
 def _parse_ref(text: str) -> str | tuple[str, str | None]:
@@ -126,8 +82,8 @@ def _report(result: ExchangeResult, as_json: bool) -> None:
         if result.created:
             created = ", session created there" if direction == "to" else ", session created here"
         echo(
-            f"{verb} {result.session} {direction} {result.remote}: {_count(result.objects, 'object')} "
-            f"({_bytes(result.bytes)}) {moved}, {_count(result.entries, 'entry', 'entries')} admitted{created}"
+            f"{verb} {result.session} {direction} {result.remote}: {plural(result.objects, 'object')}, "
+            f"{size(result.bytes)} {moved}, {plural(result.entries, 'entry', 'entries')} admitted{created}"
         )
         if result.outcome == "unchanged":
             echo(f"head: {_head(result.head_after)} (unchanged)")
@@ -148,7 +104,8 @@ def _report(result: ExchangeResult, as_json: bool) -> None:
         there = result.head_before or "''"  # '' is how --expect says "no head"
         fail(
             f"head not moved: {result.why}; the entries landed there as a branch. Push again with "
-            f"--expect {there} to move it from there, or --force"
+            f"--expect {there} to move it from there, or --force",
+            code=HeadMovedError.code,
         )
     if result.outcome == "not-moved":
         note(f"head not moved: {result.why}")

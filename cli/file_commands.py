@@ -32,10 +32,12 @@ from agentsession_cas.format.rules import RULES, VerifyReport, verify_session
 from agentsession_cas.format.runs import render_runs
 from agentsession_cas.store import Session
 
-from . import fsck_command, store_commands
-from .common import echo, emit_json, plural, table, table_line, whole_pass
+from . import fsck_command, store_commands, terminal
+from .common import echo, emit_json, number, plural, table, table_line, when, whole_pass
 from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
+from .terminal import paint, progressing
+from .terminal import start_pager as page
 
 # ---------------------------------------------------------------------------
 # show
@@ -59,7 +61,8 @@ def _follow(name: str, remote: str | None, as_json: bool, verbose: bool) -> None
         e = change.entry
         if as_json:
             echo(json.dumps({"change": change.kind, "session": change.session, "head": change.head,
-                             "entry": e.data if e is not None else None}, ensure_ascii=True, separators=(",", ":")))
+                             "entry": e.data if e is not None else None}, ensure_ascii=True, separators=(",", ":")),
+                 fit=None)  # one JSON document a line
         elif e is not None:
             marks = "  (head)" if change.head == e.id else ""
             echo(f"{short_id(e.id)}  {short_id(e.parent)}  {e.type:<10} {describe(e, verbose)}{marks}")
@@ -112,9 +115,12 @@ def _print_context(leaf: str | None, ctx: Context | None, error: str | None, con
 @click.option("--tail", "last", type=click.IntRange(min=0), metavar="N", help="List only the last N entries (the text listing).")
 @click.option("-f", "--follow", is_flag=True, help="Follow the stored session ID: print its entries, then each one as it commits, until interrupted.")
 @click.option("--remote", metavar="REMOTE", help="With -f: follow ID at REMOTE (an http(s):// server or a store's path).")
+@click.option("--graph", is_flag=True, help=(
+    "Draw the entry tree as `git log --graph` does, oldest first: one line per entry (type and "
+    "summary), branches in lanes, labels, the fork's base and the head marked."))
 def show(
     file: str, leaf_name: str | None, as_json: bool, verbose: bool, show_runs: bool, first: int | None, last: int | None,
-    follow: bool, remote: str | None,
+    follow: bool, remote: str | None, graph: bool,
 ) -> None:
     """Print a session's entries in file order, then the context at its leaf.
 
@@ -125,7 +131,16 @@ def show(
     FILE|ID is a session file, a session id in the store, or a path inside
     a session's directory in a store. A stored session is shown as its
     projection (what `export` prints) would be.
+
+    With --graph, the entries are drawn as a tree instead (docs/cli.md).
     """
+    if graph:
+        given = [opt for opt, value in (("--leaf", leaf_name), ("--runs", show_runs), ("-n", first), ("--tail", last),
+                                        ("-f", follow), ("--remote", remote)) if value not in (None, False)]
+        if given:
+            raise click.UsageError(f"--graph draws every entry and no context: it does not go with {', '.join(given)}")
+        _draw_graph(file, as_json, verbose)
+        return
     if remote is not None and not follow:
         raise click.UsageError("--remote goes with -f (follow)")
     if follow:
@@ -134,13 +149,15 @@ def show(
     target = store_commands.locate(file, files=True)
     if target.kind == "session" and not (as_json or show_runs or leaf_name):
         _, session = store_commands.open_target(target, files=True)
+        page()
         _show_stored(session, verbose, first, last)
         return
-    if target.kind == "file":
-        sf = store_commands.read_file_arg(file)
-    else:
-        sf = store_commands.projection_file(target)
-        file = sf.source
+    with progressing("reading", "lines") as bar:
+        if target.kind == "file":
+            sf = store_commands.read_file_arg(file, progress=bar)
+        else:
+            sf = store_commands.projection_file(target, progress=bar)
+            file = sf.source
     leaf = sf.resolve(leaf_name).id if leaf_name else sf.leaf
     path = [e.id for e in sf.tree.path(leaf)] if leaf is not None else []
     ctx, ctx_error = _context_at(sf, leaf)
@@ -199,6 +216,7 @@ def show(
             }
         )
         return
+    page()
     tree = sf.tree
     _print_info(sf.header, sf.migrated, len(sf.entries), len(tree.roots()), len(tree.leaves()), leaf,
                 successor=successor, current=current)
@@ -215,7 +233,7 @@ def show(
             rows.append(_row(e, marks, verbose))
         echo()
         for line in table(rows):
-            echo(line)
+            echo(line, fit="cut")
         _print_listed(len(listed), len(sf.entries))
     _print_leaf(leaf, leaf_name, len(path), bool(sf.entries))
     if sf.entries:
@@ -231,12 +249,63 @@ def show(
     if sf.problems or sf.truncated is not None:
         echo()
     for p in sf.problems:
-        echo(f"problem: {p}")
+        echo(f"{paint('problem:', 'bad')} {p}")
     if sf.truncated is not None:
-        echo(f"truncated: {sf.truncated} (not loaded)")
+        echo(f"{paint('truncated:', 'bad')} {sf.truncated} (not loaded)")
 
 
 _ROW_HEADER = ["LINE", "ID", "PARENT", "TYPE", "SUMMARY"]
+
+
+def _graph_marks(e: Entry, head: str | None, base: str | None, labels: dict[str, list[str]]) -> list[str]:
+    marks = []
+    if e.id == head:
+        marks.append("(head)")
+    if base is not None and e.id == base:
+        marks.append("(base)")
+    marks.extend(f"[{text}]" for text in labels.get(e.id, ()))
+    return marks
+
+
+def _draw_graph(file: str, as_json: bool, verbose: bool) -> None:
+    """show --graph: the entry tree of a session file or a stored session, drawn as
+    ``git log --graph`` draws commits (:func:`agentsession_cas.store.views.graph_rows`)."""
+    from agentsession_cas.store.views import graph_rows
+
+    target = store_commands.locate(file, files=True)
+    sf = store_commands.read_file_arg(file) if target.kind == "file" else store_commands.projection_file(target)
+    head, base = sf.leaf, sf.header.base
+    labels: dict[str, list[str]] = {}
+    for e in sf.entries:
+        if e.type == "label" and isinstance(e.get("target"), str) and isinstance(e.label, str):
+            labels.setdefault(e.get("target"), []).append(e.label)
+    rows = graph_rows(sf.entries)
+    if as_json:
+        emit_json({
+            "session": sf.header.id,
+            "head": head,
+            "base": base,
+            "entries": [{"id": r.entry.id, "parent": r.entry.parent, "type": r.entry.type,
+                         "summary": describe(r.entry, verbose), "graph": r.lanes,
+                         **({"branch": r.branch} if r.branch is not None else {}),
+                         **({"collapse": r.collapse} if r.collapse is not None else {}),
+                         "marks": _graph_marks(r.entry, head, base, labels)} for r in rows],
+        })
+        return
+    page()
+    width = max((len(r.lanes) for r in rows), default=0)
+    for r in rows:
+        if r.branch is not None:
+            echo(r.branch, fit="cut")
+        marks = " ".join(_graph_marks(r.entry, head, base, labels))
+        summary = describe(r.entry, verbose)
+        # the summary gives way to the marks: the line is cut in the summary, never in them
+        room = terminal.width() - len(r.lanes.ljust(width)) - 2 - 12 - 2 - 11 - (len(marks) + 2 if marks else 0)
+        summary = terminal.cut(summary, max(8, room))
+        line = f"{r.lanes.ljust(width)}  {paint(short_id(r.entry.id), 'id')}  {r.entry.type:<10} {summary}"
+        echo(f"{line}  {paint(marks, 'head')}" if marks else line, fit="cut")
+        if r.collapse is not None:
+            echo(r.collapse, fit="cut")
 
 
 @whole_pass
@@ -270,9 +339,14 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
             max([len(_ROW_HEADER[2])] + [len(short_id(outline.parent(i))) for i in listed]),
             max([len(_ROW_HEADER[3])] + [len(outline.types[i]) for i in listed]),
         ]
+        widths.append(len(_ROW_HEADER[4]))
+        widths[4] = max(8, terminal.width() - sum(widths[:4]) - 8)  # the summary takes what is left
         echo()
-        echo(table_line(_ROW_HEADER, widths))
+        echo(table_line(_ROW_HEADER, widths[:4]), fit="cut")
+    bar = terminal.progress("reading", "entries")
     for pos, e in enumerate(session.projection_entries()):
+        if bar is not None and pos % 1024 == 0:
+            bar(pos, n)
         if pos not in listed and pos not in on_path:
             continue
         e.line = pos + 2
@@ -280,7 +354,13 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
             kept.append(e)
         if pos in listed and widths is not None:
             marks = _marks(outline.children.get(pos, 0), outline.labels.get(e.id), outline.converges.get(pos, 0))
-            echo(table_line(_row(e, marks, verbose), widths))
+            row = _row(e, marks, verbose)
+            row[4] = terminal.cut(row[4], widths[4])
+            if bar is not None:
+                bar.end()
+            echo(table_line(row, widths[:4]), fit="cut")
+    if bar is not None:
+        bar.end()
     if n:
         _print_listed(len(listed), n)
     _print_leaf(leaf, None, len(path), bool(n))
@@ -300,7 +380,7 @@ def _print_info(
 ) -> None:
     info = [["session", h.id or "-"], ["format", f"{h.format} ({h.payload or '-'})" + (" migrated in memory" if migrated else "")]]
     if h.created_at:
-        info.append(["created", str(h.created_at)])
+        info.append(["created", when(str(h.created_at))])
     if h.harness:
         info.append(["harness", f"{h.harness.get('name', '')} {h.harness.get('version', '')}".strip()])
     if h.data.get("cwd"):
@@ -318,7 +398,7 @@ def _print_info(
         info.append(["records", ", ".join(h.records)])
     if "media" in h.data:
         info.append(["media", h.media])
-    info.append(["entries", f"{entries} in {roots} root(s), {leaves} leaf(s), leaf {short_id(leaf)}"])
+    info.append(["entries", f"{number(entries)} in {number(roots)} root(s), {number(leaves)} leaf(s), leaf {short_id(leaf)}"])
     for line in table([[k, v] for k, v in info]):
         echo(line)
 
@@ -355,7 +435,7 @@ def _row(e: Entry, marks: list[str], verbose: bool) -> list[str]:
 
 def _print_listed(listed: int, entries: int) -> None:
     if listed < entries:
-        echo(f"({listed:,} of {plural(entries, 'entry', 'entries')} listed)")
+        echo(f"({number(listed)} of {plural(entries, 'entry', 'entries')} listed)")
 
 
 def _print_leaf(leaf: str | None, leaf_name: str | None, path_length: int, has_entries: bool) -> None:
@@ -378,14 +458,14 @@ def _summary(report: VerifyReport) -> str:
         how = "each id checked against its hash: this redacted file's, never the original's"
     else:
         how = "each id checked against its hash"
-    counts = report.counts()
+    counts = {k: number(v) for k, v in report.counts().items()}
     failed = f"{counts['failed']} failed"
     if "redacted" in counts:
         failed += f", {counts['redacted']} not rebuilt (redacted)"
     return (
-        f"{plural(report.entries, 'entry', 'entries')} read, {how}; {len(report.problems)} problem(s); "
+        f"{plural(report.entries, 'entry', 'entries')} read, {how}; {number(len(report.problems))} problem(s); "
         f"{counts['responses']} response(s): {counts['verified']} request hash(es) verified, "
-        f"{counts['without_hash']} without a hash, {failed}; {report.runs_checked} run(s) checked"
+        f"{counts['without_hash']} without a hash, {failed}; {number(report.runs_checked)} run(s) checked"
     )
 
 
@@ -414,6 +494,7 @@ def verify(file: str | None, as_json: bool, quiet: bool, verbose: bool) -> None:
         _verify(file, as_json, verbose)
         return
     # Nothing printed, the exit status alone: the checks run as they would.
+    terminal.settings().quiet = True  # no progress line either
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
         _verify(file, as_json, verbose)
 
@@ -429,9 +510,11 @@ def _verify(file: str | None, as_json: bool, verbose: bool) -> None:
     try:
         # one pass over the file as it is read: every rule, each entry once (issue 11)
         if arg == "-":
-            report = verify_bytes(sys.stdin.buffer.read(), source="<stdin>")
+            with progressing("verifying", "lines") as bar:
+                report = verify_bytes(sys.stdin.buffer.read(), source="<stdin>", progress=bar)
         else:
-            report = verify_file(arg)
+            with progressing("verifying", "bytes") as bar:
+                report = verify_file(arg, progress=bar)
     except SessionFormatError as exc:
         problems = exc.problems
         if as_json:
@@ -439,16 +522,16 @@ def _verify(file: str | None, as_json: bool, verbose: bool) -> None:
                         "problems": [p.as_dict() for p in problems], "notes": []})
         else:
             for p in problems:
-                echo(f"{file}: {p}")
+                echo(f"{file}: {paint(str(p), 'bad')}")
         sys.exit(1)
     if as_json:
         emit_json(report.as_dict())
         sys.exit(0 if report.ok else 1)
     for p in report.problems:  # line, tree and context problems; a failed request hash is its response's line
         if p.code not in ("request_hash", "empty") and RULES[p.code].scope != "record":
-            echo(f"{file}: {p}")
+            echo(f"{file}: {paint(str(p), 'bad')}")
     for p in report.of_scope("record"):
-        echo(f"{file}: records  ERROR {p}")
+        echo(f"{file}: records  {paint('ERROR', 'bad')} {p}")
     for c in report.requests:
         if verbose or c.failed:
             echo(f"{file}: response {short_id(c.entry.id)}: {c.message()}")
@@ -506,7 +589,7 @@ def hash_object(file: str, as_json: bool) -> None:
     else:
         for r in results:
             flag = "" if r["matches"] or r["stated_id"] is None else "  !"
-            echo(f"{r['id']} {r['content_hash']}{flag}")
+            echo(f"{r['id']} {r['content_hash']}{flag}", fit=None)  # two full hashes a script reads
     if failed:
         sys.exit(1)
 

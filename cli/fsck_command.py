@@ -8,38 +8,14 @@ on stderr); 2 a usage error.
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
 
 import click
 
 from agentsession_cas.maintenance.fsck import FsckProblem, fsck
 
-from .common import echo, emit_json, one_line
+from .common import echo, emit_json, number, one_line
 from .store_commands import store_root
-
-
-def _progress(as_json: bool) -> tuple[Callable[[str], None] | None, Callable[[], None]]:
-    """A phase line on stderr, redrawn at most ten times a second, only on a terminal
-    and never under --json; and the function that clears it."""
-    try:
-        tty = sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        tty = False
-    if as_json or not tty:
-        return None, lambda: None
-    last = [0.0]
-
-    def show(message: str) -> None:
-        now = time.monotonic()
-        if now - last[0] >= 0.1:
-            last[0] = now
-            click.echo(f"\r\x1b[Kfsck: {one_line(message)}", err=True, nl=False)
-
-    def clear() -> None:
-        click.echo("\r\x1b[K", err=True, nl=False)
-
-    return show, clear
+from .terminal import progressing
 
 
 def _line(p: FsckProblem) -> str:
@@ -53,11 +29,8 @@ def _line(p: FsckProblem) -> str:
 def run_fsck(as_json: bool, *, deep: bool = False, root: str | None = None) -> int:
     """Walk the store (``--store``, else the default) and print what was found; return
     the exit status (0 clean, 1 problems). `verify` with no argument calls this."""
-    progress, clear = _progress(as_json)
-    try:
-        report = fsck(root or store_root(), deep=deep, progress=progress)
-    finally:
-        clear()
+    with progressing("fsck") as bar:
+        report = fsck(root or store_root(), deep=deep, progress=bar.phase if bar is not None and not as_json else None)
     counts = report.counts
     deep_checked = counts.get("deep_checked")
     if as_json:
@@ -69,13 +42,14 @@ def run_fsck(as_json: bool, *, deep: bool = False, root: str | None = None) -> i
         echo(f"agentsession: note: {p.code}: {one_line(p.message)}", err=True)
     u = counts.get("unreferenced", {})
     echo(
-        f"fsck: {counts.get('objects', 0):,} object(s) verified ({counts.get('packed', 0):,} packed in "
-        f"{counts.get('packs', 0)} pack(s), {counts.get('loose', 0):,} loose), {counts.get('sessions', 0)} session(s), "
-        f"{counts.get('log_records', 0):,} log record(s)"
-        + (f", {deep_checked} session(s) verified in depth" if deep_checked is not None else "")
-        + f"; unreferenced: {u.get('entries', 0)} entries, {u.get('contents', 0)} contents, {u.get('blobs', 0)} blobs"
+        f"fsck: {number(counts.get('objects', 0))} object(s) verified ({number(counts.get('packed', 0))} packed in "
+        f"{number(counts.get('packs', 0))} pack(s), {number(counts.get('loose', 0))} loose), "
+        f"{number(counts.get('sessions', 0))} session(s), {number(counts.get('log_records', 0))} log record(s)"
+        + (f", {number(deep_checked)} session(s) verified in depth" if deep_checked is not None else "")
+        + f"; unreferenced: {number(u.get('entries', 0))} entries, {number(u.get('contents', 0))} contents, "
+        f"{number(u.get('blobs', 0))} blobs"
     )
-    echo(f"fsck: {len(report.errors)} problem(s), {len(report.warnings)} warning(s)")
+    echo(f"fsck: {number(len(report.errors))} problem(s), {number(len(report.warnings))} warning(s)")
     return 0 if report.ok else 1
 
 

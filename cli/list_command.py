@@ -17,8 +17,10 @@ from agentsession_cas.errors import AgentSessionError, NoSuchSessionError
 from agentsession_cas.format.entry import short_id
 from agentsession_cas.store.summary import parse_when, select
 
-from .common import echo, emit_json, fail, one_line, table
+from . import terminal
+from .common import echo, emit_json, fail, number, one_line, table, when
 from .store_commands import read_store
+from .terminal import start_pager as page
 
 #: The longest title the text listing prints whole.
 TITLE_WIDTH = 40
@@ -30,7 +32,28 @@ def _when(value: str | None, option: str) -> str | None:
     try:
         return parse_when(value)
     except ValueError as exc:
-        fail(f"{option}: {exc}")
+        fail(f"{option}: {exc}", code="bad_option")
+
+
+#: The columns a narrow terminal (or the 100 columns of a pipe) goes without, in order:
+#: what --json always holds, and what the other columns say enough without.
+OPTIONAL_COLUMNS = ("CREATED", "HARNESS", "MODEL")
+#: The narrowest a title is cut to before a column is left out.
+TITLE_MIN = 12
+
+
+def _narrowed(lines: list[list[str]]) -> list[list[str]]:
+    """The table without the optional columns it cannot hold in the width, dropped one at a
+    time (ID, ACTIVE, ENTRIES, HEAD and MARK always stay)."""
+    for name in OPTIONAL_COLUMNS:
+        widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
+        title = lines[0].index("TITLE")
+        need = sum(widths) - widths[title] + min(widths[title], TITLE_MIN) + 2 * (len(widths) - 1)
+        if need <= terminal.width():
+            break
+        drop = lines[0].index(name)
+        lines = [r[:drop] + r[drop + 1:] for r in lines]
+    return lines
 
 
 @click.command("list")
@@ -45,7 +68,9 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
                   current: bool, as_json: bool) -> None:
     """List the store's sessions, newest activity first: title, model, harness, times, entries, head, mark.
 
-    Times are UTC to the second. A session continued in a successor (a
+    Times are UTC to the second. Where the width (the terminal's, else 100
+    columns) cannot hold every column, CREATED, then HARNESS, then MODEL are
+    left out and TITLE is shortened; --json holds them all. A session continued in a successor (a
     continued_in link) is superseded: a CONTINUED IN column names the
     successor, and --current leaves it out. A session that cannot be read (a damaged log)
     is listed with mark `damaged`, reported on stderr, and the exit status is 1.
@@ -76,6 +101,7 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
     if as_json:
         emit_json(rows)
     elif rows:
+        page()
         continued = any(r.get("continued_in") for r in rows)
         lines = [["ID", "TITLE", "MODEL", "HARNESS", "CREATED", "ACTIVE", "ENTRIES", "HEAD", "MARK"]
                  + (["CONTINUED IN"] if continued else [])]
@@ -85,12 +111,12 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
                 title = title[: TITLE_WIDTH - 1] + "…"
             lines.append([
                 r["session"], one_line(title), r.get("model") or "-", r.get("harness") or "-",
-                r.get("created") or "-", r.get("last_activity") or "-",
-                "-" if r.get("entries") is None else str(r["entries"]),
+                when(r.get("created")), when(r.get("last_activity")),
+                "-" if r.get("entries") is None else number(r["entries"]),
                 short_id(r.get("head")), r["mark"],
             ] + ([r.get("continued_in") or "-"] if continued else []))
-        for line in table(lines):
-            echo(line)
+        for line in table(_narrowed(lines), shrink=1):  # the title gives way last
+            echo(line, fit="cut")
     if damaged:
         sys.exit(1)
 

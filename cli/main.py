@@ -7,6 +7,7 @@ stopped the command; 2 a usage error (click's own).
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 from typing import Any
@@ -16,14 +17,15 @@ import click
 from agentsession_cas import __version__
 from agentsession_cas.errors import AgentSessionError, SessionFormatError
 
-from .common import EXIT_INTERRUPTED, EXIT_PIPE, fail, os_code, os_message
+from . import terminal
+from .common import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, fail, os_code, os_message
 
 #: Each subcommand: the module of this package that defines it, imported only when
 #: that subcommand runs, and the summary `--help` lists (its docstring's first
 #: sentence; tests/test_cli_startup.py holds the two equal). `--version`, `--help`,
 #: `head` and `append` do not pay for the file readers, exchange and maintenance.
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
-    "show": ("graph_command", "Print a session's entries in file order, then the context at its leaf."),
+    "show": ("file_commands", "Print a session's entries in file order, then the context at its leaf."),
     "verify": ("file_commands", 'Check a session file or a stored session; exit 1 on any problem.'),
     "hash-object": ("file_commands", 'Print the computed id and content hash of each entry line in FILE (or stdin).'),
     "init": ("store_commands", 'Create the store (or find the one there) and say which, with its path.'),
@@ -56,13 +58,16 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
 
 
 #: The group's options that take a value and may also be written after the subcommand.
-_GLOBAL_WITH_VALUE = ("--store", "-C")
+_GLOBAL_WITH_VALUE = ("--store", "-C", "--color")
+#: ... and those that take none, or are written ``--name=value``.
+_GLOBAL_FLAGS = ("--no-pager",)
+_GLOBAL_JOINED = ("--store=", "--color=")
 
 
 def hoist_global_options(args: list[str]) -> list[str]:
-    """Move ``--store X``, ``--store=X`` and ``-C X`` written after the subcommand to
-    before it, so either place works, as users of git expect. Nothing after ``--`` is
-    touched."""
+    """Move ``--store X``, ``--store=X``, ``-C X``, ``--color[=]X`` and ``--no-pager``
+    written after the subcommand to before it, so either place works, as users of git
+    expect. Nothing after ``--`` is touched."""
     cmd = 0  # the subcommand's index: the first word that is no option nor an option's value
     while cmd < len(args) and (args[cmd].startswith("-") or (cmd and args[cmd - 1] in _GLOBAL_WITH_VALUE)):
         if args[cmd] == "--":
@@ -81,7 +86,7 @@ def hoist_global_options(args: list[str]) -> list[str]:
             moved.extend(tail[i : i + 2])
             i += 2
             continue
-        (moved if a.startswith("--store=") else kept).append(a)
+        (moved if a.startswith(_GLOBAL_JOINED) or a in _GLOBAL_FLAGS else kept).append(a)
         i += 1
     if not moved:
         return args
@@ -119,12 +124,16 @@ class App(click.Group):
         # Under --json an error is one JSON object on stderr carrying its code: note it
         # while every argument is still in sight (the subcommand's included).
         ctx.meta["agentsession.json"] = "--json" in args
+        terminal.configure(as_json="--json" in args)  # a run starts afresh (the tests run many)
         return super().parse_args(ctx, hoist_global_options(args))
 
     def invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.meta.get("agentsession.json"))
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            finally:
+                terminal.stop_pager()  # what went to the pager is read before the command ends
         except SessionFormatError as exc:
             fail(str(exc), code=exc.code, as_json=as_json, problems=[p.as_dict() for p in exc.problems])
         except AgentSessionError as exc:
@@ -143,6 +152,13 @@ class App(click.Group):
             sys.exit(EXIT_INTERRUPTED)
         except OSError as exc:
             fail(os_message(exc), code=os_code(exc), as_json=as_json)
+        except click.UsageError as exc:
+            if not as_json:
+                raise
+            # --json: the usage error too is one JSON object on stderr, exit 2 as click's
+            click.echo(json.dumps({"error": {"code": "usage", "message": exc.format_message()}}, ensure_ascii=True),
+                       err=True)
+            sys.exit(EXIT_USAGE)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except ValueError as exc:
@@ -169,8 +185,11 @@ class App(click.Group):
     type=click.Path(file_okay=False),
     help="Run as if started in DIR (as git -C): paths and the store search start there.",
 )
+@click.option("--no-pager", is_flag=True, help="Do not send long output through a pager ($AGENTSESSION_PAGER, $PAGER, less).")
+@click.option("--color", "color", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+              help="Colour human output: auto colours it on a terminal only, unless NO_COLOR is set.")
 @click.pass_context
-def main(ctx: click.Context, store_path: str | None, directory: str | None) -> None:
+def main(ctx: click.Context, store_path: str | None, directory: str | None, no_pager: bool, color: str) -> None:
     """A git-like content-addressed store for agent session records.
 
     It reads, shows and verifies Agent Session Format files, and holds
@@ -181,7 +200,9 @@ def main(ctx: click.Context, store_path: str | None, directory: str | None) -> N
         try:
             os.chdir(directory)
         except OSError as exc:
-            fail(f"cannot change to {directory}: {exc.strerror}")
+            fail(f"cannot change to {directory}: {exc.strerror}", code=os_code(exc))
+    s = terminal.settings()
+    s.pager, s.color = not no_pager, color
     ctx.obj = {"store": store_path or None}
 
 

@@ -16,64 +16,9 @@ from agentsession_cas.backends.files.objects import RepackResult
 from agentsession_cas.errors import AgentSessionError
 from agentsession_cas.maintenance.sweep import DEFAULT_GRACE, parse_duration
 
-from .common import echo, emit_json, fail, one_line, os_code, os_message
+from . import terminal
+from .common import echo, emit_json, fail, number, one_line, os_code, os_message, plural, size
 from .store_commands import read_store, write_store
-
-
-def _stderr_is_tty() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-class _Progress:
-    """A progress line on stderr, redrawn in place; :meth:`end` finishes a line an
-    error interrupted, so the error is not printed at its end."""
-
-    def __init__(self, label: str):
-        self.label = label
-        self.last = -1
-        self.open = False
-
-    def __call__(self, done: int, total: int) -> None:
-        pct = 100 * done // total if total else 100
-        if pct != self.last:
-            self.last = pct
-            sys.stderr.write(f"\r\x1b[K{self.label}: {pct:3d}% ({done:,}/{total:,} objects)")
-            self.open = True
-            if done >= total:
-                sys.stderr.write("\n")
-                self.open = False
-            sys.stderr.flush()
-
-    def phase(self, text: str) -> None:
-        """A step before the count starts (reading logs, say), on the same line."""
-        sys.stderr.write(f"\r\x1b[K{self.label}: {text}")
-        sys.stderr.flush()
-        self.open = True
-
-    def end(self) -> None:
-        if self.open:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-            self.open = False
-
-
-def progress_reporter(label: str, enabled: bool) -> _Progress | None:
-    """A progress line on stderr, redrawn in place, only when stderr is a terminal
-    (never under ``--json`` or in a pipe)."""
-    if not enabled or not _stderr_is_tty():
-        return None
-    return _Progress(label)
-
-
-def _mb(n: int) -> str:
-    """A byte count for people: B, kB, MB or GB."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= 10 * size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n:,} B"
 
 
 def _report_problems(res: RepackResult) -> None:
@@ -98,7 +43,7 @@ def pack(as_json: bool) -> None:
     reported and left where it was, never copied. The old packs and loose files
     are removed only once the new pack is durable.
     """
-    progress = progress_reporter("packing", not as_json)
+    progress = terminal.progress("packing", "objects")
     try:
         try:
             with write_store() as store:
@@ -107,15 +52,16 @@ def pack(as_json: bool) -> None:
             if progress:
                 progress.end()  # a line an error interrupted: the error goes on a line of its own
     except AgentSessionError as exc:
-        fail(str(exc))
+        fail(str(exc), code=exc.code, as_json=as_json)
     except OSError as exc:
         fail(f"pack failed: {os_message(exc)}", code=os_code(exc), as_json=as_json)
     if as_json:
         emit_json(res.as_dict())
     else:
         echo(
-            f"packed {res.objects:,} objects from {res.packs_before} pack(s) and {res.loose_before:,} loose file(s) "
-            f"into {res.packs_after} pack(s): {_mb(res.bytes_before)} -> {_mb(res.bytes_after)}"
+            f"packed {plural(res.objects, 'object')} from {number(res.packs_before)} pack(s) and "
+            f"{plural(res.loose_before, 'loose file')} into {number(res.packs_after)} pack(s): "
+            f"{size(res.bytes_before)} -> {size(res.bytes_after)}"
         )
     _report_problems(res)
 
@@ -141,7 +87,7 @@ def sweep(grace_text: str | None, dry_run: bool, force: bool, as_json: bool) -> 
         grace = DEFAULT_GRACE if grace_text is None else parse_duration(grace_text)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--grace") from None
-    progress = progress_reporter("sweeping", not as_json)
+    progress = terminal.progress("sweeping", "objects")
     try:
         try:
             # A dry run opens the store read-only: a writing store's close packs loose
@@ -154,7 +100,7 @@ def sweep(grace_text: str | None, dry_run: bool, force: bool, as_json: bool) -> 
             if progress:
                 progress.end()  # a line an error interrupted: the error goes on a line of its own
     except AgentSessionError as exc:
-        fail(str(exc))
+        fail(str(exc), code=exc.code, as_json=as_json)
     except OSError as exc:
         fail(f"sweep failed: {os_message(exc)}", code=os_code(exc), as_json=as_json)
     r = res.repack
@@ -165,14 +111,14 @@ def sweep(grace_text: str | None, dry_run: bool, force: bool, as_json: bool) -> 
         verb = "would remove" if dry_run else "removed"
         if dry_run:
             for name in r.dropped_names:
-                echo(name)
+                echo(name, fit=None)
         echo(
-            f"{verb} {r.dropped:,} object(s), {_mb(r.dropped_bytes)}; kept {r.objects:,} "
-            f"(retained by {res.sessions} session(s)"
-            + (f" and {res.staged} staged" if res.staged else "")
+            f"{verb} {number(r.dropped)} object(s), {size(r.dropped_bytes)}; kept {number(r.objects)} "
+            f"(retained by {number(res.sessions)} session(s)"
+            + (f" and {number(res.staged)} staged" if res.staged else "")
             + f", grace {grace_text or '14d'})"
-            + (f"; left {res.young_files:,} file(s) younger than the grace period as they are" if res.young_files else "")
-            + ("" if dry_run else f"; {_mb(r.bytes_before)} -> {_mb(r.bytes_after)}")
+            + (f"; left {number(res.young_files)} file(s) younger than the grace period as they are" if res.young_files else "")
+            + ("" if dry_run else f"; {size(r.bytes_before)} -> {size(r.bytes_after)}")
         )
         for path in res.tmp_removed:
             echo(f"removed leftover {path}")

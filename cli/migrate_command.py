@@ -17,10 +17,11 @@ from agentsession_cas.backends.files.layout import LAYOUT
 from agentsession_cas.backends.files.migrate import MigrationReport, SessionPlan, layout_state, layout_text
 from agentsession_cas.backends.files.migrate_reference import migrate_store
 from agentsession_cas.backends.postgresql import migrate_store as migrate_postgresql
-from agentsession_cas.errors import AgentSessionError, MigrationBusyError, MigrationError
+from agentsession_cas.errors import AgentSessionError, LayoutError, MigrationBusyError, MigrationError
 from agentsession_cas.store.url import store_url_kind
 
-from .common import echo, emit_json, fail, one_line, os_message
+from . import terminal
+from .common import echo, emit_json, fail, one_line, os_code, os_message, plural
 from .store_commands import store_root
 
 #: Exit status when a writer of the earlier layout holds a lock (retry once it has stopped).
@@ -34,17 +35,10 @@ def _stdin_is_tty() -> bool:
         return False
 
 
-def _stderr_is_tty() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def _session_line(s: SessionPlan) -> str:
     if s.action in ("rebuild", "migrated"):
         on = f" on base {short_id(s.base)}" if s.base else ""
-        text = f"{s.id}: {s.entries} entr{'y' if s.entries == 1 else 'ies'}{on}, head {short_id(s.head) or 'none'}, {s.mark}"
+        text = f"{s.id}: {plural(s.entries, 'entry', 'entries')}{on}, head {short_id(s.head) or 'none'}, {s.mark}"
         if s.action == "migrated":
             text += " (rebuilt by an earlier run)"
     else:
@@ -74,9 +68,9 @@ def _print_report(report: MigrationReport) -> None:
         echo(f"{'skipped':<10} {f} (damaged; --skip-damaged)" if not report.problems else f"{'damaged':<10} {f}")
     unpack = "to unpack" if report.status in ("dry-run", "would-refuse") else "unpacked"
     for p in report.packs:
-        echo(f"{'pack':<10} {p['pack']}: {p['objects']} objects {unpack}" + (f"; {p['problem']}" if p["problem"] else ""))
+        echo(f"{'pack':<10} {p['pack']}: {plural(p['objects'], 'object')} {unpack}" + (f"; {p['problem']}" if p["problem"] else ""))
     if report.blobs_copied:
-        echo(f"{'blobs':<10} {len(report.blobs_copied)} media blob(s) copied from objects/contents to objects/blobs")
+        echo(f"{'blobs':<10} {plural(len(report.blobs_copied), 'media blob')} copied from objects/contents to objects/blobs")
     for name in report.blobs_missing:
         echo(f"{'missing':<10} media blob {name}: named by a session, held nowhere (left unresolved, as before)")
     for problem in report.problems:
@@ -150,15 +144,15 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
             default=False,
             err=True,
         ):
-            fail("migration not confirmed; nothing changed")
-    progress = None
-    if not as_json and _stderr_is_tty():
-
-        def progress(text: str) -> None:
-            click.echo(f"migrate: {text}", err=True)
-
+            fail("migration not confirmed; nothing changed", code="not_confirmed")
+    bar = terminal.progress("migrate")
     try:
-        report = migrate_store(root, dry_run=dry_run, skip_damaged=skip_damaged, lock_wait=lock_wait, progress=progress)
+        try:
+            report = migrate_store(root, dry_run=dry_run, skip_damaged=skip_damaged, lock_wait=lock_wait,
+                                   progress=bar.phase if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.end()
     except MigrationError as exc:
         code = EXIT_BUSY if isinstance(exc, MigrationBusyError) else 1
         if as_json:
@@ -173,7 +167,8 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
         sys.exit(code)
     except OSError as exc:
         # Every step is atomic and a rerun passes over what is done, so say how to finish.
-        fail(f"{os_message(exc)}; the migration stopped part way: run `agentsession migrate` again to finish it")
+        fail(f"{os_message(exc)}; the migration stopped part way: run `agentsession migrate` again to finish it",
+             code=os_code(exc))
     if as_json:
         emit_json(report.as_dict())
     else:
@@ -187,7 +182,7 @@ def _migrate_postgresql(url: str, *, dry_run: bool, as_json: bool) -> None:
     try:
         plan = migrate_postgresql(url, dry_run=dry_run)
     except AgentSessionError as exc:
-        fail(str(exc))
+        fail(str(exc), code=exc.code)
     if as_json:
         emit_json(plan.as_dict())
     elif plan.status == "current":
@@ -199,14 +194,15 @@ def _migrate_postgresql(url: str, *, dry_run: bool, as_json: bool) -> None:
             echo(f"  {' '.join(statement.split())};")
     elif plan.status == "migrated":
         echo(f"upgraded the store at {plan.url} from schema version {plan.found} to {plan.target} "
-             f"({len(plan.statements)} statement(s), one transaction)")
+             f"({plural(len(plan.statements), 'statement')}, one transaction)")
     elif plan.status == "no-store":
-        fail(f"no store at {plan.url}: create one with `agentsession init`")
+        fail(f"no store at {plan.url}: create one with `agentsession init`", code=LayoutError.code)
     elif plan.status == "newer":
         fail(f"the store at {plan.url} has schema version {plan.found}, newer than this release's {plan.target}: "
-             "upgrade agentsession-cas")
+             "upgrade agentsession-cas", code=LayoutError.code)
     else:
-        fail(f"the store at {plan.url} changed while migrate ran (schema version {plan.found} no more); run it again")
+        fail(f"the store at {plan.url} changed while migrate ran (schema version {plan.found} no more); run it again",
+             code=MigrationError.code)
 
 
 COMMANDS: list[click.Command] = [migrate_cmd]

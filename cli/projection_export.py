@@ -64,7 +64,7 @@ def export_projection(sf: SessionFile, store: Store | None, arg: str, fmt: str, 
     else:
         resolver = _file_children(os.path.dirname(os.path.abspath(arg)) if arg != "-" else os.getcwd())
     if not sf.entries:
-        fail(f"{arg}: the session has no entries, so it has no {fmt} projection")
+        fail(f"{arg}: the session has no entries, so it has no {fmt} projection", code="empty")
     entry = sf.resolve(at).id if at is not None else None
     if fmt == "otel":
         data = _dumps(otlp_request(sf, at=entry), indent=2) + b"\n"

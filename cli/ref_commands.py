@@ -16,6 +16,7 @@ from agentsession_cas.store.refs import Ref, Refs
 
 from .common import echo, emit_json, fail, note, table
 from .store_commands import read_store, write_store
+from .terminal import start_pager as page
 
 _STATE_TEXT = {
     "ok": "ok",
@@ -61,10 +62,11 @@ def list_refs(prefix: str, as_json: bool) -> None:
         emit_json(rows)
     elif rows:
         lines = [["NAME", "SESSION", "STATE"]] + [[r["name"], r["session"], r["state"]] for r in rows]
+        page()
         for line in table(lines):
-            echo(line)
+            echo(line, fit="cut")
     if error is not None:
-        fail(str(error))
+        fail(str(error), code=error.code)
 
 
 @ref.command("show")
@@ -112,7 +114,7 @@ def update_ref(name: str, session_id: str, expected: str | None, as_json: bool) 
             result = Refs(store).update(name, session_id, expected=_expected(expected))
     except RefMovedError as exc:
         if exc.expected is None and exc.current is not None:
-            fail(f"{exc}; to move it, pass --expect {exc.current}")
+            fail(f"{exc}; to move it, pass --expect {exc.current}", code=exc.code)
         raise
     if not result.changed:
         note(f"ref {name} already holds session {session_id}; nothing was written")

@@ -16,7 +16,8 @@ from agentsession_cas.backends.files.repair import RepairReport
 from agentsession_cas.maintenance.repair import plan_repair, repair_session
 from agentsession_cas.store.names import resolve_session
 
-from .common import echo, emit_json, fail, one_line, plural
+from . import terminal
+from .common import echo, emit_json, fail, number, one_line, plural, size
 from .store_commands import read_store, write_store
 
 
@@ -26,24 +27,6 @@ def _on_terminal() -> bool:
         return sys.stdin.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-def _stderr_is_tty() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-def _progress_printer(as_json: bool):
-    """Phase lines on stderr while a long repair runs, only on a terminal and never under --json."""
-    if as_json or not _stderr_is_tty():
-        return None
-
-    def show(message: str) -> None:
-        click.echo(f"\r\x1b[Krepair: {message}", err=True, nl=False)
-
-    return show
 
 
 def report_lines(rep: RepairReport) -> list[str]:
@@ -64,10 +47,10 @@ def report_lines(rep: RepairReport) -> list[str]:
     out.append(f"{'session':<9}{rep.session}: {one_line(rep.why)}")
     for d in rep.damage:
         legible = f"; still legible: append of {', '.join(d.legible)}" if d.legible else ""
-        out.append(f"{'damaged':<9}line {d.line} (offset {d.offset}, {d.length} bytes): {d.reason}{legible}")
+        out.append(f"{'damaged':<9}line {d.line} (offset {d.offset}, {size(d.length)}): {d.reason}{legible}")
     if rep.create_rebuilt:
         out.append(f"{'create':<9}rebuilt from the header")
-    out.append(f"{'kept':<9}{plural(len(rep.kept), 'entry', 'entries')}, {len(rep.recovered)} of them recovered from what the damage hid")
+    out.append(f"{'kept':<9}{plural(len(rep.kept), 'entry', 'entries')}, {number(len(rep.recovered))} of them recovered from what the damage hid")
     for r in rep.recovered:
         if r.how == "salvaged":
             how = f"salvaged from damaged line {r.line}: its record or its payload still reads there, and its objects are whole"
@@ -109,12 +92,13 @@ def repair(session_id: str, dry_run: bool, yes: bool, as_json: bool) -> None:
     proceeds. A session that is not damaged is left as it is (exit 0).
     See docs/repair.md.
     """
-    progress = _progress_printer(as_json)
+    bar = terminal.progress("repair")
+    progress = bar.phase if bar is not None else None
 
     def clear() -> None:
         """Take the phase line away (before a question, a result or an error line)."""
-        if progress:
-            click.echo("\r\x1b[K", err=True, nl=False)
+        if bar is not None:
+            bar.end()
 
     if dry_run:
         try:
@@ -144,7 +128,7 @@ def repair(session_id: str, dry_run: bool, yes: bool, as_json: bool) -> None:
     if rep.cancelled:
         if as_json:
             emit_json(rep.as_dict() | {"dry_run": False})
-        fail(f"repair of session {session_id} cancelled; nothing written")
+        fail(f"repair of session {session_id} cancelled; nothing written", code="not_confirmed")
     _print(rep, as_json, dry_run=False, shown=ask)
 
 

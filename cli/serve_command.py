@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import click
 
+from agentsession_cas.errors import UnsupportedError
 from agentsession_cas.store.url import open_store
 
 from .common import fail
@@ -44,7 +45,7 @@ def serve(
         from agentsession_cas.server.auth import load_tokens
         from agentsession_cas.server.run import serve as run
     except ImportError as exc:
-        fail(f"the server needs its extra: pip install 'agentsession-cas[server]' ({exc})")
+        fail(f"the server needs its extra: pip install 'agentsession-cas[server]' ({exc})", code=UnsupportedError.code)
     tokens = load_tokens(auth_file) if auth_file else None
     store = open_store(store_root(), sync=sync, readonly=read_only)
 

@@ -28,6 +28,7 @@ from agentsession_cas.errors import (
     IJSONError,
     LayoutError,
     NoSuchSessionError,
+    RedactionError,
     quoted,
 )
 from agentsession_cas.format.canonical import loads
@@ -42,9 +43,18 @@ from agentsession_cas.store.url import open_store, store_url_kind
 if TYPE_CHECKING:
     from agentsession_cas.format.reader import SessionFile
 
-from .common import echo, emit_json, fail, note, plural, table, whole_pass, write_bytes, write_stream
+from agentsession_cas.progress import Progress, reported
+
+from .common import echo, emit_json, fail, note, number, plural, table, whole_pass, write_bytes, write_stream
+from .terminal import paint, progressing, stdout_is_tty
+from .terminal import start_pager as page
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+
+#: Codes of the refusals that are no library error: options that do not go together
+#: (exit 1, the command's own check), and standard input or a header file that is no JSON object.
+USAGE = "usage"
+BAD_INPUT = "bad_input"
 
 
 # The reader, the rule set and the maintenance checks are imported by the commands that
@@ -143,36 +153,36 @@ def open_target(target: Target, *, files: bool) -> tuple[Store, Session]:
         session = store.read(target.session_id)
     except LayoutError as exc:
         if files and not target.via_path:
-            fail(f"{target.arg}: no such file, nor a session: {exc}")
+            fail(f"{target.arg}: no such file, nor a session: {exc}", code=exc.code)
         raise
-    except NoSuchSessionError:
+    except NoSuchSessionError as exc:
         if files and not target.via_path:
-            fail(f"{target.arg}: no such file, nor a session of the store at {target.root}")
+            fail(f"{target.arg}: no such file, nor a session of the store at {target.root}", code=exc.code)
         raise
     if target.via_path:
         note(f"{target.arg} lies in session {target.session_id} of the store at {target.root}; reading that session")
     return store, session
 
 
-def read_file_arg(file: str) -> SessionFile:
+def read_file_arg(file: str, progress: Progress | None = None) -> SessionFile:
     """A session file named on the command line; ``-`` reads standard input."""
     from agentsession_cas.format.reader import read_session, read_session_bytes  # the rule set: not for head or list
 
     if file == "-":
-        return read_session_bytes(sys.stdin.buffer.read(), source="<stdin>")
-    return read_session(file)
+        return read_session_bytes(sys.stdin.buffer.read(), source="<stdin>", progress=progress)
+    return read_session(file, progress=progress)
 
 
 def _stdin_json(what: str) -> Any:
     raw = sys.stdin.buffer.read()
     if not raw.strip():
-        fail(f"no {what} on stdin: give one JSON object")
+        fail(f"no {what} on stdin: give one JSON object", code=BAD_INPUT)
     try:
         return loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        fail(f"stdin is not UTF-8; {what} is one JSON object")
+        fail(f"stdin is not UTF-8; {what} is one JSON object", code=BAD_INPUT)
     except (ValueError, IJSONError) as exc:
-        fail(f"stdin is not a JSON object ({what}): {exc}")
+        fail(f"stdin is not a JSON object ({what}): {exc}", code=BAD_INPUT)
 
 
 # ---------------------------------------------------------------------------
@@ -194,7 +204,7 @@ def init(as_json: bool) -> None:
     if as_json:
         emit_json({"store": where, "created": not existed})
     else:
-        echo(f"{'found' if existed else 'created'} store at {where}")
+        echo(f"{'found' if existed else 'created'} store at {where}", fit=None)  # a path to copy whole
 
 
 # ---------------------------------------------------------------------------
@@ -244,6 +254,7 @@ def log_cmd(session_id: str, as_json: bool) -> None:
     if as_json:
         emit_json([{"line": line, "offset": offset, **d} for d, (line, offset) in zip(records, positions)])
     else:
+        page()
         rows = [["LINE", "OP", "SEQ", "ENTRY", "HEAD", "DETAIL"]]
         for d, (number, _) in zip(records, positions):
             op = d.get("op")
@@ -256,7 +267,7 @@ def log_cmd(session_id: str, as_json: bool) -> None:
                 _detail(d),
             ])
         for line in table(rows):
-            echo(line)
+            echo(line, fit="cut")
     if history.tail is not None:
         note(f"session {session_id}: {history.tail}")
     if history.damage and as_json:
@@ -285,7 +296,8 @@ def verify_session(target: Target, as_json: bool) -> None:
     assert sid is not None
     from agentsession_cas.maintenance.check import verify_stored
 
-    check = verify_stored(store, sid, empty_ok=False)  # as verify of its export says
+    with progressing("verifying", "lines") as bar:
+        check = verify_stored(store, sid, empty_ok=False, progress=bar)  # as verify of its export says
     problems, notes, stats = check.problems, check.notes, check.stats
     ok = check.ok
     if as_json:
@@ -305,19 +317,20 @@ def verify_session(target: Target, as_json: bool) -> None:
         sys.exit(0 if ok else 1)
     for p in problems:
         where = f"line {p['line']}: " if p["where"] == "projection" and p["line"] is not None else ""
-        echo(f"{sid}: {where}{p['message']}")
+        echo(f"{sid}: {paint(where + p['message'], 'bad')}")
     for n in notes:
         echo(f"{sid}: note: {n}")
+    requests = {k: number(v) for k, v in (stats.get("requests") or {}).items()}
     echo(
-        f"{sid}: {stats['records']} log record(s), {stats['entries']} own entries and {stats['prefix']} on the prefix, "
-        f"objects checked against their names; {len(problems)} problem(s)"
+        f"{sid}: {number(stats['records'])} log record(s), {number(stats['entries'])} own entries and "
+        f"{number(stats['prefix'])} on the prefix, objects checked against their names; {number(len(problems))} problem(s)"
         + (
-            f"; {stats['requests']['responses']} response(s): {stats['requests']['verified']} request hash(es) verified, "
-            f"{stats['requests']['without_hash']} without a hash, {stats['requests']['failed']} failed"
-            if stats.get("requests")
+            f"; {requests['responses']} response(s): {requests['verified']} request hash(es) verified, "
+            f"{requests['without_hash']} without a hash, {requests['failed']} failed"
+            if requests
             else ""
         )
-        + (f"; {stats['runs_checked']} run(s) checked" if stats.get("runs_checked") is not None else "")
+        + (f"; {number(stats['runs_checked'])} run(s) checked" if stats.get("runs_checked") is not None else "")
     )
     sys.exit(0 if ok else 1)
 
@@ -329,13 +342,13 @@ def _open_for_verify(target: Target) -> Store:
         store = read_store(target.root)
     except LayoutError as exc:
         if not target.via_path:
-            fail(f"{target.arg}: no such file, nor a session: {exc}")
+            fail(f"{target.arg}: no such file, nor a session: {exc}", code=exc.code)
         raise
     if not target.via_path:
         try:
             target.session_id = resolve_session(store, target.session_id)
-        except NoSuchSessionError:
-            fail(f"{target.arg}: no such file, nor a session of the store at {target.root}")
+        except NoSuchSessionError as exc:
+            fail(f"{target.arg}: no such file, nor a session of the store at {target.root}", code=exc.code)
     if target.session_id not in store:
         raise NoSuchSessionError(f"no such session: {target.session_id}")
     if target.via_path:
@@ -343,12 +356,12 @@ def _open_for_verify(target: Target) -> Store:
     return store
 
 
-def projection_file(target: Target) -> SessionFile:
+def projection_file(target: Target, progress: Progress | None = None) -> SessionFile:
     """The projection of a located session, read as a file (for ``show``)."""
     from agentsession_cas.format.reader import read_session_bytes
 
     _, session = open_target(target, files=True)
-    return read_session_bytes(session.projection(), source=target.session_id or target.arg)
+    return read_session_bytes(session.projection(), source=target.session_id or target.arg, progress=progress)
 
 
 # ---------------------------------------------------------------------------
@@ -383,10 +396,10 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
     redacting = bool(redact_home or redact_env or secrets)
     if fmt != "jsonl":
         if as_json:
-            fail(f"--json summarises the jsonl projection; --format {fmt} prints JSON itself")
+            fail(f"--json summarises the jsonl projection; --format {fmt} prints JSON itself", code=USAGE)
         if redacting:
             fail(f"--redact-home, --redact-env and --secret write a redacted session file; --format {fmt} would "
-                 "embed subsessions unredacted: export the redacted file, then project it")
+                 "embed subsessions unredacted: export the redacted file, then project it", code=USAGE)
         from agentsession_cas.format.reader import read_session_bytes
 
         from .projection_export import export_projection  # the reader and the projections: not for jsonl
@@ -397,12 +410,13 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
         store, s = open_target(located, files=True)
         return export_projection(read_session_bytes(s.projection(), source=s.id), store, session, fmt, at, output)
     if at is not None:
-        fail("--at builds the projection at one entry: give it with --format atif or otel")
+        fail("--at builds the projection at one entry: give it with --format atif or otel", code=USAGE)
     target = locate(session, files=False)
     if target.kind == "file":
         if not os.path.lexists(target.arg):
-            fail(f"{target.arg}: no such file, nor a session")
-        fail(f"{target.arg} is not a session of a store (give a session id or a path inside <store>/sessions/<id>/)")
+            fail(f"{target.arg}: no such file, nor a session", code=NoSuchSessionError.code)
+        fail(f"{target.arg} is not a session of a store (give a session id or a path inside <store>/sessions/<id>/)",
+             code=NoSuchSessionError.code)
     options = None
     if redacting:
         from agentsession_cas.format.redact import RedactOptions
@@ -411,7 +425,7 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
         if redact_home:
             home = os.path.expanduser("~")
             if home == "~" or not os.path.isabs(home):
-                fail("--redact-home: no home directory is known (set HOME)")
+                fail("--redact-home: no home directory is known (set HOME)", code=RedactionError.code)
         options = RedactOptions(home=home, env=redact_env, secrets=secrets)
         options.rewriter()  # a bad pattern is refused before anything is read
     store, s = open_target(target, files=False)
@@ -440,11 +454,15 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
                 written[0] += len(line)
                 yield line
 
-        write_stream(counted(s.projection_lines()))
+        # a progress line only when the bytes go elsewhere than the terminal it is drawn on
+        with progressing("exporting", "entries") as bar:
+            total = 1 + len(s.prefix) + len(s)
+            write_stream(counted(reported(s.projection_lines(), total, None if stdout_is_tty() else bar)))
         if as_json:
             _export_summary(s.id, s.head, None, written[0])
     else:
-        skipped = store.export_to(s.id, output)
+        with progressing("exporting", "entries") as bar:
+            skipped = store.export_to(s.id, output, progress=bar)
         if skipped:
             note(f"{skipped} sidecar blob{'s' if skipped != 1 else ''} not written: {output} is not a regular file, "
                  "so there is no directory beside it")
@@ -492,17 +510,17 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
     The session is a mirror (it refuses local appends and head moves)
     unless --record is given.
     """
-    with write_store() as store:
+    with write_store() as store, progressing("importing", "lines") as bar:
         if file == "-":
-            session = store.import_bytes(sys.stdin.buffer.read(), record=record, source="<stdin>")
+            session = store.import_bytes(sys.stdin.buffer.read(), record=record, source="<stdin>", progress=bar)
         else:
-            session = store.import_file(file, record=record)
+            session = store.import_file(file, record=record, progress=bar)
         facts = {"session": session.id, "entries": len(session), "prefix": len(session.prefix),
                  "head": session.head, "mark": session.mark}
     if as_json:
         emit_json(facts)
     else:
-        echo(str(facts["session"]))
+        echo(str(facts["session"]), fit=None)
 
 
 # ---------------------------------------------------------------------------
@@ -524,7 +542,7 @@ def create(base: str | None, header_file: str | None, new_id: str | None, fork_l
     the fork's first entry.
     """
     if fork_link and base is None:
-        fail("--link records the session a fork was made from: give --base")
+        fail("--link records the session a fork was made from: give --base", code=USAGE)
     if header_file is not None:
         if header_file == "-":
             data = _stdin_json("header")
@@ -534,11 +552,11 @@ def create(base: str | None, header_file: str | None, new_id: str | None, fork_l
             try:
                 data = loads(raw.decode("utf-8"))
             except UnicodeDecodeError:
-                fail(f"{header_file}: not UTF-8; a header is one JSON object")
+                fail(f"{header_file}: not UTF-8; a header is one JSON object", code=BAD_INPUT)
             except (ValueError, IJSONError) as exc:
-                fail(f"{header_file}: not a JSON object: {exc}")
+                fail(f"{header_file}: not a JSON object: {exc}", code=BAD_INPUT)
         if not isinstance(data, dict):
-            fail(f"{header_file}: the header must be a JSON object")
+            fail(f"{header_file}: the header must be a JSON object", code=BAD_INPUT)
         data = dict(data)
         if new_id is not None:
             data["id"] = new_id
@@ -554,13 +572,13 @@ def create(base: str | None, header_file: str | None, new_id: str | None, fork_l
         if fork_link:
             origin = s.header.data.get("parent_session")
             if not isinstance(origin, str) or not origin:
-                fail("--link: the header's parent_session is not a session id")
+                fail("--link: the header's parent_session is not a session id", code=BadNameError.code)
             s.append(fork_of_link(origin))
         facts = {"session": s.id, "base": s.base, "head": s.head, "mark": s.mark}
     if as_json:
         emit_json(facts)
     else:
-        echo(str(facts["session"]))
+        echo(str(facts["session"]), fit=None)
 
 
 _OUTCOME_NOTES = {
@@ -581,7 +599,7 @@ def append(session_id: str, as_json: bool) -> None:
     """
     obj = _stdin_json("entry")
     if not isinstance(obj, dict):
-        fail("stdin holds JSON but not an object; an entry is one JSON object")
+        fail("stdin holds JSON but not an object; an entry is one JSON object", code=BAD_INPUT)
     with write_store() as store:
         session = store.session(resolve_session(store, session_id))
         for message in session.recovered:
@@ -590,7 +608,7 @@ def append(session_id: str, as_json: bool) -> None:
     if as_json:
         emit_json(result.as_dict())
         return
-    echo(result.id)
+    echo(result.id, fit=None)
     if result.outcome in _OUTCOME_NOTES:
         note(_OUTCOME_NOTES[result.outcome].format(head=short_id(result.head) if result.head else "none"))
     if result.note:
@@ -622,7 +640,7 @@ def head(session_id: str, new: str | None, expected: str | None, as_json: bool) 
         if as_json:
             emit_json({"session": session_id, "head": current})
         elif current is not None:
-            echo(current)
+            echo(current, fit=None)
         return
     if expected is None:
         raise click.UsageError("moving the head needs --expect OLD (the head you expect; '' for no head)")
@@ -664,7 +682,7 @@ def cat_object(name: str, show_space: bool, as_json: bool) -> None:
             out["json"] = loads(data)  # envelopes and contents are canonical JSON, verified above
         emit_json(out)
     elif show_space:
-        echo(space)
+        echo(space, fit=None)
     else:
         write_bytes(data)
 
@@ -694,7 +712,7 @@ def delete(session_id: str, as_json: bool) -> None:
     if as_json:
         emit_json({"session": session_id, "deleted": True, "head": head, "dangling_refs": dangling})
         return
-    echo(f"deleted {session_id} (head {head or 'none'})")
+    echo(f"deleted {session_id} (head {head or 'none'})", fit=None)
     for name in dangling:
         note(f"ref {name} named {session_id} and dangles now; `agentsession ref delete {name}` removes it")
 
@@ -714,9 +732,9 @@ def rev_parse(name: str, entry: str | None, as_json: bool) -> None:
     if as_json:
         emit_json({"session": sid, "entry": entry_id})
         return
-    echo(sid)
+    echo(sid, fit=None)
     if entry_id is not None:
-        echo(entry_id)
+        echo(entry_id, fit=None)
 
 
 COMMANDS = [init, log_cmd, export, import_cmd, create, append, head, cat_object, delete, rev_parse]

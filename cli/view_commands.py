@@ -14,17 +14,22 @@ from agentsession_cas.store import Store
 from agentsession_cas.store.names import resolve_entry, resolve_session
 from agentsession_cas.store.views import Diff, diff_paths, diff_sequences, grep_store
 
-from .common import echo, emit_json, one_line, plural, table
+from .common import echo, emit_json, number, one_line, plural, size, table
 from .describe import describe
 from .store_commands import read_store
+from .terminal import color_on, paint
+from .terminal import start_pager as page
 
 # ---------------------------------------------------------------------------
 # diff
 
 
+_SIGN_COLOUR = {"-": "bad", "+": "good", "=": "dim"}
+
+
 def _entry_row(store: Store, sign: str, entry_id: str) -> str:
     e = store.entry(entry_id)
-    return f"{sign} {short_id(e.id)}  {e.type:<10} {describe(e)}"
+    return paint(f"{sign} {short_id(e.id)}  {e.type:<10} {describe(e)}", _SIGN_COLOUR[sign])
 
 
 def _entry_json(store: Store, entry_id: str) -> dict[str, Any]:
@@ -77,6 +82,7 @@ def diff(a: str, b: str, session_name: str | None, as_json: bool) -> None:
             "shared": sorted(result.shared),
         })
         return
+    page()
     last = f", up to {short_id(result.common[-1])}" if result.common else ""
     echo(f"a {sides['a']}")
     echo(f"b {sides['b']}")
@@ -85,7 +91,7 @@ def diff(a: str, b: str, session_name: str | None, as_json: bool) -> None:
         for entry_id in rest:
             if sign == "+" and entry_id in result.shared:
                 continue  # listed once, under A
-            echo(_entry_row(store, "=" if entry_id in result.shared else sign, entry_id))
+            echo(_entry_row(store, "=" if entry_id in result.shared else sign, entry_id), fit="cut")
 
 
 # ---------------------------------------------------------------------------
@@ -118,6 +124,8 @@ def grep(pattern: str, sessions: tuple[str, ...], types: tuple[str, ...], ignore
     ids = [resolve_session(store, name) for name in sessions] if sessions else sorted(store.list())
     found: list[dict[str, Any]] = []
     matched = False
+    if not as_json:
+        page()
     listed: set[str] = set()
     for m in grep_store(store, ids, regex, types=types):
         matched = True
@@ -128,12 +136,13 @@ def grep(pattern: str, sessions: tuple[str, ...], types: tuple[str, ...], ignore
                 if as_json:
                     found.append({"session": sid})
                 else:
-                    echo(sid)
+                    echo(sid, fit=None)
             continue
         if as_json:
             found.append(m.as_dict())
         else:
-            echo(f"{sid}:{short_id(m.entry)}:{m.type}:{m.field}: {one_line(m.text)}")
+            text = regex.sub(lambda hit: paint(hit.group(), "match"), one_line(m.text)) if color_on() else one_line(m.text)
+            echo(f"{paint(sid, 'head')}:{paint(short_id(m.entry), 'id')}:{m.type}:{m.field}: {text}", fit="cut")
     if as_json:
         emit_json(found)
     sys.exit(0 if matched else 1)
@@ -141,15 +150,6 @@ def grep(pattern: str, sessions: tuple[str, ...], types: tuple[str, ...], ignore
 
 # ---------------------------------------------------------------------------
 # stats
-
-
-def _size(n: int) -> str:
-    """``12,345 bytes (12.1 KiB)``: exact, then in the largest binary unit it reaches."""
-    exact = plural(n, "byte")
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{exact} ({n / scale:.1f} {unit})"
-    return exact
 
 
 @click.command()
@@ -170,26 +170,27 @@ def stats(by_session: bool, as_json: bool) -> None:
     if as_json:
         emit_json(result.as_dict(by_session=by_session))
         return
-    rows = [["" if i else "objects", f"{space} {result.objects[space]:,} in {_size(result.object_bytes[space])}"]
+    page()
+    rows = [["" if i else "objects", f"{space} {number(result.objects[space])} in {size(result.object_bytes[space])}"]
             for i, space in enumerate(result.objects)]
-    rows += [["sessions", f"{len(result.sessions):,}"], ["logical", _size(result.logical_bytes)]]
+    rows += [["sessions", number(len(result.sessions))], ["logical", size(result.logical_bytes)]]
     if result.stored is None:
         rows.append(["stored", "not known for this backend"])
     else:
-        parts = ", ".join(f"{kind} {_size(n)}" for kind, n in result.stored.items())
-        rows.append(["stored", f"{_size(sum(result.stored.values()))}: {parts}"])
+        parts = ", ".join(f"{kind} {size(n)}" for kind, n in result.stored.items())
+        rows.append(["stored", f"{size(sum(result.stored.values()))}: {parts}"])
     dedup = f"; dedup {result.dedup:.2f}x" if result.dedup is not None else ""
-    rows.append(["distinct", f"{plural(result.distinct_entries, 'entry', 'entries')}, {_size(result.distinct_bytes)}"])
+    rows.append(["distinct", f"{plural(result.distinct_entries, 'entry', 'entries')}, {size(result.distinct_bytes)}"])
     rows.append(["shared", f"{plural(result.shared_entries, 'entry', 'entries')} held by more than one session{dedup}"])
     for line in table(rows):
         echo(line)
     if by_session and result.sessions:
         echo()
         head = [["SESSION", "ENTRIES", "OWN", "LOGICAL", "SHARED"]]
-        body = [[s.session, f"{s.entries:,}", f"{s.own:,}", f"{s.logical_bytes:,}",
-                 f"{s.shared_entries:,} ({s.shared_bytes:,} bytes)"] for s in result.sessions]
-        for line in table(head + body):
-            echo(line)
+        body = [[s.session, number(s.entries), number(s.own), size(s.logical_bytes),
+                 f"{number(s.shared_entries)}, {size(s.shared_bytes)}"] for s in result.sessions]
+        for line in table(head + body, shrink=0):
+            echo(line, fit="cut")
 
 
 COMMANDS: list[click.Command] = [diff, grep, stats]

@@ -65,3 +65,18 @@ def corpus() -> Path:
 def fixtures_dir() -> Path:
     """The repository's own fixtures/ directory (written by fixtures/generate.py)."""
     return FIXTURES
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _output_on_one_line():
+    """Human output is fitted to the width (docs/cli.md "Human output"): the suite reads
+    each reported item on one line, so the command runs in it as off a terminal 10,000
+    columns wide, whatever COLUMNS the shell exported. tests/test_cli_terminal.py checks
+    the fitting itself (100 columns off a terminal, a forced terminal's width)."""
+    from agentsession_cli import terminal
+
+    # for the whole session (module fixtures run the command too), with a patch of its own
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("COLUMNS", raising=False)
+        patch.setattr(terminal, "FALLBACK_WIDTH", 10_000)
+        yield

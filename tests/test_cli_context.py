@@ -99,7 +99,7 @@ def test_show_legacy_leaf_and_omitted_items_in_text():
     want = json.loads((CORPUS / "context" / "branch.json").read_text())["r0000002"]
     assert out["context"]["items"] == want["items"] and out["context"]["settings"] == want["settings"]
     text = run("show", str(CORPUS / "sessions" / "omit.jsonl")).output
-    assert "  omit          reasoning other_models, 1 item(s)" in text
+    assert "  omit          reasoning other_models, 1 item" in text
     assert "  left out (other_models)  21deadb6a350  reasoning:" in text
     assert "  left out (items)  c5b17c66c1c9  assistant: \"Answer resp_2.\"" in text
 

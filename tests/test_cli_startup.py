@@ -49,7 +49,7 @@ def test_version_and_help_load_no_store_and_no_format_core():
     for argv in (["--version"], ["--help"]):
         loaded = _loaded_after(argv)
         assert loaded <= {"agentsession_cas", "agentsession_cas.errors", "agentsession_cli",
-                          "agentsession_cli.main", "agentsession_cli.common"}, (argv, sorted(loaded))
+                          "agentsession_cli.main", "agentsession_cli.common", "agentsession_cli.terminal"}, (argv, sorted(loaded))
 
 
 def test_a_store_command_does_not_load_exchange_or_the_file_commands(tmp_path):

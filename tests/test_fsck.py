@@ -33,6 +33,7 @@ from agentsession_cas.backends.files.packs import Pack
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store import Store
 from agentsession_cas.format.writer import write_session
+from agentsession_cli import terminal
 from agentsession_cli.fsck_command import run_fsck
 from agentsession_cli.main import main
 
@@ -577,6 +578,8 @@ def test_stray_names_are_warnings(store):
 def test_progress_only_on_a_terminal_and_never_under_json(store, capsys, monkeypatch):
     root, info = store
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setattr(terminal, "PROGRESS_DELAY", 0.0)  # every operation slow
+    monkeypatch.setattr(terminal, "PROGRESS_EVERY", 0.0)
     assert run_fsck(False, root=str(root)) == 0
     err = capsys.readouterr().err
     assert "\r\x1b[Kfsck: " in err and err.endswith("\r\x1b[K")  # drawn, then cleared

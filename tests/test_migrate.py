@@ -28,7 +28,7 @@ from agentsession_cas.backends.files.migrate import crc32c, layout_state, migrat
 from agentsession_cas.backends.files.objects import SPACES, FileObjects
 from agentsession_cas.backends.files.layout import LAYOUT
 from agentsession_cas.store import Store
-from agentsession_cli import migrate_command
+from agentsession_cli import migrate_command, terminal
 from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -721,7 +721,9 @@ def test_cli_progress_only_on_a_terminal(old, tmp_path, monkeypatch):
     result = cli(old.root, "migrate")  # stderr is no terminal here
     assert result.exit_code == 0 and result.stderr == ""
     other = old_layout.build_scenario(tmp_path / "other")
-    monkeypatch.setattr(migrate_command, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(terminal, "isatty", lambda stream: True)  # a terminal, and every operation slow
+    monkeypatch.setattr(terminal, "PROGRESS_DELAY", 0.0)
+    monkeypatch.setattr(terminal, "PROGRESS_EVERY", 0.0)
     result = cli(other.root, "migrate")
     assert result.exit_code == 0
     assert "migrate: session 1/8: alpha" in result.stderr
@@ -759,6 +761,6 @@ def test_no_stdin_or_stderr_at_all_is_no_terminal(old, monkeypatch):
         monkeypatch.setattr(sys, "stdin", stream)
         monkeypatch.setattr(sys, "stderr", stream)
         assert migrate_command._stdin_is_tty() is False
-        assert migrate_command._stderr_is_tty() is False
+        assert terminal.isatty(stream) is False
     monkeypatch.undo()
     assert cli(old.root, "migrate").exit_code == 0

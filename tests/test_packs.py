@@ -950,7 +950,7 @@ def test_pack_command_makes_one_pack_and_changes_no_session(root):
     # Text output, and a second pack of one pack.
     r = cli(root, "pack")
     assert r.exit_code == 0, r.stderr
-    assert r.stdout.startswith(f"packed {out['objects']:,} objects from 1 pack(s) and 0 loose file(s) into 1 pack(s)")
+    assert r.stdout.startswith(f"packed {out['objects']:,} objects from 1 pack(s) and 0 loose files into 1 pack(s)")
     verify_all(root, exported)
 
 

@@ -27,7 +27,7 @@ from agentsession_cas.backends.files.repair import DAMAGED_PREFIX
 from agentsession_cas.maintenance.repair import plan_repair, repair_session
 from storetools import crash, line_body, put_entry, rechain
 from agentsession_cas.store import Store
-from agentsession_cli import repair_command
+from agentsession_cli import repair_command, terminal
 from agentsession_cli.main import main
 
 SID = "s1"
@@ -738,17 +738,18 @@ def test_progress_only_on_a_terminal_and_never_under_json(tmp_path, monkeypatch)
     root = tmp_path / "store"
     ids = build(root)
     flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
-    monkeypatch.setattr(repair_command, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(terminal, "isatty", lambda stream: True)  # a terminal, and every operation slow
+    monkeypatch.setattr(terminal, "PROGRESS_DELAY", 0.0)
+    monkeypatch.setattr(terminal, "PROGRESS_EVERY", 0.0)
     r = cli(root, "repair", "--dry-run", "--json", SID)
     assert r.exit_code == 0 and r.stderr == ""
     r = cli(root, "repair", "--dry-run", SID)
-    # (click drops the erase-line escape when its stream is no terminal: "\r" is what stays)
     assert r.exit_code == 0 and "\rrepair: " in r.stderr.replace("\x1b[K", "")
     assert r.stderr.replace("\x1b[K", "").endswith("\r")  # cleared at the end
-    monkeypatch.setattr(repair_command, "_stderr_is_tty", lambda: False)  # a pipe
+    monkeypatch.setattr(terminal, "isatty", lambda stream: False)  # a pipe
     r = cli(root, "repair", "--dry-run", SID)
     assert r.exit_code == 0 and r.stderr == ""
-    monkeypatch.setattr(repair_command, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(terminal, "isatty", lambda stream: True)
     r = cli(root, "repair", "--json", SID)
     assert r.exit_code == 0 and r.stderr == "" and json.loads(r.stdout)["repaired"]
     assert_healthy(root, ids)
@@ -761,7 +762,11 @@ def test_an_error_after_progress_is_not_written_over_it(tmp_path, monkeypatch):
     root = tmp_path / "store"
     build(root)
     flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
-    monkeypatch.setattr(repair_command, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(terminal, "isatty", lambda stream: True)  # a terminal, and every operation slow
+    monkeypatch.setattr(terminal, "PROGRESS_DELAY", 0.0)
+    monkeypatch.setattr(terminal, "PROGRESS_EVERY", 0.0)
+
+    monkeypatch.setenv("NO_COLOR", "1")  # the placement of the lines is checked, not their colour
 
     def broken(report, name):
         raise StoreError("the log the repair built does not read back (a test)")

@@ -164,15 +164,17 @@ def _one_session_and_garbage(root: Path) -> None:
 
 
 def test_progress_only_on_a_terminal_and_never_under_json(root, monkeypatch):
-    from agentsession_cli import maintenance_commands
+    from agentsession_cli import terminal
 
     _one_session_and_garbage(root)
     age_all(root)
-    monkeypatch.setattr(maintenance_commands, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(terminal, "isatty", lambda stream: True)  # a terminal, and every operation slow
+    monkeypatch.setattr(terminal, "PROGRESS_DELAY", 0.0)
+    monkeypatch.setattr(terminal, "PROGRESS_EVERY", 0.0)
     r = cli(root, "pack", "--json")
     assert r.exit_code == 0 and r.stderr == ""
     r = cli(root, "pack")
-    assert r.exit_code == 0 and "\r\x1b[Kpacking: 100% (" in r.stderr and r.stderr.endswith("\n")
+    assert r.exit_code == 0 and "\r\x1b[Kpacking: 100% (" in r.stderr and r.stderr.endswith("\r\x1b[K")  # cleared
     age_all(root)
     r = cli(root, "sweep", "--grace", "0", "--dry-run", "--json")
     assert r.exit_code == 0 and r.stderr == ""
@@ -180,10 +182,10 @@ def test_progress_only_on_a_terminal_and_never_under_json(root, monkeypatch):
     assert r.exit_code == 0, r.stderr
     # the retention phase first (reading logs, then objects), then the count, on one line
     assert r.stderr.index("\r\x1b[Ksweeping: read 1 session log(s), 0 staged") < r.stderr.index(
-        "\r\x1b[Ksweeping: 100% (") and r.stderr.endswith("\n")
+        "\r\x1b[Ksweeping: 100% (") and r.stderr.endswith("\r\x1b[K")
     r = cli(root, "sweep", "--grace", "0", "--json")
     assert r.exit_code == 0 and r.stderr == ""
-    monkeypatch.setattr(maintenance_commands, "_stderr_is_tty", lambda: False)  # a pipe
+    monkeypatch.setattr(terminal, "isatty", lambda stream: False)  # a pipe
     age_all(root)
     for args in (("pack",), ("sweep", "--grace", "0")):
         r = cli(root, *args)
@@ -191,10 +193,13 @@ def test_progress_only_on_a_terminal_and_never_under_json(root, monkeypatch):
 
 
 def test_an_error_after_progress_starts_on_a_line_of_its_own(root, monkeypatch):
-    from agentsession_cli import maintenance_commands
+    from agentsession_cli import terminal
 
     _one_session_and_garbage(root)
-    monkeypatch.setattr(maintenance_commands, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(terminal, "isatty", lambda stream: True)  # a terminal, and every operation slow
+    monkeypatch.setattr(terminal, "PROGRESS_DELAY", 0.0)
+    monkeypatch.setattr(terminal, "PROGRESS_EVERY", 0.0)
+    monkeypatch.setenv("NO_COLOR", "1")  # the placement of the lines is checked, not their colour
     real = FileObjects._repack_one
     calls = []
 
@@ -207,8 +212,9 @@ def test_an_error_after_progress_starts_on_a_line_of_its_own(root, monkeypatch):
     monkeypatch.setattr(FileObjects, "_repack_one", staticmethod(failing))
     r = cli(root, "pack")
     assert r.exit_code == 1
-    assert r.stderr.startswith("\r\x1b[Kpacking: ") and "\nagentsession: error: pack failed: " in r.stderr
-    assert r.stderr.splitlines()[-1].startswith("agentsession: error: pack failed: ")
+    # the progress line is cleared, then the error is printed where it began
+    assert r.stderr.startswith("\r\x1b[Kpacking: ") and "\r\x1b[Kagentsession: error: pack failed: " in r.stderr
+    assert r.stderr.rsplit("\r\x1b[K", 1)[-1].startswith("agentsession: error: pack failed: ")
 
 
 def test_the_summary_counts_files_left_young(root):
@@ -217,7 +223,7 @@ def test_the_summary_counts_files_left_young(root):
     assert r.exit_code == 0, r.stderr
     n = sweep_json(root, "--dry-run")["young_files"]
     assert n > 0
-    assert r.stdout.startswith("removed 0 object(s), 0 B; kept 0 (retained by 1 session(s), grace 14d); "
+    assert r.stdout.startswith("removed 0 object(s), 0 bytes; kept 0 (retained by 1 session(s), grace 14d); "
                                f"left {n:,} file(s) younger than the grace period as they are; ")
 
 
@@ -258,7 +264,7 @@ def test_a_deleted_sessions_objects_go_and_a_live_ones_stay(root):
     # A second sweep finds nothing more; the text summary says so.
     r = cli(root, "sweep", "--grace", "0")
     assert r.exit_code == 0 and r.stderr == ""
-    assert r.stdout.startswith("removed 0 object(s), 0 B; kept ") and "retained by 1 session(s), grace 0)" in r.stdout
+    assert r.stdout.startswith("removed 0 object(s), 0 bytes; kept ") and "retained by 1 session(s), grace 0)" in r.stdout
 
 
 def test_abandoned_branches_and_uncommitted_appends_are_kept(root):

@@ -33,6 +33,7 @@ from ..errors import (
     Problem,
     SessionFormatError,
 )
+from ..progress import EVERY, Progress, reported
 from .canonical import loads_flagged
 from .entry import Entry, Header
 from .legacy import migrate_entry
@@ -149,7 +150,7 @@ def split_lines(data: bytes) -> list[bytes]:
     return lines
 
 
-def read_session(path: str | os.PathLike, *, keep_objects: bool = False) -> SessionFile:
+def read_session(path: str | os.PathLike, *, keep_objects: bool = False, progress: Progress | None = None) -> SessionFile:
     """Read and check the session file at ``path``.
 
     Raises ``OSError`` when the file cannot be read and
@@ -161,21 +162,24 @@ def read_session(path: str | os.PathLike, *, keep_objects: bool = False) -> Sess
         raise IsADirectoryError(21, "is a directory, not a session file", name)
     with open(name, "rb") as f:
         data = f.read()
-    return read_session_bytes(data, source=name, keep_objects=keep_objects)
+    return read_session_bytes(data, source=name, keep_objects=keep_objects, progress=progress)
 
 
-def read_session_bytes(data: bytes, *, source: str = "<bytes>", keep_objects: bool = False) -> SessionFile:
+def read_session_bytes(
+    data: bytes, *, source: str = "<bytes>", keep_objects: bool = False, progress: Progress | None = None
+) -> SessionFile:
     """Read and check a session held in memory (see :func:`read_session`).
 
     ``keep_objects`` keeps each entry's two objects (content and envelope bytes,
     computed anyway to check its hashes) on ``Entry.objects``, for an import that
-    writes them next; it costs their size in memory."""
+    writes them next; it costs their size in memory. ``progress(lines, total)`` is
+    called as the entry lines are read (:mod:`agentsession_cas.progress`)."""
     lines = split_lines(data)
     if not lines:
         raise SessionFormatError(source, [problem(1, "header", "the file is empty: no header")])
     header = read_header(lines[0], source)
     with gc_paused():
-        return _Reader(source, header, lines[1:], keep_objects=keep_objects).run()
+        return _Reader(source, header, reported(lines[1:], len(lines) - 1, progress), keep_objects=keep_objects).run()
 
 
 def file_header(path: str | os.PathLike) -> Header:
@@ -201,7 +205,9 @@ def _first_line(f: BinaryIO, name: str) -> tuple[bytes, Header]:
     return first, read_header(first[:-1] if first.endswith(b"\n") else first, name)
 
 
-def verify_file(path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | None = None) -> VerifyReport:
+def verify_file(
+    path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | None = None, progress: Progress | None = None
+) -> VerifyReport:
     """What ``agentsession verify FILE`` reports (:func:`~agentsession_cas.format.rules.verify_session`
     of the file as read), in one pass over the file read line by line: each line through
     the line and tree rules, then at once through the record and context rules, its
@@ -217,17 +223,19 @@ def verify_file(path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | 
     goes), and then ``on_entry`` is refused.
 
     Raises ``OSError`` when the file cannot be read and :class:`SessionFormatError` when
-    its first line is no usable header."""
+    its first line is no usable header. ``progress(bytes read, file size)`` is called as
+    the file is read (:mod:`agentsession_cas.progress`)."""
     name = _session_file(path)
     with open(name, "rb") as f:
         first, header = _first_line(f, name)
         if header.is_legacy:  # migration assigns ids as it goes: entries are kept, not read again
             if on_entry is not None:
                 raise ValueError("a file before format 0.5 is migrated whole: it is not streamed")
-            return verify_bytes(first + f.read(), source=name)
+            return verify_bytes(first + f.read(), source=name, progress=progress)
         starts = array("q")
         ends = array("q")
         fd = f.fileno()
+        size = os.fstat(fd).st_size
 
         def lines() -> Iterator[bytes]:
             pos = len(first)
@@ -236,7 +244,11 @@ def verify_file(path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | 
                 starts.append(pos)
                 ends.append(pos + n)
                 pos += len(raw)
+                if progress is not None and len(starts) % EVERY == 0:
+                    progress(pos, max(size, pos))
                 yield raw[:n]
+            if progress is not None:
+                progress(pos, max(size, pos))
 
         where: dict[str, int] = {}
 
@@ -253,24 +265,26 @@ def verify_file(path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | 
         return _verify(name, header, lines(), PathChecker(header, loader=load), where, on_entry)
 
 
-def verify_bytes(data: bytes, *, source: str = "<bytes>") -> VerifyReport:
+def verify_bytes(data: bytes, *, source: str = "<bytes>", progress: Progress | None = None) -> VerifyReport:
     """:func:`verify_file` of a session held in memory (standard input, say): the entries
-    are kept, since there is no file to read one again from."""
+    are kept, since there is no file to read one again from. ``progress(lines, total)``."""
     lines = split_lines(data)
     if not lines:
         raise SessionFormatError(source, [problem(1, "header", "the file is empty: no header")])
     header = read_header(lines[0], source)
-    return _verify(source, header, lines[1:], PathChecker(header), None)
+    return _verify(source, header, reported(lines[1:], len(lines) - 1, progress), PathChecker(header), None)
 
 
 def verify_lines(
-    lines: Iterable[bytes], *, source: str, loader: Callable[[str], Entry] | None = None
+    lines: Iterable[bytes], *, source: str, loader: Callable[[str], Entry] | None = None,
+    progress: Progress | None = None, total: int = 0,
 ) -> VerifyReport:
     """:func:`verify_file` of a session given as its lines as they come (the header's
     first, each with or without its LF: a stored session's projection, say). ``loader``
     gives an entry again by id when the checker goes back to a branch it left (its line
-    number is set here), so the entries are not held; without one they are."""
-    it = iter(lines)
+    number is set here), so the entries are not held; without one they are.
+    ``progress(lines, total)`` is called as they come (``total`` an estimate)."""
+    it = iter(reported(lines, total + 1, progress))
     first = next(it, None)
     if first is None:
         raise SessionFormatError(source, [problem(1, "header", "the file is empty: no header")])

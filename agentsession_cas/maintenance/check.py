@@ -27,6 +27,7 @@ from ..errors import (
 from ..format.entry import short_id
 from ..format.reader import verify_lines
 from ..format.rules import RULES, VerifyReport
+from ..progress import Progress
 from ..store.links import check_links
 from ..store.state import replay
 
@@ -72,12 +73,15 @@ def _one_line(text: str) -> str:
     return " ".join(text.splitlines())
 
 
-def verify_stored(store: Store, session_id: str, *, empty_ok: bool = True) -> StoredCheck:
+def verify_stored(
+    store: Store, session_id: str, *, empty_ok: bool = True, progress: Progress | None = None
+) -> StoredCheck:
     """Verify a stored session: its log reads and replays, its indexes agree with it,
     every object it needs is sound, and its projection verifies as a file.
     ``empty_ok=False`` holds a session with no entry to what ``verify`` of its export
     says (``empty``: nothing was checked); fsck keeps the default, since a store may
-    hold a session with no entry yet."""
+    hold a session with no entry yet. ``progress(lines, total)`` is called as the
+    projection is verified (:mod:`agentsession_cas.progress`)."""
     out = StoredCheck(session_id, stats={"entries": 0, "prefix": 0, "records": 0})
     history = store.backend.sessions.history(session_id)
     out.stats["records"] = len(history.records) if history.tail_from is None else history.tail_from
@@ -95,7 +99,7 @@ def verify_stored(store: Store, session_id: str, *, empty_ok: bool = True) -> St
             session = None  # the careful path below says why
     if session is not None:
         try:
-            report = _verify_projection(session)
+            report = _verify_projection(session, progress)
         except AgentSessionError:
             report = None  # an object the projection needs is missing or corrupt: the careful path names it
         if report is not None:
@@ -166,13 +170,14 @@ def _careful(store: Store, session_id: str, history: Any, out: StoredCheck, *, e
         out.notes.append("the projection was not checked: the log or the objects are damaged")
 
 
-def _verify_projection(session: Session) -> VerifyReport | SessionFormatError:
+def _verify_projection(session: Session, progress: Progress | None = None) -> VerifyReport | SessionFormatError:
     """The projection verified as a file is (the one rule set: the same problems, codes and
     notes ``verify FILE`` gives of its export), as its lines are made, an entry the
     checker goes back to read again from the store; or the error of a projection that
     has no header to read. Raises the error of an object it cannot read."""
     try:
-        return verify_lines(session.projection_lines(), source=session.id, loader=session.store.entry)
+        return verify_lines(session.projection_lines(), source=session.id, loader=session.store.entry,
+                            progress=progress, total=len(session.prefix) + len(session))
     except SessionFormatError as exc:
         return exc
 

@@ -46,6 +46,7 @@ from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_pat
 from ..format.names import check_session_id
 from ..format.timestamps import now_ts
 from ..fsutil import Spill
+from ..progress import Progress, reported
 from .links import CHAIN_LIMIT, Chain, resolve_current
 from .refs import header_ident
 from .session import AppendResult, Session, _resume_leaf, entry_from_objects, envelope_parts, walk_up
@@ -617,14 +618,19 @@ class Store:
             return {}
         return {name: self.blob(name) for name in sidecar_names(projection)}
 
-    def export_to(self, session_id: str, path: str | PathLike[str]) -> int:
+    def export_to(self, session_id: str, path: str | PathLike[str], *, progress: Progress | None = None) -> int:
         """Write the projection to ``path`` (a regular file atomically, a symlink's
         target, a device or pipe as a stream), and sidecar media beside a file
         (``<dir>/<session id>/<hex>``, RFC 0001); a blob the store lacks is an error,
         raised before a file is put in place. The projection streams to the file.
-        Returns how many blobs a stream output left unwritten."""
+        Returns how many blobs a stream output left unwritten. ``progress(lines, total)``
+        is called as the lines are written (:mod:`agentsession_cas.progress`)."""
         blobs: dict[str, bytes] = {}
-        lines = self.export_lines(session_id)
+        lines: Iterator[bytes] = self.export_lines(session_id)
+        if progress is not None:
+            with self.read(session_id) as s:
+                total = 1 + len(s.prefix) + len(s)
+            lines = iter(reported(lines, total, progress))
         if self.header(session_id).media == "sidecar":
             lines = self._collect_blobs(lines, blobs)
         return write_projection(path, lines, session_id, blobs)
@@ -639,7 +645,7 @@ class Store:
         for name in sorted(names):
             blobs[name] = self.blob(name)
 
-    def import_file(self, path: str | PathLike[str], *, record: bool = False) -> Session:
+    def import_file(self, path: str | PathLike[str], *, record: bool = False, progress: Progress | None = None) -> Session:
         """Import a projection (RFC 0002): every line verified, the head from the resume
         rule held to the head rule, a synthetic marker discarded. A mirror unless ``record``.
 
@@ -648,23 +654,26 @@ class Store:
         two objects spilled to a temporary file as they are checked and handed to the
         backend once the whole file is found sound: what it holds is what a verify holds
         (the entries on the path the context rules stand on) and a few ids per entry, not
-        the file. A file of a format before 0.5 is migrated whole, in memory."""
+        the file. A file of a format before 0.5 is migrated whole, in memory.
+        ``progress(done, total)`` is called as the file is read and checked."""
         from ..format.reader import file_header, gc_paused, read_session
 
         first = file_header(path)
         if first.is_legacy:
             with gc_paused():
-                sf = read_session(path, keep_objects=True)
+                sf = read_session(path, keep_objects=True, progress=progress)
                 return self.import_session(sf, record=record, sidecar_dir=sidecar_dir(path, str(sf.header.id)))
         self._require_writable()
         with gc_paused(), Spill() as spill:  # a bulk pass: many acyclic objects per entry (see gc_paused)
-            return self._import_streamed(path, first, spill, record)
+            return self._import_streamed(path, first, spill, record, progress)
 
-    def _import_streamed(self, path: str | PathLike[str], first: Header, spill: Spill, record: bool) -> Session:
+    def _import_streamed(
+        self, path: str | PathLike[str], first: Header, spill: Spill, record: bool, progress: Progress | None
+    ) -> Session:
         from ..format.reader import verify_file
 
         taken = _TakenImport(spill, self._defaulted_header(first))
-        report = verify_file(path, on_entry=taken.take)
+        report = verify_file(path, on_entry=taken.take, progress=progress)
         source = report.source
         problems = [p for p in report.problems if p.code != "empty"]  # a header alone is a session to hold
         if problems:
@@ -698,11 +707,14 @@ class Store:
         session.prefix = taken.prefix
         return session
 
-    def import_bytes(self, data: bytes, *, record: bool = False, source: str = "<bytes>") -> Session:
+    def import_bytes(
+        self, data: bytes, *, record: bool = False, source: str = "<bytes>", progress: Progress | None = None
+    ) -> Session:
         from ..format.reader import gc_paused, read_session_bytes
 
         with gc_paused():
-            return self.import_session(read_session_bytes(data, source=source, keep_objects=True), record=record)
+            sf = read_session_bytes(data, source=source, keep_objects=True, progress=progress)
+            return self.import_session(sf, record=record)
 
     def _import_blobs(self, names: Iterable[str], source: str, directory: str | None) -> None:
         """A sidecar session's blobs come from ``<dir>/<id>/<hex>`` beside its file, each
