@@ -56,6 +56,9 @@ def test_a_damaged_header_file_is_never_served_and_is_rewritten(tmp_path, damage
     export = CliRunner().invoke(main, ["--store", str(root), "export", "s1"])
     assert export.exit_code == 0, export.output
     assert export.stdout_bytes.split(b"\n", 1)[0] + b"\n" == header
+    # read alone (refs name a session's incarnation by it): the log's too, never the file's
+    with Store(root, readonly=True) as st:
+        assert canonical_bytes(st.header("s1").data) + b"\n" == header
     report = fsck(root)
     assert [p.code for p in report.warnings] == ["stale-header"] and not report.errors
     with Store(root) as st:

@@ -547,7 +547,9 @@ def test_reads_touch_only_the_refs_and_the_headers_they_name(root, monkeypatch):
     states = [ro.state(r) for r in ro.list("x/")]
     assert states == ["ok", "ok"] and ro.resolve("x/one") == "s1"
     rel = {os.path.relpath(p, root) for p in opened}
-    assert rel == {"layout", "refs/x%one", "refs/x%two", "sessions/s1/header", "sessions/s2/header"}
+    # each header named, checked against its log's first line (the log holds the header)
+    assert rel == {"layout", "refs/x%one", "refs/x%two", "sessions/s1/header", "sessions/s2/header",
+                   "sessions/s1/log", "sessions/s2/log"}
     assert {os.path.relpath(p, root) for p in listed} == {"refs"}
 
 

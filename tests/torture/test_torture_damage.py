@@ -15,14 +15,13 @@ from damage import Row, invoke, play, table
 #: Damage the store cannot save by itself, and why (docs/reliability.md says the same):
 #: the file is the only copy of what it holds.
 UNSAVEABLE = {
-    "header": "a session's header is held nowhere else",
     "layout": "every command refuses the store (a newer release's layout is not guessed at)",
     "ref": "a ref file is the only record of what it names",
 }
-#: Damage that is not yet found: the header has no checksum. The lead's change (a checksum
-#: in the header file, backends/files/sessions.py) closes it; until then a flipped byte
-#: inside a header's values is served.
-NOT_YET_FOUND = {"header"}
+#: Damage that is not yet found. (The header was here until every read of a header,
+#: ``Store.header`` included, took the log's where the file disagrees: the file is an
+#: index of the log, so a damaged one is harmless, warned of, and rewritten.)
+NOT_YET_FOUND: set[str] = set()
 
 
 def check(rows: dict[str, Row]) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -216,6 +217,33 @@ def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int]:
     return data, link, len(data)
 
 
+def _logged_header(path: str, file_bytes: bytes) -> bytes | None:
+    """The header the log at ``path`` holds, as a header file's bytes, when it is not
+    ``file_bytes``; None when they agree or the log says nothing sure (a log written before
+    logs held the header, or one that does not read: its open judges it)."""
+    try:
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            first = f.readline(HEADER_LIMIT + 4096)
+    except OSError:
+        return None
+    parsed = read_log(first).records if first.endswith(b"\n") else []
+    if not parsed or parsed[0].op != "create" or not isinstance(parsed[0].get("header"), dict):
+        return None
+    if canonical_bytes(parsed[0].get("header")) + b"\n" == file_bytes:
+        return None  # the common case: the file is the create record's header
+    try:
+        lr = read_log(read_whole(path), expand=False)
+    except OSError:
+        return None
+    logged = header_of(lr.records)
+    if lr.damage or logged is None:
+        return None
+    held = canonical_bytes(logged) + b"\n"
+    return None if held == file_bytes else held
+
+
 class FileSessions(SessionStore):
     """``sessions/`` of a store directory."""
 
@@ -263,12 +291,19 @@ class FileSessions(SessionStore):
             return False
 
     def header(self, session_id: str) -> bytes | None:
+        """The header, from its file checked against the one the log holds: the file is
+        an index of the log (which a damaged or stale file never overrides). The log's
+        first line (its create record) is read to check it; only when they differ (a
+        damaged file, or a header record written later) is the whole log read."""
+        d = self.dir(session_id)
         try:
-            return read_small(os.path.join(self.dir(session_id), "header"), HEADER_LIMIT)
+            raw = read_small(os.path.join(d, "header"), HEADER_LIMIT)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
             raise StoreError(f"session {session_id}: its header cannot be read: {exc.strerror or exc}") from None
+        logged = _logged_header(os.path.join(d, "log"), raw)
+        return raw if logged is None else logged
 
     def open(self, session_id: str, *, writable: bool) -> tuple[SessionLog, LogOpen]:
         log = FileSessionLog(self.backend, session_id)
