@@ -51,7 +51,7 @@ demo: $(STAMP)
 	echo '{"type":"item","item":{"type":"message","role":"user","content":[{"type":"input_text","text":"hello"}]}}' | $(AS) append --json $$new; \
 	$(AS) log $$new; \
 	echo; echo "== verify every session"; \
-	for s in $$($(AS) list --json | $(PY) -c 'import json,sys; print(" ".join(x["id"] for x in json.load(sys.stdin)))'); do \
+	for s in $$($(AS) list --json | $(PY) -c 'import json,sys; print(" ".join(x["session"] for x in json.load(sys.stdin)))'); do \
 	  $(AS) verify $$s; done; \
 	echo; echo "== a named ref, then push the recorded session to a second store (it lands as a mirror)"; \
 	$(AS) ref update demo/latest $$new; $(AS) ref list; \
@@ -71,7 +71,7 @@ demo: $(STAMP)
 	@set -e; work=$$(mktemp -d); \
 	$(PY) docs/examples/record_and_push.py $$work/ex; \
 	echo; echo "== agentsession show --runs on the mirror it pushed to (runs, end reasons, calls; the run the crash cut off ended error)"; \
-	id=$$($(AS) --store $$work/ex/remote list --json | $(PY) -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])'); \
+	id=$$($(AS) --store $$work/ex/remote list --json | $(PY) -c 'import json,sys; print(json.load(sys.stdin)[0]["session"])'); \
 	$(AS) --store $$work/ex/remote show --runs $$id | sed -n '/^runs on the path/,$$p'; \
 	$(AS) --store $$work/ex/remote verify $$id; \
 	rm -rf $$work

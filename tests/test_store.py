@@ -1197,7 +1197,7 @@ def test_delete_of_an_open_session_writes_no_commit_first(root, monkeypatch):
     s, rs = chain(st, n=1)
     writes = []
     real = FileSessionLog._write_log
-    monkeypatch.setattr(FileSessionLog, "_write_log", lambda self, bodies, sync: writes.extend(bodies) or real(self, bodies, sync=sync))
+    monkeypatch.setattr(FileSessionLog, "_write_log", lambda self, bodies, sync, datas: writes.extend(bodies) or real(self, bodies, sync=sync, datas=datas))
     assert not held(root, "entries", rs[0].id)
     st.delete("s1")
     # no commit: only the checkpoint that writes the objects the log alone held, so

@@ -154,7 +154,7 @@ def test_sigkill_in_migrate_loses_no_committed_entry(tmp_path):
     shutil.copytree(pristine, reference, symlinks=True)
     total = steps(reference, ["migrate", "--yes"], tmp_path)
     assert invoke(reference, "fsck").exit_code == 0
-    sids = sorted(s["id"] for s in json.loads(invoke(reference, "list", "--json").stdout))
+    sids = sorted(s["session"] for s in json.loads(invoke(reference, "list", "--json").stdout))
     assert len(sids) >= 4
     want = {sid: invoke(reference, "export", sid).stdout_bytes for sid in sids}
     points = kill_points(total, "kill-migrate")
@@ -171,7 +171,7 @@ def test_sigkill_in_migrate_loses_no_committed_entry(tmp_path):
         out = heal(root, sids)
         if "0 problem(s)" not in out:
             failures.append(f"kill {k}: fsck after healing: {out[-400:]}")
-        got = sorted(s["id"] for s in json.loads(invoke(root, "list", "--json").stdout))
+        got = sorted(s["session"] for s in json.loads(invoke(root, "list", "--json").stdout))
         if got != sids:
             failures.append(f"kill {k}: sessions {got}, not {sids}")
         for sid, data in want.items():

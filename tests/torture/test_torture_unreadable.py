@@ -45,8 +45,10 @@ json.dump(out, sys.stdout)
 
 def as_nobody(root: Path, cmds: list[tuple[str, ...]]) -> list[subprocess.CompletedProcess]:
     """Each command run as the unprivileged user, in one process of its own (limited)."""
+    # as wide as the suite's own runs (tests/conftest.py), so outputs compare line for line
+    env = dict(os.environ, COLUMNS="10000")
     p = subprocess.run([*AS_NOBODY, sys.executable, "-c", RUNNER], capture_output=True, text=True, timeout=120,
-                       input=json.dumps([["--store", str(root), *c] for c in cmds]))
+                       input=json.dumps([["--store", str(root), *c] for c in cmds]), env=env)
     assert p.returncode == 0, p.stderr[-800:]
     return [subprocess.CompletedProcess(list(c), rc, out, err) for c, (rc, out, err) in zip(cmds, json.loads(p.stdout))]
 
