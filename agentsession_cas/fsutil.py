@@ -241,12 +241,23 @@ def read_whole(path: str) -> bytes:
     return data
 
 
+def read_prefix(path: str, limit: int) -> bytes:
+    """The first ``limit`` bytes (or fewer) of a file the store keeps, opened as
+    :func:`read_small` opens one (non-blocking, no final symbolic link followed, a
+    regular file only), whatever its size."""
+    return _read_regular(path, limit, whole=False)
+
+
 def read_small(path: str, limit: int) -> bytes:
     """A small file the store keeps (layout, a ref), read whole: opened non-blocking and
     without following a final symbolic link (the store makes none), checked to be a
     regular file, and refused past ``limit`` bytes before anything is read (a sparse
     file of gigabytes is not read). :class:`NotAFileError` says which of these it is;
     FileNotFoundError and IsADirectoryError pass as they are."""
+    return _read_regular(path, limit, whole=True)
+
+
+def _read_regular(path: str, limit: int, *, whole: bool) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError as exc:
@@ -259,7 +270,7 @@ def read_small(path: str, limit: int) -> bytes:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
         if not stat.S_ISREG(st.st_mode):
             raise NotAFileError(f"{path} is not a regular file (a FIFO, a device or a socket)")
-        if st.st_size > limit:
+        if whole and st.st_size > limit:
             raise NotAFileError(f"{path} is {st.st_size} bytes; a file of its kind is at most {limit}")
         return os.read(fd, limit + 1)[:limit]
     finally:

@@ -22,11 +22,12 @@ from damage import files_of, invoke, is_traceback, reads
 
 STRANGE = ("fifo", "devzero", "outside", "directory", "sparse")
 #: The kinds of file to replace (the lock is skipped: a lock file is opened, never read).
-#: A session's own files (log, HEAD, mark, header, summary) are read by
-#: backends/files/sessions.py with plain open(): a FIFO there still blocks `show` and
-#: `export` (fsck reads them safely). They join this list with that module's change
-#: (docs/reliability.md, "Strange files").
-KINDS = ("loose object", "pack", "pack index", "layout", "ref")
+KINDS = ("loose object", "pack", "pack index", "layout", "ref", "log (committed)", "HEAD", "mark", "header", "summary")
+#: An index rebuilt from the log when it does not read: fsck may pass it (harmless).
+HARMLESS = {"summary"}
+#: Not yet: a log is read whole, so a sparse log of gigabytes is read (and held) by every
+#: command that opens the session (docs/reliability.md, "Strange files").
+KNOWN_GAPS = {("log (committed)", "sparse")}
 #: A command has this long; the slowest here takes well under a second on a store this small.
 ALARM = 20
 
@@ -103,7 +104,7 @@ def play_one(root: Path, info: dict, kind: str, how: str, outside: Path, base: d
                 failures.append(f"{kind}/{how}: {' '.join(cmd)} traceback: {r.exception!r} {r.output[-300:]}")
             elif cmd in base and r.exit_code == 0 and r.stdout_bytes != base[cmd].stdout_bytes:
                 failures.append(f"{kind}/{how}: {' '.join(cmd)} served other bytes")
-            elif i == 0 and r.exit_code == 0 and how != "directory":  # the first fsck; the last runs after repair
+            elif i == 0 and r.exit_code == 0 and how != "directory" and kind not in HARMLESS:  # the first fsck
                 failures.append(f"{kind}/{how}: fsck exit 0: {r.output[-300:]}")
             if r.exit_code != 0 and not (r.output.strip() and "agentsession:" in r.output or "error" in r.output):
                 failures.append(f"{kind}/{how}: {' '.join(cmd)} failed without saying why: {r.output[-200:]!r}")
@@ -130,6 +131,8 @@ def test_strange_files_where_the_store_expects_its_own(rich_store, baseline, tmp
     pristine, info = rich_store
     failures = []
     for kind in KINDS:
+        if (kind, how) in KNOWN_GAPS:
+            continue
         root = tmp_path / f"store-{kind.replace(' ', '_')}"
         shutil.copytree(pristine, root, symlinks=True)
         outside = tmp_path / f"outside-{kind.replace(' ', '_')}"

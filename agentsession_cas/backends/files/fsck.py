@@ -48,15 +48,15 @@ from ...format.entry import LEAF_LABEL, Entry, Header
 from ...format.hashing import HASH_PREFIX, is_hash
 from ...format.names import check_session_id
 from ...format.rules import TreeState
-from ...fsutil import NotAFileError, hash_file, read_whole
+from ...fsutil import NotAFileError, hash_file, read_small, read_whole
 from ...store.state import index_damage, replay
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
 from .log import Record, header_of, read_log, scan_log
 from .objects import HASH_FIRST, FileObjects
 from .packs import SPACE_BITS, Pack
+from .sessions import HEADER_LIMIT, payload_entry
 from .sessions import checkpoint_covers as _checkpoint_covers
-from .sessions import payload_entry
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -137,16 +137,22 @@ def _spaces_of(bits: int) -> str:
 
 
 
-def _read_or_none(path: str) -> bytes | None:
+#: HEAD and mark hold one id or word and a newline: a bigger one is damage, not read.
+_INDEX_LIMIT = 4096
+
+
+def _read_or_none(path: str, limit: int | None = None) -> bytes | None:
     """A session file's bytes, or None when absent. Read as objects are (fsutil.read_whole:
-    a FIFO does not block, /dev/zero is not read without end); anything not a regular
-    file is a StoreError naming it, which fsck reports."""
+    a FIFO does not block, /dev/zero is not read without end), and an index file of more
+    than ``limit`` bytes (a sparse file of gigabytes) is not read at all; anything not a
+    regular file, or too big, is a StoreError naming it, which fsck reports."""
     try:
-        return read_whole(path)
+        return read_whole(path) if limit is None else read_small(path, limit)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
-    except NotAFileError:
-        raise StoreError(f"{path} is not a regular file (a FIFO, a device or a link to one)") from None
+    except NotAFileError as exc:
+        raise StoreError(f"{path}: {exc}" if limit is not None else
+                         f"{path} is not a regular file (a FIFO, a device or a link to one)") from None
 
 
 def _proc_locks() -> set[tuple[int, int, int]] | None:
@@ -759,9 +765,9 @@ class _Walk:
                 self.stray(os.path.join(sdir, name), f"not a file of session {sid}")
         # The indexes first, then the log: a writer rewrites an index from the log as it
         # stands, so read this way the index can lag the log but never lead it.
-        head_file = _read_or_none(os.path.join(sdir, "HEAD"))
-        mark_file = _read_or_none(os.path.join(sdir, "mark"))
-        header_bytes = _read_or_none(os.path.join(sdir, "header"))
+        head_file = _read_or_none(os.path.join(sdir, "HEAD"), _INDEX_LIMIT)
+        mark_file = _read_or_none(os.path.join(sdir, "mark"), _INDEX_LIMIT)
+        header_bytes = _read_or_none(os.path.join(sdir, "header"), HEADER_LIMIT)
         data = _read_or_none(os.path.join(sdir, "log"))
         if header_bytes is None and data is None and not os.path.isdir(sdir):
             return  # deleted since it was listed
@@ -1105,7 +1111,7 @@ class _Walk:
         held = writer_holds(self.root, sid)
         if not held:
             # Read again: a writer that opened and closed meanwhile changed the log or the index.
-            again = {n: _read_or_none(os.path.join(sdir, n)) for n in ("HEAD", "mark")}
+            again = {n: _read_or_none(os.path.join(sdir, n), _INDEX_LIMIT) for n in ("HEAD", "mark")}
             try:
                 size_now = os.path.getsize(os.path.join(sdir, "log"))
             except OSError:

@@ -51,13 +51,13 @@ from ...format.names import check_session_id
 from ...format.reader import read_session_bytes
 from ...format.rules import TreeState
 from ...format.timestamps import now_ts
-from ...fsutil import fsync_dir, write_all, write_atomic
+from ...fsutil import fsync_dir, read_small, read_whole, write_all, write_atomic
 from ...store.session import Session, entry_from_objects, parse_header
 from ...store.state import replay
 from ..base import Space
 from . import FileBackend
 from .log import ZERO_LINK, LogLine, encode_log, encode_record, header_of, read_log, scan_log
-from .sessions import FileSessionLog, payload_entry
+from .sessions import HEADER_LIMIT, FileSessionLog, payload_entry
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -996,8 +996,7 @@ class _Planner:
     def head_index(self) -> str | None:
         """What the ``HEAD`` index file names, when it names an entry."""
         try:
-            with open(os.path.join(_files(self.store).sessions.dir(self.sid), "HEAD"), "rb") as f:
-                text = f.read(200).decode("ascii", "replace").strip()
+            text = read_small(os.path.join(_files(self.store).sessions.dir(self.sid), "HEAD"), 200).decode("ascii", "replace").strip()
         except OSError:
             return None
         return text if is_hash(text) else None
@@ -1006,8 +1005,7 @@ class _Planner:
         """The mark when the create record is lost: the ``mark`` index file when it says
         one, else ``mirror`` (which refuses local writes rather than risk them)."""
         try:
-            with open(os.path.join(_files(self.store).sessions.dir(self.sid), "mark"), "rb") as f:
-                text = f.read().decode("ascii", "replace").strip()
+            text = read_small(os.path.join(_files(self.store).sessions.dir(self.sid), "mark"), 200).decode("ascii", "replace").strip()
         except OSError:
             text = ""
         if text in ("record", "mirror"):
@@ -1056,10 +1054,11 @@ def plan_repair(
     sdir = _files(store).sessions.dir(session_id)
     source: bytes | None
     try:
-        with open(os.path.join(sdir, "log"), "rb") as f:
-            source = f.read()
+        source = read_whole(os.path.join(sdir, "log"))  # a FIFO or a link there is refused, never waited on
     except FileNotFoundError:
         source = None
+    except OSError as exc:
+        raise StoreError(f"session {session_id}: its log cannot be read ({exc}); repair needs it") from None
     # The log holds the header (its create record, later header records): a line of it
     # that reads is worth more than the header file, which may be what is damaged.
     logged = header_of(ln.record for ln in scan_log(source or b"") if ln.record is not None)
@@ -1067,8 +1066,7 @@ def plan_repair(
         header_bytes = canonical_bytes(logged) + b"\n"
     else:
         try:
-            with open(os.path.join(sdir, "header"), "rb") as f:
-                header_bytes = f.read()
+            header_bytes = read_small(os.path.join(sdir, "header"), HEADER_LIMIT)
         except OSError as exc:
             raise StoreError(f"session {session_id}: its header cannot be read ({exc}); repair needs it") from None
     header = parse_header(session_id, header_bytes)
@@ -1134,8 +1132,7 @@ def _keep_aside(log_path: str, aside: str) -> None:
     try:
         os.link(log_path, aside)
     except OSError:
-        with open(log_path, "rb") as f:
-            data = f.read()
+        data = read_whole(log_path)
         fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             write_all(fd, data)
@@ -1156,9 +1153,8 @@ def _existing_aside(sdir: str, log_path: str, data: bytes) -> str | None:
             if os.path.samefile(path, log_path):
                 return name
             if os.path.getsize(path) == len(data):
-                with open(path, "rb") as f:
-                    if f.read() == data:
-                        return name
+                if read_whole(path) == data:
+                    return name
         except OSError:
             continue
     return None
@@ -1169,8 +1165,7 @@ def _restorable_objects(store: Store, sdir: str) -> list[tuple[Space, str, bytes
     entry id) that objects/ lacks or holds corrupt: nothing else holds them, so a
     repair writes them back rather than leave the session unreadable."""
     try:
-        with open(os.path.join(sdir, "log"), "rb") as f:
-            records = read_log(f.read()).records
+        records = read_log(read_whole(os.path.join(sdir, "log"))).records
     except OSError:
         return []
     objects = _files(store).objects
@@ -1197,8 +1192,7 @@ def _stale_indexes(sdir: str, head: str | None, mark: str) -> list[tuple[str, st
     out: list[tuple[str, str | None, str]] = []
     for name, value in (("HEAD", head or ""), ("mark", mark)):
         try:
-            with open(os.path.join(sdir, name), "rb") as f:
-                raw: bytes | None = f.read(4096)
+            raw: bytes | None = read_small(os.path.join(sdir, name), 4096)
         except OSError:
             raw = None
         if raw != f"{value}\n".encode():
@@ -1282,8 +1276,7 @@ def repair_session(
             if made_aside:
                 _keep_aside(log_path, aside)  # type: ignore[arg-type]
             try:
-                with open(log_path, "rb") as f:
-                    now = f.read()
+                now = read_whole(log_path)
             except FileNotFoundError:
                 now = None
             if now != before:
@@ -1302,8 +1295,7 @@ def repair_session(
             write_atomic(os.path.join(sdir, name), (text + "\n").encode(), durable=False)
         header_path = os.path.join(sdir, "header")
         try:
-            with open(header_path, "rb") as f:
-                same = f.read() == report._header_bytes
+            same = read_small(header_path, HEADER_LIMIT) == report._header_bytes
         except OSError:
             same = False
         if not same:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,7 +46,7 @@ from ...errors import (
 from ...format.canonical import canonical_bytes, loads
 from ...format.hashing import sha256_ref
 from ...format.names import check_session_id
-from ...fsutil import NotAFileError, fsync_dir, read_small, read_whole, start_writeback, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, read_prefix, read_small, read_whole, start_writeback, write_atomic
 from ..base import (
     COMMIT_POINTS,
     Append,
@@ -222,13 +221,11 @@ def _logged_header(path: str, file_bytes: bytes) -> bytes | None:
     ``file_bytes``; None when they agree or the log says nothing sure (a log written before
     logs held the header, or one that does not read: its open judges it)."""
     try:
-        with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
-            first = f.readline(HEADER_LIMIT + 4096)
+        head = read_prefix(path, HEADER_LIMIT + 4096)  # a FIFO or a link there is refused, never waited on
     except OSError:
         return None
-    parsed = read_log(first).records if first.endswith(b"\n") else []
+    cut = head.find(b"\n")
+    parsed = read_log(head[: cut + 1]).records if cut >= 0 else []
     if not parsed or parsed[0].op != "create" or not isinstance(parsed[0].get("header"), dict):
         return None
     if canonical_bytes(parsed[0].get("header")) + b"\n" == file_bytes:
