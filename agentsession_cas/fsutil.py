@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the pool is made on first use: a command that fsyncs nothin
 
 __all__ = [
     "Spill",
-    "NotAFileError", "batched", "fsync_dir", "fsync_paths", "read_whole", "start_writeback", "write_all",
+    "NotAFileError", "batched", "fsync_dir", "fsync_paths", "has_hole", "read_dense", "read_whole", "start_writeback", "write_all",
     "write_atomic", "write_chunks", "write_output",
 ]
 
@@ -239,6 +239,90 @@ def read_whole(path: str) -> bytes:
     finally:
         os.close(fd)
     return data
+
+
+#: A hole (a range of a sparse file never written) at least this long is not read: it holds
+#: only zeros, and a session log's records hold no NUL byte (canonical JSON escapes them).
+HOLE_LIMIT = 1 << 20
+
+
+def read_dense(path: str) -> bytes:
+    """A file the store appends to (a session log), read whole as :func:`read_small` opens
+    one (non-blocking, no final symbolic link followed, a regular file only, else
+    :class:`NotAFileError`), except the holes of a sparse file: a hole of at least
+    :data:`HOLE_LIMIT` bytes reads as one NUL byte. What was written is read whatever its
+    size; a log truncated to gigabytes of nothing costs what its written bytes cost.
+
+    Bytes after such a hole come at offsets smaller than on disk by the hole's length
+    less one. A log's reader finds the NUL (no record holds one) and stops trusting what
+    follows, so those offsets serve only to name damage already found."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotAFileError(f"{path} is a symbolic link; the store makes none") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAFileError(f"{path} is not a regular file (a FIFO, a device or a socket)")
+        if st.st_blocks * 512 >= st.st_size:  # no room for a hole worth skipping: read it all
+            return _pread_all(fd, 0, st.st_size)
+        chunks: list[bytes] = []
+        for start, end, hole in _regions(fd, st.st_size):
+            if not hole:
+                chunks.append(_pread_all(fd, start, end - start))
+            else:
+                chunks.append(b"\0" if end - start >= HOLE_LIMIT else bytes(end - start))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def has_hole(path: str, at_least: int = HOLE_LIMIT) -> bool:
+    """Whether the file holds a hole (a range never written) of ``at_least`` bytes: found
+    from the file's extents, nothing read. What a reader checks before hashing a file
+    whose kind never holds a run of NUL bytes (an entry, a content: canonical JSON)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_blocks * 512 + at_least > st.st_size:
+            return False
+        return any(hole and end - start >= at_least for start, end, hole in _regions(fd, st.st_size))
+    finally:
+        os.close(fd)
+
+
+def _regions(fd: int, size: int) -> Iterator[tuple[int, int, bool]]:
+    """(start, end, is_hole) for each range of the file, by SEEK_DATA and SEEK_HOLE (a
+    filesystem without them reports one range of data)."""
+    pos = 0
+    while pos < size:
+        try:
+            data_at = min(os.lseek(fd, pos, os.SEEK_DATA), size)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            data_at = size  # a hole runs to the end
+        if data_at > pos:
+            yield pos, data_at, True
+        if data_at >= size:
+            return
+        hole_at = min(os.lseek(fd, data_at, os.SEEK_HOLE), size)
+        yield data_at, hole_at, False
+        pos = hole_at
+
+
+def _pread_all(fd: int, offset: int, length: int) -> bytes:
+    """``length`` bytes from ``offset`` (fewer where the file ends sooner)."""
+    chunks = []
+    while length > 0 and (chunk := os.pread(fd, min(length, 1 << 24), offset)):
+        chunks.append(chunk)
+        offset += len(chunk)
+        length -= len(chunk)
+    return b"".join(chunks)
 
 
 def read_prefix(path: str, limit: int) -> bytes:

@@ -175,14 +175,14 @@ def test_lazy_appends_that_commit_nothing_never_reread_the_log(tmp_path, monkeyp
     monkeypatch.setattr(files_sessions, "COMPACT_WHILE_WRITING", 4096)
     monkeypatch.setattr(files_sessions, "CHECKPOINT_ENTRIES", 16)
     reads: list[str] = []
-    real = files_sessions.read_whole
+    real = files_sessions.read_dense
 
     def counting(path, *args, **kwargs):
         if str(path).endswith("log"):
             reads.append(str(path))
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(files_sessions, "read_whole", counting)
+    monkeypatch.setattr(files_sessions, "read_dense", counting)
     root = tmp_path / "store"
     st = Store.init(root, sync="never")
     s = st.create(Header.new("s1"))
@@ -436,7 +436,7 @@ def test_compaction_from_what_the_writer_holds_writes_what_reading_the_log_would
     monkeypatch.setattr(files_sessions, "CHECKPOINT_ENTRIES", 16)
     reads: list[int] = []  # logs read back by a compaction
     compacting: list[bool] = []
-    real_read = files_sessions.read_whole
+    real_read = files_sessions.read_dense
     real_compact = files_sessions.FileSessionLog._compact
 
     def counting(path, *args, **kwargs):
@@ -451,7 +451,7 @@ def test_compaction_from_what_the_writer_holds_writes_what_reading_the_log_would
         finally:
             compacting.pop()
 
-    monkeypatch.setattr(files_sessions, "read_whole", counting)
+    monkeypatch.setattr(files_sessions, "read_dense", counting)
     monkeypatch.setattr(files_sessions.FileSessionLog, "_compact", watched)
     _write_a_session(tmp_path / "held")
     assert reads == [], "the writer read its log back to compact it"

@@ -166,7 +166,7 @@ def test_a_snapshot_beside_a_live_writer_is_not_damage(tmp_path, monkeypatch):
     w = _session(writer_store, "live")
     w.commit()
     reader = Store(root)
-    real = files_sessions.read_whole
+    real = files_sessions.read_dense
     fired = []
 
     def read_then_write(path, *a, **kw):  # type: ignore[no-untyped-def]
@@ -177,7 +177,7 @@ def test_a_snapshot_beside_a_live_writer_is_not_damage(tmp_path, monkeypatch):
             w.commit()  # the log's commit, then HEAD
         return data
 
-    monkeypatch.setattr(files_sessions, "read_whole", read_then_write)
+    monkeypatch.setattr(files_sessions, "read_dense", read_then_write)
     try:
         snap = reader.read("live")  # was SessionDamagedError
         snap.close()

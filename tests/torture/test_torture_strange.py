@@ -25,9 +25,12 @@ STRANGE = ("fifo", "devzero", "outside", "directory", "sparse")
 KINDS = ("loose object", "pack", "pack index", "layout", "ref", "log (committed)", "HEAD", "mark", "header", "summary")
 #: An index rebuilt from the log when it does not read: fsck may pass it (harmless).
 HARMLESS = {"summary"}
-#: Not yet: a log is read whole, so a sparse log of gigabytes is read (and held) by every
-#: command that opens the session (docs/reliability.md, "Strange files").
-KNOWN_GAPS = {("log (committed)", "sparse")}
+#: Cases not played yet (none: a sparse log is read without its holes, fsutil.read_dense).
+KNOWN_GAPS: set[tuple[str, str]] = set()
+#: A log's committed records followed by a gigabyte never written reads as a crash leaves
+#: it (on XFS, a size past what reached the disk reads as zeros): a torn tail that no
+#: reader serves, that fsck names without failing, and that the next writing open drops.
+TORN_TAIL = {("log (committed)", "sparse")}
 #: A command has this long; the slowest here takes well under a second on a store this small.
 ALARM = 20
 
@@ -104,6 +107,9 @@ def play_one(root: Path, info: dict, kind: str, how: str, outside: Path, base: d
                 failures.append(f"{kind}/{how}: {' '.join(cmd)} traceback: {r.exception!r} {r.output[-300:]}")
             elif cmd in base and r.exit_code == 0 and r.stdout_bytes != base[cmd].stdout_bytes:
                 failures.append(f"{kind}/{how}: {' '.join(cmd)} served other bytes")
+            elif i == 0 and (kind, how) in TORN_TAIL:
+                if "tail after the last commit" not in r.output:
+                    failures.append(f"{kind}/{how}: fsck does not name the torn tail: {r.output[-300:]}")
             elif i == 0 and r.exit_code == 0 and how != "directory" and kind not in HARMLESS:  # the first fsck
                 failures.append(f"{kind}/{how}: fsck exit 0: {r.output[-300:]}")
             if r.exit_code != 0 and not (r.output.strip() and "agentsession:" in r.output or "error" in r.output):

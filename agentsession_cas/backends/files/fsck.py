@@ -48,7 +48,7 @@ from ...format.entry import LEAF_LABEL, Entry, Header
 from ...format.hashing import HASH_PREFIX, is_hash
 from ...format.names import check_session_id
 from ...format.rules import TreeState
-from ...fsutil import NotAFileError, hash_file, read_small, read_whole
+from ...fsutil import NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
 from ...store.state import index_damage, replay
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
@@ -142,17 +142,17 @@ _INDEX_LIMIT = 4096
 
 
 def _read_or_none(path: str, limit: int | None = None) -> bytes | None:
-    """A session file's bytes, or None when absent. Read as objects are (fsutil.read_whole:
-    a FIFO does not block, /dev/zero is not read without end), and an index file of more
+    """A session file's bytes, or None when absent. A log is read as every log is
+    (fsutil.read_dense: a FIFO does not block, /dev/zero and links are refused, a sparse
+    log's holes are not read), and an index file of more
     than ``limit`` bytes (a sparse file of gigabytes) is not read at all; anything not a
     regular file, or too big, is a StoreError naming it, which fsck reports."""
     try:
-        return read_whole(path) if limit is None else read_small(path, limit)
+        return read_dense(path) if limit is None else read_small(path, limit)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     except NotAFileError as exc:
-        raise StoreError(f"{path}: {exc}" if limit is not None else
-                         f"{path} is not a regular file (a FIFO, a device or a link to one)") from None
+        raise StoreError(f"{path}: {exc}" if limit is not None else str(exc)) from None
 
 
 def _proc_locks() -> set[tuple[int, int, int]] | None:
@@ -603,6 +603,13 @@ class _Walk:
                 raw = binascii.unhexlify(fan.name + f.name)
                 try:
                     big = f.stat(follow_symlinks=False).st_size > HASH_FIRST
+                    if big and space != "blobs" and has_hole(f.path):
+                        # Canonical JSON never holds a run of NULs: a hole is damage, found
+                        # without reading (or hashing twice) a gigabyte of nothing.
+                        rel = self.rel(f.path)
+                        self.corrupt_loose.append((space, raw, rel, "holds a hole of a megabyte or more (never written)"))
+                        self.unsound.setdefault((space, raw), f"its loose copy {rel} is corrupt")
+                        continue
                     if space == "blobs" or big:
                         # Hashed in chunks: a big file (a sparse one of gigabytes put there)
                         # is read whole only once it proves to be the object it is named for.
@@ -1209,8 +1216,9 @@ class _Walk:
         for space, raw, rel, what in self.corrupt_loose:
             # Read once more: a checkpoint writes loose objects in place, and one the walk
             # read half written is whole by now if the log said its checkpoint was done.
+            path = os.path.join(self.root, rel)
             try:
-                if hash_file(os.path.join(self.root, rel))[0] == raw:
+                if not (space != "blobs" and has_hole(path)) and hash_file(path)[0] == raw:
                     continue
             except FileNotFoundError:
                 continue  # packed since, or swept: its sessions were checked through the store

@@ -32,7 +32,7 @@ import filelock
 
 from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError, quoted
 from ...format.hashing import HASH_PREFIX, envelope_content, is_hash
-from ...fsutil import NotAFileError, fsync_dir, fsync_paths, hash_file, read_whole, write_all, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, fsync_paths, has_hole, hash_file, read_whole, write_all, write_atomic
 from ..base import ObjectStore, RepackResult, Space
 from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter, pack_file_sound, salvage_pack
 
@@ -238,9 +238,12 @@ class FileObjects(ObjectStore):
 
     def _get_loose(self, space: str, name: str, path: str) -> bytes:
         try:
-            if os.lstat(path).st_size > HASH_FIRST and HASH_PREFIX + hash_file(path)[0].hex() != name:
+            if os.lstat(path).st_size > HASH_FIRST and (
+                (space != "blobs" and has_hole(path)) or HASH_PREFIX + hash_file(path)[0].hex() != name
+            ):
                 # A big file (a sparse one of gigabytes put there) is hashed in chunks and
-                # refused before it is held whole.
+                # refused before it is held whole; an entry or a content (canonical JSON,
+                # never a run of NULs) with a hole is refused before it is read at all.
                 raise CorruptObjectError(
                     f"corrupt object: {space} object {name} does not hash to its name ({self.relpath(space, name)})",
                     space=space, name=name, path=path,

@@ -51,7 +51,7 @@ from ...format.names import check_session_id
 from ...format.reader import read_session_bytes
 from ...format.rules import TreeState
 from ...format.timestamps import now_ts
-from ...fsutil import fsync_dir, read_small, read_whole, write_all, write_atomic
+from ...fsutil import fsync_dir, read_dense, read_small, write_all, write_atomic
 from ...store.session import Session, entry_from_objects, parse_header
 from ...store.state import replay
 from ..base import Space
@@ -1054,7 +1054,7 @@ def plan_repair(
     sdir = _files(store).sessions.dir(session_id)
     source: bytes | None
     try:
-        source = read_whole(os.path.join(sdir, "log"))  # a FIFO or a link there is refused, never waited on
+        source = read_dense(os.path.join(sdir, "log"))  # a FIFO or a link there is refused, never waited on; holes are not read
     except FileNotFoundError:
         source = None
     except OSError as exc:
@@ -1132,10 +1132,11 @@ def _keep_aside(log_path: str, aside: str) -> None:
     try:
         os.link(log_path, aside)
     except OSError:
-        data = read_whole(log_path)
         fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            write_all(fd, data)
+            with open(log_path, "rb") as src:  # in pieces: a sparse log of gigabytes is never held
+                while chunk := src.read(1 << 22):
+                    write_all(fd, chunk)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -1153,7 +1154,7 @@ def _existing_aside(sdir: str, log_path: str, data: bytes) -> str | None:
             if os.path.samefile(path, log_path):
                 return name
             if os.path.getsize(path) == len(data):
-                if read_whole(path) == data:
+                if read_dense(path) == data:
                     return name
         except OSError:
             continue
@@ -1165,7 +1166,7 @@ def _restorable_objects(store: Store, sdir: str) -> list[tuple[Space, str, bytes
     entry id) that objects/ lacks or holds corrupt: nothing else holds them, so a
     repair writes them back rather than leave the session unreadable."""
     try:
-        records = read_log(read_whole(os.path.join(sdir, "log"))).records
+        records = read_log(read_dense(os.path.join(sdir, "log"))).records
     except OSError:
         return []
     objects = _files(store).objects
@@ -1276,7 +1277,7 @@ def repair_session(
             if made_aside:
                 _keep_aside(log_path, aside)  # type: ignore[arg-type]
             try:
-                now = read_whole(log_path)
+                now = read_dense(log_path)
             except FileNotFoundError:
                 now = None
             if now != before:

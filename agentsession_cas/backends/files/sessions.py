@@ -46,7 +46,7 @@ from ...errors import (
 from ...format.canonical import canonical_bytes, loads
 from ...format.hashing import sha256_ref
 from ...format.names import check_session_id
-from ...fsutil import NotAFileError, fsync_dir, read_prefix, read_small, read_whole, start_writeback, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, read_dense, read_prefix, read_small, start_writeback, write_atomic
 from ..base import (
     COMMIT_POINTS,
     Append,
@@ -231,7 +231,7 @@ def _logged_header(path: str, file_bytes: bytes) -> bytes | None:
     if canonical_bytes(parsed[0].get("header")) + b"\n" == file_bytes:
         return None  # the common case: the file is the create record's header
     try:
-        lr = read_log(read_whole(path), expand=False)
+        lr = read_log(read_dense(path), expand=False)
     except OSError:
         return None
     logged = header_of(lr.records)
@@ -426,7 +426,7 @@ class FileSessions(SessionStore):
         except OSError:
             head_index = None
         try:
-            data = read_whole(path)
+            data = read_dense(path)
         except NotAFileError as exc:
             raise StoreError(f"session {session_id}: its log cannot be read: {exc}") from None
         except FileNotFoundError:
@@ -543,7 +543,7 @@ class FileSessionLog(SessionLog):
         # (read after, a snapshot beside a live writer saw a head "the log does not hold").
         head_index, mark_index = self._read_indexes()
         try:
-            data = read_whole(os.path.join(self.dir, "log"))  # a FIFO or device there is refused, never waited on
+            data = read_dense(os.path.join(self.dir, "log"))  # a FIFO, device or link there is refused, never waited on; holes are not read
         except FileNotFoundError:
             data = b""
         except OSError as exc:
@@ -986,7 +986,7 @@ class FileSessionLog(SessionLog):
             # What this writer wrote and read is known: no need to read the log back.
             records = [LogRecord(0, 0, d) for d in self._held_head] + [LogRecord(0, o, d) for d, o in self._held]
         else:
-            logread = read_log(read_whole(path), expand=False)
+            logread = read_log(read_dense(path), expand=False)
             if logread.damage or logread.cut:
                 return  # what the next open must judge is never rewritten here
             records = logread.records

@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator
 
 from ...errors import StoreError
 from ...format.hashing import envelope_content
+from ...fsutil import read_dense
 from ..base import RepackResult, Retained, RetentionSource
-from .log import read_log, scan_log
+from .log import LogDamage, read_log, scan_log
 from .objects import FileObjects, Snapshot
 from .packs import SPACE_BITS
 
@@ -46,7 +47,9 @@ def _session_dirs(root: str) -> Iterator[tuple[str, bool, bool]]:
             continue
         for name in names:
             path = os.path.join(base, name)
-            yield path, staged, os.path.isfile(os.path.join(path, "log"))
+            # lexists, not isfile: a log that is no regular file (a FIFO, a link) is a
+            # session whose records cannot be read, never one without a log.
+            yield path, staged, os.path.lexists(os.path.join(path, "log"))
 
 
 def _identity(path: str) -> tuple[str, int, int] | None:
@@ -64,10 +67,11 @@ def _read_logs(path: str) -> list | None:
     aside beside it; None when the session went meanwhile. Raises ``_Damaged`` for a log
     with damage."""
     try:
-        with open(os.path.join(path, "log"), "rb") as f:
-            data = f.read()
+        data = read_dense(os.path.join(path, "log"))
     except FileNotFoundError:
         return None  # deleted or renamed into place meanwhile: read where it went, or gone
+    except OSError as exc:  # a FIFO, a link, a directory where the log should be
+        raise _Damaged(LogDamage(1, 0, f"the log cannot be read ({exc.strerror or exc})")) from None
     logread = read_log(data)
     if logread.damage:
         raise _Damaged(logread.damage[0])
@@ -81,10 +85,12 @@ def _read_logs(path: str) -> list | None:
     for name in names:
         if name.startswith("log.damaged"):
             try:
-                with open(os.path.join(path, name), "rb") as f:
-                    records = records + [ln.record for ln in scan_log(f.read()) if ln.record is not None]
+                kept = read_dense(os.path.join(path, name))
             except FileNotFoundError:
                 continue
+            except OSError as exc:
+                raise _Damaged(LogDamage(1, 0, f"{name} cannot be read ({exc.strerror or exc})")) from None
+            records = records + [ln.record for ln in scan_log(kept) if ln.record is not None]
     return records
 
 
