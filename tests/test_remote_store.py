@@ -16,6 +16,7 @@ import pytest
 from server_helpers import TOKENS, ServerProcess, served  # noqa: F401 - a fixture
 
 from agentsession_cas import Header
+from agentsession_cas.backends import remote
 from agentsession_cas.errors import (
     AuthError,
     LeaseLostError,
@@ -189,3 +190,100 @@ def test_the_server_side_log_matches_the_clients_records(served, token):  # noqa
         assert snap.is_committed(b) and not snap.is_committed(c)
         s.commit()
         assert st.read("chat-10").is_committed(c)
+
+
+def _posts(st) -> list[str]:
+    """A list that fills with the paths of the appends the handle sends from now on."""
+    calls: list[str] = []
+    http = st.backend.http._http
+    http.event_hooks["request"].append(
+        lambda request: calls.append(request.url.params.get("commit", "")) if request.url.path.endswith("/entries") else None
+    )
+    return calls
+
+
+def test_lazy_appends_are_held_and_sent_in_one_batch(served, token, monkeypatch):  # noqa: F811
+    """With ``sync="never"`` a writer holds its lazy appends and sends them together, one
+    ``POST …/entries`` of several lines (RFC 0003's batch form): another client sees them
+    once sent; the writer's own read of the session sends them first."""
+    monkeypatch.setattr(remote, "FLUSH_DELAY_S", 3600.0)  # only what the test does sends them
+    with open_store(served.url, sync="never") as st, open_store(served.url, readonly=True) as other:
+        posts = _posts(st)
+        s = st.create(Header.new("batch-1"))
+        results = [s.append(_msg(f"m{i}")) for i in range(4)]
+        assert not any(r.durable for r in results) and posts == []
+        ids = [r.id for r in results]
+        assert len(other.read("batch-1")) == 0  # held by the writer: not on the server yet
+        assert st.read("batch-1").log_order == ids  # the writer's backend sends before it reads
+        assert posts == ["false"]
+        snap = other.read("batch-1")
+        assert snap.log_order == ids and not snap.is_committed(ids[-1])
+        s.commit()
+        assert other.read("batch-1").is_committed(ids[-1])
+
+
+def test_a_full_batch_a_durable_append_and_a_commit_send_what_is_held(served, token, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(remote, "FLUSH_DELAY_S", 3600.0)
+    monkeypatch.setattr(remote, "BATCH_ENTRIES", 4)
+    with open_store(served.url, sync="never") as st, open_store(served.url, readonly=True) as other:
+        posts = _posts(st)
+        s = st.create(Header.new("batch-2"))
+        ids = [s.append(_msg(f"m{i}")).id for i in range(6)]
+        assert posts == ["false"] and other.read("batch-2").log_order == ids[:4]  # the full batch went
+        durable = s.append(_msg("durable"), durable=True)
+        assert durable.durable and posts == ["false", "true"]  # the two held, then it, one request
+        snap = other.read("batch-2")
+        assert snap.log_order == [*ids, durable.id] and snap.is_committed(durable.id)
+        s.append(_msg("lazy again"))
+        s.commit()
+        assert posts == ["false", "true", "true"] and len(other.read("batch-2")) == 8
+
+
+def test_a_held_append_is_sent_soon_without_another_call(served, token):  # noqa: F811
+    """The backend's flusher sends what a writer holds after a short delay, so a follower
+    sees a lazy append though its writer does nothing more (the read blocks until the
+    server sends the frame: no sleeping)."""
+    with open_store(served.url, sync="never") as st, served.client("all") as f:
+        s = st.create(Header.new("batch-4"))
+        s.append(_msg("first"), durable=True)
+        with f.stream("GET", "/v1/sessions/batch-4/follow", headers={"Accept": "application/x-ndjson"}) as r:
+            events = (json.loads(line) for line in r.iter_lines() if line.strip())
+            assert next(events)["event"] == "snapshot"
+            lazy = s.append(_msg("lazy"))
+            ev = next(events)
+            assert ev["event"] == "appended" and ev["data"]["entry"] == lazy.id and ev["data"]["durable"] is False
+
+
+def test_held_appends_the_server_refuses_are_reported_not_lost(served, token, monkeypatch):  # noqa: F811
+    """Lazy appends held when the lease is broken: the call that sends them raises
+    ``lease_lost`` naming what was not stored, and so does every later call of the
+    session (close included); the server holds what it acknowledged before."""
+    monkeypatch.setattr(remote, "FLUSH_DELAY_S", 3600.0)
+    with open_store(served.url, sync="never") as st:
+        s = st.create(Header.new("batch-3"))
+        first = s.append(_msg("durable"), durable=True).id
+        s.append(_msg("held"))
+        with served.client("all") as c:
+            assert c.post("/v1/sessions/batch-3/lease/break").json()["broken"] is True
+        with pytest.raises(LeaseLostError, match="1 append.* were sent and 0 stored"):
+            s.commit()
+        with pytest.raises(LeaseLostError):
+            s.append(_msg("after"))
+        with pytest.raises(LeaseLostError):
+            s.close()
+    with open_store(served.url, readonly=True) as ro:
+        assert ro.read("batch-3").log_order == [first]
+
+
+def test_a_failure_of_the_flusher_is_raised_at_the_next_call(served, token, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(remote, "FLUSH_DELAY_S", 3600.0)
+    with open_store(served.url, sync="never") as st:
+        s = st.create(Header.new("batch-5"))
+        s.append(_msg("held"))
+        with served.client("all") as c:
+            c.post("/v1/sessions/batch-5/lease/break").raise_for_status()
+        s.log._flush_due()  # what the flusher does once the delay has passed: it keeps the failure
+        with pytest.raises(LeaseLostError, match="were sent and 0 stored"):
+            s.append(_msg("next"))
+        with pytest.raises(LeaseLostError):
+            s.close()

@@ -253,3 +253,73 @@ def test_follow_streams_are_bounded_in_number_and_age(tmp_path):
             assert end["event"] == "end" and end["data"]["reason"] == "max_stream_age"
             assert end["data"]["cursor"] == snap["id"].rsplit(".", 1)[0]
             assert next(events, None) is None
+
+
+def _entry(n: int) -> dict:
+    return user(f"tail {n}", n)
+
+
+def test_a_logs_tail_is_read_from_where_the_last_read_ended(tmp_path):
+    """``history_since`` (what a follower's wakeup reads): the records after the first
+    ``start``, the same as a whole read's, and on the file store read from the byte where
+    the last read ended while the log is the same file and its lines chain on; another
+    file, a cut or a damaged line is read whole."""
+    with Store.init(tmp_path / "st", sync="never") as st:
+        sessions = st.backend.sessions
+        s = st.create(Header.new("t1", created_at="2026-09-17T12:00:00Z"))
+        s.append(_entry(0), durable=True)
+        first = sessions.history_since("t1", 0)
+        assert first.records == sessions.history("t1").records and first.total == len(first.records)
+        assert first.resume is not None
+        for n in range(1, 4):
+            s.append(_entry(n))
+        s.commit()
+        whole = sessions.history("t1").records
+        got = sessions.history_since("t1", first.total, first.resume)
+        assert got.records == whole[first.total:] and got.total == len(whole)
+        ino, offset, count, _ = got.resume
+        assert (count, offset) == (len(whole), (tmp_path / "st" / "sessions" / "t1" / "log").stat().st_size)
+        # Nothing new: nothing read.
+        again = sessions.history_since("t1", got.total, got.resume)
+        assert again.records == [] and again.total == got.total and again.resume == got.resume
+        # A note for another count is not used: the log is read whole.
+        assert sessions.history_since("t1", 2, got.resume).records == whole[2:]
+        log = tmp_path / "st" / "sessions" / "t1" / "log"
+        s.close()
+    # A damaged line after the point: the tail read refuses it, and the whole read says
+    # what history says (the damage is not served as records).
+    with log.open("ab") as f:
+        f.write(b"0123456789abcdef not a record\n")
+    with Store(tmp_path / "st", readonly=True) as ro:
+        history = ro.backend.sessions.history("t1")
+        tail = ro.backend.sessions.history_since("t1", got.total, got.resume)
+        assert tail.records == history.records[got.total:] and tail.total == len(history.records)
+        assert tail.resume is None  # a damaged log gives no point to read on from
+
+
+def test_the_servers_tails_follow_a_log_and_start_again_for_another_handle(tmp_path):
+    """The server's per-session :class:`Tails`: each read takes what was written since and
+    ends as a whole read would; a session deleted and made again (another handle) is read
+    afresh, and a durable view stops at the last commit."""
+    from agentsession_cas.server.follow import Tails, load_view
+
+    with Store.init(tmp_path / "st", sync="never") as st:
+        tails = Tails(st)
+        s = st.create(Header.new("t2", created_at="2026-09-17T12:00:00Z"))
+        s.append(_entry(0), durable=True)
+        view = load_view(st, tails, "t2", False)
+        assert view.records[: view.end] == s.records()
+        s.append(_entry(1))
+        lazy = load_view(st, tails, "t2", False)
+        assert lazy.records is view.records  # the same tail, grown
+        assert lazy.records[: lazy.end] == s.records() and lazy.end == len(s.records())
+        assert lazy.last_commit < lazy.end - 1
+        s.commit()
+        durable = load_view(st, tails, "t2", True)
+        assert durable.end == len(s.records()) and durable.last_commit == durable.end - 1
+        st.delete("t2")
+        again = st.create(Header.new("t2", created_at="2026-09-17T12:00:00Z"))
+        for n in range(5):
+            again.append(_entry(10 + n))
+        fresh = load_view(st, tails, "t2", False)
+        assert fresh.records is not view.records and fresh.records[: fresh.end] == again.records()

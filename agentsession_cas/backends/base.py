@@ -153,6 +153,18 @@ class LogHistory:
     head_index: str | None = None
 
 
+@dataclass
+class LogTail:
+    """The records a log holds after its first ``start`` (what ``history().records[start:]``
+    holds), ``total`` the records it holds in all (less than ``start`` when it was cut
+    back or rewritten), and ``resume``: the backend's note of where the log ended, which
+    lets the next :meth:`SessionStore.history_since` read only what follows."""
+
+    records: list[dict[str, Any]]
+    total: int
+    resume: Any = None
+
+
 class ObjectStore(ABC):
     """Objects named by ``sha256:<hex>`` of their bytes, in three spaces.
 
@@ -354,6 +366,13 @@ class SessionStore(ABC):
     @abstractmethod
     def history(self, session_id: str) -> LogHistory:
         """The log as held now, without recovery (what ``agentsession log`` shows)."""
+
+    def history_since(self, session_id: str, start: int, resume: Any = None) -> LogTail:
+        """The records after the first ``start`` (a follower's read, RFC 0003), given the
+        ``resume`` note of the previous call; a backend that can read only the new ones
+        does (this one reads the whole log)."""
+        records = self.history(session_id).records
+        return LogTail(records[start:], len(records))
 
     @abstractmethod
     def delete(self, session_id: str, log: SessionLog | None = None) -> None:

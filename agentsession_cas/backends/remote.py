@@ -52,6 +52,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..errors import (
+    AgentSessionError,
     CorruptObjectError,
     LeaseLostError,
     MirrorError,
@@ -61,6 +62,7 @@ from ..errors import (
     ReadOnlyError,
     SessionExistsError,
     StoreError,
+    TransportError,
     UnsupportedError,
 )
 from ..exchange.http_client import HttpTransport
@@ -95,6 +97,11 @@ __all__ = ["LEASE_TTL_MS", "RemoteBackend", "records_from_log"]
 LEASE_TTL_MS = 5 * 60 * 1000
 #: Bytes of objects one handle keeps in its cache.
 CACHE_BYTES = 64 * 1024 * 1024
+#: Lazy appends a handle holds before it sends them as one batch, and their bytes.
+BATCH_ENTRIES = 256
+BATCH_BYTES = 1024 * 1024
+#: Seconds a held lazy append waits at most before it is sent (so followers see it).
+FLUSH_DELAY_S = 0.005
 #: The log read's outcomes, back to what the record says: (head moved, a leaf label).
 _OUTCOME_RECORD: dict[str, tuple[bool, bool]] = {
     "continued": (True, False),
@@ -227,6 +234,18 @@ class RemoteSessionLog(SessionLog):
         self._lease = lease
         self._renewed = time.monotonic()
         self._closed = False
+        #: Lazy appends not sent yet, their objects' bytes, and a failure to send them.
+        self._held: list[Append] = []
+        self._held_bytes = 0
+        self._failed: AgentSessionError | None = None
+        self._applied = 0
+        self._lock = threading.RLock()
+        if writable:
+            backend.flusher.track(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     # -- the lease -------------------------------------------------------------------
 
@@ -253,6 +272,33 @@ class RemoteSessionLog(SessionLog):
     # -- writing ----------------------------------------------------------------------
 
     def write(self, records: Sequence[Record], *, commit: bool) -> str | None:
+        """Appends that need no commit are held and sent together (see :meth:`flush`);
+        anything else sends what is held first, so the server sees the log in order."""
+        with self._lock:
+            self._check_failed()
+            if self._lease is None:  # a mirror: refused now (or a mark change sent now), nothing held
+                self._write_now(records, commit=commit)
+                return None
+            earlier = len(self._held)
+            for rec in records:
+                if isinstance(rec, Append):
+                    self._hold(rec)
+                    continue
+                self._send(commit=False, earlier=earlier)
+                earlier = 0
+                self._record(record_data(rec))
+            if commit:
+                if self._held:
+                    self._send(commit=True, earlier=earlier)
+                else:
+                    self._commit()
+            elif self._held_bytes >= BATCH_BYTES or len(self._held) >= BATCH_ENTRIES:
+                self._send(commit=False, earlier=earlier)
+            elif self._held:
+                self.backend.flusher.due(self, FLUSH_DELAY_S)
+        return None
+
+    def _write_now(self, records: Sequence[Record], *, commit: bool) -> None:
         pending: list[Append] = []
         for rec in records:
             if isinstance(rec, Append):
@@ -262,9 +308,58 @@ class RemoteSessionLog(SessionLog):
             pending = []
             self._record(record_data(rec))
         self._append(pending, commit=commit)
-        if commit and not pending and self._lease is not None:
-            self.commit()
-        return None
+
+    def _hold(self, rec: Append) -> None:
+        """Keep a lazy append to send with the next batch; its objects go to the cache, so
+        this handle reads them before the server has them."""
+        if rec.objects is not None:
+            chash, content, env = rec.objects
+            self.backend.objects.remember("contents", chash, content)
+            self.backend.objects.remember("entries", rec.entry, env)
+            self._held_bytes += len(content) + len(env)
+        self._held.append(rec)
+
+    def flush(self) -> None:
+        """Send the appends held so far (one ``POST …/entries``, RFC 0003's batch form).
+        Called when a batch is full, after :data:`FLUSH_DELAY_S` by the backend's flusher,
+        and before anything else this handle or its backend does with the session."""
+        with self._lock:
+            self._check_failed()
+            self._send(commit=False, earlier=len(self._held))
+
+    def _flush_due(self) -> None:
+        """The flusher's call: a failure is kept and raised at this handle's next call."""
+        with self._lock:
+            if self._failed is not None or self._closed:
+                return
+            try:
+                self._send(commit=False, earlier=len(self._held))
+            except AgentSessionError:
+                pass  # kept in self._failed by _send
+
+    def _check_failed(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+
+    def _send(self, *, commit: bool, earlier: int) -> None:
+        """Send what is held. ``earlier``: how many of those appends earlier calls made
+        (their callers were answered already). A refusal of only the current call's
+        appends, none stored, is that call's error: the domain takes them back. Any other
+        failure stops the handle: the domain counted in appends the server may not hold,
+        and every later call (close included) raises it."""
+        batch, self._held, self._held_bytes = self._held, [], 0
+        if not batch:
+            return
+        self._applied = 0
+        try:
+            self._append(batch, commit=commit)
+        except AgentSessionError as exc:
+            if earlier == 0 and self._applied == 0 and not isinstance(exc, TransportError):
+                raise
+            exc.args = (f"session {self.session_id}: {len(batch)} append(s) from {batch[0].entry} on were sent and "
+                        f"{self._applied} stored: {exc}; reopen the session to see what the server holds",)
+            self._failed = exc
+            raise
 
     def _line(self, rec: Append) -> bytes:
         if rec.objects is not None:
@@ -288,6 +383,7 @@ class RemoteSessionLog(SessionLog):
             headers=dict(headers, **{"Session-Format": FORMAT_WRITTEN, "Content-Type": "application/x-ndjson"}),
         ).json()
         results = answer.get("results") or []
+        self._applied = len(results)
         for rec, got in zip(batch, results, strict=False):
             if rec.objects is not None:
                 chash, content, env = rec.objects
@@ -335,6 +431,14 @@ class RemoteSessionLog(SessionLog):
     def commit(self) -> None:
         if not self.writable or self._closed or self._lease is None:
             return
+        with self._lock:
+            self._check_failed()
+            if self._held:
+                self._send(commit=True, earlier=len(self._held))
+            else:
+                self._commit()
+
+    def _commit(self) -> None:
         self.backend.http.request("POST", f"/sessions/{_sid(self.session_id)}/commit", safe=True, keyed=True,
                                   headers=self._token())
 
@@ -351,7 +455,19 @@ class RemoteSessionLog(SessionLog):
     def close(self) -> None:
         if self._closed:
             return
+        self.backend.flusher.forget(self)
+        try:
+            with self._lock:
+                if self._failed is None and self._held and self._lease is not None:
+                    self._send(commit=False, earlier=len(self._held))
+        except AgentSessionError:
+            pass  # the session's close committed first and raised what failed; this only lets go
+        finally:
+            self._release()
+
+    def _release(self) -> None:
         self._closed = True
+        self._held = []
         lease, self._lease = self._lease, None
         if lease is None:
             return
@@ -360,6 +476,70 @@ class RemoteSessionLog(SessionLog):
                                       headers={"Lease-ID": str(lease["lease_id"])})
         except (LeaseLostError, NoSuchSessionError):
             pass  # expired, broken or its session deleted: nothing is held any more
+
+
+class Flusher:
+    """The backend's one thread that sends what its handles hold once it has waited
+    :data:`FLUSH_DELAY_S`, and the handles open for writing, so a read of a session
+    through the backend first sends what its writer here holds (reads see the writes)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[RemoteSessionLog, float] = {}
+        self._open: dict[str, RemoteSessionLog] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    def track(self, log: RemoteSessionLog) -> None:
+        with self._cond:
+            self._open[log.session_id] = log
+
+    def forget(self, log: RemoteSessionLog) -> None:
+        with self._cond:
+            self._due.pop(log, None)
+            if self._open.get(log.session_id) is log:
+                del self._open[log.session_id]
+
+    def flush(self, session_id: str) -> None:
+        """Send what the writer of ``session_id`` here holds, if there is one."""
+        with self._cond:
+            log = self._open.get(session_id)
+        if log is not None and not log.closed:
+            log.flush()
+
+    def due(self, log: RemoteSessionLog, delay: float) -> None:
+        """Send what ``log`` holds after ``delay`` seconds (unless it was sent before)."""
+        with self._cond:
+            if log in self._due:
+                return
+            self._due[log] = time.monotonic() + delay
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="agentsession-remote-flush", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop:
+                    now = time.monotonic()
+                    ready = [log for log, at in self._due.items() if at <= now]
+                    if ready:
+                        for log in ready:
+                            del self._due[log]
+                        break
+                    self._cond.wait(min(self._due.values()) - now if self._due else None)
+                if self._stop:
+                    return
+            for log in ready:
+                log._flush_due()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
 
 
 class RemoteSessions(SessionStore):
@@ -381,6 +561,7 @@ class RemoteSessions(SessionStore):
         return canonical_bytes(facts["header"]) + b"\n"
 
     def _log(self, session_id: str) -> tuple[dict[str, Any], builtins.list[dict[str, Any]]]:
+        self.backend.flusher.flush(session_id)
         return records_from_log(session_id, self.backend.http.ndjson(f"/sessions/{_sid(session_id)}/log"))
 
     def acquire(self, session_id: str) -> dict[str, Any] | None:
@@ -468,6 +649,7 @@ class RemoteSessions(SessionStore):
             handle = RemoteSessionLog(self.backend, session_id, writable=True, head=None, lease=lease)
         assert isinstance(handle, RemoteSessionLog)
         try:
+            handle.flush()
             self.backend.http.request("DELETE", f"/sessions/{_sid(session_id)}", safe=False, keyed=True,
                                       headers=handle._token())
         finally:
@@ -572,6 +754,7 @@ class RemoteBackend(Backend):
         self.objects = RemoteObjects(self)
         self.sessions = RemoteSessions(self)
         self.refs = RemoteRefs(self)
+        self.flusher = Flusher()
         self.remotes = MemoryRemotes(MemoryData())  # hints, in this handle's memory (see the module)
 
     def describe(self) -> str:
@@ -582,6 +765,7 @@ class RemoteBackend(Backend):
             raise ReadOnlyError(f"{self.describe()} is open read-only")
 
     def close(self) -> None:
+        self.flusher.close()
         self.http.close()
 
     def writers_holding(self) -> list[str] | None:

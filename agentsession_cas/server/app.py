@@ -66,11 +66,11 @@ from ..format.hashing import envelope_content, is_hash
 from ..format.media import sidecar_names
 from ..format.names import check_ref_name, check_session_id
 from ..store.refs import Refs, header_ident
-from ..store.session import Session
+from ..store.session import AppendResult, Session
 from ..store.state import SessionState
 from ..store.store import Store
 from .auth import LOCAL, Principal, Tokens
-from .follow import Changes, Stream, cursor_of, load_view, log_line
+from .follow import Changes, Stream, Tails, cursor_of, load_view, log_line
 from .leases import Leases
 from .reach import Reach
 
@@ -82,6 +82,8 @@ JSON = "application/json"
 NDJSON = "application/x-ndjson"
 PROBLEM = "application/problem+json"
 OCTETS = "application/octet-stream"
+#: Entry lines an append batch may have and still be served in the event loop itself.
+QUICK_LINES = 8
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class ServerState:
         #: Objects each principal uploaded and no push has named yet: (space, name) -> time.
         self.uploads: dict[str, dict[tuple[str, str], float]] = {}
         self.changes = Changes()
+        self.tails = Tails(self.store)
         self.streams = 0
         self._snapshots: dict[str, tuple[int | None, Session]] = {}
         #: Idempotency keys whose first request is being served now.
@@ -366,6 +369,18 @@ class Api:
 
         return await run_in_threadpool(locked)
 
+    async def soon(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run short store work (a follower's read of what was just written) in the event
+        loop when the lock is free, else in a worker thread as :meth:`work` does: a
+        follower is woken right after a write, when the lock is usually free, and a thread
+        hop would be most of its latency; one that waits never blocks the loop."""
+        if self.state.lock.acquire(blocking=False):
+            try:
+                return fn(*args)
+            finally:
+                self.state.lock.release()
+        return await self.work(fn, *args)
+
     def quick(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run small store work (one append batch, a commit, a lease) in the event loop
         itself, under the same lock: a thread hop would cost more than the work, and the
@@ -505,7 +520,7 @@ class Api:
             facts = self._session_facts(s)
             lease = self.state.leases.current(sid)
             facts["leased"] = lease is not None
-            facts["cursor"] = _cursor(len(s.records()), facts["incarnation"])
+            facts["cursor"] = _cursor(self.state.tails.length(s), facts["incarnation"])
             return facts
 
         facts = await self.work(do)
@@ -687,7 +702,7 @@ class Api:
                 body = objects.get("contents", chash) if wanted[n] and chash is not None else b"null"
                 line = b'{"entry":"' + eid.encode() + b'","envelope":' + envs[n] + b',"content":' + body
                 if n == 0:
-                    first = {"head": s.head, "cursor": _cursor(len(s.records()), ident), "incarnation": ident,
+                    first = {"head": s.head, "cursor": _cursor(self.state.tails.length(s), ident), "incarnation": ident,
                              "contents": mode}
                     line += b"," + _dumps(first)[1:-1]
                 out.append(line + b"}")
@@ -709,10 +724,11 @@ class Api:
 
         def first() -> Any:
             self._readable_session(principal, sid, request)
-            return load_view(self.state.store, sid, durable)
+            return load_view(self.state.store, self.state.tails, sid, durable)
 
         view = await self.work(first)
-        stream = Stream(self.state.store, sid, durable, sse, self.work, self.state.changes,
+        # A durable follow commits before it reads (a wait on the disk): never in the loop.
+        stream = Stream(self.state.store, sid, durable, sse, self.work if durable else self.soon, self.state.changes, self.state.tails,
                         float(self.state.limits.max_stream_age_s))
         state = self.state
 
@@ -939,30 +955,40 @@ class Api:
         def do() -> dict[str, Any]:
             s = self._writer(principal, request, sid)
             _check_format(fmt, s)
-            results: list[dict[str, Any]] = []
+            objs: list[dict[str, Any]] = []
             stopped: dict[str, Any] | None = None
             for i, line in enumerate(lines):
                 try:
-                    try:
-                        obj, _ = loads_flagged(line)
-                    except ValueError as exc:
-                        raise AppendRefusedError(f"line {i + 1} is not I-JSON: {exc}", rule="ijson") from None
-                    if not isinstance(obj, dict):
-                        raise AppendRefusedError(f"line {i + 1} is not a JSON object", rule="ijson")
-                    r = s.prepare([obj]).commit(durable=True if commit else None)[0]
+                    objs.append(_entry_line(line, i))
                 except AgentSessionError as exc:
                     stopped = {"index": i, "problem": problem_body(exc)}
                     break
-                results.append({"id": r.id, "outcome": OUTCOMES.get(r.outcome, r.outcome), "head": r.head,
-                                "durable": r.durable, "seq": r.seq, "unresolved": list(r.unresolved)})
+            durable = True if commit else None
+            done: list[AppendResult] = []
+            try:  # the whole batch as one prepared write: one log write, one commit at most
+                batch = s.prepare(objs)
+            except AgentSessionError:
+                # A line is refused: apply them one by one, to stop exactly at it.
+                for i, obj in enumerate(objs):
+                    try:
+                        done.append(s.prepare([obj]).commit(durable=durable)[0])
+                    except AgentSessionError as exc:
+                        stopped = {"index": i, "problem": problem_body(exc)}
+                        break
+            else:
+                try:
+                    done = batch.commit(durable=durable)
+                except AgentSessionError as exc:  # the write failed: nothing of the batch landed
+                    stopped = {"index": 0, "problem": problem_body(exc)}
             if commit:
                 s.commit()
-                for r2 in results:
-                    r2["durable"] = True
+            results = [{"id": r.id, "outcome": OUTCOMES.get(r.outcome, r.outcome), "head": r.head,
+                        "durable": r.durable or commit, "seq": r.seq, "unresolved": list(r.unresolved)} for r in done]
             ident = header_ident(s.header.data)
             return {"session": sid, "results": results, "stopped": stopped, "head": s.head, "incarnation": ident}
 
-        out = await self.work(do) if commit else self.quick(do)
+        # A commit waits on the disk and a long batch takes a while: both off the event loop.
+        out = await self.work(do) if commit or len(lines) > QUICK_LINES else self.quick(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
 
     async def commit(self, request: Request, principal: Principal) -> Response:
@@ -973,7 +999,7 @@ class Api:
             s = self._writer(principal, request, sid)
             s.commit()
             ident = header_ident(s.header.data)
-            return {"session": sid, "cursor": _cursor(len(s.records()), ident), "head": s.head, "incarnation": ident}
+            return {"session": sid, "cursor": _cursor(self.state.tails.length(s), ident), "head": s.head, "incarnation": ident}
 
         out = self.quick(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
@@ -995,7 +1021,7 @@ class Api:
             s.set_head(to, expected=expected)
             ident = header_ident(s.header.data)
             return {"session": sid, "head": s.head, "durable": True, "incarnation": ident,
-                    "cursor": _cursor(len(s.records()), ident)}
+                    "cursor": _cursor(self.state.tails.length(s), ident)}
 
         out = self.quick(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
@@ -1192,6 +1218,17 @@ def _parse_cursor(cursor: str, ident: str, length: int) -> int:
     if n > length:
         raise SessionReplacedError(f"cursor {cursor} is past this session's log: it was replaced; read it afresh")
     return n
+
+
+def _entry_line(line: bytes, i: int) -> dict[str, Any]:
+    """Line ``i`` of an append batch as an entry object (``bad_entry`` ijson otherwise)."""
+    try:
+        obj, _ = loads_flagged(line)
+    except ValueError as exc:
+        raise AppendRefusedError(f"line {i + 1} is not I-JSON: {exc}", rule="ijson") from None
+    if not isinstance(obj, dict):
+        raise AppendRefusedError(f"line {i + 1} is not a JSON object", rule="ijson")
+    return obj
 
 
 def _check_incarnation(request: Request, s: Session) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,15 +38,18 @@ from ..errors import AgentSessionError, NoSuchSessionError
 from ..exchange.wire import problem_body
 from ..format.hashing import envelope_content
 from ..store.refs import header_ident
+from ..store.session import Session
 from ..store.state import SessionState
 from ..store.store import Store
 
-__all__ = ["Changes", "LogView", "SNAPSHOT_INLINE_BYTES", "Stream", "cursor_of", "load_view", "log_line"]
+__all__ = ["Changes", "LogView", "SNAPSHOT_INLINE_BYTES", "Stream", "Tail", "Tails", "cursor_of", "load_view", "log_line"]
 
 #: Bytes of entries a snapshot carries inline before it leaves them to ``path``.
 SNAPSHOT_INLINE_BYTES = 4 * 1024 * 1024
 #: Seconds between keep-alive comments on an idle stream.
 HEARTBEAT_S = 15.0
+#: Sessions whose log the server keeps what it read of (see :class:`Tails`).
+TAILS = 256
 
 
 class Changes:
@@ -65,26 +69,83 @@ class Changes:
 
 @dataclass
 class LogView:
-    """A session's log as a follower reads it: records, the last commit's index, and
-    who the session is."""
+    """A session's log as a follower reads it: records (the first ``end`` of them are
+    this view's; the list is the session's :class:`Tail`, which grows), the last
+    commit's index among them, and who the session is."""
 
     ident: str
     header: dict[str, Any]
     records: list[dict[str, Any]]
     last_commit: int
+    end: int
 
 
-def load_view(store: Store, session_id: str, durable: bool) -> LogView:
+@dataclass
+class Tail:
+    """What the server has read of one session's log: the records, the last commit's
+    index, and the backend's note of where the read ended, so the next read takes only
+    what was written since (a follower's wakeup costs the new records, not the log)."""
+
+    ident: str
+    #: The handle the log was read through: another one (the session deleted and made
+    #: again, or opened again) reads the log afresh.
+    handle: object
+    records: list[dict[str, Any]] = field(default_factory=list)
+    last_commit: int = -1
+    resume: Any = None
+
+    def extend(self, records: list[dict[str, Any]]) -> None:
+        for rec in records:
+            if rec.get("op") in ("commit", "create"):
+                self.last_commit = len(self.records)
+            self.records.append(rec)
+
+
+class Tails:
+    """The :class:`Tail` of each session read lately (the most recent :data:`TAILS` of
+    them), shared by every follower of a session and by the routes that answer a cursor."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._tails: OrderedDict[str, Tail] = OrderedDict()
+
+    def read(self, session: Session) -> Tail:
+        """The session's log as it is now (the caller holds the server's lock)."""
+        sessions = self.store.backend.sessions
+        session_id = session.id
+        ident = header_ident(session.header.data)
+        tail = self._tails.get(session_id)
+        if tail is not None and tail.ident == ident and tail.handle is session:
+            self._tails.move_to_end(session_id)
+            start = len(tail.records)
+            got = sessions.history_since(session_id, start, tail.resume)
+            if got.total == start + len(got.records):
+                tail.extend(got.records)
+                tail.resume = got.resume
+                return tail
+        # First read, another incarnation, or a log cut back or rewritten: all of it.
+        got = sessions.history_since(session_id, 0, None)
+        tail = Tail(ident, session, resume=got.resume)
+        tail.extend(got.records)
+        self._tails[session_id] = tail
+        while len(self._tails) > TAILS:
+            self._tails.popitem(last=False)
+        return tail
+
+    def length(self, session: Session) -> int:
+        """How many records the session's log holds (what a cursor counts)."""
+        return len(self.read(session).records)
+
+
+def load_view(store: Store, tails: Tails, session_id: str, durable: bool) -> LogView:
     """Read the log (the caller holds the server's lock). ``durable``: commit first (the
     server is the writer), and serve the records through the last commit only."""
     s = store.session(session_id)
     if durable:
         s.commit()
-    records = s.records()
-    last = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1)
-    if durable:
-        records = records[: last + 1]
-    return LogView(header_ident(s.header.data), dict(s.header.data), records, last)
+    tail = tails.read(s)
+    end = tail.last_commit + 1 if durable else len(tail.records)
+    return LogView(tail.ident, dict(s.header.data), tail.records, tail.last_commit, end)
 
 
 def cursor_of(position: int, ident: str) -> str:
@@ -98,7 +159,7 @@ def resume_position(cursor: str | None, view: LogView) -> int | None:
         return None
     text = cursor.rsplit(".", 1)[0] if "." in cursor else cursor
     pos, _, tag = text.partition("-")
-    if not pos.isdigit() or tag != view.ident[7:23] or int(pos) > len(view.records):
+    if not pos.isdigit() or tag != view.ident[7:23] or int(pos) > view.end:
         return None
     return int(pos)
 
@@ -111,13 +172,16 @@ class Stream:
     session_id: str
     durable: bool
     sse: bool
-    run: Callable[..., Any]  # the server's "do this under the lock in a worker thread"
+    run: Callable[..., Any]  # the server's "do this under the lock" (Api.soon)
     changes: Changes
+    tails: Tails
     max_age_s: float
     position: int = 0
     ident: str = ""
     uncommitted: bool = False
     started: float = field(default_factory=time.monotonic)
+    #: The session's state through ``position`` (what each record's line says of it).
+    state: SessionState = field(default_factory=SessionState)
 
     def frame(self, kind: str, data: dict[str, Any], cursor: str, index: int = 0) -> bytes:
         event_id = f"{cursor}.{index}"
@@ -139,7 +203,8 @@ class Stream:
         lines: list[dict[str, Any]] = []
         inline: dict[str, Any] = {}
         budget = SNAPSHOT_INLINE_BYTES
-        for i, rec in enumerate(view.records):
+        for i in range(view.end):
+            rec = view.records[i]
             state.apply(rec, i)
             line = log_line(rec, state, i <= view.last_commit, cursor_of(i + 1, view.ident))
             if line is None:
@@ -151,7 +216,8 @@ class Stream:
                 budget -= size
                 if budget >= 0:
                     inline[entry] = {"envelope": env, "content": content}
-        self.position = len(view.records)
+        self.position = view.end
+        self.state = state
         self.ident = view.ident
         self.uncommitted = any(not x["durable"] for x in lines)
         data = {"session": self.session_id, "header": view.header, "incarnation": view.ident, "head": state.head,
@@ -159,13 +225,17 @@ class Stream:
         return self.frame(kind, data, cursor_of(self.position, view.ident))
 
     def since(self, view: LogView) -> list[bytes]:
-        """The events for the records after the stream's position."""
+        """The events for the records after the stream's position (the stream's state is
+        kept from one call to the next, so each costs only the new records)."""
         out: list[bytes] = []
-        state = SessionState()
-        for i, rec in enumerate(view.records):
+        if self.state.records != self.position:  # resumed from a cursor: the state up to it
+            self.state = SessionState()
+            for i in range(self.position):
+                self.state.apply(view.records[i], i)
+        state = self.state
+        for i in range(self.position, view.end):
+            rec = view.records[i]
             state.apply(rec, i)
-            if i < self.position:
-                continue
             cursor = cursor_of(i + 1, view.ident)
             durable = i <= view.last_commit
             op = rec.get("op")
@@ -182,7 +252,7 @@ class Stream:
             elif op in ("commit", "create") and self.uncommitted:
                 out.append(self.frame("committed", {"cursor": cursor}, cursor))
                 self.uncommitted = False
-        self.position = len(view.records)
+        self.position = view.end
         return out
 
     async def events(self, first: LogView, after: str | None) -> AsyncIterator[bytes]:
@@ -206,7 +276,7 @@ class Stream:
                 yield b": keep-alive\n\n" if self.sse else b"\n"
                 continue
             try:
-                view = await self.run(load_view, self.store, self.session_id, self.durable)
+                view = await self.run(load_view, self.store, self.tails, self.session_id, self.durable)
             except NoSuchSessionError as exc:
                 yield self.frame("error", problem_body(exc), cursor_of(self.position, self.ident))
                 return
@@ -217,7 +287,7 @@ class Stream:
                 gone = NoSuchSessionError(f"session {self.session_id} was deleted (and created again) while followed")
                 yield self.frame("error", problem_body(gone), cursor_of(self.position, self.ident))
                 return
-            if len(view.records) < self.position:
+            if view.end < self.position:
                 yield self.whole("reset", view)  # records taken back (a failed commit, a repair)
                 continue
             for chunk in self.since(view):

@@ -57,7 +57,7 @@ from ..base import COMMIT_POINTS
 
 __all__ = [
     "Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX",
-    "make_snapshot", "expand_snapshot", "checksummed_line", "checked_body", "frame", "chain", "encode_log",
+    "make_snapshot", "expand_snapshot", "read_tail", "checksummed_line", "checked_body", "frame", "chain", "encode_log",
     "record_body", "append_body", "line_checksum", "ZERO_LINK", "header_of", "line_bodies", "LINE_OVERHEAD",
 ]
 
@@ -400,6 +400,23 @@ def _records(number: int, offset: int, result: tuple[dict[str, Any], Any, str], 
     if expand and data["op"] == "snapshot":
         return [Record(number, offset, d, None, checksum) for d in expand_snapshot(data)]
     return [Record(number, offset, data, payload, checksum)]
+
+
+def read_tail(data: bytes, link: str) -> tuple[list[dict[str, Any]], int, str] | None:
+    """The records of the whole lines of ``data``, bytes of a log after a line whose
+    checksum is ``link``: (records, bytes of the lines read, the last one's checksum).
+    None unless every line reads, is chained after the one before and is no snapshot:
+    then only a whole read (:func:`read_log`) says what the log holds."""
+    end = data.rfind(b"\n") + 1
+    out: list[dict[str, Any]] = []
+    before = link
+    for raw in data[:end].split(b"\n")[:-1]:
+        result = _parse_line(raw)
+        if isinstance(result, str) or _link_of(raw) != before or result[0]["op"] == "snapshot":
+            return None
+        out.append(result[0])
+        before = result[2]
+    return out, end, before
 
 
 def read_log(data: bytes, *, expand: bool = True) -> LogRead:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,6 +53,7 @@ from ..base import (
     Append,
     LogHistory,
     LogOpen,
+    LogTail,
     Mark,
     Record,
     SessionLog,
@@ -60,6 +62,7 @@ from ..base import (
     record_data,
 )
 from .log import (
+    CHECKSUM_HEX,
     LINE_OVERHEAD,
     ZERO_LINK,
     append_body,
@@ -70,6 +73,7 @@ from .log import (
     line_bodies,
     make_snapshot,
     read_log,
+    read_tail,
     record_body,
 )
 from .log import Record as LogRecord
@@ -456,6 +460,48 @@ class FileSessions(SessionStore):
                 out.damage.append("the log does not begin with a create record")
                 out.damage_lines.append(1)
         return out
+
+    def history_since(self, session_id: str, start: int, resume: Any = None) -> LogTail:
+        """Only the lines written after the point ``resume`` names (the log file's inode,
+        the end of what was read, the records it held, the last line's checksum), while
+        the file is the same one and they all read and chain on; else :meth:`history`."""
+        path = os.path.join(self.dir(session_id), "log")
+        if resume is not None and resume[2] == start:
+            ino, offset, count, link = resume
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                try:
+                    st = os.fstat(fd)
+                    if stat.S_ISREG(st.st_mode) and st.st_ino == ino and st.st_size >= offset:
+                        data = os.pread(fd, st.st_size - offset, offset) if st.st_size > offset else b""
+                        tail = read_tail(data, link)
+                        if tail is not None:
+                            records, used, last = tail
+                            return LogTail(records, count + len(records), (ino, offset + used, count + len(records), last))
+                finally:
+                    os.close(fd)
+        try:
+            before = os.stat(path)
+        except OSError:
+            before = None
+        history = self.history(session_id)
+        note = None
+        if before is not None and history.tail is None and not history.damage and history.positions:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                try:
+                    after = os.fstat(fd)
+                    last = os.pread(fd, CHECKSUM_HEX, history.positions[-1][1]).decode("ascii", "replace")
+                finally:
+                    os.close(fd)
+            except OSError:
+                after = None
+            if after is not None and (after.st_ino, after.st_size) == (before.st_ino, before.st_size):
+                note = (after.st_ino, after.st_size, len(history.records), last)
+        return LogTail(history.records[start:], len(history.records), note)
 
     def delete(self, session_id: str, log: SessionLog | None = None) -> None:
         """Rename the session away (one step), then remove its files."""
