@@ -89,6 +89,8 @@ CHECKPOINT_ENTRIES = 1024
 #: The most a session's header file may hold (a header is small; a sparse file of
 #: gigabytes where one should be is refused unread), and an index file (HEAD, mark, summary).
 HEADER_LIMIT = 16 << 20
+#: The most of a log's new bytes a follower's read takes in one read (history_since).
+_TAIL_LIMIT = 16 << 20
 _SMALL = 1 << 16
 #: Compaction (a snapshot in place of the records a checkpoint covers, payloads
 #: dropped): at close once the log grew this much since its last snapshot ...
@@ -469,13 +471,15 @@ class FileSessions(SessionStore):
         if resume is not None and resume[2] == start:
             ino, offset, count, link = resume
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
             except OSError:
                 fd = -1
             if fd >= 0:
                 try:
                     st = os.fstat(fd)
-                    if stat.S_ISREG(st.st_mode) and st.st_ino == ino and st.st_size >= offset:
+                    # A tail of more than a few megabytes (a sparse extension, a burst) is
+                    # left to the whole read, which skips holes (fsutil.read_dense).
+                    if stat.S_ISREG(st.st_mode) and st.st_ino == ino and offset <= st.st_size <= offset + _TAIL_LIMIT:
                         data = os.pread(fd, st.st_size - offset, offset) if st.st_size > offset else b""
                         tail = read_tail(data, link)
                         if tail is not None:
@@ -491,7 +495,7 @@ class FileSessions(SessionStore):
         note = None
         if before is not None and history.tail is None and not history.damage and history.positions:
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
                 try:
                     after = os.fstat(fd)
                     last = os.pread(fd, CHECKSUM_HEX, history.positions[-1][1]).decode("ascii", "replace")
