@@ -480,6 +480,16 @@ def test_a_fork_whose_prefix_lacks_an_object_is_refused_and_nothing_is_made(stor
     assert "fork" not in store.list() and not sql(url, "SELECT 1 FROM holds")
 
 
+def test_raw_hash_takes_only_64_lowercase_hex_digits():
+    from agentsession_cas.backends.postgresql.objects import raw_hash
+
+    good = "sha256:" + "0123456789abcdef" * 4
+    assert raw_hash(good) == bytes.fromhex(good[7:])
+    for bad in ("sha256:" + "ab " * 21 + " ", good.upper().replace("SHA256", "sha256"), good[:-1] + "g",
+                "sha256:" + "1" * 63, "sha1:" + "0" * 66):
+        assert raw_hash(bad) is None, bad
+
+
 def test_an_append_the_server_fails_is_rolled_back_and_the_handle_goes_on(store, url):
     """An append runs through libpq itself: a statement the server refuses raises a
     StoreError, leaves nothing, and the next append works; so does one on a connection that

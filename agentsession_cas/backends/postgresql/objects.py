@@ -126,11 +126,13 @@ def raw_hash(name: str) -> bytes | None:
     """The 32 bytes of a ``sha256:<hex>`` name, or None when it is not one."""
     if len(name) != 71 or not name.startswith(_PREFIX):
         return None
+    digits = name[7:]
     try:
-        raw = bytes.fromhex(name[7:])
+        raw = bytes.fromhex(digits)
     except ValueError:
         return None
-    return raw if name[7:].islower() or name[7:].isdigit() else None
+    # fromhex takes upper case and skips spaces: only 64 lowercase digits spell the name.
+    return raw if raw.hex() == digits else None
 
 
 #: ``hash IN`` the hashes of one packed bytea parameter (32 bytes each, end to end), as an
