@@ -305,6 +305,11 @@ def bench_size(files_root: str, pg_url: str, entries: list, leaf: str, forks: in
     objects_size = int(_sql(pg_url, "SELECT pg_total_relation_size('objects')")[0][0])
     say(f"    objects: {int(count):,}, {zstd:,} of them stored as zstd frames, {_mb(int(stored))} stored")
     say(f"    files packed {_mb(f_size)}; PostgreSQL schema {_mb(p_size)} (objects table with its TOAST and indexes {_mb(objects_size)})")
+    _, schema = parse_url(pg_url)
+    tables = _sql(pg_url, "SELECT c.relname, pg_table_size(c.oid), pg_indexes_size(c.oid) FROM pg_class c "
+                          f"JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '{schema}' AND c.relkind = 'r' "
+                          "ORDER BY pg_total_relation_size(c.oid) DESC LIMIT 4")
+    say("    by table (rows and TOAST + indexes): " + ", ".join(f"{name} {_mb(int(t))} + {_mb(int(i))}" for name, t, i in tables))
     res.add("size, PostgreSQL / files packed", p_size / f_size, f"<= {TARGET_SIZE}", p_size / f_size <= TARGET_SIZE)
     say("    the same objects stored raw, left to PostgreSQL's TOAST compression (a table of space, hash, data):")
     variants = [
