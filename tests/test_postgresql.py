@@ -167,33 +167,32 @@ def test_cli_init_creates_then_finds(url):
 
 
 class Recorder:
-    """A connection proxy that notes the statements a handle sends, with their
-    parameters (and sends them)."""
+    """Notes, for each append call a handle sends (through libpq, :func:`_call_append`),
+    whether it asked for an asynchronous commit, and sends it."""
 
-    def __init__(self, conn: Any):
-        self._conn = conn
-        self.calls: list[tuple[str, Any]] = []
+    def __init__(self, monkeypatch: Any):
+        from agentsession_cas.backends.postgresql import sessions
 
-    def execute(self, statement: Any, params: Any = None, *args: Any, **kw: Any) -> Any:
-        self.calls.append((statement if isinstance(statement, str) else repr(statement), params))
-        return self._conn.execute(statement, params, *args, **kw)
+        self.lazy: list[bool] = []
+        send = sessions._call_append
+
+        def call(conn: Any, params: list[bytes | None]) -> bool:
+            self.lazy.append({b"t": True, b"f": False}[params[5]])  # type: ignore[index]
+            return send(conn, params)
+
+        monkeypatch.setattr(sessions, "_call_append", call)
 
     def appends(self) -> list[bool]:
-        """For each write the handle sent: whether it asked for an asynchronous commit."""
-        return [params[5] for text, params in self.calls if "append_records" in text]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
+        return list(self.lazy)
 
 
-def test_lazy_append_commits_asynchronously_and_commit_waits(url):
+def test_lazy_append_commits_asynchronously_and_commit_waits(url, monkeypatch):
     """sync 'never': an append is one transaction with synchronous_commit off and no commit
     record; commit() writes the commit record synchronously (flushing the WAL before it)."""
     st = open_store(url, create=True, sync="never")
     try:
         s = st.create(Header.new("s1"))
-        rec = Recorder(s.log.conn)
-        s.log.conn = rec
+        rec = Recorder(monkeypatch)
         r = s.append(msg("lazy"))
         assert not r.durable and rec.appends() == [True]
         assert sql(url, "SELECT op FROM log ORDER BY pos")[-1] == ("append",)
@@ -467,6 +466,46 @@ def test_a_fork_holds_its_prefix_for_the_grace_with_one_row(store, url):
     assert res.repack.dropped == 0
     res = store.sweep(grace=0)
     assert res.repack.dropped == 6 and not sql(url, "SELECT 1 FROM holds")
+
+
+def test_a_fork_whose_prefix_lacks_an_object_is_refused_and_nothing_is_made(store, url):
+    """The prefix check counts the prefix's objects in one query, and names the entry whose
+    object is missing where the count falls short."""
+    s, ids = chain(store, "src", 4)
+    s.close()
+    content = store.envelope(ids[1])["content"]
+    sql(url, "DELETE FROM objects WHERE space = 1 AND hash = %s", [bytes.fromhex(content[7:])])
+    with pytest.raises(StoreError, match=f"prefix entry {ids[1][7:19]} of the fork's base is not held"):
+        store.create(Header.new("fork", base=ids[2]))
+    assert "fork" not in store.list() and not sql(url, "SELECT 1 FROM holds")
+
+
+def test_raw_hash_takes_only_64_lowercase_hex_digits():
+    from agentsession_cas.backends.postgresql.objects import raw_hash
+
+    good = "sha256:" + "0123456789abcdef" * 4
+    assert raw_hash(good) == bytes.fromhex(good[7:])
+    for bad in ("sha256:" + "ab " * 21 + " ", good.upper().replace("SHA256", "sha256"), good[:-1] + "g",
+                "sha256:" + "1" * 63, "sha1:" + "0" * 66):
+        assert raw_hash(bad) is None, bad
+
+
+def test_an_append_the_server_fails_is_rolled_back_and_the_handle_goes_on(store, url):
+    """An append runs through libpq itself: a statement the server refuses raises a
+    StoreError, leaves nothing, and the next append works; so does one on a connection that
+    lost the prepared statement."""
+    s, ids = chain(store)
+    before = sql(url, "SELECT count(*), max(pos) FROM log")
+    sql(url, f"ALTER TABLE log ADD CONSTRAINT no_more CHECK (pos <= {before[0][1]})")
+    with pytest.raises(StoreError, match="rolled back.*no_more"):
+        s.append(msg("refused"), durable=True)
+    assert sql(url, "SELECT count(*), max(pos) FROM log") == before
+    assert sql(url, "SELECT head FROM sessions") == [(ids[-1],)]
+    sql(url, "ALTER TABLE log DROP CONSTRAINT no_more")
+    s.log.conn.execute("DEALLOCATE ALL")
+    r = s.append(msg("after"), durable=True)
+    assert r.outcome == "continued" and sql(url, "SELECT head FROM sessions") == [(r.id,)]
+    assert store.read("s1").log_order == ids + [r.id]
 
 
 def test_pack_says_the_database_keeps_its_own_storage(store):

@@ -35,11 +35,13 @@ import socket
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from psycopg import pq
+
 from ...errors import NoSuchSessionError, SessionDamagedError, SessionExistsError, SessionLockedError, StoreError
 from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
 from .database import psycopg, translate
 from .literals import bool_array, bytea_array, int_array, text_array
-from .objects import copy_rows, object_rows, raw_hash
+from .objects import IN_PACKED, copy_rows, object_rows, packed, raw_hash
 
 if TYPE_CHECKING:
     from . import PostgresBackend
@@ -50,13 +52,49 @@ __all__ = ["PgSessions", "PgSessionLog"]
 LOG_COLUMNS = "log (session, pos, op, seq, hash, content, record)"
 LOG_TYPES = ["int8", "int4", "text", "int4", "bytea", "bytea", "text"]
 _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-#: An append: the arrays go as text literals (:mod:`.literals`), cast here; prepared on
-#: each connection at its first use.
-_APPEND_CALL = (
-    "SELECT append_records(%s, %s, %s, %s, %s, %s, %s, %s::smallint[], %s::bytea[], %s::smallint[], "
-    "%s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[], %s::boolean[], %s::text[], %s::integer[], "
-    "%s::bytea[], %s::bytea[], %s::text[])"
+#: An append: one prepared statement, its arrays sent as text literals (:mod:`.literals`)
+#: and cast here. It is run through libpq itself (:func:`_call_append`), not psycopg's
+#: execute, whose Python-level adaptation and wait loop cost more client CPU than the rest
+#: of the backend's work on an append.
+_APPEND_NAME = b"agentsession_append_records"
+_APPEND_SQL = (
+    b"SELECT append_records($1::bigint, $2::bigint, $3::integer, $4::text, $5::text, $6::boolean, $7::bigint, "
+    b"$8::smallint[], $9::bytea[], $10::smallint[], $11::bytea[], $12::bytea[], $13::bytea[], $14::bytea[], "
+    b"$15::boolean[], $16::text[], $17::integer[], $18::bytea[], $19::bytea[], $20::text[])"
 )
+#: SQLSTATE of a statement name the connection has not prepared (a connection's first append).
+_NOT_PREPARED = b"26000"
+
+
+def _call_append(conn: Any, params: list[bytes | None]) -> bool:
+    """Run ``append_records`` on ``conn`` (autocommit: the call is its own transaction) and
+    say what it returned; psycopg's error for a failed call, OperationalError where the
+    connection is gone. A blocking libpq call: it releases the GIL (other writers run
+    meanwhile) but, unlike psycopg's wait, Ctrl-C takes effect only when it returns; a
+    network that stops answering is bounded by libpq's keepalives settings in the URL."""
+    pgconn = conn.pgconn
+    with conn.lock:
+        res = pgconn.exec_prepared(_APPEND_NAME, params)
+        if res.status == pq.ExecStatus.FATAL_ERROR and res.error_field(pq.DiagnosticField.SQLSTATE) == _NOT_PREPARED:
+            prep = pgconn.prepare(_APPEND_NAME, _APPEND_SQL)
+            if prep.status != pq.ExecStatus.COMMAND_OK:
+                res = prep
+            else:
+                res = pgconn.exec_prepared(_APPEND_NAME, params)
+    if res.status == pq.ExecStatus.TUPLES_OK:
+        return bool(res.get_value(0, 0) == b"t")
+    if pgconn.status != pq.ConnStatus.OK:
+        raise psycopg.OperationalError(pgconn.get_error_message() or "the connection to the server was lost")
+    raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
+
+
+def _text(value: object) -> bytes | None:
+    """A parameter in PostgreSQL's text format."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
+    return str(value).encode()
 
 
 def _holder() -> str:
@@ -164,15 +202,12 @@ class PgSessionLog(SessionLog):
         orows, erows = object_rows(_objects_of(records))
         cols = list(zip(*rows))
         try:
-            done = conn.execute(
-                _APPEND_CALL,
-                [self.key, self.fence, self.last_pos, head, mark, not durable, self.backend.db.lock_key("sweep"),
-                 int_array(r[0] for r in orows), bytea_array(r[1] for r in orows), int_array(r[2] for r in orows),
-                 bytea_array(r[3] for r in orows), bytea_array(r[4] for r in orows),
-                 bytea_array(e[0] for e in erows), bytea_array(e[1] for e in erows), bool_array(e[2] for e in erows),
-                 text_array(cols[2]), int_array(cols[3]), bytea_array(cols[4]), bytea_array(cols[5]), text_array(cols[6])],
-                prepare=True,
-            ).fetchone()[0]
+            done = _call_append(conn, [_text(v) for v in (
+                self.key, self.fence, self.last_pos, head, mark, not durable, self.backend.db.lock_key("sweep"),
+                int_array(r[0] for r in orows), bytea_array(r[1] for r in orows), int_array(r[2] for r in orows),
+                bytea_array(r[3] for r in orows), bytea_array(r[4] for r in orows),
+                bytea_array(e[0] for e in erows), bytea_array(e[1] for e in erows), bool_array(e[2] for e in erows),
+                text_array(cols[2]), int_array(cols[3]), bytea_array(cols[4]), bytea_array(cols[5]), text_array(cols[6]))])
             if not done:
                 raise _Fenced()
         except _Fenced:
@@ -419,17 +454,19 @@ class PgSessions(SessionStore):
         objects are not all held."""
         if not prefix:
             return
-        wanted = {(0, raw_hash(eid)) for eid, _ in prefix} | {(1, raw_hash(c)) for _, c in prefix}
-        found: set[tuple[int, bytes | None]] = set()
-        for space in (0, 1):
-            keys = [h for sp, h in wanted if sp == space]
-            for i in range(0, len(keys), 10000):
-                rows = conn.execute("SELECT hash FROM objects WHERE space = %s AND hash = ANY(%s)",
-                                    [space, keys[i:i + 10000]]).fetchall()
-                found.update((space, bytes(r[0])) for r in rows)
-        for eid, chash in prefix:
-            if (0, raw_hash(eid)) not in found or (1, raw_hash(chash)) not in found:
-                raise StoreError(f"prefix entry {eid[7:19]} of the fork's base is not held; nothing was created")
+        for space, names in ((0, {eid for eid, _ in prefix}), (1, {c for _, c in prefix})):
+            keys = [raw_hash(n) for n in names]
+            # One count per space (the hashes as one packed value); the rows only where it falls short.
+            held = conn.execute(f"SELECT count(*) FROM objects WHERE space = %s AND {IN_PACKED}",
+                                [space, packed(keys)]).fetchone()[0]
+            if None not in keys and held == len(keys):
+                continue
+            found = {bytes(r[0]) for r in conn.execute(
+                f"SELECT hash FROM objects WHERE space = %s AND {IN_PACKED}",
+                [space, packed(keys)]).fetchall()}
+            for eid, chash in prefix:
+                if raw_hash(eid if space == 0 else chash) not in found:
+                    raise StoreError(f"prefix entry {eid[7:19]} of the fork's base is not held; nothing was created")
         conn.execute("INSERT INTO holds (base) VALUES (%s)", [prefix[-1][0]])
 
     def size(self, session_id: str) -> int | None:
