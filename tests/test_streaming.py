@@ -227,6 +227,26 @@ def test_verify_file_with_every_entry_parked_reports_the_same(tmp_path, monkeypa
     assert len(woke) > 100  # the rules did read parked entries back
 
 
+def test_verify_of_a_stored_session_with_every_entry_parked_reports_the_same(shapes, monkeypatch):
+    """``verify ID`` parks entries too, waking one from the store's objects: with no window
+    at all, each stored session's report is the one the default window gives."""
+    from agentsession_cas.format import reader
+    from agentsession_cas.maintenance.check import _verify_projection
+
+    root, sids = shapes
+    st = Store(root, readonly=True)
+    expected = {sid: _verify_projection(st.open(sid)) for sid in sids}
+    monkeypatch.setattr(reader._Parking, "WINDOW", 0)
+    monkeypatch.setattr(reader._Parking, "WINDOW_BYTES", 0)
+    for sid in sids:
+        got, want = _verify_projection(st.open(sid)), expected[sid]
+        if isinstance(want, Exception):
+            assert str(got) == str(want), sid
+        else:
+            assert got.as_dict() == want.as_dict(), sid
+    assert expected[sids[0]].ok and expected[sids[0]].counts()["verified"] > 0  # the benchmark's session
+
+
 def test_verify_file_holds_ids_not_the_entries_of_a_long_path(tmp_path):
     """A linear session (every entry on the one path the context rules stand on): doubling
     it moves the streamed verify's peak (tracemalloc) by a small part of the bytes added;
@@ -276,6 +296,33 @@ def test_a_parked_entry_woken_after_the_pass_reads_the_file_again(tmp_path, monk
     path.write_bytes(b"\n".join(lines))
     with pytest.raises(SessionFormatError, match="changed while it was verified"):
         checks[1].entry.data  # noqa: B018
+
+
+def test_a_verify_pass_leaves_no_cycle(tmp_path, monkeypatch):
+    """A pass runs with the collector paused (gc_paused, and a whole-pass command keeps it
+    off until it returns): its state must hold no reference cycle, or nothing would free it
+    before the process ends. An import drops the report before it writes the session, so
+    its peak is one or the other, not the two together."""
+    import gc
+    import weakref
+
+    from agentsession_cas.format import reader
+
+    path = tmp_path / "generated.jsonl"
+    path.write_bytes(generate(300, 11)[0])
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for window in (reader._Parking.WINDOW, 0):  # with entries parked (holding the wake) too
+            monkeypatch.setattr(reader._Parking, "WINDOW", window)
+            report = reader.verify_file(path)
+            assert report.ok
+            checker = weakref.ref(report._checker)
+            del report
+            assert checker() is None
+    finally:
+        if was:
+            gc.enable()
 
 
 def _interleaved(tmp_path: Path) -> Path:

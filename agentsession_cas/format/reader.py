@@ -325,8 +325,26 @@ def verify_lines(
         entry.line = where[entry_id]
         return entry
 
-    entries = (raw[:-1] if raw.endswith(b"\n") else raw for raw in it)
-    return _verify(source, header, entries, PathChecker(header, loader=load if loader is not None else None), where)
+    if loader is None:
+        entries: Iterable[bytes] = (raw[:-1] if raw.endswith(b"\n") else raw for raw in it)
+        return _verify(source, header, entries, PathChecker(header), where)
+    sizes = array("q")
+
+    def sized() -> Iterator[bytes]:
+        for raw in it:
+            raw = raw[:-1] if raw.endswith(b"\n") else raw
+            sizes.append(len(raw))
+            yield raw
+
+    def wake(entry: Entry) -> dict[str, Any]:
+        assert loader is not None
+        return loader(entry.id).data  # the loader's own checks (a store's: every object read verified)
+
+    def line_size(entry: Entry) -> int:
+        assert entry.line is not None
+        return sizes[entry.line - 2]
+
+    return _verify(source, header, sized(), PathChecker(header, loader=load), where, None, _Parking(wake, line_size))
 
 
 class _Parking:
@@ -346,13 +364,16 @@ class _Parking:
         self._recent: deque[tuple[Entry, int]] = deque()
         self._bytes = 0
         self._size = size
+        # (not a closure over self: parked entries hold the wake, and a cycle through them
+        # would outlive a pass run with the collector paused)
         self._woken: list[Entry] = []
+        woken = self._woken
 
-        def woken(entry: Entry) -> dict[str, Any]:
-            self._woken.append(entry)
+        def counted(entry: Entry) -> dict[str, Any]:
+            woken.append(entry)
             return wake(entry)
 
-        self._wake = woken
+        self._wake = counted
 
     def settle(self, entry: Entry) -> None:
         """``entry`` was added: park what fell out of the window, and what woke meanwhile."""
