@@ -196,6 +196,135 @@ def test_verify_file_reports_what_verify_session_reports(tmp_path):
         assert verify_bytes(path.read_bytes(), source=str(path)).as_dict() == expected, path
 
 
+def test_verify_file_with_every_entry_parked_reports_the_same(tmp_path, monkeypatch):
+    """The same files verified with no window at all: every entry parked the moment it is
+    in (its object dropped, read again from the file when a rule asks), so every rule that
+    looks back along a path (outputs, a compaction's kept range, a request rebuilt under
+    new settings, runs and calls) reads woken entries; the report is the same."""
+    from agentsession_cas.errors import SessionFormatError
+    from agentsession_cas.format import reader
+
+    monkeypatch.setattr(reader._Parking, "WINDOW", 0)
+    monkeypatch.setattr(reader._Parking, "WINDOW_BYTES", 0)
+    woke = []
+    real_park = reader.Entry.park
+
+    def park(entry, wake):
+        def counted(e):
+            woke.append(e.id)
+            return wake(e)
+        real_park(entry, counted)
+
+    monkeypatch.setattr(reader.Entry, "park", park)
+    generated = tmp_path / "generated.jsonl"
+    generated.write_bytes(generate(300, 11)[0])
+    for path in [*_files(), generated]:
+        try:
+            expected = _old_report(path)
+        except SessionFormatError:
+            continue
+        assert reader.verify_file(path).as_dict() == expected, path
+    assert len(woke) > 100  # the rules did read parked entries back
+
+
+def test_verify_of_a_stored_session_with_every_entry_parked_reports_the_same(shapes, monkeypatch):
+    """``verify ID`` parks entries too, waking one from the store's objects: with no window
+    at all, each stored session's report is the one the default window gives."""
+    from agentsession_cas.format import reader
+    from agentsession_cas.maintenance.check import _verify_projection
+
+    root, sids = shapes
+    st = Store(root, readonly=True)
+    expected = {sid: _verify_projection(st.open(sid)) for sid in sids}
+    monkeypatch.setattr(reader._Parking, "WINDOW", 0)
+    monkeypatch.setattr(reader._Parking, "WINDOW_BYTES", 0)
+    for sid in sids:
+        got, want = _verify_projection(st.open(sid)), expected[sid]
+        if isinstance(want, Exception):
+            assert str(got) == str(want), sid
+        else:
+            assert got.as_dict() == want.as_dict(), sid
+    assert expected[sids[0]].ok and expected[sids[0]].counts()["verified"] > 0  # the benchmark's session
+
+
+def test_verify_file_holds_ids_not_the_entries_of_a_long_path(tmp_path):
+    """A linear session (every entry on the one path the context rules stand on): doubling
+    it moves the streamed verify's peak (tracemalloc) by a small part of the bytes added;
+    holding the path's entries would add about twice those bytes."""
+    import tracemalloc
+
+    from agentsession_cas import make_entry
+    from agentsession_cas.format.reader import verify_file
+
+    peaks, sizes = [], []
+    for n in (400, 800):
+        lines = [Header.new(f"linear{n}").canonical_line()]
+        parent = None
+        for i in range(n):
+            text = f"turn {i} " + "y" * 8_000
+            e = make_entry("item", parent, ts="2026-01-01T00:00:00Z",
+                           item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+            lines.append(e.canonical_line())
+            parent = e.id
+        path = tmp_path / f"linear{n}.jsonl"
+        path.write_bytes(b"".join(lines))
+        tracemalloc.start()
+        try:
+            report = verify_file(path)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert report.ok and report.entries == n
+        sizes.append(path.stat().st_size)
+    assert peaks[1] - peaks[0] < (sizes[1] - sizes[0]) / 4, (peaks, sizes)
+
+
+def test_a_parked_entry_woken_after_the_pass_reads_the_file_again(tmp_path, monkeypatch):
+    """An entry a report still names wakes after the verify returned (the file closed): it
+    is read again; and a line changed meanwhile is refused, never read as the entry."""
+    from agentsession_cas.errors import SessionFormatError
+    from agentsession_cas.format import reader
+
+    monkeypatch.setattr(reader._Parking, "WINDOW", 0)
+    path = _interleaved(tmp_path)
+    report = reader.verify_file(path)
+    checks = list(report.requests)
+    assert checks and all(c.entry.parked for c in checks)
+    assert checks[0].entry.data["type"] == "response" and not checks[0].entry.parked
+    lines = path.read_bytes().split(b"\n")
+    lines[checks[1].entry.line - 1] = lines[checks[1].entry.line - 1].replace(b'"sha256:', b'"sha256:', 1)[::-1]
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(SessionFormatError, match="changed while it was verified"):
+        checks[1].entry.data  # noqa: B018
+
+
+def test_a_verify_pass_leaves_no_cycle(tmp_path, monkeypatch):
+    """A pass runs with the collector paused (gc_paused, and a whole-pass command keeps it
+    off until it returns): its state must hold no reference cycle, or nothing would free it
+    before the process ends. An import drops the report before it writes the session, so
+    its peak is one or the other, not the two together."""
+    import gc
+    import weakref
+
+    from agentsession_cas.format import reader
+
+    path = tmp_path / "generated.jsonl"
+    path.write_bytes(generate(300, 11)[0])
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for window in (reader._Parking.WINDOW, 0):  # with entries parked (holding the wake) too
+            monkeypatch.setattr(reader._Parking, "WINDOW", window)
+            report = reader.verify_file(path)
+            assert report.ok
+            checker = weakref.ref(report._checker)
+            del report
+            assert checker() is None
+    finally:
+        if was:
+            gc.enable()
+
+
 def _interleaved(tmp_path: Path) -> Path:
     """Two branches from one root written alternately, each with a response whose request
     hash is right: the checker must go back to a branch it left, reading its entries again."""

@@ -677,19 +677,30 @@ class Context:
 
 class _Contribution:
     """One item the context algorithm placed in the list: from an ``item`` entry (the
-    only kind ``omit`` reaches), a compaction's summary or pin, or a branch summary."""
+    only kind ``omit`` reaches), a compaction's summary or pin, or a branch summary.
 
-    __slots__ = ("entry", "item", "kind", "model", "pos", "raw")
+    It names where its item is (the entry, and the kind: ``item``'s member, the
+    ``summary``, the ``index``-th of ``pinned``) rather than holding it, so an entry a
+    one-pass check parked (:meth:`Entry.park`) is not kept whole by its contribution."""
 
-    def __init__(self, entry: Entry, item: Any, kind: str, model: str | None, pos: int):
+    __slots__ = ("entry", "kind", "model", "pos", "index")
+
+    def __init__(self, entry: Entry, kind: str, model: str | None, pos: int, index: int = 0):
         self.entry = entry
-        self.item = item
         self.kind = kind
         self.model = model  # the model in force when the entry was written
         self.pos = pos  # its position on the path
-        #: The item's canonical bytes while a request hash may still need them (see
-        #: :class:`_Raw`); None once hashed into a mark, or when never had.
-        self.raw: bytes | None = None
+        self.index = index  # a pin's place in its compaction's ``pinned``
+
+    @property
+    def item(self) -> dict[str, Any]:
+        data = self.entry.data
+        kind = self.kind
+        if kind == "item":
+            return data["item"]
+        if kind == "pinned":
+            return data["pinned"][self.index]
+        return data["summary"]
 
 
 def _replace_images(item: dict, indexes: set[tuple[str, int]], placeholder: str) -> dict:
@@ -869,26 +880,35 @@ class _Raw:
         if upto0 < upto:
             chunk = self.items[upto0:upto]
             if omit.zero:
-                blobs = [c.raw if c.raw is not None else _item_bytes(c.entry, c.item) for c in chunk]
+                blobs = [_item_bytes(c) for c in chunk]
             else:
                 kept, _, _ = _apply_omit(chunk, settings, path_index)
                 blobs = [
-                    (c.raw if c.raw is not None else _item_bytes(c.entry, item)) if item is c.item else canonical_bytes(item)
+                    _item_bytes(c) if item is c.item else canonical_bytes(item)
                     for c, item in kept
                 ]
             if blobs:
                 h.update((b"," if count else b"") + b",".join(blobs))
                 count += len(blobs)
             for c in chunk:
-                c.raw = None  # hashed into the mark below: a path keeps no second copy of its items
+                if c.kind == "item":
+                    c.entry.item_bytes = None  # hashed into the mark below: a path keeps no second copy of its items
         if start is None or upto0 < upto:
             self.marks.append(_Mark(sig, upto, self.items[upto - 1] if upto else None, count, h.copy()))
         h.update(b"]" + (b"," + after if after else b"") + b"}")
         return HASH_PREFIX + h.hexdigest()
 
 
-def _item_bytes(entry: Entry, item: Any) -> bytes:
-    return canonical_bytes(item, parsed=True, careful=entry.careful)
+def _item_bytes(c: _Contribution) -> bytes:
+    """A contribution's canonical bytes: those its entry's hashing made (``item_bytes``,
+    left on the entry until hashed into a mark, or dropped when a one-pass check parks
+    it), else encoded again."""
+    entry = c.entry
+    if c.kind == "item":
+        raw = entry.item_bytes
+        if raw is not None:
+            return raw
+    return canonical_bytes(c.item, parsed=True, careful=entry.careful)
 
 
 # ---------------------------------------------------------------------------
@@ -962,17 +982,13 @@ class ContextBuilder:
         if t == "item":
             item = data.get("item")
             if isinstance(item, dict):
-                c = _Contribution(entry, item, "item", self.settings.model, pos)
-                if entry.item_bytes is not None:
-                    # Bytes the entry's hashing made, taken once: the entry keeps no copy.
-                    c.raw, entry.item_bytes = entry.item_bytes, None
-                self._raw.items.append(c)
+                self._raw.items.append(_Contribution(entry, "item", self.settings.model, pos))
         elif t == "config":
             self.settings, self.unresolved_of = self.settings.apply_checked(data, entry.id)
         elif t == "branch_summary":
             summary = data.get("summary")
             if isinstance(summary, dict):
-                self._raw.items.append(_Contribution(entry, summary, "branch_summary", self.settings.model, pos))
+                self._raw.items.append(_Contribution(entry, "branch_summary", self.settings.model, pos))
         elif t == "compaction":
             self._compact(entry, pos)
         self._models.append(self.settings.model)
@@ -985,10 +1001,12 @@ class ContextBuilder:
         contributions: list[_Contribution] = []
         summary = data.get("summary")
         if isinstance(summary, dict):
-            contributions.append(_Contribution(entry, summary, "summary", self.settings.model, pos))
+            contributions.append(_Contribution(entry, "summary", self.settings.model, pos))
         pinned = data.get("pinned")
         if isinstance(pinned, list):
-            contributions.extend(_Contribution(entry, p, "pinned", self.settings.model, pos) for p in pinned if isinstance(p, dict))
+            contributions.extend(
+                _Contribution(entry, "pinned", self.settings.model, pos, i) for i, p in enumerate(pinned) if isinstance(p, dict)
+            )
         if fk_pos is None or fk_pos >= pos:
             shown = fk if is_hash(fk) else json.dumps(fk)
             self.error = f"compaction {short_id(entry.id)}: first_kept {shown} names no entry on its path before it"
@@ -1001,11 +1019,11 @@ class ContextBuilder:
                 if e.type == "item":
                     item = e.data.get("item")
                     if isinstance(item, dict):
-                        contributions.append(_Contribution(e, item, "item", self._models[p], p))
+                        contributions.append(_Contribution(e, "item", self._models[p], p))
                 elif e.type == "branch_summary":
                     summary = e.data.get("summary")
                     if isinstance(summary, dict):
-                        contributions.append(_Contribution(e, summary, "branch_summary", self._models[p], p))
+                        contributions.append(_Contribution(e, "branch_summary", self._models[p], p))
         self._raw = _Raw(contributions)
 
     def pop(self) -> Entry:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -88,7 +88,7 @@ class Entry:
     what the line's members hash to.
     """
 
-    __slots__ = ("data", "id", "computed_id", "content_hash", "line", "careful", "objects", "item_bytes")
+    __slots__ = ("data", "id", "computed_id", "content_hash", "line", "careful", "objects", "item_bytes", "_wake")
 
     def __init__(
         self,
@@ -112,6 +112,24 @@ class Entry:
         #: The canonical bytes of ``item``, when hashing the entry made them: the context
         #: builder takes them (once) for the request hash instead of encoding again.
         self.item_bytes: bytes | None = None
+        self._wake: Callable[[Entry], dict[str, Any]] | None = None
+
+    # -- parking ------------------------------------------------------------
+
+    def park(self, wake: Callable[[Entry], dict[str, Any]]) -> None:
+        """Drop the parsed object, which ``wake(entry)`` gives again (read once more from
+        where the entry came from) the next time ``data`` is asked for. A one-pass check
+        parks the entries of a long path it may still have to consult (a compaction's
+        kept range, a request rebuilt under new settings), so its memory holds ids and
+        line numbers, not the session; the rules read ``data`` as ever."""
+        self._wake = wake
+        self.objects = self.item_bytes = None
+        _DATA.__set__(self, None)
+        self.__class__ = _ParkedEntry
+
+    @property
+    def parked(self) -> bool:
+        return self.__class__ is _ParkedEntry
 
     # -- construction -----------------------------------------------------
 
@@ -216,6 +234,28 @@ class Entry:
 
     def __hash__(self) -> int:
         return hash(self.id)
+
+
+#: The slot an entry's parsed object lives in, reached under a parked entry's ``data``.
+_DATA: Any = Entry.__dict__["data"]
+
+
+class _ParkedEntry(Entry):
+    """An entry whose parsed object was dropped (:meth:`Entry.park`): the first read of
+    ``data`` wakes it, reading the object again, and it is a plain :class:`Entry` from
+    then on. Same slots as :class:`Entry`, so an instance changes class in place."""
+
+    __slots__ = ()
+
+    @property
+    def data(self) -> dict[str, Any]:  # type: ignore[override]  # Entry's slot, behind a wake-up
+        wake = self._wake
+        assert wake is not None
+        data = wake(self)
+        _DATA.__set__(self, data)
+        self._wake = None
+        self.__class__ = Entry  # type: ignore[assignment]  # the same slots: it is an Entry again
+        return data
 
 
 class Header:

@@ -235,7 +235,13 @@ def entry_objects_item(
     body = body_of(entry)
     item = body.get("item")
     item_bytes: bytes | None = None
-    if item.__class__ is dict and all(k.__class__ is str and k > "item" and k.isascii() for k in body if k != "item"):
+    splice = item.__class__ is dict
+    if splice:
+        for k in body:  # a loop, not all() over a generator: this runs once an entry
+            if k != "item" and not (k.__class__ is str and k > "item" and k.isascii()):
+                splice = False
+                break
+    if splice:
         item_bytes = canonical_bytes(item, parsed=parsed, careful=careful)
         if len(body) == 1:
             content = b'{"item":' + item_bytes + b"}"

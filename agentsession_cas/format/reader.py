@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -262,7 +263,32 @@ def verify_file(
             entry.objects = None
             return entry
 
-        return _verify(name, header, lines(), PathChecker(header, loader=load), where, on_entry)
+        def wake(entry: Entry) -> dict[str, Any]:
+            # A parked entry's object, read again; the file is reopened once the pass is
+            # over (a report's entries may be asked after it). The line must still claim
+            # the id it was checked under.
+            assert entry.line is not None
+            i = entry.line - 2
+            if f.closed:
+                with open(name, "rb") as again:
+                    raw = os.pread(again.fileno(), ends[i] - starts[i], starts[i])
+            else:
+                raw = os.pread(fd, ends[i] - starts[i], starts[i])
+            try:
+                obj = loads_flagged(raw.decode("utf-8"))[0]
+            except ValueError:
+                obj = None
+            stated = obj.get("id") if isinstance(obj, dict) else None
+            if not isinstance(obj, dict) or (stated if isinstance(stated, str) else entry.computed_id) != entry.id:
+                raise SessionFormatError(name, [problem(i + 2, "entry", "the line changed while it was verified")])
+            return obj
+
+        def line_size(entry: Entry) -> int:
+            assert entry.line is not None
+            return ends[entry.line - 2] - starts[entry.line - 2]
+
+        parking = _Parking(wake, line_size)
+        return _verify(name, header, lines(), PathChecker(header, loader=load), where, on_entry, parking)
 
 
 def verify_bytes(data: bytes, *, source: str = "<bytes>", progress: Progress | None = None) -> VerifyReport:
@@ -299,16 +325,80 @@ def verify_lines(
         entry.line = where[entry_id]
         return entry
 
-    entries = (raw[:-1] if raw.endswith(b"\n") else raw for raw in it)
-    return _verify(source, header, entries, PathChecker(header, loader=load if loader is not None else None), where)
+    if loader is None:
+        entries: Iterable[bytes] = (raw[:-1] if raw.endswith(b"\n") else raw for raw in it)
+        return _verify(source, header, entries, PathChecker(header), where)
+    sizes = array("q")
+
+    def sized() -> Iterator[bytes]:
+        for raw in it:
+            raw = raw[:-1] if raw.endswith(b"\n") else raw
+            sizes.append(len(raw))
+            yield raw
+
+    def wake(entry: Entry) -> dict[str, Any]:
+        assert loader is not None
+        return loader(entry.id).data  # the loader's own checks (a store's: every object read verified)
+
+    def line_size(entry: Entry) -> int:
+        assert entry.line is not None
+        return sizes[entry.line - 2]
+
+    return _verify(source, header, sized(), PathChecker(header, loader=load), where, None, _Parking(wake, line_size))
+
+
+class _Parking:
+    """What a one-pass verify keeps of the entries on its path: the last few whole (at
+    most :attr:`WINDOW` entries and :attr:`WINDOW_BYTES` of their lines: a response's
+    outputs, the entries just before it, are read back at once), older ones parked
+    (:meth:`Entry.park`: their objects dropped, read again from the file if a rule
+    consults them: a compaction's kept range, a request rebuilt under new settings), so
+    what the pass holds grows by an id and a line number per entry, not by the entries.
+    An entry woken is parked again once the entry being added is in. ``size(entry)`` is
+    the length of its line."""
+
+    WINDOW = 64
+    WINDOW_BYTES = 1 << 20
+
+    def __init__(self, wake: Callable[[Entry], dict[str, Any]], size: Callable[[Entry], int]):
+        self._recent: deque[tuple[Entry, int]] = deque()
+        self._bytes = 0
+        self._size = size
+        # (not a closure over self: parked entries hold the wake, and a cycle through them
+        # would outlive a pass run with the collector paused)
+        self._woken: list[Entry] = []
+        woken = self._woken
+
+        def counted(entry: Entry) -> dict[str, Any]:
+            woken.append(entry)
+            return wake(entry)
+
+        self._wake = counted
+
+    def settle(self, entry: Entry) -> None:
+        """``entry`` was added: park what fell out of the window, and what woke meanwhile."""
+        recent = self._recent
+        n = self._size(entry)
+        recent.append((entry, n))
+        self._bytes += n
+        while len(recent) > self.WINDOW or (self._bytes > self.WINDOW_BYTES and recent):
+            old, n = recent.popleft()
+            self._bytes -= n
+            old.park(self._wake)
+        if self._woken:
+            for e in self._woken:
+                if not e.parked:
+                    e.park(self._wake)
+            self._woken.clear()
 
 
 def _verify(
     source: str, header: Header, lines: Iterable[bytes], checker: PathChecker, where: dict[str, int] | None,
-    on_entry: Callable[[Entry], None] | None = None,
+    on_entry: Callable[[Entry], None] | None = None, parking: _Parking | None = None,
 ) -> VerifyReport:
     with gc_paused():
-        reader = _Reader(source, header, lines, checker=checker, keep_entries=False, where=where, on_entry=on_entry)
+        reader = _Reader(source, header, lines, checker=checker, keep_entries=False, where=where, on_entry=on_entry,
+                         parking=parking)
         sf = reader.run()
         checker.finish()
     return verify_report(source, header, reader.count, sf.migrated, sf.all_problems(), sf.unresolved, checker, reader.links)
@@ -330,7 +420,9 @@ class _Reader:
         keep_entries: bool = True,
         where: dict[str, int] | None = None,
         on_entry: Callable[[Entry], None] | None = None,
+        parking: _Parking | None = None,
     ):
+        self.parking = parking
         self.keep_objects = keep_objects
         self.on_entry = on_entry
         self.source = source
@@ -395,6 +487,7 @@ class _Reader:
         # request hashes (the context builder takes them): hashed once, not kept after.
         keep = self.keep_objects or (checker is not None and not migrated) or self.on_entry is not None
         on_entry = self.on_entry
+        parking = self.parking if checker is not None and not migrated else None
         base = self.header.base
         on_prefix = base is not None
         for lineno, obj, careful in objects:
@@ -424,6 +517,8 @@ class _Reader:
                 if self.where is not None:
                     self.where[entry.id] = lineno
                 checker.add(entry, prefix=on_prefix)  # as PathChecker.add_all feeds a file
+                if parking is not None:
+                    parking.settle(entry)
             if entry.id == base:
                 on_prefix = False
         problems.extend(tree.finish())

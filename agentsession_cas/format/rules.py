@@ -40,6 +40,7 @@ from __future__ import annotations
 import gc
 import json
 import re
+import weakref
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -580,7 +581,16 @@ class PathChecker:
         self._parent: dict[str, str | None] = {}
         #: Why the path from each cut root cannot be rebuilt.
         self._cut: dict[str, str] = {}
-        self.walker = RecordWalker(header, report=self._report, seq=self.seq)
+        # The walker reports through a weak reference: a bound method would make the two a
+        # cycle, which a pass run with the collector paused (gc_paused) never frees.
+        me = weakref.ref(self)
+
+        def report(entry: Entry, code: str, message: str) -> None:
+            checker = me()
+            assert checker is not None  # the walker lives only as long as its checker
+            checker._report(entry, code, message)
+
+        self.walker = RecordWalker(header, report=report, seq=self.seq)
         self.builder = ContextBuilder()
         self.path: list[Entry] = []
         self._depth: dict[str, int] = {}

@@ -52,6 +52,8 @@ TARGET_VERIFY = 2.5
 TARGET_IMPORT = 2.5
 TARGET_SHOW = 2.0  # x export
 TARGET_MEMORY = 1.5  # x the file's size
+#: The commands timed, in the order they run.
+COMMANDS = ("verify", "import", "export", "show")
 
 
 #: A small launcher that runs the command and reports its wall time and peak memory: a
@@ -125,7 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=None, help="runs of each command; the best is reported (default 2, 3 with --quick)")
     ap.add_argument("--seed", type=int, default=20260917, help="generator seed")
     ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    ap.add_argument("--only", default=",".join(COMMANDS), metavar="NAMES",
+                    help=f"the commands to time, comma-separated, of {','.join(COMMANDS)} (default all): on a shared "
+                         "machine, a full-size run of only what is being worked on")
     args = ap.parse_args(argv)
+    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    if not only or any(name not in COMMANDS for name in only):
+        ap.error(f"--only takes names among {','.join(COMMANDS)}")
     count = QUICK_ENTRIES if args.quick else (args.entries if args.entries is not None else DEFAULT_ENTRIES)
     repeat = args.repeat or (3 if count <= QUICK_ENTRIES else 2)
     if count < 1 or repeat < 1:
@@ -166,24 +174,33 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(stores, ignore_errors=True)
             subprocess.run([exe, "--store", stores, "init"], check=True, stdout=subprocess.DEVNULL)
 
-        verify = best([exe, "verify", path], repeat)
-        if verify[1] != 0:
-            print("INVALID: agentsession verify of the generated session failed")
-            return 1
-        imp = best([exe, "--store", stores, "import", path], repeat, before=fresh_store)
-        if imp[1] != 0:
-            print("INVALID: agentsession import of the generated session failed")
-            return 1
-        out = os.path.join(tmp, "export.jsonl")
-        with open(out, "wb") as f:
-            run([exe, "--store", stores, "export", SESSION_ID], stdout=f.fileno())
-        with open(out, "rb") as f:
-            same = f.read() == data
-        if not same:
-            ok = False
-        os.unlink(out)
-        export = best([exe, "--store", stores, "export", SESSION_ID], repeat)
-        show = best([exe, "--store", stores, "show", SESSION_ID], repeat)
+        verify = imp = export = show = None
+        if "verify" in only:
+            verify = best([exe, "verify", path], repeat)
+            if verify[1] != 0:
+                print("INVALID: agentsession verify of the generated session failed")
+                return 1
+        if "import" in only:
+            imp = best([exe, "--store", stores, "import", path], repeat, before=fresh_store)
+            if imp[1] != 0:
+                print("INVALID: agentsession import of the generated session failed")
+                return 1
+        elif "export" in only or "show" in only:
+            fresh_store()
+            subprocess.run([exe, "--store", stores, "import", path], check=True, stdout=subprocess.DEVNULL, env=_ENV)
+        same = True
+        if "export" in only or "show" in only:
+            out = os.path.join(tmp, "export.jsonl")
+            with open(out, "wb") as f:
+                run([exe, "--store", stores, "export", SESSION_ID], stdout=f.fileno())
+            with open(out, "rb") as f:
+                same = f.read() == data
+            if not same:
+                ok = False
+            os.unlink(out)
+            export = best([exe, "--store", stores, "export", SESSION_ID], repeat)
+        if "show" in only:
+            show = best([exe, "--store", stores, "show", SESSION_ID], repeat)
 
         print(f"\nthrough {exe}, best of {repeat} (peak memory: the largest of the runs; the file is {size_mb:.1f} MB)")
         results: list[tuple[str, bool]] = []
@@ -205,11 +222,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {'':<8} CPU {cpu * 1000:9.1f} ms  {cpu / cpu_against:5.2f}x the same in CPU time"
                   + (f", {(cpu - version[3]) / cpu_against:5.2f}x less --version's start-up" if against is base_s else ""))
 
-        row("export", export, base_s, "bare parse", TARGET_EXPORT)
-        row("verify", verify, base_s, "bare parse", TARGET_VERIFY)
-        row("import", imp, base_s, "bare parse", TARGET_IMPORT)
-        row("show", show, export[0], "export", TARGET_SHOW)
-        print(f"  export's bytes {'are' if same else 'DIFFER from'} the imported file's")
+        if export is not None:
+            row("export", export, base_s, "bare parse", TARGET_EXPORT)
+        if verify is not None:
+            row("verify", verify, base_s, "bare parse", TARGET_VERIFY)
+        if imp is not None:
+            row("import", imp, base_s, "bare parse", TARGET_IMPORT)
+        if show is not None and export is not None:
+            row("show", show, export[0], "export", TARGET_SHOW)
+        if export is not None:
+            print(f"  export's bytes {'are' if same else 'DIFFER from'} the imported file's")
         print("\nSUMMARY")
         for name, met in results:
             print(f"  {name:<16} {'MET' if met else 'NOT MET'}")
