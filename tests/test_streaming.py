@@ -580,3 +580,24 @@ def test_whole_pass_commands_keep_the_collector_off_until_they_return(shapes, tm
     assert cli(other, "import", str(path)).exit_code == 0
     assert gc.isenabled()
     assert len(seen) >= 4 and not any(seen), seen
+
+
+def test_a_woken_line_that_keeps_its_id_but_not_its_bytes_is_refused(tmp_path, monkeypatch):
+    """The id a line states is a claim: a line rewritten in place with its id kept (its
+    content changed, the same length) must not be read as the entry that was checked."""
+    from agentsession_cas.errors import SessionFormatError
+    from agentsession_cas.format import reader
+
+    monkeypatch.setattr(reader._Parking, "WINDOW", 0)
+    path = _interleaved(tmp_path)
+    report = reader.verify_file(path)
+    entry = list(report.requests)[1].entry
+    assert entry.parked
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    line = lines[entry.line - 1]
+    at = line.index(b'"type":"') + len(b'"type":"')
+    lines[entry.line - 1] = line[:at] + (b"X" if line[at:at + 1] != b"X" else b"Y") + line[at + 1:]
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(SessionFormatError, match="changed while it was verified"):
+        entry.data  # noqa: B018

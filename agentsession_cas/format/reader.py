@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
+from zlib import crc32
 
 from ..errors import (
     AgentSessionError,
@@ -238,12 +239,15 @@ def verify_file(
         fd = f.fileno()
         size = os.fstat(fd).st_size
 
+        crcs = array("L")  # each line's CRC-32: a line read again must be the line checked
+
         def lines() -> Iterator[bytes]:
             pos = len(first)
             for raw in f:
                 n = len(raw) - 1 if raw.endswith(b"\n") else len(raw)
                 starts.append(pos)
                 ends.append(pos + n)
+                crcs.append(crc32(raw, 0) if n == len(raw) else crc32(memoryview(raw)[:n]))
                 pos += len(raw)
                 if progress is not None and len(starts) % EVERY == 0:
                     progress(pos, max(size, pos))
@@ -253,9 +257,15 @@ def verify_file(
 
         where: dict[str, int] = {}
 
+        def again(i: int, src: int) -> bytes:
+            raw = os.pread(src, ends[i] - starts[i], starts[i])
+            if crc32(raw) != crcs[i]:
+                raise SessionFormatError(name, [problem(i + 2, "entry", "the line changed while it was verified")])
+            return raw
+
         def load(entry_id: str) -> Entry:
             i = where[entry_id] - 2
-            raw = os.pread(fd, ends[i] - starts[i], starts[i])
+            raw = again(i, fd)
             obj, careful = loads_flagged(raw.decode("utf-8"))
             entry, _ = check_line(obj, line=i + 2, careful=careful, keep_objects=True)
             if entry is None:  # the file changed under the verify
@@ -270,10 +280,10 @@ def verify_file(
             assert entry.line is not None
             i = entry.line - 2
             if f.closed:
-                with open(name, "rb") as again:
-                    raw = os.pread(again.fileno(), ends[i] - starts[i], starts[i])
+                with open(name, "rb") as reopened:
+                    raw = again(i, reopened.fileno())
             else:
-                raw = os.pread(fd, ends[i] - starts[i], starts[i])
+                raw = again(i, fd)
             try:
                 obj = loads_flagged(raw.decode("utf-8"))[0]
             except ValueError:
