@@ -62,6 +62,7 @@ __all__ = ["AppendResult", "PreparedBatch", "ProjectionOutline", "Session", "ent
 
 _DURABLE_ON_RESPONSES = frozenset({"response", "compaction", "branch_summary"})
 _ENTRY_NAMING = ("target", "first_kept", "from", "queued_from")
+_NAMING = frozenset(_ENTRY_NAMING + ("parents",))
 
 
 def walk_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> list[Any]:
@@ -220,6 +221,9 @@ class Session:
         #: The successor a continued_in link names (once known: see superseded_by).
         self._successor: str | None = None
         self._successor_known = False
+        #: The entry types the header's ``records`` names, and the header they were read from.
+        self._record_types: frozenset[str] = frozenset()
+        self._record_types_of: Header | None = None
 
     # -- opening ------------------------------------------------------------------------
 
@@ -525,16 +529,20 @@ class Session:
     def _durable_for(self, entry: Entry, durable: bool | None) -> bool:
         if durable is not None:
             return durable
-        if entry.type in self.header.records:
+        type_ = entry.data.get("type")
+        header = self.header
+        if self._record_types_of is not header:  # the header's ``records``, read once per header
+            self._record_types_of, self._record_types = header, frozenset(header.records)
+        if type_ in self._record_types:
             return True  # RFC 0001: durable before the side effect it precedes
         policy = self.store.sync
         if policy == "always":
             return True
         if policy == "responses":
-            if entry.type in _DURABLE_ON_RESPONSES:
+            if type_ in _DURABLE_ON_RESPONSES:
                 return True
             item = entry.data.get("item")
-            return entry.type == "item" and isinstance(item, dict) and item.get("type") == "function_call_output"
+            return type_ == "item" and isinstance(item, dict) and item.get("type") == "function_call_output"
         return False
 
     def _hash(self, entry: Entry | Mapping[str, Any], head: str | None) -> tuple[Entry, bytes, bytes]:
@@ -558,8 +566,7 @@ class Session:
                 careful = needs_careful(data)
             except IJSONError as exc:
                 raise AppendRefusedError(f"not I-JSON: {exc}", rule="ijson") from None
-        from ..format.rules import check_line
-
+        check_line = _rules_check_line()
         built, problems = check_line(data, careful=careful, keep_objects=True, require_id=False)
         refused = [p for p in problems if RULES[p.code].store == "refuse"] if problems else problems
         if refused or built is None or built.objects is None:
@@ -597,21 +604,27 @@ class Session:
     def _prepare(
         self, entries: Iterable[Entry | Mapping[str, Any]], durable: bool | None, checker: SessionChecker, trial: Trial
     ) -> PreparedBatch:
-        head = self.state.head
+        state = self.state
+        own = state.own
+        head = state.head
         added: dict[str, Append] = {}
         planned: list[_Planned] = []
-        seq = self.state.max_seq
+        seq = state.max_seq
         successor = self.superseded_by
+        staged = self._staged
         for raw in entries:
             e, content, env = self._hash(raw, head)
-            if e.type == "label" and e.data.get("synthetic") is not None:
+            data = e.data
+            type_ = data.get("type")
+            eid = e.id
+            if type_ == "label" and data.get("synthetic") is not None:
                 raise AppendRefusedError(
                     "a label carrying 'synthetic' is a projection's marker; a store refuses it",
-                    rule="synthetic", code="synthetic", entry=e.id,
+                    rule="synthetic", code="synthetic", entry=eid,
                 )
-            if e.id in self.state.own or e.id in added:
-                seq_of = self.state.own.get(e.id) or added[e.id].seq
-                res = AppendResult(e.id, "no-op", head, durable=self.state.is_committed(e.id), seq=seq_of)
+            if eid in own or eid in added:
+                seq_of = own.get(eid) or added[eid].seq
+                res = AppendResult(eid, "no-op", head, durable=state.is_committed(eid), seq=seq_of)
                 planned.append(_Planned(e, content, env, res, None))
                 continue
             if successor is not None:
@@ -620,15 +633,15 @@ class Session:
                     f"append to {successor}, the end of its chain",
                     session=self.id, successor=successor,
                 )
-            if e.id == self.base or e.id in self.prefix_set:
+            if state.base is not None and (eid == state.base or eid in self.prefix_set):
                 raise AppendRefusedError(
-                    f"entry {e.id} is {'the base' if e.id == self.base else 'on the prefix above the base'}: "
+                    f"entry {eid} is {'the base' if eid == self.base else 'on the prefix above the base'}: "
                     "an own entry hangs from the base or another own entry, and is not one of them",
-                    rule="base", code="base_rule", entry=e.id,
+                    rule="base", code="base_rule", entry=eid,
                 )
             # Every rule verify holds the session to, against the session as it stands
             # and the batch so far: the one rule set (format/rules.py).
-            self._staged[e.id] = e
+            staged[eid] = e
             problems = checker.add(e, prefix=False)
             findings: list[Any] = []
             notes: list[Any] = []
@@ -639,30 +652,29 @@ class Session:
                 findings = [p for p in problems if RULES[p.code].store == "finding"]
                 notes = [p for p in problems if RULES[p.code].store == "note"]
             outcome, new_head, note = "branched", head, None
-            is_leaf_label = e.is_leaf_label
+            is_leaf_label = type_ == "label" and data.get("label") == LEAF_LABEL
             if is_leaf_label:
-                target = e.data.get("target")
-                if "target" in e.data and checker.tree.head_allowed(target):
+                target = data.get("target")
+                if "target" in data and checker.tree.head_allowed(target):
                     outcome, new_head = "head-moved", target
                 else:
                     outcome = "head-not-moved"
                     note = f"label target {target} may not hold the head (not the base or an own entry, or a leaf label)"
-            elif e.parent == head:
-                outcome, new_head = "continued", e.id
+            elif data.get("parent") == head:
+                outcome, new_head = "continued", eid
             seq += 1
             moved = new_head != head or outcome in ("continued", "head-moved")
             durable_now = self._durable_for(e, durable)
             record = Append(
-                seq, e.id, new_head, head_moved=moved, leaf_label=is_leaf_label, lazy=not durable_now,
+                seq, eid, new_head, head_moved=moved, leaf_label=is_leaf_label, lazy=not durable_now,
                 objects=(e.content_hash, content, env),
             )
-            res = AppendResult(e.id, outcome, new_head, durable=durable_now, seq=seq, note=note, findings=findings, notes=notes)
-            res.unresolved = self._unresolved(e, added)
+            res = AppendResult(eid, outcome, new_head, durable_now, seq, self._unresolved(e, added), note, findings, notes)
             planned.append(_Planned(e, content, env, res, record))
-            added[e.id] = record
+            added[eid] = record
             head = new_head
-            if e.type == "link" and e.get("rel") == REL_CONTINUED_IN and isinstance(e.get("session"), str):
-                successor = e.get("session")  # the rest of the batch is refused, as after its commit
+            if type_ == "link" and data.get("rel") == REL_CONTINUED_IN and isinstance(data.get("session"), str):
+                successor = data.get("session")  # the rest of the batch is refused, as after its commit
         batch = PreparedBatch(self, planned, head, trial)
         self._pending = batch
         return batch
@@ -723,23 +735,27 @@ class Session:
         self._raise_format()
         note = self.log.write(records, commit=commit)
         state = self.state
+        own, log_order = state.own, state.log_order
+        hashes = self._context_hashes
         for p in batch.planned:
             if p.record is None:
                 continue
             r = p.record
-            state.own[r.entry] = r.seq
-            state.log_order.append(r.entry)
+            own[r.entry] = r.seq
+            log_order.append(r.entry)
             if r.leaf_label:
                 state.leaf_labels.add(r.entry)
             state.max_seq = r.seq
             if r.head_moved:
                 state.head = r.head
-            if self._context_hashes is not None:
-                self._context_hashes.feed(p.entry)
+            if hashes is not None:
+                hashes.feed(p.entry)
             self._summarize(p.entry)
-            if p.entry.type == "link" and p.entry.get("rel") == REL_CONTINUED_IN and isinstance(p.entry.get("session"), str):
-                self._successor, self._successor_known = p.entry.get("session"), True
-            p.result.unresolved.extend(self._hold_blobs(p.content))
+            data = p.entry.data
+            if data.get("type") == "link" and data.get("rel") == REL_CONTINUED_IN and isinstance(data.get("session"), str):
+                self._successor, self._successor_known = data.get("session"), True
+            if b"sidecar:" in p.content:  # (the common case names no blob: no call)
+                p.result.unresolved.extend(self._hold_blobs(p.content))
         if commit:
             state.committed_seq = state.max_seq
         if note is not None:
@@ -752,13 +768,16 @@ class Session:
         the store's sync policy for this append.
         """
         batch = self.prepare([entry], durable=durable)
-        return batch.commit()[0]
+        self._commit_batch(batch, None)
+        return batch.planned[0].result
 
     def _unresolved(self, e: Entry, added: Mapping[str, Any]) -> list[str]:
         """References RFC 0002 lets a store report and not refuse: ones it cannot resolve
         (among the session's own entries, the batch's so far, and the prefix)."""
-        names: list[str] = []
         data = e.data
+        if not _NAMING.intersection(data):  # the common entry names nothing: one set operation
+            return []
+        names: list[str] = []
         if "parents" in data:
             for ref in e.parents:
                 if ref.session is None or ref.session == self.id:
@@ -1018,6 +1037,20 @@ class Session:
 
     def __repr__(self) -> str:
         return f"Session({self.id!r}, head={short_id(self.head)}, entries={len(self)}, mark={self.mark})"
+
+
+_CHECK_LINE: list[Callable[..., Any]] = []
+
+
+def _rules_check_line() -> Callable[..., Any]:
+    """The rule set's line check, imported on the first append of a process (not when a
+    session is only read), then kept: an import statement run per append costs more
+    than the line check's own bookkeeping."""
+    if not _CHECK_LINE:
+        from ..format.rules import check_line
+
+        _CHECK_LINE.append(check_line)
+    return _CHECK_LINE[0]
 
 
 def _refusal(p: Problem) -> AppendRefusedError:

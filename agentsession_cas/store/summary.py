@@ -81,6 +81,9 @@ class SessionSummary:
         return out
 
 
+#: The entry types that set a member of the summary besides the last activity.
+_TITLED = frozenset({"config", "info", "env", "link"})
+
 #: The members of a summary, in order.
 _FIELDS = tuple(f.name for f in fields(SessionSummary))
 
@@ -102,24 +105,32 @@ class SummaryBuilder:
             created=seconds(h.get("created_at") if isinstance(h.get("created_at"), str) else None),
         )
         self.count = self.summary.entries
+        #: The last entry fed since :meth:`finish` (its ``ts`` and id are read there).
+        self._last: Entry | None = None
 
     def feed(self, entry: Entry) -> None:
-        s, data = self.summary, entry.data
-        t = entry.type
-        if t == "config" and isinstance(data.get("model"), str):
-            s.model = data["model"]
-        elif t == "info" and isinstance(data.get("name"), str):
-            s.title = data["name"]
-        elif t == "env" and isinstance(data.get("cwd"), str):
-            s.cwd = data["cwd"]
-        elif t == "link" and data.get("rel") == REL_CONTINUED_IN and isinstance(data.get("session"), str):
-            s.continued_in = data["session"]
-        s.last_activity = seconds(entry.ts)
-        s.last_entry = entry.id
+        data = entry.data
+        t = data.get("type")
+        if t in _TITLED:  # (most entries change nothing but the last activity)
+            s = self.summary
+            if t == "config" and isinstance(data.get("model"), str):
+                s.model = data["model"]
+            elif t == "info" and isinstance(data.get("name"), str):
+                s.title = data["name"]
+            elif t == "env" and isinstance(data.get("cwd"), str):
+                s.cwd = data["cwd"]
+            elif t == "link" and data.get("rel") == REL_CONTINUED_IN and isinstance(data.get("session"), str):
+                s.continued_in = data["session"]
+        self._last = entry
         self.count += 1
 
     def finish(self, *, head: str | None, base: str | None, mark: str, seq: int) -> SessionSummary:
         s = self.summary
+        last = self._last
+        if last is not None:  # the last entry fed sets the last activity, read once here
+            s.last_activity = seconds(last.data.get("ts"))
+            s.last_entry = last.id
+            self._last = None
         s.entries, s.head, s.base, s.mark, s.seq = self.count, head, base, mark, seq
         return s
 

@@ -568,7 +568,9 @@ class FileSessionLog(SessionLog):
         #: them with its offset. None when not known (a recovery rewrote the log, or a
         #: record was written without its data): compaction then reads the file.
         self._held_head: list[dict[str, Any]] | None = None
-        self._held: list[tuple[dict[str, Any], int]] | None = None
+        self._held: list[tuple[Record, int]] | None = None
+        #: Registered with the object store as holding objects not yet there (see write).
+        self._registered = False
         #: The checksum of the log's last line, which the next line links to.
         self._last = ZERO_LINK
         #: The header the log holds, when the header file says otherwise (rewritten at recovery).
@@ -816,25 +818,28 @@ class FileSessionLog(SessionLog):
         log stops taking writes: reopen to recover)."""
         self._check_open()
         bodies = [_encode(r) for r in records]
-        datas = [record_data(r) for r in records]
+        held: list[Record] = list(records)  # an Append is made a dict only if compaction reads it
         if commit:
             bodies.append(_COMMIT)
-            datas.append({"op": "commit"})
-        self._write_log(bodies, sync=commit, datas=datas)
+            held.append({"op": "commit"})
+        self._write_log(bodies, sync=commit, datas=held)
         self._uncommitted = not commit
         if commit:
             self._committed_to = self._size or 0
         note = None
         for r in records:
-            if isinstance(r, Append):
-                self._max_seq = max(self._max_seq, r.seq)
+            if r.__class__ is Append:
+                assert isinstance(r, Append)
+                if r.seq > self._max_seq:
+                    self._max_seq = r.seq
                 if r.objects is not None:
                     self.unmaterialized[r.entry] = r.objects
                     self._since_checkpoint += 1
-            elif isinstance(r.get("seq"), int):
+            elif isinstance(r, dict) and isinstance(r.get("seq"), int):
                 self._max_seq = max(self._max_seq, r["seq"])
-        if self.unmaterialized:
+        if self.unmaterialized and not self._registered:
             self.backend.objects.register(self)
+            self._registered = True
         if self._since_checkpoint >= CHECKPOINT_ENTRIES:
             try:
                 self._checkpoint(wait=False)
@@ -852,7 +857,7 @@ class FileSessionLog(SessionLog):
             raise StoreError(f"session {self.session_id} is open read-only")
         self._refuse_if_stopped()
 
-    def _write_log(self, bodies: Sequence[bytes], *, sync: bool, datas: Sequence[dict[str, Any]]) -> None:
+    def _write_log(self, bodies: Sequence[bytes], *, sync: bool, datas: Sequence[Record]) -> None:
         """Records' bytes as chained lines after the log's last, written whole or not at
         all; ``datas`` are the records as a reader of the lines would parse them (without
         payloads), kept for compaction."""
@@ -1034,7 +1039,7 @@ class FileSessionLog(SessionLog):
         size = self._size if self._size is not None else os.fstat(self._fd).st_size
         if self._held is not None and self._held_head is not None:
             # What this writer wrote and read is known: no need to read the log back.
-            records = [LogRecord(0, 0, d) for d in self._held_head] + [LogRecord(0, o, d) for d, o in self._held]
+            records = [LogRecord(0, 0, d) for d in self._held_head] + [LogRecord(0, o, record_data(d)) for d, o in self._held]
         else:
             logread = read_log(read_dense(path), expand=False)
             if logread.damage or logread.cut:
@@ -1121,6 +1126,7 @@ class FileSessionLog(SessionLog):
             self._inflight = None
         self._let_go()
         self.backend.objects.unregister(self)
+        self._registered = False
 
     def _let_go(self) -> None:
         """Close the log's descriptor and release the session's lock."""
