@@ -370,6 +370,36 @@ def test_a_long_walk_forward_is_read_a_chunk_ahead_on_a_worker(store, url, monke
     assert objects._pool is None  # closed with the store, after the worker's last fetch
 
 
+def test_a_projection_read_a_chunk_at_a_time_finds_the_contents_fetched_ahead(store, url, monkeypatch):
+    """A projection reads a chunk's envelopes, then its contents (get_many, one object at
+    a time here): a read-ahead that starts within the chunk keeps what the one before
+    fetched until it is read, so no content is fetched alone, whatever the chunk's size
+    against the read-ahead's."""
+    from agentsession_cas.backends.postgresql import objects as pg_objects
+    from agentsession_cas.store import session as session_mod
+
+    monkeypatch.setattr(pg_objects, "READ_AHEAD", 8)
+    monkeypatch.setattr(session_mod._ProjectionWalk, "CHUNK", 13)
+    s, _ = chain(store, "chunked", n=50)
+    s.close()
+    expected = store.read("chunked").projection()
+    with open_store(url, readonly=True) as ro:
+        objects = ro.backend.objects
+        calls: list[str] = []
+        real = objects.db.query
+
+        def counting(statement: Any, params: Any = None, **kw: Any) -> Any:
+            calls.append(str(statement))
+            return real(statement, params, **kw)
+
+        objects.db.query = counting  # type: ignore[method-assign]
+        snap = ro.read("chunked")
+        assert snap.projection() == expected
+        snap.close()
+        alone = [c for c in calls if "FROM objects WHERE space = %s AND hash = %s" in c]
+        assert alone == [], len(alone)
+
+
 def test_put_many_is_durable_when_it_returns_though_its_first_batches_commit_asynchronously(monkeypatch):
     """put_many stores batches on a worker thread, all but the last with an asynchronous
     commit; the last one's synchronous commit flushes the WAL before it. A server killed

@@ -426,7 +426,7 @@ def test_whole_pass_commands_keep_the_collector_off_until_they_return(shapes, tm
 
     root, sids = shapes
     seen: list[bool] = []
-    real_verify, real_walk = reader.verify_file, session_mod._ProjectionWalk.objects
+    real_verify, real_walk = reader.verify_file, session_mod._ProjectionWalk.chunks
 
     def verify_spy(*a, **k):
         seen.append(gc.isenabled())
@@ -438,7 +438,7 @@ def test_whole_pass_commands_keep_the_collector_off_until_they_return(shapes, tm
 
     monkeypatch.setattr(reader, "verify_file", verify_spy)
     monkeypatch.setattr("agentsession_cli.file_commands.verify_file", verify_spy)
-    monkeypatch.setattr(session_mod._ProjectionWalk, "objects", walk_spy)
+    monkeypatch.setattr(session_mod._ProjectionWalk, "chunks", walk_spy)
     path = tmp_path / "s.jsonl"
     path.write_bytes(Store(root, readonly=True).export(sids[0]))
     seen.clear()
