@@ -84,6 +84,20 @@ def echo(text: str = "", err: bool = False, *, fit: str | None = "wrap") -> None
     click.echo("\n".join(lines), color=color_on())
 
 
+def echo_lines(texts: Iterable[str], *, fit: str = "wrap") -> None:
+    """:func:`echo` of many lines on standard output, written at once: what a long
+    listing prints (one write for a batch instead of one per line)."""
+    lines = []
+    for text in texts:
+        for line in printable(text).split("\n"):
+            if fit == "wrap":
+                lines.extend(wrap(line))
+            else:
+                lines.append(cut(line))
+    if lines:
+        click.echo("\n".join(lines), color=color_on())
+
+
 def one_line(message: str) -> str:
     return " ".join(str(message).splitlines())
 

@@ -22,6 +22,8 @@ from agentsession_cas.errors import ContextError, ContinuationError
 from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
     Context,
+    ContextBuilder,
+    ContextHasher,
     build_context,
     context_hashes,
 )
@@ -33,7 +35,7 @@ from agentsession_cas.format.runs import render_runs
 from agentsession_cas.store import Session
 
 from . import fsck_command, store_commands, terminal
-from .common import echo, emit_json, number, plural, table, table_line, when, whole_pass
+from .common import echo, echo_lines, emit_json, number, plural, table, table_line, when, whole_pass
 from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
 from .terminal import paint, progressing
@@ -96,10 +98,9 @@ def _print_context(leaf: str | None, ctx: Context | None, error: str | None, con
     rows.append(["context hash", context_hash])
     for line in table(rows):
         echo("  " + line)
-    for i, (item, entry) in enumerate(zip(ctx.items, ctx.item_entries), start=1):
-        echo(f"  {i:>3}  {short_id(entry.id)}  {describe_item(item)}")
-    for o in ctx.omitted:
-        echo(f"  left out ({o.reason})  {short_id(o.entry.id)}  {describe_item(o.entry.get('item'))}")
+    echo_lines(f"  {i:>3}  {short_id(entry.id)}  {describe_item(item)}"
+               for i, (item, entry) in enumerate(zip(ctx.items, ctx.item_entries), start=1))
+    echo_lines(f"  left out ({o.reason})  {short_id(o.entry.id)}  {describe_item(o.entry.get('item'))}" for o in ctx.omitted)
     for r in ctx.replaced:
         what = f"{r.parts} image part(s)" if r.reason == "images" else "its output"
         echo(f"  placeholder ({r.reason})  {short_id(r.entry.id)}  {what} sent as placeholder text")
@@ -329,7 +330,11 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
             say_note(str(exc))
     _print_info(session.header, False, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
     listed = _listed(n, first, last)
-    kept: list[Entry] = []
+    # The context at the leaf, built as the path's entries stream by: the builder holds
+    # what the context algorithm must (the path, its items); the hasher an id, a hash and
+    # a type per entry.
+    builder, hasher = ContextBuilder(), ContextHasher()
+    error: str | None = None
     widths = None
     if n:
         ids = outline.ids
@@ -344,6 +349,14 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
         echo()
         echo(table_line(_ROW_HEADER, widths[:4]), fit="cut")
     bar = terminal.progress("reading", "entries")
+    rows: list[str] = []  # printed a batch at a time
+
+    def flush() -> None:
+        if bar is not None:
+            bar.end()
+        echo_lines(rows, fit="cut")
+        rows.clear()
+
     for pos, e in enumerate(session.projection_entries()):
         if bar is not None and pos % 1024 == 0:
             bar(pos, n)
@@ -351,27 +364,38 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
             continue
         e.line = pos + 2
         if pos in on_path:
-            kept.append(e)
+            if e.parent is None or e.parent in hasher:  # as context_hashes feeds a path
+                hasher.feed(e)
+            if error is None:
+                try:
+                    builder.push(e)
+                except ContextError as exc:
+                    error = str(exc)
         if pos in listed and widths is not None:
             marks = _marks(outline.children.get(pos, 0), outline.labels.get(e.id), outline.converges.get(pos, 0))
             row = _row(e, marks, verbose)
             row[4] = terminal.cut(row[4], widths[4])
-            if bar is not None:
-                bar.end()
-            echo(table_line(row, widths[:4]), fit="cut")
-    if bar is not None:
-        bar.end()
+            rows.append(table_line(row, widths[:4]))
+            if len(rows) >= _BATCH:
+                flush()
+    flush()
     if n:
         _print_listed(len(listed), n)
     _print_leaf(leaf, None, len(path), bool(n))
     if n:
-        try:
-            ctx, error = build_context(kept), None
-        except ContextError as exc:
-            ctx, error = None, str(exc)
-        leaf_hash = context_hashes(kept).get(leaf, NULL_CONTEXT_HASH) if leaf is not None else NULL_CONTEXT_HASH
+        ctx = None
+        if error is None:
+            try:
+                ctx = builder.context()
+            except ContextError as exc:
+                error = str(exc)
+        leaf_hash = hasher.get(leaf) if leaf is not None and leaf in hasher else NULL_CONTEXT_HASH
         echo()
         _print_context(leaf, ctx, error, leaf_hash)
+
+
+#: Rows of a stored session's listing printed at once.
+_BATCH = 256
 
 
 def _print_info(
