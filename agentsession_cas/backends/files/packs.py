@@ -506,7 +506,6 @@ class Pack:
         self.pack_sum = bytes(m[o : o + _SUM])
         self._finds = 0
         self._index: dict[bytes, int] | None = None
-        self._wheres: tuple[int, ...] | None = None
         self._blocks = list(block.iter_unpack(m[self._blocks_at : self._blocks_at + block.size * self.nblocks]))
         if self.version == 2:
             # Whatever the index claims is bounded here, before anything is allocated for it.
@@ -558,6 +557,11 @@ class Pack:
         if self._finds > self.DICT_AFTER:
             self.index()
             return self.find(name)
+        i = self.position(raw)
+        return None if i is None else self._located(i)
+
+    def position(self, raw: bytes) -> int | None:
+        """Where a raw name lies in the index, by a binary search within its fan-out slot."""
         first = raw[0]
         lo = self._fanout[first - 1] if first else 0
         hi = self._fanout[first]
@@ -571,7 +575,7 @@ class Pack:
             elif probe > raw:
                 hi = mid
             else:
-                return self._located(mid)
+                return mid
         return None
 
     def index(self) -> dict[bytes, int]:
@@ -581,13 +585,6 @@ class Pack:
             names = self._map[self._names_at : self._names_at + 32 * self.count]
             self._index = {names[o : o + 32]: i for i, o in enumerate(range(0, len(names), 32))}
         return self._index
-
-    def wheres(self) -> tuple[int, ...]:
-        """Every index record's ``ordinal << 3 | space bits``, by position (format 2):
-        unpacked once per pack, for a bulk reader."""
-        if self._wheres is None:
-            self._wheres = struct.unpack_from(f">{self.count}I", self._map, self._where_at)
-        return self._wheres
 
     def block_info(self, block: int) -> tuple[int, int, int]:
         """(offset in the pack, stored size, raw size of its stream) of a block."""
@@ -1153,17 +1150,28 @@ class PackSet:
                 break
             if pack.version != 2:
                 continue  # the first format's objects are read one by one
-            index, wheres = pack.index(), pack.wheres()
+            # as find does: a dict of the index's names once a pack is asked often, else a
+            # binary search a name (a small session's export in a big store builds no dict)
+            index = pack._index
+            if index is None:
+                pack._finds += len(left)
+                if pack._finds > pack.DICT_AFTER:
+                    index = pack.index()
+            m, where_at = pack._map, pack._where_at
             firsts, nslots, nblocks = pack._firsts, pack.slots, pack.nblocks
             missed = []
             lo = hi = 0  # the ordinals [lo, hi) of the block at hand
             block: Block | None = None
             for i in left:
-                j = index.get(raws[i])
-                if j is None or not wheres[j] & bits:
+                j = index.get(raws[i]) if index is not None else pack.position(raws[i])
+                if j is None:
                     missed.append(i)
                     continue
-                ordinal = wheres[j] >> 3
+                (w,) = _WHERE.unpack_from(m, where_at + 4 * j)
+                if not w & bits:
+                    missed.append(i)
+                    continue
+                ordinal = w >> 3
                 if not lo <= ordinal < hi or block is None:
                     if ordinal >= nslots:
                         continue  # names no block
