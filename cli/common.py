@@ -85,17 +85,22 @@ def echo(text: str = "", err: bool = False, *, fit: str | None = "wrap") -> None
 
 
 def echo_lines(texts: Iterable[str], *, fit: str = "wrap") -> None:
-    """:func:`echo` of many lines on standard output, written at once: what a long
-    listing prints (one write for a batch instead of one per line)."""
-    lines = []
+    """:func:`echo` of many lines on standard output, written 256 at a time: what a long
+    listing prints (one write a batch instead of one a line; a batch, not all of them:
+    a list of every line of a long context held 25 MB more at show's peak)."""
+    lines: list[str] = []
+    color = color_on()
     for text in texts:
         for line in printable(text).split("\n"):
             if fit == "wrap":
                 lines.extend(wrap(line))
             else:
                 lines.append(cut(line))
+        if len(lines) >= 256:
+            click.echo("\n".join(lines), color=color)
+            lines.clear()
     if lines:
-        click.echo("\n".join(lines), color=color_on())
+        click.echo("\n".join(lines), color=color)
 
 
 def one_line(message: str) -> str:

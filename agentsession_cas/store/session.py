@@ -1079,8 +1079,9 @@ class _ProjectionWalk:
         self.last: tuple[str, Any] | None = None
 
     #: Entries read at once: their envelopes, then their contents, each through one
-    #: bulk read of the objects (what the walk holds beyond the ids is this many).
-    CHUNK = 1024
+    #: bulk read of the objects (what the walk holds beyond the ids is this many; 1024
+    #: read no faster and held 15 MB more at the export's peak).
+    CHUNK = 256
 
     def objects(self, *, contents: bool) -> Iterator[tuple[str, dict[str, Any], bytes | None, bytes | None]]:
         """(id, envelope, content bytes or None, the envelope's members but ``content``
