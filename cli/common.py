@@ -84,6 +84,25 @@ def echo(text: str = "", err: bool = False, *, fit: str | None = "wrap") -> None
     click.echo("\n".join(lines), color=color_on())
 
 
+def echo_lines(texts: Iterable[str], *, fit: str = "wrap") -> None:
+    """:func:`echo` of many lines on standard output, written 256 at a time: what a long
+    listing prints (one write a batch instead of one a line; a batch, not all of them:
+    a list of every line of a long context held 25 MB more at show's peak)."""
+    lines: list[str] = []
+    color = color_on()
+    for text in texts:
+        for line in printable(text).split("\n"):
+            if fit == "wrap":
+                lines.extend(wrap(line))
+            else:
+                lines.append(cut(line))
+        if len(lines) >= 256:
+            click.echo("\n".join(lines), color=color)
+            lines.clear()
+    if lines:
+        click.echo("\n".join(lines), color=color)
+
+
 def one_line(message: str) -> str:
     return " ".join(str(message).splitlines())
 

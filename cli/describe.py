@@ -17,10 +17,11 @@ WIDTH = 72
 
 def quote(text: str, width: int = WIDTH) -> str:
     """Collapse whitespace, cut to ``width`` characters with an ellipsis, and quote."""
-    head = _WS.sub(" ", text[: 8 * width]).strip() if len(text) > 8 * width else None
+    # " ".join(t.split()) is _WS.sub(" ", t).strip(): \s and str.split take the same characters
+    head = " ".join(text[: 8 * width].split()) if len(text) > 8 * width else None
     # A long text's first characters are all a summary shows: when its head alone collapses
     # to more than ``width`` of them, the rest of it cannot change what is shown.
-    text = head if head is not None and len(head) > width else _WS.sub(" ", text).strip()
+    text = head if head is not None and len(head) > width else " ".join(text.split())
     if len(text) > width:
         text = text[: width - 1] + "\u2026"
     return json.dumps(text, ensure_ascii=False)

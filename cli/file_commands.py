@@ -33,7 +33,7 @@ from agentsession_cas.format.runs import render_runs
 from agentsession_cas.store import Session
 
 from . import fsck_command, store_commands, terminal
-from .common import echo, emit_json, number, plural, table, table_line, when, whole_pass
+from .common import echo, echo_lines, emit_json, number, plural, table, table_line, when, whole_pass
 from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
 from .terminal import paint, progressing
@@ -96,10 +96,9 @@ def _print_context(leaf: str | None, ctx: Context | None, error: str | None, con
     rows.append(["context hash", context_hash])
     for line in table(rows):
         echo("  " + line)
-    for i, (item, entry) in enumerate(zip(ctx.items, ctx.item_entries), start=1):
-        echo(f"  {i:>3}  {short_id(entry.id)}  {describe_item(item)}")
-    for o in ctx.omitted:
-        echo(f"  left out ({o.reason})  {short_id(o.entry.id)}  {describe_item(o.entry.get('item'))}")
+    echo_lines(f"  {i:>3}  {short_id(entry.id)}  {describe_item(item)}"
+               for i, (item, entry) in enumerate(zip(ctx.items, ctx.item_entries), start=1))
+    echo_lines(f"  left out ({o.reason})  {short_id(o.entry.id)}  {describe_item(o.entry.get('item'))}" for o in ctx.omitted)
     for r in ctx.replaced:
         what = f"{r.parts} image part(s)" if r.reason == "images" else "its output"
         echo(f"  placeholder ({r.reason})  {short_id(r.entry.id)}  {what} sent as placeholder text")
@@ -329,7 +328,7 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
             say_note(str(exc))
     _print_info(session.header, False, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
     listed = _listed(n, first, last)
-    kept: list[Entry] = []
+    kept: list[Entry] = []  # the path's entries, which the context algorithm holds
     widths = None
     if n:
         ids = outline.ids
@@ -344,6 +343,14 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
         echo()
         echo(table_line(_ROW_HEADER, widths[:4]), fit="cut")
     bar = terminal.progress("reading", "entries")
+    rows: list[str] = []  # printed a batch at a time
+
+    def flush() -> None:
+        if bar is not None:
+            bar.end()
+        echo_lines(rows, fit="cut")
+        rows.clear()
+
     for pos, e in enumerate(session.projection_entries()):
         if bar is not None and pos % 1024 == 0:
             bar(pos, n)
@@ -356,15 +363,17 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
             marks = _marks(outline.children.get(pos, 0), outline.labels.get(e.id), outline.converges.get(pos, 0))
             row = _row(e, marks, verbose)
             row[4] = terminal.cut(row[4], widths[4])
-            if bar is not None:
-                bar.end()
-            echo(table_line(row, widths[:4]), fit="cut")
-    if bar is not None:
-        bar.end()
+            rows.append(table_line(row, widths[:4]))
+            if len(rows) >= _BATCH:
+                flush()
+    flush()
     if n:
         _print_listed(len(listed), n)
     _print_leaf(leaf, None, len(path), bool(n))
     if n:
+        # Built once the path is read: feeding the builder and the hasher between the
+        # entries' parses left the long-lived entries spread over the allocator's arenas
+        # among the hashing's short-lived objects (a peak 20% higher, measured).
         try:
             ctx, error = build_context(kept), None
         except ContextError as exc:
@@ -372,6 +381,10 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
         leaf_hash = context_hashes(kept).get(leaf, NULL_CONTEXT_HASH) if leaf is not None else NULL_CONTEXT_HASH
         echo()
         _print_context(leaf, ctx, error, leaf_hash)
+
+
+#: Rows of a stored session's listing printed at once.
+_BATCH = 256
 
 
 def _print_info(

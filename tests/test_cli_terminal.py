@@ -414,3 +414,22 @@ def test_verify_quiet_draws_no_progress(world, tty, slow):
     r = cli("--store", world["a"], "verify", "-q", "long")
     assert r.exit_code == 0 and r.stdout == "" and r.stderr == ""
     assert "verifying" in _drawn(cli("--store", world["a"], "verify", "long").stderr)
+
+
+def test_echo_lines_writes_a_batch_at_a_time_and_fits_each_line(monkeypatch, capsys):
+    """echo_lines prints what echo would, line by line (cut or wrapped to the width), in
+    writes of 256 lines: never one write a line, never every line held at once."""
+    import click
+
+    from agentsession_cli import common
+
+    writes: list[str] = []
+    real = click.echo
+    monkeypatch.setattr(click, "echo", lambda text, **kw: writes.append(text) or real(text, **kw))
+    lines = [f"line {i} " + "x" * (i % 160) for i in range(600)]  # some longer than any width
+    common.echo_lines(lines, fit="cut")
+    out = capsys.readouterr().out
+    assert len(writes) == 3 and [w.count("\n") + 1 for w in writes] == [256, 256, 88]
+    assert out.splitlines() == [common.cut(line) for line in lines]  # each fitted as echo fits it
+    common.echo_lines(["a " * 30], fit="wrap")
+    assert capsys.readouterr().out.splitlines() == common.wrap("a " * 30)

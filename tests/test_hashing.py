@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -479,13 +480,19 @@ _PARENTS = st.one_of(st.none(), st.just([]), st.lists(
 
 
 def _line_of(entry: dict) -> tuple[bytes, bytes]:
-    """(line_from_objects of the entry's stored objects, rfc8785's line of the entry with its id)."""
-    from agentsession_cas.format.hashing import line_from_objects, parse_envelope
+    """(line_from_objects of the entry's stored objects, rfc8785's line of the entry with its id),
+    the line made each way it can be (from the parsed envelope; from the envelope's bytes,
+    alone and in a batch) and all three asserted equal."""
+    from agentsession_cas.format.hashing import line_from_objects, lines_from_objects, read_envelope
 
     entry_id, _, content, env_bytes = entry_objects(entry)
-    env, _ = parse_envelope(env_bytes)
+    env, _, why, members = read_envelope(env_bytes)
+    assert why is None
     expected = rfc8785.dumps({**{k: v for k, v in entry.items() if k != "parents" or v}, "id": entry_id}) + b"\n"
-    return line_from_objects(entry_id, env, content), expected
+    got = line_from_objects(entry_id, env, content)
+    assert line_from_objects(entry_id, env, content, members) == got
+    assert lines_from_objects([(entry_id, env, content, members)] * 3) == [got] * 3
+    return got, expected
 
 
 @settings(max_examples=400, deadline=None)
@@ -553,3 +560,57 @@ def test_line_from_objects_over_the_corpus():
             env, _ = parse_envelope(env_bytes)
             entry = Entry.from_dict(obj)
             assert line_from_objects(entry_id, env, content) == entry.canonical_line() == raw + b"\n", (name, entry_id)
+
+
+def test_lines_from_bytes_cut_the_content_where_its_names_say():
+    """The line made of the objects' bytes puts ``id``, ``parent``, ``ts`` and ``type``
+    among the content's members by name (before, between and after them), and where a
+    name it cuts at occurs twice (a nested member of that name) or is not plain it
+    encodes around the parse instead: the same line every way."""
+    nested = {"type": "message", "ts": "x", "parent": "y", "content": [{"type": "t", "id": "z"}]}
+    bodies = [
+        {"item": nested},
+        {"item": nested, "response": "r1"},
+        {"error": None, "incomplete": None, "model": "m", "request_hash": "sha256:" + "b" * 64, "status": "ok",
+         "usage": {"input_tokens": 3, "ts": 1}},
+        {"aa": 1, "zz": {"type": [1]}},  # a name cut at ("zz") holds a nested "type": found once all the same
+        {"a": {"ts": 1}, "ts2": {"b": 1, "ts2": 1}},  # ",\"ts2\":" occurs twice: no cut by search
+        {"a": 1, "p-q": 2},  # a name cut at that is not plain
+        {},
+        {"item": "\u2028 \\\" \U0001f600 \u00e9"},
+    ]
+    from agentsession_cas.format import hashing
+
+    for i, body in enumerate(bodies):
+        for parent in (None, "sha256:" + "a" * 64):
+            entry = {"type": "ns:x", "parent": parent, "ts": "2026-01-01T00:00:00Z", **body}
+            got, expected = _line_of(entry)
+            assert got == expected, body
+            # the first four and the last two are made of bytes; the two between are encoded
+            entry_id, _, content, env_bytes = entry_objects(entry)
+            cut = hashing._line_of_bytes(entry_id, content, hashing.read_envelope(env_bytes)[3], hashing._UNPARSED)
+            assert (cut is None) == (i in (4, 5)), body
+
+
+def test_lines_from_objects_parse_a_batch_no_content_can_split():
+    """A batch is parsed as one array joined by a separator drawn at random: a content
+    that is two values (``1,2``), or two that open and close one value between them,
+    cannot shift the others' parses; the batch is then taken one by one, and a content
+    that is no JSON object is refused as one would be alone."""
+    from agentsession_cas.format import hashing
+
+    good = {"type": "item", "parent": None, "ts": "2026-01-01T00:00:00Z", "item": {"a": [1, {"b": "c"}]}}
+    entry_id, _, content, env_bytes = entry_objects(good)
+    env, _, _, members = hashing.read_envelope(env_bytes)
+    line = hashing.line_from_objects(entry_id, env, content)
+    assert hashing._parse_each([content, b'{"a":1},{"b":2}', content]) == [hashing._UNPARSED] * 3
+    assert hashing._parse_each([content, b'{"a":[{}', b'{}]}', content]) == [hashing._UNPARSED] * 4
+    assert hashing._parse_each([content, b'{"z":1}']) == [json.loads(content), {"z": 1}]
+    # a forged separator is only a string to the parse
+    forged = b'{"x":1},"' + b"0" * 32 + b'",{"y":2}'
+    assert hashing._parse_each([content, forged]) == [hashing._UNPARSED] * 2
+    assert hashing.lines_from_objects([(entry_id, env, content, members)] * 2) == [line, line]
+    with pytest.raises(EntryError):
+        hashing.lines_from_objects([(entry_id, env, content, members), (entry_id, env, b"[1]", members)])
+    with pytest.raises(ValueError):
+        hashing.lines_from_objects([(entry_id, env, content, members), (entry_id, env, b'{"a":1},{"b":2}', members)])

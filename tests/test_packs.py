@@ -1065,3 +1065,53 @@ def test_find_agrees_before_and_after_the_pack_loads_its_names_into_a_dict(root,
             assert p.read(loc) == d
     finally:
         p.close()
+
+
+def test_get_many_reads_each_block_once_and_verifies_each_object(root, objs, monkeypatch):
+    """get_many gives what get gives, name by name, in the order asked (packed, loose,
+    asked twice, asked in a space the pack does not hold it in), decompressing each
+    block once for the whole call; a damaged block's objects fail as get fails them,
+    a sound loose copy is served in their place, and the other blocks read on."""
+    from agentsession_cas.errors import AgentSessionError
+
+    its = items(2000)
+    objs.write_pack(its)
+    loose = items(5, "entries", start=50_000)
+    for sp, n, d in loose:
+        objs.put(sp, n, d)
+    reader = other(root)
+    try:
+        p = reader.packs.locate(its[0][1])[0]
+        decompressed: list[int] = []
+        real = Pack.read_block
+        monkeypatch.setattr(Pack, "read_block", lambda self, b: decompressed.append(b) or real(self, b))
+        names = [n for _, n, _ in its]
+        assert reader.get_many("contents", names) == [d for _, _, d in its]
+        assert sorted(decompressed) == list(range(p.nblocks))  # each block once
+        mixed = [its[5][1], loose[0][1], its[5][1], its[1999][1]]
+        assert reader.get_many("contents", mixed[:1] + mixed[2:]) == [its[5][2], its[5][2], its[1999][2]]
+        assert reader.get_many("entries", [loose[0][1], loose[1][1]]) == [loose[0][2], loose[1][2]]
+        for space, name in (("entries", its[3][1]), ("contents", loose[0][1]), ("contents", "sha256:" + "0" * 64),
+                            ("contents", "not-a-name"), ("nowhere", its[3][1])):
+            with pytest.raises(AgentSessionError) as one:
+                reader.get(space, name)
+            with pytest.raises(type(one.value)):
+                reader.get_many(space, [its[0][1], name])
+        assert reader.get_many("contents", []) == []
+
+        monkeypatch.setattr(Pack, "read_block", real)
+        offset, size, _ = p.block_info(1)
+        flip(idx_files(root)[0].with_suffix(".pack"), offset + size // 2)
+        reader.packs._cache.clear()
+        in_block = [(sp, n, d) for sp, n, d in its if p.find(n).block == 1]
+        elsewhere = [(sp, n, d) for sp, n, d in its if p.find(n).block != 1]
+        assert reader.get_many("contents", [n for _, n, _ in elsewhere]) == [d for _, _, d in elsewhere]
+        with pytest.raises((CorruptPackError, CorruptObjectError)):
+            reader.get_many("contents", [n for _, n, _ in in_block])
+        for sp, n, d in in_block:
+            lp = loose_path(root, sp, n)
+            lp.parent.mkdir(exist_ok=True)
+            lp.write_bytes(d)
+        assert reader.get_many("contents", [n for _, n, _ in in_block]) == [d for _, _, d in in_block]
+    finally:
+        reader.close()

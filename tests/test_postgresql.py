@@ -301,16 +301,10 @@ def test_object_corrupted_in_the_table_is_never_served_and_fsck_names_it(store, 
     assert fsck(store).ok
 
 
-def test_a_projection_reads_its_objects_in_a_few_bulk_queries_and_verifies_each(store, url):
-    """Exporting a fork reads the prefix up the parents and the fork's own entries through
-    the read-ahead: a handful of queries for 60 entries, not one per object, and an object
-    damaged in the table is still refused when the read-ahead served it."""
-    s, ids = chain(store, "origin", n=50)
-    s.close()
-    f = store.fork("origin", ids[39], session_id="fork")
-    own = [f.append(msg(f"fork {i}")).id for i in range(10)]
-    f.close()
-    expected = store.read("fork").projection()
+def _projection_queries(store: Any, url: str, sid: str) -> list[str]:
+    """The statements a read-only open of ``url`` sends while it makes ``sid``'s
+    projection (asserted to be the one ``store`` makes)."""
+    expected = store.read(sid).projection()
     with open_store(url, readonly=True) as ro:
         objects = ro.backend.objects
         calls: list[str] = []
@@ -321,11 +315,24 @@ def test_a_projection_reads_its_objects_in_a_few_bulk_queries_and_verifies_each(
             return real(statement, params, **kw)
 
         objects.db.query = counting  # type: ignore[method-assign]
-        snap = ro.read("fork")
+        snap = ro.read(sid)
         assert snap.projection() == expected
         snap.close()
-        object_queries = [c for c in calls if "FROM objects" in c or "edges" in c]
-        assert 0 < len(object_queries) <= 8, object_queries
+    return calls
+
+
+def test_a_projection_reads_its_objects_in_a_few_bulk_queries_and_verifies_each(store, url):
+    """Exporting a fork reads the prefix up the parents and the fork's own entries through
+    the read-ahead: a handful of queries for 60 entries, not one per object, and an object
+    damaged in the table is still refused when the read-ahead served it."""
+    s, ids = chain(store, "origin", n=50)
+    s.close()
+    f = store.fork("origin", ids[39], session_id="fork")
+    own = [f.append(msg(f"fork {i}")).id for i in range(10)]
+    f.close()
+    calls = _projection_queries(store, url, "fork")
+    object_queries = [c for c in calls if "FROM objects" in c or "edges" in c]
+    assert 0 < len(object_queries) <= 8, object_queries
     sql(url, "UPDATE objects SET data = 'x' || data WHERE space = 0 AND hash = %s", [bytes.fromhex(own[5][7:])])
     with open_store(url, readonly=True) as ro:
         snap = ro.read("fork")
@@ -367,6 +374,23 @@ def test_a_long_walk_forward_is_read_a_chunk_ahead_on_a_worker(store, url, monke
         objects.expect(list(reversed(ids)))  # another order: the chunk is not its
         assert objects._prefetched(8) is None
     assert objects._pool is None  # closed with the store, after the worker's last fetch
+
+
+def test_a_projection_read_a_chunk_at_a_time_finds_the_contents_fetched_ahead(store, url, monkeypatch):
+    """A projection reads a chunk's envelopes, then its contents (get_many, one object at
+    a time here): a read-ahead that starts within the chunk keeps what the one before
+    fetched until it is read, so no content is fetched alone, whatever the chunk's size
+    against the read-ahead's."""
+    from agentsession_cas.backends.postgresql import objects as pg_objects
+    from agentsession_cas.store import session as session_mod
+
+    monkeypatch.setattr(pg_objects, "READ_AHEAD", 8)
+    monkeypatch.setattr(session_mod._ProjectionWalk, "CHUNK", 13)
+    s, _ = chain(store, "chunked", n=50)
+    s.close()
+    calls = _projection_queries(store, url, "chunked")
+    alone = [c for c in calls if "FROM objects WHERE space = %s AND hash = %s" in c]
+    assert alone == [], len(alone)
 
 
 def test_put_many_is_durable_when_it_returns_though_its_first_batches_commit_asynchronously(monkeypatch):

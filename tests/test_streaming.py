@@ -87,6 +87,24 @@ def test_show_of_a_stored_session_is_show_of_its_export(shapes, tmp_path):
             assert streamed.stdout == whole.stdout, (sid, opts)
 
 
+def test_a_projection_read_in_small_chunks_is_the_same(shapes, tmp_path, monkeypatch):
+    """The walk reads a chunk of entries at a time: with chunks of 7 (a fork's prefix and
+    its own entries each cut several times, labels across a cut) export, the outline and
+    show give what they give read whole."""
+    from agentsession_cas.store import session as session_mod
+
+    root, sids = shapes
+    st = Store(root, readonly=True)
+    whole = {sid: (st.export(sid), cli(root, "show", sid).stdout, cli(root, "show", sid, "-v", "--tail", "5").stdout)
+             for sid in sids}
+    outlines = {sid: vars(st.read(sid).projection_outline()) for sid in sids}
+    monkeypatch.setattr(session_mod._ProjectionWalk, "CHUNK", 7)
+    for sid in sids:
+        assert st.export(sid) == whole[sid][0], sid
+        assert (cli(root, "show", sid).stdout, cli(root, "show", sid, "-v", "--tail", "5").stdout) == whole[sid][1:], sid
+        assert vars(st.read(sid).projection_outline()) == outlines[sid], sid
+
+
 def test_show_of_a_stored_session_never_holds_the_projection(shapes, monkeypatch):
     """The text listing reads the projection line by line: it never asks for it whole."""
     root, sids = shapes
@@ -555,7 +573,7 @@ def test_whole_pass_commands_keep_the_collector_off_until_they_return(shapes, tm
 
     root, sids = shapes
     seen: list[bool] = []
-    real_verify, real_walk = reader.verify_file, session_mod._ProjectionWalk.objects
+    real_verify, real_walk = reader.verify_file, session_mod._ProjectionWalk.chunks
 
     def verify_spy(*a, **k):
         seen.append(gc.isenabled())
@@ -567,7 +585,7 @@ def test_whole_pass_commands_keep_the_collector_off_until_they_return(shapes, tm
 
     monkeypatch.setattr(reader, "verify_file", verify_spy)
     monkeypatch.setattr("agentsession_cli.file_commands.verify_file", verify_spy)
-    monkeypatch.setattr(session_mod._ProjectionWalk, "objects", walk_spy)
+    monkeypatch.setattr(session_mod._ProjectionWalk, "chunks", walk_spy)
     path = tmp_path / "s.jsonl"
     path.write_bytes(Store(root, readonly=True).export(sids[0]))
     seen.clear()

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 from ..errors import AgentSessionError, EntryError
@@ -32,6 +33,8 @@ __all__ = [
     "envelope_hash",
     "entry_hashes",
     "line_from_objects",
+    "lines_from_objects",
+    "read_envelope",
 ]
 
 HASH_PREFIX = "sha256:"
@@ -162,8 +165,10 @@ FAST_ENVELOPE = re.compile(
 def _fast_envelope(data: bytes) -> dict[str, Any] | None:
     """The envelope of the common form read by one match, or None for any other bytes."""
     m = FAST_ENVELOPE.fullmatch(data)
-    if m is None:
-        return None
+    return None if m is None else _matched_envelope(m)
+
+
+def _matched_envelope(m: re.Match[bytes]) -> dict[str, Any]:
     parent = m.group(2)
     return {
         "content": m.group(1).decode("ascii"),
@@ -191,6 +196,21 @@ def checked_envelope(data: bytes) -> tuple[Any, bool | None, str | None]:
         return env, False, None
     obj, careful = loads_flagged(data)
     return obj, careful, envelope_defect(obj)
+
+
+#: Where the members after ``content`` begin in an envelope of the common form.
+_AFTER_CONTENT = len(b'{"content":"sha256:",') + 64
+
+
+def read_envelope(data: bytes) -> tuple[Any, bool | None, str | None, bytes | None]:
+    """:func:`checked_envelope`, and for an envelope of the common form the canonical
+    bytes of its members but ``content`` (``"parent":…,"ts":…,"type":…``, in order):
+    a line is made of them as they are (:func:`line_from_objects`), with no encoding."""
+    m = FAST_ENVELOPE.fullmatch(data)
+    if m is not None:
+        return _matched_envelope(m), False, None, data[_AFTER_CONTENT:-1]
+    obj, careful = loads_flagged(data)
+    return obj, careful, envelope_defect(obj), None
 
 
 _CONTENT_FIRST = b'{"content":"'
@@ -286,14 +306,147 @@ def envelope_defect(env: Any) -> str | None:
     return None
 
 
-def line_from_objects(entry_id: str, env: Mapping[str, Any], content: bytes) -> bytes:
+def line_from_objects(entry_id: str, env: Mapping[str, Any], content: bytes, members: bytes | None = None) -> bytes:
     """The canonical line (LF included) of the entry an envelope (parsed) and its content
     object's bytes make: the content's members, the envelope's less ``content``, and
     ``id``, in canonical order. Byte for byte what ``Entry.canonical_line`` gives for the
     entry rebuilt from the same objects, without encoding the body again: the stored
     content is canonical, so where it holds an ``item`` the member's bytes are copied
     as they are and only the members around it (small) are encoded with the envelope's.
-    Anything else is parsed strictly and encoded whole, as a rebuilt entry would be."""
+    Anything else is parsed strictly and encoded whole, as a rebuilt entry would be.
+
+    ``members``, when given, are the envelope's members but ``content`` as
+    :func:`read_envelope` cuts them from an envelope of the common form: an item entry
+    is then made of the two objects' bytes, nothing encoded but its other members."""
+    if members is not None:
+        line = _line_of_bytes(entry_id, content, members, _UNPARSED)
+        if line is not None:
+            return line
+    return _line_from_parsed(entry_id, env, content)
+
+
+def lines_from_objects(entries: Sequence[tuple[str, Mapping[str, Any], bytes, bytes | None]]) -> list[bytes]:
+    """:func:`line_from_objects` of each ``(id, envelope, content, members)``, the
+    contents parsed in one call (a projection reads a chunk of entries at a time; one
+    parse of many values costs much less than as many parses)."""
+    bodies = _parse_each([content for _, _, content, _ in entries])
+    out = []
+    for (entry_id, env, content, members), body in zip(entries, bodies):
+        line = _line_of_bytes(entry_id, content, members, body) if members is not None else None
+        out.append(line if line is not None else _line_from_parsed(entry_id, env, content))
+    return out
+
+
+#: A separator no stored value can forge: a string drawn at random once per process.
+_NONCE = os.urandom(16).hex()
+_SEPARATOR = b',"' + _NONCE.encode("ascii") + b'",'
+_UNPARSED = object()
+
+
+def _parse_each(texts: Sequence[bytes]) -> list[Any]:
+    """Each JSON text parsed, as one array in one call: the texts joined by a string
+    no text can know, so a text that is not one whole value (``1,2``, or one that opens
+    what the next closes) shows as a separator out of place, and then each is left
+    unparsed (:data:`_UNPARSED`) for the caller's own parse, which names the fault."""
+    n = len(texts)
+    if n:
+        try:
+            got = json.loads(b"[" + _SEPARATOR.join(texts) + b"]")
+        except ValueError:
+            got = None
+        if got.__class__ is list and len(got) == 2 * n - 1 and got[1::2].count(_NONCE) == n - 1:
+            return got[::2]
+    return [_UNPARSED] * n
+
+
+#: Member names a line is cut at by a search for ``,"name":``: with no character JSON
+#: gives a meaning to, that pattern is a member of that name (at some depth) and
+#: nothing else, so where it occurs once it is the top-level member.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_]+")
+#: The members a line adds to its content's, in their (canonical) order.
+_LINE_NAMES = ("id", "parent", "ts", "type")
+#: Where a content's members (by their names, in order) are cut to put the line's in:
+#: [(cut, indexes into _LINE_NAMES)], a cut being b"" (before the first member), None
+#: (after the last) or the ``,"name":`` that begins a member. None for a content whose
+#: names cannot be cut at. Contents share a few shapes: kept for the first few hundred.
+_CUTS: dict[tuple[str, ...], list[tuple[bytes | None, tuple[int, ...]]] | None] = {}
+_CUTS_KEPT = 512
+
+
+def _cuts(names: tuple[str, ...]) -> list[tuple[bytes | None, tuple[int, ...]]] | None:
+    plan: list[tuple[bytes | None, tuple[int, ...]]] = []
+    at = 0
+    for i, name in enumerate(_LINE_NAMES):
+        # every content member that sorts before ``name`` stays before it (ASCII names
+        # order alike by code point and by UTF-16 unit, JCS's order)
+        while at < len(names) and names[at] < name:
+            at += 1
+        if at == len(names):
+            cut: bytes | None = None
+        elif at == 0:
+            cut = b""
+        elif _PLAIN_NAME.fullmatch(names[at]) is None:
+            return None
+        else:
+            cut = b',"' + names[at].encode("ascii") + b'":'
+        if plan and plan[-1][0] == cut:
+            plan[-1] = (cut, plan[-1][1] + (i,))
+        else:
+            plan.append((cut, (i,)))
+    return plan
+
+
+def _line_of_bytes(entry_id: str, content: bytes, envelope: bytes, body: Any) -> bytes | None:
+    """The line of an entry from its content's bytes and its envelope's members' bytes
+    (``"parent":…,"ts":…,"type":…``, an envelope of the common form), nothing encoded:
+    the content's member names (from ``body``, the content parsed, or
+    :data:`_UNPARSED`) say where each of the line's members goes, before the first
+    content member that sorts after it, found by its ``,"name":`` where that occurs
+    once in the content. None when a name is not plain or occurs more than once (the
+    caller encodes around the parse instead)."""
+    if body is _UNPARSED:
+        try:
+            body = json.loads(content)
+        except ValueError:
+            return None
+    if body.__class__ is not dict:
+        return None
+    names = tuple(body)
+    if names in _CUTS:
+        plan = _CUTS[names]
+    else:
+        plan = _cuts(names)
+        if len(_CUTS) < _CUTS_KEPT:
+            _CUTS[names] = plan
+    if plan is None:
+        return None
+    ts = envelope.find(b',"ts":"')
+    type_ = envelope.find(b',"type":"', ts)
+    if ts < 0 or type_ < 0:
+        return None
+    members = (b'"id":"' + entry_id.encode("ascii") + b'"', envelope[:ts], envelope[ts + 1 : type_], envelope[type_ + 1 :])
+    inner = content[1:-1]
+    pieces = []
+    at = 0  # where in ``inner`` the members not yet copied begin
+    for cut_at, put in plan:
+        if cut_at is None:
+            cut = len(inner)
+        elif not cut_at:
+            cut = 0
+        else:
+            cut = inner.find(cut_at)
+            if cut < at or inner.find(cut_at, cut + 1) >= 0:
+                return None  # the name occurs more than once, or out of order: not for a cut
+        if cut > at:
+            pieces.append(inner[at:cut])
+            at = cut + 1 if cut < len(inner) else cut  # past the comma before the member
+        pieces.extend([members[i] for i in put])
+    if at < len(inner):
+        pieces.append(inner[at:])
+    return b"{" + b",".join(pieces) + b"}\n"
+
+
+def _line_from_parsed(entry_id: str, env: Mapping[str, Any], content: bytes) -> bytes:
     members: dict[str, Any] = {"id": entry_id, "parent": env.get("parent"), "ts": env.get("ts"), "type": env.get("type")}
     parents = env.get("parents")
     if parents:

@@ -72,7 +72,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import blake3
@@ -555,9 +555,13 @@ class Pack:
             return None if i is None else self._located(i)
         self._finds += 1
         if self._finds > self.DICT_AFTER:
-            names = self._map[self._names_at : self._names_at + 32 * self.count]
-            self._index = {names[o : o + 32]: i for i, o in enumerate(range(0, len(names), 32))}
+            self.index()
             return self.find(name)
+        i = self.position(raw)
+        return None if i is None else self._located(i)
+
+    def position(self, raw: bytes) -> int | None:
+        """Where a raw name lies in the index, by a binary search within its fan-out slot."""
         first = raw[0]
         lo = self._fanout[first - 1] if first else 0
         hi = self._fanout[first]
@@ -571,8 +575,16 @@ class Pack:
             elif probe > raw:
                 hi = mid
             else:
-                return self._located(mid)
+                return mid
         return None
+
+    def index(self) -> dict[bytes, int]:
+        """Raw name -> position in the index, for every object: built once per pack (a
+        bulk reader asks for many names and pays a hash lookup for each)."""
+        if self._index is None:
+            names = self._map[self._names_at : self._names_at + 32 * self.count]
+            self._index = {names[o : o + 32]: i for i, o in enumerate(range(0, len(names), 32))}
+        return self._index
 
     def block_info(self, block: int) -> tuple[int, int, int]:
         """(offset in the pack, stored size, raw size of its stream) of a block."""
@@ -1121,6 +1133,85 @@ class PackSet:
                 if len(self._cache) > self.CACHE_BLOCKS:
                     self._cache.popitem(last=False)
         return block.object(loc.offset, loc.length)
+
+    def read_many(self, raws: list[bytes], bits: int) -> list[bytes | None]:
+        """Each object's bytes (by raw name) as a pack holds it in a space of ``bits``,
+        or None (held by no pack of the current format, or its block unreadable: the
+        caller's one-object read then says why). Not checked against the names: the
+        caller does that. What a projection reads: one lookup and one slice per object,
+        each block taken from the cache or decompressed once per call however many of
+        its objects are asked (a session's objects lie in the order they are asked)."""
+        if self._seen is None:
+            self.refresh()
+        out: list[bytes | None] = [None] * len(raws)
+        left: Sequence[int] = range(len(raws))
+        for pack in self.packs:
+            if not left:
+                break
+            if pack.version != 2:
+                continue  # the first format's objects are read one by one
+            # as find does: a dict of the index's names once a pack is asked often, else a
+            # binary search a name (a small session's export in a big store builds no dict)
+            index = pack._index
+            if index is None:
+                pack._finds += len(left)
+                if pack._finds > pack.DICT_AFTER:
+                    index = pack.index()
+            m, where_at = pack._map, pack._where_at
+            firsts, nslots, nblocks = pack._firsts, pack.slots, pack.nblocks
+            missed = []
+            lo = hi = 0  # the ordinals [lo, hi) of the block at hand
+            block: Block | None = None
+            for i in left:
+                j = index.get(raws[i]) if index is not None else pack.position(raws[i])
+                if j is None:
+                    missed.append(i)
+                    continue
+                (w,) = _WHERE.unpack_from(m, where_at + 4 * j)
+                if not w & bits:
+                    missed.append(i)
+                    continue
+                ordinal = w >> 3
+                if not lo <= ordinal < hi or block is None:
+                    if ordinal >= nslots:
+                        continue  # names no block
+                    b = bisect_right(firsts, ordinal) - 1
+                    lo, hi = firsts[b], (firsts[b + 1] if b + 1 < nblocks else nslots)
+                    got = self._block(pack, b)
+                    block = got if isinstance(got, Block) else None
+                    if block is None:
+                        continue
+                    kinds, starts, ends, stream = block.kinds, block.starts, block.ends, block.stream
+                slot = ordinal - lo
+                if slot >= len(kinds):
+                    continue
+                if kinds[slot] == KIND_PLAIN:
+                    out[i] = stream[starts[slot] : ends[slot]]
+                else:
+                    try:
+                        out[i] = block.object(slot)
+                    except CorruptPackError:
+                        pass
+            left = missed
+        return out
+
+    def _block(self, pack: Pack, block_no: int) -> Block | _FlatBlock | None:
+        """A block through the cache, or None when it cannot be read."""
+        key = (pack.name, block_no)
+        with self._lock:
+            block = self._cache.get(key)
+            if block is not None:
+                self._cache.move_to_end(key)
+                return block
+        try:
+            block = pack.read_block(block_no)
+        except (CorruptPackError, OSError):
+            return None
+        with self._lock:
+            self._cache[key] = block
+            if len(self._cache) > self.CACHE_BLOCKS:
+                self._cache.popitem(last=False)
+        return block
 
     def close(self) -> None:
         for p in self.packs:

@@ -21,6 +21,7 @@ contents in two queries, and each is verified as it is served.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -216,6 +217,10 @@ class PgObjects(ObjectStore):
         self._order: dict[str, int] = {}
         self._sequence: list[str] = []
         self._ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
+        #: What the read-aheads before fetched and no read took yet, the newest
+        #: 4 x READ_AHEAD kept: a reader that takes a chunk's envelopes, then its contents
+        #: (a projection, whose chunk may span three read-aheads) finds them here.
+        self._behind: dict[tuple[Space, str], tuple[int, bytes]] = {}
         self._chain: list[str] = []
         self._last = -1
         self._prev: bytes | None = None  # the envelope served last
@@ -257,6 +262,8 @@ class PgObjects(ObjectStore):
     def get(self, space: Space, name: str) -> bytes:
         raw = raw_hash(name)
         row = self._ahead.pop((space, name), None)
+        if row is None and self._behind:
+            row = self._behind.pop((space, name), None)
         if row is None and raw is not None:
             up = space == "entries" and self._parent_of_last_is(name)
             if up or (space == "entries" and self._walks_forward(name)):
@@ -286,7 +293,7 @@ class PgObjects(ObjectStore):
         ones, with their contents."""
         self._order = {eid: i for i, eid in enumerate(order)}
         self._sequence = list(order)
-        self._ahead = {}
+        self._ahead, self._behind = {}, {}
         self._last = -1
         self._epoch += 1  # a chunk fetched for the order before is not this one's
         self._next = None
@@ -344,6 +351,12 @@ class PgObjects(ObjectStore):
                 "SELECT e.parent, up.n + 1 FROM up JOIN edges e ON e.child = up.h AND e.first WHERE up.n < %s) "
                 "SELECT h FROM up", [raw_hash(name), READ_AHEAD], binary=True)
             ahead = self._fetch([bytes(r[0]) for r in rows])
+        behind = self._behind
+        behind.update(self._ahead)
+        excess = len(behind) - 4 * READ_AHEAD
+        if excess > 0:
+            for key in list(itertools.islice(behind, excess)):
+                del behind[key]
         self._ahead = ahead
 
     def _chunk(self, start: int) -> list[bytes | None]:
