@@ -256,18 +256,8 @@ def read_dense(path: str) -> bytes:
     Bytes after such a hole come at offsets smaller than on disk by the hole's length
     less one. A log's reader finds the NUL (no record holds one) and stops trusting what
     follows, so those offsets serve only to name damage already found."""
+    fd, st = _open_regular(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise NotAFileError(f"{path} is a symbolic link; the store makes none") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotAFileError(f"{path} is not a regular file (a FIFO, a device or a socket)")
         if st.st_blocks * 512 >= st.st_size:  # no room for a hole worth skipping: read it all
             return _pread_all(fd, 0, st.st_size)
         chunks: list[bytes] = []
@@ -341,7 +331,10 @@ def read_small(path: str, limit: int) -> bytes:
     return _read_regular(path, limit, whole=True)
 
 
-def _read_regular(path: str, limit: int, *, whole: bool) -> bytes:
+def _open_regular(path: str) -> tuple[int, os.stat_result]:
+    """A descriptor of a regular file and its stat: opened non-blocking, no final link
+    followed; a link, a FIFO, a device or a socket is :class:`NotAFileError`, a directory
+    IsADirectoryError (the descriptor closed)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError as exc:
@@ -354,6 +347,15 @@ def _read_regular(path: str, limit: int, *, whole: bool) -> bytes:
             raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
         if not stat.S_ISREG(st.st_mode):
             raise NotAFileError(f"{path} is not a regular file (a FIFO, a device or a socket)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _read_regular(path: str, limit: int, *, whole: bool) -> bytes:
+    fd, st = _open_regular(path)
+    try:
         if whole and st.st_size > limit:
             raise NotAFileError(f"{path} is {st.st_size} bytes; a file of its kind is at most {limit}")
         return os.read(fd, limit + 1)[:limit]
