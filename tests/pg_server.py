@@ -83,7 +83,21 @@ class PgServer:
         os.chmod(self.dir, 0o700)
         self._initdb()
         self.start()
+        self._watch()
         self.psql(f"CREATE DATABASE {DATABASE}", db="postgres")
+
+    def _watch(self) -> None:
+        """A watchdog that outlives this process by a second at most: a test run killed
+        (SIGKILL, or SIGTERM from ``timeout``, which skips atexit) leaves no server
+        running and no directory behind. It stops the server whose pid file is there."""
+        script = (
+            'while kill -0 "$1" 2>/dev/null; do sleep 1; done; '
+            'if [ -f "$2/data/postmaster.pid" ]; then kill -QUIT "$(head -n1 "$2/data/postmaster.pid")" 2>/dev/null; '
+            'sleep 2; fi; rm -rf "$2"'
+        )
+        subprocess.Popen(["sh", "-c", script, "pg-watchdog", str(os.getpid()), str(self.dir)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
 
     def _cmd(self, args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
         res = subprocess.run(args, user=self.user, capture_output=True, text=True, cwd=self.dir, **kw)  # type: ignore[call-overload]
