@@ -1121,18 +1121,7 @@ class PackSet:
         return None
 
     def read(self, pack: Pack, loc: Located) -> bytes:
-        key = (pack.name, loc.block)
-        with self._lock:  # a checkpoint's worker thread reads and writes packs too
-            block = self._cache.get(key)
-            if block is not None:
-                self._cache.move_to_end(key)
-        if block is None:
-            block = pack.read_block(loc.block)
-            with self._lock:
-                self._cache[key] = block
-                if len(self._cache) > self.CACHE_BLOCKS:
-                    self._cache.popitem(last=False)
-        return block.object(loc.offset, loc.length)
+        return self._block(pack, loc.block).object(loc.offset, loc.length)
 
     def read_many(self, raws: list[bytes], bits: int) -> list[bytes | None]:
         """Each object's bytes (by raw name) as a pack holds it in a space of ``bits``,
@@ -1172,16 +1161,20 @@ class PackSet:
                     missed.append(i)
                     continue
                 ordinal = w >> 3
-                if not lo <= ordinal < hi or block is None:
+                if not lo <= ordinal < hi:
                     if ordinal >= nslots:
                         continue  # names no block
                     b = bisect_right(firsts, ordinal) - 1
                     lo, hi = firsts[b], (firsts[b + 1] if b + 1 < nblocks else nslots)
-                    got = self._block(pack, b)
+                    try:
+                        got: Block | _FlatBlock | None = self._block(pack, b)
+                    except (CorruptPackError, OSError):
+                        got = None  # tried once for all its objects; each one's own read says why
                     block = got if isinstance(got, Block) else None
-                    if block is None:
-                        continue
-                    kinds, starts, ends, stream = block.kinds, block.starts, block.ends, block.stream
+                    if block is not None:
+                        kinds, starts, ends, stream = block.kinds, block.starts, block.ends, block.stream
+                if block is None:
+                    continue
                 slot = ordinal - lo
                 if slot >= len(kinds):
                     continue
@@ -1195,18 +1188,15 @@ class PackSet:
             left = missed
         return out
 
-    def _block(self, pack: Pack, block_no: int) -> Block | _FlatBlock | None:
-        """A block through the cache, or None when it cannot be read."""
+    def _block(self, pack: Pack, block_no: int) -> Block | _FlatBlock:
+        """A block through the cache (read and kept when it is not there)."""
         key = (pack.name, block_no)
-        with self._lock:
+        with self._lock:  # a checkpoint's worker thread reads and writes packs too
             block = self._cache.get(key)
             if block is not None:
                 self._cache.move_to_end(key)
                 return block
-        try:
-            block = pack.read_block(block_no)
-        except (CorruptPackError, OSError):
-            return None
+        block = pack.read_block(block_no)
         with self._lock:
             self._cache[key] = block
             if len(self._cache) > self.CACHE_BLOCKS:
