@@ -82,11 +82,15 @@ demo: $(STAMP)
 # The linter and the type checker (configured in pyproject.toml), then the whole
 # suite, slow tests included. The PostgreSQL tests start a server of their own
 # (tests/pg_server.py) and fail, not skip, without one: install it where missing.
+# The suite runs on TEST_WORKERS processes (pytest-xdist; each worker starts its own
+# PostgreSQL test server when it needs one): the long crash, kill and damage tests are
+# spread over the machine's cores instead of queueing behind each other.
+TEST_WORKERS ?= 2
 test: lint postgresql-server
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-fast: lint postgresql-server
-	$(PY) -m pytest -q -m 'not slow'
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m 'not slow'
 
 postgresql-server:
 	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
