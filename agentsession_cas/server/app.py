@@ -25,6 +25,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from starlette.applications import Starlette
@@ -643,45 +644,31 @@ class Api:
         sid = request.path_params["id"]
         durable = _flag(request, "durable")
         after = request.query_params.get("after")
-        return _ndjson(await self.work(self._log_lines, principal, sid, request, durable, after))
 
-    def _log_lines(self, principal: Principal, sid: str, request: Request, durable: bool, after: str | None) -> list[bytes]:
-        s = self._readable_session(principal, sid, request)
-        if durable:
-            s.commit()
-        records = s.records()
-        ident = header_ident(s.header.data)
-        upto = len(records)
-        if durable:
-            upto = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1) + 1
-        last_commit = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1)
-        start = _parse_cursor(after, ident, len(records)) if after is not None else 0
-        state = SessionState()
-        lines: list[dict[str, Any]] = []
-        for i, rec in enumerate(records[:upto]):
-            state.apply(rec, i)
-            if i < start:
-                continue
-            line = log_line(rec, state, i <= last_commit, _cursor(i + 1, ident))
-            if line is not None:
-                lines.append(line)
-        view = {"id": sid, "header": dict(s.header.data), "incarnation": ident, "head": state.head,
-                "mark": state.mark, "base": state.base, "length": len(state.log_order)}
-        end: dict[str, Any] = {"end": True, "cursor": _cursor(max(upto, start), ident)}
-        if lines:
-            lines[0]["session"] = view
-        else:
-            end["session"] = view
-        return [_dumps(x) for x in lines] + [_dumps(end)]
+        def snapshot() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+            s = self._readable_session(principal, sid, request)
+            if durable:
+                s.commit()
+            return s.records(), dict(s.header.data)
+
+        # The log is read under the store's lock; its lines are made outside it, so a
+        # long session's read does not hold up other sessions' writers.
+        records, header = await self.work(snapshot)
+        return _ndjson(await run_in_threadpool(_log_lines, sid, records, header, durable, after))
 
     async def read_path(self, request: Request, principal: Principal) -> Response:
+        """The path from the root to the head (or ``leaf``), streamed: the walk up and
+        each piece of lines are store work of their own under the lock, so a long path
+        neither holds up other writers while it is read nor is held whole in memory. A
+        failure once the stream has begun is its last frame (RFC 0003, Streams)."""
         sid = request.path_params["id"]
         contents = request.query_params.get("contents", "all")
         if contents not in ("all", "since-fold", "none"):
             raise BadNameError(f"contents must be all, since-fold or none, not {contents!r}")
         leaf = request.query_params.get("leaf")
+        store = self.state.store
 
-        def do() -> list[bytes]:
+        def start() -> tuple[str | None, str, dict[str, Any]]:
             s = self._readable_session(principal, sid, request)
             ident = header_ident(s.header.data)
             target = leaf if leaf is not None else s.head
@@ -691,25 +678,44 @@ class Api:
                 origin = s.header.data.get("parent_session")
                 if not (isinstance(origin, str) and principal.may_read(origin)):
                     raise NoSuchEntryError(f"{target} is not an entry of a session this caller may read")
-            ids = self.state.store.ancestry(target) if target is not None else []
-            out: list[bytes] = []
-            objects = self.state.store.objects
-            envs = [objects.get("entries", eid) for eid in ids]
-            chashes = [envelope_content(env) for env in envs]
-            wanted, mode = _shallow(self.state.store, envs, chashes, ids, contents)
-            for n, eid in enumerate(ids):
-                chash = chashes[n]
-                body = objects.get("contents", chash) if wanted[n] and chash is not None else b"null"
-                line = b'{"entry":"' + eid.encode() + b'","envelope":' + envs[n] + b',"content":' + body
-                if n == 0:
-                    first = {"head": s.head, "cursor": _cursor(self.state.tails.length(s), ident), "incarnation": ident,
-                             "contents": mode}
-                    line += b"," + _dumps(first)[1:-1]
-                out.append(line + b"}")
-            out.append(_dumps({"end": True, "count": len(ids), "incarnation": ident}))
-            return out
+            first = {"head": s.head, "cursor": _cursor(self.state.tails.length(s), ident), "incarnation": ident}
+            return target, ident, first
 
-        return _ndjson(await self.work(do))
+        target, ident, first = await self.work(start)
+        ids: list[str] = []
+        if target is not None:
+            walk = store.ancestry_up(target)
+            while piece := await self.work(lambda: list(islice(walk, _PATH_PIECE * 16))):
+                ids.extend(piece)
+            ids.reverse()
+        wanted, first["contents"] = await _shallow(self.work, store, ids, contents)
+
+        def lines(at: int) -> bytes:
+            out: list[bytes] = []
+            piece = ids[at : at + _PATH_PIECE]
+            envs = store.objects.get_many("entries", piece)
+            chashes = [envelope_content(env) for env in envs]
+            named = [c for n, c in enumerate(chashes) if c is not None and wanted[at + n]]
+            bodies = iter(store.objects.get_many("contents", named))
+            for n, eid in enumerate(piece):
+                chash = chashes[n]
+                body = next(bodies) if chash is not None and wanted[at + n] else b"null"
+                line = b'{"entry":"' + eid.encode() + b'","envelope":' + envs[n] + b',"content":' + body
+                if at + n == 0:
+                    line += b"," + _dumps(first)[1:-1]
+                out.append(line + b"}\n")
+            return b"".join(out)
+
+        async def body() -> Any:
+            try:
+                for at in range(0, len(ids), _PATH_PIECE):
+                    yield await self.work(lines, at)
+            except AgentSessionError as exc:
+                yield _dumps({"error": problem_body(exc)}) + b"\n"
+                return
+            yield _dumps({"end": True, "count": len(ids), "incarnation": ident}) + b"\n"
+
+        return StreamingResponse(body(), media_type=NDJSON)
 
     async def follow(self, request: Request, principal: Principal) -> Response:
         sid = request.path_params["id"]
@@ -1276,25 +1282,70 @@ def _matches(header: Header, q: Any, extras: list[tuple[str, bytes]]) -> bool:
 _FOLDED = frozenset({"item", "branch_summary"})
 
 
-def _shallow(store: Store, envs: list[bytes], chashes: list[str | None], ids: list[str], mode: str) -> tuple[list[bool], str]:
+def _log_lines(sid: str, records: list[dict[str, Any]], header: dict[str, Any], durable: bool,
+               after: str | None) -> list[bytes]:
+    """The lines of a log read (RFC 0003, Reading) from a snapshot of the session's
+    records: pure work, done outside the store's lock."""
+    ident = header_ident(header)
+    upto = len(records)
+    if durable:
+        upto = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1) + 1
+    last_commit = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1)
+    start = _parse_cursor(after, ident, len(records)) if after is not None else 0
+    state = SessionState()
+    lines: list[dict[str, Any]] = []
+    for i, rec in enumerate(records[:upto]):
+        state.apply(rec, i)
+        if i < start:
+            continue
+        line = log_line(rec, state, i <= last_commit, _cursor(i + 1, ident))
+        if line is not None:
+            lines.append(line)
+    view = {"id": sid, "header": header, "incarnation": ident, "head": state.head,
+            "mark": state.mark, "base": state.base, "length": len(state.log_order)}
+    end: dict[str, Any] = {"end": True, "cursor": _cursor(max(upto, start), ident)}
+    if lines:
+        lines[0]["session"] = view
+    else:
+        end["session"] = view
+    return [_dumps(x) for x in lines] + [_dumps(end)]
+
+
+#: Entries a piece of a path read holds (its objects read by one bulk read); the walk
+#: up takes sixteen pieces' worth of steps at a time.
+_PATH_PIECE = 256
+
+
+async def _shallow(work: Callable[..., Awaitable[Any]], store: Store, ids: list[str], mode: str) -> tuple[list[bool], str]:
     """Which contents a path read serves (RFC 0003, Reading): every one for ``all``, none
     for ``none``; for ``since-fold`` those context building needs at the leaf: from the
     newest compaction's ``first_kept`` on, and above it every entry that is not an
     ``item`` or ``branch_summary``. No fold, or a fold with no ``config`` checkpoint
-    (the settings do not start afresh), is answered as ``all``, and says so."""
+    (the settings do not start afresh), is answered as ``all``, and says so. The
+    envelopes are read a piece at a time, each piece store work of its own (``work``)."""
     n = len(ids)
     if mode != "since-fold":
         return [mode == "all"] * n, mode
-    types = [json.loads(env).get("type") for env in envs]
+    envs: list[tuple[str | None, str | None]] = []
+    for at in range(0, n, _PATH_PIECE * 16):
+        piece = ids[at : at + _PATH_PIECE * 16]
+        envs.extend(await work(lambda p=piece: [_type_and_content(e) for e in store.objects.get_many("entries", p)]))
+    types = [t for t, _ in envs]
     fold = next((i for i in range(n - 1, -1, -1) if types[i] == "compaction"), None)
-    if fold is None or chashes[fold] is None:
+    chash = envs[fold][1] if fold is not None else None
+    if fold is None or chash is None:
         return [True] * n, "all"
-    body = json.loads(store.objects.get("contents", str(chashes[fold])))
+    body = json.loads(await work(store.objects.get, "contents", chash))
     first_kept = body.get("first_kept") if isinstance(body, dict) else None
     if not isinstance(body, dict) or not isinstance(body.get("config"), dict) or first_kept not in ids[:fold]:
         return [True] * n, "all"
     kept = ids.index(first_kept)
     return [i >= kept or types[i] not in _FOLDED for i in range(n)], "since-fold"
+
+
+def _type_and_content(env: bytes) -> tuple[str | None, str | None]:
+    data = json.loads(env)
+    return data.get("type"), envelope_content(env)
 
 
 def _frames(raw: bytes, max_object: int) -> list[tuple[Space, str, bytes]]:

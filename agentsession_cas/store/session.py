@@ -58,19 +58,19 @@ if TYPE_CHECKING:
 # where a session is checked or projected, not here: opening a session to read its
 # head, list it or export it does not load it (issue 11, start-up).
 
-__all__ = ["AppendResult", "PreparedBatch", "ProjectionOutline", "Session", "entry_from_objects", "walk_up"]
+__all__ = ["AppendResult", "PreparedBatch", "ProjectionOutline", "Session", "entry_from_objects", "iter_up", "walk_up"]
 
 _DURABLE_ON_RESPONSES = frozenset({"response", "compaction", "branch_summary"})
 _ENTRY_NAMING = ("target", "first_kept", "from", "queued_from")
 _NAMING = frozenset(_ENTRY_NAMING + ("parents",))
 
 
-def walk_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> list[Any]:
+def iter_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> Iterator[Any]:
     """What ``step`` gives for each entry from ``entry_id`` up to its root (``step``
-    returns the item and the parent's id), in root-first order; a cycle in the
+    returns the item and the parent's id), leaf first, as it is walked; a cycle in the
     parents is damaged objects, reported rather than looped on. The one ancestry
-    walk: prefixes, paths, fork bases and repair all go through it."""
-    out: list[Any] = []
+    walk: prefixes, paths, fork bases, repair and the server's path reads (a piece at
+    a time) all go through it."""
     seen: set[str] = set()
     current: str | None = entry_id
     while current is not None:
@@ -78,7 +78,12 @@ def walk_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> lis
             raise StoreError(f"entry {current} is its own ancestor: the objects are damaged")
         seen.add(current)
         item, current = step(current)
-        out.append(item)
+        yield item
+
+
+def walk_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> list[Any]:
+    """:func:`iter_up`'s items in root-first order."""
+    out = list(iter_up(entry_id, step))
     out.reverse()
     return out
 

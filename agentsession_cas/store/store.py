@@ -49,7 +49,7 @@ from ..fsutil import Spill
 from ..progress import Progress, reported
 from .links import CHAIN_LIMIT, Chain, resolve_current
 from .refs import header_ident
-from .session import AppendResult, Session, _resume_leaf, entry_from_objects, envelope_parts, walk_up
+from .session import AppendResult, Session, _resume_leaf, entry_from_objects, envelope_parts, iter_up, walk_up
 from .state import index_damage, replay
 from .summary import SessionSummary, SummaryBuilder
 
@@ -557,7 +557,15 @@ class Store:
 
     def ancestry(self, entry_id: str) -> builtins.list[str]:
         """The ids root..entry_id, walking parents through envelopes alone."""
-        return walk_up(entry_id, lambda eid: (eid, _parent_of(self.envelope(eid))))
+        return walk_up(entry_id, self._id_and_parent)
+
+    def ancestry_up(self, entry_id: str) -> Iterator[str]:
+        """The ids entry_id..root, leaf first, read as they are taken (a caller may
+        walk a long path a piece at a time)."""
+        return iter_up(entry_id, self._id_and_parent)
+
+    def _id_and_parent(self, entry_id: str) -> tuple[str, str | None]:
+        return entry_id, _parent_of(self.envelope(entry_id))
 
     def path_to(self, entry_id: str) -> builtins.list[Entry]:
         """Entries from the root to ``entry_id``, read from the objects."""

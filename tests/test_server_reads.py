@@ -1,0 +1,148 @@
+"""The server's long reads do not hold its lock for their whole length.
+
+The server does its store work under one lock (`ServerState.lock`). A path read of a
+long session is walked and sent a piece at a time, each piece its own hold of the lock,
+so other sessions' writers get in between; a log read makes its lines outside the lock.
+A failure once a path's stream has begun is its last frame (RFC 0003, Streams). These
+run the application in this process (starlette's test client) so the lock can be
+watched: which hold of it each store read happened in.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette")
+
+with warnings.catch_warnings():  # this starlette asks for another httpx package; this one serves
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient  # noqa: E402
+
+from agentsession_cas import Header  # noqa: E402
+from agentsession_cas.errors import StoreError  # noqa: E402
+from agentsession_cas.exchange.http_client import HttpTransport  # noqa: E402
+from agentsession_cas.server import app as server_app  # noqa: E402
+from agentsession_cas.server.app import ServerState, create_app  # noqa: E402
+from agentsession_cas.store import Store  # noqa: E402
+from agentsession_cas.store.url import open_store  # noqa: E402
+
+ENTRIES = 700  # three pieces of a path read (256 entries each)
+
+
+class WatchedLock:
+    """A re-entrant lock that numbers its outermost holds and says whether it is held."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.depth = 0
+        self.holds = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self._lock.acquire(blocking, timeout)
+        if got:
+            if self.depth == 0:
+                self.holds += 1
+            self.depth += 1
+        return got
+
+    def release(self) -> None:
+        self.depth -= 1
+        self._lock.release()
+
+    def __enter__(self) -> WatchedLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@pytest.fixture
+def served(tmp_path: Path):
+    store = Store.init(str(tmp_path / "store"), sync="never")
+    s = store.create(Header.new("long", created_at="2026-09-17T12:00:00Z"))
+    for n in range(ENTRIES):
+        s.append({"type": "item", "ts": f"2026-09-17T12:{n // 60 % 60:02d}:{n % 60:02d}Z",
+                  "item": {"type": "message", "role": "user", "content": f"line {n}"}})
+    s.commit()
+    ids = list(s.own)
+    store.close()
+    state = ServerState(open_store(str(tmp_path / "store")), None)
+    lock = WatchedLock()
+    state.lock = lock  # type: ignore[assignment]
+    with TestClient(create_app(state)) as client:
+        yield client, state, lock, ids
+    state.store.close()
+
+
+def frames(response) -> list[dict]:
+    assert response.status_code == 200, response.text
+    return [json.loads(x) for x in response.text.splitlines() if x.strip()]
+
+
+def test_a_long_path_is_read_a_piece_at_a_time_each_its_own_hold_of_the_lock(served, monkeypatch):
+    client, state, lock, ids = served
+    reads: list[tuple[int, int]] = []  # (hold, entries read) of each bulk envelope read
+    real = state.store.objects.get_many
+
+    def get_many(space, names):
+        assert lock.depth > 0, "a store read outside the server's lock"
+        if space == "entries":
+            reads.append((lock.holds, len(names)))
+        return real(space, names)
+
+    monkeypatch.setattr(state.store.objects, "get_many", get_many)
+    got = frames(client.get("/v1/sessions/long/path"))
+    assert got[-1] == {"end": True, "count": ENTRIES, "incarnation": got[0]["incarnation"]}
+    assert [f["entry"] for f in got[:-1]] == ids
+    assert got[0]["head"] == ids[-1] and got[0]["contents"] == "all"
+    assert [n for _, n in reads] == [256, 256, ENTRIES - 512]
+    holds = [h for h, _ in reads]
+    assert len(set(holds)) == len(holds), f"two pieces were read in one hold of the lock: {reads}"
+
+
+def test_a_failure_after_the_path_stream_began_is_its_last_frame(served, monkeypatch):
+    client, state, lock, ids = served
+    real = state.store.objects.get_many
+    calls = {"entries": 0}
+
+    def get_many(space, names):
+        if space == "entries":
+            calls["entries"] += 1
+            if calls["entries"] == 2:
+                raise StoreError("the second piece's objects are gone (forced)")
+        return real(space, names)
+
+    monkeypatch.setattr(state.store.objects, "get_many", get_many)
+    got = frames(client.get("/v1/sessions/long/path"))
+    assert [f["entry"] for f in got[:-1]] == ids[:256]
+    assert "end" not in got[-1]
+    assert got[-1]["error"]["code"] == "store_fault" and "forced" in got[-1]["error"]["detail"], got[-1]
+    # the project's client raises it rather than taking the first piece for the path
+    calls["entries"] = 0
+    transport = HttpTransport.__new__(HttpTransport)
+    transport.url = "test"
+    transport.request = lambda method, path, **kw: client.get("/v1" + path, params=kw.get("params"))  # type: ignore[method-assign]
+    with pytest.raises(StoreError, match="forced"):
+        transport.ndjson("/sessions/long/path")
+
+
+def test_a_log_read_makes_its_lines_outside_the_lock(served, monkeypatch):
+    client, state, lock, ids = served
+    held: list[int] = []
+    real = server_app.log_line
+
+    def log_line(*args, **kw):
+        held.append(lock.depth)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(server_app, "log_line", log_line)
+    got = frames(client.get("/v1/sessions/long/log"))
+    assert [f["entry"] for f in got if "entry" in f] == ids
+    assert got[-1]["end"] is True
+    assert held and set(held) == {0}, "a log's lines were made under the server's lock"
