@@ -979,6 +979,37 @@ def test_pack_leaves_a_corrupt_loose_object_in_place_and_does_not_copy_it(root):
     verify_all(root, exported)
 
 
+def test_pack_leaves_loose_an_object_a_writer_finishes_while_the_pack_reads(root, monkeypatch):
+    """A writer creates a new loose object under its name and writes it in place: pack may
+    read it half written. Read once more at the end of the pass, it is whole: no problem,
+    a note, and it stays loose for the next pack (the race torture test met this)."""
+    exported = build_mixed_store(root)
+    sp, n, d = items(1, seed=43)[0]
+    lp = loose_path(root, sp, n)
+    lp.parent.mkdir(parents=True, exist_ok=True)
+    lp.write_bytes(d[: len(d) // 2])  # created, half written
+    real = FileObjects._get_loose
+    reads = []
+
+    def get_loose(self, space, name, path):
+        if name != n:
+            return real(self, space, name, path)
+        reads.append(name)
+        try:
+            return real(self, space, name, path)
+        finally:
+            lp.write_bytes(d)  # the writer finishes right after the pass read it
+
+    monkeypatch.setattr(FileObjects, "_get_loose", get_loose)
+    r = cli(root, "pack", "--json")
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["ok"] is True and not out["problems"], out
+    assert len(reads) == 2 and any(n in note and "being written" in note for note in out["notes"]), out
+    assert lp.read_bytes() == d and loose_files(root) == [lp]  # left loose, whole
+    verify_all(root, exported)
+
+
 def test_pack_keeps_a_pack_holding_a_corrupt_object(root):
     its = items(300, seed=3, size=2000)  # several blocks
     o = other(root)
