@@ -294,10 +294,13 @@ _c_iterencode = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
 _C_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"))
 
 
-def _c_encode(value: Any) -> str:
-    if _c_iterencode is None:  # pragma: no cover - CPython always has the C encoder
-        return _C_ENCODER.encode(value)
-    return "".join(_c_iterencode(value, 0))
+def _c_chunks_fallback(value: Any, _: int) -> list[str]:  # pragma: no cover - CPython always has the C encoder
+    return [_C_ENCODER.encode(value)]
+
+
+#: The C encoder's chunks of a value, joined by the caller (``_join(_c_chunks(value, 0))``).
+_c_chunks: Any = _c_iterencode if _c_iterencode is not None else _c_chunks_fallback
+_join = "".join
 
 
 # In the C encoder's output a number follows ':', ',' or '['. A float always
@@ -391,7 +394,7 @@ def _canonical_str(value: Any, careful: bool | None) -> str:
     if careful:
         return canonical_str_reference(value)
     try:
-        text = _c_encode(value)
+        text = _join(_c_chunks(value, 0))
     except (TypeError, ValueError):
         # NaN/inf, unknown types or odd keys: let the reference serialiser say
         # precisely what is wrong.
@@ -414,7 +417,17 @@ def canonical_bytes(value: Any, *, parsed: bool = False, careful: bool | None = 
             careful = _inspect(value)
         except RecursionError:  # pragma: no cover - _inspect keeps its own stack
             raise IJSONError("the value is nested too deeply to canonicalise") from None
-    text = canonical_str(value, careful=careful)
+    if careful is False:
+        # The common case, the C encoder's output as it is (what _canonical_str does
+        # for it), with no call between: every entry hashed comes here once or twice.
+        try:
+            text = _join(_c_chunks(value, 0))
+        except (TypeError, ValueError):
+            text = canonical_str(value, careful=True)
+        except RecursionError:
+            raise IJSONError("the value is nested too deeply to canonicalise") from None
+    else:
+        text = canonical_str(value, careful=careful)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as exc:

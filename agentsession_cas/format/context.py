@@ -966,23 +966,28 @@ class ContextBuilder:
 
     # -- walking --------------------------------------------------------------
 
-    def push(self, entry: Entry) -> None:
-        pos = len(self.path)
-        t = entry.type
+    def push(self, entry: Entry, t: Any = None) -> None:
+        """Add ``entry`` (of type ``t``, read from it when not given) at the tip."""
+        data = entry.data
+        if t is None:
+            t = data.get("type")
+        path = self.path
+        pos = len(path)
+        eid = entry.id
+        index = self.index
+        items = self._raw.items
         if t == "config" or t == "compaction":
-            self._undo.append((self.index.get(entry.id), len(self._raw.items), self.settings, self._raw, self.compaction, self.error))
+            self._undo.append((index.get(eid), len(items), self.settings, self._raw, self.compaction, self.error))
         else:
             # Only a config or a compaction changes the rest; a pair of atomic values is
             # one the collector stops tracking, and a long path keeps one per entry.
-            self._undo.append((self.index.get(entry.id), len(self._raw.items)))
-        self.path.append(entry)
-        self.index[entry.id] = pos
+            self._undo.append((index.get(eid), len(items)))
+        path.append(entry)
+        index[eid] = pos
         self.unresolved_of = None
-        data = entry.data
         if t == "item":
-            item = data.get("item")
-            if isinstance(item, dict):
-                self._raw.items.append(_Contribution(entry, "item", self.settings.model, pos))
+            if data.get("item").__class__ is dict or isinstance(data.get("item"), dict):
+                items.append(_Contribution(entry, "item", self.settings.model, pos, 0))
         elif t == "config":
             self.settings, self.unresolved_of = self.settings.apply_checked(data, entry.id)
         elif t == "branch_summary":
