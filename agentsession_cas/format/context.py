@@ -888,14 +888,21 @@ class _Raw:
                     for c, item in kept
                 ]
             if blobs:
-                h.update((b"," if count else b"") + b",".join(blobs))
+                if count:
+                    h.update(b",")
+                h.update(b",".join(blobs))  # (not added to the comma: the items are most of a request's bytes)
                 count += len(blobs)
             for c in chunk:
                 if c.kind == "item":
                     c.entry.item_bytes = None  # hashed into the mark below: a path keeps no second copy of its items
         if start is None or upto0 < upto:
             self.marks.append(_Mark(sig, upto, self.items[upto - 1] if upto else None, count, h.copy()))
-        h.update(b"]" + (b"," + after if after else b"") + b"}")
+        if after:
+            h.update(b"],")
+            h.update(after)  # the settings after ``input`` (instructions, tools): large, not copied to add "}"
+            h.update(b"}")
+        else:
+            h.update(b"]}")
         return HASH_PREFIX + h.hexdigest()
 
 
