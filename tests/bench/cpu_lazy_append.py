@@ -64,6 +64,18 @@ def appends(n: int, count: int) -> float:
     return (t1.ru_utime + t1.ru_stime) - (t0.ru_utime + t0.ru_stime)
 
 
+#: The runs write and read their modules' bytecode, as an installed command does: with
+#: PYTHONDONTWRITEBYTECODE set every run would compile what it imports (see warm_up).
+_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def warm_up(count: int) -> None:
+    """One run with no appends, outside valgrind: the bytecode of every module the counted
+    runs import is then written, so neither of them compiles any."""
+    subprocess.run([sys.executable, __file__, "--appends", "0", "--generate", str(count)],
+                   check=True, stdout=subprocess.DEVNULL, env=_ENV)
+
+
 def instructions(n: int, count: int) -> int:
     """Instructions (callgrind's Ir) of a whole run of this script with ``n`` appends."""
     with tempfile.TemporaryDirectory(prefix="cpu-lazy-append-cg-") as tmp:
@@ -71,7 +83,7 @@ def instructions(n: int, count: int) -> int:
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
              sys.executable, __file__, "--appends", str(n), "--generate", str(count)],
-            capture_output=True, text=True,
+            capture_output=True, text=True, env=_ENV,
         )
         if proc.returncode != 0:
             sys.stderr.write(proc.stderr)
@@ -98,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if shutil.which("valgrind") is None:
         ap.error("--callgrind needs valgrind on the PATH")
+    warm_up(count)
     full = instructions(args.appends, count)
     none = instructions(0, count)
     diff = full - none
