@@ -16,7 +16,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentsession_cas.format.canonical import loads
+from agentsession_cas.format.canonical import loads, loads_flagged
 from agentsession_cas.errors import EntryError, IJSONError
 from agentsession_cas.format.hashing import (
     ENVELOPE_MEMBERS,
@@ -614,3 +614,78 @@ def test_lines_from_objects_parse_a_batch_no_content_can_split():
         hashing.lines_from_objects([(entry_id, env, content, members), (entry_id, env, b"[1]", members)])
     with pytest.raises(ValueError):
         hashing.lines_from_objects([(entry_id, env, content, members), (entry_id, env, b'{"a":1},{"b":2}', members)])
+
+
+# ---------------------------------------------------------------------------
+# a line as read: parsed strictly, its flag handed on (what verify and import do)
+
+_SPELLED_NUMBERS = ["1e21", "1E2", "-0", "1.0", "-0.0", "5e-7", "123456789012345678", "0.1", "2.5E+3"]
+
+
+def _spelled(value, rnd) -> str:
+    """``value`` as some other writer may spell it: members in another order, spaces,
+    characters escaped or not."""
+    if isinstance(value, dict):
+        keys = list(value)
+        rnd.shuffle(keys)
+        sep = rnd.choice([":", ": ", " : "])
+        return "{" + rnd.choice([",", ", "]).join(json.dumps(k, ensure_ascii=rnd.random() < 0.5) + sep + _spelled(value[k], rnd) for k in keys) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_spelled(v, rnd) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=rnd.random() < 0.5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    item=st.dictionaries(st.text(max_size=6), _JSON, max_size=4),
+    others=st.dictionaries(_NAMES, _JSON, max_size=3),
+    number=st.sampled_from(_SPELLED_NUMBERS),
+    seed=st.integers(0, 2**16),
+)
+def test_a_parsed_line_hashes_as_its_value_however_spelled(item, others, number, seed):
+    """The objects of a line parsed strictly and hashed with the parse's flag (the reader's
+    path: parsed=True, careful as loads_flagged says) are rfc8785's of the body, whatever
+    the line's spelling: members reordered, spaces, escapes, numbers such as 1e21, 1E2,
+    -0 or 1.0; a lone surrogate is refused by both."""
+    import random
+
+    entry = {"type": "item", "parent": None, "ts": "2026-01-01T00:00:00Z", "item": item, **others}
+    line = _spelled(entry, random.Random(seed))
+    line = line[:-1] + ',"n":' + number + "}"  # a number as written, not as Python would
+    try:
+        obj, careful = loads_flagged(line)
+    except IJSONError:
+        return  # refused at the parse (a whole number a double does not hold): nothing to hash
+    try:
+        expected = rfc8785.dumps(body_of(obj))
+    except Exception:  # a lone surrogate: ours must refuse it too
+        with pytest.raises(IJSONError):
+            entry_objects_item(obj, parsed=True, careful=careful)
+        return
+    entry_id, chash, content, env, item_bytes = entry_objects_item(obj, parsed=True, careful=careful)
+    assert content == expected
+    assert chash == "sha256:" + hashlib.sha256(content).hexdigest()
+    assert env == rfc8785.dumps(envelope_object("item", None, None, "2026-01-01T00:00:00Z", chash))
+    assert (entry_id, chash) == entry_hashes(obj)
+    if item_bytes is not None:
+        assert item_bytes == rfc8785.dumps(obj["item"])
+
+
+@pytest.mark.parametrize("value", [object(), {"k": object()}, b"bytes"])
+def test_what_no_encoder_renders_is_refused_as_the_careful_path_refuses_it(value):
+    """canonical_bytes given careful=False (the fast encoders' path) for what is no JSON
+    says what is wrong as the reference serialiser does (an IJSONError), never writes it."""
+    from agentsession_cas.format.canonical import canonical_bytes
+
+    with pytest.raises(IJSONError) as fast:
+        canonical_bytes({"v": value}, parsed=True, careful=False)
+    with pytest.raises(IJSONError) as careful:
+        canonical_bytes({"v": value}, parsed=True, careful=True)
+    assert str(fast.value) == str(careful.value)
+
+
+@pytest.mark.parametrize("where", ['"item":{"text":"a\\ud800b"}', '"item":{"\\udc00":1}', '"item":{},"note":"\\ud83d"'])
+def test_a_parsed_line_with_a_lone_surrogate_is_refused(where):
+    obj, careful = loads_flagged('{"type":"item","parent":null,"ts":"2026-01-01T00:00:00Z",' + where + "}")
+    with pytest.raises(IJSONError, match="lone surrogate"):
+        entry_objects_item(obj, parsed=True, careful=careful)

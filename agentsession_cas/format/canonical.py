@@ -6,13 +6,14 @@ the one place it parses JSON strictly. Two serialisers live here:
 * :func:`canonical_str_reference` is a direct, readable implementation of
   JCS. It is the definition; property tests prove it byte-identical to the
   ``rfc8785`` package.
-* :func:`canonical_bytes` is the hot path. It asks the C JSON encoder for
+* :func:`canonical_bytes` is the hot path. It asks a C JSON encoder for
   sorted, compact output, which is already JCS for strings, ``true``/
   ``false``/``null``, small integers and keys inside the Basic Multilingual
-  Plane. A cheap scan of the output spots anything the C encoder renders
-  differently (a float, an integer of 16 or more digits, a supplementary
-  character) and only then falls back to the reference serialiser. False
-  alarms cost speed, never correctness.
+  Plane: ``orjson`` (UTF-8 bytes in one call) for a value known to hold
+  nothing else, the standard library's for one not known. A cheap scan of its
+  output spots anything it renders differently (a float, an integer of 16 or
+  more digits, a supplementary character) and only then falls back to the
+  reference serialiser. False alarms cost speed, never correctness.
 
 Parsing (:func:`loads`) refuses what ``json.loads`` silently accepts or
 alters: repeated member names, ``NaN``/``Infinity``, numbers that are not
@@ -29,6 +30,8 @@ import re
 import threading
 from decimal import Decimal, InvalidOperation
 from typing import Any
+
+import orjson
 
 from ..errors import IJSONError
 
@@ -294,10 +297,16 @@ _c_iterencode = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
 _C_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"))
 
 
-def _c_encode(value: Any) -> str:
-    if _c_iterencode is None:  # pragma: no cover - CPython always has the C encoder
-        return _C_ENCODER.encode(value)
-    return "".join(_c_iterencode(value, 0))
+def _c_chunks_fallback(value: Any, _: int) -> list[str]:  # pragma: no cover - CPython always has the C encoder
+    return [_C_ENCODER.encode(value)]
+
+
+_orjson_dumps = orjson.dumps
+_ORJSON_SORTED = orjson.OPT_SORT_KEYS
+
+#: The C encoder's chunks of a value, joined by the caller (``_join(_c_chunks(value, 0))``).
+_c_chunks: Any = _c_iterencode if _c_iterencode is not None else _c_chunks_fallback
+_join = "".join
 
 
 # In the C encoder's output a number follows ':', ',' or '['. A float always
@@ -391,7 +400,7 @@ def _canonical_str(value: Any, careful: bool | None) -> str:
     if careful:
         return canonical_str_reference(value)
     try:
-        text = _c_encode(value)
+        text = _join(_c_chunks(value, 0))
     except (TypeError, ValueError):
         # NaN/inf, unknown types or odd keys: let the reference serialiser say
         # precisely what is wrong.
@@ -414,7 +423,26 @@ def canonical_bytes(value: Any, *, parsed: bool = False, careful: bool | None = 
             careful = _inspect(value)
         except RecursionError:  # pragma: no cover - _inspect keeps its own stack
             raise IJSONError("the value is nested too deeply to canonicalise") from None
-    text = canonical_str(value, careful=careful)
+    if careful is False:
+        # The common case: every entry hashed comes here once or twice. orjson's sorted
+        # compact UTF-8 of a value with no float, no integer beyond 15 digits and no
+        # supplementary-plane member name is RFC 8785's byte for byte (tested against
+        # rfc8785), in one call and in half the time of the standard encoder's text
+        # joined and encoded. What it refuses (a lone surrogate, a member name that is
+        # no str, nesting past 255 levels, a type it does not know) goes the standard
+        # encoder's way below, which renders it or says what is wrong.
+        try:
+            return _orjson_dumps(value, None, _ORJSON_SORTED)
+        except TypeError:  # (orjson.JSONEncodeError is one)
+            pass
+        try:
+            text = _join(_c_chunks(value, 0))
+        except (TypeError, ValueError):
+            text = canonical_str(value, careful=True)
+        except RecursionError:
+            raise IJSONError("the value is nested too deeply to canonicalise") from None
+    else:
+        text = canonical_str(value, careful=careful)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as exc:

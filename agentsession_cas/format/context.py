@@ -888,14 +888,21 @@ class _Raw:
                     for c, item in kept
                 ]
             if blobs:
-                h.update((b"," if count else b"") + b",".join(blobs))
+                if count:
+                    h.update(b",")
+                h.update(b",".join(blobs))  # (not added to the comma: the items are most of a request's bytes)
                 count += len(blobs)
             for c in chunk:
                 if c.kind == "item":
                     c.entry.item_bytes = None  # hashed into the mark below: a path keeps no second copy of its items
         if start is None or upto0 < upto:
             self.marks.append(_Mark(sig, upto, self.items[upto - 1] if upto else None, count, h.copy()))
-        h.update(b"]" + (b"," + after if after else b"") + b"}")
+        if after:
+            h.update(b"],")
+            h.update(after)  # the settings after ``input`` (instructions, tools): large, not copied to add "}"
+            h.update(b"}")
+        else:
+            h.update(b"]}")
         return HASH_PREFIX + h.hexdigest()
 
 
@@ -966,23 +973,28 @@ class ContextBuilder:
 
     # -- walking --------------------------------------------------------------
 
-    def push(self, entry: Entry) -> None:
-        pos = len(self.path)
-        t = entry.type
+    def push(self, entry: Entry, t: Any = None) -> None:
+        """Add ``entry`` (of type ``t``, read from it when not given) at the tip."""
+        data = entry.data
+        if t is None:
+            t = data.get("type")
+        path = self.path
+        pos = len(path)
+        eid = entry.id
+        index = self.index
+        items = self._raw.items
         if t == "config" or t == "compaction":
-            self._undo.append((self.index.get(entry.id), len(self._raw.items), self.settings, self._raw, self.compaction, self.error))
+            self._undo.append((index.get(eid), len(items), self.settings, self._raw, self.compaction, self.error))
         else:
             # Only a config or a compaction changes the rest; a pair of atomic values is
             # one the collector stops tracking, and a long path keeps one per entry.
-            self._undo.append((self.index.get(entry.id), len(self._raw.items)))
-        self.path.append(entry)
-        self.index[entry.id] = pos
+            self._undo.append((index.get(eid), len(items)))
+        path.append(entry)
+        index[eid] = pos
         self.unresolved_of = None
-        data = entry.data
         if t == "item":
-            item = data.get("item")
-            if isinstance(item, dict):
-                self._raw.items.append(_Contribution(entry, "item", self.settings.model, pos))
+            if data.get("item").__class__ is dict or isinstance(data.get("item"), dict):
+                items.append(_Contribution(entry, "item", self.settings.model, pos, 0))
         elif t == "config":
             self.settings, self.unresolved_of = self.settings.apply_checked(data, entry.id)
         elif t == "branch_summary":

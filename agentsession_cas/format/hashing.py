@@ -52,7 +52,10 @@ def is_hash(value: object) -> TypeGuard[str]:
 
 def sha256_ref(data: bytes) -> str:
     """``sha256:<hex>`` of raw bytes (content bodies, envelopes, media blobs)."""
-    return HASH_PREFIX + hashlib.sha256(data).hexdigest()
+    return HASH_PREFIX + _sha256(data).hexdigest()
+
+
+_sha256 = hashlib.sha256
 
 
 class ReservedMemberError(EntryError):
@@ -88,6 +91,8 @@ def envelope_object(
 
 
 _encode_str = json.encoder.encode_basestring
+#: An envelope of the common form (no ``parents``), its members in canonical order.
+_COMMON_ENVELOPE = '{"content":"%s","parent":%s,"ts":%s,"type":%s}'
 
 
 def envelope_bytes(
@@ -100,12 +105,8 @@ def envelope_bytes(
     ``parent``, ``ts``, ``type``. Anything else goes through
     :func:`canonical_bytes`; both give the same bytes (tested).
     """
-    if not parents and isinstance(ts, str) and content.isascii():
-        text = (
-            '{"content":"' + content + '","parent":'
-            + ("null" if parent is None else _encode_str(parent))
-            + ',"ts":' + _encode_str(ts) + ',"type":' + _encode_str(type_) + "}"
-        )
+    if not parents and ts.__class__ is str and content.isascii():
+        text = _COMMON_ENVELOPE % (content, "null" if parent is None else _encode_str(parent), _encode_str(ts), _encode_str(type_))
         try:
             return text.encode("utf-8")
         except UnicodeEncodeError:
@@ -266,8 +267,8 @@ def entry_objects_item(
         if len(body) == 1:
             content = b'{"item":' + item_bytes + b"}"
         else:
-            rest = canonical_bytes({k: v for k, v in body.items() if k != "item"}, parsed=parsed, careful=careful)
-            content = b'{"item":' + item_bytes + b"," + rest[1:]
+            del body["item"]  # the body is this call's own copy: what remains is the rest
+            content = b'{"item":' + item_bytes + b"," + canonical_bytes(body, parsed=parsed, careful=careful)[1:]
     else:
         content = canonical_bytes(body, parsed=parsed, careful=careful)
     chash = sha256_ref(content)

@@ -635,14 +635,16 @@ class PathChecker:
         assert self._loader is not None
         return self._loader(entry_id)
 
-    def _push(self, e: Entry) -> None:
+    def _push(self, e: Entry, t: Any = None) -> None:
+        """Push ``e`` (of type ``t``, read from it when not given) on the path."""
+        if t is None:
+            t = e.data.get("type")
         self._depth[e.id] = len(self.path)
         self.path.append(e)
         w = self.walker
         b = self.builder
-        w.push(e)
-        b.push(e)
-        t = e.data.get("type")
+        w.push(e, t)
+        b.push(e, t)
         if t == "response":
             if e.id not in self.requests:
                 self._check_response(e)
@@ -654,8 +656,8 @@ class PathChecker:
                 self._keep(e, "of", f"config {shown_id(e.id)}: an omitted keep names the list of config "
                            f"{json.dumps(b.unresolved_of)}, which its path cannot resolve; the element is kept as "
                            "written, which is not corruption")
-        if w.run is not None and w.open_unjudged() is not None:
-            run = w.run
+        run = w.run
+        if run is not None and w.open_unjudged() is not None:
             self._open[e.id] = (run.start, run.run_id)
 
     def _pop(self) -> None:
@@ -716,14 +718,15 @@ class PathChecker:
         header's ``records`` promise does not cover. Returns the problems it brought
         (notes among them). An id added already is ignored: it is the same entry."""
         eid = entry.id
-        if eid in self.seq:
+        seq = self.seq
+        if eid in seq:
             return []
         out: list[Problem] = []
         self._out = out
         try:
             parent = entry.parent
-            held = parent is not None and parent in self.seq  # before this entry is: it may name itself
-            self.seq[eid] = len(self._order)
+            held = parent is not None and parent in seq  # before this entry is: it may name itself
+            seq[eid] = len(self._order)
             self._order.append(eid)
             if self._entries is not None:
                 self._entries[eid] = entry
@@ -731,16 +734,20 @@ class PathChecker:
                 self._trial.append(entry)
             if held:
                 self._parent[eid] = parent
-                self._goto(parent)
+                path = self.path
+                if not path or path[-1].id != parent:  # (a linear session: the parent is the tip)
+                    self._goto(parent)
             else:
                 self._parent[eid] = None
                 if parent is not None:
                     self._cut[eid] = f"its path is cut: parent {shown_id(parent)} of line {entry.line} is not in the file"
                 self._goto(None)
+            t = entry.data.get("type")
+            walker = self.walker
             if prefix:
-                self.walker.foreign.add(eid)
-            self.walker.register(entry)
-            self._push(entry)
+                walker.foreign.add(eid)
+            walker.register(entry, t)
+            self._push(entry, t)
         finally:
             self._out = None
         return out
@@ -851,16 +858,16 @@ class PathChecker:
     def _snapshot(self) -> _PathMark:
         if self._trial is None:
             self._trial = []
-        return _PathMark(
-            order=len(self._order),
-            trial=len(self._trial),
-            tip=self.path[-1].id if self.path else None,
-            problems=len(self.problems),
-            notes=len(self.notes),
-            seen=len(self._seen_log),
-            rebuilt=len(self._rebuilt),
-            budget=self._budget,
-            calls_checked=self.walker.calls_checked,
+        return _PathMark(  # positional, in the fields' order: one is made every append
+            len(self._order),  # order
+            len(self._trial),  # trial
+            self.path[-1].id if self.path else None,  # tip
+            len(self.problems),  # problems
+            len(self.notes),  # notes
+            len(self._seen_log),  # seen
+            len(self._rebuilt),  # rebuilt
+            self._budget,  # budget
+            self.walker.calls_checked,  # calls_checked
         )
 
     def _restore(self, mark: _PathMark) -> None:
@@ -972,18 +979,21 @@ class SessionChecker:
         ``records`` promise does not cover; None reads it off the order: every entry
         until the base has come is on the prefix, as in a file."""
         tree = self.tree
-        if entry.id in tree:
+        if entry.id in tree.held:
             out = tree.add(entry)  # the same entry again: reported, and nothing else
         else:
             on_prefix = tree.in_prefix if prefix is None else prefix
             out = tree.add(entry)
-            out.extend(self.path.add(entry, prefix=on_prefix))
-            if entry.type == "link" and not on_prefix:
+            found = self.path.add(entry, prefix=on_prefix)
+            if found:
+                out.extend(found)
+            if entry.data.get("type") == "link" and not on_prefix:
                 derived = derived_note(self.header, entry, self._links)
                 if derived is not None:
                     out.append(derived)
                 self._links.append(entry)
-        self._keep(out)
+        if out:
+            self._keep(out)
         return out
 
     def add_prefix(self, entries: Iterable[Entry]) -> list[Problem]:

@@ -482,12 +482,13 @@ class RecordWalker:
 
     # -- session-wide facts ---------------------------------------------------
 
-    def register(self, e: Entry) -> None:
+    def register(self, e: Entry, t: Any = None) -> None:
         """An entry arrives in file order: the call-id rules (a call_id is never empty
         and names one function call in the session, on any branch), and its place
-        among the dispatches of the call it names."""
+        among the dispatches of the call it names. ``t`` is its type, when known."""
         d = e.data
-        t = d.get("type")
+        if t is None:
+            t = d.get("type")
         if t == "item":
             item = d.get("item")
             if not isinstance(item, dict) or item.get("type") != "function_call":
@@ -552,14 +553,17 @@ class RecordWalker:
 
     # -- push / pop ---------------------------------------------------------
 
-    def push(self, e: Entry) -> None:
+    def push(self, e: Entry, t: Any = None) -> None:
+        """Push ``e`` (of type ``t``, read from it when not given) on the path."""
+        if t is None:
+            t = e.data.get("type")
         self._marks.append(len(self._undo))
-        depth = len(self.path)
-        self.path.append(e)
+        path = self.path
+        depth = len(path)
+        path.append(e)
         self.on_path[e.id] = e
-        t = e.data.get("type")
-        prev = self.last_resp[-1] if self.last_resp else None
-        self.last_resp.append((e, depth) if t == "response" else prev)
+        last_resp = self.last_resp
+        last_resp.append((e, depth) if t == "response" else (last_resp[-1] if last_resp else None))
 
         run = self.run
         if run is not None and not run.nonempty and (t in _CONTEXT_TYPES or t == "response"):
@@ -604,21 +608,25 @@ class RecordWalker:
     # -- entries ----------------------------------------------------------------
 
     def _item(self, e: Entry, depth: int) -> None:
-        item = e.data.get("item")
-        if "from_link" in e.data:
+        data = e.data
+        item = data.get("item")
+        if "from_link" in data:
             self._from_link(e)
         if not isinstance(item, dict):
             return
         kind = item.get("type")
+        # (the undo records of _add_open_calls and _set written in place: an item is most
+        # of a session's entries, and a call or an output half of them)
         if kind == "function_call":
             cid = item.get("call_id")
-            call = _Call(e, cid if isinstance(cid, str) else "", depth, e.id not in self.foreign)
-            self.calls[e.id] = call
+            eid = e.id
+            call = _Call(e, cid if isinstance(cid, str) else "", depth, eid not in self.foreign)
+            self.calls[eid] = call
             stack = self.by_call_id.setdefault(call.call_id, [])
             stack.append(call)
             self.call_order.append(call)
-            self._undo.append((_UNDO_CALL, e.id, stack))
-            self._add_open_calls(1)
+            self.open_calls += 1
+            self._undo += ((_UNDO_CALL, eid, stack), (_UNDO_OPEN_CALLS, 1))
             if self.run is not None:
                 self._run_takes(self.run, call)
         elif kind == "function_call_output":
@@ -639,10 +647,12 @@ class RecordWalker:
                                 f"call {_q(found.call_id)} has an output and no dispatch, though the header's records "
                                 "promise dispatch: a promised dispatch is written before the tool runs (RFC 0001 dispatch)",
                             )
-                    self._set(found, "output", e)
-                    self._add_open_calls(-1)
+                    found.output = e
+                    self.open_calls -= 1
+                    self._undo += ((_UNDO_SET, found, "output", None), (_UNDO_OPEN_CALLS, -1))
                 self._event(found, _Event("output", e))
-            self._segment_event(e, found)
+            if self.run is not None:
+                self._segment_event(e, found)
 
     def _resolve_target(self, e: Entry) -> _Call | None:
         """The call a decision or dispatch names by ``target``; a ``target`` naming no
