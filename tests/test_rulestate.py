@@ -83,8 +83,8 @@ class _Split:
         kept = loads(canonical_bytes(kept))  # what a file holds
         assert usable(kept, self.header, self.ids, self.seqs)
         leaf = [e.id for e in self.own[:upto] if e.type == "label" and e.get("label") == "leaf"]
-        return restore(kept, self.header, [e.id for e in self.prefix], self.ids, leaf, lambda: self.build(upto),
-                       self.by_id.__getitem__)
+        return restore(kept, self.header, [e.id for e in self.prefix], self.ids, self.seqs, leaf,
+                       lambda: self.build(upto), self.by_id.__getitem__)
 
 
 def _shown(problems: list[Any]) -> list[tuple]:
@@ -157,7 +157,9 @@ def test_a_restored_checker_judges_as_a_rebuilt_one(name):
             if e.type == "label":
                 assert restored.tree.head_allowed(e.get("target")) == full.tree.head_allowed(e.get("target"))
         tree, other = restored.tree, full.tree
-        assert (set(tree.held), tree.own, tree.in_prefix, tree.prefix) == (set(other.held), other.own, other.in_prefix, other.prefix)
+        every = [*s.by_id, "sha256:" + "0" * 64]
+        assert [x in tree.held for x in every] == [x in other.held for x in every]
+        assert (tree.own, tree.in_prefix, tree.prefix) == (other.own, other.in_prefix, other.prefix)
         # What the restored checker would keep at close is what the rebuilt one would.
         assert capture(restored, s.header, len(s.prefix), s.ids, s.seqs) == capture(full, s.header, len(s.prefix), s.ids, s.seqs)
 
@@ -228,7 +230,9 @@ def test_a_reopened_session_appends_from_the_kept_state_and_keeps_it_current(tmp
         st.close()
 
 
-@pytest.mark.parametrize("damage", ["flipped", "torn", "zeros", "empty", "another-header", "another-form"])
+@pytest.mark.parametrize(
+    "damage", ["flipped", "torn", "zeros", "empty", "another-header", "another-form", "bad-count", "bad-calls", "bad-run"]
+)
 def test_a_damaged_or_foreign_state_is_rebuilt_and_written_again(tmp_path, damage):
     root = tmp_path / "s"
     _recorded(root)
@@ -249,8 +253,14 @@ def test_a_damaged_or_foreign_state_is_rebuilt_and_written_again(tmp_path, damag
         kept = loads(raw.split(b" ", 1)[1])
         if damage == "another-header":
             kept["header"] = "0" * 64
-        else:
+        elif damage == "another-form":
             kept["version"] = rulestate.VERSION + 1
+        elif damage == "bad-count":  # a checksum that holds over members not of the form
+            kept["open_calls"] = "many"
+        elif damage == "bad-calls":
+            kept["first_call"] = [["call_1"], []]
+        else:
+            kept["run"] = {"start": kept["tip"]}
         path.write_bytes(checksummed_line(canonical_bytes(kept)))
     result = _append(root, expect_restored=False)
     assert result["outcome"] == "continued"

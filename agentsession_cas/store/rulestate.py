@@ -33,7 +33,7 @@ from ..format.entry import Entry, Header
 from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial
 from ..format.runs import _Call, _Event, _Run
 
-__all__ = ["NeedsRebuild", "RestoredChecker", "capture", "header_key", "restore", "VERSION"]
+__all__ = ["NeedsRebuild", "RestoredChecker", "VERSION", "capture", "header_key", "restore", "stand_at", "usable"]
 
 #: The version of the state's form; another one is rebuilt, never read.
 VERSION = 1
@@ -41,6 +41,12 @@ VERSION = 1
 
 class NeedsRebuild(Exception):
     """A rule asked a restored checker for what its state did not keep."""
+
+
+#: What a restored checker answers by rebuilding: a question its state does not hold,
+#: or a state whose checksum held but whose members are not of the form (met only
+#: where a rule reads them): never trusted, never an error of the append.
+_REBUILD = (NeedsRebuild, TypeError, KeyError, AttributeError, IndexError, ValueError)
 
 
 class _Hollow:
@@ -93,13 +99,59 @@ _MISS = object()
 
 class _Restored:
     """The test the restored containers share: is an id one of the entries the state
-    stands for (which the containers may not hold), or one added since (which they do)."""
+    stands for (the prefix, and the own entries up to the state's last), which the
+    containers need not hold, rather than one fed since (which they do)."""
 
-    def __init__(self, seq: dict[str, int], count: int):
-        self.seq, self.count = seq, count
+    def __init__(self, fed: dict[str, Any], prefix: frozenset[str], own_seq: Mapping[str, int], last_seq: int):
+        self.fed, self.prefix, self.own_seq, self.last_seq = fed, prefix, own_seq, last_seq
 
     def __call__(self, key: Any) -> bool:
-        return isinstance(key, str) and self.seq.get(key, self.count) < self.count
+        if dict.__contains__(self.fed, key) or not isinstance(key, str):
+            return False
+        return self.own_seq.get(key, self.last_seq + 1) <= self.last_seq or key in self.prefix
+
+
+class _Seq(dict):
+    """Each entry's place in the order fed (the path checker's and the walker's map),
+    held for the tip and the entries fed since; one the state stands for is known to be
+    there, and its place is asked only of the tip's (anything else is a question for the
+    rebuilt state). Not a copy of 100,000 ids per open."""
+
+    restored: _Restored
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or self.restored(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        v = dict.get(self, key, _MISS)
+        if v is _MISS:
+            if self.restored(key):
+                raise NeedsRebuild(f"the place of {key} in the order")
+            return default
+        return v
+
+    def __missing__(self, key: Any) -> Any:
+        if self.restored(key):
+            raise NeedsRebuild(f"the place of {key} in the order")
+        raise KeyError(key)
+
+
+class _Held(dict):
+    """The tree's ids (id -> the line it was read from): the entries the state stands
+    for, known from the log, and those fed since."""
+
+    restored: _Restored
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or self.restored(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        return None if self.restored(key) else default
+
+    def __len__(self) -> int:
+        raise NeedsRebuild("the number of entries")
 
 
 class _Calls(dict):
@@ -128,7 +180,8 @@ class _ByCallId(dict):
         self.first_call = first_call
 
     def _check(self, key: Any) -> None:
-        if not dict.__contains__(self, key) and isinstance(dict.get(self.first_call, key), str):
+        at = dict.get(self.first_call, key)
+        if not dict.__contains__(self, key) and isinstance(at, int) and not isinstance(at, bool):
             raise NeedsRebuild(f"the calls of call id {key!r} on the path")
 
     def get(self, key: Any, default: Any = None) -> Any:
@@ -141,12 +194,14 @@ class _ByCallId(dict):
 
 
 class _FirstCall(dict):
-    """Each call id's first function call: an id for those before the tip (only their
-    ids are read, in a repeat's message), the entry for those since."""
+    """Each call id's first function call: its place in the order for those before the
+    tip (only their ids are read, in a repeat's message), the entry for those since."""
+
+    order: list[str]
 
     def __getitem__(self, key: Any) -> Any:
         v = dict.__getitem__(self, key)
-        return _Partial(v, "item") if isinstance(v, str) else v
+        return _Partial(self.order[v], "item") if isinstance(v, int) else v
 
 
 class _OnPath(dict):
@@ -240,7 +295,7 @@ class RestoredChecker(SessionChecker):
     def add(self, entry: Entry, *, prefix: bool | None = None) -> list[Any]:
         try:
             out = super().add(entry, prefix=prefix)
-        except NeedsRebuild:
+        except _REBUILD:
             self._become()
             return self.add(entry, prefix=prefix)
         self._added.append((entry, prefix))
@@ -253,7 +308,7 @@ class RestoredChecker(SessionChecker):
     def open_run(self, at: str | None | object = ...) -> OpenRun | None:
         try:
             return super().open_run(at)
-        except NeedsRebuild:
+        except _REBUILD:
             self._become()
             return self.open_run(at)
 
@@ -274,7 +329,7 @@ class RestoredChecker(SessionChecker):
     def rollback(self, trial: Trial) -> None:
         try:
             super().rollback(trial)
-        except NeedsRebuild:
+        except _REBUILD:
             self._become()
             self.rollback(trial)
             return
@@ -289,6 +344,17 @@ def header_key(header: Header) -> str:
     """What ties a state to the header it was built under (``records``, ``redacted``
     and the base are the header's): the SHA-256 of its canonical line."""
     return hashlib.sha256(header.canonical_line()).hexdigest()
+
+
+def stand_at(checker: SessionChecker, entry_id: str) -> bool:
+    """Move ``checker``'s path to ``entry_id`` (an entry it holds), where the state is
+    then taken; False when a restored checker cannot go there without rebuilding (it is
+    then left unusable: only for a checker about to be let go)."""
+    try:
+        checker.path._goto(entry_id)
+    except _REBUILD:
+        return False
+    return True
 
 
 def _call_form(call: Any) -> list[Any]:
@@ -337,7 +403,10 @@ def capture(
         run_form = {"start": start.id, "source": start.get("source"), "run_id": start.get("run_id"), "depth": run.depth,
                     "calls": [c.entry.id for c in run.calls], "nonempty": run.nonempty,
                     "out_or_decision": run.out_or_decision, "takeup": list(run.takeup) if run.takeup else None}
-    first = {cid: (v if isinstance(v, str) else v.id) for cid, v in dict.items(w.first_call)}
+    seq = path.seq
+    # Two lists, not an object: a session's call ids are most of the state, and a list
+    # is written without sorting its members.
+    first = [list(dict.keys(w.first_call)), [v if isinstance(v, int) else seq[v.id] for v in dict.values(w.first_call)]]
     tree = checker.tree
     own_set = own_seq
     return {
@@ -348,6 +417,7 @@ def capture(
         "last_seq": own_seq[own[-1]],
         "order": len(path._order),
         "tip": path.path[-1].id,
+        "tip_at": seq[path.path[-1].id],
         "depth": len(path.path),
         "cut": dict(path._cut),
         "budget": path._budget,
@@ -386,25 +456,44 @@ def restore(
     header: Header,
     prefix: Sequence[str],
     own: Sequence[str],
+    own_seq: Mapping[str, int],
     leaf_labels: Iterable[str],
     rebuild: Callable[[], SessionChecker],
     loader: Callable[[str], Entry],
 ) -> RestoredChecker:
     """The checker :func:`capture`'s ``data`` stands for (checked by :func:`usable`), fed
-    the prefix and the first ``data["entries"]`` of ``own``; the caller feeds the rest.
+    the prefix and the first ``data["entries"]`` of ``own`` (the log's own entries in
+    order, ``own_seq`` their sequence numbers); the caller feeds the rest at once.
     Raises KeyError, TypeError or ValueError on a state that is not of the form."""
     n = data["entries"]
     ids = [*prefix, *own[:n]]
-    if data["order"] != len(ids):
-        raise ValueError("the state counts another number of entries")
+    count = len(ids)
+    depth, tip, tip_at = data["depth"], data["tip"], data["tip_at"]
+    if data["order"] != count or not (isinstance(tip_at, int) and 0 <= tip_at < count and ids[tip_at] == tip):
+        raise ValueError("the state counts other entries, or its tip is not one of them")
+    if not isinstance(depth, int) or depth < 1:
+        raise ValueError("the state's path has no tip")
+    for name in ("budget", "open_calls", "calls_checked"):
+        if type(data[name]) is not int:
+            raise TypeError(f"the state's {name} is not a number")
     checker = SessionChecker(header, loader=loader)
     checker.__class__ = RestoredChecker
     assert isinstance(checker, RestoredChecker)
     checker._rebuild, checker._added, checker._marks = rebuild, [], []
     checker._links = [_Partial(i, "link", {"rel": rel, "call_id": cid}) for i, rel, cid in data["links"]]  # type: ignore[misc]
 
+    path = checker.path
+    path.__class__ = _RestoredPath
+    assert isinstance(path, _RestoredPath)
+    seq = _Seq({tip: tip_at})
+    restored = seq.restored = _Restored(seq, frozenset(prefix), own_seq, own_seq[own[n - 1]])
+    path.seq = path.walker.seq = seq
+    path._order = ids
+
     tree: TreeState = checker.tree
-    tree.held = dict.fromkeys(ids)
+    held = _Held()
+    held.restored = _Restored(held, restored.prefix, own_seq, restored.last_seq)
+    tree.held = held
     tree.in_prefix = False
     tree._prefix_prev = header.base
     tree.prefix = list(prefix[:-1])
@@ -412,17 +501,6 @@ def restore(
         tree.own = set(own[:n])
     tree.leaf_labels = set(leaf_labels) | set(data["prefix_leaf_labels"])
 
-    path = checker.path
-    path.__class__ = _RestoredPath
-    assert isinstance(path, _RestoredPath)
-    count = len(ids)
-    seq = path.seq
-    seq.update(zip(ids, range(count)))
-    path._order.extend(ids)
-    restored = _Restored(seq, count)
-    depth, tip = data["depth"], data["tip"]
-    if not isinstance(depth, int) or depth < 1 or seq.get(tip, count) >= count:
-        raise ValueError("the state's tip is not one of its entries")
     path.floor = depth
     path._parent = _Parents()
     path._cut = dict(data["cut"])
@@ -436,7 +514,11 @@ def restore(
 
     w = path.walker
     w.calls_checked = data["calls_checked"]
-    first = _FirstCall(data["first_call"])
+    cids, places = data["first_call"]
+    if len(cids) != len(places):
+        raise ValueError("the state's call ids and places differ in number")
+    first = _FirstCall(zip(cids, places))
+    first.order = ids
     w.first_call = first
     w.path = [HOLLOW] * (depth - 1) + [tip_entry]
     calls: dict[str, _Call] = {}

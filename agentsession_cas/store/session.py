@@ -506,21 +506,25 @@ class Session:
         last_seq = state.own[kept["last"]]
         leaf_labels = [x for x in state.leaf_labels if state.own[x] <= last_seq]
         try:
-            checker = rulestate.restore(kept, self.header, self.prefix, order, leaf_labels, self._build_rules,
+            checker = rulestate.restore(kept, self.header, self.prefix, order, state.own, leaf_labels, self._build_rules,
                                         self._rules_entry)
-        except (KeyError, TypeError, ValueError, IndexError):
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             return None  # a state whose checksum held but whose members are not of the form
         for eid in order[kept["entries"]:]:
             checker.add(self.entry(eid), prefix=False)
         return checker
 
     def _kept_rules(self) -> dict[str, Any] | None:
-        """The rules' state to keep at close (:func:`.rulestate.capture`), when one was made."""
+        """The rules' state to keep at close (:func:`.rulestate.capture`), when one was made,
+        standing at the head: where the next append most likely hangs."""
         if self._checker is None:
             return None
         from . import rulestate
 
-        return rulestate.capture(self._checker, self.header, len(self.prefix), self.state.log_order, self.state.own)
+        checker = self._checker
+        if self.head is not None and self.head in checker and not rulestate.stand_at(checker, self.head):
+            return None  # (the state of the last close stays: the next open feeds what came since)
+        return rulestate.capture(checker, self.header, len(self.prefix), self.state.log_order, self.state.own)
 
     @property
     def superseded_by(self) -> str | None:
