@@ -76,15 +76,18 @@ class _Split:
             checker.add(e, prefix=False)
         return checker
 
-    def restored(self, upto: int) -> RestoredChecker | None:
+    def restored(self, upto: int, committed: list[int] | None = None) -> RestoredChecker | None:
+        """The checker restored from the state after ``upto`` entries; its rebuild builds
+        ``upto`` entries and as many more as ``committed`` counts (the log as it grows)."""
         kept = capture(self.build(upto), self.header, len(self.prefix), self.ids[:upto], self.seqs)
         if kept is None:
             return None
         kept = loads(canonical_bytes(kept))  # what a file holds
         assert usable(kept, self.header, self.ids, self.seqs)
         leaf = [e.id for e in self.own[:upto] if e.type == "label" and e.get("label") == "leaf"]
+        grown = committed if committed is not None else [0]
         return restore(kept, self.header, [e.id for e in self.prefix], self.ids, self.seqs, leaf,
-                       lambda: self.build(upto), self.by_id.__getitem__)
+                       lambda: self.build(upto + grown[0]), self.by_id.__getitem__)
 
 
 def _shown(problems: list[Any]) -> list[tuple]:
@@ -135,7 +138,8 @@ SPLITS["leaf-labels"] = _with_leaf_labels()
 def test_a_restored_checker_judges_as_a_rebuilt_one(name):
     s = SPLITS[name]
     for cut in _cuts(len(s.own)):
-        full, restored = s.build(cut), s.restored(cut)
+        committed = [0]
+        full, restored = s.build(cut), s.restored(cut, committed)
         assert restored is not None
         assert restored.tree.leaf_labels == full.tree.leaf_labels
         assert [restored.tree.head_allowed(x) for x in s.ids] == [full.tree.head_allowed(x) for x in s.ids]
@@ -152,6 +156,7 @@ def test_a_restored_checker_judges_as_a_rebuilt_one(name):
             assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (name, cut, e.id)
             full.commit(t1)
             restored.commit(t2)
+            committed[0] += 1
             assert restored.open_run() == full.open_run(), (name, cut, e.id)
             assert restored.tree.leaf_labels == full.tree.leaf_labels
             if e.type == "label":

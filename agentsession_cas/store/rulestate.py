@@ -267,7 +267,8 @@ class _RestoredPath(PathChecker):
 class RestoredChecker(SessionChecker):
     """A :class:`SessionChecker` restored from :func:`capture`'s state. Wherever that
     state lacks an answer it becomes the checker ``rebuild`` makes (the whole session,
-    as committed), with the entries given since replayed and the open trials reopened;
+    as committed: every entry added outside a trial, or in a trial committed, must be
+    in it), with the entries of the open trials added again and the trials reopened;
     from then on it is that checker."""
 
     _rebuild: Callable[[], SessionChecker]
@@ -325,6 +326,9 @@ class RestoredChecker(SessionChecker):
     def commit(self, trial: Trial) -> None:
         super().commit(trial)
         self._marks.pop()
+        if not self._marks:
+            # Kept: what ``rebuild`` builds holds it from now on (a commit of the log).
+            self._added.clear()
 
     def rollback(self, trial: Trial) -> None:
         try:
