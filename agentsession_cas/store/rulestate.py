@@ -111,28 +111,36 @@ class _Restored:
         return self.own_seq.get(key, self.last_seq + 1) <= self.last_seq or key in self.prefix
 
 
-class _Seq(dict):
-    """Each entry's place in the order fed (the path checker's and the walker's map),
-    held for the tip and the entries fed since; one the state stands for is known to be
-    there, and its place is asked only of the tip's (anything else is a question for the
-    rebuilt state). Not a copy of 100,000 ids per open."""
+class _Known(dict):
+    """A map the restored checker holds for the tip and the entries fed since: a miss
+    on an entry the state stands for is a question for the rebuilt state (``what`` it
+    asked, in words)."""
 
     restored: _Restored
-
-    def __contains__(self, key: object) -> bool:
-        return dict.__contains__(self, key) or self.restored(key)
+    what = "{}"
 
     def get(self, key: Any, default: Any = None) -> Any:
         v = dict.get(self, key, _MISS)
         if v is _MISS:
             if self.restored(key):
-                raise NeedsRebuild(f"the place of {key} in the order")
+                raise NeedsRebuild(self.what.format(key))
             return default
         return v
 
+
+class _Seq(_Known):
+    """Each entry's place in the order fed (the path checker's and the walker's map):
+    an entry the state stands for is known to be there, and only the tip's place is
+    asked. Not a copy of 100,000 ids per open."""
+
+    what = "the place of {} in the order"
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or self.restored(key)
+
     def __missing__(self, key: Any) -> Any:
         if self.restored(key):
-            raise NeedsRebuild(f"the place of {key} in the order")
+            raise NeedsRebuild(self.what.format(key))
         raise KeyError(key)
 
 
@@ -154,21 +162,15 @@ class _Held(dict):
         raise NeedsRebuild("the number of entries")
 
 
-class _Calls(dict):
+class _Calls(_Known):
     """The walker's calls on the path by entry id: the kept ones and those pushed since;
     a miss on an entry the state stands for may be a call it did not keep."""
+
+    what = "call {} on the path"
 
     def __init__(self, items: Iterable[tuple[str, Any]], restored: _Restored):
         super().__init__(items)
         self.restored = restored
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        v = dict.get(self, key, _MISS)
-        if v is _MISS:
-            if self.restored(key):
-                raise NeedsRebuild(f"call {key} on the path")
-            return default
-        return v
 
 
 class _ByCallId(dict):

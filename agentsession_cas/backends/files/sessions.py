@@ -31,7 +31,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Iterable, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -153,19 +153,25 @@ def _identity(st: os.stat_result) -> list[str]:
     return [str(st.st_ino), str(st.st_size), str(st.st_mtime_ns)]
 
 
-def _read_summary(directory: str) -> tuple[dict[str, Any], list[str]] | None:
-    """(summary, log identity) from a session's ``summary`` file, or None when there is
-    none or it does not read (an index: rebuilt, never an error)."""
+def _read_index(directory: str, name: str, limit: int, parse: Callable[[bytes], Any]) -> dict[str, Any] | None:
+    """The JSON object of a checksummed index file (one line of the log's form), or None
+    when there is none or it does not read (an index: rebuilt, never an error)."""
     try:
-        raw = read_small(os.path.join(directory, "summary"), _SMALL)
+        raw = read_small(os.path.join(directory, name), limit)
     except OSError:
         return None
     body = checked_body(raw)
     try:
-        data = loads(body) if body is not None else None
+        data = parse(body) if body is not None else None
     except (ValueError, AgentSessionError):
-        data = None
-    if not isinstance(data, dict):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _read_summary(directory: str) -> tuple[dict[str, Any], list[str]] | None:
+    """(summary, log identity) from a session's ``summary`` file, or None."""
+    data = _read_index(directory, "summary", _SMALL, loads)
+    if data is None:
         return None
     summary, ident = data.get("summary"), data.get("log")
     if not isinstance(summary, dict) or not (isinstance(ident, list) and len(ident) == 3):
@@ -179,21 +185,11 @@ _RULES_MAX = 1 << 28
 
 
 def _read_rule_state(directory: str) -> dict[str, Any] | None:
-    """The append rules' state from a session's ``rules`` file (one checksummed line,
-    as ``summary``), or None when there is none or it does not read (an index)."""
-    try:
-        raw = read_small(os.path.join(directory, "rules"), _RULES_MAX)
-    except OSError:
-        return None
-    body = checked_body(raw)
-    try:
-        # json's own parser, not the strict one: the line is one this store wrote (its
-        # checksum holds) and the domain checks the form as it restores; the strict
-        # parse would cost a 100,000-entry session's first append 20 ms.
-        data = json.loads(body) if body is not None else None
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+    """The append rules' state from a session's ``rules`` file, or None. Parsed by
+    json's own parser, not the strict one: the line is one this store wrote (its
+    checksum holds) and the domain checks the form as it restores; the strict parse
+    would cost a 100,000-entry session's first append 20 ms."""
+    return _read_index(directory, "rules", _RULES_MAX, json.loads)
 
 
 def _with_header(records: Sequence[Record], header: bytes) -> list[Record]:
