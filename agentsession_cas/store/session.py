@@ -934,7 +934,10 @@ class Session:
                     self.log.set_summary(self.summary().as_dict())
                 except AgentSessionError:
                     pass  # an entry that does not read: fsck's to say; the summary is rebuilt later
-                kept = self._kept_rules()
+                try:
+                    kept = self._kept_rules()
+                except AgentSessionError:
+                    kept = None  # an entry the move to the head reads does not: the state is rebuilt later
                 if kept is not None:
                     self.log.set_rule_state(kept)
         finally:
