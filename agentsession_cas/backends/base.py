@@ -71,6 +71,12 @@ Mark = Literal["record", "mirror"]
 COMMIT_POINTS = frozenset({"create", "commit", "snapshot"})
 
 
+class EntryIds(list):  # of str
+    """Entry ids a backend spelled itself from raw 32-byte hashes (a compacted log's
+    snapshot): well formed by construction, so the replay need not match each one
+    again (100,000 of them cost a replay more than the rest of it)."""
+
+
 @dataclass(slots=True)
 class Append:
     """An ``append`` record as the domain hands it to a log: the hot path, so not a dict.
@@ -131,6 +137,10 @@ class LogOpen:
     #: :meth:`SessionLog.set_summary`), current or not: the domain checks it against the
     #: log before it trusts it, and counts only the entries appended since.
     summary: dict[str, Any] | None = None
+    #: The append rules' state the backend keeps for the session (see
+    #: :meth:`SessionLog.set_rule_state`; a writing open only), current or not: the
+    #: domain checks it against the log before it uses it.
+    rule_state: dict[str, Any] | None = None
 
 
 @dataclass
@@ -296,6 +306,12 @@ class SessionLog(ABC):
         what identifies the log as it is when the session is let go, so a reader can
         tell whether it is current (:meth:`SessionStore.summary`). Called at close; an
         index, like HEAD: lost or stale, it is rebuilt from the log."""
+
+    def set_rule_state(self, state: Mapping[str, Any]) -> None:  # noqa: B027 - a hook: a backend may keep none
+        """Keep the append rules' state of the session (a JSON object the domain made,
+        :mod:`agentsession_cas.store.rulestate`), written when the session is let go, so
+        the next writing open need not read the session to judge its appends. Called at
+        close; an index: lost, damaged or stale, it is rebuilt from the log."""
 
     @abstractmethod
     def set_header(self, header: bytes) -> None:

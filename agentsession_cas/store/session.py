@@ -217,6 +217,8 @@ class Session:
         #: entries of a batch being prepared, which the rules may need to read back.
         self._checker: SessionChecker | None = None
         self._staged: dict[str, Entry] = {}
+        #: The rules' state the backend kept (:mod:`.rulestate`), until the first append reads it.
+        self._rule_state: dict[str, Any] | None = None
         #: The records a snapshot was opened with (its committed view for exchange).
         self._records: list[dict[str, Any]] | None = None
         #: What ``list`` shows (:mod:`.summary`): the summary the backend kept, when it
@@ -253,6 +255,7 @@ class Session:
         session.recovered = list(opened.recovered)
         session._summary_base = _prefix_summary(session_id, state, opened.summary)
         if writable:
+            session._rule_state = opened.rule_state
             session._builder = SummaryBuilder(header, copy.copy(session._summary_base))
             try:
                 log.recover()
@@ -468,25 +471,65 @@ class Session:
     # -- the rules ------------------------------------------------------------------------
 
     def rules(self) -> SessionChecker:
-        """The session as the one rule set sees it (:class:`SessionChecker`): built on
-        first need from the prefix and the own entries in log order, then fed by every
-        commit. What an append, an admission or a recorder is held to."""
+        """The session as the one rule set sees it (:class:`SessionChecker`): made on first
+        need from the rules' state the backend kept and the own entries after it
+        (:mod:`.rulestate`), or built from the prefix and every own entry in log order;
+        then fed by every commit. What an append, an admission or a recorder is held to."""
         if self._checker is None:
-            from ..format.rules import SessionChecker, gc_paused
-
-            checker = SessionChecker(self.header, loader=self._rules_entry)
-            links: list[Entry] = []
-            with gc_paused():
-                checker.add_prefix(self.prefix_entries())
-                for eid in self.state.log_order:
-                    e = self.entry(eid)
-                    checker.add(e, prefix=False)
-                    if e.type == "link":
-                        links.append(e)
-            self._checker = checker
-            if not self._successor_known:  # every own entry was read: the successor is free
-                self._successor, self._successor_known = successor_of(links), True
+            kept, self._rule_state = self._rule_state, None
+            checker = self._restored_rules(kept) if kept is not None else None
+            self._checker = checker if checker is not None else self._build_rules()
         return self._checker
+
+    def _build_rules(self) -> SessionChecker:
+        """The rules' state built from the prefix and every own entry, in log order."""
+        from ..format.rules import SessionChecker, gc_paused
+
+        checker = SessionChecker(self.header, loader=self._rules_entry)
+        links: list[Entry] = []
+        with gc_paused():
+            checker.add_prefix(self.prefix_entries())
+            for eid in self.state.log_order:
+                e = self.entry(eid)
+                checker.add(e, prefix=False)
+                if e.type == "link":
+                    links.append(e)
+        if not self._successor_known:  # every own entry was read: the successor is free
+            self._successor, self._successor_known = successor_of(links), True
+        return checker
+
+    def _restored_rules(self, kept: Mapping[str, Any]) -> SessionChecker | None:
+        """The rules' state the backend kept, when it stands for a prefix of this log under
+        this header, fed the own entries after it; None otherwise (a state of another
+        form, a log repaired or cut since: the caller builds it)."""
+        from . import rulestate
+
+        state = self.state
+        order = state.log_order
+        if not rulestate.usable(kept, self.header, order, state.own):
+            return None
+        last_seq = state.own[kept["last"]]
+        leaf_labels = [x for x in state.leaf_labels if state.own[x] <= last_seq]
+        try:
+            checker = rulestate.restore(kept, self.header, self.prefix, order, state.own, leaf_labels, self._build_rules,
+                                        self._rules_entry)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            return None  # a state whose checksum held but whose members are not of the form
+        for eid in order[kept["entries"]:]:
+            checker.add(self.entry(eid), prefix=False)
+        return checker
+
+    def _kept_rules(self) -> dict[str, Any] | None:
+        """The rules' state to keep at close (:func:`.rulestate.capture`), when one was made,
+        standing at the head: where the next append most likely hangs."""
+        if self._checker is None:
+            return None
+        from . import rulestate
+
+        checker = self._checker
+        if self.head is not None and self.head in checker and not rulestate.stand_at(checker, self.head):
+            return None  # (the state of the last close stays: the next open feeds what came since)
+        return rulestate.capture(checker, self.header, len(self.prefix), self.state.log_order, self.state.own)
 
     @property
     def superseded_by(self) -> str | None:
@@ -896,6 +939,12 @@ class Session:
                     self.log.set_summary(self.summary().as_dict())
                 except AgentSessionError:
                     pass  # an entry that does not read: fsck's to say; the summary is rebuilt later
+                try:
+                    kept = self._kept_rules()
+                except AgentSessionError:
+                    kept = None  # an entry the move to the head reads does not: the state is rebuilt later
+                if kept is not None:
+                    self.log.set_rule_state(kept)
         finally:
             self._closed = True
             self.log.close()

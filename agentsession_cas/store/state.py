@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends.base import COMMIT_POINTS, Mark
+from ..backends.base import COMMIT_POINTS, EntryIds, Mark
 from ..format.hashing import is_hash
 from ..format.tree import head_may_rest
 
@@ -122,7 +122,7 @@ class SessionState:
             return
         entries, seqs = record["entries"], record["seqs"]
         own = dict(zip(entries, seqs))
-        if len(own) != len(entries) or not all(is_hash(e) for e in entries):
+        if len(own) != len(entries) or not (type(entries) is EntryIds or all(is_hash(e) for e in entries)):
             self.damage.append(("bad-record", f"record {i + 1}: a snapshot naming an entry twice or not by id"))
             return
         self.own, self.log_order = own, list(entries)

@@ -53,7 +53,7 @@ from typing import Any
 import blake3
 
 from ...format.canonical import canonical_bytes
-from ..base import COMMIT_POINTS
+from ..base import COMMIT_POINTS, EntryIds
 
 __all__ = [
     "Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX",
@@ -613,7 +613,7 @@ def _decode_snapshot(data: dict[str, Any]) -> dict[str, Any] | str:
         return "holds entry ids of the wrong length"
     n = len(raw) // 32
     hexed = raw.hex()
-    entries = [_HASH_PREFIX + hexed[i : i + 64] for i in range(0, 64 * n, 64)]
+    entries = EntryIds([_HASH_PREFIX + hexed[i : i + 64] for i in range(0, 64 * n, 64)])
     seqs: list[int] = []
     runs = data.get("seqs")
     if not isinstance(runs, list):

@@ -1395,6 +1395,7 @@ class _Migration:
             write_atomic(os.path.join(sdir, "log"), plan.log, durable=True)
         self._indexes(sdir, plan)
         self._remove(os.path.join(sdir, "summary"))
+        self._remove(os.path.join(sdir, "rules"))
         self._remove(os.path.join(sdir, "record"))
 
     @staticmethod

@@ -1284,6 +1284,12 @@ def repair_session(
                 if made_aside:
                     os.unlink(aside)  # type: ignore[arg-type]
                 raise StoreError(f"session {session_id} was not repaired: its log changed while the repair read it")
+            # The append rules' state stood for the old log: gone before the new one is
+            # in place, so no crash leaves it beside the log it does not describe.
+            try:
+                os.unlink(os.path.join(sdir, "rules"))
+            except FileNotFoundError:
+                pass
             os.replace(staged_log, log_path)
             fsync_dir(sdir)
         finally:

@@ -1,0 +1,577 @@
+"""The append rules' state of a session, kept beside its log so an append need not read the session (issue 11).
+
+An append is admitted only as ``verify`` would accept it, so a writer holds the
+session in the one rule set (:class:`~agentsession_cas.format.rules.SessionChecker`),
+and building that from the entries costs the whole session. :func:`capture` takes
+what the rules need to judge the *next* entries at the tip of the path they stand
+on, without the entries themselves: the tree's ids are the log's (the replay's
+``own`` and the prefix), and of the path only its depth, the calls that may still
+be named (each call id whose stack on the path holds a call without its output or
+one the open run took up), the open run, the last response, the dispatches naming
+those calls, the call ids of the session, the problems reported (each is reported
+once) and the diagnosis budget. :func:`restore` makes a :class:`RestoredChecker` of
+it, positioned at that tip.
+
+What is not kept is never guessed. The context builder's running SHA-256 cannot be
+exported, so a restored checker has none; the entries of the path above its tip
+stand as *hollow* entries. Any rule that reads what was not kept (a ``response``'s
+request hash, a compaction, a ``config``, a walk back over the path, a move to
+another branch, a call whose output came long ago) raises :class:`NeedsRebuild`
+inside the checker, which then builds the whole state from the session, as it
+always did, replays the entries it was given since it was restored (reopening the
+trials open), and answers from that: its verdicts are a rebuilt checker's by
+construction, the restored state only saves the work where it holds the answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ..format.entry import Entry, Header
+from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial
+from ..format.runs import _Call, _Event, _Run
+
+__all__ = ["NeedsRebuild", "RestoredChecker", "VERSION", "capture", "header_key", "restore", "stand_at", "usable"]
+
+#: The version of the state's form; another one is rebuilt, never read.
+VERSION = 1
+
+
+class NeedsRebuild(Exception):
+    """A rule asked a restored checker for what its state did not keep."""
+
+
+#: What a restored checker answers by rebuilding: a question its state does not hold,
+#: or a state whose checksum held but whose members are not of the form (met only
+#: where a rule reads them): never trusted, never an error of the append.
+_REBUILD = (NeedsRebuild, TypeError, KeyError, AttributeError, IndexError, ValueError)
+
+
+class _Hollow:
+    """An entry of the restored path whose members were not kept: any use of it is a
+    question the restored state cannot answer."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        raise NeedsRebuild(f"an entry of the path above the tip ({name})")
+
+    def __getitem__(self, index: Any) -> Any:
+        raise NeedsRebuild("the path above the tip")
+
+
+HOLLOW: Any = _Hollow()
+
+
+class _Partial:
+    """An entry of which the state kept the id and the members the rules read of it
+    (a run's start, the last response, a call, a link); any other member asked for
+    is a question for the rebuilt state."""
+
+    __slots__ = ("id", "_type", "_members")
+    line = None  # a stored entry was read from no file line
+
+    def __init__(self, entry_id: str, type_: str | None = None, members: Mapping[str, Any] | None = None):
+        self.id = entry_id
+        self._type = type_
+        self._members = members or {}
+
+    @property
+    def type(self) -> str:
+        if self._type is None:
+            raise NeedsRebuild(f"the type of entry {self.id}")
+        return self._type
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self._members:
+            v = self._members[key]
+            return default if v is None else v
+        raise NeedsRebuild(f"member {key} of entry {self.id}")
+
+    def __getattr__(self, name: str) -> Any:  # data, parent, ...: not kept
+        raise NeedsRebuild(f"{name} of entry {self.id}")
+
+
+_MISS = object()
+
+
+class _Restored:
+    """The test the restored containers share: is an id one of the entries the state
+    stands for (the prefix, and the own entries up to the state's last), which the
+    containers need not hold, rather than one fed since (which they do)."""
+
+    def __init__(self, fed: dict[str, Any], prefix: frozenset[str], own_seq: Mapping[str, int], last_seq: int):
+        self.fed, self.prefix, self.own_seq, self.last_seq = fed, prefix, own_seq, last_seq
+
+    def __call__(self, key: Any) -> bool:
+        if dict.__contains__(self.fed, key) or not isinstance(key, str):
+            return False
+        return self.own_seq.get(key, self.last_seq + 1) <= self.last_seq or key in self.prefix
+
+
+class _Known(dict):
+    """A map the restored checker holds for the tip and the entries fed since: a miss
+    on an entry the state stands for is a question for the rebuilt state (``what`` it
+    asked, in words)."""
+
+    restored: _Restored
+    what = "{}"
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        v = dict.get(self, key, _MISS)
+        if v is _MISS:
+            if self.restored(key):
+                raise NeedsRebuild(self.what.format(key))
+            return default
+        return v
+
+
+class _Seq(_Known):
+    """Each entry's place in the order fed (the path checker's and the walker's map):
+    an entry the state stands for is known to be there, and only the tip's place is
+    asked. Not a copy of 100,000 ids per open."""
+
+    what = "the place of {} in the order"
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or self.restored(key)
+
+    def __missing__(self, key: Any) -> Any:
+        if self.restored(key):
+            raise NeedsRebuild(self.what.format(key))
+        raise KeyError(key)
+
+
+class _Held(dict):
+    """The tree's ids (id -> the line it was read from): the entries the state stands
+    for, known from the log, and those fed since."""
+
+    restored: _Restored
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or self.restored(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        return None if self.restored(key) else default
+
+    def __len__(self) -> int:
+        raise NeedsRebuild("the number of entries")
+
+
+class _Calls(_Known):
+    """The walker's calls on the path by entry id: the kept ones and those pushed since;
+    a miss on an entry the state stands for may be a call it did not keep."""
+
+    what = "call {} on the path"
+
+    def __init__(self, items: Iterable[tuple[str, Any]], restored: _Restored):
+        super().__init__(items)
+        self.restored = restored
+
+
+class _ByCallId(dict):
+    """The call stacks on the path by call id: every stack of a call id in use kept
+    whole; a miss on a call id the session used before the tip may be one not kept."""
+
+    def __init__(self, items: Iterable[tuple[str, Any]], first_call: dict[str, Any]):
+        super().__init__(items)
+        self.first_call = first_call
+
+    def _check(self, key: Any) -> None:
+        at = dict.get(self.first_call, key)
+        if not dict.__contains__(self, key) and isinstance(at, int) and not isinstance(at, bool):
+            raise NeedsRebuild(f"the calls of call id {key!r} on the path")
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._check(key)
+        return dict.get(self, key, default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self._check(key)
+        return dict.setdefault(self, key, default)
+
+
+class _FirstCall(dict):
+    """Each call id's first function call: its place in the order for those before the
+    tip (only their ids are read, in a repeat's message), the entry for those since."""
+
+    order: list[str]
+
+    def __getitem__(self, key: Any) -> Any:
+        v = dict.__getitem__(self, key)
+        return _Partial(self.order[v], "item") if isinstance(v, int) else v
+
+
+class _OnPath(dict):
+    """The entries on the path that the state names (the dispatches of the calls kept)
+    and those pushed since; ``off`` the dispatches it knows lie elsewhere."""
+
+    def __init__(self, items: Iterable[tuple[str, Any]], off: set[str], restored: _Restored):
+        super().__init__(items)
+        self.off, self.restored = off, restored
+
+    def __contains__(self, key: object) -> bool:
+        if dict.__contains__(self, key):
+            return True
+        if key in self.off or not self.restored(key):
+            return False
+        raise NeedsRebuild(f"whether {key} is on the path")
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return dict.__getitem__(self, key) if key in self else default
+
+
+class _Parents(dict):
+    """Each entry's parent on its path: known for the entries added since the tip."""
+
+    def __missing__(self, key: Any) -> Any:
+        raise NeedsRebuild(f"the parent of {key}")
+
+
+class _NoBuilder:
+    """The context builder a restored checker does not have (its hash state cannot be
+    kept): pushes and pops go by, any question is for the rebuilt state."""
+
+    __slots__ = ()
+
+    def push(self, entry: Any) -> None:
+        pass
+
+    def pop(self) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        raise NeedsRebuild(f"the context along the path ({name})")
+
+
+class _RestoredPath(PathChecker):
+    """A :class:`PathChecker` standing at the restored tip: it moves down from there and
+    back up to it, never above it (``floor``: the depth of the tip)."""
+
+    floor = 0
+
+    def _pop(self) -> None:
+        if len(self.path) <= self.floor:
+            raise NeedsRebuild("a move above the restored tip")
+        super()._pop()
+
+    def finish(self) -> list[Any]:
+        raise NeedsRebuild("the whole session's notes")
+
+    def report(self, leaf: str | None, *, source: str = "") -> Any:
+        raise NeedsRebuild("a report of the path")
+
+
+class RestoredChecker(SessionChecker):
+    """A :class:`SessionChecker` restored from :func:`capture`'s state. Wherever that
+    state lacks an answer it becomes the checker ``rebuild`` makes (the whole session,
+    as committed: every entry added outside a trial, or in a trial committed, must be
+    in it), with the entries of the open trials added again and the trials reopened;
+    from then on it is that checker."""
+
+    _rebuild: Callable[[], SessionChecker]
+    _added: list[tuple[Entry, bool | None]]
+    _marks: list[int]
+
+    def _become(self) -> None:
+        full = self._rebuild()
+        opened = list(zip(self._marks, self._trials, strict=True))
+        k = 0
+        for i, item in enumerate([*self._added, None]):
+            while k < len(opened) and opened[k][0] == i:
+                # The caller holds the trial objects: they take the rebuilt checker's marks.
+                fresh, old = full.begin(), opened[k][1]
+                old.tree, old.path, old.problems, old.notes, old.links = (
+                    fresh.tree, fresh.path, fresh.problems, fresh.notes, fresh.links)
+                full._trials[-1] = old
+                k += 1
+            if item is not None and item[0].id not in full:  # (one committed since is in the log)
+                full.add(item[0], prefix=item[1])
+        self.__dict__.clear()
+        self.__dict__.update(full.__dict__)
+        self.__class__ = SessionChecker  # type: ignore[assignment]
+
+    def add(self, entry: Entry, *, prefix: bool | None = None) -> list[Any]:
+        try:
+            out = super().add(entry, prefix=prefix)
+        except _REBUILD:
+            self._become()
+            return self.add(entry, prefix=prefix)
+        self._added.append((entry, prefix))
+        return out
+
+    def finish(self) -> list[Any]:
+        self._become()
+        return self.finish()
+
+    def open_run(self, at: str | None | object = ...) -> OpenRun | None:
+        try:
+            return super().open_run(at)
+        except _REBUILD:
+            self._become()
+            return self.open_run(at)
+
+    @property
+    def requests(self) -> Any:
+        self._become()
+        return self.requests
+
+    def begin(self) -> Trial:
+        trial = super().begin()
+        self._marks.append(len(self._added))
+        return trial
+
+    def commit(self, trial: Trial) -> None:
+        super().commit(trial)
+        self._marks.pop()
+        if not self._marks:
+            # Kept: what ``rebuild`` builds holds it from now on (a commit of the log).
+            self._added.clear()
+
+    def rollback(self, trial: Trial) -> None:
+        try:
+            super().rollback(trial)
+        except _REBUILD:
+            self._become()
+            self.rollback(trial)
+            return
+        del self._added[self._marks.pop():]
+
+
+# ---------------------------------------------------------------------------
+# capture
+
+
+def header_key(header: Header) -> str:
+    """What ties a state to the header it was built under (``records``, ``redacted``
+    and the base are the header's): the SHA-256 of its canonical line."""
+    return hashlib.sha256(header.canonical_line()).hexdigest()
+
+
+def stand_at(checker: SessionChecker, entry_id: str) -> bool:
+    """Move ``checker``'s path to ``entry_id`` (an entry it holds), where the state is
+    then taken; False when a restored checker cannot go there without rebuilding (it is
+    then left unusable: only for a checker about to be let go)."""
+    try:
+        checker.path._goto(entry_id)
+    except _REBUILD:
+        return False
+    return True
+
+
+def _call_form(call: Any) -> list[Any]:
+    out = call.output
+    return [call.entry.id, call.call_id, call.depth, call.own, out.id if out is not None else None,
+            [[ev.kind, ev.entry.id, ev.verdict, ev.withdraws] for ev in call.events]]
+
+
+def capture(
+    checker: SessionChecker, header: Header, prefix: int, own: Sequence[str], own_seq: Mapping[str, int]
+) -> dict[str, Any] | None:
+    """The state of ``checker`` (fed the ``prefix`` entries of the prefix and exactly the
+    own entries ``own``, in log order, with no trial open) that :func:`restore` needs, as
+    a JSON object; None when there is nothing worth keeping (no own entry) or the
+    checker does not stand for that log."""
+    path = checker.path
+    if checker._trials or not own or not path.path or len(path._order) != prefix + len(own) or path._order[-1] != own[-1]:
+        return None
+    w = path.walker
+    on_path = w.on_path
+    live: set[str] = set()
+    for call in dict.values(w.calls):
+        if call.output is None:
+            live.add(call.call_id)
+    run = w.run
+    if run is not None:
+        live.update(c.call_id for c in run.calls)
+    if dict.get(w.by_call_id, ""):
+        live.add("")
+    stacks = {cid: [_call_form(c) for c in dict.get(w.by_call_id, cid) or ()] for cid in sorted(live)}
+    nodes = {}
+    for cid in live:
+        for c in dict.get(w.by_call_id, cid) or ():
+            got = w.dispatch_nodes.get(c.entry.id)
+            if got:
+                nodes[c.entry.id] = [[at, d, dict.__contains__(on_path, d)] for at, d in got]
+    last = w.last_resp[-1] if w.last_resp else None
+    last_form = None
+    if last is not None:
+        resp, depth = last
+        last_form = [resp.id, depth, resp.get("error") is not None, resp.get("incomplete") is not None,
+                     bool(w.has_calls.get(resp.id, False))]
+    run_form = None
+    if run is not None:
+        start = run.start
+        run_form = {"start": start.id, "source": start.get("source"), "run_id": start.get("run_id"), "depth": run.depth,
+                    "calls": [c.entry.id for c in run.calls], "nonempty": run.nonempty,
+                    "out_or_decision": run.out_or_decision, "takeup": list(run.takeup) if run.takeup else None}
+    seq = path.seq
+    # Two lists, not an object: a session's call ids are most of the state, and a list
+    # is written without sorting its members.
+    first = [list(dict.keys(w.first_call)), [v if isinstance(v, int) else seq[v.id] for v in dict.values(w.first_call)]]
+    tree = checker.tree
+    own_set = own_seq
+    return {
+        "version": VERSION,
+        "header": header_key(header),
+        "entries": len(own),
+        "last": own[-1],
+        "last_seq": own_seq[own[-1]],
+        "order": len(path._order),
+        "tip": path.path[-1].id,
+        "tip_at": seq[path.path[-1].id],
+        "depth": len(path.path),
+        "cut": dict(path._cut),
+        "budget": path._budget,
+        "seen": sorted([eid, code] for eid, code in path._seen),
+        "prefix_leaf_labels": sorted(x for x in tree.leaf_labels if x not in own_set),
+        "links": [[e.id, e.get("rel") if isinstance(e.get("rel"), str) else None,
+                   e.get("call_id") if isinstance(e.get("call_id"), str) else None] for e in checker._links],
+        "calls_checked": w.calls_checked,
+        "first_call": first,
+        "stacks": stacks,
+        "dispatches": nodes,
+        "open_calls": w.open_calls,
+        "run": run_form,
+        "last_response": last_form,
+    }
+
+
+# ---------------------------------------------------------------------------
+# restore
+
+
+def usable(data: Any, header: Header, own: Sequence[str], own_seq: Mapping[str, int]) -> bool:
+    """Whether a kept state stands for a prefix of this log under this header: its form's
+    version, the header's key, and its last own entry where the log has it, with the
+    same sequence number (a repaired or cut log, or another session's file, is not)."""
+    if not isinstance(data, dict) or data.get("version") != VERSION or data.get("header") != header_key(header):
+        return False
+    n, last = data.get("entries"), data.get("last")
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= len(own) or own[n - 1] != last:
+        return False
+    return own_seq.get(last) == data.get("last_seq")
+
+
+def restore(
+    data: Mapping[str, Any],
+    header: Header,
+    prefix: Sequence[str],
+    own: Sequence[str],
+    own_seq: Mapping[str, int],
+    leaf_labels: Iterable[str],
+    rebuild: Callable[[], SessionChecker],
+    loader: Callable[[str], Entry],
+) -> RestoredChecker:
+    """The checker :func:`capture`'s ``data`` stands for (checked by :func:`usable`), fed
+    the prefix and the first ``data["entries"]`` of ``own`` (the log's own entries in
+    order, ``own_seq`` their sequence numbers); the caller feeds the rest at once.
+    Raises KeyError, TypeError or ValueError on a state that is not of the form."""
+    n = data["entries"]
+    ids = [*prefix, *own[:n]]
+    count = len(ids)
+    depth, tip, tip_at = data["depth"], data["tip"], data["tip_at"]
+    if data["order"] != count or not (isinstance(tip_at, int) and 0 <= tip_at < count and ids[tip_at] == tip):
+        raise ValueError("the state counts other entries, or its tip is not one of them")
+    if not isinstance(depth, int) or depth < 1:
+        raise ValueError("the state's path has no tip")
+    for name in ("budget", "open_calls", "calls_checked"):
+        if type(data[name]) is not int:
+            raise TypeError(f"the state's {name} is not a number")
+    checker = SessionChecker(header, loader=loader)
+    checker.__class__ = RestoredChecker
+    assert isinstance(checker, RestoredChecker)
+    checker._rebuild, checker._added, checker._marks = rebuild, [], []
+    checker._links = [_Partial(i, "link", {"rel": rel, "call_id": cid}) for i, rel, cid in data["links"]]  # type: ignore[misc]
+
+    path = checker.path
+    path.__class__ = _RestoredPath
+    assert isinstance(path, _RestoredPath)
+    seq = _Seq({tip: tip_at})
+    restored = seq.restored = _Restored(seq, frozenset(prefix), own_seq, own_seq[own[n - 1]])
+    path.seq = path.walker.seq = seq
+    path._order = ids
+
+    tree: TreeState = checker.tree
+    held = _Held()
+    held.restored = _Restored(held, restored.prefix, own_seq, restored.last_seq)
+    tree.held = held
+    tree.in_prefix = False
+    tree._prefix_prev = header.base
+    tree.prefix = list(prefix[:-1])
+    if header.base is not None:
+        tree.own = set(own[:n])
+    tree.leaf_labels = set(leaf_labels) | set(data["prefix_leaf_labels"])
+
+    path.floor = depth
+    path._parent = _Parents()
+    path._cut = dict(data["cut"])
+    path._budget = data["budget"]
+    path._seen = {(eid, code) for eid, code in data["seen"]}
+    path._seen_log = sorted(path._seen)
+    path.builder = _NoBuilder()  # type: ignore[assignment]
+    tip_entry = _Partial(tip)
+    path.path = [HOLLOW] * (depth - 1) + [tip_entry]
+    path._depth = {tip: depth - 1}
+
+    w = path.walker
+    w.calls_checked = data["calls_checked"]
+    cids, places = data["first_call"]
+    if len(cids) != len(places):
+        raise ValueError("the state's call ids and places differ in number")
+    first = _FirstCall(zip(cids, places))
+    first.order = ids
+    w.first_call = first
+    w.path = [HOLLOW] * (depth - 1) + [tip_entry]
+    calls: dict[str, _Call] = {}
+    stacks: dict[str, list[_Call]] = {}
+    for cid, forms in data["stacks"].items():
+        stack = stacks[cid] = []
+        for entry_id, call_id, cdepth, own_call, output, events in forms:
+            call = _Call(_Partial(entry_id, "item"), call_id, cdepth, own_call)  # type: ignore[arg-type]
+            call.output = _Partial(output, "item") if output is not None else None  # type: ignore[assignment]
+            call.events = [_Event(kind, _Partial(eid, kind), verdict, withdraws)  # type: ignore[arg-type]
+                           for kind, eid, verdict, withdraws in events]
+            calls[entry_id] = call
+            stack.append(call)
+    w.calls = _Calls(calls.items(), restored)
+    w.by_call_id = _ByCallId(stacks.items(), first)
+    on: dict[str, Any] = {}
+    off: set[str] = set()
+    dispatches: dict[str, list[tuple[int, str]]] = {}
+    for target, nodes in data["dispatches"].items():
+        dispatches[target] = [(at, d) for at, d, _ in nodes]
+        for _, d, on_path in nodes:
+            if on_path:
+                on[d] = _Partial(d, "dispatch")
+            else:
+                off.add(d)
+    w.dispatch_nodes = dispatches
+    w.on_path = _OnPath(on.items(), off, restored)
+    w.open_calls = data["open_calls"]
+    last = data["last_response"]
+    tip_last: Any = None
+    if last is not None:
+        rid, rdepth, error, incomplete, has_calls = last
+        tip_last = (_Partial(rid, "response", {"error": True if error else None, "incomplete": True if incomplete else None}), rdepth)
+        w.has_calls[rid] = has_calls
+    w.last_resp = [HOLLOW] * (depth - 1) + [tip_last]
+    run_form = data["run"]
+    if run_form is not None:
+        run = _Run.__new__(_Run)
+        run.start = _Partial(run_form["start"], "run", {"source": run_form["source"], "run_id": run_form["run_id"]})  # type: ignore[assignment]
+        rid = run_form["run_id"]
+        run.run_id = rid if isinstance(rid, str) else None
+        run.depth = run_form["depth"]
+        run.calls = [calls[c] for c in run_form["calls"]]
+        run.call_keys = set(run_form["calls"])
+        run.nonempty = run_form["nonempty"]
+        run.out_or_decision = run_form["out_or_decision"]
+        takeup = run_form["takeup"]
+        run.takeup = (takeup[0], takeup[1]) if takeup is not None else None
+        w.run = run
+    return checker

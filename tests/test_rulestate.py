@@ -1,0 +1,345 @@
+"""The append rules' state kept beside a session's log (issue 11, store/rulestate.py).
+
+* A checker restored from the kept state gives the verdicts a checker rebuilt from
+  the entries gives, entry after entry, with trials kept and rolled back: over every
+  case file of tests/test_rules.py (together they break every rule), the reference
+  corpus and generated coding-agent sessions, cut at many points.
+* Through a store: an append after a reopen reads the state and not the session;
+  a state that is damaged, of another header, of a log repaired shorter, or left
+  half-written by a crash is not trusted (rebuilt, then written again at close);
+  one older than the log is used and the entries after it are read.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_rules import FILES
+
+from agentsession_cas import Header, make_entry, read_session_bytes
+from agentsession_cas.errors import SessionFormatError
+from agentsession_cas.format.canonical import canonical_bytes, loads
+from agentsession_cas.format.entry import Entry
+from agentsession_cas.format.rules import SessionChecker
+from agentsession_cas.store import Store, rulestate
+from agentsession_cas.store.rulestate import RestoredChecker, capture, restore, usable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
+from bench_verify import generate
+
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "sessions"
+
+
+def _sessions() -> dict[str, bytes]:
+    out = {f"case-{name}": data for name, data in FILES.items()}
+    if CORPUS.is_dir():
+        out.update({f"corpus-{p.name}": p.read_bytes() for p in sorted(CORPUS.glob("*.jsonl"))})
+    for seed in (1, 2, 3):
+        out[f"generated-{seed}"] = generate(240, seed)[0]
+    return out
+
+
+SESSIONS = _sessions()
+
+
+class _Split:
+    """A file's entries as a store holds them: no line numbers, the prefix (path to the
+    base) apart, the own entries once each."""
+
+    def __init__(self, data: bytes):
+        sf = read_session_bytes(data)
+        self.header = sf.header
+        entries = [Entry(dict(e.data), computed_id=e.computed_id, content_hash=e.content_hash) for e in sf.entries]
+        self.prefix: list[Entry] = []
+        base = self.header.base
+        if base is not None:
+            at = next(i for i, e in enumerate(entries) if e.id == base)
+            self.prefix, entries = entries[: at + 1], entries[at + 1 :]
+        seen = {e.id for e in self.prefix}
+        self.own = []
+        for e in entries:
+            if e.id not in seen:
+                seen.add(e.id)
+                self.own.append(e)
+        self.ids = [e.id for e in self.own]
+        self.seqs = {eid: i + 1 for i, eid in enumerate(self.ids)}
+        self.by_id = {e.id: e for e in [*self.prefix, *self.own]}
+
+    def build(self, upto: int) -> SessionChecker:
+        checker = SessionChecker(self.header, loader=self.by_id.__getitem__)
+        checker.add_prefix(self.prefix)
+        for e in self.own[:upto]:
+            checker.add(e, prefix=False)
+        return checker
+
+    def restored(self, upto: int, committed: list[int] | None = None) -> RestoredChecker | None:
+        """The checker restored from the state after ``upto`` entries; its rebuild builds
+        ``upto`` entries and as many more as ``committed`` counts (the log as it grows)."""
+        kept = capture(self.build(upto), self.header, len(self.prefix), self.ids[:upto], self.seqs)
+        if kept is None:
+            return None
+        kept = loads(canonical_bytes(kept))  # what a file holds
+        assert usable(kept, self.header, self.ids, self.seqs)
+        leaf = [e.id for e in self.own[:upto] if e.type == "label" and e.get("label") == "leaf"]
+        grown = committed if committed is not None else [0]
+        return restore(kept, self.header, [e.id for e in self.prefix], self.ids, self.seqs, leaf,
+                       lambda: self.build(upto + grown[0]), self.by_id.__getitem__)
+
+
+def _shown(problems: list[Any]) -> list[tuple]:
+    return [(p.code, p.severity, p.entry, p.line, p.message) for p in problems]
+
+
+def _cuts(n: int) -> list[int]:
+    if n <= 30:
+        return list(range(1, n + 1))
+    step = max(1, n // 12)
+    return sorted({*range(1, n + 1, step), n - 1, n})
+
+
+def _splits() -> list[tuple[str, _Split]]:
+    out = []
+    for name, data in SESSIONS.items():
+        try:
+            split = _Split(data)
+        except (SessionFormatError, StopIteration):
+            continue  # no entries to judge, or a base the file does not hold
+        if split.own:
+            out.append((name, split))
+    return out
+
+
+def _with_leaf_labels() -> _Split:
+    """A generated session whose head a ``leaf`` label moved back, continued from there,
+    with a label naming that label (which may not hold the head) and a fork of its own."""
+    s = _Split(generate(120, 4)[0])
+    mid, last = s.own[len(s.own) // 2], s.own[-1]
+    ts = "2026-01-01T00:00:00Z"
+    leaf = make_entry("label", last.id, ts=ts, target=mid.id, label="leaf")
+    more = make_entry("item", mid.id, ts=ts, item={"type": "message", "role": "user", "content": "again"})
+    again = make_entry("label", more.id, ts=ts, target=leaf.id, label="leaf")
+    after = make_entry("item", more.id, ts=ts, item={"type": "message", "role": "user", "content": "on"})
+    s.own += [leaf, more, again, after]
+    s.ids = [e.id for e in s.own]
+    s.seqs = {eid: i + 1 for i, eid in enumerate(s.ids)}
+    s.by_id.update((e.id, e) for e in s.own)
+    return s
+
+
+SPLITS = dict(_splits())
+SPLITS["leaf-labels"] = _with_leaf_labels()
+
+
+@pytest.mark.parametrize("name", sorted(SPLITS))
+def test_a_restored_checker_judges_as_a_rebuilt_one(name):
+    s = SPLITS[name]
+    for cut in _cuts(len(s.own)):
+        committed = [0]
+        full, restored = s.build(cut), s.restored(cut, committed)
+        assert restored is not None
+        assert restored.tree.leaf_labels == full.tree.leaf_labels
+        assert [restored.tree.head_allowed(x) for x in s.ids] == [full.tree.head_allowed(x) for x in s.ids]
+        assert restored.open_run() == full.open_run()
+        # A trial of the next entries, rolled back: both are as they were.
+        if cut < len(s.own):
+            t1, t2 = full.begin(), restored.begin()
+            for e in s.own[cut : cut + 3]:
+                assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (name, cut, e.id)
+            full.rollback(t1)
+            restored.rollback(t2)
+        for e in s.own[cut:]:
+            t1, t2 = full.begin(), restored.begin()
+            assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (name, cut, e.id)
+            full.commit(t1)
+            restored.commit(t2)
+            committed[0] += 1
+            assert restored.open_run() == full.open_run(), (name, cut, e.id)
+            assert restored.tree.leaf_labels == full.tree.leaf_labels
+            if e.type == "label":
+                assert restored.tree.head_allowed(e.get("target")) == full.tree.head_allowed(e.get("target"))
+        tree, other = restored.tree, full.tree
+        every = [*s.by_id, "sha256:" + "0" * 64]
+        assert [x in tree.held for x in every] == [x in other.held for x in every]
+        assert (tree.own, tree.in_prefix, tree.prefix) == (other.own, other.in_prefix, other.prefix)
+        # What the restored checker would keep at close is what the rebuilt one would.
+        assert capture(restored, s.header, len(s.prefix), s.ids, s.seqs) == capture(full, s.header, len(s.prefix), s.ids, s.seqs)
+
+
+def test_the_restored_state_answers_most_appends_of_a_coding_session_itself():
+    """The test above would pass were every restored checker to rebuild at once: in a
+    generated session most next entries (messages, calls, outputs, runs, dispatches)
+    are judged from the kept state alone."""
+    s = SPLITS["generated-1"]
+    kept_up = 0
+    for cut in range(1, len(s.own)):
+        restored = s.restored(cut)
+        assert restored is not None
+        restored.add(s.own[cut], prefix=False)
+        kept_up += type(restored) is RestoredChecker
+    assert kept_up > (len(s.own) - 1) * 0.6
+
+
+# ---------------------------------------------------------------------------
+# through a store
+
+
+ENTRY = {"type": "item", "item": {"type": "message", "role": "user", "content": "one more"}}
+
+
+def _recorded(root: Path, count: int = 200, seed: int = 5) -> list[Entry]:
+    sf = read_session_bytes(generate(count, seed)[0])
+    st = Store.init(str(root), sync="never")
+    s = st.create(Header(dict(sf.header.data, id="rec")))
+    for e in sf.entries:
+        s.append(e)
+    st.close()
+    return list(sf.entries)
+
+
+def _rules_file(root: Path) -> Path:
+    return root / "sessions" / "rec" / "rules"
+
+
+def _append(root: Path, entry: dict | None = None, *, expect_restored: bool) -> Any:
+    st = Store(str(root), sync="never")
+    try:
+        s = st.session("rec")
+        checker = s.rules()
+        assert (type(checker) is RestoredChecker) == expect_restored
+        return s.append(entry or ENTRY).as_dict()
+    finally:
+        st.close()
+
+
+def _without_ids(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k not in ("id", "head", "seq")}
+
+
+def test_a_reopened_session_appends_from_the_kept_state_and_keeps_it_current(tmp_path):
+    root = tmp_path / "s"
+    _recorded(root)
+    assert _rules_file(root).is_file()
+    first = _append(root, expect_restored=True)
+    assert first["outcome"] == "continued"
+    # The state written at that close stands for the log as it is now: restored again.
+    _append(root, expect_restored=True)
+    kept = loads(_rules_file(root).read_bytes().split(b" ", 1)[1])
+    st = Store(str(root), readonly=True)
+    try:
+        assert kept["entries"] == len(st.read("rec"))
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize(
+    "damage", ["flipped", "torn", "zeros", "empty", "another-header", "another-form", "bad-count", "bad-calls", "bad-run"]
+)
+def test_a_damaged_or_foreign_state_is_rebuilt_and_written_again(tmp_path, damage):
+    root = tmp_path / "s"
+    _recorded(root)
+    path = _rules_file(root)
+    raw = path.read_bytes()
+    if damage == "flipped":
+        at = len(raw) // 2
+        path.write_bytes(raw[:at] + bytes([raw[at] ^ 0x01]) + raw[at + 1 :])
+    elif damage == "torn":  # a crash while it was written, where a rename is not atomic
+        path.write_bytes(raw[: len(raw) // 3])
+    elif damage == "zeros":
+        path.write_bytes(b"\0" * len(raw))
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:
+        from agentsession_cas.backends.files.log import checksummed_line
+
+        kept = loads(raw.split(b" ", 1)[1])
+        if damage == "another-header":
+            kept["header"] = "0" * 64
+        elif damage == "another-form":
+            kept["version"] = rulestate.VERSION + 1
+        elif damage == "bad-count":  # a checksum that holds over members not of the form
+            kept["open_calls"] = "many"
+        elif damage == "bad-calls":
+            kept["first_call"] = [["call_1"], []]
+        else:
+            kept["run"] = {"start": kept["tip"]}
+        path.write_bytes(checksummed_line(canonical_bytes(kept)))
+    result = _append(root, expect_restored=False)
+    assert result["outcome"] == "continued"
+    _append(root, expect_restored=True)  # written again at that close
+
+
+def test_a_state_older_than_the_log_is_used_and_the_entries_after_it_are_read(tmp_path):
+    root = tmp_path / "s"
+    _recorded(root)
+    old = _rules_file(root).read_bytes()
+    _append(root, expect_restored=True)
+    _append(root, expect_restored=True)
+    _rules_file(root).write_bytes(old)  # as a crash before the last close wrote it leaves it
+    restored = _append(root, expect_restored=True)
+    os.remove(_rules_file(root))
+    rebuilt_root = tmp_path / "t"
+    _recorded(rebuilt_root)
+    _append(rebuilt_root, expect_restored=True)
+    _append(rebuilt_root, expect_restored=True)
+    os.remove(_rules_file(rebuilt_root))
+    rebuilt = _append(rebuilt_root, expect_restored=False)
+    assert _without_ids(restored) == _without_ids(rebuilt)
+
+
+def test_a_state_of_a_log_cut_shorter_is_not_used(tmp_path):
+    """A state naming more entries than the log holds (a log repaired or cut since) is
+    not the state of this log."""
+    root = tmp_path / "s"
+    _recorded(root, count=60)
+    kept = loads(_rules_file(root).read_bytes().split(b" ", 1)[1])
+    from agentsession_cas.backends.files.log import checksummed_line
+
+    kept["entries"] += 1
+    _rules_file(root).write_bytes(checksummed_line(canonical_bytes(kept)))
+    _append(root, expect_restored=False)
+
+
+def test_a_crash_while_the_state_is_written_leaves_the_old_one_or_none(tmp_path, monkeypatch):
+    """The state goes to a temp file renamed over ``rules``: a writer killed while it
+    writes it (forced here: the write dies after half its bytes) leaves the old state
+    or none, never a mix; the next writer opens, appends and judges as a rebuild would."""
+    import agentsession_cas.backends.files.sessions as sessions_mod
+
+    root = tmp_path / "s"
+    _recorded(root)
+    _append(root, expect_restored=True)
+    before = _rules_file(root).read_bytes()
+    real = sessions_mod.write_atomic
+
+    class Killed(BaseException):
+        pass
+
+    def dying(path: str, data: Any, *, durable: bool, tmp_dir: str | None = None) -> None:
+        if path.endswith("/rules"):
+            tmp = path + ".tmp-killed"
+            with open(tmp, "wb") as f:
+                f.write(data[: len(data) // 2])
+            raise Killed
+        real(path, data, durable=durable, tmp_dir=tmp_dir)
+
+    monkeypatch.setattr(sessions_mod, "write_atomic", dying)
+    st = Store(str(root), sync="never")
+    s = st.session("rec")
+    s.append(ENTRY)
+    with pytest.raises(Killed):
+        s.close()
+    from storetools import crash
+
+    crash(st)
+    monkeypatch.setattr(sessions_mod, "write_atomic", real)
+    assert _rules_file(root).read_bytes() == before  # the old state: older than the log now
+    restored = _append(root, expect_restored=True)
+    os.remove(_rules_file(root))
+    for leftover in _rules_file(root).parent.glob("rules.tmp-*"):
+        os.remove(leftover)
+    rebuilt = _append(root, expect_restored=False)
+    assert _without_ids(restored) == _without_ids(rebuilt)
