@@ -198,12 +198,13 @@ def settings_rows(settings: Settings) -> list[tuple[str, str]]:
     return rows
 
 
-def describe(entry: Entry, verbose: bool = False) -> str:
-    """A one-line summary of an entry, by type."""
+def describe(entry: Entry, verbose: bool = False, *, item: str | None = None) -> str:
+    """A one-line summary of an entry, by type; ``item``: an item entry's
+    :func:`describe_item`, when the caller made it already."""
     t = entry.type
     d = entry.data
     if t == "item":
-        out = describe_item(d.get("item"))
+        out = describe_item(d.get("item")) if item is None else item
         if isinstance(d.get("response"), str):
             out += f" ({d['response']})"
         if isinstance(d.get("source"), dict):

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator, Mapping
 
 import click
 
@@ -22,12 +23,14 @@ from agentsession_cas.errors import ContextError, ContinuationError
 from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
     Context,
+    ContextBuilder,
+    ContextHasher,
     build_context,
     context_hashes,
 )
 from agentsession_cas.format.entry import Entry, Header
 from agentsession_cas.format.links import callees, judges, own_entries, render_links, successor_of
-from agentsession_cas.format.reader import split_lines, verify_bytes, verify_file
+from agentsession_cas.format.reader import _Parking, split_lines, verify_bytes, verify_file
 from agentsession_cas.format.rules import RULES, VerifyReport, verify_session
 from agentsession_cas.format.runs import render_runs
 from agentsession_cas.store import Session
@@ -86,7 +89,12 @@ def _context_at(sf: SessionFile, leaf: str | None) -> tuple[Context | None, str 
         return None, str(exc)
 
 
-def _print_context(leaf: str | None, ctx: Context | None, error: str | None, context_hash: str) -> None:
+def _print_context(leaf: str | None, ctx: Context | None, error: str | None, context_hash: str,
+                   said: Mapping[str, str] | None = None, read: Callable[[], None] | None = None) -> None:
+    """The context's settings and items. ``said``: item entry id -> the
+    :func:`describe_item` of its item, made as the entry was listed (an item sent as it
+    was recorded is not read again); ``read()`` is called after any other item is read
+    (a stored session's entries, parked, are parked again)."""
     at = short_id(leaf) if leaf is not None else "the root"
     if ctx is None:
         echo(f"context at {at}: not built: {error}")
@@ -96,8 +104,19 @@ def _print_context(leaf: str | None, ctx: Context | None, error: str | None, con
     rows.append(["context hash", context_hash])
     for line in table(rows):
         echo("  " + line)
-    echo_lines(f"  {i:>3}  {short_id(entry.id)}  {describe_item(item)}"
-               for i, (item, entry) in enumerate(zip(ctx.items, ctx.item_entries), start=1))
+
+    replaced = {r.entry.id for r in ctx.replaced}
+
+    def lines() -> Iterator[str]:
+        for i, entry in enumerate(ctx.item_entries):
+            text = said.get(entry.id) if said is not None and entry.id not in replaced else None
+            if text is None:
+                text = describe_item(ctx.items[i])
+                if read is not None:
+                    read()
+            yield f"  {i + 1:>3}  {short_id(entry.id)}  {text}"
+
+    echo_lines(lines())
     echo_lines(f"  left out ({o.reason})  {short_id(o.entry.id)}  {describe_item(o.entry.get('item'))}" for o in ctx.omitted)
     for r in ctx.replaced:
         what = f"{r.parts} image part(s)" if r.reason == "images" else "its output"
@@ -328,7 +347,14 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
             say_note(str(exc))
     _print_info(session.header, False, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
     listed = _listed(n, first, last)
-    kept: list[Entry] = []  # the path's entries, which the context algorithm holds
+    # The context algorithm and the context hash take the path's entries as they are
+    # read; each is then parked (Entry.park: its objects read again from the store if
+    # the algorithm consults it or its item is printed), so what is held grows by an
+    # entry's ids, not its bytes.
+    builder, hasher = ContextBuilder(), ContextHasher()
+    said: dict[str, str] = {}  # an item entry's item described, for its row and the context's
+    store = session.store
+    parking = _Parking(lambda e: store.entry(e.id).data, lambda e: 0)
     widths = None
     if n:
         ids = outline.ids
@@ -357,30 +383,34 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
         if pos not in listed and pos not in on_path:
             continue
         e.line = pos + 2
-        if pos in on_path:
-            kept.append(e)
+        item = describe_item(e.data.get("item")) if outline.types[pos] == "item" else None
         if pos in listed and widths is not None:
             marks = _marks(outline.children.get(pos, 0), outline.labels.get(e.id), outline.converges.get(pos, 0))
-            row = _row(e, marks, verbose)
+            row = _row(e, marks, verbose, item)
             row[4] = terminal.cut(row[4], widths[4])
             rows.append(table_line(row, widths[:4]))
             if len(rows) >= _BATCH:
                 flush()
+        if pos in on_path:
+            if item is not None:
+                said[e.id] = item
+            builder.push(e)
+            if e.parent is None or e.parent in hasher:  # as context_hashes feeds them
+                hasher.feed(e)
+            if pos < n - 1:  # not the last: it may be the synthetic marker, which no store holds
+                parking.settle(e)
     flush()
     if n:
         _print_listed(len(listed), n)
     _print_leaf(leaf, None, len(path), bool(n))
     if n:
-        # Built once the path is read: feeding the builder and the hasher between the
-        # entries' parses left the long-lived entries spread over the allocator's arenas
-        # among the hashing's short-lived objects (a peak 20% higher, measured).
         try:
-            ctx, error = build_context(kept), None
+            ctx, error = builder.context(hold_items=False), None
         except ContextError as exc:
             ctx, error = None, str(exc)
-        leaf_hash = context_hashes(kept).get(leaf, NULL_CONTEXT_HASH) if leaf is not None else NULL_CONTEXT_HASH
+        leaf_hash = hasher.get(leaf) if leaf is not None and leaf in hasher else NULL_CONTEXT_HASH
         echo()
-        _print_context(leaf, ctx, error, leaf_hash)
+        _print_context(leaf, ctx, error, leaf_hash, said, parking.tidy)
 
 
 #: Rows of a stored session's listing printed at once.
@@ -439,8 +469,8 @@ def _marks(children: int, label: str | None, converges: int) -> list[str]:
     return marks
 
 
-def _row(e: Entry, marks: list[str], verbose: bool) -> list[str]:
-    summary = describe(e, verbose)
+def _row(e: Entry, marks: list[str], verbose: bool, item: str | None = None) -> list[str]:
+    summary = describe(e, verbose, item=item)
     if marks:
         summary += "  " + " ".join(marks)
     return [str(e.line), short_id(e.id), short_id(e.parent), e.type, summary]

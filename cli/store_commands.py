@@ -14,7 +14,7 @@ import re
 import stat
 import sys
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +43,7 @@ from agentsession_cas.store.url import open_store, store_url_kind
 if TYPE_CHECKING:
     from agentsession_cas.format.reader import SessionFile
 
-from agentsession_cas.progress import Progress, reported
+from agentsession_cas.progress import Progress
 
 from .common import echo, emit_json, fail, note, number, plural, table, whole_pass, write_bytes, write_stream
 from .terminal import paint, progressing, stdout_is_tty
@@ -449,15 +449,19 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
     if output is None or output == "-":
         written = [0]
 
-        def counted(lines: Iterable[bytes]) -> Iterator[bytes]:
-            for line in lines:
-                written[0] += len(line)
-                yield line
+        def joined(progress: Progress | None, total: int) -> Iterator[bytes]:
+            done = 0
+            for lines in s.projection_chunks():
+                data = b"".join(lines)
+                written[0] += len(data)
+                done += len(lines)
+                if progress is not None:
+                    progress(done, max(total, done))
+                yield data
 
         # a progress line only when the bytes go elsewhere than the terminal it is drawn on
         with progressing("exporting", "entries") as bar:
-            total = 1 + len(s.prefix) + len(s)
-            write_stream(counted(reported(s.projection_lines(), total, None if stdout_is_tty() else bar)))
+            write_stream(joined(None if stdout_is_tty() else bar, 1 + len(s.prefix) + len(s)))
         if as_json:
             _export_summary(s.id, s.head, None, written[0])
     else:

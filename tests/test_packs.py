@@ -26,7 +26,7 @@ import agentsession_cas.backends.files.packs as packs_mod
 import agentsession_cas.backends.files as store_mod
 from agentsession_cas import Header
 from agentsession_cas.errors import CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
-from agentsession_cas.format.hashing import sha256_ref
+from agentsession_cas.format.hashing import envelope_bytes, sha256_ref
 from agentsession_cas.backends.files.objects import PACK_BATCH, FileObjects
 from agentsession_cas.backends.files.packs import MAX_BLOCK, SPACE_BITS, Pack, PackSet, PackWriter
 from agentsession_cas.store import Store
@@ -1096,6 +1096,71 @@ def test_find_agrees_before_and_after_the_pack_loads_its_names_into_a_dict(root,
             assert p.read(loc) == d
     finally:
         p.close()
+
+
+def test_a_bulk_read_finds_objects_where_the_last_ones_say_and_checks_each(root, objs, monkeypatch):
+    """A bulk read looks each object up first where the one before was found plus the
+    stride between the last two (a projection's objects lie in the order asked): read in
+    the pack's order, the index is asked for only the first few, and no dict of its
+    names is built; in any other order (reversed, shuffled, every other one, another
+    space's objects between) the guesses miss and the index answers, the same bytes. A
+    guess is served only when the bytes hash to the name and are of the space asked: an
+    envelope where a content is asked for, or a slot whose bytes are not the name's, is
+    looked up instead, and a slot damaged there too is read one by one (its error)."""
+    contents = items(600, size=300)
+    envs = []
+    for _, chash, _ in contents:  # an envelope after each content, as a session is packed
+        env = envelope_bytes("item", None, None, "2026-01-01T00:00:00Z", chash)
+        envs.append(("entries", sha256_ref(env), env))
+    objs.write_pack([o for pair in zip(contents, envs) for o in pair])
+    reader = other(root)
+    try:
+        p = reader.packs.locate(contents[0][1])[0]
+        looked: list[bytes] = []
+        real_position = Pack.position
+        monkeypatch.setattr(Pack, "position", lambda self, raw: looked.append(raw) or real_position(self, raw))
+        in_order = sorted(contents, key=lambda o: tuple(p.find(o[1])))
+        looked.clear()
+        for at in range(0, len(in_order), 128):
+            chunk = in_order[at : at + 128]
+            assert reader.get_many("contents", [n for _, n, _ in chunk]) == [d for _, _, d in chunk]
+        assert len(looked) <= 3 and p._index is None, len(looked)
+        env_order = sorted(envs, key=lambda o: tuple(p.find(o[1])))
+        assert reader.get_many("entries", [n for _, n, _ in env_order]) == [d for _, _, d in env_order]
+        rng = random.Random(5)
+        shuffled = contents[:]
+        rng.shuffle(shuffled)
+        for order in (in_order[::-1], shuffled, in_order[::2], [o for pair in zip(in_order, env_order) for o in pair]):
+            reader.packs._runs.clear()
+            for space in ("contents", "entries"):
+                asked = [o for o in order if o[0] == space]
+                assert reader.get_many(space, [n for _, n, _ in asked]) == [d for _, _, d in asked]
+        # an envelope lies where a content is guessed, and is asked for as a content: not served
+        at = p.find(env_order[3][1])
+        reader.packs._runs[(p.name, SPACE_BITS["contents"])] = (p._firsts[at.block] + at.offset - 1, 1)
+        assert reader.packs.read_many([bytes.fromhex(env_order[3][1][7:])], SPACE_BITS["contents"]) == [None]
+        with pytest.raises(NoSuchObjectError):
+            reader.get_many("contents", [env_order[3][1]])
+        # a slot whose bytes are not its name's: not served from the guess nor from the index
+        reader.packs._runs.clear()
+        bad = in_order[7][1]
+        real_slot = packs_mod.PackSet._slot
+        served: list[bytes] = []
+
+        def slot(block, at):
+            data = real_slot(block, at)
+            if data == in_order[7][2]:
+                served.append(data)
+                return data[:-1] + b"!"
+            return data
+
+        monkeypatch.setattr(packs_mod.PackSet, "_slot", staticmethod(slot))
+        got = reader.packs.read_many([bytes.fromhex(n[7:]) for _, n, _ in in_order[:20]], packs_mod.SPACE_BITS["contents"])
+        assert got[7] is None and len(served) == 2, "tried at the guess, then where the index says"
+        assert got[:7] + got[8:] == [d for _, _, d in in_order[:7] + in_order[8:20]]
+        assert reader.get_many("contents", [bad]) == [in_order[7][2]]  # the one-by-one read: its own check
+    finally:
+        reader.close()
 
 
 def test_get_many_reads_each_block_once_and_verifies_each_object(root, objs, monkeypatch):

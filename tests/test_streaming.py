@@ -105,6 +105,46 @@ def test_a_projection_read_in_small_chunks_is_the_same(shapes, tmp_path, monkeyp
         assert vars(st.read(sid).projection_outline()) == outlines[sid], sid
 
 
+def test_show_of_a_stored_session_with_every_entry_parked_is_the_same(shapes, tmp_path, monkeypatch):
+    """``show`` of a stored session parks the path's entries as it lists them (their
+    objects read back from the store when the context algorithm consults one, or its item
+    is printed): with no window at all, so every look back reads a woken entry, it prints
+    what ``show`` of the exported file prints, for the shapes and the corpus's contexts
+    (a compaction's kept range and pins, omit settings that leave items out or replace
+    them); and once it is done, no entry of a long path is held whole but the last."""
+    from agentsession_cas.format import context, reader
+
+    monkeypatch.setattr(reader._Parking, "WINDOW", 0)
+    monkeypatch.setattr(reader._Parking, "WINDOW_BYTES", 0)
+    pushed: list = []
+    real_push = context.ContextBuilder.push
+
+    def push(self, entry):
+        pushed.append(entry)
+        real_push(self, entry)
+
+    monkeypatch.setattr(context.ContextBuilder, "push", push)
+    root, sids = shapes
+    held = [(root, sid) for sid in sids]
+    for name in ["compaction", "pinned", "omit", "branch", "instructions", "queued", "runs"]:
+        path = CORPUS / "sessions" / f"{name}.jsonl"
+        if path.exists():
+            with Store.init(tmp_path / name) as st:
+                held.append((tmp_path / name, st.import_file(path).id))
+    for i, (at, sid) in enumerate(held):
+        path = tmp_path / f"{i}.jsonl"
+        assert cli(at, "export", sid, "-o", str(path)).exit_code == 0
+        pushed.clear()
+        streamed = cli(at, "show", sid)
+        if i == 0:  # the benchmark's session: hundreds of entries, no omit in force
+            whole_ones = [at for at, e in enumerate(pushed) if not e.parked]
+            assert len(pushed) > 100 and whole_ones == [len(pushed) - 1], whole_ones
+        whole = cli(at, "show", str(path))
+        assert streamed.exit_code == whole.exit_code == 0, (sid, streamed.stderr)
+        assert streamed.stdout == whole.stdout, sid
+    assert len(held) > len(sids) + 3, "the corpus's contexts were shown"
+
+
 def test_show_of_a_stored_session_never_holds_the_projection(shapes, monkeypatch):
     """The text listing reads the projection line by line: it never asks for it whole."""
     root, sids = shapes

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -640,7 +640,9 @@ class Context:
     """What a model call at a point on a path receives, with where each item came from."""
 
     settings: Settings
-    items: list[Any]
+    #: A list, or with ``ContextBuilder.context(hold_items=False)`` the items read from
+    #: their entries as each is asked for (:class:`_Items`).
+    items: Sequence[Any]
     #: The entries the algorithm selected, in order: after a compaction, the compaction,
     #: then the kept entries from ``first_kept`` up to it, then everything after.
     entries: list[Entry]
@@ -673,6 +675,30 @@ class Context:
         if self.replaced:
             out["replaced"] = [r.as_dict() for r in self.replaced]
         return out
+
+
+class _Items(Sequence[Any]):
+    """A context's items read from their entries only as each is asked for: what a
+    caller that parks the path's entries (:meth:`Entry.park`) takes, so the items are
+    read back one at a time as they are used, never all held at once (``show`` of a
+    long stored session)."""
+
+    __slots__ = ("_of",)
+
+    def __init__(self, contributions: list[_Contribution]):
+        self._of = contributions
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [c.item for c in self._of[i]]
+        return self._of[i].item
+
+    def __iter__(self) -> Iterator[Any]:
+        for c in self._of:
+            yield c.item
 
 
 class _Contribution:
@@ -1071,14 +1097,19 @@ class ContextBuilder:
         c, fk = self.compaction
         return [self.path[c]] + self.path[fk:c] + self.path[c + 1 :]
 
-    def context(self, *, apply_omit: bool = True) -> Context:
+    def context(self, *, apply_omit: bool = True, hold_items: bool = True) -> Context:
         """The context at the tip of the path. Raises :class:`ContextError` when the
         last compaction's ``first_kept`` names no entry on the path before it.
         ``apply_omit=False`` gives the items the omit setting would leave out or change
-        as they are recorded (a diagnosis, not a context the format defines)."""
+        as they are recorded (a diagnosis, not a context the format defines).
+        ``hold_items=False``: the items are read from their entries as each is asked
+        for (:class:`_Items`), when no omit is in force (one is applied to all at once)."""
         if self.error is not None:
             raise ContextError(self.error)
         settings = self.settings if apply_omit else self.settings.without_omit()
+        if not hold_items and settings.omit.zero:
+            raw = list(self._raw.items)
+            return Context(self.settings, _Items(raw), self.selected_entries(), [c.entry for c in raw])
         kept, omitted, replaced = _apply_omit(self._raw.items, settings, self.index)
         return Context(
             self.settings, [item for _, item in kept], self.selected_entries(), [c.entry for c, _ in kept], omitted, replaced

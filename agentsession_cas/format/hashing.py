@@ -367,15 +367,18 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_]+")
 #: The members a line adds to its content's, in their (canonical) order.
 _LINE_NAMES = ("id", "parent", "ts", "type")
 #: Where a content's members (by their names, in order) are cut to put the line's in:
-#: [(cut, indexes into _LINE_NAMES)], a cut being b"" (before the first member), None
-#: (after the last) or the ``,"name":`` that begins a member. None for a content whose
-#: names cannot be cut at. Contents share a few shapes: kept for the first few hundred.
-_CUTS: dict[tuple[str, ...], list[tuple[bytes | None, tuple[int, ...]]] | None] = {}
+#: [(cut, lo, hi)], ``_LINE_NAMES[lo:hi]`` going in at each cut, a cut being b"" (before
+#: the first member), None (after the last) or the ``,"name":`` that begins a member.
+#: None for a content whose names cannot be cut at. Contents share a few shapes: kept
+#: for the first few hundred.
+_CUTS: dict[tuple[str, ...], list[tuple[bytes | None, int, int]] | None] = {}
 _CUTS_KEPT = 512
 
 
-def _cuts(names: tuple[str, ...]) -> list[tuple[bytes | None, tuple[int, ...]]] | None:
-    plan: list[tuple[bytes | None, tuple[int, ...]]] = []
+def _cuts(names: tuple[str, ...]) -> list[tuple[bytes | None, int, int]] | None:
+    """Where a content of these member names is cut: [(cut, lo, hi)], the line's members
+    ``_LINE_NAMES[lo:hi]`` going in at each cut, in order."""
+    plan: list[tuple[bytes | None, int, int]] = []
     at = 0
     for i, name in enumerate(_LINE_NAMES):
         # every content member that sorts before ``name`` stays before it (ASCII names
@@ -391,9 +394,9 @@ def _cuts(names: tuple[str, ...]) -> list[tuple[bytes | None, tuple[int, ...]]] 
         else:
             cut = b',"' + names[at].encode("ascii") + b'":'
         if plan and plan[-1][0] == cut:
-            plan[-1] = (cut, plan[-1][1] + (i,))
+            plan[-1] = (cut, plan[-1][1], i + 1)
         else:
-            plan.append((cut, (i,)))
+            plan.append((cut, i, i + 1))
     return plan
 
 
@@ -403,8 +406,9 @@ def _line_of_bytes(entry_id: str, content: bytes, envelope: bytes, body: Any) ->
     the content's member names (from ``body``, the content parsed, or
     :data:`_UNPARSED`) say where each of the line's members goes, before the first
     content member that sorts after it, found by its ``,"name":`` where that occurs
-    once in the content. None when a name is not plain or occurs more than once (the
-    caller encodes around the parse instead)."""
+    once in the content; the envelope's members that go in together are copied as one
+    piece. None when a name is not plain or occurs more than once (the caller encodes
+    around the parse instead)."""
     if body is _UNPARSED:
         try:
             body = json.loads(content)
@@ -421,15 +425,11 @@ def _line_of_bytes(entry_id: str, content: bytes, envelope: bytes, body: Any) ->
             _CUTS[names] = plan
     if plan is None:
         return None
-    ts = envelope.find(b',"ts":"')
-    type_ = envelope.find(b',"type":"', ts)
-    if ts < 0 or type_ < 0:
-        return None
-    members = (b'"id":"' + entry_id.encode("ascii") + b'"', envelope[:ts], envelope[ts + 1 : type_], envelope[type_ + 1 :])
     inner = content[1:-1]
     pieces = []
     at = 0  # where in ``inner`` the members not yet copied begin
-    for cut_at, put in plan:
+    ts = type_ = -1  # where the envelope's ts and type begin, found when a cut falls between
+    for cut_at, lo, hi in plan:
         if cut_at is None:
             cut = len(inner)
         elif not cut_at:
@@ -441,7 +441,21 @@ def _line_of_bytes(entry_id: str, content: bytes, envelope: bytes, body: Any) ->
         if cut > at:
             pieces.append(inner[at:cut])
             at = cut + 1 if cut < len(inner) else cut  # past the comma before the member
-        pieces.extend([members[i] for i in put])
+        if lo == 0:
+            pieces.append(b'"id":"' + entry_id.encode("ascii") + b'"')
+            lo = 1
+        if lo == hi:
+            continue
+        if lo == 1 and hi == 4:
+            pieces.append(envelope)  # parent, ts and type together: the envelope's bytes as they are
+            continue
+        if ts < 0:
+            ts = envelope.find(b',"ts":"')
+            type_ = envelope.find(b',"type":"', ts)
+            if ts < 0 or type_ < 0:
+                return None
+        bounds = (0, 0, ts + 1, type_ + 1, len(envelope) + 1)
+        pieces.append(envelope[bounds[lo] : bounds[hi] - 1])
     if at < len(inner):
         pieces.append(inner[at:])
     return b"{" + b",".join(pieces) + b"}\n"

@@ -395,6 +395,11 @@ class _Parking:
             old, n = recent.popleft()
             self._bytes -= n
             old.park(self._wake)
+        self.tidy()
+
+    def tidy(self) -> None:
+        """Park again what woke since the last call (what a rule, or a caller printing
+        the entries' items, read back)."""
         if self._woken:
             for e in self._woken:
                 if not e.parked:

@@ -396,13 +396,19 @@ class Session:
         while it goes is bounded by the session's entry count, not its bytes: each
         entry's id and parent (for the resume rule, which decides the synthetic marker at
         the end), and a ``label`` entry's members."""
-        yield self.header.canonical_line()
+        for lines in self.projection_chunks():
+            yield from lines
+
+    def projection_chunks(self) -> Iterator[list[bytes]]:
+        """:meth:`projection_lines` a chunk of lines at a time (what the walk reads at
+        once): for a writer that joins them, without a step per line."""
+        yield [self.header.canonical_line()]
         walk = _ProjectionWalk(self)
         for chunk in walk.chunks(contents=True):
-            yield from lines_from_objects(chunk)  # type: ignore[arg-type]  # every content read
+            yield lines_from_objects(chunk)  # type: ignore[arg-type]  # every content read
         marker = walk.marker()
         if marker is not None:
-            yield marker.canonical_line()
+            yield [marker.canonical_line()]
 
     def projection_entries(self) -> Iterator[Entry]:
         """The entries of :meth:`projection_lines`, each what parsing its line gives

@@ -1065,6 +1065,9 @@ class PackSet:
         #: Packs found unreadable when listed (name -> why); skipped by reads.
         self.bad: dict[str, str] = {}
         self._lock = threading.RLock()
+        #: (pack, space bits) -> (the ordinal of the object a bulk read found last, the
+        #: stride between the last two): where :meth:`read_many` looks first.
+        self._runs: dict[tuple[str, int], tuple[int, int]] = {}
 
     def refresh(self, *, force: bool = False) -> bool:
         """List the directory again if it changed; True when the set changed."""
@@ -1125,34 +1128,56 @@ class PackSet:
 
     def read_many(self, raws: list[bytes], bits: int) -> list[bytes | None]:
         """Each object's bytes (by raw name) as a pack holds it in a space of ``bits``,
-        or None (held by no pack of the current format, or its block unreadable: the
-        caller's one-object read then says why). Not checked against the names: the
-        caller does that. What a projection reads: one lookup and one slice per object,
-        each block taken from the cache or decompressed once per call however many of
-        its objects are asked (a session's objects lie in the order they are asked)."""
+        checked against its name, or None (held by no pack of the current format, its
+        block unreadable, or its bytes not its name: the caller's one-object read then
+        says why). What a projection reads: its objects lie in the order they are
+        asked, a stride apart (an entry's content, then its envelope), so each one is
+        first looked for where the one before was found plus that stride (kept from one
+        call to the next), the guess proved by the hash every object is checked against
+        anyway, and looked up in the index only when it misses; each block is taken from
+        the cache or decompressed once per call however many of its objects are asked."""
         if self._seen is None:
             self.refresh()
         out: list[bytes | None] = [None] * len(raws)
         left: Sequence[int] = range(len(raws))
+        sha256 = hashlib.sha256
         for pack in self.packs:
             if not left:
                 break
             if pack.version != 2:
                 continue  # the first format's objects are read one by one
-            # as find does: a dict of the index's names once a pack is asked often, else a
-            # binary search a name (a small session's export in a big store builds no dict)
-            index = pack._index
-            if index is None:
-                pack._finds += len(left)
-                if pack._finds > pack.DICT_AFTER:
-                    index = pack.index()
             m, where_at = pack._map, pack._where_at
             firsts, nslots, nblocks = pack._firsts, pack.slots, pack.nblocks
+            last, stride = self._runs.get((pack.name, bits), (-1, 0))
             missed = []
+            unread: set[int] = set()  # blocks that could not be read: tried once for all their objects
             lo = hi = 0  # the ordinals [lo, hi) of the block at hand
             block: Block | None = None
             for i in left:
-                j = index.get(raws[i]) if index is not None else pack.position(raws[i])
+                raw = raws[i]
+                data = None
+                guess = last + stride
+                if stride and 0 <= guess < nslots:
+                    if not lo <= guess < hi:
+                        b = bisect_right(firsts, guess) - 1
+                        lo, hi = firsts[b], (firsts[b + 1] if b + 1 < nblocks else nslots)
+                        block = self._block_or_none(pack, b, unread)
+                    if block is not None and guess - lo < len(block.kinds):
+                        data = self._slot(block, guess - lo)
+                        if data is not None and (sha256(data).digest() != raw or not _in_space(block.kinds[guess - lo], data, bits)):
+                            data = None
+                if data is not None:
+                    last = guess
+                    out[i] = data
+                    continue
+                # as find does: a dict of the index's names once a pack is asked often, else a
+                # binary search a name (a small session's export in a big store builds no dict)
+                index = pack._index
+                if index is None:
+                    pack._finds += 1
+                    if pack._finds > pack.DICT_AFTER:
+                        index = pack.index()
+                j = index.get(raw) if index is not None else pack.position(raw)
                 if j is None:
                     missed.append(i)
                     continue
@@ -1161,32 +1186,44 @@ class PackSet:
                     missed.append(i)
                     continue
                 ordinal = w >> 3
+                if ordinal >= nslots:
+                    continue  # names no block
+                if last >= 0:
+                    stride = ordinal - last
+                last = ordinal
                 if not lo <= ordinal < hi:
-                    if ordinal >= nslots:
-                        continue  # names no block
                     b = bisect_right(firsts, ordinal) - 1
                     lo, hi = firsts[b], (firsts[b + 1] if b + 1 < nblocks else nslots)
-                    try:
-                        got: Block | _FlatBlock | None = self._block(pack, b)
-                    except (CorruptPackError, OSError):
-                        got = None  # tried once for all its objects; each one's own read says why
-                    block = got if isinstance(got, Block) else None
-                    if block is not None:
-                        kinds, starts, ends, stream = block.kinds, block.starts, block.ends, block.stream
-                if block is None:
+                    block = self._block_or_none(pack, b, unread)
+                if block is None or ordinal - lo >= len(block.kinds):
                     continue
-                slot = ordinal - lo
-                if slot >= len(kinds):
-                    continue
-                if kinds[slot] == KIND_PLAIN:
-                    out[i] = stream[starts[slot] : ends[slot]]
-                else:
-                    try:
-                        out[i] = block.object(slot)
-                    except CorruptPackError:
-                        pass
+                data = self._slot(block, ordinal - lo)
+                if data is not None and sha256(data).digest() == raw:
+                    out[i] = data
+            self._runs[(pack.name, bits)] = (last, stride)
             left = missed
         return out
+
+    def _block_or_none(self, pack: Pack, block_no: int, unread: set[int]) -> Block | None:
+        """:meth:`_block` for a bulk read: None for a block that cannot be read (tried once
+        a call, for all its objects; each one's own read says why) or of the first format."""
+        if block_no in unread:
+            return None
+        try:
+            got: Block | _FlatBlock = self._block(pack, block_no)
+        except (CorruptPackError, OSError):
+            unread.add(block_no)
+            return None
+        return got if isinstance(got, Block) else None
+
+    @staticmethod
+    def _slot(block: Block, slot: int) -> bytes | None:
+        if block.kinds[slot] == KIND_PLAIN:
+            return block.stream[block.starts[slot] : block.ends[slot]]
+        try:
+            return block.object(slot)
+        except CorruptPackError:
+            return None
 
     def _block(self, pack: Pack, block_no: int) -> Block | _FlatBlock:
         """A block through the cache (read and kept when it is not there)."""
@@ -1209,6 +1246,17 @@ class PackSet:
         self.packs = []
         self._cache.clear()
         self._seen = None
+
+
+_ENVELOPE_HEAD = b'{"content":"'
+
+
+def _in_space(kind: int, data: bytes, bits: int) -> bool:
+    """Whether an object found where a bulk read guessed it is of a space of ``bits``, by
+    :func:`_spaces_of`'s rule with its test cut to the bytes' first member (an envelope's
+    ``content``, which no content holds): a guess is proved by the name, this is the rest."""
+    env = kind == KIND_ENVELOPE or data.startswith(_ENVELOPE_HEAD)
+    return bool(bits & (SPACE_BITS["entries"] if env else SPACE_BITS["contents"] | SPACE_BITS["blobs"]))
 
 
 def _spaces_of(kind: int, data: bytes) -> int:
