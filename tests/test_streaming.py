@@ -119,9 +119,9 @@ def test_show_of_a_stored_session_with_every_entry_parked_is_the_same(shapes, tm
     pushed: list = []
     real_push = context.ContextBuilder.push
 
-    def push(self, entry):
+    def push(self, entry, t=None):
         pushed.append(entry)
-        real_push(self, entry)
+        real_push(self, entry, t)
 
     monkeypatch.setattr(context.ContextBuilder, "push", push)
     root, sids = shapes

@@ -238,7 +238,7 @@ class _NoBuilder:
 
     __slots__ = ()
 
-    def push(self, entry: Any) -> None:
+    def push(self, entry: Any, t: Any = None) -> None:  # as ContextBuilder.push is called
         pass
 
     def pop(self) -> None:
