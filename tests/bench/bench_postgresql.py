@@ -59,7 +59,6 @@ from bench_verify import generate  # noqa: E402
 import agentsession_cas  # noqa: E402
 from agentsession_cas import Header  # noqa: E402
 from agentsession_cas.backends.postgresql.database import parse_url  # noqa: E402
-from agentsession_cas.backends.postgresql.objects import decode  # noqa: E402
 from agentsession_cas.store import Store  # noqa: E402
 from agentsession_cas.store.url import open_store  # noqa: E402
 
@@ -279,10 +278,11 @@ def _objects_variant(url: str, label: str, settings: list[str]) -> int:
         for st in settings:
             c.execute(st.format(table="objects_variant").encode())
         rows = c.execute("SELECT space, hash, codec, data FROM objects").fetchall()
-        with c.cursor() as cur, cur.copy("COPY objects_variant (space, hash, data) FROM STDIN (FORMAT BINARY)") as cp:
+        with open_store(url, readonly=True) as st, c.cursor() as cur, \
+                cur.copy("COPY objects_variant (space, hash, data) FROM STDIN (FORMAT BINARY)") as cp:
             cp.set_types(["int2", "bytea", "bytea"])
             for space, raw, codec, data in rows:
-                cp.write_row((space, raw, decode(codec, bytes(data))))
+                cp.write_row((space, raw, st.backend.objects.codecs.decode(codec, bytes(data))))
         c.execute("VACUUM ANALYZE objects_variant")
         size = int(c.execute("SELECT pg_total_relation_size('objects_variant')").fetchone()[0])
         c.execute("DROP TABLE objects_variant")

@@ -9,10 +9,10 @@ exclusively for an instant before it reads the logs, so every write that
 touched an object before then is committed and visible to it, and every write
 after it stamps a ``born`` the sweep's cut-off excludes.
 
-Objects are stored compressed (a zstd frame, one per object) where that makes
-them smaller, since PostgreSQL's own TOAST compression only looks at rows over
-about 2 kB and most objects are smaller; every read decompresses and hashes
-what it returns against the name. A reader that walks a session's entries in
+Objects are stored compressed where that makes them smaller (:mod:`.compression`:
+PostgreSQL's own TOAST compression only looks at rows over about 2 kB and most
+objects are smaller); every read decompresses and hashes what it returns
+against the name. A reader that walks a session's entries in
 order (a projection, an export) is served by a read-ahead: the first miss
 fetches the next entries of the order the session registered and their
 contents in two queries, and each is verified as it is served.
@@ -22,96 +22,31 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
-
-import zstandard
 
 from ...errors import CorruptObjectError, NoSuchObjectError
 from ...format.canonical import loads
 from ...format.hashing import envelope_content
 from ..base import ObjectStore, Space
-from .schema import SPACE_CODES, sound
+from .compression import Compression
+from .schema import REPLACE, SPACE_CODES, sound
 
 if TYPE_CHECKING:
     from . import PostgresBackend
 
-__all__ = ["PgObjects", "raw_hash", "hash_name", "envelope_parents", "encode", "decode", "copy_rows"]
+__all__ = ["PgObjects", "raw_hash", "hash_name", "envelope_parents", "copy_rows"]
 
 _PREFIX = "sha256:"
 _BATCH = 500
-#: Objects shorter than this are stored as they are (a frame would not pay).
-COMPRESS_FROM = 96
-#: Objects from which a batch is compressed in one call, on every core.
-MULTI_FROM = 64
 #: Rows from which a write goes through COPY rather than one statement per row.
 COPY_FROM = 64
 #: Entries a read-ahead fetches at once (with their contents).
 READ_AHEAD = 1000
 _SOUND = sound("objects")
 
-_UPSERT = (
-    "INSERT INTO objects (space, hash, codec, sum, data) VALUES (%s, %s, %s, %s, %s) "
-    "ON CONFLICT (space, hash) DO UPDATE SET born = clock_timestamp(), "
-    f"codec = CASE WHEN {_SOUND} THEN objects.codec ELSE EXCLUDED.codec END, "
-    f"sum = CASE WHEN {_SOUND} THEN objects.sum ELSE EXCLUDED.sum END, "
-    f"data = CASE WHEN {_SOUND} THEN objects.data ELSE EXCLUDED.data END"
-)
-_codecs = threading.local()
-
-
-def _compressor() -> Any:
-    c = getattr(_codecs, "c", None)
-    if c is None:
-        c = _codecs.c = zstandard.ZstdCompressor(level=3)
-    return c
-
-
-def encode(raw: bytes, data: bytes) -> tuple[int, bytes, bytes]:
-    """(codec, stored bytes, their SHA-256) for an object named ``raw``. Bytes that do not
-    hash to their name (a corrupt put) are stored as they are, where the server sees it."""
-    return encode_many([(raw, data)])[0]
-
-
-def encode_many(objects: Sequence[tuple[bytes, bytes]]) -> list[tuple[int, bytes, bytes]]:
-    """:func:`encode` of many (name, bytes) pairs. Many are compressed in one call that
-    runs zstd on every core without the GIL (an import's batch: the thread that stores
-    the batch before goes on meanwhile); the frames are the same as one at a time."""
-    todo = [i for i, (raw, data) in enumerate(objects)
-            if len(data) >= COMPRESS_FROM and hashlib.sha256(data).digest() == raw]
-    frames: dict[int, bytes] = {}
-    if todo:
-        compressor = _compressor()
-        if len(todo) >= MULTI_FROM and hasattr(compressor, "multi_compress_to_buffer"):
-            done = compressor.multi_compress_to_buffer([objects[i][1] for i in todo], threads=-1)
-            frames = {i: done[k].tobytes() for k, i in enumerate(todo)}
-        else:
-            frames = {i: compressor.compress(objects[i][1]) for i in todo}
-    out = []
-    for i, (_, data) in enumerate(objects):
-        frame = frames.get(i)
-        if frame is not None and len(frame) < len(data) - 16:
-            out.append((1, frame, hashlib.sha256(frame).digest()))
-        else:
-            out.append((0, data, hashlib.sha256(data).digest()))
-    return out
-
-
-def decode(codec: int, stored: bytes) -> bytes | None:
-    """The object's bytes from a row; None when they cannot be had (a damaged frame)."""
-    if codec == 0:
-        return stored
-    if codec == 1:
-        d = getattr(_codecs, "d", None)
-        if d is None:
-            d = _codecs.d = zstandard.ZstdDecompressor()
-        try:
-            return bytes(d.decompress(stored))
-        except zstandard.ZstdError:
-            return None
-    return None
+_UPSERT = f"INSERT INTO objects (space, hash, codec, data) VALUES (%s, %s, %s, %s) ON CONFLICT (space, hash) DO UPDATE SET {REPLACE}"
 _EDGE = "INSERT INTO edges (parent, child, first) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
 
 
@@ -176,7 +111,7 @@ def envelope_parents(env: bytes) -> list[tuple[bytes, bool]]:
 
 
 #: What :func:`object_rows` makes: the ``objects`` rows and the ``edges`` rows.
-Encoded = tuple[list[tuple[int, bytes, int, bytes, bytes]], list[tuple[bytes, bytes, bool]]]
+Encoded = tuple[list[tuple[int, bytes, int, bytes]], list[tuple[bytes, bytes, bool]]]
 
 
 def _batches(items: Iterable[tuple[Space, str, bytes]]) -> Iterator[list[tuple[Space, str, bytes]]]:
@@ -193,9 +128,9 @@ def _batches(items: Iterable[tuple[Space, str, bytes]]) -> Iterator[list[tuple[S
         yield batch
 
 
-def object_rows(items: Iterable[tuple[Space, str, bytes]]) -> Encoded:
-    """The ``objects`` rows (space, hash, codec, sum, data) and ``edges`` rows (parent,
-    child, first) of some objects (a name that is no hash: NoSuchObjectError)."""
+def object_rows(items: Iterable[tuple[Space, str, bytes]], codecs: Compression) -> Encoded:
+    """The ``objects`` rows (space, hash, codec, data) and ``edges`` rows (parent, child,
+    first) of some objects (a name that is no hash: NoSuchObjectError)."""
     rows: dict[tuple[int, bytes], bytes] = {}  # one row per object: an upsert may not meet one twice
     edges: dict[tuple[bytes, bytes], bool] = {}
     for space, name, data in items:
@@ -205,8 +140,8 @@ def object_rows(items: Iterable[tuple[Space, str, bytes]]) -> Encoded:
         rows[(SPACE_CODES[space], raw)] = bytes(data)
         if space == "entries":
             edges.update(((p, raw), first) for p, first in envelope_parents(data))
-    coded = encode_many([(raw, data) for (_, raw), data in rows.items()])
-    out = [(code, raw, codec, digest, stored) for ((code, raw), _), (codec, stored, digest) in zip(rows.items(), coded)]
+    coded = codecs.encode_many([(code, raw, data) for (code, raw), data in rows.items()])
+    out = [(code, raw, codec, stored) for (code, raw), (codec, stored) in zip(rows, coded)]
     return out, [(p, c, first) for (p, c), first in edges.items()]
 
 
@@ -214,6 +149,7 @@ class PgObjects(ObjectStore):
     def __init__(self, backend: PostgresBackend):
         self.backend = backend
         self.db = backend.db
+        self.codecs = Compression(backend.db)
         self._order: dict[str, int] = {}
         self._sequence: list[str] = []
         self._ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
@@ -236,7 +172,7 @@ class PgObjects(ObjectStore):
 
     def write_rows(self, conn: Any, items: Iterable[tuple[Space, str, bytes]]) -> None:
         """Store objects inside the caller's transaction (barrier taken)."""
-        self.write_encoded(conn, object_rows(items))
+        self.write_encoded(conn, object_rows(items, self.codecs))
 
     def write_encoded(self, conn: Any, encoded: Encoded) -> None:
         """Store rows :func:`object_rows` made, inside the caller's transaction (barrier
@@ -251,12 +187,12 @@ class PgObjects(ObjectStore):
                     cur.executemany(_EDGE, edges)
             return
         conn.execute("CREATE TEMPORARY TABLE IF NOT EXISTS incoming_objects "
-                     "(space smallint, hash bytea, codec smallint, sum bytea, data bytea) ON COMMIT DELETE ROWS")
+                     "(space smallint, hash bytea, codec smallint, data bytea) ON COMMIT DELETE ROWS")
         conn.execute("CREATE TEMPORARY TABLE IF NOT EXISTS incoming_edges (parent bytea, child bytea, first boolean) "
                      "ON COMMIT DELETE ROWS")
-        copy_rows(conn, "incoming_objects (space, hash, codec, sum, data)", ["int2", "bytea", "int2", "bytea", "bytea"], rows)
+        copy_rows(conn, "incoming_objects (space, hash, codec, data)", ["int2", "bytea", "int2", "bytea"], rows)
         copy_rows(conn, "incoming_edges (parent, child, first)", ["bytea", "bytea", "bool"], edges)
-        conn.execute(_UPSERT.replace("VALUES (%s, %s, %s, %s, %s)", "SELECT * FROM incoming_objects"))
+        conn.execute(_UPSERT.replace("VALUES (%s, %s, %s, %s)", "SELECT * FROM incoming_objects"))
         conn.execute("INSERT INTO edges (parent, child, first) SELECT * FROM incoming_edges ON CONFLICT DO NOTHING")
 
     def get(self, space: Space, name: str) -> bytes:
@@ -275,7 +211,7 @@ class PgObjects(ObjectStore):
                 row = (int(rows[0][0]), bytes(rows[0][1])) if rows else None
         if row is None:
             raise NoSuchObjectError(f"no {space} object {name} in {self.backend.describe()}")
-        data = decode(*row)
+        data = self.codecs.decode(*row)
         if data is None or raw != hashlib.sha256(data).digest():
             raise CorruptObjectError(
                 f"corrupt object: {space} object {name} does not hash to its name (in {self.where(space, name)})",
@@ -392,7 +328,7 @@ class PgObjects(ObjectStore):
             [packed(chunk)], binary=True,
         ):
             row = (int(codec), bytes(data))
-            env = decode(*row)
+            env = self.codecs.decode(*row)
             # Kept decompressed (codec 0): get() verifies it without decompressing it again.
             ahead[("entries", hash_name(bytes(raw)))] = row if env is None else (0, env)
             c = envelope_content(env) if env is not None else None
@@ -441,7 +377,9 @@ class PgObjects(ObjectStore):
         held: Encoded | None = None
         try:
             for batch in _batches(items):
-                encoded = object_rows(batch)
+                if held is None:  # the first batch: a sample to train the dictionaries on
+                    self._train(batch)
+                encoded = object_rows(batch, self.codecs)
                 if held is not None:
                     if pool is None:
                         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-pg-put")
@@ -456,6 +394,13 @@ class PgObjects(ObjectStore):
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
+
+    def _train(self, batch: list[tuple[Space, str, bytes]]) -> None:
+        """Train each space's dictionary on the batch's objects of that space, where the
+        store has none yet and the batch brings enough (:mod:`.compression`)."""
+        for space, code in SPACE_CODES.items():
+            if space != "blobs":  # media: each its own format, little to share
+                self.codecs.train(code, [data for sp, _, data in batch if sp == space])
 
     def _put_batch(self, encoded: Encoded, *, durable: bool) -> None:
         with self.db.conn() as c, c.transaction():

@@ -59,8 +59,8 @@ _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _APPEND_NAME = b"agentsession_append_records"
 _APPEND_SQL = (
     b"SELECT append_records($1::bigint, $2::bigint, $3::integer, $4::text, $5::text, $6::boolean, $7::bigint, "
-    b"$8::smallint[], $9::bytea[], $10::smallint[], $11::bytea[], $12::bytea[], $13::bytea[], $14::bytea[], "
-    b"$15::boolean[], $16::text[], $17::integer[], $18::bytea[], $19::bytea[], $20::text[])"
+    b"$8::smallint[], $9::bytea[], $10::smallint[], $11::bytea[], $12::bytea[], $13::bytea[], "
+    b"$14::boolean[], $15::text[], $16::integer[], $17::bytea[], $18::bytea[], $19::text[])"
 )
 #: SQLSTATE of a statement name the connection has not prepared (a connection's first append).
 _NOT_PREPARED = b"26000"
@@ -199,13 +199,13 @@ class PgSessionLog(SessionLog):
         head, mark = indexes_after(records, self.head, self.mark)
         rows = log_rows(self.key, self.last_pos, records)
         end = self.last_pos + len(rows)
-        orows, erows = object_rows(_objects_of(records))
+        orows, erows = object_rows(_objects_of(records), self.backend.objects.codecs)
         cols = list(zip(*rows))
         try:
             done = _call_append(conn, [_text(v) for v in (
                 self.key, self.fence, self.last_pos, head, mark, not durable, self.backend.db.lock_key("sweep"),
                 int_array(r[0] for r in orows), bytea_array(r[1] for r in orows), int_array(r[2] for r in orows),
-                bytea_array(r[3] for r in orows), bytea_array(r[4] for r in orows),
+                bytea_array(r[3] for r in orows),
                 bytea_array(e[0] for e in erows), bytea_array(e[1] for e in erows), bool_array(e[2] for e in erows),
                 text_array(cols[2]), int_array(cols[3]), bytea_array(cols[4]), bytea_array(cols[5]), text_array(cols[6]))])
             if not done:
