@@ -282,9 +282,13 @@ class PgObjects(ObjectStore):
             if start + READ_AHEAD < len(self._sequence):
                 self._prefetch(start + READ_AHEAD)
         else:
+            # Each step one lookup in the edges' index (an envelope has one ``parent``): the
+            # ORDER BY ... LIMIT 1 keeps that plan where the table has no statistics yet (a
+            # join the planner may choose then scans the table once per step).
             rows = self.db.query(
                 "WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
-                "SELECT e.parent, up.n + 1 FROM up JOIN edges e ON e.child = up.h AND e.first WHERE up.n < %s) "
+                "SELECT p.parent, up.n + 1 FROM up, LATERAL (SELECT e.parent FROM edges e "
+                "WHERE e.child = up.h AND e.first ORDER BY e.child LIMIT 1) p WHERE up.n < %s) "
                 "SELECT h FROM up", [raw_hash(name), READ_AHEAD], binary=True)
             ahead = self._fetch([bytes(r[0]) for r in rows])
         behind = self._behind
