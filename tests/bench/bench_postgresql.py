@@ -301,9 +301,11 @@ def bench_size(files_root: str, pg_url: str, entries: list, leaf: str, forks: in
         st.pack()
     f_size = _du(files_root)
     p_size = _schema_bytes(pg_url)
-    count, stored, zstd = _sql(pg_url, "SELECT count(*), sum(octet_length(data)), count(*) FILTER (WHERE codec = 1) FROM objects")[0]
+    count, stored, zstd, zdict = _sql(pg_url, "SELECT count(*), sum(octet_length(data)), count(*) FILTER (WHERE codec = 1), "
+                                              "count(*) FILTER (WHERE codec = 2) FROM objects")[0]
     objects_size = int(_sql(pg_url, "SELECT pg_total_relation_size('objects')")[0][0])
-    say(f"    objects: {int(count):,}, {zstd:,} of them stored as zstd frames, {_mb(int(stored))} stored")
+    say(f"    objects: {int(count):,}, {zdict:,} of them stored as zstd frames made with the store's dictionaries, "
+        f"{zstd:,} as frames of their own, {_mb(int(stored))} stored")
     say(f"    files packed {_mb(f_size)}; PostgreSQL schema {_mb(p_size)} (objects table with its TOAST and indexes {_mb(objects_size)})")
     _, schema = parse_url(pg_url)
     tables = _sql(pg_url, "SELECT c.relname, pg_table_size(c.oid), pg_indexes_size(c.oid) FROM pg_class c "

@@ -196,11 +196,29 @@ class PgObjects(ObjectStore):
         conn.execute("INSERT INTO edges (parent, child, first) SELECT * FROM incoming_edges ON CONFLICT DO NOTHING")
 
     def get(self, space: Space, name: str) -> bytes:
-        raw = raw_hash(name)
-        row = self._ahead.pop((space, name), None)
+        key = (space, name)
+        row = self._ahead.pop(key, None)
         if row is None and self._behind:
-            row = self._behind.pop((space, name), None)
-        if row is None and raw is not None:
+            row = self._behind.pop(key, None)
+        if row is None:
+            row = self._miss(space, name)
+        data = row[1] if row[0] == 0 else self.codecs.decode(*row)
+        # A row came by its name's 32 bytes, so the name is ``sha256:`` and 64 hex digits.
+        if data is None or hashlib.sha256(data).hexdigest() != name[7:]:
+            raise CorruptObjectError(
+                f"corrupt object: {space} object {name} does not hash to its name (in {self.where(space, name)})",
+                space=space, name=name, path=self.where(space, name),
+            )
+        if space == "entries":
+            self._served(name, data)
+        return data
+
+    def _miss(self, space: Space, name: str) -> tuple[int, bytes]:
+        """The row of an object the read-ahead did not hold: read ahead from it where a walk
+        goes on there, else read it alone; NoSuchObjectError when the table lacks it."""
+        raw = raw_hash(name)
+        row = None
+        if raw is not None:
             up = space == "entries" and self._parent_of_last_is(name)
             if up or (space == "entries" and self._walks_forward(name)):
                 self._read_ahead(name, up=up)
@@ -211,15 +229,7 @@ class PgObjects(ObjectStore):
                 row = (int(rows[0][0]), bytes(rows[0][1])) if rows else None
         if row is None:
             raise NoSuchObjectError(f"no {space} object {name} in {self.backend.describe()}")
-        data = self.codecs.decode(*row)
-        if data is None or raw != hashlib.sha256(data).digest():
-            raise CorruptObjectError(
-                f"corrupt object: {space} object {name} does not hash to its name (in {self.where(space, name)})",
-                space=space, name=name, path=self.where(space, name),
-            )
-        if space == "entries":
-            self._served(name, data)
-        return data
+        return row
 
     # -- the read-ahead ------------------------------------------------------------------
 
@@ -321,30 +331,30 @@ class PgObjects(ObjectStore):
             return None
 
     def _fetch(self, chunk: list[bytes | None]) -> dict[tuple[Space, str], tuple[int, bytes]]:
-        """Envelopes named in ``chunk`` and their contents, as rows (two queries). Runs on
-        the reader's thread or the worker's; every row is verified when served."""
+        """Envelopes named in ``chunk`` and their contents, as rows (two queries), each
+        decompressed here (a batch at once, on the worker while the reader works) and kept
+        as codec 0, so get() only verifies it; a row that does not decompress is kept as
+        it is, for get() to refuse. Runs on the reader's thread or the worker's."""
         ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
         contents: list[bytes] = []
-        # Binary results: bytea in text would travel as hex, twice its size, encoded by the
-        # server and decoded here.
-        for raw, codec, data in self.db.query(
-            f"SELECT hash, codec, data FROM objects WHERE space = 0 AND {IN_PACKED}",
-            [packed(chunk)], binary=True,
-        ):
-            row = (int(codec), bytes(data))
-            env = self.codecs.decode(*row)
-            # Kept decompressed (codec 0): get() verifies it without decompressing it again.
-            ahead[("entries", hash_name(bytes(raw)))] = row if env is None else (0, env)
-            c = envelope_content(env) if env is not None else None
+        for raw, env in self._rows(0, chunk):
+            ahead[("entries", hash_name(raw))] = env
+            c = envelope_content(env[1]) if env[0] == 0 else None
             if c is not None and (craw := raw_hash(c)) is not None:
                 contents.append(craw)
         if contents:
-            for raw, codec, data in self.db.query(
-                f"SELECT hash, codec, data FROM objects WHERE space = 1 AND {IN_PACKED}",
-                [packed(contents)], binary=True,
-            ):
-                ahead[("contents", hash_name(bytes(raw)))] = (int(codec), bytes(data))
+            for raw, row in self._rows(1, contents):
+                ahead[("contents", hash_name(raw))] = row
         return ahead
+
+    def _rows(self, space: int, hashes: Sequence[bytes | None]) -> list[tuple[bytes, tuple[int, bytes]]]:
+        """(hash, row) of the objects of ``space`` named, decompressed where they can be."""
+        # Binary results: bytea in text would travel as hex, twice its size, encoded by the
+        # server and decoded here.
+        rows = [(bytes(raw), int(codec), bytes(data)) for raw, codec, data in self.db.query(
+            f"SELECT hash, codec, data FROM objects WHERE space = %s AND {IN_PACKED}", [space, packed(hashes)], binary=True)]
+        plain = self.codecs.decode_many([(codec, data) for _, codec, data in rows])
+        return [(raw, (codec, data) if out is None else (0, out)) for (raw, codec, data), out in zip(rows, plain)]
 
     def close(self) -> None:
         """Wait for a chunk the worker is fetching (before the pool closes)."""
