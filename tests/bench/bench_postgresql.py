@@ -200,43 +200,51 @@ def bench_appends(files_root: str, pg_url: str, server: pg_server.PgServer, bodi
 # 2, 3. import and export
 
 
-def _import(target: str, data: bytes) -> tuple[float, str]:
+def _import(target: str, data: bytes, server: pg_server.PgServer | None = None) -> tuple[float, float, str]:
+    """(seconds, CPU seconds of this process and the server, session id)."""
     with open_store(target, sync="never") as st:
         gc.collect()
-        t0 = time.perf_counter()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), _server_cpu(server)
         sid = st.import_bytes(data, source="<bench>").id
-        return time.perf_counter() - t0, sid
+        return time.perf_counter() - t0, time.process_time() - c0 + _server_cpu(server) - s0, sid
 
 
-def _export(target: str, sid: str) -> tuple[float, bytes]:
+def _export(target: str, sid: str, server: pg_server.PgServer | None = None) -> tuple[float, float, bytes]:
+    """(seconds, CPU seconds of this process and the server, the projection)."""
     with open_store(target, readonly=True) as st:
         gc.collect()
-        t0 = time.perf_counter()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), _server_cpu(server)
         snap = st.read(sid)
         out = snap.projection()
         snap.close()
-        return time.perf_counter() - t0, out
+        return time.perf_counter() - t0, time.process_time() - c0 + _server_cpu(server) - s0, out
 
 
-def bench_import_export(files_root: str, pg_url: str, data: bytes, res: Results) -> str:
+def bench_import_export(files_root: str, pg_url: str, server: pg_server.PgServer, data: bytes, res: Results) -> str:
     say(f"\n[2,3] import and export of the {len(data) / 1e6:.1f} MB session")
     Store.init(files_root).close()
-    f_imp, sid = _import(files_root, data)
-    p_imp, sid2 = _import(pg_url, data)
+    f_imp, f_icpu, sid = _import(files_root, data)
+    p_imp, p_icpu, sid2 = _import(pg_url, data, server)
     if sid != sid2:
         raise BenchError("the two stores imported different session ids")
-    f_times, p_times = [], []
+    f_times, p_times, f_cpus, p_cpus = [], [], [], []
     for _ in range(EXPORT_ROUNDS):  # alternating: the machine's load moves between them
-        f_exp, f_out = _export(files_root, sid)
-        p_exp, p_out = _export(pg_url, sid)
+        f_exp, f_cpu, f_out = _export(files_root, sid)
+        p_exp, p_cpu, p_out = _export(pg_url, sid, server)
         if f_out != data or p_out != data:
             raise BenchError("an export did not give back the imported bytes")
         f_times.append(f_exp)
         p_times.append(p_exp)
+        f_cpus.append(f_cpu)
+        p_cpus.append(p_cpu)
     f_exp, p_exp = statistics.median(f_times), statistics.median(p_times)
     say(f"    import: files {f_imp:.2f} s, PostgreSQL {p_imp:.2f} s; export (median of {EXPORT_ROUNDS}, alternating): "
         f"files {f_exp:.2f} s, PostgreSQL {p_exp:.2f} s (rounds: files {', '.join(f'{t:.2f}' for t in f_times)}; "
         f"PostgreSQL {', '.join(f'{t:.2f}' for t in p_times)}; each byte-identical to the file imported)")
+    # CPU (this process, and the server's processes for PostgreSQL): what the machine's load moves least.
+    f_ecpu, p_ecpu = statistics.median(f_cpus), statistics.median(p_cpus)
+    say(f"    CPU: import files {f_icpu:.2f} s, PostgreSQL {p_icpu:.2f} s ({p_icpu / f_icpu:.2f} x); export (medians) "
+        f"files {f_ecpu:.2f} s, PostgreSQL {p_ecpu:.2f} s ({p_ecpu / f_ecpu:.2f} x), the server's included")
     res.add("import time, PostgreSQL / files", p_imp / f_imp, f"<= {TARGET_IMPORT}", p_imp / f_imp <= TARGET_IMPORT)
     res.add("export time, PostgreSQL / files", p_exp / f_exp, f"<= {TARGET_EXPORT}", p_exp / f_exp <= TARGET_EXPORT)
     return sid
@@ -374,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             pg_url = server.store_url("session")
             open_store(pg_url, create=True).close()
             files_root = os.path.join(tmp, "files-session")
-            bench_import_export(files_root, pg_url, data, res)
+            bench_import_export(files_root, pg_url, server, data, res)
             if "size" in benches:
                 bench_size(files_root, pg_url, entries, leaf, forks, args.seed, res)
     except BenchError as exc:
