@@ -22,6 +22,7 @@ from agentsession_cas import Header, read_session_bytes
 from agentsession_cas.backends import SCHEMES, open_backend, store_url_kind
 from agentsession_cas.backends.postgresql import PostgresBackend, literals, migrate_store, schema
 from agentsession_cas.backends.postgresql import maintenance as pg_maintenance
+from agentsession_cas.backends.postgresql import objects as pg_objects
 from agentsession_cas.backends.postgresql.database import parse_url, public_url
 from agentsession_cas.errors import (
     CorruptObjectError,
@@ -518,6 +519,19 @@ def test_a_big_import_trains_dictionaries_and_every_row_reads_with_the_one_it_na
         with pytest.raises(CorruptObjectError):
             other.read("big").projection()
         assert {p.code for p in fsck(other).errors} >= {"corrupt-object"}
+
+
+def test_the_walk_up_the_edges_uses_their_index_on_a_table_with_no_statistics(store, url, tmp_path):
+    """A fork's prefix is read up the edges a step at a time; on a store just imported,
+    whose tables autovacuum has not analysed, that is still an index lookup a step (a join
+    the planner chose there scanned the whole table once per step)."""
+    sql(url, "ALTER TABLE edges SET (autovacuum_enabled = false)")
+    s, ids = chain(store, "long", n=3000)
+    s.close()
+    assert sql(url, "SELECT reltuples FROM pg_class WHERE oid = 'edges'::regclass") == [(-1.0,)]  # never analysed
+    plan = "\n".join(r[0] for r in sql(url, "EXPLAIN " + pg_objects.WALK_UP, [bytes.fromhex(ids[-1][7:]), 1000]))
+    assert "Index Scan" in plan and "Seq Scan on edges" not in plan, plan
+    assert len(sql(url, pg_objects.WALK_UP, [bytes.fromhex(ids[-1][7:]), 1000])) == 1000
 
 
 def test_fsck_checks_rows_against_the_log_and_the_edges(store, url):

@@ -46,6 +46,14 @@ COPY_FROM = 64
 READ_AHEAD = 1000
 _SOUND = sound("objects")
 
+#: An entry and its ancestors up the ``parent`` edges, at most %s of them: each step one
+#: lookup in the edges' index (an envelope has one ``parent``). The ORDER BY ... LIMIT 1
+#: keeps that plan where the table has no statistics yet; a join, which the planner may
+#: choose then, scans the table once per step.
+WALK_UP = ("WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
+           "SELECT p.parent, up.n + 1 FROM up, LATERAL (SELECT e.parent FROM edges e "
+           "WHERE e.child = up.h AND e.first ORDER BY e.child LIMIT 1) p WHERE up.n < %s) "
+           "SELECT h FROM up")
 _UPSERT = f"INSERT INTO objects (space, hash, codec, data) VALUES (%s, %s, %s, %s) ON CONFLICT (space, hash) DO UPDATE SET {REPLACE}"
 _EDGE = "INSERT INTO edges (parent, child, first) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
 
@@ -292,14 +300,7 @@ class PgObjects(ObjectStore):
             if start + READ_AHEAD < len(self._sequence):
                 self._prefetch(start + READ_AHEAD)
         else:
-            # Each step one lookup in the edges' index (an envelope has one ``parent``): the
-            # ORDER BY ... LIMIT 1 keeps that plan where the table has no statistics yet (a
-            # join the planner may choose then scans the table once per step).
-            rows = self.db.query(
-                "WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
-                "SELECT p.parent, up.n + 1 FROM up, LATERAL (SELECT e.parent FROM edges e "
-                "WHERE e.child = up.h AND e.first ORDER BY e.child LIMIT 1) p WHERE up.n < %s) "
-                "SELECT h FROM up", [raw_hash(name), READ_AHEAD], binary=True)
+            rows = self.db.query(WALK_UP, [raw_hash(name), READ_AHEAD], binary=True)
             ahead = self._fetch([bytes(r[0]) for r in rows])
         behind = self._behind
         behind.update(self._ahead)
