@@ -22,6 +22,7 @@ from agentsession_cas import Header, read_session_bytes
 from agentsession_cas.backends import SCHEMES, open_backend, store_url_kind
 from agentsession_cas.backends.postgresql import PostgresBackend, literals, migrate_store, schema
 from agentsession_cas.backends.postgresql import maintenance as pg_maintenance
+from agentsession_cas.backends.postgresql import objects as pg_objects
 from agentsession_cas.backends.postgresql.database import parse_url, public_url
 from agentsession_cas.errors import (
     CorruptObjectError,
@@ -36,6 +37,7 @@ from agentsession_cas.exchange import operations as ex
 from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.maintenance.repair import plan_repair, repair_session
 from agentsession_cas.store import Store
+from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store
 from agentsession_cli.main import main
 
@@ -151,6 +153,68 @@ def test_migrate_upgrades_in_one_transaction_and_says_so_first(store, url, monke
     assert json.loads(r.output)["status"] == "current"
 
 
+def _catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """What a schema's tables, indexes and function are, as the server's catalog says
+    (the schema's name left out), for comparing two stores' schemas."""
+    _, name = parse_url(url)
+    return {
+        "columns": sorted(sql(url, "SELECT table_name, column_name, data_type, is_nullable, column_default "
+                                   "FROM information_schema.columns WHERE table_schema = %s", [name])),
+        "indexes": sorted((t, i, d.replace(name, "S")) for t, i, d in sql(
+            url, "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = %s", [name])),
+        "functions": [tuple(str(v).replace(name, "S") for v in row) for row in sql(
+            url, "SELECT proname, pg_get_function_identity_arguments(p.oid), prosrc, proconfig "
+                 "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE nspname = %s", [name])],
+    }
+
+
+def test_migrate_upgrades_a_version_1_store_with_data_in_it(store, url, tmp_path):
+    """A store made by version 1's statements (tests/pg_schema_v1.py) and holding sessions, a
+    fork and a ref is refused until migrated; the upgrade says its statements first, runs
+    them in one transaction, and leaves a schema the same as a new store's, whose every
+    session reads as before, takes appends and forks, and passes fsck."""
+    import pg_schema_v1
+
+    s, ids = chain(store, "s1", n=6)
+    s.close()
+    f = store.fork("s1", ids[3], session_id="f1")
+    f.append(msg("forked"))
+    f.close()
+    Refs(store).update("main", "s1", expected=None)
+    store.import_bytes((FIXTURES / "branches.jsonl").read_bytes(), source="branches")
+    before = {sid: store.read(sid).projection() for sid in store.list()}
+    old = pg_server.fresh_schema("pg_v1")
+    _, src = parse_url(url)
+    _, dst = parse_url(old)
+    sql(old, f"CREATE SCHEMA {dst}")
+    for statement in pg_schema_v1.STATEMENTS:
+        sql(old, statement.format(schema=dst))
+    sql(old, "INSERT INTO meta (key, value) VALUES ('version', %s)", [str(pg_schema_v1.VERSION)])
+    # The rows as version 1 kept them: every object with the ``sum`` of its stored bytes.
+    sql(old, f"INSERT INTO objects (space, hash, codec, sum, data, born) "
+             f"SELECT space, hash, codec, sha256(data), data, born FROM {src}.objects")
+    for table in ("edges", "sessions", "log", "log_aside", "refs", "remotes", "holds"):
+        sql(old, f"INSERT INTO {table} SELECT * FROM {src}.{table}")
+    sql(old, "SELECT setval('sessions_key_seq', (SELECT max(key) FROM sessions)), setval('holds_id_seq', (SELECT max(id) FROM holds))")
+    assert sql(old, "SELECT count(*) FROM objects WHERE codec = 2") == [(0,)]  # version 1 had no codec 2
+    with pytest.raises(LayoutError, match="agentsession migrate"):
+        open_store(old)
+    r = run(["migrate", "--dry-run"], old)
+    assert r.exit_code == 0 and "DROP COLUMN sum" in r.output and "CREATE TABLE" in r.output, r.output
+    assert sql(old, "SELECT value FROM meta WHERE key = 'version'") == [("1",)]
+    r = run(["migrate"], old)
+    assert r.exit_code == 0 and f"from schema version 1 to {schema.SCHEMA_VERSION}" in r.output, r.output
+    assert _catalog(old) == _catalog(url)
+    with open_store(old) as st:
+        assert {sid: st.read(sid).projection() for sid in st.list()} == before
+        assert Refs(st).resolve("main") == "s1"
+        w = st.session("s1")
+        w.append(msg("after the upgrade"))
+        w.close()
+        st.fork("s1", ids[5], session_id="f2").close()
+        assert fsck(st).ok
+
+
 def test_cli_init_creates_then_finds(url):
     r = run(["init", "--json"], url)
     assert r.exit_code == 0 and json.loads(r.output)["created"] is True
@@ -215,7 +279,7 @@ def test_the_append_function_sets_asynchronous_commit_for_its_own_transaction_on
     assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
     with conn.transaction(force_rollback=True):
         conn.execute("SELECT append_records(%s::bigint, %s::bigint, %s::integer, NULL, 'record', true, 0, "
-                     "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')", [key, s.log.fence, last_pos])
+                     "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')", [key, s.log.fence, last_pos])
         assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
     assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
 
@@ -424,6 +488,50 @@ def test_put_many_is_durable_when_it_returns_though_its_first_batches_commit_asy
         assert sql(url, "SELECT codec, count(*) FROM objects GROUP BY codec") == [(1, 390)]
     finally:
         server.remove()
+
+
+def test_a_big_import_trains_dictionaries_and_every_row_reads_with_the_one_it_names(store, url, tmp_path):
+    """An import big enough to sample trains a zstd dictionary per space (codec 2), stored
+    before any row uses it; another handle reads the rows with it, appends after it use
+    it, and a row whose dictionary is gone is corrupt, never served."""
+    files = Store.init(str(tmp_path / "files"), sync="never")
+    s = files.create(Header.new("big"))
+    for i in range(1100):
+        s.append(msg(f"message {i}: " + " ".join(f"word{(i * 7 + k) % 97}" for k in range(12 + i % 9))))
+    s.close()
+    data = files.read("big").projection()
+    files.close()
+    store.import_bytes(data, source="big", record=True).close()
+    dicts = sql(url, "SELECT space, id FROM dictionaries ORDER BY space")
+    assert [space for space, _ in dicts] == [0, 1]
+    codecs = dict(sql(url, "SELECT codec, count(*) FROM objects GROUP BY codec"))
+    assert codecs.get(2, 0) > 2000 and codecs.get(1, 0) == 0, codecs
+    with open_store(url) as other:
+        assert other.read("big").projection() == data
+        w = other.session("big")
+        eid = w.append(msg("after the dictionary: " + "word " * 20)).id
+        w.close()
+    env = sql(url, "SELECT codec FROM objects WHERE space = 0 AND hash = %s", [bytes.fromhex(eid[7:])])
+    assert env == [(2,)]
+    assert fsck(store).ok
+    sql(url, "DELETE FROM dictionaries WHERE space = 1")
+    with open_store(url, readonly=True) as other:
+        with pytest.raises(CorruptObjectError):
+            other.read("big").projection()
+        assert {p.code for p in fsck(other).errors} >= {"corrupt-object"}
+
+
+def test_the_walk_up_the_edges_uses_their_index_on_a_table_with_no_statistics(store, url, tmp_path):
+    """A fork's prefix is read up the edges a step at a time; on a store just imported,
+    whose tables autovacuum has not analysed, that is still an index lookup a step (a join
+    the planner chose there scanned the whole table once per step)."""
+    sql(url, "ALTER TABLE edges SET (autovacuum_enabled = false)")
+    s, ids = chain(store, "long", n=3000)
+    s.close()
+    assert sql(url, "SELECT reltuples FROM pg_class WHERE oid = 'edges'::regclass") == [(-1.0,)]  # never analysed
+    plan = "\n".join(r[0] for r in sql(url, "EXPLAIN " + pg_objects.WALK_UP, [bytes.fromhex(ids[-1][7:]), 1000]))
+    assert "Index Scan" in plan and "Seq Scan on edges" not in plan, plan
+    assert len(sql(url, pg_objects.WALK_UP, [bytes.fromhex(ids[-1][7:]), 1000])) == 1000
 
 
 def test_fsck_checks_rows_against_the_log_and_the_edges(store, url):

@@ -59,7 +59,6 @@ from bench_verify import generate  # noqa: E402
 import agentsession_cas  # noqa: E402
 from agentsession_cas import Header  # noqa: E402
 from agentsession_cas.backends.postgresql.database import parse_url  # noqa: E402
-from agentsession_cas.backends.postgresql.objects import decode  # noqa: E402
 from agentsession_cas.store import Store  # noqa: E402
 from agentsession_cas.store.url import open_store  # noqa: E402
 
@@ -201,43 +200,51 @@ def bench_appends(files_root: str, pg_url: str, server: pg_server.PgServer, bodi
 # 2, 3. import and export
 
 
-def _import(target: str, data: bytes) -> tuple[float, str]:
+def _import(target: str, data: bytes, server: pg_server.PgServer | None = None) -> tuple[float, float, str]:
+    """(seconds, CPU seconds of this process and the server, session id)."""
     with open_store(target, sync="never") as st:
         gc.collect()
-        t0 = time.perf_counter()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), _server_cpu(server)
         sid = st.import_bytes(data, source="<bench>").id
-        return time.perf_counter() - t0, sid
+        return time.perf_counter() - t0, time.process_time() - c0 + _server_cpu(server) - s0, sid
 
 
-def _export(target: str, sid: str) -> tuple[float, bytes]:
+def _export(target: str, sid: str, server: pg_server.PgServer | None = None) -> tuple[float, float, bytes]:
+    """(seconds, CPU seconds of this process and the server, the projection)."""
     with open_store(target, readonly=True) as st:
         gc.collect()
-        t0 = time.perf_counter()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), _server_cpu(server)
         snap = st.read(sid)
         out = snap.projection()
         snap.close()
-        return time.perf_counter() - t0, out
+        return time.perf_counter() - t0, time.process_time() - c0 + _server_cpu(server) - s0, out
 
 
-def bench_import_export(files_root: str, pg_url: str, data: bytes, res: Results) -> str:
+def bench_import_export(files_root: str, pg_url: str, server: pg_server.PgServer, data: bytes, res: Results) -> str:
     say(f"\n[2,3] import and export of the {len(data) / 1e6:.1f} MB session")
     Store.init(files_root).close()
-    f_imp, sid = _import(files_root, data)
-    p_imp, sid2 = _import(pg_url, data)
+    f_imp, f_icpu, sid = _import(files_root, data)
+    p_imp, p_icpu, sid2 = _import(pg_url, data, server)
     if sid != sid2:
         raise BenchError("the two stores imported different session ids")
-    f_times, p_times = [], []
+    f_times, p_times, f_cpus, p_cpus = [], [], [], []
     for _ in range(EXPORT_ROUNDS):  # alternating: the machine's load moves between them
-        f_exp, f_out = _export(files_root, sid)
-        p_exp, p_out = _export(pg_url, sid)
+        f_exp, f_cpu, f_out = _export(files_root, sid)
+        p_exp, p_cpu, p_out = _export(pg_url, sid, server)
         if f_out != data or p_out != data:
             raise BenchError("an export did not give back the imported bytes")
         f_times.append(f_exp)
         p_times.append(p_exp)
+        f_cpus.append(f_cpu)
+        p_cpus.append(p_cpu)
     f_exp, p_exp = statistics.median(f_times), statistics.median(p_times)
     say(f"    import: files {f_imp:.2f} s, PostgreSQL {p_imp:.2f} s; export (median of {EXPORT_ROUNDS}, alternating): "
         f"files {f_exp:.2f} s, PostgreSQL {p_exp:.2f} s (rounds: files {', '.join(f'{t:.2f}' for t in f_times)}; "
         f"PostgreSQL {', '.join(f'{t:.2f}' for t in p_times)}; each byte-identical to the file imported)")
+    # CPU (this process, and the server's processes for PostgreSQL): what the machine's load moves least.
+    f_ecpu, p_ecpu = statistics.median(f_cpus), statistics.median(p_cpus)
+    say(f"    CPU: import files {f_icpu:.2f} s, PostgreSQL {p_icpu:.2f} s ({p_icpu / f_icpu:.2f} x); export (medians) "
+        f"files {f_ecpu:.2f} s, PostgreSQL {p_ecpu:.2f} s ({p_ecpu / f_ecpu:.2f} x), the server's included")
     res.add("import time, PostgreSQL / files", p_imp / f_imp, f"<= {TARGET_IMPORT}", p_imp / f_imp <= TARGET_IMPORT)
     res.add("export time, PostgreSQL / files", p_exp / f_exp, f"<= {TARGET_EXPORT}", p_exp / f_exp <= TARGET_EXPORT)
     return sid
@@ -279,10 +286,11 @@ def _objects_variant(url: str, label: str, settings: list[str]) -> int:
         for st in settings:
             c.execute(st.format(table="objects_variant").encode())
         rows = c.execute("SELECT space, hash, codec, data FROM objects").fetchall()
-        with c.cursor() as cur, cur.copy("COPY objects_variant (space, hash, data) FROM STDIN (FORMAT BINARY)") as cp:
+        with open_store(url, readonly=True) as st, c.cursor() as cur, \
+                cur.copy("COPY objects_variant (space, hash, data) FROM STDIN (FORMAT BINARY)") as cp:
             cp.set_types(["int2", "bytea", "bytea"])
             for space, raw, codec, data in rows:
-                cp.write_row((space, raw, decode(codec, bytes(data))))
+                cp.write_row((space, raw, st.backend.objects.codecs.decode(codec, bytes(data))))
         c.execute("VACUUM ANALYZE objects_variant")
         size = int(c.execute("SELECT pg_total_relation_size('objects_variant')").fetchone()[0])
         c.execute("DROP TABLE objects_variant")
@@ -301,9 +309,11 @@ def bench_size(files_root: str, pg_url: str, entries: list, leaf: str, forks: in
         st.pack()
     f_size = _du(files_root)
     p_size = _schema_bytes(pg_url)
-    count, stored, zstd = _sql(pg_url, "SELECT count(*), sum(octet_length(data)), count(*) FILTER (WHERE codec = 1) FROM objects")[0]
+    count, stored, zstd, zdict = _sql(pg_url, "SELECT count(*), sum(octet_length(data)), count(*) FILTER (WHERE codec = 1), "
+                                              "count(*) FILTER (WHERE codec = 2) FROM objects")[0]
     objects_size = int(_sql(pg_url, "SELECT pg_total_relation_size('objects')")[0][0])
-    say(f"    objects: {int(count):,}, {zstd:,} of them stored as zstd frames, {_mb(int(stored))} stored")
+    say(f"    objects: {int(count):,}, {zdict:,} of them stored as zstd frames made with the store's dictionaries, "
+        f"{zstd:,} as frames of their own, {_mb(int(stored))} stored")
     say(f"    files packed {_mb(f_size)}; PostgreSQL schema {_mb(p_size)} (objects table with its TOAST and indexes {_mb(objects_size)})")
     _, schema = parse_url(pg_url)
     tables = _sql(pg_url, "SELECT c.relname, pg_table_size(c.oid), pg_indexes_size(c.oid) FROM pg_class c "
@@ -372,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             pg_url = server.store_url("session")
             open_store(pg_url, create=True).close()
             files_root = os.path.join(tmp, "files-session")
-            bench_import_export(files_root, pg_url, data, res)
+            bench_import_export(files_root, pg_url, server, data, res)
             if "size" in benches:
                 bench_size(files_root, pg_url, entries, leaf, forks, args.seed, res)
     except BenchError as exc:

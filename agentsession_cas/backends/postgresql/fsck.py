@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ...maintenance.check import check_sessions
 from ...store.state import replay
 from ..base import FsckReport
-from .objects import decode, envelope_parents, hash_name
+from .objects import envelope_parents, hash_name
 from .schema import SPACE_CODES
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def fsck_walk(backend: PostgresBackend, store: Any, *, progress: Callable[[str],
         for space, raw, codec, stored in cur:
             raw, name, sp = bytes(raw), hash_name(bytes(raw)), _SPACES[space]
             counts[sp] = counts.get(sp, 0) + 1
-            data = decode(int(codec), bytes(stored))
+            data = backend.objects.codecs.decode(int(codec), bytes(stored))
             if data is None or hashlib.sha256(data).digest() != raw:
                 report.add("error", "corrupt-object", f"{sp} object {name} does not hash to its name",
                            object=name, space=sp, file="objects")

@@ -9,10 +9,10 @@ exclusively for an instant before it reads the logs, so every write that
 touched an object before then is committed and visible to it, and every write
 after it stamps a ``born`` the sweep's cut-off excludes.
 
-Objects are stored compressed (a zstd frame, one per object) where that makes
-them smaller, since PostgreSQL's own TOAST compression only looks at rows over
-about 2 kB and most objects are smaller; every read decompresses and hashes
-what it returns against the name. A reader that walks a session's entries in
+Objects are stored compressed where that makes them smaller (:mod:`.compression`:
+PostgreSQL's own TOAST compression only looks at rows over about 2 kB and most
+objects are smaller); every read decompresses and hashes what it returns
+against the name. A reader that walks a session's entries in
 order (a projection, an export) is served by a read-ahead: the first miss
 fetches the next entries of the order the session registered and their
 contents in two queries, and each is verified as it is served.
@@ -22,96 +22,39 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
-
-import zstandard
 
 from ...errors import CorruptObjectError, NoSuchObjectError
 from ...format.canonical import loads
 from ...format.hashing import envelope_content
 from ..base import ObjectStore, Space
-from .schema import SPACE_CODES, sound
+from .compression import Compression
+from .schema import REPLACE, SPACE_CODES, sound
 
 if TYPE_CHECKING:
     from . import PostgresBackend
 
-__all__ = ["PgObjects", "raw_hash", "hash_name", "envelope_parents", "encode", "decode", "copy_rows"]
+__all__ = ["PgObjects", "raw_hash", "hash_name", "envelope_parents", "copy_rows"]
 
 _PREFIX = "sha256:"
 _BATCH = 500
-#: Objects shorter than this are stored as they are (a frame would not pay).
-COMPRESS_FROM = 96
-#: Objects from which a batch is compressed in one call, on every core.
-MULTI_FROM = 64
 #: Rows from which a write goes through COPY rather than one statement per row.
 COPY_FROM = 64
 #: Entries a read-ahead fetches at once (with their contents).
 READ_AHEAD = 1000
 _SOUND = sound("objects")
 
-_UPSERT = (
-    "INSERT INTO objects (space, hash, codec, sum, data) VALUES (%s, %s, %s, %s, %s) "
-    "ON CONFLICT (space, hash) DO UPDATE SET born = clock_timestamp(), "
-    f"codec = CASE WHEN {_SOUND} THEN objects.codec ELSE EXCLUDED.codec END, "
-    f"sum = CASE WHEN {_SOUND} THEN objects.sum ELSE EXCLUDED.sum END, "
-    f"data = CASE WHEN {_SOUND} THEN objects.data ELSE EXCLUDED.data END"
-)
-_codecs = threading.local()
-
-
-def _compressor() -> Any:
-    c = getattr(_codecs, "c", None)
-    if c is None:
-        c = _codecs.c = zstandard.ZstdCompressor(level=3)
-    return c
-
-
-def encode(raw: bytes, data: bytes) -> tuple[int, bytes, bytes]:
-    """(codec, stored bytes, their SHA-256) for an object named ``raw``. Bytes that do not
-    hash to their name (a corrupt put) are stored as they are, where the server sees it."""
-    return encode_many([(raw, data)])[0]
-
-
-def encode_many(objects: Sequence[tuple[bytes, bytes]]) -> list[tuple[int, bytes, bytes]]:
-    """:func:`encode` of many (name, bytes) pairs. Many are compressed in one call that
-    runs zstd on every core without the GIL (an import's batch: the thread that stores
-    the batch before goes on meanwhile); the frames are the same as one at a time."""
-    todo = [i for i, (raw, data) in enumerate(objects)
-            if len(data) >= COMPRESS_FROM and hashlib.sha256(data).digest() == raw]
-    frames: dict[int, bytes] = {}
-    if todo:
-        compressor = _compressor()
-        if len(todo) >= MULTI_FROM and hasattr(compressor, "multi_compress_to_buffer"):
-            done = compressor.multi_compress_to_buffer([objects[i][1] for i in todo], threads=-1)
-            frames = {i: done[k].tobytes() for k, i in enumerate(todo)}
-        else:
-            frames = {i: compressor.compress(objects[i][1]) for i in todo}
-    out = []
-    for i, (_, data) in enumerate(objects):
-        frame = frames.get(i)
-        if frame is not None and len(frame) < len(data) - 16:
-            out.append((1, frame, hashlib.sha256(frame).digest()))
-        else:
-            out.append((0, data, hashlib.sha256(data).digest()))
-    return out
-
-
-def decode(codec: int, stored: bytes) -> bytes | None:
-    """The object's bytes from a row; None when they cannot be had (a damaged frame)."""
-    if codec == 0:
-        return stored
-    if codec == 1:
-        d = getattr(_codecs, "d", None)
-        if d is None:
-            d = _codecs.d = zstandard.ZstdDecompressor()
-        try:
-            return bytes(d.decompress(stored))
-        except zstandard.ZstdError:
-            return None
-    return None
+#: An entry and its ancestors up the ``parent`` edges, at most %s of them: each step one
+#: lookup in the edges' index (an envelope has one ``parent``). The ORDER BY ... LIMIT 1
+#: keeps that plan where the table has no statistics yet; a join, which the planner may
+#: choose then, scans the table once per step.
+WALK_UP = ("WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
+           "SELECT p.parent, up.n + 1 FROM up, LATERAL (SELECT e.parent FROM edges e "
+           "WHERE e.child = up.h AND e.first ORDER BY e.child LIMIT 1) p WHERE up.n < %s) "
+           "SELECT h FROM up")
+_UPSERT = f"INSERT INTO objects (space, hash, codec, data) VALUES (%s, %s, %s, %s) ON CONFLICT (space, hash) DO UPDATE SET {REPLACE}"
 _EDGE = "INSERT INTO edges (parent, child, first) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
 
 
@@ -176,7 +119,7 @@ def envelope_parents(env: bytes) -> list[tuple[bytes, bool]]:
 
 
 #: What :func:`object_rows` makes: the ``objects`` rows and the ``edges`` rows.
-Encoded = tuple[list[tuple[int, bytes, int, bytes, bytes]], list[tuple[bytes, bytes, bool]]]
+Encoded = tuple[list[tuple[int, bytes, int, bytes]], list[tuple[bytes, bytes, bool]]]
 
 
 def _batches(items: Iterable[tuple[Space, str, bytes]]) -> Iterator[list[tuple[Space, str, bytes]]]:
@@ -193,9 +136,9 @@ def _batches(items: Iterable[tuple[Space, str, bytes]]) -> Iterator[list[tuple[S
         yield batch
 
 
-def object_rows(items: Iterable[tuple[Space, str, bytes]]) -> Encoded:
-    """The ``objects`` rows (space, hash, codec, sum, data) and ``edges`` rows (parent,
-    child, first) of some objects (a name that is no hash: NoSuchObjectError)."""
+def object_rows(items: Iterable[tuple[Space, str, bytes]], codecs: Compression) -> Encoded:
+    """The ``objects`` rows (space, hash, codec, data) and ``edges`` rows (parent, child,
+    first) of some objects (a name that is no hash: NoSuchObjectError)."""
     rows: dict[tuple[int, bytes], bytes] = {}  # one row per object: an upsert may not meet one twice
     edges: dict[tuple[bytes, bytes], bool] = {}
     for space, name, data in items:
@@ -205,8 +148,8 @@ def object_rows(items: Iterable[tuple[Space, str, bytes]]) -> Encoded:
         rows[(SPACE_CODES[space], raw)] = bytes(data)
         if space == "entries":
             edges.update(((p, raw), first) for p, first in envelope_parents(data))
-    coded = encode_many([(raw, data) for (_, raw), data in rows.items()])
-    out = [(code, raw, codec, digest, stored) for ((code, raw), _), (codec, stored, digest) in zip(rows.items(), coded)]
+    coded = codecs.encode_many([(code, raw, data) for (code, raw), data in rows.items()])
+    out = [(code, raw, codec, stored) for (code, raw), (codec, stored) in zip(rows, coded)]
     return out, [(p, c, first) for (p, c), first in edges.items()]
 
 
@@ -214,6 +157,7 @@ class PgObjects(ObjectStore):
     def __init__(self, backend: PostgresBackend):
         self.backend = backend
         self.db = backend.db
+        self.codecs = Compression(backend.db)
         self._order: dict[str, int] = {}
         self._sequence: list[str] = []
         self._ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
@@ -236,7 +180,7 @@ class PgObjects(ObjectStore):
 
     def write_rows(self, conn: Any, items: Iterable[tuple[Space, str, bytes]]) -> None:
         """Store objects inside the caller's transaction (barrier taken)."""
-        self.write_encoded(conn, object_rows(items))
+        self.write_encoded(conn, object_rows(items, self.codecs))
 
     def write_encoded(self, conn: Any, encoded: Encoded) -> None:
         """Store rows :func:`object_rows` made, inside the caller's transaction (barrier
@@ -251,20 +195,38 @@ class PgObjects(ObjectStore):
                     cur.executemany(_EDGE, edges)
             return
         conn.execute("CREATE TEMPORARY TABLE IF NOT EXISTS incoming_objects "
-                     "(space smallint, hash bytea, codec smallint, sum bytea, data bytea) ON COMMIT DELETE ROWS")
+                     "(space smallint, hash bytea, codec smallint, data bytea) ON COMMIT DELETE ROWS")
         conn.execute("CREATE TEMPORARY TABLE IF NOT EXISTS incoming_edges (parent bytea, child bytea, first boolean) "
                      "ON COMMIT DELETE ROWS")
-        copy_rows(conn, "incoming_objects (space, hash, codec, sum, data)", ["int2", "bytea", "int2", "bytea", "bytea"], rows)
+        copy_rows(conn, "incoming_objects (space, hash, codec, data)", ["int2", "bytea", "int2", "bytea"], rows)
         copy_rows(conn, "incoming_edges (parent, child, first)", ["bytea", "bytea", "bool"], edges)
-        conn.execute(_UPSERT.replace("VALUES (%s, %s, %s, %s, %s)", "SELECT * FROM incoming_objects"))
+        conn.execute(_UPSERT.replace("VALUES (%s, %s, %s, %s)", "SELECT * FROM incoming_objects"))
         conn.execute("INSERT INTO edges (parent, child, first) SELECT * FROM incoming_edges ON CONFLICT DO NOTHING")
 
     def get(self, space: Space, name: str) -> bytes:
-        raw = raw_hash(name)
-        row = self._ahead.pop((space, name), None)
+        key = (space, name)
+        row = self._ahead.pop(key, None)
         if row is None and self._behind:
-            row = self._behind.pop((space, name), None)
-        if row is None and raw is not None:
+            row = self._behind.pop(key, None)
+        if row is None:
+            row = self._miss(space, name)
+        data = row[1] if row[0] == 0 else self.codecs.decode(*row)
+        # A row came by its name's 32 bytes, so the name is ``sha256:`` and 64 hex digits.
+        if data is None or hashlib.sha256(data).hexdigest() != name[7:]:
+            raise CorruptObjectError(
+                f"corrupt object: {space} object {name} does not hash to its name (in {self.where(space, name)})",
+                space=space, name=name, path=self.where(space, name),
+            )
+        if space == "entries":
+            self._served(name, data)
+        return data
+
+    def _miss(self, space: Space, name: str) -> tuple[int, bytes]:
+        """The row of an object the read-ahead did not hold: read ahead from it where a walk
+        goes on there, else read it alone; NoSuchObjectError when the table lacks it."""
+        raw = raw_hash(name)
+        row = None
+        if raw is not None:
             up = space == "entries" and self._parent_of_last_is(name)
             if up or (space == "entries" and self._walks_forward(name)):
                 self._read_ahead(name, up=up)
@@ -275,15 +237,7 @@ class PgObjects(ObjectStore):
                 row = (int(rows[0][0]), bytes(rows[0][1])) if rows else None
         if row is None:
             raise NoSuchObjectError(f"no {space} object {name} in {self.backend.describe()}")
-        data = decode(*row)
-        if data is None or raw != hashlib.sha256(data).digest():
-            raise CorruptObjectError(
-                f"corrupt object: {space} object {name} does not hash to its name (in {self.where(space, name)})",
-                space=space, name=name, path=self.where(space, name),
-            )
-        if space == "entries":
-            self._served(name, data)
-        return data
+        return row
 
     # -- the read-ahead ------------------------------------------------------------------
 
@@ -346,10 +300,7 @@ class PgObjects(ObjectStore):
             if start + READ_AHEAD < len(self._sequence):
                 self._prefetch(start + READ_AHEAD)
         else:
-            rows = self.db.query(
-                "WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
-                "SELECT e.parent, up.n + 1 FROM up JOIN edges e ON e.child = up.h AND e.first WHERE up.n < %s) "
-                "SELECT h FROM up", [raw_hash(name), READ_AHEAD], binary=True)
+            rows = self.db.query(WALK_UP, [raw_hash(name), READ_AHEAD], binary=True)
             ahead = self._fetch([bytes(r[0]) for r in rows])
         behind = self._behind
         behind.update(self._ahead)
@@ -381,30 +332,30 @@ class PgObjects(ObjectStore):
             return None
 
     def _fetch(self, chunk: list[bytes | None]) -> dict[tuple[Space, str], tuple[int, bytes]]:
-        """Envelopes named in ``chunk`` and their contents, as rows (two queries). Runs on
-        the reader's thread or the worker's; every row is verified when served."""
+        """Envelopes named in ``chunk`` and their contents, as rows (two queries), each
+        decompressed here (a batch at once, on the worker while the reader works) and kept
+        as codec 0, so get() only verifies it; a row that does not decompress is kept as
+        it is, for get() to refuse. Runs on the reader's thread or the worker's."""
         ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
         contents: list[bytes] = []
-        # Binary results: bytea in text would travel as hex, twice its size, encoded by the
-        # server and decoded here.
-        for raw, codec, data in self.db.query(
-            f"SELECT hash, codec, data FROM objects WHERE space = 0 AND {IN_PACKED}",
-            [packed(chunk)], binary=True,
-        ):
-            row = (int(codec), bytes(data))
-            env = decode(*row)
-            # Kept decompressed (codec 0): get() verifies it without decompressing it again.
-            ahead[("entries", hash_name(bytes(raw)))] = row if env is None else (0, env)
-            c = envelope_content(env) if env is not None else None
+        for raw, env in self._rows(0, chunk):
+            ahead[("entries", hash_name(raw))] = env
+            c = envelope_content(env[1]) if env[0] == 0 else None
             if c is not None and (craw := raw_hash(c)) is not None:
                 contents.append(craw)
         if contents:
-            for raw, codec, data in self.db.query(
-                f"SELECT hash, codec, data FROM objects WHERE space = 1 AND {IN_PACKED}",
-                [packed(contents)], binary=True,
-            ):
-                ahead[("contents", hash_name(bytes(raw)))] = (int(codec), bytes(data))
+            for raw, row in self._rows(1, contents):
+                ahead[("contents", hash_name(raw))] = row
         return ahead
+
+    def _rows(self, space: int, hashes: Sequence[bytes | None]) -> list[tuple[bytes, tuple[int, bytes]]]:
+        """(hash, row) of the objects of ``space`` named, decompressed where they can be."""
+        # Binary results: bytea in text would travel as hex, twice its size, encoded by the
+        # server and decoded here.
+        rows = [(bytes(raw), int(codec), bytes(data)) for raw, codec, data in self.db.query(
+            f"SELECT hash, codec, data FROM objects WHERE space = %s AND {IN_PACKED}", [space, packed(hashes)], binary=True)]
+        plain = self.codecs.decode_many([(codec, data) for _, codec, data in rows])
+        return [(raw, (codec, data) if out is None else (0, out)) for (raw, codec, data), out in zip(rows, plain)]
 
     def close(self) -> None:
         """Wait for a chunk the worker is fetching (before the pool closes)."""
@@ -441,7 +392,9 @@ class PgObjects(ObjectStore):
         held: Encoded | None = None
         try:
             for batch in _batches(items):
-                encoded = object_rows(batch)
+                if held is None:  # the first batch: a sample to train the dictionaries on
+                    self._train(batch)
+                encoded = object_rows(batch, self.codecs)
                 if held is not None:
                     if pool is None:
                         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-pg-put")
@@ -456,6 +409,13 @@ class PgObjects(ObjectStore):
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
+
+    def _train(self, batch: list[tuple[Space, str, bytes]]) -> None:
+        """Train each space's dictionary on the batch's objects of that space, where the
+        store has none yet and the batch brings enough (:mod:`.compression`)."""
+        for space, code in SPACE_CODES.items():
+            if space != "blobs":  # media: each its own format, little to share
+                self.codecs.train(code, [data for sp, _, data in batch if sp == space])
 
     def _put_batch(self, encoded: Encoded, *, durable: bool) -> None:
         with self.db.conn() as c, c.transaction():

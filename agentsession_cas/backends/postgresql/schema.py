@@ -19,15 +19,14 @@ from typing import Any
 
 __all__ = ["SCHEMA_VERSION", "UPGRADES", "SPACE_CODES", "MigrationPlan", "create_statements", "plan_upgrade", "sound"]
 
-#: The version of the tables this release creates and reads.
-SCHEMA_VERSION = 1
+#: The version of the tables this release creates and reads. Version 2: no ``sum`` column
+#: (every reader hashes what it decoded against the name), one index on ``edges``, and
+#: the ``dictionaries`` of codec 2 (see :mod:`.compression`).
+SCHEMA_VERSION = 2
 
 #: The three hash spaces, as the ``space`` column holds them.
 SPACE_CODES: dict[str, int] = {"entries": 0, "contents": 1, "blobs": 2}
 
-#: Statements that take version N to N + 1, keyed by N: each list runs inside the one
-#: transaction of an upgrade. Empty while version 1 is the only one there has been.
-UPGRADES: dict[int, list[str]] = {}
 
 
 def create_statements(schema: str) -> list[str]:
@@ -37,30 +36,30 @@ def create_statements(schema: str) -> list[str]:
         f"CREATE SCHEMA IF NOT EXISTS {s}",
         f"CREATE TABLE {s}.meta (key text PRIMARY KEY, value text NOT NULL)",
         # Objects of the three spaces, by space and hash. ``data`` is the object's bytes
-        # as ``codec`` says (0: as they are; 1: a zstd frame of them, where that is
-        # smaller), ``sum`` the SHA-256 of ``data`` as stored, so the server can check
-        # the stored bytes (the name is checked against the bytes by every reader); ``born``
-        # is when the object was last written or held (what a sweep's grace counts from).
+        # as ``codec`` says (0: as they are; 1: a zstd frame of them; 2: a zstd frame made
+        # with one of the ``dictionaries``), checked against the name by every reader;
+        # ``born`` is when the object was last written or held (what a sweep's grace
+        # counts from).
         f"""CREATE TABLE {s}.objects (
             space smallint NOT NULL,
             hash bytea NOT NULL,
             codec smallint NOT NULL,
-            sum bytea NOT NULL,
             data bytea NOT NULL,
             born timestamptz NOT NULL DEFAULT clock_timestamp(),
             PRIMARY KEY (space, hash))""",
         # The values are compressed already: TOAST need not try again.
         f"ALTER TABLE {s}.objects ALTER COLUMN data SET STORAGE EXTERNAL",
-        # The reverse index the parent hashes cannot give (RFC 0002 "edges"): every
-        # envelope stored adds a row per parent it names (``parent`` and ``parents``);
-        # ``first`` marks its ``parent``, which the index on ``child`` walks up by (a
-        # fork's prefix read in a few queries, not one per entry).
+        # RFC 0002's "edges": every envelope stored adds a row per parent it names
+        # (``parent`` and ``parents``); ``first`` marks its ``parent``. Its one index, on
+        # (child, parent), is what the backend asks of it: a walk up the ``parent`` links
+        # (a fork's prefix read in a few queries, not one per entry) and a sweep's removal
+        # by child. A search for the children of an entry scans it.
         f"""CREATE TABLE {s}.edges (
             parent bytea NOT NULL,
             child bytea NOT NULL,
             first boolean NOT NULL,
-            PRIMARY KEY (parent, child))""",
-        f"CREATE INDEX edges_up ON {s}.edges (child) INCLUDE (parent) WHERE first",
+            PRIMARY KEY (child, parent))""",
+        DICTIONARIES.format(schema=s),
         # One row per session incarnation: ``key`` is never reused, so a session deleted
         # and made again is another row and another log. ``last_pos`` is the log's length
         # (every write is a conditional update on it and on ``fence``, the token of the
@@ -112,16 +111,38 @@ def create_statements(schema: str) -> list[str]:
             id bigserial PRIMARY KEY,
             base text NOT NULL,
             at timestamptz NOT NULL DEFAULT clock_timestamp())""",
-        APPEND_FUNCTION.format(schema=s, sound=sound("objects")),
+        APPEND_FUNCTION.format(schema=s, replace=REPLACE),
     ]
 
 
+#: The zstd dictionaries of codec 2, one per space once trained (:mod:`.compression`),
+#: by the id zstd writes in each frame made with it. Never deleted: rows name them.
+DICTIONARIES = """CREATE TABLE {schema}.dictionaries (
+            id integer PRIMARY KEY,
+            space smallint NOT NULL,
+            data bytea NOT NULL,
+            made timestamptz NOT NULL DEFAULT clock_timestamp())"""
+
+
 def sound(table: str) -> str:
-    """The server's test that a row of ``table`` is sound: its stored bytes hash to their
-    ``sum``, and raw bytes (codec 0) to the object's name. (Bytes that did not hash to
-    their name when stored are always stored raw, so the test finds them; a compressed
-    row's name is checked by the reader, after decompressing.)"""
-    return f"(sha256({table}.data) = {table}.sum AND ({table}.codec = 1 OR {table}.sum = {table}.hash))"
+    """What the server can tell of a row of ``table``: raw bytes (codec 0) hash to the
+    object's name. (Bytes that did not hash to their name when stored are always stored
+    raw, so the test finds them; a compressed row is checked by every reader, after
+    decompressing.)"""
+    return f"({table}.codec <> 0 OR sha256({table}.data) = {table}.hash)"
+
+
+#: An upsert's ``ON CONFLICT`` update (the row already held is ``objects``, the one
+#: written ``EXCLUDED``): the object's ``born`` freshened, and its bytes replaced only
+#: where the row held is not known sound and the one written is (a corrupt row repaired
+#: by storing the sound bytes again, and a sound one never replaced by a corrupt put).
+#: Bytes equal to those held keep the row's stored value (no new TOAST).
+REPLACE = """born = clock_timestamp(),
+            codec = CASE WHEN objects.data = EXCLUDED.data OR (objects.codec = 0 AND sha256(objects.data) = objects.hash)
+                              OR NOT {incoming} THEN objects.codec ELSE EXCLUDED.codec END,
+            data = CASE WHEN objects.data = EXCLUDED.data OR (objects.codec = 0 AND sha256(objects.data) = objects.hash)
+                             OR NOT {incoming} THEN objects.data ELSE EXCLUDED.data END""".format(
+    incoming=sound("EXCLUDED"))
 
 
 #: An append as one statement (one round trip, its own transaction): the conditional
@@ -129,7 +150,7 @@ def sound(table: str) -> str:
 #: edges and the log rows. False, with nothing written, when the row did not match.
 APPEND_FUNCTION = """CREATE FUNCTION {schema}.append_records(
     p_key bigint, p_fence bigint, p_from integer, p_head text, p_mark text, p_lazy boolean, p_barrier bigint,
-    o_space smallint[], o_hash bytea[], o_codec smallint[], o_sum bytea[], o_data bytea[],
+    o_space smallint[], o_hash bytea[], o_codec smallint[], o_data bytea[],
     e_parent bytea[], e_child bytea[], e_first boolean[],
     l_op text[], l_seq integer[], l_hash bytea[], l_content bytea[], l_record text[]) RETURNS boolean
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -143,11 +164,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    INSERT INTO objects (space, hash, codec, sum, data) SELECT * FROM unnest(o_space, o_hash, o_codec, o_sum, o_data)
-        ON CONFLICT (space, hash) DO UPDATE SET born = clock_timestamp(),
-            codec = CASE WHEN {sound} THEN objects.codec ELSE EXCLUDED.codec END,
-            sum = CASE WHEN {sound} THEN objects.sum ELSE EXCLUDED.sum END,
-            data = CASE WHEN {sound} THEN objects.data ELSE EXCLUDED.data END;
+    INSERT INTO objects (space, hash, codec, data) SELECT * FROM unnest(o_space, o_hash, o_codec, o_data)
+        ON CONFLICT (space, hash) DO UPDATE SET {replace};
     INSERT INTO edges (parent, child, first) SELECT * FROM unnest(e_parent, e_child, e_first) ON CONFLICT DO NOTHING;
     INSERT INTO log (session, pos, op, seq, hash, content, record)
         SELECT p_key, p_from + t.n, t.op, t.seq, t.hash, t.content, t.record
@@ -155,6 +173,25 @@ BEGIN
     RETURN true;
 END
 $$"""
+
+
+#: Statements that take version N to N + 1, keyed by N (``{schema}`` filled in by
+#: :func:`plan_upgrade`): each list runs inside the one transaction of an upgrade.
+UPGRADES: dict[int, list[str]] = {
+    # 1 -> 2. Rows keep their codecs (0 and 1 read as before). The dropped ``sum``
+    # column's bytes go as PostgreSQL rewrites rows (``VACUUM FULL {schema}.objects``,
+    # outside the upgrade, to have them back at once).
+    1: [
+        "DROP FUNCTION {schema}.append_records(bigint, bigint, integer, text, text, boolean, bigint, smallint[], "
+        "bytea[], smallint[], bytea[], bytea[], bytea[], bytea[], boolean[], text[], integer[], bytea[], bytea[], text[])",
+        "ALTER TABLE {schema}.objects DROP COLUMN sum",
+        "DROP INDEX {schema}.edges_up",
+        "ALTER TABLE {schema}.edges DROP CONSTRAINT edges_pkey",
+        "ALTER TABLE {schema}.edges ADD PRIMARY KEY (child, parent)",
+        DICTIONARIES,
+        APPEND_FUNCTION.replace("{replace}", REPLACE),
+    ],
+}
 
 
 @dataclass

@@ -52,6 +52,7 @@ __all__ = ["PgSessions", "PgSessionLog"]
 LOG_COLUMNS = "log (session, pos, op, seq, hash, content, record)"
 LOG_TYPES = ["int8", "int4", "text", "int4", "bytea", "bytea", "text"]
 _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_DECODE = json.JSONDecoder().raw_decode
 #: An append: one prepared statement, its arrays sent as text literals (:mod:`.literals`)
 #: and cast here. It is run through libpq itself (:func:`_call_append`), not psycopg's
 #: execute, whose Python-level adaptation and wait loop cost more client CPU than the rest
@@ -59,8 +60,8 @@ _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _APPEND_NAME = b"agentsession_append_records"
 _APPEND_SQL = (
     b"SELECT append_records($1::bigint, $2::bigint, $3::integer, $4::text, $5::text, $6::boolean, $7::bigint, "
-    b"$8::smallint[], $9::bytea[], $10::smallint[], $11::bytea[], $12::bytea[], $13::bytea[], $14::bytea[], "
-    b"$15::boolean[], $16::text[], $17::integer[], $18::bytea[], $19::bytea[], $20::text[])"
+    b"$8::smallint[], $9::bytea[], $10::smallint[], $11::bytea[], $12::bytea[], $13::bytea[], "
+    b"$14::boolean[], $15::text[], $16::integer[], $17::bytea[], $18::bytea[], $19::text[])"
 )
 #: SQLSTATE of a statement name the connection has not prepared (a connection's first append).
 _NOT_PREPARED = b"26000"
@@ -147,9 +148,16 @@ def _objects_of(records: Sequence[Record]) -> list[tuple[Space, str, bytes]]:
 def parse_record(text: str) -> dict[str, Any] | str:
     """A log row's record, or why it is none (a row someone altered: damage)."""
     try:
-        record = json.loads(text)
-    except ValueError as exc:
-        return f"is not a JSON record ({exc})"
+        # A record is written as compact JSON: its text parsed directly (what json.loads
+        # does after skipping whitespace, for less per row); anything else by json.loads.
+        record, end = _DECODE(text)
+        if end != len(text):
+            record = json.loads(text)
+    except ValueError:
+        try:
+            record = json.loads(text)
+        except ValueError as exc:
+            return f"is not a JSON record ({exc})"
     if not isinstance(record, dict) or not isinstance(record.get("op"), str):
         return "is not a record (a JSON object with an op)"
     return record
@@ -199,13 +207,13 @@ class PgSessionLog(SessionLog):
         head, mark = indexes_after(records, self.head, self.mark)
         rows = log_rows(self.key, self.last_pos, records)
         end = self.last_pos + len(rows)
-        orows, erows = object_rows(_objects_of(records))
+        orows, erows = object_rows(_objects_of(records), self.backend.objects.codecs)
         cols = list(zip(*rows))
         try:
             done = _call_append(conn, [_text(v) for v in (
                 self.key, self.fence, self.last_pos, head, mark, not durable, self.backend.db.lock_key("sweep"),
                 int_array(r[0] for r in orows), bytea_array(r[1] for r in orows), int_array(r[2] for r in orows),
-                bytea_array(r[3] for r in orows), bytea_array(r[4] for r in orows),
+                bytea_array(r[3] for r in orows),
                 bytea_array(e[0] for e in erows), bytea_array(e[1] for e in erows), bool_array(e[2] for e in erows),
                 text_array(cols[2]), int_array(cols[3]), bytea_array(cols[4]), bytea_array(cols[5]), text_array(cols[6]))])
             if not done:
