@@ -878,6 +878,25 @@ def test_lazy_appends_visible_to_a_reader_and_committed_on_close(root):
     assert all(held(root, "entries", r.id) for r in rs)
 
 
+def test_a_reader_takes_the_logs_copy_of_an_object_a_checkpoint_is_writing(root):
+    """A reader opened while the log still carries an entry's objects keeps serving them
+    from the log when the writer's checkpoint has since created the loose file and not
+    yet written it whole (the race torture test's fork read one half written)."""
+    with Store.init(root, sync="never") as st:
+        s, rs = chain(st, n=2)
+        reader = Store(root, readonly=True)
+        snap = reader.read("s1")
+        assert not held(root, "entries", rs[0].id)
+        env = reader.objects.get("entries", rs[0].id)
+        path = root / "objects" / "entries" / rs[0].id[7:9] / rs[0].id[9:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(env[: len(env) // 2])  # the checkpoint's write, half done
+        assert reader.objects.get("entries", rs[0].id) == env
+        assert [e.id for e in reader.read("s1")] == [e.id for e in snap]
+        path.unlink()  # the writer's checkpoint writes it whole
+        reader.close()
+
+
 # -- recovery -----------------------------------------------------------------------------------------------
 
 

@@ -155,7 +155,10 @@ class FileObjects(ObjectStore):
         its next checkpoint), verified against its name."""
         try:
             return self._get(space, name)
-        except NoSuchObjectError:
+        except (NoSuchObjectError, CorruptObjectError):
+            # Not in objects/ yet, or a loose copy read half written: a writer's
+            # checkpoint (in this process or another) writes the objects its log carries
+            # in place, and a reader that holds that log takes its copy.
             for log in self._logs:
                 data = log.pending_object(space, name)
                 if data is not None:
