@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import uuid
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -509,7 +510,8 @@ class Store:
         for seq, (eid, leaf_label) in enumerate(own, start=1):
             # leaf_label: the head never rests on one, after a reopen too
             records.append(Append(seq, eid, None, head_moved=False, leaf_label=leaf_label, lazy=False))
-        if own:
+        del own  # a caller that handed over its list (an import) does not keep it beside the records
+        if len(records) > 1:
             records.append({"op": "head", "head": head})
             records.append({"op": "commit"})
         log = self.backend.sessions.create(
@@ -703,8 +705,9 @@ class Store:
             if taken.base_is_leaf_label:
                 raise BadBaseError(f"{source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
             self._check_holder_media(base, header)
-        own_ids = {eid for eid, _, _, _ in taken.own}
-        for _, parent, _, line in taken.own:
+        own_ids = {eid for eid, _, _ in taken.own}
+        for (_, parent, _), number in zip(taken.own, taken.own_lines):
+            line = number or None
             if parent is None and base is not None:
                 raise StoreError(f"{source}: line {line}: an own entry of a fork cannot be a root")
             if parent is not None and parent != base and parent not in own_ids:
@@ -713,8 +716,11 @@ class Store:
         head = self._import_head(leaf, base, own_ids, lambda eid: taken.parents[eid])
         if header.media == "sidecar":
             self._import_blobs(taken.sidecars, source, sidecar_dir(path, str(header.id)))
-        session = self._create(header, own=[(eid, leaf_label) for eid, _, leaf_label, _ in taken.own], head=head,
-                               record=record, objects=spill)
+        # What the head rule read (every entry's id and parent, twice over) is not needed
+        # to write the session: freed first, so the write's peak is not both together
+        # (issue 11: the import's peak memory).
+        del own_ids
+        session = self._create(header, own=taken.release(), head=head, record=record, objects=spill)
         session._builder = taken.summary
         session.prefix = taken.prefix
         return session
@@ -881,12 +887,24 @@ class _TakenImport:
         self.parents: dict[str, tuple[str | None, bool]] = {}
         self.above_base: list[str] = []  # every entry's id before the base (the tree's prefix)
         self.prefix: list[str] = []  # the kept ones, the base included
-        self.own: list[tuple[str, str | None, bool, int | None]] = []
+        self.own: list[tuple[str, str | None, bool]] = []
+        self.own_lines = array("l")  # each own entry's line in the file (0: not known), 8 bytes each
         self.sidecars: list[str] = []
         self.base_found = False
         self.base_is_leaf_label = False
         #: The summary of the own entries taken.
         self.summary = SummaryBuilder(header)
+
+    def release(self) -> list[tuple[str, bool]]:
+        """The own entries' ids and whether each is a leaf label, for the write; what
+        only the resume and head rules read (they have run) is let go of."""
+        own = [(eid, leaf_label) for eid, _, leaf_label in self.own]
+        self.stubs.clear()
+        self.parents.clear()
+        self.above_base.clear()
+        self.own.clear()
+        del self.own_lines[:]
+        return own
 
     def take(self, e: Entry) -> None:
         eid, parent = e.id, e.parent
@@ -903,7 +921,8 @@ class _TakenImport:
             return  # a line the rules refuse: the import is refused once the pass ends
         content, envelope = e.objects
         if past_base:
-            self.own.append((eid, parent, leaf_label, e.line))
+            self.own.append((eid, parent, leaf_label))
+            self.own_lines.append(e.line or 0)
             self.summary.feed(e)
         else:
             self.prefix.append(eid)
