@@ -682,13 +682,18 @@ class Api:
             return target, ident, first
 
         target, ident, first = await self.work(start)
-        ids: list[str] = []
+        # The walk keeps each entry's id, type and content hash (what since-fold reads).
+        steps: list[tuple[str, Any, Any]] = []
         if target is not None:
             walk = store.ancestry_up(target)
-            while piece := await self.work(lambda: list(islice(walk, _PATH_PIECE * 16))):
-                ids.extend(piece)
-            ids.reverse()
-        wanted, first["contents"] = await _shallow(self.work, store, ids, contents)
+            while piece := await self.work(
+                lambda: [(eid, env.get("type"), env.get("content")) for eid, env in islice(walk, _PATH_PIECE * 16)]
+            ):
+                steps.extend(piece)
+            steps.reverse()
+        ids = [eid for eid, _, _ in steps]
+        wanted, first["contents"] = await _shallow(self.work, store, steps, contents)
+        del steps
 
         def lines(at: int) -> bytes:
             out: list[bytes] = []
@@ -1316,36 +1321,29 @@ def _log_lines(sid: str, records: list[dict[str, Any]], header: dict[str, Any], 
 _PATH_PIECE = 256
 
 
-async def _shallow(work: Callable[..., Awaitable[Any]], store: Store, ids: list[str], mode: str) -> tuple[list[bool], str]:
+async def _shallow(
+    work: Callable[..., Awaitable[Any]], store: Store, steps: list[tuple[str, Any, Any]], mode: str
+) -> tuple[list[bool], str]:
     """Which contents a path read serves (RFC 0003, Reading): every one for ``all``, none
     for ``none``; for ``since-fold`` those context building needs at the leaf: from the
     newest compaction's ``first_kept`` on, and above it every entry that is not an
     ``item`` or ``branch_summary``. No fold, or a fold with no ``config`` checkpoint
-    (the settings do not start afresh), is answered as ``all``, and says so. The
-    envelopes are read a piece at a time, each piece store work of its own (``work``)."""
-    n = len(ids)
+    (the settings do not start afresh), is answered as ``all``, and says so. ``steps``
+    are the path's (id, type, content hash), root first; the fold's content is read as
+    store work of its own (``work``)."""
+    n = len(steps)
     if mode != "since-fold":
         return [mode == "all"] * n, mode
-    envs: list[tuple[str | None, str | None]] = []
-    for at in range(0, n, _PATH_PIECE * 16):
-        piece = ids[at : at + _PATH_PIECE * 16]
-        envs.extend(await work(lambda p=piece: [_type_and_content(e) for e in store.objects.get_many("entries", p)]))
-    types = [t for t, _ in envs]
-    fold = next((i for i in range(n - 1, -1, -1) if types[i] == "compaction"), None)
-    chash = envs[fold][1] if fold is not None else None
-    if fold is None or chash is None:
+    fold = next((i for i in range(n - 1, -1, -1) if steps[i][1] == "compaction"), None)
+    chash = steps[fold][2] if fold is not None else None
+    if fold is None or not isinstance(chash, str):
         return [True] * n, "all"
     body = json.loads(await work(store.objects.get, "contents", chash))
     first_kept = body.get("first_kept") if isinstance(body, dict) else None
-    if not isinstance(body, dict) or not isinstance(body.get("config"), dict) or first_kept not in ids[:fold]:
+    kept = next((i for i in range(fold) if steps[i][0] == first_kept), None)
+    if not isinstance(body, dict) or not isinstance(body.get("config"), dict) or kept is None:
         return [True] * n, "all"
-    kept = ids.index(first_kept)
-    return [i >= kept or types[i] not in _FOLDED for i in range(n)], "since-fold"
-
-
-def _type_and_content(env: bytes) -> tuple[str | None, str | None]:
-    data = json.loads(env)
-    return data.get("type"), envelope_content(env)
+    return [i >= kept or steps[i][1] not in _FOLDED for i in range(n)], "since-fold"
 
 
 def _frames(raw: bytes, max_object: int) -> list[tuple[Space, str, bytes]]:

@@ -559,15 +559,17 @@ class Store:
 
     def ancestry(self, entry_id: str) -> builtins.list[str]:
         """The ids root..entry_id, walking parents through envelopes alone."""
-        return walk_up(entry_id, self._id_and_parent)
+        return walk_up(entry_id, lambda eid: (eid, _parent_of(self.envelope(eid))))
 
-    def ancestry_up(self, entry_id: str) -> Iterator[str]:
-        """The ids entry_id..root, leaf first, read as they are taken (a caller may
-        walk a long path a piece at a time)."""
-        return iter_up(entry_id, self._id_and_parent)
+    def ancestry_up(self, entry_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Each id entry_id..root with its envelope, leaf first, read as they are taken
+        (a caller may walk a long path a piece at a time, keeping what it needs of each)."""
 
-    def _id_and_parent(self, entry_id: str) -> tuple[str, str | None]:
-        return entry_id, _parent_of(self.envelope(entry_id))
+        def step(eid: str) -> tuple[tuple[str, dict[str, Any]], str | None]:
+            env = self.envelope(eid)
+            return (eid, env), _parent_of(env)
+
+        return iter_up(entry_id, step)
 
     def path_to(self, entry_id: str) -> builtins.list[Entry]:
         """Entries from the root to ``entry_id``, read from the objects."""
