@@ -1458,6 +1458,37 @@ def test_import_bad_hash_refused(store):
     assert "s1" not in store
 
 
+@pytest.mark.parametrize("where", ["root", "above"])
+@pytest.mark.parametrize("how", ["file", "bytes"])
+def test_import_fork_own_entry_off_the_base_refused_by_the_tree_rule(tmp_path, where, how):
+    """An own entry of a fork hangs from the base or another own entry: one rule (the
+    format's tree rule, code ``base``), which both import paths hold the file to, with the
+    line and wording verify gives the same bytes; the store is left as it was."""
+    with Store.init(tmp_path / "src") as src:
+        a, ra = chain(src, "a", n=3)
+        src.create(Header.new("f", base=ra[1].id)).append(msg("x", parent=ra[1].id))
+        x = src.export("f")
+    parent = None if where == "root" else ra[0].id
+    stray = make_entry("item", parent, ts=ts(), item={"type": "message", "role": "user", "content": "stray"})
+    data = x + stray.canonical_line()
+    assert data.endswith(b"\n") and data.count(b"\n") == 5
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(data)
+    verdict = [(p.line, p.code, p.message) for p in read_session_bytes(data, source=str(path)).problems]
+    assert verdict and {code for _, code, _ in verdict} == {"base"}
+    assert verdict[0][0] == 5  # header, two prefix entries, one own entry, then the stray
+    with Store.init(tmp_path / "dst") as dst:
+        before = snapshot(tmp_path / "dst")
+        with pytest.raises(SessionFormatError) as err:
+            if how == "file":
+                dst.import_file(path)
+            else:
+                dst.import_bytes(data, source=str(path))
+        assert [(p.line, p.code, p.message) for p in err.value.problems] == verdict
+        assert "f" not in dst
+        assert snapshot(tmp_path / "dst") == before
+
+
 def test_import_fork_whose_base_is_not_held(store, tmp_path):
     a, ra = chain(store, "a", n=2)
     f = store.create(Header.new("f", base=ra[1].id))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -707,13 +706,9 @@ class Store:
             if taken.base_is_leaf_label:
                 raise BadBaseError(f"{source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
             self._check_holder_media(base, header)
-        own_ids = {eid for eid, _, _ in taken.own}
-        for (_, parent, _), number in zip(taken.own, taken.own_lines):
-            line = number or None
-            if parent is None and base is not None:
-                raise StoreError(f"{source}: line {line}: an own entry of a fork cannot be a root")
-            if parent is not None and parent != base and parent not in own_ids:
-                raise StoreError(f"{source}: line {line}: parent {parent} is neither the base nor an own entry")
+        # Where an own entry may hang (the base or another own entry) is the format's
+        # tree rule ("base"), which verify_file held every line to above.
+        own_ids = {eid for eid, _ in taken.own}
         leaf = _resume_leaf(taken.stubs, base, taken.above_base)
         head = self._import_head(leaf, base, own_ids, lambda eid: taken.parents[eid])
         if header.media == "sidecar":
@@ -800,12 +795,7 @@ class Store:
             self._check_holder_media(base, header)
         else:
             prefix, own = [], kept
-        own_ids = {e.id for e in own}
-        for e in own:
-            if e.parent is None and base is not None:
-                raise StoreError(f"{sf.source}: line {e.line}: an own entry of a fork cannot be a root")
-            if e.parent is not None and e.parent != base and e.parent not in own_ids:
-                raise StoreError(f"{sf.source}: line {e.line}: parent {e.parent} is neither the base nor an own entry")
+        own_ids = {e.id for e in own}  # where each may hang: the tree rule ("base"), held by verify_session
         head = self._import_head(leaf, base, own_ids, lambda eid: (tree.by_id[eid].parent, tree.by_id[eid].is_leaf_label))
         if header.media == "sidecar":
             names: list[str] = []
@@ -876,8 +866,8 @@ class _TakenImport:
     """What a streamed import keeps of each entry the reader accepted, in file order: its
     two objects spilled (a synthetic marker's aside), and per entry only what the head,
     the prefix and the summary need: (id, parent, a label's members) for the resume rule,
-    (parent, is a leaf label) by id for the head rule, own entries' ids, parents and
-    lines, sidecar names, and the summary's running fields."""
+    (parent, is a leaf label) by id for the head rule, own entries' ids (and whether each
+    is a leaf label), sidecar names, and the summary's running fields."""
 
     def __init__(self, spill: Spill, header: Header):
         self.spill = spill
@@ -889,8 +879,7 @@ class _TakenImport:
         self.parents: dict[str, tuple[str | None, bool]] = {}
         self.above_base: list[str] = []  # every entry's id before the base (the tree's prefix)
         self.prefix: list[str] = []  # the kept ones, the base included
-        self.own: list[tuple[str, str | None, bool]] = []
-        self.own_lines = array("l")  # each own entry's line in the file (0: not known), 8 bytes each
+        self.own: list[tuple[str, bool]] = []  # each own entry's id and whether it is a leaf label
         self.sidecars: list[str] = []
         self.base_found = False
         self.base_is_leaf_label = False
@@ -900,12 +889,10 @@ class _TakenImport:
     def release(self) -> list[tuple[str, bool]]:
         """The own entries' ids and whether each is a leaf label, for the write; what
         only the resume and head rules read (they have run) is let go of."""
-        own = [(eid, leaf_label) for eid, _, leaf_label in self.own]
+        own, self.own = self.own, []
         self.stubs.clear()
         self.parents.clear()
         self.above_base.clear()
-        self.own.clear()
-        del self.own_lines[:]
         return own
 
     def take(self, e: Entry) -> None:
@@ -923,8 +910,7 @@ class _TakenImport:
             return  # a line the rules refuse: the import is refused once the pass ends
         content, envelope = e.objects
         if past_base:
-            self.own.append((eid, parent, leaf_label))
-            self.own_lines.append(e.line or 0)
+            self.own.append((eid, leaf_label))
             self.summary.feed(e)
         else:
             self.prefix.append(eid)
