@@ -8,12 +8,14 @@ SIGKILL test lives in test_crash.py.
 from __future__ import annotations
 
 import builtins
+import errno
 import itertools
 import os
 from pathlib import Path
 
 import pytest
 
+import agentsession_cas.backends.files.objects as files_objects
 import agentsession_cas.backends.files.sessions as files_sessions
 
 from agentsession_cas import Entry, Header, canonical_bytes, loads, make_entry, read_session, read_session_bytes
@@ -355,6 +357,53 @@ def test_put_is_idempotent_and_repairs_torn_objects(store, root):
     store.objects.put("entries", r.id, env, durable=True)
     assert p.read_bytes() == good
     assert store.entry(r.id).id == r.id
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["put", "put_many"])
+def test_a_loose_object_appears_under_its_name_whole(store, root, monkeypatch, many):
+    """A new loose object's bytes are written under a temp name and linked under its own
+    once whole: a reader in another process (a fork reading the entries a checkpoint is
+    writing, a pack) never meets it half written. Forced: at every write of its bytes the
+    name must not exist yet."""
+    s, rs = chain(store, n=1)
+    _, _, content, env = entry_objects(dict(store.entry(rs[0].id).data))
+    data = env + b" "  # a fresh object: its own bytes under their own name
+    name = sha256_ref(data)
+    path = obj_path(root, "entries", name)
+    seen: list[bool] = []
+    real_write_all = files_objects.write_all
+
+    def watched(fd: int, chunk: bytes) -> None:
+        seen.append(path.exists())
+        real_write_all(fd, chunk)
+
+    monkeypatch.setattr(files_objects, "write_all", watched)
+    if many:
+        store.objects.put_many([("entries", name, data)])
+    else:
+        store.objects.put("entries", name, data, durable=True)
+    assert seen == [False] and path.read_bytes() == data
+    assert not [p for p in (root / "tmp").iterdir() if p.name.startswith(".obj-")]  # the temp name is gone
+    # The name taken: the write is refused as O_EXCL refused it, and the copy left as it is.
+    with pytest.raises(FileExistsError):
+        store.objects._write_new(str(path), data, durable=False)
+    assert path.read_bytes() == data
+
+
+def test_a_loose_object_on_a_filesystem_without_hard_links(store, root, monkeypatch):
+    """Where os.link is refused (EPERM, as on some network and FUSE filesystems), the
+    object is created in place under its own name, O_EXCL, as before."""
+    def no_link(src, dst):  # type: ignore[no-untyped-def]
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(files_objects.os, "link", no_link)
+    s, rs = chain(store, n=1)
+    data = b'{"made":"here"}'
+    name = sha256_ref(data)
+    assert store.objects.put("entries", name, data, durable=True) is None
+    assert obj_path(root, "entries", name).read_bytes() == data
+    assert store.objects.get("entries", name) == data
+    assert not [p for p in (root / "tmp").iterdir() if p.name.startswith(".obj-")]
 
 
 def test_cat_object_and_missing_object(store):

@@ -18,7 +18,9 @@ worth one, else as loose files.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import itertools
 import os
 import re
 import struct
@@ -27,7 +29,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import filelock
 
@@ -42,6 +44,13 @@ __all__ = ["SPACES", "FileObjects", "RepackResult", "fsync_paths", "fsync_dir"]
 
 #: The three hash spaces RFC 0002 names, and their directories.
 SPACES = ("entries", "contents", "blobs")
+#: Temp names of loose objects being written: the process, a token drawn once (a name a
+#: crashed process with the same pid left in tmp/ is not taken again) and a count.
+_TMP_TOKEN = os.urandom(4).hex()
+_TMP_COUNT = itertools.count()
+#: What a filesystem without hard links says to os.link.
+_NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.EXDEV})
+_T = TypeVar("_T")
 
 #: From this many objects on, a batch is written as one pack instead of loose files.
 PACK_BATCH = 64
@@ -341,7 +350,7 @@ class FileObjects(ObjectStore):
                 return None  # packs are durable before they are visible
             self.packs.refresh()  # swept or merged away meanwhile: write it again
         try:
-            fd = self._create(path)
+            self._write_new(path, data, durable=durable)
         except FileExistsError:
             if self._loose_same(space, name, path, data) and _freshen(path):
                 if durable:
@@ -350,18 +359,6 @@ class FileObjects(ObjectStore):
                     return None
                 return path
             return self._replace(path, data, durable=durable)
-        try:
-            write_all(fd, data)
-            if durable:
-                os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            raise
-        os.close(fd)
         if durable:
             fsync_dir(os.path.dirname(path))
             return None
@@ -402,23 +399,11 @@ class FileObjects(ObjectStore):
                 self.packs.refresh()  # swept or merged away meanwhile: write it loose
             path = self.path(space, name)
             try:
-                fd = self._create(path)
+                self._write_new(path, data, durable=False)
             except FileExistsError:
                 if not (self._loose_same(space, name, path, data) and _freshen(path)):
                     self._replace(path, data, durable=False)
-                paths.append(path)  # someone else's copy may not be durable yet: ours to make so
-                continue
-            try:
-                write_all(fd, data)
-            except BaseException:
-                os.close(fd)
-                try:
-                    os.unlink(path)  # no partial object under its name
-                except FileNotFoundError:
-                    pass
-                raise
-            os.close(fd)
-            paths.append(path)
+            paths.append(path)  # a copy another writer made may not be durable yet: ours to make so
         if not paths:
             return
         fsync_paths(paths)
@@ -525,16 +510,69 @@ class FileObjects(ObjectStore):
                 os.makedirs(os.path.join(base, f"{i:02x}"), exist_ok=True)
             fsync_dir(base)
 
-    def _create(self, path: str) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    def _write_new(self, path: str, data: bytes, *, durable: bool) -> None:
+        """Create a loose object whole or not at all; ``FileExistsError`` when its name is
+        taken. The bytes go to a file in ``tmp/`` (fsynced when ``durable``), which is then
+        hard-linked under the object's name: the link, like ``O_EXCL``, fails on a name
+        that exists, and no reader in another process ever meets a half-written object
+        (a checkpoint writes objects that readers can already name: the log carries
+        them). A filesystem without hard links gets the file created in place, ``O_EXCL``."""
+        tmp = os.path.join(self.tmp, f".obj-{os.getpid()}-{_TMP_TOKEN}-{next(_TMP_COUNT)}")
         try:
-            return os.open(path, flags, 0o644)
+            fd = self._open_new(tmp)
+        except FileNotFoundError:
+            os.makedirs(self.tmp, exist_ok=True)
+            fd = self._open_new(tmp)
+        try:
+            try:
+                write_all(fd, data)
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                self._in_fanout(path, lambda: os.link(tmp, path))
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise  # FileExistsError among them: the name is taken
+                self._write_in_place(path, data, durable=durable)
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+
+    def _write_in_place(self, path: str, data: bytes, *, durable: bool) -> None:
+        fd = self._in_fanout(path, lambda: self._open_new(path))
+        try:
+            write_all(fd, data)
+            if durable:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            try:
+                os.unlink(path)  # no partial object under its name
+            except FileNotFoundError:
+                pass
+            raise
+        os.close(fd)
+
+    @staticmethod
+    def _open_new(path: str) -> int:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+    @staticmethod
+    def _in_fanout(path: str, make: Callable[[], _T]) -> _T:
+        """``make()`` of a name in its fan-out directory, which is created (and made
+        durable in its space directory) first when it is missing."""
+        try:
+            return make()
         except FileNotFoundError:
             directory = os.path.dirname(path)
             os.makedirs(directory, exist_ok=True)
             # The new fan-out directory's own name lives in the space directory.
             fsync_dir(os.path.dirname(directory))
-            return os.open(path, flags, 0o644)
+            return make()
 
     def _replace(self, path: str, data: bytes, *, durable: bool) -> str | None:
         """Replace a torn or corrupt copy: a temp file in tmp/ renamed over it."""
