@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from agentsession_cas import Header, read_session_bytes
 from agentsession_cas.backends import SCHEMES, open_backend, store_url_kind
-from agentsession_cas.backends.postgresql import PostgresBackend, literals, migrate_store, schema
+from agentsession_cas.backends.postgresql import PostgresBackend, arrays, migrate_store, schema
 from agentsession_cas.backends.postgresql import maintenance as pg_maintenance
 from agentsession_cas.backends.postgresql import objects as pg_objects
 from agentsession_cas.backends.postgresql.database import parse_url, public_url
@@ -241,7 +241,7 @@ class Recorder:
         send = sessions._call_append
 
         def call(conn: Any, params: list[bytes | None]) -> bool:
-            self.lazy.append({b"t": True, b"f": False}[params[5]])  # type: ignore[index]
+            self.lazy.append({b"\x01": True, b"\x00": False}[params[5]])  # type: ignore[index]
             return send(conn, params)
 
         monkeypatch.setattr(sessions, "_call_append", call)
@@ -284,17 +284,29 @@ def test_the_append_function_sets_asynchronous_commit_for_its_own_transaction_on
     assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
 
 
-def test_array_literals_read_back_as_the_values_they_were_built_from(url):
-    """An append's arrays go as text literals (literals.py): every value a record, a hash or
-    a sequence number can be comes back from the server's own parser unchanged."""
+def test_binary_parameters_read_back_as_the_values_they_were_built_from(url):
+    """An append's parameters go in the binary format (arrays.py): every value a record, a
+    hash, a sequence number or a flag can be comes back from the server's own receive
+    functions unchanged, nulls and empty arrays included."""
+    import psycopg
+    from psycopg.adapt import Transformer
+
     texts = ['{"op":"append","note":"a \\"quoted\\" \\\\ back\\\\slash"}', "NULL", "null", "", "{a,b}", "x,y", " sp ",
              "é ü 漢字 🙂", "\\", '"', "\\x00", None]
-    blobs = [bytes(range(256)), b"", b"\\", b'"', None, b"\x00" * 3]
-    ints = [0, -1, 2**31 - 1, None, 7]
-    got = sql(url, "SELECT %s::text[], %s::bytea[], %s::integer[], %s::smallint[], %s::boolean[], %s::text[], %s::bytea[]",
-              [literals.text_array(texts), literals.bytea_array(blobs), literals.int_array(ints), literals.int_array([0, 1, 2]),
-               literals.bool_array([True, False]), literals.text_array([]), literals.bytea_array([])])
-    assert got == [(texts, blobs, ints, [0, 1, 2], [True, False], [], [])]
+    blobs = [bytes(range(256)), b"", b"\\", b'"', None, b"\xff" * 4, b"\x00" * 3]
+    ints = [0, -1, 2**31 - 1, -(2**31), None, 7]
+    params = [arrays.text_array(texts), arrays.bytea_array(blobs), arrays.int4_array(ints), arrays.int2_array([0, 1, 2, -3]),
+              arrays.bool_array([True, False]), arrays.text_array([]), arrays.bytea_array([]), arrays.int8(-(2**63)),
+              arrays.int4(2**31 - 1), arrays.boolean(True)]
+    with psycopg.connect(parse_url(url)[0], autocommit=True) as conn:
+        res = conn.pgconn.exec_params(
+            b"SELECT $1::text[], $2::bytea[], $3::integer[], $4::smallint[], $5::boolean[], $6::text[], $7::bytea[], "
+            b"$8::bigint, $9::integer, $10::boolean", params, param_formats=[1] * len(params), result_format=1)
+        assert res.status == psycopg.pq.ExecStatus.TUPLES_OK, res.error_message
+        tx = Transformer(conn)
+        tx.set_pgresult(res)
+        got = tx.load_row(0, tuple)
+    assert got == (texts, blobs, ints, [0, 1, 2, -3], [True, False], [], [], -(2**63), 2**31 - 1, True)
 
 
 def test_append_is_one_transaction_with_its_objects_and_head(store, url):
