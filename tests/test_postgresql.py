@@ -27,6 +27,7 @@ from agentsession_cas.backends.postgresql.database import parse_url, public_url
 from agentsession_cas.errors import (
     CorruptObjectError,
     LayoutError,
+    NoSuchObjectError,
     NoSuchSessionError,
     SessionDamagedError,
     SessionLockedError,
@@ -391,6 +392,13 @@ def _projection_queries(store: Any, url: str, sid: str) -> list[str]:
             return real(statement, params, **kw)
 
         objects.db.query = counting  # type: ignore[method-assign]
+        bulk = objects._rows
+
+        def counting_bulk(space: int, hashes: Any) -> Any:
+            calls.append(f"SELECT FROM objects (space {space}, {len(hashes)} hashes)")
+            return bulk(space, hashes)
+
+        objects._rows = counting_bulk  # type: ignore[method-assign]
         snap = ro.read(sid)
         assert snap.projection() == expected
         snap.close()
@@ -415,6 +423,63 @@ def test_a_projection_reads_its_objects_in_a_few_bulk_queries_and_verifies_each(
         with pytest.raises(CorruptObjectError):
             snap.projection()
         snap.close()
+
+
+def test_get_many_reads_what_no_read_ahead_holds_in_one_query_and_verifies_each(store, url):
+    """get_many of objects no read-ahead fetched (out of any expected order) is one query,
+    each object hashed against its name: a corrupt row is refused, an absent one named."""
+    s, ids = chain(store, n=6)
+    s.close()
+    asked = ids[::-1] + ids[:1]
+    want = [store.objects.get("entries", i) for i in asked]
+    with open_store(url, readonly=True) as ro:
+        calls: list[int] = []
+        bulk = ro.backend.objects._rows
+
+        def counting(space: int, hashes: Any) -> Any:
+            calls.append(len(hashes))
+            return bulk(space, hashes)
+
+        ro.backend.objects._rows = counting  # type: ignore[method-assign]
+        assert ro.objects.get_many("entries", asked) == want
+        assert calls == [len(asked)]
+        with pytest.raises(NoSuchObjectError):
+            ro.objects.get_many("entries", [ids[0], "sha256:" + "0" * 64])
+    sql(url, "UPDATE objects SET data = 'x' || data WHERE space = 0 AND hash = %s", [bytes.fromhex(ids[2][7:])])
+    with open_store(url, readonly=True) as ro, pytest.raises(CorruptObjectError):
+        ro.objects.get_many("entries", ids)
+
+
+def test_a_chunk_of_frames_made_with_two_dictionaries_decodes_each_with_its_own():
+    """A read-ahead's chunk is decompressed in one call per codec, with the dictionary its
+    first frame names; frames of another dictionary (two importers trained one each), of
+    codec 1, raw, or damaged are each read as decode() reads them alone."""
+    import zstandard
+
+    from agentsession_cas.backends.postgresql.compression import MULTI_FROM, RAW, ZSTD, ZSTD_DICT, Compression
+
+    def words(seed: int, n: int) -> list[bytes]:
+        return [json.dumps({"seed": seed, "i": i, "text": " ".join(f"w{(i * seed + k) % 53}" for k in range(30))}).encode()
+                for i in range(n)]
+
+    dicts = {did: zstandard.train_dictionary(4096, words(seed, 400), dict_id=did) for did, seed in ((40001, 3), (40002, 7))}
+    codecs = Compression(None)  # type: ignore[arg-type]  # no database: its dictionaries given here
+    codecs._dicts, codecs._loaded = dict(dicts), True
+    plain = words(5, MULTI_FROM + 10)
+    rows: list[tuple[int, bytes]] = []
+    for i, data in enumerate(plain):
+        kind = i % 5
+        if kind in (0, 1):
+            rows.append((ZSTD_DICT, zstandard.ZstdCompressor(dict_data=dicts[40001 + kind]).compress(data)))
+        elif kind == 2:
+            rows.append((ZSTD, zstandard.ZstdCompressor().compress(data)))
+        elif kind == 3:
+            rows.append((RAW, data))
+        else:
+            rows.append((ZSTD_DICT, b"\x28\xb5\x2f\xfd damaged"))
+    got = codecs.decode_many(rows)
+    assert got == [codecs.decode(*row) for row in rows]
+    assert got == [None if i % 5 == 4 else data for i, data in enumerate(plain)]
 
 
 def test_a_long_walk_forward_is_read_a_chunk_ahead_on_a_worker(store, url, monkeypatch):

@@ -23,7 +23,7 @@ import struct
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-__all__ = ["bool_array", "bytea_array", "int2_array", "int4_array", "text_array", "int4", "int8", "boolean"]
+__all__ = ["bool_array", "bytea_array", "int2_array", "int4_array", "text_array", "int2", "int4", "int8", "boolean"]
 
 T = TypeVar("T")
 
@@ -34,9 +34,9 @@ _NULL = b"\xff\xff\xff\xff"
 #: Element type OIDs (pg_type), fixed since PostgreSQL's first releases.
 _BOOL, _BYTEA, _INT2, _INT4, _TEXT = 16, 17, 21, 23, 25
 
+int2 = struct.Struct(">h").pack
 int4 = struct.Struct(">i").pack
 int8 = struct.Struct(">q").pack
-_int2 = struct.Struct(">h").pack
 
 
 def boolean(value: bool) -> bytes:
@@ -59,7 +59,7 @@ def text_array(values: Iterable[str | None]) -> bytes:
 
 
 def int2_array(values: Iterable[int | None]) -> bytes:
-    return _array(_INT2, values, _int2)
+    return _array(_INT2, values, int2)
 
 
 def int4_array(values: Iterable[int | None]) -> bytes:

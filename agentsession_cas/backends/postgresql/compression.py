@@ -176,34 +176,42 @@ class Compression:
             return None
 
     def decode_many(self, rows: Sequence[tuple[int, bytes]]) -> list[bytes | None]:
-        """:meth:`decode` of many rows; the frames of each dictionary decompressed in one
-        call that runs on every core without the GIL (a read-ahead's chunk)."""
+        """:meth:`decode` of many rows; the frames of each codec decompressed in one call
+        that runs without the GIL (a read-ahead's chunk). The frames of codec 2 are tried
+        with the dictionary the first one names (a space has one), and grouped by the one
+        each names only where that fails (zstd refuses a frame made with another)."""
         out: list[bytes | None] = [None] * len(rows)
-        groups: dict[int, list[int]] = {}
+        if len(rows) < MULTI_FROM:
+            return [self.decode(codec, stored) for codec, stored in rows]
+        groups: dict[int, list[int]] = {ZSTD: [], ZSTD_DICT: []}
         for i, (codec, stored) in enumerate(rows):
             if codec == RAW:
                 out[i] = stored
-            elif len(rows) < MULTI_FROM:
-                out[i] = self.decode(codec, stored)
-            else:
+            elif codec in groups:
+                groups[codec].append(i)
+        for codec, idx in groups.items():
+            if not idx:
+                continue
+            d = None
+            if codec == ZSTD_DICT:
                 try:
-                    did = zstandard.get_frame_parameters(stored).dict_id if codec == ZSTD_DICT else 0
+                    d = self._dictionary(zstandard.get_frame_parameters(rows[idx[0]][1]).dict_id)
                 except zstandard.ZstdError:
+                    d = None
+                if d is None:
+                    self._decode_each(rows, idx, out)
                     continue
-                groups.setdefault(did if codec == ZSTD_DICT else -1, []).append(i)
-        for did, idx in groups.items():
-            d = self._dictionary(did) if did > 0 else None
-            if did >= 0 and d is None:
-                continue  # a dictionary the store does not hold: those rows read as None
             try:
-                done = zstandard.ZstdDecompressor(dict_data=d).multi_decompress_to_buffer(
-                    [rows[i][1] for i in idx], threads=0)
+                done = zstandard.ZstdDecompressor(dict_data=d).multi_decompress_to_buffer([rows[i][1] for i in idx], threads=0)
                 for k, i in enumerate(idx):
                     out[i] = done[k].tobytes()
-            except zstandard.ZstdError:  # one damaged frame: each alone, to find it
-                for i in idx:
-                    out[i] = self.decode(*rows[i])
+            except zstandard.ZstdError:  # a damaged frame, or one made with another dictionary
+                self._decode_each(rows, idx, out)
         return out
+
+    def _decode_each(self, rows: Sequence[tuple[int, bytes]], idx: list[int], out: list[bytes | None]) -> None:
+        for i in idx:
+            out[i] = self.decode(*rows[i])
 
 
 _plain = threading.local()

@@ -40,7 +40,7 @@ from psycopg import pq
 from ...errors import NoSuchSessionError, SessionDamagedError, SessionExistsError, SessionLockedError, StoreError
 from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
 from .arrays import bool_array, boolean, bytea_array, int2_array, int4, int4_array, int8, text_array
-from .database import psycopg, translate
+from .database import checked, psycopg, translate
 from .objects import IN_PACKED, copy_rows, object_rows, packed, raw_hash
 
 if TYPE_CHECKING:
@@ -84,11 +84,7 @@ def _call_append(conn: Any, params: list[bytes | None]) -> bool:
                 res = prep
             else:
                 res = pgconn.exec_prepared(_APPEND_NAME, params, _BINARY)
-    if res.status == pq.ExecStatus.TUPLES_OK:
-        return bool(res.get_value(0, 0) == b"t")
-    if pgconn.status != pq.ConnStatus.OK:
-        raise psycopg.OperationalError(pgconn.get_error_message() or "the connection to the server was lost")
-    raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
+    return bool(checked(conn, res).get_value(0, 0) == b"t")
 
 
 def _holder() -> str:
