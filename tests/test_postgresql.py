@@ -20,13 +20,14 @@ from click.testing import CliRunner
 
 from agentsession_cas import Header, read_session_bytes
 from agentsession_cas.backends import SCHEMES, open_backend, store_url_kind
-from agentsession_cas.backends.postgresql import PostgresBackend, literals, migrate_store, schema
+from agentsession_cas.backends.postgresql import PostgresBackend, arrays, migrate_store, schema
 from agentsession_cas.backends.postgresql import maintenance as pg_maintenance
 from agentsession_cas.backends.postgresql import objects as pg_objects
 from agentsession_cas.backends.postgresql.database import parse_url, public_url
 from agentsession_cas.errors import (
     CorruptObjectError,
     LayoutError,
+    NoSuchObjectError,
     NoSuchSessionError,
     SessionDamagedError,
     SessionLockedError,
@@ -241,7 +242,7 @@ class Recorder:
         send = sessions._call_append
 
         def call(conn: Any, params: list[bytes | None]) -> bool:
-            self.lazy.append({b"t": True, b"f": False}[params[5]])  # type: ignore[index]
+            self.lazy.append({b"\x01": True, b"\x00": False}[params[5]])  # type: ignore[index]
             return send(conn, params)
 
         monkeypatch.setattr(sessions, "_call_append", call)
@@ -284,17 +285,29 @@ def test_the_append_function_sets_asynchronous_commit_for_its_own_transaction_on
     assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
 
 
-def test_array_literals_read_back_as_the_values_they_were_built_from(url):
-    """An append's arrays go as text literals (literals.py): every value a record, a hash or
-    a sequence number can be comes back from the server's own parser unchanged."""
+def test_binary_parameters_read_back_as_the_values_they_were_built_from(url):
+    """An append's parameters go in the binary format (arrays.py): every value a record, a
+    hash, a sequence number or a flag can be comes back from the server's own receive
+    functions unchanged, nulls and empty arrays included."""
+    import psycopg
+    from psycopg.adapt import Transformer
+
     texts = ['{"op":"append","note":"a \\"quoted\\" \\\\ back\\\\slash"}', "NULL", "null", "", "{a,b}", "x,y", " sp ",
              "é ü 漢字 🙂", "\\", '"', "\\x00", None]
-    blobs = [bytes(range(256)), b"", b"\\", b'"', None, b"\x00" * 3]
-    ints = [0, -1, 2**31 - 1, None, 7]
-    got = sql(url, "SELECT %s::text[], %s::bytea[], %s::integer[], %s::smallint[], %s::boolean[], %s::text[], %s::bytea[]",
-              [literals.text_array(texts), literals.bytea_array(blobs), literals.int_array(ints), literals.int_array([0, 1, 2]),
-               literals.bool_array([True, False]), literals.text_array([]), literals.bytea_array([])])
-    assert got == [(texts, blobs, ints, [0, 1, 2], [True, False], [], [])]
+    blobs = [bytes(range(256)), b"", b"\\", b'"', None, b"\xff" * 4, b"\x00" * 3]
+    ints = [0, -1, 2**31 - 1, -(2**31), None, 7]
+    params = [arrays.text_array(texts), arrays.bytea_array(blobs), arrays.int4_array(ints), arrays.int2_array([0, 1, 2, -3]),
+              arrays.bool_array([True, False]), arrays.text_array([]), arrays.bytea_array([]), arrays.int8(-(2**63)),
+              arrays.int4(2**31 - 1), arrays.boolean(True)]
+    with psycopg.connect(parse_url(url)[0], autocommit=True) as conn:
+        res = conn.pgconn.exec_params(
+            b"SELECT $1::text[], $2::bytea[], $3::integer[], $4::smallint[], $5::boolean[], $6::text[], $7::bytea[], "
+            b"$8::bigint, $9::integer, $10::boolean", params, param_formats=[1] * len(params), result_format=1)
+        assert res.status == psycopg.pq.ExecStatus.TUPLES_OK, res.error_message
+        tx = Transformer(conn)
+        tx.set_pgresult(res)
+        got = tx.load_row(0, tuple)
+    assert got == (texts, blobs, ints, [0, 1, 2, -3], [True, False], [], [], -(2**63), 2**31 - 1, True)
 
 
 def test_append_is_one_transaction_with_its_objects_and_head(store, url):
@@ -379,6 +392,13 @@ def _projection_queries(store: Any, url: str, sid: str) -> list[str]:
             return real(statement, params, **kw)
 
         objects.db.query = counting  # type: ignore[method-assign]
+        bulk = objects._rows
+
+        def counting_bulk(space: int, hashes: Any) -> Any:
+            calls.append(f"SELECT FROM objects (space {space}, {len(hashes)} hashes)")
+            return bulk(space, hashes)
+
+        objects._rows = counting_bulk  # type: ignore[method-assign]
         snap = ro.read(sid)
         assert snap.projection() == expected
         snap.close()
@@ -403,6 +423,63 @@ def test_a_projection_reads_its_objects_in_a_few_bulk_queries_and_verifies_each(
         with pytest.raises(CorruptObjectError):
             snap.projection()
         snap.close()
+
+
+def test_get_many_reads_what_no_read_ahead_holds_in_one_query_and_verifies_each(store, url):
+    """get_many of objects no read-ahead fetched (out of any expected order) is one query,
+    each object hashed against its name: a corrupt row is refused, an absent one named."""
+    s, ids = chain(store, n=6)
+    s.close()
+    asked = ids[::-1] + ids[:1]
+    want = [store.objects.get("entries", i) for i in asked]
+    with open_store(url, readonly=True) as ro:
+        calls: list[int] = []
+        bulk = ro.backend.objects._rows
+
+        def counting(space: int, hashes: Any) -> Any:
+            calls.append(len(hashes))
+            return bulk(space, hashes)
+
+        ro.backend.objects._rows = counting  # type: ignore[method-assign]
+        assert ro.objects.get_many("entries", asked) == want
+        assert calls == [len(asked)]
+        with pytest.raises(NoSuchObjectError):
+            ro.objects.get_many("entries", [ids[0], "sha256:" + "0" * 64])
+    sql(url, "UPDATE objects SET data = 'x' || data WHERE space = 0 AND hash = %s", [bytes.fromhex(ids[2][7:])])
+    with open_store(url, readonly=True) as ro, pytest.raises(CorruptObjectError):
+        ro.objects.get_many("entries", ids)
+
+
+def test_a_chunk_of_frames_made_with_two_dictionaries_decodes_each_with_its_own():
+    """A read-ahead's chunk is decompressed in one call per codec, with the dictionary its
+    first frame names; frames of another dictionary (two importers trained one each), of
+    codec 1, raw, or damaged are each read as decode() reads them alone."""
+    import zstandard
+
+    from agentsession_cas.backends.postgresql.compression import MULTI_FROM, RAW, ZSTD, ZSTD_DICT, Compression
+
+    def words(seed: int, n: int) -> list[bytes]:
+        return [json.dumps({"seed": seed, "i": i, "text": " ".join(f"w{(i * seed + k) % 53}" for k in range(30))}).encode()
+                for i in range(n)]
+
+    dicts = {did: zstandard.train_dictionary(4096, words(seed, 400), dict_id=did) for did, seed in ((40001, 3), (40002, 7))}
+    codecs = Compression(None)  # type: ignore[arg-type]  # no database: its dictionaries given here
+    codecs._dicts, codecs._loaded = dict(dicts), True
+    plain = words(5, MULTI_FROM + 10)
+    rows: list[tuple[int, bytes]] = []
+    for i, data in enumerate(plain):
+        kind = i % 5
+        if kind in (0, 1):
+            rows.append((ZSTD_DICT, zstandard.ZstdCompressor(dict_data=dicts[40001 + kind]).compress(data)))
+        elif kind == 2:
+            rows.append((ZSTD, zstandard.ZstdCompressor().compress(data)))
+        elif kind == 3:
+            rows.append((RAW, data))
+        else:
+            rows.append((ZSTD_DICT, b"\x28\xb5\x2f\xfd damaged"))
+    got = codecs.decode_many(rows)
+    assert got == [codecs.decode(*row) for row in rows]
+    assert got == [None if i % 5 == 4 else data for i, data in enumerate(plain)]
 
 
 def test_a_long_walk_forward_is_read_a_chunk_ahead_on_a_worker(store, url, monkeypatch):

@@ -44,6 +44,11 @@ TRAIN_FROM = 1000
 #: the benchmark session's stored bytes; a larger one gained under 1% more.
 TRAIN_SAMPLES = 4000
 DICT_SIZE = 64 << 10
+#: zstd's level for a batch (an import's, compressed on every core) and for the few objects
+#: of an append, compressed one at a time in the writer's thread: level 1 took 5 us an
+#: object of the benchmark session where level 3 took 11.5 (about a tenth of the client's
+#: CPU per append), for 1% more stored bytes.
+LEVEL, FAST_LEVEL = 3, 1
 #: zstd keeps dictionary ids below 32768 for a registry: ours are drawn above it.
 _ID_FLOOR = 1 << 15
 
@@ -87,7 +92,7 @@ class Compression:
             return
         step = max(1, len(samples) // TRAIN_SAMPLES)
         try:
-            trained = zstandard.train_dictionary(DICT_SIZE, list(samples[::step]), level=3,
+            trained = zstandard.train_dictionary(DICT_SIZE, list(samples[::step]), level=LEVEL,
                                                  dict_id=_ID_FLOOR + secrets.randbelow((1 << 31) - _ID_FLOOR))
         except zstandard.ZstdError:
             return
@@ -105,14 +110,14 @@ class Compression:
 
     # -- encoding -------------------------------------------------------------------------
 
-    def _compressor(self, did: int | None) -> Any:
+    def _compressor(self, did: int | None, level: int) -> Any:
         cache = getattr(self._local, "c", None)
         if cache is None:
             cache = self._local.c = {}
-        c = cache.get(did)
+        c = cache.get((did, level))
         if c is None:
             d = self._dicts[did] if did is not None else None
-            c = cache[did] = zstandard.ZstdCompressor(level=3, dict_data=d, write_content_size=True)
+            c = cache[did, level] = zstandard.ZstdCompressor(level=level, dict_data=d, write_content_size=True)
         return c
 
     def encode_many(self, objects: Sequence[tuple[int, bytes, bytes]]) -> list[tuple[int, bytes]]:
@@ -120,7 +125,8 @@ class Compression:
         their name (a corrupt put) are stored as they are, where the server sees it; the
         others compressed with their space's dictionary (else alone) where that is smaller.
         Many are compressed in one call that runs zstd on every core without the GIL (an
-        import's batch); the frames are the same as one at a time."""
+        import's batch, at :data:`LEVEL`); a few (an append's) one at a time, at
+        :data:`FAST_LEVEL`."""
         todo: dict[int | None, list[int]] = {}
         for i, (space, raw, data) in enumerate(objects):
             if len(data) >= COMPRESS_FROM and hashlib.sha256(data).digest() == raw:
@@ -128,12 +134,13 @@ class Compression:
         codec = {i: ZSTD if did is None else ZSTD_DICT for did, idx in todo.items() for i in idx}
         frames: dict[int, bytes] = {}
         for did, idx in todo.items():
-            compressor = self._compressor(did)
-            if len(idx) >= MULTI_FROM and hasattr(compressor, "multi_compress_to_buffer"):
+            compressor = self._compressor(did, LEVEL) if len(idx) >= MULTI_FROM else None
+            if compressor is not None and hasattr(compressor, "multi_compress_to_buffer"):
                 done = compressor.multi_compress_to_buffer([objects[i][2] for i in idx], threads=-1)
                 frames.update((i, done[k].tobytes()) for k, i in enumerate(idx))
             else:
-                frames.update((i, compressor.compress(objects[i][2])) for i in idx)
+                compress = (compressor or self._compressor(did, FAST_LEVEL)).compress
+                frames.update((i, compress(objects[i][2])) for i in idx)
         out = []
         for i, (_, _, data) in enumerate(objects):
             frame = frames.get(i)
@@ -169,34 +176,42 @@ class Compression:
             return None
 
     def decode_many(self, rows: Sequence[tuple[int, bytes]]) -> list[bytes | None]:
-        """:meth:`decode` of many rows; the frames of each dictionary decompressed in one
-        call that runs on every core without the GIL (a read-ahead's chunk)."""
+        """:meth:`decode` of many rows; the frames of each codec decompressed in one call
+        that runs without the GIL (a read-ahead's chunk). The frames of codec 2 are tried
+        with the dictionary the first one names (a space has one), and grouped by the one
+        each names only where that fails (zstd refuses a frame made with another)."""
         out: list[bytes | None] = [None] * len(rows)
-        groups: dict[int, list[int]] = {}
+        if len(rows) < MULTI_FROM:
+            return [self.decode(codec, stored) for codec, stored in rows]
+        groups: dict[int, list[int]] = {ZSTD: [], ZSTD_DICT: []}
         for i, (codec, stored) in enumerate(rows):
             if codec == RAW:
                 out[i] = stored
-            elif len(rows) < MULTI_FROM:
-                out[i] = self.decode(codec, stored)
-            else:
+            elif codec in groups:
+                groups[codec].append(i)
+        for codec, idx in groups.items():
+            if not idx:
+                continue
+            d = None
+            if codec == ZSTD_DICT:
                 try:
-                    did = zstandard.get_frame_parameters(stored).dict_id if codec == ZSTD_DICT else 0
+                    d = self._dictionary(zstandard.get_frame_parameters(rows[idx[0]][1]).dict_id)
                 except zstandard.ZstdError:
+                    d = None
+                if d is None:
+                    self._decode_each(rows, idx, out)
                     continue
-                groups.setdefault(did if codec == ZSTD_DICT else -1, []).append(i)
-        for did, idx in groups.items():
-            d = self._dictionary(did) if did > 0 else None
-            if did >= 0 and d is None:
-                continue  # a dictionary the store does not hold: those rows read as None
             try:
-                done = zstandard.ZstdDecompressor(dict_data=d).multi_decompress_to_buffer(
-                    [rows[i][1] for i in idx], threads=0)
+                done = zstandard.ZstdDecompressor(dict_data=d).multi_decompress_to_buffer([rows[i][1] for i in idx], threads=0)
                 for k, i in enumerate(idx):
                     out[i] = done[k].tobytes()
-            except zstandard.ZstdError:  # one damaged frame: each alone, to find it
-                for i in idx:
-                    out[i] = self.decode(*rows[i])
+            except zstandard.ZstdError:  # a damaged frame, or one made with another dictionary
+                self._decode_each(rows, idx, out)
         return out
+
+    def _decode_each(self, rows: Sequence[tuple[int, bytes]], idx: list[int], out: list[bytes | None]) -> None:
+        for i in idx:
+            out[i] = self.decode(*rows[i])
 
 
 _plain = threading.local()

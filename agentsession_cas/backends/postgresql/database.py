@@ -22,14 +22,15 @@ from ...errors import LayoutError, StoreError, UnsupportedError
 
 try:  # the ``postgresql`` extra
     import psycopg
-    from psycopg import sql
+    from psycopg import pq, sql
     from psycopg_pool import ConnectionPool
 except ImportError:  # pragma: no cover - exercised only where the extra is not installed
     psycopg = None  # type: ignore[assignment]
+    pq = None  # type: ignore[assignment]
     sql = None  # type: ignore[assignment]
     ConnectionPool = None  # type: ignore[assignment,misc]
 
-__all__ = ["DEFAULT_SCHEMA", "Database", "parse_url", "public_url", "require_driver"]
+__all__ = ["DEFAULT_SCHEMA", "Database", "checked", "parse_url", "public_url", "require_driver"]
 
 DEFAULT_SCHEMA = "agentsession"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -172,6 +173,17 @@ class Database:
 
     def describe(self) -> str:
         return f"the PostgreSQL store at {self.public}"
+
+
+def checked(conn: Any, res: Any) -> Any:
+    """A result libpq gave for a statement run on ``conn`` through its ``pgconn`` (the hot
+    paths: no psycopg adaptation or wait loop), when it succeeded; else psycopg's error
+    for it, OperationalError where the connection is gone."""
+    if res.status in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+        return res
+    if conn.pgconn.status != pq.ConnStatus.OK:
+        raise psycopg.OperationalError(conn.pgconn.get_error_message() or "the connection to the server was lost")
+    raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
 
 
 def _message(exc: BaseException) -> str:

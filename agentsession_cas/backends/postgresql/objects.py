@@ -30,7 +30,9 @@ from ...errors import CorruptObjectError, NoSuchObjectError
 from ...format.canonical import loads
 from ...format.hashing import envelope_content
 from ..base import ObjectStore, Space
+from .arrays import int2
 from .compression import Compression
+from .database import checked
 from .schema import REPLACE, SPACE_CODES, sound
 
 if TYPE_CHECKING:
@@ -85,6 +87,10 @@ def raw_hash(name: str) -> bytes | None:
 #: prefix (100,000 hashes). An array keeps the plan an index scan per hash.
 IN_PACKED = "hash = ANY(ARRAY(SELECT substr(p.b, i * 32 + 1, 32) FROM (SELECT %b::bytea AS b) p, " \
             "generate_series(0, length(p.b) / 32 - 1) AS i))"
+
+
+#: The objects of a space among some hashes (one packed parameter), for :meth:`PgObjects._rows`.
+_ROWS = f"SELECT hash, codec, data FROM objects WHERE space = $1::smallint AND {IN_PACKED.replace('%b', '$2')}".encode()
 
 
 def packed(hashes: Iterable[bytes | None]) -> bytes:
@@ -204,12 +210,48 @@ class PgObjects(ObjectStore):
         conn.execute("INSERT INTO edges (parent, child, first) SELECT * FROM incoming_edges ON CONFLICT DO NOTHING")
 
     def get(self, space: Space, name: str) -> bytes:
+        row = self._take(space, name)
+        if row is None:
+            row = self._miss(space, name)
+        data = self._checked(space, name, row)
+        if space == "entries":
+            self._served(name, data)
+        return data
+
+    def get_many(self, space: Space, names: Sequence[str]) -> list[bytes]:
+        """:meth:`get` of each name, in order, each hashed against its name: what the
+        read-ahead holds taken at once, the rest in one query (reading ahead first where
+        they go on along the expected order, as :meth:`get` does); a name that is no hash
+        or an object the table lacks by :meth:`get`, which says so. A projection's walk
+        reads this way, a few hundred entries, then their contents."""
+        rows = [self._take(space, name) for name in names]
+        missing = [i for i, row in enumerate(rows) if row is None]
+        while missing and space == "entries" and self._walks_on(names, missing[0]):
+            self._read_ahead(names[missing[0]], up=False)
+            for i in missing:
+                rows[i] = self._take(space, names[i])
+            if rows[missing[0]] is None:
+                break
+            missing = [i for i in missing if rows[i] is None]
+        if missing:
+            found = dict(self._rows(SPACE_CODES[space], [raw_hash(names[i]) for i in missing]))
+            for i in missing:
+                rows[i] = found.get(raw_hash(names[i]) or b"")
+        out = [self.get(space, name) if row is None else self._checked(space, name, row) for name, row in zip(names, rows)]
+        if out and space == "entries":
+            self._served(names[-1], out[-1])
+        return out
+
+    def _take(self, space: Space, name: str) -> tuple[int, bytes] | None:
+        """The row of an object a read-ahead fetched, taken (a reader reads it once)."""
         key = (space, name)
         row = self._ahead.pop(key, None)
         if row is None and self._behind:
             row = self._behind.pop(key, None)
-        if row is None:
-            row = self._miss(space, name)
+        return row
+
+    def _checked(self, space: Space, name: str, row: tuple[int, bytes]) -> bytes:
+        """The object's bytes from its row, decompressed and hashed against its name."""
         data = row[1] if row[0] == 0 else self.codecs.decode(*row)
         # A row came by its name's 32 bytes, so the name is ``sha256:`` and 64 hex digits.
         if data is None or hashlib.sha256(data).hexdigest() != name[7:]:
@@ -217,8 +259,6 @@ class PgObjects(ObjectStore):
                 f"corrupt object: {space} object {name} does not hash to its name (in {self.where(space, name)})",
                 space=space, name=name, path=self.where(space, name),
             )
-        if space == "entries":
-            self._served(name, data)
         return data
 
     def _miss(self, space: Space, name: str) -> tuple[int, bytes]:
@@ -255,6 +295,12 @@ class PgObjects(ObjectStore):
     def _walks_forward(self, name: str) -> bool:
         at = self._order.get(name)
         return at is not None and (at == 0 or at == self._last + 1)
+
+    def _walks_on(self, names: Sequence[str], i: int) -> bool:
+        """Whether ``names[i]`` is where a walk forward along the expected order goes next:
+        the first of it, after the entry served last, or after ``names[i - 1]``."""
+        at = self._order.get(names[i])
+        return at is not None and (at == 0 or at == self._last + 1 or (i > 0 and self._order.get(names[i - 1]) == at - 1))
 
     def _parent_of_last_is(self, name: str) -> bool:
         """Whether ``name`` is the ``parent`` of the envelope served last. Only an envelope
@@ -350,10 +396,12 @@ class PgObjects(ObjectStore):
 
     def _rows(self, space: int, hashes: Sequence[bytes | None]) -> list[tuple[bytes, tuple[int, bytes]]]:
         """(hash, row) of the objects of ``space`` named, decompressed where they can be."""
-        # Binary results: bytea in text would travel as hex, twice its size, encoded by the
-        # server and decoded here.
-        rows = [(bytes(raw), int(codec), bytes(data)) for raw, codec, data in self.db.query(
-            f"SELECT hash, codec, data FROM objects WHERE space = %s AND {IN_PACKED}", [space, packed(hashes)], binary=True)]
+        # Through libpq itself, parameters and results in the binary format (bytea in text
+        # would travel as hex, twice its size, encoded by the server and decoded here).
+        with self.db.conn() as c, c.lock:
+            res = checked(c, c.pgconn.exec_params(_ROWS, [int2(space), packed(hashes)], param_formats=[1, 1], result_format=1))
+        value = res.get_value
+        rows = [(value(i, 0), int.from_bytes(value(i, 1), "big"), value(i, 2)) for i in range(res.ntuples)]
         plain = self.codecs.decode_many([(codec, data) for _, codec, data in rows])
         return [(raw, (codec, data) if out is None else (0, out)) for (raw, codec, data), out in zip(rows, plain)]
 

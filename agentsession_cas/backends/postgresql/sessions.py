@@ -39,8 +39,8 @@ from psycopg import pq
 
 from ...errors import NoSuchSessionError, SessionDamagedError, SessionExistsError, SessionLockedError, StoreError
 from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
-from .database import psycopg, translate
-from .literals import bool_array, bytea_array, int_array, text_array
+from .arrays import bool_array, boolean, bytea_array, int2_array, int4, int4_array, int8, text_array
+from .database import checked, psycopg, translate
 from .objects import IN_PACKED, copy_rows, object_rows, packed, raw_hash
 
 if TYPE_CHECKING:
@@ -53,10 +53,10 @@ LOG_COLUMNS = "log (session, pos, op, seq, hash, content, record)"
 LOG_TYPES = ["int8", "int4", "text", "int4", "bytea", "bytea", "text"]
 _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _DECODE = json.JSONDecoder().raw_decode
-#: An append: one prepared statement, its arrays sent as text literals (:mod:`.literals`)
-#: and cast here. It is run through libpq itself (:func:`_call_append`), not psycopg's
-#: execute, whose Python-level adaptation and wait loop cost more client CPU than the rest
-#: of the backend's work on an append.
+#: An append: one prepared statement, its parameters sent in the binary format
+#: (:mod:`.arrays`), each of the type its cast here names. It is run through libpq itself
+#: (:func:`_call_append`), not psycopg's execute, whose Python-level adaptation and wait
+#: loop cost more client CPU than the rest of the backend's work on an append.
 _APPEND_NAME = b"agentsession_append_records"
 _APPEND_SQL = (
     b"SELECT append_records($1::bigint, $2::bigint, $3::integer, $4::text, $5::text, $6::boolean, $7::bigint, "
@@ -65,37 +65,26 @@ _APPEND_SQL = (
 )
 #: SQLSTATE of a statement name the connection has not prepared (a connection's first append).
 _NOT_PREPARED = b"26000"
+#: Every parameter of the append in the binary format.
+_BINARY = [1] * 19
 
 
 def _call_append(conn: Any, params: list[bytes | None]) -> bool:
-    """Run ``append_records`` on ``conn`` (autocommit: the call is its own transaction) and
-    say what it returned; psycopg's error for a failed call, OperationalError where the
+    """Run ``append_records`` on ``conn`` (autocommit: the call is its own transaction), its
+    parameters in the binary format, and say what it returned; psycopg's error for a failed call, OperationalError where the
     connection is gone. A blocking libpq call: it releases the GIL (other writers run
     meanwhile) but, unlike psycopg's wait, Ctrl-C takes effect only when it returns; a
     network that stops answering is bounded by libpq's keepalives settings in the URL."""
     pgconn = conn.pgconn
     with conn.lock:
-        res = pgconn.exec_prepared(_APPEND_NAME, params)
+        res = pgconn.exec_prepared(_APPEND_NAME, params, _BINARY)
         if res.status == pq.ExecStatus.FATAL_ERROR and res.error_field(pq.DiagnosticField.SQLSTATE) == _NOT_PREPARED:
             prep = pgconn.prepare(_APPEND_NAME, _APPEND_SQL)
             if prep.status != pq.ExecStatus.COMMAND_OK:
                 res = prep
             else:
-                res = pgconn.exec_prepared(_APPEND_NAME, params)
-    if res.status == pq.ExecStatus.TUPLES_OK:
-        return bool(res.get_value(0, 0) == b"t")
-    if pgconn.status != pq.ConnStatus.OK:
-        raise psycopg.OperationalError(pgconn.get_error_message() or "the connection to the server was lost")
-    raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
-
-
-def _text(value: object) -> bytes | None:
-    """A parameter in PostgreSQL's text format."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return b"t" if value else b"f"
-    return str(value).encode()
+                res = pgconn.exec_prepared(_APPEND_NAME, params, _BINARY)
+    return bool(checked(conn, res).get_value(0, 0) == b"t")
 
 
 def _holder() -> str:
@@ -210,12 +199,13 @@ class PgSessionLog(SessionLog):
         orows, erows = object_rows(_objects_of(records), self.backend.objects.codecs)
         cols = list(zip(*rows))
         try:
-            done = _call_append(conn, [_text(v) for v in (
-                self.key, self.fence, self.last_pos, head, mark, not durable, self.backend.db.lock_key("sweep"),
-                int_array(r[0] for r in orows), bytea_array(r[1] for r in orows), int_array(r[2] for r in orows),
+            done = _call_append(conn, [
+                int8(self.key), int8(self.fence), int4(self.last_pos), None if head is None else head.encode(), mark.encode(),
+                boolean(not durable), int8(self.backend.db.lock_key("sweep")),
+                int2_array(r[0] for r in orows), bytea_array(r[1] for r in orows), int2_array(r[2] for r in orows),
                 bytea_array(r[3] for r in orows),
                 bytea_array(e[0] for e in erows), bytea_array(e[1] for e in erows), bool_array(e[2] for e in erows),
-                text_array(cols[2]), int_array(cols[3]), bytea_array(cols[4]), bytea_array(cols[5]), text_array(cols[6]))])
+                text_array(cols[2]), int4_array(cols[3]), bytea_array(cols[4]), bytea_array(cols[5]), text_array(cols[6])])
             if not done:
                 raise _Fenced()
         except _Fenced:
