@@ -358,7 +358,14 @@ def _read_regular(path: str, limit: int, *, whole: bool) -> bytes:
     try:
         if whole and st.st_size > limit:
             raise NotAFileError(f"{path} is {st.st_size} bytes; a file of its kind is at most {limit}")
-        return os.read(fd, limit + 1)[:limit]
+        # Read in chunks the size the file has, not one of ``limit`` bytes: a buffer of the
+        # limit is allocated whole (tracemalloc counts it; a strict overcommit refuses it).
+        chunks: list[bytes] = []
+        want = limit
+        while want > 0 and (chunk := os.read(fd, min(want, max(st.st_size, 1 << 16)))):
+            chunks.append(chunk)
+            want -= len(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 
