@@ -252,6 +252,21 @@ def test_a_snapshot_that_decodes_badly_is_damage(tmp_path):
         Store(root, readonly=True).read("s1")
 
 
+def test_a_snapshot_naming_an_entry_twice_is_damage(tmp_path):
+    """Its ids are held as their digests, not a dict of them: the repeat is still found."""
+    root = tmp_path / "store"
+    st = Store.init(root)
+    fill(st)
+    st.close()
+    lr = read_log(log_of(root), expand=False)
+    create, snap = lr.records[0].data, lr.records[1].data
+    entries = list(snap["entries"])
+    snap = dict(snap, entries=[*entries[:-1], entries[len(entries) // 2]])
+    (root / "sessions" / "s1" / "log").write_bytes(encode_record(create) + encode_record(snap))
+    with pytest.raises(SessionDamagedError, match="a snapshot naming an entry twice"):
+        Store(root, readonly=True).read("s1")
+
+
 _WORKER = textwrap.dedent(
     """
     import os, signal, sys

@@ -144,6 +144,49 @@ class _Seq(_Known):
         raise KeyError(key)
 
 
+class _Order:
+    """The ids in the order fed (the path checker's list): the prefix, the first ``n`` own
+    entries of the log (read from the session's own order, not copied: 100,000 ids are
+    100,000 strings), then those fed since, which alone a rollback takes back."""
+
+    def __init__(self, prefix: Sequence[str], own: Sequence[str], n: int):
+        self.prefix, self.own, self.n = prefix, own, n
+        self.fed: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.prefix) + self.n + len(self.fed)
+
+    def __getitem__(self, i: int) -> str:
+        p, n = len(self.prefix), self.n
+        if i < 0:
+            i += p + n + len(self.fed)
+        if not 0 <= i < p + n + len(self.fed):
+            raise IndexError("order index out of range")
+        if i < p:
+            return self.prefix[i]
+        return self.own[i - p] if i < p + n else self.fed[i - p - n]
+
+    def append(self, entry_id: str) -> None:
+        self.fed.append(entry_id)
+
+    def __delitem__(self, at: slice) -> None:
+        start = at.start - len(self.prefix) - self.n
+        if start < 0 or at.stop is not None or at.step is not None:
+            raise NeedsRebuild("a rollback above the restored tip")
+        del self.fed[start:]
+
+
+class _OwnSince(set):
+    """The tree's own entries of a fork: those the state stands for (known from the log)
+    and those added since (held here, which alone a rollback discards)."""
+
+    restored: _Restored
+
+    def __contains__(self, key: object) -> bool:
+        return set.__contains__(self, key) or (
+            isinstance(key, str) and self.restored.own_seq.get(key, self.restored.last_seq + 1) <= self.restored.last_seq)
+
+
 class _Held(dict):
     """The tree's ids (id -> the line it was read from): the entries the state stands
     for, known from the log, and those fed since."""
@@ -199,7 +242,7 @@ class _FirstCall(dict):
     """Each call id's first function call: its place in the order for those before the
     tip (only their ids are read, in a repeat's message), the entry for those since."""
 
-    order: list[str]
+    order: Sequence[str] | _Order
 
     def __getitem__(self, key: Any) -> Any:
         v = dict.__getitem__(self, key)
@@ -472,7 +515,7 @@ def restore(
     order, ``own_seq`` their sequence numbers); the caller feeds the rest at once.
     Raises KeyError, TypeError or ValueError on a state that is not of the form."""
     n = data["entries"]
-    ids = [*prefix, *own[:n]]
+    ids = _Order(prefix, own, n)
     count = len(ids)
     depth, tip, tip_at = data["depth"], data["tip"], data["tip_at"]
     if data["order"] != count or not (isinstance(tip_at, int) and 0 <= tip_at < count and ids[tip_at] == tip):
@@ -494,7 +537,7 @@ def restore(
     seq = _Seq({tip: tip_at})
     restored = seq.restored = _Restored(seq, frozenset(prefix), own_seq, own_seq[own[n - 1]])
     path.seq = path.walker.seq = seq
-    path._order = ids
+    path._order = ids  # type: ignore[assignment]
 
     tree: TreeState = checker.tree
     held = _Held()
@@ -504,7 +547,8 @@ def restore(
     tree._prefix_prev = header.base
     tree.prefix = list(prefix[:-1])
     if header.base is not None:
-        tree.own = set(own[:n])
+        since = tree.own = _OwnSince()
+        since.restored = restored
     tree.leaf_labels = set(leaf_labels) | set(data["prefix_leaf_labels"])
 
     path.floor = depth

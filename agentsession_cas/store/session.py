@@ -46,6 +46,7 @@ from ..format.links import REL_CONTINUED_IN, successor_of
 from ..format.media import sidecar_names
 from ..format.timestamps import now_ts
 from ..format.tree import Tree
+from .own import OwnOrder, OwnSeqs
 from .state import SessionState, committed_view, index_damage, replay
 from .summary import SessionSummary, SummaryBuilder
 
@@ -290,12 +291,12 @@ class Session:
         return self.state.mark
 
     @property
-    def own(self) -> dict[str, int]:
+    def own(self) -> OwnSeqs:
         """Own entry id -> its sequence number."""
         return self.state.own
 
     @property
-    def log_order(self) -> list[str]:
+    def log_order(self) -> OwnOrder:
         return self.state.log_order
 
     @property

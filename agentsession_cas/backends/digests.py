@@ -1,0 +1,148 @@
+"""Entry ids held as their raw SHA-256 digests: one bytes object for all of them (issue 11).
+
+A compacted log's snapshot names a session's own entries as 32-byte digests
+(``docs/storage-format.md``). Spelled out as one Python string each, 100,000 of
+them cost 12 MB, and the replay's dict of their sequence numbers as much again;
+kept as the snapshot's bytes they cost 32 bytes each. :class:`EntryDigests` is
+that sequence of ids, spelling an id only when it is read, with an
+open-addressing table (4 bytes a slot, at most half of the slots used) that says
+whether and where an id is one of them without an object per id. The table is
+built on first need, and building it is also what finds an id named twice.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import overload
+
+__all__ = ["DIGEST", "PREFIX", "EntryDigests"]
+
+#: Bytes of a digest, and what spells one as an entry id.
+DIGEST = 32
+PREFIX = "sha256:"
+_ID_LEN = len(PREFIX) + 2 * DIGEST
+_M64 = (1 << 64) - 1
+#: The table's multiplier, odd and this process's own: ids are hashes a writer can grind
+#: (an entry's content is theirs), so which slot one takes must not be theirs to choose.
+_KEY = int.from_bytes(os.urandom(8), "little") | 1
+#: Ids spelled at once when iterating (one hex string of them, then sliced).
+_CHUNK = 4096
+
+
+def _digest(entry_id: object) -> bytes | None:
+    """The 32 bytes an entry id spells, or None for anything that is not an entry id
+    (in lowercase hex, as the format writes one)."""
+    if not isinstance(entry_id, str) or len(entry_id) != _ID_LEN or not entry_id.startswith(PREFIX):
+        return None
+    text = entry_id[len(PREFIX):]
+    try:
+        d = bytes.fromhex(text)
+    except ValueError:
+        return None
+    return d if len(d) == DIGEST and d.hex() == text else None
+
+
+class EntryDigests(Sequence[str]):
+    """Entry ids (``sha256:<hex>``) as the concatenation of their digests, in order."""
+
+    __slots__ = ("raw", "_n", "_table", "_shift", "_repeat")
+
+    def __init__(self, raw: bytes):
+        if len(raw) % DIGEST:
+            raise ValueError(f"{len(raw)} bytes are no whole number of {DIGEST}-byte digests")
+        self.raw = raw
+        self._n = len(raw) // DIGEST
+        self._table: array[int] | None = None
+        self._shift = 64
+        self._repeat: int | None = None
+
+    @classmethod
+    def of(cls, ids: Sequence[str]) -> EntryDigests:
+        """The digests of entry ids (each checked to be one: ValueError otherwise)."""
+        if isinstance(ids, EntryDigests):
+            return ids
+        out = bytearray()
+        for e in ids:
+            d = _digest(e)
+            if d is None:
+                raise ValueError(f"{e!r} is not an entry id")
+            out += d
+        return cls(bytes(out))
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self._n)
+            if step != 1:
+                return [self[k] for k in range(start, stop, step)]
+            return list(self.spell(start, stop))
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("entry digest index out of range")
+        return PREFIX + self.raw[i * DIGEST : (i + 1) * DIGEST].hex()
+
+    def __iter__(self) -> Iterator[str]:
+        return self.spell(0, self._n)
+
+    def spell(self, start: int, stop: int) -> Iterator[str]:
+        """The ids from ``start`` to ``stop``, spelled a chunk at a time."""
+        raw = self.raw
+        for lo in range(start, stop, _CHUNK):
+            hexed = raw[lo * DIGEST : min(stop, lo + _CHUNK) * DIGEST].hex()
+            yield from [PREFIX + hexed[k : k + 2 * DIGEST] for k in range(0, len(hexed), 2 * DIGEST)]
+
+    def __contains__(self, entry_id: object) -> bool:
+        return self.position(entry_id) >= 0
+
+    def position(self, entry_id: object) -> int:
+        """Where ``entry_id`` stands (its first place), or -1 when it is not one of them."""
+        d = _digest(entry_id)
+        if d is None or not self._n:
+            return -1
+        table = self._table if self._table is not None else self._build()
+        mask = len(table) - 1
+        raw = self.raw
+        s = ((int.from_bytes(d[:8], sys.byteorder) * _KEY) & _M64) >> self._shift
+        while j := table[s]:
+            if raw.startswith(d, (j - 1) * DIGEST):
+                return j - 1
+            s = (s + 1) & mask
+        return -1
+
+    def first_repeat(self) -> str | None:
+        """An id named twice, or None (what a snapshot must not hold)."""
+        if self._table is None and self._n:
+            self._build()
+        return None if self._repeat is None else self[self._repeat]
+
+    def _build(self) -> array[int]:
+        """The table: slot -> place + 1 (0: empty) for each id's first place, found by its
+        first 8 bytes times the key, probing linearly."""
+        n = self._n
+        bits = max(4, (2 * n).bit_length())
+        table = array("I", bytes(4 << bits))
+        mask, shift = (1 << bits) - 1, 64 - bits
+        raw, key = self.raw, _KEY
+        words = memoryview(raw).cast("Q")[:: DIGEST // 8]
+        for i, w in enumerate(words, 1):
+            s = ((w * key) & _M64) >> shift
+            while j := table[s]:
+                if words[j - 1] == w and raw[(j - 1) * DIGEST : j * DIGEST] == raw[(i - 1) * DIGEST : i * DIGEST]:
+                    if self._repeat is None:
+                        self._repeat = i - 1
+                    break
+                s = (s + 1) & mask
+            else:
+                table[s] = i
+        self._table, self._shift = table, shift
+        return table
