@@ -284,6 +284,20 @@ def test_a_damaged_or_foreign_state_is_rebuilt_and_written_again(tmp_path, damag
     _append(root, expect_restored=True)  # written again at that close
 
 
+def test_a_slip_in_the_restored_checker_is_raised_not_taken_for_a_rebuild(monkeypatch):
+    """Only a question the state does not hold rebuilds: a TypeError of the code (here the
+    stand-in context builder called as the real one is, its signature gone wrong) is
+    raised, where it once went unnoticed as a rebuild of every restored append."""
+    s = SPLITS["generated-1"]
+    cut = len(s.own) // 2
+    monkeypatch.setattr(rulestate._NoBuilder, "push", lambda self: None)
+    restored = s.restored(cut)
+    assert type(restored) is RestoredChecker
+    with pytest.raises(TypeError):
+        for e in s.own[cut:]:
+            restored.add(e, prefix=False)
+
+
 def test_a_state_older_than_the_log_is_used_and_the_entries_after_it_are_read(tmp_path):
     root = tmp_path / "s"
     _recorded(root)

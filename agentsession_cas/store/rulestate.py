@@ -33,7 +33,7 @@ from ..format.entry import Entry, Header
 from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial
 from ..format.runs import _Call, _Event, _Run
 
-__all__ = ["NeedsRebuild", "RestoredChecker", "VERSION", "capture", "header_key", "restore", "stand_at", "usable"]
+__all__ = ["NeedsRebuild", "RestoredChecker", "VERSION", "capture", "check_form", "header_key", "restore", "stand_at", "usable"]
 
 #: The version of the state's form; another one is rebuilt, never read.
 VERSION = 1
@@ -43,10 +43,10 @@ class NeedsRebuild(Exception):
     """A rule asked a restored checker for what its state did not keep."""
 
 
-#: What a restored checker answers by rebuilding: a question its state does not hold,
-#: or a state whose checksum held but whose members are not of the form (met only
-#: where a rule reads them): never trusted, never an error of the append.
-_REBUILD = (NeedsRebuild, TypeError, KeyError, AttributeError, IndexError, ValueError)
+#: What a restored checker answers by rebuilding: a question its state does not hold.
+#: (A state whose members are not of the form is refused whole by :func:`restore`, so a
+#: TypeError or KeyError in a rule is a slip of the code, never taken for "rebuild".)
+_REBUILD = (NeedsRebuild,)
 
 
 class _Hollow:
@@ -500,6 +500,73 @@ def usable(data: Any, header: Header, own: Sequence[str], own_seq: Mapping[str, 
     return own_seq.get(last) == data.get("last_seq")
 
 
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _is_list(v: Any, n: int | None = None) -> bool:
+    return type(v) is list and (n is None or len(v) == n)
+
+
+def _str_or_none(v: Any) -> bool:
+    return v is None or type(v) is str
+
+
+def check_form(data: Mapping[str, Any], count: int) -> None:
+    """Raise ValueError unless every member :func:`restore` reads is of the form
+    :func:`capture` writes (a state of ``count`` entries in order): a state whose checksum
+    held is still not trusted to be one, and what is not of the form is rebuilt."""
+
+    def member(name: str) -> Any:
+        return data.get(name)
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ValueError(f"the state's {what} is not of the form")
+
+    for name in ("entries", "last_seq", "order", "tip_at", "depth", "budget", "open_calls", "calls_checked"):
+        need(_is_int(member(name)), name)
+    need(type(member("last")) is str and type(member("tip")) is str, "last or tip")
+    cut = member("cut")
+    need(type(cut) is dict and all(type(v) is str for v in cut.values()), "cut")
+    seen = member("seen")
+    need(_is_list(seen) and all(_is_list(x, 2) and type(x[0]) is str and type(x[1]) is str for x in seen), "seen")
+    labels = member("prefix_leaf_labels")
+    need(_is_list(labels) and all(type(x) is str for x in labels), "prefix_leaf_labels")
+    links = member("links")
+    need(_is_list(links) and all(_is_list(x, 3) and type(x[0]) is str and _str_or_none(x[1]) and _str_or_none(x[2])
+                                 for x in links), "links")
+    first = member("first_call")
+    need(_is_list(first, 2) and _is_list(first[0]) and _is_list(first[1]) and len(first[0]) == len(first[1])
+         and all(type(c) is str for c in first[0]) and all(_is_int(v) and 0 <= v < count for v in first[1]), "first_call")
+    stacks = member("stacks")
+    need(type(stacks) is dict and all(_is_list(forms) for forms in stacks.values()), "stacks")
+    calls: set[str] = set()
+    for forms in stacks.values():
+        for form in forms:
+            need(_is_list(form, 6) and type(form[0]) is str and type(form[1]) is str and _is_int(form[2])
+                 and type(form[3]) is bool and _str_or_none(form[4]) and _is_list(form[5]), "stacks' calls")
+            need(all(_is_list(ev, 4) and type(ev[0]) is str and type(ev[1]) is str and _str_or_none(ev[2])
+                     and type(ev[3]) is bool for ev in form[5]), "stacks' events")
+            calls.add(form[0])
+    dispatches = member("dispatches")
+    need(type(dispatches) is dict and all(
+        _is_list(nodes) and all(_is_list(x, 3) and _is_int(x[0]) and type(x[1]) is str and type(x[2]) is bool for x in nodes)
+        for nodes in dispatches.values()), "dispatches")
+    last = member("last_response")
+    need(last is None or (_is_list(last, 5) and type(last[0]) is str and _is_int(last[1])
+                          and all(type(x) is bool for x in last[2:])), "last_response")
+    run = member("run")
+    if run is not None:
+        need(type(run) is dict and type(run.get("start")) is str and _is_int(run.get("depth"))
+             and _is_list(run.get("calls")) and all(c in calls for c in run["calls"])
+             and type(run.get("nonempty")) is bool and type(run.get("out_or_decision")) is bool
+             and "source" in run and "run_id" in run, "run")
+        takeup = run.get("takeup")
+        need(takeup is None or (_is_list(takeup, 2) and takeup[0] in ("input", "resume") and type(takeup[1]) is str),
+             "run's takeup")
+
+
 def restore(
     data: Mapping[str, Any],
     header: Header,
@@ -513,18 +580,16 @@ def restore(
     """The checker :func:`capture`'s ``data`` stands for (checked by :func:`usable`), fed
     the prefix and the first ``data["entries"]`` of ``own`` (the log's own entries in
     order, ``own_seq`` their sequence numbers); the caller feeds the rest at once.
-    Raises KeyError, TypeError or ValueError on a state that is not of the form."""
+    Raises ValueError on a state that is not of the form (:func:`check_form`)."""
     n = data["entries"]
     ids = _Order(prefix, own, n)
     count = len(ids)
+    check_form(data, count)
     depth, tip, tip_at = data["depth"], data["tip"], data["tip_at"]
     if data["order"] != count or not (isinstance(tip_at, int) and 0 <= tip_at < count and ids[tip_at] == tip):
         raise ValueError("the state counts other entries, or its tip is not one of them")
     if not isinstance(depth, int) or depth < 1:
         raise ValueError("the state's path has no tip")
-    for name in ("budget", "open_calls", "calls_checked"):
-        if type(data[name]) is not int:
-            raise TypeError(f"the state's {name} is not a number")
     checker = SessionChecker(header, loader=loader)
     checker.__class__ = RestoredChecker
     assert isinstance(checker, RestoredChecker)
@@ -565,8 +630,6 @@ def restore(
     w = path.walker
     w.calls_checked = data["calls_checked"]
     cids, places = data["first_call"]
-    if len(cids) != len(places):
-        raise ValueError("the state's call ids and places differ in number")
     first = _FirstCall(zip(cids, places))
     first.order = ids
     w.first_call = first

@@ -520,7 +520,7 @@ class Session:
         try:
             checker = rulestate.restore(kept, self.header, self.prefix, order, state.own, leaf_labels, self._build_rules,
                                         self._rules_entry)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        except ValueError:
             return None  # a state whose checksum held but whose members are not of the form
         for eid in order[kept["entries"]:]:
             checker.add(self.entry(eid), prefix=False)
