@@ -240,7 +240,7 @@ def test_a_reopened_session_appends_from_the_kept_state_and_keeps_it_current(tmp
 @pytest.mark.parametrize(
     "damage",
     ["flipped", "torn", "zeros", "empty", "another-header", "another-form", "bad-count", "bad-calls", "bad-run",
-     "bad-place", "bad-stack", "bad-dispatch", "bad-link"],
+     "bad-keys", "bad-stack", "bad-dispatch", "bad-link"],
 )
 def test_a_damaged_or_foreign_state_is_rebuilt_and_written_again(tmp_path, damage):
     root = tmp_path / "s"
@@ -267,9 +267,9 @@ def test_a_damaged_or_foreign_state_is_rebuilt_and_written_again(tmp_path, damag
         elif damage == "bad-count":  # a checksum that holds over members not of the form
             kept["open_calls"] = "many"
         elif damage == "bad-calls":
-            kept["first_call"] = [["call_1"], []]
-        elif damage == "bad-place":  # a place past the entries the state counts
-            kept["first_call"] = [["call_1"], [kept["order"]]]
+            kept["call_ids"] = "call_1"
+        elif damage == "bad-keys":  # keys of another length
+            kept["call_ids"] = "AAAAAA=="
         elif damage == "bad-stack":  # (met only where a rule reads it: refused whole before)
             kept["stacks"] = {"call_1": [["sha256:" + "0" * 64, "call_1", "deep", False, None, []]]}
         elif damage == "bad-dispatch":
@@ -282,6 +282,19 @@ def test_a_damaged_or_foreign_state_is_rebuilt_and_written_again(tmp_path, damag
     result = _append(root, expect_restored=False)
     assert result["outcome"] == "continued"
     _append(root, expect_restored=True)  # written again at that close
+
+
+def test_call_ids_sharing_a_key_are_judged_by_the_rebuilt_state(monkeypatch):
+    """The state keeps a call id as 8 bytes of its hash: were every id to share one key,
+    each question about a call id would rebuild, and the verdicts stay a rebuild's."""
+    monkeypatch.setattr(rulestate, "call_key", lambda cid: b"\0" * rulestate.CALL_KEY)
+    s = SPLITS["generated-2"]
+    cut = len(s.own) // 2
+    full, restored = s.build(cut), s.restored(cut)
+    assert type(restored) is RestoredChecker
+    for e in s.own[cut:]:
+        assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False))
+    assert type(restored) is SessionChecker  # it asked, and rebuilt
 
 
 def test_a_slip_in_the_restored_checker_is_raised_not_taken_for_a_rebuild(monkeypatch):

@@ -18,7 +18,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import overload
 
-__all__ = ["DIGEST", "PREFIX", "EntryDigests"]
+__all__ = ["DIGEST", "PREFIX", "DigestTable", "EntryDigests"]
 
 #: Bytes of a digest, and what spells one as an entry id.
 DIGEST = 32
@@ -45,19 +45,73 @@ def _digest(entry_id: object) -> bytes | None:
     return d if len(d) == DIGEST and d.hex() == text else None
 
 
-class EntryDigests(Sequence[str]):
-    """Entry ids (``sha256:<hex>``) as the concatenation of their digests, in order."""
+class DigestTable:
+    """Fixed-width digests concatenated, in order, with the open-addressing table that
+    finds one: slot -> place + 1 (0: empty), from its first 8 bytes times the key,
+    probing linearly; built on first need."""
 
-    __slots__ = ("raw", "_n", "_table", "_shift", "_repeat")
+    __slots__ = ("raw", "width", "_n", "_table", "_shift", "_repeat")
 
-    def __init__(self, raw: bytes):
-        if len(raw) % DIGEST:
-            raise ValueError(f"{len(raw)} bytes are no whole number of {DIGEST}-byte digests")
-        self.raw = raw
-        self._n = len(raw) // DIGEST
+    def __init__(self, raw: bytes, width: int = DIGEST):
+        if width < 8 or width % 8 or len(raw) % width:
+            raise ValueError(f"{len(raw)} bytes are no whole number of {width}-byte digests")
+        self.raw, self.width = raw, width
+        self._n = len(raw) // width
         self._table: array[int] | None = None
         self._shift = 64
         self._repeat: int | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def find(self, d: bytes) -> int:
+        """The (first) place of digest ``d``, or -1."""
+        if len(d) != self.width or not self._n:
+            return -1
+        table = self._table if self._table is not None else self._build()
+        mask = len(table) - 1
+        raw, width = self.raw, self.width
+        s = ((int.from_bytes(d[:8], sys.byteorder) * _KEY) & _M64) >> self._shift
+        while j := table[s]:
+            if raw.startswith(d, (j - 1) * width):
+                return j - 1
+            s = (s + 1) & mask
+        return -1
+
+    def repeated(self) -> int | None:
+        """The place of a digest that stands earlier too, or None."""
+        if self._table is None and self._n:
+            self._build()
+        return self._repeat
+
+    def _build(self) -> array[int]:
+        n = self._n
+        bits = max(4, (2 * n).bit_length())
+        table = array("I", bytes(4 << bits))
+        mask, shift = (1 << bits) - 1, 64 - bits
+        raw, key, width = self.raw, _KEY, self.width
+        words = memoryview(raw).cast("Q")[:: width // 8]
+        for i, w in enumerate(words, 1):
+            s = ((w * key) & _M64) >> shift
+            while j := table[s]:
+                if words[j - 1] == w and raw[(j - 1) * width : j * width] == raw[(i - 1) * width : i * width]:
+                    if self._repeat is None:
+                        self._repeat = i - 1
+                    break
+                s = (s + 1) & mask
+            else:
+                table[s] = i
+        self._table, self._shift = table, shift
+        return table
+
+
+class EntryDigests(DigestTable, Sequence[str]):
+    """Entry ids (``sha256:<hex>``) as the concatenation of their digests, in order."""
+
+    __slots__ = ()
+
+    def __init__(self, raw: bytes):
+        super().__init__(raw, DIGEST)
 
     @classmethod
     def of(cls, ids: Sequence[str]) -> EntryDigests:
@@ -71,9 +125,6 @@ class EntryDigests(Sequence[str]):
                 raise ValueError(f"{e!r} is not an entry id")
             out += d
         return cls(bytes(out))
-
-    def __len__(self) -> int:
-        return self._n
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -107,42 +158,9 @@ class EntryDigests(Sequence[str]):
     def position(self, entry_id: object) -> int:
         """Where ``entry_id`` stands (its first place), or -1 when it is not one of them."""
         d = _digest(entry_id)
-        if d is None or not self._n:
-            return -1
-        table = self._table if self._table is not None else self._build()
-        mask = len(table) - 1
-        raw = self.raw
-        s = ((int.from_bytes(d[:8], sys.byteorder) * _KEY) & _M64) >> self._shift
-        while j := table[s]:
-            if raw.startswith(d, (j - 1) * DIGEST):
-                return j - 1
-            s = (s + 1) & mask
-        return -1
+        return -1 if d is None else self.find(d)
 
     def first_repeat(self) -> str | None:
         """An id named twice, or None (what a snapshot must not hold)."""
-        if self._table is None and self._n:
-            self._build()
-        return None if self._repeat is None else self[self._repeat]
-
-    def _build(self) -> array[int]:
-        """The table: slot -> place + 1 (0: empty) for each id's first place, found by its
-        first 8 bytes times the key, probing linearly."""
-        n = self._n
-        bits = max(4, (2 * n).bit_length())
-        table = array("I", bytes(4 << bits))
-        mask, shift = (1 << bits) - 1, 64 - bits
-        raw, key = self.raw, _KEY
-        words = memoryview(raw).cast("Q")[:: DIGEST // 8]
-        for i, w in enumerate(words, 1):
-            s = ((w * key) & _M64) >> shift
-            while j := table[s]:
-                if words[j - 1] == w and raw[(j - 1) * DIGEST : j * DIGEST] == raw[(i - 1) * DIGEST : i * DIGEST]:
-                    if self._repeat is None:
-                        self._repeat = i - 1
-                    break
-                s = (s + 1) & mask
-            else:
-                table[s] = i
-        self._table, self._shift = table, shift
-        return table
+        at = self.repeated()
+        return None if at is None else self[at]

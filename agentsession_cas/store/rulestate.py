@@ -25,10 +25,13 @@ construction, the restored state only saves the work where it holds the answer.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from ..backends.digests import DigestTable
 from ..format.entry import Entry, Header
 from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial
 from ..format.runs import _Call, _Event, _Run
@@ -36,7 +39,9 @@ from ..format.runs import _Call, _Event, _Run
 __all__ = ["NeedsRebuild", "RestoredChecker", "VERSION", "capture", "check_form", "header_key", "restore", "stand_at", "usable"]
 
 #: The version of the state's form; another one is rebuilt, never read.
-VERSION = 1
+VERSION = 2
+#: Bytes of a call id's key (:func:`call_key`).
+CALL_KEY = 8
 
 
 class NeedsRebuild(Exception):
@@ -220,13 +225,13 @@ class _ByCallId(dict):
     """The call stacks on the path by call id: every stack of a call id in use kept
     whole; a miss on a call id the session used before the tip may be one not kept."""
 
-    def __init__(self, items: Iterable[tuple[str, Any]], first_call: dict[str, Any]):
+    def __init__(self, items: Iterable[tuple[str, Any]], first_call: _FirstCall):
         super().__init__(items)
         self.first_call = first_call
 
     def _check(self, key: Any) -> None:
-        at = dict.get(self.first_call, key)
-        if not dict.__contains__(self, key) and isinstance(at, int) and not isinstance(at, bool):
+        if not dict.__contains__(self, key) and not dict.__contains__(self.first_call, key) \
+                and self.first_call.used_before(key):
             raise NeedsRebuild(f"the calls of call id {key!r} on the path")
 
     def get(self, key: Any, default: Any = None) -> Any:
@@ -238,15 +243,28 @@ class _ByCallId(dict):
         return dict.setdefault(self, key, default)
 
 
+def call_key(call_id: str) -> bytes:
+    """What the state keeps of a call id the session used: 8 bytes of its BLAKE2b. Two ids
+    may share one, so a key found is a question for the rebuilt state, never an answer."""
+    return hashlib.blake2b(call_id.encode("utf-8", "surrogatepass"), digest_size=CALL_KEY).digest()
+
+
 class _FirstCall(dict):
-    """Each call id's first function call: its place in the order for those before the
-    tip (only their ids are read, in a repeat's message), the entry for those since."""
+    """Each call id's first function call, for those used since the tip (id -> entry); of
+    those used before it only their keys are kept (``kept``): whether one of them was
+    used, and where, is asked of the rebuilt state (only a repeat asks)."""
 
-    order: Sequence[str] | _Order
+    kept: DigestTable
 
-    def __getitem__(self, key: Any) -> Any:
-        v = dict.__getitem__(self, key)
-        return _Partial(self.order[v], "item") if isinstance(v, int) else v
+    def used_before(self, key: Any) -> bool:
+        return isinstance(key, str) and self.kept.find(call_key(key)) >= 0
+
+    def __contains__(self, key: object) -> bool:
+        if dict.__contains__(self, key):
+            return True
+        if self.used_before(key):
+            raise NeedsRebuild(f"whether call id {key!r} was used before the tip")
+        return False
 
 
 class _OnPath(dict):
@@ -453,9 +471,11 @@ def capture(
                     "calls": [c.entry.id for c in run.calls], "nonempty": run.nonempty,
                     "out_or_decision": run.out_or_decision, "takeup": list(run.takeup) if run.takeup else None}
     seq = path.seq
-    # Two lists, not an object: a session's call ids are most of the state, and a list
-    # is written without sorting its members.
-    first = [list(dict.keys(w.first_call)), [v if isinstance(v, int) else seq[v.id] for v in dict.values(w.first_call)]]
+    # The call ids as their keys in one string: a session's call ids are most of the state,
+    # and as strings they cost an open and a close more than the rest of it (issue 11).
+    first = w.first_call
+    keys = first.kept.raw if isinstance(first, _FirstCall) else b""
+    keys += b"".join([call_key(cid) for cid in dict.keys(first)])
     tree = checker.tree
     own_set = own_seq
     return {
@@ -475,7 +495,7 @@ def capture(
         "links": [[e.id, e.get("rel") if isinstance(e.get("rel"), str) else None,
                    e.get("call_id") if isinstance(e.get("call_id"), str) else None] for e in checker._links],
         "calls_checked": w.calls_checked,
-        "first_call": first,
+        "call_ids": base64.b64encode(keys).decode("ascii"),
         "stacks": stacks,
         "dispatches": nodes,
         "open_calls": w.open_calls,
@@ -536,9 +556,7 @@ def check_form(data: Mapping[str, Any], count: int) -> None:
     links = member("links")
     need(_is_list(links) and all(_is_list(x, 3) and type(x[0]) is str and _str_or_none(x[1]) and _str_or_none(x[2])
                                  for x in links), "links")
-    first = member("first_call")
-    need(_is_list(first, 2) and _is_list(first[0]) and _is_list(first[1]) and len(first[0]) == len(first[1])
-         and all(type(c) is str for c in first[0]) and all(_is_int(v) and 0 <= v < count for v in first[1]), "first_call")
+    need(type(member("call_ids")) is str, "call_ids")
     stacks = member("stacks")
     need(type(stacks) is dict and all(_is_list(forms) for forms in stacks.values()), "stacks")
     calls: set[str] = set()
@@ -629,9 +647,11 @@ def restore(
 
     w = path.walker
     w.calls_checked = data["calls_checked"]
-    cids, places = data["first_call"]
-    first = _FirstCall(zip(cids, places))
-    first.order = ids
+    first = _FirstCall()
+    try:
+        first.kept = DigestTable(binascii.a2b_base64(data["call_ids"], strict_mode=True), CALL_KEY)
+    except binascii.Error as exc:
+        raise ValueError(f"the state's call_ids are not base64: {exc}") from None
     w.first_call = first
     w.path = [HOLLOW] * (depth - 1) + [tip_entry]
     calls: dict[str, _Call] = {}
