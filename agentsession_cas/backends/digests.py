@@ -157,6 +157,8 @@ class EntryDigests(DigestTable, Sequence[str]):
 
     def position(self, entry_id: object) -> int:
         """Where ``entry_id`` stands (its first place), or -1 when it is not one of them."""
+        if not self._n:  # (a log with no snapshot: the replay asks this of every append)
+            return -1
         d = _digest(entry_id)
         return -1 if d is None else self.find(d)
 

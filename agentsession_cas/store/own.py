@@ -106,9 +106,17 @@ class OwnSeqs(Mapping[str, int]):
         return entry_id in self.tail or self.snap.position(entry_id) >= 0
 
     def __setitem__(self, entry_id: str, seq: int) -> None:
-        if entry_id in self:
+        if not self.add(entry_id, seq):
             raise KeyError(f"{entry_id} is an own entry already")
-        self.tail[entry_id] = seq
+
+    def add(self, entry_id: str, seq: int) -> bool:
+        """Set ``entry_id``'s number unless it is own already (False then): the replay's
+        step, one look-up per append record."""
+        tail = self.tail
+        if entry_id in tail or (self.snap and self.snap.position(entry_id) >= 0):
+            return False
+        tail[entry_id] = seq
+        return True
 
     def __len__(self) -> int:
         return len(self.snap) + len(self.tail)

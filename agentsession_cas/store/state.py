@@ -146,8 +146,7 @@ class SessionState:
         if not isinstance(seq, int) or isinstance(seq, bool):
             seq = self.max_seq + 1
         self.max_seq = max(self.max_seq, seq)
-        if entry not in self.own:
-            self.own[entry] = seq
+        if self.own.add(entry, seq):
             self.log_order.append(entry)
             if record.get("leaf_label"):
                 self.leaf_labels.add(entry)
