@@ -27,19 +27,39 @@ NOT_IDS = [None, 7, b"sha256:" + b"0" * 64, "sha256:" + "0" * 63, "sha256:" + "A
 @settings(max_examples=200, deadline=None)
 def test_digests_answer_as_the_list_of_ids(picks, probes):
     ids = [eid(i) for i in dict.fromkeys(picks)]
-    d = EntryDigests.of(ids)
-    assert len(d) == len(ids) and list(d) == ids and d[:] == ids and d.first_repeat() is None
-    assert [d[i] for i in range(-len(ids), len(ids))] == ids + ids
-    assert d[3:9] == ids[3:9] and d[::2] == ids[::2]
-    for i in probes:
-        assert d.position(eid(i)) == (ids.index(eid(i)) if eid(i) in ids else -1)
-    assert not any(x in d for x in NOT_IDS)
+    for scans in (digests.SCANS, 0):  # (the first look-ups scan the bytes, the later ones use the table)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(digests, "SCANS", scans)
+            d = EntryDigests.of(ids)
+            assert len(d) == len(ids) and list(d) == ids and d[:] == ids and d.first_repeat() is None
+            assert [d[i] for i in range(-len(ids), len(ids))] == ids + ids
+            assert d[3:9] == ids[3:9] and d[::2] == ids[::2]
+            for i in probes:
+                assert d.position(eid(i)) == (ids.index(eid(i)) if eid(i) in ids else -1)
+            assert not any(x in d for x in NOT_IDS)
 
 
-def test_a_repeat_is_found_and_the_first_place_answers():
+@pytest.mark.parametrize("scans", [digests.SCANS, 0])
+def test_bytes_across_two_digests_are_no_digest(monkeypatch, scans):
+    monkeypatch.setattr(digests, "SCANS", scans)
+    a, b = hashlib.sha256(b"a").digest(), hashlib.sha256(b"b").digest()
+    d = EntryDigests(a + b)
+    across = "sha256:" + (a[16:] + b[:16]).hex()
+    assert d.position(across) == -1 and d.position("sha256:" + b.hex()) == 1
+    # ... nor when it also stands whole further on
+    d = EntryDigests(a + b + a[16:] + b[:16])
+    assert d.position(across) == 2
+
+
+@pytest.mark.parametrize("scans", [digests.SCANS, 0])
+def test_a_repeat_is_found_and_the_first_place_answers(monkeypatch, scans):
+    monkeypatch.setattr(digests, "SCANS", scans)
     ids = [eid(i) for i in range(50)] + [eid(7)]
     d = EntryDigests.of(ids)
-    assert d.first_repeat() == eid(7) and d.position(eid(7)) == 7
+    assert d.position(eid(7)) == 7 and d.first_repeat() == eid(7) and d.position(eid(7)) == 7
+    # Ids whose first 8 bytes agree are no repeat (the table tells them apart).
+    twin = eid(3)[:23] + ("0" if eid(3)[23] != "0" else "1") + eid(3)[24:]
+    assert EntryDigests.of([eid(3), twin]).first_repeat() is None
     assert own_of(ids, range(1, 52)) is None
     assert own_of([*ids[:-1], "sha256:x"], range(1, 52)) is None
 
