@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from agentsession_cas.backends import digests
-from agentsession_cas.backends.digests import EntryDigests
+from agentsession_cas.backends.digests import EntryDigests, SeqRuns
 from agentsession_cas.store.own import OwnOrder, OwnSeqs, own_of
 from agentsession_cas.store.state import replay
 
@@ -116,3 +116,17 @@ def test_a_replayed_snapshot_holds_digests_and_appends_after_it():
     assert not state.damage
     assert isinstance(state.own, OwnSeqs) and isinstance(state.own.snap, EntryDigests)
     assert state.log_order == [*ids, eid(9)] and state.own[ids[2]] == 3 and state.max_seq == 7
+
+
+@given(hs.lists(hs.tuples(hs.integers(1, 5), hs.integers(1, 6)), max_size=8))
+def test_sequence_runs_read_as_the_numbers_they_stand_for(gaps):
+    runs, numbers, last = [], [], 0
+    for gap, count in gaps:
+        runs.append([last + gap, count])
+        numbers.extend(range(last + gap, last + gap + count))
+        last = last + gap + count - 1
+    seqs = SeqRuns(runs)
+    assert len(seqs) == len(numbers) and list(seqs) == numbers and seqs[:] == numbers
+    assert [seqs[i] for i in range(-len(numbers), len(numbers))] == numbers * 2
+    with pytest.raises(IndexError):
+        seqs[len(numbers)]

@@ -8,6 +8,8 @@ that sequence of ids, spelling an id only when it is read, with an
 open-addressing table (4 bytes a slot, at most half of the slots used) that says
 whether and where an id is one of them without an object per id. The table is
 built on first need, and building it is also what finds an id named twice.
+:class:`SeqRuns` holds their sequence numbers as the snapshot writes them: runs
+of consecutive numbers (one run, most often), not a number each.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from __future__ import annotations
 import os
 import sys
 from array import array
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from typing import overload
 
-__all__ = ["DIGEST", "PREFIX", "DigestTable", "EntryDigests"]
+__all__ = ["DIGEST", "PREFIX", "DigestTable", "EntryDigests", "SeqRuns"]
 
 #: Bytes of a digest, and what spells one as an entry id.
 DIGEST = 32
@@ -189,3 +192,41 @@ class EntryDigests(DigestTable, Sequence[str]):
         """An id named twice, or None (what a snapshot must not hold)."""
         at = self.repeated()
         return None if at is None else self[at]
+
+
+class SeqRuns(Sequence[int]):
+    """Increasing numbers as ``[first, count]`` runs of consecutive ones (checked by the
+    caller), read as the sequence they stand for."""
+
+    __slots__ = ("_firsts", "_starts", "_n")
+
+    def __init__(self, runs: Sequence[Sequence[int]]):
+        self._firsts = array("q", [first for first, _ in runs])
+        self._starts = array("q")  # the place of each run's first number
+        n = 0
+        for _, count in runs:
+            self._starts.append(n)
+            n += count
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("sequence number index out of range")
+        r = bisect_right(self._starts, i) - 1
+        return self._firsts[r] + i - self._starts[r]
+
+    def __iter__(self) -> Iterator[int]:
+        ends = [*self._starts[1:], self._n]
+        for first, start, end in zip(self._firsts, self._starts, ends):
+            yield from range(first, first + end - start)

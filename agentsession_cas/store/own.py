@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
-from ..backends.digests import EntryDigests
+from ..backends.digests import EntryDigests, SeqRuns
 
 __all__ = ["OwnOrder", "OwnSeqs", "own_of"]
 
@@ -86,7 +86,7 @@ class OwnSeqs(Mapping[str, int]):
         if len(seqs) != len(snap):
             raise ValueError(f"{len(seqs)} sequence numbers for {len(snap)} entries")
         self.snap = snap
-        self.seqs = seqs if isinstance(seqs, array) else array("q", seqs)
+        self.seqs = seqs if isinstance(seqs, (array, SeqRuns)) else array("q", seqs)
         self.tail: dict[str, int] = dict(tail or {})
 
     def get(self, entry_id: Any, default: Any = None) -> Any:

@@ -46,7 +46,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +54,7 @@ import blake3
 
 from ...format.canonical import canonical_bytes
 from ..base import COMMIT_POINTS
-from ..digests import EntryDigests
+from ..digests import EntryDigests, SeqRuns
 
 __all__ = [
     "Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX",
@@ -622,21 +621,21 @@ def _decode_snapshot(data: dict[str, Any]) -> dict[str, Any] | str:
     # Held as the digests (32 bytes an id) and the numbers (8), not as a string and an int
     # each: an open of a big session makes no object per entry (issue 11).
     entries = EntryDigests(raw)
-    seqs = array("q")
     runs = data.get("seqs")
     if not isinstance(runs, list):
         return "holds no sequence numbers"
-    last = 0
+    last = held = 0
     for run in runs:
         if not (isinstance(run, list) and len(run) == 2 and _is_count(run[0]) and _is_count(run[1])):
             return "holds a sequence run that is not [first, count]"
         first, count = run
-        if first <= last or count < 1 or len(seqs) + count > n:
+        if first <= last or count < 1 or held + count > n:
             return "holds sequence numbers out of order or too many"
-        seqs.extend(range(first, first + count))
+        held += count
         last = first + count - 1
-    if len(seqs) != n:
-        return f"holds {len(seqs)} sequence numbers for {n} entries"
+    if held != n:
+        return f"holds {held} sequence numbers for {n} entries"
+    seqs = SeqRuns(runs)  # (as runs, not a number each: one run, most often)
     labels = data.get("leaf_labels")
     if not isinstance(labels, list) or not all(_is_count(i) and i < n for i in labels):
         return "holds leaf labels that are not indexes of its entries"
