@@ -1,11 +1,11 @@
 """A session's own entries as its state holds them: the log order, and each one's sequence number.
 
 What a compacted log's snapshot names stays as the snapshot's digests
-(:class:`~agentsession_cas.backends.digests.EntryDigests`, 32 bytes an id, 8 for
-its sequence number) and what came after it is kept as Python objects, a few. So
-opening a session of 100,000 entries for one append makes no object per entry
-(issue 11), while every reader still sees a sequence of ids and a mapping of
-them to their numbers, as a list and a dict would give them.
+(:class:`~agentsession_cas.backends.digests.EntryDigests`, 32 bytes an id, and
+the runs of their sequence numbers); what came after it is kept as Python
+objects, a few. So opening a session of 100,000 entries for one append makes
+no object per entry (issue 11), while every reader still sees a sequence of
+ids and a mapping of them to their numbers, as a list and a dict give them.
 """
 
 from __future__ import annotations

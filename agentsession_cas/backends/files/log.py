@@ -618,8 +618,8 @@ def _decode_snapshot(data: dict[str, Any]) -> dict[str, Any] | str:
     if len(raw) % 32 or len(raw) // 32 > _MAX_SNAPSHOT_ENTRIES:
         return "holds entry ids of the wrong length"
     n = len(raw) // 32
-    # Held as the digests (32 bytes an id) and the numbers (8), not as a string and an int
-    # each: an open of a big session makes no object per entry (issue 11).
+    # Held as the digests (32 bytes an id) and the numbers as their runs, not as a string
+    # and an int each: an open of a big session makes no object per entry (issue 11).
     entries = EntryDigests(raw)
     runs = data.get("seqs")
     if not isinstance(runs, list):
