@@ -4,10 +4,11 @@ A compacted log's snapshot names a session's own entries as 32-byte digests
 (``docs/storage-format.md``). Spelled out as one Python string each, 100,000 of
 them cost 12 MB, and the replay's dict of their sequence numbers as much again;
 kept as the snapshot's bytes they cost 32 bytes each. :class:`EntryDigests` is
-that sequence of ids, spelling an id only when it is read, with an
-open-addressing table (4 bytes a slot, at most half of the slots used) that says
-whether and where an id is one of them without an object per id. The table is
-built on first need, and building it is also what finds an id named twice.
+that sequence of ids, spelling an id only when it is read. Whether and where an
+id is one of them is found without an object per id: by scanning the bytes for
+the first few asked (:data:`SCANS`), then through an open-addressing table (4
+bytes a slot, at most half of the slots used). :meth:`DigestTable.repeated`
+finds an id named twice.
 :class:`SeqRuns` holds their sequence numbers as the snapshot writes them: runs
 of consecutive numbers (one run, most often), not a number each.
 """
@@ -52,9 +53,9 @@ def _digest(entry_id: object) -> bytes | None:
 
 
 class DigestTable:
-    """Fixed-width digests concatenated, in order, with the open-addressing table that
-    finds one: slot -> place + 1 (0: empty), from its first 8 bytes times the key,
-    probing linearly; built on first need."""
+    """Fixed-width digests concatenated, in order, and how one is found: scanned for, then
+    (past :data:`SCANS` of them) through the open-addressing table, slot -> place + 1
+    (0: empty), from its first 8 bytes times the key, probing linearly."""
 
     __slots__ = ("raw", "width", "_n", "_table", "_shift", "_repeat", "_checked", "_scanned")
 
