@@ -284,6 +284,29 @@ def test_a_damaged_or_foreign_state_is_rebuilt_and_written_again(tmp_path, damag
     _append(root, expect_restored=True)  # written again at that close
 
 
+def test_a_state_of_version_1_is_read_as_its_call_ids_keys():
+    """Version 1 kept each call id whole, with the place of its first call: restored, it
+    judges as a rebuilt checker does (a store written before is not rebuilt once)."""
+    s = SPLITS["generated-3"]
+    cut = len(s.own) // 2
+    full = s.build(cut)
+    kept = loads(canonical_bytes(capture(full, s.header, len(s.prefix), s.ids[:cut], s.seqs)))
+    cids = list(dict.keys(full.path.walker.first_call))
+    kept.update(version=1, first_call=[cids, [0] * len(cids)])
+    del kept["call_ids"]
+    assert usable(kept, s.header, s.ids, s.seqs)
+    committed = [cut]  # (a rebuild builds what was committed since)
+    restored = restore(kept, s.header, [e.id for e in s.prefix], s.ids, s.seqs, [], lambda: s.build(committed[0]),
+                       s.by_id.__getitem__)
+    for e in s.own[cut:]:
+        t1, t2 = full.begin(), restored.begin()
+        assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False))
+        full.commit(t1)
+        restored.commit(t2)
+        committed[0] += 1
+    assert capture(restored, s.header, len(s.prefix), s.ids, s.seqs) == capture(full, s.header, len(s.prefix), s.ids, s.seqs)
+
+
 def test_call_ids_sharing_a_key_are_judged_by_the_rebuilt_state(monkeypatch):
     """The state keeps a call id as 8 bytes of its hash: were every id to share one key,
     each question about a call id would rebuild, and the verdicts stay a rebuild's."""

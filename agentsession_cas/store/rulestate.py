@@ -40,6 +40,9 @@ __all__ = ["NeedsRebuild", "RestoredChecker", "VERSION", "capture", "check_form"
 
 #: The version of the state's form; another one is rebuilt, never read.
 VERSION = 2
+#: The forms read: version 1 kept each call id whole (``first_call``), and is read by
+#: taking their keys (rebuilding a big session's state costs seconds, once per session).
+READ_VERSIONS = (1, 2)
 #: Bytes of a call id's key (:func:`call_key`).
 CALL_KEY = 8
 
@@ -512,7 +515,7 @@ def usable(data: Any, header: Header, own: Sequence[str], own_seq: Mapping[str, 
     """Whether a kept state stands for a prefix of this log under this header: its form's
     version, the header's key, and its last own entry where the log has it, with the
     same sequence number (a repaired or cut log, or another session's file, is not)."""
-    if not isinstance(data, dict) or data.get("version") != VERSION or data.get("header") != header_key(header):
+    if not isinstance(data, dict) or data.get("version") not in READ_VERSIONS or data.get("header") != header_key(header):
         return False
     n, last = data.get("entries"), data.get("last")
     if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= len(own) or own[n - 1] != last:
@@ -556,7 +559,11 @@ def check_form(data: Mapping[str, Any], count: int) -> None:
     links = member("links")
     need(_is_list(links) and all(_is_list(x, 3) and type(x[0]) is str and _str_or_none(x[1]) and _str_or_none(x[2])
                                  for x in links), "links")
-    need(type(member("call_ids")) is str, "call_ids")
+    if member("version") == 1:
+        first = member("first_call")
+        need(_is_list(first, 2) and _is_list(first[0]) and all(type(c) is str for c in first[0]), "first_call")
+    else:
+        need(type(member("call_ids")) is str, "call_ids")
     stacks = member("stacks")
     need(type(stacks) is dict and all(_is_list(forms) for forms in stacks.values()), "stacks")
     calls: set[str] = set()
@@ -649,7 +656,9 @@ def restore(
     w.calls_checked = data["calls_checked"]
     first = _FirstCall()
     try:
-        first.kept = DigestTable(binascii.a2b_base64(data["call_ids"], strict_mode=True), CALL_KEY)
+        keys = (b"".join([call_key(c) for c in data["first_call"][0]]) if data["version"] == 1
+                else binascii.a2b_base64(data["call_ids"], strict_mode=True))
+        first.kept = DigestTable(keys, CALL_KEY)
     except binascii.Error as exc:
         raise ValueError(f"the state's call_ids are not base64: {exc}") from None
     w.first_call = first
