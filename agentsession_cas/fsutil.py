@@ -358,7 +358,18 @@ def _read_regular(path: str, limit: int, *, whole: bool) -> bytes:
     try:
         if whole and st.st_size > limit:
             raise NotAFileError(f"{path} is {st.st_size} bytes; a file of its kind is at most {limit}")
-        return os.read(fd, limit + 1)[:limit]
+        # One read of the size the file has (and a byte more, to see it grew), not of
+        # ``limit`` bytes: a buffer of the limit is allocated whole (tracemalloc counts it;
+        # a strict overcommit refuses it). A short read of a regular file is its end.
+        out = os.read(fd, min(limit, st.st_size + 1))
+        if len(out) <= st.st_size or len(out) >= limit:
+            return out
+        chunks = [out]  # it grew since it was looked at: on to the limit
+        want = limit - len(out)
+        while want > 0 and (chunk := os.read(fd, min(want, 1 << 20))):
+            chunks.append(chunk)
+            want -= len(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 

@@ -238,17 +238,30 @@ def test_a_damaged_snapshot_line_is_damage_naming_it(tmp_path):
     assert info.value.line == 2
 
 
-def test_a_snapshot_that_decodes_badly_is_damage(tmp_path):
-    """Its checksum matches (a writer's bug or a hostile file): still refused, by line."""
+def _seqs_reversed(snap: dict) -> dict:
+    return dict(snap, seqs=list(reversed(snap["seqs"])))
+
+
+def _an_entry_twice(snap: dict) -> dict:
+    entries = list(snap["entries"])
+    return dict(snap, entries=[*entries[:-1], entries[len(entries) // 2]])
+
+
+@pytest.mark.parametrize("alter, why", [
+    (_seqs_reversed, "snapshot record holds sequence numbers out of order"),
+    # (its ids are held as their digests, not a dict of them: the repeat is still found)
+    (_an_entry_twice, "a snapshot naming an entry twice"),
+])
+def test_a_snapshot_that_decodes_badly_is_damage(tmp_path, alter, why):
+    """Its checksum matches (a writer's bug or a hostile file): still refused."""
     root = tmp_path / "store"
     st = Store.init(root)
     fill(st)
     st.close()
     lr = read_log(log_of(root), expand=False)
     create, snap = lr.records[0].data, lr.records[1].data
-    snap = dict(snap, seqs=list(reversed(snap["seqs"])))
-    (root / "sessions" / "s1" / "log").write_bytes(encode_record(create) + encode_record(snap))
-    with pytest.raises(SessionDamagedError, match="snapshot record holds sequence numbers out of order"):
+    (root / "sessions" / "s1" / "log").write_bytes(encode_record(create) + encode_record(alter(snap)))
+    with pytest.raises(SessionDamagedError, match=why):
         Store(root, readonly=True).read("s1")
 
 

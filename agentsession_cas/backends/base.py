@@ -71,12 +71,6 @@ Mark = Literal["record", "mirror"]
 COMMIT_POINTS = frozenset({"create", "commit", "snapshot"})
 
 
-class EntryIds(list):  # of str
-    """Entry ids a backend spelled itself from raw 32-byte hashes (a compacted log's
-    snapshot): well formed by construction, so the replay need not match each one
-    again (100,000 of them cost a replay more than the rest of it)."""
-
-
 @dataclass(slots=True)
 class Append:
     """An ``append`` record as the domain hands it to a log: the hot path, so not a dict.

@@ -25,28 +25,36 @@ construction, the restored state only saves the work where it holds the answer.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from ..backends.digests import DigestTable
 from ..format.entry import Entry, Header
 from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial
 from ..format.runs import _Call, _Event, _Run
 
-__all__ = ["NeedsRebuild", "RestoredChecker", "VERSION", "capture", "header_key", "restore", "stand_at", "usable"]
+__all__ = ["NeedsRebuild", "RestoredChecker", "VERSION", "capture", "check_form", "header_key", "restore", "stand_at", "usable"]
 
 #: The version of the state's form; another one is rebuilt, never read.
-VERSION = 1
+VERSION = 2
+#: The forms read: version 1 kept each call id whole (``first_call``), and is read by
+#: taking their keys (rebuilding a big session's state costs seconds, once per session).
+READ_VERSIONS = (1, 2)
+#: Bytes of a call id's key (:func:`call_key`).
+CALL_KEY = 8
 
 
 class NeedsRebuild(Exception):
     """A rule asked a restored checker for what its state did not keep."""
 
 
-#: What a restored checker answers by rebuilding: a question its state does not hold,
-#: or a state whose checksum held but whose members are not of the form (met only
-#: where a rule reads them): never trusted, never an error of the append.
-_REBUILD = (NeedsRebuild, TypeError, KeyError, AttributeError, IndexError, ValueError)
+#: What a restored checker answers by rebuilding: a question its state does not hold.
+#: (A state whose members are not of the form is refused whole by :func:`restore`, so a
+#: TypeError or KeyError in a rule is a slip of the code, never taken for "rebuild".)
+_REBUILD = (NeedsRebuild,)
 
 
 class _Hollow:
@@ -144,6 +152,49 @@ class _Seq(_Known):
         raise KeyError(key)
 
 
+class _Order:
+    """The ids in the order fed (the path checker's list): the prefix, the first ``n`` own
+    entries of the log (read from the session's own order, not copied: 100,000 ids are
+    100,000 strings), then those fed since, which alone a rollback takes back."""
+
+    def __init__(self, prefix: Sequence[str], own: Sequence[str], n: int):
+        self.prefix, self.own, self.n = prefix, own, n
+        self.fed: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.prefix) + self.n + len(self.fed)
+
+    def __getitem__(self, i: int) -> str:
+        p, n = len(self.prefix), self.n
+        if i < 0:
+            i += p + n + len(self.fed)
+        if not 0 <= i < p + n + len(self.fed):
+            raise IndexError("order index out of range")
+        if i < p:
+            return self.prefix[i]
+        return self.own[i - p] if i < p + n else self.fed[i - p - n]
+
+    def append(self, entry_id: str) -> None:
+        self.fed.append(entry_id)
+
+    def __delitem__(self, at: slice) -> None:
+        start = at.start - len(self.prefix) - self.n
+        if start < 0 or at.stop is not None or at.step is not None:
+            raise NeedsRebuild("a rollback above the restored tip")
+        del self.fed[start:]
+
+
+class _OwnSince(set):
+    """The tree's own entries of a fork: those the state stands for (known from the log)
+    and those added since (held here, which alone a rollback discards)."""
+
+    restored: _Restored
+
+    def __contains__(self, key: object) -> bool:
+        return set.__contains__(self, key) or (
+            isinstance(key, str) and self.restored.own_seq.get(key, self.restored.last_seq + 1) <= self.restored.last_seq)
+
+
 class _Held(dict):
     """The tree's ids (id -> the line it was read from): the entries the state stands
     for, known from the log, and those fed since."""
@@ -177,13 +228,13 @@ class _ByCallId(dict):
     """The call stacks on the path by call id: every stack of a call id in use kept
     whole; a miss on a call id the session used before the tip may be one not kept."""
 
-    def __init__(self, items: Iterable[tuple[str, Any]], first_call: dict[str, Any]):
+    def __init__(self, items: Iterable[tuple[str, Any]], first_call: _FirstCall):
         super().__init__(items)
         self.first_call = first_call
 
     def _check(self, key: Any) -> None:
-        at = dict.get(self.first_call, key)
-        if not dict.__contains__(self, key) and isinstance(at, int) and not isinstance(at, bool):
+        if not dict.__contains__(self, key) and not dict.__contains__(self.first_call, key) \
+                and self.first_call.used_before(key):
             raise NeedsRebuild(f"the calls of call id {key!r} on the path")
 
     def get(self, key: Any, default: Any = None) -> Any:
@@ -195,15 +246,28 @@ class _ByCallId(dict):
         return dict.setdefault(self, key, default)
 
 
+def call_key(call_id: str) -> bytes:
+    """What the state keeps of a call id the session used: 8 bytes of its BLAKE2b. Two ids
+    may share one, so a key found is a question for the rebuilt state, never an answer."""
+    return hashlib.blake2b(call_id.encode("utf-8", "surrogatepass"), digest_size=CALL_KEY).digest()
+
+
 class _FirstCall(dict):
-    """Each call id's first function call: its place in the order for those before the
-    tip (only their ids are read, in a repeat's message), the entry for those since."""
+    """Each call id's first function call, for those used since the tip (id -> entry); of
+    those used before it only their keys are kept (``kept``): whether one of them was
+    used, and where, is asked of the rebuilt state (only a repeat asks)."""
 
-    order: list[str]
+    kept: DigestTable
 
-    def __getitem__(self, key: Any) -> Any:
-        v = dict.__getitem__(self, key)
-        return _Partial(self.order[v], "item") if isinstance(v, int) else v
+    def used_before(self, key: Any) -> bool:
+        return isinstance(key, str) and self.kept.find(call_key(key)) >= 0
+
+    def __contains__(self, key: object) -> bool:
+        if dict.__contains__(self, key):
+            return True
+        if self.used_before(key):
+            raise NeedsRebuild(f"whether call id {key!r} was used before the tip")
+        return False
 
 
 class _OnPath(dict):
@@ -410,9 +474,11 @@ def capture(
                     "calls": [c.entry.id for c in run.calls], "nonempty": run.nonempty,
                     "out_or_decision": run.out_or_decision, "takeup": list(run.takeup) if run.takeup else None}
     seq = path.seq
-    # Two lists, not an object: a session's call ids are most of the state, and a list
-    # is written without sorting its members.
-    first = [list(dict.keys(w.first_call)), [v if isinstance(v, int) else seq[v.id] for v in dict.values(w.first_call)]]
+    # The call ids as their keys in one string: a session's call ids are most of the state,
+    # and as strings they cost an open and a close more than the rest of it (issue 11).
+    first = w.first_call
+    keys = first.kept.raw if isinstance(first, _FirstCall) else b""
+    keys += b"".join([call_key(cid) for cid in dict.keys(first)])
     tree = checker.tree
     own_set = own_seq
     return {
@@ -432,7 +498,7 @@ def capture(
         "links": [[e.id, e.get("rel") if isinstance(e.get("rel"), str) else None,
                    e.get("call_id") if isinstance(e.get("call_id"), str) else None] for e in checker._links],
         "calls_checked": w.calls_checked,
-        "first_call": first,
+        "call_ids": base64.b64encode(keys).decode("ascii"),
         "stacks": stacks,
         "dispatches": nodes,
         "open_calls": w.open_calls,
@@ -449,12 +515,81 @@ def usable(data: Any, header: Header, own: Sequence[str], own_seq: Mapping[str, 
     """Whether a kept state stands for a prefix of this log under this header: its form's
     version, the header's key, and its last own entry where the log has it, with the
     same sequence number (a repaired or cut log, or another session's file, is not)."""
-    if not isinstance(data, dict) or data.get("version") != VERSION or data.get("header") != header_key(header):
+    if not isinstance(data, dict) or data.get("version") not in READ_VERSIONS or data.get("header") != header_key(header):
         return False
     n, last = data.get("entries"), data.get("last")
     if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= len(own) or own[n - 1] != last:
         return False
     return own_seq.get(last) == data.get("last_seq")
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _is_list(v: Any, n: int | None = None) -> bool:
+    return type(v) is list and (n is None or len(v) == n)
+
+
+def _str_or_none(v: Any) -> bool:
+    return v is None or type(v) is str
+
+
+def check_form(data: Mapping[str, Any], count: int) -> None:
+    """Raise ValueError unless every member :func:`restore` reads is of the form
+    :func:`capture` writes (a state of ``count`` entries in order): a state whose checksum
+    held is still not trusted to be one, and what is not of the form is rebuilt."""
+
+    def member(name: str) -> Any:
+        return data.get(name)
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ValueError(f"the state's {what} is not of the form")
+
+    for name in ("entries", "last_seq", "order", "tip_at", "depth", "budget", "open_calls", "calls_checked"):
+        need(_is_int(member(name)), name)
+    need(type(member("last")) is str and type(member("tip")) is str, "last or tip")
+    cut = member("cut")
+    need(type(cut) is dict and all(type(v) is str for v in cut.values()), "cut")
+    seen = member("seen")
+    need(_is_list(seen) and all(_is_list(x, 2) and type(x[0]) is str and type(x[1]) is str for x in seen), "seen")
+    labels = member("prefix_leaf_labels")
+    need(_is_list(labels) and all(type(x) is str for x in labels), "prefix_leaf_labels")
+    links = member("links")
+    need(_is_list(links) and all(_is_list(x, 3) and type(x[0]) is str and _str_or_none(x[1]) and _str_or_none(x[2])
+                                 for x in links), "links")
+    if member("version") == 1:
+        first = member("first_call")
+        need(_is_list(first, 2) and _is_list(first[0]) and all(type(c) is str for c in first[0]), "first_call")
+    else:
+        need(type(member("call_ids")) is str, "call_ids")
+    stacks = member("stacks")
+    need(type(stacks) is dict and all(_is_list(forms) for forms in stacks.values()), "stacks")
+    calls: set[str] = set()
+    for forms in stacks.values():
+        for form in forms:
+            need(_is_list(form, 6) and type(form[0]) is str and type(form[1]) is str and _is_int(form[2])
+                 and type(form[3]) is bool and _str_or_none(form[4]) and _is_list(form[5]), "stacks' calls")
+            need(all(_is_list(ev, 4) and type(ev[0]) is str and type(ev[1]) is str and _str_or_none(ev[2])
+                     and type(ev[3]) is bool for ev in form[5]), "stacks' events")
+            calls.add(form[0])
+    dispatches = member("dispatches")
+    need(type(dispatches) is dict and all(
+        _is_list(nodes) and all(_is_list(x, 3) and _is_int(x[0]) and type(x[1]) is str and type(x[2]) is bool for x in nodes)
+        for nodes in dispatches.values()), "dispatches")
+    last = member("last_response")
+    need(last is None or (_is_list(last, 5) and type(last[0]) is str and _is_int(last[1])
+                          and all(type(x) is bool for x in last[2:])), "last_response")
+    run = member("run")
+    if run is not None:
+        need(type(run) is dict and type(run.get("start")) is str and _is_int(run.get("depth"))
+             and _is_list(run.get("calls")) and all(c in calls for c in run["calls"])
+             and type(run.get("nonempty")) is bool and type(run.get("out_or_decision")) is bool
+             and "source" in run and "run_id" in run, "run")
+        takeup = run.get("takeup")
+        need(takeup is None or (_is_list(takeup, 2) and takeup[0] in ("input", "resume") and type(takeup[1]) is str),
+             "run's takeup")
 
 
 def restore(
@@ -470,18 +605,16 @@ def restore(
     """The checker :func:`capture`'s ``data`` stands for (checked by :func:`usable`), fed
     the prefix and the first ``data["entries"]`` of ``own`` (the log's own entries in
     order, ``own_seq`` their sequence numbers); the caller feeds the rest at once.
-    Raises KeyError, TypeError or ValueError on a state that is not of the form."""
+    Raises ValueError on a state that is not of the form (:func:`check_form`)."""
     n = data["entries"]
-    ids = [*prefix, *own[:n]]
+    ids = _Order(prefix, own, n)
     count = len(ids)
+    check_form(data, count)
     depth, tip, tip_at = data["depth"], data["tip"], data["tip_at"]
     if data["order"] != count or not (isinstance(tip_at, int) and 0 <= tip_at < count and ids[tip_at] == tip):
         raise ValueError("the state counts other entries, or its tip is not one of them")
     if not isinstance(depth, int) or depth < 1:
         raise ValueError("the state's path has no tip")
-    for name in ("budget", "open_calls", "calls_checked"):
-        if type(data[name]) is not int:
-            raise TypeError(f"the state's {name} is not a number")
     checker = SessionChecker(header, loader=loader)
     checker.__class__ = RestoredChecker
     assert isinstance(checker, RestoredChecker)
@@ -494,7 +627,7 @@ def restore(
     seq = _Seq({tip: tip_at})
     restored = seq.restored = _Restored(seq, frozenset(prefix), own_seq, own_seq[own[n - 1]])
     path.seq = path.walker.seq = seq
-    path._order = ids
+    path._order = ids  # type: ignore[assignment]
 
     tree: TreeState = checker.tree
     held = _Held()
@@ -504,7 +637,8 @@ def restore(
     tree._prefix_prev = header.base
     tree.prefix = list(prefix[:-1])
     if header.base is not None:
-        tree.own = set(own[:n])
+        since = tree.own = _OwnSince()
+        since.restored = restored
     tree.leaf_labels = set(leaf_labels) | set(data["prefix_leaf_labels"])
 
     path.floor = depth
@@ -520,11 +654,13 @@ def restore(
 
     w = path.walker
     w.calls_checked = data["calls_checked"]
-    cids, places = data["first_call"]
-    if len(cids) != len(places):
-        raise ValueError("the state's call ids and places differ in number")
-    first = _FirstCall(zip(cids, places))
-    first.order = ids
+    first = _FirstCall()
+    try:
+        keys = (b"".join([call_key(c) for c in data["first_call"][0]]) if data["version"] == 1
+                else binascii.a2b_base64(data["call_ids"], strict_mode=True))
+        first.kept = DigestTable(keys, CALL_KEY)
+    except binascii.Error as exc:
+        raise ValueError(f"the state's call_ids are not base64: {exc}") from None
     w.first_call = first
     w.path = [HOLLOW] * (depth - 1) + [tip_entry]
     calls: dict[str, _Call] = {}

@@ -46,6 +46,7 @@ from ..format.links import REL_CONTINUED_IN, successor_of
 from ..format.media import sidecar_names
 from ..format.timestamps import now_ts
 from ..format.tree import Tree
+from .own import OwnOrder, OwnSeqs
 from .state import SessionState, committed_view, index_damage, replay
 from .summary import SessionSummary, SummaryBuilder
 
@@ -290,12 +291,12 @@ class Session:
         return self.state.mark
 
     @property
-    def own(self) -> dict[str, int]:
+    def own(self) -> OwnSeqs:
         """Own entry id -> its sequence number."""
         return self.state.own
 
     @property
-    def log_order(self) -> list[str]:
+    def log_order(self) -> OwnOrder:
         return self.state.log_order
 
     @property
@@ -519,7 +520,7 @@ class Session:
         try:
             checker = rulestate.restore(kept, self.header, self.prefix, order, state.own, leaf_labels, self._build_rules,
                                         self._rules_entry)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        except ValueError:
             return None  # a state whose checksum held but whose members are not of the form
         for eid in order[kept["entries"]:]:
             checker.add(self.entry(eid), prefix=False)

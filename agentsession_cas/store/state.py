@@ -20,9 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends.base import COMMIT_POINTS, EntryIds, Mark
+from ..backends.base import COMMIT_POINTS, Mark
 from ..format.hashing import is_hash
 from ..format.tree import head_may_rest
+from .own import OwnOrder, OwnSeqs, own_of
 
 __all__ = ["SessionState", "replay", "index_damage"]
 
@@ -33,14 +34,15 @@ class SessionState:
 
     ``own`` maps each own entry to its sequence number; sequence numbers grow in
     log order, so the committed entries are those with ``seq <= committed_seq``.
+    Both hold what a compacted log's snapshot names as its digests (:mod:`.own`).
     ``max_seq`` is the highest number ever used (a lost append's too: numbers
     are never reused). ``damage`` lists contradictions found while replaying."""
 
     base: str | None = None
     head: str | None = None
     mark: Mark = "mirror"
-    own: dict[str, int] = field(default_factory=dict)
-    log_order: list[str] = field(default_factory=list)
+    own: OwnSeqs = field(default_factory=OwnSeqs)
+    log_order: OwnOrder = field(default_factory=OwnOrder)
     leaf_labels: set[str] = field(default_factory=set)
     committed_seq: int = 0
     max_seq: int = 0
@@ -54,7 +56,7 @@ class SessionState:
 
     def copy(self) -> SessionState:
         return SessionState(
-            self.base, self.head, self.mark, dict(self.own), list(self.log_order), set(self.leaf_labels),
+            self.base, self.head, self.mark, self.own.copy(), self.log_order.copy(), set(self.leaf_labels),
             self.committed_seq, self.max_seq, self.created, list(self.damage), self.records, self.last_commit,
         )
 
@@ -121,11 +123,11 @@ class SessionState:
             self.damage.append(("log-order", f"record {i + 1}: a snapshot record after appends"))
             return
         entries, seqs = record["entries"], record["seqs"]
-        own = dict(zip(entries, seqs))
-        if len(own) != len(entries) or not (type(entries) is EntryIds or all(is_hash(e) for e in entries)):
+        held = own_of(entries, seqs) if len(entries) == len(seqs) else None
+        if held is None:
             self.damage.append(("bad-record", f"record {i + 1}: a snapshot naming an entry twice or not by id"))
             return
-        self.own, self.log_order = own, list(entries)
+        self.log_order, self.own = held
         self.leaf_labels = set(record["leaf_labels"])
         self.max_seq = max(self.max_seq, record["seq"], seqs[-1] if seqs else 0)
         mark = record.get("mark")
@@ -144,8 +146,7 @@ class SessionState:
         if not isinstance(seq, int) or isinstance(seq, bool):
             seq = self.max_seq + 1
         self.max_seq = max(self.max_seq, seq)
-        if entry not in self.own:
-            self.own[entry] = seq
+        if self.own.add(entry, seq):
             self.log_order.append(entry)
             if record.get("leaf_label"):
                 self.leaf_labels.add(entry)

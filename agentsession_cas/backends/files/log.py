@@ -53,7 +53,8 @@ from typing import Any
 import blake3
 
 from ...format.canonical import canonical_bytes
-from ..base import COMMIT_POINTS, EntryIds
+from ..base import COMMIT_POINTS
+from ..digests import EntryDigests, SeqRuns
 
 __all__ = [
     "Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX",
@@ -74,7 +75,7 @@ _SNAPSHOT_OTHERS = _SNAPSHOT_KEEPS | {"append"}
 
 
 
-def _checksum(data: bytes) -> str:
+def _checksum(data: bytes | memoryview) -> str:
     return blake3.blake3(data).hexdigest(length=CHECKSUM_HEX // 2)
 
 
@@ -274,34 +275,38 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any], tuple[bytes, bytes] | None,
     if len(raw) < CHECKSUM_HEX + 2 or raw[CHECKSUM_HEX : CHECKSUM_HEX + 1] != b" ":
         return "not a checksummed record"
     stated = raw[:CHECKSUM_HEX]
-    covered = raw[CHECKSUM_HEX + 1 :]
+    # The line's parts are read through a view, not copied out of it: a snapshot's line
+    # holds a session's ids, and each copy of it counted in an open's peak memory.
+    view = memoryview(raw)
     try:
-        if stated.decode("ascii") != _checksum(covered):
+        if stated.decode("ascii") != _checksum(view[CHECKSUM_HEX + 1 :]):
             return "checksum mismatch"
     except UnicodeDecodeError:
         return "checksum mismatch"
-    body = covered[CHECKSUM_HEX + 1 :] if _link_of(raw) is not None else covered
+    start = 2 * CHECKSUM_HEX + 2 if _link_of(raw) is not None else CHECKSUM_HEX + 1
+    stop = len(raw)
     payload = None
-    tab = body.find(b"\t")
+    tab = raw.find(b"\t", start)
     if tab >= 0:
-        parts = body[tab + 1 :].split(b"\t")
+        parts = raw[tab + 1 :].split(b"\t")
         if len(parts) != 2:
             return "checksum matches but the payload is not two objects"
         payload = (parts[0], parts[1])
-        body = body[:tab]
+        stop = tab
     try:
         # A record is canonical JSON: UTF-8, no whitespace. Parse that text directly (what
         # json.loads does after sniffing the encoding and skipping whitespace, at half the
         # cost per line); anything else goes to json.loads, so the result is the same.
-        text = body.decode("utf-8", "surrogatepass")
+        text = str(view[start:stop], "utf-8", "surrogatepass")
         data, end = _DECODE(text)
         if end != len(text):
             raise ValueError("not one canonical value")
     except ValueError:
         try:
-            data = json.loads(body)
+            data = json.loads(raw[start:stop])
         except (ValueError, UnicodeDecodeError):
             return "checksum matches but the record is not JSON"
+    text = ""  # (let go before a snapshot is decoded)
     if not isinstance(data, dict) or data.get("op") not in _OPS:
         return "not a known record"
     if data["op"] == "snapshot":
@@ -581,7 +586,7 @@ def _snapshot_file_form(snapshot: dict[str, Any]) -> dict[str, Any]:
     """The decoded form as a log line holds it: ids as raw bytes in base64, sequence
     numbers as runs, leaf labels as indexes into the ids."""
     entries = snapshot["entries"]
-    raw = bytes.fromhex("".join(e[len(_HASH_PREFIX):] for e in entries))
+    raw = entries.raw if isinstance(entries, EntryDigests) else bytes.fromhex("".join(e[len(_HASH_PREFIX):] for e in entries))
     index = {e: i for i, e in enumerate(entries)} if snapshot["leaf_labels"] else {}
     return {
         "entries": base64.b64encode(raw).decode("ascii"),
@@ -606,29 +611,31 @@ def _decode_snapshot(data: dict[str, Any]) -> dict[str, Any] | str:
     try:
         if not isinstance(text, str):
             raise ValueError
-        raw = base64.b64decode(text, validate=True)
+        # (the text itself, not an ASCII copy of it: a snapshot's ids are most of an open's bytes)
+        raw = binascii.a2b_base64(text, strict_mode=True)
     except (binascii.Error, ValueError):
         return "holds no base64 entry ids"
     if len(raw) % 32 or len(raw) // 32 > _MAX_SNAPSHOT_ENTRIES:
         return "holds entry ids of the wrong length"
     n = len(raw) // 32
-    hexed = raw.hex()
-    entries = EntryIds([_HASH_PREFIX + hexed[i : i + 64] for i in range(0, 64 * n, 64)])
-    seqs: list[int] = []
+    # Held as the digests (32 bytes an id) and the numbers as their runs, not as a string
+    # and an int each: an open of a big session makes no object per entry (issue 11).
+    entries = EntryDigests(raw)
     runs = data.get("seqs")
     if not isinstance(runs, list):
         return "holds no sequence numbers"
-    last = 0
+    last = held = 0
     for run in runs:
         if not (isinstance(run, list) and len(run) == 2 and _is_count(run[0]) and _is_count(run[1])):
             return "holds a sequence run that is not [first, count]"
         first, count = run
-        if first <= last or count < 1 or len(seqs) + count > n:
+        if first <= last or count < 1 or held + count > n:
             return "holds sequence numbers out of order or too many"
-        seqs.extend(range(first, first + count))
+        held += count
         last = first + count - 1
-    if len(seqs) != n:
-        return f"holds {len(seqs)} sequence numbers for {n} entries"
+    if held != n:
+        return f"holds {held} sequence numbers for {n} entries"
+    seqs = SeqRuns(runs)  # (as runs, not a number each: one run, most often)
     labels = data.get("leaf_labels")
     if not isinstance(labels, list) or not all(_is_count(i) and i < n for i in labels):
         return "holds leaf labels that are not indexes of its entries"
