@@ -632,6 +632,39 @@ def test_content_names_agree_with_json_loads(body, cut, byte, odd):
         assert batch == [_names_by_json(text) for text in texts]
 
 
+def _strict(text: bytes):
+    """loads_flagged's answer, or the class of what it raises."""
+    try:
+        return loads_flagged(text)
+    except Exception as exc:  # noqa: BLE001 - the class is the answer compared
+        return type(exc)
+
+
+@settings(max_examples=400, deadline=None)
+@given(body=st.dictionaries(st.text(max_size=6) | _NAMES, _JSON | st.integers(-(2**53) + 1, 2**53 - 1), max_size=5), cut=st.integers(0, 400),
+       byte=st.integers(0, 255), odd=st.sampled_from(_ODD_TEXTS + [b'{"n":1e+21}', b'{"n":1.0}', b'{"n":100000000000000000000}',
+                                                                    b'{"b":1,"a":2}', b'{"a":' + b"[" * 300 + b"]" * 300 + b"}"]))
+def test_stored_content_parse_is_the_strict_parse(body, cut, byte, odd):
+    """A stored content's parse (orjson's, proved by encoding it again) gives the strict
+    parse's value (the same members, numbers of the same type and value), its flag or
+    None, and raises as it raises: for canonical bodies (big integers and floats among
+    them), the same with a byte changed, and texts orjson reads otherwise or refuses."""
+    from agentsession_cas.format import hashing
+
+    changed = bytearray(rfc8785.dumps(body))
+    changed[cut % len(changed)] = byte
+    for text in (rfc8785.dumps(body), bytes(changed), odd):
+        expected = _strict(text)
+        try:
+            got = hashing._parse_stored(text)
+        except Exception as exc:  # noqa: BLE001
+            assert expected is type(exc), text
+            continue
+        assert not isinstance(expected, type), text
+        assert got[1] in (expected[1], None) and repr(got[0]) == repr(expected[0]), text
+        assert json.dumps(got[0]) == json.dumps(expected[0]), text  # ints stay ints, floats floats
+
+
 def _is_json(text: bytes) -> bool:
     """Whether the text is one JSON value, alone and as an array's element (no byte order mark)."""
     try:
