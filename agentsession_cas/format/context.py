@@ -1377,7 +1377,8 @@ def context_hash_step(
         chash = sha256_ref(b'{"item":' + item_bytes + b"}")
     else:
         chash = sha256_ref(canonical_bytes(content, parsed=parsed, careful=careful))
-    return sha256_ref(canonical_bytes([parent_hash, type_, chash]))
+    # three plain strings (the type one of CONTEXT_TYPES): nothing to walk for
+    return sha256_ref(canonical_bytes([parent_hash, type_, chash], parsed=True, careful=False))
 
 
 class ContextHasher:
