@@ -352,23 +352,10 @@ def _names_each(texts: Sequence[bytes]) -> list[Any]:
     no object), as one array parsed in one call: the texts joined by a string no text can
     know, so a text that is not one whole value (``1,2``, or one that opens what the
     next closes) shows as a separator out of place, and then each is left unparsed
-    (:data:`_UNPARSED`) for the caller's own parse, which names the fault.
-
-    The parse is ``orjson``'s (about 2.5 times ``json.loads``'s speed on contents, the
-    largest cost of an export), ``json.loads`` taking over where it refuses what the
-    standard parser admits (a lone surrogate, a number beyond 64 bits, ``NaN``): where
-    ``orjson`` admits a text, ``json.loads`` admits it too and finds the same names
-    (tests/test_hashing.py holds the two to it)."""
+    (:data:`_UNPARSED`) for the caller's own parse, which names the fault."""
     n = len(texts)
     if n:
-        joined = b"[" + _SEPARATOR.join(texts) + b"]"
-        try:
-            got = orjson.loads(joined)
-        except orjson.JSONDecodeError:
-            try:
-                got = json.loads(joined)
-            except ValueError:
-                got = None
+        got = _loads_names_only(b"[" + _SEPARATOR.join(texts) + b"]")
         if got.__class__ is list and len(got) == 2 * n - 1 and got[1::2].count(_NONCE) == n - 1:
             return [tuple(v) if v.__class__ is dict else None for v in got[::2]]
     return [_UNPARSED] * n
@@ -376,14 +363,24 @@ def _names_each(texts: Sequence[bytes]) -> list[Any]:
 
 def _names(text: bytes) -> tuple[str, ...] | None:
     """:func:`_names_each` of one text, or None for a text that is no object or no JSON."""
+    value = _loads_names_only(text)
+    return tuple(value) if value.__class__ is dict else None
+
+
+def _loads_names_only(text: bytes) -> Any:
+    """A JSON text parsed for its objects' member names only (None when it is no JSON):
+    by ``orjson`` (about 2.5 times ``json.loads``'s speed on contents, the largest cost
+    of an export), ``json.loads`` taking over where it refuses what the standard parser
+    admits (a lone surrogate, ``NaN``). Where ``orjson`` admits a text, ``json.loads``
+    admits it too and finds the same names (tests/test_hashing.py holds the two to it);
+    its values may differ (a number beyond 64 bits is read as a float)."""
     try:
-        value = orjson.loads(text)
+        return orjson.loads(text)
     except orjson.JSONDecodeError:
         try:
-            value = json.loads(text)
+            return json.loads(text)
         except ValueError:
             return None
-    return tuple(value) if value.__class__ is dict else None
 
 
 #: Member names a line is cut at by a search for ``,"name":``: with no character JSON
