@@ -510,8 +510,9 @@ def line_members(entry_id: str, env: Mapping[str, Any], content: bytes) -> tuple
     line's order, the parse's careful flag or None when not known), with the content
     parsed once and no line made: for a reader of entries, not of bytes (a listing);
     and the canonical bytes of the content's ``item`` when it holds one, cut from the
-    stored bytes (:func:`stored_item_bytes`), else None (and when the flag is known). The envelope's members are
-    ASCII-named strings, null or ``parents``' plain objects, which raise no careful flag.
+    stored bytes (:func:`stored_item_bytes`), else None (and when the flag is known).
+    The envelope's members are ASCII-named strings, null or ``parents``' plain
+    objects, which raise no careful flag.
     A content with a member name outside ASCII (where JCS's order is not ``sorted``'s)
     is read through its line."""
     body, careful = _parse_stored(content)
@@ -540,7 +541,7 @@ def _parse_stored(content: bytes) -> tuple[Any, bool | None]:
     twice, no number read otherwise: a number beyond 64 bits, read as a float, is written
     otherwise), with the careful flag unknown (None: a later encoding scans); anything
     else the strict parse's value and flag (:func:`loads_flagged`, which names a fault).
-    A third of the strict parse's time on an export's contents."""
+    About half the strict parse's time on the benchmark's contents."""
     try:
         value = orjson.loads(content)
         if value.__class__ is dict and orjson.dumps(value, None, orjson.OPT_SORT_KEYS) == content:
@@ -553,8 +554,9 @@ def _parse_stored(content: bytes) -> tuple[Any, bool | None]:
 def stored_item_bytes(content: bytes, names: Sequence[str]) -> bytes | None:
     """The bytes of the ``item`` member of a stored (canonical) content whose top-level
     member names are ``names`` (in order), or None when it holds none or the member after
-    it is not found once by its ``,"name":``: an item's canonical bytes, for the context
-    and request hashes, without encoding it again."""
+    it is not found once by its ``,"name":``: an item's canonical bytes (a stored
+    content is canonical: its hash names its canonical form), for the context and
+    request hashes, without encoding it again."""
     if not names or names[0] != _SPLICE_MEMBER:
         return None
     if len(names) == 1:
