@@ -24,7 +24,12 @@ def quote(text: str, width: int = WIDTH) -> str:
     text = head if head is not None and len(head) > width else " ".join(text.split())
     if len(text) > width:
         text = text[: width - 1] + "\u2026"
-    return json.dumps(text, ensure_ascii=False)
+    return _json_string(text)
+
+
+#: ``json.dumps(text, ensure_ascii=False)`` of a string, without an encoder made per call
+#: (show quotes a summary for every entry).
+_json_string = json.encoder.encode_basestring
 
 
 def _item_text(item: dict[str, Any]) -> str | None:

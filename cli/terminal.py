@@ -179,7 +179,7 @@ def wrap(line: str, columns: int | None = None, indent: str = "  ") -> list[str]
         if current.strip():
             out.append(current)
             current = more
-        while len(visible(current + word)) > columns:  # a word longer than a line
+        while word and len(visible(current + word)) > columns:  # a word longer than a line (a lead wider than the line too)
             room = max(1, columns - len(visible(current)))
             out.append(current + word[:room])
             word = word[room:]
@@ -187,7 +187,7 @@ def wrap(line: str, columns: int | None = None, indent: str = "  ") -> list[str]
         current += word
     if current.strip():
         out.append(current)
-    return out
+    return out or [""]  # a line of white space wider than the width: one empty line
 
 
 def fit_table(rows: list[list[str]], shrink: int | None = None) -> list[list[str]]:

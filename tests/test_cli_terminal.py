@@ -173,6 +173,13 @@ def test_wrap_and_cut_keep_what_they_must():
     assert terminal.visible(coloured) == "abc…" and coloured.endswith("\x1b[0m")
 
 
+def test_wrap_ends_on_a_lead_wider_than_the_line():
+    """A line of spaces, or one whose lead is wider than the width, is wrapped (it looped
+    for ever: the indent of the next line alone did not fit)."""
+    assert terminal.wrap(" " * 120, 100) == [""]
+    assert terminal.wrap(" " * 20 + "abc", 8) == [" " * 20 + "a", " " * 22 + "b", " " * 22 + "c"]
+
+
 # -- colour ------------------------------------------------------------------------
 
 

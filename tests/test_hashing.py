@@ -592,6 +592,89 @@ def test_lines_from_bytes_cut_the_content_where_its_names_say():
             assert (cut is None) == (i in (4, 5)), body
 
 
+def _names_by_json(text: bytes):
+    """The slow path's answer: the top-level names ``json.loads`` finds, None for no object or no JSON."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return tuple(value) if isinstance(value, dict) else None
+
+
+#: Texts json.loads admits and orjson does not, or that are no JSON, no object, or not one value.
+_ODD_TEXTS = [b'{"a":"\\ud800"}', b'{"a":NaN}', b'{"big":123456789012345678901234567890,"z":1}', b'{"a":1,"a":2,"b":3}',
+              b'{"a":1e400}', b"[1]", b'"s"', b"{", b"", b'{"a":1},{"b":2}', b'{"\xff":1}', b'\xef\xbb\xbf{"a":1}',
+              b' {"b": [1, {"c": 2}] , "a" : null} ', b'{"x":"\xed\xa0\x80"}', b'{"a":[{}', b'{}]}', b"{}"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(body=st.dictionaries(st.text(max_size=6) | _NAMES, _JSON, max_size=5), cut=st.integers(0, 400),
+       byte=st.integers(0, 255), odd=st.lists(st.sampled_from(_ODD_TEXTS), max_size=3))
+def test_content_names_agree_with_json_loads(body, cut, byte, odd):
+    """The names a line is cut by (orjson's parse, json.loads's where orjson refuses) are
+    json.loads's, one by one and in a batch: for a canonical body, the same body with a
+    byte changed (a damaged content: no JSON, or other JSON), and texts only json.loads
+    admits; a batch holding a text that is not one value leaves every text to its own parse."""
+    from agentsession_cas.format import hashing
+
+    canonical = rfc8785.dumps(body)
+    assert hashing._names(canonical) == _names_by_json(canonical) == tuple(sorted(body, key=lambda k: k.encode("utf-16-be")))
+    changed = bytearray(canonical)
+    changed[cut % len(changed)] = byte
+    texts = [canonical, bytes(changed), *odd]
+    for text in texts:
+        assert hashing._names(text) == _names_by_json(text), text
+    batch = hashing._names_each(texts)
+    if hashing._UNPARSED in batch:  # each text then takes its own parse (asserted above)
+        assert batch == [hashing._UNPARSED] * len(texts)
+        assert not all(_is_json(text) for text in texts)
+    else:
+        assert batch == [_names_by_json(text) for text in texts]
+
+
+def _strict(text: bytes):
+    """loads_flagged's answer, or the class of what it raises."""
+    try:
+        return loads_flagged(text)
+    except Exception as exc:  # noqa: BLE001 - the class is the answer compared
+        return type(exc)
+
+
+@settings(max_examples=400, deadline=None)
+@given(body=st.dictionaries(st.text(max_size=6) | _NAMES, _JSON | st.integers(-(2**53) + 1, 2**53 - 1), max_size=5), cut=st.integers(0, 400),
+       byte=st.integers(0, 255), odd=st.sampled_from(_ODD_TEXTS + [b'{"n":1e+21}', b'{"n":1.0}', b'{"n":100000000000000000000}',
+                                                                    b'{"b":1,"a":2}', b'{"a":' + b"[" * 300 + b"]" * 300 + b"}"]))
+def test_stored_content_parse_is_the_strict_parse(body, cut, byte, odd):
+    """A stored content's parse (orjson's, proved by encoding it again) gives the strict
+    parse's value (the same members, numbers of the same type and value), its flag or
+    None, and raises as it raises: for canonical bodies (big integers and floats among
+    them), the same with a byte changed, and texts orjson reads otherwise or refuses."""
+    from agentsession_cas.format import hashing
+
+    changed = bytearray(rfc8785.dumps(body))
+    changed[cut % len(changed)] = byte
+    for text in (rfc8785.dumps(body), bytes(changed), odd):
+        expected = _strict(text)
+        try:
+            got = hashing._parse_stored(text)
+        except Exception as exc:  # noqa: BLE001
+            assert expected is type(exc), text
+            continue
+        assert not isinstance(expected, type), text
+        assert got[1] in (expected[1], None) and repr(got[0]) == repr(expected[0]), text
+        assert json.dumps(got[0]) == json.dumps(expected[0]), text  # ints stay ints, floats floats
+
+
+def _is_json(text: bytes) -> bool:
+    """Whether the text is one JSON value, alone and as an array's element (no byte order mark)."""
+    try:
+        json.loads(text)
+        json.loads(b"[" + text + b"]")
+    except ValueError:
+        return False
+    return True
+
+
 def test_lines_from_objects_parse_a_batch_no_content_can_split():
     """A batch is parsed as one array joined by a separator drawn at random: a content
     that is two values (``1,2``), or two that open and close one value between them,
@@ -603,12 +686,12 @@ def test_lines_from_objects_parse_a_batch_no_content_can_split():
     entry_id, _, content, env_bytes = entry_objects(good)
     env, _, _, members = hashing.read_envelope(env_bytes)
     line = hashing.line_from_objects(entry_id, env, content)
-    assert hashing._parse_each([content, b'{"a":1},{"b":2}', content]) == [hashing._UNPARSED] * 3
-    assert hashing._parse_each([content, b'{"a":[{}', b'{}]}', content]) == [hashing._UNPARSED] * 4
-    assert hashing._parse_each([content, b'{"z":1}']) == [json.loads(content), {"z": 1}]
+    assert hashing._names_each([content, b'{"a":1},{"b":2}', content]) == [hashing._UNPARSED] * 3
+    assert hashing._names_each([content, b'{"a":[{}', b'{}]}', content]) == [hashing._UNPARSED] * 4
+    assert hashing._names_each([content, b'{"z":1}', b"[1]"]) == [tuple(json.loads(content)), ("z",), None]
     # a forged separator is only a string to the parse
     forged = b'{"x":1},"' + b"0" * 32 + b'",{"y":2}'
-    assert hashing._parse_each([content, forged]) == [hashing._UNPARSED] * 2
+    assert hashing._names_each([content, forged]) == [hashing._UNPARSED] * 2
     assert hashing.lines_from_objects([(entry_id, env, content, members)] * 2) == [line, line]
     with pytest.raises(EntryError):
         hashing.lines_from_objects([(entry_id, env, content, members), (entry_id, env, b"[1]", members)])

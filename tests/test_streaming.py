@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import rfc8785
 from click.testing import CliRunner
 
 from agentsession_cas import Header
@@ -186,8 +187,12 @@ def test_projection_entries_are_the_lines_parsed(shapes, tmp_path):
     """What ``show`` reads (Session.projection_entries: each entry from its two objects,
     the content parsed once) is what parsing each projection line gives: the members in
     the line's order, the parse's careful flag, the synthetic marker last; for every
-    shape, and for contents with member names outside ASCII, floats and integers of 16 digits."""
+    shape, and for contents with member names outside ASCII, floats and integers of 16 digits.
+    The flag may be unknown (None: a later encoding scans) where the content's parse was
+    proved by encoding it again; an item's bytes, when cut from the content, are its
+    canonical form; and the context hashes fed these entries are those fed the lines'."""
     from agentsession_cas.format.canonical import loads_flagged
+    from agentsession_cas.format.context import ContextHasher
 
     root, sids = shapes
     odd = Store.init(tmp_path / "odd")
@@ -196,6 +201,9 @@ def test_projection_entries_are_the_lines_parsed(shapes, tmp_path):
     s.append({"type": "acme:y", "\U0001f600": "smile", "a": [1, 2.25, {"\u00e9": None}]})
     s.append({"type": "acme:z", "v": 2.5, "n": {"\u00e9": 1, "e": 2, "\U0001f600": 3}})  # ASCII at the top only
     s.append(_user("plain"))
+    # an item holding a member named as the content's next one (no cut), and one holding a float
+    s.append({**_user("nested"), "item": {**_user("nested")["item"], "response": "inner"}, "response": "outer"})
+    s.append({**_user("float"), "item": {**_user("float")["item"], "temperature": 0.5}})
     odd.close()
     stores = [(Store(root, readonly=True), sids), (Store(tmp_path / "odd", readonly=True), ["odd"])]
     for st, names in stores:
@@ -204,10 +212,18 @@ def test_projection_entries_are_the_lines_parsed(shapes, tmp_path):
             lines = list(s.projection_lines())[1:]
             entries = list(s.projection_entries())
             assert len(entries) == len(lines), sid
+            by_entries, by_lines = ContextHasher(), ContextHasher()
+            cut = 0
             for raw, e in zip(lines, entries):
                 obj, careful = loads_flagged(raw)
                 assert list(e.data.items()) == list(obj.items()), (sid, raw)
-                assert (e.id, e.careful) == (obj["id"], careful), (sid, raw)
+                assert e.id == obj["id"] and e.careful in (careful, None), (sid, raw)
+                if e.item_bytes is not None:
+                    assert e.item_bytes == rfc8785.dumps(obj["item"]), (sid, raw)
+                    cut += 1
+                if e.parent is None or e.parent in by_lines:
+                    assert by_entries.feed(e) == by_lines.feed(obj), (sid, raw)
+            assert cut or not any(e.type == "item" for e in entries), "no item's bytes cut from its content"
             s.close()
 
 

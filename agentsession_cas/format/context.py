@@ -1348,6 +1348,7 @@ def context_hash_step(
     *,
     parsed: bool = False,
     careful: bool | None = None,
+    item_bytes: bytes | None = None,
 ) -> str:
     """The context hash at an entry, from its parent's (``NULL_CONTEXT_HASH`` for a root).
 
@@ -1358,7 +1359,9 @@ def context_hash_step(
     for a compaction, ``first_kept`` replaced by ``[context hash, type]`` of the entry
     it names when that entry is on the path (``first_kept``), else null.
     ``parsed``/``careful`` are as :func:`~agentsession_cas.canonical.canonical_bytes`
-    takes them, for a body read from a line.
+    takes them, for a body read from a line; ``item_bytes``, the canonical bytes of the
+    body's ``item`` when the reader has them (``Entry.item_bytes``): an item entry whose
+    content is its item alone once stripped is hashed from them, not encoded again.
     """
     if type_ not in CONTEXT_TYPES:
         return parent_hash
@@ -1370,8 +1373,12 @@ def context_hash_step(
         content.pop("from", None)
     elif type_ == "compaction" and "first_kept" in content:
         content["first_kept"] = list(first_kept) if first_kept is not None else None
-    chash = sha256_ref(canonical_bytes(content, parsed=parsed, careful=careful))
-    return sha256_ref(canonical_bytes([parent_hash, type_, chash]))
+    if item_bytes is not None and type_ == "item" and len(content) == 1 and "item" in content:
+        chash = sha256_ref(b'{"item":' + item_bytes + b"}")
+    else:
+        chash = sha256_ref(canonical_bytes(content, parsed=parsed, careful=careful))
+    # three plain strings (the type one of CONTEXT_TYPES): nothing to walk for
+    return sha256_ref(canonical_bytes([parent_hash, type_, chash], parsed=True, careful=False))
 
 
 class ContextHasher:
@@ -1409,14 +1416,14 @@ class ContextHasher:
     def feed(self, entry: Entry | Mapping[str, Any]) -> str:
         """Compute, remember and return the context hash at ``entry`` (an :class:`Entry` or
         an entry object with its ``id``); its parent must have been fed, or be null."""
-        parsed, careful = False, None
+        parsed, careful, item_bytes = False, None, None
         eid: Any
         type_: Any
         parent: Any
         if isinstance(entry, Entry):
             # An Entry's members were parsed or hashed when it was made: known JSON.
             eid, type_, parent, body = entry.id, entry.type, entry.parent, entry.body
-            parsed, careful = True, entry.careful
+            parsed, careful, item_bytes = True, entry.careful, entry.item_bytes
         else:
             eid, type_, parent = entry.get("id"), entry.get("type"), entry.get("parent")
             body = {k: v for k, v in entry.items() if k not in ("id", "type", "parent", "parents", "ts")}
@@ -1428,7 +1435,7 @@ class ContextHasher:
             fk = body.get("first_kept")
             if isinstance(fk, str) and fk in self._known and self._on_path(fk, parent):
                 ref = (self._known[fk][0], self._known[fk][1])
-        value = context_hash_step(parent_hash, type_, body, ref, parsed=parsed, careful=careful)
+        value = context_hash_step(parent_hash, type_, body, ref, parsed=parsed, careful=careful, item_bytes=item_bytes)
         self._known[eid] = (value, type_, parent)
         return value
 

@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
+import orjson
+
 from ..errors import AgentSessionError, EntryError
 from .canonical import canonical_bytes, loads_flagged, member_order, needs_careful
 
@@ -34,6 +36,7 @@ __all__ = [
     "entry_hashes",
     "line_from_objects",
     "lines_from_objects",
+    "stored_item_bytes",
     "read_envelope",
 ]
 
@@ -330,10 +333,10 @@ def lines_from_objects(entries: Sequence[tuple[str, Mapping[str, Any], bytes, by
     """:func:`line_from_objects` of each ``(id, envelope, content, members)``, the
     contents parsed in one call (a projection reads a chunk of entries at a time; one
     parse of many values costs much less than as many parses)."""
-    bodies = _parse_each([content for _, _, content, _ in entries])
+    names = _names_each([content for _, _, content, _ in entries])
     out = []
-    for (entry_id, env, content, members), body in zip(entries, bodies):
-        line = _line_of_bytes(entry_id, content, members, body) if members is not None else None
+    for (entry_id, env, content, members), these in zip(entries, names):
+        line = _line_of_bytes(entry_id, content, members, these) if members is not None else None
         out.append(line if line is not None else _line_from_parsed(entry_id, env, content))
     return out
 
@@ -344,20 +347,40 @@ _SEPARATOR = b',"' + _NONCE.encode("ascii") + b'",'
 _UNPARSED = object()
 
 
-def _parse_each(texts: Sequence[bytes]) -> list[Any]:
-    """Each JSON text parsed, as one array in one call: the texts joined by a string
-    no text can know, so a text that is not one whole value (``1,2``, or one that opens
-    what the next closes) shows as a separator out of place, and then each is left
-    unparsed (:data:`_UNPARSED`) for the caller's own parse, which names the fault."""
+def _names_each(texts: Sequence[bytes]) -> list[Any]:
+    """The top-level member names of each JSON text (a tuple, or None for a text that is
+    no object), as one array parsed in one call: the texts joined by a string no text can
+    know, so a text that is not one whole value (``1,2``, or one that opens what the
+    next closes) shows as a separator out of place, and then each is left unparsed
+    (:data:`_UNPARSED`) for the caller's own parse, which names the fault."""
     n = len(texts)
     if n:
-        try:
-            got = json.loads(b"[" + _SEPARATOR.join(texts) + b"]")
-        except ValueError:
-            got = None
+        got = _loads_names_only(b"[" + _SEPARATOR.join(texts) + b"]")
         if got.__class__ is list and len(got) == 2 * n - 1 and got[1::2].count(_NONCE) == n - 1:
-            return got[::2]
+            return [tuple(v) if v.__class__ is dict else None for v in got[::2]]
     return [_UNPARSED] * n
+
+
+def _names(text: bytes) -> tuple[str, ...] | None:
+    """:func:`_names_each` of one text, or None for a text that is no object or no JSON."""
+    value = _loads_names_only(text)
+    return tuple(value) if value.__class__ is dict else None
+
+
+def _loads_names_only(text: bytes) -> Any:
+    """A JSON text parsed for its objects' member names only (None when it is no JSON):
+    by ``orjson`` (about 2.5 times ``json.loads``'s speed on contents, the largest cost
+    of an export), ``json.loads`` taking over where it refuses what the standard parser
+    admits (a lone surrogate, ``NaN``). Where ``orjson`` admits a text, ``json.loads``
+    admits it too and finds the same names (tests/test_hashing.py holds the two to it);
+    its values may differ (a number beyond 64 bits is read as a float)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None
 
 
 #: Member names a line is cut at by a search for ``,"name":``: with no character JSON
@@ -400,23 +423,19 @@ def _cuts(names: tuple[str, ...]) -> list[tuple[bytes | None, int, int]] | None:
     return plan
 
 
-def _line_of_bytes(entry_id: str, content: bytes, envelope: bytes, body: Any) -> bytes | None:
+def _line_of_bytes(entry_id: str, content: bytes, envelope: bytes, names: Any) -> bytes | None:
     """The line of an entry from its content's bytes and its envelope's members' bytes
     (``"parent":…,"ts":…,"type":…``, an envelope of the common form), nothing encoded:
-    the content's member names (from ``body``, the content parsed, or
-    :data:`_UNPARSED`) say where each of the line's members goes, before the first
+    the content's top-level member names (``names``, from :func:`_names_each`: a tuple,
+    None for no object, or :data:`_UNPARSED`) say where each of the line's members goes, before the first
     content member that sorts after it, found by its ``,"name":`` where that occurs
     once in the content; the envelope's members that go in together are copied as one
     piece. None when a name is not plain or occurs more than once (the caller encodes
     around the parse instead)."""
-    if body is _UNPARSED:
-        try:
-            body = json.loads(content)
-        except ValueError:
-            return None
-    if body.__class__ is not dict:
+    if names is _UNPARSED:
+        names = _names(content)
+    if names is None:
         return None
-    names = tuple(body)
     if names in _CUTS:
         plan = _CUTS[names]
     else:
@@ -486,18 +505,26 @@ def _line_from_parsed(entry_id: str, env: Mapping[str, Any], content: bytes) -> 
     return canonical_bytes(body, parsed=True, careful=True if careful else (False if plain else None)) + b"\n"
 
 
-def line_members(entry_id: str, env: Mapping[str, Any], content: bytes) -> tuple[dict[str, Any], bool | None]:
+def line_members(entry_id: str, env: Mapping[str, Any], content: bytes) -> tuple[dict[str, Any], bool | None, bytes | None]:
     """What parsing the line :func:`line_from_objects` makes gives (the members in the
-    line's order, the parse's careful flag), with the content parsed once and no line
-    made: for a reader of entries, not of bytes (a listing). The envelope's members are
-    ASCII-named strings, null or ``parents``' plain objects, which raise no careful flag.
+    line's order, the parse's careful flag or None when not known), with the content
+    parsed once and no line made: for a reader of entries, not of bytes (a listing);
+    and the canonical bytes of the content's ``item`` when it holds one, cut from the
+    stored bytes (:func:`stored_item_bytes`), else None (and when the flag is known).
+    The envelope's members are ASCII-named strings, null or ``parents``' plain
+    objects, which raise no careful flag.
     A content with a member name outside ASCII (where JCS's order is not ``sorted``'s)
     is read through its line."""
-    body, careful = loads_flagged(content)
+    body, careful = _parse_stored(content)
     if body.__class__ is not dict:
         raise EntryError("the content object is not a JSON object")
-    if not all(k.isascii() for k in body):
-        return loads_flagged(line_from_objects(entry_id, env, content))
+    names = tuple(body)
+    if not all(k.isascii() for k in names):
+        data, careful = loads_flagged(line_from_objects(entry_id, env, content))
+        return data, careful, None
+    # the bytes are cut only when the parse proved them compact and sorted (the store
+    # holds canonical contents: their hash names their canonical form)
+    item = stored_item_bytes(content, names) if careful is None else None
     body["id"] = entry_id
     body["parent"] = env.get("parent")
     parents = env.get("parents")
@@ -505,7 +532,43 @@ def line_members(entry_id: str, env: Mapping[str, Any], content: bytes) -> tuple
         body["parents"] = parents
     body["ts"] = env.get("ts")
     body["type"] = env.get("type")
-    return dict(sorted(body.items())), careful
+    return dict(sorted(body.items())), careful, item
+
+
+def _parse_stored(content: bytes) -> tuple[Any, bool | None]:
+    """A stored content parsed: ``orjson``'s value when encoding it again (sorted, compact)
+    gives the bytes back, which proves it what the strict parse gives (no member named
+    twice, no number read otherwise: a number beyond 64 bits, read as a float, is written
+    otherwise), with the careful flag unknown (None: a later encoding scans); anything
+    else the strict parse's value and flag (:func:`loads_flagged`, which names a fault).
+    About half the strict parse's time on the benchmark's contents."""
+    try:
+        value = orjson.loads(content)
+        if value.__class__ is dict and orjson.dumps(value, None, orjson.OPT_SORT_KEYS) == content:
+            return value, None
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):  # what it refuses (nesting past 255 levels to encode)
+        pass
+    return loads_flagged(content)
+
+
+def stored_item_bytes(content: bytes, names: Sequence[str]) -> bytes | None:
+    """The bytes of the ``item`` member of a stored (canonical) content whose top-level
+    member names are ``names`` (in order), or None when it holds none or the member after
+    it is not found once by its ``,"name":``: an item's canonical bytes (a stored
+    content is canonical: its hash names its canonical form), for the context and
+    request hashes, without encoding it again."""
+    if not names or names[0] != _SPLICE_MEMBER:
+        return None
+    if len(names) == 1:
+        return content[8:-1]
+    after = names[1]
+    if _PLAIN_NAME.fullmatch(after) is None:
+        return None
+    cut_at = b',"' + after.encode("ascii") + b'":'
+    cut = content.find(cut_at, 8)
+    if cut < 0 or content.find(cut_at, cut + 1) >= 0:
+        return None
+    return content[8:cut]
 
 
 def _spliced(members: dict[str, Any], body: dict[str, Any], content: bytes, name: str) -> bytes | None:

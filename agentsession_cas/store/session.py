@@ -419,9 +419,10 @@ class Session:
         walk = _ProjectionWalk(self)
         for entry_id, env, content, _ in walk.objects(contents=True):
             assert content is not None
-            data, careful = line_members(entry_id, env, content)
+            data, careful, item = line_members(entry_id, env, content)
             entry = Entry(data, computed_id=entry_id, content_hash=env["content"])
             entry.careful = careful
+            entry.item_bytes = item
             yield entry
         marker = walk.marker()
         if marker is not None:
