@@ -1018,7 +1018,12 @@ class FileSessionLog(SessionLog):
         done. Until then the objects stay in memory here (and in the log's payloads for
         other processes). At most one such checkpoint is in flight per session."""
         self._refuse_if_stopped()
-        self._finish_checkpoint()
+        # A checkpoint that waits and has objects of its own after the one in flight
+        # compacts once, after its own: a fold after each would read the log's records
+        # twice (at close, after a stream of lazy appends, nearly all of them).
+        inflight = self._inflight
+        more = wait and inflight is not None and len(self.unmaterialized) > len(inflight[1])
+        self._finish_checkpoint(compact=not more)
         if not self.unmaterialized:
             return
         items: list[tuple[Space, str, bytes]] = []
@@ -1045,9 +1050,10 @@ class FileSessionLog(SessionLog):
         if fd is not None:
             start_writeback(fd)
 
-    def _finish_checkpoint(self) -> None:
-        """Wait for the checkpoint in flight, if any, and record it; a failure there (a
-        failed write or fsync) stops the log's writes, as a failed fsync does."""
+    def _finish_checkpoint(self, *, compact: bool = True) -> None:
+        """Wait for the checkpoint in flight, if any, and record it (then compact, unless
+        ``compact`` is False); a failure there (a failed write or fsync) stops the log's
+        writes, as a failed fsync does."""
         if self._inflight is None:
             return
         job, ids, seq = self._inflight
@@ -1057,14 +1063,15 @@ class FileSessionLog(SessionLog):
         except OSError as exc:
             self.stopped = self.stopped or str(exc)
             raise
-        self._checkpoint_done(ids, seq)
+        self._checkpoint_done(ids, seq, compact=compact)
 
-    def _checkpoint_done(self, ids: list[str], seq: int) -> None:
+    def _checkpoint_done(self, ids: list[str], seq: int, *, compact: bool = True) -> None:
         record = {"op": "checkpoint", "seq": seq}
         self._write_log([record_body(record)], sync=False, datas=[record])
         for entry_id in ids:
             self.unmaterialized.pop(entry_id, None)
-        self._compact(final=False)
+        if compact:
+            self._compact(final=False)
 
     # -- compaction -----------------------------------------------------------------------
 
