@@ -442,6 +442,37 @@ def _write_a_session(root: Path) -> None:
     st.close()
 
 
+def test_the_close_of_a_lazy_stream_folds_the_log_once(tmp_path, monkeypatch):
+    """The close's checkpoint waits for the one an append left in flight, then writes
+    its own: it folds once, after both (a fold after each read the log's records twice,
+    at the close of a long lazy stream nearly all of them; issue 10)."""
+    monkeypatch.setattr(files_sessions, "COMPACT_WHILE_WRITING", 4096)
+    monkeypatch.setattr(files_sessions, "COMPACT_AT_CLOSE", 1)
+    monkeypatch.setattr(files_sessions, "CHECKPOINT_ENTRIES", 16)
+    folds: list[int] = []
+    real = files_sessions.make_snapshot
+
+    def counting(*args, **kwargs):
+        folds.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(files_sessions, "make_snapshot", counting)
+    root = tmp_path / "store"
+    st = Store.init(root, sync="never")
+    s = st.create(Header.new("s1"))
+    for i in range(20):  # the 16th leaves a checkpoint in flight; four appends after it
+        s.append(msg(f"m{i}"))
+    s.commit()
+    assert folds == []
+    st.close()
+    assert folds == [1], "the close folded the log more than once"
+    assert ops(root) == ["create", "snapshot"]
+    st = Store(root)
+    assert len(st.session("s1").log_order) == 20
+    st.close()
+    assert fsck(root).ok
+
+
 def test_compaction_from_what_the_writer_holds_writes_what_reading_the_log_would(tmp_path, monkeypatch):
     """A writer folds the records it knows it wrote (no read of the log back); the log it
     leaves is byte for byte the one a compaction reading the log writes."""

@@ -2177,6 +2177,32 @@ def test_checkpoints_come_every_1024_appends_not_more_often(root, monkeypatch):
     assert seqs == [CHECKPOINT_ENTRIES, 2 * CHECKPOINT_ENTRIES, 3 * CHECKPOINT_ENTRIES, n]
 
 
+def test_what_a_writer_keeps_per_append_is_not_tracked_by_the_collector(root):
+    """What a writer keeps for each append it made (the log's record of it, the context
+    builder's contribution of an item, the record walker's undo records of a call, its
+    output and its events) holds atomic values only, so the cyclic collector stops
+    tracking it after one pass: a long lazy append stream would otherwise make every full
+    collection longer, and appends slower as the session grows (issue 10)."""
+    import gc
+
+    st = Store.init(root, sync="never")
+    s = st.create(Header.new("untracked"))
+    for i in range(20):
+        s.append(msg(f"ask {i}"))
+        s.append({"type": "item", "item": {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"},
+                  "ts": ts()})
+        s.append({"type": "item", "item": {"type": "function_call_output", "call_id": f"c{i}", "output": "ok"}, "ts": ts()})
+    gc.collect()
+    held = s.log._held
+    assert len(held) == 60 and not any(gc.is_tracked(h) for h in held)
+    path = s.rules().path
+    items = path.builder._raw.items
+    assert len(items) == 60 and not any(gc.is_tracked(c) for c in items)
+    kept = [op for op in path.walker._undo if op[0] in ("call", "event", "output")]
+    assert len(kept) == 60 and not any(gc.is_tracked(op) for op in kept)
+    st.close()
+
+
 def test_bulk_passes_restore_the_collector(root, tmp_path, monkeypatch):
     """Import and projection pause the cyclic collector (a bulk pass allocates no
     cycles) and restore it as it was, also when they fail."""

@@ -701,6 +701,10 @@ class _Items(Sequence[Any]):
             yield c.item
 
 
+#: A contribution as the builder holds it: (position on the path, kind, model, index).
+_Placed = tuple[int, str, "str | None", int]
+
+
 class _Contribution:
     """One item the context algorithm placed in the list: from an ``item`` entry (the
     only kind ``omit`` reaches), a compaction's summary or pin, or a branch summary.
@@ -836,7 +840,7 @@ class _Mark:
 
     __slots__ = ("sig", "upto", "last", "count", "h")
 
-    def __init__(self, sig: tuple, upto: int, last: _Contribution | None, count: int, h: Any):
+    def __init__(self, sig: tuple, upto: int, last: _Placed | None, count: int, h: Any):
         self.sig = sig
         self.upto = upto
         self.last = last
@@ -856,15 +860,26 @@ class _Raw:
     changed in place, so that one check proves the whole prefix unchanged. Settings
     that change the members sorting before ``input``, or the omit in force, change
     the signature, and the next request starts a new mark from the first item.
+
+    Each contribution is held as a :data:`_Placed` tuple, its entry found on the
+    builder's ``path`` by position (:meth:`take` makes :class:`_Contribution` objects
+    of those a caller reads): a tuple of atomic values is one the collector stops
+    tracking, and a long path holds one per item.
     """
 
-    __slots__ = ("items", "marks")
+    __slots__ = ("path", "items", "marks")
 
     MAX_PROBE = 8
 
-    def __init__(self, items: list[_Contribution] | None = None):
-        self.items: list[_Contribution] = items if items is not None else []
+    def __init__(self, path: list[Entry], items: list[_Placed] | None = None):
+        self.path = path
+        self.items: list[_Placed] = items if items is not None else []
         self.marks: list[_Mark] = []
+
+    def take(self, start: int, end: int) -> list[_Contribution]:
+        """The contributions from ``start`` to ``end``, each with its entry."""
+        path = self.path
+        return [_Contribution(path[pos], kind, model, pos, index) for pos, kind, model, index in self.items[start:end]]
 
     def truncate(self, n: int) -> None:
         del self.items[n:]
@@ -883,7 +898,7 @@ class _Raw:
         omit = settings.omit
         if omit.images is not None and "keep" in omit.images:
             # Which images get the placeholder depends on how many follow: not a prefix.
-            kept, _, _ = _apply_omit(self.items[:upto], settings, path_index)
+            kept, _, _ = _apply_omit(self.take(0, upto), settings, path_index)
             return sha256_ref(request_bytes(settings, [item for _, item in kept]))
         before, after = settings.request_split()
         if omit.zero:
@@ -904,7 +919,7 @@ class _Raw:
             h = start.h.copy()
             upto0, count = start.upto, start.count
         if upto0 < upto:
-            chunk = self.items[upto0:upto]
+            chunk = self.take(upto0, upto)
             if omit.zero:
                 blobs = [_item_bytes(c) for c in chunk]
             else:
@@ -988,7 +1003,7 @@ class ContextBuilder:
         self.index: dict[str, int] = {}
         self._models: list[str | None] = []
         self.settings: Settings = EMPTY_SETTINGS
-        self._raw = _Raw()
+        self._raw = _Raw(self.path)
         #: (position of the last compaction, position of its first_kept or None)
         self.compaction: tuple[int, int | None] | None = None
         #: Why the context cannot be built while the last compaction is in force.
@@ -1020,13 +1035,13 @@ class ContextBuilder:
         self.unresolved_of = None
         if t == "item":
             if data.get("item").__class__ is dict or isinstance(data.get("item"), dict):
-                items.append(_Contribution(entry, "item", self.settings.model, pos, 0))
+                items.append((pos, "item", self.settings.model, 0))
         elif t == "config":
             self.settings, self.unresolved_of = self.settings.apply_checked(data, entry.id)
         elif t == "branch_summary":
             summary = data.get("summary")
             if isinstance(summary, dict):
-                self._raw.items.append(_Contribution(entry, "branch_summary", self.settings.model, pos))
+                self._raw.items.append((pos, "branch_summary", self.settings.model, 0))
         elif t == "compaction":
             self._compact(entry, pos)
         self._models.append(self.settings.model)
@@ -1036,15 +1051,13 @@ class ContextBuilder:
         fk = data.get("first_kept")
         fk_pos = self.index.get(fk) if isinstance(fk, str) else None
         self.settings = Settings.from_checkpoint(data.get("config"))
-        contributions: list[_Contribution] = []
+        contributions: list[_Placed] = []
         summary = data.get("summary")
         if isinstance(summary, dict):
-            contributions.append(_Contribution(entry, "summary", self.settings.model, pos))
+            contributions.append((pos, "summary", self.settings.model, 0))
         pinned = data.get("pinned")
         if isinstance(pinned, list):
-            contributions.extend(
-                _Contribution(entry, "pinned", self.settings.model, pos, i) for i, p in enumerate(pinned) if isinstance(p, dict)
-            )
+            contributions.extend((pos, "pinned", self.settings.model, i) for i, p in enumerate(pinned) if isinstance(p, dict))
         if fk_pos is None or fk_pos >= pos:
             shown = fk if is_hash(fk) else json.dumps(fk)
             self.error = f"compaction {short_id(entry.id)}: first_kept {shown} names no entry on its path before it"
@@ -1057,12 +1070,12 @@ class ContextBuilder:
                 if e.type == "item":
                     item = e.data.get("item")
                     if isinstance(item, dict):
-                        contributions.append(_Contribution(e, "item", self._models[p], p))
+                        contributions.append((p, "item", self._models[p], 0))
                 elif e.type == "branch_summary":
                     summary = e.data.get("summary")
                     if isinstance(summary, dict):
-                        contributions.append(_Contribution(e, "branch_summary", self._models[p], p))
-        self._raw = _Raw(contributions)
+                        contributions.append((p, "branch_summary", self._models[p], 0))
+        self._raw = _Raw(self.path, contributions)
 
     def pop(self) -> Entry:
         """Take the last entry of the path back, restoring the state before it."""
@@ -1108,9 +1121,9 @@ class ContextBuilder:
             raise ContextError(self.error)
         settings = self.settings if apply_omit else self.settings.without_omit()
         if not hold_items and settings.omit.zero:
-            raw = list(self._raw.items)
+            raw = self._raw.take(0, len(self._raw.items))
             return Context(self.settings, _Items(raw), self.selected_entries(), [c.entry for c in raw])
-        kept, omitted, replaced = _apply_omit(self._raw.items, settings, self.index)
+        kept, omitted, replaced = _apply_omit(self._raw.take(0, len(self._raw.items)), settings, self.index)
         return Context(
             self.settings, [item for _, item in kept], self.selected_entries(), [c.entry for c, _ in kept], omitted, replaced
         )

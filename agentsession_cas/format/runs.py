@@ -409,10 +409,15 @@ def _plain(text: str, width: int) -> str:
 
 
 # The kinds of RecordWalker's undo records (compared by identity: interned strings).
+# The records a call and its output leave name the call by its entry id, not by object:
+# a tuple of strings and integers is one the collector stops tracking, and a long
+# linear session keeps them for every call on its path.
 _UNDO_POP = "pop"  # (kind, list): pop the list's last element
 _UNDO_SET = "set"  # (kind, obj, attribute, old value)
 _UNDO_OPEN_CALLS = "open-calls"  # (kind, n): n calls were opened
-_UNDO_CALL = "call"  # (kind, call entry id, its call_id stack)
+_UNDO_CALL = "call"  # (kind, call entry id, its call_id): the call was pushed
+_UNDO_EVENT = "event"  # (kind, call entry id): the call's last event came
+_UNDO_OUTPUT = "output"  # (kind, call entry id): the call's output came
 _UNDO_TAKE = "take"  # (kind, run, call entry id): the run took the call up
 
 
@@ -593,9 +598,13 @@ class RecordWalker:
                 setattr(op[1], op[2], op[3])
             elif kind is _UNDO_OPEN_CALLS:
                 self.open_calls -= op[1]
+            elif kind is _UNDO_EVENT:
+                dict.__getitem__(self.calls, op[1]).events.pop()  # (a plain lookup: the call is on the path)
+            elif kind is _UNDO_OUTPUT:
+                dict.__getitem__(self.calls, op[1]).output = None
             elif kind is _UNDO_CALL:
                 del self.calls[op[1]]
-                op[2].pop()
+                dict.__getitem__(self.by_call_id, op[2]).pop()
                 self.call_order.pop()
             else:  # _UNDO_TAKE
                 run, key = op[1], op[2]
@@ -622,11 +631,10 @@ class RecordWalker:
             eid = e.id
             call = _Call(e, cid if isinstance(cid, str) else "", depth, eid not in self.foreign)
             self.calls[eid] = call
-            stack = self.by_call_id.setdefault(call.call_id, [])
-            stack.append(call)
+            self.by_call_id.setdefault(call.call_id, []).append(call)
             self.call_order.append(call)
             self.open_calls += 1
-            self._undo += ((_UNDO_CALL, eid, stack), (_UNDO_OPEN_CALLS, 1))
+            self._undo += ((_UNDO_CALL, eid, call.call_id), (_UNDO_OPEN_CALLS, 1))
             if self.run is not None:
                 self._run_takes(self.run, call)
         elif kind == "function_call_output":
@@ -649,7 +657,7 @@ class RecordWalker:
                             )
                     found.output = e
                     self.open_calls -= 1
-                    self._undo += ((_UNDO_SET, found, "output", None), (_UNDO_OPEN_CALLS, -1))
+                    self._undo += ((_UNDO_OUTPUT, found.entry.id), (_UNDO_OPEN_CALLS, -1))
                 self._event(found, _Event("output", e))
             if self.run is not None:
                 self._segment_event(e, found)
@@ -762,9 +770,8 @@ class RecordWalker:
         self._segment_event(e, call)
 
     def _event(self, call: _Call, ev: _Event) -> None:
-        events = call.events
-        events.append(ev)
-        self._undo.append((_UNDO_POP, events))
+        call.events.append(ev)
+        self._undo.append((_UNDO_EVENT, call.entry.id))
 
     def _dispatched_elsewhere(self, call: _Call) -> bool:
         """A dispatch naming the call was written before the tip of the path, in file

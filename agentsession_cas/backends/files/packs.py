@@ -785,7 +785,10 @@ class PackWriter:
         self._out: list[bytes] = []  # compressed bytes not yet written (see WRITE_BUFFER)
         self._out_len = 0
         self._pos = 0
-        self._objects: dict[bytes, list[int]] = {}  # raw name -> [ordinal, spaces]
+        # raw name -> (ordinal, spaces): a pair of integers, which the collector stops
+        # tracking (a checkpoint's pack is written on a worker thread while appends go
+        # on, and a list per object would be promoted and walked by full collections).
+        self._objects: dict[bytes, tuple[int, int]] = {}
         self._blocks: list[tuple[int, int, int, int, int, int]] = []
         self._slots = 0  # ordinals given out to blocks already cut
         # The block being filled: its objects' bytes (plain) or (raw, spaces, data, envelope
@@ -832,13 +835,13 @@ class PackWriter:
         """Add an object by its raw name and space bits (a repack copying objects)."""
         known = self._objects.get(raw)
         if known is not None:
-            known[1] |= spaces
+            self._objects[raw] = (known[0], known[1] | spaces)
             return
         if not self.encode:
             if self._buf_len and self._buf_len + len(data) > self.block_target:
                 self._cut()
             self._check_room()
-            self._objects[raw] = [self._slots + len(self._pending), spaces]
+            self._objects[raw] = (self._slots + len(self._pending), spaces)
             self._pending.append(data)
             self._buf_len += len(data)
         else:
@@ -847,7 +850,7 @@ class PackWriter:
             if self._buf_len and self._buf_len + size > self.block_target:
                 self._cut()
             self._check_room()
-            self._objects[raw] = [-1, spaces]  # its ordinal is given when its block is cut
+            self._objects[raw] = (-1, spaces)  # its ordinal is given when its block is cut
             self._pending.append((raw, spaces, data, m))
             self._buf_len += size
         if self._buf_len >= self.block_target:
@@ -898,9 +901,9 @@ class PackWriter:
             raw = names[32 * i : 32 * i + 32]
             known = objects.get(raw)
             if known is not None:
-                known[1] |= w & 7
+                objects[raw] = (known[0], known[1] | (w & 7))
             else:
-                objects[raw] = [(w >> 3) + base, w & 7]
+                objects[raw] = ((w >> 3) + base, w & 7)
 
     def _cut(self) -> None:
         """Close the block being filled: give its objects their slots (envelopes last
@@ -924,7 +927,7 @@ class PackWriter:
             depth: dict[int, int] = {}
             contents = SPACE_BITS["contents"]
             for slot, (raw, spaces, data, m) in enumerate(order):
-                objects[raw][0] = first + slot
+                objects[raw] = (first + slot, objects[raw][1])
                 payload = None
                 if m is not None:
                     payload = _encode_envelope(m, slot, local, depth, plain)

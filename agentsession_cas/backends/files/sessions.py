@@ -212,6 +212,23 @@ def _encode(record: Record) -> bytes:
     return record_body(record)
 
 
+def _held_item(record: Record, offset: int) -> tuple[Any, ...]:
+    """What a writer keeps of a record it wrote, for compaction (its members, no
+    payload, and its offset): an append as a tuple of its fields, which holds only
+    atomic values, so the collector stops tracking it (a long session keeps one per
+    append, and every full collection would walk an :class:`Append` object each);
+    any other record as its members."""
+    if isinstance(record, Append):
+        r = record
+        return (r.seq, r.entry, r.head, r.head_moved, r.leaf_label, r.lazy, offset)
+    return (record, offset)
+
+
+def _held_data(item: tuple[Any, ...]) -> dict[str, Any]:
+    """A record's members from what :func:`_held_item` kept."""
+    return Append(*item[:6]).as_record() if len(item) > 2 else record_data(item[0])
+
+
 #: The fewest bytes an append record's line takes (checksum, link, op, seq and a full
 #: entry id): how many appends make a log at least :data:`COMPACT_AT_CLOSE` long.
 _APPEND_LINE_MIN = 100
@@ -588,7 +605,7 @@ class FileSessionLog(SessionLog):
         #: them with its offset. None when not known (a recovery rewrote the log, or a
         #: record was written without its data): compaction then reads the file.
         self._held_head: list[dict[str, Any]] | None = None
-        self._held: list[tuple[Record, int]] | None = None
+        self._held: list[tuple[Any, ...]] | None = None  # (see _held_item)
         #: Registered with the object store as holding objects not yet there (see write).
         self._registered = False
         #: The checksum of the log's last line, which the next line links to.
@@ -653,7 +670,7 @@ class FileSessionLog(SessionLog):
         if writable and logread.cut is None:
             k = 2 if len(records) > 1 and records[1].op == "snapshot" else 1
             self._held_head = [r.data for r in records[:k]]
-            self._held = [(r.data, r.offset) for r in records[k:]]
+            self._held = [(r.data, r.offset) for r in records[k:]]  # (what _held_item keeps of a dict)
         # Uncommitted appends whose objects a crash took or tore are lost, with all after them.
         objects = self.backend.objects
         for i in range(last_commit + 1, len(records)):
@@ -929,7 +946,7 @@ class FileSessionLog(SessionLog):
         if self._held is not None:
             offset = size
             for body, record in zip(bodies, datas, strict=True):
-                self._held.append((record, offset))
+                self._held.append(_held_item(record, offset))
                 offset += len(body) + LINE_OVERHEAD
 
     def commit(self) -> None:
@@ -1001,7 +1018,12 @@ class FileSessionLog(SessionLog):
         done. Until then the objects stay in memory here (and in the log's payloads for
         other processes). At most one such checkpoint is in flight per session."""
         self._refuse_if_stopped()
-        self._finish_checkpoint()
+        # A checkpoint that waits and has objects of its own after the one in flight
+        # compacts once, after its own: a fold after each would read the log's records
+        # twice (at close, after a stream of lazy appends, nearly all of them).
+        inflight = self._inflight
+        more = wait and inflight is not None and len(self.unmaterialized) > len(inflight[1])
+        self._finish_checkpoint(compact=not more)
         if not self.unmaterialized:
             return
         items: list[tuple[Space, str, bytes]] = []
@@ -1028,9 +1050,10 @@ class FileSessionLog(SessionLog):
         if fd is not None:
             start_writeback(fd)
 
-    def _finish_checkpoint(self) -> None:
-        """Wait for the checkpoint in flight, if any, and record it; a failure there (a
-        failed write or fsync) stops the log's writes, as a failed fsync does."""
+    def _finish_checkpoint(self, *, compact: bool = True) -> None:
+        """Wait for the checkpoint in flight, if any, and record it (then compact, unless
+        ``compact`` is False); a failure there (a failed write or fsync) stops the log's
+        writes, as a failed fsync does."""
         if self._inflight is None:
             return
         job, ids, seq = self._inflight
@@ -1040,14 +1063,15 @@ class FileSessionLog(SessionLog):
         except OSError as exc:
             self.stopped = self.stopped or str(exc)
             raise
-        self._checkpoint_done(ids, seq)
+        self._checkpoint_done(ids, seq, compact=compact)
 
-    def _checkpoint_done(self, ids: list[str], seq: int) -> None:
+    def _checkpoint_done(self, ids: list[str], seq: int, *, compact: bool = True) -> None:
         record = {"op": "checkpoint", "seq": seq}
         self._write_log([record_body(record)], sync=False, datas=[record])
         for entry_id in ids:
             self.unmaterialized.pop(entry_id, None)
-        self._compact(final=False)
+        if compact:
+            self._compact(final=False)
 
     # -- compaction -----------------------------------------------------------------------
 
@@ -1078,7 +1102,7 @@ class FileSessionLog(SessionLog):
         size = self._size if self._size is not None else os.fstat(self._fd).st_size
         if self._held is not None and self._held_head is not None:
             # What this writer wrote and read is known: no need to read the log back.
-            records = [LogRecord(0, 0, d) for d in self._held_head] + [LogRecord(0, o, record_data(d)) for d, o in self._held]
+            records = [LogRecord(0, 0, d) for d in self._held_head] + [LogRecord(0, h[-1], _held_data(h)) for h in self._held]
         else:
             logread = read_log(read_dense(path), expand=False)
             if logread.damage or logread.cut:
