@@ -1305,7 +1305,7 @@ class ProjectionOutline:
 
 
 def _resume_leaf(
-    stubs: Sequence[tuple[str, str | None, Mapping[str, Any] | None]], base: str | None, above_base: Sequence[str]
+    stubs: Iterable[tuple[str, str | None, Mapping[str, Any] | None]], base: str | None, above_base: Sequence[str]
 ) -> str | None:
     """The resume rule over a projection's lines, from what :meth:`Session.projection_lines`
     kept of each (id, parent, a label's members): the format's :class:`Tree`, fed

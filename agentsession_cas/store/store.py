@@ -709,8 +709,8 @@ class Store:
         # Where an own entry may hang (the base or another own entry) is the format's
         # tree rule ("base"), which verify_file held every line to above.
         own_ids = {eid for eid, _ in taken.own}
-        leaf = _resume_leaf(taken.stubs, base, taken.above_base)
-        head = self._import_head(leaf, base, own_ids, lambda eid: taken.parents[eid])
+        leaf = _resume_leaf(taken.stubs(), base, taken.above_base)
+        head = self._import_head(leaf, base, own_ids, lambda eid: (taken.parents[eid], eid in taken.leaf_labels))
         if header.media == "sidecar":
             self._import_blobs(taken.sidecars, source, sidecar_dir(path, str(header.id)))
         # What the head rule read (every entry's id and parent, twice over) is not needed
@@ -865,9 +865,10 @@ class Holder:
 class _TakenImport:
     """What a streamed import keeps of each entry the reader accepted, in file order: its
     two objects spilled (a synthetic marker's aside), and per entry only what the head,
-    the prefix and the summary need: (id, parent, a label's members) for the resume rule,
-    (parent, is a leaf label) by id for the head rule, own entries' ids (and whether each
-    is a leaf label), sidecar names, and the summary's running fields."""
+    the prefix and the summary need: every entry's parent by id (in file order), the
+    members of labels and which are leaf labels (the resume and head rules), own entries'
+    ids (and whether each is a leaf label), sidecar names, and the summary's running
+    fields."""
 
     def __init__(self, spill: Spill, header: Header):
         self.spill = spill
@@ -875,8 +876,10 @@ class _TakenImport:
         self.header = header
         self._base = header.base
         self._sidecar = header.media == "sidecar"
-        self.stubs: list[tuple[str, str | None, Mapping[str, Any] | None]] = []
-        self.parents: dict[str, tuple[str | None, bool]] = {}
+        #: Every entry's parent by id, in file order (a repeated id refuses the import).
+        self.parents: dict[str, str | None] = {}
+        self.labels: dict[str, Mapping[str, Any]] = {}  # a label's members by id, for the resume rule
+        self.leaf_labels: set[str] = set()
         self.above_base: list[str] = []  # every entry's id before the base (the tree's prefix)
         self.prefix: list[str] = []  # the kept ones, the base included
         self.own: list[tuple[str, bool]] = []  # each own entry's id and whether it is a leaf label
@@ -890,17 +893,28 @@ class _TakenImport:
         """The own entries' ids and whether each is a leaf label, for the write; what
         only the resume and head rules read (they have run) is let go of."""
         own, self.own = self.own, []
-        self.stubs.clear()
         self.parents.clear()
+        self.labels.clear()
+        self.leaf_labels.clear()
         self.above_base.clear()
         return own
+
+    def stubs(self) -> Iterator[tuple[str, str | None, Mapping[str, Any] | None]]:
+        """(id, parent, a label's members) of every entry in file order: what the resume
+        rule reads, made as it is read rather than held beside the parents."""
+        labels = self.labels
+        for eid, parent in self.parents.items():
+            yield eid, parent, labels.get(eid)
 
     def take(self, e: Entry) -> None:
         eid, parent = e.id, e.parent
         label = e.type == "label"
         leaf_label = label and e.is_leaf_label
-        self.stubs.append((eid, parent, e.body if label else None))
-        self.parents[eid] = (parent, leaf_label)
+        self.parents[eid] = parent
+        if label:
+            self.labels[eid] = e.body
+            if leaf_label:
+                self.leaf_labels.add(eid)
         past_base = self.base_found or self._base is None
         if not past_base:
             self.above_base.append(eid)
