@@ -111,6 +111,19 @@ def write_chunks(fd: int, data: bytes | Iterable[bytes]) -> None:
         write_all(fd, chunk)
 
 
+def write_new_file(path: str, data: bytes | Iterable[bytes], *, durable: bool) -> None:
+    """Create ``path`` (``O_EXCL``: ``FileExistsError`` when it exists) holding ``data``,
+    fsynced when ``durable``; the descriptor is closed whatever happens, and a file left
+    half written is the caller's to remove."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        write_chunks(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: str, data: bytes | Iterable[bytes], *, durable: bool, tmp_dir: str | None = None) -> None:
     """Write ``data`` (bytes, or pieces streamed as they come) to a temp file (beside ``path``, or in ``tmp_dir`` on the same
     filesystem) and rename it over ``path``: a reader sees the old bytes or the new,
@@ -118,14 +131,8 @@ def write_atomic(path: str, data: bytes | Iterable[bytes], *, durable: bool, tmp
     directory after it."""
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(tmp_dir or directory, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        try:
-            write_chunks(fd, data)
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_new_file(tmp, data, durable=durable)
         os.replace(tmp, path)
     except BaseException:
         try:

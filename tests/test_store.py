@@ -371,13 +371,13 @@ def test_a_loose_object_appears_under_its_name_whole(store, root, monkeypatch, m
     name = sha256_ref(data)
     path = obj_path(root, "entries", name)
     seen: list[bool] = []
-    real_write_all = files_objects.write_all
+    real_write = files_objects.write_new_file
 
-    def watched(fd: int, chunk: bytes) -> None:
+    def watched(where: str, chunk: bytes, *, durable: bool) -> None:
         seen.append(path.exists())
-        real_write_all(fd, chunk)
+        real_write(where, chunk, durable=durable)
 
-    monkeypatch.setattr(files_objects, "write_all", watched)
+    monkeypatch.setattr(files_objects, "write_new_file", watched)
     if many:
         store.objects.put_many([("entries", name, data)])
     else:

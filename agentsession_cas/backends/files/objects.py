@@ -35,7 +35,17 @@ import filelock
 
 from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError, quoted
 from ...format.hashing import HASH_PREFIX, envelope_content, is_hash
-from ...fsutil import NotAFileError, fsync_dir, fsync_paths, has_hole, hash_file, read_whole, write_all, write_atomic
+from ...fsutil import (
+    NotAFileError,
+    fsync_dir,
+    fsync_paths,
+    has_hole,
+    hash_file,
+    read_whole,
+    write_all,
+    write_atomic,
+    write_new_file,
+)
 from ..base import ObjectStore, RepackResult, Space
 from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter, pack_file_sound, salvage_pack
 
@@ -519,17 +529,11 @@ class FileObjects(ObjectStore):
         them). A filesystem without hard links gets the file created in place, ``O_EXCL``."""
         tmp = os.path.join(self.tmp, f".obj-{os.getpid()}-{_TMP_TOKEN}-{next(_TMP_COUNT)}")
         try:
-            fd = self._open_new(tmp)
-        except FileNotFoundError:
-            os.makedirs(self.tmp, exist_ok=True)
-            fd = self._open_new(tmp)
-        try:
             try:
-                write_all(fd, data)
-                if durable:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+                write_new_file(tmp, data, durable=durable)
+            except FileNotFoundError:  # no tmp/ yet
+                os.makedirs(self.tmp, exist_ok=True)
+                write_new_file(tmp, data, durable=durable)
             try:
                 self._in_fanout(path, lambda: os.link(tmp, path))
             except OSError as exc:
