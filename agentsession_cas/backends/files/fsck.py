@@ -627,7 +627,7 @@ class _Walk:
                     self.unsound.setdefault((space, raw), f"{rel} cannot be read")
                     continue
                 if digest != raw:
-                    # A writer creates a loose object in place: give one in progress a second look.
+                    # Where a writer creates a loose object in place (no hard links): a second look.
                     try:
                         again, size = hash_file(f.path)
                     except OSError:
@@ -1214,8 +1214,8 @@ class _Walk:
 
     def finish(self) -> None:
         for space, raw, rel, what in self.corrupt_loose:
-            # Read once more: a checkpoint writes loose objects in place, and one the walk
-            # read half written is whole by now if the log said its checkpoint was done.
+            # Read once more: where loose objects are written in place (no hard links), one
+            # the walk read half written is whole by now if its checkpoint was done.
             path = os.path.join(self.root, rel)
             try:
                 if not (space != "blobs" and has_hole(path)) and hash_file(path)[0] == raw:

@@ -42,7 +42,6 @@ from ...fsutil import (
     has_hole,
     hash_file,
     read_whole,
-    write_all,
     write_atomic,
     write_new_file,
 )
@@ -175,9 +174,9 @@ class FileObjects(ObjectStore):
         try:
             return self._get(space, name)
         except (NoSuchObjectError, CorruptObjectError):
-            # Not in objects/ yet, or a loose copy read half written: a writer's
-            # checkpoint (in this process or another) writes the objects its log carries
-            # in place, and a reader that holds that log takes its copy.
+            # Not in objects/ yet, or a loose copy that does not hash (a crash's leftover,
+            # or one a writer on a filesystem without hard links is writing in place): a
+            # reader that holds a log carrying the object takes the log's copy.
             for log in self._logs:
                 data = log.pending_object(space, name)
                 if data is not None:
@@ -347,9 +346,8 @@ class FileObjects(ObjectStore):
 
         Returns the path the caller owes an fsync for when ``durable`` is
         False (None when written durably). The caller guarantees ``name`` is
-        the hash of ``data``. A new object is created under its own name
-        (``O_EXCL``) and written in place: nothing names it until its append's
-        record is written, and a copy a crash tore is detected by its hash
+        the hash of ``data``. A new object appears under its own name whole
+        (:meth:`_write_new`), and a copy a crash tore is detected by its hash
         and replaced by the next put.
         """
         self.wrote = True
@@ -547,23 +545,14 @@ class FileObjects(ObjectStore):
                 pass
 
     def _write_in_place(self, path: str, data: bytes, *, durable: bool) -> None:
-        fd = self._in_fanout(path, lambda: self._open_new(path))
         try:
-            write_all(fd, data)
-            if durable:
-                os.fsync(fd)
+            self._in_fanout(path, lambda: write_new_file(path, data, durable=durable))
+        except FileExistsError:
+            raise  # someone else's copy: left as it is
         except BaseException:
-            os.close(fd)
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # no partial object under its name
-            except FileNotFoundError:
-                pass
             raise
-        os.close(fd)
-
-    @staticmethod
-    def _open_new(path: str) -> int:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
     @staticmethod
     def _in_fanout(path: str, make: Callable[[], _T]) -> _T:
@@ -1073,9 +1062,10 @@ class FileObjects(ObjectStore):
 
     def _judge_torn(self, torn: list[tuple[str, str, str]], res: RepackResult) -> None:
         """Read once more, at the end of the pass, each loose object that did not hash
-        when the pass read it. A writer creates a new object under its own name and
-        writes it in place (:meth:`put`), so one read half written while the pack was
-        made is whole by now: it stays loose, for the next pack. One still torn is
+        when the pass read it. On a filesystem without hard links a writer creates a new
+        object under its own name and writes it in place (:meth:`_write_new`), so one
+        read half written while the pack was made is whole by now: it stays loose, for
+        the next pack. One still torn is
         damage (or a crash's leftover, which the next put of it replaces): left in
         place and reported, as fsck reports it."""
         for space, name, path in torn:
