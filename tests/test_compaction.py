@@ -4,6 +4,7 @@ reads one line for them (docs/storage-format.md, "Compaction")."""
 
 from __future__ import annotations
 
+import binascii
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
+import agentsession_cas.backends.files.log as log_module
 import agentsession_cas.backends.files.sessions as files_sessions
 from agentsession_cas import Header, make_entry
 from agentsession_cas.backends.files.log import (
@@ -20,6 +22,8 @@ from agentsession_cas.backends.files.log import (
     expand_snapshot,
     make_snapshot,
     read_log,
+    read_snapshot_ids,
+    snapshot_ids_file,
 )
 from agentsession_cas.errors import SessionDamagedError
 from agentsession_cas.exchange import operations as ex
@@ -510,3 +514,138 @@ def test_compaction_from_what_the_writer_holds_writes_what_reading_the_log_would
     assert log_of(tmp_path / "held") == log_of(tmp_path / "read")
     assert ops(tmp_path / "held").count("snapshot") == 1
     assert fsck(tmp_path / "held").ok
+
+
+# -- the ids side file: a snapshot's ids kept raw beside the log ---------------------------
+
+
+def _ids_path(root: Path, sid: str = "s1") -> Path:
+    return root / "sessions" / sid / files_sessions.IDS_FILE
+
+
+def _snapshot_line_checksum(root: Path, sid: str = "s1") -> str:
+    return read_log(log_of(root, sid), expand=False).records[1].checksum
+
+
+@pytest.fixture
+def small_ids_worth(monkeypatch):
+    """Side files for snapshots of a few ids (a real one is kept from 4,096 ids up)."""
+    monkeypatch.setattr(files_sessions, "_IDS_WORTH", 32)
+
+
+def _no_base64_decoding(monkeypatch):
+    """The log module's base64 decoding refused (the rules file's is another module's)."""
+    class NoDecoding:
+        Error = binascii.Error
+
+        @staticmethod
+        def a2b_base64(*_a, **_k):
+            raise AssertionError("the snapshot's base64 was decoded though its ids file holds them")
+    monkeypatch.setattr(log_module, "binascii", NoDecoding)
+
+
+def test_a_compaction_keeps_its_snapshot_ids_beside_the_log_and_an_open_reads_them(tmp_path, monkeypatch, small_ids_worth):
+    root = tmp_path / "store"
+    st = Store.init(root)
+    s = fill(st)
+    before = state_of(s)
+    st.close()
+    kept = read_snapshot_ids(_ids_path(root).read_bytes())
+    assert kept is not None and kept.line == _snapshot_line_checksum(root)
+    assert kept.raw == b"".join(bytes.fromhex(e[len("sha256:"):]) for e in before[0])
+    with monkeypatch.context() as m:
+        _no_base64_decoding(m)
+        ro = Store(root, readonly=True).read("s1")
+        assert state_of(ro) == before
+        # An append after it, and its close (no new compaction: too little grew).
+        st = Store(root)
+        st.session("s1").append(msg("after"))
+        st.close()
+    report = fsck(root)
+    assert report.ok and not report.problems
+
+
+def test_an_import_writes_its_snapshot_ids_too(tmp_path, monkeypatch, small_ids_worth):
+    src = tmp_path / "src"
+    st = Store.init(src)
+    s = st.create(Header.new("s1"))
+    for i in range(700):  # (an import writes its log compacted from 64 KiB of append lines up)
+        s.append({"type": "item", "item": {"type": "message", "role": "user", "content": f"m{i}"}})
+    st.close()
+    text = Store(src, readonly=True).read("s1").projection()
+    dst = tmp_path / "dst"
+    st = Store.init(dst)
+    st.import_bytes(text)
+    st.close()
+    assert ops(dst) == ["create", "snapshot"]
+    assert read_snapshot_ids(_ids_path(dst).read_bytes()).line == _snapshot_line_checksum(dst)
+    with monkeypatch.context() as m:
+        _no_base64_decoding(m)
+        assert Store(dst, readonly=True).read("s1").projection() == text
+
+
+def _flip_a_digest_byte(data: bytes, root: Path) -> bytes:
+    return data[:-5] + bytes([data[-5] ^ 1]) + data[-4:]
+
+
+def _another_line(data: bytes, root: Path) -> bytes:
+    """The same ids, checksummed right, but naming another snapshot line."""
+    kept = read_snapshot_ids(data)
+    return snapshot_ids_file("0123456789abcdef", kept.raw)
+
+
+def _one_id_fewer(data: bytes, root: Path) -> bytes:
+    kept = read_snapshot_ids(data)
+    return snapshot_ids_file(kept.line, kept.raw[:-32])
+
+
+def _torn(data: bytes, root: Path) -> bytes:
+    return data[: len(data) // 2]
+
+
+@pytest.mark.parametrize("alter", [_flip_a_digest_byte, _another_line, _one_id_fewer, _torn, lambda d, r: b""])
+def test_a_damaged_or_stale_ids_file_is_not_used(tmp_path, small_ids_worth, alter):
+    """An index, never trusted past its checksums: the open decodes the log's own base64
+    and gets the same session; nothing is refused."""
+    root = tmp_path / "store"
+    st = Store.init(root)
+    s = fill(st)
+    before = state_of(s)
+    st.close()
+    path = _ids_path(root)
+    path.write_bytes(alter(path.read_bytes(), root))
+    assert state_of(Store(root, readonly=True).read("s1")) == before
+    st = Store(root)
+    st.session("s1").append(msg("after"))
+    st.close()
+    assert fsck(root).ok
+
+
+def test_an_ids_file_vouches_only_for_ids_named_once():
+    one, two = bytes(range(32)), bytes(range(1, 33))
+    assert snapshot_ids_file("0" * 16, one + two) is not None
+    assert snapshot_ids_file("0" * 16, one + two + one) is None
+
+
+def test_a_snapshot_line_read_sliced_reads_as_the_whole_line(tmp_path):
+    """The ids cut out of the line's bytes give the record the whole-line parse gives;
+    a line the cut does not fit (an escape in the ids) goes the whole way."""
+    root = tmp_path / "store"
+    st = Store.init(root)
+    fill(st)
+    st.close()
+    line = log_of(root).split(b"\n")[1]
+
+    def parsed(raw: bytes, sliced: bool):
+        out = log_module._parse_line(raw, sliced=sliced)
+        if isinstance(out, str):
+            return out
+        data = dict(out[0], entries=list(out[0]["entries"]), seqs=list(out[0]["seqs"]))
+        return data, out[1], out[2]
+
+    assert parsed(line, True) == parsed(line, False)
+    body = line[2 * 16 + 2 :]
+    escaped = body.replace(b'{"entries":"', b'{"entries":"\\u0041', 1)  # (not base64 once decoded)
+    framed = log_module.frame(escaped, line[17:33].decode()).rstrip(b"\n")
+    assert parsed(framed, True) == parsed(framed, False)
+    assert "base64" in parsed(framed, True)

@@ -59,7 +59,9 @@ class DigestTable:
 
     __slots__ = ("raw", "width", "_n", "_table", "_shift", "_repeat", "_checked", "_scanned")
 
-    def __init__(self, raw: bytes, width: int = DIGEST):
+    def __init__(self, raw: bytes, width: int = DIGEST, *, unrepeated: bool = False):
+        """``unrepeated``: the caller knows no digest stands twice (checked when the bytes
+        were written, and bound to them by a checksum since): :meth:`repeated` trusts it."""
         if width < 8 or width % 8 or len(raw) % width:
             raise ValueError(f"{len(raw)} bytes are no whole number of {width}-byte digests")
         self.raw, self.width = raw, width
@@ -67,7 +69,7 @@ class DigestTable:
         self._table: array[int] | None = None
         self._shift = 64
         self._repeat: int | None = None
-        self._checked = False
+        self._checked = unrepeated
         #: What the scans found (an append asks about the same few ids again and again).
         self._scanned: dict[bytes, int] = {}
 
@@ -137,8 +139,8 @@ class EntryDigests(DigestTable, Sequence[str]):
 
     __slots__ = ()
 
-    def __init__(self, raw: bytes):
-        super().__init__(raw, DIGEST)
+    def __init__(self, raw: bytes, *, unrepeated: bool = False):
+        super().__init__(raw, DIGEST, unrepeated=unrepeated)
 
     @classmethod
     def of(cls, ids: Sequence[str]) -> EntryDigests:

@@ -97,7 +97,7 @@ _ROOT_NAMES = {
     "sweep.lock.next": "file",
     "reflocks": "dir",
 }
-_SESSION_FILES = ("header", "log", "HEAD", "mark", "summary", "rules")
+_SESSION_FILES = ("header", "log", "HEAD", "mark", "summary", "rules", "ids")
 _DAMAGED_LOG = "log.damaged-"  # repair keeps the damaged log beside the new one
 _DAMAGED_PACK = ".damaged-"  # pack sets a damaged pack file aside under this suffix
 _ATOMIC_TMP = ".tmp-"  # fsutil.write_atomic's temp files, beside their target

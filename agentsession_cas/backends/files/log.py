@@ -60,6 +60,7 @@ __all__ = [
     "Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX",
     "make_snapshot", "expand_snapshot", "read_tail", "checksummed_line", "checked_body", "frame", "chain", "encode_log",
     "record_body", "append_body", "line_checksum", "ZERO_LINK", "header_of", "line_bodies", "LINE_OVERHEAD",
+    "SnapshotIds", "snapshot_ids_file", "read_snapshot_ids", "snapshot_raw",
 ]
 
 #: Hex digits of the BLAKE3 checksum each line carries.
@@ -269,9 +270,14 @@ def _stated(raw: bytes) -> str | None:
     return head.decode("ascii") if len(head) == CHECKSUM_HEX and _HEX.issuperset(head) else None
 
 
-def _parse_line(raw: bytes) -> tuple[dict[str, Any], tuple[bytes, bytes] | None, str] | str:
+def _parse_line(
+    raw: bytes, *, sliced: bool = True, known: SnapshotIds | None = None,
+) -> tuple[dict[str, Any], tuple[bytes, bytes] | None, str] | str:
     """The record of a line (and its payload), or why it is not one; the link is the
-    caller's to check."""
+    caller's to check. A snapshot's ids are cut out of the line's bytes rather than read
+    as a JSON string (``sliced``; they are most of an open's bytes); where that does not
+    apply the line is parsed whole, to the same record. ``known``: the ids of a snapshot
+    line as its side file holds them, used when that line is this one."""
     if len(raw) < CHECKSUM_HEX + 2 or raw[CHECKSUM_HEX : CHECKSUM_HEX + 1] != b" ":
         return "not a checksummed record"
     stated = raw[:CHECKSUM_HEX]
@@ -293,26 +299,38 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any], tuple[bytes, bytes] | None,
             return "checksum matches but the payload is not two objects"
         payload = (parts[0], parts[1])
         stop = tab
+    ids = _snapshot_ids(raw, start, stop) if sliced else None
+    if ids is not None:
+        start = ids[1] - 1  # (the rest of the record, its opening brace kept: see below)
     try:
         # A record is canonical JSON: UTF-8, no whitespace. Parse that text directly (what
         # json.loads does after sniffing the encoding and skipping whitespace, at half the
         # cost per line); anything else goes to json.loads, so the result is the same.
         text = str(view[start:stop], "utf-8", "surrogatepass")
+        if ids is not None:
+            text = "{" + text[1:]
         data, end = _DECODE(text)
         if end != len(text):
             raise ValueError("not one canonical value")
     except ValueError:
+        if ids is not None:  # (the whole line, as any other: the same verdict)
+            return _parse_line(raw, sliced=False, known=known)
         try:
             data = json.loads(raw[start:stop])
         except (ValueError, UnicodeDecodeError):
             return "checksum matches but the record is not JSON"
     text = ""  # (let go before a snapshot is decoded)
+    if ids is not None:
+        if not isinstance(data, dict) or "entries" in data:
+            return _parse_line(raw, sliced=False, known=known)
+        data["entries"] = view[ids[0] : ids[1] - 2]
     if not isinstance(data, dict) or data.get("op") not in _OPS:
         return "not a known record"
     if data["op"] == "snapshot":
         if payload is not None:
             return "checksum matches but a snapshot record carries a payload"
-        decoded = _decode_snapshot(data)
+        kept = known.raw if known is not None and known.line == stated.decode("ascii") else None
+        decoded = _decode_snapshot(data, kept)
         if isinstance(decoded, str):
             return f"checksum matches but the snapshot record {decoded}"
         data = decoded
@@ -358,7 +376,7 @@ def scan_log(data: bytes, *, expand: bool = True) -> list[LogLine]:
     return out
 
 
-def _scan(data: bytes) -> tuple[list[tuple[int, int, bytes, bool]], list[tuple[int, int, Any, int]], set[int]]:
+def _scan(data: bytes, known: SnapshotIds | None = None) -> tuple[list[tuple[int, int, bytes, bool]], list[tuple[int, int, Any, int]], set[int]]:
     """Split a log on LF and parse each line: (lines, parsed, indexes of crash-like bad lines)."""
     lines: list[tuple[int, int, bytes, bool]] = []  # (line, offset, bytes, terminated)
     offset = 0
@@ -385,7 +403,7 @@ def _scan(data: bytes) -> tuple[list[tuple[int, int, bytes, bool]], list[tuple[i
             result: tuple[dict[str, Any], tuple[bytes, bytes] | None, str] | str = "torn: the last line has no newline"
             crash_like.add(i)
         else:
-            result = _parse_line(raw)
+            result = _parse_line(raw, known=known)
             if isinstance(result, str) and b"\x00" in raw:
                 result += " (holds zero bytes: blocks a crash left unwritten)"
                 crash_like.add(i)
@@ -424,14 +442,16 @@ def read_tail(data: bytes, link: str) -> tuple[list[dict[str, Any]], int, str] |
     return out, end, before
 
 
-def read_log(data: bytes, *, expand: bool = True) -> LogRead:
+def read_log(data: bytes, *, expand: bool = True, known: SnapshotIds | None = None) -> LogRead:
     """Parse a whole log and classify what does not read.
 
     A ``snapshot`` record is given as the records it stands for (``expand``, what
     every reader of history wants), or as itself, decoded (``expand=False``: an open,
-    which loads the state it holds at once)."""
+    which loads the state it holds at once). ``known``: a snapshot's ids as its side file
+    holds them (:func:`read_snapshot_ids`), read instead of the line's base64 when they
+    are that line's."""
     out = LogRead(size=len(data))
-    _, parsed, crash_like = _scan(data)
+    _, parsed, crash_like = _scan(data, known)
     last_commit = -1
     for i, (_, _, result, _) in enumerate(parsed):
         if isinstance(result, tuple) and result[0]["op"] in COMMIT_POINTS:
@@ -571,6 +591,49 @@ def expand_snapshot(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+@dataclass(frozen=True)
+class SnapshotIds:
+    """A snapshot line's ids as raw digests, kept beside the log so an open does not
+    decode them from base64 (the largest part of opening a big session for one append):
+    ``line`` is the checksum of the snapshot line they belong to."""
+
+    line: str
+    raw: bytes
+
+
+def snapshot_ids_file(line: str, raw: bytes) -> bytes | None:
+    """The side file of a snapshot line (checksum ``line``) naming the digests ``raw``,
+    or None when a digest stands twice there (the file vouches that none does, so an
+    open need not look: a snapshot must not name an entry twice)."""
+    if EntryDigests(raw).repeated() is not None:
+        return None
+    body = f"{line} {len(raw) // 32}\n".encode("ascii") + raw
+    return _checksum(body).encode("ascii") + b" " + body
+
+
+def read_snapshot_ids(data: bytes) -> SnapshotIds | None:
+    """What a side file written by :func:`snapshot_ids_file` holds, or None when it does
+    not read whole (an index: the log's base64 is decoded instead)."""
+    n = CHECKSUM_HEX
+    nl = data.find(b"\n", n + 1, n + 64)
+    if nl < 0 or data[n : n + 1] != b" " or data[:n] != _checksum(memoryview(data)[n + 1 :]).encode("ascii"):
+        return None
+    try:
+        line, count = data[n + 1 : nl].decode("ascii").split(" ")
+        if len(line) != n or not _HEX.issuperset(line.encode("ascii")) or int(count) * 32 != len(data) - nl - 1:
+            return None
+    except ValueError:
+        return None
+    return SnapshotIds(line, data[nl + 1 :])
+
+
+def snapshot_raw(entries: Sequence[str]) -> bytes:
+    """A snapshot's own entry ids as the concatenation of their digests."""
+    if isinstance(entries, EntryDigests):
+        return entries.raw
+    return bytes.fromhex("".join(e[len(_HASH_PREFIX):] for e in entries))
+
+
 def _runs(seqs: Sequence[int]) -> list[list[int]]:
     """Sequence numbers as [first, count] runs of consecutive numbers."""
     runs: list[list[int]] = []
@@ -586,7 +649,7 @@ def _snapshot_file_form(snapshot: dict[str, Any]) -> dict[str, Any]:
     """The decoded form as a log line holds it: ids as raw bytes in base64, sequence
     numbers as runs, leaf labels as indexes into the ids."""
     entries = snapshot["entries"]
-    raw = entries.raw if isinstance(entries, EntryDigests) else bytes.fromhex("".join(e[len(_HASH_PREFIX):] for e in entries))
+    raw = snapshot_raw(entries)
     index = {e: i for i, e in enumerate(entries)} if snapshot["leaf_labels"] else {}
     return {
         "entries": base64.b64encode(raw).decode("ascii"),
@@ -601,18 +664,41 @@ def _snapshot_file_form(snapshot: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: How a snapshot record's text begins: canonical JSON sorts ``entries`` first.
+_SNAPSHOT_START = b'{"entries":"'
+
+
+def _snapshot_ids(raw: bytes, start: int, stop: int) -> tuple[int, int] | None:
+    """Where a snapshot record's base64 ids lie in a line, ``(first byte, the byte after
+    the comma that ends them)``, or None when the record does not start as a snapshot's
+    does. Base64 holds no quote or backslash, so the first quote ends the string; the
+    caller parses the rest and falls back to the whole line on any doubt."""
+    if not raw.startswith(_SNAPSHOT_START, start):
+        return None
+    first = start + len(_SNAPSHOT_START)
+    end = raw.find(b'"', first, stop)
+    if end < 0 or raw.find(b"\\", first, end) >= 0 or raw[end + 1 : end + 2] != b",":
+        return None
+    return first, end + 2
+
+
 def _is_count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def _decode_snapshot(data: dict[str, Any]) -> dict[str, Any] | str:
-    """The decoded form of a snapshot line's record, or what is wrong with it."""
+def _decode_snapshot(data: dict[str, Any], known: bytes | None = None) -> dict[str, Any] | str:
+    """The decoded form of a snapshot line's record, or what is wrong with it. ``known``:
+    the ids the line's base64 spells, as its side file holds them (checked to be as many)."""
     text = data.get("entries")
     try:
-        if not isinstance(text, str):
+        if not isinstance(text, (str, memoryview)):
             raise ValueError
-        # (the text itself, not an ASCII copy of it: a snapshot's ids are most of an open's bytes)
-        raw = binascii.a2b_base64(text, strict_mode=True)
+        if known is not None and len(text) == 4 * ((len(known) + 2) // 3):
+            raw = known
+        else:
+            # (the text itself, not an ASCII copy of it: a snapshot's ids are most of an open's bytes)
+            raw = binascii.a2b_base64(text, strict_mode=True)
+            known = None
     except (binascii.Error, ValueError):
         return "holds no base64 entry ids"
     if len(raw) % 32 or len(raw) // 32 > _MAX_SNAPSHOT_ENTRIES:
@@ -620,7 +706,7 @@ def _decode_snapshot(data: dict[str, Any]) -> dict[str, Any] | str:
     n = len(raw) // 32
     # Held as the digests (32 bytes an id) and the numbers as their runs, not as a string
     # and an int each: an open of a big session makes no object per entry (issue 11).
-    entries = EntryDigests(raw)
+    entries = EntryDigests(raw, unrepeated=known is not None)
     runs = data.get("seqs")
     if not isinstance(runs, list):
         return "holds no sequence numbers"

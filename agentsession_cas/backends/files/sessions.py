@@ -66,6 +66,7 @@ from .log import (
     CHECKSUM_HEX,
     LINE_OVERHEAD,
     ZERO_LINK,
+    SnapshotIds,
     append_body,
     chain,
     checked_body,
@@ -74,8 +75,11 @@ from .log import (
     line_bodies,
     make_snapshot,
     read_log,
+    read_snapshot_ids,
     read_tail,
     record_body,
+    snapshot_ids_file,
+    snapshot_raw,
 )
 from .log import Record as LogRecord
 
@@ -179,6 +183,11 @@ def _read_summary(directory: str) -> tuple[dict[str, Any], list[str]] | None:
     return summary, ident
 
 
+#: The side file holding a compacted log's snapshot ids raw (``docs/storage-format.md``),
+#: and the bytes of ids below which none is kept (decoding them costs less than a read).
+IDS_FILE = "ids"
+_IDS_WORTH = 32 * 4096
+
 #: The largest ``rules`` file read: bigger, it is rebuilt (it grows with the call ids
 #: a session used, about 40 bytes each).
 _RULES_MAX = 1 << 28
@@ -234,9 +243,9 @@ def _held_data(item: tuple[Any, ...]) -> dict[str, Any]:
 _APPEND_LINE_MIN = 100
 
 
-def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int]:
+def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int, bytes | None]:
     """The log a session created whole starts with: (its bytes, its last line's checksum,
-    where what compaction would replace begins). Its objects are made durable in the
+    where what compaction would replace begins, the snapshot's ``ids`` file). Its objects are made durable in the
     same create, before the session is visible, so when its records end with a commit
     and carry no payloads it is written as its close would compact it, once it is
     :data:`COMPACT_AT_CLOSE` or longer: the ``create`` record and one ``snapshot``. An
@@ -251,12 +260,19 @@ def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int]:
     if not foldable or appends * _APPEND_LINE_MIN < COMPACT_AT_CLOSE:
         data, link = chain(_encode(r) for r in records)
         if not foldable or len(data) < COMPACT_AT_CLOSE:
-            return data, link, 0
+            return data, link, 0, None
     create = records[0]
     assert isinstance(create, dict)
     snapshot = make_snapshot(create, [r.as_record() if isinstance(r, Append) else r for r in records[1:]])
     data, link = chain([record_body(create), record_body(snapshot)])
-    return data, link, len(data)
+    return data, link, len(data), _ids_file(link, snapshot)
+
+
+def _ids_file(link: str, snapshot: Mapping[str, Any]) -> bytes | None:
+    """The ``ids`` file of a snapshot line (checksum ``link``), or None when its ids are
+    too few to be worth one (or one stands twice: see :func:`snapshot_ids_file`)."""
+    raw = snapshot_raw(snapshot["entries"])
+    return snapshot_ids_file(link, raw) if len(raw) >= _IDS_WORTH else None
 
 
 def _logged_header(path: str, file_bytes: bytes) -> bytes | None:
@@ -378,13 +394,15 @@ class FileSessions(SessionStore):
             os.makedirs(stage)
             try:
                 staged = _with_header(records, header)
-                log_bytes, last_line, compacted = _created_log(staged)
+                log_bytes, last_line, compacted, ids = _created_log(staged)
                 files = {
                     "header": header,
                     "log": log_bytes,
                     "HEAD": ((head or "") + "\n").encode(),
                     "mark": (mark + "\n").encode(),
                 }
+                if ids is not None:
+                    files[IDS_FILE] = ids
                 # The staged log comes first, the objects after it: a sweep running now
                 # reads staged logs too, so it never takes these objects for garbage.
                 for name, data in files.items():
@@ -639,7 +657,7 @@ class FileSessionLog(SessionLog):
             data = b""
         except OSError as exc:
             raise StoreError(f"session {sid}: its log cannot be read: {exc.strerror or exc}") from None
-        logread = read_log(data, expand=False)
+        logread = read_log(data, expand=False, known=self._snapshot_ids(data))
         if logread.damage:
             first = logread.damage[0]
             raise SessionDamagedError(
@@ -1075,6 +1093,29 @@ class FileSessionLog(SessionLog):
 
     # -- compaction -----------------------------------------------------------------------
 
+    def _snapshot_ids(self, data: bytes) -> SnapshotIds | None:
+        """The ``ids`` side file of a compacted log, when it reads (its snapshot line's
+        checksum decides whether it is that line's: a stale one is not used)."""
+        if len(data) < _IDS_WORTH or not data.startswith(b'{"entries":"', data.find(b"\n") + 2 * CHECKSUM_HEX + 3):
+            return None  # (no snapshot line, or a small one: nothing to read beside the log)
+        try:
+            return read_snapshot_ids(read_small(os.path.join(self.dir, IDS_FILE), _RULES_MAX))
+        except OSError:
+            return None
+
+    def _write_snapshot_ids(self, link: str, snapshot: Mapping[str, Any]) -> None:
+        """The snapshot's ids beside the log, raw (an index, as ``rules``: written
+        atomically, not fsynced; lost or stale, an open decodes the log's base64)."""
+        path = os.path.join(self.dir, IDS_FILE)
+        data = _ids_file(link, snapshot)
+        try:
+            if data is not None:
+                write_atomic(path, data, durable=False)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass  # (an index: the log's own base64 stands in for it)
+
     def _compact(self, *, final: bool) -> None:
         """Rewrite the log with one ``snapshot`` record in place of every record a commit
         and a checkpoint both cover, so the log stops carrying a second copy of objects
@@ -1149,6 +1190,7 @@ class FileSessionLog(SessionLog):
             raise
         os.close(self._fd)
         self._fd = fd
+        self._write_snapshot_ids(link, snapshot)
         self._last = last
         self._size = len(head_lines) + len(tail)
         self._compacted = len(head_lines)
