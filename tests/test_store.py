@@ -678,6 +678,32 @@ def test_set_head_cas(store, root):
         assert ro.read("s1").head == rs[2].id
 
 
+def test_every_head_move_refuses_in_the_head_rules_words(store):
+    """A head CAS and an exchange admission refuse a head the rule refuses, with the
+    words and code of ``head_refusal`` (one place for the rule and for how it is said).
+    An admission's head is judged with the entries it admits: a ``leaf`` label among
+    them is no resting place either."""
+    from agentsession_cas.format.tree import head_refusal
+
+    a, ra = chain(store, "a", n=3)
+    lab = a.append(leaf(ra[0].id, ra[2].id))
+    f = store.create(Header.new("f", base=ra[1].id))
+    ghost = "sha256:" + "e" * 64
+    for s, target in ((a, lab.id), (a, ghost), (f, None), (f, ra[0].id)):
+        words, code = head_refusal(target, s.base, s.own, s.leaf_labels, s.id)
+        with pytest.raises(AppendRefusedError) as info:
+            s.set_head(target, expected=s.head)
+        assert str(info.value) == words and info.value.code == code
+        with pytest.raises(AppendRefusedError) as info:
+            s.exchange_admit([], head=target, move_head=True)
+        assert str(info.value) == words and info.value.code == code
+    # Admitted with the label as a leaf: refused as a leaf label, not as unknown.
+    b = store.create(Header.new("b"))
+    with pytest.raises(AppendRefusedError, match="is a leaf label; the head never rests on one"):
+        b.exchange_admit([(lab.id, True)], head=lab.id, move_head=True)
+    assert b.head is None and list(b.log_order) == []
+
+
 def test_set_head_targets(store):
     a, ra = chain(store, "a", n=3)
     lab = a.append(leaf(ra[0].id, ra[2].id))

@@ -7,7 +7,7 @@ server (RFC 0003) calls the same methods per request.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,8 @@ from ..format.entry import Entry, Header, parse_format, short_id
 from ..format.hashing import is_hash, sha256_ref
 from ..format.media import sidecar_names
 from ..format.names import check_ref_name, check_session_id
-from ..format.rules import RULES, SessionChecker, Trial, check_line, head_may_rest
+from ..format.rules import RULES, SessionChecker, Trial, check_line
+from ..format.tree import Either, head_refusal
 from ..store.refs import Refs, header_ident
 from ..store.session import Session
 from ..store.store import Store
@@ -59,18 +60,6 @@ class _Unset:
 
 #: "Not given" for an expected head, where None means "no head".
 UNSET: Any = _Unset()
-
-
-class _Either:
-    """Two containers looked up as one (no copy of a session's own entries per push)."""
-
-    __slots__ = ("a", "b")
-
-    def __init__(self, a: Container[str], b: Container[str]):
-        self.a, self.b = a, b
-
-    def __contains__(self, item: object) -> bool:
-        return item in self.a or item in self.b
 
 
 # -- admission: the checks an append makes, on objects already in the store ----------
@@ -444,14 +433,9 @@ class StoreEndpoint:
         # The head step, decided before anything is written.
         to = req.to
         leafs = {c.id for c in checked if c.leaf}
-        if not head_may_rest(to, base, _Either(own, new_ids), _Either(leafs, leaf_labels)):
-            if to is None:
-                refusal = f"the pushed head of session {session_id} is empty, but the session has a base"
-            elif to in leafs or to in leaf_labels:
-                refusal = f"the pushed head {to} is a leaf label; the head never rests on one"
-            else:
-                refusal = f"the pushed head {to} is neither the base nor an own entry of session {session_id}"
-            raise AppendRefusedError(refusal, rule="head", code="head_target")
+        refusal = head_refusal(to, base, Either(own, new_ids), Either(leafs, leaf_labels), session_id)
+        if refusal is not None:  # (a push's head refusals are all head_target: RFC 0003's table)
+            raise AppendRefusedError(f"the pushed head: {refusal[0]}", rule="head", code="head_target")
         outcome, why = "unchanged", None
         if to != current:
             if fetch:

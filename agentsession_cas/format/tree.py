@@ -8,11 +8,12 @@ later, a store's log alike.
 from __future__ import annotations
 
 from collections.abc import Container, Iterable, Sequence
+from typing import Literal
 
 from ..errors import NoSuchEntryError
 from .entry import Entry
 
-__all__ = ["Tree", "head_may_rest"]
+__all__ = ["Tree", "head_may_rest", "head_refusal", "Either"]
 
 
 class Tree:
@@ -163,3 +164,32 @@ def head_may_rest(target: str | None, base: str | None, own: Container[str], lea
     if target == base:
         return True
     return target in own and target not in leaf_labels
+
+
+def head_refusal(
+    target: str | None, base: str | None, own: Container[str], leaf_labels: Container[str], session_id: str
+) -> tuple[str, Literal["head_target", "no_entry"]] | None:
+    """Why the head of session ``session_id`` may not rest on ``target`` (the words, and
+    RFC 0003's code for a head move: ``no_entry`` for an entry the session does not
+    hold), or None when :func:`head_may_rest` lets it: every command that moves a head
+    says it in these words."""
+    if head_may_rest(target, base, own, leaf_labels):
+        return None
+    if target is None:
+        return f"session {session_id} has a base; its head cannot be empty", "head_target"
+    if target in leaf_labels:
+        return f"{target} is a leaf label; the head never rests on one", "head_target"
+    return f"{target} is neither the base nor an own entry of session {session_id}", "no_entry"
+
+
+class Either:
+    """Two containers looked up as one (what a session holds and what a batch adds,
+    without a copy of the session's own entries)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Container[str], b: Container[str]):
+        self.a, self.b = a, b
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.a or item in self.b

@@ -45,7 +45,7 @@ from ..format.hashing import is_hash, line_members, lines_from_objects, read_env
 from ..format.links import REL_CONTINUED_IN, successor_of
 from ..format.media import sidecar_names
 from ..format.timestamps import now_ts
-from ..format.tree import Tree
+from ..format.tree import Either, Tree, head_refusal
 from .own import OwnOrder, OwnSeqs
 from .state import SessionState, committed_view, index_damage, replay
 from .summary import SessionSummary, SummaryBuilder
@@ -897,14 +897,9 @@ class Session:
             )
         if new is not None and not is_hash(new):
             raise AppendRefusedError(f"{new!r} is not an entry id", rule="head", code="head_target")
-        if not self.state.may_hold_head(new):
-            if new is None:
-                raise AppendRefusedError(f"session {self.id} has a base; its head cannot be empty", rule="head", code="head_target")
-            if new in self.leaf_labels:
-                raise AppendRefusedError(f"{new} is a leaf label; the head never rests on one", rule="head", code="head_target")
-            raise AppendRefusedError(
-                f"{new} is neither the base nor an own entry of session {self.id}", rule="head", code="no_entry"
-            )
+        refusal = head_refusal(new, self.base, self.own, self.leaf_labels, self.id)
+        if refusal is not None:
+            raise AppendRefusedError(refusal[0], rule="head", code=refusal[1])
         self.log.write([{"op": "head", "head": new}], commit=True)
         self.state.head = new
         self.state.committed_seq = self.state.max_seq
@@ -1016,10 +1011,12 @@ class Session:
         self._drop_pending()
         if mark not in (None, "record", "mirror"):
             raise StoreError(f"mark must be 'record' or 'mirror', not {mark!r}")
-        if move_head and not (
-            head is None or head == self.base or head in self.own or any(e == head for e, _ in entries)
-        ):
-            raise AppendRefusedError(f"{head} is neither the base nor an own entry of session {self.id}", rule="head", code="no_entry")
+        refusal = head_refusal(
+            head, self.base, Either(self.own, {e for e, _ in entries}),
+            Either(self.leaf_labels, {e for e, leaf in entries if leaf}), self.id,
+        ) if move_head else None
+        if refusal is not None:
+            raise AppendRefusedError(refusal[0], rule="head", code=refusal[1])
         if header_format is not None:
             theirs, mine = parse_format(header_format), self.header.format_version
             if theirs is not None and mine is not None and mine < theirs:
