@@ -649,3 +649,22 @@ def test_a_snapshot_line_read_sliced_reads_as_the_whole_line(tmp_path):
     framed = log_module.frame(escaped, line[17:33].decode()).rstrip(b"\n")
     assert parsed(framed, True) == parsed(framed, False)
     assert "base64" in parsed(framed, True)
+
+
+def test_fsck_warns_of_an_ids_file_that_names_the_snapshot_line_but_not_its_ids(tmp_path, small_ids_worth):
+    """The one case an open cannot see (it trusts a file whose checksums hold and which
+    names its snapshot line): fsck compares it with the line and says so."""
+    root = tmp_path / "store"
+    st = Store.init(root)
+    s = fill(st)
+    before = state_of(s)
+    st.close()
+    path = _ids_path(root)
+    kept = read_snapshot_ids(path.read_bytes())
+    path.write_bytes(snapshot_ids_file(kept.line, kept.raw[32:] + kept.raw[:32]))  # (rotated: as many ids)
+    report = fsck(root)
+    assert [p.code for p in report.problems] == ["stale-ids"] and report.problems[0].severity == "warning"
+    assert "sessions/s1/ids" in str(report.problems[0].file)
+    path.unlink()
+    assert fsck(root).ok and not fsck(root).problems
+    assert state_of(Store(root, readonly=True).read("s1")) == before

@@ -52,7 +52,7 @@ from ...fsutil import NotAFileError, has_hole, hash_file, read_dense, read_small
 from ...store.state import index_damage, replay
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
-from .log import Record, header_of, read_log, scan_log
+from .log import Record, header_of, read_log, read_snapshot_ids, scan_log, snapshot_ids_disagree
 from .objects import HASH_FIRST, FileObjects
 from .packs import SPACE_BITS, Pack
 from .sessions import HEADER_LIMIT, payload_entry
@@ -783,6 +783,8 @@ class _Walk:
         # The log holds the header (create and header records): the file is its index. The
         # log is parsed once, here, for this and for everything below.
         lr = read_log(data) if data is not None else None
+        if data is not None and "ids" in present:
+            self.check_snapshot_ids(sid, sdir, data)
         logged = header_of(lr.records + lr.cut_records) if lr is not None else None
         if logged is not None:
             held = canonical_bytes(logged) + b"\n"
@@ -1038,6 +1040,18 @@ class _Walk:
                 return
         self.check_indexes(sid, head, mark, head_file, mark_file, sdir, log_size, unclean)
         self.check_summary(sid, state)
+
+    def check_snapshot_ids(self, sid: str, sdir: str, log: bytes) -> None:
+        """``ids`` holds a compacted log's snapshot ids raw, and an open takes them from it
+        instead of the log when it names the log's snapshot line: one that does so but
+        holds other ids would give the session wrong entries. Stale (naming another
+        line) or unreadable, it is only unused (no finding)."""
+        data = _read_or_none(os.path.join(sdir, "ids"))
+        kept = read_snapshot_ids(data) if data is not None else None
+        if kept is not None and snapshot_ids_disagree(log, kept):
+            self.warn("stale-ids", f"session {sid}: its ids file names the snapshot line of its log but not the ids "
+                      "that line holds; an open would use it; removing the file is safe (an index, rewritten at "
+                      "the next compaction)", session=sid, file=f"sessions/{sid}/ids")
 
     def check_summary(self, sid: str, state: Any) -> None:
         """``summary`` is what ``list`` shows without reading the log: one that says it

@@ -60,7 +60,7 @@ __all__ = [
     "Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX",
     "make_snapshot", "expand_snapshot", "read_tail", "checksummed_line", "checked_body", "frame", "chain", "encode_log",
     "record_body", "append_body", "line_checksum", "ZERO_LINK", "header_of", "line_bodies", "LINE_OVERHEAD",
-    "SnapshotIds", "snapshot_ids_file", "read_snapshot_ids", "snapshot_raw",
+    "SnapshotIds", "snapshot_ids_file", "read_snapshot_ids", "snapshot_raw", "snapshot_ids_disagree",
 ]
 
 #: Hex digits of the BLAKE3 checksum each line carries.
@@ -625,6 +625,21 @@ def read_snapshot_ids(data: bytes) -> SnapshotIds | None:
     except ValueError:
         return None
     return SnapshotIds(line, data[nl + 1 :])
+
+
+def snapshot_ids_disagree(log: bytes, kept: SnapshotIds) -> bool:
+    """Whether ``kept`` names the log's snapshot line (by its checksum) but not the ids
+    that line spells, or names one twice: an open would trust it (fsck's question; a
+    file naming another line is only stale, and unused)."""
+    first = log.find(b"\n")
+    end = log.find(b"\n", first + 1)
+    line = log[first + 1 : end] if first >= 0 and end > first else b""
+    if _stated(line) != kept.line:
+        return False
+    result = _parse_line(line)
+    if isinstance(result, str) or result[0]["op"] != "snapshot":
+        return False  # (the line's own damage is the log's finding)
+    return bool(result[0]["entries"].raw != kept.raw or EntryDigests(kept.raw).repeated() is not None)
 
 
 def snapshot_raw(entries: Sequence[str]) -> bytes:
