@@ -462,6 +462,26 @@ def test_content_assembled_around_the_item_is_the_canonical_form(item, others):
         assert item_bytes is not None, "the common shape takes the assembled path"
 
 
+@settings(max_examples=300, deadline=None)
+@given(item=st.dictionaries(st.text(max_size=6), _JSON, max_size=4), others=st.dictionaries(_NAMES, _JSON, max_size=3),
+       stated=st.booleans())
+def test_item_bytes_cut_from_a_proven_line_are_the_encoded_ones(item, others, stated):
+    """Given the line its object was parsed from, proven canonical, entry_objects_item cuts
+    the item's bytes from it: the same objects and item bytes as encoding them."""
+    from agentsession_cas.format.canonical import loads_canonical
+
+    entry = {"type": "item", "parent": None, "ts": "2026-01-01T00:00:00Z", "item": item, **others}
+    if stated:
+        entry["id"] = entry_objects(entry)[0]
+    try:
+        raw = rfc8785.dumps(entry)
+    except Exception:
+        return  # a value rfc8785 does not take (a lone surrogate)
+    obj, careful, proven = loads_canonical(raw)
+    line = raw if proven else None
+    assert entry_objects_item(obj, parsed=True, careful=careful, line=line) == entry_objects_item(entry)
+
+
 def test_item_bytes_absent_without_an_item_object():
     for entry in (
         {"type": "label", "parent": None, "ts": "2026-01-01T00:00:00Z", "target": None, "label": "x"},

@@ -247,14 +247,16 @@ def entry_objects(
 
 
 def entry_objects_item(
-    entry: Mapping[str, Any], *, parsed: bool = False, careful: bool | None = None
+    entry: Mapping[str, Any], *, parsed: bool = False, careful: bool | None = None, line: bytes | None = None
 ) -> tuple[str, str, bytes, bytes, bytes | None]:
     """:func:`entry_objects`, and the canonical bytes of an ``item`` member (None when
     there is none): the request hash of a later response hashes the item again, and
     its bytes are a piece of the content's. The content is then assembled from the
     item's bytes and the other members' (JCS sorts members by name, and this is done
     only when every other name is ASCII and sorts after ``item``), byte for byte the
-    canonical form of the whole."""
+    canonical form of the whole. ``line``: the entry's own line when it is proven the
+    entry's canonical form (``canonical.loads_canonical``, which parsed ``entry`` from
+    it): the item's bytes are cut from it, not encoded again."""
     type_, parent, parents = _envelope_members(entry)
     body = body_of(entry)
     item = body.get("item")
@@ -266,7 +268,9 @@ def entry_objects_item(
                 splice = False
                 break
     if splice:
-        item_bytes = canonical_bytes(item, parsed=parsed, careful=careful)
+        item_bytes = _member_of_line(line, entry, "item") if line is not None else None
+        if item_bytes is None:
+            item_bytes = canonical_bytes(item, parsed=parsed, careful=careful)
         if len(body) == 1:
             content = b'{"item":' + item_bytes + b"}"
         else:
@@ -277,6 +281,29 @@ def entry_objects_item(
     chash = sha256_ref(content)
     envelope = envelope_bytes(type_, parent, parents, entry.get("ts"), chash)
     return sha256_ref(envelope), chash, content, envelope, item_bytes
+
+
+def _member_of_line(line: bytes, entry: Mapping[str, Any], name: str) -> bytes | None:
+    """The bytes of member ``name``'s value in ``line``, the canonical form of ``entry``
+    (whose members are in the line's order): the members before it and after it are
+    encoded only to be measured (a member's bytes are the same wherever it stands), so
+    the value is found without encoding it. None when ``entry`` has no such member."""
+    members = iter(entry.items())
+    before = {}
+    for k, v in members:
+        if k == name:
+            break
+        before[k] = v
+    else:
+        return None
+    after = dict(members)
+    # ``{<before>,"name":`` and ``,<after>}``: each as long as its members' own encoding
+    start = (len(_orjson_dumps(before)) if before else 1) + len(name) + 3
+    end = len(line) - (len(_orjson_dumps(after)) if after else 1)
+    return line[start:end]
+
+
+_orjson_dumps = orjson.dumps
 
 
 #: The member a line is spliced around when the content holds it (see

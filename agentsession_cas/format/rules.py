@@ -252,6 +252,7 @@ def check_line(
     keep_objects: bool = False,
     migrated: bool = False,
     require_id: bool = True,
+    raw: bytes | None = None,
 ) -> tuple[Entry | None, list[Problem]]:
     """The line rules of one parsed entry line: the entry (None when it cannot be
     hashed, or is no entry at all) and every line rule it breaks.
@@ -261,7 +262,9 @@ def check_line(
     for a caller that stores them next; ``migrated`` is for an object migrated from
     before 0.5, which may carry ``content`` (reported as unresolved instead);
     ``require_id=False`` for an entry a store is given to append, whose id it computes
-    (a stated one is still held to the hash)."""
+    (a stated one is still held to the hash); ``raw``, the line's bytes when
+    ``canonical.loads_canonical`` proved them its canonical form (an item's bytes are
+    then cut from them, not encoded)."""
     type_ = obj.get("type")
     if not isinstance(type_, str) or not type_:
         return None, [problem(line, "entry", "the entry has no string 'type'")]
@@ -277,7 +280,7 @@ def check_line(
         if keep_objects and not migrated:
             if "ts" not in obj:
                 raise EntryError("entry has no 'ts'")  # entry_objects hashes a missing ts as null
-            computed, chash, content, env, item_bytes = entry_objects_item(obj, parsed=True, careful=careful)
+            computed, chash, content, env, item_bytes = entry_objects_item(obj, parsed=True, careful=careful, line=raw)
             objects = (content, env)
         else:
             computed, chash = entry_hashes(obj, parsed=True, careful=careful, allow_reserved=migrated)
