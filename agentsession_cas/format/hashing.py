@@ -278,9 +278,9 @@ def entry_objects_item(
             content = b'{"item":' + item_bytes + b"," + canonical_bytes(body, parsed=parsed, careful=careful)[1:]
     else:
         content = canonical_bytes(body, parsed=parsed, careful=careful)
-    chash = sha256_ref(content)
+    chash = HASH_PREFIX + _sha256(content).hexdigest()  # (sha256_ref's, written out: twice an entry)
     envelope = envelope_bytes(type_, parent, parents, entry.get("ts"), chash)
-    return sha256_ref(envelope), chash, content, envelope, item_bytes
+    return HASH_PREFIX + _sha256(envelope).hexdigest(), chash, content, envelope, item_bytes
 
 
 def _member_of_line(line: bytes, entry: Mapping[str, Any], name: str) -> bytes | None:

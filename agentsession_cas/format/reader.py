@@ -419,7 +419,8 @@ class _Parking:
             old, n = recent.popleft()
             self._bytes -= n
             old.park(self._wake)
-        self.tidy()
+        if self._woken:
+            self.tidy()
 
     def tidy(self) -> None:
         """Park again what woke since the last call (what a rule, or a caller printing
@@ -472,11 +473,11 @@ class _Reader:
         self.problems: list[Problem] = []
         self.truncated: Problem | None = None
         self.unresolved: list[Problem] = []
-        self.tree = TreeState(header)
+        # entry id -> its line, for a checker that loads entries again (see verify_file):
+        # the ids the tree holds, with the lines they were read from
+        self.tree = TreeState(header, held=where)
         self.checker = checker
         self.keep_entries = keep_entries
-        #: entry id -> its line, for a checker that loads entries again (see verify_file)
-        self.where = where
         #: The own ``link`` entries (after the base), kept when the entries are not.
         self.links: list[Entry] = []
 
@@ -530,6 +531,10 @@ class _Reader:
         parking = self.parking if checker is not None and not migrated else None
         base = self.header.base
         on_prefix = base is not None
+        keep_entries = self.keep_entries
+        drop_objects = checker is not None and not self.keep_objects
+        add = tree.add
+        count = 0
         for lineno, obj, careful, raw in objects:
             entry, found = check_line(obj, line=lineno, careful=careful, keep_objects=keep, migrated=migrated, raw=raw)
             if found:
@@ -538,29 +543,29 @@ class _Reader:
                     tree.mark_broken(claim)
             if entry is None:
                 continue
-            if entry.id in held:
-                problems.extend(tree.add(entry))  # the same entry again: reported, not loaded
+            eid = entry.id
+            if eid in held:
+                problems.extend(add(entry))  # the same entry again: reported, not loaded
                 continue
-            found = tree.add(entry)
+            found = add(entry)
             if found:
                 problems.extend(found)
-            self.count += 1
-            if self.keep_entries:
+            count += 1
+            if keep_entries:
                 entries.append(entry)
-            elif entry.type == "link" and not on_prefix:
+            elif not on_prefix and obj.get("type") == "link":
                 self.links.append(entry)
             if on_entry is not None:
                 on_entry(entry)
             if checker is not None:
-                if not self.keep_objects:
+                if drop_objects:
                     entry.objects = None
-                if self.where is not None:
-                    self.where[entry.id] = lineno
                 checker.add(entry, prefix=on_prefix)  # as PathChecker.add_all feeds a file
                 if parking is not None:
                     parking.settle(entry)
-            if entry.id == base:
+            if eid == base:
                 on_prefix = False
+        self.count = count
         problems.extend(tree.finish())
         return SessionFile(
             source=self.source,
