@@ -256,51 +256,61 @@ def entry_objects_item(
     only when every other name is ASCII and sorts after ``item``), byte for byte the
     canonical form of the whole. ``line``: the entry's own line when it is proven the
     entry's canonical form (``canonical.loads_canonical``, which parsed ``entry`` from
-    it): the item's bytes are cut from it, not encoded again."""
+    it): the content is made of its members as they stand there (:func:`_content_of_line`)."""
     type_, parent, parents = _envelope_members(entry)
-    body = body_of(entry)
-    item = body.get("item")
-    item_bytes: bytes | None = None
-    splice = item.__class__ is dict
-    if splice:
-        for k in body:  # a loop, not all() over a generator: this runs once an entry
-            if k != "item" and not (k.__class__ is str and k > "item" and k.isascii()):
-                splice = False
-                break
-    if splice:
-        item_bytes = _member_of_line(line, entry, "item") if line is not None else None
-        if item_bytes is None:
-            item_bytes = canonical_bytes(item, parsed=parsed, careful=careful)
-        if len(body) == 1:
-            content = b'{"item":' + item_bytes + b"}"
-        else:
-            del body["item"]  # the body is this call's own copy: what remains is the rest
-            content = b'{"item":' + item_bytes + b"," + canonical_bytes(body, parsed=parsed, careful=careful)[1:]
+    if line is not None and "content" not in entry:  # (a body carrying it is refused below)
+        content, item_bytes = _content_of_line(entry, line)
     else:
-        content = canonical_bytes(body, parsed=parsed, careful=careful)
+        body = body_of(entry)
+        item = body.get("item")
+        item_bytes = None
+        splice = item.__class__ is dict
+        if splice:
+            for k in body:  # a loop, not all() over a generator: this runs once an entry
+                if k != "item" and not (k.__class__ is str and k > "item" and k.isascii()):
+                    splice = False
+                    break
+        if splice:
+            item_bytes = canonical_bytes(item, parsed=parsed, careful=careful)
+            if len(body) == 1:
+                content = b'{"item":' + item_bytes + b"}"
+            else:
+                del body["item"]  # the body is this call's own copy: what remains is the rest
+                content = b'{"item":' + item_bytes + b"," + canonical_bytes(body, parsed=parsed, careful=careful)[1:]
+        else:
+            content = canonical_bytes(body, parsed=parsed, careful=careful)
     chash = HASH_PREFIX + _sha256(content).hexdigest()  # (sha256_ref's, written out: twice an entry)
     envelope = envelope_bytes(type_, parent, parents, entry.get("ts"), chash)
     return HASH_PREFIX + _sha256(envelope).hexdigest(), chash, content, envelope, item_bytes
 
 
-def _member_of_line(line: bytes, entry: Mapping[str, Any], name: str) -> bytes | None:
-    """The bytes of member ``name``'s value in ``line``, the canonical form of ``entry``
-    (whose members are in the line's order): the members before it and after it are
-    encoded only to be measured (a member's bytes are the same wherever it stands), so
-    the value is found without encoding it. None when ``entry`` has no such member."""
+def _content_of_line(entry: Mapping[str, Any], line: bytes) -> tuple[bytes, bytes | None]:
+    """The content's canonical bytes and an object ``item``'s, from ``line``, the proven
+    canonical form of ``entry`` (its members in the line's order, which is canonical, and
+    none needing the careful serialiser): the content is the line's members less the
+    envelope's, in the same order, so it is canonical too; an ``item`` object's bytes are
+    cut from the line, the members before and after it encoded only to be measured (a
+    member's bytes are the same wherever it stands), and only the small members around it
+    are encoded for the content."""
     members = iter(entry.items())
-    before = {}
+    before: dict[str, Any] = {}
     for k, v in members:
-        if k == name:
+        if k == "item" and v.__class__ is dict:
             break
         before[k] = v
-    else:
-        return None
+    else:  # no item object: the body encoded whole
+        return _orjson_dumps({k: v for k, v in before.items() if k not in ENVELOPE_MEMBERS}), None
     after = dict(members)
-    # ``{<before>,"name":`` and ``,<after>}``: each as long as its members' own encoding
-    start = (len(_orjson_dumps(before)) if before else 1) + len(name) + 3
-    end = len(line) - (len(_orjson_dumps(after)) if after else 1)
-    return line[start:end]
+    # ``{<before>,"item":`` and ``,<after>}``: each as long as its members' own encoding
+    item_bytes = line[(len(_orjson_dumps(before)) if before else 1) + 7 : len(line) - (len(_orjson_dumps(after)) if after else 1)]
+    head = [k for k in before if k not in ENVELOPE_MEMBERS]
+    tail = [k for k in after if k not in ENVELOPE_MEMBERS]
+    return b"".join((
+        _orjson_dumps({k: before[k] for k in head})[:-1] + b"," if head else b"{",
+        b'"item":',
+        item_bytes,
+        b"," + _orjson_dumps({k: after[k] for k in tail})[1:] if tail else b"}",
+    )), item_bytes
 
 
 _orjson_dumps = orjson.dumps
