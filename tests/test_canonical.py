@@ -655,3 +655,130 @@ def test_ascii_text_without_astral_names_is_not_flagged():
     obj, careful = canonical.loads_flagged('{"a":"\\u00e9\\ud83d\\ude00","b":[1,2,{"c":null}]}')
     assert careful is False  # the astral character is in a value, where order does not matter
     assert canonical_bytes(obj, parsed=True, careful=careful) == rfc8785.dumps(obj)
+
+
+# --------------------------------------------------------------------------
+# loads_canonical: orjson's parse where a round trip proves it the strict parse's
+
+
+def _same(a, b) -> bool:
+    """Equal, type for type and member order included (``1 == 1.0`` and ``True == 1`` are not)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _outcome(fn, raw):
+    try:
+        return "ok", fn(raw)
+    except (ValueError, RecursionError) as exc:  # IJSONError, JSONDecodeError, UnicodeDecodeError
+        return type(exc), str(exc)
+
+
+def _agrees_with_strict(raw: bytes) -> bool:
+    """loads_canonical(raw) gives what loads_flagged(raw) gives, or raises as it raises;
+    and a line it calls canonical is RFC 8785's bytes of its value. Returns whether
+    the line was proven canonical."""
+    mine, strict = _outcome(canonical.loads_canonical, raw), _outcome(canonical.loads_flagged, raw)
+    if strict[0] != "ok":
+        assert mine == strict
+        return False
+    assert mine[0] == "ok", (raw, mine)
+    value, careful, proven = mine[1]
+    assert _same(value, strict[1][0]) and careful == strict[1][1], raw
+    if proven:
+        assert careful is False
+        assert canonical_str_reference(value).encode("utf-8") == raw
+        assert oracle(value) == raw
+    return proven
+
+
+def _spellings(value) -> list[bytes]:
+    """Lines that hold ``value``: its canonical form when it has one, orjson's sorted form,
+    the standard library's (escaped, spaced, unsorted)."""
+    import orjson
+
+    out = [json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"), json.dumps(value).encode()]
+    out.append(json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode("utf-8", "surrogatepass"))
+    try:
+        out.append(oracle(value))
+    except Exception:
+        pass
+    try:
+        out.append(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+    except (TypeError, orjson.JSONEncodeError):
+        pass
+    return out
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(member_names, json_values, max_size=6))
+def test_loads_canonical_agrees_with_the_strict_parse(value):
+    for raw in _spellings(value):
+        _agrees_with_strict(raw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(st.sampled_from("ab\u00e9"), max_size=3), st.one_of(st.none(), safe_ints, strings), min_size=1, max_size=5))
+def test_loads_canonical_proves_plain_canonical_lines(value):
+    """A line in RFC 8785's form holding no float, long integer or supplementary-plane name
+    is proven canonical (the fast path is taken), and a member repeated in it is refused
+    as the strict parse refuses it."""
+    raw = oracle(value)
+    if all(-(10**14) < v < 10**15 for v in value.values() if type(v) is int) and not any(
+        ord(c) > 0xFFFF for k in value for c in k
+    ):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return
+        assert _agrees_with_strict(raw)
+    name = next(iter(value))
+    repeated = raw[:-1] + b"," + json.dumps(name, ensure_ascii=False).encode() + b":null}"
+    assert not _agrees_with_strict(repeated)
+
+
+@pytest.mark.parametrize(
+    "raw,proven",
+    [
+        (b'{"a":1,"b":[true,false,null],"c":{"d":"e"}}', True),
+        (b'{"a":1,"a":1}', False),  # repeated: orjson keeps one, and its encoding is shorter
+        (b'{"a":1,"a":2}', False),
+        (b'{"a":1.0}', False),  # a float: JCS writes 1, orjson 1.0
+        (b'{"a":0.5}', False),  # any float: the strict parse flags it careful
+        (b'{"a":1e16}', False),
+        (b'{"a":999999999999999}', True),  # 15 digits: not flagged
+        (b'{"a":1000000000000000}', False),  # 16: flagged careful
+        (b'{"a":-99999999999999}', True),
+        (b'{"a":-100000000000000}', False),  # 16 characters with the sign
+        (b'{"a":9007199254740993}', False),  # the whole-number rule's
+        (b'{"a":123456789012345678901234567890}', False),  # beyond 64 bits
+        (b'{"a":-0}', False),
+        (b'{"a":"\\u00e9"}', False),  # an escape orjson writes as the character
+        (b'{"a":"\\ud800"}', False),  # a lone surrogate: refused when encoded, not parsed
+        (b'{"a":"\\/"}', False),
+        (b'{"a":"\\u001f","b":"\\n"}', True),  # JCS's escapes are orjson's
+        (b'{"a": 1}', False),
+        (b'{"b":1,"a":2}', False),  # out of order
+        (b' {"a":1}', False),
+        (b'{"a":1}\r', False),
+        ('{"\U0001f600":1,"\ue000":2}'.encode(), False),  # code point order, not UTF-16's
+        ('{"\ue000":2,"\U0001f600":1}'.encode(), False),  # UTF-16 order, which orjson does not write
+        ('{"a":"\U0001f600"}'.encode(), True),  # a supplementary character in a value is plain
+        ('{"\u00e9":"\u00e9"}'.encode(), True),
+        (b'{"a":"\xff"}', False),  # not UTF-8
+        (b'[1,2]', False),  # not an object
+        (b'"a"', False),
+        (b'{"a":NaN}', False),
+        (b'{"a":', False),
+        (b"", False),
+        (b'{"a":' * 300 + b"1" + b"}" * 300, False),  # past orjson's encoding depth
+        (b'{"a":[' * 600 + b"]}" * 600, False),  # past orjson's parsing depth
+    ],
+)
+def test_loads_canonical_takes_only_what_it_proves(raw, proven):
+    assert _agrees_with_strict(raw) is proven

@@ -462,6 +462,38 @@ def test_content_assembled_around_the_item_is_the_canonical_form(item, others):
         assert item_bytes is not None, "the common shape takes the assembled path"
 
 
+@settings(max_examples=300, deadline=None)
+@given(item=st.dictionaries(st.text(max_size=6), _JSON, max_size=4), others=st.dictionaries(_NAMES, _JSON, max_size=3),
+       stated=st.booleans())
+def test_item_bytes_cut_from_a_proven_line_are_the_encoded_ones(item, others, stated):
+    """Given the line its object was parsed from, proven canonical, entry_objects_item makes
+    the content of the line's members and cuts the item's bytes from it: the same objects
+    as encoding them, and the item's canonical bytes (also where other member names keep
+    the encoding path from assembling the content around them)."""
+    from agentsession_cas.format.canonical import loads_canonical
+
+    entry = {"type": "item", "parent": None, "ts": "2026-01-01T00:00:00Z", "item": item, **others}
+    if stated:
+        entry["id"] = entry_objects(entry)[0]
+    try:
+        raw = rfc8785.dumps(entry)
+    except Exception:
+        return  # a value rfc8785 does not take (a lone surrogate)
+    obj, careful, proven = loads_canonical(raw)
+    line = raw if proven else None
+    *objects, item_bytes = entry_objects_item(obj, parsed=True, careful=careful, line=line)
+    *encoded, encoded_item = entry_objects_item(entry)
+    assert objects == encoded
+    assert item_bytes == (rfc8785.dumps(item) if proven else encoded_item)
+    if not proven:
+        return
+    for other in ({**entry, "item": [1, item]}, {k: v for k, v in entry.items() if k != "item"}):  # no item object
+        raw = rfc8785.dumps(other)
+        obj, careful, proven = loads_canonical(raw)
+        assert proven
+        assert entry_objects_item(obj, parsed=True, careful=careful, line=raw) == entry_objects_item(other)
+
+
 def test_item_bytes_absent_without_an_item_object():
     for entry in (
         {"type": "label", "parent": None, "ts": "2026-01-01T00:00:00Z", "target": None, "label": "x"},

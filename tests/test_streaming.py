@@ -675,3 +675,29 @@ def test_a_woken_line_that_keeps_its_id_but_not_its_bytes_is_refused(tmp_path, m
     path.write_bytes(b"\n".join(lines))
     with pytest.raises(SessionFormatError, match="changed while it was verified"):
         entry.data  # noqa: B018
+
+
+@pytest.mark.parametrize("block", [1, 7, 4096])
+@pytest.mark.parametrize("ending", [b"\n", b"", b"\n\n", b"\r\n"])
+def test_verify_file_reads_lines_across_its_blocks(tmp_path, monkeypatch, block, ending):
+    """verify_file reads its file in blocks and splits the lines out of them: a line
+    spanning blocks, a last line with no LF, a blank last line and CRLF lines are read as
+    the whole file's lines are (verify_bytes), every report the same; and a line read
+    again (a parked entry woken) is found where it was."""
+    from agentsession_cas.format import reader
+
+    data = generate(60, 3)[0]
+    if ending == b"\r\n":
+        data = data.replace(b"\n", b"\r\n")
+    elif ending != b"\n":
+        data = data[:-1] + ending
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(data)
+    monkeypatch.setattr(reader, "_BLOCK", block)
+    monkeypatch.setattr(reader._Parking, "WINDOW", 0)  # every entry parked: rules that read one back read the file
+    seen: list[tuple[int, int]] = []
+    got = reader.verify_file(path, progress=lambda done, total: seen.append((done, total)))
+    want = reader.verify_bytes(data)
+    assert got.as_dict() == {**want.as_dict(), "source": str(path)}
+    assert seen[-1] == (len(data), len(data))
+    assert [c.entry.data for c in got.requests] == [c.entry.data for c in want.requests]

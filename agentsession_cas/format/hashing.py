@@ -247,36 +247,73 @@ def entry_objects(
 
 
 def entry_objects_item(
-    entry: Mapping[str, Any], *, parsed: bool = False, careful: bool | None = None
+    entry: Mapping[str, Any], *, parsed: bool = False, careful: bool | None = None, line: bytes | None = None
 ) -> tuple[str, str, bytes, bytes, bytes | None]:
     """:func:`entry_objects`, and the canonical bytes of an ``item`` member (None when
     there is none): the request hash of a later response hashes the item again, and
     its bytes are a piece of the content's. The content is then assembled from the
     item's bytes and the other members' (JCS sorts members by name, and this is done
     only when every other name is ASCII and sorts after ``item``), byte for byte the
-    canonical form of the whole."""
+    canonical form of the whole. ``line``: the entry's own line when it is proven the
+    entry's canonical form (``canonical.loads_canonical``, which parsed ``entry`` from
+    it): the content is made of its members as they stand there (:func:`_content_of_line`)."""
     type_, parent, parents = _envelope_members(entry)
-    body = body_of(entry)
-    item = body.get("item")
-    item_bytes: bytes | None = None
-    splice = item.__class__ is dict
-    if splice:
-        for k in body:  # a loop, not all() over a generator: this runs once an entry
-            if k != "item" and not (k.__class__ is str and k > "item" and k.isascii()):
-                splice = False
-                break
-    if splice:
-        item_bytes = canonical_bytes(item, parsed=parsed, careful=careful)
-        if len(body) == 1:
-            content = b'{"item":' + item_bytes + b"}"
-        else:
-            del body["item"]  # the body is this call's own copy: what remains is the rest
-            content = b'{"item":' + item_bytes + b"," + canonical_bytes(body, parsed=parsed, careful=careful)[1:]
+    if line is not None and "content" not in entry:  # (a body carrying it is refused below)
+        content, item_bytes = _content_of_line(entry, line)
     else:
-        content = canonical_bytes(body, parsed=parsed, careful=careful)
-    chash = sha256_ref(content)
+        body = body_of(entry)
+        item = body.get("item")
+        item_bytes = None
+        splice = item.__class__ is dict
+        if splice:
+            for k in body:  # a loop, not all() over a generator: this runs once an entry
+                if k != "item" and not (k.__class__ is str and k > "item" and k.isascii()):
+                    splice = False
+                    break
+        if splice:
+            item_bytes = canonical_bytes(item, parsed=parsed, careful=careful)
+            if len(body) == 1:
+                content = b'{"item":' + item_bytes + b"}"
+            else:
+                del body["item"]  # the body is this call's own copy: what remains is the rest
+                content = b'{"item":' + item_bytes + b"," + canonical_bytes(body, parsed=parsed, careful=careful)[1:]
+        else:
+            content = canonical_bytes(body, parsed=parsed, careful=careful)
+    chash = HASH_PREFIX + _sha256(content).hexdigest()  # (sha256_ref's, written out: twice an entry)
     envelope = envelope_bytes(type_, parent, parents, entry.get("ts"), chash)
-    return sha256_ref(envelope), chash, content, envelope, item_bytes
+    return HASH_PREFIX + _sha256(envelope).hexdigest(), chash, content, envelope, item_bytes
+
+
+def _content_of_line(entry: Mapping[str, Any], line: bytes) -> tuple[bytes, bytes | None]:
+    """The content's canonical bytes and an object ``item``'s, from ``line``, the proven
+    canonical form of ``entry`` (its members in the line's order, which is canonical, and
+    none needing the careful serialiser): the content is the line's members less the
+    envelope's, in the same order, so it is canonical too; an ``item`` object's bytes are
+    cut from the line, the members before and after it encoded only to be measured (a
+    member's bytes are the same wherever it stands), and only the small members around it
+    are encoded for the content."""
+    members = iter(entry.items())
+    before: dict[str, Any] = {}
+    for k, v in members:
+        if k == "item" and v.__class__ is dict:
+            break
+        before[k] = v
+    else:  # no item object: the body encoded whole
+        return _orjson_dumps({k: v for k, v in before.items() if k not in ENVELOPE_MEMBERS}), None
+    after = dict(members)
+    # ``{<before>,"item":`` and ``,<after>}``: each as long as its members' own encoding
+    item_bytes = line[(len(_orjson_dumps(before)) if before else 1) + 7 : len(line) - (len(_orjson_dumps(after)) if after else 1)]
+    head = [k for k in before if k not in ENVELOPE_MEMBERS]
+    tail = [k for k in after if k not in ENVELOPE_MEMBERS]
+    return b"".join((
+        _orjson_dumps({k: before[k] for k in head})[:-1] + b"," if head else b"{",
+        b'"item":',
+        item_bytes,
+        b"," + _orjson_dumps({k: after[k] for k in tail})[1:] if tail else b"}",
+    )), item_bytes
+
+
+_orjson_dumps = orjson.dumps
 
 
 #: The member a line is spliced around when the content holds it (see

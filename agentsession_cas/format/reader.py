@@ -26,6 +26,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, BinaryIO
 from zlib import crc32
 
@@ -35,8 +36,8 @@ from ..errors import (
     Problem,
     SessionFormatError,
 )
-from ..progress import EVERY, Progress, reported
-from .canonical import loads_flagged
+from ..progress import Progress, reported
+from .canonical import loads_canonical, loads_flagged
 from .entry import Entry, Header
 from .legacy import migrate_entry
 from .rules import (
@@ -53,6 +54,9 @@ from .rules import (
     verify_report,
 )
 from .tree import Tree
+
+#: The bytes a streamed verify reads at a time (its lines split from them).
+_BLOCK = 1 << 20
 
 __all__ = ["CORE_TYPES", "SessionFile", "file_header", "gc_paused", "read_session", "read_session_bytes", "split_lines", "verify_bytes", "verify_file", "verify_lines"]
 
@@ -234,31 +238,51 @@ def verify_file(
             if on_entry is not None:
                 raise ValueError("a file before format 0.5 is migrated whole: it is not streamed")
             return verify_bytes(first + f.read(), source=name, progress=progress)
-        starts = array("q")
-        ends = array("q")
+        starts = array("q")  # each line's offset and length, to read it again
+        sizes = array("q")
+        crcs = array("L")  # each line's CRC-32: a line read again must be the line checked
         fd = f.fileno()
         size = os.fstat(fd).st_size
 
-        crcs = array("L")  # each line's CRC-32: a line read again must be the line checked
-
         def lines() -> Iterator[bytes]:
+            # Read in blocks and split: per line, only C (the split, lengths, CRCs, offsets).
             pos = len(first)
-            for raw in f:
-                n = len(raw) - 1 if raw.endswith(b"\n") else len(raw)
-                starts.append(pos)
-                ends.append(pos + n)
-                crcs.append(crc32(raw, 0) if n == len(raw) else crc32(memoryview(raw)[:n]))
-                pos += len(raw)
-                if progress is not None and len(starts) % EVERY == 0:
+            pieces: list[bytes] = []  # the line begun at the end of the blocks read so far
+            while True:
+                block = f.read(_BLOCK)
+                if not block:
+                    break
+                cut = block.rfind(b"\n")
+                if cut < 0:
+                    pieces.append(block)
+                    continue
+                pieces.append(block[:cut])
+                parts = b"".join(pieces).split(b"\n")
+                pieces = [block[cut + 1 :]]
+                lengths = list(map(len, parts))
+                sizes.extend(lengths)
+                crcs.extend(map(crc32, parts))
+                offsets = list(accumulate([n + 1 for n in lengths], initial=pos))
+                pos = offsets.pop()
+                starts.extend(offsets)
+                if progress is not None:
                     progress(pos, max(size, pos))
-                yield raw[:n]
+                yield from parts
+                del parts
+            last = b"".join(pieces)
+            if last:  # the last line, with no LF after it
+                starts.append(pos)
+                sizes.append(len(last))
+                crcs.append(crc32(last))
+                pos += len(last)
+                yield last
             if progress is not None:
                 progress(pos, max(size, pos))
 
         where: dict[str, int] = {}
 
         def again(i: int, src: int) -> bytes:
-            raw = os.pread(src, ends[i] - starts[i], starts[i])
+            raw = os.pread(src, sizes[i], starts[i])
             if crc32(raw) != crcs[i]:
                 raise SessionFormatError(name, [problem(i + 2, "entry", "the line changed while it was verified")])
             return raw
@@ -295,7 +319,7 @@ def verify_file(
 
         def line_size(entry: Entry) -> int:
             assert entry.line is not None
-            return ends[entry.line - 2] - starts[entry.line - 2]
+            return sizes[entry.line - 2]
 
         parking = _Parking(wake, line_size)
         return _verify(name, header, lines(), PathChecker(header, loader=load), where, on_entry, parking)
@@ -395,7 +419,8 @@ class _Parking:
             old, n = recent.popleft()
             self._bytes -= n
             old.park(self._wake)
-        self.tidy()
+        if self._woken:
+            self.tidy()
 
     def tidy(self) -> None:
         """Park again what woke since the last call (what a rule, or a caller printing
@@ -448,26 +473,27 @@ class _Reader:
         self.problems: list[Problem] = []
         self.truncated: Problem | None = None
         self.unresolved: list[Problem] = []
-        self.tree = TreeState(header)
+        # entry id -> its line, for a checker that loads entries again (see verify_file):
+        # the ids the tree holds, with the lines they were read from
+        self.tree = TreeState(header, held=where)
         self.checker = checker
         self.keep_entries = keep_entries
-        #: entry id -> its line, for a checker that loads entries again (see verify_file)
-        self.where = where
         #: The own ``link`` entries (after the base), kept when the entries are not.
         self.links: list[Entry] = []
 
-    def parsed_objects(self) -> Iterator[tuple[int, dict, bool]]:
+    def parsed_objects(self) -> Iterator[tuple[int, dict, bool, bytes | None]]:
         """Parse every entry line, reporting those that do not parse (the last line of the
-        file may be cut short: one line is read ahead to know which is last)."""
+        file may be cut short: one line is read ahead to know which is last). Each comes
+        with its bytes when they are proven its canonical form (else None)."""
         it = iter(self.lines)
         raw = next(it, None)
         lineno = 1
         while raw is not None:
             lineno += 1
             following = next(it, None)
-            # parse_line's work, with its fast path inline: a bulk read calls it per line
+            # parse_line's work, with its fast path: a bulk read calls it per line
             try:
-                obj, careful = loads_flagged(raw.decode("utf-8"))
+                obj, careful, canonical = loads_canonical(raw)
             except ValueError as exc:  # IJSONError, JSONDecodeError, UnicodeDecodeError
                 self._failed(raw, exc, lineno, following is None)
                 raw = following
@@ -476,7 +502,7 @@ class _Reader:
                 self._failed(raw, None, lineno, following is None)
                 raw = following
                 continue
-            yield lineno, obj, careful
+            yield lineno, obj, careful, raw if canonical else None
             raw = following
 
     def _failed(self, raw: bytes, exc: Exception | None, lineno: int, last: bool) -> None:
@@ -505,37 +531,41 @@ class _Reader:
         parking = self.parking if checker is not None and not migrated else None
         base = self.header.base
         on_prefix = base is not None
-        for lineno, obj, careful in objects:
-            entry, found = check_line(obj, line=lineno, careful=careful, keep_objects=keep, migrated=migrated)
+        keep_entries = self.keep_entries
+        drop_objects = checker is not None and not self.keep_objects
+        add = tree.add
+        count = 0
+        for lineno, obj, careful, raw in objects:
+            entry, found = check_line(obj, line=lineno, careful=careful, keep_objects=keep, migrated=migrated, raw=raw)
             if found:
                 problems.extend(found)
                 for claim in unloaded_claims(obj, entry):
                     tree.mark_broken(claim)
             if entry is None:
                 continue
-            if entry.id in held:
-                problems.extend(tree.add(entry))  # the same entry again: reported, not loaded
+            eid = entry.id
+            if eid in held:
+                problems.extend(add(entry))  # the same entry again: reported, not loaded
                 continue
-            found = tree.add(entry)
+            found = add(entry)
             if found:
                 problems.extend(found)
-            self.count += 1
-            if self.keep_entries:
+            count += 1
+            if keep_entries:
                 entries.append(entry)
-            elif entry.type == "link" and not on_prefix:
+            elif not on_prefix and obj.get("type") == "link":
                 self.links.append(entry)
             if on_entry is not None:
                 on_entry(entry)
             if checker is not None:
-                if not self.keep_objects:
+                if drop_objects:
                     entry.objects = None
-                if self.where is not None:
-                    self.where[entry.id] = lineno
                 checker.add(entry, prefix=on_prefix)  # as PathChecker.add_all feeds a file
                 if parking is not None:
                     parking.settle(entry)
-            if entry.id == base:
+            if eid == base:
                 on_prefix = False
+        self.count = count
         problems.extend(tree.finish())
         return SessionFile(
             source=self.source,
@@ -547,12 +577,14 @@ class _Reader:
             unresolved=self.unresolved,
         )
 
-    def _migrated(self, objects: Iterator[tuple[int, dict, bool]]) -> Iterator[tuple[int, dict, bool]]:
+    def _migrated(
+        self, objects: Iterator[tuple[int, dict, bool, bytes | None]]
+    ) -> Iterator[tuple[int, dict, bool, bytes | None]]:
         assigned: dict[str, str] = {}
-        for lineno, obj, careful in objects:
+        for lineno, obj, careful, _ in objects:
             new, notes = migrate_entry(obj, lineno, assigned, self.header.id)
             self.unresolved.extend(notes)
             old = obj.get("id")
             if isinstance(old, str) and "id" in new:
                 assigned.setdefault(old, new["id"])
-            yield lineno, new, careful
+            yield lineno, new, careful, None  # a migrated object is not its line

@@ -252,6 +252,7 @@ def check_line(
     keep_objects: bool = False,
     migrated: bool = False,
     require_id: bool = True,
+    raw: bytes | None = None,
 ) -> tuple[Entry | None, list[Problem]]:
     """The line rules of one parsed entry line: the entry (None when it cannot be
     hashed, or is no entry at all) and every line rule it breaks.
@@ -261,7 +262,9 @@ def check_line(
     for a caller that stores them next; ``migrated`` is for an object migrated from
     before 0.5, which may carry ``content`` (reported as unresolved instead);
     ``require_id=False`` for an entry a store is given to append, whose id it computes
-    (a stated one is still held to the hash)."""
+    (a stated one is still held to the hash); ``raw``, the line's bytes when
+    ``canonical.loads_canonical`` proved them its canonical form (an item's bytes are
+    then cut from them, not encoded)."""
     type_ = obj.get("type")
     if not isinstance(type_, str) or not type_:
         return None, [problem(line, "entry", "the entry has no string 'type'")]
@@ -277,7 +280,7 @@ def check_line(
         if keep_objects and not migrated:
             if "ts" not in obj:
                 raise EntryError("entry has no 'ts'")  # entry_objects hashes a missing ts as null
-            computed, chash, content, env, item_bytes = entry_objects_item(obj, parsed=True, careful=careful)
+            computed, chash, content, env, item_bytes = entry_objects_item(obj, parsed=True, careful=careful, line=raw)
             objects = (content, env)
         else:
             computed, chash = entry_hashes(obj, parsed=True, careful=careful, allow_reserved=migrated)
@@ -339,15 +342,16 @@ class TreeState:
     there is no base.
     """
 
-    def __init__(self, header: Header, *, above: Container[str] | None = None):
+    def __init__(self, header: Header, *, above: Container[str] | None = None, held: dict[str, Any] | None = None):
         self.session = header.id
         self.base = header.base
         #: The prefix, base included, when the caller holds it already and does not
         #: feed it (fsck: a lookup it fills only when an entry names something not
         #: own); None when the prefix comes first in the order, as in a file.
         self.above = above
-        #: id -> the line it was read from (None: not read from a file).
-        self.held: dict[str, int | None] = {}
+        #: id -> the line it was read from (None: not read from a file); ``held``, an
+        #: empty dict the caller reads too (a reader's map of where each entry is).
+        self.held: dict[str, int | None] = held if held is not None else {}
         #: Ids of lines that could not be read (a reader's; a store has none).
         self.broken: set[str] = set()
         #: Still reading the path to the base.
@@ -378,17 +382,15 @@ class TreeState:
         """An id a line claims that could not be read."""
         self.broken.add(entry_id)
 
-    def add(self, entry: Entry) -> list[Problem]:
-        """The tree rules the entry breaks; it is held from now on, unless its id is held
-        already, which is the same entry again (the first is kept)."""
-        return self._rules(entry, hold=True)
-
     def check(self, entry: Entry) -> list[Problem]:
         """The tree rules the entry would break were it added now, holding nothing: a
         planner's question (repair: may this entry be kept where it stands?)."""
-        return self._rules(entry, hold=False)
+        return self.add(entry, hold=False)
 
-    def _rules(self, entry: Entry, *, hold: bool) -> list[Problem]:
+    def add(self, entry: Entry, hold: bool = True) -> list[Problem]:
+        """The tree rules the entry breaks; it is held from now on, unless its id is held
+        already, which is the same entry again (the first is kept). ``hold=False`` is
+        :meth:`check`. (One method: every entry of a read or an append comes here.)"""
         eid = entry.id
         held = self.held
         if eid in held or (self.above is not None and eid in self.above):
@@ -724,7 +726,10 @@ class PathChecker:
         out: list[Problem] = []
         self._out = out
         try:
-            parent = entry.parent
+            data = entry.data
+            parent = data.get("parent")
+            if parent.__class__ is not str:
+                parent = entry.parent  # (Entry.parent's reading of anything else)
             held = parent is not None and parent in seq  # before this entry is: it may name itself
             seq[eid] = len(self._order)
             self._order.append(eid)
@@ -742,7 +747,7 @@ class PathChecker:
                 if parent is not None:
                     self._cut[eid] = f"its path is cut: parent {shown_id(parent)} of line {entry.line} is not in the file"
                 self._goto(None)
-            t = entry.data.get("type")
+            t = data.get("type")
             walker = self.walker
             if prefix:
                 walker.foreign.add(eid)
