@@ -1211,3 +1211,23 @@ def test_get_many_reads_each_block_once_and_verifies_each_object(root, objs, mon
         assert reader.get_many("contents", [n for _, n, _ in in_block]) == [d for _, _, d in in_block]
     finally:
         reader.close()
+
+
+def test_pack_writer_buffer_counts_a_frame_as_the_block_it_came_from(tmp_path):
+    """zstd hands a frame back in a buffer of its block's bound, whatever its length: the
+    writer's buffer of compressed bytes is bounded by the memory it holds, so blocks that
+    compress to almost nothing are not all held until the pack ends (50 MiB here)."""
+    import tracemalloc
+
+    block = packs_mod.BLOCK_TARGET
+    w = PackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"))
+    tracemalloc.start()
+    try:
+        for i in range(200):  # each object a block of its own
+            data = bytes([i]) * block
+            w.add("contents", sha256_ref(data), data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        w.abort()
+    assert peak < PackWriter.WRITE_BUFFER + 8 * block, peak

@@ -813,9 +813,12 @@ class PackWriter:
     ENVELOPE_SIZE = 48
     ENVELOPE_COUNTED = 256
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, held: int = 0) -> None:
+        """Buffer ``data``, counted as ``held`` bytes when it holds more memory than its
+        length (a zstd frame comes in a buffer of its block's bound: a block of 256 KiB
+        compressed to 26 bytes still holds 256 KiB)."""
         self._out.append(data)
-        self._out_len += len(data)
+        self._out_len += max(len(data), held)
         self._pos += len(data)
         if self._out_len >= self.WRITE_BUFFER:
             self._drain()
@@ -975,7 +978,7 @@ class PackWriter:
 
     def _put_block(self, frame: bytes, stream: bytes, side: bytes, first: int, count: int) -> None:
         self._blocks.append((self._pos, len(frame), len(stream), len(side), first, count))
-        self._write(frame)
+        self._write(frame, len(stream))
         if side:
             self._write(side)
 
