@@ -46,7 +46,16 @@ from ...fsutil import (
     write_new_file,
 )
 from ..base import ObjectStore, RepackResult, Space
-from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter, pack_file_sound, salvage_pack
+from .packs import (
+    MAX_PACKED,
+    SPACE_BITS,
+    Pack,
+    PackSet,
+    PackWriter,
+    StreamPackWriter,
+    pack_file_sound,
+    salvage_pack,
+)
 
 __all__ = ["SPACES", "FileObjects", "RepackResult", "fsync_paths", "fsync_dir"]
 
@@ -389,8 +398,12 @@ class FileObjects(ObjectStore):
         loose files, created and written, then every file (new, or present from another
         writer) and its directory fsynced on the pool. ``dedup=False`` skips looking for
         each object in the packs first (a checkpoint's objects are new but for the odd
-        repeat, which a repack drops)."""
+        repeat, which a repack drops). Handed this store's :meth:`stage`, it makes the
+        stage's pack visible, then stores the objects the pack does not hold."""
         self.wrote = True
+        if isinstance(items, PackStage):
+            items.seal()  # an import's pack made durable and visible; what it does not hold follows
+            count = len(items)
         if count is not None and count >= PACK_BATCH:
             self.write_pack(items, dedup=dedup)
             return
@@ -689,12 +702,21 @@ class FileObjects(ObjectStore):
         for space, name, data in big:
             self.put(space, name, data, durable=True)
         if idx is not None:
-            self.packs.refresh(force=True)
-            if merge:
-                # Only the smallest tier here: a writer pays for merges of a few MiB at
-                # most; bigger ones wait for a writer's close or for ``pack``.
-                self.merge_small_packs(max_tier=0)
+            self._published(merge=merge)
         return idx
+
+    def _published(self, *, merge: bool) -> None:
+        """A new pack is in place: seen by this store's reads, and small packs merged."""
+        self.packs.refresh(force=True)
+        if merge:
+            # Only the smallest tier here: a writer pays for merges of a few MiB at
+            # most; bigger ones wait for a writer's close or for ``pack``.
+            self.merge_small_packs(max_tier=0)
+
+    def stage(self) -> PackStage:
+        """An import's objects, written into a new pack as its pass accepts them
+        (:class:`PackStage`)."""
+        return PackStage(self)
 
     def merge_small_packs(self, *, max_bytes: int = AUTO_MERGE_MAX, max_tier: int | None = None) -> bool:
         """Merge packs by size tier, as a log-structured merge does: packs fall in
@@ -1134,6 +1156,65 @@ class FileObjects(ObjectStore):
         kept.add(raw)
         if writer is not None:
             writer.add_raw(raw, spaces, data)
+
+
+class PackStage:
+    """An import's objects written into a new pack in ``tmp/`` as the file's pass accepts
+    them, compressed on a thread beside the pass: one write of each object, where a spill
+    wrote it, read it back and packed it. The pack becomes visible only when the stage is
+    handed to :meth:`FileObjects.put_many` (a session's create does, once its staged log
+    names the objects, so a sweep never takes them for garbage); closed before, the pack
+    is removed, and a crash leaves it in ``tmp/`` for a sweep. An object a pack holds
+    already (freshened, or written again if swept meanwhile, when stored) or one too big
+    to pack is spilled instead: iterating the stage gives those, stored as any batch is.
+    In a store that had no pack when the stage began none is looked in (one another
+    writer adds meanwhile may then share an object with this one: a repeat, which a
+    repack drops)."""
+
+    def __init__(self, objects: FileObjects):
+        from ...fsutil import Spill
+
+        self._objects = objects
+        self._rest = Spill()
+        objects.packs.refresh()
+        self._dedup = bool(objects.packs.packs)
+        self._writer: StreamPackWriter | None = StreamPackWriter(objects.pack_dir, objects.tmp, threads=1)
+
+    def add(self, space: str, name: str, data: bytes) -> None:
+        writer = self._writer
+        if writer is None:
+            raise StoreError("objects added to an import's stage after it was stored or closed")
+        if len(data) > MAX_PACKED or (self._dedup and self._objects._packed_sound(space, name) is not None):
+            self._rest.add(space, name, data)
+        else:
+            writer.add(space, name, data)
+
+    def __len__(self) -> int:
+        return len(self._rest)
+
+    def __iter__(self) -> Iterator[tuple[Any, str, bytes]]:
+        return iter(self._rest)
+
+    def seal(self) -> None:
+        """Make the pack durable and visible (an empty one is dropped)."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            raise StoreError("an import's stage stored twice, or after it was closed")
+        try:
+            if not len(writer):
+                writer.abort()
+                return
+            writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        self._objects._published(merge=True)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+        self._rest.close()
 
 
 @dataclass
