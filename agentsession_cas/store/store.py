@@ -864,13 +864,13 @@ class Holder:
 
 class _TakenImport:
     """What a streamed import keeps of each entry the reader accepted, in file order: its
-    two objects spilled (a synthetic marker's aside), and per entry only what the head,
+    two objects put in the stage (a synthetic marker's aside), and per entry only what the head,
     the prefix and the summary need: every entry's parent by id (in file order), the
     members of labels and which are leaf labels (the resume and head rules), own entries'
     ids (and whether each is a leaf label), sidecar names, and the summary's running
     fields."""
 
-    def __init__(self, spill: Spill, header: Header):
+    def __init__(self, spill: ObjectStage, header: Header):
         self.spill = spill
         #: The header the session gets (the store's defaults filled in), which the summary starts from.
         self.header = header
@@ -901,8 +901,14 @@ class _TakenImport:
 
     def stubs(self) -> Iterator[tuple[str, str | None, Mapping[str, Any] | None]]:
         """(id, parent, a label's members) of every entry in file order: what the resume
-        rule reads, made as it is read rather than held beside the parents."""
+        rule reads, made as it is read rather than held beside the parents. In a file
+        without a ``leaf`` label the rule reads the last entry alone (no mark is in force,
+        and only a leaf label walks a leaf up): only that one is given."""
         labels = self.labels
+        if not self.leaf_labels and self.parents:
+            eid = next(reversed(self.parents))
+            yield eid, self.parents[eid], labels.get(eid)
+            return
         for eid, parent in self.parents.items():
             yield eid, parent, labels.get(eid)
 
