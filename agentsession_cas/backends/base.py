@@ -299,6 +299,11 @@ class SessionLog(ABC):
     writable: bool
     #: Why the handle stopped taking writes (a failed fsync), or None.
     stopped: str | None = None
+    #: On a log :meth:`SessionStore.create` just made: the records it holds when the
+    #: backend wrote them in another form than given (the file backend folds a created
+    #: session's appends into one snapshot), which the domain replays as an open would;
+    #: None to replay the records given. The domain lets go of them once replayed.
+    created_records: Sequence[Mapping[str, Any]] | None = None
 
     def recover(self) -> None:  # noqa: B027 - a hook: only a backend a crash can leave half-written has work
         """Apply the recovery a writable open found needed (rewriting a crash's tail),
