@@ -1159,51 +1159,71 @@ class FileObjects(ObjectStore):
 
 
 class PackStage:
-    """An import's objects written into a new pack in ``tmp/`` as the file's pass accepts
-    them, compressed on a thread beside the pass: one write of each object, where a spill
-    wrote it, read it back and packed it. The pack becomes visible only when the stage is
-    handed to :meth:`FileObjects.put_many` (a session's create does, once its staged log
-    names the objects, so a sweep never takes them for garbage); closed before, the pack
-    is removed, and a crash leaves it in ``tmp/`` for a sweep. An object a pack holds
-    already (freshened, or written again if swept meanwhile, when stored) or one too big
-    to pack is spilled instead: iterating the stage gives those, stored as any batch is.
-    In a store that had no pack when the stage began none is looked in (one another
-    writer adds meanwhile may then share an object with this one: a repeat, which a
-    repack drops)."""
+    """An import's objects written into a new pack as the file's pass accepts them,
+    compressed on a thread beside the pass: one write of each object, where a spill wrote
+    it, read it back and packed it. The pack (:class:`StreamPackWriter`: an anonymous
+    temporary file until then) is copied into ``tmp/`` and made visible only when the
+    stage is handed to :meth:`FileObjects.put_many` (a session's create does, once its
+    staged log names the objects, so a sweep never takes them for garbage); closed
+    before, or a crash, leaves nothing in the store.
+
+    What :meth:`put_many` would not pack is spilled instead, and iterating the stage
+    gives it, stored as any batch is: the objects of an import of fewer than
+    :data:`PACK_BATCH` (loose files, as any small batch), one a pack holds already
+    (freshened, or written again if swept meanwhile) and one too big to pack. In a store
+    that had no pack when the stage began none is looked in (one another writer adds
+    meanwhile may then share an object with this one: a repeat, which a repack drops)."""
 
     def __init__(self, objects: FileObjects):
         from ...fsutil import Spill
 
         self._objects = objects
         self._rest = Spill()
+        self._first: Spill | None = Spill()  # the first objects, until there are PACK_BATCH
+        self._writer: StreamPackWriter | None = None
+        self._done = False
         objects.packs.refresh()
         self._dedup = bool(objects.packs.packs)
-        self._writer: StreamPackWriter | None = StreamPackWriter(objects.pack_dir, objects.tmp, threads=1)
 
     def add(self, space: str, name: str, data: bytes) -> None:
-        writer = self._writer
-        if writer is None:
+        if self._done:
             raise StoreError("objects added to an import's stage after it was stored or closed")
         if len(data) > MAX_PACKED or (self._dedup and self._objects._packed_sound(space, name) is not None):
             self._rest.add(space, name, data)
+        elif self._writer is not None:
+            self._writer.add(space, name, data)
         else:
+            assert self._first is not None
+            self._first.add(space, name, data)
+            if len(self._first) >= PACK_BATCH:
+                self._start()
+
+    def _start(self) -> None:
+        """Enough objects for a pack: the writer begins, the first ones written into it."""
+        first, self._first = self._first, None
+        assert first is not None
+        self._writer = writer = StreamPackWriter(self._objects.pack_dir, self._objects.tmp, threads=1)
+        for space, name, data in first:
             writer.add(space, name, data)
+        first.close()
 
     def __len__(self) -> int:
-        return len(self._rest)
+        return len(self._rest) + (len(self._first) if self._first is not None else 0)
 
     def __iter__(self) -> Iterator[tuple[Any, str, bytes]]:
-        return iter(self._rest)
+        yield from self._rest
+        if self._first is not None:
+            yield from self._first
 
     def seal(self) -> None:
-        """Make the pack durable and visible (an empty one is dropped)."""
+        """Make the pack durable and visible (none when too few objects came for one)."""
+        if self._done:
+            raise StoreError("an import's stage stored twice, or after it was closed")
+        self._done = True
         writer, self._writer = self._writer, None
         if writer is None:
-            raise StoreError("an import's stage stored twice, or after it was closed")
+            return
         try:
-            if not len(writer):
-                writer.abort()
-                return
             writer.finish()
         except BaseException:
             writer.abort()
@@ -1211,9 +1231,12 @@ class PackStage:
         self._objects._published(merge=True)
 
     def close(self) -> None:
+        self._done = True
         if self._writer is not None:
             self._writer.abort()
             self._writer = None
+        if self._first is not None:
+            self._first.close()
         self._rest.close()
 
 
