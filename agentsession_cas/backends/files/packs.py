@@ -1073,8 +1073,8 @@ class StreamPackWriter(PackWriter):
     system's temporary directory (as a spill did), copied into ``tmp_dir`` only by
     :meth:`finish`: a refused import leaves the store untouched, and a crash leaves
     nothing. No table of names is kept beside the pass's own state: each object's raw
-    name is packed in a bytearray and its slot in an array (about 40 bytes an object,
-    where a table costs about 210). An object added twice is found when the index is
+    name goes to another anonymous file, read back by :meth:`finish`, and its slot to an
+    array (4 bytes an object held, where a table costs about 210). An object added twice is found when the index is
     sorted: its first slot is named, the later copy left a slot no record names (as a
     merge may leave them; a repack drops it). Compressed bytes are written a MiB at a
     time: the writer is the caller's thread."""
@@ -1082,9 +1082,11 @@ class StreamPackWriter(PackWriter):
     WRITE_BUFFER = 1 << 20
 
     def __init__(self, pack_dir: str, tmp_dir: str, *, level: int = 3, threads: int = 0):
+        import tempfile
+
         super().__init__(pack_dir, tmp_dir, level=level, threads=threads)
-        self._names = bytearray()
-        self._wheres = array.array("Q")
+        self._names = tempfile.TemporaryFile()  # each object's raw name, 32 bytes, in order
+        self._wheres = array.array("I")  # each object's slot << 3 | spaces (slots < 2**29)
 
     def _open_pack(self) -> int:
         import tempfile
@@ -1107,6 +1109,7 @@ class StreamPackWriter(PackWriter):
 
     def abort(self) -> None:
         self._anon.close()  # (its descriptor is the pack's: closed with it)
+        self._names.close()
         self._fd = -1
         super().abort()
 
@@ -1120,7 +1123,7 @@ class StreamPackWriter(PackWriter):
         if self._buf_len and self._buf_len + len(data) > self.block_target:
             self._cut()
         self._check_room()
-        self._names += raw
+        self._names.write(raw)
         self._wheres.append(((self._slots + len(self._pending)) << 3) | spaces)
         self._pending.append(data)
         self._buf_len += len(data)
@@ -1131,8 +1134,13 @@ class StreamPackWriter(PackWriter):
         raise TypeError("a StreamPackWriter takes objects, not packs")
 
     def _index(self) -> tuple[list[bytes], list[int]]:
-        view = memoryview(self._names)
-        raws = [bytes(view[i : i + 32]) for i in range(0, len(view), 32)]
+        self._names.seek(0)
+        data = self._names.read()
+        self._names.close()
+        if len(data) != 32 * len(self._wheres):
+            raise StoreError(f"the names of a pack being written read back as {len(data)} bytes, not {32 * len(self._wheres)}")
+        raws = [data[i : i + 32] for i in range(0, len(data), 32)]
+        del data
         wheres = self._wheres
         names: list[bytes] = []
         out: list[int] = []
