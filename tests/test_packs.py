@@ -1211,3 +1211,71 @@ def test_get_many_reads_each_block_once_and_verifies_each_object(root, objs, mon
         assert reader.get_many("contents", [n for _, n, _ in in_block]) == [d for _, _, d in in_block]
     finally:
         reader.close()
+
+
+def test_pack_writer_buffer_counts_a_frame_as_the_block_it_came_from(tmp_path):
+    """zstd hands a frame back in a buffer of its block's bound, whatever its length: the
+    writer's buffer of compressed bytes is bounded by the memory it holds, so blocks that
+    compress to almost nothing are not all held until the pack ends (50 MiB here)."""
+    import tracemalloc
+
+    block = packs_mod.BLOCK_TARGET
+    w = PackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"))
+    tracemalloc.start()
+    try:
+        for i in range(200):  # each object a block of its own
+            data = bytes([i]) * block
+            w.add("contents", sha256_ref(data), data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        w.abort()
+    assert peak < PackWriter.WRITE_BUFFER + 8 * block, peak
+
+
+def test_stream_pack_writer_names_a_repeated_object_once_in_every_space_it_came(tmp_path):
+    """The import's writer keeps no table of names: an object added twice (or in two
+    spaces) is found when the index is sorted, named once with every space it came in,
+    its later copy a slot no record names; the pack reads as any pack does. Its blocks go
+    to an anonymous temporary file: nothing is in tmp/ until it is finished."""
+    from agentsession_cas.backends.files.packs import StreamPackWriter
+
+    objs = [(f"object {i}".encode() * 50) for i in range(300)]
+    w = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"), threads=1)
+    for data in objs:
+        w.add("contents", sha256_ref(data), data)
+    w.add("contents", sha256_ref(objs[7]), objs[7])  # the same object again
+    w.add("entries", sha256_ref(objs[9]), objs[9])  # the same bytes in another space
+    assert len(w) == 302 and not (tmp_path / "tmp").exists()
+    pack = Pack(w.finish())
+    assert pack.count == 300 and pack.slots == 302
+    packs = PackSet(str(tmp_path / "pack"))
+    for i, data in enumerate(objs):
+        found = packs.locate(sha256_ref(data))
+        assert found is not None and packs.read(*found) == data
+        assert found[1].spaces == (SPACE_BITS["contents"] | (SPACE_BITS["entries"] if i == 9 else 0))
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_import_into_a_store_holding_its_objects_writes_no_pack(tmp_path):
+    """The same entries imported again (as another session) are all held packed already:
+    the import's pack is dropped, each packed copy freshened, no new pack written."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
+    from bench_verify import generate
+
+    lines = generate(300, 1)[0]
+    header, rest = lines.split(b"\n", 1)
+    first = tmp_path / "first.jsonl"
+    first.write_bytes(lines)
+    second = tmp_path / "second.jsonl"
+    second.write_bytes(Header(dict(json.loads(header), id="again")).canonical_line() + rest)
+    with Store.init(tmp_path / "s") as st:
+        a = st.import_file(first)
+        packs = sorted(os.listdir(tmp_path / "s" / "objects" / "pack"))
+        b = st.import_file(second)
+        assert len(a) == len(b) == 300 and a.head == b.head
+    assert sorted(os.listdir(tmp_path / "s" / "objects" / "pack")) == packs
+    ro = Store(tmp_path / "s", readonly=True)
+    assert ro.export("again").split(b"\n", 1)[1] == rest

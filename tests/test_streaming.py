@@ -546,6 +546,37 @@ def test_import_file_holds_what_an_import_of_the_bytes_holds(shapes, tmp_path):
             assert s2.export(sid) == src.export(sid)
 
 
+def test_import_file_head_is_the_resume_rules_leaf_with_and_without_leaf_labels(tmp_path):
+    """The head of a streamed import is the resume rule's leaf of the file: without a
+    ``leaf`` label (labels of other names and a branch written last, which the rule
+    follows) the rule is fed the last entry alone; with one, every entry. Each is the leaf
+    the reader's whole tree gives, and the same as an import of the bytes."""
+    from agentsession_cas import make_entry, read_session_bytes
+
+    def item(parent, text):
+        return make_entry("item", parent, ts="2026-01-01T00:00:00Z",
+                          item={"type": "message", "role": "user", "content": text})
+
+    a = item(None, "a")
+    b = item(a.id, "b")
+    c = item(b.id, "c")
+    good = make_entry("label", c.id, ts="2026-01-01T00:00:00Z", target=b.id, label="good")
+    d = item(a.id, "d")  # a branch from a, written last: where a reader resumes
+    plain = [a, b, c, good, d]
+    leaf = make_entry("label", d.id, ts="2026-01-01T00:00:00Z", target=good.id, label="leaf")
+    marked = [*plain, leaf]  # a leaf label moving the reader back to the label entry's branch
+    for n, (entries, want) in enumerate(((plain, d.id), (marked, good.id))):
+        sid = f"resume{n}"
+        data = Header.new(sid).canonical_line() + b"".join(e.canonical_line() for e in entries)
+        assert read_session_bytes(data).tree.resume_leaf() == want
+        path = tmp_path / f"{sid}.jsonl"
+        path.write_bytes(data)
+        streamed, whole = _fresh(tmp_path, f"st{n}"), _fresh(tmp_path, f"wh{n}")
+        assert streamed.import_file(path).head == whole.import_bytes(data).head == want, n
+        streamed.close()
+        whole.close()
+
+
 def test_import_file_refuses_what_the_bytes_import_refuses_and_leaves_the_store(tmp_path):
     """Every corpus and fixture file: imported from the file or from its bytes, it is held
     alike or refused alike (the same error class and code); a refused file leaves the store

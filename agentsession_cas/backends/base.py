@@ -33,7 +33,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 __all__ = [
     "COMMIT_POINTS",
@@ -44,6 +44,7 @@ __all__ = [
     "Record",
     "LogHistory",
     "LogOpen",
+    "ObjectStage",
     "ObjectStore",
     "SessionLog",
     "SessionStore",
@@ -169,6 +170,21 @@ class LogTail:
     resume: Any = None
 
 
+class ObjectStage(Protocol):
+    """Objects a bulk writer (an import) puts down as it checks them, before it knows
+    they are to be kept: handed to :meth:`ObjectStore.put_many` (a session's create
+    does) once they are, and closed either way, which discards what was not stored.
+    Iterating gives what is still to be stored, ``len()`` how many."""
+
+    def add(self, space: Space, name: str, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[tuple[Space, str, bytes]]: ...
+
+
 class ObjectStore(ABC):
     """Objects named by ``sha256:<hex>`` of their bytes, in three spaces.
 
@@ -215,6 +231,15 @@ class ObjectStore(ABC):
     def put_many(self, items: Iterable[tuple[Space, str, bytes]], *, count: int | None = None) -> None:
         """Store many objects durably at once (an import, a push); ``count`` is a hint
         of how many ``items`` yields, for a backend that streams big batches."""
+
+    def stage(self) -> ObjectStage:
+        """Where an import puts each object as the file's pass accepts it: a temporary
+        file (its memory does not grow with the file), read back by :meth:`put_many`.
+        A backend may write them towards their place at once (the file backend: into a
+        pack not yet visible), sparing the second pass."""
+        from ..fsutil import Spill
+
+        return Spill()
 
     @abstractmethod
     def hold(self, names: Iterable[tuple[Space, str]], *, written: set[str] = frozenset()) -> list[tuple[Space, str]]:  # type: ignore[assignment]
@@ -274,6 +299,11 @@ class SessionLog(ABC):
     writable: bool
     #: Why the handle stopped taking writes (a failed fsync), or None.
     stopped: str | None = None
+    #: On a log :meth:`SessionStore.create` just made: the records it holds when the
+    #: backend wrote them in another form than given (the file backend folds a created
+    #: session's appends into one snapshot), which the domain replays as an open would;
+    #: None to replay the records given. The domain lets go of them once replayed.
+    created_records: Sequence[Mapping[str, Any]] | None = None
 
     def recover(self) -> None:  # noqa: B027 - a hook: only a backend a crash can leave half-written has work
         """Apply the recovery a writable open found needed (rewriting a crash's tail),

@@ -270,8 +270,10 @@ class Session:
 
     @classmethod
     def _created(cls, store: Store, session_id: str, log: SessionLog, header: Header, records: Sequence[Record]) -> Session:
-        """A session just created whole: its state is what its records say."""
-        state = replay(_data(r) for r in records)
+        """A session just created whole: its state is what its records say (as the
+        backend wrote them, when it folded them: ``SessionLog.created_records``)."""
+        written, log.created_records = log.created_records, None
+        state = replay(written if written is not None else (_data(r) for r in records))
         session = cls(store, session_id, log, header, state)
         session._builder = SummaryBuilder(header)
         return session

@@ -16,12 +16,13 @@ from __future__ import annotations
 import builtins
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 from ..backends import DEFAULT_STORE, default_store_path, open_backend
-from ..backends.base import Append, Backend, LogHistory, Mark, ObjectStore, Record, RepackResult, Space
+from ..backends.base import Append, Backend, LogHistory, Mark, ObjectStage, ObjectStore, Record, RepackResult, Space
 from ..errors import (
     AgentSessionError,
     BadBaseError,
@@ -45,7 +46,6 @@ from ..format.links import continued_in_link, fork_of_link
 from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
 from ..format.timestamps import now_ts
-from ..fsutil import Spill
 from ..progress import Progress, reported
 from .links import CHAIN_LIMIT, Chain, resolve_current
 from .refs import header_ident
@@ -662,8 +662,8 @@ class Store:
 
         One pass over the file, read line by line (:func:`~..format.reader.verify_file`:
         the line, tree, record and context rules of each entry as it comes), each entry's
-        two objects spilled to a temporary file as they are checked and handed to the
-        backend once the whole file is found sound: what it holds is what a verify holds
+        two objects put in the backend's stage (:meth:`ObjectStore.stage`) as they are
+        checked and stored once the whole file is found sound: what it holds is what a verify holds
         (the entries on the path the context rules stand on) and a few ids per entry, not
         the file. A file of a format before 0.5 is migrated whole, in memory.
         ``progress(done, total)`` is called as the file is read and checked."""
@@ -675,11 +675,11 @@ class Store:
                 sf = read_session(path, keep_objects=True, progress=progress)
                 return self.import_session(sf, record=record, sidecar_dir=sidecar_dir(path, str(sf.header.id)))
         self._require_writable()
-        with gc_paused(), Spill() as spill:  # a bulk pass: many acyclic objects per entry (see gc_paused)
+        with gc_paused(), closing(self.objects.stage()) as spill:  # a bulk pass: many acyclic objects per entry (see gc_paused)
             return self._import_streamed(path, first, spill, record, progress)
 
     def _import_streamed(
-        self, path: str | PathLike[str], first: Header, spill: Spill, record: bool, progress: Progress | None
+        self, path: str | PathLike[str], first: Header, spill: ObjectStage, record: bool, progress: Progress | None
     ) -> Session:
         from ..format.reader import verify_file
 
@@ -864,13 +864,13 @@ class Holder:
 
 class _TakenImport:
     """What a streamed import keeps of each entry the reader accepted, in file order: its
-    two objects spilled (a synthetic marker's aside), and per entry only what the head,
+    two objects put in the stage (a synthetic marker's aside), and per entry only what the head,
     the prefix and the summary need: every entry's parent by id (in file order), the
     members of labels and which are leaf labels (the resume and head rules), own entries'
     ids (and whether each is a leaf label), sidecar names, and the summary's running
     fields."""
 
-    def __init__(self, spill: Spill, header: Header):
+    def __init__(self, spill: ObjectStage, header: Header):
         self.spill = spill
         #: The header the session gets (the store's defaults filled in), which the summary starts from.
         self.header = header
@@ -901,8 +901,14 @@ class _TakenImport:
 
     def stubs(self) -> Iterator[tuple[str, str | None, Mapping[str, Any] | None]]:
         """(id, parent, a label's members) of every entry in file order: what the resume
-        rule reads, made as it is read rather than held beside the parents."""
+        rule reads, made as it is read rather than held beside the parents. In a file
+        without a ``leaf`` label the rule reads the last entry alone (no mark is in force,
+        and only a leaf label walks a leaf up): only that one is given."""
         labels = self.labels
+        if not self.leaf_labels and self.parents:
+            eid = next(reversed(self.parents))
+            yield eid, self.parents[eid], labels.get(eid)
+            return
         for eid, parent in self.parents.items():
             yield eid, parent, labels.get(eid)
 

@@ -46,7 +46,16 @@ from ...fsutil import (
     write_new_file,
 )
 from ..base import ObjectStore, RepackResult, Space
-from .packs import MAX_PACKED, SPACE_BITS, Pack, PackSet, PackWriter, pack_file_sound, salvage_pack
+from .packs import (
+    MAX_PACKED,
+    SPACE_BITS,
+    Pack,
+    PackSet,
+    PackWriter,
+    StreamPackWriter,
+    pack_file_sound,
+    salvage_pack,
+)
 
 __all__ = ["SPACES", "FileObjects", "RepackResult", "fsync_paths", "fsync_dir"]
 
@@ -389,8 +398,12 @@ class FileObjects(ObjectStore):
         loose files, created and written, then every file (new, or present from another
         writer) and its directory fsynced on the pool. ``dedup=False`` skips looking for
         each object in the packs first (a checkpoint's objects are new but for the odd
-        repeat, which a repack drops)."""
+        repeat, which a repack drops). Handed this store's :meth:`stage`, it makes the
+        stage's pack visible, then stores the objects the pack does not hold."""
         self.wrote = True
+        if isinstance(items, PackStage):
+            items.seal()  # an import's pack made durable and visible; what it does not hold follows
+            count = len(items)
         if count is not None and count >= PACK_BATCH:
             self.write_pack(items, dedup=dedup)
             return
@@ -689,12 +702,21 @@ class FileObjects(ObjectStore):
         for space, name, data in big:
             self.put(space, name, data, durable=True)
         if idx is not None:
-            self.packs.refresh(force=True)
-            if merge:
-                # Only the smallest tier here: a writer pays for merges of a few MiB at
-                # most; bigger ones wait for a writer's close or for ``pack``.
-                self.merge_small_packs(max_tier=0)
+            self._published(merge=merge)
         return idx
+
+    def _published(self, *, merge: bool) -> None:
+        """A new pack is in place: seen by this store's reads, and small packs merged."""
+        self.packs.refresh(force=True)
+        if merge:
+            # Only the smallest tier here: a writer pays for merges of a few MiB at
+            # most; bigger ones wait for a writer's close or for ``pack``.
+            self.merge_small_packs(max_tier=0)
+
+    def stage(self) -> PackStage:
+        """An import's objects, written into a new pack as its pass accepts them
+        (:class:`PackStage`)."""
+        return PackStage(self)
 
     def merge_small_packs(self, *, max_bytes: int = AUTO_MERGE_MAX, max_tier: int | None = None) -> bool:
         """Merge packs by size tier, as a log-structured merge does: packs fall in
@@ -1134,6 +1156,88 @@ class FileObjects(ObjectStore):
         kept.add(raw)
         if writer is not None:
             writer.add_raw(raw, spaces, data)
+
+
+class PackStage:
+    """An import's objects written into a new pack as the file's pass accepts them,
+    compressed on a thread beside the pass: one write of each object, where a spill wrote
+    it, read it back and packed it. The pack (:class:`StreamPackWriter`: an anonymous
+    temporary file until then) is copied into ``tmp/`` and made visible only when the
+    stage is handed to :meth:`FileObjects.put_many` (a session's create does, once its
+    staged log names the objects, so a sweep never takes them for garbage); closed
+    before, or a crash, leaves nothing in the store.
+
+    What :meth:`put_many` would not pack is spilled instead, and iterating the stage
+    gives it, stored as any batch is: the objects of an import of fewer than
+    :data:`PACK_BATCH` (loose files, as any small batch), one a pack holds already
+    (freshened, or written again if swept meanwhile) and one too big to pack. In a store
+    that had no pack when the stage began none is looked in (one another writer adds
+    meanwhile may then share an object with this one: a repeat, which a repack drops)."""
+
+    def __init__(self, objects: FileObjects):
+        from ...fsutil import Spill
+
+        self._objects = objects
+        self._rest = Spill()
+        self._first: Spill | None = Spill()  # the first objects, until there are PACK_BATCH
+        self._writer: StreamPackWriter | None = None
+        self._done = False
+        objects.packs.refresh()
+        self._dedup = bool(objects.packs.packs)
+
+    def add(self, space: str, name: str, data: bytes) -> None:
+        if self._done:
+            raise StoreError("objects added to an import's stage after it was stored or closed")
+        if len(data) > MAX_PACKED or (self._dedup and self._objects._packed_sound(space, name) is not None):
+            self._rest.add(space, name, data)
+        elif self._writer is not None:
+            self._writer.add(space, name, data)
+        else:
+            assert self._first is not None
+            self._first.add(space, name, data)
+            if len(self._first) >= PACK_BATCH:
+                self._start()
+
+    def _start(self) -> None:
+        """Enough objects for a pack: the writer begins, the first ones written into it."""
+        first, self._first = self._first, None
+        assert first is not None
+        self._writer = writer = StreamPackWriter(self._objects.pack_dir, self._objects.tmp, threads=1)
+        for space, name, data in first:
+            writer.add(space, name, data)
+        first.close()
+
+    def __len__(self) -> int:
+        return len(self._rest) + (len(self._first) if self._first is not None else 0)
+
+    def __iter__(self) -> Iterator[tuple[Any, str, bytes]]:
+        yield from self._rest
+        if self._first is not None:
+            yield from self._first
+
+    def seal(self) -> None:
+        """Make the pack durable and visible (none when too few objects came for one)."""
+        if self._done:
+            raise StoreError("an import's stage stored twice, or after it was closed")
+        self._done = True
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        try:
+            writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        self._objects._published(merge=True)
+
+    def close(self) -> None:
+        self._done = True
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+        if self._first is not None:
+            self._first.close()
+        self._rest.close()
 
 
 @dataclass

@@ -80,7 +80,7 @@ import zstandard
 
 from ...errors import CorruptPackError, StoreError
 from ...format.hashing import FAST_ENVELOPE
-from ...fsutil import fsync_dir, write_all
+from ...fsutil import copy_file, fsync_dir, write_all
 
 __all__ = [
     "pack_file_sound",
@@ -776,11 +776,7 @@ class PackWriter:
             self._local_cctx = threading.local()
         self._inflight: list = []  # (future of the zstd frame, (stream, side bytes, first, count)), in order
         self._tmp = os.path.join(tmp_dir, f"pack-{os.getpid()}-{os.urandom(6).hex()}")
-        try:
-            self._fd = os.open(self._tmp + ".pack", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileNotFoundError:
-            os.makedirs(tmp_dir, exist_ok=True)
-            self._fd = os.open(self._tmp + ".pack", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = self._open_pack()
         self._hash = blake3.blake3()
         self._out: list[bytes] = []  # compressed bytes not yet written (see WRITE_BUFFER)
         self._out_len = 0
@@ -796,6 +792,23 @@ class PackWriter:
         self._pending: list = []
         self._buf_len = 0
         self._write(PACK_MAGIC)
+
+    def _open_pack(self) -> int:
+        """The pack's temp file in ``tmp_dir``, created (the directory too if need be)."""
+        try:
+            return os.open(self._tmp + ".pack", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:
+            os.makedirs(self.tmp_dir, exist_ok=True)
+            return os.open(self._tmp + ".pack", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+    def _seal_pack(self, pack_sum: bytes) -> None:
+        """End the pack's temp file with its checksum, make it durable and close it."""
+        write_all(self._fd, pack_sum)
+        try:
+            os.fsync(self._fd)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
 
     def __contains__(self, name: str) -> bool:
         return _raw(name) in self._objects
@@ -813,9 +826,12 @@ class PackWriter:
     ENVELOPE_SIZE = 48
     ENVELOPE_COUNTED = 256
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, held: int = 0) -> None:
+        """Buffer ``data``, counted as ``held`` bytes when it holds more memory than its
+        length (a zstd frame comes in a buffer of its block's bound: a block of 256 KiB
+        compressed to 26 bytes still holds 256 KiB)."""
         self._out.append(data)
-        self._out_len += len(data)
+        self._out_len += max(len(data), held)
         self._pos += len(data)
         if self._out_len >= self.WRITE_BUFFER:
             self._drain()
@@ -975,7 +991,7 @@ class PackWriter:
 
     def _put_block(self, frame: bytes, stream: bytes, side: bytes, first: int, count: int) -> None:
         self._blocks.append((self._pos, len(frame), len(stream), len(side), first, count))
-        self._write(frame)
+        self._write(frame, len(stream))
         if side:
             self._write(side)
 
@@ -988,7 +1004,7 @@ class PackWriter:
     def finish(self) -> str:
         """Seal, fsync and rename into place; return the index's path. A pack of
         no objects is refused (and its temp file removed): nothing would find it."""
-        if not self._objects:
+        if not len(self):
             self.abort()
             raise StoreError("refusing to write an empty pack")
         self._cut()
@@ -996,13 +1012,8 @@ class PackWriter:
         self._shutdown()
         self._drain()
         pack_sum = self._hash.digest()
-        write_all(self._fd, pack_sum)
-        try:
-            os.fsync(self._fd)
-        finally:
-            os.close(self._fd)
-            self._fd = -1
-        names = sorted(self._objects)
+        self._seal_pack(pack_sum)
+        names, wheres = self._index()
         fanout = [0] * 256
         for raw in names:
             fanout[raw[0]] += 1
@@ -1010,13 +1021,12 @@ class PackWriter:
         for i in range(256):
             total += fanout[i]
             fanout[i] = total
-        objs = self._objects
         parts = [
             IDX_MAGIC,
             _HEAD.pack(len(names), len(self._blocks)),
             _FANOUT.pack(*fanout),
             b"".join(names),
-            struct.pack(f">{len(names)}I", *((objs[raw][0] << 3) | objs[raw][1] for raw in names)),
+            struct.pack(f">{len(names)}I", *wheres),
             b"".join(_BLOCK.pack(*b) for b in self._blocks),
             pack_sum,
         ]
@@ -1039,6 +1049,12 @@ class PackWriter:
         fsync_dir(self.pack_dir)
         return final + ".idx"
 
+    def _index(self) -> tuple[list[bytes], list[int]]:
+        """The index's records: the raw names in order, and each one's slot and spaces."""
+        names = sorted(self._objects)
+        objs = self._objects
+        return names, [(objs[raw][0] << 3) | objs[raw][1] for raw in names]
+
     def abort(self) -> None:
         self._shutdown()
         if self._fd >= 0:
@@ -1049,6 +1065,93 @@ class PackWriter:
                 os.unlink(self._tmp + ext)
             except FileNotFoundError:
                 pass
+
+
+class StreamPackWriter(PackWriter):
+    """A :class:`PackWriter` (plain blocks) for objects taken as they come over a long
+    pass that may yet be refused, an import's. The blocks go to an anonymous file in the
+    system's temporary directory (as a spill did), copied into ``tmp_dir`` only by
+    :meth:`finish`: a refused import leaves the store untouched, and a crash leaves
+    nothing. No table of names is kept beside the pass's own state: each object's raw
+    name goes to another anonymous file, read back by :meth:`finish`, and its slot to an
+    array (4 bytes an object held, where a table costs about 210). An object added twice is found when the index is
+    sorted: its first slot is named, the later copy left a slot no record names (as a
+    merge may leave them; a repack drops it). Compressed bytes are written a MiB at a
+    time: the writer is the caller's thread."""
+
+    WRITE_BUFFER = 1 << 20
+
+    def __init__(self, pack_dir: str, tmp_dir: str, *, level: int = 3, threads: int = 0):
+        import tempfile
+
+        super().__init__(pack_dir, tmp_dir, level=level, threads=threads)
+        self._names = tempfile.TemporaryFile()  # each object's raw name, 32 bytes, in order
+        self._wheres = array.array("I")  # each object's slot << 3 | spaces (slots < 2**29)
+
+    def _open_pack(self) -> int:
+        import tempfile
+
+        self._anon = tempfile.TemporaryFile()
+        return self._anon.fileno()
+
+    def _seal_pack(self, pack_sum: bytes) -> None:
+        write_all(self._fd, pack_sum)
+        try:
+            fd = super()._open_pack()
+            try:
+                copy_file(self._fd, fd)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        finally:
+            self._anon.close()
+            self._fd = -1
+
+    def abort(self) -> None:
+        self._anon.close()  # (its descriptor is the pack's: closed with it)
+        self._names.close()
+        self._fd = -1
+        super().abort()
+
+    def __contains__(self, name: str) -> bool:
+        raise TypeError("a StreamPackWriter keeps no table of its names")
+
+    def __len__(self) -> int:
+        return len(self._wheres)
+
+    def add_raw(self, raw: bytes, spaces: int, data: bytes) -> None:
+        if self._buf_len and self._buf_len + len(data) > self.block_target:
+            self._cut()
+        self._check_room()
+        self._names.write(raw)
+        self._wheres.append(((self._slots + len(self._pending)) << 3) | spaces)
+        self._pending.append(data)
+        self._buf_len += len(data)
+        if self._buf_len >= self.block_target:
+            self._cut()
+
+    def copy_pack(self, pack: Pack) -> None:
+        raise TypeError("a StreamPackWriter takes objects, not packs")
+
+    def _index(self) -> tuple[list[bytes], list[int]]:
+        self._names.seek(0)
+        data = self._names.read()
+        self._names.close()
+        if len(data) != 32 * len(self._wheres):
+            raise StoreError(f"the names of a pack being written read back as {len(data)} bytes, not {32 * len(self._wheres)}")
+        raws = [data[i : i + 32] for i in range(0, len(data), 32)]
+        del data
+        wheres = self._wheres
+        names: list[bytes] = []
+        out: list[int] = []
+        for i in sorted(range(len(raws)), key=raws.__getitem__):  # (stable: a repeat's first copy first)
+            raw = raws[i]
+            if names and names[-1] == raw:
+                out[-1] |= wheres[i] & 7  # the same bytes again: one record, every space it came in
+                continue
+            names.append(raw)
+            out.append(wheres[i])
+        return names, out
 
 
 class PackSet:

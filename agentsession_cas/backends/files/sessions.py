@@ -243,14 +243,15 @@ def _held_data(item: tuple[Any, ...]) -> dict[str, Any]:
 _APPEND_LINE_MIN = 100
 
 
-def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int, bytes | None]:
+def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int, list[dict[str, Any]] | None]:
     """The log a session created whole starts with: (its bytes, its last line's checksum,
-    where what compaction would replace begins, the snapshot's ``ids`` file). Its objects are made durable in the
-    same create, before the session is visible, so when its records end with a commit
-    and carry no payloads it is written as its close would compact it, once it is
-    :data:`COMPACT_AT_CLOSE` or longer: the ``create`` record and one ``snapshot``. An
-    import of 100,000 entries so writes two lines, not 100,000 appends that its close
-    would read back and every open would replay one by one."""
+    where what compaction would replace begins, the records written when they are not
+    ``records``). Its objects are made durable in the same create, before the session is
+    visible, so when its records end with a commit and carry no payloads it is written as
+    its close would compact it, once it is :data:`COMPACT_AT_CLOSE` or longer: the
+    ``create`` record and one ``snapshot``. An import of 100,000 entries so writes two
+    lines, not 100,000 appends that its close would read back and every open (and the
+    creating session's own state) would replay one by one."""
     last = records[-1] if records else None
     appends = sum(1 for r in records if isinstance(r, Append))
     foldable = (
@@ -263,9 +264,9 @@ def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int, bytes | No
             return data, link, 0, None
     create = records[0]
     assert isinstance(create, dict)
-    snapshot = make_snapshot(create, [r.as_record() if isinstance(r, Append) else r for r in records[1:]])
+    snapshot = make_snapshot(create, (r.as_record() if isinstance(r, Append) else r for r in records[1:]))
     data, link = chain([record_body(create), record_body(snapshot)])
-    return data, link, len(data), _ids_file(link, snapshot)
+    return data, link, len(data), [create, snapshot]
 
 
 def _ids_file(link: str, snapshot: Mapping[str, Any]) -> bytes | None:
@@ -394,13 +395,14 @@ class FileSessions(SessionStore):
             os.makedirs(stage)
             try:
                 staged = _with_header(records, header)
-                log_bytes, last_line, compacted, ids = _created_log(staged)
+                log_bytes, last_line, compacted, written = _created_log(staged)
                 files = {
                     "header": header,
                     "log": log_bytes,
                     "HEAD": ((head or "") + "\n").encode(),
                     "mark": (mark + "\n").encode(),
                 }
+                ids = _ids_file(last_line, written[1]) if written is not None else None
                 if ids is not None:
                     files[IDS_FILE] = ids
                 # The staged log comes first, the objects after it: a sweep running now
@@ -439,6 +441,7 @@ class FileSessions(SessionStore):
         log._head, log._mark = head, mark
         log._last = last_line
         log._compacted = compacted
+        log.created_records = written
         if not compacted:  # (a log written compacted is read back by its first compaction)
             offsets, offset = [], 0
             for line in log_bytes.split(b"\n")[:-1]:  # (a record or payload holds no raw LF)
