@@ -633,6 +633,15 @@ def test_a_big_import_keeps_its_objects_in_blocks_and_an_export_reads_the_blocks
     with open_store(url, readonly=True) as ro:
         entry = ro.entry("sha256:" + bytes(env).hex())
         assert entry.type == "item" and b"message 1099: " in ro.objects.get("contents", entry.content_hash)
+    # A fork's projection walks up its prefix from the base: the blocks are read down, a few a query.
+    f = store.fork("big", session_id="fork")
+    f.append(msg("forked"))
+    f.close()
+    # (Its prefix is read twice: up the parents when the fork opens, then down in the
+    # projection's order; the fork's own entry, appended, has rows of its own.)
+    calls = _projection_queries(store, url, "fork")
+    assert len(calls) <= 4 * blocks + 6, calls
+    assert 0 < len([c for c in calls if "FROM blocks" in c]) <= 2 * blocks + 1
 
 
 def test_a_damaged_block_is_never_served_and_storing_its_objects_again_repairs_it(store, url, big):

@@ -332,12 +332,14 @@ class Compression:
 
     # -- blocks ---------------------------------------------------------------------------
 
-    def blocks(self, ids: Sequence[int] = (), *, start: int | None = None, count: int = 0) -> dict[int, list[tuple[int, bytes]] | None]:
+    def blocks(self, ids: Sequence[int] = (), *, start: int | None = None, count: int = 0,
+               down: bool = False) -> dict[int, list[tuple[int, bytes]] | None]:
         """Blocks by id, decompressed (None for one whose frame is damaged): those of
-        ``ids``, or the ``count`` first from ``start`` on (an import's blocks follow each
-        other). One query."""
+        ``ids``, or the ``count`` first from ``start`` on, up (an import's blocks follow
+        each other) or ``down`` (a walk up the parents). One query."""
         if start is not None:
-            rows = self.db.query("SELECT id, data FROM blocks WHERE id >= %s ORDER BY id LIMIT %s", [start, count], binary=True)
+            rows = self.db.query(f"SELECT id, data FROM blocks WHERE id {'<=' if down else '>='} %s "
+                                 f"ORDER BY id {'DESC' if down else ''} LIMIT %s", [start, count], binary=True)
         elif ids:
             rows = self.db.query("SELECT id, data FROM blocks WHERE id = ANY(%s)", [list(ids)], binary=True)
         else:

@@ -360,7 +360,7 @@ class PgObjects(ObjectStore):
                 self._prefetch(start + READ_AHEAD)
         else:
             rows = self.db.query(WALK_UP, [raw_hash(name), READ_AHEAD], binary=True)
-            ahead = self._fetch([hash_name(bytes(r[0])) for r in rows])
+            ahead = self._fetch([hash_name(bytes(r[0])) for r in rows], up=True)
         behind = self._behind
         behind.update(self._ahead)
         excess = len(behind) - 4 * READ_AHEAD
@@ -392,14 +392,14 @@ class PgObjects(ObjectStore):
         except Exception:
             return None
 
-    def _fetch(self, chunk: list[str]) -> dict[tuple[Space, str], tuple[int, bytes]]:
-        """Envelopes named in ``chunk`` and their contents: from the blocks that hold them
-        (:meth:`_from_blocks`), else as rows (two queries), each decompressed here (a batch
+    def _fetch(self, chunk: list[str], *, up: bool = False) -> dict[tuple[Space, str], tuple[int, bytes]]:
+        """Envelopes named in ``chunk`` (down a session's order, or ``up`` the parents) and
+        their contents: from the blocks that hold them (:meth:`_from_blocks`), else as rows (two queries), each decompressed here (a batch
         at once, on the worker while the reader works) and kept as codec 0, so get() only
         verifies it; a row that does not decompress is kept as it is, for get() to
         refuse. Runs on the reader's thread or the worker's."""
         ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
-        self._from_blocks(chunk, ahead)
+        self._from_blocks(chunk, ahead, up=up)
         rest = [raw_hash(n) for n in chunk if ("entries", n) not in ahead]
         if not rest:
             return ahead
@@ -414,13 +414,13 @@ class PgObjects(ObjectStore):
                 ahead[("contents", hash_name(raw))] = row
         return ahead
 
-    def _from_blocks(self, chunk: list[str], ahead: dict[tuple[Space, str], tuple[int, bytes]]) -> None:
+    def _from_blocks(self, chunk: list[str], ahead: dict[tuple[Space, str], tuple[int, bytes]], *, up: bool) -> None:
         """Add to ``ahead`` the objects of the blocks holding ``chunk``'s envelopes, each
         taken by its hash (:data:`VERIFIED`): the block of the first envelope not yet
-        held (its row, one query), then that block and the ones after it, as many as the
-        chunk's rest should fill (an import writes a session's objects in order, in blocks
-        that follow each other), in one query. Stops at an envelope in no block: the rows
-        serve the rest."""
+        held (its row, one query), then that block and the ones after it (before it, for
+        a walk ``up``), as many as the chunk's rest should fill (an import writes a
+        session's objects in order, in blocks that follow each other), in one query.
+        Stops at an envelope in no block: the rows serve the rest."""
         i, entries, blocks = 0, 0, 0
         while i < len(chunk):
             if ("entries", chunk[i]) in ahead:
@@ -432,7 +432,7 @@ class PgObjects(ObjectStore):
             if bid is None:
                 return
             want = FIRST_BLOCKS if not entries else math.ceil((len(chunk) - i) * blocks / entries)
-            found = self.codecs.blocks(start=bid, count=max(1, want))
+            found = self.codecs.blocks(start=bid, count=max(1, want), down=up)
             for objects in found.values():
                 for code, data in objects or ():
                     space = _SPACE_NAMES.get(code)
