@@ -668,6 +668,21 @@ def test_a_damaged_block_is_never_served_and_storing_its_objects_again_repairs_i
         assert fsck(ro).ok
 
 
+def test_a_row_read_before_its_object_moved_out_of_a_swept_block_reads_where_it_is_now(store, url, big):
+    """A reader holding an object's row from before the object was stored again (its row
+    now its own) and its block swept reads the row again rather than call it corrupt."""
+    store.import_bytes(big, source="big").close()
+    space, raw, codec, pointer = sql(url, "SELECT space, hash, codec, data FROM objects ORDER BY data LIMIT 1")[0]
+    name = "sha256:" + bytes(raw).hex()
+    sp = {0: "entries", 1: "contents"}[space]
+    data = store.objects.get(sp, name)
+    store.objects.put(sp, name, data)
+    assert sql(url, "SELECT codec FROM objects WHERE space = %s AND hash = %s", [space, raw]) == [(2,)]
+    sql(url, "DELETE FROM blocks WHERE id = (SELECT min(id) FROM blocks)")
+    with open_store(url, readonly=True) as ro:
+        assert ro.backend.objects._checked(sp, name, (codec, bytes(pointer))) == data
+
+
 def test_sweep_removes_the_blocks_no_row_names_any_more(store, url, big):
     store.import_bytes(big, source="big").close()
     s, kept = chain(store, "kept", 2)

@@ -62,6 +62,8 @@ WALK_UP = ("WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
            "WHERE e.child = up.h AND e.first ORDER BY e.child LIMIT 1) p WHERE up.n < %s) "
            "SELECT h FROM up")
 _UPSERT = f"INSERT INTO objects (space, hash, codec, data) VALUES (%s, %s, %s, %s) ON CONFLICT (space, hash) DO UPDATE SET {REPLACE}"
+#: One object's row.
+_ONE = "SELECT codec, data FROM objects WHERE space = %s AND hash = %s"
 _EDGE = "INSERT INTO edges (parent, child, first) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
 
 
@@ -265,6 +267,12 @@ class PgObjects(ObjectStore):
         if row[0] == VERIFIED:
             return row[1]
         data = row[1] if row[0] == 0 else self.codecs.decode(*row)
+        if data is None and row[0] == BLOCK:
+            # Its block is gone: the object was stored again since the row was read, and a
+            # sweep removed the block no row named any more. The row as it is now says where.
+            now = self.db.query(_ONE, [SPACE_CODES[space], raw_hash(name)], binary=True)
+            if now and (int(now[0][0]), bytes(now[0][1])) != row:
+                data = self.codecs.decode(int(now[0][0]), bytes(now[0][1]))
         # A row came by its name's 32 bytes, so the name is ``sha256:`` and 64 hex digits.
         if data is None or hashlib.sha256(data).hexdigest() != name[7:]:
             raise CorruptObjectError(
@@ -284,8 +292,7 @@ class PgObjects(ObjectStore):
                 self._read_ahead(name, up=up)
                 row = self._ahead.pop((space, name), None)
             if row is None:
-                rows = self.db.query("SELECT codec, data FROM objects WHERE space = %s AND hash = %s",
-                                     [SPACE_CODES[space], raw], binary=True)
+                rows = self.db.query(_ONE, [SPACE_CODES[space], raw], binary=True)
                 row = (int(rows[0][0]), bytes(rows[0][1])) if rows else None
         if row is None:
             raise NoSuchObjectError(f"no {space} object {name} in {self.backend.describe()}")
@@ -427,7 +434,7 @@ class PgObjects(ObjectStore):
                 i += 1
                 continue
             raw = raw_hash(chunk[i])
-            row = self.db.query("SELECT codec, data FROM objects WHERE space = 0 AND hash = %s", [raw], binary=True)
+            row = self.db.query(_ONE, [0, raw], binary=True)
             bid = block_of(bytes(row[0][1])) if row and row[0][0] == BLOCK else None
             if bid is None:
                 return
