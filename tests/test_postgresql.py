@@ -169,6 +169,25 @@ def _catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
     }
 
 
+def _older_store(url: str, release: Any, *objects: str) -> str:
+    """A new schema made by an older release's statements (``release``: tests/pg_schema_vN.py)
+    holding the rows of the store at ``url``: its objects copied by ``objects`` (statements
+    with ``{src}``, the store's schema), every other table as it is. Its URL."""
+    old = pg_server.fresh_schema(f"pg_v{release.VERSION}")
+    _, src = parse_url(url)
+    _, dst = parse_url(old)
+    sql(old, f"CREATE SCHEMA {dst}")
+    for statement in release.STATEMENTS:
+        sql(old, statement.format(schema=dst))
+    sql(old, "INSERT INTO meta (key, value) VALUES ('version', %s)", [str(release.VERSION)])
+    for statement in objects:
+        sql(old, statement.format(src=src))
+    for table in ("edges", "sessions", "log", "log_aside", "refs", "remotes", "holds"):
+        sql(old, f"INSERT INTO {table} SELECT * FROM {src}.{table}")
+    sql(old, "SELECT setval('sessions_key_seq', (SELECT max(key) FROM sessions)), setval('holds_id_seq', (SELECT max(id) FROM holds))")
+    return old
+
+
 def test_migrate_upgrades_a_version_1_store_with_data_in_it(store, url, tmp_path):
     """A store made by version 1's statements (tests/pg_schema_v1.py) and holding sessions, a
     fork and a ref is refused until migrated; the upgrade says its statements first, runs
@@ -184,19 +203,9 @@ def test_migrate_upgrades_a_version_1_store_with_data_in_it(store, url, tmp_path
     Refs(store).update("main", "s1", expected=None)
     store.import_bytes((FIXTURES / "branches.jsonl").read_bytes(), source="branches")
     before = {sid: store.read(sid).projection() for sid in store.list()}
-    old = pg_server.fresh_schema("pg_v1")
-    _, src = parse_url(url)
-    _, dst = parse_url(old)
-    sql(old, f"CREATE SCHEMA {dst}")
-    for statement in pg_schema_v1.STATEMENTS:
-        sql(old, statement.format(schema=dst))
-    sql(old, "INSERT INTO meta (key, value) VALUES ('version', %s)", [str(pg_schema_v1.VERSION)])
     # The rows as version 1 kept them: every object with the ``sum`` of its stored bytes.
-    sql(old, f"INSERT INTO objects (space, hash, codec, sum, data, born) "
-             f"SELECT space, hash, codec, sha256(data), data, born FROM {src}.objects")
-    for table in ("edges", "sessions", "log", "log_aside", "refs", "remotes", "holds"):
-        sql(old, f"INSERT INTO {table} SELECT * FROM {src}.{table}")
-    sql(old, "SELECT setval('sessions_key_seq', (SELECT max(key) FROM sessions)), setval('holds_id_seq', (SELECT max(id) FROM holds))")
+    old = _older_store(url, pg_schema_v1, "INSERT INTO objects (space, hash, codec, sum, data, born) "
+                                          "SELECT space, hash, codec, sha256(data), data, born FROM {src}.objects")
     assert sql(old, "SELECT count(*) FROM objects WHERE codec = 2") == [(0,)]  # version 1 had no codec 2
     with pytest.raises(LayoutError, match="agentsession migrate"):
         open_store(old)
@@ -226,16 +235,8 @@ def test_migrate_upgrades_a_version_2_store_with_data_in_it(store, url, big):
     s.close()
     store.fork("s1", ids[3], session_id="f1").close()
     before = {sid: store.read(sid).projection() for sid in store.list()}
-    old = pg_server.fresh_schema("pg_v2")
-    _, src = parse_url(url)
-    _, dst = parse_url(old)
-    sql(old, f"CREATE SCHEMA {dst}")
-    for statement in pg_schema_v2.STATEMENTS:
-        sql(old, statement.format(schema=dst))
-    sql(old, "INSERT INTO meta (key, value) VALUES ('version', %s)", [str(pg_schema_v2.VERSION)])
-    for table in ("objects", "dictionaries", "edges", "sessions", "log", "log_aside", "refs", "remotes", "holds"):
-        sql(old, f"INSERT INTO {table} SELECT * FROM {src}.{table}")
-    sql(old, "SELECT setval('sessions_key_seq', (SELECT max(key) FROM sessions)), setval('holds_id_seq', (SELECT max(id) FROM holds))")
+    old = _older_store(url, pg_schema_v2, "INSERT INTO objects SELECT * FROM {src}.objects",
+                       "INSERT INTO dictionaries SELECT * FROM {src}.dictionaries")
     with pytest.raises(LayoutError, match="agentsession migrate"):
         open_store(old)
     r = run(["migrate"], old)
