@@ -26,7 +26,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import CorruptObjectError, NoSuchObjectError
 from ...format.canonical import loads
@@ -50,7 +50,7 @@ COPY_FROM = 64
 READ_AHEAD = 1000
 #: Blocks a read-ahead reads in its first query, before it knows how many entries a block holds.
 FIRST_BLOCKS = 4
-_SPACE_NAMES: dict[int, Space] = {code: space for space, code in SPACE_CODES.items()}  # type: ignore[misc]
+_SPACE_NAMES: dict[int, Space] = {code: cast(Space, space) for space, code in SPACE_CODES.items()}
 _SOUND = sound("objects")
 
 #: An entry and its ancestors up the ``parent`` edges, at most %s of them: each step one
@@ -401,10 +401,11 @@ class PgObjects(ObjectStore):
 
     def _fetch(self, chunk: list[str], *, up: bool = False) -> dict[tuple[Space, str], tuple[int, bytes]]:
         """Envelopes named in ``chunk`` (down a session's order, or ``up`` the parents) and
-        their contents: from the blocks that hold them (:meth:`_from_blocks`), else as rows (two queries), each decompressed here (a batch
-        at once, on the worker while the reader works) and kept as codec 0, so get() only
-        verifies it; a row that does not decompress is kept as it is, for get() to
-        refuse. Runs on the reader's thread or the worker's."""
+        their contents: from the blocks that hold them (:meth:`_from_blocks`), else as
+        rows (two queries), each decompressed here (a batch at once, on the worker while
+        the reader works) and kept as codec 0, so get() only verifies it; a row that does
+        not decompress is kept as it is, for get() to refuse. Runs on the reader's thread
+        or the worker's."""
         ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
         self._from_blocks(chunk, ahead, up=up)
         rest = [raw_hash(n) for n in chunk if ("entries", n) not in ahead]
