@@ -64,6 +64,8 @@ WALK_UP = ("WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
 _UPSERT = f"INSERT INTO objects (space, hash, codec, data) VALUES (%s, %s, %s, %s) ON CONFLICT (space, hash) DO UPDATE SET {REPLACE}"
 #: One object's row.
 _ONE = "SELECT codec, data FROM objects WHERE space = %s AND hash = %s"
+#: Where an envelope lies when it lies in a block (codec 3): its block and slot.
+_IN_BLOCK = "SELECT data FROM objects WHERE space = 0 AND hash = %s AND codec = 3"
 _EDGE = "INSERT INTO edges (parent, child, first) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
 
 
@@ -434,9 +436,8 @@ class PgObjects(ObjectStore):
             if ("entries", chunk[i]) in ahead:
                 i += 1
                 continue
-            raw = raw_hash(chunk[i])
-            row = self.db.query(_ONE, [0, raw], binary=True)
-            bid = block_of(bytes(row[0][1])) if row and row[0][0] == BLOCK else None
+            row = self.db.query(_IN_BLOCK, [raw_hash(chunk[i])], binary=True)
+            bid = block_of(bytes(row[0][0])) if row else None
             if bid is None:
                 return
             want = FIRST_BLOCKS if not entries else math.ceil((len(chunk) - i) * blocks / entries)
