@@ -169,6 +169,25 @@ def _catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
     }
 
 
+def _older_store(url: str, release: Any, *objects: str) -> str:
+    """A new schema made by an older release's statements (``release``: tests/pg_schema_vN.py)
+    holding the rows of the store at ``url``: its objects copied by ``objects`` (statements
+    with ``{src}``, the store's schema), every other table as it is. Its URL."""
+    old = pg_server.fresh_schema(f"pg_v{release.VERSION}")
+    _, src = parse_url(url)
+    _, dst = parse_url(old)
+    sql(old, f"CREATE SCHEMA {dst}")
+    for statement in release.STATEMENTS:
+        sql(old, statement.format(schema=dst))
+    sql(old, "INSERT INTO meta (key, value) VALUES ('version', %s)", [str(release.VERSION)])
+    for statement in objects:
+        sql(old, statement.format(src=src))
+    for table in ("edges", "sessions", "log", "log_aside", "refs", "remotes", "holds"):
+        sql(old, f"INSERT INTO {table} SELECT * FROM {src}.{table}")
+    sql(old, "SELECT setval('sessions_key_seq', (SELECT max(key) FROM sessions)), setval('holds_id_seq', (SELECT max(id) FROM holds))")
+    return old
+
+
 def test_migrate_upgrades_a_version_1_store_with_data_in_it(store, url, tmp_path):
     """A store made by version 1's statements (tests/pg_schema_v1.py) and holding sessions, a
     fork and a ref is refused until migrated; the upgrade says its statements first, runs
@@ -184,19 +203,9 @@ def test_migrate_upgrades_a_version_1_store_with_data_in_it(store, url, tmp_path
     Refs(store).update("main", "s1", expected=None)
     store.import_bytes((FIXTURES / "branches.jsonl").read_bytes(), source="branches")
     before = {sid: store.read(sid).projection() for sid in store.list()}
-    old = pg_server.fresh_schema("pg_v1")
-    _, src = parse_url(url)
-    _, dst = parse_url(old)
-    sql(old, f"CREATE SCHEMA {dst}")
-    for statement in pg_schema_v1.STATEMENTS:
-        sql(old, statement.format(schema=dst))
-    sql(old, "INSERT INTO meta (key, value) VALUES ('version', %s)", [str(pg_schema_v1.VERSION)])
     # The rows as version 1 kept them: every object with the ``sum`` of its stored bytes.
-    sql(old, f"INSERT INTO objects (space, hash, codec, sum, data, born) "
-             f"SELECT space, hash, codec, sha256(data), data, born FROM {src}.objects")
-    for table in ("edges", "sessions", "log", "log_aside", "refs", "remotes", "holds"):
-        sql(old, f"INSERT INTO {table} SELECT * FROM {src}.{table}")
-    sql(old, "SELECT setval('sessions_key_seq', (SELECT max(key) FROM sessions)), setval('holds_id_seq', (SELECT max(id) FROM holds))")
+    old = _older_store(url, pg_schema_v1, "INSERT INTO objects (space, hash, codec, sum, data, born) "
+                                          "SELECT space, hash, codec, sha256(data), data, born FROM {src}.objects")
     assert sql(old, "SELECT count(*) FROM objects WHERE codec = 2") == [(0,)]  # version 1 had no codec 2
     with pytest.raises(LayoutError, match="agentsession migrate"):
         open_store(old)
@@ -213,6 +222,31 @@ def test_migrate_upgrades_a_version_1_store_with_data_in_it(store, url, tmp_path
         w.append(msg("after the upgrade"))
         w.close()
         st.fork("s1", ids[5], session_id="f2").close()
+        assert fsck(st).ok
+
+
+def test_migrate_upgrades_a_version_2_store_with_data_in_it(store, url, big):
+    """A store made by version 2's statements (tests/pg_schema_v2.py), holding sessions, a
+    fork and rows of codec 2, is upgraded in one transaction to a schema the same as a new
+    store's, whose sessions read as before, and whose next big import is stored in blocks."""
+    import pg_schema_v2
+
+    s, ids = chain(store, "s1", n=6)
+    s.close()
+    store.fork("s1", ids[3], session_id="f1").close()
+    before = {sid: store.read(sid).projection() for sid in store.list()}
+    old = _older_store(url, pg_schema_v2, "INSERT INTO objects SELECT * FROM {src}.objects",
+                       "INSERT INTO dictionaries SELECT * FROM {src}.dictionaries")
+    with pytest.raises(LayoutError, match="agentsession migrate"):
+        open_store(old)
+    r = run(["migrate"], old)
+    assert r.exit_code == 0 and f"from schema version 2 to {schema.SCHEMA_VERSION}" in r.output, r.output
+    assert _catalog(old) == _catalog(url)
+    with open_store(old) as st:
+        assert {sid: st.read(sid).projection() for sid in st.list()} == before
+        st.import_bytes(big, source="big").close()
+        assert st.read("big").projection() == big
+        assert sql(old, "SELECT count(*) > 0 FROM blocks") == [(True,)]
         assert fsck(st).ok
 
 
@@ -562,34 +596,127 @@ def test_put_many_is_durable_when_it_returns_though_its_first_batches_commit_asy
         server.start()
         with open_store(url) as st:
             assert all(st.objects.get(space, name) == data for space, name, data in items)
-        assert sql(url, "SELECT codec, count(*) FROM objects GROUP BY codec") == [(1, 390)]
+        # Each batch's objects in a block of their own (codec 3), written with their rows.
+        assert sql(url, "SELECT codec, count(*) FROM objects GROUP BY codec") == [(3, 390)]
+        assert sql(url, "SELECT count(*) FROM blocks") == [(5,)]
     finally:
         server.remove()
 
 
-def test_a_big_import_trains_dictionaries_and_every_row_reads_with_the_one_it_names(store, url, tmp_path):
-    """An import big enough to sample trains a zstd dictionary per space (codec 2), stored
-    before any row uses it; another handle reads the rows with it, appends after it use
-    it, and a row whose dictionary is gone is corrupt, never served."""
-    files = Store.init(str(tmp_path / "files"), sync="never")
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: Any) -> bytes:
+    """The projection of a session of 1,100 messages (2,200 objects): an import big enough
+    to store its objects through put_many, in blocks, and to train dictionaries."""
+    files = Store.init(str(tmp_path_factory.mktemp("big") / "files"), sync="never")
     s = files.create(Header.new("big"))
     for i in range(1100):
         s.append(msg(f"message {i}: " + " ".join(f"word{(i * 7 + k) % 97}" for k in range(12 + i % 9))))
     s.close()
     data = files.read("big").projection()
     files.close()
+    return data
+
+
+def test_a_big_import_keeps_its_objects_in_blocks_and_an_export_reads_the_blocks(store, url, big):
+    """An import's objects go in blocks (codec 3: each row names its block and slot), in
+    the order written; an export reads the blocks a few at a query (one query for the row
+    of the first entry a block holds, one for the blocks) instead of each object's row,
+    and gives the bytes back; an object read alone is read from its block."""
+    store.import_bytes(big, source="big").close()
+    assert dict(sql(url, "SELECT codec, count(*) FROM objects GROUP BY codec")) == {3: 2200}
+    blocks = sql(url, "SELECT count(*) FROM blocks")[0][0]
+    assert blocks >= 2
+    calls = _projection_queries(store, url, "big")
+    assert not [c for c in calls if c.startswith("SELECT FROM objects (space")], calls
+    assert 0 < len([c for c in calls if "FROM blocks" in c]) <= blocks
+    env = sql(url, "SELECT hash FROM log WHERE session = (SELECT key FROM sessions WHERE id = 'big') "
+                   "AND op = 'append' ORDER BY pos DESC LIMIT 1")[0][0]
+    with open_store(url, readonly=True) as ro:
+        entry = ro.entry("sha256:" + bytes(env).hex())
+        assert entry.type == "item" and b"message 1099: " in ro.objects.get("contents", entry.content_hash)
+    # A fork's projection walks up its prefix from the base: the blocks are read down, a few a query.
+    f = store.fork("big", session_id="fork")
+    f.append(msg("forked"))
+    f.close()
+    # (Its prefix is read twice: up the parents when the fork opens, then down in the
+    # projection's order; the fork's own entry, appended, has rows of its own.)
+    calls = _projection_queries(store, url, "fork")
+    assert len(calls) <= 4 * blocks + 6, calls
+    assert 0 < len([c for c in calls if "FROM blocks" in c]) <= 2 * blocks + 1
+
+
+def test_a_damaged_block_is_never_served_and_storing_its_objects_again_repairs_it(store, url, big):
+    """A block whose bytes are not what its rows' objects hash to (here: another block's)
+    refuses each of them, to an export, a read of one object and fsck; storing the sound
+    bytes again replaces those rows (codec 2), as it does any corrupt row."""
+    store.import_bytes(big, source="big").close()
+    first, second = [r[0] for r in sql(url, "SELECT id FROM blocks ORDER BY id LIMIT 2")]
+    named = sql(url, "SELECT space, hash FROM objects WHERE codec = 3 AND substr(data, 1, 8) = int8send(%s::bigint)", [first])
+    spaces = {0: "entries", 1: "contents"}
+    objects = [(spaces[sp], "sha256:" + bytes(h).hex()) for sp, h in named]
+    sound = [(sp, n, store.objects.get(sp, n)) for sp, n in objects]
+    sql(url, "UPDATE blocks SET data = (SELECT data FROM blocks WHERE id = %s) WHERE id = %s", [second, first])
+    with open_store(url, readonly=True) as ro:
+        with pytest.raises(CorruptObjectError):
+            ro.read("big").projection()
+        with pytest.raises(CorruptObjectError):
+            ro.objects.get(*objects[-1])
+        assert {p.object for p in fsck(ro).errors if p.code == "corrupt-object" and p.file == "objects"} == {n for _, n in objects}
+    for sp, n, data in sound:
+        store.objects.put(sp, n, data)
+    with open_store(url, readonly=True) as ro:
+        assert ro.read("big").projection() == big
+        assert fsck(ro).ok
+
+
+def test_a_row_read_before_its_object_moved_out_of_a_swept_block_reads_where_it_is_now(store, url, big):
+    """A reader holding an object's row from before the object was stored again (its row
+    now its own) and its block swept reads the row again rather than call it corrupt."""
+    store.import_bytes(big, source="big").close()
+    space, raw, codec, pointer = sql(url, "SELECT space, hash, codec, data FROM objects ORDER BY data LIMIT 1")[0]
+    name = "sha256:" + bytes(raw).hex()
+    sp = {0: "entries", 1: "contents"}[space]
+    data = store.objects.get(sp, name)
+    store.objects.put(sp, name, data)
+    assert sql(url, "SELECT codec FROM objects WHERE space = %s AND hash = %s", [space, raw]) == [(2,)]
+    sql(url, "DELETE FROM blocks WHERE id = (SELECT min(id) FROM blocks)")
+    with open_store(url, readonly=True) as ro:
+        assert ro.backend.objects._checked(sp, name, (codec, bytes(pointer))) == data
+
+
+def test_sweep_removes_the_blocks_no_row_names_any_more(store, url, big):
+    store.import_bytes(big, source="big").close()
+    s, kept = chain(store, "kept", 2)
+    s.close()
+    assert sql(url, "SELECT count(*) FROM blocks")[0][0] >= 2
+    store.delete("big")
+    assert store.sweep(grace=0, dry_run=True).repack.dropped == 2200 and sql(url, "SELECT count(*) FROM blocks")[0][0] >= 2
+    res = store.sweep(grace=0)
+    assert res.repack.dropped == 2200 and any("block(s)" in n for n in res.repack.notes)
+    assert sql(url, "SELECT count(*) FROM blocks") == [(0,)]
+    assert all(store.entry(e).id == e for e in kept)
+    assert fsck(store).ok
+
+
+def test_a_big_import_trains_dictionaries_and_every_row_reads_with_the_one_it_names(store, url, big):
+    """An import big enough to sample trains a zstd dictionary per space (codec 2), stored
+    before any row uses it (the import's own objects go in blocks, codec 3); appends
+    after it use it, another handle reads the rows with it, and a row whose dictionary is
+    gone is corrupt, never served."""
+    data = big
     store.import_bytes(data, source="big", record=True).close()
     dicts = sql(url, "SELECT space, id FROM dictionaries ORDER BY space")
     assert [space for space, _ in dicts] == [0, 1]
     codecs = dict(sql(url, "SELECT codec, count(*) FROM objects GROUP BY codec"))
-    assert codecs.get(2, 0) > 2000 and codecs.get(1, 0) == 0, codecs
+    assert codecs.get(3, 0) > 2000 and codecs.get(1, 0) == 0, codecs
     with open_store(url) as other:
-        assert other.read("big").projection() == data
         w = other.session("big")
         eid = w.append(msg("after the dictionary: " + "word " * 20)).id
         w.close()
     env = sql(url, "SELECT codec FROM objects WHERE space = 0 AND hash = %s", [bytes.fromhex(eid[7:])])
     assert env == [(2,)]
+    with open_store(url) as other:
+        assert other.read("big").projection().startswith(data[:-1])
     assert fsck(store).ok
     sql(url, "DELETE FROM dictionaries WHERE space = 1")
     with open_store(url, readonly=True) as other:

@@ -285,7 +285,8 @@ def _objects_variant(url: str, label: str, settings: list[str]) -> int:
         c.execute("CREATE TABLE objects_variant (space smallint, hash bytea, data bytea, PRIMARY KEY (space, hash))")
         for st in settings:
             c.execute(st.format(table="objects_variant").encode())
-        rows = c.execute("SELECT space, hash, codec, data FROM objects").fetchall()
+        # The rows of a block together: each block read and decompressed once.
+        rows = c.execute("SELECT space, hash, codec, data FROM objects ORDER BY CASE WHEN codec = 3 THEN data END NULLS FIRST").fetchall()
         with open_store(url, readonly=True) as st, c.cursor() as cur, \
                 cur.copy("COPY objects_variant (space, hash, data) FROM STDIN (FORMAT BINARY)") as cp:
             cp.set_types(["int2", "bytea", "bytea"])
@@ -309,12 +310,15 @@ def bench_size(files_root: str, pg_url: str, entries: list, leaf: str, forks: in
         st.pack()
     f_size = _du(files_root)
     p_size = _schema_bytes(pg_url)
-    count, stored, zstd, zdict = _sql(pg_url, "SELECT count(*), sum(octet_length(data)), count(*) FILTER (WHERE codec = 1), "
-                                              "count(*) FILTER (WHERE codec = 2) FROM objects")[0]
-    objects_size = int(_sql(pg_url, "SELECT pg_total_relation_size('objects')")[0][0])
-    say(f"    objects: {int(count):,}, {zdict:,} of them stored as zstd frames made with the store's dictionaries, "
-        f"{zstd:,} as frames of their own, {_mb(int(stored))} stored")
-    say(f"    files packed {_mb(f_size)}; PostgreSQL schema {_mb(p_size)} (objects table with its TOAST and indexes {_mb(objects_size)})")
+    count, stored, zstd, zdict, blocked = _sql(
+        pg_url, "SELECT count(*), sum(octet_length(data)) + (SELECT coalesce(sum(octet_length(data)), 0) FROM blocks), "
+                "count(*) FILTER (WHERE codec = 1), count(*) FILTER (WHERE codec = 2), count(*) FILTER (WHERE codec = 3) FROM objects")[0]
+    blocks = int(_sql(pg_url, "SELECT count(*) FROM blocks")[0][0])
+    objects_size = int(_sql(pg_url, "SELECT pg_total_relation_size('objects') + pg_total_relation_size('blocks')")[0][0])
+    say(f"    objects: {int(count):,}, {blocked:,} of them in {blocks:,} blocks, {zdict:,} stored as zstd frames made with "
+        f"the store's dictionaries, {zstd:,} as frames of their own, {_mb(int(stored))} stored")
+    say(f"    files packed {_mb(f_size)}; PostgreSQL schema {_mb(p_size)} (objects and blocks tables with their TOAST and "
+        f"indexes {_mb(objects_size)})")
     _, schema = parse_url(pg_url)
     tables = _sql(pg_url, "SELECT c.relname, pg_table_size(c.oid), pg_indexes_size(c.oid) FROM pg_class c "
                           f"JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '{schema}' AND c.relkind = 'r' "
@@ -333,7 +337,7 @@ def bench_size(files_root: str, pg_url: str, entries: list, leaf: str, forks: in
         except psycopg.Error as exc:
             say(f"      {label}: not available here ({' '.join(str(exc).split())[:120]})")
             continue
-        say(f"      {label}: {_mb(size)} ({size / objects_size:.2f} x the objects table as this backend keeps it)")
+        say(f"      {label}: {_mb(size)} ({size / objects_size:.2f} x the objects and blocks tables as this backend keeps them)")
 
 
 # ---------------------------------------------------------------------------

@@ -39,7 +39,8 @@ def fsck_walk(backend: PostgresBackend, store: Any, *, progress: Callable[[str],
     envelopes: set[bytes] = set()
     with db.conn() as c, c.transaction(), c.cursor(name="fsck_objects") as cur:
         cur.itersize = 500
-        cur.execute("SELECT space, hash, codec, data FROM objects")
+        # The rows of a block together, so each block is read and decompressed once.
+        cur.execute("SELECT space, hash, codec, data FROM objects ORDER BY CASE WHEN codec = 3 THEN data END NULLS FIRST")
         for space, raw, codec, stored in cur:
             raw, name, sp = bytes(raw), hash_name(bytes(raw)), _SPACES[space]
             counts[sp] = counts.get(sp, 0) + 1

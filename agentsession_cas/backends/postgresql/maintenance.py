@@ -11,7 +11,10 @@
   A write committed after the logs were read either wrote its objects (a
   ``born`` after the barrier) or names entries some log read before held
   (a fork needs its base held by a session or a prefix), so it loses
-  nothing.
+  nothing. Then it deletes the blocks no row names any more (all their objects
+  swept, or stored again elsewhere) and made before the cut-off: a block is
+  written in the transaction of the rows that name it, and no row is ever made
+  to name a block written before, so one no row names stays so.
 - **fsck** is :mod:`.fsck`.
 - **pack** has nothing to do: PostgreSQL keeps its own storage (TOAST
   compresses objects over about 2 kB; autovacuum reclaims dead rows).
@@ -39,6 +42,8 @@ __all__ = ["storage_report", "sweep_objects", "plan_migration", "migrate_schema"
 
 #: Rows a sweep deletes per transaction.
 SWEEP_BATCH = 500
+#: Whether an object's row names block ``b`` (codec 3: the block's id in its first 8 bytes).
+_NAMED = "SELECT 1 FROM objects o WHERE o.codec = 3 AND substr(o.data, 1, 8) = int8send(b.id)"
 
 
 def sweep_objects(
@@ -90,6 +95,11 @@ def sweep_objects(
     if not dry_run:
         with db.conn() as c:
             c.execute("DELETE FROM holds WHERE at < %s", [cutoff])
+            blocks, block_bytes = c.execute(
+                f"WITH gone AS (DELETE FROM blocks b WHERE b.made < %s AND NOT EXISTS ({_NAMED}) RETURNING octet_length(data) AS n) "
+                "SELECT count(*), coalesce(sum(n), 0) FROM gone", [cutoff]).fetchone()
+        if blocks:
+            result.notes.append(f"{blocks} block(s) no object is read from any more were removed ({int(block_bytes):,} bytes)")
     kept = len(drop) - removed
     if kept and not dry_run:
         result.notes.append(f"{kept} object(s) were written or held again while the sweep ran, and were kept")
@@ -132,7 +142,8 @@ def retain_prefixes(backend: PostgresBackend, bases: list[str], ret: Retained, *
 def storage_report(backend: PostgresBackend) -> RepackResult:
     """``pack`` on this backend: nothing moves; the report says what the tables hold."""
     rows = backend.db.query(
-        "SELECT count(*), coalesce(sum(octet_length(data)), 0), pg_total_relation_size('objects') FROM objects"
+        "SELECT count(*), coalesce(sum(octet_length(data)), 0) + (SELECT coalesce(sum(octet_length(data)), 0) FROM blocks), "
+        "pg_total_relation_size('objects') + pg_total_relation_size('blocks') FROM objects"
     )
     count, raw, on_disk = rows[0]
     res = RepackResult(bytes_before=int(on_disk), bytes_after=int(on_disk))

@@ -11,27 +11,29 @@ after it stamps a ``born`` the sweep's cut-off excludes.
 
 Objects are stored compressed where that makes them smaller (:mod:`.compression`:
 PostgreSQL's own TOAST compression only looks at rows over about 2 kB and most
-objects are smaller); every read decompresses and hashes what it returns
-against the name. A reader that walks a session's entries in
-order (a projection, an export) is served by a read-ahead: the first miss
-fetches the next entries of the order the session registered and their
-contents in two queries, and each is verified as it is served.
+objects are smaller), a big write's in blocks of many; every read decompresses
+and hashes what it returns against the name. A reader that walks a session's
+entries in order (a projection, an export) is served by a read-ahead: the first
+miss fetches the next entries of the order the session registered and their
+contents (the blocks that hold them, a few at a query, else their rows in two
+queries), and each is verified as it is served.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import CorruptObjectError, NoSuchObjectError
 from ...format.canonical import loads
 from ...format.hashing import envelope_content
 from ..base import ObjectStore, Space
 from .arrays import int2
-from .compression import Compression
+from .compression import BLOCK, VERIFIED, Compression, block_of
 from .database import checked
 from .schema import REPLACE, SPACE_CODES, sound
 
@@ -46,6 +48,9 @@ _BATCH = 500
 COPY_FROM = 64
 #: Entries a read-ahead fetches at once (with their contents).
 READ_AHEAD = 1000
+#: Blocks a read-ahead reads in its first query, before it knows how many entries a block holds.
+FIRST_BLOCKS = 4
+_SPACE_NAMES: dict[int, Space] = {code: cast(Space, space) for space, code in SPACE_CODES.items()}
 _SOUND = sound("objects")
 
 #: An entry and its ancestors up the ``parent`` edges, at most %s of them: each step one
@@ -57,6 +62,10 @@ WALK_UP = ("WITH RECURSIVE up(h, n) AS (SELECT %s::bytea, 1 UNION ALL "
            "WHERE e.child = up.h AND e.first ORDER BY e.child LIMIT 1) p WHERE up.n < %s) "
            "SELECT h FROM up")
 _UPSERT = f"INSERT INTO objects (space, hash, codec, data) VALUES (%s, %s, %s, %s) ON CONFLICT (space, hash) DO UPDATE SET {REPLACE}"
+#: One object's row.
+_ONE = "SELECT codec, data FROM objects WHERE space = %s AND hash = %s"
+#: Where an envelope lies when it lies in a block (codec 3): its block and slot.
+_IN_BLOCK = "SELECT data FROM objects WHERE space = 0 AND hash = %s AND codec = 3"
 _EDGE = "INSERT INTO edges (parent, child, first) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
 
 
@@ -124,8 +133,8 @@ def envelope_parents(env: bytes) -> list[tuple[bytes, bool]]:
     return out
 
 
-#: What :func:`object_rows` makes: the ``objects`` rows and the ``edges`` rows.
-Encoded = tuple[list[tuple[int, bytes, int, bytes]], list[tuple[bytes, bytes, bool]]]
+#: What :func:`object_rows` makes: the ``objects`` rows, the ``edges`` rows and the ``blocks`` rows.
+Encoded = tuple[list[tuple[int, bytes, int, bytes]], list[tuple[bytes, bytes, bool]], list[tuple[int, bytes]]]
 
 
 def _batches(items: Iterable[tuple[Space, str, bytes]]) -> Iterator[list[tuple[Space, str, bytes]]]:
@@ -142,9 +151,11 @@ def _batches(items: Iterable[tuple[Space, str, bytes]]) -> Iterator[list[tuple[S
         yield batch
 
 
-def object_rows(items: Iterable[tuple[Space, str, bytes]], codecs: Compression) -> Encoded:
-    """The ``objects`` rows (space, hash, codec, data) and ``edges`` rows (parent, child,
-    first) of some objects (a name that is no hash: NoSuchObjectError)."""
+def object_rows(items: Iterable[tuple[Space, str, bytes]], codecs: Compression, *,
+                block_ids: Callable[[int], list[int]] | None = None) -> Encoded:
+    """The ``objects`` rows (space, hash, codec, data), ``edges`` rows (parent, child,
+    first) and, given ``block_ids`` (a big write's), ``blocks`` rows (id, data) of some
+    objects (a name that is no hash: NoSuchObjectError)."""
     rows: dict[tuple[int, bytes], bytes] = {}  # one row per object: an upsert may not meet one twice
     edges: dict[tuple[bytes, bytes], bool] = {}
     for space, name, data in items:
@@ -154,9 +165,9 @@ def object_rows(items: Iterable[tuple[Space, str, bytes]], codecs: Compression) 
         rows[(SPACE_CODES[space], raw)] = bytes(data)
         if space == "entries":
             edges.update(((p, raw), first) for p, first in envelope_parents(data))
-    coded = codecs.encode_many([(code, raw, data) for (code, raw), data in rows.items()])
+    coded, blocks = codecs.encode_many([(code, raw, data) for (code, raw), data in rows.items()], block_ids=block_ids)
     out = [(code, raw, codec, stored) for (code, raw), (codec, stored) in zip(rows, coded)]
-    return out, [(p, c, first) for (p, c), first in edges.items()]
+    return out, [(p, c, first) for (p, c), first in edges.items()], blocks
 
 
 class PgObjects(ObjectStore):
@@ -191,8 +202,10 @@ class PgObjects(ObjectStore):
     def write_encoded(self, conn: Any, encoded: Encoded) -> None:
         """Store rows :func:`object_rows` made, inside the caller's transaction (barrier
         taken): row by row for a few, through COPY into a scratch table and one upsert for
-        many (an import)."""
-        rows, edges = encoded
+        many (an import), the blocks their rows name first."""
+        rows, edges, blocks = encoded
+        if blocks:
+            copy_rows(conn, "blocks (id, data)", ["int8", "bytea"], blocks)
         if len(rows) < COPY_FROM:
             with conn.cursor() as cur:
                 if rows:
@@ -251,8 +264,17 @@ class PgObjects(ObjectStore):
         return row
 
     def _checked(self, space: Space, name: str, row: tuple[int, bytes]) -> bytes:
-        """The object's bytes from its row, decompressed and hashed against its name."""
+        """The object's bytes from its row, decompressed and hashed against its name (a row
+        a read-ahead took from a block by its hash is that already)."""
+        if row[0] == VERIFIED:
+            return row[1]
         data = row[1] if row[0] == 0 else self.codecs.decode(*row)
+        if data is None and row[0] == BLOCK:
+            # Its block is gone: the object was stored again since the row was read, and a
+            # sweep removed the block no row named any more. The row as it is now says where.
+            now = self.db.query(_ONE, [SPACE_CODES[space], raw_hash(name)], binary=True)
+            if now and (int(now[0][0]), bytes(now[0][1])) != row:
+                data = self.codecs.decode(int(now[0][0]), bytes(now[0][1]))
         # A row came by its name's 32 bytes, so the name is ``sha256:`` and 64 hex digits.
         if data is None or hashlib.sha256(data).hexdigest() != name[7:]:
             raise CorruptObjectError(
@@ -272,8 +294,7 @@ class PgObjects(ObjectStore):
                 self._read_ahead(name, up=up)
                 row = self._ahead.pop((space, name), None)
             if row is None:
-                rows = self.db.query("SELECT codec, data FROM objects WHERE space = %s AND hash = %s",
-                                     [SPACE_CODES[space], raw], binary=True)
+                rows = self.db.query(_ONE, [SPACE_CODES[space], raw], binary=True)
                 row = (int(rows[0][0]), bytes(rows[0][1])) if rows else None
         if row is None:
             raise NoSuchObjectError(f"no {space} object {name} in {self.backend.describe()}")
@@ -340,14 +361,15 @@ class PgObjects(ObjectStore):
         chunk is then fetched on a worker thread while the reader works through this one."""
         if not up:
             start = self._order[name]
-            ahead = self._prefetched(start)
-            if ahead is None:
-                ahead = self._fetch(self._chunk(start))
+            got = self._prefetched(start)
+            if got is None:
+                got = start, self._fetch(self._chunk(start))
+            start, ahead = got
             if start + READ_AHEAD < len(self._sequence):
                 self._prefetch(start + READ_AHEAD)
         else:
             rows = self.db.query(WALK_UP, [raw_hash(name), READ_AHEAD], binary=True)
-            ahead = self._fetch([bytes(r[0]) for r in rows])
+            ahead = self._fetch([hash_name(bytes(r[0])) for r in rows], up=True)
         behind = self._behind
         behind.update(self._ahead)
         excess = len(behind) - 4 * READ_AHEAD
@@ -356,8 +378,8 @@ class PgObjects(ObjectStore):
                 del behind[key]
         self._ahead = ahead
 
-    def _chunk(self, start: int) -> list[bytes | None]:
-        return [raw_hash(n) for n in self._sequence[start:start + READ_AHEAD]]
+    def _chunk(self, start: int) -> list[str]:
+        return self._sequence[start:start + READ_AHEAD]
 
     def _prefetch(self, start: int) -> None:
         """Fetch the chunk of the expected order at ``start`` on the worker (a pooled
@@ -366,25 +388,33 @@ class PgObjects(ObjectStore):
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-pg-read")
         self._next = (self._epoch, start, self._pool.submit(self._fetch, self._chunk(start)))
 
-    def _prefetched(self, start: int) -> dict[tuple[Space, str], tuple[int, bytes]] | None:
-        """The chunk at ``start`` the worker fetched for this order, if it did; None when
-        it did not or failed (the reader then reads it itself, and meets any error)."""
+    def _prefetched(self, start: int) -> tuple[int, dict[tuple[Space, str], tuple[int, bytes]]] | None:
+        """(where it starts, its objects) of the chunk holding ``start`` the worker fetched
+        for this order, if it did (the reader may miss past the chunk's first entry: the
+        blocks before it held the first few); None when it did not or failed (the reader
+        then reads it itself, and meets any error)."""
         pending, self._next = self._next, None
-        if pending is None or pending[0] != self._epoch or pending[1] != start:
+        if pending is None or pending[0] != self._epoch or not pending[1] <= start < pending[1] + READ_AHEAD:
             return None
         try:
-            return pending[2].result()
+            return pending[1], pending[2].result()
         except Exception:
             return None
 
-    def _fetch(self, chunk: list[bytes | None]) -> dict[tuple[Space, str], tuple[int, bytes]]:
-        """Envelopes named in ``chunk`` and their contents, as rows (two queries), each
-        decompressed here (a batch at once, on the worker while the reader works) and kept
-        as codec 0, so get() only verifies it; a row that does not decompress is kept as
-        it is, for get() to refuse. Runs on the reader's thread or the worker's."""
+    def _fetch(self, chunk: list[str], *, up: bool = False) -> dict[tuple[Space, str], tuple[int, bytes]]:
+        """Envelopes named in ``chunk`` (down a session's order, or ``up`` the parents) and
+        their contents: from the blocks that hold them (:meth:`_from_blocks`), else as
+        rows (two queries), each decompressed here (a batch at once, on the worker while
+        the reader works) and kept as codec 0, so get() only verifies it; a row that does
+        not decompress is kept as it is, for get() to refuse. Runs on the reader's thread
+        or the worker's."""
         ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
+        self._from_blocks(chunk, ahead, up=up)
+        rest = [raw_hash(n) for n in chunk if ("entries", n) not in ahead]
+        if not rest:
+            return ahead
         contents: list[bytes] = []
-        for raw, env in self._rows(0, chunk):
+        for raw, env in self._rows(0, rest):
             ahead[("entries", hash_name(raw))] = env
             c = envelope_content(env[1]) if env[0] == 0 else None
             if c is not None and (craw := raw_hash(c)) is not None:
@@ -393,6 +423,34 @@ class PgObjects(ObjectStore):
             for raw, row in self._rows(1, contents):
                 ahead[("contents", hash_name(raw))] = row
         return ahead
+
+    def _from_blocks(self, chunk: list[str], ahead: dict[tuple[Space, str], tuple[int, bytes]], *, up: bool) -> None:
+        """Add to ``ahead`` the objects of the blocks holding ``chunk``'s envelopes, each
+        taken by its hash (:data:`VERIFIED`): the block of the first envelope not yet
+        held (its row, one query), then that block and the ones after it (before it, for
+        a walk ``up``), as many as the chunk's rest should fill (an import writes a
+        session's objects in order, in blocks that follow each other), in one query.
+        Stops at an envelope in no block: the rows serve the rest."""
+        i, entries, blocks = 0, 0, 0
+        while i < len(chunk):
+            if ("entries", chunk[i]) in ahead:
+                i += 1
+                continue
+            row = self.db.query(_IN_BLOCK, [raw_hash(chunk[i])], binary=True)
+            bid = block_of(bytes(row[0][0])) if row else None
+            if bid is None:
+                return
+            want = FIRST_BLOCKS if not entries else math.ceil((len(chunk) - i) * blocks / entries)
+            found = self.codecs.blocks(start=bid, count=max(1, want), down=up)
+            for objects in found.values():
+                for code, data in objects or ():
+                    space = _SPACE_NAMES.get(code)
+                    if space is not None:
+                        ahead[(space, _PREFIX + hashlib.sha256(data).hexdigest())] = (VERIFIED, data)
+                        entries += code == 0
+            blocks += len(found)
+            if ("entries", chunk[i]) not in ahead:
+                return  # its block did not hold it (damaged): its row serves it
 
     def _rows(self, space: int, hashes: Sequence[bytes | None]) -> list[tuple[bytes, tuple[int, bytes]]]:
         """(hash, row) of the objects of ``space`` named, decompressed where they can be."""
@@ -442,7 +500,7 @@ class PgObjects(ObjectStore):
             for batch in _batches(items):
                 if held is None:  # the first batch: a sample to train the dictionaries on
                     self._train(batch)
-                encoded = object_rows(batch, self.codecs)
+                encoded = object_rows(batch, self.codecs, block_ids=self._block_ids)
                 if held is not None:
                     if pool is None:
                         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-pg-put")
@@ -457,6 +515,11 @@ class PgObjects(ObjectStore):
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
+
+    def _block_ids(self, n: int) -> list[int]:
+        """``n`` new block ids, in order (the ``blocks`` table's sequence)."""
+        rows = self.db.query("SELECT nextval(pg_get_serial_sequence('blocks', 'id')) FROM generate_series(1, %s)", [n])
+        return [int(r[0]) for r in rows]
 
     def _train(self, batch: list[tuple[Space, str, bytes]]) -> None:
         """Train each space's dictionary on the batch's objects of that space, where the

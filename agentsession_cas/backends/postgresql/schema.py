@@ -21,8 +21,9 @@ __all__ = ["SCHEMA_VERSION", "UPGRADES", "SPACE_CODES", "MigrationPlan", "create
 
 #: The version of the tables this release creates and reads. Version 2: no ``sum`` column
 #: (every reader hashes what it decoded against the name), one index on ``edges``, and
-#: the ``dictionaries`` of codec 2 (see :mod:`.compression`).
-SCHEMA_VERSION = 2
+#: the ``dictionaries`` of codec 2 (see :mod:`.compression`). Version 3: the ``blocks``
+#: of codec 3.
+SCHEMA_VERSION = 3
 
 #: The three hash spaces, as the ``space`` column holds them.
 SPACE_CODES: dict[str, int] = {"entries": 0, "contents": 1, "blobs": 2}
@@ -60,6 +61,7 @@ def create_statements(schema: str) -> list[str]:
             first boolean NOT NULL,
             PRIMARY KEY (child, parent))""",
         DICTIONARIES.format(schema=s),
+        *(b.format(schema=s) for b in BLOCKS),
         # One row per session incarnation: ``key`` is never reused, so a session deleted
         # and made again is another row and another log. ``last_pos`` is the log's length
         # (every write is a conditional update on it and on ``fence``, the token of the
@@ -175,6 +177,19 @@ END
 $$"""
 
 
+#: Blocks of objects stored together (codec 3, :mod:`.compression`): a big write's objects,
+#: about 256 KiB of them in one zstd frame, each object's row naming its block and slot.
+#: ``made`` is what a sweep's grace counts from for a block no row names any more. The
+#: frames are compressed already: TOAST need not try again.
+BLOCKS = [
+    """CREATE TABLE {schema}.blocks (
+            id bigserial PRIMARY KEY,
+            data bytea NOT NULL,
+            made timestamptz NOT NULL DEFAULT clock_timestamp())""",
+    "ALTER TABLE {schema}.blocks ALTER COLUMN data SET STORAGE EXTERNAL",
+]
+
+
 #: Statements that take version N to N + 1, keyed by N (``{schema}`` filled in by
 #: :func:`plan_upgrade`): each list runs inside the one transaction of an upgrade.
 UPGRADES: dict[int, list[str]] = {
@@ -191,6 +206,8 @@ UPGRADES: dict[int, list[str]] = {
         DICTIONARIES,
         APPEND_FUNCTION.replace("{replace}", REPLACE),
     ],
+    # 2 -> 3. Rows keep their codecs; objects written after it may name blocks.
+    2: BLOCKS,
 }
 
 

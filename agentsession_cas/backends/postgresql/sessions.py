@@ -196,7 +196,7 @@ class PgSessionLog(SessionLog):
         head, mark = indexes_after(records, self.head, self.mark)
         rows = log_rows(self.key, self.last_pos, records)
         end = self.last_pos + len(rows)
-        orows, erows = object_rows(_objects_of(records), self.backend.objects.codecs)
+        orows, erows, _ = object_rows(_objects_of(records), self.backend.objects.codecs)
         cols = list(zip(*rows))
         try:
             done = _call_append(conn, [

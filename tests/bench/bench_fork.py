@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Benchmark: what a fork costs, by the depth of its base, on each backend.
+
+Issue 13's brief, second task: a fork should cost what it adds, not its base's
+depth. This measures where that stands. A store (a directory, and a PostgreSQL
+schema on a throwaway server of its own, ``tests/pg_server.py``) holds the
+deterministic benchmark session (``bench_verify.generate``, 100,000 entries by
+default) and a session of 10 entries; each run is a child process that opens
+the store, forks a session at its head (``Store.fork``) and appends one entry
+to the fork (its first append builds the rules' state at the base), then
+closes it. Each child reports its wall time, CPU time (for PostgreSQL the
+server's processes' CPU is added) and peak resident memory; the figure is the
+deep session's fork against the 10-entry one's, each the best of ``--repeat``.
+No target is set here: the figures say what a fork's depth costs.
+
+Run: ``.venv/bin/python tests/bench/bench_fork.py [--quick | --entries N] [--repeat R]
+[--backends files,postgresql]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+for p in (str(ROOT), str(HERE), str(HERE.parent)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from bench_pack import _body  # noqa: E402
+from bench_postgresql import _server_cpu  # noqa: E402
+from bench_verify import SESSION_ID, generate  # noqa: E402
+
+import agentsession_cas  # noqa: E402
+from agentsession_cas.store.url import open_store  # noqa: E402
+
+DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000
+SMALL = 10
+BACKENDS = ("files", "postgresql")
+
+#: One fork in a child of its own (its peak memory is its own): open, fork at the head,
+#: append one entry, close; prints wall and CPU seconds, and the peak resident bytes.
+_CHILD = """
+import json, sys, time
+sys.path[:0] = [{root!r}]
+from agentsession_cas.store.url import open_store
+target, origin, fork_id, body = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+t0, c0 = time.perf_counter(), time.process_time()
+with open_store(target, sync="never") as st:
+    f = st.fork(origin, session_id=fork_id)
+    t1, c1 = time.perf_counter(), time.process_time()
+    f.append(body)
+    f.close()
+t2, c2 = time.perf_counter(), time.process_time()
+# VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so it would be the parent's.
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps([t1 - t0, c1 - c0, t2 - t1, c2 - c1, hwm * 1024]))
+"""
+
+
+def fork_once(target: str, origin: str, fork_id: str, body: dict, server=None) -> tuple[float, float, float, float, int]:
+    """(fork seconds, fork CPU, first append seconds, first append CPU, peak bytes) of one child;
+    the server's CPU (PostgreSQL) is added to the whole, split in proportion to the client's."""
+    s0 = _server_cpu(server)
+    out = subprocess.run([sys.executable, "-c", _CHILD.format(root=str(ROOT)), target, origin, fork_id, json.dumps(body)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"a fork failed:\n{out.stderr}")
+    t_fork, c_fork, t_app, c_app, peak = json.loads(out.stdout.strip().splitlines()[-1])
+    server_cpu = _server_cpu(server) - s0
+    share = c_fork / (c_fork + c_app) if c_fork + c_app else 1.0
+    return t_fork, c_fork + server_cpu * share, t_app, c_app + server_cpu * (1 - share), peak
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help=f"{QUICK_ENTRIES:,} entries")
+    size.add_argument("--entries", type=int, default=None, help=f"entries of the deep session (default {DEFAULT_ENTRIES:,})")
+    ap.add_argument("--repeat", type=int, default=3, help="forks of each session; the best is reported")
+    ap.add_argument("--seed", type=int, default=20260917, help="generator seed")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated subset of {','.join(BACKENDS)}")
+    args = ap.parse_args(argv)
+    count = QUICK_ENTRIES if args.quick else (args.entries or DEFAULT_ENTRIES)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not backends or any(b not in BACKENDS for b in backends):
+        ap.error(f"--backends takes names among {','.join(BACKENDS)}")
+    print(f"bench_fork: agentsession-cas {agentsession_cas.__version__}, Python {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs (shared: times vary)", flush=True)
+    deep, entries, _ = generate(count, args.seed)
+    small = generate(SMALL, args.seed + 1)[0]
+    header, rest = small.split(b"\n", 1)  # a session of its own (the generator names one id)
+    small = header.replace(SESSION_ID.encode(), b"01995b2a-0000-7000-8000-000000000010") + b"\n" + rest
+    body = _body(next(e for e in entries if e.type == "item"))
+    base = ROOT / ".bench-tmp"
+    base.mkdir(exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="bench-fork-", dir=base)
+    os.chmod(tmp, 0o755)
+    server = None
+    try:
+        for backend in backends:
+            if backend == "files":
+                target = os.path.join(tmp, "files")
+            else:
+                import pg_server
+
+                server = pg_server.PgServer(durable=True, base=tmp)
+                target = server.store_url("forks")
+            with open_store(target, create=True, sync="never") as st:
+                sids = [st.import_bytes(data, source=name).id for name, data in (("deep", deep), ("small", small))]
+            print(f"\n{backend}: forks at the head of a session of {count:,} entries and of one of {SMALL}, "
+                  f"each forked and appended to once in a child process, best of {args.repeat}", flush=True)
+            best: dict[str, list[float]] = {}
+            for r in range(args.repeat):
+                for label, sid in zip(("deep", "small"), sids):
+                    got = fork_once(target, sid, f"fork-{label}-{r}-{time.monotonic_ns()}", body,
+                                    server if backend == "postgresql" else None)
+                    best[label] = [min(a, b) for a, b in zip(best[label], got)] if label in best else list(got)
+            for label, n in (("deep", count), ("small", SMALL)):
+                t_fork, c_fork, t_app, c_app, peak = best[label]
+                print(f"  base {n:>7,} entries deep: fork {t_fork:6.2f} s (CPU {c_fork:5.2f}), first append {t_app:6.2f} s "
+                      f"(CPU {c_app:5.2f}), peak {peak / 1e6:6.1f} MB", flush=True)
+            d, s = best["deep"], best["small"]
+            print(f"  deep / small: time {(d[0] + d[2]) / (s[0] + s[2]):.1f}x, CPU {(d[1] + d[3]) / (s[1] + s[3]):.1f}x, "
+                  f"peak memory {d[4] / s[4]:.2f}x ({(d[4] - s[4]) / 1e6:+.1f} MB)", flush=True)
+            if server is not None:
+                server.remove()
+                server = None
+    finally:
+        if server is not None:
+            server.remove()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
