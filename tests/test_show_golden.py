@@ -18,7 +18,7 @@ from agentsession_cas.store import Store
 from agentsession_cli.main import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
-from bench_verify import SESSION_ID, generate  # noqa: E402
+from bench_verify import SESSION_ID, generate
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden" / "show"
