@@ -139,12 +139,13 @@ def listing_entries(session: Session, outline: ProjectionOutline, positions: Ite
     its ``id``, ``parent`` and ``type``; not ``ts`` nor ``parents``, which the outline does
     not keep (no listing prints them). The synthetic marker is the outline's own."""
     get_many = session.store.objects.get_many
-    ids, types, content = outline.ids, outline.types, outline.content
+    ids, types, content, parent = outline.ids, outline.types, outline.content, outline.parent
 
     def read(chunk: list[int]) -> Iterator[tuple[int, Entry]]:
-        for at, body in zip(chunk, get_many("contents", [content(p) for p in chunk])):
-            data, careful, item = line_members(ids[at], {"parent": outline.parent(at), "type": types[at]}, body)
-            entry = Entry(data, computed_id=ids[at], content_hash=content(at))
+        names = [content(p) for p in chunk]
+        for at, name, body in zip(chunk, names, get_many("contents", names)):
+            data, careful, item = line_members(ids[at], {"parent": parent(at), "type": types[at]}, body)
+            entry = Entry(data, computed_id=ids[at], content_hash=name)
             entry.careful, entry.item_bytes = careful, item
             yield at, entry
 
