@@ -407,21 +407,20 @@ class _Listing:
 
     def __init__(self, outline: ProjectionOutline, listed: range, verbose: bool):
         self.outline, self.verbose = outline, verbose
-        ids = outline.ids
-        self.parents = [outline.parent(i) for i in listed]
+        ids, shown = outline.ids, slice(listed.start, listed.stop)
         # a store names every entry by its hash: the short form is a slice (short_id checks each)
-        self.hashed = _all_hashes(ids) and _all_hashes([p for p in self.parents if p is not None])
+        self.hashed = _all_hashes(ids) and _all_hashes(list(outline.absent.values()))
         if self.hashed:
-            id_width, parent_width = 12 if listed else 0, 12 if any(p is not None for p in self.parents) else 1
+            parented = max(outline.parent_at[shown], default=-1) >= 0 or any(i in listed for i in outline.absent)
+            id_width, parent_width = 12 if listed else 0, 12 if parented else 1
         else:
             id_width = max((len(short_id(ids[i])) for i in listed), default=0)
-            parent_width = max((len(short_id(p)) for p in self.parents), default=0)
-        self.first = listed.start
+            parent_width = max((len(short_id(outline.parent(i))) for i in listed), default=0)
         widths = [
             max(len(_ROW_HEADER[0]), len(str(listed[-1] + 2)) if listed else 0),
             max(len(_ROW_HEADER[1]), id_width),
             max(len(_ROW_HEADER[2]), parent_width),
-            max([len(_ROW_HEADER[3])] + [len(outline.types[i]) for i in listed]),
+            max([len(_ROW_HEADER[3])] + [len(t) for t in set(outline.types[shown])]),
         ]
         self.widths = widths
         self.summary_width = max(8, terminal.width() - sum(widths) - 8)  # the summary takes what is left
@@ -443,7 +442,7 @@ class _Listing:
             summary = terminal.cut(summary, room)
         elif len(summary) > room:
             summary = summary[: room - 1] + "\u2026"
-        parent = self.parents[pos - self.first]
+        parent = outline.parent(pos)
         if self.hashed:
             w = self.widths
             line = str(pos + 2)
