@@ -464,8 +464,8 @@ class _Listing:
 
 
 def _all_hashes(names: list[str]) -> bool:
-    """Whether every name is an entry hash (one match over them all)."""
-    return not names or _HASHES.fullmatch("\n".join(names)) is not None
+    """Whether every name is an entry hash (one match over each few thousand of them)."""
+    return all(_HASHES.fullmatch("\n".join(names[at : at + 4096])) for at in range(0, len(names), 4096))
 
 
 _HASHES = re.compile(r"sha256:[0-9a-f]{64}(?:\nsha256:[0-9a-f]{64})*")
