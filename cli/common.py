@@ -13,7 +13,7 @@ import click
 
 from agentsession_cas.errors import NO_SPACE_ERRNOS, READ_ONLY_ERRNOS, NoSpaceError, ReadOnlyError, quoted
 
-from .terminal import color_on, cut, fit_table, paint, visible, wrap
+from .terminal import color_on, cut, fit_table, paint, visible, width, wrap
 
 
 def printable(text: str) -> str:
@@ -85,22 +85,37 @@ def echo(text: str = "", err: bool = False, *, fit: str | None = "wrap") -> None
 
 
 def echo_lines(texts: Iterable[str], *, fit: str = "wrap") -> None:
-    """:func:`echo` of many lines on standard output, written 256 at a time: what a long
-    listing prints (one write a batch instead of one a line; a batch, not all of them:
-    a list of every line of a long context held 25 MB more at show's peak)."""
-    lines: list[str] = []
+    """:func:`echo` of many lines on standard output, written :data:`ECHO_BATCH` at a
+    time: what a long listing prints (one write a batch instead of one a line; a batch,
+    not all of them: a list of every line of a long context held 25 MB more at show's
+    peak). Each batch is made printable at once and only a line wider than the width is
+    fitted (a narrower one is its own fit, cut or wrapped)."""
     color = color_on()
+    columns = width()
+    fitted = wrap if fit == "wrap" else lambda line: [cut(line, columns)]
+    batch: list[str] = []
     for text in texts:
-        for line in printable(text).split("\n"):
-            if fit == "wrap":
-                lines.extend(wrap(line))
-            else:
-                lines.append(cut(line))
-        if len(lines) >= 256:
-            click.echo("\n".join(lines), color=color)
-            lines.clear()
-    if lines:
-        click.echo("\n".join(lines), color=color)
+        batch.append(text)
+        if len(batch) < ECHO_BATCH:
+            continue
+        _echo_batch(batch, columns, fitted, color)
+        batch.clear()
+    if batch:
+        _echo_batch(batch, columns, fitted, color)
+
+
+#: Texts :func:`echo_lines` writes at once.
+ECHO_BATCH = 1024
+
+
+def _echo_batch(texts: list[str], columns: int, fitted: Callable[[str], list[str]], color: bool) -> None:
+    out: list[str] = []
+    for line in printable("\n".join(texts)).split("\n"):  # a text may hold line breaks: each line is fitted
+        if len(line) > columns:  # no more visible columns than characters: only such a line may not fit
+            out.extend(fitted(line))
+        else:
+            out.append(line)
+    click.echo("\n".join(out), color=color)
 
 
 def one_line(message: str) -> str:

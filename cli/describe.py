@@ -17,14 +17,23 @@ WIDTH = 72
 
 def quote(text: str, width: int = WIDTH) -> str:
     """Collapse whitespace, cut to ``width`` characters with an ellipsis, and quote."""
-    # " ".join(t.split()) is _WS.sub(" ", t).strip(): \s and str.split take the same characters
-    head = " ".join(text[: 8 * width].split()) if len(text) > 8 * width else None
-    # A long text's first characters are all a summary shows: when its head alone collapses
-    # to more than ``width`` of them, the rest of it cannot change what is shown.
-    text = head if head is not None and len(head) > width else " ".join(text.split())
-    if len(text) > width:
-        text = text[: width - 1] + "\u2026"
-    return _json_string(text)
+    # " ".join(t.split()) is _WS.sub(" ", t).strip(): \s and str.split take the same characters.
+    # A long text's first characters are all a summary shows: when a head of it collapses
+    # to more than ``width`` of them, the rest of it cannot change what is shown. A short
+    # head is tried first (most texts hold no long run of white space), then a longer one.
+    collapsed = None
+    for head_size in (2 * width, 8 * width):
+        if len(text) <= head_size:
+            break
+        head = " ".join(text[:head_size].split())
+        if len(head) > width:
+            collapsed = head
+            break
+    if collapsed is None:
+        collapsed = " ".join(text.split())
+    if len(collapsed) > width:
+        collapsed = collapsed[: width - 1] + "\u2026"
+    return _json_string(collapsed)
 
 
 #: ``json.dumps(text, ensure_ascii=False)`` of a string, without an encoder made per call

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 
@@ -34,12 +35,13 @@ from agentsession_cas.format.reader import _Parking, split_lines, verify_bytes, 
 from agentsession_cas.format.rules import RULES, VerifyReport, verify_session
 from agentsession_cas.format.runs import render_runs
 from agentsession_cas.store import Session
+from agentsession_cas.store.session import ProjectionOutline
 
 from . import fsck_command, store_commands, terminal
 from .common import echo, echo_lines, emit_json, number, plural, table, table_line, when, whole_pass
 from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
-from .terminal import paint, progressing
+from .terminal import paint, progressing, visible
 from .terminal import start_pager as page
 
 # ---------------------------------------------------------------------------
@@ -91,10 +93,11 @@ def _context_at(sf: SessionFile, leaf: str | None) -> tuple[Context | None, str 
 
 def _print_context(leaf: str | None, ctx: Context | None, error: str | None, context_hash: str,
                    said: Mapping[str, str] | None = None, read: Callable[[], None] | None = None) -> None:
-    """The context's settings and items. ``said``: item entry id -> the
-    :func:`describe_item` of its item, made as the entry was listed (an item sent as it
-    was recorded is not read again); ``read()`` is called after any other item is read
-    (a stored session's entries, parked, are parked again)."""
+    """The context's settings and items. ``said``: an entry's id -> the
+    :func:`describe_item` of the item it puts in the context (an item entry's item, a
+    branch summary's summary), made as the entry was listed (an item sent as it was
+    recorded is not read again); ``read()`` is called after any other item is read (a
+    stored session's entries, parked, are parked again)."""
     at = short_id(leaf) if leaf is not None else "the root"
     if ctx is None:
         echo(f"context at {at}: not built: {error}")
@@ -330,10 +333,13 @@ def _draw_graph(file: str, as_json: bool, verbose: bool) -> None:
 def _show_stored(session: Session, verbose: bool, first: int | None, last: int | None) -> None:
     """``show`` of a stored session, streamed: what the text shows of its projection, as
     ``show`` of the exported file would, without holding the file. First the outline
-    from the envelopes (ids, parents, types, labels: what the head of the listing and
-    the column widths need), then one pass over the projection's lines, each row printed
-    as its line is read; the entries on the leaf's path are kept for the context, which
-    the context algorithm must hold anyway."""
+    from the envelopes (ids, parents, types, labels, the contents they name: what the
+    head of the listing and the column widths need), then the contents of the entries
+    listed or on the leaf's path, each row printed as its entry is read (every object is
+    read once); the entries on the leaf's path are kept for the context, which the
+    context algorithm must hold anyway."""
+    from agentsession_cas.store.views import listing_entries
+
     outline = session.projection_outline()
     n = len(outline)
     leaf = session.head if n else None  # the projection's resume rule names the head (its marker sees to it)
@@ -352,56 +358,35 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
     # the algorithm consults it or its item is printed), so what is held grows by an
     # entry's ids, not its bytes.
     builder, hasher = ContextBuilder(), ContextHasher()
-    said: dict[str, str] = {}  # an item entry's item described, for its row and the context's
+    said: dict[str, str] = {}  # the item an entry puts in the context, described (an item's for its row too)
     store = session.store
     parking = _Parking(lambda e: store.entry(e.id).data, lambda e: 0)
-    widths = None
-    if n:
-        ids = outline.ids
-        widths = [
-            max(len(_ROW_HEADER[0]), len(str(listed[-1] + 2)) if listed else 0),
-            max([len(_ROW_HEADER[1])] + [len(short_id(ids[i])) for i in listed]),
-            max([len(_ROW_HEADER[2])] + [len(short_id(outline.parent(i))) for i in listed]),
-            max([len(_ROW_HEADER[3])] + [len(outline.types[i]) for i in listed]),
-        ]
-        widths.append(len(_ROW_HEADER[4]))
-        widths[4] = max(8, terminal.width() - sum(widths[:4]) - 8)  # the summary takes what is left
-        echo()
-        echo(table_line(_ROW_HEADER, widths[:4]), fit="cut")
+    rows = _Listing(outline, listed, verbose) if n else None
     bar = terminal.progress("reading", "entries")
-    rows: list[str] = []  # printed a batch at a time
-
-    def flush() -> None:
-        if bar is not None:
-            bar.end()
-        echo_lines(rows, fit="cut")
-        rows.clear()
-
-    for pos, e in enumerate(session.projection_entries()):
-        if bar is not None and pos % 1024 == 0:
-            bar(pos, n)
-        if pos not in listed and pos not in on_path:
-            continue
+    types = outline.types
+    wanted = listed if len(listed) == n else sorted(on_path.union(listed))
+    for count, (pos, e) in enumerate(listing_entries(session, outline, wanted)):
+        if bar is not None and count % 1024 == 0:
+            bar(count, len(wanted))
         e.line = pos + 2
-        item = describe_item(e.data.get("item")) if outline.types[pos] == "item" else None
-        if pos in listed and widths is not None:
-            marks = _marks(outline.children.get(pos, 0), outline.labels.get(e.id), outline.converges.get(pos, 0))
-            row = _row(e, marks, verbose, item)
-            row[4] = terminal.cut(row[4], widths[4])
-            rows.append(table_line(row, widths[:4]))
-            if len(rows) >= _BATCH:
-                flush()
+        item = describe_item(e.data.get("item")) if types[pos] == "item" else None
+        if rows is not None and pos in listed:
+            rows.add(pos, e, item, bar)
         if pos in on_path:
             if item is not None:
                 said[e.id] = item
+            elif types[pos] == "branch_summary":  # its summary is its item in the context
+                said[e.id] = describe_item(e.data.get("summary"))
             builder.push(e)
             if e.parent is None or e.parent in hasher:  # as context_hashes feeds them
                 hasher.feed(e)
             if pos < n - 1:  # not the last: it may be the synthetic marker, which no store holds
                 parking.settle(e)
-    flush()
-    if n:
+    if rows is not None:
+        rows.flush(bar)
         _print_listed(len(listed), n)
+    elif bar is not None:
+        bar.end()
     _print_leaf(leaf, None, len(path), bool(n))
     if n:
         try:
@@ -413,8 +398,80 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
         _print_context(leaf, ctx, error, leaf_hash, said, parking.tidy)
 
 
+class _Listing:
+    """The rows of a stored session's listing, made as its entries are read and printed
+    a batch at a time. The column widths are known from the outline before the first
+    row, so each row is one line made at once: an id's short form a slice of its hash,
+    a type padded once for all the entries of that type, the summary cut to what the
+    other columns leave (the line is then fitted to the width as any is)."""
+
+    def __init__(self, outline: ProjectionOutline, listed: range, verbose: bool):
+        self.outline, self.verbose = outline, verbose
+        ids, shown = outline.ids, slice(listed.start, listed.stop)
+        # a store names every entry by its hash: the short form is a slice (short_id checks each)
+        self.hashed = _all_hashes(ids) and _all_hashes(list(outline.absent.values()))
+        if self.hashed:
+            parented = max(outline.parent_at[shown], default=-1) >= 0 or any(i in listed for i in outline.absent)
+            id_width, parent_width = 12 if listed else 0, 12 if parented else 1
+        else:
+            id_width = max((len(short_id(ids[i])) for i in listed), default=0)
+            parent_width = max((len(short_id(outline.parent(i))) for i in listed), default=0)
+        widths = [
+            max(len(_ROW_HEADER[0]), len(str(listed[-1] + 2)) if listed else 0),
+            max(len(_ROW_HEADER[1]), id_width),
+            max(len(_ROW_HEADER[2]), parent_width),
+            max([len(_ROW_HEADER[3])] + [len(t) for t in set(outline.types[shown])]),
+        ]
+        self.widths = widths
+        self.summary_width = max(8, terminal.width() - sum(widths) - 8)  # the summary takes what is left
+        self.type_cells = {t: t + " " * (widths[3] - len(visible(t))) for t in set(outline.types)}
+        self.rows: list[str] = []
+        echo()
+        echo(table_line(_ROW_HEADER, widths), fit="cut")
+
+    def add(self, pos: int, e: Entry, item: str | None, bar: terminal.Progress | None) -> None:
+        outline = self.outline
+        children = outline.children.get(pos, 0)
+        summary = describe(e, self.verbose, item=item)
+        if children != 1 or e.id in outline.labels or pos in outline.converges:
+            marks = _marks(children, outline.labels.get(e.id), outline.converges.get(pos, 0))
+            if marks:
+                summary += "  " + " ".join(marks)
+        room = self.summary_width
+        if "\x1b" in summary:
+            summary = terminal.cut(summary, room)
+        elif len(summary) > room:
+            summary = summary[: room - 1] + "\u2026"
+        parent = outline.parent(pos)
+        if self.hashed:
+            w = self.widths
+            line = str(pos + 2)
+            self.rows.append(
+                f"{line}{' ' * (w[0] - len(line))}  {e.id[7:19]}  {parent[7:19] if parent is not None else '-':<{w[2]}}  "
+                f"{self.type_cells[outline.types[pos]]}  {summary}".rstrip()
+            )
+        else:
+            cells = [str(pos + 2), short_id(e.id), short_id(parent), outline.types[pos], summary]
+            self.rows.append(table_line(cells, self.widths))
+        if len(self.rows) >= _BATCH:
+            self.flush(bar)
+
+    def flush(self, bar: terminal.Progress | None) -> None:
+        if bar is not None:
+            bar.end()
+        echo_lines(self.rows, fit="cut")
+        self.rows.clear()
+
+
+def _all_hashes(names: list[str]) -> bool:
+    """Whether every name is an entry hash (one match over each few thousand of them)."""
+    return all(_HASHES.fullmatch("\n".join(names[at : at + 4096])) for at in range(0, len(names), 4096))
+
+
+_HASHES = re.compile(r"sha256:[0-9a-f]{64}(?:\nsha256:[0-9a-f]{64})*")
+
 #: Rows of a stored session's listing printed at once.
-_BATCH = 256
+_BATCH = 1024
 
 
 def _print_info(

@@ -165,8 +165,13 @@ def wrap(line: str, columns: int | None = None, indent: str = "  ") -> list[str]
     each after the first indented two more; a word longer than a line is broken where it
     must be. Nothing is left out."""
     columns = columns or width()
-    if len(visible(line)) <= columns:
-        return [line]
+    if "\x1b" not in line:
+        return [line] if len(line) <= columns else _wrap_plain(line, columns, indent)
+    return [line] if len(visible(line)) <= columns else _wrap_words(line, columns, indent)
+
+
+def _wrap_words(line: str, columns: int, indent: str) -> list[str]:
+    """:func:`wrap` a word at a time, each measured without its colour codes."""
     lead = " " * (len(line) - len(line.lstrip(" ")))
     more = lead + indent
     out: list[str] = []
@@ -188,6 +193,40 @@ def wrap(line: str, columns: int | None = None, indent: str = "  ") -> list[str]
     if current.strip():
         out.append(current)
     return out or [""]  # a line of white space wider than the width: one empty line
+
+
+def _wrap_plain(line: str, columns: int, indent: str) -> list[str]:
+    """:func:`wrap` of a line without colour codes (every character a column), a line at
+    a time instead of a word at a time: the word-by-word fill stops at the last space
+    that fits (``rfind``), the space it stops at is dropped, and so are the spaces that
+    follow it (an empty word never starts a line); a word wider than a line is broken
+    where it must be. The same lines as the fill (tests/test_cli_terminal.py holds the
+    two to it): show wraps the context's tens of thousands of lines."""
+    rest = line.lstrip(" ")
+    current = line[: len(line) - len(rest)]
+    more = current + indent
+    out: list[str] = []
+    while True:
+        room = columns - len(current)
+        if len(rest) <= room or not rest:  # (a lead wider than the line leaves no room)
+            current += rest
+            break
+        cut_at = rest.rfind(" ", 0, room + 1) if room >= 0 else -1
+        if cut_at > 0:  # rest never starts with a space: a word fits before it
+            out.append(current + rest[:cut_at])
+            current, rest = more, rest[cut_at + 1 :].lstrip(" ")
+            continue
+        end = rest.find(" ")
+        end = len(rest) if end < 0 else end
+        word = rest[:end]  # wider than what is left: broken where it must be
+        while word and len(current) + len(word) > columns:
+            take = max(1, columns - len(current))
+            out.append(current + word[:take])
+            word, current = word[take:], more
+        rest = word + rest[end:] if word else rest[end:].lstrip(" ")
+    if current.strip():
+        out.append(current)
+    return out or [""]
 
 
 def fit_table(rows: list[list[str]], shrink: int | None = None) -> list[list[str]]:

@@ -716,9 +716,11 @@ def test_verify_names_a_bit_flipped_object(store, space):
     assert out["ok"] is False
     [p] = out["problems"]
     assert (p["code"], p["object"], p["space"], p["path"]) == ("corrupt-object", name, space, str(path))
-    # and it is never served
-    one_error(cli(store, "show", "s1"), "corrupt object", name)
+    # and it is never served: refused with its code, naming it and where it lies
+    one_error(cli(store, "show", "s1"), "corrupt object", name, str(path.relative_to(store)))
     one_error(cli(store, "export", "s1"), "corrupt object", name)
+    refused = cli(store, "show", "--json", "s1")
+    assert refused.exit_code == 1 and json.loads(refused.stderr)["error"]["code"] == "corrupt_object"
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])

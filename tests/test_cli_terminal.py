@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings, strategies
 
 from agentsession_cas import Header
 from agentsession_cas.exchange import operations as ex
@@ -178,6 +179,17 @@ def test_wrap_ends_on_a_lead_wider_than_the_line():
     for ever: the indent of the next line alone did not fit)."""
     assert terminal.wrap(" " * 120, 100) == [""]
     assert terminal.wrap(" " * 20 + "abc", 8) == [" " * 20 + "a", " " * 22 + "b", " " * 22 + "c"]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(strategies.text(alphabet=" ab\u00e9x", max_size=60), strategies.integers(min_value=1, max_value=24),
+       strategies.sampled_from(["  ", "", " "]))
+def test_wrap_of_a_plain_line_is_the_word_fill(line, columns, indent):
+    """A line without colour codes is wrapped a line at a time (``rfind`` of the last space
+    that fits): the same lines as the word-by-word fill, runs of spaces, leads wider than
+    the width and words wider than a line included."""
+    assert terminal._wrap_plain(line, columns, indent) == terminal._wrap_words(line, columns, indent)
+    assert terminal.wrap(line, columns, indent) == ([line] if len(line) <= columns else terminal._wrap_words(line, columns, indent))
 
 
 # -- colour ------------------------------------------------------------------------
@@ -425,7 +437,7 @@ def test_verify_quiet_draws_no_progress(world, tty, slow):
 
 def test_echo_lines_writes_a_batch_at_a_time_and_fits_each_line(monkeypatch, capsys):
     """echo_lines prints what echo would, line by line (cut or wrapped to the width), in
-    writes of 256 lines: never one write a line, never every line held at once."""
+    writes of ECHO_BATCH texts: never one write a line, never every line held at once."""
     import click
 
     from agentsession_cli import common
@@ -433,10 +445,22 @@ def test_echo_lines_writes_a_batch_at_a_time_and_fits_each_line(monkeypatch, cap
     writes: list[str] = []
     real = click.echo
     monkeypatch.setattr(click, "echo", lambda text, **kw: writes.append(text) or real(text, **kw))
-    lines = [f"line {i} " + "x" * (i % 160) for i in range(600)]  # some longer than any width
+    batch = common.ECHO_BATCH
+    lines = [f"line {i} " + "x" * (i % 160) for i in range(2 * batch + 88)]  # some longer than any width
     common.echo_lines(lines, fit="cut")
     out = capsys.readouterr().out
-    assert len(writes) == 3 and [w.count("\n") + 1 for w in writes] == [256, 256, 88]
+    assert len(writes) == 3 and [w.count("\n") + 1 for w in writes] == [batch, batch, 88]
     assert out.splitlines() == [common.cut(line) for line in lines]  # each fitted as echo fits it
     common.echo_lines(["a " * 30], fit="wrap")
     assert capsys.readouterr().out.splitlines() == common.wrap("a " * 30)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(strategies.text(alphabet=" \n\tab\u00e9\u3000", max_size=700), strategies.sampled_from([40, 72, 3]))
+def test_quote_is_the_whole_text_collapsed_then_cut(text, width):
+    """A summary's quote looks at a head of a long text only when the head alone decides
+    what is shown: the same as collapsing the whole text's white space and cutting it."""
+    from agentsession_cli.describe import quote
+
+    whole = " ".join(text.split())
+    assert quote(text, width) == json.dumps(whole if len(whole) <= width else whole[: width - 1] + "\u2026", ensure_ascii=False)

@@ -146,6 +146,38 @@ def test_show_of_a_stored_session_with_every_entry_parked_is_the_same(shapes, tm
     assert len(held) > len(sids) + 3, "the corpus's contexts were shown"
 
 
+def test_show_of_a_stored_session_reads_each_object_once(shapes, monkeypatch):
+    """The listing reads the envelopes for its outline and then the contents alone: every
+    object of the session is read once (a label's content twice: the outline needs its
+    members), and with -n or --tail the contents of entries neither listed nor on the
+    leaf's path are not read at all."""
+    from collections import Counter
+
+    from agentsession_cas.backends.files.objects import FileObjects
+
+    reads: Counter = Counter()
+    real_get, real_many = FileObjects.get, FileObjects.get_many
+    monkeypatch.setattr(FileObjects, "get", lambda self, space, name: reads.update([(space, name)]) or real_get(self, space, name))
+    monkeypatch.setattr(FileObjects, "get_many", lambda self, space, names: reads.update((space, n) for n in names)
+                        or real_many(self, space, names))
+    root, sids = shapes
+    st = Store(root, readonly=True)
+    s = st.read(sids[0])
+    envelopes = {e: st.objects.get("entries", e) for e in s.state.log_order}
+    labels = {e for e, env in envelopes.items() if b'"type":"label"' in env}
+    reads.clear()
+    assert cli(root, "show", sids[0]).exit_code == 0
+    assert {name for (space, name) in reads if space == "entries"} == set(envelopes)
+    twice = {name for name, n in reads.items() if n > 1}
+    assert len(twice) == len(labels) and all(space == "contents" for space, _ in twice), twice
+    moved = st.read("moved")  # its head moved back: the entries after it are on no path shown
+    outline = moved.projection_outline()
+    wanted = {outline.content(p) for p in {0, *outline.path(moved.head)}}
+    reads.clear()
+    assert cli(root, "show", "moved", "-n", "1").exit_code == 0
+    assert {name for (space, name) in reads if space == "contents"} == wanted and len(wanted) < len(moved)
+
+
 def test_show_of_a_stored_session_never_holds_the_projection(shapes, monkeypatch):
     """The text listing reads the projection line by line: it never asks for it whole."""
     root, sids = shapes

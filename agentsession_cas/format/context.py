@@ -1351,6 +1351,19 @@ def verify_response(path: Sequence[Entry]) -> RequestCheck:
 
 _PROVENANCE = ("legacy_id", "normalised")
 _ITEM_PROVENANCE = ("response", "source", "queued_from")
+#: The members each contributing type's content loses (or, a compaction's
+#: ``first_kept``, has replaced) before it is hashed: a content holding none of them
+#: is hashed as it is.
+_STRIPPED = {
+    "item": frozenset(_PROVENANCE + _ITEM_PROVENANCE),
+    "config": frozenset(_PROVENANCE),
+    "compaction": frozenset(_PROVENANCE + ("first_kept",)),
+    "branch_summary": frozenset(_PROVENANCE + ("from",)),
+}
+#: What the content hashed leaves out of the members given: the envelope's, and provenance.
+_LEFT_OUT = frozenset(_PROVENANCE + ("id", "type", "parent", "parents", "ts"))
+#: The members of an item entry whose stripped content is its item alone.
+_ITEM_ALONE = _LEFT_OUT | frozenset(_ITEM_PROVENANCE) | {"item"}
 
 
 def context_hash_step(
@@ -1362,6 +1375,7 @@ def context_hash_step(
     parsed: bool = False,
     careful: bool | None = None,
     item_bytes: bytes | None = None,
+    content_hash: str | None = None,
 ) -> str:
     """The context hash at an entry, from its parent's (``NULL_CONTEXT_HASH`` for a root).
 
@@ -1371,24 +1385,30 @@ def context_hash_step(
     item's ``response``, ``source``, ``queued_from``; a branch summary's ``from``) and,
     for a compaction, ``first_kept`` replaced by ``[context hash, type]`` of the entry
     it names when that entry is on the path (``first_kept``), else null.
-    ``parsed``/``careful`` are as :func:`~agentsession_cas.canonical.canonical_bytes`
-    takes them, for a body read from a line; ``item_bytes``, the canonical bytes of the
-    body's ``item`` when the reader has them (``Entry.item_bytes``): an item entry whose
-    content is its item alone once stripped is hashed from them, not encoded again.
+    ``body`` is the entry's content (the envelope's members, when it holds them, are
+    left out); ``parsed``/``careful`` are as
+    :func:`~agentsession_cas.canonical.canonical_bytes` takes them, for a body read from
+    a line. What the reader has spares an encoding: ``content_hash``, the hash of the
+    content (an entry's ``content_hash``), is the stripped content's when nothing is
+    stripped; ``item_bytes``, the canonical bytes of the content's ``item``
+    (``Entry.item_bytes``), make the stripped content of an item entry that is its item
+    alone once stripped.
     """
     if type_ not in CONTEXT_TYPES:
         return parent_hash
-    content = {k: v for k, v in body.items() if k not in _PROVENANCE}
-    if type_ == "item":
-        for k in _ITEM_PROVENANCE:
-            content.pop(k, None)
-    elif type_ == "branch_summary":
-        content.pop("from", None)
-    elif type_ == "compaction" and "first_kept" in content:
-        content["first_kept"] = list(first_kept) if first_kept is not None else None
-    if item_bytes is not None and type_ == "item" and len(content) == 1 and "item" in content:
-        chash = sha256_ref(b'{"item":' + item_bytes + b"}")
+    if content_hash is not None and _STRIPPED[type_].isdisjoint(body):
+        chash = content_hash  # the content as it is: its hash is known
+    elif item_bytes is not None and type_ == "item" and _ITEM_ALONE.issuperset(body) and "item" in body:
+        chash = sha256_ref(b'{"item":' + item_bytes + b"}")  # stripped, the content is its item alone
     else:
+        content = {k: v for k, v in body.items() if k not in _LEFT_OUT}
+        if type_ == "item":
+            for k in _ITEM_PROVENANCE:
+                content.pop(k, None)
+        elif type_ == "branch_summary":
+            content.pop("from", None)
+        elif type_ == "compaction" and "first_kept" in content:
+            content["first_kept"] = list(first_kept) if first_kept is not None else None
         chash = sha256_ref(canonical_bytes(content, parsed=parsed, careful=careful))
     # three plain strings (the type one of CONTEXT_TYPES): nothing to walk for
     return sha256_ref(canonical_bytes([parent_hash, type_, chash], parsed=True, careful=False))
@@ -1429,17 +1449,19 @@ class ContextHasher:
     def feed(self, entry: Entry | Mapping[str, Any]) -> str:
         """Compute, remember and return the context hash at ``entry`` (an :class:`Entry` or
         an entry object with its ``id``); its parent must have been fed, or be null."""
-        parsed, careful, item_bytes = False, None, None
+        parsed, careful, item_bytes, chash = False, None, None, None
         eid: Any
         type_: Any
         parent: Any
+        body: Mapping[str, Any]
         if isinstance(entry, Entry):
-            # An Entry's members were parsed or hashed when it was made: known JSON.
-            eid, type_, parent, body = entry.id, entry.type, entry.parent, entry.body
-            parsed, careful, item_bytes = True, entry.careful, entry.item_bytes
+            # An Entry's members were parsed or hashed when it was made: known JSON, and
+            # its content hash is its content's (the step leaves its envelope's members out).
+            eid, type_, parent, body = entry.id, entry.type, entry.parent, entry.data
+            parsed, careful, item_bytes, chash = True, entry.careful, entry.item_bytes, entry.content_hash or None
         else:
             eid, type_, parent = entry.get("id"), entry.get("type"), entry.get("parent")
-            body = {k: v for k, v in entry.items() if k not in ("id", "type", "parent", "parents", "ts")}
+            body = entry  # the step leaves the envelope's members out
         if not isinstance(eid, str) or not isinstance(type_, str):
             raise AgentSessionError("an entry needs a string id and type to be fed")
         parent_hash = self.get(parent)
@@ -1448,7 +1470,8 @@ class ContextHasher:
             fk = body.get("first_kept")
             if isinstance(fk, str) and fk in self._known and self._on_path(fk, parent):
                 ref = (self._known[fk][0], self._known[fk][1])
-        value = context_hash_step(parent_hash, type_, body, ref, parsed=parsed, careful=careful, item_bytes=item_bytes)
+        value = context_hash_step(parent_hash, type_, body, ref, parsed=parsed, careful=careful, item_bytes=item_bytes,
+                                  content_hash=chash)
         self._known[eid] = (value, type_, parent)
         return value
 

@@ -551,37 +551,59 @@ def line_members(entry_id: str, env: Mapping[str, Any], content: bytes) -> tuple
     The envelope's members are ASCII-named strings, null or ``parents``' plain
     objects, which raise no careful flag.
     A content with a member name outside ASCII (where JCS's order is not ``sorted``'s)
-    is read through its line."""
+    is read through its line.
+
+    ``env`` may hold only some of the envelope's members (a listing's outline keeps no
+    ``ts``): the entry then holds those."""
     body, careful = _parse_stored(content)
     if body.__class__ is not dict:
         raise EntryError("the content object is not a JSON object")
     names = tuple(body)
-    if not all(k.isascii() for k in names):
+    if not "".join(names).isascii():
         data, careful = loads_flagged(line_from_objects(entry_id, env, content))
+        if "ts" not in env:
+            del data["ts"]
         return data, careful, None
-    # the bytes are cut only when the parse proved them compact and sorted (the store
-    # holds canonical contents: their hash names their canonical form)
+    # the bytes are cut only when the parse proved them compact (the store holds
+    # canonical contents: their hash names their canonical form)
     item = stored_item_bytes(content, names) if careful is None else None
+    parents = env.get("parents")
+    if names in _ITEM_NAMES and not parents:  # most of a session's entries: the line's order written out
+        data = {"id": entry_id, "item": body["item"], "parent": env.get("parent")}
+        if len(names) == 2:
+            data["response"] = body["response"]
+        if "ts" in env:
+            data["ts"] = env["ts"]
+        data["type"] = env.get("type")
+        return data, careful, item
     body["id"] = entry_id
     body["parent"] = env.get("parent")
-    parents = env.get("parents")
     if parents:
         body["parents"] = parents
-    body["ts"] = env.get("ts")
+    if "ts" in env:
+        body["ts"] = env["ts"]
     body["type"] = env.get("type")
     return dict(sorted(body.items())), careful, item
 
 
+#: An item entry's content member names, alone or with the response that returned it.
+_ITEM_NAMES = (("item",), ("item", "response"))
+
+
 def _parse_stored(content: bytes) -> tuple[Any, bool | None]:
-    """A stored content parsed: ``orjson``'s value when encoding it again (sorted, compact)
-    gives the bytes back, which proves it what the strict parse gives (no member named
-    twice, no number read otherwise: a number beyond 64 bits, read as a float, is written
-    otherwise), with the careful flag unknown (None: a later encoding scans); anything
-    else the strict parse's value and flag (:func:`loads_flagged`, which names a fault).
-    About half the strict parse's time on the benchmark's contents."""
+    """A stored content parsed: ``orjson``'s value when encoding it again (compact, its
+    members in the order read) gives the bytes back, which proves it what the strict parse
+    gives (no member named twice, no number read otherwise: a number beyond 64 bits, read
+    as a float, is written otherwise), with the careful flag unknown (None: a later
+    encoding scans); anything else the strict parse's value and flag
+    (:func:`loads_flagged`, which names a fault). Sorting the members as it encodes
+    would prove no more of the value (a third of the time of the whole on the
+    benchmark's contents); that the bytes are canonical, the store holds to (a content
+    is named by its canonical form's hash; ``verify ID`` checks it). About half the
+    strict parse's time on the benchmark's contents."""
     try:
         value = orjson.loads(content)
-        if value.__class__ is dict and orjson.dumps(value, None, orjson.OPT_SORT_KEYS) == content:
+        if value.__class__ is dict and orjson.dumps(value) == content:
             return value, None
     except (orjson.JSONDecodeError, orjson.JSONEncodeError):  # what it refuses (nesting past 255 levels to encode)
         pass

@@ -41,7 +41,7 @@ from ..errors import (
 from ..format.canonical import canonical_bytes, loads, loads_flagged, needs_careful
 from ..format.codes import RULES
 from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
-from ..format.hashing import is_hash, line_members, lines_from_objects, read_envelope
+from ..format.hashing import HASH_PREFIX, is_hash, line_members, lines_from_objects, read_envelope
 from ..format.links import REL_CONTINUED_IN, successor_of
 from ..format.media import sidecar_names
 from ..format.timestamps import now_ts
@@ -436,16 +436,19 @@ class Session:
     def projection_outline(self) -> ProjectionOutline:
         """The shape of the projection's entries (ids, parents, types, labels, the synthetic
         marker included) from the envelopes, reading only a ``label``'s content: what a
-        listing needs before its first line, for the cost of the entry count."""
+        listing needs before its first line, for the cost of the entry count. It names
+        each entry's content too, so the listing then reads the contents alone
+        (:meth:`ProjectionOutline.content`): every object is read once."""
         walk = _ProjectionWalk(self)
         out = ProjectionOutline()
         stubs = walk.stubs
         for chunk in walk.chunks(contents=False):
             for (entry_id, env, _, _), stub in zip(chunk, stubs[len(stubs) - len(chunk):]):
-                out.add(entry_id, env.get("parent"), env.get("type"), env.get("parents"), stub[2])
+                out.add(entry_id, env.get("parent"), env.get("type"), env.get("parents"), stub[2], env["content"])
         marker = walk.marker()
         if marker is not None:
-            out.add(marker.id, marker.parent, marker.type, None, marker.data)
+            out.add(marker.id, marker.parent, marker.type, None, marker.data, marker.content_hash)
+            out.marker = marker
         return out
 
     def _projection_ids(self) -> Iterator[str]:
@@ -1241,11 +1244,16 @@ class _ProjectionWalk:
 
 class ProjectionOutline:
     """The projection's entries as a listing needs them before printing one: position,
-    id, parent, type, how many ``parents`` they name, children counted, labels by target.
-    Held per entry: an id, a parent's position, a type shared among entries."""
+    id, parent, type, how many ``parents`` they name, children counted, labels by target,
+    and the content each names. Held per entry: an id, a parent's position, a type shared
+    among entries, the content's name as its 32 bytes."""
 
     def __init__(self) -> None:
         self.ids: list[str] = []
+        #: Each entry's content name, as the 32 bytes of its SHA-256, one after another.
+        self.contents = bytearray()
+        #: The synthetic ``leaf`` marker that ends the projection (its last entry), if any.
+        self.marker: Entry | None = None
         #: The parent's position, or -1 for none; a parent not among the entries is kept in ``absent``.
         self.parent_at: list[int] = []
         self.absent: dict[int, str] = {}
@@ -1260,9 +1268,12 @@ class ProjectionOutline:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def add(self, entry_id: str, parent: Any, type_: Any, parents: Any, label: Mapping[str, Any] | None) -> None:
+    def add(
+        self, entry_id: str, parent: Any, type_: Any, parents: Any, label: Mapping[str, Any] | None, content: str
+    ) -> None:
         pos = len(self.ids)
         self.ids.append(entry_id)
+        self.contents += bytes.fromhex(content[7:])  # an envelope names a content by hash (checked as it was read)
         self.index[entry_id] = pos
         t = type_ if isinstance(type_, str) else ""
         self.types.append(self._types.setdefault(t, t))
@@ -1278,6 +1289,10 @@ class ProjectionOutline:
         if label is not None and type_ == "label" and isinstance(label.get("target"), str):
             text = label.get("label")
             self.labels[label["target"]] = text if isinstance(text, str) else ""
+
+    def content(self, pos: int) -> str:
+        """The name of the content object of the entry at ``pos``."""
+        return HASH_PREFIX + self.contents[32 * pos : 32 * pos + 32].hex()
 
     def parent(self, pos: int) -> str | None:
         at = self.parent_at[pos]

@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UnsupportedError
 from ..format.canonical import canonical_bytes
 from ..format.entry import Entry
-from ..format.hashing import envelope_content
+from ..format.hashing import envelope_content, line_members
 from ..format.tree import Tree
 
 if TYPE_CHECKING:
+    from .session import ProjectionOutline, Session
     from .store import Store
 
 __all__ = [
-    "GraphRow", "graph_rows", "Diff", "diff_sequences", "diff_paths", "entry_texts", "Match", "grep_entries",
+    "GraphRow", "graph_rows", "listing_entries", "Diff", "diff_sequences", "diff_paths", "entry_texts", "Match", "grep_entries",
     "grep_store", "required_literal",
 ]
 
@@ -118,6 +119,49 @@ def _free_lane(lanes: list[str | None], *, after: int) -> int:
             return i
     lanes.append(None)
     return len(lanes) - 1
+
+
+# ---------------------------------------------------------------------------
+# the listing
+
+
+#: Contents read at once by :func:`listing_entries` (as the projection's walk reads them).
+LISTING_CHUNK = 256
+
+
+def listing_entries(session: Session, outline: ProjectionOutline, positions: Iterable[int]) -> Iterator[tuple[int, Entry]]:
+    """The entries at ``positions`` (ascending) of the projection ``outline`` (made by
+    ``session.projection_outline()``), each with its position: what ``show`` lists and
+    the context reads. The outline read the envelopes; here only the contents are read,
+    in bulk (each verified against its name; a damaged one is refused as any read
+    refuses it), each parsed once (:func:`~agentsession_cas.format.hashing.line_members`),
+    so every object of the session is read once. Each entry holds its content's members,
+    its ``id``, ``parent`` and ``type``; not ``ts`` nor ``parents``, which the outline does
+    not keep (no listing prints them). The synthetic marker is the outline's own."""
+    get_many = session.store.objects.get_many
+    ids, types, content, parent = outline.ids, outline.types, outline.content, outline.parent
+
+    def read(chunk: list[int]) -> Iterator[tuple[int, Entry]]:
+        names = [content(p) for p in chunk]
+        for at, name, body in zip(chunk, names, get_many("contents", names)):
+            data, careful, item = line_members(ids[at], {"parent": parent(at), "type": types[at]}, body)
+            entry = Entry(data, computed_id=ids[at], content_hash=name)
+            entry.careful, entry.item_bytes = careful, item
+            yield at, entry
+
+    marker_at = len(ids) - 1 if outline.marker is not None else -1
+    chunk: list[int] = []
+    for pos in positions:
+        if pos == marker_at:  # the last: no store holds it
+            yield from read(chunk)
+            chunk = []
+            yield pos, outline.marker  # type: ignore[misc]
+            continue
+        chunk.append(pos)
+        if len(chunk) == LISTING_CHUNK:
+            yield from read(chunk)
+            chunk = []
+    yield from read(chunk)
 
 
 # ---------------------------------------------------------------------------
