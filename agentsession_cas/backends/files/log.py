@@ -90,8 +90,8 @@ def frame(body: bytes, prev: str | None) -> bytes:
     the line before, :data:`ZERO_LINK` for the first), or, ``prev=None``, a line with no
     link (the form of index files, and of logs written before the chain)."""
     if prev is not None:
-        body = prev.encode("ascii") + b" " + body
-    return _checksum(body).encode("ascii") + b" " + body + b"\n"
+        body = b"".join((prev.encode("ascii"), b" ", body))
+    return b"".join((_checksum(body).encode("ascii"), b" ", body, b"\n"))  # (one copy of a long body, not two)
 
 
 def line_checksum(line: bytes) -> str:
@@ -200,7 +200,7 @@ def append_body(
         text += ',"leaf_label":true'
     body = (text + ',"op":"append","seq":' + str(seq) + "}").encode("ascii")
     if payload is not None:
-        body = body + b"\t" + payload[0] + b"\t" + payload[1]
+        body = b"\t".join((body, payload[0], payload[1]))
     return body
 
 

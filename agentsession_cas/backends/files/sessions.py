@@ -890,24 +890,22 @@ class FileSessionLog(SessionLog):
         log stops taking writes: reopen to recover)."""
         self._check_open()
         bodies = [_encode(r) for r in records]
-        held: list[Record] = list(records)  # an Append is made a dict only if compaction reads it
         if commit:
             bodies.append(_COMMIT)
-            held.append({"op": "commit"})
-        self._write_log(bodies, sync=commit, datas=held)
+            records = [*records, {"op": "commit"}]
+        self._write_log(bodies, sync=commit, datas=records)
         self._uncommitted = not commit
         if commit:
             self._committed_to = self._size or 0
         note = None
         for r in records:
-            if r.__class__ is Append:
-                assert isinstance(r, Append)
+            if isinstance(r, Append):
                 if r.seq > self._max_seq:
                     self._max_seq = r.seq
                 if r.objects is not None:
                     self.unmaterialized[r.entry] = r.objects
                     self._since_checkpoint += 1
-            elif isinstance(r, dict) and isinstance(r.get("seq"), int):
+            elif isinstance(r.get("seq"), int):
                 self._max_seq = max(self._max_seq, r["seq"])
         if self.unmaterialized and not self._registered:
             self.backend.objects.register(self)
@@ -959,10 +957,11 @@ class FileSessionLog(SessionLog):
             raise
         self._size = size + len(data)
         self._last = last
-        if self._held is not None:
+        held = self._held
+        if held is not None:
             offset = size
             for body, record in zip(bodies, datas, strict=True):
-                self._held.append(_held_item(record, offset))
+                held.append(_held_item(record, offset))
                 offset += len(body) + LINE_OVERHEAD
 
     def commit(self) -> None:
