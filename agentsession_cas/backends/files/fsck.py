@@ -942,7 +942,7 @@ class _Walk:
         last_commit = max(i for i, op in enumerate(ops) if op in COMMIT_POINTS)
         # Appends a checkpoint record covers (by sequence number: a checkpoint runs beside
         # later appends) have their objects in objects/; the others only in their payloads.
-        covered = _checkpoint_covers(records) if "checkpoint" in ops else 0
+        covered = _checkpoint_covers((r.op, r.get("seq")) for r in records) if "checkpoint" in ops else 0
         env, sound_c, sidecars, env_parents = self.env, self.sound["contents"], self.sidecars, self.env_parents
         unhex, hash_match = binascii.unhexlify, _HASH.fullmatch
         own: set[bytes] = set()  # own entries, in the order they are met

@@ -53,7 +53,7 @@ from typing import Any
 import blake3
 
 from ...format.canonical import canonical_bytes
-from ..base import COMMIT_POINTS
+from ..base import COMMIT_POINTS, Append
 from ..digests import EntryDigests, SeqRuns
 
 __all__ = [
@@ -90,8 +90,8 @@ def frame(body: bytes, prev: str | None) -> bytes:
     the line before, :data:`ZERO_LINK` for the first), or, ``prev=None``, a line with no
     link (the form of index files, and of logs written before the chain)."""
     if prev is not None:
-        body = prev.encode("ascii") + b" " + body
-    return _checksum(body).encode("ascii") + b" " + body + b"\n"
+        body = b"".join((prev.encode("ascii"), b" ", body))
+    return b"".join((_checksum(body).encode("ascii"), b" ", body, b"\n"))  # (one copy of a long body, not two)
 
 
 def line_checksum(line: bytes) -> str:
@@ -200,7 +200,7 @@ def append_body(
         text += ',"leaf_label":true'
     body = (text + ',"op":"append","seq":' + str(seq) + "}").encode("ascii")
     if payload is not None:
-        body = body + b"\t" + payload[0] + b"\t" + payload[1]
+        body = b"\t".join((body, payload[0], payload[1]))
     return body
 
 
@@ -489,9 +489,17 @@ _HASH_PREFIX = "sha256:"
 _MAX_SNAPSHOT_ENTRIES = 1 << 26
 
 
-def make_snapshot(create: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+#: An append as a writer holds it: the fields of :class:`~..base.Append` in order (sequence
+#: number, entry, head, head moved, leaf label, lazy), more possibly after them. A tuple
+#: of atomic values, which the collector stops tracking (a long log holds one per append).
+AppendRow = tuple[Any, ...]
+
+
+def make_snapshot(create: dict[str, Any], records: Iterable[dict[str, Any] | AppendRow]) -> dict[str, Any]:
     """The snapshot (decoded form) of the records after ``create`` that a compaction
-    replaces: every one committed, every append's objects durable in objects/.
+    replaces: every one committed, every append's objects durable in objects/. Each
+    record is its members, or an append as an :data:`AppendRow` (what a writer holds:
+    no object is made of each of 100,000 appends to fold them).
 
     The head and mark are followed as the records set them (no rule is judged here:
     the domain holds the snapshot to the head rule when it replays it)."""
@@ -504,46 +512,53 @@ def make_snapshot(create: dict[str, Any], records: Iterable[dict[str, Any]]) -> 
     mark = create.get("mark")
     max_seq = 0
     count = 0
+    data: dict[str, Any]  # a record's members (an append row has none: it is not read as such)
+    op: Any
     for r in records:
-        op = r.get("op")
         count += 1
-        stated = r.get("seq")
-        if isinstance(stated, int) and not isinstance(stated, bool):
-            seq = stated
-        elif op == "append":
-            seq = max_seq + 1  # as a replay numbers an append without one
+        if isinstance(r, tuple):
+            op, seq, entry, moved, new_head, leaf = "append", r[0], r[1], r[3], r[2], r[4]
         else:
-            seq = 0
+            data = r
+            op = data.get("op")
+            stated = data.get("seq")
+            if isinstance(stated, int) and not isinstance(stated, bool):
+                seq = stated
+            elif op == "append":
+                seq = max_seq + 1  # as a replay numbers an append without one
+            else:
+                seq = 0
+            if op == "append":
+                entry, moved, new_head, leaf = data["entry"], "head" in data, data.get("head"), data.get("leaf_label")
         max_seq = max(max_seq, seq)
         if op == "append":
-            entry = r["entry"]
             if entry not in held:
                 held.add(entry)
                 entries.append(entry)
                 seqs.append(seq)
-                if r.get("leaf_label"):
+                if leaf:
                     leaf_labels.append(entry)
-            else:
-                others.append([len(entries), dict(r)])  # the same entry again: its number is spent
-            if "head" in r:
-                head = r["head"]
+            else:  # the same entry again: its number is spent
+                others.append([len(entries), Append(*r[:6]).as_record() if isinstance(r, tuple) else dict(data)])
+            if moved:
+                head = new_head
         elif op == "snapshot":
             # A log compacted before: its snapshot is the start of this one.
-            for entry, s in zip(r["entries"], r["seqs"]):
+            for entry, s in zip(data["entries"], data["seqs"]):
                 held.add(entry)
                 entries.append(entry)
                 seqs.append(s)
-            leaf_labels.extend(r["leaf_labels"])
-            others.extend([n + len(entries) - len(r["entries"]), o] for n, o in r["others"])
-            head, mark = r["head"], r["mark"]
-            max_seq = max(max_seq, r["seq"])
-            count += r["records"] - 1
+            leaf_labels.extend(data["leaf_labels"])
+            others.extend([n + len(entries) - len(data["entries"]), o] for n, o in data["others"])
+            head, mark = data["head"], data["mark"]
+            max_seq = max(max_seq, data["seq"])
+            count += data["records"] - 1
         elif op in _SNAPSHOT_KEEPS:
-            others.append([len(entries), dict(r)])
+            others.append([len(entries), dict(data)])
             if op == "head":
-                head = r.get("head")
+                head = data.get("head")
             elif op == "mark":
-                mark = r.get("mark")
+                mark = data.get("mark")
     return {
         "op": "snapshot", "seq": max_seq, "records": count, "entries": entries, "seqs": seqs,
         "leaf_labels": leaf_labels, "head": head, "mark": mark, "others": others,

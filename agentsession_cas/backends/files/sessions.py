@@ -66,6 +66,7 @@ from .log import (
     CHECKSUM_HEX,
     LINE_OVERHEAD,
     ZERO_LINK,
+    AppendRow,
     SnapshotIds,
     append_body,
     chain,
@@ -81,7 +82,6 @@ from .log import (
     snapshot_ids_file,
     snapshot_raw,
 )
-from .log import Record as LogRecord
 
 if TYPE_CHECKING:
     from . import FileBackend
@@ -120,18 +120,18 @@ def _checkpoint_pool() -> ThreadPoolExecutor:
 
 
 
-def checkpoint_covers(records: Sequence[Any]) -> int:
+def checkpoint_covers(records: Iterable[tuple[str, Any]]) -> int:
     """The highest sequence number whose objects a checkpoint record says are in
-    objects/: a record's ``seq``, or, for a record without one (written before
-    checkpoints ran on a worker), every append before it."""
+    objects/, from each record's ``op`` and ``seq`` (None when it has none): a
+    checkpoint's ``seq``, or, for one without (written before checkpoints ran on a
+    worker), every append before it."""
     covered, seen = 0, 0
-    for r in records:
-        if r.op == "append" and isinstance(r.get("seq"), int):
-            seen = max(seen, r.get("seq"))
-        elif r.op == "snapshot":  # compaction kept only appends a checkpoint covered
-            covered = seen = max(seen, r.get("seq"))
-        elif r.op == "checkpoint":
-            seq = r.get("seq")
+    for op, seq in records:
+        if op == "append" and isinstance(seq, int):
+            seen = max(seen, seq)
+        elif op == "snapshot":  # compaction kept only appends a checkpoint covered
+            covered = seen = max(seen, seq)
+        elif op == "checkpoint":
             covered = max(covered, seq if isinstance(seq, int) else seen)
     return covered
 
@@ -223,19 +223,14 @@ def _encode(record: Record) -> bytes:
 
 def _held_item(record: Record, offset: int) -> tuple[Any, ...]:
     """What a writer keeps of a record it wrote, for compaction (its members, no
-    payload, and its offset): an append as a tuple of its fields, which holds only
-    atomic values, so the collector stops tracking it (a long session keeps one per
-    append, and every full collection would walk an :class:`Append` object each);
-    any other record as its members."""
+    payload, and its offset): an append as its row (:data:`~.log.AppendRow`, the offset
+    last), which holds only atomic values, so the collector stops tracking it (a long
+    session keeps one per append, and every full collection would walk an
+    :class:`Append` object each); any other record as its members."""
     if isinstance(record, Append):
         r = record
         return (r.seq, r.entry, r.head, r.head_moved, r.leaf_label, r.lazy, offset)
     return (record, offset)
-
-
-def _held_data(item: tuple[Any, ...]) -> dict[str, Any]:
-    """A record's members from what :func:`_held_item` kept."""
-    return Append(*item[:6]).as_record() if len(item) > 2 else record_data(item[0])
 
 
 #: The fewest bytes an append record's line takes (checksum, link, op, seq and a full
@@ -705,7 +700,7 @@ class FileSessionLog(SessionLog):
         dropped = records[cut_at:] + logread.cut_records
         # Appends since the last checkpoint have their objects only in the log for
         # sure; after a crash, any the disk lacks are restored from their payloads.
-        covered = checkpoint_covers(kept)
+        covered = checkpoint_covers((r.op, r.get("seq")) for r in kept)
         since_checkpoint = [
             r for r in kept
             if r.op == "append" and r.payload is not None
@@ -895,24 +890,22 @@ class FileSessionLog(SessionLog):
         log stops taking writes: reopen to recover)."""
         self._check_open()
         bodies = [_encode(r) for r in records]
-        held: list[Record] = list(records)  # an Append is made a dict only if compaction reads it
         if commit:
             bodies.append(_COMMIT)
-            held.append({"op": "commit"})
-        self._write_log(bodies, sync=commit, datas=held)
+            records = [*records, {"op": "commit"}]
+        self._write_log(bodies, sync=commit, datas=records)
         self._uncommitted = not commit
         if commit:
             self._committed_to = self._size or 0
         note = None
         for r in records:
-            if r.__class__ is Append:
-                assert isinstance(r, Append)
+            if isinstance(r, Append):
                 if r.seq > self._max_seq:
                     self._max_seq = r.seq
                 if r.objects is not None:
                     self.unmaterialized[r.entry] = r.objects
                     self._since_checkpoint += 1
-            elif isinstance(r, dict) and isinstance(r.get("seq"), int):
+            elif isinstance(r.get("seq"), int):
                 self._max_seq = max(self._max_seq, r["seq"])
         if self.unmaterialized and not self._registered:
             self.backend.objects.register(self)
@@ -964,10 +957,11 @@ class FileSessionLog(SessionLog):
             raise
         self._size = size + len(data)
         self._last = last
-        if self._held is not None:
+        held = self._held
+        if held is not None:
             offset = size
             for body, record in zip(bodies, datas, strict=True):
-                self._held.append(_held_item(record, offset))
+                held.append(_held_item(record, offset))
                 offset += len(body) + LINE_OVERHEAD
 
     def commit(self) -> None:
@@ -1144,43 +1138,52 @@ class FileSessionLog(SessionLog):
         self._compact_looked = self._committed_to
         path = os.path.join(self.dir, "log")
         size = self._size if self._size is not None else os.fstat(self._fd).st_size
+        # Each record as its members, or an append this writer holds as a row (see
+        # _held_item), with the offset of its line.
+        forms: list[dict[str, Any] | AppendRow]
         if self._held is not None and self._held_head is not None:
-            # What this writer wrote and read is known: no need to read the log back.
-            records = [LogRecord(0, 0, d) for d in self._held_head] + [LogRecord(0, h[-1], _held_data(h)) for h in self._held]
+            # What this writer wrote and read is known: no need to read the log back, nor
+            # to make an object of each append held (100,000 of them at a long session's close).
+            held = self._held
+            forms = [*self._held_head, *[h[0] if len(h) == 2 else h for h in held]]
+            offsets = [0] * len(self._held_head) + [h[-1] for h in held]
         else:
             logread = read_log(read_dense(path), expand=False)
             if logread.damage or logread.cut:
                 return  # what the next open must judge is never rewritten here
-            records = logread.records
+            forms = [r.data for r in logread.records]
+            offsets = [r.offset for r in logread.records]
             size = logread.size
-        if len(records) < 2 or records[0].op != "create":
+        ops = [r["op"] if isinstance(r, dict) else "append" for r in forms]
+        seqs = [r.get("seq") if isinstance(r, dict) else r[0] for r in forms]
+        if len(forms) < 2 or ops[0] != "create":
             return
-        covered = checkpoint_covers(records)
-        last_commit = max(i for i, r in enumerate(records) if r.op in COMMIT_POINTS)
+        covered = checkpoint_covers(zip(ops, seqs))
+        last_commit = max(i for i, op in enumerate(ops) if op in COMMIT_POINTS)
         end = last_commit + 1
         for i in range(1, last_commit + 1):
-            r = records[i]
-            seq = r.get("seq")
-            if r.op == "append" and not (isinstance(seq, int) and seq <= covered):
+            seq = seqs[i]
+            if ops[i] == "append" and not (isinstance(seq, int) and seq <= covered):
                 end = i
                 break
         if end == last_commit + 1:
             # A checkpoint record needs no commit: one right after the last commit folds in too.
-            while end < len(records) and records[end].op == "checkpoint":
+            while end < len(ops) and ops[end] == "checkpoint":
                 end += 1
-        if end <= 1 or (end == 2 and records[1].op == "snapshot"):
+        if end <= 1 or (end == 2 and ops[1] == "snapshot"):
             return
         # The records after the fold are copied as their lines hold them, payloads included,
         # each line's checksum checked on the way (nothing damaged is copied).
-        start = records[end].offset if end < len(records) else size
+        start = offsets[end] if end < len(forms) else size
         with open(path, "rb") as f:
             f.seek(start)
             tail_bodies = line_bodies(f.read(size - start))
-        if tail_bodies is None or len(tail_bodies) != len(records) - end:
+        if tail_bodies is None or len(tail_bodies) != len(forms) - end:
             self._held = None  # the file is not what this writer knows: the next look reads it
             return
-        create = records[0].data
-        snapshot = make_snapshot(create, [r.data for r in records[1:end]])
+        create = forms[0]
+        assert isinstance(create, dict)
+        snapshot = make_snapshot(create, forms[1:end])
         head_lines, link = chain([record_body(create), record_body(snapshot)])
         tail, last = chain(tail_bodies, link)
         try:
@@ -1202,8 +1205,8 @@ class FileSessionLog(SessionLog):
         self._held_head = [create, snapshot]
         self._held = []
         offset = self._compacted
-        for r, body in zip(records[end:], tail_bodies, strict=True):
-            self._held.append((r.data, offset))
+        for r, body in zip(forms[end:], tail_bodies, strict=True):
+            self._held.append((r, offset) if isinstance(r, dict) else (*r[:-1], offset))
             offset += len(body) + LINE_OVERHEAD
 
     # -- closing, parking -----------------------------------------------------------------
