@@ -537,6 +537,16 @@ def small_ids_worth(monkeypatch):
     monkeypatch.setattr(files_sessions, "_IDS_WORTH", 32)
 
 
+def _closed_with_ids(tmp_path: Path) -> tuple[Path, tuple]:
+    """A store whose session was filled and closed (its log compacted, its ids kept
+    beside it), and the session's state before the close."""
+    root = tmp_path / "store"
+    st = Store.init(root)
+    before = state_of(fill(st))
+    st.close()
+    return root, before
+
+
 def _no_base64_decoding(monkeypatch):
     """The log module's base64 decoding refused (the rules file's is another module's)."""
     class NoDecoding:
@@ -611,11 +621,7 @@ def _torn(data: bytes, root: Path) -> bytes:
 def test_a_damaged_or_stale_ids_file_is_not_used(tmp_path, small_ids_worth, alter):
     """An index, never trusted past its checksums: the open decodes the log's own base64
     and gets the same session; nothing is refused."""
-    root = tmp_path / "store"
-    st = Store.init(root)
-    s = fill(st)
-    before = state_of(s)
-    st.close()
+    root, before = _closed_with_ids(tmp_path)
     path = _ids_path(root)
     path.write_bytes(alter(path.read_bytes(), root))
     assert state_of(Store(root, readonly=True).read("s1")) == before
@@ -658,11 +664,7 @@ def test_a_snapshot_line_read_sliced_reads_as_the_whole_line(tmp_path):
 def test_fsck_warns_of_an_ids_file_that_names_the_snapshot_line_but_not_its_ids(tmp_path, small_ids_worth):
     """The one case an open cannot see (it trusts a file whose checksums hold and which
     names its snapshot line): fsck compares it with the line and says so."""
-    root = tmp_path / "store"
-    st = Store.init(root)
-    s = fill(st)
-    before = state_of(s)
-    st.close()
+    root, before = _closed_with_ids(tmp_path)
     path = _ids_path(root)
     kept = read_snapshot_ids(path.read_bytes())
     path.write_bytes(snapshot_ids_file(kept.line, kept.raw[32:] + kept.raw[:32]))  # (rotated: as many ids)
