@@ -13,8 +13,9 @@ since a verifier wants all of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
+
+from .lean import dataclass
 
 #: How much a problem weighs: an ``error`` fails a verify, a ``note`` is a remark.
 Severity = Literal["error", "note"]

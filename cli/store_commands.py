@@ -15,7 +15,6 @@ import stat
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -35,6 +34,7 @@ from agentsession_cas.format.canonical import loads
 from agentsession_cas.format.entry import Header, short_id
 from agentsession_cas.format.links import fork_of_link
 from agentsession_cas.format.names import check_session_id
+from agentsession_cas.lean import dataclass
 from agentsession_cas.store import Session, Store, default_store_path
 from agentsession_cas.store.names import REF_PREFIX, resolve_entry, resolve_object, resolve_session
 from agentsession_cas.store.refs import Refs

@@ -15,8 +15,10 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import IO, Any
+
+from agentsession_cas.lean import dataclass
 
 #: The width of human output when standard output is not a terminal.
 FALLBACK_WIDTH = 100

@@ -48,7 +48,7 @@ def _loaded_after(argv: list[str]) -> set[str]:
 def test_version_and_help_load_no_store_and_no_format_core():
     for argv in (["--version"], ["--help"]):
         loaded = _loaded_after(argv)
-        assert loaded <= {"agentsession_cas", "agentsession_cas.errors", "agentsession_cli",
+        assert loaded <= {"agentsession_cas", "agentsession_cas.errors", "agentsession_cas.lean", "agentsession_cli",
                           "agentsession_cli.main", "agentsession_cli.common", "agentsession_cli.terminal"}, (argv, sorted(loaded))
 
 

@@ -32,8 +32,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any, Literal, Protocol
+
+from ..lean import dataclass
 
 __all__ = [
     "COMMIT_POINTS",

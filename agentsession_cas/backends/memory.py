@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
 from ..errors import (
@@ -31,6 +31,7 @@ from ..errors import (
     StoreError,
 )
 from ..format.hashing import sha256_ref
+from ..lean import dataclass
 from .base import (
     Append,
     Backend,

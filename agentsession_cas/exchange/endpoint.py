@@ -8,7 +8,6 @@ server (RFC 0003) calls the same methods per request.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..backends.base import SPACES, Space
@@ -40,6 +39,7 @@ from ..format.media import sidecar_names
 from ..format.names import check_ref_name, check_session_id
 from ..format.rules import RULES, SessionChecker, Trial, check_line
 from ..format.tree import Either, head_refusal
+from ..lean import dataclass
 from ..store.refs import Refs, header_ident
 from ..store.session import Session
 from ..store.store import Store

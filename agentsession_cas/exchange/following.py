@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BadObjectError, NoSuchSessionError, TransportError
 from ..format.canonical import canonical_bytes
 from ..format.entry import Entry
 from ..format.hashing import sha256_ref
+from ..lean import dataclass
 from ..store.refs import header_ident
 from ..store.session import entry_from_objects
 from ..store.store import Store

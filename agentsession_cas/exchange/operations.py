@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
 from ..backends.base import SPACES
@@ -56,6 +56,7 @@ from ..errors import (
 from ..format.hashing import envelope_content, is_hash, sha256_ref
 from ..format.media import sidecar_names
 from ..format.names import check_session_id
+from ..lean import dataclass
 from ..store.refs import Refs, check_ref_name, header_ident
 from ..store.session import Session
 from ..store.store import Store

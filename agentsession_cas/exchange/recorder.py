@@ -42,13 +42,13 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ContextError, MirrorError, StoreError
 from ..format.context import Context, ContextBuilder
 from ..format.entry import Entry, Header
 from ..format.timestamps import now_ts
+from ..lean import dataclass
 from ..store.refs import Refs
 from ..store.session import AppendResult, Session
 from ..store.store import Store

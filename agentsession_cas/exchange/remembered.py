@@ -11,11 +11,11 @@ push re-learns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..format.hashing import is_hash
 from ..format.names import check_ref_name, check_session_id
+from ..lean import dataclass
 
 if TYPE_CHECKING:
     from ..store.store import Store

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import SPACES, Space
 from ..errors import StoreError
+from ..lean import dataclass
 
 if TYPE_CHECKING:
     from ..store.store import Store

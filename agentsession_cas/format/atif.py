@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ContextError
+from ..lean import dataclass
 from .context import ContextBuilder
 from .entry import Entry, Header
 from .reader import SessionFile

@@ -11,11 +11,11 @@ the table sits below every module of the format core, so each can report.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
 from ..errors import AgentSessionError, Problem, Severity
+from ..lean import dataclass
 
 __all__ = ["RULES", "STORE_ONLY", "ErrorCode", "Rule", "Scope", "StorePolicy", "problem", "rule_of"]
 

@@ -32,10 +32,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ..errors import AgentSessionError, ContextError, Problem
+from ..lean import dataclass
 from .canonical import canonical_bytes
 from .entry import Entry, short_id
 from .hashing import HASH_PREFIX, is_hash, sha256_ref

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from ..errors import EntryError, Problem, SessionFormatError
+from ..lean import dataclass
 from .canonical import canonical_bytes, needs_careful
 from .codes import problem
 from .hashing import ENVELOPE_MEMBERS, RESERVED_MEMBERS, entry_hashes, is_hash

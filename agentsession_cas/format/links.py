@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EntryError, Problem
+from ..lean import dataclass
 from .codes import problem
 from .entry import Entry, Header, short_id
 

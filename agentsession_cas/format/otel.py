@@ -20,10 +20,11 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
 from .. import __version__
+from ..lean import dataclass
 from .entry import Entry
 from .reader import SessionFile
 from .timestamps import ts_unix_nanos

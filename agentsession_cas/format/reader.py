@@ -25,7 +25,7 @@ import os
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from itertools import accumulate
 from typing import Any, BinaryIO
 from zlib import crc32
@@ -36,6 +36,7 @@ from ..errors import (
     Problem,
     SessionFormatError,
 )
+from ..lean import dataclass
 from ..progress import Progress, reported
 from .canonical import loads_canonical, loads_flagged
 from .entry import Entry, Header

@@ -23,10 +23,11 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ..errors import RedactionError
+from ..lean import dataclass
 from .canonical import canonical_bytes
 from .entry import REDACTED_FROM_MINOR, Entry, Header, make_entry, parse_format
 from .hashing import is_hash

@@ -43,10 +43,11 @@ import re
 import weakref
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import AgentSessionError, EntryError, IJSONError, Problem, SessionFormatError
+from ..lean import dataclass
 from .canonical import loads, loads_flagged
 from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
 from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, RequestReport, check_tip

@@ -31,10 +31,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal, get_args
 
 from ..errors import Problem
+from ..lean import dataclass
 from .entry import Entry, Header, short_id, shown_id
 
 __all__ = [

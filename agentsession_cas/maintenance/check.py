@@ -12,7 +12,7 @@ is missing or corrupt, so an operator knows what ``repair`` will face.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import FsckReport
@@ -27,6 +27,7 @@ from ..errors import (
 from ..format.entry import short_id
 from ..format.reader import verify_lines
 from ..format.rules import RULES, VerifyReport
+from ..lean import dataclass
 from ..progress import Progress
 from ..store.links import check_links
 from ..store.state import replay

@@ -12,11 +12,12 @@ counted once in ``distinct_bytes``, and ``dedup`` is logical over distinct.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import SPACES
 from ..format.hashing import line_from_objects
+from ..lean import dataclass
 
 if TYPE_CHECKING:
     from ..store import Store

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import RepackResult, Retained, RetentionSource
@@ -52,6 +52,7 @@ from ..errors import CorruptObjectError, NoSuchObjectError, ReadOnlyError, Write
 from ..format.canonical import loads
 from ..format.hashing import envelope_content
 from ..format.media import sidecar_names
+from ..lean import dataclass
 
 if TYPE_CHECKING:
     from ..store.store import Store

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from itertools import islice
 from typing import Any
 
@@ -66,6 +66,7 @@ from ..format.entry import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_WRITTEN, Header, p
 from ..format.hashing import envelope_content, is_hash
 from ..format.media import sidecar_names
 from ..format.names import check_ref_name, check_session_id
+from ..lean import dataclass
 from ..store.refs import Refs, header_ident
 from ..store.session import AppendResult, Session
 from ..store.state import SessionState

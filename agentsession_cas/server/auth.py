@@ -13,9 +13,9 @@ import hashlib
 import hmac
 import json
 import os
-from dataclasses import dataclass
 
 from ..errors import AuthError, ScopeError, StoreError
+from ..lean import dataclass
 
 __all__ = ["SCOPES", "LOCAL", "Principal", "Tokens", "load_tokens"]
 

@@ -31,12 +31,13 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ..errors import AgentSessionError, NoSuchSessionError
 from ..exchange.wire import problem_body
 from ..format.hashing import envelope_content
+from ..lean import dataclass
 from ..store.refs import header_ident
 from ..store.session import Session
 from ..store.state import SessionState

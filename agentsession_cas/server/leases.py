@@ -19,11 +19,11 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from ..errors import LeaseLostError, SessionLockedError
 from ..format.timestamps import now_ts
+from ..lean import dataclass
 from ..store.store import Store
 
 __all__ = ["LEASE_STATE_URL", "Lease", "Leases"]

@@ -16,11 +16,12 @@ says exactly what it holds.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from ..errors import AgentSessionError, NoSuchObjectError
 from ..format.hashing import envelope_content
 from ..format.media import sidecar_names
+from ..lean import dataclass
 from ..store.refs import header_ident
 from ..store.session import Session
 from ..store.store import Store

@@ -11,13 +11,14 @@ child exists, so a missing child is one that never started (RFC 0001 link).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AgentSessionError, ContinuationError, NoSuchSessionError, Problem
 from ..format.codes import problem
 from ..format.entry import Entry, Header, short_id
 from ..format.links import REL_FORK_OF, REL_SUBSESSION, CalleeLink, callees, judges
+from ..lean import dataclass
 
 if TYPE_CHECKING:
     from .session import Session

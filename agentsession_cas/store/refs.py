@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import (
@@ -45,6 +44,7 @@ from ..format.names import (
     check_session_id,
 )
 from ..format.timestamps import now_ts
+from ..lean import dataclass
 
 if TYPE_CHECKING:
     from .store import Store

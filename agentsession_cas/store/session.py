@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ..backends.base import Append, Mark, ObjectStore, Record, SessionLog
@@ -46,6 +46,7 @@ from ..format.links import REL_CONTINUED_IN, successor_of
 from ..format.media import sidecar_names
 from ..format.timestamps import now_ts
 from ..format.tree import Either, Tree, head_refusal
+from ..lean import dataclass
 from .own import OwnOrder, OwnSeqs
 from .state import SessionState, committed_view, index_damage, replay
 from .summary import SessionSummary, SummaryBuilder

@@ -17,12 +17,13 @@ appends gone, each remaining record still sound).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ..backends.base import COMMIT_POINTS, Mark
 from ..format.hashing import is_hash
 from ..format.tree import head_may_rest
+from ..lean import dataclass
 from .own import OwnOrder, OwnSeqs, own_of
 
 __all__ = ["SessionState", "replay", "index_damage"]

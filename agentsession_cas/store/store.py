@@ -17,7 +17,6 @@ import builtins
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
-from dataclasses import dataclass
 from os import PathLike
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +45,7 @@ from ..format.links import continued_in_link, fork_of_link
 from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
 from ..format.timestamps import now_ts
+from ..lean import dataclass
 from ..progress import Progress, reported
 from .links import CHAIN_LIMIT, Chain, resolve_current
 from .refs import header_ident

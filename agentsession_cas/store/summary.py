@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..format.entry import Entry, Header
 from ..format.links import REL_CONTINUED_IN
+from ..lean import dataclass
 
 __all__ = ["SessionSummary", "SummaryBuilder", "parse_when", "seconds", "select"]
 

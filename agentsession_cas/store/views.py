@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UnsupportedError
@@ -16,6 +16,7 @@ from ..format.canonical import canonical_bytes
 from ..format.entry import Entry
 from ..format.hashing import envelope_content, line_members
 from ..format.tree import Tree
+from ..lean import dataclass
 
 if TYPE_CHECKING:
     from .session import ProjectionOutline, Session

@@ -39,7 +39,6 @@ import operator
 import os
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...errors import AgentSessionError, BadNameError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
@@ -49,6 +48,7 @@ from ...format.hashing import HASH_PREFIX, is_hash
 from ...format.names import check_session_id
 from ...format.rules import TreeState
 from ...fsutil import NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
+from ...lean import dataclass
 from ...store.state import index_damage, replay
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend

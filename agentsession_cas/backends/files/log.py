@@ -47,12 +47,13 @@ import base64
 import binascii
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import blake3
 
 from ...format.canonical import canonical_bytes
+from ...lean import dataclass
 from ..base import COMMIT_POINTS, Append
 from ..digests import EntryDigests, SeqRuns
 

@@ -54,8 +54,10 @@ import re
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from ...lean import dataclass
 
 try:
     import fcntl

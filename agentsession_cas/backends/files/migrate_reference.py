@@ -41,7 +41,6 @@ import json
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ...errors import AgentSessionError, BadNameError, MigrationError
@@ -49,6 +48,7 @@ from ...format.canonical import loads
 from ...format.hashing import is_hash
 from ...format.names import check_ref_name, check_session_id
 from ...fsutil import fsync_dir, write_atomic
+from ...lean import dataclass
 from ...store.refs import header_ident
 from . import migrate as journal_migration
 from .layout import KEPT_DIR, LAYOUT, REFERENCE_LAYOUT, layout_state

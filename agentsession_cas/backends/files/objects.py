@@ -28,7 +28,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import filelock
@@ -45,6 +44,7 @@ from ...fsutil import (
     write_atomic,
     write_new_file,
 )
+from ...lean import dataclass
 from ..base import ObjectStore, RepackResult, Space
 from .packs import (
     MAX_PACKED,

@@ -33,7 +33,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,7 @@ from ...format.reader import read_session_bytes
 from ...format.rules import TreeState
 from ...format.timestamps import now_ts
 from ...fsutil import fsync_dir, read_dense, read_small, write_all, write_atomic
+from ...lean import dataclass
 from ...store.session import Session, entry_from_objects, parse_header
 from ...store.state import replay
 from ..base import Space

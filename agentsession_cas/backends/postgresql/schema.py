@@ -14,8 +14,10 @@ text: half the size in the tables and their indexes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from ...lean import dataclass
 
 __all__ = ["SCHEMA_VERSION", "UPGRADES", "SPACE_CODES", "MigrationPlan", "create_statements", "plan_upgrade", "sound"]
 
