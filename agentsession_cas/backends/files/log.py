@@ -62,6 +62,7 @@ __all__ = [
     "make_snapshot", "expand_snapshot", "read_tail", "checksummed_line", "checked_body", "frame", "chain", "encode_log",
     "record_body", "append_body", "line_checksum", "ZERO_LINK", "header_of", "line_bodies", "LINE_OVERHEAD",
     "SnapshotIds", "snapshot_ids_file", "read_snapshot_ids", "snapshot_raw", "snapshot_ids_disagree",
+    "with_digests",
 ]
 
 #: Hex digits of the BLAKE3 checksum each line carries.
@@ -617,13 +618,15 @@ class SnapshotIds:
     raw: bytes
 
 
-def snapshot_ids_file(line: str, raw: bytes) -> bytes | None:
+def snapshot_ids_file(line: str, raw: bytes | EntryDigests) -> bytes | None:
     """The side file of a snapshot line (checksum ``line``) naming the digests ``raw``,
     or None when a digest stands twice there (the file vouches that none does, so an
-    open need not look: a snapshot must not name an entry twice)."""
-    if EntryDigests(raw).repeated() is not None:
+    open need not look: a snapshot must not name an entry twice). Given as
+    :class:`EntryDigests`, their own verdict on a repeat is the one asked (and kept)."""
+    digests = raw if isinstance(raw, EntryDigests) else EntryDigests(raw)
+    if digests.repeated() is not None:
         return None
-    body = f"{line} {len(raw) // 32}\n".encode("ascii") + raw
+    body = f"{line} {len(digests)}\n".encode("ascii") + digests.raw
     return _checksum(body).encode("ascii") + b" " + body
 
 
@@ -656,6 +659,13 @@ def snapshot_ids_disagree(log: bytes, kept: SnapshotIds) -> bool:
     if isinstance(result, str) or result[0]["op"] != "snapshot":
         return False  # (the line's own damage is the log's finding)
     return bool(result[0]["entries"].raw != kept.raw or EntryDigests(kept.raw).repeated() is not None)
+
+
+def with_digests(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A decoded snapshot whose ids are held as :class:`EntryDigests` (spelled out once),
+    so its line, its ``ids`` file and a replay of it share one copy of the digests."""
+    entries = snapshot["entries"]
+    return snapshot if isinstance(entries, EntryDigests) else dict(snapshot, entries=EntryDigests(snapshot_raw(entries)))
 
 
 def snapshot_raw(entries: Sequence[str]) -> bytes:

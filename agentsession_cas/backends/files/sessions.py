@@ -80,7 +80,7 @@ from .log import (
     read_tail,
     record_body,
     snapshot_ids_file,
-    snapshot_raw,
+    with_digests,
 )
 
 if TYPE_CHECKING:
@@ -259,7 +259,7 @@ def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int, list[dict[
             return data, link, 0, None
     create = records[0]
     assert isinstance(create, dict)
-    snapshot = make_snapshot(create, (r.as_record() if isinstance(r, Append) else r for r in records[1:]))
+    snapshot = with_digests(make_snapshot(create, (r.as_record() if isinstance(r, Append) else r for r in records[1:])))
     data, link = chain([record_body(create), record_body(snapshot)])
     return data, link, len(data), [create, snapshot]
 
@@ -267,8 +267,8 @@ def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int, list[dict[
 def _ids_file(link: str, snapshot: Mapping[str, Any]) -> bytes | None:
     """The ``ids`` file of a snapshot line (checksum ``link``), or None when its ids are
     too few to be worth one (or one stands twice: see :func:`snapshot_ids_file`)."""
-    raw = snapshot_raw(snapshot["entries"])
-    return snapshot_ids_file(link, raw) if len(raw) >= _IDS_WORTH else None
+    entries = snapshot["entries"]
+    return snapshot_ids_file(link, entries) if 32 * len(entries) >= _IDS_WORTH else None
 
 
 def _logged_header(path: str, file_bytes: bytes) -> bytes | None:
@@ -1183,7 +1183,7 @@ class FileSessionLog(SessionLog):
             return
         create = forms[0]
         assert isinstance(create, dict)
-        snapshot = make_snapshot(create, forms[1:end])
+        snapshot = with_digests(make_snapshot(create, forms[1:end]))
         head_lines, link = chain([record_body(create), record_body(snapshot)])
         tail, last = chain(tail_bodies, link)
         try:
