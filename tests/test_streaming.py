@@ -648,12 +648,16 @@ def test_import_file_does_not_hold_the_file(tmp_path, monkeypatch):
     def whole(*a, **k):
         raise AssertionError("the import read the file whole")
 
-    from agentsession_cas.backends.files import packs
+    from agentsession_cas.backends.files import objects, packs
 
     # The pack writer gathers compressed blocks up to WRITE_BUFFER bytes before a write: a
     # bound of its own (whatever the file's size), which these entries (compressing to
-    # almost nothing) would never reach; taken down so the measure is the import's.
-    monkeypatch.setattr(packs.PackWriter, "WRITE_BUFFER", 1)
+    # almost nothing) would never reach; taken down so the measure is the import's. Its
+    # blocks are compressed on the import's own thread: beside it, how many are in flight
+    # (up to three of 256 KiB) when the peak is taken depends on timing, which made this
+    # measure flaky.
+    monkeypatch.setattr(packs.StreamPackWriter, "WRITE_BUFFER", 1)
+    monkeypatch.setattr(objects.PackStage, "THREADS", 0)
     monkeypatch.setattr(reader, "read_session", whole)
     monkeypatch.setattr(reader, "read_session_bytes", whole)
     peaks, sizes = [], []

@@ -1174,6 +1174,11 @@ class PackStage:
     that had no pack when the stage began none is looked in (one another writer adds
     meanwhile may then share an object with this one: a repeat, which a repack drops)."""
 
+    #: Threads compressing the pack's blocks beside the pass (0: the caller's thread, which
+    #: a test measuring the import's own memory uses, since what blocks are in flight at a
+    #: given moment depends on timing).
+    THREADS = 1
+
     def __init__(self, objects: FileObjects):
         from ...fsutil import Spill
 
@@ -1202,7 +1207,7 @@ class PackStage:
         """Enough objects for a pack: the writer begins, the first ones written into it."""
         first, self._first = self._first, None
         assert first is not None
-        self._writer = writer = StreamPackWriter(self._objects.pack_dir, self._objects.tmp, threads=1)
+        self._writer = writer = StreamPackWriter(self._objects.pack_dir, self._objects.tmp, threads=self.THREADS)
         for space, name, data in first:
             writer.add(space, name, data)
         first.close()
