@@ -8,10 +8,22 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "corpus"
 FIXTURES = REPO / "fixtures"
+
+# Property tests: the same examples on every run (a seed per test, no example database, no
+# deadline, no speed health check), so a CI run cannot fail on a draw or a slow moment that
+# the previous one did not have. ``HYPOTHESIS_PROFILE=explore`` draws fresh examples (and
+# more of them) when looking for new failures; a failure it finds becomes a test's
+# ``@example``. Loaded here, before the test modules: their ``@settings`` inherit it.
+settings.register_profile(
+    "ci", derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.register_profile("explore", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 #: Memory-backed temp space for the stores tests make, when the machine has room.
 _SHM = Path("/dev/shm")
