@@ -272,6 +272,16 @@ class Store:
         if header.base is None:
             return self._create(header, own=[], head=None, record=record)
         owner = self.holder_of(header.base)
+        # The session owning the base is the one a fork at its head starts its rules from.
+        origin = None
+        if owner is not None and owner.owns:
+            origin = owner.snapshot if owner.snapshot is not None else self._open.get(owner.session)
+        return self._create_fork(header, owner, record=record, origin=origin)
+
+    def _create_fork(self, header: Header, owner: Holder | None, *, record: bool, origin: Session | None = None) -> Session:
+        """Create a fork (its header checked, ``owner`` the session holding its base, closed
+        here); its rules start from the state of ``origin``, the session it is made from
+        (open until then), where that stands for the fork's prefix (:meth:`Session.fork_rules`)."""
         if owner is not None and header.data.get("parent_session") is None:
             # RFC 0001: parent_session names the session a fork was made from; the
             # caller who names none gets the session holding the base.
@@ -280,10 +290,14 @@ class Store:
             prefix = self._prefix_for_base(header, owner)
             # The owner stays open until the fork is made: a prefix entry another process
             # holds only in its log so far is served from the snapshot, and made durable.
-            return self._create(header, own=[], head=header.base, record=record, prefix=prefix)
+            fork = self._create(header, own=[], head=header.base, record=record, prefix=prefix)
+            rules = origin.fork_rules(fork.header) if origin is not None else None
         finally:
             if owner is not None:
                 owner.close()
+        if rules is not None:
+            fork.start_rules(rules)
+        return fork
 
     def fork(
         self,
@@ -300,6 +314,7 @@ class Store:
         a ``fork_of`` link naming ``origin`` as the fork's first entry (RFC 0001: the
         session it was made from, which the header's provenance may not say). Returns
         the fork, open for writing."""
+        self._require_writable()
         held = self._open.get(origin)  # open here: its head may be an append not yet committed
         o = held if held is not None else self.read(origin)
         try:
@@ -309,20 +324,23 @@ class Store:
             if base not in o and base != o.base and base not in o.prefix_set:
                 raise BaseNotHeldError(f"entry {base} is not on session {origin} (its own entries, base or prefix)")
             media, payload = o.header.data.get("media"), o.header.payload
+            data: dict[str, Any] = dict(header or {})
+            if session_id is not None:
+                data["id"] = session_id
+            data.setdefault("id", str(uuid.uuid4()))
+            data["base"] = base
+            data.setdefault("parent_session", origin)
+            if media is not None:
+                data.setdefault("media", media)
+            if payload is not None:
+                data.setdefault("payload", payload)
+            # The origin holds the base (an own entry, or on its prefix): no scan of the
+            # store for its holder, and the origin stays open until the fork is made.
+            fork = self._create_fork(self._checked_new_header(Header(data)), self._holder_in(o, base), record=True,
+                                     origin=o)
         finally:
             if held is None:
                 o.close()
-        data: dict[str, Any] = dict(header or {})
-        if session_id is not None:
-            data["id"] = session_id
-        data.setdefault("id", str(uuid.uuid4()))
-        data["base"] = base
-        data.setdefault("parent_session", origin)
-        if media is not None:
-            data.setdefault("media", media)
-        if payload is not None:
-            data.setdefault("payload", payload)
-        fork = self.create(Header(data))
         if link:
             try:
                 fork.append(fork_of_link(origin))
@@ -455,11 +473,9 @@ class Store:
             s = self._open.get(sid)
             if s is not None:
                 if entry_id in s.own:
-                    s.commit()
-                    s.checkpoint()
                     if on_prefix is not None:
                         on_prefix.close()
-                    return Holder(sid, s.header, True, True, None)
+                    return self._holder_in(s, entry_id)
                 if on_prefix is None and (entry_id in s.prefix_set or entry_id == s.base):
                     on_prefix = Holder(sid, s.header, True, False, None)
                 continue
@@ -470,12 +486,25 @@ class Store:
             if entry_id in s.own:
                 if on_prefix is not None:
                     on_prefix.close()
-                return Holder(sid, s.header, s.is_committed(entry_id), True, s)
+                return self._holder_in(s, entry_id, s)
             if on_prefix is None and (entry_id in s.prefix_set or entry_id == s.base):
                 on_prefix = Holder(sid, s.header, True, False, s)
             else:
                 s.close()
         return on_prefix
+
+    @staticmethod
+    def _holder_in(s: Session, entry_id: str, snapshot: Session | None = None) -> Holder:
+        """``s`` as the holder of ``entry_id``, an own entry of it or on its prefix (the
+        base included). A session open here for writing is committed and checkpointed
+        first when it owns the entry, so the fork finds its objects."""
+        if entry_id not in s.own:
+            return Holder(s.id, s.header, True, False, snapshot)
+        if s.writable and not s.closed:
+            s.commit()
+            s.checkpoint()
+            return Holder(s.id, s.header, True, True, snapshot)
+        return Holder(s.id, s.header, s.is_committed(entry_id), True, snapshot)
 
     def opened(self, session_id: str) -> Session | None:
         """The session if this store has it open for writing, else None."""
