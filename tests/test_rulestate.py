@@ -134,6 +134,23 @@ SPLITS = dict(_splits())
 SPLITS["leaf-labels"] = _with_leaf_labels()
 
 
+def _judge_alike(full: SessionChecker, restored: SessionChecker, entries: list[Entry], committed: list[int],
+                 where: tuple) -> None:
+    """Feed ``entries`` to both checkers, each in a trial then committed (``committed``
+    counts them: what the restored one's rebuild builds), holding the restored one's
+    verdicts, open run, leaf labels and head rule to the full one's."""
+    for e in entries:
+        t1, t2 = full.begin(), restored.begin()
+        assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (*where, e.id)
+        full.commit(t1)
+        restored.commit(t2)
+        committed[0] += 1
+        assert restored.open_run() == full.open_run(), (*where, e.id)
+        assert restored.tree.leaf_labels == full.tree.leaf_labels
+        if e.type == "label":
+            assert restored.tree.head_allowed(e.get("target")) == full.tree.head_allowed(e.get("target"))
+
+
 @pytest.mark.parametrize("name", sorted(SPLITS))
 def test_a_restored_checker_judges_as_a_rebuilt_one(name):
     s = SPLITS[name]
@@ -151,16 +168,7 @@ def test_a_restored_checker_judges_as_a_rebuilt_one(name):
                 assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (name, cut, e.id)
             full.rollback(t1)
             restored.rollback(t2)
-        for e in s.own[cut:]:
-            t1, t2 = full.begin(), restored.begin()
-            assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (name, cut, e.id)
-            full.commit(t1)
-            restored.commit(t2)
-            committed[0] += 1
-            assert restored.open_run() == full.open_run(), (name, cut, e.id)
-            assert restored.tree.leaf_labels == full.tree.leaf_labels
-            if e.type == "label":
-                assert restored.tree.head_allowed(e.get("target")) == full.tree.head_allowed(e.get("target"))
+        _judge_alike(full, restored, s.own[cut:], committed, (name, cut))
         tree, other = restored.tree, full.tree
         every = [*s.by_id, "sha256:" + "0" * 64]
         assert [x in tree.held for x in every] == [x in other.held for x in every]
@@ -234,13 +242,7 @@ def test_a_fork_started_from_its_origins_state_judges_as_one_built_from_its_pref
                                s.by_id.__getitem__)
             assert restored.tree.leaf_labels == full.tree.leaf_labels, (name, cut)
             assert restored.open_run() == full.open_run(), (name, cut)
-            for e in rest:
-                t1, t2 = full.begin(), restored.begin()
-                assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (name, cut, e.id)
-                full.commit(t1)
-                restored.commit(t2)
-                committed[0] += 1
-                assert restored.open_run() == full.open_run(), (name, cut, e.id)
+            _judge_alike(full, restored, rest, committed, (name, cut))
             every = [*s.by_id, "sha256:" + "0" * 64]
             assert [x in restored.tree.held for x in every] == [x in full.tree.held for x in every], (name, cut)
             assert [x in restored.tree.own for x in every] == [x in full.tree.own for x in every], (name, cut)
