@@ -120,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     linear = _own_id(header + b"".join(e.canonical_line() for e in resume_path(entries, leaf)), 11)
     small = _own_id(generate(SMALL, args.seed + 1)[0], 10)
     sessions = {"deep": deep, "linear": linear, "small": small}
-    body = _body(next(e for e in entries if e.type == "item"))
+    item = _body(next(e for e in entries if e.type == "item"))
+    # An entry body per origin (its own time): the linear origin's path is the deep one's, and
+    # the same body on the same parent would be one entry, stored already when the other forks.
+    bodies = {label: dict(item, ts=f"2026-12-01T00:00:0{i}Z") for i, label in enumerate(sessions)}
     base = ROOT / ".bench-tmp"
     base.mkdir(exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="bench-fork-", dir=base)
@@ -141,15 +144,15 @@ def main(argv: list[str] | None = None) -> int:
             with open_store(target, sync="never") as st:
                 # Each origin as a recorder leaves it: an entry appended, then let go (its
                 # rules' state kept where the backend keeps one, which a fork starts from).
-                for sid in sids.values():
-                    st.session(sid).append(body)
+                for label, sid in sids.items():
+                    st.session(sid).append(bodies[label])
             print(f"\n{backend}: forks at the head of a session of {count:,} entries (deep: with branches; linear: its "
                   f"path alone) and of one of {SMALL}, each forked, appended to, reopened and appended to in a child "
                   f"process, best of {args.repeat}", flush=True)
             best: dict[str, list[float]] = {}
             for r in range(args.repeat):
                 for label, sid in sids.items():
-                    got = fork_once(target, sid, f"fork-{label}-{r}-{time.monotonic_ns()}", body,
+                    got = fork_once(target, sid, f"fork-{label}-{r}-{time.monotonic_ns()}", bodies[label],
                                     server if backend == "postgresql" else None)
                     best[label] = [min(a, b) for a, b in zip(best[label], got)] if label in best else list(got)
             for label, got in best.items():
