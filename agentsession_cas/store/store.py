@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from os import PathLike
 from typing import TYPE_CHECKING, Any
@@ -436,25 +436,29 @@ class Store:
         if self.entry(base).is_leaf_label:
             raise BadBaseError(f"base {short_id(base)} is a leaf label; the base is a fork's first head")
 
-        def step(eid: str) -> tuple[tuple[str, dict[str, Any]], str | None]:
-            env = self.envelope(eid)
-            return (eid, env), _parent_of(env)
+        def step(eid: str) -> tuple[tuple[str, str, Any], str | None]:
+            env = self.envelope(eid)  # (kept: its id, content and any parents, not the whole envelope)
+            return (eid, env.get("content", ""), env.get("parents") or None), _parent_of(env)
 
         chain = walk_up(base, step)
-        self.check_prefix_readable(
-            [Entry({"id": i, **env}, computed_id=i, content_hash=env.get("content", "")) for i, env in chain], owner_id
-        )
+        converging = [Entry({"id": i, "parents": p}, computed_id=i, content_hash=c) for i, c, p in chain if p is not None]
+        if converging:
+            self.check_prefix_readable(converging, owner_id, on_path={i for i, _, _ in chain})
         fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
         if fmt and owner_fmt and fmt < owner_fmt:
             raise BadBaseError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
-        return [(i, env.get("content", "")) for i, env in chain]
+        return [(i, c) for i, c, _ in chain]
 
     @staticmethod
-    def check_prefix_readable(path: builtins.list[Entry], origin: str | None) -> None:
+    def check_prefix_readable(
+        path: builtins.list[Entry], origin: str | None, on_path: Container[str] | None = None
+    ) -> None:
         """Refuse a base below a merge: a prefix entry whose ``parents`` names, in this
         session, an entry off the path would make a projection no reader can read
-        (RFC 0002, open questions; the reference refuses it too)."""
-        on_path = {e.id for e in path}
+        (RFC 0002, open questions; the reference refuses it too). ``on_path`` holds the
+        path's ids when ``path`` holds only the entries naming ``parents``."""
+        if on_path is None:
+            on_path = {e.id for e in path}
         for e in path:
             for ref in e.parents:
                 if (ref.session is None or ref.session == origin) and ref.entry not in on_path:
