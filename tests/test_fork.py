@@ -176,3 +176,20 @@ def test_a_session_created_on_a_base_at_its_owners_head_starts_from_the_owners_s
         assert type(c.rules()) is RestoredChecker
         assert c.append(MESSAGE).outcome == "continued"
         assert c.header.data["parent_session"] == "rec"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fork_of_a_session_open_here_starts_from_its_checker(backend, tmp_path):
+    """An origin this store has open, its checker standing at its head after an append
+    not yet committed: the fork commits it, starts from that checker's state, and reads
+    none of its prefix."""
+    target = _target(backend, tmp_path)
+    first, _ = _recorded(target)
+    with open_store(target, sync="never") as st:
+        rec = st.session("rec")
+        added = rec.append(MESSAGE, durable=False)
+        f = st.fork("rec", session_id="f")
+        assert f.base == added.id and rec.is_committed(added.id)
+        _no_prefix_reads(st, {*(e.id for e in first), added.id})
+        assert type(f.rules()) is RestoredChecker
+        assert f.append(MESSAGE).outcome == "continued"
