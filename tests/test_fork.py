@@ -88,8 +88,13 @@ def test_a_fork_at_the_head_reads_none_of_its_prefix_to_append(backend, tmp_path
         _no_prefix_reads(st, prefix)
         f = st.session("f")
         assert type(f.rules()) is RestoredChecker
-        assert f.append(dict(MESSAGE, item=dict(MESSAGE["item"], content="again"))).outcome == "continued"
+        looked: list[str] = []
+        real = st.objects.exists
+        st.objects.exists = lambda space, name: looked.append(name) or real(space, name)  # type: ignore[method-assign]
+        for text in ("again", "and again"):
+            assert f.append(dict(MESSAGE, item=dict(MESSAGE["item"], content=text))).outcome == "continued"
         assert f._prefix is None  # its prefix never listed
+        assert looked == []  # each hangs below the base: on no prefix, without a look at the objects
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

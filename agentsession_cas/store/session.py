@@ -214,6 +214,8 @@ class Session:
         self._prefix_set: frozenset[str] | None = None
         #: The prefix as the restored rules' state counts it, before it is read (:class:`_PrefixView`).
         self._prefix_view: _PrefixView | None = None
+        #: The entry last found on no prefix by :meth:`on_prefix` (the prefix is fixed).
+        self._off_prefix: str | None = None
         self._format_raised = False
         self._context_hashes: ContextHasher | None = None
         self._pending: PreparedBatch | None = None
@@ -370,8 +372,12 @@ class Session:
             return False
         if entry_id == base:
             return True
-        if self._prefix is None and not self.store.objects.exists("entries", entry_id):
-            return False
+        if self._prefix is None:
+            if entry_id == self._off_prefix:
+                return False  # (an append asks of its entry several times: one look)
+            if not self.store.objects.exists("entries", entry_id):
+                self._off_prefix = entry_id
+                return False
         return entry_id in self.prefix_set
 
     def _prefix_len(self) -> int:
@@ -752,7 +758,12 @@ class Session:
                     f"append to {successor}, the end of its chain",
                     session=self.id, successor=successor,
                 )
-            if self.on_prefix(eid):
+            parent = data.get("parent")
+            if self._prefix is None and (parent == state.base or parent in own or parent in added):
+                # Below the base: never on the prefix above it (an id hashes its parent's, so no
+                # entry is an ancestor of its parent), and asked of no object by the rules either.
+                self._off_prefix = eid
+            elif self.on_prefix(eid):
                 raise AppendRefusedError(
                     f"entry {eid} is {'the base' if eid == self.base else 'on the prefix above the base'}: "
                     "an own entry hangs from the base or another own entry, and is not one of them",
