@@ -24,7 +24,7 @@ from agentsession_cas import Header, make_entry, read_session_bytes
 from agentsession_cas.errors import SessionFormatError
 from agentsession_cas.format.canonical import canonical_bytes, loads
 from agentsession_cas.format.entry import Entry
-from agentsession_cas.format.rules import SessionChecker
+from agentsession_cas.format.rules import RULES, SessionChecker
 from agentsession_cas.store import Store, rulestate
 from agentsession_cas.store.rulestate import RestoredChecker, capture, restore, usable
 
@@ -134,6 +134,23 @@ SPLITS = dict(_splits())
 SPLITS["leaf-labels"] = _with_leaf_labels()
 
 
+def _judge_alike(full: SessionChecker, restored: SessionChecker, entries: list[Entry], committed: list[int],
+                 where: tuple) -> None:
+    """Feed ``entries`` to both checkers, each in a trial then committed (``committed``
+    counts them: what the restored one's rebuild builds), holding the restored one's
+    verdicts, open run, leaf labels and head rule to the full one's."""
+    for e in entries:
+        t1, t2 = full.begin(), restored.begin()
+        assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (*where, e.id)
+        full.commit(t1)
+        restored.commit(t2)
+        committed[0] += 1
+        assert restored.open_run() == full.open_run(), (*where, e.id)
+        assert restored.tree.leaf_labels == full.tree.leaf_labels
+        if e.type == "label":
+            assert restored.tree.head_allowed(e.get("target")) == full.tree.head_allowed(e.get("target"))
+
+
 @pytest.mark.parametrize("name", sorted(SPLITS))
 def test_a_restored_checker_judges_as_a_rebuilt_one(name):
     s = SPLITS[name]
@@ -151,16 +168,7 @@ def test_a_restored_checker_judges_as_a_rebuilt_one(name):
                 assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (name, cut, e.id)
             full.rollback(t1)
             restored.rollback(t2)
-        for e in s.own[cut:]:
-            t1, t2 = full.begin(), restored.begin()
-            assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (name, cut, e.id)
-            full.commit(t1)
-            restored.commit(t2)
-            committed[0] += 1
-            assert restored.open_run() == full.open_run(), (name, cut, e.id)
-            assert restored.tree.leaf_labels == full.tree.leaf_labels
-            if e.type == "label":
-                assert restored.tree.head_allowed(e.get("target")) == full.tree.head_allowed(e.get("target"))
+        _judge_alike(full, restored, s.own[cut:], committed, (name, cut))
         tree, other = restored.tree, full.tree
         every = [*s.by_id, "sha256:" + "0" * 64]
         assert [x in tree.held for x in every] == [x in other.held for x in every]
@@ -183,6 +191,72 @@ def test_the_restored_state_answers_most_appends_of_a_coding_session_itself():
         restored.add(s.own[cut], prefix=False)
         kept_up += type(restored) is RestoredChecker
     assert kept_up > (len(s.own) - 1) * 0.6
+
+
+def _fork_of(s: _Split, cut: int, records: bool = True) -> tuple[Header, list[Entry], dict[str, Any] | None]:
+    """A fork of the first ``cut`` own entries at the last of them: its header (the
+    origin's with that base, and its ``records`` promise unless ``records`` is False, as
+    ``Store.fork`` makes it), its prefix, and the state :func:`rulestate.fork_state` makes
+    of the origin's (None where it makes none)."""
+    data = dict(s.header.data, id="fork", base=s.ids[cut - 1])
+    if not records:
+        data.pop("records", None)
+    header = Header(data)
+    kept = loads(canonical_bytes(capture(s.build(cut), s.header, len(s.prefix), s.ids[:cut], s.seqs)))
+    leaf = [e.id for e in s.own[:cut] if e.type == "label" and e.get("label") == "leaf"]
+    return header, [*s.prefix, *s.own[:cut]], rulestate.fork_state(kept, header, leaf)
+
+
+@pytest.mark.parametrize("records", [True, False], ids=["records-kept", "records-dropped"])
+def test_a_fork_started_from_its_origins_state_judges_as_one_built_from_its_prefix(records):
+    """A fork at the origin's head takes the origin's kept state (its entries become the
+    prefix) instead of reading its prefix: entry after entry, with the origin's later
+    entries appended to the fork, it judges as a checker fed the fork's prefix does, and
+    keeps the same state at close. Where the origin's state holds entries off the fork's
+    path (a branch), none is made."""
+    made = refused = 0
+    for name, s in SPLITS.items():
+        for cut in _cuts(len(s.own)):
+            header, prefix, state = _fork_of(s, cut, records)
+            if state is None:
+                refused += 1
+                continue
+            made += 1
+            rest = s.own[cut:]
+            ids = [e.id for e in rest]
+            seqs = {eid: i + 1 for i, eid in enumerate(ids)}
+            committed = [0]
+
+            def build(n: int, header: Header = header, prefix: list[Entry] = prefix, rest: list[Entry] = rest,
+                      s: _Split = s) -> SessionChecker:
+                checker = SessionChecker(header, loader=s.by_id.__getitem__)
+                checker.add_prefix(prefix)
+                for e in rest[:n]:
+                    checker.add(e, prefix=False)
+                return checker
+
+            full = build(0)
+            state = loads(canonical_bytes(state))
+            assert usable(state, header, ids, seqs)
+            restored = restore(state, header, [e.id for e in prefix], ids, seqs, [], lambda c=committed, b=build: b(c[0]),
+                               s.by_id.__getitem__)
+            assert restored.tree.leaf_labels == full.tree.leaf_labels, (name, cut)
+            assert restored.open_run() == full.open_run(), (name, cut)
+            _judge_alike(full, restored, rest, committed, (name, cut))
+            every = [*s.by_id, "sha256:" + "0" * 64]
+            assert [x in restored.tree.held for x in every] == [x in full.tree.held for x in every], (name, cut)
+            assert [x in restored.tree.own for x in every] == [x in full.tree.own for x in every], (name, cut)
+            if rest:
+                mine, theirs = capture(restored, header, len(prefix), ids, seqs), capture(full, header, len(prefix), ids, seqs)
+                assert mine is not None and theirs is not None
+                if not records:
+                    # What the origin's promise reported on its entries stays reported: on the
+                    # fork's prefix, so never reported again (a fork promising less).
+                    seen, built = {tuple(x) for x in mine.pop("seen")}, {tuple(x) for x in theirs.pop("seen")}
+                    extra = seen - built
+                    assert built <= seen and all(eid in s.by_id and RULES[code].scope == "record" for eid, code in extra), extra
+                assert mine == theirs, (name, cut)
+    assert made > 100 and refused > 10, (made, refused)
 
 
 # ---------------------------------------------------------------------------

@@ -339,6 +339,11 @@ class SessionLog(ABC):
         the next writing open need not read the session to judge its appends. Called at
         close; an index: lost, damaged or stale, it is rebuilt from the log."""
 
+    def kept_rule_state(self) -> dict[str, Any] | None:
+        """The rules' state kept for the session (as :attr:`LogOpen.rule_state`), read when
+        asked: what a fork of a session read as a snapshot starts from. None when none."""
+        return None
+
     @abstractmethod
     def set_header(self, header: bytes) -> None:
         """Replace the header, durably (RFC 0002: only ``format`` is raised)."""

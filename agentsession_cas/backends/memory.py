@@ -13,6 +13,7 @@ or repair to find on a disk. Objects are verified when read, as everywhere.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -65,6 +66,8 @@ class _SessionData:
     holder: object | None = None
     #: The summary the domain handed over, and how many records the log held then.
     summary: tuple[dict[str, Any], int] | None = None
+    #: The append rules' state the domain handed over (an index: checked before use).
+    rule_state: dict[str, Any] | None = None
 
 
 @dataclass
@@ -227,6 +230,17 @@ class MemorySessionLog(SessionLog):
         with self.backend.data.lock:
             self._session.summary = (dict(summary), len(self._session.records))
 
+    def set_rule_state(self, state: Mapping[str, Any]) -> None:
+        if not self.writable or self._closed or self._session.holder is not self:
+            return
+        with self.backend.data.lock:
+            self._session.rule_state = copy.deepcopy(dict(state))  # (the domain's dict is not shared)
+
+    def kept_rule_state(self) -> dict[str, Any] | None:
+        with self.backend.data.lock:
+            kept = self._session.rule_state
+            return copy.deepcopy(kept) if kept is not None else None
+
     def park(self) -> bool:
         if not self.writable or self._closed:
             return False
@@ -293,7 +307,8 @@ class MemorySessions(SessionStore):
                     s.records.append({"op": "commit"})
                     s.committed = len(s.records)
             kept = dict(s.summary[0]) if s.summary is not None else None
-            return log, LogOpen(s.header, [dict(r) for r in s.records], s.head, s.mark, [], kept)
+            rules = copy.deepcopy(s.rule_state) if writable and s.rule_state is not None else None
+            return log, LogOpen(s.header, [dict(r) for r in s.records], s.head, s.mark, [], kept, rules)
 
     def summary(self, session_id: str) -> tuple[dict[str, Any], bool] | None:
         with self.data.lock:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..backends.digests import DigestTable
@@ -36,7 +36,10 @@ from ..format.entry import Entry, Header
 from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial
 from ..format.runs import _Call, _Event, _Run
 
-__all__ = ["NeedsRebuild", "RestoredChecker", "VERSION", "capture", "check_form", "header_key", "restore", "stand_at", "usable"]
+__all__ = [
+    "NeedsRebuild", "RestoredChecker", "VERSION", "capture", "check_form", "fork_state", "header_key", "restore", "stand_at",
+    "usable",
+]
 
 #: The version of the state's form; another one is rebuilt, never read.
 VERSION = 2
@@ -110,7 +113,7 @@ class _Restored:
     stands for (the prefix, and the own entries up to the state's last), which the
     containers need not hold, rather than one fed since (which they do)."""
 
-    def __init__(self, fed: dict[str, Any], prefix: frozenset[str], own_seq: Mapping[str, int], last_seq: int):
+    def __init__(self, fed: dict[str, Any], prefix: Container[str], own_seq: Mapping[str, int], last_seq: int):
         self.fed, self.prefix, self.own_seq, self.last_seq = fed, prefix, own_seq, last_seq
 
     def __call__(self, key: Any) -> bool:
@@ -182,6 +185,22 @@ class _Order:
         if start < 0 or at.stop is not None or at.step is not None:
             raise NeedsRebuild("a rollback above the restored tip")
         del self.fed[start:]
+
+
+class _Above(list):
+    """The tree's prefix above the base, of a restored fork whose prefix was not read: only
+    its length is asked (a trial's mark), and nothing is added to it (the prefix is in)."""
+
+    def __init__(self, length: int):
+        super().__init__()
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __delitem__(self, at: Any) -> None:
+        if not (isinstance(at, slice) and at.start == self.length and at.stop is None):
+            raise NeedsRebuild("the prefix above the base")
 
 
 class _OwnSince(set):
@@ -507,6 +526,36 @@ def capture(
     }
 
 
+def fork_state(data: Mapping[str, Any], fork: Header, own_leaf_labels: Iterable[str]) -> dict[str, Any] | None:
+    """The state a fork at the origin's head starts from, made of the origin's kept state
+    ``data`` (checked by :func:`usable` against the origin's whole log: it stands at the
+    head) rather than of its prefix's entries: every entry the origin's state counts
+    becomes the fork's prefix, none of them own. Only where that is the state a checker
+    fed the fork's prefix would hold: the origin's path is every entry it counts (a
+    linear session: then the fork's prefix, root to base, is the origin's entries in the
+    order fed). The calls the origin made are the fork's prefix's (not its own, which a
+    ``records`` promise reads), its own links none of the fork's, its ``own_leaf_labels``
+    prefix leaf labels. A fork that promises less than its origin (``Store.fork`` does
+    not copy ``records``) keeps the reports its origin's promise made on these entries
+    among those made once: they are on the prefix, never reported again. None otherwise:
+    the fork's rules are then built from its prefix."""
+    if data.get("depth") != data.get("order") or data.get("tip_at") != data.get("order", 0) - 1:
+        return None  # a branch or a rollback in the origin: its state holds entries off the fork's path
+    if fork.base != data.get("tip"):
+        return None
+    state = dict(data)
+    state.update(
+        header=header_key(fork),
+        entries=0,
+        last=None,
+        last_seq=0,
+        links=[],
+        prefix_leaf_labels=sorted({*data["prefix_leaf_labels"], *own_leaf_labels}),
+        stacks={cid: [[*form[:3], False, *form[4:]] for form in forms] for cid, forms in data["stacks"].items()},
+    )
+    return state
+
+
 # ---------------------------------------------------------------------------
 # restore
 
@@ -518,6 +567,8 @@ def usable(data: Any, header: Header, own: Sequence[str], own_seq: Mapping[str, 
     if not isinstance(data, dict) or data.get("version") not in READ_VERSIONS or data.get("header") != header_key(header):
         return False
     n, last = data.get("entries"), data.get("last")
+    if n == 0 and type(n) is int:  # a fork's first state (:func:`fork_state`): its prefix alone
+        return last is None and data.get("last_seq") == 0
     if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= len(own) or own[n - 1] != last:
         return False
     return own_seq.get(last) == data.get("last_seq")
@@ -549,7 +600,8 @@ def check_form(data: Mapping[str, Any], count: int) -> None:
 
     for name in ("entries", "last_seq", "order", "tip_at", "depth", "budget", "open_calls", "calls_checked"):
         need(_is_int(member(name)), name)
-    need(type(member("last")) is str and type(member("tip")) is str, "last or tip")
+    need((type(member("last")) is str or (member("last") is None and member("entries") == 0)) and type(member("tip")) is str,
+         "last or tip")
     cut = member("cut")
     need(type(cut) is dict and all(type(v) is str for v in cut.values()), "cut")
     seen = member("seen")
@@ -601,10 +653,14 @@ def restore(
     leaf_labels: Iterable[str],
     rebuild: Callable[[], SessionChecker],
     loader: Callable[[str], Entry],
+    *,
+    on_prefix: Container[str] | None = None,
 ) -> RestoredChecker:
     """The checker :func:`capture`'s ``data`` stands for (checked by :func:`usable`), fed
     the prefix and the first ``data["entries"]`` of ``own`` (the log's own entries in
     order, ``own_seq`` their sequence numbers); the caller feeds the rest at once.
+    ``on_prefix`` answers whether an id is on the prefix where the caller can without
+    listing it (a fork's prefix not read: ``prefix`` then reads it only when indexed).
     Raises ValueError on a state that is not of the form (:func:`check_form`)."""
     n = data["entries"]
     ids = _Order(prefix, own, n)
@@ -625,7 +681,8 @@ def restore(
     path.__class__ = _RestoredPath
     assert isinstance(path, _RestoredPath)
     seq = _Seq({tip: tip_at})
-    restored = seq.restored = _Restored(seq, frozenset(prefix), own_seq, own_seq[own[n - 1]])
+    restored = seq.restored = _Restored(seq, frozenset(prefix) if on_prefix is None else on_prefix, own_seq,
+                                        own_seq[own[n - 1]] if n else 0)
     path.seq = path.walker.seq = seq
     path._order = ids  # type: ignore[assignment]
 
@@ -635,7 +692,7 @@ def restore(
     tree.held = held
     tree.in_prefix = False
     tree._prefix_prev = header.base
-    tree.prefix = list(prefix[:-1])
+    tree.prefix = list(prefix[:-1]) if on_prefix is None else _Above(len(prefix) - 1)
     if header.base is not None:
         since = tree.own = _OwnSince()
         since.restored = restored

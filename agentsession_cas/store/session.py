@@ -212,6 +212,10 @@ class Session:
         self._closed = False
         self._prefix: list[str] | None = [] if state.base is None else None
         self._prefix_set: frozenset[str] | None = None
+        #: The prefix as the restored rules' state counts it, before it is read (:class:`_PrefixView`).
+        self._prefix_view: _PrefixView | None = None
+        #: The entry last found on no prefix by :meth:`on_prefix` (the prefix is fixed).
+        self._off_prefix: str | None = None
         self._format_raised = False
         self._context_hashes: ContextHasher | None = None
         self._pending: PreparedBatch | None = None
@@ -357,6 +361,31 @@ class Session:
         if self._prefix_set is None:
             self._prefix_set = frozenset(self.prefix)
         return self._prefix_set
+
+    def on_prefix(self, entry_id: str) -> bool:
+        """Whether ``entry_id`` is on the prefix (root..base, base included). Until the
+        prefix is read, an entry the object store does not hold is on none (a prefix's
+        objects are stored, made durable when the fork was made): the common question,
+        about an entry being appended, reads no envelope of the prefix."""
+        base = self.state.base
+        if base is None:
+            return False
+        if entry_id == base:
+            return True
+        if self._prefix is None:
+            if entry_id == self._off_prefix:
+                return False  # (an append asks of its entry several times: one look)
+            if not self.store.objects.exists("entries", entry_id):
+                self._off_prefix = entry_id
+                return False
+        return entry_id in self.prefix_set
+
+    def _prefix_len(self) -> int:
+        """How many entries the prefix holds: counted by the restored rules' state until
+        the prefix is read."""
+        if self._prefix is None and self._prefix_view is not None:
+            return len(self._prefix_view)
+        return len(self.prefix)
 
     def prefix_entries(self) -> list[Entry]:
         return [self.store.entry(e) for e in self.prefix]
@@ -522,13 +551,17 @@ class Session:
         order = state.log_order
         if not rulestate.usable(kept, self.header, order, state.own):
             return None
-        last_seq = state.own[kept["last"]]
+        last_seq = state.own[kept["last"]] if kept["entries"] else 0  # (0: a fork's first state, its prefix alone)
         leaf_labels = [x for x in state.leaf_labels if state.own[x] <= last_seq]
+        # A fork's prefix not read yet is not read for this: counted by the state (restore
+        # checks that the entry it counts last is the base, where the state's tip is).
+        view = _PrefixView(self, kept["order"] - kept["entries"]) if self._prefix is None and self.base is not None else None
         try:
-            checker = rulestate.restore(kept, self.header, self.prefix, order, state.own, leaf_labels, self._build_rules,
-                                        self._rules_entry)
+            checker = rulestate.restore(kept, self.header, view if view is not None else self.prefix, order, state.own,
+                                        leaf_labels, self._build_rules, self._rules_entry, on_prefix=view)
         except ValueError:
             return None  # a state whose checksum held but whose members are not of the form
+        self._prefix_view = view
         for eid in order[kept["entries"]:]:
             checker.add(self.entry(eid), prefix=False)
         return checker
@@ -543,7 +576,37 @@ class Session:
         checker = self._checker
         if self.head is not None and self.head in checker and not rulestate.stand_at(checker, self.head):
             return None  # (the state of the last close stays: the next open feeds what came since)
-        return rulestate.capture(checker, self.header, len(self.prefix), self.state.log_order, self.state.own)
+        return rulestate.capture(checker, self.header, self._prefix_len(), self.state.log_order, self.state.own)
+
+    def fork_rules(self, fork: Header) -> dict[str, Any] | None:
+        """The rules' state a fork of this session at its head starts from, so that it
+        need not read its prefix (:func:`.rulestate.fork_state`): made of this session's
+        checker where one stands at the head, else of the state the backend kept, when
+        either stands for the whole log. None when there is none, or it holds entries
+        off the fork's path: the fork's rules are then built from its prefix."""
+        from . import rulestate
+
+        state = self.state
+        if fork.base is None or fork.base != self.head:
+            return None
+        checker = self._checker
+        kept = self._rule_state if self.writable else self.log.kept_rule_state()
+        if checker is not None:
+            path = checker.path.path
+            at_head = not checker._trials and bool(path) and path[-1].id == self.head
+            kept = rulestate.capture(checker, self.header, self._prefix_len(), state.log_order, state.own) if at_head else None
+        elif kept is not None and not rulestate.usable(kept, self.header, state.log_order, state.own):
+            kept = None
+        if kept is None or kept["entries"] != len(state.log_order):
+            return None
+        return rulestate.fork_state(kept, fork, state.leaf_labels)
+
+    def start_rules(self, kept: dict[str, Any]) -> None:
+        """Start a new fork's rules from ``kept`` (:meth:`fork_rules` of its origin): its
+        first append restores them, and the backend keeps them for the next open should
+        the fork be let go before it appends."""
+        self._rule_state = kept
+        self.log.set_rule_state(kept)
 
     @property
     def superseded_by(self) -> str | None:
@@ -695,7 +758,12 @@ class Session:
                     f"append to {successor}, the end of its chain",
                     session=self.id, successor=successor,
                 )
-            if state.base is not None and (eid == state.base or eid in self.prefix_set):
+            parent = data.get("parent")
+            if self._prefix is None and (parent == state.base or parent in own or parent in added):
+                # Below the base: never on the prefix above it (an id hashes its parent's, so no
+                # entry is an ancestor of its parent), and asked of no object by the rules either.
+                self._off_prefix = eid
+            elif self.on_prefix(eid):
                 raise AppendRefusedError(
                     f"entry {eid} is {'the base' if eid == self.base else 'on the prefix above the base'}: "
                     "an own entry hangs from the base or another own entry, and is not one of them",
@@ -851,8 +919,7 @@ class Session:
         if not names:
             return []
         own = self.state.own
-        prefix = self.prefix_set
-        return [n for n in names if n not in own and n not in added and n not in prefix and n != e.id]
+        return [n for n in names if n not in own and n not in added and n != e.id and not self.on_prefix(n)]
 
     def _hold_blobs(self, content: bytes) -> list[str]:
         """Hold the blobs an appended content names by ``sidecar:`` URL, after its record
@@ -1102,6 +1169,31 @@ class Session:
 
     def __repr__(self) -> str:
         return f"Session({self.id!r}, head={short_id(self.head)}, entries={len(self)}, mark={self.mark})"
+
+
+class _PrefixView(Sequence[str]):
+    """A fork's prefix as its restored rules ask it before it is read (reopening a fork
+    reads none of its base's entries): its length as the kept state counts it, its last
+    entry (the base), and membership (:meth:`Session.on_prefix`); any other entry of it
+    is read from the envelopes then (:attr:`Session.prefix`)."""
+
+    def __init__(self, session: Session, length: int):
+        self.session, self.length = session, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        if isinstance(i, int) and i in (-1, self.length - 1) and self.session.base is not None:
+            return self.session.base
+        return self.session.prefix[i]
+
+    def __contains__(self, entry_id: object) -> bool:
+        return isinstance(entry_id, str) and self.session.on_prefix(entry_id)
 
 
 _CHECK_LINE: list[Callable[..., Any]] = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from os import PathLike
 from typing import TYPE_CHECKING, Any
@@ -272,6 +272,16 @@ class Store:
         if header.base is None:
             return self._create(header, own=[], head=None, record=record)
         owner = self.holder_of(header.base)
+        # The session owning the base is the one a fork at its head starts its rules from.
+        origin = None
+        if owner is not None and owner.owns:
+            origin = owner.snapshot if owner.snapshot is not None else self._open.get(owner.session)
+        return self._create_fork(header, owner, record=record, origin=origin)
+
+    def _create_fork(self, header: Header, owner: Holder | None, *, record: bool, origin: Session | None = None) -> Session:
+        """Create a fork (its header checked, ``owner`` the session holding its base, closed
+        here); its rules start from the state of ``origin``, the session it is made from
+        (open until then), where that stands for the fork's prefix (:meth:`Session.fork_rules`)."""
         if owner is not None and header.data.get("parent_session") is None:
             # RFC 0001: parent_session names the session a fork was made from; the
             # caller who names none gets the session holding the base.
@@ -280,10 +290,14 @@ class Store:
             prefix = self._prefix_for_base(header, owner)
             # The owner stays open until the fork is made: a prefix entry another process
             # holds only in its log so far is served from the snapshot, and made durable.
-            return self._create(header, own=[], head=header.base, record=record, prefix=prefix)
+            fork = self._create(header, own=[], head=header.base, record=record, prefix=prefix)
+            rules = origin.fork_rules(fork.header) if origin is not None else None
         finally:
             if owner is not None:
                 owner.close()
+        if rules is not None:
+            fork.start_rules(rules)
+        return fork
 
     def fork(
         self,
@@ -300,6 +314,7 @@ class Store:
         a ``fork_of`` link naming ``origin`` as the fork's first entry (RFC 0001: the
         session it was made from, which the header's provenance may not say). Returns
         the fork, open for writing."""
+        self._require_writable()
         held = self._open.get(origin)  # open here: its head may be an append not yet committed
         o = held if held is not None else self.read(origin)
         try:
@@ -309,20 +324,23 @@ class Store:
             if base not in o and base != o.base and base not in o.prefix_set:
                 raise BaseNotHeldError(f"entry {base} is not on session {origin} (its own entries, base or prefix)")
             media, payload = o.header.data.get("media"), o.header.payload
+            data: dict[str, Any] = dict(header or {})
+            if session_id is not None:
+                data["id"] = session_id
+            data.setdefault("id", str(uuid.uuid4()))
+            data["base"] = base
+            data.setdefault("parent_session", origin)
+            if media is not None:
+                data.setdefault("media", media)
+            if payload is not None:
+                data.setdefault("payload", payload)
+            # The origin holds the base (an own entry, or on its prefix): no scan of the
+            # store for its holder, and the origin stays open until the fork is made.
+            fork = self._create_fork(self._checked_new_header(Header(data)), self._holder_in(o, base), record=True,
+                                     origin=o)
         finally:
             if held is None:
                 o.close()
-        data: dict[str, Any] = dict(header or {})
-        if session_id is not None:
-            data["id"] = session_id
-        data.setdefault("id", str(uuid.uuid4()))
-        data["base"] = base
-        data.setdefault("parent_session", origin)
-        if media is not None:
-            data.setdefault("media", media)
-        if payload is not None:
-            data.setdefault("payload", payload)
-        fork = self.create(Header(data))
         if link:
             try:
                 fork.append(fork_of_link(origin))
@@ -418,25 +436,29 @@ class Store:
         if self.entry(base).is_leaf_label:
             raise BadBaseError(f"base {short_id(base)} is a leaf label; the base is a fork's first head")
 
-        def step(eid: str) -> tuple[tuple[str, dict[str, Any]], str | None]:
-            env = self.envelope(eid)
-            return (eid, env), _parent_of(env)
+        def step(eid: str) -> tuple[tuple[str, str, Any], str | None]:
+            env = self.envelope(eid)  # (kept: its id, content and any parents, not the whole envelope)
+            return (eid, env.get("content", ""), env.get("parents") or None), _parent_of(env)
 
         chain = walk_up(base, step)
-        self.check_prefix_readable(
-            [Entry({"id": i, **env}, computed_id=i, content_hash=env.get("content", "")) for i, env in chain], owner_id
-        )
+        converging = [Entry({"id": i, "parents": p}, computed_id=i, content_hash=c) for i, c, p in chain if p is not None]
+        if converging:
+            self.check_prefix_readable(converging, owner_id, on_path={i for i, _, _ in chain})
         fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
         if fmt and owner_fmt and fmt < owner_fmt:
             raise BadBaseError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
-        return [(i, env.get("content", "")) for i, env in chain]
+        return [(i, c) for i, c, _ in chain]
 
     @staticmethod
-    def check_prefix_readable(path: builtins.list[Entry], origin: str | None) -> None:
+    def check_prefix_readable(
+        path: builtins.list[Entry], origin: str | None, on_path: Container[str] | None = None
+    ) -> None:
         """Refuse a base below a merge: a prefix entry whose ``parents`` names, in this
         session, an entry off the path would make a projection no reader can read
-        (RFC 0002, open questions; the reference refuses it too)."""
-        on_path = {e.id for e in path}
+        (RFC 0002, open questions; the reference refuses it too). ``on_path`` holds the
+        path's ids when ``path`` holds only the entries naming ``parents``."""
+        if on_path is None:
+            on_path = {e.id for e in path}
         for e in path:
             for ref in e.parents:
                 if (ref.session is None or ref.session == origin) and ref.entry not in on_path:
@@ -455,11 +477,9 @@ class Store:
             s = self._open.get(sid)
             if s is not None:
                 if entry_id in s.own:
-                    s.commit()
-                    s.checkpoint()
                     if on_prefix is not None:
                         on_prefix.close()
-                    return Holder(sid, s.header, True, True, None)
+                    return self._holder_in(s, entry_id)
                 if on_prefix is None and (entry_id in s.prefix_set or entry_id == s.base):
                     on_prefix = Holder(sid, s.header, True, False, None)
                 continue
@@ -470,12 +490,25 @@ class Store:
             if entry_id in s.own:
                 if on_prefix is not None:
                     on_prefix.close()
-                return Holder(sid, s.header, s.is_committed(entry_id), True, s)
+                return self._holder_in(s, entry_id, s)
             if on_prefix is None and (entry_id in s.prefix_set or entry_id == s.base):
                 on_prefix = Holder(sid, s.header, True, False, s)
             else:
                 s.close()
         return on_prefix
+
+    @staticmethod
+    def _holder_in(s: Session, entry_id: str, snapshot: Session | None = None) -> Holder:
+        """``s`` as the holder of ``entry_id``, an own entry of it or on its prefix (the
+        base included). A session open here for writing is committed and checkpointed
+        first when it owns the entry, so the fork finds its objects."""
+        if entry_id not in s.own:
+            return Holder(s.id, s.header, True, False, snapshot)
+        if s.writable and not s.closed:
+            s.commit()
+            s.checkpoint()
+            return Holder(s.id, s.header, True, True, snapshot)
+        return Holder(s.id, s.header, s.is_committed(entry_id), True, snapshot)
 
     def opened(self, session_id: str) -> Session | None:
         """The session if this store has it open for writing, else None."""

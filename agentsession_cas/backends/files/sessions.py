@@ -822,6 +822,9 @@ class FileSessionLog(SessionLog):
         if self.writable and not self._closed:
             self._rule_state = dict(state)
 
+    def kept_rule_state(self) -> dict[str, Any] | None:
+        return _read_rule_state(self.dir)
+
     def _write_rule_state(self) -> None:
         """The rules' state handed over, in ``rules`` (written atomically, not fsynced: an
         index the domain checks against the log, rebuilt when lost or stale)."""
