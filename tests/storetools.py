@@ -1,5 +1,5 @@
 """Helpers the store tests share: what a killed writer leaves, objects written by hand,
-a command started so that SIGINT reaches it."""
+a lock that must not be waited for, a command started so that SIGINT reaches it."""
 
 from __future__ import annotations
 
@@ -67,6 +67,13 @@ def chained_after(log: bytes, *lines: bytes) -> bytes:
     last = [ln for ln in log.split(b"\n") if ln]
     prev = line_checksum(last[-1]) if last else ZERO_LINK
     return chain((line_body(ln) for ln in b"".join(lines).split(b"\n") if ln), prev)[0]
+
+
+def refuse_to_wait(seconds: float) -> None:
+    """In place of ``time.sleep`` where a held lock must be refused at once: a lock that
+    waits polls with ``time.sleep`` (filelock does), so waiting fails the test however
+    fast or slow the machine is (a bound on the time taken can fail on a busy one)."""
+    raise AssertionError(f"waited ({seconds} s) where a held lock must be refused at once")
 
 
 def interruptible(args: list[str], **kwargs: Any) -> subprocess.Popen:
