@@ -1,8 +1,12 @@
-"""Helpers the store tests share: what a killed writer leaves, objects written by hand."""
+"""Helpers the store tests share: what a killed writer leaves, objects written by hand,
+a lock that must not be waited for, a command started so that SIGINT reaches it."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+from typing import Any
 
 from agentsession_cas import Entry
 from agentsession_cas.format.hashing import entry_objects
@@ -63,3 +67,26 @@ def chained_after(log: bytes, *lines: bytes) -> bytes:
     last = [ln for ln in log.split(b"\n") if ln]
     prev = line_checksum(last[-1]) if last else ZERO_LINK
     return chain((line_body(ln) for ln in b"".join(lines).split(b"\n") if ln), prev)[0]
+
+
+def refuse_to_wait(seconds: float) -> None:
+    """In place of ``time.sleep`` where a held lock must be refused at once: a lock that
+    waits polls with ``time.sleep`` (filelock does), so waiting fails the test however
+    fast or slow the machine is (a bound on the time taken can fail on a busy one)."""
+    raise AssertionError(f"waited ({seconds} s) where a held lock must be refused at once")
+
+
+def interruptible(args: list[str], **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen``, the child taking SIGINT as Ctrl-C even where this process
+    ignores it: a shell starts a background job (``make test &``) with SIGINT ignored,
+    children inherit that through exec, and a test that stops a command with SIGINT to
+    check its Ctrl-C path would wait out its timeout instead. An ignored signal stays
+    ignored across exec, a caught one is reset to its default: it is caught here for the
+    time of the spawn (tests run on the main thread, which alone may set a handler)."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        return subprocess.Popen(args, **kwargs)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(args, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

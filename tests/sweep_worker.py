@@ -3,7 +3,9 @@
 ``python sweep_worker.py STORE SESSION POLICY SECONDS SEED GENFILE``
 
 Opens the store with sync policy POLICY and appends to SESSION (created when
-absent) for SECONDS seconds. Bodies come from a small shared pool, tagged
+absent) for SECONDS seconds, and on until the test has written GENFILE.stop (so
+that it sweeps beside the writer as often as it means to, however slow the
+machine). Bodies come from a small shared pool, tagged
 with the generation number the test last wrote to GENFILE, or are unique.
 The test writes each generation's pool bodies in a session it deletes at
 once, then sweeps: a writer appending one of them re-puts an object the
@@ -58,7 +60,8 @@ def main() -> None:
     end = time.monotonic() + seconds
     n = 0
     forks = 0
-    while time.monotonic() < end:
+    stop = genfile + ".stop"
+    while time.monotonic() < end or not os.path.exists(stop):
         n += 1
         gen = generation(genfile)
         text = pool_body(rng.randrange(len(POOL)), gen) if rng.random() < 0.5 else f"{sid} {seed} unique {n} " + "x" * rng.randint(0, 300)

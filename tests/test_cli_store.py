@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from agentsession_cas import make_entry, read_session
 from agentsession_cas.store import Store
 from agentsession_cli.main import main
+from storetools import interruptible
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"
@@ -472,7 +473,7 @@ def test_exit_statuses_for_a_closed_pipe_and_ctrl_c(store, tmp_path):
     assert p.wait(timeout=60) == 141
     assert p.stderr is not None and b"Traceback" not in p.stderr.read()
 
-    p = subprocess.Popen([str(EXE), "verify", "-"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    p = interruptible([str(EXE), "verify", "-"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     assert p.stdin is not None and p.stderr is not None
     p.stdin.write(b'{"type":"session"')  # it is reading standard input, which stays open
     p.stdin.flush()

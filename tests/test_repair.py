@@ -25,7 +25,7 @@ from agentsession_cas.errors import SessionDamagedError, SessionLockedError, Sto
 from agentsession_cas.backends.files.log import _checksum, encode_record, read_log, scan_log
 from agentsession_cas.backends.files.repair import DAMAGED_PREFIX
 from agentsession_cas.maintenance.repair import plan_repair, repair_session
-from storetools import crash, line_body, put_entry, rechain
+from storetools import crash, line_body, put_entry, rechain, refuse_to_wait
 from agentsession_cas.store import Store
 from agentsession_cli import repair_command, terminal
 from agentsession_cli.main import main
@@ -574,7 +574,7 @@ def test_repair_is_idempotent(tmp_path):
     assert_healthy(root, ids)
 
 
-def test_a_session_another_process_holds_is_refused(tmp_path):
+def test_a_session_another_process_holds_is_refused(tmp_path, monkeypatch):
     root = tmp_path / "store"
     ids = build(root)
     flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
@@ -588,9 +588,9 @@ def test_a_session_another_process_holds_is_refused(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "READY"
         before = files(root / "sessions")
-        started = time.monotonic()
-        r = cli(root, "repair", "--yes", SID)
-        assert time.monotonic() - started < 5
+        with monkeypatch.context() as m:
+            m.setattr(time, "sleep", refuse_to_wait)
+            r = cli(root, "repair", "--yes", SID)
         assert r.exit_code == 1 and r.stdout == ""
         err = r.stderr.strip().splitlines()
         assert len(err) == 1 and "locked by another process" in err[0]

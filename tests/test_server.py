@@ -460,10 +460,13 @@ import json, sys, time
 import httpx
 url, token = sys.argv[1], sys.argv[2]
 with httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": "Bearer " + token}, timeout=30) as c:
-    held = c.post("/v1/sessions/s1/lease", json={"holder": "doomed", "ttl_ms": 400}).json()
+    held = c.post("/v1/sessions/s1/lease", json={"holder": "doomed", "ttl_ms": 60_000}).json()
     line = json.dumps({"type": "item", "ts": "2026-09-17T12:00:01Z",
                        "item": {"type": "message", "role": "user", "content": "before the kill"}})
     r = c.post("/v1/sessions/s1/entries", content=line.encode(), headers={"Lease-Token": str(held["token"])})
+    # Shortened once its append is in, not taken short: a lease of 400 ms could expire
+    # before a busy machine got the append to the server (the append then lease_lost).
+    c.put("/v1/sessions/s1/lease", json={"ttl_ms": 1}, headers={"Lease-ID": held["lease_id"]}).raise_for_status()
     print(json.dumps({"token": held["token"], "entry": r.json()["results"][0]["id"]}), flush=True)
     time.sleep(3600)
 """

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 
 from server_helpers import TOKENS, ServerProcess, served  # noqa: F401 - served is a fixture
+from storetools import interruptible
 from test_server import create, lease, recorded, user
 
 from agentsession_cas import Header
@@ -173,8 +174,8 @@ class Lines:
 
 
 def _show_f(args, env=None):
-    return subprocess.Popen([sys.executable, "-m", "agentsession_cas", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})))
+    return interruptible([sys.executable, "-m", "agentsession_cas", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})))
 
 
 def test_show_f_follows_a_remote_session_until_interrupted(served):

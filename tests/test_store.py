@@ -42,7 +42,7 @@ from agentsession_cas.backends.files.log import _checksum, encode_record, read_l
 from agentsession_cas.backends.files.objects import FileObjects
 from agentsession_cas.backends.files.layout import LAYOUT
 from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES, FileSessionLog
-from storetools import chained_after, crash, line_body, put_entry, rechain
+from storetools import chained_after, crash, line_body, put_entry, rechain, refuse_to_wait
 from agentsession_cas.store import Session, Store
 
 _TICK = itertools.count()
@@ -1305,16 +1305,16 @@ def test_delete_of_an_open_session_writes_no_commit_first(root, monkeypatch):
 # -- locks ---------------------------------------------------------------------------------------------------
 
 
-def test_second_writer_in_same_process_refused_at_once(root):
+def test_second_writer_in_same_process_refused_at_once(root, monkeypatch):
     import time
 
     st1 = Store.init(root)
     s, rs = chain(st1, n=2)
     st2 = Store(root)
-    t = time.monotonic()
-    with pytest.raises(SessionLockedError, match="locked by another process"):
-        st2.session("s1")
-    assert time.monotonic() - t < 2
+    with monkeypatch.context() as m:
+        m.setattr(time, "sleep", refuse_to_wait)
+        with pytest.raises(SessionLockedError, match="locked by another process"):
+            st2.session("s1")
     with pytest.raises(SessionLockedError):
         st2.delete("s1")
     # other sessions are writable at the same time

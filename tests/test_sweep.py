@@ -857,6 +857,7 @@ def test_sweeps_beside_writers_in_other_processes(root, tmp_path):
     from sweep_worker import POOL, pool_body  # noqa: E402
 
     genfile = tmp_path / "generation"
+    stop = genfile.with_name(genfile.name + ".stop")  # the workers' GENFILE.stop
     genfile.write_text("0")
 
     def garbage(gen: int) -> None:
@@ -880,7 +881,10 @@ def test_sweeps_beside_writers_in_other_processes(root, tmp_path):
             os.replace(tmp, genfile)  # writers now append this generation's bodies
             with Store(str(root)) as st:
                 st.sweep(grace=0, force=True)  # writers run beside it on purpose
+            if sweeps == 3:  # the writers go on until then, however slow this machine
+                stop.write_text("")
     finally:
+        stop.write_text("")
         outs = [w.communicate(timeout=60) for w in workers]
     for w, (out, err) in zip(workers, outs):
         assert w.returncode == 0, err.decode()
