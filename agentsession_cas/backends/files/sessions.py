@@ -213,10 +213,10 @@ def _with_header(records: Sequence[Record], header: bytes) -> list[Record]:
 def _encode(record: Record) -> bytes:
     """A record's bytes in its line (the line's frame is :func:`~.log.chain`'s)."""
     if isinstance(record, Append):
-        payload = None if record.objects is None else (record.objects[1], record.objects[2])
+        objects = record.objects
         return append_body(
             record.seq, record.entry, record.head, head_moved=record.head_moved, leaf_label=record.leaf_label,
-            lazy=record.lazy, payload=payload,
+            lazy=record.lazy, payload=None if objects is None else objects[1:],
         )
     return record_body(record)
 
@@ -890,20 +890,22 @@ class FileSessionLog(SessionLog):
         log stops taking writes: reopen to recover)."""
         self._check_open()
         bodies = [_encode(r) for r in records]
+        datas = records
         if commit:
             bodies.append(_COMMIT)
-            records = [*records, {"op": "commit"}]
-        self._write_log(bodies, sync=commit, datas=records)
+            datas = [*records, {"op": "commit"}]
+        self._write_log(bodies, sync=commit, datas=datas)
         self._uncommitted = not commit
         if commit:
             self._committed_to = self._size or 0
         note = None
+        unmaterialized = self.unmaterialized
         for r in records:
             if isinstance(r, Append):
                 if r.seq > self._max_seq:
                     self._max_seq = r.seq
                 if r.objects is not None:
-                    self.unmaterialized[r.entry] = r.objects
+                    unmaterialized[r.entry] = r.objects
                     self._since_checkpoint += 1
             elif isinstance(r.get("seq"), int):
                 self._max_seq = max(self._max_seq, r["seq"])
@@ -959,6 +961,9 @@ class FileSessionLog(SessionLog):
         self._last = last
         held = self._held
         if held is not None:
+            if len(bodies) == 1:  # (an append's write: no loop)
+                held.append(_held_item(datas[0], size))
+                return
             offset = size
             for body, record in zip(bodies, datas, strict=True):
                 held.append(_held_item(record, offset))
