@@ -543,7 +543,8 @@ def make_snapshot(create: dict[str, Any], records: Iterable[dict[str, Any] | App
                 seq = 0
             if op == "append":
                 entry, moved, new_head, leaf = data["entry"], "head" in data, data.get("head"), data.get("leaf_label")
-        max_seq = max(max_seq, seq)
+        if seq > max_seq:  # (a comparison, not a call of max: once per record of a long log)
+            max_seq = seq
         if op == "append":
             if entry not in held:
                 held.add(entry)

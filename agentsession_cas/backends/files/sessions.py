@@ -128,7 +128,8 @@ def checkpoint_covers(records: Iterable[tuple[str, Any]]) -> int:
     covered, seen = 0, 0
     for op, seq in records:
         if op == "append" and isinstance(seq, int):
-            seen = max(seen, seq)
+            if seq > seen:  # (a comparison, not a call of max: once per append of a long log)
+                seen = seq
         elif op == "snapshot":  # compaction kept only appends a checkpoint covered
             covered = seen = max(seen, seq)
         elif op == "checkpoint":
@@ -1164,7 +1165,8 @@ class FileSessionLog(SessionLog):
         if len(forms) < 2 or ops[0] != "create":
             return
         covered = checkpoint_covers(zip(ops, seqs))
-        last_commit = max(i for i, op in enumerate(ops) if op in COMMIT_POINTS)
+        # the last commit point, looked for from the end (the first record is one: create)
+        last_commit = next(i for i in range(len(ops) - 1, -1, -1) if ops[i] in COMMIT_POINTS)
         end = last_commit + 1
         for i in range(1, last_commit + 1):
             seq = seqs[i]
