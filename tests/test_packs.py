@@ -185,6 +185,33 @@ def test_round_trip_many_objects_several_blocks(tmp_path):
         p.close()
 
 
+def test_copied_packs_keep_each_object_at_its_slot_and_a_shared_one_once(tmp_path):
+    """A merge takes each pack's index records over, their slots shifted past the packs
+    copied before: every object reads back from the merged pack. An object two packs
+    hold is named once, at the first pack's slot, with every space it came in."""
+    first = items(50, "contents", seed=1)
+    second = items(40, "entries", seed=2)
+    shared_space, shared_name, shared_data = first[3]
+    a = Pack(str(make_pack(tmp_path / "a", first, block_target=1024)))
+    b = Pack(str(make_pack(tmp_path / "b", second, block_target=1024)))
+    c = Pack(str(make_pack(tmp_path / "c", [("entries", shared_name, shared_data)])))
+    w = PackWriter(str(tmp_path / "m" / "pack"), str(tmp_path / "m" / "tmp"), block_target=1024)
+    for pack in (a, b, c):
+        w.copy_pack(pack)
+    merged = Pack(w.finish())
+    try:
+        assert len(merged) == len(first) + len(second)  # the shared object named once
+        for sp, n, d in first + second:
+            loc = merged.find(n)
+            assert loc is not None and merged.read(loc) == d
+            want = SPACE_BITS[sp] | (SPACE_BITS["entries"] if n == shared_name else 0)
+            assert loc.spaces == want
+        assert merged.find(shared_name).block == a.find(shared_name).block  # the first copy's slot
+    finally:
+        for pack in (a, b, c, merged):
+            pack.close()
+
+
 def test_spaces_of_a_packed_object_are_kept_apart(root, objs):
     its = items(PACK_BATCH, "entries")
     objs.put_many(its)

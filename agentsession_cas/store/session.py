@@ -833,6 +833,11 @@ class Session:
         if self._pending is not batch:
             raise StoreError("this batch is stale: the session was written since it was prepared")
         self._check_writable("appends")
+        self._commit_checked(batch, durable)
+
+    def _commit_checked(self, batch: PreparedBatch, durable: bool | None) -> None:
+        """Write a batch that is the session's pending one, the session writable (what
+        :meth:`_commit_batch` checks; :meth:`append` commits what it just prepared)."""
         records = [p.record for p in batch.planned if p.record is not None]
         try:
             self._write_batch(batch, records, durable)
@@ -898,14 +903,14 @@ class Session:
         the store's sync policy for this append.
         """
         batch = self.prepare([entry], durable=durable)
-        self._commit_batch(batch, None)
+        self._commit_checked(batch, None)  # (prepare checked the session; nothing ran since)
         return batch.planned[0].result
 
     def _unresolved(self, e: Entry, added: Mapping[str, Any]) -> list[str]:
         """References RFC 0002 lets a store report and not refuse: ones it cannot resolve
         (among the session's own entries, the batch's so far, and the prefix)."""
         data = e.data
-        if not _NAMING.intersection(data):  # the common entry names nothing: one set operation
+        if _NAMING.isdisjoint(data):  # the common entry names nothing: one set operation, no set made
             return []
         names: list[str] = []
         if "parents" in data:

@@ -78,8 +78,19 @@ _SNAPSHOT_OTHERS = _SNAPSHOT_KEEPS | {"append"}
 
 
 
+_blake3 = blake3.blake3
+
+
 def _checksum(data: bytes | memoryview) -> str:
-    return blake3.blake3(data).hexdigest(length=CHECKSUM_HEX // 2)
+    return _blake3(data).digest(CHECKSUM_HEX // 2).hex()
+
+
+def _framed(covered: bytes) -> tuple[bytes, bytes]:
+    """The line of ``covered`` (its checksum, a space, it, LF) and the checksum, as
+    bytes: what :func:`frame` and :func:`chain` share (the next line's link is the
+    checksum's ASCII, never decoded and encoded again between lines)."""
+    c = _checksum(covered).encode("ascii")
+    return b"".join((c, b" ", covered, b"\n")), c
 
 
 #: The link of a log's first line: the checksum of no line.
@@ -93,7 +104,7 @@ def frame(body: bytes, prev: str | None) -> bytes:
     link (the form of index files, and of logs written before the chain)."""
     if prev is not None:
         body = b"".join((prev.encode("ascii"), b" ", body))
-    return b"".join((_checksum(body).encode("ascii"), b" ", body, b"\n"))  # (one copy of a long body, not two)
+    return _framed(body)[0]
 
 
 def line_checksum(line: bytes) -> str:
@@ -126,12 +137,12 @@ def line_bodies(data: bytes) -> list[bytes] | None:
 def chain(bodies: Iterable[bytes], prev: str = ZERO_LINK) -> tuple[bytes, str]:
     """Records' bytes framed as consecutive chained lines after ``prev``: (the lines,
     the checksum of the last, which the next line links to)."""
+    link = prev.encode("ascii")
     out = []
     for body in bodies:
-        line = frame(body, prev)
-        prev = line_checksum(line)
+        line, link = _framed(b"".join((link, b" ", body)))
         out.append(line)
-    return b"".join(out), prev
+    return (out[0] if len(out) == 1 else b"".join(out)), link.decode("ascii")
 
 
 def encode_log(records: Iterable[dict[str, Any] | tuple[dict[str, Any], tuple[bytes, bytes] | None]]) -> bytes:
@@ -532,7 +543,8 @@ def make_snapshot(create: dict[str, Any], records: Iterable[dict[str, Any] | App
                 seq = 0
             if op == "append":
                 entry, moved, new_head, leaf = data["entry"], "head" in data, data.get("head"), data.get("leaf_label")
-        max_seq = max(max_seq, seq)
+        if seq > max_seq:  # (a comparison, not a call of max: once per record of a long log)
+            max_seq = seq
         if op == "append":
             if entry not in held:
                 held.add(entry)

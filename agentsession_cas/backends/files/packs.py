@@ -131,6 +131,10 @@ _B64_RUN = re.compile(rb"[A-Za-z0-9+/]{64,}={0,2}")
 _HEX_ONLY = re.compile(rb"[0-9a-f]+")
 
 
+#: A writer's record of an object whose block is not cut yet (encoding): ordinal -1.
+_UNCUT = -1 << 3
+
+
 def _raw(name: str) -> bytes:
     return bytes.fromhex(name[7:])
 
@@ -781,10 +785,11 @@ class PackWriter:
         self._out: list[bytes] = []  # compressed bytes not yet written (see WRITE_BUFFER)
         self._out_len = 0
         self._pos = 0
-        # raw name -> (ordinal, spaces): a pair of integers, which the collector stops
-        # tracking (a checkpoint's pack is written on a worker thread while appends go
-        # on, and a list per object would be promoted and walked by full collections).
-        self._objects: dict[bytes, tuple[int, int]] = {}
+        # raw name -> its index record's number, ordinal << 3 | spaces (an ordinal of -1
+        # until its block is cut, when encoding): one integer, no object the collector
+        # tracks (a checkpoint's pack is written on a worker thread while appends go on),
+        # and a merge takes a pack's records over as they are, shifted, in one update.
+        self._objects: dict[bytes, int] = {}
         self._blocks: list[tuple[int, int, int, int, int, int]] = []
         self._slots = 0  # ordinals given out to blocks already cut
         # The block being filled: its objects' bytes (plain) or (raw, spaces, data, envelope
@@ -851,13 +856,13 @@ class PackWriter:
         """Add an object by its raw name and space bits (a repack copying objects)."""
         known = self._objects.get(raw)
         if known is not None:
-            self._objects[raw] = (known[0], known[1] | spaces)
+            self._objects[raw] = known | spaces
             return
         if not self.encode:
             if self._buf_len and self._buf_len + len(data) > self.block_target:
                 self._cut()
             self._check_room()
-            self._objects[raw] = (self._slots + len(self._pending), spaces)
+            self._objects[raw] = ((self._slots + len(self._pending)) << 3) | spaces
             self._pending.append(data)
             self._buf_len += len(data)
         else:
@@ -866,7 +871,7 @@ class PackWriter:
             if self._buf_len and self._buf_len + size > self.block_target:
                 self._cut()
             self._check_room()
-            self._objects[raw] = (-1, spaces)  # its ordinal is given when its block is cut
+            self._objects[raw] = _UNCUT | spaces  # its ordinal is given when its block is cut
             self._pending.append((raw, spaces, data, m))
             self._buf_len += size
         if self._buf_len >= self.block_target:
@@ -909,17 +914,20 @@ class PackWriter:
         self._write(data)
         objects = self._objects
         names = pack._map[pack._names_at : pack._names_at + 32 * pack.count]
-        for i, w in enumerate(struct.unpack_from(f">{pack.count}I", pack._map, pack._where_at)):
-            if w >> 3 >= pack.slots:
-                raise CorruptPackError(
-                    f"pack index {pack.idx_path} names slot {w >> 3} of {pack.slots}", path=pack.idx_path
-                )
-            raw = names[32 * i : 32 * i + 32]
+        wheres = struct.unpack_from(f">{pack.count}I", pack._map, pack._where_at)
+        if wheres and max(wheres) >> 3 >= pack.slots:
+            raise CorruptPackError(
+                f"pack index {pack.idx_path} names slot {max(wheres) >> 3} of {pack.slots}", path=pack.idx_path
+            )
+        raws = [names[i : i + 32] for i in range(0, len(names), 32)]
+        shift = base << 3  # (a record's ordinal moved by ``base``, its spaces kept)
+        taken = dict(zip(raws, [w + shift for w in wheres]))
+        if len(taken) == len(raws) and objects.keys().isdisjoint(taken):
+            objects.update(taken)  # the common case, in one step: no name is here twice
+            return
+        for raw, w in zip(raws, wheres):  # a name here already: its first record, every space it came in
             known = objects.get(raw)
-            if known is not None:
-                objects[raw] = (known[0], known[1] | (w & 7))
-            else:
-                objects[raw] = ((w >> 3) + base, w & 7)
+            objects[raw] = known | (w & 7) if known is not None else w + shift
 
     def _cut(self) -> None:
         """Close the block being filled: give its objects their slots (envelopes last
@@ -943,7 +951,7 @@ class PackWriter:
             depth: dict[int, int] = {}
             contents = SPACE_BITS["contents"]
             for slot, (raw, spaces, data, m) in enumerate(order):
-                objects[raw] = (first + slot, objects[raw][1])
+                objects[raw] = ((first + slot) << 3) | (objects[raw] & 7)
                 payload = None
                 if m is not None:
                     payload = _encode_envelope(m, slot, local, depth, plain)
@@ -1052,8 +1060,7 @@ class PackWriter:
     def _index(self) -> tuple[list[bytes], list[int]]:
         """The index's records: the raw names in order, and each one's slot and spaces."""
         names = sorted(self._objects)
-        objs = self._objects
-        return names, [(objs[raw][0] << 3) | objs[raw][1] for raw in names]
+        return names, list(map(self._objects.__getitem__, names))
 
     def abort(self) -> None:
         self._shutdown()

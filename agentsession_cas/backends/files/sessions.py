@@ -128,7 +128,8 @@ def checkpoint_covers(records: Iterable[tuple[str, Any]]) -> int:
     covered, seen = 0, 0
     for op, seq in records:
         if op == "append" and isinstance(seq, int):
-            seen = max(seen, seq)
+            if seq > seen:  # (a comparison, not a call of max: once per append of a long log)
+                seen = seq
         elif op == "snapshot":  # compaction kept only appends a checkpoint covered
             covered = seen = max(seen, seq)
         elif op == "checkpoint":
@@ -213,10 +214,10 @@ def _with_header(records: Sequence[Record], header: bytes) -> list[Record]:
 def _encode(record: Record) -> bytes:
     """A record's bytes in its line (the line's frame is :func:`~.log.chain`'s)."""
     if isinstance(record, Append):
-        payload = None if record.objects is None else (record.objects[1], record.objects[2])
+        objects = record.objects
         return append_body(
             record.seq, record.entry, record.head, head_moved=record.head_moved, leaf_label=record.leaf_label,
-            lazy=record.lazy, payload=payload,
+            lazy=record.lazy, payload=None if objects is None else objects[1:],
         )
     return record_body(record)
 
@@ -893,20 +894,22 @@ class FileSessionLog(SessionLog):
         log stops taking writes: reopen to recover)."""
         self._check_open()
         bodies = [_encode(r) for r in records]
+        datas = records
         if commit:
             bodies.append(_COMMIT)
-            records = [*records, {"op": "commit"}]
-        self._write_log(bodies, sync=commit, datas=records)
+            datas = [*records, {"op": "commit"}]
+        self._write_log(bodies, sync=commit, datas=datas)
         self._uncommitted = not commit
         if commit:
             self._committed_to = self._size or 0
         note = None
+        unmaterialized = self.unmaterialized
         for r in records:
             if isinstance(r, Append):
                 if r.seq > self._max_seq:
                     self._max_seq = r.seq
                 if r.objects is not None:
-                    self.unmaterialized[r.entry] = r.objects
+                    unmaterialized[r.entry] = r.objects
                     self._since_checkpoint += 1
             elif isinstance(r.get("seq"), int):
                 self._max_seq = max(self._max_seq, r["seq"])
@@ -962,6 +965,9 @@ class FileSessionLog(SessionLog):
         self._last = last
         held = self._held
         if held is not None:
+            if len(bodies) == 1:  # (an append's write: no loop)
+                held.append(_held_item(datas[0], size))
+                return
             offset = size
             for body, record in zip(bodies, datas, strict=True):
                 held.append(_held_item(record, offset))
@@ -1162,7 +1168,8 @@ class FileSessionLog(SessionLog):
         if len(forms) < 2 or ops[0] != "create":
             return
         covered = checkpoint_covers(zip(ops, seqs))
-        last_commit = max(i for i, op in enumerate(ops) if op in COMMIT_POINTS)
+        # the last commit point, looked for from the end (the first record is one: create)
+        last_commit = next(i for i in range(len(ops) - 1, -1, -1) if ops[i] in COMMIT_POINTS)
         end = last_commit + 1
         for i in range(1, last_commit + 1):
             seq = seqs[i]
