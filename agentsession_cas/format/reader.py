@@ -317,12 +317,7 @@ def verify_file(
             assert isinstance(obj, dict)
             return obj
 
-        def line_size(entry: Entry) -> int:
-            assert entry.line is not None
-            return sizes[entry.line - 2]
-
-        parking = _Parking(wake, line_size)
-        return _verify(name, header, lines(), PathChecker(header, loader=load), where, on_entry, parking, misstated)
+        return _verify(name, header, lines(), PathChecker(header, loader=load), where, on_entry, _Parking(wake), misstated)
 
 
 def verify_bytes(data: bytes, *, source: str = "<bytes>", progress: Progress | None = None) -> VerifyReport:
@@ -359,26 +354,15 @@ def verify_lines(
         entry.line = where[entry_id]
         return entry
 
+    entries: Iterable[bytes] = (raw[:-1] if raw.endswith(b"\n") else raw for raw in it)
     if loader is None:
-        entries: Iterable[bytes] = (raw[:-1] if raw.endswith(b"\n") else raw for raw in it)
         return _verify(source, header, entries, PathChecker(header), where)
-    sizes = array("q")
-
-    def sized() -> Iterator[bytes]:
-        for raw in it:
-            raw = raw[:-1] if raw.endswith(b"\n") else raw
-            sizes.append(len(raw))
-            yield raw
 
     def wake(entry: Entry) -> dict[str, Any]:
         assert loader is not None
         return loader(entry.id).data  # the loader's own checks (a store's: every object read verified)
 
-    def line_size(entry: Entry) -> int:
-        assert entry.line is not None
-        return sizes[entry.line - 2]
-
-    return _verify(source, header, sized(), PathChecker(header, loader=load), where, None, _Parking(wake, line_size))
+    return _verify(source, header, entries, PathChecker(header, loader=load), where, None, _Parking(wake))
 
 
 class _Parking:
@@ -388,16 +372,14 @@ class _Parking:
     (:meth:`Entry.park`: their objects dropped, read again from the file if a rule
     consults them: a compaction's kept range, a request rebuilt under new settings), so
     what the pass holds grows by an id and a line number per entry, not by the entries.
-    An entry woken is parked again once the entry being added is in. ``size(entry)`` is
-    the length of its line."""
+    An entry woken is parked again once the entry being added is in."""
 
     WINDOW = 64
     WINDOW_BYTES = 1 << 20
 
-    def __init__(self, wake: Callable[[Entry], dict[str, Any]], size: Callable[[Entry], int]):
+    def __init__(self, wake: Callable[[Entry], dict[str, Any]]):
         self._recent: deque[tuple[Entry, int]] = deque()
         self._bytes = 0
-        self._size = size
         # (not a closure over self: parked entries hold the wake, and a cycle through them
         # would outlive a pass run with the collector paused)
         self._woken: list[Entry] = []
@@ -409,10 +391,10 @@ class _Parking:
 
         self._wake = counted
 
-    def settle(self, entry: Entry) -> None:
-        """``entry`` was added: park what fell out of the window, and what woke meanwhile."""
+    def settle(self, entry: Entry, n: int = 0) -> None:
+        """``entry`` was added (``n``: the length of its line, which the window's bytes
+        count): park what fell out of the window, and what woke meanwhile."""
         recent = self._recent
-        n = self._size(entry)
         recent.append((entry, n))
         self._bytes += n
         while len(recent) > self.WINDOW or (self._bytes > self.WINDOW_BYTES and recent):
@@ -485,10 +467,10 @@ class _Reader:
         #: The own ``link`` entries (after the base), kept when the entries are not.
         self.links: list[Entry] = []
 
-    def parsed_objects(self) -> Iterator[tuple[int, dict, bool, bytes | None]]:
+    def parsed_objects(self) -> Iterator[tuple[int, dict, bool, bytes | None, int]]:
         """Parse every entry line, reporting those that do not parse (the last line of the
         file may be cut short: one line is read ahead to know which is last). Each comes
-        with its bytes when they are proven its canonical form (else None)."""
+        with its bytes when they are proven its canonical form (else None), and its length."""
         it = iter(self.lines)
         raw = next(it, None)
         lineno = 1
@@ -506,7 +488,7 @@ class _Reader:
                 self._failed(raw, None, lineno, following is None)
                 raw = following
                 continue
-            yield lineno, obj, careful, raw if canonical else None
+            yield lineno, obj, careful, raw if canonical else None, len(raw)
             raw = following
 
     def _failed(self, raw: bytes, exc: Exception | None, lineno: int, last: bool) -> None:
@@ -540,7 +522,7 @@ class _Reader:
         drop_objects = checker is not None and not self.keep_objects
         add = tree.add
         count = 0
-        for lineno, obj, careful, raw in objects:
+        for lineno, obj, careful, raw, size in objects:
             entry, found = check_line(obj, line=lineno, careful=careful, keep_objects=keep, migrated=migrated, raw=raw)
             if found:
                 problems.extend(found)
@@ -569,7 +551,7 @@ class _Reader:
                     entry.objects = None
                 checker.add(entry, prefix=on_prefix)  # as PathChecker.add_all feeds a file
                 if parking is not None:
-                    parking.settle(entry)
+                    parking.settle(entry, size)
             if eid == base:
                 on_prefix = False
         self.count = count
@@ -585,13 +567,13 @@ class _Reader:
         )
 
     def _migrated(
-        self, objects: Iterator[tuple[int, dict, bool, bytes | None]]
-    ) -> Iterator[tuple[int, dict, bool, bytes | None]]:
+        self, objects: Iterator[tuple[int, dict, bool, bytes | None, int]]
+    ) -> Iterator[tuple[int, dict, bool, bytes | None, int]]:
         assigned: dict[str, str] = {}
-        for lineno, obj, careful, _ in objects:
+        for lineno, obj, careful, _, size in objects:
             new, notes = migrate_entry(obj, lineno, assigned, self.header.id)
             self.unresolved.extend(notes)
             old = obj.get("id")
             if isinstance(old, str) and "id" in new:
                 assigned.setdefault(old, new["id"])
-            yield lineno, new, careful, None  # a migrated object is not its line
+            yield lineno, new, careful, None, size  # a migrated object is not its line
