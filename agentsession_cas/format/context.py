@@ -1162,17 +1162,18 @@ class ContextBuilder:
         if rid is not None:
             crossed = False
             for i in range(end - 1, -1, -1):  # no slice: the path may be long
-                e = path[i]
-                if e.type != "item":
-                    if e.type in ("compaction", "branch_summary"):
+                d = path[i].data
+                t = d.get("type")
+                if t != "item":
+                    if t in ("compaction", "branch_summary"):
                         crossed = True
                     continue
-                if e.data.get("response") != rid:
+                if d.get("response") != rid:
                     break
                 if crossed:
                     slow = True
                     break
-                if isinstance(e.data.get("item"), dict):
+                if isinstance(d.get("item"), dict):
                     k += 1
         settings = self.settings if apply_omit else self.settings.without_omit()
         if slow:
