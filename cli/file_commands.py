@@ -360,7 +360,7 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
     builder, hasher = ContextBuilder(), ContextHasher()
     said: dict[str, str] = {}  # the item an entry puts in the context, described (an item's for its row too)
     store = session.store
-    parking = _Parking(lambda e: store.entry(e.id).data, lambda e: 0)
+    parking = _Parking(lambda e: store.entry(e.id).data)
     rows = _Listing(outline, listed, verbose) if n else None
     bar = terminal.progress("reading", "entries")
     types = outline.types

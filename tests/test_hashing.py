@@ -804,3 +804,18 @@ def test_a_parsed_line_with_a_lone_surrogate_is_refused(where):
     obj, careful = loads_flagged('{"type":"item","parent":null,"ts":"2026-01-01T00:00:00Z",' + where + "}")
     with pytest.raises(IJSONError, match="lone surrogate"):
         entry_objects_item(obj, parsed=True, careful=careful)
+
+
+@pytest.mark.parametrize("type_, parent, ts", [
+    ("item", None, "2026-01-01T00:00:00Z"),
+    ("ns:type", "sha256:" + "a" * 64, "2026-01-01T00:00:00.5Z"),
+    ("tab\there \"quoted\" back\\slash", "not a hash", "\x00\x1f\x7f"),
+    ("café 日本語 🙂", "naïve", "ünï"),
+])
+def test_envelope_bytes_of_the_common_form_are_rfc8785s(type_, parent, ts):
+    """The common form (no parents, a string ts) is written straight: the bytes RFC 8785
+    gives the envelope object, whatever its strings hold (escapes, controls, non-ASCII)."""
+    from agentsession_cas.format.hashing import envelope_bytes, envelope_object
+
+    content = "sha256:" + "c" * 64
+    assert envelope_bytes(type_, parent, None, ts, content) == rfc8785.dumps(envelope_object(type_, parent, None, ts, content))

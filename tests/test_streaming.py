@@ -471,6 +471,30 @@ def test_verify_file_reads_a_left_branch_again(tmp_path, monkeypatch):
     assert report._checker._entries is None  # nothing held but the path
 
 
+def test_a_left_branch_entry_whose_id_is_not_its_hash_is_read_again_as_itself(tmp_path):
+    """A line re-read on the way back to a branch must hash as it did when checked: one
+    that states an id its members do not hash to is held under that id, and read again it
+    is the same line, not a line that changed (its computed id is what it is held to)."""
+    import json
+
+    from agentsession_cas.format.entry import Header, make_entry
+    from agentsession_cas.format.reader import verify_file
+
+    ts = "2026-01-01T00:00:00Z"
+    root = make_entry("config", None, ts=ts, model="m")
+    wrong = "sha256:" + "1" * 64
+    a1 = make_entry("item", root.id, ts=ts, item={"type": "message", "role": "user", "content": "on a"})
+    a1_line = json.dumps({**a1.data, "id": wrong}, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    b1 = make_entry("item", root.id, ts=ts, item={"type": "message", "role": "user", "content": "on b"})
+    a2 = make_entry("item", wrong, ts=ts, item={"type": "message", "role": "user", "content": "back on a"})
+    path = tmp_path / "misstated.jsonl"
+    path.write_bytes(Header.new("misstated").canonical_line() + root.canonical_line() + a1_line
+                     + b1.canonical_line() + a2.canonical_line())
+    report = verify_file(path)
+    assert report.as_dict() == _old_report(path)
+    assert [p.code for p in report.problems] == ["hash"]
+
+
 def test_cli_verify_streams_the_file(tmp_path, monkeypatch):
     """``agentsession verify FILE`` never reads the file whole."""
     from agentsession_cas.format import reader

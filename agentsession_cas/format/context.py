@@ -725,13 +725,17 @@ class _Contribution:
 
     @property
     def item(self) -> dict[str, Any]:
-        data = self.entry.data
-        kind = self.kind
-        if kind == "item":
-            return data["item"]
-        if kind == "pinned":
-            return data["pinned"][self.index]
-        return data["summary"]
+        return _placed_item(self.entry, self.kind, self.index)
+
+
+def _placed_item(entry: Entry, kind: str, index: int) -> dict[str, Any]:
+    """The item a contribution of ``kind`` (and ``index``) reads from ``entry``."""
+    data = entry.data
+    if kind == "item":
+        return data["item"]
+    if kind == "pinned":
+        return data["pinned"][index]
+    return data["summary"]
 
 
 def _replace_images(item: dict, indexes: set[tuple[str, int]], placeholder: str) -> dict:
@@ -920,23 +924,25 @@ class _Raw:
             h = start.h.copy()
             upto0, count = start.upto, start.count
         if upto0 < upto:
-            chunk = self.take(upto0, upto)
-            if omit.zero:
-                blobs = [_item_bytes(c) for c in chunk]
+            # Each item's bytes are taken from its entry once, hashed into the mark below: a
+            # path keeps no second copy of its items.
+            if omit.zero:  # the common case: every item as recorded, no contribution objects made
+                path = self.path
+                blobs = [_placed_bytes(path[pos], kind, index) for pos, kind, _, index in self.items[upto0:upto]]
             else:
-                kept, _, _ = _apply_omit(chunk, settings, path_index)
+                kept, _, _ = _apply_omit(self.take(upto0, upto), settings, path_index)
                 blobs = [
-                    _item_bytes(c) if item is c.item else canonical_bytes(item)
+                    _placed_bytes(c.entry, c.kind, c.index) if item is c.item else canonical_bytes(item)
                     for c, item in kept
                 ]
+                for pos, kind, _, _ in self.items[upto0:upto]:
+                    if kind == "item":
+                        self.path[pos].item_bytes = None  # (an item left out: its bytes are not needed again)
             if blobs:
                 if count:
                     h.update(b",")
                 h.update(b",".join(blobs))  # (not added to the comma: the items are most of a request's bytes)
                 count += len(blobs)
-            for c in chunk:
-                if c.kind == "item":
-                    c.entry.item_bytes = None  # hashed into the mark below: a path keeps no second copy of its items
         if start is None or upto0 < upto:
             self.marks.append(_Mark(sig, upto, self.items[upto - 1] if upto else None, count, h.copy()))
         if after:
@@ -948,16 +954,17 @@ class _Raw:
         return HASH_PREFIX + h.hexdigest()
 
 
-def _item_bytes(c: _Contribution) -> bytes:
-    """A contribution's canonical bytes: those its entry's hashing made (``item_bytes``,
-    left on the entry until hashed into a mark, or dropped when a one-pass check parks
+def _placed_bytes(entry: Entry, kind: str, index: int) -> bytes:
+    """The canonical bytes of the contribution of ``kind`` (and ``index``) that ``entry``
+    makes: for an item, those its entry's hashing made (``item_bytes``, left on the entry
+    until hashed into a mark, then dropped here; or dropped when a one-pass check parks
     it), else encoded again."""
-    entry = c.entry
-    if c.kind == "item":
+    if kind == "item":
         raw = entry.item_bytes
         if raw is not None:
+            entry.item_bytes = None
             return raw
-    return canonical_bytes(c.item, parsed=True, careful=entry.careful)
+    return canonical_bytes(_placed_item(entry, kind, index), parsed=True, careful=entry.careful)
 
 
 # ---------------------------------------------------------------------------
@@ -1155,17 +1162,18 @@ class ContextBuilder:
         if rid is not None:
             crossed = False
             for i in range(end - 1, -1, -1):  # no slice: the path may be long
-                e = path[i]
-                if e.type != "item":
-                    if e.type in ("compaction", "branch_summary"):
+                d = path[i].data
+                t = d.get("type")
+                if t != "item":
+                    if t in ("compaction", "branch_summary"):
                         crossed = True
                     continue
-                if e.data.get("response") != rid:
+                if d.get("response") != rid:
                     break
                 if crossed:
                     slow = True
                     break
-                if isinstance(e.data.get("item"), dict):
+                if isinstance(d.get("item"), dict):
                     k += 1
         settings = self.settings if apply_omit else self.settings.without_omit()
         if slow:

@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import field
 from itertools import accumulate
 from typing import Any, BinaryIO
-from zlib import crc32
 
 from ..errors import (
     AgentSessionError,
@@ -40,6 +39,7 @@ from ..lean import dataclass
 from ..progress import Progress, reported
 from .canonical import loads_canonical, loads_flagged
 from .entry import Entry, Header
+from .hashing import entry_hashes
 from .legacy import migrate_entry
 from .rules import (
     CORE_TYPES,
@@ -241,12 +241,15 @@ def verify_file(
             return verify_bytes(first + f.read(), source=name, progress=progress)
         starts = array("q")  # each line's offset and length, to read it again
         sizes = array("q")
-        crcs = array("L")  # each line's CRC-32: a line read again must be the line checked
+        # A line read again must be the line checked: its members must hash to the id it was
+        # checked under (the entry's computed id; an id the line states wrongly is mapped
+        # here to the one its members gave, by the reader, which reports it).
+        misstated: dict[str, str] = {}
         fd = f.fileno()
         size = os.fstat(fd).st_size
 
         def lines() -> Iterator[bytes]:
-            # Read in blocks and split: per line, only C (the split, lengths, CRCs, offsets).
+            # Read in blocks and split: per line, only C (the split, lengths, offsets).
             pos = len(first)
             pieces: list[bytes] = []  # the line begun at the end of the blocks read so far
             while True:
@@ -262,7 +265,6 @@ def verify_file(
                 pieces = [block[cut + 1 :]]
                 lengths = list(map(len, parts))
                 sizes.extend(lengths)
-                crcs.extend(map(crc32, parts))
                 offsets = list(accumulate([n + 1 for n in lengths], initial=pos))
                 pos = offsets.pop()
                 starts.extend(offsets)
@@ -274,7 +276,6 @@ def verify_file(
             if last:  # the last line, with no LF after it
                 starts.append(pos)
                 sizes.append(len(last))
-                crcs.append(crc32(last))
                 pos += len(last)
                 yield last
             if progress is not None:
@@ -282,19 +283,15 @@ def verify_file(
 
         where: dict[str, int] = {}
 
-        def again(i: int, src: int) -> bytes:
-            raw = os.pread(src, sizes[i], starts[i])
-            if crc32(raw) != crcs[i]:
-                raise SessionFormatError(name, [problem(i + 2, "entry", "the line changed while it was verified")])
-            return raw
+        def changed(i: int) -> SessionFormatError:
+            return SessionFormatError(name, [problem(i + 2, "entry", "the line changed while it was verified")])
 
         def load(entry_id: str) -> Entry:
             i = where[entry_id] - 2
-            raw = again(i, fd)
-            obj, careful = loads_flagged(raw.decode("utf-8"))
+            obj, careful = loads_flagged(os.pread(fd, sizes[i], starts[i]).decode("utf-8"))
             entry, _ = check_line(obj, line=i + 2, careful=careful, keep_objects=True)
-            if entry is None:  # the file changed under the verify
-                raise SessionFormatError(name, [problem(i + 2, "entry", "the line changed while it was verified")])
+            if entry is None or entry.id != entry_id or entry.computed_id != misstated.get(entry_id, entry_id):
+                raise changed(i)  # the file changed under the verify
             entry.objects = None
             return entry
 
@@ -306,24 +303,21 @@ def verify_file(
             i = entry.line - 2
             if f.closed:
                 with open(name, "rb") as reopened:
-                    raw = again(i, reopened.fileno())
+                    raw = os.pread(reopened.fileno(), sizes[i], starts[i])
             else:
-                raw = again(i, fd)
+                raw = os.pread(fd, sizes[i], starts[i])
             try:
-                obj = loads_flagged(raw.decode("utf-8"))[0]
-            except ValueError:
-                obj = None
+                obj, careful = loads_flagged(raw.decode("utf-8"))
+                computed = entry_hashes(obj, parsed=True, careful=careful)[0] if isinstance(obj, dict) else None
+            except (ValueError, AgentSessionError):
+                obj = computed = None
             stated = obj.get("id") if isinstance(obj, dict) else None
-            if not isinstance(obj, dict) or (stated if isinstance(stated, str) else entry.computed_id) != entry.id:
-                raise SessionFormatError(name, [problem(i + 2, "entry", "the line changed while it was verified")])
+            if computed != entry.computed_id or (stated if isinstance(stated, str) else computed) != entry.id:
+                raise changed(i)
+            assert isinstance(obj, dict)
             return obj
 
-        def line_size(entry: Entry) -> int:
-            assert entry.line is not None
-            return sizes[entry.line - 2]
-
-        parking = _Parking(wake, line_size)
-        return _verify(name, header, lines(), PathChecker(header, loader=load), where, on_entry, parking)
+        return _verify(name, header, lines(), PathChecker(header, loader=load), where, on_entry, _Parking(wake), misstated)
 
 
 def verify_bytes(data: bytes, *, source: str = "<bytes>", progress: Progress | None = None) -> VerifyReport:
@@ -360,26 +354,15 @@ def verify_lines(
         entry.line = where[entry_id]
         return entry
 
+    entries: Iterable[bytes] = (raw[:-1] if raw.endswith(b"\n") else raw for raw in it)
     if loader is None:
-        entries: Iterable[bytes] = (raw[:-1] if raw.endswith(b"\n") else raw for raw in it)
         return _verify(source, header, entries, PathChecker(header), where)
-    sizes = array("q")
-
-    def sized() -> Iterator[bytes]:
-        for raw in it:
-            raw = raw[:-1] if raw.endswith(b"\n") else raw
-            sizes.append(len(raw))
-            yield raw
 
     def wake(entry: Entry) -> dict[str, Any]:
         assert loader is not None
         return loader(entry.id).data  # the loader's own checks (a store's: every object read verified)
 
-    def line_size(entry: Entry) -> int:
-        assert entry.line is not None
-        return sizes[entry.line - 2]
-
-    return _verify(source, header, sized(), PathChecker(header, loader=load), where, None, _Parking(wake, line_size))
+    return _verify(source, header, entries, PathChecker(header, loader=load), where, None, _Parking(wake))
 
 
 class _Parking:
@@ -389,16 +372,14 @@ class _Parking:
     (:meth:`Entry.park`: their objects dropped, read again from the file if a rule
     consults them: a compaction's kept range, a request rebuilt under new settings), so
     what the pass holds grows by an id and a line number per entry, not by the entries.
-    An entry woken is parked again once the entry being added is in. ``size(entry)`` is
-    the length of its line."""
+    An entry woken is parked again once the entry being added is in."""
 
     WINDOW = 64
     WINDOW_BYTES = 1 << 20
 
-    def __init__(self, wake: Callable[[Entry], dict[str, Any]], size: Callable[[Entry], int]):
+    def __init__(self, wake: Callable[[Entry], dict[str, Any]]):
         self._recent: deque[tuple[Entry, int]] = deque()
         self._bytes = 0
-        self._size = size
         # (not a closure over self: parked entries hold the wake, and a cycle through them
         # would outlive a pass run with the collector paused)
         self._woken: list[Entry] = []
@@ -410,10 +391,10 @@ class _Parking:
 
         self._wake = counted
 
-    def settle(self, entry: Entry) -> None:
-        """``entry`` was added: park what fell out of the window, and what woke meanwhile."""
+    def settle(self, entry: Entry, n: int = 0) -> None:
+        """``entry`` was added (``n``: the length of its line, which the window's bytes
+        count): park what fell out of the window, and what woke meanwhile."""
         recent = self._recent
-        n = self._size(entry)
         recent.append((entry, n))
         self._bytes += n
         while len(recent) > self.WINDOW or (self._bytes > self.WINDOW_BYTES and recent):
@@ -436,10 +417,11 @@ class _Parking:
 def _verify(
     source: str, header: Header, lines: Iterable[bytes], checker: PathChecker, where: dict[str, int] | None,
     on_entry: Callable[[Entry], None] | None = None, parking: _Parking | None = None,
+    misstated: dict[str, str] | None = None,
 ) -> VerifyReport:
     with gc_paused():
         reader = _Reader(source, header, lines, checker=checker, keep_entries=False, where=where, on_entry=on_entry,
-                         parking=parking)
+                         parking=parking, misstated=misstated)
         sf = reader.run()
         checker.finish()
     return verify_report(source, header, reader.count, sf.migrated, sf.all_problems(), sf.unresolved, checker, reader.links)
@@ -462,8 +444,11 @@ class _Reader:
         where: dict[str, int] | None = None,
         on_entry: Callable[[Entry], None] | None = None,
         parking: _Parking | None = None,
+        misstated: dict[str, str] | None = None,
     ):
         self.parking = parking
+        #: id -> computed id of each entry held under an id its members do not hash to.
+        self.misstated = misstated if misstated is not None else {}
         self.keep_objects = keep_objects
         self.on_entry = on_entry
         self.source = source
@@ -482,10 +467,10 @@ class _Reader:
         #: The own ``link`` entries (after the base), kept when the entries are not.
         self.links: list[Entry] = []
 
-    def parsed_objects(self) -> Iterator[tuple[int, dict, bool, bytes | None]]:
+    def parsed_objects(self) -> Iterator[tuple[int, dict, bool, bytes | None, int]]:
         """Parse every entry line, reporting those that do not parse (the last line of the
         file may be cut short: one line is read ahead to know which is last). Each comes
-        with its bytes when they are proven its canonical form (else None)."""
+        with its bytes when they are proven its canonical form (else None), and its length."""
         it = iter(self.lines)
         raw = next(it, None)
         lineno = 1
@@ -503,7 +488,7 @@ class _Reader:
                 self._failed(raw, None, lineno, following is None)
                 raw = following
                 continue
-            yield lineno, obj, careful, raw if canonical else None
+            yield lineno, obj, careful, raw if canonical else None, len(raw)
             raw = following
 
     def _failed(self, raw: bytes, exc: Exception | None, lineno: int, last: bool) -> None:
@@ -529,6 +514,7 @@ class _Reader:
         # request hashes (the context builder takes them): hashed once, not kept after.
         keep = self.keep_objects or (checker is not None and not migrated) or self.on_entry is not None
         on_entry = self.on_entry
+        misstated = self.misstated
         parking = self.parking if checker is not None and not migrated else None
         base = self.header.base
         on_prefix = base is not None
@@ -536,7 +522,7 @@ class _Reader:
         drop_objects = checker is not None and not self.keep_objects
         add = tree.add
         count = 0
-        for lineno, obj, careful, raw in objects:
+        for lineno, obj, careful, raw, size in objects:
             entry, found = check_line(obj, line=lineno, careful=careful, keep_objects=keep, migrated=migrated, raw=raw)
             if found:
                 problems.extend(found)
@@ -548,6 +534,8 @@ class _Reader:
             if eid in held:
                 problems.extend(add(entry))  # the same entry again: reported, not loaded
                 continue
+            if found and eid != entry.computed_id:
+                misstated[eid] = entry.computed_id
             found = add(entry)
             if found:
                 problems.extend(found)
@@ -563,7 +551,7 @@ class _Reader:
                     entry.objects = None
                 checker.add(entry, prefix=on_prefix)  # as PathChecker.add_all feeds a file
                 if parking is not None:
-                    parking.settle(entry)
+                    parking.settle(entry, size)
             if eid == base:
                 on_prefix = False
         self.count = count
@@ -579,13 +567,13 @@ class _Reader:
         )
 
     def _migrated(
-        self, objects: Iterator[tuple[int, dict, bool, bytes | None]]
-    ) -> Iterator[tuple[int, dict, bool, bytes | None]]:
+        self, objects: Iterator[tuple[int, dict, bool, bytes | None, int]]
+    ) -> Iterator[tuple[int, dict, bool, bytes | None, int]]:
         assigned: dict[str, str] = {}
-        for lineno, obj, careful, _ in objects:
+        for lineno, obj, careful, _, size in objects:
             new, notes = migrate_entry(obj, lineno, assigned, self.header.id)
             self.unresolved.extend(notes)
             old = obj.get("id")
             if isinstance(old, str) and "id" in new:
                 assigned.setdefault(old, new["id"])
-            yield lineno, new, careful, None  # a migrated object is not its line
+            yield lineno, new, careful, None, size  # a migrated object is not its line

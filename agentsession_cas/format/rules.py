@@ -295,7 +295,7 @@ def check_line(
             out.append(problem(line, "ijson", f"not I-JSON: {exc}", named))
         return None, out
     if stated == computed:
-        pass  # the common case: the line's id is the hash of its members
+        computed = stated  # the common case: the line's id is the hash of its members (one string held for both)
     elif stated is None:
         if require_id:
             out.append(problem(line, "id", f"the entry has no id (its members hash to {computed})", computed))

@@ -810,17 +810,17 @@ class RecordWalker:
         path, skipping entries that are not items, while items name this response."""
         if e.id in self.has_calls:
             return  # a fact of the entry's path, found when it was first pushed
-        rid = e.get("response_id")
+        rid = e.data.get("response_id")
         found = False
         if isinstance(rid, str):
             path = self.path
             for i in range(depth - 1, -1, -1):
-                p = path[i]
-                if p.type != "item":
+                d = path[i].data  # (the object itself: this walks back over every response's outputs)
+                if d.get("type") != "item":
                     continue
-                if p.get("response") != rid:
+                if d.get("response") != rid:
                     break
-                item = p.get("item")
+                item = d.get("item")
                 if isinstance(item, dict) and item.get("type") == "function_call":
                     found = True
         self.has_calls[e.id] = found
