@@ -38,6 +38,7 @@ __all__ = [
     "lines_from_objects",
     "stored_item_bytes",
     "read_envelope",
+    "common_envelopes",
 ]
 
 HASH_PREFIX = "sha256:"
@@ -215,6 +216,25 @@ def read_envelope(data: bytes) -> tuple[Any, bool | None, str | None, bytes | No
         return _matched_envelope(m), False, None, data[_AFTER_CONTENT:-1]
     obj, careful = loads_flagged(data)
     return obj, careful, envelope_defect(obj), None
+
+
+#: :data:`FAST_ENVELOPE` as text, matched one envelope a line, each a whole line.
+_COMMON_LINES = re.compile("(?m)^" + FAST_ENVELOPE.pattern.decode("ascii") + "\n")
+
+
+def common_envelopes(datas: Sequence[bytes]) -> list[tuple[str, str, str, str]] | None:
+    """The members of each envelope of ``datas`` as :func:`read_envelope` reads one of the
+    common form (``content``, ``parent`` or ``""`` for null, ``ts``, ``type``), when every
+    one is of that form: one match over them all, as a store writes them (a reader of many,
+    a listing's outline, spares a match and a dict an envelope). None when any is of
+    another form, which the caller then reads one by one."""
+    try:
+        text = b"\n".join(datas).decode("ascii") + "\n"
+    except UnicodeDecodeError:
+        return None
+    found = _COMMON_LINES.findall(text)
+    # n whole-line matches over n lines (no canonical envelope holds a line break): each one is
+    return found if len(found) == len(datas) == text.count("\n") else None
 
 
 _CONTENT_FIRST = b'{"content":"'
