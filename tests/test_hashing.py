@@ -524,6 +524,29 @@ def test_item_bytes_cut_from_a_proven_line_are_the_encoded_ones(item, others, st
         assert entry_objects_item(obj, parsed=True, careful=careful, line=raw) == entry_objects_item(other)
 
 
+@settings(max_examples=300, deadline=None)
+@given(item=st.dictionaries(st.sampled_from(["response", "type"]) | st.text(max_size=4), _JSON, max_size=4),
+       response=_JSON | st.dictionaries(st.just("response"), _JSON, max_size=2))
+def test_line_members_cut_the_item_of_an_item_entry_and_its_response(item, response):
+    """The members of a stored item entry with its response, read by line_members: the
+    item's bytes it cuts are the item's canonical bytes, whatever the item and the response
+    hold (members named ``response`` in either), and the members are the line's."""
+    from agentsession_cas.format.canonical import loads
+    from agentsession_cas.format import hashing
+    from agentsession_cas.format.hashing import line_from_objects, line_members
+
+    try:
+        content = rfc8785.dumps({"item": item, "response": response})
+    except Exception:
+        return  # a value rfc8785 does not take (a lone surrogate)
+    entry_id, env = "sha256:" + "d" * 64, {"parent": None, "ts": "2026-01-01T00:00:00Z", "type": "item"}
+    data, _, item_bytes = line_members(entry_id, env, content)
+    assert data == loads(line_from_objects(entry_id, env, content))
+    assert item_bytes is None or item_bytes == rfc8785.dumps(item)
+    if isinstance(response, str) and hashing._parse_stored(content)[1] is None:  # proved compact: cut
+        assert item_bytes is not None
+
+
 def test_item_bytes_absent_without_an_item_object():
     for entry in (
         {"type": "label", "parent": None, "ts": "2026-01-01T00:00:00Z", "target": None, "label": "x"},

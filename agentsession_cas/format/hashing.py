@@ -579,23 +579,26 @@ def line_members(entry_id: str, env: Mapping[str, Any], content: bytes) -> tuple
     if body.__class__ is not dict:
         raise EntryError("the content object is not a JSON object")
     names = tuple(body)
-    if not "".join(names).isascii():
-        data, careful = loads_flagged(line_from_objects(entry_id, env, content))
-        if "ts" not in env:
-            del data["ts"]
-        return data, careful, None
-    # the bytes are cut only when the parse proved them compact (the store holds
-    # canonical contents: their hash names their canonical form)
-    item = stored_item_bytes(content, names) if careful is None else None
     parents = env.get("parents")
     if names in _ITEM_NAMES and not parents:  # most of a session's entries: the line's order written out
         data = {"id": entry_id, "item": body["item"], "parent": env.get("parent")}
+        # the bytes are cut only when the parse proved them compact (the store holds
+        # canonical contents: their hash names their canonical form)
+        item = None
+        if careful is None:
+            item = content[8:-1] if len(names) == 1 else _item_before_response(content, body["response"])
         if len(names) == 2:
             data["response"] = body["response"]
         if "ts" in env:
             data["ts"] = env["ts"]
         data["type"] = env.get("type")
         return data, careful, item
+    if not "".join(names).isascii():
+        data, careful = loads_flagged(line_from_objects(entry_id, env, content))
+        if "ts" not in env:
+            del data["ts"]
+        return data, careful, None
+    item = stored_item_bytes(content, names) if careful is None else None
     body["id"] = entry_id
     body["parent"] = env.get("parent")
     if parents:
@@ -608,6 +611,17 @@ def line_members(entry_id: str, env: Mapping[str, Any], content: bytes) -> tuple
 
 #: An item entry's content member names, alone or with the response that returned it.
 _ITEM_NAMES = (("item",), ("item", "response"))
+_RESPONSE_MEMBER = b',"response":'
+
+
+def _item_before_response(content: bytes, response: Any) -> bytes | None:
+    """:func:`stored_item_bytes` of a compact content of members ``item`` then ``response``:
+    a string ``response`` holds no ``,"response":`` (its quotes are escaped), so the last
+    one begins the member, found from the end rather than by a search of the item; any
+    other value, as :func:`stored_item_bytes` cuts it."""
+    if response.__class__ is not str:
+        return stored_item_bytes(content, _ITEM_NAMES[1])
+    return content[8 : content.rfind(_RESPONSE_MEMBER)]
 
 
 def _parse_stored(content: bytes) -> tuple[Any, bool | None]:
