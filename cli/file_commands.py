@@ -429,6 +429,8 @@ class _Listing:
         self.widths = widths
         self.summary_width = max(8, terminal.width() - sum(widths) - 8)  # the summary takes what is left
         self.type_cells = {t: t + " " * (widths[3] - len(visible(t))) for t in set(outline.types)}
+        # (a parent's short form is as wide as its column: 12, when any row has a parent)
+        self.no_parent = "-".ljust(widths[2])
         self.rows: list[str] = []
         echo()
         echo(table_line(_ROW_HEADER, widths), fit="cut")
@@ -452,7 +454,7 @@ class _Listing:
             w = self.widths
             line = str(pos + 2)
             self.rows.append(
-                f"{line}{' ' * (w[0] - len(line))}  {e.id[7:19]}  {parent[7:19] if parent is not None else '-':<{w[2]}}  "
+                f"{line}{' ' * (w[0] - len(line))}  {e.id[7:19]}  {parent[7:19] if parent is not None else self.no_parent}  "
                 f"{self.type_cells[outline.types[pos]]}  {summary}".rstrip()
             )
         else:

@@ -225,9 +225,9 @@ _COMMON_LINES = re.compile("(?m)^" + FAST_ENVELOPE.pattern.decode("ascii") + "\n
 def common_envelopes(datas: Sequence[bytes]) -> list[tuple[str, str, str, str]] | None:
     """The members of each envelope of ``datas`` as :func:`read_envelope` reads one of the
     common form (``content``, ``parent`` or ``""`` for null, ``ts``, ``type``), when every
-    one is of that form: one match over them all, as a store writes them (a reader of many,
-    a listing's outline, spares a match and a dict an envelope). None when any is of
-    another form, which the caller then reads one by one."""
+    one is of that form: one match over them all (a reader of many, a listing's outline,
+    spares a match and a dict an envelope). None when any is of another form (a merge's,
+    with ``parents``), which the caller then reads one by one."""
     try:
         text = b"\n".join(datas).decode("ascii") + "\n"
     except UnicodeDecodeError:

@@ -1235,11 +1235,11 @@ class _ProjectionWalk:
     def outline_chunks(self) -> Iterator[tuple[Sequence[str], list[tuple[str, str, Any, str]], dict[int, Any], dict[int, Mapping[str, Any]]]]:
         """What an outline needs of each chunk's entries, from their envelopes (read in one
         bulk read, verified) and their labels' contents: the ids; each envelope's
-        ``content``, ``parent`` (``""`` for none), ``ts`` and ``type`` (``""`` for none of
-        those forms); the ``parents`` of those naming any, and a label's members, each by
-        its place in the chunk. A chunk of envelopes of the common form (a store writes
-        them so) is read by one match (:func:`~agentsession_cas.format.hashing.common_envelopes`),
-        any other envelope by itself, refused as :meth:`chunks` refuses it."""
+        ``content``, ``parent`` (``""`` for null), ``ts`` and ``type``; by place in the
+        chunk, the ``parents`` of those naming any and a label's members. A chunk of
+        envelopes of the common form (all but a merge's) is read by one match
+        (:func:`~agentsession_cas.format.hashing.common_envelopes`), any other envelope
+        by itself, refused as :meth:`chunks` refuses it."""
         session = self.session
         objects = session.store.objects
         get_many = objects.get_many
