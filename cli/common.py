@@ -18,8 +18,16 @@ from .terminal import color_on, cut, fit_table, paint, visible, width, wrap
 
 def printable(text: str) -> str:
     """Values read from a file may hold lone surrogates, which no stream can
-    write; show them as backslash escapes instead of failing."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    write; show them as backslash escapes instead of failing. A text without one
+    (ASCII, or one that encodes) is itself: not encoded and decoded again (show
+    prints a long listing a batch of lines at a time)."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 #: Exit statuses, one table (docs/cli.md "Exit status").

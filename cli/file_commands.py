@@ -363,25 +363,29 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
     parking = _Parking(lambda e: store.entry(e.id).data)
     rows = _Listing(outline, listed, verbose) if n else None
     bar = terminal.progress("reading", "entries")
-    types = outline.types
+    types, ids, parent_at, absent = outline.types, outline.ids, outline.parent_at, outline.absent
+    push, feed, settle = builder.push, hasher.feed, parking.settle
     wanted = listed if len(listed) == n else sorted(on_path.union(listed))
     for count, (pos, e) in enumerate(listing_entries(session, outline, wanted)):
         if bar is not None and count % 1024 == 0:
             bar(count, len(wanted))
         e.line = pos + 2
-        item = describe_item(e.data.get("item")) if types[pos] == "item" else None
+        # the entry's type and parent, as the outline holds them (the entry took its own from there)
+        t, up = types[pos], parent_at[pos]
+        parent = ids[up] if up >= 0 else absent.get(pos)
+        item = describe_item(e.data.get("item")) if t == "item" else None
         if rows is not None and pos in listed:
-            rows.add(pos, e, item, bar)
+            rows.add(pos, e, parent, item, bar)
         if pos in on_path:
             if item is not None:
                 said[e.id] = item
-            elif types[pos] == "branch_summary":  # its summary is its item in the context
+            elif t == "branch_summary":  # its summary is its item in the context
                 said[e.id] = describe_item(e.data.get("summary"))
-            builder.push(e)
-            if e.parent is None or e.parent in hasher:  # as context_hashes feeds them
-                hasher.feed(e)
+            push(e, t)
+            if parent is None or parent in hasher:  # as context_hashes feeds them
+                feed(e)
             if pos < n - 1:  # not the last: it may be the synthetic marker, which no store holds
-                parking.settle(e)
+                settle(e)
     if rows is not None:
         rows.flush(bar)
         _print_listed(len(listed), n)
@@ -425,11 +429,15 @@ class _Listing:
         self.widths = widths
         self.summary_width = max(8, terminal.width() - sum(widths) - 8)  # the summary takes what is left
         self.type_cells = {t: t + " " * (widths[3] - len(visible(t))) for t in set(outline.types)}
+        # (a parent's short form is as wide as its column: 12, when any row has a parent)
+        self.no_parent = "-".ljust(widths[2])
         self.rows: list[str] = []
         echo()
         echo(table_line(_ROW_HEADER, widths), fit="cut")
 
-    def add(self, pos: int, e: Entry, item: str | None, bar: terminal.Progress | None) -> None:
+    def add(self, pos: int, e: Entry, parent: str | None, item: str | None, bar: terminal.Progress | None) -> None:
+        """The row of the entry at ``pos`` (its ``parent``, and ``item``, its item's
+        :func:`describe_item` when it has one, as the caller found them)."""
         outline = self.outline
         children = outline.children.get(pos, 0)
         summary = describe(e, self.verbose, item=item)
@@ -442,12 +450,11 @@ class _Listing:
             summary = terminal.cut(summary, room)
         elif len(summary) > room:
             summary = summary[: room - 1] + "\u2026"
-        parent = outline.parent(pos)
         if self.hashed:
             w = self.widths
             line = str(pos + 2)
             self.rows.append(
-                f"{line}{' ' * (w[0] - len(line))}  {e.id[7:19]}  {parent[7:19] if parent is not None else '-':<{w[2]}}  "
+                f"{line}{' ' * (w[0] - len(line))}  {e.id[7:19]}  {parent[7:19] if parent is not None else self.no_parent}  "
                 f"{self.type_cells[outline.types[pos]]}  {summary}".rstrip()
             )
         else:

@@ -436,6 +436,36 @@ def test_checked_envelope_says_what_envelope_defect_says(env):
     assert why == envelope_defect(loads(data))
 
 
+def test_common_envelopes_read_a_chunk_as_read_envelope_reads_each():
+    """Envelopes read by one match over a chunk give what read_envelope gives each one of
+    the common form, and nothing when any one is of another form (parents, a member out
+    of the form, a line break or a byte outside ASCII: bytes no store writes, which the
+    caller then reads one by one)."""
+    from agentsession_cas.format.hashing import common_envelopes, read_envelope
+
+    h = "sha256:" + "a" * 64
+    common = [
+        _cb({"content": h, "parent": None, "ts": "2026-10-05T09:00:00Z", "type": "item"}),
+        _cb({"content": "sha256:" + "c" * 64, "parent": "sha256:" + "b" * 64, "ts": "2026-10-05T09:00:00.5Z", "type": "x:y"}),
+    ]
+    got = common_envelopes(common)
+    assert got is not None and len(got) == len(common)
+    for data, (content, parent, ts, type_) in zip(common, got):
+        env, _, why, _ = read_envelope(data)
+        assert why is None and env == {"content": content, "parent": parent or None, "ts": ts, "type": type_}
+    others = [
+        _cb({"content": h, "parent": None, "parents": [{"entry": "sha256:" + "c" * 64}], "ts": "t", "type": "item"}),
+        _cb({"content": h, "parent": None, "ts": "t", "type": "it\u00e9m"}),
+        _cb({"content": h, "parent": None, "ts": "t", "type": "item", "extra": 1}),
+        common[0] + b"\n" + common[1],  # two envelopes' lines in one object
+        common[0][:-1] + b" }",
+        b"x" + common[0],
+    ]
+    for other in others:
+        assert common_envelopes([common[0], other, common[1]]) is None, other
+    assert common_envelopes([]) is None
+
+
 # -- the item's bytes, a piece of the content's ------------------------------------------
 
 _JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-(2**53) + 1, 2**53 - 1), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8))
@@ -492,6 +522,29 @@ def test_item_bytes_cut_from_a_proven_line_are_the_encoded_ones(item, others, st
         obj, careful, proven = loads_canonical(raw)
         assert proven
         assert entry_objects_item(obj, parsed=True, careful=careful, line=raw) == entry_objects_item(other)
+
+
+@settings(max_examples=300, deadline=None)
+@given(item=st.dictionaries(st.sampled_from(["response", "type"]) | st.text(max_size=4), _JSON, max_size=4),
+       response=_JSON | st.dictionaries(st.just("response"), _JSON, max_size=2))
+def test_line_members_cut_the_item_of_an_item_entry_and_its_response(item, response):
+    """The members of a stored item entry with its response, read by line_members: the
+    item's bytes it cuts are the item's canonical bytes, whatever the item and the response
+    hold (members named ``response`` in either), and the members are the line's."""
+    from agentsession_cas.format.canonical import loads
+    from agentsession_cas.format import hashing
+    from agentsession_cas.format.hashing import line_from_objects, line_members
+
+    try:
+        content = rfc8785.dumps({"item": item, "response": response})
+    except Exception:
+        return  # a value rfc8785 does not take (a lone surrogate)
+    entry_id, env = "sha256:" + "d" * 64, {"parent": None, "ts": "2026-01-01T00:00:00Z", "type": "item"}
+    data, _, item_bytes = line_members(entry_id, env, content)
+    assert data == loads(line_from_objects(entry_id, env, content))
+    assert item_bytes is None or item_bytes == rfc8785.dumps(item)
+    if isinstance(response, str) and hashing._parse_stored(content)[1] is None:  # proved compact: cut
+        assert item_bytes is not None
 
 
 def test_item_bytes_absent_without_an_item_object():

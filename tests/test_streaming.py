@@ -720,7 +720,8 @@ def test_whole_pass_commands_keep_the_collector_off_until_they_return(shapes, tm
 
     root, sids = shapes
     seen: list[bool] = []
-    real_verify, real_walk = reader.verify_file, session_mod._ProjectionWalk.chunks
+    walk = session_mod._ProjectionWalk
+    real_verify, real_walk, real_outline = reader.verify_file, walk.chunks, walk.outline_chunks
 
     def verify_spy(*a, **k):
         seen.append(gc.isenabled())
@@ -730,9 +731,14 @@ def test_whole_pass_commands_keep_the_collector_off_until_they_return(shapes, tm
         seen.append(gc.isenabled())
         yield from real_walk(self, **k)
 
+    def outline_spy(self):
+        seen.append(gc.isenabled())
+        yield from real_outline(self)
+
     monkeypatch.setattr(reader, "verify_file", verify_spy)
     monkeypatch.setattr("agentsession_cli.file_commands.verify_file", verify_spy)
-    monkeypatch.setattr(session_mod._ProjectionWalk, "chunks", walk_spy)
+    monkeypatch.setattr(walk, "chunks", walk_spy)
+    monkeypatch.setattr(walk, "outline_chunks", outline_spy)
     path = tmp_path / "s.jsonl"
     path.write_bytes(Store(root, readonly=True).export(sids[0]))
     seen.clear()

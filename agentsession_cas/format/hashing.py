@@ -38,6 +38,7 @@ __all__ = [
     "lines_from_objects",
     "stored_item_bytes",
     "read_envelope",
+    "common_envelopes",
 ]
 
 HASH_PREFIX = "sha256:"
@@ -214,6 +215,25 @@ def read_envelope(data: bytes) -> tuple[Any, bool | None, str | None, bytes | No
         return _matched_envelope(m), False, None, data[_AFTER_CONTENT:-1]
     obj, careful = loads_flagged(data)
     return obj, careful, envelope_defect(obj), None
+
+
+#: :data:`FAST_ENVELOPE` as text, matched one envelope a line, each a whole line.
+_COMMON_LINES = re.compile("(?m)^" + FAST_ENVELOPE.pattern.decode("ascii") + "\n")
+
+
+def common_envelopes(datas: Sequence[bytes]) -> list[tuple[str, str, str, str]] | None:
+    """The members of each envelope of ``datas`` as :func:`read_envelope` reads one of the
+    common form (``content``, ``parent`` or ``""`` for null, ``ts``, ``type``), when every
+    one is of that form: one match over them all (a reader of many, a listing's outline,
+    spares a match and a dict an envelope). None when any is of another form (a merge's,
+    with ``parents``), which the caller then reads one by one."""
+    try:
+        text = b"\n".join(datas).decode("ascii") + "\n"
+    except UnicodeDecodeError:
+        return None
+    found = _COMMON_LINES.findall(text)
+    # n whole-line matches over n lines (no canonical envelope holds a line break): each one is
+    return found if len(found) == len(datas) == text.count("\n") else None
 
 
 _CONTENT_FIRST = b'{"content":"'
@@ -558,23 +578,26 @@ def line_members(entry_id: str, env: Mapping[str, Any], content: bytes) -> tuple
     if body.__class__ is not dict:
         raise EntryError("the content object is not a JSON object")
     names = tuple(body)
-    if not "".join(names).isascii():
-        data, careful = loads_flagged(line_from_objects(entry_id, env, content))
-        if "ts" not in env:
-            del data["ts"]
-        return data, careful, None
-    # the bytes are cut only when the parse proved them compact (the store holds
-    # canonical contents: their hash names their canonical form)
-    item = stored_item_bytes(content, names) if careful is None else None
     parents = env.get("parents")
     if names in _ITEM_NAMES and not parents:  # most of a session's entries: the line's order written out
         data = {"id": entry_id, "item": body["item"], "parent": env.get("parent")}
+        # the bytes are cut only when the parse proved them compact (the store holds
+        # canonical contents: their hash names their canonical form)
+        item = None
+        if careful is None:
+            item = content[8:-1] if len(names) == 1 else _item_before_response(content, body["response"])
         if len(names) == 2:
             data["response"] = body["response"]
         if "ts" in env:
             data["ts"] = env["ts"]
         data["type"] = env.get("type")
         return data, careful, item
+    if not "".join(names).isascii():
+        data, careful = loads_flagged(line_from_objects(entry_id, env, content))
+        if "ts" not in env:
+            del data["ts"]
+        return data, careful, None
+    item = stored_item_bytes(content, names) if careful is None else None
     body["id"] = entry_id
     body["parent"] = env.get("parent")
     if parents:
@@ -587,6 +610,17 @@ def line_members(entry_id: str, env: Mapping[str, Any], content: bytes) -> tuple
 
 #: An item entry's content member names, alone or with the response that returned it.
 _ITEM_NAMES = (("item",), ("item", "response"))
+_RESPONSE_MEMBER = b',"response":'
+
+
+def _item_before_response(content: bytes, response: Any) -> bytes | None:
+    """:func:`stored_item_bytes` of a compact content of members ``item`` then ``response``:
+    a string ``response`` holds no ``,"response":`` (its quotes are escaped), so the last
+    one begins the member, found from the end rather than by a search of the item; any
+    other value, as :func:`stored_item_bytes` cuts it."""
+    if response.__class__ is not str:
+        return stored_item_bytes(content, _ITEM_NAMES[1])
+    return content[8 : content.rfind(_RESPONSE_MEMBER)]
 
 
 def _parse_stored(content: bytes) -> tuple[Any, bool | None]:

@@ -41,7 +41,7 @@ from ..errors import (
 from ..format.canonical import canonical_bytes, loads, loads_flagged, needs_careful
 from ..format.codes import RULES
 from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
-from ..format.hashing import HASH_PREFIX, is_hash, line_members, lines_from_objects, read_envelope
+from ..format.hashing import HASH_PREFIX, common_envelopes, is_hash, line_members, lines_from_objects, read_envelope
 from ..format.links import REL_CONTINUED_IN, successor_of
 from ..format.media import sidecar_names
 from ..format.timestamps import now_ts
@@ -471,10 +471,8 @@ class Session:
         (:meth:`ProjectionOutline.content`): every object is read once."""
         walk = _ProjectionWalk(self)
         out = ProjectionOutline()
-        stubs = walk.stubs
-        for chunk in walk.chunks(contents=False):
-            for (entry_id, env, _, _), stub in zip(chunk, stubs[len(stubs) - len(chunk):]):
-                out.add(entry_id, env.get("parent"), env.get("type"), env.get("parents"), stub[2], env["content"])
+        for chunk, members, parents, labels in walk.outline_chunks():
+            out.extend(chunk, members, parents, labels)
         marker = walk.marker()
         if marker is not None:
             out.add(marker.id, marker.parent, marker.type, None, marker.data, marker.content_hash)
@@ -1285,6 +1283,22 @@ class _ProjectionWalk:
         for chunk in self.chunks(contents=contents):
             yield from chunk
 
+    def _id_chunks(self) -> Iterator[Sequence[str]]:
+        """The projection's ids, :data:`CHUNK` at a time: the prefix's, then the log's."""
+        step = self.CHUNK
+        for ids in (self.session.prefix, self.session.state.log_order):
+            for at in range(0, len(ids), step):
+                yield ids[at : at + step]
+
+    def _label(self, content: bytes) -> Mapping[str, Any] | None:
+        """A label's members from its content (None when they are no object), noting
+        whether it is a leaf label (or clears one): the resume rule then has to be run."""
+        label = loads(content)
+        if not isinstance(label, dict):
+            return None
+        self.leaf_labels = self.leaf_labels or label.get("label") in (LEAF_LABEL, None)
+        return label
+
     def chunks(self, *, contents: bool) -> Iterator[list[tuple[str, dict[str, Any], bytes | None, bytes | None]]]:
         """:meth:`objects` a chunk at a time (:data:`CHUNK` entries), each chunk read
         in two bulk reads, its envelopes then its contents
@@ -1293,36 +1307,67 @@ class _ProjectionWalk:
         objects = session.store.objects
         get_many = objects.get_many
         head = session.head
-        step = self.CHUNK
-        for ids in (session.prefix, session.state.log_order):
-            for at in range(0, len(ids), step):
-                chunk = ids[at : at + step]
-                envs = [envelope_parts(b, entry_id, objects, tail=True) for entry_id, b in zip(chunk, get_many("entries", chunk))]
-                if contents:
-                    bodies: list[bytes | None] = list(get_many("contents", [env["content"] for env, _ in envs]))
-                else:
-                    labels = [i for i, (env, _) in enumerate(envs) if env.get("type") == "label"]
-                    bodies = [None] * len(chunk)
-                    for i, body in zip(labels, get_many("contents", [envs[i][0]["content"] for i in labels])):
-                        bodies[i] = body
-                out = []
-                stubs = self.stubs
-                for entry_id, (env, members), content in zip(chunk, envs, bodies):
-                    parent = env.get("parent")
-                    label = None
-                    if content is not None and env.get("type") == "label":
-                        label = loads(content)
-                        if isinstance(label, dict):
-                            self.leaf_labels = self.leaf_labels or label.get("label") in (LEAF_LABEL, None)
-                        else:
-                            label = None
-                    stubs.append((entry_id, parent if isinstance(parent, str) else None, label))
-                    if entry_id == head:
-                        self.head_ts = env.get("ts")
-                    out.append((entry_id, env, content, members))
-                if out:
-                    self.last = (out[-1][0], out[-1][1].get("ts"))
-                yield out
+        for chunk in self._id_chunks():
+            envs = [envelope_parts(b, entry_id, objects, tail=True) for entry_id, b in zip(chunk, get_many("entries", chunk))]
+            if contents:
+                bodies: list[bytes | None] = list(get_many("contents", [env["content"] for env, _ in envs]))
+            else:
+                labels = [i for i, (env, _) in enumerate(envs) if env.get("type") == "label"]
+                bodies = [None] * len(chunk)
+                for i, body in zip(labels, get_many("contents", [envs[i][0]["content"] for i in labels])):
+                    bodies[i] = body
+            out = []
+            stubs = self.stubs
+            for entry_id, (env, members), content in zip(chunk, envs, bodies):
+                parent = env.get("parent")
+                label = self._label(content) if content is not None and env.get("type") == "label" else None
+                stubs.append((entry_id, parent if isinstance(parent, str) else None, label))
+                if entry_id == head:
+                    self.head_ts = env.get("ts")
+                out.append((entry_id, env, content, members))
+            if out:
+                self.last = (out[-1][0], out[-1][1].get("ts"))
+            yield out
+
+    def outline_chunks(self) -> Iterator[tuple[Sequence[str], list[tuple[str, str, Any, str]], dict[int, Any], dict[int, Mapping[str, Any]]]]:
+        """What an outline needs of each chunk's entries, from their envelopes (read in one
+        bulk read, verified) and their labels' contents: the ids; each envelope's
+        ``content``, ``parent`` (``""`` for null), ``ts`` and ``type``; by place in the
+        chunk, the ``parents`` of those naming any and a label's members. A chunk of
+        envelopes of the common form (all but a merge's) is read by one match
+        (:func:`~agentsession_cas.format.hashing.common_envelopes`), any other envelope
+        by itself, refused as :meth:`chunks` refuses it."""
+        session = self.session
+        objects = session.store.objects
+        get_many = objects.get_many
+        head = session.head
+        stubs = self.stubs
+        for chunk in self._id_chunks():
+            raw = get_many("entries", chunk)
+            members: list[tuple[str, str, Any, str]] | None = common_envelopes(raw)
+            parents: dict[int, Any] = {}
+            if members is None:
+                members = []
+                for i, (entry_id, b) in enumerate(zip(chunk, raw)):
+                    env, _ = envelope_parts(b, entry_id, objects, tail=True)
+                    parent, ts, type_ = env.get("parent"), env.get("ts"), env.get("type")
+                    members.append((env["content"], parent if isinstance(parent, str) else "", ts,
+                                    type_ if isinstance(type_, str) else ""))
+                    if env.get("parents") is not None:
+                        parents[i] = env["parents"]
+            del raw
+            at = [i for i, m in enumerate(members) if m[3] == "label"]
+            labels: dict[int, Mapping[str, Any]] = {}
+            for i, content in zip(at, get_many("contents", [members[i][0] for i in at])):
+                label = self._label(content)
+                if label is not None:
+                    labels[i] = label
+            stubs.extend((entry_id, m[1] or None, labels.get(i)) for i, (entry_id, m) in enumerate(zip(chunk, members)))
+            if head in chunk:
+                self.head_ts = members[chunk.index(head)][2]
+            if chunk:
+                self.last = (chunk[-1], members[-1][2])
+            yield chunk, members, parents, labels
 
     def marker(self) -> Entry | None:
         """The synthetic ``leaf`` label that ends the projection, when the resume rule over
@@ -1369,24 +1414,43 @@ class ProjectionOutline:
     def add(
         self, entry_id: str, parent: Any, type_: Any, parents: Any, label: Mapping[str, Any] | None, content: str
     ) -> None:
-        pos = len(self.ids)
-        self.ids.append(entry_id)
-        self.contents += bytes.fromhex(content[7:])  # an envelope names a content by hash (checked as it was read)
-        self.index[entry_id] = pos
-        t = type_ if isinstance(type_, str) else ""
-        self.types.append(self._types.setdefault(t, t))
-        at = self.index.get(parent, -1) if isinstance(parent, str) else -1
-        if isinstance(parent, str) and at < 0:
-            self.absent[pos] = parent
-        self.parent_at.append(at)
-        if at >= 0:
-            self.children[at] = self.children.get(at, 0) + 1
-        refs = sum(1 for r in parents or () if isinstance(r, dict) and isinstance(r.get("entry"), str)) if isinstance(parents, list) else 0
-        if refs:
-            self.converges[pos] = refs
-        if label is not None and type_ == "label" and isinstance(label.get("target"), str):
-            text = label.get("label")
-            self.labels[label["target"]] = text if isinstance(text, str) else ""
+        """One entry after those held: what :meth:`extend` does for many."""
+        self.extend([entry_id], [(content, parent if isinstance(parent, str) else "", "", type_ if isinstance(type_, str) else "")],
+                    {} if parents is None else {0: parents}, {} if label is None else {0: label})
+
+    def extend(
+        self, ids: Sequence[str], members: Sequence[tuple[str, str, Any, str]], parents: Mapping[int, Any],
+        labels: Mapping[int, Mapping[str, Any]],
+    ) -> None:
+        """Entries after those held: their ids, each one's (content, parent or ``""``, ts,
+        type) and, by place among them, the ``parents`` and a label's members of those that
+        have them (:meth:`_ProjectionWalk.outline_chunks`)."""
+        base = len(self.ids)
+        self.ids.extend(ids)
+        # an envelope names a content by hash (checked as it was read): 32 bytes each
+        self.contents += bytes.fromhex("".join([m[0] for m in members]).replace(HASH_PREFIX, ""))
+        index, absent, children, parent_at, types, interned = self.index, self.absent, self.children, self.parent_at, self.types, self._types
+        for pos, entry_id, (_, parent, _, type_) in zip(range(base, base + len(ids)), ids, members):
+            index[entry_id] = pos
+            types.append(interned.setdefault(type_, type_))
+            if parent:
+                at = index.get(parent, -1)
+                if at < 0:
+                    absent[pos] = parent
+                else:
+                    children[at] = children.get(at, 0) + 1
+                parent_at.append(at)
+            else:
+                parent_at.append(-1)
+        for i, refs in parents.items():
+            n = sum(1 for r in refs if isinstance(r, dict) and isinstance(r.get("entry"), str)) if isinstance(refs, list) else 0
+            if n:
+                self.converges[base + i] = n
+        for i, label in labels.items():
+            target = label.get("target")
+            if members[i][3] == "label" and isinstance(target, str):
+                text = label.get("label")
+                self.labels[target] = text if isinstance(text, str) else ""
 
     def content(self, pos: int) -> str:
         """The name of the content object of the entry at ``pos``."""

@@ -140,12 +140,15 @@ def listing_entries(session: Session, outline: ProjectionOutline, positions: Ite
     its ``id``, ``parent`` and ``type``; not ``ts`` nor ``parents``, which the outline does
     not keep (no listing prints them). The synthetic marker is the outline's own."""
     get_many = session.store.objects.get_many
-    ids, types, content, parent = outline.ids, outline.types, outline.content, outline.parent
+    ids, types, content = outline.ids, outline.types, outline.content
+    parent_at, absent = outline.parent_at, outline.absent
 
     def read(chunk: list[int]) -> Iterator[tuple[int, Entry]]:
         names = [content(p) for p in chunk]
         for at, name, body in zip(chunk, names, get_many("contents", names)):
-            data, careful, item = line_members(ids[at], {"parent": parent(at), "type": types[at]}, body)
+            up = parent_at[at]
+            env = {"parent": ids[up] if up >= 0 else absent.get(at), "type": types[at]}
+            data, careful, item = line_members(ids[at], env, body)
             entry = Entry(data, computed_id=ids[at], content_hash=name)
             entry.careful, entry.item_bytes = careful, item
             yield at, entry
