@@ -1246,15 +1246,67 @@ def test_stream_pack_writer_names_a_repeated_object_once_in_every_space_it_came(
         w.add("contents", sha256_ref(data), data)
     w.add("contents", sha256_ref(objs[7]), objs[7])  # the same object again
     w.add("entries", sha256_ref(objs[9]), objs[9])  # the same bytes in another space
-    assert len(w) == 302 and not (tmp_path / "tmp").exists()
+    w.add("blobs", sha256_ref(objs[9]), objs[9])  # and a third copy, in a third
+    assert len(w) == 303 and not (tmp_path / "tmp").exists()
     pack = Pack(w.finish())
-    assert pack.count == 300 and pack.slots == 302
+    assert pack.count == 300 and pack.slots == 303
     packs = PackSet(str(tmp_path / "pack"))
     for i, data in enumerate(objs):
         found = packs.locate(sha256_ref(data))
         assert found is not None and packs.read(*found) == data
-        assert found[1].spaces == (SPACE_BITS["contents"] | (SPACE_BITS["entries"] if i == 9 else 0))
+        assert found[1].spaces == (SPACE_BITS["contents"] | (SPACE_BITS["entries"] | SPACE_BITS["blobs"] if i == 9 else 0))
     assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_stream_pack_writer_takes_many_objects_as_it_takes_each(tmp_path):
+    """Objects handed over a batch at a time (an import's stage) make the pack, block for
+    block, that they make added one by one: the same bytes, so the same name."""
+    from agentsession_cas.backends.files.packs import StreamPackWriter
+
+    rng = random.Random(5)
+    objs = [(rng.choice(("contents", "entries")), rng.randbytes(rng.choice((10, 900, 70_000)))) for _ in range(400)]
+    objs += objs[:3]  # repeats
+    made = []
+    for way in ("each", "many"):
+        root = tmp_path / way
+        w = StreamPackWriter(str(root / "pack"), str(root / "tmp"))
+        if way == "each":
+            for space, data in objs:
+                w.add(space, sha256_ref(data), data)
+        else:
+            for at in range(0, len(objs), 37):
+                batch = objs[at : at + 37]
+                w.add_many([sha256_ref(d) for _, d in batch], bytes(SPACE_BITS[sp] for sp, _ in batch), [d for _, d in batch])
+        made.append(Path(w.finish()).read_bytes())
+    assert made[0] == made[1]
+    w = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"))
+    try:
+        with pytest.raises(StoreError):  # a name that is no SHA-256
+            w.add_many(["sha256:00"], b"\x02", [b"x"])
+    finally:
+        w.abort()
+
+
+def test_merging_repeated_records_keeps_the_first_slot_with_every_space():
+    """Sorted index records with repeats (runs of two or three, side by side or at either
+    end) become one record each, as a one-by-one merge makes them."""
+    from agentsession_cas.backends.files.packs import _merge_repeats
+
+    def one_by_one(names, wheres):
+        kept, out = [], []
+        for raw, where in zip(names, wheres):
+            if kept and kept[-1] == raw:
+                out[-1] |= where & 7
+            else:
+                kept.append(raw)
+                out.append(where)
+        return kept, out
+
+    rng = random.Random(11)
+    for _ in range(2000):
+        names = sorted(bytes([rng.randint(0, 4)]) for _ in range(rng.randint(0, 12)))
+        wheres = [rng.randint(0, 99) << 3 | rng.choice((1, 2, 4)) for _ in names]
+        assert _merge_repeats(names, list(wheres)) == one_by_one(names, wheres), (names, wheres)
 
 
 def test_import_into_a_store_holding_its_objects_writes_no_pack(tmp_path):
