@@ -1236,8 +1236,9 @@ def test_pack_writer_buffer_counts_a_frame_as_the_block_it_came_from(tmp_path):
 def test_stream_pack_writer_names_a_repeated_object_once_in_every_space_it_came(tmp_path):
     """The import's writer keeps no table of names: an object added twice (or in two
     spaces) is found when the index is sorted, named once with every space it came in,
-    its later copy a slot no record names; the pack reads as any pack does. Its blocks go
-    to an anonymous temporary file: nothing is in tmp/ until it is finished."""
+    its later copy a slot no record names; the pack reads as any pack does. Its pack is
+    written in place in tmp/ (its names beside it in an anonymous file): the one file
+    there until it is finished, and nothing left there after; an aborted one is removed."""
     from agentsession_cas.backends.files.packs import StreamPackWriter
 
     objs = [(f"object {i}".encode() * 50) for i in range(300)]
@@ -1247,7 +1248,9 @@ def test_stream_pack_writer_names_a_repeated_object_once_in_every_space_it_came(
     w.add("contents", sha256_ref(objs[7]), objs[7])  # the same object again
     w.add("entries", sha256_ref(objs[9]), objs[9])  # the same bytes in another space
     w.add("blobs", sha256_ref(objs[9]), objs[9])  # and a third copy, in a third
-    assert len(w) == 303 and not (tmp_path / "tmp").exists()
+    assert len(w) == 303
+    (writing,) = os.listdir(tmp_path / "tmp")
+    assert writing.startswith("pack-") and writing.endswith(".pack")
     pack = Pack(w.finish())
     assert pack.count == 300 and pack.slots == 303
     packs = PackSet(str(tmp_path / "pack"))
@@ -1255,6 +1258,12 @@ def test_stream_pack_writer_names_a_repeated_object_once_in_every_space_it_came(
         found = packs.locate(sha256_ref(data))
         assert found is not None and packs.read(*found) == data
         assert found[1].spaces == (SPACE_BITS["contents"] | (SPACE_BITS["entries"] | SPACE_BITS["blobs"] if i == 9 else 0))
+    assert os.listdir(tmp_path / "tmp") == []
+    w = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"), threads=1)
+    for data in objs:
+        w.add("contents", sha256_ref(data), data)
+    assert len(os.listdir(tmp_path / "tmp")) == 1
+    w.abort()
     assert os.listdir(tmp_path / "tmp") == []
 
 

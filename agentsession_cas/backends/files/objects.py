@@ -1162,11 +1162,12 @@ class FileObjects(ObjectStore):
 class PackStage:
     """An import's objects written into a new pack as the file's pass accepts them,
     compressed on a thread beside the pass: one write of each object, where a spill wrote
-    it, read it back and packed it. The pack (:class:`StreamPackWriter`: an anonymous
-    temporary file until then) is copied into ``tmp/`` and made visible only when the
-    stage is handed to :meth:`FileObjects.put_many` (a session's create does, once its
-    staged log names the objects, so a sweep never takes them for garbage); closed
-    before, or a crash, leaves nothing in the store.
+    it, read it back and packed it. The pack (:class:`StreamPackWriter`) is written in
+    ``tmp/`` and made visible only when the stage is handed to
+    :meth:`FileObjects.put_many` (a session's create does, once its staged log names the
+    objects, so a sweep never takes them for garbage); closed before, it is removed and
+    the store is as it was (a crash leaves it in ``tmp/``, a temporary file as any
+    writer's: ``fsck`` notes it and a sweep removes it once it is old).
 
     :meth:`add` only gathers an object (its space, name and bytes appended to three
     lists); a :data:`BATCH_BYTES` batch at a time goes to the writer in one call

@@ -81,7 +81,7 @@ import zstandard
 
 from ...errors import CorruptPackError, StoreError
 from ...format.hashing import FAST_ENVELOPE
-from ...fsutil import copy_file, fsync_dir, write_all
+from ...fsutil import fsync_dir, write_all
 
 __all__ = [
     "pack_file_sound",
@@ -1065,15 +1065,16 @@ class PackWriter:
 
 class StreamPackWriter(PackWriter):
     """A :class:`PackWriter` (plain blocks) for objects taken as they come over a long
-    pass that may yet be refused, an import's. The blocks go to an anonymous file in the
-    system's temporary directory (as a spill did), copied into ``tmp_dir`` only by
-    :meth:`finish`: a refused import leaves the store untouched, and a crash leaves
-    nothing. No table of names is kept beside the pass's own state: each object's raw
-    name goes to another anonymous file, read back by :meth:`finish`, and its spaces to a
-    byte string (its slot is its place in that file: one byte an object held, where a
-    table costs about 210). An object added twice is found when the index is sorted: its
-    first slot is named, the later copy left a slot no record names (as a merge may leave
-    them; a repack drops it). Objects come one by one or many at once
+    pass that may yet be refused, an import's. The pack is written in place in
+    ``tmp_dir`` (the store's scratch, as any pack writer's is) and nothing else sees it
+    until :meth:`finish` renames it into ``pack_dir``: a refused import removes it
+    (:meth:`abort`); one a crash leaves is a temporary file that ``fsck`` notes and a
+    sweep removes once it is old. No table of names is kept beside the pass's own state:
+    each object's raw name goes to an anonymous file, read back by :meth:`finish`, and
+    its spaces to a byte string (its slot is its place in that file: one byte an object
+    held, where a table costs about 210). An object added twice is found when the index
+    is sorted: its first slot is named, the later copy left a slot no record names (as a
+    merge may leave them; a repack drops it). Objects come one by one or many at once
     (:meth:`add_many`: an import's stage hands them over a batch at a time, so the pass
     pays a few appends an object). Compressed bytes are written a MiB at a time: the
     writer is the caller's thread."""
@@ -1087,29 +1088,8 @@ class StreamPackWriter(PackWriter):
         self._names = tempfile.TemporaryFile()  # each object's raw name, 32 bytes, in slot order
         self._spaces = bytearray()  # each object's space bits, in slot order
 
-    def _open_pack(self) -> int:
-        import tempfile
-
-        self._anon = tempfile.TemporaryFile()
-        return self._anon.fileno()
-
-    def _seal_pack(self, pack_sum: bytes) -> None:
-        write_all(self._fd, pack_sum)
-        try:
-            fd = super()._open_pack()
-            try:
-                copy_file(self._fd, fd)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        finally:
-            self._anon.close()
-            self._fd = -1
-
     def abort(self) -> None:
-        self._anon.close()  # (its descriptor is the pack's: closed with it)
         self._names.close()
-        self._fd = -1
         super().abort()
 
     def __contains__(self, name: str) -> bool:
