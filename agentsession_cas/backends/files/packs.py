@@ -1157,8 +1157,9 @@ class StreamPackWriter(PackWriter):
 
 def _merge_repeats(names: list[bytes], wheres: list[int]) -> tuple[list[bytes], list[int]]:
     """Sorted records (the copies of a name in slot order) with a name repeated made one
-    each: the first copy's slot, with every space the copies came in. Only the repeats are visited (the rest is copied in
-    slices): a file may hold a few identical contents among 100,000 entries."""
+    each: the first copy's slot, with every space the copies came in. Only the repeats
+    are visited, the rest copied in slices: a file may hold a few identical contents
+    among 100,000 entries."""
     again = list(itertools.compress(range(1, len(names)), map(operator.eq, names, itertools.islice(names, 1, None))))
     if not again:
         return names, wheres
