@@ -1269,25 +1269,34 @@ def test_stream_pack_writer_names_a_repeated_object_once_in_every_space_it_came(
 
 def test_stream_pack_writer_takes_many_objects_as_it_takes_each(tmp_path):
     """Objects handed over a batch at a time (an import's stage) make the pack, block for
-    block, that they make added one by one: the same bytes, so the same name."""
-    from agentsession_cas.backends.files.packs import StreamPackWriter
+    block, that they make added one by one, and that a PackWriter makes of them: the same
+    bytes. Sizes around the block target (empty, exactly the target, past it) put cuts
+    before, after and inside batches."""
+    from agentsession_cas.backends.files.packs import BLOCK_TARGET, StreamPackWriter
 
     rng = random.Random(5)
-    objs = [(rng.choice(("contents", "entries")), rng.randbytes(rng.choice((10, 900, 70_000)))) for _ in range(400)]
-    objs += objs[:3]  # repeats
+    sizes = (0, 10, 900, 70_000, BLOCK_TARGET - 10, BLOCK_TARGET, BLOCK_TARGET + 1, 300_000)
+    objs = [(rng.choice(("contents", "entries")), rng.randbytes(rng.choice(sizes))) for _ in range(400)]
+    objs = list({d: (sp, d) for sp, d in objs}.values())  # no repeats: a PackWriter would index one once
     made = []
-    for way in ("each", "many"):
+    for way in ("reference", "each", "many"):
         root = tmp_path / way
-        w = StreamPackWriter(str(root / "pack"), str(root / "tmp"))
-        if way == "each":
+        if way == "reference":
+            w = PackWriter(str(root / "pack"), str(root / "tmp"))
+        else:
+            w = StreamPackWriter(str(root / "pack"), str(root / "tmp"))
+        if way == "many":
+            at = 0
+            while at < len(objs):
+                batch = objs[at : at + rng.randint(1, 40)]
+                at += len(batch)
+                w.add_many([sha256_ref(d) for _, d in batch], bytes(SPACE_BITS[sp] for sp, _ in batch), [d for _, d in batch])
+        else:
             for space, data in objs:
                 w.add(space, sha256_ref(data), data)
-        else:
-            for at in range(0, len(objs), 37):
-                batch = objs[at : at + 37]
-                w.add_many([sha256_ref(d) for _, d in batch], bytes(SPACE_BITS[sp] for sp, _ in batch), [d for _, d in batch])
-        made.append(Path(w.finish()).read_bytes())
-    assert made[0] == made[1]
+        idx = Path(w.finish())
+        made.append((idx.with_suffix(".pack").read_bytes(), idx.read_bytes()))
+    assert made[0] == made[1] == made[2]
     w = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"))
     try:
         with pytest.raises(StoreError):  # a name that is no SHA-256
