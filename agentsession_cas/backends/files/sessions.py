@@ -228,7 +228,8 @@ def _held_item(record: Record, offset: int) -> tuple[Any, ...]:
     session keeps one per append, and every full collection would walk an
     :class:`Append` object each); any other record as its members."""
     if isinstance(record, Append):
-        return (*_append_row(record), offset)
+        r = record  # its row (_append_row) and the offset, made inline: every append pays for it
+        return (r.seq, r.entry, r.head, r.head_moved, r.leaf_label, r.lazy, offset)
     return (record, offset)
 
 
