@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the pool is made on first use: a command that fsyncs nothin
 
 __all__ = [
     "Spill",
-    "NotAFileError", "batched", "copy_file", "fsync_dir", "fsync_paths", "has_hole", "read_dense", "read_whole", "start_writeback", "write_all",
+    "NotAFileError", "batched", "fsync_dir", "fsync_paths", "has_hole", "read_dense", "read_whole", "start_writeback", "write_all",
     "write_atomic", "write_chunks", "write_output",
 ]
 
@@ -82,25 +82,6 @@ def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def copy_file(src: int, dst: int) -> None:
-    """Copy the whole of file ``src`` (from its start, whatever its position) to ``dst``
-    at its position: in the kernel where it can (``sendfile``), else a MiB at a time."""
-    size = os.fstat(src).st_size
-    offset = 0
-    try:
-        while offset < size:
-            sent = os.sendfile(dst, src, offset, size - offset)
-            if not sent:
-                break
-            offset += sent
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
-            raise
-    while chunk := os.pread(src, 1 << 20, offset):  # (no sendfile here, or it stopped short)
-        write_all(dst, chunk)
-        offset += len(chunk)
 
 
 #: What :func:`batched` gathers before one write: few system calls, little held.

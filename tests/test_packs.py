@@ -1268,8 +1268,9 @@ def test_pack_writer_buffer_counts_a_frame_as_the_block_it_came_from(tmp_path):
 def test_stream_pack_writer_names_a_repeated_object_once_in_every_space_it_came(tmp_path):
     """The import's writer keeps no table of names: an object added twice (or in two
     spaces) is found when the index is sorted, named once with every space it came in,
-    its later copy a slot no record names; the pack reads as any pack does. Its blocks go
-    to an anonymous temporary file: nothing is in tmp/ until it is finished."""
+    its later copy a slot no record names; the pack reads as any pack does. Its pack is
+    written in place in tmp/ (its names beside it in an anonymous file): the one file
+    there until it is finished, and nothing left there after; an aborted one is removed."""
     from agentsession_cas.backends.files.packs import StreamPackWriter
 
     objs = [(f"object {i}".encode() * 50) for i in range(300)]
@@ -1278,15 +1279,84 @@ def test_stream_pack_writer_names_a_repeated_object_once_in_every_space_it_came(
         w.add("contents", sha256_ref(data), data)
     w.add("contents", sha256_ref(objs[7]), objs[7])  # the same object again
     w.add("entries", sha256_ref(objs[9]), objs[9])  # the same bytes in another space
-    assert len(w) == 302 and not (tmp_path / "tmp").exists()
+    w.add("blobs", sha256_ref(objs[9]), objs[9])  # and a third copy, in a third
+    assert len(w) == 303
+    (writing,) = os.listdir(tmp_path / "tmp")
+    assert writing.startswith("pack-") and writing.endswith(".pack")
     pack = Pack(w.finish())
-    assert pack.count == 300 and pack.slots == 302
+    assert pack.count == 300 and pack.slots == 303
     packs = PackSet(str(tmp_path / "pack"))
     for i, data in enumerate(objs):
         found = packs.locate(sha256_ref(data))
         assert found is not None and packs.read(*found) == data
-        assert found[1].spaces == (SPACE_BITS["contents"] | (SPACE_BITS["entries"] if i == 9 else 0))
+        assert found[1].spaces == (SPACE_BITS["contents"] | (SPACE_BITS["entries"] | SPACE_BITS["blobs"] if i == 9 else 0))
     assert os.listdir(tmp_path / "tmp") == []
+    w = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"), threads=1)
+    for data in objs:
+        w.add("contents", sha256_ref(data), data)
+    assert len(os.listdir(tmp_path / "tmp")) == 1
+    w.abort()
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_stream_pack_writer_takes_many_objects_as_it_takes_each(tmp_path):
+    """Objects handed over a batch at a time (an import's stage) make the pack, block for
+    block, that they make added one by one, and that a PackWriter makes of them: the same
+    bytes. Sizes around the block target (empty, exactly the target, past it) put cuts
+    before, after and inside batches."""
+    from agentsession_cas.backends.files.packs import BLOCK_TARGET, StreamPackWriter
+
+    rng = random.Random(5)
+    sizes = (0, 10, 900, 70_000, BLOCK_TARGET - 10, BLOCK_TARGET, BLOCK_TARGET + 1, 300_000)
+    objs = [(rng.choice(("contents", "entries")), rng.randbytes(rng.choice(sizes))) for _ in range(400)]
+    objs = list({d: (sp, d) for sp, d in objs}.values())  # no repeats: a PackWriter would index one once
+    made = []
+    for way in ("reference", "each", "many"):
+        root = tmp_path / way
+        if way == "reference":
+            w = PackWriter(str(root / "pack"), str(root / "tmp"))
+        else:
+            w = StreamPackWriter(str(root / "pack"), str(root / "tmp"))
+        if way == "many":
+            at = 0
+            while at < len(objs):
+                batch = objs[at : at + rng.randint(1, 40)]
+                at += len(batch)
+                w.add_many([sha256_ref(d) for _, d in batch], bytes(SPACE_BITS[sp] for sp, _ in batch), [d for _, d in batch])
+        else:
+            for space, data in objs:
+                w.add(space, sha256_ref(data), data)
+        idx = Path(w.finish())
+        made.append((idx.with_suffix(".pack").read_bytes(), idx.read_bytes()))
+    assert made[0] == made[1] == made[2]
+    w = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"))
+    try:
+        with pytest.raises(StoreError):  # a name that is no SHA-256
+            w.add_many(["sha256:00"], b"\x02", [b"x"])
+    finally:
+        w.abort()
+
+
+def test_merging_repeated_records_keeps_the_first_slot_with_every_space():
+    """Sorted index records with repeats (runs of two or three, side by side or at either
+    end) become one record each, as a one-by-one merge makes them."""
+    from agentsession_cas.backends.files.packs import _merge_repeats
+
+    def one_by_one(names, wheres):
+        kept, out = [], []
+        for raw, where in zip(names, wheres):
+            if kept and kept[-1] == raw:
+                out[-1] |= where & 7
+            else:
+                kept.append(raw)
+                out.append(where)
+        return kept, out
+
+    rng = random.Random(11)
+    for _ in range(2000):
+        names = sorted(bytes([rng.randint(0, 4)]) for _ in range(rng.randint(0, 12)))
+        wheres = [rng.randint(0, 99) << 3 | rng.choice((1, 2, 4)) for _ in names]
+        assert _merge_repeats(names, list(wheres)) == one_by_one(names, wheres), (names, wheres)
 
 
 def test_import_into_a_store_holding_its_objects_writes_no_pack(tmp_path):

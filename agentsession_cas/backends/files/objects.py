@@ -47,6 +47,7 @@ from ...fsutil import (
 from ...lean import dataclass
 from ..base import ObjectStore, RepackResult, Space
 from .packs import (
+    BLOCK_TARGET,
     MAX_PACKED,
     SPACE_BITS,
     Pack,
@@ -1161,12 +1162,16 @@ class FileObjects(ObjectStore):
 class PackStage:
     """An import's objects written into a new pack as the file's pass accepts them,
     compressed on a thread beside the pass: one write of each object, where a spill wrote
-    it, read it back and packed it. The pack (:class:`StreamPackWriter`: an anonymous
-    temporary file until then) is copied into ``tmp/`` and made visible only when the
-    stage is handed to :meth:`FileObjects.put_many` (a session's create does, once its
-    staged log names the objects, so a sweep never takes them for garbage); closed
-    before, or a crash, leaves nothing in the store.
+    it, read it back and packed it. The pack (:class:`StreamPackWriter`) is written in
+    ``tmp/`` and made visible only when the stage is handed to
+    :meth:`FileObjects.put_many` (a session's create does, once its staged log names the
+    objects, so a sweep never takes them for garbage); closed before, it is removed and
+    the store is as it was (a crash leaves it in ``tmp/``, a temporary file as any
+    writer's: ``fsck`` notes it and a sweep removes it once it is old).
 
+    :meth:`add` only gathers an object (its space, name and bytes appended to three
+    lists); a :data:`BATCH_BYTES` batch at a time goes to the writer in one call
+    (:meth:`StreamPackWriter.add_many`), so the pass pays a few appends an object.
     What :meth:`put_many` would not pack is spilled instead, and iterating the stage
     gives it, stored as any batch is: the objects of an import of fewer than
     :data:`PACK_BATCH` (loose files, as any small batch), one a pack holds already
@@ -1178,6 +1183,8 @@ class PackStage:
     #: a test measuring the import's own memory uses, since what blocks are in flight at a
     #: given moment depends on timing).
     THREADS = 1
+    #: The bytes of objects gathered before they are handed on: a block's worth.
+    BATCH_BYTES = BLOCK_TARGET
 
     def __init__(self, objects: FileObjects):
         from ...fsutil import Spill
@@ -1187,21 +1194,49 @@ class PackStage:
         self._first: Spill | None = Spill()  # the first objects, until there are PACK_BATCH
         self._writer: StreamPackWriter | None = None
         self._done = False
+        self._spaces: list[str] = []  # the batch being gathered
+        self._names: list[str] = []
+        self._datas: list[bytes] = []
+        self._held = 0
         objects.packs.refresh()
         self._dedup = bool(objects.packs.packs)
 
     def add(self, space: str, name: str, data: bytes) -> None:
         if self._done:
             raise StoreError("objects added to an import's stage after it was stored or closed")
-        if len(data) > MAX_PACKED or (self._dedup and self._objects._packed_sound(space, name) is not None):
-            self._rest.add(space, name, data)
-        elif self._writer is not None:
-            self._writer.add(space, name, data)
-        else:
-            assert self._first is not None
-            self._first.add(space, name, data)
-            if len(self._first) >= PACK_BATCH:
-                self._start()
+        self._spaces.append(space)
+        self._names.append(name)
+        self._datas.append(data)
+        self._held += len(data)
+        if self._held >= self.BATCH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hand the batch on: to the writer (begun once there are :data:`PACK_BATCH`
+        objects), what it would not pack to the spill of the rest."""
+        spaces, names, datas = self._spaces, self._names, self._datas
+        self._spaces, self._names, self._datas, self._held = [], [], [], 0
+        if not names:
+            return
+        if self._dedup or max(map(len, datas)) > MAX_PACKED:
+            packed, kept = self._objects._packed_sound, []
+            for item in zip(spaces, names, datas):
+                if len(item[2]) > MAX_PACKED or (self._dedup and packed(item[0], item[1]) is not None):
+                    self._rest.add(*item)
+                else:
+                    kept.append(item)
+            spaces, names, datas = [list(column) for column in zip(*kept)] if kept else ([], [], [])
+        if self._writer is None:
+            first = self._first
+            assert first is not None
+            if len(first) + len(names) < PACK_BATCH:
+                for item in zip(spaces, names, datas):
+                    first.add(*item)
+                return
+            self._start()
+        assert self._writer is not None
+        if names:
+            self._writer.add_many(names, bytes(map(SPACE_BITS.__getitem__, spaces)), datas)
 
     def _start(self) -> None:
         """Enough objects for a pack: the writer begins, the first ones written into it."""
@@ -1213,7 +1248,7 @@ class PackStage:
         first.close()
 
     def __len__(self) -> int:
-        return len(self._rest) + (len(self._first) if self._first is not None else 0)
+        return len(self._rest) + (len(self._first) if self._first is not None else 0) + len(self._names)
 
     def __iter__(self) -> Iterator[tuple[Any, str, bytes]]:
         yield from self._rest
@@ -1224,6 +1259,7 @@ class PackStage:
         """Make the pack durable and visible (none when too few objects came for one)."""
         if self._done:
             raise StoreError("an import's stage stored twice, or after it was closed")
+        self._flush()
         self._done = True
         writer, self._writer = self._writer, None
         if writer is None:
@@ -1237,6 +1273,7 @@ class PackStage:
 
     def close(self) -> None:
         self._done = True
+        self._spaces, self._names, self._datas, self._held = [], [], [], 0
         if self._writer is not None:
             self._writer.abort()
             self._writer = None

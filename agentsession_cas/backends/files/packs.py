@@ -63,6 +63,7 @@ import errno
 import hashlib
 import itertools
 import mmap
+import operator
 import os
 import re
 import stat
@@ -70,7 +71,7 @@ import struct
 import sys
 import threading
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
@@ -80,7 +81,7 @@ import zstandard
 
 from ...errors import CorruptPackError, StoreError
 from ...format.hashing import FAST_ENVELOPE
-from ...fsutil import copy_file, fsync_dir, write_all
+from ...fsutil import fsync_dir, write_all
 
 __all__ = [
     "pack_file_sound",
@@ -1022,13 +1023,8 @@ class PackWriter:
         pack_sum = self._hash.digest()
         self._seal_pack(pack_sum)
         names, wheres = self._index()
-        fanout = [0] * 256
-        for raw in names:
-            fanout[raw[0]] += 1
-        total = 0
-        for i in range(256):
-            total += fanout[i]
-            fanout[i] = total
+        # objects whose first byte <= i: those sorting before the byte after i
+        fanout = [bisect_left(names, bytes((i + 1,))) for i in range(255)] + [len(names)]
         parts = [
             IDX_MAGIC,
             _HEAD.pack(len(names), len(self._blocks)),
@@ -1076,15 +1072,19 @@ class PackWriter:
 
 class StreamPackWriter(PackWriter):
     """A :class:`PackWriter` (plain blocks) for objects taken as they come over a long
-    pass that may yet be refused, an import's. The blocks go to an anonymous file in the
-    system's temporary directory (as a spill did), copied into ``tmp_dir`` only by
-    :meth:`finish`: a refused import leaves the store untouched, and a crash leaves
-    nothing. No table of names is kept beside the pass's own state: each object's raw
-    name goes to another anonymous file, read back by :meth:`finish`, and its slot to an
-    array (4 bytes an object held, where a table costs about 210). An object added twice is found when the index is
-    sorted: its first slot is named, the later copy left a slot no record names (as a
-    merge may leave them; a repack drops it). Compressed bytes are written a MiB at a
-    time: the writer is the caller's thread."""
+    pass that may yet be refused, an import's. The pack is written in place in
+    ``tmp_dir`` (the store's scratch, as any pack writer's is) and nothing else sees it
+    until :meth:`finish` renames it into ``pack_dir``: a refused import removes it
+    (:meth:`abort`); one a crash leaves is a temporary file that ``fsck`` notes and a
+    sweep removes once it is old. No table of names is kept beside the pass's own state:
+    each object's raw name goes to an anonymous file, read back by :meth:`finish`, and
+    its spaces to a byte string (its slot is its place in that file: one byte an object
+    held, where a table costs about 210). An object added twice is found when the index
+    is sorted: its first slot is named, the later copy left a slot no record names (as a
+    merge may leave them; a repack drops it). Objects come one by one or many at once
+    (:meth:`add_many`: an import's stage hands them over a batch at a time, so the pass
+    pays a few appends an object). Compressed bytes are written a MiB at a time: the
+    writer is the caller's thread."""
 
     WRITE_BUFFER = 1 << 20
 
@@ -1092,73 +1092,102 @@ class StreamPackWriter(PackWriter):
         import tempfile
 
         super().__init__(pack_dir, tmp_dir, level=level, threads=threads)
-        self._names = tempfile.TemporaryFile()  # each object's raw name, 32 bytes, in order
-        self._wheres = array.array("I")  # each object's slot << 3 | spaces (slots < 2**29)
-
-    def _open_pack(self) -> int:
-        import tempfile
-
-        self._anon = tempfile.TemporaryFile()
-        return self._anon.fileno()
-
-    def _seal_pack(self, pack_sum: bytes) -> None:
-        write_all(self._fd, pack_sum)
-        try:
-            fd = super()._open_pack()
-            try:
-                copy_file(self._fd, fd)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        finally:
-            self._anon.close()
-            self._fd = -1
+        self._names = tempfile.TemporaryFile()  # each object's raw name, 32 bytes, in slot order
+        self._spaces = bytearray()  # each object's space bits, in slot order
 
     def abort(self) -> None:
-        self._anon.close()  # (its descriptor is the pack's: closed with it)
         self._names.close()
-        self._fd = -1
         super().abort()
 
     def __contains__(self, name: str) -> bool:
         raise TypeError("a StreamPackWriter keeps no table of its names")
 
     def __len__(self) -> int:
-        return len(self._wheres)
+        return len(self._spaces)
 
     def add_raw(self, raw: bytes, spaces: int, data: bytes) -> None:
-        if self._buf_len and self._buf_len + len(data) > self.block_target:
+        self._take(raw, bytes((spaces,)), (data,))
+
+    def add_many(self, names: Sequence[str], spaces: bytes, datas: Sequence[bytes]) -> None:
+        """Add objects in order: each one's name (the caller vouches it is its hash), space
+        bits and bytes. The names are made raw in one step, not one call each."""
+        raws = bytes.fromhex("".join(names).replace(_PREFIX, ""))
+        if len(raws) != 32 * len(names) or len(spaces) != len(names) or len(datas) != len(names):
+            raise StoreError(f"{len(names)} objects handed to a pack writer with {len(raws)} bytes of names, "
+                             f"{len(spaces)} spaces and {len(datas)} objects' bytes")
+        self._take(raws, spaces, datas)
+
+    def _take(self, raws: bytes, spaces: bytes, datas: Sequence[bytes]) -> None:
+        """Objects whose raw names (32 bytes each) and space bits are given: each goes into
+        the block being filled, which is cut before an object that would take it past the
+        target and once it reaches it. Where each block ends is found by bisection over
+        the objects' running sizes, and its objects are taken as a slice: no step of
+        Python per object."""
+        self._check_room(len(spaces))
+        self._names.write(raws)
+        self._spaces += spaces
+        target, count = self.block_target, len(datas)
+        ends = list(itertools.accumulate(map(len, datas), initial=0))  # ends[k]: the bytes of datas[:k]
+        start, held = 0, self._buf_len
+        while True:
+            base = ends[start] - held  # ends[k + 1] - base: the block's bytes once datas[k] is in it
+            stop = bisect_left(ends, base + target, start + 1)  # datas[stop - 1] reaches the target
+            if stop > count:  # none does: the block stays open
+                self._pending.extend(datas[start:])
+                self._buf_len = ends[count] - base
+                return
+            if ends[stop] - base > target and (stop - 1 > start or held):
+                stop -= 1  # the object that would take it past the target begins the next block
+            self._pending.extend(datas[start:stop])
             self._cut()
-        self._check_room()
-        self._names.write(raw)
-        self._wheres.append(((self._slots + len(self._pending)) << 3) | spaces)
-        self._pending.append(data)
-        self._buf_len += len(data)
-        if self._buf_len >= self.block_target:
-            self._cut()
+            start, held = stop, 0
 
     def copy_pack(self, pack: Pack) -> None:
         raise TypeError("a StreamPackWriter takes objects, not packs")
 
     def _index(self) -> tuple[list[bytes], list[int]]:
+        """The records from the names read back: the slots sorted by name (a stable sort:
+        a repeat's first copy first), no tuple made of each; an object that came more than
+        once is one record with every space its copies came in."""
         self._names.seek(0)
         data = self._names.read()
         self._names.close()
-        if len(data) != 32 * len(self._wheres):
-            raise StoreError(f"the names of a pack being written read back as {len(data)} bytes, not {32 * len(self._wheres)}")
+        count = len(self._spaces)
+        if len(data) != 32 * count:
+            raise StoreError(f"the names of a pack being written read back as {len(data)} bytes, not {32 * count}")
         raws = [data[i : i + 32] for i in range(0, len(data), 32)]
         del data
-        wheres = self._wheres
-        names: list[bytes] = []
-        out: list[int] = []
-        for i in sorted(range(len(raws)), key=raws.__getitem__):  # (stable: a repeat's first copy first)
-            raw = raws[i]
-            if names and names[-1] == raw:
-                out[-1] |= wheres[i] & 7  # the same bytes again: one record, every space it came in
-                continue
-            names.append(raw)
-            out.append(wheres[i])
-        return names, out
+        order = sorted(range(count), key=raws.__getitem__)
+        names = list(map(raws.__getitem__, order))
+        del raws
+        spaces = self._spaces
+        return _merge_repeats(names, [slot << 3 | spaces[slot] for slot in order])
+
+
+def _merge_repeats(names: list[bytes], wheres: list[int]) -> tuple[list[bytes], list[int]]:
+    """Sorted records (the copies of a name in slot order) with a name repeated made one
+    each: the first copy's slot, with every space the copies came in. Only the repeats
+    are visited, the rest copied in slices: a file may hold a few identical contents
+    among 100,000 entries."""
+    again = list(itertools.compress(range(1, len(names)), map(operator.eq, names, itertools.islice(names, 1, None))))
+    if not again:
+        return names, wheres
+    first, last = 0, -2
+    for i in again:  # a run of copies at j, j + 1, ...: every one after j is in again
+        if i != last + 1:
+            first = i - 1
+        wheres[first] |= wheres[i] & 7
+        last = i
+    kept: list[bytes] = []
+    out: list[int] = []
+    start = 0
+    for i in again:
+        kept += names[start:i]
+        out += wheres[start:i]
+        start = i + 1
+    kept += names[start:]
+    out += wheres[start:]
+    return kept, out
 
 
 class PackSet:

@@ -229,9 +229,15 @@ def _held_item(record: Record, offset: int) -> tuple[Any, ...]:
     session keeps one per append, and every full collection would walk an
     :class:`Append` object each); any other record as its members."""
     if isinstance(record, Append):
-        r = record
+        r = record  # its row (_append_row) and the offset, made inline: every append pays for it
         return (r.seq, r.entry, r.head, r.head_moved, r.leaf_label, r.lazy, offset)
     return (record, offset)
+
+
+def _append_row(r: Append) -> AppendRow:
+    """An append as its row (:data:`~.log.AppendRow`): what compaction and a created log's
+    snapshot read of it, with no dict made of it."""
+    return (r.seq, r.entry, r.head, r.head_moved, r.leaf_label, r.lazy)
 
 
 #: The fewest bytes an append record's line takes (checksum, link, op, seq and a full
@@ -260,7 +266,7 @@ def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int, list[dict[
             return data, link, 0, None
     create = records[0]
     assert isinstance(create, dict)
-    snapshot = with_digests(make_snapshot(create, (r.as_record() if isinstance(r, Append) else r for r in records[1:])))
+    snapshot = with_digests(make_snapshot(create, (_append_row(r) if isinstance(r, Append) else r for r in records[1:])))
     data, link = chain([record_body(create), record_body(snapshot)])
     return data, link, len(data), [create, snapshot]
 
