@@ -1381,3 +1381,23 @@ def test_import_into_a_store_holding_its_objects_writes_no_pack(tmp_path):
     assert sorted(os.listdir(tmp_path / "s" / "objects" / "pack")) == packs
     ro = Store(tmp_path / "s", readonly=True)
     assert ro.export("again").split(b"\n", 1)[1] == rest
+
+
+def test_a_thread_keeps_one_decompression_context_and_a_bad_frame_does_not_spoil_it():
+    """Blocks are decompressed by one kept context per thread (packs._decompressor): a
+    frame that does not decompress is refused with the pack's error, and the same
+    thread's next block still reads whole; another thread has a context of its own."""
+    import threading
+
+    data = b"a block of text " * 16_384
+    frame = zstandard.ZstdCompressor(level=3).compress(data)
+    mine = packs_mod._decompressor()
+    assert packs_mod._decompressor() is mine
+    with pytest.raises(CorruptPackError, match="does not decompress"):
+        packs_mod.decompress_block(frame[: len(frame) // 2] + bytes(16), len(data), where="block 0", path="p")
+    assert packs_mod.decompress_block(frame, len(data), where="block 1", path="p") == data
+    theirs = []
+    t = threading.Thread(target=lambda: theirs.append(packs_mod._decompressor()))
+    t.start()
+    t.join()
+    assert theirs[0] is not mine

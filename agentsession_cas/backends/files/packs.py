@@ -730,6 +730,20 @@ class Pack:
             raise CorruptPackError(f"pack {self.path} is not the pack its index {self.idx_path} describes", path=self.path)
 
 
+#: One zstd decompression context per thread (a context is not to be shared between
+#: threads), kept for every block the thread reads: making one costs about as much as
+#: decompressing a quarter of a block of text (15 us against ~40 for 256 KiB), paid twice
+#: a block by a listing that reads the session twice.
+_DECOMPRESSORS = threading.local()
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    dctx = getattr(_DECOMPRESSORS, "dctx", None)
+    if dctx is None:
+        dctx = _DECOMPRESSORS.dctx = zstandard.ZstdDecompressor()
+    return dctx
+
+
 def decompress_block(data: bytes, raw: int, *, where: str, path: str) -> bytes:
     if raw > MAX_BLOCK:
         raise CorruptPackError(f"{where} claims {raw} bytes, more than a block may hold", path=path)
@@ -740,7 +754,7 @@ def decompress_block(data: bytes, raw: int, *, where: str, path: str) -> bytes:
     if declared not in (raw, -1):
         raise CorruptPackError(f"{where} declares {declared} bytes where the index says {raw}", path=path)
     try:
-        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw)
+        out = _decompressor().decompress(data, max_output_size=raw)
     except zstandard.ZstdError as exc:
         raise CorruptPackError(f"{where} does not decompress: {exc}", path=path) from None
     if len(out) != raw:
