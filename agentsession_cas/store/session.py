@@ -437,8 +437,8 @@ class Session:
         once): for a writer that joins them, without a step per line."""
         yield [self.header.canonical_line()]
         walk = _ProjectionWalk(self)
-        for chunk in walk.chunks(contents=True):
-            yield lines_from_objects(chunk)  # type: ignore[arg-type]  # every content read
+        for chunk in walk.chunks():
+            yield lines_from_objects(chunk)
         marker = walk.marker()
         if marker is not None:
             yield [marker.canonical_line()]
@@ -449,7 +449,7 @@ class Session:
         line made), the synthetic marker last when there is one: what a listing reads.
         Held while it goes: what :meth:`projection_lines` holds."""
         walk = _ProjectionWalk(self)
-        for entry_id, env, content, _ in walk.objects(contents=True):
+        for entry_id, env, content, _ in walk.objects():
             assert content is not None
             data, careful, item = line_members(entry_id, env, content)
             entry = Entry(data, computed_id=entry_id, content_hash=env["content"])
@@ -1276,11 +1276,10 @@ class _ProjectionWalk:
     #: read no faster and held 15 MB more at the export's peak).
     CHUNK = 256
 
-    def objects(self, *, contents: bool) -> Iterator[tuple[str, dict[str, Any], bytes | None, bytes | None]]:
-        """(id, envelope, content bytes or None, the envelope's members but ``content``
-        as bytes when it is of the common form, else None) of each entry; a label's
-        content is read either way."""
-        for chunk in self.chunks(contents=contents):
+    def objects(self) -> Iterator[tuple[str, dict[str, Any], bytes, bytes | None]]:
+        """(id, envelope, content bytes, the envelope's members but ``content`` as bytes
+        when it is of the common form, else None) of each entry."""
+        for chunk in self.chunks():
             yield from chunk
 
     def _id_chunks(self) -> Iterator[Sequence[str]]:
@@ -1299,7 +1298,7 @@ class _ProjectionWalk:
         self.leaf_labels = self.leaf_labels or label.get("label") in (LEAF_LABEL, None)
         return label
 
-    def chunks(self, *, contents: bool) -> Iterator[list[tuple[str, dict[str, Any], bytes | None, bytes | None]]]:
+    def chunks(self) -> Iterator[list[tuple[str, dict[str, Any], bytes, bytes | None]]]:
         """:meth:`objects` a chunk at a time (:data:`CHUNK` entries), each chunk read
         in two bulk reads, its envelopes then its contents
         (:meth:`ObjectStore.get_many`: every object verified)."""
@@ -1309,18 +1308,12 @@ class _ProjectionWalk:
         head = session.head
         for chunk in self._id_chunks():
             envs = [envelope_parts(b, entry_id, objects, tail=True) for entry_id, b in zip(chunk, get_many("entries", chunk))]
-            if contents:
-                bodies: list[bytes | None] = list(get_many("contents", [env["content"] for env, _ in envs]))
-            else:
-                labels = [i for i, (env, _) in enumerate(envs) if env.get("type") == "label"]
-                bodies = [None] * len(chunk)
-                for i, body in zip(labels, get_many("contents", [envs[i][0]["content"] for i in labels])):
-                    bodies[i] = body
+            bodies = get_many("contents", [env["content"] for env, _ in envs])
             out = []
             stubs = self.stubs
             for entry_id, (env, members), content in zip(chunk, envs, bodies):
                 parent = env.get("parent")
-                label = self._label(content) if content is not None and env.get("type") == "label" else None
+                label = self._label(content) if env.get("type") == "label" else None
                 stubs.append((entry_id, parent if isinstance(parent, str) else None, label))
                 if entry_id == head:
                     self.head_ts = env.get("ts")
