@@ -134,6 +134,9 @@ CANNOT.update({
         "the library re-adopts a replaced ref that way (docs/refs.md)",
     "test_scan_gives_every_object_of_the_spaces_asked":
         "RFC 0003 carries no listing of objects, which a bulk scan is (grep over such a store reads every entry)",
+    "test_a_session_let_go_is_appended_to_and_listed_reading_none_of_its_entries":
+        "RFC 0003 carries no append rules' state: a client judges its appends itself, from the session's "
+        "entries, read in bulk when it first appends (test_a_session_with_no_kept_state_is_read_in_bulk)",
     "test_put_blob_and_blob":
         "RFC 0003 Reach: an uploaded object is reachable by no one until a push or an append names it, "
         "so another handle (the read-only reopen) cannot read a blob no session names",

@@ -427,6 +427,85 @@ def test_durable_appends_survive_reopen(make_store):
     snap.close()
 
 
+def _count_entry_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the entries any store of this process reads from here on (one by one
+    or in bulk)."""
+    reads: list[str] = []
+    one, many = Store.entry, Store.entries
+
+    def entry(self: Store, entry_id: str):
+        reads.append(entry_id)
+        return one(self, entry_id)
+
+    def entries(self: Store, entry_ids):
+        for e in many(self, entry_ids):
+            reads.append(e.id)
+            yield e
+
+    monkeypatch.setattr(Store, "entry", entry)
+    monkeypatch.setattr(Store, "entries", entries)
+    return reads
+
+
+def test_a_session_let_go_is_appended_to_and_listed_reading_none_of_its_entries(make_store, monkeypatch):
+    """What a writer's close leaves with the backend (the summary ``list`` shows and the
+    append rules' state, both checked against the log before use) lets the next writer
+    judge its first append, and a reader summarise the session, reading none of the
+    session's entries: an open costs what changed since, on every backend."""
+    st = make_store()
+    s, ids = chain(st, n=6)
+    s.close()
+    st.close()
+    reads = _count_entry_reads(monkeypatch)
+    w = make_store.reopen().session("s1")
+    assert w.append(msg("after the reopen")).outcome == "continued"
+    assert reads == [], "the kept rules' state was not used"
+    assert st_summary_entries(make_store, "s1") == 7  # the summary kept, and the one entry since
+    assert len(reads) == 1
+    w.close()
+    reads.clear()
+    assert st_summary_entries(make_store, "s1") == 7
+    assert reads == [], "the kept summary was not used"
+
+
+def test_a_session_with_no_kept_state_is_read_in_bulk(make_store, monkeypatch):
+    """A session whose rules' state and summary are gone (an import keeps no rules' state;
+    an index lost) is read through :meth:`Store.entries`, a chunk of entries per bulk
+    read, never one entry at a time, and judges appends as before."""
+    st = make_store()
+    s, ids = chain(st, n=6)
+    s.close()
+    st.close()
+    calls: list[int] = []
+    many = Store.entries
+
+    def entries(self: Store, entry_ids):
+        calls.append(len(entry_ids))
+        yield from many(self, entry_ids)
+
+    alone: list[str] = []
+    one = Store.entry
+    monkeypatch.setattr(Store, "entries", entries)
+    monkeypatch.setattr(Store, "entry", lambda self, eid: alone.append(eid) or one(self, eid))
+    w = make_store.reopen().session("s1")
+    w._rule_state = None  # as if none was kept
+    w._builder = None
+    w._summary_base = None
+    r = w.append(msg("x", parent=ids[2]))
+    assert r.outcome == "branched" and calls == [6], calls
+    assert w.summary().entries == 7 and calls == [6, 7]
+    assert len(alone) <= 1, alone  # (the parent an append names, at most)
+    w.close()
+
+
+def st_summary_entries(make_store: StoreFactory, sid: str) -> int:
+    ro = make_store.reopen(readonly=True)
+    try:
+        return ro.summary(sid).entries
+    finally:
+        ro.close()
+
+
 def test_append_raises_an_earlier_header_format(make_store):
     """RFC 0002 "Sessions": a writer of a later minor raises the header's ``format``,
     durably, before its append is accepted; nothing else of the header changes."""

@@ -884,6 +884,36 @@ def test_repair_rewrites_damaged_rows_and_keeps_them_aside(store, url):
     assert w.append(msg("after repair")).outcome == "continued"
 
 
+def test_states_are_kept_at_close_checked_and_rebuilt_when_lost_or_damaged(store, url):
+    """A writer's close keeps the session's summary and rules' state in ``states`` (as of the
+    log's length); a row of garbage is rebuilt, never an error; a repair, which may keep the
+    log's length, drops them; a handle that lost its hold writes none."""
+    s, ids = chain(store, n=4)
+    s.close()
+    (length,), = sql(url, "SELECT last_pos FROM sessions")
+    assert sql(url, "SELECT kind, pos FROM states ORDER BY kind") == [(0, length), (1, length)]
+    assert store.backend.sessions.summary("s1")[1] is True
+    sql(url, "UPDATE states SET data = '\\x00ff'")
+    assert store.backend.sessions.summary("s1") is None
+    assert store.summary("s1").entries == 4
+    w = store.session("s1")
+    assert w.append(msg("after the garbage")).outcome == "continued"
+    w.close()
+    assert [k for k, in sql(url, "SELECT kind FROM states WHERE data <> '\\x00ff' ORDER BY kind")] == [0, 1]
+    assert store.summary("s1").entries == 5
+    # A handle fenced out (another writer took the session) keeps nothing at its close.
+    w = store.session("s1")
+    sql(url, "UPDATE sessions SET fence = fence + 1")
+    before = sql(url, "SELECT kind, pos, data FROM states ORDER BY kind")
+    w.close()
+    assert sql(url, "SELECT kind, pos, data FROM states ORDER BY kind") == before
+    # A repair rewrites the log (here one row damaged): what described the old one goes.
+    sql(url, "UPDATE log SET record = '{not json' WHERE pos = 3")
+    assert repair_session(store, "s1").repaired
+    assert sql(url, "SELECT count(*) FROM states") == [(0,)]
+    assert store.summary("s1").entries == len(store.read("s1").log_order)
+
+
 def test_repair_of_a_whole_session_sets_a_stale_row_to_its_log(store, url):
     s, ids = chain(store)
     s.close()

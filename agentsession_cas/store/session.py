@@ -335,8 +335,7 @@ class Session:
 
     def __iter__(self) -> Iterator[Entry]:
         """Own entries in log order."""
-        for entry_id in self.state.log_order:
-            yield self.entry(entry_id)
+        yield from self.store.entries(self.state.log_order)
 
     entries = __iter__
 
@@ -492,8 +491,8 @@ class Session:
         builder = self._builder
         if builder is None:
             builder = SummaryBuilder(self.header, copy.copy(self._summary_base))
-        for eid in self.state.log_order[builder.count :]:
-            builder.feed(self.entry(eid))
+        for entry in self.store.entries(self.state.log_order[builder.count :]):
+            builder.feed(entry)
         if self.writable:
             self._builder = builder
         return copy.copy(builder.finish(head=self.head, base=self.base, mark=self.mark, seq=self.state.max_seq))
@@ -530,8 +529,7 @@ class Session:
         links: list[Entry] = []
         with gc_paused():
             checker.add_prefix(self.prefix_entries())
-            for eid in self.state.log_order:
-                e = self.entry(eid)
+            for e in self.store.entries(self.state.log_order):
                 checker.add(e, prefix=False)
                 if e.type == "link":
                     links.append(e)
@@ -560,8 +558,8 @@ class Session:
         except ValueError:
             return None  # a state whose checksum held but whose members are not of the form
         self._prefix_view = view
-        for eid in order[kept["entries"]:]:
-            checker.add(self.entry(eid), prefix=False)
+        for entry in self.store.entries(order[kept["entries"] :]):
+            checker.add(entry, prefix=False)
         return checker
 
     def _kept_rules(self) -> dict[str, Any] | None:

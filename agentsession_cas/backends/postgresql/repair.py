@@ -161,6 +161,7 @@ def _write(backend: PostgresBackend, conn: Any, session_id: str, report: RepairR
             [session_id, key],
         ).fetchone()
         conn.execute("DELETE FROM log WHERE session = %s", [key])
+        conn.execute("DELETE FROM states WHERE session = %s", [key])  # they describe the log replaced
         copy_rows(conn, LOG_COLUMNS, LOG_TYPES, log_rows(key, 0, records))
         conn.execute("UPDATE sessions SET last_pos = %s, head = %s, mark = %s, fence = fence + 1 WHERE key = %s",
                      [len(records), state.head, state.mark, key])

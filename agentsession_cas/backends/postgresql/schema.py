@@ -24,8 +24,8 @@ __all__ = ["SCHEMA_VERSION", "UPGRADES", "SPACE_CODES", "MigrationPlan", "create
 #: The version of the tables this release creates and reads. Version 2: no ``sum`` column
 #: (every reader hashes what it decoded against the name), one index on ``edges``, and
 #: the ``dictionaries`` of codec 2 (see :mod:`.compression`). Version 3: the ``blocks``
-#: of codec 3.
-SCHEMA_VERSION = 3
+#: of codec 3. Version 4: the ``states`` a writer leaves at close.
+SCHEMA_VERSION = 4
 
 #: The three hash spaces, as the ``space`` column holds them.
 SPACE_CODES: dict[str, int] = {"entries": 0, "contents": 1, "blobs": 2}
@@ -115,8 +115,24 @@ def create_statements(schema: str) -> list[str]:
             id bigserial PRIMARY KEY,
             base text NOT NULL,
             at timestamptz NOT NULL DEFAULT clock_timestamp())""",
+        STATES.format(schema=s),
         APPEND_FUNCTION.format(schema=s, replace=REPLACE),
     ]
+
+
+#: What a writer leaves at close so the next reader need not read the session (the file
+#: backend's ``summary`` and ``rules`` files): kind 0 the summary ``list`` shows, kind 1
+#: the append rules' state, each the domain's JSON object in canonical bytes (TOAST
+#: compresses the big ones), with ``pos``, the log's length it describes. Indexes: a row
+#: lost or stale is rebuilt from the log, and the domain checks each against the log
+#: before it trusts it. Keyed by the session's incarnation, so a session made again
+#: never finds the last one's.
+STATES = """CREATE TABLE {schema}.states (
+            session bigint NOT NULL,
+            kind smallint NOT NULL CHECK (kind IN (0, 1)),
+            pos integer NOT NULL,
+            data bytea NOT NULL,
+            PRIMARY KEY (session, kind))"""
 
 
 #: The zstd dictionaries of codec 2, one per space once trained (:mod:`.compression`),
@@ -210,6 +226,9 @@ UPGRADES: dict[int, list[str]] = {
     ],
     # 2 -> 3. Rows keep their codecs; objects written after it may name blocks.
     2: BLOCKS,
+    # 3 -> 4. No row changes: each session's states are written at its next close (until
+    # then its readers read its log, as before).
+    3: [STATES],
 }
 
 

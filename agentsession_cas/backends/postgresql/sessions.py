@@ -32,12 +32,20 @@ import builtins
 import json
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from psycopg import pq
 
-from ...errors import NoSuchSessionError, SessionDamagedError, SessionExistsError, SessionLockedError, StoreError
+from ...errors import (
+    AgentSessionError,
+    NoSuchSessionError,
+    SessionDamagedError,
+    SessionExistsError,
+    SessionLockedError,
+    StoreError,
+)
+from ...format.canonical import canonical_bytes
 from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
 from .arrays import bool_array, boolean, bytea_array, int2_array, int4, int4_array, int8, text_array
 from .database import checked, psycopg, translate
@@ -67,6 +75,8 @@ _APPEND_SQL = (
 _NOT_PREPARED = b"26000"
 #: Every parameter of the append in the binary format.
 _BINARY = [1] * 19
+#: The ``states`` rows' kinds (schema.STATES).
+_SUMMARY, _RULES = 0, 1
 
 
 def _call_append(conn: Any, params: list[bytes | None]) -> bool:
@@ -176,6 +186,8 @@ class PgSessionLog(SessionLog):
         self._recover: list[dict[str, Any]] = []
         self._closed = False
         self._parked = False
+        #: What the domain handed over to keep at close (``states``), by kind.
+        self._states: dict[int, Mapping[str, Any]] = {}
 
     def _check(self) -> Any:
         if self._closed:
@@ -249,6 +261,46 @@ class PgSessionLog(SessionLog):
     def set_indexes(self, head: str | None, mark: Mark) -> None:
         """Nothing to do: the session's row is updated in each write's own transaction."""
 
+    def set_summary(self, summary: Mapping[str, Any]) -> None:
+        if self.writable and not self._closed:
+            self._states[_SUMMARY] = dict(summary)
+
+    def set_rule_state(self, state: Mapping[str, Any]) -> None:
+        if self.writable and not self._closed:
+            self._states[_RULES] = dict(state)
+
+    def kept_rule_state(self) -> dict[str, Any] | None:
+        kept = self.backend.sessions.states(self.key, _RULES)
+        return kept[1] if kept is not None else None
+
+    def _keep_states(self) -> None:
+        """The states handed over, in ``states``, as of the log's length now: one statement,
+        committed asynchronously (an index: lost, the next open rebuilds it), written only
+        while this handle still holds the session at that length."""
+        states, self._states = self._states, {}
+        if not states or self.conn is None or self.stopped or self._parked:
+            return
+        kinds, data = [], []
+        for kind, value in sorted(states.items()):
+            try:
+                data.append(canonical_bytes(value))
+            except (ValueError, AgentSessionError):
+                continue  # no I-JSON: none is kept, the next reader rebuilds it
+            kinds.append(kind)
+        if not kinds:
+            return
+        try:
+            with self.conn.transaction():
+                self.conn.execute("SET LOCAL synchronous_commit = off")
+                self.conn.execute(
+                    "INSERT INTO states (session, kind, pos, data) "
+                    "SELECT %s, k, %s, d FROM unnest(%s::smallint[], %s::bytea[]) AS t(k, d) "
+                    "WHERE EXISTS (SELECT 1 FROM sessions WHERE key = %s AND fence = %s AND last_pos = %s) "
+                    "ON CONFLICT (session, kind) DO UPDATE SET pos = EXCLUDED.pos, data = EXCLUDED.data",
+                    [self.key, self.last_pos, kinds, data, self.key, self.fence, self.last_pos])
+        except psycopg.Error:
+            pass  # an index, as above: the session's records are all committed already
+
     def set_header(self, header: bytes) -> None:
         conn = self._check()
         with translate(self.backend.describe()):
@@ -294,7 +346,21 @@ class PgSessionLog(SessionLog):
         if self._closed:
             return
         self._closed = True
-        self._release()
+        try:
+            self._keep_states()
+        finally:
+            self._release()
+
+
+def _state(data: bytes) -> dict[str, Any] | None:
+    """A kept state's object, or None where its bytes are no JSON object (an index that is
+    rebuilt). Parsed by json's own parser: bytes this store wrote, whose form the domain
+    checks as it uses them (the file backend's ``rules`` are read so too)."""
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 class _Fenced(Exception):
@@ -347,6 +413,14 @@ class PgSessions(SessionStore):
 
     def rows(self, conn: Any, session_id: str) -> tuple[tuple[Any, ...], builtins.list[tuple[int, str]]]:
         """The session's row and its log's rows (position, record text), in one snapshot."""
+        row, texts, _ = self._snapshot(conn, session_id, ())
+        return row, texts
+
+    def _snapshot(
+        self, conn: Any, session_id: str, kinds: Sequence[int]
+    ) -> tuple[tuple[Any, ...], builtins.list[tuple[int, str]], dict[int, tuple[int, bytes]]]:
+        """:meth:`rows`, and the ``states`` of ``kinds`` kept for the session (kind ->
+        (log length, bytes)), all in one snapshot."""
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             row = conn.execute(
@@ -355,33 +429,58 @@ class PgSessions(SessionStore):
             if row is None:
                 raise NoSuchSessionError(f"no such session: {session_id}")
             texts = conn.execute("SELECT pos, record FROM log WHERE session = %s ORDER BY pos", [row[0]]).fetchall()
-        return row, texts
+            kept = {} if not kinds else {int(k): (int(p), bytes(d)) for k, p, d in conn.execute(
+                "SELECT kind, pos, data FROM states WHERE session = %s AND kind = ANY(%s)", [row[0], list(kinds)]).fetchall()}
+        return row, texts, kept
 
-    def _read(self, conn: Any, session_id: str) -> tuple[tuple[Any, ...], builtins.list[dict[str, Any]]]:
-        """The session's row and its log's records; SessionDamagedError at a row that is no record."""
-        row, texts = self.rows(conn, session_id)
+    def _read(
+        self, conn: Any, session_id: str, kinds: Sequence[int] = ()
+    ) -> tuple[tuple[Any, ...], builtins.list[dict[str, Any]], dict[int, dict[str, Any]]]:
+        """The session's row, its log's records and the states of ``kinds`` that parse;
+        SessionDamagedError at a row that is no record."""
+        row, texts, kept = self._snapshot(conn, session_id, kinds)
         records = []
         for pos, text in texts:
             record = parse_record(text)
             if isinstance(record, str):
                 raise SessionDamagedError(f"log row {pos} {record}", session=session_id, line=pos, offset=0)
             records.append(record)
-        return row, records
+        return row, records, {k: v for k, (_, data) in kept.items() if (v := _state(data)) is not None}
+
+    def states(self, key: int, kind: int) -> tuple[int, dict[str, Any]] | None:
+        """The state of ``kind`` kept for the session incarnation ``key``: (the log's length it
+        describes, the object); None when none is kept or it does not parse."""
+        rows = self.db.query("SELECT pos, data FROM states WHERE session = %s AND kind = %s", [key, kind])
+        if not rows:
+            return None
+        value = _state(bytes(rows[0][1]))
+        return None if value is None else (int(rows[0][0]), value)
+
+    def summary(self, session_id: str) -> tuple[dict[str, Any], bool] | None:
+        """The summary kept, current while the log is the length it was written at (a repair,
+        which may keep the length, deletes it)."""
+        rows = self.db.query(
+            "SELECT st.pos, st.data, s.last_pos FROM sessions s JOIN states st ON st.session = s.key "
+            "WHERE s.id = %s AND st.kind = %s", [session_id, _SUMMARY])
+        if not rows:
+            return None
+        value = _state(bytes(rows[0][1]))
+        return None if value is None else (value, int(rows[0][0]) == int(rows[0][2]))
 
     def open(self, session_id: str, *, writable: bool) -> tuple[SessionLog, LogOpen]:
         if not writable:
             with self.db.conn() as c:
-                row, records = self._read(c, session_id)
+                row, records, kept = self._read(c, session_id, (_SUMMARY,))
             # A snapshot is mostly opened to be read whole (a projection): read ahead.
             self.backend.objects.expect([r["entry"] for r in records if r.get("op") == "append" and "entry" in r])
             key, header, head, mark, last_pos, _ = row
             log = PgSessionLog(self.backend, session_id, key, writable=False, last_pos=last_pos, head=head, mark=mark)
-            return log, LogOpen(bytes(header), records, head, mark)
+            return log, LogOpen(bytes(header), records, head, mark, summary=kept.get(_SUMMARY))
         self.backend.require_writable()
         conn = self.take(session_id)
         try:
             with translate(self.backend.describe()):
-                row, records = self._read(conn, session_id)
+                row, records, kept = self._read(conn, session_id, (_SUMMARY, _RULES))
                 key, header, head, mark, last_pos, _ = row
                 fence = conn.execute(
                     "UPDATE sessions SET fence = fence + 1, holder = %s WHERE key = %s RETURNING fence", [_holder(), key]
@@ -402,7 +501,8 @@ class PgSessions(SessionStore):
             log._recover = [{"op": "commit"}]
             records = records + [{"op": "commit"}]
             recovered.append(f"adopted the uncommitted records a writer of session {session_id} left, with a commit")
-        return log, LogOpen(bytes(header), records, head, mark, recovered)
+        return log, LogOpen(bytes(header), records, head, mark, recovered,
+                            summary=kept.get(_SUMMARY), rule_state=kept.get(_RULES))
 
     def create(
         self,
@@ -501,6 +601,7 @@ class PgSessions(SessionStore):
                 if row is None:
                     raise NoSuchSessionError(f"no such session: {session_id}")
                 conn.execute("DELETE FROM log WHERE session = %s", [row[0]])
+                conn.execute("DELETE FROM states WHERE session = %s", [row[0]])
         finally:
             if mine:
                 self.let_go(conn)
