@@ -387,7 +387,7 @@ class Session:
         return len(self.prefix)
 
     def prefix_entries(self) -> list[Entry]:
-        return [self.store.entry(e) for e in self.prefix]
+        return list(self.store.entries(self.prefix))
 
     def context_hash(self, entry_id: str | None = None) -> str:
         """RFC 0002's context hash ("Prefix caching") at an entry of this session (its
