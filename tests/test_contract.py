@@ -480,7 +480,8 @@ def test_a_session_with_no_kept_state_is_read_in_bulk(make_store, monkeypatch):
     many = Store.entries
 
     def entries(self: Store, entry_ids):
-        calls.append(len(entry_ids))
+        if entry_ids:  # (a session with no base asks for its empty prefix)
+            calls.append(len(entry_ids))
         yield from many(self, entry_ids)
 
     alone: list[str] = []
