@@ -1,0 +1,368 @@
+"""The line rules of a streamed verify on a second core (issue 11: verify and import of a
+large file near the cost of a bare parse).
+
+A streamed verify (:func:`~agentsession_cas.format.reader.verify_file`) does two kinds of
+work: what :func:`~agentsession_cas.format.rules.check_line` decides about each line on
+its own (I-JSON, canonical form, ``ts``, reserved members, the two hashes), and the
+rules that need the lines in order (tree, records, context). The first kind is handed
+here to a helper process, fed the very bytes this process reads (through a pipe, so the
+two cannot read different files), while this process parses and runs the sequential
+rules. For each line the helper answers one of two things:
+
+* **clean**: it parsed as a JSON object proven in canonical form, ``check_line`` found
+  nothing wrong, so its ``id`` is the hash of its members; the helper sends the content
+  hash, and where the ``item`` object's bytes lie in the line (the request hashes take
+  them), which this process uses instead of hashing again;
+* **anything else** (a problem, a form not proven canonical, an ``item`` whose bytes
+  are not found once in the line): this process runs today's line rules on that line
+  itself, so every problem is found, worded and ordered exactly as in one process.
+
+The helper is only ever an accelerator: when it cannot be started, dies, is killed or
+answers out of turn, the lines it did not answer are checked here, and the verdict is
+the one-process verdict by construction. Small files, a machine with one core for this
+process, standard input (no file) and ``AGENTSESSION_VERIFY_PROCESSES=1`` stay in one
+process (:func:`wanted`).
+
+The helper is a fresh interpreter (``python -m agentsession_cas.format.parallel``),
+never a fork of this process, which may be a server with threads running. It ignores
+Ctrl-C (the process it serves decides; its stdin closing ends it), and it exits when
+its input ends or a pipe breaks, so it never outlives this process's pass.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from array import array
+from collections import deque
+from collections.abc import Iterable, Iterator
+from queue import SimpleQueue
+from typing import IO
+
+from .canonical import loads_canonical
+from .rules import check_line, gc_paused
+
+#: ``AGENTSESSION_VERIFY_PROCESSES``: ``1`` keeps a verify in one process; ``2`` uses the
+#: helper whatever the size and the cores (tests, benchmarks); unset: :func:`wanted` decides.
+ENV = "AGENTSESSION_VERIFY_PROCESSES"
+
+#: The smallest file the helper is started for: its start-up (an interpreter and the
+#: rules' modules, about 0.1 s of the other core) pays for itself past a few megabytes.
+MIN_BYTES = 8 << 20
+
+#: How many blocks this process sends ahead of the one it checks: enough that the helper
+#: has the next ones while this process works, few enough to bound the memory (a block
+#: is about 1 MB: the reader's).
+AHEAD = 3
+
+#: Whether a pass waits for the helper to be ready rather than checking blocks itself
+#: meanwhile: tests set it, so the helper's answers are used from the first block.
+WAIT_READY = False
+
+#: fcntl's F_SETPIPE_SZ (Linux; the module names it from Python 3.10 on).
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+_FRAME = struct.Struct("<II")  # bytes, lines of a block sent; 0, lines of an answer
+_HASH_HEX = 64
+
+
+def wanted(size: int, parallel: bool | None) -> bool:
+    """Whether a verify of a file of ``size`` bytes takes the helper: ``parallel`` when the
+    caller says (True or False), else the environment's word, else a file of at least
+    :data:`MIN_BYTES` on a machine that gives this process two cores or more."""
+    if parallel is not None:
+        return parallel
+    said = os.environ.get(ENV, "").strip()
+    if said == "1":
+        return False
+    if said == "2":
+        return True
+    return size >= MIN_BYTES and _cores() >= 2
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def command(objects: bool) -> list[str]:
+    """The helper's command line: this interpreter, in a process of its own."""
+    return [sys.executable, "-m", "agentsession_cas.format.parallel", *(["objects"] if objects else [])]
+
+
+#: What the helper answers of one line: None (check it yourself), or the content hash,
+#: the ``item`` object's bytes' span in the line ((0, 0): no item object), and, when asked
+#: for (an import writes them), the entry's two objects (content and envelope bytes).
+Known = tuple[str, int, int, tuple[bytes, bytes] | None] | None
+
+
+class LineHelper:
+    """The helper process of one pass, and the lines of the file with its answers.
+
+    :meth:`lines` passes the blocks of lines on (each block as the reader split it),
+    sending each to the helper as it comes and waiting for its answers before passing it
+    on, and puts one :data:`Known` for each line passed on in :attr:`known`, in order;
+    a reader takes one from there for each line it takes. :meth:`close` ends the helper
+    (a ``with`` block calls it), whatever happened."""
+
+    def __init__(self, *, objects: bool = False) -> None:
+        #: Whether the answers carry each clean entry's two objects.
+        self.objects = objects
+        self.known: deque[Known] = deque()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._sending: SimpleQueue[bytes | None] = SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._ready = False
+        #: Why the helper was given up (None while it answers): a test reads it.
+        self.failed: str | None = None
+
+    def __enter__(self) -> LineHelper:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the helper; if it cannot be, every line is checked here."""
+        # (this package's own copy, installed or not)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            self.proc = subprocess.Popen(
+                command(self.objects), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env=env, close_fds=True,
+            )
+        except OSError as exc:
+            self.failed = f"the helper could not start: {exc}"
+            return
+        for pipe in (self.proc.stdin, self.proc.stdout):  # a block whole in each pipe, where allowed
+            try:
+                fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
+            except OSError:
+                pass
+        # Writes go through a thread: a block is larger than a pipe holds, and this
+        # process must not wait for the helper to read one before it checks the next.
+        self._writer = threading.Thread(target=self._write, name="agentsession-line-helper", daemon=True)
+        self._writer.start()
+
+    def _write(self) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        out = self.proc.stdin
+        try:
+            while True:
+                data = self._sending.get()
+                if data is None:
+                    break
+                out.write(data)
+                out.flush()
+        except (OSError, ValueError):  # the helper went: what it did not answer is checked here
+            pass
+        finally:
+            try:
+                out.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """End the helper (at once: its answers are no longer needed) and reap it."""
+        proc = self.proc
+        if proc is None:
+            return
+        self.proc = None
+        self._sending.put(None)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if self._writer is not None:
+            self._writer.join()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def _give_up(self, why: str) -> None:
+        if self.failed is None:
+            self.failed = why
+        self.close()
+
+    def lines(self, blocks: Iterable[tuple[bytes, list[bytes]]]) -> Iterator[bytes]:
+        """Each block's lines (``(the lines joined by LF, the lines)``), with their answers
+        put in :attr:`known` before the block's first line comes."""
+        sent: deque[list[bytes]] = deque()  # blocks the helper has, oldest first
+        known = self.known
+        for joined, parts in blocks:
+            if self.proc is not None and self._readied():
+                self._sending.put(_FRAME.pack(len(joined), len(parts)) + joined)  # (a copy: ~1 MB a block)
+                sent.append(parts)
+                if len(sent) <= AHEAD:
+                    continue
+                parts = sent.popleft()
+                known.extend(self._answers(len(parts)))
+            elif sent:  # (the helper went: the blocks it had are checked here, in order)
+                sent.append(parts)
+                parts = sent.popleft()
+                known.extend([None] * len(parts))
+            else:  # not started yet, or gone: this block is checked here
+                known.extend([None] * len(parts))
+            yield from parts
+        while sent:
+            parts = sent.popleft()
+            known.extend(self._answers(len(parts)))
+            yield from parts
+        self._sending.put(None)
+
+    def _readied(self) -> bool:
+        """Whether the helper said it is ready, not waiting for it: until it is (its
+        interpreter and modules load), the blocks are checked here and not sent."""
+        if self._ready:
+            return True
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        if select.select([fd], [], [], None if WAIT_READY else 0)[0]:
+            if self.proc.stdout.read(1) == b"R":
+                self._ready = True
+            else:
+                self._give_up("the helper did not start")
+        return self._ready
+
+    def _answers(self, count: int) -> list[Known]:
+        """The helper's answers for the oldest block it has (``count`` lines), or None for
+        each when it cannot give them (it died, or answered out of turn)."""
+        proc = self.proc
+        if proc is None:
+            return [None] * count
+        assert proc.stdout is not None
+        try:
+            head = _read_exactly(proc.stdout, _FRAME.size)
+            size, lines = _FRAME.unpack(head)
+            if lines != count:
+                raise ValueError(f"the helper answered {lines} lines for a block of {count}")
+            return decode_answers(_read_exactly(proc.stdout, size), count, self.objects)
+        except (OSError, ValueError, EOFError, struct.error) as exc:
+            self._give_up(f"the helper failed: {exc}")
+            return [None] * count
+
+
+def _read_exactly(f: IO[bytes], n: int) -> bytes:
+    data = f.read(n)
+    if data is None or len(data) != n:
+        raise EOFError("the helper's answers ended")
+    return data
+
+
+# ---------------------------------------------------------------------------
+# the answers, as bytes: per line a flag byte; then four int32 (the item's span, the
+# lengths of the two objects, 0 when not sent); the content hash's 64 hex digits of each
+# clean line; then the objects of each, one after the other
+
+
+def encode_answers(answers: list[Known]) -> bytes:
+    flags = bytes(0 if a is None else 1 for a in answers)
+    ints = array("i")
+    hexes: list[str] = []
+    blobs: list[bytes] = []
+    for a in answers:
+        if a is None:
+            ints.extend((0, 0, 0, 0))
+            continue
+        chash, start, end, objects = a
+        hexes.append(chash[7:])
+        if objects is None:
+            ints.extend((start, end, 0, 0))
+        else:
+            ints.extend((start, end, len(objects[0]), len(objects[1])))
+            blobs.extend(objects)
+    return b"".join((flags, ints.tobytes(), "".join(hexes).encode("ascii"), *blobs))
+
+
+def decode_answers(data: bytes, count: int, objects: bool) -> list[Known]:
+    """:func:`encode_answers`' answers of ``count`` lines; ValueError when they are not."""
+    flags = data[:count]
+    ints = array("i")
+    ints.frombytes(data[count : count * 17])
+    clean = flags.count(1)
+    at = count * 17
+    hexes = data[at : at + clean * _HASH_HEX].decode("ascii")
+    at += clean * _HASH_HEX
+    if len(hexes) != clean * _HASH_HEX:
+        raise ValueError("the helper's answer is malformed")
+    out: list[Known] = []
+    h = 0
+    for i, flag in enumerate(flags):
+        if not flag:
+            out.append(None)
+            continue
+        start, end, nc, ne = ints[4 * i : 4 * i + 4]
+        pair = None
+        if objects:
+            pair = (data[at : at + nc], data[at + nc : at + nc + ne])
+            at += nc + ne
+        out.append(("sha256:" + hexes[h : h + _HASH_HEX], start, end, pair))
+        h += _HASH_HEX
+    if at != len(data):
+        raise ValueError("the helper's answer is malformed")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the helper's side
+
+
+def answer(raw: bytes, objects: bool = False) -> Known:
+    """What the helper says of one entry line: :data:`Known` (see the module's doc)."""
+    try:
+        obj, _, canonical = loads_canonical(raw)
+        if not canonical:
+            return None  # (proven canonical: a dict, and nothing needing the careful serialiser)
+        entry, found = check_line(obj, careful=False, keep_objects=True, raw=raw)
+    except Exception:  # whatever it is, the reader meets it again and words it
+        return None
+    if found or entry is None:
+        return None
+    pair = entry.objects if objects else None
+    item = entry.item_bytes
+    if item is None:
+        return entry.content_hash, 0, 0, pair
+    start = raw.find(item)
+    if raw.rfind(item) != start:  # (found twice: which one the hash cut is not known here)
+        return None
+    return entry.content_hash, start, start + len(item), pair
+
+
+def main() -> int:
+    """The helper: blocks in, answers out, until its input ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
+    objects = sys.argv[1:] == ["objects"]
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    out.write(b"R")
+    out.flush()
+    with gc_paused():
+        while True:
+            head = inp.read(_FRAME.size)
+            if len(head) != _FRAME.size:
+                return 0
+            size, lines = _FRAME.unpack(head)
+            block = inp.read(size)
+            if len(block) != size:
+                return 0
+            parts = block.split(b"\n")
+            if len(parts) != lines:
+                return 1
+            payload = encode_answers([answer(raw, objects) for raw in parts])
+            try:
+                out.write(_FRAME.pack(len(payload), lines) + payload)
+                out.flush()
+            except BrokenPipeError:
+                return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""verify FILE with the line rules in a helper process (format/parallel.py): the report is
+the one-process report, byte for byte, for every file; a helper that cannot start, dies,
+is killed or answers out of turn leaves the verdict as it is; no helper outlives a pass."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_rules import FILES
+
+from agentsession_cas import Header, make_entry
+from agentsession_cas.errors import AgentSessionError
+from agentsession_cas.format import parallel, reader
+from agentsession_cas.format.canonical import loads_canonical
+from agentsession_cas.format.rules import check_line
+from agentsession_cas.store import Store
+from agentsession_cli.main import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
+from bench_verify import SESSION_ID, generate
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """The helper used from the first block (no checking here while it starts), and small
+    blocks, so a small file is many blocks; the helpers of the test, for a look at them.
+    ``counted[0]`` counts the lines the helper's answers made."""
+    monkeypatch.setattr(parallel, "WAIT_READY", True)
+    monkeypatch.setattr(reader, "_BLOCK", 512)
+    helpers: list[parallel.LineHelper] = []
+    real_init = parallel.LineHelper.__init__
+
+    def init(self, **kw):
+        real_init(self, **kw)
+        helpers.append(self)
+
+    monkeypatch.setattr(parallel.LineHelper, "__init__", init)
+    counted = [0]
+    real_clean = reader.clean_entry
+
+    def clean(*a, **kw):
+        counted[0] += 1
+        return real_clean(*a, **kw)
+
+    monkeypatch.setattr(reader, "clean_entry", clean)
+    return helpers, counted
+
+
+def _report(path: Path, processes: bool):
+    try:
+        return reader.verify_file(path, processes=processes).as_dict()
+    except AgentSessionError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _mutants(tmp_path: Path) -> list[Path]:
+    """The benchmark's session, and copies of it each broken (or made unusual) one way: a
+    changed byte, a line not canonical, a float, a repeated line, a cut last line, a bad
+    ts, a reserved member, an empty line, a line that is no object, stray bytes."""
+    data = generate(120, 7)[0]
+    lines = data.split(b"\n")[:-1]
+    out = []
+
+    def put(name: str, ls: list[bytes], end: bytes = b"\n") -> None:
+        p = tmp_path / f"{name}.jsonl"
+        p.write_bytes(b"\n".join(ls) + end)
+        out.append(p)
+
+    put("clean", lines)
+    ls = list(lines)
+    ls[10] = ls[10].replace(b'"text":"', b'"text":"X', 1)
+    put("changed", ls)
+    ls = list(lines)
+    ls[11] = json.dumps(json.loads(ls[11])).encode()  # spaces after ':' and ','
+    put("spaced", ls)
+    ls = list(lines)
+    obj = json.loads(ls[12])
+    obj["usage"] = {"cost": 0.5}
+    ls[12] = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    put("float", ls)
+    ls = list(lines)
+    ls.insert(20, ls[19])
+    put("repeated", ls)
+    put("cut", lines[:-1] + [lines[-1][:40]], end=b"")
+    put("no-final-lf", lines, end=b"")
+    ls = list(lines)
+    ls[30] = ls[30].replace(b'"ts":"2026', b'"ts":"1999', 1)
+    put("ts", ls)
+    ls = list(lines)
+    obj = json.loads(ls[31])
+    obj["content"] = 1
+    ls[31] = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    put("reserved", ls)
+    put("empty-line", [*lines[:40], b"", *lines[40:]])
+    put("array", [*lines[:41], b"[1,2]", *lines[41:]])
+    put("bytes", [*lines[:42], b"\xff\xfe", *lines[42:]])
+    return out
+
+
+def test_every_file_verifies_the_same_with_the_helper(forced, tmp_path):
+    """Every corpus file, fixture and rule case (test_rules.FILES: together they break every
+    rule), the benchmark's session and broken copies of it: the report with the helper is
+    the one-process report (problems, codes, lines, wording, order, notes, requests)."""
+    helpers, counted = forced
+    paths = sorted(CORPUS.glob("**/*.jsonl")) + sorted(FIXTURES.glob("**/*.jsonl")) + _mutants(tmp_path)
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    for name, data in sorted(FILES.items()):
+        p = cases / f"{name}.jsonl"
+        p.write_bytes(data)
+        paths.append(p)
+    assert len(paths) > 60
+    for p in paths:
+        assert _report(p, True) == _report(p, False), p
+    assert counted[0] > 1000  # the helper's answers were used, not only the reader's own checks
+    assert helpers and all(h.failed is None for h in helpers)
+    assert all(h.proc is None for h in helpers)  # every helper ended with its pass
+
+
+def test_import_stores_the_same_with_the_helper(forced, tmp_path, monkeypatch):
+    """An import takes each entry's objects from the helper's answers: the store holds the
+    same session (export gives the file back), and a bad file is refused the same way."""
+    helpers, counted = forced
+    data = generate(150, 3)[0]
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(data)
+    bad = tmp_path / "bad.jsonl"
+    ls = data.split(b"\n")
+    ls[5] = ls[5].replace(b'"text":"', b'"text":"X', 1)
+    bad.write_bytes(b"\n".join(ls))
+    errors = []
+    for n in ("1", "2"):
+        monkeypatch.setenv(parallel.ENV, n)
+        st = Store.init(tmp_path / f"store{n}")
+        s = st.import_file(path)
+        assert b"".join(s.projection_lines()) == data
+        s.close()
+        with pytest.raises(AgentSessionError) as got:
+            st.import_file(bad)
+        errors.append(str(got.value))
+    assert errors[0] == errors[1]
+    assert counted[0] >= 150 and helpers and helpers[0].objects
+
+
+def test_a_helper_that_dies_midway_leaves_the_verdict(forced, tmp_path, monkeypatch):
+    """The helper killed after its first answers: the blocks it had and every later one are
+    checked here; the report is the same and the pass says why it gave the helper up."""
+    helpers, counted = forced
+    path = _mutants(tmp_path)[1]  # one with a problem
+    real = parallel.LineHelper._answers
+
+    def killing(self, count):
+        got = real(self, count)
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        return got
+
+    monkeypatch.setattr(parallel.LineHelper, "_answers", killing)
+    assert _report(path, True) == _report(path, False)
+    assert helpers[0].failed is not None and "helper" in helpers[0].failed
+    assert 0 < counted[0] < 50
+
+
+@pytest.mark.parametrize("argv", [
+    ["/nonexistent/python"],
+    [sys.executable, "-c", "pass"],
+    [sys.executable, "-c", "import sys, struct; o = sys.stdout.buffer; o.write(b'R' + struct.pack('<II', 0, 999)); "
+                           "o.flush(); sys.stdin.buffer.read()"],
+    [sys.executable, "-c", "import sys; o = sys.stdout.buffer; o.write(b'R' + b'\\xff' * 9); o.flush(); sys.stdin.buffer.read()"],
+], ids=["cannot-start", "exits", "out-of-turn", "garbage"])
+def test_a_helper_that_fails_leaves_the_verdict(forced, tmp_path, monkeypatch, argv):
+    helpers, counted = forced
+    monkeypatch.setattr(parallel, "command", lambda objects: argv)
+    for path in _mutants(tmp_path)[:2]:
+        assert _report(path, True) == _report(path, False)
+    assert counted[0] == 0 and helpers[0].failed is not None
+    assert all(h.proc is None for h in helpers)
+
+
+def test_a_pass_stopped_midway_ends_its_helper(forced, tmp_path):
+    """Ctrl-C (or any error) in the middle of a pass: the helper is killed and reaped."""
+    helpers, _ = forced
+    path = _mutants(tmp_path)[0]
+    calls = []
+
+    def interrupt(done, total):
+        calls.append(done)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        reader.verify_file(path, processes=True, progress=interrupt)
+    assert helpers[0].proc is None
+
+
+def test_the_helper_ignores_ctrl_c(tmp_path, monkeypatch):
+    """Ctrl-C reaches the helper too (one process group): it goes on; the reader decides."""
+    monkeypatch.setattr(parallel, "WAIT_READY", True)
+    lines = [e.canonical_line()[:-1] for e in _entries(3)]
+    with parallel.LineHelper() as helper:
+        assert helper._readied()
+        assert helper.proc is not None
+        helper.proc.send_signal(signal.SIGINT)
+        got = list(helper.lines([(b"\n".join(lines), lines)]))
+        assert got == lines and all(k is not None for k in helper.known) and helper.failed is None
+
+
+def _entries(n: int):
+    out, parent = [], None
+    for i in range(n):
+        e = make_entry("item", parent, ts="2026-01-01T00:00:00Z",
+                       item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"t{i}"}]})
+        out.append(e)
+        parent = e.id
+    return out
+
+
+def test_an_item_whose_bytes_appear_twice_is_left_to_the_reader():
+    """The item's span is found by its bytes in the line: found twice, the helper cannot
+    say which one the hash cut, and the reader checks the line itself."""
+    e = make_entry("item", None, ts="2026-01-01T00:00:00Z", item={}, x_note={})
+    raw = e.canonical_line()[:-1]
+    assert raw.count(b"{}") == 2
+    assert parallel.answer(raw) is None
+    once = make_entry("item", None, ts="2026-01-01T00:00:00Z", item={"type": "message"}).canonical_line()[:-1]
+    chash, start, end, objects = parallel.answer(once, objects=True)
+    obj, careful, _ = loads_canonical(once)
+    entry, found = check_line(obj, careful=careful, keep_objects=True, raw=once)
+    assert not found and objects == entry.objects and chash == entry.content_hash
+    assert once[start:end] == entry.item_bytes
+
+
+def test_when_the_helper_is_wanted(monkeypatch):
+    monkeypatch.delenv(parallel.ENV, raising=False)
+    monkeypatch.setattr(parallel, "_cores", lambda: 2)
+    assert parallel.wanted(parallel.MIN_BYTES, None)
+    assert not parallel.wanted(parallel.MIN_BYTES - 1, None)
+    assert parallel.wanted(0, True) and not parallel.wanted(1 << 40, False)
+    monkeypatch.setattr(parallel, "_cores", lambda: 1)
+    assert not parallel.wanted(1 << 40, None)
+    monkeypatch.setenv(parallel.ENV, "2")
+    assert parallel.wanted(0, None)
+    monkeypatch.setenv(parallel.ENV, "1")
+    monkeypatch.setattr(parallel, "_cores", lambda: 8)
+    assert not parallel.wanted(1 << 40, None) and parallel.wanted(0, True)
+
+
+def test_verify_command_says_the_same_in_both_paths(forced, tmp_path):
+    """``agentsession verify FILE`` (and ``--json``) prints the same words either way."""
+    helpers, counted = forced
+    for path in _mutants(tmp_path)[:4]:
+        outs = []
+        for n in ("1", "2"):
+            for args in ([], ["--json"]):
+                r = CliRunner().invoke(main, ["verify", *args, str(path)], env={parallel.ENV: n})
+                outs.append((r.exit_code, r.output))
+        assert outs[:2] == outs[2:], path
+    assert counted[0] > 0 and all(h.proc is None for h in helpers)
+
+
+def test_standard_input_stays_in_one_process(forced, tmp_path):
+    helpers, _ = forced
+    data = (Header.new(SESSION_ID).canonical_line() + b"".join(e.canonical_line() for e in _entries(3)))
+    r = CliRunner().invoke(main, ["verify", "-"], input=data, env={parallel.ENV: "2"})
+    assert r.exit_code == 0, r.output
+    assert not helpers
