@@ -139,13 +139,13 @@ def test_import_stores_the_same_with_the_helper(forced, tmp_path, monkeypatch):
     errors = []
     for n in ("1", "2"):
         monkeypatch.setenv(parallel.ENV, n)
-        st = Store.init(tmp_path / f"store{n}")
-        s = st.import_file(path)
-        assert b"".join(s.projection_lines()) == data
-        s.close()
-        with pytest.raises(AgentSessionError) as got:
-            st.import_file(bad)
-        errors.append(str(got.value))
+        with Store.init(tmp_path / f"store{n}") as st:
+            s = st.import_file(path)
+            assert b"".join(s.projection_lines()) == data
+            s.close()
+            with pytest.raises(AgentSessionError) as got:
+                st.import_file(bad)
+            errors.append(str(got.value))
     assert errors[0] == errors[1]
     assert counted[0] >= 150 and helpers and helpers[0].objects
 
@@ -184,6 +184,19 @@ def test_a_helper_that_fails_leaves_the_verdict(forced, tmp_path, monkeypatch, a
         assert _report(path, True) == _report(path, False)
     assert counted[0] == 0 and helpers[0].failed is not None
     assert all(h.proc is None for h in helpers)
+
+
+def test_a_helper_that_never_answers_is_given_up(forced, tmp_path, monkeypatch):
+    """A helper alive but silent (stopped, starved): past ``STALL`` (here none at all) the
+    pass checks the lines itself, and the helper is killed."""
+    helpers, counted = forced
+    monkeypatch.setattr(parallel, "command", lambda objects: [
+        sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'R'); sys.stdout.flush(); sys.stdin.buffer.read()"])
+    monkeypatch.setattr(parallel, "STALL", 0.0)
+    path = _mutants(tmp_path)[1]
+    assert _report(path, True) == _report(path, False)
+    assert counted[0] == 0 and "no answer" in (helpers[0].failed or "")
+    assert helpers[0].proc is None
 
 
 def test_a_pass_stopped_midway_ends_its_helper(forced, tmp_path):

@@ -31,7 +31,7 @@ its input ends or a pipe breaks, so it never outlives this process's pass.
 
 from __future__ import annotations
 
-import fcntl
+import json
 import os
 import select
 import signal
@@ -44,6 +44,11 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from queue import SimpleQueue
 from typing import IO
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not a POSIX system
+    fcntl = None  # type: ignore[assignment]
 
 from .canonical import loads_canonical
 from .rules import check_line, gc_paused
@@ -66,7 +71,12 @@ AHEAD = 3
 WAIT_READY = False
 
 #: fcntl's F_SETPIPE_SZ (Linux; the module names it from Python 3.10 on).
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # (fcntl None: AttributeError where used)
+
+#: How long a pass waits for an answer the helper owes before it gives the helper up and
+#: checks the lines itself (a helper stopped, or starved of CPU): a safety net, far
+#: beyond the few milliseconds a block takes.
+STALL = 60.0
 
 _FRAME = struct.Struct("<II")  # bytes, lines of a block sent; 0, lines of an answer
 _HASH_HEX = 64
@@ -75,7 +85,10 @@ _HASH_HEX = 64
 def wanted(size: int, parallel: bool | None) -> bool:
     """Whether a verify of a file of ``size`` bytes takes the helper: ``parallel`` when the
     caller says (True or False), else the environment's word, else a file of at least
-    :data:`MIN_BYTES` on a machine that gives this process two cores or more."""
+    :data:`MIN_BYTES` on a machine that gives this process two cores or more. Never off
+    POSIX (the helper's pipes are polled)."""
+    if not hasattr(select, "poll"):  # pragma: no cover - not a POSIX system
+        return False
     if parallel is not None:
         return parallel
     said = os.environ.get(ENV, "").strip()
@@ -93,9 +106,15 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+#: The helper's program: this module's :func:`main`, found where this process finds it
+#: (its ``sys.path``, given as the first argument: the same copy of the package, and
+#: nothing put before the standard library that this process does not put there).
+_BOOT = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); from agentsession_cas.format.parallel import main; sys.exit(main())"
+
+
 def command(objects: bool) -> list[str]:
     """The helper's command line: this interpreter, in a process of its own."""
-    return [sys.executable, "-m", "agentsession_cas.format.parallel", *(["objects"] if objects else [])]
+    return [sys.executable, "-c", _BOOT, json.dumps(sys.path), *(["objects"] if objects else [])]
 
 
 #: What the helper answers of one line: None (check it yourself), or the content hash,
@@ -133,14 +152,10 @@ class LineHelper:
 
     def start(self) -> None:
         """Start the helper; if it cannot be, every line is checked here."""
-        # (this package's own copy, installed or not)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
             self.proc = subprocess.Popen(
                 command(self.objects), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                env=env, close_fds=True,
+                close_fds=True, bufsize=0,
             )
         except OSError as exc:
             self.failed = f"the helper could not start: {exc}"
@@ -148,7 +163,7 @@ class LineHelper:
         for pipe in (self.proc.stdin, self.proc.stdout):  # a block whole in each pipe, where allowed
             try:
                 fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
-            except OSError:
+            except (OSError, AttributeError):
                 pass
         # Writes go through a thread: a block is larger than a pipe holds, and this
         # process must not wait for the helper to read one before it checks the next.
@@ -163,8 +178,9 @@ class LineHelper:
                 data = self._sending.get()
                 if data is None:
                     break
-                out.write(data)
-                out.flush()
+                view = memoryview(data)
+                while view:
+                    view = view[out.write(view) or 0 :]
         except (OSError, ValueError):  # the helper went: what it did not answer is checked here
             pass
         finally:
@@ -225,8 +241,9 @@ class LineHelper:
         if self._ready:
             return True
         assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        if select.select([fd], [], [], None if WAIT_READY else 0)[0]:
+        poll = select.poll()
+        poll.register(self.proc.stdout.fileno(), select.POLLIN)
+        if poll.poll(None if WAIT_READY else 0):  # (readable, or closed: the helper went)
             if self.proc.stdout.read(1) == b"R":
                 self._ready = True
             else:
@@ -241,6 +258,10 @@ class LineHelper:
             return [None] * count
         assert proc.stdout is not None
         try:
+            poll = select.poll()
+            poll.register(proc.stdout.fileno(), select.POLLIN)
+            if not poll.poll(STALL * 1000):  # (the pipe is read unbuffered: nothing waits in a buffer)
+                raise OSError(f"no answer in {STALL:g} s")
             head = _read_exactly(proc.stdout, _FRAME.size)
             size, lines = _FRAME.unpack(head)
             if lines != count:
@@ -252,10 +273,19 @@ class LineHelper:
 
 
 def _read_exactly(f: IO[bytes], n: int) -> bytes:
+    """``n`` bytes from the unbuffered pipe ``f`` (a read may give fewer)."""
     data = f.read(n)
-    if data is None or len(data) != n:
-        raise EOFError("the helper's answers ended")
-    return data
+    if data is not None and len(data) == n:
+        return data
+    pieces = [data or b""]
+    got = len(pieces[0])
+    while got < n:
+        more = f.read(n - got)
+        if not more:
+            raise EOFError("the helper's answers ended")
+        pieces.append(more)
+        got += len(more)
+    return b"".join(pieces)
 
 
 # ---------------------------------------------------------------------------
@@ -340,7 +370,7 @@ def answer(raw: bytes, objects: bool = False) -> Known:
 def main() -> int:
     """The helper: blocks in, answers out, until its input ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
-    objects = sys.argv[1:] == ["objects"]
+    objects = sys.argv[-1] == "objects"
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     out.write(b"R")
     out.flush()
