@@ -33,7 +33,7 @@ def forced(monkeypatch):
     """The helper used from the first block (no checking here while it starts), and small
     blocks, so a small file is many blocks; the helpers of the test, for a look at them.
     ``counted[0]`` counts the lines the helper's answers made."""
-    monkeypatch.setattr(parallel, "WAIT_READY", True)
+    monkeypatch.setattr(parallel, "WAIT", True)
     monkeypatch.setattr(reader, "_BLOCK", 512)
     helpers: list[parallel.LineHelper] = []
     real_init = parallel.LineHelper.__init__
@@ -157,8 +157,8 @@ def test_a_helper_that_dies_midway_leaves_the_verdict(forced, tmp_path, monkeypa
     path = _mutants(tmp_path)[1]  # one with a problem
     real = parallel.LineHelper._answers
 
-    def killing(self, count):
-        got = real(self, count)
+    def killing(self):
+        got = real(self)
         if self.proc is not None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
@@ -192,11 +192,51 @@ def test_a_helper_that_never_answers_is_given_up(forced, tmp_path, monkeypatch):
     helpers, counted = forced
     monkeypatch.setattr(parallel, "command", lambda objects: [
         sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'R'); sys.stdout.flush(); sys.stdin.buffer.read()"])
-    monkeypatch.setattr(parallel, "STALL", 0.0)
+    real = parallel.LineHelper._readied
+
+    def readied(self):  # (once it said it is ready, no time at all for an answer)
+        ready = real(self)
+        if ready:
+            monkeypatch.setattr(parallel, "STALL", 0.0)
+        return ready
+
+    monkeypatch.setattr(parallel.LineHelper, "_readied", readied)
     path = _mutants(tmp_path)[1]
     assert _report(path, True) == _report(path, False)
     assert counted[0] == 0 and "no answer" in (helpers[0].failed or "")
     assert helpers[0].proc is None
+
+
+def test_the_reader_never_waits_for_a_helper_behind(forced, tmp_path, monkeypatch):
+    """Without WAIT (as a command runs), a block whose answer is not there when its turn
+    comes is checked here: a helper that never answers costs the pass nothing but its
+    start, and the verdict is the same."""
+    helpers, counted = forced
+    monkeypatch.setattr(parallel, "WAIT", False)
+    monkeypatch.setattr(parallel, "command", lambda objects: [
+        sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'R'); sys.stdout.flush(); sys.stdin.buffer.read()"])
+    path = _mutants(tmp_path)[1]
+    assert _report(path, True) == _report(path, False)
+    assert counted[0] == 0 and helpers[0].failed is None and helpers[0].checked_here > 100
+    assert helpers[0].proc is None
+
+
+def test_answers_for_blocks_checked_here_are_dropped(forced, tmp_path, monkeypatch):
+    """Some blocks' answers late (forced: every fourth block's not there when its turn
+    came), so those blocks are checked here; the answers that come later are read and
+    dropped in order, and the next blocks take theirs."""
+    helpers, counted = forced
+    real = parallel.LineHelper._answers
+    calls = []
+
+    def sometimes(self):
+        calls.append(1)
+        return None if len(calls) % 4 == 0 else real(self)
+
+    monkeypatch.setattr(parallel.LineHelper, "_answers", sometimes)
+    for path in _mutants(tmp_path)[:4]:
+        assert _report(path, True) == _report(path, False), path
+    assert counted[0] > 200 and all(h.checked_here > 0 and h.failed is None for h in helpers[::2])
 
 
 def test_a_pass_stopped_midway_ends_its_helper(forced, tmp_path):
@@ -217,7 +257,7 @@ def test_a_pass_stopped_midway_ends_its_helper(forced, tmp_path):
 
 def test_the_helper_ignores_ctrl_c(tmp_path, monkeypatch):
     """Ctrl-C reaches the helper too (one process group): it goes on; the reader decides."""
-    monkeypatch.setattr(parallel, "WAIT_READY", True)
+    monkeypatch.setattr(parallel, "WAIT", True)
     lines = [e.canonical_line()[:-1] for e in _entries(3)]
     with parallel.LineHelper() as helper:
         assert helper._readied()

@@ -61,22 +61,23 @@ ENV = "AGENTSESSION_VERIFY_PROCESSES"
 #: rules' modules, about 0.1 s of the other core) pays for itself past a few megabytes.
 MIN_BYTES = 8 << 20
 
-#: How many blocks this process sends ahead of the one it checks: enough that the helper
-#: has the next ones while this process works, few enough to bound the memory (a block
-#: is about 1 MB: the reader's).
+#: How many blocks this process reads ahead of the one it passes on, and the most the
+#: helper is given at once: enough that the helper has the next ones while this process
+#: works, few enough to bound the memory (a block is about 1 MB: the reader's).
 AHEAD = 3
 
-#: Whether a pass waits for the helper to be ready rather than checking blocks itself
-#: meanwhile: tests set it, so the helper's answers are used from the first block.
-WAIT_READY = False
+#: Whether a pass waits for the helper (to be ready, and for each answer) rather than
+#: checking a block itself when the helper's answer is not there yet: tests set it, so
+#: the answers are used from the first block whatever the machine's load.
+WAIT = False
+
+#: How long a pass waits for the rest of an answer the helper began, or for any answer
+#: under :data:`WAIT`, before it gives the helper up (stopped, or starved of CPU) and
+#: checks the lines itself: a safety net, far beyond the milliseconds a block takes.
+STALL = 60.0
 
 #: fcntl's F_SETPIPE_SZ (Linux; the module names it from Python 3.10 on).
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # (fcntl None: AttributeError where used)
-
-#: How long a pass waits for an answer the helper owes before it gives the helper up and
-#: checks the lines itself (a helper stopped, or starved of CPU): a safety net, far
-#: beyond the few milliseconds a block takes.
-STALL = 60.0
 
 _FRAME = struct.Struct("<II")  # bytes, lines of a block sent; 0, lines of an answer
 _HASH_HEX = 64
@@ -140,6 +141,12 @@ class LineHelper:
         self._sending: SimpleQueue[bytes | None] = SimpleQueue()
         self._writer: threading.Thread | None = None
         self._ready = False
+        #: The line counts of the blocks sent whose answers are not read, oldest first.
+        self._owed: deque[int] = deque()
+        #: How many of those were checked here meanwhile: their answers are dropped.
+        self._dropping = 0
+        #: Lines checked here, the helper running (not ready, or behind): a test reads it.
+        self.checked_here = 0
         #: Why the helper was given up (None while it answers): a test reads it.
         self.failed: str | None = None
 
@@ -211,75 +218,103 @@ class LineHelper:
 
     def lines(self, blocks: Iterable[tuple[bytes, list[bytes]]]) -> Iterator[bytes]:
         """Each block's lines (``(the lines joined by LF, the lines)``), with their answers
-        put in :attr:`known` before the block's first line comes."""
-        sent: deque[list[bytes]] = deque()  # blocks the helper has, oldest first
-        known = self.known
+        put in :attr:`known` before the block's first line comes. Blocks are read
+        :data:`AHEAD` ahead and sent to the helper as they are read (while it owes fewer
+        than that many answers); when a block's turn comes and its answer is not there
+        yet, its lines are checked here (None each) and the answer dropped when it comes:
+        this process never waits for the helper, which only ever takes work off it."""
+        window: deque[tuple[list[bytes], bool]] = deque()  # (lines, whether the helper has them), oldest first
         for joined, parts in blocks:
-            if self.proc is not None and self._readied():
-                self._sending.put(_FRAME.pack(len(joined), len(parts)) + joined)  # (a copy: ~1 MB a block)
-                sent.append(parts)
-                if len(sent) <= AHEAD:
-                    continue
-                parts = sent.popleft()
-                known.extend(self._answers(len(parts)))
-            elif sent:  # (the helper went: the blocks it had are checked here, in order)
-                sent.append(parts)
-                parts = sent.popleft()
-                known.extend([None] * len(parts))
-            else:  # not started yet, or gone: this block is checked here
-                known.extend([None] * len(parts))
-            yield from parts
-        while sent:
-            parts = sent.popleft()
-            known.extend(self._answers(len(parts)))
-            yield from parts
+            window.append((parts, self._send(joined, len(parts))))
+            if len(window) > AHEAD:
+                yield from self._passed(*window.popleft())
+        while window:
+            yield from self._passed(*window.popleft())
         self._sending.put(None)
 
+    def _send(self, joined: bytes, count: int) -> bool:
+        """Give the helper a block, when it is ready and owes fewer than :data:`AHEAD` answers."""
+        if self.proc is None or len(self._owed) >= AHEAD or not self._readied():
+            return False
+        self._sending.put(_FRAME.pack(len(joined), count) + joined)  # (a copy: ~1 MB a block)
+        self._owed.append(count)
+        return True
+
+    def _passed(self, parts: list[bytes], sent: bool) -> list[bytes]:
+        answers = self._answers() if sent else None
+        if answers is None:
+            self.known.extend([None] * len(parts))
+            self.checked_here += len(parts)
+            if sent:
+                self._dropping += 1  # its answer, when it comes, is read and dropped
+        else:
+            self.known.extend(answers)
+        return parts
+
     def _readied(self) -> bool:
-        """Whether the helper said it is ready, not waiting for it: until it is (its
-        interpreter and modules load), the blocks are checked here and not sent."""
+        """Whether the helper said it is ready, not waiting for it (unless :data:`WAIT`):
+        until it is (its interpreter and modules load), blocks are checked here."""
         if self._ready:
             return True
         assert self.proc is not None and self.proc.stdout is not None
-        poll = select.poll()
-        poll.register(self.proc.stdout.fileno(), select.POLLIN)
-        if poll.poll(None if WAIT_READY else 0):  # (readable, or closed: the helper went)
+        if self._waiting():
             if self.proc.stdout.read(1) == b"R":
                 self._ready = True
             else:
                 self._give_up("the helper did not start")
         return self._ready
 
-    def _answers(self, count: int) -> list[Known]:
-        """The helper's answers for the oldest block it has (``count`` lines), or None for
-        each when it cannot give them (it died, or answered out of turn)."""
+    def _waiting(self) -> bool:
+        """Whether the helper has written something (or closed its end) that is not read
+        yet: at once, or within :data:`STALL` under :data:`WAIT`."""
         proc = self.proc
-        if proc is None:
-            return [None] * count
-        assert proc.stdout is not None
+        assert proc is not None and proc.stdout is not None
+        poll = select.poll()
+        poll.register(proc.stdout.fileno(), select.POLLIN)
+        return bool(poll.poll(STALL * 1000 if WAIT else 0))  # (read unbuffered: nothing waits in a buffer)
+
+    def _answers(self) -> list[Known] | None:
+        """The answers for the oldest block the helper has, when they are there: those it
+        owes for blocks checked here meanwhile are read and dropped first. None when they
+        are not there yet, or the helper cannot give them (it died, answered out of turn:
+        it is given up)."""
+        while self.proc is not None and self._waiting():
+            frame = self._frame()
+            if frame is None or not self._dropping:
+                return frame
+            self._dropping -= 1
+        if WAIT and self.proc is not None:
+            self._give_up(f"no answer in {STALL:g} s")
+        return None
+
+    def _frame(self) -> list[Known] | None:
+        """Read the answers the helper owes first (None when it failed)."""
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None
+        count = self._owed.popleft()
         try:
-            poll = select.poll()
-            poll.register(proc.stdout.fileno(), select.POLLIN)
-            if not poll.poll(STALL * 1000):  # (the pipe is read unbuffered: nothing waits in a buffer)
-                raise OSError(f"no answer in {STALL:g} s")
-            head = _read_exactly(proc.stdout, _FRAME.size)
-            size, lines = _FRAME.unpack(head)
+            size, lines = _FRAME.unpack(_read_exactly(proc.stdout, _FRAME.size))
             if lines != count:
                 raise ValueError(f"the helper answered {lines} lines for a block of {count}")
             return decode_answers(_read_exactly(proc.stdout, size), count, self.objects)
         except (OSError, ValueError, EOFError, struct.error) as exc:
             self._give_up(f"the helper failed: {exc}")
-            return [None] * count
+            return None
 
 
 def _read_exactly(f: IO[bytes], n: int) -> bytes:
-    """``n`` bytes from the unbuffered pipe ``f`` (a read may give fewer)."""
+    """``n`` bytes from the unbuffered pipe ``f`` (a read may give fewer; the rest is
+    waited for :data:`STALL` at most)."""
     data = f.read(n)
     if data is not None and len(data) == n:
         return data
     pieces = [data or b""]
     got = len(pieces[0])
+    poll = select.poll()
+    poll.register(f.fileno(), select.POLLIN)
     while got < n:
+        if not poll.poll(STALL * 1000):
+            raise OSError(f"no answer in {STALL:g} s")
         more = f.read(n - got)
         if not more:
             raise EOFError("the helper's answers ended")
