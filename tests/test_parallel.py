@@ -179,7 +179,7 @@ def test_a_helper_that_dies_midway_leaves_the_verdict(forced, tmp_path, monkeypa
 ], ids=["cannot-start", "exits", "out-of-turn", "garbage"])
 def test_a_helper_that_fails_leaves_the_verdict(forced, tmp_path, monkeypatch, argv):
     helpers, counted = forced
-    monkeypatch.setattr(parallel, "command", lambda objects: argv)
+    monkeypatch.setattr(parallel, "command", lambda *_: argv)
     for path in _mutants(tmp_path)[:2]:
         assert _report(path, True) == _report(path, False)
     assert counted[0] == 0 and helpers[0].failed is not None
@@ -190,7 +190,7 @@ def test_a_helper_that_never_answers_is_given_up(forced, tmp_path, monkeypatch):
     """A helper alive but silent (stopped, starved): past ``STALL`` (here none at all) the
     pass checks the lines itself, and the helper is killed."""
     helpers, counted = forced
-    monkeypatch.setattr(parallel, "command", lambda objects: [
+    monkeypatch.setattr(parallel, "command", lambda *_: [
         sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'R'); sys.stdout.flush(); sys.stdin.buffer.read()"])
     real = parallel.LineHelper._readied
 
@@ -213,7 +213,7 @@ def test_the_reader_never_waits_for_a_helper_behind(forced, tmp_path, monkeypatc
     start, and the verdict is the same."""
     helpers, counted = forced
     monkeypatch.setattr(parallel, "WAIT", False)
-    monkeypatch.setattr(parallel, "command", lambda objects: [
+    monkeypatch.setattr(parallel, "command", lambda *_: [
         sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'R'); sys.stdout.flush(); sys.stdin.buffer.read()"])
     path = _mutants(tmp_path)[1]
     assert _report(path, True) == _report(path, False)
@@ -237,6 +237,27 @@ def test_answers_for_blocks_checked_here_are_dropped(forced, tmp_path, monkeypat
     for path in _mutants(tmp_path)[:4]:
         assert _report(path, True) == _report(path, False), path
     assert counted[0] > 200 and all(h.checked_here > 0 and h.failed is None for h in helpers[::2])
+
+
+def test_a_block_taken_here_is_skipped_by_the_helper(monkeypatch):
+    """A block this process took (its answer not there when its turn came, the helper not
+    begun on it) is skipped by the helper, which answers nothing for it; one it had begun
+    is not taken. (The helper stopped while the block is taken: no race.)"""
+    monkeypatch.setattr(parallel, "WAIT", True)
+    lines = [e.canonical_line()[:-1] for e in _entries(3)]
+    block = b"\n".join(lines)
+    with parallel.LineHelper() as helper:
+        assert helper._readied() and helper.proc is not None
+        helper.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert helper._send(block, 3) and helper._send(block, 3)
+            assert helper._take(0)
+        finally:
+            helper.proc.send_signal(signal.SIGCONT)
+        assert helper._frame() == [None, None, None]
+        answered = helper._frame()
+        assert answered is not None and all(k is not None for k in answered)
+        assert not helper._take(1)  # (begun: it answered)
 
 
 def test_a_pass_stopped_midway_ends_its_helper(forced, tmp_path):

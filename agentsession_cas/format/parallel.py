@@ -32,6 +32,7 @@ its input ends or a pipe breaks, so it never outlives this process's pass.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import select
 import signal
@@ -79,6 +80,12 @@ STALL = 60.0
 #: fcntl's F_SETPIPE_SZ (Linux; the module names it from Python 3.10 on).
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # (fcntl None: AttributeError where used)
 
+#: The claims both processes see, one byte a block sent (by its number, modulo the ring's
+#: size: far more than the blocks in flight): ``FREE`` as sent, ``BEGUN`` when the helper
+#: starts it, ``TAKEN`` when this process checks it itself, and the helper then skips it.
+_RING = 4096
+FREE, BEGUN, TAKEN = 0, 1, 2
+
 _FRAME = struct.Struct("<II")  # bytes, lines of a block sent; 0, lines of an answer
 _HASH_HEX = 64
 
@@ -113,9 +120,11 @@ def _cores() -> int:
 _BOOT = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); from agentsession_cas.format.parallel import main; sys.exit(main())"
 
 
-def command(objects: bool) -> list[str]:
-    """The helper's command line: this interpreter, in a process of its own."""
-    return [sys.executable, "-c", _BOOT, json.dumps(sys.path), *(["objects"] if objects else [])]
+def command(objects: bool, claims: int | None) -> list[str]:
+    """The helper's command line: this interpreter, in a process of its own (``claims``:
+    the descriptor of the claims it shares with this process, see :class:`LineHelper`)."""
+    return [sys.executable, "-c", _BOOT, json.dumps(sys.path), "-" if claims is None else str(claims),
+            *(["objects"] if objects else [])]
 
 
 #: What the helper answers of one line: None (check it yourself), or the content hash,
@@ -141,8 +150,10 @@ class LineHelper:
         self._sending: SimpleQueue[bytes | None] = SimpleQueue()
         self._writer: threading.Thread | None = None
         self._ready = False
-        #: The line counts of the blocks sent whose answers are not read, oldest first.
-        self._owed: deque[int] = deque()
+        #: The number and line count of each block sent whose answers are not read, oldest first.
+        self._owed: deque[tuple[int, int]] = deque()
+        self._sent = 0
+        self._claims: mmap.mmap | None = None
         #: How many of those were checked here meanwhile: their answers are dropped.
         self._dropping = 0
         #: Lines checked here, the helper running (not ready, or behind): a test reads it.
@@ -159,14 +170,20 @@ class LineHelper:
 
     def start(self) -> None:
         """Start the helper; if it cannot be, every line is checked here."""
+        fd = _shared(_RING)
         try:
+            if fd is not None:
+                self._claims = mmap.mmap(fd, _RING)
             self.proc = subprocess.Popen(
-                command(self.objects), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                close_fds=True, bufsize=0,
+                command(self.objects, fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                close_fds=True, pass_fds=() if fd is None else (fd,), bufsize=0,
             )
         except OSError as exc:
             self.failed = f"the helper could not start: {exc}"
             return
+        finally:
+            if fd is not None:
+                os.close(fd)  # (the map, and the helper, hold it)
         for pipe in (self.proc.stdin, self.proc.stdout):  # a block whole in each pipe, where allowed
             try:
                 fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
@@ -210,6 +227,9 @@ class LineHelper:
             self._writer.join()
         if proc.stdout is not None:
             proc.stdout.close()
+        if self._claims is not None:
+            self._claims.close()
+            self._claims = None
 
     def _give_up(self, why: str) -> None:
         if self.failed is None:
@@ -219,8 +239,7 @@ class LineHelper:
     def lines(self, blocks: Iterable[tuple[bytes, list[bytes]]]) -> Iterator[bytes]:
         """Each block's lines (``(the lines joined by LF, the lines)``), with their answers
         put in :attr:`known` before the block's first line comes. Blocks are read
-        :data:`AHEAD` ahead and sent to the helper as they are read (while it owes fewer
-        than that many answers); when a block's turn comes and its answer is not there
+        :data:`AHEAD` ahead and sent to the helper as they are read; when a block's turn comes and its answer is not there
         yet, its lines are checked here (None each) and the answer dropped when it comes:
         this process never waits for the helper, which only ever takes work off it."""
         window: deque[tuple[list[bytes], bool]] = deque()  # (lines, whether the helper has them), oldest first
@@ -233,11 +252,16 @@ class LineHelper:
         self._sending.put(None)
 
     def _send(self, joined: bytes, count: int) -> bool:
-        """Give the helper a block, when it is ready and owes fewer than :data:`AHEAD` answers."""
-        if self.proc is None or len(self._owed) >= AHEAD or not self._readied():
+        """Give the helper a block, when it is ready (and owes answers for no more than the
+        :data:`AHEAD` blocks read before this one)."""
+        if self.proc is None or len(self._owed) > AHEAD or not self._readied():
             return False
+        number = self._sent
+        self._sent += 1
+        if self._claims is not None:
+            self._claims[number % _RING] = FREE
         self._sending.put(_FRAME.pack(len(joined), count) + joined)  # (a copy: ~1 MB a block)
-        self._owed.append(count)
+        self._owed.append((number, count))
         return True
 
     def _passed(self, parts: list[bytes], sent: bool) -> list[bytes]:
@@ -257,41 +281,57 @@ class LineHelper:
         if self._ready:
             return True
         assert self.proc is not None and self.proc.stdout is not None
-        if self._waiting():
+        if self._waiting(STALL if WAIT else 0.0):
             if self.proc.stdout.read(1) == b"R":
                 self._ready = True
             else:
                 self._give_up("the helper did not start")
         return self._ready
 
-    def _waiting(self) -> bool:
-        """Whether the helper has written something (or closed its end) that is not read
-        yet: at once, or within :data:`STALL` under :data:`WAIT`."""
+    def _waiting(self, seconds: float) -> bool:
+        """Whether the helper has written something (or closed its end) not read yet, within
+        ``seconds`` (read unbuffered: nothing waits in a buffer)."""
         proc = self.proc
         assert proc is not None and proc.stdout is not None
         poll = select.poll()
         poll.register(proc.stdout.fileno(), select.POLLIN)
-        return bool(poll.poll(STALL * 1000 if WAIT else 0))  # (read unbuffered: nothing waits in a buffer)
+        return bool(poll.poll(seconds * 1000))
 
     def _answers(self) -> list[Known] | None:
-        """The answers for the oldest block the helper has, when they are there: those it
-        owes for blocks checked here meanwhile are read and dropped first. None when they
-        are not there yet, or the helper cannot give them (it died, answered out of turn:
-        it is given up)."""
-        while self.proc is not None and self._waiting():
+        """The answers for the oldest block the helper has (those it owes for blocks checked
+        here meanwhile read and dropped first), when they are there or it has begun the
+        block (then they are waited for). None when this process takes the block (the
+        helper has not begun it: it will skip it), or the helper cannot answer (it died,
+        answered out of turn, said nothing for :data:`STALL`: it is given up)."""
+        while self.proc is not None:
+            if not self._waiting(STALL if WAIT else 0.0):
+                if not WAIT and self._take(self._owed[self._dropping][0]):
+                    return None
+                if not self._waiting(STALL):
+                    self._give_up(f"no answer in {STALL:g} s")
+                    return None
             frame = self._frame()
             if frame is None or not self._dropping:
                 return frame
             self._dropping -= 1
-        if WAIT and self.proc is not None:
-            self._give_up(f"no answer in {STALL:g} s")
         return None
+
+    def _take(self, number: int) -> bool:
+        """Take block ``number`` to check here, unless the helper has begun it. (Both may
+        check it when they look at once: its answer is then dropped, as any taken block's.)"""
+        claims = self._claims
+        if claims is None:
+            return True
+        if claims[number % _RING] == BEGUN:
+            return False
+        claims[number % _RING] = TAKEN
+        return True
 
     def _frame(self) -> list[Known] | None:
         """Read the answers the helper owes first (None when it failed)."""
         proc = self.proc
         assert proc is not None and proc.stdout is not None
-        count = self._owed.popleft()
+        _, count = self._owed.popleft()
         try:
             size, lines = _FRAME.unpack(_read_exactly(proc.stdout, _FRAME.size))
             if lines != count:
@@ -300,6 +340,28 @@ class LineHelper:
         except (OSError, ValueError, EOFError, struct.error) as exc:
             self._give_up(f"the helper failed: {exc}")
             return None
+
+
+def _shared(size: int) -> int | None:
+    """A descriptor of ``size`` zero bytes of memory this process and a helper it starts can
+    both map (None where none can be had: the helper then never skips a block)."""
+    try:
+        fd = os.memfd_create("agentsession-claims") if hasattr(os, "memfd_create") else _unlinked()
+    except OSError:
+        return None
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _unlinked() -> int:  # pragma: no cover - Linux has memfd_create
+    import tempfile
+
+    with tempfile.TemporaryFile() as f:
+        return os.dup(f.fileno())
 
 
 def _read_exactly(f: IO[bytes], n: int) -> bytes:
@@ -406,6 +468,8 @@ def main() -> int:
     """The helper: blocks in, answers out, until its input ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
     objects = sys.argv[-1] == "objects"
+    claims = mmap.mmap(int(sys.argv[2]), _RING) if sys.argv[2] != "-" else None
+    number = 0
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     out.write(b"R")
     out.flush()
@@ -421,7 +485,13 @@ def main() -> int:
             parts = block.split(b"\n")
             if len(parts) != lines:
                 return 1
-            payload = encode_answers([answer(raw, objects) for raw in parts])
+            slot, number = number % _RING, number + 1
+            if claims is not None and claims[slot] == TAKEN:
+                payload = encode_answers([None] * lines)  # the reader checks this block itself
+            else:
+                if claims is not None:
+                    claims[slot] = BEGUN
+                payload = encode_answers([answer(raw, objects) for raw in parts])
             try:
                 out.write(_FRAME.pack(len(payload), lines) + payload)
                 out.flush()
