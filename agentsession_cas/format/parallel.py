@@ -11,22 +11,28 @@ rules. For each line the helper answers one of two things:
 
 * **clean**: it parsed as a JSON object proven in canonical form, ``check_line`` found
   nothing wrong, so its ``id`` is the hash of its members; the helper sends the content
-  hash, and where the ``item`` object's bytes lie in the line (the request hashes take
-  them), which this process uses instead of hashing again;
+  hash, where the ``item`` object's bytes lie in the line (the request hashes take
+  them) and, for an import, the entry's two objects, which this process uses instead of
+  hashing again;
 * **anything else** (a problem, a form not proven canonical, an ``item`` whose bytes
   are not found once in the line): this process runs today's line rules on that line
   itself, so every problem is found, worded and ordered exactly as in one process.
 
-The helper is only ever an accelerator: when it cannot be started, dies, is killed or
-answers out of turn, the lines it did not answer are checked here, and the verdict is
-the one-process verdict by construction. Small files, a machine with one core for this
-process, standard input (no file) and ``AGENTSESSION_VERIFY_PROCESSES=1`` stay in one
-process (:func:`wanted`).
+The helper is only ever an accelerator, and this process never waits for it: blocks
+are read a few ahead and sent as they are read; when a block's turn comes and its
+answers are not there (the helper still starting, or behind on a loaded machine), this
+process takes the block and checks it itself, unless the helper has begun it (a byte a
+block in memory both map says which: the helper skips a block taken, so it gets ahead
+again rather than answering for nothing). When the helper cannot be started, dies, is
+killed or answers out of turn, the lines it did not answer are checked here. Either
+way the verdict is the one-process verdict by construction. Small files, a machine
+with one core for this process, standard input (no file) and
+``AGENTSESSION_VERIFY_PROCESSES=1`` stay in one process (:func:`wanted`).
 
-The helper is a fresh interpreter (``python -m agentsession_cas.format.parallel``),
-never a fork of this process, which may be a server with threads running. It ignores
-Ctrl-C (the process it serves decides; its stdin closing ends it), and it exits when
-its input ends or a pipe breaks, so it never outlives this process's pass.
+The helper is a fresh interpreter (:func:`command`), never a fork of this process,
+which may be a server with threads running. It ignores Ctrl-C (the process it serves
+decides), and it exits when its input ends or a pipe breaks; this process kills and
+reaps it when the pass ends, however it ends, so it never outlives the pass.
 """
 
 from __future__ import annotations
@@ -86,7 +92,7 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # (fcntl None: AttributeEr
 _RING = 4096
 FREE, BEGUN, TAKEN = 0, 1, 2
 
-_FRAME = struct.Struct("<II")  # bytes, lines of a block sent; 0, lines of an answer
+_FRAME = struct.Struct("<II")  # a frame's bytes after this head, and the lines it is of (a block, or its answers)
 _HASH_HEX = 64
 
 
