@@ -260,6 +260,36 @@ def test_a_block_taken_here_is_skipped_by_the_helper(monkeypatch):
         assert not helper._take(1)  # (begun: it answered)
 
 
+def test_the_two_process_pass_holds_its_window_not_the_file(forced, tmp_path):
+    """With the helper, the pass holds what test_streaming holds it to in one process, and
+    the blocks read ahead (a bound: a few blocks, here of one line each): doubling a linear
+    session moves the reader's peak (tracemalloc) by a small part of the bytes added."""
+    import tracemalloc
+
+    helpers, counted = forced
+    peaks, sizes = [], []
+    for n in (400, 800):
+        lines = [Header.new(f"linear{n}").canonical_line()]
+        parent = None
+        for i in range(n):
+            e = make_entry("item", parent, ts="2026-01-01T00:00:00Z",
+                           item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"{i} " + "y" * 8_000}]})
+            lines.append(e.canonical_line())
+            parent = e.id
+        path = tmp_path / f"linear{n}.jsonl"
+        path.write_bytes(b"".join(lines))
+        tracemalloc.start()
+        try:
+            report = reader.verify_file(path, processes=True)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert report.ok and report.entries == n
+        sizes.append(path.stat().st_size)
+    assert counted[0] > 1000
+    assert peaks[1] - peaks[0] < (sizes[1] - sizes[0]) / 4, (peaks, sizes)
+
+
 def test_a_pass_stopped_midway_ends_its_helper(forced, tmp_path):
     """Ctrl-C (or any error) in the middle of a pass: the helper is killed and reaped."""
     helpers, _ = forced

@@ -100,8 +100,9 @@ def wanted(size: int, parallel: bool | None) -> bool:
     """Whether a verify of a file of ``size`` bytes takes the helper: ``parallel`` when the
     caller says (True or False), else the environment's word, else a file of at least
     :data:`MIN_BYTES` on a machine that gives this process two cores or more. Never off
-    POSIX (the helper's pipes are polled)."""
-    if not hasattr(select, "poll"):  # pragma: no cover - not a POSIX system
+    POSIX (the helper's pipes are polled), nor in an interpreter that cannot name itself
+    (embedded: no ``sys.executable`` to start the helper with)."""
+    if not hasattr(select, "poll") or not sys.executable:  # pragma: no cover - not POSIX, or embedded
         return False
     if parallel is not None:
         return parallel
@@ -153,7 +154,7 @@ class LineHelper:
         self.objects = objects
         self.known: deque[Known] = deque()
         self.proc: subprocess.Popen[bytes] | None = None
-        self._sending: SimpleQueue[bytes | None] = SimpleQueue()
+        self._sending: SimpleQueue[tuple[bytes, bytes] | None] = SimpleQueue()
         self._writer: threading.Thread | None = None
         self._ready = False
         #: The number and line count of each block sent whose answers are not read, oldest first.
@@ -205,12 +206,13 @@ class LineHelper:
         out = self.proc.stdin
         try:
             while True:
-                data = self._sending.get()
-                if data is None:
+                frame = self._sending.get()
+                if frame is None:
                     break
-                view = memoryview(data)
-                while view:
-                    view = view[out.write(view) or 0 :]
+                for data in frame:  # (the head, then the block: not joined, which would copy it)
+                    view = memoryview(data)
+                    while view:
+                        view = view[out.write(view) or 0 :]
         except (OSError, ValueError):  # the helper went: what it did not answer is checked here
             pass
         finally:
@@ -266,7 +268,7 @@ class LineHelper:
         self._sent += 1
         if self._claims is not None:
             self._claims[number % _RING] = FREE
-        self._sending.put(_FRAME.pack(len(joined), count) + joined)  # (a copy: ~1 MB a block)
+        self._sending.put((_FRAME.pack(len(joined), count), joined))
         self._owed.append((number, count))
         return True
 
