@@ -269,15 +269,8 @@ def test_the_two_process_pass_holds_its_window_not_the_file(forced, tmp_path):
     helpers, counted = forced
     peaks, sizes = [], []
     for n in (400, 800):
-        lines = [Header.new(f"linear{n}").canonical_line()]
-        parent = None
-        for i in range(n):
-            e = make_entry("item", parent, ts="2026-01-01T00:00:00Z",
-                           item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"{i} " + "y" * 8_000}]})
-            lines.append(e.canonical_line())
-            parent = e.id
         path = tmp_path / f"linear{n}.jsonl"
-        path.write_bytes(b"".join(lines))
+        path.write_bytes(Header.new(f"linear{n}").canonical_line() + b"".join(e.canonical_line() for e in _entries(n, 8_000)))
         tracemalloc.start()
         try:
             report = reader.verify_file(path, processes=True)
@@ -318,11 +311,13 @@ def test_the_helper_ignores_ctrl_c(tmp_path, monkeypatch):
         assert got == lines and all(k is not None for k in helper.known) and helper.failed is None
 
 
-def _entries(n: int):
+def _entries(n: int, pad: int = 0):
+    """A linear session's ``n`` user messages (each text padded by ``pad`` bytes)."""
     out, parent = [], None
     for i in range(n):
+        text = f"t{i} " + "y" * pad
         e = make_entry("item", parent, ts="2026-01-01T00:00:00Z",
-                       item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"t{i}"}]})
+                       item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
         out.append(e)
         parent = e.id
     return out
