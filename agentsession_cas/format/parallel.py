@@ -247,9 +247,9 @@ class LineHelper:
     def lines(self, blocks: Iterable[tuple[bytes, list[bytes]]]) -> Iterator[bytes]:
         """Each block's lines (``(the lines joined by LF, the lines)``), with their answers
         put in :attr:`known` before the block's first line comes. Blocks are read
-        :data:`AHEAD` ahead and sent to the helper as they are read; when a block's turn comes and its answer is not there
-        yet, its lines are checked here (None each) and the answer dropped when it comes:
-        this process never waits for the helper, which only ever takes work off it."""
+        :data:`AHEAD` ahead and sent to the helper as they are read; when a block's turn
+        comes and its answer is not there yet, its lines are checked here (None each),
+        unless the helper has begun it: this process does not wait for a helper behind."""
         window: deque[tuple[list[bytes], bool]] = deque()  # (lines, whether the helper has them), oldest first
         for joined, parts in blocks:
             window.append((parts, self._send(joined, len(parts))))
@@ -273,6 +273,7 @@ class LineHelper:
         return True
 
     def _passed(self, parts: list[bytes], sent: bool) -> list[bytes]:
+        """A block's lines, its answers (or None for each) put in :attr:`known`."""
         answers = self._answers() if sent else None
         if answers is None:
             self.known.extend([None] * len(parts))
@@ -315,7 +316,7 @@ class LineHelper:
             if not self._waiting(STALL if WAIT else 0.0):
                 if not WAIT and self._take(self._owed[self._dropping][0]):
                     return None
-                if not self._waiting(STALL):
+                if WAIT or not self._waiting(STALL):  # (the helper began it: waited for)
                     self._give_up(f"no answer in {STALL:g} s")
                     return None
             frame = self._frame()
