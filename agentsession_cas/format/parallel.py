@@ -45,11 +45,10 @@ import signal
 import struct
 import subprocess
 import sys
-import threading
+import time
 from array import array
 from collections import deque
 from collections.abc import Iterable, Iterator
-from queue import SimpleQueue
 from typing import IO
 
 try:
@@ -154,8 +153,10 @@ class LineHelper:
         self.objects = objects
         self.known: deque[Known] = deque()
         self.proc: subprocess.Popen[bytes] | None = None
-        self._sending: SimpleQueue[tuple[bytes, bytes] | None] = SimpleQueue()
-        self._writer: threading.Thread | None = None
+        #: What is sent but not yet written: the pipe is written without blocking, a piece
+        #: at a time as it has room (no thread: under load, a thread's turns at the
+        #: interpreter lock would hold this process up).
+        self._unwritten: deque[memoryview] = deque()
         self._ready = False
         #: The number and line count of each block sent whose answers are not read, oldest first.
         self._owed: deque[tuple[int, int]] = deque()
@@ -196,30 +197,28 @@ class LineHelper:
                 fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
             except (OSError, AttributeError):
                 pass
-        # Writes go through a thread: a block is larger than a pipe holds, and this
-        # process must not wait for the helper to read one before it checks the next.
-        self._writer = threading.Thread(target=self._write, name="agentsession-line-helper", daemon=True)
-        self._writer.start()
+        assert self.proc.stdin is not None
+        os.set_blocking(self.proc.stdin.fileno(), False)
 
     def _write(self) -> None:
-        assert self.proc is not None and self.proc.stdin is not None
-        out = self.proc.stdin
+        """Write what the pipe has room for of what is sent, at once (see :attr:`_unwritten`)."""
+        proc, unwritten = self.proc, self._unwritten
+        if proc is None or not unwritten:
+            return
+        assert proc.stdin is not None
+        fd = proc.stdin.fileno()
         try:
-            while True:
-                frame = self._sending.get()
-                if frame is None:
-                    break
-                for data in frame:  # (the head, then the block: not joined, which would copy it)
-                    view = memoryview(data)
-                    while view:
-                        view = view[out.write(view) or 0 :]
-        except (OSError, ValueError):  # the helper went: what it did not answer is checked here
-            pass
-        finally:
-            try:
-                out.close()
-            except OSError:
-                pass
+            while unwritten:
+                view = unwritten[0]
+                n = os.write(fd, view)
+                if n < len(view):
+                    unwritten[0] = view[n:]
+                    return
+                unwritten.popleft()
+        except BlockingIOError:
+            return
+        except OSError as exc:  # the helper went: what it did not answer is checked here
+            self._give_up(f"the helper's input broke: {exc}")
 
     def close(self) -> None:
         """End the helper (at once: its answers are no longer needed) and reap it."""
@@ -227,14 +226,16 @@ class LineHelper:
         if proc is None:
             return
         self.proc = None
-        self._sending.put(None)
+        self._unwritten.clear()
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-        if self._writer is not None:
-            self._writer.join()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:  # (unwritten bytes to a pipe the helper no longer reads)
+                    pass
         if self._claims is not None:
             self._claims.close()
             self._claims = None
@@ -257,7 +258,6 @@ class LineHelper:
                 yield from self._passed(*window.popleft())
         while window:
             yield from self._passed(*window.popleft())
-        self._sending.put(None)
 
     def _send(self, joined: bytes, count: int) -> bool:
         """Give the helper a block, when it is ready (and owes answers for no more than the
@@ -268,12 +268,15 @@ class LineHelper:
         self._sent += 1
         if self._claims is not None:
             self._claims[number % _RING] = FREE
-        self._sending.put((_FRAME.pack(len(joined), count), joined))
+        self._unwritten.append(memoryview(_FRAME.pack(len(joined), count)))
+        self._unwritten.append(memoryview(joined))
         self._owed.append((number, count))
+        self._write()
         return True
 
     def _passed(self, parts: list[bytes], sent: bool) -> list[bytes]:
         """A block's lines, its answers (or None for each) put in :attr:`known`."""
+        self._write()
         answers = self._answers() if sent else None
         if answers is None:
             self.known.extend([None] * len(parts))
@@ -299,12 +302,27 @@ class LineHelper:
 
     def _waiting(self, seconds: float) -> bool:
         """Whether the helper has written something (or closed its end) not read yet, within
-        ``seconds`` (read unbuffered: nothing waits in a buffer)."""
+        ``seconds`` (read unbuffered: nothing waits in a buffer); what is sent is written
+        meanwhile as the pipe has room, since the helper may need it to answer."""
         proc = self.proc
-        assert proc is not None and proc.stdout is not None
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        out, into = proc.stdout.fileno(), proc.stdin.fileno()
         poll = select.poll()
-        poll.register(proc.stdout.fileno(), select.POLLIN)
-        return bool(poll.poll(seconds * 1000))
+        poll.register(out, select.POLLIN)
+        deadline = time.monotonic() + seconds
+        while True:
+            poll.register(into, select.POLLOUT if self._unwritten else 0)  # (0: a closed end still shows)
+            events = poll.poll(max(0.0, deadline - time.monotonic()) * 1000)
+            if not events:
+                return False
+            if any(fd == out for fd, _ in events):
+                return True
+            if any(flags & (select.POLLERR | select.POLLHUP) for _, flags in events):
+                self._give_up("the helper closed its input")
+                return False
+            self._write()
+            if self.proc is None:  # (its input broke: given up)
+                return False
 
     def _answers(self) -> list[Known] | None:
         """The answers for the oldest block the helper has (those it owes for blocks checked
