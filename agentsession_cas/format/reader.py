@@ -26,8 +26,10 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import field
-from itertools import accumulate
+from itertools import accumulate, chain
 from typing import Any, BinaryIO
+
+import orjson
 
 from ..errors import (
     AgentSessionError,
@@ -37,6 +39,7 @@ from ..errors import (
 )
 from ..lean import dataclass
 from ..progress import Progress, reported
+from . import parallel
 from .canonical import loads_canonical, loads_flagged
 from .entry import Entry, Header
 from .hashing import entry_hashes
@@ -47,6 +50,7 @@ from .rules import (
     TreeState,
     VerifyReport,
     check_line,
+    clean_entry,
     gc_paused,
     line_failure,
     problem,
@@ -58,6 +62,8 @@ from .tree import Tree
 
 #: The bytes a streamed verify reads at a time (its lines split from them).
 _BLOCK = 1 << 20
+
+_orjson_loads = orjson.loads
 
 __all__ = ["CORE_TYPES", "SessionFile", "file_header", "gc_paused", "read_session", "read_session_bytes", "split_lines", "verify_bytes", "verify_file", "verify_lines"]
 
@@ -213,7 +219,8 @@ def _first_line(f: BinaryIO, name: str) -> tuple[bytes, Header]:
 
 
 def verify_file(
-    path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | None = None, progress: Progress | None = None
+    path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | None = None, progress: Progress | None = None,
+    processes: bool | None = None,
 ) -> VerifyReport:
     """What ``agentsession verify FILE`` reports (:func:`~agentsession_cas.format.rules.verify_session`
     of the file as read), in one pass over the file read line by line: each line through
@@ -231,7 +238,13 @@ def verify_file(
 
     Raises ``OSError`` when the file cannot be read and :class:`SessionFormatError` when
     its first line is no usable header. ``progress(bytes read, file size)`` is called as
-    the file is read (:mod:`agentsession_cas.progress`)."""
+    the file is read (:mod:`agentsession_cas.progress`).
+
+    ``processes``: whether the line rules run in a helper process, on another core, as
+    this one runs the rest (:mod:`~agentsession_cas.format.parallel`; the report is the
+    same either way): True or False as said, None (the default) as
+    :func:`~agentsession_cas.format.parallel.wanted` decides (a large file, two cores,
+    ``AGENTSESSION_VERIFY_PROCESSES`` not ``1``)."""
     name = _session_file(path)
     with open(name, "rb") as f:
         first, header = _first_line(f, name)
@@ -248,8 +261,9 @@ def verify_file(
         fd = f.fileno()
         size = os.fstat(fd).st_size
 
-        def lines() -> Iterator[bytes]:
+        def blocks() -> Iterator[tuple[bytes, list[bytes]]]:
             # Read in blocks and split: per line, only C (the split, lengths, offsets).
+            # Each block comes whole (its lines joined, for the helper) and split.
             pos = len(first)
             pieces: list[bytes] = []  # the line begun at the end of the blocks read so far
             while True:
@@ -261,7 +275,8 @@ def verify_file(
                     pieces.append(block)
                     continue
                 pieces.append(block[:cut])
-                parts = b"".join(pieces).split(b"\n")
+                joined = b"".join(pieces)
+                parts = joined.split(b"\n")
                 pieces = [block[cut + 1 :]]
                 lengths = list(map(len, parts))
                 sizes.extend(lengths)
@@ -270,14 +285,14 @@ def verify_file(
                 starts.extend(offsets)
                 if progress is not None:
                     progress(pos, max(size, pos))
-                yield from parts
-                del parts
+                yield joined, parts
+                del parts, joined
             last = b"".join(pieces)
             if last:  # the last line, with no LF after it
                 starts.append(pos)
                 sizes.append(len(last))
                 pos += len(last)
-                yield last
+                yield last, [last]
             if progress is not None:
                 progress(pos, max(size, pos))
 
@@ -317,7 +332,13 @@ def verify_file(
             assert isinstance(obj, dict)
             return obj
 
-        return _verify(name, header, lines(), PathChecker(header, loader=load), where, on_entry, _Parking(wake), misstated)
+        checker = PathChecker(header, loader=load)
+        if not parallel.wanted(size, processes):
+            lines = chain.from_iterable(parts for _, parts in blocks())
+            return _verify(name, header, lines, checker, where, on_entry, _Parking(wake), misstated)
+        with parallel.LineHelper(objects=on_entry is not None) as helper:
+            return _verify(name, header, helper.lines(blocks()), checker, where, on_entry, _Parking(wake), misstated,
+                           helper.known)
 
 
 def verify_bytes(data: bytes, *, source: str = "<bytes>", progress: Progress | None = None) -> VerifyReport:
@@ -417,11 +438,11 @@ class _Parking:
 def _verify(
     source: str, header: Header, lines: Iterable[bytes], checker: PathChecker, where: dict[str, int] | None,
     on_entry: Callable[[Entry], None] | None = None, parking: _Parking | None = None,
-    misstated: dict[str, str] | None = None,
+    misstated: dict[str, str] | None = None, known: deque[parallel.Known] | None = None,
 ) -> VerifyReport:
     with gc_paused():
         reader = _Reader(source, header, lines, checker=checker, keep_entries=False, where=where, on_entry=on_entry,
-                         parking=parking, misstated=misstated)
+                         parking=parking, misstated=misstated, known=known)
         sf = reader.run()
         checker.finish()
     return verify_report(source, header, reader.count, sf.migrated, sf.all_problems(), sf.unresolved, checker, reader.links)
@@ -445,8 +466,11 @@ class _Reader:
         on_entry: Callable[[Entry], None] | None = None,
         parking: _Parking | None = None,
         misstated: dict[str, str] | None = None,
+        known: deque[parallel.Known] | None = None,
     ):
         self.parking = parking
+        #: What a helper process found of each line, taken one a line (see parallel.LineHelper).
+        self.known = known
         #: id -> computed id of each entry held under an id its members do not hash to.
         self.misstated = misstated if misstated is not None else {}
         self.keep_objects = keep_objects
@@ -467,15 +491,27 @@ class _Reader:
         #: The own ``link`` entries (after the base), kept when the entries are not.
         self.links: list[Entry] = []
 
-    def parsed_objects(self) -> Iterator[tuple[int, dict, bool, bytes | None, int]]:
+    def parsed_objects(self) -> Iterator[tuple[int, dict, bool, bytes | None, int, Entry | None]]:
         """Parse every entry line, reporting those that do not parse (the last line of the
         file may be cut short: one line is read ahead to know which is last). Each comes
-        with its bytes when they are proven its canonical form (else None), and its length."""
+        with its bytes when they are proven its canonical form (else None), its length,
+        and its entry when a helper process checked the line and found it clean (else
+        None: the line rules are to be applied)."""
         it = iter(self.lines)
         raw = next(it, None)
         lineno = 1
+        known = self.known
         while raw is not None:
             lineno += 1
+            if known is not None:
+                k = known.popleft()  # (before the next line is read: its block's answers follow)
+                if k is not None:
+                    chash, start, end, objects = k
+                    obj = _orjson_loads(raw)
+                    entry = clean_entry(obj, chash, line=lineno, item_bytes=raw[start:end] if end else None, objects=objects)
+                    yield lineno, obj, False, raw, len(raw), entry
+                    raw = next(it, None)
+                    continue
             following = next(it, None)
             # parse_line's work, with its fast path: a bulk read calls it per line
             try:
@@ -488,7 +524,7 @@ class _Reader:
                 self._failed(raw, None, lineno, following is None)
                 raw = following
                 continue
-            yield lineno, obj, careful, raw if canonical else None, len(raw)
+            yield lineno, obj, careful, raw if canonical else None, len(raw), None
             raw = following
 
     def _failed(self, raw: bytes, exc: Exception | None, lineno: int, last: bool) -> None:
@@ -522,8 +558,11 @@ class _Reader:
         drop_objects = checker is not None and not self.keep_objects
         add = tree.add
         count = 0
-        for lineno, obj, careful, raw, size in objects:
-            entry, found = check_line(obj, line=lineno, careful=careful, keep_objects=keep, migrated=migrated, raw=raw)
+        for lineno, obj, careful, raw, size, entry in objects:
+            if entry is None:
+                entry, found = check_line(obj, line=lineno, careful=careful, keep_objects=keep, migrated=migrated, raw=raw)
+            else:
+                found = []
             if found:
                 problems.extend(found)
                 for claim in unloaded_claims(obj, entry):
@@ -567,13 +606,13 @@ class _Reader:
         )
 
     def _migrated(
-        self, objects: Iterator[tuple[int, dict, bool, bytes | None, int]]
-    ) -> Iterator[tuple[int, dict, bool, bytes | None, int]]:
+        self, objects: Iterator[tuple[int, dict, bool, bytes | None, int, Entry | None]]
+    ) -> Iterator[tuple[int, dict, bool, bytes | None, int, Entry | None]]:
         assigned: dict[str, str] = {}
-        for lineno, obj, careful, _, size in objects:
+        for lineno, obj, careful, _, size, _ in objects:
             new, notes = migrate_entry(obj, lineno, assigned, self.header.id)
             self.unresolved.extend(notes)
             old = obj.get("id")
             if isinstance(old, str) and "id" in new:
                 assigned.setdefault(old, new["id"])
-            yield lineno, new, careful, None, size  # a migrated object is not its line
+            yield lineno, new, careful, None, size, None  # a migrated object is not its line

@@ -77,6 +77,7 @@ __all__ = [
     "describe_json_error",
     "unloaded_claims",
     "check_line",
+    "clean_entry",
     "TreeState",
     "PathChecker",
     "SessionChecker",
@@ -318,12 +319,30 @@ def check_line(
     ):
         for lack in _required(type_, obj):
             out.append(problem(line, "missing-member", lack, stated if isinstance(stated, str) else computed))
+    return _entry(obj, computed, chash, line, careful, objects, item_bytes if objects is not None else None), out
+
+
+def _entry(
+    obj: dict[str, Any], computed: str, chash: str, line: int | None, careful: bool | None,
+    objects: tuple[bytes, bytes] | None, item_bytes: bytes | None,
+) -> Entry:
     entry = Entry(obj, computed_id=computed, content_hash=chash, line=line)
     entry.careful = careful  # the parse's flag, so a later serialisation skips the scan
     entry.objects = objects
-    if objects is not None:
-        entry.item_bytes = item_bytes
-    return entry, out
+    entry.item_bytes = item_bytes
+    return entry
+
+
+def clean_entry(
+    obj: dict[str, Any], content_hash: str, *, line: int, item_bytes: bytes | None,
+    objects: tuple[bytes, bytes] | None = None,
+) -> Entry:
+    """The entry :func:`check_line` makes of a line it finds nothing wrong with, parsed from
+    bytes proven canonical (``careful`` False), when that check was run elsewhere (the
+    helper process of :mod:`~agentsession_cas.format.parallel`, which gave the content
+    hash, the item's bytes and, for an import, the two objects): its id is then the hash
+    of its members."""
+    return _entry(obj, obj["id"], content_hash, line, False, objects, item_bytes)
 
 
 # ---------------------------------------------------------------------------

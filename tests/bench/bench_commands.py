@@ -16,7 +16,13 @@ child's peak resident memory (``ru_maxrss``):
 The baseline is measured in the same run, in this process: every line of the file
 decoded and handed to ``json.loads``, the objects kept (``bench_verify.baseline``).
 Targets (issue 11): export <= 1.5x the baseline, verify <= 2.5x, import <= 2.5x, show
-<= 2x export, and each command's peak memory <= 1.5x the file's size. Each is printed
+<= 2x export, and each command's peak memory <= 1.5x the file's size. The time targets
+are judged on wall time, what a user waits: on two cores or more, verify and import hand
+the line rules to a helper process (``format/parallel.py``), whose CPU time adds to the
+command's (the launcher's ``RUSAGE_CHILDREN`` counts both, and takes the larger peak),
+so the CPU ratio, also printed, measures the work done, which that split grows by about
+the parse the helper repeats. ``--one-process`` times verify and import a second time
+with ``AGENTSESSION_VERIFY_PROCESSES=1``, in the same run, for the comparison. Each is printed
 beside its figure with ``MET`` or ``NOT MET``; the exit status is 0 whatever is met,
 1 when the session does not verify or an export differs from the file, 2 on bad arguments.
 
@@ -84,9 +90,11 @@ def compile_packages() -> None:
                        check=True, stdout=subprocess.DEVNULL, env=_ENV)
 
 
-def run(argv: list[str], *, stdout: int | None = subprocess.DEVNULL) -> tuple[float, int, int, float]:
+def run(
+    argv: list[str], *, stdout: int | None = subprocess.DEVNULL, env: dict[str, str] | None = None
+) -> tuple[float, int, int, float]:
     """(wall seconds, exit status, peak resident bytes, CPU seconds) of one run of ``argv``."""
-    proc = subprocess.run([sys.executable, "-c", _LAUNCH, *argv], stdout=stdout, stderr=subprocess.PIPE, env=_ENV)
+    proc = subprocess.run([sys.executable, "-c", _LAUNCH, *argv], stdout=stdout, stderr=subprocess.PIPE, env=env or _ENV)
     err = proc.stderr.decode("utf-8", "replace")
     head, _, last = err.rstrip().rpartition("\nBENCH ")
     dt, rc, maxrss, cpu = last.split()
@@ -95,14 +103,14 @@ def run(argv: list[str], *, stdout: int | None = subprocess.DEVNULL) -> tuple[fl
     return float(dt), int(rc), int(maxrss) * 1024, float(cpu)
 
 
-def best(argv: list[str], repeat: int, before=None) -> tuple[float, int, int, float]:
+def best(argv: list[str], repeat: int, before=None, env: dict[str, str] | None = None) -> tuple[float, int, int, float]:
     """The least wall time, the largest peak memory and the least CPU time over ``repeat``
     runs (``before`` runs untimed ahead of each); the exit status of the last."""
     t_best, peak, rc, cpu_best = float("inf"), 0, 0, float("inf")
     for _ in range(repeat):
         if before is not None:
             before()
-        dt, rc, mem, cpu = run(argv)
+        dt, rc, mem, cpu = run(argv, env=env)
         t_best, peak, cpu_best = min(t_best, dt), max(peak, mem), min(cpu_best, cpu)
     return t_best, rc, peak, cpu_best
 
@@ -130,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(COMMANDS), metavar="NAMES",
                     help=f"the commands to time, comma-separated, of {','.join(COMMANDS)} (default all): on a shared "
                          "machine, a full-size run of only what is being worked on")
+    ap.add_argument("--one-process", action="store_true",
+                    help="also time verify and import with AGENTSESSION_VERIFY_PROCESSES=1 (no helper process)")
     args = ap.parse_args(argv)
     only = [name.strip() for name in args.only.split(",") if name.strip()]
     if not only or any(name not in COMMANDS for name in only):
@@ -174,15 +184,20 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(stores, ignore_errors=True)
             subprocess.run([exe, "--store", stores, "init"], check=True, stdout=subprocess.DEVNULL)
 
-        verify = imp = export = show = None
+        verify = imp = export = show = verify1 = imp1 = None
+        one = {**_ENV, "AGENTSESSION_VERIFY_PROCESSES": "1"}
         if "verify" in only:
             verify = best([exe, "verify", path], repeat)
-            if verify[1] != 0:
+            if args.one_process:
+                verify1 = best([exe, "verify", path], repeat, env=one)
+            if verify[1] != 0 or (verify1 is not None and verify1[1] != 0):
                 print("INVALID: agentsession verify of the generated session failed")
                 return 1
         if "import" in only:
             imp = best([exe, "--store", stores, "import", path], repeat, before=fresh_store)
-            if imp[1] != 0:
+            if args.one_process:
+                imp1 = best([exe, "--store", stores, "import", path], repeat, before=fresh_store, env=one)
+            if imp[1] != 0 or (imp1 is not None and imp1[1] != 0):
                 print("INVALID: agentsession import of the generated session failed")
                 return 1
         elif "export" in only or "show" in only:
@@ -212,22 +227,26 @@ def main(argv: list[str] | None = None) -> int:
             met_t, met_m = ratio <= target, mem <= TARGET_MEMORY
             results.append((f"{name} time", met_t))
             results.append((f"{name} memory", met_m))
-            print(f"  {name:<8} {t * 1000:9.1f} ms  {ratio:5.2f}x {against_name:<10} (target <= {target:.1f}x: "
+            print(f"  {name:<9} {t * 1000:9.1f} ms  {ratio:5.2f}x {against_name:<10} (target <= {target:.1f}x: "
                   f"{'MET' if met_t else 'NOT MET'})   peak {peak / 1e6:7.1f} MB = {mem:4.2f}x the file "
                   f"(target <= {TARGET_MEMORY:.1f}x: {'MET' if met_m else 'NOT MET'})  exit {rc}")
             # On a shared machine the wall times carry other work's load: CPU time against the
             # baseline's CPU time is the steadier ratio; and what a bigger session makes of it
             # shows with the fixed start-up (--version's) set aside.
             cpu_against = base_cpu if against is base_s else export[3]
-            print(f"  {'':<8} CPU {cpu * 1000:9.1f} ms  {cpu / cpu_against:5.2f}x the same in CPU time"
+            print(f"  {'':<9} CPU {cpu * 1000:9.1f} ms  {cpu / cpu_against:5.2f}x the same in CPU time"
                   + (f", {(cpu - version[3]) / cpu_against:5.2f}x less --version's start-up" if against is base_s else ""))
 
         if export is not None:
             row("export", export, base_s, "bare parse", TARGET_EXPORT)
         if verify is not None:
             row("verify", verify, base_s, "bare parse", TARGET_VERIFY)
+        if verify1 is not None:
+            row("verify/1p", verify1, base_s, "bare parse", TARGET_VERIFY)
         if imp is not None:
             row("import", imp, base_s, "bare parse", TARGET_IMPORT)
+        if imp1 is not None:
+            row("import/1p", imp1, base_s, "bare parse", TARGET_IMPORT)
         if show is not None and export is not None:
             row("show", show, export[0], "export", TARGET_SHOW)
         if export is not None:

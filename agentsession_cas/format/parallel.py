@@ -1,0 +1,530 @@
+"""The line rules of a streamed verify on a second core (issue 11: verify and import of a
+large file near the cost of a bare parse).
+
+A streamed verify (:func:`~agentsession_cas.format.reader.verify_file`) does two kinds of
+work: what :func:`~agentsession_cas.format.rules.check_line` decides about each line on
+its own (I-JSON, canonical form, ``ts``, reserved members, the two hashes), and the
+rules that need the lines in order (tree, records, context). The first kind is handed
+here to a helper process, fed the very bytes this process reads (through a pipe, so the
+two cannot read different files), while this process parses and runs the sequential
+rules. For each line the helper answers one of two things:
+
+* **clean**: it parsed as a JSON object proven in canonical form, ``check_line`` found
+  nothing wrong, so its ``id`` is the hash of its members; the helper sends the content
+  hash, where the ``item`` object's bytes lie in the line (the request hashes take
+  them) and, for an import, the entry's two objects, which this process uses instead of
+  hashing again;
+* **anything else** (a problem, a form not proven canonical, an ``item`` whose bytes
+  are not found once in the line): this process runs today's line rules on that line
+  itself, so every problem is found, worded and ordered exactly as in one process.
+
+The helper is only ever an accelerator, and this process never waits for it: blocks
+are read a few ahead and sent as they are read; when a block's turn comes and its
+answers are not there (the helper still starting, or behind on a loaded machine), this
+process takes the block and checks it itself, unless the helper has begun it (a byte a
+block in memory both map says which: the helper skips a block taken, so it gets ahead
+again rather than answering for nothing). When the helper cannot be started, dies, is
+killed or answers out of turn, the lines it did not answer are checked here. Either
+way the verdict is the one-process verdict by construction. Small files, a machine
+with one core for this process, standard input (no file) and
+``AGENTSESSION_VERIFY_PROCESSES=1`` stay in one process (:func:`wanted`).
+
+The helper is a fresh interpreter (:func:`command`), never a fork of this process,
+which may be a server with threads running. It ignores Ctrl-C (the process it serves
+decides), and it exits when its input ends or a pipe breaks; this process kills and
+reaps it when the pass ends, however it ends, so it never outlives the pass.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+from array import array
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import IO
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not a POSIX system
+    fcntl = None  # type: ignore[assignment]
+
+from .canonical import loads_canonical
+from .rules import check_line, gc_paused
+
+#: ``AGENTSESSION_VERIFY_PROCESSES``: ``1`` keeps a verify in one process; ``2`` uses the
+#: helper whatever the size and the cores (tests, benchmarks); unset: :func:`wanted` decides.
+ENV = "AGENTSESSION_VERIFY_PROCESSES"
+
+#: The smallest file the helper is started for: its start-up (an interpreter and the
+#: rules' modules, about 0.1 s of the other core) pays for itself past a few megabytes.
+MIN_BYTES = 8 << 20
+
+#: How many blocks this process reads ahead of the one it passes on, and the most the
+#: helper is given at once: enough that the helper has the next ones while this process
+#: works, few enough to bound the memory (a block is about 1 MB: the reader's).
+AHEAD = 3
+
+#: Whether a pass waits for the helper (to be ready, and for each answer) rather than
+#: checking a block itself when the helper's answer is not there yet: tests set it, so
+#: the answers are used from the first block whatever the machine's load.
+WAIT = False
+
+#: How long a pass waits for the rest of an answer the helper began, or for any answer
+#: under :data:`WAIT`, before it gives the helper up (stopped, or starved of CPU) and
+#: checks the lines itself: a safety net, far beyond the milliseconds a block takes.
+STALL = 60.0
+
+#: fcntl's F_SETPIPE_SZ (Linux; the module names it from Python 3.10 on).
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # (fcntl None: AttributeError where used)
+
+#: The claims both processes see, one byte a block sent (by its number, modulo the ring's
+#: size: far more than the blocks in flight): ``FREE`` as sent, ``BEGUN`` when the helper
+#: starts it, ``TAKEN`` when this process checks it itself, and the helper then skips it.
+_RING = 4096
+FREE, BEGUN, TAKEN = 0, 1, 2
+
+_FRAME = struct.Struct("<II")  # a frame's bytes after this head, and the lines it is of (a block, or its answers)
+_HASH_HEX = 64
+
+
+def wanted(size: int, parallel: bool | None) -> bool:
+    """Whether a verify of a file of ``size`` bytes takes the helper: ``parallel`` when the
+    caller says (True or False), else the environment's word, else a file of at least
+    :data:`MIN_BYTES` on a machine that gives this process two cores or more. Never off
+    POSIX (the helper's pipes are polled), nor in an interpreter that cannot name itself
+    (embedded: no ``sys.executable`` to start the helper with)."""
+    if not hasattr(select, "poll") or not sys.executable:  # pragma: no cover - not POSIX, or embedded
+        return False
+    if parallel is not None:
+        return parallel
+    said = os.environ.get(ENV, "").strip()
+    if said == "1":
+        return False
+    if said == "2":
+        return True
+    return size >= MIN_BYTES and _cores() >= 2
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+#: The helper's program: this module's :func:`main`, found where this process finds it
+#: (its ``sys.path``, given as the first argument: the same copy of the package, and
+#: nothing put before the standard library that this process does not put there).
+_BOOT = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); from agentsession_cas.format.parallel import main; sys.exit(main())"
+
+
+def command(objects: bool, claims: int | None) -> list[str]:
+    """The helper's command line: this interpreter, in a process of its own (``claims``:
+    the descriptor of the claims it shares with this process, see :class:`LineHelper`)."""
+    return [sys.executable, "-c", _BOOT, json.dumps(sys.path), "-" if claims is None else str(claims),
+            *(["objects"] if objects else [])]
+
+
+#: What the helper answers of one line: None (check it yourself), or the content hash,
+#: the ``item`` object's bytes' span in the line ((0, 0): no item object), and, when asked
+#: for (an import writes them), the entry's two objects (content and envelope bytes).
+Known = tuple[str, int, int, tuple[bytes, bytes] | None] | None
+
+
+class LineHelper:
+    """The helper process of one pass, and the lines of the file with its answers.
+
+    :meth:`lines` passes the blocks of lines on (each block as the reader split it),
+    sending each to the helper as it comes and waiting for its answers before passing it
+    on, and puts one :data:`Known` for each line passed on in :attr:`known`, in order;
+    a reader takes one from there for each line it takes. :meth:`close` ends the helper
+    (a ``with`` block calls it), whatever happened."""
+
+    def __init__(self, *, objects: bool = False) -> None:
+        #: Whether the answers carry each clean entry's two objects.
+        self.objects = objects
+        self.known: deque[Known] = deque()
+        self.proc: subprocess.Popen[bytes] | None = None
+        #: What is sent but not yet written: the pipe is written without blocking, a piece
+        #: at a time as it has room (no thread: under load, a thread's turns at the
+        #: interpreter lock would hold this process up).
+        self._unwritten: deque[memoryview] = deque()
+        self._ready = False
+        #: The number and line count of each block sent whose answers are not read, oldest first.
+        self._owed: deque[tuple[int, int]] = deque()
+        self._sent = 0
+        self._claims: mmap.mmap | None = None
+        #: How many of those were checked here meanwhile: their answers are dropped.
+        self._dropping = 0
+        #: Lines checked here, the helper running (not ready, or behind): a test reads it.
+        self.checked_here = 0
+        #: Why the helper was given up (None while it answers): a test reads it.
+        self.failed: str | None = None
+
+    def __enter__(self) -> LineHelper:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the helper; if it cannot be, every line is checked here."""
+        fd = _shared(_RING)
+        try:
+            if fd is not None:
+                self._claims = mmap.mmap(fd, _RING)
+            self.proc = subprocess.Popen(
+                command(self.objects, fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                close_fds=True, pass_fds=() if fd is None else (fd,), bufsize=0,
+            )
+        except OSError as exc:
+            self.failed = f"the helper could not start: {exc}"
+            return
+        finally:
+            if fd is not None:
+                os.close(fd)  # (the map, and the helper, hold it)
+        for pipe in (self.proc.stdin, self.proc.stdout):  # a block whole in each pipe, where allowed
+            try:
+                fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
+            except (OSError, AttributeError):
+                pass
+        assert self.proc.stdin is not None
+        os.set_blocking(self.proc.stdin.fileno(), False)
+
+    def _write(self) -> None:
+        """Write what the pipe has room for of what is sent, at once (see :attr:`_unwritten`)."""
+        proc, unwritten = self.proc, self._unwritten
+        if proc is None or not unwritten:
+            return
+        assert proc.stdin is not None
+        fd = proc.stdin.fileno()
+        try:
+            while unwritten:
+                view = unwritten[0]
+                n = os.write(fd, view)
+                if n < len(view):
+                    unwritten[0] = view[n:]
+                    return
+                unwritten.popleft()
+        except BlockingIOError:
+            return
+        except OSError as exc:  # the helper went: what it did not answer is checked here
+            self._give_up(f"the helper's input broke: {exc}")
+
+    def close(self) -> None:
+        """End the helper (at once: its answers are no longer needed) and reap it."""
+        proc = self.proc
+        if proc is None:
+            return
+        self.proc = None
+        self._unwritten.clear()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:  # (unwritten bytes to a pipe the helper no longer reads)
+                    pass
+        if self._claims is not None:
+            self._claims.close()
+            self._claims = None
+
+    def _give_up(self, why: str) -> None:
+        if self.failed is None:
+            self.failed = why
+        self.close()
+
+    def lines(self, blocks: Iterable[tuple[bytes, list[bytes]]]) -> Iterator[bytes]:
+        """Each block's lines (``(the lines joined by LF, the lines)``), with their answers
+        put in :attr:`known` before the block's first line comes. Blocks are read
+        :data:`AHEAD` ahead and sent to the helper as they are read; when a block's turn
+        comes and its answer is not there yet, its lines are checked here (None each),
+        unless the helper has begun it: this process does not wait for a helper behind."""
+        window: deque[tuple[list[bytes], bool]] = deque()  # (lines, whether the helper has them), oldest first
+        for joined, parts in blocks:
+            window.append((parts, self._send(joined, len(parts))))
+            if len(window) > AHEAD:
+                yield from self._passed(*window.popleft())
+        while window:
+            yield from self._passed(*window.popleft())
+
+    def _send(self, joined: bytes, count: int) -> bool:
+        """Give the helper a block, when it is ready (and owes answers for no more than the
+        :data:`AHEAD` blocks read before this one)."""
+        if self.proc is None or len(self._owed) > AHEAD or not self._readied():
+            return False
+        number = self._sent
+        self._sent += 1
+        if self._claims is not None:
+            self._claims[number % _RING] = FREE
+        self._unwritten.append(memoryview(_FRAME.pack(len(joined), count)))
+        self._unwritten.append(memoryview(joined))
+        self._owed.append((number, count))
+        self._write()
+        return True
+
+    def _passed(self, parts: list[bytes], sent: bool) -> list[bytes]:
+        """A block's lines, its answers (or None for each) put in :attr:`known`."""
+        self._write()
+        answers = self._answers() if sent else None
+        if answers is None:
+            self.known.extend([None] * len(parts))
+            self.checked_here += len(parts)
+            if sent:
+                self._dropping += 1  # its answer, when it comes, is read and dropped
+        else:
+            self.known.extend(answers)
+        return parts
+
+    def _readied(self) -> bool:
+        """Whether the helper said it is ready, not waiting for it (unless :data:`WAIT`):
+        until it is (its interpreter and modules load), blocks are checked here."""
+        if self._ready:
+            return True
+        assert self.proc is not None and self.proc.stdout is not None
+        if self._waiting(STALL if WAIT else 0.0):
+            if self.proc.stdout.read(1) == b"R":
+                self._ready = True
+            else:
+                self._give_up("the helper did not start")
+        return self._ready
+
+    def _waiting(self, seconds: float) -> bool:
+        """Whether the helper has written something (or closed its end) not read yet, within
+        ``seconds`` (read unbuffered: nothing waits in a buffer); what is sent is written
+        meanwhile as the pipe has room, since the helper may need it to answer."""
+        proc = self.proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        out, into = proc.stdout.fileno(), proc.stdin.fileno()
+        poll = select.poll()
+        poll.register(out, select.POLLIN)
+        deadline = time.monotonic() + seconds
+        while True:
+            poll.register(into, select.POLLOUT if self._unwritten else 0)  # (0: a closed end still shows)
+            events = poll.poll(max(0.0, deadline - time.monotonic()) * 1000)
+            if not events:
+                return False
+            if any(fd == out for fd, _ in events):
+                return True
+            if any(flags & (select.POLLERR | select.POLLHUP) for _, flags in events):
+                self._give_up("the helper closed its input")
+                return False
+            self._write()
+            if self.proc is None:  # (its input broke: given up)
+                return False
+
+    def _answers(self) -> list[Known] | None:
+        """The answers for the oldest block the helper has (those it owes for blocks checked
+        here meanwhile read and dropped first), when they are there or it has begun the
+        block (then they are waited for). None when this process takes the block (the
+        helper has not begun it: it will skip it), or the helper cannot answer (it died,
+        answered out of turn, said nothing for :data:`STALL`: it is given up)."""
+        while self.proc is not None:
+            if not self._waiting(STALL if WAIT else 0.0):
+                if not WAIT and self._take(self._owed[self._dropping][0]):
+                    return None
+                if WAIT or not self._waiting(STALL):  # (the helper began it: waited for)
+                    self._give_up(f"no answer in {STALL:g} s")
+                    return None
+            frame = self._frame()
+            if frame is None or not self._dropping:
+                return frame
+            self._dropping -= 1
+        return None
+
+    def _take(self, number: int) -> bool:
+        """Take block ``number`` to check here, unless the helper has begun it. (Both may
+        check it when they look at once: its answer is then dropped, as any taken block's.)"""
+        claims = self._claims
+        if claims is None:
+            return True
+        if claims[number % _RING] == BEGUN:
+            return False
+        claims[number % _RING] = TAKEN
+        return True
+
+    def _frame(self) -> list[Known] | None:
+        """Read the answers the helper owes first (None when it failed)."""
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None
+        _, count = self._owed.popleft()
+        try:
+            size, lines = _FRAME.unpack(_read_exactly(proc.stdout, _FRAME.size))
+            if lines != count:
+                raise ValueError(f"the helper answered {lines} lines for a block of {count}")
+            return decode_answers(_read_exactly(proc.stdout, size), count, self.objects)
+        except (OSError, ValueError, EOFError, struct.error) as exc:
+            self._give_up(f"the helper failed: {exc}")
+            return None
+
+
+def _shared(size: int) -> int | None:
+    """A descriptor of ``size`` zero bytes of memory this process and a helper it starts can
+    both map (None where none can be had: the helper then never skips a block)."""
+    try:
+        fd = os.memfd_create("agentsession-claims") if hasattr(os, "memfd_create") else _unlinked()
+    except OSError:
+        return None
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _unlinked() -> int:  # pragma: no cover - Linux has memfd_create
+    import tempfile
+
+    with tempfile.TemporaryFile() as f:
+        return os.dup(f.fileno())
+
+
+def _read_exactly(f: IO[bytes], n: int) -> bytes:
+    """``n`` bytes from the unbuffered pipe ``f`` (a read may give fewer; the rest is
+    waited for :data:`STALL` at most)."""
+    data = f.read(n)
+    if data is not None and len(data) == n:
+        return data
+    pieces = [data or b""]
+    got = len(pieces[0])
+    poll = select.poll()
+    poll.register(f.fileno(), select.POLLIN)
+    while got < n:
+        if not poll.poll(STALL * 1000):
+            raise OSError(f"no answer in {STALL:g} s")
+        more = f.read(n - got)
+        if not more:
+            raise EOFError("the helper's answers ended")
+        pieces.append(more)
+        got += len(more)
+    return b"".join(pieces)
+
+
+# ---------------------------------------------------------------------------
+# the answers, as bytes: per line a flag byte; then four int32 (the item's span, the
+# lengths of the two objects, 0 when not sent); the content hash's 64 hex digits of each
+# clean line; then the objects of each, one after the other
+
+
+def encode_answers(answers: list[Known]) -> bytes:
+    flags = bytes(0 if a is None else 1 for a in answers)
+    ints = array("i")
+    hexes: list[str] = []
+    blobs: list[bytes] = []
+    for a in answers:
+        if a is None:
+            ints.extend((0, 0, 0, 0))
+            continue
+        chash, start, end, objects = a
+        hexes.append(chash[7:])
+        if objects is None:
+            ints.extend((start, end, 0, 0))
+        else:
+            ints.extend((start, end, len(objects[0]), len(objects[1])))
+            blobs.extend(objects)
+    return b"".join((flags, ints.tobytes(), "".join(hexes).encode("ascii"), *blobs))
+
+
+def decode_answers(data: bytes, count: int, objects: bool) -> list[Known]:
+    """:func:`encode_answers`' answers of ``count`` lines; ValueError when they are not."""
+    flags = data[:count]
+    ints = array("i")
+    ints.frombytes(data[count : count * 17])
+    clean = flags.count(1)
+    at = count * 17
+    hexes = data[at : at + clean * _HASH_HEX].decode("ascii")
+    at += clean * _HASH_HEX
+    if len(hexes) != clean * _HASH_HEX:
+        raise ValueError("the helper's answer is malformed")
+    out: list[Known] = []
+    h = 0
+    for i, flag in enumerate(flags):
+        if not flag:
+            out.append(None)
+            continue
+        start, end, nc, ne = ints[4 * i : 4 * i + 4]
+        pair = None
+        if objects:
+            pair = (data[at : at + nc], data[at + nc : at + nc + ne])
+            at += nc + ne
+        out.append(("sha256:" + hexes[h : h + _HASH_HEX], start, end, pair))
+        h += _HASH_HEX
+    if at != len(data):
+        raise ValueError("the helper's answer is malformed")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the helper's side
+
+
+def answer(raw: bytes, objects: bool = False) -> Known:
+    """What the helper says of one entry line: :data:`Known` (see the module's doc)."""
+    try:
+        obj, _, canonical = loads_canonical(raw)
+        if not canonical:
+            return None  # (proven canonical: a dict, and nothing needing the careful serialiser)
+        entry, found = check_line(obj, careful=False, keep_objects=True, raw=raw)
+    except Exception:  # whatever it is, the reader meets it again and words it
+        return None
+    if found or entry is None:
+        return None
+    pair = entry.objects if objects else None
+    item = entry.item_bytes
+    if item is None:
+        return entry.content_hash, 0, 0, pair
+    start = raw.find(item)
+    if raw.rfind(item) != start:  # (found twice: which one the hash cut is not known here)
+        return None
+    return entry.content_hash, start, start + len(item), pair
+
+
+def main() -> int:
+    """The helper: blocks in, answers out, until its input ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
+    objects = sys.argv[-1] == "objects"
+    claims = mmap.mmap(int(sys.argv[2]), _RING) if sys.argv[2] != "-" else None
+    number = 0
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    out.write(b"R")
+    out.flush()
+    with gc_paused():
+        while True:
+            head = inp.read(_FRAME.size)
+            if len(head) != _FRAME.size:
+                return 0
+            size, lines = _FRAME.unpack(head)
+            block = inp.read(size)
+            if len(block) != size:
+                return 0
+            parts = block.split(b"\n")
+            if len(parts) != lines:
+                return 1
+            slot, number = number % _RING, number + 1
+            if claims is not None and claims[slot] == TAKEN:
+                payload = encode_answers([None] * lines)  # the reader checks this block itself
+            else:
+                if claims is not None:
+                    claims[slot] = BEGUN
+                payload = encode_answers([answer(raw, objects) for raw in parts])
+            try:
+                out.write(_FRAME.pack(len(payload), lines) + payload)
+                out.flush()
+            except BrokenPipeError:
+                return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

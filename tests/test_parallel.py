@@ -1,0 +1,374 @@
+"""verify FILE with the line rules in a helper process (format/parallel.py): the report is
+the one-process report, byte for byte, for every file; a helper that cannot start, dies,
+is killed or answers out of turn leaves the verdict as it is; no helper outlives a pass."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_rules import FILES
+
+from agentsession_cas import Header, make_entry
+from agentsession_cas.errors import AgentSessionError
+from agentsession_cas.format import parallel, reader
+from agentsession_cas.format.canonical import loads_canonical
+from agentsession_cas.format.rules import check_line
+from agentsession_cas.store import Store
+from agentsession_cli.main import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
+from bench_verify import SESSION_ID, generate
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """The helper used from the first block (no checking here while it starts), and small
+    blocks, so a small file is many blocks; the helpers of the test, for a look at them.
+    ``counted[0]`` counts the lines the helper's answers made."""
+    monkeypatch.setattr(parallel, "WAIT", True)
+    monkeypatch.setattr(reader, "_BLOCK", 512)
+    helpers: list[parallel.LineHelper] = []
+    real_init = parallel.LineHelper.__init__
+
+    def init(self, **kw):
+        real_init(self, **kw)
+        helpers.append(self)
+
+    monkeypatch.setattr(parallel.LineHelper, "__init__", init)
+    counted = [0]
+    real_clean = reader.clean_entry
+
+    def clean(*a, **kw):
+        counted[0] += 1
+        return real_clean(*a, **kw)
+
+    monkeypatch.setattr(reader, "clean_entry", clean)
+    return helpers, counted
+
+
+def _report(path: Path, processes: bool):
+    try:
+        return reader.verify_file(path, processes=processes).as_dict()
+    except AgentSessionError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _mutants(tmp_path: Path) -> list[Path]:
+    """The benchmark's session, and copies of it each broken (or made unusual) one way: a
+    changed byte, a line not canonical, a float, a repeated line, a cut last line, a bad
+    ts, a reserved member, an empty line, a line that is no object, stray bytes."""
+    data = generate(120, 7)[0]
+    lines = data.split(b"\n")[:-1]
+    out = []
+
+    def put(name: str, ls: list[bytes], end: bytes = b"\n") -> None:
+        p = tmp_path / f"{name}.jsonl"
+        p.write_bytes(b"\n".join(ls) + end)
+        out.append(p)
+
+    put("clean", lines)
+    ls = list(lines)
+    ls[10] = ls[10].replace(b'"text":"', b'"text":"X', 1)
+    put("changed", ls)
+    ls = list(lines)
+    ls[11] = json.dumps(json.loads(ls[11])).encode()  # spaces after ':' and ','
+    put("spaced", ls)
+    ls = list(lines)
+    obj = json.loads(ls[12])
+    obj["usage"] = {"cost": 0.5}
+    ls[12] = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    put("float", ls)
+    ls = list(lines)
+    ls.insert(20, ls[19])
+    put("repeated", ls)
+    put("cut", lines[:-1] + [lines[-1][:40]], end=b"")
+    put("no-final-lf", lines, end=b"")
+    ls = list(lines)
+    ls[30] = ls[30].replace(b'"ts":"2026', b'"ts":"1999', 1)
+    put("ts", ls)
+    ls = list(lines)
+    obj = json.loads(ls[31])
+    obj["content"] = 1
+    ls[31] = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    put("reserved", ls)
+    put("empty-line", [*lines[:40], b"", *lines[40:]])
+    put("array", [*lines[:41], b"[1,2]", *lines[41:]])
+    put("bytes", [*lines[:42], b"\xff\xfe", *lines[42:]])
+    return out
+
+
+def test_every_file_verifies_the_same_with_the_helper(forced, tmp_path):
+    """Every corpus file, fixture and rule case (test_rules.FILES: together they break every
+    rule), the benchmark's session and broken copies of it: the report with the helper is
+    the one-process report (problems, codes, lines, wording, order, notes, requests)."""
+    helpers, counted = forced
+    paths = sorted(CORPUS.glob("**/*.jsonl")) + sorted(FIXTURES.glob("**/*.jsonl")) + _mutants(tmp_path)
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    for name, data in sorted(FILES.items()):
+        p = cases / f"{name}.jsonl"
+        p.write_bytes(data)
+        paths.append(p)
+    assert len(paths) > 60
+    for p in paths:
+        assert _report(p, True) == _report(p, False), p
+    assert counted[0] > 1000  # the helper's answers were used, not only the reader's own checks
+    assert helpers and all(h.failed is None for h in helpers)
+    assert all(h.proc is None for h in helpers)  # every helper ended with its pass
+
+
+def test_import_stores_the_same_with_the_helper(forced, tmp_path, monkeypatch):
+    """An import takes each entry's objects from the helper's answers: the store holds the
+    same session (export gives the file back), and a bad file is refused the same way."""
+    helpers, counted = forced
+    data = generate(150, 3)[0]
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(data)
+    bad = tmp_path / "bad.jsonl"
+    ls = data.split(b"\n")
+    ls[5] = ls[5].replace(b'"text":"', b'"text":"X', 1)
+    bad.write_bytes(b"\n".join(ls))
+    errors = []
+    for n in ("1", "2"):
+        monkeypatch.setenv(parallel.ENV, n)
+        with Store.init(tmp_path / f"store{n}") as st:
+            s = st.import_file(path)
+            assert b"".join(s.projection_lines()) == data
+            s.close()
+            with pytest.raises(AgentSessionError) as got:
+                st.import_file(bad)
+            errors.append(str(got.value))
+    assert errors[0] == errors[1]
+    assert counted[0] >= 150 and helpers and helpers[0].objects
+
+
+def test_a_helper_that_dies_midway_leaves_the_verdict(forced, tmp_path, monkeypatch):
+    """The helper killed after its first answers: the blocks it had and every later one are
+    checked here; the report is the same and the pass says why it gave the helper up."""
+    helpers, counted = forced
+    path = _mutants(tmp_path)[1]  # one with a problem
+    real = parallel.LineHelper._answers
+
+    def killing(self):
+        got = real(self)
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        return got
+
+    monkeypatch.setattr(parallel.LineHelper, "_answers", killing)
+    assert _report(path, True) == _report(path, False)
+    assert helpers[0].failed is not None and "helper" in helpers[0].failed
+    assert 0 < counted[0] < 50
+
+
+@pytest.mark.parametrize("argv", [
+    ["/nonexistent/python"],
+    [sys.executable, "-c", "pass"],
+    [sys.executable, "-c", "import sys, struct; o = sys.stdout.buffer; o.write(b'R' + struct.pack('<II', 0, 999)); "
+                           "o.flush(); sys.stdin.buffer.read()"],
+    [sys.executable, "-c", "import sys; o = sys.stdout.buffer; o.write(b'R' + b'\\xff' * 9); o.flush(); sys.stdin.buffer.read()"],
+], ids=["cannot-start", "exits", "out-of-turn", "garbage"])
+def test_a_helper_that_fails_leaves_the_verdict(forced, tmp_path, monkeypatch, argv):
+    helpers, counted = forced
+    monkeypatch.setattr(parallel, "command", lambda *_: argv)
+    for path in _mutants(tmp_path)[:2]:
+        assert _report(path, True) == _report(path, False)
+    assert counted[0] == 0 and helpers[0].failed is not None
+    assert all(h.proc is None for h in helpers)
+
+
+def test_a_helper_that_never_answers_is_given_up(forced, tmp_path, monkeypatch):
+    """A helper alive but silent (stopped, starved): past ``STALL`` (here none at all) the
+    pass checks the lines itself, and the helper is killed."""
+    helpers, counted = forced
+    monkeypatch.setattr(parallel, "command", lambda *_: [
+        sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'R'); sys.stdout.flush(); sys.stdin.buffer.read()"])
+    real = parallel.LineHelper._readied
+
+    def readied(self):  # (once it said it is ready, no time at all for an answer)
+        ready = real(self)
+        if ready:
+            monkeypatch.setattr(parallel, "STALL", 0.0)
+        return ready
+
+    monkeypatch.setattr(parallel.LineHelper, "_readied", readied)
+    path = _mutants(tmp_path)[1]
+    assert _report(path, True) == _report(path, False)
+    assert counted[0] == 0 and "no answer" in (helpers[0].failed or "")
+    assert helpers[0].proc is None
+
+
+def test_the_reader_never_waits_for_a_helper_behind(forced, tmp_path, monkeypatch):
+    """Without WAIT (as a command runs), a block whose answer is not there when its turn
+    comes is checked here: a helper that never answers costs the pass nothing but its
+    start, and the verdict is the same."""
+    helpers, counted = forced
+    monkeypatch.setattr(parallel, "WAIT", False)
+    monkeypatch.setattr(parallel, "command", lambda *_: [
+        sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'R'); sys.stdout.flush(); sys.stdin.buffer.read()"])
+    path = _mutants(tmp_path)[1]
+    assert _report(path, True) == _report(path, False)
+    assert counted[0] == 0 and helpers[0].failed is None and helpers[0].checked_here > 100
+    assert helpers[0].proc is None
+
+
+def test_answers_for_blocks_checked_here_are_dropped(forced, tmp_path, monkeypatch):
+    """Some blocks' answers late (forced: every fourth block's not there when its turn
+    came), so those blocks are checked here; the answers that come later are read and
+    dropped in order, and the next blocks take theirs."""
+    helpers, counted = forced
+    real = parallel.LineHelper._answers
+    calls = []
+
+    def sometimes(self):
+        calls.append(1)
+        return None if len(calls) % 4 == 0 else real(self)
+
+    monkeypatch.setattr(parallel.LineHelper, "_answers", sometimes)
+    for path in _mutants(tmp_path)[:4]:
+        assert _report(path, True) == _report(path, False), path
+    assert counted[0] > 200 and all(h.checked_here > 0 and h.failed is None for h in helpers[::2])
+
+
+def test_a_block_taken_here_is_skipped_by_the_helper(monkeypatch):
+    """A block this process took (its answer not there when its turn came, the helper not
+    begun on it) is skipped by the helper, which answers nothing for it; one it had begun
+    is not taken. (The helper stopped while the block is taken: no race.)"""
+    monkeypatch.setattr(parallel, "WAIT", True)
+    lines = [e.canonical_line()[:-1] for e in _entries(3)]
+    block = b"\n".join(lines)
+    with parallel.LineHelper() as helper:
+        assert helper._readied() and helper.proc is not None
+        helper.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert helper._send(block, 3) and helper._send(block, 3)
+            assert helper._take(0)
+        finally:
+            helper.proc.send_signal(signal.SIGCONT)
+        assert helper._frame() == [None, None, None]
+        answered = helper._frame()
+        assert answered is not None and all(k is not None for k in answered)
+        assert not helper._take(1)  # (begun: it answered)
+
+
+def test_the_two_process_pass_holds_its_window_not_the_file(forced, tmp_path):
+    """With the helper, the pass holds what test_streaming holds it to in one process, and
+    the blocks read ahead (a bound: a few blocks, here of one line each): doubling a linear
+    session moves the reader's peak (tracemalloc) by a small part of the bytes added."""
+    import tracemalloc
+
+    helpers, counted = forced
+    peaks, sizes = [], []
+    for n in (400, 800):
+        path = tmp_path / f"linear{n}.jsonl"
+        path.write_bytes(Header.new(f"linear{n}").canonical_line() + b"".join(e.canonical_line() for e in _entries(n, 8_000)))
+        tracemalloc.start()
+        try:
+            report = reader.verify_file(path, processes=True)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert report.ok and report.entries == n
+        sizes.append(path.stat().st_size)
+    assert counted[0] > 1000
+    assert peaks[1] - peaks[0] < (sizes[1] - sizes[0]) / 4, (peaks, sizes)
+
+
+def test_a_pass_stopped_midway_ends_its_helper(forced, tmp_path):
+    """Ctrl-C (or any error) in the middle of a pass: the helper is killed and reaped."""
+    helpers, _ = forced
+    path = _mutants(tmp_path)[0]
+    calls = []
+
+    def interrupt(done, total):
+        calls.append(done)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        reader.verify_file(path, processes=True, progress=interrupt)
+    assert helpers[0].proc is None
+
+
+def test_the_helper_ignores_ctrl_c(tmp_path, monkeypatch):
+    """Ctrl-C reaches the helper too (one process group): it goes on; the reader decides."""
+    monkeypatch.setattr(parallel, "WAIT", True)
+    lines = [e.canonical_line()[:-1] for e in _entries(3)]
+    with parallel.LineHelper() as helper:
+        assert helper._readied()
+        assert helper.proc is not None
+        helper.proc.send_signal(signal.SIGINT)
+        got = list(helper.lines([(b"\n".join(lines), lines)]))
+        assert got == lines and all(k is not None for k in helper.known) and helper.failed is None
+
+
+def _entries(n: int, pad: int = 0):
+    """A linear session's ``n`` user messages (each text padded by ``pad`` bytes)."""
+    out, parent = [], None
+    for i in range(n):
+        text = f"t{i} " + "y" * pad
+        e = make_entry("item", parent, ts="2026-01-01T00:00:00Z",
+                       item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+        out.append(e)
+        parent = e.id
+    return out
+
+
+def test_an_item_whose_bytes_appear_twice_is_left_to_the_reader():
+    """The item's span is found by its bytes in the line: found twice, the helper cannot
+    say which one the hash cut, and the reader checks the line itself."""
+    e = make_entry("item", None, ts="2026-01-01T00:00:00Z", item={}, x_note={})
+    raw = e.canonical_line()[:-1]
+    assert raw.count(b"{}") == 2
+    assert parallel.answer(raw) is None
+    once = make_entry("item", None, ts="2026-01-01T00:00:00Z", item={"type": "message"}).canonical_line()[:-1]
+    chash, start, end, objects = parallel.answer(once, objects=True)
+    obj, careful, _ = loads_canonical(once)
+    entry, found = check_line(obj, careful=careful, keep_objects=True, raw=once)
+    assert not found and objects == entry.objects and chash == entry.content_hash
+    assert once[start:end] == entry.item_bytes
+
+
+def test_when_the_helper_is_wanted(monkeypatch):
+    monkeypatch.delenv(parallel.ENV, raising=False)
+    monkeypatch.setattr(parallel, "_cores", lambda: 2)
+    assert parallel.wanted(parallel.MIN_BYTES, None)
+    assert not parallel.wanted(parallel.MIN_BYTES - 1, None)
+    assert parallel.wanted(0, True) and not parallel.wanted(1 << 40, False)
+    monkeypatch.setattr(parallel, "_cores", lambda: 1)
+    assert not parallel.wanted(1 << 40, None)
+    monkeypatch.setenv(parallel.ENV, "2")
+    assert parallel.wanted(0, None)
+    monkeypatch.setenv(parallel.ENV, "1")
+    monkeypatch.setattr(parallel, "_cores", lambda: 8)
+    assert not parallel.wanted(1 << 40, None) and parallel.wanted(0, True)
+
+
+def test_verify_command_says_the_same_in_both_paths(forced, tmp_path):
+    """``agentsession verify FILE`` (and ``--json``) prints the same words either way."""
+    helpers, counted = forced
+    for path in _mutants(tmp_path)[:4]:
+        outs = []
+        for n in ("1", "2"):
+            for args in ([], ["--json"]):
+                r = CliRunner().invoke(main, ["verify", *args, str(path)], env={parallel.ENV: n})
+                outs.append((r.exit_code, r.output))
+        assert outs[:2] == outs[2:], path
+    assert counted[0] > 0 and all(h.proc is None for h in helpers)
+
+
+def test_standard_input_stays_in_one_process(forced, tmp_path):
+    helpers, _ = forced
+    data = (Header.new(SESSION_ID).canonical_line() + b"".join(e.canonical_line() for e in _entries(3)))
+    r = CliRunner().invoke(main, ["verify", "-"], input=data, env={parallel.ENV: "2"})
+    assert r.exit_code == 0, r.output
+    assert not helpers
