@@ -21,6 +21,7 @@ from agentsession_cas.errors import EntryError, IJSONError
 from agentsession_cas.format.hashing import (
     ENVELOPE_MEMBERS,
     RESERVED_MEMBERS,
+    all_hashes,
     body_of,
     content_hash,
     entry_hashes,
@@ -872,3 +873,31 @@ def test_envelope_bytes_of_the_common_form_are_rfc8785s(type_, parent, ts):
 
     content = "sha256:" + "c" * 64
     assert envelope_bytes(type_, parent, None, ts, content) == rfc8785.dumps(envelope_object(type_, parent, None, ts, content))
+
+
+_HASHLIKE = st.one_of(
+    st.builds(lambda b: "sha256:" + hashlib.sha256(b).hexdigest(), st.binary(max_size=8)),
+    # one character changed, added or taken out of a hash: a near miss of every kind
+    st.builds(lambda b, at, c: (lambda h: h[:at % 72] + c + h[at % 72 + 1:])("sha256:" + hashlib.sha256(b).hexdigest()),
+              st.binary(max_size=8), st.integers(0, 80), st.sampled_from(["", "A", "g", "0", "f", ":", "\n", "é", "ss"])),
+    st.text(max_size=80),
+)
+
+
+@given(st.lists(_HASHLIKE, max_size=6))
+@settings(max_examples=400, deadline=None)
+def test_all_hashes_is_is_hash_of_each(names):
+    """The bulk test over many names answers as is_hash of each one would."""
+    assert all_hashes(names) == all(is_hash(n) for n in names)
+
+
+def test_all_hashes_finds_one_character_changed_anywhere():
+    """Each character of a hash among others changed for a hex digit, an upper-case one, a
+    letter past ``f``, or the prefix's own characters: every such name is refused, and
+    only those still hashes pass."""
+    good = [sha256_ref(bytes([i])) for i in range(3)]
+    for at in range(71):
+        for char in "0fAg:s\n":
+            changed = good[1][:at] + char + good[1][at + 1:]
+            assert all_hashes([good[0], changed, good[2]]) == is_hash(changed), (at, char)
+    assert all_hashes(good) and all_hashes([]) and not all_hashes([good[0] + "0"]) and not all_hashes(["", good[0]])

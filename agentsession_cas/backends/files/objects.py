@@ -22,7 +22,6 @@ import errno
 import hashlib
 import itertools
 import os
-import re
 import struct
 import time
 import weakref
@@ -33,7 +32,7 @@ from typing import Any, TypeVar
 import filelock
 
 from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError, quoted
-from ...format.hashing import HASH_PREFIX, envelope_content, is_hash
+from ...format.hashing import HASH_PREFIX, all_hashes, envelope_content, is_hash
 from ...fsutil import (
     NotAFileError,
     fsync_dir,
@@ -111,9 +110,6 @@ def _freshen(path: str) -> bool:
         return False  # gone, or not to be touched: the caller writes the object again
     return True
 
-
-#: Object names one a line, each ``sha256:`` and 64 lowercase hex digits.
-_NAMES = re.compile(r"sha256:[0-9a-f]{64}(?:\nsha256:[0-9a-f]{64})*")
 
 #: A loose object bigger than this is hashed in chunks before it is read whole.
 HASH_FIRST = 64 << 20
@@ -199,7 +195,7 @@ class FileObjects(ObjectStore):
         (loose, held by a log, damaged, not a name at all) by :meth:`get`, which says
         what is wrong."""
         bits = SPACE_BITS.get(space)
-        if bits is None or not names or _NAMES.fullmatch("\n".join(names)) is None:
+        if bits is None or not names or not all_hashes(names):
             return [self.get(space, name) for name in names]
         got = self.packs.read_many([bytes.fromhex(name[7:]) for name in names], bits)
         if None in got:
