@@ -950,7 +950,11 @@ class _TakenImport:
         return EntryDigests(bytes.fromhex("".join(own).replace(HASH_PREFIX, "")))
 
     def entry(self, entry_id: str) -> tuple[str | None, bool]:
-        """An entry's parent and whether it is a leaf label (what the head rule walks up by)."""
+        """An entry's parent and whether it is a leaf label (what the head rule walks up by):
+        the last entry's read as it is (the resume rule's leaf, most often), another's
+        through a table of every entry made when first needed."""
+        if self.ids and self.ids[-1] == entry_id:
+            return self.parents[-1], entry_id in self.leaf_labels
         if self._by_id is None:
             self._by_id = dict(zip(self.ids, self.parents))
         return self._by_id[entry_id], entry_id in self.leaf_labels
