@@ -1230,11 +1230,11 @@ class PackStage:
     def _flush(self) -> None:
         """Hand the batch on: to the writer (begun once there are :data:`PACK_BATCH`
         objects), what it would not pack to the spill of the rest."""
-        spaces, names, datas = bytes(self._spaces), self._names, self._datas
+        spaces, names, datas, held = bytes(self._spaces), self._names, self._datas, self._held
         self._spaces, self._names, self._datas, self._held = bytearray(), [], [], 0
         if not names:
             return
-        if self._dedup or max(map(len, datas)) > MAX_PACKED:
+        if self._dedup or (held > MAX_PACKED and max(map(len, datas)) > MAX_PACKED):
             packed, kept = self._objects._packed_sound, []
             for bits, name, data in zip(spaces, names, datas):
                 space = _SPACE_OF_BITS[bits]
