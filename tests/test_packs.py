@@ -1394,6 +1394,26 @@ def test_stream_pack_writers_thread_holds_few_blocks_and_its_failure_refuses_the
     assert os.listdir(tmp_path / "tmp2") == [] and not (tmp_path / "pack2").exists()
 
 
+def test_blocks_compressed_many_at_once_are_the_frames_compressed_one_by_one():
+    """The import's writer compresses a batch of block streams in one call where
+    zstandard's C backend has one, else one by one: the frames are those ``compress``
+    makes of each (a pack's bytes do not depend on the backend)."""
+    import zstandard
+
+    from agentsession_cas.backends.files.packs import _compress_many
+
+    cctx = zstandard.ZstdCompressor(level=3, write_checksum=False)
+
+    class OneByOne:  # a compressor without the batch call (zstandard's cffi backend)
+        compress = cctx.compress
+
+    rng = random.Random(7)
+    streams = [b"", b"x", rng.randbytes(1000), b"abc" * 90_000, rng.randbytes(300_000)]
+    want = [cctx.compress(s) for s in streams]
+    assert [bytes(f) for f in _compress_many(cctx)(streams)] == want
+    assert [bytes(f) for f in _compress_many(OneByOne())(streams)] == want
+
+
 def test_merging_repeated_records_keeps_the_first_slot_with_every_space():
     """Sorted index records with repeats (runs of two or three, side by side or at either
     end) become one record each, as a one-by-one merge makes them."""
