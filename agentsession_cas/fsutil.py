@@ -421,6 +421,11 @@ class Spill:
         self._f.write(data)
         self._count += 1
 
+    def add_entry(self, content: str, entry: str, objects: tuple[bytes, bytes]) -> None:
+        """An entry's content and envelope (:meth:`add` of each, in that order)."""
+        self.add("contents", content, objects[0])
+        self.add("entries", entry, objects[1])
+
     def __iter__(self) -> Iterator[tuple[Any, str, bytes]]:
         f = self._f
         f.flush()

@@ -23,7 +23,10 @@ from agentsession_cas.backends.files.log import (
     make_snapshot,
     read_log,
     read_snapshot_ids,
+    record_body,
+    run_snapshot,
     snapshot_ids_file,
+    with_digests,
 )
 from agentsession_cas.errors import SessionDamagedError
 from agentsession_cas.exchange import operations as ex
@@ -387,6 +390,30 @@ def test_snapshot_replays_to_the_state_of_the_records_it_replaces(log):
     rows = [(r["seq"], r["entry"], r.get("head"), "head" in r, bool(r.get("leaf_label")), False, 0)
             if r["op"] == "append" else r for r in records]
     assert make_snapshot(create, rows) == snap
+
+
+@pytest.mark.parametrize("shape", ["plain", "leaf labels", "a repeat", "an append after", "no head record"])
+def test_a_created_sessions_snapshot_from_its_digests_is_make_snapshots(shape):
+    """A session created whole (an import) has its snapshot made from its ids' digests
+    (run_snapshot), not from a row per append: the line it writes is the one make_snapshot
+    writes of the same records, and it replays the same; with an id twice, or records after
+    that append, it is make_snapshot's own."""
+    from agentsession_cas.backends.digests import EntryDigests
+
+    ids = [make_entry("info", None, ts="2026-01-01T00:00:00Z", name=f"e{i}").id for i in range(40)]
+    if shape == "a repeat":
+        ids.append(ids[3])
+    labels = {ids[5], ids[17]} if shape == "leaf labels" else set()
+    create = {"op": "create", "session": "s1", "base": None, "mark": "mirror"}
+    after: list[dict] = [] if shape == "no head record" else [{"op": "head", "head": ids[-2]}]
+    if shape == "an append after":
+        after.append({"op": "append", "seq": 41, "entry": ids[0]})
+    after.append({"op": "commit"})
+    rows = [(seq, eid, None, False, eid in labels, False) for seq, eid in enumerate(ids, start=1)]
+    want = with_digests(make_snapshot(create, [*rows, *after]))
+    got = with_digests(run_snapshot(create, EntryDigests.of(ids), labels, after))
+    assert record_body(got) == record_body(want)
+    assert _key(replay([create, got])) == _key(replay([create, want]))
 
 
 def test_repair_of_a_compacted_log_with_a_damaged_line_after_its_snapshot(tmp_path):

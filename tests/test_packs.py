@@ -1311,13 +1311,13 @@ def test_stream_pack_writer_takes_many_objects_as_it_takes_each(tmp_path):
     objs = [(rng.choice(("contents", "entries")), rng.randbytes(rng.choice(sizes))) for _ in range(400)]
     objs = list({d: (sp, d) for sp, d in objs}.values())  # no repeats: a PackWriter would index one once
     made = []
-    for way in ("reference", "each", "many"):
+    for way in ("reference", "each", "many", "many, on its thread"):
         root = tmp_path / way
         if way == "reference":
             w = PackWriter(str(root / "pack"), str(root / "tmp"))
         else:
-            w = StreamPackWriter(str(root / "pack"), str(root / "tmp"))
-        if way == "many":
+            w = StreamPackWriter(str(root / "pack"), str(root / "tmp"), threads=1 if "thread" in way else 0)
+        if way.startswith("many"):
             at = 0
             while at < len(objs):
                 batch = objs[at : at + rng.randint(1, 40)]
@@ -1328,13 +1328,90 @@ def test_stream_pack_writer_takes_many_objects_as_it_takes_each(tmp_path):
                 w.add(space, sha256_ref(data), data)
         idx = Path(w.finish())
         made.append((idx.with_suffix(".pack").read_bytes(), idx.read_bytes()))
-    assert made[0] == made[1] == made[2]
+    assert made[0] == made[1] == made[2] == made[3]
     w = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"))
     try:
         with pytest.raises(StoreError):  # a name that is no SHA-256
             w.add_many(["sha256:00"], b"\x02", [b"x"])
     finally:
         w.abort()
+
+
+def test_stream_pack_writers_thread_holds_few_blocks_and_its_failure_refuses_the_pack(tmp_path, monkeypatch):
+    """The import's writer hands its blocks to a thread of its own, a batch at a time: while
+    that thread is held up, the pass may hand over IN_FLIGHT batches and no more (the next
+    waits), and the pack it then finishes is a PackWriter's of the same objects. A
+    failure on that thread (zstd or the disk) refuses the pack at finish, and the abort
+    that follows leaves nothing in tmp/."""
+    import threading
+
+    from agentsession_cas.backends.files import packs as packs_mod
+    from agentsession_cas.backends.files.packs import BLOCK_TARGET, StreamPackWriter
+
+    objs = [random.Random(i).randbytes(BLOCK_TARGET) for i in range(StreamPackWriter.HAND_AT * StreamPackWriter.IN_FLIGHT)]
+    names = [sha256_ref(d) for d in objs]
+    ref = PackWriter(str(tmp_path / "ref" / "pack"), str(tmp_path / "ref" / "tmp"))
+    for name, data in zip(names, objs):
+        ref.add("contents", name, data)
+    ref_idx = Path(ref.finish())
+    go = threading.Event()
+    real = packs_mod._compress_many
+
+    def held(cctx):
+        many = real(cctx)
+
+        def compress(streams):
+            go.wait()
+            return many(streams)
+
+        return compress
+
+    monkeypatch.setattr(packs_mod, "_compress_many", held)
+    w = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"), threads=1)
+    for name, data in zip(names, objs):  # one block each: IN_FLIGHT batches handed over
+        w.add("contents", name, data)
+    assert not w._room.acquire(blocking=False)  # the next batch would wait
+    go.set()
+    idx = Path(w.finish())
+    assert (idx.read_bytes(), idx.with_suffix(".pack").read_bytes()) == (ref_idx.read_bytes(), ref_idx.with_suffix(".pack").read_bytes())
+
+    def failing(cctx):
+        def compress(streams):
+            raise OSError(28, "No space left on device")
+
+        return compress
+
+    monkeypatch.setattr(packs_mod, "_compress_many", failing)
+    w = StreamPackWriter(str(tmp_path / "pack2"), str(tmp_path / "tmp2"), threads=1)
+    for name, data in zip(names, objs):
+        try:
+            w.add("contents", name, data)
+        except StoreError:  # (the failure seen already by a later hand-over)
+            break
+    with pytest.raises(StoreError, match="No space left"):
+        w.finish()
+    w.abort()
+    assert os.listdir(tmp_path / "tmp2") == [] and not (tmp_path / "pack2").exists()
+
+
+def test_blocks_compressed_many_at_once_are_the_frames_compressed_one_by_one():
+    """The import's writer compresses a batch of block streams in one call where
+    zstandard's C backend has one, else one by one: the frames are those ``compress``
+    makes of each (a pack's bytes do not depend on the backend)."""
+    import zstandard
+
+    from agentsession_cas.backends.files.packs import _compress_many
+
+    cctx = zstandard.ZstdCompressor(level=3, write_checksum=False)
+
+    class OneByOne:  # a compressor without the batch call (zstandard's cffi backend)
+        compress = cctx.compress
+
+    rng = random.Random(7)
+    streams = [b"", b"x", rng.randbytes(1000), b"abc" * 90_000, rng.randbytes(300_000)]
+    want = [cctx.compress(s) for s in streams]
+    assert [bytes(f) for f in _compress_many(cctx)(streams)] == want
+    assert [bytes(f) for f in _compress_many(OneByOne())(streams)] == want
 
 
 def test_merging_repeated_records_keeps_the_first_slot_with_every_space():

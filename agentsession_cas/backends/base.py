@@ -30,12 +30,13 @@ except the hot path's :class:`Append`, which a backend encodes as it likes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, overload
 
 from ..lean import dataclass
+from .digests import EntryDigests
 
 __all__ = [
     "COMMIT_POINTS",
@@ -43,6 +44,7 @@ __all__ = [
     "Space",
     "Mark",
     "Append",
+    "CreatedRecords",
     "Record",
     "LogHistory",
     "LogOpen",
@@ -109,6 +111,61 @@ Record = Append | dict[str, Any]
 def record_data(record: Record) -> dict[str, Any]:
     """A record's JSON members, whichever form it came in."""
     return record.as_record() if isinstance(record, Append) else record
+
+
+class CreatedRecords(Sequence[Record]):
+    """The records of a session created whole (:meth:`SessionStore.create`): its ``create``
+    record; with own entries, an append of each in order (numbered from 1, not moving the
+    head, not lazy, its objects durable; a leaf label marked so: the head never rests on
+    one, after a reopen too), then a ``head`` record and a ``commit``. The appends are made
+    as they are read: a backend that folds them (the files backend writes a created log
+    compacted) reads the ids as :attr:`own`, their digests, not 100,000 records."""
+
+    __slots__ = ("create", "own", "leaf_labels", "tail")
+
+    def __init__(self, create: dict[str, Any], own: EntryDigests, leaf_labels: Collection[str], head: str | None):
+        self.create = create
+        self.own = own
+        #: The own entries that are leaf labels.
+        self.leaf_labels = frozenset(eid for eid in leaf_labels if eid in own) if leaf_labels and own else frozenset()
+        #: The records after the appends.
+        self.tail: list[dict[str, Any]] = [{"op": "head", "head": head}, {"op": "commit"}] if own else []
+
+    def with_create(self, create: dict[str, Any]) -> CreatedRecords:
+        """The same records with another ``create`` record."""
+        out = CreatedRecords(create, self.own, (), None)
+        out.leaf_labels, out.tail = self.leaf_labels, self.tail
+        return out
+
+    def _append(self, seq: int, eid: str) -> Append:
+        return Append(seq, eid, None, head_moved=False, leaf_label=eid in self.leaf_labels, lazy=False)
+
+    def __len__(self) -> int:
+        return 1 + len(self.own) + len(self.tail)
+
+    @overload
+    def __getitem__(self, i: int) -> Record: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Record]: ...
+    def __getitem__(self, i: int | slice) -> Record | list[Record]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self.own)
+        if i < 0:
+            i += len(self)
+        if i == 0:
+            return self.create
+        if 0 < i <= n:
+            return self._append(i, self.own[i - 1])
+        if n < i < len(self):
+            return self.tail[i - n - 1]
+        raise IndexError("record index out of range")
+
+    def __iter__(self) -> Iterator[Record]:
+        yield self.create
+        for seq, eid in enumerate(self.own, start=1):
+            yield self._append(seq, eid)
+        yield from self.tail
 
 
 @dataclass
@@ -179,6 +236,11 @@ class ObjectStage(Protocol):
     Iterating gives what is still to be stored, ``len()`` how many."""
 
     def add(self, space: Space, name: str, data: bytes) -> None: ...
+
+    def add_entry(self, content: str, entry: str, objects: tuple[bytes, bytes]) -> None:
+        """An entry's two objects, its content's (named ``content``) then its envelope's
+        (named ``entry``), as two :meth:`add` calls put them: one call per entry of an
+        import's pass, not two."""
 
     def close(self) -> None: ...
 

@@ -215,6 +215,11 @@ class SeqRuns(Sequence[int]):
     def __len__(self) -> int:
         return self._n
 
+    def runs(self) -> list[list[int]]:
+        """The ``[first, count]`` runs they were given as."""
+        ends = [*self._starts[1:], self._n]
+        return [[first, end - start] for first, start, end in zip(self._firsts, self._starts, ends)]
+
     @overload
     def __getitem__(self, i: int) -> int: ...
     @overload

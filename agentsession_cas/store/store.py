@@ -15,13 +15,23 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 from ..backends import DEFAULT_STORE, default_store_path, open_backend
-from ..backends.base import Append, Backend, LogHistory, Mark, ObjectStage, ObjectStore, Record, RepackResult, Space
+from ..backends.base import (
+    Backend,
+    CreatedRecords,
+    LogHistory,
+    Mark,
+    ObjectStage,
+    ObjectStore,
+    RepackResult,
+    Space,
+)
+from ..backends.digests import EntryDigests
 from ..errors import (
     AgentSessionError,
     BadBaseError,
@@ -40,7 +50,7 @@ from ..errors import (
 )
 from ..format.canonical import canonical_bytes, loads_flagged
 from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
-from ..format.hashing import entry_objects, is_hash, sha256_ref
+from ..format.hashing import HASH_PREFIX, entry_objects, is_hash, sha256_ref
 from ..format.links import continued_in_link, fork_of_link
 from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
@@ -528,24 +538,20 @@ class Store:
         self,
         header: Header,
         *,
-        own: Sequence[tuple[str, bool]],
+        own: Sequence[str],
+        leaf_labels: Collection[str] = (),
         head: str | None,
         record: bool,
         prefix: Sequence[tuple[str, str]] = (),
         objects: Iterable[tuple[Space, str, bytes]] = (),
     ) -> Session:
         """Create a session whole through the backend: its create record, its own
-        entries' appends (``own``: each id and whether it is a leaf label; their objects
-        in ``objects``), the head and a commit."""
+        entries' appends (``own``: their ids, those in ``leaf_labels`` leaf labels; their
+        objects in ``objects``), the head and a commit."""
         mark: Mark = "record" if record else "mirror"
-        records: builtins.list[Record] = [{"op": "create", "session": header.id, "base": header.base, "mark": mark}]
-        for seq, (eid, leaf_label) in enumerate(own, start=1):
-            # leaf_label: the head never rests on one, after a reopen too
-            records.append(Append(seq, eid, None, head_moved=False, leaf_label=leaf_label, lazy=False))
-        del own  # a caller that handed over its list (an import) does not keep it beside the records
-        if len(records) > 1:
-            records.append({"op": "head", "head": head})
-            records.append({"op": "commit"})
+        create: dict[str, Any] = {"op": "create", "session": header.id, "base": header.base, "mark": mark}
+        records = CreatedRecords(create, EntryDigests.of(own), leaf_labels, head)
+        del own  # (an import's ids as digests already: the records hold them, and no Append each)
         log = self.backend.sessions.create(
             header.id, header.canonical_line(), records, objects, head=head, mark=mark, prefix=prefix
         )
@@ -759,16 +765,16 @@ class Store:
             self._check_holder_media(base, header)
         # Where an own entry may hang (the base or another own entry) is the format's
         # tree rule ("base"), which verify_file held every line to above.
-        own_ids = {eid for eid, _ in taken.own}
+        own = taken.own()
         leaf = _resume_leaf(taken.stubs(), base, taken.above_base)
-        head = self._import_head(leaf, base, own_ids, lambda eid: (taken.parents[eid], eid in taken.leaf_labels))
+        head = self._import_head(leaf, base, own, taken.entry)
         if header.media == "sidecar":
             self._import_blobs(taken.sidecars, source, sidecar_dir(path, str(header.id)))
-        # What the head rule read (every entry's id and parent, twice over) is not needed
-        # to write the session: freed first, so the write's peak is not both together
-        # (issue 11: the import's peak memory).
-        del own_ids
-        session = self._create(header, own=taken.release(), head=head, record=record, objects=spill)
+        # What the head rule read (every entry's id and parent) is not needed to write the
+        # session: freed first, so the write's peak is not both together (issue 11: the
+        # import's peak memory).
+        taken.release()
+        session = self._create(header, own=own, leaf_labels=taken.leaf_labels, head=head, record=record, objects=spill)
         session._builder = taken.summary
         session.prefix = taken.prefix
         return session
@@ -853,8 +859,8 @@ class Store:
             for e in sf.entries:
                 names.extend(sidecar_names(canonical_bytes(e.body, parsed=True)))
             self._import_blobs(names, sf.source, sidecar_dir)
-        session = self._create(header, own=[(e.id, e.is_leaf_label) for e in own], head=head, record=record,
-                               objects=_objects_of(prefix + own))
+        session = self._create(header, own=[e.id for e in own], leaf_labels={e.id for e in own if e.is_leaf_label},
+                               head=head, record=record, objects=_objects_of(prefix + own))
         for e in own:
             session._summarize_created(e)
         session.prefix = [e.id for e in prefix]
@@ -873,7 +879,7 @@ class Store:
 
     @staticmethod
     def _import_head(
-        leaf: str | None, base: str | None, own_ids: set[str], entry: Callable[[str], tuple[str | None, bool]]
+        leaf: str | None, base: str | None, own_ids: Container[str], entry: Callable[[str], tuple[str | None, bool]]
     ) -> str | None:
         """An imported session's head: the resume rule's leaf held to the head rule (a leaf
         label gives way to its parent; anything not an own entry to the base). ``entry``
@@ -915,40 +921,66 @@ class Holder:
 
 class _TakenImport:
     """What a streamed import keeps of each entry the reader accepted, in file order: its
-    two objects put in the stage (a synthetic marker's aside), and per entry only what the head,
-    the prefix and the summary need: every entry's parent by id (in file order), the
-    members of labels and which are leaf labels (the resume and head rules), own entries'
-    ids (and whether each is a leaf label), sidecar names, and the summary's running
-    fields."""
+    two objects put in the stage, and of the entry itself only its id and parent (what
+    the resume and head rules read, and the own entries' ids), in two lists. What fewer
+    entries bring is kept apart: a label's members and which labels are leaf labels, the
+    lines that are no entries of record (a synthetic marker; a line refused), the prefix
+    up to the base, sidecar names; and the summary's running fields."""
 
-    def __init__(self, spill: ObjectStage, header: Header):
-        self.spill = spill
+    def __init__(self, stage: ObjectStage, header: Header):
+        self.stage = stage
         #: The header the session gets (the store's defaults filled in), which the summary starts from.
         self.header = header
         self._base = header.base
         self._sidecar = header.media == "sidecar"
-        #: Every entry's parent by id, in file order (a repeated id refuses the import).
-        self.parents: dict[str, str | None] = {}
+        #: Every entry's id and parent, in file order.
+        self.ids: list[str] = []
+        self.parents: list[str | None] = []
         self.labels: dict[str, Mapping[str, Any]] = {}  # a label's members by id, for the resume rule
         self.leaf_labels: set[str] = set()
-        self.above_base: list[str] = []  # every entry's id before the base (the tree's prefix)
-        self.prefix: list[str] = []  # the kept ones, the base included
-        self.own: list[tuple[str, bool]] = []  # each own entry's id and whether it is a leaf label
+        self.skipped: set[str] = set()  # no entries of record: synthetic markers, lines refused
+        #: Where the own entries begin in :attr:`ids` (past the base), -1 until the base has come.
+        self.own_from = 0 if header.base is None else -1
+        self.prefix: list[str] = []  # the kept entries up to the base, the base included
         self.sidecars: list[str] = []
-        self.base_found = False
         self.base_is_leaf_label = False
         #: The summary of the own entries taken.
         self.summary = SummaryBuilder(header)
+        self._by_id: dict[str, str | None] | None = None
 
-    def release(self) -> list[tuple[str, bool]]:
-        """The own entries' ids and whether each is a leaf label, for the write; what
-        only the resume and head rules read (they have run) is let go of."""
-        own, self.own = self.own, []
-        self.parents.clear()
+    @property
+    def base_found(self) -> bool:
+        return self._base is not None and self.own_from >= 0
+
+    @property
+    def above_base(self) -> list[str]:
+        """Every entry's id before the base (the tree's prefix; all of them when it never came)."""
+        if self._base is None:
+            return []
+        return self.ids[: self.own_from - 1] if self.own_from > 0 else list(self.ids)
+
+    def own(self) -> EntryDigests:
+        """The own entries' ids (those after the base that are entries of record), as digests."""
+        own = self.ids[max(self.own_from, 0) :] if self.own_from >= 0 else []
+        if self.skipped:
+            own = [eid for eid in own if eid not in self.skipped]
+        # (computed ids, every one: a line whose stated id differs was skipped)
+        return EntryDigests(bytes.fromhex("".join(own).replace(HASH_PREFIX, "")))
+
+    def entry(self, entry_id: str) -> tuple[str | None, bool]:
+        """An entry's parent and whether it is a leaf label (what the head rule walks up by):
+        the last entry's read as it is (the resume rule's leaf, most often), another's
+        through a table of every entry made when first needed."""
+        if self.ids and self.ids[-1] == entry_id:
+            return self.parents[-1], entry_id in self.leaf_labels
+        if self._by_id is None:
+            self._by_id = dict(zip(self.ids, self.parents))
+        return self._by_id[entry_id], entry_id in self.leaf_labels
+
+    def release(self) -> None:
+        """Let go of what only the resume and head rules read (they have run)."""
+        self.ids, self.parents, self._by_id = [], [], None
         self.labels.clear()
-        self.leaf_labels.clear()
-        self.above_base.clear()
-        return own
 
     def stubs(self) -> Iterator[tuple[str, str | None, Mapping[str, Any] | None]]:
         """(id, parent, a label's members) of every entry in file order: what the resume
@@ -956,42 +988,51 @@ class _TakenImport:
         without a ``leaf`` label the rule reads the last entry alone (no mark is in force,
         and only a leaf label walks a leaf up): only that one is given."""
         labels = self.labels
-        if not self.leaf_labels and self.parents:
-            eid = next(reversed(self.parents))
-            yield eid, self.parents[eid], labels.get(eid)
+        if not self.leaf_labels and self.ids:
+            eid = self.ids[-1]
+            yield eid, self.parents[-1], labels.get(eid)
             return
-        for eid, parent in self.parents.items():
+        for eid, parent in zip(self.ids, self.parents):
             yield eid, parent, labels.get(eid)
 
     def take(self, e: Entry) -> None:
-        eid, parent = e.id, e.parent
+        eid = e.id
+        data = e.data
+        self.ids.append(eid)
+        self.parents.append(data.get("parent"))
+        objects = e.objects
+        if self.own_from < 0 or objects is None or eid != e.computed_id or data.get("type") == "label":
+            self._take_other(e, objects)
+            return
+        self.summary.feed(e)
+        self.stage.add_entry(e.content_hash, eid, objects)
+        if self._sidecar:
+            self.sidecars.extend(sidecar_names(objects[0]))
+
+    def _take_other(self, e: Entry, objects: tuple[bytes, bytes] | None) -> None:
+        """An entry of the prefix, a label, or a line the rules refuse."""
+        eid = e.id
         label = e.type == "label"
         leaf_label = label and e.is_leaf_label
-        self.parents[eid] = parent
         if label:
             self.labels[eid] = e.body
             if leaf_label:
                 self.leaf_labels.add(eid)
-        past_base = self.base_found or self._base is None
-        if not past_base:
-            self.above_base.append(eid)
-        if label and e.synthetic:
-            return  # a projection's marker, never an entry of record
-        if e.objects is None or eid != e.computed_id:
-            return  # a line the rules refuse: the import is refused once the pass ends
-        content, envelope = e.objects
-        if past_base:
-            self.own.append((eid, leaf_label))
+        if (label and e.synthetic) or objects is None or eid != e.computed_id:
+            # a projection's marker, never an entry of record; or a line the rules refuse
+            # (the import is refused once the pass ends)
+            self.skipped.add(eid)
+            return
+        if self.own_from >= 0:
             self.summary.feed(e)
         else:
             self.prefix.append(eid)
             if eid == self._base:
-                self.above_base.pop()
-                self.base_found, self.base_is_leaf_label = True, leaf_label
-        self.spill.add("contents", e.content_hash, content)
-        self.spill.add("entries", eid, envelope)
+                self.own_from = len(self.ids)
+                self.base_is_leaf_label = leaf_label
+        self.stage.add_entry(e.content_hash, eid, objects)
         if self._sidecar:
-            self.sidecars.extend(sidecar_names(content))
+            self.sidecars.extend(sidecar_names(objects[0]))
 
 
 def _objects_of(entries: list[Entry]) -> list[tuple[Space, str, bytes]]:

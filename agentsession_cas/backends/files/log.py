@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import field
 from typing import Any
 
@@ -579,6 +580,26 @@ def make_snapshot(create: dict[str, Any], records: Iterable[dict[str, Any] | App
     }
 
 
+def run_snapshot(
+    create: dict[str, Any], ids: EntryDigests, leaf_labels: Collection[str], after: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """:func:`make_snapshot` of the records after ``create`` of a session created whole: an
+    append of each of ``ids`` (numbered from 1, not moving the head; those in
+    ``leaf_labels`` leaf labels), then the records ``after``. When no id stands twice and
+    nothing after appends, it is the snapshot of the records after alone with the ids put
+    before them as they are (their digests, their numbers one run): no row per append."""
+    if ids.repeated() is not None or any(r.get("op") in ("append", "snapshot") for r in after):
+        rows = ((seq, eid, None, False, eid in leaf_labels, False) for seq, eid in enumerate(ids, start=1))
+        return make_snapshot(create, itertools.chain(rows, after))
+    n = len(ids)
+    rest = make_snapshot(create, after)
+    return dict(
+        rest, seq=max(rest["seq"], n), records=rest["records"] + n, entries=ids, seqs=SeqRuns([[1, n]]) if n else [],
+        leaf_labels=sorted((eid for eid in leaf_labels if eid in ids), key=ids.position),
+        others=[[at + n, other] for at, other in rest["others"]],
+    )
+
+
 def header_of(records: Iterable[Any]) -> dict[str, Any] | None:
     """The session header the log holds last (the ``create`` record's, or a later
     ``header`` record's, a snapshot's kept ones included), or None for a log written
@@ -689,6 +710,8 @@ def snapshot_raw(entries: Sequence[str]) -> bytes:
 
 def _runs(seqs: Sequence[int]) -> list[list[int]]:
     """Sequence numbers as [first, count] runs of consecutive numbers."""
+    if isinstance(seqs, SeqRuns):
+        return seqs.runs()
     runs: list[list[int]] = []
     for s in seqs:
         if runs and runs[-1][0] + runs[-1][1] == s:

@@ -1155,6 +1155,11 @@ class FileObjects(ObjectStore):
             writer.add_raw(raw, spaces, data)
 
 
+#: The space of each space bit, and an entry's two objects' bits (its content, then its envelope).
+_SPACE_OF_BITS = {bits: space for space, bits in SPACE_BITS.items()}
+_ENTRY_SPACES = bytes((SPACE_BITS["contents"], SPACE_BITS["entries"]))
+
+
 class PackStage:
     """An import's objects written into a new pack as the file's pass accepts them,
     compressed on a thread beside the pass: one write of each object, where a spill wrote
@@ -1165,9 +1170,10 @@ class PackStage:
     the store is as it was (a crash leaves it in ``tmp/``, a temporary file as any
     writer's: ``fsck`` notes it and a sweep removes it once it is old).
 
-    :meth:`add` only gathers an object (its space, name and bytes appended to three
-    lists); a :data:`BATCH_BYTES` batch at a time goes to the writer in one call
-    (:meth:`StreamPackWriter.add_many`), so the pass pays a few appends an object.
+    :meth:`add` only gathers an object (its name and bytes appended to two lists, its
+    space bits to a byte string), :meth:`add_entry` an entry's two; a
+    :data:`BATCH_BYTES` batch at a time goes to the writer in one call
+    (:meth:`StreamPackWriter.add_many`), so the pass pays a few appends an entry.
     What :meth:`put_many` would not pack is spilled instead, and iterating the stage
     gives it, stored as any batch is: the objects of an import of fewer than
     :data:`PACK_BATCH` (loose files, as any small batch), one a pack holds already
@@ -1190,9 +1196,9 @@ class PackStage:
         self._first: Spill | None = Spill()  # the first objects, until there are PACK_BATCH
         self._writer: StreamPackWriter | None = None
         self._done = False
-        self._spaces: list[str] = []  # the batch being gathered
-        self._names: list[str] = []
-        self._datas: list[bytes] = []
+        self._spaces = bytearray()  # the batch being gathered: each object's space bits,
+        self._names: list[str] = []  # name
+        self._datas: list[bytes] = []  # and bytes
         self._held = 0
         objects.packs.refresh()
         self._dedup = bool(objects.packs.packs)
@@ -1200,39 +1206,51 @@ class PackStage:
     def add(self, space: str, name: str, data: bytes) -> None:
         if self._done:
             raise StoreError("objects added to an import's stage after it was stored or closed")
-        self._spaces.append(space)
+        self._spaces.append(SPACE_BITS[space])
         self._names.append(name)
         self._datas.append(data)
         self._held += len(data)
         if self._held >= self.BATCH_BYTES:
             self._flush()
 
+    def add_entry(self, content: str, entry: str, objects: tuple[bytes, bytes]) -> None:
+        if self._done:
+            raise StoreError("objects added to an import's stage after it was stored or closed")
+        self._spaces += _ENTRY_SPACES
+        self._names += (content, entry)
+        self._datas += objects
+        self._held += len(objects[0]) + len(objects[1])
+        if self._held >= self.BATCH_BYTES:
+            self._flush()
+
     def _flush(self) -> None:
         """Hand the batch on: to the writer (begun once there are :data:`PACK_BATCH`
         objects), what it would not pack to the spill of the rest."""
-        spaces, names, datas = self._spaces, self._names, self._datas
-        self._spaces, self._names, self._datas, self._held = [], [], [], 0
+        spaces, names, datas, held = bytes(self._spaces), self._names, self._datas, self._held
+        self._spaces, self._names, self._datas, self._held = bytearray(), [], [], 0
         if not names:
             return
-        if self._dedup or max(map(len, datas)) > MAX_PACKED:
+        if self._dedup or (held > MAX_PACKED and max(map(len, datas)) > MAX_PACKED):
             packed, kept = self._objects._packed_sound, []
-            for item in zip(spaces, names, datas):
-                if len(item[2]) > MAX_PACKED or (self._dedup and packed(item[0], item[1]) is not None):
-                    self._rest.add(*item)
+            for bits, name, data in zip(spaces, names, datas):
+                space = _SPACE_OF_BITS[bits]
+                if len(data) > MAX_PACKED or (self._dedup and packed(space, name) is not None):
+                    self._rest.add(space, name, data)
                 else:
-                    kept.append(item)
-            spaces, names, datas = [list(column) for column in zip(*kept)] if kept else ([], [], [])
+                    kept.append((bits, name, data))
+            spaces = bytes(bits for bits, _, _ in kept)
+            names, datas = [name for _, name, _ in kept], [data for _, _, data in kept]
         if self._writer is None:
             first = self._first
             assert first is not None
             if len(first) + len(names) < PACK_BATCH:
-                for item in zip(spaces, names, datas):
-                    first.add(*item)
+                for bits, name, data in zip(spaces, names, datas):
+                    first.add(_SPACE_OF_BITS[bits], name, data)
                 return
             self._start()
         assert self._writer is not None
         if names:
-            self._writer.add_many(names, bytes(map(SPACE_BITS.__getitem__, spaces)), datas)
+            self._writer.add_many(names, spaces, datas)
 
     def _start(self) -> None:
         """Enough objects for a pack: the writer begins, the first ones written into it."""
@@ -1269,7 +1287,7 @@ class PackStage:
 
     def close(self) -> None:
         self._done = True
-        self._spaces, self._names, self._datas, self._held = [], [], [], 0
+        self._spaces, self._names, self._datas, self._held = bytearray(), [], [], 0
         if self._writer is not None:
             self._writer.abort()
             self._writer = None

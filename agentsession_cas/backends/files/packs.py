@@ -73,8 +73,8 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import blake3
 import zstandard
@@ -991,7 +991,11 @@ class PackWriter:
         if len(stream) > MAX_BLOCK or len(side_bytes) > MAX_BLOCK:  # (cannot happen: see MAX_TARGET; never write one)
             raise StoreError(f"a block of {len(stream)} + {len(side_bytes)} bytes is more than a reader accepts")
         self._slots += count
-        job = (stream, side_bytes, first, count)
+        self._hand(stream, side_bytes, first, count)
+
+    def _hand(self, stream: bytes, side: bytes, first: int, count: int) -> None:
+        """A cut block's stream to zstd: on this thread, or on the pool, written in order."""
+        job = (stream, side, first, count)
         if self._pool is None:
             self._put_block(self._cctx.compress(stream), *job)
             return
@@ -1033,10 +1037,18 @@ class PackWriter:
         self._cut()
         self._collect(wait=True)
         self._shutdown()
+        return self._publish(self._end_pack(), *self._index())
+
+    def _end_pack(self) -> bytes:
+        """Write what is buffered and the pack's checksum, make it durable; its checksum."""
         self._drain()
         pack_sum = self._hash.digest()
         self._seal_pack(pack_sum)
-        names, wheres = self._index()
+        return pack_sum
+
+    def _publish(self, pack_sum: bytes, names: list[bytes], wheres: list[int]) -> str:
+        """Write the index of the pack ended (``names`` sorted, each one's record), make it
+        durable and rename both into place; the index's path."""
         # objects whose first byte <= i: those sorting before the byte after i
         fanout = [bisect_left(names, bytes((i + 1,))) for i in range(255)] + [len(names)]
         parts = [
@@ -1097,19 +1109,121 @@ class StreamPackWriter(PackWriter):
     is sorted: its first slot is named, the later copy left a slot no record names (as a
     merge may leave them; a repack drops it). Objects come one by one or many at once
     (:meth:`add_many`: an import's stage hands them over a batch at a time, so the pass
-    pays a few appends an object). Compressed bytes are written a MiB at a time: the
-    writer is the caller's thread."""
+    pays a few appends an object).
+
+    With ``threads`` (one is used), a thread of the writer's own takes the cut blocks'
+    streams, :data:`HAND_AT` at a time, compresses them, writes the frames (a MiB at a
+    time) and hashes them, in order: the pass's thread only cuts blocks, and waits only
+    when :data:`IN_FLIGHT` batches are handed over and not yet written (its memory stays
+    bounded when zstd falls behind). That thread ends the pack (its checksum, its fsync)
+    while :meth:`finish` sorts the index."""
 
     WRITE_BUFFER = 1 << 20
+    #: Blocks handed to the writer's thread at once (a wake-up of it a batch, not a block),
+    #: and batches handed over and not yet written, at most.
+    HAND_AT = 4
+    IN_FLIGHT = 2
 
     def __init__(self, pack_dir: str, tmp_dir: str, *, level: int = 3, threads: int = 0):
         import tempfile
 
-        super().__init__(pack_dir, tmp_dir, level=level, threads=threads)
-        self._names = tempfile.TemporaryFile()  # each object's raw name, 32 bytes, in slot order
+        super().__init__(pack_dir, tmp_dir, level=level)
+        # each object's raw name, 32 bytes, in slot order (written a MiB at a time)
+        self._names = tempfile.TemporaryFile(buffering=1 << 20)
         self._spaces = bytearray()  # each object's space bits, in slot order
+        self._thread: threading.Thread | None = None
+        self._ended: bytes | BaseException | None = None  # what the thread's end of the pack gave
+        self._told = self._aborting = False  # the thread told to end the pack; an abort under way
+        if threads > 0:
+            import queue
+
+            self._batch: list[tuple[bytes, bytes, int, int]] = []  # blocks cut and not yet handed over
+            self._jobs: queue.SimpleQueue[list[tuple[bytes, bytes, int, int]] | None] = queue.SimpleQueue()
+            self._room = threading.Semaphore(self.IN_FLIGHT)
+            self._thread = threading.Thread(target=self._run, name="pack-compress", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        """The writer's thread: the batches of blocks handed over, as many as are waiting
+        at once, compressed, written and hashed, then (at None) the pack ended, unless it
+        is being aborted; the first failure is kept, and the blocks after it only counted off."""
+        jobs, compress = self._jobs, _compress_many(self._cctx)
+        while True:
+            batches = [jobs.get()]
+            while not jobs.empty():
+                batches.append(jobs.get_nowait())
+            end = batches[-1] is None  # (the last thing ever put)
+            blocks = [job for batch in batches if batch is not None for job in batch]
+            if blocks and not (self._aborting or isinstance(self._ended, BaseException)):
+                try:
+                    for frame, job in zip(compress([job[0] for job in blocks]), blocks, strict=True):
+                        self._put_block(frame, *job)
+                except BaseException as exc:
+                    self._ended = exc
+            del blocks
+            if len(batches) > end:
+                self._room.release(len(batches) - end)
+            if end:
+                break
+        if not (self._aborting or isinstance(self._ended, BaseException)):
+            try:
+                self._ended = self._end_pack()
+            except BaseException as exc:
+                self._ended = exc
+
+    def _hand(self, stream: bytes, side: bytes, first: int, count: int) -> None:
+        if self._thread is None:
+            super()._hand(stream, side, first, count)
+            return
+        self._batch.append((stream, side, first, count))
+        if len(self._batch) >= self.HAND_AT:
+            self._hand_batch()
+
+    def _hand_batch(self) -> None:
+        """The blocks gathered to the thread (waiting while :data:`IN_FLIGHT` batches are)."""
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        self._room.acquire()
+        if isinstance(self._ended, BaseException):
+            raise StoreError(f"writing the pack {self._tmp}.pack failed: {self._ended}") from self._ended
+        self._jobs.put(batch)
+
+    def _stop(self) -> bytes | None:
+        """Wait for the thread (told to end the pack, or to stop); the pack's checksum when
+        it ended it. A failure of the thread's is raised here."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return None
+        if not self._told:
+            self._jobs.put(None)
+        thread.join()
+        ended, self._ended = self._ended, None
+        if isinstance(ended, BaseException):
+            raise StoreError(f"writing the pack {self._tmp}.pack failed: {ended}") from ended
+        return ended
+
+    def finish(self) -> str:
+        if not len(self):
+            self.abort()
+            raise StoreError("refusing to write an empty pack")
+        if self._thread is None:
+            return super().finish()
+        self._cut()
+        self._hand_batch()
+        self._jobs.put(None)  # the thread ends the pack (its last blocks, checksum, fsync) ...
+        self._told = True
+        index = self._index()  # ... while this one sorts the index
+        pack_sum = self._stop()
+        assert pack_sum is not None
+        return self._publish(pack_sum, *index)
 
     def abort(self) -> None:
+        self._aborting = True
+        try:
+            self._stop()
+        except StoreError:
+            pass  # (the pack is being removed: why its writing failed is moot)
         self._names.close()
         super().abort()
 
@@ -1176,6 +1290,18 @@ class StreamPackWriter(PackWriter):
         del raws
         spaces = self._spaces
         return _merge_repeats(names, [slot << 3 | spaces[slot] for slot in order])
+
+
+def _compress_many(cctx: zstandard.ZstdCompressor) -> Callable[[list[bytes]], Sequence[Any]]:
+    """Each stream compressed as :meth:`~zstandard.ZstdCompressor.compress` makes its frame
+    (the same bytes). zstandard's C backend does them all in one call that lets go of the
+    interpreter lock once (``multi_compress_to_buffer``): a thread compressing beside a
+    busy one waits for the lock once a batch, not once a block (each wait can be the
+    switch interval, 5 ms, while a block takes about 1 ms to compress)."""
+    many = getattr(cctx, "multi_compress_to_buffer", None)
+    if many is None:
+        return lambda streams: [cctx.compress(stream) for stream in streams]
+    return lambda streams: list(many(streams, threads=0))
 
 
 def _merge_repeats(names: list[bytes], wheres: list[int]) -> tuple[list[bytes], list[int]]:

@@ -52,6 +52,7 @@ from ...fsutil import NotAFileError, fsync_dir, read_dense, read_prefix, read_sm
 from ..base import (
     COMMIT_POINTS,
     Append,
+    CreatedRecords,
     LogHistory,
     LogOpen,
     LogTail,
@@ -79,6 +80,7 @@ from .log import (
     read_snapshot_ids,
     read_tail,
     record_body,
+    run_snapshot,
     snapshot_ids_file,
     with_digests,
 )
@@ -202,9 +204,12 @@ def _read_rule_state(directory: str) -> dict[str, Any] | None:
     return _read_index(directory, "rules", _RULES_MAX, json.loads)
 
 
-def _with_header(records: Sequence[Record], header: bytes) -> list[Record]:
+def _with_header(records: Sequence[Record], header: bytes) -> Sequence[Record]:
     """The records with the session's header in the ``create`` record: the log holds the
     header, so a damaged or stale ``header`` file is an index to rewrite, not a loss."""
+    if isinstance(records, CreatedRecords):
+        create = records.create
+        return records if "header" in create else records.with_create(dict(create, header=loads(header)))
     out = list(records)
     if out and not isinstance(out[0], Append) and out[0].get("op") == "create" and "header" not in out[0]:
         out[0] = dict(out[0], header=loads(header))
@@ -253,7 +258,12 @@ def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int, list[dict[
     its close would compact it, once it is :data:`COMPACT_AT_CLOSE` or longer: the
     ``create`` record and one ``snapshot``. An import of 100,000 entries so writes two
     lines, not 100,000 appends that its close would read back and every open (and the
-    creating session's own state) would replay one by one."""
+    creating session's own state) would replay one by one; their ids given as digests
+    (:class:`CreatedRecords`), the snapshot is made of them as they are."""
+    if isinstance(records, CreatedRecords) and len(records.own) * _APPEND_LINE_MIN >= COMPACT_AT_CLOSE:
+        snapshot = run_snapshot(records.create, records.own, records.leaf_labels, records.tail)
+        data, link = chain([record_body(records.create), record_body(snapshot)])
+        return data, link, len(data), [records.create, snapshot]
     last = records[-1] if records else None
     appends = sum(1 for r in records if isinstance(r, Append))
     foldable = (
@@ -439,7 +449,10 @@ class FileSessions(SessionStore):
         log.lock = lock
         log.writable = True
         log._fd = os.open(os.path.join(log.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        log._max_seq = max((r.seq for r in records if isinstance(r, Append)), default=0)
+        if isinstance(records, CreatedRecords):
+            log._max_seq = len(records.own)
+        else:
+            log._max_seq = max((r.seq for r in records if isinstance(r, Append)), default=0)
         log._head, log._mark = head, mark
         log._last = last_line
         log._compacted = compacted
