@@ -1105,6 +1105,30 @@ class ContextBuilder:
         self.unresolved_of = None
         return entry
 
+    def pop_to(self, keep: int) -> None:
+        """Take the path back to its first ``keep`` entries, as many :meth:`pop` would: the
+        state before the first entry taken was pushed, the settings, compaction and item
+        list as the earliest config or compaction taken had found them."""
+        path = self.path
+        if keep >= len(path):
+            return
+        undos = self._undo[keep:]
+        index = self.index
+        for entry, undo in zip(reversed(path[keep:]), reversed(undos), strict=True):
+            if undo[0] is None:
+                del index[entry.id]
+            else:
+                index[entry.id] = undo[0]
+        del path[keep:]
+        del self._models[keep:]
+        del self._undo[keep:]
+        for undo in undos:
+            if len(undo) > 2:
+                self.settings, self._raw, self.compaction, self.error = undo[2:]
+                break
+        self._raw.truncate(undos[0][1])
+        self.unresolved_of = None
+
     def extend(self, entries: Iterable[Entry]) -> ContextBuilder:
         for e in entries:
             self.push(e)

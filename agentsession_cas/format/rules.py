@@ -543,6 +543,10 @@ class OpenRun(NamedTuple):
     pending: tuple[str, ...]
 
 
+#: Pops :meth:`PathChecker._pop_to` makes one by one; more are undone at once.
+_FEW_POPS = 8
+
+
 @dataclass(slots=True)  # not frozen: a frozen init costs a setattr call per field, and every append makes one
 class _PathMark:
     order: int
@@ -613,6 +617,11 @@ class PathChecker:
         self._open: dict[str, tuple[Entry, str | None]] = {}
         self._trial: list[Entry] | None = None  # entries added while a trial is open
 
+    @property
+    def order(self) -> Sequence[str]:
+        """The ids added, in the order added (a trial's undone adds gone)."""
+        return self._order
+
     # -- reporting ----------------------------------------------------------------
 
     def _report(self, entry: Entry, code: str, message: str) -> None:
@@ -669,28 +678,40 @@ class PathChecker:
         self.walker.pop()
         self.builder.pop()
 
+    def _pop_to(self, keep: int) -> None:
+        """Pop the path down to its first ``keep`` entries: what as many :meth:`_pop` do,
+        undone at once past a few (a close stands a long branch back at the head: 90,000
+        pops one by one cost a third of it)."""
+        path = self.path
+        if len(path) - keep <= _FEW_POPS:
+            while len(path) > keep:
+                self._pop()
+            return
+        depth = self._depth
+        for e in path[keep:]:
+            del depth[e.id]
+        del path[keep:]
+        self.walker.pop_to(keep)
+        self.builder.pop_to(keep)
+
     def _goto(self, target: str | None) -> None:
         """Reposition so that ``target`` (None: nothing) is the tip of the path."""
         path = self.path
         if target is None:
-            while path:
-                self._pop()
+            self._pop_to(0)
             return
         if path and path[-1].id == target:
             return
         d = self._depth.get(target)
         if d is not None:
-            while len(path) > d + 1:
-                self._pop()
+            self._pop_to(d + 1)
             return
         chain: list[str] = []
         x: str | None = target
         while x is not None and x not in self._depth:
             chain.append(x)
             x = self._parent[x]
-        keep = self._depth[x] + 1 if x is not None else 0
-        while len(path) > keep:
-            self._pop()
+        self._pop_to(self._depth[x] + 1 if x is not None else 0)
         for eid in reversed(chain):
             self._push(self._load(eid))
 

@@ -588,32 +588,53 @@ class RecordWalker:
             self._queued(e)
 
     def pop(self) -> None:
-        mark = self._marks.pop()
+        self._unwind(self._marks.pop())
+        e = self.path.pop()
+        del self.on_path[e.id]
+        self.last_resp.pop()
+
+    def pop_to(self, keep: int) -> None:
+        """Pop the path down to its first ``keep`` entries, as many :meth:`pop` would."""
+        if keep >= len(self.path):
+            return
+        marks = self._marks
+        at = keep - len(self.path) + len(marks)  # (marks are the last entries': a path set whole has none)
+        self._unwind(marks[at])
+        del marks[at:]
+        on_path = self.on_path
+        for e in self.path[keep:]:
+            del on_path[e.id]
+        del self.path[keep:]
+        del self.last_resp[keep:]
+
+    def _unwind(self, mark: int) -> None:
+        """Undo every change recorded since the undo list was ``mark`` long, last first."""
         undo = self._undo
-        while len(undo) > mark:
-            op = undo.pop()
+        if len(undo) <= mark:
+            return
+        ops = undo[mark:]
+        del undo[mark:]
+        calls = self.calls
+        for op in reversed(ops):
             kind = op[0]
-            if kind is _UNDO_POP:
+            if kind is _UNDO_OPEN_CALLS:
+                self.open_calls -= op[1]
+            elif kind is _UNDO_OUTPUT:
+                calls[op[1]].output = None  # (a plain lookup, never a restored map's .get: the call is on the path)
+            elif kind is _UNDO_EVENT:
+                calls[op[1]].events.pop()
+            elif kind is _UNDO_CALL:
+                del calls[op[1]]
+                dict.__getitem__(self.by_call_id, op[2]).pop()
+                self.call_order.pop()
+            elif kind is _UNDO_POP:
                 op[1].pop()
             elif kind is _UNDO_SET:
                 setattr(op[1], op[2], op[3])
-            elif kind is _UNDO_OPEN_CALLS:
-                self.open_calls -= op[1]
-            elif kind is _UNDO_EVENT:
-                dict.__getitem__(self.calls, op[1]).events.pop()  # (a plain lookup: the call is on the path)
-            elif kind is _UNDO_OUTPUT:
-                dict.__getitem__(self.calls, op[1]).output = None
-            elif kind is _UNDO_CALL:
-                del self.calls[op[1]]
-                dict.__getitem__(self.by_call_id, op[2]).pop()
-                self.call_order.pop()
             else:  # _UNDO_TAKE
                 run, key = op[1], op[2]
                 run.call_keys.discard(key)
                 run.calls.pop()
-        e = self.path.pop()
-        del self.on_path[e.id]
-        self.last_resp.pop()
 
     # -- entries ----------------------------------------------------------------
 

@@ -327,6 +327,9 @@ class _NoBuilder:
     def pop(self) -> None:
         return None
 
+    def pop_to(self, keep: int) -> None:
+        pass
+
     def __getattr__(self, name: str) -> Any:
         raise NeedsRebuild(f"the context along the path ({name})")
 
@@ -341,6 +344,11 @@ class _RestoredPath(PathChecker):
         if len(self.path) <= self.floor:
             raise NeedsRebuild("a move above the restored tip")
         super()._pop()
+
+    def _pop_to(self, keep: int) -> None:
+        if keep < self.floor:
+            raise NeedsRebuild("a move above the restored tip")
+        super()._pop_to(keep)
 
     def finish(self) -> list[Any]:
         raise NeedsRebuild("the whole session's notes")
@@ -460,7 +468,7 @@ def capture(
     a JSON object; None when there is nothing worth keeping (no own entry) or the
     checker does not stand for that log."""
     path = checker.path
-    if checker._trials or not own or not path.path or len(path._order) != prefix + len(own) or path._order[-1] != own[-1]:
+    if checker._trials or not own or not path.path or len(path.order) != prefix + len(own) or path.order[-1] != own[-1]:
         return None
     w = path.walker
     on_path = w.on_path
@@ -506,7 +514,7 @@ def capture(
         "entries": len(own),
         "last": own[-1],
         "last_seq": own_seq[own[-1]],
-        "order": len(path._order),
+        "order": len(path.order),
         "tip": path.path[-1].id,
         "tip_at": seq[path.path[-1].id],
         "depth": len(path.path),
