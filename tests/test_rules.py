@@ -1097,10 +1097,10 @@ def _path_state(path: PathChecker) -> tuple:
         dict(path._depth),
         [e.id for e in w.path],
         sorted(w.on_path),
-        [None if x is None else (x[0].id, x[1]) for x in w.last_resp],
-        {k: (c.call_id, c.output.id if c.output is not None else None, [(ev.kind, ev.entry.id) for ev in c.events])
+        list(w.last_resp),
+        {k: (c.call_id, c.output.id if c.output is not None else None, list(c.events))
          for k, c in w.calls.items()},
-        {k: [c.entry.id for c in v] for k, v in w.by_call_id.items()},
+        {k: [c.entry.id for c in w.stack(k)] for k in w.by_call_id},
         [c.entry.id for c in w.call_order],
         w.open_calls,
         None if run is None else (run.start.id, [c.entry.id for c in run.calls], sorted(run.call_keys), run.nonempty,
