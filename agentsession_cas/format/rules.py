@@ -254,6 +254,7 @@ def check_line(
     migrated: bool = False,
     require_id: bool = True,
     raw: bytes | None = None,
+    into: Entry | None = None,
 ) -> tuple[Entry | None, list[Problem]]:
     """The line rules of one parsed entry line: the entry (None when it cannot be
     hashed, or is no entry at all) and every line rule it breaks.
@@ -265,7 +266,9 @@ def check_line(
     ``require_id=False`` for an entry a store is given to append, whose id it computes
     (a stated one is still held to the hash); ``raw``, the line's bytes when
     ``canonical.loads_canonical`` proved them its canonical form (an item's bytes are
-    then cut from them, not encoded)."""
+    then cut from them, not encoded); ``into``, the caller's own entry of ``obj`` (its
+    ``data``, hashed as here), given back rather than a second one made (a store's append
+    of the entry it was handed)."""
     type_ = obj.get("type")
     if not isinstance(type_, str) or not type_:
         return None, [problem(line, "entry", "the entry has no string 'type'")]
@@ -318,7 +321,11 @@ def check_line(
     ):
         for lack in _required(type_, obj):
             out.append(problem(line, "missing-member", lack, stated if isinstance(stated, str) else computed))
-    entry = Entry(obj, computed_id=computed, content_hash=chash, line=line)
+    if into is not None and into.data is obj and into.computed_id == computed and into.content_hash == chash:
+        entry = into  # (its hashes are these already: nothing of it changes but what follows)
+        entry.line = line
+    else:
+        entry = Entry(obj, computed_id=computed, content_hash=chash, line=line)
     entry.careful = careful  # the parse's flag, so a later serialisation skips the scan
     entry.objects = objects
     if objects is not None:
@@ -547,17 +554,10 @@ class OpenRun(NamedTuple):
 _FEW_POPS = 8
 
 
-@dataclass(slots=True)  # not frozen: a frozen init costs a setattr call per field, and every append makes one
-class _PathMark:
-    order: int
-    trial: int
-    tip: str | None
-    problems: int
-    notes: int
-    seen: int
-    rebuilt: int
-    budget: int
-    calls_checked: int
+#: What :meth:`PathChecker._snapshot` notes, to go back to: (order, trial, tip, problems,
+#: notes, seen, rebuilt, budget, calls_checked), the lengths and values then. A plain
+#: tuple: every append makes one, and a tuple is made in one step.
+_PathMark = tuple[int, int, str | None, int, int, int, int, int, int]
 
 
 class PathChecker:
@@ -885,26 +885,26 @@ class PathChecker:
     def _snapshot(self) -> _PathMark:
         if self._trial is None:
             self._trial = []
-        return _PathMark(  # positional, in the fields' order: one is made every append
-            len(self._order),  # order
-            len(self._trial),  # trial
-            self.path[-1].id if self.path else None,  # tip
-            len(self.problems),  # problems
-            len(self.notes),  # notes
-            len(self._seen_log),  # seen
-            len(self._rebuilt),  # rebuilt
-            self._budget,  # budget
-            self.walker.calls_checked,  # calls_checked
+        return (
+            len(self._order),
+            len(self._trial),
+            self.path[-1].id if self.path else None,
+            len(self.problems),
+            len(self.notes),
+            len(self._seen_log),
+            len(self._rebuilt),
+            self._budget,
+            self.walker.calls_checked,
         )
 
     def _restore(self, mark: _PathMark) -> None:
         """Undo every add since ``mark``: the path returns to its tip then, and every
         session-wide fact those adds registered is forgotten."""
-        n = mark.order
+        n, trial, tip, problems, notes, seen, rebuilt, budget, calls_checked = mark
         seq = self.seq
         while self.path and seq[self.path[-1].id] >= n:
             self._pop()
-        gone = (self._trial or [])[mark.trial:]
+        gone = (self._trial or [])[trial:]
         for e in gone:
             eid = e.id
             del seq[eid]
@@ -914,19 +914,19 @@ class PathChecker:
             self._open.pop(eid, None)
             if self._entries is not None:
                 self._entries.pop(eid, None)
-        self.walker.forget(gone, mark.calls_checked)
+        self.walker.forget(gone, calls_checked)
         del self._order[n:]
         if self._trial is not None:
-            del self._trial[mark.trial:]
-        while len(self._rebuilt) > mark.rebuilt:
+            del self._trial[trial:]
+        while len(self._rebuilt) > rebuilt:
             self._rebuilt.popitem()
-        for key in self._seen_log[mark.seen:]:
+        for key in self._seen_log[seen:]:
             self._seen.discard(key)
-        del self._seen_log[mark.seen:]
-        del self.problems[mark.problems:]
-        del self.notes[mark.notes:]
-        self._budget = mark.budget
-        self._goto(mark.tip)
+        del self._seen_log[seen:]
+        del self.problems[problems:]
+        del self.notes[notes:]
+        self._budget = budget
+        self._goto(tip)
 
     def _settle(self) -> None:
         self._trial = None
@@ -960,7 +960,7 @@ def _by_line(problems: list[Problem]) -> list[Problem]:
 # the two put together
 
 
-@dataclass(slots=True)  # not frozen: see _PathMark
+@dataclass(slots=True)  # not frozen: a rebuilt checker gives a trial its own marks
 class Trial:
     """A mark :meth:`SessionChecker.begin` returns: what to go back to."""
 
