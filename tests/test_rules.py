@@ -1114,7 +1114,7 @@ def _path_state(path: PathChecker) -> tuple:
         b.compaction,
         b.error,
         [(pos, kind, model, index) for pos, kind, model, index in b._raw.items],
-        [(m.upto, m.count) for m in b._raw.marks],
+        [(m[1], m[3]) for m in b._raw.marks],
         len(b._undo),
     )
 
