@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agentsession_cas import (
@@ -29,6 +29,7 @@ from agentsession_cas.format.hashing import entry_hashes
 from agentsession_cas.format.legacy import migrate_entry
 from agentsession_cas.format.reader import split_lines
 from agentsession_cas.format.codes import STORE_ONLY
+from agentsession_cas.format import rules as rules_module
 from agentsession_cas.format.rules import (
     CORE_TYPES,
     PathChecker,
@@ -1085,6 +1086,66 @@ def test_path_checker_with_a_loader_matches_the_default():
         assert a.add(e) == b.add(e)
     assert a.finish() == b.finish()
     assert loads, "moving back to a branch left loaded its entries"
+
+
+def _path_state(path: PathChecker) -> tuple:
+    """What the path checker holds along its path (walker and builder), as plain values."""
+    w, b = path.walker, path.builder
+    run = w.run
+    return (
+        [e.id for e in path.path],
+        dict(path._depth),
+        [e.id for e in w.path],
+        sorted(w.on_path),
+        list(w.last_resp),
+        {k: (c.call_id, c.output.id if c.output is not None else None, list(c.events))
+         for k, c in w.calls.items()},
+        {k: [c.entry.id for c in w.stack(k)] for k in w.by_call_id},
+        [c.entry.id for c in w.call_order],
+        w.open_calls,
+        None if run is None else (run.start.id, [c.entry.id for c in run.calls], sorted(run.call_keys), run.nonempty,
+                                  run.out_or_decision, run.takeup),
+        len(w._undo),
+        list(w._marks),
+        [e.id for e in b.path],
+        dict(b.index),
+        list(b._models),
+        (b.settings.model, b.settings.request_split(), repr(b.settings.omit), b.settings.omitted),
+        b.compaction,
+        b.error,
+        [(pos, kind, model, index) for pos, kind, model, index in b._raw.items],
+        [(m[1], m[3]) for m in b._raw.marks],
+        len(b._undo),
+    )
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_session_ops(), st.integers(0, 10**6))
+@example([("user", 1), ("call", 2), ("compact", 1), ("user", 3), ("config-of", 2), ("respond", 0), ("user", 4)], 2)
+def test_property_a_bulk_pop_is_as_many_pops(ops, pick):
+    s = _play(ops)
+    entries = s.b.entries
+    header = read_session_bytes(s.bytes()).header
+    one, bulk = PathChecker(header), PathChecker(header)
+    for e in entries:
+        one.add(e)
+        bulk.add(e)
+    keep = pick % (len(one.path) + 1)
+    tip = one.path[-1].id
+    while len(one.path) > keep:
+        one._pop()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rules_module, "_FEW_POPS", 0)  # every move of the bulk checker pops at once
+        bulk._pop_to(keep)
+        assert _path_state(bulk) == _path_state(one)
+        one._goto(tip)
+        bulk._goto(tip)
+        assert _path_state(bulk) == _path_state(one)
+        assert bulk.open_run() == one.open_run()
+        bulk._goto(None)
+        while one.path:
+            one._pop()
+        assert _path_state(bulk) == _path_state(one)
 
 
 def test_core_types_are_the_rfcs():

@@ -193,6 +193,26 @@ def test_the_restored_state_answers_most_appends_of_a_coding_session_itself():
     assert kept_up > (len(s.own) - 1) * 0.6
 
 
+def test_a_restored_checker_stands_back_at_its_tip_at_once_and_no_higher():
+    """The close stands the checker at the head, popping what lies below it at once (a
+    bulk pop): down to the restored tip it is the rebuilt checker's move, above it a
+    question for the rebuilt state (``stand_at`` then says no)."""
+    s = SPLITS["generated-1"]
+    cut = len(s.own)
+    full, restored = s.build(cut), s.restored(cut)
+    assert restored is not None
+    tip = parent = s.ids[-1]
+    for i in range(20):  # user messages, one below the other: more than a few pops
+        e = make_entry("item", parent, ts="2026-01-01T00:00:00Z", item={"type": "message", "role": "user", "content": f"m{i}"})
+        assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False))
+        parent = e.id
+    assert type(restored) is RestoredChecker
+    assert rulestate.stand_at(restored, tip) and rulestate.stand_at(full, tip)
+    assert type(restored) is RestoredChecker and restored.path.path[-1].id == tip
+    assert restored.open_run() == full.open_run()
+    assert not rulestate.stand_at(restored, s.ids[cut - 2])
+
+
 def _fork_of(s: _Split, cut: int, records: bool = True) -> tuple[Header, list[Entry], dict[str, Any] | None]:
     """A fork of the first ``cut`` own entries at the last of them: its header (the
     origin's with that base, and its ``records`` promise unless ``records`` is False, as

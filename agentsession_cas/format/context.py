@@ -838,19 +838,12 @@ def _apply_omit(
 # incremental request hashing
 
 
-class _Mark:
-    """A request hash in progress: the SHA-256 state after ``{<members before input>,
-    "input":[`` and the items sent from the first ``upto`` contributions (``count`` of
-    them), under the signature ``sig``. ``last`` is the contribution at ``upto - 1``."""
-
-    __slots__ = ("sig", "upto", "last", "count", "h")
-
-    def __init__(self, sig: tuple, upto: int, last: _Placed | None, count: int, h: Any):
-        self.sig = sig
-        self.upto = upto
-        self.last = last
-        self.count = count
-        self.h = h
+#: A request hash in progress: (sig, upto, last, count, h), the SHA-256 state ``h`` after
+#: ``{<members before input>,"input":[`` and the items sent from the first ``upto``
+#: contributions (``count`` of them), under the signature ``sig``; ``last`` is the
+#: contribution at ``upto - 1``. A plain tuple: with no omit in force it holds nothing the
+#: collector walks (a hash state is not one), and a path keeps one per response.
+_Mark = tuple[tuple, int, _Placed | None, int, Any]
 
 
 class _Raw:
@@ -888,14 +881,15 @@ class _Raw:
 
     def truncate(self, n: int) -> None:
         del self.items[n:]
-        while self.marks and self.marks[-1].upto > n:
+        while self.marks and self.marks[-1][1] > n:
             self.marks.pop()
 
     def _valid(self, mark: _Mark, sig: tuple, upto: int) -> bool:
+        msig, mupto, last, _, _ = mark
         return (
-            mark.sig == sig
-            and mark.upto <= upto
-            and (mark.upto == 0 or (mark.upto <= len(self.items) and self.items[mark.upto - 1] is mark.last))
+            msig == sig
+            and mupto <= upto
+            and (mupto == 0 or (mupto <= len(self.items) and self.items[mupto - 1] is last))
         )
 
     def hash_request(self, upto: int, settings: Settings, path_index: Mapping[str, int]) -> str:
@@ -921,8 +915,8 @@ class _Raw:
             h.update(b"{" + before + (b"," if before else b"") + b'"input":[')
             upto0, count = 0, 0
         else:
-            h = start.h.copy()
-            upto0, count = start.upto, start.count
+            _, upto0, _, count, h = start
+            h = h.copy()
         if upto0 < upto:
             # Each item's bytes are taken from its entry once, hashed into the mark below: a
             # path keeps no second copy of its items.
@@ -944,7 +938,7 @@ class _Raw:
                 h.update(b",".join(blobs))  # (not added to the comma: the items are most of a request's bytes)
                 count += len(blobs)
         if start is None or upto0 < upto:
-            self.marks.append(_Mark(sig, upto, self.items[upto - 1] if upto else None, count, h.copy()))
+            self.marks.append((sig, upto, self.items[upto - 1] if upto else None, count, h.copy()))
         if after:
             h.update(b"],")
             h.update(after)  # the settings after ``input`` (instructions, tools): large, not copied to add "}"
@@ -1104,6 +1098,30 @@ class ContextBuilder:
             self._raw = raw
         self.unresolved_of = None
         return entry
+
+    def pop_to(self, keep: int) -> None:
+        """Take the path back to its first ``keep`` entries, as many :meth:`pop` would: the
+        state before the first entry taken was pushed, the settings, compaction and item
+        list as the earliest config or compaction taken had found them."""
+        path = self.path
+        if keep >= len(path):
+            return
+        undos = self._undo[keep:]
+        index = self.index
+        for entry, undo in zip(reversed(path[keep:]), reversed(undos), strict=True):
+            if undo[0] is None:
+                del index[entry.id]
+            else:
+                index[entry.id] = undo[0]
+        del path[keep:]
+        del self._models[keep:]
+        del self._undo[keep:]
+        for undo in undos:
+            if len(undo) > 2:
+                self.settings, self._raw, self.compaction, self.error = undo[2:]
+                break
+        self._raw.truncate(undos[0][1])
+        self.unresolved_of = None
 
     def extend(self, entries: Iterable[Entry]) -> ContextBuilder:
         for e in entries:

@@ -255,6 +255,7 @@ def check_line(
     migrated: bool = False,
     require_id: bool = True,
     raw: bytes | None = None,
+    into: Entry | None = None,
 ) -> tuple[Entry | None, list[Problem]]:
     """The line rules of one parsed entry line: the entry (None when it cannot be
     hashed, or is no entry at all) and every line rule it breaks.
@@ -266,7 +267,9 @@ def check_line(
     ``require_id=False`` for an entry a store is given to append, whose id it computes
     (a stated one is still held to the hash); ``raw``, the line's bytes when
     ``canonical.loads_canonical`` proved them its canonical form (an item's bytes are
-    then cut from them, not encoded)."""
+    then cut from them, not encoded); ``into``, the caller's own entry of ``obj`` (its
+    ``data``, hashed as here), given back rather than a second one made (a store's append
+    of the entry it was handed)."""
     type_ = obj.get("type")
     if not isinstance(type_, str) or not type_:
         return None, [problem(line, "entry", "the entry has no string 'type'")]
@@ -319,17 +322,22 @@ def check_line(
     ):
         for lack in _required(type_, obj):
             out.append(problem(line, "missing-member", lack, stated if isinstance(stated, str) else computed))
-    return _entry(obj, computed, chash, line, careful, objects, item_bytes if objects is not None else None), out
+    return _entry(obj, computed, chash, line, careful, objects, item_bytes if objects is not None else None, into), out
 
 
 def _entry(
     obj: dict[str, Any], computed: str, chash: str, line: int | None, careful: bool | None,
-    objects: tuple[bytes, bytes] | None, item_bytes: bytes | None,
+    objects: tuple[bytes, bytes] | None, item_bytes: bytes | None, into: Entry | None = None,
 ) -> Entry:
-    entry = Entry(obj, computed_id=computed, content_hash=chash, line=line)
+    if into is not None and into.data is obj and into.computed_id == computed and into.content_hash == chash:
+        entry = into  # (its hashes are these already: nothing of it changes but what follows)
+        entry.line = line
+    else:
+        entry = Entry(obj, computed_id=computed, content_hash=chash, line=line)
     entry.careful = careful  # the parse's flag, so a later serialisation skips the scan
     entry.objects = objects
-    entry.item_bytes = item_bytes
+    if item_bytes is not None or entry is not into:  # (a caller's own entry keeps what it has)
+        entry.item_bytes = item_bytes
     return entry
 
 
@@ -562,17 +570,14 @@ class OpenRun(NamedTuple):
     pending: tuple[str, ...]
 
 
-@dataclass(slots=True)  # not frozen: a frozen init costs a setattr call per field, and every append makes one
-class _PathMark:
-    order: int
-    trial: int
-    tip: str | None
-    problems: int
-    notes: int
-    seen: int
-    rebuilt: int
-    budget: int
-    calls_checked: int
+#: Pops :meth:`PathChecker._pop_to` makes one by one; more are undone at once.
+_FEW_POPS = 8
+
+
+#: What :meth:`PathChecker._snapshot` notes, to go back to: (order, trial, tip, problems,
+#: notes, seen, rebuilt, budget, calls_checked), the lengths and values then. A plain
+#: tuple: every append makes one, and a tuple is made in one step.
+_PathMark = tuple[int, int, str | None, int, int, int, int, int, int]
 
 
 class PathChecker:
@@ -632,6 +637,11 @@ class PathChecker:
         self._open: dict[str, tuple[Entry, str | None]] = {}
         self._trial: list[Entry] | None = None  # entries added while a trial is open
 
+    @property
+    def order(self) -> Sequence[str]:
+        """The ids added, in the order added (a trial's undone adds gone)."""
+        return self._order
+
     # -- reporting ----------------------------------------------------------------
 
     def _report(self, entry: Entry, code: str, message: str) -> None:
@@ -688,28 +698,40 @@ class PathChecker:
         self.walker.pop()
         self.builder.pop()
 
+    def _pop_to(self, keep: int) -> None:
+        """Pop the path down to its first ``keep`` entries: what as many :meth:`_pop` do,
+        undone at once past a few (a close stands a long branch back at the head: 90,000
+        pops one by one cost a third of it)."""
+        path = self.path
+        if len(path) - keep <= _FEW_POPS:
+            while len(path) > keep:
+                self._pop()
+            return
+        depth = self._depth
+        for e in path[keep:]:
+            del depth[e.id]
+        del path[keep:]
+        self.walker.pop_to(keep)
+        self.builder.pop_to(keep)
+
     def _goto(self, target: str | None) -> None:
         """Reposition so that ``target`` (None: nothing) is the tip of the path."""
         path = self.path
         if target is None:
-            while path:
-                self._pop()
+            self._pop_to(0)
             return
         if path and path[-1].id == target:
             return
         d = self._depth.get(target)
         if d is not None:
-            while len(path) > d + 1:
-                self._pop()
+            self._pop_to(d + 1)
             return
         chain: list[str] = []
         x: str | None = target
         while x is not None and x not in self._depth:
             chain.append(x)
             x = self._parent[x]
-        keep = self._depth[x] + 1 if x is not None else 0
-        while len(path) > keep:
-            self._pop()
+        self._pop_to(self._depth[x] + 1 if x is not None else 0)
         for eid in reversed(chain):
             self._push(self._load(eid))
 
@@ -883,26 +905,26 @@ class PathChecker:
     def _snapshot(self) -> _PathMark:
         if self._trial is None:
             self._trial = []
-        return _PathMark(  # positional, in the fields' order: one is made every append
-            len(self._order),  # order
-            len(self._trial),  # trial
-            self.path[-1].id if self.path else None,  # tip
-            len(self.problems),  # problems
-            len(self.notes),  # notes
-            len(self._seen_log),  # seen
-            len(self._rebuilt),  # rebuilt
-            self._budget,  # budget
-            self.walker.calls_checked,  # calls_checked
+        return (
+            len(self._order),
+            len(self._trial),
+            self.path[-1].id if self.path else None,
+            len(self.problems),
+            len(self.notes),
+            len(self._seen_log),
+            len(self._rebuilt),
+            self._budget,
+            self.walker.calls_checked,
         )
 
     def _restore(self, mark: _PathMark) -> None:
         """Undo every add since ``mark``: the path returns to its tip then, and every
         session-wide fact those adds registered is forgotten."""
-        n = mark.order
+        n, trial, tip, problems, notes, seen, rebuilt, budget, calls_checked = mark
         seq = self.seq
         while self.path and seq[self.path[-1].id] >= n:
             self._pop()
-        gone = (self._trial or [])[mark.trial:]
+        gone = (self._trial or [])[trial:]
         for e in gone:
             eid = e.id
             del seq[eid]
@@ -912,19 +934,19 @@ class PathChecker:
             self._open.pop(eid, None)
             if self._entries is not None:
                 self._entries.pop(eid, None)
-        self.walker.forget(gone, mark.calls_checked)
+        self.walker.forget(gone, calls_checked)
         del self._order[n:]
         if self._trial is not None:
-            del self._trial[mark.trial:]
-        while len(self._rebuilt) > mark.rebuilt:
+            del self._trial[trial:]
+        while len(self._rebuilt) > rebuilt:
             self._rebuilt.popitem()
-        for key in self._seen_log[mark.seen:]:
+        for key in self._seen_log[seen:]:
             self._seen.discard(key)
-        del self._seen_log[mark.seen:]
-        del self.problems[mark.problems:]
-        del self.notes[mark.notes:]
-        self._budget = mark.budget
-        self._goto(mark.tip)
+        del self._seen_log[seen:]
+        del self.problems[problems:]
+        del self.notes[notes:]
+        self._budget = budget
+        self._goto(tip)
 
     def _settle(self) -> None:
         self._trial = None
@@ -958,7 +980,7 @@ def _by_line(problems: list[Problem]) -> list[Problem]:
 # the two put together
 
 
-@dataclass(slots=True)  # not frozen: see _PathMark
+@dataclass(slots=True)  # not frozen: a rebuilt checker gives a trial its own marks
 class Trial:
     """A mark :meth:`SessionChecker.begin` returns: what to go back to."""
 

@@ -325,24 +325,21 @@ class RecordsCheck:
 # the walker's live state
 
 
-class _Event:
-    __slots__ = ("kind", "entry", "verdict", "withdraws")
-
-    def __init__(self, kind: str, entry: Entry, verdict: str | None = None, withdraws: bool = False):
-        self.kind = kind
-        self.entry = entry
-        self.verdict = verdict
-        #: A reject carrying ``withdrawn`` that directly follows a dispatch of its call.
-        self.withdraws = withdraws
+#: An output, decision or dispatch of a call: (kind, entry id, verdict, withdraws), the
+#: last a reject carrying ``withdrawn`` that directly follows a dispatch of its call. A
+#: tuple of atomic values, which the collector stops tracking: a long session keeps one
+#: per output on its path.
+_Event = tuple[str, str, str | None, bool]
+_KIND, _EVENT_ENTRY, _VERDICT, _WITHDRAWS = range(4)
 
 
-def _effective(events: list[_Event]) -> list[_Event]:
+def _effective(events: Sequence[_Event]) -> list[_Event]:
     """The call's events with withdrawn hand-offs (a dispatch and the reject that
     withdraws it) taken out, as RFC 0001 0.14 reads them: never made."""
     out: list[_Event] = []
     for ev in events:
-        if ev.withdraws:
-            if out and out[-1].kind == "dispatch":
+        if ev[_WITHDRAWS]:
+            if out and out[-1][_KIND] == "dispatch":
                 out.pop()
             continue
         out.append(ev)
@@ -350,15 +347,18 @@ def _effective(events: list[_Event]) -> list[_Event]:
 
 
 class _Call:
-    __slots__ = ("entry", "call_id", "depth", "own", "events", "output")
+    __slots__ = ("entry", "call_id", "depth", "own", "events", "output", "below")
 
-    def __init__(self, entry: Entry, call_id: str, depth: int, own: bool):
+    def __init__(self, entry: Entry, call_id: str, depth: int, own: bool, below: _Call | None = None):
         self.entry = entry
         self.call_id = call_id
         self.depth = depth
         self.own = own
-        self.events: list[_Event] = []
+        self.events: tuple[_Event, ...] = ()  # (a tuple of them, untracked too)
         self.output: Entry | None = None
+        #: The call with the same call_id below this one on the path (a stack of them, linked
+        #: rather than a list per call id: a long session has as many call ids as calls).
+        self.below = below
 
 
 class _Run:
@@ -472,7 +472,9 @@ class RecordWalker:
         # the path
         self.path: list[Entry] = []
         self.on_path: dict[str, Entry] = {}
-        self.last_resp: list[tuple[Entry, int] | None] = []
+        #: The depth of the last response on the path at each depth (None: none above it): an
+        #: int each, not the entry, so the list holds nothing the collector walks.
+        self.last_resp: list[int | None] = []
         self._marks: list[int] = []
         #: What each push changed, as plain tuples ``(op, ...)`` that :meth:`pop` undoes:
         #: not closures, which cost a function, its cells and a tuple each, and every
@@ -480,7 +482,8 @@ class RecordWalker:
         #: (the collector rescans them; appends slowed by a third).
         self._undo: list[tuple] = []
         self.calls: dict[str, _Call] = {}  # function_call entry id -> call, on the path
-        self.by_call_id: dict[str, list[_Call]] = {}
+        #: The last call on the path with each call_id (the others below it: ``_Call.below``).
+        self.by_call_id: dict[str, _Call] = {}
         self.call_order: list[_Call] = []
         self.open_calls = 0
         self.run: _Run | None = None
@@ -515,6 +518,16 @@ class RecordWalker:
             target = d.get("target")
             if isinstance(target, str):
                 self.dispatch_nodes.setdefault(target, []).append((self.seq[e.id], e.id))
+
+    def stack(self, call_id: str) -> list[_Call]:
+        """The calls on the path with ``call_id``, the first first (a plain lookup)."""
+        out: list[_Call] = []
+        call = dict.get(self.by_call_id, call_id)
+        while call is not None:
+            out.append(call)
+            call = call.below
+        out.reverse()
+        return out
 
     def forget(self, entries: Sequence[Entry], calls_checked: int) -> None:
         """Take back what :meth:`register` and the pushes of ``entries`` (the last ones
@@ -569,7 +582,7 @@ class RecordWalker:
         path.append(e)
         self.on_path[e.id] = e
         last_resp = self.last_resp
-        last_resp.append((e, depth) if t == "response" else (last_resp[-1] if last_resp else None))
+        last_resp.append(depth if t == "response" else (last_resp[-1] if last_resp else None))
 
         run = self.run
         if run is not None and not run.nonempty and (t in _CONTEXT_TYPES or t == "response"):
@@ -588,32 +601,57 @@ class RecordWalker:
             self._queued(e)
 
     def pop(self) -> None:
-        mark = self._marks.pop()
+        self._unwind(self._marks.pop())
+        e = self.path.pop()
+        del self.on_path[e.id]
+        self.last_resp.pop()
+
+    def pop_to(self, keep: int) -> None:
+        """Pop the path down to its first ``keep`` entries, as many :meth:`pop` would."""
+        if keep >= len(self.path):
+            return
+        marks = self._marks
+        at = keep - len(self.path) + len(marks)  # (marks are the last entries': a path set whole has none)
+        self._unwind(marks[at])
+        del marks[at:]
+        on_path = self.on_path
+        for e in self.path[keep:]:
+            del on_path[e.id]
+        del self.path[keep:]
+        del self.last_resp[keep:]
+
+    def _unwind(self, mark: int) -> None:
+        """Undo every change recorded since the undo list was ``mark`` long, last first."""
         undo = self._undo
-        while len(undo) > mark:
-            op = undo.pop()
+        if len(undo) <= mark:
+            return
+        ops = undo[mark:]
+        del undo[mark:]
+        calls = self.calls
+        for op in reversed(ops):
             kind = op[0]
-            if kind is _UNDO_POP:
+            if kind is _UNDO_OPEN_CALLS:
+                self.open_calls -= op[1]
+            elif kind is _UNDO_OUTPUT:
+                calls[op[1]].output = None  # (a plain lookup, never a restored map's .get: the call is on the path)
+            elif kind is _UNDO_EVENT:
+                call = calls[op[1]]
+                call.events = call.events[:-1]
+            elif kind is _UNDO_CALL:
+                below = calls.pop(op[1]).below
+                if below is None:
+                    del self.by_call_id[op[2]]
+                else:
+                    self.by_call_id[op[2]] = below
+                self.call_order.pop()
+            elif kind is _UNDO_POP:
                 op[1].pop()
             elif kind is _UNDO_SET:
                 setattr(op[1], op[2], op[3])
-            elif kind is _UNDO_OPEN_CALLS:
-                self.open_calls -= op[1]
-            elif kind is _UNDO_EVENT:
-                dict.__getitem__(self.calls, op[1]).events.pop()  # (a plain lookup: the call is on the path)
-            elif kind is _UNDO_OUTPUT:
-                dict.__getitem__(self.calls, op[1]).output = None
-            elif kind is _UNDO_CALL:
-                del self.calls[op[1]]
-                dict.__getitem__(self.by_call_id, op[2]).pop()
-                self.call_order.pop()
             else:  # _UNDO_TAKE
                 run, key = op[1], op[2]
                 run.call_keys.discard(key)
                 run.calls.pop()
-        e = self.path.pop()
-        del self.on_path[e.id]
-        self.last_resp.pop()
 
     # -- entries ----------------------------------------------------------------
 
@@ -630,9 +668,10 @@ class RecordWalker:
         if kind == "function_call":
             cid = item.get("call_id")
             eid = e.id
-            call = _Call(e, cid if isinstance(cid, str) else "", depth, eid not in self.foreign)
+            cid = cid if isinstance(cid, str) else ""
+            call = _Call(e, cid, depth, eid not in self.foreign, self.by_call_id.get(cid))
             self.calls[eid] = call
-            self.by_call_id.setdefault(call.call_id, []).append(call)
+            self.by_call_id[cid] = call
             self.call_order.append(call)
             self.open_calls += 1
             self._undo += ((_UNDO_CALL, eid, call.call_id), (_UNDO_OPEN_CALLS, 1))
@@ -640,16 +679,15 @@ class RecordWalker:
                 self._run_takes(self.run, call)
         elif kind == "function_call_output":
             cid = item.get("call_id")
-            calls = self.by_call_id.get(cid) if isinstance(cid, str) else None
-            found = calls[-1] if calls else None
+            found = self.by_call_id.get(cid) if isinstance(cid, str) else None
             if found is None:
                 self.report(e, "orphan-output", f"output for call {_q(cid)} names no function call before it on the path")
             else:
                 if found.output is None:
                     if self.promise_dispatch and found.own:
                         eff = _effective(found.events)
-                        ran = not any(ev.kind == "decision" and ev.verdict in ("reject", "answer") for ev in eff)
-                        if ran and not any(ev.kind == "dispatch" for ev in eff):
+                        ran = not any(ev[_KIND] == "decision" and ev[_VERDICT] in ("reject", "answer") for ev in eff)
+                        if ran and not any(ev[_KIND] == "dispatch" for ev in eff):
                             self.report(
                                 e,
                                 "dispatch-missing",
@@ -659,7 +697,7 @@ class RecordWalker:
                     found.output = e
                     self.open_calls -= 1
                     self._undo += ((_UNDO_OUTPUT, found.entry.id), (_UNDO_OPEN_CALLS, -1))
-                self._event(found, _Event("output", e))
+                self._event(found, ("output", e.id, None, False))
             if self.run is not None:
                 self._segment_event(e, found)
 
@@ -679,8 +717,7 @@ class RecordWalker:
                 f"target {_q(target)} names no function call before it on the path: a {e.type}'s target is the "
                 "item entry holding its call (RFC 0001 dispatch, decision)",
             )
-            calls = self.by_call_id.get(cid) if isinstance(cid, str) else None
-            return calls[-1] if calls else None
+            return self.by_call_id.get(cid) if isinstance(cid, str) else None
         if isinstance(cid, str) and cid and call.call_id != cid:
             self.report(
                 e,
@@ -706,13 +743,13 @@ class RecordWalker:
             return
         cid = _q(call.call_id)
         eff = _effective(call.events)
-        rejected = any(ev.kind == "decision" and ev.verdict == "reject" for ev in eff)
-        answered = any(ev.kind == "decision" and ev.verdict == "answer" for ev in eff)
+        rejected = any(ev[_KIND] == "decision" and ev[_VERDICT] == "reject" for ev in eff)
+        answered = any(ev[_KIND] == "decision" and ev[_VERDICT] == "answer" for ev in eff)
         withdraws = (
             verdict == "reject"
             and e.get("withdrawn") is True
             and bool(call.events)
-            and call.events[-1].kind == "dispatch"
+            and call.events[-1][_KIND] == "dispatch"
         )
         if rejected:
             self.report(e, "decision-after-reject", f"decision on call {cid} after its reject: no decision follows a reject (RFC 0001 decision)")
@@ -724,7 +761,7 @@ class RecordWalker:
                 "decision-after-output",
                 f"{verdict} for call {cid} after its output at line {call.output.line}: the output ends the call (RFC 0001 decision)",
             )
-        elif verdict == "reject" and not withdraws and any(ev.kind == "dispatch" for ev in eff):
+        elif verdict == "reject" and not withdraws and any(ev[_KIND] == "dispatch" for ev in eff):
             self.report(
                 e,
                 "reject-after-dispatch",
@@ -734,7 +771,7 @@ class RecordWalker:
             verdict == "answer"
             and self.promise_dispatch
             and call.own
-            and not any(ev.kind == "dispatch" for ev in eff)
+            and not any(ev[_KIND] == "dispatch" for ev in eff)
             and not self._dispatched_elsewhere(call)
         ):
             self.report(
@@ -743,7 +780,7 @@ class RecordWalker:
                 f"answer for call {cid}, which has no dispatch though the header's records promise dispatch: the record "
                 "says it never started, and a call ended without running is rejected (RFC 0001 decision)",
             )
-        self._event(call, _Event("decision", e, verdict, withdraws))
+        self._event(call, ("decision", e.id, verdict, withdraws))
         self._segment_event(e, call)
 
     def _dispatch(self, e: Entry) -> None:
@@ -756,9 +793,9 @@ class RecordWalker:
             return
         cid = _q(call.call_id)
         eff = _effective(call.events)
-        if any(ev.kind == "decision" and ev.verdict == "reject" for ev in eff):
+        if any(ev[_KIND] == "decision" and ev[_VERDICT] == "reject" for ev in eff):
             self.report(e, "dispatch-after-reject", f"dispatch for call {cid} after its reject: no dispatch follows a reject (RFC 0001 decision)")
-        elif any(ev.kind == "decision" and ev.verdict == "answer" for ev in eff):
+        elif any(ev[_KIND] == "decision" and ev[_VERDICT] == "answer" for ev in eff):
             self.report(e, "dispatch-after-answer", f"dispatch for call {cid} after its answer: no dispatch follows an answer (RFC 0001 decision)")
         elif call.output is not None:
             self.report(
@@ -767,11 +804,11 @@ class RecordWalker:
                 f"dispatch for call {cid} after its output at line {call.output.line}: the output ends the call, and running "
                 "the tool again is a new call (RFC 0001 dispatch)",
             )
-        self._event(call, _Event("dispatch", e))
+        self._event(call, ("dispatch", e.id, None, False))
         self._segment_event(e, call)
 
     def _event(self, call: _Call, ev: _Event) -> None:
-        call.events.append(ev)
+        call.events += (ev,)
         self._undo.append((_UNDO_EVENT, call.entry.id))
 
     def _dispatched_elsewhere(self, call: _Call) -> bool:
@@ -937,8 +974,9 @@ class RecordWalker:
     def reason(self, run: _Run, end_depth: int) -> tuple[RunReason, str, list[_Call], dict[str, CallState]]:
         """The RFC 0001 cascade over the run's segment (start..end_depth) and the path:
         the reason, why, the pending calls and every call's state."""
-        path_last = self.last_resp[end_depth]
-        seg_last = path_last[0] if path_last is not None and path_last[1] > run.depth else None
+        at = self.last_resp[end_depth]
+        path_last = self.path[at] if at is not None else None
+        seg_last = path_last if at is not None and at > run.depth else None
         states = {c.entry.id: self.state(c) for c in run.calls}
         pending = [c for c in run.calls if c.output is None]
         if seg_last is not None and seg_last.get("error") is not None:
@@ -954,7 +992,7 @@ class RecordWalker:
             return "aborted", "the segment's last response is incomplete", pending, states
         if seg_last is not None and not self.has_calls.get(seg_last.id, False):
             return "done", "the segment's last response made no call", pending, states
-        last_made_calls = path_last is not None and self.has_calls.get(path_last[0].id, False)
+        last_made_calls = path_last is not None and self.has_calls.get(path_last.id, False)
         if last_made_calls and self.open_calls == 0 and run.out_or_decision:
             return "stopped", "the last response made calls, every call has its output, and no model call followed", pending, states
         # step 6: anything left
@@ -1035,17 +1073,17 @@ class RecordWalker:
             return "completed"
         last_dispatch = -1
         latest_hold = -1
-        for i, ev in enumerate(_effective(call.events)):
-            if ev.kind == "dispatch":
+        for i, (kind, _, verdict, _) in enumerate(_effective(call.events)):
+            if kind == "dispatch":
                 last_dispatch = i
-            elif ev.kind == "decision":
-                if ev.verdict == "reject":
+            elif kind == "decision":
+                if verdict == "reject":
                     return "rejected"
-                if ev.verdict == "answer":
+                if verdict == "answer":
                     return "answered"
-                if ev.verdict == "hold":
+                if verdict == "hold":
                     latest_hold = i
-                elif ev.verdict == "proceed":
+                elif verdict == "proceed":
                     latest_hold = -1
         if latest_hold > last_dispatch:
             return "held"
@@ -1061,22 +1099,23 @@ class RecordWalker:
         args = item.get("arguments") if isinstance(item, dict) else None
         withdrawn: set[int] = set()
         for i, ev in enumerate(call.events):
-            if ev.withdraws and i > 0 and call.events[i - 1].kind == "dispatch":
+            if ev[_WITHDRAWS] and i > 0 and call.events[i - 1][_KIND] == "dispatch":
                 withdrawn.update((i - 1, i))
         events = []
-        for i, ev in enumerate(call.events):
-            d = ev.entry
+        for i, (kind, eid, verdict, _) in enumerate(call.events):
+            d = self.on_path.get(eid)  # (an event's entry is on the path while the event stands)
+            assert d is not None
             args_member = d.get("args")
             events.append(
                 CallEvent(
-                    kind=ev.kind,
+                    kind=kind,
                     entry=d.id,
                     line=d.line,
-                    verdict=ev.verdict,
-                    by=d.get("by") if ev.kind == "decision" and isinstance(d.get("by"), str) else None,
-                    reason=d.get("reason") if ev.kind == "decision" and isinstance(d.get("reason"), str) else None,
-                    args_rewritten=ev.kind == "decision" and ev.verdict != "answer" and args_member is not None,
-                    idempotency_key=d.get("idempotency_key") if ev.kind == "dispatch" and isinstance(d.get("idempotency_key"), str) else None,
+                    verdict=verdict,
+                    by=d.get("by") if kind == "decision" and isinstance(d.get("by"), str) else None,
+                    reason=d.get("reason") if kind == "decision" and isinstance(d.get("reason"), str) else None,
+                    args_rewritten=kind == "decision" and verdict != "answer" and args_member is not None,
+                    idempotency_key=d.get("idempotency_key") if kind == "dispatch" and isinstance(d.get("idempotency_key"), str) else None,
                     withdrawn=i in withdrawn,
                 )
             )

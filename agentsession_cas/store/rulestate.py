@@ -34,7 +34,7 @@ from typing import Any
 from ..backends.digests import DigestTable
 from ..format.entry import Entry, Header
 from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial
-from ..format.runs import _Call, _Event, _Run
+from ..format.runs import _Call, _Run
 
 __all__ = [
     "NeedsRebuild", "RestoredChecker", "VERSION", "capture", "check_form", "fork_state", "header_key", "restore", "stand_at",
@@ -70,6 +70,9 @@ class _Hollow:
         raise NeedsRebuild(f"an entry of the path above the tip ({name})")
 
     def __getitem__(self, index: Any) -> Any:
+        raise NeedsRebuild("the path above the tip")
+
+    def __index__(self) -> int:  # (the walker's depth of the last response above the tip)
         raise NeedsRebuild("the path above the tip")
 
 
@@ -244,8 +247,9 @@ class _Calls(_Known):
 
 
 class _ByCallId(dict):
-    """The call stacks on the path by call id: every stack of a call id in use kept
-    whole; a miss on a call id the session used before the tip may be one not kept."""
+    """The last call on the path by call id (its stack linked below it): every stack of a
+    call id in use kept whole; a miss on a call id the session used before the tip may be
+    one not kept."""
 
     def __init__(self, items: Iterable[tuple[str, Any]], first_call: _FirstCall):
         super().__init__(items)
@@ -259,10 +263,6 @@ class _ByCallId(dict):
     def get(self, key: Any, default: Any = None) -> Any:
         self._check(key)
         return dict.get(self, key, default)
-
-    def setdefault(self, key: Any, default: Any = None) -> Any:
-        self._check(key)
-        return dict.setdefault(self, key, default)
 
 
 def call_key(call_id: str) -> bytes:
@@ -327,6 +327,9 @@ class _NoBuilder:
     def pop(self) -> None:
         return None
 
+    def pop_to(self, keep: int) -> None:
+        pass
+
     def __getattr__(self, name: str) -> Any:
         raise NeedsRebuild(f"the context along the path ({name})")
 
@@ -341,6 +344,11 @@ class _RestoredPath(PathChecker):
         if len(self.path) <= self.floor:
             raise NeedsRebuild("a move above the restored tip")
         super()._pop()
+
+    def _pop_to(self, keep: int) -> None:
+        if keep < self.floor:
+            raise NeedsRebuild("a move above the restored tip")
+        super()._pop_to(keep)
 
     def finish(self) -> list[Any]:
         raise NeedsRebuild("the whole session's notes")
@@ -449,7 +457,7 @@ def stand_at(checker: SessionChecker, entry_id: str) -> bool:
 def _call_form(call: Any) -> list[Any]:
     out = call.output
     return [call.entry.id, call.call_id, call.depth, call.own, out.id if out is not None else None,
-            [[ev.kind, ev.entry.id, ev.verdict, ev.withdraws] for ev in call.events]]
+            [list(ev) for ev in call.events]]
 
 
 def capture(
@@ -460,7 +468,7 @@ def capture(
     a JSON object; None when there is nothing worth keeping (no own entry) or the
     checker does not stand for that log."""
     path = checker.path
-    if checker._trials or not own or not path.path or len(path._order) != prefix + len(own) or path._order[-1] != own[-1]:
+    if checker._trials or not own or not path.path or len(path.order) != prefix + len(own) or path.order[-1] != own[-1]:
         return None
     w = path.walker
     on_path = w.on_path
@@ -471,20 +479,20 @@ def capture(
     run = w.run
     if run is not None:
         live.update(c.call_id for c in run.calls)
-    if dict.get(w.by_call_id, ""):
+    if dict.get(w.by_call_id, "") is not None:
         live.add("")
-    stacks = {cid: [_call_form(c) for c in dict.get(w.by_call_id, cid) or ()] for cid in sorted(live)}
+    stacks = {cid: [_call_form(c) for c in w.stack(cid)] for cid in sorted(live)}
     nodes = {}
     for cid in live:
-        for c in dict.get(w.by_call_id, cid) or ():
+        for c in w.stack(cid):
             got = w.dispatch_nodes.get(c.entry.id)
             if got:
                 nodes[c.entry.id] = [[at, d, dict.__contains__(on_path, d)] for at, d in got]
-    last = w.last_resp[-1] if w.last_resp else None
+    at = w.last_resp[-1] if w.last_resp else None
     last_form = None
-    if last is not None:
-        resp, depth = last
-        last_form = [resp.id, depth, resp.get("error") is not None, resp.get("incomplete") is not None,
+    if at is not None:
+        resp = w.path[at]
+        last_form = [resp.id, at, resp.get("error") is not None, resp.get("incomplete") is not None,
                      bool(w.has_calls.get(resp.id, False))]
     run_form = None
     if run is not None:
@@ -506,7 +514,7 @@ def capture(
         "entries": len(own),
         "last": own[-1],
         "last_seq": own_seq[own[-1]],
-        "order": len(path._order),
+        "order": len(path.order),
         "tip": path.path[-1].id,
         "tip_at": seq[path.path[-1].id],
         "depth": len(path.path),
@@ -721,18 +729,18 @@ def restore(
     w.first_call = first
     w.path = [HOLLOW] * (depth - 1) + [tip_entry]
     calls: dict[str, _Call] = {}
-    stacks: dict[str, list[_Call]] = {}
+    tops: dict[str, _Call] = {}
     for cid, forms in data["stacks"].items():
-        stack = stacks[cid] = []
+        below = None
         for entry_id, call_id, cdepth, own_call, output, events in forms:
-            call = _Call(_Partial(entry_id, "item"), call_id, cdepth, own_call)  # type: ignore[arg-type]
+            call = _Call(_Partial(entry_id, "item"), call_id, cdepth, own_call, below)  # type: ignore[arg-type]
             call.output = _Partial(output, "item") if output is not None else None  # type: ignore[assignment]
-            call.events = [_Event(kind, _Partial(eid, kind), verdict, withdraws)  # type: ignore[arg-type]
-                           for kind, eid, verdict, withdraws in events]
-            calls[entry_id] = call
-            stack.append(call)
+            call.events = tuple((kind, eid, verdict, withdraws) for kind, eid, verdict, withdraws in events)
+            calls[entry_id] = below = call
+        if below is not None:
+            tops[cid] = below
     w.calls = _Calls(calls.items(), restored)
-    w.by_call_id = _ByCallId(stacks.items(), first)
+    w.by_call_id = _ByCallId(tops.items(), first)
     on: dict[str, Any] = {}
     off: set[str] = set()
     dispatches: dict[str, list[tuple[int, str]]] = {}
@@ -750,7 +758,15 @@ def restore(
     tip_last: Any = None
     if last is not None:
         rid, rdepth, error, incomplete, has_calls = last
-        tip_last = (_Partial(rid, "response", {"error": True if error else None, "incomplete": True if incomplete else None}), rdepth)
+        if not (0 <= rdepth < depth and (rdepth < depth - 1 or rid == tip)):
+            raise ValueError("the state's last response is not on its path")
+        # The walker finds the last response on its path by depth: there, in place of a
+        # hollow entry (or as the tip, when the tip is the response).
+        resp: Any = _Partial(rid, "response", {"error": True if error else None, "incomplete": True if incomplete else None})
+        w.path[rdepth] = resp
+        if rdepth == depth - 1:
+            path.path[-1] = resp
+        tip_last = rdepth
         w.has_calls[rid] = has_calls
     w.last_resp = [HOLLOW] * (depth - 1) + [tip_last]
     run_form = data["run"]

@@ -688,17 +688,21 @@ class Session:
             except IJSONError as exc:
                 raise AppendRefusedError(f"not I-JSON: {exc}", rule="ijson") from None
         check_line = _rules_check_line()
-        built, problems = check_line(data, careful=careful, keep_objects=True, require_id=False)
+        # The caller's own entry, whole and unchanged, is filled and kept rather than a
+        # second object made for the same data (a long session keeps one per entry).
+        own = entry if isinstance(entry, Entry) and data is entry.data and entry.line is None else None
+        built, problems = check_line(data, careful=careful, keep_objects=True, require_id=False, into=own)
+        objects = built.objects if built is not None else None
+        if built is not None:
+            built.objects = None
         refused = [p for p in problems if RULES[p.code].store == "refuse"] if problems else problems
-        if refused or built is None or built.objects is None:
+        if refused or built is None or objects is None:
+            if own is not None:
+                own.item_bytes = None
             raise _refusal(refused[0] if refused else problems[0])
-        content, env = built.objects
-        built.objects = None
-        if isinstance(entry, Entry) and data is entry.data and entry.line is None:
-            # The caller's own entry, whole and unchanged: the session keeps it rather
-            # than a second object for the same data (a long session keeps one per entry).
-            entry.item_bytes = built.item_bytes
-            return entry, content, env
+        content, env = objects
+        if own is not None and built is own:
+            return own, content, env
         built.data["id"] = built.computed_id
         built.id = built.computed_id
         return built, content, env
@@ -856,7 +860,14 @@ class Session:
     def _write_batch(self, batch: PreparedBatch, records: list[Append], durable: bool | None) -> None:
         if not records:
             return
-        commit = any(not r.lazy for r in records) if durable is None else durable
+        if durable is None:
+            commit = False
+            for r in records:  # (a loop, not any() over a generator: one record, most often)
+                if not r.lazy:
+                    commit = True
+                    break
+        else:
+            commit = durable
         if commit:
             for r in records:
                 r.lazy = False

@@ -196,7 +196,6 @@ def append_body(
     seq: int,
     entry: str,
     head: str | None,
-    *,
     head_moved: bool,
     leaf_label: bool,
     lazy: bool,
@@ -214,7 +213,7 @@ def append_body(
         text += ',"leaf_label":true'
     body = (text + ',"op":"append","seq":' + str(seq) + "}").encode("ascii")
     if payload is not None:
-        body = b"\t".join((body, payload[0], payload[1]))
+        return b"\t".join((body, *payload))
     return body
 
 

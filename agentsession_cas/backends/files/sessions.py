@@ -218,13 +218,11 @@ def _with_header(records: Sequence[Record], header: bytes) -> Sequence[Record]:
 
 def _encode(record: Record) -> bytes:
     """A record's bytes in its line (the line's frame is :func:`~.log.chain`'s)."""
-    if isinstance(record, Append):
-        objects = record.objects
-        return append_body(
-            record.seq, record.entry, record.head, head_moved=record.head_moved, leaf_label=record.leaf_label,
-            lazy=record.lazy, payload=None if objects is None else objects[1:],
-        )
-    return record_body(record)
+    if record.__class__ is Append:
+        r: Any = record
+        objects = r.objects
+        return append_body(r.seq, r.entry, r.head, r.head_moved, r.leaf_label, r.lazy, None if objects is None else objects[1:])
+    return record_body(record)  # type: ignore[arg-type]  # (any other record is its members)
 
 
 def _held_item(record: Record, offset: int) -> tuple[Any, ...]:
@@ -912,7 +910,7 @@ class FileSessionLog(SessionLog):
         note when the write was accepted but the checkpoint it triggered failed (the
         log stops taking writes: reopen to recover)."""
         self._check_open()
-        bodies = [_encode(r) for r in records]
+        bodies = [_encode(records[0])] if len(records) == 1 else [_encode(r) for r in records]
         datas = records
         if commit:
             bodies.append(_COMMIT)
