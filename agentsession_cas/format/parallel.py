@@ -143,8 +143,9 @@ class LineHelper:
     """The helper process of one pass, and the lines of the file with its answers.
 
     :meth:`lines` passes the blocks of lines on (each block as the reader split it),
-    sending each to the helper as it comes and waiting for its answers before passing it
-    on, and puts one :data:`Known` for each line passed on in :attr:`known`, in order;
+    sending each to the helper as it comes and taking its answers when its turn comes
+    (checked here when they are not there), and puts one :data:`Known` for each line
+    passed on in :attr:`known`, in order;
     a reader takes one from there for each line it takes. :meth:`close` ends the helper
     (a ``with`` block calls it), whatever happened."""
 

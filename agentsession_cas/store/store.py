@@ -59,7 +59,7 @@ from ..lean import dataclass
 from ..progress import Progress, reported
 from .links import CHAIN_LIMIT, Chain, resolve_current
 from .refs import header_ident
-from .session import AppendResult, Session, _resume_leaf, entry_from_objects, envelope_parts, iter_up, walk_up
+from .session import AppendResult, Session, _ProjectionWalk, _resume_leaf, entry_from_objects, envelope_parts, iter_up, walk_up
 from .state import index_damage, replay
 from .summary import SessionSummary, SummaryBuilder
 
@@ -595,16 +595,13 @@ class Store:
         body, body_careful = loads_flagged(self.objects.get("contents", env["content"]))
         return entry_from_objects(entry_id, env, body, env_careful or body_careful)
 
-    #: Entries :meth:`entries` reads at a time.
-    ENTRY_CHUNK = 256
-
     def entries(self, entry_ids: Sequence[str]) -> Iterator[Entry]:
         """:meth:`entry` of each id, in order, read a chunk at a time in two bulk reads (its
         envelopes, then their contents: :meth:`ObjectStore.get_many`, every object
         verified), so a walk over a whole session costs a backend whose reads are round
         trips (PostgreSQL) a few hundred of them, not two an entry."""
         objects = self.objects
-        step = self.ENTRY_CHUNK
+        step = _ProjectionWalk.CHUNK  # (the projection's walk reads so too)
         for at in range(0, len(entry_ids), step):
             chunk = entry_ids[at : at + step]
             envs = [envelope_parts(b, eid, objects) for eid, b in zip(chunk, objects.get_many("entries", chunk))]
