@@ -21,7 +21,7 @@ import pytest
 from test_rules import FILES
 
 from agentsession_cas import Header, make_entry, read_session_bytes
-from agentsession_cas.errors import SessionFormatError
+from agentsession_cas.errors import AgentSessionError, SessionFormatError
 from agentsession_cas.format.canonical import canonical_bytes, loads
 from agentsession_cas.format.entry import Entry
 from agentsession_cas.format.rules import RULES, SessionChecker
@@ -499,3 +499,54 @@ def test_a_crash_while_the_state_is_written_leaves_the_old_one_or_none(tmp_path,
         os.remove(leftover)
     rebuilt = _append(root, expect_restored=False)
     assert _without_ids(restored) == _without_ids(rebuilt)
+
+
+@pytest.mark.parametrize("name", sorted(SESSIONS))
+def test_an_import_keeps_the_state_its_verify_pass_leaves_as_a_rebuilt_one_would_be(tmp_path, name):
+    """An import captures the rules' state from its own verify pass (no second read of
+    the session): that state is, member for member, the one a checker built from the
+    stored entries and stood at the head captures, or there is none (a pass that does
+    not stand at the head, a header the store completes)."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(SESSIONS[name])
+    st = Store.init(str(tmp_path / "s"), sync="never")
+    try:
+        try:
+            s = st.import_file(path)
+        except (SessionFormatError, AgentSessionError):
+            return  # a file verify or the store refuses: nothing kept (tests/test_import*.py)
+        kept = s._rule_state
+        s._checker = s._build_rules()
+        rebuilt = s._kept_rules()
+        if kept is not None:
+            assert kept == rebuilt
+        elif name.startswith("generated-"):
+            pytest.fail("a generated session's import kept no rules' state")
+    finally:
+        st.close()
+
+
+def test_an_imported_session_appends_from_the_state_its_import_kept(tmp_path, monkeypatch):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(generate(400, 7)[0])
+    root = tmp_path / "s"
+    st = Store.init(str(root), sync="never")
+    sid = st.import_file(path, record=True).id
+    st.close()
+    assert (root / "sessions" / sid / "rules").is_file()
+    read: list[int] = []
+    real = Store.entries
+
+    def counted(self, ids):
+        read.append(len(ids))
+        return real(self, ids)
+
+    monkeypatch.setattr(Store, "entries", counted)
+    st = Store(str(root), sync="never")
+    try:
+        s = st.session(sid)
+        assert type(s.rules()) is RestoredChecker
+        assert s.append(ENTRY).outcome == "continued"
+    finally:
+        st.close()
+    assert sum(read) < 10, read  # no walk over the session's 400 entries

@@ -736,6 +736,7 @@ class Store:
         self, path: str | PathLike[str], first: Header, spill: ObjectStage, record: bool, progress: Progress | None
     ) -> Session:
         from ..format.reader import verify_file
+        from . import rulestate
 
         taken = _TakenImport(spill, self._defaulted_header(first))
         report = verify_file(path, on_entry=taken.take, progress=progress)
@@ -745,10 +746,6 @@ class Store:
             raise SessionFormatError(source, problems)
         if report.header.data != first.data:
             raise StoreError(f"{source}: the file changed while it was imported (its header is not the one first read)")
-        # The pass's state (the checker's path and tables) is not needed any more: freed
-        # (it holds no cycle, which a paused collector would keep) before the session is
-        # written, so the import's peak is not the two together.
-        del report
         header = self._checked_new_header(taken.header)
         base = header.base
         if base is not None:
@@ -760,11 +757,20 @@ class Store:
             if taken.base_is_leaf_label:
                 raise BadBaseError(f"{source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
             self._check_holder_media(base, header)
+        # The rules' state the pass leaves, kept for the session's first append (else
+        # built then from every entry: seconds for a big session) if it stands at the head.
+        rules = rulestate.capture_pass(report, header, taken.prefix, taken.own_ids(), taken.leaf_labels)
+        # The pass's state (the checker's path and tables) is not needed any more: freed
+        # (it holds no cycle, which a paused collector would keep) before the session is
+        # written, so the import's peak is not the two together.
+        del report
         # Where an own entry may hang (the base or another own entry) is the format's
         # tree rule ("base"), which verify_file held every line to above.
         own = taken.own()
         leaf = _resume_leaf(taken.stubs(), base, taken.above_base)
         head = self._import_head(leaf, base, own, taken.entry)
+        if rules is not None and head != own[-1]:
+            rules = None
         if header.media == "sidecar":
             self._import_blobs(taken.sidecars, source, sidecar_dir(path, str(header.id)))
         # What the head rule read (every entry's id and parent) is not needed to write the
@@ -774,6 +780,8 @@ class Store:
         session = self._create(header, own=own, leaf_labels=taken.leaf_labels, head=head, record=record, objects=spill)
         session._builder = taken.summary
         session.prefix = taken.prefix
+        if rules is not None:
+            session.start_rules(rules)
         return session
 
     def import_bytes(
@@ -956,13 +964,17 @@ class _TakenImport:
             return []
         return self.ids[: self.own_from - 1] if self.own_from > 0 else list(self.ids)
 
-    def own(self) -> EntryDigests:
-        """The own entries' ids (those after the base that are entries of record), as digests."""
+    def own_ids(self) -> list[str]:
+        """The own entries' ids (those after the base that are entries of record)."""
         own = self.ids[max(self.own_from, 0) :] if self.own_from >= 0 else []
         if self.skipped:
             own = [eid for eid in own if eid not in self.skipped]
+        return own
+
+    def own(self) -> EntryDigests:
+        """:meth:`own_ids` as digests."""
         # (computed ids, every one: a line whose stated id differs was skipped)
-        return EntryDigests(bytes.fromhex("".join(own).replace(HASH_PREFIX, "")))
+        return EntryDigests(bytes.fromhex("".join(self.own_ids()).replace(HASH_PREFIX, "")))
 
     def entry(self, entry_id: str) -> tuple[str | None, bool]:
         """An entry's parent and whether it is a leaf label (what the head rule walks up by):
