@@ -486,8 +486,8 @@ def test_an_imported_session_is_appended_to_reading_none_of_its_entries(make_sto
 
 
 def test_a_session_with_no_kept_state_is_read_in_bulk(make_store, monkeypatch):
-    """A session whose rules' state and summary are gone (an import keeps no rules' state;
-    an index lost) is read through :meth:`Store.entries`, a chunk of entries per bulk
+    """A session whose rules' state and summary are gone (an index lost; an import whose
+    verify pass did not end at the head) is read through :meth:`Store.entries`, a chunk of entries per bulk
     read, never one entry at a time, and judges appends as before."""
     st = make_store()
     s, ids = chain(st, n=6)
