@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_rules import FILES
+from test_rules import FILES, S
 
 from agentsession_cas import Header, make_entry, read_session_bytes
 from agentsession_cas.errors import AgentSessionError, SessionFormatError
@@ -522,6 +522,32 @@ def test_an_import_keeps_the_state_its_verify_pass_leaves_as_a_rebuilt_one_would
             assert kept == rebuilt
         elif name.startswith("generated-"):
             pytest.fail("a generated session's import kept no rules' state")
+    finally:
+        st.close()
+
+
+def test_an_imported_session_ending_in_an_open_resume_run_keeps_no_note_of_the_files_end(tmp_path):
+    """A file that ends inside a resume run which has taken no call up is noted by verify
+    once the pass is over (``run-source-open``, at its end); a session stored from it is
+    not over, so the state its import keeps is the one a rebuilt checker keeps, without
+    that note (it would otherwise be counted as reported already)."""
+    s = S()
+    s.start("r1")
+    s.user()
+    s.say("resp_1")
+    s.response("resp_1")
+    s.end("r1")
+    s.start("r2", source="resume")
+    s.user("more")
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(s.bytes())
+    st = Store.init(str(tmp_path / "s"), sync="never")
+    try:
+        imported = st.import_file(path, record=True)
+        kept = imported._rule_state
+        assert kept is not None
+        imported._checker = imported._build_rules()
+        assert kept == imported._kept_rules()
     finally:
         st.close()
 

@@ -632,6 +632,9 @@ class PathChecker:
         self.file_notes: list[Problem] = []
         self._seen: set[tuple[str, str]] = set()
         self._seen_log: list[tuple[str, str]] = []
+        #: How many of :attr:`_seen_log` came before :meth:`finish` (None until it ran):
+        #: what :meth:`finish` reports is the file's end, not a session's state.
+        self.seen_before_finish: int | None = None
         self._out: list[Problem] | None = None
         #: entry id -> (start, run id) of a resume run open there that has taken nothing up
         self._open: dict[str, tuple[Entry, str | None]] = {}
@@ -821,6 +824,8 @@ class PathChecker:
         :attr:`notes` and :attr:`file_notes`)."""
         out: list[Problem] = []
         self._out = out
+        if self.seen_before_finish is None:
+            self.seen_before_finish = len(self._seen_log)
         try:
             if self._open:
                 parents = {p for p in self._parent.values() if p is not None}

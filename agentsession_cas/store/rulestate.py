@@ -528,6 +528,9 @@ def _capture(
                     "calls": [c.entry.id for c in run.calls], "nonempty": run.nonempty,
                     "out_or_decision": run.out_or_decision, "takeup": list(run.takeup) if run.takeup else None}
     seq = path.seq
+    # (a pass over a file has finished: what that reported is the file's end, not the session's)
+    finished = path.seen_before_finish
+    seen = path._seen if finished is None else path._seen_log[:finished]
     # The call ids as their keys in one string: a session's call ids are most of the state,
     # and as strings they cost an open and a close more than the rest of it (issue 11).
     first = w.first_call
@@ -545,7 +548,7 @@ def _capture(
         "depth": len(path.path),
         "cut": dict(path._cut),
         "budget": path._budget,
-        "seen": sorted([eid, code] for eid, code in path._seen),
+        "seen": sorted([eid, code] for eid, code in seen),
         "prefix_leaf_labels": sorted(prefix_leaf_labels),
         "links": [[e.id, e.get("rel") if isinstance(e.get("rel"), str) else None,
                    e.get("call_id") if isinstance(e.get("call_id"), str) else None] for e in links],
