@@ -506,10 +506,11 @@ IMPORTED = dict(SESSIONS, **{f"fixture-{p.name}": p.read_bytes()
                              for p in sorted((Path(__file__).resolve().parents[1] / "fixtures").glob("*.jsonl"))})
 
 
+@pytest.mark.parametrize("via", ["file", "bytes"])
 @pytest.mark.parametrize("name", sorted(IMPORTED))
-def test_an_import_keeps_the_state_its_verify_pass_leaves_as_a_rebuilt_one_would_be(tmp_path, name):
-    """An import captures the rules' state from its own verify pass (no second read of
-    the session): that state is, member for member, the one a checker built from the
+def test_an_import_keeps_the_state_its_verify_pass_leaves_as_a_rebuilt_one_would_be(tmp_path, name, via):
+    """An import (streamed from a file, or of bytes read whole) captures the rules' state
+    from its own verify pass (no second read of the session): that state is, member for member, the one a checker built from the
     stored entries and stood at the head captures, or there is none (a pass that does
     not stand at the head, a header the store completes)."""
     path = tmp_path / "in.jsonl"
@@ -517,7 +518,7 @@ def test_an_import_keeps_the_state_its_verify_pass_leaves_as_a_rebuilt_one_would
     st = Store.init(str(tmp_path / "s"), sync="never")
     try:
         try:
-            s = st.import_file(path)
+            s = st.import_file(path) if via == "file" else st.import_bytes(IMPORTED[name])
         except (SessionFormatError, AgentSessionError):
             return  # a file verify or the store refuses: nothing kept (tests/test_import*.py)
         kept = s._rule_state

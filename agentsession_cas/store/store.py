@@ -812,6 +812,7 @@ class Store:
 
     def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> Session:
         from ..format.rules import verify_session
+        from . import rulestate
 
         self._require_writable()
         if sf.problems or sf.truncated is not None:
@@ -822,7 +823,8 @@ class Store:
         # refused here with the same codes. A request_hash that does not match is
         # refused too (unlike at append, nothing is lost: the file stays as it is); a
         # header alone is a session to hold, though verify has nothing to check in it.
-        problems = [p for p in verify_session(sf).problems if p.code != "empty"]
+        report = verify_session(sf)
+        problems = [p for p in report.problems if p.code != "empty"]
         if problems:
             raise SessionFormatError(sf.source, problems)
         header = sf.header
@@ -864,11 +866,17 @@ class Store:
             for e in sf.entries:
                 names.extend(sidecar_names(canonical_bytes(e.body, parsed=True)))
             self._import_blobs(names, sf.source, sidecar_dir)
-        session = self._create(header, own=[e.id for e in own], leaf_labels={e.id for e in own if e.is_leaf_label},
-                               head=head, record=record, objects=_objects_of(prefix + own))
+        ids = [e.id for e in own]
+        leaf_labels = {e.id for e in own if e.is_leaf_label}
+        session = self._create(header, own=ids, leaf_labels=leaf_labels, head=head, record=record,
+                               objects=_objects_of(prefix + own))
         for e in own:
             session._summarize_created(e)
         session.prefix = [e.id for e in prefix]
+        if ids and head == ids[-1]:  # the pass's state, as a streamed import keeps it
+            rules = rulestate.capture_pass(report, header, session.prefix, ids, {e.id for e in kept if e.is_leaf_label})
+            if rules is not None:
+                session.start_rules(rules)
         return session
 
     def _check_holder_media(self, base: str, header: Header) -> None:
