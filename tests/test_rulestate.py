@@ -506,19 +506,21 @@ IMPORTED = dict(SESSIONS, **{f"fixture-{p.name}": p.read_bytes()
                              for p in sorted((Path(__file__).resolve().parents[1] / "fixtures").glob("*.jsonl"))})
 
 
-@pytest.mark.parametrize("via", ["file", "bytes"])
-@pytest.mark.parametrize("name", sorted(IMPORTED))
-def test_an_import_keeps_the_state_its_verify_pass_leaves_as_a_rebuilt_one_would_be(tmp_path, name, via):
-    """An import (streamed from a file, or of bytes read whole) captures the rules' state
+@pytest.mark.parametrize(("name", "via"), [(n, v) for n in sorted(IMPORTED) for v in ("file", "bytes")] + [
+    (n, "file with the helper") for n in sorted(IMPORTED) if n.startswith(("generated-", "fixture-"))])
+def test_an_import_keeps_the_state_its_verify_pass_leaves_as_a_rebuilt_one_would_be(tmp_path, monkeypatch, name, via):
+    """An import (streamed from a file, on one process or two, or of bytes read whole) captures the rules' state
     from its own verify pass (no second read of the session): that state is, member for member, the one a checker built from the
     stored entries and stood at the head captures, or there is none (a pass that does
     not stand at the head, a header the store completes)."""
     path = tmp_path / "in.jsonl"
     path.write_bytes(IMPORTED[name])
+    if via == "file with the helper":  # the line rules in a second process (format/parallel.py)
+        monkeypatch.setenv("AGENTSESSION_VERIFY_PROCESSES", "2")
     st = Store.init(str(tmp_path / "s"), sync="never")
     try:
         try:
-            s = st.import_file(path) if via == "file" else st.import_bytes(IMPORTED[name])
+            s = st.import_bytes(IMPORTED[name]) if via == "bytes" else st.import_file(path)
         except (SessionFormatError, AgentSessionError):
             return  # a file verify or the store refuses: nothing kept (tests/test_import*.py)
         kept = s._rule_state
