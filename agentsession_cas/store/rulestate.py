@@ -476,7 +476,7 @@ def capture(
 def capture_pass(
     report: VerifyReport, header: Header, prefix: Sequence[str], own: Sequence[str], leaf_labels: Collection[str]
 ) -> dict[str, Any] | None:
-    """:func:`capture` of the checker a streamed import's verify pass leaves (``report``
+    """:func:`capture` of the checker an import's verify pass leaves (``report``
     of the file whose entries are the session's ``prefix`` and ``own``, in log order, the
     leaf labels among them ``leaf_labels``), so that an imported session's first append
     need not build the rules from every entry. None unless the pass's path stands at the
