@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import functools
 import gc
+import io
 import json
+import os
+import select
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from agentsession_cas.errors import NO_SPACE_ERRNOS, READ_ONLY_ERRNOS, NoSpaceError, ReadOnlyError, quoted
 
 from .terminal import color_on, cut, fit_table, paint, visible, width, wrap
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 
 def printable(text: str) -> str:
@@ -168,6 +174,55 @@ def emit_json(obj: Any) -> None:
     except UnicodeEncodeError:  # a lone surrogate read from the file: escape everything
         text = json.dumps(obj, ensure_ascii=True, indent=2)
     click.echo(text)
+
+
+class WholeWrites(io.RawIOBase):
+    """Standard output's descriptor, each write carried to its last byte.
+
+    write(2) may take only part of what it is given: on a pipe a parent set O_NONBLOCK
+    (then EAGAIN once it is full), or when the reader leaves mid-write. Python's text
+    layer over an unbuffered stream (PYTHONUNBUFFERED, ``python -u``) drops the rest
+    without a word, and its buffered layer raises BlockingIOError: a document cut short
+    and exit 0, or a stray error. Here a short write goes on, a full pipe is waited for
+    (as git's xwrite polls), and a reader that left is BrokenPipeError (exit 141)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: ReadableBuffer) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            try:
+                done += os.write(self._fd, view[done:])
+            except BlockingIOError:
+                select.select([], [self._fd], [])
+        return done
+
+
+def whole_stdout() -> None:
+    """Put the process's standard output behind :class:`WholeWrites`, with its encoding
+    and buffering as they were (a stream a test put there is left as it is)."""
+    out = sys.stdout
+    if out is None or out is not sys.__stdout__ or not isinstance(out, io.TextIOWrapper):
+        return
+    try:
+        fd = out.fileno()
+        out.flush()
+    except (OSError, ValueError):
+        return
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(WholeWrites(fd)), encoding=out.encoding, errors=out.errors,
+                                  line_buffering=out.line_buffering, write_through=out.write_through)
 
 
 def write_bytes(data: bytes) -> None:

@@ -18,7 +18,7 @@ from agentsession_cas import __version__
 from agentsession_cas.errors import AgentSessionError, SessionFormatError
 
 from . import terminal
-from .common import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, fail, os_code, os_message
+from .common import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, fail, os_code, os_message, whole_stdout
 
 #: Each subcommand: the module of this package that defines it, imported only when
 #: that subcommand runs, and the summary `--help` lists (its docstring's first
@@ -96,6 +96,10 @@ def hoist_global_options(args: list[str]) -> list[str]:
 class App(click.Group):
     """Turns the library's errors and OS errors into one line and exit 1, never a traceback;
     loads each subcommand's module on first use (:data:`LAZY_COMMANDS`)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        whole_stdout()  # nothing printed is lost to a short write (a non-blocking pipe)
+        return super().main(*args, **kwargs)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))

@@ -487,6 +487,50 @@ def test_exit_statuses_for_a_closed_pipe_and_ctrl_c(store, tmp_path):
     assert b"Traceback" not in err and b"Aborted" not in err
 
 
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["PYTHONUNBUFFERED", "buffered"])
+def test_output_to_a_non_blocking_pipe_arrives_whole(store, unbuffered):
+    """A parent may hand the command a pipe set O_NONBLOCK, where a write takes only what
+    fits. The command waits for the pipe and writes the rest, as git does. It used to
+    print the first 4 KiB of a 10 KiB JSON document and exit 0 under PYTHONUNBUFFERED
+    (Python's text layer drops what an unbuffered write did not take), and fail with
+    BlockingIOError without it. Forced, not timed: the pipe holds 4 KiB, less than one
+    write, and is read only once full, so a write is always cut short and then refused."""
+    import fcntl
+
+    if not hasattr(fcntl, "F_SETPIPE_SZ"):
+        pytest.skip("no F_SETPIPE_SZ on this platform")
+    env = dict(os.environ, AGENTSESSION_STORE=str(store), PYTHONUNBUFFERED=unbuffered)
+    sid = ok(cli(store, "import", str(FIXTURES / "branches.jsonl"))).strip()
+    for args, want in [
+        (["show", "--json", str(FIXTURES / "branches.jsonl")], None),  # one text write of 10 KiB
+        (["export", sid], (FIXTURES / "branches.jsonl").read_bytes()),  # raw bytes, 5 KiB
+    ]:
+        if want is None:
+            want = subprocess.run([str(EXE), *args], env=env, capture_output=True, check=True).stdout
+        assert len(want) > 4096
+        r, w = os.pipe()
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+        fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) | os.O_NONBLOCK)
+        p = subprocess.Popen([str(EXE), *args], stdout=w, stderr=subprocess.PIPE, env=env)
+        os.close(w)
+        while _pipe_holds(r) < 4096 and p.poll() is None:  # read only once the pipe is full
+            subprocess.run(["sleep", "0.05"])
+        with os.fdopen(r, "rb") as f:
+            got = f.read()
+        assert p.stderr is not None
+        err = p.stderr.read()
+        assert p.wait(timeout=60) == 0, err
+        assert got == want and err == b"", (args, len(got), len(want), err)
+
+
+def _pipe_holds(fd: int) -> int:
+    """The bytes waiting in the pipe ``fd`` reads (FIONREAD)."""
+    import fcntl
+    import termios
+
+    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
+
+
 def _reading_stdin(pid: int) -> bool:
     """The process is blocked reading its standard input: its main thread is in read(2)
     (number 0 on x86-64) on fd 0, which only the command's own read of `-` does (start-up
