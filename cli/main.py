@@ -200,6 +200,8 @@ def main(ctx: click.Context, store_path: str | None, directory: str | None, no_p
     sessions in a store: init, import, create, append, head, log, list,
     export, cat-object, delete.
     """
+    if store_path == "":  # `--store "$UNSET"`: not the store the search would find, which `delete` would change
+        raise click.BadParameter("an empty value names no store; leave --store out for the default", param_hint="--store")
     if directory is not None:
         try:
             os.chdir(directory)
@@ -207,7 +209,7 @@ def main(ctx: click.Context, store_path: str | None, directory: str | None, no_p
             fail(f"cannot change to {directory}: {exc.strerror}", code=os_code(exc))
     s = terminal.settings()
     s.pager, s.color = not no_pager, color
-    ctx.obj = {"store": store_path or None}
+    ctx.obj = {"store": store_path}
 
 
 if __name__ == "__main__":  # pragma: no cover

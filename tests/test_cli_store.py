@@ -123,6 +123,19 @@ def test_store_found_walking_up_and_global_options_after_the_subcommand(tmp_path
     one_error(cli(None, "-C", str(tmp_path / "nowhere"), "list"), "nowhere")
 
 
+def test_an_empty_store_option_is_a_usage_error_not_the_default_store(tmp_path, store):
+    """`--store "$UNSET"` names no store: a usage error (exit 2), never the store found by
+    the search or $AGENTSESSION_STORE, which a `delete` there would then change."""
+    ok(cli(store, "create", "--id", "s1"))
+    env = {"AGENTSESSION_STORE": str(store)}
+    for args in (["--store", "", "delete", "s1"], ["delete", "s1", "--store="], ["--store=", "delete", "--json", "s1"]):
+        r = cli(None, *args, env=env)
+        assert r.exit_code == 2, (args, r.output)
+        assert "--store" in r.stderr and "empty" in r.stderr and r.stdout == ""
+    assert json.loads(r.stderr)["error"]["code"] == "usage"
+    assert ok(cli(store, "head", "s1")) == ""  # still there
+
+
 @pytest.mark.parametrize("args", [["list"], ["log", "s1"], ["head", "s1"], ["import", str(FIXTURES / "basic.jsonl")]])
 def test_no_store_is_one_line_error(tmp_path, args):
     one_error(cli(tmp_path / "none", *args), "no store at", "agentsession init")
