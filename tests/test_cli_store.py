@@ -881,7 +881,11 @@ def test_verify_and_log_report_a_damaged_log_line(store):
     r = cli(store, "log", "s1")
     assert r.exit_code == 1 and "log line 2" in r.stderr and r.stdout.splitlines()[1].split()[1] == "create"
     r = cli(store, "list", "--json")
-    assert r.exit_code == 1 and json.loads(r.stdout)[0]["mark"] == "damaged"
+    row = json.loads(r.stdout)[0]
+    assert r.exit_code == 1 and row["mark"] == "damaged" and "log line 2" in row["error"]
+    assert row["code"] == "session_damaged" and r.stderr == ""  # under --json the row is the report, with its code
+    r = cli(store, "list")
+    assert r.exit_code == 1 and r.stderr.startswith("agentsession: error: session s1 is damaged: log line 2")
     one_error(cli(store, "append", "s1", input=json.dumps(user("x"))), "damaged", "log line 2")
     one_error(cli(store, "show", "s1"), "damaged")
 
