@@ -17,7 +17,6 @@ from agentsession_cas import (
     SessionFile,
     SessionFormatError,
     entry_hashes,
-    loads,
     short_id,
 )
 from agentsession_cas.errors import ContextError, ContinuationError
@@ -32,7 +31,7 @@ from agentsession_cas.format.context import (
 from agentsession_cas.format.entry import Entry, Header
 from agentsession_cas.format.links import callees, judges, own_entries, render_links, successor_of
 from agentsession_cas.format.reader import _Parking, split_lines, verify_bytes, verify_file
-from agentsession_cas.format.rules import RULES, VerifyReport, verify_session
+from agentsession_cas.format.rules import RULES, VerifyReport, parse_line, verify_session
 from agentsession_cas.format.runs import render_runs
 from agentsession_cas.store import Session
 from agentsession_cas.store.session import ProjectionOutline
@@ -674,19 +673,19 @@ def hash_object(file: str, as_json: bool) -> None:
             data = f.read()
     results = []
     failed = 0
-    for lineno, raw in enumerate(split_lines(data), start=1):
+    lines = split_lines(data)
+    for lineno, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
+        obj, _, found, _ = parse_line(raw, line=lineno, last=lineno == len(lines))  # worded as verify words it
+        if obj is not None and obj.get("type") == "session":
+            continue
         try:
-            obj = loads(raw.decode("utf-8"))
-            if not isinstance(obj, dict):
-                raise EntryError("the line is not a JSON object")
-            if obj.get("type") == "session":
-                continue
+            if obj is None:
+                raise EntryError(found.message if found is not None else "the line does not read")
             eid, chash = entry_hashes(obj, parsed=True)
         except (ValueError, AgentSessionError) as exc:
-            reason = "not valid UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
-            echo(f"agentsession: line {lineno}: {reason}", err=True)
+            echo(f"agentsession: line {lineno}: {exc}", err=True)
             failed += 1
             continue
         stated = obj.get("id")

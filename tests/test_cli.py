@@ -197,6 +197,25 @@ def test_hash_object_bad_line_is_named_and_exits_1():
     assert "line 2:" in r.output and "repeated" in r.output
 
 
+def test_hash_object_words_a_bad_line_as_the_reader_does(tmp_path):
+    """A line that cannot be hashed is worded by the reader's one rule (`verify` says the
+    same): a cut-short last line is called so, and a parse error names its column, not
+    the parser's "line 1 column N (char M)" of a one-line document."""
+    path, b = build(tmp_path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines.insert(2, b'{"type":"item", oops}\n')
+    lines[-1] = lines[-1][:30]
+    path.write_bytes(b"".join(lines))
+    r = CliRunner().invoke(main, ["hash-object", str(path)])
+    assert r.exit_code == 1
+    assert r.stderr.splitlines() == [
+        "agentsession: line 3: the line does not parse as JSON: Expecting property name enclosed in double quotes at column 17",
+        f"agentsession: line {len(lines)}: the last line was cut short: does not parse as JSON: "
+        "Unterminated string starting at column 7",
+    ]
+    assert len(r.stdout.splitlines()) == len(lines) - 3  # the header and the two bad lines give none
+
+
 # -- errors -----------------------------------------------------------------
 
 
