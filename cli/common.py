@@ -275,6 +275,8 @@ def os_message(exc: OSError) -> str:
         return (f"the device holding {exc.filename or 'the store'} is read-only ({exc.strerror}): make it writable "
                 "and run it again (what the store holds reads as before; `agentsession fsck` checks it)")
     name = exc.filename if exc.filename is not None else ""
+    if exc.filename in ("", b""):  # an empty name given (`show "$UNSET"`): said so, quoted
+        name = "''"
     if isinstance(name, (str, bytes)) and len(name) > 200:  # a hostile path: still one short line
         name = quoted(name, 120)
     reason = {

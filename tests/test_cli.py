@@ -226,6 +226,15 @@ def test_missing_file_is_one_line_exit_1(tmp_path, command):
     assert r.output.strip() == f"agentsession: error: {tmp_path / 'nope.jsonl'}: no such file"
 
 
+@pytest.mark.parametrize("command", ["show", "verify", "hash-object", "import"])
+def test_an_empty_file_name_is_named_in_the_error(tmp_path, command):
+    """`show "$UNSET"`: the error says which name was missing, quoted, not a bare "no such file"."""
+    assert CliRunner().invoke(main, ["--store", str(tmp_path / "s"), "init"]).exit_code == 0
+    r = CliRunner().invoke(main, ["--store", str(tmp_path / "s"), command, ""])
+    assert r.exit_code == 1
+    assert r.output.strip() == "agentsession: error: '': no such file"
+
+
 @pytest.mark.parametrize("command", ["show", "verify", "hash-object"])
 def test_directory_is_one_line_exit_1(tmp_path, command):
     r = CliRunner().invoke(main, [command, str(tmp_path)])
