@@ -27,6 +27,7 @@ from agentsession_cas.errors import (
     IJSONError,
     LayoutError,
     NoSuchSessionError,
+    OutputError,
     RedactionError,
     quoted,
 )
@@ -84,6 +85,18 @@ def read_store(root: str | None = None) -> Store:
 
 def write_store(root: str | None = None) -> Store:
     return open_store(root or store_root())
+
+
+def refuse_output_in_store(output: str | None) -> None:
+    """``-o`` naming a path inside a store would replace the store's own files (a
+    session's log, a pack, the layout): refused before anything is read or written. A
+    file beside a store kept in a project (``project/.agentsession``) is not inside it."""
+    if output is None or output == "-":
+        return
+    target = os.path.realpath(output)  # where the write would land (a symlink's target)
+    root = find_store(target if os.path.isdir(target) else os.path.dirname(target))
+    if root is not None and (target + os.sep).startswith(os.path.realpath(root) + os.sep):
+        raise OutputError(f"cannot write {output}: it lies inside the store at {root}; write it outside the store")
 
 
 @dataclass
@@ -394,6 +407,7 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
     original, and no store imports it.
     """
     redacting = bool(redact_home or redact_env or secrets)
+    refuse_output_in_store(output)
     if fmt != "jsonl":
         if as_json:
             fail(f"--json summarises the jsonl projection; --format {fmt} prints JSON itself", code=USAGE)

@@ -339,6 +339,35 @@ def test_export_import_round_trip(store, tmp_path):
     assert cli(second, "export", "s1").stdout_bytes == out.read_bytes()
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "atif", "otel"])
+def test_export_output_inside_a_store_is_refused(store, tmp_path, fmt):
+    """-o naming a path inside a store would replace the store's own files: the export of
+    a session written over its own log (exit 0, the session gone), over a pack, over the
+    layout. Refused before anything is written (code `output`); a file beside a store kept
+    in a project (`project/.agentsession`) is fine."""
+    new_session(store, "s1", 2)
+    log = store / "sessions" / "s1" / "log"
+    pack = store / "objects" / "pack"
+    ok(cli(store, "pack"))
+    before = {p: p.read_bytes() for p in [log, store / "layout", *pack.iterdir()]}
+    targets = [log, store / "layout", next(pack.glob("*.pack")), store / "new.jsonl", store / "tmp" / "x"]
+    if fmt == "atif":  # -o names a directory for its documents
+        targets = [store, store / "sessions" / "s1", store / "docs"]
+    for target in targets:
+        r = cli(store, "export", "--format", fmt, "s1", "-o", str(target))
+        one_error(r, f"cannot write {target}: it lies inside the store at {store}")
+        r = cli(store, "export", "--format", fmt, "s1", "-o", str(target), *(["--json"] if fmt == "jsonl" else []))
+        assert r.exit_code == 1
+    assert {p: p.read_bytes() for p in before} == before and not (store / "new.jsonl").exists()
+    assert not (store / "docs").exists()
+    project = tmp_path / "project"
+    ok(cli(project / ".agentsession", "init"))
+    ok(cli(project / ".agentsession", "import", str(FIXTURES / "basic.jsonl")))
+    out = project / ("docs" if fmt == "atif" else "out.jsonl")
+    ok(cli(project / ".agentsession", "export", "--format", fmt, "0199b000-0000-7000-8000-000000000001", "-o", str(out)))
+    assert out.exists()
+
+
 def test_export_output_writes_what_the_path_names(store, tmp_path):
     """-o replaces a regular file atomically, but writes a symlink's target (the link
     stays), and writes a device or a pipe as a stream (never renamed over); a missing
