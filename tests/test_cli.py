@@ -152,6 +152,19 @@ def test_show_text_lists_entries_and_leaf(tmp_path):
     assert f"leaf {b.leaf[7:19]}" in r.output
 
 
+def test_show_names_a_custom_entry_without_ns_without_printing_none(tmp_path):
+    """`ns` is optional on a `custom` entry (nothing requires it): its row says so, never
+    Python's `None` (`-v` too)."""
+    path, b = build(tmp_path)
+    b.append("custom", data={"k": 1})
+    b.append("custom", ns="acme", data={"k": 1})
+    b.write(path)
+    for verbose in ([], ["-v"]):
+        rows = [line for line in run("show", *verbose, str(path)).output.splitlines() if " custom " in line]
+        assert len(rows) == 2 and "None" not in rows[0] and "acme" in rows[1], rows
+        assert "no ns" in rows[0]
+
+
 def test_show_leaf_option_accepts_prefix_and_refuses_unknown(tmp_path):
     path, b = build(tmp_path)
     first = b.entries[0].id
