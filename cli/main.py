@@ -10,7 +10,7 @@ import importlib
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -129,7 +129,12 @@ class App(click.Group):
         # while every argument is still in sight (the subcommand's included).
         ctx.meta["agentsession.json"] = "--json" in args
         terminal.configure(as_json="--json" in args)  # a run starts afresh (the tests run many)
-        return super().parse_args(ctx, hoist_global_options(args))
+        try:
+            return super().parse_args(ctx, hoist_global_options(args))
+        except click.UsageError as exc:  # the group's own options: what invoke does for the rest
+            if not ctx.meta["agentsession.json"]:
+                raise
+            usage_json(exc)
 
     def invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.meta.get("agentsession.json"))
@@ -159,10 +164,7 @@ class App(click.Group):
         except click.UsageError as exc:
             if not as_json:
                 raise
-            # --json: the usage error too is one JSON object on stderr, exit 2 as click's
-            click.echo(json.dumps({"error": {"code": "usage", "message": exc.format_message()}}, ensure_ascii=True),
-                       err=True)
-            sys.exit(EXIT_USAGE)
+            usage_json(exc)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except ValueError as exc:
@@ -171,6 +173,12 @@ class App(click.Group):
             fail("a file name cannot hold a NUL character", code="bad_name", as_json=as_json)
         except Exception as exc:  # a bug of ours: still one line, never a traceback
             fail(f"internal error ({type(exc).__name__}: {exc}); please report it", code="internal", as_json=as_json)
+
+
+def usage_json(exc: click.UsageError) -> NoReturn:
+    """Under --json the usage error too is one JSON object on stderr, exit 2 as click's."""
+    click.echo(json.dumps({"error": {"code": "usage", "message": exc.format_message()}}, ensure_ascii=True), err=True)
+    sys.exit(EXIT_USAGE)
 
 
 @click.group(cls=App, context_settings={"help_option_names": ["-h", "--help"]})

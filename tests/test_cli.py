@@ -232,6 +232,21 @@ def test_hash_object_words_a_bad_line_as_the_reader_does(tmp_path):
 # -- errors -----------------------------------------------------------------
 
 
+@pytest.mark.parametrize("argv", [
+    ["--colour", "never", "list", "--json"],  # an option of the group misspelt
+    ["--color", "sometimes", "list", "--json"],  # a bad value of one
+])
+def test_a_usage_error_of_the_group_under_json_is_json_too(argv):
+    """Under --json a usage error is one JSON object with code `usage` on stderr (exit 2),
+    whether the group's options or the subcommand's are wrong: the group's were printed
+    as click's text."""
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 2, r.output
+    assert r.stdout == ""
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == "usage" and ("--colour" in err["message"] or "sometimes" in err["message"])
+
+
 @pytest.mark.parametrize("command", ["show", "verify", "hash-object"])
 def test_missing_file_is_one_line_exit_1(tmp_path, command):
     r = CliRunner().invoke(main, [command, str(tmp_path / "nope.jsonl")])
