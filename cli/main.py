@@ -45,7 +45,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "migrate": ("migrate_command", "Convert a store of the earlier journal layout, or of the reference library's, to this release's layout, in place."),
     "repair": ("repair_command", "Rewrite a damaged session's log from the records that read."),
     "ref": ("ref_commands", 'Named refs: store-wide names (chat/slack/C123) for sessions.'),
-    "push": ("exchange_commands", "Push session ID, of which this store is the record, to REMOTE (a store's path or file:// URL)."),
+    "push": ("exchange_commands", "Push session ID, of which this store is the record, to REMOTE (a store's path or URL, or an http(s) server)."),
     "fetch": ("exchange_commands", 'Fetch session ID from REMOTE, which may be its record or a mirror.'),
     "handover": ("exchange_commands", 'Hand session ID over to REMOTE: push it, make the remote the record, then make this store a mirror.'),
     "declare-record": ("exchange_commands", 'Make a store the record of session ID, which it holds as a mirror.'),
@@ -205,8 +205,8 @@ def main(ctx: click.Context, store_path: str | None, directory: str | None, no_p
     """A git-like content-addressed store for agent session records.
 
     It reads, shows and verifies Agent Session Format files, and holds
-    sessions in a store: init, import, create, append, head, log, list,
-    export, cat-object, delete.
+    sessions in a store, which it checks, packs, sweeps and exchanges with
+    other stores. `agentsession COMMAND --help` says more of each.
     """
     if store_path == "":  # `--store "$UNSET"`: not the store the search would find, which `delete` would change
         raise click.BadParameter("an empty value names no store; leave --store out for the default", param_hint="--store")
