@@ -207,7 +207,22 @@ class WholeWrites(io.RawIOBase):
                 done += os.write(self._fd, view[done:])
             except BlockingIOError:
                 select.select([], [self._fd], [])
+            except OSError as exc:  # a full device, a reader gone: the error names standard output ...
+                if exc.filename is None:
+                    exc.filename = "standard output"
+                to_devnull(self._fd)  # ... and what is buffered behind it is not retried (and failed) at exit
+                raise
         return done
+
+
+def to_devnull(fd: int) -> None:
+    """Point ``fd`` at /dev/null: output the reader cannot take any more is dropped quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def whole_stdout() -> None:

@@ -18,7 +18,7 @@ from agentsession_cas import __version__
 from agentsession_cas.errors import AgentSessionError, SessionFormatError
 
 from . import terminal
-from .common import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, fail, os_code, os_message, whole_stdout
+from .common import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, fail, os_code, os_message, to_devnull, whole_stdout
 
 #: Each subcommand: the module of this package that defines it, imported only when
 #: that subcommand runs, and the summary `--help` lists (its docstring's first
@@ -150,8 +150,7 @@ class App(click.Group):
         except BrokenPipeError:
             # The reader went away (`| head`): stop quietly with 128+SIGPIPE, as git does.
             try:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
+                to_devnull(sys.stdout.fileno())
             except (OSError, ValueError):
                 pass
             sys.exit(EXIT_PIPE)

@@ -565,6 +565,27 @@ def test_output_to_a_non_blocking_pipe_arrives_whole(store, unbuffered):
         assert got == want and err == b"", (args, len(got), len(want), err)
 
 
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["PYTHONUNBUFFERED", "buffered"])
+def test_a_full_standard_output_is_one_error_line_naming_it(store, unbuffered):
+    """Standard output on a full device (/dev/full): exit 1 and one error line that names
+    standard output, not the store (whose device is fine), and no "Exception ignored"
+    traceback from the retry of the buffered rest at exit (exit 120)."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    sid = ok(cli(store, "import", str(FIXTURES / "branches.jsonl"))).strip()
+    env = dict(os.environ, AGENTSESSION_STORE=str(store), PYTHONUNBUFFERED=unbuffered)
+    for args in (["list"], ["export", sid], ["show", "--json", sid]):
+        with open("/dev/full", "wb") as full:
+            r = subprocess.run([str(EXE), *args], stdout=full, stderr=subprocess.PIPE, env=env)
+        assert r.returncode == 1, (args, r.stderr)
+        (line,) = r.stderr.decode().splitlines()
+        if "--json" in args:
+            error = json.loads(line)["error"]
+            assert error["code"] == "no_space", error
+            line = "agentsession: error: " + error["message"]
+        assert line.startswith("agentsession: error: no space left on the device holding standard output"), line
+
+
 def _pipe_holds(fd: int) -> int:
     """The bytes waiting in the pipe ``fd`` reads (FIONREAD)."""
     import fcntl
