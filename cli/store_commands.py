@@ -145,6 +145,9 @@ def locate(arg: str, *, files: bool) -> Target:
             return Target("session", arg, found[0], found[1], via_path=True)
         return Target("file", arg)
     if os.sep in arg or (os.altsep and os.altsep in arg):
+        if not os.path.lexists(arg) and _names_a_ref(arg):
+            fail(f"{arg}: no such file; a name holding / is read as a path here: to name the ref, write ref:{arg}",
+                 code=NoSuchSessionError.code)
         return Target("file", arg)
     if files:
         try:
@@ -154,6 +157,16 @@ def locate(arg: str, *, files: bool) -> Target:
                 raise BadNameError(f"{quoted(arg)} is no file (a path cannot hold NUL) and {exc}") from None
             return Target("file", arg)
     return Target("session", arg, store_root(), arg)
+
+
+def _names_a_ref(name: str) -> bool:
+    """Whether the store holds a ref ``name`` (only to say how to write one: never raises)."""
+    try:
+        with read_store() as store:
+            Refs(store).resolve(name)
+        return True
+    except (AgentSessionError, OSError):
+        return False
 
 
 def open_target(target: Target, *, files: bool) -> tuple[Store, Session]:

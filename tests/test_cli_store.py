@@ -651,6 +651,10 @@ def test_sessions_and_entries_are_named_as_git_names_revisions(store):
     assert ok(cli(store, "log", "chat/main", "--json")) == ok(cli(store, "log", "abcd-one", "--json"))
     assert "abcd-one" in ok(cli(store, "show", "ref:chat/main"))
     ok(cli(store, "verify", "ref:chat/main"))
+    # show, verify and export read a name holding / as a path: a missing one that is a
+    # ref says how to write it, rather than a bare "no such file"
+    for command in ("show", "verify", "export"):
+        one_error(cli(store, command, "chat/main"), "chat/main: no such file", "write ref:chat/main")
     assert ok(cli(store, "delete", "abce")).startswith("deleted abce-two ")
 
 
