@@ -16,6 +16,7 @@ import click
 
 from agentsession_cas.errors import NO_SPACE_ERRNOS, READ_ONLY_ERRNOS, NoSpaceError, ReadOnlyError, quoted
 
+from . import terminal
 from .terminal import color_on, cut, fit_table, paint, visible, width, wrap
 
 if TYPE_CHECKING:
@@ -139,6 +140,14 @@ def one_line(message: str) -> str:
 def note(message: str) -> None:
     """A remark on stderr that does not change the exit status."""
     echo(f"agentsession: note: {one_line(message)}", err=True)
+
+
+def read_stdin() -> bytes:
+    """Standard input, whole. At a terminal a note first says it is read and how to end
+    it: a bare `hash-object` (FILE defaults to it) or `append ID` would wait unexplained."""
+    if terminal.isatty(sys.stdin):
+        note("reading standard input (end it with Ctrl-D)")
+    return sys.stdin.buffer.read()
 
 
 def fail(

@@ -37,7 +37,7 @@ from agentsession_cas.store import Session
 from agentsession_cas.store.session import ProjectionOutline
 
 from . import fsck_command, store_commands, terminal
-from .common import echo, echo_lines, emit_json, number, plural, table, table_line, when, whole_pass
+from .common import echo, echo_lines, emit_json, number, plural, read_stdin, table, table_line, when, whole_pass
 from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
 from .terminal import paint, progressing, visible
@@ -617,7 +617,7 @@ def _verify(file: str | None, as_json: bool, verbose: bool) -> None:
         # one pass over the file as it is read: every rule, each entry once (issue 11)
         if arg == "-":
             with progressing("verifying", "lines") as bar:
-                report = verify_bytes(sys.stdin.buffer.read(), source="<stdin>", progress=bar)
+                report = verify_bytes(read_stdin(), source="<stdin>", progress=bar)
         else:
             with progressing("verifying", "bytes") as bar:
                 report = verify_file(arg, progress=bar)
@@ -665,7 +665,7 @@ def hash_object(file: str, as_json: bool) -> None:
     be hashed is reported on stderr with its number, and the exit is 1.
     """
     if file == "-":
-        data = sys.stdin.buffer.read()
+        data = read_stdin()
     else:
         if os.path.isdir(file):
             raise IsADirectoryError(21, "is a directory", file)

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 from agentsession_cas.progress import Progress
 
-from .common import echo, emit_json, fail, note, number, plural, table, whole_pass, write_bytes, write_stream
+from .common import echo, emit_json, fail, note, number, plural, read_stdin, table, whole_pass, write_bytes, write_stream
 from .terminal import paint, progressing, stdout_is_tty
 from .terminal import start_pager as page
 
@@ -195,12 +195,12 @@ def read_file_arg(file: str, progress: Progress | None = None) -> SessionFile:
     from agentsession_cas.format.reader import read_session, read_session_bytes  # the rule set: not for head or list
 
     if file == "-":
-        return read_session_bytes(sys.stdin.buffer.read(), source="<stdin>", progress=progress)
+        return read_session_bytes(read_stdin(), source="<stdin>", progress=progress)
     return read_session(file, progress=progress)
 
 
 def _stdin_json(what: str) -> Any:
-    raw = sys.stdin.buffer.read()
+    raw = read_stdin()
     if not raw.strip():
         fail(f"no {what} on stdin: give one JSON object", code=BAD_INPUT)
     try:
@@ -543,7 +543,7 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
     """
     with write_store() as store, progressing("importing", "lines") as bar:
         if file == "-":
-            session = store.import_bytes(sys.stdin.buffer.read(), record=record, source="<stdin>", progress=bar)
+            session = store.import_bytes(read_stdin(), record=record, source="<stdin>", progress=bar)
         else:
             session = store.import_file(file, record=record, progress=bar)
         facts = {"session": session.id, "entries": len(session), "prefix": len(session.prefix),

@@ -15,6 +15,7 @@ from agentsession_cas import Header, SessionBuilder, make_entry
 from agentsession_cli.main import main
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "sessions"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason=f"reference corpus not found at {CORPUS}")
 
 TS = "2026-09-17T12:00:0{}Z"
@@ -227,6 +228,22 @@ def test_hash_object_words_a_bad_line_as_the_reader_does(tmp_path):
         "Unterminated string starting at column 7",
     ]
     assert len(r.stdout.splitlines()) == len(lines) - 3  # the header and the two bad lines give none
+
+
+@pytest.mark.parametrize("argv", [["hash-object"], ["verify", "-"], ["show", "-"]])
+def test_reading_standard_input_at_a_terminal_says_so(monkeypatch, argv):
+    """A bare `hash-object` (its FILE defaults to standard input) at a terminal waited
+    without a word: a note now says what it reads and how to end it. Off a terminal
+    (a pipe, a file) nothing is said."""
+    from agentsession_cli import terminal
+
+    data = (FIXTURES / "basic.jsonl").read_bytes()
+    quiet = CliRunner().invoke(main, argv, input=data)
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    monkeypatch.setattr(terminal, "isatty", lambda stream: stream is sys.stdin)
+    r = CliRunner().invoke(main, argv, input=data)
+    assert r.exit_code == 0 and r.stdout == quiet.stdout
+    assert r.stderr == "agentsession: note: reading standard input (end it with Ctrl-D)\n"
 
 
 # -- errors -----------------------------------------------------------------
