@@ -209,7 +209,7 @@ def main(ctx: click.Context, store_path: str | None, directory: str | None, no_p
     """
     if store_path == "":  # `--store "$UNSET"`: not the store the search would find, which `delete` would change
         raise click.BadParameter("an empty value names no store; leave --store out for the default", param_hint="--store")
-    if directory is not None:
+    if directory:  # an empty -C changes nothing, as git's
         try:
             os.chdir(directory)
         except OSError as exc:

@@ -121,6 +121,9 @@ def test_store_found_walking_up_and_global_options_after_the_subcommand(tmp_path
     assert [r["session"] for r in json.loads(ok(cli(None, "list", "-C", str(inner), "--json", env=env)))] == ["here"]
     assert [r["session"] for r in json.loads(ok(cli(None, "-C", str(project), "list", "--json", env=env)))] == ["here"]
     one_error(cli(None, "-C", str(tmp_path / "nowhere"), "list"), "nowhere")
+    # an empty -C is no change of directory, as git's (it was "cannot change to : ...")
+    monkeypatch.chdir(inner)
+    assert [r["session"] for r in json.loads(ok(cli(None, "-C", "", "list", "--json", env=env)))] == ["here"]
 
 
 def test_an_empty_store_option_is_a_usage_error_not_the_default_store(tmp_path, store):
