@@ -19,7 +19,8 @@ from agentsession_cas import (
     entry_hashes,
     short_id,
 )
-from agentsession_cas.errors import ContextError, ContinuationError
+from agentsession_cas.errors import ContextError, ContinuationError, Problem
+from agentsession_cas.format.codes import problem
 from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
     Context,
@@ -37,7 +38,7 @@ from agentsession_cas.store import Session
 from agentsession_cas.store.session import ProjectionOutline
 
 from . import fsck_command, store_commands, terminal
-from .common import echo, echo_lines, emit_json, number, plural, read_stdin, table, table_line, when, whole_pass
+from .common import echo, echo_lines, emit_json, fail, number, plural, read_stdin, table, table_line, when, whole_pass
 from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
 from .terminal import paint, progressing, visible
@@ -672,7 +673,7 @@ def hash_object(file: str, as_json: bool) -> None:
         with open(file, "rb") as f:
             data = f.read()
     results = []
-    failed = 0
+    failed: list[Problem] = []
     lines = split_lines(data)
     for lineno, raw in enumerate(lines, start=1):
         if not raw.strip():
@@ -685,13 +686,17 @@ def hash_object(file: str, as_json: bool) -> None:
                 raise EntryError(found.message if found is not None else "the line does not read")
             eid, chash = entry_hashes(obj, parsed=True)
         except (ValueError, AgentSessionError) as exc:
-            echo(f"agentsession: line {lineno}: {exc}", err=True)
-            failed += 1
+            failed.append(found if found is not None else problem(lineno, "entry", str(exc)))
+            if not as_json:
+                echo(f"agentsession: line {lineno}: {exc}", err=True)
             continue
         stated = obj.get("id")
         results.append({"line": lineno, "id": eid, "content_hash": chash, "stated_id": stated, "matches": stated == eid})
     if as_json:
         emit_json(results)
+        if failed:  # what could not be hashed: the error object, with each line's problem
+            fail(f"{plural(len(failed), 'line')} could not be hashed; the first, line {failed[0].line}: "
+                 f"{failed[0].message}", code=SessionFormatError.code, problems=[p.as_dict() for p in failed])
     else:
         for r in results:
             flag = "" if r["matches"] or r["stated_id"] is None else "  !"

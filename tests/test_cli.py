@@ -206,9 +206,16 @@ def test_hash_object_reads_stdin_and_flags_a_stated_id_that_differs(tmp_path):
 def test_hash_object_bad_line_is_named_and_exits_1():
     good = make_entry("item", None, ts=TS.format(1), item={"type": "message"})
     data = good.canonical_line() + b'{"type":"item","parent":null,"ts":"2026-09-17T12:00:01Z","a":1,"a":2}\n'
+    r = CliRunner().invoke(main, ["hash-object"], input=data)
+    assert r.exit_code == 1
+    assert "line 2:" in r.stderr and "repeated" in r.stderr
+    # --json: the lines that hashed on stdout, and one error object with each line's problem
     r = CliRunner().invoke(main, ["hash-object", "--json"], input=data)
     assert r.exit_code == 1
-    assert "line 2:" in r.output and "repeated" in r.output
+    assert [h["id"] for h in json.loads(r.stdout)] == [good.id]
+    error = json.loads(r.stderr)["error"]
+    assert error["code"] == "bad_file" and error["message"].startswith("1 line could not be hashed; the first, line 2:")
+    assert [(p["line"], p["code"]) for p in error["problems"]] == [(2, "ijson")]
 
 
 def test_hash_object_words_a_bad_line_as_the_reader_does(tmp_path):
