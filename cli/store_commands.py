@@ -541,7 +541,8 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
     The session is a mirror (it refuses local appends and head moves)
     unless --record is given.
     """
-    with write_store() as store, progressing("importing", "lines") as bar:
+    # a file is read by bytes (as verify FILE), standard input held whole and read by lines
+    with write_store() as store, progressing("importing", "lines" if file == "-" else "bytes") as bar:
         if file == "-":
             session = store.import_bytes(read_stdin(), record=record, source="<stdin>", progress=bar)
         else:

@@ -504,6 +504,26 @@ def test_dash_reads_standard_input(store):
     assert bad.exit_code == 1 and "<stdin>" in bad.output
 
 
+def test_import_progress_counts_in_the_unit_it_names(store, monkeypatch):
+    """`import FILE` reads the file by bytes (as `verify FILE`) and said `lines` of the
+    file's size (`100,123,623/100,123,623 lines`); from standard input it counts lines."""
+    from agentsession_cli import terminal
+
+    monkeypatch.setattr(terminal, "isatty", lambda stream: stream is sys.stderr)
+    monkeypatch.setattr(terminal, "PROGRESS_DELAY", 0.0)
+    monkeypatch.setattr(terminal, "PROGRESS_EVERY", 0.0)
+    path = FIXTURES / "branches.jsonl"
+    size, lines = path.stat().st_size, len(path.read_bytes().splitlines())
+    r = cli(store, "import", str(path))
+    assert r.exit_code == 0, r.output
+    assert f"importing: 100% ({size:,}/{size:,} bytes)" in r.stderr, r.stderr
+    other = Store.init(str(store.parent / "other"))
+    other.close()
+    r = cli(store.parent / "other", "import", "-", input=path.read_bytes())
+    assert r.exit_code == 0, r.output
+    assert f"importing: 100% ({lines - 1:,}/{lines - 1:,} lines)" in r.stderr, r.stderr
+
+
 def test_exit_statuses_for_a_closed_pipe_and_ctrl_c(store, tmp_path):
     """A reader that goes away (`| head`) ends the command quietly with 141, as git
     does; Ctrl-C with 130 and no traceback. The interrupt is forced (a SIGINT sent
