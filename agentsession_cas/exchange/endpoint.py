@@ -197,6 +197,13 @@ class StoreEndpoint:
         self._written: set[str] = set()
 
     def close(self) -> None:
+        for s in self._parked.values():
+            try:
+                # Held again (when nothing wrote it meanwhile), so that its close keeps what
+                # a writer's close keeps: the summary ``list`` reads, the rules' state.
+                s.exchange_resume()
+            except (OSError, AgentSessionError):
+                pass
         for s in list(self._parked.values()) + list(self._snapshots.values()):
             try:
                 s.close()
@@ -305,7 +312,8 @@ class StoreEndpoint:
             if resumed:
                 try:
                     entries, head, mark = parked.exchange_view()
-                    return SessionView(session_id, dict(parked.header.data), mark, head, entries, list(parked.prefix))
+                    return SessionView(session_id, dict(parked.header.data), mark, head, list(entries),
+                                       list(parked.prefix))
                 finally:
                     self._release(parked)
             parked.close()
@@ -316,7 +324,7 @@ class StoreEndpoint:
             if old is not None:
                 old.close()
             self._snapshots[session_id] = s  # kept: it serves what its log holds
-        return SessionView(session_id, dict(s.header.data), mark, head, entries, list(s.prefix))
+        return SessionView(session_id, dict(s.header.data), mark, head, list(entries), list(s.prefix))
 
     def session_header(self, session_id: str) -> dict[str, Any] | None:
         """The header held under ``session_id`` (one small file read), or None."""

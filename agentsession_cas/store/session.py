@@ -1043,18 +1043,20 @@ class Session:
     # checks the record mark: they are how a mirror takes entries, head moves and marks
     # "only through exchange" (RFC 0002).
 
-    def exchange_view(self) -> tuple[list[str], str | None, Mark]:
+    def exchange_view(self) -> tuple[Sequence[str], str | None, Mark]:
         """(own entries in log order, head, mark) as last committed: what this session may
         serve to another store. A session open for writing is committed first, so that is
         all of it; a snapshot serves its log only through the last commit, since another
-        process's working state is not the session's to serve yet."""
+        process's working state is not the session's to serve yet. The entries are a copy
+        of the state's order that spells an id only when asked (an incremental push reads
+        its length and its last few, not the 100,000 ids of a long session)."""
         if self.writable and not self._closed:
             self.commit()
-            return list(self.log_order), self.head, self.mark
+            return self.state.log_order.copy(), self.head, self.mark
         if self._records is None or self.state.committed_seq >= self.state.max_seq:
-            return list(self.log_order), self.head, self.mark
+            return self.state.log_order.copy(), self.head, self.mark
         view = committed_view(self._records)
-        return list(view.log_order), view.head, view.mark
+        return view.log_order, view.head, view.mark
 
     def exchange_objects(self, entry_id: str) -> tuple[str, bytes, bytes]:
         """(content hash, content bytes, envelope bytes) of an entry this session holds or
