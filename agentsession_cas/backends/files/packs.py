@@ -140,6 +140,16 @@ def _raw(name: str) -> bytes:
     return bytes.fromhex(name[7:])
 
 
+def _raw_names(names: Sequence[str], spaces: bytes, datas: Sequence[bytes]) -> bytes:
+    """The raw names (32 bytes each, in order) of objects handed to a pack writer with
+    their space bits and bytes, made in one step, not one call each."""
+    raws = bytes.fromhex("".join(names).replace(_PREFIX, ""))
+    if len(raws) != 32 * len(names) or len(spaces) != len(names) or len(datas) != len(names):
+        raise StoreError(f"{len(names)} objects handed to a pack writer with {len(raws)} bytes of names, "
+                         f"{len(spaces)} spaces and {len(datas)} objects' bytes")
+    return raws
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while n >= 0x80:
@@ -892,6 +902,46 @@ class PackWriter:
         if self._buf_len >= self.block_target:
             self._cut()
 
+    def add_many(self, names: Sequence[str], spaces: bytes, datas: Sequence[bytes]) -> None:
+        """Add objects in order, as :meth:`add` does each: each one's name (the caller
+        vouches it is its hash), space bits and bytes. Plain blocks, and none of the
+        objects here already or twice among them (a checkpoint's), take a few steps of
+        Python for all, not several each: a checkpoint's pack is written on a worker
+        thread beside the appends, and each of its steps holds the lock they wait for."""
+        blob = _raw_names(names, spaces, datas)
+        raws = [blob[i : i + 32] for i in range(0, len(blob), 32)]
+        first = self._slots + len(self._pending)  # (plain: an object's ordinal is given as it comes)
+        taken = dict(zip(raws, map(operator.or_, range(first << 3, (first + len(raws)) << 3, 8), spaces)))
+        if self.encode or len(taken) != len(raws) or not self._objects.keys().isdisjoint(taken):
+            for raw, bits, data in zip(raws, spaces, datas):
+                self.add_raw(raw, bits, data)
+            return
+        self._check_room(len(raws))
+        self._objects.update(taken)
+        self._fill(datas)
+
+    def _fill(self, datas: Sequence[bytes]) -> None:
+        """Plain objects, their names recorded: each goes into the block being filled,
+        which is cut before an object that would take it past the target and once it
+        reaches it (as :meth:`add_raw` does one). Where each block ends is found by
+        bisection over the objects' running sizes, and its objects are taken as a slice:
+        no step of Python per object."""
+        target, count = self.block_target, len(datas)
+        ends = list(itertools.accumulate(map(len, datas), initial=0))  # ends[k]: the bytes of datas[:k]
+        start, held = 0, self._buf_len
+        while True:
+            base = ends[start] - held  # ends[k + 1] - base: the block's bytes once datas[k] is in it
+            stop = bisect_left(ends, base + target, start + 1)  # datas[stop - 1] reaches the target
+            if stop > count:  # none does: the block stays open
+                self._pending.extend(datas[start:])
+                self._buf_len = ends[count] - base
+                return
+            if ends[stop] - base > target and (stop - 1 > start or held):
+                stop -= 1  # the object that would take it past the target begins the next block
+            self._pending.extend(datas[start:stop])
+            self._cut()
+            start, held = stop, 0
+
     def _check_room(self, more: int = 1) -> None:
         if self._slots + len(self._pending) + more > MAX_OBJECTS:
             raise StoreError(f"a pack holds at most {MAX_OBJECTS} objects")
@@ -1239,36 +1289,15 @@ class StreamPackWriter(PackWriter):
     def add_many(self, names: Sequence[str], spaces: bytes, datas: Sequence[bytes]) -> None:
         """Add objects in order: each one's name (the caller vouches it is its hash), space
         bits and bytes. The names are made raw in one step, not one call each."""
-        raws = bytes.fromhex("".join(names).replace(_PREFIX, ""))
-        if len(raws) != 32 * len(names) or len(spaces) != len(names) or len(datas) != len(names):
-            raise StoreError(f"{len(names)} objects handed to a pack writer with {len(raws)} bytes of names, "
-                             f"{len(spaces)} spaces and {len(datas)} objects' bytes")
-        self._take(raws, spaces, datas)
+        self._take(_raw_names(names, spaces, datas), spaces, datas)
 
     def _take(self, raws: bytes, spaces: bytes, datas: Sequence[bytes]) -> None:
-        """Objects whose raw names (32 bytes each) and space bits are given: each goes into
-        the block being filled, which is cut before an object that would take it past the
-        target and once it reaches it. Where each block ends is found by bisection over
-        the objects' running sizes, and its objects are taken as a slice: no step of
-        Python per object."""
+        """Objects whose raw names (32 bytes each) and space bits are given, into blocks
+        (:meth:`PackWriter._fill`), their names and spaces recorded."""
         self._check_room(len(spaces))
         self._names.write(raws)
         self._spaces += spaces
-        target, count = self.block_target, len(datas)
-        ends = list(itertools.accumulate(map(len, datas), initial=0))  # ends[k]: the bytes of datas[:k]
-        start, held = 0, self._buf_len
-        while True:
-            base = ends[start] - held  # ends[k + 1] - base: the block's bytes once datas[k] is in it
-            stop = bisect_left(ends, base + target, start + 1)  # datas[stop - 1] reaches the target
-            if stop > count:  # none does: the block stays open
-                self._pending.extend(datas[start:])
-                self._buf_len = ends[count] - base
-                return
-            if ends[stop] - base > target and (stop - 1 > start or held):
-                stop -= 1  # the object that would take it past the target begins the next block
-            self._pending.extend(datas[start:stop])
-            self._cut()
-            start, held = stop, 0
+        self._fill(datas)
 
     def copy_pack(self, pack: Pack) -> None:
         raise TypeError("a StreamPackWriter takes objects, not packs")
