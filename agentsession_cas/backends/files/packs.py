@@ -796,6 +796,11 @@ class PackWriter:
         self.encode = encode
         self.level = level
         self._cctx = zstandard.ZstdCompressor(level=level, write_checksum=False)
+        self._compress_all = _compress_many(self._cctx)
+        # Blocks cut and not yet compressed (no pool): (stream, side bytes, first, count),
+        # and their streams' bytes.
+        self._cut_blocks: list[tuple[bytes, bytes, int, int]] = []
+        self._cut_bytes = 0
         self._pool = None
         if threads > 0:
             from concurrent.futures import ThreadPoolExecutor
@@ -1047,10 +1052,26 @@ class PackWriter:
         """A cut block's stream to zstd: on this thread, or on the pool, written in order."""
         job = (stream, side, first, count)
         if self._pool is None:
-            self._put_block(self._cctx.compress(stream), *job)
+            self._cut_blocks.append(job)
+            self._cut_bytes += len(stream)
+            if self._cut_bytes >= self.COMPRESS_BYTES:
+                self._compress_cut()
             return
         self._inflight.append((self._pool.submit(self._compress, stream), job))
         self._collect(wait=False)
+
+    #: Without a pool, blocks are compressed this many bytes of them at once, in one call
+    #: that lets go of the interpreter lock once (:func:`_compress_many`): a checkpoint's
+    #: pack, written on a worker thread beside appends, then takes the lock back once,
+    #: not once a block (each time it does, an append that let it go waits it out).
+    COMPRESS_BYTES = 4 << 20
+
+    def _compress_cut(self) -> None:
+        """Compress the blocks cut so far and write them, in order."""
+        blocks, self._cut_blocks, self._cut_bytes = self._cut_blocks, [], 0
+        if blocks:
+            for frame, job in zip(self._compress_all([job[0] for job in blocks]), blocks, strict=True):
+                self._put_block(frame, *job)
 
     def _compress(self, stream: bytes) -> bytes:
         cctx = getattr(self._local_cctx, "cctx", None)
@@ -1061,6 +1082,8 @@ class PackWriter:
     def _collect(self, *, wait: bool) -> None:
         """Write the compressed blocks that are ready, in order (all of them when
         ``wait``; else waiting only while too many are in flight)."""
+        if wait:
+            self._compress_cut()
         inflight = self._inflight
         while inflight and (wait or inflight[0][0].done() or len(inflight) > 2 * self._threads):
             future, job = inflight.pop(0)
@@ -1197,7 +1220,7 @@ class StreamPackWriter(PackWriter):
         """The writer's thread: the batches of blocks handed over, as many as are waiting
         at once, compressed, written and hashed, then (at None) the pack ended, unless it
         is being aborted; the first failure is kept, and the blocks after it only counted off."""
-        jobs, compress = self._jobs, _compress_many(self._cctx)
+        jobs, compress = self._jobs, self._compress_all
         while True:
             batches = [jobs.get()]
             while not jobs.empty():
