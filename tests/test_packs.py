@@ -1299,6 +1299,22 @@ def test_stream_pack_writer_names_a_repeated_object_once_in_every_space_it_came(
     assert os.listdir(tmp_path / "tmp") == []
 
 
+def _written(w, objs, rng, most):
+    """``objs`` (space, bytes) added to pack writer ``w`` one by one (``rng`` None) or in
+    batches of 1 to ``most`` (add_many), and the pack finished: its index's path."""
+    at = 0
+    while at < len(objs):
+        if rng is None:
+            space, data = objs[at]
+            w.add(space, sha256_ref(data), data)
+            at += 1
+            continue
+        batch = objs[at : at + rng.randint(1, most)]
+        at += len(batch)
+        w.add_many([sha256_ref(d) for _, d in batch], bytes(SPACE_BITS[sp] for sp, _ in batch), [d for _, d in batch])
+    return Path(w.finish())
+
+
 def test_stream_pack_writer_takes_many_objects_as_it_takes_each(tmp_path):
     """Objects handed over a batch at a time (an import's stage, a checkpoint's pack) make
     the pack, block for block, that they make added one by one, and that a PackWriter
@@ -1317,16 +1333,7 @@ def test_stream_pack_writer_takes_many_objects_as_it_takes_each(tmp_path):
             w = PackWriter(str(root / "pack"), str(root / "tmp"))
         else:
             w = StreamPackWriter(str(root / "pack"), str(root / "tmp"), threads=1 if "thread" in way else 0)
-        if way.startswith("many"):
-            at = 0
-            while at < len(objs):
-                batch = objs[at : at + rng.randint(1, 40)]
-                at += len(batch)
-                w.add_many([sha256_ref(d) for _, d in batch], bytes(SPACE_BITS[sp] for sp, _ in batch), [d for _, d in batch])
-        else:
-            for space, data in objs:
-                w.add(space, sha256_ref(data), data)
-        idx = Path(w.finish())
+        idx = _written(w, objs, rng if way.startswith("many") else None, 40)
         made.append((idx.with_suffix(".pack").read_bytes(), idx.read_bytes()))
     assert made[0] == made[1] == made[2] == made[3] == made[4]
     for writer in (StreamPackWriter, PackWriter):
@@ -1350,16 +1357,7 @@ def test_pack_writer_takes_many_objects_with_repeats_as_it_takes_each(tmp_path, 
     for way in ("each", "many"):
         root = tmp_path / f"{way}-{encode}"
         w = PackWriter(str(root / "pack"), str(root / "tmp"), encode=encode)
-        if way == "many":
-            at = 0
-            while at < len(objs):
-                batch = objs[at : at + rng.randint(1, 30)]
-                at += len(batch)
-                w.add_many([sha256_ref(d) for _, d in batch], bytes(SPACE_BITS[sp] for sp, _ in batch), [d for _, d in batch])
-        else:
-            for space, data in objs:
-                w.add(space, sha256_ref(data), data)
-        idx = Path(w.finish())
+        idx = _written(w, objs, rng if way == "many" else None, 30)
         made.append((idx.with_suffix(".pack").read_bytes(), idx.read_bytes()))
     assert made[0] == made[1]
     pack = Pack(str(idx))
