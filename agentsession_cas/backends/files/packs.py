@@ -1192,6 +1192,9 @@ class StreamPackWriter(PackWriter):
     while :meth:`finish` sorts the index."""
 
     WRITE_BUFFER = 1 << 20
+    #: Without its thread, each block is compressed as it is cut: an import's memory stays
+    #: bounded by its block, not by a batch of them.
+    COMPRESS_BYTES = 0
     #: Blocks handed to the writer's thread at once (a wake-up of it a batch, not a block),
     #: and batches handed over and not yet written, at most.
     HAND_AT = 4
