@@ -1299,11 +1299,27 @@ def test_stream_pack_writer_names_a_repeated_object_once_in_every_space_it_came(
     assert os.listdir(tmp_path / "tmp") == []
 
 
+def _written(w, objs, rng, most):
+    """``objs`` (space, bytes) added to pack writer ``w`` one by one (``rng`` None) or in
+    batches of 1 to ``most`` (add_many), and the pack finished: its index's path."""
+    at = 0
+    while at < len(objs):
+        if rng is None:
+            space, data = objs[at]
+            w.add(space, sha256_ref(data), data)
+            at += 1
+            continue
+        batch = objs[at : at + rng.randint(1, most)]
+        at += len(batch)
+        w.add_many([sha256_ref(d) for _, d in batch], bytes(SPACE_BITS[sp] for sp, _ in batch), [d for _, d in batch])
+    return Path(w.finish())
+
+
 def test_stream_pack_writer_takes_many_objects_as_it_takes_each(tmp_path):
-    """Objects handed over a batch at a time (an import's stage) make the pack, block for
-    block, that they make added one by one, and that a PackWriter makes of them: the same
-    bytes. Sizes around the block target (empty, exactly the target, past it) put cuts
-    before, after and inside batches."""
+    """Objects handed over a batch at a time (an import's stage, a checkpoint's pack) make
+    the pack, block for block, that they make added one by one, and that a PackWriter
+    makes of them: the same bytes. Sizes around the block target (empty, exactly the
+    target, past it) put cuts before, after and inside batches."""
     from agentsession_cas.backends.files.packs import BLOCK_TARGET, StreamPackWriter
 
     rng = random.Random(5)
@@ -1311,30 +1327,47 @@ def test_stream_pack_writer_takes_many_objects_as_it_takes_each(tmp_path):
     objs = [(rng.choice(("contents", "entries")), rng.randbytes(rng.choice(sizes))) for _ in range(400)]
     objs = list({d: (sp, d) for sp, d in objs}.values())  # no repeats: a PackWriter would index one once
     made = []
-    for way in ("reference", "each", "many", "many, on its thread"):
+    for way in ("reference", "each", "many", "many, on its thread", "many, PackWriter"):
         root = tmp_path / way
-        if way == "reference":
+        if way == "reference" or "PackWriter" in way:
             w = PackWriter(str(root / "pack"), str(root / "tmp"))
         else:
             w = StreamPackWriter(str(root / "pack"), str(root / "tmp"), threads=1 if "thread" in way else 0)
-        if way.startswith("many"):
-            at = 0
-            while at < len(objs):
-                batch = objs[at : at + rng.randint(1, 40)]
-                at += len(batch)
-                w.add_many([sha256_ref(d) for _, d in batch], bytes(SPACE_BITS[sp] for sp, _ in batch), [d for _, d in batch])
-        else:
-            for space, data in objs:
-                w.add(space, sha256_ref(data), data)
-        idx = Path(w.finish())
+        idx = _written(w, objs, rng if way.startswith("many") else None, 40)
         made.append((idx.with_suffix(".pack").read_bytes(), idx.read_bytes()))
-    assert made[0] == made[1] == made[2] == made[3]
-    w = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"))
+    assert made[0] == made[1] == made[2] == made[3] == made[4]
+    for writer in (StreamPackWriter, PackWriter):
+        w = writer(str(tmp_path / "pack"), str(tmp_path / "tmp"))
+        try:
+            with pytest.raises(StoreError):  # a name that is no SHA-256
+                w.add_many(["sha256:00"], b"\x02", [b"x"])
+        finally:
+            w.abort()
+
+
+@pytest.mark.parametrize("encode", [False, True])
+def test_pack_writer_takes_many_objects_with_repeats_as_it_takes_each(tmp_path, encode):
+    """A batch holding an object twice, or one added before (in another space too), makes
+    the pack that adding each makes: the object once, with every space it came in; and
+    so does a writer that encodes (which takes each one by one)."""
+    rng = random.Random(9)
+    datas = [rng.randbytes(rng.choice((0, 50, 5_000, 90_000))) for _ in range(60)]
+    objs = [(rng.choice(("contents", "entries")), rng.choice(datas)) for _ in range(150)]
+    made = []
+    for way in ("each", "many"):
+        root = tmp_path / f"{way}-{encode}"
+        w = PackWriter(str(root / "pack"), str(root / "tmp"), encode=encode)
+        idx = _written(w, objs, rng if way == "many" else None, 30)
+        made.append((idx.with_suffix(".pack").read_bytes(), idx.read_bytes()))
+    assert made[0] == made[1]
+    pack = Pack(str(idx))
     try:
-        with pytest.raises(StoreError):  # a name that is no SHA-256
-            w.add_many(["sha256:00"], b"\x02", [b"x"])
+        assert len(pack) == len({d for _, d in objs})
+        for space, data in objs:
+            loc = pack.find(sha256_ref(data))
+            assert loc is not None and loc.spaces & SPACE_BITS[space] and pack.read(loc) == data
     finally:
-        w.abort()
+        pack.close()
 
 
 def test_stream_pack_writers_thread_holds_few_blocks_and_its_failure_refuses_the_pack(tmp_path, monkeypatch):

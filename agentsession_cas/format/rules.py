@@ -51,7 +51,7 @@ from ..lean import dataclass
 from .canonical import loads, loads_flagged
 from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
 from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, RequestReport, check_tip
-from .entry import LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
+from .entry import ENTRY_ID, LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
 from .links import derived_note, link_notes, own_entries, store_note
 from .normalise import check_normalised
@@ -711,8 +711,12 @@ class PathChecker:
                 self._pop()
             return
         depth = self._depth
-        for e in path[keep:]:
-            del depth[e.id]
+        if len(path) - keep > keep and len(depth) == len(path):  # (a restored path maps its tip alone)
+            depth.clear()
+            depth.update(zip(map(ENTRY_ID, path[:keep]), range(keep)))
+        else:
+            for e in path[keep:]:
+                del depth[e.id]
         del path[keep:]
         self.walker.pop_to(keep)
         self.builder.pop_to(keep)

@@ -72,6 +72,9 @@ _T = TypeVar("_T")
 
 #: From this many objects on, a batch is written as one pack instead of loose files.
 PACK_BATCH = 64
+#: Objects :meth:`FileObjects.write_pack` hands its pack writer at once (a checkpoint's
+#: 2,048 in one step; an import's stream a bounded piece at a time).
+_ADD_CHUNK = 4096
 #: Pack size tiers start here and grow by MERGE_FANIN; that many packs in one
 #: tier are merged into one.
 TIER_BASE = 1 << 20
@@ -676,18 +679,28 @@ class FileObjects(ObjectStore):
         big: list[tuple[str, str, bytes]] = []
         try:
             fresh: dict[str, bool] = {}  # pack path -> freshened (False: gone meanwhile)
-            for space, name, data in items:
-                if len(data) > MAX_PACKED:
-                    big.append((space, name, data))
-                    continue
-                found = self._packed_sound(space, name) if dedup else None
-                if found is not None:
-                    there = fresh.get(found[0].path)
-                    if there is None:
-                        there = fresh[found[0].path] = _freshen(found[0].path)
-                    if there:
-                        continue  # else swept away meanwhile: written again here
-                writer.add(space, name, data)
+            source = iter(items)
+            # A chunk at a time, handed to the writer at once (PackWriter.add_many): a
+            # checkpoint's pack, written beside appends, so takes a few steps an object.
+            while chunk := list(itertools.islice(source, _ADD_CHUNK)):
+                kept = chunk
+                if dedup or max([len(data) for _, _, data in chunk]) > MAX_PACKED:
+                    kept = []
+                    for space, name, data in chunk:
+                        if len(data) > MAX_PACKED:
+                            big.append((space, name, data))
+                            continue
+                        found = self._packed_sound(space, name) if dedup else None
+                        if found is not None:
+                            there = fresh.get(found[0].path)
+                            if there is None:
+                                there = fresh[found[0].path] = _freshen(found[0].path)
+                            if there:
+                                continue  # else swept away meanwhile: written again here
+                        kept.append((space, name, data))
+                if kept:
+                    writer.add_many([name for _, name, _ in kept], bytes([SPACE_BITS[space] for space, _, _ in kept]),
+                                    [data for _, _, data in kept])
             if not len(writer):
                 writer.abort()
                 idx = None

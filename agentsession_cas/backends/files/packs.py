@@ -140,6 +140,16 @@ def _raw(name: str) -> bytes:
     return bytes.fromhex(name[7:])
 
 
+def _raw_names(names: Sequence[str], spaces: bytes, datas: Sequence[bytes]) -> bytes:
+    """The raw names (32 bytes each, in order) of objects handed to a pack writer with
+    their space bits and bytes, made in one step, not one call each."""
+    raws = bytes.fromhex("".join(names).replace(_PREFIX, ""))
+    if len(raws) != 32 * len(names) or len(spaces) != len(names) or len(datas) != len(names):
+        raise StoreError(f"{len(names)} objects handed to a pack writer with {len(raws)} bytes of names, "
+                         f"{len(spaces)} spaces and {len(datas)} objects' bytes")
+    return raws
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while n >= 0x80:
@@ -786,6 +796,11 @@ class PackWriter:
         self.encode = encode
         self.level = level
         self._cctx = zstandard.ZstdCompressor(level=level, write_checksum=False)
+        self._compress_all = _compress_many(self._cctx)
+        # Blocks cut and not yet compressed (no pool): (stream, side bytes, first, count),
+        # and their streams' bytes.
+        self._cut_blocks: list[tuple[bytes, bytes, int, int]] = []
+        self._cut_bytes = 0
         self._pool = None
         if threads > 0:
             from concurrent.futures import ThreadPoolExecutor
@@ -892,6 +907,46 @@ class PackWriter:
         if self._buf_len >= self.block_target:
             self._cut()
 
+    def add_many(self, names: Sequence[str], spaces: bytes, datas: Sequence[bytes]) -> None:
+        """Add objects in order, as :meth:`add` does each: each one's name (the caller
+        vouches it is its hash), space bits and bytes. Plain blocks, and none of the
+        objects here already or twice among them (a checkpoint's), take a few steps of
+        Python for all, not several each: a checkpoint's pack is written on a worker
+        thread beside the appends, and each of its steps holds the lock they wait for."""
+        blob = _raw_names(names, spaces, datas)
+        raws = [blob[i : i + 32] for i in range(0, len(blob), 32)]
+        first = self._slots + len(self._pending)  # (plain: an object's ordinal is given as it comes)
+        taken = dict(zip(raws, map(operator.or_, range(first << 3, (first + len(raws)) << 3, 8), spaces)))
+        if self.encode or len(taken) != len(raws) or not self._objects.keys().isdisjoint(taken):
+            for raw, bits, data in zip(raws, spaces, datas):
+                self.add_raw(raw, bits, data)
+            return
+        self._check_room(len(raws))
+        self._objects.update(taken)
+        self._fill(datas)
+
+    def _fill(self, datas: Sequence[bytes]) -> None:
+        """Plain objects, their names recorded: each goes into the block being filled,
+        which is cut before an object that would take it past the target and once it
+        reaches it (as :meth:`add_raw` does one). Where each block ends is found by
+        bisection over the objects' running sizes, and its objects are taken as a slice:
+        no step of Python per object."""
+        target, count = self.block_target, len(datas)
+        ends = list(itertools.accumulate(map(len, datas), initial=0))  # ends[k]: the bytes of datas[:k]
+        start, held = 0, self._buf_len
+        while True:
+            base = ends[start] - held  # ends[k + 1] - base: the block's bytes once datas[k] is in it
+            stop = bisect_left(ends, base + target, start + 1)  # datas[stop - 1] reaches the target
+            if stop > count:  # none does: the block stays open
+                self._pending.extend(datas[start:])
+                self._buf_len = ends[count] - base
+                return
+            if ends[stop] - base > target and (stop - 1 > start or held):
+                stop -= 1  # the object that would take it past the target begins the next block
+            self._pending.extend(datas[start:stop])
+            self._cut()
+            start, held = stop, 0
+
     def _check_room(self, more: int = 1) -> None:
         if self._slots + len(self._pending) + more > MAX_OBJECTS:
             raise StoreError(f"a pack holds at most {MAX_OBJECTS} objects")
@@ -997,10 +1052,26 @@ class PackWriter:
         """A cut block's stream to zstd: on this thread, or on the pool, written in order."""
         job = (stream, side, first, count)
         if self._pool is None:
-            self._put_block(self._cctx.compress(stream), *job)
+            self._cut_blocks.append(job)
+            self._cut_bytes += len(stream)
+            if self._cut_bytes >= self.COMPRESS_BYTES:
+                self._compress_cut()
             return
         self._inflight.append((self._pool.submit(self._compress, stream), job))
         self._collect(wait=False)
+
+    #: Without a pool, blocks are compressed this many bytes of them at once, in one call
+    #: that lets go of the interpreter lock once (:func:`_compress_many`): a checkpoint's
+    #: pack, written on a worker thread beside appends, then takes the lock back once,
+    #: not once a block (each time it does, an append that let it go waits it out).
+    COMPRESS_BYTES = 4 << 20
+
+    def _compress_cut(self) -> None:
+        """Compress the blocks cut so far and write them, in order."""
+        blocks, self._cut_blocks, self._cut_bytes = self._cut_blocks, [], 0
+        if blocks:
+            for frame, job in zip(self._compress_all([job[0] for job in blocks]), blocks, strict=True):
+                self._put_block(frame, *job)
 
     def _compress(self, stream: bytes) -> bytes:
         cctx = getattr(self._local_cctx, "cctx", None)
@@ -1011,6 +1082,8 @@ class PackWriter:
     def _collect(self, *, wait: bool) -> None:
         """Write the compressed blocks that are ready, in order (all of them when
         ``wait``; else waiting only while too many are in flight)."""
+        if wait:
+            self._compress_cut()
         inflight = self._inflight
         while inflight and (wait or inflight[0][0].done() or len(inflight) > 2 * self._threads):
             future, job = inflight.pop(0)
@@ -1119,6 +1192,9 @@ class StreamPackWriter(PackWriter):
     while :meth:`finish` sorts the index."""
 
     WRITE_BUFFER = 1 << 20
+    #: Without its thread, each block is compressed as it is cut: an import's memory stays
+    #: bounded by its block, not by a batch of them.
+    COMPRESS_BYTES = 0
     #: Blocks handed to the writer's thread at once (a wake-up of it a batch, not a block),
     #: and batches handed over and not yet written, at most.
     HAND_AT = 4
@@ -1147,7 +1223,7 @@ class StreamPackWriter(PackWriter):
         """The writer's thread: the batches of blocks handed over, as many as are waiting
         at once, compressed, written and hashed, then (at None) the pack ended, unless it
         is being aborted; the first failure is kept, and the blocks after it only counted off."""
-        jobs, compress = self._jobs, _compress_many(self._cctx)
+        jobs, compress = self._jobs, self._compress_all
         while True:
             batches = [jobs.get()]
             while not jobs.empty():
@@ -1239,36 +1315,15 @@ class StreamPackWriter(PackWriter):
     def add_many(self, names: Sequence[str], spaces: bytes, datas: Sequence[bytes]) -> None:
         """Add objects in order: each one's name (the caller vouches it is its hash), space
         bits and bytes. The names are made raw in one step, not one call each."""
-        raws = bytes.fromhex("".join(names).replace(_PREFIX, ""))
-        if len(raws) != 32 * len(names) or len(spaces) != len(names) or len(datas) != len(names):
-            raise StoreError(f"{len(names)} objects handed to a pack writer with {len(raws)} bytes of names, "
-                             f"{len(spaces)} spaces and {len(datas)} objects' bytes")
-        self._take(raws, spaces, datas)
+        self._take(_raw_names(names, spaces, datas), spaces, datas)
 
     def _take(self, raws: bytes, spaces: bytes, datas: Sequence[bytes]) -> None:
-        """Objects whose raw names (32 bytes each) and space bits are given: each goes into
-        the block being filled, which is cut before an object that would take it past the
-        target and once it reaches it. Where each block ends is found by bisection over
-        the objects' running sizes, and its objects are taken as a slice: no step of
-        Python per object."""
+        """Objects whose raw names (32 bytes each) and space bits are given, into blocks
+        (:meth:`PackWriter._fill`), their names and spaces recorded."""
         self._check_room(len(spaces))
         self._names.write(raws)
         self._spaces += spaces
-        target, count = self.block_target, len(datas)
-        ends = list(itertools.accumulate(map(len, datas), initial=0))  # ends[k]: the bytes of datas[:k]
-        start, held = 0, self._buf_len
-        while True:
-            base = ends[start] - held  # ends[k + 1] - base: the block's bytes once datas[k] is in it
-            stop = bisect_left(ends, base + target, start + 1)  # datas[stop - 1] reaches the target
-            if stop > count:  # none does: the block stays open
-                self._pending.extend(datas[start:])
-                self._buf_len = ends[count] - base
-                return
-            if ends[stop] - base > target and (stop - 1 > start or held):
-                stop -= 1  # the object that would take it past the target begins the next block
-            self._pending.extend(datas[start:stop])
-            self._cut()
-            start, held = stop, 0
+        self._fill(datas)
 
     def copy_pack(self, pack: Pack) -> None:
         raise TypeError("a StreamPackWriter takes objects, not packs")
