@@ -1175,22 +1175,34 @@ def test_a_bulk_read_finds_objects_where_the_last_ones_say_and_checks_each(root,
             reader.get_many("contents", [env_order[3][1]])
         # a slot whose bytes are not its name's: not served from the guess nor from the index
         reader.packs._runs.clear()
-        bad = in_order[7][1]
-        real_slot = packs_mod.PackSet._slot
-        served: list[bytes] = []
+        reader.packs._cache.clear()
+        bad, good = in_order[7][1], in_order[7][2]
+        damaged = good[:-1] + b"!"
+        real_read_block = Pack.read_block
 
-        def slot(block, at):
-            data = real_slot(block, at)
-            if data == in_order[7][2]:
-                served.append(data)
-                return data[:-1] + b"!"
-            return data
+        def read_block(self, b):  # the block as read, the object's last byte changed
+            block = real_read_block(self, b)
+            at = block.stream.find(good)
+            if at >= 0:
+                block.stream = block.stream[:at] + damaged + block.stream[at + len(good):]
+            return block
 
-        monkeypatch.setattr(packs_mod.PackSet, "_slot", staticmethod(slot))
+        real_sha256 = packs_mod.hashlib.sha256
+        hashed: list[bytes] = []
+
+        def sha256(data):
+            if data == damaged:
+                hashed.append(data)
+            return real_sha256(data)
+
+        monkeypatch.setattr(Pack, "read_block", read_block)
+        monkeypatch.setattr(packs_mod.hashlib, "sha256", sha256)
         got = reader.packs.read_many([bytes.fromhex(n[7:]) for _, n, _ in in_order[:20]], packs_mod.SPACE_BITS["contents"])
-        assert got[7] is None and len(served) == 2, "tried at the guess, then where the index says"
+        monkeypatch.setattr(packs_mod.hashlib, "sha256", real_sha256)
+        assert got[7] is None and len(hashed) == 2, "tried at the guess, then where the index says"
         assert got[:7] + got[8:] == [d for _, _, d in in_order[:7] + in_order[8:20]]
-        assert reader.get_many("contents", [bad]) == [in_order[7][2]]  # the one-by-one read: its own check
+        with pytest.raises(CorruptObjectError):  # the one-by-one read: its own check names the damage
+            reader.get_many("contents", [bad])
     finally:
         reader.close()
 

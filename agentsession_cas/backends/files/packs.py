@@ -1439,6 +1439,12 @@ class PackSet:
             unread: set[int] = set()  # blocks that could not be read: tried once for all their objects
             lo = hi = 0  # the ordinals [lo, hi) of the block at hand
             block: Block | None = None
+            # the block's slot table, held apart: a plain slot (almost every one) is then
+            # a slice here, not a call (two calls an object were a tenth of a show's reads)
+            kinds: bytes = b""
+            starts: list[int] = []
+            ends: list[int] = []
+            stream = b""
             for i in left:
                 raw = raws[i]
                 data = None
@@ -1448,9 +1454,12 @@ class PackSet:
                         b = bisect_right(firsts, guess) - 1
                         lo, hi = firsts[b], (firsts[b + 1] if b + 1 < nblocks else nslots)
                         block = self._block_or_none(pack, b, unread)
-                    if block is not None and guess - lo < len(block.kinds):
-                        data = self._slot(block, guess - lo)
-                        if data is not None and (sha256(data).digest() != raw or not _in_space(block.kinds[guess - lo], data, bits)):
+                        kinds, starts, ends, stream = _table(block)
+                    s = guess - lo
+                    if s < len(kinds):
+                        kind = kinds[s]
+                        data = stream[starts[s] : ends[s]] if kind == KIND_PLAIN else self._slot(block, s)  # type: ignore[arg-type]
+                        if data is not None and (sha256(data).digest() != raw or not _in_space(kind, data, bits)):
                             data = None
                 if data is not None:
                     last = guess
@@ -1481,9 +1490,11 @@ class PackSet:
                     b = bisect_right(firsts, ordinal) - 1
                     lo, hi = firsts[b], (firsts[b + 1] if b + 1 < nblocks else nslots)
                     block = self._block_or_none(pack, b, unread)
-                if block is None or ordinal - lo >= len(block.kinds):
+                    kinds, starts, ends, stream = _table(block)
+                s = ordinal - lo
+                if s >= len(kinds):
                     continue
-                data = self._slot(block, ordinal - lo)
+                data = stream[starts[s] : ends[s]] if kinds[s] == KIND_PLAIN else self._slot(block, s)  # type: ignore[arg-type]
                 if data is not None and sha256(data).digest() == raw:
                     out[i] = data
             self._runs[(pack.name, bits)] = (last, stride)
@@ -1504,8 +1515,8 @@ class PackSet:
 
     @staticmethod
     def _slot(block: Block, slot: int) -> bytes | None:
-        if block.kinds[slot] == KIND_PLAIN:
-            return block.stream[block.starts[slot] : block.ends[slot]]
+        """The object of an encoded slot (a plain one :meth:`read_many` slices itself), or
+        None when it does not decode."""
         try:
             return block.object(slot)
         except CorruptPackError:
@@ -1535,6 +1546,14 @@ class PackSet:
 
 
 _ENVELOPE_HEAD = b'{"content":"'
+
+
+def _table(block: Block | None) -> tuple[bytes, list[int], list[int], bytes]:
+    """A block's slot kinds, starts, ends and stream (none for no block), as
+    :meth:`PackSet.read_many` reads them."""
+    if block is None:
+        return b"", [], [], b""
+    return block.kinds, block.starts, block.ends, block.stream
 
 
 def _in_space(kind: int, data: bytes, bits: int) -> bool:
