@@ -139,33 +139,37 @@ def listing_entries(session: Session, outline: ProjectionOutline, positions: Ite
     so every object of the session is read once. Each entry holds its content's members,
     its ``id``, ``parent`` and ``type``; not ``ts`` nor ``parents``, which the outline does
     not keep (no listing prints them). The synthetic marker is the outline's own."""
-    get_many = session.store.objects.get_many
     ids, types, content = outline.ids, outline.types, outline.content
     parent_at, absent = outline.parent_at, outline.absent
+    marker_at = len(ids) - 1 if outline.marker is not None else -1
+    chunks: list[list[int]] = []  # the positions of the chunks asked for, not yet taken
+    marked = []
 
-    def read(chunk: list[int]) -> Iterator[tuple[int, Entry]]:
-        names = [content(p) for p in chunk]
-        for at, name, body in zip(chunk, names, get_many("contents", names)):
+    def names() -> Iterator[list[str]]:
+        chunk: list[int] = []
+        for pos in positions:
+            if pos == marker_at:  # the last: no store holds it
+                marked.append(pos)
+                break
+            chunk.append(pos)
+            if len(chunk) == LISTING_CHUNK:
+                chunks.append(chunk)
+                yield [content(p) for p in chunk]
+                chunk = []
+        if chunk:
+            chunks.append(chunk)
+            yield [content(p) for p in chunk]
+
+    for bodies in session.store.objects.get_chunks("contents", names()):
+        for at, body in zip(chunks.pop(0), bodies):
             up = parent_at[at]
             env = {"parent": ids[up] if up >= 0 else absent.get(at), "type": types[at]}
             data, careful, item = line_members(ids[at], env, body)
-            entry = Entry(data, computed_id=ids[at], content_hash=name)
+            entry = Entry(data, computed_id=ids[at], content_hash=content(at))
             entry.careful, entry.item_bytes = careful, item
             yield at, entry
-
-    marker_at = len(ids) - 1 if outline.marker is not None else -1
-    chunk: list[int] = []
-    for pos in positions:
-        if pos == marker_at:  # the last: no store holds it
-            yield from read(chunk)
-            chunk = []
-            yield pos, outline.marker  # type: ignore[misc]
-            continue
-        chunk.append(pos)
-        if len(chunk) == LISTING_CHUNK:
-            yield from read(chunk)
-            chunk = []
-    yield from read(chunk)
+    if marked:
+        yield marker_at, outline.marker  # type: ignore[misc]
 
 
 # ---------------------------------------------------------------------------

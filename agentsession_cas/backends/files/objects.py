@@ -202,6 +202,14 @@ class FileObjects(ObjectStore):
             return [data if data is not None else self.get(space, name) for name, data in zip(names, got)]
         return got  # type: ignore[return-value]  # no None in it
 
+    def get_chunks(self, space: str, chunks: Iterable[Sequence[str]]) -> Iterator[list[bytes]]:
+        """:meth:`get_many` of each chunk, with the packs' blocks after the one each read
+        comes to decompressed on a worker thread meanwhile (:meth:`PackSet.reading_ahead`):
+        a listing formats one chunk while the next one's blocks are decompressed."""
+        with self.packs.reading_ahead(SPACE_BITS.get(space, 0)):
+            for names in chunks:
+                yield self.get_many(space, names)
+
     def register(self, log: Any) -> None:
         """A log now holds objects not yet written here: serve them from it (while the
         log is open and referenced)."""

@@ -59,6 +59,7 @@ from __future__ import annotations
 import array
 import base64
 import binascii
+import contextlib
 import errno
 import hashlib
 import itertools
@@ -74,7 +75,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import blake3
 import zstandard
@@ -82,6 +83,9 @@ import zstandard
 from ...errors import CorruptPackError, StoreError
 from ...format.hashing import FAST_ENVELOPE
 from ...fsutil import fsync_dir, write_all
+
+if TYPE_CHECKING:  # loaded when a read first reads ahead: a command that does not, does not load it
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 __all__ = [
     "pack_file_sound",
@@ -654,10 +658,9 @@ class Pack:
             raise CorruptPackError(f"pack {self.path} is closed", path=self.path)
         return self._fd
 
-    def read_block_raw(self, block: int) -> bytes:
-        """A block's stored bytes, as they are (its zstd frame, then its side bytes):
-        what the index claims is checked against the limits and the file's size
-        before anything is read."""
+    def _span(self, block: int, file_size: int) -> tuple[int, int]:
+        """(offset, stored size) of a block, what the index claims checked against the
+        limits and the file's size (``file_size``) before anything is read."""
         offset, size, raw = self.block_info(block)
         where = f"pack {self.path} block {block}"
         if raw > MAX_BLOCK or size > MAX_STORED:
@@ -666,9 +669,16 @@ class Pack:
             raise CorruptPackError(
                 f"{where} claims {self._blocks[block][3]} side bytes, more than a block may hold", path=self.path
             )
-        fd = self._pack_fd()
-        if offset < len(PACK_MAGIC) or offset + size > os.fstat(fd).st_size - _SUM:
+        if offset < len(PACK_MAGIC) or offset + size > file_size - _SUM:
             raise CorruptPackError(f"pack {self.path} ends inside block {block}", path=self.path)
+        return offset, size
+
+    def read_block_raw(self, block: int) -> bytes:
+        """A block's stored bytes, as they are (its zstd frame, then its side bytes):
+        what the index claims is checked against the limits and the file's size
+        before anything is read."""
+        fd = self._pack_fd()
+        offset, size = self._span(block, os.fstat(fd).st_size)
         data = os.pread(fd, size, offset)
         if len(data) != size:
             raise CorruptPackError(f"pack {self.path} ends inside block {block}", path=self.path)
@@ -685,6 +695,60 @@ class Pack:
         _, zsize, raw, side, _, count = self._blocks[block]
         stream = decompress_block(data[:zsize], raw, where=where, path=self.path)
         return Block(stream, data[zsize:], count, where=where, path=self.path)
+
+    def read_blocks(self, start: int, stop: int) -> dict[int, Block]:
+        """Blocks ``start`` to ``stop`` (excluded) of a format-2 pack, by block number,
+        read by one ``pread`` and decompressed by one call that lets go of the
+        interpreter lock for them all: what a read-ahead's worker does (a thread that
+        had to take the lock back after each block would wait for it each time). Best
+        effort: a block that fails any check :meth:`read_block` makes is left out, as
+        are all when the read fails, for :meth:`read_block` to refuse when its reader
+        comes to it."""
+        out: dict[int, Block] = {}
+        if self.version != 2 or not 0 <= start < stop <= self.nblocks:
+            return out
+        try:
+            fd = self._pack_fd()
+            file_size = os.fstat(fd).st_size
+            spans = []
+            for b in range(start, stop):
+                try:
+                    spans.append((b, *self._span(b, file_size)))
+                except CorruptPackError:
+                    continue
+            if not spans:
+                return out
+            first, end = spans[0][1], max(offset + size for _, offset, size in spans)
+            if end - first > (stop - start) * MAX_STORED:
+                return out  # blocks not laid out in order: each read by itself
+            data = os.pread(fd, end - first, first)
+            frames: list[bytes | bytearray | memoryview] = []
+            sizes: list[int] = []
+            rest: list[tuple[int, bytes, int, str]] = []
+            for b, offset, size in spans:
+                _, zsize, raw, _, _, count = self._blocks[b]
+                stored = data[offset - first : offset - first + size]
+                where = f"pack {self.path} block {b}"
+                try:
+                    if len(stored) != size or zsize > size or check_frame(stored[:zsize], raw, where=where, path=self.path) != raw:
+                        continue  # (a frame that does not say its size, too: read by itself, bounded)
+                except CorruptPackError:
+                    continue
+                frames.append(stored[:zsize])
+                sizes.append(raw)
+                rest.append((b, stored[zsize:], count, where))
+            if not frames:
+                return out
+            streams = _decompressor().multi_decompress_to_buffer(
+                frames, decompressed_sizes=struct.pack(f"={len(sizes)}Q", *sizes), threads=0)
+            for i, (b, side, count, where) in enumerate(rest):
+                stream = streams[i]
+                if len(stream) == sizes[i]:
+                    with contextlib.suppress(CorruptPackError):
+                        out[b] = Block(stream.tobytes(), side, count, where=where, path=self.path)
+        except (CorruptPackError, OSError, zstandard.ZstdError):
+            pass  # what was not read is read by itself
+        return out
 
     def read(self, loc: Located) -> bytes:
         """One object's bytes (not checked against its name: the caller does that)."""
@@ -730,6 +794,19 @@ class Pack:
             raise CorruptPackError(f"pack {self.path} is not the pack its index {self.idx_path} describes", path=self.path)
 
 
+_AHEAD_POOL: ThreadPoolExecutor | None = None
+
+
+def _ahead_pool() -> ThreadPoolExecutor:
+    """The one worker that decompresses blocks ahead (:meth:`PackSet.reading_ahead`)."""
+    global _AHEAD_POOL
+    if _AHEAD_POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _AHEAD_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-read-ahead")
+    return _AHEAD_POOL
+
+
 #: One zstd decompression context per thread (a context is not to be shared between
 #: threads), kept for every block the thread reads: making one costs about as much as
 #: decompressing a quarter of a block of text (15 us against ~40 for 256 KiB), paid twice
@@ -744,7 +821,9 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return dctx
 
 
-def decompress_block(data: bytes, raw: int, *, where: str, path: str) -> bytes:
+def check_frame(data: bytes, raw: int, *, where: str, path: str) -> int:
+    """The size a block's zstd frame declares (-1: none), refused unless it is the
+    index's ``raw``, which no block may exceed: checked before anything is allocated."""
     if raw > MAX_BLOCK:
         raise CorruptPackError(f"{where} claims {raw} bytes, more than a block may hold", path=path)
     try:
@@ -753,6 +832,11 @@ def decompress_block(data: bytes, raw: int, *, where: str, path: str) -> bytes:
         raise CorruptPackError(f"{where} is not a zstd frame", path=path) from None
     if declared not in (raw, -1):
         raise CorruptPackError(f"{where} declares {declared} bytes where the index says {raw}", path=path)
+    return int(declared)
+
+
+def decompress_block(data: bytes, raw: int, *, where: str, path: str) -> bytes:
+    check_frame(data, raw, where=where, path=path)
     try:
         out = _decompressor().decompress(data, max_output_size=raw)
     except zstandard.ZstdError as exc:
@@ -1337,6 +1421,10 @@ class PackSet:
     reading a session reads its objects in the order they were packed."""
 
     CACHE_BLOCKS = 16
+    #: Blocks a read-ahead's worker decompresses at once (:meth:`Pack.read_blocks`); the
+    #: next batch is asked for when the reader comes within half of one of the end of
+    #: what was asked: two batches held at most beside the cache (4 MiB of the usual blocks).
+    AHEAD_BLOCKS = 8
     #: A directory changed this recently may change again without its mtime
     #: moving (timestamps come from a coarse clock, or whole seconds on some
     #: filesystems): until it is older, a miss lists it again (git's "racy" rule).
@@ -1354,6 +1442,57 @@ class PackSet:
         #: (pack, space bits) -> (the ordinal of the object a bulk read found last, the
         #: stride between the last two): where :meth:`read_many` looks first.
         self._runs: dict[tuple[str, int], tuple[int, int]] = {}
+        #: Readers in :meth:`reading_ahead`, by space bits; (pack, block) -> the worker's
+        #: batch that reads it, until a read takes it; (pack, space bits) -> the block
+        #: after the last one asked for by the reads of those spaces.
+        self._ahead_readers: dict[int, int] = {}
+        self._batches: dict[tuple[str, int], Future[dict[int, Block]]] = {}
+        self._ahead_end: dict[tuple[str, int], int] = {}
+
+    @contextlib.contextmanager
+    def reading_ahead(self, bits: int) -> Iterator[None]:
+        """While in it, a bulk read (:meth:`read_many`) of the spaces of ``bits`` that
+        comes to a block has the blocks after it decompressed on a worker thread, a batch
+        at a time, which any read that comes to them takes instead of decompressing them:
+        for a reader that works on what one read gives before it asks for the next (a
+        listing), its work then overlaps the decompression (which lets go of the
+        interpreter lock). Reads of other spaces meanwhile (a label's content among
+        envelopes) ask for nothing ahead, so they do not move the read-ahead away from
+        the reader's. What was read ahead and not taken is dropped when the last reader
+        leaves."""
+        with self._lock:
+            self._ahead_readers[bits] = self._ahead_readers.get(bits, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._ahead_readers[bits] -= 1
+                if not self._ahead_readers[bits]:
+                    del self._ahead_readers[bits]
+                if not self._ahead_readers:
+                    for batch in self._batches.values():
+                        batch.cancel()
+                    self._batches.clear()
+                    self._ahead_end.clear()
+
+    def _read_ahead(self, pack: Pack, block_no: int, bits: int) -> None:
+        """A bulk read of the spaces of ``bits`` came to ``block_no``: when what was asked
+        of the worker for them ends within half a batch of it, ask for the next batch;
+        what lies behind it is dropped (a reader that skips blocks leaves none held)."""
+        with self._lock:
+            for key in [k for k in self._batches if k[0] == pack.name and k[1] < block_no]:
+                del self._batches[key]
+            end = self._ahead_end.get((pack.name, bits), 0)
+            if block_no + self.AHEAD_BLOCKS // 2 < end:
+                return
+            start = max(end, block_no + 1)
+            stop = min(start + self.AHEAD_BLOCKS, pack.nblocks)
+            if start >= stop:
+                return
+            batch = _ahead_pool().submit(pack.read_blocks, start, stop)
+            for b in range(start, stop):
+                self._batches[(pack.name, b)] = batch
+            self._ahead_end[(pack.name, bits)] = stop
 
     def refresh(self, *, force: bool = False) -> bool:
         """List the directory again if it changed; True when the set changed."""
@@ -1427,6 +1566,7 @@ class PackSet:
         out: list[bytes | None] = [None] * len(raws)
         left: Sequence[int] = range(len(raws))
         sha256 = hashlib.sha256
+        ahead = bits if bits in self._ahead_readers else 0
         for pack in self.packs:
             if not left:
                 break
@@ -1453,7 +1593,7 @@ class PackSet:
                     if not lo <= guess < hi:
                         b = bisect_right(firsts, guess) - 1
                         lo, hi = firsts[b], (firsts[b + 1] if b + 1 < nblocks else nslots)
-                        block = self._block_or_none(pack, b, unread)
+                        block = self._block_or_none(pack, b, unread, ahead)
                         kinds, starts, ends, stream = _table(block)
                     s = guess - lo
                     if s < len(kinds):
@@ -1489,7 +1629,7 @@ class PackSet:
                 if not lo <= ordinal < hi:
                     b = bisect_right(firsts, ordinal) - 1
                     lo, hi = firsts[b], (firsts[b + 1] if b + 1 < nblocks else nslots)
-                    block = self._block_or_none(pack, b, unread)
+                    block = self._block_or_none(pack, b, unread, ahead)
                     kinds, starts, ends, stream = _table(block)
                 s = ordinal - lo
                 if s >= len(kinds):
@@ -1501,11 +1641,14 @@ class PackSet:
             left = missed
         return out
 
-    def _block_or_none(self, pack: Pack, block_no: int, unread: set[int]) -> Block | None:
+    def _block_or_none(self, pack: Pack, block_no: int, unread: set[int], ahead: int) -> Block | None:
         """:meth:`_block` for a bulk read: None for a block that cannot be read (tried once
-        a call, for all its objects; each one's own read says why) or of the first format."""
+        a call, for all its objects; each one's own read says why) or of the first format.
+        ``ahead``: the space bits of a read that reads ahead (:meth:`reading_ahead`), or 0."""
         if block_no in unread:
             return None
+        if ahead:
+            self._read_ahead(pack, block_no, ahead)
         try:
             got: Block | _FlatBlock = self._block(pack, block_no)
         except (CorruptPackError, OSError):
@@ -1530,7 +1673,14 @@ class PackSet:
             if block is not None:
                 self._cache.move_to_end(key)
                 return block
-        block = pack.read_block(block_no)
+            batch = self._batches.pop(key, None)
+        if batch is not None:  # read ahead (waited for, when the worker is on it)
+            try:
+                block = batch.result().get(block_no)
+            except Exception:  # cancelled, or what read_blocks let through: read here, which says what is wrong
+                block = None
+        if block is None:
+            block = pack.read_block(block_no)
         with self._lock:
             self._cache[key] = block
             if len(self._cache) > self.CACHE_BLOCKS:
@@ -1542,6 +1692,7 @@ class PackSet:
             p.close()
         self.packs = []
         self._cache.clear()
+        self._batches.clear()
         self._seen = None
 
 
