@@ -204,9 +204,15 @@ class FileObjects(ObjectStore):
 
     def get_chunks(self, space: str, chunks: Iterable[Sequence[str]]) -> Iterator[list[bytes]]:
         """:meth:`get_many` of each chunk, with the packs' blocks after the one each read
-        comes to decompressed on a worker thread meanwhile (:meth:`PackSet.reading_ahead`):
-        a listing formats one chunk while the next one's blocks are decompressed."""
-        with self.packs.reading_ahead(SPACE_BITS.get(space, 0)):
+        comes to decompressed on a worker thread meanwhile (:meth:`PackSet.reading_ahead`),
+        when this process may run on two cores or more: a listing formats one chunk while
+        the next ones' blocks are decompressed."""
+        from ...format.parallel import _cores  # (the one place that counts them)
+
+        if space not in SPACE_BITS or _cores() < 2:
+            yield from (self.get_many(space, names) for names in chunks)
+            return
+        with self.packs.reading_ahead(SPACE_BITS[space]):
             for names in chunks:
                 yield self.get_many(space, names)
 

@@ -696,15 +696,13 @@ class Pack:
         stream = decompress_block(data[:zsize], raw, where=where, path=self.path)
         return Block(stream, data[zsize:], count, where=where, path=self.path)
 
-    def read_blocks(self, start: int, stop: int) -> dict[int, Block]:
-        """Blocks ``start`` to ``stop`` (excluded) of a format-2 pack, by block number,
-        read by one ``pread`` and decompressed by one call that lets go of the
-        interpreter lock for them all: what a read-ahead's worker does (a thread that
-        had to take the lock back after each block would wait for it each time). Best
-        effort: a block that fails any check :meth:`read_block` makes is left out, as
-        are all when the read fails, for :meth:`read_block` to refuse when its reader
-        comes to it."""
-        out: dict[int, Block] = {}
+    def stored_blocks(self, start: int, stop: int) -> list[tuple[int, bytes]]:
+        """(block number, stored bytes) of blocks ``start`` to ``stop`` (excluded) of a
+        format-2 pack, read by one ``pread``: what a read-ahead hands its worker
+        (:meth:`decompress_blocks`). Best effort: a block that fails a check
+        :meth:`read_block_raw` makes is left out, all of them when the read fails, for
+        :meth:`read_block` to refuse when its reader comes to it."""
+        out: list[tuple[int, bytes]] = []
         if self.version != 2 or not 0 <= start < stop <= self.nblocks:
             return out
         try:
@@ -712,42 +710,56 @@ class Pack:
             file_size = os.fstat(fd).st_size
             spans = []
             for b in range(start, stop):
-                try:
+                with contextlib.suppress(CorruptPackError):
                     spans.append((b, *self._span(b, file_size)))
-                except CorruptPackError:
-                    continue
             if not spans:
                 return out
             first, end = spans[0][1], max(offset + size for _, offset, size in spans)
             if end - first > (stop - start) * MAX_STORED:
                 return out  # blocks not laid out in order: each read by itself
             data = os.pread(fd, end - first, first)
-            frames: list[bytes | bytearray | memoryview] = []
-            sizes: list[int] = []
-            rest: list[tuple[int, bytes, int, str]] = []
-            for b, offset, size in spans:
-                _, zsize, raw, _, _, count = self._blocks[b]
-                stored = data[offset - first : offset - first + size]
-                where = f"pack {self.path} block {b}"
-                try:
-                    if len(stored) != size or zsize > size or check_frame(stored[:zsize], raw, where=where, path=self.path) != raw:
-                        continue  # (a frame that does not say its size, too: read by itself, bounded)
-                except CorruptPackError:
+        except (CorruptPackError, OSError):
+            return out
+        for b, offset, size in spans:
+            stored = data[offset - first : offset - first + size] if offset >= first else b""
+            if len(stored) == size:
+                out.append((b, stored))
+        return out
+
+    def decompress_blocks(self, stored: list[tuple[int, bytes]]) -> dict[int, Block]:
+        """The blocks :meth:`stored_blocks` read, by number, decompressed by one call that
+        lets go of the interpreter lock for them all: what a read-ahead's worker does (a
+        thread that took the lock back after each block would wait for it each time,
+        while the reader holds it). Best effort as :meth:`stored_blocks` is: a block that
+        fails a check of :meth:`read_block`'s is left out (a frame that does not state
+        its size too: read by itself, bounded)."""
+        out: dict[int, Block] = {}
+        frames: list[bytes | bytearray | memoryview] = []
+        sizes: list[int] = []
+        rest: list[tuple[int, bytes, int, str]] = []
+        for b, data in stored:
+            _, zsize, raw, _, _, count = self._blocks[b]
+            where = f"pack {self.path} block {b}"
+            try:
+                if zsize > len(data) or check_frame(data[:zsize], raw, where=where, path=self.path) != raw:
                     continue
-                frames.append(stored[:zsize])
-                sizes.append(raw)
-                rest.append((b, stored[zsize:], count, where))
-            if not frames:
-                return out
+            except CorruptPackError:
+                continue
+            frames.append(data[:zsize])
+            sizes.append(raw)
+            rest.append((b, data[zsize:], count, where))
+        if not frames:
+            return out
+        try:
             streams = _decompressor().multi_decompress_to_buffer(
                 frames, decompressed_sizes=struct.pack(f"={len(sizes)}Q", *sizes), threads=0)
-            for i, (b, side, count, where) in enumerate(rest):
-                stream = streams[i]
-                if len(stream) == sizes[i]:
-                    with contextlib.suppress(CorruptPackError):
-                        out[b] = Block(stream.tobytes(), side, count, where=where, path=self.path)
-        except (CorruptPackError, OSError, zstandard.ZstdError):
-            pass  # what was not read is read by itself
+        except zstandard.ZstdError:
+            return out
+        for i, (b, side, count, where) in enumerate(rest):
+            stream = streams[i]
+            if len(stream) == sizes[i]:
+                with contextlib.suppress(CorruptPackError):
+                    out[b] = Block(stream.tobytes(), side, count, where=where, path=self.path)
         return out
 
     def read(self, loc: Located) -> bytes:
@@ -1421,10 +1433,12 @@ class PackSet:
     reading a session reads its objects in the order they were packed."""
 
     CACHE_BLOCKS = 16
-    #: Blocks a read-ahead's worker decompresses at once (:meth:`Pack.read_blocks`); the
-    #: next batch is asked for when the reader comes within half of one of the end of
-    #: what was asked: two batches held at most beside the cache (4 MiB of the usual blocks).
-    AHEAD_BLOCKS = 8
+    #: Blocks a read-ahead's worker decompresses at once (:meth:`Pack.decompress_blocks`):
+    #: each batch costs it two waits for the interpreter lock (to start, and after the
+    #: call), however many blocks it holds. The next batch is asked for when the reader
+    #: comes to the last one asked, so the worker has a batch's time to read it: two
+    #: batches held at most beside the cache (16 MiB of the usual blocks).
+    AHEAD_BLOCKS = 32
     #: A directory changed this recently may change again without its mtime
     #: moving (timestamps come from a coarse clock, or whole seconds on some
     #: filesystems): until it is older, a miss lists it again (git's "racy" rule).
@@ -1477,19 +1491,20 @@ class PackSet:
 
     def _read_ahead(self, pack: Pack, block_no: int, bits: int) -> None:
         """A bulk read of the spaces of ``bits`` came to ``block_no``: when what was asked
-        of the worker for them ends within half a batch of it, ask for the next batch;
-        what lies behind it is dropped (a reader that skips blocks leaves none held)."""
+        of the worker for them ends within a batch of it, ask for the next batch; what
+        lies behind it is dropped (a reader that skips blocks leaves none held)."""
         with self._lock:
             for key in [k for k in self._batches if k[0] == pack.name and k[1] < block_no]:
                 del self._batches[key]
             end = self._ahead_end.get((pack.name, bits), 0)
-            if block_no + self.AHEAD_BLOCKS // 2 < end:
+            if block_no + self.AHEAD_BLOCKS < end:
                 return
             start = max(end, block_no + 1)
             stop = min(start + self.AHEAD_BLOCKS, pack.nblocks)
             if start >= stop:
                 return
-            batch = _ahead_pool().submit(pack.read_blocks, start, stop)
+            stored = pack.stored_blocks(start, stop)  # (one read: the worker then takes the lock back once)
+            batch = _ahead_pool().submit(pack.decompress_blocks, stored)
             for b in range(start, stop):
                 self._batches[(pack.name, b)] = batch
             self._ahead_end[(pack.name, bits)] = stop
@@ -1677,7 +1692,7 @@ class PackSet:
         if batch is not None:  # read ahead (waited for, when the worker is on it)
             try:
                 block = batch.result().get(block_no)
-            except Exception:  # cancelled, or what read_blocks let through: read here, which says what is wrong
+            except Exception:  # cancelled, or what decompress_blocks let through: read here, which says what is wrong
                 block = None
         if block is None:
             block = pack.read_block(block_no)
