@@ -1303,13 +1303,16 @@ def test_get_chunks_reads_the_blocks_ahead_on_a_worker_and_gives_what_get_many_g
         early.close()
         assert reader.packs._batches == {} and reader.packs._ahead_readers == {}
 
-        # one core: nothing is read ahead (a worker would only take turns with the reader)
-        monkeypatch.setattr("agentsession_cas.format.parallel._cores", lambda: 1)
-        reader.packs._cache.clear()
-        ahead.clear()
-        by_reader.clear()
-        assert list(reader.get_chunks("contents", chunks)) == got
-        assert ahead == [] and sorted(by_reader) == sorted({p.find(n).block for _, n, _ in its})
+        # one core, or AGENTSESSION_READ_AHEAD=0: nothing is read ahead (on one core a
+        # worker would only take turns with the reader)
+        for cores, said in ((1, ""), (2, "0")):
+            monkeypatch.setattr("agentsession_cas.format.parallel._cores", lambda cores=cores: cores)
+            monkeypatch.setenv("AGENTSESSION_READ_AHEAD", said)
+            reader.packs._cache.clear()
+            ahead.clear()
+            by_reader.clear()
+            assert list(reader.get_chunks("contents", chunks)) == got
+            assert ahead == [] and {p.find(n).block for _, n, _ in its} <= set(by_reader)  # each read by the reader
     finally:
         reader.close()
 

@@ -1437,8 +1437,9 @@ class PackSet:
     #: each batch costs it two waits for the interpreter lock (to start, and after the
     #: call), however many blocks it holds. The next batch is asked for when the reader
     #: comes to the last one asked, so the worker has a batch's time to read it: two
-    #: batches held at most beside the cache (16 MiB of the usual blocks).
-    AHEAD_BLOCKS = 32
+    #: batches held at most beside the cache (8 MiB of the usual blocks; 32 a batch held
+    #: 35 MB more at show's peak, 16 about 16).
+    AHEAD_BLOCKS = 16
     #: A directory changed this recently may change again without its mtime
     #: moving (timestamps come from a coarse clock, or whole seconds on some
     #: filesystems): until it is older, a miss lists it again (git's "racy" rule).
