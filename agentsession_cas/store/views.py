@@ -134,16 +134,18 @@ def listing_entries(session: Session, outline: ProjectionOutline, positions: Ite
     """The entries at ``positions`` (ascending) of the projection ``outline`` (made by
     ``session.projection_outline()``), each with its position: what ``show`` lists and
     the context reads. The outline read the envelopes; here only the contents are read,
-    in bulk (each verified against its name; a damaged one is refused as any read
-    refuses it), each parsed once (:func:`~agentsession_cas.format.hashing.line_members`),
+    in bulk, a chunk at a time (:meth:`~agentsession_cas.backends.base.ObjectStore.get_chunks`:
+    a file store decompresses the next blocks while the caller works on a chunk; each
+    object verified against its name, a damaged one refused as any read refuses it),
+    each parsed once (:func:`~agentsession_cas.format.hashing.line_members`),
     so every object of the session is read once. Each entry holds its content's members,
     its ``id``, ``parent`` and ``type``; not ``ts`` nor ``parents``, which the outline does
     not keep (no listing prints them). The synthetic marker is the outline's own."""
     ids, types, content = outline.ids, outline.types, outline.content
     parent_at, absent = outline.parent_at, outline.absent
     marker_at = len(ids) - 1 if outline.marker is not None else -1
-    chunks: list[list[int]] = []  # the positions of the chunks asked for, not yet taken
-    marked = []
+    chunks: list[tuple[list[int], list[str]]] = []  # (positions, contents) asked for, not yet taken
+    marked: list[int] = []
 
     def names() -> Iterator[list[str]]:
         chunk: list[int] = []
@@ -153,19 +155,20 @@ def listing_entries(session: Session, outline: ProjectionOutline, positions: Ite
                 break
             chunk.append(pos)
             if len(chunk) == LISTING_CHUNK:
-                chunks.append(chunk)
-                yield [content(p) for p in chunk]
+                chunks.append((chunk, [content(p) for p in chunk]))
+                yield chunks[-1][1]
                 chunk = []
         if chunk:
-            chunks.append(chunk)
-            yield [content(p) for p in chunk]
+            chunks.append((chunk, [content(p) for p in chunk]))
+            yield chunks[-1][1]
 
     for bodies in session.store.objects.get_chunks("contents", names()):
-        for at, body in zip(chunks.pop(0), bodies):
+        at_chunk, named = chunks.pop(0)
+        for at, name, body in zip(at_chunk, named, bodies):
             up = parent_at[at]
             env = {"parent": ids[up] if up >= 0 else absent.get(at), "type": types[at]}
             data, careful, item = line_members(ids[at], env, body)
-            entry = Entry(data, computed_id=ids[at], content_hash=content(at))
+            entry = Entry(data, computed_id=ids[at], content_hash=name)
             entry.careful, entry.item_bytes = careful, item
             yield at, entry
     if marked:
