@@ -61,6 +61,7 @@ import base64
 import binascii
 import contextlib
 import errno
+import functools
 import hashlib
 import itertools
 import mmap
@@ -806,17 +807,13 @@ class Pack:
             raise CorruptPackError(f"pack {self.path} is not the pack its index {self.idx_path} describes", path=self.path)
 
 
-_AHEAD_POOL: ThreadPoolExecutor | None = None
-
-
+@functools.cache
 def _ahead_pool() -> ThreadPoolExecutor:
-    """The one worker that decompresses blocks ahead (:meth:`PackSet.reading_ahead`)."""
-    global _AHEAD_POOL
-    if _AHEAD_POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
+    """The one worker that decompresses blocks ahead (:meth:`PackSet.reading_ahead`),
+    made when first asked for."""
+    from concurrent.futures import ThreadPoolExecutor
 
-        _AHEAD_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-read-ahead")
-    return _AHEAD_POOL
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-read-ahead")
 
 
 #: One zstd decompression context per thread (a context is not to be shared between
