@@ -697,13 +697,14 @@ class Pack:
         stream = decompress_block(data[:zsize], raw, where=where, path=self.path)
         return Block(stream, data[zsize:], count, where=where, path=self.path)
 
-    def stored_blocks(self, start: int, stop: int) -> list[tuple[int, bytes]]:
+    def stored_blocks(self, start: int, stop: int) -> list[tuple[int, memoryview]]:
         """(block number, stored bytes) of blocks ``start`` to ``stop`` (excluded) of a
-        format-2 pack, read by one ``pread``: what a read-ahead hands its worker
-        (:meth:`decompress_blocks`). Best effort: a block that fails a check
-        :meth:`read_block_raw` makes is left out, all of them when the read fails, for
-        :meth:`read_block` to refuse when its reader comes to it."""
-        out: list[tuple[int, bytes]] = []
+        format-2 pack, read by one ``pread`` (each block a view of its bytes, not a
+        copy): what a read-ahead hands its worker (:meth:`decompress_blocks`). Best
+        effort: a block that fails a check :meth:`read_block_raw` makes is left out, all
+        of them when the read fails, for :meth:`read_block` to refuse when its reader
+        comes to it."""
+        out: list[tuple[int, memoryview]] = []
         if self.version != 2 or not 0 <= start < stop <= self.nblocks:
             return out
         try:
@@ -718,16 +719,16 @@ class Pack:
             first, end = spans[0][1], max(offset + size for _, offset, size in spans)
             if end - first > (stop - start) * MAX_STORED:
                 return out  # blocks not laid out in order: each read by itself
-            data = os.pread(fd, end - first, first)
+            data = memoryview(os.pread(fd, end - first, first))
         except (CorruptPackError, OSError):
             return out
         for b, offset, size in spans:
-            stored = data[offset - first : offset - first + size] if offset >= first else b""
+            stored = data[offset - first : offset - first + size] if offset >= first else data[:0]
             if len(stored) == size:
                 out.append((b, stored))
         return out
 
-    def decompress_blocks(self, stored: list[tuple[int, bytes]]) -> dict[int, Block]:
+    def decompress_blocks(self, stored: list[tuple[int, memoryview]]) -> dict[int, Block]:
         """The blocks :meth:`stored_blocks` read, by number, decompressed by one call that
         lets go of the interpreter lock for them all: what a read-ahead's worker does (a
         thread that took the lock back after each block would wait for it each time,
@@ -748,7 +749,7 @@ class Pack:
                 continue
             frames.append(data[:zsize])
             sizes.append(raw)
-            rest.append((b, data[zsize:], count, where))
+            rest.append((b, bytes(data[zsize:]), count, where))
         if not frames:
             return out
         try:
@@ -830,7 +831,7 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return dctx
 
 
-def check_frame(data: bytes, raw: int, *, where: str, path: str) -> int:
+def check_frame(data: bytes | memoryview, raw: int, *, where: str, path: str) -> int:
     """The size a block's zstd frame declares (-1: none), refused unless it is the
     index's ``raw``, which no block may exceed: checked before anything is allocated."""
     if raw > MAX_BLOCK:
