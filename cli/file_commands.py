@@ -365,6 +365,10 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
     bar = terminal.progress("reading", "entries")
     types, ids, parent_at, absent = outline.types, outline.ids, outline.parent_at, outline.absent
     push, feed, settle = builder.push, hasher.feed, parking.settle
+    # The path's entries are fed to the context hash in order, each one's parent the entry
+    # fed before it: all of them, unless its root names a parent that is not among the
+    # entries (then none, as context_hashes skips an entry whose parent it was not fed).
+    feeding = bool(path) and absent.get(path[0]) is None
     wanted = listed if len(listed) == n else sorted(on_path.union(listed))
     for count, (pos, e) in enumerate(listing_entries(session, outline, wanted)):
         if bar is not None and count % 1024 == 0:
@@ -382,7 +386,7 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
             elif t == "branch_summary":  # its summary is its item in the context
                 said[e.id] = describe_item(e.data.get("summary"))
             push(e, t)
-            if parent is None or parent in hasher:  # as context_hashes feeds them
+            if feeding:
                 feed(e)
             if pos < n - 1:  # not the last: it may be the synthetic marker, which no store holds
                 settle(e)

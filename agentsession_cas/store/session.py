@@ -1389,8 +1389,15 @@ class _ProjectionWalk:
         get_many = objects.get_many
         head = session.head
         stubs = self.stubs
-        for chunk in self._id_chunks():
-            raw = get_many("entries", chunk)
+        chunks: list[Sequence[str]] = []  # asked for, not yet taken
+
+        def asked() -> Iterator[Sequence[str]]:
+            for chunk in self._id_chunks():
+                chunks.append(chunk)
+                yield chunk
+
+        for raw in objects.get_chunks("entries", asked()):
+            chunk = chunks.pop(0)
             members: list[tuple[str, str, Any, str]] | None = common_envelopes(raw)
             parents: dict[int, Any] = {}
             if members is None:

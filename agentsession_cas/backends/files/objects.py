@@ -114,6 +114,10 @@ def _freshen(path: str) -> bool:
     return True
 
 
+#: ``AGENTSESSION_READ_AHEAD=0``: no block is decompressed ahead on a worker thread
+#: (:meth:`FileObjects.get_chunks`): the same reads on the reader's thread alone.
+READ_AHEAD_ENV = "AGENTSESSION_READ_AHEAD"
+
 #: A loose object bigger than this is hashed in chunks before it is read whole.
 HASH_FIRST = 64 << 20
 
@@ -204,6 +208,20 @@ class FileObjects(ObjectStore):
         if None in got:
             return [data if data is not None else self.get(space, name) for name, data in zip(names, got)]
         return got  # type: ignore[return-value]  # no None in it
+
+    def get_chunks(self, space: str, chunks: Iterable[Sequence[str]]) -> Iterator[list[bytes]]:
+        """:meth:`get_many` of each chunk, with the packs' blocks after the one each read
+        comes to decompressed on a worker thread meanwhile (:meth:`PackSet.reading_ahead`),
+        when this process may run on two cores or more and :data:`READ_AHEAD_ENV` is not
+        ``0``: a listing formats one chunk while the next ones' blocks are decompressed."""
+        from ...format.parallel import _cores  # (the one place that counts them)
+
+        if space not in SPACE_BITS or _cores() < 2 or os.environ.get(READ_AHEAD_ENV, "").strip() == "0":
+            yield from (self.get_many(space, names) for names in chunks)
+            return
+        with self.packs.reading_ahead(SPACE_BITS[space]):
+            for names in chunks:
+                yield self.get_many(space, names)
 
     def register(self, log: Any) -> None:
         """A log now holds objects not yet written here: serve them from it (while the
