@@ -223,11 +223,15 @@ def test_a_session_taken_by_push_is_compacted_and_keeps_its_summary_and_rules(tm
     so no checkpoint writes them: a ``checkpoint`` record says so, and the receiving log
     folds into a snapshot like any other. Before, such a log was never compacted, and every
     close of it (each push into it) read all its records to find nothing to fold. The
-    transport's close keeps the summary ``list`` reads and the rules' state too."""
+    transport's close keeps the summary ``list`` reads (fed as the pushes were admitted:
+    no entry is read for it) and the rules' state too."""
     root, remote = tmp_path / "a", tmp_path / "b"
     st = Store.init(root, sync="never")
     s = fill(st, n=700)  # (700 appends without payload: past the close's threshold, 64 KiB)
     Store.init(remote).close()
+    entries_read: list[int] = []
+    real_entries = Store.entries
+    monkeypatch.setattr(Store, "entries", lambda self, ids: entries_read.append(len(ids)) or real_entries(self, ids))
     with LocalTransport(str(remote)) as tr:
         ex.push(st, tr, "s1", session=s)
         assert ops(remote) == ["create", "snapshot"]
@@ -240,11 +244,16 @@ def test_a_session_taken_by_push_is_compacted_and_keeps_its_summary_and_rules(tm
             s.append({"type": "item", "item": {"type": "message", "role": "user", "content": f"short {i}"}})
             ex.push(st, tr, "s1", session=s)
         assert reads == []
+    # (the summary was fed as the pushes were admitted: the close read no entry for it)
+    assert sum(entries_read) == 0, entries_read
     assert ops(remote)[:2] == ["create", "snapshot"] and "append" in ops(remote)
     assert (remote / "sessions" / "s1" / "summary").is_file() and (remote / "sessions" / "s1" / "rules").is_file()
     st.close()
     mirror = Store(remote, readonly=True).read("s1")
     assert mirror.projection() == Store(root, readonly=True).read("s1").projection()
+    kept = mirror.summary()
+    mirror._builder, mirror._summary_base = None, None  # as if none was kept: built from the entries
+    assert kept == mirror.summary() and kept.entries == 703
     assert fsck(Store(remote, readonly=True)).ok
 
 

@@ -43,6 +43,7 @@ from ..lean import dataclass
 from ..store.refs import Refs, header_ident
 from ..store.session import Session
 from ..store.store import Store
+from ..store.summary import summary_form
 from .transport import Admission, DeclareResult, PushRequest, RefPush, RefResult, SessionView, check_space
 
 __all__ = ["UNSET", "StoreEndpoint"]
@@ -613,7 +614,7 @@ class StoreEndpoint:
                     raise AppendRefusedError(
                         f"entry {c.id} refused: {p.message}", rule=p.code, code=RULES[p.code].error or "bad_entry", entry=c.id
                     )
-                c.entry = None  # checked: not kept for the length of a big push
+                c.entry = summary_form(c.entry)  # checked: only what the summary reads is kept
         except BaseException:
             if trial is not None:
                 checker.rollback(trial)

@@ -89,6 +89,17 @@ _TITLED = frozenset({"config", "info", "env", "link"})
 _FIELDS = tuple(f.name for f in fields(SessionSummary))
 
 
+def summary_form(entry: Entry) -> Entry:
+    """What :meth:`SummaryBuilder.feed` reads of an entry, as a small entry of its own: its
+    id, type and ``ts``, and the members a titled type sets. A caller that walks many
+    entries and feeds them later (an admission checks a push whole before it writes it)
+    keeps this rather than the entries."""
+    data = entry.data
+    t = data.get("type")
+    slim = dict(data) if t in _TITLED else {"type": t, "ts": data.get("ts")}
+    return Entry(slim, computed_id=entry.id, content_hash=entry.content_hash)
+
+
 class SummaryBuilder:
     """Feeds own entries, in log order, into a summary: the latest ``info`` name is the
     title, the latest ``config`` model the model, the latest ``env`` cwd the working
