@@ -323,19 +323,24 @@ def _entries(n: int, pad: int = 0):
     return out
 
 
-def test_an_item_whose_bytes_appear_twice_is_left_to_the_reader():
-    """The item's span is found by its bytes in the line: found twice, the helper cannot
-    say which one the hash cut, and the reader checks the line itself."""
-    e = make_entry("item", None, ts="2026-01-01T00:00:00Z", item={}, x_note={})
-    raw = e.canonical_line()[:-1]
-    assert raw.count(b"{}") == 2
-    assert parallel.answer(raw) is None
-    once = make_entry("item", None, ts="2026-01-01T00:00:00Z", item={"type": "message"}).canonical_line()[:-1]
-    chash, start, end, objects = parallel.answer(once, objects=True)
-    obj, careful, _ = loads_canonical(once)
-    entry, found = check_line(obj, careful=careful, keep_objects=True, raw=once)
+@pytest.mark.parametrize("body", [
+    {"item": {"type": "message"}},
+    {"item": {}, "x_note": {}},  # the item's bytes twice in the line
+    {"a_note": {"item": {"type": "x"}}, "item": {"type": "message"}},  # an "item" key before the item
+    {"a_note": {"item": {"type": "message"}}, "item": {"type": "message"}},  # ... holding the same bytes
+], ids=["once", "twice", "key-before", "same-before"])
+def test_the_item_span_the_helper_gives_holds_the_item_bytes(body):
+    """The reader cuts the item's bytes (the request hashes take them) from its own copy
+    of the line where the helper says they stand: wherever that is, they are the bytes
+    the line rules hashed, and the objects and hash are the reader's own."""
+    raw = make_entry("item", None, ts="2026-01-01T00:00:00Z", **body).canonical_line()[:-1]
+    got = parallel.answer(raw, objects=True)
+    assert got is not None
+    chash, start, end, objects = got
+    obj, careful, _ = loads_canonical(raw)
+    entry, found = check_line(obj, careful=careful, keep_objects=True, raw=raw)
     assert not found and objects == entry.objects and chash == entry.content_hash
-    assert once[start:end] == entry.item_bytes
+    assert raw[start:end] == entry.item_bytes
 
 
 def test_when_the_helper_is_wanted(monkeypatch):

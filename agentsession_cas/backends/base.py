@@ -33,7 +33,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, field
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Literal, Protocol, overload, runtime_checkable
 
 from ..lean import dataclass
 from .digests import EntryDigests
@@ -247,6 +247,15 @@ class ObjectStage(Protocol):
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[tuple[Space, str, bytes]]: ...
+
+
+@runtime_checkable
+class ReadyStage(ObjectStage, Protocol):
+    """A stage that also takes pack blocks made and compressed by an import's helper
+    process (the file backend's: :func:`~.files.packs.ready_blocks`), the entries'
+    objects in them then never passing through this process."""
+
+    def add_ready(self, blocks: list[tuple[bytes, int, bytes, bytes]]) -> None: ...
 
 
 class ObjectStore(ABC):

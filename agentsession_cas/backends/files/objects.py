@@ -49,10 +49,13 @@ from .packs import (
     BLOCK_TARGET,
     MAX_PACKED,
     SPACE_BITS,
+    Block,
     Pack,
     PackSet,
     PackWriter,
+    ReadyBlock,
     StreamPackWriter,
+    decompress_block,
     pack_file_sound,
     salvage_pack,
 )
@@ -1222,6 +1225,36 @@ class PackStage:
         self._held += len(objects[0]) + len(objects[1])
         if self._held >= self.BATCH_BYTES:
             self._flush()
+
+    def add_ready(self, blocks: Sequence[ReadyBlock]) -> None:
+        """Blocks of entries' objects made and compressed by the import's helper process
+        (:func:`~.packs.ready_blocks`), written after what came before them. In a store
+        that had packs, a block holding an object one of them holds is opened and its
+        objects taken one by one, as :meth:`add` takes them (that one is not packed again)."""
+        if self._done:
+            raise StoreError("objects added to an import's stage after it was stored or closed")
+        if self._dedup:
+            blocks = [block for block in blocks if not self._opened(block)]
+        self._flush()
+        if self._writer is None:
+            self._start()
+        assert self._writer is not None
+        self._writer.add_ready(blocks)
+
+    def _opened(self, block: ReadyBlock) -> bool:
+        """Whether a ready block holds an object a pack of the store holds, and was then
+        opened, its objects added one by one."""
+        frame, raw, raws, spaces = block
+        names = [HASH_PREFIX + raws[i : i + 32].hex() for i in range(0, len(raws), 32)]
+        packed = self._objects._packed_sound
+        if not any(packed(_SPACE_OF_BITS[bits], name) is not None for bits, name in zip(spaces, names)):
+            return False
+        where = "a block of an import's helper"
+        objects = Block(decompress_block(frame, raw, where=where, path=self._objects.tmp), b"", len(names),
+                        where=where, path=self._objects.tmp)
+        for slot, (bits, name) in enumerate(zip(spaces, names)):
+            self.add(_SPACE_OF_BITS[bits], name, objects.object(slot))
+        return True
 
     def _flush(self) -> None:
         """Hand the batch on: to the writer (begun once there are :data:`PACK_BATCH`
