@@ -1235,6 +1235,8 @@ class PackStage:
             raise StoreError("objects added to an import's stage after it was stored or closed")
         if self._dedup:
             blocks = [block for block in blocks if not self._opened(block)]
+        if not blocks:
+            return
         self._flush()
         if self._writer is None:
             self._start()

@@ -106,7 +106,7 @@ BLOCK_TARGET = 256 * 1024
 MAX_PACKED = 32 * 1024 * 1024
 #: The zstd level of the packs an import writes as its pass goes (its own blocks and the
 #: ready ones its helper process makes).
-STREAM_LEVEL = 3
+STREAM_LEVEL = 1
 #: The largest block target a writer takes: with envelopes counted at
 #: ENVELOPE_SIZE (up to ENVELOPE_COUNTED bytes), no block outgrows MAX_BLOCK.
 MAX_TARGET = 4 * 1024 * 1024
@@ -1365,7 +1365,7 @@ def ready_blocks(raws: bytes, spaces: bytes, datas: Sequence[bytes], cctx: zstan
         stops.append(len(datas))
     streams = [plain_stream(datas[a:b]) for a, b in itertools.pairwise(stops)]
     frames = _compress_many(cctx)(streams)
-    return [(frame, len(stream), raws[32 * a : 32 * b], spaces[a:b])
+    return [(bytes(frame), len(stream), raws[32 * a : 32 * b], spaces[a:b])
             for frame, stream, (a, b) in zip(frames, streams, itertools.pairwise(stops), strict=True)]
 
 
