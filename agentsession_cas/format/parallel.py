@@ -13,7 +13,9 @@ rules. For each line the helper answers one of two things:
   nothing wrong, so its ``id`` is the hash of its members; the helper sends the content
   hash, where the ``item`` object's bytes lie in the line (the request hashes take
   them) and, for an import, the entry's two objects, which this process uses instead of
-  hashing again;
+  hashing again; into a file store, the helper makes them into compressed pack blocks
+  itself (:class:`_Packing`, the file backend's ``ready_blocks``) and answers the
+  block's lines with them, so the compression runs on its core too (:data:`PACKED`);
 * **anything else** (a problem, a form not proven canonical, an ``item`` whose bytes
   are not found once in the line): this process runs today's line rules on that line
   itself, so every problem is found, worded and ordered exactly as in one process.
