@@ -279,6 +279,29 @@ def test_a_ready_block_that_is_not_what_it_says_is_refused(tmp_path):
     assert not list((tmp_path / "tmp").iterdir())
 
 
+def test_a_pack_ended_early_takes_no_more_objects_and_publishes_at_finish(tmp_path):
+    """An import ends its pack once its pass is over (the thread compresses the last
+    blocks and makes it durable beside what the import does next): nothing more is taken
+    after, and only finish makes it visible; an abort after the end removes it."""
+    block = ready_blocks(bytes(32), b"\x02", [b'{"a":1}'], compressor())
+    for publish in (True, False):
+        pack = tmp_path / f"pack-{publish}"
+        writer = StreamPackWriter(str(pack), str(tmp_path / "tmp"), threads=1)
+        writer.add_many(["sha256:" + "11" * 32], b"\x02", [b'{"b":2}'])
+        writer.end()
+        with pytest.raises(StoreError):
+            writer.add_ready(block)
+        with pytest.raises(StoreError):
+            writer.add_many(["sha256:" + "22" * 32], b"\x02", [b'{"c":3}'])
+        assert not pack.exists()
+        if publish:
+            writer.finish()
+            assert len(list(pack.glob("*.idx"))) == 1
+        else:
+            writer.abort()
+        assert not list((tmp_path / "tmp").iterdir())
+
+
 def test_a_helper_that_dies_midway_leaves_the_verdict(forced, tmp_path, monkeypatch):
     """The helper killed after its first answers: the blocks it had and every later one are
     checked here; the report is the same and the pass says why it gave the helper up."""

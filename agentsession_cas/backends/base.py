@@ -242,6 +242,11 @@ class ObjectStage(Protocol):
         (named ``entry``), as two :meth:`add` calls put them: one call per entry of an
         import's pass, not two."""
 
+    def end(self) -> None:
+        """No more objects come (the pass is over and found sound): a stage that writes
+        them towards their place may complete that now, still out of sight, beside what
+        the import does next; :meth:`ObjectStore.put_many` then stores them."""
+
     def close(self) -> None: ...
 
     def __len__(self) -> int: ...

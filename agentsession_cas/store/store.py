@@ -749,6 +749,7 @@ class Store:
             raise SessionFormatError(source, problems)
         if report.header.data != first.data:
             raise StoreError(f"{source}: the file changed while it was imported (its header is not the one first read)")
+        spill.end()  # (the file backend's pack is ended and made durable beside what follows)
         # The pass's state (the checker's path and tables) is not needed any more: freed
         # (it holds no cycle, which a paused collector would keep) before the session is
         # written, so the import's peak is not the two together.

@@ -1198,7 +1198,7 @@ class PackStage:
         self._rest = Spill()
         self._first: Spill | None = Spill()  # the first objects, until there are PACK_BATCH
         self._writer: StreamPackWriter | None = None
-        self._done = False
+        self._done = self._ended = False  # stored or closed; told no more objects come
         self._spaces = bytearray()  # the batch being gathered: each object's space bits,
         self._names: list[str] = []  # name
         self._datas: list[bytes] = []  # and bytes
@@ -1207,8 +1207,7 @@ class PackStage:
         self._dedup = bool(objects.packs.packs)
 
     def add(self, space: str, name: str, data: bytes) -> None:
-        if self._done:
-            raise StoreError("objects added to an import's stage after it was stored or closed")
+        self._check_open()
         self._spaces.append(SPACE_BITS[space])
         self._names.append(name)
         self._datas.append(data)
@@ -1217,8 +1216,7 @@ class PackStage:
             self._flush()
 
     def add_entry(self, content: str, entry: str, objects: tuple[bytes, bytes]) -> None:
-        if self._done:
-            raise StoreError("objects added to an import's stage after it was stored or closed")
+        self._check_open()
         self._spaces += _ENTRY_SPACES
         self._names += (content, entry)
         self._datas += objects
@@ -1231,8 +1229,7 @@ class PackStage:
         (:func:`~.packs.ready_blocks`), written after what came before them. In a store
         that had packs, a block holding an object one of them holds is opened and its
         objects taken one by one, as :meth:`add` takes them (that one is not packed again)."""
-        if self._done:
-            raise StoreError("objects added to an import's stage after it was stored or closed")
+        self._check_open()
         if self._dedup:
             blocks = [block for block in blocks if not self._opened(block)]
         if not blocks:
@@ -1242,6 +1239,20 @@ class PackStage:
             self._start()
         assert self._writer is not None
         self._writer.add_ready(blocks)
+
+    def _check_open(self) -> None:
+        if self._done or self._ended:
+            raise StoreError("objects added to an import's stage after its end, or after it was stored or closed")
+
+    def end(self) -> None:
+        """No more objects come (the import's pass is over): its pack's last blocks are
+        compressed and the pack made durable now, still in ``tmp/``, beside what the
+        import does next; :meth:`seal` then only indexes it and makes it visible."""
+        self._check_open()
+        self._flush()
+        self._ended = True
+        if self._writer is not None:
+            self._writer.end()
 
     def _opened(self, block: ReadyBlock) -> bool:
         """Whether a ready block holds an object a pack of the store holds, and was then

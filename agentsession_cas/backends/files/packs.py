@@ -1211,16 +1211,24 @@ class StreamPackWriter(PackWriter):
             raise StoreError(f"writing the pack {self._tmp}.pack failed: {ended}") from ended
         return ended
 
+    def end(self) -> None:
+        """No more objects come: the writer's thread ends the pack now (its last blocks,
+        its checksum, its fsync) beside what the caller does next, and :meth:`finish`
+        then only sorts the index and publishes both (without a thread, it does it all)."""
+        if self._thread is None or self._told:
+            return
+        self._cut()
+        self._hand_batch()
+        self._jobs.put(None)
+        self._told = True
+
     def finish(self) -> str:
         if not len(self):
             self.abort()
             raise StoreError("refusing to write an empty pack")
         if self._thread is None:
             return super().finish()
-        self._cut()
-        self._hand_batch()
-        self._jobs.put(None)  # the thread ends the pack (its last blocks, checksum, fsync) ...
-        self._told = True
+        self.end()  # the thread ends the pack (its last blocks, checksum, fsync) ...
         index = self._index()  # ... while this one sorts the index
         pack_sum = self._stop()
         assert pack_sum is not None
@@ -1257,6 +1265,7 @@ class StreamPackWriter(PackWriter):
         """Objects whose raw names (32 bytes each) and space bits are given: each goes into
         the block being filled, cut where :func:`_block_stops` says, each block's objects
         taken as a slice: no step of Python per object."""
+        self._check_open()
         self._check_room(len(spaces))
         self._names.write(raws)
         self._spaces += spaces
@@ -1274,6 +1283,7 @@ class StreamPackWriter(PackWriter):
         :func:`ready_blocks`: objects it vouches are named by their hashes), after the
         block being filled, which is cut first. Each is written as it came, its objects
         given the next slots; a frame that does not declare its stream's size is refused."""
+        self._check_open()
         self._cut()
         for frame, raw, raws, spaces in blocks:
             count = len(spaces)
@@ -1290,6 +1300,10 @@ class StreamPackWriter(PackWriter):
             self._batch.append((frame, raw, b"", first, count))
             if len(self._batch) >= self.HAND_AT:
                 self._hand_batch()
+
+    def _check_open(self) -> None:
+        if self._told:
+            raise StoreError(f"objects added to the pack {self._tmp}.pack after its end")
 
     def copy_pack(self, pack: Pack) -> None:
         raise TypeError("a StreamPackWriter takes objects, not packs")
