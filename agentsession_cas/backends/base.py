@@ -254,13 +254,18 @@ class ObjectStage(Protocol):
     def __iter__(self) -> Iterator[tuple[Space, str, bytes]]: ...
 
 
+#: A pack block made and compressed outside the pack's writer (the file backend's
+#: :func:`~.files.packs.ready_blocks`): its zstd frame, its stream's size, its objects'
+#: raw names (32 bytes each) and space bits.
+ReadyBlock = tuple[bytes, int, bytes, bytes]
+
+
 @runtime_checkable
 class ReadyStage(ObjectStage, Protocol):
     """A stage that also takes pack blocks made and compressed by an import's helper
-    process (the file backend's: :func:`~.files.packs.ready_blocks`), the entries'
-    objects in them then never passing through this process."""
+    process, the entries' objects in them then never passing through this process."""
 
-    def add_ready(self, blocks: list[tuple[bytes, int, bytes, bytes]]) -> None: ...
+    def add_ready(self, blocks: list[ReadyBlock]) -> None: ...
 
 
 class ObjectStore(ABC):

@@ -44,7 +44,7 @@ from ...fsutil import (
     write_new_file,
 )
 from ...lean import dataclass
-from ..base import ObjectStore, RepackResult, Space
+from ..base import ObjectStore, ReadyBlock, RepackResult, Space
 from .packs import (
     BLOCK_TARGET,
     MAX_PACKED,
@@ -53,7 +53,6 @@ from .packs import (
     Pack,
     PackSet,
     PackWriter,
-    ReadyBlock,
     StreamPackWriter,
     decompress_block,
     pack_file_sound,

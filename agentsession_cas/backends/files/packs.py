@@ -82,6 +82,7 @@ import zstandard
 from ...errors import CorruptPackError, StoreError
 from ...format.hashing import FAST_ENVELOPE
 from ...fsutil import fsync_dir, write_all
+from ..base import ReadyBlock
 
 __all__ = [
     "pack_file_sound",
@@ -1330,10 +1331,6 @@ class StreamPackWriter(PackWriter):
 #: A block handed to the writer's thread: (a stream to compress, -1) or (its frame, the
 #: stream's size), then its side bytes, its first slot and its count of objects.
 _Job = tuple[bytes, int, bytes, int, int]
-
-#: A plain block made and compressed outside the writer (:func:`ready_blocks`): its zstd
-#: frame, its stream's size, its objects' raw names (32 bytes each) and space bits.
-ReadyBlock = tuple[bytes, int, bytes, bytes]
 
 def compressor(level: int = STREAM_LEVEL) -> zstandard.ZstdCompressor:
     """A pack writer's zstd context: frames that declare their size, no checksum of their
