@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import functools
 import gc
+import io
 import json
+import os
+import select
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from agentsession_cas.errors import NO_SPACE_ERRNOS, READ_ONLY_ERRNOS, NoSpaceError, ReadOnlyError, quoted
 
+from . import terminal
 from .terminal import color_on, cut, fit_table, paint, visible, width, wrap
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 
 def printable(text: str) -> str:
@@ -135,6 +142,14 @@ def note(message: str) -> None:
     echo(f"agentsession: note: {one_line(message)}", err=True)
 
 
+def read_stdin() -> bytes:
+    """Standard input, whole. At a terminal a note first says it is read and how to end
+    it: a bare `hash-object` (FILE defaults to it) or `append ID` would wait unexplained."""
+    if terminal.isatty(sys.stdin):
+        note("reading standard input (end it with Ctrl-D)")
+    return sys.stdin.buffer.read()
+
+
 def fail(
     message: str,
     *,
@@ -168,6 +183,70 @@ def emit_json(obj: Any) -> None:
     except UnicodeEncodeError:  # a lone surrogate read from the file: escape everything
         text = json.dumps(obj, ensure_ascii=True, indent=2)
     click.echo(text)
+
+
+class WholeWrites(io.RawIOBase):
+    """Standard output's descriptor, each write carried to its last byte.
+
+    write(2) may take only part of what it is given: on a pipe a parent set O_NONBLOCK
+    (then EAGAIN once it is full), or when the reader leaves mid-write. Python's text
+    layer over an unbuffered stream (PYTHONUNBUFFERED, ``python -u``) drops the rest
+    without a word, and its buffered layer raises BlockingIOError: a document cut short
+    and exit 0, or a stray error. Here a short write goes on, a full pipe is waited for
+    (as git's xwrite polls), and a reader that left is BrokenPipeError (exit 141)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: ReadableBuffer) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            try:
+                done += os.write(self._fd, view[done:])
+            except BlockingIOError:
+                select.select([], [self._fd], [])
+            except OSError as exc:  # a full device, a reader gone: the error names standard output ...
+                if exc.filename is None:
+                    exc.filename = "standard output"
+                to_devnull(self._fd)  # ... and what is buffered behind it is not retried (and failed) at exit
+                raise
+        return done
+
+
+def to_devnull(fd: int) -> None:
+    """Point ``fd`` at /dev/null: output the reader cannot take any more is dropped quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def whole_stdout() -> None:
+    """Put the process's standard output behind :class:`WholeWrites`, with its encoding
+    and buffering as they were (a stream a test put there is left as it is)."""
+    out = sys.stdout
+    if out is None or out is not sys.__stdout__ or not isinstance(out, io.TextIOWrapper):
+        return
+    try:
+        fd = out.fileno()
+        out.flush()
+    except (OSError, ValueError):
+        return
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(WholeWrites(fd)), encoding=out.encoding, errors=out.errors,
+                                  line_buffering=out.line_buffering, write_through=out.write_through)
 
 
 def write_bytes(data: bytes) -> None:
@@ -220,6 +299,8 @@ def os_message(exc: OSError) -> str:
         return (f"the device holding {exc.filename or 'the store'} is read-only ({exc.strerror}): make it writable "
                 "and run it again (what the store holds reads as before; `agentsession fsck` checks it)")
     name = exc.filename if exc.filename is not None else ""
+    if exc.filename in ("", b""):  # an empty name given (`show "$UNSET"`): said so, quoted
+        name = "''"
     if isinstance(name, (str, bytes)) and len(name) > 200:  # a hostile path: still one short line
         name = quoted(name, 120)
     reason = {

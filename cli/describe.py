@@ -289,10 +289,11 @@ def describe(entry: Entry, verbose: bool = False, *, item: str | None = None) ->
     body = entry.body
     if t == "custom":
         data = body.get("data")
+        ns = body.get("ns", "no ns")  # optional: nothing requires it
         if verbose:
-            return f"{body.get('ns')} {_WS.sub(' ', json.dumps(data, ensure_ascii=False))}"
+            return f"{ns} {_WS.sub(' ', json.dumps(data, ensure_ascii=False))}"
         n = len(json.dumps(data, ensure_ascii=False).encode()) if data is not None else 0
-        return f"{body.get('ns')} ({size(n)})" if data is not None else f"{body.get('ns')} (no data)"
+        return f"{ns} ({size(n)})" if data is not None else f"{ns} (no data)"
     raw = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     if verbose:
         return f"extension {raw}"

@@ -126,7 +126,7 @@ _REF_HELP = "A ref naming the session to move too, as NAME or NAME:EXPECTED (rep
 @click.option("--ref", "refs", multiple=True, metavar="NAME[:EXPECTED]", help=_REF_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
 def push(session_id: str, remote: str, expected: str | None, force: bool, handover: bool, refs: tuple[str, ...], as_json: bool) -> None:
-    """Push session ID, of which this store is the record, to REMOTE (a store's path or file:// URL).
+    """Push session ID, of which this store is the record, to REMOTE (a store's path or URL, or an http(s) server).
 
     Sends only the objects the remote lacks, has it admit the entries (a
     session it lacks is created there as a mirror), then moves its head by

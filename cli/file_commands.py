@@ -17,10 +17,10 @@ from agentsession_cas import (
     SessionFile,
     SessionFormatError,
     entry_hashes,
-    loads,
     short_id,
 )
-from agentsession_cas.errors import ContextError, ContinuationError
+from agentsession_cas.errors import ContextError, ContinuationError, Problem
+from agentsession_cas.format.codes import problem
 from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
     Context,
@@ -32,13 +32,13 @@ from agentsession_cas.format.context import (
 from agentsession_cas.format.entry import Entry, Header
 from agentsession_cas.format.links import callees, judges, own_entries, render_links, successor_of
 from agentsession_cas.format.reader import _Parking, split_lines, verify_bytes, verify_file
-from agentsession_cas.format.rules import RULES, VerifyReport, verify_session
+from agentsession_cas.format.rules import RULES, VerifyReport, parse_line, verify_session
 from agentsession_cas.format.runs import render_runs
 from agentsession_cas.store import Session
 from agentsession_cas.store.session import ProjectionOutline
 
 from . import fsck_command, store_commands, terminal
-from .common import echo, echo_lines, emit_json, number, plural, table, table_line, when, whole_pass
+from .common import echo, echo_lines, emit_json, fail, number, plural, read_stdin, table, table_line, when, whole_pass
 from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
 from .terminal import paint, progressing, visible
@@ -365,6 +365,10 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
     bar = terminal.progress("reading", "entries")
     types, ids, parent_at, absent = outline.types, outline.ids, outline.parent_at, outline.absent
     push, feed, settle = builder.push, hasher.feed, parking.settle
+    # The path's entries are fed to the context hash in order, each one's parent the entry
+    # fed before it: all of them, unless its root names a parent that is not among the
+    # entries (then none, as context_hashes skips an entry whose parent it was not fed).
+    feeding = bool(path) and absent.get(path[0]) is None
     wanted = listed if len(listed) == n else sorted(on_path.union(listed))
     for count, (pos, e) in enumerate(listing_entries(session, outline, wanted)):
         if bar is not None and count % 1024 == 0:
@@ -382,7 +386,7 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
             elif t == "branch_summary":  # its summary is its item in the context
                 said[e.id] = describe_item(e.data.get("summary"))
             push(e, t)
-            if parent is None or parent in hasher:  # as context_hashes feeds them
+            if feeding:
                 feed(e)
             if pos < n - 1:  # not the last: it may be the synthetic marker, which no store holds
                 settle(e)
@@ -618,7 +622,7 @@ def _verify(file: str | None, as_json: bool, verbose: bool) -> None:
         # one pass over the file as it is read: every rule, each entry once (issue 11)
         if arg == "-":
             with progressing("verifying", "lines") as bar:
-                report = verify_bytes(sys.stdin.buffer.read(), source="<stdin>", progress=bar)
+                report = verify_bytes(read_stdin(), source="<stdin>", progress=bar)
         else:
             with progressing("verifying", "bytes") as bar:
                 report = verify_file(arg, progress=bar)
@@ -666,33 +670,37 @@ def hash_object(file: str, as_json: bool) -> None:
     be hashed is reported on stderr with its number, and the exit is 1.
     """
     if file == "-":
-        data = sys.stdin.buffer.read()
+        data = read_stdin()
     else:
         if os.path.isdir(file):
             raise IsADirectoryError(21, "is a directory", file)
         with open(file, "rb") as f:
             data = f.read()
     results = []
-    failed = 0
-    for lineno, raw in enumerate(split_lines(data), start=1):
+    failed: list[Problem] = []
+    lines = split_lines(data)
+    for lineno, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
+        obj, _, found, _ = parse_line(raw, line=lineno, last=lineno == len(lines))  # worded as verify words it
+        if obj is not None and obj.get("type") == "session":
+            continue
         try:
-            obj = loads(raw.decode("utf-8"))
-            if not isinstance(obj, dict):
-                raise EntryError("the line is not a JSON object")
-            if obj.get("type") == "session":
-                continue
+            if obj is None:
+                raise EntryError(found.message if found is not None else "the line does not read")
             eid, chash = entry_hashes(obj, parsed=True)
         except (ValueError, AgentSessionError) as exc:
-            reason = "not valid UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
-            echo(f"agentsession: line {lineno}: {reason}", err=True)
-            failed += 1
+            failed.append(found if found is not None else problem(lineno, "entry", str(exc)))
+            if not as_json:
+                echo(f"agentsession: line {lineno}: {exc}", err=True)
             continue
         stated = obj.get("id")
         results.append({"line": lineno, "id": eid, "content_hash": chash, "stated_id": stated, "matches": stated == eid})
     if as_json:
         emit_json(results)
+        if failed:  # what could not be hashed: the error object, with each line's problem
+            fail(f"{plural(len(failed), 'line')} could not be hashed; the first, line {failed[0].line}: "
+                 f"{failed[0].message}", code=SessionFormatError.code, problems=[p.as_dict() for p in failed])
     else:
         for r in results:
             flag = "" if r["matches"] or r["stated_id"] is None else "  !"

@@ -73,7 +73,8 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
     left out and TITLE is shortened; --json holds them all. A session continued in a successor (a
     continued_in link) is superseded: a CONTINUED IN column names the
     successor, and --current leaves it out. A session that cannot be read (a damaged log)
-    is listed with mark `damaged`, reported on stderr, and the exit status is 1.
+    is listed with mark `damaged`, reported on stderr (in its row, with the error's
+    code, under --json), and the exit status is 1.
     """
     after_ts, before_ts = _when(after, "--after"), _when(before, "--before")
     store = read_store()
@@ -85,8 +86,9 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
         except NoSuchSessionError:
             continue  # deleted meanwhile
         except AgentSessionError as exc:
-            echo(f"agentsession: error: {one_line(str(exc))}", err=True)
-            damaged.append({"session": sid, "mark": "damaged", "error": one_line(str(exc))})
+            if not as_json:  # under --json the row is the report, with the error's code
+                echo(f"agentsession: error: {one_line(str(exc))}", err=True)
+            damaged.append({"session": sid, "mark": "damaged", "error": one_line(str(exc)), "code": exc.code})
     chosen = select(summaries, harness=harness, cwd=os.path.abspath(cwd) if cwd else None,
                     after=after_ts, before=before_ts, limit=limit, current=current)
     rows: list[dict[str, Any]] = []

@@ -10,7 +10,7 @@ import importlib
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -18,7 +18,7 @@ from agentsession_cas import __version__
 from agentsession_cas.errors import AgentSessionError, SessionFormatError
 
 from . import terminal
-from .common import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, fail, os_code, os_message
+from .common import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, fail, os_code, os_message, to_devnull, whole_stdout
 
 #: Each subcommand: the module of this package that defines it, imported only when
 #: that subcommand runs, and the summary `--help` lists (its docstring's first
@@ -45,7 +45,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "migrate": ("migrate_command", "Convert a store of the earlier journal layout, or of the reference library's, to this release's layout, in place."),
     "repair": ("repair_command", "Rewrite a damaged session's log from the records that read."),
     "ref": ("ref_commands", 'Named refs: store-wide names (chat/slack/C123) for sessions.'),
-    "push": ("exchange_commands", "Push session ID, of which this store is the record, to REMOTE (a store's path or file:// URL)."),
+    "push": ("exchange_commands", "Push session ID, of which this store is the record, to REMOTE (a store's path or URL, or an http(s) server)."),
     "fetch": ("exchange_commands", 'Fetch session ID from REMOTE, which may be its record or a mirror.'),
     "handover": ("exchange_commands", 'Hand session ID over to REMOTE: push it, make the remote the record, then make this store a mirror.'),
     "declare-record": ("exchange_commands", 'Make a store the record of session ID, which it holds as a mirror.'),
@@ -97,6 +97,10 @@ class App(click.Group):
     """Turns the library's errors and OS errors into one line and exit 1, never a traceback;
     loads each subcommand's module on first use (:data:`LAZY_COMMANDS`)."""
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        whole_stdout()  # nothing printed is lost to a short write (a non-blocking pipe)
+        return super().main(*args, **kwargs)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
 
@@ -125,7 +129,12 @@ class App(click.Group):
         # while every argument is still in sight (the subcommand's included).
         ctx.meta["agentsession.json"] = "--json" in args
         terminal.configure(as_json="--json" in args)  # a run starts afresh (the tests run many)
-        return super().parse_args(ctx, hoist_global_options(args))
+        try:
+            return super().parse_args(ctx, hoist_global_options(args))
+        except click.UsageError as exc:  # the group's own options: what invoke does for the rest
+            if not ctx.meta["agentsession.json"]:
+                raise
+            usage_json(exc)
 
     def invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.meta.get("agentsession.json"))
@@ -141,8 +150,7 @@ class App(click.Group):
         except BrokenPipeError:
             # The reader went away (`| head`): stop quietly with 128+SIGPIPE, as git does.
             try:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
+                to_devnull(sys.stdout.fileno())
             except (OSError, ValueError):
                 pass
             sys.exit(EXIT_PIPE)
@@ -155,10 +163,7 @@ class App(click.Group):
         except click.UsageError as exc:
             if not as_json:
                 raise
-            # --json: the usage error too is one JSON object on stderr, exit 2 as click's
-            click.echo(json.dumps({"error": {"code": "usage", "message": exc.format_message()}}, ensure_ascii=True),
-                       err=True)
-            sys.exit(EXIT_USAGE)
+            usage_json(exc)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except ValueError as exc:
@@ -167,6 +172,12 @@ class App(click.Group):
             fail("a file name cannot hold a NUL character", code="bad_name", as_json=as_json)
         except Exception as exc:  # a bug of ours: still one line, never a traceback
             fail(f"internal error ({type(exc).__name__}: {exc}); please report it", code="internal", as_json=as_json)
+
+
+def usage_json(exc: click.UsageError) -> NoReturn:
+    """Under --json the usage error too is one JSON object on stderr, exit 2 as click's."""
+    click.echo(json.dumps({"error": {"code": "usage", "message": exc.format_message()}}, ensure_ascii=True), err=True)
+    sys.exit(EXIT_USAGE)
 
 
 @click.group(cls=App, context_settings={"help_option_names": ["-h", "--help"]})
@@ -193,17 +204,19 @@ def main(ctx: click.Context, store_path: str | None, directory: str | None, no_p
     """A git-like content-addressed store for agent session records.
 
     It reads, shows and verifies Agent Session Format files, and holds
-    sessions in a store: init, import, create, append, head, log, list,
-    export, cat-object, delete.
+    sessions in a store, which it checks, packs, sweeps and exchanges with
+    other stores. `agentsession COMMAND --help` says more of each.
     """
-    if directory is not None:
+    if store_path == "":  # `--store "$UNSET"`: not the store the search would find, which `delete` would change
+        raise click.BadParameter("an empty value names no store; leave --store out for the default", param_hint="--store")
+    if directory:  # an empty -C changes nothing, as git's
         try:
             os.chdir(directory)
         except OSError as exc:
             fail(f"cannot change to {directory}: {exc.strerror}", code=os_code(exc))
     s = terminal.settings()
     s.pager, s.color = not no_pager, color
-    ctx.obj = {"store": store_path or None}
+    ctx.obj = {"store": store_path}
 
 
 if __name__ == "__main__":  # pragma: no cover

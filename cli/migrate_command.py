@@ -159,6 +159,7 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
             emit_json({
                 "store": root,
                 "status": "busy" if code == EXIT_BUSY else "refused",
+                "code": exc.code,
                 "error": one_line(str(exc)),
                 "problems": exc.problems,
             })

@@ -4,7 +4,8 @@ Kept apart from ``store_commands.export`` so that command only chooses; the
 projections themselves are the library's (``agentsession_cas.format.atif`` and
 ``agentsession_cas.format.otel``). The argument is a file or a stored session, as
 ``show`` takes it; a linked subsession is embedded when its session is in the same
-store, or its file (``<child id>.jsonl``) lies beside the exported file.
+store, or its file (``<child id>.jsonl``) lies beside the exported file. A file with a
+line that does not read is refused, never projected in part.
 """
 
 from __future__ import annotations
@@ -42,9 +43,17 @@ def _file_children(directory: str) -> ChildResolver:
         path = os.path.join(directory, f"{child}.jsonl")
         if "/" in child or not os.path.isfile(path):
             return None
-        return _at(read_session(path), leaf)
+        return _at(_sound(read_session(path)), leaf)
 
     return resolve
+
+
+def _sound(sf: SessionFile) -> SessionFile:
+    """A file read whole, or refused naming its problems, as ``import`` refuses it: a
+    projection is lossless (RFC 0001), and one of the lines that did read is not."""
+    if sf.all_problems():
+        sf.raise_for_problems()
+    return sf
 
 
 def _at(sf: SessionFile, leaf: str | None) -> tuple[SessionFile, str] | None:
@@ -63,6 +72,7 @@ def export_projection(sf: SessionFile, store: Store | None, arg: str, fmt: str, 
         resolver = _store_children(store)
     else:
         resolver = _file_children(os.path.dirname(os.path.abspath(arg)) if arg != "-" else os.getcwd())
+    _sound(sf)
     if not sf.entries:
         fail(f"{arg}: the session has no entries, so it has no {fmt} projection", code="empty")
     entry = sf.resolve(at).id if at is not None else None

@@ -27,6 +27,7 @@ from agentsession_cas.errors import (
     IJSONError,
     LayoutError,
     NoSuchSessionError,
+    OutputError,
     RedactionError,
     quoted,
 )
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 from agentsession_cas.progress import Progress
 
-from .common import echo, emit_json, fail, note, number, plural, table, whole_pass, write_bytes, write_stream
+from .common import echo, emit_json, fail, note, number, plural, read_stdin, table, whole_pass, write_bytes, write_stream
 from .terminal import paint, progressing, stdout_is_tty
 from .terminal import start_pager as page
 
@@ -84,6 +85,18 @@ def read_store(root: str | None = None) -> Store:
 
 def write_store(root: str | None = None) -> Store:
     return open_store(root or store_root())
+
+
+def refuse_output_in_store(output: str | None) -> None:
+    """``-o`` naming a path inside a store would replace the store's own files (a
+    session's log, a pack, the layout): refused before anything is read or written. A
+    file beside a store kept in a project (``project/.agentsession``) is not inside it."""
+    if output is None or output == "-":
+        return
+    target = os.path.realpath(output)  # where the write would land (a symlink's target)
+    root = find_store(target if os.path.isdir(target) else os.path.dirname(target))
+    if root is not None and (target + os.sep).startswith(os.path.realpath(root) + os.sep):
+        raise OutputError(f"cannot write {output}: it lies inside the store at {root}; write it outside the store")
 
 
 @dataclass
@@ -132,6 +145,9 @@ def locate(arg: str, *, files: bool) -> Target:
             return Target("session", arg, found[0], found[1], via_path=True)
         return Target("file", arg)
     if os.sep in arg or (os.altsep and os.altsep in arg):
+        if not os.path.lexists(arg) and _names_a_ref(arg):
+            fail(f"{arg}: no such file; a name holding / is read as a path here: to name the ref, write ref:{arg}",
+                 code=NoSuchSessionError.code)
         return Target("file", arg)
     if files:
         try:
@@ -141,6 +157,16 @@ def locate(arg: str, *, files: bool) -> Target:
                 raise BadNameError(f"{quoted(arg)} is no file (a path cannot hold NUL) and {exc}") from None
             return Target("file", arg)
     return Target("session", arg, store_root(), arg)
+
+
+def _names_a_ref(name: str) -> bool:
+    """Whether the store holds a ref ``name`` (only to say how to write one: never raises)."""
+    try:
+        with read_store() as store:
+            Refs(store).resolve(name)
+        return True
+    except (AgentSessionError, OSError):
+        return False
 
 
 def open_target(target: Target, *, files: bool) -> tuple[Store, Session]:
@@ -169,12 +195,12 @@ def read_file_arg(file: str, progress: Progress | None = None) -> SessionFile:
     from agentsession_cas.format.reader import read_session, read_session_bytes  # the rule set: not for head or list
 
     if file == "-":
-        return read_session_bytes(sys.stdin.buffer.read(), source="<stdin>", progress=progress)
+        return read_session_bytes(read_stdin(), source="<stdin>", progress=progress)
     return read_session(file, progress=progress)
 
 
 def _stdin_json(what: str) -> Any:
-    raw = sys.stdin.buffer.read()
+    raw = read_stdin()
     if not raw.strip():
         fail(f"no {what} on stdin: give one JSON object", code=BAD_INPUT)
     try:
@@ -394,6 +420,7 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
     original, and no store imports it.
     """
     redacting = bool(redact_home or redact_env or secrets)
+    refuse_output_in_store(output)
     if fmt != "jsonl":
         if as_json:
             fail(f"--json summarises the jsonl projection; --format {fmt} prints JSON itself", code=USAGE)
@@ -514,9 +541,10 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
     The session is a mirror (it refuses local appends and head moves)
     unless --record is given.
     """
-    with write_store() as store, progressing("importing", "lines") as bar:
+    # a file is read by bytes (as verify FILE), standard input held whole and read by lines
+    with write_store() as store, progressing("importing", "lines" if file == "-" else "bytes") as bar:
         if file == "-":
-            session = store.import_bytes(sys.stdin.buffer.read(), record=record, source="<stdin>", progress=bar)
+            session = store.import_bytes(read_stdin(), record=record, source="<stdin>", progress=bar)
         else:
             session = store.import_file(file, record=record, progress=bar)
         facts = {"session": session.id, "entries": len(session), "prefix": len(session.prefix),

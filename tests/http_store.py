@@ -137,6 +137,8 @@ CANNOT.update({
     "test_a_session_let_go_is_appended_to_and_listed_reading_none_of_its_entries":
         "RFC 0003 carries no append rules' state: a client judges its appends itself, from the session's "
         "entries, read in bulk when it first appends (test_a_session_with_no_kept_state_is_read_in_bulk)",
+    "test_an_imported_session_is_appended_to_reading_none_of_its_entries":
+        "RFC 0003 carries no append rules' state (as above)",
     "test_put_blob_and_blob":
         "RFC 0003 Reach: an uploaded object is reachable by no one until a push or an append names it, "
         "so another handle (the read-only reopen) cannot read a blob no session names",

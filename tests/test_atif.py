@@ -318,3 +318,28 @@ def test_export_atif_errors_name_what_and_where(tmp_path):
     empty.write_bytes(Header.new("empty", created_at="2026-09-17T12:00:00Z").canonical_line())
     r = run("export", "--format", "atif", str(empty))
     assert r.exit_code == 1 and "has no entries" in r.output
+
+
+@pytest.mark.parametrize("fmt", ["atif", "otel"])
+@pytest.mark.parametrize("damage", ["truncated", "middle"])
+def test_export_of_a_damaged_file_is_refused_not_projected_in_part(tmp_path, fmt, damage):
+    """A file with a line that does not read (a last line cut short, a garbled one in the
+    middle) is refused, naming the line, as `import` refuses it: the projection is
+    lossless (RFC 0001 "Projections"), and one made of the lines that did read, exit 0
+    and not a word, lost the rest silently. Nothing is written."""
+    lines = (FIXTURES / "branches.jsonl").read_bytes().splitlines(keepends=True)
+    if damage == "truncated":
+        lines[-1] = lines[-1][:40]
+        where = f"line {len(lines)}: the last line was cut short"
+    else:
+        lines[5] = b'{"type":"item",' + lines[5][40:]
+        where = "line 6: "
+    path = tmp_path / "damaged.jsonl"
+    path.write_bytes(b"".join(lines))
+    out = tmp_path / "out"
+    for args in ([], ["-o", str(out)]):
+        r = run("export", "--format", fmt, *args, str(path))
+        assert r.exit_code == 1, r.output
+        assert r.stdout == "" and not out.exists()
+        (line,) = r.stderr.splitlines()
+        assert line.startswith(f"agentsession: error: {path}: {where}"), line

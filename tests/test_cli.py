@@ -15,6 +15,7 @@ from agentsession_cas import Header, SessionBuilder, make_entry
 from agentsession_cli.main import main
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "sessions"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason=f"reference corpus not found at {CORPUS}")
 
 TS = "2026-09-17T12:00:0{}Z"
@@ -152,6 +153,19 @@ def test_show_text_lists_entries_and_leaf(tmp_path):
     assert f"leaf {b.leaf[7:19]}" in r.output
 
 
+def test_show_names_a_custom_entry_without_ns_without_printing_none(tmp_path):
+    """`ns` is optional on a `custom` entry (nothing requires it): its row says so, never
+    Python's `None` (`-v` too)."""
+    path, b = build(tmp_path)
+    b.append("custom", data={"k": 1})
+    b.append("custom", ns="acme", data={"k": 1})
+    b.write(path)
+    for verbose in ([], ["-v"]):
+        rows = [line for line in run("show", *verbose, str(path)).output.splitlines() if " custom " in line]
+        assert len(rows) == 2 and "None" not in rows[0] and "acme" in rows[1], rows
+        assert "no ns" in rows[0]
+
+
 def test_show_leaf_option_accepts_prefix_and_refuses_unknown(tmp_path):
     path, b = build(tmp_path)
     first = b.entries[0].id
@@ -192,12 +206,69 @@ def test_hash_object_reads_stdin_and_flags_a_stated_id_that_differs(tmp_path):
 def test_hash_object_bad_line_is_named_and_exits_1():
     good = make_entry("item", None, ts=TS.format(1), item={"type": "message"})
     data = good.canonical_line() + b'{"type":"item","parent":null,"ts":"2026-09-17T12:00:01Z","a":1,"a":2}\n'
+    r = CliRunner().invoke(main, ["hash-object"], input=data)
+    assert r.exit_code == 1
+    assert "line 2:" in r.stderr and "repeated" in r.stderr
+    # --json: the lines that hashed on stdout, and one error object with each line's problem
     r = CliRunner().invoke(main, ["hash-object", "--json"], input=data)
     assert r.exit_code == 1
-    assert "line 2:" in r.output and "repeated" in r.output
+    assert [h["id"] for h in json.loads(r.stdout)] == [good.id]
+    error = json.loads(r.stderr)["error"]
+    assert error["code"] == "bad_file" and error["message"].startswith("1 line could not be hashed; the first, line 2:")
+    assert [(p["line"], p["code"]) for p in error["problems"]] == [(2, "ijson")]
+
+
+def test_hash_object_words_a_bad_line_as_the_reader_does(tmp_path):
+    """A line that cannot be hashed is worded by the reader's one rule (`verify` says the
+    same): a cut-short last line is called so, and a parse error names its column, not
+    the parser's "line 1 column N (char M)" of a one-line document."""
+    path, b = build(tmp_path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines.insert(2, b'{"type":"item", oops}\n')
+    lines[-1] = lines[-1][:30]
+    path.write_bytes(b"".join(lines))
+    r = CliRunner().invoke(main, ["hash-object", str(path)])
+    assert r.exit_code == 1
+    assert r.stderr.splitlines() == [
+        "agentsession: line 3: the line does not parse as JSON: Expecting property name enclosed in double quotes at column 17",
+        f"agentsession: line {len(lines)}: the last line was cut short: does not parse as JSON: "
+        "Unterminated string starting at column 7",
+    ]
+    assert len(r.stdout.splitlines()) == len(lines) - 3  # the header and the two bad lines give none
+
+
+@pytest.mark.parametrize("argv", [["hash-object"], ["verify", "-"], ["show", "-"]])
+def test_reading_standard_input_at_a_terminal_says_so(monkeypatch, argv):
+    """A bare `hash-object` (its FILE defaults to standard input) at a terminal waited
+    without a word: a note now says what it reads and how to end it. Off a terminal
+    (a pipe, a file) nothing is said."""
+    from agentsession_cli import terminal
+
+    data = (FIXTURES / "basic.jsonl").read_bytes()
+    quiet = CliRunner().invoke(main, argv, input=data)
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    monkeypatch.setattr(terminal, "isatty", lambda stream: stream is sys.stdin)
+    r = CliRunner().invoke(main, argv, input=data)
+    assert r.exit_code == 0 and r.stdout == quiet.stdout
+    assert r.stderr == "agentsession: note: reading standard input (end it with Ctrl-D)\n"
 
 
 # -- errors -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["--colour", "never", "list", "--json"],  # an option of the group misspelt
+    ["--color", "sometimes", "list", "--json"],  # a bad value of one
+])
+def test_a_usage_error_of_the_group_under_json_is_json_too(argv):
+    """Under --json a usage error is one JSON object with code `usage` on stderr (exit 2),
+    whether the group's options or the subcommand's are wrong: the group's were printed
+    as click's text."""
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 2, r.output
+    assert r.stdout == ""
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == "usage" and ("--colour" in err["message"] or "sometimes" in err["message"])
 
 
 @pytest.mark.parametrize("command", ["show", "verify", "hash-object"])
@@ -205,6 +276,15 @@ def test_missing_file_is_one_line_exit_1(tmp_path, command):
     r = CliRunner().invoke(main, [command, str(tmp_path / "nope.jsonl")])
     assert r.exit_code == 1
     assert r.output.strip() == f"agentsession: error: {tmp_path / 'nope.jsonl'}: no such file"
+
+
+@pytest.mark.parametrize("command", ["show", "verify", "hash-object", "import"])
+def test_an_empty_file_name_is_named_in_the_error(tmp_path, command):
+    """`show "$UNSET"`: the error says which name was missing, quoted, not a bare "no such file"."""
+    assert CliRunner().invoke(main, ["--store", str(tmp_path / "s"), "init"]).exit_code == 0
+    r = CliRunner().invoke(main, ["--store", str(tmp_path / "s"), command, ""])
+    assert r.exit_code == 1
+    assert r.output.strip() == "agentsession: error: '': no such file"
 
 
 @pytest.mark.parametrize("command", ["show", "verify", "hash-object"])

@@ -121,6 +121,22 @@ def test_store_found_walking_up_and_global_options_after_the_subcommand(tmp_path
     assert [r["session"] for r in json.loads(ok(cli(None, "list", "-C", str(inner), "--json", env=env)))] == ["here"]
     assert [r["session"] for r in json.loads(ok(cli(None, "-C", str(project), "list", "--json", env=env)))] == ["here"]
     one_error(cli(None, "-C", str(tmp_path / "nowhere"), "list"), "nowhere")
+    # an empty -C is no change of directory, as git's (it was "cannot change to : ...")
+    monkeypatch.chdir(inner)
+    assert [r["session"] for r in json.loads(ok(cli(None, "-C", "", "list", "--json", env=env)))] == ["here"]
+
+
+def test_an_empty_store_option_is_a_usage_error_not_the_default_store(tmp_path, store):
+    """`--store "$UNSET"` names no store: a usage error (exit 2), never the store found by
+    the search or $AGENTSESSION_STORE, which a `delete` there would then change."""
+    ok(cli(store, "create", "--id", "s1"))
+    env = {"AGENTSESSION_STORE": str(store)}
+    for args in (["--store", "", "delete", "s1"], ["delete", "s1", "--store="], ["--store=", "delete", "--json", "s1"]):
+        r = cli(None, *args, env=env)
+        assert r.exit_code == 2, (args, r.output)
+        assert "--store" in r.stderr and "empty" in r.stderr and r.stdout == ""
+    assert json.loads(r.stderr)["error"]["code"] == "usage"
+    assert ok(cli(store, "head", "s1")) == ""  # still there
 
 
 @pytest.mark.parametrize("args", [["list"], ["log", "s1"], ["head", "s1"], ["import", str(FIXTURES / "basic.jsonl")]])
@@ -326,6 +342,35 @@ def test_export_import_round_trip(store, tmp_path):
     assert cli(second, "export", "s1").stdout_bytes == out.read_bytes()
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "atif", "otel"])
+def test_export_output_inside_a_store_is_refused(store, tmp_path, fmt):
+    """-o naming a path inside a store would replace the store's own files: the export of
+    a session written over its own log (exit 0, the session gone), over a pack, over the
+    layout. Refused before anything is written (code `output`); a file beside a store kept
+    in a project (`project/.agentsession`) is fine."""
+    new_session(store, "s1", 2)
+    log = store / "sessions" / "s1" / "log"
+    pack = store / "objects" / "pack"
+    ok(cli(store, "pack"))
+    before = {p: p.read_bytes() for p in [log, store / "layout", *pack.iterdir()]}
+    targets = [log, store / "layout", next(pack.glob("*.pack")), store / "new.jsonl", store / "tmp" / "x"]
+    if fmt == "atif":  # -o names a directory for its documents
+        targets = [store, store / "sessions" / "s1", store / "docs"]
+    for target in targets:
+        r = cli(store, "export", "--format", fmt, "s1", "-o", str(target))
+        one_error(r, f"cannot write {target}: it lies inside the store at {store}")
+        r = cli(store, "export", "--format", fmt, "s1", "-o", str(target), *(["--json"] if fmt == "jsonl" else []))
+        assert r.exit_code == 1
+    assert {p: p.read_bytes() for p in before} == before and not (store / "new.jsonl").exists()
+    assert not (store / "docs").exists()
+    project = tmp_path / "project"
+    ok(cli(project / ".agentsession", "init"))
+    ok(cli(project / ".agentsession", "import", str(FIXTURES / "basic.jsonl")))
+    out = project / ("docs" if fmt == "atif" else "out.jsonl")
+    ok(cli(project / ".agentsession", "export", "--format", fmt, "0199b000-0000-7000-8000-000000000001", "-o", str(out)))
+    assert out.exists()
+
+
 def test_export_output_writes_what_the_path_names(store, tmp_path):
     """-o replaces a regular file atomically, but writes a symlink's target (the link
     stays), and writes a device or a pipe as a stream (never renamed over); a missing
@@ -459,6 +504,26 @@ def test_dash_reads_standard_input(store):
     assert bad.exit_code == 1 and "<stdin>" in bad.output
 
 
+def test_import_progress_counts_in_the_unit_it_names(store, monkeypatch):
+    """`import FILE` reads the file by bytes (as `verify FILE`) and said `lines` of the
+    file's size (`100,123,623/100,123,623 lines`); from standard input it counts lines."""
+    from agentsession_cli import terminal
+
+    monkeypatch.setattr(terminal, "isatty", lambda stream: stream is sys.stderr)
+    monkeypatch.setattr(terminal, "PROGRESS_DELAY", 0.0)
+    monkeypatch.setattr(terminal, "PROGRESS_EVERY", 0.0)
+    path = FIXTURES / "branches.jsonl"
+    size, lines = path.stat().st_size, len(path.read_bytes().splitlines())
+    r = cli(store, "import", str(path))
+    assert r.exit_code == 0, r.output
+    assert f"importing: 100% ({size:,}/{size:,} bytes)" in r.stderr, r.stderr
+    other = Store.init(str(store.parent / "other"))
+    other.close()
+    r = cli(store.parent / "other", "import", "-", input=path.read_bytes())
+    assert r.exit_code == 0, r.output
+    assert f"importing: 100% ({lines - 1:,}/{lines - 1:,} lines)" in r.stderr, r.stderr
+
+
 def test_exit_statuses_for_a_closed_pipe_and_ctrl_c(store, tmp_path):
     """A reader that goes away (`| head`) ends the command quietly with 141, as git
     does; Ctrl-C with 130 and no traceback. The interrupt is forced (a SIGINT sent
@@ -485,6 +550,71 @@ def test_exit_statuses_for_a_closed_pipe_and_ctrl_c(store, tmp_path):
     assert p.wait(timeout=60) == 130
     err = p.stderr.read()
     assert b"Traceback" not in err and b"Aborted" not in err
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["PYTHONUNBUFFERED", "buffered"])
+def test_output_to_a_non_blocking_pipe_arrives_whole(store, unbuffered):
+    """A parent may hand the command a pipe set O_NONBLOCK, where a write takes only what
+    fits. The command waits for the pipe and writes the rest, as git does. It used to
+    print the first 4 KiB of a 10 KiB JSON document and exit 0 under PYTHONUNBUFFERED
+    (Python's text layer drops what an unbuffered write did not take), and fail with
+    BlockingIOError without it. Forced, not timed: the pipe holds 4 KiB, less than one
+    write, and is read only once full, so a write is always cut short and then refused."""
+    import fcntl
+
+    if not hasattr(fcntl, "F_SETPIPE_SZ"):
+        pytest.skip("no F_SETPIPE_SZ on this platform")
+    env = dict(os.environ, AGENTSESSION_STORE=str(store), PYTHONUNBUFFERED=unbuffered)
+    sid = ok(cli(store, "import", str(FIXTURES / "branches.jsonl"))).strip()
+    for args, want in [
+        (["show", "--json", str(FIXTURES / "branches.jsonl")], None),  # one text write of 10 KiB
+        (["export", sid], (FIXTURES / "branches.jsonl").read_bytes()),  # raw bytes, 5 KiB
+    ]:
+        if want is None:
+            want = subprocess.run([str(EXE), *args], env=env, capture_output=True, check=True).stdout
+        assert len(want) > 4096
+        r, w = os.pipe()
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+        fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) | os.O_NONBLOCK)
+        p = subprocess.Popen([str(EXE), *args], stdout=w, stderr=subprocess.PIPE, env=env)
+        os.close(w)
+        while _pipe_holds(r) < 4096 and p.poll() is None:  # read only once the pipe is full
+            subprocess.run(["sleep", "0.05"])
+        with os.fdopen(r, "rb") as f:
+            got = f.read()
+        assert p.stderr is not None
+        err = p.stderr.read()
+        assert p.wait(timeout=60) == 0, err
+        assert got == want and err == b"", (args, len(got), len(want), err)
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["PYTHONUNBUFFERED", "buffered"])
+def test_a_full_standard_output_is_one_error_line_naming_it(store, unbuffered):
+    """Standard output on a full device (/dev/full): exit 1 and one error line that names
+    standard output, not the store (whose device is fine), and no "Exception ignored"
+    traceback from the retry of the buffered rest at exit (exit 120)."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    sid = ok(cli(store, "import", str(FIXTURES / "branches.jsonl"))).strip()
+    env = dict(os.environ, AGENTSESSION_STORE=str(store), PYTHONUNBUFFERED=unbuffered)
+    for args in (["list"], ["export", sid], ["show", "--json", sid]):
+        with open("/dev/full", "wb") as full:
+            r = subprocess.run([str(EXE), *args], stdout=full, stderr=subprocess.PIPE, env=env)
+        assert r.returncode == 1, (args, r.stderr)
+        (line,) = r.stderr.decode().splitlines()
+        if "--json" in args:
+            error = json.loads(line)["error"]
+            assert error["code"] == "no_space", error
+            line = "agentsession: error: " + error["message"]
+        assert line.startswith("agentsession: error: no space left on the device holding standard output"), line
+
+
+def _pipe_holds(fd: int) -> int:
+    """The bytes waiting in the pipe ``fd`` reads (FIONREAD)."""
+    import fcntl
+    import termios
+
+    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
 
 
 def _reading_stdin(pid: int) -> bool:
@@ -544,6 +674,10 @@ def test_sessions_and_entries_are_named_as_git_names_revisions(store):
     assert ok(cli(store, "log", "chat/main", "--json")) == ok(cli(store, "log", "abcd-one", "--json"))
     assert "abcd-one" in ok(cli(store, "show", "ref:chat/main"))
     ok(cli(store, "verify", "ref:chat/main"))
+    # show, verify and export read a name holding / as a path: a missing one that is a
+    # ref says how to write it, rather than a bare "no such file"
+    for command in ("show", "verify", "export"):
+        one_error(cli(store, command, "chat/main"), "chat/main: no such file", "write ref:chat/main")
     assert ok(cli(store, "delete", "abce")).startswith("deleted abce-two ")
 
 
@@ -824,7 +958,11 @@ def test_verify_and_log_report_a_damaged_log_line(store):
     r = cli(store, "log", "s1")
     assert r.exit_code == 1 and "log line 2" in r.stderr and r.stdout.splitlines()[1].split()[1] == "create"
     r = cli(store, "list", "--json")
-    assert r.exit_code == 1 and json.loads(r.stdout)[0]["mark"] == "damaged"
+    row = json.loads(r.stdout)[0]
+    assert r.exit_code == 1 and row["mark"] == "damaged" and "log line 2" in row["error"]
+    assert row["code"] == "session_damaged" and r.stderr == ""  # under --json the row is the report, with its code
+    r = cli(store, "list")
+    assert r.exit_code == 1 and r.stderr.startswith("agentsession: error: session s1 is damaged: log line 2")
     one_error(cli(store, "append", "s1", input=json.dumps(user("x"))), "damaged", "log line 2")
     one_error(cli(store, "show", "s1"), "damaged")
 

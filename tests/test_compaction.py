@@ -30,6 +30,7 @@ from agentsession_cas.backends.files.log import (
 )
 from agentsession_cas.errors import SessionDamagedError
 from agentsession_cas.exchange import operations as ex
+from agentsession_cas.exchange.local import LocalTransport
 from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.store import Store
 from agentsession_cas.store.state import replay
@@ -215,6 +216,36 @@ def test_exchange_serves_a_compacted_session_from_a_reader(tmp_path):
     assert ops(root) == ["create", "snapshot"]
     ex.push(Store(root), remote, "s1")
     assert Store(remote, readonly=True).read("s1").projection() == reader.read("s1").projection()
+
+
+def test_a_session_taken_by_push_is_compacted_and_keeps_its_summary_and_rules(tmp_path, monkeypatch):
+    """The appends a push brings carry no payload (their objects were made durable first),
+    so no checkpoint writes them: a ``checkpoint`` record says so, and the receiving log
+    folds into a snapshot like any other. Before, such a log was never compacted, and every
+    close of it (each push into it) read all its records to find nothing to fold. The
+    transport's close keeps the summary ``list`` reads and the rules' state too."""
+    root, remote = tmp_path / "a", tmp_path / "b"
+    st = Store.init(root, sync="never")
+    s = fill(st, n=700)  # (700 appends without payload: past the close's threshold, 64 KiB)
+    Store.init(remote).close()
+    with LocalTransport(str(remote)) as tr:
+        ex.push(st, tr, "s1", session=s)
+        assert ops(remote) == ["create", "snapshot"]
+        # Pushes of a few entries: the log grows by their records, and each close reads
+        # no record back (compaction waits until the growth is worth a fold).
+        reads: list[int] = []
+        real = files_sessions.checkpoint_covers
+        monkeypatch.setattr(files_sessions, "checkpoint_covers", lambda recs: reads.append(1) or real(recs))
+        for i in range(3):
+            s.append({"type": "item", "item": {"type": "message", "role": "user", "content": f"short {i}"}})
+            ex.push(st, tr, "s1", session=s)
+        assert reads == []
+    assert ops(remote)[:2] == ["create", "snapshot"] and "append" in ops(remote)
+    assert (remote / "sessions" / "s1" / "summary").is_file() and (remote / "sessions" / "s1" / "rules").is_file()
+    st.close()
+    mirror = Store(remote, readonly=True).read("s1")
+    assert mirror.projection() == Store(root, readonly=True).read("s1").projection()
+    assert fsck(Store(remote, readonly=True)).ok
 
 
 def test_sweep_keeps_what_a_snapshot_names(tmp_path):

@@ -468,9 +468,26 @@ def test_a_session_let_go_is_appended_to_and_listed_reading_none_of_its_entries(
     assert reads == [], "the kept summary was not used"
 
 
+def test_an_imported_session_is_appended_to_reading_none_of_its_entries(make_store, monkeypatch, tmp_path):
+    """An import keeps the append rules' state its own verify pass leaves, so the first
+    append after it (in this process or after a reopen) reads none of the session."""
+    st = make_store()
+    s, ids = chain(st, "orig", n=6)
+    path = tmp_path / "orig.jsonl"
+    st.export_to("orig", path)
+    st.delete("orig")
+    st.import_file(path, record=True).close()
+    st.close()
+    reads = _count_entry_reads(monkeypatch)
+    w = make_store.reopen().session("orig")
+    assert w.append(msg("after the import")).outcome == "continued"
+    assert reads == [], "the import kept no rules' state"
+    w.close()
+
+
 def test_a_session_with_no_kept_state_is_read_in_bulk(make_store, monkeypatch):
-    """A session whose rules' state and summary are gone (an import keeps no rules' state;
-    an index lost) is read through :meth:`Store.entries`, a chunk of entries per bulk
+    """A session whose rules' state and summary are gone (an index lost; an import whose
+    verify pass did not end at the head) is read through :meth:`Store.entries`, a chunk of entries per bulk
     read, never one entry at a time, and judges appends as before."""
     st = make_store()
     s, ids = chain(st, n=6)

@@ -787,8 +787,10 @@ def test_a_handover_failing_between_its_steps_leaves_two_records_and_a_retry_fin
     assert a.session("s1").mark == "mirror" and reopen(broot, "s1").mark == "record"
     ops = [(rec["op"], rec.get("mark")) for rec in reopen(broot, "s1").records()]
     # Created a mirror; the record mark written in the one commit that admitted the entries
-    # and moved the head (never on a session holding nothing); the retry wrote no mark.
-    assert ops == [("create", "mirror")] + [("append", None)] * 3 + [("head", None), ("mark", "record"), ("commit", None)]
+    # and moved the head (never on a session holding nothing); the retry wrote no mark. The
+    # checkpoint after it says the appends' objects are in objects/ (they came before them).
+    assert ops == [("create", "mirror")] + [("append", None)] * 3 + [
+        ("head", None), ("mark", "record"), ("commit", None), ("checkpoint", None)]
 
 
 def test_a_failed_clear_is_reported_as_two_records(ab, monkeypatch):

@@ -484,7 +484,8 @@ def test_refuses_while_an_old_writer_holds_a_session(old):
         assert result.stderr.count("\n") == 1 and "stop every writer" in result.stderr
         result = cli(old.root, "migrate", "--json")
         assert result.exit_code == migrate_command.EXIT_BUSY
-        assert json.loads(result.stdout)["status"] == "busy"
+        refusal = json.loads(result.stdout)
+        assert refusal["status"] == "busy" and refusal["code"] == "migration_busy"  # every refusal names its code
         assert tree(old.root) == before
     assert migrate(old.root).status == "migrated"
 

@@ -1175,22 +1175,34 @@ def test_a_bulk_read_finds_objects_where_the_last_ones_say_and_checks_each(root,
             reader.get_many("contents", [env_order[3][1]])
         # a slot whose bytes are not its name's: not served from the guess nor from the index
         reader.packs._runs.clear()
-        bad = in_order[7][1]
-        real_slot = packs_mod.PackSet._slot
-        served: list[bytes] = []
+        reader.packs._cache.clear()
+        bad, good = in_order[7][1], in_order[7][2]
+        damaged = good[:-1] + b"!"
+        real_read_block = Pack.read_block
 
-        def slot(block, at):
-            data = real_slot(block, at)
-            if data == in_order[7][2]:
-                served.append(data)
-                return data[:-1] + b"!"
-            return data
+        def read_block(self, b):  # the block as read, the object's last byte changed
+            block = real_read_block(self, b)
+            at = block.stream.find(good)
+            if at >= 0:
+                block.stream = block.stream[:at] + damaged + block.stream[at + len(good):]
+            return block
 
-        monkeypatch.setattr(packs_mod.PackSet, "_slot", staticmethod(slot))
+        real_sha256 = packs_mod.hashlib.sha256
+        hashed: list[bytes] = []
+
+        def sha256(data):
+            if data == damaged:
+                hashed.append(data)
+            return real_sha256(data)
+
+        monkeypatch.setattr(Pack, "read_block", read_block)
+        monkeypatch.setattr(packs_mod.hashlib, "sha256", sha256)
         got = reader.packs.read_many([bytes.fromhex(n[7:]) for _, n, _ in in_order[:20]], packs_mod.SPACE_BITS["contents"])
-        assert got[7] is None and len(served) == 2, "tried at the guess, then where the index says"
+        monkeypatch.setattr(packs_mod.hashlib, "sha256", real_sha256)
+        assert got[7] is None and len(hashed) == 2, "tried at the guess, then where the index says"
         assert got[:7] + got[8:] == [d for _, _, d in in_order[:7] + in_order[8:20]]
-        assert reader.get_many("contents", [bad]) == [in_order[7][2]]  # the one-by-one read: its own check
+        with pytest.raises(CorruptObjectError):  # the one-by-one read: its own check names the damage
+            reader.get_many("contents", [bad])
     finally:
         reader.close()
 
@@ -1243,6 +1255,111 @@ def test_get_many_reads_each_block_once_and_verifies_each_object(root, objs, mon
         assert reader.get_many("contents", [n for _, n, _ in in_block]) == [d for _, _, d in in_block]
     finally:
         reader.close()
+
+
+def test_get_chunks_reads_the_blocks_ahead_on_a_worker_and_gives_what_get_many_gives(root, objs, monkeypatch):
+    """get_chunks gives get_many's objects chunk by chunk; the blocks after the one a read
+    comes to are decompressed on the worker a batch at a time (Pack.decompress_blocks), and the
+    reads take them: the reader itself decompresses only the first block (it waits for a
+    batch the worker is on, never reads a block twice). Reads of another space meanwhile
+    ask for nothing ahead; a reader that stops early, or finishes, leaves no batch held."""
+    its = items(1500, size=3000)  # ~20 blocks
+    blobs = items(3, "blobs", start=10_000, size=3000)  # packed last
+    objs.write_pack(its + blobs)
+    monkeypatch.setattr(PackSet, "AHEAD_BLOCKS", 4)
+    monkeypatch.setattr("agentsession_cas.format.parallel._cores", lambda: 2)
+    reader = other(root)
+    try:
+        p = reader.packs.locate(its[0][1])[0]
+        assert p.nblocks >= 4 * PackSet.AHEAD_BLOCKS
+        last = p.find(blobs[0][1]).block
+        assert last == p.nblocks - 1
+        in_order = sorted(its, key=lambda o: tuple(p.find(o[1])))
+        chunks = [[n for _, n, _ in in_order[at : at + 100]] for at in range(0, len(in_order), 100)]
+        by_reader: list[int] = []
+        ahead: list[tuple[int, int]] = []
+        real_block, real_blocks = Pack.read_block, Pack.decompress_blocks
+        monkeypatch.setattr(Pack, "read_block", lambda self, b: by_reader.append(b) or real_block(self, b))
+        monkeypatch.setattr(Pack, "decompress_blocks",
+                            lambda self, stored: ahead.append((stored[0][0], stored[-1][0] + 1)) or real_blocks(self, stored))
+        got = []
+        for chunk in reader.get_chunks("contents", chunks):
+            got.append(chunk)
+            if len(got) == 2:  # a read of another space meanwhile: its block read by itself, nothing moved
+                assert reader.get_many("blobs", [blobs[0][1]]) == [blobs[0][2]]
+        assert got == [[d for _, _, d in in_order[at : at + 100]] for at in range(0, len(in_order), 100)]
+        assert by_reader == [0, last], "the first block and the other space's: every other one was read ahead"
+        asked = [b for a, z in ahead for b in range(a, z)]  # (a batch asked last may be dropped before it runs)
+        needed = {p.find(n).block for _, n, _ in its} - {0, last}
+        assert needed <= set(asked) and len(asked) == len(set(asked)), "each block read ahead once, in batches"
+        assert max(z - a for a, z in ahead) == PackSet.AHEAD_BLOCKS
+        assert reader.packs._batches == {} and reader.packs._ahead_readers == {}
+
+        # stopped after its first chunk: what was asked ahead is dropped
+        reader.packs._cache.clear()
+        early = reader.get_chunks("contents", chunks)
+        assert next(early) == got[0]
+        assert reader.packs._batches
+        early.close()
+        assert reader.packs._batches == {} and reader.packs._ahead_readers == {}
+
+        # one core, or AGENTSESSION_READ_AHEAD=0: nothing is read ahead (on one core a
+        # worker would only take turns with the reader)
+        for cores, said in ((1, ""), (2, "0")):
+            monkeypatch.setattr("agentsession_cas.format.parallel._cores", lambda cores=cores: cores)
+            monkeypatch.setenv("AGENTSESSION_READ_AHEAD", said)
+            reader.packs._cache.clear()
+            ahead.clear()
+            by_reader.clear()
+            assert list(reader.get_chunks("contents", chunks)) == got
+            assert ahead == [] and {p.find(n).block for _, n, _ in its} <= set(by_reader)  # each read by the reader
+    finally:
+        reader.close()
+
+
+def test_get_chunks_meets_a_damaged_block_as_get_many_does(root, objs, monkeypatch):
+    """A block that does not decompress is left out of the worker's batch (Pack.decompress_blocks
+    is best effort) and read by the reader, which meets the damage as get_many meets it;
+    the chunks before it are given whole, and the blocks after it read on."""
+    its = items(1500, size=3000)
+    objs.write_pack(its)
+    monkeypatch.setattr("agentsession_cas.format.parallel._cores", lambda: 2)
+    reader = other(root)
+    try:
+        p = reader.packs.locate(its[0][1])[0]
+        in_order = sorted(its, key=lambda o: tuple(p.find(o[1])))
+        offset, _, _ = p.block_info(5)
+        flip(idx_files(root)[0].with_suffix(".pack"), offset)  # its frame's magic
+        assert sorted(p.decompress_blocks(p.stored_blocks(3, 8))) == [3, 4, 6, 7]
+        before = [o for o in in_order if p.find(o[1]).block < 5]
+        bad = [o for o in in_order if p.find(o[1]).block == 5]
+        after = [o for o in in_order if p.find(o[1]).block > 5]
+        with pytest.raises((CorruptPackError, CorruptObjectError)) as plain:
+            reader.get_many("contents", [n for _, n, _ in bad])
+        reader.packs._cache.clear()
+        chunks = [[n for _, n, _ in before], [n for _, n, _ in bad], [n for _, n, _ in after]]
+        read = reader.get_chunks("contents", chunks)
+        assert next(read) == [d for _, _, d in before]
+        with pytest.raises(type(plain.value)) as ahead:
+            next(read)
+        assert str(ahead.value) == str(plain.value)
+        assert reader.packs._batches == {}
+        assert list(reader.get_chunks("contents", chunks[2:])) == [[d for _, _, d in after]]
+    finally:
+        reader.close()
+
+
+def test_get_chunks_of_a_backend_that_does_not_read_ahead():
+    """The ObjectStore default: get_many of each chunk, in order."""
+    from agentsession_cas.store.url import open_store
+
+    with open_store("memory:get-chunks", create=True) as store:
+        objects = store.objects
+        its = items(10)
+        for space, name, data in its:
+            objects.put(space, name, data)
+        chunks = [[its[3][1], its[1][1]], [], [its[9][1]]]
+        assert list(objects.get_chunks("contents", chunks)) == [[its[3][2], its[1][2]], [], [its[9][2]]]
 
 
 def test_pack_writer_buffer_counts_a_frame_as_the_block_it_came_from(tmp_path):
@@ -1299,11 +1416,27 @@ def test_stream_pack_writer_names_a_repeated_object_once_in_every_space_it_came(
     assert os.listdir(tmp_path / "tmp") == []
 
 
+def _written(w, objs, rng, most):
+    """``objs`` (space, bytes) added to pack writer ``w`` one by one (``rng`` None) or in
+    batches of 1 to ``most`` (add_many), and the pack finished: its index's path."""
+    at = 0
+    while at < len(objs):
+        if rng is None:
+            space, data = objs[at]
+            w.add(space, sha256_ref(data), data)
+            at += 1
+            continue
+        batch = objs[at : at + rng.randint(1, most)]
+        at += len(batch)
+        w.add_many([sha256_ref(d) for _, d in batch], bytes(SPACE_BITS[sp] for sp, _ in batch), [d for _, d in batch])
+    return Path(w.finish())
+
+
 def test_stream_pack_writer_takes_many_objects_as_it_takes_each(tmp_path):
-    """Objects handed over a batch at a time (an import's stage) make the pack, block for
-    block, that they make added one by one, and that a PackWriter makes of them: the same
-    bytes. Sizes around the block target (empty, exactly the target, past it) put cuts
-    before, after and inside batches."""
+    """Objects handed over a batch at a time (an import's stage, a checkpoint's pack) make
+    the pack, block for block, that they make added one by one, and that a PackWriter
+    makes of them: the same bytes. Sizes around the block target (empty, exactly the
+    target, past it) put cuts before, after and inside batches."""
     from agentsession_cas.backends.files.packs import BLOCK_TARGET, StreamPackWriter
 
     rng = random.Random(5)
@@ -1311,30 +1444,47 @@ def test_stream_pack_writer_takes_many_objects_as_it_takes_each(tmp_path):
     objs = [(rng.choice(("contents", "entries")), rng.randbytes(rng.choice(sizes))) for _ in range(400)]
     objs = list({d: (sp, d) for sp, d in objs}.values())  # no repeats: a PackWriter would index one once
     made = []
-    for way in ("reference", "each", "many", "many, on its thread"):
+    for way in ("reference", "each", "many", "many, on its thread", "many, PackWriter"):
         root = tmp_path / way
-        if way == "reference":
+        if way == "reference" or "PackWriter" in way:
             w = PackWriter(str(root / "pack"), str(root / "tmp"))
         else:
             w = StreamPackWriter(str(root / "pack"), str(root / "tmp"), threads=1 if "thread" in way else 0)
-        if way.startswith("many"):
-            at = 0
-            while at < len(objs):
-                batch = objs[at : at + rng.randint(1, 40)]
-                at += len(batch)
-                w.add_many([sha256_ref(d) for _, d in batch], bytes(SPACE_BITS[sp] for sp, _ in batch), [d for _, d in batch])
-        else:
-            for space, data in objs:
-                w.add(space, sha256_ref(data), data)
-        idx = Path(w.finish())
+        idx = _written(w, objs, rng if way.startswith("many") else None, 40)
         made.append((idx.with_suffix(".pack").read_bytes(), idx.read_bytes()))
-    assert made[0] == made[1] == made[2] == made[3]
-    w = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"))
+    assert made[0] == made[1] == made[2] == made[3] == made[4]
+    for writer in (StreamPackWriter, PackWriter):
+        w = writer(str(tmp_path / "pack"), str(tmp_path / "tmp"))
+        try:
+            with pytest.raises(StoreError):  # a name that is no SHA-256
+                w.add_many(["sha256:00"], b"\x02", [b"x"])
+        finally:
+            w.abort()
+
+
+@pytest.mark.parametrize("encode", [False, True])
+def test_pack_writer_takes_many_objects_with_repeats_as_it_takes_each(tmp_path, encode):
+    """A batch holding an object twice, or one added before (in another space too), makes
+    the pack that adding each makes: the object once, with every space it came in; and
+    so does a writer that encodes (which takes each one by one)."""
+    rng = random.Random(9)
+    datas = [rng.randbytes(rng.choice((0, 50, 5_000, 90_000))) for _ in range(60)]
+    objs = [(rng.choice(("contents", "entries")), rng.choice(datas)) for _ in range(150)]
+    made = []
+    for way in ("each", "many"):
+        root = tmp_path / f"{way}-{encode}"
+        w = PackWriter(str(root / "pack"), str(root / "tmp"), encode=encode)
+        idx = _written(w, objs, rng if way == "many" else None, 30)
+        made.append((idx.with_suffix(".pack").read_bytes(), idx.read_bytes()))
+    assert made[0] == made[1]
+    pack = Pack(str(idx))
     try:
-        with pytest.raises(StoreError):  # a name that is no SHA-256
-            w.add_many(["sha256:00"], b"\x02", [b"x"])
+        assert len(pack) == len({d for _, d in objs})
+        for space, data in objs:
+            loc = pack.find(sha256_ref(data))
+            assert loc is not None and loc.spaces & SPACE_BITS[space] and pack.read(loc) == data
     finally:
-        w.abort()
+        pack.close()
 
 
 def test_stream_pack_writers_thread_holds_few_blocks_and_its_failure_refuses_the_pack(tmp_path, monkeypatch):

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_rules import FILES
+from test_rules import FILES, S
 
 from agentsession_cas import Header, make_entry, read_session_bytes
-from agentsession_cas.errors import SessionFormatError
+from agentsession_cas.errors import AgentSessionError, SessionFormatError
 from agentsession_cas.format.canonical import canonical_bytes, loads
 from agentsession_cas.format.entry import Entry
 from agentsession_cas.format.rules import RULES, SessionChecker
@@ -499,3 +499,88 @@ def test_a_crash_while_the_state_is_written_leaves_the_old_one_or_none(tmp_path,
         os.remove(leftover)
     rebuilt = _append(root, expect_restored=False)
     assert _without_ids(restored) == _without_ids(rebuilt)
+
+
+#: What the import tests read: every session above and the project's fixtures (a fork among them).
+IMPORTED = dict(SESSIONS, **{f"fixture-{p.name}": p.read_bytes()
+                             for p in sorted((Path(__file__).resolve().parents[1] / "fixtures").glob("*.jsonl"))})
+
+
+@pytest.mark.parametrize(("name", "via"), [(n, v) for n in sorted(IMPORTED) for v in ("file", "bytes")] + [
+    (n, "file with the helper") for n in sorted(IMPORTED) if n.startswith(("generated-", "fixture-"))])
+def test_an_import_keeps_the_state_its_verify_pass_leaves_as_a_rebuilt_one_would_be(tmp_path, monkeypatch, name, via):
+    """An import (streamed from a file, on one process or two, or of bytes read whole) captures the rules' state
+    from its own verify pass (no second read of the session): that state is, member for member, the one a checker built from the
+    stored entries and stood at the head captures, or there is none (a pass that does
+    not stand at the head, a header the store completes)."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(IMPORTED[name])
+    if via == "file with the helper":  # the line rules in a second process (format/parallel.py)
+        monkeypatch.setenv("AGENTSESSION_VERIFY_PROCESSES", "2")
+    st = Store.init(str(tmp_path / "s"), sync="never")
+    try:
+        try:
+            s = st.import_bytes(IMPORTED[name]) if via == "bytes" else st.import_file(path)
+        except (SessionFormatError, AgentSessionError):
+            return  # a file verify or the store refuses: nothing kept (tests/test_import*.py)
+        kept = s._rule_state
+        s._checker = s._build_rules()
+        rebuilt = s._kept_rules()
+        if kept is not None:
+            assert kept == rebuilt
+        elif name.startswith("generated-") or name == "fixture-fork.jsonl":
+            pytest.fail("the import kept no rules' state")
+    finally:
+        st.close()
+
+
+def test_an_imported_session_ending_in_an_open_resume_run_keeps_no_note_of_the_files_end(tmp_path):
+    """A file that ends inside a resume run which has taken no call up is noted by verify
+    once the pass is over (``run-source-open``, at its end); a session stored from it is
+    not over, so the state its import keeps is the one a rebuilt checker keeps, without
+    that note (it would otherwise be counted as reported already)."""
+    s = S()
+    s.start("r1")
+    s.user()
+    s.say("resp_1")
+    s.response("resp_1")
+    s.end("r1")
+    s.start("r2", source="resume")
+    s.user("more")
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(s.bytes())
+    st = Store.init(str(tmp_path / "s"), sync="never")
+    try:
+        imported = st.import_file(path, record=True)
+        kept = imported._rule_state
+        assert kept is not None
+        imported._checker = imported._build_rules()
+        assert kept == imported._kept_rules()
+    finally:
+        st.close()
+
+
+def test_an_imported_session_appends_from_the_state_its_import_kept(tmp_path, monkeypatch):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(generate(400, 7)[0])
+    root = tmp_path / "s"
+    st = Store.init(str(root), sync="never")
+    sid = st.import_file(path, record=True).id
+    st.close()
+    assert (root / "sessions" / sid / "rules").is_file()
+    read: list[int] = []
+    real = Store.entries
+
+    def counted(self, ids):
+        read.append(len(ids))
+        return real(self, ids)
+
+    monkeypatch.setattr(Store, "entries", counted)
+    st = Store(str(root), sync="never")
+    try:
+        s = st.session(sid)
+        assert type(s.rules()) is RestoredChecker
+        assert s.append(ENTRY).outcome == "continued"
+    finally:
+        st.close()
+    assert sum(read) < 10, read  # no walk over the session's 400 entries

@@ -286,6 +286,13 @@ class ObjectStore(ABC):
         many objects for less than many reads (a pack's block at once) does so here."""
         return [self.get(space, name) for name in names]
 
+    def get_chunks(self, space: Space, chunks: Iterable[Sequence[str]]) -> Iterator[list[bytes]]:
+        """:meth:`get_many` of each chunk of names, in order, one at a time: for a reader
+        that works on a chunk's objects before it asks for the next (a listing). A
+        backend may then read ahead while the caller works."""
+        for names in chunks:
+            yield self.get_many(space, names)
+
     @abstractmethod
     def exists(self, space: Space, name: str) -> bool:
         """Whether the object store proper holds it (present, not verified; a log's

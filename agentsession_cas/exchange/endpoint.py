@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..backends.base import SPACES, Space
+from ..backends.base import SPACES, ObjectStore, Space
 from ..errors import (
     AgentSessionError,
     AppendRefusedError,
@@ -83,34 +83,93 @@ def _refuse(entry_id: str, why: str, rule: str | None = None) -> AppendRefusedEr
     return AppendRefusedError(f"entry {entry_id} refused: {why}", rule=rule, code=code, entry=entry_id)
 
 
-def _check_entry(
-    store: Store, entry_id: str, missing: dict[str, list[str]], *, keep: bool = False
-) -> _Checked | None:
-    """Read an entry's two objects from ``store`` and hold them to the line rules an
-    append holds an entry to (:func:`check_line`), every hash recomputed from the
-    parsed values (so the bytes are canonical I-JSON), and no ``synthetic`` label. A
-    missing or corrupt object is added to ``missing`` (None returned); anything else
-    wrong raises AppendRefusedError with the rule's code."""
+#: Entries whose objects an admission reads in one bulk read of each space.
+_CHUNK = 256
+_UNREADABLE = (NoSuchObjectError, CorruptObjectError, CorruptPackError)
+
+
+def _check_entries(
+    store: Store, entry_ids: Sequence[str], missing: dict[str, list[str]], *, keep: bool = False
+) -> Iterator[_Checked | None]:
+    """Read each entry's two objects from ``store`` and hold them to the line rules an
+    append holds an entry to (:func:`check_line`), every hash recomputed from the parsed
+    values (so the bytes are canonical I-JSON), and no ``synthetic`` label: in order, a
+    :class:`_Checked` each, or None for an entry with an object missing or corrupt (added
+    to ``missing``); anything else wrong raises AppendRefusedError with the rule's code,
+    when that entry's turn comes. The objects are read a chunk at a time by two bulk reads
+    (envelopes, then contents: :meth:`ObjectStore.get_many`), as a projection reads them;
+    a chunk one of whose objects does not read is read an object at a time, so that
+    ``missing`` names each one."""
+    objects = store.objects
+    for at in range(0, len(entry_ids), _CHUNK):
+        chunk = entry_ids[at : at + _CHUNK]
+        for entry_id in chunk:
+            if not is_hash(entry_id):
+                break
+        else:
+            try:
+                envs: list[bytes | None] = list(objects.get_many("entries", chunk))
+            except _UNREADABLE:
+                envs = [None] * len(chunk)
+            firsts = [_first_half(entry_id, env) if env is not None else None for entry_id, env in zip(chunk, envs)]
+            names = [f[1][2] for f in firsts if f is not None and f[0] is None]
+            try:
+                found = dict(zip(names, objects.get_many("contents", names)))
+            except _UNREADABLE:
+                found = {}
+            for entry_id, env, first in zip(chunk, envs, firsts):
+                if env is None or first is None:
+                    yield _check_one(objects, entry_id, missing, keep)
+                    continue
+                refusal, parsed = first
+                if refusal is not None:
+                    raise refusal
+                content = found.get(parsed[2])
+                yield _second_half(objects, entry_id, parsed, content, missing, keep)
+            continue
+        for entry_id in chunk:  # (an id that is none: refused in its turn)
+            yield _check_one(objects, entry_id, missing, keep)
+
+
+def _check_one(objects: ObjectStore, entry_id: str, missing: dict[str, list[str]], keep: bool) -> _Checked | None:
     if not is_hash(entry_id):
         raise AppendRefusedError(f"{entry_id!r} is not an entry id (sha256: and 64 lowercase hex digits)")
-    objects = store.objects
     try:
         env_bytes = objects.get("entries", entry_id)
-    except (NoSuchObjectError, CorruptObjectError, CorruptPackError):
+    except _UNREADABLE:
         missing["entries"].append(entry_id)
         return None
+    refusal, parsed = _first_half(entry_id, env_bytes)
+    if refusal is not None:
+        raise refusal
+    return _second_half(objects, entry_id, parsed, None, missing, keep)
+
+
+def _first_half(entry_id: str, env_bytes: bytes) -> tuple[AppendRefusedError | None, Any]:
+    """An envelope parsed and held to its form: (None, (envelope, careful, content hash)),
+    or (the refusal, None)."""
     try:
         env, env_careful = loads_flagged(env_bytes)
     except (ValueError, AgentSessionError) as exc:
-        raise _refuse(entry_id, f"its envelope is not I-JSON ({exc})") from None
+        return _refuse(entry_id, f"its envelope is not I-JSON ({exc})"), None
     if not isinstance(env, dict) or not set(env) <= _ENVELOPE_KEYS or not is_hash(env.get("content")):
-        raise _refuse(entry_id, "its envelope is not {content, parent, [parents], ts, type}")
-    chash = env["content"]
-    try:
-        content = objects.get("contents", chash)
-    except (NoSuchObjectError, CorruptObjectError, CorruptPackError):
-        missing["contents"].append(chash)
-        return None
+        return _refuse(entry_id, "its envelope is not {content, parent, [parents], ts, type}"), None
+    return None, (env, env_careful, env["content"])
+
+
+def _second_half(
+    objects: ObjectStore, entry_id: str, parsed: tuple[dict[str, Any], bool, str], content: bytes | None,
+    missing: dict[str, list[str]], keep: bool,
+) -> _Checked | None:
+    """The entry checked from its parsed envelope and its content's bytes (read here when
+    not given)."""
+    env, env_careful, chash = parsed
+    if content is None:
+        try:
+            content = objects.get("contents", chash)
+        except _UNREADABLE:
+            missing["contents"].append(chash)
+            return None
     try:
         body, careful = loads_flagged(content)
     except (ValueError, AgentSessionError) as exc:
@@ -197,6 +256,13 @@ class StoreEndpoint:
         self._written: set[str] = set()
 
     def close(self) -> None:
+        for s in self._parked.values():
+            try:
+                # Held again (when nothing wrote it meanwhile), so that its close keeps what
+                # a writer's close keeps: the summary ``list`` reads, the rules' state.
+                s.exchange_resume()
+            except (OSError, AgentSessionError):
+                pass
         for s in list(self._parked.values()) + list(self._snapshots.values()):
             try:
                 s.close()
@@ -305,7 +371,8 @@ class StoreEndpoint:
             if resumed:
                 try:
                     entries, head, mark = parked.exchange_view()
-                    return SessionView(session_id, dict(parked.header.data), mark, head, entries, list(parked.prefix))
+                    return SessionView(session_id, dict(parked.header.data), mark, head, list(entries),
+                                       list(parked.prefix))
                 finally:
                     self._release(parked)
             parked.close()
@@ -316,7 +383,7 @@ class StoreEndpoint:
             if old is not None:
                 old.close()
             self._snapshots[session_id] = s  # kept: it serves what its log holds
-        return SessionView(session_id, dict(s.header.data), mark, head, entries, list(s.prefix))
+        return SessionView(session_id, dict(s.header.data), mark, head, list(entries), list(s.prefix))
 
     def session_header(self, session_id: str) -> dict[str, Any] | None:
         """The header held under ``session_id`` (one small file read), or None."""
@@ -401,11 +468,13 @@ class StoreEndpoint:
         # Admission: every own entry this log lacks, checked as an append is.
         checked: list[_Checked] = []
         seen: set[str] = set()
+        todo: list[str] = []
         for entry_id in req.entries:
             if entry_id in own or entry_id in seen:
                 continue
             seen.add(entry_id)
-            c = _check_entry(store, entry_id, missing, keep=True)
+            todo.append(entry_id)
+        for c in _check_entries(store, todo, missing, keep=True):
             if c is not None:
                 checked.append(c)
         for c in prefix_checked + checked:
@@ -562,7 +631,7 @@ class StoreEndpoint:
             return []
         if not prefix or prefix[-1] != base:
             raise AppendRefusedError(f"the pushed prefix of session {header.id} does not end at its base {base}")
-        checked = [_check_entry(self.store, e, missing, keep=True) for e in prefix]
+        checked = list(_check_entries(self.store, prefix, missing, keep=True))
         if any(c is None for c in checked):
             return []  # reported as missing by the caller
         path: list[_Checked] = checked  # type: ignore[assignment]

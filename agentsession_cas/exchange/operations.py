@@ -28,7 +28,7 @@ decisions taken where the RFC is silent.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import field, replace
 from typing import Any
 
@@ -403,7 +403,8 @@ def _push(
     adm = None
     for complete in ([False, True] if delta else [True]):
         start = 0 if complete else state.pushed  # type: ignore[union-attr]
-        ids = (list(sess.prefix) if complete else []) + entries[start:]
+        sent = list(entries[start:])  # (the ids spelled here only: an increment's few)
+        ids = (list(sess.prefix) if complete else []) + sent
         closure = _closure(store, sess, ids)
         wanted: dict[str, list[str]] = {space: [] for space in SPACES}
         for space, name in closure.order:
@@ -414,7 +415,7 @@ def _push(
         result.bytes += b
         _fault("push:objects-sent")
         request = PushRequest(
-            header=header, prefix=list(sess.prefix) if complete else [], entries=entries[start:],
+            header=header, prefix=list(sess.prefix) if complete else [], entries=sent,
             to=head, expected=exp, force=force, mark="record" if handover else "mirror",
             refs=ref_pushes, complete=complete,
         )
@@ -498,7 +499,7 @@ def _on_own_line(sess: Session, ancestor: str | None, descendant: str | None) ->
 
 
 def _remember_push(
-    remembered: Remembered, session_id: str, ident: str, entries: list[str], adm: Admission, fresh: str | None
+    remembered: Remembered, session_id: str, ident: str, entries: Sequence[str], adm: Admission, fresh: str | None
 ) -> None:
     """After an acknowledged push: the remote holds all of this log, and its head is the
     one pushed, unless the push was refused; then the head believed before stays (what is

@@ -38,7 +38,7 @@ from typing import Any
 from ..errors import AgentSessionError, ContextError, Problem
 from ..lean import dataclass
 from .canonical import canonical_bytes
-from .entry import Entry, short_id
+from .entry import ENTRY_ID, Entry, short_id
 from .hashing import HASH_PREFIX, is_hash, sha256_ref
 
 __all__ = [
@@ -1108,11 +1108,18 @@ class ContextBuilder:
             return
         undos = self._undo[keep:]
         index = self.index
-        for entry, undo in zip(reversed(path[keep:]), reversed(undos), strict=True):
-            if undo[0] is None:
-                del index[entry.id]
-            else:
-                index[entry.id] = undo[0]
+        if len(path) - keep > keep:
+            # (more to take back than to keep, as a close standing at the head drops a long
+            # branch: the index made again of the entries kept, each id at its last place,
+            # as pushing them made it, in one step)
+            index.clear()
+            index.update(zip(map(ENTRY_ID, path[:keep]), range(keep)))
+        else:
+            for entry, undo in zip(reversed(path[keep:]), reversed(undos), strict=True):
+                if undo[0] is None:
+                    del index[entry.id]
+                else:
+                    index[entry.id] = undo[0]
         del path[keep:]
         del self._models[keep:]
         del self._undo[keep:]

@@ -10,6 +10,7 @@ preserves can change.
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
@@ -24,6 +25,7 @@ from .timestamps import check_ts, format_ts, now_ts
 
 __all__ = [
     "Entry",
+    "ENTRY_ID",
     "Header",
     "ParentRef",
     "FORMAT_WRITTEN",
@@ -452,3 +454,7 @@ def header_or_error(obj: Any, source: str) -> Header:
     if problems:
         raise SessionFormatError(source, problems)
     return header
+
+
+#: An entry's id, as a function (``map`` over a path: the ids of many entries in one step).
+ENTRY_ID: Callable[[Entry], str] = operator.attrgetter("id")

@@ -51,7 +51,7 @@ from ..lean import dataclass
 from .canonical import loads, loads_flagged
 from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
 from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, RequestReport, check_tip
-from .entry import LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
+from .entry import ENTRY_ID, LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
 from .links import derived_note, link_notes, own_entries, store_note
 from .normalise import check_normalised
@@ -632,6 +632,9 @@ class PathChecker:
         self.file_notes: list[Problem] = []
         self._seen: set[tuple[str, str]] = set()
         self._seen_log: list[tuple[str, str]] = []
+        #: How many of :attr:`_seen_log` came before :meth:`finish` (None until it ran):
+        #: what :meth:`finish` reports is the file's end, not a session's state.
+        self.seen_before_finish: int | None = None
         self._out: list[Problem] | None = None
         #: entry id -> (start, run id) of a resume run open there that has taken nothing up
         self._open: dict[str, tuple[Entry, str | None]] = {}
@@ -708,8 +711,12 @@ class PathChecker:
                 self._pop()
             return
         depth = self._depth
-        for e in path[keep:]:
-            del depth[e.id]
+        if len(path) - keep > keep and len(depth) == len(path):  # (a restored path maps its tip alone)
+            depth.clear()
+            depth.update(zip(map(ENTRY_ID, path[:keep]), range(keep)))
+        else:
+            for e in path[keep:]:
+                del depth[e.id]
         del path[keep:]
         self.walker.pop_to(keep)
         self.builder.pop_to(keep)
@@ -821,6 +828,8 @@ class PathChecker:
         :attr:`notes` and :attr:`file_notes`)."""
         out: list[Problem] = []
         self._out = out
+        if self.seen_before_finish is None:
+            self.seen_before_finish = len(self._seen_log)
         try:
             if self._open:
                 parents = {p for p in self._parent.values() if p is not None}

@@ -36,7 +36,7 @@ from typing import Any, Literal, get_args
 
 from ..errors import Problem
 from ..lean import dataclass
-from .entry import Entry, Header, short_id, shown_id
+from .entry import ENTRY_ID, Entry, Header, short_id, shown_id
 
 __all__ = [
     "CALL_STATES",
@@ -614,10 +614,16 @@ class RecordWalker:
         at = keep - len(self.path) + len(marks)  # (marks are the last entries': a path set whole has none)
         self._unwind(marks[at])
         del marks[at:]
-        on_path = self.on_path
-        for e in self.path[keep:]:
-            del on_path[e.id]
-        del self.path[keep:]
+        on_path, path = self.on_path, self.path
+        if on_path.__class__ is dict and len(path) - keep > keep:
+            # (more to drop than to keep, as a close standing at the head drops a long
+            # branch: the map made again of the entries kept, in one step)
+            on_path.clear()
+            on_path.update(zip(map(ENTRY_ID, path[:keep]), path[:keep]))
+        else:
+            for e in path[keep:]:
+                del on_path[e.id]
+        del path[keep:]
         del self.last_resp[keep:]
 
     def _unwind(self, mark: int) -> None:

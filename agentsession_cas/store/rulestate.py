@@ -28,16 +28,16 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..backends.digests import DigestTable
 from ..format.entry import Entry, Header
-from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial
+from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial, VerifyReport
 from ..format.runs import _Call, _Run
 
 __all__ = [
-    "NeedsRebuild", "RestoredChecker", "VERSION", "capture", "check_form", "fork_state", "header_key", "restore", "stand_at",
+    "NeedsRebuild", "RestoredChecker", "VERSION", "capture", "capture_pass", "check_form", "fork_state", "header_key", "restore", "stand_at",
     "usable",
 ]
 
@@ -467,8 +467,35 @@ def capture(
     own entries ``own``, in log order, with no trial open) that :func:`restore` needs, as
     a JSON object; None when there is nothing worth keeping (no own entry) or the
     checker does not stand for that log."""
-    path = checker.path
-    if checker._trials or not own or not path.path or len(path.order) != prefix + len(own) or path.order[-1] != own[-1]:
+    if checker._trials or not own:
+        return None
+    prefix_leaf_labels = [x for x in checker.tree.leaf_labels if x not in own_seq]
+    return _capture(checker.path, checker._links, prefix_leaf_labels, header, prefix, own, own_seq[own[-1]])
+
+
+def capture_pass(
+    report: VerifyReport, header: Header, prefix: Sequence[str], own: Sequence[str], leaf_labels: Collection[str]
+) -> dict[str, Any] | None:
+    """:func:`capture` of the checker an import's verify pass leaves (``report``
+    of the file whose entries are the session's ``prefix`` and ``own``, in log order, the
+    leaf labels among them ``leaf_labels``), so that an imported session's first append
+    need not build the rules from every entry. None unless the pass's path stands at the
+    last own entry under the very header the session gets (a file whose header a store
+    completes, or whose order the log does not keep, is left to be built: never guessed).
+    The appends of a session created whole are numbered from 1
+    (:class:`~agentsession_cas.backends.base.CreatedRecords`)."""
+    if not own or report.header.data != header.data or not report.ok:
+        return None
+    held = set(prefix)
+    prefix_leaf_labels = [x for x in leaf_labels if x in held]
+    return _capture(report._checker, report.links, prefix_leaf_labels, header, len(prefix), own, len(own))
+
+
+def _capture(
+    path: PathChecker, links: Sequence[Entry], prefix_leaf_labels: Iterable[str], header: Header, prefix: int,
+    own: Sequence[str], last_seq: int,
+) -> dict[str, Any] | None:
+    if not path.path or len(path.order) != prefix + len(own) or path.order[-1] != own[-1]:
         return None
     w = path.walker
     on_path = w.on_path
@@ -501,29 +528,30 @@ def capture(
                     "calls": [c.entry.id for c in run.calls], "nonempty": run.nonempty,
                     "out_or_decision": run.out_or_decision, "takeup": list(run.takeup) if run.takeup else None}
     seq = path.seq
+    # (a pass over a file has finished: what that reported is the file's end, not the session's)
+    finished = path.seen_before_finish
+    seen = path._seen if finished is None else path._seen_log[:finished]
     # The call ids as their keys in one string: a session's call ids are most of the state,
     # and as strings they cost an open and a close more than the rest of it (issue 11).
     first = w.first_call
     keys = first.kept.raw if isinstance(first, _FirstCall) else b""
     keys += b"".join([call_key(cid) for cid in dict.keys(first)])
-    tree = checker.tree
-    own_set = own_seq
     return {
         "version": VERSION,
         "header": header_key(header),
         "entries": len(own),
         "last": own[-1],
-        "last_seq": own_seq[own[-1]],
+        "last_seq": last_seq,
         "order": len(path.order),
         "tip": path.path[-1].id,
         "tip_at": seq[path.path[-1].id],
         "depth": len(path.path),
         "cut": dict(path._cut),
         "budget": path._budget,
-        "seen": sorted([eid, code] for eid, code in path._seen),
-        "prefix_leaf_labels": sorted(x for x in tree.leaf_labels if x not in own_set),
+        "seen": sorted([eid, code] for eid, code in seen),
+        "prefix_leaf_labels": sorted(prefix_leaf_labels),
         "links": [[e.id, e.get("rel") if isinstance(e.get("rel"), str) else None,
-                   e.get("call_id") if isinstance(e.get("call_id"), str) else None] for e in checker._links],
+                   e.get("call_id") if isinstance(e.get("call_id"), str) else None] for e in links],
         "calls_checked": w.calls_checked,
         "call_ids": base64.b64encode(keys).decode("ascii"),
         "stacks": stacks,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ..backends.base import Append, Mark, ObjectStore, Record, SessionLog
@@ -63,6 +64,8 @@ if TYPE_CHECKING:
 __all__ = ["AppendResult", "PreparedBatch", "ProjectionOutline", "Session", "entry_from_objects", "iter_up", "walk_up"]
 
 _DURABLE_ON_RESPONSES = frozenset({"response", "compaction", "branch_summary"})
+#: The entries a batch of one adds before its entry: none.
+_NOTHING_ADDED: Mapping[str, Append] = MappingProxyType({})
 _ENTRY_NAMING = ("target", "first_kept", "from", "queued_from")
 _NAMING = frozenset(_ENTRY_NAMING + ("parents",))
 
@@ -730,84 +733,96 @@ class Session:
         self, entries: Iterable[Entry | Mapping[str, Any]], durable: bool | None, checker: SessionChecker, trial: Trial
     ) -> PreparedBatch:
         state = self.state
-        own = state.own
         head = state.head
         added: dict[str, Append] = {}
         planned: list[_Planned] = []
         seq = state.max_seq
         successor = self.superseded_by
-        staged = self._staged
         for raw in entries:
-            e, content, env = self._hash(raw, head)
-            data = e.data
-            type_ = data.get("type")
-            eid = e.id
-            if type_ == "label" and data.get("synthetic") is not None:
-                raise AppendRefusedError(
-                    "a label carrying 'synthetic' is a projection's marker; a store refuses it",
-                    rule="synthetic", code="synthetic", entry=eid,
-                )
-            if eid in own or eid in added:
-                seq_of = own.get(eid) or added[eid].seq
-                res = AppendResult(eid, "no-op", head, durable=state.is_committed(eid), seq=seq_of)
-                planned.append(_Planned(e, content, env, res, None))
+            p = self._plan(raw, head, seq, added, successor, checker, durable)
+            planned.append(p)
+            record = p.record
+            if record is None:
                 continue
-            if successor is not None:
-                raise SupersededError(
-                    f"session {self.id} was continued in {successor} (a continued_in link): it takes no more appends; "
-                    f"append to {successor}, the end of its chain",
-                    session=self.id, successor=successor,
-                )
-            parent = data.get("parent")
-            if self._prefix is None and (parent == state.base or parent in own or parent in added):
-                # Below the base: never on the prefix above it (an id hashes its parent's, so no
-                # entry is an ancestor of its parent), and asked of no object by the rules either.
-                self._off_prefix = eid
-            elif self.on_prefix(eid):
-                raise AppendRefusedError(
-                    f"entry {eid} is {'the base' if eid == self.base else 'on the prefix above the base'}: "
-                    "an own entry hangs from the base or another own entry, and is not one of them",
-                    rule="base", code="base_rule", entry=eid,
-                )
-            # Every rule verify holds the session to, against the session as it stands
-            # and the batch so far: the one rule set (format/rules.py).
-            staged[eid] = e
-            problems = checker.add(e, prefix=False)
-            findings: list[Any] = []
-            notes: list[Any] = []
-            if problems:
-                refused = [p for p in problems if RULES[p.code].store == "refuse"]
-                if refused:
-                    raise _refusal(refused[0])
-                findings = [p for p in problems if RULES[p.code].store == "finding"]
-                notes = [p for p in problems if RULES[p.code].store == "note"]
-            outcome, new_head, note = "branched", head, None
-            is_leaf_label = type_ == "label" and data.get("label") == LEAF_LABEL
-            if is_leaf_label:
-                target = data.get("target")
-                if "target" in data and checker.tree.head_allowed(target):
-                    outcome, new_head = "head-moved", target
-                else:
-                    outcome = "head-not-moved"
-                    note = f"label target {target} may not hold the head (not the base or an own entry, or a leaf label)"
-            elif data.get("parent") == head:
-                outcome, new_head = "continued", eid
-            seq += 1
-            moved = new_head != head or outcome in ("continued", "head-moved")
-            durable_now = self._durable_for(e, durable)
-            record = Append(
-                seq, eid, new_head, head_moved=moved, leaf_label=is_leaf_label, lazy=not durable_now,
-                objects=(e.content_hash, content, env),
-            )
-            res = AppendResult(eid, outcome, new_head, durable_now, seq, self._unresolved(e, added), note, findings, notes)
-            planned.append(_Planned(e, content, env, res, record))
-            added[eid] = record
-            head = new_head
-            if type_ == "link" and data.get("rel") == REL_CONTINUED_IN and isinstance(data.get("session"), str):
-                successor = data.get("session")  # the rest of the batch is refused, as after its commit
+            added[record.entry] = record
+            head, seq = record.head, record.seq
+            # the rest of the batch is refused after a continued_in link, as after its commit
+            successor = _continued_in(p.entry.data) or successor
         batch = PreparedBatch(self, planned, head, trial)
         self._pending = batch
         return batch
+
+    def _plan(
+        self, raw: Entry | Mapping[str, Any], head: str | None, seq: int, added: Mapping[str, Append],
+        successor: str | None, checker: SessionChecker, durable: bool | None,
+    ) -> _Planned:
+        """One entry hashed and held to every rule, against the session as it stands, the
+        entries ``added`` before it in its batch, the head ``head`` and the last sequence
+        number ``seq`` they leave, and ``successor`` (the session a continued_in link
+        names): what its append will do, or a refusal raised. It is added to ``checker``."""
+        e, content, env = self._hash(raw, head)
+        data = e.data
+        type_ = data.get("type")
+        eid = e.id
+        if type_ == "label" and data.get("synthetic") is not None:
+            raise AppendRefusedError(
+                "a label carrying 'synthetic' is a projection's marker; a store refuses it",
+                rule="synthetic", code="synthetic", entry=eid,
+            )
+        state = self.state
+        own = state.own
+        if eid in own or eid in added:
+            seq_of = own.get(eid) or added[eid].seq
+            return _Planned(e, content, env, AppendResult(eid, "no-op", head, durable=state.is_committed(eid), seq=seq_of), None)
+        if successor is not None:
+            raise SupersededError(
+                f"session {self.id} was continued in {successor} (a continued_in link): it takes no more appends; "
+                f"append to {successor}, the end of its chain",
+                session=self.id, successor=successor,
+            )
+        parent = data.get("parent")
+        if self._prefix is None and (parent == state.base or parent in own or parent in added):
+            # Below the base: never on the prefix above it (an id hashes its parent's, so no
+            # entry is an ancestor of its parent), and asked of no object by the rules either.
+            self._off_prefix = eid
+        elif self.on_prefix(eid):
+            raise AppendRefusedError(
+                f"entry {eid} is {'the base' if eid == self.base else 'on the prefix above the base'}: "
+                "an own entry hangs from the base or another own entry, and is not one of them",
+                rule="base", code="base_rule", entry=eid,
+            )
+        # Every rule verify holds the session to, against the session as it stands
+        # and the batch so far: the one rule set (format/rules.py).
+        self._staged[eid] = e
+        problems = checker.add(e, prefix=False)
+        findings: list[Any] = []
+        notes: list[Any] = []
+        if problems:
+            refused = [p for p in problems if RULES[p.code].store == "refuse"]
+            if refused:
+                raise _refusal(refused[0])
+            findings = [p for p in problems if RULES[p.code].store == "finding"]
+            notes = [p for p in problems if RULES[p.code].store == "note"]
+        outcome, new_head, note = "branched", head, None
+        is_leaf_label = type_ == "label" and data.get("label") == LEAF_LABEL
+        if is_leaf_label:
+            target = data.get("target")
+            if "target" in data and checker.tree.head_allowed(target):
+                outcome, new_head = "head-moved", target
+            else:
+                outcome = "head-not-moved"
+                note = f"label target {target} may not hold the head (not the base or an own entry, or a leaf label)"
+        elif parent == head:
+            outcome, new_head = "continued", eid
+        seq += 1
+        moved = new_head != head or outcome in ("continued", "head-moved")
+        durable_now = self._durable_for(e, durable)
+        record = Append(
+            seq, eid, new_head, head_moved=moved, leaf_label=is_leaf_label, lazy=not durable_now,
+            objects=(e.content_hash, content, env),
+        )
+        res = AppendResult(eid, outcome, new_head, durable_now, seq, self._unresolved(e, added), note, findings, notes)
+        return _Planned(e, content, env, res, record)
 
     def discard_prepared(self) -> None:
         """Drop a batch prepared and not committed (another write comes first)."""
@@ -837,10 +852,9 @@ class Session:
 
     def _commit_checked(self, batch: PreparedBatch, durable: bool | None) -> None:
         """Write a batch that is the session's pending one, the session writable (what
-        :meth:`_commit_batch` checks; :meth:`append` commits what it just prepared)."""
-        records = [p.record for p in batch.planned if p.record is not None]
+        :meth:`_commit_batch` checks)."""
         try:
-            self._write_batch(batch, records, durable)
+            self._write_planned(batch.planned, durable)
         except BaseException:
             batch.done = True
             self._pending = None
@@ -848,8 +862,11 @@ class Session:
             raise
         batch.done = True
         self._pending = None
+        self._checker_commit(batch._mark)
+
+    def _checker_commit(self, trial: Trial) -> None:
         if self._checker is not None:
-            self._checker.commit(batch._mark)
+            self._checker.commit(trial)
         self._staged.clear()
 
     def _checker_rollback(self, trial: Trial) -> None:
@@ -857,7 +874,11 @@ class Session:
             self._checker.rollback(trial)
         self._staged.clear()
 
-    def _write_batch(self, batch: PreparedBatch, records: list[Append], durable: bool | None) -> None:
+    def _write_planned(self, planned: Sequence[_Planned], durable: bool | None) -> None:
+        """Write the append records of ``planned`` (one write of the log), committed when
+        ``durable`` says so or, when it is None, when any of them asks to be; then take
+        them into the session's state."""
+        records = [p.record for p in planned if p.record is not None]
         if not records:
             return
         if durable is None:
@@ -871,7 +892,7 @@ class Session:
         if commit:
             for r in records:
                 r.lazy = False
-            for p in batch.planned:
+            for p in planned:
                 if p.record is not None:
                     p.result.durable = True
         self._raise_format()
@@ -879,7 +900,7 @@ class Session:
         state = self.state
         own, log_order = state.own, state.log_order
         hashes = self._context_hashes
-        for p in batch.planned:
+        for p in planned:
             if p.record is None:
                 continue
             r = p.record
@@ -893,15 +914,15 @@ class Session:
             if hashes is not None:
                 hashes.feed(p.entry)
             self._summarize(p.entry)
-            data = p.entry.data
-            if data.get("type") == "link" and data.get("rel") == REL_CONTINUED_IN and isinstance(data.get("session"), str):
-                self._successor, self._successor_known = data.get("session"), True
+            successor = _continued_in(p.entry.data)
+            if successor is not None:
+                self._successor, self._successor_known = successor, True
             if b"sidecar:" in p.content:  # (the common case names no blob: no call)
                 p.result.unresolved.extend(self._hold_blobs(p.content))
         if commit:
             state.committed_seq = state.max_seq
         if note is not None:
-            batch.planned[-1].result.note = note
+            planned[-1].result.note = note
 
     def append(self, entry: Entry | Mapping[str, Any], *, durable: bool | None = None) -> AppendResult:
         """Append one entry (RFC 0002 "Append"); see :class:`AppendResult` for what it reports.
@@ -909,9 +930,22 @@ class Session:
         ``parent`` defaults to the head and ``ts`` to now. ``durable`` overrides
         the store's sync policy for this append.
         """
-        batch = self.prepare([entry], durable=durable)
-        self._commit_checked(batch, None)  # (prepare checked the session; nothing ran since)
-        return batch.planned[0].result
+        # prepare and commit of a batch of one, without the batch: its entry planned
+        # as prepare plans each, written as commit writes a batch's
+        self._check_writable("appends")
+        if self._pending is not None:
+            self._drop_pending()
+        checker = self.rules()
+        trial = checker.begin()
+        try:
+            state = self.state
+            p = self._plan(entry, state.head, state.max_seq, _NOTHING_ADDED, self.superseded_by, checker, durable)
+            self._write_planned((p,), None)
+        except BaseException:
+            self._checker_rollback(trial)
+            raise
+        self._checker_commit(trial)
+        return p.result
 
     def _unresolved(self, e: Entry, added: Mapping[str, Any]) -> list[str]:
         """References RFC 0002 lets a store report and not refuse: ones it cannot resolve
@@ -1043,18 +1077,20 @@ class Session:
     # checks the record mark: they are how a mirror takes entries, head moves and marks
     # "only through exchange" (RFC 0002).
 
-    def exchange_view(self) -> tuple[list[str], str | None, Mark]:
+    def exchange_view(self) -> tuple[Sequence[str], str | None, Mark]:
         """(own entries in log order, head, mark) as last committed: what this session may
         serve to another store. A session open for writing is committed first, so that is
         all of it; a snapshot serves its log only through the last commit, since another
-        process's working state is not the session's to serve yet."""
+        process's working state is not the session's to serve yet. The entries are a copy
+        of the state's order that spells an id only when asked (an incremental push reads
+        its length and its last few, not the 100,000 ids of a long session)."""
         if self.writable and not self._closed:
             self.commit()
-            return list(self.log_order), self.head, self.mark
+            return self.state.log_order.copy(), self.head, self.mark
         if self._records is None or self.state.committed_seq >= self.state.max_seq:
-            return list(self.log_order), self.head, self.mark
+            return self.state.log_order.copy(), self.head, self.mark
         view = committed_view(self._records)
-        return list(view.log_order), view.head, view.mark
+        return view.log_order, view.head, view.mark
 
     def exchange_objects(self, entry_id: str) -> tuple[str, bytes, bytes]:
         """(content hash, content bytes, envelope bytes) of an entry this session holds or
@@ -1222,6 +1258,15 @@ def _rules_check_line() -> Callable[..., Any]:
     return _CHECK_LINE[0]
 
 
+def _continued_in(data: Mapping[str, Any]) -> str | None:
+    """The session a ``continued_in`` link entry's members name, or None (any other entry)."""
+    if data.get("type") == "link" and data.get("rel") == REL_CONTINUED_IN:
+        session = data.get("session")
+        if isinstance(session, str):
+            return session
+    return None
+
+
 def _refusal(p: Problem) -> AppendRefusedError:
     """The refusal of an entry that breaks a rule: the rule's own words and code, and the
     protocol's code for the refusal (``bad_entry``, ``base_rule``, ``no_entry``, ...)."""
@@ -1344,8 +1389,15 @@ class _ProjectionWalk:
         get_many = objects.get_many
         head = session.head
         stubs = self.stubs
-        for chunk in self._id_chunks():
-            raw = get_many("entries", chunk)
+        chunks: list[Sequence[str]] = []  # asked for, not yet taken
+
+        def asked() -> Iterator[Sequence[str]]:
+            for chunk in self._id_chunks():
+                chunks.append(chunk)
+                yield chunk
+
+        for raw in objects.get_chunks("entries", asked()):
+            chunk = chunks.pop(0)
             members: list[tuple[str, str, Any, str]] | None = common_envelopes(raw)
             parents: dict[int, Any] = {}
             if members is None:

@@ -737,6 +737,7 @@ class Store:
         self, path: str | PathLike[str], first: Header, spill: ObjectStage, record: bool, progress: Progress | None
     ) -> Session:
         from ..format.reader import verify_file
+        from . import rulestate
 
         taken = _TakenImport(spill, self._defaulted_header(first))
         # A stage that takes pack blocks made ready lets the helper process compress the
@@ -750,10 +751,6 @@ class Store:
         if report.header.data != first.data:
             raise StoreError(f"{source}: the file changed while it was imported (its header is not the one first read)")
         spill.end()  # (the file backend's pack is ended and made durable beside what follows)
-        # The pass's state (the checker's path and tables) is not needed any more: freed
-        # (it holds no cycle, which a paused collector would keep) before the session is
-        # written, so the import's peak is not the two together.
-        del report
         header = self._checked_new_header(taken.header)
         base = header.base
         if base is not None:
@@ -765,11 +762,20 @@ class Store:
             if taken.base_is_leaf_label:
                 raise BadBaseError(f"{source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
             self._check_holder_media(base, header)
+        # The rules' state the pass leaves, kept for the session's first append (else
+        # built then from every entry: seconds for a big session) if it stands at the head.
+        rules = rulestate.capture_pass(report, header, taken.prefix, taken.own_ids(), taken.leaf_labels)
+        # The pass's state (the checker's path and tables) is not needed any more: freed
+        # (it holds no cycle, which a paused collector would keep) before the session is
+        # written, so the import's peak is not the two together.
+        del report
         # Where an own entry may hang (the base or another own entry) is the format's
         # tree rule ("base"), which verify_file held every line to above.
         own = taken.own()
         leaf = _resume_leaf(taken.stubs(), base, taken.above_base)
         head = self._import_head(leaf, base, own, taken.entry)
+        if rules is not None and head != own[-1]:
+            rules = None
         if header.media == "sidecar":
             self._import_blobs(taken.sidecars, source, sidecar_dir(path, str(header.id)))
         # What the head rule read (every entry's id and parent) is not needed to write the
@@ -779,6 +785,8 @@ class Store:
         session = self._create(header, own=own, leaf_labels=taken.leaf_labels, head=head, record=record, objects=spill)
         session._builder = taken.summary
         session.prefix = taken.prefix
+        if rules is not None:
+            session.start_rules(rules)
         return session
 
     def import_bytes(
@@ -809,6 +817,7 @@ class Store:
 
     def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> Session:
         from ..format.rules import verify_session
+        from . import rulestate
 
         self._require_writable()
         if sf.problems or sf.truncated is not None:
@@ -819,7 +828,8 @@ class Store:
         # refused here with the same codes. A request_hash that does not match is
         # refused too (unlike at append, nothing is lost: the file stays as it is); a
         # header alone is a session to hold, though verify has nothing to check in it.
-        problems = [p for p in verify_session(sf).problems if p.code != "empty"]
+        report = verify_session(sf)
+        problems = [p for p in report.problems if p.code != "empty"]
         if problems:
             raise SessionFormatError(sf.source, problems)
         header = sf.header
@@ -861,11 +871,17 @@ class Store:
             for e in sf.entries:
                 names.extend(sidecar_names(canonical_bytes(e.body, parsed=True)))
             self._import_blobs(names, sf.source, sidecar_dir)
-        session = self._create(header, own=[e.id for e in own], leaf_labels={e.id for e in own if e.is_leaf_label},
-                               head=head, record=record, objects=_objects_of(prefix + own))
+        ids = [e.id for e in own]
+        leaf_labels = {e.id for e in own if e.is_leaf_label}
+        session = self._create(header, own=ids, leaf_labels=leaf_labels, head=head, record=record,
+                               objects=_objects_of(prefix + own))
         for e in own:
             session._summarize_created(e)
         session.prefix = [e.id for e in prefix]
+        if ids and head == ids[-1]:  # the pass's state, as a streamed import keeps it
+            rules = rulestate.capture_pass(report, header, session.prefix, ids, {e.id for e in kept if e.is_leaf_label})
+            if rules is not None:
+                session.start_rules(rules)
         return session
 
     def _check_holder_media(self, base: str, header: Header) -> None:
@@ -965,13 +981,17 @@ class _TakenImport:
             return []
         return self.ids[: self.own_from - 1] if self.own_from > 0 else list(self.ids)
 
-    def own(self) -> EntryDigests:
-        """The own entries' ids (those after the base that are entries of record), as digests."""
+    def own_ids(self) -> list[str]:
+        """The own entries' ids (those after the base that are entries of record)."""
         own = self.ids[max(self.own_from, 0) :] if self.own_from >= 0 else []
         if self.skipped:
             own = [eid for eid in own if eid not in self.skipped]
+        return own
+
+    def own(self) -> EntryDigests:
+        """:meth:`own_ids` as digests."""
         # (computed ids, every one: a line whose stated id differs was skipped)
-        return EntryDigests(bytes.fromhex("".join(own).replace(HASH_PREFIX, "")))
+        return EntryDigests(bytes.fromhex("".join(self.own_ids()).replace(HASH_PREFIX, "")))
 
     def entry(self, entry_id: str) -> tuple[str | None, bool]:
         """An entry's parent and whether it is a leaf label (what the head rule walks up by):

@@ -134,38 +134,45 @@ def listing_entries(session: Session, outline: ProjectionOutline, positions: Ite
     """The entries at ``positions`` (ascending) of the projection ``outline`` (made by
     ``session.projection_outline()``), each with its position: what ``show`` lists and
     the context reads. The outline read the envelopes; here only the contents are read,
-    in bulk (each verified against its name; a damaged one is refused as any read
-    refuses it), each parsed once (:func:`~agentsession_cas.format.hashing.line_members`),
+    in bulk, a chunk at a time (:meth:`~agentsession_cas.backends.base.ObjectStore.get_chunks`:
+    a file store decompresses the next blocks while the caller works on a chunk; each
+    object verified against its name, a damaged one refused as any read refuses it),
+    each parsed once (:func:`~agentsession_cas.format.hashing.line_members`),
     so every object of the session is read once. Each entry holds its content's members,
     its ``id``, ``parent`` and ``type``; not ``ts`` nor ``parents``, which the outline does
     not keep (no listing prints them). The synthetic marker is the outline's own."""
-    get_many = session.store.objects.get_many
     ids, types, content = outline.ids, outline.types, outline.content
     parent_at, absent = outline.parent_at, outline.absent
+    marker_at = len(ids) - 1 if outline.marker is not None else -1
+    chunks: list[tuple[list[int], list[str]]] = []  # (positions, contents) asked for, not yet taken
+    marked: list[int] = []
 
-    def read(chunk: list[int]) -> Iterator[tuple[int, Entry]]:
-        names = [content(p) for p in chunk]
-        for at, name, body in zip(chunk, names, get_many("contents", names)):
+    def names() -> Iterator[list[str]]:
+        chunk: list[int] = []
+        for pos in positions:
+            if pos == marker_at:  # the last: no store holds it
+                marked.append(pos)
+                break
+            chunk.append(pos)
+            if len(chunk) == LISTING_CHUNK:
+                chunks.append((chunk, [content(p) for p in chunk]))
+                yield chunks[-1][1]
+                chunk = []
+        if chunk:
+            chunks.append((chunk, [content(p) for p in chunk]))
+            yield chunks[-1][1]
+
+    for bodies in session.store.objects.get_chunks("contents", names()):
+        at_chunk, named = chunks.pop(0)
+        for at, name, body in zip(at_chunk, named, bodies):
             up = parent_at[at]
             env = {"parent": ids[up] if up >= 0 else absent.get(at), "type": types[at]}
             data, careful, item = line_members(ids[at], env, body)
             entry = Entry(data, computed_id=ids[at], content_hash=name)
             entry.careful, entry.item_bytes = careful, item
             yield at, entry
-
-    marker_at = len(ids) - 1 if outline.marker is not None else -1
-    chunk: list[int] = []
-    for pos in positions:
-        if pos == marker_at:  # the last: no store holds it
-            yield from read(chunk)
-            chunk = []
-            yield pos, outline.marker  # type: ignore[misc]
-            continue
-        chunk.append(pos)
-        if len(chunk) == LISTING_CHUNK:
-            yield from read(chunk)
-            chunk = []
-    yield from read(chunk)
+    if marked:
+        yield marker_at, outline.marker  # type: ignore[misc]
 
 
 # ---------------------------------------------------------------------------

@@ -22,7 +22,10 @@ the line rules to a helper process (``format/parallel.py``), whose CPU time adds
 command's (the launcher's ``RUSAGE_CHILDREN`` counts both, and takes the larger peak),
 so the CPU ratio, also printed, measures the work done, which that split grows by about
 the parse the helper repeats. ``--one-process`` times verify and import a second time
-with ``AGENTSESSION_VERIFY_PROCESSES=1``, in the same run, for the comparison. Each is printed
+with ``AGENTSESSION_VERIFY_PROCESSES=1``, in the same run, for the comparison; ``--one-thread``
+times show a second time with ``AGENTSESSION_READ_AHEAD=0`` (its blocks decompressed on its
+own thread, not ahead on a worker's: the same CPU time, in more wall time when a core is
+free, in less when none is). Each is printed
 beside its figure with ``MET`` or ``NOT MET``; the exit status is 0 whatever is met,
 1 when the session does not verify or an export differs from the file, 2 on bad arguments.
 
@@ -140,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                          "machine, a full-size run of only what is being worked on")
     ap.add_argument("--one-process", action="store_true",
                     help="also time verify and import with AGENTSESSION_VERIFY_PROCESSES=1 (no helper process)")
+    ap.add_argument("--one-thread", action="store_true",
+                    help="also time show with AGENTSESSION_READ_AHEAD=0 (no read-ahead thread)")
     args = ap.parse_args(argv)
     only = [name.strip() for name in args.only.split(",") if name.strip()]
     if not only or any(name not in COMMANDS for name in only):
@@ -184,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(stores, ignore_errors=True)
             subprocess.run([exe, "--store", stores, "init"], check=True, stdout=subprocess.DEVNULL)
 
-        verify = imp = export = show = verify1 = imp1 = None
+        verify = imp = export = show = verify1 = imp1 = show1 = None
         one = {**_ENV, "AGENTSESSION_VERIFY_PROCESSES": "1"}
         if "verify" in only:
             verify = best([exe, "verify", path], repeat)
@@ -216,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             export = best([exe, "--store", stores, "export", SESSION_ID], repeat)
         if "show" in only:
             show = best([exe, "--store", stores, "show", SESSION_ID], repeat)
+            if args.one_thread:
+                show1 = best([exe, "--store", stores, "show", SESSION_ID], repeat,
+                             env={**_ENV, "AGENTSESSION_READ_AHEAD": "0"})
 
         print(f"\nthrough {exe}, best of {repeat} (peak memory: the largest of the runs; the file is {size_mb:.1f} MB)")
         results: list[tuple[str, bool]] = []
@@ -249,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             row("import/1p", imp1, base_s, "bare parse", TARGET_IMPORT)
         if show is not None and export is not None:
             row("show", show, export[0], "export", TARGET_SHOW)
+        if show1 is not None and export is not None:
+            row("show/1t", show1, export[0], "export", TARGET_SHOW)
         if export is not None:
             print(f"  export's bytes {'are' if same else 'DIFFER from'} the imported file's")
         print("\nSUMMARY")

@@ -11,6 +11,10 @@ deterministic coding-agent session of ``bench_verify.py``:
   made durable);
 * **append**: ``agentsession append`` of one entry to that session, against the same
   append to a 1-entry session (target <= 1.3x, peak memory <= 60 MB);
+* **first append after an import**: the same append to the session just imported from
+  the file (imported afresh before each run, so no writer's close came between), against
+  the first append after importing a 1-entry file (same targets: an import keeps the
+  rules' state its verify pass leaves);
 * **list**: ``agentsession list`` of a store of 1,000 sessions holding the same number
   of entries in all, against a store of 10 (target <= 1.5x, and under 0.5 s).
 
@@ -128,6 +132,31 @@ def main(argv: list[str] | None = None) -> int:
         mb = a_big[2] / 1e6
         print(f"\nappend one entry: 1-entry session {a_small[0] * 1000:8.1f} ms, {count:,}-entry session "
               f"{a_big[0] * 1000:8.1f} ms = {ar:5.2f}x (target <= {TARGET_APPEND}x: {verdict(ar <= TARGET_APPEND)}); "
+              f"peak {mb:.0f} MB (target <= {TARGET_APPEND_MB} MB: {verdict(mb <= TARGET_APPEND_MB)})")
+
+        # -- the first append after an import (no writer's close before it): the big file
+        # imported afresh before each run, against a 1-entry file so imported
+        def first_after_import(name: str, lines: bytes) -> tuple[float, int, int, float]:
+            path, store = os.path.join(tmp, f"{name}.jsonl"), os.path.join(tmp, f"imported-{name}")
+            with open(path, "wb") as f:
+                f.write(lines)
+
+            def imported() -> None:
+                shutil.rmtree(store, ignore_errors=True)
+                st = Store.init(store, sync="never")
+                st.import_file(path, record=True).close()
+                st.close()
+
+            sid = str(sf.header.id)
+            return best(["sh", "-c", f"printf '%s' '{ENTRY}' | {exe} --store {store} append {sid}"], repeat, before=imported)
+
+        i_small = first_after_import("one", data.split(b"\n", 2)[0] + b"\n" + data.split(b"\n", 2)[1] + b"\n")
+        i_big = first_after_import("all", data)
+        failed |= i_small[1] != 0 or i_big[1] != 0
+        ir = i_big[0] / i_small[0]
+        mb = i_big[2] / 1e6
+        print(f"first append after an import: of 1 entry {i_small[0] * 1000:8.1f} ms, of {count:,} "
+              f"{i_big[0] * 1000:8.1f} ms = {ir:5.2f}x (target <= {TARGET_APPEND}x: {verdict(ir <= TARGET_APPEND)}); "
               f"peak {mb:.0f} MB (target <= {TARGET_APPEND_MB} MB: {verdict(mb <= TARGET_APPEND_MB)})")
 
         # -- list: 1,000 sessions against 10, the same entries in all

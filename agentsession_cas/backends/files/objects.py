@@ -74,6 +74,9 @@ _T = TypeVar("_T")
 
 #: From this many objects on, a batch is written as one pack instead of loose files.
 PACK_BATCH = 64
+#: Objects :meth:`FileObjects.write_pack` hands its pack writer at once (a checkpoint's
+#: 2,048 in one step; an import's stream a bounded piece at a time).
+_ADD_CHUNK = 4096
 #: Pack size tiers start here and grow by MERGE_FANIN; that many packs in one
 #: tier are merged into one.
 TIER_BASE = 1 << 20
@@ -112,6 +115,10 @@ def _freshen(path: str) -> bool:
         return False  # gone, or not to be touched: the caller writes the object again
     return True
 
+
+#: ``AGENTSESSION_READ_AHEAD=0``: no block is decompressed ahead on a worker thread
+#: (:meth:`FileObjects.get_chunks`): the same reads on the reader's thread alone.
+READ_AHEAD_ENV = "AGENTSESSION_READ_AHEAD"
 
 #: A loose object bigger than this is hashed in chunks before it is read whole.
 HASH_FIRST = 64 << 20
@@ -203,6 +210,20 @@ class FileObjects(ObjectStore):
         if None in got:
             return [data if data is not None else self.get(space, name) for name, data in zip(names, got)]
         return got  # type: ignore[return-value]  # no None in it
+
+    def get_chunks(self, space: str, chunks: Iterable[Sequence[str]]) -> Iterator[list[bytes]]:
+        """:meth:`get_many` of each chunk, with the packs' blocks after the one each read
+        comes to decompressed on a worker thread meanwhile (:meth:`PackSet.reading_ahead`),
+        when this process may run on two cores or more and :data:`READ_AHEAD_ENV` is not
+        ``0``: a listing formats one chunk while the next ones' blocks are decompressed."""
+        from ...format.parallel import _cores  # (the one place that counts them)
+
+        if space not in SPACE_BITS or _cores() < 2 or os.environ.get(READ_AHEAD_ENV, "").strip() == "0":
+            yield from (self.get_many(space, names) for names in chunks)
+            return
+        with self.packs.reading_ahead(SPACE_BITS[space]):
+            for names in chunks:
+                yield self.get_many(space, names)
 
     def register(self, log: Any) -> None:
         """A log now holds objects not yet written here: serve them from it (while the
@@ -678,18 +699,28 @@ class FileObjects(ObjectStore):
         big: list[tuple[str, str, bytes]] = []
         try:
             fresh: dict[str, bool] = {}  # pack path -> freshened (False: gone meanwhile)
-            for space, name, data in items:
-                if len(data) > MAX_PACKED:
-                    big.append((space, name, data))
-                    continue
-                found = self._packed_sound(space, name) if dedup else None
-                if found is not None:
-                    there = fresh.get(found[0].path)
-                    if there is None:
-                        there = fresh[found[0].path] = _freshen(found[0].path)
-                    if there:
-                        continue  # else swept away meanwhile: written again here
-                writer.add(space, name, data)
+            source = iter(items)
+            # A chunk at a time, handed to the writer at once (PackWriter.add_many): a
+            # checkpoint's pack, written beside appends, so takes a few steps an object.
+            while chunk := list(itertools.islice(source, _ADD_CHUNK)):
+                kept = chunk
+                if dedup or max([len(data) for _, _, data in chunk]) > MAX_PACKED:
+                    kept = []
+                    for space, name, data in chunk:
+                        if len(data) > MAX_PACKED:
+                            big.append((space, name, data))
+                            continue
+                        found = self._packed_sound(space, name) if dedup else None
+                        if found is not None:
+                            there = fresh.get(found[0].path)
+                            if there is None:
+                                there = fresh[found[0].path] = _freshen(found[0].path)
+                            if there:
+                                continue  # else swept away meanwhile: written again here
+                        kept.append((space, name, data))
+                if kept:
+                    writer.add_many([name for _, name, _ in kept], bytes([SPACE_BITS[space] for space, _, _ in kept]),
+                                    [data for _, _, data in kept])
             if not len(writer):
                 writer.abort()
                 idx = None

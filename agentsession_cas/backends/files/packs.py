@@ -59,7 +59,9 @@ from __future__ import annotations
 import array
 import base64
 import binascii
+import contextlib
 import errno
+import functools
 import hashlib
 import itertools
 import mmap
@@ -74,7 +76,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import blake3
 import zstandard
@@ -83,6 +85,9 @@ from ...errors import CorruptPackError, StoreError
 from ...format.hashing import FAST_ENVELOPE
 from ...fsutil import fsync_dir, write_all
 from ..base import ReadyBlock
+
+if TYPE_CHECKING:  # loaded when a read first reads ahead: a command that does not, does not load it
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 __all__ = [
     "pack_file_sound",
@@ -142,6 +147,16 @@ _UNCUT = -1 << 3
 
 def _raw(name: str) -> bytes:
     return bytes.fromhex(name[7:])
+
+
+def _raw_names(names: Sequence[str], spaces: bytes, datas: Sequence[bytes]) -> bytes:
+    """The raw names (32 bytes each, in order) of objects handed to a pack writer with
+    their space bits and bytes, made in one step, not one call each."""
+    raws = bytes.fromhex("".join(names).replace(_PREFIX, ""))
+    if len(raws) != 32 * len(names) or len(spaces) != len(names) or len(datas) != len(names):
+        raise StoreError(f"{len(names)} objects handed to a pack writer with {len(raws)} bytes of names, "
+                         f"{len(spaces)} spaces and {len(datas)} objects' bytes")
+    return raws
 
 
 def _varint(n: int) -> bytes:
@@ -658,10 +673,9 @@ class Pack:
             raise CorruptPackError(f"pack {self.path} is closed", path=self.path)
         return self._fd
 
-    def read_block_raw(self, block: int) -> bytes:
-        """A block's stored bytes, as they are (its zstd frame, then its side bytes):
-        what the index claims is checked against the limits and the file's size
-        before anything is read."""
+    def _span(self, block: int, file_size: int) -> tuple[int, int]:
+        """(offset, stored size) of a block, what the index claims checked against the
+        limits and the file's size (``file_size``) before anything is read."""
         offset, size, raw = self.block_info(block)
         where = f"pack {self.path} block {block}"
         if raw > MAX_BLOCK or size > MAX_STORED:
@@ -670,9 +684,16 @@ class Pack:
             raise CorruptPackError(
                 f"{where} claims {self._blocks[block][3]} side bytes, more than a block may hold", path=self.path
             )
-        fd = self._pack_fd()
-        if offset < len(PACK_MAGIC) or offset + size > os.fstat(fd).st_size - _SUM:
+        if offset < len(PACK_MAGIC) or offset + size > file_size - _SUM:
             raise CorruptPackError(f"pack {self.path} ends inside block {block}", path=self.path)
+        return offset, size
+
+    def read_block_raw(self, block: int) -> bytes:
+        """A block's stored bytes, as they are (its zstd frame, then its side bytes):
+        what the index claims is checked against the limits and the file's size
+        before anything is read."""
+        fd = self._pack_fd()
+        offset, size = self._span(block, os.fstat(fd).st_size)
         data = os.pread(fd, size, offset)
         if len(data) != size:
             raise CorruptPackError(f"pack {self.path} ends inside block {block}", path=self.path)
@@ -689,6 +710,73 @@ class Pack:
         _, zsize, raw, side, _, count = self._blocks[block]
         stream = decompress_block(data[:zsize], raw, where=where, path=self.path)
         return Block(stream, data[zsize:], count, where=where, path=self.path)
+
+    def stored_blocks(self, start: int, stop: int) -> list[tuple[int, memoryview]]:
+        """(block number, stored bytes) of blocks ``start`` to ``stop`` (excluded) of a
+        format-2 pack, read by one ``pread`` (each block a view of its bytes, not a
+        copy): what a read-ahead hands its worker (:meth:`decompress_blocks`). Best
+        effort: a block that fails a check :meth:`read_block_raw` makes is left out, all
+        of them when the read fails, for :meth:`read_block` to refuse when its reader
+        comes to it."""
+        out: list[tuple[int, memoryview]] = []
+        if self.version != 2 or not 0 <= start < stop <= self.nblocks:
+            return out
+        try:
+            fd = self._pack_fd()
+            file_size = os.fstat(fd).st_size
+            spans = []
+            for b in range(start, stop):
+                with contextlib.suppress(CorruptPackError):
+                    spans.append((b, *self._span(b, file_size)))
+            if not spans:
+                return out
+            first, end = spans[0][1], max(offset + size for _, offset, size in spans)
+            if end - first > (stop - start) * MAX_STORED:
+                return out  # blocks not laid out in order: each read by itself
+            data = memoryview(os.pread(fd, end - first, first))
+        except (CorruptPackError, OSError):
+            return out
+        for b, offset, size in spans:
+            stored = data[offset - first : offset - first + size] if offset >= first else data[:0]
+            if len(stored) == size:
+                out.append((b, stored))
+        return out
+
+    def decompress_blocks(self, stored: list[tuple[int, memoryview]]) -> dict[int, Block]:
+        """The blocks :meth:`stored_blocks` read, by number, decompressed by one call that
+        lets go of the interpreter lock for them all: what a read-ahead's worker does (a
+        thread that took the lock back after each block would wait for it each time,
+        while the reader holds it). Best effort as :meth:`stored_blocks` is: a block that
+        fails a check of :meth:`read_block`'s is left out (a frame that does not state
+        its size too: read by itself, bounded)."""
+        out: dict[int, Block] = {}
+        frames: list[bytes | bytearray | memoryview] = []
+        sizes: list[int] = []
+        rest: list[tuple[int, bytes, int, str]] = []
+        for b, data in stored:
+            _, zsize, raw, _, _, count = self._blocks[b]
+            where = f"pack {self.path} block {b}"
+            try:
+                if zsize > len(data) or check_frame(data[:zsize], raw, where=where, path=self.path) != raw:
+                    continue
+            except CorruptPackError:
+                continue
+            frames.append(data[:zsize])
+            sizes.append(raw)
+            rest.append((b, bytes(data[zsize:]), count, where))
+        if not frames:
+            return out
+        try:
+            streams = _decompressor().multi_decompress_to_buffer(
+                frames, decompressed_sizes=struct.pack(f"={len(sizes)}Q", *sizes), threads=0)
+        except zstandard.ZstdError:
+            return out
+        for i, (b, side, count, where) in enumerate(rest):
+            stream = streams[i]
+            if len(stream) == sizes[i]:
+                with contextlib.suppress(CorruptPackError):
+                    out[b] = Block(stream.tobytes(), side, count, where=where, path=self.path)
+        return out
 
     def read(self, loc: Located) -> bytes:
         """One object's bytes (not checked against its name: the caller does that)."""
@@ -734,6 +822,15 @@ class Pack:
             raise CorruptPackError(f"pack {self.path} is not the pack its index {self.idx_path} describes", path=self.path)
 
 
+@functools.cache
+def _ahead_pool() -> ThreadPoolExecutor:
+    """The one worker that decompresses blocks ahead (:meth:`PackSet.reading_ahead`),
+    made when first asked for."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-read-ahead")
+
+
 #: One zstd decompression context per thread (a context is not to be shared between
 #: threads), kept for every block the thread reads: making one costs about as much as
 #: decompressing a quarter of a block of text (15 us against ~40 for 256 KiB), paid twice
@@ -748,7 +845,9 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return dctx
 
 
-def decompress_block(data: bytes, raw: int, *, where: str, path: str) -> bytes:
+def check_frame(data: bytes | memoryview, raw: int, *, where: str, path: str) -> int:
+    """The size a block's zstd frame declares (-1: none), refused unless it is the
+    index's ``raw``, which no block may exceed: checked before anything is allocated."""
     if raw > MAX_BLOCK:
         raise CorruptPackError(f"{where} claims {raw} bytes, more than a block may hold", path=path)
     try:
@@ -757,6 +856,11 @@ def decompress_block(data: bytes, raw: int, *, where: str, path: str) -> bytes:
         raise CorruptPackError(f"{where} is not a zstd frame", path=path) from None
     if declared not in (raw, -1):
         raise CorruptPackError(f"{where} declares {declared} bytes where the index says {raw}", path=path)
+    return int(declared)
+
+
+def decompress_block(data: bytes, raw: int, *, where: str, path: str) -> bytes:
+    check_frame(data, raw, where=where, path=path)
     try:
         out = _decompressor().decompress(data, max_output_size=raw)
     except zstandard.ZstdError as exc:
@@ -790,6 +894,11 @@ class PackWriter:
         self.encode = encode
         self.level = level
         self._cctx = compressor(level)
+        self._compress_all = _compress_many(self._cctx)
+        # Blocks cut and not yet compressed (no pool): (stream, side bytes, first, count),
+        # and their streams' bytes.
+        self._cut_blocks: list[tuple[bytes, bytes, int, int]] = []
+        self._cut_bytes = 0
         self._pool = None
         if threads > 0:
             from concurrent.futures import ThreadPoolExecutor
@@ -896,6 +1005,39 @@ class PackWriter:
         if self._buf_len >= self.block_target:
             self._cut()
 
+    def add_many(self, names: Sequence[str], spaces: bytes, datas: Sequence[bytes]) -> None:
+        """Add objects in order, as :meth:`add` does each: each one's name (the caller
+        vouches it is its hash), space bits and bytes. Plain blocks, and none of the
+        objects here already or twice among them (a checkpoint's), take a few steps of
+        Python for all, not several each: a checkpoint's pack is written on a worker
+        thread beside the appends, and each of its steps holds the lock they wait for."""
+        blob = _raw_names(names, spaces, datas)
+        raws = [blob[i : i + 32] for i in range(0, len(blob), 32)]
+        first = self._slots + len(self._pending)  # (plain: an object's ordinal is given as it comes)
+        taken = dict(zip(raws, map(operator.or_, range(first << 3, (first + len(raws)) << 3, 8), spaces)))
+        if self.encode or len(taken) != len(raws) or not self._objects.keys().isdisjoint(taken):
+            for raw, bits, data in zip(raws, spaces, datas):
+                self.add_raw(raw, bits, data)
+            return
+        self._check_room(len(raws))
+        self._objects.update(taken)
+        self._fill(datas)
+
+    def _fill(self, datas: Sequence[bytes]) -> None:
+        """Plain objects, their names recorded: each goes into the block being filled,
+        which is cut before an object that would take it past the target and once it
+        reaches it (as :meth:`add_raw` does one). Where each block ends is found by
+        bisection over the objects' running sizes, and its objects are taken as a slice:
+        no step of Python per object (:func:`_block_stops`)."""
+        ends = list(itertools.accumulate(map(len, datas), initial=0))  # ends[k]: the bytes of datas[:k]
+        start = 0
+        for stop in _block_stops(ends, self._buf_len, self.block_target):
+            self._pending.extend(datas[start:stop])
+            self._cut()
+            start = stop
+        self._pending.extend(datas[start:])  # the block left open
+        self._buf_len += ends[-1] - ends[start]
+
     def _check_room(self, more: int = 1) -> None:
         if self._slots + len(self._pending) + more > MAX_OBJECTS:
             raise StoreError(f"a pack holds at most {MAX_OBJECTS} objects")
@@ -999,12 +1141,27 @@ class PackWriter:
 
     def _hand(self, stream: bytes, side: bytes, first: int, count: int) -> None:
         """A cut block's stream to zstd: on this thread, or on the pool, written in order."""
-        job = (len(stream), side, first, count)
         if self._pool is None:
-            self._put_block(self._cctx.compress(stream), *job)
+            self._cut_blocks.append((stream, side, first, count))
+            self._cut_bytes += len(stream)
+            if self._cut_bytes >= self.COMPRESS_BYTES:
+                self._compress_cut()
             return
-        self._inflight.append((self._pool.submit(self._compress, stream), job))
+        self._inflight.append((self._pool.submit(self._compress, stream), (len(stream), side, first, count)))
         self._collect(wait=False)
+
+    #: Without a pool, blocks are compressed this many bytes of them at once, in one call
+    #: that lets go of the interpreter lock once (:func:`_compress_many`): a checkpoint's
+    #: pack, written on a worker thread beside appends, then takes the lock back once,
+    #: not once a block (each time it does, an append that let it go waits it out).
+    COMPRESS_BYTES = 4 << 20
+
+    def _compress_cut(self) -> None:
+        """Compress the blocks cut so far and write them, in order."""
+        blocks, self._cut_blocks, self._cut_bytes = self._cut_blocks, [], 0
+        if blocks:
+            for frame, (stream, side, first, count) in zip(self._compress_all([job[0] for job in blocks]), blocks, strict=True):
+                self._put_block(frame, len(stream), side, first, count)
 
     def _compress(self, stream: bytes) -> bytes:
         cctx = getattr(self._local_cctx, "cctx", None)
@@ -1015,6 +1172,8 @@ class PackWriter:
     def _collect(self, *, wait: bool) -> None:
         """Write the compressed blocks that are ready, in order (all of them when
         ``wait``; else waiting only while too many are in flight)."""
+        if wait:
+            self._compress_cut()
         inflight = self._inflight
         while inflight and (wait or inflight[0][0].done() or len(inflight) > 2 * self._threads):
             future, job = inflight.pop(0)
@@ -1124,6 +1283,9 @@ class StreamPackWriter(PackWriter):
     while :meth:`finish` sorts the index."""
 
     WRITE_BUFFER = 1 << 20
+    #: Without its thread, each block is compressed as it is cut: an import's memory stays
+    #: bounded by its block, not by a batch of them.
+    COMPRESS_BYTES = 0
     #: Blocks handed to the writer's thread at once (a wake-up of it a batch, not a block),
     #: and batches handed over and not yet written, at most.
     HAND_AT = 4
@@ -1152,7 +1314,7 @@ class StreamPackWriter(PackWriter):
         """The writer's thread: the batches of blocks handed over, as many as are waiting
         at once, compressed, written and hashed, then (at None) the pack ended, unless it
         is being aborted; the first failure is kept, and the blocks after it only counted off."""
-        jobs, compress = self._jobs, _compress_many(self._cctx)
+        jobs, compress = self._jobs, self._compress_all
         while True:
             batches = [jobs.get()]
             while not jobs.empty():
@@ -1256,28 +1418,16 @@ class StreamPackWriter(PackWriter):
     def add_many(self, names: Sequence[str], spaces: bytes, datas: Sequence[bytes]) -> None:
         """Add objects in order: each one's name (the caller vouches it is its hash), space
         bits and bytes. The names are made raw in one step, not one call each."""
-        raws = bytes.fromhex("".join(names).replace(_PREFIX, ""))
-        if len(raws) != 32 * len(names) or len(spaces) != len(names) or len(datas) != len(names):
-            raise StoreError(f"{len(names)} objects handed to a pack writer with {len(raws)} bytes of names, "
-                             f"{len(spaces)} spaces and {len(datas)} objects' bytes")
-        self._take(raws, spaces, datas)
+        self._take(_raw_names(names, spaces, datas), spaces, datas)
 
     def _take(self, raws: bytes, spaces: bytes, datas: Sequence[bytes]) -> None:
-        """Objects whose raw names (32 bytes each) and space bits are given: each goes into
-        the block being filled, cut where :func:`_block_stops` says, each block's objects
-        taken as a slice: no step of Python per object."""
+        """Objects whose raw names (32 bytes each) and space bits are given, into blocks
+        (:meth:`PackWriter._fill`), their names and spaces recorded."""
         self._check_open()
         self._check_room(len(spaces))
         self._names.write(raws)
         self._spaces += spaces
-        ends = list(itertools.accumulate(map(len, datas), initial=0))  # ends[k]: the bytes of datas[:k]
-        start = 0
-        for stop in _block_stops(ends, self._buf_len, self.block_target):
-            self._pending.extend(datas[start:stop])
-            self._cut()
-            start = stop
-        self._pending.extend(datas[start:])  # the block left open
-        self._buf_len += ends[-1] - ends[start]
+        self._fill(datas)
 
     def add_ready(self, blocks: Sequence[ReadyBlock]) -> None:
         """Add blocks made and compressed elsewhere (an import's helper process, with
@@ -1286,6 +1436,7 @@ class StreamPackWriter(PackWriter):
         given the next slots; a frame that does not declare its stream's size is refused."""
         self._check_open()
         self._cut()
+        self._compress_cut()  # (without the thread: the blocks cut so far written first)
         for frame, raw, raws, spaces in blocks:
             count = len(spaces)
             if not count or len(raws) != 32 * count or not 0 < raw <= MAX_BLOCK or _frame_size(frame) != raw:
@@ -1433,6 +1584,13 @@ class PackSet:
     reading a session reads its objects in the order they were packed."""
 
     CACHE_BLOCKS = 16
+    #: Blocks a read-ahead's worker decompresses at once (:meth:`Pack.decompress_blocks`):
+    #: each batch costs it two waits for the interpreter lock (to start, and after the
+    #: call), however many blocks it holds. The next batch is asked for when the reader
+    #: comes to the last one asked, so the worker has a batch's time to read it: two
+    #: batches held at most beside the cache (8 MiB of the usual blocks; 32 a batch held
+    #: 35 MB more at show's peak, 16 about 16).
+    AHEAD_BLOCKS = 16
     #: A directory changed this recently may change again without its mtime
     #: moving (timestamps come from a coarse clock, or whole seconds on some
     #: filesystems): until it is older, a miss lists it again (git's "racy" rule).
@@ -1450,6 +1608,58 @@ class PackSet:
         #: (pack, space bits) -> (the ordinal of the object a bulk read found last, the
         #: stride between the last two): where :meth:`read_many` looks first.
         self._runs: dict[tuple[str, int], tuple[int, int]] = {}
+        #: Readers in :meth:`reading_ahead`, by space bits; (pack, block) -> the worker's
+        #: batch that reads it, until a read takes it; (pack, space bits) -> the block
+        #: after the last one asked for by the reads of those spaces.
+        self._ahead_readers: dict[int, int] = {}
+        self._batches: dict[tuple[str, int], Future[dict[int, Block]]] = {}
+        self._ahead_end: dict[tuple[str, int], int] = {}
+
+    @contextlib.contextmanager
+    def reading_ahead(self, bits: int) -> Iterator[None]:
+        """While in it, a bulk read (:meth:`read_many`) of the spaces of ``bits`` that
+        comes to a block has the blocks after it decompressed on a worker thread, a batch
+        at a time, which any read that comes to them takes instead of decompressing them:
+        for a reader that works on what one read gives before it asks for the next (a
+        listing), its work then overlaps the decompression (which lets go of the
+        interpreter lock). Reads of other spaces meanwhile (a label's content among
+        envelopes) ask for nothing ahead, so they do not move the read-ahead away from
+        the reader's. What was read ahead and not taken is dropped when the last reader
+        leaves."""
+        with self._lock:
+            self._ahead_readers[bits] = self._ahead_readers.get(bits, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._ahead_readers[bits] -= 1
+                if not self._ahead_readers[bits]:
+                    del self._ahead_readers[bits]
+                if not self._ahead_readers:
+                    for batch in self._batches.values():
+                        batch.cancel()
+                    self._batches.clear()
+                    self._ahead_end.clear()
+
+    def _read_ahead(self, pack: Pack, block_no: int, bits: int) -> None:
+        """A bulk read of the spaces of ``bits`` came to ``block_no``: when what was asked
+        of the worker for them ends within a batch of it, ask for the next batch; what
+        lies behind it is dropped (a reader that skips blocks leaves none held)."""
+        with self._lock:
+            for key in [k for k in self._batches if k[0] == pack.name and k[1] < block_no]:
+                del self._batches[key]
+            end = self._ahead_end.get((pack.name, bits), 0)
+            if block_no + self.AHEAD_BLOCKS < end:
+                return
+            start = max(end, block_no + 1)
+            stop = min(start + self.AHEAD_BLOCKS, pack.nblocks)
+            if start >= stop:
+                return
+            stored = pack.stored_blocks(start, stop)  # (one read: the worker then takes the lock back once)
+            batch = _ahead_pool().submit(pack.decompress_blocks, stored)
+            for b in range(start, stop):
+                self._batches[(pack.name, b)] = batch
+            self._ahead_end[(pack.name, bits)] = stop
 
     def refresh(self, *, force: bool = False) -> bool:
         """List the directory again if it changed; True when the set changed."""
@@ -1523,6 +1733,7 @@ class PackSet:
         out: list[bytes | None] = [None] * len(raws)
         left: Sequence[int] = range(len(raws))
         sha256 = hashlib.sha256
+        ahead = bits if bits in self._ahead_readers else 0
         for pack in self.packs:
             if not left:
                 break
@@ -1535,6 +1746,12 @@ class PackSet:
             unread: set[int] = set()  # blocks that could not be read: tried once for all their objects
             lo = hi = 0  # the ordinals [lo, hi) of the block at hand
             block: Block | None = None
+            # the block's slot table, held apart: a plain slot (almost every one) is then
+            # a slice here, not a call (two calls an object were a tenth of a show's reads)
+            kinds: bytes = b""
+            starts: list[int] = []
+            ends: list[int] = []
+            stream = b""
             for i in left:
                 raw = raws[i]
                 data = None
@@ -1543,10 +1760,13 @@ class PackSet:
                     if not lo <= guess < hi:
                         b = bisect_right(firsts, guess) - 1
                         lo, hi = firsts[b], (firsts[b + 1] if b + 1 < nblocks else nslots)
-                        block = self._block_or_none(pack, b, unread)
-                    if block is not None and guess - lo < len(block.kinds):
-                        data = self._slot(block, guess - lo)
-                        if data is not None and (sha256(data).digest() != raw or not _in_space(block.kinds[guess - lo], data, bits)):
+                        block = self._block_or_none(pack, b, unread, ahead)
+                        kinds, starts, ends, stream = _table(block)
+                    s = guess - lo
+                    if s < len(kinds):
+                        kind = kinds[s]
+                        data = stream[starts[s] : ends[s]] if kind == KIND_PLAIN else self._slot(block, s)  # type: ignore[arg-type]
+                        if data is not None and (sha256(data).digest() != raw or not _in_space(kind, data, bits)):
                             data = None
                 if data is not None:
                     last = guess
@@ -1576,21 +1796,26 @@ class PackSet:
                 if not lo <= ordinal < hi:
                     b = bisect_right(firsts, ordinal) - 1
                     lo, hi = firsts[b], (firsts[b + 1] if b + 1 < nblocks else nslots)
-                    block = self._block_or_none(pack, b, unread)
-                if block is None or ordinal - lo >= len(block.kinds):
+                    block = self._block_or_none(pack, b, unread, ahead)
+                    kinds, starts, ends, stream = _table(block)
+                s = ordinal - lo
+                if s >= len(kinds):
                     continue
-                data = self._slot(block, ordinal - lo)
+                data = stream[starts[s] : ends[s]] if kinds[s] == KIND_PLAIN else self._slot(block, s)  # type: ignore[arg-type]
                 if data is not None and sha256(data).digest() == raw:
                     out[i] = data
             self._runs[(pack.name, bits)] = (last, stride)
             left = missed
         return out
 
-    def _block_or_none(self, pack: Pack, block_no: int, unread: set[int]) -> Block | None:
+    def _block_or_none(self, pack: Pack, block_no: int, unread: set[int], ahead: int) -> Block | None:
         """:meth:`_block` for a bulk read: None for a block that cannot be read (tried once
-        a call, for all its objects; each one's own read says why) or of the first format."""
+        a call, for all its objects; each one's own read says why) or of the first format.
+        ``ahead``: the space bits of a read that reads ahead (:meth:`reading_ahead`), or 0."""
         if block_no in unread:
             return None
+        if ahead:
+            self._read_ahead(pack, block_no, ahead)
         try:
             got: Block | _FlatBlock = self._block(pack, block_no)
         except (CorruptPackError, OSError):
@@ -1600,8 +1825,8 @@ class PackSet:
 
     @staticmethod
     def _slot(block: Block, slot: int) -> bytes | None:
-        if block.kinds[slot] == KIND_PLAIN:
-            return block.stream[block.starts[slot] : block.ends[slot]]
+        """The object of an encoded slot (a plain one :meth:`read_many` slices itself), or
+        None when it does not decode."""
         try:
             return block.object(slot)
         except CorruptPackError:
@@ -1615,7 +1840,14 @@ class PackSet:
             if block is not None:
                 self._cache.move_to_end(key)
                 return block
-        block = pack.read_block(block_no)
+            batch = self._batches.pop(key, None)
+        if batch is not None:  # read ahead (waited for, when the worker is on it)
+            try:
+                block = batch.result().get(block_no)
+            except Exception:  # cancelled, or what decompress_blocks let through: read here, which says what is wrong
+                block = None
+        if block is None:
+            block = pack.read_block(block_no)
         with self._lock:
             self._cache[key] = block
             if len(self._cache) > self.CACHE_BLOCKS:
@@ -1627,10 +1859,19 @@ class PackSet:
             p.close()
         self.packs = []
         self._cache.clear()
+        self._batches.clear()
         self._seen = None
 
 
 _ENVELOPE_HEAD = b'{"content":"'
+
+
+def _table(block: Block | None) -> tuple[bytes, list[int], list[int], bytes]:
+    """A block's slot kinds, starts, ends and stream (none for no block), as
+    :meth:`PackSet.read_many` reads them."""
+    if block is None:
+        return b"", [], [], b""
+    return block.kinds, block.starts, block.ends, block.stream
 
 
 def _in_space(kind: int, data: bytes, bits: int) -> bool:

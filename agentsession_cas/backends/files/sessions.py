@@ -616,6 +616,10 @@ class FileSessionLog(SessionLog):
         self._head: str | None = None
         self._mark: str | None = None
         self._since_checkpoint = 0
+        # Appends written since the last checkpoint record whose objects were durable in
+        # objects/ before them (an exchange's, an import's): no checkpoint writes them, but
+        # one must say so in the log before compaction may fold them.
+        self._durable_since_checkpoint = False
         # Appends whose objects are only in the log so far: id -> (content hash, content, envelope).
         self.unmaterialized: dict[str, tuple[str, bytes, bytes]] = {}
         # A snapshot's appends whose objects recovery would restore: id -> (content, envelope).
@@ -928,6 +932,8 @@ class FileSessionLog(SessionLog):
                 if r.objects is not None:
                     unmaterialized[r.entry] = r.objects
                     self._since_checkpoint += 1
+                else:
+                    self._durable_since_checkpoint = True
             elif isinstance(r.get("seq"), int):
                 self._max_seq = max(self._max_seq, r["seq"])
         if self.unmaterialized and not self._registered:
@@ -1066,6 +1072,12 @@ class FileSessionLog(SessionLog):
         more = wait and inflight is not None and len(self.unmaterialized) > len(inflight[1])
         self._finish_checkpoint(compact=not more)
         if not self.unmaterialized:
+            if self._durable_since_checkpoint and self._inflight is None:
+                # Only appends whose objects were durable before them came since the last
+                # checkpoint record: one naming them lets compaction fold them (a session
+                # that takes its entries by push would otherwise never be compacted, and
+                # every close would read its whole log to find nothing to fold).
+                self._checkpoint_done([], self._max_seq)
             return
         items: list[tuple[Space, str, bytes]] = []
         for entry_id, (chash, content, env) in self.unmaterialized.items():
@@ -1107,6 +1119,8 @@ class FileSessionLog(SessionLog):
         self._checkpoint_done(ids, seq, compact=compact)
 
     def _checkpoint_done(self, ids: list[str], seq: int, *, compact: bool = True) -> None:
+        if seq >= self._max_seq:
+            self._durable_since_checkpoint = False
         record = {"op": "checkpoint", "seq": seq}
         self._write_log([record_body(record)], sync=False, datas=[record])
         for entry_id in ids:
