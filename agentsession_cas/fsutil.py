@@ -426,6 +426,9 @@ class Spill:
         self.add("contents", content, objects[0])
         self.add("entries", entry, objects[1])
 
+    def end(self) -> None:
+        """No more objects come: nothing to do before they are read back."""
+
     def __iter__(self) -> Iterator[tuple[Any, str, bytes]]:
         f = self._f
         f.flush()

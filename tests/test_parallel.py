@@ -14,10 +14,13 @@ from click.testing import CliRunner
 from test_rules import FILES
 
 from agentsession_cas import Header, make_entry
-from agentsession_cas.errors import AgentSessionError
+from agentsession_cas.backends.files.objects import PackStage
+from agentsession_cas.backends.files.packs import PackSet, StreamPackWriter, compressor, ready_blocks
+from agentsession_cas.errors import AgentSessionError, StoreError
 from agentsession_cas.format import parallel, reader
 from agentsession_cas.format.canonical import loads_canonical
 from agentsession_cas.format.rules import check_line
+from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.store import Store
 from agentsession_cli.main import main
 
@@ -148,6 +151,155 @@ def test_import_stores_the_same_with_the_helper(forced, tmp_path, monkeypatch):
             errors.append(str(got.value))
     assert errors[0] == errors[1]
     assert counted[0] >= 150 and helpers and helpers[0].objects
+
+
+def _packed(root: Path) -> tuple[int, int, int]:
+    """A store's packs: how many, their slots, and the objects their indexes name."""
+    packs = PackSet(str(root / "objects" / "pack"))
+    try:
+        packs.refresh(force=True)
+        return len(packs.packs), sum(p.slots for p in packs.packs), sum(len(p) for p in packs.packs)
+    finally:
+        packs.close()
+
+
+def _imported(root: Path, path: Path, exported: bytes | None = None) -> None:
+    """Import ``path`` into a new store at ``root``: export gives the file back (or
+    ``exported``), and fsck finds the store sound, every object referenced."""
+    with Store.init(root) as st:
+        s = st.import_file(path)
+        sid = s.id
+        s.close()
+        assert st.export(sid) == (path.read_bytes() if exported is None else exported)
+        report = fsck(st)
+        assert report.ok and not report.warnings, report.as_dict()
+        assert not any(report.counts["unreferenced"].values()), report.counts
+
+
+def test_an_import_packs_the_helper_blocks_as_one_process_packs_the_objects(forced, tmp_path, monkeypatch):
+    """An import through the helper takes the entries' objects as blocks the helper made
+    ready (a file with labels and a synthetic marker among them, which it leaves to this
+    process): the store holds one pack of every object, as in one process, and nothing else."""
+    helpers, counted = forced
+    ready: list[int] = []
+    real = PackStage.add_ready
+    monkeypatch.setattr(PackStage, "add_ready", lambda self, blocks: (ready.append(len(blocks)), real(self, blocks))[1])
+    data = generate(150, 5)[0]
+    lines = data.split(b"\n")[:-1]
+    leaf = json.loads(lines[-1])["id"]
+    marker = make_entry("label", leaf, ts="2026-01-01T00:00:00Z", label="leaf", target=leaf, synthetic=True)
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(data + marker.canonical_line())
+    for n in ("1", "2"):
+        monkeypatch.setenv(parallel.ENV, n)
+        _imported(tmp_path / f"store{n}", path, data)
+    assert sum(ready) > 100 and counted[0] >= 150
+    assert _packed(tmp_path / "store1") == _packed(tmp_path / "store2")
+
+
+def test_an_import_into_a_store_holding_its_objects_packs_none_again(forced, tmp_path, monkeypatch):
+    """The same entries imported again (another session's header): each ready block holds
+    objects the store's pack holds, so it is opened and its objects taken one by one; none
+    is packed a second time."""
+    helpers, counted = forced
+    monkeypatch.setenv(parallel.ENV, "2")
+    data = generate(150, 5)[0]
+    first, rest = data.split(b"\n", 1)
+    header = json.loads(first)
+    header["id"] = "01995b2a-7c3e-7d10-8a4f-3b2c1d0e9f81"
+    again = tmp_path / "again.jsonl"
+    again.write_bytes(Header(header).canonical_line() + rest)
+    (tmp_path / "s.jsonl").write_bytes(data)
+    with Store.init(tmp_path / "store") as st:
+        st.import_file(tmp_path / "s.jsonl").close()
+        before = _packed(tmp_path / "store")
+        s = st.import_file(again)
+        assert b"".join(s.projection_lines()) == again.read_bytes()
+        s.close()
+        assert fsck(st).ok
+    assert _packed(tmp_path / "store")[1:] == before[1:]
+
+
+@pytest.mark.parametrize("how", ["killed", "late"])
+def test_an_import_whose_helper_fails_or_falls_behind_holds_every_object(forced, tmp_path, monkeypatch, how):
+    """The helper killed after its first answers, or every fourth block's answers late (so
+    checked here, and their ready blocks dropped with them): the lines this process checks
+    are packed here, the others from the helper's blocks, each once."""
+    helpers, counted = forced
+    real = parallel.LineHelper._answers
+    calls = []
+
+    def answers(self):
+        calls.append(1)
+        if how == "late":
+            return None if len(calls) % 4 == 0 else real(self)
+        got = real(self)
+        if self.proc is not None and len(calls) == 20:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        return got
+
+    data = generate(150, 5)[0]
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(data)
+    monkeypatch.setenv(parallel.ENV, "1")
+    _imported(tmp_path / "alone", path)
+    monkeypatch.setenv(parallel.ENV, "2")
+    monkeypatch.setattr(parallel.LineHelper, "_answers", answers)
+    _imported(tmp_path / "store", path)
+    assert 0 < counted[0] < 150 and helpers[-1].checked_here > 0
+    assert (helpers[-1].failed is not None) == (how == "killed")
+    assert _packed(tmp_path / "store") == _packed(tmp_path / "alone")
+
+
+def test_a_ready_block_that_is_not_what_it_says_is_refused(tmp_path):
+    """A ready block whose frame does not declare its stream's size, or whose names do not
+    match its count, is refused by the pack writer (the import is then refused: nothing
+    of it is published)."""
+    objs = [b'{"a":1}', b'{"b":2}']
+    raws = bytes(64)
+    good = ready_blocks(raws, b"\x02\x01", objs, compressor())
+    assert len(good) == 1 and good[0][1] == 9 * 2 + sum(map(len, objs))
+    frame, raw, names, spaces = good[0]
+    bad = [(frame, raw + 1, names, spaces), (frame[:4] + b"\x00" * 4, raw, names, spaces), (frame, raw, names[:32], spaces)]
+    for block in bad:
+        writer = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"))
+        with pytest.raises(StoreError):
+            writer.add_ready([block])
+        writer.abort()
+    writer = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"))
+    writer.add_ready(good)
+    packs = PackSet(str(tmp_path / "pack"))
+    try:
+        writer.finish()
+        packs.refresh(force=True)
+        assert [packs.read(*packs.locate("sha256:" + "00" * 32))]  # (both named the same: the first)
+    finally:
+        packs.close()
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_a_pack_ended_early_takes_no_more_objects_and_publishes_at_finish(tmp_path):
+    """An import ends its pack once its pass is over (the thread compresses the last
+    blocks and makes it durable beside what the import does next): nothing more is taken
+    after, and only finish makes it visible; an abort after the end removes it."""
+    block = ready_blocks(bytes(32), b"\x02", [b'{"a":1}'], compressor())
+    for publish in (True, False):
+        pack = tmp_path / f"pack-{publish}"
+        writer = StreamPackWriter(str(pack), str(tmp_path / "tmp"), threads=1)
+        writer.add_many(["sha256:" + "11" * 32], b"\x02", [b'{"b":2}'])
+        writer.end()
+        with pytest.raises(StoreError):
+            writer.add_ready(block)
+        with pytest.raises(StoreError):
+            writer.add_many(["sha256:" + "22" * 32], b"\x02", [b'{"c":3}'])
+        assert not pack.exists()
+        if publish:
+            writer.finish()
+            assert len(list(pack.glob("*.idx"))) == 1
+        else:
+            writer.abort()
+        assert not list((tmp_path / "tmp").iterdir())
 
 
 def test_a_helper_that_dies_midway_leaves_the_verdict(forced, tmp_path, monkeypatch):
@@ -323,19 +475,24 @@ def _entries(n: int, pad: int = 0):
     return out
 
 
-def test_an_item_whose_bytes_appear_twice_is_left_to_the_reader():
-    """The item's span is found by its bytes in the line: found twice, the helper cannot
-    say which one the hash cut, and the reader checks the line itself."""
-    e = make_entry("item", None, ts="2026-01-01T00:00:00Z", item={}, x_note={})
-    raw = e.canonical_line()[:-1]
-    assert raw.count(b"{}") == 2
-    assert parallel.answer(raw) is None
-    once = make_entry("item", None, ts="2026-01-01T00:00:00Z", item={"type": "message"}).canonical_line()[:-1]
-    chash, start, end, objects = parallel.answer(once, objects=True)
-    obj, careful, _ = loads_canonical(once)
-    entry, found = check_line(obj, careful=careful, keep_objects=True, raw=once)
+@pytest.mark.parametrize("body", [
+    {"item": {"type": "message"}},
+    {"item": {}, "x_note": {}},  # the item's bytes twice in the line
+    {"a_note": {"item": {"type": "x"}}, "item": {"type": "message"}},  # an "item" key before the item
+    {"a_note": {"item": {"type": "message"}}, "item": {"type": "message"}},  # ... holding the same bytes
+], ids=["once", "twice", "key-before", "same-before"])
+def test_the_item_span_the_helper_gives_holds_the_item_bytes(body):
+    """The reader cuts the item's bytes (the request hashes take them) from its own copy
+    of the line where the helper says they stand: wherever that is, they are the bytes
+    the line rules hashed, and the objects and hash are the reader's own."""
+    raw = make_entry("item", None, ts="2026-01-01T00:00:00Z", **body).canonical_line()[:-1]
+    got = parallel.answer(raw, objects=True)
+    assert got is not None
+    chash, start, end, objects = got
+    obj, careful, _ = loads_canonical(raw)
+    entry, found = check_line(obj, careful=careful, keep_objects=True, raw=raw)
     assert not found and objects == entry.objects and chash == entry.content_hash
-    assert once[start:end] == entry.item_bytes
+    assert raw[start:end] == entry.item_bytes
 
 
 def test_when_the_helper_is_wanted(monkeypatch):

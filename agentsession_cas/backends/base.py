@@ -33,7 +33,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, field
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Literal, Protocol, overload, runtime_checkable
 
 from ..lean import dataclass
 from .digests import EntryDigests
@@ -242,11 +242,30 @@ class ObjectStage(Protocol):
         (named ``entry``), as two :meth:`add` calls put them: one call per entry of an
         import's pass, not two."""
 
+    def end(self) -> None:
+        """No more objects come (the pass is over and found sound): a stage that writes
+        them towards their place may complete that now, still out of sight, beside what
+        the import does next; :meth:`ObjectStore.put_many` then stores them."""
+
     def close(self) -> None: ...
 
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[tuple[Space, str, bytes]]: ...
+
+
+#: A pack block made and compressed outside the pack's writer (the file backend's
+#: :func:`~.files.packs.ready_blocks`): its zstd frame, its stream's size, its objects'
+#: raw names (32 bytes each) and space bits.
+ReadyBlock = tuple[bytes, int, bytes, bytes]
+
+
+@runtime_checkable
+class ReadyStage(ObjectStage, Protocol):
+    """A stage that also takes pack blocks made and compressed by an import's helper
+    process, the entries' objects in them then never passing through this process."""
+
+    def add_ready(self, blocks: list[ReadyBlock]) -> None: ...
 
 
 class ObjectStore(ABC):

@@ -13,7 +13,9 @@ rules. For each line the helper answers one of two things:
   nothing wrong, so its ``id`` is the hash of its members; the helper sends the content
   hash, where the ``item`` object's bytes lie in the line (the request hashes take
   them) and, for an import, the entry's two objects, which this process uses instead of
-  hashing again;
+  hashing again; into a file store, the helper makes them into compressed pack blocks
+  itself (:class:`_Packing`, the file backend's ``ready_blocks``) and answers the
+  block's lines with them, so the compression runs on its core too (:data:`PACKED`);
 * **anything else** (a problem, a form not proven canonical, an ``item`` whose bytes
   are not found once in the line): this process runs today's line rules on that line
   itself, so every problem is found, worded and ordered exactly as in one process.
@@ -48,7 +50,7 @@ import sys
 import time
 from array import array
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO
 
 try:
@@ -57,6 +59,7 @@ except ImportError:  # pragma: no cover - not a POSIX system
     fcntl = None  # type: ignore[assignment]
 
 from .canonical import loads_canonical
+from .entry import Entry
 from .rules import check_line, gc_paused
 
 #: ``AGENTSESSION_VERIFY_PROCESSES``: ``1`` keeps a verify in one process; ``2`` uses the
@@ -93,6 +96,7 @@ FREE, BEGUN, TAKEN = 0, 1, 2
 
 _FRAME = struct.Struct("<II")  # a frame's bytes after this head, and the lines it is of (a block, or its answers)
 _HASH_HEX = 64
+_COUNT = struct.Struct("<i")  # the ready blocks an answer carries
 
 
 def wanted(size: int, parallel: bool | None) -> bool:
@@ -126,17 +130,27 @@ def _cores() -> int:
 _BOOT = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); from agentsession_cas.format.parallel import main; sys.exit(main())"
 
 
-def command(objects: bool, claims: int | None) -> list[str]:
+def command(mode: str, claims: int | None) -> list[str]:
     """The helper's command line: this interpreter, in a process of its own (``claims``:
-    the descriptor of the claims it shares with this process, see :class:`LineHelper`)."""
+    the descriptor of the claims it shares with this process, see :class:`LineHelper`;
+    ``mode``: what its answers carry beside the hashes, "" nothing, "objects" or "blocks")."""
     return [sys.executable, "-c", _BOOT, json.dumps(sys.path), "-" if claims is None else str(claims),
-            *(["objects"] if objects else [])]
+            *([mode] if mode else [])]
 
 
 #: What the helper answers of one line: None (check it yourself), or the content hash,
 #: the ``item`` object's bytes' span in the line ((0, 0): no item object), and, when asked
-#: for (an import writes them), the entry's two objects (content and envelope bytes).
+#: for (an import writes them), the entry's two objects (content and envelope bytes), or
+#: :data:`PACKED` when they are in the ready blocks that came with the answers.
 Known = tuple[str, int, int, tuple[bytes, bytes] | None] | None
+
+#: An entry's objects as a helper in "blocks" mode answers them: made into the ready pack
+#: blocks of its answer (no entry's content is empty, so no entry's objects are these).
+PACKED: tuple[bytes, bytes] = (b"", b"")
+
+#: A ready pack block, as the file backend's :func:`~..backends.files.packs.ready_blocks`
+#: makes them: its zstd frame, its stream's size, its objects' raw names and space bits.
+Ready = tuple[bytes, int, bytes, bytes]
 
 
 class LineHelper:
@@ -149,9 +163,13 @@ class LineHelper:
     a reader takes one from there for each line it takes. :meth:`close` ends the helper
     (a ``with`` block calls it), whatever happened."""
 
-    def __init__(self, *, objects: bool = False) -> None:
+    def __init__(self, *, objects: bool = False, on_ready: Callable[[list[Ready]], None] | None = None) -> None:
         #: Whether the answers carry each clean entry's two objects.
-        self.objects = objects
+        self.objects = objects or on_ready is not None
+        #: Given the ready pack blocks of each block whose answers are taken (then the
+        #: helper makes an entry's objects into them, :data:`PACKED`, where it can).
+        self.on_ready = on_ready
+        self._blocks: list[Ready] = []  # those of the answers read last
         self.known: deque[Known] = deque()
         self.proc: subprocess.Popen[bytes] | None = None
         #: What is sent but not yet written: the pipe is written without blocking, a piece
@@ -184,7 +202,7 @@ class LineHelper:
             if fd is not None:
                 self._claims = mmap.mmap(fd, _RING)
             self.proc = subprocess.Popen(
-                command(self.objects, fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                command("blocks" if self.on_ready else "objects" if self.objects else "", fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 close_fds=True, pass_fds=() if fd is None else (fd,), bufsize=0,
             )
         except OSError as exc:
@@ -286,6 +304,10 @@ class LineHelper:
                 self._dropping += 1  # its answer, when it comes, is read and dropped
         else:
             self.known.extend(answers)
+            if self._blocks:
+                assert self.on_ready is not None
+                blocks, self._blocks = self._blocks, []
+                self.on_ready(blocks)
         return parts
 
     def _readied(self) -> bool:
@@ -342,6 +364,7 @@ class LineHelper:
             if frame is None or not self._dropping:
                 return frame
             self._dropping -= 1
+            self._blocks = []
         return None
 
     def _take(self, number: int) -> bool:
@@ -364,7 +387,10 @@ class LineHelper:
             size, lines = _FRAME.unpack(_read_exactly(proc.stdout, _FRAME.size))
             if lines != count:
                 raise ValueError(f"the helper answered {lines} lines for a block of {count}")
-            return decode_answers(_read_exactly(proc.stdout, size), count, self.objects)
+            answers, self._blocks = decode_answers(_read_exactly(proc.stdout, size), count, self.objects)
+            if self._blocks and self.on_ready is None:
+                raise ValueError("the helper answered with pack blocks, not asked for")
+            return answers
         except (OSError, ValueError, EOFError, struct.error) as exc:
             self._give_up(f"the helper failed: {exc}")
             return None
@@ -414,13 +440,15 @@ def _read_exactly(f: IO[bytes], n: int) -> bytes:
 
 
 # ---------------------------------------------------------------------------
-# the answers, as bytes: per line a flag byte; then four int32 (the item's span, the
-# lengths of the two objects, 0 when not sent); the content hash's 64 hex digits of each
-# clean line; then the objects of each, one after the other
+# the answers, as bytes: per line a flag byte (0 none, 1 clean, 2 clean and its objects
+# in the ready blocks); then four int32 (the item's span, the lengths of the two objects,
+# 0 when not sent); the content hash's 64 hex digits of each clean line; the objects of
+# each, one after the other; then the ready blocks: their count, three int32 each (the
+# frame's length, the stream's, the objects'), their names, space bits and frames
 
 
-def encode_answers(answers: list[Known]) -> bytes:
-    flags = bytes(0 if a is None else 1 for a in answers)
+def encode_answers(answers: list[Known], ready: Sequence[Ready] = ()) -> bytes:
+    flags = bytes(0 if a is None else 2 if a[3] is PACKED else 1 for a in answers)
     ints = array("i")
     hexes: list[str] = []
     blobs: list[bytes] = []
@@ -430,20 +458,25 @@ def encode_answers(answers: list[Known]) -> bytes:
             continue
         chash, start, end, objects = a
         hexes.append(chash[7:])
-        if objects is None:
+        if objects is None or objects is PACKED:
             ints.extend((start, end, 0, 0))
         else:
             ints.extend((start, end, len(objects[0]), len(objects[1])))
             blobs.extend(objects)
-    return b"".join((flags, ints.tobytes(), "".join(hexes).encode("ascii"), *blobs))
+    heads = array("i")
+    for frame, raw, _, spaces in ready:
+        heads.extend((len(frame), raw, len(spaces)))
+    return b"".join((flags, ints.tobytes(), "".join(hexes).encode("ascii"), *blobs, _COUNT.pack(len(ready)), heads.tobytes(),
+                     *(b for _, _, raws, spaces in ready for b in (raws, spaces)), *(r[0] for r in ready)))
 
 
-def decode_answers(data: bytes, count: int, objects: bool) -> list[Known]:
-    """:func:`encode_answers`' answers of ``count`` lines; ValueError when they are not."""
+def decode_answers(data: bytes, count: int, objects: bool) -> tuple[list[Known], list[Ready]]:
+    """:func:`encode_answers`' answers of ``count`` lines and its ready blocks; ValueError
+    when they are not."""
     flags = data[:count]
     ints = array("i")
     ints.frombytes(data[count : count * 17])
-    clean = flags.count(1)
+    clean = count - flags.count(0)
     at = count * 17
     hexes = data[at : at + clean * _HASH_HEX].decode("ascii")
     at += clean * _HASH_HEX
@@ -457,21 +490,69 @@ def decode_answers(data: bytes, count: int, objects: bool) -> list[Known]:
             continue
         start, end, nc, ne = ints[4 * i : 4 * i + 4]
         pair = None
-        if objects:
+        if flag == 2:
+            pair = PACKED
+        elif objects:
             pair = (data[at : at + nc], data[at + nc : at + nc + ne])
             at += nc + ne
         out.append(("sha256:" + hexes[h : h + _HASH_HEX], start, end, pair))
         h += _HASH_HEX
-    if at != len(data):
+    (many,) = _COUNT.unpack_from(data, at)  # (struct.error when cut short)
+    heads = array("i")
+    heads.frombytes(data[at + 4 : at + 4 + 12 * many])
+    at += 4 + 12 * many
+    if len(heads) != 3 * many:
         raise ValueError("the helper's answer is malformed")
-    return out
+    ready: list[Ready] = []
+    frame_at = at + 33 * sum(heads[2::3])
+    for i in range(0, len(heads), 3):
+        size, raw, n = heads[i : i + 3]
+        ready.append((data[frame_at : frame_at + size], raw, data[at : at + 32 * n], data[at + 32 * n : at + 33 * n]))
+        at += 33 * n
+        frame_at += size
+    if frame_at != len(data) or (flags.count(2) and not ready):
+        raise ValueError("the helper's answer is malformed")
+    return out, ready
 
 
 # ---------------------------------------------------------------------------
 # the helper's side
 
 
-def answer(raw: bytes, objects: bool = False) -> Known:
+class _Packing:
+    """In "blocks" mode, the helper's objects of one block's clean entries, made into ready
+    pack blocks as the file backend makes them (its module is loaded here only then: the
+    store this helper serves is a file store). An entry whose objects are packed is
+    answered :data:`PACKED`; a label (which an import may keep out of its session: a
+    projection's marker) and an object too big for a pack are answered with their bytes."""
+
+    def __init__(self) -> None:
+        from ..backends.files import packs
+
+        self._ready = packs.ready_blocks
+        self._cctx = packs.compressor()
+        self._max = packs.MAX_PACKED
+        self._spaces = bytes((packs.SPACE_BITS["contents"], packs.SPACE_BITS["entries"]))
+        self._names: list[str] = []
+        self._datas: list[bytes] = []
+
+    def take(self, entry: Entry) -> bool:
+        """Take the entry's objects into the block's (whether they were taken)."""
+        pair = entry.objects
+        if pair is None or entry.type == "label" or len(pair[0]) > self._max or len(pair[1]) > self._max:
+            return False
+        self._names += (entry.content_hash, entry.id)
+        self._datas += pair
+        return True
+
+    def blocks(self) -> list[Ready]:
+        """The objects taken since the last call, as ready blocks."""
+        names, datas, self._names, self._datas = self._names, self._datas, [], []
+        raws = bytes.fromhex("".join(names).replace("sha256:", ""))
+        return self._ready(raws, self._spaces * (len(datas) // 2), datas, self._cctx)
+
+
+def answer(raw: bytes, objects: bool = False, packing: _Packing | None = None) -> Known:
     """What the helper says of one entry line: :data:`Known` (see the module's doc)."""
     try:
         obj, _, canonical = loads_canonical(raw)
@@ -482,20 +563,29 @@ def answer(raw: bytes, objects: bool = False) -> Known:
         return None
     if found or entry is None:
         return None
-    pair = entry.objects if objects else None
     item = entry.item_bytes
     if item is None:
-        return entry.content_hash, 0, 0, pair
-    start = raw.find(item)
-    if raw.rfind(item) != start:  # (found twice: which one the hash cut is not known here)
-        return None
-    return entry.content_hash, start, start + len(item), pair
+        start = end = 0
+    else:
+        # Where the reader cuts the item's bytes from its copy of the line: any place they
+        # stand is as good (the same bytes); most often just after the first "item" key.
+        start = raw.find(b'"item":{') + 7
+        if start < 7 or not raw.startswith(item, start):
+            start = raw.find(item)
+            if start < 0:  # (cannot be: they were cut from it, or it is their canonical form)
+                return None
+        end = start + len(item)
+    pair = entry.objects if objects or packing else None
+    if packing is not None and packing.take(entry):
+        pair = PACKED
+    return entry.content_hash, start, end, pair
 
 
 def main() -> int:
     """The helper: blocks in, answers out, until its input ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
-    objects = sys.argv[-1] == "objects"
+    objects = sys.argv[-1] in ("objects", "blocks")
+    packing = _Packing() if sys.argv[-1] == "blocks" else None
     claims = mmap.mmap(int(sys.argv[2]), _RING) if sys.argv[2] != "-" else None
     number = 0
     inp, out = sys.stdin.buffer, sys.stdout.buffer
@@ -519,7 +609,8 @@ def main() -> int:
             else:
                 if claims is not None:
                     claims[slot] = BEGUN
-                payload = encode_answers([answer(raw, objects) for raw in parts])
+                answers = [answer(raw, objects, packing) for raw in parts]
+                payload = encode_answers(answers, packing.blocks() if packing is not None else [])
             try:
                 out.write(_FRAME.pack(len(payload), lines) + payload)
                 out.flush()

@@ -220,7 +220,7 @@ def _first_line(f: BinaryIO, name: str) -> tuple[bytes, Header]:
 
 def verify_file(
     path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | None = None, progress: Progress | None = None,
-    processes: bool | None = None,
+    processes: bool | None = None, on_ready: Callable[[list[parallel.Ready]], None] | None = None,
 ) -> VerifyReport:
     """What ``agentsession verify FILE`` reports (:func:`~agentsession_cas.format.rules.verify_session`
     of the file as read), in one pass over the file read line by line: each line through
@@ -244,7 +244,11 @@ def verify_file(
     this one runs the rest (:mod:`~agentsession_cas.format.parallel`; the report is the
     same either way): True or False as said, None (the default) as
     :func:`~agentsession_cas.format.parallel.wanted` decides (a large file, two cores,
-    ``AGENTSESSION_VERIFY_PROCESSES`` not ``1``)."""
+    ``AGENTSESSION_VERIFY_PROCESSES`` not ``1``). ``on_ready``, with ``on_entry``: the
+    helper makes the entries' objects into compressed pack blocks for the file backend,
+    given to ``on_ready`` (each such entry's ``Entry.objects`` is then
+    :data:`~agentsession_cas.format.parallel.PACKED`): the compression is done on the
+    other core too."""
     name = _session_file(path)
     with open(name, "rb") as f:
         first, header = _first_line(f, name)
@@ -336,7 +340,7 @@ def verify_file(
         if not parallel.wanted(size, processes):
             lines = chain.from_iterable(parts for _, parts in blocks())
             return _verify(name, header, lines, checker, where, on_entry, _Parking(wake), misstated)
-        with parallel.LineHelper(objects=on_entry is not None) as helper:
+        with parallel.LineHelper(objects=on_entry is not None, on_ready=on_ready if on_entry is not None else None) as helper:
             return _verify(name, header, helper.lines(blocks()), checker, where, on_entry, _Parking(wake), misstated,
                            helper.known)
 

@@ -28,6 +28,7 @@ from ..backends.base import (
     Mark,
     ObjectStage,
     ObjectStore,
+    ReadyStage,
     RepackResult,
     Space,
 )
@@ -739,13 +740,17 @@ class Store:
         from . import rulestate
 
         taken = _TakenImport(spill, self._defaulted_header(first))
-        report = verify_file(path, on_entry=taken.take, progress=progress)
+        # A stage that takes pack blocks made ready lets the helper process compress the
+        # entries' objects on its core (not for sidecar media: their names are read here).
+        ready = spill.add_ready if isinstance(spill, ReadyStage) and first.media != "sidecar" else None
+        report = verify_file(path, on_entry=taken.take, progress=progress, on_ready=ready)
         source = report.source
         problems = [p for p in report.problems if p.code != "empty"]  # a header alone is a session to hold
         if problems:
             raise SessionFormatError(source, problems)
         if report.header.data != first.data:
             raise StoreError(f"{source}: the file changed while it was imported (its header is not the one first read)")
+        spill.end()  # (the file backend's pack is ended and made durable beside what follows)
         header = self._checked_new_header(taken.header)
         base = header.base
         if base is not None:
@@ -941,7 +946,11 @@ class _TakenImport:
     up to the base, sidecar names; and the summary's running fields."""
 
     def __init__(self, stage: ObjectStage, header: Header):
+        from ..format.parallel import PACKED
+
         self.stage = stage
+        #: What an entry's objects are when the helper made them into ready blocks.
+        self._packed = PACKED
         #: The header the session gets (the store's defaults filled in), which the summary starts from.
         self.header = header
         self._base = header.base
@@ -1022,9 +1031,10 @@ class _TakenImport:
             self._take_other(e, objects)
             return
         self.summary.feed(e)
-        self.stage.add_entry(e.content_hash, eid, objects)
-        if self._sidecar:
-            self.sidecars.extend(sidecar_names(objects[0]))
+        if objects is not self._packed:  # (else in the helper's blocks, handed to the stage already)
+            self.stage.add_entry(e.content_hash, eid, objects)
+            if self._sidecar:
+                self.sidecars.extend(sidecar_names(objects[0]))
 
     def _take_other(self, e: Entry, objects: tuple[bytes, bytes] | None) -> None:
         """An entry of the prefix, a label, or a line the rules refuse."""
@@ -1047,9 +1057,10 @@ class _TakenImport:
             if eid == self._base:
                 self.own_from = len(self.ids)
                 self.base_is_leaf_label = leaf_label
-        self.stage.add_entry(e.content_hash, eid, objects)
-        if self._sidecar:
-            self.sidecars.extend(sidecar_names(objects[0]))
+        if objects is not self._packed:
+            self.stage.add_entry(e.content_hash, eid, objects)
+            if self._sidecar:
+                self.sidecars.extend(sidecar_names(objects[0]))
 
 
 def _objects_of(entries: list[Entry]) -> list[tuple[Space, str, bytes]]:

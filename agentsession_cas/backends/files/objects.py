@@ -44,15 +44,17 @@ from ...fsutil import (
     write_new_file,
 )
 from ...lean import dataclass
-from ..base import ObjectStore, RepackResult, Space
+from ..base import ObjectStore, ReadyBlock, RepackResult, Space
 from .packs import (
     BLOCK_TARGET,
     MAX_PACKED,
     SPACE_BITS,
+    Block,
     Pack,
     PackSet,
     PackWriter,
     StreamPackWriter,
+    decompress_block,
     pack_file_sound,
     salvage_pack,
 )
@@ -1226,7 +1228,7 @@ class PackStage:
         self._rest = Spill()
         self._first: Spill | None = Spill()  # the first objects, until there are PACK_BATCH
         self._writer: StreamPackWriter | None = None
-        self._done = False
+        self._done = self._ended = False  # stored or closed; told no more objects come
         self._spaces = bytearray()  # the batch being gathered: each object's space bits,
         self._names: list[str] = []  # name
         self._datas: list[bytes] = []  # and bytes
@@ -1235,8 +1237,7 @@ class PackStage:
         self._dedup = bool(objects.packs.packs)
 
     def add(self, space: str, name: str, data: bytes) -> None:
-        if self._done:
-            raise StoreError("objects added to an import's stage after it was stored or closed")
+        self._check_open()
         self._spaces.append(SPACE_BITS[space])
         self._names.append(name)
         self._datas.append(data)
@@ -1245,14 +1246,58 @@ class PackStage:
             self._flush()
 
     def add_entry(self, content: str, entry: str, objects: tuple[bytes, bytes]) -> None:
-        if self._done:
-            raise StoreError("objects added to an import's stage after it was stored or closed")
+        self._check_open()
         self._spaces += _ENTRY_SPACES
         self._names += (content, entry)
         self._datas += objects
         self._held += len(objects[0]) + len(objects[1])
         if self._held >= self.BATCH_BYTES:
             self._flush()
+
+    def add_ready(self, blocks: Sequence[ReadyBlock]) -> None:
+        """Blocks of entries' objects made and compressed by the import's helper process
+        (:func:`~.packs.ready_blocks`), written after what came before them. In a store
+        that had packs, a block holding an object one of them holds is opened and its
+        objects taken one by one, as :meth:`add` takes them (that one is not packed again)."""
+        self._check_open()
+        if self._dedup:
+            blocks = [block for block in blocks if not self._opened(block)]
+        if not blocks:
+            return
+        self._flush()
+        if self._writer is None:
+            self._start()
+        assert self._writer is not None
+        self._writer.add_ready(blocks)
+
+    def _check_open(self) -> None:
+        if self._done or self._ended:
+            raise StoreError("objects added to an import's stage after its end, or after it was stored or closed")
+
+    def end(self) -> None:
+        """No more objects come (the import's pass is over): its pack's last blocks are
+        compressed and the pack made durable now, still in ``tmp/``, beside what the
+        import does next; :meth:`seal` then only indexes it and makes it visible."""
+        self._check_open()
+        self._flush()
+        self._ended = True
+        if self._writer is not None:
+            self._writer.end()
+
+    def _opened(self, block: ReadyBlock) -> bool:
+        """Whether a ready block holds an object a pack of the store holds, and was then
+        opened, its objects added one by one."""
+        frame, raw, raws, spaces = block
+        names = [HASH_PREFIX + raws[i : i + 32].hex() for i in range(0, len(raws), 32)]
+        packed = self._objects._packed_sound
+        if not any(packed(_SPACE_OF_BITS[bits], name) is not None for bits, name in zip(spaces, names)):
+            return False
+        where = "a block of an import's helper"
+        objects = Block(decompress_block(frame, raw, where=where, path=self._objects.tmp), b"", len(names),
+                        where=where, path=self._objects.tmp)
+        for slot, (bits, name) in enumerate(zip(spaces, names)):
+            self.add(_SPACE_OF_BITS[bits], name, objects.object(slot))
+        return True
 
     def _flush(self) -> None:
         """Hand the batch on: to the writer (begun once there are :data:`PACK_BATCH`

@@ -84,6 +84,7 @@ import zstandard
 from ...errors import CorruptPackError, StoreError
 from ...format.hashing import FAST_ENVELOPE
 from ...fsutil import fsync_dir, write_all
+from ..base import ReadyBlock
 
 if TYPE_CHECKING:  # loaded when a read first reads ahead: a command that does not, does not load it
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -109,6 +110,9 @@ IDX_MAGIC_V1 = b"ASIDX\x00\x00\x01"
 BLOCK_TARGET = 256 * 1024
 #: Objects larger than this are not packed (they stay loose files).
 MAX_PACKED = 32 * 1024 * 1024
+#: The zstd level of the packs an import writes as its pass goes (its own blocks and the
+#: ready ones its helper process makes).
+STREAM_LEVEL = 1
 #: The largest block target a writer takes: with envelopes counted at
 #: ENVELOPE_SIZE (up to ENVELOPE_COUNTED bytes), no block outgrows MAX_BLOCK.
 MAX_TARGET = 4 * 1024 * 1024
@@ -889,7 +893,7 @@ class PackWriter:
         self.block_target = min(block_target, MAX_TARGET)
         self.encode = encode
         self.level = level
-        self._cctx = zstandard.ZstdCompressor(level=level, write_checksum=False)
+        self._cctx = compressor(level)
         self._compress_all = _compress_many(self._cctx)
         # Blocks cut and not yet compressed (no pool): (stream, side bytes, first, count),
         # and their streams' bytes.
@@ -1024,22 +1028,15 @@ class PackWriter:
         which is cut before an object that would take it past the target and once it
         reaches it (as :meth:`add_raw` does one). Where each block ends is found by
         bisection over the objects' running sizes, and its objects are taken as a slice:
-        no step of Python per object."""
-        target, count = self.block_target, len(datas)
+        no step of Python per object (:func:`_block_stops`)."""
         ends = list(itertools.accumulate(map(len, datas), initial=0))  # ends[k]: the bytes of datas[:k]
-        start, held = 0, self._buf_len
-        while True:
-            base = ends[start] - held  # ends[k + 1] - base: the block's bytes once datas[k] is in it
-            stop = bisect_left(ends, base + target, start + 1)  # datas[stop - 1] reaches the target
-            if stop > count:  # none does: the block stays open
-                self._pending.extend(datas[start:])
-                self._buf_len = ends[count] - base
-                return
-            if ends[stop] - base > target and (stop - 1 > start or held):
-                stop -= 1  # the object that would take it past the target begins the next block
+        start = 0
+        for stop in _block_stops(ends, self._buf_len, self.block_target):
             self._pending.extend(datas[start:stop])
             self._cut()
-            start, held = stop, 0
+            start = stop
+        self._pending.extend(datas[start:])  # the block left open
+        self._buf_len += ends[-1] - ends[start]
 
     def _check_room(self, more: int = 1) -> None:
         if self._slots + len(self._pending) + more > MAX_OBJECTS:
@@ -1101,13 +1098,14 @@ class PackWriter:
         if not count:  # (not the byte count: an empty object still needs its slot)
             return
         self._pending, self._buf_len = [], 0
-        kinds = bytearray(count)
-        lens = [0] * count
-        side_lens = [0] * count
-        payloads: list[bytes] = []
         side: list[bytes] = []  # (encoding only)
-        objects, first = self._objects, self._slots
+        first = self._slots
         if self.encode:
+            objects = self._objects
+            kinds = bytearray(count)
+            lens = [0] * count
+            side_lens = [0] * count
+            payloads: list[bytes] = []
             order = [o for o in pending if o[3] is None]
             plain = len(order)  # contents may point back only to these
             order += [o for o in pending if o[3] is not None]
@@ -1132,10 +1130,9 @@ class PackWriter:
                 payloads.append(payload)
                 lens[slot] = len(payload)
             tables = (bytes(kinds), struct.pack(f">{count}I", *lens), struct.pack(f">{count}I", *side_lens))
+            stream = b"".join((*tables, *payloads))
         else:
-            payloads = pending  # plain: ordinals were given as they came
-            tables = (bytes(count), struct.pack(f">{count}I", *map(len, pending)), bytes(4 * count))
-        stream = b"".join((*tables, *payloads))
+            stream = plain_stream(pending)  # plain: ordinals were given as they came
         side_bytes = b"".join(side)
         if len(stream) > MAX_BLOCK or len(side_bytes) > MAX_BLOCK:  # (cannot happen: see MAX_TARGET; never write one)
             raise StoreError(f"a block of {len(stream)} + {len(side_bytes)} bytes is more than a reader accepts")
@@ -1144,14 +1141,13 @@ class PackWriter:
 
     def _hand(self, stream: bytes, side: bytes, first: int, count: int) -> None:
         """A cut block's stream to zstd: on this thread, or on the pool, written in order."""
-        job = (stream, side, first, count)
         if self._pool is None:
-            self._cut_blocks.append(job)
+            self._cut_blocks.append((stream, side, first, count))
             self._cut_bytes += len(stream)
             if self._cut_bytes >= self.COMPRESS_BYTES:
                 self._compress_cut()
             return
-        self._inflight.append((self._pool.submit(self._compress, stream), job))
+        self._inflight.append((self._pool.submit(self._compress, stream), (len(stream), side, first, count)))
         self._collect(wait=False)
 
     #: Without a pool, blocks are compressed this many bytes of them at once, in one call
@@ -1164,13 +1160,13 @@ class PackWriter:
         """Compress the blocks cut so far and write them, in order."""
         blocks, self._cut_blocks, self._cut_bytes = self._cut_blocks, [], 0
         if blocks:
-            for frame, job in zip(self._compress_all([job[0] for job in blocks]), blocks, strict=True):
-                self._put_block(frame, *job)
+            for frame, (stream, side, first, count) in zip(self._compress_all([job[0] for job in blocks]), blocks, strict=True):
+                self._put_block(frame, len(stream), side, first, count)
 
     def _compress(self, stream: bytes) -> bytes:
         cctx = getattr(self._local_cctx, "cctx", None)
         if cctx is None:
-            cctx = self._local_cctx.cctx = zstandard.ZstdCompressor(level=self.level, write_checksum=False)
+            cctx = self._local_cctx.cctx = compressor(self.level)
         return cctx.compress(stream)
 
     def _collect(self, *, wait: bool) -> None:
@@ -1183,9 +1179,10 @@ class PackWriter:
             future, job = inflight.pop(0)
             self._put_block(future.result(), *job)
 
-    def _put_block(self, frame: bytes, stream: bytes, side: bytes, first: int, count: int) -> None:
-        self._blocks.append((self._pos, len(frame), len(stream), len(side), first, count))
-        self._write(frame, len(stream))
+    def _put_block(self, frame: bytes, raw: int, side: bytes, first: int, count: int) -> None:
+        """Write a block: its zstd frame, of a stream of ``raw`` bytes, then its side bytes."""
+        self._blocks.append((self._pos, len(frame), raw, len(side), first, count))
+        self._write(frame, raw)
         if side:
             self._write(side)
 
@@ -1294,7 +1291,7 @@ class StreamPackWriter(PackWriter):
     HAND_AT = 4
     IN_FLIGHT = 2
 
-    def __init__(self, pack_dir: str, tmp_dir: str, *, level: int = 3, threads: int = 0):
+    def __init__(self, pack_dir: str, tmp_dir: str, *, level: int = STREAM_LEVEL, threads: int = 0):
         import tempfile
 
         super().__init__(pack_dir, tmp_dir, level=level)
@@ -1307,8 +1304,8 @@ class StreamPackWriter(PackWriter):
         if threads > 0:
             import queue
 
-            self._batch: list[tuple[bytes, bytes, int, int]] = []  # blocks cut and not yet handed over
-            self._jobs: queue.SimpleQueue[list[tuple[bytes, bytes, int, int]] | None] = queue.SimpleQueue()
+            self._batch: list[_Job] = []  # blocks cut (or taken ready) and not yet handed over
+            self._jobs: queue.SimpleQueue[list[_Job] | None] = queue.SimpleQueue()
             self._room = threading.Semaphore(self.IN_FLIGHT)
             self._thread = threading.Thread(target=self._run, name="pack-compress", daemon=True)
             self._thread.start()
@@ -1326,8 +1323,12 @@ class StreamPackWriter(PackWriter):
             blocks = [job for batch in batches if batch is not None for job in batch]
             if blocks and not (self._aborting or isinstance(self._ended, BaseException)):
                 try:
-                    for frame, job in zip(compress([job[0] for job in blocks]), blocks, strict=True):
-                        self._put_block(frame, *job)
+                    # a stream to compress (raw -1), or a frame made ready elsewhere (add_ready)
+                    frames = iter(compress([job[0] for job in blocks if job[1] < 0]))
+                    for data, raw, side, first, count in blocks:
+                        if raw < 0:
+                            data, raw = next(frames), len(data)
+                        self._put_block(data, raw, side, first, count)
                 except BaseException as exc:
                     self._ended = exc
             del blocks
@@ -1345,7 +1346,7 @@ class StreamPackWriter(PackWriter):
         if self._thread is None:
             super()._hand(stream, side, first, count)
             return
-        self._batch.append((stream, side, first, count))
+        self._batch.append((stream, -1, side, first, count))
         if len(self._batch) >= self.HAND_AT:
             self._hand_batch()
 
@@ -1373,16 +1374,24 @@ class StreamPackWriter(PackWriter):
             raise StoreError(f"writing the pack {self._tmp}.pack failed: {ended}") from ended
         return ended
 
+    def end(self) -> None:
+        """No more objects come: the writer's thread ends the pack now (its last blocks,
+        its checksum, its fsync) beside what the caller does next, and :meth:`finish`
+        then only sorts the index and publishes both (without a thread, it does it all)."""
+        if self._thread is None or self._told:
+            return
+        self._cut()
+        self._hand_batch()
+        self._jobs.put(None)
+        self._told = True
+
     def finish(self) -> str:
         if not len(self):
             self.abort()
             raise StoreError("refusing to write an empty pack")
         if self._thread is None:
             return super().finish()
-        self._cut()
-        self._hand_batch()
-        self._jobs.put(None)  # the thread ends the pack (its last blocks, checksum, fsync) ...
-        self._told = True
+        self.end()  # the thread ends the pack (its last blocks, checksum, fsync) ...
         index = self._index()  # ... while this one sorts the index
         pack_sum = self._stop()
         assert pack_sum is not None
@@ -1414,10 +1423,39 @@ class StreamPackWriter(PackWriter):
     def _take(self, raws: bytes, spaces: bytes, datas: Sequence[bytes]) -> None:
         """Objects whose raw names (32 bytes each) and space bits are given, into blocks
         (:meth:`PackWriter._fill`), their names and spaces recorded."""
+        self._check_open()
         self._check_room(len(spaces))
         self._names.write(raws)
         self._spaces += spaces
         self._fill(datas)
+
+    def add_ready(self, blocks: Sequence[ReadyBlock]) -> None:
+        """Add blocks made and compressed elsewhere (an import's helper process, with
+        :func:`ready_blocks`: objects it vouches are named by their hashes), after the
+        block being filled, which is cut first. Each is written as it came, its objects
+        given the next slots; a frame that does not declare its stream's size is refused."""
+        self._check_open()
+        self._cut()
+        self._compress_cut()  # (without the thread: the blocks cut so far written first)
+        for frame, raw, raws, spaces in blocks:
+            count = len(spaces)
+            if not count or len(raws) != 32 * count or not 0 < raw <= MAX_BLOCK or _frame_size(frame) != raw:
+                raise StoreError(f"a ready block of {count} objects, {len(raws)} bytes of names and {raw} bytes "
+                                 f"(its frame says {_frame_size(frame)}) handed to a pack writer")
+            self._check_room(count)
+            self._names.write(raws)
+            self._spaces += spaces
+            first, self._slots = self._slots, self._slots + count
+            if self._thread is None:
+                self._put_block(frame, raw, b"", first, count)
+                continue
+            self._batch.append((frame, raw, b"", first, count))
+            if len(self._batch) >= self.HAND_AT:
+                self._hand_batch()
+
+    def _check_open(self) -> None:
+        if self._told:
+            raise StoreError(f"objects added to the pack {self._tmp}.pack after its end")
 
     def copy_pack(self, pack: Pack) -> None:
         raise TypeError("a StreamPackWriter takes objects, not packs")
@@ -1441,6 +1479,66 @@ class StreamPackWriter(PackWriter):
         return _merge_repeats(names, [slot << 3 | spaces[slot] for slot in order])
 
 
+#: A block handed to the writer's thread: (a stream to compress, -1) or (its frame, the
+#: stream's size), then its side bytes, its first slot and its count of objects.
+_Job = tuple[bytes, int, bytes, int, int]
+
+def compressor(level: int = STREAM_LEVEL) -> zstandard.ZstdCompressor:
+    """A pack writer's zstd context: frames that declare their size, no checksum of their
+    own (the pack's covers them)."""
+    return zstandard.ZstdCompressor(level=level, write_checksum=False)
+
+
+def plain_stream(payloads: Sequence[bytes]) -> bytes:
+    """A plain block's stream: its tables (every kind 0, the lengths, no side bytes), then
+    the objects as they are."""
+    count = len(payloads)
+    return b"".join((bytes(count), struct.pack(f">{count}I", *map(len, payloads)), bytes(4 * count), *payloads))
+
+
+def _block_stops(ends: list[int], held: int, target: int) -> Iterator[int]:
+    """Where plain blocks close among objects of running sizes ``ends`` (``ends[k]``: the
+    bytes of the first ``k``), the block being filled holding ``held`` bytes already: the
+    number of objects taken when each closes. A block closes before an object that would
+    take it past ``target`` (unless it would be empty: a big object is a block of its
+    own) and once it reaches it; what follows the last stop is left open. Found by
+    bisection over ``ends``: no step of Python per object."""
+    count, start = len(ends) - 1, 0
+    while True:
+        base = ends[start] - held  # ends[k + 1] - base: the block's bytes once object k is in it
+        stop = bisect_left(ends, base + target, start + 1)  # object stop - 1 reaches the target
+        if stop > count:  # none does: the block stays open
+            return
+        if ends[stop] - base > target and (stop - 1 > start or held):
+            stop -= 1  # the object that would take it past the target begins the next block
+        yield stop
+        start, held = stop, 0
+
+
+def ready_blocks(raws: bytes, spaces: bytes, datas: Sequence[bytes], cctx: zstandard.ZstdCompressor) -> list[ReadyBlock]:
+    """Objects (raw names, space bits, bytes; none above :data:`MAX_PACKED`) made into
+    plain blocks as :class:`StreamPackWriter` cuts them, the last one closed where they
+    end, and compressed with ``cctx`` (:func:`compressor`): what
+    :meth:`StreamPackWriter.add_ready` takes. An import's helper process makes them."""
+    if not datas:
+        return []
+    stops = [0, *_block_stops(list(itertools.accumulate(map(len, datas), initial=0)), 0, BLOCK_TARGET)]
+    if stops[-1] != len(datas):
+        stops.append(len(datas))
+    streams = [plain_stream(datas[a:b]) for a, b in itertools.pairwise(stops)]
+    frames = _compress_many(cctx)(streams)
+    return [(bytes(frame), len(stream), raws[32 * a : 32 * b], spaces[a:b])
+            for frame, stream, (a, b) in zip(frames, streams, itertools.pairwise(stops), strict=True)]
+
+
+def _frame_size(frame: bytes) -> int:
+    """The stream size a zstd frame declares (-1 when it declares none or is no frame)."""
+    try:
+        return zstandard.frame_content_size(frame)
+    except zstandard.ZstdError:
+        return -1
+
+
 def _compress_many(cctx: zstandard.ZstdCompressor) -> Callable[[list[bytes]], Sequence[Any]]:
     """Each stream compressed as :meth:`~zstandard.ZstdCompressor.compress` makes its frame
     (the same bytes). zstandard's C backend does them all in one call that lets go of the
@@ -1450,7 +1548,7 @@ def _compress_many(cctx: zstandard.ZstdCompressor) -> Callable[[list[bytes]], Se
     many = getattr(cctx, "multi_compress_to_buffer", None)
     if many is None:
         return lambda streams: [cctx.compress(stream) for stream in streams]
-    return lambda streams: list(many(streams, threads=0))
+    return lambda streams: list(many(streams, threads=0)) if streams else []
 
 
 def _merge_repeats(names: list[bytes], wheres: list[int]) -> tuple[list[bytes], list[int]]:
