@@ -184,6 +184,37 @@ def test_shared_content_is_sent_once(ab):
     assert (r.entries, r.objects) == (4, 4 + 2)
 
 
+def test_a_push_cut_short_between_creating_the_session_and_moving_its_head_finishes_when_run_again(ab, monkeypatch):
+    """The remote lost the session: a push creates it there (its entries land, its head
+    none, the remembered head being stale), then moves the head from none in a second
+    request. Cut short between the two (the device went read-only, found by the torture
+    test), the push run again finds the session holding the entries with no head: it
+    moves the head from none, since no head there can be lost."""
+    a, b, broot = ab
+    ids = record(a, "s1", 3)
+    ex.push(a, broot, "s1")
+    Store(broot).delete("s1")
+    real = ex._push_request
+    calls: list[int] = []
+
+    def second_fails(*args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(30, "Read-only file system", "forced")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ex, "_push_request", second_fails)
+    with pytest.raises(OSError):
+        ex.push(a, broot, "s1")
+    monkeypatch.undo()
+    assert reopen(broot, "s1").head is None and reopen(broot, "s1").log_order == ids
+    r = ex.push(a, broot, "s1")
+    assert r.outcome == "fast-forward" and r.head_after == ids[-1], r
+    assert any("no head" in n for n in r.notes), r.notes
+    assert reopen(broot, "s1").head == ids[-1]
+    assert Store(broot, readonly=True).export("s1") == a.export("s1")
+
+
 def test_push_after_the_remote_lost_the_session_sends_the_whole_closure(ab):
     a, b, broot = ab
     ids = record(a, "s1", 3)

@@ -432,14 +432,25 @@ def _push(
     result.entries = adm.admitted
     result.created = adm.created
     first = adm
-    if adm.outcome == "refused" and expected is UNSET and adm.created and adm.previous is None and exp is not None:
+    if (
+        adm.outcome == "refused" and expected is UNSET and adm.previous is None and exp is not None
+        and (adm.created or adm.mark == "mirror")
+    ):
         # The remote no longer held the session (deleted there, or a store put back from
         # an older copy): this push created it, with no head, and the head this store
-        # remembers seeing there is stale. Only the head is still to move: from none.
-        result.notes.append(
-            f"the remote no longer held session {session_id} (this store remembered its head there as {exp}); "
-            "created it anew"
-        )
+        # remembers seeing there is stale. Only the head is still to move: from none. Or a
+        # push that did so was cut short before that move (a mirror there with no head:
+        # only exchange moves a mirror's head, so none is lost).
+        if adm.created:
+            result.notes.append(
+                f"the remote no longer held session {session_id} (this store remembered its head there as {exp}); "
+                "created it anew"
+            )
+        else:
+            result.notes.append(
+                f"the remote holds session {session_id} with no head (a push that created it there was cut short "
+                f"before its head moved; this store remembered the head there as {exp}); moved it from none"
+            )
         result.expected = None
         adm = _push_request(store, sess, transport, closure, replace(request, expected=None), progress, result)
     elif (
