@@ -111,8 +111,11 @@ BLOCK_TARGET = 256 * 1024
 #: Objects larger than this are not packed (they stay loose files).
 MAX_PACKED = 32 * 1024 * 1024
 #: The zstd level of the packs an import writes as its pass goes (its own blocks and the
-#: ready ones its helper process makes).
-STREAM_LEVEL = 1
+#: ready ones its helper process makes). Level 1 was tried: 0.14 s less of the helper's
+#: CPU at 100,000 entries for 6.5% more pack bytes until a repack, and no change in the
+#: import's wall time on an idle machine (2,632 against 2,639 ms: the main process's pass
+#: is what an import waits for), so the packs stay as small as the checkpoints'.
+STREAM_LEVEL = 3
 #: The largest block target a writer takes: with envelopes counted at
 #: ENVELOPE_SIZE (up to ENVELOPE_COUNTED bytes), no block outgrows MAX_BLOCK.
 MAX_TARGET = 4 * 1024 * 1024
