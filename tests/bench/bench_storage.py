@@ -82,6 +82,15 @@ def verdict(met: bool) -> str:
     return "MET" if met else "NOT MET"
 
 
+def report_append(small_label: str, big_label: str, small: tuple, big: tuple) -> bool:
+    """Print an append's figures (``best``'s tuples) beside the append targets; whether a run failed."""
+    ratio, mb = big[0] / small[0], big[2] / 1e6
+    print(f"{small_label} {small[0] * 1000:8.1f} ms, {big_label} {big[0] * 1000:8.1f} ms = {ratio:5.2f}x "
+          f"(target <= {TARGET_APPEND}x: {verdict(ratio <= TARGET_APPEND)}); "
+          f"peak {mb:.0f} MB (target <= {TARGET_APPEND_MB} MB: {verdict(mb <= TARGET_APPEND_MB)})")
+    return small[1] != 0 or big[1] != 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     size = ap.add_mutually_exclusive_group()
@@ -126,13 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         def append(store: str, sid: str) -> tuple[float, int, int, float]:
             return best(["sh", "-c", f"printf '%s' '{ENTRY}' | {exe} --store {store} append {sid}"], repeat)
 
-        a_small, a_big = append(small, "one"), append(big, "rec")
-        failed |= a_small[1] != 0 or a_big[1] != 0
-        ar = a_big[0] / a_small[0]
-        mb = a_big[2] / 1e6
-        print(f"\nappend one entry: 1-entry session {a_small[0] * 1000:8.1f} ms, {count:,}-entry session "
-              f"{a_big[0] * 1000:8.1f} ms = {ar:5.2f}x (target <= {TARGET_APPEND}x: {verdict(ar <= TARGET_APPEND)}); "
-              f"peak {mb:.0f} MB (target <= {TARGET_APPEND_MB} MB: {verdict(mb <= TARGET_APPEND_MB)})")
+        failed |= report_append("\nappend one entry: 1-entry session", f"{count:,}-entry session",
+                                append(small, "one"), append(big, "rec"))
 
         # -- the first append after an import (no writer's close before it): the big file
         # imported afresh before each run, against a 1-entry file so imported
@@ -150,14 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             sid = str(sf.header.id)
             return best(["sh", "-c", f"printf '%s' '{ENTRY}' | {exe} --store {store} append {sid}"], repeat, before=imported)
 
-        i_small = first_after_import("one", data.split(b"\n", 2)[0] + b"\n" + data.split(b"\n", 2)[1] + b"\n")
-        i_big = first_after_import("all", data)
-        failed |= i_small[1] != 0 or i_big[1] != 0
-        ir = i_big[0] / i_small[0]
-        mb = i_big[2] / 1e6
-        print(f"first append after an import: of 1 entry {i_small[0] * 1000:8.1f} ms, of {count:,} "
-              f"{i_big[0] * 1000:8.1f} ms = {ir:5.2f}x (target <= {TARGET_APPEND}x: {verdict(ir <= TARGET_APPEND)}); "
-              f"peak {mb:.0f} MB (target <= {TARGET_APPEND_MB} MB: {verdict(mb <= TARGET_APPEND_MB)})")
+        one_entry = b"".join(line + b"\n" for line in data.split(b"\n", 2)[:2])
+        failed |= report_append("first append after an import: of 1 entry", f"of {count:,}",
+                                first_after_import("one", one_entry), first_after_import("all", data))
 
         # -- list: 1,000 sessions against 10, the same entries in all
         def store_of(path: str, sessions: int) -> None:
