@@ -310,6 +310,19 @@ def test_remote_urls_name_one_store_however_spelled(tmp_path):
     b.close()
 
 
+@pytest.mark.parametrize("url", ["file://", "file:", "file://localhost"])
+def test_a_store_url_naming_no_path_is_refused_not_taken_for_the_working_directory(tmp_path, monkeypatch, url):
+    """``--store file://`` named no directory, and opened (or with ``init`` made) a store in
+    the working directory; now it is refused, naming what it lacks."""
+    from agentsession_cas.errors import UnsupportedError
+    from agentsession_cas.store.url import open_store
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnsupportedError, match="names no path"):
+        open_store(url, create=True)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_remote_that_is_no_store_is_refused(tmp_path):
     a = store(tmp_path, "a")
     record(a, "s1", 1)

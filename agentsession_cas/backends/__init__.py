@@ -85,6 +85,8 @@ def store_url_kind(url: str) -> tuple[str, str]:
         parts = urlsplit(url)
         if parts.netloc not in ("", "localhost"):
             raise UnsupportedError(f"store {url!r}: a file: URL names no host (or localhost), not {parts.netloc!r}")
+        if not parts.path:  # (not the working directory: a path says so, "." or "file:.")
+            raise UnsupportedError(f"store {url!r}: a file: URL names no path; give the store's directory")
         return "file", os.fsdecode(unquote_to_bytes(parts.path))
     if scheme == "memory":
         return "memory", url[len("memory:"):]
