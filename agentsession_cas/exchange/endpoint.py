@@ -104,32 +104,26 @@ def _check_entries(
     objects = store.objects
     for at in range(0, len(entry_ids), _CHUNK):
         chunk = entry_ids[at : at + _CHUNK]
-        for entry_id in chunk:
-            if not is_hash(entry_id):
-                break
-        else:
+        envs: list[bytes] | None = None
+        if all(map(is_hash, chunk)):
             try:
-                envs: list[bytes | None] = list(objects.get_many("entries", chunk))
+                envs = objects.get_many("entries", chunk)
             except _UNREADABLE:
-                envs = [None] * len(chunk)
-            firsts = [_first_half(entry_id, env) if env is not None else None for entry_id, env in zip(chunk, envs)]
-            names = [f[1][2] for f in firsts if f is not None and f[0] is None]
-            try:
-                found = dict(zip(names, objects.get_many("contents", names)))
-            except _UNREADABLE:
-                found = {}
-            for entry_id, env, first in zip(chunk, envs, firsts):
-                if env is None or first is None:
-                    yield _check_one(objects, entry_id, missing, keep)
-                    continue
-                refusal, parsed = first
-                if refusal is not None:
-                    raise refusal
-                content = found.get(parsed[2])
-                yield _second_half(objects, entry_id, parsed, content, missing, keep)
+                pass
+        if envs is None:  # (an id that is none, an object that does not read: each in its turn)
+            for entry_id in chunk:
+                yield _check_one(objects, entry_id, missing, keep)
             continue
-        for entry_id in chunk:  # (an id that is none: refused in its turn)
-            yield _check_one(objects, entry_id, missing, keep)
+        envelopes = [_envelope_of(entry_id, env) for entry_id, env in zip(chunk, envs)]
+        names = [parsed[2] for refusal, parsed in envelopes if refusal is None]
+        try:
+            found = dict(zip(names, objects.get_many("contents", names)))
+        except _UNREADABLE:
+            found = {}  # (each read alone: missing names each one)
+        for entry_id, (refusal, parsed) in zip(chunk, envelopes):
+            if refusal is not None:
+                raise refusal
+            yield _checked_with(objects, entry_id, parsed, found.get(parsed[2]), missing, keep)
 
 
 def _check_one(objects: ObjectStore, entry_id: str, missing: dict[str, list[str]], keep: bool) -> _Checked | None:
@@ -140,13 +134,13 @@ def _check_one(objects: ObjectStore, entry_id: str, missing: dict[str, list[str]
     except _UNREADABLE:
         missing["entries"].append(entry_id)
         return None
-    refusal, parsed = _first_half(entry_id, env_bytes)
+    refusal, parsed = _envelope_of(entry_id, env_bytes)
     if refusal is not None:
         raise refusal
-    return _second_half(objects, entry_id, parsed, None, missing, keep)
+    return _checked_with(objects, entry_id, parsed, None, missing, keep)
 
 
-def _first_half(entry_id: str, env_bytes: bytes) -> tuple[AppendRefusedError | None, Any]:
+def _envelope_of(entry_id: str, env_bytes: bytes) -> tuple[AppendRefusedError | None, Any]:
     """An envelope parsed and held to its form: (None, (envelope, careful, content hash)),
     or (the refusal, None)."""
     try:
@@ -158,7 +152,7 @@ def _first_half(entry_id: str, env_bytes: bytes) -> tuple[AppendRefusedError | N
     return None, (env, env_careful, env["content"])
 
 
-def _second_half(
+def _checked_with(
     objects: ObjectStore, entry_id: str, parsed: tuple[dict[str, Any], bool, str], content: bytes | None,
     missing: dict[str, list[str]], keep: bool,
 ) -> _Checked | None:

@@ -1072,7 +1072,7 @@ class FileSessionLog(SessionLog):
         more = wait and inflight is not None and len(self.unmaterialized) > len(inflight[1])
         self._finish_checkpoint(compact=not more)
         if not self.unmaterialized:
-            if self._durable_since_checkpoint and self._inflight is None:
+            if self._durable_since_checkpoint:  # (none in flight: finished above)
                 # Only appends whose objects were durable before them came since the last
                 # checkpoint record: one naming them lets compaction fold them (a session
                 # that takes its entries by push would otherwise never be compacted, and
