@@ -11,6 +11,9 @@ deterministic coding-agent session of ``bench_verify.py``:
   made durable);
 * **append**: ``agentsession append`` of one entry to that session, against the same
   append to a 1-entry session (target <= 1.3x, peak memory <= 60 MB);
+* **append a response**: the same with a ``response`` whose request hash the rules
+  check, each run on a fresh copy of the store (same targets; its request context is the
+  whole path, which the kept rules' state does not hold: today the whole state is rebuilt);
 * **first append after an import**: the same append to the session just imported from
   the file (imported afresh before each run, so no writer's close came between), against
   the first append after importing a 1-entry file (same targets: an import keeps the
@@ -43,7 +46,7 @@ for p in (str(ROOT), str(HERE)):
         sys.path.insert(0, p)
 
 import agentsession_cas  # noqa: E402
-from agentsession_cas import Header, read_session_bytes  # noqa: E402
+from agentsession_cas import Header, read_session_bytes, request_hash_for  # noqa: E402
 from agentsession_cas.store import Store  # noqa: E402
 from bench_commands import best, compile_packages  # noqa: E402
 from bench_verify import generate  # noqa: E402
@@ -137,6 +140,32 @@ def main(argv: list[str] | None = None) -> int:
 
         failed |= report_append("\nappend one entry: 1-entry session", f"{count:,}-entry session",
                                 append(small, "one"), append(big, "rec"))
+
+        # -- append one response whose request hash is checked: its request context is the
+        # whole path to the head, which the kept rules' state does not hold (docs/storage-format.md,
+        # "What an append costs"); each run on a fresh copy of the store, so each appends at the
+        # same head
+        def response_append(store: str, sid: str) -> tuple[float, int, int, float]:
+            with Store(store, readonly=True) as st:
+                s = st.read(sid)
+                by_id = {e.id: e for e in s.projection_entries()}
+                path, at = [], s.head
+                while at is not None:
+                    path.append(by_id[at])
+                    at = by_id[at].parent
+            body = {"type": "response", "response_id": "bench-response", "model": "m", "status": "completed"}
+            body["request_hash"] = request_hash_for(path[::-1], body)
+            copy = store + "-copy"
+
+            def fresh() -> None:
+                shutil.rmtree(copy, ignore_errors=True)
+                shutil.copytree(store, copy)
+
+            line = json.dumps(body)
+            return best(["sh", "-c", f"printf '%s' '{line}' | {exe} --store {copy} append {sid}"], repeat, before=fresh)
+
+        failed |= report_append("append one response (request hash checked): 1-entry session",
+                                f"{count:,}-entry session", response_append(small, "one"), response_append(big, "rec"))
 
         # -- the first append after an import (no writer's close before it): the big file
         # imported afresh before each run, against a 1-entry file so imported
