@@ -193,6 +193,70 @@ def test_the_restored_state_answers_most_appends_of_a_coding_session_itself():
     assert kept_up > (len(s.own) - 1) * 0.6
 
 
+def _to_next_response(s: _Split, cut: int) -> list[Entry] | None:
+    """The own entries after ``cut`` up to the next response with a request hash, when none
+    of them changes the settings or items (a config, a compaction: those rebuild)."""
+    for i in range(cut, len(s.own)):
+        e = s.own[i]
+        if e.type in ("config", "compaction"):
+            return None
+        if e.type == "response" and e.get("request_hash"):
+            return s.own[cut : i + 1]
+    return None
+
+
+def test_a_response_below_a_restored_tip_is_judged_from_the_kept_request_hash():
+    """The kept state carries the running request hash (at the tip, and before the run of
+    output items the tip ends), so the next response, its outputs appended first, is judged
+    without the path: the same check as the rebuilt checker's, and nothing rebuilt. A
+    harness appending in a fresh process, and a push's receiver, append responses as often
+    as items (issue 11)."""
+    judged = candidates = 0
+    for name in ("generated-1", "generated-2", "generated-3", "leaf-labels"):
+        s = SPLITS[name]
+        for cut in range(1, len(s.own)):
+            run = _to_next_response(s, cut)
+            if run is None:
+                continue
+            candidates += 1
+            full, restored = s.build(cut), s.restored(cut)
+            assert restored is not None and isinstance(restored.path.builder, rulestate._RestoredBuilder)
+            for e in run:
+                assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (name, cut, e.id)
+            if type(restored) is RestoredChecker:
+                judged += 1
+                mine, theirs = restored.path.requests[run[-1].id], full.path.requests[run[-1].id]
+                assert (mine.status, mine.computed, mine.recorded) == (theirs.status, theirs.computed, theirs.recorded)
+                assert mine.status == "ok", (name, cut)
+    # (a run of outputs that crosses a branch summary, or a walk above the tip, rebuilds)
+    assert candidates > 300 and judged > candidates * 0.8, (judged, candidates)
+
+
+@pytest.mark.parametrize("name", ["generated-1", "generated-2"])
+def test_a_response_whose_request_hash_does_not_verify_is_worded_by_the_rebuilt_state(name):
+    """A mismatch is reported with the variants tried and the responses before it, which
+    the kept state does not hold: the restored checker rebuilds, and reports what the
+    rebuilt one reports."""
+    s = SPLITS[name]
+    done = 0
+    for cut in range(1, len(s.own), 7):
+        run = _to_next_response(s, cut)
+        if run is None:
+            continue
+        resp = run[-1]
+        members = {k: v for k, v in resp.data.items() if k not in ("id", "type", "parent", "ts")}
+        members["request_hash"] = "sha256:" + "1" * 64
+        wrong = make_entry("response", resp.parent, ts=resp.get("ts"), **members)
+        full, restored = s.build(cut), s.restored(cut)
+        assert restored is not None
+        for e in [*run[:-1], wrong]:
+            assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (name, cut, e.id)
+        assert type(restored) is not RestoredChecker
+        assert restored.requests[wrong.id].status == "mismatch"
+        done += 1
+    assert done > 5
+
+
 def test_a_restored_checker_stands_back_at_its_tip_at_once_and_no_higher():
     """The close stands the checker at the head, popping what lies below it at once (a
     bulk pop): down to the restored tip it is the rebuilt checker's move, above it a
@@ -334,7 +398,8 @@ def test_a_reopened_session_appends_from_the_kept_state_and_keeps_it_current(tmp
 @pytest.mark.parametrize(
     "damage",
     ["flipped", "torn", "zeros", "empty", "another-header", "another-form", "bad-count", "bad-calls", "bad-run",
-     "bad-keys", "bad-stack", "bad-dispatch", "bad-link"],
+     "bad-keys", "bad-stack", "bad-dispatch", "bad-link", "bad-context", "bad-context-marks", "bad-hash-state",
+     "bad-outputs"],
 )
 def test_a_damaged_or_foreign_state_is_rebuilt_and_written_again(tmp_path, damage):
     root = tmp_path / "s"
@@ -370,12 +435,85 @@ def test_a_damaged_or_foreign_state_is_rebuilt_and_written_again(tmp_path, damag
             kept["dispatches"] = {"x": [[0, "sha256:" + "0" * 64, "yes"]]}
         elif damage == "bad-link":
             kept["links"] = [["sha256:" + "0" * 64, 7, None]]
+        elif damage == "bad-context":
+            kept["context"]["before"] = 7
+        elif damage == "bad-context-marks":  # a mark past the contributions it counts
+            kept["context"]["marks"][0][0] = kept["context"]["n"] + 1
+        elif damage == "bad-hash-state":  # a tail its count does not leave
+            kept["context"]["marks"][0][2]["tail"] += "00"
+        elif damage == "bad-outputs":
+            kept["outputs"] = ["r", "yes"]
         else:
             kept["run"] = {"start": kept["tip"]}
         path.write_bytes(checksummed_line(canonical_bytes(kept)))
     result = _append(root, expect_restored=False)
     assert result["outcome"] == "continued"
     _append(root, expect_restored=True)  # written again at that close
+
+
+def _a_response_at_the_head(root: Path) -> dict:
+    """A response to append at the head of session ``rec``, with its request hash."""
+    from agentsession_cas import request_hash_for
+
+    st = Store(str(root), readonly=True)
+    try:
+        s = st.read("rec")
+        by_id = {e.id: e for e in s.projection_entries()}
+        path, at = [], s.head
+        while at is not None:
+            path.append(by_id[at])
+            at = by_id[at].parent
+    finally:
+        st.close()
+    body = {"type": "response", "response_id": "resp_next", "model": "m", "status": "completed"}
+    body["request_hash"] = request_hash_for(path[::-1], body)
+    return body
+
+
+def test_a_reopened_session_appends_a_response_reading_none_of_its_entries(tmp_path, monkeypatch):
+    """The kept request hash state answers the response's check: no entry is read, and the
+    state written at that close keeps answering (issue 11: an append costs what it adds)."""
+    root = tmp_path / "s"
+    _recorded(root, count=400)
+    assert loads(_rules_file(root).read_bytes().split(b" ", 1)[1])["context"] is not None
+    read: list[int] = []
+    real = Store.entries
+
+    def counted(self, ids):
+        read.append(len(ids))
+        return real(self, ids)
+
+    monkeypatch.setattr(Store, "entries", counted)
+    result = _append(root, _a_response_at_the_head(root), expect_restored=True)
+    assert result["outcome"] == "continued"
+    again = _append(root, _a_response_at_the_head(root) | {"response_id": "resp_after"}, expect_restored=True)
+    assert again["outcome"] == "continued"
+    assert sum(read) < 10, read
+
+
+def test_a_machine_whose_sha256_state_cannot_be_read_keeps_none_and_rebuilds(monkeypatch):
+    """Where the request hash state cannot be read (or taken up) the state keeps none, and
+    one kept elsewhere is not used: the response is judged by the rebuilt state, with the
+    same verdict."""
+    from agentsession_cas.format import resumable
+
+    s = SPLITS["generated-2"]
+    cut = next(c for c in range(len(s.own) // 2, len(s.own)) if _to_next_response(s, c))
+    run = _to_next_response(s, cut)
+    assert run is not None
+    kept = loads(canonical_bytes(capture(s.build(cut), s.header, len(s.prefix), s.ids[:cut], s.seqs)))
+    assert kept["context"] is not None
+    monkeypatch.setenv("AGENTSESSION_RESUMABLE_SHA256", "0")
+    monkeypatch.setattr(resumable, "_lib", resumable._NOT_LOADED)
+    assert not resumable.available() and resumable.state_of(resumable.new()) is None
+    assert capture(s.build(cut), s.header, len(s.prefix), s.ids[:cut], s.seqs)["context"] is None
+    full = s.build(cut)
+    restored = restore(kept, s.header, [e.id for e in s.prefix], s.ids, s.seqs, [], lambda: s.build(cut),
+                       s.by_id.__getitem__)
+    assert isinstance(restored.path.builder, rulestate._NoBuilder)
+    for e in run:
+        assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False))
+    assert type(restored) is not RestoredChecker
 
 
 def test_a_state_of_version_1_is_read_as_its_call_ids_keys():
@@ -417,10 +555,12 @@ def test_call_ids_sharing_a_key_are_judged_by_the_rebuilt_state(monkeypatch):
 def test_a_slip_in_the_restored_checker_is_raised_not_taken_for_a_rebuild(monkeypatch):
     """Only a question the state does not hold rebuilds: a TypeError of the code (here the
     stand-in context builder called as the real one is, its signature gone wrong) is
-    raised, where it once went unnoticed as a rebuild of every restored append."""
+    raised, where it once went unnoticed as a rebuild of every restored append (the
+    builder with a kept request hash state, or the one without)."""
     s = SPLITS["generated-1"]
     cut = len(s.own) // 2
     monkeypatch.setattr(rulestate._NoBuilder, "push", lambda self: None)
+    monkeypatch.setattr(rulestate._RestoredBuilder, "push", lambda self: None)
     restored = s.restored(cut)
     assert type(restored) is RestoredChecker
     with pytest.raises(TypeError):

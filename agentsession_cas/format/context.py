@@ -29,7 +29,6 @@ The pieces, in the order a reader meets them:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import field
@@ -37,6 +36,7 @@ from typing import Any
 
 from ..errors import AgentSessionError, ContextError, Problem
 from ..lean import dataclass
+from . import resumable
 from .canonical import canonical_bytes
 from .entry import ENTRY_ID, Entry, short_id
 from .hashing import HASH_PREFIX, is_hash, sha256_ref
@@ -911,7 +911,7 @@ class _Raw:
                 start = mark
                 break
         if start is None:
-            h = hashlib.sha256()
+            h = resumable.new()  # (a state that can be kept: store/rulestate.py)
             h.update(b"{" + before + (b"," if before else b"") + b'"input":[')
             upto0, count = 0, 0
         else:
@@ -946,6 +946,19 @@ class _Raw:
         else:
             h.update(b"]}")
         return HASH_PREFIX + h.hexdigest()
+
+    def kept_mark(self, upto: int, settings: Settings) -> _Mark:
+        """The mark of the first ``upto`` contributions under ``settings`` (no omit in force),
+        made if none holds it: what a kept rules' state carries of the request hash
+        (store/rulestate.py)."""
+        if not settings.omit.zero:
+            raise ContextError("a request hash state is kept only with no omit in force")
+        self.hash_request(upto, settings, {})
+        sig = (settings.request_split()[0],)
+        for mark in reversed(self.marks):
+            if mark[1] == upto and self._valid(mark, sig, upto):
+                return mark
+        raise ContextError(f"no request hash state after {upto} contribution(s)")  # (hash_request makes one)
 
 
 def _placed_bytes(entry: Entry, kind: str, index: int) -> bytes:
@@ -987,6 +1000,33 @@ def output_entries(path: Sequence[Entry], response: Entry) -> list[Entry]:
             break
     found.reverse()
     return found
+
+
+def walk_outputs(path: Sequence[Entry], end: int, stop: int, rid: str) -> tuple[int, bool, bool, bool]:
+    """The walk back from ``path[end - 1]`` to ``path[stop]`` that finds the output items of
+    the response ``rid`` (RFC 0001 "Request context of a response"): entries that are not
+    items are passed over, items naming ``rid`` are its outputs, the first item naming
+    another response (or none) ends the walk. Returns the outputs that are contributions
+    (their ``item`` an object), whether a compaction or branch summary lay among them
+    (``slow``: only a rebuild of the path without them gets the request right; the walk
+    stops there), whether one was passed at all (``crossed``), and whether the walk
+    reached ``stop`` without ending (``through``: what lies above is yet to be walked)."""
+    k = 0
+    crossed = False
+    for i in range(end - 1, stop - 1, -1):  # no slice: the path may be long
+        d = path[i].data
+        t = d.get("type")
+        if t != "item":
+            if t in ("compaction", "branch_summary"):
+                crossed = True
+            continue
+        if d.get("response") != rid:
+            return k, False, crossed, False
+        if crossed:
+            return k, True, crossed, False
+        if isinstance(d.get("item"), dict):
+            k += 1
+    return k, False, crossed, True
 
 
 class ContextBuilder:
@@ -1175,6 +1215,14 @@ class ContextBuilder:
         along its session records, without rebuilding the path for every call."""
         return self._hash_before(len(self.path), _name(response_id), True)
 
+    def _outputs(self, end: int, rid: str | None) -> tuple[int, bool]:
+        """How many contributions end ``path[:end]`` as ``rid``'s output items, and whether a
+        compaction or branch summary lies among those items (see :func:`walk_outputs`)."""
+        if rid is None:
+            return 0, False
+        k, slow, _, _ = walk_outputs(self.path, end, 0, rid)
+        return k, slow
+
     def _hash_before(self, end: int, rid: str | None, apply_omit: bool) -> str:
         """The request hash over ``path[:end]`` with the output items of ``rid`` removed.
 
@@ -1182,24 +1230,7 @@ class ContextBuilder:
         lies among them, which only a rebuild of the path without them gets right.
         """
         path = self.path
-        k = 0
-        slow = False
-        if rid is not None:
-            crossed = False
-            for i in range(end - 1, -1, -1):  # no slice: the path may be long
-                d = path[i].data
-                t = d.get("type")
-                if t != "item":
-                    if t in ("compaction", "branch_summary"):
-                        crossed = True
-                    continue
-                if d.get("response") != rid:
-                    break
-                if crossed:
-                    slow = True
-                    break
-                if isinstance(d.get("item"), dict):
-                    k += 1
+        k, slow = self._outputs(end, rid)
         settings = self.settings if apply_omit else self.settings.without_omit()
         if slow:
             outputs: set[int] = set()

@@ -422,6 +422,24 @@ _UNDO_OUTPUT = "output"  # (kind, call entry id): the call's output came
 _UNDO_TAKE = "take"  # (kind, run, call entry id): the run took the call up
 
 
+def output_calls(path: Sequence[Any], end: int, stop: int, rid: str) -> tuple[bool, bool]:
+    """Walk back from ``path[end - 1]`` to ``path[stop]`` over the output items of the
+    response ``rid`` (entries that are not items passed over, the first item naming
+    another response ending the walk): whether one of them is a function call, and
+    whether the walk reached ``stop`` without ending (what lies above is yet to walk)."""
+    found = False
+    for i in range(end - 1, stop - 1, -1):
+        d = path[i].data  # (the object itself: this walks back over every response's outputs)
+        if d.get("type") != "item":
+            continue
+        if d.get("response") != rid:
+            return found, False
+        item = d.get("item")
+        if isinstance(item, dict) and item.get("type") == "function_call":
+            found = True
+    return found, True
+
+
 class RecordWalker:
     """The record rules along one path at a time.
 
@@ -854,19 +872,7 @@ class RecordWalker:
         if e.id in self.has_calls:
             return  # a fact of the entry's path, found when it was first pushed
         rid = e.data.get("response_id")
-        found = False
-        if isinstance(rid, str):
-            path = self.path
-            for i in range(depth - 1, -1, -1):
-                d = path[i].data  # (the object itself: this walks back over every response's outputs)
-                if d.get("type") != "item":
-                    continue
-                if d.get("response") != rid:
-                    break
-                item = d.get("item")
-                if isinstance(item, dict) and item.get("type") == "function_call":
-                    found = True
-        self.has_calls[e.id] = found
+        self.has_calls[e.id] = isinstance(rid, str) and output_calls(self.path, depth, 0, rid)[0]
 
     # -- runs -------------------------------------------------------------------
 

@@ -12,11 +12,15 @@ those calls, the call ids of the session, the problems reported (each is reporte
 once) and the diagnosis budget. :func:`restore` makes a :class:`RestoredChecker` of
 it, positioned at that tip.
 
-What is not kept is never guessed. The context builder's running SHA-256 cannot be
-exported, so a restored checker has none; the entries of the path above its tip
-stand as *hollow* entries. Any rule that reads what was not kept (a ``response``'s
-request hash, a compaction, a ``config``, a walk back over the path, a move to
-another branch, a call whose output came long ago) raises :class:`NeedsRebuild`
+The context builder's running request hash is kept too (``context``: its SHA-256
+state at the tip, and before the run of output items the tip ends, through
+:mod:`~agentsession_cas.format.resumable`, with the request's members around the
+items), so a ``response`` appended at the tip is judged without its path: where this
+machine's SHA-256 state cannot be read, none is kept. What is not kept is never
+guessed: the entries of the path above its tip stand as *hollow* entries. Any rule
+that reads what was not kept (a request hash that does not verify, whose words need
+the path; a compaction, a ``config``, a walk back over the path, a move to another
+branch, a call whose output came long ago) raises :class:`NeedsRebuild`
 inside the checker, which then builds the whole state from the session, as it
 always did, replays the entries it was given since it was restored (reopening the
 trials open), and answers from that: its verdicts are a rebuilt checker's by
@@ -32,9 +36,12 @@ from collections.abc import Callable, Collection, Container, Iterable, Mapping, 
 from typing import Any
 
 from ..backends.digests import DigestTable
+from ..errors import ContextError
+from ..format import resumable
+from ..format.context import ContextBuilder, Settings, _Raw, check_tip, walk_outputs
 from ..format.entry import Entry, Header
 from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial, VerifyReport
-from ..format.runs import _Call, _Run
+from ..format.runs import RecordWalker, _Call, _Run, output_calls
 
 __all__ = [
     "NeedsRebuild", "RestoredChecker", "VERSION", "capture", "capture_pass", "check_form", "fork_state", "header_key", "restore", "stand_at",
@@ -334,6 +341,74 @@ class _NoBuilder:
         raise NeedsRebuild(f"the context along the path ({name})")
 
 
+#: The contributions above a restored tip: hollow (its entry is the path's first, whose
+#: members were not kept).
+_HOLLOW_PLACED = (0, "item", None, 0)
+
+
+class _RestoredBuilder(ContextBuilder):
+    """The context builder at a restored tip: the running request hash kept at the tip
+    (and before the run of output items it ends: ``run``, that run's response, its
+    contributions and whether a compaction or branch summary lies in it), the settings'
+    members around the items, the contributions above the tip hollow. It answers the
+    request hash of a response appended below the tip; any other question (a setting
+    changed, the items themselves) is for the rebuilt state."""
+
+    floor: int
+    run: tuple[str | None, int, bool]
+
+    def push(self, entry: Entry, t: Any = None) -> None:
+        if t is None:
+            t = entry.data.get("type")
+        if t == "config" or t == "compaction":
+            raise NeedsRebuild(f"a {t} below the restored tip (the settings and items it changes)")
+        super().push(entry, t)
+
+    def _outputs(self, end: int, rid: str | None) -> tuple[int, bool]:
+        if rid is None:
+            return 0, False
+        k, slow, crossed, through = walk_outputs(self.path, end, self.floor, rid)
+        if slow:
+            raise NeedsRebuild("a response's output items across a compaction or branch summary")
+        if not through:
+            return k, False
+        x, c, run_slow = self.run
+        if x != rid:
+            return k, False  # the walk ends at the last item above the tip
+        if crossed or run_slow:
+            raise NeedsRebuild("a response's output items across a compaction or branch summary")
+        return k + c, False
+
+    def context(self, *, apply_omit: bool = True, hold_items: bool = True) -> Any:
+        raise NeedsRebuild("the context along the path")
+
+    def selected_entries(self) -> list[Entry]:
+        raise NeedsRebuild("the context along the path")
+
+
+class _RestoredWalker(RecordWalker):
+    """The record walker at a restored tip: whether a response's outputs hold a function
+    call is walked below the tip and taken from ``tip_outputs`` above it (the response the
+    run of outputs the tip ends names, and whether one of them is a call)."""
+
+    floor: int
+    tip_outputs: tuple[str | None, bool] | None
+
+    def _response(self, e: Entry, depth: int) -> None:
+        if e.id in self.has_calls:
+            return
+        rid = e.data.get("response_id")
+        if not isinstance(rid, str):
+            self.has_calls[e.id] = False
+            return
+        found, through = output_calls(self.path, depth, self.floor, rid)
+        if through:
+            if self.tip_outputs is None:
+                raise NeedsRebuild("the output items above the restored tip")
+            found = found or (self.tip_outputs[0] == rid and self.tip_outputs[1])
+        self.has_calls[e.id] = found
+
+
 class _RestoredPath(PathChecker):
     """A :class:`PathChecker` standing at the restored tip: it moves down from there and
     back up to it, never above it (``floor``: the depth of the tip)."""
@@ -355,6 +430,14 @@ class _RestoredPath(PathChecker):
 
     def report(self, leaf: str | None, *, source: str = "") -> Any:
         raise NeedsRebuild("a report of the path")
+
+    def _check_response(self, e: Entry) -> None:
+        # A request hash that verifies is the rebuilt state's verdict too; one that does not
+        # is worded from the whole path (the variants tried, the responses before).
+        check = check_tip(self.builder, self._cut.get(self.path[0].id), diagnose=False)
+        if check.status != "ok" and check.status != "no-hash":
+            raise NeedsRebuild("a request hash the restored state does not verify")
+        super()._check_response(e)
 
 
 class RestoredChecker(SessionChecker):
@@ -559,7 +642,90 @@ def _capture(
         "open_calls": w.open_calls,
         "run": run_form,
         "last_response": last_form,
+        "context": _context_form(path),
+        "outputs": _outputs_form(w),
     }
+
+
+def _context_form(path: PathChecker) -> dict[str, Any] | None:
+    """What the context builder holds at the tip that the request hash of a response
+    appended below it needs: the SHA-256 state after every contribution, and after those
+    before the run of output items the tip ends (a response of that run excludes them),
+    the settings' members around the items, the tip's run and the path's root (a cut
+    root words its responses' checks). None where that is not all a request needs (an
+    omit in force, a compaction whose kept range is broken) or the state cannot be read."""
+    b = path.builder
+    if not isinstance(b, ContextBuilder) or not path.path or b.error is not None or not b.settings.omit.zero:
+        return None
+    if not resumable.available():
+        return None
+    try:
+        run = _tip_run(b)
+        n = len(b._raw.items)
+        before, after = b.settings.request_split()
+        marks = []
+        for upto in sorted({n, n - run[1]}) if not run[2] else [n]:
+            _, _, _, count, h = b._raw.kept_mark(upto, b.settings)
+            state = resumable.state_of(h)
+            if state is None:
+                return None
+            marks.append([upto, count, state])
+        return {"root": path.path[0].id, "n": n, "model": b.settings.model, "before": before.decode("utf-8"),
+                "after": after.decode("utf-8"), "marks": marks, "run": list(run)}
+    except (NeedsRebuild, ContextError, UnicodeDecodeError):
+        return None
+
+
+def _last_item_response(path: Sequence[Any], stop: int) -> tuple[str | None, bool]:
+    """The ``response`` the last item of ``path[stop:]`` names (None: not a string), and
+    whether there was none there (the walk reached ``stop``)."""
+    for i in range(len(path) - 1, stop - 1, -1):
+        d = path[i].data
+        if d.get("type") == "item":
+            x = d.get("response")
+            return (x if isinstance(x, str) else None), False
+    return None, True
+
+
+def _tip_run(b: ContextBuilder) -> tuple[str | None, int, bool]:
+    """The run of output items the path ends: the response the last item on the path names
+    (None: it names none, or there is no item), how many contributions that response's
+    outputs make there, and whether a compaction or branch summary lies among them or after
+    them (a request walking back over them is rebuilt)."""
+    if isinstance(b, _RestoredBuilder):
+        x, through = _last_item_response(b.path, b.floor)
+        if through:
+            x = b.run[0]
+    else:
+        x, _ = _last_item_response(b.path, 0)
+    if not x:
+        return None, 0, False
+    try:
+        k, slow = b._outputs(len(b.path), x)
+    except NeedsRebuild:  # (a restored builder's: the walk crosses a compaction or branch summary)
+        return x, 0, True
+    return x, k, slow
+
+
+def _outputs_form(w: RecordWalker) -> list[Any] | None:
+    """What the walker's check of the next response needs of the run of output items the
+    path ends: the response the last item names, and whether one of its outputs there is a
+    function call; None when a restored walker does not know."""
+    kept: tuple[str | None, bool] | None = (None, False)
+    stop = 0
+    if isinstance(w, _RestoredWalker):
+        kept, stop = w.tip_outputs, w.floor
+    x, through = _last_item_response(w.path, stop)
+    if through:
+        return None if kept is None else list(kept)
+    if x is None:
+        return [None, False]
+    found, through = output_calls(w.path, len(w.path), stop, x)
+    if through:
+        if kept is None:
+            return None
+        found = found or (kept[0] == x and kept[1])
+    return [x, found]
 
 
 def fork_state(data: Mapping[str, Any], fork: Header, own_leaf_labels: Iterable[str]) -> dict[str, Any] | None:
@@ -678,6 +844,46 @@ def check_form(data: Mapping[str, Any], count: int) -> None:
         takeup = run.get("takeup")
         need(takeup is None or (_is_list(takeup, 2) and takeup[0] in ("input", "resume") and type(takeup[1]) is str),
              "run's takeup")
+    outputs = member("outputs")
+    need(outputs is None or (_is_list(outputs, 2) and _str_or_none(outputs[0]) and type(outputs[1]) is bool), "outputs")
+    context = member("context")
+    if context is not None:
+        need(type(context) is dict and type(context.get("root")) is str and _is_int(context.get("n"))
+             and context["n"] >= 0 and _str_or_none(context.get("model")) and type(context.get("before")) is str
+             and type(context.get("after")) is str, "context")
+        run, marks = context.get("run"), context.get("marks")
+        need(_is_list(run, 3) and _str_or_none(run[0]) and _is_int(run[1]) and 0 <= run[1] <= context["n"]
+             and type(run[2]) is bool, "context's run")
+        need(_is_list(marks) and 1 <= len(marks) <= 2 and all(
+            _is_list(m, 3) and _is_int(m[0]) and 0 <= m[0] <= context["n"] and _is_int(m[1]) and 0 <= m[1] <= m[0]
+            for m in marks), "context's marks")
+        need({m[0] for m in marks} == ({context["n"]} if run[2] else {context["n"], context["n"] - run[1]}),
+             "context's marks")
+
+
+def _restore_builder(context: Mapping[str, Any], depth: int, tip: _Partial) -> _RestoredBuilder:
+    """The context builder :func:`_context_form`'s ``context`` stands for, at a tip of
+    ``depth`` (ValueError on a hash state not of the form)."""
+    b = _RestoredBuilder()
+    b.floor = depth
+    b.path = [HOLLOW] * (depth - 1) + [tip]
+    if depth > 1:
+        b.path[0] = _Partial(context["root"])  # type: ignore[call-overload]
+    b._models = [None] * depth
+    b._undo = [(None, 0)] * depth
+    settings = Settings()
+    settings.model = context["model"]
+    before, after = context["before"].encode("utf-8"), context["after"].encode("utf-8")
+    settings._split = (before, after)
+    b.settings = settings
+    n = context["n"]
+    raw = _Raw(b.path, [_HOLLOW_PLACED] * n)
+    for upto, count, state in context["marks"]:
+        raw.marks.append(((before,), upto, _HOLLOW_PLACED if upto else None, count, resumable.load_state(state)))
+    b._raw = raw
+    x, c, slow = context["run"]
+    b.run = (x, c, slow)
+    return b
 
 
 def restore(
@@ -740,12 +946,23 @@ def restore(
     path._budget = data["budget"]
     path._seen = {(eid, code) for eid, code in data["seen"]}
     path._seen_log = sorted(path._seen)
-    path.builder = _NoBuilder()  # type: ignore[assignment]
     tip_entry = _Partial(tip)
     path.path = [HOLLOW] * (depth - 1) + [tip_entry]
     path._depth = {tip: depth - 1}
+    context = data.get("context")
+    if context is None or not resumable.available():
+        path.builder = _NoBuilder()  # type: ignore[assignment]
+    else:
+        path.builder = _restore_builder(context, depth, tip_entry)
+        if depth > 1:
+            path.path[0] = _Partial(context["root"])  # type: ignore[call-overload]  # (a response's check asks whether its root was cut)
 
     w = path.walker
+    w.__class__ = _RestoredWalker
+    assert isinstance(w, _RestoredWalker)
+    w.floor = depth
+    outputs = data.get("outputs")
+    w.tip_outputs = (outputs[0], outputs[1]) if outputs is not None else None
     w.calls_checked = data["calls_checked"]
     first = _FirstCall()
     try:

@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             def fresh() -> None:
                 shutil.rmtree(copy, ignore_errors=True)
                 shutil.copytree(store, copy)
+                os.sync()  # (the copy's pages written back untimed: the append's fsync would wait for them)
 
             line = json.dumps(body)
             return best(["sh", "-c", f"printf '%s' '{line}' | {exe} --store {copy} append {sid}"], repeat, before=fresh)
