@@ -130,8 +130,48 @@ def _with_leaf_labels() -> _Split:
     return s
 
 
+def _with_configs() -> _Split:
+    """A generated session continued by rounds of a config (instructions and model changed),
+    a question, an answer and its response, each response's request hash what the path
+    asks: a config below a restored tip, then a response under the new settings."""
+    from agentsession_cas import request_hash_for
+
+    s = _Split(generate(240, 6)[0])
+    by = s.by_id
+
+    def path_to(e: Entry) -> list[Entry]:
+        out = []
+        at: Entry | None = e
+        while at is not None:
+            out.append(at)
+            at = by[at.parent] if at.parent is not None else None
+        return out[::-1]
+
+    ts = "2026-01-01T00:00:00Z"
+    tip = s.own[-1]
+    for i in range(6):
+        model = f"model-{i % 2}"
+        cfg = make_entry("config", tip.id, ts=ts, instructions=f"Answer in {i + 1} words.", model=model)
+        ask = make_entry("item", cfg.id, ts=ts, item={"type": "message", "role": "user", "content": f"question {i}"})
+        rid = f"resp_cfg_{i}"
+        out = make_entry("item", ask.id, ts=ts, response=rid, item={
+            "type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"answer {i}"}]})
+        by.update((e.id, e) for e in (cfg, ask, out))
+        body: dict[str, Any] = {"response_id": rid, "model": model, "status": "completed"}
+        body["request_hash"] = request_hash_for(path_to(out), {"type": "response", **body})
+        resp = make_entry("response", out.id, ts=ts, **body)
+        for e in (cfg, ask, out, resp):
+            s.own.append(e)
+            by[e.id] = e
+        tip = resp
+    s.ids = [e.id for e in s.own]
+    s.seqs = {eid: i + 1 for i, eid in enumerate(s.ids)}
+    return s
+
+
 SPLITS = dict(_splits())
 SPLITS["leaf-labels"] = _with_leaf_labels()
+SPLITS["with-configs"] = _with_configs()
 
 
 def _judge_alike(full: SessionChecker, restored: SessionChecker, entries: list[Entry], committed: list[int],
@@ -195,10 +235,10 @@ def test_the_restored_state_answers_most_appends_of_a_coding_session_itself():
 
 def _to_next_response(s: _Split, cut: int) -> list[Entry] | None:
     """The own entries after ``cut`` up to the next response with a request hash, when none
-    of them changes the settings or items (a config, a compaction: those rebuild)."""
+    of them is a compaction (which rebuilds: the items it keeps lie above the tip)."""
     for i in range(cut, len(s.own)):
         e = s.own[i]
-        if e.type in ("config", "compaction"):
+        if e.type == "compaction":
             return None
         if e.type == "response" and e.get("request_hash"):
             return s.own[cut : i + 1]
@@ -232,29 +272,70 @@ def test_a_response_below_a_restored_tip_is_judged_from_the_kept_request_hash():
     assert candidates > 300 and judged > candidates * 0.8, (judged, candidates)
 
 
+def test_a_config_below_a_restored_tip_replays_only_the_settings_kept():
+    """A config below the tip needs the settings in force: the state keeps the ids of the
+    config (and compaction) entries they fold, and the first config reads those alone and
+    replays them (context.replay_settings) rather than rebuilding from every entry; the
+    responses under the new settings verify from the kept request hash."""
+    s = SPLITS["with-configs"]
+    judged = 0
+    for cut in range(1, len(s.own)):
+        if s.own[cut].type != "config":
+            continue
+        full, restored = s.build(cut), s.restored(cut)
+        assert restored is not None
+        builder = restored.path.builder
+        assert isinstance(builder, rulestate._RestoredBuilder) and builder.settings_ids is not None
+        kept_ids = list(builder.settings_ids)
+        read: list[str] = []
+        real = builder.loader
+        builder.loader = lambda i, real=real: read.append(i) or real(i)  # type: ignore[func-returns-value]
+        for e in s.own[cut:]:
+            assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (cut, e.id)
+        assert type(restored) is RestoredChecker, cut
+        judged += 1
+        assert read == kept_ids and all(s.by_id[i].type == "config" for i in read)
+        assert all(full.path.requests[e.id].status == "ok" for e in s.own[cut:] if e.type == "response")
+        assert [restored.path.requests[e.id].computed for e in s.own[cut:] if e.type == "response"] == [
+            full.path.requests[e.id].computed for e in s.own[cut:] if e.type == "response"]
+        assert capture(restored, s.header, len(s.prefix), s.ids, s.seqs) == capture(full, s.header, len(s.prefix), s.ids, s.seqs)
+    assert judged == 6, judged
+
+
 @pytest.mark.parametrize("name", ["generated-1", "generated-2"])
-def test_a_response_whose_request_hash_does_not_verify_is_worded_by_the_rebuilt_state(name):
-    """A mismatch is reported with the variants tried and the responses before it, which
-    the kept state does not hold: the restored checker rebuilds, and reports what the
-    rebuilt one reports."""
+def test_a_response_whose_request_hash_does_not_verify_is_worded_as_the_rebuilt_state_words_it(name):
+    """A mismatch is worded with the variants tried (the request with the outputs left in:
+    computed from the kept hash state) and, when the recorded hash is one that verified for
+    a response before, that response: the state keeps the verified hashes' keys, so only
+    a hash found among them rebuilds, to name it."""
     s = SPLITS[name]
-    done = 0
-    for cut in range(1, len(s.own), 7):
+    kept_up = named = 0
+    for cut in range(1, len(s.own), 5):
         run = _to_next_response(s, cut)
         if run is None:
             continue
         resp = run[-1]
-        members = {k: v for k, v in resp.data.items() if k not in ("id", "type", "parent", "ts")}
-        members["request_hash"] = "sha256:" + "1" * 64
-        wrong = make_entry("response", resp.parent, ts=resp.get("ts"), **members)
-        full, restored = s.build(cut), s.restored(cut)
-        assert restored is not None
-        for e in [*run[:-1], wrong]:
-            assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (name, cut, e.id)
-        assert type(restored) is not RestoredChecker
-        assert restored.requests[wrong.id].status == "mismatch"
-        done += 1
-    assert done > 5
+        earlier = [e for e in s.own[:cut] if e.type == "response" and e.get("request_hash")]
+        for wrong_hash in ["sha256:" + "1" * 64, *(earlier[-1:] and [earlier[-1].get("request_hash")])]:
+            members = {k: v for k, v in resp.data.items() if k not in ("id", "type", "parent", "ts")}
+            members["request_hash"] = wrong_hash
+            wrong = make_entry("response", resp.parent, ts=resp.get("ts"), **members)
+            full, restored = s.build(cut), s.restored(cut)
+            assert restored is not None
+            for e in [*run[:-1], wrong]:
+                assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (name, cut, e.id)
+            theirs = full.path.requests[wrong.id]
+            assert theirs.status == "mismatch"
+            if wrong_hash.startswith("sha256:1111"):
+                assert type(restored) is RestoredChecker, (name, cut)  # judged from the kept state
+                mine = restored.path.requests[wrong.id]
+                assert (mine.status, mine.reason, mine.detail, mine.computed) == (
+                    theirs.status, theirs.reason, theirs.detail, theirs.computed)
+                kept_up += 1
+            elif theirs.reason == "other-response":
+                assert type(restored) is not RestoredChecker  # (named by the rebuilt state)
+                named += 1
+    assert kept_up > 5 and named > 5, (kept_up, named)
 
 
 def test_a_restored_checker_stands_back_at_its_tip_at_once_and_no_higher():
@@ -399,7 +480,7 @@ def test_a_reopened_session_appends_from_the_kept_state_and_keeps_it_current(tmp
     "damage",
     ["flipped", "torn", "zeros", "empty", "another-header", "another-form", "bad-count", "bad-calls", "bad-run",
      "bad-keys", "bad-stack", "bad-dispatch", "bad-link", "bad-context", "bad-context-marks", "bad-hash-state",
-     "bad-outputs"],
+     "bad-outputs", "bad-verified"],
 )
 def test_a_damaged_or_foreign_state_is_rebuilt_and_written_again(tmp_path, damage):
     root = tmp_path / "s"
@@ -443,6 +524,8 @@ def test_a_damaged_or_foreign_state_is_rebuilt_and_written_again(tmp_path, damag
             kept["context"]["marks"][0][2]["tail"] += "00"
         elif damage == "bad-outputs":
             kept["outputs"] = ["r", "yes"]
+        elif damage == "bad-verified":  # keys of another length
+            kept["verified"] = "AAAAAA=="
         else:
             kept["run"] = {"start": kept["tip"]}
         path.write_bytes(checksummed_line(canonical_bytes(kept)))

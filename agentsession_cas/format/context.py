@@ -583,6 +583,19 @@ class Settings:
 EMPTY_SETTINGS = Settings()
 
 
+def replay_settings(entries: Iterable[Entry]) -> Settings:
+    """The settings a builder holds after the ``config`` and ``compaction`` entries of a
+    path, in path order (the others change none): what :meth:`ContextBuilder.push` folds
+    entry by entry, for a caller that kept only those entries (store/rulestate.py)."""
+    s = EMPTY_SETTINGS
+    for e in entries:
+        if e.type == "compaction":
+            s = Settings.from_checkpoint(e.data.get("config"))
+        else:
+            s, _ = s.apply_checked(e.data, e.id)
+    return s
+
+
 # ---------------------------------------------------------------------------
 # the canonical request
 
@@ -1169,6 +1182,14 @@ class ContextBuilder:
                 break
         self._raw.truncate(undos[0][1])
         self.unresolved_of = None
+
+    def settings_positions(self) -> list[int]:
+        """The places on the path of the config and compaction entries the settings in force
+        fold (from the last compaction on): :func:`replay_settings` of those entries gives
+        :attr:`settings`. (Read from the undo records: no entry is read.)"""
+        undo = self._undo
+        start = self.compaction[0] if self.compaction is not None else 0
+        return [i for i in range(start, len(undo)) if len(undo[i]) > 2]
 
     def extend(self, entries: Iterable[Entry]) -> ContextBuilder:
         for e in entries:

@@ -18,8 +18,8 @@ state at the tip, and before the run of output items the tip ends, through
 items), so a ``response`` appended at the tip is judged without its path: where this
 machine's SHA-256 state cannot be read, none is kept. What is not kept is never
 guessed: the entries of the path above its tip stand as *hollow* entries. Any rule
-that reads what was not kept (a request hash that does not verify, whose words need
-the path; a compaction, a ``config``, a walk back over the path, a move to another
+that reads what was not kept (a mismatched request hash that verified for a response
+before the tip, which its words name: only the hashes' keys are kept; a compaction, a ``config``, a walk back over the path, a move to another
 branch, a call whose output came long ago) raises :class:`NeedsRebuild`
 inside the checker, which then builds the whole state from the session, as it
 always did, replays the entries it was given since it was restored (reopening the
@@ -38,7 +38,7 @@ from typing import Any
 from ..backends.digests import DigestTable
 from ..errors import ContextError
 from ..format import resumable
-from ..format.context import ContextBuilder, Settings, _Raw, check_tip, walk_outputs
+from ..format.context import ContextBuilder, Settings, _Raw, replay_settings, walk_outputs
 from ..format.entry import Entry, Header
 from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial, VerifyReport
 from ..format.runs import RecordWalker, _Call, _Run, output_calls
@@ -55,6 +55,9 @@ VERSION = 2
 READ_VERSIONS = (1, 2)
 #: Bytes of a call id's key (:func:`call_key`).
 CALL_KEY = 8
+#: The most config and compaction entries whose ids the state keeps to replay the settings
+#: in force (a path with more keeps none: a config below its tip rebuilds).
+SETTINGS_KEPT = 256
 
 
 class NeedsRebuild(Exception):
@@ -296,6 +299,33 @@ class _FirstCall(dict):
         return False
 
 
+class _Verified(dict):
+    """The request hashes that verified, each with the first response it verified for (the
+    path checker's map, which words a mismatch "the request rebuilt for response ..."):
+    those since the tip, and of those before it only their keys (``kept``). A key found
+    is a question for the rebuilt state, which alone names that response."""
+
+    #: None: a state written before the keys were kept, which cannot tell.
+    kept: DigestTable | None
+
+    def _before(self, key: Any) -> bool:
+        if self.kept is None:
+            raise NeedsRebuild("the request hashes verified before the tip")
+        return isinstance(key, str) and self.kept.find(call_key(key)) >= 0
+
+    def __contains__(self, key: object) -> bool:
+        if dict.__contains__(self, key):
+            return True
+        if self._before(key):
+            raise NeedsRebuild("the response a request hash verified for before the tip")
+        return False
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if not dict.__contains__(self, key) and self._before(key):
+            return None  # (one before the tip verified for it first: that one stands)
+        return dict.setdefault(self, key, default)
+
+
 class _OnPath(dict):
     """The entries on the path that the state names (the dispatches of the calls kept)
     and those pushed since; ``off`` the dispatches it knows lie elsewhere."""
@@ -356,13 +386,37 @@ class _RestoredBuilder(ContextBuilder):
 
     floor: int
     run: tuple[str | None, int, bool]
+    #: The config and compaction entries the settings in force fold (None: not kept), read
+    #: with ``loader`` and replayed at the first config below the tip (``replayed``).
+    settings_ids: list[str] | None
+    loader: Callable[[str], Entry]
+    replayed = False
+    #: The request's members before its items that the kept hash states began with.
+    before: bytes
 
     def push(self, entry: Entry, t: Any = None) -> None:
         if t is None:
             t = entry.data.get("type")
-        if t == "config" or t == "compaction":
-            raise NeedsRebuild(f"a {t} below the restored tip (the settings and items it changes)")
+        if t == "compaction":
+            raise NeedsRebuild("a compaction below the restored tip (the items it keeps)")
+        if t == "config" and not self.replayed:
+            if self.settings_ids is None:
+                raise NeedsRebuild("a config below the restored tip (the settings in force were not kept)")
+            settings = replay_settings([self.loader(i) for i in self.settings_ids])
+            if settings.request_split() != self.settings.request_split() or settings.model != self.settings.model:
+                raise NeedsRebuild("the settings in force, replayed, are not those the state kept")
+            self.settings, self.replayed = settings, True
         super().push(entry, t)
+        if t == "config" and (not self.settings.omit.zero or self.settings.request_split()[0] != self.before):
+            # The request hash restarts from the first item, which lies above the tip.
+            raise NeedsRebuild("a config changing the request's members before its items, or its omit")
+
+    def settings_ids_now(self) -> list[str] | None:
+        """:attr:`settings_ids` with the configs pushed below the tip since."""
+        if self.settings_ids is None:
+            return None
+        path = self.path
+        return [*self.settings_ids, *(path[i].id for i in self.settings_positions() if i >= self.floor)]
 
     def _outputs(self, end: int, rid: str | None) -> tuple[int, bool]:
         if rid is None:
@@ -430,14 +484,6 @@ class _RestoredPath(PathChecker):
 
     def report(self, leaf: str | None, *, source: str = "") -> Any:
         raise NeedsRebuild("a report of the path")
-
-    def _check_response(self, e: Entry) -> None:
-        # A request hash that verifies is the rebuilt state's verdict too; one that does not
-        # is worded from the whole path (the variants tried, the responses before).
-        check = check_tip(self.builder, self._cut.get(self.path[0].id), diagnose=False)
-        if check.status != "ok" and check.status != "no-hash":
-            raise NeedsRebuild("a request hash the restored state does not verify")
-        super()._check_response(e)
 
 
 class RestoredChecker(SessionChecker):
@@ -619,6 +665,13 @@ def _capture(
     first = w.first_call
     keys = first.kept.raw if isinstance(first, _FirstCall) else b""
     keys += b"".join([call_key(cid) for cid in dict.keys(first)])
+    # (the request hashes that verified, as keys; unknown when a restored state did not know them)
+    verified = path._rebuilt
+    verified_form: str | None = None
+    if not isinstance(verified, _Verified) or verified.kept is not None:
+        verified_keys = verified.kept.raw if isinstance(verified, _Verified) and verified.kept is not None else b""
+        verified_keys += b"".join([call_key(h) for h in dict.keys(verified)])
+        verified_form = base64.b64encode(verified_keys).decode("ascii")
     return {
         "version": VERSION,
         "header": header_key(header),
@@ -643,6 +696,7 @@ def _capture(
         "run": run_form,
         "last_response": last_form,
         "context": _context_form(path),
+        "verified": verified_form,
         "outputs": _outputs_form(w),
     }
 
@@ -670,8 +724,14 @@ def _context_form(path: PathChecker) -> dict[str, Any] | None:
             if state is None:
                 return None
             marks.append([upto, count, state])
+        if isinstance(b, _RestoredBuilder):
+            settings_ids = b.settings_ids_now()
+        else:
+            settings_ids = [b.path[i].id for i in b.settings_positions()]
+        if settings_ids is not None and len(settings_ids) > SETTINGS_KEPT:
+            settings_ids = None
         return {"root": path.path[0].id, "n": n, "model": b.settings.model, "before": before.decode("utf-8"),
-                "after": after.decode("utf-8"), "marks": marks, "run": list(run)}
+                "after": after.decode("utf-8"), "marks": marks, "run": list(run), "settings": settings_ids}
     except (NeedsRebuild, ContextError, UnicodeDecodeError):
         return None
 
@@ -844,6 +904,7 @@ def check_form(data: Mapping[str, Any], count: int) -> None:
         takeup = run.get("takeup")
         need(takeup is None or (_is_list(takeup, 2) and takeup[0] in ("input", "resume") and type(takeup[1]) is str),
              "run's takeup")
+    need(member("verified") is None or type(member("verified")) is str, "verified")
     outputs = member("outputs")
     need(outputs is None or (_is_list(outputs, 2) and _str_or_none(outputs[0]) and type(outputs[1]) is bool), "outputs")
     context = member("context")
@@ -859,12 +920,18 @@ def check_form(data: Mapping[str, Any], count: int) -> None:
             for m in marks), "context's marks")
         need({m[0] for m in marks} == ({context["n"]} if run[2] else {context["n"], context["n"] - run[1]}),
              "context's marks")
+        ids = context.get("settings")
+        need(ids is None or (_is_list(ids) and len(ids) <= SETTINGS_KEPT and all(type(i) is str for i in ids)),
+             "context's settings")
 
 
-def _restore_builder(context: Mapping[str, Any], depth: int, tip: _Partial) -> _RestoredBuilder:
+def _restore_builder(context: Mapping[str, Any], depth: int, tip: _Partial, loader: Callable[[str], Entry]) -> _RestoredBuilder:
     """The context builder :func:`_context_form`'s ``context`` stands for, at a tip of
-    ``depth`` (ValueError on a hash state not of the form)."""
+    ``depth`` (ValueError on a hash state not of the form); ``loader`` reads the entries
+    the settings in force fold."""
     b = _RestoredBuilder()
+    b.settings_ids = context.get("settings")
+    b.loader = loader
     b.floor = depth
     b.path = [HOLLOW] * (depth - 1) + [tip]
     if depth > 1:
@@ -875,7 +942,7 @@ def _restore_builder(context: Mapping[str, Any], depth: int, tip: _Partial) -> _
     settings.model = context["model"]
     before, after = context["before"].encode("utf-8"), context["after"].encode("utf-8")
     settings._split = (before, after)
-    b.settings = settings
+    b.settings, b.before = settings, before
     n = context["n"]
     raw = _Raw(b.path, [_HOLLOW_PLACED] * n)
     for upto, count, state in context["marks"]:
@@ -946,6 +1013,14 @@ def restore(
     path._budget = data["budget"]
     path._seen = {(eid, code) for eid, code in data["seen"]}
     path._seen_log = sorted(path._seen)
+    verified = _Verified()
+    verified.kept = None
+    if data.get("verified") is not None:
+        try:
+            verified.kept = DigestTable(binascii.a2b_base64(data["verified"], strict_mode=True), CALL_KEY)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"the state's verified keys are not of the form: {exc}") from None
+    path._rebuilt = verified
     tip_entry = _Partial(tip)
     path.path = [HOLLOW] * (depth - 1) + [tip_entry]
     path._depth = {tip: depth - 1}
@@ -953,7 +1028,7 @@ def restore(
     if context is None or not resumable.available():
         path.builder = _NoBuilder()  # type: ignore[assignment]
     else:
-        path.builder = _restore_builder(context, depth, tip_entry)
+        path.builder = _restore_builder(context, depth, tip_entry, loader)
         if depth > 1:
             path.path[0] = _Partial(context["root"])  # type: ignore[call-overload]  # (a response's check asks whether its root was cut)
 
