@@ -553,12 +553,8 @@ def _a_response_at_the_head(root: Path) -> dict:
     return body
 
 
-def test_a_reopened_session_appends_a_response_reading_none_of_its_entries(tmp_path, monkeypatch):
-    """The kept request hash state answers the response's check: no entry is read, and the
-    state written at that close keeps answering (issue 11: an append costs what it adds)."""
-    root = tmp_path / "s"
-    _recorded(root, count=400)
-    assert loads(_rules_file(root).read_bytes().split(b" ", 1)[1])["context"] is not None
+def _count_entry_reads(monkeypatch) -> list[int]:
+    """How many entries each read of the store's entries asked for, from now on."""
     read: list[int] = []
     real = Store.entries
 
@@ -567,6 +563,16 @@ def test_a_reopened_session_appends_a_response_reading_none_of_its_entries(tmp_p
         return real(self, ids)
 
     monkeypatch.setattr(Store, "entries", counted)
+    return read
+
+
+def test_a_reopened_session_appends_a_response_reading_none_of_its_entries(tmp_path, monkeypatch):
+    """The kept request hash state answers the response's check: no entry is read, and the
+    state written at that close keeps answering (issue 11: an append costs what it adds)."""
+    root = tmp_path / "s"
+    _recorded(root, count=400)
+    assert loads(_rules_file(root).read_bytes().split(b" ", 1)[1])["context"] is not None
+    read = _count_entry_reads(monkeypatch)
     result = _append(root, _a_response_at_the_head(root), expect_restored=True)
     assert result["outcome"] == "continued"
     again = _append(root, _a_response_at_the_head(root) | {"response_id": "resp_after"}, expect_restored=True)
@@ -791,14 +797,7 @@ def test_an_imported_session_appends_from_the_state_its_import_kept(tmp_path, mo
     sid = st.import_file(path, record=True).id
     st.close()
     assert (root / "sessions" / sid / "rules").is_file()
-    read: list[int] = []
-    real = Store.entries
-
-    def counted(self, ids):
-        read.append(len(ids))
-        return real(self, ids)
-
-    monkeypatch.setattr(Store, "entries", counted)
+    read = _count_entry_reads(monkeypatch)
     st = Store(str(root), sync="never")
     try:
         s = st.session(sid)
