@@ -79,6 +79,8 @@ __all__ = [
 #: Bytes of objects a push keeps in memory between reading them (to learn the
 #: closure) and sending them; past this it reads them again instead.
 SEND_CACHE_BYTES = 256 * 1024 * 1024
+#: Entries whose objects a push reads in one bulk read of each space.
+_CHUNK = 256
 
 
 Progress = Callable[[int, int], None]
@@ -265,19 +267,21 @@ def _closure(store: Store, session: Session, ids: Iterable[str]) -> _Closure:
             out.cache[name] = data
             out.cached_bytes += len(data)
 
-    for entry_id in ids:
-        chash, content, env = session.exchange_objects(entry_id)
-        out.content_of.setdefault(chash, entry_id)
-        add("contents", chash, content)
-        if b"sidecar:" in content:
-            for blob in sidecar_names(content):
-                if not store.objects.exists("blobs", blob):
-                    raise StoreError(
-                        f"session {session.id} names sidecar blob {blob}, which this store lacks; "
-                        "a session with an unresolved blob cannot be pushed until the blob arrives"
-                    )
-                add("blobs", blob, None)
-        add("entries", entry_id, env)
+    listed = list(ids)
+    for at in range(0, len(listed), _CHUNK):
+        chunk = listed[at : at + _CHUNK]
+        for entry_id, (chash, content, env) in zip(chunk, session.exchange_objects_many(chunk)):
+            out.content_of.setdefault(chash, entry_id)
+            add("contents", chash, content)
+            if b"sidecar:" in content:
+                for blob in sidecar_names(content):
+                    if not store.objects.exists("blobs", blob):
+                        raise StoreError(
+                            f"session {session.id} names sidecar blob {blob}, which this store lacks; "
+                            "a session with an unresolved blob cannot be pushed until the blob arrives"
+                        )
+                    add("blobs", blob, None)
+            add("entries", entry_id, env)
     return out
 
 
