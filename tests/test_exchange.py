@@ -18,7 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import Header, read_session_bytes
+from agentsession_cas.exchange import endpoint
 from agentsession_cas.exchange import operations as ex
+from agentsession_cas.format import parallel
 from agentsession_cas.format.canonical import canonical_bytes
 from agentsession_cas.errors import (
     AppendRefusedError,
@@ -634,7 +636,54 @@ def _raw_entry(data: dict) -> tuple[str, list[tuple[str, str, bytes]]]:
     return entry_id, [("contents", chash, content), ("entries", entry_id, env)]
 
 
-def test_a_push_breaking_the_parent_rule_is_refused_and_changes_no_session(ab):
+@pytest.fixture(params=["here", "helper"])
+def checked(request, monkeypatch):
+    """Where an admission's line rules run: in this process (a small push), or on the
+    helper process (:mod:`~agentsession_cas.format.parallel`), forced whatever the size,
+    its answers waited for, a few lines a block. A list of the entries checked here."""
+    if request.param == "helper":
+        monkeypatch.setenv(parallel.ENV, "2")
+        monkeypatch.setattr(parallel, "WAIT", True)
+        monkeypatch.setattr(endpoint, "_BLOCK", 512)
+    else:
+        monkeypatch.setenv(parallel.ENV, "1")
+    here: list[str] = []
+    real = endpoint._check_read
+
+    def counted(objects, r, missing, keep):
+        here.append(r.id)
+        return real(objects, r, missing, keep)
+
+    monkeypatch.setattr(endpoint, "_check_read", counted)
+    return here
+
+
+def test_a_push_checked_on_the_helper_admits_what_one_process_admits(tmp_path, monkeypatch):
+    a, b, c = store(tmp_path, "a"), store(tmp_path, "b"), store(tmp_path, "c")
+    ids = record(a, "s1", 30)
+    s = a.session("s1")
+    ids.append(s.append({"type": "label", "ts": TS, "parent": ids[-1], "target": ids[3], "label": "seen"}).id)
+    ids.append(s.append(user("after the label", 31)).id)
+    s.close()
+    monkeypatch.setenv(parallel.ENV, "1")
+    ex.push(a, tmp_path / "c", "s1")
+    monkeypatch.setenv(parallel.ENV, "2")
+    monkeypatch.setattr(parallel, "WAIT", True)
+    monkeypatch.setattr(endpoint, "_BLOCK", 512)
+    here: list[str] = []
+    real = endpoint._check_read
+    monkeypatch.setattr(endpoint, "_check_read", lambda objects, r, *args: here.append(r.id) or real(objects, r, *args))
+    r = ex.push(a, tmp_path / "b", "s1")
+    assert (r.entries, r.outcome) == (len(ids), "fast-forward")
+    assert here == []  # every entry as the helper found it
+    one, helped = Store(tmp_path / "c", readonly=True), Store(tmp_path / "b", readonly=True)
+    assert helped.export("s1") == one.export("s1") == a.export("s1")
+    assert helped.read("s1").summary() == one.read("s1").summary()
+    for st in (a, b, c, one, helped):
+        st.close()
+
+
+def test_a_push_breaking_the_parent_rule_is_refused_and_changes_no_session(ab, checked):
     a, b, broot = ab
     ids = record(a, "s1", 2)
     ex.push(a, broot, "s1")
@@ -658,7 +707,7 @@ def test_a_push_breaking_the_parent_rule_is_refused_and_changes_no_session(ab):
     {"type": "notcore", "x": 1},
     {"type": "item", "ts": "2026-09-17T12:00:00.000Z", "item": {}},
 ])
-def test_entries_an_append_would_refuse_are_refused_by_a_push(ab, bad):
+def test_entries_an_append_would_refuse_are_refused_by_a_push(ab, bad, checked):
     a, b, broot = ab
     ids = record(a, "s1", 1)
     ex.push(a, broot, "s1")
@@ -673,7 +722,7 @@ def test_entries_an_append_would_refuse_are_refused_by_a_push(ab, bad):
     assert sessions_snapshot(broot) == snap
 
 
-def test_non_canonical_objects_are_refused(ab):
+def test_non_canonical_objects_are_refused(ab, checked):
     a, b, broot = ab
     ids = record(a, "s1", 1)
     ex.push(a, broot, "s1")

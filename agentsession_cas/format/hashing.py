@@ -37,6 +37,7 @@ __all__ = [
     "entry_hashes",
     "line_from_objects",
     "lines_from_objects",
+    "lines_of_bytes",
     "stored_item_bytes",
     "read_envelope",
     "common_envelopes",
@@ -416,6 +417,17 @@ def lines_from_objects(entries: Sequence[tuple[str, Mapping[str, Any], bytes, by
         line = _line_of_bytes(entry_id, content, members, these) if members is not None else None
         out.append(line if line is not None else _line_from_parsed(entry_id, env, content))
     return out
+
+
+def lines_of_bytes(entries: Sequence[tuple[str, bytes, bytes]]) -> list[bytes | None]:
+    """The line of each ``(id, content, members)`` as :func:`lines_from_objects` makes it
+    of the objects' bytes alone (``members``: an envelope of the common form's, as
+    :func:`read_envelope` cuts them), or None where the bytes alone do not make it (a
+    content that is no JSON object, a member name not plain): nothing is parsed but the
+    contents' member names, and nothing encoded. For objects another store sent (a
+    push's receiver): what such a line holds is for the caller to check."""
+    names = _names_each([content for _, content, _ in entries])
+    return [_line_of_bytes(entry_id, content, members, these) for (entry_id, content, members), these in zip(entries, names)]
 
 
 #: A separator no stored value can forge: a string drawn at random once per process.
