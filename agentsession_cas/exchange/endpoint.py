@@ -42,7 +42,7 @@ from ..format.entry import Entry, Header, parse_format, short_id
 from ..format.hashing import is_hash, lines_of_bytes, read_envelope, sha256_ref
 from ..format.media import sidecar_names
 from ..format.names import check_ref_name, check_session_id
-from ..format.rules import RULES, SessionChecker, Trial, check_line, clean_entry
+from ..format.rules import RULES, SessionChecker, Trial, check_line, clean_entry, gc_paused
 from ..format.tree import Either, head_refusal
 from ..lean import dataclass
 from ..store.refs import Refs, header_ident
@@ -105,7 +105,8 @@ class _Read:
     refusal: read it alone, one object at a time), the refusal its envelope earns, its
     content's bytes (None: read it alone), its envelope's members but ``content`` when it
     is of the common form (:func:`read_envelope`), and its line made of the two objects'
-    bytes (b"" when they do not make one: checked here, never by the helper)."""
+    bytes (b"" when they do not make one: checked here, never by the helper) with the
+    content as parsed to make it (used only as the helper's word vouches for it)."""
 
     id: str
     parsed: tuple[dict[str, Any], bool, str] | None
@@ -113,6 +114,7 @@ class _Read:
     content: bytes | None = None
     members: bytes | None = None
     line: bytes = b""
+    body: dict[str, Any] | None = None
 
 
 def _check_entries(
@@ -196,10 +198,10 @@ def _reads(objects: ObjectStore, entry_ids: Sequence[str], sent: Mapping[str, by
         try:
             lines = iter(lines_of_bytes(lineable))
         except (ValueError, RecursionError):  # (whatever it is, the check here meets it again)
-            lines = iter([None] * len(lineable))
+            lines = iter([(None, None)] * len(lineable))
         for r in reads:
             if r.content is not None and r.members is not None and b"\n" not in r.content:
-                line = next(lines)
+                line, r.body = next(lines)
                 r.line = line[:-1] if line is not None else b""
         yield from reads
 
@@ -293,15 +295,18 @@ def _checked_with(
 
 
 def _clean(r: _Read, known: tuple[str, int, int, Any], keep: bool) -> _Checked:
-    """The entry the helper found clean: its line, proven canonical, holds nothing the line
-    rules refuse, and its members hash to its id and to the content hash its envelope
-    names (so each object is the canonical form of what the line holds)."""
+    """The entry the helper found clean: its line, proven canonical (and so holding no
+    value the parse that made it might misread), holds nothing the line rules refuse,
+    and its members hash to its id and to the content hash its envelope names (so each
+    object is the canonical form of what the line holds)."""
     chash, start, end, _ = known
-    obj = orjson.loads(r.line)
-    entry = clean_entry(obj, chash, line=0, item_bytes=r.line[start:end] if end else None)
+    assert r.parsed is not None and r.content is not None
+    env = r.parsed[0]
+    data = r.body if r.body is not None else orjson.loads(r.content)
+    data["type"], data["parent"], data["ts"], data["id"] = env["type"], env["parent"], env["ts"], r.id
+    entry = clean_entry(data, chash, line=0, item_bytes=r.line[start:end] if end else None)
     entry.line = None  # (from no file's line)
-    assert r.content is not None
-    return _admitted(r.id, entry, obj, r.content, keep)
+    return _admitted(r.id, entry, data, r.content, keep)
 
 
 def _admitted(entry_id: str, built: Entry, body: Mapping[str, Any], content: bytes, keep: bool) -> _Checked:
@@ -317,6 +322,19 @@ def _admitted(entry_id: str, built: Entry, body: Mapping[str, Any], content: byt
         built.data["id"] = built.id = entry_id
         entry = built
     return _Checked(entry_id, built.parent, leaf, built.content_hash, blobs, entry)
+
+
+def _rule_refusal(checker: SessionChecker, c: _Checked) -> AppendRefusedError | None:
+    """The entry added to the rule set; the refusal a refusing rule makes, or None."""
+    assert c.entry is not None
+    problems = checker.add(c.entry, prefix=False)
+    refused = [p for p in problems if RULES[p.code].store == "refuse"]
+    if not refused:
+        return None
+    p = refused[0]
+    return AppendRefusedError(
+        f"entry {c.id} refused: {p.message}", rule=p.code, code=RULES[p.code].error or "bad_entry", entry=c.id
+    )
 
 
 def _missing_message(session_id: str, missing: Mapping[str, Sequence[str]]) -> str:
@@ -561,8 +579,9 @@ class StoreEndpoint:
         if session is not None:
             held.append(session)
         try:
-            return self._receive(req, header, session, handover=handover, fetch=fetch, written=written, sent=sent,
-                                 held=held)
+            with gc_paused():  # a bulk pass: many acyclic objects per entry (see gc_paused)
+                return self._receive(req, header, session, handover=handover, fetch=fetch, written=written, sent=sent,
+                                     held=held)
         finally:
             for s in held:
                 self._release(s)
@@ -602,9 +621,16 @@ class StoreEndpoint:
                 continue
             seen.add(entry_id)
             todo.append(entry_id)
+        # A session this store lacks has the rules run as its entries are checked (a full
+        # push: beside the helper's line checks), a refusal kept for its turn below.
+        fed: tuple[SessionChecker, AppendRefusedError | None] | None = None
+        if session is None:
+            fed = self._new_rules(header, prefix_checked), None
         for c in _check_entries(store, todo, missing, keep=True, sent=sent):
             if c is not None:
                 checked.append(c)
+                if fed is not None and fed[1] is None:
+                    fed = fed[0], _rule_refusal(fed[0], c)
         for c in prefix_checked + checked:
             for blob in c.blobs:
                 if not self._has("blobs", blob):
@@ -675,7 +701,9 @@ class StoreEndpoint:
         move = outcome in ("fast-forward", "moved", "forced")
         # Every rule verify holds the session to, for the entries admitted in order: the
         # one rule set, as an append is held to it. Nothing is written before this.
-        checker, trial = self._check_rules(session, header, prefix_checked, ordered)
+        if fed is not None and any(a is not b for a, b in zip(ordered, checked)):
+            fed = None  # (reordered: the rules run again, in admission order)
+        checker, trial = self._check_rules(session, header, prefix_checked, ordered, fed)
         try:
             # Writing: objects durable first (those this endpoint did not just write may
             # be another process's, not yet synced), then the log records, committed.
@@ -716,16 +744,31 @@ class StoreEndpoint:
             refs=refs,
         )
 
+    def _new_rules(self, header: Header, prefix: list[_Checked]) -> SessionChecker:
+        """The one rule set for a session this store lacks: from the pushed header and prefix."""
+        checker = SessionChecker(header, loader=self.store.entry)
+        checker.add_prefix(c.entry for c in prefix if c.entry is not None)
+        return checker
+
     def _check_rules(
-        self, session: Session | None, header: Header, prefix: list[_Checked], ordered: list[_Checked]
+        self, session: Session | None, header: Header, prefix: list[_Checked], ordered: list[_Checked],
+        fed: tuple[SessionChecker, AppendRefusedError | None] | None = None,
     ) -> tuple[SessionChecker, Trial | None]:
         """Hold the admitted entries, in admission order, to the one rule set: the
         session's own reduced state (in a trial the caller commits once the records are
         written), or, for a session this store lacks, a new one from the pushed header
-        and prefix. A refusing rule refuses the push with its code, nothing written."""
+        and prefix (``fed``: that one, fed already in this order, and the refusal it
+        met). A refusing rule refuses the push with its code, nothing written."""
+        if fed is not None:
+            checker, refusal = fed
+            if refusal is not None:
+                raise refusal
+            for c in ordered:
+                assert c.entry is not None
+                c.entry = summary_form(c.entry)  # checked: only what the summary reads is kept
+            return checker, None
         if session is None:
-            checker = SessionChecker(header, loader=self.store.entry)
-            checker.add_prefix(c.entry for c in prefix if c.entry is not None)
+            checker = self._new_rules(header, prefix)
             trial: Trial | None = None
         else:
             session.discard_prepared()
@@ -733,14 +776,10 @@ class StoreEndpoint:
             trial = checker.begin()
         try:
             for c in ordered:
+                refusal = _rule_refusal(checker, c)
+                if refusal is not None:
+                    raise refusal
                 assert c.entry is not None
-                problems = checker.add(c.entry, prefix=False)
-                refused = [p for p in problems if RULES[p.code].store == "refuse"]
-                if refused:
-                    p = refused[0]
-                    raise AppendRefusedError(
-                        f"entry {c.id} refused: {p.message}", rule=p.code, code=RULES[p.code].error or "bad_entry", entry=c.id
-                    )
                 c.entry = summary_form(c.entry)  # checked: only what the summary reads is kept
         except BaseException:
             if trial is not None:

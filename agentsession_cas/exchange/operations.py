@@ -56,6 +56,7 @@ from ..errors import (
 from ..format.hashing import envelope_content, is_hash, sha256_ref
 from ..format.media import sidecar_names
 from ..format.names import check_session_id
+from ..format.rules import gc_paused
 from ..lean import dataclass
 from ..store.refs import Refs, check_ref_name, header_ident
 from ..store.session import Session
@@ -345,8 +346,9 @@ def push(
     expected = _check_expected(expected)
     transport, owned = _transport(remote)
     try:
-        return _push(store, transport, session_id, expected=expected, force=force, handover=handover,
-                     refs=refs, progress=progress, session=session)
+        with gc_paused():  # a bulk pass: many acyclic objects per entry (see gc_paused)
+            return _push(store, transport, session_id, expected=expected, force=force, handover=handover,
+                         refs=refs, progress=progress, session=session)
     finally:
         if owned:
             transport.close()
