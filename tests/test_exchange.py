@@ -683,6 +683,39 @@ def test_a_push_checked_on_the_helper_admits_what_one_process_admits(tmp_path, m
         st.close()
 
 
+def test_a_new_sessions_rule_refusal_waits_for_its_turn_and_a_reordered_push_is_admitted(ab, checked):
+    """A session the receiver lacks has its rules run as its entries are checked: a rule
+    refusal still comes after every entry's line rules and the objects' presence, and a
+    push naming children before their parents is admitted in admission order."""
+    a, b, broot = ab
+    ids = record(a, "s1", 3)
+    header = dict(a.read("s1").header.data)
+    orphan, objs = _raw_entry({"type": "item", "parent": "sha256:" + "ab" * 32, "ts": TS,
+                               "item": {"type": "message", "role": "user", "content": "orphan"}})
+    odd, odd_objs = _raw_entry({"type": "notcore", "parent": ids[-1], "ts": TS, "x": 1})
+    snap = sessions_snapshot(broot)
+    with LocalTransport(broot) as t:
+        sent = [(space, name, data) for e in ids for space, name, data in _raw_objects(a, e)]
+        t.put_objects(sent + objs + odd_objs, len(sent) + 4)
+        with pytest.raises(AppendRefusedError, match="unknown entry type"):
+            t.push(PushRequest(header=header, prefix=[], entries=ids + [orphan, odd], to=ids[-1], expected=None))
+        with pytest.raises(AppendRefusedError, match="does not appear earlier in the session"):
+            t.push(PushRequest(header=header, prefix=[], entries=ids + [orphan], to=ids[-1], expected=None))
+        with pytest.raises(MissingObjectsError):
+            t.push(PushRequest(header=header, prefix=[], entries=ids + [orphan, "sha256:" + "cd" * 32], to=ids[-1],
+                               expected=None))
+        assert sessions_snapshot(broot) == snap
+        adm = t.push(PushRequest(header=header, prefix=[], entries=list(reversed(ids)), to=ids[-1], expected=None))
+    assert (adm.admitted, adm.outcome) == (len(ids), "fast-forward")
+    assert reopen(broot, "s1").log_order == ids and Store(broot).export("s1") == a.export("s1")
+
+
+def _raw_objects(st: Store, entry_id: str) -> list[tuple[str, str, bytes]]:
+    env = st.objects.get("entries", entry_id)
+    chash = json.loads(env)["content"]
+    return [("contents", chash, st.objects.get("contents", chash)), ("entries", entry_id, env)]
+
+
 def test_a_push_breaking_the_parent_rule_is_refused_and_changes_no_session(ab, checked):
     a, b, broot = ab
     ids = record(a, "s1", 2)
