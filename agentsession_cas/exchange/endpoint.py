@@ -377,12 +377,16 @@ class StoreEndpoint:
     server (RFC 0003) would call the same methods per request. With
     ``own_store`` the endpoint opened the store itself: sessions it receives into
     are parked between calls (no lock held, nothing read again while their files
-    are unchanged), and :meth:`close` closes the store.
+    are unchanged), and :meth:`close` closes the store. With ``keep_sent`` it keeps
+    the envelopes and contents it is sent for the push that names them (a transport
+    in process, a fetch: the push follows at once), which then checks them from
+    memory; a server, whose clients may upload and never push, does not.
     """
 
-    def __init__(self, store: Store, *, own_store: bool = False):
+    def __init__(self, store: Store, *, own_store: bool = False, keep_sent: bool = False):
         self.store = store
         self._own = own_store
+        self._keep_sent = keep_sent
         self._parked: dict[str, Session] = {}
         self._snapshots: dict[str, Session] = {}
         #: Objects this endpoint made durable since the last push it received.
@@ -477,7 +481,7 @@ class StoreEndpoint:
                 if not is_hash(name) or sha256_ref(data) != name:
                     raise BadObjectError(f"{space} object sent as {name} does not hash to that name; nothing was stored")
                 names.append(name)
-                if space != "blobs" and len(data) <= room[0]:
+                if self._keep_sent and space != "blobs" and len(data) <= room[0]:
                     kept[name] = data
                     room[0] -= len(data)
                 yield space, name, data

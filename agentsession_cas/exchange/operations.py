@@ -595,7 +595,7 @@ def _fetch(
         raise ReadOnlyError(f"{store.describe()} is open read-only; a fetch writes to it")
     check_session_id(session_id)
     view = transport.session_view(session_id)
-    endpoint = StoreEndpoint(store)
+    endpoint = StoreEndpoint(store, keep_sent=True)
     local = store.session(session_id) if session_id in store else None
     if local is not None and header_ident(local.header.data) != header_ident(view.header):
         raise HeaderDiffersError(
