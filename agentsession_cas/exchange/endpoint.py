@@ -129,19 +129,21 @@ def _check_entries(
     when that entry's turn comes. ``sent``: objects this receiver just stored, by name
     (their bytes hashed to it then), taken from there rather than read back.
 
-    A push big enough for it (:func:`parallel.wanted`, on its size as its first chunk
-    shows it) has its line rules run on a helper process, as an import's are
-    (:class:`parallel.LineHelper`), on the line each entry's two objects make
-    (:func:`lines_of_bytes`): an entry the helper finds clean, with the content hash its
-    envelope names, is taken as it says; any other, and every entry of a smaller push,
-    is checked here, so every refusal is the one-process refusal."""
+    The line rules run first on the line each entry's two objects make
+    (:func:`lines_of_bytes`), as the helper process of an import applies them to a line
+    (:func:`parallel.answer`): an entry found clean, with the content hash its envelope
+    names, is taken as found; any other is checked from its objects as they are, so
+    every refusal is the one-process refusal. A push big enough for it
+    (:func:`parallel.wanted`, on its size as its first chunk shows it) has that first
+    look taken on the helper process itself (:class:`parallel.LineHelper`), beside
+    this one's work; a block it did not answer in time is looked at here."""
     objects = store.objects
     reads = _reads(objects, entry_ids, sent or {})
     first = list(itertools.islice(reads, _CHUNK))
     size = sum(len(r.line) for r in first) * len(entry_ids) // max(1, len(first))
     if not parallel.wanted(size, None):
         for r in itertools.chain(first, reads):
-            yield _check_read(objects, r, missing, keep)
+            yield _verdict(objects, r, parallel.answer(r.line) if r.line else None, missing, keep)
         return
     pending: deque[_Read] = deque()
 
@@ -161,10 +163,19 @@ def _check_entries(
     with parallel.LineHelper() as helper:
         for _ in helper.lines(blocks()):
             r, known = pending.popleft(), helper.known.popleft()
-            if known is not None and r.parsed is not None and known[0] == r.parsed[2]:
-                yield _clean(r, known, keep)
-            else:
-                yield _check_read(objects, r, missing, keep)
+            if known is None and r.line:
+                known = parallel.answer(r.line)  # (a block taken here; or a line not clean, looked at again)
+            yield _verdict(objects, r, known, missing, keep)
+
+
+def _verdict(
+    objects: ObjectStore, r: _Read, known: parallel.Known, missing: dict[str, list[str]], keep: bool
+) -> _Checked | None:
+    """The entry as the line rules' answer on its line says (:data:`parallel.Known`): clean
+    with the content hash its envelope names, taken as it is; else checked here."""
+    if known is not None and r.parsed is not None and known[0] == r.parsed[2]:
+        return _clean(r, known, keep)
+    return _check_read(objects, r, missing, keep)
 
 
 def _reads(objects: ObjectStore, entry_ids: Sequence[str], sent: Mapping[str, bytes]) -> Iterator[_Read]:
