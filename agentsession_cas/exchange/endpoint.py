@@ -489,7 +489,7 @@ class StoreEndpoint:
         def verified() -> Iterator[tuple[Space, str, bytes]]:
             for given, name, data in items:
                 space = check_space(given)
-                if not is_hash(name) or sha256_ref(data) != name:
+                if sha256_ref(data) != name:  # (so a name that is no hash is refused too)
                     raise BadObjectError(f"{space} object sent as {name} does not hash to that name; nothing was stored")
                 names.append(name)
                 if self._keep_sent and space != "blobs" and len(data) <= room[0]:
