@@ -18,7 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import Header, read_session_bytes
+from agentsession_cas.exchange import endpoint
 from agentsession_cas.exchange import operations as ex
+from agentsession_cas.format import parallel
 from agentsession_cas.format.canonical import canonical_bytes
 from agentsession_cas.errors import (
     AppendRefusedError,
@@ -634,7 +636,87 @@ def _raw_entry(data: dict) -> tuple[str, list[tuple[str, str, bytes]]]:
     return entry_id, [("contents", chash, content), ("entries", entry_id, env)]
 
 
-def test_a_push_breaking_the_parent_rule_is_refused_and_changes_no_session(ab):
+@pytest.fixture(params=["here", "helper"])
+def checked(request, monkeypatch):
+    """Where an admission's line rules run: in this process (a small push), or on the
+    helper process (:mod:`~agentsession_cas.format.parallel`), forced whatever the size,
+    its answers waited for, a few lines a block. A list of the entries checked here."""
+    if request.param == "helper":
+        monkeypatch.setenv(parallel.ENV, "2")
+        monkeypatch.setattr(parallel, "WAIT", True)
+        monkeypatch.setattr(endpoint, "_BLOCK", 512)
+    else:
+        monkeypatch.setenv(parallel.ENV, "1")
+    here: list[str] = []
+    real = endpoint._check_read
+
+    def counted(objects, r, missing, keep):
+        here.append(r.id)
+        return real(objects, r, missing, keep)
+
+    monkeypatch.setattr(endpoint, "_check_read", counted)
+    return here
+
+
+def test_a_push_checked_on_the_helper_admits_what_one_process_admits(tmp_path, monkeypatch):
+    a, b, c = store(tmp_path, "a"), store(tmp_path, "b"), store(tmp_path, "c")
+    ids = record(a, "s1", 30)
+    s = a.session("s1")
+    ids.append(s.append({"type": "label", "ts": TS, "parent": ids[-1], "target": ids[3], "label": "seen"}).id)
+    ids.append(s.append(user("after the label", 31)).id)
+    s.close()
+    monkeypatch.setenv(parallel.ENV, "1")
+    ex.push(a, tmp_path / "c", "s1")
+    monkeypatch.setenv(parallel.ENV, "2")
+    monkeypatch.setattr(parallel, "WAIT", True)
+    monkeypatch.setattr(endpoint, "_BLOCK", 512)
+    here: list[str] = []
+    real = endpoint._check_read
+    monkeypatch.setattr(endpoint, "_check_read", lambda objects, r, *args: here.append(r.id) or real(objects, r, *args))
+    r = ex.push(a, tmp_path / "b", "s1")
+    assert (r.entries, r.outcome) == (len(ids), "fast-forward")
+    assert here == []  # every entry as the helper found it
+    one, helped = Store(tmp_path / "c", readonly=True), Store(tmp_path / "b", readonly=True)
+    assert helped.export("s1") == one.export("s1") == a.export("s1")
+    assert helped.read("s1").summary() == one.read("s1").summary()
+    for st in (a, b, c, one, helped):
+        st.close()
+
+
+def test_a_new_sessions_rule_refusal_waits_for_its_turn_and_a_reordered_push_is_admitted(ab, checked):
+    """A session the receiver lacks has its rules run as its entries are checked: a rule
+    refusal still comes after every entry's line rules and the objects' presence, and a
+    push naming children before their parents is admitted in admission order."""
+    a, b, broot = ab
+    ids = record(a, "s1", 3)
+    header = dict(a.read("s1").header.data)
+    orphan, objs = _raw_entry({"type": "item", "parent": "sha256:" + "ab" * 32, "ts": TS,
+                               "item": {"type": "message", "role": "user", "content": "orphan"}})
+    odd, odd_objs = _raw_entry({"type": "notcore", "parent": ids[-1], "ts": TS, "x": 1})
+    snap = sessions_snapshot(broot)
+    with LocalTransport(broot) as t:
+        sent = [(space, name, data) for e in ids for space, name, data in _raw_objects(a, e)]
+        t.put_objects(sent + objs + odd_objs, len(sent) + 4)
+        with pytest.raises(AppendRefusedError, match="unknown entry type"):
+            t.push(PushRequest(header=header, prefix=[], entries=ids + [orphan, odd], to=ids[-1], expected=None))
+        with pytest.raises(AppendRefusedError, match="does not appear earlier in the session"):
+            t.push(PushRequest(header=header, prefix=[], entries=ids + [orphan], to=ids[-1], expected=None))
+        with pytest.raises(MissingObjectsError):
+            t.push(PushRequest(header=header, prefix=[], entries=ids + [orphan, "sha256:" + "cd" * 32], to=ids[-1],
+                               expected=None))
+        assert sessions_snapshot(broot) == snap
+        adm = t.push(PushRequest(header=header, prefix=[], entries=list(reversed(ids)), to=ids[-1], expected=None))
+    assert (adm.admitted, adm.outcome) == (len(ids), "fast-forward")
+    assert reopen(broot, "s1").log_order == ids and Store(broot).export("s1") == a.export("s1")
+
+
+def _raw_objects(st: Store, entry_id: str) -> list[tuple[str, str, bytes]]:
+    env = st.objects.get("entries", entry_id)
+    chash = json.loads(env)["content"]
+    return [("contents", chash, st.objects.get("contents", chash)), ("entries", entry_id, env)]
+
+
+def test_a_push_breaking_the_parent_rule_is_refused_and_changes_no_session(ab, checked):
     a, b, broot = ab
     ids = record(a, "s1", 2)
     ex.push(a, broot, "s1")
@@ -658,7 +740,7 @@ def test_a_push_breaking_the_parent_rule_is_refused_and_changes_no_session(ab):
     {"type": "notcore", "x": 1},
     {"type": "item", "ts": "2026-09-17T12:00:00.000Z", "item": {}},
 ])
-def test_entries_an_append_would_refuse_are_refused_by_a_push(ab, bad):
+def test_entries_an_append_would_refuse_are_refused_by_a_push(ab, bad, checked):
     a, b, broot = ab
     ids = record(a, "s1", 1)
     ex.push(a, broot, "s1")
@@ -673,7 +755,7 @@ def test_entries_an_append_would_refuse_are_refused_by_a_push(ab, bad):
     assert sessions_snapshot(broot) == snap
 
 
-def test_non_canonical_objects_are_refused(ab):
+def test_non_canonical_objects_are_refused(ab, checked):
     a, b, broot = ab
     ids = record(a, "s1", 1)
     ex.push(a, broot, "s1")

@@ -303,6 +303,11 @@ class ObjectStore(ABC):
         """Whether it is held and sound, as a receiver answers "missing": what is
         reported held need not be sent again."""
 
+    def held_many(self, space: Space, names: Sequence[str]) -> list[bool]:
+        """:meth:`held` of each name, in order: a backend that can answer many for less
+        than many questions (a push's whole closure) does so here."""
+        return [self.held(space, name) for name in names]
+
     def is_sound(self, space: Space, name: str) -> bool:
         """Present and hashing to its name."""
         from ..errors import AgentSessionError

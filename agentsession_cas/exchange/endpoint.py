@@ -7,8 +7,12 @@ server (RFC 0003) calls the same methods per request.
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from ..backends.base import SPACES, ObjectStore, Space
 from ..errors import (
@@ -32,12 +36,13 @@ from ..errors import (
     StoreError,
     quoted,
 )
+from ..format import parallel
 from ..format.canonical import loads_flagged
 from ..format.entry import Entry, Header, parse_format, short_id
-from ..format.hashing import is_hash, sha256_ref
+from ..format.hashing import is_hash, lines_of_bytes, read_envelope, sha256_ref
 from ..format.media import sidecar_names
 from ..format.names import check_ref_name, check_session_id
-from ..format.rules import RULES, SessionChecker, Trial, check_line
+from ..format.rules import RULES, SessionChecker, Trial, check_line, clean_entry, gc_paused
 from ..format.tree import Either, head_refusal
 from ..lean import dataclass
 from ..store.refs import Refs, header_ident
@@ -86,44 +91,148 @@ def _refuse(entry_id: str, why: str, rule: str | None = None) -> AppendRefusedEr
 
 #: Entries whose objects an admission reads in one bulk read of each space.
 _CHUNK = 256
+#: The bytes of sent envelopes and contents a receiver keeps between storing them and
+#: the push naming them (its admission's check then reads none back); past this, read.
+SENT_KEPT_BYTES = 256 * 1024 * 1024
+#: The bytes of lines handed to the line rules' helper process at once (the reader's size).
+_BLOCK = 1 << 20
 _UNREADABLE = (NoSuchObjectError, CorruptObjectError, CorruptPackError)
 
 
+@dataclass
+class _Read:
+    """An entry's objects as read for its check: its parsed envelope (None with no
+    refusal: read it alone, one object at a time), the refusal its envelope earns, its
+    content's bytes (None: read it alone), its envelope's members but ``content`` when it
+    is of the common form (:func:`read_envelope`), and its line made of the two objects'
+    bytes (b"" when they do not make one: checked here, never by the helper) with the
+    content as parsed to make it (used only as the helper's word vouches for it)."""
+
+    id: str
+    parsed: tuple[dict[str, Any], bool, str] | None
+    refusal: AppendRefusedError | None = None
+    content: bytes | None = None
+    members: bytes | None = None
+    line: bytes = b""
+    body: dict[str, Any] | None = None
+
+
 def _check_entries(
-    store: Store, entry_ids: Sequence[str], missing: dict[str, list[str]], *, keep: bool = False
+    store: Store, entry_ids: Sequence[str], missing: dict[str, list[str]], *, keep: bool = False,
+    sent: Mapping[str, bytes] | None = None,
 ) -> Iterator[_Checked | None]:
     """Read each entry's two objects from ``store`` and hold them to the line rules an
     append holds an entry to (:func:`check_line`), every hash recomputed from the parsed
     values (so the bytes are canonical I-JSON), and no ``synthetic`` label: in order, a
     :class:`_Checked` each, or None for an entry with an object missing or corrupt (added
     to ``missing``); anything else wrong raises AppendRefusedError with the rule's code,
-    when that entry's turn comes. The objects are read a chunk at a time by two bulk reads
-    (envelopes, then contents: :meth:`ObjectStore.get_many`), as a projection reads them;
-    a chunk one of whose objects does not read is read an object at a time, so that
-    ``missing`` names each one."""
+    when that entry's turn comes. ``sent``: objects this receiver just stored, by name
+    (their bytes hashed to it then), taken from there rather than read back.
+
+    The line rules run first on the line each entry's two objects make
+    (:func:`lines_of_bytes`), as the helper process of an import applies them to a line
+    (:func:`parallel.answer`): an entry found clean, with the content hash its envelope
+    names, is taken as found; any other is checked from its objects as they are, so
+    every refusal is the one-process refusal. A push big enough for it
+    (:func:`parallel.wanted`, on its size as its first chunk shows it) has that first
+    look taken on the helper process itself (:class:`parallel.LineHelper`), beside
+    this one's work; a block it did not answer in time is looked at here."""
     objects = store.objects
+    reads = _reads(objects, entry_ids, sent or {})
+    first = list(itertools.islice(reads, _CHUNK))
+    size = sum(len(r.line) for r in first) * len(entry_ids) // max(1, len(first))
+    if not parallel.wanted(size, None):
+        for r in itertools.chain(first, reads):
+            yield _verdict(objects, r, parallel.answer(r.line) if r.line else None, missing, keep)
+        return
+    pending: deque[_Read] = deque()
+
+    def blocks() -> Iterator[tuple[bytes, list[bytes]]]:
+        lines: list[bytes] = []
+        held = 0
+        for r in itertools.chain(first, reads):
+            pending.append(r)
+            lines.append(r.line)
+            held += len(r.line)
+            if held >= _BLOCK:
+                yield b"\n".join(lines), lines
+                lines, held = [], 0
+        if lines:
+            yield b"\n".join(lines), lines
+
+    with parallel.LineHelper() as helper:
+        for _ in helper.lines(blocks()):
+            r, known = pending.popleft(), helper.known.popleft()
+            if known is None and r.line:
+                known = parallel.answer(r.line)  # (a block taken here; or a line not clean, looked at again)
+            yield _verdict(objects, r, known, missing, keep)
+
+
+def _verdict(
+    objects: ObjectStore, r: _Read, known: parallel.Known, missing: dict[str, list[str]], keep: bool
+) -> _Checked | None:
+    """The entry as the line rules' answer on its line says (:data:`parallel.Known`): clean
+    with the content hash its envelope names, taken as it is; else checked here."""
+    if known is not None and r.parsed is not None and known[0] == r.parsed[2]:
+        return _clean(r, known, keep)
+    return _check_read(objects, r, missing, keep)
+
+
+def _reads(objects: ObjectStore, entry_ids: Sequence[str], sent: Mapping[str, bytes]) -> Iterator[_Read]:
+    """Each entry's objects, read a chunk at a time by two bulk reads (envelopes, then
+    contents: :meth:`ObjectStore.get_many`) as a projection reads them, those in ``sent``
+    taken from there; a chunk one of whose objects does not read is read an object at a
+    time when its turn comes, so that ``missing`` names each one."""
     for at in range(0, len(entry_ids), _CHUNK):
         chunk = entry_ids[at : at + _CHUNK]
         envs: list[bytes] | None = None
         if all(map(is_hash, chunk)):
             try:
-                envs = objects.get_many("entries", chunk)
+                envs = _get_many(objects, "entries", chunk, sent)
             except _UNREADABLE:
                 pass
         if envs is None:  # (an id that is none, an object that does not read: each in its turn)
-            for entry_id in chunk:
-                yield _check_one(objects, entry_id, missing, keep)
+            yield from (_Read(entry_id, None) for entry_id in chunk)
             continue
-        envelopes = [_envelope_of(entry_id, env) for entry_id, env in zip(chunk, envs)]
-        names = [parsed[2] for refusal, parsed in envelopes if refusal is None]
+        reads = [_envelope_of(entry_id, env) for entry_id, env in zip(chunk, envs)]
+        names = [r.parsed[2] for r in reads if r.parsed is not None]
         try:
-            found = dict(zip(names, objects.get_many("contents", names)))
+            found = dict(zip(names, _get_many(objects, "contents", names, sent)))
         except _UNREADABLE:
             found = {}  # (each read alone: missing names each one)
-        for entry_id, (refusal, parsed) in zip(chunk, envelopes):
-            if refusal is not None:
-                raise refusal
-            yield _checked_with(objects, entry_id, parsed, found.get(parsed[2]), missing, keep)
+        lineable: list[tuple[str, bytes, bytes]] = []
+        for r in reads:
+            if r.parsed is not None:
+                r.content = found.get(r.parsed[2])
+                if r.content is not None and r.members is not None and b"\n" not in r.content:
+                    lineable.append((r.id, r.content, r.members))
+        try:
+            lines = iter(lines_of_bytes(lineable))
+        except (ValueError, RecursionError):  # (whatever it is, the check here meets it again)
+            lines = iter([(None, None)] * len(lineable))
+        for r in reads:
+            if r.content is not None and r.members is not None and b"\n" not in r.content:
+                line, r.body = next(lines)
+                r.line = line[:-1] if line is not None else b""
+        yield from reads
+
+
+def _get_many(objects: ObjectStore, space: Space, names: Sequence[str], sent: Mapping[str, bytes]) -> list[bytes]:
+    """:meth:`ObjectStore.get_many`, those in ``sent`` taken from there."""
+    got = [sent.get(name) for name in names]
+    if None not in got:
+        return got  # type: ignore[return-value]  # no None in it
+    rest = iter(objects.get_many(space, [name for name, data in zip(names, got) if data is None]))
+    return [data if data is not None else next(rest) for data in got]
+
+
+def _check_read(objects: ObjectStore, r: _Read, missing: dict[str, list[str]], keep: bool) -> _Checked | None:
+    """The entry checked here, from what :func:`_reads` read of it."""
+    if r.refusal is not None:
+        raise r.refusal
+    if r.parsed is None:
+        return _check_one(objects, r.id, missing, keep)
+    return _checked_with(objects, r.id, r.parsed, r.content, missing, keep)
 
 
 def _check_one(objects: ObjectStore, entry_id: str, missing: dict[str, list[str]], keep: bool) -> _Checked | None:
@@ -134,22 +243,28 @@ def _check_one(objects: ObjectStore, entry_id: str, missing: dict[str, list[str]
     except _UNREADABLE:
         missing["entries"].append(entry_id)
         return None
-    refusal, parsed = _envelope_of(entry_id, env_bytes)
-    if refusal is not None:
-        raise refusal
-    return _checked_with(objects, entry_id, parsed, None, missing, keep)
+    r = _envelope_of(entry_id, env_bytes)
+    if r.refusal is not None:
+        raise r.refusal
+    assert r.parsed is not None
+    return _checked_with(objects, entry_id, r.parsed, None, missing, keep)
 
 
-def _envelope_of(entry_id: str, env_bytes: bytes) -> tuple[AppendRefusedError | None, Any]:
-    """An envelope parsed and held to its form: (None, (envelope, careful, content hash)),
-    or (the refusal, None)."""
+def _envelope_of(entry_id: str, env_bytes: bytes) -> _Read:
+    """An envelope parsed and held to its form, or the refusal it earns."""
+    try:
+        env, _, _, members = read_envelope(env_bytes)
+    except (ValueError, AgentSessionError):
+        members = None  # (refused below)
+    if members is not None:  # the common form: an envelope by its match alone
+        return _Read(entry_id, (env, False, env["content"]), members=members)
     try:
         env, env_careful = loads_flagged(env_bytes)
     except (ValueError, AgentSessionError) as exc:
-        return _refuse(entry_id, f"its envelope is not I-JSON ({exc})"), None
+        return _Read(entry_id, None, _refuse(entry_id, f"its envelope is not I-JSON ({exc})"))
     if not isinstance(env, dict) or not set(env) <= _ENVELOPE_KEYS or not is_hash(env.get("content")):
-        return _refuse(entry_id, "its envelope is not {content, parent, [parents], ts, type}"), None
-    return None, (env, env_careful, env["content"])
+        return _Read(entry_id, None, _refuse(entry_id, "its envelope is not {content, parent, [parents], ts, type}"))
+    return _Read(entry_id, (env, env_careful, env["content"]))
 
 
 def _checked_with(
@@ -186,17 +301,51 @@ def _checked_with(
         raise _refuse(entry_id, p.message, p.code)
     if built.computed_id != entry_id or built.content_hash != chash:
         raise _refuse(entry_id, "its objects are not in canonical form (the hashes of the parsed values differ)", "hash")
+    built.objects = None
+    return _admitted(entry_id, built, body, content, keep)
+
+
+def _clean(r: _Read, known: tuple[str, int, int, Any], keep: bool) -> _Checked:
+    """The entry the helper found clean: its line, proven canonical (and so holding no
+    value the parse that made it might misread), holds nothing the line rules refuse,
+    and its members hash to its id and to the content hash its envelope names (so each
+    object is the canonical form of what the line holds)."""
+    chash, start, end, _ = known
+    assert r.parsed is not None and r.content is not None
+    env = r.parsed[0]
+    data = r.body if r.body is not None else orjson.loads(r.content)
+    data["type"], data["parent"], data["ts"], data["id"] = env["type"], env["parent"], env["ts"], r.id
+    entry = clean_entry(data, chash, line=0, item_bytes=r.line[start:end] if end else None)
+    entry.line = None  # (from no file's line)
+    return _admitted(r.id, entry, data, r.content, keep)
+
+
+def _admitted(entry_id: str, built: Entry, body: Mapping[str, Any], content: bytes, keep: bool) -> _Checked:
+    """An entry that passed the line rules, held to what a store adds (no ``synthetic``
+    label; ``body``: its content's members, or the line's)."""
+    type_ = built.type
     if type_ == "label" and body.get("synthetic") is not None:
         raise _refuse(entry_id, "a label carrying 'synthetic' is a projection's marker; a store refuses it", "synthetic")
-    parent = data["parent"]
     leaf = type_ == "label" and body.get("label") == "leaf"
     blobs = tuple(sidecar_names(content))
     entry = None
     if keep:
         built.data["id"] = built.id = entry_id
-        built.objects = None
         entry = built
-    return _Checked(entry_id, parent, leaf, chash, blobs, entry)
+    return _Checked(entry_id, built.parent, leaf, built.content_hash, blobs, entry)
+
+
+def _rule_refusal(checker: SessionChecker, c: _Checked) -> AppendRefusedError | None:
+    """The entry added to the rule set; the refusal a refusing rule makes, or None."""
+    assert c.entry is not None
+    problems = checker.add(c.entry, prefix=False)
+    refused = [p for p in problems if RULES[p.code].store == "refuse"]
+    if not refused:
+        return None
+    p = refused[0]
+    return AppendRefusedError(
+        f"entry {c.id} refused: {p.message}", rule=p.code, code=RULES[p.code].error or "bad_entry", entry=c.id
+    )
 
 
 def _missing_message(session_id: str, missing: Mapping[str, Sequence[str]]) -> str:
@@ -239,16 +388,25 @@ class StoreEndpoint:
     server (RFC 0003) would call the same methods per request. With
     ``own_store`` the endpoint opened the store itself: sessions it receives into
     are parked between calls (no lock held, nothing read again while their files
-    are unchanged), and :meth:`close` closes the store.
+    are unchanged), and :meth:`close` closes the store. With ``keep_sent`` it keeps
+    the envelopes and contents it is sent for the push that names them (a transport
+    in process, a fetch: the push follows at once), which then checks them from
+    memory; a server, whose clients may upload and never push, does not.
     """
 
-    def __init__(self, store: Store, *, own_store: bool = False):
+    def __init__(self, store: Store, *, own_store: bool = False, keep_sent: bool = False):
         self.store = store
         self._own = own_store
+        self._keep_sent = keep_sent
         self._parked: dict[str, Session] = {}
         self._snapshots: dict[str, Session] = {}
         #: Objects this endpoint made durable since the last push it received.
         self._written: set[str] = set()
+        #: Of those, the envelopes and contents kept by name (their bytes verified then,
+        #: up to :data:`SENT_KEPT_BYTES`): the push that names them checks them from here
+        #: rather than reading them back.
+        self._sent: dict[str, bytes] = {}
+        self._sent_bytes = 0
 
     def close(self) -> None:
         for s in self._parked.values():
@@ -311,13 +469,12 @@ class StoreEndpoint:
         out: dict[str, list[str]] = {}
         for given, names in wanted.items():
             space = check_space(given)
-            lacking = []
-            for name in dict.fromkeys(names):
+            asked = list(dict.fromkeys(names))
+            for name in asked:
                 if not is_hash(name):
                     raise BadNameError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
-                if not self._has(space, name):
-                    lacking.append(name)
-            out[space] = lacking
+            held = self.store.objects.held_many(space, asked)
+            out[space] = [name for name, here in zip(asked, held) if not here]
         return out
 
     def put_objects(self, items: Iterable[tuple[str, str, bytes]], count: int) -> None:
@@ -326,19 +483,26 @@ class StoreEndpoint:
         else loose files. A bad one stops the batch; nothing of a pack is kept then."""
         self._require_writable()
         names: list[str] = []
+        kept: dict[str, bytes] = {}
+        room = [SENT_KEPT_BYTES - self._sent_bytes]
 
         def verified() -> Iterator[tuple[Space, str, bytes]]:
             for given, name, data in items:
                 space = check_space(given)
-                if not is_hash(name) or sha256_ref(data) != name:
+                if sha256_ref(data) != name:  # (so a name that is no hash is refused too)
                     raise BadObjectError(f"{space} object sent as {name} does not hash to that name; nothing was stored")
                 names.append(name)
+                if self._keep_sent and space != "blobs" and len(data) <= room[0]:
+                    kept[name] = data
+                    room[0] -= len(data)
                 yield space, name, data
 
         self.store.objects.put_many(verified(), count=count)
         # Counted as made durable here only once the whole batch is: a batch that failed
         # may have left none of them durable, and the next push then syncs what it finds.
         self._written.update(names)
+        self._sent.update(kept)
+        self._sent_bytes = SENT_KEPT_BYTES - room[0]
 
     def get_objects(
         self, wanted: Iterable[tuple[str, str]], *, session: str | None = None
@@ -424,19 +588,22 @@ class StoreEndpoint:
             raise StoreError(f"a push asks for the mark 'mirror' or 'record', not {req.mark!r}")
         handover = req.mark == "record" and not fetch
         written, self._written = self._written, set()
+        sent, self._sent, self._sent_bytes = self._sent, {}, 0
         held: list[Session] = []
         session = self._session(session_id)
         if session is not None:
             held.append(session)
         try:
-            return self._receive(req, header, session, handover=handover, fetch=fetch, written=written, held=held)
+            with gc_paused():  # a bulk pass: many acyclic objects per entry (see gc_paused)
+                return self._receive(req, header, session, handover=handover, fetch=fetch, written=written, sent=sent,
+                                     held=held)
         finally:
             for s in held:
                 self._release(s)
 
     def _receive(
         self, req: PushRequest, header: Header, session: Session | None, *, handover: bool, fetch: bool,
-        written: set[str], held: list[Session],
+        written: set[str], sent: Mapping[str, bytes], held: list[Session],
     ) -> Admission:
         store = self.store
         session_id = header.id
@@ -448,7 +615,7 @@ class StoreEndpoint:
                 raise IncompletePushError(
                     f"this store does not hold session {session_id}; the push must carry the whole closure"
                 )
-            prefix_checked = self._check_prefix(header, req.prefix, missing)
+            prefix_checked = self._check_prefix(header, req.prefix, missing, sent)
             own: Mapping[str, int] = {}
             leaf_labels: set[str] = set()
             current = base
@@ -469,9 +636,16 @@ class StoreEndpoint:
                 continue
             seen.add(entry_id)
             todo.append(entry_id)
-        for c in _check_entries(store, todo, missing, keep=True):
+        # A session this store lacks has the rules run as its entries are checked (a full
+        # push: beside the helper's line checks), a refusal kept for its turn below.
+        fed: tuple[SessionChecker, AppendRefusedError | None] | None = None
+        if session is None:
+            fed = self._new_rules(header, prefix_checked), None
+        for c in _check_entries(store, todo, missing, keep=True, sent=sent):
             if c is not None:
                 checked.append(c)
+                if fed is not None and fed[1] is None:
+                    fed = fed[0], _rule_refusal(fed[0], c)
         for c in prefix_checked + checked:
             for blob in c.blobs:
                 if not self._has("blobs", blob):
@@ -542,7 +716,9 @@ class StoreEndpoint:
         move = outcome in ("fast-forward", "moved", "forced")
         # Every rule verify holds the session to, for the entries admitted in order: the
         # one rule set, as an append is held to it. Nothing is written before this.
-        checker, trial = self._check_rules(session, header, prefix_checked, ordered)
+        if fed is not None and any(a is not b for a, b in zip(ordered, checked)):
+            fed = None  # (reordered: the rules run again, in admission order)
+        checker, trial = self._check_rules(session, header, prefix_checked, ordered, fed)
         try:
             # Writing: objects durable first (those this endpoint did not just write may
             # be another process's, not yet synced), then the log records, committed.
@@ -583,16 +759,31 @@ class StoreEndpoint:
             refs=refs,
         )
 
+    def _new_rules(self, header: Header, prefix: list[_Checked]) -> SessionChecker:
+        """The one rule set for a session this store lacks: from the pushed header and prefix."""
+        checker = SessionChecker(header, loader=self.store.entry)
+        checker.add_prefix(c.entry for c in prefix if c.entry is not None)
+        return checker
+
     def _check_rules(
-        self, session: Session | None, header: Header, prefix: list[_Checked], ordered: list[_Checked]
+        self, session: Session | None, header: Header, prefix: list[_Checked], ordered: list[_Checked],
+        fed: tuple[SessionChecker, AppendRefusedError | None] | None = None,
     ) -> tuple[SessionChecker, Trial | None]:
         """Hold the admitted entries, in admission order, to the one rule set: the
         session's own reduced state (in a trial the caller commits once the records are
         written), or, for a session this store lacks, a new one from the pushed header
-        and prefix. A refusing rule refuses the push with its code, nothing written."""
+        and prefix (``fed``: that one, fed already in this order, and the refusal it
+        met). A refusing rule refuses the push with its code, nothing written."""
+        if fed is not None:
+            checker, refusal = fed
+            if refusal is not None:
+                raise refusal
+            for c in ordered:
+                assert c.entry is not None
+                c.entry = summary_form(c.entry)  # checked: only what the summary reads is kept
+            return checker, None
         if session is None:
-            checker = SessionChecker(header, loader=self.store.entry)
-            checker.add_prefix(c.entry for c in prefix if c.entry is not None)
+            checker = self._new_rules(header, prefix)
             trial: Trial | None = None
         else:
             session.discard_prepared()
@@ -600,14 +791,10 @@ class StoreEndpoint:
             trial = checker.begin()
         try:
             for c in ordered:
+                refusal = _rule_refusal(checker, c)
+                if refusal is not None:
+                    raise refusal
                 assert c.entry is not None
-                problems = checker.add(c.entry, prefix=False)
-                refused = [p for p in problems if RULES[p.code].store == "refuse"]
-                if refused:
-                    p = refused[0]
-                    raise AppendRefusedError(
-                        f"entry {c.id} refused: {p.message}", rule=p.code, code=RULES[p.code].error or "bad_entry", entry=c.id
-                    )
                 c.entry = summary_form(c.entry)  # checked: only what the summary reads is kept
         except BaseException:
             if trial is not None:
@@ -615,7 +802,9 @@ class StoreEndpoint:
             raise
         return checker, trial
 
-    def _check_prefix(self, header: Header, prefix: list[str], missing: dict[str, list[str]]) -> list[_Checked]:
+    def _check_prefix(
+        self, header: Header, prefix: list[str], missing: dict[str, list[str]], sent: Mapping[str, bytes]
+    ) -> list[_Checked]:
         """A new session's prefix, root..base: held (sent), checked as entries, one chain
         ending at the base, the base no leaf label, no merge off the path, and the media
         (and format) of a session here whose own entries hold the base."""
@@ -626,7 +815,7 @@ class StoreEndpoint:
             return []
         if not prefix or prefix[-1] != base:
             raise AppendRefusedError(f"the pushed prefix of session {header.id} does not end at its base {base}")
-        checked = list(_check_entries(self.store, prefix, missing, keep=True))
+        checked = list(_check_entries(self.store, prefix, missing, keep=True, sent=sent))
         if any(c is None for c in checked):
             return []  # reported as missing by the caller
         path: list[_Checked] = checked  # type: ignore[assignment]

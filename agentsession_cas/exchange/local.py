@@ -114,7 +114,7 @@ class LocalTransport(Transport):
                 raise TransportError(f"remote {self.url}: {exc}") from None
             except NotADirectoryError:
                 raise TransportError(f"remote {self.url}: not a directory, so no store") from None
-            self._endpoint = StoreEndpoint(store, own_store=True)
+            self._endpoint = StoreEndpoint(store, own_store=True, keep_sent=True)
         return self._endpoint
 
     def is_store(self, store: Any) -> bool:

@@ -37,6 +37,7 @@ __all__ = [
     "entry_hashes",
     "line_from_objects",
     "lines_from_objects",
+    "lines_of_bytes",
     "stored_item_bytes",
     "read_envelope",
     "common_envelopes",
@@ -418,6 +419,22 @@ def lines_from_objects(entries: Sequence[tuple[str, Mapping[str, Any], bytes, by
     return out
 
 
+def lines_of_bytes(entries: Sequence[tuple[str, bytes, bytes]]) -> list[tuple[bytes | None, Any]]:
+    """The line of each ``(id, content, members)`` as :func:`lines_from_objects` makes it
+    of the objects' bytes alone (``members``: an envelope of the common form's, as
+    :func:`read_envelope` cuts them), or None where the bytes alone do not make it (a
+    content that is no JSON object, a member name not plain), nothing encoded; and the
+    content as the one parse of them all read it (:func:`_parsed_each`: not the strict
+    parse, its numbers perhaps not exact), or None. For objects another store sent (a
+    push's receiver): what such a line holds is for the caller to check."""
+    parsed = _parsed_each([content for _, content, _ in entries])
+    out: list[tuple[bytes | None, Any]] = []
+    for (entry_id, content, members), value in zip(entries, parsed):
+        names = _UNPARSED if value is _UNPARSED else tuple(value) if value.__class__ is dict else None
+        out.append((_line_of_bytes(entry_id, content, members, names), value if value.__class__ is dict else None))
+    return out
+
+
 #: A separator no stored value can forge: a string drawn at random once per process.
 _NONCE = os.urandom(16).hex()
 _SEPARATOR = b',"' + _NONCE.encode("ascii") + b'",'
@@ -426,15 +443,21 @@ _UNPARSED = object()
 
 def _names_each(texts: Sequence[bytes]) -> list[Any]:
     """The top-level member names of each JSON text (a tuple, or None for a text that is
-    no object), as one array parsed in one call: the texts joined by a string no text can
-    know, so a text that is not one whole value (``1,2``, or one that opens what the
-    next closes) shows as a separator out of place, and then each is left unparsed
-    (:data:`_UNPARSED`) for the caller's own parse, which names the fault."""
+    no object), from :func:`_parsed_each`, or :data:`_UNPARSED`."""
+    return [v if v is _UNPARSED else tuple(v) if v.__class__ is dict else None for v in _parsed_each(texts)]
+
+
+def _parsed_each(texts: Sequence[bytes]) -> list[Any]:
+    """Each JSON text parsed, as one array parsed in one call (:func:`_loads_names_only`):
+    the texts joined by a string no text can know, so a text that is not one whole value
+    (``1,2``, or one that opens what the next closes) shows as a separator out of place,
+    and then each is left unparsed (:data:`_UNPARSED`) for the caller's own parse, which
+    names the fault."""
     n = len(texts)
     if n:
         got = _loads_names_only(b"[" + _SEPARATOR.join(texts) + b"]")
         if got.__class__ is list and len(got) == 2 * n - 1 and got[1::2].count(_NONCE) == n - 1:
-            return [tuple(v) if v.__class__ is dict else None for v in got[::2]]
+            return got[::2]
     return [_UNPARSED] * n
 
 

@@ -42,7 +42,15 @@ from ..errors import (
 from ..format.canonical import canonical_bytes, loads, loads_flagged, needs_careful
 from ..format.codes import RULES
 from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
-from ..format.hashing import HASH_PREFIX, common_envelopes, is_hash, line_members, lines_from_objects, read_envelope
+from ..format.hashing import (
+    HASH_PREFIX,
+    common_envelopes,
+    envelope_content,
+    is_hash,
+    line_members,
+    lines_from_objects,
+    read_envelope,
+)
 from ..format.links import REL_CONTINUED_IN, successor_of
 from ..format.media import sidecar_names
 from ..format.timestamps import now_ts
@@ -1095,18 +1103,24 @@ class Session:
     def exchange_objects(self, entry_id: str) -> tuple[str, bytes, bytes]:
         """(content hash, content bytes, envelope bytes) of an entry this session holds or
         builds on, verified against their names."""
+        return self.exchange_objects_many([entry_id])[0]
+
+    def exchange_objects_many(self, entry_ids: Sequence[str]) -> list[tuple[str, bytes, bytes]]:
+        """:meth:`exchange_objects` of each entry, in order, in two bulk reads (envelopes,
+        then contents: :meth:`ObjectStore.get_many`), as a projection reads them: a
+        push's sender reads its whole closure."""
         objects = self.store.objects
-        env = objects.get("entries", entry_id)
-        try:
-            chash = loads(env).get("content")
-        except (ValueError, AttributeError, AgentSessionError):
-            chash = None
-        if not is_hash(chash):
-            raise CorruptObjectError(
-                f"envelope {entry_id} is not an envelope ({objects.where('entries', entry_id)})",
-                space="entries", name=entry_id, path=objects.where("entries", entry_id),
-            )
-        return chash, objects.get("contents", chash), env
+        envs = objects.get_many("entries", entry_ids)
+        chashes = []
+        for entry_id, env in zip(entry_ids, envs):
+            chash = envelope_content(env)
+            if chash is None:
+                raise CorruptObjectError(
+                    f"envelope {entry_id} is not an envelope ({objects.where('entries', entry_id)})",
+                    space="entries", name=entry_id, path=objects.where("entries", entry_id),
+                )
+            chashes.append(chash)
+        return list(zip(chashes, objects.get_many("contents", chashes), envs))
 
     def exchange_admit(
         self,

@@ -92,6 +92,13 @@ REPACK_LEVEL = 13
 REPACK_BLOCK = 2 << 20
 #: Blocks a repack compresses at once (zstd runs beside the interpreter).
 REPACK_THREADS = max(1, min(4, os.cpu_count() or 1))
+#: From this many objects on, a batch streamed into a pack (a push's, an import's spill)
+#: has its blocks compressed on a thread beside the caller, whose own work (verifying
+#: what was sent, cutting blocks) then overlaps zstd's, where two cores are there.
+THREADED_BATCH = 16384
+#: From this many names on, :meth:`FileObjects.held_many` lists a space's loose objects
+#: once (a listing per fan-out directory) instead of looking for each name's file.
+LIST_LOOSE = 1024
 #: A store with about this many loose objects packs them when a writer closes
 #: (git's gc.auto is 6700).
 AUTO_PACK_LOOSE = 4096
@@ -425,7 +432,9 @@ class FileObjects(ObjectStore):
             items.seal()  # an import's pack made durable and visible; what it does not hold follows
             count = len(items)
         if count is not None and count >= PACK_BATCH:
-            self.write_pack(items, dedup=dedup)
+            from ...format.parallel import _cores  # (the one place that counts them)
+
+            self.write_pack(items, dedup=dedup, threads=1 if count >= THREADED_BATCH and _cores() >= 2 else 0)
             return
         items = list(items)
         if len(items) >= PACK_BATCH:
@@ -458,6 +467,26 @@ class FileObjects(ObjectStore):
             # Packed by another process since we looked?
             return self.packs.refresh() and self._packed_sound(space, name) is not None
         return self.is_sound_here(space, name)
+
+    def held_many(self, space: Space, names: Sequence[str]) -> list[bool]:
+        """:meth:`held` of each name, in order, with the pack list looked at again once for
+        all the names found nowhere (not once each) and, for many names, the loose files
+        listed once (:data:`LIST_LOOSE`) rather than looked for one at a time."""
+        loose = set(self.loose_names(space)) if len(names) >= LIST_LOOSE else None
+        out: list[bool] = []
+        absent: list[int] = []
+        for i, name in enumerate(names):
+            if self._packed_sound(space, name) is not None:
+                out.append(True)
+            elif name not in loose if loose is not None else not os.path.exists(self.path(space, name)):
+                out.append(False)
+                absent.append(i)
+            else:
+                out.append(self.is_sound_here(space, name))
+        if absent and self.packs.refresh():  # packed by another process since we looked?
+            for i in absent:
+                out[i] = self._packed_sound(space, names[i]) is not None
+        return out
 
     def hold(self, names: Iterable[tuple[Space, str]], *, written: set[str] = frozenset()) -> list[tuple[Space, str]]:  # type: ignore[assignment]
         """Just before a log record names them: touch every file holding one of the
@@ -689,13 +718,15 @@ class FileObjects(ObjectStore):
         return filelock.FileLock(os.path.join(locks, "pack.lock"))
 
     def write_pack(
-        self, items: Iterable[tuple[str, str, bytes]], *, level: int = 3, merge: bool = True, dedup: bool = True
+        self, items: Iterable[tuple[str, str, bytes]], *, level: int = 3, merge: bool = True, dedup: bool = True,
+        threads: int = 0,
     ) -> str | None:
         """Write the objects not already packed as one new pack, durably, then merge
         small packs if that is cheap. Objects too big to pack are written loose.
-        Returns the new index's path (None when there was nothing to write)."""
+        Returns the new index's path (None when there was nothing to write).
+        ``threads``: the pack writer's (blocks compressed beside the caller)."""
         self.wrote = True
-        writer = PackWriter(self.pack_dir, self.tmp, level=level)
+        writer = PackWriter(self.pack_dir, self.tmp, level=level, threads=threads)
         big: list[tuple[str, str, bytes]] = []
         try:
             fresh: dict[str, bool] = {}  # pack path -> freshened (False: gone meanwhile)
