@@ -999,8 +999,14 @@ def test_pack_leaves_a_corrupt_loose_object_in_place_and_does_not_copy_it(root):
     r = cli(root, "pack", "--json")
     assert r.exit_code == 1, r.stderr  # everything else packed, but the store holds damage
     out = json.loads(r.stdout)
-    assert len(out["problems"]) == 1 and n in out["problems"][0] and out["ok"] is False
-    assert n in r.stderr and "error" in r.stderr
+    [problem] = out["problems"]
+    assert out["ok"] is False
+    # a problem of the one shape (docs/cli.md "JSON output"): a code, what and where
+    assert (problem["code"], problem["severity"], problem["object"], problem["space"]) == ("corrupt-object", "error", n, sp)
+    assert problem["file"] == str(lp.relative_to(root)) and problem["where"] == problem["file"] and n in problem["message"]
+    assert r.stderr == ""  # under --json the document says it all
+    r = cli(root, "pack")
+    assert r.exit_code == 1 and f"agentsession: error: corrupt-object: {sp} object {n}" in r.stderr
     assert lp.read_bytes() == bad  # left where it was, as it was
     p = Pack(str(idx_files(root)[0]))
     try:
@@ -1056,7 +1062,8 @@ def test_pack_keeps_a_pack_holding_a_corrupt_object(root):
     r = cli(root, "pack", "--json")
     assert r.exit_code == 1, r.stderr
     out = json.loads(r.stdout)
-    assert out["problems"] and str(idx.with_suffix(".pack").name) in " ".join(out["problems"])
+    assert out["problems"] and all(p["file"] == f"objects/pack/{idx.with_suffix('.pack').name}" for p in out["problems"])
+    assert {p["code"] for p in out["problems"]} <= {"bad-block", "corrupt-object"} and out["problems"][0]["block"] == 0
     # not removed: set aside under another name, out of the readers' sight (issue 16)
     assert not idx.exists() and not idx.with_suffix(".pack").exists()
     aside = sorted(p.name for p in idx.parent.iterdir() if ".damaged-" in p.name)

@@ -44,7 +44,7 @@ from ...fsutil import (
     write_new_file,
 )
 from ...lean import dataclass
-from ..base import ObjectStore, ReadyBlock, RepackResult, Space
+from ..base import FsckProblem, ObjectStore, ReadyBlock, RepackResult, Space
 from .packs import (
     BLOCK_TARGET,
     MAX_PACKED,
@@ -95,6 +95,11 @@ REPACK_THREADS = max(1, min(4, os.cpu_count() or 1))
 #: A store with about this many loose objects packs them when a writer closes
 #: (git's gc.auto is 6700).
 AUTO_PACK_LOOSE = 4096
+
+
+def _space_of(spaces: int) -> str | None:
+    """The first space an index record's bits name (an object named in two is one's bytes)."""
+    return next((space for space, bit in SPACE_BITS.items() if spaces & bit), None)
 
 
 def _freshen(path: str) -> bool:
@@ -979,7 +984,7 @@ class FileObjects(ObjectStore):
                 try:
                     blocks = pack.objects_by_block()
                 except CorruptPackError as exc:
-                    res.problems.append(str(exc))
+                    res.problems.append(self._problem("bad-pack-index", str(exc), exc.path))
                     keep_packs.append(pack)
                     continue
                 intact = True
@@ -989,21 +994,22 @@ class FileObjects(ObjectStore):
                     try:
                         block = pack.read_block(b)
                     except CorruptPackError as exc:
-                        res.problems.append(str(exc))
+                        res.problems.append(self._problem("bad-block", f"{exc}; its objects not copied", pack.path, block=b))
                         intact = False
                         continue
                     for offset, length, raw, spaces in objs:
                         try:
                             data = block.object(offset, length)
                         except CorruptPackError as exc:
-                            res.problems.append(f"{exc}; not copied")
+                            res.problems.append(self._problem(
+                                "corrupt-object", f"{exc}; not copied", pack.path, block=b, raw=raw, spaces=spaces))
                             intact = False
                             continue
                         if sha256(data).digest() != raw:
-                            res.problems.append(
-                                f"corrupt object {HASH_PREFIX}{raw.hex()} in {os.path.relpath(pack.path, self.root)}: "
-                                "does not hash to its name; not copied"
-                            )
+                            res.problems.append(self._problem(
+                                "corrupt-object", f"{_space_of(spaces)} object {HASH_PREFIX}{raw.hex()} in "
+                                f"{os.path.relpath(pack.path, self.root)} (block {b}) does not hash to its name; not copied",
+                                pack.path, block=b, raw=raw, spaces=spaces))
                             intact = False
                             continue
                         self._repack_one(writer, keep, raw, spaces, data, mtime, kept, dropped, res)
@@ -1024,7 +1030,7 @@ class FileObjects(ObjectStore):
                 for raw, spaces, data in salvage_pack(path, found):
                     self._repack_one(writer, keep, raw, spaces, data, mtime, kept, dropped, res)
                 whole = not found and pack_file_sound(path)
-                res.problems.extend(found)
+                res.problems.extend(self._problem("bad-pack", why, path) for why in found)
                 if not dry_run:
                     res.notes.append(
                         f"objects/pack/{key}.idx was damaged: the objects of its pack were read without it"
@@ -1125,10 +1131,20 @@ class FileObjects(ObjectStore):
                 self._get_loose(space, name, path)
             except NoSuchObjectError:
                 continue  # swept or replaced meanwhile
-            except CorruptObjectError as exc:
-                res.problems.append(f"{exc}; left in place")
+            except CorruptObjectError:
+                res.problems.append(self._problem(
+                    "corrupt-object", f"{space} object {name} does not hash to its name ({os.path.relpath(path, self.root)}); "
+                    "left in place", path, raw=bytes.fromhex(name[7:]), spaces=SPACE_BITS[space]))
                 continue
             res.notes.append(f"{space} object {name} was being written while the pack was made; left loose for the next pack")
+
+    def _problem(self, code: str, message: str, path: str, *, block: int | None = None,
+                 raw: bytes | None = None, spaces: int = 0) -> FsckProblem:
+        """A repack's finding, in fsck's shape and codes: the file relative to the store
+        (in the message too), and the object and block where one is known."""
+        rel = os.path.relpath(path, self.root)
+        return FsckProblem("error", code, message.replace(path, rel), file=rel, block=block,
+                           object=None if raw is None else HASH_PREFIX + raw.hex(), space=_space_of(spaces))
 
     def _set_aside(self, key: str, res: RepackResult) -> None:
         """Move a damaged pack and its index out of the readers' sight (renamed
