@@ -281,8 +281,35 @@ def test_an_index_without_its_pack_and_a_pack_without_its_index(store):
     report = fsck(root)
     [gone] = errors(report, "missing-pack")
     assert gone.file == str(pack_path.relative_to(root))
-    [w] = [p for p in report.warnings if p.code == "pack-without-index"]
-    assert w.file == str(orphan.relative_to(root))
+    # the copy holds objects the sessions need and no read finds: an error, naming them
+    [lost] = errors(report, "missing-index")
+    assert lost.file == str(orphan.relative_to(root))
+
+
+def test_a_pack_whose_index_is_lost_is_named_where_its_objects_are_needed(store):
+    """The .idx of a pack deleted: its objects are in the pack, which no read finds
+    without it. fsck says so where it hurts (each missing object: the pack that holds
+    it) and at the pack (how many objects only it holds, and that `pack` rebuilds its
+    index); a copy whose every object is held elsewhere stays a warning."""
+    root, info = store
+    pack_path, idx_path = the_pack(root)
+    idx_path.unlink()
+    report = fsck(root)
+    rel = str(pack_path.relative_to(root))
+    [lost] = errors(report, "missing-index")
+    assert lost.file == rel and "agentsession pack" in lost.message and "rebuilds its index" in lost.message
+    missing = errors(report, "missing-object")
+    assert missing and all(f"{rel}, which has no index, holds it" in p.message for p in missing)
+    assert {p.session for p in missing} == {"bigsrc"}
+    assert not [p for p in report.warnings if p.code == "pack-without-index"]
+    assert CliRunner().invoke(main, ["--store", str(root), "pack"]).exit_code == 0
+    report = fsck(root)
+    assert report.ok and not report.warnings, report.problems
+    # a copy of a sound pack, without its index: nothing is lost, a warning
+    [pack_path] = list((root / "objects" / "pack").glob("*.pack"))
+    shutil.copy(pack_path, pack_path.with_name("pack-" + "cd" * 32 + ".pack"))
+    report = fsck(root)
+    assert report.ok and [p.code for p in report.warnings] == ["pack-without-index"]
 
 
 def test_an_object_a_log_needs_is_deleted(store):

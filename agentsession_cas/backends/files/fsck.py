@@ -54,7 +54,7 @@ from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
 from .log import Record, header_of, read_log, read_snapshot_ids, scan_log, snapshot_ids_disagree
 from .objects import HASH_FIRST, FileObjects
-from .packs import SPACE_BITS, Pack
+from .packs import SPACE_BITS, Pack, salvage_pack
 from .sessions import HEADER_LIMIT, payload_entry
 from .sessions import checkpoint_covers as _checkpoint_covers
 
@@ -1274,9 +1274,31 @@ class _Walk:
         pack_dir = os.path.join(self.root, "objects", "pack")
         for key in self.orphan_packs:
             if not os.path.exists(os.path.join(pack_dir, key + ".idx")) and os.path.exists(os.path.join(pack_dir, key + ".pack")):
-                rel = f"objects/pack/{key}.pack"
-                self.warn("pack-without-index", f"{rel} has no index: no read finds its objects (a pack being "
-                          "written or removed, or a crash's leftover)", file=rel)
+                self.pack_without_index(os.path.join(pack_dir, key + ".pack"))
+
+    def pack_without_index(self, path: str) -> None:
+        """A pack no index lists (still so at the end of the walk): read from the pack
+        itself (bounded, every object hashed), what it holds that an error of the walk
+        found missing is named there, and the pack is an error when it holds any (a lost
+        index: `pack` writes it again), else a warning (a pack being written or removed,
+        or a crash's leftover, whose objects have other copies)."""
+        rel = self.rel(path)
+        unread: list[str] = []
+        held = {HASH_PREFIX + raw.hex() for raw, _, _ in salvage_pack(path, unread)}
+        if os.path.exists(path[: -len(".pack")] + ".idx"):
+            return  # its writer published the index meanwhile
+        needed = [p for p in self.report.errors if p.object in held]
+        for p in needed:
+            p.message += f"; {rel}, which has no index, holds it"
+        damaged = f"; it does not read whole ({_short(ValueError(unread[0]), self.root)})" if unread else ""
+        if needed:
+            n = len({p.object for p in needed})
+            self.error("missing-index", f"{rel} has no index, so no read finds the {len(held):,} object(s) it holds, "
+                       f"{n:,} of them needed and found nowhere else{damaged}; `agentsession pack` rebuilds its index "
+                       "from the pack", file=rel)
+        else:
+            self.warn("pack-without-index", f"{rel} has no index: no read finds its objects, none of which a session "
+                      f"lacks (a pack being written or removed, or a crash's leftover){damaged}", file=rel)
 
 
 def _place(p: FsckProblem) -> int:

@@ -55,6 +55,7 @@ from .packs import (
     PackWriter,
     StreamPackWriter,
     decompress_block,
+    index_pack,
     pack_file_sound,
     salvage_pack,
 )
@@ -902,7 +903,41 @@ class FileObjects(ObjectStore):
         (and are removed when ``keep`` rejects them).
         """
         with self.exclusive(wait):
-            return self._repack(keep, dry_run, level=level, block_target=block_target, progress=progress)
+            lost = self.index_lost(dry_run)
+            return lost.joined(self._repack(keep, dry_run, level=level, block_target=block_target, progress=progress))
+
+    def index_lost(self, dry_run: bool) -> LostIndexes:
+        """Under the pack lock: write again the index of every pack that has none (lost to
+        a person or a disk, or a writer's crash between its two renames), from the pack
+        itself (:func:`index_pack`), so the pack's objects are found and repacked; a
+        dry run only says which. A pack that does not read whole is left as it is and
+        named: no index is written to vouch for it."""
+        out = LostIndexes()
+        try:
+            names = set(os.listdir(self.pack_dir))
+        except FileNotFoundError:
+            return out
+        for n in sorted(names):
+            if not (n.startswith("pack-") and n.endswith(".pack")) or n[: -len(".pack")] + ".idx" in names:
+                continue
+            path = os.path.join(self.pack_dir, n)
+            rel = os.path.relpath(path, self.root)
+            if dry_run:
+                out.notes.append(f"{rel} has no index; a pack or sweep writes it again from the pack")
+                continue
+            try:
+                count = index_pack(path, self.tmp)
+            except FileNotFoundError:
+                continue  # removed since the listing
+            except CorruptPackError as exc:
+                out.problems.append(self._problem(
+                    "bad-pack", f"{exc}; it has no index, and none is written for a pack that does not read whole: "
+                    "left in place (fsck names what only it holds)", path))
+                continue
+            out.notes.append(f"{rel[: -len('.pack')]}.idx was missing: the index was rebuilt from its pack ({count:,} objects)")
+        if out.notes and not dry_run:
+            self.packs.refresh(force=True)
+        return out
 
     @contextmanager
     def exclusive(self, wait: float) -> Iterator[None]:
@@ -1386,6 +1421,19 @@ class PackStage:
         if self._first is not None:
             self._first.close()
         self._rest.close()
+
+
+class LostIndexes:
+    """What :meth:`FileObjects.index_lost` did before a repack, put in front of its result."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+        self.problems: list[FsckProblem] = []
+
+    def joined(self, res: RepackResult) -> RepackResult:
+        res.notes[:0] = self.notes
+        res.problems[:0] = self.problems
+        return res
 
 
 @dataclass

@@ -162,6 +162,9 @@ def sweep_objects(
     what was retained)."""
     _check_own_dir(root, "tmp")  # before anything is removed
     with objects.exclusive(wait):
+        # A pack whose index was lost is indexed again first: else its objects are in
+        # no snapshot, and the store stays broken after a sweep that says it is done.
+        lost = objects.index_lost(dry_run)
         # The snapshot first, the logs after it (see the module docstring).
         snapshot = objects.snapshot()
         now = time.time()
@@ -183,7 +186,7 @@ def sweep_objects(
                 return True
             return False
 
-        result = objects._repack(keep, dry_run, snapshot=old, progress=progress)
+        result = lost.joined(objects._repack(keep, dry_run, snapshot=old, progress=progress))
         # The figures before count every file, those left alone too.
         result.packs_before += len(young.packs)
         result.loose_before += len(young.loose)
