@@ -1071,7 +1071,7 @@ def test_pack_rebuilds_a_lost_index_from_its_pack(root):
     assert report["counts"]["unreferenced"] == {"entries": 0, "contents": 0, "blobs": 0}
 
 
-@pytest.mark.parametrize("damage", ["delete"])
+@pytest.mark.parametrize("damage", ["flip", "delete"])
 def test_pack_of_a_store_whose_one_pack_lost_its_index_keeps_every_object(root, damage):
     """A store `pack` left as one pack, then its index damaged or lost: `pack` reads the
     objects from the pack and writes them into a pack that is byte for byte the same
@@ -1088,6 +1088,29 @@ def test_pack_of_a_store_whose_one_pack_lost_its_index_keeps_every_object(root, 
     assert r.exit_code == 0, r.stdout
     assert json.loads(r.stdout)["pack"] == idx.name[: -len(".idx")]  # the same bytes again
     assert [p.name for p in idx_files(root)] == [idx.name] and idx.with_suffix(".pack").exists()
+    verify_all(root, exported)
+    assert cli(root, "fsck").exit_code == 0
+
+
+def test_pack_reads_an_envelope_of_another_form_through_a_damaged_index(root):
+    """An envelope with `parents` is stored plain (not the common form a repack
+    encodes): read from the pack without its index it is still an entry, so the
+    session reads after `pack` rebuilt what the damaged index held."""
+    st = Store(str(root), sync="never")
+    s = st.create(Header.new("conv"))
+    a = s.append(msg(0, "a")).id
+    b = s.append(msg(1, "b")).id
+    s.append({**msg(2, "c"), "parent": a})
+    s.append({"type": "branch_summary", "summary": "merged", "ts": "2026-01-01T00:00:09Z", "parent": b, "parents": [{"entry": a}]})
+    s.close()
+    st.close()
+    with Store(str(root), readonly=True) as rd:
+        exported = {"conv": rd.export("conv")}
+    assert cli(root, "pack").exit_code == 0
+    [idx] = idx_files(root)
+    flip(idx, idx.stat().st_size - 40)
+    r = cli(root, "pack")
+    assert r.exit_code == 0, r.stderr
     verify_all(root, exported)
     assert cli(root, "fsck").exit_code == 0
 

@@ -1130,6 +1130,8 @@ class FileObjects(ObjectStore):
         for key, whole in salvaged:
             if whole:
                 res.bad_packs.pop(key, None)
+            if key == res.pack:
+                continue  # the new pack is these very bytes, renamed over it with a sound index
             if whole:  # every object it held is in the new pack: the bad index and its pack go
                 for ext in (".idx", ".pack"):
                     with contextlib.suppress(FileNotFoundError):
