@@ -823,6 +823,34 @@ def test_repair_rewrites_an_index_file_stale_by_one_stray_byte(tmp_path):
         assert fsck(root).ok
 
 
+def test_a_whole_log_whose_object_is_lost_everywhere_is_not_called_fine(tmp_path):
+    """A log that reads whole, an entry's envelope corrupt in objects/ and no copy in the
+    log (an import's appends carry none): repair has nothing to rewrite, and says so,
+    but not as if the session were sound: it names the object it cannot restore, and
+    where to look. Nothing is written."""
+    from click.testing import CliRunner
+
+    from agentsession_cli.main import main
+
+    root = tmp_path / "store"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "basic.jsonl"
+    assert CliRunner().invoke(main, ["--store", str(root), "init"]).exit_code == 0
+    sid = CliRunner().invoke(main, ["--store", str(root), "import", str(fixture)]).stdout.strip()
+    ids = [json.loads(line)["id"] for line in fixture.read_text().splitlines()[1:]]
+    env = root / "objects" / "entries" / ids[1][7:9] / ids[1][9:]
+    env.write_bytes(env.read_bytes().replace(b"item", b"itex"))
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and "locks" not in p.parts}
+    r = CliRunner().invoke(main, ["--store", str(root), "repair", "--yes", sid])
+    assert r.exit_code == 0, r.output
+    assert "nothing to repair" not in r.stdout
+    assert f"entries {ids[1]}: missing or corrupt in objects/, and no copy in the log" in r.stdout
+    assert f"verify {sid}" in r.stdout
+    r = CliRunner().invoke(main, ["--store", str(root), "repair", "--json", "--dry-run", sid])
+    out = json.loads(r.stdout)
+    assert out["damaged"] is False and out["unrestorable"] == [{"space": "entries", "name": ids[1]}]
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and "locks" not in p.parts} == before
+
+
 def test_a_damaged_envelope_in_a_payload_is_not_taken_for_another_entry(tmp_path):
     """A flipped member name inside an append's payload envelope ("parent" -> "pasent")
     leaves a JSON object that hashes to some name: it is no envelope (its members are

@@ -32,13 +32,15 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ...errors import (
     AgentSessionError,
+    CorruptObjectError,
+    CorruptPackError,
     NoSuchObjectError,
     NoSuchSessionError,
     SessionDamagedError,
@@ -46,7 +48,7 @@ from ...errors import (
 )
 from ...format.canonical import canonical_bytes, loads
 from ...format.entry import Entry, Header, short_id
-from ...format.hashing import envelope_defect, is_hash, sha256_ref
+from ...format.hashing import envelope_content, envelope_defect, is_hash, sha256_ref
 from ...format.names import check_session_id
 from ...format.reader import read_session_bytes
 from ...format.rules import TreeState
@@ -171,6 +173,10 @@ class RepairReport:
     #: from that copy by the repair (``objects_restored``).
     restorable: list[tuple[str, str]] = field(default_factory=list)
     objects_restored: bool = False
+    #: Of a log that reads whole: objects its entries need that objects/ lacks or holds
+    #: corrupt and the log carries no copy of, as (space, name): a repair of the log
+    #: cannot bring them back (another store holding the session can).
+    unrestorable: list[tuple[str, str]] = field(default_factory=list)
     # What executing the plan writes (not part of the report's public shape).
     _create: dict[str, Any] = field(default_factory=dict, repr=False)
     _records: list[tuple[dict[str, Any], tuple[bytes, bytes] | None]] = field(default_factory=list, repr=False)
@@ -204,6 +210,7 @@ class RepairReport:
             "indexes_fixed": self.indexes_fixed,
             "restorable": [{"space": s, "name": n} for s, n in self.restorable],
             "objects_restored": self.objects_restored,
+            "unrestorable": [{"space": s, "name": n} for s, n in self.unrestorable],
         }
 
 
@@ -1051,6 +1058,7 @@ def plan_repair(
         )
         report._objects = _restorable_objects(store, sdir)
         report.restorable = [(space, name) for space, name, _ in report._objects]
+        report.unrestorable = _unrestorable(store, probe.log_order, set(report.restorable))
         return report
     sdir = _files(store).sessions.dir(session_id)
     source: bytes | None
@@ -1185,6 +1193,23 @@ def _restorable_objects(store: Store, sdir: str) -> list[tuple[Space, str, bytes
             if (space, name) not in seen and not objects.is_sound_here(space, name):
                 out.append((space, name, data))
             seen.add((space, name))
+    return out
+
+
+def _unrestorable(store: Store, entries: Iterable[str], restorable: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The objects of a whole log's entries that objects/ does not hold soundly and that
+    no payload restores: what repair must name rather than call the session sound."""
+    objects = _files(store).objects
+    out: list[tuple[str, str]] = []
+    for entry in entries:
+        try:
+            content = envelope_content(objects.get("entries", entry))
+        except (NoSuchObjectError, CorruptObjectError, CorruptPackError):
+            if ("entries", entry) not in restorable:
+                out.append(("entries", entry))
+            continue
+        if content and ("contents", content) not in restorable and not objects.is_sound_here("contents", content):
+            out.append(("contents", content))
     return out
 
 
