@@ -83,7 +83,7 @@ import zstandard
 
 from ...errors import CorruptPackError, StoreError
 from ...format.hashing import FAST_ENVELOPE, envelope_content, is_hash
-from ...fsutil import fsync_dir, write_all
+from ...fsutil import fsync_dir, write_all, write_new_file
 from ..base import ReadyBlock
 
 if TYPE_CHECKING:  # loaded when a read first reads ahead: a command that does not, does not load it
@@ -1914,19 +1914,15 @@ def index_pack(path: str, tmp_dir: str) -> int:
     final = path[: -len(".pack")] + ".idx"
     os.makedirs(tmp_dir, exist_ok=True)
     tmp = os.path.join(tmp_dir, f"index-{os.getpid()}-{os.urandom(6).hex()}.idx")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, final)  # never over an index a writer published meanwhile
-    except FileExistsError:
-        pass
-    except OSError:  # a filesystem without hard links
-        if not os.path.exists(final):
-            os.replace(tmp, final)
+        write_new_file(tmp, data, durable=True)
+        try:
+            os.link(tmp, final)  # never over an index a writer published meanwhile
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links
+            if not os.path.exists(final):
+                os.replace(tmp, final)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
