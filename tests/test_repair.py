@@ -851,6 +851,24 @@ def test_a_whole_log_whose_object_is_lost_everywhere_is_not_called_fine(tmp_path
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and "locks" not in p.parts} == before
 
 
+def test_a_head_index_naming_an_entry_found_nowhere_is_not_said_to_have_lost_entries(tmp_path):
+    """A byte of HEAD changed: it names an entry no record holds and no object proves.
+    Repair keeps every entry (the log was whole) and says what it cannot tell (HEAD
+    itself damaged, or records lost with their objects), not that entries were lost."""
+    root = tmp_path / "store"
+    ids = build(root)
+    head = root / "sessions" / SID / "HEAD"
+    good = head.read_bytes()
+    head.write_bytes(good[:20] + (b"0" if good[20:21] != b"0" else b"1") + good[21:])  # still a hash
+    out = repair_json(root, "--yes")
+    assert [e["entry"] for e in out["kept_entries"]] == ids and out["dropped"] == []
+    [note] = [n for n in out["notes"] if n.startswith("HEAD names")]
+    assert "lost" not in note.split(":")[0] and "entries between are lost" not in note, note
+    assert "HEAD itself may be damaged" in note
+    assert head.read_bytes() == good
+    assert_healthy(root, ids)
+
+
 def test_a_damaged_envelope_in_a_payload_is_not_taken_for_another_entry(tmp_path):
     """A flipped member name inside an append's payload envelope ("parent" -> "pasent")
     leaves a JSON object that hashes to some name: it is no envelope (its members are

@@ -975,6 +975,13 @@ class _Planner:
                 return spent
             seen.add(t)
             objs = self.objects(t, None)
+            if isinstance(objs, tuple) and t == target:
+                self.report.notes.append(
+                    f"HEAD names {short_id(target)}, which no record holds and no object proves ({objs[1]}): HEAD "
+                    "itself may be damaged (a changed byte), or the log lost records whose objects went with them; "
+                    "nothing is taken from it, and the head is where the log puts it"
+                )
+                return spent
             if isinstance(objs, tuple):
                 self.report.notes.append(
                     f"HEAD names {short_id(target)}, which no record holds; its ancestor {short_id(t)} cannot be read "
