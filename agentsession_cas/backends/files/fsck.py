@@ -47,7 +47,7 @@ from ...format.entry import LEAF_LABEL, Entry, Header
 from ...format.hashing import HASH_PREFIX, is_hash
 from ...format.names import check_session_id
 from ...format.rules import TreeState
-from ...fsutil import NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
+from ...fsutil import ATOMIC_TMP, NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
 from ...lean import dataclass
 from ...store.state import index_damage, replay
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
@@ -100,7 +100,6 @@ _ROOT_NAMES = {
 _SESSION_FILES = ("header", "log", "HEAD", "mark", "summary", "rules", "ids")
 _DAMAGED_LOG = "log.damaged-"  # repair keeps the damaged log beside the new one
 _DAMAGED_PACK = ".damaged-"  # pack sets a damaged pack file aside under this suffix
-_ATOMIC_TMP = ".tmp-"  # fsutil.write_atomic's temp files, beside their target
 
 
 _HASH = re.compile(r"sha256:[0-9a-f]{64}")
@@ -322,7 +321,7 @@ class _Walk:
             path = os.path.join(self.root, name)
             kind = _ROOT_NAMES.get(name)
             if kind is None:
-                if name.startswith(_ATOMIC_TMP):
+                if name.startswith(ATOMIC_TMP):
                     self.note("temporary", f"{name}: a temporary file (a write in progress, or a crash's leftover)", file=name)
                 else:
                     self.stray(path, "not a name a store holds at its root")
@@ -765,7 +764,7 @@ class _Walk:
                 kept = _read_or_none(os.path.join(sdir, name))
                 if kept is not None:
                     self.retain_records(ln.record for ln in scan_log(kept) if ln.record is not None)
-            elif name.startswith(_ATOMIC_TMP):
+            elif name.startswith(ATOMIC_TMP):
                 self.note("temporary", f"session {sid}: {name} is a temporary file (a write in progress, or a crash's leftover)",
                           session=sid, file=f"{rel}/{name}")
             else:
