@@ -908,3 +908,24 @@ def test_verify_without_an_argument_is_fsck(tmp_path):
     log.write_bytes(bytes(data))
     assert runner.invoke(main, ["--store", str(root), "verify"]).exit_code == 1
     assert runner.invoke(main, ["--store", str(root), "fsck"]).exit_code == 1
+
+
+def test_a_backend_that_keeps_no_line_numbers_names_the_append_not_line_none():
+    """A store that does not number its log's lines (memory, PostgreSQL) still says which
+    record needs a lost object, in words: never "needed by log line None"; and the notes
+    of its walk carry a code that says what they are, not "note"."""
+    from agentsession_cas.maintenance.check import verify_stored
+    from agentsession_cas.store.url import open_store
+
+    with open_store("memory:fsck-no-lines", create=True) as st:
+        s = st.create(Header.new("m"))
+        first = s.append(msg("one")).id
+        s.append(msg("two"))
+        s.close()
+        del st.backend.objects.data.objects[("entries", first)]
+        check = verify_stored(st, "m")
+        [p] = check.problems
+        assert p["code"] == "missing-object" and p["entry"] == first, p
+        assert "None" not in p["message"] and "needed by the log's append of it" in p["message"]
+        report = fsck(st)
+        assert report.notes and all(n.code != "note" for n in report.notes), report.notes
