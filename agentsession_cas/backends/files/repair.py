@@ -32,15 +32,13 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ...errors import (
     AgentSessionError,
-    CorruptObjectError,
-    CorruptPackError,
     NoSuchObjectError,
     NoSuchSessionError,
     SessionDamagedError,
@@ -48,7 +46,7 @@ from ...errors import (
 )
 from ...format.canonical import canonical_bytes, loads
 from ...format.entry import Entry, Header, short_id
-from ...format.hashing import envelope_content, envelope_defect, is_hash, sha256_ref
+from ...format.hashing import envelope_defect, is_hash, sha256_ref
 from ...format.names import check_session_id
 from ...format.reader import read_session_bytes
 from ...format.rules import TreeState
@@ -1065,7 +1063,6 @@ def plan_repair(
         )
         report._objects = _restorable_objects(store, sdir)
         report.restorable = [(space, name) for space, name, _ in report._objects]
-        report.unrestorable = _unrestorable(store, probe.log_order, set(report.restorable))
         return report
     sdir = _files(store).sessions.dir(session_id)
     source: bytes | None
@@ -1200,23 +1197,6 @@ def _restorable_objects(store: Store, sdir: str) -> list[tuple[Space, str, bytes
             if (space, name) not in seen and not objects.is_sound_here(space, name):
                 out.append((space, name, data))
             seen.add((space, name))
-    return out
-
-
-def _unrestorable(store: Store, entries: Iterable[str], restorable: set[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The objects of a whole log's entries that objects/ does not hold soundly and that
-    no payload restores: what repair must name rather than call the session sound."""
-    objects = _files(store).objects
-    out: list[tuple[str, str]] = []
-    for entry in entries:
-        try:
-            content = envelope_content(objects.get("entries", entry))
-        except (NoSuchObjectError, CorruptObjectError, CorruptPackError):
-            if ("entries", entry) not in restorable:
-                out.append(("entries", entry))
-            continue
-        if content and ("contents", content) not in restorable and not objects.is_sound_here("contents", content):
-            out.append(("contents", content))
     return out
 
 
