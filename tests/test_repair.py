@@ -381,6 +381,21 @@ def test_missing_log_is_rebuilt_from_the_header_and_what_head_proves(tmp_path):
     assert session.log_order == ids and session.head == ids[1] and session.mark == "record"
 
 
+def test_sequence_numbers_the_summary_saw_given_out_are_not_given_again(tmp_path):
+    """The log gone and HEAD naming an earlier entry: what HEAD proves is taken back, but
+    the session's summary (an index, checksummed) says its log had given out more
+    sequence numbers: those are spent too, so the next append does not reuse one a
+    lost entry held (a mirror elsewhere may know it by that number)."""
+    root = tmp_path / "store"
+    ids = build(root, n=4)
+    log_path(root).unlink()
+    (root / "sessions" / SID / "HEAD").write_text(ids[1] + "\n")
+    out = repair_json(root, "--yes")
+    assert [r["entry"] for r in out["recovered"]] == ids[:2]
+    assert out["seq"] == 4
+    assert any("summary" in n and "4" in n for n in out["notes"]), out["notes"]
+
+
 def test_missing_log_and_no_head_is_rebuilt_as_an_empty_session(tmp_path):
     root = tmp_path / "store"
     build(root, n=2)

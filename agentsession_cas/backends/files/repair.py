@@ -58,7 +58,7 @@ from ...store.state import replay
 from ..base import Space
 from . import FileBackend
 from .log import ZERO_LINK, LogLine, encode_log, encode_record, header_of, read_log, scan_log
-from .sessions import HEADER_LIMIT, FileSessionLog, payload_entry
+from .sessions import HEADER_LIMIT, FileSessionLog, payload_entry, read_summary
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -932,6 +932,11 @@ class _Planner:
             if entry_id in self.kept:
                 spent = max(spent, s)
         spent = self.recover_from_head(spent, len(lines))
+        claimed = self.seq_index()
+        if claimed > spent:
+            rep.notes.append(f"the session's summary says its log gave out sequence numbers up to {claimed}; "
+                             f"none after {spent} is given out again (entries the log lost may hold them)")
+            spent = claimed
         rep.seq = spent
         rep._kept_seqs = dict(self.kept)
         rep.head = self.head
@@ -1005,6 +1010,14 @@ class _Planner:
             )
             self.last_head_read = index
         return spent
+
+    def seq_index(self) -> int:
+        """The highest sequence number the session's ``summary`` (an index, used only when
+        its checksum holds) says the log gave out, else 0: more numbers spent than the
+        damage shows costs nothing, one given again could name two entries."""
+        kept = read_summary(_files(self.store).sessions.dir(self.sid))
+        seq = kept[0].get("seq") if kept is not None else None
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else 0
 
     def head_index(self) -> str | None:
         """What the ``HEAD`` index file names, when it names an entry."""
