@@ -163,7 +163,7 @@ class MigrationError(StoreError):
     code = "migration"
     status = 500
 
-    def __init__(self, message: str, *, problems: list[str] | None = None):
+    def __init__(self, message: str, *, problems: list[dict[str, Any]] | None = None):
         super().__init__(message)
         self.problems = list(problems or [])
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the pool is made on first use: a command that fsyncs nothin
     from concurrent.futures import ThreadPoolExecutor
 
 __all__ = [
-    "Spill",
+    "ATOMIC_TMP", "Spill",
     "NotAFileError", "batched", "fsync_dir", "fsync_paths", "has_hole", "read_dense", "read_whole", "start_writeback", "write_all",
     "write_atomic", "write_chunks", "write_output",
 ]
@@ -124,13 +124,18 @@ def write_new_file(path: str, data: bytes | Iterable[bytes], *, durable: bool) -
         os.close(fd)
 
 
+#: The prefix of :func:`write_atomic`'s temp files, beside their target (fsck notes one,
+#: a sweep removes one a crash left once it is old).
+ATOMIC_TMP = ".tmp-"
+
+
 def write_atomic(path: str, data: bytes | Iterable[bytes], *, durable: bool, tmp_dir: str | None = None) -> None:
     """Write ``data`` (bytes, or pieces streamed as they come) to a temp file (beside ``path``, or in ``tmp_dir`` on the same
     filesystem) and rename it over ``path``: a reader sees the old bytes or the new,
     never a mix. When ``durable``, the file is fsynced before the rename and the
     directory after it."""
     directory = os.path.dirname(path) or "."
-    tmp = os.path.join(tmp_dir or directory, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
+    tmp = os.path.join(tmp_dir or directory, f"{ATOMIC_TMP}{os.getpid()}-{os.urandom(6).hex()}")
     try:
         write_new_file(tmp, data, durable=durable)
         os.replace(tmp, path)

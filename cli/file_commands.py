@@ -31,7 +31,7 @@ from agentsession_cas.format.context import (
 )
 from agentsession_cas.format.entry import Entry, Header
 from agentsession_cas.format.links import callees, judges, own_entries, render_links, successor_of
-from agentsession_cas.format.reader import _Parking, split_lines, verify_bytes, verify_file
+from agentsession_cas.format.reader import Parking, split_lines, verify_bytes, verify_file
 from agentsession_cas.format.rules import RULES, VerifyReport, parse_line, verify_session
 from agentsession_cas.format.runs import render_runs
 from agentsession_cas.store import Session
@@ -360,7 +360,7 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
     builder, hasher = ContextBuilder(), ContextHasher()
     said: dict[str, str] = {}  # the item an entry puts in the context, described (an item's for its row too)
     store = session.store
-    parking = _Parking(lambda e: store.entry(e.id).data)
+    parking = Parking(lambda e: store.entry(e.id).data)
     rows = _Listing(outline, listed, verbose) if n else None
     bar = terminal.progress("reading", "entries")
     types, ids, parent_at, absent = outline.types, outline.ids, outline.parent_at, outline.absent

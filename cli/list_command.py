@@ -24,6 +24,14 @@ from .terminal import start_pager as page
 
 #: The longest title the text listing prints whole.
 TITLE_WIDTH = 40
+#: The longest session id it prints whole (ids run to 200 characters): a longer one is cut
+#: to a prefix and an ellipsis, so the columns after it stay on the line; the prefix names
+#: the session wherever a command takes one (as a unique prefix), --json holds it whole.
+ID_WIDTH = 40
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _when(value: str | None, option: str) -> str | None:
@@ -70,7 +78,7 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
 
     Times are UTC to the second. Where the width (the terminal's, else 100
     columns) cannot hold every column, CREATED, then HARNESS, then MODEL are
-    left out and TITLE is shortened; --json holds them all. A session continued in a successor (a
+    left out and TITLE is shortened (an ID over 40 characters is cut too); --json holds them all. A session continued in a successor (a
     continued_in link) is superseded: a CONTINUED IN column names the
     successor, and --current leaves it out. A session that cannot be read (a damaged log)
     is listed with mark `damaged`, reported on stderr (in its row, with the error's
@@ -108,11 +116,8 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
         lines = [["ID", "TITLE", "MODEL", "HARNESS", "CREATED", "ACTIVE", "ENTRIES", "HEAD", "MARK"]
                  + (["CONTINUED IN"] if continued else [])]
         for r in rows:
-            title = r.get("title") or "-"
-            if len(title) > TITLE_WIDTH:
-                title = title[: TITLE_WIDTH - 1] + "…"
             lines.append([
-                r["session"], one_line(title), r.get("model") or "-", r.get("harness") or "-",
+                _cut(r["session"], ID_WIDTH), one_line(_cut(r.get("title") or "-", TITLE_WIDTH)), r.get("model") or "-", r.get("harness") or "-",
                 when(r.get("created")), when(r.get("last_activity")),
                 "-" if r.get("entries") is None else number(r["entries"]),
                 short_id(r.get("head")), r["mark"],

@@ -21,15 +21,17 @@ from .common import echo, emit_json, fail, number, one_line, os_code, os_message
 from .store_commands import read_store, write_store
 
 
-def _report_problems(res: RepackResult) -> None:
-    """Problems on stderr, then exit 1 if there were any: the work was done for
-    everything else, but the store holds something damaged (run fsck)."""
-    for n in res.notes:
-        echo(f"agentsession: note: {one_line(n)}", err=True)
-    for p in res.problems:
-        echo(f"agentsession: error: {one_line(p)}", err=True)
-    for name, why in sorted(res.bad_packs.items()):
-        echo(f"agentsession: error: {name} was not read: {one_line(why)}; left in place (run fsck)", err=True)
+def _report_problems(res: RepackResult, as_json: bool) -> None:
+    """Problems on stderr (unless the JSON document, which holds them, was printed), then
+    exit 1 if there were any: the work was done for everything else, but the store holds
+    something damaged (run fsck)."""
+    if not as_json:
+        for n in res.notes:
+            echo(f"agentsession: note: {one_line(n)}", err=True)
+        for p in res.problems:
+            echo(f"agentsession: error: {p.code}: {one_line(p.message)}", err=True)
+        for name, why in sorted(res.bad_packs.items()):
+            echo(f"agentsession: error: {name} was not read: {one_line(why)}; left in place (run fsck)", err=True)
     if not res.ok:
         sys.exit(1)
 
@@ -63,7 +65,7 @@ def pack(as_json: bool) -> None:
             f"{plural(res.loose_before, 'loose file')} into {number(res.packs_after)} pack(s): "
             f"{size(res.bytes_before)} -> {size(res.bytes_after)}"
         )
-    _report_problems(res)
+    _report_problems(res, as_json)
 
 
 @click.command()
@@ -122,7 +124,7 @@ def sweep(grace_text: str | None, dry_run: bool, force: bool, as_json: bool) -> 
         )
         for path in res.tmp_removed:
             echo(f"removed leftover {path}")
-    _report_problems(r)
+    _report_problems(r, as_json)
 
 
 COMMANDS: list[click.Command] = [pack, sweep]

@@ -74,7 +74,7 @@ def _print_report(report: MigrationReport) -> None:
     for name in report.blobs_missing:
         echo(f"{'missing':<10} media blob {name}: named by a session, held nowhere (left unresolved, as before)")
     for problem in report.problems:
-        echo(f"{'problem':<10} {problem}")
+        echo(f"{'problem':<10} {problem.code}: {problem.message}")
     for r in report.refs:
         target = f"-> {r['session']}" if r["session"] else "deleted by its log's last record"
         echo(f"{'ref':<10} {r['name']} {target}" + (f" ({r['note']})" if r["note"] else ""))

@@ -281,8 +281,35 @@ def test_an_index_without_its_pack_and_a_pack_without_its_index(store):
     report = fsck(root)
     [gone] = errors(report, "missing-pack")
     assert gone.file == str(pack_path.relative_to(root))
-    [w] = [p for p in report.warnings if p.code == "pack-without-index"]
-    assert w.file == str(orphan.relative_to(root))
+    # the copy holds objects the sessions need and no read finds: an error, naming them
+    [lost] = errors(report, "missing-index")
+    assert lost.file == str(orphan.relative_to(root))
+
+
+def test_a_pack_whose_index_is_lost_is_named_where_its_objects_are_needed(store):
+    """The .idx of a pack deleted: its objects are in the pack, which no read finds
+    without it. fsck says so where it hurts (each missing object: the pack that holds
+    it) and at the pack (how many objects only it holds, and that `pack` rebuilds its
+    index); a copy whose every object is held elsewhere stays a warning."""
+    root, info = store
+    pack_path, idx_path = the_pack(root)
+    idx_path.unlink()
+    report = fsck(root)
+    rel = str(pack_path.relative_to(root))
+    [lost] = errors(report, "missing-index")
+    assert lost.file == rel and "agentsession pack" in lost.message and "rebuilds its index" in lost.message
+    missing = errors(report, "missing-object")
+    assert missing and all(f"{rel}, which has no index, holds it" in p.message for p in missing)
+    assert {p.session for p in missing} == {"bigsrc"}
+    assert not [p for p in report.warnings if p.code == "pack-without-index"]
+    assert CliRunner().invoke(main, ["--store", str(root), "pack"]).exit_code == 0
+    report = fsck(root)
+    assert report.ok and not report.warnings, report.problems
+    # a copy of a sound pack, without its index: nothing is lost, a warning
+    [pack_path] = list((root / "objects" / "pack").glob("*.pack"))
+    shutil.copy(pack_path, pack_path.with_name("pack-" + "cd" * 32 + ".pack"))
+    report = fsck(root)
+    assert report.ok and [p.code for p in report.warnings] == ["pack-without-index"]
 
 
 def test_an_object_a_log_needs_is_deleted(store):
@@ -881,3 +908,24 @@ def test_verify_without_an_argument_is_fsck(tmp_path):
     log.write_bytes(bytes(data))
     assert runner.invoke(main, ["--store", str(root), "verify"]).exit_code == 1
     assert runner.invoke(main, ["--store", str(root), "fsck"]).exit_code == 1
+
+
+def test_a_backend_that_keeps_no_line_numbers_names_the_append_not_line_none():
+    """A store that does not number its log's lines (memory, PostgreSQL) still says which
+    record needs a lost object, in words: never "needed by log line None"; and the notes
+    of its walk carry a code that says what they are, not "note"."""
+    from agentsession_cas.maintenance.check import verify_stored
+    from agentsession_cas.store.url import open_store
+
+    with open_store("memory:fsck-no-lines", create=True) as st:
+        s = st.create(Header.new("m"))
+        first = s.append(msg("one")).id
+        s.append(msg("two"))
+        s.close()
+        del st.backend.objects.data.objects[("entries", first)]
+        check = verify_stored(st, "m")
+        [p] = check.problems
+        assert p["code"] == "missing-object" and p["entry"] == first, p
+        assert "None" not in p["message"] and "needed by the log's append of it" in p["message"]
+        report = fsck(st)
+        assert report.notes and all(n.code != "note" for n in report.notes), report.notes

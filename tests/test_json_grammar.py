@@ -39,7 +39,7 @@ def problems_in(doc: Any) -> Iterator[dict]:
     if isinstance(doc, dict):
         for k, v in doc.items():
             if k == "problems" and isinstance(v, list):
-                yield from (p for p in v if isinstance(p, dict))
+                yield from v  # each must be an object: the test asserts the shape of what comes
             else:
                 yield from problems_in(v)
     elif isinstance(doc, list):
@@ -121,11 +121,32 @@ def test_every_command_prints_one_json_document_with_the_one_problem_shape(world
         assert r.exit_code in (0, 1), (name, r.output)
         doc = json.loads(r.stdout)  # exactly one document: json.loads refuses trailing text
         for p in problems_in(doc):
-            assert PROBLEM_KEYS <= set(p), (name, p)
+            assert isinstance(p, dict) and PROBLEM_KEYS <= set(p), (name, p)
             assert p["severity"] in ("error", "warning", "note"), (name, p)
         if r.exit_code == 1 and not list(problems_in(doc)):
             # a failure with no problem listed still says why, as an error on stderr
             assert json.loads(r.stderr.strip().splitlines()[-1])["error"]["code"], (name, r.stderr)
+
+
+def test_a_damaged_store_gives_its_problems_in_the_one_shape(tmp_path):
+    """pack, sweep and fsck of a store holding a corrupt object: each problem is an
+    object with a code (never a bare string), the exit status 1, stderr silent."""
+    store = tmp_path / "s"
+    run = CliRunner()
+    for argv in (["init"], ["import", str(FIXTURES / "basic.jsonl")]):
+        assert run.invoke(main, ["--store", str(store), *argv]).exit_code == 0
+    loose = sorted((store / "objects" / "entries").glob("*/*"))[0]
+    loose.write_bytes(loose.read_bytes().replace(b'"', b"'", 1))
+    for argv in (["fsck", "--json"], ["sweep", "--json", "--dry-run", "--grace", "0"], ["pack", "--json"]):
+        r = run.invoke(main, ["--store", str(store), *argv])
+        assert r.exit_code == 1, (argv, r.output)
+        doc = json.loads(r.stdout)
+        found = list(problems_in(doc))
+        assert found, (argv, doc)
+        for p in found:
+            assert isinstance(p, dict) and PROBLEM_KEYS <= set(p), (argv, p)
+        assert ("corrupt-object", str(loose.relative_to(store))) in {(p["code"], p["file"]) for p in found}, (argv, found)
+        assert r.stderr == "", (argv, r.stderr)
 
 
 def test_listings_name_each_session_by_session(world):

@@ -68,6 +68,21 @@ def test_list_shows_what_a_person_looks_for_newest_first(store):
     assert text[3].startswith("a ") and "Refactor auth" in text[3]
 
 
+def test_a_long_session_id_does_not_push_the_other_columns_off_the_line(store):
+    """Ids run to 200 characters: one that long is cut (as a long title is) so ENTRIES,
+    HEAD and MARK stay on every row; what is printed of it is a prefix that names it."""
+    long_id = "imported-from-a-harness-that-names-sessions-verbosely-" + "x" * 90
+    with Store(str(store)) as st:
+        make(st, long_id, day=4)
+    text = cli(store, "list").stdout.splitlines()
+    assert all(line.split()[-1] == "record" for line in text[1:]), text  # MARK, never cut away
+    [row] = [line for line in text if line.startswith("imported-")]
+    shown = row.split()[0]
+    assert shown.endswith("…") and len(shown) < 50 and long_id.startswith(shown[:-1])
+    assert cli(store, "rev-parse", shown[:-1]).stdout.strip() == long_id
+    assert json.loads(cli(store, "list", "--json").stdout)[0]["session"] == long_id  # whole in JSON
+
+
 @pytest.mark.parametrize(
     ("args", "ids"),
     [

@@ -559,8 +559,16 @@ def test_refuses_a_fork_whose_prefix_does_not_read(old):
     with pytest.raises(MigrationError, match="session alpha: entry .* is committed but") as info:
         migrate(old.root)
     # Every session that needs it is named (the first in the message, all in problems).
-    assert [p.split(":")[0] for p in info.value.problems] == ["session alpha", "session beta"]
-    assert "the prefix of base" in info.value.problems[1]
+    problems = info.value.problems
+    assert [p["message"].split(":")[0] for p in problems] == ["session alpha", "session beta"]
+    assert "the prefix of base" in problems[1]["message"]
+    # each in the one problem shape, with a code and the session it is about
+    assert [(p["code"], p["session"], p["where"]) for p in problems] == [
+        ("missing-object", "alpha", "sessions/alpha"), ("missing-object", "beta", "sessions/beta")]
+    r = CliRunner().invoke(main, ["--store", str(old.root), "migrate", "--dry-run", "--json"])
+    assert r.exit_code == 1
+    assert [(p["code"], p["session"]) for p in json.loads(r.stdout)["problems"]] == [
+        ("missing-object", "alpha"), ("missing-object", "beta")]
 
 
 def test_a_damaged_pack_nothing_needs_is_kept_aside(tmp_path):

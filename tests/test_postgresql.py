@@ -923,6 +923,19 @@ def test_repair_of_a_whole_session_sets_a_stale_row_to_its_log(store, url):
     assert sql(url, "SELECT mark FROM sessions") == [("record",)]
 
 
+def test_repair_of_a_whole_session_names_an_object_it_cannot_restore(store, url):
+    """A log that reads whole, an entry's envelope gone from the objects table: repair
+    has no log to rewrite, and names the object (unrestorable), as the file backend's
+    does, rather than call the session sound."""
+    s, ids = chain(store)
+    s.close()
+    gone = sql(url, "DELETE FROM objects WHERE space = 0 AND hash = %s RETURNING hash", (bytes.fromhex(ids[1][7:]),))
+    assert len(gone) == 1  # space 0: entries
+    report = plan_repair(store, "s1")
+    assert not report.damaged and report.unrestorable == [("entries", ids[1])]
+    assert repair_session(store, "s1").unrestorable == [("entries", ids[1])]
+
+
 # -- exchange with file stores ---------------------------------------------------------------
 
 

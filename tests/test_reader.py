@@ -430,6 +430,22 @@ def test_invalid_utf8_in_the_final_line_is_truncation():
     assert codes(s) == [("truncated", 5)]
 
 
+def test_a_byte_order_mark_is_named_as_one():
+    """A file saved "UTF-8 with BOM" (RFC 0001: UTF-8, I-JSON, which carries no byte
+    order mark) is told so, at its line, not as JSON that expects a value."""
+    data = b"\xef\xbb\xbf" + build().to_bytes()
+    with pytest.raises(SessionFormatError) as info:
+        read(data)
+    (p,) = info.value.problems
+    assert (p.code, p.line) == ("header", 1)
+    assert "UTF-8 byte order mark" in p.message and "Expecting value" not in p.message
+    lines = split_lines(build().to_bytes())
+    lines[2] = b"\xef\xbb\xbf" + lines[2]
+    s = read(b"\n".join(lines) + b"\n")
+    assert codes(s) == [("json", 3)]
+    assert "UTF-8 byte order mark" in s.all_problems()[0].message
+
+
 def test_crlf_line_endings_are_tolerated_as_whitespace():
     # JSON allows the CR as trailing whitespace; nothing hashed changes
     data = build().to_bytes().replace(b"\n", b"\r\n")

@@ -381,6 +381,21 @@ def test_missing_log_is_rebuilt_from_the_header_and_what_head_proves(tmp_path):
     assert session.log_order == ids and session.head == ids[1] and session.mark == "record"
 
 
+def test_sequence_numbers_the_summary_saw_given_out_are_not_given_again(tmp_path):
+    """The log gone and HEAD naming an earlier entry: what HEAD proves is taken back, but
+    the session's summary (an index, checksummed) says its log had given out more
+    sequence numbers: those are spent too, so the next append does not reuse one a
+    lost entry held (a mirror elsewhere may know it by that number)."""
+    root = tmp_path / "store"
+    ids = build(root, n=4)
+    log_path(root).unlink()
+    (root / "sessions" / SID / "HEAD").write_text(ids[1] + "\n")
+    out = repair_json(root, "--yes")
+    assert [r["entry"] for r in out["recovered"]] == ids[:2]
+    assert out["seq"] == 4
+    assert any("summary" in n and "4" in n for n in out["notes"]), out["notes"]
+
+
 def test_missing_log_and_no_head_is_rebuilt_as_an_empty_session(tmp_path):
     root = tmp_path / "store"
     build(root, n=2)
@@ -821,6 +836,52 @@ def test_repair_rewrites_an_index_file_stale_by_one_stray_byte(tmp_path):
         assert r.exit_code == 0, r.output
         assert path.read_bytes() == good
         assert fsck(root).ok
+
+
+def test_a_whole_log_whose_object_is_lost_everywhere_is_not_called_fine(tmp_path):
+    """A log that reads whole, an entry's envelope corrupt in objects/ and no copy in the
+    log (an import's appends carry none): repair has nothing to rewrite, and says so,
+    but not as if the session were sound: it names the object it cannot restore, and
+    where to look. Nothing is written."""
+    from click.testing import CliRunner
+
+    from agentsession_cli.main import main
+
+    root = tmp_path / "store"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "basic.jsonl"
+    assert CliRunner().invoke(main, ["--store", str(root), "init"]).exit_code == 0
+    sid = CliRunner().invoke(main, ["--store", str(root), "import", str(fixture)]).stdout.strip()
+    ids = [json.loads(line)["id"] for line in fixture.read_text().splitlines()[1:]]
+    env = root / "objects" / "entries" / ids[1][7:9] / ids[1][9:]
+    env.write_bytes(env.read_bytes().replace(b"item", b"itex"))
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and "locks" not in p.parts}
+    r = CliRunner().invoke(main, ["--store", str(root), "repair", "--yes", sid])
+    assert r.exit_code == 0, r.output
+    assert "nothing to repair" not in r.stdout
+    assert f"entries {ids[1]}: missing or corrupt in objects/, and no copy in the log" in r.stdout
+    assert f"verify {sid}" in r.stdout
+    r = CliRunner().invoke(main, ["--store", str(root), "repair", "--json", "--dry-run", sid])
+    out = json.loads(r.stdout)
+    assert out["damaged"] is False and out["unrestorable"] == [{"space": "entries", "name": ids[1]}]
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and "locks" not in p.parts} == before
+
+
+def test_a_head_index_naming_an_entry_found_nowhere_is_not_said_to_have_lost_entries(tmp_path):
+    """A byte of HEAD changed: it names an entry no record holds and no object proves.
+    Repair keeps every entry (the log was whole) and says what it cannot tell (HEAD
+    itself damaged, or records lost with their objects), not that entries were lost."""
+    root = tmp_path / "store"
+    ids = build(root)
+    head = root / "sessions" / SID / "HEAD"
+    good = head.read_bytes()
+    head.write_bytes(good[:20] + (b"0" if good[20:21] != b"0" else b"1") + good[21:])  # still a hash
+    out = repair_json(root, "--yes")
+    assert [e["entry"] for e in out["kept_entries"]] == ids and out["dropped"] == []
+    [note] = [n for n in out["notes"] if n.startswith("HEAD names")]
+    assert "lost" not in note.split(":")[0] and "entries between are lost" not in note, note
+    assert "HEAD itself may be damaged" in note
+    assert head.read_bytes() == good
+    assert_healthy(root, ids)
 
 
 def test_a_damaged_envelope_in_a_payload_is_not_taken_for_another_entry(tmp_path):

@@ -115,8 +115,8 @@ def test_show_of_a_stored_session_with_every_entry_parked_is_the_same(shapes, tm
     them); and once it is done, no entry of a long path is held whole but the last."""
     from agentsession_cas.format import context, reader
 
-    monkeypatch.setattr(reader._Parking, "WINDOW", 0)
-    monkeypatch.setattr(reader._Parking, "WINDOW_BYTES", 0)
+    monkeypatch.setattr(reader.Parking, "WINDOW", 0)
+    monkeypatch.setattr(reader.Parking, "WINDOW_BYTES", 0)
     pushed: list = []
     real_push = context.ContextBuilder.push
 
@@ -310,8 +310,8 @@ def test_verify_file_with_every_entry_parked_reports_the_same(tmp_path, monkeypa
     from agentsession_cas.errors import SessionFormatError
     from agentsession_cas.format import reader
 
-    monkeypatch.setattr(reader._Parking, "WINDOW", 0)
-    monkeypatch.setattr(reader._Parking, "WINDOW_BYTES", 0)
+    monkeypatch.setattr(reader.Parking, "WINDOW", 0)
+    monkeypatch.setattr(reader.Parking, "WINDOW_BYTES", 0)
     woke = []
     real_park = reader.Entry.park
 
@@ -342,8 +342,8 @@ def test_verify_of_a_stored_session_with_every_entry_parked_reports_the_same(sha
     root, sids = shapes
     st = Store(root, readonly=True)
     expected = {sid: _verify_projection(st.open(sid)) for sid in sids}
-    monkeypatch.setattr(reader._Parking, "WINDOW", 0)
-    monkeypatch.setattr(reader._Parking, "WINDOW_BYTES", 0)
+    monkeypatch.setattr(reader.Parking, "WINDOW", 0)
+    monkeypatch.setattr(reader.Parking, "WINDOW_BYTES", 0)
     for sid in sids:
         got, want = _verify_projection(st.open(sid)), expected[sid]
         if isinstance(want, Exception):
@@ -391,7 +391,7 @@ def test_a_parked_entry_woken_after_the_pass_reads_the_file_again(tmp_path, monk
     from agentsession_cas.errors import SessionFormatError
     from agentsession_cas.format import reader
 
-    monkeypatch.setattr(reader._Parking, "WINDOW", 0)
+    monkeypatch.setattr(reader.Parking, "WINDOW", 0)
     path = _interleaved(tmp_path)
     report = reader.verify_file(path)
     checks = list(report.requests)
@@ -419,8 +419,8 @@ def test_a_verify_pass_leaves_no_cycle(tmp_path, monkeypatch):
     was = gc.isenabled()
     gc.disable()
     try:
-        for window in (reader._Parking.WINDOW, 0):  # with entries parked (holding the wake) too
-            monkeypatch.setattr(reader._Parking, "WINDOW", window)
+        for window in (reader.Parking.WINDOW, 0):  # with entries parked (holding the wake) too
+            monkeypatch.setattr(reader.Parking, "WINDOW", window)
             report = reader.verify_file(path)
             assert report.ok
             checker = weakref.ref(report._checker)
@@ -759,7 +759,7 @@ def test_a_woken_line_that_keeps_its_id_but_not_its_bytes_is_refused(tmp_path, m
     from agentsession_cas.errors import SessionFormatError
     from agentsession_cas.format import reader
 
-    monkeypatch.setattr(reader._Parking, "WINDOW", 0)
+    monkeypatch.setattr(reader.Parking, "WINDOW", 0)
     path = _interleaved(tmp_path)
     report = reader.verify_file(path)
     entry = list(report.requests)[1].entry
@@ -791,7 +791,7 @@ def test_verify_file_reads_lines_across_its_blocks(tmp_path, monkeypatch, block,
     path = tmp_path / "s.jsonl"
     path.write_bytes(data)
     monkeypatch.setattr(reader, "_BLOCK", block)
-    monkeypatch.setattr(reader._Parking, "WINDOW", 0)  # every entry parked: rules that read one back read the file
+    monkeypatch.setattr(reader.Parking, "WINDOW", 0)  # every entry parked: rules that read one back read the file
     seen: list[tuple[int, int]] = []
     got = reader.verify_file(path, progress=lambda done, total: seen.append((done, total)))
     want = reader.verify_bytes(data)

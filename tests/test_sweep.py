@@ -538,6 +538,32 @@ def test_a_torn_tail_does_not_stop_the_sweep(root):
             assert held(root, sp, n)
 
 
+def test_a_crashed_atomic_write_beside_a_session_file_goes_once_old(root):
+    """A crash between writing a `.tmp-*` file and renaming it over a session's header,
+    summary, rules or log leaves it beside them, where fsck notes it and nothing read
+    it since: a sweep removes it once it is older than an hour (and the grace), as it
+    does tmp/'s leftovers, and says so; a young one may be a write in progress."""
+    st = Store(str(root))
+    s = st.create(Header.new("s1"))
+    s.append(msg("hi"))
+    s.close()
+    st.close()
+    sdir = root / "sessions" / "s1"
+    old = sdir / ".tmp-999-0123456789ab"
+    old.write_bytes(b"half a summary")
+    t = time.time_ns() - int(3 * 3600 * 1e9)
+    os.utime(old, ns=(t, t))
+    young = sdir / ".tmp-999-ba9876543210"
+    young.write_bytes(b"a summary being written")
+    before = {p.name: p.read_bytes() for p in sdir.iterdir() if not p.name.startswith(".tmp-")}
+    out = sweep_json(root, "--grace", "0", "--dry-run")
+    assert out["tmp_removed"] == [] and old.exists()  # a dry run removes nothing
+    out = sweep_json(root, "--grace", "0")
+    assert out["tmp_removed"] == [os.path.join("sessions", "s1", old.name)]
+    assert not old.exists() and young.exists()
+    assert {p.name: p.read_bytes() for p in sdir.iterdir() if not p.name.startswith(".tmp-")} == before
+
+
 def test_a_staged_import_in_tmp_retains_its_objects(root):
     st = Store(str(root))
     g = st.create(Header.new("imp"))

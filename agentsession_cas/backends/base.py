@@ -595,7 +595,7 @@ class RepackResult:
     pack: str | None = None
     #: What could not be read or copied (corrupt objects, unreadable blocks): the
     #: command exits 1 when there is any, after doing the rest.
-    problems: list[str] = field(default_factory=list)
+    problems: list[FsckProblem] = field(default_factory=list)
     bad_packs: dict[str, str] = field(default_factory=dict)
     #: Remarks that are not problems (a file a writer touched meanwhile, kept).
     notes: list[str] = field(default_factory=list)
@@ -605,7 +605,8 @@ class RepackResult:
         return not self.problems and not self.bad_packs
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok}
+        """Each problem in the one shape fsck's have (code, severity, where, ...)."""
+        return {**asdict(self), "problems": [p.as_dict() for p in self.problems], "ok": self.ok}
 
 
 @dataclass

@@ -65,7 +65,7 @@ _BLOCK = 1 << 20
 
 _orjson_loads = orjson.loads
 
-__all__ = ["CORE_TYPES", "SessionFile", "file_header", "gc_paused", "read_session", "read_session_bytes", "split_lines", "verify_bytes", "verify_file", "verify_lines"]
+__all__ = ["CORE_TYPES", "Parking", "SessionFile", "file_header", "gc_paused", "read_session", "read_session_bytes", "split_lines", "verify_bytes", "verify_file", "verify_lines"]
 
 
 
@@ -339,9 +339,9 @@ def verify_file(
         checker = PathChecker(header, loader=load)
         if not parallel.wanted(size, processes):
             lines = chain.from_iterable(parts for _, parts in blocks())
-            return _verify(name, header, lines, checker, where, on_entry, _Parking(wake), misstated)
+            return _verify(name, header, lines, checker, where, on_entry, Parking(wake), misstated)
         with parallel.LineHelper(objects=on_entry is not None, on_ready=on_ready if on_entry is not None else None) as helper:
-            return _verify(name, header, helper.lines(blocks()), checker, where, on_entry, _Parking(wake), misstated,
+            return _verify(name, header, helper.lines(blocks()), checker, where, on_entry, Parking(wake), misstated,
                            helper.known)
 
 
@@ -387,10 +387,10 @@ def verify_lines(
         assert loader is not None
         return loader(entry.id).data  # the loader's own checks (a store's: every object read verified)
 
-    return _verify(source, header, entries, PathChecker(header, loader=load), where, None, _Parking(wake))
+    return _verify(source, header, entries, PathChecker(header, loader=load), where, None, Parking(wake))
 
 
-class _Parking:
+class Parking:
     """What a one-pass verify keeps of the entries on its path: the last few whole (at
     most :attr:`WINDOW` entries and :attr:`WINDOW_BYTES` of their lines: a response's
     outputs, the entries just before it, are read back at once), older ones parked
@@ -441,7 +441,7 @@ class _Parking:
 
 def _verify(
     source: str, header: Header, lines: Iterable[bytes], checker: PathChecker, where: dict[str, int] | None,
-    on_entry: Callable[[Entry], None] | None = None, parking: _Parking | None = None,
+    on_entry: Callable[[Entry], None] | None = None, parking: Parking | None = None,
     misstated: dict[str, str] | None = None, known: deque[parallel.Known] | None = None,
 ) -> VerifyReport:
     with gc_paused():
@@ -468,7 +468,7 @@ class _Reader:
         keep_entries: bool = True,
         where: dict[str, int] | None = None,
         on_entry: Callable[[Entry], None] | None = None,
-        parking: _Parking | None = None,
+        parking: Parking | None = None,
         misstated: dict[str, str] | None = None,
         known: deque[parallel.Known] | None = None,
     ):

@@ -126,16 +126,19 @@ def _careful(store: Store, session_id: str, history: Any, out: StoredCheck, *, e
     committed = set(state.log_order[: sum(1 for e in state.log_order if state.is_committed(e))])
     for entry in state.log_order:
         line = line_of.get(entry)
+        # (a backend that does not number its log's lines: the record said in words)
+        at = f"log line {line}" if line is not None else "the log"
+        needed = f"needed by log line {line}" if line is not None else "needed by the log's append of it"
         try:
             store.entry(entry)
         except (NoSuchObjectError, CorruptObjectError) as exc:
             if entry not in committed:
-                out.notes.append(f"log line {line}: an uncommitted append whose objects are not sound "
+                out.notes.append(f"{at}: an uncommitted append whose objects are not sound "
                                  f"({_one_line(str(exc))}); the next writing open drops it")
             else:
-                out.problems.append(_object_problem(exc, f"needed by log line {line}", entry, line))
+                out.problems.append(_object_problem(exc, needed, entry, line))
         except (AgentSessionError, ValueError) as exc:
-            out.problems.append(_problem("objects", "object", f"entry {entry}: {_one_line(str(exc))}; needed by log line {line}", entry=entry))
+            out.problems.append(_problem("objects", "object", f"entry {entry}: {_one_line(str(exc))}; {needed}", entry=entry))
     out.stats["entries"] = len(state.log_order)
     base = state.base
     if base is not None:
@@ -219,4 +222,4 @@ def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str]
         for p in check.problems:
             report.add("error", p["code"], f"session {sid}: {p['message']}", session=sid, object=p.get("entry"))
         for n in check.notes:
-            report.add("note", "note", f"session {sid}: {n}", session=sid)
+            report.add("note", "verify", f"session {sid}: {n}", session=sid)  # verify's remarks, as --deep's

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 from ..backends.files import FileBackend
 from ..backends.files import repair as file_repair
 from ..backends.files.repair import RepairReport
-from ..errors import SessionDamagedError, UnsupportedError
+from ..errors import (
+    CorruptObjectError,
+    CorruptPackError,
+    NoSuchObjectError,
+    SessionDamagedError,
+    UnsupportedError,
+)
+from ..format.hashing import envelope_content
 
 if TYPE_CHECKING:
     from ..store.store import Store
@@ -27,7 +34,7 @@ __all__ = ["plan_repair", "repair_session"]
 def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None] | None = None) -> RepairReport:
     """What a repair of the session would keep, recover and drop; writes nothing."""
     report: RepairReport = _backend_repair(store, "plan_repair")(store, session_id, progress=progress)
-    return report
+    return _name_unrestorable(store, report)
 
 
 def repair_session(
@@ -39,6 +46,27 @@ def repair_session(
 ) -> RepairReport:
     """Repair a damaged session (a whole one is left as it is); see the module docstring."""
     report: RepairReport = _backend_repair(store, "repair_session")(store, session_id, confirm=confirm, progress=progress)
+    return _name_unrestorable(store, report)
+
+
+def _name_unrestorable(store: Store, report: RepairReport) -> RepairReport:
+    """Of a session whose log reads whole, whatever the backend: the objects its entries
+    need that the store does not hold soundly and no copy in the log restores. A repair
+    of the log cannot bring them back, so the report names them (``unrestorable``)
+    rather than call the session sound; a damaged log's plan says what it drops."""
+    if report.damaged:
+        return report
+    restorable = set(report.restorable) if not report.objects_restored else set()
+    objects = store.objects
+    for entry in report.kept:
+        try:
+            content = envelope_content(objects.get("entries", entry))
+        except (NoSuchObjectError, CorruptObjectError, CorruptPackError):
+            if ("entries", entry) not in restorable:
+                report.unrestorable.append(("entries", entry))
+            continue
+        if content and ("contents", content) not in restorable and not objects.is_sound("contents", content):
+            report.unrestorable.append(("contents", content))
     return report
 
 

@@ -47,14 +47,14 @@ from ...format.entry import LEAF_LABEL, Entry, Header
 from ...format.hashing import HASH_PREFIX, is_hash
 from ...format.names import check_session_id
 from ...format.rules import TreeState
-from ...fsutil import NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
+from ...fsutil import ATOMIC_TMP, NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
 from ...lean import dataclass
 from ...store.state import index_damage, replay
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
 from .log import Record, header_of, read_log, read_snapshot_ids, scan_log, snapshot_ids_disagree
 from .objects import HASH_FIRST, FileObjects
-from .packs import SPACE_BITS, Pack
+from .packs import SPACE_BITS, Pack, salvage_pack
 from .sessions import HEADER_LIMIT, payload_entry
 from .sessions import checkpoint_covers as _checkpoint_covers
 
@@ -100,7 +100,6 @@ _ROOT_NAMES = {
 _SESSION_FILES = ("header", "log", "HEAD", "mark", "summary", "rules", "ids")
 _DAMAGED_LOG = "log.damaged-"  # repair keeps the damaged log beside the new one
 _DAMAGED_PACK = ".damaged-"  # pack sets a damaged pack file aside under this suffix
-_ATOMIC_TMP = ".tmp-"  # fsutil.write_atomic's temp files, beside their target
 
 
 _HASH = re.compile(r"sha256:[0-9a-f]{64}")
@@ -322,7 +321,7 @@ class _Walk:
             path = os.path.join(self.root, name)
             kind = _ROOT_NAMES.get(name)
             if kind is None:
-                if name.startswith(_ATOMIC_TMP):
+                if name.startswith(ATOMIC_TMP):
                     self.note("temporary", f"{name}: a temporary file (a write in progress, or a crash's leftover)", file=name)
                 else:
                     self.stray(path, "not a name a store holds at its root")
@@ -765,7 +764,7 @@ class _Walk:
                 kept = _read_or_none(os.path.join(sdir, name))
                 if kept is not None:
                     self.retain_records(ln.record for ln in scan_log(kept) if ln.record is not None)
-            elif name.startswith(_ATOMIC_TMP):
+            elif name.startswith(ATOMIC_TMP):
                 self.note("temporary", f"session {sid}: {name} is a temporary file (a write in progress, or a crash's leftover)",
                           session=sid, file=f"{rel}/{name}")
             else:
@@ -1274,9 +1273,31 @@ class _Walk:
         pack_dir = os.path.join(self.root, "objects", "pack")
         for key in self.orphan_packs:
             if not os.path.exists(os.path.join(pack_dir, key + ".idx")) and os.path.exists(os.path.join(pack_dir, key + ".pack")):
-                rel = f"objects/pack/{key}.pack"
-                self.warn("pack-without-index", f"{rel} has no index: no read finds its objects (a pack being "
-                          "written or removed, or a crash's leftover)", file=rel)
+                self.pack_without_index(os.path.join(pack_dir, key + ".pack"))
+
+    def pack_without_index(self, path: str) -> None:
+        """A pack no index lists (still so at the end of the walk): read from the pack
+        itself (bounded, every object hashed), what it holds that an error of the walk
+        found missing is named there, and the pack is an error when it holds any (a lost
+        index: `pack` writes it again), else a warning (a pack being written or removed,
+        or a crash's leftover, whose objects have other copies)."""
+        rel = self.rel(path)
+        unread: list[str] = []
+        held = {HASH_PREFIX + raw.hex() for raw, _, _ in salvage_pack(path, unread)}
+        if os.path.exists(path[: -len(".pack")] + ".idx"):
+            return  # its writer published the index meanwhile
+        needed = [p for p in self.report.errors if p.object in held]
+        for p in needed:
+            p.message += f"; {rel}, which has no index, holds it"
+        damaged = f"; it does not read whole ({_short(ValueError(unread[0]), self.root)})" if unread else ""
+        if needed:
+            n = len({p.object for p in needed})
+            self.error("missing-index", f"{rel} has no index, so no read finds the {len(held):,} object(s) it holds, "
+                       f"{n:,} of them needed and found nowhere else{damaged}; `agentsession pack` rebuilds its index "
+                       "from the pack", file=rel)
+        else:
+            self.warn("pack-without-index", f"{rel} has no index: no read finds its objects, none of which a session "
+                      f"lacks (a pack being written or removed, or a crash's leftover){damaged}", file=rel)
 
 
 def _place(p: FsckProblem) -> int:

@@ -77,6 +77,7 @@ from ...format.entry import LEAF_LABEL, short_id
 from ...format.hashing import HASH_PREFIX, is_hash, sha256_ref
 from ...format.names import check_session_id
 from ...fsutil import fsync_dir, write_atomic
+from ..base import FsckProblem
 from .layout import JOURNAL, KEPT_DIR, LAYOUT, _journal_kind, layout_state, layout_text, old_layout_hint
 from .log import encode_log, read_log
 from .objects import FileObjects
@@ -433,7 +434,8 @@ class SessionPlan:
     #: Appends the journal accepted that the session does not keep, and why.
     lost: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    #: Why it cannot be migrated as it stands, in fsck's shape and codes.
+    problems: list[FsckProblem] = field(default_factory=list)
     trash: str | None = None
     log: bytes = b""
     lazy: list[str] = field(default_factory=list)
@@ -450,9 +452,13 @@ class SessionPlan:
             "entries": self.entries,
             "lost": list(self.lost),
             "notes": list(self.notes),
-            "problems": list(self.problems),
+            "problems": [p.as_dict() for p in self.problems],
             "trash": self.trash,
         }
+
+    def add_problem(self, code: str, message: str, **where: Any) -> None:
+        """Why this session cannot be migrated as it stands."""
+        self.problems.append(FsckProblem("error", code, message, session=self.id, file=f"sessions/{self.id}", **where))
 
 
 @dataclass
@@ -475,7 +481,8 @@ class MigrationReport:
     blobs_missing: list[str] = field(default_factory=list)
     lazy_objects: int = 0
     kept: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    #: Why the store cannot be migrated as it stands (each session's, its id leading), in fsck's shape.
+    problems: list[FsckProblem] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
     #: Refs rewritten (a store of the reference library's layout): {name, session, ident, note}.
     refs: list[dict[str, Any]] = field(default_factory=list)
@@ -501,10 +508,14 @@ class MigrationReport:
                 "lazy_made_durable": self.lazy_objects,
             },
             "kept": list(self.kept),
-            "problems": list(self.problems),
+            "problems": [p.as_dict() for p in self.problems],
             "steps": list(self.steps),
             "refs": list(self.refs),
         }
+
+    def add_problem(self, code: str, message: str, **where: Any) -> None:
+        """Why the store cannot be migrated as it stands."""
+        self.problems.append(FsckProblem("error", code, message, **where))
 
 
 # -- where a store stands ---------------------------------------------------------------
@@ -679,10 +690,8 @@ class _Planner:
         report.damaged = jr.damaged
         if jr.damaged and not self.skip_damaged:
             for fault in jr.damaged:
-                report.problems.append(
-                    f"{fault}: damaged in the middle of the journal, not a crash's torn tail "
-                    "(--skip-damaged migrates without it)"
-                )
+                report.add_problem("log-damage", f"{fault}: damaged in the middle of the journal, not a crash's torn tail "
+                               "(--skip-damaged migrates without it)", file=JOURNAL, line=fault.line)
         packs, in_place = self._packs(report)
         self._objects = _Objects(self.root, packs, new_packs=not in_place)
         self.by_session: dict[str, list[JournalRecord]] = {}
@@ -707,7 +716,8 @@ class _Planner:
                 self.progress(f"reading session {i}/{len(ids)}: {sid}")
             plan = self._session(sid, self.by_session.get(sid, []), self.journal.compacted)
             report.sessions.append(plan)
-            report.problems.extend(f"session {sid}: {p}" for p in plan.problems)
+            report.problems.extend(FsckProblem(p.severity, p.code, f"session {sid}: {p.message}", session=sid, file=p.file,
+                                               line=p.line) for p in plan.problems)
         blobs: set[str] = set()
         for s in report.sessions:
             blobs |= s.blobs
@@ -740,7 +750,8 @@ class _Planner:
                     magic = f.read(8)
                 if magic != _PACK_MAGIC:
                     if where[0] == KEPT_DIR:
-                        report.problems.append(f"{KEPT_DIR}/packs/{n} is not a pack of the earlier layout")
+                        report.add_problem("bad-pack", f"{KEPT_DIR}/packs/{n} is not a pack of the earlier layout",
+                                       file=f"{KEPT_DIR}/packs/{n}")
                     continue  # one of ours (a resumed migration wrote it)
                 pack = _scan_pack(path)
                 packs.append(pack)
@@ -798,19 +809,19 @@ class _Planner:
         seen: set[str] = set()
         while current is not None and current not in self.sound_prefix:
             if current in seen:
-                plan.problems.append(f"entry {current} on the prefix is its own ancestor")
+                plan.add_problem("broken-chain", f"entry {current} on the prefix is its own ancestor")
                 return
             seen.add(current)
             info = self._info(current)
             if isinstance(info, str):
-                plan.problems.append(f"the prefix of base {short_id(base)} cannot be read: {info}")
+                plan.add_problem("missing-object", f"the prefix of base {short_id(base)} cannot be read: {info}")
                 return
             plan.blobs.update(info.blobs)
             walked.append(current)
             current = info.parent
         self.sound_prefix.update(walked)
         if base in self.infos and isinstance(self.infos[base], _EntryInfo) and self.infos[base].leaf_label:  # type: ignore[union-attr]
-            plan.problems.append(f"base {short_id(base)} is a leaf label; a fork's base never is")
+            plan.add_problem("base-rule", f"base {short_id(base)} is a leaf label; a fork's base never is")
 
     # -- one session -------------------------------------------------------------------
 
@@ -843,13 +854,13 @@ class _Planner:
             return SessionPlan(sid, "gone", reason="the journal names it but nothing of it is on disk (a create that never finished)")
         plan = SessionPlan(sid, "rebuild")
         if log_data.startswith(_OPEN):
-            plan.problems.append(
+            plan.add_problem("bad-log",
                 "its log is in the per-session format of a later release of the earlier store, "
                 "not the journal layout; this migration does not convert it"
             )
             return plan
         if log_data and not log_data.startswith(b"sha256:"):
-            plan.problems.append("its log is neither the earlier layout's index of hashes nor ours")
+            plan.add_problem("bad-log", "its log is neither the earlier layout's index of hashes nor ours")
             return plan
         header_base = self._header_base(plan, sid, header_path)
         if plan.problems:
@@ -865,10 +876,10 @@ class _Planner:
             with open(header_path, "rb") as f:
                 header = loads(f.read())
         except (ValueError, AgentSessionError, OSError) as exc:
-            plan.problems.append(f"its header does not read: {exc}")
+            plan.add_problem("bad-header", f"its header does not read: {exc}")
             return None
         if not isinstance(header, dict) or header.get("type") != "session" or header.get("id") != sid:
-            plan.problems.append("its header is not a session header naming this session")
+            plan.add_problem("bad-header", "its header is not a session header naming this session")
             return None
         return header.get("base") if isinstance(header.get("base"), str) else None
 
@@ -910,7 +921,7 @@ class _Planner:
         for n, line in enumerate(lines[:-1], 1):
             m = _OLD_LOG_LINE.fullmatch(line)
             if m is None:
-                plan.problems.append(f"line {n} of its index log is not '<hash> [<size>]'")
+                plan.add_problem("bad-log", f"line {n} of its index log is not '<hash> [<size>]'")
                 continue
             e = m.group(1).decode()
             if e not in entries:
@@ -922,7 +933,7 @@ class _Planner:
             if is_hash(text):
                 head = text
             elif text:
-                plan.problems.append(f"its HEAD file holds {text!r}, not an entry id")
+                plan.add_problem("bad-head", f"its HEAD file holds {text!r}, not an entry id")
         except FileNotFoundError:
             pass
         return entries, head, self._record_mark(sdir)
@@ -957,7 +968,7 @@ class _Planner:
             create = recs[last]
             base = create.get("base") or None
             if base != header_base:
-                plan.problems.append(
+                plan.add_problem("base-rule",
                     f"the journal's create (line {create.line}) names base {base or 'none'}, "
                     f"its header {header_base or 'none'}"
                 )
@@ -970,7 +981,7 @@ class _Planner:
                 settled = recs[last]
                 count = settled.get("seq") or 0
                 if not isinstance(count, int) or count < 0 or count > len(entries):
-                    plan.problems.append(
+                    plan.add_problem("bad-log",
                         f"the journal's settled record (line {settled.line}) counts {count!r} entries; "
                         f"its index log holds {len(entries)}"
                     )
@@ -1023,7 +1034,7 @@ class _Planner:
             elif r.op == "mark":
                 events.append(("mark", r.get("mark")))
             elif r.op in ("create", "settled"):  # a reset after `last` cannot be; guard anyway
-                plan.problems.append(f"journal line {r.line}: a {r.op} record after the session began")
+                plan.add_problem("bad-log", f"journal line {r.line}: a {r.op} record after the session began")
                 return
         self._build(plan, sid, sdir, events, base, last_lost)
 
@@ -1074,14 +1085,14 @@ class _Planner:
                         losses.append((entry, f"a lazy append whose objects are gone ({info})"))
                         continue
                     where = f" ({self.SOURCE} line {line})" if line else " (its index log)"
-                    plan.problems.append(f"entry {entry}{where} is committed but {info}")
+                    plan.add_problem("missing-object", f"entry {entry}{where} is committed but {info}")
                     return
                 parent = info.parent
                 if parent is None and base is not None:
-                    plan.problems.append(f"entry {entry} is a root, but the session is a fork of {short_id(base)}")
+                    plan.add_problem("parent-rule", f"entry {entry} is a root, but the session is a fork of {short_id(base)}")
                     return
                 if parent is not None and parent != base and parent not in own_set:
-                    plan.problems.append(
+                    plan.add_problem("parent-rule",
                         f"entry {entry} hangs from {parent}, which is neither the base nor an earlier entry of the session"
                     )
                     return
@@ -1115,7 +1126,7 @@ class _Planner:
             head = base
             plan.notes.append("no head named; the head is the base")
         if head is not None and not (head == base or (head in own_set and head not in leaf_labels)):
-            plan.problems.append(
+            plan.add_problem("head-rule",
                 f"its head {head} is not the base or one of its entries that is not a leaf label"
             )
             return
@@ -1490,11 +1501,11 @@ def _run(
         if dry_run:
             report.status = "would-refuse"
             return
-        first = report.problems[0]
+        first = report.problems[0].message
         more = f" (and {len(report.problems) - 1} more; --dry-run lists them)" if len(report.problems) > 1 else ""
         raise MigrationError(
             f"cannot migrate the store at {report.root}: {first}{more}; nothing was changed",
-            problems=report.problems,
+            problems=[p.as_dict() for p in report.problems],
         )
     if dry_run:
         return

@@ -255,7 +255,7 @@ class _ReferencePlanner(_Planner):
             try:
                 check_ref_name(name)
             except BadNameError:
-                report.problems.append(f"refs/{file}: not a ref name ({name!r})")
+                report.add_problem("bad-ref", f"refs/{file}: not a ref name ({name!r})")
                 continue
             with open(os.path.join(refs_dir, file), "rb") as f:
                 data = f.read()
@@ -264,7 +264,7 @@ class _ReferencePlanner(_Planner):
                 continue
             fields = data.decode("utf-8", "replace").split()
             if not 1 <= len(fields) <= 3:
-                report.problems.append(f"refs/{file}: {data[:80]!r} is not '<session> [<entry>|- [<ident>|-]]'")
+                report.add_problem("bad-ref", f"refs/{file}: {data[:80]!r} is not '<session> [<entry>|- [<ident>|-]]'")
                 continue
             session, entry, ident = (fields + ["-", "-"])[:3]
             log_path = self._path("logs", "refs", file)
@@ -283,7 +283,7 @@ class _ReferencePlanner(_Planner):
                 plans.append(RefPlan(file, name, None, None, note=note))  # deleted by its last record
                 continue
             if entry != "-":
-                report.problems.append(
+                report.add_problem("bad-ref",
                     f"ref {name} pins entry {entry} of session {session}; this store's refs name a session only, "
                     "so the pin cannot be carried over (unpin it with the reference library first)"
                 )
@@ -291,7 +291,7 @@ class _ReferencePlanner(_Planner):
             try:
                 check_session_id(session)
             except BadNameError:
-                report.problems.append(f"ref {name} names {session!r}, not a session id")
+                report.add_problem("bad-ref", f"ref {name} names {session!r}, not a session id")
                 continue
             held: str | None = ident
             if ident == "-":
@@ -299,7 +299,7 @@ class _ReferencePlanner(_Planner):
             elif re.fullmatch(r"[0-9a-f]{64}", ident):
                 held = "sha256:" + ident
             if held is not None and not is_hash(held):
-                report.problems.append(f"ref {name}: its ident {ident!r} is not a sha256 hash")
+                report.add_problem("bad-ref", f"ref {name}: its ident {ident!r} is not a sha256 hash")
                 continue
             plans.append(RefPlan(file, name, session, held, note=note))
         return plans
@@ -326,7 +326,7 @@ class _ReferencePlanner(_Planner):
                                reason="it has no header (a create that never finished); its directory goes to trash/")
         plan = SessionPlan(sid, "rebuild")
         if log_data.startswith(b"sha256:"):
-            plan.problems.append("its log is an index of the journal layout (v0.0.15 and earlier) in a 'cas 2' store")
+            plan.add_problem("bad-log", "its log is an index of the journal layout (v0.0.15 and earlier) in a 'cas 2' store")
             return plan
         header_base = self._header_base(plan, sid, header_path)
         if plan.problems:
@@ -335,9 +335,9 @@ class _ReferencePlanner(_Planner):
         self.log_faults.extend(lr.faults)
         damaged = [fault for fault in lr.faults if fault.kind == "damaged"]
         if damaged and not self.skip_damaged:
-            plan.problems.extend(
-                f"{fault}: damaged, not a crash's torn or unwritten tail (--skip-damaged migrates without it)" for fault in damaged
-            )
+            for fault in damaged:
+                plan.add_problem("log-damage", f"{fault}: damaged, not a crash's torn or unwritten tail "
+                             "(--skip-damaged migrates without it)", line=fault.line)
             return plan
         for fault in lr.faults:
             if fault.kind == "newline":
@@ -353,7 +353,7 @@ class _ReferencePlanner(_Planner):
         if recs and recs[0].op == "create":
             base = recs[0].get("base") or None
             if base != header_base:
-                plan.problems.append(
+                plan.add_problem("base-rule",
                     f"its log's create (line {recs[0].line}) names base {base or 'none'}, its header {header_base or 'none'}"
                 )
                 return plan
@@ -374,7 +374,7 @@ class _ReferencePlanner(_Planner):
             elif r.op == "mark":
                 events.append(("mark", r.get("mark")))
             elif r.op == "create":
-                plan.problems.append(f"log line {r.line}: a second create record")
+                plan.add_problem("bad-log", f"log line {r.line}: a second create record")
                 return plan
         for r in lr.cut_appends or ():
             events.append(("lost", r.get("entry"), f"in the tail a crash left unwritten (log line {r.line})"))

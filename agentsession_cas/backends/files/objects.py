@@ -44,7 +44,7 @@ from ...fsutil import (
     write_new_file,
 )
 from ...lean import dataclass
-from ..base import ObjectStore, ReadyBlock, RepackResult, Space
+from ..base import FsckProblem, ObjectStore, ReadyBlock, RepackResult, Space
 from .packs import (
     BLOCK_TARGET,
     MAX_PACKED,
@@ -55,6 +55,7 @@ from .packs import (
     PackWriter,
     StreamPackWriter,
     decompress_block,
+    index_pack,
     pack_file_sound,
     salvage_pack,
 )
@@ -102,6 +103,11 @@ LIST_LOOSE = 1024
 #: A store with about this many loose objects packs them when a writer closes
 #: (git's gc.auto is 6700).
 AUTO_PACK_LOOSE = 4096
+
+
+def _space_of(spaces: int) -> str | None:
+    """The first space an index record's bits name (an object named in two is one's bytes)."""
+    return next((space for space, bit in SPACE_BITS.items() if spaces & bit), None)
 
 
 def _freshen(path: str) -> bool:
@@ -928,7 +934,41 @@ class FileObjects(ObjectStore):
         (and are removed when ``keep`` rejects them).
         """
         with self.exclusive(wait):
-            return self._repack(keep, dry_run, level=level, block_target=block_target, progress=progress)
+            lost = self.index_lost(dry_run)
+            return lost.joined(self._repack(keep, dry_run, level=level, block_target=block_target, progress=progress))
+
+    def index_lost(self, dry_run: bool) -> LostIndexes:
+        """Under the pack lock: write again the index of every pack that has none (lost to
+        a person or a disk, or a writer's crash between its two renames), from the pack
+        itself (:func:`index_pack`), so the pack's objects are found and repacked; a
+        dry run only says which. A pack that does not read whole is left as it is and
+        named: no index is written to vouch for it."""
+        out = LostIndexes()
+        try:
+            names = set(os.listdir(self.pack_dir))
+        except FileNotFoundError:
+            return out
+        for n in sorted(names):
+            if not (n.startswith("pack-") and n.endswith(".pack")) or n[: -len(".pack")] + ".idx" in names:
+                continue
+            path = os.path.join(self.pack_dir, n)
+            rel = os.path.relpath(path, self.root)
+            if dry_run:
+                out.notes.append(f"{rel} has no index; a pack or sweep writes it again from the pack")
+                continue
+            try:
+                count = index_pack(path, self.tmp)
+            except FileNotFoundError:
+                continue  # removed since the listing
+            except CorruptPackError as exc:
+                out.problems.append(self._problem(
+                    "bad-pack", f"{exc}; it has no index, and none is written for a pack that does not read whole: "
+                    "left in place (fsck names what only it holds)", path))
+                continue
+            out.notes.append(f"{rel[: -len('.pack')]}.idx was missing: the index was rebuilt from its pack ({count:,} objects)")
+        if out.notes and not dry_run:
+            self.packs.refresh(force=True)
+        return out
 
     @contextmanager
     def exclusive(self, wait: float) -> Iterator[None]:
@@ -1010,7 +1050,7 @@ class FileObjects(ObjectStore):
                 try:
                     blocks = pack.objects_by_block()
                 except CorruptPackError as exc:
-                    res.problems.append(str(exc))
+                    res.problems.append(self._problem("bad-pack-index", str(exc), exc.path))
                     keep_packs.append(pack)
                     continue
                 intact = True
@@ -1020,21 +1060,22 @@ class FileObjects(ObjectStore):
                     try:
                         block = pack.read_block(b)
                     except CorruptPackError as exc:
-                        res.problems.append(str(exc))
+                        res.problems.append(self._problem("bad-block", f"{exc}; its objects not copied", pack.path, block=b))
                         intact = False
                         continue
                     for offset, length, raw, spaces in objs:
                         try:
                             data = block.object(offset, length)
                         except CorruptPackError as exc:
-                            res.problems.append(f"{exc}; not copied")
+                            res.problems.append(self._problem(
+                                "corrupt-object", f"{exc}; not copied", pack.path, block=b, raw=raw, spaces=spaces))
                             intact = False
                             continue
                         if sha256(data).digest() != raw:
-                            res.problems.append(
-                                f"corrupt object {HASH_PREFIX}{raw.hex()} in {os.path.relpath(pack.path, self.root)}: "
-                                "does not hash to its name; not copied"
-                            )
+                            res.problems.append(self._problem(
+                                "corrupt-object", f"{_space_of(spaces)} object {HASH_PREFIX}{raw.hex()} in "
+                                f"{os.path.relpath(pack.path, self.root)} (block {b}) does not hash to its name; not copied",
+                                pack.path, block=b, raw=raw, spaces=spaces))
                             intact = False
                             continue
                         self._repack_one(writer, keep, raw, spaces, data, mtime, kept, dropped, res)
@@ -1055,7 +1096,7 @@ class FileObjects(ObjectStore):
                 for raw, spaces, data in salvage_pack(path, found):
                     self._repack_one(writer, keep, raw, spaces, data, mtime, kept, dropped, res)
                 whole = not found and pack_file_sound(path)
-                res.problems.extend(found)
+                res.problems.extend(self._problem("bad-pack", why, path) for why in found)
                 if not dry_run:
                     res.notes.append(
                         f"objects/pack/{key}.idx was damaged: the objects of its pack were read without it"
@@ -1120,6 +1161,8 @@ class FileObjects(ObjectStore):
         for key, whole in salvaged:
             if whole:
                 res.bad_packs.pop(key, None)
+            if key == res.pack:
+                continue  # the new pack is these very bytes, renamed over it with a sound index
             if whole:  # every object it held is in the new pack: the bad index and its pack go
                 for ext in (".idx", ".pack"):
                     with contextlib.suppress(FileNotFoundError):
@@ -1156,10 +1199,20 @@ class FileObjects(ObjectStore):
                 self._get_loose(space, name, path)
             except NoSuchObjectError:
                 continue  # swept or replaced meanwhile
-            except CorruptObjectError as exc:
-                res.problems.append(f"{exc}; left in place")
+            except CorruptObjectError:
+                res.problems.append(self._problem(
+                    "corrupt-object", f"{space} object {name} does not hash to its name ({os.path.relpath(path, self.root)}); "
+                    "left in place", path, raw=bytes.fromhex(name[7:]), spaces=SPACE_BITS[space]))
                 continue
             res.notes.append(f"{space} object {name} was being written while the pack was made; left loose for the next pack")
+
+    def _problem(self, code: str, message: str, path: str, *, block: int | None = None,
+                 raw: bytes | None = None, spaces: int = 0) -> FsckProblem:
+        """A repack's finding, in fsck's shape and codes: the file relative to the store
+        (in the message too), and the object and block where one is known."""
+        rel = os.path.relpath(path, self.root)
+        return FsckProblem("error", code, message.replace(path, rel), file=rel, block=block,
+                           object=None if raw is None else HASH_PREFIX + raw.hex(), space=_space_of(spaces))
 
     def _set_aside(self, key: str, res: RepackResult) -> None:
         """Move a damaged pack and its index out of the readers' sight (renamed
@@ -1401,6 +1454,19 @@ class PackStage:
         if self._first is not None:
             self._first.close()
         self._rest.close()
+
+
+class LostIndexes:
+    """What :meth:`FileObjects.index_lost` did before a repack, put in front of its result."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+        self.problems: list[FsckProblem] = []
+
+    def joined(self, res: RepackResult) -> RepackResult:
+        res.notes[:0] = self.notes
+        res.problems[:0] = self.problems
+        return res
 
 
 @dataclass

@@ -82,8 +82,8 @@ import blake3
 import zstandard
 
 from ...errors import CorruptPackError, StoreError
-from ...format.hashing import FAST_ENVELOPE
-from ...fsutil import fsync_dir, write_all
+from ...format.hashing import FAST_ENVELOPE, envelope_content, is_hash
+from ...fsutil import fsync_dir, write_all, write_new_file
 from ..base import ReadyBlock
 
 if TYPE_CHECKING:  # loaded when a read first reads ahead: a command that does not, does not load it
@@ -1216,19 +1216,7 @@ class PackWriter:
     def _publish(self, pack_sum: bytes, names: list[bytes], wheres: list[int]) -> str:
         """Write the index of the pack ended (``names`` sorted, each one's record), make it
         durable and rename both into place; the index's path."""
-        # objects whose first byte <= i: those sorting before the byte after i
-        fanout = [bisect_left(names, bytes((i + 1,))) for i in range(255)] + [len(names)]
-        parts = [
-            IDX_MAGIC,
-            _HEAD.pack(len(names), len(self._blocks)),
-            _FANOUT.pack(*fanout),
-            b"".join(names),
-            struct.pack(f">{len(names)}I", *wheres),
-            b"".join(_BLOCK.pack(*b) for b in self._blocks),
-            pack_sum,
-        ]
-        body = b"".join(parts)
-        idx = body + blake3.blake3(body).digest()
+        idx = index_bytes(names, wheres, self._blocks, pack_sum)
         fd = os.open(self._tmp + ".idx", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             write_all(fd, idx)
@@ -1869,6 +1857,79 @@ class PackSet:
 _ENVELOPE_HEAD = b'{"content":"'
 
 
+def index_bytes(names: Sequence[bytes], wheres: Sequence[int], blocks: Sequence[tuple[int, ...]], pack_sum: bytes) -> bytes:
+    """A format-2 index: ``names`` ascending, each one's record (ordinal << 3 | spaces),
+    the pack's block records and its checksum, then the index's own checksum."""
+    # objects whose first byte <= i: those sorting before the byte after i
+    fanout = [bisect_left(names, bytes((i + 1,))) for i in range(255)] + [len(names)]
+    body = b"".join([
+        IDX_MAGIC,
+        _HEAD.pack(len(names), len(blocks)),
+        _FANOUT.pack(*fanout),
+        b"".join(names),
+        struct.pack(f">{len(names)}I", *wheres),
+        b"".join(_BLOCK.pack(*b) for b in blocks),
+        pack_sum,
+    ])
+    return body + blake3.blake3(body).digest()
+
+
+def index_pack(path: str, tmp_dir: str) -> int:
+    """Write the lost index of a whole format-2 pack from the pack itself, as git's
+    index-pack does; the number of objects it names.
+
+    Everything an index holds is in its pack: the blocks (walked by
+    :func:`salvage_pack`), their slots, and each object's bytes, which are hashed for
+    its name; only the spaces are not, and they are told as a bulk read tells them
+    (an envelope is an entry; anything an envelope of the pack names as its content
+    is a content; anything else both a content and a blob). A pack that does not read
+    whole, fails its checksum or is not named by it raises :class:`CorruptPackError`:
+    an index would vouch for bytes that do not hold. An index that appears meanwhile
+    (a writer publishes its pack and index in two steps) is left as it is."""
+    problems: list[str] = []
+    blocks: list[tuple[int, ...]] = []
+    found: list[tuple[bytes, int]] = []  # (name, spaces) by ordinal; the bytes are not kept
+    contents: set[bytes] = set()  # what the pack's envelopes name as their content
+    for raw, bits, data in salvage_pack(path, problems, blocks=blocks):
+        found.append((raw, bits))
+        if bits & SPACE_BITS["entries"] and (c := envelope_content(data)) and is_hash(c):
+            contents.add(bytes.fromhex(c[7:]))
+    if problems:
+        raise CorruptPackError(f"{problems[0]}", path=path)
+    if not pack_file_sound(path):
+        raise CorruptPackError(f"pack {path} fails its checksum", path=path)
+    with open(path, "rb") as f:
+        f.seek(-_SUM, os.SEEK_END)
+        pack_sum = f.read(_SUM)
+    if os.path.basename(path) != f"pack-{pack_sum.hex()}.pack":
+        raise CorruptPackError(f"pack {path} is not named by its checksum (pack-{pack_sum.hex()[:12]}…)", path=path)
+    records: dict[bytes, int] = {}
+    for ordinal, (raw, bits) in enumerate(found):
+        if raw in contents and bits != SPACE_BITS["entries"]:
+            bits = SPACE_BITS["contents"] | (bits & SPACE_BITS["entries"])
+        if raw not in records:  # a repeat (a merge keeps both slots): the index names the first
+            records[raw] = ordinal << 3 | bits
+    names = sorted(records)
+    data = index_bytes(names, [records[n] for n in names], blocks, pack_sum)
+    final = path[: -len(".pack")] + ".idx"
+    os.makedirs(tmp_dir, exist_ok=True)
+    tmp = os.path.join(tmp_dir, f"index-{os.getpid()}-{os.urandom(6).hex()}.idx")
+    try:
+        write_new_file(tmp, data, durable=True)
+        try:
+            os.link(tmp, final)  # never over an index a writer published meanwhile
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links
+            if not os.path.exists(final):
+                os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    fsync_dir(os.path.dirname(final))
+    return len(names)
+
+
 def _table(block: Block | None) -> tuple[bytes, list[int], list[int], bytes]:
     """A block's slot kinds, starts, ends and stream (none for no block), as
     :meth:`PackSet.read_many` reads them."""
@@ -1885,6 +1946,9 @@ def _in_space(kind: int, data: bytes, bits: int) -> bool:
     return bool(bits & (SPACE_BITS["entries"] if env else SPACE_BITS["contents"] | SPACE_BITS["blobs"]))
 
 
+_ALL_SPACES = SPACE_BITS["entries"] | SPACE_BITS["contents"] | SPACE_BITS["blobs"]
+
+
 def _spaces_of(kind: int, data: bytes) -> int:
     """The spaces of an object read from a pack without its index (which alone records
     them): an envelope slot, or bytes of an envelope's form, is an entry; anything else
@@ -1892,10 +1956,14 @@ def _spaces_of(kind: int, data: bytes) -> int:
     space (every read checks it), so a name in one space too many serves nothing wrong."""
     if kind == KIND_ENVELOPE or FAST_ENVELOPE.fullmatch(data):
         return SPACE_BITS["entries"]
+    if data.startswith(b"{") and envelope_content(data) is not None:
+        return _ALL_SPACES  # an envelope of another form (parents, ...), or a content shaped like one
     return SPACE_BITS["contents"] | SPACE_BITS["blobs"]
 
 
-def salvage_pack(path: str, problems: list[str]) -> Iterator[tuple[bytes, int, bytes]]:
+def salvage_pack(
+    path: str, problems: list[str], *, blocks: list[tuple[int, ...]] | None = None
+) -> Iterator[tuple[bytes, int, bytes]]:
     """Every object a format-2 pack file still holds, read without its index: (raw
     name, spaces, bytes), each name the SHA-256 of the bytes.
 
@@ -1903,7 +1971,9 @@ def salvage_pack(path: str, problems: list[str]) -> Iterator[tuple[bytes, int, b
     (bounded by :data:`MAX_BLOCK` before anything is decompressed), the stream's
     slot table says how many side bytes follow it. A block that does not read ends
     the walk (the blocks after it cannot be found); what could not be read is added
-    to ``problems``. Used by ``pack`` to rebuild what a damaged index lost."""
+    to ``problems``; each block read whole is added to ``blocks`` as its index record
+    (offset, frame size, stream size, side bytes, first ordinal, slots). Used by
+    ``pack`` to rebuild what a damaged or lost index held."""
     rel = path
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -1920,7 +1990,7 @@ def salvage_pack(path: str, problems: list[str]) -> Iterator[tuple[bytes, int, b
         if head != PACK_MAGIC:
             problems.append(f"pack {rel} does not start with the format-2 pack magic; its objects cannot be found without its index")
             return
-        pos, end, block = len(PACK_MAGIC), size - _SUM, 0
+        pos, end, block, first = len(PACK_MAGIC), size - _SUM, 0, 0
         while pos < end:
             where = f"pack {rel} block {block} (offset {pos})"
             header = os.pread(fd, 18, pos)
@@ -1967,6 +2037,8 @@ def salvage_pack(path: str, problems: list[str]) -> Iterator[tuple[bytes, int, b
             except CorruptPackError as exc:
                 problems.append(f"{exc}; the rest of the pack cannot be read")
                 return
+            if blocks is not None:
+                blocks.append((pos, at - pos, raw, side_len, first, count))
             for slot in range(count):
                 try:
                     data = blk.object(slot)
@@ -1974,7 +2046,7 @@ def salvage_pack(path: str, problems: list[str]) -> Iterator[tuple[bytes, int, b
                     problems.append(str(exc))
                     continue
                 yield hashlib.sha256(data).digest(), _spaces_of(blk.kinds[slot], data), data
-            pos, block = at + side_len, block + 1
+            pos, block, first = at + side_len, block + 1, first + count
     finally:
         os.close(fd)
 

@@ -58,7 +58,7 @@ from ...store.state import replay
 from ..base import Space
 from . import FileBackend
 from .log import ZERO_LINK, LogLine, encode_log, encode_record, header_of, read_log, scan_log
-from .sessions import HEADER_LIMIT, FileSessionLog, payload_entry
+from .sessions import HEADER_LIMIT, FileSessionLog, payload_entry, read_summary
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -171,6 +171,10 @@ class RepairReport:
     #: from that copy by the repair (``objects_restored``).
     restorable: list[tuple[str, str]] = field(default_factory=list)
     objects_restored: bool = False
+    #: Of a log that reads whole: objects its entries need that objects/ lacks or holds
+    #: corrupt and the log carries no copy of, as (space, name): a repair of the log
+    #: cannot bring them back (another store holding the session can).
+    unrestorable: list[tuple[str, str]] = field(default_factory=list)
     # What executing the plan writes (not part of the report's public shape).
     _create: dict[str, Any] = field(default_factory=dict, repr=False)
     _records: list[tuple[dict[str, Any], tuple[bytes, bytes] | None]] = field(default_factory=list, repr=False)
@@ -204,6 +208,7 @@ class RepairReport:
             "indexes_fixed": self.indexes_fixed,
             "restorable": [{"space": s, "name": n} for s, n in self.restorable],
             "objects_restored": self.objects_restored,
+            "unrestorable": [{"space": s, "name": n} for s, n in self.unrestorable],
         }
 
 
@@ -927,6 +932,11 @@ class _Planner:
             if entry_id in self.kept:
                 spent = max(spent, s)
         spent = self.recover_from_head(spent, len(lines))
+        claimed = self.seq_index()
+        if claimed > spent:
+            rep.notes.append(f"the session's summary says its log gave out sequence numbers up to {claimed}; "
+                             f"none after {spent} is given out again (entries the log lost may hold them)")
+            spent = claimed
         rep.seq = spent
         rep._kept_seqs = dict(self.kept)
         rep.head = self.head
@@ -968,6 +978,13 @@ class _Planner:
                 return spent
             seen.add(t)
             objs = self.objects(t, None)
+            if isinstance(objs, tuple) and t == target:
+                self.report.notes.append(
+                    f"HEAD names {short_id(target)}, which no record holds and no object proves ({objs[1]}): HEAD "
+                    "itself may be damaged (a changed byte), or the log lost records whose objects went with them; "
+                    "nothing is taken from it, and the head is where the log puts it"
+                )
+                return spent
             if isinstance(objs, tuple):
                 self.report.notes.append(
                     f"HEAD names {short_id(target)}, which no record holds; its ancestor {short_id(t)} cannot be read "
@@ -993,6 +1010,14 @@ class _Planner:
             )
             self.last_head_read = index
         return spent
+
+    def seq_index(self) -> int:
+        """The highest sequence number the session's ``summary`` (an index, used only when
+        its checksum holds) says the log gave out, else 0: more numbers spent than the
+        damage shows costs nothing, one given again could name two entries."""
+        kept = read_summary(_files(self.store).sessions.dir(self.sid))
+        seq = kept[0].get("seq") if kept is not None else None
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else 0
 
     def head_index(self) -> str | None:
         """What the ``HEAD`` index file names, when it names an entry."""

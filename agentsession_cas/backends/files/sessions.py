@@ -88,7 +88,7 @@ from .log import (
 if TYPE_CHECKING:
     from . import FileBackend
 
-__all__ = ["CHECKPOINT_ENTRIES", "FileSessionLog", "FileSessions", "payload_entry", "checkpoint_covers"]
+__all__ = ["CHECKPOINT_ENTRIES", "FileSessionLog", "FileSessions", "payload_entry", "checkpoint_covers", "read_summary"]
 
 #: Appends whose objects live only in the log (their payloads) before a checkpoint
 #: writes them to objects/.
@@ -175,7 +175,7 @@ def _read_index(directory: str, name: str, limit: int, parse: Callable[[bytes], 
     return data if isinstance(data, dict) else None
 
 
-def _read_summary(directory: str) -> tuple[dict[str, Any], list[str]] | None:
+def read_summary(directory: str) -> tuple[dict[str, Any], list[str]] | None:
     """(summary, log identity) from a session's ``summary`` file, or None."""
     data = _read_index(directory, "summary", _SMALL, loads)
     if data is None:
@@ -469,7 +469,7 @@ class FileSessions(SessionStore):
         """``summary``: one checksummed line (as a log record is) holding the domain's
         summary and the log's identity (inode, size, mtime) when it was written; current
         while the log is still that file at that size and time."""
-        kept = _read_summary(self.dir(session_id))
+        kept = read_summary(self.dir(session_id))
         if kept is None:
             return None
         data, ident = kept
@@ -833,7 +833,7 @@ class FileSessionLog(SessionLog):
             self._checkpoint()
 
     def _kept_summary(self) -> dict[str, Any] | None:
-        kept = _read_summary(self.dir)
+        kept = read_summary(self.dir)
         return kept[0] if kept is not None else None
 
     def set_summary(self, summary: Mapping[str, Any]) -> None:

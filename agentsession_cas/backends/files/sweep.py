@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 from ...errors import StoreError
 from ...format.hashing import envelope_content
-from ...fsutil import read_dense
+from ...fsutil import ATOMIC_TMP, read_dense
 from ..base import RepackResult, Retained, RetentionSource
 from .log import LogDamage, read_log, scan_log
 from .objects import FileObjects, Snapshot
@@ -162,6 +162,9 @@ def sweep_objects(
     what was retained)."""
     _check_own_dir(root, "tmp")  # before anything is removed
     with objects.exclusive(wait):
+        # A pack whose index was lost is indexed again first: else its objects are in
+        # no snapshot, and the store stays broken after a sweep that says it is done.
+        lost = objects.index_lost(dry_run)
         # The snapshot first, the logs after it (see the module docstring).
         snapshot = objects.snapshot()
         now = time.time()
@@ -183,12 +186,13 @@ def sweep_objects(
                 return True
             return False
 
-        result = objects._repack(keep, dry_run, snapshot=old, progress=progress)
+        result = lost.joined(objects._repack(keep, dry_run, snapshot=old, progress=progress))
         # The figures before count every file, those left alone too.
         result.packs_before += len(young.packs)
         result.loose_before += len(young.loose)
         result.bytes_before += young.size()
-        tmp_removed = [] if dry_run else _clean_tmp(root, max(grace, TMP_MIN_AGE), now)
+        age = max(grace, TMP_MIN_AGE)
+        tmp_removed = [] if dry_run else _clean_tmp(root, age, now) + _clean_atomic_temps(root, age, now)
         return result, len(young.packs) + len(young.loose), tmp_removed, ret
 
 
@@ -254,6 +258,35 @@ def _clean_tmp(root: str, age: float, now: float) -> list[str]:
             except FileNotFoundError:
                 continue
         removed.append(os.path.join("tmp", name))
+    return removed
+
+
+def _clean_atomic_temps(root: str, age: float, now: float) -> list[str]:
+    """Remove ``.tmp-*`` files older than ``age`` in the session directories: what a crash
+    between :func:`~agentsession_cas.fsutil.write_atomic`'s write and its rename left
+    beside a header, summary, rules file or log (nothing reads them; a write in
+    progress keeps its file's mtime young)."""
+    removed: list[str] = []
+    sessions = os.path.join(root, "sessions")
+    try:
+        sids = sorted(os.listdir(sessions))
+    except OSError:
+        return removed
+    for sid in sids:
+        try:
+            names = sorted(n for n in os.listdir(os.path.join(sessions, sid)) if n.startswith(ATOMIC_TMP))
+        except OSError:
+            continue  # not a directory, or gone meanwhile
+        for name in names:
+            path = os.path.join(sessions, sid, name)
+            try:
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < age:
+                    continue
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            removed.append(os.path.join("sessions", sid, name))
     return removed
 
 

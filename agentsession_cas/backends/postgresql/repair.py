@@ -47,6 +47,9 @@ class _RowPlanner(_Planner):
     def head_index(self) -> str | None:
         return self.row_head if isinstance(self.row_head, str) and is_hash(self.row_head) else None
 
+    def seq_index(self) -> int:
+        return 0  # the file backend's summary file: a database's rows are its only account
+
     def mark_index(self) -> tuple[str, str]:
         if self.row_mark in ("record", "mirror"):
             return self.row_mark, "from the session's row"
