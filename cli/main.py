@@ -18,7 +18,18 @@ from agentsession_cas import __version__
 from agentsession_cas.errors import AgentSessionError, SessionFormatError
 
 from . import terminal
-from .common import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, fail, os_code, os_message, to_devnull, whole_stdout
+from .common import (
+    EXIT_INTERRUPTED,
+    EXIT_PIPE,
+    EXIT_USAGE,
+    end_at_once_after,
+    ended_at_once,
+    fail,
+    os_code,
+    os_message,
+    to_devnull,
+    whole_stdout,
+)
 
 #: Each subcommand: the module of this package that defines it, imported only when
 #: that subcommand runs, and the summary `--help` lists (its docstring's first
@@ -99,6 +110,7 @@ class App(click.Group):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         whole_stdout()  # nothing printed is lost to a short write (a non-blocking pipe)
+        end_at_once_after(False)
         return super().main(*args, **kwargs)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -219,5 +231,18 @@ def main(ctx: click.Context, store_path: str | None, directory: str | None, no_p
     ctx.obj = {"store": store_path}
 
 
+def run() -> None:
+    """The installed ``agentsession`` script: :func:`main`, and a command that said its
+    work is durable and its store closed (:func:`~.common.end_at_once_after`: an import)
+    ends the process at once once it exits 0, its output flushed, rather than after the
+    interpreter has freed its modules and objects one by one. Only here: a program that
+    calls :func:`main` itself (a test's runner, an embedding) goes on after it."""
+    try:
+        main()
+    except SystemExit as exc:
+        ended_at_once(exc.code)
+        raise
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    run()

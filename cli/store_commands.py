@@ -46,7 +46,20 @@ if TYPE_CHECKING:
 
 from agentsession_cas.progress import Progress
 
-from .common import echo, emit_json, fail, note, number, plural, read_stdin, table, whole_pass, write_bytes, write_stream
+from .common import (
+    echo,
+    emit_json,
+    end_at_once_after,
+    fail,
+    note,
+    number,
+    plural,
+    read_stdin,
+    table,
+    whole_pass,
+    write_bytes,
+    write_stream,
+)
 from .terminal import paint, progressing, stdout_is_tty
 from .terminal import start_pager as page
 
@@ -553,6 +566,7 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
         emit_json(facts)
     else:
         echo(str(facts["session"]), fit=None)
+    end_at_once_after()  # the session and its objects are durable, the store closed
 
 
 # ---------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 
@@ -115,3 +117,44 @@ def test_append_loads_the_rules_but_no_reader_nor_maintenance(tmp_path):
     loaded = _loaded_by(["--store", root, "append", sid], stdin=b'{"type":"config","model":"m"}')
     assert "agentsession_cas.format.rules" in loaded  # an append is held to the rule set
     assert not _loads_any(loaded, FILE_READING + ELSEWHERE)
+
+
+def _run_script(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """The installed script's run() with ``argv``, an exit handler that says it ran."""
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('finalized', file=sys.stderr))\n"
+        "from agentsession_cli.main import run\n"
+        f"sys.argv = ['agentsession', *{argv!r}]\n"
+        "run()\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+
+def test_the_script_ends_at_once_after_an_import_and_only_then(tmp_path):
+    """The installed script ends its process at once (no exit handler, no freeing of the
+    interpreter's objects) once an import has exited 0: its output written whole, the
+    session durable and readable by the next process. A refused import, another command,
+    or main() called by a program that goes on after it, end as any process does."""
+    store = str(tmp_path / "s")
+    assert _run_script(["--store", store, "init"]).stderr.endswith("finalized\n")
+    fixture = str(Path(__file__).resolve().parents[1] / "fixtures" / "basic.jsonl")
+    r = _run_script(["--store", store, "import", "--json", fixture])
+    assert r.returncode == 0 and "finalized" not in r.stderr
+    sid = json.loads(r.stdout)["session"]
+    assert _run_script(["--store", store, "verify", sid]).returncode == 0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(Path(fixture).read_bytes() + b"{not json}\n{}\n")
+    r = _run_script(["--store", str(tmp_path / "t"), "import", str(bad)])
+    assert r.returncode == 1 and r.stderr.endswith("finalized\n")
+    assert _run_script(["--store", str(tmp_path / "u"), "init"]).returncode == 0
+    code = (
+        "import sys\n"
+        "from agentsession_cli.main import main\n"
+        "try:\n"
+        f"    main(['--store', {str(tmp_path / 'u')!r}, 'import', {fixture!r}])\n"
+        "except SystemExit as exc:\n"
+        "    print('went on', exc.code)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.endswith("went on 0\n")

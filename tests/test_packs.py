@@ -1508,6 +1508,83 @@ def test_stream_pack_writer_names_a_repeated_object_once_in_every_space_it_came(
     assert os.listdir(tmp_path / "tmp") == []
 
 
+def _stream_index(tmp_path, name, objs, *, end=True):
+    """``objs`` (space, bytes) written by a StreamPackWriter with its thread, ended first
+    when ``end``: the index's bytes, and the process that sorted it (None: sorted here)."""
+    from agentsession_cas.backends.files.packs import StreamPackWriter
+
+    w = StreamPackWriter(str(tmp_path / name), str(tmp_path / "tmp"), threads=1)
+    for space, data in objs:
+        w.add(space, sha256_ref(data), data)
+    if end:
+        w.end()
+    sorter = w._sorter
+    with open(w.finish(), "rb") as f:
+        return f.read(), sorter
+
+
+def test_a_large_stream_packs_index_is_sorted_by_a_process_of_its_own_as_it_would_be_here(tmp_path, monkeypatch):
+    """Once its writer is told no more objects come (an import's pass is over), a pack of
+    SORT_ASIDE_AT objects or more has its index sorted by a process of its own
+    (packindex.py, run as a script), on the core the line helper has left, while the import
+    writes its session: the index is the very one this process makes, repeats and
+    spaces merged alike; one finished without that end, or whose environment keeps a pass
+    in one process, is sorted here; and the sorting process is reaped."""
+    from agentsession_cas.backends.files.packs import StreamPackWriter
+
+    objs = [("contents", blob(i)) for i in range(400)]
+    objs += [("contents", blob(7)), ("entries", blob(9)), ("blobs", blob(9))]
+    monkeypatch.setattr(StreamPackWriter, "SORT_ASIDE_AT", 1 << 30)
+    here, sorter = _stream_index(tmp_path, "here", objs)
+    assert sorter is None
+    monkeypatch.setattr(StreamPackWriter, "SORT_ASIDE_AT", 100)
+    monkeypatch.setenv("AGENTSESSION_VERIFY_PROCESSES", "2")
+    aside, sorter = _stream_index(tmp_path, "aside", objs)
+    assert sorter is not None and sorter.returncode == 0
+    assert aside == here
+    assert Pack(str(next((tmp_path / "aside").glob("*.idx")))).count == 400
+    assert _stream_index(tmp_path, "unended", objs, end=False) == (here, None)
+    monkeypatch.setenv("AGENTSESSION_VERIFY_PROCESSES", "1")
+    assert _stream_index(tmp_path, "one", objs) == (here, None)
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+_WRITES = "import os, sys; fd, n = int(sys.argv[1]), int(sys.argv[2]); os.pwrite(fd, {!r}, 33 * n)"
+
+
+@pytest.mark.parametrize("script", [
+    "",
+    _WRITES.format(bytes(1100)),  # no records
+    _WRITES.format((5).to_bytes(4, "big") + bytes(1024 + 36 * 4)),  # fewer than it says
+    _WRITES.format((301).to_bytes(4, "big") + bytes(1024 + 36 * 301)),  # more than there are objects
+    "import sys; sys.exit(3)",
+])
+def test_an_index_sorting_process_that_fails_leaves_the_index_to_this_process(tmp_path, monkeypatch, script):
+    """The sorting process is only an accelerator: one that cannot run (no such script),
+    writes what are no records for these objects, or fails, leaves the index to be
+    sorted here, the same index; an abort after the end ends it and removes the pack."""
+    from agentsession_cas.backends.files.packs import StreamPackWriter
+
+    objs = [("contents", blob(i)) for i in range(300)]
+    here, _ = _stream_index(tmp_path, "here", objs)
+    fake = tmp_path / "sorter.py"
+    fake.write_text(script)
+    monkeypatch.setattr(packs_mod.packindex, "__file__", str(fake if script else tmp_path / "missing.py"))
+    monkeypatch.setattr(StreamPackWriter, "SORT_ASIDE_AT", 100)
+    monkeypatch.setenv("AGENTSESSION_VERIFY_PROCESSES", "2")
+    got, sorter = _stream_index(tmp_path, "failed", objs)
+    assert sorter is not None and got == here
+    assert sorter.returncode == (0 if "pwrite" in script else 3 if script else 2)
+    w = StreamPackWriter(str(tmp_path / "aborted"), str(tmp_path / "tmp"), threads=1)
+    for space, data in objs:
+        w.add(space, sha256_ref(data), data)
+    w.end()
+    sorter = w._sorter
+    w.abort()
+    assert sorter is not None and sorter.returncode is not None
+    assert os.listdir(tmp_path / "tmp") == [] and not (tmp_path / "aborted").exists()
+
+
 def _written(w, objs, rng, most):
     """``objs`` (space, bytes) added to pack writer ``w`` one by one (``rng`` None) or in
     batches of 1 to ``most`` (add_many), and the pack finished: its index's path."""
@@ -1659,7 +1736,7 @@ def test_blocks_compressed_many_at_once_are_the_frames_compressed_one_by_one():
 def test_merging_repeated_records_keeps_the_first_slot_with_every_space():
     """Sorted index records with repeats (runs of two or three, side by side or at either
     end) become one record each, as a one-by-one merge makes them."""
-    from agentsession_cas.backends.files.packs import _merge_repeats
+    from agentsession_cas.backends.files.packindex import merge_repeats as _merge_repeats
 
     def one_by_one(names, wheres):
         kept, out = [], []

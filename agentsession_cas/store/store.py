@@ -989,9 +989,10 @@ class _TakenImport:
         return own
 
     def own(self) -> EntryDigests:
-        """:meth:`own_ids` as digests."""
+        """:meth:`own_ids` as digests, none twice: the reader hands on an id the file
+        repeats once (the tree rule), so the created log need not look for a repeat."""
         # (computed ids, every one: a line whose stated id differs was skipped)
-        return EntryDigests(bytes.fromhex("".join(self.own_ids()).replace(HASH_PREFIX, "")))
+        return EntryDigests(bytes.fromhex("".join(self.own_ids()).replace(HASH_PREFIX, "")), unrepeated=True)
 
     def entry(self, entry_id: str) -> tuple[str | None, bool]:
         """An entry's parent and whether it is a leaf label (what the head rule walks up by):

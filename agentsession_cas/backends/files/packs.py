@@ -70,6 +70,7 @@ import os
 import re
 import stat
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -85,6 +86,7 @@ from ...errors import CorruptPackError, StoreError
 from ...format.hashing import FAST_ENVELOPE, envelope_content, is_hash
 from ...fsutil import fsync_dir, write_all, write_new_file
 from ..base import ReadyBlock
+from . import packindex
 
 if TYPE_CHECKING:  # loaded when a read first reads ahead: a command that does not, does not load it
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -132,7 +134,7 @@ KIND_PLAIN, KIND_ENVELOPE, KIND_SIDE = 0, 1, 2
 MAX_OBJECTS = 1 << 29
 
 _HEAD = struct.Struct(">II")
-_FANOUT = struct.Struct(">256I")
+_FANOUT = packindex.FANOUT
 _WHERE_V1 = struct.Struct(">IIIB")
 _BLOCK_V1 = struct.Struct(">QII")
 _WHERE = struct.Struct(">I")
@@ -1213,10 +1215,11 @@ class PackWriter:
         self._seal_pack(pack_sum)
         return pack_sum
 
-    def _publish(self, pack_sum: bytes, names: list[bytes], wheres: list[int]) -> str:
-        """Write the index of the pack ended (``names`` sorted, each one's record), make it
-        durable and rename both into place; the index's path."""
-        idx = index_bytes(names, wheres, self._blocks, pack_sum)
+    def _publish(self, pack_sum: bytes, count: int, records: bytes) -> str:
+        """Write the index of the pack ended (its ``count`` records, laid out by
+        :func:`~.packindex.records`), make it durable and rename both into place; the
+        index's path."""
+        idx = index_bytes(count, records, self._blocks, pack_sum)
         fd = os.open(self._tmp + ".idx", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             write_all(fd, idx)
@@ -1234,10 +1237,11 @@ class PackWriter:
         fsync_dir(self.pack_dir)
         return final + ".idx"
 
-    def _index(self) -> tuple[list[bytes], list[int]]:
-        """The index's records: the raw names in order, and each one's slot and spaces."""
+    def _index(self) -> tuple[int, bytes]:
+        """The index's records (their count, :func:`~.packindex.records`): the raw names
+        in order, and each one's slot and spaces."""
         names = sorted(self._objects)
-        return names, list(map(self._objects.__getitem__, names))
+        return len(names), packindex.records(names, list(map(self._objects.__getitem__, names)))
 
     def abort(self) -> None:
         self._shutdown()
@@ -1281,6 +1285,11 @@ class StreamPackWriter(PackWriter):
     #: and batches handed over and not yet written, at most.
     HAND_AT = 4
     IN_FLIGHT = 2
+    #: The fewest objects whose index :meth:`end` has a process of its own sort (where the
+    #: environment lets a pass take a helper process): its start (a few milliseconds of the
+    #: other core) is worth it past tens of thousands of names, which take this process
+    #: about half a microsecond each to sort (0.1 s for an import of 100,000 entries).
+    SORT_ASIDE_AT = 1 << 16
 
     def __init__(self, pack_dir: str, tmp_dir: str, *, level: int = STREAM_LEVEL, threads: int = 0):
         import tempfile
@@ -1292,6 +1301,7 @@ class StreamPackWriter(PackWriter):
         self._thread: threading.Thread | None = None
         self._ended: bytes | BaseException | None = None  # what the thread's end of the pack gave
         self._told = self._aborting = False  # the thread told to end the pack; an abort under way
+        self._sorter: subprocess.Popen[bytes] | None = None  # the process sorting the index (see end)
         if threads > 0:
             import queue
 
@@ -1368,13 +1378,69 @@ class StreamPackWriter(PackWriter):
     def end(self) -> None:
         """No more objects come: the writer's thread ends the pack now (its last blocks,
         its checksum, its fsync) beside what the caller does next, and :meth:`finish`
-        then only sorts the index and publishes both (without a thread, it does it all)."""
+        then only sorts the index and publishes both (without a thread, it does it all).
+        Of :data:`SORT_ASIDE_AT` objects or more, the index is sorted meanwhile by a
+        process of its own (:meth:`_sort_aside`), on the core the import's line helper
+        has left, and :meth:`finish` only writes it."""
         if self._thread is None or self._told:
             return
+        self._tell_end()
+        self._sorter = self._sort_aside()
+
+    def _tell_end(self) -> None:
+        """The last blocks handed to the writer's thread, and it told to end the pack."""
         self._cut()
         self._hand_batch()
         self._jobs.put(None)
         self._told = True
+
+    def _sort_aside(self) -> subprocess.Popen[bytes] | None:
+        """Start :mod:`.packindex` as a script on the names file, the space bits written
+        after the names (None when it is not worth it, not allowed, or cannot start: the
+        index is then sorted here). It reads them and writes the records after them, at
+        offsets, by a descriptor of its own."""
+        from ...format import parallel
+
+        count = len(self)
+        # (allowed as a large file's pass is given a helper: not under
+        # AGENTSESSION_VERIFY_PROCESSES=1, nor for a process with one core)
+        if count < self.SORT_ASIDE_AT or not parallel.wanted(parallel.MIN_BYTES, None):
+            return None
+        try:
+            self._names.write(self._spaces)
+            self._names.flush()
+            fd = self._names.fileno()
+            return subprocess.Popen(
+                [sys.executable, "-I", "-S", packindex.__file__, str(fd), str(count)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(fd,),
+            )
+        except (OSError, ValueError):
+            return None
+
+    def _sorted_aside(self) -> tuple[int, bytes] | None:
+        """The records :meth:`_sort_aside`'s process wrote, once it has ended (None when
+        there is none, or it failed or wrote anything but records for these objects)."""
+        proc, self._sorter = self._sorter, None
+        if proc is None:
+            return None
+        from ...format import parallel
+
+        try:
+            proc.wait(timeout=parallel.STALL)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            _end_process(proc)
+        if proc.returncode != 0:
+            return None
+        fd, at = self._names.fileno(), 33 * len(self)
+        head = os.pread(fd, packindex.COUNT.size, at)
+        if len(head) != packindex.COUNT.size:
+            return None
+        (count,) = packindex.COUNT.unpack(head)
+        size = _FANOUT.size + 36 * count
+        records = os.pread(fd, size, at + packindex.COUNT.size) if 0 < count <= len(self) else b""
+        return (count, records) if len(records) == size else None
 
     def finish(self) -> str:
         if not len(self):
@@ -1382,14 +1448,18 @@ class StreamPackWriter(PackWriter):
             raise StoreError("refusing to write an empty pack")
         if self._thread is None:
             return super().finish()
-        self.end()  # the thread ends the pack (its last blocks, checksum, fsync) ...
-        index = self._index()  # ... while this one sorts the index
+        if not self._told:
+            self._tell_end()  # the thread ends the pack (its last blocks, checksum, fsync) ...
+        index = self._index()  # ... while this one sorts the index (or :meth:`end`'s process did)
         pack_sum = self._stop()
         assert pack_sum is not None
         return self._publish(pack_sum, *index)
 
     def abort(self) -> None:
         self._aborting = True
+        if self._sorter is not None:
+            _end_process(self._sorter)
+            self._sorter = None
         try:
             self._stop()
         except StoreError:
@@ -1451,23 +1521,28 @@ class StreamPackWriter(PackWriter):
     def copy_pack(self, pack: Pack) -> None:
         raise TypeError("a StreamPackWriter takes objects, not packs")
 
-    def _index(self) -> tuple[list[bytes], list[int]]:
-        """The records from the names read back: the slots sorted by name (a stable sort:
-        a repeat's first copy first), no tuple made of each; an object that came more than
-        once is one record with every space its copies came in."""
+    def _index(self) -> tuple[int, bytes]:
+        """The records (their count, :func:`~.packindex.records`) from the names read back,
+        as :func:`~.packindex.slot_records` makes them: by the process :meth:`end` started
+        when it answered, else here."""
+        aside = self._sorted_aside()
+        if aside is not None:
+            self._names.close()
+            return aside
         self._names.seek(0)
-        data = self._names.read()
-        self._names.close()
         count = len(self._spaces)
+        data = self._names.read(32 * count)  # (the space bits may follow: see _sort_aside)
+        self._names.close()
         if len(data) != 32 * count:
             raise StoreError(f"the names of a pack being written read back as {len(data)} bytes, not {32 * count}")
-        raws = [data[i : i + 32] for i in range(0, len(data), 32)]
-        del data
-        order = sorted(range(count), key=raws.__getitem__)
-        names = list(map(raws.__getitem__, order))
-        del raws
-        spaces = self._spaces
-        return _merge_repeats(names, [slot << 3 | spaces[slot] for slot in order])
+        return packindex.slot_records(data, self._spaces)
+
+
+def _end_process(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a process this module started (unless it has ended) and reap it."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
 
 
 #: A block handed to the writer's thread: (a stream to compress, -1) or (its frame, the
@@ -1540,32 +1615,6 @@ def _compress_many(cctx: zstandard.ZstdCompressor) -> Callable[[list[bytes]], Se
     if many is None:
         return lambda streams: [cctx.compress(stream) for stream in streams]
     return lambda streams: list(many(streams, threads=0)) if streams else []
-
-
-def _merge_repeats(names: list[bytes], wheres: list[int]) -> tuple[list[bytes], list[int]]:
-    """Sorted records (the copies of a name in slot order) with a name repeated made one
-    each: the first copy's slot, with every space the copies came in. Only the repeats
-    are visited, the rest copied in slices: a file may hold a few identical contents
-    among 100,000 entries."""
-    again = list(itertools.compress(range(1, len(names)), map(operator.eq, names, itertools.islice(names, 1, None))))
-    if not again:
-        return names, wheres
-    first, last = 0, -2
-    for i in again:  # a run of copies at j, j + 1, ...: every one after j is in again
-        if i != last + 1:
-            first = i - 1
-        wheres[first] |= wheres[i] & 7
-        last = i
-    kept: list[bytes] = []
-    out: list[int] = []
-    start = 0
-    for i in again:
-        kept += names[start:i]
-        out += wheres[start:i]
-        start = i + 1
-    kept += names[start:]
-    out += wheres[start:]
-    return kept, out
 
 
 class PackSet:
@@ -1857,17 +1906,14 @@ class PackSet:
 _ENVELOPE_HEAD = b'{"content":"'
 
 
-def index_bytes(names: Sequence[bytes], wheres: Sequence[int], blocks: Sequence[tuple[int, ...]], pack_sum: bytes) -> bytes:
-    """A format-2 index: ``names`` ascending, each one's record (ordinal << 3 | spaces),
-    the pack's block records and its checksum, then the index's own checksum."""
-    # objects whose first byte <= i: those sorting before the byte after i
-    fanout = [bisect_left(names, bytes((i + 1,))) for i in range(255)] + [len(names)]
+def index_bytes(count: int, records: bytes, blocks: Sequence[tuple[int, ...]], pack_sum: bytes) -> bytes:
+    """A format-2 index: its ``count`` records as :func:`~.packindex.records` lays them out
+    (fan-out, names ascending, each one's ordinal << 3 | spaces), the pack's block records
+    and its checksum, then the index's own checksum."""
     body = b"".join([
         IDX_MAGIC,
-        _HEAD.pack(len(names), len(blocks)),
-        _FANOUT.pack(*fanout),
-        b"".join(names),
-        struct.pack(f">{len(names)}I", *wheres),
+        _HEAD.pack(count, len(blocks)),
+        records,
         b"".join(_BLOCK.pack(*b) for b in blocks),
         pack_sum,
     ])
@@ -1910,7 +1956,7 @@ def index_pack(path: str, tmp_dir: str) -> int:
         if raw not in records:  # a repeat (a merge keeps both slots): the index names the first
             records[raw] = ordinal << 3 | bits
     names = sorted(records)
-    data = index_bytes(names, [records[n] for n in names], blocks, pack_sum)
+    data = index_bytes(len(names), packindex.records(names, [records[n] for n in names]), blocks, pack_sum)
     final = path[: -len(".pack")] + ".idx"
     os.makedirs(tmp_dir, exist_ok=True)
     tmp = os.path.join(tmp_dir, f"index-{os.getpid()}-{os.urandom(6).hex()}.idx")
