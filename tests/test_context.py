@@ -40,6 +40,7 @@ from agentsession_cas import (
     verify_requests,
     verify_response,
 )
+from agentsession_cas.format.canonical import member_order
 from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
     context_hash_step,
@@ -570,6 +571,42 @@ def test_request_split_matches_canonical_bytes_for_any_extra_keys(extra):
     r = p.add("response", response_id="none-of-these")
     b.push(r)
     assert b.response_hash() == sha(canonical_request(s, items))
+
+
+_TOOL_A = {"type": "function", "name": "a", "parameters": {"type": "object"}}
+_TOOL_B = {"type": "function", "name": "b", "description": "caf\u00e9 \U0001f600"}
+#: Config deltas a path may replay, in any order: each changes one member of the request
+#: or several, or none (a delta of ``tools`` in ``extra`` while no tool is set, too).
+_DELTAS = [
+    {"model": "m1"},
+    {"model": "m2"},
+    {"instructions": "be brief"},
+    {"tools_added": [_TOOL_A]},
+    {"tools_added": [_TOOL_B]},
+    {"tools_removed": ["a", "b"]},
+    {"extra": {"temperature": 0.5}},
+    {"extra": {"temperature": None, "tools": ["from extra"]}},
+    {"extra": {"tools": ["from extra too"]}},
+    {"extra": {"tools": None, "\U0001f600": 1, "ab": "x"}},
+    {"reasoning": {"effort": "low"}},
+    {"text": {"format": "plain"}},
+    {"replace": True, "model": "m3"},
+    {},
+]
+
+
+@given(st.lists(st.sampled_from(range(len(_DELTAS))), max_size=12))
+@hsettings(max_examples=200, deadline=None)
+def test_request_split_of_derived_settings_is_each_ones_canonical_bytes(order):
+    # Settings derived from one another share the bytes of the members they share: the
+    # split of each is still the canonical bytes of its own members.
+    s = Settings()
+    for i in order:
+        s = s.apply(_DELTAS[i])
+        members = s.request_members()
+        before = {k: v for k, v in members.items() if member_order(k) < member_order("input")}
+        after = {k: v for k, v in members.items() if member_order(k) > member_order("input")}
+        assert s.request_split() == (canonical_bytes(before)[1:-1], canonical_bytes(after)[1:-1])
 
 
 def test_a_compaction_among_a_responses_outputs_is_rebuilt_from_scratch():

@@ -28,6 +28,7 @@ import json
 import math
 import re
 import threading
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -40,6 +41,7 @@ __all__ = [
     "loads_flagged",
     "loads_canonical",
     "canonical_bytes",
+    "canonical_members",
     "canonical_str",
     "canonical_str_reference",
     "number_to_json",
@@ -295,6 +297,13 @@ def _plain(value: dict, names: bool) -> bool:
 def member_order(name: str) -> bytes:
     """The key JCS orders member names by: their UTF-16 code units."""
     return name.encode("utf-16-be", "surrogatepass")
+
+
+def canonical_members(members: Mapping[str, bytes]) -> bytes:
+    """The canonical bytes of an object's members, braces left out, from each member
+    value's own canonical bytes: RFC 8785 writes every value alike wherever it stands, so
+    one encoded once serves each object holding it (a request's tools, say)."""
+    return b",".join(canonical_bytes(name) + b":" + members[name] for name in sorted(members, key=member_order))
 
 
 _encode_str = json.encoder.encode_basestring

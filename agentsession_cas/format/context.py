@@ -37,7 +37,7 @@ from typing import Any
 from ..errors import AgentSessionError, ContextError, Problem
 from ..lean import dataclass
 from . import resumable
-from .canonical import canonical_bytes
+from .canonical import canonical_bytes, canonical_members, member_order
 from .entry import ENTRY_ID, Entry, short_id
 from .hashing import HASH_PREFIX, is_hash, sha256_ref
 
@@ -363,11 +363,7 @@ class Omit:
 # settings
 
 
-def _utf16(key: str) -> bytes:
-    return key.encode("utf-16-be", "surrogatepass")
-
-
-_INPUT_KEY = _utf16("input")
+_INPUT_KEY = member_order("input")
 
 
 class Settings:
@@ -382,7 +378,7 @@ class Settings:
 
     __slots__ = (
         "model", "instructions", "parts", "omitted", "omit", "reasoning", "text", "tools", "extra",
-        "_history", "_lists", "_split",
+        "_history", "_lists", "_split", "_encoded",
     )
 
     def __init__(self) -> None:
@@ -401,12 +397,19 @@ class Settings:
         # config entry id -> the omitted list it put in force (for ``of``).
         self._lists: dict[str, tuple[OmittedElement, ...]] = {}
         self._split: tuple[bytes, bytes] | None = None
+        # request member -> (the value it was encoded from, its canonical bytes), shared by
+        # the settings a path derives from these: a config changing one member (a
+        # temperature) leaves the others' objects as they were, tools and instructions
+        # often most of a request, and their bytes are not made again (see request_split).
+        self._encoded: dict[str, tuple[Any, bytes]] = {}
 
     def _copy(self) -> Settings:
         s = Settings.__new__(Settings)
         for name in Settings.__slots__:
             setattr(s, name, getattr(self, name))
         s._split = None
+        if self is EMPTY_SETTINGS:
+            s._encoded = {}  # (a path's own, not every path's since the process began)
         return s
 
     # -- replay -------------------------------------------------------------
@@ -570,10 +573,17 @@ class Settings:
         """The canonical bytes of the request's members that sort before ``input`` and of
         those after it (RFC 8785 sorts by UTF-16 code units), without braces. Cached."""
         if self._split is None:
-            members = self.request_members()
-            before = {k: v for k, v in members.items() if _utf16(k) < _INPUT_KEY}
-            after = {k: v for k, v in members.items() if _utf16(k) > _INPUT_KEY}
-            self._split = (canonical_bytes(before)[1:-1], canonical_bytes(after)[1:-1])
+            encoded = self._encoded
+            halves: tuple[dict[str, bytes], dict[str, bytes]] = ({}, {})
+            for name, value in self.request_members().items():
+                # (``tools`` is a list made anew from the tuple each time: the tuple is the
+                # value's identity; an ``extra`` member named so stands for itself)
+                source = self.tools if name == "tools" and self.tools else value
+                held = encoded.get(name)
+                if held is None or held[0] is not source:
+                    held = encoded[name] = (source, canonical_bytes(value))
+                halves[member_order(name) > _INPUT_KEY][name] = held[1]
+            self._split = (canonical_members(halves[0]), canonical_members(halves[1]))
         return self._split
 
     def __repr__(self) -> str:
