@@ -677,26 +677,32 @@ class PathChecker:
         """Push ``e`` (of type ``t``, read from it when not given) on the path."""
         if t is None:
             t = e.data.get("type")
-        self._depth[e.id] = len(self.path)
-        self.path.append(e)
+        path = self.path
+        self._depth[e.id] = len(path)
+        path.append(e)
         w = self.walker
-        b = self.builder
         w.push(e, t)
-        b.push(e, t)
+        self.builder.push(e, t)
+        if t == "response" or t == "compaction" or t == "config":  # (the rest bring nothing more here)
+            self._pushed(e, t)
+        run = w.run
+        if run is not None and w.open_unjudged() is not None:
+            self._open[e.id] = (run.start, run.run_id)
+
+    def _pushed(self, e: Entry, t: str) -> None:
+        """What pushing a response, a compaction or a config found beyond the walker's: a
+        response's request hash, a ``first_kept`` naming nothing, an ``of`` unresolved."""
+        b = self.builder
         if t == "response":
             if e.id not in self.requests:
                 self._check_response(e)
         elif t == "compaction":
             if b.error is not None:
                 self._keep(e, "first_kept", b.error)
-        elif t == "config":
-            if b.unresolved_of is not None:
-                self._keep(e, "of", f"config {shown_id(e.id)}: an omitted keep names the list of config "
-                           f"{json.dumps(b.unresolved_of)}, which its path cannot resolve; the element is kept as "
-                           "written, which is not corruption")
-        run = w.run
-        if run is not None and w.open_unjudged() is not None:
-            self._open[e.id] = (run.start, run.run_id)
+        elif b.unresolved_of is not None:
+            self._keep(e, "of", f"config {shown_id(e.id)}: an omitted keep names the list of config "
+                       f"{json.dumps(b.unresolved_of)}, which its path cannot resolve; the element is kept as "
+                       "written, which is not corruption")
 
     def _pop(self) -> None:
         e = self.path.pop()
@@ -783,8 +789,9 @@ class PathChecker:
             if parent.__class__ is not str:
                 parent = entry.parent  # (Entry.parent's reading of anything else)
             held = parent is not None and parent in seq  # before this entry is: it may name itself
-            seq[eid] = len(self._order)
-            self._order.append(eid)
+            order = self._order
+            seq[eid] = len(order)
+            order.append(eid)
             if self._entries is not None:
                 self._entries[eid] = entry
             if self._trial is not None:
@@ -800,10 +807,10 @@ class PathChecker:
                     self._cut[eid] = f"its path is cut: parent {shown_id(parent)} of line {entry.line} is not in the file"
                 self._goto(None)
             t = data.get("type")
-            walker = self.walker
             if prefix:
-                walker.foreign.add(eid)
-            walker.register(entry, t)
+                self.walker.foreign.add(eid)
+            if t == "item" or t == "dispatch":  # (the types the session-wide call facts read)
+                self.walker.register(entry, t)
             self._push(entry, t)
         finally:
             self._out = None

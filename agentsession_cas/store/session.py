@@ -515,9 +515,15 @@ class Session:
 
     def _summarize(self, entry: Entry | None) -> None:
         """Feed an entry just written, when the builder has every one before it."""
-        b = self._builder
-        if b is not None and entry is not None and b.count == len(self.state.log_order) - 1:
+        b = self._builder_at(len(self.state.log_order) - 1)
+        if b is not None and entry is not None:
             b.feed(entry)
+
+    def _builder_at(self, count: int) -> SummaryBuilder | None:
+        """The summary's builder when it holds the first ``count`` own entries: every one
+        before the next to feed it."""
+        b = self._builder
+        return b if b is not None and b.count == count else None
 
     # -- the rules ------------------------------------------------------------------------
 
@@ -829,7 +835,8 @@ class Session:
             seq, eid, new_head, head_moved=moved, leaf_label=is_leaf_label, lazy=not durable_now,
             objects=(e.content_hash, content, env),
         )
-        res = AppendResult(eid, outcome, new_head, durable_now, seq, self._unresolved(e, added), note, findings, notes)
+        unresolved = [] if _NAMING.isdisjoint(data) else self._unresolved(e, added)  # (the common entry names nothing)
+        res = AppendResult(eid, outcome, new_head, durable_now, seq, unresolved, note, findings, notes)
         return _Planned(e, content, env, res, record)
 
     def discard_prepared(self) -> None:
@@ -903,11 +910,13 @@ class Session:
             for p in planned:
                 if p.record is not None:
                     p.result.durable = True
-        self._raise_format()
+        if not self._format_raised:
+            self._raise_format()
         note = self.log.write(records, commit=commit)
         state = self.state
         own, log_order = state.own, state.log_order
         hashes = self._context_hashes
+        builder = self._builder_at(len(log_order))  # (fed these when it holds every one before them)
         for p in planned:
             if p.record is None:
                 continue
@@ -921,7 +930,8 @@ class Session:
                 state.head = r.head
             if hashes is not None:
                 hashes.feed(p.entry)
-            self._summarize(p.entry)
+            if builder is not None:
+                builder.feed(p.entry)
             successor = _continued_in(p.entry.data)
             if successor is not None:
                 self._successor, self._successor_known = successor, True
@@ -940,14 +950,16 @@ class Session:
         """
         # prepare and commit of a batch of one, without the batch: its entry planned
         # as prepare plans each, written as commit writes a batch's
-        self._check_writable("appends")
+        if self._closed or self.log.stopped or not self.writable or self.state.mark != "record":
+            self._check_writable("appends")  # (which says why)
         if self._pending is not None:
             self._drop_pending()
-        checker = self.rules()
+        checker = self._checker if self._checker is not None else self.rules()
         trial = checker.begin()
         try:
             state = self.state
-            p = self._plan(entry, state.head, state.max_seq, _NOTHING_ADDED, self.superseded_by, checker, durable)
+            successor = self._successor if self._successor_known else self.superseded_by
+            p = self._plan(entry, state.head, state.max_seq, _NOTHING_ADDED, successor, checker, durable)
             self._write_planned((p,), None)
         except BaseException:
             self._checker_rollback(trial)
@@ -959,7 +971,7 @@ class Session:
         """References RFC 0002 lets a store report and not refuse: ones it cannot resolve
         (among the session's own entries, the batch's so far, and the prefix)."""
         data = e.data
-        if _NAMING.isdisjoint(data):  # the common entry names nothing: one set operation, no set made
+        if _NAMING.isdisjoint(data):
             return []
         names: list[str] = []
         if "parents" in data:
