@@ -1193,12 +1193,13 @@ class ContextBuilder:
         self._raw.truncate(undos[0][1])
         self.unresolved_of = None
 
-    def settings_positions(self) -> list[int]:
-        """The places on the path of the config and compaction entries the settings in force
-        fold (from the last compaction on): :func:`replay_settings` of those entries gives
-        :attr:`settings`. (Read from the undo records: no entry is read.)"""
+    def settings_positions(self, start: int = 0) -> list[int]:
+        """The places on the path, from ``start`` on, of the config and compaction entries the
+        settings in force fold (from the last compaction on): :func:`replay_settings` of
+        those entries gives :attr:`settings`. (Read from the undo records: no entry is read.)"""
         undo = self._undo
-        start = self.compaction[0] if self.compaction is not None else 0
+        if self.compaction is not None:
+            start = max(start, self.compaction[0])
         return [i for i in range(start, len(undo)) if len(undo[i]) > 2]
 
     def extend(self, entries: Iterable[Entry]) -> ContextBuilder:

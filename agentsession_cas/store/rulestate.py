@@ -416,7 +416,8 @@ class _RestoredBuilder(ContextBuilder):
         if self.settings_ids is None:
             return None
         path = self.path
-        return [*self.settings_ids, *(path[i].id for i in self.settings_positions() if i >= self.floor)]
+        # (from the tip down only: a scan of the path above it costs a close ~5 ms at 100,000)
+        return [*self.settings_ids, *(path[i].id for i in self.settings_positions(self.floor))]
 
     def _outputs(self, end: int, rid: str | None) -> tuple[int, bool]:
         if rid is None:
