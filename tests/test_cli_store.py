@@ -877,7 +877,8 @@ def test_an_object_that_is_no_regular_file_is_corrupt_not_a_hang(store, kind):
 
 def test_verify_of_a_damaged_session_names_it_once(store):
     """A head record naming an entry no append holds (its checksum good): verify says
-    what is wrong as `ID: record N: ...`, naming the session once, code session-damaged."""
+    what is wrong as `ID: record N: ...`, naming the session once, with the code fsck gives
+    the same fault (head-rule)."""
     from agentsession_cas.backends.files.log import encode_record
 
     new_session(store, "s1", 2)
@@ -892,7 +893,7 @@ def test_verify_of_a_damaged_session_names_it_once(store):
     assert first.startswith("s1: record ") and "which no append of the log holds" in first, first
     assert first.count("s1") == 1
     codes = [p["code"] for p in json.loads(cli(store, "verify", "s1", "--json").stdout)["problems"]]
-    assert "session-damaged" in codes
+    assert codes == ["head-rule"]
     assert "refuses writes until repaired" in cli(store, "export", "s1").stderr
 
 
