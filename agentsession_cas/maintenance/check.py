@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import FsckReport
+from ..backends.base import FsckProblem, FsckReport
 from ..errors import (
     AgentSessionError,
     CorruptObjectError,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..store.session import Session
     from ..store.store import Store
 
-__all__ = ["StoredCheck", "check_sessions", "verify_stored"]
+__all__ = ["StoredCheck", "check_sessions", "findings", "verify_stored"]
 
 
 @dataclass
@@ -219,6 +219,14 @@ def _check_projection(session: Session, report: VerifyReport | SessionFormatErro
         ))
 
 
+def findings(check: StoredCheck) -> list[FsckProblem]:
+    """A stored session's problems as fsck's findings (the shape fsck, pack, sweep and
+    stats print), each naming the session."""
+    sid = check.session
+    return [FsckProblem("error", p["code"], f"session {sid}: {p['message']}", session=sid, object=p.get("entry"))
+            for p in check.problems]
+
+
 def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str], None] | None = None) -> None:
     """fsck's walk over the seam: every session verified as :func:`verify_stored` does
     (its objects and log; the projection's rules only under ``deep``, as fsck's are)."""
@@ -232,7 +240,6 @@ def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str]
         except NoSuchSessionError:
             report.counts["sessions"] -= 1  # deleted since it was listed: nothing to check
             continue
-        for p in check.problems:
-            report.add("error", p["code"], f"session {sid}: {p['message']}", session=sid, object=p.get("entry"))
+        report.problems.extend(findings(check))
         for n in check.notes:
             report.add("note", "verify", f"session {sid}: {n}", session=sid)  # verify's remarks, as --deep's
