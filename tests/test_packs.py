@@ -1043,7 +1043,7 @@ def test_pack_leaves_loose_an_object_a_writer_finishes_while_the_pack_reads(root
     assert r.exit_code == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["ok"] is True and not out["problems"], out
-    assert len(reads) == 2 and any(n in note and "being written" in note for note in out["notes"]), out
+    assert len(reads) == 2 and any(n in note["message"] and "being written" in note["message"] for note in out["notes"]), out
     assert lp.read_bytes() == d and loose_files(root) == [lp]  # left loose, whole
     verify_all(root, exported)
 
@@ -1062,8 +1062,8 @@ def test_pack_rebuilds_a_lost_index_from_its_pack(root):
     assert r.exit_code == 0, r.stdout
     out = json.loads(r.stdout)
     assert out["ok"] and out["problems"] == [] and out["packs_before"] == 1
-    [note] = [n for n in out["notes"] if "index" in n]
-    assert f"objects/pack/{idx.name}" in note and "rebuilt from its pack" in note
+    [note] = [n for n in out["notes"] if n["code"] == "index-rebuilt"]
+    assert note["file"] == f"objects/pack/{idx.name}" and "rebuilt from its pack" in note["message"]
     verify_all(root, exported)
     r = cli(root, "fsck", "--json")
     report = json.loads(r.stdout)

@@ -692,7 +692,7 @@ def test_sweep_removes_the_blocks_no_row_names_any_more(store, url, big):
     store.delete("big")
     assert store.sweep(grace=0, dry_run=True).repack.dropped == 2200 and sql(url, "SELECT count(*) FROM blocks")[0][0] >= 2
     res = store.sweep(grace=0)
-    assert res.repack.dropped == 2200 and any("block(s)" in n for n in res.repack.notes)
+    assert res.repack.dropped == 2200 and any("block(s)" in n.message for n in res.repack.notes)
     assert sql(url, "SELECT count(*) FROM blocks") == [(0,)]
     assert all(store.entry(e).id == e for e in kept)
     assert fsck(store).ok
@@ -784,7 +784,7 @@ def test_sweep_keeps_an_object_written_again_while_it_decides(store):
 
     res, _, _, _ = backend.sweep_objects(compute, grace=0, dry_run=False, wait=0, progress=None)
     assert res.dropped == 0 and store.objects.exists("blobs", name)
-    assert any("written or held again" in n for n in res.notes)
+    assert any("written or held again" in n.message for n in res.notes)
 
 
 def test_a_fork_holds_its_prefix_for_the_grace_with_one_row(store, url):
@@ -848,7 +848,7 @@ def test_pack_says_the_database_keeps_its_own_storage(store):
     chain(store)
     res = store.pack()
     assert res.ok and res.objects == 0 and res.bytes_after > 0
-    assert "keeps its own storage" in res.notes[0]
+    assert "keeps its own storage" in res.notes[0].message
 
 
 def test_stats_reports_the_objects_table(store, url):
