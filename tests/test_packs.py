@@ -10,6 +10,7 @@ it shares nothing in memory with the first, as another process would not.
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import random
 import struct
@@ -1069,6 +1070,29 @@ def test_pack_rebuilds_a_lost_index_from_its_pack(root):
     report = json.loads(r.stdout)
     assert r.exit_code == 0 and report["warnings"] == [], report
     assert report["counts"]["unreferenced"] == {"entries": 0, "contents": 0, "blobs": 0}
+
+
+def test_pack_names_a_damaged_index_relative_to_the_store(root):
+    """An index that fails its checksum over a pack cut short: what `pack` says of them
+    (notes, problems, the packs it could not read) names their files relative to the
+    store, as every other note does, and says what became of the pack (set aside)."""
+    build_mixed_store(root)
+    assert cli(root, "pack").exit_code == 0
+    [idx] = idx_files(root)
+    pack = idx.with_suffix(".pack")
+    flip(idx, 100)
+    pack.write_bytes(pack.read_bytes()[: pack.stat().st_size * 3 // 4])
+    twin = root.with_name("twin")
+    shutil.copytree(root, twin)
+    r = cli(root, "pack", "--json")
+    assert r.exit_code == 1, r.stdout
+    assert str(root) not in r.stdout, r.stdout
+    out = json.loads(r.stdout)
+    assert out["bad_packs"] == {}, out  # it was read without its index and set aside: not left in place
+    assert any(n["code"] == "damaged-pack-kept" for n in out["notes"]), out["notes"]
+    r = cli(twin, "pack")
+    assert r.exit_code == 1 and "bad-pack" in r.stderr, r.stderr
+    assert str(twin) not in r.stderr and "left in place" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("damage", ["flip", "delete"])

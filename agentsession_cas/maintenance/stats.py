@@ -17,13 +17,12 @@ figures printed rather than with none.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import SPACES, FsckProblem
-from ..errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError
+from ..errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, store_relative
 from ..format.hashing import line_from_objects
 from ..lean import dataclass
 from .check import findings, verify_stored
@@ -117,7 +116,7 @@ def store_stats(store: Store) -> StoreStats:
             try:
                 size += len(objects.get(space, name))
             except CorruptPackError as exc:
-                why, n = bad_packs.get(exc.path, (_relative(store, str(exc)), 0))
+                why, n = bad_packs.get(exc.path, (store_relative(str(exc), store.root), 0))
                 bad_packs[exc.path] = (why, n + 1)
                 continue
             except (AgentSessionError, OSError) as exc:
@@ -127,7 +126,7 @@ def store_stats(store: Store) -> StoreStats:
         out.objects[space], out.object_bytes[space] = count, size
     for path, (why, n) in bad_packs.items():
         out.problems.append(FsckProblem("error", "bad-pack", f"{why}: {n:,} object(s) in it do not read and are left out of "
-                                        "the figures", file=_relative(store, path)))
+                                        "the figures", file=store_relative(path, store.root)))
     out.stored = objects.stored_bytes()
     holders: dict[str, int] = {}
     held: list[tuple[SessionStats, list[str]]] = []
@@ -173,14 +172,8 @@ def _object_fault(store: Store, space: str, name: str, exc: Exception) -> FsckPr
         where: str | None = store.objects.where(space, name)  # type: ignore[arg-type]
     except (AgentSessionError, OSError):
         where = None
-    return FsckProblem("error", code, f"{space} object {name} does not read: {_relative(store, str(exc))}",
+    return FsckProblem("error", code, f"{space} object {name} does not read: {store_relative(str(exc), store.root)}",
                        object=name, space=space, file=where)
-
-
-def _relative(store: Store, text: str) -> str:
-    """``text`` on one line, with the store's own paths named relative to it, as every finding names them."""
-    text = " ".join(text.splitlines())
-    return text.replace(os.path.join(store.root, ""), "") if store.root else text
 
 
 def _line_bytes(store: Store, entry_ids: Iterable[str]) -> tuple[dict[str, int], dict[str, tuple[str, str]]]:
@@ -194,7 +187,7 @@ def _line_bytes(store: Store, entry_ids: Iterable[str]) -> tuple[dict[str, int],
         try:
             envelopes[eid] = store.envelope(eid)
         except (AgentSessionError, OSError, ValueError) as exc:
-            unread[eid] = ("missing-object", _relative(store, str(exc)))
+            unread[eid] = ("missing-object", store_relative(str(exc), store.root))
     by_content: dict[str, list[str]] = {}
     for eid, env in envelopes.items():
         by_content.setdefault(env["content"], []).append(eid)
@@ -204,7 +197,7 @@ def _line_bytes(store: Store, entry_ids: Iterable[str]) -> tuple[dict[str, int],
             content = objects.get("contents", name)
         except (AgentSessionError, OSError) as exc:
             for eid in by_content[name]:
-                unread[eid] = ("missing-content", _relative(store, str(exc)))
+                unread[eid] = ("missing-content", store_relative(str(exc), store.root))
             continue
         for eid in by_content[name]:
             out[eid] = len(line_from_objects(eid, envelopes[eid], content))

@@ -41,7 +41,15 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ...errors import AgentSessionError, BadNameError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
+from ...errors import (
+    AgentSessionError,
+    BadNameError,
+    CorruptObjectError,
+    CorruptPackError,
+    NoSuchObjectError,
+    StoreError,
+    store_relative,
+)
 from ...format.canonical import canonical_bytes, loads
 from ...format.entry import LEAF_LABEL, Entry, Header
 from ...format.hashing import HASH_PREFIX, is_hash
@@ -1307,8 +1315,7 @@ def _place(p: FsckProblem) -> int:
 
 def _short(exc: BaseException, root: str) -> str:
     """An error's message with the store's root taken out of the paths it names."""
-    text = " ".join(str(exc).splitlines())
-    return text.replace(root.rstrip(os.sep) + os.sep, "")
+    return store_relative(str(exc), root)
 
 
 def fsck_files(store: Store, *, progress: Callable[[str], None] | None = None) -> FsckReport:

@@ -31,7 +31,15 @@ from typing import Any, TypeVar
 
 import filelock
 
-from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError, quoted
+from ...errors import (
+    AgentSessionError,
+    CorruptObjectError,
+    CorruptPackError,
+    NoSuchObjectError,
+    StoreError,
+    quoted,
+    store_relative,
+)
 from ...format.hashing import HASH_PREFIX, all_hashes, envelope_content, is_hash
 from ...fsutil import (
     NotAFileError,
@@ -1029,7 +1037,7 @@ class FileObjects(ObjectStore):
         res = RepackResult(dry_run=dry_run)
         packs = [p for p, _ in snap.packs]
         loose = snap.loose
-        res.bad_packs = dict(snap.bad)
+        res.bad_packs = {key: store_relative(why, self.root) for key, why in snap.bad.items()}
         res.packs_before = len(packs)
         res.loose_before = len(loose)
         res.bytes_before = sum(os.stat(p.path).st_size + os.stat(p.idx_path).st_size for p in packs) + sum(
@@ -1160,8 +1168,7 @@ class FileObjects(ObjectStore):
                 rel = os.path.relpath(pack.path, self.root)
                 res.note("kept-touched", f"{rel} was touched by a writer meanwhile; kept", file=rel)
         for key, whole in salvaged:
-            if whole:
-                res.bad_packs.pop(key, None)
+            res.bad_packs.pop(key, None)  # read without its index: removed or set aside below, not left in place
             if key == res.pack:
                 continue  # the new pack is these very bytes, renamed over it with a sound index
             if whole:  # every object it held is in the new pack: the bad index and its pack go
