@@ -1072,6 +1072,30 @@ def test_pack_rebuilds_a_lost_index_from_its_pack(root):
     assert report["counts"]["unreferenced"] == {"entries": 0, "contents": 0, "blobs": 0}
 
 
+def test_pack_says_so_when_it_removes_a_pack_that_fails_its_checksum(root):
+    """A pack whose bytes fail its checksum (a flipped byte outside its objects' blocks:
+    here its trailer) while every object in it reads whole: `pack` copies them all and
+    removes the pack, as it would a sound one, but says so (fsck called it `bad-pack`):
+    a note with that code, in `--json` as an object naming the file relative to the
+    store, never silent."""
+    exported = build_mixed_store(root)
+    assert cli(root, "pack").exit_code == 0
+    [idx] = idx_files(root)
+    pack = idx.with_suffix(".pack")
+    flip(pack, pack.stat().st_size - 1)
+    assert cli(root, "fsck").exit_code == 1
+    r = cli(root, "pack", "--json")
+    assert r.exit_code == 0 and r.stderr == "", (r.stdout, r.stderr)
+    out = json.loads(r.stdout)
+    assert out["ok"] is True and out["problems"] == [], out
+    [note] = [n for n in out["notes"] if n["code"] == "bad-pack"]
+    assert note["severity"] == "note" and note["file"] == f"objects/pack/{pack.name}", note
+    assert "checksum" in note["message"] and str(root) not in note["message"], note
+    assert not pack.exists() or packs_mod.pack_file_sound(str(pack))  # (the same objects may make the same pack)
+    verify_all(root, exported)
+    assert cli(root, "fsck").exit_code == 0
+
+
 def test_pack_names_a_damaged_index_relative_to_the_store(root):
     """An index that fails its checksum over a pack cut short: what `pack` says of them
     (notes, problems, the packs it could not read) names their files relative to the

@@ -1051,6 +1051,7 @@ class FileObjects(ObjectStore):
         kept: set[bytes] = set()
         dropped: dict[bytes, int] = {}
         keep_packs: list[Pack] = []  # packs not to remove: they hold what could not be read
+        unsound: list[Pack] = []  # packs failing their checksum whose every object read whole
         torn: list[tuple[str, str, str]] = []  # loose objects that did not hash when read
         sha256 = hashlib.sha256
         try:
@@ -1093,6 +1094,16 @@ class FileObjects(ObjectStore):
                         progress(done, total)
                 if not intact:
                     keep_packs.append(pack)
+                    continue
+                try:  # (its bytes are in the page cache: they were just read)
+                    pack.check_pack_checksum()
+                except CorruptPackError as exc:
+                    # Damage outside its objects' blocks: nothing is lost, it goes as a sound
+                    # pack would (its objects are in the new one), but not silently.
+                    unsound.append(pack)
+                    res.note("bad-pack", f"{store_relative(str(exc), self.root)}, but every object in it read whole: "
+                             + ("they would be copied and it replaced" if dry_run else "they are in the new pack, which replaces it"),
+                             file=os.path.relpath(pack.path, self.root))
             # A pack whose index does not open: its objects are read from the pack itself
             # (the index rebuilt, in effect, into the new pack).
             salvaged: list[tuple[str, bool]] = []
@@ -1140,7 +1151,8 @@ class FileObjects(ObjectStore):
                 self._judge_torn(torn, res)
                 return res
             assert writer is not None
-            if keep is not None and not dropped and not res.problems and len(packs) == 1 and not loose and not keep_packs:
+            if keep is not None and not dropped and not res.problems and len(packs) == 1 and not loose and not keep_packs \
+                    and not unsound:
                 # A sweep over one sound pack that drops nothing: rewriting it changes nothing.
                 writer.abort()
                 writer = None
