@@ -33,7 +33,7 @@ def report_lines(rep: RepairReport) -> list[str]:
     """The plan (or what was done) as text, one fact a line, labels padded to nine columns."""
     out: list[str] = []
     if not rep.damaged:
-        if not rep.stale_indexes and not rep.restorable and not rep.unrestorable:
+        if not rep.stale_indexes and not rep.restorable and not rep.unrestorable and not rep.notes:
             return [f"session {rep.session} is not damaged: {rep.why}; nothing to repair"]
         lines = [f"session {rep.session} is not damaged: {rep.why}; what it leads to is not all sound"]
         done = "rewritten" if rep.indexes_fixed else "to rewrite"
@@ -49,6 +49,7 @@ def report_lines(rep: RepairReport) -> list[str]:
         if rep.unrestorable:
             lines.append(f"{'note':<9}`agentsession verify {rep.session}` names what needs them; a store that holds "
                          "the session whole can give them back (fetch it from there)")
+        lines.extend(f"{'note':<9}{one_line(n)}" for n in rep.notes)
         return lines
     out.append(f"{'session':<9}{rep.session}: {one_line(rep.why)}")
     for d in rep.damage:
