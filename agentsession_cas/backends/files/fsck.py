@@ -65,6 +65,7 @@ from .objects import HASH_FIRST, FileObjects
 from .packs import SPACE_BITS, Pack, salvage_pack
 from .sessions import HEADER_LIMIT, payload_entry
 from .sessions import checkpoint_covers as _checkpoint_covers
+from .sweep import SESSION_FILES
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -105,7 +106,6 @@ _ROOT_NAMES = {
     "sweep.lock.next": "file",
     "reflocks": "dir",
 }
-_SESSION_FILES = ("header", "log", "HEAD", "mark", "summary", "rules", "ids")
 _DAMAGED_LOG = "log.damaged-"  # repair keeps the damaged log beside the new one
 _DAMAGED_PACK = ".damaged-"  # pack sets a damaged pack file aside under this suffix
 
@@ -759,11 +759,11 @@ class _Walk:
             present = set(os.listdir(sdir))
         except FileNotFoundError:
             return  # deleted since it was listed
-        if not present.intersection(_SESSION_FILES):
+        if not present.intersection(SESSION_FILES):
             self.stray(sdir, "a directory in sessions/ that holds no session files")
             return
         for name in sorted(present):
-            if name in _SESSION_FILES:
+            if name in SESSION_FILES:
                 continue
             if name.startswith(_DAMAGED_LOG):
                 self.note("damaged-log-kept", f"session {sid}: {name} is a damaged log `repair` kept aside; remove it once read",
