@@ -13,8 +13,7 @@ import sys
 import click
 
 from agentsession_cas.backends.files.repair import RepairReport
-from agentsession_cas.maintenance.repair import plan_repair, repair_session
-from agentsession_cas.store.names import resolve_session
+from agentsession_cas.maintenance.repair import plan_repair, repair_session, repair_target
 
 from . import terminal
 from .common import echo, emit_json, fail, number, one_line, plural, size
@@ -110,7 +109,7 @@ def repair(session_id: str, dry_run: bool, yes: bool, as_json: bool) -> None:
     if dry_run:
         try:
             with read_store() as store:
-                rep = plan_repair(store, resolve_session(store, session_id), progress=progress)
+                rep = plan_repair(store, repair_target(store, session_id), progress=progress)
         finally:
             clear()
         _print(rep, as_json, dry_run=True)
@@ -128,7 +127,7 @@ def repair(session_id: str, dry_run: bool, yes: bool, as_json: bool) -> None:
     ask = not yes and _on_terminal()
     try:
         with write_store() as store:
-            session_id = resolve_session(store, session_id)
+            session_id = repair_target(store, session_id)
             rep = repair_session(store, session_id, confirm=confirm if ask else None, progress=progress)
     finally:
         clear()

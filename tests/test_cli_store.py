@@ -918,6 +918,28 @@ def test_repair_rewrites_stale_indexes_of_a_whole_log(store):
     assert "nothing to repair" in ok(cli(store, "repair", "--yes", sid))
 
 
+def test_repair_writes_back_a_lost_header_file_from_the_log(store):
+    """A session directory whose header file is gone (its log whole, and holding the
+    header): the store lists it no more and fsck says so (missing-header); repair, which
+    refused it as no session, writes the file again from the log (a dry run only says
+    so), and the session is listed, read and clean again."""
+    sid = ok(cli(store, "import", str(FIXTURES / "basic.jsonl"))).strip()
+    header = store / "sessions" / sid / "header"
+    held = header.read_bytes()
+    header.unlink()
+    r = cli(store, "fsck")
+    assert r.exit_code == 1 and "missing-header" in r.stdout
+    dry = cli(store, "repair", "--dry-run", sid)
+    assert dry.exit_code == 0 and "header" in dry.stdout and "to rewrite" in dry.stdout, (dry.stdout, dry.stderr)
+    assert not header.exists()
+    out = json.loads(ok(cli(store, "repair", "--json", "--yes", sid)))
+    assert out["damaged"] is False and out["indexes_fixed"] is True, out
+    assert "header" in [x["file"] for x in out["stale_indexes"]]
+    assert header.read_bytes() == held
+    ok(cli(store, "fsck"))
+    assert sid in ok(cli(store, "list"))
+
+
 @pytest.mark.parametrize("how", ["corrupt", "missing"])
 def test_repair_restores_an_object_from_the_log_payload(store, how):
     """A loose object corrupt or gone while the log still carries it whole: export

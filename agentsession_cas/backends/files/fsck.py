@@ -800,7 +800,7 @@ class _Walk:
                           "log's is served, and the next writing open rewrites the file", session=sid, file=f"{rel}/header")
             if header_bytes is None:
                 self.error("missing-header", f"session {sid} has no header file ({rel}/header); the store does not list "
-                           "it (its log holds the header: recreate the file from it)", session=sid, file=f"{rel}/header")
+                           f"it (its log holds the header: `agentsession repair {sid}` writes the file again)", session=sid, file=f"{rel}/header")
             media = self.check_header(sid, held, rel) or media
         elif header_bytes is None:
             self.error("missing-header", f"session {sid} has no header ({rel}/header); the store does not list it", session=sid, file=f"{rel}/header")
