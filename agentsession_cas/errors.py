@@ -13,6 +13,7 @@ since a verifier wants all of them.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from .lean import dataclass
@@ -40,6 +41,14 @@ def quoted(value: object, limit: int = 80) -> str:
         return text
     size = f"{len(value)} characters" if isinstance(value, (str, bytes)) else f"{len(text)} characters shown"
     return f"{text[:limit]}... ({size})"
+
+
+def store_relative(text: str, root: str | None) -> str:
+    """``text`` on one line with the store's root taken out of the paths it names: a
+    finding or a note names a file relative to the store (an error's message, made
+    where the root is not known, names it whole)."""
+    text = " ".join(text.splitlines())
+    return text.replace(root.rstrip(os.sep) + os.sep, "") if root else text
 
 
 class AgentSessionError(Exception):

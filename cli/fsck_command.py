@@ -18,7 +18,7 @@ from .store_commands import store_root
 from .terminal import progressing
 
 
-def _line(p: FsckProblem) -> str:
+def finding_line(p: FsckProblem) -> str:
     """One line per finding: severity, code, and a message that names what and where."""
     text = f"{p.severity}: {p.code}: {one_line(p.message)}"
     if p.file and p.file not in p.message:
@@ -37,7 +37,7 @@ def run_fsck(as_json: bool, *, deep: bool = False, root: str | None = None) -> i
         emit_json(report.as_dict())
         return 0 if report.ok else 1
     for p in report.errors + report.warnings:
-        echo(_line(p))
+        echo(finding_line(p))
     for p in report.notes:
         echo(f"agentsession: note: {p.code}: {one_line(p.message)}", err=True)
     u = counts.get("unreferenced", {})

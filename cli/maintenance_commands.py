@@ -27,7 +27,7 @@ def _report_problems(res: RepackResult, as_json: bool) -> None:
     something damaged (run fsck)."""
     if not as_json:
         for n in res.notes:
-            echo(f"agentsession: note: {one_line(n)}", err=True)
+            echo(f"agentsession: note: {n.code}: {one_line(n.message)}", err=True)
         for p in res.problems:
             echo(f"agentsession: error: {p.code}: {one_line(p.message)}", err=True)
         for name, why in sorted(res.bad_packs.items()):

@@ -13,8 +13,7 @@ import sys
 import click
 
 from agentsession_cas.backends.files.repair import RepairReport
-from agentsession_cas.maintenance.repair import plan_repair, repair_session
-from agentsession_cas.store.names import resolve_session
+from agentsession_cas.maintenance.repair import plan_repair, repair_session, repair_target
 
 from . import terminal
 from .common import echo, emit_json, fail, number, one_line, plural, size
@@ -33,7 +32,7 @@ def report_lines(rep: RepairReport) -> list[str]:
     """The plan (or what was done) as text, one fact a line, labels padded to nine columns."""
     out: list[str] = []
     if not rep.damaged:
-        if not rep.stale_indexes and not rep.restorable and not rep.unrestorable:
+        if not rep.stale_indexes and not rep.restorable and not rep.unrestorable and not rep.notes:
             return [f"session {rep.session} is not damaged: {rep.why}; nothing to repair"]
         lines = [f"session {rep.session} is not damaged: {rep.why}; what it leads to is not all sound"]
         done = "rewritten" if rep.indexes_fixed else "to rewrite"
@@ -49,6 +48,7 @@ def report_lines(rep: RepairReport) -> list[str]:
         if rep.unrestorable:
             lines.append(f"{'note':<9}`agentsession verify {rep.session}` names what needs them; a store that holds "
                          "the session whole can give them back (fetch it from there)")
+        lines.extend(f"{'note':<9}{one_line(n)}" for n in rep.notes)
         return lines
     out.append(f"{'session':<9}{rep.session}: {one_line(rep.why)}")
     for d in rep.damage:
@@ -109,7 +109,7 @@ def repair(session_id: str, dry_run: bool, yes: bool, as_json: bool) -> None:
     if dry_run:
         try:
             with read_store() as store:
-                rep = plan_repair(store, resolve_session(store, session_id), progress=progress)
+                rep = plan_repair(store, repair_target(store, session_id), progress=progress)
         finally:
             clear()
         _print(rep, as_json, dry_run=True)
@@ -127,7 +127,7 @@ def repair(session_id: str, dry_run: bool, yes: bool, as_json: bool) -> None:
     ask = not yes and _on_terminal()
     try:
         with write_store() as store:
-            session_id = resolve_session(store, session_id)
+            session_id = repair_target(store, session_id)
             rep = repair_session(store, session_id, confirm=confirm if ask else None, progress=progress)
     finally:
         clear()

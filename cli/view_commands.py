@@ -16,6 +16,7 @@ from agentsession_cas.store.views import Diff, diff_paths, diff_sequences, grep_
 
 from .common import echo, emit_json, number, one_line, plural, size, table
 from .describe import describe
+from .fsck_command import finding_line
 from .store_commands import read_store
 from .terminal import color_on, paint
 from .terminal import start_pager as page
@@ -169,7 +170,7 @@ def stats(by_session: bool, as_json: bool) -> None:
     result = store_stats(read_store())
     if as_json:
         emit_json(result.as_dict(by_session=by_session))
-        return
+        sys.exit(0 if result.ok else 1)
     page()
     rows = [["" if i else "objects", f"{space} {number(result.objects[space])} in {size(result.object_bytes[space])}"]
             for i, space in enumerate(result.objects)]
@@ -191,6 +192,13 @@ def stats(by_session: bool, as_json: bool) -> None:
                  f"{number(s.shared_entries)}, {size(s.shared_bytes)}"] for s in result.sessions]
         for line in table(head + body, shrink=0):
             echo(line, fit="cut")
+    # What did not read is left out of the figures above: a problem found and reported,
+    # one line each as fsck prints it.
+    if result.problems:
+        echo()
+        for p in result.problems:
+            echo(finding_line(p))
+        sys.exit(1)
 
 
 COMMANDS: list[click.Command] = [diff, grep, stats]

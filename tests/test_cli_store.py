@@ -877,7 +877,8 @@ def test_an_object_that_is_no_regular_file_is_corrupt_not_a_hang(store, kind):
 
 def test_verify_of_a_damaged_session_names_it_once(store):
     """A head record naming an entry no append holds (its checksum good): verify says
-    what is wrong as `ID: record N: ...`, naming the session once, code session-damaged."""
+    what is wrong as `ID: record N: ...`, naming the session once, with the code fsck gives
+    the same fault (head-rule)."""
     from agentsession_cas.backends.files.log import encode_record
 
     new_session(store, "s1", 2)
@@ -892,7 +893,7 @@ def test_verify_of_a_damaged_session_names_it_once(store):
     assert first.startswith("s1: record ") and "which no append of the log holds" in first, first
     assert first.count("s1") == 1
     codes = [p["code"] for p in json.loads(cli(store, "verify", "s1", "--json").stdout)["problems"]]
-    assert "session-damaged" in codes
+    assert codes == ["head-rule"]
     assert "refuses writes until repaired" in cli(store, "export", "s1").stderr
 
 
@@ -915,6 +916,28 @@ def test_repair_rewrites_stale_indexes_of_a_whole_log(store):
     assert (sdir / "HEAD").read_text() == log[-1] + "\n" and (sdir / "mark").read_text() == "mirror\n"
     ok(cli(store, "fsck"))
     assert "nothing to repair" in ok(cli(store, "repair", "--yes", sid))
+
+
+def test_repair_writes_back_a_lost_header_file_from_the_log(store):
+    """A session directory whose header file is gone (its log whole, and holding the
+    header): the store lists it no more and fsck says so (missing-header); repair, which
+    refused it as no session, writes the file again from the log (a dry run only says
+    so), and the session is listed, read and clean again."""
+    sid = ok(cli(store, "import", str(FIXTURES / "basic.jsonl"))).strip()
+    header = store / "sessions" / sid / "header"
+    held = header.read_bytes()
+    header.unlink()
+    r = cli(store, "fsck")
+    assert r.exit_code == 1 and "missing-header" in r.stdout
+    dry = cli(store, "repair", "--dry-run", sid)
+    assert dry.exit_code == 0 and "header" in dry.stdout and "to rewrite" in dry.stdout, (dry.stdout, dry.stderr)
+    assert not header.exists()
+    out = json.loads(ok(cli(store, "repair", "--json", "--yes", sid)))
+    assert out["damaged"] is False and out["indexes_fixed"] is True, out
+    assert "header" in [x["file"] for x in out["stale_indexes"]]
+    assert header.read_bytes() == held
+    ok(cli(store, "fsck"))
+    assert sid in ok(cli(store, "list"))
 
 
 @pytest.mark.parametrize("how", ["corrupt", "missing"])

@@ -929,3 +929,41 @@ def test_a_backend_that_keeps_no_line_numbers_names_the_append_not_line_none():
         assert "None" not in p["message"] and "needed by the log's append of it" in p["message"]
         report = fsck(st)
         assert report.notes and all(n.code != "note" for n in report.notes), report.notes
+
+
+def _cut_log_at_a_record(root: Path, sid: str, keep: int) -> None:
+    log = root / "sessions" / sid / "log"
+    log.write_bytes(b"".join(log.read_bytes().splitlines(keepends=True)[:keep]))
+
+
+def _pack_cut_short(root: Path) -> None:
+    pack, _ = the_pack(root)
+    pack.write_bytes(pack.read_bytes()[: pack.stat().st_size // 2])
+
+
+#: One fault each, and the session whose `verify ID` must name it as fsck does.
+_FAULTS = {
+    "log line flipped": ("rec", lambda root, info: flip(root / "sessions/rec/log", 300)),
+    "log empty": ("rec", lambda root, info: (root / "sessions/rec/log").write_bytes(b"")),
+    "log cut at a record": ("rec", lambda root, info: _cut_log_at_a_record(root, "rec", 4)),
+    "head record naming no append": ("rec", lambda root, info: append_raw(
+        root, "rec", encode_record({"op": "head", "head": "sha256:" + "ab" * 32, "seq": 99}))),
+    "content deleted": ("rec", lambda root, info: loose(root, "contents", content_of(root, info["rec"][2])).unlink()),
+    "envelope deleted": ("fork", lambda root, info: loose(root, "entries", info["rec"][1]).unlink()),
+    "envelope flipped": ("rec", lambda root, info: flip(loose(root, "entries", info["rec"][2]), 20)),
+    "pack cut short": ("bigsrc", lambda root, info: _pack_cut_short(root)),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(_FAULTS))
+def test_verify_id_names_a_fault_with_the_code_fsck_gives_it(store, fault):
+    """One fault, one machine code: what `verify ID` reports of a damaged session is
+    named as fsck names it (docs/fsck.md's table), so a script matches one code."""
+    root, info = store
+    sid, damage = _FAULTS[fault]
+    damage(root, info)
+    fsck_codes = {p["code"] for p in json.loads(cli(root, "fsck", "--json").stdout)["problems"]}
+    r = cli(root, "verify", sid, "--json")
+    assert r.exit_code == 1, r.output
+    verify_codes = [p["code"] for p in json.loads(r.stdout)["problems"]]
+    assert verify_codes and set(verify_codes) <= fsck_codes, (verify_codes, fsck_codes)

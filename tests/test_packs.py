@@ -10,6 +10,7 @@ it shares nothing in memory with the first, as another process would not.
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import random
 import struct
@@ -1043,7 +1044,7 @@ def test_pack_leaves_loose_an_object_a_writer_finishes_while_the_pack_reads(root
     assert r.exit_code == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["ok"] is True and not out["problems"], out
-    assert len(reads) == 2 and any(n in note and "being written" in note for note in out["notes"]), out
+    assert len(reads) == 2 and any(n in note["message"] and "being written" in note["message"] for note in out["notes"]), out
     assert lp.read_bytes() == d and loose_files(root) == [lp]  # left loose, whole
     verify_all(root, exported)
 
@@ -1062,13 +1063,60 @@ def test_pack_rebuilds_a_lost_index_from_its_pack(root):
     assert r.exit_code == 0, r.stdout
     out = json.loads(r.stdout)
     assert out["ok"] and out["problems"] == [] and out["packs_before"] == 1
-    [note] = [n for n in out["notes"] if "index" in n]
-    assert f"objects/pack/{idx.name}" in note and "rebuilt from its pack" in note
+    [note] = [n for n in out["notes"] if n["code"] == "index-rebuilt"]
+    assert note["file"] == f"objects/pack/{idx.name}" and "rebuilt from its pack" in note["message"]
     verify_all(root, exported)
     r = cli(root, "fsck", "--json")
     report = json.loads(r.stdout)
     assert r.exit_code == 0 and report["warnings"] == [], report
     assert report["counts"]["unreferenced"] == {"entries": 0, "contents": 0, "blobs": 0}
+
+
+def test_pack_says_so_when_it_removes_a_pack_that_fails_its_checksum(root):
+    """A pack whose bytes fail its checksum (a flipped byte outside its objects' blocks:
+    here its trailer) while every object in it reads whole: `pack` copies them all and
+    removes the pack, as it would a sound one, but says so (fsck called it `bad-pack`):
+    a note with that code, in `--json` as an object naming the file relative to the
+    store, never silent."""
+    exported = build_mixed_store(root)
+    assert cli(root, "pack").exit_code == 0
+    [idx] = idx_files(root)
+    pack = idx.with_suffix(".pack")
+    flip(pack, pack.stat().st_size - 1)
+    assert cli(root, "fsck").exit_code == 1
+    r = cli(root, "pack", "--json")
+    assert r.exit_code == 0 and r.stderr == "", (r.stdout, r.stderr)
+    out = json.loads(r.stdout)
+    assert out["ok"] is True and out["problems"] == [], out
+    [note] = [n for n in out["notes"] if n["code"] == "bad-pack"]
+    assert note["severity"] == "note" and note["file"] == f"objects/pack/{pack.name}", note
+    assert "checksum" in note["message"] and str(root) not in note["message"], note
+    assert not pack.exists() or packs_mod.pack_file_sound(str(pack))  # (the same objects may make the same pack)
+    verify_all(root, exported)
+    assert cli(root, "fsck").exit_code == 0
+
+
+def test_pack_names_a_damaged_index_relative_to_the_store(root):
+    """An index that fails its checksum over a pack cut short: what `pack` says of them
+    (notes, problems, the packs it could not read) names their files relative to the
+    store, as every other note does, and says what became of the pack (set aside)."""
+    build_mixed_store(root)
+    assert cli(root, "pack").exit_code == 0
+    [idx] = idx_files(root)
+    pack = idx.with_suffix(".pack")
+    flip(idx, 100)
+    pack.write_bytes(pack.read_bytes()[: pack.stat().st_size * 3 // 4])
+    twin = root.with_name("twin")
+    shutil.copytree(root, twin)
+    r = cli(root, "pack", "--json")
+    assert r.exit_code == 1, r.stdout
+    assert str(root) not in r.stdout, r.stdout
+    out = json.loads(r.stdout)
+    assert out["bad_packs"] == {}, out  # it was read without its index and set aside: not left in place
+    assert any(n["code"] == "damaged-pack-kept" for n in out["notes"]), out["notes"]
+    r = cli(twin, "pack")
+    assert r.exit_code == 1 and "bad-pack" in r.stderr, r.stderr
+    assert str(twin) not in r.stderr and "left in place" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("damage", ["flip", "delete"])

@@ -529,3 +529,14 @@ def test_standard_input_stays_in_one_process(forced, tmp_path):
     r = CliRunner().invoke(main, ["verify", "-"], input=data, env={parallel.ENV: "2"})
     assert r.exit_code == 0, r.output
     assert not helpers
+
+
+def test_the_architecture_doc_says_how_the_helper_is_started():
+    """docs/architecture.md names the helper's command line as `command` builds it: this
+    interpreter with `-c` and a program that sets this process's sys.path and runs
+    parallel.main (a `python -m` would put the working directory first on the path)."""
+    argv = parallel.command("", None)
+    assert argv[:2] == [sys.executable, "-c"] and "from agentsession_cas.format.parallel import main" in argv[2]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    assert "python -m agentsession_cas.format.parallel" not in doc
+    assert "`python -c`" in doc and "parallel.main" in doc

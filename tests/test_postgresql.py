@@ -692,7 +692,7 @@ def test_sweep_removes_the_blocks_no_row_names_any_more(store, url, big):
     store.delete("big")
     assert store.sweep(grace=0, dry_run=True).repack.dropped == 2200 and sql(url, "SELECT count(*) FROM blocks")[0][0] >= 2
     res = store.sweep(grace=0)
-    assert res.repack.dropped == 2200 and any("block(s)" in n for n in res.repack.notes)
+    assert res.repack.dropped == 2200 and any("block(s)" in n.message for n in res.repack.notes)
     assert sql(url, "SELECT count(*) FROM blocks") == [(0,)]
     assert all(store.entry(e).id == e for e in kept)
     assert fsck(store).ok
@@ -784,7 +784,7 @@ def test_sweep_keeps_an_object_written_again_while_it_decides(store):
 
     res, _, _, _ = backend.sweep_objects(compute, grace=0, dry_run=False, wait=0, progress=None)
     assert res.dropped == 0 and store.objects.exists("blobs", name)
-    assert any("written or held again" in n for n in res.notes)
+    assert any("written or held again" in n.message for n in res.notes)
 
 
 def test_a_fork_holds_its_prefix_for_the_grace_with_one_row(store, url):
@@ -848,7 +848,7 @@ def test_pack_says_the_database_keeps_its_own_storage(store):
     chain(store)
     res = store.pack()
     assert res.ok and res.objects == 0 and res.bytes_after > 0
-    assert "keeps its own storage" in res.notes[0]
+    assert "keeps its own storage" in res.notes[0].message
 
 
 def test_stats_reports_the_objects_table(store, url):
@@ -921,6 +921,35 @@ def test_repair_of_a_whole_session_sets_a_stale_row_to_its_log(store, url):
     report = repair_session(store, "s1")
     assert not report.damaged and report.indexes_fixed
     assert sql(url, "SELECT mark FROM sessions") == [("record",)]
+
+
+def test_repair_of_a_whole_session_sets_log_rows_whose_columns_disagree_with_their_records(store, url):
+    """A log row's op, seq and hash columns are an index of its record (the record is what
+    every read takes): fsck's `log-row` and `log-length` are cleared by repair, which sets
+    the columns and the row's length to what the records say, and says so; a position
+    missing from the log (`log-gap`: a record lost) it cannot make good, and says that."""
+    s, ids = chain(store, n=4)
+    s.close()
+    sql(url, "UPDATE log SET op = 'head' WHERE pos = 2")
+    sql(url, "UPDATE log SET seq = 77 WHERE pos = 3")
+    sql(url, "UPDATE sessions SET last_pos = last_pos + 5")
+    before = {p.code for p in fsck(store).problems}
+    assert {"log-row", "log-length"} <= before, before
+    report = repair_session(store, "s1")
+    assert not report.damaged and report.indexes_fixed
+    fixed = {name for name, _, _ in report.stale_indexes}
+    assert {"log row 2", "log row 3", "log length"} <= fixed, report.stale_indexes
+    after = fsck(store)
+    assert after.ok, after.as_dict()
+    assert store.read("s1").log_order == ids
+    # a gap: the rows are kept as they are, and the report names what is lost
+    (last,), = sql(url, "SELECT max(pos) FROM log")
+    sql(url, "UPDATE log SET pos = pos + 10 WHERE pos = %s", [last])
+    assert "log-gap" in {p.code for p in fsck(store).problems}
+    report = repair_session(store, "s1")
+    assert any("position" in n and "missing" in n for n in report.notes), report.notes
+    out = run(["repair", "s1"], url)
+    assert "position" in out.stdout and "is lost" in out.stdout, out.stdout
 
 
 def test_repair_of_a_whole_session_names_an_object_it_cannot_restore(store, url):

@@ -522,6 +522,71 @@ def test_a_damaged_log_stops_the_sweep(root):
         assert tree(root) == snap
 
 
+def _cut_at_a_record(log: Path) -> None:
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:3]))  # create, two appends: the later ones and their commits gone
+
+
+@pytest.mark.parametrize("damage", ["no log", "empty log", "log cut at a record"])
+def test_a_log_that_lost_what_head_names_stops_the_sweep(root, damage):
+    """A session whose log is gone, empty, or cut short at a record boundary (every line
+    left reads: only HEAD shows the loss) holds entries no record names any more, which
+    `repair` takes back from objects/ while they are there: a sweep removing them would
+    lose them for good. It refuses as it does for a damaged log, naming the session and
+    the repair, and leaves the store as it was; after the repair it sweeps."""
+    st = Store(str(root))
+    s = st.create(Header.new("hurt"))
+    ids = [s.append(msg(f"hurt {i}")).id for i in range(4)]
+    s.close()
+    st.close()
+    log = root / "sessions" / "hurt" / "log"
+    if damage == "no log":
+        log.unlink()
+    elif damage == "empty log":
+        log.write_bytes(b"")
+    else:
+        _cut_at_a_record(log)
+    age_all(root)
+    snap = tree(root)
+    for args in (("--grace", "0"), ("--grace", "0", "--dry-run", "--json")):
+        r = cli(root, "sweep", *args)
+        assert r.exit_code == 1, (args, r.stdout)
+        text = json.loads(r.stderr)["error"]["message"] if "--json" in args else r.stderr
+        assert "sessions/hurt" in text and "agentsession repair hurt" in text, text
+        assert tree(root) == snap
+    assert cli(root, "repair", "hurt", "--yes").exit_code == 0
+    assert cli(root, "sweep", "--grace", "0").exit_code == 0
+    with Store(str(root), readonly=True) as st:
+        assert st.read("hurt").log_order == ids  # every entry taken back, none swept
+
+
+def test_a_pack_cut_short_stops_the_sweep_naming_it_relative_to_the_store(root):
+    """A pack cut short: the contents in it cannot be read, so a sweep cannot tell what
+    blobs they name. It refuses (code corrupt_pack), naming the pack relative to the
+    store and what to run first (`pack` copies what reads and sets it aside), and leaves
+    the store as it was; after `pack` it sweeps."""
+    with Store(str(root)) as st:
+        s = st.create(Header.new("big"))
+        for i in range(80):
+            s.append(msg(f"big {i}"), durable=False)
+        s.close()
+        st.pack()
+        st.put_blob(b"a blob: the sweep reads every retained content for the blobs it names")
+    [pack] = list((root / "objects" / "pack").glob("pack-*.pack"))
+    pack.write_bytes(pack.read_bytes()[: pack.stat().st_size // 2])
+    age_all(root)
+    snap = tree(root)
+    r = cli(root, "sweep", "--grace", "0", "--dry-run", "--json")
+    assert r.exit_code == 1, r.stdout
+    error = json.loads(r.stderr)["error"]
+    assert error["code"] == "corrupt_pack", error
+    assert f"objects/pack/{pack.name}" in error["message"] and str(root) not in error["message"], error
+    assert "agentsession pack" in error["message"], error
+    assert tree(root) == snap
+    cli(root, "pack")
+    assert cli(root, "sweep", "--grace", "0").exit_code == 0
+
+
 def test_a_torn_tail_does_not_stop_the_sweep(root):
     st = Store(str(root))
     s = st.create(Header.new("torn"))

@@ -289,3 +289,40 @@ def test_stats_of_a_backend_that_cannot_say_what_it_stores():
         data = json.loads(ok(cli("memory:views-stats", "stats", "--json")))
     assert "stored    not known for this backend" in out.splitlines()
     assert data["stored"] is None and data["stored_bytes"] is None and data["distinct_entries"] == 1
+
+
+def test_stats_of_a_damaged_store_counts_what_reads_and_names_the_rest(store):
+    """A log that does not read and an envelope that does not hash: stats still prints
+    every figure it could count, lists the damage as coded problems (fsck's codes), and
+    exits 1 (a problem found and reported, docs/cli.md)."""
+    with Store(str(store), readonly=True) as st:
+        lone = st.session("fork").log_order[0]
+        orig_lines = st.export("orig").splitlines(keepends=True)[1:]
+    log = store / "sessions" / "other" / "log"
+    data = bytearray(log.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    log.write_bytes(bytes(data))
+    h = lone.split(":", 1)[1]
+    envelope = store / "objects" / "entries" / h[:2] / h[2:]
+    envelope.write_bytes(envelope.read_bytes().replace(b'"', b"'", 1))
+    before = sorted((p, p.stat().st_mtime_ns) for p in store.rglob("*"))
+    r = cli(store, "stats", "--json", "--by-session")
+    assert r.exit_code == 1 and r.stderr == "", (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False
+    found = {(p["code"], p["session"], p["object"]) for p in doc["problems"]}
+    assert ("corrupt-object", None, lone) in found
+    assert ("missing-object", "fork", lone) in found
+    assert any(code == "log-damage" and sid == "other" for code, sid, _ in found), found
+    assert all(p["severity"] == "error" and p["message"] for p in doc["problems"])
+    # what reads is counted: the 8 envelopes that hash, the two sessions that read
+    assert doc["objects"]["entries"]["count"] == 8
+    by = {s["session"]: s for s in doc["by_session"]}
+    assert set(by) == {"orig", "fork"} and doc["sessions"] == 2
+    assert by["orig"]["logical_bytes"] == sum(len(line) for line in orig_lines)
+    assert by["fork"]["entries"] == 4
+    # as text: the figures, then each problem one coded line as fsck prints it, exit 1
+    r = cli(store, "stats")
+    assert r.exit_code == 1 and r.stdout.startswith("objects"), r.stdout
+    assert "\nerror: log-damage: session other: " in r.stdout and r.stderr == ""
+    assert sorted((p, p.stat().st_mtime_ns) for p in store.rglob("*")) == before  # nothing written

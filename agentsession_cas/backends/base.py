@@ -597,16 +597,29 @@ class RepackResult:
     #: command exits 1 when there is any, after doing the rest.
     problems: list[FsckProblem] = field(default_factory=list)
     bad_packs: dict[str, str] = field(default_factory=dict)
-    #: Remarks that are not problems (a file a writer touched meanwhile, kept).
-    notes: list[str] = field(default_factory=list)
+    #: Remarks that are not problems (a file a writer touched meanwhile, kept), each a
+    #: finding of severity ``note`` with a code, as fsck's notes are.
+    notes: list[FsckProblem] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems and not self.bad_packs
 
+    def note(self, code: str, message: str, **where: Any) -> None:
+        """Add a remark that fails nothing (``code`` as fsck would code what it says)."""
+        self.notes.append(FsckProblem("note", code, message, **where))
+
+    def joined(self, res: RepackResult) -> RepackResult:
+        """``res`` with this result's problems and notes in front: what a step before it
+        (:meth:`~.files.objects.FileObjects.index_lost`) did."""
+        res.notes[:0] = self.notes
+        res.problems[:0] = self.problems
+        return res
+
     def as_dict(self) -> dict[str, Any]:
-        """Each problem in the one shape fsck's have (code, severity, where, ...)."""
-        return {**asdict(self), "problems": [p.as_dict() for p in self.problems], "ok": self.ok}
+        """Each problem and note in the one shape fsck's have (code, severity, where, ...)."""
+        return {**asdict(self), "problems": [p.as_dict() for p in self.problems],
+                "notes": [n.as_dict() for n in self.notes], "ok": self.ok}
 
 
 @dataclass

@@ -315,8 +315,7 @@ def _clean(r: _Read, known: tuple[str, int, int, Any], keep: bool) -> _Checked:
     env = r.parsed[0]
     data = r.body if r.body is not None else orjson.loads(r.content)
     data["type"], data["parent"], data["ts"], data["id"] = env["type"], env["parent"], env["ts"], r.id
-    entry = clean_entry(data, chash, line=0, item_bytes=r.line[start:end] if end else None)
-    entry.line = None  # (from no file's line)
+    entry = clean_entry(data, chash, line=None, item_bytes=r.line[start:end] if end else None)  # (from no file's line)
     return _admitted(r.id, entry, data, r.content, keep)
 
 

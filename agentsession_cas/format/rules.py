@@ -345,14 +345,14 @@ def _entry(
 
 
 def clean_entry(
-    obj: dict[str, Any], content_hash: str, *, line: int, item_bytes: bytes | None,
+    obj: dict[str, Any], content_hash: str, *, line: int | None, item_bytes: bytes | None,
     objects: tuple[bytes, bytes] | None = None,
 ) -> Entry:
     """The entry :func:`check_line` makes of a line it finds nothing wrong with, parsed from
     bytes proven canonical (``careful`` False), when that check was run elsewhere (the
     helper process of :mod:`~agentsession_cas.format.parallel`, which gave the content
     hash, the item's bytes and, for an import, the two objects): its id is then the hash
-    of its members."""
+    of its members. ``line`` is None for an entry from no file's line (a pushed one)."""
     return _entry(obj, obj["id"], content_hash, line, False, objects, item_bytes)
 
 

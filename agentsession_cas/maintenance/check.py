@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import FsckReport
+from ..backends.base import FsckProblem, FsckReport
 from ..errors import (
     AgentSessionError,
     CorruptObjectError,
@@ -30,13 +30,13 @@ from ..format.rules import RULES, VerifyReport
 from ..lean import dataclass
 from ..progress import Progress
 from ..store.links import check_links
-from ..store.state import replay
+from ..store.state import SessionState, index_damage, replay
 
 if TYPE_CHECKING:
     from ..store.session import Session
     from ..store.store import Store
 
-__all__ = ["StoredCheck", "check_sessions", "verify_stored"]
+__all__ = ["StoredCheck", "check_sessions", "findings", "verify_stored"]
 
 
 @dataclass
@@ -62,12 +62,23 @@ def _problem(where: str, code: str, message: str, line: int | None = None, entry
     return {"code": code, "severity": "error", "where": where, "line": line, "entry": entry, "message": message, **extra}
 
 
-def _object_problem(exc: AgentSessionError, context: str, entry: str | None, log_line: int | None = None) -> dict[str, Any]:
+def _object_problem(store: Store, exc: Exception, context: str, entry: str, log_line: int | None = None) -> dict[str, Any]:
+    """An object the session needs that does not read, coded as fsck codes the same fault
+    (docs/fsck.md): a copy that does not hash to its name is ``corrupt-object``; an entry
+    whose envelope reads but whose content is not held, ``missing-content``; any other
+    entry with no sound copy (absent, or in a pack that does not read), ``missing-object``."""
     extra: dict[str, Any] = {"log_line": log_line}
     if isinstance(exc, CorruptObjectError):
         extra = {"object": exc.name, "space": exc.space, "path": exc.path}
-    code = "corrupt-object" if isinstance(exc, CorruptObjectError) else "missing-object"
-    return _problem("objects", code, f"{_one_line(str(exc))}; {context}", entry=entry, **extra)
+        code = "corrupt-object"
+    elif isinstance(exc, NoSuchObjectError) and store.objects.exists("entries", entry):
+        code = "missing-content"
+    else:
+        code = "missing-object"
+    what = _one_line(str(exc))
+    if not isinstance(exc, (CorruptObjectError, NoSuchObjectError)):
+        what = f"entry {entry}: {what}"
+    return _problem("objects", code, f"{what}; {context}", entry=entry, **extra)
 
 
 def _one_line(text: str) -> str:
@@ -86,16 +97,24 @@ def verify_stored(
     out = StoredCheck(session_id, stats={"entries": 0, "prefix": 0, "records": 0})
     history = store.backend.sessions.history(session_id)
     out.stats["records"] = len(history.records) if history.tail_from is None else history.tail_from
+    # The log's faults carry fsck's codes (docs/fsck.md): one fault, one code.
     for why, line in zip(history.damage, history.damage_lines):
-        out.problems.append(_problem("log", "log", why, line=line))
+        out.problems.append(_problem("log", "log-damage", why, line=line))
     if history.tail is not None:
         out.notes.append(history.tail)
+    state = replay(history.records if history.tail_from is None else history.records[: history.tail_from])
+    if not history.damage:  # (a log that does not read replays to what its damage already says)
+        for code, why in state.damage:
+            out.problems.append(_problem("log", code, why))
+        lost = index_damage(state, history.head_index)
+        if lost is not None:
+            out.problems.append(_problem("log", "log-cut", lost))
     session: Session | None = None
     if not out.problems:
         try:
             session = store.read(session_id)
         except SessionDamagedError as exc:
-            out.problems.append(_problem("log", "session-damaged", _one_line(exc.why)))
+            out.problems.append(_problem("log", "log-damage", _one_line(exc.why)))
         except AgentSessionError:
             session = None  # the careful path below says why
     if session is not None:
@@ -110,14 +129,13 @@ def verify_stored(
             session.close()
             return out
         session.close()
-    _careful(store, session_id, history, out, empty_ok=empty_ok)
+    _careful(store, session_id, history, state, out, empty_ok=empty_ok)
     return out
 
 
-def _careful(store: Store, session_id: str, history: Any, out: StoredCheck, *, empty_ok: bool) -> None:
+def _careful(store: Store, session_id: str, history: Any, state: SessionState, out: StoredCheck, *, empty_ok: bool) -> None:
     """Name every object the log and the prefix need that is missing or corrupt."""
     records = history.records if history.tail_from is None else history.records[: history.tail_from]
-    state = replay(records)
     positions = history.positions
     line_of: dict[str, int | None] = {}
     for i, r in enumerate(records):
@@ -131,35 +149,30 @@ def _careful(store: Store, session_id: str, history: Any, out: StoredCheck, *, e
         needed = f"needed by log line {line}" if line is not None else "needed by the log's append of it"
         try:
             store.entry(entry)
-        except (NoSuchObjectError, CorruptObjectError) as exc:
-            if entry not in committed:
+        except (AgentSessionError, ValueError) as exc:
+            if entry not in committed and isinstance(exc, (NoSuchObjectError, CorruptObjectError)):
                 out.notes.append(f"{at}: an uncommitted append whose objects are not sound "
                                  f"({_one_line(str(exc))}); the next writing open drops it")
             else:
-                out.problems.append(_object_problem(exc, needed, entry, line))
-        except (AgentSessionError, ValueError) as exc:
-            out.problems.append(_problem("objects", "object", f"entry {entry}: {_one_line(str(exc))}; {needed}", entry=entry))
+                out.problems.append(_object_problem(store, exc, needed, entry, line))
     out.stats["entries"] = len(state.log_order)
     base = state.base
     if base is not None:
         current: str | None = base
         walked: set[str] = set()
         while current is not None and current not in walked:
-            walked.add(current)
+            at = current
+            walked.add(at)
             try:
-                current = store.entry(current).parent
-            except (NoSuchObjectError, CorruptObjectError) as exc:
-                out.problems.append(_object_problem(exc, f"on the prefix of base {short_id(base)}", current))
-                break
+                current = store.entry(at).parent
             except (AgentSessionError, ValueError) as exc:
-                out.problems.append(_problem("objects", "object", f"entry {current}: {_one_line(str(exc))}", entry=current))
+                out.problems.append(_object_problem(store, exc, f"on the prefix of base {short_id(base)}", at))
                 break
         else:
             if current is not None:
-                out.problems.append(_problem("objects", "prefix", f"entry {current} is its own ancestor on the prefix", entry=current))
+                out.problems.append(_problem("objects", "broken-chain", f"entry {current} is its own ancestor on the prefix",
+                                             entry=current))
         out.stats["prefix"] = len(walked)
-    for code, why in state.damage:
-        out.problems.append(_problem("log", code, why))
     if not out.problems:
         # The objects are sound yet the session did not read: say why.
         try:
@@ -201,9 +214,17 @@ def _check_projection(session: Session, report: VerifyReport | SessionFormatErro
     out.stats["runs_checked"] = report.runs_checked
     if not session.state.may_hold_head(session.head):
         out.problems.append(_problem(
-            "session", "head", f"the head {session.head or 'none'} is not the base or an own entry that is not a leaf label",
+            "session", "head-rule", f"the head {session.head or 'none'} is not the base or an own entry that is not a leaf label",
             entry=session.head,
         ))
+
+
+def findings(check: StoredCheck) -> list[FsckProblem]:
+    """A stored session's problems as fsck's findings (the shape fsck, pack, sweep and
+    stats print), each naming the session."""
+    sid = check.session
+    return [FsckProblem("error", p["code"], f"session {sid}: {p['message']}", session=sid, object=p.get("entry"))
+            for p in check.problems]
 
 
 def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str], None] | None = None) -> None:
@@ -219,7 +240,6 @@ def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str]
         except NoSuchSessionError:
             report.counts["sessions"] -= 1  # deleted since it was listed: nothing to check
             continue
-        for p in check.problems:
-            report.add("error", p["code"], f"session {sid}: {p['message']}", session=sid, object=p.get("entry"))
+        report.problems.extend(findings(check))
         for n in check.notes:
             report.add("note", "verify", f"session {sid}: {n}", session=sid)  # verify's remarks, as --deep's

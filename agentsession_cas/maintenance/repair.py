@@ -20,6 +20,7 @@ from ..errors import (
     CorruptObjectError,
     CorruptPackError,
     NoSuchObjectError,
+    NoSuchSessionError,
     SessionDamagedError,
     UnsupportedError,
 )
@@ -28,7 +29,21 @@ from ..format.hashing import envelope_content
 if TYPE_CHECKING:
     from ..store.store import Store
 
-__all__ = ["plan_repair", "repair_session"]
+__all__ = ["plan_repair", "repair_session", "repair_target"]
+
+
+def repair_target(store: Store, name: str) -> str:
+    """The session ``name`` names (an id, a ref, a prefix), or a session the store holds
+    but no longer lists, named by its id: one whose header file is gone while its log
+    holds the header (fsck's ``missing-header``), which only a repair brings back."""
+    from ..store.names import resolve_session
+
+    try:
+        return resolve_session(store, name)
+    except NoSuchSessionError:
+        if file_repair.lost_header(store, name) is not None:
+            return name
+        raise
 
 
 def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None] | None = None) -> RepairReport:

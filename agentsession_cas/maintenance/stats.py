@@ -7,6 +7,12 @@ prefix counted in the fork too; the header and a synthetic ``leaf`` marker not).
 and packs for a store directory). Sessions share entries (a fork holds its base's
 path; an imported copy holds the same entries): each distinct entry's line is
 counted once in ``distinct_bytes``, and ``dedup`` is logical over distinct.
+
+On a damaged store the figures are what could be counted: an object that does not
+read is left out of its space's count, a session that does not read out of the
+sessions, an entry whose objects do not read out of every byte count; each is a
+problem in fsck's shape and codes (``problems``), so the command exits 1 with the
+figures printed rather than with none.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ from collections.abc import Iterable
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import SPACES
+from ..backends.base import SPACES, FsckProblem
+from ..errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, store_relative
 from ..format.hashing import line_from_objects
 from ..lean import dataclass
+from .check import findings, verify_stored
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -54,6 +62,12 @@ class StoreStats:
     distinct_entries: int = 0
     distinct_bytes: int = 0
     shared_entries: int = 0
+    #: What did not read, so the figures above leave it out (fsck's shape and codes).
+    problems: list[FsckProblem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
 
     @property
     def logical_bytes(self) -> int:
@@ -79,6 +93,8 @@ class StoreStats:
             "distinct_bytes": self.distinct_bytes,
             "shared_entries": self.shared_entries,
             "dedup": round(self.dedup, 3) if self.dedup is not None else None,
+            "ok": self.ok,
+            "problems": [p.as_dict() for p in self.problems],
         }
         if by_session:
             out["by_session"] = [s.as_dict() for s in self.sessions]
@@ -89,51 +105,100 @@ def store_stats(store: Store) -> StoreStats:
     """Count the objects of each space (each read, so verified), the stored bytes the
     backend reports, and every session's projection entries, each distinct entry's
     line measured once. Objects are read in the backend's cheapest order (a pack's
-    blocks one after another), never in the order names come."""
+    blocks one after another), never in the order names come. What does not read is
+    left out of the figures and named in ``problems``."""
     out = StoreStats()
     objects = store.objects
+    bad_packs: dict[str, tuple[str, int]] = {}  # a pack that does not read: why, and how many objects it keeps from the count
     for space in SPACES:
         count = size = 0
         for name in objects.read_order(objects.names(space)):
+            try:
+                size += len(objects.get(space, name))
+            except CorruptPackError as exc:
+                why, n = bad_packs.get(exc.path, (store_relative(str(exc), store.root), 0))
+                bad_packs[exc.path] = (why, n + 1)
+                continue
+            except (AgentSessionError, OSError) as exc:
+                out.problems.append(_object_fault(store, space, name, exc))
+                continue
             count += 1
-            size += len(objects.get(space, name))
         out.objects[space], out.object_bytes[space] = count, size
+    for path, (why, n) in bad_packs.items():
+        out.problems.append(FsckProblem("error", "bad-pack", f"{why}: {n:,} object(s) in it do not read and are left out of "
+                                        "the figures", file=store_relative(path, store.root)))
     out.stored = objects.stored_bytes()
     holders: dict[str, int] = {}
     held: list[tuple[SessionStats, list[str]]] = []
     for sid in sorted(store.list()):
-        with store.read(sid) as s:
-            ids = [*s.prefix, *s.log_order]
-            stats = SessionStats(sid, entries=len(ids), own=len(s.log_order))
+        try:
+            with store.read(sid) as s:
+                ids = [*s.prefix, *s.log_order]
+                stats = SessionStats(sid, entries=len(ids), own=len(s.log_order))
+        except AgentSessionError as exc:
+            found = findings(verify_stored(store, sid))  # the damage named as fsck names it
+            out.problems.extend(found or [FsckProblem("error", exc.code, f"session {sid}: {exc}", session=sid)])
+            continue
         for entry_id in set(ids):
             holders[entry_id] = holders.get(entry_id, 0) + 1
         held.append((stats, ids))
         out.sessions.append(stats)
-    line_bytes = _line_bytes(store, holders)
+    line_bytes, unread = _line_bytes(store, holders)
     for stats, ids in held:
         for entry_id in ids:
-            n = line_bytes[entry_id]
-            stats.logical_bytes += n
+            length = line_bytes.get(entry_id)
+            if length is None:
+                code, why = unread[entry_id]
+                out.problems.append(FsckProblem(
+                    "error", code, f"session {stats.session}: entry {entry_id} has no sound copy ({why}); its line "
+                    "is left out of the figures", session=stats.session, object=entry_id, space="entries"))
+                continue
+            stats.logical_bytes += length
             if holders[entry_id] > 1:
                 stats.shared_entries += 1
-                stats.shared_bytes += n
+                stats.shared_bytes += length
     out.distinct_entries = len(line_bytes)
     out.distinct_bytes = sum(line_bytes.values())
-    out.shared_entries = sum(1 for n in holders.values() if n > 1)
+    out.shared_entries = sum(1 for eid, n in holders.items() if n > 1 and eid in line_bytes)
     return out
 
 
-def _line_bytes(store: Store, entry_ids: Iterable[str]) -> dict[str, int]:
+def _object_fault(store: Store, space: str, name: str, exc: Exception) -> FsckProblem:
+    """An object that did not read, coded as fsck codes it: a copy that does not hash
+    to its name, or one that cannot be read at all."""
+    code = ("corrupt-object" if isinstance(exc, CorruptObjectError)
+            else "missing-object" if isinstance(exc, NoSuchObjectError) else "unreadable")
+    try:
+        where: str | None = store.objects.where(space, name)  # type: ignore[arg-type]
+    except (AgentSessionError, OSError):
+        where = None
+    return FsckProblem("error", code, f"{space} object {name} does not read: {store_relative(str(exc), store.root)}",
+                       object=name, space=space, file=where)
+
+
+def _line_bytes(store: Store, entry_ids: Iterable[str]) -> tuple[dict[str, int], dict[str, tuple[str, str]]]:
     """The length of each entry's canonical line, from its envelope and content objects
-    (envelopes first, then contents, each in the backend's read order)."""
+    (envelopes first, then contents, each in the backend's read order); and each entry
+    whose objects do not read, with the code fsck gives that and why."""
     objects = store.objects
-    envelopes = {eid: store.envelope(eid) for eid in objects.read_order(entry_ids)}
+    envelopes: dict[str, dict[str, Any]] = {}
+    unread: dict[str, tuple[str, str]] = {}
+    for eid in objects.read_order(entry_ids):
+        try:
+            envelopes[eid] = store.envelope(eid)
+        except (AgentSessionError, OSError, ValueError) as exc:
+            unread[eid] = ("missing-object", store_relative(str(exc), store.root))
     by_content: dict[str, list[str]] = {}
     for eid, env in envelopes.items():
         by_content.setdefault(env["content"], []).append(eid)
     out: dict[str, int] = {}
     for name in objects.read_order(by_content):
-        content = objects.get("contents", name)
+        try:
+            content = objects.get("contents", name)
+        except (AgentSessionError, OSError) as exc:
+            for eid in by_content[name]:
+                unread[eid] = ("missing-content", store_relative(str(exc), store.root))
+            continue
         for eid in by_content[name]:
             out[eid] = len(line_from_objects(eid, envelopes[eid], content))
-    return out
+    return out, unread

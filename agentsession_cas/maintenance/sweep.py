@@ -48,7 +48,7 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import RepackResult, Retained, RetentionSource
-from ..errors import CorruptObjectError, NoSuchObjectError, ReadOnlyError, WritersActiveError
+from ..errors import CorruptObjectError, CorruptPackError, NoSuchObjectError, ReadOnlyError, WritersActiveError, store_relative
 from ..format.canonical import loads
 from ..format.hashing import envelope_content
 from ..format.media import sidecar_names
@@ -93,7 +93,7 @@ def retained(
     names it by a ``sidecar:`` URL. ``sources`` are the logs to honour (by default
     every one the backend holds); ``blobs=False`` (the store holds no blob to decide
     over) skips reading contents for ``sidecar:`` URLs."""
-    objects = store.objects
+    objects = _Unpacked(store)
     if sources is None:
         sources = store.backend.retention_sources()
     ret = Retained()
@@ -158,6 +158,27 @@ def retained(
                 continue
             ret.blobs.update(sidecar_names(data))
     return ret
+
+
+class _Unpacked:
+    """The store's objects as retention reads them: a pack that does not read stops the
+    sweep (what its envelopes and contents name cannot be told, and a sweep never
+    guesses), naming it relative to the store and what to run first."""
+
+    def __init__(self, store: Store):
+        self.objects, self.root = store.objects, store.root
+
+    def read_order(self, names: Iterable[str]) -> list[str]:
+        return self.objects.read_order(names)
+
+    def get(self, space: Any, name: str) -> bytes:
+        try:
+            return self.objects.get(space, name)
+        except CorruptPackError as exc:
+            raise CorruptPackError(
+                f"{store_relative(str(exc), self.root)}: a sweep cannot tell what the {space} in it name; run "
+                "`agentsession pack` first (it copies what of the pack reads and sets it aside)", path=exc.path,
+            ) from None
 
 
 def _envelope(objects: Any, name: str) -> dict[str, Any]:

@@ -167,7 +167,7 @@ class Store:
         pack = getattr(self.backend, "pack", None)
         if pack is None:
             nothing = RepackResult()
-            nothing.notes.append(f"{self.describe()} keeps its objects its own way: there is nothing to pack")
+            nothing.note("own-storage", f"{self.describe()} keeps its objects its own way: there is nothing to pack")
             return nothing
         result: RepackResult = pack(**kwargs)
         return result

@@ -41,7 +41,15 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ...errors import AgentSessionError, BadNameError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
+from ...errors import (
+    AgentSessionError,
+    BadNameError,
+    CorruptObjectError,
+    CorruptPackError,
+    NoSuchObjectError,
+    StoreError,
+    store_relative,
+)
 from ...format.canonical import canonical_bytes, loads
 from ...format.entry import LEAF_LABEL, Entry, Header
 from ...format.hashing import HASH_PREFIX, is_hash
@@ -57,6 +65,7 @@ from .objects import HASH_FIRST, FileObjects
 from .packs import SPACE_BITS, Pack, salvage_pack
 from .sessions import HEADER_LIMIT, payload_entry
 from .sessions import checkpoint_covers as _checkpoint_covers
+from .sweep import SESSION_FILES
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -97,7 +106,6 @@ _ROOT_NAMES = {
     "sweep.lock.next": "file",
     "reflocks": "dir",
 }
-_SESSION_FILES = ("header", "log", "HEAD", "mark", "summary", "rules", "ids")
 _DAMAGED_LOG = "log.damaged-"  # repair keeps the damaged log beside the new one
 _DAMAGED_PACK = ".damaged-"  # pack sets a damaged pack file aside under this suffix
 
@@ -751,11 +759,11 @@ class _Walk:
             present = set(os.listdir(sdir))
         except FileNotFoundError:
             return  # deleted since it was listed
-        if not present.intersection(_SESSION_FILES):
+        if not present.intersection(SESSION_FILES):
             self.stray(sdir, "a directory in sessions/ that holds no session files")
             return
         for name in sorted(present):
-            if name in _SESSION_FILES:
+            if name in SESSION_FILES:
                 continue
             if name.startswith(_DAMAGED_LOG):
                 self.note("damaged-log-kept", f"session {sid}: {name} is a damaged log `repair` kept aside; remove it once read",
@@ -792,7 +800,7 @@ class _Walk:
                           "log's is served, and the next writing open rewrites the file", session=sid, file=f"{rel}/header")
             if header_bytes is None:
                 self.error("missing-header", f"session {sid} has no header file ({rel}/header); the store does not list "
-                           "it (its log holds the header: recreate the file from it)", session=sid, file=f"{rel}/header")
+                           f"it (its log holds the header: `agentsession repair {sid}` writes the file again)", session=sid, file=f"{rel}/header")
             media = self.check_header(sid, held, rel) or media
         elif header_bytes is None:
             self.error("missing-header", f"session {sid} has no header ({rel}/header); the store does not list it", session=sid, file=f"{rel}/header")
@@ -1307,8 +1315,7 @@ def _place(p: FsckProblem) -> int:
 
 def _short(exc: BaseException, root: str) -> str:
     """An error's message with the store's root taken out of the paths it names."""
-    text = " ".join(str(exc).splitlines())
-    return text.replace(root.rstrip(os.sep) + os.sep, "")
+    return store_relative(str(exc), root)
 
 
 def fsck_files(store: Store, *, progress: Callable[[str], None] | None = None) -> FsckReport:

@@ -31,7 +31,15 @@ from typing import Any, TypeVar
 
 import filelock
 
-from ...errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError, quoted
+from ...errors import (
+    AgentSessionError,
+    CorruptObjectError,
+    CorruptPackError,
+    NoSuchObjectError,
+    StoreError,
+    quoted,
+    store_relative,
+)
 from ...format.hashing import HASH_PREFIX, all_hashes, envelope_content, is_hash
 from ...fsutil import (
     NotAFileError,
@@ -937,13 +945,13 @@ class FileObjects(ObjectStore):
             lost = self.index_lost(dry_run)
             return lost.joined(self._repack(keep, dry_run, level=level, block_target=block_target, progress=progress))
 
-    def index_lost(self, dry_run: bool) -> LostIndexes:
+    def index_lost(self, dry_run: bool) -> RepackResult:
         """Under the pack lock: write again the index of every pack that has none (lost to
         a person or a disk, or a writer's crash between its two renames), from the pack
         itself (:func:`index_pack`), so the pack's objects are found and repacked; a
         dry run only says which. A pack that does not read whole is left as it is and
         named: no index is written to vouch for it."""
-        out = LostIndexes()
+        out = RepackResult(dry_run=dry_run)
         try:
             names = set(os.listdir(self.pack_dir))
         except FileNotFoundError:
@@ -954,7 +962,7 @@ class FileObjects(ObjectStore):
             path = os.path.join(self.pack_dir, n)
             rel = os.path.relpath(path, self.root)
             if dry_run:
-                out.notes.append(f"{rel} has no index; a pack or sweep writes it again from the pack")
+                out.note("pack-without-index", f"{rel} has no index; a pack or sweep writes it again from the pack", file=rel)
                 continue
             try:
                 count = index_pack(path, self.tmp)
@@ -965,7 +973,8 @@ class FileObjects(ObjectStore):
                     "bad-pack", f"{exc}; it has no index, and none is written for a pack that does not read whole: "
                     "left in place (fsck names what only it holds)", path))
                 continue
-            out.notes.append(f"{rel[: -len('.pack')]}.idx was missing: the index was rebuilt from its pack ({count:,} objects)")
+            out.note("index-rebuilt", f"{rel[: -len('.pack')]}.idx was missing: the index was rebuilt from its pack "
+                     f"({count:,} objects)", file=f"{rel[: -len('.pack')]}.idx")
         if out.notes and not dry_run:
             self.packs.refresh(force=True)
         return out
@@ -1028,7 +1037,7 @@ class FileObjects(ObjectStore):
         res = RepackResult(dry_run=dry_run)
         packs = [p for p, _ in snap.packs]
         loose = snap.loose
-        res.bad_packs = dict(snap.bad)
+        res.bad_packs = {key: store_relative(why, self.root) for key, why in snap.bad.items()}
         res.packs_before = len(packs)
         res.loose_before = len(loose)
         res.bytes_before = sum(os.stat(p.path).st_size + os.stat(p.idx_path).st_size for p in packs) + sum(
@@ -1042,6 +1051,7 @@ class FileObjects(ObjectStore):
         kept: set[bytes] = set()
         dropped: dict[bytes, int] = {}
         keep_packs: list[Pack] = []  # packs not to remove: they hold what could not be read
+        unsound: list[Pack] = []  # packs failing their checksum whose every object read whole
         torn: list[tuple[str, str, str]] = []  # loose objects that did not hash when read
         sha256 = hashlib.sha256
         try:
@@ -1084,6 +1094,16 @@ class FileObjects(ObjectStore):
                         progress(done, total)
                 if not intact:
                     keep_packs.append(pack)
+                    continue
+                try:  # (its bytes are in the page cache: they were just read)
+                    pack.check_pack_checksum()
+                except CorruptPackError as exc:
+                    # Damage outside its objects' blocks: nothing is lost, it goes as a sound
+                    # pack would (its objects are in the new one), but not silently.
+                    unsound.append(pack)
+                    res.note("bad-pack", f"{store_relative(str(exc), self.root)}, but every object in it read whole: "
+                             + ("they would be copied and it replaced" if dry_run else "they are in the new pack, which replaces it"),
+                             file=os.path.relpath(pack.path, self.root))
             # A pack whose index does not open: its objects are read from the pack itself
             # (the index rebuilt, in effect, into the new pack).
             salvaged: list[tuple[str, bool]] = []
@@ -1098,10 +1118,9 @@ class FileObjects(ObjectStore):
                 whole = not found and pack_file_sound(path)
                 res.problems.extend(self._problem("bad-pack", why, path) for why in found)
                 if not dry_run:
-                    res.notes.append(
-                        f"objects/pack/{key}.idx was damaged: the objects of its pack were read without it"
-                        + ("" if whole else " (not all of them: the pack is damaged too)")
-                    )
+                    res.note("index-rebuilt", f"objects/pack/{key}.idx was damaged: the objects of its pack were read "
+                             "without it" + ("" if whole else " (not all of them: the pack is damaged too)"),
+                             file=f"objects/pack/{key}.idx")
                 salvaged.append((key, whole))
             loose_done: list[tuple[str, int]] = []
             for space, name, path, st in loose:
@@ -1132,7 +1151,8 @@ class FileObjects(ObjectStore):
                 self._judge_torn(torn, res)
                 return res
             assert writer is not None
-            if keep is not None and not dropped and not res.problems and len(packs) == 1 and not loose and not keep_packs:
+            if keep is not None and not dropped and not res.problems and len(packs) == 1 and not loose and not keep_packs \
+                    and not unsound:
                 # A sweep over one sound pack that drops nothing: rewriting it changes nothing.
                 writer.abort()
                 writer = None
@@ -1157,10 +1177,10 @@ class FileObjects(ObjectStore):
             if pack in keep_packs or pack.name == res.pack:
                 continue
             if not self._remove_untouched(pack.path, mtime, index=pack.idx_path):
-                res.notes.append(f"{os.path.relpath(pack.path, self.root)} was touched by a writer meanwhile; kept")
+                rel = os.path.relpath(pack.path, self.root)
+                res.note("kept-touched", f"{rel} was touched by a writer meanwhile; kept", file=rel)
         for key, whole in salvaged:
-            if whole:
-                res.bad_packs.pop(key, None)
+            res.bad_packs.pop(key, None)  # read without its index: removed or set aside below, not left in place
             if key == res.pack:
                 continue  # the new pack is these very bytes, renamed over it with a sound index
             if whole:  # every object it held is in the new pack: the bad index and its pack go
@@ -1204,7 +1224,8 @@ class FileObjects(ObjectStore):
                     "corrupt-object", f"{space} object {name} does not hash to its name ({os.path.relpath(path, self.root)}); "
                     "left in place", path, raw=bytes.fromhex(name[7:]), spaces=SPACE_BITS[space]))
                 continue
-            res.notes.append(f"{space} object {name} was being written while the pack was made; left loose for the next pack")
+            res.note("being-written", f"{space} object {name} was being written while the pack was made; left loose for "
+                     "the next pack", object=name, space=space, file=os.path.relpath(path, self.root))
 
     def _problem(self, code: str, message: str, path: str, *, block: int | None = None,
                  raw: bytes | None = None, spaces: int = 0) -> FsckProblem:
@@ -1225,7 +1246,8 @@ class FileObjects(ObjectStore):
             with contextlib.suppress(FileNotFoundError):
                 os.rename(path, f"{path}.damaged-{stamp}")
         fsync_dir(self.pack_dir)
-        res.notes.append(f"objects/pack/{key}.pack is damaged: what of it read was copied; it is set aside as .damaged-{stamp}")
+        res.note("damaged-pack-kept", f"objects/pack/{key}.pack is damaged: what of it read was copied; it is set aside as "
+                 f".damaged-{stamp}", file=f"objects/pack/{key}.pack.damaged-{stamp}")
 
     def _remove_untouched(self, path: str, mtime_ns: int, *, index: str | None = None) -> bool:
         """Remove a file a repack or sweep decided over unless a writer touched it since
@@ -1454,19 +1476,6 @@ class PackStage:
         if self._first is not None:
             self._first.close()
         self._rest.close()
-
-
-class LostIndexes:
-    """What :meth:`FileObjects.index_lost` did before a repack, put in front of its result."""
-
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-        self.problems: list[FsckProblem] = []
-
-    def joined(self, res: RepackResult) -> RepackResult:
-        res.notes[:0] = self.notes
-        res.problems[:0] = self.problems
-        return res
 
 
 @dataclass

@@ -1060,7 +1060,15 @@ def plan_repair(
     not damaged. ``progress`` is called with a short phase now and then (a long log)."""
     check_session_id(session_id)
     if session_id not in store:
-        raise NoSuchSessionError(f"no such session: {session_id}")
+        lost = lost_header(store, session_id)
+        if lost is None:
+            raise NoSuchSessionError(f"no such session: {session_id}")
+        return RepairReport(
+            session=session_id, damaged=False, why="its header file is missing, and its log holds the header",
+            stale_indexes=[("header", None, lost.decode("utf-8").strip())],
+            notes=["the rest of the session is planned once the header file is written again (a repair writes it "
+                   "from the log, then goes on)"],
+        )
     try:
         probe = Session._open(store, session_id, writable=False)
     except SessionDamagedError as exc:
@@ -1228,15 +1236,33 @@ def _stale_indexes(sdir: str, head: str | None, mark: str) -> list[tuple[str, st
     return out
 
 
-def check_repairable(store: Store, session_id: str) -> None:
+def check_repairable(store: Store, session_id: str, *, held: bool = False) -> None:
     """What any backend's repair refuses before taking the session: a read-only store, a
-    bad id, a session this process has open, an absent one."""
+    bad id, a session this process has open, an absent one (``held``: the backend holds
+    it all the same, unlisted: see :func:`lost_header`)."""
     store._require_writable()
     check_session_id(session_id)
     if store.opened(session_id) is not None:
         raise StoreError(f"session {session_id} is open in this process; close it before repairing it")
-    if session_id not in store:
+    if session_id not in store and not held:
         raise NoSuchSessionError(f"no such session: {session_id}")
+
+
+def lost_header(store: Store, session_id: str) -> bytes | None:
+    """The header a session's log holds, when its header file is gone (fsck's
+    ``missing-header``: the store lists it no more). The file is an index of the log,
+    which repair writes again; None when the file is there or no log holds a header."""
+    if not isinstance(store.backend, FileBackend):
+        return None
+    sdir = _files(store).sessions.dir(session_id)
+    if os.path.lexists(os.path.join(sdir, "header")):
+        return None
+    try:
+        source = read_dense(os.path.join(sdir, "log"))
+    except OSError:
+        return None
+    logged = header_of(ln.record for ln in scan_log(source) if ln.record is not None)
+    return None if logged is None else canonical_bytes(logged) + b"\n"
 
 
 def repair_session(
@@ -1252,10 +1278,16 @@ def repair_session(
     written; returning False cancels (``cancelled`` is then True). A session that
     is not damaged is left as it is. Raises :class:`SessionLockedError` when
     another process holds the session."""
-    check_repairable(store, session_id)
+    lost = lost_header(store, session_id) if session_id not in store else None
+    check_repairable(store, session_id, held=lost is not None)
     lock = _files(store).sessions.lock(session_id)
     try:
+        if lost is not None:  # the log's header, written back first: the session is then listed and read
+            write_atomic(os.path.join(_files(store).sessions.dir(session_id), "header"), lost, durable=True)
         report = plan_repair(store, session_id, progress=progress)
+        if lost is not None:
+            report.stale_indexes.insert(0, ("header", None, lost.decode("utf-8").strip()))
+            report.indexes_fixed = True
         if not report.damaged:
             if report._objects:
                 store.objects.put_many(report._objects)

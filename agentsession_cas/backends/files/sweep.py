@@ -18,13 +18,16 @@ from collections.abc import Callable, Iterator
 
 from ...errors import StoreError
 from ...format.hashing import envelope_content
-from ...fsutil import ATOMIC_TMP, read_dense
+from ...fsutil import ATOMIC_TMP, read_dense, read_small
 from ..base import RepackResult, Retained, RetentionSource
 from .log import LogDamage, read_log, scan_log
 from .objects import FileObjects, Snapshot
 from .packs import SPACE_BITS
 
-__all__ = ["TMP_MIN_AGE", "retention_sources", "sweep_objects", "writers_holding"]
+__all__ = ["SESSION_FILES", "TMP_MIN_AGE", "retention_sources", "sweep_objects", "writers_holding"]
+
+#: The files of a session directory: one holding any of them is a session's.
+SESSION_FILES = ("header", "log", "HEAD", "mark", "summary", "rules", "ids")
 
 #: Leftovers in tmp/ (a crashed import's stage, a pack never finished) go once
 #: older than the grace period, and never younger than this.
@@ -62,10 +65,13 @@ def _identity(path: str) -> tuple[str, int, int] | None:
     return path, st.st_dev, st.st_ino
 
 
-def _read_logs(path: str) -> list | None:
+def _read_logs(path: str, staged: bool) -> list | None:
     """The records of a session's log (torn tail included) and of the logs ``repair`` set
     aside beside it; None when the session went meanwhile. Raises ``_Damaged`` for a log
-    with damage."""
+    with damage, and for a session's log that lost what its HEAD names (empty, without its
+    create record, or cut short at a record boundary: every line left reads), whose lost
+    entries ``repair`` takes back from objects/ while they are there."""
+    head = None if staged else _head_index(path)  # before the log: HEAD may lag it, never lead it
     try:
         data = read_dense(os.path.join(path, "log"))
     except FileNotFoundError:
@@ -76,6 +82,14 @@ def _read_logs(path: str) -> list | None:
     if logread.damage:
         raise _Damaged(logread.damage[0])
     records = logread.records + logread.cut_records
+    if not staged:  # (a stage is a session being written: its log may not be whole yet)
+        from ...store.state import index_damage, replay  # the domain's rule (it sits above the backends)
+
+        if not logread.records or logread.records[0].op != "create":
+            raise _Damaged(LogDamage(1, 0, "it is empty or does not open with its create record"))
+        lost = index_damage(replay(r.data for r in logread.records), head)
+        if lost is not None:
+            raise _Damaged(LogDamage(len(logread.records) + 1, len(data), lost))
     # A log repair set aside (log.damaged-*) still names entries someone may want
     # back: what of it reads is retained too, as long as the file is kept.
     try:
@@ -92,6 +106,20 @@ def _read_logs(path: str) -> list | None:
                 raise _Damaged(LogDamage(1, 0, f"{name} cannot be read ({exc.strerror or exc})")) from None
             records = records + [ln.record for ln in scan_log(kept) if ln.record is not None]
     return records
+
+
+def _head_index(path: str) -> str | None:
+    try:
+        return read_small(os.path.join(path, "HEAD"), 256).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+
+
+def _holds_a_session(path: str) -> bool:
+    try:
+        return any(name in SESSION_FILES for name in os.listdir(path))
+    except OSError:
+        return False
 
 
 class _Damaged(Exception):
@@ -117,6 +145,13 @@ def retention_sources(root: str) -> Iterator[RetentionSource]:
     while again:
         again = False
         for path, staged, has_log in _session_dirs(root):
+            if not has_log and not staged and _holds_a_session(path):
+                # A session directory without its log (sessions are renamed into sessions/
+                # whole, and out of it whole): what its lost log named is not known.
+                raise StoreError(
+                    f"{os.path.relpath(path, root)} has no log; a sweep cannot tell what it named: repair the session "
+                    f"first (agentsession repair {os.path.basename(path)})"
+                )
             ident = _identity(path) if has_log else None
             if ident is None:
                 # Gone since it was listed: a stage renamed into sessions/ (found there,
@@ -127,7 +162,7 @@ def retention_sources(root: str) -> Iterator[RetentionSource]:
                 continue
             seen.add(ident)
             try:
-                records = _read_logs(path)
+                records = _read_logs(path, staged)
             except _Damaged as exc:
                 raise StoreError(
                     f"{os.path.relpath(path, root)} has a damaged log (line {exc.first.line}: {exc.first.reason}); "

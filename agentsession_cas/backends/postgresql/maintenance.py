@@ -99,10 +99,10 @@ def sweep_objects(
                 f"WITH gone AS (DELETE FROM blocks b WHERE b.made < %s AND NOT EXISTS ({_NAMED}) RETURNING octet_length(data) AS n) "
                 "SELECT count(*), coalesce(sum(n), 0) FROM gone", [cutoff]).fetchone()
         if blocks:
-            result.notes.append(f"{blocks} block(s) no object is read from any more were removed ({int(block_bytes):,} bytes)")
+            result.note("blocks-removed", f"{blocks} block(s) no object is read from any more were removed ({int(block_bytes):,} bytes)")
     kept = len(drop) - removed
     if kept and not dry_run:
-        result.notes.append(f"{kept} object(s) were written or held again while the sweep ran, and were kept")
+        result.note("kept-touched", f"{kept} object(s) were written or held again while the sweep ran, and were kept")
     result.dropped = len(names)
     result.dropped_names = sorted(names)
     result.dropped_bytes = removed_bytes
@@ -147,8 +147,8 @@ def storage_report(backend: PostgresBackend) -> RepackResult:
     )
     count, raw, on_disk = rows[0]
     res = RepackResult(bytes_before=int(on_disk), bytes_after=int(on_disk))
-    res.notes.append(
-        f"{backend.describe()} keeps its own storage (TOAST compresses large objects, autovacuum reclaims "
+    res.note(
+        "own-storage", f"{backend.describe()} keeps its own storage (TOAST compresses large objects, autovacuum reclaims "
         f"space): nothing to pack; {int(count):,} objects of {int(raw):,} bytes take {int(on_disk):,} bytes with indexes"
     )
     return res

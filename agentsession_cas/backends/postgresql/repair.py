@@ -76,13 +76,39 @@ def _as_log(texts: list[tuple[int, str]]) -> bytes:
     return b"".join(out)
 
 
+def _columns(op: str, seq: int | None, raw: bytes | None) -> str:
+    return f"op {op}, seq {'none' if seq is None else seq}, entry {'none' if raw is None else 'sha256:' + raw.hex()}"
+
+
+def _row_fixes(conn: Any, key: int, texts: list[tuple[int, str]]) -> tuple[list[tuple[int, str, tuple[Any, ...]]], list[str]]:
+    """The log rows whose op, seq and hash columns are not what their record says, as
+    (position, what the columns say, what they should hold: the columns :func:`log_rows`
+    writes of that record); and, in words, each position missing from the log: a
+    record lost, which no repair brings back (the rows are left as they are)."""
+    records = {pos: parse_record(text) for pos, text in texts}
+    fixes: list[tuple[int, str, tuple[Any, ...]]] = []
+    for pos, op, seq, raw in conn.execute("SELECT pos, op, seq, hash FROM log WHERE session = %s ORDER BY pos", [key]).fetchall():
+        record = records.get(pos)
+        if not isinstance(record, dict):
+            continue  # not a record: the planner's damage, not an index's
+        want = log_rows(key, pos - 1, [record])[0][2:5]
+        have = (op, seq, None if raw is None else bytes(raw))
+        if have != want:
+            fixes.append((pos, _columns(*have), want))
+    gaps = [f"log position {want} is missing (the next row is {pos}): the record it held is lost, which a repair "
+            "cannot make good; the rows are left as they are (another store holding the session can)"
+            for want, (pos, _) in enumerate(texts, start=1) if pos != want][:1]
+    return fixes, gaps
+
+
 def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None] | None = None) -> RepairReport:
     """What a repair of the session would keep, recover and drop; writes nothing."""
     check_session_id(session_id)
     backend = _backend(store)
     with backend.db.conn() as c:
         row, texts = backend.sessions.rows(c, session_id)
-    _, header_bytes, row_head, row_mark, _, _ = row
+        fixes, gaps = _row_fixes(c, row[0], texts)
+    _, header_bytes, row_head, row_mark, last_pos, _ = row
     try:
         probe = Session._open(store, session_id, writable=False)
     except SessionDamagedError as exc:
@@ -98,6 +124,13 @@ def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None
             report.stale_indexes.append(("head", row_head, probe.head or ""))
         if row_mark != probe.mark:
             report.stale_indexes.append(("mark", row_mark, probe.mark))
+        # The row's length and each log row's op, seq and hash columns index its records
+        # (what every read takes, and what fsck holds them to: log-length, log-row).
+        if last_pos != len(texts) and not gaps:
+            report.stale_indexes.append(("log length", str(last_pos), str(len(texts))))
+        for pos, said, (op, seq, raw) in fixes:
+            report.stale_indexes.append((f"log row {pos}", said, _columns(op, seq, raw)))
+        report.notes.extend(gaps)
         return report
     header_bytes = bytes(header_bytes)
     header = parse_header(session_id, header_bytes)
@@ -124,8 +157,16 @@ def repair_session(
         report = plan_repair(store, session_id, progress=progress)
         if not report.damaged:
             if report.stale_indexes:
-                conn.execute("UPDATE sessions SET head = %s, mark = %s WHERE id = %s",
-                             [report.head, report.mark, session_id])
+                with conn.transaction():
+                    key, = conn.execute("UPDATE sessions SET head = %s, mark = %s WHERE id = %s RETURNING key",
+                                        [report.head, report.mark, session_id]).fetchone()
+                    texts = conn.execute("SELECT pos, record FROM log WHERE session = %s ORDER BY pos", [key]).fetchall()
+                    fixes, gaps = _row_fixes(conn, key, texts)
+                    for pos, _, (op, seq, raw) in fixes:
+                        conn.execute("UPDATE log SET op = %s, seq = %s, hash = %s WHERE session = %s AND pos = %s",
+                                     [op, seq, raw, key, pos])
+                    if not gaps:  # (with one, the next append's position is the last row's, not the count)
+                        conn.execute("UPDATE sessions SET last_pos = %s WHERE key = %s", [len(texts), key])
                 report.indexes_fixed = True
             return report
         if confirm is not None and not confirm(report):
