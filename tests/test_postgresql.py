@@ -1083,6 +1083,33 @@ def test_a_kept_snapshot_that_disagrees_with_the_log_is_refused_named_by_fsck_an
     assert _state(store, "s1") == whole and fsck(store).ok
 
 
+def test_a_writer_killed_after_a_snapshot_leaves_a_tail_the_next_open_reads_and_adopts(url, monkeypatch):
+    """Lazy appends after the kept snapshot, their writer gone before it committed them: a
+    reader sees them as working state and serves only what the snapshot holds; the next
+    writing open reads the snapshot and those rows alone, and adopts them with a commit."""
+    monkeypatch.setattr(pg_sessions, "COMPACT_AT_CLOSE", 1)
+    st = open_store(url, create=True, sync="never")
+    try:
+        s, ids = chain(st, "s1", n=3)
+        s.close()
+        w = st.session("s1")
+        lazy = [w.append(msg(f"lazy {i}")).id for i in range(2)]
+        w.log._release()  # the writer dies: the server lets go of its hold, nothing more is written
+        w.log._closed = True
+        w.close()
+        snap = st.read("s1")
+        assert list(snap.log_order) == ids + lazy and list(snap.exchange_view()[0]) == ids
+        snap.close()
+        calls = _counting(monkeypatch)
+        w = st.session("s1")
+        assert _log_reads(calls) == (1, 2 + len(lazy))
+        assert any("adopted" in r for r in w.recovered) and w.is_committed(lazy[-1])
+        w.close()
+        assert _state(st, "s1") == _state(st, "s1", whole=True)
+    finally:
+        st.close()
+
+
 def test_a_repair_reads_the_rows_a_kept_snapshot_stands_for(store, url, monkeypatch):
     """Damage in the rows before a kept snapshot's end is what a repair looks for: its probe
     reads the whole log, finds it, and the repair drops the snapshot with the log it replaces."""
