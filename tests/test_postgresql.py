@@ -23,6 +23,7 @@ from agentsession_cas.backends import SCHEMES, open_backend, store_url_kind
 from agentsession_cas.backends.postgresql import PostgresBackend, arrays, migrate_store, schema
 from agentsession_cas.backends.postgresql import maintenance as pg_maintenance
 from agentsession_cas.backends.postgresql import objects as pg_objects
+from agentsession_cas.backends.postgresql import sessions as pg_sessions
 from agentsession_cas.backends.postgresql.database import parse_url, public_url
 from agentsession_cas.errors import (
     CorruptObjectError,
@@ -166,6 +167,9 @@ def _catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
         "functions": [tuple(str(v).replace(name, "S") for v in row) for row in sql(
             url, "SELECT proname, pg_get_function_identity_arguments(p.oid), prosrc, proconfig "
                  "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE nspname = %s", [name])],
+        "constraints": sorted(sql(url, "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(c.oid) "
+                                       "FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace "
+                                       "WHERE nspname = %s", [name])),
     }
 
 
@@ -247,6 +251,47 @@ def test_migrate_upgrades_a_version_2_store_with_data_in_it(store, url, big):
         st.import_bytes(big, source="big").close()
         assert st.read("big").projection() == big
         assert sql(old, "SELECT count(*) > 0 FROM blocks") == [(True,)]
+        assert fsck(st).ok
+
+
+def test_migrate_upgrades_a_version_4_store_and_its_sessions_open_append_and_keep_snapshots(store, url, big, monkeypatch):
+    """A store made by version 4's statements (tests/pg_schema_v4.py), holding sessions and
+    their states (no snapshot: version 4 had none), is upgraded in one transaction to a
+    schema the same as a new store's; every session opens and appends, and a writer's close
+    keeps the snapshot the next open starts from."""
+    import pg_schema_v4
+
+    s, ids = chain(store, "s1", n=6)
+    s.close()
+    store.fork("s1", ids[3], session_id="f1").close()
+    store.import_bytes(big, source="big").close()
+    before = {sid: store.read(sid).projection() for sid in store.list()}
+    old = _older_store(url, pg_schema_v4, "INSERT INTO objects SELECT * FROM {src}.objects",
+                       "INSERT INTO dictionaries SELECT * FROM {src}.dictionaries",
+                       "INSERT INTO blocks SELECT * FROM {src}.blocks",
+                       "INSERT INTO states SELECT * FROM {src}.states WHERE kind < 2")
+    with pytest.raises(LayoutError, match="agentsession migrate"):
+        open_store(old)
+    r = run(["migrate", "--dry-run"], old)
+    assert r.exit_code == 0 and "states_kind_check" in r.output, r.output
+    assert sql(old, "SELECT value FROM meta WHERE key = 'version'") == [("4",)]
+    r = run(["migrate"], old)
+    assert r.exit_code == 0 and f"from schema version 4 to {schema.SCHEMA_VERSION}" in r.output, r.output
+    assert _catalog(old) == _catalog(url)
+    assert sql(old, "SELECT count(*) FROM states WHERE kind = 2") == [(0,)]
+    monkeypatch.setattr(pg_sessions, "COMPACT_AT_CLOSE", 1)  # (a snapshot at every close)
+    with open_store(old) as st:
+        assert {sid: st.read(sid).projection() for sid in st.list()} == before
+        for sid in st.list():
+            w = st.session(sid)
+            if w.mark != "record":
+                w.set_mark("record")
+            w.append(msg(f"{sid} after the upgrade"))
+            w.close()
+        assert sorted(sql(old, "SELECT s.id, st.pos = s.last_pos FROM states st JOIN sessions s ON s.key = st.session "
+                               "WHERE st.kind = 2")) == [(sid, True) for sid in sorted(st.list())]
+        for sid in st.list():
+            assert st.read(sid).projection().startswith(before[sid])
         assert fsck(st).ok
 
 
@@ -912,6 +957,172 @@ def test_states_are_kept_at_close_checked_and_rebuilt_when_lost_or_damaged(store
     assert repair_session(store, "s1").repaired
     assert sql(url, "SELECT count(*) FROM states") == [(0,)]
     assert store.summary("s1").entries == len(store.read("s1").log_order)
+
+
+def _counting(monkeypatch: Any) -> list[tuple[str, int]]:
+    """Every statement sent through psycopg's ``Connection.execute`` from now on, with the
+    rows it returned (what an open reads, counted rather than timed)."""
+    import psycopg
+
+    calls: list[tuple[str, int]] = []
+    real = psycopg.Connection.execute
+
+    def execute(conn: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        cur = real(conn, query, *args, **kwargs)
+        text = query.decode() if isinstance(query, bytes) else str(query)
+        calls.append((text, cur.rowcount if cur.description is not None else 0))
+        return cur
+
+    monkeypatch.setattr(psycopg.Connection, "execute", execute)
+    return calls
+
+
+def _log_reads(calls: list[tuple[str, int]]) -> tuple[int, int]:
+    """(queries of the log table, rows they returned) among ``calls``, which are cleared."""
+    mine = [n for q, n in calls if "FROM log" in q]
+    calls.clear()
+    return len(mine), sum(mine)
+
+
+def _state(st: Store, sid: str, *, whole: bool = False) -> tuple[Any, ...]:
+    """What a read-only open of the session replays (``whole``: from every log row)."""
+    import contextlib
+
+    with st.backend.sessions.whole_log() if whole else contextlib.nullcontext():
+        snap = st.read(sid)
+    state = snap.state
+    out = (list(state.log_order), dict(state.own), state.head, state.mark, sorted(state.leaf_labels),
+           state.max_seq, state.committed_seq)
+    snap.close()
+    return out
+
+
+def test_an_open_starts_from_the_kept_snapshot_and_reads_only_the_rows_after_it(store, url, big, monkeypatch):
+    """A big import keeps the snapshot of its log at once, so its first open reads two log
+    rows (the create, and the row the snapshot ends at: both checked against it) in one
+    query, not 1,100; the rows appended since are read after it; a close keeps a new one
+    once the log grew enough since (here: at once), and so does a writer that goes on
+    writing (here: at its first commit). Each open replays to the state the whole log gives."""
+    imported = store.import_bytes(big, source="big")
+    sid = imported.id
+    imported.close()
+    ((last,),) = sql(url, "SELECT last_pos FROM sessions")
+    assert last > 1000 and sql(url, "SELECT pos FROM states WHERE kind = 2") == [(last,)]
+    calls = _counting(monkeypatch)
+    w = store.session(sid)
+    assert _log_reads(calls) == (1, 2)
+    w.set_mark("record")
+    w.append(msg("one"))
+    w.close()
+    ((now,),) = sql(url, "SELECT last_pos FROM sessions")
+    assert now > last and sql(url, "SELECT pos FROM states WHERE kind = 2") == [(last,)]  # (too few bytes since)
+    calls.clear()
+    assert _state(store, sid) == _state(store, sid, whole=True)
+    assert _log_reads(calls)[1] == 2 + (now - last) + now  # (the whole read: every row)
+    w = store.session(sid)
+    assert _log_reads(calls) == (1, 2 + (now - last))
+    assert w.append(msg("two")).outcome == "continued"
+    monkeypatch.setattr(pg_sessions, "COMPACT_AT_CLOSE", 1)
+    w.close()
+    ((now,),) = sql(url, "SELECT last_pos FROM sessions")
+    assert sql(url, "SELECT pos FROM states WHERE kind = 2") == [(now,)]
+    calls.clear()
+    assert _state(store, sid) == _state(store, sid, whole=True)
+    assert store.read(sid).projection().startswith(big)
+    # A writer that goes on: a snapshot at a commit once enough was written since the last.
+    monkeypatch.setattr(pg_sessions, "COMPACT_WHILE_WRITING", 1)
+    s, ids = chain(store, "w", n=3)
+    (key,), = sql(url, "SELECT key FROM sessions WHERE id = 'w'")
+    s.commit()
+    ((pos,),) = sql(url, "SELECT pos FROM states WHERE kind = 2 AND session = %s", [key])
+    assert pos == s.log.last_pos
+    assert _state(store, "w") == _state(store, "w", whole=True) and _state(store, "w")[0] == ids
+    s.close()
+
+
+def test_a_kept_snapshot_that_disagrees_with_the_log_is_refused_named_by_fsck_and_dropped_by_repair(store, url, monkeypatch):
+    """A snapshot damaged, stale (its log's length not the one it stands for) or another
+    incarnation's (its create record not the log's) is not trusted: the open reads the
+    whole log, and fsck warns; one that passes those checks but says other than the log
+    (its checksums made again) is an error fsck names, and a repair drops it."""
+    monkeypatch.setattr(pg_sessions, "COMPACT_AT_CLOSE", 1)
+    s, ids = chain(store, "s1", n=5)
+    s.close()
+    chain(store, "s2", n=5)[0].close()
+    key1, key2 = (sql(url, "SELECT key FROM sessions WHERE id = %s", [sid])[0][0] for sid in ("s1", "s2"))
+    ((pos, good),) = sql(url, "SELECT pos, data FROM states WHERE kind = 2 AND session = %s", [key1])
+    ((last,),) = sql(url, "SELECT last_pos FROM sessions WHERE key = %s", [key1])
+    assert pos == last
+    whole = _state(store, "s1", whole=True)
+    calls = _counting(monkeypatch)
+    assert _state(store, "s1") == whole and _log_reads(calls) == (1, 2)
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 1
+    ((pos2, other),) = sql(url, "SELECT pos, data FROM states WHERE kind = 2 AND session = %s", [key2])
+    assert pos2 == pos
+    for new_pos, data in ((pos, bytes(flipped)), (pos - 2, good), (pos2, other)):
+        sql(url, "UPDATE states SET pos = %s, data = %s WHERE kind = 2 AND session = %s", [new_pos, data, key1])
+        calls.clear()
+        assert _state(store, "s1") == whole
+        # The query from the snapshot (row 1 and the rows from where it ends), then every row.
+        assert _log_reads(calls) == (2, 1 + (last - new_pos + 1) + last)
+        report = fsck(store)
+        assert report.ok and [p.code for p in report.warnings] == ["snapshot-refused"], report.as_dict()
+    # Checksummed again by whoever changed it: trusted by an open, named by fsck, dropped by repair.
+    create, snapshot = pg_sessions.kept_snapshot(good, pos, *(t for _, t in sql(
+        url, "SELECT pos, record FROM log WHERE session = %s AND pos IN (1, %s) ORDER BY pos", [key1, pos])))
+    lying = pg_sessions.snapshot_bytes(create, dict(snapshot, head=ids[1]))
+    sql(url, "UPDATE states SET pos = %s, data = %s WHERE kind = 2 AND session = %s", [pos, lying, key1])
+    assert _state(store, "s1")[2] == ids[1]
+    report = fsck(store)
+    assert not report.ok and [p.code for p in report.errors] == ["snapshot-disagrees"], report.as_dict()
+    plan = plan_repair(store, "s1")
+    assert not plan.damaged and [n for n, _, _ in plan.stale_indexes] == ["snapshot"]
+    assert repair_session(store, "s1").indexes_fixed
+    assert sql(url, "SELECT count(*) FROM states WHERE kind = 2 AND session = %s", [key1]) == [(0,)]
+    assert _state(store, "s1") == whole and fsck(store).ok
+
+
+def test_a_writer_killed_after_a_snapshot_leaves_a_tail_the_next_open_reads_and_adopts(url, monkeypatch):
+    """Lazy appends after the kept snapshot, their writer gone before it committed them: a
+    reader sees them as working state and serves only what the snapshot holds; the next
+    writing open reads the snapshot and those rows alone, and adopts them with a commit."""
+    monkeypatch.setattr(pg_sessions, "COMPACT_AT_CLOSE", 1)
+    st = open_store(url, create=True, sync="never")
+    try:
+        s, ids = chain(st, "s1", n=3)
+        s.close()
+        w = st.session("s1")
+        lazy = [w.append(msg(f"lazy {i}")).id for i in range(2)]
+        w.log._release()  # the writer dies: the server lets go of its hold, nothing more is written
+        w.log._closed = True
+        w.close()
+        snap = st.read("s1")
+        assert list(snap.log_order) == ids + lazy and list(snap.exchange_view()[0]) == ids
+        snap.close()
+        calls = _counting(monkeypatch)
+        w = st.session("s1")
+        assert _log_reads(calls) == (1, 2 + len(lazy))
+        assert any("adopted" in r for r in w.recovered) and w.is_committed(lazy[-1])
+        w.close()
+        assert _state(st, "s1") == _state(st, "s1", whole=True)
+    finally:
+        st.close()
+
+
+def test_a_repair_reads_the_rows_a_kept_snapshot_stands_for(store, url, monkeypatch):
+    """Damage in the rows before a kept snapshot's end is what a repair looks for: its probe
+    reads the whole log, finds it, and the repair drops the snapshot with the log it replaces."""
+    monkeypatch.setattr(pg_sessions, "COMPACT_AT_CLOSE", 1)
+    s, ids = chain(store, "s1", n=4)
+    s.close()
+    assert sql(url, "SELECT count(*) FROM states WHERE kind = 2") == [(1,)]
+    sql(url, "UPDATE log SET record = '{not json' WHERE pos = 3")
+    assert not fsck(store).ok
+    report = repair_session(store, "s1")
+    assert report.damaged and report.repaired
+    assert sql(url, "SELECT count(*) FROM states") == [(0,)]
+    assert _state(store, "s1") == _state(store, "s1", whole=True)
 
 
 def test_repair_of_a_whole_session_sets_a_stale_row_to_its_log(store, url):

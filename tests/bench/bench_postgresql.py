@@ -22,12 +22,18 @@ stores are) and, on the same machine, the file backend:
    objects' raw bytes are copied into tables left to PostgreSQL's own TOAST
    compression (pglz, lz4, a lower ``toast_tuple_target``), so the numbers say
    whether a compression setting would do what the backend's own does.
+5. **open** of the imported session for writing, its first append and its close,
+   then the same again (the second open follows a writer's close): the client's
+   CPU and the server's, and the queries the open sent and the rows they returned
+   (``--only open``, with ``import`` or on its own, which imports into PostgreSQL
+   only). Issue 11: an open costs what changed since the last snapshot, not the
+   session's length. No target: figures to compare between releases.
 
 A missed target is a measurement, not a failure: the exit status is 0 either
 way; 1 when an export does not give back the imported bytes or a store fails.
 
 Run: ``.venv/bin/python tests/bench/bench_postgresql.py [--quick | --entries N]
-[--forks N] [--appends N] [--only appends,import,size] [--keep]``.
+[--forks N] [--appends N] [--only appends,import,size,open] [--keep]``.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -74,7 +81,9 @@ TARGET_APPENDS = 1.0
 TARGET_IMPORT = 2.0
 TARGET_EXPORT = 1.5
 TARGET_SIZE = 3.0
-BENCHES = ("appends", "import", "size")
+BENCHES = ("appends", "import", "size", "open")
+#: Rounds of the open figure (open, one append, close), one after the other.
+OPEN_ROUNDS = 3
 
 
 def say(*args: object) -> None:
@@ -341,6 +350,60 @@ def bench_size(files_root: str, pg_url: str, entries: list, leaf: str, forks: in
 
 
 # ---------------------------------------------------------------------------
+# 5. open, first append, close
+
+
+class _Counted:
+    """The statements sent through psycopg's ``Connection.execute`` while counting, and
+    the rows each returned (an append, sent through libpq itself, is not among them)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.calls: list[tuple[str, int]] = []
+        real = psycopg.Connection.execute
+
+        def execute(conn: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            cur = real(conn, query, *args, **kwargs)
+            if self.on:
+                text = query.decode() if isinstance(query, bytes) else str(query)
+                self.calls.append((" ".join(text.split())[:60], max(cur.rowcount, 0) if cur.description else 0))
+            return cur
+
+        psycopg.Connection.execute = execute  # type: ignore[method-assign]
+
+    def take(self) -> tuple[int, int]:
+        """(queries, rows returned) since the last take."""
+        calls, self.calls = self.calls, []
+        return len(calls), sum(n for _, n in calls)
+
+
+def bench_open(pg_url: str, server: pg_server.PgServer, sid: str, body: dict) -> None:
+    say(f"\n[5] open of the imported session for writing, its first append, its close ({OPEN_ROUNDS} rounds)")
+    counted = _Counted()
+    with open_store(pg_url) as st:
+        for r in range(OPEN_ROUNDS + 1):
+            gc.collect()
+            marks = []
+            counted.on = True
+            for step in ("open", "append" if r else "set_mark", "close"):
+                c0, s0, t0 = time.process_time(), _server_cpu(server), time.perf_counter()
+                if step == "open":
+                    s = st.session(sid)
+                elif step == "append":
+                    s.append(body)
+                elif step == "set_mark":  # (an import is a mirror: round 0 makes it a record)
+                    s.set_mark("record")
+                else:
+                    s.close()
+                marks.append((step, time.process_time() - c0, _server_cpu(server) - s0, time.perf_counter() - t0,
+                               *counted.take()))
+            counted.on = False
+            say(f"    round {r}: " + "; ".join(
+                f"{step} {cpu:.3f} s CPU + {srv:.3f} s in the server ({wall:.3f} s), {q} queries, {rows:,} rows"
+                for step, cpu, srv, wall, q, rows in marks))
+
+
+# ---------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -386,9 +449,17 @@ def main(argv: list[str] | None = None) -> int:
             pg_url = server.store_url("session")
             open_store(pg_url, create=True).close()
             files_root = os.path.join(tmp, "files-session")
-            bench_import_export(files_root, pg_url, server, data, res)
+            sid = bench_import_export(files_root, pg_url, server, data, res)
             if "size" in benches:
                 bench_size(files_root, pg_url, entries, leaf, forks, args.seed, res)
+        if "open" in benches:
+            body = next(_body(e) for e in entries if e.type == "item")
+            if "import" not in benches:
+                pg_url = server.store_url("session")
+                open_store(pg_url, create=True).close()
+                _, cpu, sid = _import(pg_url, data, server)
+                say(f"\n    imported the {len(data) / 1e6:.1f} MB session into PostgreSQL ({cpu:.2f} s CPU, the server's included)")
+            bench_open(pg_url, server, sid, body)
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

@@ -1,6 +1,6 @@
 """fsck of a PostgreSQL store: every object read (decompressed) and re-hashed against its name,
-every log row and session row checked against the records they hold, the edges index
-against the envelopes, and then every session against the one rule set
+every log row and session row checked against the records they hold, each kept snapshot
+against the log it stands for, the edges index against the envelopes, and then every session against the one rule set
 (:func:`agentsession_cas.maintenance.check.check_sessions`, as a store of any backend).
 
 Imported when fsck runs (:meth:`PostgresBackend.fsck`), as the file backend's walk is:
@@ -19,6 +19,7 @@ from ...store.state import replay
 from ..base import FsckReport
 from .objects import envelope_parents, hash_name
 from .schema import SPACE_CODES
+from .sessions import SNAPSHOT, snapshot_problem
 
 if TYPE_CHECKING:
     from . import PostgresBackend
@@ -107,6 +108,11 @@ def _check_rows(db: Database, report: FsckReport) -> None:
                 if (raw is not None and hash_name(bytes(raw)) != entry) or (seq is not None and record.get("seq") != seq):
                     report.add("error", "log-row", f"session {sid}: log row {pos}'s columns disagree with its record", **where)
                 records.append(record)
+            kept = c.execute("SELECT pos, data FROM states WHERE session = %s AND kind = %s", [key, SNAPSHOT]).fetchone()
+            if kept is not None:
+                problem = snapshot_problem(int(kept[0]), bytes(kept[1]), {pos: text for pos, _, _, _, text in rows})
+                if problem is not None:
+                    report.add(problem[0], problem[1], f"session {sid}: {problem[2]}", session=sid, file="states")
             if len(rows) != last_pos:
                 report.add("error", "log-length", f"session {sid}: its row says {last_pos} log record(s), the log holds {len(rows)}",
                            session=sid, file="sessions")

@@ -175,8 +175,11 @@ class PgObjects(ObjectStore):
         self.backend = backend
         self.db = backend.db
         self.codecs = Compression(backend.db)
-        self._order: dict[str, int] = {}
-        self._sequence: list[str] = []
+        #: The expected order as given (:meth:`expect`), made into a list and a map of each
+        #: entry's place on first need.
+        self._expected: Sequence[str] | Callable[[], Iterable[str]] = ()
+        self._order_map: dict[str, int] | None = {}
+        self._sequence_list: list[str] = []
         self._ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
         #: What the read-aheads before fetched and no read took yet, the newest
         #: 4 x READ_AHEAD kept: a reader that takes a chunk's envelopes, then its contents
@@ -302,16 +305,33 @@ class PgObjects(ObjectStore):
 
     # -- the read-ahead ------------------------------------------------------------------
 
-    def expect(self, order: Sequence[str]) -> None:
-        """The entries a reader is about to walk, in order (a session's log): a miss on
-        the first of them, or on the one after the last served, fetches it and the next
-        ones, with their contents."""
-        self._order = {eid: i for i, eid in enumerate(order)}
-        self._sequence = list(order)
+    def expect(self, order: Sequence[str] | Callable[[], Iterable[str]]) -> None:
+        """The entries a reader is about to walk, in order (a session's log), or a function
+        that lists them, called only once an object is read (an open to ask the head
+        reads none, and lists none of a session's 100,000 ids): a miss on the first of
+        them, or on the one after the last served, fetches it and the next ones, with
+        their contents."""
+        self._expected, self._order_map = order, None
         self._ahead, self._behind = {}, {}
         self._last = -1
         self._epoch += 1  # a chunk fetched for the order before is not this one's
         self._next = None
+
+    @property
+    def _order(self) -> dict[str, int]:
+        """Each expected entry's place in the order."""
+        if self._order_map is None:
+            expected = self._expected
+            self._sequence_list = list(expected() if callable(expected) else expected)
+            self._order_map = {eid: i for i, eid in enumerate(self._sequence_list)}
+        return self._order_map
+
+    @property
+    def _sequence(self) -> list[str]:
+        """The expected order."""
+        if self._order_map is None:
+            self._order  # noqa: B018  # (made together)
+        return self._sequence_list
 
     def _walks_forward(self, name: str) -> bool:
         at = self._order.get(name)

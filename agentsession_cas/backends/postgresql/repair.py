@@ -5,7 +5,8 @@ The rules are the file backend's repair planner's, run unchanged over this
 session's rows (:class:`agentsession_cas.backends.files.repair._Planner`, which
 consults the one rule set): each row is spelled as a log line, a row that is no
 record as a line that does not read, and the session's row stands where the
-file backend reads its ``HEAD`` and ``mark`` index files. What the plan keeps is
+file backend reads its ``HEAD`` and ``mark`` index files (and its log is read whole, not
+from a kept snapshot). What the plan keeps is
 written in one transaction: the objects it recovered, the damaged rows copied to
 ``log_aside``, the new rows, and the session's row, conditional on the log
 being as the plan read it. ``docs/repair.md`` states the rules; ``docs/postgresql.md``
@@ -30,7 +31,7 @@ from ..files.log import encode_record, read_log
 from ..files.repair import RepairReport, _build_log, _Planner, check_repairable
 from . import PostgresBackend
 from .objects import copy_rows
-from .sessions import LOG_COLUMNS, LOG_TYPES, log_rows, parse_record
+from .sessions import LOG_COLUMNS, LOG_TYPES, SNAPSHOT, log_rows, parse_record, snapshot_problem
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -108,9 +109,10 @@ def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None
     with backend.db.conn() as c:
         row, texts = backend.sessions.rows(c, session_id)
         fixes, gaps = _row_fixes(c, row[0], texts)
-    _, header_bytes, row_head, row_mark, last_pos, _ = row
+    key, header_bytes, row_head, row_mark, last_pos, _ = row
     try:
-        probe = Session._open(store, session_id, writable=False)
+        with backend.sessions.whole_log():  # (damage in the rows a kept snapshot stands for is sought too)
+            probe = Session._open(store, session_id, writable=False)
     except SessionDamagedError as exc:
         why = exc.why
     else:
@@ -131,6 +133,9 @@ def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None
         for pos, said, (op, seq, raw) in fixes:
             report.stale_indexes.append((f"log row {pos}", said, _columns(op, seq, raw)))
         report.notes.extend(gaps)
+        kept = backend.db.query("SELECT pos, data FROM states WHERE session = %s AND kind = %s", [key, SNAPSHOT])
+        if kept and snapshot_problem(int(kept[0][0]), bytes(kept[0][1]), dict(texts)) is not None:
+            report.stale_indexes.append(("snapshot", f"states kind 2 at log row {kept[0][0]}", "dropped"))
         return report
     header_bytes = bytes(header_bytes)
     header = parse_header(session_id, header_bytes)
@@ -167,6 +172,8 @@ def repair_session(
                                      [op, seq, raw, key, pos])
                     if not gaps:  # (with one, the next append's position is the last row's, not the count)
                         conn.execute("UPDATE sessions SET last_pos = %s WHERE key = %s", [len(texts), key])
+                    if any(name == "snapshot" for name, _, _ in report.stale_indexes):
+                        conn.execute("DELETE FROM states WHERE session = %s AND kind = %s", [key, SNAPSHOT])
                 report.indexes_fixed = True
             return report
         if confirm is not None and not confirm(report):

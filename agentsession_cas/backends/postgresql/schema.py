@@ -24,8 +24,9 @@ __all__ = ["SCHEMA_VERSION", "UPGRADES", "SPACE_CODES", "MigrationPlan", "create
 #: The version of the tables this release creates and reads. Version 2: no ``sum`` column
 #: (every reader hashes what it decoded against the name), one index on ``edges``, and
 #: the ``dictionaries`` of codec 2 (see :mod:`.compression`). Version 3: the ``blocks``
-#: of codec 3. Version 4: the ``states`` a writer leaves at close.
-SCHEMA_VERSION = 4
+#: of codec 3. Version 4: the ``states`` a writer leaves at close. Version 5: the
+#: ``states`` of kind 2, a snapshot of the replayed log that an open starts from.
+SCHEMA_VERSION = 5
 
 #: The three hash spaces, as the ``space`` column holds them.
 SPACE_CODES: dict[str, int] = {"entries": 0, "contents": 1, "blobs": 2}
@@ -123,13 +124,15 @@ def create_statements(schema: str) -> list[str]:
 #: What a writer leaves at close so the next reader need not read the session (the file
 #: backend's ``summary`` and ``rules`` files): kind 0 the summary ``list`` shows, kind 1
 #: the append rules' state, each the domain's JSON object in canonical bytes (TOAST
-#: compresses the big ones), with ``pos``, the log's length it describes. Indexes: a row
-#: lost or stale is rebuilt from the log, and the domain checks each against the log
-#: before it trusts it. Keyed by the session's incarnation, so a session made again
-#: never finds the last one's.
+#: compresses the big ones), with ``pos``, the log's length it describes; kind 2 the
+#: log's first ``pos`` records as the file backend compacts them (its ``create`` and
+#: ``snapshot`` lines, checksummed: :mod:`.sessions`), which an open replays with the
+#: rows after ``pos``. Indexes: a row lost or stale is rebuilt from the log, and each is
+#: checked against the log before it is trusted. Keyed by the session's incarnation, so
+#: a session made again never finds the last one's.
 STATES = """CREATE TABLE {schema}.states (
             session bigint NOT NULL,
-            kind smallint NOT NULL CHECK (kind IN (0, 1)),
+            kind smallint NOT NULL CHECK (kind IN (0, 1, 2)),
             pos integer NOT NULL,
             data bytea NOT NULL,
             PRIMARY KEY (session, kind))"""
@@ -227,8 +230,15 @@ UPGRADES: dict[int, list[str]] = {
     # 2 -> 3. Rows keep their codecs; objects written after it may name blocks.
     2: BLOCKS,
     # 3 -> 4. No row changes: each session's states are written at its next close (until
-    # then its readers read its log, as before).
+    # then its readers read its log, as before). (The table made here takes kind 2 too,
+    # which the step to 5 allows again.)
     3: [STATES],
+    # 4 -> 5. No row changes: a session's snapshot (kind 2) is kept once a writer's close
+    # finds enough records since the last one (until then its opens read its log, as before).
+    4: [
+        "ALTER TABLE {schema}.states DROP CONSTRAINT states_kind_check",
+        "ALTER TABLE {schema}.states ADD CONSTRAINT states_kind_check CHECK (kind IN (0, 1, 2))",
+    ],
 }
 
 

@@ -29,11 +29,14 @@ takes their rows, objects and head update together.
 from __future__ import annotations
 
 import builtins
+import itertools
 import json
 import os
 import socket
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal
 
 from psycopg import pq
 
@@ -46,7 +49,21 @@ from ...errors import (
     StoreError,
 )
 from ...format.canonical import canonical_bytes
-from ..base import COMMIT_POINTS, Append, LogHistory, LogOpen, Mark, Record, SessionLog, SessionStore, Space
+from ...lean import dataclass
+from ..base import (
+    COMMIT_POINTS,
+    Append,
+    CreatedRecords,
+    LogHistory,
+    LogOpen,
+    Mark,
+    Record,
+    SessionLog,
+    SessionStore,
+    Space,
+)
+from ..files.log import AppendRow, chain, make_snapshot, read_log, record_body, run_snapshot, with_digests
+from ..files.sessions import _APPEND_LINE_MIN, COMPACT_AT_CLOSE, COMPACT_WHILE_WRITING, _append_row
 from .arrays import bool_array, boolean, bytea_array, int2_array, int4, int4_array, int8, text_array
 from .database import checked, psycopg, translate
 from .objects import IN_PACKED, copy_rows, object_rows, packed, raw_hash
@@ -54,7 +71,7 @@ from .objects import IN_PACKED, copy_rows, object_rows, packed, raw_hash
 if TYPE_CHECKING:
     from . import PostgresBackend
 
-__all__ = ["PgSessions", "PgSessionLog"]
+__all__ = ["PgSessions", "PgSessionLog", "SNAPSHOT", "kept_snapshot", "snapshot_bytes", "snapshot_disagrees", "snapshot_problem"]
 
 #: The log's columns and their types, for COPY.
 LOG_COLUMNS = "log (session, pos, op, seq, hash, content, record)"
@@ -76,7 +93,10 @@ _NOT_PREPARED = b"26000"
 #: Every parameter of the append in the binary format.
 _BINARY = [1] * 19
 #: The ``states`` rows' kinds (schema.STATES).
-_SUMMARY, _RULES = 0, 1
+_SUMMARY, _RULES, SNAPSHOT = 0, 1, 2
+#: The fewest appends of a session created whole that its create keeps a snapshot of (as
+#: many as the file backend's create counts to make a log :data:`COMPACT_AT_CLOSE` long).
+_SNAPSHOT_CREATED = COMPACT_AT_CLOSE // _APPEND_LINE_MIN
 
 
 def _call_append(conn: Any, params: list[bytes | None]) -> bool:
@@ -167,6 +187,74 @@ def _uncommitted_tail(records: list[dict[str, Any]]) -> bool:
     return bool(records) and records[-1].get("op") not in COMMIT_POINTS
 
 
+# -- the kept snapshot: the log's first records as the file backend compacts them -------
+
+
+def snapshot_bytes(create: Mapping[str, Any], snapshot: Mapping[str, Any]) -> bytes:
+    """A kept snapshot's bytes: the ``create`` record and the ``snapshot`` of the records
+    after it, as the file backend's compacted log holds them (two chained, checksummed
+    lines: :mod:`..files.log` is the one place of that form)."""
+    return chain([record_body(dict(create)), record_body(dict(snapshot))])[0]
+
+
+def kept_snapshot(data: bytes, pos: int, first: str | None, last: str | None) -> tuple[dict[str, Any], dict[str, Any]] | str:
+    """The (create, snapshot) records of a kept snapshot standing for a log's first ``pos``
+    rows, given the text of the log's row 1 (``first``) and of its row ``pos`` (``last``),
+    or why it is not trusted: its lines must read (checksums, chain), be a create and the
+    snapshot of ``pos - 1`` records, its create must be the log's own (another incarnation's
+    or a repaired log's is not) and the row it ends at a commit point (a snapshot is made
+    of committed records only)."""
+    if pos < 2 or first is None or last is None:
+        return f"it stands for {pos} log row(s), which the log does not hold"
+    read = read_log(data, expand=False)
+    if read.damage or read.cut or [r.op for r in read.records] != ["create", "snapshot"]:
+        return "its lines do not read as a create and a snapshot record (damaged)"
+    create, snapshot = read.records[0].data, read.records[1].data
+    if snapshot["records"] != pos - 1:
+        return f"its snapshot stands for {snapshot['records']} record(s) after the create, not the log's {pos - 1}"
+    if parse_record(first) != create:
+        return "its create record is not the log's (another incarnation's, or a log rewritten since)"
+    end = parse_record(last)
+    if isinstance(end, str) or end.get("op") not in COMMIT_POINTS:
+        return f"log row {pos}, where it ends, is no commit point"
+    return create, snapshot
+
+
+def snapshot_disagrees(create: Mapping[str, Any], snapshot: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a kept snapshot that an open would trust says other than the log's records
+    it stands for (the whole log's first ones, create included): fsck's question, made by
+    snapshotting those records again and comparing the two lines' bytes."""
+    again = make_snapshot(dict(records[0]), (dict(r) for r in records[1:]))
+    return snapshot_bytes(create, snapshot) != snapshot_bytes(records[0], again)
+
+
+def snapshot_problem(
+    pos: int, data: bytes, texts: Mapping[int, str]
+) -> tuple[Literal["error", "warning"], str, str] | None:
+    """What is wrong with a session's kept snapshot (``pos``, ``data``) against its whole
+    log (``texts``, row -> record text), as (severity, code, why), or None: fsck's finding
+    and what makes a repair drop it. One an open refuses costs only a full read (a
+    warning); one an open trusts though it says other than the log is an error."""
+    got = kept_snapshot(data, pos, texts.get(1), texts.get(pos))
+    if isinstance(got, str):
+        return "warning", "snapshot-refused", f"its kept snapshot (states kind 2, log row {pos}) is not trusted: {got}; " \
+            "every open reads the whole log until a writer's close keeps another"
+    records = [r for p in range(1, pos + 1) if not isinstance(r := parse_record(texts.get(p, "")), str)]
+    if len(records) != pos:
+        return None  # (the log's own damage, which is reported as such; a repair drops the states)
+    if snapshot_disagrees(got[0], got[1], records):
+        return "error", "snapshot-disagrees", f"its kept snapshot (states kind 2, log row {pos}) passes the checks an " \
+            "open makes but says other than the log's records it stands for: opens read the session wrong " \
+            "(agentsession repair drops it)"
+    return None
+
+
+def _row_of(record: Record) -> dict[str, Any] | AppendRow:
+    """What a writer keeps of a record it wrote, for its next snapshot: an append as its
+    row (:data:`~..files.log.AppendRow`, no dict made of it), any other as its members."""
+    return _append_row(record) if isinstance(record, Append) else record
+
+
 class PgSessionLog(SessionLog):
     """One session's log: writable (its own connection, holding the advisory lock) or a snapshot."""
 
@@ -188,6 +276,23 @@ class PgSessionLog(SessionLog):
         self._parked = False
         #: What the domain handed over to keep at close (``states``), by kind.
         self._states: dict[int, Mapping[str, Any]] = {}
+        #: What the writer knows of its log, for the next snapshot (kind 2): the create
+        #: record (None: unknown, no snapshot is made), the snapshot the log starts from
+        #: (None: none), and the records after it, with their bytes in the log.
+        self._create: dict[str, Any] | None = None
+        self._base: dict[str, Any] | None = None
+        self._since: list[dict[str, Any] | AppendRow] = []
+        self._since_bytes = 0
+        #: The size of the snapshot last kept or read (one made while writing waits for as
+        #: many new bytes, so the bytes rewritten stay proportional to the bytes appended).
+        self._base_bytes = 0
+
+    def _know(self, create: Mapping[str, Any] | None, base: dict[str, Any] | None,
+              since: Iterable[dict[str, Any] | AppendRow], since_bytes: int, base_bytes: int = 0) -> None:
+        """Start keeping the log's records for its next snapshot (a writer only)."""
+        if self.writable and isinstance(create, Mapping) and create.get("op") == "create":
+            self._create, self._base, self._since = dict(create), base, list(since)
+            self._since_bytes, self._base_bytes = since_bytes, base_bytes
 
     def _check(self) -> Any:
         if self._closed:
@@ -230,6 +335,16 @@ class PgSessionLog(SessionLog):
         except psycopg.Error as exc:
             raise StoreError(f"session {self.session_id}: the write failed and was rolled back: {exc}") from exc
         self.last_pos, self.head, self.mark = end, head, mark
+        if self._create is not None:
+            self._since.extend(_row_of(r) for r in records)
+            self._since_bytes += sum(map(len, cols[6]))
+            if self._since_bytes >= max(COMPACT_WHILE_WRITING, self._base_bytes) and self._at_commit_point():
+                self._keep({SNAPSHOT: self._make_snapshot()})
+
+    def _at_commit_point(self) -> bool:
+        """Whether the log's last record is a commit point (so every record is committed)."""
+        last = self._since[-1] if self._since else None
+        return last is None or (isinstance(last, dict) and last.get("op") in COMMIT_POINTS)
 
     def _lost_hold(self) -> None:
         rows = self.backend.db.query("SELECT fence FROM sessions WHERE key = %s", [self.key])
@@ -273,22 +388,40 @@ class PgSessionLog(SessionLog):
         kept = self.backend.sessions.states(self.key, _RULES)
         return kept[1] if kept is not None else None
 
+    def _make_snapshot(self) -> bytes:
+        """A snapshot of the log as it is now (every record committed: the caller's to
+        know), which the records since become the base of."""
+        assert self._create is not None
+        before = [self._base] if self._base is not None else []
+        snapshot = with_digests(make_snapshot(self._create, itertools.chain(before, self._since)))
+        data = snapshot_bytes(self._create, snapshot)
+        self._base, self._since, self._since_bytes, self._base_bytes = snapshot, [], 0, len(data)
+        return data
+
     def _keep_states(self) -> None:
-        """The states handed over, in ``states``, as of the log's length now: one statement,
-        committed asynchronously (an index: lost, the next open rebuilds it), written only
-        while this handle still holds the session at that length."""
+        """The states handed over, in ``states``, as of the log's length now, and a snapshot
+        of the log when it grew :data:`COMPACT_AT_CLOSE` bytes of records since the last
+        (the file backend's rule for compacting at close)."""
         states, self._states = self._states, {}
-        if not states or self.conn is None or self.stopped or self._parked:
+        if self.conn is None or self.stopped or self._parked:
             return
-        kinds, data = [], []
+        kept: dict[int, bytes] = {}
         for kind, value in sorted(states.items()):
             try:
-                data.append(canonical_bytes(value))
+                kept[kind] = canonical_bytes(value)
             except (ValueError, AgentSessionError):
                 continue  # no I-JSON: none is kept, the next reader rebuilds it
-            kinds.append(kind)
-        if not kinds:
+        if self._create is not None and self._since_bytes >= COMPACT_AT_CLOSE and self._at_commit_point():
+            kept[SNAPSHOT] = self._make_snapshot()
+        self._keep(kept)
+
+    def _keep(self, kept: Mapping[int, bytes]) -> None:
+        """``kept`` (kind -> bytes) in ``states`` as of the log's length now: one statement,
+        committed asynchronously (an index: lost, the next open rebuilds it), written only
+        while this handle still holds the session at that length."""
+        if not kept or self.conn is None:
             return
+        kinds, data = list(kept), list(kept.values())
         try:
             with self.conn.transaction():
                 self.conn.execute("SET LOCAL synchronous_commit = off")
@@ -363,6 +496,43 @@ def _state(data: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+@dataclass
+class _Start:
+    """A kept snapshot an open trusts: its create and snapshot records, the log's length it
+    stands for, and its size in bytes."""
+
+    create: dict[str, Any]
+    snapshot: dict[str, Any]
+    pos: int
+    size: int
+
+
+@dataclass
+class _Records:
+    """A log as an open read it: its records (from a kept snapshot: the create, the
+    snapshot, then the records after), where the records after the create or snapshot
+    begin, their bytes in the log, the log's length the records stand for, and the size
+    of the snapshot read (0: none)."""
+
+    records: list[dict[str, Any]]
+    since: int
+    since_bytes: int
+    length: int
+    base_bytes: int
+
+
+def _appended(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The entries a log's records append, in order (a snapshot's first)."""
+    out: list[str] = []
+    for r in records:
+        op = r.get("op")
+        if op == "append" and "entry" in r:
+            out.append(r["entry"])
+        elif op == "snapshot":
+            out.extend(r["entries"])
+    return out
+
+
 class _Fenced(Exception):
     """The conditional update matched no row: this handle no longer holds the session."""
 
@@ -371,6 +541,7 @@ class PgSessions(SessionStore):
     def __init__(self, backend: PostgresBackend):
         self.backend = backend
         self.db = backend.db
+        self._local = threading.local()
 
     # -- the hold -----------------------------------------------------------------------
 
@@ -413,14 +584,29 @@ class PgSessions(SessionStore):
 
     def rows(self, conn: Any, session_id: str) -> tuple[tuple[Any, ...], builtins.list[tuple[int, str]]]:
         """The session's row and its log's rows (position, record text), in one snapshot."""
-        row, texts, _ = self._snapshot(conn, session_id, ())
+        row, texts, _, _ = self._snapshot(conn, session_id, ())
         return row, texts
 
+    @contextmanager
+    def whole_log(self) -> Iterator[None]:
+        """Opens in this thread, meanwhile, read every log row, whatever snapshot is kept
+        (a repair's probe: damage in the rows a snapshot stands for is what it looks for)."""
+        before = getattr(self._local, "whole", False)
+        self._local.whole = True
+        try:
+            yield
+        finally:
+            self._local.whole = before
+
     def _snapshot(
-        self, conn: Any, session_id: str, kinds: Sequence[int]
-    ) -> tuple[tuple[Any, ...], builtins.list[tuple[int, str]], dict[int, tuple[int, bytes]]]:
+        self, conn: Any, session_id: str, kinds: Sequence[int], *, start: bool = False
+    ) -> tuple[tuple[Any, ...], builtins.list[tuple[int, str]], dict[int, tuple[int, bytes]], _Start | None]:
         """:meth:`rows`, and the ``states`` of ``kinds`` kept for the session (kind ->
-        (log length, bytes)), all in one snapshot."""
+        (log length, bytes)), all in one snapshot. With ``start``, from the log's kept
+        snapshot where one is trusted (:func:`kept_snapshot`): the rows are then row 1, the
+        row the snapshot ends at and those after it (one query on the log's key), and the
+        snapshot is returned too; else every row."""
+        whole = not start or getattr(self._local, "whole", False)
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             row = conn.execute(
@@ -428,24 +614,49 @@ class PgSessions(SessionStore):
             ).fetchone()
             if row is None:
                 raise NoSuchSessionError(f"no such session: {session_id}")
-            texts = conn.execute("SELECT pos, record FROM log WHERE session = %s ORDER BY pos", [row[0]]).fetchall()
-            kept = {} if not kinds else {int(k): (int(p), bytes(d)) for k, p, d in conn.execute(
-                "SELECT kind, pos, data FROM states WHERE session = %s AND kind = ANY(%s)", [row[0], list(kinds)]).fetchall()}
-        return row, texts, kept
+            key, last_pos = row[0], row[4]
+            want = list(kinds) if whole else [*kinds, SNAPSHOT]
+            # (binary: a snapshot's bytes as they are, not twice as many hex digits to decode)
+            kept = {} if not want else {int(k): (int(p), bytes(d)) for k, p, d in conn.execute(
+                "SELECT kind, pos, data FROM states WHERE session = %s AND kind = ANY(%s)", [key, want],
+                binary=True).fetchall()}
+            found, texts = None, None
+            if SNAPSHOT in kept:
+                pos, data = kept.pop(SNAPSHOT)
+                if 2 <= pos <= last_pos:
+                    texts = conn.execute(
+                        "SELECT pos, record FROM log WHERE session = %s AND pos = 1 UNION ALL "
+                        "SELECT pos, record FROM log WHERE session = %s AND pos >= %s ORDER BY pos", [key, key, pos]).fetchall()
+                    first = texts[0][1] if texts and texts[0][0] == 1 else None
+                    last = texts[1][1] if len(texts) > 1 and texts[1][0] == pos else None
+                    got = kept_snapshot(data, pos, first, last)
+                    if not isinstance(got, str):
+                        found = _Start(got[0], got[1], pos, len(data))
+            if found is None:
+                texts = conn.execute("SELECT pos, record FROM log WHERE session = %s ORDER BY pos", [key]).fetchall()
+        assert texts is not None
+        return row, texts, kept, found
 
     def _read(
         self, conn: Any, session_id: str, kinds: Sequence[int] = ()
-    ) -> tuple[tuple[Any, ...], builtins.list[dict[str, Any]], dict[int, dict[str, Any]]]:
-        """The session's row, its log's records and the states of ``kinds`` that parse;
-        SessionDamagedError at a row that is no record."""
-        row, texts, kept = self._snapshot(conn, session_id, kinds)
-        records = []
-        for pos, text in texts:
+    ) -> tuple[tuple[Any, ...], _Records, dict[int, dict[str, Any]]]:
+        """The session's row, its log's records (from its kept snapshot where one is
+        trusted) and the states of ``kinds`` that parse; SessionDamagedError at a row that
+        is no record."""
+        row, texts, kept, start = self._snapshot(conn, session_id, kinds, start=True)
+        records: builtins.list[dict[str, Any]] = []
+        skip = 0
+        if start is not None:
+            records, skip = [start.create, start.snapshot], 2  # (rows 1 and pos: the snapshot stands for them)
+        tail = texts[skip:]
+        for pos, text in tail:
             record = parse_record(text)
             if isinstance(record, str):
                 raise SessionDamagedError(f"log row {pos} {record}", session=session_id, line=pos, offset=0)
             records.append(record)
-        return row, records, {k: v for k, (_, data) in kept.items() if (v := _state(data)) is not None}
+        out = _Records(records, skip or 1, sum(len(t) for _, t in tail[0 if skip else 1 :]),
+                       start.pos + len(tail) if start is not None else len(tail), start.size if start is not None else 0)
+        return row, out, {k: v for k, (_, data) in kept.items() if (v := _state(data)) is not None}
 
     def states(self, key: int, kind: int) -> tuple[int, dict[str, Any]] | None:
         """The state of ``kind`` kept for the session incarnation ``key``: (the log's length it
@@ -470,9 +681,10 @@ class PgSessions(SessionStore):
     def open(self, session_id: str, *, writable: bool) -> tuple[SessionLog, LogOpen]:
         if not writable:
             with self.db.conn() as c:
-                row, records, kept = self._read(c, session_id, (_SUMMARY,))
+                row, got, kept = self._read(c, session_id, (_SUMMARY,))
+            records = got.records
             # A snapshot is mostly opened to be read whole (a projection): read ahead.
-            self.backend.objects.expect([r["entry"] for r in records if r.get("op") == "append" and "entry" in r])
+            self.backend.objects.expect(lambda: _appended(records))
             key, header, head, mark, last_pos, _ = row
             log = PgSessionLog(self.backend, session_id, key, writable=False, last_pos=last_pos, head=head, mark=mark)
             return log, LogOpen(bytes(header), records, head, mark, summary=kept.get(_SUMMARY))
@@ -480,7 +692,7 @@ class PgSessions(SessionStore):
         conn = self.take(session_id)
         try:
             with translate(self.backend.describe()):
-                row, records, kept = self._read(conn, session_id, (_SUMMARY, _RULES))
+                row, got, kept = self._read(conn, session_id, (_SUMMARY, _RULES))
                 key, header, head, mark, last_pos, _ = row
                 fence = conn.execute(
                     "UPDATE sessions SET fence = fence + 1, holder = %s WHERE key = %s RETURNING fence", [_holder(), key]
@@ -488,14 +700,17 @@ class PgSessions(SessionStore):
         except BaseException:
             self.let_go(conn)
             raise
-        if len(records) != last_pos:
+        if got.length != last_pos:
             self.let_go(conn)
             raise StoreError(
                 f"session {session_id}: its row says the log has {last_pos} record(s), the log table holds "
-                f"{len(records)}; run agentsession fsck"
+                f"{got.length}; run agentsession fsck"
             )
+        records = got.records
         log = PgSessionLog(self.backend, session_id, key, writable=True, conn=conn, fence=int(fence),
                            last_pos=last_pos, head=head, mark=mark)
+        log._know(records[0] if records else None, records[1] if got.since == 2 else None, records[got.since :],
+                  got.since_bytes, got.base_bytes)
         recovered: builtins.list[str] = []
         if _uncommitted_tail(records):
             log._recover = [{"op": "commit"}]
@@ -526,6 +741,13 @@ class PgSessions(SessionStore):
             raise SessionExistsError(f"session {session_id} already exists (another writer holds it)") from None
         base = next((r.get("base") for r in records if isinstance(r, dict) and r.get("op") == "create"), None)
         final_head, final_mark = indexes_after(records, None, mark)
+        # A session created whole with many entries (an import) keeps its snapshot at once,
+        # made of the ids as they are, so its first open reads none of its rows.
+        snapshot = None
+        if isinstance(records, CreatedRecords) and len(records.own) >= _SNAPSHOT_CREATED \
+                and records.tail and records.tail[-1].get("op") in COMMIT_POINTS:
+            snapshot = with_digests(run_snapshot(records.create, records.own, records.leaf_labels, records.tail))
+            kept = snapshot_bytes(records.create, snapshot)
         try:
             with translate(self.backend.describe()), conn.transaction():
                 self.backend.objects.barrier(conn)
@@ -539,12 +761,25 @@ class PgSessions(SessionStore):
                 if row is None:
                     raise SessionExistsError(f"session {session_id} already exists")
                 key = int(row[0])
-                copy_rows(conn, LOG_COLUMNS, LOG_TYPES, log_rows(key, 0, records))
+                rows = log_rows(key, 0, records)
+                copy_rows(conn, LOG_COLUMNS, LOG_TYPES, rows)
+                if snapshot is not None:
+                    conn.execute("INSERT INTO states (session, kind, pos, data) VALUES (%s, %s, %s, %s)",
+                                 [key, SNAPSHOT, len(records), kept])
         except BaseException:
             self.let_go(conn)
             raise
-        return PgSessionLog(self.backend, session_id, key, writable=True, conn=conn, fence=1,
-                            last_pos=len(records), head=final_head, mark=final_mark)
+        log = PgSessionLog(self.backend, session_id, key, writable=True, conn=conn, fence=1,
+                           last_pos=len(records), head=final_head, mark=final_mark)
+        if snapshot is not None:
+            assert isinstance(records, CreatedRecords)
+            log._know(records.create, snapshot, (), 0, len(kept))
+            log.created_records = [records.create, snapshot]  # (the domain replays these: no record per entry)
+        elif records:
+            first = records[0]
+            log._know(first if isinstance(first, dict) else None, None, (_row_of(r) for r in records[1:]),
+                      sum(len(r[6]) for r in rows[1:]))
+        return log
 
     def _hold_prefix(self, conn: Any, prefix: Sequence[tuple[str, str]]) -> None:
         """Hold the prefix from a sweep with one ``holds`` row (not one write per object: a
