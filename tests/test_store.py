@@ -1973,6 +1973,31 @@ def test_lazy_append_is_one_line_and_no_fsync(root, monkeypatch):
     st.close()
 
 
+def test_lazy_appends_write_the_lines_a_batch_writes(root):
+    """A lazy append's line is framed on its own (FileSessionLog._write_append); the same
+    entries committed lazily as one batch go through the general write: the two logs hold
+    the same records and payloads, each line linked to the one before it."""
+    from agentsession_cas.backends.files.log import line_bodies
+
+    st = Store.init(root, sync="never")
+    entries = [msg(f"m{i}", ts=f"2026-09-17T12:00:0{i}Z") for i in range(4)]
+    entries.append({"type": "item", "item": {"type": "message", "role": "user", "content": "x"},
+                    "parent": None, "ts": "2026-09-17T12:00:09Z"})  # branched: the head stays
+    one = st.create(Header.new("one", created_at="2026-09-17T12:00:00Z"))
+    singly = [one.append(e) for e in entries]
+    assert not any(r.durable for r in singly)
+    two = st.create(Header.new("two", created_at="2026-09-17T12:00:00Z"))
+    batch = two.prepare(entries).commit(durable=False)
+    assert [(r.id, r.outcome, r.head, r.seq, r.durable) for r in singly] == \
+        [(r.id, r.outcome, r.head, r.seq, r.durable) for r in batch]
+    logs = [_log(root, sid).read_bytes() for sid in ("one", "two")]
+    bodies = [line_bodies(data) for data in logs]
+    assert bodies[0] is not None and bodies[1] is not None  # every line's checksum holds
+    assert bodies[0][1:] == bodies[1][1:] and len(bodies[0]) == 1 + len(entries)  # (after create)
+    assert all(not read_log(data).damage and read_log(data).cut is None for data in logs)
+    st.close()
+
+
 def test_checkpoint_every_1024_appends(root):
     assert CHECKPOINT_ENTRIES == 1024
     st = Store.init(root, sync="never")

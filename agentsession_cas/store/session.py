@@ -21,7 +21,7 @@ import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
 
 from ..backends.base import Append, Mark, ObjectStore, Record, SessionLog
 from ..errors import (
@@ -164,9 +164,9 @@ class AppendResult:
         }
 
 
-@dataclass
-class _Planned:
-    """One entry of a prepared batch: the entry, its objects, and what it will do."""
+class _Planned(NamedTuple):
+    """One entry of a prepared batch: the entry, its objects, and what it will do (a
+    tuple: one is made an append, and a tuple's making costs less than a class's)."""
 
     entry: Entry
     content: bytes
@@ -799,7 +799,7 @@ class Session:
             # Below the base: never on the prefix above it (an id hashes its parent's, so no
             # entry is an ancestor of its parent), and asked of no object by the rules either.
             self._off_prefix = eid
-        elif self.on_prefix(eid):
+        elif state.base is not None and self.on_prefix(eid):  # (no base: on no prefix)
             raise AppendRefusedError(
                 f"entry {eid} is {'the base' if eid == self.base else 'on the prefix above the base'}: "
                 "an own entry hangs from the base or another own entry, and is not one of them",
@@ -893,9 +893,15 @@ class Session:
         """Write the append records of ``planned`` (one write of the log), committed when
         ``durable`` says so or, when it is None, when any of them asks to be; then take
         them into the session's state."""
-        records = [p.record for p in planned if p.record is not None]
-        if not records:
-            return
+        if len(planned) == 1:  # (an append's write)
+            one = planned[0].record
+            if one is None:
+                return
+            records = [one]
+        else:
+            records = [p.record for p in planned if p.record is not None]
+            if not records:
+                return
         if durable is None:
             commit = False
             for r in records:  # (a loop, not any() over a generator: one record, most often)

@@ -60,7 +60,8 @@ from ..digests import EntryDigests, SeqRuns
 
 __all__ = [
     "Record", "encode_record", "read_log", "scan_log", "LogRead", "LogDamage", "LogLine", "CHECKSUM_HEX",
-    "make_snapshot", "expand_snapshot", "read_tail", "checksummed_line", "checked_body", "frame", "chain", "encode_log",
+    "make_snapshot", "expand_snapshot", "read_tail", "checksummed_line", "checked_body", "frame", "chain", "chain_one",
+    "encode_log",
     "record_body", "append_body", "line_checksum", "ZERO_LINK", "header_of", "line_bodies", "LINE_OVERHEAD",
     "SnapshotIds", "snapshot_ids_file", "read_snapshot_ids", "snapshot_raw", "snapshot_ids_disagree",
     "with_digests",
@@ -82,14 +83,17 @@ _SNAPSHOT_OTHERS = _SNAPSHOT_KEEPS | {"append"}
 _blake3 = blake3.blake3
 
 
+_CHECKSUM_BYTES = CHECKSUM_HEX // 2
+
+
 def _checksum(data: bytes | memoryview) -> str:
-    return _blake3(data).digest(CHECKSUM_HEX // 2).hex()
+    return _blake3(data).digest(_CHECKSUM_BYTES).hex()
 
 
 def _framed(covered: bytes) -> tuple[bytes, bytes]:
     """The line of ``covered`` (its checksum, a space, it, LF) and the checksum, as
-    bytes: what :func:`frame` and :func:`chain` share (the next line's link is the
-    checksum's ASCII, never decoded and encoded again between lines)."""
+    bytes: what :func:`frame`, :func:`chain` and :func:`chain_one` share (the next
+    line's link is the checksum's ASCII, never decoded and encoded again between lines)."""
     c = _checksum(covered).encode("ascii")
     return b"".join((c, b" ", covered, b"\n")), c
 
@@ -141,9 +145,16 @@ def chain(bodies: Iterable[bytes], prev: str = ZERO_LINK) -> tuple[bytes, str]:
     link = prev.encode("ascii")
     out = []
     for body in bodies:
-        line, link = _framed(b"".join((link, b" ", body)))
+        line, link = chain_one(body, link)
         out.append(line)
     return (out[0] if len(out) == 1 else b"".join(out)), link.decode("ascii")
+
+
+def chain_one(body: bytes, prev: bytes) -> tuple[bytes, bytes]:
+    """One record's bytes framed as the line after the line whose checksum is ``prev``
+    (ASCII): (the line, its checksum, which the next line links to). What :func:`chain`
+    does for each of its records, and a writer's lone append does alone."""
+    return _framed(b"".join((prev, b" ", body)))
 
 
 def encode_log(records: Iterable[dict[str, Any] | tuple[dict[str, Any], tuple[bytes, bytes] | None]]) -> bytes:
