@@ -638,7 +638,7 @@ def test_a_plan_that_does_not_read_back_changes_nothing(tmp_path, monkeypatch):
     root = tmp_path / "store"
     build(root)
     flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
-    real = repair_module._build_log
+    real = repair_module.build_log
 
     def broken(report, name):  # loses an append: the replay no longer matches the plan
         data = real(report, name)
@@ -646,7 +646,7 @@ def test_a_plan_that_does_not_read_back_changes_nothing(tmp_path, monkeypatch):
         i = next(i for i, ln in enumerate(lines) if b'"op":"append"' in ln)
         return b"\n".join(lines[:i] + lines[i + 1 :])
 
-    monkeypatch.setattr(repair_module, "_build_log", broken)
+    monkeypatch.setattr(repair_module, "build_log", broken)
     before = files(root / "sessions")
     with pytest.raises(StoreError, match="does not read back"):
         repair_session(Store(root), SID)

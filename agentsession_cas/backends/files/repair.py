@@ -300,7 +300,7 @@ def _seq_of(data: dict[str, Any]) -> int | None:
 # -- the plan ------------------------------------------------------------------------------
 
 
-class _Planner:
+class RepairPlanner:
     """Works out a repair from the header, the log's bytes and the objects; writes nothing."""
 
     def __init__(
@@ -1104,14 +1104,14 @@ def plan_repair(
         except OSError as exc:
             raise StoreError(f"session {session_id}: its header cannot be read ({exc}); repair needs it") from None
     header = parse_header(session_id, header_bytes)
-    report = _Planner(store, session_id, header, header_bytes, source or b"", why, progress).run()
+    report = RepairPlanner(store, session_id, header, header_bytes, source or b"", why, progress).run()
     report._source = source
     if report._create:
         report._create = dict(report._create, header=header.data)  # the log keeps holding it
     return report
 
 
-def _build_log(report: RepairReport, damaged_log: str | None) -> bytes:
+def build_log(report: RepairReport, damaged_log: str | None) -> bytes:
     repair: dict[str, Any] = {
         "op": "repair",
         "at": now_ts(),
@@ -1314,7 +1314,7 @@ def repair_session(
         aside_name = None
         if before is not None:
             aside_name = _existing_aside(sdir, log_path, before) or _damaged_log_name()
-        data = _build_log(report, aside_name)
+        data = build_log(report, aside_name)
         stage = os.path.join(_files(store).root, "tmp", f"repair-{session_id}-{os.getpid()}-{os.urandom(4).hex()}")
         os.makedirs(stage)
         try:

@@ -233,12 +233,12 @@ def _held_item(record: Record, offset: int) -> tuple[Any, ...]:
     session keeps one per append, and every full collection would walk an
     :class:`Append` object each); any other record as its members."""
     if isinstance(record, Append):
-        r = record  # its row (_append_row) and the offset, made inline: every append pays for it
+        r = record  # its row (append_row) and the offset, made inline: every append pays for it
         return (r.seq, r.entry, r.head, r.head_moved, r.leaf_label, r.lazy, offset)
     return (record, offset)
 
 
-def _append_row(r: Append) -> AppendRow:
+def append_row(r: Append) -> AppendRow:
     """An append as its row (:data:`~.log.AppendRow`): what compaction and a created log's
     snapshot read of it, with no dict made of it."""
     return (r.seq, r.entry, r.head, r.head_moved, r.leaf_label, r.lazy)
@@ -246,7 +246,7 @@ def _append_row(r: Append) -> AppendRow:
 
 #: The fewest bytes an append record's line takes (checksum, link, op, seq and a full
 #: entry id): how many appends make a log at least :data:`COMPACT_AT_CLOSE` long.
-_APPEND_LINE_MIN = 100
+APPEND_LINE_MIN = 100
 
 
 def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int, list[dict[str, Any]] | None]:
@@ -259,7 +259,7 @@ def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int, list[dict[
     lines, not 100,000 appends that its close would read back and every open (and the
     creating session's own state) would replay one by one; their ids given as digests
     (:class:`CreatedRecords`), the snapshot is made of them as they are."""
-    if isinstance(records, CreatedRecords) and len(records.own) * _APPEND_LINE_MIN >= COMPACT_AT_CLOSE:
+    if isinstance(records, CreatedRecords) and len(records.own) * APPEND_LINE_MIN >= COMPACT_AT_CLOSE:
         snapshot = run_snapshot(records.create, records.own, records.leaf_labels, records.tail)
         data, link = chain([record_body(records.create), record_body(snapshot)])
         return data, link, len(data), [records.create, snapshot]
@@ -269,13 +269,13 @@ def _created_log(records: Sequence[Record]) -> tuple[bytes, str, int, list[dict[
         appends and isinstance(last, dict) and last.get("op") in COMMIT_POINTS
         and not any(isinstance(r, Append) and r.objects is not None for r in records)
     )
-    if not foldable or appends * _APPEND_LINE_MIN < COMPACT_AT_CLOSE:
+    if not foldable or appends * APPEND_LINE_MIN < COMPACT_AT_CLOSE:
         data, link = chain(_encode(r) for r in records)
         if not foldable or len(data) < COMPACT_AT_CLOSE:
             return data, link, 0, None
     create = records[0]
     assert isinstance(create, dict)
-    snapshot = with_digests(make_snapshot(create, (_append_row(r) if isinstance(r, Append) else r for r in records[1:])))
+    snapshot = with_digests(make_snapshot(create, (append_row(r) if isinstance(r, Append) else r for r in records[1:])))
     data, link = chain([record_body(create), record_body(snapshot)])
     return data, link, len(data), [create, snapshot]
 

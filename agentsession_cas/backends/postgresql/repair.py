@@ -2,7 +2,7 @@
 be proved, the damaged rows kept aside in ``log_aside``.
 
 The rules are the file backend's repair planner's, run unchanged over this
-session's rows (:class:`agentsession_cas.backends.files.repair._Planner`, which
+session's rows (:class:`agentsession_cas.backends.files.repair.RepairPlanner`, which
 consults the one rule set): each row is spelled as a log line, a row that is no
 record as a line that does not read, and the session's row stands where the
 file backend reads its ``HEAD`` and ``mark`` index files (and its log is read whole, not
@@ -28,7 +28,7 @@ from ...store.session import Session, parse_header
 from ...store.state import replay
 from ..base import Space
 from ..files.log import encode_record, read_log
-from ..files.repair import RepairReport, _build_log, _Planner, check_repairable
+from ..files.repair import RepairPlanner, RepairReport, build_log, check_repairable
 from . import PostgresBackend
 from .objects import copy_rows
 from .sessions import LOG_COLUMNS, LOG_TYPES, SNAPSHOT, log_rows, parse_record, snapshot_problem
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["plan_repair", "repair_session"]
 
 
-class _RowPlanner(_Planner):
+class _RowPlanner(RepairPlanner):
     """The file backend's planner, with the session's row for its index files."""
 
     row_head: str | None = None
@@ -187,7 +187,7 @@ def repair_session(
 
 def _write(backend: PostgresBackend, conn: Any, session_id: str, report: RepairReport) -> None:
     """The plan, in one transaction, checked to replay to it before anything is kept."""
-    records = [r.data for r in read_log(_build_log(report, "log_aside")).records if r.op != "checkpoint"]
+    records = [r.data for r in read_log(build_log(report, "log_aside")).records if r.op != "checkpoint"]
     state = replay(records)
     if [why for _, why in state.damage] or state.log_order != report.kept or (state.head, state.mark) != (report.head, report.mark):
         raise StoreError(f"session {session_id} was not repaired: the log the repair built does not replay to the plan; "

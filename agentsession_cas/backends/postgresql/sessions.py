@@ -63,7 +63,7 @@ from ..base import (
     Space,
 )
 from ..files.log import AppendRow, chain, make_snapshot, read_log, record_body, run_snapshot, with_digests
-from ..files.sessions import _APPEND_LINE_MIN, COMPACT_AT_CLOSE, COMPACT_WHILE_WRITING, _append_row
+from ..files.sessions import APPEND_LINE_MIN, COMPACT_AT_CLOSE, COMPACT_WHILE_WRITING, append_row
 from .arrays import bool_array, boolean, bytea_array, int2_array, int4, int4_array, int8, text_array
 from .database import checked, psycopg, translate
 from .objects import IN_PACKED, copy_rows, object_rows, packed, raw_hash
@@ -96,7 +96,7 @@ _BINARY = [1] * 19
 _SUMMARY, _RULES, SNAPSHOT = 0, 1, 2
 #: The fewest appends of a session created whole that its create keeps a snapshot of (as
 #: many as the file backend's create counts to make a log :data:`COMPACT_AT_CLOSE` long).
-_SNAPSHOT_CREATED = COMPACT_AT_CLOSE // _APPEND_LINE_MIN
+_SNAPSHOT_CREATED = COMPACT_AT_CLOSE // APPEND_LINE_MIN
 
 
 def _call_append(conn: Any, params: list[bytes | None]) -> bool:
@@ -252,7 +252,7 @@ def snapshot_problem(
 def _row_of(record: Record) -> dict[str, Any] | AppendRow:
     """What a writer keeps of a record it wrote, for its next snapshot: an append as its
     row (:data:`~..files.log.AppendRow`, no dict made of it), any other as its members."""
-    return _append_row(record) if isinstance(record, Append) else record
+    return append_row(record) if isinstance(record, Append) else record
 
 
 class PgSessionLog(SessionLog):
