@@ -77,7 +77,13 @@ AHEAD = 3
 
 #: Whether a pass waits for the helper (to be ready, and for each answer) rather than
 #: checking a block itself when the helper's answer is not there yet: tests set it, so
-#: the answers are used from the first block whatever the machine's load.
+#: the answers are used from the first block whatever the machine's load. (Measured at
+#: 100,000 entries on an idle machine, the import with every block waited for: 3.32-3.35 s
+#: against 2.70-2.82 s. Nor does the reader gain by taking more: answering the blocks read
+#: ahead while it waits for one the helper has begun made it 2.95 s against 2.73-2.83 s,
+#: and reading the answers owed for taken blocks as soon as they come, to send the helper
+#: more, 2.84-2.86 s: the reader's in-order pass is the longer path, and line work moved
+#: onto it lengthens it.)
 WAIT = False
 
 #: How long a pass waits for the rest of an answer the helper began, or for any answer

@@ -116,7 +116,12 @@ MAX_PACKED = 32 * 1024 * 1024
 #: ready ones its helper process makes). Level 1 was tried: 0.14 s less of the helper's
 #: CPU at 100,000 entries for 6.5% more pack bytes until a repack, and no change in the
 #: import's wall time on an idle machine (2,632 against 2,639 ms: the main process's pass
-#: is what an import waits for), so the packs stay as small as the checkpoints'.
+#: is what an import waits for), so the packs stay as small as the checkpoints'. Measured
+#: again on the helper's whole work of that file (its blocks made and compressed, in one
+#: process): level 3 1.76-1.88 s CPU and 61.8 MB of frames, level 2 1.73-1.77 s and
+#: 62.8 MB (+1.8%), level 1 1.66-1.72 s and 65.5 MB (+6.0%); the import at level 1, in
+#: runs alternated with level 3's on an idle machine: 2,675-2,704 ms against 2,706-2,775
+#: (CPU 4.25-4.33 s against 4.33-4.41 s), a gain within the runs' spread.
 STREAM_LEVEL = 3
 #: The largest block target a writer takes: with envelopes counted at
 #: ENVELOPE_SIZE (up to ENVELOPE_COUNTED bytes), no block outgrows MAX_BLOCK.
