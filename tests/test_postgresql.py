@@ -814,6 +814,31 @@ def test_sweep_drops_unretained_objects_in_batches_and_keeps_the_rest(store, url
     assert fsck(store).ok
 
 
+@pytest.mark.parametrize("damage", ["cut", "no-rows", "not-json"])
+def test_sweep_refuses_a_session_whose_log_lost_what_its_head_names(store, url, damage):
+    """As on the file backend: a log cut at a record (or all of its rows gone, or a row that
+    is no record) names fewer entries than the session's head proves; a sweep refuses the
+    store rather than remove the entries repair takes back, and leaves every object."""
+    s, ids = chain(store, n=4)
+    s.close()
+    if damage == "cut":
+        sql(url, "DELETE FROM log WHERE pos >= 4")  # the last three appends and their commits
+    elif damage == "no-rows":
+        sql(url, "DELETE FROM log")
+    else:
+        sql(url, "UPDATE log SET record = '{not json' WHERE pos = 4")  # the second append's row
+    before = sql(url, "SELECT count(*) FROM objects")
+    for dry_run in (True, False):
+        with pytest.raises(StoreError, match="session s1 has a damaged log.*agentsession repair s1"):
+            store.sweep(grace=0, dry_run=dry_run)
+    assert sql(url, "SELECT count(*) FROM objects") == before
+    if damage == "cut":  # repair takes the lost entries back, and the sweep then keeps them
+        report = repair_session(store, "s1")
+        assert report.repaired and report.kept == ids
+        assert store.sweep(grace=0).repack.dropped == 0
+        assert all(store.entry(e).id == e for e in ids)
+
+
 def test_sweep_keeps_an_object_written_again_while_it_decides(store):
     """The race a sweep must lose: an unretained object written again (freshened) after the
     sweep's snapshot and before its delete stays, however short the grace."""

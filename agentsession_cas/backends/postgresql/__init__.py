@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from ...errors import LayoutError, ReadOnlyError, UnsupportedError
+from ...errors import LayoutError, ReadOnlyError, StoreError, UnsupportedError
 from ..base import Backend, Capabilities, RefStore, RemoteStore, RepackResult, Retained, RetentionSource
 from .database import Database, sql, translate
 from .maintenance import migrate_schema, storage_report, sweep_objects
@@ -180,22 +180,45 @@ class PostgresBackend(Backend):
     # -- maintenance ------------------------------------------------------------------
 
     def retention_sources(self) -> Iterator[RetentionSource]:
+        """Each session's log (its create and append rows), then the rows repairs kept
+        aside. A session whose log is damaged, or lost rows its head names (deleted, or
+        cut at a record: every row left reads), stops the sweep, as on the file backend:
+        ``repair`` takes the lost entries back from the objects while they are held."""
+        from ...store.state import index_damage, replay  # the domain's rule (it sits above the backends)
+
+        # One statement, one snapshot: an append writes its rows and the session's head in
+        # one transaction, so the head read here is never ahead of the rows read with it.
         rows = self.db.query(
-            "SELECT session, record, hash, content FROM log WHERE op IN ('append', 'create') ORDER BY session, pos"
+            "SELECT s.key, s.id, s.head, l.pos, l.record, l.hash, l.content FROM sessions s "
+            "LEFT JOIN log l ON l.session = s.key AND l.op IN ('append', 'create') ORDER BY s.key, l.pos"
         )
         current: int | None = None
         records: list[dict[str, Any]] = []
         contents: dict[str, str] = {}
-        for key, text, raw, content in rows:
+        session_id, head = "", None
+
+        def source() -> RetentionSource:
+            why = "it holds no create record" if not records or records[0].get("op") != "create" else None
+            lost = why or index_damage(replay(records), head)
+            if lost is not None:
+                raise _damaged_log(session_id, lost)
+            return RetentionSource(records, contents)
+
+        for key, sid, row_head, pos, text, raw, content in rows:
             if key != current:
                 if current is not None:
-                    yield RetentionSource(records, contents)
-                current, records, contents = key, [], {}
-            records.append(json.loads(text))
+                    yield source()
+                current, records, contents, session_id, head = key, [], {}, sid, row_head
+            if text is None:
+                continue  # (a session with no create or append row: source() refuses it)
+            record = parse_record(text)
+            if isinstance(record, str):
+                raise _damaged_log(sid, f"log row {pos}: {record}")
+            records.append(record)
             if raw is not None and content is not None:
                 contents[hash_name(bytes(raw))] = hash_name(bytes(content))
         if current is not None:
-            yield RetentionSource(records, contents)
+            yield source()
         aside = self.db.query("SELECT session, kept, record FROM log_aside ORDER BY session, kept, pos")
         groups: dict[tuple[int, Any], list[dict[str, Any]]] = {}
         for key, kept, text in aside:
@@ -263,3 +286,10 @@ def migrate_store(url: str, *, dry_run: bool = False) -> MigrationPlan:
         return migrate_schema(db, dry_run=dry_run)
     finally:
         db.close()
+
+
+def _damaged_log(session_id: str, why: str) -> StoreError:
+    return StoreError(
+        f"session {session_id} has a damaged log ({why}); a sweep cannot tell what its lost or unreadable "
+        f"records name: repair the session first (agentsession repair {session_id})"
+    )
