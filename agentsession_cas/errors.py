@@ -261,6 +261,19 @@ class SessionDamagedError(StoreError):
         self.offset = offset
 
 
+class SweepRefusedError(StoreError):
+    """A sweep that stopped before deleting anything: a session's log is damaged, or lost
+    what its head names, so what it names cannot be told (and ``repair`` takes the lost
+    entries back from the objects while they are held). The code is the damaged session's:
+    a script's next step is the same, ``repair`` of :attr:`session`."""
+
+    code = "session_damaged"
+
+    def __init__(self, message: str, *, session: str):
+        super().__init__(message)
+        self.session = session
+
+
 class BaseNotHeldError(StoreError, NoSuchEntryError):
     """A fork whose base is an entry the store does not hold (in a log or on a prefix)."""
 

@@ -829,8 +829,9 @@ def test_sweep_refuses_a_session_whose_log_lost_what_its_head_names(store, url, 
         sql(url, "UPDATE log SET record = '{not json' WHERE pos = 4")  # the second append's row
     before = sql(url, "SELECT count(*) FROM objects")
     for dry_run in (True, False):
-        with pytest.raises(StoreError, match="session s1 has a damaged log.*agentsession repair s1"):
+        with pytest.raises(StoreError, match="session s1 has a damaged log.*agentsession repair s1") as refused:
             store.sweep(grace=0, dry_run=dry_run)
+        assert (refused.value.code, getattr(refused.value, "session", None)) == ("session_damaged", "s1")
     assert sql(url, "SELECT count(*) FROM objects") == before
     if damage == "cut":  # repair takes the lost entries back, and the sweep then keeps them
         report = repair_session(store, "s1")

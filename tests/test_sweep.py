@@ -517,6 +517,7 @@ def test_a_damaged_log_stops_the_sweep(root):
         assert len(lines) == 1
         # under --json the error is one JSON object on stderr (docs/cli.md, "JSON output")
         text = json.loads(lines[0])["error"]["message"] if "--json" in args else lines[0]
+        assert "--json" not in args or json.loads(lines[0])["error"]["code"] == "session_damaged"
         assert "--json" in args or text.startswith("agentsession: error: ")
         assert "sessions/hurt" in text and "damaged log" in text and "agentsession repair hurt" in text
         assert tree(root) == snap
@@ -552,6 +553,7 @@ def test_a_log_that_lost_what_head_names_stops_the_sweep(root, damage):
         r = cli(root, "sweep", *args)
         assert r.exit_code == 1, (args, r.stdout)
         text = json.loads(r.stderr)["error"]["message"] if "--json" in args else r.stderr
+        assert "--json" not in args or json.loads(r.stderr)["error"]["code"] == "session_damaged"
         assert "sessions/hurt" in text and "agentsession repair hurt" in text, text
         assert tree(root) == snap
     assert cli(root, "repair", "hurt", "--yes").exit_code == 0

@@ -16,7 +16,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 
-from ...errors import StoreError
+from ...errors import StoreError, SweepRefusedError
 from ...format.hashing import envelope_content
 from ...fsutil import ATOMIC_TMP, read_dense, read_small
 from ..base import RepackResult, Retained, RetentionSource
@@ -148,9 +148,9 @@ def retention_sources(root: str) -> Iterator[RetentionSource]:
             if not has_log and not staged and _holds_a_session(path):
                 # A session directory without its log (sessions are renamed into sessions/
                 # whole, and out of it whole): what its lost log named is not known.
-                raise StoreError(
+                raise SweepRefusedError(
                     f"{os.path.relpath(path, root)} has no log; a sweep cannot tell what it named: repair the session "
-                    f"first (agentsession repair {os.path.basename(path)})"
+                    f"first (agentsession repair {os.path.basename(path)})", session=os.path.basename(path)
                 )
             ident = _identity(path) if has_log else None
             if ident is None:
@@ -164,10 +164,10 @@ def retention_sources(root: str) -> Iterator[RetentionSource]:
             try:
                 records = _read_logs(path, staged)
             except _Damaged as exc:
-                raise StoreError(
+                raise SweepRefusedError(
                     f"{os.path.relpath(path, root)} has a damaged log (line {exc.first.line}: {exc.first.reason}); "
                     "a sweep cannot tell what its unreadable records name: repair the session first "
-                    f"(agentsession repair {os.path.basename(path)})"
+                    f"(agentsession repair {os.path.basename(path)})", session=os.path.basename(path)
                 ) from None
             if records is None:
                 again = again or not staged

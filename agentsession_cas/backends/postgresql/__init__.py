@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from ...errors import LayoutError, ReadOnlyError, StoreError, UnsupportedError
+from ...errors import LayoutError, ReadOnlyError, SweepRefusedError, UnsupportedError
 from ..base import Backend, Capabilities, RefStore, RemoteStore, RepackResult, Retained, RetentionSource
 from .database import Database, sql, translate
 from .maintenance import migrate_schema, storage_report, sweep_objects
@@ -288,8 +288,8 @@ def migrate_store(url: str, *, dry_run: bool = False) -> MigrationPlan:
         db.close()
 
 
-def _damaged_log(session_id: str, why: str) -> StoreError:
-    return StoreError(
+def _damaged_log(session_id: str, why: str) -> SweepRefusedError:
+    return SweepRefusedError(
         f"session {session_id} has a damaged log ({why}); a sweep cannot tell what its lost or unreadable "
-        f"records name: repair the session first (agentsession repair {session_id})"
+        f"records name: repair the session first (agentsession repair {session_id})", session=session_id
     )
