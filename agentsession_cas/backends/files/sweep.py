@@ -83,13 +83,12 @@ def _read_logs(path: str, staged: bool) -> list | None:
         raise _Damaged(logread.damage[0])
     records = logread.records + logread.cut_records
     if not staged:  # (a stage is a session being written: its log may not be whole yet)
-        from ...store.state import index_damage, replay  # the domain's rule (it sits above the backends)
+        from ...store.state import log_loss  # the domain's rule (it sits above the backends)
 
-        if not logread.records or logread.records[0].op != "create":
-            raise _Damaged(LogDamage(1, 0, "it is empty or does not open with its create record"))
-        lost = index_damage(replay(r.data for r in logread.records), head)
+        lost = log_loss([r.data for r in logread.records], head)
         if lost is not None:
-            raise _Damaged(LogDamage(len(logread.records) + 1, len(data), lost))
+            where = (len(logread.records) + 1, len(data)) if logread.records and logread.records[0].op == "create" else (1, 0)
+            raise _Damaged(LogDamage(*where, lost))
     # A log repair set aside (log.damaged-*) still names entries someone may want
     # back: what of it reads is retained too, as long as the file is kept.
     try:

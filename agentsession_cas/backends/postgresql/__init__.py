@@ -184,7 +184,7 @@ class PostgresBackend(Backend):
         aside. A session whose log is damaged, or lost rows its head names (deleted, or
         cut at a record: every row left reads), stops the sweep, as on the file backend:
         ``repair`` takes the lost entries back from the objects while they are held."""
-        from ...store.state import index_damage, replay  # the domain's rule (it sits above the backends)
+        from ...store.state import log_loss  # the domain's rule (it sits above the backends)
 
         # One statement, one snapshot: an append writes its rows and the session's head in
         # one transaction, so the head read here is never ahead of the rows read with it.
@@ -198,8 +198,7 @@ class PostgresBackend(Backend):
         session_id, head = "", None
 
         def source() -> RetentionSource:
-            why = "it holds no create record" if not records or records[0].get("op") != "create" else None
-            lost = why or index_damage(replay(records), head)
+            lost = log_loss(records, head)
             if lost is not None:
                 raise _damaged_log(session_id, lost)
             return RetentionSource(records, contents)
