@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import SPACES, FsckProblem
+from ..backends.base import SPACES, FsckProblem, Space
 from ..errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, store_relative
 from ..format.hashing import line_from_objects
 from ..lean import dataclass
@@ -163,13 +163,13 @@ def store_stats(store: Store) -> StoreStats:
     return out
 
 
-def _object_fault(store: Store, space: str, name: str, exc: Exception) -> FsckProblem:
+def _object_fault(store: Store, space: Space, name: str, exc: Exception) -> FsckProblem:
     """An object that did not read, coded as fsck codes it: a copy that does not hash
     to its name, or one that cannot be read at all."""
     code = ("corrupt-object" if isinstance(exc, CorruptObjectError)
             else "missing-object" if isinstance(exc, NoSuchObjectError) else "unreadable")
     try:
-        where: str | None = store.objects.where(space, name)  # type: ignore[arg-type]
+        where: str | None = store.objects.where(space, name)
     except (AgentSessionError, OSError):
         where = None
     return FsckProblem("error", code, f"{space} object {name} does not read: {store_relative(str(exc), store.root)}",
