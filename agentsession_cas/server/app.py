@@ -60,7 +60,17 @@ from ..errors import (
 )
 from ..exchange.endpoint import StoreEndpoint
 from ..exchange.transport import PushRequest, RefPush
-from ..exchange.wire import OUTCOMES, problem_body, space_from_wire, space_to_wire
+from ..exchange.wire import (
+    OBJECTS,
+    OUTCOMES,
+    end_frame,
+    error_frame,
+    object_frame,
+    parse_frames,
+    problem_body,
+    space_from_wire,
+    space_to_wire,
+)
 from ..format.canonical import canonical_bytes, loads_flagged
 from ..format.entry import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_WRITTEN, Header, parse_format
 from ..format.hashing import envelope_content, is_hash
@@ -455,7 +465,7 @@ class Api:
         one batch (one pack, one sync) and each verified as a PUT is."""
         principal.need("exchange")
         raw = await _body(request, self.state.limits.max_body_bytes)
-        items = _frames(raw, self.state.limits.max_object_bytes)
+        items = parse_frames(raw, self.state.limits.max_object_bytes)
 
         def do() -> None:
             self.state.endpoint.put_objects(items, len(items))
@@ -467,30 +477,67 @@ class Api:
         await self.work(do)
         return _json({"stored": len(items)})
 
-    async def missing(self, request: Request, principal: Principal) -> Response:
-        principal.need("exchange")
+    async def _asked(self, request: Request) -> list[tuple[Space, list[str]]]:
+        """The hashes a ``missing`` or batch read asks about, by space, each once, in the
+        order asked: ``{"entries": [...], "contents": [...], "media": [...]}``."""
         wanted = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the request"), "the request")
         count = sum(len(v) for v in wanted.values() if isinstance(v, list))
         if count > self.state.limits.max_missing:
             raise TooLargeError(f"{count} hashes asked; this server answers at most {self.state.limits.max_missing} at once")
+        out: list[tuple[Space, list[str]]] = []
+        for wire_space, names in wanted.items():
+            space = space_from_wire(wire_space)
+            if not isinstance(names, list):
+                raise BadNameError(f"{wire_space} must be a list of hashes")
+            for name in names:
+                if not isinstance(name, str) or not is_hash(name):
+                    raise BadNameError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+            out.append((space, list(dict.fromkeys(names))))
+        return out
+
+    async def missing(self, request: Request, principal: Principal) -> Response:
+        principal.need("exchange")
+        asked = await self._asked(request)
 
         def do() -> dict[str, list[str]]:
             sessions = self.state.reach.view(self.state.readable(principal))
-            out: dict[str, list[str]] = {}
-            for wire_space, names in wanted.items():
-                space = space_from_wire(wire_space)
-                if not isinstance(names, list):
-                    raise BadNameError(f"{wire_space} must be a list of hashes")
-                lacking = []
-                for name in dict.fromkeys(names):
-                    if not isinstance(name, str) or not is_hash(name):
-                        raise BadNameError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
-                    if not self.state.reachable(principal, space, name, sessions):
-                        lacking.append(name)
-                out[wire_space] = lacking
-            return out
+            return {space_to_wire(space): [name for name in names if not self.state.reachable(principal, space, name, sessions)]
+                    for space, names in asked}
 
         return _json(await self.work(do))
+
+    async def read_objects(self, request: Request, principal: Principal) -> Response:
+        """``POST /v1/objects/read``: this server's extension (capability ``object_read``),
+        many GETs in one request. The body asks as ``missing`` does; the answer streams
+        the objects the caller may read, each framed ``<space> <hash> <length>\\n<bytes>``
+        as a batch upload is, then ``end <count>``. An object the caller may not read, or
+        the server lacks, is left out, as a GET answers 404 for it: the client names it.
+        Each piece is read under the lock on its own, so a long answer neither holds up
+        writers nor is held whole; a failure part way is an ``error`` frame."""
+        _need_any(principal, "read", "exchange")
+        asked = await self._asked(request)
+        pieces = [(space, names[i : i + _READ_PIECE]) for space, names in asked for i in range(0, len(names), _READ_PIECE)]
+        sessions = await self.work(lambda: self.state.reach.view(self.state.readable(principal)))
+
+        def frames(space: Space, names: list[str]) -> tuple[int, bytes]:
+            objects = self.state.store.objects
+            out = [object_frame(space, name, objects.get(space, name))
+                   for name in names if self.state.reachable(principal, space, name, sessions)]
+            return len(out), b"".join(out)
+
+        async def body() -> Any:
+            served = 0
+            try:
+                for space, names in pieces:
+                    count, data = await self.work(frames, space, names)
+                    served += count
+                    yield data
+            except AgentSessionError as exc:
+                yield error_frame(exc)
+                return
+            yield end_frame(served)
+
+        return StreamingResponse(body(), media_type=OBJECTS)
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -1194,6 +1241,7 @@ REFS_CHANGED = "\0refs"
 FEATURES: dict[str, bool] = {
     "objects": True,
     "object_batch": True,
+    "object_read": True,
     "shallow": True,
     "exchange": True,
     "marks": True,
@@ -1320,6 +1368,8 @@ def _log_lines(sid: str, records: list[dict[str, Any]], header: dict[str, Any], 
 #: Entries a piece of a path read holds (its objects read by one bulk read); the walk
 #: up takes sixteen pieces' worth of steps at a time.
 _PATH_PIECE = 256
+#: Objects one piece of a batch read reads under the lock.
+_READ_PIECE = 256
 
 
 async def _shallow(
@@ -1345,31 +1395,6 @@ async def _shallow(
     if not isinstance(body, dict) or not isinstance(body.get("config"), dict) or kept is None:
         return [True] * n, "all"
     return [i >= kept or steps[i][1] not in _FOLDED for i in range(n)], "since-fold"
-
-
-def _frames(raw: bytes, max_object: int) -> list[tuple[Space, str, bytes]]:
-    """The objects of a batch upload body; BadNameError naming the first malformed frame."""
-    out: list[tuple[Space, str, bytes]] = []
-    pos = 0
-    while pos < len(raw):
-        end = raw.find(b"\n", pos, pos + 200)
-        if end < 0:
-            raise BadNameError(f"object frame {len(out)} has no '<space> <hash> <length>' line")
-        parts = raw[pos:end].split(b" ")
-        if len(parts) != 3 or not parts[2].isdigit():
-            raise BadNameError(f"object frame {len(out)}: expected '<space> <hash> <length>'")
-        space = space_from_wire(parts[0].decode("ascii", "replace"))
-        name, size = parts[1].decode("ascii", "replace"), int(parts[2])
-        if not is_hash(name):
-            raise BadNameError(f"object frame {len(out)}: {name!r} is not an object name")
-        if size > max_object:
-            raise TooLargeError(f"object {name} is {size} bytes; this server takes objects of at most {max_object}")
-        data = raw[end + 1 : end + 1 + size]
-        if len(data) != size:
-            raise BadNameError(f"object frame {len(out)} ({name}) is cut short")
-        out.append((space, name, data))
-        pos = end + 1 + size
-    return out
 
 
 def _push_request(sid: str, body: dict[str, Any]) -> PushRequest:
@@ -1428,6 +1453,7 @@ def create_app(state: ServerState) -> Starlette:
     routes = [
         Route("/v1/", r(api.capabilities), methods=["GET"]),
         Route("/v1/objects/missing", r(api.missing), methods=["POST"]),
+        Route("/v1/objects/read", r(api.read_objects), methods=["POST"]),
         Route("/v1/objects", r(api.put_objects), methods=["POST"]),
         Route("/v1/objects/{space}/{hash}", r(api.get_object), methods=["GET", "HEAD"]),
         Route("/v1/objects/{space}/{hash}", r(api.put_object), methods=["PUT"]),
