@@ -648,6 +648,7 @@ def _fetch(
     count = len(envs) + len(lacking_contents)
     if count:
         endpoint.put_objects(scanned(received()), count)
+    envs.clear()  # (the endpoint keeps what it was sent, as far as it keeps any)
     fetched_contents = set(lacking_contents)
     for c in contents:
         if c in fetched_contents:
