@@ -208,8 +208,16 @@ class ServerState:
         the sessions it may read, when one request asks about many)."""
         if not is_hash(name):
             return False
-        sets = self.reach.view(self.readable(principal)) if view is None else view
-        return any(name in held[space] for held in sets) and self.present(space, name)
+        if view is None:
+            # The sessions last seen holding it first, each brought up to date: most
+            # questions are about objects some session holds (see reach.py).
+            for sid in list(self.reach.holders(space, name)):
+                if principal.may_read(sid):
+                    sets = self.reach.sets(sid)
+                    if sets is not None and name in sets[space]:
+                        return self.present(space, name)
+            view = self.reach.view(self.readable(principal))
+        return any(name in held[space] for held in view) and self.present(space, name)
 
 
 # -- plumbing --------------------------------------------------------------------------
