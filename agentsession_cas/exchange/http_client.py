@@ -34,13 +34,11 @@ import httpx
 
 from ..errors import (
     AgentSessionError,
-    BadObjectError,
     NoSuchObjectError,
     NoSuchRefError,
     NoSuchSessionError,
     TransportError,
 )
-from ..format.hashing import sha256_ref
 from .transport import Admission, DeclareResult, PushRequest, RefResult, SessionView, Transport
 from .wire import OBJECTS, FrameReader, error_from_problem, object_frame, space_from_wire, space_to_wire
 
@@ -193,13 +191,6 @@ class HttpTransport(Transport):
             if frame.get("end") is True:
                 return frames
         raise TransportError(f"remote {self.url}: the answer to {path} was cut before its end frame")
-
-    def fetch_object(self, space: str, name: str) -> bytes:
-        """One object's bytes, verified against its name."""
-        data = self.request("GET", f"/objects/{space_to_wire(space)}/{name}", safe=True).content
-        if sha256_ref(data) != name:
-            raise BadObjectError(f"the remote {self.url} served {space} object {name} with bytes that do not hash to it")
-        return data
 
     def stream_lines(self, path: str, *, params: dict[str, str], headers: dict[str, str]) -> Iterator[str]:
         """The lines of a long-lived stream (a follow), as they come; an error status is
