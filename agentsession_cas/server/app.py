@@ -202,7 +202,7 @@ class ServerState:
             return False
 
     def reachable(
-        self, principal: Principal, space: Space, name: str, view: list[dict[str, set[str]]] | None = None
+        self, principal: Principal, space: Space, name: str, view: dict[str, dict[str, set[str]]] | None = None
     ) -> bool:
         """Whether the caller may be told of the object (``view``: :meth:`Reach.view` of
         the sessions it may read, when one request asks about many)."""
@@ -217,7 +217,7 @@ class ServerState:
                     if sets is not None and name in sets[space]:
                         return self.present(space, name)
             view = self.reach.view(self.readable(principal))
-        return any(name in held[space] for held in view) and self.present(space, name)
+        return self.reach.in_view(view, space, name) and self.present(space, name)
 
 
 # -- plumbing --------------------------------------------------------------------------

@@ -126,12 +126,18 @@ class Reach:
         held.own = len(order)
         return held.sets
 
-    def view(self, sessions: Iterable[str]) -> list[dict[str, set[str]]]:
-        """The object sets of ``sessions`` (those a caller may read), read once for a
-        request that asks about many objects."""
-        out = []
+    def view(self, sessions: Iterable[str]) -> dict[str, dict[str, set[str]]]:
+        """The object sets of ``sessions`` (those a caller may read), by session, each
+        brought up to date once for a request that asks about many objects."""
+        out = {}
         for sid in sessions:
             sets = self.sets(sid)
             if sets is not None:
-                out.append(sets)
+                out[sid] = sets
         return out
+
+    def in_view(self, view: dict[str, dict[str, set[str]]], space: str, name: str) -> bool:
+        """Whether a session of ``view`` holds the object: its holders asked, not every
+        session of the view (each of the view's sessions was brought up to date, so its
+        objects are among the holders)."""
+        return any(name in view[sid][space] for sid in self.holders(space, name) if sid in view)
