@@ -185,3 +185,41 @@ def test_a_held_objects_reach_asks_the_sessions_holding_it_not_every_session(tmp
     state.reach.forget("a-1")
     assert not state.reachable(LOCAL, "entries", ids["a-1"])
     store.close()
+
+
+def test_a_closure_pushed_again_proves_only_what_the_session_lacks(tmp_path, monkeypatch):
+    """A push naming entries the pushed session already holds here (a sender that lost
+    what it knew of this server sends its whole closure) proves only the new ones: the
+    held ones are reachable through that very session, so their envelopes are not read."""
+    from agentsession_cas.exchange import operations as ex
+
+    src = Store.init(tmp_path / "src")
+    s = src.create(Header.new("s1", created_at="2026-09-17T12:00:00Z"))
+    for i in range(20):
+        s.append({"type": "item", "ts": "2026-09-17T12:00:00Z", "item": {"type": "message", "role": "user", "content": f"{i}"}})
+    s.close()
+    state = ServerState(Store.init(tmp_path / "srv"), None)
+    with TestClient(create_app(state), base_url="http://testserver/v1") as client:
+        def transport() -> HttpTransport:
+            t = HttpTransport("http://testserver/")
+            t._http = client
+            return t
+
+        assert ex.push(src, transport(), "s1").entries == 20
+        s = src.session("s1")
+        new = s.append({"type": "item", "ts": "2026-09-17T12:00:00Z", "item": {"type": "message", "role": "user", "content": "new"}}).id
+        s.close()
+        read: list[str] = []
+        real_get = state.store.objects.get
+        monkeypatch.setattr(state.store.objects, "get",
+                            lambda space, name: (read.append(name) if space == "entries" else None, real_get(space, name))[1])
+        prove = server_app.Api._prove
+        monkeypatch.setattr(server_app.Api, "_prove",
+                            lambda self, *args: (read.clear(), prove(self, *args), read.append("end"))[1])
+        monkeypatch.setattr(ex, "Remembered", lambda *a: type("Forgot", (), {"get": lambda *a: None, "set": lambda *a: None,
+                                                                              "get_ref": lambda *a: None, "set_ref": lambda *a: None})())
+        result = ex.push(src, transport(), "s1")
+        assert result.complete and result.entries == 1 and result.head_after == new
+        assert read[: read.index("end") + 1] == [new, "end"]  # the new entry's envelope alone was read to prove it
+    src.close()
+    state.store.close()

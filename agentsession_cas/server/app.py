@@ -837,7 +837,7 @@ class Api:
                     )
                 if self.state.leases.current(sid) is not None:
                     raise SessionLockedError(f"session {sid} is leased here; a push waits until its lease ends")
-            self._prove(principal, req)
+            self._prove(principal, req, held)
             adm = self.state.endpoint.receive(req)
             s = self.state.session(sid)
             return {
@@ -854,10 +854,17 @@ class Api:
         out = await self.work(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
 
-    def _prove(self, principal: Principal, req: PushRequest) -> None:
+    def _prove(self, principal: Principal, req: PushRequest, held: Session | None = None) -> None:
         """RFC 0003: a push must upload every object it names that the caller could not
         already show it may read. What is neither reachable by the caller nor uploaded by
-        it (within the grace period) is ``missing_object``, and nothing is admitted."""
+        it (within the grace period) is ``missing_object``, and nothing is admitted.
+
+        An entry the pushed session already holds here (``held``), with its content and
+        blobs, is proven when the caller may read that session: it is what makes them
+        reachable. So a whole closure pushed again (a sender that lost what it knew of
+        this server) costs its new entries, not the session (a 100,000-entry session's
+        re-push read every envelope here)."""
+        mine = held.own if held is not None and principal.may_read(held.id) else {}
         uploads = self.state.uploads.get(principal.key, {})
         horizon = time.monotonic() - self.state.limits.upload_grace_s
         sessions = self.state.reach.view(self.state.readable(principal))
@@ -873,6 +880,8 @@ class Api:
         for eid in list(req.prefix) + list(req.entries):
             if not is_hash(eid):
                 raise AppendRefusedError(f"{eid!r} is not an entry id (sha256: and 64 lowercase hex digits)")
+            if eid in mine:
+                continue
             if not proven("entries", eid):
                 missing["entries"].append(eid)
                 continue
