@@ -218,8 +218,19 @@ def test_a_closure_pushed_again_proves_only_what_the_session_lacks(tmp_path, mon
                             lambda self, *args: (read.clear(), prove(self, *args), read.append("end"))[1])
         monkeypatch.setattr(ex, "Remembered", lambda *a: type("Forgot", (), {"get": lambda *a: None, "set": lambda *a: None,
                                                                               "get_ref": lambda *a: None, "set_ref": lambda *a: None})())
+        # A sender that remembers nothing of this server reads what its log holds first, and
+        # sends only what it lacks: the new entry's two objects.
         result = ex.push(src, transport(), "s1")
-        assert result.complete and result.entries == 1 and result.head_after == new
-        assert read[: read.index("end") + 1] == [new, "end"]  # the new entry's envelope alone was read to prove it
+        assert not result.complete and result.entries == 1 and result.objects == 2 and result.head_after == new
+        assert read[: read.index("end") + 1] == [new, "end"]
+        # One that sends its whole closure anyway (a client that does not look first) has
+        # only the new entry proven: its envelope alone is read to prove it.
+        s = src.session("s1")
+        newer = s.append({"type": "item", "ts": "2026-09-17T12:00:00Z", "item": {"type": "message", "role": "user", "content": "newer"}}).id
+        s.close()
+        monkeypatch.setattr(ex, "_held_there", lambda *a: 0)
+        result = ex.push(src, transport(), "s1")
+        assert result.complete and result.entries == 1 and result.head_after == newer
+        assert read[: read.index("end") + 1] == [newer, "end"]
     src.close()
     state.store.close()
