@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import field
 from itertools import islice
 from typing import Any
@@ -193,13 +193,38 @@ class ServerState:
 
     def present(self, space: Space, name: str) -> bool:
         """Held sound, or held by a log open here until its next checkpoint."""
-        if self.store.objects.held(space, name):
-            return True
+        return self.present_many(space, [name])[0]
+
+    def present_many(self, space: Space, names: Sequence[str]) -> list[bool]:
+        """:meth:`present` of each name, asked of the store at once (one query of a
+        database, not one a name)."""
+        objects = self.store.objects
+        out = objects.held_many(space, names)
+        for i, held in enumerate(out):
+            if not held:
+                try:
+                    objects.get(space, names[i])
+                    out[i] = True
+                except (AgentSessionError, OSError):
+                    pass
+        return out
+
+    def reachable_objects(self, space: Space, names: Sequence[str], view: dict[str, dict[str, set[str]]]) -> list[tuple[str, bytes]]:
+        """The objects of ``names`` a session of ``view`` holds, read (each verified) in
+        one bulk read (a pack's blocks at once, one query of a database); when that read
+        fails, each is read alone and one that does not read is left out."""
+        wanted = [name for name in names if is_hash(name) and self.reach.in_view(view, space, name)]
+        objects = self.store.objects
         try:
-            self.store.objects.get(space, name)
-            return True
+            return list(zip(wanted, objects.get_many(space, wanted)))
         except (AgentSessionError, OSError):
-            return False
+            out = []
+            for name in wanted:
+                try:
+                    out.append((name, objects.get(space, name)))
+                except (AgentSessionError, OSError):
+                    pass
+            return out
 
     def reachable(
         self, principal: Principal, space: Space, name: str, view: dict[str, dict[str, set[str]]] | None = None
@@ -509,8 +534,12 @@ class Api:
 
         def do() -> dict[str, list[str]]:
             sessions = self.state.reach.view(self.state.readable(principal))
-            return {space_to_wire(space): [name for name in names if not self.state.reachable(principal, space, name, sessions)]
-                    for space, names in asked}
+            out: dict[str, list[str]] = {}
+            for space, names in asked:
+                seen = [name for name in names if self.state.reach.in_view(sessions, space, name)]
+                found = {name for name, here in zip(seen, self.state.present_many(space, seen)) if here}
+                out[space_to_wire(space)] = [name for name in names if name not in found]
+            return out
 
         return _json(await self.work(do))
 
@@ -528,9 +557,7 @@ class Api:
         sessions = await self.work(lambda: self.state.reach.view(self.state.readable(principal)))
 
         def frames(space: Space, names: list[str]) -> tuple[int, bytes]:
-            objects = self.state.store.objects
-            out = [object_frame(space, name, objects.get(space, name))
-                   for name in names if self.state.reachable(principal, space, name, sessions)]
+            out = [object_frame(space, name, data) for name, data in self.state.reachable_objects(space, names, sessions)]
             return len(out), b"".join(out)
 
         async def body() -> Any:
