@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
+import pytest
 from server_helpers import TOKENS, ServerProcess, served  # noqa: F401 - served is a fixture
 from storetools import interruptible
 from test_server import create, lease, recorded, user
@@ -356,3 +357,32 @@ def test_a_snapshot_too_big_to_send_inline_is_read_in_batches(tmp_path, monkeypa
     assert not [r for r in sent if r.startswith("GET /objects/")]
     # (the first records came inline, as far as they fit; the rest a chunk of 4 at a time)
     assert 1 <= sent.count("read ['entries']") == sent.count("read ['contents']") <= 2
+
+
+def test_following_a_local_session_yields_its_first_entry_before_reading_the_rest(tmp_path, monkeypatch):
+    """A local follow reads a long session's entries a chunk at a time as they are taken
+    (bulk reads), so its first entry comes before the rest are read; and it sees the
+    entries committed after, then stops when the session goes."""
+    from agentsession_cas.errors import NoSuchSessionError
+    from agentsession_cas.exchange.following import follow_store
+
+    st = Store.init(tmp_path / "st")
+    s = st.create(Header.new("long", created_at="2026-09-17T12:00:00Z"))
+    ids = [s.append(user(f"turn {i}", i)).id for i in range(700)]
+    s.close()
+    reads: list[int] = []
+    get_many = st.objects.get_many
+    monkeypatch.setattr(st.objects, "get_many", lambda space, names: (reads.append(len(names)), get_many(space, names))[1])
+    changes = follow_store(st, "long", interval=0, sleep=lambda _: None)
+    first = next(changes)
+    assert first.entry.id == ids[0] and sum(reads) < 700  # one chunk's envelopes and contents, not the session's
+    rest = [next(changes) for _ in range(699)]
+    assert [c.entry.id for c in rest] == ids[1:]
+    s = st.session("long")
+    new = s.append(user("later", 800), durable=True).id
+    s.close()
+    assert next(changes).entry.id == new
+    st.delete("long")
+    with pytest.raises(NoSuchSessionError):
+        next(changes)
+    st.close()
