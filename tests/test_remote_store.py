@@ -128,6 +128,25 @@ def test_many_objects_are_read_in_batches_and_one_missing_is_named(served, token
         assert ro.export("chat-5") == exported  # read again, uncached
 
 
+def test_grep_over_http_reads_the_entries_in_batches(served, token):  # noqa: F811
+    """A store over HTTP cannot be scanned, so grep reads every entry: a chunk at a time in
+    batch reads, not a GET an object."""
+    from agentsession_cas.store.views import grep_store
+
+    with open_store(served.url) as st:
+        s = st.create(Header.new("chat-6"))
+        for i in range(30):
+            s.append(_msg(f"needle {i}" if i % 10 == 3 else f"hay {i}"))
+    with open_store(served.url, readonly=True) as ro:
+        calls: list[str] = []
+        ro.backend.http._http.event_hooks["request"].append(lambda request: calls.append(request.url.path))  # type: ignore[attr-defined]
+        import re
+
+        found = [m.text for m in grep_store(ro, ["chat-6"], re.compile("needle"))]
+        assert found == ["needle 3", "needle 13", "needle 23"]
+        assert not [p for p in calls if "/objects/entries/" in p or "/objects/contents/" in p]
+
+
 def test_refs_compare_and_swap_over_http(served, token):  # noqa: F811
     """A ref change sends what was read as ``expected``: two clients that both saw the ref
     absent cannot both create it."""
