@@ -476,13 +476,22 @@ def test_refs_resolve_update_by_compare_and_swap_and_list(served):
 
 
 def test_the_store_after_the_server_is_clean(tmp_path):
+    """Stopped by SIGTERM (what a service manager sends), the server closes its store
+    before it exits: every session it wrote checkpointed, its summary kept (list reads
+    it, not the log), and the exit status a signal's (uvicorn raised the signal again
+    once it stopped serving, and the process ended before the store was closed)."""
     Store.init(tmp_path / "st").close()
-    with ServerProcess(tmp_path / "st") as server, server.client() as c:
+    server = ServerProcess(tmp_path / "st").start()
+    with server.client() as c:
         for i in range(3):
             recorded(c, f"s{i}", 4)
+    assert server.stop(signal.SIGTERM) == 143
     with Store(tmp_path / "st") as st:
         assert fsck(st).ok
         assert len(st.list()) == 3 and len(st.read("s1")) == 5
+        for i in range(3):
+            kept = st.backend.sessions.summary(f"s{i}")
+            assert kept is not None and kept[1], f"s{i}: no summary kept, or not the log's"
 
 
 def test_a_killed_server_keeps_what_it_acknowledged_durable(tmp_path):
