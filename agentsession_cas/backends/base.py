@@ -373,6 +373,21 @@ class ObjectStore(ABC):
                 except AgentSessionError:
                     continue
 
+    def read_all(self, spaces: Sequence[Space]) -> Iterator[tuple[Space, str, bytes | Exception]]:
+        """Every object of the given spaces, each once, as ``(space, name, bytes)``
+        verified as :meth:`get` verifies them, or ``(space, name, error)`` with the
+        error :meth:`get` raises for one that does not read (``AgentSessionError`` or
+        ``OSError``): what a count of the whole store reads (``stats``). A backend
+        that can read its objects in bulk without a lookup per object does so here."""
+        from ..errors import AgentSessionError
+
+        for space in spaces:
+            for name in self.read_order(self.names(space)):
+                try:
+                    yield space, name, self.get(space, name)
+                except (AgentSessionError, OSError) as exc:
+                    yield space, name, exc
+
     def stored_bytes(self) -> dict[str, int] | None:
         """The bytes the objects take where they are kept, by kind (the file backend's
         ``loose`` and ``packs``), for ``stats``; None when the backend cannot say."""
@@ -465,6 +480,13 @@ class SessionStore(ABC):
     @abstractmethod
     def list(self) -> list[str]:
         """The ids held, sorted."""
+
+    def unlisted(self) -> Sequence[str]:
+        """The ids of sessions the backend keeps something of yet does not list, for want
+        of what makes one listed (the file backend's session directory whose header file
+        is gone: fsck's ``missing-header``), sorted: for a count of the whole store
+        (``stats``) to name. A backend that keeps a session whole or not at all has none."""
+        return []
 
     @abstractmethod
     def exists(self, session_id: str) -> bool: ...

@@ -85,6 +85,7 @@ from .log import (
     snapshot_ids_file,
     with_digests,
 )
+from .sweep import SESSION_FILES
 
 if TYPE_CHECKING:
     from . import FileBackend
@@ -349,6 +350,25 @@ class FileSessions(SessionStore):
             except AgentSessionError:
                 continue
             if os.path.exists(os.path.join(self.root, "sessions", name, "header")):
+                out.append(name)
+        return sorted(out)
+
+    def unlisted(self) -> Sequence[str]:
+        """Session directories holding a session's files but no header file, which
+        :meth:`list` leaves out (see the base class)."""
+        base = os.path.join(self.root, "sessions")
+        try:
+            names = os.listdir(base)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            try:
+                check_session_id(name)
+                present = os.listdir(os.path.join(base, name))
+            except (AgentSessionError, OSError):  # not a session's name, or not a directory
+                continue
+            if "header" not in present and any(f in SESSION_FILES for f in present):
                 out.append(name)
         return sorted(out)
 
