@@ -194,7 +194,7 @@ def _verify_projection(session: Session, progress: Progress | None = None) -> Ve
     has no header to read. Raises the error of an object it cannot read."""
     try:
         return verify_lines(session.projection_lines(), source=session.id, loader=session.store.entry,
-                            progress=progress, total=len(session.prefix) + len(session))
+                            progress=progress, total=len(session.prefix) + len(session), processes=None)
     except SessionFormatError as exc:
         return exc
 
