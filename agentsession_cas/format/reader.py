@@ -396,18 +396,18 @@ def verify_lines(
     if processes is False or header.is_legacy:
         return _verify(source, header, entries, checker, where, None, Parking(wake))
     blocks = _blocks_of(entries)
-    first: list[tuple[bytes, list[bytes]]] = []
+    opening: list[tuple[bytes, list[bytes]]] = []
     size = 0
     for block in blocks:  # enough lines to judge by, as a file's size is judged
-        first.append(block)
+        opening.append(block)
         size += len(block[0])
         if size >= parallel.MIN_BYTES:
             break
     if not parallel.wanted(size, processes):
-        return _verify(source, header, chain.from_iterable(parts for _, parts in chain(first, blocks)), checker, where,
+        return _verify(source, header, chain.from_iterable(parts for _, parts in chain(opening, blocks)), checker, where,
                        None, Parking(wake))
     with parallel.LineHelper() as helper:
-        return _verify(source, header, helper.lines(chain(first, blocks)), checker, where, None, Parking(wake),
+        return _verify(source, header, helper.lines(chain(opening, blocks)), checker, where, None, Parking(wake),
                        None, helper.known)
 
 
