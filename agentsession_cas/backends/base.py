@@ -351,6 +351,13 @@ class ObjectStore(ABC):
     def where(self, space: Space, name: str) -> str:
         """Where the object lives, in words for a message (a path relative to the store)."""
 
+    def names_starting(self, digits: str) -> set[str]:
+        """Every object name, of any space, that starts with ``sha256:`` and the hex
+        ``digits`` (a short name, as ``cat-object`` takes one). A backend that keeps its
+        names sorted finds them without reading every name."""
+        want = "sha256:" + digits
+        return {n for space in SPACES for n in self.names(space) if n.startswith(want)}
+
     def read_order(self, names: Iterable[str]) -> list[str]:
         """``names`` in the order reading them all costs least (the backend's layout)."""
         return sorted(names)

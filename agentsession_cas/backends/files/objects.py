@@ -663,6 +663,25 @@ class FileObjects(ObjectStore):
             if name not in seen:
                 yield name
 
+    def names_starting(self, digits: str) -> set[str]:
+        """(See the base class.) Each pack's index searched by its fan-out table and sorted
+        names, and the one loose fan-out directory of each space the digits fall in."""
+        out: set[str] = set()
+        known = 0
+        for space in SPACES:
+            known |= SPACE_BITS[space]
+        self.packs.refresh()
+        for pack in self.packs.packs:
+            out.update(name for name, spaces in pack.starting_with(digits) if spaces & known)
+        for space in SPACES:
+            try:
+                rests = os.listdir(os.path.join(self.dir, space, digits[:2]))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            names = (HASH_PREFIX + digits[:2] + rest for rest in rests if rest.startswith(digits[2:]))
+            out.update(name for name in names if is_hash(name))
+        return out
+
     def scan(self, spaces: Sequence[Space]) -> Iterator[tuple[Space, str, bytes]]:
         """Every object of the spaces with its bytes, unverified (see the base class): each
         pack block holding one is decompressed once, in the order blocks lie, and a
