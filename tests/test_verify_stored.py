@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_parallel import forced  # noqa: F401 - a fixture
 
 from agentsession_cas.errors import AgentSessionError
-from agentsession_cas.format import parallel, reader
+from agentsession_cas.format import parallel
 from agentsession_cas.maintenance.check import verify_stored
 from agentsession_cas.store import Store
 
@@ -22,17 +23,8 @@ def _check(store: Store, sid: str) -> tuple:
     return c.problems, c.notes, c.stats
 
 
-def test_a_stored_session_verifies_the_same_with_the_helper(tmp_path, monkeypatch):
-    monkeypatch.setattr(parallel, "WAIT", True)  # the helper's answers used from the first block
-    monkeypatch.setattr(reader, "_BLOCK", 512)  # a small session is many blocks
-    counted = [0]
-    real_clean = reader.clean_entry
-
-    def clean(*a, **kw):
-        counted[0] += 1
-        return real_clean(*a, **kw)
-
-    monkeypatch.setattr(reader, "clean_entry", clean)
+def test_a_stored_session_verifies_the_same_with_the_helper(forced, tmp_path, monkeypatch):
+    _, counted = forced  # the helper's answers used from the first block; small blocks
     paths = sorted(CORPUS.glob("**/*.jsonl")) + sorted(FIXTURES.glob("**/*.jsonl"))
     sids = []
     with Store.init(str(tmp_path / "st")) as st:
