@@ -384,3 +384,19 @@ def test_stats_of_a_pack_that_does_not_read_counts_its_loose_copies(store):
     assert len(bad) == 1 and bad[0]["file"] == f"objects/pack/{pack.name}", doc["problems"]
     assert doc["objects"]["entries"] == {"count": 1, "bytes": len(kept)}
     assert f"{total - 1:,} object(s) in it do not read" in bad[0]["message"], bad[0]["message"]
+
+
+def test_stats_of_a_backend_read_a_chunk_at_a_time_names_the_one_corrupt_object():
+    """The seam's read_all reads a chunk of objects at once (get_many: one round trip on
+    PostgreSQL); a chunk holding a corrupt object is read again one by one, so stats
+    counts every other object and names that one with fsck's code."""
+    from agentsession_cas.store.url import open_store
+
+    with open_store("memory:views-stats-chunk", create=True) as st:
+        s = st.create(Header.new("m"))
+        ids = [s.append({"type": "item", "ts": TS, "item": msg("user", f"turn {i}")}).id for i in range(5)]
+        st.backend.objects.data.objects[("entries", ids[2])] = b"{}"
+        data = json.loads(cli("memory:views-stats-chunk", "stats", "--json").stdout)
+    assert data["objects"]["entries"]["count"] == 4
+    assert [(p["code"], p["object"]) for p in data["problems"] if p["session"] is None] == [("corrupt-object", ids[2])]
+    assert data["ok"] is False

@@ -68,6 +68,9 @@ __all__ = [
 #: The three hash spaces RFC 0002 names.
 Space = Literal["entries", "contents", "blobs"]
 SPACES: tuple[Space, ...] = ("entries", "contents", "blobs")
+
+#: Objects :meth:`ObjectStore.read_all` reads at once by default (a projection's walk reads so many).
+_READ_ALL_CHUNK = 256
 #: A session's record mark (RFC 0002 "One store of record").
 Mark = Literal["record", "mirror"]
 #: The records that commit everything before them: a crash never takes what precedes
@@ -384,16 +387,27 @@ class ObjectStore(ABC):
         """Every object of the given spaces, each once, as ``(space, name, bytes)``
         verified as :meth:`get` verifies them, or ``(space, name, error)`` with the
         error :meth:`get` raises for one that does not read (``AgentSessionError`` or
-        ``OSError``): what a count of the whole store reads (``stats``). A backend
-        that can read its objects in bulk without a lookup per object does so here."""
+        ``OSError``): what a count of the whole store reads (``stats``). Here a chunk
+        at a time through :meth:`get_many` (one query a chunk for a backend whose reads
+        are round trips), a chunk that does not read whole one name at a time; a
+        backend that can read its objects in bulk without a lookup by name does so."""
         from ..errors import AgentSessionError
 
         for space in spaces:
-            for name in self.read_order(self.names(space)):
+            names = self.read_order(self.names(space))
+            for at in range(0, len(names), _READ_ALL_CHUNK):
+                chunk = names[at : at + _READ_ALL_CHUNK]
                 try:
-                    yield space, name, self.get(space, name)
-                except (AgentSessionError, OSError) as exc:
-                    yield space, name, exc
+                    datas: list[bytes | Exception] = list(self.get_many(space, chunk))
+                except (AgentSessionError, OSError):
+                    datas = []
+                    for name in chunk:
+                        try:
+                            datas.append(self.get(space, name))
+                        except (AgentSessionError, OSError) as exc:
+                            datas.append(exc)
+                for name, data in zip(chunk, datas):
+                    yield space, name, data
 
     def stored_bytes(self) -> dict[str, int] | None:
         """The bytes the objects take where they are kept, by kind (the file backend's
