@@ -92,3 +92,15 @@ def _output_on_one_line():
         patch.delenv("COLUMNS", raising=False)
         patch.setattr(terminal, "FALLBACK_WIDTH", 10_000)
         yield
+
+
+@pytest.fixture(autouse=True)
+def _a_fresh_terminal_run():
+    """Each test starts as a new run of the command does (cli/main.py configures the
+    terminal's settings per run): a test that calls a command's function directly
+    (run_fsck, say) would otherwise inherit what the last run in this worker decided
+    (--json, a pager, the width), and pass or fail by which test ran before it."""
+    from agentsession_cli import terminal
+
+    terminal.configure()
+    yield
