@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import field
 from typing import Any, Literal, get_args
 
@@ -276,20 +276,43 @@ class RunsReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, *, lazy: bool = False) -> dict[str, Any]:
+        """The report as ``show --runs --json`` prints it; ``lazy``: its runs and calls
+        as sequences made one element at a time as they are read, for a writer that
+        writes them one by one (a long path's calls are never all made at once)."""
         return {
             "source": self.source,
             "leaf": self.leaf,
             "path_length": self.path_length,
             "records": list(self.records),
-            "runs": [r.as_dict() for r in self.runs],
-            "calls": [c.as_dict() for c in self.calls],
+            "runs": _Each(self.runs, RunInfo.as_dict) if lazy else [r.as_dict() for r in self.runs],
+            "calls": _Each(self.calls, CallInfo.as_dict) if lazy else [c.as_dict() for c in self.calls],
             "pending": [c.call_id for c in self.pending],
             "inbox": [q.as_dict() for q in self.inbox],
             "problems": [p.as_dict() for p in self.problems],
             "notes": [p.as_dict() for p in self.notes],
             "ok": self.ok,
         }
+
+
+class _Each(Sequence[Any]):
+    """``make`` of each element of ``of``, made as it is read."""
+
+    __slots__ = ("_of", "_make")
+
+    def __init__(self, of: Sequence[Any], make: Callable[[Any], Any]) -> None:
+        self._of, self._make = of, make
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._make(x) for x in self._of[i]]
+        return self._make(self._of[i])
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self._make, self._of)
 
 
 @dataclass
@@ -1182,7 +1205,7 @@ def format_notes(header: Header, codes: Iterable[str]) -> list[tuple[str, str]]:
     return out
 
 
-def inbox_of(path: Sequence[Entry]) -> list[QueuedInfo]:
+def inbox_of(path: Iterable[Entry]) -> list[QueuedInfo]:
     """Queued inputs with no item naming them in ``queued_from`` and no run end after them."""
     waiting: dict[str, Entry] = {}
     for e in path:
