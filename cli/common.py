@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+import orjson
 
 from agentsession_cas.errors import NO_SPACE_ERRNOS, READ_ONLY_ERRNOS, NoSpaceError, ReadOnlyError, quoted
 
@@ -293,7 +294,8 @@ class JsonStream:
                 rows.append(f"{inner}{enc(k)}: {text}")
             else:
                 return self._checked("{\n" + ",\n".join(rows) + "\n" + indent + "}", value, indent)
-        return self._dumps(value).replace("\n", "\n" + indent)
+        made = None if self._ascii else _indented(value)
+        return (made if made is not None else self._dumps(value)).replace("\n", "\n" + indent)
 
     def _dumps(self, value: Any) -> str:
         return self._checked(json.dumps(value, ensure_ascii=self._ascii, indent=2), value, None)
@@ -325,6 +327,20 @@ class JsonStream:
             self._spool.write(text)
         elif text:
             click.echo(text, nl=False)
+
+
+def _indented(value: Any) -> str | None:
+    """``json.dumps(value, ensure_ascii=False, indent=2)``, made by orjson (json's indenting
+    encoder is Python's own, a context's items are most of a ``show --json``): only when
+    orjson writes every token as json does, which their compact forms being equal proves
+    (a float orjson writes otherwise, an integer past 64 bits, a lone surrogate: None)."""
+    try:
+        compact = orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    if compact.decode("utf-8") != json.dumps(value, ensure_ascii=False, separators=(",", ":")):
+        return None
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode("utf-8")
 
 
 def _lazy(value: Any) -> bool:

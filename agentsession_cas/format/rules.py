@@ -55,7 +55,7 @@ from .entry import ENTRY_ID, LEAF_LABEL, Entry, Header, header_or_error, short_i
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
 from .links import derived_note, link_notes, own_entries, store_note
 from .normalise import check_normalised
-from .runs import RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, inbox_of, open_source_message
+from .runs import Inbox, RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, open_source_message
 from .timestamps import is_valid_ts
 from .tree import head_may_rest
 
@@ -887,9 +887,11 @@ class PathChecker:
             while x is not None:
                 chain.append(x)
                 x = self._parent[x]
+            inbox = Inbox()  # fed as the path is pushed: each entry read once
             for eid in reversed(chain):
                 e = self._load(eid)
                 self._push(e)
+                inbox.feed(e)
                 if settle is not None:
                     settle(e)
             run = w.run
@@ -926,7 +928,7 @@ class PathChecker:
             records=tuple(self.header.records),
             runs=runs,
             calls=calls,
-            inbox=inbox_of(path if tidy is None else _tidying(path, tidy)),
+            inbox=inbox.queued(),
             problems=problems,
             notes=notes,
         )
@@ -981,15 +983,6 @@ class PathChecker:
 
     def _settle(self) -> None:
         self._trial = None
-
-
-def _tidying(entries: Iterable[Entry], tidy: Callable[[], None]) -> Iterator[Entry]:
-    """``entries``, with ``tidy()`` called after each few read (what reading them woke parked again)."""
-    for i, e in enumerate(entries, start=1):
-        yield e
-        if i % 64 == 0:
-            tidy()
-    tidy()
 
 
 def _empty() -> Problem:

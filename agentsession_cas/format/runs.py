@@ -1207,25 +1207,42 @@ def format_notes(header: Header, codes: Iterable[str]) -> list[tuple[str, str]]:
 
 def inbox_of(path: Iterable[Entry]) -> list[QueuedInfo]:
     """Queued inputs with no item naming them in ``queued_from`` and no run end after them."""
-    waiting: dict[str, Entry] = {}
+    inbox = Inbox()
     for e in path:
+        inbox.feed(e)
+    return inbox.queued()
+
+
+class Inbox:
+    """:func:`inbox_of`, fed the path one entry at a time, root first (a walk that reads
+    each entry once, as it pushes it, and parks it behind: ``show --runs``)."""
+
+    __slots__ = ("waiting",)
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, Entry] = {}
+
+    def feed(self, e: Entry) -> None:
+        waiting = self.waiting
         if e.type == "queued":
             waiting[e.id] = e
         elif e.type == "item" and isinstance(e.get("queued_from"), str):
             waiting.pop(e.get("queued_from"), None)
         elif e.type == "run" and e.get("phase") == "end":
             waiting.clear()
-    return [
-        QueuedInfo(
-            entry=e.id,
-            line=e.line,
-            mode=e.get("mode") if isinstance(e.get("mode"), str) else None,
-            item=e.get("item"),
-            trigger=e.get("trigger"),
-            ref=e.get("ref") if isinstance(e.get("ref"), str) else None,
-        )
-        for e in waiting.values()
-    ]
+
+    def queued(self) -> list[QueuedInfo]:
+        return [
+            QueuedInfo(
+                entry=e.id,
+                line=e.line,
+                mode=e.get("mode") if isinstance(e.get("mode"), str) else None,
+                item=e.get("item"),
+                trigger=e.get("trigger"),
+                ref=e.get("ref") if isinstance(e.get("ref"), str) else None,
+            )
+            for e in self.waiting.values()
+        ]
 
 
 # ---------------------------------------------------------------------------

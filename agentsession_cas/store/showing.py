@@ -15,7 +15,7 @@ path's entries again, parked as it goes. No printing here: ``show`` prints.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Problem
@@ -53,6 +53,9 @@ class ShowRead:
         self.kept: list[Entry] | None = [] if keep else None
         self.last: Entry | None = None
         self.report: VerifyReport | None = None
+        #: The entries read and not yet placed in the outline: ids, (content, parent, ts, type), parents, labels.
+        self._chunk: tuple[list[str], list[tuple[str, str, Any, str]], dict[int, Any], dict[int, Mapping[str, Any]]] = (
+            [], [], {}, {})
         self._reread: Callable[[Iterable[int]], Iterator[tuple[int, Entry]]] | None = None
 
     # -- the pass --------------------------------------------------------------------
@@ -62,10 +65,17 @@ class ShowRead:
         its path is cut, or when hashes are not asked for)."""
         data = e.data
         t = data.get("type")
-        label: dict[str, Any] | None = None
+        chunk = self._chunk
+        at = len(chunk[0])
+        chunk[0].append(e.id)
+        parent = data.get("parent")
+        chunk[1].append((e.content_hash, parent if isinstance(parent, str) else "", "", t if isinstance(t, str) else ""))
         if t == "label":
-            label = {k: data[k] for k in ("label", "target") if k in data}
-        self.outline.add(e.id, data.get("parent"), t, data.get("parents"), label, e.content_hash)
+            chunk[3][at] = {k: data[k] for k in ("label", "target") if k in data}
+        if "parents" in data:
+            chunk[2][at] = data["parents"]
+        if at + 1 == _CHUNK:
+            self._place()
         assert e.line is not None
         self.lines.append(e.line)
         legacy = e.legacy_id
@@ -75,6 +85,19 @@ class ShowRead:
             self.kept.append(e)
         self.last = e
         return self.hashes.take(e) if self.hashes is not None else None
+
+    def _place(self) -> None:
+        """Place the entries read since the last call in the outline (a chunk at a time:
+        :meth:`ProjectionOutline.extend`)."""
+        ids, members, parents, labels = self._chunk
+        if ids:
+            self.outline.extend(ids, members, parents, labels)
+            self._chunk = ([], [], {}, {})
+
+    def finish(self, report: VerifyReport) -> None:
+        """The pass is over: what it found, and the last entries placed."""
+        self._place()
+        self.report = report
 
     # -- what the read found ---------------------------------------------------------
 
@@ -157,6 +180,9 @@ class _Parking(Parking):
         self._report.tidy()
 
 
+#: Entries placed in the outline at once.
+_CHUNK = 256
+
 #: What is told of each entry as it is read: the entry and its context hash (None: its path is cut, or not asked).
 OnEntry = Callable[[Entry, "str | None"], None]
 
@@ -173,7 +199,7 @@ def read_file(path: str, *, hashes: bool = False, on_start: Callable[[Header], N
     if on_start is not None:
         on_start(header)
     read = ShowRead(path, header, hashes=hashes, keep=False)
-    read.report = verify_file(path, on_entry=_hook(read, on_entry), progress=progress, objects=False)
+    read.finish(verify_file(path, on_entry=_hook(read, on_entry), progress=progress, objects=False))
     read._reread = lambda positions: _lines_again(path, read, positions)
     return read
 
@@ -187,7 +213,7 @@ def read_bytes(data: bytes, *, source: str, hashes: bool = False, on_start: Call
     if on_start is not None:
         on_start(header)
     read = ShowRead(source, header, hashes=hashes, keep=True)
-    read.report = verify_bytes(data, source=source, on_entry=_hook(read, on_entry), progress=progress)
+    read.finish(verify_bytes(data, source=source, on_entry=_hook(read, on_entry), progress=progress))
     return read
 
 
@@ -203,8 +229,8 @@ def read_stored(session: Session, *, source: str, hashes: bool = False, on_start
     if on_start is not None:
         on_start(session.header)
     read = ShowRead(source, session.header, hashes=hashes, keep=False)
-    read.report = verify_lines(session.projection_lines(), source=source, loader=session.store.entry, progress=progress,
-                               total=len(session.prefix) + len(session), on_entry=_hook(read, on_entry))
+    read.finish(verify_lines(session.projection_lines(), source=source, loader=session.store.entry, progress=progress,
+                             total=len(session.prefix) + len(session), on_entry=_hook(read, on_entry)))
     outline = read.outline
     if len(outline) > len(session.prefix) + len(session.state.log_order) and read.last is not None:
         outline.marker = read.last  # no store holds it: the projection made it
