@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import Problem
 from ..format.canonical import loads_flagged
@@ -136,16 +136,20 @@ class ShowRead:
         and the names an entry answers to, kept in one place
         (:class:`~agentsession_cas.format.reader.SessionFile`'s). Not ``whole``: the last
         entry alone."""
-        outline = self.outline
-        stubs = []
+        outline, legacy, labels = self.outline, self.legacy, self.outline.label_members
+        stubs: list[Entry] = []
         first = 0 if whole else max(len(outline) - 1, 0)
         for pos, (entry_id, t) in enumerate(zip(outline.ids[first:], outline.types[first:]), start=first):
-            data: dict[str, Any] = dict(outline.label_members.get(pos, ()))
+            if pos not in labels and pos not in legacy:
+                stubs.append(cast(Entry, _Stub(entry_id, outline.parent(pos), t)))
+                continue
+            data: dict[str, Any] = dict(labels.get(pos, ()))
             data.update(id=entry_id, parent=outline.parent(pos), type=t)
-            if pos in self.legacy:
-                data["legacy_id"] = self.legacy[pos]
+            if pos in legacy:
+                data["legacy_id"] = legacy[pos]
             stubs.append(Entry(data, computed_id=entry_id, content_hash=""))
         return SessionFile(self.source, self.header, stubs)
+
 
     def entries(self, positions: Iterable[int]) -> Iterator[tuple[int, Entry]]:
         """The entries at ``positions`` (ascending) read again, each with its position and
@@ -162,6 +166,19 @@ class ShowRead:
         as the verify reads one (from the file, or the store), and which parks again, as
         it settles or tidies, what the pass parked and was woken since."""
         return _Parking(self._verified())
+
+
+class _Stub:
+    """A stub of an entry that is no label and has no ``legacy_id``: all the tree's rules
+    and the names an entry answers to read of one (its id, parent and type), without the
+    dict of members a stub :class:`Entry` would hold (a third of the size)."""
+
+    __slots__ = ("id", "parent", "type")
+    is_leaf_label = False
+    legacy_id = None
+
+    def __init__(self, entry_id: str, parent: str | None, type_: str) -> None:
+        self.id, self.parent, self.type = entry_id, parent, type_
 
 
 class _Parking(Parking):
