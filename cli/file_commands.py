@@ -242,7 +242,7 @@ def _show_json(target: store_commands.Target, file: str, leaf_name: str | None) 
     parking = read.parking()
     # the path walked again for its runs, its entries parked as they go; the checker then
     # stands on it, its context builder holding the context at the leaf
-    runs = report.runs_report(leaf, settle=parking.settle, tidy=parking.tidy) if len(outline) else None
+    runs = report.runs_report(leaf, settle=parking.settle, tidy=parking.tidy, path=read.path_entries(on_path)) if len(outline) else None
     try:
         ctx, ctx_error = report.context_at(leaf, hold_items=False), None
     except ContextError as exc:
@@ -286,7 +286,7 @@ def _show_read(target: store_commands.Target, file: str, leaf_name: str | None, 
     path = _print_listing(outline, leaf, leaf_name, verbose, first, last, read.entries, read.parking(), read.lines)
     if show_runs and n:
         parking = read.parking()
-        runs = report.runs_report(leaf, settle=parking.settle, tidy=parking.tidy)
+        runs = report.runs_report(leaf, settle=parking.settle, tidy=parking.tidy, path=read.path_entries(path))
         echo()
         for line in render_runs(runs):
             echo(line)

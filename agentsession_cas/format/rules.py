@@ -868,14 +868,16 @@ class PathChecker:
         return OpenRun(run.run_id, run.start.id, reason, why, tuple(c.call_id for c in pending))
 
     def report(self, leaf: str | None, *, source: str = "", settle: Callable[[Entry], None] | None = None,
-               tidy: Callable[[], None] | None = None) -> RunsReport:
+               tidy: Callable[[], None] | None = None, path: Iterable[Entry] | None = None) -> RunsReport:
         """Runs, calls, the inbox and the record problems on the path to ``leaf`` (None:
         the universal root): the problems found for entries on it, in the words the
         whole check used, and a resume run open at the leaf noted, not judged. The path
         is walked again from its root, each entry loaded; ``settle(entry)`` is given each
         once it is pushed and ``tidy()`` is called after each call is described (a
         caller's :class:`~agentsession_cas.format.reader.Parking`, so a long path, or
-        its calls, are not held whole). The checker stands on the path after."""
+        its calls, are not held whole). ``path``: the path's entries, root first, as the
+        caller reads them (in bulk, in order), in place of each loaded by id. The checker
+        stands on the path after."""
         w = self.walker
         self._goto(None)
         w.collect_runs = True
@@ -888,8 +890,11 @@ class PathChecker:
                 chain.append(x)
                 x = self._parent[x]
             inbox = Inbox()  # fed as the path is pushed: each entry read once
+            given = iter(path) if path is not None else None
             for eid in reversed(chain):
-                e = self._load(eid)
+                e = self._load(eid) if given is None else next(given)
+                if e.id != eid:
+                    raise AgentSessionError(f"the path given to the runs report has {shown_id(e.id)} where {shown_id(eid)} is")
                 self._push(e)
                 inbox.feed(e)
                 if settle is not None:
@@ -1222,11 +1227,11 @@ class VerifyReport:
         )
 
     def runs_report(self, leaf: str | None, *, settle: Callable[[Entry], None] | None = None,
-                    tidy: Callable[[], None] | None = None) -> RunsReport:
+                    tidy: Callable[[], None] | None = None, path: Iterable[Entry] | None = None) -> RunsReport:
         """Runs and calls on the path to ``leaf``, with the record problems this report
-        holds for entries on it (``show --runs``); ``settle`` and ``tidy`` as
+        holds for entries on it (``show --runs``); ``settle``, ``tidy`` and ``path`` as
         :meth:`PathChecker.report`'s."""
-        return self._checker.report(leaf, source=self.source, settle=settle, tidy=tidy)
+        return self._checker.report(leaf, source=self.source, settle=settle, tidy=tidy, path=path)
 
     def context_at(self, leaf: str | None, *, hold_items: bool = True) -> Context:
         """The context at ``leaf`` (None: the universal root), from the checker's builder
