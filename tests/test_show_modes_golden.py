@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from agentsession_cas import Header
 from agentsession_cas.format.reader import read_session
 from agentsession_cas.store import Store
 from agentsession_cli.main import main
@@ -73,9 +74,51 @@ def _modes(path: Path) -> list[list[str]]:
     return modes
 
 
+WHEN = "2026-09-17T12:00:00Z"  # every time fixed: the bytes pinned are the same each run
+
+
+def _user(text: str) -> dict:
+    return {"type": "item", "ts": WHEN,
+            "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}
+
+
+def _header(sid: str, **kw: str) -> Header:
+    return Header.new(sid, created_at=WHEN, **kw)
+
+
+#: Stored sessions of the shapes only a store makes (test_streaming.py's): a head moved
+#: back (a synthetic marker ends the projection), a fork of it, a leaf label of its own,
+#: one cleared by a null label, an empty one, one back at the universal root, a fork with
+#: no entry of its own.
+STORED = ["moved", "fork-of-moved", "labelled", "cleared", "empty", "rooted", "bare-fork"]
+
+
+def _stored_shapes(st: Store) -> None:
+    moved = st.create(_header("moved"))
+    ids = [moved.append(_user(f"turn {i}")).id for i in range(5)]
+    moved.set_head(ids[2], expected=ids[-1])
+    fork = st.create(_header("fork-of-moved", base=ids[3]))
+    fork.append(_user("on the fork"))
+    labelled = st.create(_header("labelled"))
+    a = labelled.append(_user("a")).id
+    labelled.append(_user("b"))
+    labelled.append({"type": "label", "ts": WHEN, "target": a, "label": "leaf"})
+    cleared = st.create(_header("cleared"))
+    c = cleared.append(_user("c")).id
+    cleared.append({"type": "label", "ts": WHEN, "target": c, "label": "leaf"})
+    cleared.append({"type": "label", "ts": WHEN, "target": c, "label": None})
+    cleared.append(_user("d"))
+    st.create(_header("empty"))
+    rooted = st.create(_header("rooted"))
+    r2 = [rooted.append(_user(f"r{i}")).id for i in range(2)]
+    rooted.set_head(None, expected=r2[-1])
+    st.create(_header("bare-fork", base=ids[1]))
+
+
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory) -> tuple[Path, dict[str, Path], dict[str, str]]:
-    """The files, and a store holding those a store takes (their ids by name)."""
+    """The files, and a store holding those a store takes (their ids by name) and the
+    shapes only a store makes."""
     tmp = tmp_path_factory.mktemp("modes")
     files = _files(tmp)
     root = tmp / "store"
@@ -86,6 +129,12 @@ def sessions(tmp_path_factory) -> tuple[Path, dict[str, Path], dict[str, str]]:
                 ids[name] = st.import_file(files[name]).id
             except Exception:
                 continue  # refused (a damaged file): pinned as a file only
+        _stored_shapes(st)
+    for name in STORED:
+        ids[name] = name
+        with Store(root) as st:
+            files[name] = tmp / f"{name}.jsonl"  # its projection, for the entry --leaf names
+            files[name].write_bytes(st.read(name).projection())
     return root, files, ids
 
 
@@ -94,7 +143,7 @@ def _run(*args: str) -> str:
     return f"exit {r.exit_code}\n{r.stdout}"
 
 
-@pytest.mark.parametrize("name", [*FIXTURES, "generated", "damaged", "legacy",
+@pytest.mark.parametrize("name", [*FIXTURES, "generated", "damaged", "legacy", *STORED,
                                   *(f"corpus-{p.parent.name}-{p.stem}" if p.parent != CORPUS else f"corpus-{p.stem}"
                                     for p in CORPUS_FILES)])
 def test_every_mode_prints_the_pinned_bytes(sessions, name):
@@ -102,8 +151,9 @@ def test_every_mode_prints_the_pinned_bytes(sessions, name):
     path = files[name]
     out = []
     for opts in _modes(path):
-        text = _run("show", str(path), *opts).replace(json.dumps(str(path))[1:-1], "<FILE>")
-        out.append(f"### show FILE {' '.join(opts)}\n{text}")
+        if name not in STORED:
+            text = _run("show", str(path), *opts).replace(json.dumps(str(path))[1:-1], "<FILE>")
+            out.append(f"### show FILE {' '.join(opts)}\n{text}")
         if name in ids:
             out.append(f"### show ID {' '.join(opts)}\n{_run('--store', str(root), 'show', ids[name], *opts)}")
     text = "".join(out)
