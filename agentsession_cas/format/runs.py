@@ -1140,17 +1140,20 @@ class RecordWalker:
         for i, (kind, eid, verdict, _) in enumerate(call.events):
             d = self.on_path.get(eid)  # (an event's entry is on the path while the event stands)
             assert d is not None
-            args_member = d.get("args")
+            # (an output's members are not read: its entry, parked by a long walk, stays so)
+            decision, dispatch = kind == "decision", kind == "dispatch"
+            by, reason = (d.get("by"), d.get("reason")) if decision else (None, None)
+            key = d.get("idempotency_key") if dispatch else None
             events.append(
                 CallEvent(
                     kind=kind,
                     entry=d.id,
                     line=d.line,
                     verdict=verdict,
-                    by=d.get("by") if kind == "decision" and isinstance(d.get("by"), str) else None,
-                    reason=d.get("reason") if kind == "decision" and isinstance(d.get("reason"), str) else None,
-                    args_rewritten=kind == "decision" and verdict != "answer" and args_member is not None,
-                    idempotency_key=d.get("idempotency_key") if kind == "dispatch" and isinstance(d.get("idempotency_key"), str) else None,
+                    by=by if isinstance(by, str) else None,
+                    reason=reason if isinstance(reason, str) else None,
+                    args_rewritten=decision and verdict != "answer" and d.get("args") is not None,
+                    idempotency_key=key if isinstance(key, str) else None,
                     withdrawn=i in withdrawn,
                 )
             )
