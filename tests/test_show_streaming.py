@@ -121,3 +121,15 @@ def test_a_stored_session_and_its_file_show_the_same_json(tmp_path, session):
     for doc, source in ((stored, sid), (as_file, str(session))):
         assert doc.pop("source") == doc["runs"].pop("source") == source
     assert stored == as_file
+
+
+def test_standard_input_shows_as_its_file(session):
+    """A session read from standard input is held (nowhere to read it again from): every
+    mode prints what the file's does (a long path once parked what it could not wake)."""
+    data = session.read_bytes()
+    for opts in (["--json"], ["--runs"], ["--graph"], []):
+        from_stdin = CliRunner().invoke(main, ["--no-pager", "show", "-", *opts], input=data)
+        from_file = CliRunner().invoke(main, ["--no-pager", "show", str(session), *opts])
+        assert from_stdin.exit_code == from_file.exit_code == 0, from_stdin.stderr
+        assert from_stdin.stdout == from_file.stdout.replace(json.dumps(str(session)), '"-"', 1).replace(
+            json.dumps(str(session)), '"<stdin>"'), opts

@@ -179,6 +179,8 @@ class ShowRead:
         """A :class:`~agentsession_cas.format.reader.Parking` whose entries are read again
         as the verify reads one (from the file, or the store), and which parks again, as
         it settles or tidies, what the pass parked and was woken since."""
+        if self.kept is not None:
+            return _Holding()
         return _Parking(self._verified())
 
 
@@ -193,6 +195,20 @@ class _Stub:
 
     def __init__(self, entry_id: str, parent: str | None, type_: str) -> None:
         self.id, self.parent, self.type = entry_id, parent, type_
+
+
+class _Holding(Parking):
+    """The parking of a session whose entries are held (read from memory): nothing is
+    parked, there being nowhere to read an entry again from."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda e: e.data)
+
+    def settle(self, entry: Entry, n: int = 0) -> None:
+        pass
+
+    def tidy(self) -> None:
+        pass
 
 
 class _Parking(Parking):
