@@ -202,8 +202,7 @@ def _read(target: store_commands.Target, file: str, *, hashes: bool = False,
 def _continued(read: ShowRead, session: Session | None) -> tuple[str | None, str | None, Callable[[str], bool] | None]:
     """Where the session went (its own ``continued_in`` links), the chain's current session
     when a store says, and whether the store holds a session (None for a file)."""
-    assert read.report is not None
-    successor = successor_of(read.report.links)
+    successor = successor_of(read.links)
     if session is None:
         return successor, None, None
     current = None
@@ -239,6 +238,8 @@ def _show_json(target: store_commands.Target, file: str, leaf_name: str | None) 
     assert report is not None and read.hashes is not None
     leaf = read.leaf(leaf_name)
     on_path = outline.path(leaf) if leaf is not None else []
+    leaf_hash = read.hashes.get(leaf) if leaf in read.hashes else NULL_CONTEXT_HASH
+    read.hashes = None  # (every entry's was written: the leaf's is all that is left to say)
     parking = read.parking()
     # the path walked again for its runs, its entries parked as they go; the checker then
     # stands on it, its context builder holding the context at the leaf
@@ -253,7 +254,7 @@ def _show_json(target: store_commands.Target, file: str, leaf_name: str | None) 
     out.member("context", ctx.as_dict(lazy=True) if ctx is not None else None)
     if ctx_error is not None:
         out.member("context_error", ctx_error)
-    out.member("context_hash", read.hashes.get(leaf) if leaf in read.hashes else NULL_CONTEXT_HASH)
+    out.member("context_hash", leaf_hash)
     out.member("runs", runs.as_dict(lazy=True) if runs is not None else None)
     successor, current, held = _continued(read, session)
     out.member("continued_in", successor)
@@ -276,15 +277,18 @@ def _show_read(target: store_commands.Target, file: str, leaf_name: str | None, 
     ``verify`` reads it (an outline of the entries kept, not the entries), then the entries
     listed and those on the leaf's path read again, each row printed as its entry is read."""
     read, session = _read(target, file)
-    report, outline = read.report, read.outline
-    assert report is not None
+    if not show_runs:
+        read.release()  # (what is held then is the outline, and the path's stubs as it is listed)
+    outline = read.outline
     leaf = read.leaf(leaf_name)
     n = len(outline)
     successor, current, held = _continued(read, session)
     page()
     _print_info(read.header, read.migrated, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
-    path = _print_listing(outline, leaf, leaf_name, verbose, first, last, read.entries, read.parking(), read.lines)
+    path = _print_listing(outline, leaf, leaf_name, verbose, first, last, read.entries, read.listing_parking(), read.lines)
     if show_runs and n:
+        report = read.report
+        assert report is not None
         parking = read.parking()
         runs = report.runs_report(leaf, settle=parking.settle, tidy=parking.tidy, path=read.path_entries(path))
         echo()

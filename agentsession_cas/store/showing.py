@@ -61,6 +61,10 @@ class ShowRead:
             [], [], {}, {})
         self._reread: Callable[[Iterable[int]], Iterator[tuple[int, Entry]]] | None = None
         self._along: Callable[[list[int]], Iterator[Entry]] | None = None
+        self._wake: Callable[[Entry], dict[str, Any]] | None = None
+        #: Where a listing read each entry of a file (its line's offset and length), to read it again.
+        self._at = array("q")
+        self._size = array("q")
 
     # -- the pass --------------------------------------------------------------------
 
@@ -102,6 +106,13 @@ class ShowRead:
         """The pass is over: what it found, and the last entries placed."""
         self._place()
         self.report = report
+        #: What reading the lines found (the line and tree rules: ``SessionFile.problems``),
+        #: the truncation aside; not what the record and context rules found.
+        self.problems: list[Problem] = [
+            p for p in report.problems if RULES[p.code].scope in ("line", "tree") and p.code not in ("truncated", "empty")]
+        self.truncated: Problem | None = next((p for p in report.problems if p.code == "truncated"), None)
+        #: The session's own ``link`` entries.
+        self.links: list[Entry] = report.links
 
     # -- what the read found ---------------------------------------------------------
 
@@ -113,16 +124,21 @@ class ShowRead:
         assert self.report is not None, "the session was not read yet"
         return self.report
 
-    @property
-    def problems(self) -> list[Problem]:
-        """What reading the lines found (the line and tree rules: ``SessionFile.problems``),
-        the truncation aside; not what the record and context rules found."""
-        return [p for p in self._verified().problems
-                if RULES[p.code].scope in ("line", "tree") and p.code not in ("truncated", "empty")]
+    def release(self) -> None:
+        """Let the verify's report go (its checker's facts of every entry: most of what the
+        read holds) once what is printed of it was taken: the problems, the truncation,
+        the own links. Entries are read again from the file or the store then
+        (:meth:`listing_parking`), not through it; a runs report needs it kept."""
+        self.report = None
 
-    @property
-    def truncated(self) -> Problem | None:
-        return next((p for p in self._verified().problems if p.code == "truncated"), None)
+    def listing_parking(self) -> Parking:
+        """The parking of a listing's entries, read again by themselves (not through the
+        verify's report: :meth:`release`): from the store, from the file at the place the
+        listing read it, or held."""
+        if self.kept is not None:
+            return _Holding()
+        assert self._wake is not None
+        return Parking(self._wake)
 
     def leaf(self, name: str | None = None) -> str | None:
         """The entry ``name`` names (a full id, a legacy id, a unique hex prefix), or
@@ -249,6 +265,7 @@ def read_file(path: str, *, hashes: bool = False, on_start: Callable[[Header], N
     read.stat = _stat(path)
     read.finish(verify_file(path, on_entry=_hook(read, on_entry), progress=progress, objects=False))
     read._reread = lambda positions: _lines_again(path, read, positions)
+    read._wake = lambda e: _line_again(path, read, e)
     return read
 
 
@@ -284,6 +301,8 @@ def read_stored(session: Session, *, source: str, hashes: bool = False, on_start
         outline.marker = read.last  # no store holds it: the projection made it
     read._reread = lambda positions: listing_entries(session, outline, positions)
     read._along = lambda path: _stored_path(session, read, path)
+    store = session.store
+    read._wake = lambda e: store.entry(e.id).data
     return read
 
 
@@ -309,10 +328,16 @@ def _lines_again(path: str, read: ShowRead, positions: Iterable[int]) -> Iterato
     changed = OSError(f"{path}: the file changed while it was shown")
     if _stat(path) != read.stat:
         raise changed
+    if len(read._at) != len(ids):
+        read._at = array("q", bytes(8 * len(ids)))
+        read._size = array("q", bytes(8 * len(ids)))
+    at = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
+            start, at = at, at + len(raw)
             if lineno != lines[pos]:
                 continue
+            read._at[pos], read._size[pos] = start, len(raw)
             obj, careful = loads_flagged(raw.rstrip(b"\n").decode("utf-8"))
             e = Entry(obj, computed_id=ids[pos], content_hash=outline.content(pos))
             e.careful, e.line = careful, lineno
@@ -322,6 +347,20 @@ def _lines_again(path: str, read: ShowRead, positions: Iterable[int]) -> Iterato
                 break
     if pos is not None or _stat(path) != read.stat:
         raise changed
+
+
+def _line_again(path: str, read: ShowRead, e: Entry) -> dict[str, Any]:
+    """The members of a file's entry a listing read, read again where it read them (the
+    file still the one read, the line still the entry's)."""
+    pos = read.outline.index[e.id]
+    with open(path, "rb") as f:
+        if _stat(path) != read.stat:
+            raise OSError(f"{path}: the file changed while it was shown")
+        raw = os.pread(f.fileno(), read._size[pos], read._at[pos])
+    obj = loads_flagged(raw.rstrip(b"\n").decode("utf-8"))[0]
+    if not isinstance(obj, dict) or obj.get("id", e.id) != e.id:
+        raise OSError(f"{path}: the file changed while it was shown")
+    return obj
 
 
 def _stat(path: str) -> tuple[int, int, int]:
