@@ -334,6 +334,7 @@ def _draw_graph(file: str, as_json: bool, verbose: bool) -> None:
     entries: Callable[[Sequence[int]], Iterable[tuple[int, Entry]]]
     if target.kind == "file":
         read, _ = _read(target, file)
+        read.release()  # (the drawing reads the outline and the entries again, not the verify's facts)
         outline, header, head, entries = read.outline, read.header, read.leaf(), read.entries
     else:
         _, session = store_commands.open_target(target, files=True)
