@@ -25,6 +25,7 @@ from agentsession_cli.main import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
 from bench_verify import generate
+from test_cli_store import LEGACY_LINES
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden" / "show-modes"
@@ -32,16 +33,9 @@ CORPUS = REPO.parent / "shared" / "corpus" / "sessions"
 FIXTURES = ["basic", "branches", "extensions", "root-leaf", "fork-origin", "fork", "truncated"]
 CORPUS_FILES = sorted(CORPUS.glob("*.jsonl")) + sorted(CORPUS.glob("v0.4/*.jsonl")) if CORPUS.is_dir() else []
 
-LEGACY = [
-    {"type": "session", "format": "agentsession/0.4", "id": "0199c000-0000-7000-8000-0000000000aa",
-     "created_at": "2026-09-17T12:00:00Z", "payload": "openresponses/2026-04-24"},
-    {"type": "config", "id": "c1", "parent": None, "ts": "2026-09-17T14:00:00+02:00", "model": "gpt-5"},
-    {"type": "item", "id": "i1", "parent": "c1", "ts": "2026-09-17T12:00:01Z",
-     "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}},
-    {"type": "label", "id": "l1", "parent": "i1", "ts": "2026-09-17T12:00:02Z", "target": "i1", "label": "checkpoint"},
-    {"type": "item", "id": "i2", "parent": "i1", "ts": "2026-09-17T12:00:03Z",
-     "item": {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]}},
-]
+LEGACY = [*LEGACY_LINES, {  # a file before hashed ids, and an entry more (a branch)
+    "type": "item", "id": "i2", "parent": "i1", "ts": "2026-09-17T12:00:03Z",
+    "item": {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]}}]
 
 
 def _files(tmp: Path) -> dict[str, Path]:
