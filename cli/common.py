@@ -210,7 +210,8 @@ class JsonStream:
         self._first = True  # no member written yet (then: no element of the open list)
         self._ascii = False  # escape every non-ASCII character from now on (a lone surrogate was met)
         self._spool = tempfile.TemporaryFile("w+", encoding="utf-8") if spool else None
-        self._tidy = tidy
+        #: Called after each element of a lazy sequence is written (settable as the writing goes).
+        self.tidy = tidy
         self._str = json.encoder.encode_basestring
 
     # -- members ---------------------------------------------------------------
@@ -266,8 +267,8 @@ class JsonStream:
                 self._put(inner)
                 self._value(element, inner, depth - 1)
                 empty = False
-                if self._tidy is not None and not isinstance(value, list):
-                    self._tidy()
+                if self.tidy is not None and not isinstance(value, list):
+                    self.tidy()
             self._put("[]" if empty else "\n" + indent + "]")
         else:
             self._put(self._text(value, indent))

@@ -250,7 +250,7 @@ def _show_json(target: store_commands.Target, file: str, leaf_name: str | None) 
         ctx, ctx_error = None, str(exc)
     out.member("leaf", leaf)
     out.member("path", [outline.ids[p] for p in on_path])
-    out._tidy = parking.tidy  # each item of the context read, its entry parked again
+    out.tidy = parking.tidy  # each item of the context read, its entry parked again
     out.member("context", ctx.as_dict(lazy=True) if ctx is not None else None)
     if ctx_error is not None:
         out.member("context_error", ctx_error)
