@@ -9,10 +9,12 @@ import json
 import os
 import select
 import sys
-from collections.abc import Callable, Iterable
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+import orjson
 
 from agentsession_cas.errors import NO_SPACE_ERRNOS, READ_ONLY_ERRNOS, NoSpaceError, ReadOnlyError, quoted
 
@@ -183,6 +185,168 @@ def emit_json(obj: Any) -> None:
     except UnicodeEncodeError:  # a lone surrogate read from the file: escape everything
         text = json.dumps(obj, ensure_ascii=True, indent=2)
     click.echo(text)
+
+
+class JsonStream:
+    """:func:`emit_json`'s document (one object), written as its members are known: the
+    same bytes (its key order, two-space indentation, the line after), a member at a time,
+    and a list member an element at a time (:meth:`open_list`, :meth:`item`): what ``show
+    --json`` writes as it reads the session, never holding the document. A member whose
+    value holds a sequence that is not a list (a context's items read one at a time from
+    their entries) has that sequence written element by element too, ``tidy()`` called
+    after each (a caller re-parking what reading it woke).
+
+    Written to standard output a batch at a time, or with ``spool`` to a temporary file
+    copied out by :meth:`end` (a document that may still fail before its end leaves
+    nothing on standard output). :func:`emit_json` escapes the whole document when any
+    text holds a lone surrogate; here what is written after one is escaped, which is the
+    same bytes unless a non-ASCII character was written before it (the same JSON value)."""
+
+    BATCH = 1 << 20  # characters written at once
+
+    def __init__(self, *, spool: bool = False, tidy: Callable[[], None] | None = None) -> None:
+        self._parts: list[str] = ["{"]
+        self._size = 1
+        self._first = True  # no member written yet (then: no element of the open list)
+        self._ascii = False  # escape every non-ASCII character from now on (a lone surrogate was met)
+        self._spool = tempfile.TemporaryFile("w+", encoding="utf-8") if spool else None
+        #: Called after each element of a lazy sequence is written (settable as the writing goes).
+        self.tidy = tidy
+        self._str = json.encoder.encode_basestring
+
+    # -- members ---------------------------------------------------------------
+
+    def member(self, key: str, value: Any) -> None:
+        """``"key": value``, the next member."""
+        self._put(("\n  " if self._first else ",\n  ") + self._dumps(key) + ": ")
+        self._first = False
+        self._value(value, "  ")
+
+    def open_list(self, key: str) -> None:
+        """A list member whose elements follow (:meth:`item`), closed by :meth:`close_list`."""
+        self._put(("\n  " if self._first else ",\n  ") + self._dumps(key) + ": [")
+        self._first = True
+
+    def item(self, value: Any) -> None:
+        self._put("\n    " if self._first else ",\n    ")
+        self._value(value, "    ", 0)
+        self._first = False
+
+    def close_list(self) -> None:
+        self._put("]" if self._first else "\n  ]")
+        self._first = False
+
+    def end(self) -> None:
+        """Close the document and write what is left (with ``spool``: all of it)."""
+        self._put("}" if self._first else "\n}")
+        self._put("\n")
+        self._flush()
+        if self._spool is not None:
+            self._spool.seek(0)
+            while chunk := self._spool.read(self.BATCH):
+                click.echo(chunk, nl=False)
+            self._spool.close()
+
+    # -- values ----------------------------------------------------------------
+
+    def _value(self, value: Any, indent: str, depth: int = 2) -> None:
+        """``value`` at ``indent``: an object or a list ``depth`` levels down written a
+        member or an element at a time (a long list's text is never made whole: json's
+        indenting encoder holds each of its pieces), a lazy sequence at any depth."""
+        inner = indent + "  "
+        if isinstance(value, dict) and value and depth > 0:
+            self._put("{")
+            for i, (k, v) in enumerate(value.items()):
+                self._put(("\n" if i == 0 else ",\n") + inner + self._dumps(k) + ": ")
+                self._value(v, inner, depth - 1)
+            self._put("\n" + indent + "}")
+        elif (isinstance(value, list) and depth > 0) or _lazy(value):
+            empty = True
+            for element in value:
+                self._put("[\n" if empty else ",\n")
+                self._put(inner)
+                self._value(element, inner, depth - 1)
+                empty = False
+                if self.tidy is not None and not isinstance(value, list):
+                    self.tidy()
+            self._put("[]" if empty else "\n" + indent + "]")
+        else:
+            self._put(self._text(value, indent))
+
+    def _text(self, value: Any, indent: str) -> str:
+        """``value`` as :func:`emit_json` writes it at ``indent``: a flat object (every
+        member a string, number, bool or null: an entry's row) made here, the rest by
+        ``json.dumps``."""
+        if value.__class__ is str and not self._ascii:
+            return self._checked(self._str(value), value, indent)
+        if value.__class__ is dict and value and not self._ascii:
+            enc, inner, rows = self._str, indent + "  ", []
+            for k, v in value.items():
+                if v.__class__ is str:
+                    text = enc(v)
+                elif v is None:
+                    text = "null"
+                elif v is True or v is False:
+                    text = "true" if v else "false"
+                elif v.__class__ is int:
+                    text = int.__repr__(v)
+                else:
+                    break
+                rows.append(f"{inner}{enc(k)}: {text}")
+            else:
+                return self._checked("{\n" + ",\n".join(rows) + "\n" + indent + "}", value, indent)
+        made = None if self._ascii else _indented(value)
+        return (made if made is not None else self._dumps(value)).replace("\n", "\n" + indent)
+
+    def _dumps(self, value: Any) -> str:
+        return self._checked(json.dumps(value, ensure_ascii=self._ascii, indent=2), value, None)
+
+    def _checked(self, text: str, value: Any, indent: str | None) -> str:
+        if self._ascii or text.isascii():
+            return text
+        try:
+            text.encode("utf-8")
+            return text
+        except UnicodeEncodeError:  # a lone surrogate read from the file: escape from now on
+            self._ascii = True
+            text = json.dumps(value, ensure_ascii=True, indent=2)
+            return text if indent is None else text.replace("\n", "\n" + indent)
+
+    # -- output ----------------------------------------------------------------
+
+    def _put(self, text: str) -> None:
+        self._parts.append(text)
+        self._size += len(text)
+        if self._size >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        text = "".join(self._parts)
+        self._parts.clear()
+        self._size = 0
+        if self._spool is not None:
+            self._spool.write(text)
+        elif text:
+            click.echo(text, nl=False)
+
+
+def _indented(value: Any) -> str | None:
+    """``json.dumps(value, ensure_ascii=False, indent=2)``, made by orjson (json's indenting
+    encoder is Python's own, a context's items are most of a ``show --json``): only when
+    orjson writes every token as json does, which their compact forms being equal proves
+    (a float orjson writes otherwise, an integer past 64 bits, a lone surrogate: None)."""
+    try:
+        compact = orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    if compact.decode("utf-8") != json.dumps(value, ensure_ascii=False, separators=(",", ":")):
+        return None
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode("utf-8")
+
+
+def _lazy(value: Any) -> bool:
+    """A sequence read as it is written (not a list, a tuple nor a text)."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes, list, tuple))
 
 
 class WholeWrites(io.RawIOBase):

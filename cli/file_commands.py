@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import click
 
@@ -27,18 +28,18 @@ from agentsession_cas.format.context import (
     ContextBuilder,
     ContextHasher,
     build_context,
-    context_hashes,
 )
 from agentsession_cas.format.entry import Entry, Header
-from agentsession_cas.format.links import callees, judges, own_entries, render_links, successor_of
+from agentsession_cas.format.links import render_links, successor_of
 from agentsession_cas.format.reader import Parking, split_lines, verify_bytes, verify_file
-from agentsession_cas.format.rules import RULES, VerifyReport, parse_line, verify_session
+from agentsession_cas.format.rules import RULES, VerifyReport, parse_line
 from agentsession_cas.format.runs import render_runs
 from agentsession_cas.store import Session
 from agentsession_cas.store.session import ProjectionOutline
+from agentsession_cas.store.showing import OnEntry, ShowRead, path_links
 
 from . import fsck_command, store_commands, terminal
-from .common import echo, echo_lines, emit_json, fail, number, plural, read_stdin, table, table_line, when, whole_pass
+from .common import JsonStream, echo, echo_lines, emit_json, fail, number, plural, read_stdin, table, table_line, when, whole_pass
 from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
 from .terminal import paint, progressing, visible
@@ -168,111 +169,142 @@ def show(
         _follow(file, remote, as_json, verbose)
         return
     target = store_commands.locate(file, files=True)
-    if target.kind == "session" and not (as_json or show_runs or leaf_name):
+    if as_json:
+        _show_json(target, file, leaf_name)
+        return
+    if target.kind == "session" and not (show_runs or leaf_name):
         _, session = store_commands.open_target(target, files=True)
         page()
         _show_stored(session, verbose, first, last)
         return
+    _show_read(target, file, leaf_name, verbose, show_runs, first, last)
+
+
+def _read(target: store_commands.Target, file: str, *, hashes: bool = False,
+          on_start: Callable[[Header], None] | None = None, on_entry: OnEntry | None = None) -> tuple[ShowRead, Session | None]:
+    """The session ``show`` names, read once as ``verify`` reads it (:mod:`agentsession_cas.store.showing`),
+    with the stored session when it is one."""
+    from agentsession_cas.store import showing
+
+    if target.kind == "file":
+        if file == "-":
+            with progressing("reading", "lines") as bar:
+                return showing.read_bytes(read_stdin(), source="<stdin>", hashes=hashes, on_start=on_start,
+                                          on_entry=on_entry, progress=bar), None
+        with progressing("reading", "bytes") as bar:
+            return showing.read_file(file, hashes=hashes, on_start=on_start, on_entry=on_entry, progress=bar), None
+    _, session = store_commands.open_target(target, files=True)
     with progressing("reading", "lines") as bar:
-        if target.kind == "file":
-            sf = store_commands.read_file_arg(file, progress=bar)
-        else:
-            sf = store_commands.projection_file(target, progress=bar)
-            file = sf.source
-    leaf = sf.resolve(leaf_name).id if leaf_name else sf.leaf
-    path = [e.id for e in sf.tree.path(leaf)] if leaf is not None else []
-    ctx, ctx_error = _context_at(sf, leaf)
-    # Every entry's context hash for --json; for text, the leaf's alone (its path).
-    chashes = context_hashes(sf.entries if as_json else sf.tree.path(leaf) if leaf is not None else [])
-    leaf_hash = chashes.get(leaf, NULL_CONTEXT_HASH) if leaf is not None else NULL_CONTEXT_HASH
-    truncated = (
-        {"line": sf.truncated.line, "error": sf.truncated.message} if sf.truncated is not None else None
-    )
-    # The runs on the leaf's path, with the record problems the one check of the file finds on it.
-    runs = verify_session(sf).runs_report(leaf) if (show_runs or as_json) and sf.entries else None
-    # Sessions this one refers to: where it went (continued_in), the callees and judges of the path.
-    successor = successor_of(own_entries(sf.header, sf.entries))
-    on_path = sf.tree.path(leaf) if leaf is not None else []
-    found_callees, found_judges = callees(on_path), judges(on_path)
-    held, current = None, None
-    if target.kind != "file":
-        store = store_commands.read_store(target.root)
-        held = store.__contains__
-        if successor is not None and target.session_id is not None:
-            try:
-                current = store.resolve_current(target.session_id).current
-            except ContinuationError as exc:
-                say_note(str(exc))
-    if as_json:
-        emit_json(
-            {
-                "source": file,
-                "header": sf.header.data,
-                "migrated": sf.migrated,
-                "entries": [
-                    {
-                        "id": e.id,
-                        "type": e.type,
-                        "parent": e.parent,
-                        "line": e.line,
-                        "content_hash": e.content_hash,
-                        **({"context_hash": chashes[e.id]} if e.id in chashes else {}),
-                        **({"legacy_id": e.legacy_id} if e.legacy_id else {}),
-                    }
-                    for e in sf.entries
-                ],
-                "leaf": leaf,
-                "path": path,
-                "context": ctx.as_dict() if ctx is not None else None,
-                **({"context_error": ctx_error} if ctx_error is not None else {}),
-                "context_hash": leaf_hash,
-                "runs": runs.as_dict() if runs is not None else None,
-                "continued_in": successor,
-                **({"current": current} if current is not None else {}),
-                "callees": [{**c.as_dict(), **({"held": held(c.session)} if held else {})} for c in found_callees],
-                "judges": [{"link": j.id, "session": j.get("session"), "target": j.get("target"),
-                            **({"held": held(j.get("session"))} if held else {})} for j in found_judges],
-                "truncated": truncated,
-                "problems": [p.as_dict() for p in sf.problems],
-            }
-        )
-        return
+        return showing.read_stored(session, source=target.session_id or target.arg, hashes=hashes, on_start=on_start,
+                                   on_entry=on_entry, progress=bar), session
+
+
+def _continued(read: ShowRead, session: Session | None) -> tuple[str | None, str | None, Callable[[str], bool] | None]:
+    """Where the session went (its own ``continued_in`` links), the chain's current session
+    when a store says, and whether the store holds a session (None for a file)."""
+    successor = successor_of(read.links)
+    if session is None:
+        return successor, None, None
+    current = None
+    if successor is not None:
+        try:
+            current = session.store.resolve_current(session.id).current
+        except ContinuationError as exc:
+            say_note(str(exc))
+    return successor, current, session.store.__contains__
+
+
+@whole_pass
+def _show_json(target: store_commands.Target, file: str, leaf_name: str | None) -> None:
+    """show --json: the document written as the session is read, the entries as they come
+    (a ``--leaf`` name is known good only at the end: then the document is spooled first)."""
+    out = JsonStream(spool=leaf_name is not None)
+    source = file if target.kind == "file" else None
+
+    def start(header: Header) -> None:
+        out.member("source", source if source is not None else target.session_id or target.arg)
+        out.member("header", header.data)
+        out.member("migrated", header.is_legacy)
+        out.open_list("entries")
+
+    def row(e: Entry, chash: str | None) -> None:
+        legacy = e.legacy_id
+        out.item({"id": e.id, "type": e.type, "parent": e.parent, "line": e.line, "content_hash": e.content_hash,
+                  **({"context_hash": chash} if chash is not None else {}), **({"legacy_id": legacy} if legacy else {})})
+
+    read, session = _read(target, file, hashes=True, on_start=start, on_entry=row)
+    out.close_list()
+    report, outline = read.report, read.outline
+    assert report is not None and read.hashes is not None
+    leaf = read.leaf(leaf_name)
+    on_path = outline.path(leaf) if leaf is not None else []
+    leaf_hash = read.hashes.get(leaf) if leaf in read.hashes else NULL_CONTEXT_HASH
+    read.hashes = None  # (every entry's was written: the leaf's is all that is left to say)
+    parking = read.parking()
+    # the path walked again for its runs, its entries parked as they go; the checker then
+    # stands on it, its context builder holding the context at the leaf
+    runs = report.runs_report(leaf, settle=parking.settle, tidy=parking.tidy, path=read.path_entries(on_path)) if len(outline) else None
+    try:
+        ctx, ctx_error = report.context_at(leaf, hold_items=False), None
+    except ContextError as exc:
+        ctx, ctx_error = None, str(exc)
+    out.member("leaf", leaf)
+    out.member("path", [outline.ids[p] for p in on_path])
+    out.tidy = parking.tidy  # each item of the context read, its entry parked again
+    out.member("context", ctx.as_dict(lazy=True) if ctx is not None else None)
+    if ctx_error is not None:
+        out.member("context_error", ctx_error)
+    out.member("context_hash", leaf_hash)
+    out.member("runs", runs.as_dict(lazy=True) if runs is not None else None)
+    successor, current, held = _continued(read, session)
+    out.member("continued_in", successor)
+    if current is not None:
+        out.member("current", current)
+    found_callees, found_judges = path_links(read, on_path)
+    out.member("callees", [{**c.as_dict(), **({"held": held(c.session)} if held else {})} for c in found_callees])
+    out.member("judges", [{"link": j.id, "session": j.get("session"), "target": j.get("target"),
+                           **({"held": held(j.get("session"))} if held else {})} for j in found_judges])
+    truncated = read.truncated
+    out.member("truncated", {"line": truncated.line, "error": truncated.message} if truncated is not None else None)
+    out.member("problems", [p.as_dict() for p in read.problems])
+    out.end()
+
+
+@whole_pass
+def _show_read(target: store_commands.Target, file: str, leaf_name: str | None, verbose: bool, show_runs: bool,
+               first: int | None, last: int | None) -> None:
+    """show's text of a file, or of a stored session with --runs or --leaf: read once as
+    ``verify`` reads it (an outline of the entries kept, not the entries), then the entries
+    listed and those on the leaf's path read again, each row printed as its entry is read."""
+    read, session = _read(target, file)
+    if not show_runs:
+        read.release()  # (what is held then is the outline, and the path's stubs as it is listed)
+    outline = read.outline
+    leaf = read.leaf(leaf_name)
+    n = len(outline)
+    successor, current, held = _continued(read, session)
     page()
-    tree = sf.tree
-    _print_info(sf.header, sf.migrated, len(sf.entries), len(tree.roots()), len(tree.leaves()), leaf,
-                successor=successor, current=current)
-    if sf.entries:
-        counts = _children_counts(sf)
-        labels: dict[str, str] = {}
-        for e in sf.entries:
-            if e.type == "label" and isinstance(e.get("target"), str):
-                labels[e.get("target")] = e.label or ""
-        listed = _listed(len(sf.entries), first, last)
-        rows = [_ROW_HEADER]
-        for e in sf.entries[listed.start:listed.stop]:
-            marks = _marks(counts.get(e.id, 0), labels.get(e.id), len(e.parents))
-            rows.append(_row(e, marks, verbose))
-        echo()
-        for line in table(rows):
-            echo(line, fit="cut")
-        _print_listed(len(listed), len(sf.entries))
-    _print_leaf(leaf, leaf_name, len(path), bool(sf.entries))
-    if sf.entries:
-        echo()
-        _print_context(leaf, ctx, ctx_error, leaf_hash)
-    if runs is not None:
+    _print_info(read.header, read.migrated, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
+    path = _print_listing(outline, leaf, leaf_name, verbose, first, last, read.entries, read.listing_parking(), read.lines)
+    if show_runs and n:
+        report = read.report
+        assert report is not None
+        parking = read.parking()
+        runs = report.runs_report(leaf, settle=parking.settle, tidy=parking.tidy, path=read.path_entries(path))
         echo()
         for line in render_runs(runs):
             echo(line)
         echo()
+        found_callees, found_judges = path_links(read, path)
         for line in render_links(found_callees, found_judges, held):
             echo(line)
-    if sf.problems or sf.truncated is not None:
+    problems, truncated = read.problems, read.truncated
+    if problems or truncated is not None:
         echo()
-    for p in sf.problems:
+    for p in problems:
         echo(f"{paint('problem:', 'bad')} {p}")
-    if sf.truncated is not None:
-        echo(f"{paint('truncated:', 'bad')} {sf.truncated} (not loaded)")
+    if truncated is not None:
+        echo(f"{paint('truncated:', 'bad')} {truncated} (not loaded)")
 
 
 _ROW_HEADER = ["LINE", "ID", "PARENT", "TYPE", "SUMMARY"]
@@ -288,45 +320,71 @@ def _graph_marks(e: Entry, head: str | None, base: str | None, labels: dict[str,
     return marks
 
 
+@whole_pass
 def _draw_graph(file: str, as_json: bool, verbose: bool) -> None:
     """show --graph: the entry tree of a session file or a stored session, drawn as
-    ``git log --graph`` draws commits (:func:`agentsession_cas.store.views.graph_rows`)."""
-    from agentsession_cas.store.views import graph_rows
+    ``git log --graph`` draws commits (:func:`agentsession_cas.store.views.graph_lanes`).
+    The lanes come from an outline of the entries (ids, parents, children, labels: a
+    stored session's from its envelopes, a file's from reading it once as ``verify``
+    does); then each entry is read again and its line written as it comes (its summary is
+    all the drawing reads of it)."""
+    from agentsession_cas.store.views import graph_lanes, listing_entries
 
     target = store_commands.locate(file, files=True)
-    sf = store_commands.read_file_arg(file) if target.kind == "file" else store_commands.projection_file(target)
-    head, base = sf.leaf, sf.header.base
+    entries: Callable[[Sequence[int]], Iterable[tuple[int, Entry]]]
+    if target.kind == "file":
+        read, _ = _read(target, file)
+        read.release()  # (the drawing reads the outline and the entries again, not the verify's facts)
+        outline, header, head, entries = read.outline, read.header, read.leaf(), read.entries
+    else:
+        _, session = store_commands.open_target(target, files=True)
+        outline, header = session.projection_outline(), session.header
+        head = session.head if len(outline) else None  # the projection's resume rule names the head (its marker sees to it)
+        entries = functools.partial(listing_entries, session, outline)
+    base = header.base
     labels: dict[str, list[str]] = {}
-    for e in sf.entries:
-        if e.type == "label" and isinstance(e.get("target"), str) and isinstance(e.label, str):
-            labels.setdefault(e.get("target"), []).append(e.label)
-    rows = graph_rows(sf.entries)
+    for members in outline.label_members.values():
+        target_id, text = members.get("target"), members.get("label")
+        if isinstance(target_id, str) and isinstance(text, str):
+            labels.setdefault(target_id, []).append(text)
+    ids = outline.ids
+    children = {ids[at]: count for at, count in outline.children.items()}
+    rows = list(graph_lanes(((entry_id, outline.parent(pos)) for pos, entry_id in enumerate(ids)), children))
+    everything = range(len(outline))
     if as_json:
-        emit_json({
-            "session": sf.header.id,
-            "head": head,
-            "base": base,
-            "entries": [{"id": r.entry.id, "parent": r.entry.parent, "type": r.entry.type,
-                         "summary": describe(r.entry, verbose), "graph": r.lanes,
-                         **({"branch": r.branch} if r.branch is not None else {}),
-                         **({"collapse": r.collapse} if r.collapse is not None else {}),
-                         "marks": _graph_marks(r.entry, head, base, labels)} for r in rows],
-        })
+        out = JsonStream()
+        out.member("session", header.id)
+        out.member("head", head)
+        out.member("base", base)
+        out.open_list("entries")
+        for pos, e in entries(everything):
+            lanes, branch, collapse = rows[pos]
+            out.item({"id": e.id, "parent": e.parent, "type": e.type, "summary": describe(e, verbose), "graph": lanes,
+                      **({"branch": branch} if branch is not None else {}),
+                      **({"collapse": collapse} if collapse is not None else {}),
+                      "marks": _graph_marks(e, head, base, labels)})
+        out.close_list()
+        out.end()
         return
     page()
-    width = max((len(r.lanes) for r in rows), default=0)
-    for r in rows:
-        if r.branch is not None:
-            echo(r.branch, fit="cut")
-        marks = " ".join(_graph_marks(r.entry, head, base, labels))
-        summary = describe(r.entry, verbose)
-        # the summary gives way to the marks: the line is cut in the summary, never in them
-        room = terminal.width() - len(r.lanes.ljust(width)) - 2 - 12 - 2 - 11 - (len(marks) + 2 if marks else 0)
-        summary = terminal.cut(summary, max(8, room))
-        line = f"{r.lanes.ljust(width)}  {paint(short_id(r.entry.id), 'id')}  {r.entry.type:<10} {summary}"
-        echo(f"{line}  {paint(marks, 'head')}" if marks else line, fit="cut")
-        if r.collapse is not None:
-            echo(r.collapse, fit="cut")
+    width = max((len(lanes) for lanes, _, _ in rows), default=0)
+
+    def lines() -> Iterator[str]:
+        for pos, e in entries(everything):
+            lanes, branch, collapse = rows[pos]
+            if branch is not None:
+                yield branch
+            marks = " ".join(_graph_marks(e, head, base, labels))
+            summary = describe(e, verbose)
+            # the summary gives way to the marks: the line is cut in the summary, never in them
+            room = terminal.width() - len(lanes.ljust(width)) - 2 - 12 - 2 - 11 - (len(marks) + 2 if marks else 0)
+            summary = terminal.cut(summary, max(8, room))
+            line = f"{lanes.ljust(width)}  {paint(short_id(e.id), 'id')}  {e.type:<10} {summary}"
+            yield f"{line}  {paint(marks, 'head')}" if marks else line
+            if collapse is not None:
+                yield collapse
+
+    echo_lines(lines(), fit="cut")
 
 
 @whole_pass
@@ -335,16 +393,12 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
     ``show`` of the exported file would, without holding the file. First the outline
     from the envelopes (ids, parents, types, labels, the contents they name: what the
     head of the listing and the column widths need), then the contents of the entries
-    listed or on the leaf's path, each row printed as its entry is read (every object is
-    read once); the entries on the leaf's path are kept for the context, which the
-    context algorithm must hold anyway."""
+    listed or on the leaf's path (:func:`_print_listing`)."""
     from agentsession_cas.store.views import listing_entries
 
     outline = session.projection_outline()
     n = len(outline)
     leaf = session.head if n else None  # the projection's resume rule names the head (its marker sees to it)
-    path = outline.path(leaf) if leaf is not None else []
-    on_path = set(path)
     successor, current = session.superseded_by, None
     if successor is not None:
         try:
@@ -352,16 +406,30 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
         except ContinuationError as exc:
             say_note(str(exc))
     _print_info(session.header, False, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
+    store = session.store
+    _print_listing(outline, leaf, None, verbose, first, last, lambda wanted: listing_entries(session, outline, wanted),
+                   Parking(lambda e: store.entry(e.id).data))
+
+
+def _print_listing(
+    outline: ProjectionOutline, leaf: str | None, leaf_name: str | None, verbose: bool, first: int | None, last: int | None,
+    entries: Callable[[Sequence[int]], Iterable[tuple[int, Entry]]], parking: Parking, lines: Sequence[int] | None = None,
+) -> list[int]:
+    """The listing, the leaf and the context at it, from an outline of the entries (what
+    the head of the listing and the column widths need) and ``entries(positions)``, which
+    reads the entries listed or on the leaf's path, in order: each row printed as its
+    entry is read (every entry is read once); the entries on the leaf's path are kept for
+    the context, which the context algorithm must hold anyway, parked (``parking``:
+    Entry.park, their objects read again if the algorithm consults one or its item is
+    printed), so what is held grows by an entry's ids, not its bytes. ``lines``: each
+    position's line, when not its position + 2 (a file's). Returns the path."""
+    n = len(outline)
+    path = outline.path(leaf) if leaf is not None else []
+    on_path = set(path)
     listed = _listed(n, first, last)
-    # The context algorithm and the context hash take the path's entries as they are
-    # read; each is then parked (Entry.park: its objects read again from the store if
-    # the algorithm consults it or its item is printed), so what is held grows by an
-    # entry's ids, not its bytes.
     builder, hasher = ContextBuilder(), ContextHasher()
     said: dict[str, str] = {}  # the item an entry puts in the context, described (an item's for its row too)
-    store = session.store
-    parking = Parking(lambda e: store.entry(e.id).data)
-    rows = _Listing(outline, listed, verbose) if n else None
+    rows = _Listing(outline, listed, verbose, lines) if n else None
     bar = terminal.progress("reading", "entries")
     types, ids, parent_at, absent = outline.types, outline.ids, outline.parent_at, outline.absent
     push, feed, settle = builder.push, hasher.feed, parking.settle
@@ -370,10 +438,9 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
     # entries (then none, as context_hashes skips an entry whose parent it was not fed).
     feeding = bool(path) and absent.get(path[0]) is None
     wanted = listed if len(listed) == n else sorted(on_path.union(listed))
-    for count, (pos, e) in enumerate(listing_entries(session, outline, wanted)):
+    for count, (pos, e) in enumerate(entries(wanted)):
         if bar is not None and count % 1024 == 0:
             bar(count, len(wanted))
-        e.line = pos + 2
         # the entry's type and parent, as the outline holds them (the entry took its own from there)
         t, up = types[pos], parent_at[pos]
         parent = ids[up] if up >= 0 else absent.get(pos)
@@ -395,7 +462,7 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
         _print_listed(len(listed), n)
     elif bar is not None:
         bar.end()
-    _print_leaf(leaf, None, len(path), bool(n))
+    _print_leaf(leaf, leaf_name, len(path), bool(n))
     if n:
         try:
             ctx, error = builder.context(hold_items=False), None
@@ -404,6 +471,7 @@ def _show_stored(session: Session, verbose: bool, first: int | None, last: int |
         leaf_hash = hasher.get(leaf) if leaf is not None and leaf in hasher else NULL_CONTEXT_HASH
         echo()
         _print_context(leaf, ctx, error, leaf_hash, said, parking.tidy)
+    return path
 
 
 class _Listing:
@@ -413,8 +481,10 @@ class _Listing:
     a type padded once for all the entries of that type, the summary cut to what the
     other columns leave (the line is then fitted to the width as any is)."""
 
-    def __init__(self, outline: ProjectionOutline, listed: range, verbose: bool):
+    def __init__(self, outline: ProjectionOutline, listed: range, verbose: bool, lines: Sequence[int] | None = None):
         self.outline, self.verbose = outline, verbose
+        #: Each position's line (a file's, which may skip lines it did not load; a projection's is its position + 2).
+        self.line: Callable[[int], int] = (lambda pos: pos + 2) if lines is None else lines.__getitem__
         ids, shown = outline.ids, slice(listed.start, listed.stop)
         # a store names every entry by its hash: the short form is a slice (short_id checks each)
         self.hashed = _all_hashes(ids) and _all_hashes(list(outline.absent.values()))
@@ -425,7 +495,7 @@ class _Listing:
             id_width = max((len(short_id(ids[i])) for i in listed), default=0)
             parent_width = max((len(short_id(outline.parent(i))) for i in listed), default=0)
         widths = [
-            max(len(_ROW_HEADER[0]), len(str(listed[-1] + 2)) if listed else 0),
+            max(len(_ROW_HEADER[0]), len(str(self.line(listed[-1]))) if listed else 0),
             max(len(_ROW_HEADER[1]), id_width),
             max(len(_ROW_HEADER[2]), parent_width),
             max([len(_ROW_HEADER[3])] + [len(t) for t in set(outline.types[shown])]),
@@ -456,13 +526,13 @@ class _Listing:
             summary = summary[: room - 1] + "\u2026"
         if self.hashed:
             w = self.widths
-            line = str(pos + 2)
+            line = str(self.line(pos))
             self.rows.append(
                 f"{line}{' ' * (w[0] - len(line))}  {e.id[7:19]}  {parent[7:19] if parent is not None else self.no_parent}  "
                 f"{self.type_cells[outline.types[pos]]}  {summary}".rstrip()
             )
         else:
-            cells = [str(pos + 2), short_id(e.id), short_id(parent), outline.types[pos], summary]
+            cells = [str(self.line(pos)), short_id(e.id), short_id(parent), outline.types[pos], summary]
             self.rows.append(table_line(cells, self.widths))
         if len(self.rows) >= _BATCH:
             self.flush(bar)

@@ -685,12 +685,14 @@ class Context:
     def request_hash(self) -> str:
         return sha256_ref(self.request_bytes())
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, *, lazy: bool = False) -> dict[str, Any]:
         """The shape of a corpus context file's value: ``settings``, ``items``,
-        ``entries``, ``item_entries``, and ``omitted``/``replaced`` when any."""
+        ``entries``, ``item_entries``, and ``omitted``/``replaced`` when any. ``lazy``:
+        ``items`` as the context holds them (read from their entries one at a time when it
+        was built with ``hold_items=False``), for a writer that writes them one by one."""
         out: dict[str, Any] = {
             "settings": self.settings.as_dict(),
-            "items": list(self.items),
+            "items": self.items if lazy else list(self.items),
             "entries": [e.id for e in self.entries],
             "item_entries": [e.id for e in self.item_entries],
         }
@@ -1543,6 +1545,16 @@ class ContextHasher:
             current = known[2] if known is not None else None
         return False
 
+    def take(self, entry: Entry) -> str | None:
+        """:meth:`feed` of the next entry in file order, or None when its parent was not
+        fed (its path is cut: it has no context hash, nor have its descendants): what
+        :func:`context_hashes` makes of each entry, for a caller that reads them one at a
+        time (``show --json`` writes each as it is read)."""
+        parent = entry.parent
+        if parent is not None and parent not in self._known:
+            return None
+        return self.feed(entry)
+
     def feed(self, entry: Entry | Mapping[str, Any]) -> str:
         """Compute, remember and return the context hash at ``entry`` (an :class:`Entry` or
         an entry object with its ``id``); its parent must have been fed, or be null."""
@@ -1575,11 +1587,11 @@ class ContextHasher:
 
 def context_hashes(entries: Iterable[Entry]) -> dict[str, str]:
     """The context hash at every entry, fed in file order (entries whose parent is not
-    among them are skipped, with their descendants)."""
+    among them are skipped, with their descendants: :meth:`ContextHasher.take`)."""
     hasher = ContextHasher()
     out: dict[str, str] = {}
     for e in entries:
-        if e.parent is not None and e.parent not in hasher:
-            continue
-        out[e.id] = hasher.feed(e)
+        h = hasher.take(e)
+        if h is not None:
+            out[e.id] = h
     return out

@@ -221,6 +221,7 @@ def _first_line(f: BinaryIO, name: str) -> tuple[bytes, Header]:
 def verify_file(
     path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | None = None, progress: Progress | None = None,
     processes: bool | None = None, on_ready: Callable[[list[parallel.Ready]], None] | None = None,
+    objects: bool = True,
 ) -> VerifyReport:
     """What ``agentsession verify FILE`` reports (:func:`~agentsession_cas.format.rules.verify_session`
     of the file as read), in one pass over the file read line by line: each line through
@@ -233,8 +234,9 @@ def verify_file(
 
     ``on_entry`` is given each entry the line and tree rules accepted, in file order, with
     its two objects (``Entry.objects``, dropped once it returns): what a streamed import
-    writes. A file of a format before 0.5 is read whole (migration assigns ids as it
-    goes), and then ``on_entry`` is refused.
+    writes (``objects=False``: a caller that reads the entries alone, ``show``, does not
+    have the helper process make them). A file of a format before 0.5 is read whole
+    (migration assigns ids as it goes), and then ``on_entry`` is refused.
 
     Raises ``OSError`` when the file cannot be read and :class:`SessionFormatError` when
     its first line is no usable header. ``progress(bytes read, file size)`` is called as
@@ -305,9 +307,16 @@ def verify_file(
         def changed(i: int) -> SessionFormatError:
             return SessionFormatError(name, [problem(i + 2, "entry", "the line changed while it was verified")])
 
+        def line_at(i: int) -> bytes:
+            # The file is reopened once the pass is over (a report's entries may be asked after it).
+            if f.closed:
+                with open(name, "rb") as reopened:
+                    return os.pread(reopened.fileno(), sizes[i], starts[i])
+            return os.pread(fd, sizes[i], starts[i])
+
         def load(entry_id: str) -> Entry:
             i = where[entry_id] - 2
-            obj, careful = loads_flagged(os.pread(fd, sizes[i], starts[i]).decode("utf-8"))
+            obj, careful = loads_flagged(line_at(i).decode("utf-8"))
             entry, _ = check_line(obj, line=i + 2, careful=careful, keep_objects=True)
             if entry is None or entry.id != entry_id or entry.computed_id != misstated.get(entry_id, entry_id):
                 raise changed(i)  # the file changed under the verify
@@ -315,16 +324,11 @@ def verify_file(
             return entry
 
         def wake(entry: Entry) -> dict[str, Any]:
-            # A parked entry's object, read again; the file is reopened once the pass is
-            # over (a report's entries may be asked after it). The line must still claim
-            # the id it was checked under.
+            # A parked entry's object, read again. The line must still claim the id it
+            # was checked under.
             assert entry.line is not None
             i = entry.line - 2
-            if f.closed:
-                with open(name, "rb") as reopened:
-                    raw = os.pread(reopened.fileno(), sizes[i], starts[i])
-            else:
-                raw = os.pread(fd, sizes[i], starts[i])
+            raw = line_at(i)
             try:
                 obj, careful = loads_flagged(raw.decode("utf-8"))
                 computed = entry_hashes(obj, parsed=True, careful=careful)[0] if isinstance(obj, dict) else None
@@ -340,30 +344,36 @@ def verify_file(
         if not parallel.wanted(size, processes):
             lines = chain.from_iterable(parts for _, parts in blocks())
             return _verify(name, header, lines, checker, where, on_entry, Parking(wake), misstated)
-        with parallel.LineHelper(objects=on_entry is not None, on_ready=on_ready if on_entry is not None else None) as helper:
+        with parallel.LineHelper(objects=on_entry is not None and objects,
+                                 on_ready=on_ready if on_entry is not None else None) as helper:
             return _verify(name, header, helper.lines(blocks()), checker, where, on_entry, Parking(wake), misstated,
                            helper.known)
 
 
-def verify_bytes(data: bytes, *, source: str = "<bytes>", progress: Progress | None = None) -> VerifyReport:
+def verify_bytes(
+    data: bytes, *, source: str = "<bytes>", progress: Progress | None = None, on_entry: Callable[[Entry], None] | None = None,
+) -> VerifyReport:
     """:func:`verify_file` of a session held in memory (standard input, say): the entries
-    are kept, since there is no file to read one again from. ``progress(lines, total)``."""
+    are kept, since there is no file to read one again from. ``progress(lines, total)``;
+    ``on_entry`` as :func:`verify_file`'s (a file before format 0.5 too: it is migrated here)."""
     lines = split_lines(data)
     if not lines:
         raise SessionFormatError(source, [problem(1, "header", "the file is empty: no header")])
     header = read_header(lines[0], source)
-    return _verify(source, header, reported(lines[1:], len(lines) - 1, progress), PathChecker(header), None)
+    return _verify(source, header, reported(lines[1:], len(lines) - 1, progress), PathChecker(header), None, on_entry)
 
 
 def verify_lines(
     lines: Iterable[bytes], *, source: str, loader: Callable[[str], Entry] | None = None,
     progress: Progress | None = None, total: int = 0, processes: bool | None = False,
+    on_entry: Callable[[Entry], None] | None = None,
 ) -> VerifyReport:
     """:func:`verify_file` of a session given as its lines as they come (the header's
     first, each with or without its LF: a stored session's projection, say). ``loader``
     gives an entry again by id when the checker goes back to a branch it left (its line
     number is set here), so the entries are not held; without one they are.
-    ``progress(lines, total)`` is called as they come (``total`` an estimate).
+    ``progress(lines, total)`` is called as they come (``total`` an estimate);
+    ``on_entry`` as :func:`verify_file`'s.
     ``processes``, with a ``loader``: whether the line rules run in a helper process,
     as :func:`verify_file`'s do (the report is the same either way); None decides by
     :func:`~agentsession_cas.format.parallel.wanted` on the bytes of the first lines
@@ -386,7 +396,7 @@ def verify_lines(
 
     entries: Iterable[bytes] = (raw[:-1] if raw.endswith(b"\n") else raw for raw in it)
     if loader is None:
-        return _verify(source, header, entries, PathChecker(header), where)
+        return _verify(source, header, entries, PathChecker(header), where, on_entry)
 
     def wake(entry: Entry) -> dict[str, Any]:
         assert loader is not None
@@ -394,7 +404,7 @@ def verify_lines(
 
     checker = PathChecker(header, loader=load)
     if processes is False or header.is_legacy:
-        return _verify(source, header, entries, checker, where, None, Parking(wake))
+        return _verify(source, header, entries, checker, where, on_entry, Parking(wake))
     blocks = _blocks_of(entries)
     opening: list[tuple[bytes, list[bytes]]] = []
     size = 0
@@ -405,9 +415,9 @@ def verify_lines(
             break
     if not parallel.wanted(size, processes):
         return _verify(source, header, chain.from_iterable(parts for _, parts in chain(opening, blocks)), checker, where,
-                       None, Parking(wake))
+                       on_entry, Parking(wake))
     with parallel.LineHelper() as helper:
-        return _verify(source, header, helper.lines(chain(opening, blocks)), checker, where, None, Parking(wake),
+        return _verify(source, header, helper.lines(chain(opening, blocks)), checker, where, on_entry, Parking(wake),
                        None, helper.known)
 
 
@@ -485,7 +495,10 @@ def _verify(
                          parking=parking, misstated=misstated, known=known)
         sf = reader.run()
         checker.finish()
-    return verify_report(source, header, reader.count, sf.migrated, sf.all_problems(), sf.unresolved, checker, reader.links)
+    report = verify_report(source, header, reader.count, sf.migrated, sf.all_problems(), sf.unresolved, checker, reader.links)
+    if parking is not None:
+        report._tidy = parking.tidy
+    return report
 
 
 class _Reader:

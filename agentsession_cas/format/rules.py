@@ -50,12 +50,12 @@ from ..errors import AgentSessionError, EntryError, IJSONError, Problem, Session
 from ..lean import dataclass
 from .canonical import loads, loads_flagged
 from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
-from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, RequestReport, check_tip
+from .context import DIAGNOSE_LIMIT, Context, ContextBuilder, RequestCheck, RequestReport, check_tip
 from .entry import ENTRY_ID, LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
 from .links import derived_note, link_notes, own_entries, store_note
 from .normalise import check_normalised
-from .runs import RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, inbox_of, open_source_message
+from .runs import Inbox, RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, open_source_message
 from .timestamps import is_valid_ts
 from .tree import head_may_rest
 
@@ -867,10 +867,17 @@ class PathChecker:
         reason, why, pending, _ = w.reason(run, len(w.path) - 1)
         return OpenRun(run.run_id, run.start.id, reason, why, tuple(c.call_id for c in pending))
 
-    def report(self, leaf: str | None, *, source: str = "") -> RunsReport:
+    def report(self, leaf: str | None, *, source: str = "", settle: Callable[[Entry], None] | None = None,
+               tidy: Callable[[], None] | None = None, path: Iterable[Entry] | None = None) -> RunsReport:
         """Runs, calls, the inbox and the record problems on the path to ``leaf`` (None:
         the universal root): the problems found for entries on it, in the words the
-        whole check used, and a resume run open at the leaf noted, not judged."""
+        whole check used, and a resume run open at the leaf noted, not judged. The path
+        is walked again from its root, each entry loaded; ``settle(entry)`` is given each
+        once it is pushed and ``tidy()`` is called after each call is described (a
+        caller's :class:`~agentsession_cas.format.reader.Parking`, so a long path, or
+        its calls, are not held whole). ``path``: the path's entries, root first, as the
+        caller reads them (in bulk, in order), in place of each loaded by id. The checker
+        stands on the path after."""
         w = self.walker
         self._goto(None)
         w.collect_runs = True
@@ -882,8 +889,16 @@ class PathChecker:
             while x is not None:
                 chain.append(x)
                 x = self._parent[x]
+            inbox = Inbox()  # fed as the path is pushed: each entry read once
+            given = iter(path) if path is not None else None
             for eid in reversed(chain):
-                self._push(self._load(eid))
+                e = self._load(eid) if given is None else next(given)
+                if e.id != eid:
+                    raise AgentSessionError(f"the path given to the runs report has {shown_id(e.id)} where {shown_id(eid)} is")
+                self._push(e)
+                inbox.feed(e)
+                if settle is not None:
+                    settle(e)
             run = w.run
             if run is not None:
                 w._close(run, None, "leaf")
@@ -892,7 +907,11 @@ class PathChecker:
                     open_note = problem(start.line, "run-source-open", _at(start, open_source_message(run.run_id)), start.id)
             path = list(self.path)
             runs = list(w.runs)
-            calls = [w.info(c) for c in w.call_order]
+            calls = []
+            for c in w.call_order:
+                calls.append(w.info(c))
+                if tidy is not None:
+                    tidy()
         finally:
             w.collect_runs = False
             w.runs = []
@@ -914,7 +933,7 @@ class PathChecker:
             records=tuple(self.header.records),
             runs=runs,
             calls=calls,
-            inbox=inbox_of(path),
+            inbox=inbox.queued(),
             problems=problems,
             notes=notes,
         )
@@ -1149,6 +1168,15 @@ class VerifyReport:
     _checker: PathChecker = field(repr=False)
     #: The session's own ``link`` entries, for a store to check what the file cannot.
     links: list[Entry] = field(default_factory=list, repr=False)
+    #: Parks again what the pass parked and a later read woke (a streamed verify's).
+    _tidy: Callable[[], None] | None = field(default=None, repr=False)
+
+    def tidy(self) -> None:
+        """Park again the entries the pass had parked that reading the report woke since
+        (a runs report reads the calls of the session), so a caller asking much of it
+        after the pass does not hold them all (``show --runs`` of a long session)."""
+        if self._tidy is not None:
+            self._tidy()
 
     @property
     def empty(self) -> bool:
@@ -1198,10 +1226,26 @@ class VerifyReport:
             calls_checked=self.calls_checked,
         )
 
-    def runs_report(self, leaf: str | None) -> RunsReport:
+    def runs_report(self, leaf: str | None, *, settle: Callable[[Entry], None] | None = None,
+                    tidy: Callable[[], None] | None = None, path: Iterable[Entry] | None = None) -> RunsReport:
         """Runs and calls on the path to ``leaf``, with the record problems this report
-        holds for entries on it (``show --runs``)."""
-        return self._checker.report(leaf, source=self.source)
+        holds for entries on it (``show --runs``); ``settle``, ``tidy`` and ``path`` as
+        :meth:`PathChecker.report`'s."""
+        return self._checker.report(leaf, source=self.source, settle=settle, tidy=tidy, path=path)
+
+    def context_at(self, leaf: str | None, *, hold_items: bool = True) -> Context:
+        """The context at ``leaf`` (None: the universal root), from the checker's builder
+        moved there (after :meth:`runs_report` of the same leaf it stands there already);
+        ``hold_items`` as :meth:`ContextBuilder.context`'s. Raises
+        :class:`~agentsession_cas.errors.ContextError` as ``build_context`` does."""
+        checker = self._checker
+        checker._goto(leaf)
+        return checker.builder.context(hold_items=hold_items)
+
+    def entry(self, entry_id: str) -> Entry:
+        """An entry of the session read again (from the file, the store, or the entries
+        held when there is neither), as the checker reads one it went back to."""
+        return self._checker._load(entry_id)
 
     def as_dict(self) -> dict[str, Any]:
         """The object ``verify --json`` prints."""

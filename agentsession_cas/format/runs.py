@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import field
 from typing import Any, Literal, get_args
 
@@ -276,20 +276,43 @@ class RunsReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, *, lazy: bool = False) -> dict[str, Any]:
+        """The report as ``show --runs --json`` prints it; ``lazy``: its runs and calls
+        as sequences made one element at a time as they are read, for a writer that
+        writes them one by one (a long path's calls are never all made at once)."""
         return {
             "source": self.source,
             "leaf": self.leaf,
             "path_length": self.path_length,
             "records": list(self.records),
-            "runs": [r.as_dict() for r in self.runs],
-            "calls": [c.as_dict() for c in self.calls],
+            "runs": _Each(self.runs, RunInfo.as_dict) if lazy else [r.as_dict() for r in self.runs],
+            "calls": _Each(self.calls, CallInfo.as_dict) if lazy else [c.as_dict() for c in self.calls],
             "pending": [c.call_id for c in self.pending],
             "inbox": [q.as_dict() for q in self.inbox],
             "problems": [p.as_dict() for p in self.problems],
             "notes": [p.as_dict() for p in self.notes],
             "ok": self.ok,
         }
+
+
+class _Each(Sequence[Any]):
+    """``make`` of each element of ``of``, made as it is read."""
+
+    __slots__ = ("_of", "_make")
+
+    def __init__(self, of: Sequence[Any], make: Callable[[Any], Any]) -> None:
+        self._of, self._make = of, make
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._make(x) for x in self._of[i]]
+        return self._make(self._of[i])
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self._make, self._of)
 
 
 @dataclass
@@ -1117,17 +1140,20 @@ class RecordWalker:
         for i, (kind, eid, verdict, _) in enumerate(call.events):
             d = self.on_path.get(eid)  # (an event's entry is on the path while the event stands)
             assert d is not None
-            args_member = d.get("args")
+            # (an output's members are not read: its entry, parked by a long walk, stays so)
+            decision, dispatch = kind == "decision", kind == "dispatch"
+            by, reason = (d.get("by"), d.get("reason")) if decision else (None, None)
+            key = d.get("idempotency_key") if dispatch else None
             events.append(
                 CallEvent(
                     kind=kind,
                     entry=d.id,
                     line=d.line,
                     verdict=verdict,
-                    by=d.get("by") if kind == "decision" and isinstance(d.get("by"), str) else None,
-                    reason=d.get("reason") if kind == "decision" and isinstance(d.get("reason"), str) else None,
-                    args_rewritten=kind == "decision" and verdict != "answer" and args_member is not None,
-                    idempotency_key=d.get("idempotency_key") if kind == "dispatch" and isinstance(d.get("idempotency_key"), str) else None,
+                    by=by if isinstance(by, str) else None,
+                    reason=reason if isinstance(reason, str) else None,
+                    args_rewritten=decision and verdict != "answer" and d.get("args") is not None,
+                    idempotency_key=key if isinstance(key, str) else None,
                     withdrawn=i in withdrawn,
                 )
             )
@@ -1182,27 +1208,44 @@ def format_notes(header: Header, codes: Iterable[str]) -> list[tuple[str, str]]:
     return out
 
 
-def inbox_of(path: Sequence[Entry]) -> list[QueuedInfo]:
+def inbox_of(path: Iterable[Entry]) -> list[QueuedInfo]:
     """Queued inputs with no item naming them in ``queued_from`` and no run end after them."""
-    waiting: dict[str, Entry] = {}
+    inbox = Inbox()
     for e in path:
+        inbox.feed(e)
+    return inbox.queued()
+
+
+class Inbox:
+    """:func:`inbox_of`, fed the path one entry at a time, root first (a walk that reads
+    each entry once, as it pushes it, and parks it behind: ``show --runs``)."""
+
+    __slots__ = ("waiting",)
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, Entry] = {}
+
+    def feed(self, e: Entry) -> None:
+        waiting = self.waiting
         if e.type == "queued":
             waiting[e.id] = e
         elif e.type == "item" and isinstance(e.get("queued_from"), str):
             waiting.pop(e.get("queued_from"), None)
         elif e.type == "run" and e.get("phase") == "end":
             waiting.clear()
-    return [
-        QueuedInfo(
-            entry=e.id,
-            line=e.line,
-            mode=e.get("mode") if isinstance(e.get("mode"), str) else None,
-            item=e.get("item"),
-            trigger=e.get("trigger"),
-            ref=e.get("ref") if isinstance(e.get("ref"), str) else None,
-        )
-        for e in waiting.values()
-    ]
+
+    def queued(self) -> list[QueuedInfo]:
+        return [
+            QueuedInfo(
+                entry=e.id,
+                line=e.line,
+                mode=e.get("mode") if isinstance(e.get("mode"), str) else None,
+                item=e.get("item"),
+                trigger=e.get("trigger"),
+                ref=e.get("ref") if isinstance(e.get("ref"), str) else None,
+            )
+            for e in self.waiting.values()
+        ]
 
 
 # ---------------------------------------------------------------------------

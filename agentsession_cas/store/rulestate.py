@@ -483,7 +483,7 @@ class _RestoredPath(PathChecker):
     def finish(self) -> list[Any]:
         raise NeedsRebuild("the whole session's notes")
 
-    def report(self, leaf: str | None, *, source: str = "") -> Any:
+    def report(self, leaf: str | None, *, source: str = "", settle: Any = None, tidy: Any = None, path: Any = None) -> Any:
         raise NeedsRebuild("a report of the path")
 
 

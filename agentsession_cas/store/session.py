@@ -1491,6 +1491,8 @@ class ProjectionOutline:
         self.children: dict[int, int] = {}
         #: target id -> the text of the last label naming it (as ``show`` marks it).
         self.labels: dict[str, str] = {}
+        #: Each ``label`` entry's members, by position (the resume rule and ``show --graph`` read them).
+        self.label_members: dict[int, Mapping[str, Any]] = {}
         self.index: dict[str, int] = {}
         self._types: dict[str, str] = {}
 
@@ -1534,6 +1536,8 @@ class ProjectionOutline:
                 self.converges[base + i] = n
         for i, label in labels.items():
             target = label.get("target")
+            if members[i][3] == "label":
+                self.label_members[base + i] = label
             if members[i][3] == "label" and isinstance(target, str):
                 text = label.get("label")
                 self.labels[target] = text if isinstance(text, str) else ""

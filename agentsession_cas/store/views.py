@@ -7,7 +7,7 @@ No printing: each view returns rows or records the command prints as text or JSO
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .store import Store
 
 __all__ = [
-    "GraphRow", "graph_rows", "listing_entries", "Diff", "diff_sequences", "diff_paths", "entry_texts", "Match", "grep_entries",
+    "GraphRow", "graph_rows", "graph_lanes", "listing_entries", "Diff", "diff_sequences", "diff_paths", "entry_texts", "Match", "grep_entries",
     "grep_store", "required_literal",
 ]
 
@@ -50,18 +50,29 @@ def _draw(lanes: Sequence[str | None], at: int, mark: str) -> str:
 
 
 def graph_rows(entries: Sequence[Entry]) -> list[GraphRow]:
-    """The entries in file order, each in a lane as ``git log --graph`` draws them (oldest
-    first): an entry continues its parent's lane when it is the parent's last child; an
-    earlier child opens a lane to the right (the branch line ``|\\`` before it), which
-    closes after its last entry (the lanes right of it moving left: ``/``). A root (or an
-    entry whose parent is not among them) starts a lane of its own. Only ``parent`` is
-    followed, as the tree does."""
+    """The entries in file order, each in a lane as ``git log --graph`` draws them
+    (:func:`graph_lanes`)."""
     tree = Tree(entries)
-    remaining = {e.id: len(tree.children(e.id)) for e in entries}
+    children = {e.id: len(tree.children(e.id)) for e in entries}
+    lanes = graph_lanes(((e.id, e.parent) for e in entries), children)
+    return [GraphRow(e, drawn, branch, collapse) for e, (drawn, branch, collapse) in zip(entries, lanes)]
+
+
+def graph_lanes(
+    entries: Iterable[tuple[str, str | None]], children: Mapping[str, int]
+) -> Iterator[tuple[str, str | None, str | None]]:
+    """The drawing of each entry, given as (id, parent) in file order with how many
+    children each has (``children``: an id it lacks has none), as ``git log --graph``
+    draws commits (oldest first): (its lanes, a branch line before it or None, a collapse
+    line after it or None; :class:`GraphRow`'s). An entry continues its parent's lane
+    when it is the parent's last child; an earlier child opens a lane to the right (the
+    branch line ``|\\`` before it), which closes after its last entry (the lanes right of
+    it moving left: ``/``). A root (or an entry whose parent is not among them) starts a
+    lane of its own. Only ``parent`` is followed, as the tree does. What it holds is the
+    lanes open and the children still to come: a listing draws each entry as it reads it."""
+    remaining = dict(children)
     lanes: list[str | None] = []
-    rows: list[GraphRow] = []
-    for e in entries:
-        parent = e.parent
+    for entry_id, parent in entries:
         branch = None
         at = lanes.index(parent) if parent is not None and parent in lanes else -1
         if at >= 0:
@@ -74,15 +85,14 @@ def graph_rows(entries: Sequence[Entry]) -> list[GraphRow]:
                 branch = _connector(lanes, src, at)
         else:
             at = _free_lane(lanes, after=-1)
-        lanes[at] = e.id
-        row = GraphRow(e, _draw(lanes, at, "*"), branch)
-        rows.append(row)
-        if remaining[e.id] == 0:
+        lanes[at] = entry_id
+        drawn, collapse = _draw(lanes, at, "*"), None
+        if remaining.get(entry_id, 0) == 0:
             # the lane ends here; the lanes right of it move one left (`` /``)
             if any(lane is not None for lane in lanes[at + 1:]):
-                row.collapse = _collapse(lanes, at)
+                collapse = _collapse(lanes, at)
             del lanes[at]
-    return rows
+        yield drawn, branch, collapse
 
 
 def _connector(lanes: Sequence[str | None], src: int, to: int) -> str:
