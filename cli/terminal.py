@@ -57,6 +57,7 @@ class Settings:
     json: bool = False  # the command line holds --json: no pager, colour or progress
     quiet: bool = False  # a command's -q: no progress either
     stdout_tty: bool | None = None  # standard output was a terminal before a pager took it
+    plain_env: bool | None = None  # NO_COLOR set, or TERM dumb (read once a run)
     width: int | None = None
     paging: Any = None  # the pager's process while it runs
     saved_stdout: Any = None
@@ -122,7 +123,9 @@ def color_on(err: bool = False) -> bool:
         return True
     if _settings.color == "never" or _settings.json:
         return False
-    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+    if _settings.plain_env is None:  # (once a run: a grep asks for each line it prints)
+        _settings.plain_env = bool(os.environ.get("NO_COLOR")) or os.environ.get("TERM") == "dumb"
+    if _settings.plain_env:
         return False
     return isatty(sys.stderr) if err else stdout_is_tty()
 
