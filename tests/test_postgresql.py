@@ -1129,7 +1129,7 @@ def test_a_writer_killed_after_a_snapshot_leaves_a_tail_the_next_open_reads_and_
         calls = _counting(monkeypatch)
         w = st.session("s1")
         assert _log_reads(calls) == (1, 2 + len(lazy))
-        assert any("adopted" in r for r in w.recovered) and w.is_committed(lazy[-1])
+        assert any(r.code == "log-tail" and "adopted" in r.message for r in w.recovered) and w.is_committed(lazy[-1])
         w.close()
         assert _state(st, "s1") == _state(st, "s1", whole=True)
     finally:

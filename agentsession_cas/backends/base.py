@@ -180,13 +180,13 @@ class LogOpen:
     say (None where it keeps none, or the index is missing or unreadable): the
     domain checks them against the replayed log, since an index that names an
     entry the log lacks means committed records were lost. ``recovered`` says
-    in words what recovery did."""
+    what recovery did, as notes with fsck's codes (``log-tail``, ``stale-header``, ...)."""
 
     header: bytes
     records: list[dict[str, Any]]
     head_index: str | None = None
     mark_index: str | None = None
-    recovered: list[str] = field(default_factory=list)
+    recovered: list[FsckProblem] = field(default_factory=list)
     #: The last summary the backend keeps for the session (see
     #: :meth:`SessionLog.set_summary`), current or not: the domain checks it against the
     #: log before it trusts it, and counts only the entries appended since.
@@ -202,19 +202,24 @@ class LogHistory:
     """A session's log as it is held now, read without recovery (``agentsession log``,
     a stored session's ``verify``): the records that read, in order, each with where it
     lies when the backend has lines (``(line, byte offset)``), what does not read
-    (``damage``, in words, each naming its place), and an uncommitted tail a writing
-    open would drop (``tail``, in words; its records are in ``records`` too, after
-    ``tail_from``). ``head_index`` is the head the backend's index names, where it
-    keeps one apart from the log (the domain holds it to the log: an index may lag
-    the log, never lead it)."""
+    (``damage``: findings with fsck's codes, each message naming its place), and an
+    uncommitted tail a writing open would drop (``tail``, in words; its records are in
+    ``records`` too, after ``tail_from``). ``head_index`` is the head the backend's
+    index names, where it keeps one apart from the log (the domain holds it to the log:
+    an index may lag the log, never lead it)."""
 
     records: list[dict[str, Any]]
     positions: list[tuple[int, int]] | None = None
-    damage: list[str] = field(default_factory=list)
-    damage_lines: list[int] = field(default_factory=list)
+    damage: list[FsckProblem] = field(default_factory=list)
     tail: str | None = None
     tail_from: int | None = None
     head_index: str | None = None
+    #: Where the log lies, relative to the store's root (the ``file`` its findings name).
+    source: str | None = None
+
+    def damaged(self, code: str, message: str, line: int | None = None, offset: int | None = None) -> None:
+        """Add a fault of the log, coded as fsck codes it (docs/fsck.md)."""
+        self.damage.append(FsckProblem("error", code, message, file=self.source, line=line, offset=offset))
 
 
 @dataclass

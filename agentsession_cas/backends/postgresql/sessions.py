@@ -54,6 +54,7 @@ from ..base import (
     COMMIT_POINTS,
     Append,
     CreatedRecords,
+    FsckProblem,
     LogHistory,
     LogOpen,
     Mark,
@@ -711,11 +712,12 @@ class PgSessions(SessionStore):
                            last_pos=last_pos, head=head, mark=mark)
         log._know(records[0] if records else None, records[1] if got.since == 2 else None, records[got.since :],
                   got.since_bytes, got.base_bytes)
-        recovered: builtins.list[str] = []
+        recovered: builtins.list[FsckProblem] = []
         if _uncommitted_tail(records):
             log._recover = [{"op": "commit"}]
             records = records + [{"op": "commit"}]
-            recovered.append(f"adopted the uncommitted records a writer of session {session_id} left, with a commit")
+            recovered.append(FsckProblem("note", "log-tail", f"adopted the uncommitted records a writer of session "
+                                         f"{session_id} left, with a commit", session=session_id, file="log"))
         return log, LogOpen(bytes(header), records, head, mark, recovered,
                             summary=kept.get(_SUMMARY), rule_state=kept.get(_RULES))
 
@@ -812,12 +814,11 @@ class PgSessions(SessionStore):
     def history(self, session_id: str) -> LogHistory:
         with self.db.conn() as c:
             _, texts = self.rows(c, session_id)
-        out = LogHistory([])
+        out = LogHistory([], source="log")
         for pos, text in texts:
             record = parse_record(text)
             if isinstance(record, str):
-                out.damage.append(f"log row {pos} {record}")
-                out.damage_lines.append(pos)
+                out.damaged("log-damage", f"log row {pos} {record}", pos)
             else:
                 out.records.append(record)
         return out
