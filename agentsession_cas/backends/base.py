@@ -467,6 +467,18 @@ class SessionLog(ABC):
 class SessionStore(ABC):
     """The sessions of a store, by id (ids are checked by the caller)."""
 
+    def header_lost(self, session_id: str) -> str | None:
+        """Of a session the store holds but no longer lists, its header being lost (fsck's
+        ``missing-header``): where the header belongs, relative to the store's root; None
+        for any other id (and for a backend whose header cannot be lost apart)."""
+        return None
+
+    def log_source(self, session_id: str) -> str | None:
+        """Where a session's log lies, relative to the store's root: what a fault of it names
+        (``file`` of a finding, ``path`` of :class:`~agentsession_cas.errors.SessionDamagedError`);
+        None for a backend that keeps no file of it."""
+        return None
+
     @abstractmethod
     def list(self) -> list[str]:
         """The ids held, sorted."""
@@ -621,9 +633,18 @@ class RepackResult:
         res.problems[:0] = self.problems
         return res
 
+    def unread(self) -> list[FsckProblem]:
+        """Each pack left unread (``bad_packs``) as a finding with fsck's code: ``bad-pack-index``
+        for its index (every error of a pack's index says ``pack index``), else ``bad-pack``."""
+        return [FsckProblem("error", "bad-pack-index" if why.startswith("pack index ") else "bad-pack",
+                            f"objects/pack/{key}.pack was not read: {why}; left in place (run fsck)",
+                            file=f"objects/pack/{key}.idx" if why.startswith("pack index ") else f"objects/pack/{key}.pack")
+                for key, why in sorted(self.bad_packs.items())]
+
     def as_dict(self) -> dict[str, Any]:
-        """Each problem and note in the one shape fsck's have (code, severity, where, ...)."""
-        return {**asdict(self), "problems": [p.as_dict() for p in self.problems],
+        """Each problem and note in the one shape fsck's have (code, severity, where, ...), a
+        pack left unread among the problems."""
+        return {**asdict(self), "problems": [p.as_dict() for p in self.problems + self.unread()],
                 "notes": [n.as_dict() for n in self.notes], "ok": self.ok}
 
 

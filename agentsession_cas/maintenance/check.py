@@ -23,6 +23,7 @@ from ..errors import (
     NoSuchSessionError,
     SessionDamagedError,
     SessionFormatError,
+    store_relative,
 )
 from ..format.entry import short_id
 from ..format.reader import verify_lines
@@ -80,7 +81,8 @@ def _object_problem(store: Store, exc: Exception, context: str, entry: str, log_
     entry with no sound copy (absent, or in a pack that does not read), ``missing-object``."""
     extra: dict[str, Any] = {"log_line": log_line}
     if isinstance(exc, CorruptObjectError):
-        extra = {"object": exc.name, "space": exc.space, "path": exc.path}
+        path = store_relative(exc.path, store.root)  # (a finding names a file relative to the store)
+        extra = {"object": exc.name, "space": exc.space, "path": path, "file": path}
         code = "corrupt-object"
     elif isinstance(exc, NoSuchObjectError) and store.objects.exists("entries", entry):
         code = "missing-content"

@@ -23,6 +23,7 @@ from ..errors import (
     NoSuchObjectError,
     NoSuchRefError,
     NoSuchSessionError,
+    SessionDamagedError,
     quoted,
 )
 from ..format.hashing import is_hash
@@ -67,6 +68,10 @@ def resolve_session(store: Store, name: str) -> str:
     found = [sid for sid in store.list() if sid.startswith(name)] if len(name) >= MIN_ENTRY_PREFIX else []
     if found:
         return _the_one(name, found, f"session ids in {store.describe()}")
+    lost = store.backend.sessions.header_lost(name)
+    if lost is not None:  # held, but no longer listed: damage, which repair makes good, not an absent session
+        raise SessionDamagedError("its header file is missing; the store lists it no more", session=name, line=0,
+                                  offset=0, path=lost)
     raise NoSuchSessionError(f"no such session: {name} (no id, ref or id prefix in {store.describe()})")
 
 

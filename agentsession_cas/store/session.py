@@ -263,7 +263,7 @@ class Session:
                 damage.append(why)
             if damage:
                 raise SessionDamagedError(
-                    damage[0], session=session_id, line=0, offset=0,
+                    damage[0], session=session_id, line=0, offset=0, path=store.backend.sessions.log_source(session_id),
                 )
         except BaseException:
             log.close()

@@ -353,6 +353,17 @@ class FileSessions(SessionStore):
                 out.append(name)
         return sorted(out)
 
+    def header_lost(self, session_id: str) -> str | None:
+        try:
+            sdir = self.dir(session_id)
+        except AgentSessionError:
+            return None  # not an id: nothing is held under it
+        gone = not os.path.lexists(os.path.join(sdir, "header")) and os.path.lexists(os.path.join(sdir, "log"))
+        return f"sessions/{session_id}/header" if gone else None
+
+    def log_source(self, session_id: str) -> str:
+        return f"sessions/{session_id}/log"
+
     def exists(self, session_id: str) -> bool:
         try:
             return os.path.exists(os.path.join(self.dir(session_id), "header"))
@@ -515,7 +526,7 @@ class FileSessions(SessionStore):
         lr = read_log(data or b"")
         records = lr.records + lr.cut_records
         out = LogHistory([r.data for r in records], [(r.line, r.offset) for r in records],
-                         source=f"sessions/{session_id}/log")
+                         source=self.log_source(session_id))
         for d in lr.damage:
             out.damaged("log-damage", f"log line {d.line} (offset {d.offset}): {d.reason}", d.line, d.offset)
         if lr.cut is not None:
@@ -682,16 +693,15 @@ class FileSessionLog(SessionLog):
             first = logread.damage[0]
             raise SessionDamagedError(
                 f"log line {first.line} (offset {first.offset}): {first.reason}",
-                session=sid, line=first.line, offset=first.offset,
+                session=sid, line=first.line, offset=first.offset, path=self.backend.sessions.log_source(sid),
             )
         records = logread.records
         if not records or records[0].op != "create":
             # Every log opens with its create record, written durably with the session;
             # without it nothing says what the session holds: damage, not an empty session.
             what = "is missing or empty" if not data else "does not open with its create record"
-            raise SessionDamagedError(
-                f"its log {what}", session=sid, line=1, offset=0
-            )
+            raise SessionDamagedError(f"its log {what}", session=sid, line=1, offset=0,
+                                      path=self.backend.sessions.log_source(sid))
         logged = header_of(records)
         if logged is not None:
             held = canonical_bytes(logged) + b"\n"
@@ -734,7 +744,7 @@ class FileSessionLog(SessionLog):
                 if payload_entry(r.get("entry"), r.payload) is None:  # type: ignore[arg-type]
                     raise SessionDamagedError(
                         f"log line {r.line} carries a payload that does not hash to entry {r.get('entry')}",
-                        session=sid, line=r.line, offset=r.offset,
+                        session=sid, line=r.line, offset=r.offset, path=self.backend.sessions.log_source(sid),
                     )
                 to_restore.append(r)
         lost = [r for r in dropped if r.op == "append"]

@@ -653,7 +653,8 @@ class PgSessions(SessionStore):
         for pos, text in tail:
             record = parse_record(text)
             if isinstance(record, str):
-                raise SessionDamagedError(f"log row {pos} {record}", session=session_id, line=pos, offset=0)
+                raise SessionDamagedError(f"log row {pos} {record}", session=session_id, line=pos, offset=0,
+                                          path=self.log_source(session_id))
             records.append(record)
         out = _Records(records, skip or 1, sum(len(t) for _, t in tail[0 if skip else 1 :]),
                        start.pos + len(tail) if start is not None else len(tail), start.size if start is not None else 0)
@@ -811,10 +812,13 @@ class PgSessions(SessionStore):
         )
         return int(rows[0][0]) if rows else None
 
+    def log_source(self, session_id: str) -> str:
+        return "log"  # the table, as fsck names it
+
     def history(self, session_id: str) -> LogHistory:
         with self.db.conn() as c:
             _, texts = self.rows(c, session_id)
-        out = LogHistory([], source="log")
+        out = LogHistory([], source=self.log_source(session_id))
         for pos, text in texts:
             record = parse_record(text)
             if isinstance(record, str):
