@@ -13,7 +13,6 @@ repairable, leaves ``fsck`` clean and every entry the session held still held.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from storetools import files
 
 from agentsession_cas import Header, make_entry
 from agentsession_cas.backends.files import sessions as file_sessions
@@ -163,18 +163,6 @@ REMARKS: dict[str, set[tuple[str, str]]] = {
 }
 #: What repair does not make good alone, and the command that does.
 AFTER_REPAIR: dict[str, list[str]] = {"pack data corrupt": ["pack"], "pack index corrupt": ["pack"]}
-
-
-def files(root: Path) -> dict[str, bytes | None]:
-    """Every name under the store with its bytes (None for a directory)."""
-    out: dict[str, bytes | None] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for d in dirnames:
-            out[os.path.relpath(os.path.join(dirpath, d), root)] = None
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            out[os.path.relpath(p, root)] = Path(p).read_bytes()
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from agentsession_cas.errors import SessionDamagedError, SessionLockedError, Sto
 from agentsession_cas.backends.files.log import _checksum, encode_record, read_log, scan_log
 from agentsession_cas.backends.files.repair import DAMAGED_PREFIX
 from agentsession_cas.maintenance.repair import plan_repair, repair_session
-from storetools import crash, line_body, put_entry, rechain, refuse_to_wait
+from storetools import crash, files, line_body, put_entry, rechain, refuse_to_wait
 from agentsession_cas.store import Store
 from agentsession_cli import repair_command, terminal
 from agentsession_cli.main import main
@@ -87,18 +87,6 @@ def poke(root: Path, offset: int, value: int, sid: str = SID) -> None:
 def flip(root: Path, offset: int, mask: int = 0x01, sid: str = SID) -> None:
     data = log_path(root, sid).read_bytes()
     poke(root, offset, data[offset] ^ mask, sid)
-
-
-def files(path: Path) -> dict[str, bytes | None]:
-    """Every file and directory under path with its bytes (None for a directory)."""
-    out: dict[str, bytes | None] = {}
-    for dirpath, dirnames, filenames in os.walk(path):
-        for d in dirnames:
-            out[os.path.relpath(os.path.join(dirpath, d), path)] = None
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            out[os.path.relpath(p, path)] = Path(p).read_bytes()
-    return out
 
 
 def cli(root: Path, *args: str, input: str | None = None):
