@@ -263,6 +263,13 @@ class SessionDamagedError(StoreError):
         #: The damaged log, relative to the store's root (None where the backend names no file).
         self.path = path
 
+    @classmethod
+    def header_lost(cls, session: str, path: str) -> SessionDamagedError:
+        """A session the store holds whose header file (``path``) is gone: it is listed no
+        more, but it is damage, which repair makes good, not an absent session."""
+        return cls("its header file is missing; the store lists it no more", session=session, line=0, offset=0,
+                   path=path)
+
     def as_dict(self) -> dict[str, Any]:
         out = super().as_dict()
         out["error"].update(session=self.session, file=self.path)

@@ -147,7 +147,7 @@ _ALL = set(COMMANDS)
 #: summary) are not the session's record: only fsck holds them to the log (a writer may
 #: be behind with HEAD: fsck alone looks for one), the reads go by the log.
 FAILS: dict[str, set[str]] = {
-    "header missing": {"verify", "fsck", "show", "export", "log"},
+    "header missing": {"verify", "fsck", "list", "show", "export", "log"},
     "header garbled": set(),
     "HEAD missing": {"fsck"},
     "HEAD garbled": {"fsck"},

@@ -473,6 +473,11 @@ class SessionStore(ABC):
         for any other id (and for a backend whose header cannot be lost apart)."""
         return None
 
+    def lost_headers(self) -> list[str]:
+        """The ids of the sessions :meth:`header_lost` names, sorted (what ``list`` reports
+        as damaged: :meth:`list` holds only sessions with their header)."""
+        return []
+
     def log_source(self, session_id: str) -> str | None:
         """Where a session's log lies, relative to the store's root: what a fault of it names
         (``file`` of a finding, ``path`` of :class:`~agentsession_cas.errors.SessionDamagedError`);

@@ -69,9 +69,8 @@ def resolve_session(store: Store, name: str) -> str:
     if found:
         return _the_one(name, found, f"session ids in {store.describe()}")
     lost = store.backend.sessions.header_lost(name)
-    if lost is not None:  # held, but no longer listed: damage, which repair makes good, not an absent session
-        raise SessionDamagedError("its header file is missing; the store lists it no more", session=name, line=0,
-                                  offset=0, path=lost)
+    if lost is not None:
+        raise SessionDamagedError.header_lost(name, lost)
     raise NoSuchSessionError(f"no such session: {name} (no id, ref or id prefix in {store.describe()})")
 
 

@@ -25,6 +25,7 @@ keeps a session's log as RFC 0002 asks, and one speed-up of its own:
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import re
@@ -360,6 +361,13 @@ class FileSessions(SessionStore):
             return None  # not an id: nothing is held under it
         gone = not os.path.lexists(os.path.join(sdir, "header")) and os.path.lexists(os.path.join(sdir, "log"))
         return f"sessions/{session_id}/header" if gone else None
+
+    def lost_headers(self) -> builtins.list[str]:
+        try:
+            names = os.listdir(os.path.join(self.root, "sessions"))
+        except FileNotFoundError:
+            return []
+        return sorted(name for name in names if self.header_lost(name) is not None)
 
     def log_source(self, session_id: str) -> str:
         return f"sessions/{session_id}/log"
