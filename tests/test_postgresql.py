@@ -796,6 +796,18 @@ def test_fsck_checks_rows_against_the_log_and_the_edges(store, url):
     assert not report.ok
 
 
+def test_a_log_row_that_is_no_record_is_one_finding_with_the_file_backends_code(store, url):
+    """A log row that does not parse is one fault: fsck names it once, `log-damage` (the
+    file backend's code for a log line that does not read, and verify ID's), at its
+    position of the log table; the row walk named it `log-record` (a code no page listed)
+    beside the session walk's `log-damage`."""
+    s, ids = chain(store, n=3)
+    s.close()
+    sql(url, "UPDATE log SET record = '{not json' WHERE pos = 4")
+    found = [p for p in fsck(store).problems if p.line == 4 or "row 4" in p.message]
+    assert [(p.code, p.session, p.file) for p in found] == [("log-damage", "s1", "log")], [p.as_dict() for p in found]
+
+
 def test_sweep_drops_unretained_objects_in_batches_and_keeps_the_rest(store, url, monkeypatch):
     monkeypatch.setattr(pg_maintenance, "SWEEP_BATCH", 2)
     s, kept = chain(store, "keep", 2)
