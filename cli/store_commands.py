@@ -313,7 +313,7 @@ def log_cmd(session_id: str, as_json: bool) -> None:
         # the records that read are on stdout; the damage is the error, with its code, and
         # each fault is a problem with the code fsck gives it
         fail(f"session {session_id}: {history.damage[0].message}", code="session_damaged",
-             problems=[{**p.as_dict(), "session": session_id} for p in history.damage])
+             problems=[{**p.as_dict(), "where": "log", "session": session_id} for p in history.damage])
     for p in history.damage:
         echo(f"agentsession: error: session {session_id}: {p.message}", err=True)
     if history.damage:

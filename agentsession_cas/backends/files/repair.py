@@ -191,11 +191,6 @@ class RepairReport:
         self.notes.append(FsckProblem("note", code, message, session=self.session,
                                       space="entries" if where.get("object") else None, **where))
 
-    def noted(self, code: str, message: str, **where: Any) -> RepairReport:
-        """:meth:`note`, returning the report (for a report made and remarked on in one expression)."""
-        self.note(code, message, **where)
-        return self
-
     def as_dict(self) -> dict[str, Any]:
         return {
             "session": self.session,
@@ -991,7 +986,7 @@ class RepairPlanner:
         while t is not None and t != self.base and t not in self.kept:
             if t in seen:
                 self.report.note("broken-chain", f"HEAD names {short_id(target)}, whose parents loop: nothing is taken "
-                                 "from it", object=target, file=f"sessions/{self.sid}/HEAD")
+                                 "from it", object=target, file=self.head_file())
                 return spent
             seen.add(t)
             objs = self.objects(t, None)
@@ -1000,21 +995,21 @@ class RepairPlanner:
                     "head-unproved",
                     f"HEAD names {short_id(target)}, which no record holds and no object proves ({objs[1]}): HEAD "
                     "itself may be damaged (a changed byte), or the log lost records whose objects went with them; "
-                    "nothing is taken from it, and the head is where the log puts it", object=target, file=f"sessions/{self.sid}/HEAD",
+                    "nothing is taken from it, and the head is where the log puts it", object=target, file=self.head_file(),
                 )
                 return spent
             if isinstance(objs, tuple):
                 self.report.note(
                     "missing-object",
                     f"HEAD names {short_id(target)}, which no record holds; its ancestor {short_id(t)} cannot be read "
-                    f"({objs[1]}), so the entries between are lost", object=t, file=f"sessions/{self.sid}/HEAD",
+                    f"({objs[1]}), so the entries between are lost", object=t, file=self.head_file(),
                 )
                 return spent
             chain.append(t)
             t = objs.entry.parent
         if t is None and self.base is not None:
             self.report.note("head-unproved", f"HEAD names {short_id(target)}, which hangs from no entry of this fork: "
-                             "not taken", object=target, file=f"sessions/{self.sid}/HEAD")
+                             "not taken", object=target, file=self.head_file())
             return spent
         for eid in reversed(chain):
             spent += 1
@@ -1026,7 +1021,7 @@ class RepairPlanner:
             self.report.note(
                 "log-cut", f"HEAD names {short_id(target)}, which no record of the log holds (the log lost committed records): "
                 f"{len(chain)} entr{'y' if len(chain) == 1 else 'ies'} from it up to what the log holds are taken "
-                "back from objects/", object=target, file=f"sessions/{self.sid}/HEAD",
+                "back from objects/", object=target, file=self.head_file(),
             )
             self.last_head_read = index
         return spent
@@ -1038,6 +1033,10 @@ class RepairPlanner:
         kept = read_summary(_files(self.store).sessions.dir(self.sid))
         seq = kept[0].get("seq") if kept is not None else None
         return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else 0
+
+    def head_file(self) -> str:
+        """Where the head index lies, relative to the store (what a note on it names)."""
+        return f"sessions/{self.sid}/HEAD"
 
     def head_index(self) -> str | None:
         """What the ``HEAD`` index file names, when it names an entry."""
@@ -1083,11 +1082,13 @@ def plan_repair(
         lost = lost_header(store, session_id)
         if lost is None:
             raise NoSuchSessionError(f"no such session: {session_id}")
-        return RepairReport(
+        lost_report = RepairReport(
             session=session_id, damaged=False, why="its header file is missing, and its log holds the header",
             stale_indexes=[("header", None, lost.decode("utf-8").strip())],
-        ).noted("missing-header", "the rest of the session is planned once the header file is written again (a repair "
-                "writes it from the log, then goes on)", file=f"sessions/{session_id}/header")
+        )
+        lost_report.note("missing-header", "the rest of the session is planned once the header file is written again "
+                         "(a repair writes it from the log, then goes on)", file=f"sessions/{session_id}/header")
+        return lost_report
     try:
         probe = Session._open(store, session_id, writable=False)
     except SessionDamagedError as exc:

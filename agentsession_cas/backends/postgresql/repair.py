@@ -45,6 +45,9 @@ class _RowPlanner(RepairPlanner):
     row_head: str | None = None
     row_mark: str = ""
 
+    def head_file(self) -> str:
+        return "sessions"  # the session's row holds its head (fsck's file for it)
+
     def head_index(self) -> str | None:
         return self.row_head if isinstance(self.row_head, str) and is_hash(self.row_head) else None
 
