@@ -710,6 +710,31 @@ def test_a_new_sessions_rule_refusal_waits_for_its_turn_and_a_reordered_push_is_
     assert reopen(broot, "s1").log_order == ids and Store(broot).export("s1") == a.export("s1")
 
 
+def test_a_whole_sessions_admission_holds_its_entries_parked_not_whole(ab, monkeypatch):
+    """A fetch (or push) of a session the receiver lacks keeps each entry in its summary
+    form once the rules took it, and the rules' own copies parked past their window (read
+    back from the store if a rule consults one): what it holds grows by an id an entry,
+    not by the entries (a fetch of 100,000 entries held them all)."""
+    a, b, broot = ab
+    ids = record(a, "s1", 60)
+    settled: list = []
+    seen: list = []
+    settle, check_rules = endpoint.Parking.settle, StoreEndpoint._check_rules
+    monkeypatch.setattr(endpoint.Parking, "WINDOW", 8)
+    monkeypatch.setattr(endpoint.Parking, "settle", lambda self, e, n=0: (settled.append(e), settle(self, e, n))[1])
+
+    def spied(self, session, header, prefix, ordered, fed=None):
+        seen.extend(c.entry for c in ordered)
+        return check_rules(self, session, header, prefix, ordered, fed)
+
+    monkeypatch.setattr(StoreEndpoint, "_check_rules", spied)
+    result = ex.fetch(b, a.root, "s1")
+    assert result.entries == len(ids) == len(settled) == len(seen)
+    assert [e.parked for e in settled] == [True] * (len(ids) - 8) + [False] * 8
+    assert all("item" not in e.data for e in seen)  # the summary forms: no item's members
+    assert b.export("s1") == a.export("s1")
+
+
 def _raw_objects(st: Store, entry_id: str) -> list[tuple[str, str, bytes]]:
     env = st.objects.get("entries", entry_id)
     chash = json.loads(env)["content"]

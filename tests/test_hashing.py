@@ -569,7 +569,7 @@ def _line_of(entry: dict) -> tuple[bytes, bytes]:
     """(line_from_objects of the entry's stored objects, rfc8785's line of the entry with its id),
     the line made each way it can be (from the parsed envelope; from the envelope's bytes,
     alone and in a batch) and all three asserted equal."""
-    from agentsession_cas.format.hashing import line_from_objects, lines_from_objects, read_envelope
+    from agentsession_cas.format.hashing import line_from_objects, line_size, lines_from_objects, read_envelope
 
     entry_id, _, content, env_bytes = entry_objects(entry)
     env, _, why, members = read_envelope(env_bytes)
@@ -578,6 +578,8 @@ def _line_of(entry: dict) -> tuple[bytes, bytes]:
     got = line_from_objects(entry_id, env, content)
     assert line_from_objects(entry_id, env, content, members) == got
     assert lines_from_objects([(entry_id, env, content, members)] * 3) == [got] * 3
+    if members is not None:  # its length from the objects' sizes, as stats sums it
+        assert line_size(entry_id, len(content), members) == len(got)
     return got, expected
 
 

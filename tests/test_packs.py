@@ -1845,3 +1845,28 @@ def test_a_thread_keeps_one_decompression_context_and_a_bad_frame_does_not_spoil
     t.start()
     t.join()
     assert theirs[0] is not mine
+
+
+def test_names_starting_finds_what_every_name_filtered_finds(tmp_path):
+    """A short name's lookup (cat-object's) searches each pack's sorted index and one loose
+    fan-out directory a space: for every prefix it gives what filtering every name gives,
+    packed (two packs) and loose alike."""
+    from agentsession_cas.store import Store
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    root = tmp_path / "st"
+    with Store.init(str(root)) as st:
+        st.import_file(str(fixtures / "basic.jsonl"))
+    with Store(str(root)) as st:
+        st.objects.pack_loose()
+        st.import_file(str(fixtures / "branches.jsonl"))
+        st.objects.pack_loose()
+        st.import_file(str(fixtures / "extensions.jsonl"))  # left loose
+    with Store(str(root), readonly=True) as st:
+        objects = st.objects
+        assert len(list((root / "objects" / "pack").glob("*.idx"))) >= 2, "two packs"
+        assert any(True for _ in objects.loose_names("entries")), "loose objects"
+        every = sorted({n for sp in ("entries", "contents", "blobs") for n in objects.names(sp)})
+        prefixes = {f"{b:02x}" for b in range(256)} | {n[7:7 + k] for n in every for k in (3, 4, 5, 64)}
+        for digits in sorted(prefixes):
+            assert objects.names_starting(digits) == {n for n in every if n[7:].startswith(digits)}, digits

@@ -454,6 +454,28 @@ def test_object_corrupted_in_the_table_is_never_served_and_fsck_names_it(store, 
     assert any(p.session == "s1" for p in report.errors)
     store.objects.put("entries", ids[1], env)  # storing the sound bytes again repairs the row
     assert store.entry(ids[1]).id == ids[1]
+
+
+
+def test_held_many_answers_as_held_does_in_one_query_a_chunk(store, url, monkeypatch):
+    """held_many (what a server's missing and batch read ask) agrees with held name by
+    name: sound, corrupt, absent, no hash at all; and reads the rows of many names in one
+    query, not one each."""
+    from agentsession_cas.backends.postgresql import objects as pg_objects
+
+    s, ids = chain(store, n=6)
+    s.close()
+    env = store.objects.get("entries", ids[2])
+    sql(url, "UPDATE objects SET data = 'x' || data WHERE space = 0 AND hash = %s", [bytes.fromhex(ids[2][7:])])
+    names = [*ids, "sha256:" + "0" * 64, "nothing"]
+    monkeypatch.setattr(pg_objects, "_HELD_CHUNK", 4)
+    queries = []
+    rows = pg_objects.PgObjects._rows
+    monkeypatch.setattr(pg_objects.PgObjects, "_rows", lambda self, space, hashes: (queries.append(len(hashes)), rows(self, space, hashes))[1])
+    got = store.objects.held_many("entries", names)
+    assert queries == [4, 3]  # two chunks; the name that is no hash asked of nobody
+    assert got == [store.objects.held("entries", n) for n in names] == [True, True, False, True, True, True, False, False]
+    store.objects.put("entries", ids[2], env)  # the row made sound again
     assert fsck(store).ok
 
 

@@ -20,6 +20,7 @@ from agentsession_cas.backends import remote
 from agentsession_cas.errors import (
     AuthError,
     LeaseLostError,
+    NoSuchObjectError,
     ScopeError,
     SessionLockedError,
     TransportError,
@@ -104,6 +105,46 @@ def test_objects_are_cached(served, token):  # noqa: F811
         calls.clear()
         assert ro.entry(eid).id == eid
         assert not [p for p in calls if "/objects/" in p]
+
+
+def test_many_objects_are_read_in_batches_and_one_missing_is_named(served, token):  # noqa: F811
+    """An export over HTTP reads its objects a batch at a time (``POST /v1/objects/read``),
+    not a GET each: the same bytes for a fraction of the requests."""
+    with open_store(served.url) as st:
+        s = st.create(Header.new("chat-5"))
+        for i in range(40):
+            s.append(_msg(f"turn {i}"))
+    with open_store(served.url, readonly=True) as ro:
+        calls: list[str] = []
+        ro.backend.http._http.event_hooks["request"].append(lambda request: calls.append(request.url.path))  # type: ignore[attr-defined]
+        exported = ro.export("chat-5")
+        assert len(exported.splitlines()) == 41
+        assert not [p for p in calls if "/objects/entries/" in p or "/objects/contents/" in p]
+        assert 1 <= len([p for p in calls if p.endswith("/objects/read")]) <= 4
+        absent = "sha256:" + "0" * 64
+        with pytest.raises(NoSuchObjectError, match=f"no contents object {absent}"):
+            ro.objects.get_many("contents", [absent, "sha256:" + "1" * 64])
+    with open_store(served.url, readonly=True) as ro:
+        assert ro.export("chat-5") == exported  # read again, uncached
+
+
+def test_grep_over_http_reads_the_entries_in_batches(served, token):  # noqa: F811
+    """A store over HTTP cannot be scanned, so grep reads every entry: a chunk at a time in
+    batch reads, not a GET an object."""
+    from agentsession_cas.store.views import grep_store
+
+    with open_store(served.url) as st:
+        s = st.create(Header.new("chat-6"))
+        for i in range(30):
+            s.append(_msg(f"needle {i}" if i % 10 == 3 else f"hay {i}"))
+    with open_store(served.url, readonly=True) as ro:
+        calls: list[str] = []
+        ro.backend.http._http.event_hooks["request"].append(lambda request: calls.append(request.url.path))  # type: ignore[attr-defined]
+        import re
+
+        found = [m.text for m in grep_store(ro, ["chat-6"], re.compile("needle"))]
+        assert found == ["needle 3", "needle 13", "needle 23"]
+        assert not [p for p in calls if "/objects/entries/" in p or "/objects/contents/" in p]
 
 
 def test_refs_compare_and_swap_over_http(served, token):  # noqa: F811

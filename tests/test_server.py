@@ -22,6 +22,7 @@ from agentsession_cas import Header
 from agentsession_cas.errors import SessionLockedError
 from agentsession_cas.exchange import push
 from agentsession_cas.exchange.http_client import HttpTransport
+from agentsession_cas.exchange.wire import OBJECTS, FrameReader
 from agentsession_cas.format.canonical import canonical_bytes
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.maintenance.fsck import fsck
@@ -289,6 +290,45 @@ def test_objects_are_served_only_to_a_caller_who_may_read_a_session_holding_them
         assert c.get(f"/v1/objects/contents/{content}").status_code == 200
 
 
+def _read_frames(response) -> tuple[list[tuple[str, str, bytes]], int]:
+    """The objects of a batch read's answer and its end frame's count (the wire's reader)."""
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == OBJECTS
+    reader = FrameReader(where="test", max_object=1 << 30)
+    got = list(reader.feed(response.content))
+    assert reader.ended
+    return got, reader.count
+
+
+def test_a_batch_read_serves_what_the_caller_may_read_in_the_order_asked(served):
+    with served.client("team-a") as a:
+        recorded(a, "a-1", 3)
+        path = lines(a.get("/v1/sessions/a-1/path"))[:-1]
+        entries = [f["entry"] for f in path]
+        contents = [f["envelope"]["content"] for f in path]
+        assert a.get("/v1/").json()["features"]["object_read"] is True
+        asked = {"contents": list(reversed(contents)), "entries": entries + entries[:1]}  # a repeat: served once
+        got, count = _read_frames(a.post("/v1/objects/read", json=asked))
+        assert [(s, n) for s, n, _ in got] == [("contents", c) for c in reversed(contents)] + [("entries", e) for e in entries]
+        assert count == len(got) and all(sha256_ref(d) == n for _, n, d in got)
+        assert got[-1][2] == a.get(f"/v1/objects/entries/{entries[-1]}").content
+        # An object no readable session holds, or none at all, is left out, as its GET is 404.
+        absent = sha256_ref(b'{"nowhere":1}')
+        got, count = _read_frames(a.post("/v1/objects/read", json={"contents": [absent, contents[0]]}))
+        assert [n for _, n, _ in got] == [contents[0]] and count == 1
+        problem(a.post("/v1/objects/read", json={"contents": ["sha256:xyz"]}), 400, "store_fault")
+        problem(a.post("/v1/objects/read", json={"nowhere": [absent]}), 400, "store_fault")
+    with served.client("team-b") as b:
+        got, count = _read_frames(b.post("/v1/objects/read", json={"entries": entries, "contents": contents}))
+        assert got == [] and count == 0
+
+
+def test_a_batch_read_is_bounded_as_missing_is(tmp_path):
+    Store.init(tmp_path / "st").close()
+    with ServerProcess(tmp_path / "st", extra=("--max-body-bytes", "4096")) as server, server.client() as c:
+        problem(c.post("/v1/objects/read", content=b"[" + b" " * 5000 + b"]"), 413, "store_fault")
+
+
 def test_an_uploaded_object_is_verified_and_reachable_by_no_one_until_a_push_names_it(served):
     with served.client("all") as c:
         data = b'{"a":1}'
@@ -436,13 +476,22 @@ def test_refs_resolve_update_by_compare_and_swap_and_list(served):
 
 
 def test_the_store_after_the_server_is_clean(tmp_path):
+    """Stopped by SIGTERM (what a service manager sends), the server closes its store
+    before it exits: every session it wrote checkpointed, its summary kept (list reads
+    it, not the log), and the exit status a signal's (uvicorn raised the signal again
+    once it stopped serving, and the process ended before the store was closed)."""
     Store.init(tmp_path / "st").close()
-    with ServerProcess(tmp_path / "st") as server, server.client() as c:
+    server = ServerProcess(tmp_path / "st").start()
+    with server.client() as c:
         for i in range(3):
             recorded(c, f"s{i}", 4)
+    assert server.stop(signal.SIGTERM) == 143
     with Store(tmp_path / "st") as st:
         assert fsck(st).ok
         assert len(st.list()) == 3 and len(st.read("s1")) == 5
+        for i in range(3):
+            kept = st.backend.sessions.summary(f"s{i}")
+            assert kept is not None and kept[1], f"s{i}: no summary kept, or not the log's"
 
 
 def test_a_killed_server_keeps_what_it_acknowledged_durable(tmp_path):

@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
+import pytest
 from server_helpers import TOKENS, ServerProcess, served  # noqa: F401 - served is a fixture
 from storetools import interruptible
 from test_server import create, lease, recorded, user
@@ -324,3 +325,64 @@ def test_the_servers_tails_follow_a_log_and_start_again_for_another_handle(tmp_p
             again.append(_entry(10 + n))
         fresh = load_view(st, tails, "t2", False)
         assert fresh.records is not view.records and fresh.records[: fresh.end] == again.records()
+
+
+def test_a_snapshot_too_big_to_send_inline_is_read_in_batches(tmp_path, monkeypatch):
+    """Past the bytes a snapshot carries inline the follower reads the entries itself: in
+    batch reads, a chunk of entries at a time, each entry verified, in log order (it sent
+    two GETs an entry)."""
+    from itertools import islice
+
+    from agentsession_cas.exchange import following
+    from agentsession_cas.exchange.http_client import HttpTransport
+
+    st = Store.init(tmp_path / "st")
+    s = st.create(Header.new("big", created_at="2026-09-17T12:00:00Z"))
+    ids = [s.append({"type": "config", "ts": "2026-09-17T12:00:00Z", "model": "m"}).id]
+    for i in range(6):  # 6 x 1 MB: past the 4 MiB a snapshot carries inline
+        ids.append(s.append(user("x" * (1 << 20) + str(i), i)).id)
+    s.close()
+    st.close()
+    monkeypatch.setattr(following, "SNAPSHOT_CHUNK", 4)
+    sent: list[str] = []
+    request, stream = HttpTransport.request, HttpTransport._read_stream
+    monkeypatch.setattr(HttpTransport, "request", lambda self, m, p, **k: (sent.append(f"{m} {p}"), request(self, m, p, **k))[1])
+    monkeypatch.setattr(HttpTransport, "_read_stream", lambda self, asked: (sent.append(f"read {sorted(asked)}"), stream(self, asked))[1])
+    with ServerProcess(tmp_path / "st") as server, HttpTransport(server.url) as t:
+        changes = following.follow_remote(t, "big")
+        got = list(islice(changes, len(ids)))
+        changes.close()
+    assert [c.entry.id for c in got] == ids
+    assert got[3].entry.data["item"]["content"].endswith("x2")
+    assert not [r for r in sent if r.startswith("GET /objects/")]
+    # (the first records came inline, as far as they fit; the rest a chunk of 4 at a time)
+    assert 1 <= sent.count("read ['entries']") == sent.count("read ['contents']") <= 2
+
+
+def test_following_a_local_session_yields_its_first_entry_before_reading_the_rest(tmp_path, monkeypatch):
+    """A local follow reads a long session's entries a chunk at a time as they are taken
+    (bulk reads), so its first entry comes before the rest are read; and it sees the
+    entries committed after, then stops when the session goes."""
+    from agentsession_cas.errors import NoSuchSessionError
+    from agentsession_cas.exchange.following import follow_store
+
+    st = Store.init(tmp_path / "st")
+    s = st.create(Header.new("long", created_at="2026-09-17T12:00:00Z"))
+    ids = [s.append(user(f"turn {i}", i)).id for i in range(700)]
+    s.close()
+    reads: list[int] = []
+    get_many = st.objects.get_many
+    monkeypatch.setattr(st.objects, "get_many", lambda space, names: (reads.append(len(names)), get_many(space, names))[1])
+    changes = follow_store(st, "long", interval=0, sleep=lambda _: None)
+    first = next(changes)
+    assert first.entry.id == ids[0] and sum(reads) < 700  # one chunk's envelopes and contents, not the session's
+    rest = [next(changes) for _ in range(699)]
+    assert [c.entry.id for c in rest] == ids[1:]
+    s = st.session("long")
+    new = s.append(user("later", 800), durable=True).id
+    s.close()
+    assert next(changes).entry.id == new
+    st.delete("long")
+    with pytest.raises(NoSuchSessionError):
+        next(changes)
+    st.close()

@@ -146,3 +146,91 @@ def test_a_log_read_makes_its_lines_outside_the_lock(served, monkeypatch):
     assert [f["entry"] for f in got if "entry" in f] == ids
     assert got[-1]["end"] is True
     assert held and set(held) == {0}, "a log's lines were made under the server's lock"
+
+
+def test_a_held_objects_reach_asks_the_sessions_holding_it_not_every_session(tmp_path, monkeypatch):
+    """Whether a caller may read an object is asked first of the sessions last seen
+    holding it (each brought up to date), so a GET of a held object in a store of many
+    sessions lists none of them; an object no such session holds still looks at every
+    session the caller may read (one created meanwhile, say), and a session deleted
+    no longer makes its objects reachable."""
+    from agentsession_cas.server.auth import LOCAL, Principal
+
+    store = Store.init(tmp_path / "store")
+    ids = {}
+    for sid in ("a-1", "a-2", "b-1"):
+        s = store.create(Header.new(sid, created_at="2026-09-17T12:00:00Z"))
+        ids[sid] = s.append({"type": "item", "ts": "2026-09-17T12:00:00Z",
+                             "item": {"type": "message", "role": "user", "content": sid}}).id
+        s.close()
+    state = ServerState(store, None)
+    listed = []
+    real_list = store.list
+    monkeypatch.setattr(store, "list", lambda *a, **k: (listed.append(1), real_list(*a, **k))[1])
+    assert state.reachable(LOCAL, "entries", ids["a-2"])  # the first question looks at every session
+    listed.clear()
+    assert state.reachable(LOCAL, "entries", ids["b-1"]) and state.reachable(LOCAL, "entries", ids["a-1"])
+    assert listed == []
+    team_a = Principal("team-a", frozenset({"read"}), "a-")
+    assert not state.reachable(team_a, "entries", ids["b-1"])  # held, but by a session it may not read
+    # A session created since the last look: its objects are found by looking at every session.
+    s = store.create(Header.new("a-3", created_at="2026-09-17T12:00:00Z"))
+    new = s.append({"type": "item", "ts": "2026-09-17T12:00:00Z",
+                    "item": {"type": "message", "role": "user", "content": "new"}}).id
+    s.close()
+    assert state.reachable(team_a, "entries", new)
+    # Deleted: its holder hint is asked again and no longer answers.
+    state.session("a-1").close()
+    store.delete("a-1")
+    state.reach.forget("a-1")
+    assert not state.reachable(LOCAL, "entries", ids["a-1"])
+    store.close()
+
+
+def test_a_closure_pushed_again_proves_only_what_the_session_lacks(tmp_path, monkeypatch):
+    """A push naming entries the pushed session already holds here (a sender that lost
+    what it knew of this server sends its whole closure) proves only the new ones: the
+    held ones are reachable through that very session, so their envelopes are not read."""
+    from agentsession_cas.exchange import operations as ex
+
+    src = Store.init(tmp_path / "src")
+    s = src.create(Header.new("s1", created_at="2026-09-17T12:00:00Z"))
+    for i in range(20):
+        s.append({"type": "item", "ts": "2026-09-17T12:00:00Z", "item": {"type": "message", "role": "user", "content": f"{i}"}})
+    s.close()
+    state = ServerState(Store.init(tmp_path / "srv"), None)
+    with TestClient(create_app(state), base_url="http://testserver/v1") as client:
+        def transport() -> HttpTransport:
+            t = HttpTransport("http://testserver/")
+            t._http = client
+            return t
+
+        assert ex.push(src, transport(), "s1").entries == 20
+        s = src.session("s1")
+        new = s.append({"type": "item", "ts": "2026-09-17T12:00:00Z", "item": {"type": "message", "role": "user", "content": "new"}}).id
+        s.close()
+        read: list[str] = []
+        real_get = state.store.objects.get
+        monkeypatch.setattr(state.store.objects, "get",
+                            lambda space, name: (read.append(name) if space == "entries" else None, real_get(space, name))[1])
+        prove = server_app.Api._prove
+        monkeypatch.setattr(server_app.Api, "_prove",
+                            lambda self, *args: (read.clear(), prove(self, *args), read.append("end"))[1])
+        monkeypatch.setattr(ex, "Remembered", lambda *a: type("Forgot", (), {"get": lambda *a: None, "set": lambda *a: None,
+                                                                              "get_ref": lambda *a: None, "set_ref": lambda *a: None})())
+        # A sender that remembers nothing of this server reads what its log holds first, and
+        # sends only what it lacks: the new entry's two objects.
+        result = ex.push(src, transport(), "s1")
+        assert not result.complete and result.entries == 1 and result.objects == 2 and result.head_after == new
+        assert read[: read.index("end") + 1] == [new, "end"]
+        # One that sends its whole closure anyway (a client that does not look first) has
+        # only the new entry proven: its envelope alone is read to prove it.
+        s = src.session("s1")
+        newer = s.append({"type": "item", "ts": "2026-09-17T12:00:00Z", "item": {"type": "message", "role": "user", "content": "newer"}}).id
+        s.close()
+        monkeypatch.setattr(ex, "_held_there", lambda *a: 0)
+        result = ex.push(src, transport(), "s1")
+        assert result.complete and result.entries == 1 and result.head_after == newer
+        assert read[: read.index("end") + 1] == [newer, "end"]
+    src.close()
+    state.store.close()

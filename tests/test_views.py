@@ -326,3 +326,77 @@ def test_stats_of_a_damaged_store_counts_what_reads_and_names_the_rest(store):
     assert r.exit_code == 1 and r.stdout.startswith("objects"), r.stdout
     assert "\nerror: log-damage: session other: " in r.stdout and r.stderr == ""
     assert sorted((p, p.stat().st_mtime_ns) for p in store.rglob("*")) == before  # nothing written
+
+
+def test_stats_names_a_session_whose_header_file_is_gone(store):
+    """A session directory whose header file is gone is not listed, yet it holds a log:
+    stats says so with fsck's code (missing-header) and exits 1, rather than leave the
+    session out of its figures without a word."""
+    (store / "sessions" / "other" / "header").unlink()
+    r = cli(store, "stats", "--json")
+    assert r.exit_code == 1, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    found = [p for p in doc["problems"] if p["code"] == "missing-header"]
+    assert [(p["session"], p["file"]) for p in found] == [("other", "sessions/other/header")]
+    assert doc["sessions"] == 2 and doc["ok"] is False
+    r = cli(store, "stats")
+    assert r.exit_code == 1 and "\nerror: missing-header: session other " in r.stdout, r.stdout
+
+
+def test_stats_line_sizes_are_the_exported_lines(tmp_path):
+    """stats sums each entry's line from its two objects' sizes (format.hashing.line_size),
+    never making the line: over the bundled fixtures, imported, what it counts is what
+    the exports hold, byte for byte."""
+    root = tmp_path / "st"
+    with Store.init(str(root)) as st:
+        for path in sorted(FIXTURES.glob("*.jsonl")):
+            if path.name != "truncated.jsonl":  # (a file that does not verify)
+                st.import_file(str(path))
+    data = json.loads(ok(cli(root, "stats", "--json", "--by-session")))
+    assert len(data["by_session"]) >= 5
+    with Store(str(root), readonly=True) as st:
+        for s in data["by_session"]:
+            lines = st.export(s["session"]).splitlines(keepends=True)[1 : 1 + s["entries"]]  # (a synthetic marker after)
+            assert s["logical_bytes"] == sum(map(len, lines)), s
+
+
+def test_stats_of_a_pack_that_does_not_read_counts_its_loose_copies(store):
+    """A packed store whose pack's block does not decompress: stats names the pack once
+    (bad-pack, with how many objects it keeps from the count) and still counts an object
+    whose loose copy is sound (read_all falls back to it, as get does)."""
+    ok(cli(store, "pack"))
+    before = json.loads(ok(cli(store, "stats", "--json")))["objects"]
+    total = sum(before[space]["count"] for space in before)
+    with Store(str(store), readonly=True) as st:
+        lone = st.session("other").log_order[0]
+        kept = st.objects.get("entries", lone)
+    pack = next((store / "objects" / "pack").glob("*.pack"))
+    data = bytearray(pack.read_bytes())
+    for i in range(40, len(data) - 40, 7):  # the block's compressed bytes, not its frame header
+        data[i] ^= 0x55
+    pack.write_bytes(bytes(data))
+    h = lone.split(":", 1)[1]
+    (store / "objects" / "entries" / h[:2] / h[2:]).write_bytes(kept)
+    r = cli(store, "stats", "--json")
+    assert r.exit_code == 1, r.stdout
+    doc = json.loads(r.stdout)
+    bad = [p for p in doc["problems"] if p["code"] == "bad-pack"]
+    assert len(bad) == 1 and bad[0]["file"] == f"objects/pack/{pack.name}", doc["problems"]
+    assert doc["objects"]["entries"] == {"count": 1, "bytes": len(kept)}
+    assert f"{total - 1:,} object(s) in it do not read" in bad[0]["message"], bad[0]["message"]
+
+
+def test_stats_of_a_backend_read_a_chunk_at_a_time_names_the_one_corrupt_object():
+    """The seam's read_all reads a chunk of objects at once (get_many: one round trip on
+    PostgreSQL); a chunk holding a corrupt object is read again one by one, so stats
+    counts every other object and names that one with fsck's code."""
+    from agentsession_cas.store.url import open_store
+
+    with open_store("memory:views-stats-chunk", create=True) as st:
+        s = st.create(Header.new("m"))
+        ids = [s.append({"type": "item", "ts": TS, "item": msg("user", f"turn {i}")}).id for i in range(5)]
+        st.backend.objects.data.objects[("entries", ids[2])] = b"{}"
+        data = json.loads(cli("memory:views-stats-chunk", "stats", "--json").stdout)
+    assert data["objects"]["entries"]["count"] == 4
+    assert [(p["code"], p["object"]) for p in data["problems"] if p["session"] is None] == [("corrupt-object", ids[2])]
+    assert data["ok"] is False

@@ -68,6 +68,9 @@ __all__ = [
 #: The three hash spaces RFC 0002 names.
 Space = Literal["entries", "contents", "blobs"]
 SPACES: tuple[Space, ...] = ("entries", "contents", "blobs")
+
+#: Objects :meth:`ObjectStore.read_all` reads at once by default (a projection's walk reads so many).
+_READ_ALL_CHUNK = 256
 #: A session's record mark (RFC 0002 "One store of record").
 Mark = Literal["record", "mirror"]
 #: The records that commit everything before them: a crash never takes what precedes
@@ -356,6 +359,13 @@ class ObjectStore(ABC):
     def where(self, space: Space, name: str) -> str:
         """Where the object lives, in words for a message (a path relative to the store)."""
 
+    def names_starting(self, digits: str) -> set[str]:
+        """Every object name, of any space, that starts with ``sha256:`` and the hex
+        ``digits`` (a short name, as ``cat-object`` takes one). A backend that keeps its
+        names sorted finds them without reading every name."""
+        want = "sha256:" + digits
+        return {n for space in SPACES for n in self.names(space) if n.startswith(want)}
+
     def read_order(self, names: Iterable[str]) -> list[str]:
         """``names`` in the order reading them all costs least (the backend's layout)."""
         return sorted(names)
@@ -377,6 +387,32 @@ class ObjectStore(ABC):
                     yield space, name, self.get(space, name)
                 except AgentSessionError:
                     continue
+
+    def read_all(self, spaces: Sequence[Space]) -> Iterator[tuple[Space, str, bytes | Exception]]:
+        """Every object of the given spaces, each once, as ``(space, name, bytes)``
+        verified as :meth:`get` verifies them, or ``(space, name, error)`` with the
+        error :meth:`get` raises for one that does not read (``AgentSessionError`` or
+        ``OSError``): what a count of the whole store reads (``stats``). Here a chunk
+        at a time through :meth:`get_many` (one query a chunk for a backend whose reads
+        are round trips), a chunk that does not read whole one name at a time; a
+        backend that can read its objects in bulk without a lookup by name does so."""
+        from ..errors import AgentSessionError
+
+        for space in spaces:
+            names = self.read_order(self.names(space))
+            for at in range(0, len(names), _READ_ALL_CHUNK):
+                chunk = names[at : at + _READ_ALL_CHUNK]
+                try:
+                    datas: list[bytes | Exception] = list(self.get_many(space, chunk))
+                except (AgentSessionError, OSError):
+                    datas = []
+                    for name in chunk:
+                        try:
+                            datas.append(self.get(space, name))
+                        except (AgentSessionError, OSError) as exc:
+                            datas.append(exc)
+                for name, data in zip(chunk, datas):
+                    yield space, name, data
 
     def stored_bytes(self) -> dict[str, int] | None:
         """The bytes the objects take where they are kept, by kind (the file backend's
@@ -487,6 +523,13 @@ class SessionStore(ABC):
     @abstractmethod
     def list(self) -> list[str]:
         """The ids held, sorted."""
+
+    def unlisted(self) -> Sequence[str]:
+        """The ids of sessions the backend keeps something of yet does not list, for want
+        of what makes one listed (the file backend's session directory whose header file
+        is gone: fsck's ``missing-header``), sorted: for a count of the whole store
+        (``stats``) to name. A backend that keeps a session whole or not at all has none."""
+        return []
 
     @abstractmethod
     def exists(self, session_id: str) -> bool: ...

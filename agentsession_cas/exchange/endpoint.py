@@ -42,6 +42,7 @@ from ..format.entry import Entry, Header, parse_format, short_id
 from ..format.hashing import is_hash, lines_of_bytes, read_envelope, sha256_ref
 from ..format.media import sidecar_names
 from ..format.names import check_ref_name, check_session_id
+from ..format.reader import Parking
 from ..format.rules import RULES, SessionChecker, Trial, check_line, clean_entry, gc_paused
 from ..format.tree import Either, head_refusal
 from ..lean import dataclass
@@ -637,7 +638,12 @@ class StoreEndpoint:
             todo.append(entry_id)
         # A session this store lacks has the rules run as its entries are checked (a full
         # push: beside the helper's line checks), a refusal kept for its turn below.
+        # Each entry the rules took is kept in its summary form, and the rules' own copy on
+        # their path is parked past a window (read back from the store, which holds its
+        # objects already, if a rule consults it again): what a whole session's admission
+        # holds grows by an id an entry, not by the entry (a fetch of 100,000 entries).
         fed: tuple[SessionChecker, AppendRefusedError | None] | None = None
+        parking = Parking(lambda e: store.entry(e.id).data)
         if session is None:
             fed = self._new_rules(header, prefix_checked), None
         for c in _check_entries(store, todo, missing, keep=True, sent=sent):
@@ -645,6 +651,9 @@ class StoreEndpoint:
                 checked.append(c)
                 if fed is not None and fed[1] is None:
                     fed = fed[0], _rule_refusal(fed[0], c)
+                    if fed[1] is None and c.entry is not None:
+                        whole, c.entry = c.entry, summary_form(c.entry)
+                        parking.settle(whole)
         for c in prefix_checked + checked:
             for blob in c.blobs:
                 if not self._has("blobs", blob):
@@ -716,7 +725,9 @@ class StoreEndpoint:
         # Every rule verify holds the session to, for the entries admitted in order: the
         # one rule set, as an append is held to it. Nothing is written before this.
         if fed is not None and any(a is not b for a, b in zip(ordered, checked)):
-            fed = None  # (reordered: the rules run again, in admission order)
+            fed = None  # (reordered: the rules run again, in admission order, on the whole entries)
+            for c in ordered:
+                c.entry = store.entry(c.id)
         checker, trial = self._check_rules(session, header, prefix_checked, ordered, fed)
         try:
             # Writing: objects durable first (those this endpoint did not just write may
@@ -777,10 +788,7 @@ class StoreEndpoint:
             checker, refusal = fed
             if refusal is not None:
                 raise refusal
-            for c in ordered:
-                assert c.entry is not None
-                c.entry = summary_form(c.entry)  # checked: only what the summary reads is kept
-            return checker, None
+            return checker, None  # (each entry kept in its summary form as the rules took it)
         if session is None:
             checker = self._new_rules(header, prefix)
             trial: Trial | None = None

@@ -32,12 +32,17 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from ..errors import AgentSessionError, BadObjectError, NoSuchRefError, NoSuchSessionError, TransportError
-from ..format.hashing import sha256_ref
+from ..errors import (
+    AgentSessionError,
+    NoSuchObjectError,
+    NoSuchRefError,
+    NoSuchSessionError,
+    TransportError,
+)
 from .transport import Admission, DeclareResult, PushRequest, RefResult, SessionView, Transport
-from .wire import error_from_problem, space_from_wire, space_to_wire
+from .wire import OBJECTS, FrameReader, error_from_problem, object_frame, space_from_wire, space_to_wire
 
-__all__ = ["RETRIES", "HttpTransport", "http_url", "no_delay_transport", "token_for"]
+__all__ = ["READ_BATCH", "RETRIES", "HttpTransport", "http_url", "no_delay_transport", "token_for"]
 
 #: How many times a request that got no answer is sent again (when safe).
 RETRIES = 4
@@ -46,6 +51,8 @@ _BACKOFF = (0.05, 0.2, 0.5, 1.0)
 _RETRY_STATUS = frozenset({502, 503, 504})
 #: The most bytes of objects one batch upload carries.
 BATCH_BYTES = 16 * 1024 * 1024
+#: The most objects one batch read asks for (its answer streams: it is not held whole).
+READ_BATCH = 4096
 
 
 def no_delay_transport(verify: bool | ssl.SSLContext = True) -> httpx.HTTPTransport:
@@ -185,13 +192,6 @@ class HttpTransport(Transport):
                 return frames
         raise TransportError(f"remote {self.url}: the answer to {path} was cut before its end frame")
 
-    def fetch_object(self, space: str, name: str) -> bytes:
-        """One object's bytes, verified against its name."""
-        data = self.request("GET", f"/objects/{space_to_wire(space)}/{name}", safe=True).content
-        if sha256_ref(data) != name:
-            raise BadObjectError(f"the remote {self.url} served {space} object {name} with bytes that do not hash to it")
-        return data
-
     def stream_lines(self, path: str, *, params: dict[str, str], headers: dict[str, str]) -> Iterator[str]:
         """The lines of a long-lived stream (a follow), as they come; an error status is
         raised as its problem, a dropped connection as TransportError."""
@@ -231,7 +231,7 @@ class HttpTransport(Transport):
         chunk: list[bytes] = []
         size = 0
         for space, name, data in items:
-            frame = f"{space_to_wire(space)} {name} {len(data)}\n".encode("ascii") + data
+            frame = object_frame(space, name, data)
             if chunk and size + len(frame) > limit:
                 self._send_batch(chunk)
                 chunk, size = [], 0
@@ -241,15 +241,79 @@ class HttpTransport(Transport):
             self._send_batch(chunk)
 
     def _send_batch(self, frames: list[bytes]) -> None:
-        self.request("POST", "/objects", safe=True, content=b"".join(frames),
-                     headers={"Content-Type": "application/x-agentsession-objects"})
+        self.request("POST", "/objects", safe=True, content=b"".join(frames), headers={"Content-Type": OBJECTS})
 
     def get_objects(
         self, wanted: Iterable[tuple[str, str]], *, session: str | None = None
     ) -> Iterator[tuple[str, str, bytes]]:
-        for space, name in wanted:
-            response = self.request("GET", f"/objects/{space_to_wire(space)}/{name}", safe=True)
-            yield space, name, response.content
+        """One GET per object, or, where the server offers ``object_read``, batch reads of
+        up to :data:`READ_BATCH` objects, each answer read as it streams in. The objects
+        come in the order asked either way; one the server does not serve is
+        NoSuchObjectError, as its GET's 404 would be."""
+        if not self.capabilities().get("features", {}).get("object_read"):
+            for space, name in wanted:
+                response = self.request("GET", f"/objects/{space_to_wire(space)}/{name}", safe=True)
+                yield space, name, response.content
+            return
+        batch: list[tuple[str, str]] = []
+        for item in wanted:
+            batch.append(item)
+            if len(batch) == READ_BATCH:
+                yield from self._read_batch(batch)
+                batch = []
+        if batch:
+            yield from self._read_batch(batch)
+
+    def _read_batch(self, batch: list[tuple[str, str]]) -> Iterator[tuple[str, str, bytes]]:
+        """A batch read (``POST /v1/objects/read``), its objects yielded in the order asked.
+        A stream cut part way is asked again for what it had not yet brought, as a GET
+        that got no answer is sent again."""
+        got: dict[tuple[str, str], bytes] = {}  # come, and not yet yielded
+        come: set[tuple[str, str]] = set()
+        order = iter(dict.fromkeys(batch))
+        nxt = next(order, None)
+        attempt = 0
+        while True:
+            asked: dict[str, list[str]] = {}
+            for space, name in dict.fromkeys(batch):
+                if (space, name) not in come:
+                    asked.setdefault(space_to_wire(space), []).append(name)
+            try:
+                for space, name, data in self._read_stream(asked):
+                    come.add((space, name))
+                    got[(space, name)] = data
+                    while nxt is not None and nxt in got:
+                        yield nxt[0], nxt[1], got.pop(nxt)
+                        nxt = next(order, None)
+                break
+            except TransportError:
+                if attempt >= RETRIES:
+                    raise
+                time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+                attempt += 1
+        if nxt is not None:
+            space, name = nxt
+            raise NoSuchObjectError(f"remote {self.url}: no {space_to_wire(space)} object {name} there that this caller may read")
+
+    def _read_stream(self, asked: dict[str, list[str]]) -> Iterator[tuple[str, str, bytes]]:
+        """The frames of one batch read's answer as they arrive; TransportError when the
+        connection drops or the answer ends before its end frame."""
+        where = f"remote {self.url}"
+        max_object = int(self.capabilities().get("limits", {}).get("max_object_bytes", 1 << 62))
+        reader = FrameReader(where=where, max_object=max_object)
+        try:
+            with self._http.stream("POST", "/objects/read", json=asked) as response:
+                if response.status_code in _RETRY_STATUS:
+                    raise TransportError(f"{where}: POST /objects/read answered HTTP {response.status_code}")
+                if response.status_code >= 400:
+                    response.read()
+                    raise self._error(response)
+                for chunk in response.iter_bytes():
+                    yield from reader.feed(chunk)
+        except httpx.TransportError as exc:
+            raise TransportError(f"{where}: POST /objects/read dropped: {exc}") from None
+        if not reader.ended:
+            raise TransportError(f"{where}: the answer to POST /objects/read was cut before its end frame")
 
     def session_header(self, session_id: str) -> dict[str, Any] | None:
         try:

@@ -361,6 +361,20 @@ def handover(store: Store, remote: Transport | str | os.PathLike, session_id: st
     return push(store, remote, session_id, handover=True, **kwargs)
 
 
+def _held_there(transport: Transport, session_id: str, entries: Sequence[str]) -> int:
+    """How many of ``entries`` (this log's order) the remote's log holds as its own first
+    entries, read from its committed view: for a push to a remote that holds the session
+    when this store remembers nothing of it (a new clone, the remote's URL spelled
+    otherwise), so that only the rest is sent, not the whole closure (every object of a
+    100,000-entry session asked after). 0 when its log is not a prefix of this one."""
+    try:
+        there = transport.session_view(session_id).entries
+    except NoSuchSessionError:
+        return 0
+    n = len(there)
+    return n if 0 < n <= len(entries) and list(entries[:n]) == list(there) else 0
+
+
 def _push(
     store: Store, transport: Transport, session_id: str, *, expected: Any, force: bool, handover: bool,
     refs: Iterable[str | tuple[str, Any]], progress: Progress | None, session: Session | None,
@@ -398,17 +412,16 @@ def _push(
         )
         return result
     exp = expected if expected is not UNSET else (state.head if state is not None else sess.base)
-    delta = (
-        state is not None
-        and there is not None
-        and 0 < state.pushed <= len(entries)
-        and entries[state.pushed - 1] == state.last
-    )
+    held = 0  # how many of this log's first entries the remote holds: only the rest is sent
+    if state is not None and there is not None and 0 < state.pushed <= len(entries) and entries[state.pushed - 1] == state.last:
+        held = state.pushed
+    elif state is None and there is not None:
+        held = _held_there(transport, session_id, entries)
     ref_pushes = _ref_pushes(store, remembered, session_id, refs)
     result = ExchangeResult(what, session_id, transport.url, expected=exp, to=head)
     adm = None
-    for complete in ([False, True] if delta else [True]):
-        start = 0 if complete else state.pushed  # type: ignore[union-attr]
+    for complete in ([False, True] if held else [True]):
+        start = 0 if complete else held
         sent = list(entries[start:])  # (the ids spelled here only: an increment's few)
         ids = (list(sess.prefix) if complete else []) + sent
         closure = _closure(store, sess, ids)
@@ -648,6 +661,7 @@ def _fetch(
     count = len(envs) + len(lacking_contents)
     if count:
         endpoint.put_objects(scanned(received()), count)
+    envs.clear()  # (the endpoint keeps what it was sent, as far as it keeps any)
     fetched_contents = set(lacking_contents)
     for c in contents:
         if c in fetched_contents:

@@ -1,5 +1,6 @@
 """What RFC 0003 spells differently from the library, in one place for both ends of the
-wire: object space names, append outcome names, and errors as problem bodies.
+wire: object space names, append outcome names, errors as problem bodies, and the
+framing of many objects in one body (this server's batch extensions).
 
 The server (:mod:`agentsession_cas.server`) writes with these and the HTTP client
 (:mod:`.http_client`) reads with them, so an error raised by the store behind a
@@ -9,13 +10,22 @@ message, that a local store would have raised.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from typing import Any
 
 from .. import errors as E
 from ..backends.base import Space
+from ..format.hashing import is_hash
 
 __all__ = [
+    "OBJECTS",
     "OUTCOMES",
+    "FrameReader",
+    "end_frame",
+    "error_frame",
+    "object_frame",
+    "parse_frames",
     "PROBLEM_TYPE",
     "error_from_problem",
     "problem_body",
@@ -23,6 +33,12 @@ __all__ = [
     "space_from_wire",
     "space_to_wire",
 ]
+
+#: The media type of a body of object frames (:func:`object_frame`).
+OBJECTS = "application/x-agentsession-objects"
+
+#: The longest frame line (``<space> <hash> <length>``, ``end <count>``, ``error <length>``).
+_LINE_MAX = 200
 
 #: The library's object spaces as RFC 0003 names them (a sidecar blob is ``media``).
 _SPACE_TO_WIRE: dict[str, str] = {"entries": "entries", "contents": "contents", "blobs": "media"}
@@ -142,3 +158,111 @@ def error_from_problem(status: int, body: Any, *, where: str) -> E.AgentSessionE
         exc.code = lib  # the library's code is kept: a caller branches on it
     exc.status = status
     return exc
+
+
+# -- object frames ---------------------------------------------------------------------------
+#
+# A batch upload (``POST /v1/objects``) and a batch read (``POST /v1/objects/read``) carry
+# many objects in one body, each as ``<space> <hash> <length>\n`` and its bytes. A read's
+# answer is streamed, so it also ends with ``end <count>\n`` (a body cut before it is an
+# error, never a short answer) or, when the server fails part way, ``error <length>\n`` and
+# a problem body.
+
+
+def object_frame(space: str, name: str, data: bytes) -> bytes:
+    """One object's frame (``space`` the library's name)."""
+    return f"{space_to_wire(space)} {name} {len(data)}\n".encode("ascii") + data
+
+
+def end_frame(count: int) -> bytes:
+    return f"end {count}\n".encode("ascii")
+
+
+def error_frame(exc: E.AgentSessionError) -> bytes:
+    body = json.dumps(problem_body(exc), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return f"error {len(body)}\n".encode("ascii") + body
+
+
+def _frame_head(line: bytes, n: int, max_object: int) -> tuple[Space, str, int]:
+    """The space, name and length of frame ``n``'s line; BadNameError naming what is wrong."""
+    parts = line.split(b" ")
+    if len(parts) != 3 or not parts[2].isdigit():
+        raise E.BadNameError(f"object frame {n}: expected '<space> <hash> <length>'")
+    space = space_from_wire(parts[0].decode("ascii", "replace"))
+    name, size = parts[1].decode("ascii", "replace"), int(parts[2])
+    if not is_hash(name):
+        raise E.BadNameError(f"object frame {n}: {name!r} is not an object name")
+    if size > max_object:
+        raise E.TooLargeError(f"object {name} is {size} bytes; objects of at most {max_object} are taken")
+    return space, name, size
+
+
+def parse_frames(raw: bytes, max_object: int) -> list[tuple[Space, str, bytes]]:
+    """The objects of a whole batch upload body; BadNameError naming the first malformed frame."""
+    out: list[tuple[Space, str, bytes]] = []
+    pos = 0
+    while pos < len(raw):
+        end = raw.find(b"\n", pos, pos + _LINE_MAX)
+        if end < 0:
+            raise E.BadNameError(f"object frame {len(out)} has no '<space> <hash> <length>' line")
+        space, name, size = _frame_head(raw[pos:end], len(out), max_object)
+        data = raw[end + 1 : end + 1 + size]
+        if len(data) != size:
+            raise E.BadNameError(f"object frame {len(out)} ({name}) is cut short")
+        out.append((space, name, data))
+        pos = end + 1 + size
+    return out
+
+
+class FrameReader:
+    """The objects of a streamed batch read, as its chunks arrive: :meth:`feed` yields each
+    whole frame's ``(space, name, bytes)``; the ``end`` frame sets :attr:`ended`, an
+    ``error`` frame raises the problem it carries (``where`` names the remote)."""
+
+    def __init__(self, *, where: str, max_object: int):
+        self.where = where
+        self.max_object = max_object
+        self.ended = False
+        self.count = 0
+        self._buf = bytearray()
+
+    def feed(self, chunk: bytes) -> Iterator[tuple[Space, str, bytes]]:
+        buf = self._buf
+        buf += chunk
+        pos = 0
+        try:
+            while not self.ended:
+                end = buf.find(b"\n", pos, pos + _LINE_MAX)
+                if end < 0:
+                    if len(buf) - pos >= _LINE_MAX:
+                        raise E.TransportError(f"{self.where}: object frame {self.count} has no frame line")
+                    return
+                line = bytes(buf[pos:end])
+                if line.startswith(b"end "):
+                    if not line[4:].isdigit() or int(line[4:]) != self.count or end + 1 != len(buf):
+                        raise E.TransportError(f"{self.where}: the batch read's end frame does not close its answer")
+                    self.ended = True
+                    pos = end + 1
+                    return
+                if line.startswith(b"error "):
+                    size = int(line[6:]) if line[6:].isdigit() else -1
+                    if size < 0 or len(buf) < end + 1 + size:
+                        if size < 0:
+                            raise E.TransportError(f"{self.where}: a malformed error frame")
+                        return
+                    body = json.loads(bytes(buf[end + 1 : end + 1 + size]))
+                    status = body.get("status", 500) if isinstance(body, dict) else 500
+                    raise error_from_problem(int(status), body, where=self.where)
+                try:
+                    space, name, size = _frame_head(line, self.count, self.max_object)
+                except E.AgentSessionError as exc:
+                    raise E.TransportError(f"{self.where}: {exc}") from None
+                if len(buf) < end + 1 + size:
+                    return
+                data = bytes(buf[end + 1 : end + 1 + size])
+                pos = end + 1 + size
+                self.count += 1
+                yield space, name, data
+        finally:
+            del buf[:pos]
+

@@ -36,6 +36,7 @@ __all__ = [
     "envelope_hash",
     "entry_hashes",
     "line_from_objects",
+    "line_size",
     "lines_from_objects",
     "lines_of_bytes",
     "stored_item_bytes",
@@ -405,6 +406,18 @@ def line_from_objects(entry_id: str, env: Mapping[str, Any], content: bytes, mem
         if line is not None:
             return line
     return _line_from_parsed(entry_id, env, content)
+
+
+def line_size(entry_id: str, content_size: int, members: bytes) -> int:
+    """The length of the line :func:`line_from_objects` makes of a stored (canonical)
+    content of ``content_size`` bytes and an envelope of the common form (``members``:
+    its members but ``content``, as :func:`read_envelope` cuts them), without the
+    content's bytes: the line holds the content's members, the envelope's and ``id``,
+    each as its bytes are (the order alone differs), a comma between each two, braces
+    and the LF around them. For a reader that sums lines over a whole store (``stats``)."""
+    inner = content_size - 2  # the content's members and the commas between them
+    id_member = len('"id":"') + len(entry_id) + 1
+    return 1 + id_member + 1 + len(members) + (inner + 1 if inner > 0 else 0) + 2
 
 
 def lines_from_objects(entries: Sequence[tuple[str, Mapping[str, Any], bytes, bytes | None]]) -> list[bytes]:

@@ -357,13 +357,18 @@ def verify_bytes(data: bytes, *, source: str = "<bytes>", progress: Progress | N
 
 def verify_lines(
     lines: Iterable[bytes], *, source: str, loader: Callable[[str], Entry] | None = None,
-    progress: Progress | None = None, total: int = 0,
+    progress: Progress | None = None, total: int = 0, processes: bool | None = False,
 ) -> VerifyReport:
     """:func:`verify_file` of a session given as its lines as they come (the header's
     first, each with or without its LF: a stored session's projection, say). ``loader``
     gives an entry again by id when the checker goes back to a branch it left (its line
     number is set here), so the entries are not held; without one they are.
-    ``progress(lines, total)`` is called as they come (``total`` an estimate)."""
+    ``progress(lines, total)`` is called as they come (``total`` an estimate).
+    ``processes``, with a ``loader``: whether the line rules run in a helper process,
+    as :func:`verify_file`'s do (the report is the same either way); None decides by
+    :func:`~agentsession_cas.format.parallel.wanted` on the bytes of the first lines
+    (up to :data:`~agentsession_cas.format.parallel.MIN_BYTES`); False, the default,
+    keeps one process."""
     it = iter(reported(lines, total + 1, progress))
     first = next(it, None)
     if first is None:
@@ -387,7 +392,38 @@ def verify_lines(
         assert loader is not None
         return loader(entry.id).data  # the loader's own checks (a store's: every object read verified)
 
-    return _verify(source, header, entries, PathChecker(header, loader=load), where, None, Parking(wake))
+    checker = PathChecker(header, loader=load)
+    if processes is False or header.is_legacy:
+        return _verify(source, header, entries, checker, where, None, Parking(wake))
+    blocks = _blocks_of(entries)
+    opening: list[tuple[bytes, list[bytes]]] = []
+    size = 0
+    for block in blocks:  # enough lines to judge by, as a file's size is judged
+        opening.append(block)
+        size += len(block[0])
+        if size >= parallel.MIN_BYTES:
+            break
+    if not parallel.wanted(size, processes):
+        return _verify(source, header, chain.from_iterable(parts for _, parts in chain(opening, blocks)), checker, where,
+                       None, Parking(wake))
+    with parallel.LineHelper() as helper:
+        return _verify(source, header, helper.lines(chain(opening, blocks)), checker, where, None, Parking(wake),
+                       None, helper.known)
+
+
+def _blocks_of(lines: Iterable[bytes]) -> Iterator[tuple[bytes, list[bytes]]]:
+    """Lines (without their LF) in blocks of about :data:`_BLOCK` bytes, each whole (joined
+    by LF) and as its lines: what a helper process is given (``LineHelper.lines``)."""
+    parts: list[bytes] = []
+    held = 0
+    for line in lines:
+        parts.append(line)
+        held += len(line) + 1
+        if held >= _BLOCK:
+            yield b"\n".join(parts), parts
+            parts, held = [], 0
+    if parts:
+        yield b"\n".join(parts), parts
 
 
 class Parking:

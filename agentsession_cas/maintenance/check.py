@@ -108,27 +108,33 @@ def verify_stored(
     hold a session with no entry yet. ``progress(lines, total)`` is called as the
     projection is verified (:mod:`agentsession_cas.progress`)."""
     out = StoredCheck(session_id, stats={"entries": 0, "prefix": 0, "records": 0})
-    history = store.backend.sessions.history(session_id)
+    history, state = _replayed(store, session_id)
     out.stats["records"] = len(history.records) if history.tail_from is None else history.tail_from
     # The log's faults and remarks carry fsck's codes (docs/fsck.md): one fault, one code.
     out.problems.extend(_finding("log", f) for f in history.damage)
     if history.tail is not None:
         out.notes.append(_note("log", "log-tail", history.tail, file=history.source))
-    state = replay(history.records if history.tail_from is None else history.records[: history.tail_from])
     if not history.damage:  # (a log that does not read replays to what its damage already says)
         for code, why in state.damage:
             out.problems.append(_problem("log", code, why, file=history.source))
         lost = index_damage(state, history.head_index)
         if lost is not None:
             out.problems.append(_problem("log", "log-cut", lost, file=history.source))
+    if out.problems:
+        _careful(store, session_id, history, state, out, empty_ok=empty_ok)
+        return out
+    # The log is sound: its records are let go while the projection is verified (a
+    # session's worth of them, a third of the pass's memory); the careful path, taken
+    # only when the projection cannot be read, reads the log again.
+    source = history.source
+    del history, state
     session: Session | None = None
-    if not out.problems:
-        try:
-            session = store.read(session_id)
-        except SessionDamagedError as exc:
-            out.problems.append(_problem("log", "log-damage", _one_line(exc.why), file=history.source))
-        except AgentSessionError:
-            session = None  # the careful path below says why
+    try:
+        session = store.read(session_id)
+    except SessionDamagedError as exc:
+        out.problems.append(_problem("log", "log-damage", _one_line(exc.why), file=source))
+    except AgentSessionError:
+        session = None  # the careful path below says why
     if session is not None:
         try:
             report = _verify_projection(session, progress)
@@ -141,8 +147,15 @@ def verify_stored(
             session.close()
             return out
         session.close()
+    history, state = _replayed(store, session_id)
     _careful(store, session_id, history, state, out, empty_ok=empty_ok)
     return out
+
+
+def _replayed(store: Store, session_id: str) -> tuple[Any, SessionState]:
+    """The log as held (its history) and what its records up to any uncommitted tail replay to."""
+    history = store.backend.sessions.history(session_id)
+    return history, replay(history.records if history.tail_from is None else history.records[: history.tail_from])
 
 
 def _careful(store: Store, session_id: str, history: Any, state: SessionState, out: StoredCheck, *, empty_ok: bool) -> None:
@@ -206,7 +219,7 @@ def _verify_projection(session: Session, progress: Progress | None = None) -> Ve
     has no header to read. Raises the error of an object it cannot read."""
     try:
         return verify_lines(session.projection_lines(), source=session.id, loader=session.store.entry,
-                            progress=progress, total=len(session.prefix) + len(session))
+                            progress=progress, total=len(session.prefix) + len(session), processes=None)
     except SessionFormatError as exc:
         return exc
 

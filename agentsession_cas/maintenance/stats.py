@@ -17,14 +17,16 @@ figures printed rather than with none.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import SPACES, FsckProblem, Space
 from ..errors import AgentSessionError, CorruptObjectError, CorruptPackError, NoSuchObjectError, store_relative
-from ..format.hashing import line_from_objects
+from ..format.hashing import line_from_objects, line_size
 from ..lean import dataclass
+from ..store.session import envelope_parts
 from .check import findings, verify_stored
 
 if TYPE_CHECKING:
@@ -104,30 +106,14 @@ class StoreStats:
 def store_stats(store: Store) -> StoreStats:
     """Count the objects of each space (each read, so verified), the stored bytes the
     backend reports, and every session's projection entries, each distinct entry's
-    line measured once. Objects are read in the backend's cheapest order (a pack's
-    blocks one after another), never in the order names come. What does not read is
-    left out of the figures and named in ``problems``."""
+    line measured once. The objects are read in one pass in the backend's cheapest
+    order (:meth:`~agentsession_cas.backends.base.ObjectStore.read_all`: a pack's blocks
+    one after another, each once), which gives the envelopes and the contents' sizes
+    the lines are measured from (:func:`~agentsession_cas.format.hashing.line_size`):
+    no object is read twice, no line is made. What does not read is left out of the
+    figures and named in ``problems``."""
     out = StoreStats()
     objects = store.objects
-    bad_packs: dict[str, tuple[str, int]] = {}  # a pack that does not read: why, and how many objects it keeps from the count
-    for space in SPACES:
-        count = size = 0
-        for name in objects.read_order(objects.names(space)):
-            try:
-                size += len(objects.get(space, name))
-            except CorruptPackError as exc:
-                why, n = bad_packs.get(exc.path, (store_relative(str(exc), store.root), 0))
-                bad_packs[exc.path] = (why, n + 1)
-                continue
-            except (AgentSessionError, OSError) as exc:
-                out.problems.append(_object_fault(store, space, name, exc))
-                continue
-            count += 1
-        out.objects[space], out.object_bytes[space] = count, size
-    for path, (why, n) in bad_packs.items():
-        out.problems.append(FsckProblem("error", "bad-pack", f"{why}: {n:,} object(s) in it do not read and are left out of "
-                                        "the figures", file=store_relative(path, store.root)))
-    out.stored = objects.stored_bytes()
     holders: dict[str, int] = {}
     held: list[tuple[SessionStats, list[str]]] = []
     for sid in sorted(store.list()):
@@ -143,7 +129,38 @@ def store_stats(store: Store) -> StoreStats:
             holders[entry_id] = holders.get(entry_id, 0) + 1
         held.append((stats, ids))
         out.sessions.append(stats)
-    line_bytes, unread = _line_bytes(store, holders)
+    for sid in store.backend.sessions.unlisted():
+        out.problems.append(FsckProblem(
+            "error", "missing-header", f"session {sid} has no header file (sessions/{sid}/header): the store does not "
+            "list it, and its entries are left out of the figures (`agentsession repair` writes it again from its "
+            "log)", session=sid, file=f"sessions/{sid}/header"))
+    envelopes: dict[str, tuple[str, bytes | None]] = {}  # of the entries held: (content, members of the common form)
+    sizes: dict[str, int] = {}  # every content's size
+    bad_packs: dict[str, tuple[str, int]] = {}  # a pack that does not read: why, and how many objects it keeps from the count
+    count: dict[str, int] = dict.fromkeys(SPACES, 0)
+    size: dict[str, int] = dict.fromkeys(SPACES, 0)
+    for space, name, got in objects.read_all(SPACES):
+        if isinstance(got, CorruptPackError):
+            why, n = bad_packs.get(got.path, (store_relative(str(got), store.root), 0))
+            bad_packs[got.path] = (why, n + 1)
+            continue
+        if isinstance(got, Exception):
+            out.problems.append(_object_fault(store, space, name, got))
+            continue
+        count[space] += 1
+        size[space] += len(got)
+        if space == "contents":
+            sizes[name] = len(got)
+        elif space == "entries" and name in holders:
+            with contextlib.suppress(AgentSessionError, ValueError):  # (read again below, which says why)
+                env, members = envelope_parts(got, name, objects, tail=True)
+                envelopes[name] = (env["content"], members)
+    out.objects, out.object_bytes = count, size
+    for path, (why, n) in bad_packs.items():
+        out.problems.append(FsckProblem("error", "bad-pack", f"{why}: {n:,} object(s) in it do not read and are left out of "
+                                        "the figures", file=store_relative(path, store.root)))
+    out.stored = objects.stored_bytes()
+    line_bytes, unread = _line_bytes(store, holders, envelopes, sizes)
     for stats, ids in held:
         for entry_id in ids:
             length = line_bytes.get(entry_id)
@@ -176,29 +193,33 @@ def _object_fault(store: Store, space: Space, name: str, exc: Exception) -> Fsck
                        object=name, space=space, file=where)
 
 
-def _line_bytes(store: Store, entry_ids: Iterable[str]) -> tuple[dict[str, int], dict[str, tuple[str, str]]]:
-    """The length of each entry's canonical line, from its envelope and content objects
-    (envelopes first, then contents, each in the backend's read order); and each entry
-    whose objects do not read, with the code fsck gives that and why."""
+def _line_bytes(
+    store: Store, entry_ids: Iterable[str], envelopes: dict[str, tuple[str, bytes | None]], sizes: dict[str, int]
+) -> tuple[dict[str, int], dict[str, tuple[str, str]]]:
+    """The length of each entry's canonical line, from its envelope's members and its
+    content's size as the pass over the objects found them; and each entry whose
+    objects do not read, with the code fsck gives that and why. An envelope the pass did
+    not give (not found, not sound, held by a log only) or of another form than the
+    common one (a merge's, whose line is made), and a content it did not size, are read
+    here by name, which serves them or says what is wrong."""
     objects = store.objects
-    envelopes: dict[str, dict[str, Any]] = {}
     unread: dict[str, tuple[str, str]] = {}
-    for eid in objects.read_order(entry_ids):
+    out: dict[str, int] = {}
+    for eid in entry_ids:
+        content_name, members = envelopes.get(eid, ("", None))
+        size = sizes.get(content_name)
+        if members is not None and size is not None:
+            out[eid] = line_size(eid, size, members)
+            continue
         try:
-            envelopes[eid] = store.envelope(eid)
+            env = store.envelope(eid)
         except (AgentSessionError, OSError, ValueError) as exc:
             unread[eid] = ("missing-object", store_relative(str(exc), store.root))
-    by_content: dict[str, list[str]] = {}
-    for eid, env in envelopes.items():
-        by_content.setdefault(env["content"], []).append(eid)
-    out: dict[str, int] = {}
-    for name in objects.read_order(by_content):
-        try:
-            content = objects.get("contents", name)
-        except (AgentSessionError, OSError) as exc:
-            for eid in by_content[name]:
-                unread[eid] = ("missing-content", store_relative(str(exc), store.root))
             continue
-        for eid in by_content[name]:
-            out[eid] = len(line_from_objects(eid, envelopes[eid], content))
+        try:
+            content = objects.get("contents", env["content"])
+        except (AgentSessionError, OSError) as exc:
+            unread[eid] = ("missing-content", store_relative(str(exc), store.root))
+            continue
+        out[eid] = len(line_from_objects(eid, env, content))
     return out, unread

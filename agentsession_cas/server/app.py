@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import field
 from itertools import islice
 from typing import Any
@@ -60,7 +60,17 @@ from ..errors import (
 )
 from ..exchange.endpoint import StoreEndpoint
 from ..exchange.transport import PushRequest, RefPush
-from ..exchange.wire import OUTCOMES, problem_body, space_from_wire, space_to_wire
+from ..exchange.wire import (
+    OBJECTS,
+    OUTCOMES,
+    end_frame,
+    error_frame,
+    object_frame,
+    parse_frames,
+    problem_body,
+    space_from_wire,
+    space_to_wire,
+)
 from ..format.canonical import canonical_bytes, loads_flagged
 from ..format.entry import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_WRITTEN, Header, parse_format
 from ..format.hashing import envelope_content, is_hash
@@ -183,23 +193,56 @@ class ServerState:
 
     def present(self, space: Space, name: str) -> bool:
         """Held sound, or held by a log open here until its next checkpoint."""
-        if self.store.objects.held(space, name):
-            return True
+        return self.present_many(space, [name])[0]
+
+    def present_many(self, space: Space, names: Sequence[str]) -> list[bool]:
+        """:meth:`present` of each name, asked of the store at once (one query of a
+        database, not one a name)."""
+        objects = self.store.objects
+        out = objects.held_many(space, names)
+        for i, held in enumerate(out):
+            if not held:
+                try:
+                    objects.get(space, names[i])
+                    out[i] = True
+                except (AgentSessionError, OSError):
+                    pass
+        return out
+
+    def reachable_objects(self, space: Space, names: Sequence[str], view: dict[str, dict[str, set[str]]]) -> list[tuple[str, bytes]]:
+        """The objects of ``names`` a session of ``view`` holds, read (each verified) in
+        one bulk read (a pack's blocks at once, one query of a database); when that read
+        fails, each is read alone and one that does not read is left out."""
+        wanted = [name for name in names if is_hash(name) and self.reach.in_view(view, space, name)]
+        objects = self.store.objects
         try:
-            self.store.objects.get(space, name)
-            return True
+            return list(zip(wanted, objects.get_many(space, wanted)))
         except (AgentSessionError, OSError):
-            return False
+            out = []
+            for name in wanted:
+                try:
+                    out.append((name, objects.get(space, name)))
+                except (AgentSessionError, OSError):
+                    pass
+            return out
 
     def reachable(
-        self, principal: Principal, space: Space, name: str, view: list[dict[str, set[str]]] | None = None
+        self, principal: Principal, space: Space, name: str, view: dict[str, dict[str, set[str]]] | None = None
     ) -> bool:
         """Whether the caller may be told of the object (``view``: :meth:`Reach.view` of
         the sessions it may read, when one request asks about many)."""
         if not is_hash(name):
             return False
-        sets = self.reach.view(self.readable(principal)) if view is None else view
-        return any(name in held[space] for held in sets) and self.present(space, name)
+        if view is None:
+            # The sessions last seen holding it first, each brought up to date: most
+            # questions are about objects some session holds (see reach.py).
+            for sid in list(self.reach.holders(space, name)):
+                if principal.may_read(sid):
+                    sets = self.reach.sets(sid)
+                    if sets is not None and name in sets[space]:
+                        return self.present(space, name)
+            view = self.reach.view(self.readable(principal))
+        return self.reach.in_view(view, space, name) and self.present(space, name)
 
 
 # -- plumbing --------------------------------------------------------------------------
@@ -455,7 +498,7 @@ class Api:
         one batch (one pack, one sync) and each verified as a PUT is."""
         principal.need("exchange")
         raw = await _body(request, self.state.limits.max_body_bytes)
-        items = _frames(raw, self.state.limits.max_object_bytes)
+        items = parse_frames(raw, self.state.limits.max_object_bytes)
 
         def do() -> None:
             self.state.endpoint.put_objects(items, len(items))
@@ -467,30 +510,69 @@ class Api:
         await self.work(do)
         return _json({"stored": len(items)})
 
-    async def missing(self, request: Request, principal: Principal) -> Response:
-        principal.need("exchange")
+    async def _asked(self, request: Request) -> list[tuple[Space, list[str]]]:
+        """The hashes a ``missing`` or batch read asks about, by space, each once, in the
+        order asked: ``{"entries": [...], "contents": [...], "media": [...]}``."""
         wanted = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the request"), "the request")
         count = sum(len(v) for v in wanted.values() if isinstance(v, list))
         if count > self.state.limits.max_missing:
             raise TooLargeError(f"{count} hashes asked; this server answers at most {self.state.limits.max_missing} at once")
+        out: list[tuple[Space, list[str]]] = []
+        for wire_space, names in wanted.items():
+            space = space_from_wire(wire_space)
+            if not isinstance(names, list):
+                raise BadNameError(f"{wire_space} must be a list of hashes")
+            for name in names:
+                if not isinstance(name, str) or not is_hash(name):
+                    raise BadNameError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+            out.append((space, list(dict.fromkeys(names))))
+        return out
+
+    async def missing(self, request: Request, principal: Principal) -> Response:
+        principal.need("exchange")
+        asked = await self._asked(request)
 
         def do() -> dict[str, list[str]]:
             sessions = self.state.reach.view(self.state.readable(principal))
             out: dict[str, list[str]] = {}
-            for wire_space, names in wanted.items():
-                space = space_from_wire(wire_space)
-                if not isinstance(names, list):
-                    raise BadNameError(f"{wire_space} must be a list of hashes")
-                lacking = []
-                for name in dict.fromkeys(names):
-                    if not isinstance(name, str) or not is_hash(name):
-                        raise BadNameError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
-                    if not self.state.reachable(principal, space, name, sessions):
-                        lacking.append(name)
-                out[wire_space] = lacking
+            for space, names in asked:
+                seen = [name for name in names if self.state.reach.in_view(sessions, space, name)]
+                found = {name for name, here in zip(seen, self.state.present_many(space, seen)) if here}
+                out[space_to_wire(space)] = [name for name in names if name not in found]
             return out
 
         return _json(await self.work(do))
+
+    async def read_objects(self, request: Request, principal: Principal) -> Response:
+        """``POST /v1/objects/read``: this server's extension (capability ``object_read``),
+        many GETs in one request. The body asks as ``missing`` does; the answer streams
+        the objects the caller may read, each framed ``<space> <hash> <length>\\n<bytes>``
+        as a batch upload is, then ``end <count>``. An object the caller may not read, or
+        the server lacks, is left out, as a GET answers 404 for it: the client names it.
+        Each piece is read under the lock on its own, so a long answer neither holds up
+        writers nor is held whole; a failure part way is an ``error`` frame."""
+        _need_any(principal, "read", "exchange")
+        asked = await self._asked(request)
+        pieces = [(space, names[i : i + _READ_PIECE]) for space, names in asked for i in range(0, len(names), _READ_PIECE)]
+        sessions = await self.work(lambda: self.state.reach.view(self.state.readable(principal)))
+
+        def frames(space: Space, names: list[str]) -> tuple[int, bytes]:
+            out = [object_frame(space, name, data) for name, data in self.state.reachable_objects(space, names, sessions)]
+            return len(out), b"".join(out)
+
+        async def body() -> Any:
+            served = 0
+            try:
+                for space, names in pieces:
+                    count, data = await self.work(frames, space, names)
+                    served += count
+                    yield data
+            except AgentSessionError as exc:
+                yield error_frame(exc)
+                return
+            yield end_frame(served)
+
+        return StreamingResponse(body(), media_type=OBJECTS)
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -782,7 +864,7 @@ class Api:
                     )
                 if self.state.leases.current(sid) is not None:
                     raise SessionLockedError(f"session {sid} is leased here; a push waits until its lease ends")
-            self._prove(principal, req)
+            self._prove(principal, req, held)
             adm = self.state.endpoint.receive(req)
             s = self.state.session(sid)
             return {
@@ -799,10 +881,17 @@ class Api:
         out = await self.work(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
 
-    def _prove(self, principal: Principal, req: PushRequest) -> None:
+    def _prove(self, principal: Principal, req: PushRequest, held: Session | None = None) -> None:
         """RFC 0003: a push must upload every object it names that the caller could not
         already show it may read. What is neither reachable by the caller nor uploaded by
-        it (within the grace period) is ``missing_object``, and nothing is admitted."""
+        it (within the grace period) is ``missing_object``, and nothing is admitted.
+
+        An entry the pushed session already holds here (``held``), with its content and
+        blobs, is proven when the caller may read that session: it is what makes them
+        reachable. So a whole closure pushed again (a sender that lost what it knew of
+        this server) costs its new entries, not the session (a 100,000-entry session's
+        re-push read every envelope here)."""
+        mine = held.own if held is not None and principal.may_read(held.id) else {}
         uploads = self.state.uploads.get(principal.key, {})
         horizon = time.monotonic() - self.state.limits.upload_grace_s
         sessions = self.state.reach.view(self.state.readable(principal))
@@ -818,6 +907,8 @@ class Api:
         for eid in list(req.prefix) + list(req.entries):
             if not is_hash(eid):
                 raise AppendRefusedError(f"{eid!r} is not an entry id (sha256: and 64 lowercase hex digits)")
+            if eid in mine:
+                continue
             if not proven("entries", eid):
                 missing["entries"].append(eid)
                 continue
@@ -1194,6 +1285,7 @@ REFS_CHANGED = "\0refs"
 FEATURES: dict[str, bool] = {
     "objects": True,
     "object_batch": True,
+    "object_read": True,
     "shallow": True,
     "exchange": True,
     "marks": True,
@@ -1320,6 +1412,8 @@ def _log_lines(sid: str, records: list[dict[str, Any]], header: dict[str, Any], 
 #: Entries a piece of a path read holds (its objects read by one bulk read); the walk
 #: up takes sixteen pieces' worth of steps at a time.
 _PATH_PIECE = 256
+#: Objects one piece of a batch read reads under the lock.
+_READ_PIECE = 256
 
 
 async def _shallow(
@@ -1345,31 +1439,6 @@ async def _shallow(
     if not isinstance(body, dict) or not isinstance(body.get("config"), dict) or kept is None:
         return [True] * n, "all"
     return [i >= kept or steps[i][1] not in _FOLDED for i in range(n)], "since-fold"
-
-
-def _frames(raw: bytes, max_object: int) -> list[tuple[Space, str, bytes]]:
-    """The objects of a batch upload body; BadNameError naming the first malformed frame."""
-    out: list[tuple[Space, str, bytes]] = []
-    pos = 0
-    while pos < len(raw):
-        end = raw.find(b"\n", pos, pos + 200)
-        if end < 0:
-            raise BadNameError(f"object frame {len(out)} has no '<space> <hash> <length>' line")
-        parts = raw[pos:end].split(b" ")
-        if len(parts) != 3 or not parts[2].isdigit():
-            raise BadNameError(f"object frame {len(out)}: expected '<space> <hash> <length>'")
-        space = space_from_wire(parts[0].decode("ascii", "replace"))
-        name, size = parts[1].decode("ascii", "replace"), int(parts[2])
-        if not is_hash(name):
-            raise BadNameError(f"object frame {len(out)}: {name!r} is not an object name")
-        if size > max_object:
-            raise TooLargeError(f"object {name} is {size} bytes; this server takes objects of at most {max_object}")
-        data = raw[end + 1 : end + 1 + size]
-        if len(data) != size:
-            raise BadNameError(f"object frame {len(out)} ({name}) is cut short")
-        out.append((space, name, data))
-        pos = end + 1 + size
-    return out
 
 
 def _push_request(sid: str, body: dict[str, Any]) -> PushRequest:
@@ -1428,6 +1497,7 @@ def create_app(state: ServerState) -> Starlette:
     routes = [
         Route("/v1/", r(api.capabilities), methods=["GET"]),
         Route("/v1/objects/missing", r(api.missing), methods=["POST"]),
+        Route("/v1/objects/read", r(api.read_objects), methods=["POST"]),
         Route("/v1/objects", r(api.put_objects), methods=["POST"]),
         Route("/v1/objects/{space}/{hash}", r(api.get_object), methods=["GET", "HEAD"]),
         Route("/v1/objects/{space}/{hash}", r(api.put_object), methods=["PUT"]),

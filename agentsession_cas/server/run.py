@@ -3,13 +3,15 @@
 ``serve`` binds the socket itself (so ``--listen 127.0.0.1:0`` picks a free
 port and says which), refuses a non-loopback address without a token file,
 and closes the store when uvicorn stops (SIGINT or SIGTERM), which commits
-every session it holds.
+and checkpoints every session it holds and keeps their summaries.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import signal
 import socket
+import threading
 from collections.abc import Callable
 
 import uvicorn
@@ -82,8 +84,24 @@ def serve(
     shown = f"[{host}]" if ":" in host else host
     if ready is not None:
         ready(f"{scheme}://{shown}:{bound}/")
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the
+    # handler it found: the default one would end the process before the store below is
+    # closed (sessions not checkpointed, no summaries: every later open and list replays
+    # their logs). This one ends it as an exception, so the store is closed first.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
-        store.close()
+        try:
+            store.close()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM, once uvicorn has stopped serving: exit as the shell reports a signal (143)."""
+    raise SystemExit(128 + signum)

@@ -15,7 +15,6 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..backends.base import SPACES
 from ..errors import (
     AmbiguousNameError,
     BadNameError,
@@ -94,8 +93,9 @@ def resolve_entry(session: Session, name: str) -> str:
 def resolve_object(store: Store, name: str) -> str:
     """The name of the object ``name`` names: a full ``sha256:`` name, or a unique prefix
     of at least :data:`MIN_ENTRY_PREFIX` hex digits among every object the store holds,
-    in any space (as ``git cat-file`` takes a short id). Looking a prefix up reads the
-    names of every object (packs' indexes and loose fan-out directories)."""
+    in any space (as ``git cat-file`` takes a short id). Looking a prefix up is the
+    backend's (:meth:`~agentsession_cas.backends.base.ObjectStore.names_starting`: a
+    binary search in each pack's index, one loose fan-out directory a space)."""
     if is_hash(name):
         return name
     digits = name[len("sha256:"):] if name.startswith("sha256:") else name
@@ -104,8 +104,7 @@ def resolve_object(store: Store, name: str) -> str:
             f"{quoted(name)} is not an object name nor a prefix of one ({MIN_ENTRY_PREFIX} to 64 lowercase hex digits, "
             "with or without sha256:)"
         )
-    want = "sha256:" + digits
-    found = sorted({n for space in SPACES for n in store.objects.names(space) if n.startswith(want)})
+    found = sorted(store.objects.names_starting(digits))
     if found:
         return _the_one(name, found, f"objects in {store.describe()}")
     raise NoSuchObjectError(f"no object in {store.describe()} starts with {quoted(name)}")

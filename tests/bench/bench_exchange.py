@@ -26,6 +26,12 @@ between stores reachable as paths (``LocalTransport``):
    (median big / small <= 1.5).
 3. For scale, not a target: the same push made cold, as the command makes
    it (a new ``Store``, the session opened here and at the remote).
+4. **full fetch over HTTP** of the whole session from an ``agentsession serve``
+   of the remote store (its own process, on loopback) into an empty store,
+   against the same fetch from the remote store's path (best of
+   ``--full-repeat`` each, alternated). Target: HTTP at most 1.5x the time
+   (the server's reads and the framing; before the server's batch read, a
+   GET an object took 20x). Skipped, with a note, without the ``server`` extra.
 
 Stores live in a temp directory under ``<repo>/.bench-tmp`` (the same
 filesystem as the repository; checked), removed at the end unless ``--keep``.
@@ -48,6 +54,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,6 +81,7 @@ DEFAULT_COLD_REPS = 3
 DEFAULT_FULL_REPEAT, QUICK_FULL_REPEAT = 1, 3
 TARGET_INCREMENTAL = 1.5  # big / small, at most
 TARGET_FULL = 0.40  # of import's entries/s, at least
+TARGET_HTTP_FETCH = 1.5  # x a fetch from the store's path, at most
 FRESH_TYPES = ("item", "response", "config")  # bodies that name no other entry
 
 
@@ -309,6 +317,61 @@ def bench_full(tmp: str, big: Side, data: bytes, repeat: int, res: Results, prof
 
 
 # ---------------------------------------------------------------------------
+# [4] full fetch over HTTP vs from a path
+
+
+def _serve(store_dir: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``agentsession serve`` of ``store_dir`` on a free loopback port: (process, URL)."""
+    proc = subprocess.Popen([sys.executable, "-m", "agentsession_cas", "--store", store_dir, "serve", "--listen",
+                             "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise BenchError(f"the server did not start: {line!r}")
+    return proc, line.split()[-1]
+
+
+def bench_http_fetch(tmp: str, big: Side, repeat: int, res: Results) -> None:
+    with Store(big.remote, readonly=True) as st:
+        n = len(st.read(SESSION_ID))  # (the pushes of [2] and [3] made it longer)
+    print(f"\n[4] full fetch of the {n:,}-entry session into an empty store: over HTTP (agentsession serve on "
+          "loopback, its own process) vs from the store's path")
+    try:
+        from agentsession_cas.exchange.http_client import HttpTransport
+    except ImportError as exc:
+        print(f"    skipped: the server extra is not installed ({exc})")
+        return
+    proc, url = _serve(big.remote)
+    try:
+        times: dict[str, list[float]] = {"path": [], "http": []}
+        for i in range(repeat):
+            for how in ("path", "http"):
+                dst = os.path.join(tmp, f"fetch-{how}-{i}")
+                Store.init(dst).close()
+                gc.collect()
+                t0 = time.perf_counter()
+                with Store(dst) as st:
+                    if how == "http":
+                        with HttpTransport(url) as tr:
+                            r = exchange.fetch(st, tr, SESSION_ID)
+                    else:
+                        r = exchange.fetch(st, big.remote, SESSION_ID)
+                times[how].append(time.perf_counter() - t0)
+                if r.entries != n:
+                    raise BenchError(f"the fetch {how} admitted {r.entries} entries, not {n}")
+                shutil.rmtree(dst, ignore_errors=True)
+                print(f"    run {i + 1}: {how:<4} {times[how][-1]:7.2f} s ({_rate(n, times[how][-1]):>8,.0f} entries/s)")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    ratio = min(times["http"]) / min(times["path"])
+    print(f"    ratio     HTTP / path : {ratio:7.3f}   (target <= {TARGET_HTTP_FETCH})")
+    res.add("full fetch over HTTP / from a path (time)", ratio, f"<= {TARGET_HTTP_FETCH}", ratio <= TARGET_HTTP_FETCH)
+
+
+# ---------------------------------------------------------------------------
 # [2] incremental push, big remote session vs small
 
 
@@ -478,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         small.close()
         if args.cold_reps:
             bench_cold(big, small, cold_batches, res)
+        bench_http_fetch(tmp, big, full_repeat, res)
         # What the remotes hold at the end: every entry pushed, head where the sender's is.
         for side in (big, small):
             local = Store(side.local, readonly=True).read(SESSION_ID)

@@ -664,6 +664,25 @@ class FileObjects(ObjectStore):
             if name not in seen:
                 yield name
 
+    def names_starting(self, digits: str) -> set[str]:
+        """(See the base class.) Each pack's index searched by its fan-out table and sorted
+        names, and the one loose fan-out directory of each space the digits fall in."""
+        out: set[str] = set()
+        known = 0
+        for space in SPACES:
+            known |= SPACE_BITS[space]
+        self.packs.refresh()
+        for pack in self.packs.packs:
+            out.update(name for name, spaces in pack.starting_with(digits) if spaces & known)
+        for space in SPACES:
+            try:
+                rests = os.listdir(os.path.join(self.dir, space, digits[:2]))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            names = (HASH_PREFIX + digits[:2] + rest for rest in rests if rest.startswith(digits[2:]))
+            out.update(name for name in names if is_hash(name))
+        return out
+
     def scan(self, spaces: Sequence[Space]) -> Iterator[tuple[Space, str, bytes]]:
         """Every object of the spaces with its bytes, unverified (see the base class): each
         pack block holding one is decompressed once, in the order blocks lie, and a
@@ -702,6 +721,55 @@ class FileObjects(ObjectStore):
                     yield space, name, self._get_loose(space, name, self.path(space, name))
                 except (AgentSessionError, OSError):
                     continue
+
+    def read_all(self, spaces: Sequence[Space]) -> Iterator[tuple[Space, str, bytes | Exception]]:
+        """Every object of the spaces, each once, verified (see the base class): each pack
+        block holding one decompressed once, in the order blocks lie, and its objects
+        hashed in place, with no lookup by name. An object whose packed copy does not
+        read or hash (unless another pack's does), and every loose one, is read by
+        :meth:`get`, which takes a sound copy where there is one and else raises the
+        error that names the fault."""
+        bits = [(space, SPACE_BITS[space]) for space in spaces]
+        mask = 0
+        for _, bit in bits:
+            mask |= bit
+        done: dict[str, set[bytes]] = {space: set() for space in spaces}
+        later: dict[str, list[bytes]] = {space: [] for space in spaces}
+        sha256 = hashlib.sha256
+        self.packs.refresh()
+        for pack in list(self.packs.packs):
+            by_block: dict[int, list[tuple[int, int, bytes, int]]] = {}
+            for raw, (number, slot, length, held) in pack.records():
+                if held & mask:
+                    by_block.setdefault(number, []).append((slot, length, raw, held))
+            for number in sorted(by_block):
+                try:
+                    block: Any = pack.read_block(number)
+                except (CorruptPackError, OSError):
+                    block = None
+                for slot, length, raw, held in by_block[number]:
+                    data: bytes | None = None
+                    if block is not None:
+                        with contextlib.suppress(CorruptPackError):
+                            data = block.object(slot, length)
+                    sound = data is not None and sha256(data).digest() == raw
+                    for space, bit in bits:
+                        if not held & bit:
+                            continue
+                        if not sound:
+                            later[space].append(raw)
+                        elif raw not in done[space]:
+                            done[space].add(raw)
+                            yield space, HASH_PREFIX + raw.hex(), data  # type: ignore[misc]  # sound: bytes
+        for space, _ in bits:
+            seen = done[space]
+            rest = [HASH_PREFIX + raw.hex() for raw in later[space] if raw not in seen]
+            rest.extend(name for name in self.loose_names(space) if bytes.fromhex(name[7:]) not in seen)
+            for name in self.read_order(dict.fromkeys(rest)):
+                try:
+                    yield space, name, self.get(space, name)
+                except (AgentSessionError, OSError) as exc:
+                    yield space, name, exc
 
     def loose_names(self, space: str) -> Iterator[str]:
         """Every loose object name in a space (for packing, fsck and sweeps)."""

@@ -616,6 +616,28 @@ class Pack:
                 return mid
         return None
 
+    def starting_with(self, digits: str) -> list[tuple[str, int]]:
+        """The names that start with the hex ``digits`` (two or more), each with its spaces
+        bits: a binary search within the fan-out slot of their first byte for the first,
+        then the names after it while they match (a short name's lookup, O(log n))."""
+        low = bytes.fromhex((digits + "0" * 64)[:64])
+        lo = self._fanout[low[0] - 1] if low[0] else 0
+        hi = self._fanout[low[0]]
+        m, base = self._map, self._names_at
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if m[base + 32 * mid : base + 32 * mid + 32] < low:
+                lo = mid + 1
+            else:
+                hi = mid
+        out = []
+        for i in range(lo, self.count):
+            name = m[base + 32 * i : base + 32 * i + 32].hex()
+            if not name.startswith(digits):
+                break
+            out.append((_PREFIX + name, self._located(i).spaces))
+        return out
+
     def index(self) -> dict[bytes, int]:
         """Raw name -> position in the index, for every object: built once per pack (a
         bulk reader asks for many names and pays a hash lookup for each)."""

@@ -32,7 +32,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +87,7 @@ from .log import (
     snapshot_ids_file,
     with_digests,
 )
+from .sweep import SESSION_FILES
 
 if TYPE_CHECKING:
     from . import FileBackend
@@ -340,19 +341,34 @@ class FileSessions(SessionStore):
     # -- SessionStore -------------------------------------------------------------------
 
     def list(self) -> list[str]:
-        try:
-            names = os.listdir(os.path.join(self.root, "sessions"))
-        except FileNotFoundError:
-            return []
+        return sorted(name for name, path in self._named_dirs() if os.path.exists(os.path.join(path, "header")))
+
+    def unlisted(self) -> Sequence[str]:
+        """Session directories holding a session's files but no header file, which
+        :meth:`list` leaves out (see the base class)."""
         out = []
+        for name, path in self._named_dirs():
+            try:
+                present = os.listdir(path)
+            except OSError:  # not a directory, or gone
+                continue
+            if "header" not in present and any(f in SESSION_FILES for f in present):
+                out.append(name)
+        return sorted(out)
+
+    def _named_dirs(self) -> Iterator[tuple[str, str]]:
+        """(name, path) of each entry of ``sessions/`` named as a session may be."""
+        base = os.path.join(self.root, "sessions")
+        try:
+            names = os.listdir(base)
+        except FileNotFoundError:
+            return
         for name in names:
             try:
                 check_session_id(name)
             except AgentSessionError:
                 continue
-            if os.path.exists(os.path.join(self.root, "sessions", name, "header")):
-                out.append(name)
-        return sorted(out)
+            yield name, os.path.join(base, name)
 
     def header_lost(self, session_id: str) -> str | None:
         try:
