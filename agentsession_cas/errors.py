@@ -249,9 +249,10 @@ class SessionDamagedError(StoreError):
     code = "session_damaged"
     status = 500
 
-    def __init__(self, why: str, *, session: str, line: int, offset: int):
+    def __init__(self, why: str, *, session: str, line: int, offset: int, path: str | None = None):
+        where = f" ({path})" if path else ""
         super().__init__(
-            f"session {session} is damaged: {why}; it refuses writes until repaired: run `agentsession repair "
+            f"session {session} is damaged: {why}{where}; it refuses writes until repaired: run `agentsession repair "
             f"{session}` (`--dry-run` first shows what it keeps and drops; the damaged log is kept aside)"
         )
         #: What is wrong, without the session's name or the advice (for a report that names the session).
@@ -259,6 +260,20 @@ class SessionDamagedError(StoreError):
         self.session = session
         self.line = line
         self.offset = offset
+        #: The damaged log, relative to the store's root (None where the backend names no file).
+        self.path = path
+
+    @classmethod
+    def header_lost(cls, session: str, path: str) -> SessionDamagedError:
+        """A session the store holds whose header file (``path``) is gone: it is listed no
+        more, but it is damage, which repair makes good, not an absent session."""
+        return cls("its header file is missing; the store lists it no more", session=session, line=0, offset=0,
+                   path=path)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = super().as_dict()
+        out["error"].update(session=self.session, file=self.path)
+        return out
 
 
 class SweepRefusedError(StoreError):

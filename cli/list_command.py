@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from agentsession_cas.errors import AgentSessionError, NoSuchSessionError
+from agentsession_cas.errors import AgentSessionError, NoSuchSessionError, SessionDamagedError
 from agentsession_cas.format.entry import short_id
 from agentsession_cas.store.summary import parse_when, select
 
@@ -64,6 +64,17 @@ def _narrowed(lines: list[list[str]]) -> list[list[str]]:
     return lines
 
 
+def _damaged(sid: str, exc: AgentSessionError, as_json: bool) -> dict[str, Any]:
+    """A session that cannot be read, as its row (under --json the row is the report, with
+    the error's code and the damaged file), else said on stderr."""
+    if not as_json:
+        echo(f"agentsession: error: {one_line(str(exc))}", err=True)
+    row = {"session": sid, "mark": "damaged", "error": one_line(str(exc)), "code": exc.code}
+    if isinstance(exc, SessionDamagedError) and exc.path:
+        row["file"] = exc.path
+    return row
+
+
 @click.command("list")
 @click.option("--limit", "-n", type=click.IntRange(min=0), help="Show at most N sessions (the newest).")
 @click.option("--harness", help="Only sessions recorded by this harness (its name, or name and version).")
@@ -80,8 +91,8 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
     columns) cannot hold every column, CREATED, then HARNESS, then MODEL are
     left out and TITLE is shortened (an ID over 40 characters is cut too); --json holds them all. A session continued in a successor (a
     continued_in link) is superseded: a CONTINUED IN column names the
-    successor, and --current leaves it out. A session that cannot be read (a damaged log)
-    is listed with mark `damaged`, reported on stderr (in its row, with the error's
+    successor, and --current leaves it out. A session that cannot be read (a damaged log,
+    a lost header file) is listed with mark `damaged`, reported on stderr (in its row, with the error's
     code, under --json), and the exit status is 1.
     """
     after_ts, before_ts = _when(after, "--after"), _when(before, "--before")
@@ -94,9 +105,10 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
         except NoSuchSessionError:
             continue  # deleted meanwhile
         except AgentSessionError as exc:
-            if not as_json:  # under --json the row is the report, with the error's code
-                echo(f"agentsession: error: {one_line(str(exc))}", err=True)
-            damaged.append({"session": sid, "mark": "damaged", "error": one_line(str(exc)), "code": exc.code})
+            damaged.append(_damaged(sid, exc, as_json))
+    for sid in store.backend.sessions.lost_headers():  # held, but listed no more: damaged too
+        damaged.append(_damaged(sid, SessionDamagedError.header_lost(sid, store.backend.sessions.header_lost(sid) or sid),
+                                as_json))
     chosen = select(summaries, harness=harness, cwd=os.path.abspath(cwd) if cwd else None,
                     after=after_ts, before=before_ts, limit=limit, current=current)
     rows: list[dict[str, Any]] = []

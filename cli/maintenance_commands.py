@@ -28,10 +28,8 @@ def _report_problems(res: RepackResult, as_json: bool) -> None:
     if not as_json:
         for n in res.notes:
             echo(f"agentsession: note: {n.code}: {one_line(n.message)}", err=True)
-        for p in res.problems:
+        for p in res.problems + res.unread():
             echo(f"agentsession: error: {p.code}: {one_line(p.message)}", err=True)
-        for name, why in sorted(res.bad_packs.items()):
-            echo(f"agentsession: error: {name} was not read: {one_line(why)}; left in place (run fsck)", err=True)
     if not res.ok:
         sys.exit(1)
 

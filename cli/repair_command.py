@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from agentsession_cas.backends.base import FsckProblem
 from agentsession_cas.backends.files.repair import RepairReport
 from agentsession_cas.maintenance.repair import plan_repair, repair_session, repair_target
 
@@ -48,7 +49,7 @@ def report_lines(rep: RepairReport) -> list[str]:
         if rep.unrestorable:
             lines.append(f"{'note':<9}`agentsession verify {rep.session}` names what needs them; a store that holds "
                          "the session whole can give them back (fetch it from there)")
-        lines.extend(f"{'note':<9}{one_line(n)}" for n in rep.notes)
+        lines.extend(_note_line(n) for n in rep.notes)
         return lines
     out.append(f"{'session':<9}{rep.session}: {one_line(rep.why)}")
     for d in rep.damage:
@@ -76,9 +77,12 @@ def report_lines(rep: RepairReport) -> list[str]:
     out.append(f"{'head':<9}{rep.head or 'none'}, {rep.head_note}")
     out.append(f"{'mark':<9}{rep.mark}")
     out.append(f"{'seq':<9}{rep.seq} (no sequence number up to it is given out again)")
-    for n in rep.notes:
-        out.append(f"{'note':<9}{one_line(n)}")
+    out.extend(_note_line(n) for n in rep.notes)
     return out
+
+
+def _note_line(n: FsckProblem) -> str:
+    return f"{'note':<9}{n.code}: {one_line(n.message)}"
 
 
 @click.command("repair")

@@ -310,17 +310,12 @@ def log_cmd(session_id: str, as_json: bool) -> None:
     if history.tail is not None:
         note(f"session {session_id}: {history.tail}")
     if history.damage and as_json:
-        # the records that read are on stdout; the damage is the error, with its code
-        fail(
-            f"session {session_id}: {history.damage[0]}",
-            code="session_damaged",
-            problems=[
-                {"code": "log", "severity": "error", "where": "log", "line": line, "entry": None, "message": why}
-                for why, line in zip(history.damage, history.damage_lines)
-            ],
-        )
-    for why in history.damage:
-        echo(f"agentsession: error: session {session_id}: {why}", err=True)
+        # the records that read are on stdout; the damage is the error, with its code, and
+        # each fault is a problem with the code fsck gives it
+        fail(f"session {session_id}: {history.damage[0].message}", code="session_damaged",
+             problems=[{**p.as_dict(), "where": "log", "session": session_id} for p in history.damage])
+    for p in history.damage:
+        echo(f"agentsession: error: session {session_id}: {p.message}", err=True)
     if history.damage:
         sys.exit(1)
 
@@ -358,7 +353,7 @@ def verify_session(target: Target, as_json: bool) -> None:
         where = f"line {p['line']}: " if p["where"] == "projection" and p["line"] is not None else ""
         echo(f"{sid}: {paint(where + p['message'], 'bad')}")
     for n in notes:
-        echo(f"{sid}: note: {n}")
+        echo(f"{sid}: note: {n['message']}")
     requests = {k: number(v) for k, v in (stats.get("requests") or {}).items()}
     echo(
         f"{sid}: {number(stats['records'])} log record(s), {number(stats['entries'])} own entries and "
@@ -648,8 +643,8 @@ def append(session_id: str, as_json: bool) -> None:
         fail("stdin holds JSON but not an object; an entry is one JSON object", code=BAD_INPUT)
     with write_store() as store:
         session = store.session(resolve_session(store, session_id))
-        for message in session.recovered:
-            note(message)
+        for p in session.recovered:
+            note(f"{p.code}: {p.message}")
         result = session.append(obj)
     if as_json:
         emit_json(result.as_dict())
@@ -693,8 +688,8 @@ def head(session_id: str, new: str | None, expected: str | None, as_json: bool) 
     with write_store() as store:
         session_id = resolve_session(store, session_id)
         session = store.session(session_id)
-        for message in session.recovered:
-            note(message)
+        for p in session.recovered:
+            note(f"{p.code}: {p.message}")
         # NEW and OLD: full ids or unique prefixes of entries the session holds.
         new_id = resolve_entry(session, new) if new else None
         expected_id = resolve_entry(session, expected) if expected else None

@@ -1,11 +1,13 @@
 """Helpers the store tests share: what a killed writer leaves, objects written by hand,
-a lock that must not be waited for, a command started so that SIGINT reaches it."""
+a lock that must not be waited for, a command started so that SIGINT reaches it, a
+store's every byte (to hold a command to changing nothing)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from agentsession_cas import Entry
@@ -90,3 +92,15 @@ def interruptible(args: list[str], **kwargs: Any) -> subprocess.Popen:
         return subprocess.Popen(args, **kwargs)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def files(path: Path) -> dict[str, bytes | None]:
+    """Every file and directory under path with its bytes (None for a directory)."""
+    out: dict[str, bytes | None] = {}
+    for dirpath, dirnames, filenames in os.walk(path):
+        for d in dirnames:
+            out[os.path.relpath(os.path.join(dirpath, d), path)] = None
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            out[os.path.relpath(p, path)] = Path(p).read_bytes()
+    return out

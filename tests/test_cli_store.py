@@ -850,7 +850,8 @@ def test_verify_names_a_bit_flipped_object(store, space):
     out = json.loads(cli(store, "verify", "--json", "s1").stdout)
     assert out["ok"] is False
     [p] = out["problems"]
-    assert (p["code"], p["object"], p["space"], p["path"]) == ("corrupt-object", name, space, str(path))
+    rel = str(path.relative_to(store))  # (a finding names a file relative to the store)
+    assert (p["code"], p["object"], p["space"], p["path"], p["file"]) == ("corrupt-object", name, space, rel, rel)
     # and it is never served: refused with its code, naming it and where it lies
     one_error(cli(store, "show", "s1"), "corrupt object", name, str(path.relative_to(store)))
     one_error(cli(store, "export", "s1"), "corrupt object", name)

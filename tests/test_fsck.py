@@ -504,12 +504,12 @@ def test_the_parent_rule(store):
     append_raw(root, "fork", encode_record({"op": "append", "seq": 2, "entry": rid}, payload=(rc, renv)),
                encode_record({"op": "commit"}))
     report = fsck(root)
-    # The codes are the rule set's (format/rules.py), as verify of the session names them:
-    # a parent not earlier in the session is the parent rule, a root in a fork the base rule.
-    [p] = errors(report, "parent-rule")
+    # The codes are the rule set's (format/rules.py), as verify of the session (and of its
+    # export) names them: a parent not earlier in the session is `parent`, a root in a fork `base`.
+    [p] = errors(report, "parent")
     assert p.session == "mirror" and p.object == eid and p.line == log_line_of(root, "mirror", eid)
     assert info["rec"][1] in p.message and "does not appear earlier in the session" in p.message
-    [b] = errors(report, "base-rule")
+    [b] = errors(report, "base")
     assert b.session == "fork" and b.object == rid and "its parent is null" in b.message
 
 
@@ -518,7 +518,7 @@ def test_a_parent_on_the_prefix_above_the_base(store):
     eid, content, env = put_entry(root, msg("from above the base", parent=info["rec"][1]))
     append_raw(root, "fork", encode_record({"op": "append", "seq": 2, "entry": eid}, payload=(content, env)),
                encode_record({"op": "commit"}))
-    [p] = errors(fsck(root), "base-rule")
+    [p] = errors(fsck(root), "base")
     assert p.session == "fork" and "on the prefix above the base" in p.message
 
 
@@ -529,7 +529,7 @@ def test_the_parents_rule(store):
     eid, content, env = put_entry(root, data)
     append_raw(root, "rec", encode_record({"op": "append", "seq": 7, "entry": eid}, payload=(content, env)),
                encode_record({"op": "commit"}))
-    found = [p.message for p in errors(fsck(root), "parents-rule")]
+    found = [p.message for p in errors(fsck(root), "parents")]
     assert len(found) == 2
     assert any("repeats the parent" in m for m in found)
     assert any("does not appear earlier in this session" in m for m in found)
@@ -562,7 +562,7 @@ def test_a_fork_with_a_base_of_other_media(store):
     header["media"] = "sidecar"
     _set_header(root, "fork", header)
     [p] = fsck(root).errors
-    assert (p.code, p.session, p.object) == ("base-rule", "fork", info["rec"][3])
+    assert (p.code, p.session, p.object) == ("bad-base", "fork", info["rec"][3])
     assert "sidecar" in p.message and "rec" in p.message
 
 
@@ -952,7 +952,18 @@ _FAULTS = {
     "envelope deleted": ("fork", lambda root, info: loose(root, "entries", info["rec"][1]).unlink()),
     "envelope flipped": ("rec", lambda root, info: flip(loose(root, "entries", info["rec"][2]), 20)),
     "pack cut short": ("bigsrc", lambda root, info: _pack_cut_short(root)),
+    "log missing": ("rec", lambda root, info: (root / "sessions/rec/log").unlink()),
+    "parent rule": ("mirror", lambda root, info: _hang(root, "mirror", 6, info["rec"][1])),
+    "parents rule": ("rec", lambda root, info: _hang(root, "rec", 7, info["rec"][5], parents=[{"entry": info["rec"][5]}])),
+    "base rule": ("fork", lambda root, info: _hang(root, "fork", 2, None)),
 }
+
+
+def _hang(root: Path, sid: str, seq: int, parent: str | None, **kw) -> None:
+    """A committed append of an entry hung from ``parent`` (bypassing every rule)."""
+    eid, content, env = put_entry(root, msg(f"hung from {parent}", parent=parent, **kw))
+    append_raw(root, sid, encode_record({"op": "append", "seq": seq, "entry": eid}, payload=(content, env)),
+               encode_record({"op": "commit"}))
 
 
 @pytest.mark.parametrize("fault", sorted(_FAULTS))
@@ -967,3 +978,32 @@ def test_verify_id_names_a_fault_with_the_code_fsck_gives_it(store, fault):
     assert r.exit_code == 1, r.output
     verify_codes = [p["code"] for p in json.loads(r.stdout)["problems"]]
     assert verify_codes and set(verify_codes) <= fsck_codes, (verify_codes, fsck_codes)
+
+
+#: A remark each, and the session whose `verify ID` must give it as fsck does.
+_REMARKS = {
+    "torn tail": ("rec", lambda root, info: append_raw(
+        root, "rec", encode_record({"op": "append", "seq": 99, "entry": info["rec"][0]})[:25])),
+    "uncommitted append without objects": ("rec", lambda root, info: append_raw(
+        root, "rec", encode_record({"op": "append", "seq": 50, "entry": "sha256:" + "7" * 64, "lazy": True}))),
+    "header file stale": ("side", lambda root, info: (root / "sessions/side/header").write_text("{not json\n")),
+}
+
+
+@pytest.mark.parametrize("remark", sorted(_REMARKS))
+def test_verify_id_gives_its_notes_coded_as_fsck_gives_them(store, remark):
+    """`verify ID --json` prints its notes as objects of the shared problem shape (code,
+    severity, where, line, entry, message), with the code fsck gives the same remark
+    (a warning of fsck's counts: a stale header file is one); they were bare strings."""
+    root, info = store
+    sid, make = _REMARKS[remark]
+    make(root, info)
+    found = json.loads(cli(root, "fsck", "--json").stdout)
+    fsck_codes = {p["code"] for p in found["notes"] + found["warnings"] if p["session"] == sid}
+    r = cli(root, "verify", sid, "--json")
+    assert r.exit_code == 0, r.output
+    notes = json.loads(r.stdout)["notes"]
+    assert notes and all(isinstance(n, dict) for n in notes), notes
+    for n in notes:
+        assert {"code", "severity", "where", "line", "entry", "message"} <= set(n), n
+        assert n["severity"] == "note" and n["code"] in fsck_codes, (n, fsck_codes)

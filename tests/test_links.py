@@ -136,8 +136,8 @@ def test_the_corpus_subsession_links_are_noted_and_pass_a_store():
     s = st.import_bytes(data)
     check = verify_stored(st, s.id)
     assert check.ok  # the children are absent: they never started, which passes
-    assert sum("is not the UUIDv5" in n for n in check.notes) == 2
-    assert not any("names no store" in n for n in check.notes)  # the store did check them
+    assert sum("is not the UUIDv5" in n["message"] for n in check.notes) == 2
+    assert not any("names no store" in n["message"] for n in check.notes)  # the store did check them
 
 
 # ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from agentsession_cas.errors import SessionDamagedError, SessionLockedError, Sto
 from agentsession_cas.backends.files.log import _checksum, encode_record, read_log, scan_log
 from agentsession_cas.backends.files.repair import DAMAGED_PREFIX
 from agentsession_cas.maintenance.repair import plan_repair, repair_session
-from storetools import crash, line_body, put_entry, rechain, refuse_to_wait
+from storetools import crash, files, line_body, put_entry, rechain, refuse_to_wait
 from agentsession_cas.store import Store
 from agentsession_cli import repair_command, terminal
 from agentsession_cli.main import main
@@ -87,18 +87,6 @@ def poke(root: Path, offset: int, value: int, sid: str = SID) -> None:
 def flip(root: Path, offset: int, mask: int = 0x01, sid: str = SID) -> None:
     data = log_path(root, sid).read_bytes()
     poke(root, offset, data[offset] ^ mask, sid)
-
-
-def files(path: Path) -> dict[str, bytes | None]:
-    """Every file and directory under path with its bytes (None for a directory)."""
-    out: dict[str, bytes | None] = {}
-    for dirpath, dirnames, filenames in os.walk(path):
-        for d in dirnames:
-            out[os.path.relpath(os.path.join(dirpath, d), path)] = None
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            out[os.path.relpath(p, path)] = Path(p).read_bytes()
-    return out
 
 
 def cli(root: Path, *args: str, input: str | None = None):
@@ -304,7 +292,7 @@ def test_damage_in_the_create_record_is_rebuilt_from_the_header(tmp_path, how):
     assert [d["line"] for d in out["damage"]] == [1]
     if how == "no mark index":
         # nothing says which mark it had: the safer one, which refuses local writes
-        assert out["mark"] == "mirror" and any("mirror" in n for n in out["notes"])
+        assert out["mark"] == "mirror" and any(n["code"] == "create-rebuilt" and "mirror" in n["message"] for n in out["notes"])
     else:
         assert out["mark"] == "record"
     assert_healthy(root, ids)
@@ -393,7 +381,7 @@ def test_sequence_numbers_the_summary_saw_given_out_are_not_given_again(tmp_path
     out = repair_json(root, "--yes")
     assert [r["entry"] for r in out["recovered"]] == ids[:2]
     assert out["seq"] == 4
-    assert any("summary" in n and "4" in n for n in out["notes"]), out["notes"]
+    assert any(n["code"] == "seq-from-summary" and "4" in n["message"] for n in out["notes"]), out["notes"]
 
 
 def test_missing_log_and_no_head_is_rebuilt_as_an_empty_session(tmp_path):
@@ -466,7 +454,7 @@ def test_a_payload_that_does_not_hash_is_damage_and_whole_objects_take_its_place
     out = repair_json(root, "--yes")
     assert [d["line"] for d in out["damage"]] == [4, 10] and "payload" in out["damage"][0]["reason"]
     assert out["kept"] == 6 and out["dropped"] == []
-    assert any("take its place" in n for n in out["notes"])
+    assert any(n["code"] == "bad-payload" and "take its place" in n["message"] for n in out["notes"])
     assert_healthy(root, ids)
     rec = next(r for r in read_log(log_path(root).read_bytes()).records if r.get("entry") == ids[1])
     assert rec.payload == (Store(root).objects.get("contents", Store(root).entry(ids[1]).content_hash),
@@ -491,7 +479,8 @@ def test_a_head_move_to_a_dropped_entry_whose_ancestry_is_lost_is_left_out(tmp_p
     assert {d["entry"] for d in out["dropped"]} == {ids[1], ids[2], ids[3], label.id}
     # the head record named ids[2]; what it hangs from (ids[1]) is nowhere whole, so the
     # head stays where the last kept move (the append of ids[0]) put it
-    assert any("head record" in n and "stays at" in n for n in out["notes"])
+    assert any(n["code"] == "head-left-out" and "head record" in n["message"] and "stays at" in n["message"]
+               for n in out["notes"])
     assert out["head_note"] == f"where the last kept move put it; the log last named {ids[3][7:19]}, which is not kept"
     assert_healthy(root, ids[:1])
 
@@ -877,7 +866,7 @@ def test_a_head_index_naming_an_entry_found_nowhere_is_not_said_to_have_lost_ent
     head.write_bytes(good[:20] + (b"0" if good[20:21] != b"0" else b"1") + good[21:])  # still a hash
     out = repair_json(root, "--yes")
     assert [e["entry"] for e in out["kept_entries"]] == ids and out["dropped"] == []
-    [note] = [n for n in out["notes"] if n.startswith("HEAD names")]
+    [note] = [n["message"] for n in out["notes"] if n["message"].startswith("HEAD names")]
     assert "lost" not in note.split(":")[0] and "entries between are lost" not in note, note
     assert "HEAD itself may be damaged" in note
     assert head.read_bytes() == good
@@ -909,3 +898,51 @@ def test_envelope_defect_names_what_is_wrong():
     assert "lacks parent" in envelope_defect({k: v for k, v in good.items() if k != "parent"})
     assert "pasent" in envelope_defect({**{k: v for k, v in good.items() if k != "parent"}, "pasent": h, "parent": None})
     assert envelope_defect({**good, "content": "x"}) and envelope_defect({**good, "parents": []}) and envelope_defect([1])
+
+
+def test_the_plan_gives_its_notes_coded(tmp_path):
+    """`repair --json` prints its notes as objects of the shared problem shape (code,
+    severity note, where, line, entry, message, and the session), as fsck, pack and sweep
+    print theirs; they were bare strings. A rebuilt create record is `create-rebuilt`,
+    a second create record fsck's `log-order`."""
+    root = tmp_path / "store"
+    build(root)
+    start, _, raw = line_of(root, "create", 0)
+    flip(root, start + raw.index(b'"op"') + 2)
+    plan = repair_json(root, "--dry-run")
+    assert plan["notes"] and all(isinstance(n, dict) for n in plan["notes"]), plan["notes"]
+    for n in plan["notes"]:
+        assert {"code", "severity", "where", "line", "entry", "message", "session"} <= set(n), n
+        assert n["severity"] == "note" and n["session"] == SID
+    assert [n["code"] for n in plan["notes"]] == ["create-rebuilt"]
+    r = cli(root, "repair", "--dry-run", SID)
+    assert "note     create-rebuilt: the create record is damaged" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("how", ["garbled", "another header"])
+def test_a_header_file_that_differs_from_the_log_is_written_again_from_it(tmp_path, how):
+    """The log holds the header (its create record): a header file that is not JSON, or
+    that says something else, is a stale index of it (fsck's `stale-header`), served
+    from the log already; repair writes it again from the log, as it does a lost one,
+    says what the file said, and fsck is then clean. The session's log is untouched."""
+    from agentsession_cas.maintenance.fsck import fsck
+
+    root = tmp_path / "store"
+    ids = build(root)
+    path = root / "sessions" / SID / "header"
+    good = path.read_bytes()
+    if how == "garbled":
+        path.write_bytes(b"{not json\n")
+    else:
+        path.write_bytes(good.replace(b'"type":"session"', b'"title":"edited","type":"session"'))
+    assert [p.code for p in fsck(root).warnings] == ["stale-header"]
+    log = log_path(root).read_bytes()
+    plan = repair_json(root, "--dry-run")
+    assert plan["damaged"] is False
+    [stale] = plan["stale_indexes"]
+    assert stale["file"] == "header" and stale["log"] == good.decode().strip() and stale["said"] != stale["log"]
+    out = repair_json(root, "--yes")
+    assert out["indexes_fixed"] and path.read_bytes() == good and log_path(root).read_bytes() == log
+    report = fsck(root)
+    assert report.ok and not report.warnings, [str(p) for p in report.problems]
+    assert_healthy(root, ids)

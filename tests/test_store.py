@@ -990,7 +990,7 @@ def test_torn_last_line_after_commit_dropped_and_loss_written(root):
     with Store(root) as st:
         s = st.session("s1")
         assert r2.id not in s and s.head == rs[0].id
-        assert s.recovered and "torn" in s.recovered[0]
+        assert s.recovered and s.recovered[0].code == "log-tail" and "torn" in s.recovered[0].message
         recs = log_records(root, "s1")
         losses = [r for r in recs if r["op"] == "loss"]
         assert len(losses) == 1 and losses[0]["entry"] == r2.id and losses[0]["line"] == 4
@@ -1061,7 +1061,7 @@ def test_lazy_append_with_missing_objects_restored_from_payload(root):
         assert recs[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
         assert held(root, "entries", r2.id)
         assert st.objects.get("entries", r2.id) == entry_objects(dict(e2.data))[3]
-        assert s.recovered and "restored" in s.recovered[-1]
+        assert s.recovered and s.recovered[-1].code == "in-log-only" and "restored" in s.recovered[-1].message
         # the entry is held: appending it again is a no-op
         assert s.append(dict(e2.data)).outcome == "no-op"
     with Store(root, readonly=True) as ro:
@@ -1103,7 +1103,7 @@ def test_torn_payload_line_dropped_with_a_loss_record(root):
     with Store(root) as st:
         s = st.session("s1")
         assert r2.id not in s and s.head == rs[0].id and len(s) == 1
-        assert s.recovered and "torn" in s.recovered[0]
+        assert s.recovered and s.recovered[0].code == "log-tail" and "torn" in s.recovered[0].message
         recs = log_records(root, "s1")
         losses = [r for r in recs if r["op"] == "loss"]
         assert len(losses) == 1
@@ -1167,7 +1167,8 @@ def test_lazy_appends_without_checkpoint_kept_and_restored(root):
         s = st.session("s1")
         assert len(s) == 3 and s.head == rs[-1].id
         assert log_records(root, "s1")[-2:] == [{"op": "commit"}, {"op": "checkpoint"}]
-        assert s.recovered == ["recovered session s1: restored the objects of 3 append(s) from the log"]
+        assert [(n.code, n.message) for n in s.recovered] == [
+            ("in-log-only", "recovered session s1: restored the objects of 3 append(s) from the log")]
 
 
 def test_bit_flip_before_last_commit_is_damage(root):
@@ -1849,7 +1850,7 @@ def test_odd_session_dirs_are_store_errors_not_crashes(root):
     for sid in ("hdr", "other"):
         s = ro.read(sid)
         assert s.header.id == sid
-        assert any("header file differs" in n for n in s.recovered)
+        assert any(n.code == "stale-header" and "header file differs" in n.message for n in s.recovered)
     with Store(root) as st:
         assert st.session("hdr").header.id == "hdr"
     assert b'"id":"hdr"' in (root / "sessions" / "hdr" / "header").read_bytes()
@@ -2105,7 +2106,8 @@ def test_crash_without_checkpoint_restores_objects_on_reopen(root):
     assert b'"op":"checkpoint"' not in log_before
     with Store(root) as st:
         s = st.session("s1")
-        assert s.recovered == ["recovered session s1: restored the objects of 5 append(s) from the log"]
+        assert [(n.code, n.message) for n in s.recovered] == [
+            ("in-log-only", "recovered session s1: restored the objects of 5 append(s) from the log")]
         assert all(held(root, "entries", i) for i in ids)
         assert all(st.objects.is_sound("contents", st.entry(i).content_hash) for i in ids)
         # committed and clean: the log is not rewritten, a checkpoint record is appended

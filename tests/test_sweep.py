@@ -519,7 +519,7 @@ def test_a_damaged_log_stops_the_sweep(root):
         text = json.loads(lines[0])["error"]["message"] if "--json" in args else lines[0]
         assert "--json" not in args or json.loads(lines[0])["error"]["code"] == "session_damaged"
         assert "--json" in args or text.startswith("agentsession: error: ")
-        assert "sessions/hurt" in text and "damaged log" in text and "agentsession repair hurt" in text
+        assert "sessions/hurt/log is damaged" in text and "agentsession repair hurt" in text
         assert tree(root) == snap
 
 

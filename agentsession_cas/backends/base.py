@@ -183,13 +183,13 @@ class LogOpen:
     say (None where it keeps none, or the index is missing or unreadable): the
     domain checks them against the replayed log, since an index that names an
     entry the log lacks means committed records were lost. ``recovered`` says
-    in words what recovery did."""
+    what recovery did, as notes with fsck's codes (``log-tail``, ``stale-header``, ...)."""
 
     header: bytes
     records: list[dict[str, Any]]
     head_index: str | None = None
     mark_index: str | None = None
-    recovered: list[str] = field(default_factory=list)
+    recovered: list[FsckProblem] = field(default_factory=list)
     #: The last summary the backend keeps for the session (see
     #: :meth:`SessionLog.set_summary`), current or not: the domain checks it against the
     #: log before it trusts it, and counts only the entries appended since.
@@ -205,19 +205,24 @@ class LogHistory:
     """A session's log as it is held now, read without recovery (``agentsession log``,
     a stored session's ``verify``): the records that read, in order, each with where it
     lies when the backend has lines (``(line, byte offset)``), what does not read
-    (``damage``, in words, each naming its place), and an uncommitted tail a writing
-    open would drop (``tail``, in words; its records are in ``records`` too, after
-    ``tail_from``). ``head_index`` is the head the backend's index names, where it
-    keeps one apart from the log (the domain holds it to the log: an index may lag
-    the log, never lead it)."""
+    (``damage``: findings with fsck's codes, each message naming its place), and an
+    uncommitted tail a writing open would drop (``tail``, in words; its records are in
+    ``records`` too, after ``tail_from``). ``head_index`` is the head the backend's
+    index names, where it keeps one apart from the log (the domain holds it to the log:
+    an index may lag the log, never lead it)."""
 
     records: list[dict[str, Any]]
     positions: list[tuple[int, int]] | None = None
-    damage: list[str] = field(default_factory=list)
-    damage_lines: list[int] = field(default_factory=list)
+    damage: list[FsckProblem] = field(default_factory=list)
     tail: str | None = None
     tail_from: int | None = None
     head_index: str | None = None
+    #: Where the log lies, relative to the store's root (the ``file`` its findings name).
+    source: str | None = None
+
+    def damaged(self, code: str, message: str, line: int | None = None, offset: int | None = None) -> None:
+        """Add a fault of the log, coded as fsck codes it (docs/fsck.md)."""
+        self.damage.append(FsckProblem("error", code, message, file=self.source, line=line, offset=offset))
 
 
 @dataclass
@@ -498,6 +503,23 @@ class SessionLog(ABC):
 class SessionStore(ABC):
     """The sessions of a store, by id (ids are checked by the caller)."""
 
+    def header_lost(self, session_id: str) -> str | None:
+        """Of a session the store holds but no longer lists, its header being lost (fsck's
+        ``missing-header``): where the header belongs, relative to the store's root; None
+        for any other id (and for a backend whose header cannot be lost apart)."""
+        return None
+
+    def lost_headers(self) -> list[str]:
+        """The ids of the sessions :meth:`header_lost` names, sorted (what ``list`` reports
+        as damaged: :meth:`list` holds only sessions with their header)."""
+        return []
+
+    def log_source(self, session_id: str) -> str | None:
+        """Where a session's log lies, relative to the store's root: what a fault of it names
+        (``file`` of a finding, ``path`` of :class:`~agentsession_cas.errors.SessionDamagedError`);
+        None for a backend that keeps no file of it."""
+        return None
+
     @abstractmethod
     def list(self) -> list[str]:
         """The ids held, sorted."""
@@ -659,9 +681,18 @@ class RepackResult:
         res.problems[:0] = self.problems
         return res
 
+    def unread(self) -> list[FsckProblem]:
+        """Each pack left unread (``bad_packs``) as a finding with fsck's code: ``bad-pack-index``
+        for its index (every error of a pack's index says ``pack index``), else ``bad-pack``."""
+        return [FsckProblem("error", "bad-pack-index" if why.startswith("pack index ") else "bad-pack",
+                            f"objects/pack/{key}.pack was not read: {why}; left in place (run fsck)",
+                            file=f"objects/pack/{key}.idx" if why.startswith("pack index ") else f"objects/pack/{key}.pack")
+                for key, why in sorted(self.bad_packs.items())]
+
     def as_dict(self) -> dict[str, Any]:
-        """Each problem and note in the one shape fsck's have (code, severity, where, ...)."""
-        return {**asdict(self), "problems": [p.as_dict() for p in self.problems],
+        """Each problem and note in the one shape fsck's have (code, severity, where, ...), a
+        pack left unread among the problems."""
+        return {**asdict(self), "problems": [p.as_dict() for p in self.problems + self.unread()],
                 "notes": [n.as_dict() for n in self.notes], "ok": self.ok}
 
 

@@ -102,7 +102,7 @@ class Recorder:
         self.ref = ref
         self.resumed = resumed
         #: What resuming did, in words (recovery, a run closed), for the harness to log.
-        self.notes: list[str] = list(session.recovered)
+        self.notes: list[str] = [p.message for p in session.recovered]
         #: The last push's result, if any.
         self.last_push: ExchangeResult | None = None
         self._owns_store = owns_store

@@ -23,6 +23,7 @@ from ..errors import (
     NoSuchSessionError,
     SessionDamagedError,
     SessionFormatError,
+    store_relative,
 )
 from ..format.entry import short_id
 from ..format.reader import verify_lines
@@ -41,12 +42,13 @@ __all__ = ["StoredCheck", "check_sessions", "findings", "verify_stored"]
 
 @dataclass
 class StoredCheck:
-    """What verifying one stored session found: problems (each a JSON-ready dict with
-    ``where``, ``code``, ``message``, ``line``, ``entry``), notes, and counts."""
+    """What verifying one stored session found: problems and notes (each a JSON-ready dict
+    of the shared problem shape: ``code``, ``severity``, ``where``, ``line``, ``entry``,
+    ``message``; ``file`` where the backend names one), and counts."""
 
     session: str
     problems: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -62,6 +64,16 @@ def _problem(where: str, code: str, message: str, line: int | None = None, entry
     return {"code": code, "severity": "error", "where": where, "line": line, "entry": entry, "message": message, **extra}
 
 
+def _note(where: str, code: str, message: str, line: int | None = None, entry: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {**_problem(where, code, message, line, entry, **extra), "severity": "note"}
+
+
+def _finding(where: str, f: FsckProblem) -> dict[str, Any]:
+    """A backend's finding (a log's fault, what an open recovered) in verify's shape, its code fsck's."""
+    made = _note if f.severity == "note" else _problem
+    return made(where, f.code, _one_line(f.message), f.line, f.object if f.space == "entries" else None, file=f.file)
+
+
 def _object_problem(store: Store, exc: Exception, context: str, entry: str, log_line: int | None = None) -> dict[str, Any]:
     """An object the session needs that does not read, coded as fsck codes the same fault
     (docs/fsck.md): a copy that does not hash to its name is ``corrupt-object``; an entry
@@ -69,7 +81,8 @@ def _object_problem(store: Store, exc: Exception, context: str, entry: str, log_
     entry with no sound copy (absent, or in a pack that does not read), ``missing-object``."""
     extra: dict[str, Any] = {"log_line": log_line}
     if isinstance(exc, CorruptObjectError):
-        extra = {"object": exc.name, "space": exc.space, "path": exc.path}
+        path = store_relative(exc.path, store.root)  # (a finding names a file relative to the store)
+        extra = {"object": exc.name, "space": exc.space, "path": path, "file": path}
         code = "corrupt-object"
     elif isinstance(exc, NoSuchObjectError) and store.objects.exists("entries", entry):
         code = "missing-content"
@@ -97,29 +110,29 @@ def verify_stored(
     out = StoredCheck(session_id, stats={"entries": 0, "prefix": 0, "records": 0})
     history, state = _replayed(store, session_id)
     out.stats["records"] = len(history.records) if history.tail_from is None else history.tail_from
-    # The log's faults carry fsck's codes (docs/fsck.md): one fault, one code.
-    for why, line in zip(history.damage, history.damage_lines):
-        out.problems.append(_problem("log", "log-damage", why, line=line))
+    # The log's faults and remarks carry fsck's codes (docs/fsck.md): one fault, one code.
+    out.problems.extend(_finding("log", f) for f in history.damage)
     if history.tail is not None:
-        out.notes.append(history.tail)
+        out.notes.append(_note("log", "log-tail", history.tail, file=history.source))
     if not history.damage:  # (a log that does not read replays to what its damage already says)
         for code, why in state.damage:
-            out.problems.append(_problem("log", code, why))
+            out.problems.append(_problem("log", code, why, file=history.source))
         lost = index_damage(state, history.head_index)
         if lost is not None:
-            out.problems.append(_problem("log", "log-cut", lost))
+            out.problems.append(_problem("log", "log-cut", lost, file=history.source))
     if out.problems:
         _careful(store, session_id, history, state, out, empty_ok=empty_ok)
         return out
     # The log is sound: its records are let go while the projection is verified (a
     # session's worth of them, a third of the pass's memory); the careful path, taken
     # only when the projection cannot be read, reads the log again.
+    source = history.source
     del history, state
     session: Session | None = None
     try:
         session = store.read(session_id)
     except SessionDamagedError as exc:
-        out.problems.append(_problem("log", "log-damage", _one_line(exc.why)))
+        out.problems.append(_problem("log", "log-damage", _one_line(exc.why), file=source))
     except AgentSessionError:
         session = None  # the careful path below says why
     if session is not None:
@@ -128,7 +141,7 @@ def verify_stored(
         except AgentSessionError:
             report = None  # an object the projection needs is missing or corrupt: the careful path names it
         if report is not None:
-            out.notes.extend(session.recovered)
+            out.notes.extend(_finding("session", f) for f in session.recovered)
             out.stats["entries"], out.stats["prefix"] = len(session), len(session.prefix)
             _check_projection(session, report, out, empty_ok=empty_ok)
             session.close()
@@ -163,8 +176,8 @@ def _careful(store: Store, session_id: str, history: Any, state: SessionState, o
             store.entry(entry)
         except (AgentSessionError, ValueError) as exc:
             if entry not in committed and isinstance(exc, (NoSuchObjectError, CorruptObjectError)):
-                out.notes.append(f"{at}: an uncommitted append whose objects are not sound "
-                                 f"({_one_line(str(exc))}); the next writing open drops it")
+                out.notes.append(_note("log", "dropped-on-open", f"{at}: an uncommitted append whose objects are not "
+                                       f"sound ({_one_line(str(exc))}); the next writing open drops it", line, entry))
             else:
                 out.problems.append(_object_problem(store, exc, needed, entry, line))
     out.stats["entries"] = len(state.log_order)
@@ -196,7 +209,7 @@ def _careful(store: Store, session_id: str, history: Any, state: SessionState, o
         except AgentSessionError as exc:
             out.problems.append(_problem("session", "session", _one_line(str(exc))))
     else:
-        out.notes.append("the projection was not checked: the log or the objects are damaged")
+        out.notes.append(_note("session", "not-checked", "the projection was not checked: the log or the objects are damaged"))
 
 
 def _verify_projection(session: Session, progress: Progress | None = None) -> VerifyReport | SessionFormatError:
@@ -219,7 +232,8 @@ def _check_projection(session: Session, report: VerifyReport | SessionFormatErro
         if p.code != "empty" or not empty_ok:
             out.problems.append({**p.as_dict(), "where": _WHERE.get(RULES[p.code].scope, "projection")})
     # What a file could not check, the store does: the sessions its links name.
-    out.notes.extend(str(p) for p in report.notes if p.code != "link-store")
+    out.notes.extend({**p.as_dict(), "where": _WHERE.get(RULES[p.code].scope, "projection")}
+                     for p in report.notes if p.code != "link-store")
     for p in check_links(session.store, report.header, report.links):
         out.problems.append({**p.as_dict(), "where": "links"})
     out.stats["requests"] = report.counts()
@@ -235,8 +249,8 @@ def findings(check: StoredCheck) -> list[FsckProblem]:
     """A stored session's problems as fsck's findings (the shape fsck, pack, sweep and
     stats print), each naming the session."""
     sid = check.session
-    return [FsckProblem("error", p["code"], f"session {sid}: {p['message']}", session=sid, object=p.get("entry"))
-            for p in check.problems]
+    return [FsckProblem("error", p["code"], f"session {sid}: {p['message']}", session=sid, object=p.get("entry"),
+                        file=p.get("file")) for p in check.problems]
 
 
 def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str], None] | None = None) -> None:
@@ -253,5 +267,5 @@ def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str]
             report.counts["sessions"] -= 1  # deleted since it was listed: nothing to check
             continue
         report.problems.extend(findings(check))
-        for n in check.notes:
-            report.add("note", "verify", f"session {sid}: {n}", session=sid)  # verify's remarks, as --deep's
+        for n in check.notes:  # verify's remarks, with their codes, as --deep's
+            report.add("note", n["code"], f"session {sid}: {n['message']}", session=sid, file=n.get("file"))

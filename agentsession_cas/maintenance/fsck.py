@@ -67,7 +67,8 @@ def _deep(store: Store, report: FsckReport, progress: Callable[[str], None] | No
             where = f"{p['where']} line {p['line']}: " if p.get("line") is not None and p.get("where") == "projection" else ""
             message = " ".join(str(p["message"]).splitlines())
             report.add("error", p.get("code") or "verify", f"session {sid}: {where}{message}",
-                       session=sid, object=p.get("entry") or p.get("object"))
+                       session=sid, object=p.get("entry") or p.get("object"), file=p.get("file"))
         for n in check.notes:
-            report.add("note", "verify", f"session {sid}: {' '.join(n.splitlines())}", session=sid)
+            report.add("note", n["code"], f"session {sid}: {' '.join(str(n['message']).splitlines())}", session=sid,
+                       file=n.get("file"))
     return checked

@@ -40,7 +40,7 @@ def repair_target(store: Store, name: str) -> str:
 
     try:
         return resolve_session(store, name)
-    except NoSuchSessionError:
+    except (NoSuchSessionError, SessionDamagedError):  # (the latter: its header is lost)
         if file_repair.lost_header(store, name) is not None:
             return name
         raise

@@ -22,6 +22,7 @@ from ..errors import (
     NoSuchObjectError,
     NoSuchRefError,
     NoSuchSessionError,
+    SessionDamagedError,
     quoted,
 )
 from ..format.hashing import is_hash
@@ -66,6 +67,9 @@ def resolve_session(store: Store, name: str) -> str:
     found = [sid for sid in store.list() if sid.startswith(name)] if len(name) >= MIN_ENTRY_PREFIX else []
     if found:
         return _the_one(name, found, f"session ids in {store.describe()}")
+    lost = store.backend.sessions.header_lost(name)
+    if lost is not None:
+        raise SessionDamagedError.header_lost(name, lost)
     raise NoSuchSessionError(f"no such session: {name} (no id, ref or id prefix in {store.describe()})")
 
 

@@ -23,7 +23,7 @@ from dataclasses import field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
 
-from ..backends.base import Append, Mark, ObjectStore, Record, SessionLog
+from ..backends.base import Append, FsckProblem, Mark, ObjectStore, Record, SessionLog
 from ..errors import (
     AgentSessionError,
     AppendRefusedError,
@@ -219,7 +219,7 @@ class Session:
         self.header = header
         self.state = state
         self.writable = log.writable
-        self.recovered: list[str] = []
+        self.recovered: list[FsckProblem] = []  # what opening recovered, as coded notes
         self._closed = False
         self._prefix: list[str] | None = [] if state.base is None else None
         self._prefix_set: frozenset[str] | None = None
@@ -263,7 +263,7 @@ class Session:
                 damage.append(why)
             if damage:
                 raise SessionDamagedError(
-                    damage[0], session=session_id, line=0, offset=0,
+                    damage[0], session=session_id, line=0, offset=0, path=store.backend.sessions.log_source(session_id),
                 )
         except BaseException:
             log.close()

@@ -224,13 +224,11 @@ class Store:
         records = history.records if history.tail_from is None else history.records[: history.tail_from]
         state = replay(records)
         after = history.positions[len(records) - 1][0] + 1 if history.positions and records else len(records) + 1
-        for _, why in state.damage:
-            history.damage.append(why)
-            history.damage_lines.append(after)
+        for code, why in state.damage:
+            history.damaged(code, why, after)
         lost = index_damage(state, history.head_index)
         if lost is not None:
-            history.damage.append(lost)
-            history.damage_lines.append(after)
+            history.damaged("log-cut", lost, after)
         return history
 
     def summary(self, session_id: str) -> SessionSummary:

@@ -1009,7 +1009,7 @@ class _Walk:
                     if env_parents and raw in env_parents:
                         data["parents"] = env_parents[raw]
                     for p in tree.add(Entry(data, computed_id=entry, content_hash=_name(info[0]), line=r.line)):
-                        self.error(f"{p.code}-rule", f"session {sid}: log line {r.line}: entry {entry}: {p.message}",
+                        self.error(p.code, f"session {sid}: log line {r.line}: entry {entry}: {p.message}",
                                    session=sid, object=entry, file=logrel, line=r.line, offset=r.offset)
                     if sidecars and info[0] in sidecars:
                         self.check_sidecars(sid, r, sidecars[info[0]], logrel)
@@ -1029,7 +1029,7 @@ class _Walk:
         if rules and base_raw is not None:
             info = env.get(base_raw)
             if info is not None and info[2] and self.is_leaf_label(info[0]):
-                self.error("base-rule", f"session {sid}: its base {base} is a leaf label; a fork's base is its first head",
+                self.error("bad-base", f"session {sid}: its base {base} is a leaf label; a fork's base is its first head",
                            session=sid, object=base, file=logrel)
         # The state is what the one replay of the domain says (open, repair and exchange
         # read a log the same way); its contradictions are damage.
@@ -1259,7 +1259,7 @@ class _Walk:
                 continue
             owner = self.owner.get(s.base)
             if owner is not None and owner != s.id and headers.get(owner) != s.media:
-                self.error("base-rule", f"session {s.id}: its media {s.media!r} differs from {headers.get(owner)!r} of "
+                self.error("bad-base", f"session {s.id}: its media {s.media!r} differs from {headers.get(owner)!r} of "
                            f"session {owner}, which holds its base {_name(s.base)}",
                            session=s.id, object=_name(s.base), file=f"sessions/{s.id}/header")
         for base in self.bases:

@@ -821,7 +821,7 @@ class _Planner:
             current = info.parent
         self.sound_prefix.update(walked)
         if base in self.infos and isinstance(self.infos[base], _EntryInfo) and self.infos[base].leaf_label:  # type: ignore[union-attr]
-            plan.add_problem("base-rule", f"base {short_id(base)} is a leaf label; a fork's base never is")
+            plan.add_problem("bad-base", f"base {short_id(base)} is a leaf label; a fork's base never is")
 
     # -- one session -------------------------------------------------------------------
 
@@ -968,7 +968,7 @@ class _Planner:
             create = recs[last]
             base = create.get("base") or None
             if base != header_base:
-                plan.add_problem("base-rule",
+                plan.add_problem("bad-log",
                     f"the journal's create (line {create.line}) names base {base or 'none'}, "
                     f"its header {header_base or 'none'}"
                 )
@@ -1089,10 +1089,10 @@ class _Planner:
                     return
                 parent = info.parent
                 if parent is None and base is not None:
-                    plan.add_problem("parent-rule", f"entry {entry} is a root, but the session is a fork of {short_id(base)}")
+                    plan.add_problem("base", f"entry {entry} is a root, but the session is a fork of {short_id(base)}")
                     return
                 if parent is not None and parent != base and parent not in own_set:
-                    plan.add_problem("parent-rule",
+                    plan.add_problem("parent",
                         f"entry {entry} hangs from {parent}, which is neither the base nor an earlier entry of the session"
                     )
                     return

@@ -353,7 +353,7 @@ class _ReferencePlanner(_Planner):
         if recs and recs[0].op == "create":
             base = recs[0].get("base") or None
             if base != header_base:
-                plan.add_problem("base-rule",
+                plan.add_problem("bad-log",
                     f"its log's create (line {recs[0].line}) names base {base or 'none'}, its header {header_base or 'none'}"
                 )
                 return plan

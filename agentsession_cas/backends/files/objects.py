@@ -18,6 +18,7 @@ worth one, else as loose files.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import itertools
@@ -1211,6 +1212,12 @@ class FileObjects(ObjectStore):
                 done += 1
                 if progress:
                     progress(done, total)
+            # A corrupt copy of an object another copy gave whole (a loose one, another pack's)
+            # lost nothing: it is still said, as a note, and fails nothing.
+            for p in [p for p in res.problems if p.code == "corrupt-object" and p.object and is_hash(p.object)
+                      and bytes.fromhex(p.object[len(HASH_PREFIX):]) in kept]:
+                res.problems.remove(p)
+                res.notes.append(dataclasses.replace(p, severity="note", message=f"{p.message}; a sound copy was packed"))
             res.objects = len(kept)
             res.dropped = len(dropped)
             res.dropped_bytes = sum(dropped.values())

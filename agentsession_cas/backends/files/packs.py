@@ -82,7 +82,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import blake3
 import zstandard
 
-from ...errors import CorruptPackError, StoreError
+from ...errors import CorruptPackError, StoreError, store_relative
 from ...format.hashing import FAST_ENVELOPE, envelope_content, is_hash
 from ...fsutil import fsync_dir, write_all, write_new_file
 from ..base import ReadyBlock
@@ -1762,7 +1762,7 @@ class PackSet:
             except (CorruptPackError, OSError, ValueError) as exc:
                 # Not served, not fatal: reads go on from the other packs and loose
                 # copies, and fsck names the file.
-                self.bad[key] = str(exc)
+                self.bad[key] = store_relative(str(exc), os.path.dirname(os.path.dirname(self.dir)))  # (a read's error says it)
                 continue
             self.bad.pop(key, None)
         # Packs gone from the listing are not closed here: another thread may be

@@ -55,7 +55,7 @@ from ...fsutil import fsync_dir, read_dense, read_small, write_all, write_atomic
 from ...lean import dataclass
 from ...store.session import Session, entry_from_objects, parse_header
 from ...store.state import replay
-from ..base import Space
+from ..base import FsckProblem, Space
 from . import FileBackend
 from .log import ZERO_LINK, LogLine, encode_log, encode_record, header_of, read_log, scan_log
 from .sessions import HEADER_LIMIT, FileSessionLog, payload_entry, read_summary
@@ -157,7 +157,8 @@ class RepairReport:
     mark: str = ""
     seq: int = 0
     create_rebuilt: bool = False
-    notes: list[str] = field(default_factory=list)
+    #: Remarks on the plan, each a finding of severity ``note`` with a code (docs/repair.md), as fsck's are.
+    notes: list[FsckProblem] = field(default_factory=list)
     repaired: bool = False
     cancelled: bool = False
     damaged_log: str | None = None
@@ -185,6 +186,11 @@ class RepairReport:
     #: The sequence number of each kept entry.
     _kept_seqs: dict[str, int] = field(default_factory=dict, repr=False)
 
+    def note(self, code: str, message: str, **where: Any) -> None:
+        """Add a remark on the plan, coded (``where``: ``file`` relative to the store, ``line``, ``object``...)."""
+        self.notes.append(FsckProblem("note", code, message, session=self.session,
+                                      space="entries" if where.get("object") else None, **where))
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "session": self.session,
@@ -202,7 +208,7 @@ class RepairReport:
             "head_note": self.head_note,
             "mark": self.mark,
             "seq": self.seq,
-            "notes": list(self.notes),
+            "notes": [n.as_dict() for n in self.notes],
             "damaged_log": self.damaged_log,
             "stale_indexes": [{"file": n, "said": said, "log": log} for n, said, log in self.stale_indexes],
             "indexes_fixed": self.indexes_fixed,
@@ -452,9 +458,9 @@ class RepairPlanner:
                     ln.line, ln.offset, len(ln.raw), f"carries a payload that does not hash to entry {entry_id}"
                 )
                 if not isinstance(objs, tuple):
-                    self.report.notes.append(
-                        f"log line {ln.line}: its payload does not hash to entry {short_id(entry_id)}; "
-                        "the whole objects in objects/ take its place"
+                    self.report.note(
+                        "bad-payload", f"log line {ln.line}: its payload does not hash to entry {short_id(entry_id)}; "
+                        "the whole objects in objects/ take its place", object=entry_id, line=ln.line, offset=ln.offset,
                     )
         refusal = self.refusal(entry_id, seq, objs)
         if refusal is not None:
@@ -569,18 +575,21 @@ class RepairPlanner:
         if t is _UNKNOWN:
             self.head_fallback = "where the last kept move put it"
             if not quiet:
-                self.report.notes.append(
+                self.report.note(
+                    "head-left-out",
                     f"{what} moved the head to {short_id(target) if target else 'none'}, which is not kept, and what "  # type: ignore[arg-type]
                     "it hangs from cannot be followed to a kept entry: that move is left out and the head stays at "
-                    f"{short_id(self.head) if self.head else 'none'}"
+                    f"{short_id(self.head) if self.head else 'none'}", object=target,
                 )
             return _UNKNOWN
         self.head = t  # type: ignore[assignment]
         self.head_fallback = "its nearest ancestor that is kept"
         if not quiet:
-            self.report.notes.append(
+            self.report.note(
+                "head-to-ancestor",
                 f"{what} moved the head to {short_id(target) if target else 'none'}, which is not kept; "  # type: ignore[arg-type]
-                f"it moves it to {short_id(t) if t else 'none'} instead, the nearest ancestor of it that is kept"  # type: ignore[arg-type]
+                f"it moves it to {short_id(t) if t else 'none'} instead, the nearest ancestor of it that is kept",  # type: ignore[arg-type]
+                object=target,
             )
         return t
 
@@ -622,8 +631,8 @@ class RepairPlanner:
             create = {"op": "create", "session": self.sid, "base": header.base, "mark": mark}
             rep.create_rebuilt = True
             what = "is damaged" if first is not None and first.record is None else "is missing"
-            rep.notes.append(
-                f"the create record {what}; it is rebuilt from the header (base {short_id(header.base) if header.base else 'none'}) "
+            rep.note(
+                "create-rebuilt", f"the create record {what}; it is rebuilt from the header (base {short_id(header.base) if header.base else 'none'}) "
                 f"with mark {mark} ({how}), unless a later mark record reads"
             )
         self.base = create.get("base")
@@ -907,7 +916,8 @@ class RepairPlanner:
             if op == "append":
                 entry_id = rec.get("entry")
                 if not is_hash(entry_id):
-                    rep.notes.append(f"log line {ln.line}: an append record naming no entry id is left out")
+                    rep.note("bad-record", f"log line {ln.line}: an append record naming no entry id is left out",
+                             line=ln.line, offset=ln.offset)
                     continue
                 self.take_append(entry_id, _seq_of(rec.data), rec.data, rec.payload, line=ln.line, index=i, how=None)
             elif op == "head":
@@ -919,7 +929,8 @@ class RepairPlanner:
                     self.mark = rec.get("mark")
                 self.out.append((dict(rec.data), None))
             elif op == "create":
-                rep.notes.append(f"log line {ln.line}: a second create record (only line 1 may hold one) is left out")
+                rep.note("log-order", f"log line {ln.line}: a second create record (only line 1 may hold one) is left out",
+                         line=ln.line, offset=ln.offset)
             else:  # commit, checkpoint, loss, repair: kept as they read
                 self.out.append((dict(rec.data), rec.payload))
         # Entries named as hidden whose objects do not prove them: say so once, by name.
@@ -934,8 +945,8 @@ class RepairPlanner:
         spent = self.recover_from_head(spent, len(lines))
         claimed = self.seq_index()
         if claimed > spent:
-            rep.notes.append(f"the session's summary says its log gave out sequence numbers up to {claimed}; "
-                             f"none after {spent} is given out again (entries the log lost may hold them)")
+            rep.note("seq-from-summary", f"the session's summary says its log gave out sequence numbers up to {claimed}; "
+                     f"none after {spent} is given out again (entries the log lost may hold them)", file=f"sessions/{self.sid}/summary")
             spent = claimed
         rep.seq = spent
         rep._kept_seqs = dict(self.kept)
@@ -974,27 +985,31 @@ class RepairPlanner:
         seen: set[str] = set()
         while t is not None and t != self.base and t not in self.kept:
             if t in seen:
-                self.report.notes.append(f"HEAD names {short_id(target)}, whose parents loop: nothing is taken from it")
+                self.report.note("broken-chain", f"HEAD names {short_id(target)}, whose parents loop: nothing is taken "
+                                 "from it", object=target, file=self.head_file())
                 return spent
             seen.add(t)
             objs = self.objects(t, None)
             if isinstance(objs, tuple) and t == target:
-                self.report.notes.append(
+                self.report.note(
+                    "head-unproved",
                     f"HEAD names {short_id(target)}, which no record holds and no object proves ({objs[1]}): HEAD "
                     "itself may be damaged (a changed byte), or the log lost records whose objects went with them; "
-                    "nothing is taken from it, and the head is where the log puts it"
+                    "nothing is taken from it, and the head is where the log puts it", object=target, file=self.head_file(),
                 )
                 return spent
             if isinstance(objs, tuple):
-                self.report.notes.append(
+                self.report.note(
+                    "missing-object",
                     f"HEAD names {short_id(target)}, which no record holds; its ancestor {short_id(t)} cannot be read "
-                    f"({objs[1]}), so the entries between are lost"
+                    f"({objs[1]}), so the entries between are lost", object=t, file=self.head_file(),
                 )
                 return spent
             chain.append(t)
             t = objs.entry.parent
         if t is None and self.base is not None:
-            self.report.notes.append(f"HEAD names {short_id(target)}, which hangs from no entry of this fork: not taken")
+            self.report.note("head-unproved", f"HEAD names {short_id(target)}, which hangs from no entry of this fork: "
+                             "not taken", object=target, file=self.head_file())
             return spent
         for eid in reversed(chain):
             spent += 1
@@ -1003,10 +1018,10 @@ class RepairPlanner:
             self.head = target
             self.out.append(({"op": "head", "head": target}, None))
         if target in self.kept:
-            self.report.notes.append(
-                f"HEAD names {short_id(target)}, which no record of the log holds (the log lost committed records): "
+            self.report.note(
+                "log-cut", f"HEAD names {short_id(target)}, which no record of the log holds (the log lost committed records): "
                 f"{len(chain)} entr{'y' if len(chain) == 1 else 'ies'} from it up to what the log holds are taken "
-                "back from objects/"
+                "back from objects/", object=target, file=self.head_file(),
             )
             self.last_head_read = index
         return spent
@@ -1018,6 +1033,10 @@ class RepairPlanner:
         kept = read_summary(_files(self.store).sessions.dir(self.sid))
         seq = kept[0].get("seq") if kept is not None else None
         return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else 0
+
+    def head_file(self) -> str:
+        """Where the head index lies, relative to the store (what a note on it names)."""
+        return f"sessions/{self.sid}/HEAD"
 
     def head_index(self) -> str | None:
         """What the ``HEAD`` index file names, when it names an entry."""
@@ -1063,12 +1082,13 @@ def plan_repair(
         lost = lost_header(store, session_id)
         if lost is None:
             raise NoSuchSessionError(f"no such session: {session_id}")
-        return RepairReport(
+        lost_report = RepairReport(
             session=session_id, damaged=False, why="its header file is missing, and its log holds the header",
             stale_indexes=[("header", None, lost.decode("utf-8").strip())],
-            notes=["the rest of the session is planned once the header file is written again (a repair writes it "
-                   "from the log, then goes on)"],
         )
+        lost_report.note("missing-header", "the rest of the session is planned once the header file is written again "
+                         "(a repair writes it from the log, then goes on)", file=f"sessions/{session_id}/header")
+        return lost_report
     try:
         probe = Session._open(store, session_id, writable=False)
     except SessionDamagedError as exc:
@@ -1082,6 +1102,14 @@ def plan_repair(
             _kept_seqs=dict(probe.own),
             stale_indexes=_stale_indexes(sdir, probe.head, probe.mark),
         )
+        try:
+            logged = _logged_header(read_dense(os.path.join(sdir, "log")))
+        except OSError:
+            logged = None
+        if logged is not None:
+            # The log holds the header: a header file that differs (garbled, edited) is a stale
+            # index of it (fsck's stale-header), already served from the log; rewritten as a lost one is.
+            report.stale_indexes[:0] = _stale_indexes(sdir, header=logged)
         report._objects = _restorable_objects(store, sdir)
         report.restorable = [(space, name) for space, name, _ in report._objects]
         return report
@@ -1095,9 +1123,9 @@ def plan_repair(
         raise StoreError(f"session {session_id}: its log cannot be read ({exc}); repair needs it") from None
     # The log holds the header (its create record, later header records): a line of it
     # that reads is worth more than the header file, which may be what is damaged.
-    logged = header_of(ln.record for ln in scan_log(source or b"") if ln.record is not None)
+    logged = _logged_header(source or b"")
     if logged is not None:
-        header_bytes = canonical_bytes(logged) + b"\n"
+        header_bytes = logged
     else:
         try:
             header_bytes = read_small(os.path.join(sdir, "header"), HEADER_LIMIT)
@@ -1221,13 +1249,19 @@ def _restorable_objects(store: Store, sdir: str) -> list[tuple[Space, str, bytes
     return out
 
 
-def _stale_indexes(sdir: str, head: str | None, mark: str) -> list[tuple[str, str | None, str]]:
-    """The index files of a session directory that disagree with its log's head and mark:
-    byte for byte, as fsck compares them (a stray byte around the value is stale too)."""
+def _stale_indexes(
+    sdir: str, head: str | None = None, mark: str | None = None, *, header: bytes | None = None
+) -> list[tuple[str, str | None, str]]:
+    """The index files of a session directory that disagree with its log's head and mark
+    (or, given ``header``, the header file with the header the log holds): byte for byte,
+    as fsck compares them (a stray byte around the value is stale too)."""
     out: list[tuple[str, str | None, str]] = []
-    for name, value in (("HEAD", head or ""), ("mark", mark)):
+    files = [("header", header.decode("utf-8").strip(), HEADER_LIMIT)] if header is not None else []
+    if mark is not None:
+        files += [("HEAD", head or "", 4096), ("mark", mark, 4096)]
+    for name, value, limit in files:
         try:
-            raw: bytes | None = read_small(os.path.join(sdir, name), 4096)
+            raw: bytes | None = read_small(os.path.join(sdir, name), limit)
         except OSError:
             raw = None
         if raw != f"{value}\n".encode():
@@ -1261,7 +1295,13 @@ def lost_header(store: Store, session_id: str) -> bytes | None:
         source = read_dense(os.path.join(sdir, "log"))
     except OSError:
         return None
-    logged = header_of(ln.record for ln in scan_log(source) if ln.record is not None)
+    return _logged_header(source)
+
+
+def _logged_header(log: bytes) -> bytes | None:
+    """The header a log's records hold (its create record, later header records), as the
+    header file holds it; None when none reads. Worth more than the file, its index."""
+    logged = header_of(ln.record for ln in scan_log(log) if ln.record is not None)
     return None if logged is None else canonical_bytes(logged) + b"\n"
 
 

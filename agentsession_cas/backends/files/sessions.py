@@ -25,6 +25,7 @@ keeps a session's log as RFC 0002 asks, and one speed-up of its own:
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import re
@@ -53,6 +54,7 @@ from ..base import (
     COMMIT_POINTS,
     Append,
     CreatedRecords,
+    FsckProblem,
     LogHistory,
     LogOpen,
     LogTail,
@@ -368,6 +370,24 @@ class FileSessions(SessionStore):
                 continue
             yield name, os.path.join(base, name)
 
+    def header_lost(self, session_id: str) -> str | None:
+        try:
+            sdir = self.dir(session_id)
+        except AgentSessionError:
+            return None  # not an id: nothing is held under it
+        gone = not os.path.lexists(os.path.join(sdir, "header")) and os.path.lexists(os.path.join(sdir, "log"))
+        return f"sessions/{session_id}/header" if gone else None
+
+    def lost_headers(self) -> builtins.list[str]:
+        try:
+            names = os.listdir(os.path.join(self.root, "sessions"))
+        except FileNotFoundError:
+            return []
+        return sorted(name for name in names if self.header_lost(name) is not None)
+
+    def log_source(self, session_id: str) -> str:
+        return f"sessions/{session_id}/log"
+
     def exists(self, session_id: str) -> bool:
         try:
             return os.path.exists(os.path.join(self.dir(session_id), "header"))
@@ -526,15 +546,13 @@ class FileSessions(SessionStore):
         except FileNotFoundError:
             if not self.exists(session_id):
                 raise NoSuchSessionError(f"no such session: {session_id}") from None
-            data = b""
-        lr = read_log(data)
+            data = None
+        lr = read_log(data or b"")
         records = lr.records + lr.cut_records
-        out = LogHistory(
-            [r.data for r in records],
-            [(r.line, r.offset) for r in records],
-            [f"log line {d.line} (offset {d.offset}): {d.reason}" for d in lr.damage],
-            [d.line for d in lr.damage],
-        )
+        out = LogHistory([r.data for r in records], [(r.line, r.offset) for r in records],
+                         source=self.log_source(session_id))
+        for d in lr.damage:
+            out.damaged("log-damage", f"log line {d.line} (offset {d.offset}): {d.reason}", d.line, d.offset)
         if lr.cut is not None:
             out.tail = (
                 f"log line {lr.cut.line}: {lr.cut.reason}: an uncommitted tail ({1 + len(lr.cut_records)} line(s)), "
@@ -542,13 +560,13 @@ class FileSessions(SessionStore):
             )
             out.tail_from = len(lr.records)
         out.head_index = head_index
-        if not data:
-            out.damage.append("the log is missing or empty")
-            out.damage_lines.append(1)
+        if data is None:
+            out.damaged("missing-log", f"the log is missing ({out.source}): nothing says what the session holds")
+        elif not data:
+            out.damaged("log-damage", "the log is empty", 1, 0)
         elif not lr.records or lr.records[0].op != "create":
             if not lr.damage:
-                out.damage.append("the log does not begin with a create record")
-                out.damage_lines.append(1)
+                out.damaged("log-damage", "the log does not begin with a create record", 1, 0)
         return out
 
     def history_since(self, session_id: str, start: int, resume: Any = None) -> LogTail:
@@ -699,16 +717,15 @@ class FileSessionLog(SessionLog):
             first = logread.damage[0]
             raise SessionDamagedError(
                 f"log line {first.line} (offset {first.offset}): {first.reason}",
-                session=sid, line=first.line, offset=first.offset,
+                session=sid, line=first.line, offset=first.offset, path=self.backend.sessions.log_source(sid),
             )
         records = logread.records
         if not records or records[0].op != "create":
             # Every log opens with its create record, written durably with the session;
             # without it nothing says what the session holds: damage, not an empty session.
             what = "is missing or empty" if not data else "does not open with its create record"
-            raise SessionDamagedError(
-                f"its log {what}", session=sid, line=1, offset=0
-            )
+            raise SessionDamagedError(f"its log {what}", session=sid, line=1, offset=0,
+                                      path=self.backend.sessions.log_source(sid))
         logged = header_of(records)
         if logged is not None:
             held = canonical_bytes(logged) + b"\n"
@@ -751,7 +768,7 @@ class FileSessionLog(SessionLog):
                 if payload_entry(r.get("entry"), r.payload) is None:  # type: ignore[arg-type]
                     raise SessionDamagedError(
                         f"log line {r.line} carries a payload that does not hash to entry {r.get('entry')}",
-                        session=sid, line=r.line, offset=r.offset,
+                        session=sid, line=r.line, offset=r.offset, path=self.backend.sessions.log_source(sid),
                     )
                 to_restore.append(r)
         lost = [r for r in dropped if r.op == "append"]
@@ -760,17 +777,19 @@ class FileSessionLog(SessionLog):
             seq = r.get("seq")
             if isinstance(seq, int) and not isinstance(seq, bool):
                 max_seq = max(max_seq, seq)
-        recovered: list[str] = []
+        rel = f"sessions/{sid}"
+        recovered: list[FsckProblem] = []
         if self._header_fix is not None:
-            recovered.append(f"session {sid}: its header file differs from the header its log holds; the log's is used"
-                             + (" and the file rewritten" if writable else ""))
+            recovered.append(FsckProblem(
+                "note", "stale-header", f"session {sid}: its header file differs from the header its log holds; the "
+                "log's is used" + (" and the file rewritten" if writable else ""), session=sid, file=f"{rel}/header"))
             if not writable:
                 self._header_fix = None
         if lost or logread.cut:
-            recovered.append(
-                f"recovered session {sid}: dropped {len(lost)} uncommitted record(s) after the last commit"
-                + (f", from a torn line {logread.cut.line} on" if logread.cut else "")
-            )
+            recovered.append(FsckProblem(  # (fsck's codes: an append whose objects are gone, else a torn tail)
+                "note", "dropped-on-open" if lost else "log-tail", f"recovered session {sid}: dropped {len(lost)} uncommitted record(s) after the last "
+                "commit" + (f", from a torn line {logread.cut.line} on" if logread.cut else ""),
+                session=sid, file=f"{rel}/log", line=logread.cut.line if logread.cut else None))
         losses: list[dict[str, Any]] = [{"op": "loss", "entry": r.get("entry"), "seq": r.get("seq")} for r in lost]
         if logread.cut is not None:
             # The cut line itself is no record; name what can be read of it.
@@ -791,11 +810,12 @@ class FileSessionLog(SessionLog):
             losses.insert(0, loss)
         self._max_seq = max_seq
         if to_restore:
-            recovered.append(
+            recovered.append(FsckProblem(
+                "note", "in-log-only",
                 f"recovered session {sid}: restored the objects of {len(to_restore)} append(s) from the log"
                 if writable
-                else f"session {sid}: {len(to_restore)} append(s) not yet in objects/ are read from the log"
-            )
+                else f"session {sid}: {len(to_restore)} append(s) not yet in objects/ are read from the log",
+                session=sid, file=f"{rel}/log"))
         out_records = [r.data for r in kept]
         if not writable:
             for r in to_restore:

@@ -148,8 +148,9 @@ def retention_sources(root: str) -> Iterator[RetentionSource]:
                 # A session directory without its log (sessions are renamed into sessions/
                 # whole, and out of it whole): what its lost log named is not known.
                 raise SweepRefusedError(
-                    f"{os.path.relpath(path, root)} has no log; a sweep cannot tell what it named: repair the session "
-                    f"first (agentsession repair {os.path.basename(path)})", session=os.path.basename(path)
+                    f"{os.path.relpath(os.path.join(path, 'log'), root)} is missing; a sweep cannot tell what it "
+                    f"named: repair the session first (agentsession repair {os.path.basename(path)})",
+                    session=os.path.basename(path),
                 )
             ident = _identity(path) if has_log else None
             if ident is None:
@@ -164,7 +165,7 @@ def retention_sources(root: str) -> Iterator[RetentionSource]:
                 records = _read_logs(path, staged)
             except _Damaged as exc:
                 raise SweepRefusedError(
-                    f"{os.path.relpath(path, root)} has a damaged log (line {exc.first.line}: {exc.first.reason}); "
+                    f"{os.path.relpath(os.path.join(path, 'log'), root)} is damaged (line {exc.first.line}: {exc.first.reason}); "
                     "a sweep cannot tell what its unreadable records name: repair the session first "
                     f"(agentsession repair {os.path.basename(path)})", session=os.path.basename(path)
                 ) from None

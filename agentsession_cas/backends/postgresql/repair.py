@@ -45,6 +45,9 @@ class _RowPlanner(RepairPlanner):
     row_head: str | None = None
     row_mark: str = ""
 
+    def head_file(self) -> str:
+        return "sessions"  # the session's row holds its head (fsck's file for it)
+
     def head_index(self) -> str | None:
         return self.row_head if isinstance(self.row_head, str) and is_hash(self.row_head) else None
 
@@ -132,7 +135,8 @@ def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None
             report.stale_indexes.append(("log length", str(last_pos), str(len(texts))))
         for pos, said, (op, seq, raw) in fixes:
             report.stale_indexes.append((f"log row {pos}", said, _columns(op, seq, raw)))
-        report.notes.extend(gaps)
+        for gap in gaps:
+            report.note("log-gap", gap, file="log")  # (fsck's code for the same fault)
         kept = backend.db.query("SELECT pos, data FROM states WHERE session = %s AND kind = %s", [key, SNAPSHOT])
         if kept and snapshot_problem(int(kept[0][0]), bytes(kept[0][1]), dict(texts)) is not None:
             report.stale_indexes.append(("snapshot", f"states kind 2 at log row {kept[0][0]}", "dropped"))

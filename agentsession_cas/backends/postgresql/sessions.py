@@ -54,6 +54,7 @@ from ..base import (
     COMMIT_POINTS,
     Append,
     CreatedRecords,
+    FsckProblem,
     LogHistory,
     LogOpen,
     Mark,
@@ -652,7 +653,8 @@ class PgSessions(SessionStore):
         for pos, text in tail:
             record = parse_record(text)
             if isinstance(record, str):
-                raise SessionDamagedError(f"log row {pos} {record}", session=session_id, line=pos, offset=0)
+                raise SessionDamagedError(f"log row {pos} {record}", session=session_id, line=pos, offset=0,
+                                          path=self.log_source(session_id))
             records.append(record)
         out = _Records(records, skip or 1, sum(len(t) for _, t in tail[0 if skip else 1 :]),
                        start.pos + len(tail) if start is not None else len(tail), start.size if start is not None else 0)
@@ -711,11 +713,12 @@ class PgSessions(SessionStore):
                            last_pos=last_pos, head=head, mark=mark)
         log._know(records[0] if records else None, records[1] if got.since == 2 else None, records[got.since :],
                   got.since_bytes, got.base_bytes)
-        recovered: builtins.list[str] = []
+        recovered: builtins.list[FsckProblem] = []
         if _uncommitted_tail(records):
             log._recover = [{"op": "commit"}]
             records = records + [{"op": "commit"}]
-            recovered.append(f"adopted the uncommitted records a writer of session {session_id} left, with a commit")
+            recovered.append(FsckProblem("note", "log-tail", f"adopted the uncommitted records a writer of session "
+                                         f"{session_id} left, with a commit", session=session_id, file="log"))
         return log, LogOpen(bytes(header), records, head, mark, recovered,
                             summary=kept.get(_SUMMARY), rule_state=kept.get(_RULES))
 
@@ -809,15 +812,17 @@ class PgSessions(SessionStore):
         )
         return int(rows[0][0]) if rows else None
 
+    def log_source(self, session_id: str) -> str:
+        return "log"  # the table, as fsck names it
+
     def history(self, session_id: str) -> LogHistory:
         with self.db.conn() as c:
             _, texts = self.rows(c, session_id)
-        out = LogHistory([])
+        out = LogHistory([], source=self.log_source(session_id))
         for pos, text in texts:
             record = parse_record(text)
             if isinstance(record, str):
-                out.damage.append(f"log row {pos} {record}")
-                out.damage_lines.append(pos)
+                out.damaged("log-damage", f"log row {pos} {record}", pos)
             else:
                 out.records.append(record)
         return out
