@@ -233,21 +233,21 @@ def main(ctx: click.Context, store_path: str | None, directory: str | None, no_p
 
 
 def start_helper_early(args: list[str]) -> None:
-    """``import FILE`` of a file big enough for a helper process (format/parallel.py): the
-    helper started now, before this process loads the store's and the rules' modules
-    (about 0.15 s, which the helper's own start then overlaps), for the import's pass to
-    take (``parallel.start_early``). Anything else: nothing. Only a guess from the words:
-    a helper started for nothing is killed at exit, and one not started is started by
-    the pass as ever."""
+    """``import FILE`` or ``verify FILE`` of a file big enough for a helper process
+    (format/parallel.py): the helper started now, before this process loads the store's
+    and the rules' modules (about 0.15 s, which the helper's own start then overlaps),
+    for the command's pass to take (``parallel.start_early``). Anything else: nothing.
+    Only a guess from the words: a helper started for nothing is killed at exit, and one
+    not started is started by the pass as ever."""
     args = hoist_global_options(args)
     i, where = 0, ""
     while i < len(args) and args[i].startswith("-") and args[i] != "--":
         if args[i] == "-C" and i + 1 < len(args):
             where = args[i + 1]
         i += 2 if args[i] in _GLOBAL_WITH_VALUE else 1
-    if args[i : i + 1] != ["import"]:
+    if args[i : i + 1] not in (["import"], ["verify"]):
         return
-    files = [a for a in args[i + 1 :] if not a.startswith("-")]  # (import's options take no value)
+    files = [a for a in args[i + 1 :] if not a.startswith("-")]  # (their options take no value)
     if len(files) != 1 or files[0] == "-":
         return
     try:
@@ -257,7 +257,7 @@ def start_helper_early(args: list[str]) -> None:
     from agentsession_cas.format import parallel
 
     if stat.S_ISREG(st.st_mode) and parallel.wanted(st.st_size, None):
-        parallel.start_early()
+        parallel.start_early(blocks=args[i] == "import")
 
 
 def run() -> None:

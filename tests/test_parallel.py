@@ -552,7 +552,7 @@ def test_a_helper_started_early_is_taken_by_the_pass_and_told_its_mode(forced, t
     data = generate(150, 3)[0]
     path = tmp_path / "s.jsonl"
     path.write_bytes(data)
-    parallel.start_early()
+    parallel.start_early(blocks=mode != "")
     early = parallel._early
     assert early is not None
     if mode == "blocks":  # an import into a file store
@@ -591,21 +591,24 @@ def test_a_helper_started_early_and_never_taken_ends(monkeypatch):
 
 
 @pytest.mark.parametrize("args, started", [
-    (["import", "{big}"], True),
-    (["--store", "S", "import", "--json", "{big}"], True),
-    (["import", "{big}", "--store", "S", "--record"], True),
-    (["-C", "{dir}", "import", "big.jsonl"], True),
-    (["import", "big.jsonl"], False),  # (not here: in the test's directory)
-    (["import", "{small}"], False),
-    (["import", "-"], False),
-    (["import", "{dir}"], False),
-    (["verify", "{big}"], False),
-    (["--store", "import", "{big}"], False),  # (the store is named "import")
-    ([], False),
+    (["import", "{big}"], 2),  # (2: told an import's pack module is likely needed)
+    (["--store", "S", "import", "--json", "{big}"], 2),
+    (["import", "{big}", "--store", "S", "--record"], 2),
+    (["-C", "{dir}", "import", "big.jsonl"], 2),
+    (["import", "big.jsonl"], 0),  # (not here: in the test's directory)
+    (["import", "{small}"], 0),
+    (["import", "-"], 0),
+    (["import", "{dir}"], 0),
+    (["verify", "{big}"], 1),
+    (["verify", "--json", "-q", "{big}"], 1),
+    (["verify", "01995b2a"], 0),  # (a stored session's id)
+    (["show", "{big}"], 0),
+    (["--store", "import", "{big}"], 0),  # (the store is named "import")
+    ([], 0),
 ])
-def test_the_import_command_starts_its_helper_early(tmp_path, monkeypatch, args, started):
-    """``agentsession import FILE`` of a file the helper is wanted for starts it first
-    thing (``run``, before the command's modules load); nothing else does."""
+def test_the_import_and_verify_commands_start_their_helper_early(tmp_path, monkeypatch, args, started):
+    """``agentsession import FILE`` (or ``verify FILE``) of a file the helper is wanted for
+    starts it first thing (``run``, before the command's modules load); nothing else does."""
     from agentsession_cli.main import start_helper_early
 
     big = tmp_path / "big.jsonl"
@@ -613,14 +616,14 @@ def test_the_import_command_starts_its_helper_early(tmp_path, monkeypatch, args,
     small = tmp_path / "small.jsonl"
     small.write_bytes(b"x")
     calls: list[int] = []
-    monkeypatch.setattr(parallel, "start_early", lambda: calls.append(1))
+    monkeypatch.setattr(parallel, "start_early", lambda blocks: calls.append(1 + blocks))
     monkeypatch.setattr(parallel, "_cores", lambda: 2)
     monkeypatch.delenv(parallel.ENV, raising=False)
     start_helper_early([a.format(big=big, small=small, dir=tmp_path) for a in args])
-    assert calls == ([1] if started else [])
+    assert calls == ([started] if started else [])
     monkeypatch.setenv(parallel.ENV, "1")  # kept in one process: never
     start_helper_early([a.format(big=big, small=small, dir=tmp_path) for a in args])
-    assert calls == ([1] if started else [])
+    assert calls == ([started] if started else [])
 
 
 def test_the_installed_command_imports_with_its_helper_started_early(tmp_path):

@@ -146,8 +146,9 @@ def command(mode: str, claims: int | None) -> list[str]:
             *([mode] if mode else [])]
 
 
-#: A helper's mode that :func:`start_early` gives: what its answers carry is told it later,
-#: by the first byte of its input, one of these (the modes :func:`command` takes).
+#: A helper's mode that :func:`start_early` gives (followed by the likely mode): what its
+#: answers carry is told it later, by the first byte of its input, one of these (the modes
+#: :func:`command` takes).
 _LATER = "?"
 _MODES = {"": b"-", "objects": b"o", "blocks": b"b"}
 
@@ -436,7 +437,7 @@ def _launch(mode: str) -> tuple[subprocess.Popen[bytes], mmap.mmap | None]:
 _early: tuple[subprocess.Popen[bytes], mmap.mmap | None] | None = None
 
 
-def start_early() -> None:
+def start_early(blocks: bool = False) -> None:
     """Start the helper of a pass this process is about to make, before it loads what the
     pass needs: the ``import`` command calls it first thing (``cli/main.py``), so the
     helper's own start (an interpreter and the rules' modules, 0.1-0.2 s) overlaps this
@@ -444,12 +445,13 @@ def start_early() -> None:
     pass's :class:`LineHelper` takes it, telling it by the first byte of its input what
     its answers carry (:data:`_MODES`); one never taken is killed when this process exits
     (and ends by itself when its input does). Nothing when it cannot start: the pass then
-    starts its own."""
+    starts its own. ``blocks``: the pass is likely an import into a file store, whose
+    pack module the helper then loads while it waits."""
     global _early
     if _early is not None:
         return
     try:
-        _early = _launch(_LATER)
+        _early = _launch(_LATER + ("blocks" if blocks else ""))
     except OSError:
         return
     atexit.register(_end_early)
@@ -661,12 +663,12 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     mode = sys.argv[3] if len(sys.argv) > 3 else ""
-    if mode == _LATER:  # started early (start_early): told when a pass takes it
-        from ..backends.files import packs  # noqa: F401 (what "blocks", the usual mode, loads: loaded meanwhile)
-
+    if mode.startswith(_LATER):  # started early (start_early): told when a pass takes it
+        if mode == _LATER + "blocks":
+            from ..backends.files import packs  # noqa: F401 (what the likely mode loads: loaded meanwhile)
         told = inp.read(1)
         mode = next((m for m, b in _MODES.items() if b == told), _LATER)
-        if mode == _LATER:
+        if mode.startswith(_LATER):
             return 0  # (its input ended: no pass took it)
     objects = mode in ("objects", "blocks")
     packing = _Packing() if mode == "blocks" else None
