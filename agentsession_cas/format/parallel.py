@@ -253,18 +253,8 @@ class LineHelper:
             return
         self.proc = None
         self._unwritten.clear()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                try:
-                    pipe.close()
-                except OSError:  # (unwritten bytes to a pipe the helper no longer reads)
-                    pass
-        if self._claims is not None:
-            self._claims.close()
-            self._claims = None
+        _end(proc, self._claims)
+        self._claims = None
 
     def _give_up(self, why: str) -> None:
         if self.failed is None:
@@ -460,15 +450,21 @@ def start_early(blocks: bool = False) -> None:
 def _end_early() -> None:
     global _early
     early, _early = _early, None
-    if early is None:
-        return
-    proc, claims = early
+    if early is not None:
+        _end(*early)
+
+
+def _end(proc: subprocess.Popen[bytes], claims: mmap.mmap | None) -> None:
+    """Kill a helper (unless it has ended), reap it, and close what this process held of it."""
     if proc.poll() is None:
         proc.kill()
     proc.wait()
     for pipe in (proc.stdin, proc.stdout):
         if pipe is not None:
-            pipe.close()
+            try:
+                pipe.close()
+            except OSError:  # (unwritten bytes to a pipe the helper no longer reads)
+                pass
     if claims is not None:
         claims.close()
 
