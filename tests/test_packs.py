@@ -1645,6 +1645,29 @@ def test_an_index_sorting_process_that_fails_leaves_the_index_to_this_process(tm
     assert os.listdir(tmp_path / "tmp") == [] and not (tmp_path / "aborted").exists()
 
 
+def test_an_index_sorting_process_that_reads_no_note_never_holds_the_writer_up(tmp_path, monkeypatch):
+    """A sorting process that reads nothing (stopped, starved): once the pipe has no room
+    for a note, the writer gives it up (killed) and sorts the index itself, the same index;
+    it never waits for it."""
+    from agentsession_cas.backends.files.packs import StreamPackWriter
+
+    objs = [("contents", blob(i)) for i in range(12_000)]
+    monkeypatch.setattr(StreamPackWriter, "SORT_ASIDE_AT", 1 << 30)
+    here, _ = _stream_index(tmp_path, "here", objs)
+    fake = tmp_path / "sorter.py"
+    fake.write_text("import time; time.sleep(60)")
+    monkeypatch.setattr(packs_mod.packindex, "__file__", str(fake))
+    monkeypatch.setattr(StreamPackWriter, "SORT_ASIDE_AT", 10)
+    monkeypatch.setattr(StreamPackWriter, "NOTE_EVERY", 1)  # (a note an object: 8 bytes each, the pipe fills)
+    monkeypatch.setenv("AGENTSESSION_VERIFY_PROCESSES", "2")
+    started = []
+    real = packs_mod.subprocess.Popen
+    monkeypatch.setattr(packs_mod.subprocess, "Popen", lambda *a, **kw: started.append(real(*a, **kw)) or started[-1])
+    got, sorter = _stream_index(tmp_path, "full", objs)
+    assert got == here and sorter is None
+    assert len(started) == 1 and started[0].returncode == -9  # (killed when the pipe was full, and reaped)
+
+
 def _written(w, objs, rng, most):
     """``objs`` (space, bytes) added to pack writer ``w`` one by one (``rng`` None) or in
     batches of 1 to ``most`` (add_many), and the pack finished: its index's path."""
