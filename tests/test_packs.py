@@ -1566,18 +1566,21 @@ def _stream_index(tmp_path, name, objs, *, end=True):
         w.add(space, sha256_ref(data), data)
     if end:
         w.end()
-    sorter = w._sorter
+    seen = []
+    real = w._sorted_aside
+    w._sorted_aside = lambda: (seen.append(w._sorter), real())[1]  # (the process, when the index is taken)
     with open(w.finish(), "rb") as f:
-        return f.read(), sorter
+        return f.read(), seen[0]
 
 
 def test_a_large_stream_packs_index_is_sorted_by_a_process_of_its_own_as_it_would_be_here(tmp_path, monkeypatch):
-    """Once its writer is told no more objects come (an import's pass is over), a pack of
-    SORT_ASIDE_AT objects or more has its index sorted by a process of its own
-    (packindex.py, run as a script), on the core the line helper has left, while the import
-    writes its session: the index is the very one this process makes, repeats and
-    spaces merged alike; one finished without that end, or whose environment keeps a pass
-    in one process, is sorted here; and the sorting process is reaped."""
+    """A pack of SORT_ASIDE_AT objects or more has its index sorted by a process of its
+    own (packindex.py, run as a script), on the core the line helper has left, a run at a
+    time as the names come and the runs merged once the writer is told no more objects
+    come (an import's pass is over, or at finish), while the import writes its session:
+    the index is the very one this process makes, repeats and spaces merged alike; one
+    whose environment keeps a pass in one process is sorted here; and the sorting
+    process is reaped."""
     from agentsession_cas.backends.files.packs import StreamPackWriter
 
     objs = [("contents", blob(i)) for i in range(400)]
@@ -1591,13 +1594,18 @@ def test_a_large_stream_packs_index_is_sorted_by_a_process_of_its_own_as_it_woul
     assert sorter is not None and sorter.returncode == 0
     assert aside == here
     assert Pack(str(next((tmp_path / "aside").glob("*.idx")))).count == 400
-    assert _stream_index(tmp_path, "unended", objs, end=False) == (here, None)
+    unended, sorter = _stream_index(tmp_path, "unended", objs, end=False)
+    assert unended == here and sorter is not None and sorter.returncode == 0
+    monkeypatch.setattr(StreamPackWriter, "NOTE_EVERY", 7)  # (runs merged)
+    monkeypatch.setattr(packs_mod.packindex, "RUN", 50)
+    assert _stream_index(tmp_path, "runs", objs)[0] == here
     monkeypatch.setenv("AGENTSESSION_VERIFY_PROCESSES", "1")
     assert _stream_index(tmp_path, "one", objs) == (here, None)
     assert os.listdir(tmp_path / "tmp") == []
 
 
-_WRITES = "import os, sys; fd, n = int(sys.argv[1]), int(sys.argv[2]); os.pwrite(fd, {!r}, 33 * n)"
+_WRITES = ("import os, sys; fd, notes = int(sys.argv[1]), sys.stdin.buffer.read(); "
+           "n = -int.from_bytes(notes[-8:], 'big', signed=True); os.pwrite(fd, {!r}, 33 * n)")
 
 
 @pytest.mark.parametrize("script", [
@@ -1621,16 +1629,43 @@ def test_an_index_sorting_process_that_fails_leaves_the_index_to_this_process(tm
     monkeypatch.setattr(StreamPackWriter, "SORT_ASIDE_AT", 100)
     monkeypatch.setenv("AGENTSESSION_VERIFY_PROCESSES", "2")
     got, sorter = _stream_index(tmp_path, "failed", objs)
-    assert sorter is not None and got == here
-    assert sorter.returncode == (0 if "pwrite" in script else 3 if script else 2)
+    assert got == here
+    if "pwrite" in script:  # (it reads every note: its exit is the end)
+        assert sorter is not None and sorter.returncode == 0
+    else:  # (gone at once: found at its exit, or given up when a note found no reader)
+        assert sorter is None or sorter.returncode == (3 if script else 2)
     w = StreamPackWriter(str(tmp_path / "aborted"), str(tmp_path / "tmp"), threads=1)
     for space, data in objs:
         w.add(space, sha256_ref(data), data)
     w.end()
     sorter = w._sorter
     w.abort()
-    assert sorter is not None and sorter.returncode is not None
+    assert sorter is None or sorter.returncode is not None
+    assert sorter is not None or "pwrite" not in script
     assert os.listdir(tmp_path / "tmp") == [] and not (tmp_path / "aborted").exists()
+
+
+def test_an_index_sorting_process_that_reads_no_note_never_holds_the_writer_up(tmp_path, monkeypatch):
+    """A sorting process that reads nothing (stopped, starved): once the pipe has no room
+    for a note, the writer gives it up (killed) and sorts the index itself, the same index;
+    it never waits for it."""
+    from agentsession_cas.backends.files.packs import StreamPackWriter
+
+    objs = [("contents", blob(i)) for i in range(12_000)]
+    monkeypatch.setattr(StreamPackWriter, "SORT_ASIDE_AT", 1 << 30)
+    here, _ = _stream_index(tmp_path, "here", objs)
+    fake = tmp_path / "sorter.py"
+    fake.write_text("import time; time.sleep(60)")
+    monkeypatch.setattr(packs_mod.packindex, "__file__", str(fake))
+    monkeypatch.setattr(StreamPackWriter, "SORT_ASIDE_AT", 10)
+    monkeypatch.setattr(StreamPackWriter, "NOTE_EVERY", 1)  # (a note an object: 8 bytes each, the pipe fills)
+    monkeypatch.setenv("AGENTSESSION_VERIFY_PROCESSES", "2")
+    started = []
+    real = packs_mod.subprocess.Popen
+    monkeypatch.setattr(packs_mod.subprocess, "Popen", lambda *a, **kw: started.append(real(*a, **kw)) or started[-1])
+    got, sorter = _stream_index(tmp_path, "full", objs)
+    assert got == here and sorter is None
+    assert len(started) == 1 and started[0].returncode == -9  # (killed when the pipe was full, and reaped)
 
 
 def _written(w, objs, rng, most):

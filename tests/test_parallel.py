@@ -540,3 +540,107 @@ def test_the_architecture_doc_says_how_the_helper_is_started():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
     assert "python -m agentsession_cas.format.parallel" not in doc
     assert "`python -c`" in doc and "parallel.main" in doc
+
+
+
+@pytest.mark.parametrize("mode", ["blocks", "objects", ""])
+def test_a_helper_started_early_is_taken_by_the_pass_and_told_its_mode(forced, tmp_path, monkeypatch, mode):
+    """``start_early`` (the import command's first step) starts a helper before the pass;
+    the pass's LineHelper takes it, tells it what its answers carry, and uses its answers:
+    the verdict and the stored session are the one-process ones, and it ends with the pass."""
+    helpers, counted = forced
+    data = generate(150, 3)[0]
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(data)
+    parallel.start_early(blocks=mode != "")
+    early = parallel._early
+    assert early is not None
+    if mode == "blocks":  # an import into a file store
+        monkeypatch.setenv(parallel.ENV, "2")
+        with Store.init(tmp_path / "store") as st:
+            s = st.import_file(path)
+            assert b"".join(s.projection_lines()) == data
+            s.close()
+    else:
+        taken: list[object] = []
+        report = reader.verify_file(path, processes=True, on_entry=taken.append if mode else None).as_dict()
+        assert report == _report(path, False) and len(taken) == (150 if mode else 0)
+    assert helpers[0].proc is None and early[0] is not None and early[0].returncode is not None
+    assert parallel._early is None and helpers[0].failed is None and helpers[0].checked_here == 0
+    assert counted[0] > 100 and helpers[0].objects == bool(mode)
+
+
+def test_a_helper_started_early_and_never_taken_ends(monkeypatch):
+    """One no pass takes is killed at this process's exit (``_end_early``, registered with
+    atexit); and, this process gone without it, it ends by itself when its input ends."""
+    parallel.start_early()
+    early = parallel._early
+    assert early is not None
+    parallel._end_early()
+    assert parallel._early is None and early[0].returncode is not None
+    proc, claims = parallel._launch(parallel._LATER)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        proc.stdin.close()
+        assert proc.wait(timeout=parallel.STALL) == 0 and proc.stdout.read() == b""
+    finally:
+        parallel._end_early()  # (nothing: the slot is empty)
+        if claims is not None:
+            claims.close()
+        proc.stdout.close()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("args, started", [
+    (["import", "{big}"], 2),  # (2: told an import's pack module is likely needed)
+    (["--store", "S", "import", "--json", "{big}"], 2),
+    (["import", "{big}", "--store", "S", "--record"], 2),
+    (["-C", "{dir}", "import", "big.jsonl"], 2),
+    (["import", "big.jsonl"], 0),  # (not here: in the test's directory)
+    (["import", "{small}"], 0),
+    (["import", "-"], 0),
+    (["import", "{dir}"], 0),
+    (["verify", "{big}"], 1),
+    (["verify", "--json", "-q", "{big}"], 1),
+    (["verify", "01995b2a"], 0),  # (a stored session's id)
+    (["show", "{big}"], 0),
+    (["--store", "import", "{big}"], 0),  # (the store is named "import")
+    ([], 0),
+])
+def test_the_import_and_verify_commands_start_their_helper_early(tmp_path, monkeypatch, args, started):
+    """``agentsession import FILE`` (or ``verify FILE``) of a file the helper is wanted for
+    starts it first thing (``run``, before the command's modules load); nothing else does."""
+    from agentsession_cli.main import start_helper_early
+
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b"x" * parallel.MIN_BYTES)
+    small = tmp_path / "small.jsonl"
+    small.write_bytes(b"x")
+    calls: list[int] = []
+    monkeypatch.setattr(parallel, "start_early", lambda blocks: calls.append(1 + blocks))
+    monkeypatch.setattr(parallel, "_cores", lambda: 2)
+    monkeypatch.delenv(parallel.ENV, raising=False)
+    start_helper_early([a.format(big=big, small=small, dir=tmp_path) for a in args])
+    assert calls == ([started] if started else [])
+    monkeypatch.setenv(parallel.ENV, "1")  # kept in one process: never
+    start_helper_early([a.format(big=big, small=small, dir=tmp_path) for a in args])
+    assert calls == ([started] if started else [])
+
+
+def test_the_installed_command_imports_with_its_helper_started_early(tmp_path):
+    """The command as installed (``run``): the pass takes the helper started early, and the
+    store holds the file's session, as ever."""
+    import subprocess
+
+    data = generate(150, 3)[0]
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(data)
+    Store.init(tmp_path / "st").close()
+    env = {**__import__("os").environ, parallel.ENV: "2"}
+    boot = ("import sys; from agentsession_cli.main import run; from agentsession_cas.format import parallel as p; "
+            "real = p.LineHelper.start; p.LineHelper.start = lambda self: (sys.stderr.write(f'early {p._early is not None}'), "
+            "real(self))[1]; sys.argv[0] = 'agentsession'; run()")
+    out = subprocess.run([sys.executable, "-c", boot, "--store", str(tmp_path / "st"), "import", str(path)],
+                         env=env, capture_output=True)
+    assert out.returncode == 0 and out.stderr == b"early True", out.stderr
+    with Store(tmp_path / "st", readonly=True) as st:
+        assert st.export(out.stdout.decode().strip()) == data

@@ -39,6 +39,7 @@ reaps it when the pass ends, however it ends, so it never outlives the pass.
 
 from __future__ import annotations
 
+import atexit
 import json
 import mmap
 import os
@@ -139,9 +140,17 @@ _BOOT = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); from agentsess
 def command(mode: str, claims: int | None) -> list[str]:
     """The helper's command line: this interpreter, in a process of its own (``claims``:
     the descriptor of the claims it shares with this process, see :class:`LineHelper`;
-    ``mode``: what its answers carry beside the hashes, "" nothing, "objects" or "blocks")."""
+    ``mode``: what its answers carry beside the hashes, "" nothing, "objects" or "blocks";
+    :data:`_LATER`: told later)."""
     return [sys.executable, "-c", _BOOT, json.dumps(sys.path), "-" if claims is None else str(claims),
             *([mode] if mode else [])]
+
+
+#: A helper's mode that :func:`start_early` gives (followed by the likely mode): what its
+#: answers carry is told it later, by the first byte of its input, one of these (the modes
+#: :func:`command` takes).
+_LATER = "?"
+_MODES = {"": b"-", "objects": b"o", "blocks": b"b"}
 
 
 #: What the helper answers of one line: None (check it yourself), or the content hash,
@@ -202,28 +211,20 @@ class LineHelper:
         self.close()
 
     def start(self) -> None:
-        """Start the helper; if it cannot be, every line is checked here."""
-        fd = _shared(_RING)
+        """Start the helper (or take the one :func:`start_early` started, telling it what its
+        answers carry); if it cannot be, every line is checked here."""
+        global _early
+        mode = "blocks" if self.on_ready else "objects" if self.objects else ""
+        early, _early = _early, None
+        if early is not None:
+            self.proc, self._claims = early
+            self._unwritten.append(memoryview(_MODES[mode]))
+            self._write()
+            return
         try:
-            if fd is not None:
-                self._claims = mmap.mmap(fd, _RING)
-            self.proc = subprocess.Popen(
-                command("blocks" if self.on_ready else "objects" if self.objects else "", fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                close_fds=True, pass_fds=() if fd is None else (fd,), bufsize=0,
-            )
+            self.proc, self._claims = _launch(mode)
         except OSError as exc:
             self.failed = f"the helper could not start: {exc}"
-            return
-        finally:
-            if fd is not None:
-                os.close(fd)  # (the map, and the helper, hold it)
-        for pipe in (self.proc.stdin, self.proc.stdout):  # a block whole in each pipe, where allowed
-            try:
-                fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
-            except (OSError, AttributeError):
-                pass
-        assert self.proc.stdin is not None
-        os.set_blocking(self.proc.stdin.fileno(), False)
 
     def _write(self) -> None:
         """Write what the pipe has room for of what is sent, at once (see :attr:`_unwritten`)."""
@@ -252,18 +253,8 @@ class LineHelper:
             return
         self.proc = None
         self._unwritten.clear()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                try:
-                    pipe.close()
-                except OSError:  # (unwritten bytes to a pipe the helper no longer reads)
-                    pass
-        if self._claims is not None:
-            self._claims.close()
-            self._claims = None
+        _end(proc, self._claims)
+        self._claims = None
 
     def _give_up(self, why: str) -> None:
         if self.failed is None:
@@ -400,6 +391,82 @@ class LineHelper:
         except (OSError, ValueError, EOFError, struct.error) as exc:
             self._give_up(f"the helper failed: {exc}")
             return None
+
+
+def _launch(mode: str) -> tuple[subprocess.Popen[bytes], mmap.mmap | None]:
+    """A helper started (:func:`command`), its input written without blocking, and the
+    claims it shares with this process (None where there can be none); OSError when it
+    cannot be started."""
+    fd = _shared(_RING)
+    claims = None
+    try:
+        if fd is not None:
+            claims = mmap.mmap(fd, _RING)
+        proc = subprocess.Popen(
+            command(mode, fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            close_fds=True, pass_fds=() if fd is None else (fd,), bufsize=0,
+        )
+    except OSError:
+        if claims is not None:
+            claims.close()
+        raise
+    finally:
+        if fd is not None:
+            os.close(fd)  # (the map, and the helper, hold it)
+    for pipe in (proc.stdin, proc.stdout):  # a block whole in each pipe, where allowed
+        try:
+            fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
+        except (OSError, AttributeError):
+            pass
+    assert proc.stdin is not None
+    os.set_blocking(proc.stdin.fileno(), False)
+    return proc, claims
+
+
+#: The helper :func:`start_early` started, until a pass takes it.
+_early: tuple[subprocess.Popen[bytes], mmap.mmap | None] | None = None
+
+
+def start_early(blocks: bool = False) -> None:
+    """Start the helper of a pass this process is about to make, before it loads what the
+    pass needs: the ``import`` command calls it first thing (``cli/main.py``), so the
+    helper's own start (an interpreter and the rules' modules, 0.1-0.2 s) overlaps this
+    process's, and the pass's first blocks are answered rather than checked here. The
+    pass's :class:`LineHelper` takes it, telling it by the first byte of its input what
+    its answers carry (:data:`_MODES`); one never taken is killed when this process exits
+    (and ends by itself when its input does). Nothing when it cannot start: the pass then
+    starts its own. ``blocks``: the pass is likely an import into a file store, whose
+    pack module the helper then loads while it waits."""
+    global _early
+    if _early is not None:
+        return
+    try:
+        _early = _launch(_LATER + ("blocks" if blocks else ""))
+    except OSError:
+        return
+    atexit.register(_end_early)
+
+
+def _end_early() -> None:
+    global _early
+    early, _early = _early, None
+    if early is not None:
+        _end(*early)
+
+
+def _end(proc: subprocess.Popen[bytes], claims: mmap.mmap | None) -> None:
+    """Kill a helper (unless it has ended), reap it, and close what this process held of it."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:  # (unwritten bytes to a pipe the helper no longer reads)
+                pass
+    if claims is not None:
+        claims.close()
 
 
 def _shared(size: int) -> int | None:
@@ -590,11 +657,19 @@ def answer(raw: bytes, objects: bool = False, packing: _Packing | None = None) -
 def main() -> int:
     """The helper: blocks in, answers out, until its input ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
-    objects = sys.argv[-1] in ("objects", "blocks")
-    packing = _Packing() if sys.argv[-1] == "blocks" else None
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    mode = sys.argv[3] if len(sys.argv) > 3 else ""
+    if mode.startswith(_LATER):  # started early (start_early): told when a pass takes it
+        if mode == _LATER + "blocks":
+            from ..backends.files import packs  # noqa: F401 (what the likely mode loads: loaded meanwhile)
+        told = inp.read(1)
+        mode = next((m for m, b in _MODES.items() if b == told), _LATER)
+        if mode.startswith(_LATER):
+            return 0  # (its input ended: no pass took it)
+    objects = mode in ("objects", "blocks")
+    packing = _Packing() if mode == "blocks" else None
     claims = mmap.mmap(int(sys.argv[2]), _RING) if sys.argv[2] != "-" else None
     number = 0
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
     out.write(b"R")
     out.flush()
     with gc_paused():

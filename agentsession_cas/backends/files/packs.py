@@ -77,7 +77,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 import blake3
 import zstandard
@@ -1317,6 +1317,8 @@ class StreamPackWriter(PackWriter):
     #: other core) is worth it past tens of thousands of names, which take this process
     #: about half a microsecond each to sort (0.1 s for an import of 100,000 entries).
     SORT_ASIDE_AT = 1 << 16
+    #: How many names that process is told of at once (:meth:`_note`), once started.
+    NOTE_EVERY = 1 << 13
 
     def __init__(self, pack_dir: str, tmp_dir: str, *, level: int = STREAM_LEVEL, threads: int = 0):
         import tempfile
@@ -1328,7 +1330,9 @@ class StreamPackWriter(PackWriter):
         self._thread: threading.Thread | None = None
         self._ended: bytes | BaseException | None = None  # what the thread's end of the pack gave
         self._told = self._aborting = False  # the thread told to end the pack; an abort under way
-        self._sorter: subprocess.Popen[bytes] | None = None  # the process sorting the index (see end)
+        self._sorter: subprocess.Popen[bytes] | None = None  # the process sorting the index (see _note)
+        self._noted = 0  # the names it was told of
+        self._sort_here = threads <= 0  # whether the index is sorted here (no process started, or given up)
         if threads > 0:
             import queue
 
@@ -1405,48 +1409,74 @@ class StreamPackWriter(PackWriter):
     def end(self) -> None:
         """No more objects come: the writer's thread ends the pack now (its last blocks,
         its checksum, its fsync) beside what the caller does next, and :meth:`finish`
-        then only sorts the index and publishes both (without a thread, it does it all).
-        Of :data:`SORT_ASIDE_AT` objects or more, the index is sorted meanwhile by a
-        process of its own (:meth:`_sort_aside`), on the core the import's line helper
-        has left, and :meth:`finish` only writes it."""
+        then only sorts the index and publishes both (without a thread, it does it all)."""
         if self._thread is None or self._told:
             return
         self._tell_end()
-        self._sorter = self._sort_aside()
 
     def _tell_end(self) -> None:
-        """The last blocks handed to the writer's thread, and it told to end the pack."""
+        """The last blocks handed to the writer's thread, and it told to end the pack; the
+        process sorting the index (:meth:`_note`) told the last names."""
         self._cut()
         self._hand_batch()
         self._jobs.put(None)
         self._told = True
+        self._note(last=True)
 
-    def _sort_aside(self) -> subprocess.Popen[bytes] | None:
-        """Start :mod:`.packindex` as a script on the names file, the space bits written
-        after the names (None when it is not worth it, not allowed, or cannot start: the
-        index is then sorted here). It reads them and writes the records after them, at
-        offsets, by a descriptor of its own."""
-        from ...format import parallel
+    def _note(self, last: bool = False) -> None:
+        """Of :data:`SORT_ASIDE_AT` objects or more (where the environment lets a pass take
+        a helper process), the index is sorted by a process of its own (:mod:`.packindex`
+        run as a script, ``python -I -S``, on a descriptor of the names file), on the core
+        the import's line helper leaves it, a run at a time as the names come: it is told
+        of them :data:`NOTE_EVERY` at a time, and at the end (``last``) of their count, the
+        space bits written after them, so that at :meth:`finish` the records are there or
+        nearly. The notes never wait: one the pipe has no room for is given up with the
+        process (the index is then sorted here)."""
+        count = len(self._spaces)
+        if self._sort_here or (not last and count - self._noted < self.NOTE_EVERY):
+            return
+        if self._sorter is None:
+            if count < self.SORT_ASIDE_AT:
+                self._sort_here = last
+                return
+            from ...format import parallel
 
-        count = len(self)
-        # (allowed as a large file's pass is given a helper: not under
-        # AGENTSESSION_VERIFY_PROCESSES=1, nor for a process with one core)
-        if count < self.SORT_ASIDE_AT or not parallel.wanted(parallel.MIN_BYTES, None):
-            return None
+            self._sort_here = True
+            # (allowed as a large file's pass is given a helper: not under
+            # AGENTSESSION_VERIFY_PROCESSES=1, nor for a process with one core)
+            if not parallel.wanted(parallel.MIN_BYTES, None):
+                return
+            try:
+                self._sorter = subprocess.Popen(
+                    [sys.executable, "-I", "-S", packindex.__file__, str(self._names.fileno())],
+                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    pass_fds=(self._names.fileno(),),
+                )
+            except (OSError, ValueError):
+                return
+            self._sort_here = False
+            assert self._sorter.stdin is not None
+            os.set_blocking(self._sorter.stdin.fileno(), False)
+        proc = self._sorter
+        assert proc is not None and proc.stdin is not None
         try:
-            self._names.write(self._spaces)
+            if last:
+                self._names.write(self._spaces)
             self._names.flush()
-            fd = self._names.fileno()
-            return subprocess.Popen(
-                [sys.executable, "-I", "-S", packindex.__file__, str(fd), str(count)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(fd,),
-            )
-        except (OSError, ValueError):
-            return None
+            if os.write(proc.stdin.fileno(), packindex.NOTE.pack(-count if last else count)) != packindex.NOTE.size:
+                raise BlockingIOError
+        except OSError:  # (no room, or it went: the index is sorted here)
+            self._sorter = None
+            self._sort_here = True
+            _end_process(proc)
+            return
+        self._noted = count
+        if last:
+            _close(proc.stdin)
 
     def _sorted_aside(self) -> tuple[int, bytes] | None:
-        """The records :meth:`_sort_aside`'s process wrote, once it has ended (None when
-        there is none, or it failed or wrote anything but records for these objects)."""
+        """The records :meth:`_note`'s process wrote, once it has ended (None when there is
+        none, or it failed or wrote anything but records for these objects)."""
         proc, self._sorter = self._sorter, None
         if proc is None:
             return None
@@ -1516,6 +1546,7 @@ class StreamPackWriter(PackWriter):
         self._names.write(raws)
         self._spaces += spaces
         self._fill(datas)
+        self._note()
 
     def add_ready(self, blocks: Sequence[ReadyBlock]) -> None:
         """Add blocks made and compressed elsewhere (an import's helper process, with
@@ -1540,6 +1571,7 @@ class StreamPackWriter(PackWriter):
             self._batch.append((frame, raw, b"", first, count))
             if len(self._batch) >= self.HAND_AT:
                 self._hand_batch()
+        self._note()
 
     def _check_open(self) -> None:
         if self._told:
@@ -1550,15 +1582,15 @@ class StreamPackWriter(PackWriter):
 
     def _index(self) -> tuple[int, bytes]:
         """The records (their count, :func:`~.packindex.records`) from the names read back,
-        as :func:`~.packindex.slot_records` makes them: by the process :meth:`end` started
-        when it answered, else here."""
+        as :func:`~.packindex.slot_records` makes them: by the process :meth:`_note`
+        started, when it answered, else here."""
         aside = self._sorted_aside()
         if aside is not None:
             self._names.close()
             return aside
         self._names.seek(0)
         count = len(self._spaces)
-        data = self._names.read(32 * count)  # (the space bits may follow: see _sort_aside)
+        data = self._names.read(32 * count)  # (the space bits may follow: see _note)
         self._names.close()
         if len(data) != 32 * count:
             raise StoreError(f"the names of a pack being written read back as {len(data)} bytes, not {32 * count}")
@@ -1570,6 +1602,15 @@ def _end_process(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+    if proc.stdin is not None:
+        _close(proc.stdin)
+
+
+def _close(pipe: IO[bytes]) -> None:
+    try:
+        pipe.close()
+    except OSError:  # (a note it never read: nothing lost)
+        pass
 
 
 #: A block handed to the writer's thread: (a stream to compress, -1) or (its frame, the
