@@ -30,6 +30,10 @@ _NOT_LOADED = object()
 _lib: Any = _NOT_LOADED
 
 
+#: OpenSSL's libcrypto by the names its releases give it (3, then 1.1), tried before a search.
+_SONAMES = ("libcrypto.so.3", "libcrypto.so.1.1")
+
+
 def _load() -> Any:
     """The ctypes structure and functions, or None when they cannot be had safely."""
     if os.environ.get("AGENTSESSION_RESUMABLE_SHA256", "") == "0" or not sys.platform.startswith("linux"):
@@ -38,10 +42,18 @@ def _load() -> Any:
         import ctypes
         import ctypes.util
 
-        name = ctypes.util.find_library("crypto")
-        if name is None:
-            return None
-        lib = ctypes.CDLL(name)
+        lib = None
+        for soname in _SONAMES:  # (the one hashlib loaded is found by its name: no ldconfig run)
+            try:
+                lib = ctypes.CDLL(soname)
+                break
+            except OSError:
+                continue
+        if lib is None:
+            name = ctypes.util.find_library("crypto")  # runs `ldconfig -p`: 4-14 ms of a command's start
+            if name is None:
+                return None
+            lib = ctypes.CDLL(name)
 
         class Ctx(ctypes.Structure):
             # OpenSSL's SHA256_CTX (openssl/sha.h): SHA_LONG h[8], Nl, Nh, data[16]
