@@ -1278,3 +1278,17 @@ def test_push_and_fetch_between_postgresql_and_files_both_ways(store, url, tmp_p
         assert store.read("g1").projection() == files.read("g1").projection()
     finally:
         files.close()
+
+
+def test_envelope_parents_reads_parent_then_parents_once_each_and_nothing_from_other_bytes():
+    """The edges index's rows of an envelope: its ``parent`` first (marked), then each
+    ``parents`` entry not already named; bytes that are no JSON object give none."""
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    env = json.dumps({"content": "sha256:" + "c" * 64, "parent": a, "parents": [{"entry": b}, {"entry": a}],
+                      "ts": "2026-01-01T00:00:00Z", "type": "merge"}, separators=(",", ":")).encode()
+    assert pg_objects.envelope_parents(env) == [(bytes.fromhex("a" * 64), True), (bytes.fromhex("b" * 64), False)]
+    root = json.dumps({"content": a, "parent": None, "ts": "x", "type": "message"}).encode()
+    assert pg_objects.envelope_parents(root) == []
+    assert pg_objects.envelope_parents(b"not json") == []
+    assert pg_objects.envelope_parents(b"[1, 2]") == []
+    assert pg_objects.envelope_parents(json.dumps({"parent": "sha256:XYZ"}).encode()) == []
