@@ -213,3 +213,62 @@ def test_from_dict_refuses_what_is_no_summary():
     assert SessionSummary.from_dict({"id": "x", "title": ["no"]}) is None
     assert SessionSummary.from_dict({"id": "x", "entries": 2, "continued_in": None, "bogus": 1}) == SessionSummary(id="x", entries=2)
     assert select([SessionSummary(id="z", created="2026-01-01T00:00:00Z"), SessionSummary(id="y")]) [0].id == "z"
+
+
+def _counting_reads(monkeypatch) -> list[str]:
+    """The ids of the entries every Store reads from here on."""
+    reads: list[str] = []
+    real, real_many = Store.entry, Store.entries
+
+    def counting(self, entry_id):
+        reads.append(entry_id)
+        return real(self, entry_id)
+
+    def counting_many(self, entry_ids):
+        for e in real_many(self, entry_ids):
+            reads.append(e.id)
+            yield e
+
+    monkeypatch.setattr(Store, "entry", counting)
+    monkeypatch.setattr(Store, "entries", counting_many)
+    return reads
+
+
+def hold_open_and_append(st: Store, sid: str, n: int):
+    """A writer (a recorder, a server) that keeps its session open: ``n`` items, a commit
+    after every fifth, never closed."""
+    s = st.create(Header.new(sid, created_at="2026-03-05T08:00:00Z"))
+    for i in range(n):
+        s.append(item(f"turn {i}", f"2026-03-05T09:{i // 60:02d}:{i % 60:02d}Z"))
+        if i % 5 == 4:
+            s.commit()
+    s.commit()
+    return s
+
+
+def test_a_writer_that_holds_its_session_open_keeps_its_summary_as_it_goes(tmp_path, monkeypatch):
+    """``list`` beside a writer that holds its session for hours reads at most SUMMARY_EVERY
+    entries, not every one appended since the writer opened it (none kept before close)."""
+    import agentsession_cas.store.session as session_mod
+
+    monkeypatch.setattr(session_mod, "SUMMARY_EVERY", 8)
+    st = Store.init(tmp_path / "s")
+    writer = hold_open_and_append(st, "w", 22)
+    reads = _counting_reads(monkeypatch)
+    ro = Store(tmp_path / "s", readonly=True)
+    s = ro.summary("w")
+    assert (s.entries, s.last_activity) == (22, "2026-03-05T09:00:21Z")
+    assert 0 < len(reads) <= 8, reads
+    ro.close()
+    writer.close()
+    assert st.backend.sessions.summary("w")[1], "the one kept at close is current"
+    st.close()
+    # A lazy writer that never commits keeps none as it goes: a summary of records a crash
+    # may take back is never kept.
+    st = Store.init(tmp_path / "lazy", sync="never")
+    s = st.create(Header.new("z", created_at="2026-03-05T08:00:00Z"))
+    for i in range(20):
+        s.append(item(f"turn {i}", f"2026-03-05T09:00:{i:02d}Z"))
+    assert st.backend.sessions.summary("z") is None
+    s.close()
+    st.close()

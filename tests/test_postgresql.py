@@ -1292,3 +1292,24 @@ def test_envelope_parents_reads_parent_then_parents_once_each_and_nothing_from_o
     assert pg_objects.envelope_parents(b"not json") == []
     assert pg_objects.envelope_parents(b"[1, 2]") == []
     assert pg_objects.envelope_parents(json.dumps({"parent": "sha256:XYZ"}).encode()) == []
+
+
+def test_a_writer_that_holds_its_session_open_keeps_its_summary_as_it_goes_here_too(url, monkeypatch):
+    import agentsession_cas.store.session as session_mod
+
+    monkeypatch.setattr(session_mod, "SUMMARY_EVERY", 8)
+    st = open_store(url, create=True)
+    s = st.create(Header.new("w"))
+    for i in range(22):
+        s.append(msg(f"turn {i}"))
+        if i % 5 == 4:
+            s.commit()
+    s.commit()
+    kept = st.backend.sessions.summary("w")
+    assert kept is not None and 22 - 8 < kept[0]["entries"] < 22 and not kept[1], kept
+    reader = open_store(url, readonly=True)
+    assert reader.summary("w").entries == 22
+    reader.close()
+    s.close()
+    assert st.backend.sessions.summary("w")[1]
+    st.close()

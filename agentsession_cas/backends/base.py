@@ -467,6 +467,15 @@ class SessionLog(ABC):
         tell whether it is current (:meth:`SessionStore.summary`). Called at close; an
         index, like HEAD: lost or stale, it is rebuilt from the log."""
 
+    def keep_summary(self, summary: Mapping[str, Any]) -> None:
+        """:meth:`set_summary` kept at once, describing the log as it is now (every record
+        committed: the caller's to know), not when the session is let go: a writer that
+        holds a session open for long (a recorder, a server) hands one over now and then,
+        so a reader beside it reads only the entries since (:meth:`Session.summary
+        <agentsession_cas.store.session.Session.summary>`). A backend whose
+        :meth:`set_summary` keeps at once needs nothing more."""
+        self.set_summary(summary)
+
     def set_rule_state(self, state: Mapping[str, Any]) -> None:  # noqa: B027 - a hook: a backend may keep none
         """Keep the append rules' state of the session (a JSON object the domain made,
         :mod:`agentsession_cas.store.rulestate`), written when the session is let go, so

@@ -72,6 +72,9 @@ if TYPE_CHECKING:
 __all__ = ["AppendResult", "PreparedBatch", "ProjectionOutline", "Session", "entry_from_objects", "iter_up", "walk_up"]
 
 _DURABLE_ON_RESPONSES = frozenset({"response", "compaction", "branch_summary"})
+#: Entries a writer appends between the summaries it hands the backend as it goes (see
+#: Session._keep_summary): at most what ``list`` beside it reads of its session.
+SUMMARY_EVERY = 1024
 #: The entries a batch of one adds before its entry: none.
 _NOTHING_ADDED: Mapping[str, Append] = MappingProxyType({})
 _ENTRY_NAMING = ("target", "first_kept", "from", "queued_from")
@@ -242,6 +245,8 @@ class Session:
         #: describes a prefix of this log, and a writer's builder, fed as it appends.
         self._summary_base: SessionSummary | None = None
         self._builder: SummaryBuilder | None = None
+        #: How many entries the log held when a writer last kept its summary (see _keep_summary).
+        self._summary_kept = 0
         #: The successor a continued_in link names (once known: see superseded_by).
         self._successor: str | None = None
         self._successor_known = False
@@ -271,6 +276,7 @@ class Session:
         session = cls(store, session_id, log, header, state)
         session.recovered = list(opened.recovered)
         session._summary_base = _prefix_summary(session_id, state, opened.summary)
+        session._summary_kept = len(state.log_order)
         if writable:
             session._rule_state = opened.rule_state
             session._builder = SummaryBuilder(header, copy.copy(session._summary_base))
@@ -945,6 +951,7 @@ class Session:
                 p.result.unresolved.extend(self._hold_blobs(p.content))
         if commit:
             state.committed_seq = state.max_seq
+            self._keep_summary()
         if note is not None:
             planned[-1].result.note = note
 
@@ -1031,6 +1038,23 @@ class Session:
         self.log.commit()
         self.state.committed_seq = self.state.max_seq
         self.log.set_indexes(self.head, self.mark)
+        self._keep_summary()
+
+    def _keep_summary(self) -> None:
+        """Just after a commit: every :data:`SUMMARY_EVERY` entries, hand the backend the
+        summary as it is now, where the writer's builder has every entry (it then costs no
+        read), so that ``list`` beside a writer that holds its session open for hours (a
+        recorder, a server) reads at most that many entries, not all since it opened."""
+        n = len(self.state.log_order)
+        if n - self._summary_kept < SUMMARY_EVERY:
+            return
+        self._summary_kept = n
+        if self._builder_at(n) is None:
+            return
+        try:
+            self.log.keep_summary(self.summary().as_dict())
+        except AgentSessionError:
+            pass  # (an index: the one kept at close, or a reader, makes it again)
 
     def set_head(self, new: str | None, *, expected: str | None) -> None:
         """Compare-and-swap the head, durably. ``expected`` None means "no head"."""

@@ -877,6 +877,16 @@ class FileSessionLog(SessionLog):
         if self.writable and not self._closed:
             self._summary = dict(summary)
 
+    def keep_summary(self, summary: Mapping[str, Any]) -> None:
+        """Written now, with the log's identity now, where nothing is uncommitted (a summary
+        of records a crash may take back must not pass for the log's)."""
+        if self.writable and not self._closed and not self._uncommitted:
+            self._summary = dict(summary)
+            try:
+                self._write_summary()
+            except OSError:
+                pass  # an index: the one written at close, or a reader, makes it again
+
     def set_rule_state(self, state: Mapping[str, Any]) -> None:
         if self.writable and not self._closed:
             self._rule_state = dict(state)

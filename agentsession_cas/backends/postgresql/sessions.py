@@ -381,6 +381,16 @@ class PgSessionLog(SessionLog):
         if self.writable and not self._closed:
             self._states[_SUMMARY] = dict(summary)
 
+    def keep_summary(self, summary: Mapping[str, Any]) -> None:
+        """Kept now, as of the log's length now (one statement, as at close)."""
+        if not self.writable or self._closed or self.conn is None or self.stopped or self._parked:
+            return
+        try:
+            kept = canonical_bytes(summary)
+        except (ValueError, AgentSessionError):
+            return
+        self._keep({_SUMMARY: kept})
+
     def set_rule_state(self, state: Mapping[str, Any]) -> None:
         if self.writable and not self._closed:
             self._states[_RULES] = dict(state)
