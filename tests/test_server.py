@@ -731,3 +731,28 @@ def test_ref_log_over_the_wire(served):
             ("a-1", "a-2"), (None, "a-1")]
     with served.client("nobody") as c:
         problem(c.get("/v1/refs/conv/x", params={"view": "log"}), 403, "scope")
+
+
+def test_a_list_beside_a_running_server_reads_no_entry_of_a_session_pushed_to_it(served, tmp_path, monkeypatch):
+    """The server holds what it admitted open; its summary is kept at the admission (more
+    than SUMMARY_EVERY entries came), not only when the server stops: a local ``list``
+    beside it reads none of the session's entries (it read all 1,100 before)."""
+    a = Store.init(tmp_path / "a", sync="never")
+    s = a.create(Header.new("big", created_at=TS))
+    for i in range(1100):
+        s.append(user(f"turn {i}", i % 60))
+    a.close()
+    with Store(tmp_path / "a") as a:
+        push(a, HttpTransport(served.url, token=TOKENS["all"][0]), "big")
+    reads: list[str] = []
+    real = Store.entries
+
+    def counting(self, entry_ids):
+        for e in real(self, entry_ids):
+            reads.append(e.id)
+            yield e
+
+    monkeypatch.setattr(Store, "entries", counting)
+    with Store(served.store, readonly=True) as ro:
+        assert ro.summary("big").entries == 1100
+    assert reads == []

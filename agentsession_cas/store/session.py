@@ -1242,6 +1242,7 @@ class Session:
         self.log.set_indexes(self.head, self.mark)
         if added:
             self._successor_known = False  # an admitted continued_in link is found on next need
+            self._keep_summary()
         return [r.entry for r in added]
 
     def exchange_park(self) -> bool:
