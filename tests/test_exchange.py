@@ -23,6 +23,7 @@ from agentsession_cas.exchange import operations as ex
 from agentsession_cas.format import parallel
 from agentsession_cas.format.canonical import canonical_bytes
 from agentsession_cas.errors import (
+    NoSuchObjectError,
     AppendRefusedError,
     BadObjectError,
     HandoverIncompleteError,
@@ -1562,3 +1563,46 @@ def test_entries_admitted_by_exchange_have_a_context_hash_on_the_open_handle(tmp
     assert mirror.context_hash() == Store(tmp_path / "c", readonly=True).read("s1").context_hash()
     a.close()
     c.close()
+
+
+def test_a_local_fetch_reads_the_remote_objects_in_bulk_and_names_one_held_nowhere(tmp_path, monkeypatch):
+    """A store endpoint serves objects a chunk at a time (``get_many``, a pack's block read
+    once for all its objects), not one ``get`` each; and asks "held?" of many at once. One
+    the remote lacks is still named, with the remote, as before."""
+    from agentsession_cas.backends.files.objects import FileObjects
+
+    a, b = store(tmp_path, "a"), store(tmp_path, "b")
+    record(a, "s", 300)
+    a.close()
+    Store(tmp_path / "a").pack()
+    gets: list[str] = []
+    helds: list[str] = []
+    real_get, real_held = FileObjects.get, FileObjects.held
+    monkeypatch.setattr(FileObjects, "get", lambda self, space, name: gets.append(name) or real_get(self, space, name))
+    monkeypatch.setattr(FileObjects, "held", lambda self, space, name: helds.append(name) or real_held(self, space, name))
+    ex.fetch(b, tmp_path / "a", "s")
+    assert len(reopen(tmp_path / "b", "s").projection().splitlines()) == 302
+    assert len(gets) < 20 and helds == [], (len(gets), len(helds))
+    # An object the remote lacks: named, and nothing of the session is made here.
+    c = store(tmp_path, "c")
+    with Store(tmp_path / "a") as src:
+        victim = list(src.read("s").own)[4]
+        content = read_envelope_content(src, victim)
+    monkeypatch.setattr(FileObjects, "get", lambda self, space, name: (
+        real_get(self, space, name) if name != content else _raise_missing(space, name)))
+    monkeypatch.setattr(FileObjects, "get_many", lambda self, space, names: [self.get(space, n) for n in names])
+    with pytest.raises(NoSuchObjectError, match=f"no contents object {content} in "):
+        ex.fetch(c, tmp_path / "a", "s")
+    assert "s" not in c
+    b.close()
+    c.close()
+
+
+def read_envelope_content(st: Store, entry_id: str) -> str:
+    from agentsession_cas.format.hashing import envelope_content
+
+    return envelope_content(st.objects.get("entries", entry_id))
+
+
+def _raise_missing(space: str, name: str):
+    raise NoSuchObjectError(f"no {space} object {name} (gone)")

@@ -380,6 +380,15 @@ def _order(new: list[_Checked]) -> list[_Checked]:
 # -- the receiving side --------------------------------------------------------------
 
 
+def _noted(names: Iterable[str], asked: deque[tuple[str, ...]]) -> Iterator[tuple[str, ...]]:
+    """``names`` in chunks of :data:`_CHUNK`, each noted in ``asked`` as it is taken (for
+    the caller to pair it with what a reader of the chunks gives back for it)."""
+    it = iter(names)
+    while chunk := tuple(itertools.islice(it, _CHUNK)):
+        asked.append(chunk)
+        yield chunk
+
+
 class StoreEndpoint:
     """A store as the far end of an exchange: RFC 0002's rules for receiving a push,
     serving a fetch, and changing a mark, over one :class:`Store`.
@@ -510,11 +519,25 @@ class StoreEndpoint:
         """Serve objects by name (those a session's log holds until its next checkpoint
         included, while this endpoint holds the session or a snapshot of it).
         :class:`NoSuchObjectError` for one held nowhere."""
-        for space, name in wanted:
+        objects = self.store.objects
+        for given, run in itertools.groupby(wanted, key=lambda w: w[0]):
+            space = check_space(given)
+            asked: deque[tuple[str, ...]] = deque()
             try:
-                yield space, name, self.store.objects.get(check_space(space), name)
+                for datas in objects.get_chunks(space, _noted((name for _, name in run), asked)):  # (each chunk read in bulk)
+                    yield from ((space, name, data) for name, data in zip(asked.popleft(), datas, strict=True))
             except NoSuchObjectError:
-                raise NoSuchObjectError(f"no {space} object {name} in {self.store.describe()}") from None
+                for name in asked[0]:  # the chunk again, one at a time, to name the one held nowhere
+                    try:
+                        objects.get(space, name)
+                    except NoSuchObjectError:
+                        raise NoSuchObjectError(f"no {space} object {name} in {self.store.describe()}") from None
+                raise
+
+    def _lacking(self, space: Space, names: Sequence[str]) -> list[str]:
+        """Of ``names``, in order, those not held and sound here (:meth:`_has` of each, asked
+        of the backend at once)."""
+        return [name for name, here in zip(names, self.store.objects.held_many(space, names)) if not here]
 
     def session_view(self, session_id: str) -> SessionView:
         """The session as last committed here: header, mark, head, own entries in log

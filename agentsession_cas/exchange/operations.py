@@ -622,7 +622,7 @@ def _fetch(
     result = ExchangeResult("fetch", session_id, transport.url, to=view.head)
     # Envelopes first (small, kept), then the contents they name, then blobs.
     envs: dict[str, bytes] = {}
-    lacking = [e for e in need if not endpoint._has("entries", e)]
+    lacking = endpoint._lacking("entries", need)
     total_hint = len(lacking)
     for _, name, data in _verified(transport.get_objects([("entries", e) for e in lacking], session=session_id)):
         envs[name] = data
@@ -638,7 +638,7 @@ def _fetch(
         if chash is not None:
             contents.append(chash)
     contents = list(dict.fromkeys(contents))
-    lacking_contents = [c for c in contents if not endpoint._has("contents", c)]
+    lacking_contents = endpoint._lacking("contents", contents)
     total_hint += len(lacking_contents)
     blobs: set[str] = set()
     counted = [0, 0]
