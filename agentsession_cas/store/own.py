@@ -24,14 +24,15 @@ _NONE = EntryDigests(b"")
 class OwnOrder(Sequence[str]):
     """The own entries in log order: those of the snapshot, then those appended since."""
 
-    __slots__ = ("snap", "tail")
+    __slots__ = ("snap", "tail", "_n")
 
     def __init__(self, snap: EntryDigests = _NONE, tail: Iterable[str] = ()):
         self.snap = snap
         self.tail: list[str] = list(tail)
+        self._n = len(snap)  # (the snapshot is fixed: counted once, not at every append's len)
 
     def __len__(self) -> int:
-        return len(self.snap) + len(self.tail)
+        return self._n + len(self.tail)
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -80,7 +81,7 @@ class OwnSeqs(Mapping[str, int]):
     """Own entry id -> its sequence number: the snapshot's (by their place in it), then
     those set since. An id is set once (the replay and an append skip an own one)."""
 
-    __slots__ = ("snap", "seqs", "tail")
+    __slots__ = ("snap", "seqs", "tail", "_n")
 
     def __init__(self, snap: EntryDigests = _NONE, seqs: Sequence[int] = (), tail: Mapping[str, int] | None = None):
         if len(seqs) != len(snap):
@@ -88,11 +89,13 @@ class OwnSeqs(Mapping[str, int]):
         self.snap = snap
         self.seqs = seqs if isinstance(seqs, (array, SeqRuns)) else array("q", seqs)
         self.tail: dict[str, int] = dict(tail or {})
+        #: The snapshot's count (fixed): with none, a question about an id is the tail's alone.
+        self._n = len(snap)
 
     def get(self, entry_id: Any, default: Any = None) -> Any:
         v = self.tail.get(entry_id)
-        if v is not None:
-            return v
+        if v is not None or not self._n:
+            return default if v is None else v
         p = self.snap.position(entry_id)
         return self.seqs[p] if p >= 0 else default
 
@@ -103,7 +106,7 @@ class OwnSeqs(Mapping[str, int]):
         return v
 
     def __contains__(self, entry_id: object) -> bool:
-        return entry_id in self.tail or self.snap.position(entry_id) >= 0
+        return entry_id in self.tail or (self._n > 0 and self.snap.position(entry_id) >= 0)
 
     def __setitem__(self, entry_id: str, seq: int) -> None:
         if not self.add(entry_id, seq):
@@ -113,13 +116,13 @@ class OwnSeqs(Mapping[str, int]):
         """Set ``entry_id``'s number unless it is own already (False then): the replay's
         step, one look-up per append record."""
         tail = self.tail
-        if entry_id in tail or (self.snap and self.snap.position(entry_id) >= 0):
+        if entry_id in tail or (self._n > 0 and self.snap.position(entry_id) >= 0):
             return False
         tail[entry_id] = seq
         return True
 
     def __len__(self) -> int:
-        return len(self.snap) + len(self.tail)
+        return self._n + len(self.tail)
 
     def __iter__(self) -> Iterator[str]:
         yield from self.snap

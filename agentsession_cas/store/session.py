@@ -18,6 +18,7 @@ entry. Until the commit nothing a reader can see changes.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import field
 from types import MappingProxyType
@@ -176,6 +177,11 @@ class _Planned(NamedTuple):
     env: bytes
     result: AppendResult
     record: Append | None  # None for a no-op
+
+
+#: A :class:`_Planned` made of a tuple of its five fields in one C call (the named tuple's
+#: own ``__new__`` is a Python function: every append makes one).
+_planned: Callable[[tuple[Entry, bytes, bytes, AppendResult, Append | None]], _Planned] = functools.partial(tuple.__new__, _Planned)
 
 
 class PreparedBatch:
@@ -693,27 +699,29 @@ class Session:
         """Fill ``parent`` and ``ts`` as an append does, hash, and hold the line to the
         line rules (:func:`~agentsession_cas.format.rules.check_line`: type, ts, I-JSON,
         reserved members, required members, a stated id) as ``verify`` would."""
-        if isinstance(entry, Entry) and "parent" in entry.data and "ts" in entry.data and entry.data.get("id") == entry.computed_id:
-            data = entry.data  # whole already, and an Entry's data is never changed: shared, not copied
+        given = entry if entry.__class__ is Entry or isinstance(entry, Entry) else None
+        if given is not None and "parent" in (d := given.data) and "ts" in d and d.get("id") == given.computed_id:
+            data = d  # whole already, and an Entry's data is never changed: shared, not copied
         else:
             data = dict(entry.data if isinstance(entry, Entry) else entry)
             if "parent" not in data:
                 data["parent"] = head
             if "ts" not in data:
                 data["ts"] = now_ts()
-        if isinstance(entry, Entry) and entry.careful is not None and entry.data.get("ts") == data["ts"]:
+        careful: bool | None
+        if given is not None and given.careful is not None and (data is given.data or given.data.get("ts") == data["ts"]):
             # Made or read by the format core, which walked it once already: its flag
             # says how to serialise (an Entry's data is not changed once made).
-            careful: bool | None = entry.careful
+            careful = given.careful
         else:
             try:
                 careful = needs_careful(data)
             except IJSONError as exc:
                 raise AppendRefusedError(f"not I-JSON: {exc}", rule="ijson") from None
-        check_line = _rules_check_line()
+        check_line = _CHECK_LINE[0] if _CHECK_LINE else _rules_check_line()
         # The caller's own entry, whole and unchanged, is filled and kept rather than a
         # second object made for the same data (a long session keeps one per entry).
-        own = entry if isinstance(entry, Entry) and data is entry.data and entry.line is None else None
+        own = given if given is not None and data is given.data and given.line is None else None
         built, problems = check_line(data, careful=careful, keep_objects=True, require_id=False, into=own)
         objects = built.objects if built is not None else None
         if built is not None:
@@ -837,13 +845,11 @@ class Session:
         seq += 1
         moved = new_head != head or outcome in ("continued", "head-moved")
         durable_now = self._durable_for(e, durable)
-        record = Append(
-            seq, eid, new_head, head_moved=moved, leaf_label=is_leaf_label, lazy=not durable_now,
-            objects=(e.content_hash, content, env),
-        )
+        # (positional: every append makes one, and keywords cost twice the call)
+        record = Append(seq, eid, new_head, moved, is_leaf_label, not durable_now, (e.content_hash, content, env))
         unresolved = [] if _NAMING.isdisjoint(data) else self._unresolved(e, added)  # (the common entry names nothing)
         res = AppendResult(eid, outcome, new_head, durable_now, seq, unresolved, note, findings, notes)
-        return _Planned(e, content, env, res, record)
+        return _planned((e, content, env, res, record))
 
     def discard_prepared(self) -> None:
         """Drop a batch prepared and not committed (another write comes first)."""
@@ -899,11 +905,12 @@ class Session:
         """Write the append records of ``planned`` (one write of the log), committed when
         ``durable`` says so or, when it is None, when any of them asks to be; then take
         them into the session's state."""
+        records: Sequence[Append]
         if len(planned) == 1:  # (an append's write)
             one = planned[0].record
             if one is None:
                 return
-            records = [one]
+            records = (one,)
         else:
             records = [p.record for p in planned if p.record is not None]
             if not records:
@@ -933,7 +940,8 @@ class Session:
             if p.record is None:
                 continue
             r = p.record
-            own[r.entry] = r.seq
+            if not own.add(r.entry, r.seq):  # (planned against this state: never own already)
+                raise StoreError(f"entry {r.entry} was written twice")
             log_order.append(r.entry)
             if r.leaf_label:
                 state.leaf_labels.add(r.entry)
