@@ -10,9 +10,14 @@ each as a ratio against a baseline measured in the same run:
    ``O_APPEND`` and fsyncing it, on the same filesystem. Target >= 1/3 of
    that rate.
 2. **lazy append** (policy ``never``, one ``commit`` at the end, then
-   close): entries per second, against the format core's verify
-   (``read_session_bytes``) of the same entries' bytes. Target >= 40% of
-   verify's rate.
+   close): entries per second, against verify of the same entries' bytes
+   with every rule an append runs (``verify_bytes``: the line, tree, record
+   and context rules, request hashes included, as ``verify FILE`` runs them).
+   Target >= 40% of that verify's rate. (The target was set when an append
+   ran the line and tree rules only, against ``read_session_bytes``, which
+   runs those; since the one rule set (issue 10) an append also runs the
+   record and context rules, which ``read_session_bytes`` never ran. Its
+   ratio is still printed, as information.)
 3. **import** of the session file (``Store.import_file``) and **export** of
    it back (``Store(..., readonly=True).export``), each against verify's
    rate on the same file. Target >= 40% each.
@@ -53,6 +58,7 @@ for p in (str(ROOT), str(HERE)):
 
 import agentsession_cas  # noqa: E402
 from agentsession_cas import Header, read_session_bytes  # noqa: E402
+from agentsession_cas.format.reader import verify_bytes  # noqa: E402
 from agentsession_cas.store import Store  # noqa: E402
 from bench_verify import SESSION_ID, generate  # noqa: E402
 
@@ -194,19 +200,21 @@ def bench_durable(tmp: str, entries: list, n: int, res: Results) -> None:
 # 2. lazy append
 
 
-def bench_lazy(tmp: str, entries: list, ver_rate: float, res: Results) -> None:
+def bench_lazy(tmp: str, entries: list, ver_rate: float, all_rate: float, res: Results) -> None:
     n = len(entries)
     print(f"\n[2] lazy append (policy 'never', one commit at the end), {n:,} entries")
     store_dir = os.path.join(tmp, "lazy")
     app_s, close_s, durable = store_appends(store_dir, "bench-lazy", entries, "never")
     total = app_s + close_s
     rate = _rate(n, total)
-    ratio = rate / ver_rate
+    ratio = rate / all_rate
     files, size = _du(os.path.join(store_dir, "objects"))
     print(f"    store     appends {app_s:8.2f} s + commit/close {close_s:6.2f} s = {total:8.2f} s: {rate:>9,.0f} entries/s "
           f"({durable} reported durable; {files:,} object files, {size / 1e6:,.1f} MB)")
-    print(f"    verify                                                       : {ver_rate:>9,.0f} entries/s")
+    print(f"    verify, every rule an append runs (verify_bytes)            : {all_rate:>9,.0f} entries/s")
     print(f"    ratio     lazy append / verify : {ratio:7.3f}   (target >= {TARGET_VERIFY:.2f})")
+    print(f"    (information: / read_session_bytes, the line and tree rules only, {ver_rate:,.0f} entries/s: "
+          f"{rate / ver_rate:.3f})")
     res.add("lazy append vs verify", ratio, f">= {TARGET_VERIFY:.2f}", ratio >= TARGET_VERIFY)
     shutil.rmtree(store_dir, ignore_errors=True)
 
@@ -463,7 +471,13 @@ def main(argv: list[str] | None = None) -> int:
         if "durable" in benches:
             bench_durable(tmp, entries, min(appends, len(entries)), res)
         if "lazy" in benches:
-            bench_lazy(tmp, entries[:count], ver_rate, res)
+            all_s, report = _best_of(lambda d: verify_bytes(d, source="<bench>"), data, repeat)
+            if report.problems:
+                print(f"INVALID: verify_bytes finds {len(report.problems)} problems in the generated session")
+                return 1
+            all_rate = _rate(count, all_s)
+            print(f"verify with every rule (verify_bytes), best of {repeat}: {all_s * 1000:,.1f} ms, {all_rate:,.0f} entries/s")
+            bench_lazy(tmp, entries[:count], ver_rate, all_rate, res)
         if "import" in benches:
             if not bench_import_export(tmp, data, count, ver_rate, repeat, res):
                 print("    ERROR: export did not give back the imported file's bytes")
