@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import field
-from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import FsckProblem, FsckReport
@@ -237,15 +236,20 @@ def _verify_projection(session: Session, progress: Progress | None = None) -> Ve
         size += sum(len(content) for _, _, content, _ in chunk)
         if size >= parallel.MIN_BYTES:
             break
-    walked = chain(opening, chunks)
+
+    def walked() -> Iterator[list[_Walked]]:
+        while opening:  # (let go of as they are passed on: 8 MB of objects)
+            yield opening.pop(0)
+        yield from chunks
+
     helper = parallel.LineHelper(built=True) if parallel.wanted(size, None) and not session.header.is_legacy else None
 
     def lines() -> Iterator[bytes]:
         yield session.header.canonical_line()
         if helper is None:
-            yield from (line for chunk in walked for line in lines_from_objects(chunk))
+            yield from (line for chunk in walked() for line in lines_from_objects(chunk))
         else:
-            yield from helper.built(_objects_blocks(walked))
+            yield from helper.built(_objects_blocks(walked()))
         marker = walk.marker()
         if marker is not None:
             if helper is not None:
