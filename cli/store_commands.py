@@ -291,7 +291,7 @@ def log_cmd(session_id: str, as_json: bool) -> None:
     positions: list[tuple[int, int | None]] = (
         list(history.positions) if history.positions else [(i + 1, None) for i in range(len(records))]
     )
-    if as_json:  # a record at a time (emit_json's bytes): never the whole document (220 MB at 100,000 entries)
+    if as_json:  # a record at a time (emit_json's bytes): never the whole document (220 megabytes at 100,000 entries)
         out = JsonStream(array=True)
         for d, (at, offset) in zip(records, positions):
             out.item({"line": at, "offset": offset, **d})
