@@ -130,17 +130,14 @@ def grep(pattern: str, sessions: tuple[str, ...], types: tuple[str, ...], ignore
     matched = False
     if not as_json:
         page()
-    listed: set[str] = set()
-    for m in grep_store(store, ids, regex, types=types):
+    for m in grep_store(store, ids, regex, types=types, first=list_only):
         matched = True
         sid = m.session
         if list_only:
-            if sid not in listed:
-                listed.add(sid)
-                if as_json:
-                    found.append({"session": sid})
-                else:
-                    echo(sid, fit=None)
+            if as_json:
+                found.append({"session": sid})
+            else:
+                echo(sid, fit=None)
             continue
         if as_json:
             found.append(m.as_dict())
