@@ -59,7 +59,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import IO
+from typing import IO, TypeVar
 
 try:
     import fcntl
@@ -183,6 +183,7 @@ Objects = tuple[str, bytes, bytes | None]
 #: A block of them as :meth:`LineHelper.built` takes it: the objects, and what makes the
 #: lines of those at the places given, here (when the helper does not).
 ObjectsBlock = tuple[Sequence[Objects], Callable[[list[int]], list[bytes]]]
+_B = TypeVar("_B")  # a block as a pass passes it on (its lines, or its objects)
 
 
 class LineHelper:
@@ -288,43 +289,56 @@ class LineHelper:
         :data:`AHEAD` ahead and sent to the helper as they are read; when a block's turn
         comes and its answer is not there yet, its lines are checked here (None each),
         unless the helper has begun it: this process does not wait for a helper behind."""
-        window: deque[tuple[list[bytes], bool]] = deque()  # (lines, whether the helper has them), oldest first
-        for joined, parts in blocks:
-            window.append((parts, self._send(joined, len(parts))))
-            if len(window) > AHEAD:
-                yield from self._passed(*window.popleft())
-        while window:
-            yield from self._passed(*window.popleft())
+        return self._windowed(((joined, len(parts), parts) for joined, parts in blocks), self._passed)
 
     def built(self, blocks: Iterable[ObjectsBlock]) -> Iterator[bytes]:
         """:meth:`lines` of a session given as its entries' objects, a block at a time: each
         line made by the helper with its answer, or here, by the block's own maker (checked
         here, None in :attr:`known`) when the helper does not answer the block or does not
         make that line. Each line ends with its LF, as the maker makes it."""
-        window: deque[tuple[ObjectsBlock, bool]] = deque()
-        for block in blocks:
-            window.append((block, self._send(encode_objects(block[0]), len(block[0]))))
-            if len(window) > AHEAD:
-                yield from self._built_passed(*window.popleft())
-        while window:
-            yield from self._built_passed(*window.popleft())
+        return self._windowed(((encode_objects(b[0]), len(b[0]), b) for b in blocks), self._built_passed)
 
-    def _built_passed(self, block: ObjectsBlock, sent: bool) -> list[bytes]:
-        """A block's lines (its answers, or None for each, put in :attr:`known`)."""
-        objects, make = block
+    def _windowed(self, blocks: Iterable[tuple[bytes, int, _B]],
+                  passed: Callable[[_B, list[Known] | None], list[bytes]]) -> Iterator[bytes]:
+        """The lines ``passed`` gives of each block (``(what the helper is sent, its line
+        count, the block)``) and its answers, or None when it is checked here: the blocks
+        sent as they are read, each passed on :data:`AHEAD` blocks later."""
+        window: deque[tuple[_B, int, bool]] = deque()  # (block, lines, whether the helper has it), oldest first
+        for payload, count, block in blocks:
+            window.append((block, count, self._send(payload, count)))
+            if len(window) > AHEAD:
+                yield from self._turn(*window.popleft(), passed)
+        while window:
+            yield from self._turn(*window.popleft(), passed)
+
+    def _turn(self, block: _B, count: int, sent: bool, passed: Callable[[_B, list[Known] | None], list[bytes]]) -> list[bytes]:
+        """A block's turn: its answers (or None for each) put in :attr:`known`, its lines."""
         self._write()
         answers = self._answers() if sent else None
         if answers is None:
-            self.known.extend([None] * len(objects))
-            self.checked_here += len(objects)
+            self.known.extend([None] * count)
+            self.checked_here += count
             if sent:
-                self._dropping += 1
+                self._dropping += 1  # its answer, when it comes, is read and dropped
+        else:
+            self.known.extend(answers)
+        return passed(block, answers)
+
+    def _passed(self, parts: list[bytes], answers: list[Known] | None) -> list[bytes]:
+        if answers is not None and self._blocks:
+            assert self.on_ready is not None
+            blocks, self._blocks = self._blocks, []
+            self.on_ready(blocks)
+        return parts
+
+    def _built_passed(self, block: ObjectsBlock, answers: list[Known] | None) -> list[bytes]:
+        objects, make = block
+        if answers is None:
             return make(list(range(len(objects))))
         lines, self._lines = self._lines, []
         here = [i for i, line in enumerate(lines) if line is None]
         for i, line in zip(here, make(here) if here else ()):
             lines[i] = line
-        self.known.extend(answers)
         return lines  # type: ignore[return-value]  # (every None made here)
 
     def _send(self, joined: bytes, count: int) -> bool:
@@ -341,23 +355,6 @@ class LineHelper:
         self._owed.append((number, count))
         self._write()
         return True
-
-    def _passed(self, parts: list[bytes], sent: bool) -> list[bytes]:
-        """A block's lines, its answers (or None for each) put in :attr:`known`."""
-        self._write()
-        answers = self._answers() if sent else None
-        if answers is None:
-            self.known.extend([None] * len(parts))
-            self.checked_here += len(parts)
-            if sent:
-                self._dropping += 1  # its answer, when it comes, is read and dropped
-        else:
-            self.known.extend(answers)
-            if self._blocks:
-                assert self.on_ready is not None
-                blocks, self._blocks = self._blocks, []
-                self.on_ready(blocks)
-        return parts
 
     def _readied(self) -> bool:
         """Whether the helper said it is ready, not waiting for it (unless :data:`WAIT`):
