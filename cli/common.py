@@ -188,7 +188,7 @@ def emit_json(obj: Any) -> None:
 
 
 class JsonStream:
-    """:func:`emit_json`'s document (one object), written as its members are known: the
+    """:func:`emit_json`'s document (one object, or a list), written as its members are known: the
     same bytes (its key order, two-space indentation, the line after), a member at a time,
     and a list member an element at a time (:meth:`open_list`, :meth:`item`): what ``show
     --json`` writes as it reads the session, never holding the document. A member whose
@@ -204,8 +204,10 @@ class JsonStream:
 
     BATCH = 1 << 20  # characters written at once
 
-    def __init__(self, *, spool: bool = False, tidy: Callable[[], None] | None = None) -> None:
-        self._parts: list[str] = ["{"]
+    def __init__(self, *, spool: bool = False, tidy: Callable[[], None] | None = None, array: bool = False) -> None:
+        #: With ``array``, the document is a list (``log --json``'s): :meth:`item` writes its elements.
+        self._brackets, self._indent = ("[]", "  ") if array else ("{}", "    ")
+        self._parts: list[str] = [self._brackets[0]]
         self._size = 1
         self._first = True  # no member written yet (then: no element of the open list)
         self._ascii = False  # escape every non-ASCII character from now on (a lone surrogate was met)
@@ -228,8 +230,8 @@ class JsonStream:
         self._first = True
 
     def item(self, value: Any) -> None:
-        self._put("\n    " if self._first else ",\n    ")
-        self._value(value, "    ", 0)
+        self._put(("\n" if self._first else ",\n") + self._indent)
+        self._value(value, self._indent, 0)
         self._first = False
 
     def close_list(self) -> None:
@@ -238,7 +240,7 @@ class JsonStream:
 
     def end(self) -> None:
         """Close the document and write what is left (with ``spool``: all of it)."""
-        self._put("}" if self._first else "\n}")
+        self._put(self._brackets[1] if self._first else "\n" + self._brackets[1])
         self._put("\n")
         self._flush()
         if self._spool is not None:

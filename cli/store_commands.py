@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 from agentsession_cas.progress import Progress
 
 from .common import (
+    JsonStream,
     echo,
     emit_json,
     end_at_once_after,
@@ -290,8 +291,11 @@ def log_cmd(session_id: str, as_json: bool) -> None:
     positions: list[tuple[int, int | None]] = (
         list(history.positions) if history.positions else [(i + 1, None) for i in range(len(records))]
     )
-    if as_json:
-        emit_json([{"line": line, "offset": offset, **d} for d, (line, offset) in zip(records, positions)])
+    if as_json:  # a record at a time (emit_json's bytes): never the whole document (220 megabytes at 100,000 entries)
+        out = JsonStream(array=True)
+        for d, (at, offset) in zip(records, positions):
+            out.item({"line": at, "offset": offset, **d})
+        out.end()
     else:
         page()
         rows = [["LINE", "OP", "SEQ", "ENTRY", "HEAD", "DETAIL"]]

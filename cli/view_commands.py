@@ -10,11 +10,10 @@ from typing import Any
 import click
 
 from agentsession_cas.format.entry import Entry, short_id
-from agentsession_cas.store import Store
 from agentsession_cas.store.names import resolve_entry, resolve_session
 from agentsession_cas.store.views import Diff, diff_paths, diff_sequences, grep_store
 
-from .common import echo, emit_json, number, one_line, plural, size, table
+from .common import JsonStream, echo, emit_json, number, one_line, plural, size, table
 from .describe import describe
 from .fsck_command import finding_line
 from .store_commands import read_store
@@ -28,13 +27,11 @@ from .terminal import start_pager as page
 _SIGN_COLOUR = {"-": "bad", "+": "good", "=": "dim"}
 
 
-def _entry_row(store: Store, sign: str, entry_id: str) -> str:
-    e = store.entry(entry_id)
+def _entry_row(sign: str, e: Entry) -> str:
     return paint(f"{sign} {short_id(e.id)}  {e.type:<10} {describe(e)}", _SIGN_COLOUR[sign])
 
 
-def _entry_json(store: Store, entry_id: str) -> dict[str, Any]:
-    e: Entry = store.entry(entry_id)
+def _entry_json(e: Entry) -> dict[str, Any]:
     return {"entry": e.id, "parent": e.parent, "type": e.type, "summary": describe(e)}
 
 
@@ -73,15 +70,22 @@ def diff(a: str, b: str, session_name: str | None, as_json: bool) -> None:
         result = diff_sequences(seqs[0], seqs[1])
         sides = {"a": ids[0], "b": ids[1]}
     if as_json:
-        emit_json({
-            **sides,
-            "same": result.same,
-            "common": len(result.common),
-            "last_common": result.common[-1] if result.common else None,
-            "only_a": [_entry_json(store, e) for e in result.only_a],
-            "only_b": [_entry_json(store, e) for e in result.only_b],
-            "shared": sorted(result.shared),
-        })
+        # emit_json's bytes, a row at a time, the rows' entries read in bulk (Store.entries):
+        # 100,000 rows made whole peaked at 454 megabytes. Spooled: an entry that does not read
+        # leaves nothing on standard output, as before.
+        out = JsonStream(spool=True)
+        for key, value in sides.items():
+            out.member(key, value)
+        out.member("same", result.same)
+        out.member("common", len(result.common))
+        out.member("last_common", result.common[-1] if result.common else None)
+        for key, rest in (("only_a", result.only_a), ("only_b", result.only_b)):
+            out.open_list(key)
+            for e in store.entries(rest):
+                out.item(_entry_json(e))
+            out.close_list()
+        out.member("shared", sorted(result.shared))
+        out.end()
         return
     page()
     last = f", up to {short_id(result.common[-1])}" if result.common else ""
@@ -89,10 +93,9 @@ def diff(a: str, b: str, session_name: str | None, as_json: bool) -> None:
     echo(f"b {sides['b']}")
     echo(f"common prefix: {plural(len(result.common), 'entry', 'entries')}{last}")
     for sign, rest in (("-", result.rest_a), ("+", result.rest_b)):
-        for entry_id in rest:
-            if sign == "+" and entry_id in result.shared:
-                continue  # listed once, under A
-            echo(_entry_row(store, "=" if entry_id in result.shared else sign, entry_id), fit="cut")
+        listed = [e for e in rest if sign == "-" or e not in result.shared]  # (a shared one listed once, under A)
+        for e in store.entries(listed):  # (read in bulk)
+            echo(_entry_row("=" if e.id in result.shared else sign, e), fit="cut")
 
 
 # ---------------------------------------------------------------------------
@@ -127,17 +130,14 @@ def grep(pattern: str, sessions: tuple[str, ...], types: tuple[str, ...], ignore
     matched = False
     if not as_json:
         page()
-    listed: set[str] = set()
-    for m in grep_store(store, ids, regex, types=types):
+    for m in grep_store(store, ids, regex, types=types, first=list_only):
         matched = True
         sid = m.session
         if list_only:
-            if sid not in listed:
-                listed.add(sid)
-                if as_json:
-                    found.append({"session": sid})
-                else:
-                    echo(sid, fit=None)
+            if as_json:
+                found.append({"session": sid})
+            else:
+                echo(sid, fit=None)
             continue
         if as_json:
             found.append(m.as_dict())

@@ -269,6 +269,50 @@ def test_append_bad_input_is_one_line(store, stdin, needle):
     assert ops == ["create", "append", "commit", "checkpoint"]
 
 
+def test_log_json_is_emit_json_of_the_records_byte_for_byte(store, tmp_path):
+    """log --json is streamed a record at a time: the bytes are emit_json's of the whole
+    list (its indentation, key order and non-ASCII text as it is), for a log that holds an
+    import's appends, a header member beyond ASCII, head moves and checkpoints; and for a
+    damaged log, the records that read, then the error."""
+    from agentsession_cas.backends.files.log import encode_record
+
+    src = tmp_path / "café.jsonl"
+    data = FIXTURES.joinpath("branches.jsonl").read_bytes().replace(b'"cwd":"/home/u/proj"', rb'"cwd":"/home/\u00fc/caf\u00e9"')
+    src.write_bytes(data)
+    sid = ok(cli(store, "import", str(src))).strip()
+    ids = new_session(store, "s1", 3)
+    ok(cli(store, "head", "s1", ids[0], "--expect", ids[-1]))
+
+    def expected(session: str) -> str:
+        with Store(store, readonly=True) as st:
+            h = st.history(session)
+        assert h.positions
+        return json.dumps([{"line": n, "offset": o, **d} for d, (n, o) in zip(h.records, h.positions)],
+                          ensure_ascii=False, indent=2) + "\n"
+
+    assert "ü" in expected(sid)
+    for session in (sid, "s1"):
+        assert ok(cli(store, "log", "--json", session)) == expected(session)
+    log = store / "sessions" / "s1" / "log"
+    log.write_bytes(log.read_bytes() + encode_record({"op": "commit"})[:-3] + b"xx\n" + encode_record({"op": "commit"}))
+    want = expected("s1")
+    r = cli(store, "log", "--json", "s1")
+    assert r.exit_code == 1 and r.stdout == want and '"code": "session_damaged"' in r.stderr.replace('":"', '": "')
+
+
+@pytest.mark.parametrize("value", [[], [{"a": 1, "b": None}], [{"h": {"x": ["é", 2.5]}, "n": 2**70}, "s", [1, []]]])
+def test_the_json_stream_of_a_list_writes_what_emit_json_writes(value, capsys):
+    from agentsession_cli.common import JsonStream, emit_json
+
+    emit_json(value)
+    whole = capsys.readouterr().out
+    out = JsonStream(array=True)
+    for v in value:
+        out.item(v)
+    out.end()
+    assert capsys.readouterr().out == whole
+
+
 def test_append_parent_rule(store):
     ids = new_session(store, "s1", 1)
     one_error(cli(store, "append", "s1", input=json.dumps(dict(user("x"), parent="sha256:" + "2" * 64))), "does not appear earlier")

@@ -85,6 +85,11 @@ def test_the_bulk_search_finds_what_reading_every_entry_finds(store, text, flags
     with Store(str(store), readonly=True) as st:
         sessions = sorted(st.list())
         assert list(grep_store(st, sessions, pattern)) == naive(st, sessions, pattern)
+        # grep -l's search: each session's first match, the rest of it not searched
+        firsts = {}
+        for m in naive(st, sessions, pattern):
+            firsts.setdefault(m.session, m)
+        assert list(grep_store(st, sessions, pattern, first=True)) == list(firsts.values())
 
 
 def test_required_literal_is_a_run_every_match_holds_without_escaped_characters():

@@ -874,6 +874,27 @@ def test_sweep_refuses_a_session_whose_log_lost_what_its_head_names(store, url, 
         assert all(store.entry(e).id == e for e in ids)
 
 
+def test_verify_id_holds_the_rows_head_to_the_log(store, url):
+    """As HEAD on the file backend: the head the session's row names is an index of the log,
+    which may lag it, never lead it. A log cut at a record (the last appends' rows gone)
+    replays sound, so only the row's head shows the loss: verify ID reports it, with the
+    code fsck gives the file backend's (``log-cut``), and its exit says so."""
+    s, ids = chain(store, n=4)
+    s.close()
+    from agentsession_cas.maintenance.check import verify_stored
+
+    assert verify_stored(store, "s1").ok
+    sql(url, "UPDATE sessions SET head = %s", [ids[1]])  # behind the log: a lag, no damage
+    assert verify_stored(store, "s1").ok
+    sql(url, "UPDATE sessions SET head = %s", [ids[-1]])
+    sql(url, "DELETE FROM log WHERE pos >= 4")  # the last three appends and their commits
+    check = verify_stored(store, "s1")
+    assert [(p["code"], p["where"]) for p in check.problems] == [("log-cut", "log")], check.problems
+    assert ids[-1] in check.problems[0]["message"]
+    r = run(["verify", "s1", "--json"], url)
+    assert r.exit_code == 1 and [p["code"] for p in json.loads(r.stdout)["problems"]] == ["log-cut"], r.stdout
+
+
 def test_sweep_keeps_an_object_written_again_while_it_decides(store):
     """The race a sweep must lose: an unretained object written again (freshened) after the
     sweep's snapshot and before its delete stays, however short the grace."""

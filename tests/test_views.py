@@ -188,6 +188,31 @@ def test_diff_of_two_entries_compares_their_paths(store):
     assert r.exit_code == 1 and "ffff" in r.stderr
 
 
+def test_diff_json_is_emit_json_of_the_document_byte_for_byte(store):
+    """diff --json is written as it goes (its rows read in bulk): the bytes are emit_json's
+    of the whole document, for two sessions and for two entries' paths."""
+    from agentsession_cas.store.views import diff_paths
+    from agentsession_cli.describe import describe
+
+    with Store(str(store), readonly=True) as st:
+        with st.read("orig") as s:
+            ids = s.log_order
+        seqs = []
+        for sid in ("orig", "fork"):
+            with st.read(sid) as s:
+                seqs.append([*s.prefix, *s.log_order])
+        cases = [(["orig", "fork"], {"a": "orig", "b": "fork"}, diff_sequences(*seqs)),
+                 (["--session", "orig", ids[4], ids[6]], {"session": "orig", "a": ids[4], "b": ids[6]},
+                  diff_paths(st.ancestry(ids[4]), st.ancestry(ids[6])))]
+        for args, sides, d in cases:
+            rows = {k: [{"entry": e.id, "parent": e.parent, "type": e.type, "summary": describe(e)}
+                        for e in (st.entry(i) for i in getattr(d, k))] for k in ("only_a", "only_b")}
+            doc = {**sides, "same": d.same, "common": len(d.common), "last_common": d.common[-1] if d.common else None,
+                   **rows, "shared": sorted(d.shared)}
+            assert rows["only_a"] and rows["only_b"]
+            assert ok(cli(store, "diff", "--json", *args)) == json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
+
+
 def test_diff_of_a_missing_session_is_one_error(store):
     r = cli(store, "diff", "orig", "nosuch")
     assert r.exit_code == 1 and r.stdout == "" and "no such session: nosuch" in r.stderr

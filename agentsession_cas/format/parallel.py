@@ -20,6 +20,13 @@ rules. For each line the helper answers one of two things:
   are not found once in the line): this process runs today's line rules on that line
   itself, so every problem is found, worded and ordered exactly as in one process.
 
+A stored session's verify (``verify ID``) hands the helper the entries' objects instead
+(content and envelope bytes as the packs hold them, :meth:`LineHelper.built`): the helper
+makes each line of them (:func:`~agentsession_cas.format.hashing.lines_of_bytes`) and
+answers it as above, sending the line with its answer, so this process reads the objects
+and runs the sequential rules, and a line the helper does not make (an envelope not of
+the common form, a member name a line cannot be cut at) is made here.
+
 The helper is only ever an accelerator, and this process never waits for it: blocks
 are read a few ahead and sent as they are read; when a block's turn comes and its
 answers are not there (the helper still starting, or behind on a loaded machine), this
@@ -52,7 +59,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import IO
+from typing import IO, TypeVar
 
 try:
     import fcntl
@@ -61,6 +68,7 @@ except ImportError:  # pragma: no cover - not a POSIX system
 
 from .canonical import loads_canonical
 from .entry import Entry
+from .hashing import lines_of_bytes
 from .rules import check_line, gc_paused
 
 #: ``AGENTSESSION_VERIFY_PROCESSES``: ``1`` keeps a verify in one process; ``2`` uses the
@@ -140,7 +148,8 @@ _BOOT = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); from agentsess
 def command(mode: str, claims: int | None) -> list[str]:
     """The helper's command line: this interpreter, in a process of its own (``claims``:
     the descriptor of the claims it shares with this process, see :class:`LineHelper`;
-    ``mode``: what its answers carry beside the hashes, "" nothing, "objects" or "blocks";
+    ``mode``: what its answers carry beside the hashes, "" nothing, "objects" or "blocks",
+    or "built": it is given entries' objects, and answers with the lines it made of them;
     :data:`_LATER`: told later)."""
     return [sys.executable, "-c", _BOOT, json.dumps(sys.path), "-" if claims is None else str(claims),
             *([mode] if mode else [])]
@@ -150,7 +159,7 @@ def command(mode: str, claims: int | None) -> list[str]:
 #: answers carry is told it later, by the first byte of its input, one of these (the modes
 #: :func:`command` takes).
 _LATER = "?"
-_MODES = {"": b"-", "objects": b"o", "blocks": b"b"}
+_MODES = {"": b"-", "objects": b"o", "blocks": b"b", "built": b"l"}
 
 
 #: What the helper answers of one line: None (check it yourself), or the content hash,
@@ -167,6 +176,15 @@ PACKED: tuple[bytes, bytes] = (b"", b"")
 #: makes them: its zstd frame, its stream's size, its objects' raw names and space bits.
 Ready = tuple[bytes, int, bytes, bytes]
 
+#: An entry's objects as :meth:`LineHelper.built` hands them on: its id, its content's
+#: bytes and its envelope's members but ``content`` (``read_envelope``'s; None for an
+#: envelope not of the common form, whose line is made here).
+Objects = tuple[str, bytes, bytes | None]
+#: A block of them as :meth:`LineHelper.built` takes it: the objects, and what makes the
+#: lines of those at the places given, here (when the helper does not).
+ObjectsBlock = tuple[Sequence[Objects], Callable[[list[int]], list[bytes]]]
+_B = TypeVar("_B")  # a block as a pass passes it on (its lines, or its objects)
+
 
 class LineHelper:
     """The helper process of one pass, and the lines of the file with its answers.
@@ -178,9 +196,13 @@ class LineHelper:
     a reader takes one from there for each line it takes. :meth:`close` ends the helper
     (a ``with`` block calls it), whatever happened."""
 
-    def __init__(self, *, objects: bool = False, on_ready: Callable[[list[Ready]], None] | None = None) -> None:
+    def __init__(self, *, objects: bool = False, on_ready: Callable[[list[Ready]], None] | None = None,
+                 built: bool = False) -> None:
         #: Whether the answers carry each clean entry's two objects.
         self.objects = objects or on_ready is not None
+        #: Whether the helper is given objects and makes the lines (:meth:`built`).
+        self.built_mode = built
+        self._lines: list[bytes | None] = []  # those of the answers read last, in that mode
         #: Given the ready pack blocks of each block whose answers are taken (then the
         #: helper makes an entry's objects into them, :data:`PACKED`, where it can).
         self.on_ready = on_ready
@@ -214,7 +236,7 @@ class LineHelper:
         """Start the helper (or take the one :func:`start_early` started, telling it what its
         answers carry); if it cannot be, every line is checked here."""
         global _early
-        mode = "blocks" if self.on_ready else "objects" if self.objects else ""
+        mode = "built" if self.built_mode else "blocks" if self.on_ready else "objects" if self.objects else ""
         early, _early = _early, None
         if early is not None:
             self.proc, self._claims = early
@@ -267,13 +289,57 @@ class LineHelper:
         :data:`AHEAD` ahead and sent to the helper as they are read; when a block's turn
         comes and its answer is not there yet, its lines are checked here (None each),
         unless the helper has begun it: this process does not wait for a helper behind."""
-        window: deque[tuple[list[bytes], bool]] = deque()  # (lines, whether the helper has them), oldest first
-        for joined, parts in blocks:
-            window.append((parts, self._send(joined, len(parts))))
+        return self._windowed(((joined, len(parts), parts) for joined, parts in blocks), self._passed)
+
+    def built(self, blocks: Iterable[ObjectsBlock]) -> Iterator[bytes]:
+        """:meth:`lines` of a session given as its entries' objects, a block at a time: each
+        line made by the helper with its answer, or here, by the block's own maker (checked
+        here, None in :attr:`known`) when the helper does not answer the block or does not
+        make that line. Each line ends with its LF, as the maker makes it."""
+        return self._windowed(((encode_objects(b[0]), len(b[0]), b) for b in blocks), self._built_passed)
+
+    def _windowed(self, blocks: Iterable[tuple[bytes, int, _B]],
+                  passed: Callable[[_B, list[Known] | None], list[bytes]]) -> Iterator[bytes]:
+        """The lines ``passed`` gives of each block (``(what the helper is sent, its line
+        count, the block)``) and its answers, or None when it is checked here: the blocks
+        sent as they are read, each passed on :data:`AHEAD` blocks later."""
+        window: deque[tuple[_B, int, bool]] = deque()  # (block, lines, whether the helper has it), oldest first
+        for payload, count, block in blocks:
+            window.append((block, count, self._send(payload, count)))
             if len(window) > AHEAD:
-                yield from self._passed(*window.popleft())
+                yield from self._turn(*window.popleft(), passed)
         while window:
-            yield from self._passed(*window.popleft())
+            yield from self._turn(*window.popleft(), passed)
+
+    def _turn(self, block: _B, count: int, sent: bool, passed: Callable[[_B, list[Known] | None], list[bytes]]) -> list[bytes]:
+        """A block's turn: its answers (or None for each) put in :attr:`known`, its lines."""
+        self._write()
+        answers = self._answers() if sent else None
+        if answers is None:
+            self.known.extend([None] * count)
+            self.checked_here += count
+            if sent:
+                self._dropping += 1  # its answer, when it comes, is read and dropped
+        else:
+            self.known.extend(answers)
+        return passed(block, answers)
+
+    def _passed(self, parts: list[bytes], answers: list[Known] | None) -> list[bytes]:
+        if answers is not None and self._blocks:
+            assert self.on_ready is not None
+            blocks, self._blocks = self._blocks, []
+            self.on_ready(blocks)
+        return parts
+
+    def _built_passed(self, block: ObjectsBlock, answers: list[Known] | None) -> list[bytes]:
+        objects, make = block
+        if answers is None:
+            return make(list(range(len(objects))))
+        lines, self._lines = self._lines, []
+        here = [i for i, line in enumerate(lines) if line is None]
+        for i, line in zip(here, make(here) if here else ()):
+            lines[i] = line
+        return lines  # type: ignore[return-value]  # (every None made here)
 
     def _send(self, joined: bytes, count: int) -> bool:
         """Give the helper a block, when it is ready (and owes answers for no more than the
@@ -289,23 +355,6 @@ class LineHelper:
         self._owed.append((number, count))
         self._write()
         return True
-
-    def _passed(self, parts: list[bytes], sent: bool) -> list[bytes]:
-        """A block's lines, its answers (or None for each) put in :attr:`known`."""
-        self._write()
-        answers = self._answers() if sent else None
-        if answers is None:
-            self.known.extend([None] * len(parts))
-            self.checked_here += len(parts)
-            if sent:
-                self._dropping += 1  # its answer, when it comes, is read and dropped
-        else:
-            self.known.extend(answers)
-            if self._blocks:
-                assert self.on_ready is not None
-                blocks, self._blocks = self._blocks, []
-                self.on_ready(blocks)
-        return parts
 
     def _readied(self) -> bool:
         """Whether the helper said it is ready, not waiting for it (unless :data:`WAIT`):
@@ -361,7 +410,7 @@ class LineHelper:
             if frame is None or not self._dropping:
                 return frame
             self._dropping -= 1
-            self._blocks = []
+            self._blocks, self._lines = [], []
         return None
 
     def _take(self, number: int) -> bool:
@@ -384,7 +433,11 @@ class LineHelper:
             size, lines = _FRAME.unpack(_read_exactly(proc.stdout, _FRAME.size))
             if lines != count:
                 raise ValueError(f"the helper answered {lines} lines for a block of {count}")
-            answers, self._blocks = decode_answers(_read_exactly(proc.stdout, size), count, self.objects)
+            data = _read_exactly(proc.stdout, size)
+            if self.built_mode:
+                answers, self._lines = decode_built(data, count)
+                return answers
+            answers, self._blocks = decode_answers(data, count, self.objects)
             if self._blocks and self.on_ready is None:
                 raise ValueError("the helper answered with pack blocks, not asked for")
             return answers
@@ -588,6 +641,78 @@ def decode_answers(data: bytes, count: int, objects: bool) -> tuple[list[Known],
     return out, ready
 
 
+# built mode: a block is its entries' objects (per entry two int32, the content's length
+# and the members' or -1 for none; the ids' 32 raw bytes each; then each entry's content
+# and members); the answers are encode_answers' (its length first, an int32), then per
+# entry the length of its line (an int32, -1 for none made) and the lines
+
+
+def encode_objects(entries: Sequence[Objects]) -> bytes:
+    lengths = array("i")
+    for _, content, members in entries:
+        lengths.extend((len(content), -1 if members is None else len(members)))
+    raws = bytes.fromhex("".join(entry_id[7:] for entry_id, _, _ in entries))
+    return b"".join((lengths.tobytes(), raws, *(b for _, c, m in entries for b in (c, m or b""))))
+
+
+def decode_objects(data: bytes, count: int) -> list[Objects]:
+    """:func:`encode_objects`' entries; ValueError when they are not."""
+    lengths = array("i")
+    lengths.frombytes(data[: 8 * count])
+    at = 8 * count + 32 * count
+    raws = data[8 * count : at].hex()
+    if len(lengths) != 2 * count or len(raws) != 64 * count:
+        raise ValueError("a block of objects is malformed")
+    out: list[Objects] = []
+    for i in range(count):
+        nc, nm = lengths[2 * i], lengths[2 * i + 1]
+        content = data[at : at + nc]
+        at += nc
+        members = None if nm < 0 else data[at : at + nm]
+        at += max(nm, 0)
+        out.append(("sha256:" + raws[64 * i : 64 * i + 64], content, members))
+    if at != len(data):
+        raise ValueError("a block of objects is malformed")
+    return out
+
+
+def encode_built(answers: list[Known], lines: Sequence[bytes | None]) -> bytes:
+    head = encode_answers(answers)
+    sizes = array("i", (-1 if line is None else len(line) for line in lines))
+    return b"".join((_COUNT.pack(len(head)), head, sizes.tobytes(), *(line for line in lines if line is not None)))
+
+
+def decode_built(data: bytes, count: int) -> tuple[list[Known], list[bytes | None]]:
+    """:func:`encode_built`' answers and lines of ``count`` entries; ValueError when they are not."""
+    (n,) = _COUNT.unpack_from(data)
+    answers, _ = decode_answers(data[4 : 4 + n], count, False)
+    at = 4 + n
+    sizes = array("i")
+    sizes.frombytes(data[at : at + 4 * count])
+    at += 4 * count
+    lines: list[bytes | None] = []
+    for size in sizes:
+        if size < 0:
+            lines.append(None)
+            continue
+        lines.append(data[at : at + size])
+        at += size
+    if len(sizes) != count or at != len(data) or any(a is not None and b is None for a, b in zip(answers, lines)):
+        raise ValueError("the helper's answer is malformed")
+    return answers, lines
+
+
+def answer_built(entries: Sequence[Objects]) -> bytes:
+    """The helper's answer to a block of objects: the line of each it can make of the bytes
+    alone, each answered as a line of a file is (:func:`answer`)."""
+    common = [(i, (entry_id, content, members)) for i, (entry_id, content, members) in enumerate(entries)
+              if members is not None]
+    lines: list[bytes | None] = [None] * len(entries)
+    for (i, _), (line, _) in zip(common, lines_of_bytes([objects for _, objects in common])):
+        lines[i] = line
+    return encode_built([None if line is None else answer(line[:-1]) for line in lines], lines)
+
+
 # ---------------------------------------------------------------------------
 # the helper's side
 
@@ -667,6 +792,7 @@ def main() -> int:
         if mode.startswith(_LATER):
             return 0  # (its input ended: no pass took it)
     objects = mode in ("objects", "blocks")
+    built = mode == "built"
     packing = _Packing() if mode == "blocks" else None
     claims = mmap.mmap(int(sys.argv[2]), _RING) if sys.argv[2] != "-" else None
     number = 0
@@ -681,17 +807,26 @@ def main() -> int:
             block = inp.read(size)
             if len(block) != size:
                 return 0
-            parts = block.split(b"\n")
-            if len(parts) != lines:
-                return 1
+            if built:
+                try:
+                    entries = decode_objects(block, lines)
+                except ValueError:
+                    return 1
+            else:
+                parts = block.split(b"\n")
+                if len(parts) != lines:
+                    return 1
             slot, number = number % _RING, number + 1
-            if claims is not None and claims[slot] == TAKEN:
-                payload = encode_answers([None] * lines)  # the reader checks this block itself
+            if claims is not None and claims[slot] == TAKEN:  # the reader checks this block itself
+                payload = encode_built([None] * lines, [None] * lines) if built else encode_answers([None] * lines)
             else:
                 if claims is not None:
                     claims[slot] = BEGUN
-                answers = [answer(raw, objects, packing) for raw in parts]
-                payload = encode_answers(answers, packing.blocks() if packing is not None else [])
+                if built:
+                    payload = answer_built(entries)
+                else:
+                    answers = [answer(raw, objects, packing) for raw in parts]
+                    payload = encode_answers(answers, packing.blocks() if packing is not None else [])
             try:
                 out.write(_FRAME.pack(len(payload), lines) + payload)
                 out.flush()

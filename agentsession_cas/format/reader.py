@@ -374,7 +374,7 @@ def verify_bytes(
 def verify_lines(
     lines: Iterable[bytes], *, source: str, loader: Callable[[str], Entry] | None = None,
     progress: Progress | None = None, total: int = 0, processes: bool | None = False,
-    on_entry: Callable[[Entry], None] | None = None,
+    on_entry: Callable[[Entry], None] | None = None, known: deque[parallel.Known] | None = None,
 ) -> VerifyReport:
     """:func:`verify_file` of a session given as its lines as they come (the header's
     first, each with or without its LF: a stored session's projection, say). ``loader``
@@ -386,7 +386,9 @@ def verify_lines(
     as :func:`verify_file`'s do (the report is the same either way); None decides by
     :func:`~agentsession_cas.format.parallel.wanted` on the bytes of the first lines
     (up to :data:`~agentsession_cas.format.parallel.MIN_BYTES`); False, the default,
-    keeps one process."""
+    keeps one process. ``known``, with a ``loader``: the answers of a helper the caller
+    runs, one an entry line as it comes (``LineHelper.built``: it makes the lines too);
+    ``processes`` is then not asked."""
     it = iter(reported(lines, total + 1, progress))
     first = next(it, None)
     if first is None:
@@ -411,8 +413,8 @@ def verify_lines(
         return loader(entry.id).data  # the loader's own checks (a store's: every object read verified)
 
     checker = PathChecker(header, loader=load)
-    if processes is False or header.is_legacy:
-        return _verify(source, header, entries, checker, where, on_entry, Parking(wake))
+    if known is not None or processes is False or header.is_legacy:
+        return _verify(source, header, entries, checker, where, on_entry, Parking(wake), None, known)
     blocks = _blocks_of(entries)
     opening: list[tuple[bytes, list[bytes]]] = []
     size = 0

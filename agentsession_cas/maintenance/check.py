@@ -11,7 +11,7 @@ is missing or corrupt, so an operator knows what ``repair`` will face.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
@@ -25,12 +25,15 @@ from ..errors import (
     SessionFormatError,
     store_relative,
 )
+from ..format import parallel
 from ..format.entry import short_id
+from ..format.hashing import lines_from_objects
 from ..format.reader import verify_lines
 from ..format.rules import RULES, VerifyReport
 from ..lean import dataclass
 from ..progress import Progress
 from ..store.links import check_links
+from ..store.session import _ProjectionWalk
 from ..store.state import SessionState, index_damage, replay
 
 if TYPE_CHECKING:
@@ -216,12 +219,67 @@ def _verify_projection(session: Session, progress: Progress | None = None) -> Ve
     """The projection verified as a file is (the one rule set: the same problems, codes and
     notes ``verify FILE`` gives of its export), as its lines are made, an entry the
     checker goes back to read again from the store; or the error of a projection that
-    has no header to read. Raises the error of an object it cannot read."""
+    has no header to read. Raises the error of an object it cannot read.
+
+    Its lines are those :meth:`Session.projection_chunks` makes: the header's, each of the
+    walk's entries', the marker's. For a session large enough for a helper process
+    (:func:`~agentsession_cas.format.parallel.wanted`, judged on its first objects'
+    bytes), the helper is handed the entries' objects as the packs hold them and makes
+    and checks their lines (``LineHelper.built``), so this process reads the objects
+    and runs the rules that need the lines in order."""
+    walk = _ProjectionWalk(session)
+    chunks = walk.chunks()
+    opening: list[list[_Walked]] = []
+    size = 0
+    for chunk in chunks:  # enough to judge by, as verify_lines judges a projection's lines
+        opening.append(chunk)
+        size += sum(len(content) for _, _, content, _ in chunk)
+        if size >= parallel.MIN_BYTES:
+            break
+
+    def walked() -> Iterator[list[_Walked]]:
+        while opening:  # (let go of as they are passed on: 8 MB of objects)
+            yield opening.pop(0)
+        yield from chunks
+
+    helper = parallel.LineHelper(built=True) if parallel.wanted(size, None) and not session.header.is_legacy else None
+
+    def lines() -> Iterator[bytes]:
+        yield session.header.canonical_line()
+        if helper is None:
+            yield from (line for chunk in walked() for line in lines_from_objects(chunk))
+        else:
+            yield from helper.built(_objects_blocks(walked()))
+        marker = walk.marker()
+        if marker is not None:
+            if helper is not None:
+                helper.known.append(None)  # (a line made here: checked here)
+            yield marker.canonical_line()
+
     try:
-        return verify_lines(session.projection_lines(), source=session.id, loader=session.store.entry,
-                            progress=progress, total=len(session.prefix) + len(session), processes=None)
+        if helper is not None:
+            helper.start()
+        return verify_lines(lines(), source=session.id, loader=session.store.entry, progress=progress,
+                            total=len(session.prefix) + len(session), known=None if helper is None else helper.known)
     except SessionFormatError as exc:
         return exc
+    finally:
+        if helper is not None:
+            helper.close()
+
+
+#: One entry as the projection's walk reads it: (id, envelope, content, the envelope's members but content).
+_Walked = tuple[str, dict[str, Any], bytes, "bytes | None"]
+
+
+def _objects_blocks(chunks: Iterator[list[_Walked]]) -> Iterator[parallel.ObjectsBlock]:
+    """Each chunk of the walk as the helper is handed it (its objects' bytes), with what
+    makes their lines here (:func:`lines_from_objects`, the projection's one maker)."""
+    for chunk in chunks:
+        def make(which: Sequence[int], chunk: list[_Walked] = chunk) -> list[bytes]:
+            return lines_from_objects([chunk[i] for i in which])
+
+        yield [(entry_id, content, members) for entry_id, _, content, members in chunk], make
 
 
 def _check_projection(session: Session, report: VerifyReport | SessionFormatError, out: StoredCheck, *, empty_ok: bool) -> None:

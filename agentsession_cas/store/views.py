@@ -371,9 +371,10 @@ def _passes(test: re.Pattern[Any], data: bytes) -> bool:
 
 
 def grep_store(store: Store, sessions: Sequence[str], pattern: re.Pattern[str], *,
-               types: Sequence[str] = ()) -> Iterator[Match]:
+               types: Sequence[str] = (), first: bool = False) -> Iterator[Match]:
     """:func:`grep_entries` over each session's own entries, sessions in the order given,
     costing one bulk pass over the store's objects rather than a lookup per entry.
+    ``first``: only each session's first match (``grep -l``: the rest is not searched).
 
     Where the pattern has a :func:`required_literal`, the objects are scanned in bulk
     (:meth:`~agentsession_cas.backends.base.ObjectStore.scan`): envelopes for their
@@ -400,7 +401,10 @@ def grep_store(store: Store, sessions: Sequence[str], pattern: re.Pattern[str], 
             ids = s.log_order if candidates is None else [eid for eid in s.log_order if eid in candidates]
             # (read a chunk at a time in bulk reads: a store over HTTP, which cannot be
             # scanned, answered a GET an object, 39 s for 10,000 entries)
-            yield from grep_entries(sid, store.entries(list(ids)), pattern, types=types)
+            for m in grep_entries(sid, store.entries(list(ids)), pattern, types=types):
+                yield m
+                if first:
+                    break
 
 
 def _candidates(store: Store, wanted: set[str], test: re.Pattern[Any]) -> set[str]:

@@ -827,8 +827,10 @@ class PgSessions(SessionStore):
 
     def history(self, session_id: str) -> LogHistory:
         with self.db.conn() as c:
-            _, texts = self.rows(c, session_id)
-        out = LogHistory([], source=self.log_source(session_id))
+            row, texts = self.rows(c, session_id)
+        # The row's head is the log's index (written in the append's transaction): the
+        # domain holds it to the records, as the file backend's HEAD (read in one snapshot).
+        out = LogHistory([], source=self.log_source(session_id), head_index=row[2] if isinstance(row[2], str) else None)
         for pos, text in texts:
             record = parse_record(text)
             if isinstance(record, str):
