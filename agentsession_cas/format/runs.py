@@ -370,7 +370,7 @@ def _effective(events: Sequence[_Event]) -> list[_Event]:
 
 
 class _Call:
-    __slots__ = ("entry", "call_id", "depth", "own", "events", "output", "below")
+    __slots__ = ("entry", "call_id", "depth", "own", "events", "output", "below", "said")
 
     def __init__(self, entry: Entry, call_id: str, depth: int, own: bool, below: _Call | None = None):
         self.entry = entry
@@ -382,6 +382,9 @@ class _Call:
         #: The call with the same call_id below this one on the path (a stack of them, linked
         #: rather than a list per call id: a long session has as many call ids as calls).
         self.below = below
+        #: The call's name and arguments, taken as it is pushed by a walker collecting runs
+        #: (what the report prints of it: its entry, parked behind a long walk, is not woken).
+        self.said: tuple[Any, Any] | None = None
 
 
 class _Run:
@@ -717,6 +720,8 @@ class RecordWalker:
             eid = e.id
             cid = cid if isinstance(cid, str) else ""
             call = _Call(e, cid, depth, eid not in self.foreign, self.by_call_id.get(cid))
+            if self.collect_runs:
+                call.said = (item.get("name"), item.get("arguments"))
             self.calls[eid] = call
             self.by_call_id[cid] = call
             self.call_order.append(call)
@@ -1129,9 +1134,11 @@ class RecordWalker:
         return "unknown"
 
     def info(self, call: _Call, state: CallState | None = None) -> CallInfo:
-        item = call.entry.get("item")
-        name = item.get("name") if isinstance(item, dict) else None
-        args = item.get("arguments") if isinstance(item, dict) else None
+        said = call.said
+        if said is None:
+            item = call.entry.get("item")
+            said = (item.get("name"), item.get("arguments")) if isinstance(item, dict) else (None, None)
+        name, args = said
         withdrawn: set[int] = set()
         for i, ev in enumerate(call.events):
             if ev[_WITHDRAWS] and i > 0 and call.events[i - 1][_KIND] == "dispatch":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,14 +27,15 @@ from ..format.context import ContextHasher
 from ..format.entry import Entry, Header
 from ..format.links import CalleeLink, callees, judges
 from ..format.reader import Parking, SessionFile, file_header, verify_bytes, verify_file, verify_lines
-from ..format.rules import VerifyReport, read_header
+from ..format.rules import PathChecker, VerifyReport, read_header
+from ..format.runs import Inbox, RunsReport
 from ..progress import Progress
 from .session import ProjectionOutline
 
 if TYPE_CHECKING:
     from .session import Session
 
-__all__ = ["ShowRead", "read_file", "read_bytes", "read_stored", "path_links"]
+__all__ = ["ShowRead", "PathWalk", "read_file", "read_bytes", "read_stored", "path_links"]
 
 
 class ShowRead:
@@ -383,6 +385,92 @@ def _stored_path(session: Session, read: ShowRead, path: list[int]) -> Iterator[
         assert outline.marker is not None
         outline.marker.line = read.lines[path[-1]]
         yield outline.marker
+
+
+class PathWalk:
+    """What ``show`` of a stored session makes of the leaf's path (``--runs``, ``--json``)
+    in the one walk that reads its entries in projection order, each once: the record
+    rules along the path (a :class:`~agentsession_cas.format.rules.PathChecker` pushed the
+    path's entries, given the calls and dispatches off it for the session-wide facts
+    (:meth:`~agentsession_cas.format.rules.PathChecker.aside`), no request rebuilt:
+    ``show`` prints no context rule), whose builder stands at the leaf once the walk is
+    over, and the path's links (held only when the path holds a ``link``).
+
+    No verify runs first: the store verified each entry as it took it in (the line, tree
+    and record rules refuse there; docs/cli.md says what ``show`` trusts), and each
+    object is checked against its name as it is read. The path's entries are parked
+    behind the walk and woken, a chunk of the path at a time, from the store
+    (:class:`_Ahead`): the context's items are read back in path order at the end."""
+
+    def __init__(self, session: Session, outline: ProjectionOutline, path: list[int]) -> None:
+        store = session.store
+        self.checker = PathChecker(session.header, loader=store.entry, requests=False)
+        self.checker.walker.collect_runs = True
+        #: The context at the leaf, once the walk is over.
+        self.builder = self.checker.builder
+        self.parking = Parking(_Ahead(session, outline, path))
+        self._inbox = Inbox()
+        self._prefix = len(session.prefix)
+        self._marker = len(outline) - 1 if outline.marker is not None else -1
+        self._links = any(outline.types[p] == "link" for p in path)
+        self._picked: list[Entry] = []
+
+    def add(self, pos: int, e: Entry, t: str, on_path: bool) -> None:
+        """The entry at ``pos`` (its ``line`` set), of type ``t``, as the walk reads it:
+        every entry on the path, and off it every call and dispatch (:data:`ASIDE`)."""
+        prefix = pos < self._prefix
+        if not on_path:
+            self.checker.aside(e, prefix=prefix)
+            return
+        self.checker.add(e, prefix=prefix)
+        self._inbox.feed(e)
+        if self._links and t in ("item", "dispatch", "link"):
+            self._picked.append(e)
+        if pos != self._marker:  # (the synthetic marker: no store holds it to wake it from)
+            self.parking.settle(e)
+
+    def runs(self, leaf: str | None, source: str) -> RunsReport:
+        """The runs report of the path (each call's entry woken as it is described, parked again)."""
+        return self.checker.report_here(leaf, self._inbox, source=source, tidy=self.parking.tidy)
+
+    def links(self) -> tuple[list[CalleeLink], list[Entry]]:
+        """The callees and the judges on the path (:func:`path_links`'s)."""
+        return (callees(self._picked), judges(self._picked)) if self._picked else ([], [])
+
+
+#: The types of the entries off the path a :class:`PathWalk` is given (the session-wide facts').
+ASIDE = frozenset({"item", "dispatch"})
+
+
+class _Ahead:
+    """The wake of a stored session's parked path entries: the one asked for and the next
+    ones on the path read together, as a listing reads them
+    (:func:`~agentsession_cas.store.views.listing_entries`: the contents alone, in bulk,
+    each verified against its name; no ``ts`` nor ``parents``, which nothing reading a
+    path's entries back asks for), since they are asked for in path order (the context's
+    items, written at the end): a read a chunk of the path, not a lookup an entry. What
+    it holds is one chunk's."""
+
+    CHUNK = 256
+
+    def __init__(self, session: Session, outline: ProjectionOutline, path: list[int]) -> None:
+        self._session, self._outline, self._path = session, outline, path
+        self._stored = len(outline) - 1 if outline.marker is not None else len(outline)  # (the marker is no store's)
+        self._ready: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, e: Entry) -> dict[str, Any]:
+        from .views import listing_entries
+
+        data = self._ready.pop(e.id, None)
+        if data is not None:
+            return data
+        path, outline = self._path, self._outline
+        at = bisect_left(path, outline.index[e.id])
+        chunk = [p for p in path[at : at + self.CHUNK] if p < self._stored]
+        if not chunk or outline.ids[chunk[0]] != e.id:  # not on the path: read alone
+            return self._session.store.entry(e.id).data
+        self._ready = {x.id: x.data for _, x in listing_entries(self._session, outline, chunk)}
+        return self._ready.pop(e.id)
 
 
 def path_links(read: ShowRead, path: list[int]) -> tuple[list[CalleeLink], list[Entry]]:
