@@ -321,7 +321,7 @@ def _show_json_stored(session: Session, outline: ProjectionOutline, leaf: str | 
     and dispatches off it, given to a :class:`~agentsession_cas.store.showing.PathWalk`
     (the record rules along the path, the context there); then the context, the runs and
     the links from where the walk left them. No verify first: docs/cli.md says why."""
-    from agentsession_cas.store.showing import ASIDE
+    from agentsession_cas.store.showing import ASIDE, OutlineHashes
     from agentsession_cas.store.views import listing_entries
 
     out = JsonStream()
@@ -330,7 +330,7 @@ def _show_json_stored(session: Session, outline: ProjectionOutline, leaf: str | 
     path = outline.path(leaf) if leaf is not None else []
     on_path = set(path)
     walk = PathWalk(session, outline, path)
-    hasher = ContextHasher()
+    hasher = ContextHasher(OutlineHashes(outline))
     types, take, add, item = outline.types, hasher.take, walk.add, out.item
     bar = terminal.progress("reading", "entries")
     for pos, e in listing_entries(session, outline, range(n)):
@@ -517,13 +517,13 @@ def _print_listing(
     :class:`~agentsession_cas.store.showing.PathWalk`, given the path's entries (it pushes
     them to its context builder, and parks them) and the calls and dispatches off it.
     Returns the path."""
-    from agentsession_cas.store.showing import ASIDE
+    from agentsession_cas.store.showing import ASIDE, OutlineHashes
 
     n = len(outline)
     path = outline.path(leaf) if leaf is not None else []
     on_path = set(path)
     listed = _listed(n, first, last)
-    builder, hasher = walk.builder if walk is not None else ContextBuilder(), ContextHasher()
+    builder, hasher = walk.builder if walk is not None else ContextBuilder(), ContextHasher(OutlineHashes(outline))
     said: dict[str, str] = {}  # the item an entry puts in the context, described (an item's for its row too)
     rows = _Listing(outline, listed, verbose, lines) if n else None
     bar = terminal.progress("reading", "entries")
@@ -552,13 +552,13 @@ def _print_listing(
                 said[e.id] = item
             elif t == "branch_summary":  # its summary is its item in the context
                 said[e.id] = describe_item(e.data.get("summary"))
+            if feeding:
+                feed(e)
             if walk is not None:
                 e.line = pos + 2 if lines is None else lines[pos]
                 walk.add(pos, e, t, True)
             else:
                 push(e, t)
-            if feeding:
-                feed(e)
             if walk is None and pos < n - 1:  # not the last: it may be the synthetic marker, which no store holds
                 settle(e)
         elif walk is not None and t in ASIDE:

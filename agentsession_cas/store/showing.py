@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import Problem
@@ -25,6 +25,7 @@ from ..format.canonical import loads_flagged
 from ..format.codes import RULES
 from ..format.context import ContextHasher
 from ..format.entry import Entry, Header
+from ..format.hashing import HASH_PREFIX
 from ..format.links import CalleeLink, callees, judges
 from ..format.reader import Parking, SessionFile, file_header, verify_bytes, verify_file, verify_lines
 from ..format.rules import PathChecker, VerifyReport, read_header
@@ -417,12 +418,16 @@ class PathWalk:
 
     def add(self, pos: int, e: Entry, t: str, on_path: bool) -> None:
         """The entry at ``pos`` (its ``line`` set), of type ``t``, as the walk reads it:
-        every entry on the path, and off it every call and dispatch (:data:`ASIDE`)."""
+        every entry on the path, and off it every call and dispatch (:data:`ASIDE`). Its
+        context hash taken first: a path's entry is held without its content hash (a
+        text an entry, which nothing after the context hash reads)."""
         prefix = pos < self._prefix
         if not on_path:
             self.checker.aside(e, prefix=prefix)
+            self.parking.settle(e)  # (a call is held as the first with its id: parked, as the path's are)
             return
         self.checker.add(e, prefix=prefix)
+        e.content_hash = ""
         self._inbox.feed(e)
         if self._links and t in ("item", "dispatch", "link"):
             self._picked.append(e)
@@ -436,6 +441,53 @@ class PathWalk:
     def links(self) -> tuple[list[CalleeLink], list[Entry]]:
         """The callees and the judges on the path (:func:`path_links`'s)."""
         return (callees(self._picked), judges(self._picked)) if self._picked else ([], [])
+
+
+class OutlineHashes(MutableMapping[str, tuple[str, str, "str | None"]]):
+    """What a :class:`~agentsession_cas.format.context.ContextHasher` keeps of each entry
+    fed (its context hash, type and parent), kept by the entry's place in an outline of
+    the session: the hash's 32 bytes, the type and parent the outline's. A stored
+    session's ``show --json`` feeds every entry: a dict of them held a tuple, a text and
+    a slot an entry (a sixth of the walk's memory)."""
+
+    def __init__(self, outline: ProjectionOutline) -> None:
+        self._outline = outline
+        self._raw = bytearray(32 * len(outline))
+        self._fed = bytearray(len(outline))
+        self._count = 0
+
+    def _at(self, entry_id: object) -> int | None:
+        pos = self._outline.index.get(entry_id) if isinstance(entry_id, str) else None
+        return pos if pos is not None and self._fed[pos] else None
+
+    def __contains__(self, entry_id: object) -> bool:
+        return self._at(entry_id) is not None
+
+    def __getitem__(self, entry_id: str) -> tuple[str, str, str | None]:
+        pos = self._at(entry_id)
+        if pos is None:
+            raise KeyError(entry_id)
+        outline = self._outline
+        return HASH_PREFIX + self._raw[32 * pos : 32 * pos + 32].hex(), outline.types[pos], outline.parent(pos)
+
+    def __setitem__(self, entry_id: str, value: tuple[str, str, str | None]) -> None:
+        pos = self._outline.index[entry_id]
+        chash = value[0]
+        # (the outline's type and parent are the entry's: the hasher was fed the entry the outline names)
+        assert chash.startswith(HASH_PREFIX) and len(chash) == 71, chash
+        self._raw[32 * pos : 32 * pos + 32] = bytes.fromhex(chash[7:])
+        self._count += not self._fed[pos]
+        self._fed[pos] = 1
+
+    def __delitem__(self, entry_id: str) -> None:
+        raise TypeError("a context hash once fed is kept")
+
+    def __iter__(self) -> Iterator[str]:
+        ids = self._outline.ids
+        return (ids[pos] for pos, fed in enumerate(self._fed) if fed)
+
+    def __len__(self) -> int:
+        return self._count
 
 
 #: The types of the entries off the path a :class:`PathWalk` is given (the session-wide facts').
