@@ -208,9 +208,11 @@ def _current(session: Session, successor: str | None) -> str | None:
 
 
 def _read(target: store_commands.Target, file: str, *, hashes: bool = False,
-          on_start: Callable[[Header], None] | None = None, on_entry: OnEntry | None = None) -> tuple[ShowRead, Session | None]:
+          on_start: Callable[[Header], None] | None = None, on_entry: OnEntry | None = None,
+          paths: bool = True) -> tuple[ShowRead, Session | None]:
     """The session ``show`` names, read once as ``verify`` reads it (:mod:`agentsession_cas.store.showing`),
-    with the stored session when it is one."""
+    with the stored session when it is one; a file's with ``paths=False`` by the line and
+    tree rules alone (:func:`~agentsession_cas.store.showing.read_file`'s)."""
     from agentsession_cas.store import showing
 
     if target.kind == "file":
@@ -219,7 +221,8 @@ def _read(target: store_commands.Target, file: str, *, hashes: bool = False,
                 return showing.read_bytes(read_stdin(), source="<stdin>", hashes=hashes, on_start=on_start,
                                           on_entry=on_entry, progress=bar), None
         with progressing("reading", "bytes") as bar:
-            return showing.read_file(file, hashes=hashes, on_start=on_start, on_entry=on_entry, progress=bar), None
+            return showing.read_file(file, hashes=hashes, on_start=on_start, on_entry=on_entry, progress=bar,
+                                     paths=paths), None
     _, session = store_commands.open_target(target, files=True)
     with progressing("reading", "lines") as bar:
         return showing.read_stored(session, source=target.session_id or target.arg, hashes=hashes, on_start=on_start,
@@ -362,7 +365,7 @@ def _show_read(target: store_commands.Target, file: str, leaf_name: str | None, 
     """show's text of a file, or of a stored session with --runs or --leaf: read once as
     ``verify`` reads it (an outline of the entries kept, not the entries), then the entries
     listed and those on the leaf's path read again, each row printed as its entry is read."""
-    read, session = _read(target, file)
+    read, session = _read(target, file, paths=show_runs)  # (only the runs report reads the record rules)
     if not show_runs:
         read.release()  # (what is held then is the outline, and the path's stubs as it is listed)
     outline = read.outline
@@ -423,7 +426,7 @@ def _draw_graph(file: str, as_json: bool, verbose: bool) -> None:
     target = store_commands.locate(file, files=True)
     entries: Callable[[Sequence[int]], Iterable[tuple[int, Entry]]]
     if target.kind == "file":
-        read, _ = _read(target, file)
+        read, _ = _read(target, file, paths=False)
         read.release()  # (the drawing reads the outline and the entries again, not the verify's facts)
         outline, header, head, entries = read.outline, read.header, read.leaf(), read.entries
     else:

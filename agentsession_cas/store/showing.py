@@ -254,10 +254,12 @@ OnEntry = Callable[[Entry, "str | None"], None]
 
 
 def read_file(path: str, *, hashes: bool = False, on_start: Callable[[Header], None] | None = None,
-              on_entry: OnEntry | None = None, progress: Progress | None = None) -> ShowRead:
+              on_entry: OnEntry | None = None, progress: Progress | None = None, paths: bool = True) -> ShowRead:
     """A session file read for ``show``, as ``verify FILE`` reads it: ``on_start(header)``
     once its header is read, then ``on_entry`` of each entry as it is read. A file of a
-    format before 0.5 is migrated whole, as any reader does, and its entries kept."""
+    format before 0.5 is migrated whole, as any reader does, and its entries kept.
+    ``paths=False``: the line and tree rules alone (``verify_file``'s), for a mode that
+    prints no other (the listing, the graph): the report then holds no record fact."""
     header = file_header(path)
     if header.is_legacy:
         with open(path, "rb") as f:
@@ -266,7 +268,7 @@ def read_file(path: str, *, hashes: bool = False, on_start: Callable[[Header], N
         on_start(header)
     read = ShowRead(path, header, hashes=hashes, keep=False)
     read.stat = _stat(path)
-    read.finish(verify_file(path, on_entry=_hook(read, on_entry), progress=progress, objects=False))
+    read.finish(verify_file(path, on_entry=_hook(read, on_entry), progress=progress, objects=False, paths=paths))
     read._reread = lambda positions: _lines_again(path, read, positions)
     read._wake = lambda e: _line_again(path, read, e)
     return read
