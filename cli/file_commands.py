@@ -365,16 +365,22 @@ def _show_read(target: store_commands.Target, file: str, leaf_name: str | None, 
     """show's text of a file, or of a stored session with --runs or --leaf: read once as
     ``verify`` reads it (an outline of the entries kept, not the entries), then the entries
     listed and those on the leaf's path read again, each row printed as its entry is read."""
-    read, session = _read(target, file, paths=show_runs)  # (only the runs report reads the record rules)
+    # (only the runs report reads the record rules; every context hash is taken as read, where
+    # the entry's item was hashed for its id, to keep the leaf's)
+    read, session = _read(target, file, hashes=True, paths=show_runs)
     if not show_runs:
         read.release()  # (what is held then is the outline, and the path's stubs as it is listed)
     outline = read.outline
     leaf = read.leaf(leaf_name)
+    assert read.hashes is not None
+    leaf_hash = read.hashes.get(leaf) if leaf in read.hashes else NULL_CONTEXT_HASH
+    read.hashes = None
     n = len(outline)
     successor, current, held = _continued(read, session)
     page()
     _print_info(read.header, read.migrated, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
-    path = _print_listing(outline, leaf, leaf_name, verbose, first, last, read.entries, read.listing_parking(), read.lines)
+    path = _print_listing(outline, leaf, leaf_name, verbose, first, last, read.entries, read.listing_parking(), read.lines,
+                          leaf_hash=leaf_hash)
     if show_runs and n:
         report = read.report
         assert report is not None
@@ -507,7 +513,7 @@ def _show_stored(session: Session, outline: ProjectionOutline, leaf: str | None,
 def _print_listing(
     outline: ProjectionOutline, leaf: str | None, leaf_name: str | None, verbose: bool, first: int | None, last: int | None,
     entries: Callable[[Sequence[int]], Iterable[tuple[int, Entry]]], parking: Parking, lines: Sequence[int] | None = None,
-    walk: PathWalk | None = None,
+    walk: PathWalk | None = None, leaf_hash: str | None = None,
 ) -> list[int]:
     """The listing, the leaf and the context at it, from an outline of the entries (what
     the head of the listing and the column widths need) and ``entries(positions)``, which
@@ -519,7 +525,8 @@ def _print_listing(
     position's line, when not its position + 2 (a file's). ``walk``: a stored session's
     :class:`~agentsession_cas.store.showing.PathWalk`, given the path's entries (it pushes
     them to its context builder, and parks them) and the calls and dispatches off it.
-    Returns the path."""
+    ``leaf_hash``: the context hash at the leaf, when the read took it (else it is taken
+    along the path here). Returns the path."""
     from agentsession_cas.store.showing import ASIDE, OutlineHashes
 
     n = len(outline)
@@ -535,7 +542,7 @@ def _print_listing(
     # The path's entries are fed to the context hash in order, each one's parent the entry
     # fed before it: all of them, unless its root names a parent that is not among the
     # entries (then none, as context_hashes skips an entry whose parent it was not fed).
-    feeding = bool(path) and absent.get(path[0]) is None
+    feeding = leaf_hash is None and bool(path) and absent.get(path[0]) is None
     wanted: Sequence[int] = listed if len(listed) == n else sorted(on_path.union(listed))
     if walk is not None and len(wanted) < n:
         wanted = sorted(set(wanted).union(pos for pos, t in enumerate(types) if t in ASIDE))
@@ -578,7 +585,8 @@ def _print_listing(
             ctx, error = builder.context(hold_items=False), None
         except ContextError as exc:
             ctx, error = None, str(exc)
-        leaf_hash = hasher.get(leaf) if leaf is not None and leaf in hasher else NULL_CONTEXT_HASH
+        if leaf_hash is None:
+            leaf_hash = hasher.get(leaf) if leaf is not None and leaf in hasher else NULL_CONTEXT_HASH
         echo()
         _print_context(leaf, ctx, error, leaf_hash, said, parking.tidy)
     return path

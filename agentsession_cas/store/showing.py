@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMappin
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import Problem
-from ..format.canonical import loads_flagged
+from ..format.canonical import loads_canonical, loads_flagged
 from ..format.codes import RULES
 from ..format.context import ContextHasher
 from ..format.entry import Entry, Header
@@ -343,7 +343,7 @@ def _lines_again(path: str, read: ShowRead, positions: Iterable[int]) -> Iterato
             if lineno != lines[pos]:
                 continue
             read._at[pos], read._size[pos] = start, len(raw)
-            obj, careful = loads_flagged(raw.rstrip(b"\n").decode("utf-8"))
+            obj, careful, _ = loads_canonical(raw.rstrip(b"\n"))  # (the strict parse's value and flag, orjson's when proven)
             e = Entry(obj, computed_id=ids[pos], content_hash=outline.content(pos))
             e.careful, e.line = careful, lineno
             yield pos, e
