@@ -450,22 +450,27 @@ class OutlineHashes(MutableMapping[str, tuple[str, str, "str | None"]]):
     fed (its context hash, type and parent), kept by the entry's place in an outline of
     the session: the hash's 32 bytes, the type and parent the outline's. A stored
     session's ``show --json`` feeds every entry: a dict of them held a tuple, a text and
-    a slot an entry (a sixth of the walk's memory)."""
+    a slot an entry (a sixth of the walk's memory). The last entry fed is kept as fed:
+    the parent the next one asks for, most of the time."""
 
     def __init__(self, outline: ProjectionOutline) -> None:
         self._outline = outline
         self._raw = bytearray(32 * len(outline))
         self._fed = bytearray(len(outline))
         self._count = 0
+        self._last: tuple[str | None, tuple[str, str, str | None] | None] = (None, None)
 
     def _at(self, entry_id: object) -> int | None:
         pos = self._outline.index.get(entry_id) if isinstance(entry_id, str) else None
         return pos if pos is not None and self._fed[pos] else None
 
     def __contains__(self, entry_id: object) -> bool:
-        return self._at(entry_id) is not None
+        return entry_id == self._last[0] or self._at(entry_id) is not None
 
     def __getitem__(self, entry_id: str) -> tuple[str, str, str | None]:
+        last_id, last = self._last
+        if entry_id == last_id and last is not None:
+            return last
         pos = self._at(entry_id)
         if pos is None:
             raise KeyError(entry_id)
@@ -480,6 +485,7 @@ class OutlineHashes(MutableMapping[str, tuple[str, str, "str | None"]]):
         self._raw[32 * pos : 32 * pos + 32] = bytes.fromhex(chash[7:])
         self._count += not self._fed[pos]
         self._fed[pos] = 1
+        self._last = (entry_id, value)
 
     def __delitem__(self, entry_id: str) -> None:
         raise TypeError("a context hash once fed is kept")
