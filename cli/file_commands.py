@@ -240,8 +240,10 @@ def _continued(read: ShowRead, session: Session | None) -> tuple[str | None, str
 
 @whole_pass
 def _show_json(target: store_commands.Target, file: str, leaf_name: str | None) -> None:
-    """show --json: the document written as the session is read, the entries as they come
-    (a ``--leaf`` name is known good only at the end: then the document is spooled first)."""
+    """show --json of a file, or of a stored session whose ``--leaf`` only its entries resolve
+    (:func:`_show_json_stored` has the rest): the document written as the session is read,
+    the entries as they come (a ``--leaf`` name is known good only at the end: then the
+    document is spooled first)."""
     out = JsonStream(spool=leaf_name is not None)
     source = file if target.kind == "file" else target.session_id or target.arg
     read, session = _read(target, file, hashes=True, on_start=lambda header: _json_start(out, source, header),
@@ -362,9 +364,10 @@ def _show_json_stored(session: Session, outline: ProjectionOutline, leaf: str | 
 @whole_pass
 def _show_read(target: store_commands.Target, file: str, leaf_name: str | None, verbose: bool, show_runs: bool,
                first: int | None, last: int | None) -> None:
-    """show's text of a file, or of a stored session with --runs or --leaf: read once as
-    ``verify`` reads it (an outline of the entries kept, not the entries), then the entries
-    listed and those on the leaf's path read again, each row printed as its entry is read."""
+    """show's text of a file, or of a stored session whose ``--leaf`` only its entries
+    resolve: read once as ``verify`` reads it (an outline of the entries kept, not the
+    entries), then the entries listed and those on the leaf's path read again, each row
+    printed as its entry is read."""
     # (only the runs report reads the record rules; every context hash is taken as read, where
     # the entry's item was hashed for its id, to keep the leaf's)
     read, session = _read(target, file, hashes=True, paths=show_runs)
