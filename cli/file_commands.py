@@ -92,13 +92,18 @@ def _context_at(sf: SessionFile, leaf: str | None) -> tuple[Context | None, str 
         return None, str(exc)
 
 
+#: How a context item's description is held until the context is printed (a lone surrogate too).
+_SAID = ("utf-8", "surrogatepass")
+
+
 def _print_context(leaf: str | None, ctx: Context | None, error: str | None, context_hash: str,
-                   said: Mapping[str, str] | None = None, read: Callable[[], None] | None = None) -> None:
+                   said: Mapping[str, bytes] | None = None, read: Callable[[], None] | None = None) -> None:
     """The context's settings and items. ``said``: an entry's id -> the
     :func:`describe_item` of the item it puts in the context (an item entry's item, a
     branch summary's summary), made as the entry was listed (an item sent as it was
-    recorded is not read again); ``read()`` is called after any other item is read (a
-    stored session's entries, parked, are parked again)."""
+    recorded is not read again), in UTF-8 (:data:`_SAID`: held for every item of a long
+    path, it takes half a text's room); ``read()`` is called after any other item is read
+    (a stored session's entries, parked, are parked again)."""
     at = short_id(leaf) if leaf is not None else "the root"
     if ctx is None:
         echo(f"context at {at}: not built: {error}")
@@ -113,7 +118,8 @@ def _print_context(leaf: str | None, ctx: Context | None, error: str | None, con
 
     def lines() -> Iterator[str]:
         for i, entry in enumerate(ctx.item_entries):
-            text = said.get(entry.id) if said is not None and entry.id not in replaced else None
+            held = said.get(entry.id) if said is not None and entry.id not in replaced else None
+            text = held.decode(*_SAID) if held is not None else None
             if text is None:
                 text = describe_item(ctx.items[i])
                 if read is not None:
@@ -266,8 +272,8 @@ def _show_json(target: store_commands.Target, file: str, leaf_name: str | None) 
     out.member("leaf", leaf)
     out.member("path", [outline.ids[p] for p in on_path])
     out.tidy = parking.tidy  # each item of the context read, its entry parked again
-    _json_end(out, ctx, ctx_error, leaf_hash, runs, _continued(read, session), path_links(read, on_path), read.truncated,
-              read.problems)
+    _json_end(out, ctx, ctx_error, leaf_hash, lambda: runs, _continued(read, session), path_links(read, on_path),
+              read.truncated, read.problems)
 
 
 def _json_start(out: JsonStream, source: str, header: Header) -> None:
@@ -286,16 +292,18 @@ def _json_row(e: Entry, chash: str | None) -> dict[str, object]:
 
 
 def _json_end(
-    out: JsonStream, ctx: Context | None, ctx_error: str | None, leaf_hash: str, runs: RunsReport | None,
+    out: JsonStream, ctx: Context | None, ctx_error: str | None, leaf_hash: str, runs: Callable[[], RunsReport | None],
     continued: tuple[str | None, str | None, Callable[[str], bool] | None],
     links: tuple[list[CalleeLink], list[Entry]], truncated: Problem | None, problems: list[Problem],
 ) -> None:
-    """show --json's members after the leaf and its path, and the document's end."""
+    """show --json's members after the leaf and its path, and the document's end; ``runs()``
+    made once the context is written (its calls and the context's items not held at once)."""
     out.member("context", ctx.as_dict(lazy=True) if ctx is not None else None)
     if ctx_error is not None:
         out.member("context_error", ctx_error)
     out.member("context_hash", leaf_hash)
-    out.member("runs", runs.as_dict(lazy=True) if runs is not None else None)
+    report = runs()
+    out.member("runs", report.as_dict(lazy=True) if report is not None else None)
     successor, current, held = continued
     out.member("continued_in", successor)
     if current is not None:
@@ -351,14 +359,13 @@ def _show_json_stored(session: Session, outline: ProjectionOutline, leaf: str | 
     out.close_list()
     leaf_hash = hasher.get(leaf) if leaf is not None and leaf in hasher else NULL_CONTEXT_HASH
     del hasher, on_path  # (every entry's hash was written: the leaf's is all that is left to say)
-    runs = walk.runs(leaf, source) if n else None
     ctx, ctx_error = _context_of(walk.builder)
     out.member("leaf", leaf)
     out.member("path", [outline.ids[p] for p in path])
     out.tidy = walk.parking.tidy  # each item of the context read, its entry parked again
     successor = session.superseded_by
-    _json_end(out, ctx, ctx_error, leaf_hash, runs, (successor, _current(session, successor), session.store.__contains__),
-              walk.links(), None, [])
+    _json_end(out, ctx, ctx_error, leaf_hash, lambda: walk.runs(leaf, source) if n else None,
+              (successor, _current(session, successor), session.store.__contains__), walk.links(), None, [])
 
 
 @whole_pass
@@ -537,7 +544,7 @@ def _print_listing(
     on_path = set(path)
     listed = _listed(n, first, last)
     builder, hasher = walk.builder if walk is not None else ContextBuilder(), ContextHasher(OutlineHashes(outline))
-    said: dict[str, str] = {}  # the item an entry puts in the context, described (an item's for its row too)
+    said: dict[str, bytes] = {}  # the item an entry puts in the context, described (an item's for its row too)
     rows = _Listing(outline, listed, verbose, lines) if n else None
     bar = terminal.progress("reading", "entries")
     types, ids, parent_at, absent = outline.types, outline.ids, outline.parent_at, outline.absent
@@ -562,9 +569,9 @@ def _print_listing(
             rows.add(pos, e, parent, item, bar)
         if pos in on_path:
             if item is not None:
-                said[e.id] = item
+                said[e.id] = item.encode(*_SAID)
             elif t == "branch_summary":  # its summary is its item in the context
-                said[e.id] = describe_item(e.data.get("summary"))
+                said[e.id] = describe_item(e.data.get("summary")).encode(*_SAID)
             if feeding:
                 feed(e)
             if walk is not None:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import field
 from typing import Any, Literal, get_args
 
-from ..errors import Problem
+from ..errors import AgentSessionError, Problem
 from ..lean import dataclass
 from .entry import ENTRY_ID, Entry, Header, short_id, shown_id
 
@@ -598,6 +598,12 @@ class RecordWalker:
                         del self.dispatch_nodes[target]  # type: ignore[arg-type]  # a str: nodes were found under it
         self.calls_checked = calls_checked
 
+    def forward_only(self) -> None:
+        """The walker is pushed down one path and never popped (``show`` of a stored session
+        feeds it the leaf's path alone): no push is recorded to be undone (a few tuples an
+        entry, held for the whole path). A pop after this raises."""
+        self._undo = _Unrecorded()
+
     # -- undoable changes -------------------------------------------------------
 
     def _set(self, obj: Any, name: str, value: Any) -> None:
@@ -645,6 +651,8 @@ class RecordWalker:
             self._queued(e)
 
     def pop(self) -> None:
+        if self._undo.__class__ is _Unrecorded:
+            raise AgentSessionError("a walker pushed forward only is never popped")
         self._unwind(self._marks.pop())
         e = self.path.pop()
         del self.on_path[e.id]
@@ -654,6 +662,8 @@ class RecordWalker:
         """Pop the path down to its first ``keep`` entries, as many :meth:`pop` would."""
         if keep >= len(self.path):
             return
+        if self._undo.__class__ is _Unrecorded:
+            raise AgentSessionError("a walker pushed forward only is never popped")
         marks = self._marks
         at = keep - len(self.path) + len(marks)  # (marks are the last entries': a path set whole has none)
         self._unwind(marks[at])
@@ -1176,6 +1186,17 @@ class RecordWalker:
             output=call.output.id if call.output is not None else None,
             dispatched_elsewhere=self._dispatched_elsewhere(call),
         )
+
+
+class _Unrecorded(list[tuple]):
+    """The undo list of a walker pushed forward only (:meth:`RecordWalker.forward_only`):
+    what is appended to it is dropped."""
+
+    def append(self, _: tuple) -> None:
+        pass
+
+    def __iadd__(self, _: Iterable[tuple]) -> _Unrecorded:  # type: ignore[override,misc]
+        return self
 
 
 def open_source_message(run_id: str | None) -> str:

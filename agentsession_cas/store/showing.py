@@ -409,6 +409,7 @@ class PathWalk:
         store = session.store
         self.checker = PathChecker(session.header, loader=store.entry, requests=False)
         self.checker.walker.collect_runs = True
+        self.checker.walker.forward_only()  # (the path alone is pushed: nothing is popped)
         #: The context at the leaf, once the walk is over.
         self.builder = self.checker.builder
         self.parking = Parking(_Ahead(session, outline, path))
