@@ -543,7 +543,9 @@ def _print_listing(
     path = outline.path(leaf) if leaf is not None else []
     on_path = set(path)
     listed = _listed(n, first, last)
-    builder, hasher = walk.builder if walk is not None else ContextBuilder(), ContextHasher(OutlineHashes(outline))
+    builder = walk.builder if walk is not None else ContextBuilder()
+    # (beside a walk's record state, the path's hashes are packed by their place; alone, a dict is quicker)
+    hasher = ContextHasher(OutlineHashes(outline)) if walk is not None else ContextHasher()
     said: dict[str, bytes] = {}  # the item an entry puts in the context, described (an item's for its row too)
     rows = _Listing(outline, listed, verbose, lines) if n else None
     bar = terminal.progress("reading", "entries")
