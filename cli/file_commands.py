@@ -177,19 +177,30 @@ def show(
     target = store_commands.locate(file, files=True)
     if target.kind == "session":
         _, session = store_commands.open_target(target, files=True)
-        outline = session.projection_outline()
-        known, leaf = _stored_leaf(session, outline, leaf_name)
-        if known:  # one walk, no verify first (docs/cli.md: what show trusts of a store)
-            if as_json:
-                _show_json_stored(session, outline, leaf, target.session_id or target.arg)
-            else:
-                page()
-                _show_stored(session, outline, leaf, leaf_name, verbose, first, last, show_runs)
+        if _show_session(session, target.session_id or target.arg, leaf_name, as_json, verbose, first, last, show_runs):
             return
     if as_json:
         _show_json(target, file, leaf_name)
         return
     _show_read(target, file, leaf_name, verbose, show_runs, first, last)
+
+
+@whole_pass
+def _show_session(session: Session, source: str, leaf_name: str | None, as_json: bool, verbose: bool,
+                  first: int | None, last: int | None, runs: bool) -> bool:
+    """show of a stored session in one walk, no verify first (docs/cli.md: what show trusts
+    of a store), the leaf known before it (:func:`_stored_leaf`); False, nothing printed,
+    when only the entries resolve the ``--leaf`` name (then it is read as a file is)."""
+    outline = session.projection_outline()
+    known, leaf = _stored_leaf(session, outline, leaf_name)
+    if not known:
+        return False
+    if as_json:
+        _show_json_stored(session, outline, leaf, source)
+    else:
+        page()
+        _show_stored(session, outline, leaf, leaf_name, verbose, first, last, runs)
+    return True
 
 
 def _stored_leaf(session: Session, outline: ProjectionOutline, name: str | None) -> tuple[bool, str | None]:
@@ -326,7 +337,6 @@ def _context_of(builder: ContextBuilder) -> tuple[Context | None, str | None]:
         return None, str(exc)
 
 
-@whole_pass
 def _show_json_stored(session: Session, outline: ProjectionOutline, leaf: str | None, source: str) -> None:
     """show --json of a stored session in one walk over its projection's entries, each
     read once (``listing_entries``): its row written as it is read, with its context hash
@@ -496,7 +506,6 @@ def _draw_graph(file: str, as_json: bool, verbose: bool) -> None:
     echo_lines(lines(), fit="cut")
 
 
-@whole_pass
 def _show_stored(session: Session, outline: ProjectionOutline, leaf: str | None, leaf_name: str | None, verbose: bool,
                  first: int | None, last: int | None, runs: bool) -> None:
     """``show`` of a stored session, streamed: what the text shows of its projection, as
