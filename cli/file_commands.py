@@ -30,13 +30,13 @@ from agentsession_cas.format.context import (
     build_context,
 )
 from agentsession_cas.format.entry import Entry, Header
-from agentsession_cas.format.links import render_links, successor_of
+from agentsession_cas.format.links import CalleeLink, render_links, successor_of
 from agentsession_cas.format.reader import Parking, split_lines, verify_bytes, verify_file
 from agentsession_cas.format.rules import RULES, VerifyReport, parse_line
-from agentsession_cas.format.runs import render_runs
+from agentsession_cas.format.runs import RunsReport, render_runs
 from agentsession_cas.store import Session
 from agentsession_cas.store.session import ProjectionOutline
-from agentsession_cas.store.showing import OnEntry, ShowRead, path_links
+from agentsession_cas.store.showing import OnEntry, PathWalk, ShowRead, path_links
 
 from . import fsck_command, store_commands, terminal
 from .common import JsonStream, echo, echo_lines, emit_json, fail, number, plural, read_stdin, table, table_line, when, whole_pass
@@ -92,13 +92,18 @@ def _context_at(sf: SessionFile, leaf: str | None) -> tuple[Context | None, str 
         return None, str(exc)
 
 
+#: How a context item's description is held until the context is printed (a lone surrogate too).
+_SAID = ("utf-8", "surrogatepass")
+
+
 def _print_context(leaf: str | None, ctx: Context | None, error: str | None, context_hash: str,
-                   said: Mapping[str, str] | None = None, read: Callable[[], None] | None = None) -> None:
+                   said: Mapping[str, bytes] | None = None, read: Callable[[], None] | None = None) -> None:
     """The context's settings and items. ``said``: an entry's id -> the
     :func:`describe_item` of the item it puts in the context (an item entry's item, a
     branch summary's summary), made as the entry was listed (an item sent as it was
-    recorded is not read again); ``read()`` is called after any other item is read (a
-    stored session's entries, parked, are parked again)."""
+    recorded is not read again), in UTF-8 (:data:`_SAID`: held for every item of a long
+    path, it takes half a text's room); ``read()`` is called after any other item is read
+    (a stored session's entries, parked, are parked again)."""
     at = short_id(leaf) if leaf is not None else "the root"
     if ctx is None:
         echo(f"context at {at}: not built: {error}")
@@ -113,7 +118,8 @@ def _print_context(leaf: str | None, ctx: Context | None, error: str | None, con
 
     def lines() -> Iterator[str]:
         for i, entry in enumerate(ctx.item_entries):
-            text = said.get(entry.id) if said is not None and entry.id not in replaced else None
+            held = said.get(entry.id) if said is not None and entry.id not in replaced else None
+            text = held.decode(*_SAID) if held is not None else None
             if text is None:
                 text = describe_item(ctx.items[i])
                 if read is not None:
@@ -169,21 +175,61 @@ def show(
         _follow(file, remote, as_json, verbose)
         return
     target = store_commands.locate(file, files=True)
+    if target.kind == "session":
+        _, session = store_commands.open_target(target, files=True)
+        if _show_session(session, target.session_id or target.arg, leaf_name, as_json, verbose, first, last, show_runs):
+            return
     if as_json:
         _show_json(target, file, leaf_name)
-        return
-    if target.kind == "session" and not (show_runs or leaf_name):
-        _, session = store_commands.open_target(target, files=True)
-        page()
-        _show_stored(session, verbose, first, last)
         return
     _show_read(target, file, leaf_name, verbose, show_runs, first, last)
 
 
+@whole_pass
+def _show_session(session: Session, source: str, leaf_name: str | None, as_json: bool, verbose: bool,
+                  first: int | None, last: int | None, runs: bool) -> bool:
+    """show of a stored session in one walk, no verify first (docs/cli.md: what show trusts
+    of a store), the leaf known before it (:func:`_stored_leaf`); False, nothing printed,
+    when only the entries resolve the ``--leaf`` name (then it is read as a file is)."""
+    outline = session.projection_outline()
+    known, leaf = _stored_leaf(session, outline, leaf_name)
+    if not known:
+        return False
+    if as_json:
+        _show_json_stored(session, outline, leaf, source)
+    else:
+        page()
+        _show_stored(session, outline, leaf, leaf_name, verbose, first, last, runs)
+    return True
+
+
+def _stored_leaf(session: Session, outline: ProjectionOutline, name: str | None) -> tuple[bool, str | None]:
+    """The leaf of a stored session, known before its one walk: the head (the projection's
+    resume rule names it: its marker sees to it), or the entry a full id names; not known
+    (False) for another name, a prefix or a ``legacy_id``, which only the entries resolve
+    (then the session is read as a file is)."""
+    if name is None:
+        return True, session.head if len(outline) else None
+    return (True, name) if name in outline.index else (False, None)
+
+
+def _current(session: Session, successor: str | None) -> str | None:
+    """The chain's current session when the session was continued in ``successor``."""
+    if successor is None:
+        return None
+    try:
+        return session.store.resolve_current(session.id).current
+    except ContinuationError as exc:
+        say_note(str(exc))
+        return None
+
+
 def _read(target: store_commands.Target, file: str, *, hashes: bool = False,
-          on_start: Callable[[Header], None] | None = None, on_entry: OnEntry | None = None) -> tuple[ShowRead, Session | None]:
+          on_start: Callable[[Header], None] | None = None, on_entry: OnEntry | None = None,
+          paths: bool = True) -> tuple[ShowRead, Session | None]:
     """The session ``show`` names, read once as ``verify`` reads it (:mod:`agentsession_cas.store.showing`),
-    with the stored session when it is one."""
+    with the stored session when it is one; a file's with ``paths=False`` by the line and
+    tree rules alone (:func:`~agentsession_cas.store.showing.read_file`'s)."""
     from agentsession_cas.store import showing
 
     if target.kind == "file":
@@ -192,7 +238,8 @@ def _read(target: store_commands.Target, file: str, *, hashes: bool = False,
                 return showing.read_bytes(read_stdin(), source="<stdin>", hashes=hashes, on_start=on_start,
                                           on_entry=on_entry, progress=bar), None
         with progressing("reading", "bytes") as bar:
-            return showing.read_file(file, hashes=hashes, on_start=on_start, on_entry=on_entry, progress=bar), None
+            return showing.read_file(file, hashes=hashes, on_start=on_start, on_entry=on_entry, progress=bar,
+                                     paths=paths), None
     _, session = store_commands.open_target(target, files=True)
     with progressing("reading", "lines") as bar:
         return showing.read_stored(session, source=target.session_id or target.arg, hashes=hashes, on_start=on_start,
@@ -205,34 +252,19 @@ def _continued(read: ShowRead, session: Session | None) -> tuple[str | None, str
     successor = successor_of(read.links)
     if session is None:
         return successor, None, None
-    current = None
-    if successor is not None:
-        try:
-            current = session.store.resolve_current(session.id).current
-        except ContinuationError as exc:
-            say_note(str(exc))
-    return successor, current, session.store.__contains__
+    return successor, _current(session, successor), session.store.__contains__
 
 
 @whole_pass
 def _show_json(target: store_commands.Target, file: str, leaf_name: str | None) -> None:
-    """show --json: the document written as the session is read, the entries as they come
-    (a ``--leaf`` name is known good only at the end: then the document is spooled first)."""
+    """show --json of a file, or of a stored session whose ``--leaf`` only its entries resolve
+    (:func:`_show_json_stored` has the rest): the document written as the session is read,
+    the entries as they come (a ``--leaf`` name is known good only at the end: then the
+    document is spooled first)."""
     out = JsonStream(spool=leaf_name is not None)
-    source = file if target.kind == "file" else None
-
-    def start(header: Header) -> None:
-        out.member("source", source if source is not None else target.session_id or target.arg)
-        out.member("header", header.data)
-        out.member("migrated", header.is_legacy)
-        out.open_list("entries")
-
-    def row(e: Entry, chash: str | None) -> None:
-        legacy = e.legacy_id
-        out.item({"id": e.id, "type": e.type, "parent": e.parent, "line": e.line, "content_hash": e.content_hash,
-                  **({"context_hash": chash} if chash is not None else {}), **({"legacy_id": legacy} if legacy else {})})
-
-    read, session = _read(target, file, hashes=True, on_start=start, on_entry=row)
+    source = file if target.kind == "file" else target.session_id or target.arg
+    read, session = _read(target, file, hashes=True, on_start=lambda header: _json_start(out, source, header),
+                          on_entry=lambda e, chash: out.item(_json_row(e, chash)))
     out.close_list()
     report, outline = read.report, read.outline
     assert report is not None and read.hashes is not None
@@ -251,53 +283,130 @@ def _show_json(target: store_commands.Target, file: str, leaf_name: str | None) 
     out.member("leaf", leaf)
     out.member("path", [outline.ids[p] for p in on_path])
     out.tidy = parking.tidy  # each item of the context read, its entry parked again
+    _json_end(out, ctx, ctx_error, leaf_hash, lambda: runs, _continued(read, session), path_links(read, on_path),
+              read.truncated, read.problems)
+
+
+def _json_start(out: JsonStream, source: str, header: Header) -> None:
+    """show --json's members before the entries, and the entries' list opened."""
+    out.member("source", source)
+    out.member("header", header.data)
+    out.member("migrated", header.is_legacy)
+    out.open_list("entries")
+
+
+def _json_row(e: Entry, chash: str | None) -> dict[str, object]:
+    """An entry's row in show --json (its context hash None: its path is cut)."""
+    legacy = e.legacy_id
+    return {"id": e.id, "type": e.type, "parent": e.parent, "line": e.line, "content_hash": e.content_hash,
+            **({"context_hash": chash} if chash is not None else {}), **({"legacy_id": legacy} if legacy else {})}
+
+
+def _json_end(
+    out: JsonStream, ctx: Context | None, ctx_error: str | None, leaf_hash: str, runs: Callable[[], RunsReport | None],
+    continued: tuple[str | None, str | None, Callable[[str], bool] | None],
+    links: tuple[list[CalleeLink], list[Entry]], truncated: Problem | None, problems: list[Problem],
+) -> None:
+    """show --json's members after the leaf and its path, and the document's end; ``runs()``
+    made once the context is written (its calls and the context's items not held at once)."""
     out.member("context", ctx.as_dict(lazy=True) if ctx is not None else None)
     if ctx_error is not None:
         out.member("context_error", ctx_error)
     out.member("context_hash", leaf_hash)
-    out.member("runs", runs.as_dict(lazy=True) if runs is not None else None)
-    successor, current, held = _continued(read, session)
+    report = runs()
+    out.member("runs", report.as_dict(lazy=True) if report is not None else None)
+    successor, current, held = continued
     out.member("continued_in", successor)
     if current is not None:
         out.member("current", current)
-    found_callees, found_judges = path_links(read, on_path)
+    found_callees, found_judges = links
     out.member("callees", [{**c.as_dict(), **({"held": held(c.session)} if held else {})} for c in found_callees])
     out.member("judges", [{"link": j.id, "session": j.get("session"), "target": j.get("target"),
                            **({"held": held(j.get("session"))} if held else {})} for j in found_judges])
-    truncated = read.truncated
     out.member("truncated", {"line": truncated.line, "error": truncated.message} if truncated is not None else None)
-    out.member("problems", [p.as_dict() for p in read.problems])
+    out.member("problems", [p.as_dict() for p in problems])
     out.end()
+
+
+def _context_of(builder: ContextBuilder) -> tuple[Context | None, str | None]:
+    """The context a builder standing at the leaf holds (its items read from their entries
+    as written), or why it cannot be built."""
+    try:
+        return builder.context(hold_items=False), None
+    except ContextError as exc:
+        return None, str(exc)
+
+
+def _show_json_stored(session: Session, outline: ProjectionOutline, leaf: str | None, source: str) -> None:
+    """show --json of a stored session in one walk over its projection's entries, each
+    read once (``listing_entries``): its row written as it is read, with its context hash
+    (every entry fed to one hasher), and the entries on the leaf's path, with the calls
+    and dispatches off it, given to a :class:`~agentsession_cas.store.showing.PathWalk`
+    (the record rules along the path, the context there); then the context, the runs and
+    the links from where the walk left them. No verify first: docs/cli.md says why."""
+    from agentsession_cas.store.showing import ASIDE, OutlineHashes
+    from agentsession_cas.store.views import listing_entries
+
+    out = JsonStream()
+    _json_start(out, source, session.header)
+    n = len(outline)
+    path = outline.path(leaf) if leaf is not None else []
+    on_path = set(path)
+    walk = PathWalk(session, outline, path)
+    hasher = ContextHasher(OutlineHashes(outline))
+    types, take, add, item = outline.types, hasher.take, walk.add, out.item
+    bar = terminal.progress("reading", "entries")
+    for pos, e in listing_entries(session, outline, range(n)):
+        if bar is not None and pos % 1024 == 0:
+            bar(pos, n)
+        e.line = pos + 2
+        item(_json_row(e, take(e)))
+        t = types[pos]
+        if pos in on_path or t in ASIDE:
+            add(pos, e, t, pos in on_path)
+    if bar is not None:
+        bar.end()
+    out.close_list()
+    leaf_hash = hasher.get(leaf) if leaf is not None and leaf in hasher else NULL_CONTEXT_HASH
+    del hasher, on_path  # (every entry's hash was written: the leaf's is all that is left to say)
+    ctx, ctx_error = _context_of(walk.builder)
+    out.member("leaf", leaf)
+    out.member("path", [outline.ids[p] for p in path])
+    out.tidy = walk.parking.tidy  # each item of the context read, its entry parked again
+    successor = session.superseded_by
+    _json_end(out, ctx, ctx_error, leaf_hash, lambda: walk.runs(leaf, source) if n else None,
+              (successor, _current(session, successor), session.store.__contains__), walk.links(), None, [])
 
 
 @whole_pass
 def _show_read(target: store_commands.Target, file: str, leaf_name: str | None, verbose: bool, show_runs: bool,
                first: int | None, last: int | None) -> None:
-    """show's text of a file, or of a stored session with --runs or --leaf: read once as
-    ``verify`` reads it (an outline of the entries kept, not the entries), then the entries
-    listed and those on the leaf's path read again, each row printed as its entry is read."""
-    read, session = _read(target, file)
+    """show's text of a file, or of a stored session whose ``--leaf`` only its entries
+    resolve: read once as ``verify`` reads it (an outline of the entries kept, not the
+    entries), then the entries listed and those on the leaf's path read again, each row
+    printed as its entry is read."""
+    # (only the runs report reads the record rules; every context hash is taken as read, where
+    # the entry's item was hashed for its id, to keep the leaf's)
+    read, session = _read(target, file, hashes=True, paths=show_runs)
     if not show_runs:
         read.release()  # (what is held then is the outline, and the path's stubs as it is listed)
     outline = read.outline
     leaf = read.leaf(leaf_name)
+    assert read.hashes is not None
+    leaf_hash = read.hashes.get(leaf) if leaf in read.hashes else NULL_CONTEXT_HASH
+    read.hashes = None
     n = len(outline)
     successor, current, held = _continued(read, session)
     page()
     _print_info(read.header, read.migrated, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
-    path = _print_listing(outline, leaf, leaf_name, verbose, first, last, read.entries, read.listing_parking(), read.lines)
+    path = _print_listing(outline, leaf, leaf_name, verbose, first, last, read.entries, read.listing_parking(), read.lines,
+                          leaf_hash=leaf_hash)
     if show_runs and n:
         report = read.report
         assert report is not None
         parking = read.parking()
         runs = report.runs_report(leaf, settle=parking.settle, tidy=parking.tidy, path=read.path_entries(path))
-        echo()
-        for line in render_runs(runs):
-            echo(line)
-        echo()
-        found_callees, found_judges = path_links(read, path)
-        for line in render_links(found_callees, found_judges, held):
-            echo(line)
+        _print_runs(runs, path_links(read, path), held)
     problems, truncated = read.problems, read.truncated
     if problems or truncated is not None:
         echo()
@@ -305,6 +414,16 @@ def _show_read(target: store_commands.Target, file: str, leaf_name: str | None, 
         echo(f"{paint('problem:', 'bad')} {p}")
     if truncated is not None:
         echo(f"{paint('truncated:', 'bad')} {truncated} (not loaded)")
+
+
+def _print_runs(runs: RunsReport, links: tuple[list[CalleeLink], list[Entry]], held: Callable[[str], bool] | None) -> None:
+    """show --runs's text after the context: the runs report, then the path's callees and judges."""
+    echo()
+    for line in render_runs(runs):
+        echo(line)
+    echo()
+    for line in render_links(*links, held):
+        echo(line)
 
 
 _ROW_HEADER = ["LINE", "ID", "PARENT", "TYPE", "SUMMARY"]
@@ -333,7 +452,7 @@ def _draw_graph(file: str, as_json: bool, verbose: bool) -> None:
     target = store_commands.locate(file, files=True)
     entries: Callable[[Sequence[int]], Iterable[tuple[int, Entry]]]
     if target.kind == "file":
-        read, _ = _read(target, file)
+        read, _ = _read(target, file, paths=False)
         read.release()  # (the drawing reads the outline and the entries again, not the verify's facts)
         outline, header, head, entries = read.outline, read.header, read.leaf(), read.entries
     else:
@@ -387,33 +506,33 @@ def _draw_graph(file: str, as_json: bool, verbose: bool) -> None:
     echo_lines(lines(), fit="cut")
 
 
-@whole_pass
-def _show_stored(session: Session, verbose: bool, first: int | None, last: int | None) -> None:
+def _show_stored(session: Session, outline: ProjectionOutline, leaf: str | None, leaf_name: str | None, verbose: bool,
+                 first: int | None, last: int | None, runs: bool) -> None:
     """``show`` of a stored session, streamed: what the text shows of its projection, as
     ``show`` of the exported file would, without holding the file. First the outline
     from the envelopes (ids, parents, types, labels, the contents they name: what the
     head of the listing and the column widths need), then the contents of the entries
-    listed or on the leaf's path (:func:`_print_listing`)."""
+    listed or on the leaf's path (:func:`_print_listing`), and with ``runs`` the calls
+    and dispatches off it, for the runs report a
+    :class:`~agentsession_cas.store.showing.PathWalk` makes in that same walk."""
     from agentsession_cas.store.views import listing_entries
 
-    outline = session.projection_outline()
     n = len(outline)
-    leaf = session.head if n else None  # the projection's resume rule names the head (its marker sees to it)
-    successor, current = session.superseded_by, None
-    if successor is not None:
-        try:
-            current = session.store.resolve_current(session.id).current
-        except ContinuationError as exc:
-            say_note(str(exc))
-    _print_info(session.header, False, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
+    successor = session.superseded_by
+    _print_info(session.header, False, n, outline.roots(), outline.leaves(), leaf, successor=successor,
+                current=_current(session, successor))
     store = session.store
-    _print_listing(outline, leaf, None, verbose, first, last, lambda wanted: listing_entries(session, outline, wanted),
-                   Parking(lambda e: store.entry(e.id).data))
+    walk = PathWalk(session, outline, outline.path(leaf) if leaf is not None else []) if runs and n else None
+    _print_listing(outline, leaf, leaf_name, verbose, first, last, lambda wanted: listing_entries(session, outline, wanted),
+                   Parking(lambda e: store.entry(e.id).data), walk=walk)
+    if walk is not None:
+        _print_runs(walk.runs(leaf, session.id), walk.links(), store.__contains__)
 
 
 def _print_listing(
     outline: ProjectionOutline, leaf: str | None, leaf_name: str | None, verbose: bool, first: int | None, last: int | None,
     entries: Callable[[Sequence[int]], Iterable[tuple[int, Entry]]], parking: Parking, lines: Sequence[int] | None = None,
+    walk: PathWalk | None = None, leaf_hash: str | None = None,
 ) -> list[int]:
     """The listing, the leaf and the context at it, from an outline of the entries (what
     the head of the listing and the column widths need) and ``entries(positions)``, which
@@ -422,13 +541,21 @@ def _print_listing(
     the context, which the context algorithm must hold anyway, parked (``parking``:
     Entry.park, their objects read again if the algorithm consults one or its item is
     printed), so what is held grows by an entry's ids, not its bytes. ``lines``: each
-    position's line, when not its position + 2 (a file's). Returns the path."""
+    position's line, when not its position + 2 (a file's). ``walk``: a stored session's
+    :class:`~agentsession_cas.store.showing.PathWalk`, given the path's entries (it pushes
+    them to its context builder, and parks them) and the calls and dispatches off it.
+    ``leaf_hash``: the context hash at the leaf, when the read took it (else it is taken
+    along the path here). Returns the path."""
+    from agentsession_cas.store.showing import ASIDE, OutlineHashes
+
     n = len(outline)
     path = outline.path(leaf) if leaf is not None else []
     on_path = set(path)
     listed = _listed(n, first, last)
-    builder, hasher = ContextBuilder(), ContextHasher()
-    said: dict[str, str] = {}  # the item an entry puts in the context, described (an item's for its row too)
+    builder = walk.builder if walk is not None else ContextBuilder()
+    # (beside a walk's record state, the path's hashes are packed by their place; alone, a dict is quicker)
+    hasher = ContextHasher(OutlineHashes(outline)) if walk is not None else ContextHasher()
+    said: dict[str, bytes] = {}  # the item an entry puts in the context, described (an item's for its row too)
     rows = _Listing(outline, listed, verbose, lines) if n else None
     bar = terminal.progress("reading", "entries")
     types, ids, parent_at, absent = outline.types, outline.ids, outline.parent_at, outline.absent
@@ -436,8 +563,12 @@ def _print_listing(
     # The path's entries are fed to the context hash in order, each one's parent the entry
     # fed before it: all of them, unless its root names a parent that is not among the
     # entries (then none, as context_hashes skips an entry whose parent it was not fed).
-    feeding = bool(path) and absent.get(path[0]) is None
-    wanted = listed if len(listed) == n else sorted(on_path.union(listed))
+    feeding = leaf_hash is None and bool(path) and absent.get(path[0]) is None
+    wanted: Sequence[int] = listed if len(listed) == n else sorted(on_path.union(listed))
+    if walk is not None and len(wanted) < n:
+        wanted = sorted(set(wanted).union(pos for pos, t in enumerate(types) if t in ASIDE))
+    if walk is not None:
+        parking = walk.parking
     for count, (pos, e) in enumerate(entries(wanted)):
         if bar is not None and count % 1024 == 0:
             bar(count, len(wanted))
@@ -449,14 +580,21 @@ def _print_listing(
             rows.add(pos, e, parent, item, bar)
         if pos in on_path:
             if item is not None:
-                said[e.id] = item
+                said[e.id] = item.encode(*_SAID)
             elif t == "branch_summary":  # its summary is its item in the context
-                said[e.id] = describe_item(e.data.get("summary"))
-            push(e, t)
+                said[e.id] = describe_item(e.data.get("summary")).encode(*_SAID)
             if feeding:
                 feed(e)
-            if pos < n - 1:  # not the last: it may be the synthetic marker, which no store holds
+            if walk is not None:
+                e.line = pos + 2 if lines is None else lines[pos]
+                walk.add(pos, e, t, True)
+            else:
+                push(e, t)
+            if walk is None and pos < n - 1:  # not the last: it may be the synthetic marker, which no store holds
                 settle(e)
+        elif walk is not None and t in ASIDE:
+            e.line = pos + 2 if lines is None else lines[pos]
+            walk.add(pos, e, t, False)
     if rows is not None:
         rows.flush(bar)
         _print_listed(len(listed), n)
@@ -468,7 +606,8 @@ def _print_listing(
             ctx, error = builder.context(hold_items=False), None
         except ContextError as exc:
             ctx, error = None, str(exc)
-        leaf_hash = hasher.get(leaf) if leaf is not None and leaf in hasher else NULL_CONTEXT_HASH
+        if leaf_hash is None:
+            leaf_hash = hasher.get(leaf) if leaf is not None and leaf in hasher else NULL_CONTEXT_HASH
         echo()
         _print_context(leaf, ctx, error, leaf_hash, said, parking.tidy)
     return path

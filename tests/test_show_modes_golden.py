@@ -83,8 +83,11 @@ def _header(sid: str, **kw: str) -> Header:
 #: Stored sessions of the shapes only a store makes (test_streaming.py's): a head moved
 #: back (a synthetic marker ends the projection), a fork of it, a leaf label of its own,
 #: one cleared by a null label, an empty one, one back at the universal root, a fork with
-#: no entry of its own.
-STORED = ["moved", "fork-of-moved", "labelled", "cleared", "empty", "rooted", "bare-fork"]
+#: no entry of its own; and one whose runs report reads entries off the head's path (a
+#: stored session's --runs and --json walk the path and only the calls and dispatches off
+#: it): a call on the head's path dispatched on a branch the head left (the dispatch
+#: stands for one on the path), a call off the path, a run open at the head.
+STORED = ["moved", "fork-of-moved", "labelled", "cleared", "empty", "rooted", "bare-fork", "dispatched-aside"]
 
 
 def _stored_shapes(st: Store) -> None:
@@ -107,6 +110,16 @@ def _stored_shapes(st: Store) -> None:
     r2 = [rooted.append(_user(f"r{i}")).id for i in range(2)]
     rooted.set_head(None, expected=r2[-1])
     st.create(_header("bare-fork", base=ids[1]))
+    aside = st.create(_header("dispatched-aside", records=["dispatch", "run"]))
+    run = aside.append({"type": "run", "ts": WHEN, "phase": "start", "run_id": "r1", "source": "input"}).id
+    asked = aside.append({**_user("list the files"), "parent": run}).id
+    call = aside.append({"type": "item", "ts": WHEN, "parent": asked, "item": {
+        "type": "function_call", "call_id": "c1", "name": "ls", "arguments": '{"path": "."}'}}).id
+    aside.append({"type": "dispatch", "ts": WHEN, "parent": call, "target": call, "call_id": "c1"})
+    other = aside.append({"type": "item", "ts": WHEN, "parent": asked, "item": {
+        "type": "function_call", "call_id": "c2", "name": "cat", "arguments": '{"path": "a"}'}}).id
+    aside.append({**_user("once more"), "parent": other})
+    aside.set_head(aside.append({**_user("and again"), "parent": call}).id, expected=aside.head)
 
 
 @pytest.fixture(scope="module")

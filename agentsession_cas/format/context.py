@@ -30,7 +30,7 @@ The pieces, in the order a reader meets them:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import field
 from typing import Any
 
@@ -1517,10 +1517,12 @@ class ContextHasher:
     """RFC 0002's context hash, computed as entries are fed in (a parent before its
     children), as a store computes it at append. It keeps each fed entry's hash, type
     and parent, so any entry's value can be served and a compaction's ``first_kept``
-    can be looked for on its path."""
+    can be looked for on its path. ``known``: where those are kept, by entry id (a dict
+    unless given: ``show`` of a stored session keeps them by the entry's place in its
+    outline, 32 bytes an entry)."""
 
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[str, str, str | None]] = {}
+    def __init__(self, known: MutableMapping[str, tuple[str, str, str | None]] | None = None) -> None:
+        self._known = known if known is not None else {}
 
     def __contains__(self, entry_id: object) -> bool:
         return entry_id in self._known

@@ -221,7 +221,7 @@ def _first_line(f: BinaryIO, name: str) -> tuple[bytes, Header]:
 def verify_file(
     path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | None = None, progress: Progress | None = None,
     processes: bool | None = None, on_ready: Callable[[list[parallel.Ready]], None] | None = None,
-    objects: bool = True,
+    objects: bool = True, paths: bool = True,
 ) -> VerifyReport:
     """What ``agentsession verify FILE`` reports (:func:`~agentsession_cas.format.rules.verify_session`
     of the file as read), in one pass over the file read line by line: each line through
@@ -250,7 +250,11 @@ def verify_file(
     helper makes the entries' objects into compressed pack blocks for the file backend,
     given to ``on_ready`` (each such entry's ``Entry.objects`` is then
     :data:`~agentsession_cas.format.parallel.PACKED`): the compression is done on the
-    other core too."""
+    other core too.
+
+    ``paths=False`` applies the line and tree rules alone, not the record and context
+    rules along each path (the report's record and context parts are then empty): for a
+    caller that reports no other, ``show FILE``'s listing."""
     name = _session_file(path)
     with open(name, "rb") as f:
         first, header = _first_line(f, name)
@@ -351,11 +355,11 @@ def verify_file(
         checker = PathChecker(header, loader=load)
         if not parallel.wanted(size, processes):
             lines = chain.from_iterable(parts for _, parts in blocks())
-            return _verify(name, header, lines, checker, where, on_entry, Parking(wake), misstated)
+            return _verify(name, header, lines, checker, where, on_entry, Parking(wake), misstated, paths=paths)
         with parallel.LineHelper(objects=on_entry is not None and objects,
                                  on_ready=on_ready if on_entry is not None else None) as helper:
             return _verify(name, header, helper.lines(blocks()), checker, where, on_entry, Parking(wake), misstated,
-                           helper.known)
+                           helper.known, paths=paths)
 
 
 def verify_bytes(
@@ -498,11 +502,12 @@ class Parking:
 def _verify(
     source: str, header: Header, lines: Iterable[bytes], checker: PathChecker, where: dict[str, int] | None,
     on_entry: Callable[[Entry], None] | None = None, parking: Parking | None = None,
-    misstated: dict[str, str] | None = None, known: deque[parallel.Known] | None = None,
+    misstated: dict[str, str] | None = None, known: deque[parallel.Known] | None = None, *, paths: bool = True,
 ) -> VerifyReport:
+    """The pass of a streamed verify; ``paths=False``: ``checker`` is fed nothing (:func:`verify_file`'s)."""
     with gc_paused():
-        reader = _Reader(source, header, lines, checker=checker, keep_entries=False, where=where, on_entry=on_entry,
-                         parking=parking, misstated=misstated, known=known)
+        reader = _Reader(source, header, lines, checker=checker if paths else None, keep_entries=False, where=where,
+                         on_entry=on_entry, parking=parking, misstated=misstated, known=known)
         sf = reader.run()
         checker.finish()
     report = verify_report(source, header, reader.count, sf.migrated, sf.all_problems(), sf.unresolved, checker, reader.links)

@@ -598,10 +598,16 @@ class PathChecker:
 
     An entry whose parent was never added is the root of a cut path: its responses,
     and those below it, cannot be rebuilt and are ``error`` checks.
+
+    ``requests=False`` rebuilds no request (no :class:`RequestCheck` is made): for a
+    caller that reports no context rule, ``show`` of a stored session, which feeds the
+    checker one path (:meth:`add`) and the calls and dispatches off it (:meth:`aside`)
+    in one walk, then asks :meth:`report_here`.
     """
 
-    def __init__(self, header: Header, *, loader: Callable[[str], Entry] | None = None):
+    def __init__(self, header: Header, *, loader: Callable[[str], Entry] | None = None, requests: bool = True):
         self.header = header
+        self._rebuild = requests
         #: Each entry's place in the order added.
         self.seq: dict[str, int] = {}
         self._order: list[str] = []
@@ -694,7 +700,7 @@ class PathChecker:
         response's request hash, a ``first_kept`` naming nothing, an ``of`` unresolved."""
         b = self.builder
         if t == "response":
-            if e.id not in self.requests:
+            if e.id not in self.requests and self._rebuild:
                 self._check_response(e)
         elif t == "compaction":
             if b.error is not None:
@@ -816,6 +822,22 @@ class PathChecker:
             self._out = None
         return out
 
+    def aside(self, entry: Entry, *, prefix: bool = False) -> None:
+        """An entry off the one path a caller feeds (:meth:`add`), in file order among
+        its entries: its place in the order and what it brings to the session-wide facts
+        (a call's id, a dispatch), without moving the path. An entry no path entry hangs
+        from (a caller's guarantee): nothing is pushed, nor parented."""
+        eid = entry.id
+        if eid in self.seq:
+            return
+        self.seq[eid] = len(self._order)
+        self._order.append(eid)
+        if prefix:
+            self.walker.foreign.add(eid)
+        t = entry.data.get("type")
+        if t == "item" or t == "dispatch":
+            self.walker.register(entry, t)
+
     def add_all(self, entries: Iterable[Entry]) -> None:
         """Add a whole session in file order; in a session with a base, every entry until
         the base has come, and the base, is the prefix."""
@@ -882,7 +904,6 @@ class PathChecker:
         self._goto(None)
         w.collect_runs = True
         w.runs = []
-        open_note: Problem | None = None
         try:
             chain: list[str] = []
             x = leaf
@@ -899,22 +920,33 @@ class PathChecker:
                 inbox.feed(e)
                 if settle is not None:
                     settle(e)
-            run = w.run
-            if run is not None:
-                w._close(run, None, "leaf")
-                if w.open_unjudged() is not None:
-                    start = run.start
-                    open_note = problem(start.line, "run-source-open", _at(start, open_source_message(run.run_id)), start.id)
-            path = list(self.path)
-            runs = list(w.runs)
-            calls = []
-            for c in w.call_order:
-                calls.append(w.info(c))
-                if tidy is not None:
-                    tidy()
+            return self.report_here(leaf, inbox, source=source, tidy=tidy)
         finally:
             w.collect_runs = False
             w.runs = []
+
+    def report_here(self, leaf: str | None, inbox: Inbox, *, source: str = "",
+                    tidy: Callable[[], None] | None = None) -> RunsReport:
+        """:meth:`report` of the path the checker stands on, ``leaf`` its tip, once it was
+        pushed with the walker collecting runs (``walker.collect_runs``) and ``inbox`` fed
+        it: what :meth:`report` makes after its walk, and what a caller that fed the
+        checker that path in its one walk asks for. A run open at the leaf is closed
+        there."""
+        w = self.walker
+        open_note: Problem | None = None
+        run = w.run
+        if run is not None:
+            w._close(run, None, "leaf")
+            if w.open_unjudged() is not None:
+                start = run.start
+                open_note = problem(start.line, "run-source-open", _at(start, open_source_message(run.run_id)), start.id)
+        path_length = len(self.path)
+        runs = list(w.runs)
+        calls = []
+        for c in w.call_order:
+            calls.append(w.info(c))
+            if tidy is not None:
+                tidy()
         on_path = self._depth
 
         def here(p: Problem) -> bool:
@@ -929,7 +961,7 @@ class PathChecker:
         return RunsReport(
             source=source,
             leaf=leaf,
-            path_length=len(path),
+            path_length=path_length,
             records=tuple(self.header.records),
             runs=runs,
             calls=calls,

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import field
 from typing import Any, Literal, get_args
 
-from ..errors import Problem
+from ..errors import AgentSessionError, Problem
 from ..lean import dataclass
 from .entry import ENTRY_ID, Entry, Header, short_id, shown_id
 
@@ -370,7 +370,7 @@ def _effective(events: Sequence[_Event]) -> list[_Event]:
 
 
 class _Call:
-    __slots__ = ("entry", "call_id", "depth", "own", "events", "output", "below")
+    __slots__ = ("entry", "call_id", "depth", "own", "events", "output", "below", "said")
 
     def __init__(self, entry: Entry, call_id: str, depth: int, own: bool, below: _Call | None = None):
         self.entry = entry
@@ -382,6 +382,9 @@ class _Call:
         #: The call with the same call_id below this one on the path (a stack of them, linked
         #: rather than a list per call id: a long session has as many call ids as calls).
         self.below = below
+        #: The call's name and arguments, taken as it is pushed by a walker collecting runs
+        #: (what the report prints of it: its entry, parked behind a long walk, is not woken).
+        self.said: tuple[Any, Any] | None = None
 
 
 class _Run:
@@ -595,6 +598,12 @@ class RecordWalker:
                         del self.dispatch_nodes[target]  # type: ignore[arg-type]  # a str: nodes were found under it
         self.calls_checked = calls_checked
 
+    def forward_only(self) -> None:
+        """The walker is pushed down one path and never popped (``show`` of a stored session
+        feeds it the leaf's path alone): no push is recorded to be undone (a few tuples an
+        entry, held for the whole path). A pop after this raises."""
+        self._undo = _Unrecorded()
+
     # -- undoable changes -------------------------------------------------------
 
     def _set(self, obj: Any, name: str, value: Any) -> None:
@@ -642,6 +651,8 @@ class RecordWalker:
             self._queued(e)
 
     def pop(self) -> None:
+        if self._undo.__class__ is _Unrecorded:
+            raise AgentSessionError("a walker pushed forward only is never popped")
         self._unwind(self._marks.pop())
         e = self.path.pop()
         del self.on_path[e.id]
@@ -651,6 +662,8 @@ class RecordWalker:
         """Pop the path down to its first ``keep`` entries, as many :meth:`pop` would."""
         if keep >= len(self.path):
             return
+        if self._undo.__class__ is _Unrecorded:
+            raise AgentSessionError("a walker pushed forward only is never popped")
         marks = self._marks
         at = keep - len(self.path) + len(marks)  # (marks are the last entries': a path set whole has none)
         self._unwind(marks[at])
@@ -717,6 +730,8 @@ class RecordWalker:
             eid = e.id
             cid = cid if isinstance(cid, str) else ""
             call = _Call(e, cid, depth, eid not in self.foreign, self.by_call_id.get(cid))
+            if self.collect_runs:
+                call.said = (item.get("name"), item.get("arguments"))
             self.calls[eid] = call
             self.by_call_id[cid] = call
             self.call_order.append(call)
@@ -1129,9 +1144,11 @@ class RecordWalker:
         return "unknown"
 
     def info(self, call: _Call, state: CallState | None = None) -> CallInfo:
-        item = call.entry.get("item")
-        name = item.get("name") if isinstance(item, dict) else None
-        args = item.get("arguments") if isinstance(item, dict) else None
+        said = call.said
+        if said is None:
+            item = call.entry.get("item")
+            said = (item.get("name"), item.get("arguments")) if isinstance(item, dict) else (None, None)
+        name, args = said
         withdrawn: set[int] = set()
         for i, ev in enumerate(call.events):
             if ev[_WITHDRAWS] and i > 0 and call.events[i - 1][_KIND] == "dispatch":
@@ -1169,6 +1186,17 @@ class RecordWalker:
             output=call.output.id if call.output is not None else None,
             dispatched_elsewhere=self._dispatched_elsewhere(call),
         )
+
+
+class _Unrecorded(list[tuple]):
+    """The undo list of a walker pushed forward only (:meth:`RecordWalker.forward_only`):
+    what is appended to it is dropped."""
+
+    def append(self, _: tuple) -> None:
+        pass
+
+    def __iadd__(self, _: Iterable[tuple]) -> _Unrecorded:  # type: ignore[override,misc]
+        return self
 
 
 def open_source_message(run_id: str | None) -> str:

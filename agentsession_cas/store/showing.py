@@ -16,24 +16,27 @@ from __future__ import annotations
 
 import os
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import Problem
-from ..format.canonical import loads_flagged
+from ..format.canonical import loads_canonical, loads_flagged
 from ..format.codes import RULES
 from ..format.context import ContextHasher
 from ..format.entry import Entry, Header
+from ..format.hashing import HASH_PREFIX
 from ..format.links import CalleeLink, callees, judges
 from ..format.reader import Parking, SessionFile, file_header, verify_bytes, verify_file, verify_lines
-from ..format.rules import VerifyReport, read_header
+from ..format.rules import PathChecker, VerifyReport, read_header
+from ..format.runs import Inbox, RunsReport
 from ..progress import Progress
 from .session import ProjectionOutline
 
 if TYPE_CHECKING:
     from .session import Session
 
-__all__ = ["ShowRead", "read_file", "read_bytes", "read_stored", "path_links"]
+__all__ = ["ShowRead", "PathWalk", "read_file", "read_bytes", "read_stored", "path_links"]
 
 
 class ShowRead:
@@ -251,10 +254,12 @@ OnEntry = Callable[[Entry, "str | None"], None]
 
 
 def read_file(path: str, *, hashes: bool = False, on_start: Callable[[Header], None] | None = None,
-              on_entry: OnEntry | None = None, progress: Progress | None = None) -> ShowRead:
+              on_entry: OnEntry | None = None, progress: Progress | None = None, paths: bool = True) -> ShowRead:
     """A session file read for ``show``, as ``verify FILE`` reads it: ``on_start(header)``
     once its header is read, then ``on_entry`` of each entry as it is read. A file of a
-    format before 0.5 is migrated whole, as any reader does, and its entries kept."""
+    format before 0.5 is migrated whole, as any reader does, and its entries kept.
+    ``paths=False``: the line and tree rules alone (``verify_file``'s), for a mode that
+    prints no other (the listing, the graph): the report then holds no record fact."""
     header = file_header(path)
     if header.is_legacy:
         with open(path, "rb") as f:
@@ -263,7 +268,7 @@ def read_file(path: str, *, hashes: bool = False, on_start: Callable[[Header], N
         on_start(header)
     read = ShowRead(path, header, hashes=hashes, keep=False)
     read.stat = _stat(path)
-    read.finish(verify_file(path, on_entry=_hook(read, on_entry), progress=progress, objects=False))
+    read.finish(verify_file(path, on_entry=_hook(read, on_entry), progress=progress, objects=False, paths=paths))
     read._reread = lambda positions: _lines_again(path, read, positions)
     read._wake = lambda e: _line_again(path, read, e)
     return read
@@ -338,7 +343,7 @@ def _lines_again(path: str, read: ShowRead, positions: Iterable[int]) -> Iterato
             if lineno != lines[pos]:
                 continue
             read._at[pos], read._size[pos] = start, len(raw)
-            obj, careful = loads_flagged(raw.rstrip(b"\n").decode("utf-8"))
+            obj, careful, _ = loads_canonical(raw.rstrip(b"\n"))  # (the strict parse's value and flag, orjson's when proven)
             e = Entry(obj, computed_id=ids[pos], content_hash=outline.content(pos))
             e.careful, e.line = careful, lineno
             yield pos, e
@@ -383,6 +388,150 @@ def _stored_path(session: Session, read: ShowRead, path: list[int]) -> Iterator[
         assert outline.marker is not None
         outline.marker.line = read.lines[path[-1]]
         yield outline.marker
+
+
+class PathWalk:
+    """What ``show`` of a stored session makes of the leaf's path (``--runs``, ``--json``)
+    in the one walk that reads its entries in projection order, each once: the record
+    rules along the path (a :class:`~agentsession_cas.format.rules.PathChecker` pushed the
+    path's entries, given the calls and dispatches off it for the session-wide facts
+    (:meth:`~agentsession_cas.format.rules.PathChecker.aside`), no request rebuilt:
+    ``show`` prints no context rule), whose builder stands at the leaf once the walk is
+    over, and the path's links (held only when the path holds a ``link``).
+
+    No verify runs first: the store verified each entry as it took it in (the line, tree
+    and record rules refuse there; docs/cli.md says what ``show`` trusts), and each
+    object is checked against its name as it is read. The path's entries are parked
+    behind the walk and woken, a chunk of the path at a time, from the store
+    (:class:`_Ahead`): the context's items are read back in path order at the end."""
+
+    def __init__(self, session: Session, outline: ProjectionOutline, path: list[int]) -> None:
+        store = session.store
+        self.checker = PathChecker(session.header, loader=store.entry, requests=False)
+        self.checker.walker.collect_runs = True
+        self.checker.walker.forward_only()  # (the path alone is pushed: nothing is popped)
+        #: The context at the leaf, once the walk is over.
+        self.builder = self.checker.builder
+        self.parking = Parking(_Ahead(session, outline, path))
+        self._inbox = Inbox()
+        self._prefix = len(session.prefix)
+        self._marker = len(outline) - 1 if outline.marker is not None else -1
+        self._links = any(outline.types[p] == "link" for p in path)
+        self._picked: list[Entry] = []
+
+    def add(self, pos: int, e: Entry, t: str, on_path: bool) -> None:
+        """The entry at ``pos`` (its ``line`` set), of type ``t``, as the walk reads it:
+        every entry on the path, and off it every call and dispatch (:data:`ASIDE`). Its
+        context hash taken first: a path's entry is held without its content hash (a
+        text an entry, which nothing after the context hash reads)."""
+        prefix = pos < self._prefix
+        if not on_path:
+            self.checker.aside(e, prefix=prefix)
+            self.parking.settle(e)  # (a call is held as the first with its id: parked, as the path's are)
+            return
+        self.checker.add(e, prefix=prefix)
+        e.content_hash = ""
+        self._inbox.feed(e)
+        if self._links and t in ("item", "dispatch", "link"):
+            self._picked.append(e)
+        if pos != self._marker:  # (the synthetic marker: no store holds it to wake it from)
+            self.parking.settle(e)
+
+    def runs(self, leaf: str | None, source: str) -> RunsReport:
+        """The runs report of the path (each call's entry woken as it is described, parked again)."""
+        return self.checker.report_here(leaf, self._inbox, source=source, tidy=self.parking.tidy)
+
+    def links(self) -> tuple[list[CalleeLink], list[Entry]]:
+        """The callees and the judges on the path (:func:`path_links`'s)."""
+        return (callees(self._picked), judges(self._picked)) if self._picked else ([], [])
+
+
+class OutlineHashes(MutableMapping[str, tuple[str, str, "str | None"]]):
+    """What a :class:`~agentsession_cas.format.context.ContextHasher` keeps of each entry
+    fed (its context hash, type and parent), kept by the entry's place in an outline of
+    the session: the hash's 32 bytes, the type and parent the outline's. A stored
+    session's ``show --json`` feeds every entry: a dict of them held a tuple, a text and
+    a slot an entry (a sixth of the walk's memory). The last entry fed is kept as fed:
+    the parent the next one asks for, most of the time."""
+
+    def __init__(self, outline: ProjectionOutline) -> None:
+        self._outline = outline
+        self._raw = bytearray(32 * len(outline))
+        self._fed = bytearray(len(outline))
+        self._count = 0
+        self._last: tuple[str | None, tuple[str, str, str | None] | None] = (None, None)
+
+    def _at(self, entry_id: object) -> int | None:
+        pos = self._outline.index.get(entry_id) if isinstance(entry_id, str) else None
+        return pos if pos is not None and self._fed[pos] else None
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id == self._last[0] or self._at(entry_id) is not None
+
+    def __getitem__(self, entry_id: str) -> tuple[str, str, str | None]:
+        last_id, last = self._last
+        if entry_id == last_id and last is not None:
+            return last
+        pos = self._at(entry_id)
+        if pos is None:
+            raise KeyError(entry_id)
+        outline = self._outline
+        return HASH_PREFIX + self._raw[32 * pos : 32 * pos + 32].hex(), outline.types[pos], outline.parent(pos)
+
+    def __setitem__(self, entry_id: str, value: tuple[str, str, str | None]) -> None:
+        pos = self._outline.index[entry_id]
+        chash = value[0]
+        # (the outline's type and parent are the entry's: the hasher was fed the entry the outline names)
+        assert chash.startswith(HASH_PREFIX) and len(chash) == 71, chash
+        self._raw[32 * pos : 32 * pos + 32] = bytes.fromhex(chash[7:])
+        self._count += not self._fed[pos]
+        self._fed[pos] = 1
+        self._last = (entry_id, value)
+
+    def __delitem__(self, entry_id: str) -> None:
+        raise TypeError("a context hash once fed is kept")
+
+    def __iter__(self) -> Iterator[str]:
+        ids = self._outline.ids
+        return (ids[pos] for pos, fed in enumerate(self._fed) if fed)
+
+    def __len__(self) -> int:
+        return self._count
+
+
+#: The types of the entries off the path a :class:`PathWalk` is given (the session-wide facts').
+ASIDE = frozenset({"item", "dispatch"})
+
+
+class _Ahead:
+    """The wake of a stored session's parked path entries: the one asked for and the next
+    ones on the path read together, as a listing reads them
+    (:func:`~agentsession_cas.store.views.listing_entries`: the contents alone, in bulk,
+    each verified against its name; no ``ts`` nor ``parents``, which nothing reading a
+    path's entries back asks for), since they are asked for in path order (the context's
+    items, written at the end): a read a chunk of the path, not a lookup an entry. What
+    it holds is one chunk's."""
+
+    CHUNK = 256
+
+    def __init__(self, session: Session, outline: ProjectionOutline, path: list[int]) -> None:
+        self._session, self._outline, self._path = session, outline, path
+        self._stored = len(outline) - 1 if outline.marker is not None else len(outline)  # (the marker is no store's)
+        self._ready: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, e: Entry) -> dict[str, Any]:
+        from .views import listing_entries
+
+        data = self._ready.pop(e.id, None)
+        if data is not None:
+            return data
+        path, outline = self._path, self._outline
+        at = bisect_left(path, outline.index[e.id])
+        chunk = [p for p in path[at : at + self.CHUNK] if p < self._stored]
+        if not chunk or outline.ids[chunk[0]] != e.id:  # not on the path: read alone
+            return self._session.store.entry(e.id).data
+        self._ready = {x.id: x.data for _, x in listing_entries(self._session, outline, chunk)}
+        return self._ready.pop(e.id)
 
 
 def path_links(read: ShowRead, path: list[int]) -> tuple[list[CalleeLink], list[Entry]]:
