@@ -412,6 +412,44 @@ def test_a_block_taken_here_is_skipped_by_the_helper(monkeypatch):
         assert not helper._take(1)  # (begun: it answered)
 
 
+def test_the_helper_has_each_block_whole_without_this_process_writing_again(monkeypatch):
+    """A block sent is in the memory the two processes share, its head alone in the pipe:
+    the helper answers the blocks sent without this process writing anything more (through
+    the pipe alone it waited for a block's last bytes until the next write, a block's work
+    later, and had not begun the block when its turn came). ``STALL`` short: a helper left
+    waiting fails the test at once rather than in a minute."""
+    monkeypatch.setattr(parallel, "WAIT", True)
+    monkeypatch.setattr(parallel, "STALL", 5.0)
+    lines = [e.canonical_line()[:-1] for e in _entries(40, 40_000)]
+    block = b"\n".join(lines)
+    assert 1 << 20 < len(block) <= parallel._SLOT  # (more than a pipe holds)
+    with parallel.LineHelper() as helper:
+        assert helper._readied()
+        for _ in range(parallel._SLOTS):
+            assert helper._send(block, len(lines))
+        assert not helper._unwritten
+        for _ in range(parallel._SLOTS):
+            answered = helper._frame()
+            assert answered is not None and all(k is not None for k in answered)
+        assert helper.failed is None
+
+
+@pytest.mark.parametrize("how", ["slots", "a block larger than a slot", "no shared memory"])
+def test_blocks_through_the_pipe_or_the_shared_memory_verify_the_same(forced, tmp_path, monkeypatch, how):
+    """A block larger than a slot (a very long line) goes through the pipe after its head, as
+    every block does where no memory can be shared: the reports are the one-process ones
+    either way, and the helper's answers are used."""
+    helpers, counted = forced
+    monkeypatch.setattr(reader, "_BLOCK", 4096)
+    if how == "a block larger than a slot":
+        monkeypatch.setattr(parallel, "_SLOT", 6000)  # (blocks of 4 kB and more: some fit, some not)
+    elif how == "no shared memory":
+        monkeypatch.setattr(parallel, "_shared", lambda size: None)
+    for path in _mutants(tmp_path)[:3]:
+        assert _report(path, True) == _report(path, False), path
+    assert counted[0] > 200 and all(h.failed is None for h in helpers)
+
+
 def test_the_two_process_pass_holds_its_window_not_the_file(forced, tmp_path):
     """With the helper, the pass holds what test_streaming holds it to in one process, and
     the blocks read ahead (a bound: a few blocks, here of one line each): doubling a linear

@@ -5,9 +5,9 @@ A streamed verify (:func:`~agentsession_cas.format.reader.verify_file`) does two
 work: what :func:`~agentsession_cas.format.rules.check_line` decides about each line on
 its own (I-JSON, canonical form, ``ts``, reserved members, the two hashes), and the
 rules that need the lines in order (tree, records, context). The first kind is handed
-here to a helper process, fed the very bytes this process reads (through a pipe, so the
-two cannot read different files), while this process parses and runs the sequential
-rules. For each line the helper answers one of two things:
+here to a helper process, fed the very bytes this process reads (copied into memory the
+two share, so the two cannot read different files), while this process parses and runs
+the sequential rules. For each line the helper answers one of two things:
 
 * **clean**: it parsed as a JSON object proven in canonical form, ``check_line`` found
   nothing wrong, so its ``id`` is the hash of its members; the helper sends the content
@@ -109,7 +109,21 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # (fcntl None: AttributeEr
 _RING = 4096
 FREE, BEGUN, TAKEN = 0, 1, 2
 
-_FRAME = struct.Struct("<II")  # a frame's bytes after this head, and the lines it is of (a block, or its answers)
+#: After the claims, in the same shared memory, the blocks sent: block ``n`` is put in slot
+#: ``n % _SLOTS`` and the pipe carries only its head, so the helper has a block whole the
+#: moment it turns to it. Through the pipe alone (1 MB where unprivileged, a block a little
+#: more) the helper waited for each block's last bytes until this process next wrote, a
+#: block's work later, and had not begun the block when its turn came here: this process
+#: took it. A slot is used again only once its block's answer is read: this process owes
+#: answers for at most ``AHEAD + 1`` blocks (:meth:`LineHelper._send`). A block larger than
+#: a slot (a very long line) goes through the pipe after its head.
+_SLOTS = AHEAD + 1
+_SLOT = 2 << 20
+
+_FRAME = struct.Struct("<II")  # a frame's bytes after this head, and the lines it is of (the answers)
+#: A block's head: its bytes, its lines, and where its bytes are in the shared memory (0:
+#: they follow the head in the pipe).
+_SENT = struct.Struct("<III")
 _HASH_HEX = 64
 _COUNT = struct.Struct("<i")  # the ready blocks an answer carries
 
@@ -348,10 +362,17 @@ class LineHelper:
             return False
         number = self._sent
         self._sent += 1
-        if self._claims is not None:
-            self._claims[number % _RING] = FREE
-        self._unwritten.append(memoryview(_FRAME.pack(len(joined), count)))
-        self._unwritten.append(memoryview(joined))
+        shared = self._claims
+        at = 0
+        if shared is not None:
+            shared[number % _RING] = FREE
+            slot = (len(shared) - _RING) // _SLOTS  # (_SLOT when the helper was started)
+            if len(joined) <= slot:
+                at = _RING + number % _SLOTS * slot
+                shared[at : at + len(joined)] = joined
+        self._unwritten.append(memoryview(_SENT.pack(len(joined), count, at)))
+        if not at:
+            self._unwritten.append(memoryview(joined))
         self._owed.append((number, count))
         self._write()
         return True
@@ -448,13 +469,13 @@ class LineHelper:
 
 def _launch(mode: str) -> tuple[subprocess.Popen[bytes], mmap.mmap | None]:
     """A helper started (:func:`command`), its input written without blocking, and the
-    claims it shares with this process (None where there can be none); OSError when it
-    cannot be started."""
-    fd = _shared(_RING)
+    memory it shares with this process, the claims and the slots of the blocks sent (None
+    where there can be none); OSError when it cannot be started."""
+    fd = _shared(_RING + _SLOTS * _SLOT)
     claims = None
     try:
         if fd is not None:
-            claims = mmap.mmap(fd, _RING)
+            claims = mmap.mmap(fd, _RING + _SLOTS * _SLOT)
         proc = subprocess.Popen(
             command(mode, fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             close_fds=True, pass_fds=() if fd is None else (fd,), bufsize=0,
@@ -466,7 +487,7 @@ def _launch(mode: str) -> tuple[subprocess.Popen[bytes], mmap.mmap | None]:
     finally:
         if fd is not None:
             os.close(fd)  # (the map, and the helper, hold it)
-    for pipe in (proc.stdin, proc.stdout):  # a block whole in each pipe, where allowed
+    for pipe in (proc.stdin, proc.stdout):  # an answer (or a block larger than a slot) whole in a pipe, where allowed
         try:
             fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)  # type: ignore[union-attr]
         except (OSError, AttributeError):
@@ -524,7 +545,8 @@ def _end(proc: subprocess.Popen[bytes], claims: mmap.mmap | None) -> None:
 
 def _shared(size: int) -> int | None:
     """A descriptor of ``size`` zero bytes of memory this process and a helper it starts can
-    both map (None where none can be had: the helper then never skips a block)."""
+    both map (None where none can be had: the helper then never skips a block, and is sent
+    each block through its pipe). Only the pages written take memory."""
     try:
         fd = os.memfd_create("agentsession-claims") if hasattr(os, "memfd_create") else _unlinked()
     except OSError:
@@ -794,37 +816,37 @@ def main() -> int:
     objects = mode in ("objects", "blocks")
     built = mode == "built"
     packing = _Packing() if mode == "blocks" else None
-    claims = mmap.mmap(int(sys.argv[2]), _RING) if sys.argv[2] != "-" else None
+    claims = mmap.mmap(int(sys.argv[2]), 0) if sys.argv[2] != "-" else None  # (the claims, then the slots)
     number = 0
     out.write(b"R")
     out.flush()
     with gc_paused():
         while True:
-            head = inp.read(_FRAME.size)
-            if len(head) != _FRAME.size:
+            head = inp.read(_SENT.size)
+            if len(head) != _SENT.size:
                 return 0
-            size, lines = _FRAME.unpack(head)
-            block = inp.read(size)
-            if len(block) != size:
+            size, lines, at = _SENT.unpack(head)
+            block = b"" if at else inp.read(size)  # (else in its slot of the shared memory)
+            if len(block) != (0 if at else size) or (at and claims is None):
                 return 0
-            if built:
-                try:
-                    entries = decode_objects(block, lines)
-                except ValueError:
-                    return 1
-            else:
-                parts = block.split(b"\n")
-                if len(parts) != lines:
-                    return 1
             slot, number = number % _RING, number + 1
             if claims is not None and claims[slot] == TAKEN:  # the reader checks this block itself
                 payload = encode_built([None] * lines, [None] * lines) if built else encode_answers([None] * lines)
             else:
                 if claims is not None:
                     claims[slot] = BEGUN
+                    if at:
+                        block = claims[at : at + size]
                 if built:
+                    try:
+                        entries = decode_objects(block, lines)
+                    except ValueError:
+                        return 1
                     payload = answer_built(entries)
                 else:
+                    parts = block.split(b"\n")
+                    if len(parts) != lines:
+                        return 1
                     answers = [answer(raw, objects, packing) for raw in parts]
                     payload = encode_answers(answers, packing.blocks() if packing is not None else [])
             try:
