@@ -113,16 +113,15 @@ BLOCK_TARGET = 256 * 1024
 #: Objects larger than this are not packed (they stay loose files).
 MAX_PACKED = 32 * 1024 * 1024
 #: The zstd level of the packs an import writes as its pass goes (its own blocks and the
-#: ready ones its helper process makes). Level 1 was tried: 0.14 s less of the helper's
-#: CPU at 100,000 entries for 6.5% more pack bytes until a repack, and no change in the
-#: import's wall time on an idle machine (2,632 against 2,639 ms: the main process's pass
-#: is what an import waits for), so the packs stay as small as the checkpoints'. Measured
-#: again on the helper's whole work of that file (its blocks made and compressed, in one
-#: process): level 3 1.76-1.88 s CPU and 61.8 MB of frames, level 2 1.73-1.77 s and
-#: 62.8 MB (+1.8%), level 1 1.66-1.72 s and 65.5 MB (+6.0%); the import at level 1, in
-#: runs alternated with level 3's on an idle machine: 2,675-2,704 ms against 2,706-2,775
-#: (CPU 4.25-4.33 s against 4.33-4.41 s), a gain within the runs' spread.
-STREAM_LEVEL = 3
+#: ready ones its helper process makes). Level 3 while the main process's pass was what an
+#: import waited for (level 1 then gained nothing: 2,632 against 2,639 ms idle). Since the
+#: helper is sent its blocks through shared memory it answers every block, and its work,
+#: of which this compression is the largest single part, is as long as the main
+#: process's: on the 100k benchmark file (its whole work, in one process, alternated)
+#: level 3 2.21 s of CPU and 61.7 MB of frames, level 2 2.13-2.27 s and 62.9 MB (+2.0%),
+#: level 1 1.95-1.97 s and 65.8 MB (+6.6%, until a repack, which recompresses at level 13,
+#: ``objects.REPACK_LEVEL``). The main process is then again the longer side.
+STREAM_LEVEL = 1
 #: The largest block target a writer takes: with envelopes counted at
 #: ENVELOPE_SIZE (up to ENVELOPE_COUNTED bytes), no block outgrows MAX_BLOCK.
 MAX_TARGET = 4 * 1024 * 1024
