@@ -127,20 +127,7 @@ def test_a_stale_summary_reads_only_the_entries_appended_since(store, monkeypatc
     from storetools import crash
 
     crash(st)
-    reads: list[str] = []
-    real, real_many = Store.entry, Store.entries
-
-    def counting(self, entry_id):
-        reads.append(entry_id)
-        return real(self, entry_id)
-
-    def counting_many(self, entry_ids):
-        for e in real_many(self, entry_ids):
-            reads.append(e.id)
-            yield e
-
-    monkeypatch.setattr(Store, "entry", counting)
-    monkeypatch.setattr(Store, "entries", counting_many)
+    reads = _counting_reads(monkeypatch)
     ro = Store(store, readonly=True)
     s = ro.summary("a")
     assert (s.entries, s.title, s.last_activity) == (6, "Renamed", "2026-03-09T00:00:01Z")
