@@ -104,3 +104,23 @@ def files(path: Path) -> dict[str, bytes | None]:
             p = os.path.join(dirpath, f)
             out[os.path.relpath(p, path)] = Path(p).read_bytes()
     return out
+
+
+def count_entry_reads(monkeypatch: Any) -> list[str]:
+    """The ids of the entries any store of this process reads from here on (one by one
+    or in bulk)."""
+    reads: list[str] = []
+    one, many = Store.entry, Store.entries
+
+    def entry(self: Store, entry_id: str):
+        reads.append(entry_id)
+        return one(self, entry_id)
+
+    def entries(self: Store, entry_ids):
+        for e in many(self, entry_ids):
+            reads.append(e.id)
+            yield e
+
+    monkeypatch.setattr(Store, "entry", entry)
+    monkeypatch.setattr(Store, "entries", entries)
+    return reads

@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from storetools import count_entry_reads
 from contract_helpers import (
     BACKENDS,
     StoreFactory,
@@ -427,26 +428,6 @@ def test_durable_appends_survive_reopen(make_store):
     snap.close()
 
 
-def _count_entry_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The ids of the entries any store of this process reads from here on (one by one
-    or in bulk)."""
-    reads: list[str] = []
-    one, many = Store.entry, Store.entries
-
-    def entry(self: Store, entry_id: str):
-        reads.append(entry_id)
-        return one(self, entry_id)
-
-    def entries(self: Store, entry_ids):
-        for e in many(self, entry_ids):
-            reads.append(e.id)
-            yield e
-
-    monkeypatch.setattr(Store, "entry", entry)
-    monkeypatch.setattr(Store, "entries", entries)
-    return reads
-
-
 def test_a_session_let_go_is_appended_to_and_listed_reading_none_of_its_entries(make_store, monkeypatch):
     """What a writer's close leaves with the backend (the summary ``list`` shows and the
     append rules' state, both checked against the log before use) lets the next writer
@@ -456,7 +437,7 @@ def test_a_session_let_go_is_appended_to_and_listed_reading_none_of_its_entries(
     s, ids = chain(st, n=6)
     s.close()
     st.close()
-    reads = _count_entry_reads(monkeypatch)
+    reads = count_entry_reads(monkeypatch)
     w = make_store.reopen().session("s1")
     assert w.append(msg("after the reopen")).outcome == "continued"
     assert reads == [], "the kept rules' state was not used"
@@ -478,7 +459,7 @@ def test_an_imported_session_is_appended_to_reading_none_of_its_entries(make_sto
     st.delete("orig")
     st.import_file(path, record=True).close()
     st.close()
-    reads = _count_entry_reads(monkeypatch)
+    reads = count_entry_reads(monkeypatch)
     w = make_store.reopen().session("orig")
     assert w.append(msg("after the import")).outcome == "continued"
     assert reads == [], "the import kept no rules' state"

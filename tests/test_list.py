@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from storetools import count_entry_reads
 
 import agentsession_cas.backends.files.sessions as files_sessions
 from agentsession_cas import Header
@@ -127,7 +128,7 @@ def test_a_stale_summary_reads_only_the_entries_appended_since(store, monkeypatc
     from storetools import crash
 
     crash(st)
-    reads = _counting_reads(monkeypatch)
+    reads = count_entry_reads(monkeypatch)
     ro = Store(store, readonly=True)
     s = ro.summary("a")
     assert (s.entries, s.title, s.last_activity) == (6, "Renamed", "2026-03-09T00:00:01Z")
@@ -202,25 +203,6 @@ def test_from_dict_refuses_what_is_no_summary():
     assert select([SessionSummary(id="z", created="2026-01-01T00:00:00Z"), SessionSummary(id="y")]) [0].id == "z"
 
 
-def _counting_reads(monkeypatch) -> list[str]:
-    """The ids of the entries every Store reads from here on."""
-    reads: list[str] = []
-    real, real_many = Store.entry, Store.entries
-
-    def counting(self, entry_id):
-        reads.append(entry_id)
-        return real(self, entry_id)
-
-    def counting_many(self, entry_ids):
-        for e in real_many(self, entry_ids):
-            reads.append(e.id)
-            yield e
-
-    monkeypatch.setattr(Store, "entry", counting)
-    monkeypatch.setattr(Store, "entries", counting_many)
-    return reads
-
-
 def hold_open_and_append(st: Store, sid: str, n: int):
     """A writer (a recorder, a server) that keeps its session open: ``n`` items, a commit
     after every fifth, never closed."""
@@ -241,7 +223,7 @@ def test_a_writer_that_holds_its_session_open_keeps_its_summary_as_it_goes(tmp_p
     monkeypatch.setattr(session_mod, "SUMMARY_EVERY", 8)
     st = Store.init(tmp_path / "s")
     writer = hold_open_and_append(st, "w", 22)
-    reads = _counting_reads(monkeypatch)
+    reads = count_entry_reads(monkeypatch)
     ro = Store(tmp_path / "s", readonly=True)
     s = ro.summary("w")
     assert (s.entries, s.last_activity) == (22, "2026-03-05T09:00:21Z")

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from storetools import count_entry_reads
 from server_helpers import TOKENS, ServerProcess, served, token_file  # noqa: F401 - served is a fixture
 
 from agentsession_cas import Header
@@ -744,15 +745,7 @@ def test_a_list_beside_a_running_server_reads_no_entry_of_a_session_pushed_to_it
     a.close()
     with Store(tmp_path / "a") as a:
         push(a, HttpTransport(served.url, token=TOKENS["all"][0]), "big")
-    reads: list[str] = []
-    real = Store.entries
-
-    def counting(self, entry_ids):
-        for e in real(self, entry_ids):
-            reads.append(e.id)
-            yield e
-
-    monkeypatch.setattr(Store, "entries", counting)
+    reads = count_entry_reads(monkeypatch)
     with Store(served.store, readonly=True) as ro:
         assert ro.summary("big").entries == 1100
     assert reads == []

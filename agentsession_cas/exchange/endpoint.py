@@ -482,8 +482,7 @@ class StoreEndpoint:
             for name in asked:
                 if not is_hash(name):
                     raise BadNameError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
-            held = self.store.objects.held_many(space, asked)
-            out[space] = [name for name, here in zip(asked, held) if not here]
+            out[space] = self._lacking(space, asked)
         return out
 
     def put_objects(self, items: Iterable[tuple[str, str, bytes]], count: int) -> None:
