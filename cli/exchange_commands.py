@@ -11,16 +11,18 @@ move (its entries landed as a branch; the result is printed first); 2 usage.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import click
 
 from agentsession_cas import exchange
-from agentsession_cas.errors import HeadMovedError, NoSuchSessionError
+from agentsession_cas.errors import BadNameError, HeadMovedError, NoSuchSessionError
 from agentsession_cas.exchange.operations import UNSET, ExchangeResult, Progress
 from agentsession_cas.format.entry import short_id
 from agentsession_cas.format.hashing import is_hash
+from agentsession_cas.format.names import check_session_id
 from agentsession_cas.store import Store
 from agentsession_cas.store.names import resolve_entry, resolve_session
 
@@ -68,6 +70,38 @@ def _local(store: Store, name: str, *, strict: bool = True) -> str:
         if strict:
             raise
         return name
+
+
+def _session_first(store: Store, command: str, name: str, remote: str, *, strict: bool = True) -> str:
+    """:func:`_local`, where a REMOTE given before the ID (git's order, ``git push REMOTE
+    REF``) is said to be so, with the command in our order, rather than refused as a
+    session id that is not usable or not held: the first word names a store (a URL, a
+    path, a directory) and the second could be a session id, which the first cannot be
+    or this store does not hold."""
+    try:
+        found = _local(store, name, strict=strict)
+        if strict or found != name:
+            return found
+        check_session_id(name)  # (what the remote would refuse: said here, with the hint)
+        return name
+    except (BadNameError, NoSuchSessionError):
+        if _names_store(name) and not _names_store(remote) and _could_be_id(remote):
+            raise click.UsageError(
+                f"{command} takes the session first, then the remote: agentsession {command} {remote} {name}"
+            ) from None
+        raise
+
+
+def _names_store(text: str) -> bool:
+    return "://" in text or text.startswith(("/", "./", "../", "~")) or os.path.isdir(text)
+
+
+def _could_be_id(text: str) -> bool:
+    try:
+        check_session_id(text)
+    except BadNameError:
+        return False
+    return True
 
 
 def _report(result: ExchangeResult, as_json: bool) -> None:
@@ -135,7 +169,7 @@ def push(session_id: str, remote: str, expected: str | None, force: bool, handov
     exits 1.
     """
     with write_store() as store:
-        session_id = _local(store, session_id)
+        session_id = _session_first(store, "push", session_id, remote)
         expect = _expect(expected, store, session_id)
         result = _run("sending objects", lambda bar: exchange.push(
             store, remote, session_id, expected=expect, force=force, handover=handover,
@@ -157,7 +191,7 @@ def fetch(session_id: str, remote: str, refs: tuple[str, ...], as_json: bool) ->
     its own; otherwise a note says why it did not (exit 0).
     """
     with write_store() as store:
-        session_id = _local(store, session_id, strict=False)
+        session_id = _session_first(store, "fetch", session_id, remote, strict=False)
         result = _run("receiving objects", lambda bar: exchange.fetch(
             store, remote, session_id, refs=[_parse_ref(r) for r in refs], progress=bar,
         ))
@@ -178,7 +212,7 @@ def handover(session_id: str, remote: str, expected: str | None, refs: tuple[str
     command again finishes it.
     """
     with write_store() as store:
-        session_id = _local(store, session_id)
+        session_id = _session_first(store, "handover", session_id, remote)
         expect = _expect(expected, store, session_id)
         result = _run("sending objects", lambda bar: exchange.handover(
             store, remote, session_id, expected=expect, refs=[_parse_ref(r) for r in refs], progress=bar,
@@ -223,7 +257,7 @@ def take_back(session_id: str, remote: str, as_json: bool) -> None:
     command again finishes it.
     """
     with write_store() as store:
-        session_id = _local(store, session_id, strict=False)
+        session_id = _session_first(store, "take-back", session_id, remote, strict=False)
         result = _run("receiving objects", lambda bar: exchange.take_back(store, remote, session_id, progress=bar))
     _report(result, as_json)
 

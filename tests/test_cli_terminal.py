@@ -464,3 +464,23 @@ def test_quote_is_the_whole_text_collapsed_then_cut(text, width):
 
     whole = " ".join(text.split())
     assert quote(text, width) == json.dumps(whole if len(whole) <= width else whole[: width - 1] + "\u2026", ensure_ascii=False)
+
+
+def test_a_remote_given_before_the_session_is_named_so(tmp_path):
+    """Git's order (`git push REMOTE REF`) where ours is ID then REMOTE: a usage error that
+    gives the command back in our order, not a refusal of the path as a session id."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    with Store.init(a) as st:
+        st.create(Header.new("talk")).append(user("hi"))
+    Store.init(b).close()
+    for command in ("push", "fetch", "handover", "take-back"):
+        r = cli("--store", a, command, b, "talk")
+        assert r.exit_code == 2, (command, r.output)
+        assert f"{command} takes the session first, then the remote: agentsession {command} talk {b}" in r.output
+    r = cli("--store", a, "push", "talk", b)
+    assert r.exit_code == 0 and "pushed talk" in r.output, r.output
+    # a first word that names no store is refused as before
+    r = cli("--store", a, "push", "no-such", "talk")
+    assert r.exit_code == 1 and "no such session" in r.output and "takes the session first" not in r.output, r.output
+    r = cli("--store", a, "fetch", "/no/such dir", b)
+    assert r.exit_code == 1 and "not usable" in r.output and "takes the session first" not in r.output, r.output
