@@ -117,7 +117,8 @@ def sweep(grace_text: str | None, dry_run: bool, force: bool, as_json: bool) -> 
             f"(retained by {number(res.sessions)} session(s)"
             + (f" and {number(res.staged)} staged" if res.staged else "")
             + f", grace {grace_text or '14d'})"
-            + (f"; left {number(res.young_files)} file(s) younger than the grace period as they are" if res.young_files else "")
+            + (f"; left {number(res.young_files)} {res.young_unit}(s) younger than the grace period as they are"
+               if res.young_files else "")
             + ("" if dry_run else f"; {size(r.bytes_before)} -> {size(r.bytes_after)}")
         )
         for path in res.tmp_removed:

@@ -758,9 +758,16 @@ def test_sweep_removes_the_blocks_no_row_names_any_more(store, url, big):
     assert sql(url, "SELECT count(*) FROM blocks")[0][0] >= 2
     store.delete("big")
     assert store.sweep(grace=0, dry_run=True).repack.dropped == 2200 and sql(url, "SELECT count(*) FROM blocks")[0][0] >= 2
+    rows_bytes, blocks_bytes = sql(url, "SELECT (SELECT sum(octet_length(data)) FROM objects), "
+                                        "(SELECT sum(octet_length(data)) FROM blocks)")[0]
+    young = store.sweep(grace=3600)  # nothing goes: every object is young, and said to be an object
+    assert young.repack.dropped == 0 and young.young_files == 2204 and young.young_unit == "object"
     res = store.sweep(grace=0)
     assert res.repack.dropped == 2200 and any("block(s)" in n.message for n in res.repack.notes)
     assert sql(url, "SELECT count(*) FROM blocks") == [(0,)]
+    # BEFORE -> AFTER counts the blocks the import's objects are stored in, not only the rows' pointers
+    left = sql(url, "SELECT sum(octet_length(data)) FROM objects")[0][0]
+    assert (res.repack.bytes_before, res.repack.bytes_after) == (rows_bytes + blocks_bytes, left)
     assert all(store.entry(e).id == e for e in kept)
     assert fsck(store).ok
 

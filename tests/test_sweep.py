@@ -221,8 +221,9 @@ def test_the_summary_counts_files_left_young(root):
     _one_session_and_garbage(root)
     r = cli(root, "sweep")  # the default grace: every file is minutes old
     assert r.exit_code == 0, r.stderr
-    n = sweep_json(root, "--dry-run")["young_files"]
-    assert n > 0
+    dry = sweep_json(root, "--dry-run")
+    n = dry["young_files"]
+    assert n > 0 and dry["young_unit"] == "file"
     assert r.stdout.startswith("removed 0 object(s), 0 bytes; kept 0 (retained by 1 session(s), grace 14d); "
                                f"left {n:,} file(s) younger than the grace period as they are; ")
 

@@ -839,6 +839,9 @@ class Backend(ABC):
     refs: RefStore
     remotes: RemoteStore
     capabilities: Capabilities
+    #: What :meth:`sweep_objects` counts as left young: objects, or (a store that keeps
+    #: them in files and leaves a young file whole) files.
+    young_unit = "object"
 
     def describe(self) -> str:
         """The store, named for a message ("the store at /path", "the memory store")."""
@@ -867,5 +870,5 @@ class Backend(ABC):
     ) -> tuple[RepackResult, int, list[str], Retained]:
         """Remove what nothing retains: take a snapshot of the objects first, then call
         ``compute(holds_blobs)`` for what is retained (it reads the logs), then drop what
-        is not and is older than ``grace`` seconds. Returns (what was done, objects left
-        young, leftovers removed, what ``compute`` returned)."""
+        is not and is older than ``grace`` seconds. Returns (what was done, objects (or
+        files: :attr:`young_unit`) left young, leftovers removed, what ``compute`` returned)."""

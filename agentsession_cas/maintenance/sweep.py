@@ -201,8 +201,10 @@ class SweepResult:
     retained_contents: int
     retained_blobs: int
     tmp_removed: list[str] = field(default_factory=list)
-    #: Files younger than the grace period, left as they were.
+    #: Files (or objects: ``young_unit``) younger than the grace period, left as they were.
     young_files: int = 0
+    #: What ``young_files`` counts: ``file`` (a file store's packs and loose files) or ``object``.
+    young_unit: str = "file"
 
     def as_dict(self) -> dict[str, Any]:
         d = self.repack.as_dict()
@@ -213,6 +215,7 @@ class SweepResult:
             retained={"entries": self.retained_envelopes, "contents": self.retained_contents, "blobs": self.retained_blobs},
             tmp_removed=self.tmp_removed,
             young_files=self.young_files,
+            young_unit=self.young_unit,
         )
         return d
 
@@ -263,4 +266,5 @@ def sweep(
         retained_blobs=len(ret.blobs),
         tmp_removed=tmp_removed,
         young_files=young,
+        young_unit=backend.young_unit,
     )

@@ -30,6 +30,7 @@ class FileBackend(Backend):
     """A store directory, opened read-only or for writing."""
 
     capabilities = Capabilities(persistent=True, packs=True, sweep=True, repair=True, migrate=True)
+    young_unit = "file"  # a young pack or loose file is left whole
 
     def __init__(self, root: str | os.PathLike[str], *, readonly: bool = False):
         self.root = os.path.abspath(os.path.expanduser(os.fspath(root)))

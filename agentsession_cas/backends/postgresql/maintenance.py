@@ -42,6 +42,9 @@ __all__ = ["storage_report", "sweep_objects", "plan_migration", "migrate_schema"
 
 #: Rows a sweep deletes per transaction.
 SWEEP_BATCH = 500
+#: The objects' count and the bytes they are stored in: their rows' ``data``, and the blocks
+#: (codec 3) the block-coded rows point into.
+_STORED = "count(*), coalesce(sum(octet_length(data)), 0) + (SELECT coalesce(sum(octet_length(data)), 0) FROM blocks)"
 #: Whether an object's row names block ``b`` (codec 3: the block's id in its first 8 bytes).
 _NAMED = "SELECT 1 FROM objects o WHERE o.codec = 3 AND substr(o.data, 1, 8) = int8send(b.id)"
 
@@ -57,7 +60,8 @@ def sweep_objects(
             # (its log rows are read below); every later one stamps a younger ``born``.
             c.execute("SELECT pg_advisory_xact_lock(%s)", [db.lock_key("sweep")])
             cutoff = c.execute("SELECT clock_timestamp() - make_interval(secs => %s)", [grace]).fetchone()[0]
-        total, size = c.execute("SELECT count(*), coalesce(sum(octet_length(data)), 0) FROM objects").fetchone()
+        # (the bytes stored: the rows' own and the blocks' that block-coded rows point into)
+        total, size = c.execute(f"SELECT {_STORED} FROM objects").fetchone()
         old = c.execute("SELECT space, hash, octet_length(data) FROM objects WHERE born < %s", [cutoff]).fetchall()
         held = [b for (b,) in c.execute("SELECT base FROM holds WHERE at >= %s", [cutoff]).fetchall()]
     blobs = any(space == SPACE_CODES["blobs"] for space, _, _ in old)
@@ -68,6 +72,7 @@ def sweep_objects(
     result = RepackResult(dry_run=dry_run, loose_before=int(total), bytes_before=int(size))
     removed = 0
     removed_bytes = 0
+    block_bytes = 0
     names: set[str] = set()
     for i in range(0, len(drop), SWEEP_BATCH):
         batch = drop[i:i + SWEEP_BATCH]
@@ -107,7 +112,7 @@ def sweep_objects(
     result.dropped_names = sorted(names)
     result.dropped_bytes = removed_bytes
     result.objects = int(total) - removed
-    result.bytes_after = int(size) - removed_bytes
+    result.bytes_after = int(size) - removed_bytes - int(block_bytes)
     return result, int(total) - len(old), [], ret
 
 
@@ -142,8 +147,7 @@ def retain_prefixes(backend: PostgresBackend, bases: list[str], ret: Retained, *
 def storage_report(backend: PostgresBackend) -> RepackResult:
     """``pack`` on this backend: nothing moves; the report says what the tables hold."""
     rows = backend.db.query(
-        "SELECT count(*), coalesce(sum(octet_length(data)), 0) + (SELECT coalesce(sum(octet_length(data)), 0) FROM blocks), "
-        "pg_total_relation_size('objects') + pg_total_relation_size('blocks') FROM objects"
+        f"SELECT {_STORED}, pg_total_relation_size('objects') + pg_total_relation_size('blocks') FROM objects"
     )
     count, raw, on_disk = rows[0]
     res = RepackResult(bytes_before=int(on_disk), bytes_after=int(on_disk))
