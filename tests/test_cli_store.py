@@ -700,6 +700,10 @@ def test_sessions_and_entries_are_named_as_git_names_revisions(store):
     line = one_error(cli(store, "rev-parse", "abc"), "no such session: abc")
     assert "the store at" in line
     line = one_error(cli(store, "rev-parse", "abc-"), "no such session")
+    # a ref's name that no ref holds: the ref is what is missing, not a bad session id
+    line = one_error(cli(store, "rev-parse", "chat/other"), "no such session: chat/other (no ref of that name in")
+    assert "not usable" not in line and json.loads(cli(store, "log", "chat/other", "--json").stderr)["error"]["code"] == "no_session"
+    one_error(cli(store, "rev-parse", "a b"), "session id 'a b' is not usable")
     ok(cli(store, "create", "--id", "abcd-three"))
     line = one_error(cli(store, "rev-parse", "abcd"), "abcd is the start of 2 session ids", "abcd-one", "abcd-three")
     r = cli(store, "rev-parse", "abcd", "--json")

@@ -58,7 +58,12 @@ def resolve_session(store: Store, name: str) -> str:
         return name
     try:
         return refs.resolve(name)
-    except (NoSuchRefError, BadNameError):
+    except NoSuchRefError:
+        if unusable is not None:  # a ref's name, no session's: the ref is what is missing
+            raise NoSuchSessionError(
+                f"no such session: {name} (no ref of that name in {store.describe()}, and it cannot be a session id)"
+            ) from None
+    except BadNameError:
         pass
     if unusable is not None:
         raise unusable
