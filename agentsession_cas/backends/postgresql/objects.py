@@ -430,7 +430,7 @@ class PgObjects(ObjectStore):
             rows = self.db.query(WALK_UP, [raw_hash(name), READ_AHEAD], binary=True)
             ahead, _ = self._fetch([hash_name(bytes(r[0])) for r in rows], up=True)
         if any(self._ahead.values()):
-            self._behind = [*self._behind[1 - KEPT_BEHIND:], self._ahead]
+            self._behind = [*self._behind, self._ahead][-KEPT_BEHIND:]
         self._ahead = ahead
 
     def _chunk(self, start: int) -> list[str]:
