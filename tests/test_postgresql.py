@@ -479,9 +479,10 @@ def test_held_many_answers_as_held_does_in_one_query_a_chunk(store, url, monkeyp
     assert fsck(store).ok
 
 
-def _projection_queries(store: Any, url: str, sid: str) -> list[str]:
+def _projection_queries(store: Any, url: str, sid: str, blocks: list[int] | None = None) -> list[str]:
     """The statements a read-only open of ``url`` sends while it makes ``sid``'s
-    projection (asserted to be the one ``store`` makes)."""
+    projection (asserted to be the one ``store`` makes); the ids of the blocks it reads
+    added to ``blocks``, when given."""
     expected = store.read(sid).projection()
     with open_store(url, readonly=True) as ro:
         objects = ro.backend.objects
@@ -490,7 +491,10 @@ def _projection_queries(store: Any, url: str, sid: str) -> list[str]:
 
         def counting(statement: Any, params: Any = None, **kw: Any) -> Any:
             calls.append(str(statement))
-            return real(statement, params, **kw)
+            rows = real(statement, params, **kw)
+            if blocks is not None and "FROM blocks" in str(statement):
+                blocks.extend(int(r[0]) for r in rows)
+            return rows
 
         objects.db.query = counting  # type: ignore[method-assign]
         bulk = objects._rows
@@ -600,9 +604,9 @@ def test_a_long_walk_forward_is_read_a_chunk_ahead_on_a_worker(store, url, monke
         where: list[str] = []
         real = objects._fetch
 
-        def fetch(chunk: Any) -> Any:
+        def fetch(chunk: Any, **kw: Any) -> Any:
             where.append(threading.current_thread().name)
-            return real(chunk)
+            return real(chunk, **kw)
 
         monkeypatch.setattr(objects, "_fetch", fetch)
         snap = ro.read("long")
@@ -710,6 +714,43 @@ def test_a_big_import_keeps_its_objects_in_blocks_and_an_export_reads_the_blocks
     calls = _projection_queries(store, url, "fork")
     assert len(calls) <= 4 * blocks + 6, calls
     assert 0 < len([c for c in calls if "FROM blocks" in c]) <= 2 * blocks + 1
+
+
+def test_an_export_reads_each_block_once_and_asks_a_row_only_where_the_blocks_stop(store, url, big, monkeypatch):
+    """An export of an import kept in many blocks reads each block once, though the
+    read-aheads' chunks do not fall on the blocks' bounds (each next chunk starts where
+    the blocks read stop), and asks an envelope's row once, for the first block: every
+    next read goes on from the block after the last ones read. Where the blocks after
+    them are not the session's (another import's), the envelope's row is asked, and
+    the session's appended entries are read as rows."""
+    from agentsession_cas.backends.postgresql import compression
+
+    monkeypatch.setattr(compression, "BLOCK_TARGET", 8 << 10)
+    monkeypatch.setattr(pg_objects, "READ_AHEAD", 300)
+    store.import_bytes(big, source="big", record=True).close()
+    count = sql(url, "SELECT count(*) FROM blocks")[0][0]
+    assert count >= 30
+    read: list[int] = []
+    calls = _projection_queries(store, url, "big", read)
+    assert sorted(read) == [r[0] for r in sql(url, "SELECT id FROM blocks ORDER BY id")]  # each once
+    assert calls.count(pg_objects._IN_BLOCK) == 1
+    assert not [c for c in calls if c.startswith("SELECT FROM objects (space")], calls
+    assert len([c for c in calls if "FROM blocks" in c]) <= 2 * (1100 // 300 + 1)
+    # Another import's blocks after this one's, then entries appended to this one.
+    other = open_store("memory:")
+    s = other.create(Header.new("other"))
+    for i in range(200):
+        s.append(msg(f"other {i}: " + " ".join(f"w{(i * 5 + k) % 89}" for k in range(12))))
+    s.close()
+    store.import_bytes(other.read("other").projection(), source="other").close()
+    w = store.session("big")
+    for i in range(5):
+        w.append(msg(f"appended {i}"))
+    w.close()
+    read = []
+    calls = _projection_queries(store, url, "big", read)
+    assert calls.count(pg_objects._IN_BLOCK) == 2  # the first block's, then the first appended entry's
+    assert len(read) == len(set(read))
 
 
 def test_a_damaged_block_is_never_served_and_storing_its_objects_again_repairs_it(store, url, big):

@@ -35,6 +35,7 @@ Layout of a block's bytes before compression (integers big-endian)::
 from __future__ import annotations
 
 import hashlib
+import itertools
 import secrets
 import struct
 import threading
@@ -47,12 +48,9 @@ import zstandard
 if TYPE_CHECKING:
     from .database import Database
 
-__all__ = ["RAW", "ZSTD", "ZSTD_DICT", "BLOCK", "VERIFIED", "Compression", "decode_plain", "block_of", "unpack_block"]
+__all__ = ["RAW", "ZSTD", "ZSTD_DICT", "BLOCK", "Compression", "decode_plain", "block_of", "block_parts", "unpack_block"]
 
 RAW, ZSTD, ZSTD_DICT, BLOCK = 0, 1, 2, 3
-#: Not stored: what a reader keeps of an object it took from a block by its hash (so
-#: verified already), for :meth:`PgObjects._checked <.objects.PgObjects._checked>` not to hash it twice.
-VERIFIED = -1
 #: Objects shorter than this are stored as they are (a frame would not pay).
 COMPRESS_FROM = 64
 #: Objects from which a batch is compressed in one call, on every core.
@@ -96,6 +94,13 @@ def block_of(stored: bytes) -> int | None:
 def unpack_block(frame: bytes) -> list[tuple[int, bytes]] | None:
     """A block's objects, (space code, bytes) by slot; None when the frame is damaged or
     not a block (every object is still hashed against its name by the reader)."""
+    parts = block_parts(frame)
+    return None if parts is None else list(zip(*parts))
+
+
+def block_parts(frame: bytes) -> tuple[bytes, list[bytes]] | None:
+    """A block's objects as two sequences by slot: their space codes (a byte each) and
+    their bytes; None when the frame is damaged or not a block."""
     try:
         size = zstandard.get_frame_parameters(frame).content_size
         if not 0 < size <= MAX_BLOCK:
@@ -109,13 +114,10 @@ def unpack_block(frame: bytes) -> list[tuple[int, bytes]] | None:
     at = 4 + 5 * count
     if at > len(raw):
         return None
-    spaces = raw[4:4 + count]
-    lengths = struct.unpack_from(f">{count}I", raw, 4 + count)
-    out = []
-    for space, n in zip(spaces, lengths):
-        out.append((space, raw[at:at + n]))
-        at += n
-    return out if at == len(raw) else None
+    ends = list(itertools.accumulate(struct.unpack_from(f">{count}I", raw, 4 + count), initial=at))
+    if ends[-1] != len(raw):
+        return None
+    return raw[4:4 + count], [raw[a:b] for a, b in zip(ends, ends[1:])]
 
 
 def _pack_block(objects: Sequence[tuple[int, bytes]]) -> bytes:
@@ -337,6 +339,11 @@ class Compression:
         """Blocks by id, decompressed (None for one whose frame is damaged): those of
         ``ids``, or the ``count`` first from ``start`` on, up (an import's blocks follow
         each other) or ``down`` (a walk up the parents). One query."""
+        return {bid: unpack_block(frame) for bid, frame in self.block_frames(ids, start=start, count=count, down=down).items()}
+
+    def block_frames(self, ids: Sequence[int] = (), *, start: int | None = None, count: int = 0,
+                     down: bool = False) -> dict[int, bytes]:
+        """The frames of the blocks :meth:`blocks` reads, by id, as stored."""
         if start is not None:
             rows = self.db.query(f"SELECT id, data FROM blocks WHERE id {'<=' if down else '>='} %s "
                                  f"ORDER BY id {'DESC' if down else ''} LIMIT %s", [start, count], binary=True)
@@ -344,7 +351,7 @@ class Compression:
             rows = self.db.query("SELECT id, data FROM blocks WHERE id = ANY(%s)", [list(ids)], binary=True)
         else:
             return {}
-        return {int(bid): unpack_block(bytes(data)) for bid, data in rows}
+        return {int(bid): bytes(data) for bid, data in rows}
 
     def read_blocks(self, ids: set[int]) -> None:
         """Have the blocks of ``ids`` in the cache (the ones it lacks read in one query)."""

@@ -22,10 +22,10 @@ queries), and each is verified as it is served.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import compress
 from typing import TYPE_CHECKING, Any, cast
 
 import orjson
@@ -34,7 +34,7 @@ from ...errors import AgentSessionError, CorruptObjectError, NoSuchObjectError
 from ...format.hashing import envelope_content
 from ..base import ObjectStore, Space
 from .arrays import int2
-from .compression import BLOCK, VERIFIED, Compression, block_of
+from .compression import BLOCK, Compression, block_of, block_parts
 from .database import checked
 from .schema import REPLACE, SPACE_CODES, sound
 
@@ -51,8 +51,21 @@ COPY_FROM = 64
 READ_AHEAD = 1000
 #: Blocks a read-ahead reads in its first query, before it knows how many entries a block holds.
 FIRST_BLOCKS = 4
+#: Read-aheads before the last whose objects are kept until a read takes them.
+KEPT_BEHIND = 2
 _SPACE_NAMES: dict[int, Space] = {code: cast(Space, space) for space, code in SPACE_CODES.items()}
+#: What a read-ahead holds of an object, by space and name: its bytes where it was taken
+#: from a block by its hash (verified already), else its row (codec, data), decompressed
+#: where it could be, to be checked when it is read.
+Held = bytes | tuple[int, bytes]
+Ahead = dict[Space, dict[str, Held]]
+#: What a read-ahead fetched, and the block after the last ones it read where its walk
+#: goes on in blocks (where the next read-ahead reads first), else None.
+Fetched = tuple[Ahead, int | None]
 _SOUND = sound("objects")
+#: A block's space codes with 0 and 1 swapped (entries and contents, SPACE_CODES): as selectors,
+#: the codes pick its contents and the swapped ones its envelopes.
+_SWAP_01 = bytes.maketrans(b"\x00\x01", b"\x01\x00")
 
 #: An entry and its ancestors up the ``parent`` edges, at most %s of them: each step one
 #: lookup in the edges' index (an envelope has one ``parent``). The ORDER BY ... LIMIT 1
@@ -185,11 +198,12 @@ class PgObjects(ObjectStore):
         self._expected: Sequence[str] | Callable[[], Iterable[str]] = ()
         self._order_map: dict[str, int] | None = {}
         self._sequence_list: list[str] = []
-        self._ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
+        self._ahead: Ahead = {}
         #: What the read-aheads before fetched and no read took yet, the newest
-        #: 4 x READ_AHEAD kept: a reader that takes a chunk's envelopes, then its contents
-        #: (a projection, whose chunk may span three read-aheads) finds them here.
-        self._behind: dict[tuple[Space, str], tuple[int, bytes]] = {}
+        #: :data:`KEPT_BEHIND` of them, oldest first: a reader that takes a chunk's
+        #: envelopes, then its contents (a projection, whose chunk may span three
+        #: read-aheads) finds them here.
+        self._behind: list[Ahead] = []
         self._chain: list[str] = []
         self._last = -1
         self._prev: bytes | None = None  # the envelope served last
@@ -197,7 +211,10 @@ class PgObjects(ObjectStore):
         self._prev_parsed = True
         self._epoch = 0
         self._pool: ThreadPoolExecutor | None = None
-        self._next: tuple[int, int, Future[dict[tuple[Space, str], tuple[int, bytes]]]] | None = None
+        #: Entries a block held in the last read-ahead from blocks (an estimate of how many
+        #: blocks the next one reads at once; None before the first).
+        self._per_block: float | None = None
+        self._next: tuple[int, int, Future[Fetched]] | None = None
 
     def barrier(self, conn: Any) -> None:
         """Inside a write transaction: the sweep barrier, shared (see the module)."""
@@ -231,7 +248,7 @@ class PgObjects(ObjectStore):
         conn.execute("INSERT INTO edges (parent, child, first) SELECT * FROM incoming_edges ON CONFLICT DO NOTHING")
 
     def get(self, space: Space, name: str) -> bytes:
-        row = self._take(space, name)
+        row = self._take_many(space, [name])[0]
         if row is None:
             row = self._miss(space, name)
         data = self._checked(space, name, row)
@@ -245,12 +262,12 @@ class PgObjects(ObjectStore):
         they go on along the expected order, as :meth:`get` does); a name that is no hash
         or an object the table lacks by :meth:`get`, which says so. A projection's walk
         reads this way, a few hundred entries, then their contents."""
-        rows = [self._take(space, name) for name in names]
+        rows = self._take_many(space, names)
         missing = [i for i, row in enumerate(rows) if row is None]
         while missing and space == "entries" and self._walks_on(names, missing[0]):
             self._read_ahead(names[missing[0]], up=False)
-            for i in missing:
-                rows[i] = self._take(space, names[i])
+            for i, row in zip(missing, self._take_many(space, [names[i] for i in missing])):
+                rows[i] = row
             if rows[missing[0]] is None:
                 break
             missing = [i for i in missing if rows[i] is None]
@@ -258,24 +275,33 @@ class PgObjects(ObjectStore):
             found = dict(self._rows(SPACE_CODES[space], [raw_hash(names[i]) for i in missing]))
             for i in missing:
                 rows[i] = found.get(raw_hash(names[i]) or b"")
-        out = [self.get(space, name) if row is None else self._checked(space, name, row) for name, row in zip(names, rows)]
+        checked = self._checked
+        out = [row if isinstance(row, bytes) else self.get(space, name) if row is None else checked(space, name, row)
+               for name, row in zip(names, rows)]
         if out and space == "entries":
             self._served(names[-1], out[-1])
         return out
 
-    def _take(self, space: Space, name: str) -> tuple[int, bytes] | None:
-        """The row of an object a read-ahead fetched, taken (a reader reads it once)."""
-        key = (space, name)
-        row = self._ahead.pop(key, None)
-        if row is None and self._behind:
-            row = self._behind.pop(key, None)
-        return row
+    def _take_many(self, space: Space, names: Sequence[str]) -> list[Held | None]:
+        """What the read-aheads hold of each name, taken (a reader reads it once): the
+        last one's, else the ones before it (None where none holds it)."""
+        ahead = self._ahead.get(space)
+        rows: list[Held | None] = [None] * len(names) if ahead is None else [ahead.pop(name, None) for name in names]
+        for before in reversed(self._behind):
+            held = before.get(space)
+            missing = [i for i, row in enumerate(rows) if row is None] if held else ()
+            if not missing:
+                continue
+            for i in missing:
+                rows[i] = held.pop(names[i], None)  # type: ignore[union-attr]  # (held, where missing)
+        return rows
 
-    def _checked(self, space: Space, name: str, row: tuple[int, bytes]) -> bytes:
-        """The object's bytes from its row, decompressed and hashed against its name (a row
-        a read-ahead took from a block by its hash is that already)."""
-        if row[0] == VERIFIED:
-            return row[1]
+    def _checked(self, space: Space, name: str, row: Held) -> bytes:
+        """The object's bytes from what a read-ahead or a query held of it: its row
+        decompressed and hashed against its name, or its bytes where it was taken from a
+        block by its hash (so verified already)."""
+        if isinstance(row, bytes):
+            return row
         data = row[1] if row[0] == 0 else self.codecs.decode(*row)
         if data is None and row[0] == BLOCK:
             # Its block is gone: the object was stored again since the row was read, and a
@@ -291,16 +317,16 @@ class PgObjects(ObjectStore):
             )
         return data
 
-    def _miss(self, space: Space, name: str) -> tuple[int, bytes]:
-        """The row of an object the read-ahead did not hold: read ahead from it where a walk
-        goes on there, else read it alone; NoSuchObjectError when the table lacks it."""
+    def _miss(self, space: Space, name: str) -> Held:
+        """An object the read-ahead did not hold: read ahead from it where a walk goes on
+        there, else its row read alone; NoSuchObjectError when the table lacks it."""
         raw = raw_hash(name)
-        row = None
+        row: Held | None = None
         if raw is not None:
             up = space == "entries" and self._parent_of_last_is(name)
             if up or (space == "entries" and self._walks_forward(name)):
                 self._read_ahead(name, up=up)
-                row = self._ahead.pop((space, name), None)
+                row = self._take_many(space, [name])[0]
             if row is None:
                 rows = self.db.query(_ONE, [SPACE_CODES[space], raw], binary=True)
                 row = (int(rows[0][0]), bytes(rows[0][1])) if rows else None
@@ -317,7 +343,7 @@ class PgObjects(ObjectStore):
         them, or on the one after the last served, fetches it and the next ones, with
         their contents."""
         self._expected, self._order_map = order, None
-        self._ahead, self._behind = {}, {}
+        self._ahead, self._behind = {}, []
         self._last = -1
         self._epoch += 1  # a chunk fetched for the order before is not this one's
         self._next = None
@@ -383,37 +409,42 @@ class PgObjects(ObjectStore):
     def _read_ahead(self, name: str, *, up: bool) -> None:
         """Fetch ``name`` and the entries after it: its ancestors (up the ``parent``
         edges) on a walk up, else the next of the expected order, whose following
-        chunk is then fetched on a worker thread while the reader works through this one."""
+        chunk is then fetched on a worker thread while the reader works through this one.
+        That chunk starts at the first entry this one's blocks did not hold (its last
+        block holds the first entries after it, unless the chunks fall on the blocks'
+        bounds), so no block is read twice, and it reads first the blocks after the last
+        ones this one read."""
         if not up:
             start = self._order[name]
             got = self._prefetched(start)
             if got is None:
                 got = start, self._fetch(self._chunk(start))
-            start, ahead = got
-            if start + READ_AHEAD < len(self._sequence):
-                self._prefetch(start + READ_AHEAD)
+            start, (ahead, after) = got
+            sequence, envelopes = self._sequence, ahead["entries"]
+            end = start + READ_AHEAD
+            while end < len(sequence) and sequence[end] in envelopes:
+                end += 1
+            if end < len(sequence):
+                self._prefetch(end, after)
         else:
             rows = self.db.query(WALK_UP, [raw_hash(name), READ_AHEAD], binary=True)
-            ahead = self._fetch([hash_name(bytes(r[0])) for r in rows], up=True)
-        behind = self._behind
-        behind.update(self._ahead)
-        excess = len(behind) - 4 * READ_AHEAD
-        if excess > 0:
-            for key in list(itertools.islice(behind, excess)):
-                del behind[key]
+            ahead, _ = self._fetch([hash_name(bytes(r[0])) for r in rows], up=True)
+        if any(self._ahead.values()):
+            self._behind = [*self._behind, self._ahead][-KEPT_BEHIND:]
         self._ahead = ahead
 
     def _chunk(self, start: int) -> list[str]:
         return self._sequence[start:start + READ_AHEAD]
 
-    def _prefetch(self, start: int) -> None:
+    def _prefetch(self, start: int, after: int | None) -> None:
         """Fetch the chunk of the expected order at ``start`` on the worker (a pooled
-        connection of its own); the reader takes it when it gets there."""
+        connection of its own), from block ``after`` first where it is not None; the
+        reader takes it when it gets there."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-pg-read")
-        self._next = (self._epoch, start, self._pool.submit(self._fetch, self._chunk(start)))
+        self._next = (self._epoch, start, self._pool.submit(self._fetch, self._chunk(start), after=after))
 
-    def _prefetched(self, start: int) -> tuple[int, dict[tuple[Space, str], tuple[int, bytes]]] | None:
+    def _prefetched(self, start: int) -> tuple[int, Fetched] | None:
         """(where it starts, its objects) of the chunk holding ``start`` the worker fetched
         for this order, if it did (the reader may miss past the chunk's first entry: the
         blocks before it held the first few); None when it did not or failed (the reader
@@ -426,56 +457,88 @@ class PgObjects(ObjectStore):
         except Exception:
             return None
 
-    def _fetch(self, chunk: list[str], *, up: bool = False) -> dict[tuple[Space, str], tuple[int, bytes]]:
+    def _fetch(self, chunk: list[str], *, up: bool = False, after: int | None = None) -> Fetched:
         """Envelopes named in ``chunk`` (down a session's order, or ``up`` the parents) and
-        their contents: from the blocks that hold them (:meth:`_from_blocks`), else as
-        rows (two queries), each decompressed here (a batch at once, on the worker while
-        the reader works) and kept as codec 0, so get() only verifies it; a row that does
-        not decompress is kept as it is, for get() to refuse. Runs on the reader's thread
-        or the worker's."""
-        ahead: dict[tuple[Space, str], tuple[int, bytes]] = {}
-        self._from_blocks(chunk, ahead, up=up)
-        rest = [raw_hash(n) for n in chunk if ("entries", n) not in ahead]
+        their contents: from the blocks that hold them (:meth:`_from_blocks`, reading
+        block ``after`` and the next first where it is not None), else as rows (two
+        queries), each decompressed here (a batch at once, on the worker while the reader
+        works) and kept as codec 0, so get() only verifies it; a row that does not
+        decompress is kept as it is, for get() to refuse. With them, the block after the
+        last ones read where the blocks held the whole chunk (else None). Runs on the
+        reader's thread or the worker's."""
+        ahead: Ahead = {space: {} for space in _SPACE_NAMES.values()}
+        envelopes = ahead["entries"]
+        after = self._from_blocks(chunk, ahead, up=up, after=after)
+        rest = [raw_hash(n) for n in chunk if n not in envelopes]
         if not rest:
-            return ahead
+            return ahead, after
         contents: list[bytes] = []
         for raw, env in self._rows(0, rest):
-            ahead[("entries", hash_name(raw))] = env
+            envelopes[hash_name(raw)] = env
             c = envelope_content(env[1]) if env[0] == 0 else None
             if c is not None and (craw := raw_hash(c)) is not None:
                 contents.append(craw)
         if contents:
+            held = ahead["contents"]
             for raw, row in self._rows(1, contents):
-                ahead[("contents", hash_name(raw))] = row
-        return ahead
+                held[hash_name(raw)] = row
+        return ahead, None
 
-    def _from_blocks(self, chunk: list[str], ahead: dict[tuple[Space, str], tuple[int, bytes]], *, up: bool) -> None:
+    def _from_blocks(self, chunk: list[str], ahead: Ahead, *, up: bool, after: int | None = None) -> int | None:
         """Add to ``ahead`` the objects of the blocks holding ``chunk``'s envelopes, each
-        taken by its hash (:data:`VERIFIED`): the block of the first envelope not yet
-        held (its row, one query), then that block and the ones after it (before it, for
-        a walk ``up``), as many as the chunk's rest should fill (an import writes a
-        session's objects in order, in blocks that follow each other), in one query.
-        Stops at an envelope in no block: the rows serve the rest."""
+        taken by its hash, so as bytes verified already: the block of the first envelope
+        not yet held (its row, one query), then that block and the ones after it (before
+        it, for a walk ``up``), as many as the chunk's rest should fill at the entries a
+        block held so far (:attr:`_per_block`), in one query. An import writes a
+        session's objects in order, in blocks that follow each other, so where the chunk
+        goes on past them the next blocks are read without asking a row first (``after``:
+        where the read-ahead before stopped), and the row is asked only when they did not
+        hold the envelope. Stops at an envelope in no block: the rows serve the rest.
+        Returns the block after (before, up) the last ones read, or None where none was."""
+        by_code = {code: ahead[space] for code, space in _SPACE_NAMES.items()}
+        envelopes, contents = ahead["entries"], ahead["contents"]
+        sha256 = hashlib.sha256
         i, entries, blocks = 0, 0, 0
         while i < len(chunk):
-            if ("entries", chunk[i]) in ahead:
+            if chunk[i] in envelopes:
                 i += 1
                 continue
-            row = self.db.query(_IN_BLOCK, [raw_hash(chunk[i])], binary=True)
-            bid = block_of(bytes(row[0][0])) if row else None
+            bid = after
             if bid is None:
-                return
-            want = FIRST_BLOCKS if not entries else math.ceil((len(chunk) - i) * blocks / entries)
-            found = self.codecs.blocks(start=bid, count=max(1, want), down=up)
-            for objects in found.values():
-                for code, data in objects or ():
-                    space = _SPACE_NAMES.get(code)
-                    if space is not None:
-                        ahead[(space, _PREFIX + hashlib.sha256(data).hexdigest())] = (VERIFIED, data)
-                        entries += code == 0
+                row = self.db.query(_IN_BLOCK, [raw_hash(chunk[i])], binary=True)
+                bid = block_of(bytes(row[0][0])) if row else None
+                if bid is None:
+                    return None
+            per_block = entries / blocks if entries else self._per_block
+            want = FIRST_BLOCKS if not per_block else math.ceil((len(chunk) - i) / per_block)
+            found = self.codecs.block_frames(start=bid, count=max(1, want), down=up)
+            for frame in found.values():
+                parts = block_parts(frame)
+                if parts is None:
+                    continue  # damaged: its objects' rows name it, and a read of one refuses it
+                codes, datas = parts
+                names = [_PREFIX + sha256(data).hexdigest() for data in datas]
+                envelopes_in = codes.count(0)
+                if envelopes_in + codes.count(1) == len(codes):  # (an import's: no blobs)
+                    others = codes.translate(_SWAP_01)  # 1 for an envelope, 0 for a content
+                    envelopes.update(zip(compress(names, others), compress(datas, others)))
+                    contents.update(zip(compress(names, codes), compress(datas, codes)))
+                else:
+                    for code, name, data in zip(codes, names, datas):
+                        held = by_code.get(code)
+                        if held is not None:
+                            held[name] = data
+                entries += envelopes_in
             blocks += len(found)
-            if ("entries", chunk[i]) not in ahead:
-                return  # its block did not hold it (damaged): its row serves it
+            if entries:
+                self._per_block = entries / blocks
+            if chunk[i] not in envelopes:
+                if after is not None:
+                    after = None  # the blocks after the last ones are not the walk's: ask its row
+                    continue
+                return None  # its block did not hold it (damaged): its row serves it
+            after = min(found) - 1 if up else max(found) + 1
+        return after
 
     def _rows(self, space: int, hashes: Sequence[bytes | None]) -> list[tuple[bytes, tuple[int, bytes]]]:
         """(hash, row) of the objects of ``space`` named, decompressed where they can be."""
