@@ -5,13 +5,17 @@ the file backend's ``HEAD``, and PostgreSQL's session row (its ``head`` and its 
 An index may lag the log, never lead it (``store.state.index_damage``): a log cut short at a
 record boundary (records lost from its end, each remaining one sound) is refused by every
 open with the same error and words, reported ``log-cut`` by ``verify ID`` and ``fsck``, and
-taken back by ``repair``.
+taken back by ``repair``. A head index on a leaf label is no lag either (no head rests there:
+``store.state.stale_head``): ``verify ID`` and ``fsck`` call it ``stale-head``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,7 @@ from typing import Any
 import pg_server
 import pytest
 from click.testing import CliRunner
-from contract_helpers import msg
+from contract_helpers import leaf, msg
 
 from agentsession_cas import Header
 from agentsession_cas.errors import SessionDamagedError
@@ -164,3 +168,65 @@ def test_a_log_that_lost_only_its_last_commit_on_postgresql(tmp_path):
         s.close()
     assert fsck(damage.url).ok
 
+
+def test_verify_id_refuses_a_head_index_on_a_leaf_label(damage):
+    """No head rests on a leaf label, so a head index naming one is no lag: fsck called it
+    stale-head on the file backend (session-row on PostgreSQL) while verify ID passed it on
+    both. Now both say stale-head, and only that; repair rewrites the index."""
+    made: list[str] = []
+
+    def body(s: Any) -> list[str]:
+        ids = [s.append(msg(f"entry {i}")).id for i in range(3)]
+        made.append(s.append(leaf(ids[1], ids[2])).id)  # the head moves to ids[1]
+        return ids
+
+    ids = build(damage, body)
+    label = made[0]
+    damage.set_head_index(label)
+    with open_store(damage.url, readonly=True) as st:
+        check = verify_stored(st, SID)
+        assert [(p["code"], p["entry"]) for p in check.problems] == [("stale-head", label)], check.problems
+        assert ids[1] in check.problems[0]["message"]
+    r = cli(damage, "verify", SID, "--json")
+    assert r.exit_code == 1 and [p["code"] for p in json.loads(r.stdout)["problems"]] == ["stale-head"], r.stdout
+    assert [p.code for p in fsck(damage.url).errors] == ["stale-head"]
+    with open_store(damage.url) as st:
+        repair_session(st, SID)
+    assert fsck(damage.url).ok
+    assert cli(damage, "verify", SID).exit_code == 0
+
+
+def test_a_lagging_head_index_still_passes_verify_id(damage):
+    """A head index behind the log's head on an entry a head may rest on is a lag (a crash
+    before the index was rewritten), not stale-head: verify ID passes it, as before."""
+    ids = build(damage, appends(3))
+    damage.set_head_index(ids[0])
+    with open_store(damage.url, readonly=True) as st:
+        assert verify_stored(st, SID).ok
+
+
+def test_fsck_calls_a_leaf_label_head_stale_though_its_last_writer_did_not_close(tmp_path):
+    """A HEAD may lag the log while its last writer did not close (fsck's index-lag note),
+    but never onto a leaf label: fsck said index-lag there, now stale-head, as verify ID."""
+    root = tmp_path / "store"
+    script = (
+        "import os, sys, json\n"
+        "from agentsession_cas import Header\n"
+        "from agentsession_cas.store import Store\n"
+        "from contract_helpers import leaf, msg\n"
+        "st = Store.init(sys.argv[1])\n"
+        f"s = st.create(Header.new({SID!r}))\n"
+        "ids = [s.append(msg(f'entry {i}')).id for i in range(3)]\n"
+        "label = s.append(leaf(ids[1], ids[2])).id\n"
+        "s.commit()\n"
+        "print(json.dumps([ids, label]), flush=True)\n"
+        "os._exit(0)  # no close: the log shows its last writer did not close\n"
+    )
+    tests = str(Path(__file__).parent)
+    out = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": tests}).stdout
+    ids, label = json.loads(out)
+    (root / "sessions" / SID / "HEAD").write_text(label + "\n")
+    report = fsck(root)
+    assert [(p.code, p.severity) for p in report.problems if p.code in ("stale-head", "index-lag")] == \
+        [("stale-head", "error")], report.problems

@@ -26,7 +26,7 @@ from ..format.tree import head_may_rest
 from ..lean import dataclass
 from .own import OwnOrder, OwnSeqs, own_of
 
-__all__ = ["SessionState", "replay", "index_damage"]
+__all__ = ["SessionState", "replay", "index_damage", "stale_head"]
 
 
 @dataclass
@@ -229,3 +229,15 @@ def index_damage(
         )
     return None
 
+
+def stale_head(state: SessionState, head_index: str | None) -> str | None:
+    """Why a head index the log holds is stale rather than lagging, or None: it names an
+    entry no head rests on (a ``leaf`` label: RFC 0002's head rule, :meth:`SessionState.may_hold_head`),
+    so no writer ever wrote it there (fsck's ``stale-head``, whether or not a writer holds
+    the session). An index the log does not hold is :func:`index_damage`'s."""
+    if head_index is None or head_index not in state.own or state.may_hold_head(head_index):
+        return None
+    return (
+        f"its head index names {head_index}, where no head rests (a leaf label), but the log's head is "
+        f"{state.head or 'none'}"
+    )
