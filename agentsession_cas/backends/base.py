@@ -198,6 +198,10 @@ class LogOpen:
     #: :meth:`SessionLog.set_rule_state`; a writing open only), current or not: the
     #: domain checks it against the log before it uses it.
     rule_state: dict[str, Any] | None = None
+    #: Where the backend keeps the log's length apart from its records (PostgreSQL's
+    #: ``last_pos``): (the length it says, the position of the log's last record). The
+    #: domain holds it to the log as it holds the head index (:func:`~..store.state.index_damage`).
+    length_index: tuple[int, int] | None = None
 
 
 @dataclass
@@ -217,6 +221,9 @@ class LogHistory:
     tail: str | None = None
     tail_from: int | None = None
     head_index: str | None = None
+    #: As :attr:`LogOpen.length_index`: (the log's length an index apart from it says, the
+    #: position of its last record), where the backend keeps one.
+    length_index: tuple[int, int] | None = None
     #: Where the log lies, relative to the store's root (the ``file`` its findings name).
     source: str | None = None
 

@@ -34,7 +34,7 @@ from ..lean import dataclass
 from ..progress import Progress
 from ..store.links import check_links
 from ..store.session import _ProjectionWalk
-from ..store.state import SessionState, index_damage, replay
+from ..store.state import SessionState, index_damage, replay, stale_head
 
 if TYPE_CHECKING:
     from ..store.session import Session
@@ -120,9 +120,11 @@ def verify_stored(
     if not history.damage:  # (a log that does not read replays to what its damage already says)
         for code, why in state.damage:
             out.problems.append(_problem("log", code, why, file=history.source))
-        lost = index_damage(state, history.head_index)
+        lost = index_damage(state, history.head_index, history.length_index)
         if lost is not None:
             out.problems.append(_problem("log", "log-cut", lost, file=history.source))
+        elif (stale := stale_head(state, history.head_index)) is not None:
+            out.problems.append(_problem("session", "stale-head", stale, entry=history.head_index))
     if out.problems:
         _careful(store, session_id, history, state, out, empty_ok=empty_ok)
         return out

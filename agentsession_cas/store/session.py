@@ -269,7 +269,7 @@ class Session:
             header = parse_header(session_id, opened.header)
             state = replay(opened.records)
             damage = [message for _, message in state.damage]
-            why = index_damage(state, opened.head_index)
+            why = index_damage(state, opened.head_index, opened.length_index)
             if why is not None:
                 damage.append(why)
             if damage:

@@ -9,9 +9,9 @@ read one log one way.
 
 Replay also finds **damage** a checksum cannot: records that contradict each
 other (an append before the create, a head move to an entry no append holds),
-and, through :func:`index_damage`, an index naming an entry the log lacks,
-which is what a log cut short at a record boundary looks like (its committed
-appends gone, each remaining record still sound).
+and, through :func:`index_damage`, an index naming an entry the log lacks or a
+length it does not reach, which is what a log cut short at a record boundary
+looks like (its committed appends gone, each remaining record still sound).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ..format.tree import head_may_rest
 from ..lean import dataclass
 from .own import OwnOrder, OwnSeqs, own_of
 
-__all__ = ["SessionState", "replay", "index_damage"]
+__all__ = ["SessionState", "replay", "index_damage", "stale_head"]
 
 
 @dataclass
@@ -202,19 +202,42 @@ def log_loss(records: Sequence[Mapping[str, Any]], head_index: str | None) -> st
     return index_damage(replay(records), head_index)
 
 
-def index_damage(state: SessionState, head_index: str | None) -> str | None:
-    """Why a head index contradicts the log, or None.
+def index_damage(
+    state: SessionState, head_index: str | None, length_index: tuple[int, int] | None = None
+) -> str | None:
+    """Why an index contradicts the log, or None: committed records were lost (the log
+    was cut short: fsck's ``log-cut``, what every backend's open refuses on).
 
-    A backend writes its head index only after the log is committed, so an index
-    may lag the log (a crash before it was rewritten) but never lead it: one
-    naming an entry that is neither the base nor an own entry of the log means
-    committed records were lost, and the log must not be written over (the
-    sequence numbers and the head would be reused and the evidence erased)."""
-    if head_index is None or not is_hash(head_index):
-        return None
-    if head_index == state.base or head_index in state.own:
+    A backend writes its indexes only after the log is committed (or in the same
+    transaction), so an index may lag the log (a crash before it was rewritten) but
+    never lead it: a head index naming an entry that is neither the base nor an own
+    entry of the log, or a length index (``(the length it says, the position of the
+    log's last record)``, where the backend keeps one: PostgreSQL's ``last_pos``)
+    beyond the log's last record, means committed records were lost, and the log must
+    not be written over (the sequence numbers and the head would be reused and the
+    evidence erased)."""
+    if head_index is not None and is_hash(head_index) and head_index != state.base and head_index not in state.own:
+        return (
+            f"its head index names {head_index}, which the log does not hold: the log has lost committed records "
+            "(cut short?)"
+        )
+    if length_index is not None and length_index[0] > length_index[1]:
+        said, last = length_index
+        return (
+            f"its length index says the log holds {said} record(s), its last is record {last}: the log has lost "
+            "committed records (cut short?)"
+        )
+    return None
+
+
+def stale_head(state: SessionState, head_index: str | None) -> str | None:
+    """Why a head index the log holds is stale rather than lagging, or None: it names an
+    entry no head rests on (a ``leaf`` label: RFC 0002's head rule, :meth:`SessionState.may_hold_head`),
+    so no writer ever wrote it there (fsck's ``stale-head``, whether or not a writer holds
+    the session). An index the log does not hold is :func:`index_damage`'s."""
+    if head_index is None or head_index not in state.own or state.may_hold_head(head_index):
         return None
     return (
-        f"its head index names {head_index}, which the log does not hold: the log has lost committed records "
-        "(cut short?)"
+        f"its head index names {head_index}, where no head rests (a leaf label), but the log's head is "
+        f"{state.head or 'none'}"
     )

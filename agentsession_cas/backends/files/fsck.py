@@ -57,7 +57,7 @@ from ...format.names import check_session_id
 from ...format.rules import TreeState
 from ...fsutil import ATOMIC_TMP, NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
 from ...lean import dataclass
-from ...store.state import index_damage, replay
+from ...store.state import index_damage, replay, stale_head
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
 from .log import Record, header_of, read_log, read_snapshot_ids, scan_log, snapshot_ids_disagree
@@ -1045,7 +1045,9 @@ class _Walk:
                 self.error("log-cut", f"session {sid}: {lost}; `agentsession repair {sid}` takes back what HEAD proves",
                            session=sid, file=f"sessions/{sid}/HEAD")
                 return
-        self.check_indexes(sid, head, mark, head_file, mark_file, sdir, log_size, unclean)
+        # A HEAD where no head rests (a leaf label) is no writer's lag: stale however the session is held.
+        never = head_file is not None and stale_head(state, head_file.decode("ascii", "replace").strip()) is not None
+        self.check_indexes(sid, head, mark, head_file, mark_file, sdir, log_size, unclean, never_lags=never)
         self.check_summary(sid, state)
 
     def check_snapshot_ids(self, sid: str, sdir: str, log: bytes) -> None:
@@ -1125,12 +1127,14 @@ class _Walk:
 
     def check_indexes(
         self, sid: str, head: object, mark: object, head_file: bytes | None, mark_file: bytes | None,
-        sdir: str, log_size: int, unclean: bool,
+        sdir: str, log_size: int, unclean: bool, never_lags: bool = False,
     ) -> None:
         """``HEAD`` and ``mark`` are indexes of the log, rewritten by a writer at commits,
         head moves, marks and close (not at every append). A difference is a lag, not
         damage, while a writer holds the session or when the log shows its last writer
-        did not close (appends no checkpoint covers); otherwise it is stale."""
+        did not close (appends no checkpoint covers); otherwise it is stale. A ``HEAD``
+        that ``never_lags`` (it names where no head rests: :func:`~...store.state.stale_head`)
+        is stale either way."""
         expect = {"HEAD": f"{head if isinstance(head, str) else ''}\n".encode(), "mark": f"{mark}\n".encode()}
         found = {"HEAD": head_file, "mark": mark_file}
         wrong = [n for n in ("HEAD", "mark") if found[n] != expect[n]]
@@ -1155,7 +1159,10 @@ class _Walk:
             says = "is missing" if text is None else f"says {shown or 'no head'!r}"
             should = expect[n].decode().strip() or "no head"
             where = dict(session=sid, file=f"sessions/{sid}/{n}")
-            if held:
+            if n == "HEAD" and never_lags:
+                self.error(code, f"session {sid}: {n} {says}, where no head rests (a leaf label), but the log's {what} "
+                           f"is {should} (`agentsession repair {sid}` or the next writing open rewrites it)", **where)
+            elif held:
                 self.note("index-lag", f"session {sid}: {n} {says}, the log's {what} is {should}: a writer holds the "
                           "session and rewrites it at its next commit or close", **where)
             elif unclean:

@@ -522,14 +522,15 @@ class _Start:
 class _Records:
     """A log as an open read it: its records (from a kept snapshot: the create, the
     snapshot, then the records after), where the records after the create or snapshot
-    begin, their bytes in the log, the log's length the records stand for, and the size
-    of the snapshot read (0: none)."""
+    begin, their bytes in the log, the log's length the records stand for, the size
+    of the snapshot read (0: none), and the position of its last row (0: none)."""
 
     records: list[dict[str, Any]]
     since: int
     since_bytes: int
     length: int
     base_bytes: int
+    last: int
 
 
 def _appended(records: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -667,7 +668,8 @@ class PgSessions(SessionStore):
                                           path=self.log_source(session_id))
             records.append(record)
         out = _Records(records, skip or 1, sum(len(t) for _, t in tail[0 if skip else 1 :]),
-                       start.pos + len(tail) if start is not None else len(tail), start.size if start is not None else 0)
+                       start.pos + len(tail) if start is not None else len(tail), start.size if start is not None else 0,
+                       texts[-1][0] if texts else 0)
         return row, out, {k: v for k, (_, data) in kept.items() if (v := _state(data)) is not None}
 
     def states(self, key: int, kind: int) -> tuple[int, dict[str, Any]] | None:
@@ -681,14 +683,18 @@ class PgSessions(SessionStore):
 
     def summary(self, session_id: str) -> tuple[dict[str, Any], bool] | None:
         """The summary kept, current while the log is the length it was written at (a repair,
-        which may keep the length, deletes it)."""
+        which may keep the length, deletes it) and its last row is there: a log cut short
+        (rows lost at its end, the row's length ahead of them) is read, and refused, as
+        the file backend's is."""
         rows = self.db.query(
-            "SELECT st.pos, st.data, s.last_pos FROM sessions s JOIN states st ON st.session = s.key "
-            "WHERE s.id = %s AND st.kind = %s", [session_id, _SUMMARY])
+            "SELECT st.pos, st.data, s.last_pos, (SELECT max(pos) FROM log WHERE session = s.key) "
+            "FROM sessions s JOIN states st ON st.session = s.key WHERE s.id = %s AND st.kind = %s",
+            [session_id, _SUMMARY])
         if not rows:
             return None
         value = _state(bytes(rows[0][1]))
-        return None if value is None else (value, int(rows[0][0]) == int(rows[0][2]))
+        pos, last_pos, last = rows[0][0], rows[0][2], rows[0][3]
+        return None if value is None else (value, int(pos) == int(last_pos) == int(last or 0))
 
     def open(self, session_id: str, *, writable: bool) -> tuple[SessionLog, LogOpen]:
         if not writable:
@@ -699,7 +705,10 @@ class PgSessions(SessionStore):
             self.backend.objects.expect(lambda: _appended(records))
             key, header, head, mark, last_pos, _ = row
             log = PgSessionLog(self.backend, session_id, key, writable=False, last_pos=last_pos, head=head, mark=mark)
-            return log, LogOpen(bytes(header), records, head, mark, summary=kept.get(_SUMMARY))
+            # The row's head and length are the log's indexes: the domain holds them to it
+            # (a log cut short at a record is the file backend's log-cut, refused alike).
+            return log, LogOpen(bytes(header), records, head, mark, summary=kept.get(_SUMMARY),
+                                length_index=(last_pos, got.last))
         self.backend.require_writable()
         conn = self.take(session_id)
         try:
@@ -712,7 +721,12 @@ class PgSessions(SessionStore):
         except BaseException:
             self.let_go(conn)
             raise
-        if got.length != last_pos:
+        # Rows missing at the log's end (its row's length beyond its last row) are a log cut
+        # short: the domain refuses the open on the row's indexes (index_damage: log-cut),
+        # as on the file backend. Any other disagreement of the length (a gap, rows beyond it)
+        # is this backend's own (fsck's log-gap, log-length).
+        cut = got.last < last_pos
+        if got.length != last_pos and not cut:
             self.let_go(conn)
             raise StoreError(
                 f"session {session_id}: its row says the log has {last_pos} record(s), the log table holds "
@@ -721,8 +735,9 @@ class PgSessions(SessionStore):
         records = got.records
         log = PgSessionLog(self.backend, session_id, key, writable=True, conn=conn, fence=int(fence),
                            last_pos=last_pos, head=head, mark=mark)
-        log._know(records[0] if records else None, records[1] if got.since == 2 else None, records[got.since :],
-                  got.since_bytes, got.base_bytes)
+        if not cut:  # (a log the domain refuses keeps no snapshot at close)
+            log._know(records[0] if records else None, records[1] if got.since == 2 else None, records[got.since :],
+                      got.since_bytes, got.base_bytes)
         recovered: builtins.list[FsckProblem] = []
         if _uncommitted_tail(records):
             log._recover = [{"op": "commit"}]
@@ -730,7 +745,7 @@ class PgSessions(SessionStore):
             recovered.append(FsckProblem("note", "log-tail", f"adopted the uncommitted records a writer of session "
                                          f"{session_id} left, with a commit", session=session_id, file="log"))
         return log, LogOpen(bytes(header), records, head, mark, recovered,
-                            summary=kept.get(_SUMMARY), rule_state=kept.get(_RULES))
+                            summary=kept.get(_SUMMARY), rule_state=kept.get(_RULES), length_index=(last_pos, got.last))
 
     def create(
         self,
@@ -830,7 +845,8 @@ class PgSessions(SessionStore):
             row, texts = self.rows(c, session_id)
         # The row's head is the log's index (written in the append's transaction): the
         # domain holds it to the records, as the file backend's HEAD (read in one snapshot).
-        out = LogHistory([], source=self.log_source(session_id), head_index=row[2] if isinstance(row[2], str) else None)
+        out = LogHistory([], source=self.log_source(session_id), head_index=row[2] if isinstance(row[2], str) else None,
+                         length_index=(row[4], texts[-1][0] if texts else 0))
         for pos, text in texts:
             record = parse_record(text)
             if isinstance(record, str):
