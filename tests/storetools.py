@@ -4,6 +4,7 @@ store's every byte (to hold a command to changing nothing)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -124,3 +125,35 @@ def count_entry_reads(monkeypatch: Any) -> list[str]:
     monkeypatch.setattr(Store, "entry", entry)
     monkeypatch.setattr(Store, "entries", entries)
     return reads
+
+
+def short_of_stack(work: Any) -> list[str]:
+    """Run ``work()`` with the cyclic collector running every 20 allocations and, at each
+    collection, a callback that needs 100 frames (what a finalizer, or pytest's report of
+    the error one raises, needs); the phases at which they were not there. A parse that
+    recurses to the interpreter's limit leaves a collection during it none (how a full
+    suite under load once stopped in pytest's own traceback, test_torture_backends).
+    A parse that refuses first leaves it."""
+    short: list[str] = []
+
+    def need(n: int) -> int:
+        return 0 if n == 0 else need(n - 1) + 1
+
+    def probe(phase: str, info: dict) -> None:
+        try:
+            need(100)
+        except RecursionError:
+            short.append(phase)
+
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    gc.enable()
+    gc.callbacks.append(probe)
+    gc.set_threshold(20)
+    try:
+        work()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(probe)
+        if not enabled:
+            gc.disable()
+    return short
