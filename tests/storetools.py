@@ -108,10 +108,14 @@ def files(path: Path) -> dict[str, bytes | None]:
 
 
 def count_entry_reads(monkeypatch: Any) -> list[str]:
-    """The ids of the entries any store of this process reads from here on (one by one
-    or in bulk)."""
+    """The ids of the entries any store of this process reads from here on (one by one,
+    whole or by the envelope alone, or in bulk)."""
     reads: list[str] = []
-    one, many = Store.entry, Store.entries
+    one, many, env = Store.entry, Store.entries, Store.envelope
+
+    def envelope(self: Store, entry_id: str):
+        reads.append(entry_id)
+        return env(self, entry_id)
 
     def entry(self: Store, entry_id: str):
         reads.append(entry_id)
@@ -124,6 +128,7 @@ def count_entry_reads(monkeypatch: Any) -> list[str]:
 
     monkeypatch.setattr(Store, "entry", entry)
     monkeypatch.setattr(Store, "entries", entries)
+    monkeypatch.setattr(Store, "envelope", envelope)
     return reads
 
 
