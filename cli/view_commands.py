@@ -59,7 +59,8 @@ def diff(a: str, b: str, session_name: str | None, as_json: bool) -> None:
         with store.read(resolve_session(store, session_name)) as s:
             names = (resolve_entry(s, a), resolve_entry(s, b))
             sid = s.id
-        result: Diff = diff_paths(store.ancestry(names[0]), store.ancestry(names[1]))
+            # (each path read in bulk along the session's log order, its prefix read once)
+            result: Diff = diff_paths(s.ancestry(names[0]), s.ancestry(names[1]))
         sides: dict[str, Any] = {"session": sid, "a": names[0], "b": names[1]}
     else:
         ids = (resolve_session(store, a), resolve_session(store, b))

@@ -4,6 +4,7 @@ store's every byte (to hold a command to changing nothing)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -107,10 +108,14 @@ def files(path: Path) -> dict[str, bytes | None]:
 
 
 def count_entry_reads(monkeypatch: Any) -> list[str]:
-    """The ids of the entries any store of this process reads from here on (one by one
-    or in bulk)."""
+    """The ids of the entries any store of this process reads from here on (one by one,
+    whole or by the envelope alone, or in bulk)."""
     reads: list[str] = []
-    one, many = Store.entry, Store.entries
+    one, many, env = Store.entry, Store.entries, Store.envelope
+
+    def envelope(self: Store, entry_id: str):
+        reads.append(entry_id)
+        return env(self, entry_id)
 
     def entry(self: Store, entry_id: str):
         reads.append(entry_id)
@@ -123,4 +128,37 @@ def count_entry_reads(monkeypatch: Any) -> list[str]:
 
     monkeypatch.setattr(Store, "entry", entry)
     monkeypatch.setattr(Store, "entries", entries)
+    monkeypatch.setattr(Store, "envelope", envelope)
     return reads
+
+
+def short_of_stack(work: Any) -> list[str]:
+    """Run ``work()`` with the cyclic collector running every 20 allocations and, at each
+    collection, a callback that needs 100 frames (what a finalizer, or pytest's report of
+    the error one raises, needs); the phases at which they were not there. A parse that
+    recurses to the interpreter's limit leaves a collection during it none (how a full
+    suite under load once stopped in pytest's own traceback, test_torture_backends).
+    A parse that refuses first leaves it."""
+    short: list[str] = []
+
+    def need(n: int) -> int:
+        return 0 if n == 0 else need(n - 1) + 1
+
+    def probe(phase: str, info: dict) -> None:
+        try:
+            need(100)
+        except RecursionError:
+            short.append(phase)
+
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    gc.enable()
+    gc.callbacks.append(probe)
+    gc.set_threshold(20)
+    try:
+        work()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(probe)
+        if not enabled:
+            gc.disable()
+    return short

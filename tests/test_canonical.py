@@ -26,6 +26,7 @@ import pytest
 import rfc8785
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
+from storetools import short_of_stack
 
 from agentsession_cas.format import canonical
 from agentsession_cas.format.canonical import (
@@ -782,3 +783,47 @@ def test_loads_canonical_proves_plain_canonical_lines(value):
 )
 def test_loads_canonical_takes_only_what_it_proves(raw, proven):
     assert _agrees_with_strict(raw) is proven
+
+
+# --------------------------------------------------------------------------
+# Nesting: refused at one depth, with the stack left to whatever else runs
+
+
+DEEP = 100_000
+
+
+@pytest.mark.parametrize("parse", ["loads", "loads_canonical", "loads_flagged"])
+def test_a_deep_value_is_refused_at_the_one_depth_and_leaves_the_stack(parse):
+    fn = getattr(canonical, parse)
+    text = b'{"item":' + b"[" * DEEP + b"]" * DEEP + b"}"
+
+    def work() -> None:
+        with pytest.raises(IJSONError, match=f"nested more than {canonical.MAX_DEPTH} deep"):
+            fn(text)
+
+    assert short_of_stack(work) == []
+    # The bound is the same wherever the parse is called from, and the value at it is read.
+    at = canonical.MAX_DEPTH - 1  # (the object holding the array is one level)
+    assert fn(b'{"item":' + b"[" * at + b"]" * at + b"}") is not None
+    with pytest.raises(IJSONError, match="nested more than"):
+        fn(b'{"item":' + b"[" * (at + 1) + b"]" * (at + 1) + b"}")
+    # Brackets inside strings are text, not nesting.
+    assert fn(json.dumps({"s": "[" * DEEP, "t": "{\\\"" * 1000}).encode()) is not None
+
+
+def test_a_deep_value_built_by_a_caller_is_refused_by_canonical_bytes():
+    value: list = []
+    for _ in range(DEEP // 10):
+        value = [value]
+    # Built by a caller, or parsed by orjson (which parses 1024 levels) and known plain.
+    for parsed in (False, True):
+        def work(parsed=parsed) -> None:  # type: ignore[no-untyped-def]
+            with pytest.raises(IJSONError, match=f"nested more than {canonical.MAX_DEPTH} deep"):
+                canonical_bytes(value, parsed=parsed, careful=False if parsed else None)
+        assert short_of_stack(work) == []
+    at: list = []
+    for _ in range(canonical.MAX_DEPTH - 1):
+        at = [at]
+    assert canonical_bytes(at) == b"[" * canonical.MAX_DEPTH + b"]" * canonical.MAX_DEPTH
+    with pytest.raises(IJSONError, match="nested more than"):
+        canonical_bytes([at])

@@ -466,6 +466,46 @@ def test_an_imported_session_is_appended_to_reading_none_of_its_entries(make_sto
     w.close()
 
 
+def test_an_entrys_path_is_read_in_bulk_along_the_log(make_store, monkeypatch):
+    """``Session.ancestry`` (what ``diff --session`` walks): an own entry's path read through
+    a few bulk reads of the envelopes along the log order, never an envelope at a time, and
+    the path :meth:`Store.ancestry` walks one envelope at a time, over branches, a root
+    of a second tree, and a fork's own entries down to its prefix (read once, kept)."""
+    st = make_store()
+    a, ids = chain(st, "a", n=300)
+
+    def line(first: str | None, n: int, what: str) -> list[str]:
+        out: list[str] = []
+        for i in range(n):
+            out.append(a.append(msg(f"{what} {i}", parent=out[-1] if out else first)).id)
+        return out
+
+    side = line(ids[100], 2, "side")
+    on = line(ids[-1], 40, "main again")
+    second = line(None, 2, "second root")
+    a.commit()
+    f = st.fork("a", ids[200], session_id="f")
+    fids = [f.append(msg(f"fork {i}")).id for i in range(50)]
+    f.commit()
+    wanted = {x: st.ancestry(x) for x in (on[-1], side[-1], ids[0], second[-1], ids[150], fids[-1], fids[0], ids[199])}
+    assert wanted[on[-1]] == [*ids, *on] and wanted[side[-1]] == [*ids[:101], *side]
+    assert wanted[fids[-1]] == [*ids[:201], *fids]
+    f.prefix  # noqa: B018  # (the fork's prefix read, once, as a fork's open may)
+    reads = count_entry_reads(monkeypatch)
+    bulk: list[int] = []
+    many = type(st.objects).get_many
+
+    def get_many(self, space, names):  # type: ignore[no-untyped-def]
+        bulk.append(len(names))
+        return many(self, space, names)
+
+    monkeypatch.setattr(type(st.objects), "get_many", get_many)
+    for x, path in wanted.items():
+        assert (f if x in fids or x == ids[199] else a).ancestry(x) == path, x
+    assert reads == [], "an envelope read one at a time"
+    assert len(bulk) <= 30 and sum(bulk) < 1000, bulk
+
+
 def test_a_session_with_no_kept_state_is_read_in_bulk(make_store, monkeypatch):
     """A session whose rules' state and summary are gone (an index lost; an import whose
     verify pass did not end at the head) is read through :meth:`Store.entries`, a chunk of entries per bulk

@@ -1606,3 +1606,38 @@ def read_envelope_content(st: Store, entry_id: str) -> str:
 
 def _raise_missing(space: str, name: str):
     raise NoSuchObjectError(f"no {space} object {name} (gone)")
+
+
+@pytest.mark.parametrize("budget", [0, 20_000])
+def test_a_push_past_its_send_cache_reads_again_in_bulk_and_lets_go_of_what_it_sent(tmp_path, monkeypatch, budget):
+    """What a push's closure did not keep (past ``SEND_CACHE_BYTES``) is read again a chunk
+    of entries at a time (``Session.exchange_objects_many``), never an entry at a time (a
+    100,000-entry push with none kept took 29 s of CPU against 19 s); what it kept is let
+    go of as it is sent; the receiver in this process takes each kept object out as its
+    admission reads it. The remote holds the session whole either way."""
+    from agentsession_cas.store import Session
+
+    a, b = store(tmp_path, "a"), store(tmp_path, "b")
+    record(a, "s", 600)
+    monkeypatch.setattr(ex, "SEND_CACHE_BYTES", budget)
+    ones: list[str] = []
+    closures: list = []
+    one, closure_of = Session.exchange_objects, ex._closure
+    monkeypatch.setattr(Session, "exchange_objects", lambda self, entry_id: ones.append(entry_id) or one(self, entry_id))
+    monkeypatch.setattr(ex, "_closure", lambda *args: closures.append(closure_of(*args)) or closures[-1])
+    kept: list[dict] = []
+    receive = StoreEndpoint._receive
+
+    def watched(self, *args, sent, **kw):  # type: ignore[no-untyped-def]
+        kept.append(sent)
+        return receive(self, *args, sent=sent, **kw)
+
+    monkeypatch.setattr(StoreEndpoint, "_receive", watched)
+    r = ex.push(a, tmp_path / "b", "s")
+    assert r.entries == 601 and ones == []  # (a config, then 600 items)
+    assert closures and closures[0].cache == {}, "what the closure kept was not let go as it was sent"
+    assert kept and kept[0] == {}, "the receiver kept what its admission had read"
+    with Store(tmp_path / "a", readonly=True) as src:
+        assert reopen(tmp_path / "b", "s").projection() == src.read("s").projection()
+    a.close()
+    b.close()

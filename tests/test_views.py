@@ -425,3 +425,31 @@ def test_stats_of_a_backend_read_a_chunk_at_a_time_names_the_one_corrupt_object(
     assert data["objects"]["entries"]["count"] == 4
     assert [(p["code"], p["object"]) for p in data["problems"] if p["session"] is None] == [("corrupt-object", ids[2])]
     assert data["ok"] is False
+
+
+def test_diff_of_two_entries_reads_their_paths_in_bulk(tmp_path, monkeypatch):
+    """`diff --session` of two entries 600 deep walks their paths up through bulk reads of
+    the envelopes along the log order (Session.ancestry), never an envelope at a time (it
+    read 1,202 of them, one by one), with the output the one-at-a-time walk gives."""
+    from storetools import count_entry_reads
+
+    from agentsession_cas.store import Session
+    from agentsession_cas.store.views import diff_paths
+
+    root = tmp_path / "store"
+    with Store.init(str(root)) as st:
+        s = st.create(Header.new("long"))
+        ids = [s.append({"type": "item", "ts": TS, "item": msg("user", f"turn {i}")}).id for i in range(600)]
+        other = s.append({"type": "item", "ts": TS, "parent": ids[500], "item": msg("user", "retry")}).id
+        s.close()
+    with Store(str(root), readonly=True) as st:
+        d = diff_paths(st.ancestry(ids[-1]), st.ancestry(other))
+    assert len(d.common) == 501
+    with monkeypatch.context() as m:  # the walk of an envelope at a time, for the output it gives
+        m.setattr(Session, "ancestry", lambda self, entry_id: self.store.ancestry(entry_id), raising=False)
+        expected = ok(cli(root, "diff", "--json", "--session", "long", ids[-1], other))
+    reads = count_entry_reads(monkeypatch)
+    out = ok(cli(root, "diff", "--json", "--session", "long", ids[-1], other))
+    assert out == expected and json.loads(out)["common"] == 501
+    assert not [r for r in reads if r not in (*ids[501:], other)], "an entry off the rows read one at a time"
+    assert len(reads) <= 100, len(reads)

@@ -78,7 +78,9 @@ __all__ = [
 ]
 
 #: Bytes of objects a push keeps in memory between reading them (to learn the
-#: closure) and sending them; past this it reads them again instead.
+#: closure) and sending them (each let go of as it is sent); past this it reads them
+#: again, a chunk of entries at a time. Reading all again cost a local push of 100,000
+#: entries about 2.5 s of CPU in 19 (an entry at a time, 10 s), so the push keeps them.
 SEND_CACHE_BYTES = 256 * 1024 * 1024
 #: Entries whose objects a push reads in one bulk read of each space.
 _CHUNK = 256
@@ -296,21 +298,36 @@ def _send(
     total = len(todo)
     sent = [0, 0]
 
+    def reread(chunk: list[tuple[str, str]]) -> dict[str, bytes]:
+        """The objects of ``chunk`` the cache let go of, read again in bulk: the entries
+        they belong to, a chunk at a time (:meth:`Session.exchange_objects_many`)."""
+        owners = list(dict.fromkeys(
+            name if space == "entries" else closure.content_of[name]
+            for space, name in chunk if space != "blobs" and name not in closure.cache
+        ))
+        got: dict[str, bytes] = {}
+        for entry_id, (chash, content, env) in zip(owners, session.exchange_objects_many(owners) if owners else ()):
+            got[entry_id] = env
+            got[chash] = content
+        return got
+
     def items() -> Iterator[tuple[str, str, bytes]]:
-        for space, name in todo:
-            data = closure.cache.get(name)
-            if data is None:
-                if space == "entries":
-                    data = session.exchange_objects(name)[2]
-                elif space == "contents":
-                    data = session.exchange_objects(closure.content_of[name])[1]
-                else:
-                    data = store.objects.get("blobs", name)
-            sent[0] += 1
-            sent[1] += len(data)
-            if progress is not None:
-                progress(sent[0], total)
-            yield space, name, data
+        cache = closure.cache
+        for at in range(0, len(todo), 2 * _CHUNK):
+            chunk = todo[at : at + 2 * _CHUNK]
+            again = reread(chunk)
+            for space, name in chunk:
+                # Taken, not looked at: what is sent is let go, so the receiver's copy of it
+                # (a transport in this process keeps what it is sent) replaces it rather
+                # than adding to it, and the two hold about one closure between them.
+                data = cache.pop(name, None)
+                if data is None:
+                    data = store.objects.get("blobs", name) if space == "blobs" else again[name]
+                sent[0] += 1
+                sent[1] += len(data)
+                if progress is not None:
+                    progress(sent[0], total)
+                yield space, name, data
 
     if total:
         transport.put_objects(items(), total)

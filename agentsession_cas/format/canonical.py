@@ -195,6 +195,54 @@ _DECODER_ASCII = json.JSONDecoder(
 )
 
 
+#: The deepest a value may nest arrays and objects (an entry's own object is the first
+#: level). Deeper is refused (:class:`IJSONError`) by the parse, by :func:`canonical_bytes`
+#: of a value a caller built, and so by every check of a line, whoever calls it: the
+#: standard parser and encoder recurse once a level, and a bound set by the interpreter's
+#: recursion limit would move with the depth of the caller's stack and leave none to what
+#: runs during the parse (a finalizer the cyclic collector calls, the report of its error).
+#: 512 levels leave about half the default limit; ``orjson`` encodes 254 and parses 1024.
+MAX_DEPTH = 512
+_TOO_DEEP = f"the value is nested more than {MAX_DEPTH} deep"
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+
+
+def _check_depth(text: str | bytes) -> None:
+    """Refuse a text nesting more than :data:`MAX_DEPTH` levels, before a parse recurses
+    into it: two counts when it opens no more than that many arrays and objects in all
+    (every line of a session but a huge one), else one pass over its brackets, its
+    strings removed (an unterminated one left: its brackets then count, a text that is
+    no JSON refused a little early)."""
+    if len(text) <= MAX_DEPTH:
+        return
+    if isinstance(text, str):
+        if text.count("[") + text.count("{") <= MAX_DEPTH:
+            return
+        text = text.encode("utf-8", "surrogatepass")
+    elif text.count(b"[") + text.count(b"{") <= MAX_DEPTH:
+        return
+    depth = 0
+    for c in _NOT_BRACKET.sub(b"", _STRING.sub(b"", text)):
+        if c == 91 or c == 123:  # [ {
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise IJSONError(_TOO_DEEP)
+        else:
+            depth -= 1
+
+
+def _check_value_depth(value: Any) -> None:
+    """Refuse a value nesting more than :data:`MAX_DEPTH` levels, walked a level at a time."""
+    level = [value] if isinstance(value, (dict, list, tuple)) else []
+    for _ in range(MAX_DEPTH):
+        if not level:
+            return
+        level = [x for v in level for x in (v.values() if isinstance(v, dict) else v) if isinstance(x, (dict, list, tuple))]
+    if level:
+        raise IJSONError(_TOO_DEEP)
+
+
 def loads(text: str | bytes) -> Any:
     """Parse JSON strictly (I-JSON). Syntax errors raise ``json.JSONDecodeError``
     (a ``ValueError``); values JSON admits but I-JSON refuses raise :class:`IJSONError`.
@@ -209,8 +257,18 @@ def loads_flagged(text: str | bytes) -> tuple[Any, bool]:
     """:func:`loads`, also saying whether the value needs the careful serialiser
     (it holds a float, an integer beyond 15 digits or a supplementary-plane
     member name). Pass the flag to :func:`canonical_bytes` as ``careful``."""
+    return _loads_flagged(text, True)
+
+
+def _loads_flagged(text: str | bytes, deep: bool) -> tuple[Any, bool]:
+    """:func:`loads_flagged`; ``deep`` False when the text is known to nest no more than
+    :data:`MAX_DEPTH` levels (``orjson`` encoded the value it holds), sparing the count."""
     if isinstance(text, (bytes, bytearray)):
+        if deep:
+            _check_depth(text)  # (counted in the bytes: a little faster than in the text)
         text = text.decode("utf-8")
+    elif deep:
+        _check_depth(text)
     _flags.careful = False
     try:
         plain = text.isascii() and ("\\u" not in text or _SURROGATE_ESCAPE.search(text) is None)
@@ -226,7 +284,7 @@ def loads_flagged(text: str | bytes) -> tuple[Any, bool]:
     except (json.JSONDecodeError, IJSONError):
         raise
     except RecursionError:
-        raise IJSONError("the value is nested too deeply to canonicalise") from None
+        raise IJSONError(_TOO_DEEP) from None
     except ValueError as exc:
         # int() refuses a literal longer than sys.get_int_max_str_digits()
         # (at least 640 digits), and so a number far beyond binary64's range.
@@ -247,17 +305,16 @@ def loads_canonical(raw: bytes) -> tuple[Any, bool, bool]:
     the value is the strict parse's and ``raw`` its canonical form. Anything not proven
     (a float, an escape, a repeat, a fault) goes through :func:`loads_flagged`, which
     raises as it always did, and is never called canonical."""
+    deep = True
     try:
         value = _orjson_loads(raw)
-        if (
-            value.__class__ is dict
-            and _plain(value, not raw.isascii())
-            and _orjson_dumps(value, None, _ORJSON_SORTED) == raw
-        ):
-            return value, False, True
+        if value.__class__ is dict and _plain(value, not raw.isascii()):
+            if _orjson_dumps(value, None, _ORJSON_SORTED) == raw:
+                return value, False, True
+            deep = False  # (encoded: it nests no more than orjson's 254 levels)
     except (orjson.JSONDecodeError, orjson.JSONEncodeError):  # a fault, or nesting past 255 levels to encode
         pass
-    value, careful = loads_flagged(raw)
+    value, careful = _loads_flagged(raw, deep)
     return value, careful, False
 
 
@@ -415,39 +472,47 @@ def needs_careful(value: Any) -> bool:
     try:
         return _inspect(value)
     except RecursionError:  # pragma: no cover - _inspect keeps its own stack
-        raise IJSONError("the value is nested too deeply to canonicalise") from None
+        raise IJSONError(_TOO_DEEP) from None
 
 
 def _inspect(value: Any) -> bool:
-    """Walk a caller-built value: refuse non-string member names (the C encoder
-    would coerce them) and say whether anything needs the careful serialiser
-    (a float, an integer beyond 15 digits, a supplementary-plane member name)."""
+    """Walk a caller-built value, a level at a time: refuse non-string member names (the
+    C encoder would coerce them) and nesting past :data:`MAX_DEPTH`, and say whether
+    anything needs the careful serialiser (a float, an integer beyond 15 digits, a
+    supplementary-plane member name)."""
     careful = False
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
-            for key, item in v.items():
-                if not isinstance(key, str):
-                    raise IJSONError(f"member name {key!r} is not a string")
-                if not careful and _astral(key):
-                    careful = True
-                if isinstance(item, (dict, list, tuple)):
-                    stack.append(item)
-                elif isinstance(item, float) or (
-                    isinstance(item, int) and not -(10**15) < item < 10**15
-                ):
-                    careful = True
-        elif isinstance(v, (list, tuple)):
-            for item in v:
-                if isinstance(item, (dict, list, tuple)):
-                    stack.append(item)
-                elif isinstance(item, float) or (
-                    isinstance(item, int) and not -(10**15) < item < 10**15
-                ):
-                    careful = True
-        elif isinstance(v, float) or (isinstance(v, int) and not -(10**15) < v < 10**15):
-            careful = True
+    level = [value]
+    depth = 0
+    while level:
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise IJSONError(_TOO_DEEP)
+        below: list[Any] = []
+        push = below.append
+        for v in level:
+            if isinstance(v, dict):
+                for key, item in v.items():
+                    if not isinstance(key, str):
+                        raise IJSONError(f"member name {key!r} is not a string")
+                    if not careful and _astral(key):
+                        careful = True
+                    if isinstance(item, (dict, list, tuple)):
+                        push(item)
+                    elif isinstance(item, float) or (
+                        isinstance(item, int) and not -(10**15) < item < 10**15
+                    ):
+                        careful = True
+            elif isinstance(v, (list, tuple)):
+                for item in v:
+                    if isinstance(item, (dict, list, tuple)):
+                        push(item)
+                    elif isinstance(item, float) or (
+                        isinstance(item, int) and not -(10**15) < item < 10**15
+                    ):
+                        careful = True
+            elif isinstance(v, float) or (isinstance(v, int) and not -(10**15) < v < 10**15):
+                careful = True
+        level = below
     return careful
 
 
@@ -462,7 +527,7 @@ def canonical_str(value: Any, *, careful: bool | None = None) -> str:
     try:
         return _canonical_str(value, careful)
     except RecursionError:
-        raise IJSONError("the value is nested too deeply to canonicalise") from None
+        raise IJSONError(_TOO_DEEP) from None
 
 
 def _canonical_str(value: Any, careful: bool | None) -> str:
@@ -491,7 +556,7 @@ def canonical_bytes(value: Any, *, parsed: bool = False, careful: bool | None = 
         try:
             careful = _inspect(value)
         except RecursionError:  # pragma: no cover - _inspect keeps its own stack
-            raise IJSONError("the value is nested too deeply to canonicalise") from None
+            raise IJSONError(_TOO_DEEP) from None
     if careful is False:
         # The common case: every entry hashed comes here once or twice. orjson's sorted
         # compact UTF-8 of a value with no float, no integer beyond 15 digits and no
@@ -503,13 +568,14 @@ def canonical_bytes(value: Any, *, parsed: bool = False, careful: bool | None = 
         try:
             return _orjson_dumps(value, None, _ORJSON_SORTED)
         except TypeError:  # (orjson.JSONEncodeError is one)
-            pass
+            if parsed:  # (one orjson parsed may nest past the bound: the encoder would recurse)
+                _check_value_depth(value)
         try:
             text = _join(_c_chunks(value, 0))
         except (TypeError, ValueError):
             text = canonical_str(value, careful=True)
         except RecursionError:
-            raise IJSONError("the value is nested too deeply to canonicalise") from None
+            raise IJSONError(_TOO_DEEP) from None
     else:
         text = canonical_str(value, careful=careful)
     try:

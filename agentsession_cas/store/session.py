@@ -378,6 +378,24 @@ class Session:
     def prefix(self, ids: list[str]) -> None:
         self._prefix, self._prefix_set = list(ids), None
 
+    def ancestry(self, entry_id: str) -> list[str]:
+        """The ids root..``entry_id`` of an entry of this session, as
+        :meth:`Store.ancestry` gives them: an own entry's path up to the base read in bulk
+        along the log order (:meth:`Store.ancestry_along`), then the prefix the session
+        holds (read once, kept); an entry on the prefix is a piece of it. An entry of
+        neither is walked as :meth:`Store.ancestry` walks it."""
+        if entry_id not in self.own:
+            if self.base is not None and entry_id in self.prefix_set:
+                prefix = self.prefix
+                return prefix[: prefix.index(entry_id) + 1]
+            return self.store.ancestry(entry_id)
+        up, rest = self.store.ancestry_along(entry_id, self.log_order)
+        up.reverse()
+        if rest is None:
+            return up
+        above = self.prefix if rest == self.base else self.store.ancestry(rest)
+        return [*above, *up]
+
     @property
     def prefix_set(self) -> frozenset[str]:
         if self._prefix_set is None:

@@ -51,7 +51,7 @@ from ..errors import (
 )
 from ..format.canonical import canonical_bytes, loads_flagged
 from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
-from ..format.hashing import HASH_PREFIX, entry_objects, is_hash, sha256_ref
+from ..format.hashing import HASH_PREFIX, common_envelopes, entry_objects, is_hash, sha256_ref
 from ..format.links import continued_in_link, fork_of_link
 from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
 from ..format.names import check_session_id
@@ -59,6 +59,7 @@ from ..format.timestamps import now_ts
 from ..lean import dataclass
 from ..progress import Progress, reported
 from .links import CHAIN_LIMIT, Chain, resolve_current
+from .own import OwnOrder
 from .refs import header_ident
 from .session import AppendResult, Session, _ProjectionWalk, _resume_leaf, entry_from_objects, envelope_parts, iter_up, walk_up
 from .state import index_damage, replay
@@ -577,7 +578,10 @@ class Store:
 
     def envelope(self, entry_id: str) -> dict[str, Any]:
         """An entry's envelope, parsed and checked to be one."""
-        env_bytes = self.objects.get("entries", entry_id)
+        return self._envelope(entry_id, self.objects.get("entries", entry_id))
+
+    def _envelope(self, entry_id: str, env_bytes: bytes) -> dict[str, Any]:
+        """:meth:`envelope` of the bytes read for it."""
         env, _ = envelope_parts(env_bytes, entry_id, self.objects)
         parent = env.get("parent")
         if parent is not None and not is_hash(parent):
@@ -612,6 +616,72 @@ class Store:
     def ancestry(self, entry_id: str) -> builtins.list[str]:
         """The ids root..entry_id, walking parents through envelopes alone."""
         return walk_up(entry_id, lambda eid: (eid, _parent_of(self.envelope(eid))))
+
+    def ancestry_along(self, entry_id: str, order: Sequence[str]) -> tuple[builtins.list[str], str | None]:
+        """The ids from ``entry_id`` up its parents (leaf first) while they are of ``order``
+        (a session's own entries in log order, ``entry_id`` one of them), and the first
+        parent that is not (None when the walk reached a root): :meth:`ancestry`'s walk with
+        the envelopes read in bulk. An entry's parent is most often the entry logged just
+        before it, so the walk reads the envelopes before the one it stands at, a chunk
+        through one :meth:`ObjectStore.get_many`, and follows the parents through them; a
+        chunk the path leaves (at a branch) makes the next one small again (16, doubling
+        up to 256 while the guess holds). Only the envelopes on the path are parsed, so
+        what it reads, returns and refuses is what :meth:`envelope` one at a time does; a
+        chunk that does not read whole is left to that (the error then its own)."""
+        snap_n = len(order.snap) if isinstance(order, OwnOrder) else 0
+        tail_at: dict[str, int] | None = None
+
+        def position(eid: str) -> int:
+            nonlocal tail_at
+            if isinstance(order, OwnOrder):
+                p = order.snap.position(eid)
+                if p >= 0:
+                    return p
+                if tail_at is None:
+                    tail_at = {e: i for i, e in enumerate(order.tail)}
+                q = tail_at.get(eid)
+                return -1 if q is None else snap_n + q
+            if tail_at is None:
+                tail_at = {e: i for i, e in enumerate(order)}
+            return tail_at.get(eid, -1)
+
+        up: builtins.list[str] = []
+        seen: set[str] = set()
+        current: str | None = entry_id
+        size, at = _ALONG_FIRST, -1
+        while current is not None:
+            if not (0 <= at < len(order) and order[at] == current):
+                at = position(current)
+                if at < 0:
+                    return up, current
+            names = list(order[max(0, at - size + 1) : at + 1])
+            names.reverse()
+            try:
+                datas: Sequence[bytes | None] = self.objects.get_many("entries", names)
+            except AgentSessionError:
+                names, datas = [current], [None]  # (read alone below: its error, if any, as before)
+            # Envelopes all of the common form: their parents by one match over the chunk
+            # (each a hash or null, as :meth:`envelope` reads it); else each parsed as it is reached.
+            common = common_envelopes(datas) if datas[0] is not None else None  # type: ignore[arg-type]
+            walked = 0
+            for i, name in enumerate(names):
+                if name != current:
+                    continue
+                if current in seen:
+                    raise StoreError(f"entry {current} is its own ancestor: the objects are damaged")
+                seen.add(current)
+                up.append(current)
+                walked += 1
+                if common is not None:
+                    current = common[i][1] or None
+                else:
+                    data = datas[i]
+                    current = _parent_of(self.envelope(current) if data is None else self._envelope(current, data))
+                if current is None:
+                    break
+            at -= len(names)
+            size = min(2 * size, _ALONG_MOST) if walked == len(names) else _ALONG_FIRST
+        return up, None
 
     def ancestry_up(self, entry_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
         """Each id entry_id..root with its envelope, leaf first, read as they are taken
@@ -1075,6 +1145,10 @@ def _objects_of(entries: list[Entry]) -> list[tuple[Space, str, bytes]]:
         items.append(("contents", chash, content))
         items.append(("entries", e.id, env))
     return items
+
+
+#: The envelopes :meth:`Store.ancestry_along` reads at once: first, and at most.
+_ALONG_FIRST, _ALONG_MOST = 16, 256
 
 
 def _parent_of(env: Mapping[str, Any]) -> str | None:

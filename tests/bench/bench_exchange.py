@@ -101,6 +101,51 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:8.1f} ms"
 
 
+#: A fetch (or a push, from a store no process holds open) made in a fresh interpreter,
+#: which prints its CPU and peak resident set: the peak of this process would hold what
+#: the benchmark keeps and what its allocator kept of the runs before. argv: op (fetch or
+#: push), the sending store or URL, the receiving store, the session id. From a path, the
+#: remote's reads are in the same process, and with them both exchange caches
+#: (operations.SEND_CACHE_BYTES for a push, endpoint.SENT_KEPT_BYTES).
+_MEASURED = """
+import resource, sys, time
+sys.path[:0] = {path!r}
+from agentsession_cas import exchange
+from agentsession_cas.exchange.local import LocalTransport
+from agentsession_cas.store import Store
+op, src, dst, sid = sys.argv[1:5]
+c = time.process_time()
+if op == "push":
+    with Store(src) as st, LocalTransport(dst) as tr:
+        exchange.push(st, tr, sid)
+else:
+    with Store(dst) as st:
+        if src.startswith("http"):
+            from agentsession_cas.exchange.http_client import HttpTransport
+            with HttpTransport(src) as tr:
+                exchange.fetch(st, tr, sid)
+        else:
+            exchange.fetch(st, src, sid)
+# VmHWM, not ru_maxrss: a child's ru_maxrss starts from its parent's size at the fork
+hwm = [line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")]
+print(time.process_time() - c, int(hwm[0]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def measured(op: str, src: str, dst: str) -> tuple[float, float]:
+    """(CPU s, peak resident MB) of ``op`` (fetch or push) from ``src`` into the empty
+    store ``dst``, made in a fresh interpreter (:data:`_MEASURED`)."""
+    Store.init(dst).close()
+    try:
+        out = subprocess.run([sys.executable, "-c", _MEASURED.format(path=[str(ROOT)]), op, src, dst, SESSION_ID],
+                             capture_output=True, text=True, check=True).stdout.split()
+    except subprocess.CalledProcessError as exc:
+        raise BenchError(f"the measured {op} failed: {exc.stderr[-500:]}") from None
+    finally:
+        shutil.rmtree(dst, ignore_errors=True)
+    return float(out[0]), float(out[1])
+
+
 class Results:
     def __init__(self) -> None:
         self.rows: list[tuple[str, float, str, bool | None]] = []
@@ -304,6 +349,7 @@ def bench_full(tmp: str, big: Side, data: bytes, repeat: int, res: Results, prof
     print(f"    ratio     push / import : {ratio:7.3f}   (target >= {TARGET_FULL:.2f})")
     met = ratio >= TARGET_FULL
     res.add("full push vs import (entries/s)", ratio, f">= {TARGET_FULL:.2f}", met)
+
     if profile or not met:
         rem_dir = os.path.join(tmp, "full-remote-profile")
         Store.init(rem_dir).close()
@@ -363,6 +409,11 @@ def bench_http_fetch(tmp: str, big: Side, repeat: int, res: Results) -> None:
                     raise BenchError(f"the fetch {how} admitted {r.entries} entries, not {n}")
                 shutil.rmtree(dst, ignore_errors=True)
                 print(f"    run {i + 1}: {how:<4} {times[how][-1]:7.2f} s ({_rate(n, times[how][-1]):>8,.0f} entries/s)")
+        for how, src in (("path", big.remote), ("http", url)):
+            cpu, peak = measured("fetch", src, os.path.join(tmp, f"fetch-{how}-measured"))
+            print(f"    peak      the fetch {how} in a fresh process: {peak:.0f} MB, CPU {cpu:.2f} s"
+                  + (" (the remote's reads in it too)" if how == "path" else ""))
+            res.add(f"full fetch {how}: peak resident set, fresh process (MB)", peak, "for scale", None)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
