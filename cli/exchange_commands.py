@@ -22,7 +22,7 @@ from agentsession_cas.errors import BadNameError, HeadMovedError, NoSuchSessionE
 from agentsession_cas.exchange.operations import UNSET, ExchangeResult, Progress
 from agentsession_cas.format.entry import short_id
 from agentsession_cas.format.hashing import is_hash
-from agentsession_cas.format.names import check_session_id
+from agentsession_cas.format.names import check_session_id, is_session_id
 from agentsession_cas.store import Store
 from agentsession_cas.store.names import resolve_entry, resolve_session
 
@@ -85,7 +85,7 @@ def _session_first(store: Store, command: str, name: str, remote: str, *, strict
         check_session_id(name)  # (what the remote would refuse: said here, with the hint)
         return name
     except (BadNameError, NoSuchSessionError):
-        if _names_store(name) and not _names_store(remote) and _could_be_id(remote):
+        if _names_store(name) and not _names_store(remote) and is_session_id(remote):
             raise click.UsageError(
                 f"{command} takes the session first, then the remote: agentsession {command} {remote} {name}"
             ) from None
@@ -94,14 +94,6 @@ def _session_first(store: Store, command: str, name: str, remote: str, *, strict
 
 def _names_store(text: str) -> bool:
     return "://" in text or text.startswith(("/", "./", "../", "~")) or os.path.isdir(text)
-
-
-def _could_be_id(text: str) -> bool:
-    try:
-        check_session_id(text)
-    except BadNameError:
-        return False
-    return True
 
 
 def _report(result: ExchangeResult, as_json: bool) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from ..errors import BadNameError, BadRefNameError, RefConflictError
 
-__all__ = ["check_session_id", "MAX_SESSION_ID", "MAX_REF_NAME", "check_ref_name", "check_ref_prefix", "check_ref_conflict"]
+__all__ = ["check_session_id", "is_session_id", "MAX_SESSION_ID", "MAX_REF_NAME", "check_ref_name", "check_ref_prefix", "check_ref_conflict"]
 
 MAX_SESSION_ID = 200
 _SESSION_ID = re.compile(r"[A-Za-z0-9._-]+")
@@ -37,6 +37,15 @@ def check_session_id(session_id: object) -> str:
     if len(session_id) > MAX_SESSION_ID:
         raise BadNameError(f"session id is {len(session_id)} characters long; at most {MAX_SESSION_ID} are allowed")
     return session_id
+
+
+def is_session_id(text: object) -> bool:
+    """Whether :func:`check_session_id` takes ``text``."""
+    try:
+        check_session_id(text)
+    except BadNameError:
+        return False
+    return True
 
 
 # -- names ------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from ..format.names import (
     check_ref_name,
     check_ref_prefix,
     check_session_id,
+    is_session_id,
 )
 from ..format.timestamps import now_ts
 from ..lean import dataclass
@@ -138,7 +139,7 @@ class Refs:
         if data is None:
             return None
         session, ident = data.get("session"), data.get("ident")
-        if not isinstance(session, str) or not _valid_session(session):
+        if not isinstance(session, str) or not is_session_id(session):
             raise StoreError(f"ref {name} is damaged: 'session' is {session!r}, not a session id")
         if ident is not None and not is_hash(ident):
             raise StoreError(f"ref {name} is damaged: 'ident' is {ident!r}, not a sha256 hash")
@@ -275,14 +276,6 @@ class Refs:
         if not isinstance(expected, str):
             raise BadNameError("deleting a ref needs the session it is expected to hold")
         return self.update(name, None, expected=expected)
-
-
-def _valid_session(session: str) -> bool:
-    try:
-        check_session_id(session)
-    except BadNameError:
-        return False
-    return True
 
 
 def _moved_message(name: str, expected: str | None, held: str | None) -> str:
