@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agentsession_cas import Header
 from agentsession_cas.errors import BadNameError
 from agentsession_cas.format.names import check_session_id
 
@@ -123,8 +124,9 @@ def _append(root: Path, data: bytes):
 
 
 def hostile_files() -> Iterator[tuple[str, bytes, bytes]]:
-    """(what, the line, a session file holding it) for each line the format refuses."""
-    header = b'{"format":"agent-session/1","id":"imp","created_at":"2026-10-05T12:00:00Z"}\n'
+    """(what, the line, a session file holding it) for each line the format refuses: the
+    file's header is sound, so an import reads as far as the line (line 2) to refuse it."""
+    header = Header.new("imp", created_at="2026-10-05T12:00:00Z").canonical_line()
     for what, data in hostile_lines().items():
         if what not in VALID:
             yield what, data, header + data + b"\n"
@@ -137,7 +139,7 @@ def test_hostile_session_files_are_refused_by_import(store, tmp_path):
         path = tmp_path / "in.jsonl"
         path.write_bytes(data)
         r = invoke(root, "import", str(path))
-        one_line_error(r)
+        assert "line 1" not in one_line_error(r), what  # refused at the hostile line, not at the header
         assert tree(root) == before, what
     for name in NAMES[:8]:
         path = tmp_path / "named.jsonl"
