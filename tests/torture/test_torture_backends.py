@@ -14,12 +14,13 @@ import pytest
 
 from agentsession_cas import Header, make_entry
 from agentsession_cas.format.canonical import MAX_DEPTH
+from agentsession_cas.format.names import is_session_id
 from agentsession_cas.store.url import open_store
 from contract_helpers import BACKENDS, fingerprint
 
 from damage import invoke
 from storetools import short_of_stack
-from test_torture_input import NAMES, TS, _usable, hostile_files, hostile_lines, one_line_error
+from test_torture_input import NAMES, TS, hostile_files, hostile_lines, one_line_error
 
 KINDS = [b for b in BACKENDS if b.name in ("memory", "postgresql")]
 
@@ -48,7 +49,7 @@ def test_hostile_names_over_the_backend(backend_store):
         for cmd in (("show", name), ("export", name), ("log", name), ("head", name), ("delete", name),
                     ("cat-object", name), ("ref", "show", name), ("ref", "update", name, "rec"), ("create", "--id", name)):
             r = invoke(url, *cmd)
-            if cmd[0] == "create" and _usable(name):
+            if cmd[0] == "create" and is_session_id(name):
                 assert r.exit_code == 0, r.output
                 assert invoke(url, "delete", "--", name).exit_code == 0
                 continue
