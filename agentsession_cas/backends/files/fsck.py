@@ -1039,15 +1039,17 @@ class _Walk:
         if state.damage:
             return  # the indexes cannot be judged against a log that contradicts itself
         head, mark = state.head, state.mark
+        stale = None
         if head_file is not None:
-            lost = index_damage(state, head_file.decode("ascii", "replace").strip())
+            head_index = head_file.decode("ascii", "replace").strip()
+            lost = index_damage(state, head_index)
             if lost is not None:
                 self.error("log-cut", f"session {sid}: {lost}; `agentsession repair {sid}` takes back what HEAD proves",
                            session=sid, file=f"sessions/{sid}/HEAD")
                 return
-        # A HEAD where no head rests (a leaf label) is no writer's lag: stale however the session is held.
-        never = head_file is not None and stale_head(state, head_file.decode("ascii", "replace").strip()) is not None
-        self.check_indexes(sid, head, mark, head_file, mark_file, sdir, log_size, unclean, never_lags=never)
+            # A HEAD where no head rests (a leaf label) is no writer's lag: stale however the session is held.
+            stale = stale_head(state, head_index)
+        self.check_indexes(sid, head, mark, head_file, mark_file, sdir, log_size, unclean, stale=stale)
         self.check_summary(sid, state)
 
     def check_snapshot_ids(self, sid: str, sdir: str, log: bytes) -> None:
@@ -1127,13 +1129,13 @@ class _Walk:
 
     def check_indexes(
         self, sid: str, head: object, mark: object, head_file: bytes | None, mark_file: bytes | None,
-        sdir: str, log_size: int, unclean: bool, never_lags: bool = False,
+        sdir: str, log_size: int, unclean: bool, stale: str | None = None,
     ) -> None:
         """``HEAD`` and ``mark`` are indexes of the log, rewritten by a writer at commits,
         head moves, marks and close (not at every append). A difference is a lag, not
         damage, while a writer holds the session or when the log shows its last writer
         did not close (appends no checkpoint covers); otherwise it is stale. A ``HEAD``
-        that ``never_lags`` (it names where no head rests: :func:`~...store.state.stale_head`)
+        that is ``stale`` (why: it names where no head rests, :func:`~...store.state.stale_head`)
         is stale either way."""
         expect = {"HEAD": f"{head if isinstance(head, str) else ''}\n".encode(), "mark": f"{mark}\n".encode()}
         found = {"HEAD": head_file, "mark": mark_file}
@@ -1159,9 +1161,9 @@ class _Walk:
             says = "is missing" if text is None else f"says {shown or 'no head'!r}"
             should = expect[n].decode().strip() or "no head"
             where = dict(session=sid, file=f"sessions/{sid}/{n}")
-            if n == "HEAD" and never_lags:
-                self.error(code, f"session {sid}: {n} {says}, where no head rests (a leaf label), but the log's {what} "
-                           f"is {should} (`agentsession repair {sid}` or the next writing open rewrites it)", **where)
+            if n == "HEAD" and stale is not None:
+                self.error(code, f"session {sid}: {stale} (`agentsession repair {sid}` or the next writing open rewrites it)",
+                           **where)
             elif held:
                 self.note("index-lag", f"session {sid}: {n} {says}, the log's {what} is {should}: a writer holds the "
                           "session and rewrites it at its next commit or close", **where)
