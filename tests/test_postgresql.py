@@ -922,6 +922,30 @@ def test_sweep_refuses_a_session_whose_log_lost_what_its_head_names(store, url, 
         assert all(store.entry(e).id == e for e in ids)
 
 
+def test_sweep_refuses_a_log_that_lost_rows_after_the_entry_its_head_was_moved_back_to(store, url):
+    """The head alone cannot show every loss: with the head moved back to an earlier entry,
+    a log cut after it still holds what the head names. The row's length (``last_pos``)
+    then runs past the log's last row, which the sweep reads as the open does (log-cut),
+    and refuses, so the lost entries' objects stay for repair to take back."""
+    s, ids = chain(store, n=4)
+    s.set_head(ids[1], expected=ids[-1])
+    s.close()
+    last = sql(url, "SELECT max(pos) FROM log")[0][0]
+    sql(url, "DELETE FROM log WHERE pos >= 6")  # the last two appends, their commits, the head's move
+    assert sql(url, "SELECT head, last_pos FROM sessions") == [(ids[1], last)]
+    before = sql(url, "SELECT count(*) FROM objects")
+    for dry_run in (True, False):
+        with pytest.raises(StoreError, match="session s1 has a damaged log.*length index.*agentsession repair s1") as refused:
+            store.sweep(grace=0, dry_run=dry_run)
+        assert (refused.value.code, getattr(refused.value, "session", None)) == ("session_damaged", "s1")
+    assert sql(url, "SELECT count(*) FROM objects") == before
+    # Nothing names the lost entries (the head is behind them), so repair cannot take them
+    # back: it says why the log was damaged and keeps what it holds, which opens again.
+    report = repair_session(store, "s1")
+    assert report.repaired and report.kept == ids[:2] and "length index" in report.why, report
+    assert store.session("s1").head == ids[1]
+
+
 def test_verify_id_holds_the_rows_head_to_the_log(store, url):
     """As HEAD on the file backend: the head the session's row names is an index of the log,
     which may lag it, never lead it. A log cut at a record (the last appends' rows gone)

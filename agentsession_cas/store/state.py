@@ -192,14 +192,18 @@ def committed_view(records: Sequence[Mapping[str, Any]]) -> SessionState:
     return replay(records[: last + 1])
 
 
-def log_loss(records: Sequence[Mapping[str, Any]], head_index: str | None) -> str | None:
+def log_loss(
+    records: Sequence[Mapping[str, Any]], head_index: str | None, length_index: tuple[int, int] | None = None
+) -> str | None:
     """Why a whole-reading log lost records a sweep must not sweep the objects of, or None:
-    it is empty or does not open with its create record, or its head index names an entry
-    it does not hold (:func:`index_damage`). ``repair`` takes such entries back from the
-    objects while they are held; every backend's sweep refuses the store on this."""
+    it is empty or does not open with its create record, or an index contradicts it
+    (:func:`index_damage`: the head names an entry it does not hold, or the length index,
+    where the backend keeps one, runs past its last record; the head alone misses rows
+    lost after an entry the head was moved back to). ``repair`` takes such entries back
+    from the objects while they are held; every backend's sweep refuses the store on this."""
     if not records or records[0].get("op") != "create":
         return "it is empty or does not open with its create record"
-    return index_damage(replay(records), head_index)
+    return index_damage(replay(records), head_index, length_index)
 
 
 def index_damage(

@@ -188,26 +188,30 @@ class PostgresBackend(Backend):
 
         # One statement, one snapshot: an append writes its rows and the session's head in
         # one transaction, so the head read here is never ahead of the rows read with it.
+        # The row's length and the log's last row (of any op) with them: the length index.
         rows = self.db.query(
-            "SELECT s.key, s.id, s.head, l.pos, l.record, l.hash, l.content FROM sessions s "
-            "LEFT JOIN log l ON l.session = s.key AND l.op IN ('append', 'create') ORDER BY s.key, l.pos"
+            "SELECT s.key, s.id, s.head, s.last_pos, coalesce(m.last, 0), l.pos, l.record, l.hash, l.content "
+            "FROM sessions s LEFT JOIN (SELECT session, max(pos) AS last FROM log GROUP BY session) m "
+            "ON m.session = s.key LEFT JOIN log l ON l.session = s.key AND l.op IN ('append', 'create') "
+            "ORDER BY s.key, l.pos"
         )
         current: int | None = None
         records: list[dict[str, Any]] = []
         contents: dict[str, str] = {}
-        session_id, head = "", None
+        session_id, head, length = "", None, (0, 0)
 
         def source() -> RetentionSource:
-            lost = log_loss(records, head)
+            lost = log_loss(records, head, length)
             if lost is not None:
                 raise _damaged_log(session_id, lost)
             return RetentionSource(records, contents)
 
-        for key, sid, row_head, pos, text, raw, content in rows:
+        for key, sid, row_head, last_pos, last, pos, text, raw, content in rows:
             if key != current:
                 if current is not None:
                     yield source()
                 current, records, contents, session_id, head = key, [], {}, sid, row_head
+                length = (int(last_pos), int(last))
             if text is None:
                 continue  # (a session with no create or append row: source() refuses it)
             record = parse_record(text)
