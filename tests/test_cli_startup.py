@@ -158,3 +158,22 @@ def test_the_script_ends_at_once_after_an_import_and_only_then(tmp_path):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.stdout.endswith("went on 0\n")
+
+
+def test_head_and_list_load_no_logging_nor_thread_pool(tmp_path):
+    """Start-up (issue 11): ``concurrent.futures`` brings ``logging`` (about 5 ms), which
+    only a writer's checkpoint needs; and no lock package is imported (the file
+    backend's flock is its own, ``backends/files/locks.py``)."""
+    root, sid = _small_store(tmp_path)
+    for argv in (["head", sid], ["list"]):
+        code = (
+            "import sys\n"
+            "from agentsession_cli.main import main\n"
+            "try:\n"
+            f"    main({['--store', root, *argv]!r})\n"
+            "except SystemExit as exc:\n"
+            "    assert not exc.code, exc.code\n"
+            "print(' '.join(m for m in ('logging', 'concurrent.futures', 'filelock') if m in sys.modules), file=sys.stderr)\n"
+        )
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert r.stderr.split() == [], (argv, r.stderr)

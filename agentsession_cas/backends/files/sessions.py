@@ -33,7 +33,6 @@ import shutil
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ...errors import (
@@ -89,6 +88,8 @@ from .log import (
 from .sweep import SESSION_FILES
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from . import FileBackend
 
 __all__ = ["CHECKPOINT_ENTRIES", "FileSessionLog", "FileSessions", "payload_entry", "checkpoint_covers", "read_summary"]
@@ -120,6 +121,10 @@ def _checkpoint_pool() -> ThreadPoolExecutor:
     the appending thread goes on while a pack is compressed and written."""
     global _CHECKPOINT_POOL
     if _CHECKPOINT_POOL is None:
+        # (Imported here: concurrent.futures brings logging, 5 ms of start-up that a
+        # command which never checkpoints, head or list, need not pay.)
+        from concurrent.futures import ThreadPoolExecutor
+
         _CHECKPOINT_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsession-checkpoint")
     return _CHECKPOINT_POOL
 
