@@ -1457,6 +1457,50 @@ def test_get_chunks_reads_the_blocks_ahead_on_a_worker_and_gives_what_get_many_g
         reader.close()
 
 
+def test_a_read_that_meets_objects_lying_further_on_keeps_its_read_ahead(root, objs, monkeypatch):
+    """A session's objects lie in the order they are read but for a few staged apart (an
+    import stages a label's objects after the run they belong to): a read comes to each
+    such object further on, then back to its run. The run's stride is not followed from
+    the object apart (its long stride is no run: the index is asked, no block read for a
+    guess), and the batches between are kept for the read's return: the reader itself
+    decompresses only the first block, and the worker each block once (on the old code
+    the reader read the blocks whose batches the jump dropped, and the jump's guesses)."""
+    its = items(1500, size=3000)  # ~20 blocks, ~75 objects a block
+    objs.write_pack(its)
+    monkeypatch.setattr(PackSet, "AHEAD_BLOCKS", 4)
+    monkeypatch.setattr("agentsession_cas.format.parallel._cores", lambda: 2)
+    reader = other(root)
+    try:
+        p = reader.packs.locate(its[0][1])[0]
+        in_order = sorted(its, key=lambda o: tuple(p.find(o[1])))
+        far = 5 * len(its) // p.nblocks // 2  # two blocks and a half on
+        apart = set(range(2 * far, len(its) - far, 2 * far))  # each read right after the object far before it
+        order = []
+        for k, o in enumerate(in_order):
+            if k not in apart:
+                order.append(o)
+            if k + far in apart:
+                order.append(in_order[k + far])
+        assert sorted(order, key=lambda o: o[1]) == sorted(its, key=lambda o: o[1]) and len(apart) >= 3
+        assert all(2 <= p.find(in_order[k][1]).block - p.find(in_order[k - far][1]).block < PackSet.AHEAD_BLOCKS
+                   for k in apart)
+        chunks = [[n for _, n, _ in order[at : at + 100]] for at in range(0, len(order), 100)]
+        by_reader: list[int] = []
+        ahead: list[tuple[int, int]] = []
+        real_block, real_blocks = Pack.read_block, Pack.decompress_blocks
+        monkeypatch.setattr(Pack, "read_block", lambda self, b: by_reader.append(b) or real_block(self, b))
+        monkeypatch.setattr(Pack, "decompress_blocks",
+                            lambda self, stored: ahead.append((stored[0][0], stored[-1][0] + 1)) or real_blocks(self, stored))
+        got = [data for chunk in reader.get_chunks("contents", chunks) for data in chunk]
+        assert got == [d for _, _, d in order]
+        assert by_reader == [0], "the first block alone: every other one was read ahead and kept until read"
+        asked = [b for a, z in ahead for b in range(a, z)]
+        assert set(range(1, p.nblocks)) <= set(asked) and len(asked) == len(set(asked)), "each block read ahead once"
+        assert reader.packs._batches == {} and reader.packs._ahead_readers == {}
+    finally:
+        reader.close()
+
+
 def test_get_chunks_meets_a_damaged_block_as_get_many_does(root, objs, monkeypatch):
     """A block that does not decompress is left out of the worker's batch (Pack.decompress_blocks
     is best effort) and read by the reader, which meets the damage as get_many meets it;

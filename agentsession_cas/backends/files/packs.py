@@ -1698,6 +1698,10 @@ class PackSet:
     #: batches held at most beside the cache (8 MiB of the usual blocks; 32 a batch held
     #: 35 MB more at show's peak, 16 about 16).
     AHEAD_BLOCKS = 16
+    #: The longest stride (in slots) between two objects of one bulk read that
+    #: :meth:`read_many` takes for a run and follows into another block: a session's
+    #: objects lie a slot or two apart, an object staged apart (a label's) far on.
+    RUN_STRIDE = 64
     #: A directory changed this recently may change again without its mtime
     #: moving (timestamps come from a coarse clock, or whole seconds on some
     #: filesystems): until it is older, a miss lists it again (git's "racy" rule).
@@ -1753,7 +1757,9 @@ class PackSet:
         of the worker for them ends within a batch of it, ask for the next batch; what
         lies behind it is dropped (a reader that skips blocks leaves none held)."""
         with self._lock:
-            for key in [k for k in self._batches if k[0] == pack.name and k[1] < block_no]:
+            # (a read that comes back to the run after an object lying further on finds the
+            # batches between still held: only what lies a batch behind is dropped)
+            for key in [k for k in self._batches if k[0] == pack.name and k[1] < block_no - self.AHEAD_BLOCKS]:
                 del self._batches[key]
             end = self._ahead_end.get((pack.name, bits), 0)
             if block_no + self.AHEAD_BLOCKS < end:
@@ -1863,7 +1869,11 @@ class PackSet:
                 raw = raws[i]
                 data = None
                 guess = last + stride
-                if stride and 0 <= guess < nslots:
+                # a guess is followed within the block at hand or a run's short stride on
+                # (into the next block); a long stride is a jump to an object that lay apart
+                # (an import stages a label's objects apart from the run it belongs to):
+                # the run goes on after it, so the index is asked, no block read for it
+                if 0 <= guess < nslots and (lo <= guess < hi or 0 < stride <= self.RUN_STRIDE):
                     if not lo <= guess < hi:
                         b = bisect_right(firsts, guess) - 1
                         lo, hi = firsts[b], (firsts[b + 1] if b + 1 < nblocks else nslots)
