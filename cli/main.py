@@ -236,7 +236,8 @@ def start_helper_early(args: list[str]) -> None:
     """``import FILE`` or ``verify FILE`` of a file big enough for a helper process
     (format/parallel.py): the helper started now, before this process loads the store's
     and the rules' modules (about 0.15 s, which the helper's own start then overlaps),
-    for the command's pass to take (``parallel.start_early``). Anything else: nothing.
+    for the command's pass to take (``parallel.start_early``), and this process's heap
+    kept for the pass as the helper's is (``parallel.keep_heap``). Anything else: nothing.
     Only a guess from the words: a helper started for nothing is killed at exit, and one
     not started is started by the pass as ever."""
     args = hoist_global_options(args)
@@ -258,6 +259,7 @@ def start_helper_early(args: list[str]) -> None:
 
     if stat.S_ISREG(st.st_mode) and parallel.wanted(st.st_size, None):
         parallel.start_early(blocks=args[i] == "import")
+        parallel.keep_heap()  # (this process's pass: its freed memory kept for it, as its helper's is)
 
 
 def run() -> None:

@@ -655,13 +655,90 @@ def test_the_import_and_verify_commands_start_their_helper_early(tmp_path, monke
     small.write_bytes(b"x")
     calls: list[int] = []
     monkeypatch.setattr(parallel, "start_early", lambda blocks: calls.append(1 + blocks))
+    monkeypatch.setattr(parallel, "keep_heap", lambda: calls.append(-1))  # (its heap kept for the pass)
     monkeypatch.setattr(parallel, "_cores", lambda: 2)
     monkeypatch.delenv(parallel.ENV, raising=False)
     start_helper_early([a.format(big=big, small=small, dir=tmp_path) for a in args])
-    assert calls == ([started] if started else [])
+    assert calls == ([started, -1] if started else [])
     monkeypatch.setenv(parallel.ENV, "1")  # kept in one process: never
     start_helper_early([a.format(big=big, small=small, dir=tmp_path) for a in args])
-    assert calls == ([started] if started else [])
+    assert calls == ([started, -1] if started else [])
+
+
+@pytest.mark.parametrize("said, want", [
+    (None, parallel.HEAP_TUNABLES),
+    ("glibc.pthread.rseq=0", (("glibc.pthread.rseq", 0), *parallel.HEAP_TUNABLES)),
+    ("glibc.malloc.top_pad=0", (("glibc.malloc.top_pad", 0), *parallel.HEAP_TUNABLES[1:])),  # (the caller's word kept)
+])
+def test_a_pass_starts_its_processes_with_their_heap_kept(tmp_path, monkeypatch, said, want):
+    """The helper and the index's sorting process are started with glibc's heap tunables
+    (``parallel.heap_env``: the memory each frees kept for its next allocations, not given
+    back and faulted in again), added to any the environment names, a name it sets kept."""
+    import subprocess
+
+    from agentsession_cas.backends.files import packs as packs_mod
+
+    if said is None:
+        monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    else:
+        monkeypatch.setenv("GLIBC_TUNABLES", said)
+    envs: list[dict[str, str] | None] = []
+    real = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        envs.append(kwargs.get("env"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    proc, claims = parallel._launch(parallel._LATER)
+    parallel._end(proc, claims)
+    monkeypatch.setattr(StreamPackWriter, "SORT_ASIDE_AT", 10)
+    monkeypatch.setattr(StreamPackWriter, "NOTE_EVERY", 5)
+    monkeypatch.setenv(parallel.ENV, "2")
+    (tmp_path / "pack").mkdir()
+    (tmp_path / "tmp").mkdir()
+    w = StreamPackWriter(str(tmp_path / "pack"), str(tmp_path / "tmp"), threads=1)
+    for i in range(20):
+        w.add("contents", "sha256:" + __import__("hashlib").sha256(b"%d" % i).hexdigest(), b"%d" % i)
+    assert w._sorter is not None
+    w.finish()
+    assert packs_mod.subprocess.Popen is popen and len(envs) == 2
+    for env in envs:
+        assert env is not None and env.get("PATH") == __import__("os").environ.get("PATH")
+        assert env["GLIBC_TUNABLES"] == ":".join(f"{name}={value}" for name, value in want)
+
+
+def test_the_command_keeps_its_heap_through_mallopt_unless_told(monkeypatch):
+    """``parallel.keep_heap`` (the command's own process, before its pass) sets the same
+    through glibc's ``mallopt``, each unless ``GLIBC_TUNABLES`` names it."""
+    import ctypes
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc's mallopt: Linux")
+    calls: list[tuple[int, int]] = []
+
+    class Libc:
+        def __init__(self, name):
+            assert name is None
+
+        class mallopt:  # noqa: N801 (a C function's stand-in)
+            argtypes = restype = None
+
+            def __new__(cls, param, value):
+                calls.append((param, value))
+                return 1
+
+    monkeypatch.setattr(ctypes, "CDLL", Libc)
+    monkeypatch.setenv("GLIBC_TUNABLES", ":".join(f"{name}=1" for name, _ in parallel.HEAP_TUNABLES))
+    parallel.keep_heap()
+    assert calls == []
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1")
+    parallel.keep_heap()
+    assert calls == [(-2, 64 << 20), (-3, 4 << 20)]
+    calls.clear()
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    parallel.keep_heap()
+    assert calls == [(-2, 64 << 20), (-1, 128 << 20), (-3, 4 << 20)]
 
 
 def test_the_installed_command_imports_with_its_helper_started_early(tmp_path):

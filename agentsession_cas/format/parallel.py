@@ -100,6 +100,59 @@ WAIT = False
 #: checks the lines itself: a safety net, far beyond the milliseconds a block takes.
 STALL = 60.0
 
+#: How a process of a large pass keeps its heap (glibc's tunables, for a process this
+#: library starts: the helper, the index's sorting process; :func:`keep_heap` for this
+#: one): the memory it frees kept for its next allocations rather than given back to the
+#: system and taken again (the top of the heap trimmed only past 128 MiB, grown 64 MiB
+#: at a time, and blocks under 4 MiB, a block of lines or of answers, taken from it
+#: rather than mapped afresh): every page given back is a page fault when taken again,
+#: and an import of 100,000 entries took about 135,000 of them where it takes 73,000 so
+#: (0.17-0.29 s of system time less: tests/bench/README.md, session 33).
+HEAP_TUNABLES = (("glibc.malloc.top_pad", 64 << 20), ("glibc.malloc.trim_threshold", 128 << 20),
+                 ("glibc.malloc.mmap_threshold", 4 << 20))
+#: mallopt's parameters for :data:`HEAP_TUNABLES`, in its order (glibc's malloc.h).
+_MALLOPT = (-2, -1, -3)  # M_TOP_PAD, M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+
+
+def _unnamed_tunables() -> list[tuple[int, str, int]]:
+    """Those of :data:`HEAP_TUNABLES` that this process's ``GLIBC_TUNABLES`` does not name
+    (a setting it names is the environment's word), each with its ``mallopt`` parameter."""
+    said = os.environ.get("GLIBC_TUNABLES", "")
+    named = {part.split("=", 1)[0] for part in said.split(":") if part}
+    return [(param, name, value) for param, (name, value) in zip(_MALLOPT, HEAP_TUNABLES) if name not in named]
+
+
+def heap_env() -> dict[str, str]:
+    """The environment for a process a pass starts: this one's, with :data:`HEAP_TUNABLES`
+    added to ``GLIBC_TUNABLES`` (each unless it names it already; ignored off glibc)."""
+    env = dict(os.environ)
+    more = [f"{name}={value}" for _, name, value in _unnamed_tunables()]
+    if more:
+        said = env.get("GLIBC_TUNABLES", "")
+        env["GLIBC_TUNABLES"] = ":".join([*([said] if said else []), *more])
+    return env
+
+
+def keep_heap() -> None:
+    """This process's heap kept as :data:`HEAP_TUNABLES` says (each unless
+    ``GLIBC_TUNABLES`` names it), through glibc's ``mallopt`` (nothing off Linux): for a
+    command about to make a large pass (``cli/main.py``), not for a library's caller,
+    whose process it is."""
+    unnamed = _unnamed_tunables()
+    if not sys.platform.startswith("linux") or not unnamed:
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        for param, _, value in unnamed:
+            mallopt(param, value)
+    except (OSError, AttributeError, ImportError):  # no ctypes, no C library to speak to, or no mallopt in it
+        return
+
+
 #: fcntl's F_SETPIPE_SZ (Linux; the module names it from Python 3.10 on).
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # (fcntl None: AttributeError where used)
 
@@ -478,7 +531,7 @@ def _launch(mode: str) -> tuple[subprocess.Popen[bytes], mmap.mmap | None]:
             claims = mmap.mmap(fd, _RING + _SLOTS * _SLOT)
         proc = subprocess.Popen(
             command(mode, fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            close_fds=True, pass_fds=() if fd is None else (fd,), bufsize=0,
+            close_fds=True, pass_fds=() if fd is None else (fd,), bufsize=0, env=heap_env(),
         )
     except OSError:
         if claims is not None:

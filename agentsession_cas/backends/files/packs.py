@@ -1449,7 +1449,7 @@ class StreamPackWriter(PackWriter):
                 self._sorter = subprocess.Popen(
                     [sys.executable, "-I", "-S", packindex.__file__, str(self._names.fileno())],
                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    pass_fds=(self._names.fileno(),),
+                    pass_fds=(self._names.fileno(),), env=parallel.heap_env(),
                 )
             except (OSError, ValueError):
                 return
