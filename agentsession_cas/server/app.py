@@ -51,6 +51,8 @@ from ..errors import (
     NoSuchObjectError,
     NoSuchRefError,
     NoSuchSessionError,
+    RefMovedError,
+    ScopeError,
     SessionExistsError,
     SessionLockedError,
     SessionReplacedError,
@@ -59,7 +61,7 @@ from ..errors import (
     UnsupportedError,
 )
 from ..exchange.endpoint import StoreEndpoint
-from ..exchange.transport import PushRequest, RefPush
+from ..exchange.transport import PushRequest, RefPush, RefResult
 from ..exchange.wire import (
     OBJECTS,
     OUTCOMES,
@@ -850,6 +852,8 @@ class Api:
         for ref in req.refs:
             if ref.next != sid:
                 raise BadRefTargetError(f"pushed ref {ref.name} must name the pushed session {sid}, not {ref.next}")
+            if ref.expected is not None and not principal.may_touch(ref.expected):
+                principal.need_session(ref.expected, "refs")  # as an update naming it is refused
         if req.header.get("id") != sid:
             raise BadNameError(f"the pushed header's id {req.header.get('id')!r} is not the session in the path, {sid}")
 
@@ -874,7 +878,7 @@ class Api:
                 "head": {"moved": adm.moved, "forced": adm.forced, "current": adm.head, "why": adm.why,
                          "previous": adm.previous, "outcome": adm.outcome},
                 "mark": adm.mark,
-                "refs": [r.as_dict() for r in adm.refs],
+                "refs": [_ref_step(principal, r) for r in adm.refs],
                 "incarnation": header_ident(s.header.data),
             }
 
@@ -1265,7 +1269,12 @@ class Api:
             if held is not None and nxt is not None and held.session == nxt and refs.state(held) != "ok":
                 raise _dangling(name, held.session, "dangling" if refs.state(held) == "dangling" else "replaced")
             reason = body.get("reason")
-            update = refs.update(name, nxt, expected=expected, reason=reason if isinstance(reason, str) else None)
+            try:
+                update = refs.update(name, nxt, expected=expected, reason=reason if isinstance(reason, str) else None)
+            except RefMovedError as exc:
+                if exc.current is not None and not principal.may_touch(exc.current):
+                    raise _withheld_ref(principal, name) from None
+                raise
             return {"name": name, "moved": True, "changed": update.changed,
                     "current": {"session": update.new, "entry": ""} if update.new else None,
                     "previous": {"session": update.old, "entry": ""} if update.old else None}
@@ -1480,6 +1489,22 @@ def _ref_facts(refs: Refs, ref: Any) -> dict[str, Any]:
     state = refs.state(ref)
     return {"name": ref.name, "target": {"session": ref.session, "entry": ""}, "incarnation": ref.ident,
             "state": "live" if state == "ok" else ("dangling" if state == "dangling" else "replaced")}
+
+
+def _withheld_ref(principal: Principal, name: str) -> ScopeError:
+    """The refusal of a ref step on a ref that names a session the caller may not touch:
+    its target is not told (a read of the ref answers ``no_ref``), and it is not moved
+    (RFC 0003, Security considerations: naming is not authorization)."""
+    return ScopeError(f"ref {name} names a session this token ({principal.name}) may not touch; it is not shown or moved")
+
+
+def _ref_step(principal: Principal, result: RefResult) -> dict[str, Any]:
+    """A push's ref step as its answer says it, the target withheld (as an update's
+    refusal withholds it) when the caller may not touch the session the ref holds."""
+    if result.current is None or principal.may_touch(result.current):
+        return result.as_dict()
+    return {"name": result.name, "moved": False, "changed": False, "current": None,
+            "why": str(_withheld_ref(principal, result.name))}
 
 
 def _dangling(name: str, session: str, state: str) -> AgentSessionError:

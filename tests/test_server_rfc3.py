@@ -1,0 +1,51 @@
+"""RFC 0003 conformance points a review found untested or broken (session 33): each test
+names the RFC's words it holds the server to. A real server per test, as in
+tests/test_server.py; nothing is mocked at the HTTP layer.
+"""
+
+from __future__ import annotations
+
+from server_helpers import served  # noqa: F401 - served is a fixture
+from test_server import append, create, lease, lines, problem, user
+
+from agentsession_cas import Header
+
+TS = "2026-09-17T12:00:00Z"
+
+
+def _push(c, sid: str, refs: list[dict]):
+    """A push of an empty session (header only) carrying ``refs``."""
+    return c.post(f"/v1/sessions/{sid}/push", json={
+        "header": Header.new(sid, created_at=TS).data, "entries": [], "prefix": [],
+        "head": {"expected": None, "to": None}, "mark": "mirror", "refs": refs,
+    })
+
+
+def test_a_ref_held_for_another_tenants_session_is_neither_shown_nor_moved(served):
+    """Security considerations: knowing a name is not authorization. A ref a caller may not
+    read resolves as no_ref; an update or a push's ref step must neither tell it the
+    target nor move the ref off a session it may not touch (a push named it `expected`
+    and moved team-b's ref to team-a's session)."""
+    with served.client("team-b") as b:
+        create(b, "b-1")
+        assert b.put("/v1/refs/shared/x", json={"expected": None, "next": "b-1"}).status_code == 200
+    with served.client("team-a") as a:
+        create(a, "a-1")
+        problem(a.get("/v1/refs/shared/x"), 404, "no_ref")
+        # An update: refused, and the answer does not name the target.
+        r = a.put("/v1/refs/shared/x", json={"expected": None, "next": "a-1"})
+        problem(r, 403, "scope")
+        assert "b-1" not in r.text
+        # A push's ref step: refused in the 200, the target withheld.
+        r = _push(a, "a-2", [{"name": "shared/x", "expected": None, "next": "a-2"}])
+        assert r.status_code == 200, r.text
+        assert "b-1" not in r.text
+        (ref,) = r.json()["refs"]
+        assert ref["moved"] is False and ref["current"] is None and ref["why"]
+        # A push naming the other tenant's session as `expected` is refused whole, as an
+        # update naming it is, before anything lands.
+        r = _push(a, "a-3", [{"name": "shared/x", "expected": "b-1", "next": "a-3"}])
+        problem(r, 403, "scope")
+        problem(a.get("/v1/sessions/a-3"), 404, "no_session")
+    with served.client("team-b") as b:
+        assert b.get("/v1/refs/shared/x").json()["target"]["session"] == "b-1"
