@@ -49,3 +49,17 @@ def test_a_ref_held_for_another_tenants_session_is_neither_shown_nor_moved(serve
         problem(a.get("/v1/sessions/a-3"), 404, "no_session")
     with served.client("team-b") as b:
         assert b.get("/v1/refs/shared/x").json()["target"]["session"] == "b-1"
+
+
+def test_the_log_and_the_path_carry_the_incarnation_header(served):
+    """Conventions: "Every response about one session carries its incarnation (an
+    `Incarnation` header, and a member in JSON bodies)"."""
+    with served.client("all") as c:
+        ident = create(c, "s1")["incarnation"]
+        token = lease(c, "s1")["token"]
+        assert append(c, "s1", token, user("hi"), commit=True).status_code == 200
+        for path in ("/v1/sessions/s1/log", "/v1/sessions/s1/log?durable=true", "/v1/sessions/s1/path",
+                     "/v1/sessions/s1/path?contents=none"):
+            r = c.get(path)
+            lines(r)
+            assert r.headers.get("incarnation") == ident, path

@@ -739,7 +739,8 @@ class Api:
         # The log is read under the store's lock; its lines are made outside it, so a
         # long session's read does not hold up other sessions' writers.
         records, header = await self.work(snapshot)
-        return _ndjson(await run_in_threadpool(_log_lines, sid, records, header, durable, after))
+        return _ndjson(await run_in_threadpool(_log_lines, sid, records, header, durable, after),
+                       headers={"Incarnation": header_ident(header)})
 
     async def read_path(self, request: Request, principal: Principal) -> Response:
         """The path from the root to the head (or ``leaf``), streamed: the walk up and
@@ -805,7 +806,7 @@ class Api:
                 return
             yield _dumps({"end": True, "count": len(ids), "incarnation": ident}) + b"\n"
 
-        return StreamingResponse(body(), media_type=NDJSON)
+        return StreamingResponse(body(), media_type=NDJSON, headers={"Incarnation": ident})
 
     async def follow(self, request: Request, principal: Principal) -> Response:
         sid = request.path_params["id"]
