@@ -63,3 +63,14 @@ def test_the_log_and_the_path_carry_the_incarnation_header(served):
             r = c.get(path)
             lines(r)
             assert r.headers.get("incarnation") == ident, path
+
+
+def test_a_create_refused_for_its_lease_ttl_creates_nothing(served):
+    """Sessions, Create: a refused create lands nothing (a bad `lease_ttl_ms` was refused
+    400 after the session had been created, so its retry found it made and unleased)."""
+    with served.client("all") as c:
+        r = c.post("/v1/sessions?lease_ttl_ms=soon", json=Header.new("s1", created_at=TS).data)
+        problem(r, 400, "store_fault")
+        problem(c.get("/v1/sessions/s1"), 404, "no_session")
+        r = c.post("/v1/sessions?lease_ttl_ms=60000", json=Header.new("s1", created_at=TS).data)
+        assert r.status_code == 201 and r.json()["lease"]["token"] >= 1, r.text

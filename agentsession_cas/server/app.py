@@ -673,6 +673,8 @@ class Api:
     async def create_session(self, request: Request, principal: Principal) -> Response:
         header = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the header"), "the header")
         ttl = request.query_params.get("lease_ttl_ms")
+        if ttl is not None and not ttl.isdigit():  # refused before anything lands
+            raise BadNameError("lease_ttl_ms must be a whole number of milliseconds")
         holder = request.query_params.get("holder", principal.name)
         data = dict(header)
         data.setdefault("id", str(uuid.uuid4()))
@@ -697,8 +699,6 @@ class Api:
             self.state.reach.forget(sid)
             facts = self._session_facts(s)
             if ttl is not None:
-                if not ttl.isdigit():
-                    raise BadNameError("lease_ttl_ms must be a whole number of milliseconds")
                 lease, _ = self.state.leases.acquire(sid, holder, int(ttl))
                 facts["lease"] = lease.as_dict()
             return 201, facts
