@@ -74,3 +74,41 @@ def test_a_create_refused_for_its_lease_ttl_creates_nothing(served):
         problem(c.get("/v1/sessions/s1"), 404, "no_session")
         r = c.post("/v1/sessions?lease_ttl_ms=60000", json=Header.new("s1", created_at=TS).data)
         assert r.status_code == 201 and r.json()["lease"]["token"] >= 1, r.text
+
+
+def test_a_head_compare_and_swap_that_fails_names_the_current_head(served):
+    """Writing, Head: "It is `head_moved` with the current head on a mismatch" (the body
+    carried it only in its prose)."""
+    with served.client("all") as c:
+        create(c, "s1")
+        token = lease(c, "s1")["token"]
+        head = append(c, "s1", token, user("hi"), commit=True).json()["head"]
+        r = c.put("/v1/sessions/s1/head", json={"expected": None, "to": head}, headers={"Lease-Token": str(token)})
+        assert problem(r, 409, "head_moved")["current"] == head
+        r = c.put("/v1/sessions/s1/head", json={"expected": head, "to": None}, headers={"Lease-Token": str(token)})
+        assert r.status_code == 200, r.text
+        r = c.put("/v1/sessions/s1/head", json={"expected": head, "to": head}, headers={"Lease-Token": str(token)})
+        body = problem(r, 409, "head_moved")
+        assert "current" in body and body["current"] is None
+        # Writing, Record: a declare-record whose head is not this server's is head_moved,
+        # and says the head it holds.
+        assert _push(c, "m1", []).json()["mark"] == "mirror"
+        r = c.post("/v1/sessions/m1/record", json={"basis": "sole_copy", "head": head})
+        body = problem(r, 409, "head_moved")
+        assert "current" in body and body["current"] is None
+
+
+def test_head_moved_carries_the_current_head_across_the_wire_and_back():
+    """The client rebuilds `current` from the problem body, and the exchange's own
+    head_moved refusals (declare-record, take-back) say it too."""
+    from agentsession_cas.errors import HeadMovedError
+    from agentsession_cas.exchange.wire import error_from_problem, problem_body
+
+    for current in ("sha256:" + "a" * 64, None):
+        body = problem_body(HeadMovedError("moved", current=current))
+        assert body["code"] == "head_moved" and body["current"] == current
+        back = error_from_problem(409, body, where="remote x")
+        assert isinstance(back, HeadMovedError) and back.knows_current and back.current == current
+    # Raised without it (the store's own compare-and-swap), the body says nothing of it.
+    assert "current" not in problem_body(HeadMovedError("moved"))
+    assert not error_from_problem(409, problem_body(HeadMovedError("moved")), where="remote x").knows_current

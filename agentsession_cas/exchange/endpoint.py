@@ -747,7 +747,8 @@ class StoreEndpoint:
         if handover and outcome == "refused":
             raise HeadMovedError(
                 f"handover of session {session_id} refused before anything landed: {why}; two stores each believe "
-                "they are the record, or the remote moved since you last saw it"
+                "they are the record, or the remote moved since you last saw it",
+                current=current,
             )
         move = outcome in ("fast-forward", "moved", "forced")
         # Every rule verify holds the session to, for the entries admitted in order: the
@@ -987,7 +988,8 @@ class StoreEndpoint:
             if head is not UNSET and session.head != head:
                 raise HeadMovedError(
                     f"the head of session {session_id} here is {session.head or 'none'}, not {head or 'none'} "
-                    "as expected; nothing was declared"
+                    "as expected; nothing was declared",
+                    current=session.head,
                 )
             session.set_mark("record")
             return DeclareResult(session_id, True, session.head, session.mark)
@@ -1013,7 +1015,8 @@ class StoreEndpoint:
             if session.head != head:
                 raise HeadMovedError(
                     f"the head of session {session_id} at the record is {session.head or 'none'}, not "
-                    f"{head or 'none'}: its writers went on since it was fetched; the record stays there"
+                    f"{head or 'none'}: its writers went on since it was fetched; the record stays there",
+                    current=session.head,
                 )
             session.set_mark("mirror")
             return DeclareResult(session_id, True, session.head, session.mark)

@@ -111,6 +111,8 @@ def problem_body(exc: E.AgentSessionError) -> dict[str, Any]:
         body.update(reason=exc.rule, entry=exc.entry)
     elif isinstance(exc, E.AmbiguousNameError):
         body["candidates"] = exc.candidates
+    elif isinstance(exc, E.HeadMovedError) and exc.knows_current:
+        body["current"] = exc.current
     return body
 
 
@@ -151,6 +153,9 @@ def error_from_problem(status: int, body: Any, *, where: str) -> E.AgentSessionE
         exc = E.AppendRefusedError(detail, rule=body.get("reason"), code=lib, entry=body.get("entry"))
     elif lib == "ambiguous":
         exc = E.AmbiguousNameError(detail, candidates=list(body.get("candidates") or []))
+    elif lib == "head_moved" and "current" in body:
+        current = body["current"]
+        exc = E.HeadMovedError(detail, current=current if isinstance(current, str) else None)
     elif lib in _PLAIN:
         exc = _PLAIN[lib](detail)
     else:

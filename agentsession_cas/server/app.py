@@ -45,6 +45,7 @@ from ..errors import (
     DanglingRefError,
     FormatVersionError,
     HeaderDiffersError,
+    HeadMovedError,
     MirrorError,
     MissingObjectsError,
     NoSuchEntryError,
@@ -1126,7 +1127,10 @@ class Api:
             s = self._writer(principal, request, sid)
             if s.mark != "record":
                 raise MirrorError(f"session {sid} is held here as a mirror; its head moves only through exchange")
-            s.set_head(to, expected=expected)
+            try:
+                s.set_head(to, expected=expected)
+            except HeadMovedError as exc:  # RFC 0003: head_moved with the current head
+                raise HeadMovedError(str(exc), current=s.head) from None
             ident = header_ident(s.header.data)
             return {"session": sid, "head": s.head, "durable": True, "incarnation": ident,
                     "cursor": _cursor(self.state.tails.length(s), ident)}
