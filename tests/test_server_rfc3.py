@@ -112,3 +112,49 @@ def test_head_moved_carries_the_current_head_across_the_wire_and_back():
     # Raised without it (the store's own compare-and-swap), the body says nothing of it.
     assert "current" not in problem_body(HeadMovedError("moved"))
     assert not error_from_problem(409, problem_body(HeadMovedError("moved")), where="remote x").knows_current
+
+
+def test_a_listing_filters_and_orders_as_the_librarys_list_does(tmp_path):
+    """Sessions, List: "the reference library's summaries ... newest first", the filter
+    matching "as the library does" (Non-goals: "Listing is the reference library's
+    `List` with its filter"). The server kept a second copy of the rules: it ordered by
+    `created_at` as a string, compared `after`/`before` with `created_at` as strings
+    ("12:00:00Z" sorts after "12:00:00.5Z"), matched `cwd` exactly and `harness` by name
+    only. Now the answer is store.summary.select's, the one rule `agentsession list` uses."""
+    from server_helpers import ServerProcess
+
+    from agentsession_cas.store import Store
+    from agentsession_cas.store.summary import select
+
+    st = Store.init(tmp_path / "st")
+    # Created in one order, active in another; one continued in a successor.
+    specs = [("s-a", "2026-09-17T12:00:00.5Z", "/w", "h", "2026-09-20T08:00:00Z"),
+             ("s-b", "2026-09-17T12:00:00Z", "/w/sub", "h", "2026-09-18T08:00:00Z"),
+             ("s-c", "2026-09-19T00:00:00Z", "/x", "other", None),
+             ("s-d", "2026-09-16T00:00:00Z", "/w", "h", "2026-09-21T00:00:00Z")]
+    for sid, created, cwd, harness, active in specs:
+        s = st.create(Header.new(sid, created_at=created, cwd=cwd, harness={"name": harness, "version": "1"}))
+        if active is not None:
+            s.append({"type": "config", "ts": active, "model": "m"})
+        s.close()
+    s = st.open("s-b")
+    s.append({"type": "link", "ts": "2026-09-18T08:00:00Z", "rel": "continued_in", "session": "s-a"})
+    s.close()
+    summaries = [st.summary(sid) for sid in st.list()]
+    st.close()
+    asks = [{}, {"cwd": "/w"}, {"harness": "h"}, {"harness": "h 1"}, {"after": "2026-09-18T00:00:00Z"},
+            {"before": "2026-09-19T00:00:00Z"}, {"after": "2026-09-17T12:00:00.5Z", "before": "2026-09-20T09:00:00Z"},
+            {"after": "2026-09-18T02:00:00+02:00"}, {"current": "true"}, {"limit": "2"}]
+    with ServerProcess(tmp_path / "st") as server, server.client() as c:
+        for ask in asks:
+            got = [x["id"] for x in lines(c.get("/v1/sessions", params=ask))[:-1]]
+            kw = {k: v for k, v in ask.items() if k in ("cwd", "harness")}
+            for k in ("after", "before"):
+                if k in ask:
+                    kw[k] = {"2026-09-18T02:00:00+02:00": "2026-09-18T00:00:00Z"}.get(ask[k], ask[k])
+            want = [x.id for x in select(summaries, **kw, current="current" in ask,
+                                         limit=int(ask["limit"]) if "limit" in ask else None)]
+            assert got == want, (ask, got, want)
+        named = {x["id"]: x for x in lines(c.get("/v1/sessions", params={"with_names": "true"}))[:-1]}
+        assert named["s-b"]["superseded_by"] == "s-a" and named["s-a"]["superseded_by"] is None
+        problem(c.get("/v1/sessions", params={"after": "yesterday"}), 400, "store_fault")

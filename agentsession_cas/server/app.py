@@ -58,6 +58,7 @@ from ..errors import (
     SessionLockedError,
     SessionReplacedError,
     StoreError,
+    TimestampError,
     TooLargeError,
     UnsupportedError,
 )
@@ -79,11 +80,13 @@ from ..format.entry import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_WRITTEN, Header, p
 from ..format.hashing import envelope_content, is_hash
 from ..format.media import sidecar_names
 from ..format.names import check_ref_name, check_session_id
+from ..format.timestamps import normalise_ts
 from ..lean import dataclass
 from ..store.refs import Refs, header_ident
 from ..store.session import AppendResult, Session
 from ..store.state import SessionState
 from ..store.store import Store
+from ..store.summary import SessionSummary, select
 from .auth import LOCAL, Principal, Tokens
 from .follow import Changes, Stream, Tails, cursor_of, load_view, log_line
 from .leases import Leases
@@ -619,6 +622,7 @@ class Api:
         if "page" in q:
             raise UnsupportedError("this server lists in one stream and hands out no page tokens")
         with_names, current = _flag(request, "with_names"), _flag(request, "current")
+        top_level = _flag(request, "top_level")
         limit = q.get("limit")
         if limit is not None and not limit.isdigit():
             raise BadNameError("limit must be a whole number")
@@ -629,47 +633,34 @@ class Api:
                 raise BadNameError("extra is written name:<canonical JSON value>")
             extras.append((name, canonical_bytes(_parse_json(value.encode("utf-8"), f"extra {name}"))))
 
+        when = {k: _when(q[k], k) for k in ("after", "before") if k in q}
+
         def do() -> list[bytes]:
-            rows: list[dict[str, Any]] = []
+            headers: dict[str, Header] = {}
+            summaries: list[SessionSummary] = []
             for sid in self.state.readable(principal):
                 try:
                     header = self.state.store.header(sid)
                 except NoSuchSessionError:
                     continue
-                if not _matches(header, q, extras):
-                    continue
-                summary = self.state.store.summary(sid)
-                row = {"id": sid, "header": header.data, "incarnation": header_ident(header.data),
+                if _matches(header, q, top_level, extras):
+                    headers[sid] = header
+                    summaries.append(self.state.store.summary(sid))
+            # The library's List filter and order (agentsession list's): one rule.
+            chosen = select(summaries, harness=q.get("harness"), cwd=q.get("cwd"), current=current,
+                            limit=int(limit) if limit is not None else None, **when)
+            rows: list[bytes] = []
+            for summary in chosen:
+                header = headers[summary.id]
+                row = {"id": summary.id, "header": header.data, "incarnation": header_ident(header.data),
                        "name": summary.title, "modified": summary.last_activity,
-                       "size": self.state.store.backend.sessions.size(sid)}
+                       "size": self.state.store.backend.sessions.size(summary.id)}
                 if with_names or current:
-                    successor = self._successor(sid)
-                    if current and successor is not None:
-                        continue
-                    row["superseded_by"] = successor
-                rows.append(row)
-            rows.sort(key=lambda r: str(r["header"].get("created_at") or ""), reverse=True)
-            if limit is not None:
-                rows = rows[: int(limit)]
-            return [_dumps(r) for r in rows] + [_dumps({"end": True, "count": len(rows)})]
+                    row["superseded_by"] = summary.continued_in
+                rows.append(_dumps(row))
+            return rows + [_dumps({"end": True, "count": len(rows)})]
 
         return _ndjson(await self.work(do))
-
-    def _successor(self, sid: str) -> str | None:
-        """The session a ``continued_in`` link of this one names (the last such), read from
-        its own entries: no index of successors is kept, so a listing that asks for
-        ``with_names`` or ``current`` scans each session's envelopes."""
-        s = self.state.session(sid)
-        objects = self.state.store.objects
-        successor = None
-        for eid in s.log_order:
-            env = json.loads(objects.get("entries", eid))
-            if env.get("type") != "link":
-                continue
-            body = json.loads(objects.get("contents", env["content"]))
-            if body.get("rel") == "continued_in" and isinstance(body.get("session"), str):
-                successor = body["session"]
-        return successor
 
     async def create_session(self, request: Request, principal: Principal) -> Response:
         header = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the header"), "the header")
@@ -1368,26 +1359,27 @@ def _check_format(fmt: str | None, s: Session) -> None:
         raise FormatVersionError(f"Session-Format {fmt} is earlier than session {s.id}'s {s.header.format}")
 
 
-def _matches(header: Header, q: Any, extras: list[tuple[str, bytes]]) -> bool:
+def _matches(header: Header, q: Any, top_level: bool, extras: list[tuple[str, bytes]]) -> bool:
+    """The list filter's members the library's :func:`~..store.summary.select` has no
+    place for, read from the header: ``parent_session``, ``top_level`` and ``extra``."""
     d = header.data
-    for key in ("cwd", "parent_session"):
-        if key in q and d.get(key) != q[key]:
-            return False
-    if "harness" in q:
-        h = d.get("harness")
-        if not (isinstance(h, dict) and h.get("name") == q["harness"]):
-            return False
-    if q.get("top_level", "false").lower() in ("true", "1") and d.get("spawned_by") is not None:
+    if "parent_session" in q and d.get("parent_session") != q["parent_session"]:
+        return False
+    if top_level and d.get("spawned_by") is not None:
         return False  # top level: no spawned_by (what a call spawned is a subsession)
-    created = str(d.get("created_at") or "")
-    if "after" in q and not created > q["after"]:
-        return False
-    if "before" in q and not created < q["before"]:
-        return False
     for name, value in extras:
         if name not in d or canonical_bytes(d[name]) != value:
             return False
     return True
+
+
+def _when(value: str, what: str) -> str:
+    """A list filter's ``after`` or ``before`` (RFC 3339, any offset) as the admitted
+    ``ts`` the library's filter compares."""
+    try:
+        return normalise_ts(value)
+    except TimestampError:
+        raise BadNameError(f"{what} must be an RFC 3339 date-time, not {value!r}") from None
 
 
 #: The entry types whose contents a shallow path leaves out above the newest fold.
