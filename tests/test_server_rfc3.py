@@ -158,3 +158,23 @@ def test_a_listing_filters_and_orders_as_the_librarys_list_does(tmp_path):
         named = {x["id"]: x for x in lines(c.get("/v1/sessions", params={"with_names": "true"}))[:-1]}
         assert named["s-b"]["superseded_by"] == "s-a" and named["s-a"]["superseded_by"] is None
         problem(c.get("/v1/sessions", params={"after": "yesterday"}), 400, "store_fault")
+
+
+def test_a_refusal_the_client_raises_names_the_remote_and_the_code(served):
+    """Errors: "A client branches on `code`" and a person reads the message: every
+    problem the HTTP client raises says which remote answered and its code (a fetch of
+    a session the server lacks read `no such session: x`, as a local miss does)."""
+    from agentsession_cas.errors import NoSuchSessionError, ScopeError
+    from agentsession_cas.exchange.http_client import HttpTransport
+    from server_helpers import TOKENS
+
+    with HttpTransport(served.url, token=TOKENS["team-a"][0]) as http:
+        for sid, cls, code in (("a-none", NoSuchSessionError, "no_session"), ("b-1", ScopeError, "scope")):
+            try:
+                http.session_view(sid)
+            except cls as exc:
+                assert served.url in str(exc) and code in str(exc), str(exc)
+                assert exc.code == code
+            else:
+                raise AssertionError(f"{sid}: no error")
+

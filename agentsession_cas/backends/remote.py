@@ -421,7 +421,7 @@ class RemoteSessionLog(SessionLog):
         stopped = answer.get("stopped")
         if stopped is not None:
             problem = stopped.get("problem") or {}
-            raise error_from_problem(int(problem.get("status", 422)), problem, where=self.backend.url)
+            raise error_from_problem(int(problem.get("status", 422)), problem, where=f"remote {self.backend.url}")
         if len(results) != len(batch):
             raise StoreError(f"session {self.session_id}: the server answered {len(results)} of {len(batch)} appends")
         self._head = answer.get("head", self._head)

@@ -130,8 +130,10 @@ _PLAIN: dict[str, type[E.AgentSessionError]] = {
 
 
 def error_from_problem(status: int, body: Any, *, where: str) -> E.AgentSessionError:
-    """The library error a problem body stands for (``where`` names the server in the
-    message's lead when the body is no problem at all)."""
+    """The library error a problem body stands for, its message led by ``where`` (the
+    remote that answered) and the protocol's code: ``remote URL (no_session): no such
+    session: x``, so a person sees which store refused and how, and a caller branches
+    on ``code`` as ever."""
     if not isinstance(body, dict) or not isinstance(body.get("code"), str):
         return E.TransportError(f"{where} answered HTTP {status} without a problem body")
     code = body["code"]
@@ -162,6 +164,7 @@ def error_from_problem(status: int, body: Any, *, where: str) -> E.AgentSessionE
         exc = E.StoreError(detail)
         exc.code = lib  # the library's code is kept: a caller branches on it
     exc.status = status
+    exc.args = (f"{where} ({body['code']}): {detail}",)
     return exc
 
 
