@@ -178,3 +178,17 @@ def test_a_refusal_the_client_raises_names_the_remote_and_the_code(served):
             else:
                 raise AssertionError(f"{sid}: no error")
 
+
+def test_an_append_or_a_head_move_on_a_mirror_is_mirror_not_lease_lost(served):
+    """Writing, Append: refusals are ... "`mirror` on a session held as a mirror"; Errors:
+    `mirror` is "a local append, head move or mark change on a mirror". A mirror cannot be
+    leased, so the fence answered first and every such write read `lease_lost`, which
+    tells a writer to acquire again (it never can) rather than that the record is
+    elsewhere."""
+    with served.client("all") as c:
+        assert _push(c, "m1", []).json()["mark"] == "mirror"
+        problem(c.post("/v1/sessions/m1/lease", json={"ttl_ms": 1000}), 409, "mirror")
+        r = c.post("/v1/sessions/m1/entries", content=b'{"type":"config","model":"m"}\n', headers={"Lease-Token": "1"})
+        problem(r, 409, "mirror")
+        r = c.put("/v1/sessions/m1/head", json={"expected": None, "to": None}, headers={"Lease-Token": "1"})
+        problem(r, 409, "mirror")

@@ -1035,10 +1035,14 @@ class Api:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _writer(self, principal: Principal, request: Request, sid: str) -> Session:
-        """The session for a leased write: scope, incarnation, then the fence."""
+    def _writer(self, principal: Principal, request: Request, sid: str, what: str = "") -> Session:
+        """The session for a leased write: scope, incarnation, then the fence. ``what``
+        names a write a mirror refuses (an append, a head move): a mirror is never
+        leased, so it is refused as ``mirror`` before the fence, not as ``lease_lost``."""
         s = self.state.session(sid)
         _check_incarnation(request, s)
+        if what and s.mark != "record":
+            raise MirrorError(f"session {sid} is held here as a mirror; {what} only through exchange")
         self.state.leases.check(sid, request.headers.get("lease-token"))
         return s
 
@@ -1053,7 +1057,7 @@ class Api:
             raise BadNameError("an append carries one entry line, or several as newline-delimited lines")
 
         def do() -> dict[str, Any]:
-            s = self._writer(principal, request, sid)
+            s = self._writer(principal, request, sid, "it is appended to")
             _check_format(fmt, s)
             objs: list[dict[str, Any]] = []
             stopped: dict[str, Any] | None = None
@@ -1115,9 +1119,7 @@ class Api:
             raise BadNameError("to must be an entry id or null")
 
         def do() -> dict[str, Any]:
-            s = self._writer(principal, request, sid)
-            if s.mark != "record":
-                raise MirrorError(f"session {sid} is held here as a mirror; its head moves only through exchange")
+            s = self._writer(principal, request, sid, "its head moves")
             try:
                 s.set_head(to, expected=expected)
             except HeadMovedError as exc:  # RFC 0003: head_moved with the current head
