@@ -192,3 +192,31 @@ def test_an_append_or_a_head_move_on_a_mirror_is_mirror_not_lease_lost(served):
         problem(r, 409, "mirror")
         r = c.put("/v1/sessions/m1/head", json={"expected": None, "to": None}, headers={"Lease-Token": "1"})
         problem(r, 409, "mirror")
+
+
+def test_a_lease_whose_answer_was_lost_is_asked_again_under_its_key(served, tmp_path, monkeypatch):
+    """Conventions, Retries: a write that is not idempotent by hash takes an
+    `Idempotency-Key`, and the server returns the first outcome for a repeated key. An
+    acquire is such a write; the HTTP store sent it bare and never again, so a lost
+    answer left the session leased to no one who knew the lease (session_locked for 5
+    minutes) and the open failed. Now it is sent under a key and asked again."""
+    from server_helpers import TOKENS
+    from test_server_exchange import DroppingProxy
+
+    from agentsession_cas.store.url import open_store
+
+    monkeypatch.setenv("AGENTSESSION_TOKEN", TOKENS["all"][0])
+    with served.client("all") as c:
+        create(c, "s1")
+    proxy = DroppingProxy(served.url, b"POST /v1/sessions/s1/lease HTTP/1.1")
+    try:
+        with open_store(proxy.url) as st:
+            s = st.session("s1")
+            s.append(user("after a lost answer"))
+            s.close()
+    finally:
+        proxy.close()
+    assert proxy.dropped == 1
+    with served.client("all") as c:
+        facts = c.get("/v1/sessions/s1").json()
+        assert facts["length"] == 1 and facts["leased"] is False

@@ -593,7 +593,7 @@ class RemoteSessions(SessionStore):
         """A lease on the session (None for a mirror, which the server never leases)."""
         try:
             return dict(self.backend.http.request(
-                "POST", f"/sessions/{_sid(session_id)}/lease", safe=False,
+                "POST", f"/sessions/{_sid(session_id)}/lease", safe=False, keyed=True,  # a lost answer is asked again
                 json={"holder": self.backend.holder, "ttl_ms": LEASE_TTL_MS},
             ).json())
         except MirrorError:
