@@ -220,3 +220,12 @@ def test_a_lease_whose_answer_was_lost_is_asked_again_under_its_key(served, tmp_
     with served.client("all") as c:
         facts = c.get("/v1/sessions/s1").json()
         assert facts["length"] == 1 and facts["leased"] is False
+
+
+def test_the_bound_on_remembered_idempotency_keys_is_published(served):
+    """Conventions, Retries: the first outcome of a key is kept "for at least the lease's
+    longest TTL"; this server also keeps at most a number of them (docs/server.md,
+    Limits), and says so in its capabilities, where it said nothing of it."""
+    with served.client("all") as c:
+        limits = c.get("/v1/").json()["limits"]
+    assert limits["idempotency_keys"] >= 1 and limits["idempotency_ttl_ms"] > limits["max_lease_ttl_ms"]

@@ -125,6 +125,7 @@ class Limits:
             "max_missing": self.max_missing,
             "max_lease_ttl_ms": self.max_lease_ttl_ms,
             "idempotency_ttl_ms": self.idempotency_ttl_ms,
+            "idempotency_keys": self.idempotency_keys,
             "upload_grace_s": self.upload_grace_s,
             "max_streams": self.max_streams,
             "max_stream_age_s": self.max_stream_age_s,
