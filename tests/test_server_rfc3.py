@@ -229,3 +229,20 @@ def test_the_bound_on_remembered_idempotency_keys_is_published(served):
     with served.client("all") as c:
         limits = c.get("/v1/").json()["limits"]
     assert limits["idempotency_keys"] >= 1 and limits["idempotency_ttl_ms"] > limits["max_lease_ttl_ms"]
+
+
+def test_if_incarnation_is_checked_by_a_lease_break_too(served):
+    """Conventions: "A request MAY send `If-Incarnation`, and a server MUST refuse with
+    `session_replaced` when it differs." Every route about one session checked it but
+    `lease/break`, which broke the lease of whatever session held the id."""
+    with served.client("all") as c:
+        create(c, "s1")
+        token = lease(c, "s1")["token"]
+        other = "sha256:" + "0" * 64
+        r = c.post("/v1/sessions/s1/lease/break", headers={"If-Incarnation": other})
+        problem(r, 409, "session_replaced")
+        assert c.get("/v1/sessions/s1").json()["leased"] is True
+        assert append(c, "s1", token, user("still mine")).status_code == 200
+        r = c.post("/v1/sessions/s1/lease/break", headers={"If-Incarnation": r.headers.get("incarnation") or
+                                                           c.get("/v1/sessions/s1").json()["incarnation"]})
+        assert r.status_code == 200 and r.json()["broken"] is True

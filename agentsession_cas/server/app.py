@@ -1026,6 +1026,7 @@ class Api:
 
         def do() -> dict[str, Any]:
             s = self.state.session(sid)
+            _check_incarnation(request, s)
             old = self.state.leases.break_(sid)
             s.commit()
             return {"session": sid, "broken": old is not None, "holder": old.holder if old else None,
