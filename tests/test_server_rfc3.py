@@ -246,3 +246,34 @@ def test_if_incarnation_is_checked_by_a_lease_break_too(served):
         r = c.post("/v1/sessions/s1/lease/break", headers={"If-Incarnation": r.headers.get("incarnation") or
                                                            c.get("/v1/sessions/s1").json()["incarnation"]})
         assert r.status_code == 200 and r.json()["broken"] is True
+
+
+def test_a_follow_that_ends_in_an_error_event_raises_the_error_it_carries():
+    """Following / Conventions: a failure after the status line is an `error` frame
+    carrying the problem body, and a client branches on `code`. The client raised every
+    error event as no_session ("gone"), a store fault at the server included."""
+    import json as _json
+
+    import pytest
+
+    from agentsession_cas.errors import NoSuchSessionError, StoreError
+    from agentsession_cas.exchange.following import follow_remote
+
+    class Fake:
+        url = "http://store.example/"
+
+        def __init__(self, problem: dict):
+            self.problem = problem
+
+        def stream_lines(self, path, *, params, headers):
+            yield _json.dumps({"event": "error", "id": "0-0.0", "data": self.problem})
+
+    fault = {"type": "urn:agentsession:problem:store_fault", "status": 500, "code": "store_fault",
+             "library_code": "corrupt", "detail": "object sha256:00 is damaged"}
+    with pytest.raises(StoreError) as got:
+        list(follow_remote(Fake(fault), "s1"))
+    assert not isinstance(got.value, NoSuchSessionError) and got.value.code == "corrupt"
+    assert "damaged" in str(got.value) and "http://store.example/" in str(got.value)
+    gone = {"status": 404, "code": "no_session", "library_code": "no_session", "detail": "session s1 was deleted"}
+    with pytest.raises(NoSuchSessionError, match="deleted"):
+        list(follow_remote(Fake(gone), "s1"))
