@@ -277,3 +277,19 @@ def test_a_follow_that_ends_in_an_error_event_raises_the_error_it_carries():
     gone = {"status": 404, "code": "no_session", "library_code": "no_session", "detail": "session s1 was deleted"}
     with pytest.raises(NoSuchSessionError, match="deleted"):
         list(follow_remote(Fake(gone), "s1"))
+
+
+def test_a_header_of_a_format_the_server_does_not_read_is_format(served):
+    """Errors: `format` 422 is "a format the server does not read"; Exchange: a push's "format
+    it does not read is `format`". A create or push naming a later format answered
+    `store_fault` (bad_file), and one before 0.5 (before hashed ids, which no store
+    holds) `store_fault` 500, a failure "the client cannot fix"."""
+    with served.client("all") as c:
+        for fmt in ("agentsession/0.99", "agentsession/1.0", "agentsession/0.4", "garbage"):
+            header = dict(Header.new("s1", created_at=TS).data, format=fmt)
+            body = problem(c.post("/v1/sessions", json=header), 422, "format")
+            assert fmt in body["detail"], body
+            r = c.post("/v1/sessions/s1/push", json={"header": header, "entries": [], "prefix": [],
+                                                     "head": {"expected": None, "to": None}, "mark": "mirror"})
+            assert fmt in problem(r, 422, "format")["detail"]
+        problem(c.get("/v1/sessions/s1"), 404, "no_session")

@@ -31,7 +31,6 @@ from ..errors import (
     NotRecordError,
     ReadOnlyError,
     RefMovedError,
-    SessionFormatError,
     SessionLockedError,
     StoreError,
     quoted,
@@ -48,7 +47,7 @@ from ..format.tree import Either, head_refusal
 from ..lean import dataclass
 from ..store.refs import Refs, header_ident
 from ..store.session import Session
-from ..store.store import Store
+from ..store.store import Store, check_new_header
 from ..store.summary import summary_form
 from .transport import Admission, DeclareResult, PushRequest, RefPush, RefResult, SessionView, check_space
 
@@ -604,12 +603,8 @@ class StoreEndpoint:
         """
         self._require_writable()
         header = Header(dict(req.header))
-        problems = header.problems()
-        if problems:
-            raise SessionFormatError("pushed header", problems)
+        check_new_header(header, "pushed header")
         session_id = check_session_id(header.id)
-        if header.is_legacy:
-            raise StoreError(f"session {session_id}: format {header.format} is before hashed ids; it cannot be exchanged")
         if header.data.get("redacted") is not None:
             raise StoreError(f"session {session_id} is redacted: a record to read, not one a store holds (RFC 0002)")
         if req.mark not in ("mirror", "record"):
