@@ -293,3 +293,34 @@ def test_a_header_of_a_format_the_server_does_not_read_is_format(served):
                                                      "head": {"expected": None, "to": None}, "mark": "mirror"})
             assert fmt in problem(r, 422, "format")["detail"]
         problem(c.get("/v1/sessions/s1"), 404, "no_session")
+
+
+def test_the_client_treats_a_stream_without_its_end_frame_as_cut_never_as_short():
+    """Conventions: "A stream that stops without either [an end or an error frame] was
+    cut, and a client MUST treat it as an error and never as a short result." (No test
+    held the client to it; the server side is held by test_server_reads.)"""
+    import httpx
+    import pytest
+
+    from agentsession_cas.errors import StoreError, TransportError
+    from agentsession_cas.exchange.http_client import HttpTransport
+
+    bodies = {
+        "/v1/sessions": b'{"id":"s1"}\n',  # cut: no end frame
+        "/v1/refs": b'{"name":"a"}\n{"error":{"status":500,"code":"store_fault","library_code":"corrupt","detail":"bad ref"}}\n',
+        "/v1/sessions/s1/log": b'{"seq":1,"entry":"sha256:00","head":null,"cursor":"1-x"}\n',
+    }
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=bodies[request.url.path], headers={"Content-Type": "application/x-ndjson"})
+
+    http = HttpTransport("http://store.example/")
+    http._http = httpx.Client(base_url=http.url + "v1", transport=httpx.MockTransport(answer))
+    with http:
+        with pytest.raises(TransportError, match="cut before its end frame"):
+            http.ndjson("/sessions")
+        with pytest.raises(StoreError, match="bad ref") as got:
+            http.ndjson("/refs")
+        assert got.value.code == "corrupt"
+        with pytest.raises(TransportError, match="cut"):
+            http.session_view("s1")
