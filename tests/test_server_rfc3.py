@@ -324,3 +324,19 @@ def test_the_client_treats_a_stream_without_its_end_frame_as_cut_never_as_short(
         assert got.value.code == "corrupt"
         with pytest.raises(TransportError, match="cut"):
             http.session_view("s1")
+
+
+def test_a_lease_ttl_is_capped_and_only_its_lease_id_renews_it(served):
+    """Leases: "The server MAY cap `ttl_ms`" (the cap is published, and holds on a renew
+    as on an acquire); "a numeric token alone never" renews or releases."""
+    with served.client("all") as c:
+        cap = c.get("/v1/").json()["limits"]["max_lease_ttl_ms"]
+        create(c, "s1")
+        r = c.post("/v1/sessions/s1/lease", json={"ttl_ms": cap * 10})
+        assert r.status_code == 201 and r.json()["ttl_ms"] == cap
+        held = r.json()
+        r = c.put("/v1/sessions/s1/lease", headers={"Lease-ID": held["lease_id"]}, json={"ttl_ms": cap * 10})
+        assert r.status_code == 200 and r.json()["ttl_ms"] == cap
+        problem(c.put("/v1/sessions/s1/lease", headers={"Lease-Token": str(held["token"])}), 409, "lease_lost")
+        problem(c.delete("/v1/sessions/s1/lease", headers={"Lease-Token": str(held["token"])}), 409, "lease_lost")
+        assert c.get("/v1/sessions/s1").json()["leased"] is True
