@@ -340,3 +340,12 @@ def test_a_lease_ttl_is_capped_and_only_its_lease_id_renews_it(served):
         problem(c.put("/v1/sessions/s1/lease", headers={"Lease-Token": str(held["token"])}), 409, "lease_lost")
         problem(c.delete("/v1/sessions/s1/lease", headers={"Lease-Token": str(held["token"])}), 409, "lease_lost")
         assert c.get("/v1/sessions/s1").json()["leased"] is True
+
+
+def test_the_size_a_snapshot_inlines_entries_up_to_is_published(served):
+    """Following: a `snapshot` or `reset` carries the entries inline "up to the size a
+    server publishes, past which the client reads `path`". The server had such a size
+    and did not publish it."""
+    with served.client("all") as c:
+        limits = c.get("/v1/").json()["limits"]
+    assert limits["snapshot_inline_bytes"] > 0

@@ -88,7 +88,7 @@ from ..store.state import SessionState
 from ..store.store import Store
 from ..store.summary import SessionSummary, select
 from .auth import LOCAL, Principal, Tokens
-from .follow import Changes, Stream, Tails, cursor_of, load_view, log_line
+from .follow import SNAPSHOT_INLINE_BYTES, Changes, Stream, Tails, cursor_of, load_view, log_line
 from .leases import Leases
 from .reach import Reach
 
@@ -129,6 +129,7 @@ class Limits:
             "upload_grace_s": self.upload_grace_s,
             "max_streams": self.max_streams,
             "max_stream_age_s": self.max_stream_age_s,
+            "snapshot_inline_bytes": SNAPSHOT_INLINE_BYTES,
         }
 
 
