@@ -349,3 +349,19 @@ def test_the_size_a_snapshot_inlines_entries_up_to_is_published(served):
     with served.client("all") as c:
         limits = c.get("/v1/").json()["limits"]
     assert limits["snapshot_inline_bytes"] > 0
+
+
+def test_a_fork_whose_base_the_caller_may_not_read_is_no_entry_as_if_it_did_not_exist(served):
+    """Sessions, Create: "The base MUST be an entry of a session the caller may read; one
+    held elsewhere is `no_entry`, as if it did not exist." (Held by the server; no test
+    asked it of another tenant's entry.)"""
+    with served.client("team-b") as b:
+        create(b, "b-1")
+        token = lease(b, "b-1")["token"]
+        base = append(b, "b-1", token, user("b's"), commit=True).json()["head"]
+    with served.client("team-a") as a:
+        held = problem(a.post("/v1/sessions", json=Header.new("a-f", created_at=TS, base=base).data), 404, "no_entry")
+        absent = problem(a.post("/v1/sessions", json=Header.new("a-g", created_at=TS, base="sha256:" + "e" * 64).data),
+                         404, "no_entry")
+        assert held["detail"].replace(base, "X") == absent["detail"].replace("sha256:" + "e" * 64, "X")
+        problem(a.get("/v1/sessions/a-f"), 404, "no_session")
