@@ -356,10 +356,19 @@ class ContinuationError(StoreError):
 
 
 class HeadMovedError(StoreError):
-    """A head compare-and-swap whose expectation was wrong: the head moved."""
+    """A head compare-and-swap whose expectation was wrong: the head moved. Raised with
+    ``current=`` the head the store holds (None: no head), it says it: ``knows_current``
+    is then true, and RFC 0003's problem body carries it as ``current``."""
 
     code = "head_moved"
     status = 409
+
+    def __init__(self, message: str, **current: str | None):
+        if set(current) - {"current"}:
+            raise TypeError(f"HeadMovedError takes current= only, not {sorted(current)}")
+        super().__init__(message)
+        self.knows_current = "current" in current
+        self.current = current.get("current")
 
 
 class AppendRefusedError(StoreError, EntryError):

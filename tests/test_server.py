@@ -696,7 +696,10 @@ def test_listing_with_names_current_and_the_header_filters(tmp_path):
         assert ids(top_level="true") == ["new", "old"]
         assert ids(harness="h1") == ["old"]
         assert ids(parent_session="new") == ["sub"]
-        assert ids(after="2026-09-17T12:00:00Z", before="2026-09-19T00:00:00Z") == ["new"]
+        # By last activity, as `agentsession list` filters (store.summary.select): new's
+        # one entry is at TS, as old's are; sub has none, so its creation counts.
+        assert ids(after="2026-09-17T12:00:00Z", before="2026-09-19T00:00:00Z") == ["new", "old"]
+        assert ids(after="2026-09-18T00:00:00Z") == ["sub"]
         named = {x["id"]: x for x in lines(c.get("/v1/sessions", params={"with_names": "true"}))[:-1]}
         assert named["old"]["name"] == "Refactor auth" and named["old"]["superseded_by"] == "new"
         assert named["new"]["name"] is None and named["new"]["superseded_by"] is None

@@ -421,7 +421,7 @@ class RemoteSessionLog(SessionLog):
         stopped = answer.get("stopped")
         if stopped is not None:
             problem = stopped.get("problem") or {}
-            raise error_from_problem(int(problem.get("status", 422)), problem, where=self.backend.url)
+            raise error_from_problem(int(problem.get("status", 422)), problem, where=f"remote {self.backend.url}")
         if len(results) != len(batch):
             raise StoreError(f"session {self.session_id}: the server answered {len(results)} of {len(batch)} appends")
         self._head = answer.get("head", self._head)
@@ -593,7 +593,7 @@ class RemoteSessions(SessionStore):
         """A lease on the session (None for a mirror, which the server never leases)."""
         try:
             return dict(self.backend.http.request(
-                "POST", f"/sessions/{_sid(session_id)}/lease", safe=False,
+                "POST", f"/sessions/{_sid(session_id)}/lease", safe=False, keyed=True,  # a lost answer is asked again
                 json={"holder": self.backend.holder, "ttl_ms": LEASE_TTL_MS},
             ).json())
         except MirrorError:

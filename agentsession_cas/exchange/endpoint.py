@@ -31,7 +31,6 @@ from ..errors import (
     NotRecordError,
     ReadOnlyError,
     RefMovedError,
-    SessionFormatError,
     SessionLockedError,
     StoreError,
     quoted,
@@ -48,7 +47,7 @@ from ..format.tree import Either, head_refusal
 from ..lean import dataclass
 from ..store.refs import Refs, header_ident
 from ..store.session import Session
-from ..store.store import Store
+from ..store.store import Store, check_new_header
 from ..store.summary import summary_form
 from .transport import Admission, DeclareResult, PushRequest, RefPush, RefResult, SessionView, check_space
 
@@ -604,12 +603,8 @@ class StoreEndpoint:
         """
         self._require_writable()
         header = Header(dict(req.header))
-        problems = header.problems()
-        if problems:
-            raise SessionFormatError("pushed header", problems)
+        check_new_header(header, "pushed header")
         session_id = check_session_id(header.id)
-        if header.is_legacy:
-            raise StoreError(f"session {session_id}: format {header.format} is before hashed ids; it cannot be exchanged")
         if header.data.get("redacted") is not None:
             raise StoreError(f"session {session_id} is redacted: a record to read, not one a store holds (RFC 0002)")
         if req.mark not in ("mirror", "record"):
@@ -747,7 +742,8 @@ class StoreEndpoint:
         if handover and outcome == "refused":
             raise HeadMovedError(
                 f"handover of session {session_id} refused before anything landed: {why}; two stores each believe "
-                "they are the record, or the remote moved since you last saw it"
+                "they are the record, or the remote moved since you last saw it",
+                current=current,
             )
         move = outcome in ("fast-forward", "moved", "forced")
         # Every rule verify holds the session to, for the entries admitted in order: the
@@ -987,7 +983,8 @@ class StoreEndpoint:
             if head is not UNSET and session.head != head:
                 raise HeadMovedError(
                     f"the head of session {session_id} here is {session.head or 'none'}, not {head or 'none'} "
-                    "as expected; nothing was declared"
+                    "as expected; nothing was declared",
+                    current=session.head,
                 )
             session.set_mark("record")
             return DeclareResult(session_id, True, session.head, session.mark)
@@ -1013,7 +1010,8 @@ class StoreEndpoint:
             if session.head != head:
                 raise HeadMovedError(
                     f"the head of session {session_id} at the record is {session.head or 'none'}, not "
-                    f"{head or 'none'}: its writers went on since it was fetched; the record stays there"
+                    f"{head or 'none'}: its writers went on since it was fetched; the record stays there",
+                    current=session.head,
                 )
             session.set_mark("mirror")
             return DeclareResult(session_id, True, session.head, session.mark)

@@ -23,6 +23,7 @@ from ..lean import dataclass
 from ..store.refs import header_ident
 from ..store.session import entry_from_objects
 from ..store.store import Store
+from .wire import error_from_problem
 
 __all__ = ["Change", "follow_remote", "follow_store"]
 
@@ -132,8 +133,9 @@ def follow_remote(transport: Any, session_id: str, *, retries: int = 5) -> Itera
                 failures = 0
                 frame = json.loads(event)
                 kind, data = frame.get("event"), frame.get("data") or {}
-                if kind == "error":
-                    raise NoSuchSessionError(str(data.get("detail") or f"session {session_id} is gone"))
+                if kind == "error":  # the problem it carries: no_session when the session went
+                    where = f"remote {getattr(transport, 'url', '?')}"
+                    raise error_from_problem(int(data.get("status") or 500), data, where=where)
                 if kind in ("snapshot", "reset"):
                     if ident is not None:
                         raise NoSuchSessionError(f"session {session_id} was replaced while followed")

@@ -171,10 +171,7 @@ class HttpTransport(Transport):
             body = response.json()
         except ValueError:
             body = None
-        exc = error_from_problem(response.status_code, body, where=f"remote {self.url}")
-        if exc.code == "session_locked":
-            exc.args = (f"at the remote {self.url}: {exc}",)
-        return exc
+        return error_from_problem(response.status_code, body, where=f"remote {self.url}")
 
     def ndjson(self, path: str, **kwargs: Any) -> list[dict[str, Any]]:
         """The frames of a stream that ends with ``{"end": true}``; an ``error`` frame is
@@ -186,7 +183,7 @@ class HttpTransport(Transport):
                 continue
             frame = json.loads(line)
             if "error" in frame:
-                raise error_from_problem(int(frame["error"].get("status", 500)), frame["error"], where=self.url)
+                raise error_from_problem(int(frame["error"].get("status", 500)), frame["error"], where=f"remote {self.url}")
             frames.append(frame)
             if frame.get("end") is True:
                 return frames

@@ -111,6 +111,8 @@ def problem_body(exc: E.AgentSessionError) -> dict[str, Any]:
         body.update(reason=exc.rule, entry=exc.entry)
     elif isinstance(exc, E.AmbiguousNameError):
         body["candidates"] = exc.candidates
+    elif isinstance(exc, E.HeadMovedError) and exc.knows_current:
+        body["current"] = exc.current
     return body
 
 
@@ -128,8 +130,10 @@ _PLAIN: dict[str, type[E.AgentSessionError]] = {
 
 
 def error_from_problem(status: int, body: Any, *, where: str) -> E.AgentSessionError:
-    """The library error a problem body stands for (``where`` names the server in the
-    message's lead when the body is no problem at all)."""
+    """The library error a problem body stands for, its message led by ``where`` (the
+    remote that answered) and the protocol's code: ``remote URL (no_session): no such
+    session: x``, so a person sees which store refused and how, and a caller branches
+    on ``code`` as ever."""
     if not isinstance(body, dict) or not isinstance(body.get("code"), str):
         return E.TransportError(f"{where} answered HTTP {status} without a problem body")
     code = body["code"]
@@ -151,12 +155,16 @@ def error_from_problem(status: int, body: Any, *, where: str) -> E.AgentSessionE
         exc = E.AppendRefusedError(detail, rule=body.get("reason"), code=lib, entry=body.get("entry"))
     elif lib == "ambiguous":
         exc = E.AmbiguousNameError(detail, candidates=list(body.get("candidates") or []))
+    elif lib == "head_moved" and "current" in body:
+        current = body["current"]
+        exc = E.HeadMovedError(detail, current=current if isinstance(current, str) else None)
     elif lib in _PLAIN:
         exc = _PLAIN[lib](detail)
     else:
         exc = E.StoreError(detail)
         exc.code = lib  # the library's code is kept: a caller branches on it
     exc.status = status
+    exc.args = (f"{where} ({body['code']}): {detail}",)
     return exc
 
 

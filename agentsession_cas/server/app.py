@@ -45,21 +45,25 @@ from ..errors import (
     DanglingRefError,
     FormatVersionError,
     HeaderDiffersError,
+    HeadMovedError,
     MirrorError,
     MissingObjectsError,
     NoSuchEntryError,
     NoSuchObjectError,
     NoSuchRefError,
     NoSuchSessionError,
+    RefMovedError,
+    ScopeError,
     SessionExistsError,
     SessionLockedError,
     SessionReplacedError,
     StoreError,
+    TimestampError,
     TooLargeError,
     UnsupportedError,
 )
 from ..exchange.endpoint import StoreEndpoint
-from ..exchange.transport import PushRequest, RefPush
+from ..exchange.transport import PushRequest, RefPush, RefResult
 from ..exchange.wire import (
     OBJECTS,
     OUTCOMES,
@@ -76,13 +80,15 @@ from ..format.entry import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_WRITTEN, Header, p
 from ..format.hashing import envelope_content, is_hash
 from ..format.media import sidecar_names
 from ..format.names import check_ref_name, check_session_id
+from ..format.timestamps import normalise_ts
 from ..lean import dataclass
 from ..store.refs import Refs, header_ident
 from ..store.session import AppendResult, Session
 from ..store.state import SessionState
 from ..store.store import Store
+from ..store.summary import SessionSummary, select
 from .auth import LOCAL, Principal, Tokens
-from .follow import Changes, Stream, Tails, cursor_of, load_view, log_line
+from .follow import SNAPSHOT_INLINE_BYTES, Changes, Stream, Tails, cursor_of, load_view, log_line
 from .leases import Leases
 from .reach import Reach
 
@@ -119,9 +125,11 @@ class Limits:
             "max_missing": self.max_missing,
             "max_lease_ttl_ms": self.max_lease_ttl_ms,
             "idempotency_ttl_ms": self.idempotency_ttl_ms,
+            "idempotency_keys": self.idempotency_keys,
             "upload_grace_s": self.upload_grace_s,
             "max_streams": self.max_streams,
             "max_stream_age_s": self.max_stream_age_s,
+            "snapshot_inline_bytes": SNAPSHOT_INLINE_BYTES,
         }
 
 
@@ -616,6 +624,7 @@ class Api:
         if "page" in q:
             raise UnsupportedError("this server lists in one stream and hands out no page tokens")
         with_names, current = _flag(request, "with_names"), _flag(request, "current")
+        top_level = _flag(request, "top_level")
         limit = q.get("limit")
         if limit is not None and not limit.isdigit():
             raise BadNameError("limit must be a whole number")
@@ -626,51 +635,40 @@ class Api:
                 raise BadNameError("extra is written name:<canonical JSON value>")
             extras.append((name, canonical_bytes(_parse_json(value.encode("utf-8"), f"extra {name}"))))
 
+        when = {k: _when(q[k], k) for k in ("after", "before") if k in q}
+
         def do() -> list[bytes]:
-            rows: list[dict[str, Any]] = []
+            headers: dict[str, Header] = {}
+            summaries: list[SessionSummary] = []
             for sid in self.state.readable(principal):
                 try:
                     header = self.state.store.header(sid)
                 except NoSuchSessionError:
                     continue
-                if not _matches(header, q, extras):
-                    continue
-                summary = self.state.store.summary(sid)
-                row = {"id": sid, "header": header.data, "incarnation": header_ident(header.data),
+                if _matches(header, q, top_level, extras):
+                    headers[sid] = header
+                    summaries.append(self.state.store.summary(sid))
+            # The library's List filter and order (agentsession list's): one rule.
+            chosen = select(summaries, harness=q.get("harness"), cwd=q.get("cwd"), current=current,
+                            limit=int(limit) if limit is not None else None, **when)
+            rows: list[bytes] = []
+            for summary in chosen:
+                header = headers[summary.id]
+                row = {"id": summary.id, "header": header.data, "incarnation": header_ident(header.data),
                        "name": summary.title, "modified": summary.last_activity,
-                       "size": self.state.store.backend.sessions.size(sid)}
+                       "size": self.state.store.backend.sessions.size(summary.id)}
                 if with_names or current:
-                    successor = self._successor(sid)
-                    if current and successor is not None:
-                        continue
-                    row["superseded_by"] = successor
-                rows.append(row)
-            rows.sort(key=lambda r: str(r["header"].get("created_at") or ""), reverse=True)
-            if limit is not None:
-                rows = rows[: int(limit)]
-            return [_dumps(r) for r in rows] + [_dumps({"end": True, "count": len(rows)})]
+                    row["superseded_by"] = summary.continued_in
+                rows.append(_dumps(row))
+            return rows + [_dumps({"end": True, "count": len(rows)})]
 
         return _ndjson(await self.work(do))
-
-    def _successor(self, sid: str) -> str | None:
-        """The session a ``continued_in`` link of this one names (the last such), read from
-        its own entries: no index of successors is kept, so a listing that asks for
-        ``with_names`` or ``current`` scans each session's envelopes."""
-        s = self.state.session(sid)
-        objects = self.state.store.objects
-        successor = None
-        for eid in s.log_order:
-            env = json.loads(objects.get("entries", eid))
-            if env.get("type") != "link":
-                continue
-            body = json.loads(objects.get("contents", env["content"]))
-            if body.get("rel") == "continued_in" and isinstance(body.get("session"), str):
-                successor = body["session"]
-        return successor
 
     async def create_session(self, request: Request, principal: Principal) -> Response:
         header = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the header"), "the header")
         ttl = request.query_params.get("lease_ttl_ms")
+        if ttl is not None and not ttl.isdigit():  # refused before anything lands
+            raise BadNameError("lease_ttl_ms must be a whole number of milliseconds")
         holder = request.query_params.get("holder", principal.name)
         data = dict(header)
         data.setdefault("id", str(uuid.uuid4()))
@@ -695,8 +693,6 @@ class Api:
             self.state.reach.forget(sid)
             facts = self._session_facts(s)
             if ttl is not None:
-                if not ttl.isdigit():
-                    raise BadNameError("lease_ttl_ms must be a whole number of milliseconds")
                 lease, _ = self.state.leases.acquire(sid, holder, int(ttl))
                 facts["lease"] = lease.as_dict()
             return 201, facts
@@ -737,7 +733,8 @@ class Api:
         # The log is read under the store's lock; its lines are made outside it, so a
         # long session's read does not hold up other sessions' writers.
         records, header = await self.work(snapshot)
-        return _ndjson(await run_in_threadpool(_log_lines, sid, records, header, durable, after))
+        return _ndjson(await run_in_threadpool(_log_lines, sid, records, header, durable, after),
+                       headers={"Incarnation": header_ident(header)})
 
     async def read_path(self, request: Request, principal: Principal) -> Response:
         """The path from the root to the head (or ``leaf``), streamed: the walk up and
@@ -803,7 +800,7 @@ class Api:
                 return
             yield _dumps({"end": True, "count": len(ids), "incarnation": ident}) + b"\n"
 
-        return StreamingResponse(body(), media_type=NDJSON)
+        return StreamingResponse(body(), media_type=NDJSON, headers={"Incarnation": ident})
 
     async def follow(self, request: Request, principal: Principal) -> Response:
         sid = request.path_params["id"]
@@ -850,6 +847,8 @@ class Api:
         for ref in req.refs:
             if ref.next != sid:
                 raise BadRefTargetError(f"pushed ref {ref.name} must name the pushed session {sid}, not {ref.next}")
+            if ref.expected is not None and not principal.may_touch(ref.expected):
+                principal.need_session(ref.expected, "refs")  # as an update naming it is refused
         if req.header.get("id") != sid:
             raise BadNameError(f"the pushed header's id {req.header.get('id')!r} is not the session in the path, {sid}")
 
@@ -874,7 +873,7 @@ class Api:
                 "head": {"moved": adm.moved, "forced": adm.forced, "current": adm.head, "why": adm.why,
                          "previous": adm.previous, "outcome": adm.outcome},
                 "mark": adm.mark,
-                "refs": [r.as_dict() for r in adm.refs],
+                "refs": [_ref_step(principal, r) for r in adm.refs],
                 "incarnation": header_ident(s.header.data),
             }
 
@@ -1028,6 +1027,7 @@ class Api:
 
         def do() -> dict[str, Any]:
             s = self.state.session(sid)
+            _check_incarnation(request, s)
             old = self.state.leases.break_(sid)
             s.commit()
             return {"session": sid, "broken": old is not None, "holder": old.holder if old else None,
@@ -1038,10 +1038,14 @@ class Api:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _writer(self, principal: Principal, request: Request, sid: str) -> Session:
-        """The session for a leased write: scope, incarnation, then the fence."""
+    def _writer(self, principal: Principal, request: Request, sid: str, what: str = "") -> Session:
+        """The session for a leased write: scope, incarnation, then the fence. ``what``
+        names a write a mirror refuses (an append, a head move): a mirror is never
+        leased, so it is refused as ``mirror`` before the fence, not as ``lease_lost``."""
         s = self.state.session(sid)
         _check_incarnation(request, s)
+        if what and s.mark != "record":
+            raise MirrorError(f"session {sid} is held here as a mirror; {what} only through exchange")
         self.state.leases.check(sid, request.headers.get("lease-token"))
         return s
 
@@ -1056,7 +1060,7 @@ class Api:
             raise BadNameError("an append carries one entry line, or several as newline-delimited lines")
 
         def do() -> dict[str, Any]:
-            s = self._writer(principal, request, sid)
+            s = self._writer(principal, request, sid, "it is appended to")
             _check_format(fmt, s)
             objs: list[dict[str, Any]] = []
             stopped: dict[str, Any] | None = None
@@ -1118,10 +1122,11 @@ class Api:
             raise BadNameError("to must be an entry id or null")
 
         def do() -> dict[str, Any]:
-            s = self._writer(principal, request, sid)
-            if s.mark != "record":
-                raise MirrorError(f"session {sid} is held here as a mirror; its head moves only through exchange")
-            s.set_head(to, expected=expected)
+            s = self._writer(principal, request, sid, "its head moves")
+            try:
+                s.set_head(to, expected=expected)
+            except HeadMovedError as exc:  # RFC 0003: head_moved with the current head
+                raise HeadMovedError(str(exc), current=s.head) from None
             ident = header_ident(s.header.data)
             return {"session": sid, "head": s.head, "durable": True, "incarnation": ident,
                     "cursor": _cursor(self.state.tails.length(s), ident)}
@@ -1265,7 +1270,12 @@ class Api:
             if held is not None and nxt is not None and held.session == nxt and refs.state(held) != "ok":
                 raise _dangling(name, held.session, "dangling" if refs.state(held) == "dangling" else "replaced")
             reason = body.get("reason")
-            update = refs.update(name, nxt, expected=expected, reason=reason if isinstance(reason, str) else None)
+            try:
+                update = refs.update(name, nxt, expected=expected, reason=reason if isinstance(reason, str) else None)
+            except RefMovedError as exc:
+                if exc.current is not None and not principal.may_touch(exc.current):
+                    raise _withheld_ref(principal, name) from None
+                raise
             return {"name": name, "moved": True, "changed": update.changed,
                     "current": {"session": update.new, "entry": ""} if update.new else None,
                     "previous": {"session": update.old, "entry": ""} if update.old else None}
@@ -1354,26 +1364,27 @@ def _check_format(fmt: str | None, s: Session) -> None:
         raise FormatVersionError(f"Session-Format {fmt} is earlier than session {s.id}'s {s.header.format}")
 
 
-def _matches(header: Header, q: Any, extras: list[tuple[str, bytes]]) -> bool:
+def _matches(header: Header, q: Any, top_level: bool, extras: list[tuple[str, bytes]]) -> bool:
+    """The list filter's members the library's :func:`~..store.summary.select` has no
+    place for, read from the header: ``parent_session``, ``top_level`` and ``extra``."""
     d = header.data
-    for key in ("cwd", "parent_session"):
-        if key in q and d.get(key) != q[key]:
-            return False
-    if "harness" in q:
-        h = d.get("harness")
-        if not (isinstance(h, dict) and h.get("name") == q["harness"]):
-            return False
-    if q.get("top_level", "false").lower() in ("true", "1") and d.get("spawned_by") is not None:
+    if "parent_session" in q and d.get("parent_session") != q["parent_session"]:
+        return False
+    if top_level and d.get("spawned_by") is not None:
         return False  # top level: no spawned_by (what a call spawned is a subsession)
-    created = str(d.get("created_at") or "")
-    if "after" in q and not created > q["after"]:
-        return False
-    if "before" in q and not created < q["before"]:
-        return False
     for name, value in extras:
         if name not in d or canonical_bytes(d[name]) != value:
             return False
     return True
+
+
+def _when(value: str, what: str) -> str:
+    """A list filter's ``after`` or ``before`` (RFC 3339, any offset) as the admitted
+    ``ts`` the library's filter compares."""
+    try:
+        return normalise_ts(value)
+    except TimestampError:
+        raise BadNameError(f"{what} must be an RFC 3339 date-time, not {value!r}") from None
 
 
 #: The entry types whose contents a shallow path leaves out above the newest fold.
@@ -1480,6 +1491,22 @@ def _ref_facts(refs: Refs, ref: Any) -> dict[str, Any]:
     state = refs.state(ref)
     return {"name": ref.name, "target": {"session": ref.session, "entry": ""}, "incarnation": ref.ident,
             "state": "live" if state == "ok" else ("dangling" if state == "dangling" else "replaced")}
+
+
+def _withheld_ref(principal: Principal, name: str) -> ScopeError:
+    """The refusal of a ref step on a ref that names a session the caller may not touch:
+    its target is not told (a read of the ref answers ``no_ref``), and it is not moved
+    (RFC 0003, Security considerations: naming is not authorization)."""
+    return ScopeError(f"ref {name} names a session this token ({principal.name}) may not touch; it is not shown or moved")
+
+
+def _ref_step(principal: Principal, result: RefResult) -> dict[str, Any]:
+    """A push's ref step as its answer says it, the target withheld (as an update's
+    refusal withholds it) when the caller may not touch the session the ref holds."""
+    if result.current is None or principal.may_touch(result.current):
+        return result.as_dict()
+    return {"name": result.name, "moved": False, "changed": False, "current": None,
+            "why": str(_withheld_ref(principal, result.name))}
 
 
 def _dangling(name: str, session: str, state: str) -> AgentSessionError:

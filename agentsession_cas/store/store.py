@@ -39,6 +39,7 @@ from ..errors import (
     BadNameError,
     BaseNotHeldError,
     CorruptObjectError,
+    FormatVersionError,
     IJSONError,
     NoSuchObjectError,
     NoSuchSessionError,
@@ -72,7 +73,21 @@ if TYPE_CHECKING:
 # The reader, the rule set and sweep are imported by the methods that use them (import,
 # sweep), so opening a store to read a head or list sessions does not load them.
 
-__all__ = ["DEFAULT_STORE", "SYNC_POLICIES", "AppendResult", "Session", "Store", "default_store_path"]
+__all__ = ["DEFAULT_STORE", "SYNC_POLICIES", "AppendResult", "Session", "Store", "check_new_header", "default_store_path"]
+
+
+def check_new_header(header: Header, where: str) -> None:
+    """Refuse a header no store may take as a new session's (a create, a push or fetch of
+    a session the store lacks): a format it does not read, or one before 0.5 (before
+    hashed ids, which a store holds), is :class:`FormatVersionError` (RFC 0003's
+    ``format``); any other problem is :class:`SessionFormatError` with the problems."""
+    problems = header.problems()
+    if any(p.code == "format" for p in problems):
+        raise FormatVersionError(str(SessionFormatError(where, problems)))
+    if problems:
+        raise SessionFormatError(where, problems)
+    if header.is_legacy:
+        raise FormatVersionError(f"{where}: format {header.format} is before 0.5; a store holds hashed entries")
 
 #: When an append is made durable before it returns.
 SYNC_POLICIES = ("always", "responses", "never")
@@ -412,11 +427,7 @@ class Store:
 
     def _checked_new_header(self, header: Header) -> Header:
         header = self._defaulted_header(header)
-        problems = header.problems()
-        if problems:
-            raise SessionFormatError("header", problems)
-        if header.is_legacy:
-            raise StoreError(f"a store holds hashed entries; format {header.format} is before 0.5")
+        check_new_header(header, "header")
         check_session_id(header.id)
         if header.data.get("redacted") is not None:
             raise StoreError("a redacted session is a record to read, not one to hold (RFC 0002)")
