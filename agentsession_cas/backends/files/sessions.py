@@ -122,7 +122,7 @@ def _checkpoint_pool() -> ThreadPoolExecutor:
     the appending thread goes on while a pack is compressed and written."""
     global _CHECKPOINT_POOL
     if _CHECKPOINT_POOL is None:
-        # (Imported here: concurrent.futures brings logging, 5 ms of start-up that a
+        # (Imported here: concurrent.futures and what it imports cost start-up that a
         # command which never checkpoints, head or list, need not pay.)
         from concurrent.futures import ThreadPoolExecutor
 
