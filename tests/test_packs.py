@@ -1949,3 +1949,47 @@ def test_names_starting_finds_what_every_name_filtered_finds(tmp_path):
         prefixes = {f"{b:02x}" for b in range(256)} | {n[7:7 + k] for n in every for k in (3, 4, 5, 64)}
         for digits in sorted(prefixes):
             assert objects.names_starting(digits) == {n for n in every if n[7:].startswith(digits)}, digits
+
+
+class _Killed(BaseException):
+    """A crash at one step (as SIGKILL: no handler of the store's runs)."""
+
+
+def test_a_pack_killed_between_moving_a_pack_aside_and_removing_its_index_is_put_back(root, monkeypatch):
+    """A repack moves a superseded pack into ``tmp/`` (its move tells whether a writer
+    touched it) before it removes the pack's index: a crash between the two left an
+    index without its pack, an fsck error (missing-pack) that ``pack`` did not clear (found
+    by the torture test's kills). The next taker of the pack lock puts the pack back; the
+    repack then drops it again, and fsck is clean."""
+    with Store(str(root)) as st:
+        s = st.create(Header.new("s1"))
+        ids = [s.append({"type": "label", "target": None, "label": f"l{i}"}).id for i in range(30)]
+        s.close()
+        st.pack()
+        s = st.session("s1")
+        ids += [s.append({"type": "label", "target": None, "label": f"m{i}"}).id for i in range(30)]
+        s.close()
+    real = os.unlink
+
+    def kill_at_index(path, *args, **kwargs):
+        if str(path).endswith(".idx") and os.sep + "pack" + os.sep in str(path):
+            raise _Killed()
+        return real(path, *args, **kwargs)
+
+    st = Store(str(root))
+    with monkeypatch.context() as m:
+        m.setattr(os, "unlink", kill_at_index)
+        with pytest.raises(_Killed):
+            st.pack()
+    # (the crashed process's store is dropped unclosed, as a killed one is)
+    left = sorted(p.name for p in (root / "objects" / "pack").iterdir())
+    assert any(n.endswith(".idx") and n[:-4] + ".pack" not in left for n in left), left  # an index without its pack
+    assert any(p.name.startswith("drop-") for p in (root / "tmp").iterdir())  # the pack, moved aside
+    r = cli(root, "fsck")
+    assert r.exit_code == 1 and "missing-pack" in r.output and "`agentsession pack` puts it back" in r.output, r.output
+    assert cli(root, "pack").exit_code == 0
+    r = cli(root, "fsck")
+    assert r.exit_code == 0, r.output
+    assert not any(p.name.startswith("drop-") for p in (root / "tmp").iterdir())
+    with Store(str(root)) as st2:
+        assert [st2.entry(e).id for e in ids] == ids

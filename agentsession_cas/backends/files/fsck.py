@@ -390,7 +390,14 @@ class _Walk:
         except FileNotFoundError:
             if os.path.exists(idx_path):
                 rel_pack = rel_idx[: -len(".idx")] + ".pack"
-                self.error("missing-pack", f"{rel_idx} has no pack beside it ({rel_pack} is missing)", file=rel_pack)
+                key = os.path.basename(idx_path)[: -len(".idx")]
+                try:
+                    aside = any(n.startswith("drop-") and n.endswith(f"-{key}.pack") for n in os.listdir(os.path.join(self.root, "tmp")))
+                except OSError:
+                    aside = False
+                hint = ("; it is in tmp/, moved aside by a pack or sweep that was killed: `agentsession pack` puts it back"
+                        if aside else "")
+                self.error("missing-pack", f"{rel_idx} has no pack beside it ({rel_pack} is missing){hint}", file=rel_pack)
             return  # else removed since it was listed: a merge or a sweep
         except (CorruptPackError, OSError, ValueError) as exc:
             self.error(

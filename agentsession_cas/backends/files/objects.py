@@ -23,6 +23,7 @@ import errno
 import hashlib
 import itertools
 import os
+import re
 import struct
 import time
 import weakref
@@ -878,6 +879,7 @@ class FileObjects(ObjectStore):
             return False
         merged = False
         try:
+            self._undo_interrupted_drops()
             while True:
                 self.packs.refresh(force=True)
                 tiers: dict[int, list[tuple[int, Pack]]] = {}
@@ -961,6 +963,7 @@ class FileObjects(ObjectStore):
         except filelock.Timeout:
             return 0, None
         try:
+            self._undo_interrupted_drops()
             moved: list[tuple[str, str]] = []
 
             def loose() -> Iterator[tuple[str, str, bytes]]:
@@ -1060,6 +1063,7 @@ class FileObjects(ObjectStore):
                 f"another process is packing or sweeping this store (it holds {os.path.join(self.root, 'locks', 'pack.lock')})"
             ) from None
         try:
+            self._undo_interrupted_drops()
             yield
         finally:
             lock.release()
@@ -1333,7 +1337,7 @@ class FileObjects(ObjectStore):
         one that comes after finds it gone and writes its object again. Comparing
         in place and then unlinking would lose an object a writer touched between
         the two. ``index`` (a pack's) is removed once the pack is known untouched."""
-        aside = os.path.join(self.tmp, f"drop-{os.getpid()}-{os.urandom(6).hex()}")
+        aside = os.path.join(self.tmp, f"drop-{os.getpid()}-{os.urandom(6).hex()}-{os.path.basename(path)}")
         try:
             os.rename(path, aside)
         except FileNotFoundError:
@@ -1354,6 +1358,33 @@ class FileObjects(ObjectStore):
         os.unlink(aside)
         return True
 
+    def _undo_interrupted_drops(self) -> None:
+        """Put back a pack that a repack or sweep killed mid-drop left in ``tmp/`` (under
+        the pack lock, which every dropper holds, so none is in flight). A pack is moved
+        aside before its index is removed (:meth:`_remove_untouched`: the move is what
+        tells a writer's touch), so a crash between the two left an index whose pack is
+        missing, an fsck error that no command cleared. The drop is rolled back, not
+        finished: the crash may have come before the pack was found untouched, and a
+        pack put back is at worst copies of what the new pack holds, dropped again by
+        the next repack."""
+        try:
+            names = os.listdir(self.tmp)
+        except FileNotFoundError:
+            return
+        moved = False
+        for name in names:
+            m = _DROPPED_PACK.match(name)
+            if m is None:
+                continue
+            key = m.group(1)
+            pack, index = os.path.join(self.pack_dir, key + ".pack"), os.path.join(self.pack_dir, key + ".idx")
+            if os.path.exists(index) and not os.path.exists(pack):
+                os.rename(os.path.join(self.tmp, name), pack)
+                moved = True
+        if moved:
+            fsync_dir(self.pack_dir)
+            self.packs.refresh(force=True)
+
     @staticmethod
     def _repack_one(writer, keep, raw, spaces, data, mtime, kept, dropped, res) -> None:
         if raw in kept:
@@ -1368,6 +1399,9 @@ class FileObjects(ObjectStore):
         if writer is not None:
             writer.add_raw(raw, spaces, data)
 
+
+#: A pack a drop moved aside (:meth:`FileObjects._remove_untouched`): ``drop-<pid>-<12 hex>-<pack>.pack``.
+_DROPPED_PACK = re.compile(r"drop-[0-9]+-[0-9a-f]{12}-(pack-[0-9a-f]{64})\.pack")
 
 #: The space of each space bit, and an entry's two objects' bits (its content, then its envelope).
 _SPACE_OF_BITS = {bits: space for space, bits in SPACE_BITS.items()}
