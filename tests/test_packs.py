@@ -1397,6 +1397,18 @@ def test_get_many_reads_each_block_once_and_verifies_each_object(root, objs, mon
         reader.close()
 
 
+def _count_block_reads(monkeypatch) -> tuple[list[int], list[tuple[int, int]]]:
+    """The blocks a reader decompresses itself (``Pack.read_block``) and the ranges of
+    blocks handed to the read-ahead (``Pack.decompress_blocks``), as they happen."""
+    by_reader: list[int] = []
+    ahead: list[tuple[int, int]] = []
+    real_block, real_blocks = Pack.read_block, Pack.decompress_blocks
+    monkeypatch.setattr(Pack, "read_block", lambda self, b: by_reader.append(b) or real_block(self, b))
+    monkeypatch.setattr(Pack, "decompress_blocks",
+                        lambda self, stored: ahead.append((stored[0][0], stored[-1][0] + 1)) or real_blocks(self, stored))
+    return by_reader, ahead
+
+
 def test_get_chunks_reads_the_blocks_ahead_on_a_worker_and_gives_what_get_many_gives(root, objs, monkeypatch):
     """get_chunks gives get_many's objects chunk by chunk; the blocks after the one a read
     comes to are decompressed on the worker a batch at a time (Pack.decompress_blocks), and the
@@ -1416,12 +1428,7 @@ def test_get_chunks_reads_the_blocks_ahead_on_a_worker_and_gives_what_get_many_g
         assert last == p.nblocks - 1
         in_order = sorted(its, key=lambda o: tuple(p.find(o[1])))
         chunks = [[n for _, n, _ in in_order[at : at + 100]] for at in range(0, len(in_order), 100)]
-        by_reader: list[int] = []
-        ahead: list[tuple[int, int]] = []
-        real_block, real_blocks = Pack.read_block, Pack.decompress_blocks
-        monkeypatch.setattr(Pack, "read_block", lambda self, b: by_reader.append(b) or real_block(self, b))
-        monkeypatch.setattr(Pack, "decompress_blocks",
-                            lambda self, stored: ahead.append((stored[0][0], stored[-1][0] + 1)) or real_blocks(self, stored))
+        by_reader, ahead = _count_block_reads(monkeypatch)
         got = []
         for chunk in reader.get_chunks("contents", chunks):
             got.append(chunk)
@@ -1485,12 +1492,7 @@ def test_a_read_that_meets_objects_lying_further_on_keeps_its_read_ahead(root, o
         assert all(2 <= p.find(in_order[k][1]).block - p.find(in_order[k - far][1]).block < PackSet.AHEAD_BLOCKS
                    for k in apart)
         chunks = [[n for _, n, _ in order[at : at + 100]] for at in range(0, len(order), 100)]
-        by_reader: list[int] = []
-        ahead: list[tuple[int, int]] = []
-        real_block, real_blocks = Pack.read_block, Pack.decompress_blocks
-        monkeypatch.setattr(Pack, "read_block", lambda self, b: by_reader.append(b) or real_block(self, b))
-        monkeypatch.setattr(Pack, "decompress_blocks",
-                            lambda self, stored: ahead.append((stored[0][0], stored[-1][0] + 1)) or real_blocks(self, stored))
+        by_reader, ahead = _count_block_reads(monkeypatch)
         got = [data for chunk in reader.get_chunks("contents", chunks) for data in chunk]
         assert got == [d for _, _, d in order]
         assert by_reader == [0], "the first block alone: every other one was read ahead and kept until read"

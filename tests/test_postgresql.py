@@ -896,6 +896,17 @@ def test_sweep_drops_unretained_objects_in_batches_and_keeps_the_rest(store, url
     assert fsck(store).ok
 
 
+def _sweep_refuses_s1(store: Store, url: str, match: str) -> None:
+    """A sweep, dry or not, refuses the store for session s1's damaged log (the message
+    matching ``match``), and leaves every object."""
+    before = sql(url, "SELECT count(*) FROM objects")
+    for dry_run in (True, False):
+        with pytest.raises(StoreError, match=match) as refused:
+            store.sweep(grace=0, dry_run=dry_run)
+        assert (refused.value.code, getattr(refused.value, "session", None)) == ("session_damaged", "s1")
+    assert sql(url, "SELECT count(*) FROM objects") == before
+
+
 @pytest.mark.parametrize("damage", ["cut", "no-rows", "not-json"])
 def test_sweep_refuses_a_session_whose_log_lost_what_its_head_names(store, url, damage):
     """As on the file backend: a log cut at a record (or all of its rows gone, or a row that
@@ -909,12 +920,7 @@ def test_sweep_refuses_a_session_whose_log_lost_what_its_head_names(store, url, 
         sql(url, "DELETE FROM log")
     else:
         sql(url, "UPDATE log SET record = '{not json' WHERE pos = 4")  # the second append's row
-    before = sql(url, "SELECT count(*) FROM objects")
-    for dry_run in (True, False):
-        with pytest.raises(StoreError, match="session s1 has a damaged log.*agentsession repair s1") as refused:
-            store.sweep(grace=0, dry_run=dry_run)
-        assert (refused.value.code, getattr(refused.value, "session", None)) == ("session_damaged", "s1")
-    assert sql(url, "SELECT count(*) FROM objects") == before
+    _sweep_refuses_s1(store, url, "session s1 has a damaged log.*agentsession repair s1")
     if damage == "cut":  # repair takes the lost entries back, and the sweep then keeps them
         report = repair_session(store, "s1")
         assert report.repaired and report.kept == ids
@@ -933,12 +939,7 @@ def test_sweep_refuses_a_log_that_lost_rows_after_the_entry_its_head_was_moved_b
     last = sql(url, "SELECT max(pos) FROM log")[0][0]
     sql(url, "DELETE FROM log WHERE pos >= 6")  # the last two appends, their commits, the head's move
     assert sql(url, "SELECT head, last_pos FROM sessions") == [(ids[1], last)]
-    before = sql(url, "SELECT count(*) FROM objects")
-    for dry_run in (True, False):
-        with pytest.raises(StoreError, match="session s1 has a damaged log.*length index.*agentsession repair s1") as refused:
-            store.sweep(grace=0, dry_run=dry_run)
-        assert (refused.value.code, getattr(refused.value, "session", None)) == ("session_damaged", "s1")
-    assert sql(url, "SELECT count(*) FROM objects") == before
+    _sweep_refuses_s1(store, url, "session s1 has a damaged log.*length index.*agentsession repair s1")
     # Nothing names the lost entries (the head is behind them), so repair cannot take them
     # back: it says why the log was damaged and keeps what it holds, which opens again.
     report = repair_session(store, "s1")
