@@ -61,7 +61,7 @@ from ...store.state import index_damage, replay, stale_head
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
 from .log import Record, header_of, read_log, read_snapshot_ids, scan_log, snapshot_ids_disagree
-from .objects import HASH_FIRST, FileObjects
+from .objects import DROPPED_PACK, HASH_FIRST, FileObjects
 from .packs import SPACE_BITS, Pack, salvage_pack
 from .sessions import HEADER_LIMIT, payload_entry
 from .sessions import checkpoint_covers as _checkpoint_covers
@@ -392,7 +392,8 @@ class _Walk:
                 rel_pack = rel_idx[: -len(".idx")] + ".pack"
                 key = os.path.basename(idx_path)[: -len(".idx")]
                 try:
-                    aside = any(n.startswith("drop-") and n.endswith(f"-{key}.pack") for n in os.listdir(os.path.join(self.root, "tmp")))
+                    aside = any((m := DROPPED_PACK.fullmatch(n)) is not None and m.group(1) == key
+                                for n in os.listdir(os.path.join(self.root, "tmp")))
                 except OSError:
                     aside = False
                 hint = ("; it is in tmp/, moved aside by a pack or sweep that was killed: `agentsession pack` puts it back"

@@ -1373,7 +1373,7 @@ class FileObjects(ObjectStore):
             return
         moved = False
         for name in names:
-            m = _DROPPED_PACK.match(name)
+            m = DROPPED_PACK.fullmatch(name)
             if m is None:
                 continue
             key = m.group(1)
@@ -1401,7 +1401,7 @@ class FileObjects(ObjectStore):
 
 
 #: A pack a drop moved aside (:meth:`FileObjects._remove_untouched`): ``drop-<pid>-<12 hex>-<pack>.pack``.
-_DROPPED_PACK = re.compile(r"drop-[0-9]+-[0-9a-f]{12}-(pack-[0-9a-f]{64})\.pack")
+DROPPED_PACK = re.compile(r"drop-[0-9]+-[0-9a-f]{12}-(pack-[0-9a-f]{64})\.pack")
 
 #: The space of each space bit, and an entry's two objects' bits (its content, then its envelope).
 _SPACE_OF_BITS = {bits: space for space, bits in SPACE_BITS.items()}
