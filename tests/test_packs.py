@@ -895,7 +895,7 @@ def test_auto_pack_skips_while_another_process_packs(root, monkeypatch):
     packs next time, as its merges do."""
     import threading
 
-    import filelock
+    from agentsession_cas.backends.files.locks import FileLock
 
     monkeypatch.setattr(store_mod, "AUTO_PACK_LOOSE", 256)
     o = other(root)
@@ -907,7 +907,7 @@ def test_auto_pack_skips_while_another_process_packs(root, monkeypatch):
     o.close()
     st = Store(str(root))
     st.objects.wrote = True  # a store that wrote: its close would pack
-    with filelock.FileLock(str(root / "locks" / "pack.lock")):  # held "elsewhere" (another fd)
+    with FileLock(str(root / "locks" / "pack.lock")):  # held "elsewhere" (another fd)
         t = threading.Thread(target=st.close, daemon=True)
         t.start()
         t.join(timeout=20)
@@ -1231,12 +1231,12 @@ def test_pack_rebuilds_an_unreadable_index_from_its_intact_pack(root):
 
 
 def test_pack_refuses_a_read_only_or_busy_store(root):
-    import filelock
+    from agentsession_cas.backends.files.locks import FileLock
 
     with Store(str(root), readonly=True) as rd:
         with pytest.raises(StoreError):
             rd.pack()
-    lock = filelock.FileLock(str(root / "locks" / "pack.lock"))
+    lock = FileLock(str(root / "locks" / "pack.lock"))
     with lock:
         st = Store(str(root))
         try:

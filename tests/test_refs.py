@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import filelock
 import pytest
 from click.testing import CliRunner
 from hypothesis import example, given, settings
@@ -31,6 +30,7 @@ from agentsession_cas.errors import (
     StoreError,
 )
 from agentsession_cas.backends.files import refs as refs_module
+from agentsession_cas.backends.files.locks import FileLock
 from agentsession_cas.format.hashing import sha256_ref
 from agentsession_cas.store.refs import (
     MAX_REF_NAME,
@@ -578,7 +578,7 @@ def test_a_store_without_refs_lists_none(root):
 
 def test_writes_wait_for_the_refs_lock(root, refs, monkeypatch):
     monkeypatch.setattr(refs_module, "LOCK_TIMEOUT", 0.2)
-    holder = filelock.FileLock(str(root / "refs.lock"))
+    holder = FileLock(str(root / "refs.lock"))
     holder.acquire()
     try:
         with pytest.raises(StoreError, match="stayed locked"):

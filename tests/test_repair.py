@@ -585,7 +585,7 @@ def test_a_session_another_process_holds_is_refused(tmp_path, monkeypatch):
     lock = root / "locks" / f"{SID}.lock"
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, filelock; l = filelock.FileLock(sys.argv[1], timeout=0); l.acquire(); "
+         "import sys, os, fcntl; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
          "print('READY', flush=True); sys.stdin.readline()", str(lock)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )

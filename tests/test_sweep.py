@@ -141,13 +141,13 @@ def test_bad_grace_is_a_usage_error(root):
 
 
 def test_a_read_only_store_only_dry_runs_and_a_busy_one_is_refused(root):
-    import filelock
+    from agentsession_cas.backends.files.locks import FileLock
 
     with Store(str(root), readonly=True) as rd:
         with pytest.raises(StoreError):
             rd.sweep(grace=0)
         assert rd.sweep(grace=0, dry_run=True).repack.dry_run
-    with filelock.FileLock(str(root / "locks" / "pack.lock")):
+    with FileLock(str(root / "locks" / "pack.lock")):
         with Store(str(root)) as st:
             with pytest.raises(StoreError, match="another process is packing or sweeping"):
                 st.sweep(grace=0, wait=0.1)

@@ -60,11 +60,11 @@ for p in (str(ROOT), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-import filelock  # noqa: E402
 import zstandard  # noqa: E402
 
 import agentsession_cas  # noqa: E402
 from agentsession_cas import Header  # noqa: E402
+from agentsession_cas.backends.files.locks import FileLock  # noqa: E402
 from agentsession_cas.backends.files.objects import REPACK_BLOCK, REPACK_LEVEL, REPACK_THREADS, SPACES  # noqa: E402
 from agentsession_cas.backends.files.packs import BLOCK_TARGET, SPACE_BITS, Pack, PackWriter  # noqa: E402
 from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES
@@ -545,12 +545,12 @@ def analyze_size(root: str, objects, bd, ours_pack: int, ours_idx: int, git_tota
 # 3: reads and appends as packs accumulate
 
 
-def _hold_pack_lock(root: str) -> filelock.BaseFileLock:
+def _hold_pack_lock(root: str) -> FileLock:
     """Hold the store's pack lock, as a concurrent ``agentsession pack`` would: merges
     of small packs (on a writer's checkpoint and close) then leave the packs as they
     are."""
     os.makedirs(os.path.join(root, "locks"), exist_ok=True)
-    lock = filelock.FileLock(os.path.join(root, "locks", "pack.lock"))
+    lock = FileLock(os.path.join(root, "locks", "pack.lock"))
     lock.acquire(timeout=0)
     return lock
 

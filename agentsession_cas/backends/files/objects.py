@@ -31,8 +31,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-import filelock
-
 from ...errors import (
     AgentSessionError,
     CorruptObjectError,
@@ -55,6 +53,7 @@ from ...fsutil import (
 )
 from ...lean import dataclass
 from ..base import FsckProblem, ObjectStore, ReadyBlock, RepackResult, Space
+from .locks import FileLock, LockTimeout
 from .packs import (
     BLOCK_TARGET,
     MAX_PACKED,
@@ -793,13 +792,13 @@ class FileObjects(ObjectStore):
 
     # -- packing ------------------------------------------------------------------
 
-    def _pack_lock(self) -> filelock.BaseFileLock:
+    def _pack_lock(self) -> FileLock:
         """The store-wide lock of whatever removes packs or loose copies (merges,
         ``pack``, sweeps); writing a new pack needs none."""
         locks = os.path.join(self.root, "locks")
         if not os.path.isdir(locks):
             os.makedirs(locks, exist_ok=True)
-        return filelock.FileLock(os.path.join(locks, "pack.lock"))
+        return FileLock(os.path.join(locks, "pack.lock"))
 
     def write_pack(
         self, items: Iterable[tuple[str, str, bytes]], *, level: int = 3, merge: bool = True, dedup: bool = True,
@@ -875,7 +874,7 @@ class FileObjects(ObjectStore):
         lock = self._pack_lock()
         try:
             lock.acquire(timeout=0)
-        except filelock.Timeout:
+        except LockTimeout:
             return False
         merged = False
         try:
@@ -960,7 +959,7 @@ class FileObjects(ObjectStore):
         lock = self._pack_lock()
         try:
             lock.acquire(timeout=0)
-        except filelock.Timeout:
+        except LockTimeout:
             return 0, None
         try:
             self._undo_interrupted_drops()
@@ -1058,7 +1057,7 @@ class FileObjects(ObjectStore):
         lock = self._pack_lock()
         try:
             lock.acquire(timeout=wait)
-        except filelock.Timeout:
+        except LockTimeout:
             raise StoreError(
                 f"another process is packing or sweeping this store (it holds {os.path.join(self.root, 'locks', 'pack.lock')})"
             ) from None

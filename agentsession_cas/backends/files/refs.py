@@ -24,13 +24,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import filelock
-
 from ...errors import AgentSessionError, BadRefNameError, StoreError
 from ...format.canonical import canonical_bytes, loads
 from ...format.names import check_ref_name
 from ...fsutil import NotAFileError, fsync_dir, read_small, read_whole, write_all, write_atomic
 from ..base import RefStore
+from .locks import FileLock, LockTimeout
 
 __all__ = ["FileRefs", "LOCK_TIMEOUT", "ref_file_bytes", "ref_file_name"]
 
@@ -131,10 +130,10 @@ class FileRefs(RefStore):
     def locked(self) -> Iterator[None]:
         """The store-wide refs lock. Its file is made by the first write and never
         removed, as a session's lock file is."""
-        lock = filelock.FileLock(os.path.join(self.root, "refs.lock"), timeout=LOCK_TIMEOUT)
+        lock = FileLock(os.path.join(self.root, "refs.lock"), timeout=LOCK_TIMEOUT)
         try:
             lock.acquire()
-        except filelock.Timeout:
+        except LockTimeout:
             raise StoreError(
                 f"the refs of the store at {self.root} stayed locked for {LOCK_TIMEOUT:g}s by another process"
             ) from None

@@ -35,8 +35,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Any
 
-import filelock
-
 from ...errors import (
     AgentSessionError,
     NoSuchSessionError,
@@ -64,6 +62,7 @@ from ..base import (
     Space,
     record_data,
 )
+from .locks import FileLock, LockTimeout
 from .log import (
     CHECKSUM_HEX,
     LINE_OVERHEAD,
@@ -332,14 +331,14 @@ class FileSessions(SessionStore):
     def dir(self, session_id: str) -> str:
         return os.path.join(self.root, "sessions", check_session_id(session_id))
 
-    def lock(self, session_id: str) -> filelock.BaseFileLock:
+    def lock(self, session_id: str) -> FileLock:
         """Take the session's writer lock now, or SessionLockedError."""
         locks = os.path.join(self.root, "locks")
         os.makedirs(locks, exist_ok=True)
-        lock = filelock.FileLock(os.path.join(locks, check_session_id(session_id) + ".lock"), timeout=0)
+        lock = FileLock(os.path.join(locks, check_session_id(session_id) + ".lock"), timeout=0)
         try:
             lock.acquire()
-        except filelock.Timeout:
+        except LockTimeout:
             raise SessionLockedError(f"session {session_id} is locked by another process") from None
         return lock
 
@@ -647,7 +646,7 @@ class FileSessionLog(SessionLog):
         self.session_id = session_id
         self.dir = backend.sessions.dir(session_id)
         self.writable = False
-        self.lock: filelock.BaseFileLock | None = None
+        self.lock: FileLock | None = None
         self.stopped: str | None = None  # why writes stopped (a failed fsync), if they did
         self._fd: int | None = None
         self._size: int | None = None  # the log's length as this writer left it
@@ -1371,7 +1370,7 @@ class FileSessionLog(SessionLog):
             self.lock.release()
             self.lock = None
 
-    def _release_for_delete(self) -> filelock.BaseFileLock:
+    def _release_for_delete(self) -> FileLock:
         """Close keeping the lock for the caller (delete). Objects the log alone holds are
         written to objects/ first: deleting a session removes its ref, never objects
         another session may come to need."""
