@@ -74,7 +74,7 @@ def chained_after(log: bytes, *lines: bytes) -> bytes:
 
 def refuse_to_wait(seconds: float) -> None:
     """In place of ``time.sleep`` where a held lock must be refused at once: a lock that
-    waits polls with ``time.sleep`` (filelock does), so waiting fails the test however
+    waits polls with ``time.sleep`` (backends/files/locks.py does), so waiting fails the test however
     fast or slow the machine is (a bound on the time taken can fail on a busy one)."""
     raise AssertionError(f"waited ({seconds} s) where a held lock must be refused at once")
 
