@@ -4,6 +4,7 @@ LockTimeout; and a file that is made once and never removed."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -92,11 +93,55 @@ def test_a_dropped_lock_object_lets_the_lock_go(tmp_path):
         pass
 
 
-def test_a_lock_file_that_cannot_be_made_or_locked_is_a_store_error(tmp_path):
-    with pytest.raises(StoreError, match="cannot open the lock file .*missing"):
+def test_a_lock_file_that_cannot_be_opened_raises_the_os_error_unwrapped(tmp_path):
+    """The command names an OSError by its errno (read_only, no_space, permission): the
+    lock hands it on as it came, naming the file."""
+    with pytest.raises(FileNotFoundError) as missing:
         FileLock(str(tmp_path / "missing" / "e.lock")).acquire()
+    assert missing.value.filename == str(tmp_path / "missing" / "e.lock")
     target = tmp_path / "target"
     target.write_bytes(b"")
     os.symlink(target, tmp_path / "link.lock")
-    with pytest.raises(StoreError, match="cannot open the lock file"):  # (O_NOFOLLOW: a link is not followed)
+    with pytest.raises(OSError) as link:  # (O_NOFOLLOW: a link is not followed)
         FileLock(str(tmp_path / "link.lock")).acquire()
+    assert link.value.errno == errno.ELOOP
+
+
+def _read_only_device(real_open):  # type: ignore[no-untyped-def]
+    """os.open as on a read-only mount: any open for writing is EROFS."""
+    def fake(path, flags, *args):  # type: ignore[no-untyped-def]
+        if flags & (os.O_RDWR | os.O_WRONLY | os.O_CREAT):
+            raise OSError(errno.EROFS, "Read-only file system", path)
+        return real_open(path, flags, *args)
+    return fake
+
+
+def test_on_a_read_only_device_an_existing_lock_file_is_locked_through_a_read_only_descriptor(tmp_path, monkeypatch):
+    """As filelock did: a reader of a store on a read-only mount still takes the lock
+    (flock takes a read-only descriptor), and still excludes another holder."""
+    path = str(tmp_path / "f.lock")
+    with FileLock(path):
+        pass  # made while writable
+    monkeypatch.setattr(os, "open", _read_only_device(os.open))
+    first = FileLock(path, timeout=0)
+    first.acquire()
+    assert first.is_locked
+    monkeypatch.setattr(time, "sleep", refuse_to_wait)
+    with pytest.raises(LockTimeout):
+        FileLock(path, timeout=0).acquire()
+    first.release()
+    with pytest.raises(OSError) as erofs:  # a lock file that is missing cannot be made: EROFS, as it came
+        FileLock(str(tmp_path / "g.lock")).acquire()
+    assert erofs.value.errno == errno.EROFS
+
+
+def test_a_filesystem_without_flock_is_a_store_error_naming_the_lock_file(tmp_path, monkeypatch):
+    import fcntl
+
+    def no_flock(fd, op):  # type: ignore[no-untyped-def]
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    path = str(tmp_path / "h.lock")
+    with pytest.raises(StoreError, match="cannot lock .*h.lock: No locks available"):
+        FileLock(path).acquire()

@@ -58,10 +58,7 @@ class FileLock:
             return
         wait = self.timeout if timeout is None else timeout
         deadline = None if wait < 0 else time.monotonic() + wait
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            raise StoreError(f"cannot open the lock file {self.path}: {exc.strerror or exc}") from None
+        fd = _open(self.path)
         try:
             delay = _FIRST_DELAY
             while not _try(fd, self.path):
@@ -94,6 +91,26 @@ class FileLock:
             self._fd = None
 
 
+def _open(path: str) -> int:
+    """A descriptor to lock ``path`` by, creating the file when it is missing.
+
+    On a read-only filesystem (or a lock file the caller may not write) an existing
+    lock file is opened for reading: ``flock`` takes a read-only descriptor as well, so
+    a reader still excludes a writer on another mount of the same store and the command
+    goes on to meet the read-only device where it writes, with the store's own words
+    for it. The OSError is raised as it came, unwrapped, so the command can name it
+    (``read_only``, ``no_space``, ``permission``) as it names any other."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            raise exc from None
+
+
 def _try(fd: int, path: str) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -101,5 +118,5 @@ def _try(fd: int, path: str) -> bool:
         if exc.errno in (errno.EAGAIN, errno.EACCES):  # (EWOULDBLOCK is EAGAIN on Linux)
             return False
         # (A filesystem without flock: refused, not taken as held by nobody.)
-        raise StoreError(f"cannot lock {path}: {exc.strerror or exc}") from None
+        raise StoreError(f"cannot lock {path}: {exc.strerror or exc} (the store needs a filesystem with flock)") from None
     return True
