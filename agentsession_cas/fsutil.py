@@ -11,7 +11,7 @@ import errno
 import hashlib
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .errors import OutputError
@@ -26,6 +26,10 @@ __all__ = [
 ]
 
 _POOL: ThreadPoolExecutor | None = None
+#: How many times this process has fsynced paths in parallel (see :func:`_each`).
+_ROUNDS = 0
+#: The rounds run on threads of their own before the pool is made.
+_ROUNDS_BEFORE_POOL = 8
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -35,6 +39,43 @@ def _pool() -> ThreadPoolExecutor:
 
         _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="agentsession-fsync")
     return _POOL
+
+
+def _each(fsync: Callable[[str], None], paths: list[str]) -> None:
+    """``fsync`` every path at once, on threads, the first error raised.
+
+    A process's first few rounds run on a thread each (started and joined here): a
+    command that makes one append (its objects, their directories, the log) need not
+    import concurrent.futures and logging, about 5 ms of its start-up. A process that
+    comes back for more gets the pool, whose threads stay."""
+    global _ROUNDS
+    if len(paths) == 1:
+        fsync(paths[0])
+        return
+    _ROUNDS += 1
+    if _ROUNDS > _ROUNDS_BEFORE_POOL or len(paths) > 16:
+        list(_pool().map(fsync, paths))
+        return
+    import threading
+
+    errors: list[BaseException] = []
+
+    def run(path: str) -> None:
+        try:
+            fsync(path)
+        except BaseException as exc:  # handed to the caller's thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(path,), name="agentsession-fsync") for path in paths[1:]]
+    for t in threads:
+        t.start()
+    try:
+        fsync(paths[0])
+    finally:
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
 
 
 def fsync_dir(path: str) -> None:
@@ -67,14 +108,8 @@ def fsync_paths(files: Iterable[str]) -> None:
     if not files:
         return
     dirs = list(dict.fromkeys(os.path.dirname(f) for f in files))
-    if len(files) == 1:
-        _fsync_file(files[0])
-    else:
-        list(_pool().map(_fsync_file, files))
-    if len(dirs) == 1:
-        fsync_dir(dirs[0])
-    else:
-        list(_pool().map(fsync_dir, dirs))
+    _each(_fsync_file, files)
+    _each(fsync_dir, dirs)
 
 
 def write_all(fd: int, data: bytes) -> None:

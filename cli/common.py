@@ -9,9 +9,8 @@ import json
 import os
 import select
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 import orjson
@@ -187,6 +186,14 @@ def emit_json(obj: Any) -> None:
     click.echo(text)
 
 
+def _spool_file() -> IO[str]:
+    """A temporary file for a long JSON document. (tempfile is imported here: with the
+    random module it brings, it is start-up that only ``--json`` of a long listing needs.)"""
+    import tempfile
+
+    return tempfile.TemporaryFile("w+", encoding="utf-8")
+
+
 class JsonStream:
     """:func:`emit_json`'s document (one object, or a list), written as its members are known: the
     same bytes (its key order, two-space indentation, the line after), a member at a time,
@@ -211,7 +218,7 @@ class JsonStream:
         self._size = 1
         self._first = True  # no member written yet (then: no element of the open list)
         self._ascii = False  # escape every non-ASCII character from now on (a lone surrogate was met)
-        self._spool = tempfile.TemporaryFile("w+", encoding="utf-8") if spool else None
+        self._spool = _spool_file() if spool else None
         #: Called after each element of a lazy sequence is written (settable as the writing goes).
         self.tidy = tidy
         self._str = json.encoder.encode_basestring

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -92,7 +91,7 @@ def width() -> int:
         if columns.isdigit() and int(columns) > 0:
             _settings.width = max(MIN_WIDTH, int(columns))
         elif stdout_is_tty():
-            _settings.width = max(MIN_WIDTH, shutil.get_terminal_size((FALLBACK_WIDTH, 24)).columns)
+            _settings.width = _terminal_columns()
         else:
             _settings.width = FALLBACK_WIDTH
     return _settings.width
@@ -264,6 +263,8 @@ def pager_command() -> str | None:
         if name in os.environ:
             command = os.environ[name].strip()
             return None if command in ("", "cat") else command
+    import shutil
+
     return DEFAULT_PAGER if shutil.which(DEFAULT_PAGER) else None
 
 
@@ -279,6 +280,7 @@ def start_pager() -> bool:
     if command is None:
         return False
     import shlex
+    import shutil
     import subprocess
 
     width()  # fitted to the terminal, measured before the pager takes standard output
@@ -371,7 +373,15 @@ class Progress:
 
 
 def _stderr_width() -> int:
-    return max(MIN_WIDTH, shutil.get_terminal_size((FALLBACK_WIDTH, 24)).columns) - 1
+    return _terminal_columns() - 1
+
+
+def _terminal_columns() -> int:
+    """The terminal's width. (shutil is imported here, and where a pager is looked for: it
+    brings the bz2 and lzma modules, start-up that output to a pipe or a file never needs.)"""
+    import shutil
+
+    return max(MIN_WIDTH, shutil.get_terminal_size((FALLBACK_WIDTH, 24)).columns)
 
 
 def progress(label: str, unit: str = "") -> Progress | None:

@@ -160,19 +160,26 @@ def test_the_script_ends_at_once_after_an_import_and_only_then(tmp_path):
     assert r.stdout.endswith("went on 0\n")
 
 
-def test_head_and_list_load_no_thread_pool(tmp_path):
-    """Start-up (issue 11): ``concurrent.futures`` (a few ms with what it imports) is for a
-    writer's checkpoint only."""
+def test_head_list_and_append_load_nothing_they_do_not_use(tmp_path):
+    """Start-up (issue 11): ``concurrent.futures`` brings ``logging`` (a few ms), which only
+    a long writer's fsync and checkpoint pools need; no lock package is imported (the file
+    backend's flock is its own, ``backends/files/locks.py``); ``shutil`` (which brings bz2
+    and lzma), ``tempfile`` and ``subprocess`` are loaded only where a command uses them
+    (a terminal's width, a long ``--json``, a large pack's sorter, a search for libcrypto)."""
     root, sid = _small_store(tmp_path)
-    for argv in (["head", sid], ["list"]):
+    entry = tmp_path / "entry.json"
+    entry.write_text('{"type":"config","model":"m"}')
+    unwanted = ("logging", "concurrent.futures", "filelock", "shutil", "tempfile", "subprocess")
+    for argv, stdin in ((["head", sid], None), (["list"], None), (["append", sid], str(entry))):
         code = (
             "import sys\n"
-            "from agentsession_cli.main import main\n"
+            + (f"sys.stdin = open({stdin!r})\n" if stdin else "")
+            + "from agentsession_cli.main import main\n"
             "try:\n"
             f"    main({['--store', root, *argv]!r})\n"
             "except SystemExit as exc:\n"
             "    assert not exc.code, exc.code\n"
-            "print(' '.join(m for m in ('concurrent.futures',) if m in sys.modules), file=sys.stderr)\n"
+            f"print(' '.join(m for m in {unwanted!r} if m in sys.modules), file=sys.stderr)\n"
         )
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         assert r.stderr.split() == [], (argv, r.stderr)

@@ -813,7 +813,8 @@ def test_bad_session_id_for_append(store):
     one_error(cli(store, "append", "../x", input=json.dumps(CONFIG)), "not usable")
 
 
-def test_show_and_verify_a_missing_plain_name(store):
+def test_show_and_verify_a_missing_plain_name(store, monkeypatch):
+    monkeypatch.chdir(store)  # ("../x" beside the store, not beside wherever the tests run)
     one_error(cli(store, "show", "ghost"), "no such file, nor a session")
     one_error(cli(store, "verify", "../x"), "no such file")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import re
 import sys
 from pathlib import Path
@@ -52,7 +53,7 @@ def _plain(monkeypatch):
 def tty(monkeypatch):
     """Standard output and standard error are terminals, 60 columns wide."""
     monkeypatch.setattr(terminal, "isatty", lambda stream: True)
-    monkeypatch.setattr(terminal.shutil, "get_terminal_size", lambda fallback=(0, 0): os.terminal_size((60, 24)))
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback=(0, 0): os.terminal_size((60, 24)))
 
 
 @pytest.fixture

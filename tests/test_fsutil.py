@@ -3,7 +3,9 @@ the limit, and without a buffer of the limit's size."""
 
 from __future__ import annotations
 
+import errno
 import os
+import threading
 import tracemalloc
 
 import pytest
@@ -49,3 +51,29 @@ def test_a_file_grown_since_it_was_looked_at_is_read_on_to_the_limit(tmp_path, m
 
     monkeypatch.setattr(fsutil.os, "fstat", smaller)
     assert read_prefix(str(p), limit) == b"y" * min(limit, 100)
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_parallel_fsyncs_reach_every_path_and_raise_the_first_error(monkeypatch, pooled):
+    """A process's first rounds run on threads of their own (no concurrent.futures at
+    start-up), later ones on the pool: either way every path is fsynced, and a failure on
+    any thread is the caller's error, raised after every thread is done."""
+    monkeypatch.setattr(fsutil, "_ROUNDS", fsutil._ROUNDS_BEFORE_POOL if pooled else 0)
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def fsync(path: str) -> None:
+        with lock:
+            done.append(path)
+        if path == "c":
+            raise OSError(errno.EIO, "Input/output error", path)
+
+    fsutil._each(fsync, ["a", "b"])
+    assert sorted(done) == ["a", "b"]
+    done.clear()
+    with pytest.raises(OSError) as failed:
+        fsutil._each(fsync, ["a", "b", "c", "d"])
+    assert failed.value.errno == errno.EIO and failed.value.filename == "c"
+    assert sorted(done) == ["a", "b", "c", "d"]
+    if pooled:
+        assert fsutil._POOL is not None

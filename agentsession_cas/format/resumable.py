@@ -40,7 +40,6 @@ def _load() -> Any:
         return None
     try:
         import ctypes
-        import ctypes.util
 
         lib = None
         for soname in _SONAMES:  # (the one hashlib loaded is found by its name: no ldconfig run)
@@ -50,6 +49,8 @@ def _load() -> Any:
             except OSError:
                 continue
         if lib is None:
+            import ctypes.util  # (only here: it imports shutil, tempfile and subprocess)
+
             name = ctypes.util.find_library("crypto")  # runs `ldconfig -p`: 4-14 ms of a command's start
             if name is None:
                 return None

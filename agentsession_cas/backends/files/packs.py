@@ -70,7 +70,6 @@ import os
 import re
 import stat
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -89,6 +88,7 @@ from ..base import ReadyBlock
 from . import packindex
 
 if TYPE_CHECKING:  # loaded when a read first reads ahead: a command that does not, does not load it
+    import subprocess
     from concurrent.futures import Future, ThreadPoolExecutor
 
 __all__ = [
@@ -1445,6 +1445,8 @@ class StreamPackWriter(PackWriter):
             # AGENTSESSION_VERIFY_PROCESSES=1, nor for a process with one core)
             if not parallel.wanted(parallel.MIN_BYTES, None):
                 return
+            import subprocess  # (here: a large pack's writer needs it, head and list do not)
+
             try:
                 self._sorter = subprocess.Popen(
                     [sys.executable, "-I", "-S", packindex.__file__, str(self._names.fileno())],
@@ -1479,6 +1481,8 @@ class StreamPackWriter(PackWriter):
         proc, self._sorter = self._sorter, None
         if proc is None:
             return None
+        import subprocess
+
         from ...format import parallel
 
         try:

@@ -29,7 +29,6 @@ import builtins
 import json
 import os
 import re
-import shutil
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
@@ -478,6 +477,8 @@ class FileSessions(SessionStore):
                     raise SessionExistsError(f"session {session_id} already exists")
                 os.rename(stage, target)
             except BaseException:
+                import shutil  # (here and in delete: shutil brings bz2 and lzma, start-up head and list need not pay)
+
                 shutil.rmtree(stage, ignore_errors=True)
                 raise
             fsync_dir(os.path.join(self.root, "sessions"))
@@ -633,6 +634,8 @@ class FileSessions(SessionStore):
             trash = os.path.join(trash_dir, f"{session_id}-{time.time_ns()}")
             os.rename(self.dir(session_id), trash)
             fsync_dir(os.path.join(self.root, "sessions"))
+            import shutil
+
             shutil.rmtree(trash, ignore_errors=True)
         finally:
             lock.release()

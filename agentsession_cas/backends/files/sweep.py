@@ -11,7 +11,6 @@ beside writers in other processes.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -286,6 +285,8 @@ def _clean_tmp(root: str, age: float, now: float) -> list[str]:
         if now - st.st_mtime < age:
             continue
         if os.path.isdir(path) and not os.path.islink(path):
+            import shutil  # (imported here: head and list load this module, not its sweep)
+
             shutil.rmtree(path, ignore_errors=True)
         else:
             try:
