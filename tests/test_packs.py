@@ -14,6 +14,7 @@ import shutil
 import os
 import random
 import struct
+import subprocess
 import time
 from pathlib import Path
 
@@ -1707,8 +1708,8 @@ def test_an_index_sorting_process_that_reads_no_note_never_holds_the_writer_up(t
     monkeypatch.setattr(StreamPackWriter, "NOTE_EVERY", 1)  # (a note an object: 8 bytes each, the pipe fills)
     monkeypatch.setenv("AGENTSESSION_VERIFY_PROCESSES", "2")
     started = []
-    real = packs_mod.subprocess.Popen
-    monkeypatch.setattr(packs_mod.subprocess, "Popen", lambda *a, **kw: started.append(real(*a, **kw)) or started[-1])
+    real = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: started.append(real(*a, **kw)) or started[-1])
     got, sorter = _stream_index(tmp_path, "full", objs)
     assert got == here and sorter is None
     assert len(started) == 1 and started[0].returncode == -9  # (killed when the pipe was full, and reaped)

@@ -676,8 +676,6 @@ def test_a_pass_starts_its_processes_with_their_heap_kept(tmp_path, monkeypatch,
     back and faulted in again), added to any the environment names, a name it sets kept."""
     import subprocess
 
-    from agentsession_cas.backends.files import packs as packs_mod
-
     if said is None:
         monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     else:
@@ -702,7 +700,7 @@ def test_a_pass_starts_its_processes_with_their_heap_kept(tmp_path, monkeypatch,
         w.add("contents", "sha256:" + __import__("hashlib").sha256(b"%d" % i).hexdigest(), b"%d" % i)
     assert w._sorter is not None
     w.finish()
-    assert packs_mod.subprocess.Popen is popen and len(envs) == 2
+    assert len(envs) == 2  # (the pass's helper and the pack's sorter, packs importing subprocess when it starts one)
     for env in envs:
         assert env is not None and env.get("PATH") == __import__("os").environ.get("PATH")
         assert env["GLIBC_TUNABLES"] == ":".join(f"{name}={value}" for name, value in want)
