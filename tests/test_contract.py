@@ -1423,6 +1423,29 @@ def test_import_fork_with_held_base_of_other_media_refused(make_store):
     assert dst.import_bytes(data).base == base
 
 
+def test_import_fork_with_format_earlier_than_the_base_owner_refused(make_store):
+    """RFC 0002 "Sessions": a fork's header names a format no earlier than that of the
+    session whose own entries include its base (its prefix was written under that one);
+    an import is held to the checks a create and a push are ("Projection to JSONL"),
+    with the code a create gives (``bad_base``)."""
+    src, dst = make_store("src"), make_store("dst")
+    o = src.create(Header.new("o"))
+    base = o.append(msg("base")).id
+    g = src.create(Header.new("g", base=base))
+    g.append(msg("g own"))
+    data = src.export("g")
+    written = src.header("o").format
+    assert written == src.header("g").format != "agentsession/0.5"
+    earlier = data.replace(f'"format":"{written}"'.encode(), b'"format":"agentsession/0.5"', 1)
+    assert earlier != data
+    dst.import_bytes(src.export("o"), record=True).close()
+    with unchanged(dst), pytest.raises(AgentSessionError) as ei:
+        dst.import_bytes(earlier)
+    refused(ei, "bad_base")
+    assert "g" not in dst
+    assert dst.import_bytes(data).base == base
+
+
 def test_context_hash_agrees_across_stores_and_forks(pair):
     """RFC 0002 "Prefix caching": the context hash at an entry depends on the path to it
     alone: the same in an imported copy (of either backend), and a fork's at its base is

@@ -73,7 +73,10 @@ if TYPE_CHECKING:
 # The reader, the rule set and sweep are imported by the methods that use them (import,
 # sweep), so opening a store to read a head or list sessions does not load them.
 
-__all__ = ["DEFAULT_STORE", "SYNC_POLICIES", "AppendResult", "Session", "Store", "check_new_header", "default_store_path"]
+__all__ = [
+    "DEFAULT_STORE", "SYNC_POLICIES", "AppendResult", "Session", "Store", "check_fork_of", "check_new_header",
+    "default_store_path",
+]
 
 
 def check_new_header(header: Header, where: str) -> None:
@@ -88,6 +91,21 @@ def check_new_header(header: Header, where: str) -> None:
         raise SessionFormatError(where, problems)
     if header.is_legacy:
         raise FormatVersionError(f"{where}: format {header.format} is before 0.5; a store holds hashed entries")
+
+def check_fork_of(header: Header, owner_id: str, owner_header: Header, *, owns: bool = True) -> None:
+    """Refuse a fork (created, imported or pushed) whose header the session holding its
+    base forbids (RFC 0002 "Sessions"): ``media`` other than that session's, since the
+    prefix was written in one form; or, when that session's own entries include the base
+    (``owns``), a ``format`` earlier than its, since the prefix was written under that
+    one. :class:`BadBaseError` (``bad_base``) either way: the one place of the rule."""
+    if owner_header.media != header.media:
+        raise BadBaseError(
+            f"media {header.media!r} differs from {owner_header.media!r} of session {owner_id}, which holds the base"
+        )
+    fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
+    if owns and fmt and owner_fmt and fmt < owner_fmt:
+        raise BadBaseError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
+
 
 #: When an append is made durable before it returns.
 SYNC_POLICIES = ("always", "responses", "never")
@@ -450,10 +468,7 @@ class Store:
         owner_id, owner_header, committed = owner.session, owner.header, owner.committed
         if not committed:
             raise BadBaseError(f"base {short_id(base)} is not yet committed in session {owner_id}; commit it first")
-        if owner_header.media != header.media:
-            raise BadBaseError(
-                f"media {header.media!r} differs from {owner_header.media!r} of session {owner_id}, which holds the base"
-            )
+        check_fork_of(header, owner_id, owner_header, owns=owner.owns)
         if self.entry(base).is_leaf_label:
             raise BadBaseError(f"base {short_id(base)} is a leaf label; the base is a fork's first head")
 
@@ -465,9 +480,6 @@ class Store:
         converging = [Entry({"id": i, "parents": p}, computed_id=i, content_hash=c) for i, c, p in chain if p is not None]
         if converging:
             self.check_prefix_readable(converging, owner_id, on_path={i for i, _, _ in chain})
-        fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
-        if fmt and owner_fmt and fmt < owner_fmt:
-            raise BadBaseError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
         return [(i, c) for i, c, _ in chain]
 
     @staticmethod
@@ -840,7 +852,7 @@ class Store:
                 )
             if taken.base_is_leaf_label:
                 raise BadBaseError(f"{source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
-            self._check_holder_media(base, header)
+            self._check_holder(base, header)
         # The rules' state the pass leaves, kept for the session's first append (else
         # built then from every entry: seconds for a big session) if it stands at the head.
         rules = rulestate.capture_pass(report, header, taken.prefix, taken.own_ids(), taken.leaf_labels)
@@ -940,7 +952,7 @@ class Store:
                 raise BadBaseError(f"{sf.source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
             cut += 1
             prefix, own = kept[:cut], kept[cut:]
-            self._check_holder_media(base, header)
+            self._check_holder(base, header)
         else:
             prefix, own = [], kept
         own_ids = {e.id for e in own}  # where each may hang: the tree rule ("base"), held by verify_session
@@ -963,16 +975,13 @@ class Store:
                 session.start_rules(rules)
         return session
 
-    def _check_holder_media(self, base: str, header: Header) -> None:
-        """A fork imported over a base held here: its media must be the holder's."""
+    def _check_holder(self, base: str, header: Header) -> None:
+        """A fork imported over a base held here: held to the session holding the base as a
+        create is (:func:`check_fork_of`: its media, and its format when that session owns it)."""
         holder = self.holder_of(base)
         if holder is not None:
             holder.close()
-            if holder.header.media != header.media:
-                raise BadBaseError(
-                    f"media {header.media!r} differs from {holder.header.media!r} of session {holder.session}, "
-                    "which holds the base"
-                )
+            check_fork_of(header, holder.session, holder.header, owns=holder.owns)
 
     @staticmethod
     def _import_head(
