@@ -2313,6 +2313,29 @@ def test_sweep_keeps_working_state(make_store):
     assert st.export("s1") == export
 
 
+def test_sweep_spares_an_unnamed_object_younger_than_the_grace(make_store):
+    """RFC 0002 "Deletion and retention": an object no log names may belong to an append
+    not yet accepted, so a store MUST NOT sweep one younger than its grace period; once
+    older (here a grace of 0) it may go. Objects a deleted session alone named, too."""
+    st = make_store()
+    s, ids = chain(st, "gone", n=2)
+    s.close()
+    st.delete("gone")
+    loose = st.put_blob(b"named by no content")
+    young = st.sweep(grace=3600)
+    assert young.repack.dropped == 0
+    assert st.blob(loose) == b"named by no content"
+    for eid in ids:
+        assert st.cat_object(eid)[0] == "entries"
+    old = st.sweep(grace=0)
+    assert old.repack.dropped >= 1 + 2 * len(ids)
+    with pytest.raises(NoSuchObjectError):
+        st.blob(loose)
+    for eid in ids:
+        with pytest.raises(NoSuchObjectError):
+            st.cat_object(eid)
+
+
 def test_scan_gives_every_object_of_the_spaces_asked(make_store):
     """`scan` (a bulk pass: grep) yields every object of each space asked, with its bytes;
     a caller may meet one twice, never miss one the store holds."""
