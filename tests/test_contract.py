@@ -61,6 +61,7 @@ from agentsession_cas.errors import (
 )
 from agentsession_cas.exchange import operations as ex
 from agentsession_cas.exchange.local import open_transport
+from agentsession_cas.format.entry import short_id
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.store import Store
 from agentsession_cas.store.refs import Refs
@@ -1393,6 +1394,58 @@ def test_import_of_file_failing_its_hash_refused(make_store):
         dst.import_bytes(tampered)
     assert "hash" in {p.code for p in getattr(ei.value, "problems", [])}, str(ei.value)
     assert "s1" not in dst
+
+
+def _marked_file(synthetic: object, child: bool) -> tuple[bytes, str]:
+    """A baseless session file of two items and a ``leaf`` label naming the first,
+    carrying ``synthetic`` as given, with an item hanging from the label when ``child``;
+    and the label's id."""
+    h = Header.new("marked")
+    e1 = make_entry("item", None, ts="2026-10-05T12:00:00Z", item={"type": "message", "role": "user", "content": "one"})
+    e2 = make_entry("item", e1.id, ts="2026-10-05T12:00:01Z", item={"type": "message", "role": "user", "content": "two"})
+    lab = make_entry("label", e2.id, ts=e1.ts, label=LEAF_LABEL, target=e1.id, synthetic=synthetic)
+    data = h.canonical_line() + e1.canonical_line() + e2.canonical_line() + lab.canonical_line()
+    if child:
+        data += make_entry("item", lab.id, ts="2026-10-05T12:00:03Z",
+                           item={"type": "message", "role": "user", "content": "three"}).canonical_line()
+    return data, lab.id
+
+
+@pytest.mark.parametrize("how", ["bytes", "file"])
+def test_import_refuses_an_entry_hanging_from_a_synthetic_marker(make_store, tmp_path, how):
+    """RFC 0002 "Projection to JSONL": an import discards a synthetic marker, which is no
+    entry; so an entry the file hangs from it would name a parent the store does not hold
+    ("Entries": a store MUST NOT accept one). Refused, nothing created. (It was taken:
+    the child joined the log under a parent no store held, and its export read nowhere.)"""
+    st = make_store()
+    data, marker = _marked_file(True, child=True)
+    path = tmp_path / "marked.jsonl"
+    path.write_bytes(data)
+    with unchanged(st), pytest.raises(AgentSessionError) as ei:
+        st.import_bytes(data) if how == "bytes" else st.import_file(path)
+    refused(ei, "synthetic")
+    assert short_id(marker) in str(ei.value)
+    assert "marked" not in st
+    plain, _ = _marked_file(True, child=False)  # the marker as a projection writes it: discarded
+    s = st.import_bytes(plain)
+    assert len(s.log_order) == 2 and s.head == s.log_order[0]
+
+
+@pytest.mark.parametrize("how", ["bytes", "file"])
+@pytest.mark.parametrize("synthetic", [False, "yes"])
+def test_import_refuses_a_label_carrying_synthetic_that_is_no_marker(make_store, tmp_path, how, synthetic):
+    """RFC 0002 "Head": a store MUST refuse a ``label`` entry carrying ``synthetic``. A
+    file's label carrying it other than as the projection's marker (``true``) is refused
+    at import with the code an append and a push give, not held as an entry no append
+    could have made and no push could carry."""
+    st = make_store()
+    data, label = _marked_file(synthetic, child=False)
+    path = tmp_path / "marked.jsonl"
+    path.write_bytes(data)
+    with unchanged(st), pytest.raises(AgentSessionError) as ei:
+        st.import_bytes(data) if how == "bytes" else st.import_file(path)
+    refused(ei, "synthetic")
+    assert "marked" not in st
 
 
 def test_import_of_redacted_file_refused(make_store):

@@ -46,7 +46,7 @@ from ..format.rules import RULES, SessionChecker, Trial, check_line, clean_entry
 from ..format.tree import Either, head_refusal
 from ..lean import dataclass
 from ..store.refs import Refs, header_ident
-from ..store.session import Session
+from ..store.session import SYNTHETIC_REFUSED, Session, carries_synthetic
 from ..store.store import Store, check_fork_of, check_new_header
 from ..store.summary import summary_form
 from .transport import Admission, DeclareResult, PushRequest, RefPush, RefResult, SessionView, check_space
@@ -329,8 +329,8 @@ def _admitted(entry_id: str, built: Entry, body: Mapping[str, Any], content: byt
     """An entry that passed the line rules, held to what a store adds (no ``synthetic``
     label; ``body``: its content's members, or the line's)."""
     type_ = built.type
-    if type_ == "label" and body.get("synthetic") is not None:
-        raise _refuse(entry_id, "a label carrying 'synthetic' is a projection's marker; a store refuses it", "synthetic")
+    if carries_synthetic(type_, body):
+        raise _refuse(entry_id, SYNTHETIC_REFUSED, "synthetic")
     leaf = type_ == "label" and body.get("label") == "leaf"
     blobs = tuple(sidecar_names(content))
     entry = None

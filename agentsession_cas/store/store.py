@@ -17,7 +17,7 @@ import builtins
 import uuid
 from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
-from os import PathLike
+from os import PathLike, fspath
 from typing import TYPE_CHECKING, Any
 
 from ..backends import DEFAULT_STORE, default_store_path, open_backend
@@ -35,6 +35,7 @@ from ..backends.base import (
 from ..backends.digests import EntryDigests
 from ..errors import (
     AgentSessionError,
+    AppendRefusedError,
     BadBaseError,
     BadNameError,
     BaseNotHeldError,
@@ -62,7 +63,18 @@ from ..progress import Progress, reported
 from .links import CHAIN_LIMIT, Chain, resolve_current
 from .own import OwnOrder
 from .refs import header_ident
-from .session import AppendResult, Session, _ProjectionWalk, _resume_leaf, entry_from_objects, envelope_parts, iter_up, walk_up
+from .session import (
+    SYNTHETIC_REFUSED,
+    AppendResult,
+    Session,
+    _ProjectionWalk,
+    _resume_leaf,
+    carries_synthetic,
+    entry_from_objects,
+    envelope_parts,
+    iter_up,
+    walk_up,
+)
 from .state import index_damage, replay
 from .summary import SessionSummary, SummaryBuilder
 
@@ -105,6 +117,25 @@ def check_fork_of(header: Header, owner_id: str, owner_header: Header, *, owns: 
     fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
     if owns and fmt and owner_fmt and fmt < owner_fmt:
         raise BadBaseError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
+
+
+def synthetic_refusal(source: str, entry: Entry, markers: Container[str]) -> AppendRefusedError | None:
+    """What an import refuses of an entry it keeps (``markers``: the synthetic markers the
+    file held, which an import discards): a label carrying ``synthetic`` that is no marker
+    (:func:`~.session.carries_synthetic`, as an append and a push refuse it), or an entry
+    hanging from a marker, which would name a parent the store does not hold."""
+    where = f"{source}: line {entry.line}: " if entry.line is not None else f"{source}: "
+    if entry.parent is not None and entry.parent in markers:
+        return AppendRefusedError(
+            f"{where}entry {short_id(entry.id)} hangs from {short_id(entry.parent)}, a synthetic marker, which an "
+            "import discards (it is the projection's, not an entry): the entry would name a parent the store does not hold",
+            rule="synthetic", code="synthetic", entry=entry.id,
+        )
+    if carries_synthetic(entry.type, entry.data):
+        return AppendRefusedError(f"{where}entry {short_id(entry.id)}: {SYNTHETIC_REFUSED} (only a projection's marker, "
+                                  "synthetic: true, is discarded at import)", rule="synthetic", code="synthetic",
+                                  entry=entry.id)
+    return None
 
 
 #: When an append is made durable before it returns.
@@ -830,7 +861,7 @@ class Store:
         from ..format.reader import verify_file
         from . import rulestate
 
-        taken = _TakenImport(spill, self._defaulted_header(first))
+        taken = _TakenImport(spill, self._defaulted_header(first), fspath(path))
         # A stage that takes pack blocks made ready lets the helper process compress the
         # entries' objects on its core (not for sidecar media: their names are read here).
         ready = spill.add_ready if isinstance(spill, ReadyStage) and first.media != "sidecar" else None
@@ -839,6 +870,8 @@ class Store:
         problems = [p for p in report.problems if p.code != "empty"]  # a header alone is a session to hold
         if problems:
             raise SessionFormatError(source, problems)
+        if taken.refusal is not None:
+            raise taken.refusal
         if report.header.data != first.data:
             raise StoreError(f"{source}: the file changed while it was imported (its header is not the one first read)")
         spill.end()  # (the file backend's pack is ended and made durable beside what follows)
@@ -940,7 +973,12 @@ class Store:
         entries = sf.entries
         tree = sf.tree
         leaf = tree.resume_leaf()
-        kept = [e for e in entries if not (e.type == "label" and e.synthetic)]
+        markers = {e.id for e in entries if e.type == "label" and e.synthetic}
+        kept = [e for e in entries if e.id not in markers] if markers else entries
+        for e in kept:
+            refusal = synthetic_refusal(sf.source, e, markers)
+            if refusal is not None:
+                raise refusal
         if base is not None:
             cut = next((i for i, e in enumerate(kept) if e.id == base), None)
             if cut is None:
@@ -1033,10 +1071,11 @@ class _TakenImport:
     lines that are no entries of record (a synthetic marker; a line refused), the prefix
     up to the base, sidecar names; and the summary's running fields."""
 
-    def __init__(self, stage: ObjectStage, header: Header):
+    def __init__(self, stage: ObjectStage, header: Header, source: str):
         from ..format.parallel import PACKED
 
         self.stage = stage
+        self.source = source
         #: What an entry's objects are when the helper made them into ready blocks.
         self._packed = PACKED
         #: The header the session gets (the store's defaults filled in), which the summary starts from.
@@ -1049,6 +1088,9 @@ class _TakenImport:
         self.labels: dict[str, Mapping[str, Any]] = {}  # a label's members by id, for the resume rule
         self.leaf_labels: set[str] = set()
         self.skipped: set[str] = set()  # no entries of record: synthetic markers, lines refused
+        self.markers: set[str] = set()  # the synthetic markers, which no entry may hang from
+        #: The first entry an import refuses beside the rules verify applies (synthetic_refusal).
+        self.refusal: AppendRefusedError | None = None
         #: Where the own entries begin in :attr:`ids` (past the base), -1 until the base has come.
         self.own_from = 0 if header.base is None else -1
         self.prefix: list[str] = []  # the kept entries up to the base, the base included
@@ -1115,6 +1157,8 @@ class _TakenImport:
         data = e.data
         self.ids.append(eid)
         self.parents.append(data.get("parent"))
+        if self.markers and self.refusal is None and data.get("parent") in self.markers:
+            self.refusal = synthetic_refusal(self.source, e, self.markers)
         objects = e.objects
         if self.own_from < 0 or objects is None or eid != e.computed_id or data.get("type") == "label":
             self._take_other(e, objects)
@@ -1138,7 +1182,11 @@ class _TakenImport:
             # a projection's marker, never an entry of record; or a line the rules refuse
             # (the import is refused once the pass ends)
             self.skipped.add(eid)
+            if label and e.synthetic:
+                self.markers.add(eid)
             return
+        if label and self.refusal is None:
+            self.refusal = synthetic_refusal(self.source, e, ())
         if self.own_from >= 0:
             self.summary.feed(e)
         else:
