@@ -891,7 +891,8 @@ def hash_object(file: str, as_json: bool) -> None:
     for lineno, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
-        obj, _, found, _ = parse_line(raw, line=lineno, last=lineno == len(lines))  # worded as verify words it
+        obj, _, found, _ = parse_line(raw, line=lineno, last=lineno == len(lines),  # worded as verify words it
+                                      terminated=data.endswith(b"\n"))
         if obj is not None and obj.get("type") == "session":
             continue
         try:

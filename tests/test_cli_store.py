@@ -368,6 +368,17 @@ def test_import_refusals_are_one_line(store, tmp_path):
     one_error(cli(store, "import", str(FIXTURES / "truncated.jsonl")), "cut short")
 
 
+def test_import_of_a_bad_last_line_with_its_lf_is_not_called_cut_short(store, tmp_path):
+    """A last line that ends with LF and does not parse was not cut short: the import's
+    refusal words it as the line it is (the file without the LF is "cut short")."""
+    data = (FIXTURES / "truncated.jsonl").read_bytes()
+    assert not data.endswith(b"\n")
+    path = tmp_path / "lf.jsonl"
+    path.write_bytes(data + b"\n")
+    err = one_error(cli(store, "import", str(path)), "the last line does not parse as JSON")
+    assert "cut short" not in err
+
+
 def test_export_import_round_trip(store, tmp_path):
     ids = new_session(store, "s1", 3)
     ok(cli(store, "head", "s1", ids[1], "--expect", ids[2]))  # a head the resume rule would not name

@@ -61,6 +61,7 @@ from agentsession_cas.errors import (
 )
 from agentsession_cas.exchange import operations as ex
 from agentsession_cas.exchange.local import open_transport
+from agentsession_cas.format.entry import short_id
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.store import Store
 from agentsession_cas.store.refs import Refs
@@ -1395,6 +1396,58 @@ def test_import_of_file_failing_its_hash_refused(make_store):
     assert "s1" not in dst
 
 
+def _marked_file(synthetic: object, child: bool) -> tuple[bytes, str]:
+    """A baseless session file of two items and a ``leaf`` label naming the first,
+    carrying ``synthetic`` as given, with an item hanging from the label when ``child``;
+    and the label's id."""
+    h = Header.new("marked")
+    e1 = make_entry("item", None, ts="2026-10-05T12:00:00Z", item={"type": "message", "role": "user", "content": "one"})
+    e2 = make_entry("item", e1.id, ts="2026-10-05T12:00:01Z", item={"type": "message", "role": "user", "content": "two"})
+    lab = make_entry("label", e2.id, ts=e1.ts, label=LEAF_LABEL, target=e1.id, synthetic=synthetic)
+    data = h.canonical_line() + e1.canonical_line() + e2.canonical_line() + lab.canonical_line()
+    if child:
+        data += make_entry("item", lab.id, ts="2026-10-05T12:00:03Z",
+                           item={"type": "message", "role": "user", "content": "three"}).canonical_line()
+    return data, lab.id
+
+
+@pytest.mark.parametrize("how", ["bytes", "file"])
+def test_import_refuses_an_entry_hanging_from_a_synthetic_marker(make_store, tmp_path, how):
+    """RFC 0002 "Projection to JSONL": an import discards a synthetic marker, which is no
+    entry; so an entry the file hangs from it would name a parent the store does not hold
+    ("Entries": a store MUST NOT accept one). Refused, nothing created. (It was taken:
+    the child joined the log under a parent no store held, and its export read nowhere.)"""
+    st = make_store()
+    data, marker = _marked_file(True, child=True)
+    path = tmp_path / "marked.jsonl"
+    path.write_bytes(data)
+    with unchanged(st), pytest.raises(AgentSessionError) as ei:
+        st.import_bytes(data) if how == "bytes" else st.import_file(path)
+    refused(ei, "synthetic")
+    assert short_id(marker) in str(ei.value)
+    assert "marked" not in st
+    plain, _ = _marked_file(True, child=False)  # the marker as a projection writes it: discarded
+    s = st.import_bytes(plain)
+    assert len(s.log_order) == 2 and s.head == s.log_order[0]
+
+
+@pytest.mark.parametrize("how", ["bytes", "file"])
+@pytest.mark.parametrize("synthetic", [False, "yes"])
+def test_import_refuses_a_label_carrying_synthetic_that_is_no_marker(make_store, tmp_path, how, synthetic):
+    """RFC 0002 "Head": a store MUST refuse a ``label`` entry carrying ``synthetic``. A
+    file's label carrying it other than as the projection's marker (``true``) is refused
+    at import with the code an append and a push give, not held as an entry no append
+    could have made and no push could carry."""
+    st = make_store()
+    data, label = _marked_file(synthetic, child=False)
+    path = tmp_path / "marked.jsonl"
+    path.write_bytes(data)
+    with unchanged(st), pytest.raises(AgentSessionError) as ei:
+        st.import_bytes(data) if how == "bytes" else st.import_file(path)
+    refused(ei, "synthetic")
+    assert "marked" not in st
+
+
 def test_import_of_redacted_file_refused(make_store):
     """RFC 0002 "Projection to JSONL": a header carrying ``redacted`` is refused."""
     src, dst = make_store("src"), make_store("dst")
@@ -1420,6 +1473,29 @@ def test_import_fork_with_held_base_of_other_media_refused(make_store):
     dst.import_bytes(src.export("o"), record=True).close()
     with unchanged(dst), pytest.raises(AgentSessionError):
         dst.import_bytes(other_media)
+    assert dst.import_bytes(data).base == base
+
+
+def test_import_fork_with_format_earlier_than_the_base_owner_refused(make_store):
+    """RFC 0002 "Sessions": a fork's header names a format no earlier than that of the
+    session whose own entries include its base (its prefix was written under that one);
+    an import is held to the checks a create and a push are ("Projection to JSONL"),
+    with the code a create gives (``bad_base``)."""
+    src, dst = make_store("src"), make_store("dst")
+    o = src.create(Header.new("o"))
+    base = o.append(msg("base")).id
+    g = src.create(Header.new("g", base=base))
+    g.append(msg("g own"))
+    data = src.export("g")
+    written = src.header("o").format
+    assert written == src.header("g").format != "agentsession/0.5"
+    earlier = data.replace(f'"format":"{written}"'.encode(), b'"format":"agentsession/0.5"', 1)
+    assert earlier != data
+    dst.import_bytes(src.export("o"), record=True).close()
+    with unchanged(dst), pytest.raises(AgentSessionError) as ei:
+        dst.import_bytes(earlier)
+    refused(ei, "bad_base")
+    assert "g" not in dst
     assert dst.import_bytes(data).base == base
 
 
@@ -2288,6 +2364,29 @@ def test_sweep_keeps_working_state(make_store):
     assert all(st.entry(i).id == i for i in ids)
     s.close()
     assert st.export("s1") == export
+
+
+def test_sweep_spares_an_unnamed_object_younger_than_the_grace(make_store):
+    """RFC 0002 "Deletion and retention": an object no log names may belong to an append
+    not yet accepted, so a store MUST NOT sweep one younger than its grace period; once
+    older (here a grace of 0) it may go. Objects a deleted session alone named, too."""
+    st = make_store()
+    s, ids = chain(st, "gone", n=2)
+    s.close()
+    st.delete("gone")
+    loose = st.put_blob(b"named by no content")
+    young = st.sweep(grace=3600)
+    assert young.repack.dropped == 0
+    assert st.blob(loose) == b"named by no content"
+    for eid in ids:
+        assert st.cat_object(eid)[0] == "entries"
+    old = st.sweep(grace=0)
+    assert old.repack.dropped >= 1 + 2 * len(ids)
+    with pytest.raises(NoSuchObjectError):
+        st.blob(loose)
+    for eid in ids:
+        with pytest.raises(NoSuchObjectError):
+            st.cat_object(eid)
 
 
 def test_scan_gives_every_object_of_the_spaces_asked(make_store):

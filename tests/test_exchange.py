@@ -549,8 +549,24 @@ def test_a_fork_whose_media_differs_from_the_held_origin_is_refused(ab):
     ex.push(a, broot, "o")
     # A fork header claiming other media than its origin: build it through the endpoint.
     header = Header.new("f", created_at=TS, base=origin[1], media="sidecar").data
-    with pytest.raises(StoreError, match="media"):
+    with pytest.raises(StoreError, match="media") as ei:
         LocalTransport(broot).push(PushRequest(header=header, prefix=origin[:2], entries=[], to=origin[1], expected=origin[1]))
+    assert ei.value.code == "bad_base"  # as a create and an import of the same fork say, not a store fault
+    assert "f" not in Store(broot)
+
+
+def test_a_fork_whose_format_is_earlier_than_the_held_origin_is_refused(ab):
+    """RFC 0002 "Sessions": a fork's format is no earlier than that of the session whose
+    own entries include its base; a push is refused as a create is (``bad_base``)."""
+    a, b, broot = ab
+    origin = record(a, "o", 2)
+    ex.push(a, broot, "o")
+    assert Store(broot).header("o").format != "agentsession/0.5"
+    header = Header.new("f", created_at=TS, base=origin[1]).data
+    header["format"] = "agentsession/0.5"
+    with pytest.raises(StoreError, match="format") as ei:
+        LocalTransport(broot).push(PushRequest(header=header, prefix=origin[:2], entries=[], to=origin[1], expected=origin[1]))
+    assert ei.value.code == "bad_base"
     assert "f" not in Store(broot)
 
 

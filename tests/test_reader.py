@@ -386,10 +386,38 @@ def test_truncated_final_line_is_tolerated_and_the_prefix_loads():
 
 
 def test_truncated_final_line_with_its_lf():
-    # a cut line that still got its LF written is tolerated the same way
+    # a last line that does not parse but got its LF written is tolerated the same way
     data = build().to_bytes()
     s = read(data[: len(data) - 30] + b"\n")
     assert codes(s) == [("truncated", 5)]
+
+
+@pytest.mark.parametrize("how", ["bytes", "file", "helper", "lines"])
+def test_a_bad_last_line_is_called_cut_short_only_without_its_lf(tmp_path, how):
+    """RFC 0001 File: the reader tolerates and reports a final line that does not parse.
+    Only one the file ends without a newline was cut short (a crash mid-write); one that
+    ends with LF is worded as a line that does not parse. Each reading path passes
+    whether the last line was terminated."""
+    from agentsession_cas.format.reader import verify_file, verify_lines
+
+    data = build().to_bytes()
+    cut = data[: len(data) - 30]
+
+    def message(raw: bytes) -> str:
+        if how == "bytes":
+            found = read(raw).all_problems()
+        elif how in ("file", "helper"):  # (read by this process, or with the helper process)
+            path = tmp_path / "s.jsonl"
+            path.write_bytes(raw)
+            found = verify_file(path, processes=how == "helper").problems
+        else:
+            found = verify_lines(raw.splitlines(keepends=True), source="s").problems
+        (p,) = [p for p in found if p.code == "truncated"]
+        assert p.line == 5
+        return p.message
+
+    assert message(cut).startswith("the last line was cut short: does not parse as JSON")
+    assert message(cut + b"\n").startswith("the last line does not parse as JSON")
 
 
 def test_final_line_without_lf_that_is_complete_reads_fine():

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..format import parallel
 from ..format.canonical import loads_flagged
-from ..format.entry import Entry, Header, parse_format, short_id
+from ..format.entry import Entry, Header, short_id
 from ..format.hashing import is_hash, lines_of_bytes, read_envelope, sha256_ref
 from ..format.media import sidecar_names
 from ..format.names import check_ref_name, check_session_id
@@ -46,8 +46,8 @@ from ..format.rules import RULES, SessionChecker, Trial, check_line, clean_entry
 from ..format.tree import Either, head_refusal
 from ..lean import dataclass
 from ..store.refs import Refs, header_ident
-from ..store.session import Session
-from ..store.store import Store, check_new_header
+from ..store.session import SYNTHETIC_REFUSED, Session, carries_synthetic
+from ..store.store import Store, check_fork_of, check_new_header
 from ..store.summary import summary_form
 from .transport import Admission, DeclareResult, PushRequest, RefPush, RefResult, SessionView, check_space
 
@@ -329,8 +329,8 @@ def _admitted(entry_id: str, built: Entry, body: Mapping[str, Any], content: byt
     """An entry that passed the line rules, held to what a store adds (no ``synthetic``
     label; ``body``: its content's members, or the line's)."""
     type_ = built.type
-    if type_ == "label" and body.get("synthetic") is not None:
-        raise _refuse(entry_id, "a label carrying 'synthetic' is a projection's marker; a store refuses it", "synthetic")
+    if carries_synthetic(type_, body):
+        raise _refuse(entry_id, SYNTHETIC_REFUSED, "synthetic")
     leaf = type_ == "label" and body.get("label") == "leaf"
     blobs = tuple(sidecar_names(content))
     entry = None
@@ -863,14 +863,7 @@ class StoreEndpoint:
         Store.check_prefix_readable([c.entry for c in path if c.entry is not None], header.data.get("parent_session"))
         holder = self._holder(header)
         if holder is not None:
-            owner_id, owner_header = holder
-            if owner_header.media != header.media:
-                raise StoreError(
-                    f"media {header.media!r} differs from {owner_header.media!r} of session {owner_id}, which holds the base"
-                )
-            fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
-            if fmt and owner_fmt and fmt < owner_fmt:
-                raise StoreError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
+            check_fork_of(header, *holder)
         return path
 
     def _holder(self, header: Header) -> tuple[str, Header] | None:

@@ -178,6 +178,12 @@ def read_session(path: str | os.PathLike, *, keep_objects: bool = False, progres
     return read_session_bytes(data, source=name, keep_objects=keep_objects, progress=progress)
 
 
+def _ends_with_lf(data: bytes) -> Callable[[], bool]:
+    """Whether the last line of ``data`` was terminated, as :class:`_Reader` asks it."""
+    terminated = data.endswith(b"\n")
+    return lambda: terminated
+
+
 def read_session_bytes(
     data: bytes, *, source: str = "<bytes>", keep_objects: bool = False, progress: Progress | None = None
 ) -> SessionFile:
@@ -192,7 +198,8 @@ def read_session_bytes(
         raise SessionFormatError(source, [problem(1, "header", "the file is empty: no header")])
     header = read_header(lines[0], source)
     with gc_paused():
-        return _Reader(source, header, reported(lines[1:], len(lines) - 1, progress), keep_objects=keep_objects).run()
+        return _Reader(source, header, reported(lines[1:], len(lines) - 1, progress), keep_objects=keep_objects,
+                       terminated=_ends_with_lf(data)).run()
 
 
 def file_header(path: str | os.PathLike) -> Header:
@@ -270,6 +277,7 @@ def verify_file(
         misstated: dict[str, str] = {}
         fd = f.fileno()
         size = os.fstat(fd).st_size
+        ending = [True]  # whether the file ends with LF (known once the blocks are read)
 
         def blocks() -> Iterator[tuple[bytes, list[bytes]]]:
             # Read in blocks and split: per line, only C (the split, lengths, offsets).
@@ -307,6 +315,7 @@ def verify_file(
             last = bytes(memoryview(buf)[:have])
             del buf
             if last:  # the last line, with no LF after it
+                ending[0] = False
                 starts.append(pos)
                 sizes.append(len(last))
                 pos += len(last)
@@ -355,11 +364,12 @@ def verify_file(
         checker = PathChecker(header, loader=load)
         if not parallel.wanted(size, processes):
             lines = chain.from_iterable(parts for _, parts in blocks())
-            return _verify(name, header, lines, checker, where, on_entry, Parking(wake), misstated, paths=paths)
+            return _verify(name, header, lines, checker, where, on_entry, Parking(wake), misstated, paths=paths,
+                           terminated=lambda: ending[0])
         with parallel.LineHelper(objects=on_entry is not None and objects,
                                  on_ready=on_ready if on_entry is not None else None) as helper:
             return _verify(name, header, helper.lines(blocks()), checker, where, on_entry, Parking(wake), misstated,
-                           helper.known, paths=paths)
+                           helper.known, paths=paths, terminated=lambda: ending[0])
 
 
 def verify_bytes(
@@ -372,7 +382,8 @@ def verify_bytes(
     if not lines:
         raise SessionFormatError(source, [problem(1, "header", "the file is empty: no header")])
     header = read_header(lines[0], source)
-    return _verify(source, header, reported(lines[1:], len(lines) - 1, progress), PathChecker(header), None, on_entry)
+    return _verify(source, header, reported(lines[1:], len(lines) - 1, progress), PathChecker(header), None, on_entry,
+                   terminated=_ends_with_lf(data))
 
 
 def verify_lines(
@@ -408,9 +419,19 @@ def verify_lines(
         entry.line = where[entry_id]
         return entry
 
-    entries: Iterable[bytes] = (raw[:-1] if raw.endswith(b"\n") else raw for raw in it)
+    ending = [first.endswith(b"\n")]  # whether the last line came with its LF
+
+    def stripped() -> Iterator[bytes]:
+        for raw in it:
+            ending[0] = raw.endswith(b"\n")
+            yield raw[:-1] if ending[0] else raw
+
+    def terminated() -> bool:
+        return ending[0]
+
+    entries: Iterable[bytes] = stripped()
     if loader is None:
-        return _verify(source, header, entries, PathChecker(header), where, on_entry)
+        return _verify(source, header, entries, PathChecker(header), where, on_entry, terminated=terminated)
 
     def wake(entry: Entry) -> dict[str, Any]:
         assert loader is not None
@@ -418,7 +439,8 @@ def verify_lines(
 
     checker = PathChecker(header, loader=load)
     if known is not None or processes is False or header.is_legacy:
-        return _verify(source, header, entries, checker, where, on_entry, Parking(wake), None, known)
+        return _verify(source, header, entries, checker, where, on_entry, Parking(wake), None, known,
+                       terminated=terminated)
     blocks = _blocks_of(entries)
     opening: list[tuple[bytes, list[bytes]]] = []
     size = 0
@@ -429,10 +451,10 @@ def verify_lines(
             break
     if not parallel.wanted(size, processes):
         return _verify(source, header, chain.from_iterable(parts for _, parts in chain(opening, blocks)), checker, where,
-                       on_entry, Parking(wake))
+                       on_entry, Parking(wake), terminated=terminated)
     with parallel.LineHelper() as helper:
         return _verify(source, header, helper.lines(chain(opening, blocks)), checker, where, on_entry, Parking(wake),
-                       None, helper.known)
+                       None, helper.known, terminated=terminated)
 
 
 def _blocks_of(lines: Iterable[bytes]) -> Iterator[tuple[bytes, list[bytes]]]:
@@ -503,11 +525,12 @@ def _verify(
     source: str, header: Header, lines: Iterable[bytes], checker: PathChecker, where: dict[str, int] | None,
     on_entry: Callable[[Entry], None] | None = None, parking: Parking | None = None,
     misstated: dict[str, str] | None = None, known: deque[parallel.Known] | None = None, *, paths: bool = True,
+    terminated: Callable[[], bool],
 ) -> VerifyReport:
     """The pass of a streamed verify; ``paths=False``: ``checker`` is fed nothing (:func:`verify_file`'s)."""
     with gc_paused():
         reader = _Reader(source, header, lines, checker=checker if paths else None, keep_entries=False, where=where,
-                         on_entry=on_entry, parking=parking, misstated=misstated, known=known)
+                         on_entry=on_entry, parking=parking, misstated=misstated, known=known, terminated=terminated)
         sf = reader.run()
         checker.finish()
     report = verify_report(source, header, reader.count, sf.migrated, sf.all_problems(), sf.unresolved, checker, reader.links)
@@ -530,6 +553,7 @@ class _Reader:
         keep_objects: bool = False,
         checker: PathChecker | None = None,
         keep_entries: bool = True,
+        terminated: Callable[[], bool],
         where: dict[str, int] | None = None,
         on_entry: Callable[[Entry], None] | None = None,
         parking: Parking | None = None,
@@ -546,6 +570,9 @@ class _Reader:
         self.source = source
         self.header = header
         self.lines = lines  # the entry lines, the header's excluded
+        #: Whether the file's last line ended with LF, asked once the lines are all read:
+        #: only a last line without one is worded as cut short.
+        self.terminated = terminated
         self.entries: list[Entry] = []
         self.count = 0
         self.problems: list[Problem] = []
@@ -596,7 +623,7 @@ class _Reader:
             raw = following
 
     def _failed(self, raw: bytes, exc: Exception | None, lineno: int, last: bool) -> None:
-        found, claims = line_failure(raw, exc, line=lineno, last=last)
+        found, claims = line_failure(raw, exc, line=lineno, last=last, terminated=last and self.terminated())
         if found.code == "truncated":
             self.truncated = found
         else:

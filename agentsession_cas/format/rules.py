@@ -147,11 +147,14 @@ def describe_json_error(exc: Exception) -> str:
     return f"does not parse as JSON: {exc}"
 
 
-def parse_line(raw: bytes, *, line: int, last: bool = False) -> tuple[dict[str, Any] | None, bool, Problem | None, tuple[str, ...]]:
+def parse_line(
+    raw: bytes, *, line: int, last: bool = False, terminated: bool = False,
+) -> tuple[dict[str, Any] | None, bool, Problem | None, tuple[str, ...]]:
     """One entry line parsed, as I-JSON: ``(object, careful, problem, claims)``.
 
     ``object`` is None when the line is no JSON object; the problem says why
-    (``truncated`` for the ``last`` line of a file, which a reader tolerates, else
+    (``truncated`` for the ``last`` line of a file, which a reader tolerates, worded as
+    cut short only when the file ends without a newline, ``terminated`` False; else
     ``json`` or ``ijson``). ``claims`` are the ids such a line seems to claim, found by
     a plain search (any spelling, every candidate, since a nested member may also be
     named ``id``), so its children do not report a missing parent for a fault reported
@@ -159,23 +162,30 @@ def parse_line(raw: bytes, *, line: int, last: bool = False) -> tuple[dict[str, 
     try:
         obj, careful = loads_flagged(raw.decode("utf-8"))
     except ValueError as exc:  # IJSONError, JSONDecodeError, UnicodeDecodeError
-        found, claims = line_failure(raw, exc, line=line, last=last)
+        found, claims = line_failure(raw, exc, line=line, last=last, terminated=terminated)
         return None, False, found, claims
     if not isinstance(obj, dict):
-        found, claims = line_failure(raw, None, line=line, last=last)
+        found, claims = line_failure(raw, None, line=line, last=last, terminated=terminated)
         return None, False, found, claims
     return obj, careful, None, _NO_CLAIMS
 
 
-def line_failure(raw: bytes, exc: Exception | None, *, line: int, last: bool = False) -> tuple[Problem, tuple[str, ...]]:
+def line_failure(
+    raw: bytes, exc: Exception | None, *, line: int, last: bool = False, terminated: bool = False,
+) -> tuple[Problem, tuple[str, ...]]:
     """The problem of a line :func:`parse_line` cannot read, and the ids it claims: the
     parse's exception, or None for JSON that is no object. (A bulk reader parses
-    inline and comes here only when a line fails.)"""
+    inline and comes here only when a line fails.) The ``last`` line of a file is
+    tolerated (``truncated``, RFC 0001 File) whether or not a newline ends it
+    (``terminated``), and said to be cut short only when none does: a line that got
+    its newline written was not cut by a crash."""
     if exc is None:
         return problem(line, "json", "the line is not a JSON object"), _NO_CLAIMS
     if isinstance(exc, IJSONError):
         return problem(line, "ijson", f"not I-JSON: {exc}"), _claims(raw)
     if last:
+        if terminated:
+            return problem(line, "truncated", f"the last line {describe_json_error(exc)}"), _NO_CLAIMS
         return problem(line, "truncated", f"the last line was cut short: {describe_json_error(exc)}"), _NO_CLAIMS
     return problem(line, "json", f"the line {describe_json_error(exc)}"), _claims(raw)
 

@@ -70,7 +70,22 @@ if TYPE_CHECKING:
 # where a session is checked or projected, not here: opening a session to read its
 # head, list it or export it does not load it (issue 11, start-up).
 
-__all__ = ["AppendResult", "PreparedBatch", "ProjectionOutline", "Session", "entry_from_objects", "iter_up", "walk_up"]
+__all__ = [
+    "SYNTHETIC_REFUSED", "AppendResult", "PreparedBatch", "ProjectionOutline", "Session", "carries_synthetic",
+    "entry_from_objects", "iter_up", "walk_up",
+]
+
+#: Why a store refuses a label carrying ``synthetic`` (see :func:`carries_synthetic`).
+SYNTHETIC_REFUSED = "a label carrying 'synthetic' is a projection's marker; a store refuses it"
+
+
+def carries_synthetic(type_: object, body: Mapping[str, Any]) -> bool:
+    """RFC 0002 "Head": a ``label`` carrying ``synthetic`` marks a projection's own marker,
+    never an entry of record, and a store refuses it: the one test an append, a pushed
+    entry and an imported line are held to (an import discards the marker itself,
+    ``synthetic: true``, and refuses any other such label)."""
+    return type_ == "label" and body.get("synthetic") is not None
+
 
 _DURABLE_ON_RESPONSES = frozenset({"response", "compaction", "branch_summary"})
 #: Entries a writer appends between the summaries it hands the backend as it goes (see
@@ -810,11 +825,8 @@ class Session:
         data = e.data
         type_ = data.get("type")
         eid = e.id
-        if type_ == "label" and data.get("synthetic") is not None:
-            raise AppendRefusedError(
-                "a label carrying 'synthetic' is a projection's marker; a store refuses it",
-                rule="synthetic", code="synthetic", entry=eid,
-            )
+        if carries_synthetic(type_, data):
+            raise AppendRefusedError(SYNTHETIC_REFUSED, rule="synthetic", code="synthetic", entry=eid)
         state = self.state
         own = state.own
         if eid in own or eid in added:

@@ -17,7 +17,7 @@ import builtins
 import uuid
 from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
-from os import PathLike
+from os import PathLike, fspath
 from typing import TYPE_CHECKING, Any
 
 from ..backends import DEFAULT_STORE, default_store_path, open_backend
@@ -35,6 +35,7 @@ from ..backends.base import (
 from ..backends.digests import EntryDigests
 from ..errors import (
     AgentSessionError,
+    AppendRefusedError,
     BadBaseError,
     BadNameError,
     BaseNotHeldError,
@@ -62,7 +63,18 @@ from ..progress import Progress, reported
 from .links import CHAIN_LIMIT, Chain, resolve_current
 from .own import OwnOrder
 from .refs import header_ident
-from .session import AppendResult, Session, _ProjectionWalk, _resume_leaf, entry_from_objects, envelope_parts, iter_up, walk_up
+from .session import (
+    SYNTHETIC_REFUSED,
+    AppendResult,
+    Session,
+    _ProjectionWalk,
+    _resume_leaf,
+    carries_synthetic,
+    entry_from_objects,
+    envelope_parts,
+    iter_up,
+    walk_up,
+)
 from .state import index_damage, replay
 from .summary import SessionSummary, SummaryBuilder
 
@@ -73,7 +85,10 @@ if TYPE_CHECKING:
 # The reader, the rule set and sweep are imported by the methods that use them (import,
 # sweep), so opening a store to read a head or list sessions does not load them.
 
-__all__ = ["DEFAULT_STORE", "SYNC_POLICIES", "AppendResult", "Session", "Store", "check_new_header", "default_store_path"]
+__all__ = [
+    "DEFAULT_STORE", "SYNC_POLICIES", "AppendResult", "Session", "Store", "check_fork_of", "check_new_header",
+    "default_store_path",
+]
 
 
 def check_new_header(header: Header, where: str) -> None:
@@ -88,6 +103,40 @@ def check_new_header(header: Header, where: str) -> None:
         raise SessionFormatError(where, problems)
     if header.is_legacy:
         raise FormatVersionError(f"{where}: format {header.format} is before 0.5; a store holds hashed entries")
+
+def check_fork_of(header: Header, owner_id: str, owner_header: Header, *, owns: bool = True) -> None:
+    """Refuse a fork (created, imported or pushed) whose header the session holding its
+    base forbids (RFC 0002 "Sessions"): ``media`` other than that session's, since the
+    prefix was written in one form; or, when that session's own entries include the base
+    (``owns``), a ``format`` earlier than its, since the prefix was written under that
+    one. :class:`BadBaseError` (``bad_base``) either way: the one place of the rule."""
+    if owner_header.media != header.media:
+        raise BadBaseError(
+            f"media {header.media!r} differs from {owner_header.media!r} of session {owner_id}, which holds the base"
+        )
+    fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
+    if owns and fmt and owner_fmt and fmt < owner_fmt:
+        raise BadBaseError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
+
+
+def synthetic_refusal(source: str, entry: Entry, markers: Container[str]) -> AppendRefusedError | None:
+    """What an import refuses of an entry it keeps (``markers``: the synthetic markers the
+    file held, which an import discards): a label carrying ``synthetic`` that is no marker
+    (:func:`~.session.carries_synthetic`, as an append and a push refuse it), or an entry
+    hanging from a marker, which would name a parent the store does not hold."""
+    where = f"{source}: line {entry.line}: " if entry.line is not None else f"{source}: "
+    if entry.parent is not None and entry.parent in markers:
+        return AppendRefusedError(
+            f"{where}entry {short_id(entry.id)} hangs from {short_id(entry.parent)}, a synthetic marker, which an "
+            "import discards (it is the projection's, not an entry): the entry would name a parent the store does not hold",
+            rule="synthetic", code="synthetic", entry=entry.id,
+        )
+    if carries_synthetic(entry.type, entry.data):
+        return AppendRefusedError(f"{where}entry {short_id(entry.id)}: {SYNTHETIC_REFUSED} (only a projection's marker, "
+                                  "synthetic: true, is discarded at import)", rule="synthetic", code="synthetic",
+                                  entry=entry.id)
+    return None
+
 
 #: When an append is made durable before it returns.
 SYNC_POLICIES = ("always", "responses", "never")
@@ -450,10 +499,7 @@ class Store:
         owner_id, owner_header, committed = owner.session, owner.header, owner.committed
         if not committed:
             raise BadBaseError(f"base {short_id(base)} is not yet committed in session {owner_id}; commit it first")
-        if owner_header.media != header.media:
-            raise BadBaseError(
-                f"media {header.media!r} differs from {owner_header.media!r} of session {owner_id}, which holds the base"
-            )
+        check_fork_of(header, owner_id, owner_header, owns=owner.owns)
         if self.entry(base).is_leaf_label:
             raise BadBaseError(f"base {short_id(base)} is a leaf label; the base is a fork's first head")
 
@@ -465,9 +511,6 @@ class Store:
         converging = [Entry({"id": i, "parents": p}, computed_id=i, content_hash=c) for i, c, p in chain if p is not None]
         if converging:
             self.check_prefix_readable(converging, owner_id, on_path={i for i, _, _ in chain})
-        fmt, owner_fmt = parse_format(header.format), parse_format(owner_header.format)
-        if fmt and owner_fmt and fmt < owner_fmt:
-            raise BadBaseError(f"a fork's format {header.format} may not be earlier than {owner_header.format} of {owner_id}")
         return [(i, c) for i, c, _ in chain]
 
     @staticmethod
@@ -818,7 +861,7 @@ class Store:
         from ..format.reader import verify_file
         from . import rulestate
 
-        taken = _TakenImport(spill, self._defaulted_header(first))
+        taken = _TakenImport(spill, self._defaulted_header(first), fspath(path))
         # A stage that takes pack blocks made ready lets the helper process compress the
         # entries' objects on its core (not for sidecar media: their names are read here).
         ready = spill.add_ready if isinstance(spill, ReadyStage) and first.media != "sidecar" else None
@@ -827,6 +870,8 @@ class Store:
         problems = [p for p in report.problems if p.code != "empty"]  # a header alone is a session to hold
         if problems:
             raise SessionFormatError(source, problems)
+        if taken.refusal is not None:
+            raise taken.refusal
         if report.header.data != first.data:
             raise StoreError(f"{source}: the file changed while it was imported (its header is not the one first read)")
         spill.end()  # (the file backend's pack is ended and made durable beside what follows)
@@ -840,7 +885,7 @@ class Store:
                 )
             if taken.base_is_leaf_label:
                 raise BadBaseError(f"{source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
-            self._check_holder_media(base, header)
+            self._check_holder(base, header)
         # The rules' state the pass leaves, kept for the session's first append (else
         # built then from every entry: seconds for a big session) if it stands at the head.
         rules = rulestate.capture_pass(report, header, taken.prefix, taken.own_ids(), taken.leaf_labels)
@@ -928,7 +973,12 @@ class Store:
         entries = sf.entries
         tree = sf.tree
         leaf = tree.resume_leaf()
-        kept = [e for e in entries if not (e.type == "label" and e.synthetic)]
+        markers = {e.id for e in entries if e.type == "label" and e.synthetic}
+        kept = [e for e in entries if e.id not in markers] if markers else entries
+        for e in kept:
+            refusal = synthetic_refusal(sf.source, e, markers)
+            if refusal is not None:
+                raise refusal
         if base is not None:
             cut = next((i for i, e in enumerate(kept) if e.id == base), None)
             if cut is None:
@@ -940,7 +990,7 @@ class Store:
                 raise BadBaseError(f"{sf.source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
             cut += 1
             prefix, own = kept[:cut], kept[cut:]
-            self._check_holder_media(base, header)
+            self._check_holder(base, header)
         else:
             prefix, own = [], kept
         own_ids = {e.id for e in own}  # where each may hang: the tree rule ("base"), held by verify_session
@@ -963,16 +1013,13 @@ class Store:
                 session.start_rules(rules)
         return session
 
-    def _check_holder_media(self, base: str, header: Header) -> None:
-        """A fork imported over a base held here: its media must be the holder's."""
+    def _check_holder(self, base: str, header: Header) -> None:
+        """A fork imported over a base held here: held to the session holding the base as a
+        create is (:func:`check_fork_of`: its media, and its format when that session owns it)."""
         holder = self.holder_of(base)
         if holder is not None:
             holder.close()
-            if holder.header.media != header.media:
-                raise BadBaseError(
-                    f"media {header.media!r} differs from {holder.header.media!r} of session {holder.session}, "
-                    "which holds the base"
-                )
+            check_fork_of(header, holder.session, holder.header, owns=holder.owns)
 
     @staticmethod
     def _import_head(
@@ -1024,10 +1071,11 @@ class _TakenImport:
     lines that are no entries of record (a synthetic marker; a line refused), the prefix
     up to the base, sidecar names; and the summary's running fields."""
 
-    def __init__(self, stage: ObjectStage, header: Header):
+    def __init__(self, stage: ObjectStage, header: Header, source: str):
         from ..format.parallel import PACKED
 
         self.stage = stage
+        self.source = source
         #: What an entry's objects are when the helper made them into ready blocks.
         self._packed = PACKED
         #: The header the session gets (the store's defaults filled in), which the summary starts from.
@@ -1040,6 +1088,9 @@ class _TakenImport:
         self.labels: dict[str, Mapping[str, Any]] = {}  # a label's members by id, for the resume rule
         self.leaf_labels: set[str] = set()
         self.skipped: set[str] = set()  # no entries of record: synthetic markers, lines refused
+        self.markers: set[str] = set()  # the synthetic markers, which no entry may hang from
+        #: The first entry an import refuses beside the rules verify applies (synthetic_refusal).
+        self.refusal: AppendRefusedError | None = None
         #: Where the own entries begin in :attr:`ids` (past the base), -1 until the base has come.
         self.own_from = 0 if header.base is None else -1
         self.prefix: list[str] = []  # the kept entries up to the base, the base included
@@ -1106,6 +1157,8 @@ class _TakenImport:
         data = e.data
         self.ids.append(eid)
         self.parents.append(data.get("parent"))
+        if self.markers and self.refusal is None and data.get("parent") in self.markers:
+            self.refusal = synthetic_refusal(self.source, e, self.markers)
         objects = e.objects
         if self.own_from < 0 or objects is None or eid != e.computed_id or data.get("type") == "label":
             self._take_other(e, objects)
@@ -1129,7 +1182,11 @@ class _TakenImport:
             # a projection's marker, never an entry of record; or a line the rules refuse
             # (the import is refused once the pass ends)
             self.skipped.add(eid)
+            if label and e.synthetic:
+                self.markers.add(eid)
             return
+        if label and self.refusal is None:
+            self.refusal = synthetic_refusal(self.source, e, ())
         if self.own_from >= 0:
             self.summary.feed(e)
         else:
