@@ -149,12 +149,15 @@ class _Stored:
 @dataclass
 class ServerState:
     """What one server keeps: the store, its token table (None: loopback, no auth), the
-    one lock its work is done under, and the network's state beside the store's."""
+    one lock its work is done under, and the network's state beside the store's.
+    ``tls``: where TLS is, as the capabilities say it (``run.TLS_MODES``: "server",
+    "proxy", "none"), which ``run.tls_mode`` decided."""
 
     store: Store
     tokens: Tokens | None
     limits: Limits = field(default_factory=Limits)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    tls: str = "none"
 
     def __post_init__(self) -> None:
         self.endpoint = StoreEndpoint(self.store)
@@ -453,6 +456,7 @@ class Api:
             "features": dict(FEATURES, ref_log=backend.refs.keeps_moves),
             "limits": st.limits.as_dict(),
             "auth": "bearer" if st.tokens is not None else "none (loopback only)",
+            "tls": st.tls,
             "store": {"describe": st.store.describe(), "persistent": backend.capabilities.persistent,
                       "read_only": st.store.readonly},
             "principal": {"name": principal.name, "scopes": sorted(principal.scopes), "sessions": principal.sessions},
