@@ -32,9 +32,12 @@ from .store_commands import store_root
               help="The most follow streams open at once (default 256); past it a follow is 503.")
 @click.option("--max-stream-age", type=click.IntRange(min=1), default=None, metavar="SECONDS",
               help="How long a follow stream lives (default 3600) before it ends with an end event to resume from.")
+@click.option("--max-idempotency-keys", type=click.IntRange(min=1), default=None, metavar="N",
+              help="The most Idempotency-Key answers kept at once (default 500000, each 20 min); past it a keyed write is 503.")
 def serve(
     listen: str, auth_file: str | None, tls_cert: str | None, tls_key: str | None, behind_tls_proxy: bool, sync: str,
     read_only: bool, max_body_bytes: int | None, max_streams: int | None, max_stream_age: int | None,
+    max_idempotency_keys: int | None,
 ) -> None:
     """Serve the store over HTTP (RFC 0003) until interrupted.
 
@@ -70,6 +73,8 @@ def serve(
         limits = replace(limits, max_streams=max_streams)
     if max_stream_age is not None:
         limits = replace(limits, max_stream_age_s=max_stream_age)
+    if max_idempotency_keys is not None:
+        limits = replace(limits, idempotency_keys=max_idempotency_keys)
     run(store, listen=listen, tokens=tokens, tls_cert=tls_cert, tls_key=tls_key, behind_tls_proxy=behind_tls_proxy,
         limits=limits, ready=ready)
 

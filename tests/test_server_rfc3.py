@@ -423,9 +423,10 @@ def test_behind_a_tls_proxy_the_operator_says_so_and_the_server_tells(tmp_path):
 
     Store.init(tmp_path / "st").close()
     with ServerProcess(tmp_path / "st", auth=token_file(tmp_path),
-                       extra=("--listen", "0.0.0.0:0", "--behind-tls-proxy")) as server:
+                       extra=("--listen", "0.0.0.0:0", "--behind-tls-proxy", "--max-idempotency-keys", "7")) as server:
         with server.client("reader") as c:
-            assert c.get("/v1/").json()["tls"] == "proxy"
+            caps = c.get("/v1/").json()
+            assert caps["tls"] == "proxy" and caps["limits"]["idempotency_keys"] == 7
         assert server.url.startswith("http://0.0.0.0:")
     assert b"TLS at a proxy in front" in b"".join(server.stderr)
     with ServerProcess(tmp_path / "st", auth=token_file(tmp_path)) as server, server.client("reader") as c:
@@ -437,3 +438,41 @@ def test_behind_a_tls_proxy_the_operator_says_so_and_the_server_tells(tmp_path):
                    "--tls-cert", "c.pem", "--tls-key", "k.pem")
     assert r.returncode == 1 and "--behind-tls-proxy" in r.stderr
 
+
+def test_a_full_idempotency_table_refuses_new_keys_and_forgets_no_live_one(tmp_path):
+    """Conventions, Retries: "the server MUST return the first outcome for a repeated key
+    for at least the lease's longest TTL". Past its count the table forgot its oldest key
+    however young, so a retry of it acted again; now a new key is refused with a
+    retryable 503 (store_fault, Retry-After) while every key is live, and a key is
+    forgotten only once `idempotency_ttl_ms` has passed."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+    from agentsession_cas.server.app import Limits, ServerState, create_app
+    from agentsession_cas.store import Store
+
+    state = ServerState(Store.init(tmp_path / "srv"), None, Limits(idempotency_keys=2))
+    unfilled = {k: v for k, v in Header.new("x", created_at=TS).data.items() if k != "id"}
+    with TestClient(create_app(state), base_url="http://testserver/v1") as c:
+        def create_keyed(key: str):
+            return c.post("/sessions", json=unfilled, headers={"Idempotency-Key": key})
+
+        first = create_keyed("k1")
+        assert first.status_code == 201 and create_keyed("k2").status_code == 201
+        full = create_keyed("k3")
+        problem(full, 503, "store_fault")
+        assert int(full.headers["retry-after"]) >= 1 and "idempotency" in full.json()["detail"].lower()
+        assert len(lines(c.get("/sessions"))) == 3  # k3 did nothing: two sessions and the end frame
+        # The oldest key is still honoured: its retry gets the first answer, not a new session.
+        again = create_keyed("k1")
+        assert again.status_code == 201 and again.headers["idempotent-replay"] == "true"
+        assert again.json()["session"] == first.json()["session"]
+        # Once the oldest is past the expiry (aged here, not waited for), a new key is taken.
+        oldest = next(iter(state.replies))
+        state.replies[oldest].at -= state.limits.idempotency_ttl_ms / 1000 + 1
+        assert create_keyed("k3").status_code == 201
+        problem(create_keyed("k1"), 503, "store_fault")  # k1 forgotten (not replayed), the table full again
+    state.store.close()
