@@ -596,6 +596,15 @@ class ScopeError(AgentSessionError):
     status = 403
 
 
+class InsecureListenError(AgentSessionError):
+    """``serve`` asked to listen beyond loopback without what RFC 0003 requires there:
+    bearer tokens (``--auth``) and TLS (``--tls-cert``/``--tls-key``, or
+    ``--behind-tls-proxy`` where a proxy in front terminates it). Nothing was bound."""
+
+    code = "insecure_listen"
+    status = 500
+
+
 class SessionReplacedError(StoreError):
     """The session under this id is another incarnation than the caller's
     ``If-Incarnation`` names: deleted and created again since it looked."""

@@ -21,6 +21,8 @@ from .store_commands import store_root
               help='Bearer tokens: {"tokens": [{"token", "scopes", "sessions"?}]}. Without it: loopback only.')
 @click.option("--tls-cert", metavar="FILE", help="Serve HTTPS with this certificate (PEM), with --tls-key.")
 @click.option("--tls-key", metavar="FILE", help="The certificate's private key (PEM).")
+@click.option("--behind-tls-proxy", "behind_tls_proxy", is_flag=True,
+              help="A proxy in front terminates TLS and forwards here: serve plain HTTP beyond loopback (with --auth).")
 @click.option("--sync", type=click.Choice(["always", "responses", "never"]), default="always", show_default=True,
               help="When an append made through the server is durable before it answers (the store's policy).")
 @click.option("--read-only", "read_only", is_flag=True, help="Serve the store read-only: every write is refused (read_only).")
@@ -30,29 +32,37 @@ from .store_commands import store_root
               help="The most follow streams open at once (default 256); past it a follow is 503.")
 @click.option("--max-stream-age", type=click.IntRange(min=1), default=None, metavar="SECONDS",
               help="How long a follow stream lives (default 3600) before it ends with an end event to resume from.")
+@click.option("--max-idempotency-keys", type=click.IntRange(min=1), default=None, metavar="N",
+              help="The most Idempotency-Key answers kept at once (default 500000, each 20 min); past it a keyed write is 503.")
 def serve(
-    listen: str, auth_file: str | None, tls_cert: str | None, tls_key: str | None, sync: str, read_only: bool,
-    max_body_bytes: int | None, max_streams: int | None, max_stream_age: int | None,
+    listen: str, auth_file: str | None, tls_cert: str | None, tls_key: str | None, behind_tls_proxy: bool, sync: str,
+    read_only: bool, max_body_bytes: int | None, max_streams: int | None, max_stream_age: int | None,
+    max_idempotency_keys: int | None,
 ) -> None:
     """Serve the store over HTTP (RFC 0003) until interrupted.
 
     Prints `listening on URL` once it accepts connections. Without --auth it
     listens on loopback only and every caller may do everything; with it,
     every request needs a bearer token from FILE and the token's scopes.
+    Beyond loopback it also needs TLS (RFC 0003): --tls-cert and --tls-key,
+    or --behind-tls-proxy where a proxy in front terminates it.
     """
     try:
         from agentsession_cas.server.app import Limits
         from agentsession_cas.server.auth import load_tokens
+        from agentsession_cas.server.run import TLS_MODES, tls_mode
         from agentsession_cas.server.run import serve as run
     except ImportError as exc:
         fail(f"the server needs its extra: pip install 'agentsession-cas[server]' ({exc})", code=UnsupportedError.code)
     tokens = load_tokens(auth_file) if auth_file else None
+    # Refused before the store is opened; serve() asks the same function again.
+    mode = tls_mode(listen, tokens=tokens, tls_cert=tls_cert, tls_key=tls_key, behind_tls_proxy=behind_tls_proxy)
     store = open_store(store_root(), sync=sync, readonly=read_only)
 
     def ready(url: str) -> None:
         auth = "bearer tokens" if tokens is not None else "none: loopback only"
         click.echo(f"listening on {url}", file=sys.stdout)
-        click.echo(f"agentsession: serving {store.describe()} (auth: {auth})", err=True)
+        click.echo(f"agentsession: serving {store.describe()} (auth: {auth}; {TLS_MODES[mode]})", err=True)
         sys.stdout.flush()
 
     limits = Limits()
@@ -63,7 +73,10 @@ def serve(
         limits = replace(limits, max_streams=max_streams)
     if max_stream_age is not None:
         limits = replace(limits, max_stream_age_s=max_stream_age)
-    run(store, listen=listen, tokens=tokens, tls_cert=tls_cert, tls_key=tls_key, limits=limits, ready=ready)
+    if max_idempotency_keys is not None:
+        limits = replace(limits, idempotency_keys=max_idempotency_keys)
+    run(store, listen=listen, tokens=tokens, tls_cert=tls_cert, tls_key=tls_key, behind_tls_proxy=behind_tls_proxy,
+        limits=limits, ready=ready)
 
 
 COMMANDS: list[click.Command] = [serve]

@@ -328,3 +328,37 @@ def test_a_failure_of_the_flusher_is_raised_at_the_next_call(served, token, monk
             s.append(_msg("next"))
         with pytest.raises(LeaseLostError):
             s.close()
+
+
+def test_an_append_and_a_head_move_whose_answers_were_lost_land_once(served, token):  # noqa: F811
+    """RFC 0003, Conventions, Retries: a client that does not know whether a write landed
+    retries it, and the server returns the first outcome for a repeated Idempotency-Key.
+    The HTTP store sent appends and head moves bare and never again, so a dropped answer
+    (the server had acted) was an error to the caller, and the handle stopped, though the
+    write had landed. Now each carries a key and is sent again: the append is in the log
+    once, with its first outcome, and the head move's retry is its first success, not
+    `head_moved`."""
+    from test_server_exchange import DroppingProxy
+
+    with open_store(served.url) as st:
+        st.create(Header.new("chat-r")).close()
+
+    def through(marker: bytes, work):
+        proxy = DroppingProxy(served.url, marker)
+        try:
+            with open_store(proxy.url) as st, st.session("chat-r") as s:
+                out = work(s)
+        finally:
+            proxy.close()
+        assert proxy.dropped == 1
+        return out
+
+    a, b = through(b"POST /v1/sessions/chat-r/entries?", lambda s: [s.append(_msg(m)).id for m in ("a", "b")])
+    c = through(b"PUT /v1/sessions/chat-r/head HTTP/1.1",
+                lambda s: (s.set_head(a, expected=b), s.append(_msg("c")).id)[1])
+    with served.client("all") as http:
+        log = [json.loads(x) for x in http.get("/v1/sessions/chat-r/log").text.splitlines()][:-1]
+        facts = http.get("/v1/sessions/chat-r").json()
+    assert [(x.get("entry"), x.get("outcome"), x["head"]) for x in log] == [
+        (a, "continued", a), (b, "continued", b), (None, None, a), (c, "continued", c)]
+    assert facts["head"] == c and facts["length"] == 3

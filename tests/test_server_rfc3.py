@@ -365,3 +365,114 @@ def test_a_fork_whose_base_the_caller_may_not_read_is_no_entry_as_if_it_did_not_
                          404, "no_entry")
         assert held["detail"].replace(base, "X") == absent["detail"].replace("sha256:" + "e" * 64, "X")
         problem(a.get("/v1/sessions/a-f"), 404, "no_session")
+
+
+# -- session 34: the three deviations docs/server.md listed, closed ----------------------
+
+
+def _serve_cli(store, *args: str, timeout: float = 30):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "agentsession_cas", "--store", str(store), "serve", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_network_listen_without_tls_is_refused_naming_the_flags(tmp_path):
+    """Security considerations: "A deployment MUST authenticate and authorize every
+    request, over TLS". `serve --auth FILE --listen 0.0.0.0:PORT` served plain HTTP to the
+    network; now the library refuses it before binding (insecure_listen), naming the flags
+    that make it a deployment the RFC allows."""
+    from server_helpers import token_file
+
+    from agentsession_cas.errors import AgentSessionError
+    from agentsession_cas.server.auth import load_tokens
+    from agentsession_cas.server.run import serve
+    from agentsession_cas.store import Store
+
+    tokens = load_tokens(str(token_file(tmp_path)))
+
+    def ready(url: str) -> None:
+        raise AssertionError(f"it served plain HTTP at {url}")
+
+    for listen in ("0.0.0.0:0", "[::]:0", "store.example:443"):
+        store = Store.init(tmp_path / f"st-{len(listen)}")
+        try:
+            try:
+                serve(store, listen=listen, tokens=tokens, ready=ready)
+            except AgentSessionError as exc:
+                refusal = exc
+            else:
+                raise AssertionError("served")
+        finally:
+            store.close()
+        assert refusal.code == "insecure_listen", refusal
+        assert "--tls-cert" in str(refusal) and "--behind-tls-proxy" in str(refusal) and listen in str(refusal)
+    # The command says so, before it opens the store, and exits non-zero.
+    r = _serve_cli(tmp_path / "st-9", "--auth", str(token_file(tmp_path)), "--listen", "0.0.0.0:0")
+    assert r.returncode == 1 and "--tls-cert" in r.stderr and "--behind-tls-proxy" in r.stderr, r.stderr
+
+
+def test_behind_a_tls_proxy_the_operator_says_so_and_the_server_tells(tmp_path):
+    """With `--behind-tls-proxy` the operator states that TLS ends at a proxy in front: the
+    server listens beyond loopback, and its startup line and capabilities say which mode
+    it runs in (`tls`: "proxy"; "none" on loopback; "server" with its own certificate)."""
+    from server_helpers import ServerProcess, token_file
+
+    from agentsession_cas.store import Store
+
+    Store.init(tmp_path / "st").close()
+    with ServerProcess(tmp_path / "st", auth=token_file(tmp_path),
+                       extra=("--listen", "0.0.0.0:0", "--behind-tls-proxy", "--max-idempotency-keys", "7")) as server:
+        with server.client("reader") as c:
+            caps = c.get("/v1/").json()
+            assert caps["tls"] == "proxy" and caps["limits"]["idempotency_keys"] == 7
+        assert server.url.startswith("http://0.0.0.0:")
+    assert b"TLS at a proxy in front" in b"".join(server.stderr)
+    with ServerProcess(tmp_path / "st", auth=token_file(tmp_path)) as server, server.client("reader") as c:
+        assert c.get("/v1/").json()["tls"] == "none"
+    # The flag does not lift the need for tokens, nor go with a certificate of its own.
+    r = _serve_cli(tmp_path / "st", "--listen", "0.0.0.0:0", "--behind-tls-proxy")
+    assert r.returncode == 1 and "--auth" in r.stderr
+    r = _serve_cli(tmp_path / "st", "--auth", str(token_file(tmp_path)), "--behind-tls-proxy",
+                   "--tls-cert", "c.pem", "--tls-key", "k.pem")
+    assert r.returncode == 1 and "--behind-tls-proxy" in r.stderr
+
+
+def test_a_full_idempotency_table_refuses_new_keys_and_forgets_no_live_one(tmp_path):
+    """Conventions, Retries: "the server MUST return the first outcome for a repeated key
+    for at least the lease's longest TTL". Past its count the table forgot its oldest key
+    however young, so a retry of it acted again; now a new key is refused with a
+    retryable 503 (store_fault, Retry-After) while every key is live, and a key is
+    forgotten only once `idempotency_ttl_ms` has passed."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+    from agentsession_cas.server.app import Limits, ServerState, create_app
+    from agentsession_cas.store import Store
+
+    state = ServerState(Store.init(tmp_path / "srv"), None, Limits(idempotency_keys=2))
+    unfilled = {k: v for k, v in Header.new("x", created_at=TS).data.items() if k != "id"}
+    with TestClient(create_app(state), base_url="http://testserver/v1") as c:
+        def create_keyed(key: str):
+            return c.post("/sessions", json=unfilled, headers={"Idempotency-Key": key})
+
+        first = create_keyed("k1")
+        assert first.status_code == 201 and create_keyed("k2").status_code == 201
+        full = create_keyed("k3")
+        problem(full, 503, "store_fault")
+        assert int(full.headers["retry-after"]) >= 1 and "idempotency" in full.json()["detail"].lower()
+        assert len(lines(c.get("/sessions"))) == 3  # k3 did nothing: two sessions and the end frame
+        # The oldest key is still honoured: its retry gets the first answer, not a new session.
+        again = create_keyed("k1")
+        assert again.status_code == 201 and again.headers["idempotent-replay"] == "true"
+        assert again.json()["session"] == first.json()["session"]
+        # Once the oldest is past the expiry (aged here, not waited for), a new key is taken.
+        oldest = next(iter(state.replies))
+        state.replies[oldest].at -= state.limits.idempotency_ttl_ms / 1000 + 1
+        assert create_keyed("k3").status_code == 201
+        problem(create_keyed("k1"), 503, "store_fault")  # k1 forgotten (not replayed), the table full again
+    state.store.close()

@@ -402,8 +402,11 @@ class RemoteSessionLog(SessionLog):
             return
         headers = self._token()
         body = b"".join(self._line(r) for r in batch)
+        # Under an Idempotency-Key, sent again when no answer came (RFC 0003, Retries): the
+        # server replays the first answer, so the outcomes and seqs read below are the ones
+        # the batch had, never `held` for an append that landed before its answer was lost.
         answer = self.backend.http.request(
-            "POST", f"/sessions/{_sid(self.session_id)}/entries", safe=False, content=body,
+            "POST", f"/sessions/{_sid(self.session_id)}/entries", safe=False, keyed=True, content=body,
             params={"commit": "true" if commit else "false"},
             headers=dict(headers, **{"Session-Format": FORMAT_WRITTEN, "Content-Type": "application/x-ndjson"}),
         ).json()
@@ -431,8 +434,8 @@ class RemoteSessionLog(SessionLog):
         one (a mirror has none: declaring the record needs write scope, not a lease)."""
         op = rec.get("op")
         sid = _sid(self.session_id)
-        if op == "head":
-            self.backend.http.request("PUT", f"/sessions/{sid}/head", safe=False, headers=self._token(),
+        if op == "head":  # keyed: a retry gets the first answer, not `head_moved` for its own move
+            self.backend.http.request("PUT", f"/sessions/{sid}/head", safe=False, keyed=True, headers=self._token(),
                                       json={"expected": self._head, "to": rec.get("head"), "durable": True})
             self._head = rec.get("head")
             return

@@ -10,7 +10,9 @@ answers is raised as the library error it names (:mod:`.wire`).
 or cut, a timeout) is sent again, up to :data:`RETRIES` times, when that is
 safe: reads, object uploads (idempotent by hash), ``missing``, and writes sent
 with an ``Idempotency-Key``, which the server answers with the first outcome
-(push, record, handover). A 502/503/504 from a proxy is retried the same way.
+(push, record, handover, and the HTTP store's writes: appends and head moves
+among them). A 502/503/504 is retried the same way (from a proxy, or the server's
+own when its table of keys is full).
 
 **Tokens.** The bearer token is ``AGENTSESSION_TOKEN``, else the entry for the
 remote in ``$AGENTSESSION_REMOTES`` (default

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -113,7 +114,8 @@ class Limits:
     max_missing: int = 1_000_000
     max_lease_ttl_ms: int = 10 * 60 * 1000
     idempotency_ttl_ms: int = 20 * 60 * 1000
-    idempotency_keys: int = 100_000
+    #: First answers kept at once; past it a new key is refused (503), none forgotten early.
+    idempotency_keys: int = 500_000
     upload_grace_s: int = 3600
     max_streams: int = 256
     max_stream_age_s: int = 3600
@@ -149,12 +151,15 @@ class _Stored:
 @dataclass
 class ServerState:
     """What one server keeps: the store, its token table (None: loopback, no auth), the
-    one lock its work is done under, and the network's state beside the store's."""
+    one lock its work is done under, and the network's state beside the store's.
+    ``tls``: where TLS is, as the capabilities say it (``run.TLS_MODES``: "server",
+    "proxy", "none"), which ``run.tls_mode`` decided."""
 
     store: Store
     tokens: Tokens | None
     limits: Limits = field(default_factory=Limits)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    tls: str = "none"
 
     def __post_init__(self) -> None:
         self.endpoint = StoreEndpoint(self.store)
@@ -348,6 +353,9 @@ class Api:
             stored = self._replayed(principal, key, request)
             if stored is not None:
                 return stored
+            full = self._keys_full()
+            if full is not None:
+                return full
             done = self.state.inflight[slot] = asyncio.Event()
             try:
                 response = await self._answer(fn, request, principal)
@@ -401,8 +409,27 @@ class Api:
                          response.media_type or JSON, headers, time.monotonic())
         with self.state.lock:
             self.state.replies[(principal.key, key)] = stored
-            while len(self.state.replies) > self.state.limits.idempotency_keys:
-                self.state.replies.popitem(last=False)
+
+    def _keys_full(self) -> Response | None:
+        """A 503 (retryable) when the table of keys holds :attr:`Limits.idempotency_keys`,
+        counting those being served; else None. A key is forgotten only once its
+        ``idempotency_ttl_ms`` has passed (RFC 0003: the first outcome is returned "for at
+        least the lease's longest TTL"), never to make room, so a new key waits until the
+        oldest expires, which ``Retry-After`` says."""
+        limits = self.state.limits
+        with self.state.lock:
+            self._expire_replies()
+            held = len(self.state.replies) + len(self.state.inflight)
+            if held < limits.idempotency_keys:
+                return None
+            oldest = next(iter(self.state.replies.values()), None)
+        wait = 1 if oldest is None else oldest.at + limits.idempotency_ttl_ms / 1000 - time.monotonic()
+        busy = StoreError(
+            f"this server remembers {held} Idempotency-Keys, its limit (each for {limits.idempotency_ttl_ms // 1000} s); "
+            f"nothing was done: send this request again in {math.ceil(max(wait, 1))} s"
+        )
+        busy.status = 503
+        return _problem(busy, {"Retry-After": str(math.ceil(max(wait, 1)))})
 
     def _expire_replies(self) -> None:
         horizon = time.monotonic() - self.state.limits.idempotency_ttl_ms / 1000
@@ -453,6 +480,7 @@ class Api:
             "features": dict(FEATURES, ref_log=backend.refs.keeps_moves),
             "limits": st.limits.as_dict(),
             "auth": "bearer" if st.tokens is not None else "none (loopback only)",
+            "tls": st.tls,
             "store": {"describe": st.store.describe(), "persistent": backend.capabilities.persistent,
                       "read_only": st.store.readonly},
             "principal": {"name": principal.name, "scopes": sorted(principal.scopes), "sessions": principal.sessions},

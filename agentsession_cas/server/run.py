@@ -1,9 +1,10 @@
 """Serving the application: a listening socket, uvicorn, and the store closed after.
 
 ``serve`` binds the socket itself (so ``--listen 127.0.0.1:0`` picks a free
-port and says which), refuses a non-loopback address without a token file,
-and closes the store when uvicorn stops (SIGINT or SIGTERM), which commits
-and checkpoints every session it holds and keeps their summaries.
+port and says which), refuses a non-loopback address without what RFC 0003
+requires there (:func:`tls_mode`: tokens, and TLS of its own or at a proxy the
+operator names), and closes the store when uvicorn stops (SIGINT or SIGTERM),
+which commits and checkpoints every session it holds and keeps their summaries.
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ from collections.abc import Callable
 
 import uvicorn
 
-from ..errors import StoreError
+from ..errors import InsecureListenError, StoreError
 from ..store.store import Store
 from .app import Limits, ServerState, create_app
 from .auth import Tokens
 
-__all__ = ["is_loopback", "parse_listen", "serve"]
+__all__ = ["TLS_MODES", "is_loopback", "parse_listen", "serve", "tls_mode"]
+
+#: What the capabilities' ``tls`` says of each mode a server may run in.
+TLS_MODES = {
+    "server": "this server terminates TLS (--tls-cert, --tls-key)",
+    "proxy": "plain HTTP here, TLS at a proxy in front (--behind-tls-proxy)",
+    "none": "plain HTTP on loopback only",
+}
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -42,6 +50,42 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def tls_mode(
+    listen: str, *, tokens: Tokens | None, tls_cert: str | None = None, tls_key: str | None = None,
+    behind_tls_proxy: bool = False,
+) -> str:
+    """The mode (a key of :data:`TLS_MODES`) a server listening on ``listen`` runs in, or
+    InsecureListenError (nothing bound) where RFC 0003 forbids it: "A deployment MUST
+    authenticate and authorize every request, over TLS". Beyond loopback a server needs
+    tokens, and TLS: its own certificate, or the operator's word that a proxy in front
+    terminates it (this server cannot see the proxy, so it takes that on trust and says
+    so in its capabilities)."""
+    host, _ = parse_listen(listen)
+    if (tls_cert is None) != (tls_key is None):
+        raise StoreError("--tls-cert and --tls-key go together")
+    if behind_tls_proxy and tls_cert is not None:
+        raise InsecureListenError(
+            "--behind-tls-proxy says a proxy in front terminates TLS, --tls-cert that this server does: give one"
+        )
+    loopback = is_loopback(host)
+    if tokens is None and not loopback:
+        raise InsecureListenError(
+            f"--listen {listen}: without --auth this server serves loopback only (127.0.0.1, ::1); "
+            "give a token file to listen elsewhere"
+        )
+    if tls_cert is not None:
+        return "server"
+    if behind_tls_proxy:
+        return "proxy"
+    if not loopback:
+        raise InsecureListenError(
+            f"--listen {listen} is not loopback, and RFC 0003 requires TLS beyond it: add --tls-cert FILE "
+            "--tls-key FILE to serve HTTPS, or --behind-tls-proxy if a proxy in front terminates TLS "
+            "and forwards to this address"
+        )
+    return "none"
+
+
 def serve(
     store: Store,
     *,
@@ -49,18 +93,15 @@ def serve(
     tokens: Tokens | None = None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
+    behind_tls_proxy: bool = False,
     limits: Limits | None = None,
     ready: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve ``store`` until interrupted; ``ready(url)`` is called once listening."""
+    """Serve ``store`` until interrupted; ``ready(url)`` is called once listening.
+    InsecureListenError, before anything is bound, for an address :func:`tls_mode`
+    refuses."""
+    mode = tls_mode(listen, tokens=tokens, tls_cert=tls_cert, tls_key=tls_key, behind_tls_proxy=behind_tls_proxy)
     host, port = parse_listen(listen)
-    if tokens is None and not is_loopback(host):
-        raise StoreError(
-            f"--listen {listen}: without --auth this server serves loopback only (127.0.0.1, ::1); "
-            "give a token file to listen elsewhere"
-        )
-    if (tls_cert is None) != (tls_key is None):
-        raise StoreError("--tls-cert and --tls-key go together")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY on accepted connections only when
     # the socket says it is TCP, and without it every response (head and body written
@@ -74,7 +115,7 @@ def serve(
         raise StoreError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
     sock.listen(128)
     bound = sock.getsockname()[1]
-    state = ServerState(store, tokens, limits or Limits())
+    state = ServerState(store, tokens, limits or Limits(), tls=mode)
     config = uvicorn.Config(
         create_app(state), log_level="warning", lifespan="off", ssl_certfile=tls_cert, ssl_keyfile=tls_key,
         timeout_graceful_shutdown=5, access_log=False,
