@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from decimal import Decimal
 
 import pytest
 import rfc8785
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from storetools import short_of_stack
 
 from agentsession_cas.format import canonical
 from agentsession_cas.format.canonical import (
@@ -38,6 +36,7 @@ from agentsession_cas.format.canonical import (
     loads,
     number_to_json,
 )
+from storetools import short_of_stack
 
 SAFE = 2**53 - 1
 

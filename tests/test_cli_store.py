@@ -1121,6 +1121,7 @@ def test_console_script_lock_across_processes(tmp_path):
 
 def test_create_with_an_empty_id_is_refused_not_replaced(tmp_path):
     from click.testing import CliRunner
+
     from agentsession_cli.main import main
 
     store = str(tmp_path / "st")

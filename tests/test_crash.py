@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 
 from agentsession_cas import Header, make_entry, read_session_bytes
-from agentsession_cas.errors import CorruptObjectError, SessionDamagedError, SessionLockedError
 from agentsession_cas.backends.files.log import read_log
+from agentsession_cas.errors import CorruptObjectError, SessionDamagedError, SessionLockedError
 from agentsession_cas.store import Store
 from storetools import refuse_to_wait
 

@@ -18,36 +18,35 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import Header, read_session_bytes
-from agentsession_cas.exchange import endpoint
-from agentsession_cas.exchange import operations as ex
-from agentsession_cas.format import parallel
-from agentsession_cas.format.canonical import canonical_bytes
+from agentsession_cas.backends.files.remotes import remote_key
 from agentsession_cas.errors import (
-    NoSuchObjectError,
     AppendRefusedError,
     BadObjectError,
     HandoverIncompleteError,
-    HeadMovedError,
     HeaderDiffersError,
+    HeadMovedError,
     IncompletePushError,
     MirrorError,
     MissingObjectsError,
+    NoSuchObjectError,
     NoSuchSessionError,
     NotRecordError,
     ReadOnlyError,
     StoreError,
     TransportError,
 )
+from agentsession_cas.exchange import endpoint
+from agentsession_cas.exchange import operations as ex
 from agentsession_cas.exchange.endpoint import StoreEndpoint
-from agentsession_cas.maintenance.fsck import fsck
-from agentsession_cas.format.hashing import entry_objects, sha256_ref
-from agentsession_cas.store.refs import Refs, header_ident
-from agentsession_cas.store import Store
-from agentsession_cas.backends.files.remotes import remote_key
-from agentsession_cas.exchange.local import LocalTransport
+from agentsession_cas.exchange.local import LocalTransport, remote_url
 from agentsession_cas.exchange.remembered import Remembered
-from agentsession_cas.exchange.local import remote_url
 from agentsession_cas.exchange.transport import PushRequest, RefPush
+from agentsession_cas.format import parallel
+from agentsession_cas.format.canonical import canonical_bytes
+from agentsession_cas.format.hashing import entry_objects, sha256_ref
+from agentsession_cas.maintenance.fsck import fsck
+from agentsession_cas.store import Store
+from agentsession_cas.store.refs import Refs, header_ident
 from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentsession_cas.format.canonical import loads, loads_flagged
 from agentsession_cas.errors import EntryError, IJSONError
+from agentsession_cas.format.canonical import loads, loads_flagged
 from agentsession_cas.format.hashing import (
     ENVELOPE_MEMBERS,
     RESERVED_MEMBERS,
@@ -367,10 +367,11 @@ def test_is_hash_property(s):
 
 # -- the envelope fast path ---------------------------------------------------
 
-from hypothesis import given, settings, strategies as st_env
+from hypothesis import given, settings
+from hypothesis import strategies as st_env
 
 from agentsession_cas.format.canonical import canonical_bytes as _cb
-from agentsession_cas.format.hashing import envelope_hash, envelope_object, sha256_ref as _ref
+from agentsession_cas.format.hashing import sha256_ref as _ref
 
 
 @settings(max_examples=300, deadline=None)
@@ -532,8 +533,8 @@ def test_line_members_cut_the_item_of_an_item_entry_and_its_response(item, respo
     """The members of a stored item entry with its response, read by line_members: the
     item's bytes it cuts are the item's canonical bytes, whatever the item and the response
     hold (members named ``response`` in either), and the members are the line's."""
-    from agentsession_cas.format.canonical import loads
     from agentsession_cas.format import hashing
+    from agentsession_cas.format.canonical import loads
     from agentsession_cas.format.hashing import line_from_objects, line_members
 
     try:
@@ -724,7 +725,7 @@ def _strict(text: bytes):
     """loads_flagged's answer, or the class of what it raises."""
     try:
         return loads_flagged(text)
-    except Exception as exc:  # noqa: BLE001 - the class is the answer compared
+    except Exception as exc:
         return type(exc)
 
 
@@ -745,7 +746,7 @@ def test_stored_content_parse_is_the_strict_parse(body, cut, byte, odd):
         expected = _strict(text)
         try:
             got = hashing._parse_stored(text)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             assert expected is type(exc), text
             continue
         assert not isinstance(expected, type), text

@@ -22,11 +22,11 @@ from click.testing import CliRunner
 
 from agentsession_cas import read_session_bytes
 from agentsession_cas.backends.files import migrate as mig
-from agentsession_cas.errors import LayoutError, MigrationBusyError, MigrationError, MirrorError
+from agentsession_cas.backends.files.layout import LAYOUT
 from agentsession_cas.backends.files.log import read_log
 from agentsession_cas.backends.files.migrate import crc32c, layout_state, migrate, read_journal
 from agentsession_cas.backends.files.objects import SPACES, FileObjects
-from agentsession_cas.backends.files.layout import LAYOUT
+from agentsession_cas.errors import LayoutError, MigrationBusyError, MigrationError, MirrorError
 from agentsession_cas.store import Store
 from agentsession_cli import migrate_command, terminal
 from agentsession_cli.main import main
@@ -86,7 +86,7 @@ def outcome(root: Path) -> tuple[dict[str, object], dict[str, set[str]]]:
 
 
 @pytest.fixture
-def old(tmp_path) -> "old_layout.OldLayoutStore":
+def old(tmp_path) -> old_layout.OldLayoutStore:
     return old_layout.build_scenario(tmp_path / "store")
 
 

@@ -20,9 +20,7 @@ import pytest
 
 import agentsession_cas.backends.files.packs as packs_mod
 from agentsession_cas import Header
-from agentsession_cas.errors import CorruptObjectError, CorruptPackError, LayoutError
-from agentsession_cas.maintenance.fsck import fsck
-from agentsession_cas.format.hashing import envelope_bytes, sha256_ref
+from agentsession_cas.backends.files.layout import LAYOUT
 from agentsession_cas.backends.files.objects import FileObjects
 from agentsession_cas.backends.files.packs import (
     KIND_ENVELOPE,
@@ -38,7 +36,9 @@ from agentsession_cas.backends.files.packs import (
     encode_envelope,
     encode_side,
 )
-from agentsession_cas.backends.files.layout import LAYOUT
+from agentsession_cas.errors import CorruptObjectError, CorruptPackError, LayoutError
+from agentsession_cas.format.hashing import envelope_bytes, sha256_ref
+from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.store import Store
 
 E, C, B = SPACE_BITS["entries"], SPACE_BITS["contents"], SPACE_BITS["blobs"]

@@ -10,9 +10,9 @@ it shares nothing in memory with the first, as another process would not.
 from __future__ import annotations
 
 import json
-import shutil
 import os
 import random
+import shutil
 import struct
 import time
 from pathlib import Path
@@ -22,14 +22,14 @@ import pytest
 import zstandard
 from click.testing import CliRunner
 
+import agentsession_cas.backends.files as store_mod
 import agentsession_cas.backends.files.objects as objects_mod
 import agentsession_cas.backends.files.packs as packs_mod
-import agentsession_cas.backends.files as store_mod
 from agentsession_cas import Header
-from agentsession_cas.errors import CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
-from agentsession_cas.format.hashing import envelope_bytes, sha256_ref
 from agentsession_cas.backends.files.objects import PACK_BATCH, FileObjects
 from agentsession_cas.backends.files.packs import MAX_BLOCK, SPACE_BITS, Pack, PackSet, PackWriter
+from agentsession_cas.errors import CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
+from agentsession_cas.format.hashing import envelope_bytes, sha256_ref
 from agentsession_cas.store import Store
 from agentsession_cli.main import main
 

@@ -18,7 +18,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agentsession_cas import canonical_bytes
-from agentsession_cas.format.entry import Header
+from agentsession_cas.backends.files import refs as refs_module
+from agentsession_cas.backends.files.refs import ref_file_name
 from agentsession_cas.errors import (
     BadNameError,
     BadRefNameError,
@@ -30,8 +31,9 @@ from agentsession_cas.errors import (
     RefMovedError,
     StoreError,
 )
-from agentsession_cas.backends.files import refs as refs_module
+from agentsession_cas.format.entry import Header
 from agentsession_cas.format.hashing import sha256_ref
+from agentsession_cas.store import Store
 from agentsession_cas.store.refs import (
     MAX_REF_NAME,
     Ref,
@@ -41,8 +43,6 @@ from agentsession_cas.store.refs import (
     check_ref_prefix,
     header_ident,
 )
-from agentsession_cas.store import Store
-from agentsession_cas.backends.files.refs import ref_file_name
 from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_rules import FILES, S
 
 from agentsession_cas import Header, make_entry, read_session_bytes
 from agentsession_cas.errors import AgentSessionError, SessionFormatError
@@ -27,6 +26,7 @@ from agentsession_cas.format.entry import Entry
 from agentsession_cas.format.rules import RULES, SessionChecker
 from agentsession_cas.store import Store, rulestate
 from agentsession_cas.store.rulestate import RestoredChecker, capture, restore, usable
+from test_rules import FILES, S
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
 from bench_verify import generate

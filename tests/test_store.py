@@ -17,9 +17,11 @@ import pytest
 
 import agentsession_cas.backends.files.objects as files_objects
 import agentsession_cas.backends.files.sessions as files_sessions
-
-from agentsession_cas import Entry, Header, canonical_bytes, loads, make_entry, read_session, read_session_bytes
-from agentsession_cas.format.entry import FORMAT_WRITTEN, LEAF_LABEL
+from agentsession_cas import Header, canonical_bytes, loads, make_entry, read_session, read_session_bytes
+from agentsession_cas.backends.files.layout import LAYOUT
+from agentsession_cas.backends.files.log import _checksum, encode_record, read_log, record_body
+from agentsession_cas.backends.files.objects import FileObjects
+from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES, FileSessionLog
 from agentsession_cas.errors import (
     AppendRefusedError,
     BadNameError,
@@ -37,13 +39,10 @@ from agentsession_cas.errors import (
     SessionLockedError,
     StoreError,
 )
+from agentsession_cas.format.entry import FORMAT_WRITTEN, LEAF_LABEL
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
-from agentsession_cas.backends.files.log import _checksum, encode_record, read_log, record_body
-from agentsession_cas.backends.files.objects import FileObjects
-from agentsession_cas.backends.files.layout import LAYOUT
-from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES, FileSessionLog
-from storetools import chained_after, crash, line_body, put_entry, rechain, refuse_to_wait
 from agentsession_cas.store import Session, Store
+from storetools import chained_after, crash, line_body, put_entry, rechain, refuse_to_wait
 
 _TICK = itertools.count()
 

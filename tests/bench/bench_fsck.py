@@ -51,8 +51,8 @@ for p in (str(ROOT), str(HERE)):
         sys.path.insert(0, p)
 
 import agentsession_cas  # noqa: E402
-from agentsession_cas.maintenance.fsck import fsck  # noqa: E402
 from agentsession_cas.backends.files.objects import SPACES, FileObjects  # noqa: E402
+from agentsession_cas.maintenance.fsck import fsck  # noqa: E402
 from agentsession_cas.store import Store  # noqa: E402
 from bench_verify import generate  # noqa: E402
 

@@ -12,11 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from damage import invoke, is_traceback
 
 from agentsession_cas import Header
 from agentsession_cas.format.names import is_session_id
-
-from damage import invoke, is_traceback
 
 TS = "2026-10-05T12:00:00Z"
 
