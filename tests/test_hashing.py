@@ -725,7 +725,7 @@ def _strict(text: bytes):
     """loads_flagged's answer, or the class of what it raises."""
     try:
         return loads_flagged(text)
-    except Exception as exc:
+    except Exception as exc:  # the class is the answer compared
         return type(exc)
 
 

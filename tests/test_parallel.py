@@ -721,7 +721,7 @@ def test_the_command_keeps_its_heap_through_mallopt_unless_told(monkeypatch):
         def __init__(self, name):
             assert name is None
 
-        class mallopt:
+        class mallopt:  # a C function's stand-in
             argtypes = restype = None
 
             def __new__(cls, param, value):

@@ -15,7 +15,7 @@ from agentsession_cas.store import Session, Store
 from agentsession_cli.main import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
-from bench_verify import generate
+from bench_verify import generate  # the benchmark's coding-agent session
 
 
 def cli(store: Path, *args: str):
@@ -644,7 +644,7 @@ def test_import_file_refuses_what_the_bytes_import_refuses_and_leaves_the_store(
             try:
                 s = do(st)
                 outcome.append(("held", s.id, s.head, len(s), st.export(s.id)))
-            except Exception as exc:
+            except Exception as exc:  # compared between the two paths
                 outcome.append(("refused", type(exc).__name__, getattr(exc, "code", None)))
         assert outcome[0] == outcome[1], path
         if outcome[0][0] == "refused":

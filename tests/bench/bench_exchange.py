@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             if side is not None:
                 try:
                     side.close()
-                except Exception as exc:
+                except Exception as exc:  # cleanup must not hide the result
                     print(f"warning: closing {side.name}: {exc}")
         if args.keep:
             print(f"kept {tmp}")
