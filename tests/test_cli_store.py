@@ -314,7 +314,7 @@ def test_the_json_stream_of_a_list_writes_what_emit_json_writes(value, capsys):
 
 
 def test_append_parent_rule(store):
-    ids = new_session(store, "s1", 1)
+    new_session(store, "s1", 1)
     one_error(cli(store, "append", "s1", input=json.dumps(dict(user("x"), parent="sha256:" + "2" * 64))), "does not appear earlier")
 
 

@@ -418,7 +418,7 @@ def test_only_the_last_compaction_contributes_and_a_bad_first_kept_is_an_error()
     p.config(model="m")
     a = p.user("a")
     p.add("compaction", first_kept="sha256:" + "2" * 64, summary=msg("system", "s1"), config={"model": "m"})
-    b = p.user("b")
+    p.user("b")
     with pytest.raises(ContextError, match="names no entry on its path"):
         build_context(p.path())
     p.add("compaction", first_kept=a.id, summary=msg("system", "s2"), config={"model": "m"})

@@ -387,6 +387,7 @@ def test_a_ref_names_a_session_the_store_holds(root, refs):
         refs.update("r", "s1", expected="a/b")
     with pytest.raises(BadRefNameError):
         refs.update("a//b", "s1", expected=None)
+    assert snapshot(root) == before
     assert {k for k in snapshot(root) if k.startswith("refs")} <= {"refs"}
     assert refs.list() == []
 

@@ -554,7 +554,7 @@ def test_dry_run_changes_nothing(tmp_path):
 
 def test_an_undamaged_session_is_left_as_it_is(tmp_path):
     root = tmp_path / "store"
-    ids = build(root, n=3)
+    build(root, n=3)
     with open(log_path(root), "ab") as f:
         f.write(b'0123456789abcdef {"entry":"sha256:12')  # a torn tail: recovery's work, not damage
     before = files(root / "sessions")

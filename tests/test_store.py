@@ -1737,7 +1737,7 @@ def test_opening_a_session_reads_no_other_session(root, monkeypatch):
     with Store.init(root) as st:
         for sid in ("a", "b", "c"):
             chain(st, sid, n=2)
-        a = st.session("a")
+        st.session("a")
         st.create(Header.new("fork-b", base=st.read("b").head))
     sessions = str(root / "sessions")
     opened: list[str] = []
