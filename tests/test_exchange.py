@@ -88,7 +88,7 @@ def count_objects(st: Store) -> int:
 def tree_snapshot(root: Path, *, skip: tuple[str, ...] = ("tmp", "locks")) -> dict[str, bytes]:
     """Every file under a store (but temp and lock files), by relative path."""
     out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         rel = os.path.relpath(dirpath, root)
         if rel.split(os.sep)[0] in skip:
             continue

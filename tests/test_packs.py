@@ -177,7 +177,7 @@ def test_round_trip_many_objects_several_blocks(tmp_path):
             assert p.read(loc) == d
             want = SPACE_BITS[sp] | (SPACE_BITS["entries"] if n == dup_name else 0)
             assert loc.spaces == want
-        for _, n, d in big:
+        for _, n, _ in big:
             loc = p.find(n)
             assert loc.offset == 0 and len(p.read_block(loc.block)) == 1  # a block of its own
         assert p.find(dup_name).spaces == SPACE_BITS["contents"] | SPACE_BITS["entries"]
@@ -616,7 +616,7 @@ def test_a_reader_holding_a_pack_reads_on_after_a_merge_unlinks_it(root, objs):
             assert not os.path.exists(p.path) and not os.path.exists(p.idx_path)
         # Without listing again: the open handles still read.
         for b in batches:
-            for sp, n, d in b:
+            for _, n, d in b:
                 found = objs.packs.locate(n)
                 assert found is not None and found[0] in held
                 assert objs.packs.read(*found) == d
@@ -830,7 +830,7 @@ def test_store_reads_everything_back_after_merges(root):
         s = st.create(Header.new(f"s{k}"))
         sessions[f"s{k}"] = [s.append(msg(i, f"s{k}")).id for i in range(200)]
         for _ in range(4):
-            for i in range(40):
+            for _ in range(40):
                 sessions[f"s{k}"].append(s.append(msg(10_000 + len(sessions[f"s{k}"]), f"s{k}")).id)
             s.checkpoint()
     st.close()
@@ -1264,7 +1264,7 @@ def test_find_agrees_before_and_after_the_pack_loads_its_names_into_a_dict(root,
         assert all(a is not None for a in answers[: len(its)])
         assert answers[len(its):] == [None] * len(absent)
         assert answers[:3] == before
-        for (sp, n, d), loc in zip(its, answers):
+        for (_, _, d), loc in zip(its, answers):
             assert p.read(loc) == d
     finally:
         p.close()

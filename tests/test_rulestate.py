@@ -289,7 +289,7 @@ def test_a_config_below_a_restored_tip_replays_only_the_settings_kept():
         kept_ids = list(builder.settings_ids)
         read: list[str] = []
         real = builder.loader
-        builder.loader = lambda i, real=real: read.append(i) or real(i)  # type: ignore[func-returns-value]
+        builder.loader = lambda i, real=real, read=read: read.append(i) or real(i)  # type: ignore[func-returns-value]
         for e in s.own[cut:]:
             assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (cut, e.id)
         assert type(restored) is RestoredChecker, cut

@@ -979,7 +979,7 @@ def test_sweeps_beside_writers_in_other_processes(root, tmp_path):
     finally:
         stop.write_text("")
         outs = [w.communicate(timeout=60) for w in workers]
-    for w, (out, err) in zip(workers, outs):
+    for w, (_, err) in zip(workers, outs):
         assert w.returncode == 0, err.decode()
     counts: dict[str, int] = {}
     for out, _ in outs:

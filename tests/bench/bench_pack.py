@@ -463,7 +463,7 @@ def analyze_size(root: str, objects, bd, ours_pack: int, ours_idx: int, git_tota
     # Per space: ours (zstd, blocks of that space only) and git's (zlib per object,
     # and what git gc actually stored for those blobs).
     git_name = {}
-    for space, name, d in objects:
+    for space, _name, d in objects:
         git_name.setdefault(space, []).append(hashlib.sha1(b"blob %d\0" % len(d) + d).hexdigest())
     sizes = bd.get("sizes", {})
     say(f"      {'space':10} {'objects':>9} {'raw':>12} {'zstd 9/1MiB':>12} {'ratio':>6} {'zlib/object':>12} "

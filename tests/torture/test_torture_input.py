@@ -27,7 +27,7 @@ NAMES = [
 
 def tree(root: Path) -> dict[str, tuple[int, bytes]]:
     out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             p = Path(dirpath) / name
             if name.endswith(".lock") or name == "summary":
