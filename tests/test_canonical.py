@@ -350,7 +350,7 @@ def test_subclasses_render_as_their_base_type():
         def __repr__(self):
             return "F!"
 
-    class I(int):
+    class Int(int):
         def __str__(self):
             return "I!"
 
@@ -359,7 +359,7 @@ def test_subclasses_render_as_their_base_type():
     class S(str):
         pass
 
-    value = {S("k"): [F(0.5), I(3), F(1e21), I(2**60)]}
+    value = {S("k"): [F(0.5), Int(3), F(1e21), Int(2**60)]}
     assert canonical_bytes(value) == b'{"k":[0.5,3,1e+21,1152921504606847000]}'
     assert canonical_str_reference(value) == '{"k":[0.5,3,1e+21,1152921504606847000]}'
 

@@ -642,7 +642,7 @@ def test_a_lazy_append_the_crash_took_takes_every_later_record_with_it(tmp_path)
     s.object_path("entries", x.id).unlink()
     report = migrate(s.root)
     plan = report.sessions[0]
-    assert [l["entry"] for l in plan.lost] == [x.id, y.id]
+    assert [loss["entry"] for loss in plan.lost] == [x.id, y.id]
     with Store(s.root, readonly=True) as store:
         a = store.read("a")
         assert a.log_order == [cfg.id] and a.head == cfg.id and a.mark == "record"

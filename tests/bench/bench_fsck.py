@@ -78,14 +78,14 @@ def store_objects(root: str):
         objs.packs.refresh(force=True)
         for pack in objs.packs.packs:
             by_block: dict[int, list[tuple[bytes, int, int]]] = {}
-            for raw, (b, o, l, _sp) in pack.records():
-                by_block.setdefault(b, []).append((raw, o, l))
+            for raw, (b, o, length, _sp) in pack.records():
+                by_block.setdefault(b, []).append((raw, o, length))
             for b in sorted(by_block):
                 block = pack.read_block(b)
-                for raw, o, l in by_block[b]:
+                for raw, o, length in by_block[b]:
                     if raw not in seen:
                         seen.add(raw)
-                        yield raw.hex(), block.object(o, l)
+                        yield raw.hex(), block.object(o, length)
         for space in SPACES:
             for name in objs.loose_names(space):
                 raw = bytes.fromhex(name[7:])
