@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentsession_cas.errors import EntryError, IJSONError
+from agentsession_cas.format.canonical import canonical_bytes as _cb
 from agentsession_cas.format.canonical import loads, loads_flagged
 from agentsession_cas.format.hashing import (
     ENVELOPE_MEMBERS,
@@ -367,23 +368,17 @@ def test_is_hash_property(s):
 
 # -- the envelope fast path ---------------------------------------------------
 
-from hypothesis import given, settings
-from hypothesis import strategies as st_env
-
-from agentsession_cas.format.canonical import canonical_bytes as _cb
-from agentsession_cas.format.hashing import sha256_ref as _ref
-
 
 @settings(max_examples=300, deadline=None)
 @given(
-    type_=st_env.text(min_size=1),
-    parent=st_env.one_of(st_env.none(), st_env.text()),
-    ts=st_env.text(),
+    type_=st.text(min_size=1),
+    parent=st.one_of(st.none(), st.text()),
+    ts=st.text(),
 )
 def test_envelope_fast_path_matches_canonical_bytes(type_, parent, ts):
     content = "sha256:" + "ab" * 32
     try:
-        expected = _ref(_cb(envelope_object(type_, parent, None, ts, content)))
+        expected = sha256_ref(_cb(envelope_object(type_, parent, None, ts, content)))
     except Exception as exc:  # a lone surrogate: both paths must refuse it alike
         with pytest.raises(type(exc)):
             envelope_hash(type_, parent, None, ts, content)

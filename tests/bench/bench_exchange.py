@@ -68,7 +68,7 @@ for p in (str(ROOT), str(HERE)):
 
 import agentsession_cas  # noqa: E402
 from agentsession_cas import exchange, read_session_bytes  # noqa: E402
-from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES
+from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES  # noqa: E402 - after the sys.path set-up
 from agentsession_cas.exchange.local import LocalTransport  # noqa: E402
 from agentsession_cas.store import Session, Store  # noqa: E402
 from bench_verify import SESSION_ID, generate  # noqa: E402

@@ -67,7 +67,7 @@ import agentsession_cas  # noqa: E402
 from agentsession_cas import Header  # noqa: E402
 from agentsession_cas.backends.files.objects import REPACK_BLOCK, REPACK_LEVEL, REPACK_THREADS, SPACES  # noqa: E402
 from agentsession_cas.backends.files.packs import BLOCK_TARGET, SPACE_BITS, Pack, PackWriter  # noqa: E402
-from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES
+from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES  # noqa: E402 - after the sys.path set-up
 from agentsession_cas.store import Store  # noqa: E402
 from bench_verify import generate  # noqa: E402
 
