@@ -162,9 +162,7 @@ def test_content_hash_is_of_canonical_body_bytes():
 
 def test_envelope_hash_is_of_canonical_envelope_bytes():
     _, chash = entry_hashes(ENTRY)
-    env = (
-        '{"content":"%s","parent":"%s","ts":"%s","type":"item"}' % (chash, ENTRY["parent"], ENTRY["ts"])
-    ).encode()
+    env = f'{{"content":"{chash}","parent":"{ENTRY["parent"]}","ts":"{ENTRY["ts"]}","type":"item"}}'.encode()
     assert envelope_hash("item", ENTRY["parent"], None, ENTRY["ts"], chash) == ref(env)
     assert entry_hashes(ENTRY)[0] == ref(env)
 
@@ -174,7 +172,7 @@ def test_root_parent_is_null_in_the_envelope():
     explicit = dict(root, parent=None)
     assert entry_hashes(root) == entry_hashes(explicit)
     _, chash = entry_hashes(root)
-    env = ('{"content":"%s","parent":null,"ts":"%s","type":"item"}' % (chash, ENTRY["ts"])).encode()
+    env = f'{{"content":"{chash}","parent":null,"ts":"{ENTRY["ts"]}","type":"item"}}'.encode()
     assert entry_hashes(root)[0] == ref(env)
 
 
