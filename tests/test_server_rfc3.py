@@ -5,10 +5,9 @@ tests/test_server.py; nothing is mocked at the HTTP layer.
 
 from __future__ import annotations
 
-from server_helpers import served  # noqa: F401 - served is a fixture
-from test_server import append, create, lease, lines, problem, user
-
 from agentsession_cas import Header
+from server_helpers import served as served  # a fixture; "as served" marks it used on purpose (F401, F811)
+from test_server import append, create, lease, lines, problem, user
 
 TS = "2026-09-17T12:00:00Z"
 
@@ -121,10 +120,9 @@ def test_a_listing_filters_and_orders_as_the_librarys_list_does(tmp_path):
     `created_at` as a string, compared `after`/`before` with `created_at` as strings
     ("12:00:00Z" sorts after "12:00:00.5Z"), matched `cwd` exactly and `harness` by name
     only. Now the answer is store.summary.select's, the one rule `agentsession list` uses."""
-    from server_helpers import ServerProcess
-
     from agentsession_cas.store import Store
     from agentsession_cas.store.summary import select
+    from server_helpers import ServerProcess
 
     st = Store.init(tmp_path / "st")
     # Created in one order, active in another; one continued in a successor.
@@ -200,10 +198,9 @@ def test_a_lease_whose_answer_was_lost_is_asked_again_under_its_key(served, tmp_
     acquire is such a write; the HTTP store sent it bare and never again, so a lost
     answer left the session leased to no one who knew the lease (session_locked for 5
     minutes) and the open failed. Now it is sent under a key and asked again."""
+    from agentsession_cas.store.url import open_store
     from server_helpers import TOKENS
     from test_server_exchange import DroppingProxy
-
-    from agentsession_cas.store.url import open_store
 
     monkeypatch.setenv("AGENTSESSION_TOKEN", TOKENS["all"][0])
     with served.client("all") as c:
