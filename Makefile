@@ -79,7 +79,8 @@ demo: $(STAMP)
 	@echo "== done: every step above succeeded (the one exit status 1 was the damaged file, on purpose)."
 	@echo "   Put the command on your PATH with: export PATH=\"$$PWD/.venv/bin:\$$PATH\""
 
-# The linter and the type checker (configured in pyproject.toml), then the whole
+# The linter (over the library, the command and the tests) and the type checker
+# (over the library and the command; both configured in pyproject.toml), then the whole
 # suite, slow tests included. The PostgreSQL tests start a server of their own
 # (tests/pg_server.py) and fail, not skip, without one: install it where missing.
 # The suite runs on TEST_WORKERS processes (pytest-xdist; each worker starts its own
@@ -99,7 +100,7 @@ postgresql-server:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null; fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentsession_cas cli
+	$(BIN)/ruff check agentsession_cas cli tests
 	$(BIN)/mypy
 
 # Benchmarks: ratios against baselines measured in the same run. The full set

@@ -27,7 +27,6 @@ from typing import Any
 
 import http_store
 import pg_server
-
 from agentsession_cas import LEAF_LABEL
 from agentsession_cas.errors import AgentSessionError
 from agentsession_cas.store import Session, Store

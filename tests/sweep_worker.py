@@ -86,7 +86,7 @@ def main() -> None:
             s.checkpoint()
             fid = f"{sid}-fork{forks}"
             f = st.create(Header.new(fid, base=s.head))
-            for i in range(rng.randint(1, 5)):
+            for _ in range(rng.randint(1, 5)):
                 f.append({"type": "item", "item": item(pool_body(rng.randrange(len(POOL)), gen))})
                 counts[fid] = counts.get(fid, 0) + 1
             f.close()

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from decimal import Decimal
 
 import pytest
 import rfc8785
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from storetools import short_of_stack
 
 from agentsession_cas.format import canonical
 from agentsession_cas.format.canonical import (
@@ -38,6 +36,7 @@ from agentsession_cas.format.canonical import (
     loads,
     number_to_json,
 )
+from storetools import short_of_stack
 
 SAFE = 2**53 - 1
 
@@ -351,7 +350,7 @@ def test_subclasses_render_as_their_base_type():
         def __repr__(self):
             return "F!"
 
-    class I(int):
+    class Int(int):
         def __str__(self):
             return "I!"
 
@@ -360,7 +359,7 @@ def test_subclasses_render_as_their_base_type():
     class S(str):
         pass
 
-    value = {S("k"): [F(0.5), I(3), F(1e21), I(2**60)]}
+    value = {S("k"): [F(0.5), Int(3), F(1e21), Int(2**60)]}
     assert canonical_bytes(value) == b'{"k":[0.5,3,1e+21,1152921504606847000]}'
     assert canonical_str_reference(value) == '{"k":[0.5,3,1e+21,1152921504606847000]}'
 

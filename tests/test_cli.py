@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -377,7 +376,7 @@ def test_a_parent_holding_a_newline_cannot_fake_a_second_line(tmp_path):
     path.write_bytes(HEADER + e.canonical_line())
     r = run("verify", str(path))
     assert r.exit_code == 1
-    problem_lines = [l for l in r.output.splitlines() if "fake.jsonl" in l]
+    problem_lines = [line for line in r.output.splitlines() if "fake.jsonl" in line]
     assert len(problem_lines) == 1 and "does not appear earlier" in problem_lines[0]
 
 

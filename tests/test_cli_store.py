@@ -314,7 +314,7 @@ def test_the_json_stream_of_a_list_writes_what_emit_json_writes(value, capsys):
 
 
 def test_append_parent_rule(store):
-    ids = new_session(store, "s1", 1)
+    new_session(store, "s1", 1)
     one_error(cli(store, "append", "s1", input=json.dumps(dict(user("x"), parent="sha256:" + "2" * 64))), "does not appear earlier")
 
 
@@ -1133,6 +1133,7 @@ def test_console_script_lock_across_processes(tmp_path):
 
 def test_create_with_an_empty_id_is_refused_not_replaced(tmp_path):
     from click.testing import CliRunner
+
     from agentsession_cli.main import main
 
     store = str(tmp_path / "st")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import re
+import shutil
 import sys
 from pathlib import Path
 

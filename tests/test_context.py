@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from agentsession_cas import (
     ContextBuilder,
@@ -416,7 +418,7 @@ def test_only_the_last_compaction_contributes_and_a_bad_first_kept_is_an_error()
     p.config(model="m")
     a = p.user("a")
     p.add("compaction", first_kept="sha256:" + "2" * 64, summary=msg("system", "s1"), config={"model": "m"})
-    b = p.user("b")
+    p.user("b")
     with pytest.raises(ContextError, match="names no entry on its path"):
         build_context(p.path())
     p.add("compaction", first_kept=a.id, summary=msg("system", "s2"), config={"model": "m"})

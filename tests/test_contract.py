@@ -22,20 +22,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from storetools import count_entry_reads
-from contract_helpers import (
-    BACKENDS,
-    StoreFactory,
-    committed_in_log,
-    domain_records,
-    fingerprint,
-    leaf,
-    msg,
-    remove_tree,
-    scratch_root,
-    ts,
-    unchanged,
-)
 
 from agentsession_cas import LEAF_LABEL, Header, is_valid_ts, make_entry, read_session_bytes
 from agentsession_cas.errors import (
@@ -66,6 +52,20 @@ from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.store import Store
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store
+from contract_helpers import (
+    BACKENDS,
+    StoreFactory,
+    committed_in_log,
+    domain_records,
+    fingerprint,
+    leaf,
+    msg,
+    remove_tree,
+    scratch_root,
+    ts,
+    unchanged,
+)
+from storetools import count_entry_reads
 
 UNHELD = "sha256:" + "0" * 64  # an entry id no store in these tests holds
 TS0 = "2026-10-05T11:00:00Z"

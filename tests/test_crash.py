@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 
 from agentsession_cas import Header, make_entry, read_session_bytes
-from agentsession_cas.errors import CorruptObjectError, SessionDamagedError, SessionLockedError
 from agentsession_cas.backends.files.log import read_log
+from agentsession_cas.errors import CorruptObjectError, SessionDamagedError, SessionLockedError
 from agentsession_cas.store import Store
 from storetools import refuse_to_wait
 
@@ -584,12 +584,12 @@ def test_two_processes_write_different_sessions_at_once(tmp_path):
         procs.append((sid, out, spawn("write", str(root), sid, str(n), out=out, stdin=subprocess.PIPE)))
     try:
         # Both hold their session's lock at the same moment before either appends.
-        for sid, out, proc in procs:
+        for _, out, proc in procs:
             wait_for_line(proc, out, "READY")
-        for sid, out, proc in procs:
+        for _, _, proc in procs:
             proc.stdin.write(b"go\n")
             proc.stdin.flush()
-        for sid, out, proc in procs:
+        for _, out, proc in procs:
             assert proc.wait(timeout=60) == 0, stderr_of(out)
             assert f"DONE {n}" in out_lines(out)
     finally:

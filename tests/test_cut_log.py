@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from storetools import line_body
 from agentsession_cas import Header, make_entry
 from agentsession_cas.errors import SessionDamagedError
 from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.maintenance.repair import repair_session
 from agentsession_cas.store import Store
 from agentsession_cli.main import main
+from storetools import line_body
 
 SID = "cut"
 

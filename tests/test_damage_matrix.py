@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from storetools import files
 
 from agentsession_cas import Header, make_entry
 from agentsession_cas.backends.files import sessions as file_sessions
 from agentsession_cas.errors import AgentSessionError
 from agentsession_cas.store import Store
 from agentsession_cli.main import main
+from storetools import files
 
 # -- the store ------------------------------------------------------------------------------
 

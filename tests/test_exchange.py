@@ -18,36 +18,35 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import Header, read_session_bytes
-from agentsession_cas.exchange import endpoint
-from agentsession_cas.exchange import operations as ex
-from agentsession_cas.format import parallel
-from agentsession_cas.format.canonical import canonical_bytes
+from agentsession_cas.backends.files.remotes import remote_key
 from agentsession_cas.errors import (
-    NoSuchObjectError,
     AppendRefusedError,
     BadObjectError,
     HandoverIncompleteError,
-    HeadMovedError,
     HeaderDiffersError,
+    HeadMovedError,
     IncompletePushError,
     MirrorError,
     MissingObjectsError,
+    NoSuchObjectError,
     NoSuchSessionError,
     NotRecordError,
     ReadOnlyError,
     StoreError,
     TransportError,
 )
+from agentsession_cas.exchange import endpoint
+from agentsession_cas.exchange import operations as ex
 from agentsession_cas.exchange.endpoint import StoreEndpoint
-from agentsession_cas.maintenance.fsck import fsck
-from agentsession_cas.format.hashing import entry_objects, sha256_ref
-from agentsession_cas.store.refs import Refs, header_ident
-from agentsession_cas.store import Store
-from agentsession_cas.backends.files.remotes import remote_key
-from agentsession_cas.exchange.local import LocalTransport
+from agentsession_cas.exchange.local import LocalTransport, remote_url
 from agentsession_cas.exchange.remembered import Remembered
-from agentsession_cas.exchange.local import remote_url
 from agentsession_cas.exchange.transport import PushRequest, RefPush
+from agentsession_cas.format import parallel
+from agentsession_cas.format.canonical import canonical_bytes
+from agentsession_cas.format.hashing import entry_objects, sha256_ref
+from agentsession_cas.maintenance.fsck import fsck
+from agentsession_cas.store import Store
+from agentsession_cas.store.refs import Refs, header_ident
 from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,7 +88,7 @@ def count_objects(st: Store) -> int:
 def tree_snapshot(root: Path, *, skip: tuple[str, ...] = ("tmp", "locks")) -> dict[str, bytes]:
     """Every file under a store (but temp and lock files), by relative path."""
     out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         rel = os.path.relpath(dirpath, root)
         if rel.split(os.sep)[0] in skip:
             continue
@@ -480,6 +479,7 @@ def test_fetch_from_a_mirror_makes_a_mirror_and_fast_forwards(tmp_path):
     ex.push(a, tmp_path / "b", "s1")
     r = ex.fetch(c, tmp_path / "b", "s1")
     assert (r.created, r.entries, r.objects, r.outcome, r.mark) == (True, 3, 6, "fast-forward", "mirror")
+    assert r.head_after == ids[-1]
     new = more(a, "s1", 2, "n")
     ex.push(a, tmp_path / "b", "s1")
     r = ex.fetch(c, tmp_path / "b", "s1")
@@ -916,6 +916,7 @@ def test_handover_makes_the_remote_the_record_and_this_store_a_mirror(ab):
     r = ex.handover(a, broot, "s1")
     assert r.handover and r.mark == "record" and r.action == "handover"
     assert a.session("s1").mark == "mirror" and reopen(broot, "s1").mark == "record"
+    assert reopen(broot, "s1").head == a.session("s1").head == ids[-1]  # the remote holds this store's line
     with pytest.raises(MirrorError):
         a.session("s1").append(user("no"))
     with pytest.raises(NotRecordError):
@@ -1229,7 +1230,7 @@ def test_a_refused_push_prints_the_result_and_exits_1(tmp_path):
 
 def test_handover_declare_record_and_take_back_commands(tmp_path):
     a, b = store(tmp_path, "a"), store(tmp_path, "b")
-    ids = record(a, "s1", 1)
+    record(a, "s1", 1)
     Refs(a).update("chat/x", "s1", expected=None)
     a.close()
     b.close()
@@ -1426,7 +1427,7 @@ def test_a_handovers_mark_lands_with_its_entries_and_head(ab, monkeypatch):
 
 def test_a_retried_handover_finishes_after_the_new_record_wrote(ab, monkeypatch):
     a, b, broot = ab
-    ids = record(a, "s1", 2)
+    record(a, "s1", 2)
 
     def lost(point: str) -> None:
         if point == "handover:between":
@@ -1446,7 +1447,7 @@ def test_a_retried_handover_finishes_after_the_new_record_wrote(ab, monkeypatch)
 
 def test_a_handover_to_a_record_that_went_another_way_is_still_refused(ab):
     a, b, broot = ab
-    ids = record(a, "s1", 2)
+    record(a, "s1", 2)
     ex.push(a, broot, "s1")
     with Store(broot) as b2:
         ex.declare_record(b2, "s1")
@@ -1534,7 +1535,7 @@ def _lose_the_answer(monkeypatch) -> None:
 def test_a_push_whose_answer_was_lost_does_not_refuse_the_next(ab, monkeypatch):
     a, b, broot = ab
     ids = record(a, "s1", 2)
-    ex.push(a, broot, "s1")
+    assert ex.push(a, broot, "s1").head_after == ids[-1]
     second = more(a, "s1", 2, "second")
     _lose_the_answer(monkeypatch)
     with pytest.raises(OSError):
@@ -1555,7 +1556,7 @@ def test_a_head_another_store_moved_is_still_refused_after_a_lost_answer(ab, mon
     with Store(broot) as b2:  # another record moves the remote's head back along this line
         ex.declare_record(b2, "s1")
         b2.session("s1").set_head(ids[1], expected=ids[-1])
-    mine = more(a, "s1", 1, "mine")
+    more(a, "s1", 1, "mine")
     r = ex.push(a, broot, "s1")
     assert r.outcome == "refused" and reopen(broot, "s1").head == ids[1]
     r = ex.push(a, broot, "s1", expected=ids[0])  # an expectation given is never second-guessed

@@ -24,18 +24,18 @@ from click.testing import CliRunner
 
 from agentsession_cas import Header, make_entry
 from agentsession_cas.backends.files.fsck import writer_holds
-from agentsession_cas.maintenance.fsck import FsckReport, fsck
-from agentsession_cas.format.hashing import entry_objects
 from agentsession_cas.backends.files.log import encode_record, read_log
-from storetools import chained_after
 from agentsession_cas.backends.files.objects import FileObjects
 from agentsession_cas.backends.files.packs import Pack
-from agentsession_cas.store.refs import Refs
-from agentsession_cas.store import Store
+from agentsession_cas.format.hashing import entry_objects
 from agentsession_cas.format.writer import write_session
+from agentsession_cas.maintenance.fsck import FsckReport, fsck
+from agentsession_cas.store import Store
+from agentsession_cas.store.refs import Refs
 from agentsession_cli import terminal
 from agentsession_cli.fsck_command import run_fsck
 from agentsession_cli.main import main
+from storetools import chained_after
 
 WORKER = Path(__file__).with_name("crash_worker.py")
 _TICK = itertools.count()

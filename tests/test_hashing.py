@@ -16,8 +16,9 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentsession_cas.format.canonical import loads, loads_flagged
 from agentsession_cas.errors import EntryError, IJSONError
+from agentsession_cas.format.canonical import canonical_bytes as _cb
+from agentsession_cas.format.canonical import loads, loads_flagged
 from agentsession_cas.format.hashing import (
     ENVELOPE_MEMBERS,
     RESERVED_MEMBERS,
@@ -161,9 +162,7 @@ def test_content_hash_is_of_canonical_body_bytes():
 
 def test_envelope_hash_is_of_canonical_envelope_bytes():
     _, chash = entry_hashes(ENTRY)
-    env = (
-        '{"content":"%s","parent":"%s","ts":"%s","type":"item"}' % (chash, ENTRY["parent"], ENTRY["ts"])
-    ).encode()
+    env = f'{{"content":"{chash}","parent":"{ENTRY["parent"]}","ts":"{ENTRY["ts"]}","type":"item"}}'.encode()
     assert envelope_hash("item", ENTRY["parent"], None, ENTRY["ts"], chash) == ref(env)
     assert entry_hashes(ENTRY)[0] == ref(env)
 
@@ -173,7 +172,7 @@ def test_root_parent_is_null_in_the_envelope():
     explicit = dict(root, parent=None)
     assert entry_hashes(root) == entry_hashes(explicit)
     _, chash = entry_hashes(root)
-    env = ('{"content":"%s","parent":null,"ts":"%s","type":"item"}' % (chash, ENTRY["ts"])).encode()
+    env = f'{{"content":"{chash}","parent":null,"ts":"{ENTRY["ts"]}","type":"item"}}'.encode()
     assert entry_hashes(root)[0] == ref(env)
 
 
@@ -367,22 +366,17 @@ def test_is_hash_property(s):
 
 # -- the envelope fast path ---------------------------------------------------
 
-from hypothesis import given, settings, strategies as st_env
-
-from agentsession_cas.format.canonical import canonical_bytes as _cb
-from agentsession_cas.format.hashing import envelope_hash, envelope_object, sha256_ref as _ref
-
 
 @settings(max_examples=300, deadline=None)
 @given(
-    type_=st_env.text(min_size=1),
-    parent=st_env.one_of(st_env.none(), st_env.text()),
-    ts=st_env.text(),
+    type_=st.text(min_size=1),
+    parent=st.one_of(st.none(), st.text()),
+    ts=st.text(),
 )
 def test_envelope_fast_path_matches_canonical_bytes(type_, parent, ts):
     content = "sha256:" + "ab" * 32
     try:
-        expected = _ref(_cb(envelope_object(type_, parent, None, ts, content)))
+        expected = sha256_ref(_cb(envelope_object(type_, parent, None, ts, content)))
     except Exception as exc:  # a lone surrogate: both paths must refuse it alike
         with pytest.raises(type(exc)):
             envelope_hash(type_, parent, None, ts, content)
@@ -532,8 +526,8 @@ def test_line_members_cut_the_item_of_an_item_entry_and_its_response(item, respo
     """The members of a stored item entry with its response, read by line_members: the
     item's bytes it cuts are the item's canonical bytes, whatever the item and the response
     hold (members named ``response`` in either), and the members are the line's."""
-    from agentsession_cas.format.canonical import loads
     from agentsession_cas.format import hashing
+    from agentsession_cas.format.canonical import loads
     from agentsession_cas.format.hashing import line_from_objects, line_members
 
     try:
@@ -724,7 +718,7 @@ def _strict(text: bytes):
     """loads_flagged's answer, or the class of what it raises."""
     try:
         return loads_flagged(text)
-    except Exception as exc:  # noqa: BLE001 - the class is the answer compared
+    except Exception as exc:  # the class is the answer compared
         return type(exc)
 
 
@@ -745,7 +739,7 @@ def test_stored_content_parse_is_the_strict_parse(body, cut, byte, odd):
         expected = _strict(text)
         try:
             got = hashing._parse_stored(text)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             assert expected is type(exc), text
             continue
         assert not isinstance(expected, type), text

@@ -20,11 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pg_server
 import pytest
 from click.testing import CliRunner
-from contract_helpers import leaf, msg
 
+import pg_server
 from agentsession_cas import Header
 from agentsession_cas.errors import SessionDamagedError
 from agentsession_cas.maintenance.check import verify_stored
@@ -32,6 +31,7 @@ from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.maintenance.repair import repair_session
 from agentsession_cas.store.url import open_store
 from agentsession_cli.main import main
+from contract_helpers import leaf, msg
 
 SID = "s1"
 

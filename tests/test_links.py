@@ -404,8 +404,8 @@ def test_successor_of_takes_the_last_continued_in_link():
 
 
 def test_continue_session_rolls_over_with_the_settings_in_force():
-    from agentsession_cas.format.context import build_context
     from agentsession_cas.errors import MirrorError
+    from agentsession_cas.format.context import build_context
 
     st = mem()
     old = st.create(Header.new("old", harness={"name": "h", "version": "1"}, cwd="/w", records=["run"]))

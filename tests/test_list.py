@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from storetools import count_entry_reads
 
 import agentsession_cas.backends.files.sessions as files_sessions
 from agentsession_cas import Header
 from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.store import Store
 from agentsession_cas.store.summary import SessionSummary, parse_when, seconds, select
+from storetools import count_entry_reads
 
 
 def _main():

@@ -12,10 +12,10 @@ import threading
 import time
 
 import pytest
-from storetools import refuse_to_wait
 
 from agentsession_cas.backends.files.locks import FileLock, LockTimeout
 from agentsession_cas.errors import StoreError
+from storetools import refuse_to_wait
 
 
 def test_two_lock_objects_in_one_process_exclude_each_other(tmp_path, monkeypatch):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import blake3
 import pytest
 
-from agentsession_cas.format.canonical import canonical_bytes
 from agentsession_cas.backends.files.log import CHECKSUM_HEX, encode_record, read_log
+from agentsession_cas.format.canonical import canonical_bytes
 
 ENTRY = "sha256:" + "ab" * 32
 CREATE = {"op": "create", "session": "s", "base": None, "mark": "record"}

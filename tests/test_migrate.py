@@ -22,11 +22,11 @@ from click.testing import CliRunner
 
 from agentsession_cas import read_session_bytes
 from agentsession_cas.backends.files import migrate as mig
-from agentsession_cas.errors import LayoutError, MigrationBusyError, MigrationError, MirrorError
+from agentsession_cas.backends.files.layout import LAYOUT
 from agentsession_cas.backends.files.log import read_log
 from agentsession_cas.backends.files.migrate import crc32c, layout_state, migrate, read_journal
 from agentsession_cas.backends.files.objects import SPACES, FileObjects
-from agentsession_cas.backends.files.layout import LAYOUT
+from agentsession_cas.errors import LayoutError, MigrationBusyError, MigrationError, MirrorError
 from agentsession_cas.store import Store
 from agentsession_cli import migrate_command, terminal
 from agentsession_cli.main import main
@@ -86,7 +86,7 @@ def outcome(root: Path) -> tuple[dict[str, object], dict[str, set[str]]]:
 
 
 @pytest.fixture
-def old(tmp_path) -> "old_layout.OldLayoutStore":
+def old(tmp_path) -> old_layout.OldLayoutStore:
     return old_layout.build_scenario(tmp_path / "store")
 
 
@@ -642,7 +642,7 @@ def test_a_lazy_append_the_crash_took_takes_every_later_record_with_it(tmp_path)
     s.object_path("entries", x.id).unlink()
     report = migrate(s.root)
     plan = report.sessions[0]
-    assert [l["entry"] for l in plan.lost] == [x.id, y.id]
+    assert [loss["entry"] for loss in plan.lost] == [x.id, y.id]
     with Store(s.root, readonly=True) as store:
         a = store.read("a")
         assert a.log_order == [cfg.id] and a.head == cfg.id and a.mark == "record"

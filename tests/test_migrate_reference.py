@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_migrate import cli, held, outcome, tree
 
 from agentsession_cas import read_session_bytes
 from agentsession_cas.backends.files import migrate as mig
@@ -27,6 +26,7 @@ from agentsession_cas.backends.files.objects import FileObjects
 from agentsession_cas.errors import LayoutError, MigrationBusyError, MigrationError, MirrorError
 from agentsession_cas.store import Store
 from agentsession_cas.store.refs import Refs
+from test_migrate import cli, held, outcome, tree
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from agentsession_cas.errors import AgentSessionError, CorruptObjectError, NoSuchObjectError
 from agentsession_cas.backends.files.objects import SPACES, FileObjects, fsync_paths
+from agentsession_cas.errors import AgentSessionError, CorruptObjectError, NoSuchObjectError
 
 
 def name_of(data: bytes) -> str:

@@ -20,9 +20,7 @@ import pytest
 
 import agentsession_cas.backends.files.packs as packs_mod
 from agentsession_cas import Header
-from agentsession_cas.errors import CorruptObjectError, CorruptPackError, LayoutError
-from agentsession_cas.maintenance.fsck import fsck
-from agentsession_cas.format.hashing import envelope_bytes, sha256_ref
+from agentsession_cas.backends.files.layout import LAYOUT
 from agentsession_cas.backends.files.objects import FileObjects
 from agentsession_cas.backends.files.packs import (
     KIND_ENVELOPE,
@@ -38,7 +36,9 @@ from agentsession_cas.backends.files.packs import (
     encode_envelope,
     encode_side,
 )
-from agentsession_cas.backends.files.layout import LAYOUT
+from agentsession_cas.errors import CorruptObjectError, CorruptPackError, LayoutError
+from agentsession_cas.format.hashing import envelope_bytes, sha256_ref
+from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.store import Store
 
 E, C, B = SPACE_BITS["entries"], SPACE_BITS["contents"], SPACE_BITS["blobs"]
@@ -238,7 +238,7 @@ def test_any_envelope_of_a_long_chain_reads_without_walking_the_block(tmp_path):
         # Rebuilt: the one asked for and the parents back to the last anchor (a few
         # dozen, whatever the block holds).
         assert 1 <= len(blk.decoded) <= MAX_CHAIN + 1 <= 65
-        for spaces, raw, data in reversed(objects):
+        for _, raw, data in reversed(objects):
             assert blk.object(p.find("sha256:" + raw.hex()).offset) == data
     finally:
         p.close()
@@ -509,8 +509,9 @@ def test_envelope_payloads_that_are_malformed_do_not_decode():
         (bytes([1]) + packs_mod._varint(1) + b"no nul", "cut short"),
         (bytes([1]) + packs_mod._varint(5) + b"t\x00x", "content reference 5"),
     ]:
-        with pytest.raises(CorruptPackError, match="does not decode"):
+        with pytest.raises(CorruptPackError, match="does not decode") as refused:
             block_of(payload).object(1)
+        assert why in str(refused.value), (why, str(refused.value))
     with pytest.raises(ValueError, match="varint"):
         decode_side(b"ab\xfa\x80", b"")
     with pytest.raises(ValueError, match="varint"):

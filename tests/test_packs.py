@@ -10,9 +10,9 @@ it shares nothing in memory with the first, as another process would not.
 from __future__ import annotations
 
 import json
-import shutil
 import os
 import random
+import shutil
 import struct
 import subprocess
 import time
@@ -23,14 +23,14 @@ import pytest
 import zstandard
 from click.testing import CliRunner
 
+import agentsession_cas.backends.files as store_mod
 import agentsession_cas.backends.files.objects as objects_mod
 import agentsession_cas.backends.files.packs as packs_mod
-import agentsession_cas.backends.files as store_mod
 from agentsession_cas import Header
-from agentsession_cas.errors import CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
-from agentsession_cas.format.hashing import envelope_bytes, sha256_ref
 from agentsession_cas.backends.files.objects import PACK_BATCH, FileObjects
 from agentsession_cas.backends.files.packs import MAX_BLOCK, SPACE_BITS, Pack, PackSet, PackWriter
+from agentsession_cas.errors import CorruptObjectError, CorruptPackError, NoSuchObjectError, StoreError
+from agentsession_cas.format.hashing import envelope_bytes, sha256_ref
 from agentsession_cas.store import Store
 from agentsession_cli.main import main
 
@@ -178,7 +178,7 @@ def test_round_trip_many_objects_several_blocks(tmp_path):
             assert p.read(loc) == d
             want = SPACE_BITS[sp] | (SPACE_BITS["entries"] if n == dup_name else 0)
             assert loc.spaces == want
-        for _, n, d in big:
+        for _, n, _ in big:
             loc = p.find(n)
             assert loc.offset == 0 and len(p.read_block(loc.block)) == 1  # a block of its own
         assert p.find(dup_name).spaces == SPACE_BITS["contents"] | SPACE_BITS["entries"]
@@ -617,7 +617,7 @@ def test_a_reader_holding_a_pack_reads_on_after_a_merge_unlinks_it(root, objs):
             assert not os.path.exists(p.path) and not os.path.exists(p.idx_path)
         # Without listing again: the open handles still read.
         for b in batches:
-            for sp, n, d in b:
+            for _, n, d in b:
                 found = objs.packs.locate(n)
                 assert found is not None and found[0] in held
                 assert objs.packs.read(*found) == d
@@ -831,7 +831,7 @@ def test_store_reads_everything_back_after_merges(root):
         s = st.create(Header.new(f"s{k}"))
         sessions[f"s{k}"] = [s.append(msg(i, f"s{k}")).id for i in range(200)]
         for _ in range(4):
-            for i in range(40):
+            for _ in range(40):
                 sessions[f"s{k}"].append(s.append(msg(10_000 + len(sessions[f"s{k}"]), f"s{k}")).id)
             s.checkpoint()
     st.close()
@@ -1265,7 +1265,7 @@ def test_find_agrees_before_and_after_the_pack_loads_its_names_into_a_dict(root,
         assert all(a is not None for a in answers[: len(its)])
         assert answers[len(its):] == [None] * len(absent)
         assert answers[:3] == before
-        for (sp, n, d), loc in zip(its, answers):
+        for (_, _, d), loc in zip(its, answers):
             assert p.read(loc) == d
     finally:
         p.close()

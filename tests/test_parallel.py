@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_rules import FILES
 
 from agentsession_cas import Header, make_entry
 from agentsession_cas.backends.files.objects import PackStage
@@ -23,6 +22,7 @@ from agentsession_cas.format.rules import check_line
 from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.store import Store
 from agentsession_cli.main import main
+from test_rules import FILES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
 from bench_verify import SESSION_ID, generate
@@ -719,7 +719,7 @@ def test_the_command_keeps_its_heap_through_mallopt_unless_told(monkeypatch):
         def __init__(self, name):
             assert name is None
 
-        class mallopt:  # noqa: N801 (a C function's stand-in)
+        class mallopt:  # a C function's stand-in
             argtypes = restype = None
 
             def __new__(cls, param, value):

@@ -14,10 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pg_server
 import pytest
 from click.testing import CliRunner
 
+import pg_server
 from agentsession_cas import Header, read_session_bytes
 from agentsession_cas.backends import SCHEMES, open_backend, store_url_kind
 from agentsession_cas.backends.postgresql import PostgresBackend, arrays, migrate_store, schema

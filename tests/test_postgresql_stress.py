@@ -24,14 +24,14 @@ import sys
 import time
 from pathlib import Path
 
-import pg_server
 import pytest
-from test_crash import out_lines, parse_ops, spawn, stderr_of, wait_for_count, wait_for_line
 
+import pg_server
 from agentsession_cas import Header, read_session_bytes
 from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store
+from test_crash import out_lines, parse_ops, spawn, stderr_of, wait_for_count, wait_for_line
 
 SID = "crash-session"
 WORKER = Path(__file__).with_name("pg_worker.py")

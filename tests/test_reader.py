@@ -843,8 +843,8 @@ def test_a_migrated_file_is_never_rewritten():
 def test_keep_objects_keeps_exactly_the_bytes_a_store_writes(tmp_path):
     """read_session(keep_objects=True) keeps each entry's content and envelope bytes
     (what an import writes); they are entry_objects' bytes, and hash to the entry."""
+    from agentsession_cas import Header, SessionBuilder
     from agentsession_cas.format.hashing import entry_objects, sha256_ref
-    from agentsession_cas import SessionBuilder, Header
 
     b = SessionBuilder(Header.new("keep-objects"))
     b.append("config", ts="2026-10-05T09:00:00Z", model="m", extra={"temperature": 0.2, "big": 10**17})

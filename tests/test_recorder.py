@@ -16,10 +16,10 @@ import pytest
 
 from agentsession_cas import is_valid_ts, read_session_bytes, verify_records, verify_requests
 from agentsession_cas.errors import MirrorError, StoreError, TransportError
-from agentsession_cas.format.hashing import entry_hashes
 from agentsession_cas.exchange.recorder import Recorder, new_session_id
-from agentsession_cas.store.refs import Refs
+from agentsession_cas.format.hashing import entry_hashes
 from agentsession_cas.store import Store
+from agentsession_cas.store.refs import Refs
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = [{"type": "function", "name": "ls", "parameters": {"type": "object", "properties": {}}}]

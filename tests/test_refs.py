@@ -17,7 +17,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agentsession_cas import canonical_bytes
-from agentsession_cas.format.entry import Header
+from agentsession_cas.backends.files import refs as refs_module
+from agentsession_cas.backends.files.locks import FileLock
+from agentsession_cas.backends.files.refs import ref_file_name
 from agentsession_cas.errors import (
     BadNameError,
     BadRefNameError,
@@ -29,9 +31,9 @@ from agentsession_cas.errors import (
     RefMovedError,
     StoreError,
 )
-from agentsession_cas.backends.files import refs as refs_module
-from agentsession_cas.backends.files.locks import FileLock
+from agentsession_cas.format.entry import Header
 from agentsession_cas.format.hashing import sha256_ref
+from agentsession_cas.store import Store
 from agentsession_cas.store.refs import (
     MAX_REF_NAME,
     Ref,
@@ -41,8 +43,6 @@ from agentsession_cas.store.refs import (
     check_ref_prefix,
     header_ident,
 )
-from agentsession_cas.store import Store
-from agentsession_cas.backends.files.refs import ref_file_name
 from agentsession_cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -387,6 +387,7 @@ def test_a_ref_names_a_session_the_store_holds(root, refs):
         refs.update("r", "s1", expected="a/b")
     with pytest.raises(BadRefNameError):
         refs.update("a//b", "s1", expected=None)
+    assert snapshot(root) == before
     assert {k for k in snapshot(root) if k.startswith("refs")} <= {"refs"}
     assert refs.list() == []
 
@@ -735,7 +736,7 @@ def test_cli_update_show_list_delete(root):
     ok(cli(root, "ref", "update", "base", "s1"))
 
     lines = ok(cli(root, "ref", "list")).splitlines()
-    assert [l.split() for l in lines] == [
+    assert [line.split() for line in lines] == [
         ["NAME", "SESSION", "STATE"], ["base", "s1", "ok"], ["chat/one", "s3", "ok"], ["chat/two", "s2", "ok"],
     ]
     first = [line.split()[0] for line in ok(cli(root, "ref", "list", "chat/")).splitlines()]
@@ -746,7 +747,7 @@ def test_cli_update_show_list_delete(root):
     ]
     assert all(r["ident"].startswith("sha256:") for r in listed)
 
-    assert [l.split() for l in ok(cli(root, "ref", "show", "chat/one")).splitlines()] == [
+    assert [line.split() for line in ok(cli(root, "ref", "show", "chat/one")).splitlines()] == [
         ["ref", "chat/one"], ["session", "s3"], ["state", "ok"],
     ]
     shown = json.loads(ok(cli(root, "ref", "show", "chat/one", "--json")))
@@ -756,7 +757,7 @@ def test_cli_update_show_list_delete(root):
         "name": "chat/one", "session": None, "previous": "s3", "changed": True,
     }
     assert ok(cli(root, "ref", "delete", "chat/two")) == ""  # without --expect: what it holds when read
-    assert [l.split()[0] for l in ok(cli(root, "ref", "list")).splitlines()] == ["NAME", "base"]
+    assert [line.split()[0] for line in ok(cli(root, "ref", "list")).splitlines()] == ["NAME", "base"]
 
 
 def test_cli_refusals_are_one_line_and_exit_1(root):
@@ -802,7 +803,7 @@ def test_cli_no_change_is_a_note(root):
 def test_cli_dangling_refs_are_shown(root):
     ok(cli(root, "ref", "update", "gone", "s1"))
     ok(cli(root, "delete", "s1"))
-    assert [l.split()[:3] for l in ok(cli(root, "ref", "list")).splitlines()][1] == ["gone", "s1", "dangling"]
+    assert [line.split()[:3] for line in ok(cli(root, "ref", "list")).splitlines()][1] == ["gone", "s1", "dangling"]
     text = ok(cli(root, "ref", "show", "gone"))
     assert "state    dangling: the session is not in the store" in text
     assert json.loads(ok(cli(root, "ref", "show", "gone", "--json")))["state"] == "dangling"
@@ -818,7 +819,7 @@ def test_cli_reads_write_nothing_and_a_damaged_file_fails_the_listing(root):
     (root / "refs" / "b").write_bytes(b"garbage")
     result = cli(root, "ref", "list")
     assert result.exit_code == 1
-    assert [l.split()[0] for l in result.stdout.splitlines()] == ["NAME", "a"]  # what was read is printed
+    assert [line.split()[0] for line in result.stdout.splitlines()] == ["NAME", "a"]  # what was read is printed
     assert "refs/b is damaged" in result.stderr
 
 

@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import pytest
-from server_helpers import TOKENS, ServerProcess, served  # noqa: F401 - a fixture
 
 from agentsession_cas import Header
 from agentsession_cas.backends import remote
@@ -29,6 +28,8 @@ from agentsession_cas.errors import (
 from agentsession_cas.store import Store
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store
+from server_helpers import TOKENS
+from server_helpers import served as served  # a fixture; "as served" marks it used on purpose (F401, F811)
 
 
 def _msg(text: str) -> dict:
@@ -41,7 +42,7 @@ def token(monkeypatch: pytest.MonkeyPatch) -> str:
     return TOKENS["all"][0]
 
 
-def test_a_session_written_over_http_is_the_servers(served, token, tmp_path):  # noqa: F811
+def test_a_session_written_over_http_is_the_servers(served, token, tmp_path):
     """Appends through the remote store land on the server's store: after the server
     stops, its directory holds the same session, entry for entry."""
     with open_store(served.url) as st:
@@ -56,7 +57,7 @@ def test_a_session_written_over_http_is_the_servers(served, token, tmp_path):  #
         assert local.export("chat-1") == exported
 
 
-def test_a_writer_holds_a_lease_and_a_second_is_refused(served, token):  # noqa: F811
+def test_a_writer_holds_a_lease_and_a_second_is_refused(served, token):
     """A writable open is a lease: another client's open is ``session_locked`` until the
     first closes (and releases it)."""
     a, b = open_store(served.url), open_store(served.url)
@@ -75,7 +76,7 @@ def test_a_writer_holds_a_lease_and_a_second_is_refused(served, token):  # noqa:
         b.close()
 
 
-def test_a_broken_lease_fences_the_old_writer(served, token):  # noqa: F811
+def test_a_broken_lease_fences_the_old_writer(served, token):
     """RFC 0003 fencing: once an admin breaks the lease, the old handle's next write is
     ``lease_lost`` and lands nothing."""
     with open_store(served.url) as st:
@@ -89,7 +90,7 @@ def test_a_broken_lease_fences_the_old_writer(served, token):  # noqa: F811
         assert ro.read("chat-3").log_order == [first]
 
 
-def test_objects_are_cached(served, token):  # noqa: F811
+def test_objects_are_cached(served, token):
     """An object read once is served from the handle's cache: the second read of an entry
     asks the server nothing."""
     with open_store(served.url) as st:
@@ -107,7 +108,7 @@ def test_objects_are_cached(served, token):  # noqa: F811
         assert not [p for p in calls if "/objects/" in p]
 
 
-def test_many_objects_are_read_in_batches_and_one_missing_is_named(served, token):  # noqa: F811
+def test_many_objects_are_read_in_batches_and_one_missing_is_named(served, token):
     """An export over HTTP reads its objects a batch at a time (``POST /v1/objects/read``),
     not a GET each: the same bytes for a fraction of the requests."""
     with open_store(served.url) as st:
@@ -128,7 +129,7 @@ def test_many_objects_are_read_in_batches_and_one_missing_is_named(served, token
         assert ro.export("chat-5") == exported  # read again, uncached
 
 
-def test_grep_over_http_reads_the_entries_in_batches(served, token):  # noqa: F811
+def test_grep_over_http_reads_the_entries_in_batches(served, token):
     """A store over HTTP cannot be scanned, so grep reads every entry: a chunk at a time in
     batch reads, not a GET an object."""
     from agentsession_cas.store.views import grep_store
@@ -147,7 +148,7 @@ def test_grep_over_http_reads_the_entries_in_batches(served, token):  # noqa: F8
         assert not [p for p in calls if "/objects/entries/" in p or "/objects/contents/" in p]
 
 
-def test_refs_compare_and_swap_over_http(served, token):  # noqa: F811
+def test_refs_compare_and_swap_over_http(served, token):
     """A ref change sends what was read as ``expected``: two clients that both saw the ref
     absent cannot both create it."""
     with open_store(served.url) as st:
@@ -162,7 +163,7 @@ def test_refs_compare_and_swap_over_http(served, token):  # noqa: F811
         assert Refs(st).resolve("conv/x") == "chat-6"
 
 
-def test_tokens_and_scopes_apply(served, monkeypatch, tmp_path):  # noqa: F811
+def test_tokens_and_scopes_apply(served, monkeypatch, tmp_path):
     """No token is 401 ``auth`` at open; a read-only token reads and cannot write."""
     monkeypatch.delenv("AGENTSESSION_TOKEN", raising=False)
     monkeypatch.setenv("AGENTSESSION_REMOTES", str(tmp_path / "no-remotes.json"))
@@ -178,7 +179,7 @@ def test_tokens_and_scopes_apply(served, monkeypatch, tmp_path):  # noqa: F811
             st.session("chat-7")
 
 
-def test_what_the_protocol_does_not_carry_is_refused(served, token):  # noqa: F811
+def test_what_the_protocol_does_not_carry_is_refused(served, token):
     """Sweep and listing objects are the server's maintenance: ``unsupported``, and the
     store is left as it was."""
     with open_store(served.url) as st:
@@ -196,7 +197,7 @@ def test_no_server_there_is_refused(tmp_path):
         open_store("http://127.0.0.1:9/")
 
 
-def test_the_command_takes_an_http_store(served, token, tmp_path):  # noqa: F811
+def test_the_command_takes_an_http_store(served, token, tmp_path):
     """``--store URL`` and ``AGENTSESSION_STORE`` name a served store to the command."""
     env = dict(os.environ, AGENTSESSION_TOKEN=token)
 
@@ -217,7 +218,7 @@ def test_the_command_takes_an_http_store(served, token, tmp_path):  # noqa: F811
     assert r.returncode == 0 and "from the command" in r.stdout, r.stderr
 
 
-def test_the_server_side_log_matches_the_clients_records(served, token):  # noqa: F811
+def test_the_server_side_log_matches_the_clients_records(served, token):
     """The records a client replays (from the log read) give the state the server holds:
     head, order, leaf labels and what is committed."""
     with open_store(served.url, sync="never") as st:
@@ -243,7 +244,7 @@ def _posts(st) -> list[str]:
     return calls
 
 
-def test_lazy_appends_are_held_and_sent_in_one_batch(served, token, monkeypatch):  # noqa: F811
+def test_lazy_appends_are_held_and_sent_in_one_batch(served, token, monkeypatch):
     """With ``sync="never"`` a writer holds its lazy appends and sends them together, one
     ``POST …/entries`` of several lines (RFC 0003's batch form): another client sees them
     once sent; the writer's own read of the session sends them first."""
@@ -263,7 +264,7 @@ def test_lazy_appends_are_held_and_sent_in_one_batch(served, token, monkeypatch)
         assert other.read("batch-1").is_committed(ids[-1])
 
 
-def test_a_full_batch_a_durable_append_and_a_commit_send_what_is_held(served, token, monkeypatch):  # noqa: F811
+def test_a_full_batch_a_durable_append_and_a_commit_send_what_is_held(served, token, monkeypatch):
     monkeypatch.setattr(remote, "FLUSH_DELAY_S", 3600.0)
     monkeypatch.setattr(remote, "BATCH_ENTRIES", 4)
     with open_store(served.url, sync="never") as st, open_store(served.url, readonly=True) as other:
@@ -280,7 +281,7 @@ def test_a_full_batch_a_durable_append_and_a_commit_send_what_is_held(served, to
         assert posts == ["false", "true", "true"] and len(other.read("batch-2")) == 8
 
 
-def test_a_held_append_is_sent_soon_without_another_call(served, token):  # noqa: F811
+def test_a_held_append_is_sent_soon_without_another_call(served, token):
     """The backend's flusher sends what a writer holds after a short delay, so a follower
     sees a lazy append though its writer does nothing more (the read blocks until the
     server sends the frame: no sleeping)."""
@@ -295,7 +296,7 @@ def test_a_held_append_is_sent_soon_without_another_call(served, token):  # noqa
             assert ev["event"] == "appended" and ev["data"]["entry"] == lazy.id and ev["data"]["durable"] is False
 
 
-def test_held_appends_the_server_refuses_are_reported_not_lost(served, token, monkeypatch):  # noqa: F811
+def test_held_appends_the_server_refuses_are_reported_not_lost(served, token, monkeypatch):
     """Lazy appends held when the lease is broken: the call that sends them raises
     ``lease_lost`` naming what was not stored, and so does every later call of the
     session (close included); the server holds what it acknowledged before."""
@@ -316,7 +317,7 @@ def test_held_appends_the_server_refuses_are_reported_not_lost(served, token, mo
         assert ro.read("batch-3").log_order == [first]
 
 
-def test_a_failure_of_the_flusher_is_raised_at_the_next_call(served, token, monkeypatch):  # noqa: F811
+def test_a_failure_of_the_flusher_is_raised_at_the_next_call(served, token, monkeypatch):
     monkeypatch.setattr(remote, "FLUSH_DELAY_S", 3600.0)
     with open_store(served.url, sync="never") as st:
         s = st.create(Header.new("batch-5"))
@@ -330,7 +331,7 @@ def test_a_failure_of_the_flusher_is_raised_at_the_next_call(served, token, monk
             s.close()
 
 
-def test_an_append_and_a_head_move_whose_answers_were_lost_land_once(served, token):  # noqa: F811
+def test_an_append_and_a_head_move_whose_answers_were_lost_land_once(served, token):
     """RFC 0003, Conventions, Retries: a client that does not know whether a write landed
     retries it, and the server returns the first outcome for a repeated Idempotency-Key.
     The HTTP store sent appends and head moves bare and never again, so a dropped answer

@@ -21,14 +21,14 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import Header, make_entry, read_session_bytes
-from agentsession_cas.errors import SessionDamagedError, SessionLockedError, StoreError
 from agentsession_cas.backends.files.log import _checksum, encode_record, read_log, scan_log
 from agentsession_cas.backends.files.repair import DAMAGED_PREFIX
+from agentsession_cas.errors import SessionDamagedError, SessionLockedError, StoreError
 from agentsession_cas.maintenance.repair import plan_repair, repair_session
-from storetools import crash, files, line_body, put_entry, rechain, refuse_to_wait
 from agentsession_cas.store import Store
 from agentsession_cli import repair_command, terminal
 from agentsession_cli.main import main
+from storetools import crash, files, line_body, rechain, refuse_to_wait
 
 SID = "s1"
 #: Where a record line's JSON begins: its checksum, a space, its link, a space.
@@ -554,7 +554,7 @@ def test_dry_run_changes_nothing(tmp_path):
 
 def test_an_undamaged_session_is_left_as_it_is(tmp_path):
     root = tmp_path / "store"
-    ids = build(root, n=3)
+    build(root, n=3)
     with open(log_path(root), "ab") as f:
         f.write(b'0123456789abcdef {"entry":"sha256:12')  # a torn tail: recovery's work, not damage
     before = files(root / "sessions")

@@ -24,12 +24,12 @@ from agentsession_cas import (
     read_session_bytes,
     verify_session,
 )
+from agentsession_cas.format import rules as rules_module
+from agentsession_cas.format.codes import STORE_ONLY
 from agentsession_cas.format.context import ContextBuilder
 from agentsession_cas.format.hashing import entry_hashes
 from agentsession_cas.format.legacy import migrate_entry
 from agentsession_cas.format.reader import split_lines
-from agentsession_cas.format.codes import STORE_ONLY
-from agentsession_cas.format import rules as rules_module
 from agentsession_cas.format.rules import (
     CORE_TYPES,
     PathChecker,

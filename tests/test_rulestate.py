@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_rules import FILES, S
 
 from agentsession_cas import Header, make_entry, read_session_bytes
 from agentsession_cas.errors import AgentSessionError, SessionFormatError
@@ -27,6 +26,7 @@ from agentsession_cas.format.entry import Entry
 from agentsession_cas.format.rules import RULES, SessionChecker
 from agentsession_cas.store import Store, rulestate
 from agentsession_cas.store.rulestate import RestoredChecker, capture, restore, usable
+from test_rules import FILES, S
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
 from bench_verify import generate
@@ -289,7 +289,7 @@ def test_a_config_below_a_restored_tip_replays_only_the_settings_kept():
         kept_ids = list(builder.settings_ids)
         read: list[str] = []
         real = builder.loader
-        builder.loader = lambda i, real=real: read.append(i) or real(i)  # type: ignore[func-returns-value]
+        builder.loader = lambda i, real=real, read=read: read.append(i) or real(i)  # type: ignore[func-returns-value]
         for e in s.own[cut:]:
             assert _shown(restored.add(e, prefix=False)) == _shown(full.add(e, prefix=False)), (cut, e.id)
         assert type(restored) is RestoredChecker, cut

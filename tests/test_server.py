@@ -13,11 +13,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from storetools import count_entry_reads
-from server_helpers import TOKENS, ServerProcess, served, token_file  # noqa: F401 - served is a fixture
 
 from agentsession_cas import Header
 from agentsession_cas.errors import SessionLockedError
@@ -25,10 +22,13 @@ from agentsession_cas.exchange import push
 from agentsession_cas.exchange.http_client import HttpTransport
 from agentsession_cas.exchange.wire import OBJECTS, FrameReader
 from agentsession_cas.format.canonical import canonical_bytes
-from agentsession_cas.format.hashing import entry_objects, sha256_ref
+from agentsession_cas.format.hashing import sha256_ref
 from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.store import Store
-from agentsession_cas.store.refs import Refs, header_ident
+from agentsession_cas.store.refs import header_ident
+from server_helpers import TOKENS, ServerProcess
+from server_helpers import served as served  # a fixture; "as served" marks it used on purpose (F401, F811)
+from storetools import count_entry_reads
 
 TS = "2026-09-17T12:00:00Z"
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
-from server_helpers import TOKENS, ServerProcess, served, token_file  # noqa: F401 - served is a fixture
 
 from agentsession_cas import Header
 from agentsession_cas.errors import (
@@ -36,6 +35,8 @@ from agentsession_cas.format.hashing import sha256_ref
 from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.store import Store
 from agentsession_cli.main import main
+from server_helpers import TOKENS, ServerProcess, token_file
+from server_helpers import served as served  # a fixture; "as served" marks it used on purpose (F401, F811)
 
 TS = "2026-09-17T12:00:00Z"
 
@@ -67,7 +68,7 @@ def test_http_urls_are_normalised():
     assert http_url("https://h:8443/base") == "https://h:8443/base/"
     assert http_url("http://[::1]:9/") == "http://[::1]:9/"
     for bad in ("http:///x", "http://h/?q=1", "http://u:p@h/"):
-        with pytest.raises(Exception):
+        with pytest.raises(TransportError):
             http_url(bad)
 
 

@@ -16,14 +16,15 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from server_helpers import TOKENS, ServerProcess, served  # noqa: F401 - served is a fixture
-from storetools import interruptible
-from test_server import create, lease, recorded, user
 
 from agentsession_cas import Header
 from agentsession_cas.format.canonical import canonical_bytes
 from agentsession_cas.format.hashing import sha256_ref
 from agentsession_cas.store import Store
+from server_helpers import TOKENS, ServerProcess
+from server_helpers import served as served  # a fixture; "as served" marks it used on purpose (F401, F811)
+from storetools import interruptible
+from test_server import create, lease, recorded, user
 
 
 def ndjson_events(response) -> Iterator[dict]:

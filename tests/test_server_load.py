@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from server_helpers import ServerProcess
 
 from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.store import Store
+from server_helpers import ServerProcess
 
 WRITERS = 16
 SECONDS = float(os.environ.get("AGENTSESSION_LOAD_SECONDS", "60"))

@@ -21,15 +21,15 @@ pytest.importorskip("starlette")
 
 with warnings.catch_warnings():  # this starlette asks for another httpx package; this one serves
     warnings.simplefilter("ignore")
-    from starlette.testclient import TestClient  # noqa: E402
+    from starlette.testclient import TestClient
 
-from agentsession_cas import Header  # noqa: E402
-from agentsession_cas.errors import StoreError  # noqa: E402
-from agentsession_cas.exchange.http_client import HttpTransport  # noqa: E402
-from agentsession_cas.server import app as server_app  # noqa: E402
-from agentsession_cas.server.app import ServerState, create_app  # noqa: E402
-from agentsession_cas.store import Store  # noqa: E402
-from agentsession_cas.store.url import open_store  # noqa: E402
+from agentsession_cas import Header
+from agentsession_cas.errors import StoreError
+from agentsession_cas.exchange.http_client import HttpTransport
+from agentsession_cas.server import app as server_app
+from agentsession_cas.server.app import ServerState, create_app
+from agentsession_cas.store import Store
+from agentsession_cas.store.url import open_store
 
 ENTRIES = 700  # three pieces of a path read (256 entries each)
 

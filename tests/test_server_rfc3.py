@@ -5,10 +5,9 @@ tests/test_server.py; nothing is mocked at the HTTP layer.
 
 from __future__ import annotations
 
-from server_helpers import served  # noqa: F401 - served is a fixture
-from test_server import append, create, lease, lines, problem, user
-
 from agentsession_cas import Header
+from server_helpers import served as served  # a fixture; "as served" marks it used on purpose (F401, F811)
+from test_server import append, create, lease, lines, problem, user
 
 TS = "2026-09-17T12:00:00Z"
 
@@ -121,10 +120,9 @@ def test_a_listing_filters_and_orders_as_the_librarys_list_does(tmp_path):
     `created_at` as a string, compared `after`/`before` with `created_at` as strings
     ("12:00:00Z" sorts after "12:00:00.5Z"), matched `cwd` exactly and `harness` by name
     only. Now the answer is store.summary.select's, the one rule `agentsession list` uses."""
-    from server_helpers import ServerProcess
-
     from agentsession_cas.store import Store
     from agentsession_cas.store.summary import select
+    from server_helpers import ServerProcess
 
     st = Store.init(tmp_path / "st")
     # Created in one order, active in another; one continued in a successor.
@@ -200,10 +198,9 @@ def test_a_lease_whose_answer_was_lost_is_asked_again_under_its_key(served, tmp_
     acquire is such a write; the HTTP store sent it bare and never again, so a lost
     answer left the session leased to no one who knew the lease (session_locked for 5
     minutes) and the open failed. Now it is sent under a key and asked again."""
+    from agentsession_cas.store.url import open_store
     from server_helpers import TOKENS
     from test_server_exchange import DroppingProxy
-
-    from agentsession_cas.store.url import open_store
 
     monkeypatch.setenv("AGENTSESSION_TOKEN", TOKENS["all"][0])
     with served.client("all") as c:
@@ -383,12 +380,11 @@ def test_a_network_listen_without_tls_is_refused_naming_the_flags(tmp_path):
     request, over TLS". `serve --auth FILE --listen 0.0.0.0:PORT` served plain HTTP to the
     network; now the library refuses it before binding (insecure_listen), naming the flags
     that make it a deployment the RFC allows."""
-    from server_helpers import token_file
-
     from agentsession_cas.errors import AgentSessionError
     from agentsession_cas.server.auth import load_tokens
     from agentsession_cas.server.run import serve
     from agentsession_cas.store import Store
+    from server_helpers import token_file
 
     tokens = load_tokens(str(token_file(tmp_path)))
 
@@ -417,9 +413,8 @@ def test_behind_a_tls_proxy_the_operator_says_so_and_the_server_tells(tmp_path):
     """With `--behind-tls-proxy` the operator states that TLS ends at a proxy in front: the
     server listens beyond loopback, and its startup line and capabilities say which mode
     it runs in (`tls`: "proxy"; "none" on loopback; "server" with its own certificate)."""
-    from server_helpers import ServerProcess, token_file
-
     from agentsession_cas.store import Store
+    from server_helpers import ServerProcess, token_file
 
     Store.init(tmp_path / "st").close()
     with ServerProcess(tmp_path / "st", auth=token_file(tmp_path),

@@ -17,9 +17,11 @@ import pytest
 
 import agentsession_cas.backends.files.objects as files_objects
 import agentsession_cas.backends.files.sessions as files_sessions
-
-from agentsession_cas import Entry, Header, canonical_bytes, loads, make_entry, read_session, read_session_bytes
-from agentsession_cas.format.entry import FORMAT_WRITTEN, LEAF_LABEL
+from agentsession_cas import Header, canonical_bytes, loads, make_entry, read_session, read_session_bytes
+from agentsession_cas.backends.files.layout import LAYOUT
+from agentsession_cas.backends.files.log import _checksum, encode_record, read_log, record_body
+from agentsession_cas.backends.files.objects import FileObjects
+from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES, FileSessionLog
 from agentsession_cas.errors import (
     AppendRefusedError,
     BadNameError,
@@ -37,13 +39,10 @@ from agentsession_cas.errors import (
     SessionLockedError,
     StoreError,
 )
+from agentsession_cas.format.entry import FORMAT_WRITTEN, LEAF_LABEL
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
-from agentsession_cas.backends.files.log import _checksum, encode_record, read_log, record_body
-from agentsession_cas.backends.files.objects import FileObjects
-from agentsession_cas.backends.files.layout import LAYOUT
-from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES, FileSessionLog
-from storetools import chained_after, crash, line_body, put_entry, rechain, refuse_to_wait
 from agentsession_cas.store import Session, Store
+from storetools import chained_after, crash, line_body, put_entry, rechain, refuse_to_wait
 
 _TICK = itertools.count()
 
@@ -1082,7 +1081,7 @@ def test_lazy_append_with_bad_payload_and_no_objects_dropped_with_later_records(
         assert r2.id not in s and r3.id not in s
         assert s.head == rs[0].id
         losses = [r for r in log_records(root, "s1") if r["op"] == "loss"]
-        assert {l["entry"] for l in losses} == {r2.id, r3.id}
+        assert {loss["entry"] for loss in losses} == {r2.id, r3.id}
         assert not held(root, "entries", r2.id)
         assert not held(root, "entries", r3.id)
         # the id is appendable again
@@ -1141,7 +1140,7 @@ def test_lazy_append_with_corrupt_content_and_bad_payload_dropped(root):
         s = st.session("s1")
         assert r2.id not in s and s.head == rs[0].id
         losses = [r for r in log_records(root, "s1") if r["op"] == "loss"]
-        assert [l["entry"] for l in losses] == [r2.id]
+        assert [loss["entry"] for loss in losses] == [r2.id]
 
 
 def test_lazy_append_with_sound_objects_kept_and_committed(root):
@@ -1407,15 +1406,15 @@ def test_export_byte_stable_and_matches_rfc_layout(store):
     assert x1 == store.export("f")
     lines = _lines(x1)
     assert lines[0]["type"] == "session" and lines[0]["base"] == ra[1].id
-    assert [l["id"] for l in lines[1:]] == [ra[0].id, ra[1].id, rf[0].id, rf[1].id]
-    assert not any(l.get("synthetic") for l in lines)
+    assert [line["id"] for line in lines[1:]] == [ra[0].id, ra[1].id, rf[0].id, rf[1].id]
+    assert not any(line.get("synthetic") for line in lines)
     sf = read_session_bytes(x1)
     assert sf.ok and sf.leaf == f.head
 
 
 def test_export_synthetic_marker_only_when_needed(store):
     s, rs = chain(store, n=3)
-    assert not any(l.get("synthetic") for l in _lines(store.export("s1")))
+    assert not any(line.get("synthetic") for line in _lines(store.export("s1")))
     s.set_head(rs[0].id, expected=rs[2].id)
     x = store.export("s1")
     lines = _lines(x)
@@ -1438,7 +1437,7 @@ def test_export_synthetic_marker_only_when_needed(store):
 def test_export_no_marker_when_genuine_leaf_label_in_force(store):
     s, rs = chain(store, n=3)
     s.append(leaf(rs[0].id, rs[2].id))
-    assert not any(l.get("synthetic") for l in _lines(store.export("s1")))
+    assert not any(line.get("synthetic") for line in _lines(store.export("s1")))
 
 
 def test_export_marker_for_fork_head_at_base(store):
@@ -1738,7 +1737,7 @@ def test_opening_a_session_reads_no_other_session(root, monkeypatch):
     with Store.init(root) as st:
         for sid in ("a", "b", "c"):
             chain(st, sid, n=2)
-        a = st.session("a")
+        st.session("a")
         st.create(Header.new("fork-b", base=st.read("b").head))
     sessions = str(root / "sessions")
     opened: list[str] = []

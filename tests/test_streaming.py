@@ -15,7 +15,7 @@ from agentsession_cas.store import Session, Store
 from agentsession_cli.main import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
-from bench_verify import generate  # noqa: E402  (the benchmark's coding-agent session)
+from bench_verify import generate  # the benchmark's coding-agent session
 
 
 def cli(store: Path, *args: str):
@@ -207,7 +207,7 @@ def test_export_holds_no_more_than_the_outline_per_entry(shapes, monkeypatch):
 
     monkeypatch.setattr(session_mod._ProjectionWalk, "__init__", spy)
     st = Store(root, readonly=True)
-    for line in st.export_lines(sids[0]):
+    for _ in st.export_lines(sids[0]):  # drained: the walk is what is looked at
         pass
     (walk,) = kept
     assert len(walk.stubs) == len(st.read(sids[0])) and all(
@@ -640,11 +640,12 @@ def test_import_file_refuses_what_the_bytes_import_refuses_and_leaves_the_store(
     for i, path in enumerate(_files()):
         streamed, whole = _fresh(tmp_path, f"s{i}"), _fresh(tmp_path, f"w{i}")
         outcome = []
-        for st, do in ((streamed, lambda st: st.import_file(path)), (whole, lambda st: st.import_bytes(path.read_bytes(), source=str(path)))):
+        for st, do in ((streamed, lambda st, path=path: st.import_file(path)),
+                        (whole, lambda st, path=path: st.import_bytes(path.read_bytes(), source=str(path)))):
             try:
                 s = do(st)
                 outcome.append(("held", s.id, s.head, len(s), st.export(s.id)))
-            except Exception as exc:  # noqa: BLE001 - compared between the two paths
+            except Exception as exc:  # compared between the two paths
                 outcome.append(("refused", type(exc).__name__, getattr(exc, "code", None)))
         assert outcome[0] == outcome[1], path
         if outcome[0][0] == "refused":

@@ -17,17 +17,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import agentsession_cas.backends.files.objects as objects_mod
-import agentsession_cas.backends.files.sessions as store_mod
 import agentsession_cas.backends.files as files_backend
+import agentsession_cas.backends.files.objects as objects_mod
 import agentsession_cas.backends.files.sweep as files_sweep
 import agentsession_cas.maintenance.sweep as sweep_mod
 from agentsession_cas import Header
+from agentsession_cas.backends.files.objects import PACK_BATCH, FileObjects
 from agentsession_cas.errors import StoreError
 from agentsession_cas.format.hashing import sha256_ref
-from agentsession_cas.backends.files.objects import PACK_BATCH, FileObjects
-from agentsession_cas.store import Store
 from agentsession_cas.maintenance.sweep import DEFAULT_GRACE, parse_duration
+from agentsession_cas.store import Store
 from agentsession_cli.main import main
 
 HERE = Path(__file__).resolve().parent
@@ -948,7 +947,7 @@ def _start(root: Path, sid: str, policy: str, seconds: float, seed: int, genfile
 @pytest.mark.slow
 def test_sweeps_beside_writers_in_other_processes(root, tmp_path):
     sys.path.insert(0, str(HERE))
-    from sweep_worker import POOL, pool_body  # noqa: E402
+    from sweep_worker import POOL, pool_body
 
     genfile = tmp_path / "generation"
     stop = genfile.with_name(genfile.name + ".stop")  # the workers' GENFILE.stop
@@ -980,7 +979,7 @@ def test_sweeps_beside_writers_in_other_processes(root, tmp_path):
     finally:
         stop.write_text("")
         outs = [w.communicate(timeout=60) for w in workers]
-    for w, (out, err) in zip(workers, outs):
+    for w, (_, err) in zip(workers, outs):
         assert w.returncode == 0, err.decode()
     counts: dict[str, int] = {}
     for out, _ in outs:

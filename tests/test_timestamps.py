@@ -5,7 +5,7 @@ from __future__ import annotations
 import calendar
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import example, given, settings
@@ -94,7 +94,7 @@ def test_invalid(ts):
 
 
 @pytest.mark.parametrize("value", [None, 0, 1758110402, 1.5, b"2026-09-17T12:00:02Z", ["2026-09-17T12:00:02Z"],
-                                   datetime(2026, 9, 17, tzinfo=timezone.utc)])
+                                   datetime(2026, 9, 17, tzinfo=UTC)])
 def test_non_strings(value):
     assert not is_valid_ts(value)
     with pytest.raises(TimestampError, match="not a string"):
@@ -156,7 +156,7 @@ def parse(ts: str) -> tuple[datetime, int]:
     assert m, ts
     y, mo, d, h, mi, s = (int(g) for g in m.groups()[:6])
     ns = int((m.group(7) or "").ljust(9, "0"))
-    return datetime(y, mo, d, h, mi, s, tzinfo=timezone.utc), ns
+    return datetime(y, mo, d, h, mi, s, tzinfo=UTC), ns
 
 
 @pytest.mark.parametrize(
@@ -166,7 +166,7 @@ def parse(ts: str) -> tuple[datetime, int]:
         (datetime(2026, 9, 17, 12, 0, 2, 500000), None, "2026-09-17T12:00:02.5Z"),
         (datetime(2026, 9, 17, 12, 0, 2, 1), None, "2026-09-17T12:00:02.000001Z"),
         (datetime(2026, 9, 17, 12, 0, 2, 123450), None, "2026-09-17T12:00:02.12345Z"),
-        (datetime(2026, 9, 17, 12, 0, 2, tzinfo=timezone.utc), None, "2026-09-17T12:00:02Z"),
+        (datetime(2026, 9, 17, 12, 0, 2, tzinfo=UTC), None, "2026-09-17T12:00:02Z"),
         (datetime(2026, 9, 17, 14, 0, 2, tzinfo=timezone(timedelta(hours=2))), None, "2026-09-17T12:00:02Z"),
         (datetime(2026, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1))), None, "2025-12-31T23:30:00Z"),
         (datetime(2026, 12, 31, 20, 0, tzinfo=timezone(timedelta(hours=-5, minutes=-30))), None,
@@ -211,7 +211,7 @@ def test_format_ts_round_trip(dt, tz, ns):
     assert check_ts(ts) == ts
     assert normalise_ts(ts) == ts
     back, back_ns = parse(ts)
-    aware = dt if dt.tzinfo is not None else dt.replace(tzinfo=timezone.utc)
+    aware = dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
     assert back == aware.replace(microsecond=0)  # the same instant, to the second
     assert back_ns == (aware.microsecond * 1000 if ns is None else ns)
 
@@ -315,7 +315,7 @@ def test_normalise_ts_keeps_the_instant(dt, offset_min, frac, leap, t, zulu):
     assert is_valid_ts(out), (raw_zoned, out)
     assert normalise_ts(out) == out
     got, got_ns = parse(out)
-    expected = dt.replace(second=59 if leap else dt.second, microsecond=0, tzinfo=timezone.utc) - timedelta(
+    expected = dt.replace(second=59 if leap else dt.second, microsecond=0, tzinfo=UTC) - timedelta(
         minutes=offset_min
     )
     assert got == expected

@@ -6,12 +6,10 @@ or finds a fault in, is made and checked here."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
-import signal
-
 import pytest
-from test_parallel import forced  # noqa: F401 - a fixture
 
 from agentsession_cas import make_entry
 from agentsession_cas.errors import AgentSessionError
@@ -20,6 +18,7 @@ from agentsession_cas.format.hashing import entry_objects, lines_from_objects, r
 from agentsession_cas.maintenance.check import verify_stored
 from agentsession_cas.store import Store
 from agentsession_cas.store.session import _ProjectionWalk
+from test_parallel import forced as forced  # a fixture; "as forced" marks it used on purpose (F401, F811)
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -431,10 +431,9 @@ def test_diff_of_two_entries_reads_their_paths_in_bulk(tmp_path, monkeypatch):
     """`diff --session` of two entries 600 deep walks their paths up through bulk reads of
     the envelopes along the log order (Session.ancestry), never an envelope at a time (it
     read 1,202 of them, one by one), with the output the one-at-a-time walk gives."""
-    from storetools import count_entry_reads
-
     from agentsession_cas.store import Session
     from agentsession_cas.store.views import diff_paths
+    from storetools import count_entry_reads
 
     root = tmp_path / "store"
     with Store.init(str(root)) as st:

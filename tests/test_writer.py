@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 import agentsession_cas.format.writer as writer_module
 from agentsession_cas import (
     FORMAT_WRITTEN,
-    EntryError,
     Entry,
+    EntryError,
     Header,
     ParentRef,
     SessionBuilder,
@@ -30,7 +30,7 @@ from agentsession_cas import (
 from agentsession_cas.format.hashing import RESERVED_MEMBERS
 from agentsession_cas.format.reader import split_lines
 
-EPOCH = datetime(2026, 10, 5, 12, 0, 0, tzinfo=timezone.utc)
+EPOCH = datetime(2026, 10, 5, 12, 0, 0, tzinfo=UTC)
 SID = "0199e000-0000-7000-8000-000000000001"
 
 # -- strategies --------------------------------------------------------------------------------

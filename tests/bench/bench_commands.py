@@ -58,9 +58,8 @@ for p in (str(ROOT), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from bench_verify import SESSION_ID, baseline, best_of, generate  # noqa: E402
-
 import agentsession_cas  # noqa: E402
+from bench_verify import SESSION_ID, baseline, best_of, generate  # noqa: E402
 
 DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000
 TARGET_EXPORT = 1.5  # x bare parse

@@ -68,9 +68,9 @@ for p in (str(ROOT), str(HERE)):
 
 import agentsession_cas  # noqa: E402
 from agentsession_cas import exchange, read_session_bytes  # noqa: E402
-from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES
-from agentsession_cas.store import Session, Store  # noqa: E402
+from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES  # noqa: E402 - after the sys.path set-up
 from agentsession_cas.exchange.local import LocalTransport  # noqa: E402
+from agentsession_cas.store import Session, Store  # noqa: E402
 from bench_verify import SESSION_ID, generate  # noqa: E402
 
 DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000
@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             if side is not None:
                 try:
                     side.close()
-                except Exception as exc:  # noqa: BLE001 - cleanup must not hide the result
+                except Exception as exc:  # cleanup must not hide the result
                     print(f"warning: closing {side.name}: {exc}")
         if args.keep:
             print(f"kept {tmp}")

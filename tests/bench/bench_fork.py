@@ -39,12 +39,11 @@ for p in (str(ROOT), str(HERE), str(HERE.parent)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+import agentsession_cas  # noqa: E402
+from agentsession_cas.store.url import open_store  # noqa: E402
 from bench_pack import _body, resume_path  # noqa: E402
 from bench_postgresql import _server_cpu  # noqa: E402
 from bench_verify import SESSION_ID, generate  # noqa: E402
-
-import agentsession_cas  # noqa: E402
-from agentsession_cas.store.url import open_store  # noqa: E402
 
 DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000
 SMALL = 10

@@ -51,8 +51,8 @@ for p in (str(ROOT), str(HERE)):
         sys.path.insert(0, p)
 
 import agentsession_cas  # noqa: E402
-from agentsession_cas.maintenance.fsck import fsck  # noqa: E402
 from agentsession_cas.backends.files.objects import SPACES, FileObjects  # noqa: E402
+from agentsession_cas.maintenance.fsck import fsck  # noqa: E402
 from agentsession_cas.store import Store  # noqa: E402
 from bench_verify import generate  # noqa: E402
 
@@ -78,14 +78,14 @@ def store_objects(root: str):
         objs.packs.refresh(force=True)
         for pack in objs.packs.packs:
             by_block: dict[int, list[tuple[bytes, int, int]]] = {}
-            for raw, (b, o, l, _sp) in pack.records():
-                by_block.setdefault(b, []).append((raw, o, l))
+            for raw, (b, o, length, _sp) in pack.records():
+                by_block.setdefault(b, []).append((raw, o, length))
             for b in sorted(by_block):
                 block = pack.read_block(b)
-                for raw, o, l in by_block[b]:
+                for raw, o, length in by_block[b]:
                     if raw not in seen:
                         seen.add(raw)
-                        yield raw.hex(), block.object(o, l)
+                        yield raw.hex(), block.object(o, length)
         for space in SPACES:
             for name in objs.loose_names(space):
                 raw = bytes.fromhex(name[7:])

@@ -67,7 +67,7 @@ from agentsession_cas import Header  # noqa: E402
 from agentsession_cas.backends.files.locks import FileLock  # noqa: E402
 from agentsession_cas.backends.files.objects import REPACK_BLOCK, REPACK_LEVEL, REPACK_THREADS, SPACES  # noqa: E402
 from agentsession_cas.backends.files.packs import BLOCK_TARGET, SPACE_BITS, Pack, PackWriter  # noqa: E402
-from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES
+from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES  # noqa: E402 - after the sys.path set-up
 from agentsession_cas.store import Store  # noqa: E402
 from bench_verify import generate  # noqa: E402
 
@@ -463,7 +463,7 @@ def analyze_size(root: str, objects, bd, ours_pack: int, ours_idx: int, git_tota
     # Per space: ours (zstd, blocks of that space only) and git's (zlib per object,
     # and what git gc actually stored for those blobs).
     git_name = {}
-    for space, name, d in objects:
+    for space, _name, d in objects:
         git_name.setdefault(space, []).append(hashlib.sha1(b"blob %d\0" % len(d) + d).hexdigest())
     sizes = bd.get("sizes", {})
     say(f"      {'space':10} {'objects':>9} {'raw':>12} {'zstd 9/1MiB':>12} {'ratio':>6} {'zlib/object':>12} "

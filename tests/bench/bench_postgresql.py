@@ -58,16 +58,16 @@ for p in (str(ROOT), str(HERE), str(HERE.parent)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-import pg_server  # noqa: E402
 import psycopg  # noqa: E402
-from bench_pack import CREATED, _body, fork_plan, resume_path  # noqa: E402
-from bench_verify import generate  # noqa: E402
 
 import agentsession_cas  # noqa: E402
+import pg_server  # noqa: E402
 from agentsession_cas import Header  # noqa: E402
 from agentsession_cas.backends.postgresql.database import parse_url  # noqa: E402
 from agentsession_cas.store import Store  # noqa: E402
 from agentsession_cas.store.url import open_store  # noqa: E402
+from bench_pack import CREATED, _body, fork_plan, resume_path  # noqa: E402
+from bench_verify import generate  # noqa: E402
 
 DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000
 DEFAULT_FORKS, QUICK_FORKS = 100, 10

@@ -43,13 +43,13 @@ for p in (str(ROOT), str(HERE), str(ROOT / "tests")):
         sys.path.insert(0, p)
 
 import httpx  # noqa: E402
-from bench_verify import generate  # noqa: E402
-from server_helpers import ServerProcess  # noqa: E402
 
 from agentsession_cas import Header, open_store  # noqa: E402
 from agentsession_cas.exchange import push  # noqa: E402
 from agentsession_cas.exchange.http_client import HttpTransport, no_delay_transport  # noqa: E402
 from agentsession_cas.store import Store  # noqa: E402
+from bench_verify import generate  # noqa: E402
+from server_helpers import ServerProcess  # noqa: E402
 
 
 def push_ratio(tmp: Path, entries: int) -> tuple[float, float]:

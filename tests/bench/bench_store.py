@@ -346,7 +346,7 @@ def bench_open(tmp: str, sessions: int, reps: int, res: Results) -> None:
     # A few other sessions of the big store, for spread.
     others = [f"s{i:06d}" for i in (0, sessions // 3, sessions // 2, sessions - 2) if 0 <= i < sessions - 1]
     t = [min(_time_ops(_open_close, [big], sid, 20)[0]) for sid in others]
-    print(f"    other sessions of the big store, open+close best of 20: "
+    print("    other sessions of the big store, open+close best of 20: "
           + ", ".join(f"{sid} {x * 1e6:.0f} us" for sid, x in zip(others, t)))
     shutil.rmtree(small, ignore_errors=True)
     shutil.rmtree(big, ignore_errors=True)

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from random import Random
 
@@ -274,7 +274,7 @@ class _Gen:
 
     def __init__(self, seed: int):
         self.rng = Random(seed)
-        created = datetime(2026, 9, 17, 12, 0, 0, tzinfo=timezone.utc)
+        created = datetime(2026, 9, 17, 12, 0, 0, tzinfo=UTC)
         self.ns = int(created.timestamp()) * 1_000_000_000
         header = Header.new(
             SESSION_ID,
@@ -294,7 +294,7 @@ class _Gen:
         rng = self.rng
         self.ns += rng.randint(20_000_000, 20_000_000_000) + rng.randint(0, 999_999)
         sec, frac = divmod(self.ns, 1_000_000_000)
-        dt = datetime.fromtimestamp(sec, tz=timezone.utc)
+        dt = datetime.fromtimestamp(sec, tz=UTC)
         # Most writers hold micro- or milli-seconds; some a nanosecond clock.
         r = rng.random()
         if r < 0.5:

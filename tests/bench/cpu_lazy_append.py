@@ -45,10 +45,9 @@ for p in (str(ROOT), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from bench_verify import generate  # noqa: E402
-
 from agentsession_cas import Header  # noqa: E402
 from agentsession_cas.store import Store  # noqa: E402
+from bench_verify import generate  # noqa: E402
 
 DEFAULT_APPENDS = 2_000
 SEED = 20260917

@@ -40,18 +40,18 @@ for p in (str(ROOT), str(HERE), str(HERE.parent)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-import pg_server  # noqa: E402
 import psycopg  # noqa: E402
-from bench_pack import CREATED, _body  # noqa: E402
-from bench_verify import generate  # noqa: E402
 from psycopg import pq  # noqa: E402
 
+import pg_server  # noqa: E402
 from agentsession_cas import Header  # noqa: E402
 from agentsession_cas.backends.postgresql import arrays  # noqa: E402
 from agentsession_cas.backends.postgresql.database import parse_url  # noqa: E402
 from agentsession_cas.backends.postgresql.sessions import _APPEND_SQL  # noqa: E402
 from agentsession_cas.store import Store  # noqa: E402
 from agentsession_cas.store.url import open_store  # noqa: E402
+from bench_pack import CREATED, _body  # noqa: E402
+from bench_verify import generate  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -12,7 +12,6 @@ survive somewhere (a log's payload, another copy).
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field

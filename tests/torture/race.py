@@ -128,8 +128,9 @@ def _fsck_library(url: str) -> str | None:
 def play_threads(url: str, work: Path, seconds: float) -> Race:
     """The same race inside this process, for a store only this process reaches (memory:):
     the workers are threads, and sweep, pack and fsck run through the library in loops."""
-    from agentsession_cas.maintenance.fsck import fsck
     from race_worker import work as worker
+
+    from agentsession_cas.maintenance.fsck import fsck
 
     race = Race()
     done = threading.Event()
@@ -166,7 +167,7 @@ def play_threads(url: str, work: Path, seconds: float) -> Race:
                         store.sweep()
                     else:
                         store.pack()
-                except Exception as exc:  # noqa: BLE001 - a failure of maintenance is what the test looks for
+                except Exception as exc:  # a failure of maintenance is what the test looks for
                     race.failures.append(f"{what}: {type(exc).__name__}: {exc}")
                 time.sleep(0.01)
         finally:

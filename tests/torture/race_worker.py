@@ -106,7 +106,7 @@ def work(role: str, url: str, name: str, stop, least: int, extra: str, say=say) 
             else:
                 raise SystemExit(f"unknown role {role}")
             done += 1
-        except Exception as exc:  # noqa: BLE001 - every failure is reported, the test fails on it
+        except Exception as exc:  # every failure is reported, the test fails on it
             say(f"error {role} {type(exc).__name__}: {' '.join(str(exc).split())[:300]} "
                 f"| {' '.join(traceback.format_exc().splitlines()[-3:])[:300]}")
             time.sleep(0.05)

@@ -11,16 +11,15 @@ import json
 import uuid
 
 import pytest
+from damage import invoke
+from test_torture_input import NAMES, TS, hostile_files, hostile_lines, one_line_error
 
 from agentsession_cas import Header, make_entry
 from agentsession_cas.format.canonical import MAX_DEPTH
 from agentsession_cas.format.names import is_session_id
 from agentsession_cas.store.url import open_store
 from contract_helpers import BACKENDS, fingerprint
-
-from damage import invoke
 from storetools import short_of_stack
-from test_torture_input import NAMES, TS, hostile_files, hostile_lines, one_line_error
 
 KINDS = [b for b in BACKENDS if b.name in ("memory", "postgresql")]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from damage import Row, files_of, invoke, play, table
 
 #: Damage the store cannot save by itself, and why (docs/reliability.md says the same):

@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
-
-import pytest
 
 from damage import invoke
 

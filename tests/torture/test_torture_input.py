@@ -12,11 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from damage import invoke, is_traceback
 
 from agentsession_cas import Header
 from agentsession_cas.format.names import is_session_id
-
-from damage import invoke, is_traceback
 
 TS = "2026-10-05T12:00:00Z"
 
@@ -28,7 +27,7 @@ NAMES = [
 
 def tree(root: Path) -> dict[str, tuple[int, bytes]]:
     out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             p = Path(dirpath) / name
             if name.endswith(".lock") or name == "summary":

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from damage import invoke
 
 KILLS = 24  # per command; the seeds are fixed, the steps spread over each run

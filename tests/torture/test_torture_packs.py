@@ -7,12 +7,11 @@ import struct
 from pathlib import Path
 
 import zstandard
+from damage import invoke
 
 from agentsession_cas.backends.files.objects import FileObjects
 from agentsession_cas.backends.files.packs import MAX_BLOCK, PACK_MAGIC, salvage_pack
 from agentsession_cas.maintenance.fsck import fsck
-
-from damage import invoke
 
 
 def the_pack(root: Path) -> tuple[Path, Path]:

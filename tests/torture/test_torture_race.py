@@ -6,7 +6,6 @@ problem either (a live writer is not damage)."""
 from __future__ import annotations
 
 import pytest
-
 from race import play, play_threads
 
 SECONDS = 8.0
@@ -28,7 +27,6 @@ def test_the_race_over_postgresql(tmp_path):
     """The same race with the store in PostgreSQL (a throwaway server): the workers, the
     pushes and the maintenance commands reach it by its URL."""
     import pg_server
-
     from agentsession_cas.store.url import open_store
 
     url = pg_server.store_url(f"race_{tmp_path.name}")
@@ -95,7 +93,6 @@ def test_postgresql_fsck_reads_the_rows_in_one_snapshot(monkeypatch):
     """An append committed between fsck's read of the session rows and of a log's rows
     was 'its row says N log record(s), the log holds N+2' (seen racing appenders)."""
     import pg_server
-
     from agentsession_cas.backends.postgresql import fsck as pgfsck
     from agentsession_cas.store.url import open_store
 

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from damage import invoke
 
 KILL_AT = Path(__file__).with_name("kill_at.py")

@@ -17,7 +17,6 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from damage import files_of, invoke, is_traceback, reads
 
 STRANGE = ("fifo", "devzero", "outside", "directory", "sparse")

@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from damage import files_of, invoke
 
 NOBODY = 65534
