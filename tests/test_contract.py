@@ -1411,6 +1411,18 @@ def _marked_file(synthetic: object, child: bool) -> tuple[bytes, str]:
     return data, lab.id
 
 
+def _import_refused_as_synthetic(st, tmp_path, data: bytes, how: str):  # type: ignore[no-untyped-def]
+    """Import ``data`` (as bytes, or from a file) and expect the ``synthetic`` refusal,
+    the store left as it was and no session made; the refusal's ExceptionInfo."""
+    path = tmp_path / "marked.jsonl"
+    path.write_bytes(data)
+    with unchanged(st), pytest.raises(AgentSessionError) as ei:
+        st.import_bytes(data) if how == "bytes" else st.import_file(path)
+    refused(ei, "synthetic")
+    assert "marked" not in st
+    return ei
+
+
 @pytest.mark.parametrize("how", ["bytes", "file"])
 def test_import_refuses_an_entry_hanging_from_a_synthetic_marker(make_store, tmp_path, how):
     """RFC 0002 "Projection to JSONL": an import discards a synthetic marker, which is no
@@ -1419,13 +1431,8 @@ def test_import_refuses_an_entry_hanging_from_a_synthetic_marker(make_store, tmp
     the child joined the log under a parent no store held, and its export read nowhere.)"""
     st = make_store()
     data, marker = _marked_file(True, child=True)
-    path = tmp_path / "marked.jsonl"
-    path.write_bytes(data)
-    with unchanged(st), pytest.raises(AgentSessionError) as ei:
-        st.import_bytes(data) if how == "bytes" else st.import_file(path)
-    refused(ei, "synthetic")
+    ei = _import_refused_as_synthetic(st, tmp_path, data, how)
     assert short_id(marker) in str(ei.value)
-    assert "marked" not in st
     plain, _ = _marked_file(True, child=False)  # the marker as a projection writes it: discarded
     s = st.import_bytes(plain)
     assert len(s.log_order) == 2 and s.head == s.log_order[0]
@@ -1439,13 +1446,8 @@ def test_import_refuses_a_label_carrying_synthetic_that_is_no_marker(make_store,
     at import with the code an append and a push give, not held as an entry no append
     could have made and no push could carry."""
     st = make_store()
-    data, label = _marked_file(synthetic, child=False)
-    path = tmp_path / "marked.jsonl"
-    path.write_bytes(data)
-    with unchanged(st), pytest.raises(AgentSessionError) as ei:
-        st.import_bytes(data) if how == "bytes" else st.import_file(path)
-    refused(ei, "synthetic")
-    assert "marked" not in st
+    data, _ = _marked_file(synthetic, child=False)
+    _import_refused_as_synthetic(st, tmp_path, data, how)
 
 
 def test_import_of_redacted_file_refused(make_store):
