@@ -335,7 +335,7 @@ def verify_session(target: Target, as_json: bool) -> None:
     from agentsession_cas.maintenance.check import verify_stored
 
     with progressing("verifying", "lines") as bar:
-        check = verify_stored(store, sid, empty_ok=False, progress=bar)  # as verify of its export says
+        check = verify_stored(store, sid, as_export=True, progress=bar)  # as verify of its export says
     problems, notes, stats = check.problems, check.notes, check.stats
     ok = check.ok
     if as_json:

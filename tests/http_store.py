@@ -128,6 +128,8 @@ CANNOT: dict[str, str] = {
         "the server verifies every object it receives (bad_object), so no corrupt copy can be stored through it",
     "test_put_replaces_a_corrupt_copy":
         "the server verifies every object it receives (bad_object), so no corrupt copy can be stored through it",
+    "test_verify_and_fsck_name_a_corrupt_sidecar_blob":
+        "the server verifies every object it receives (bad_object), so no corrupt copy can be stored through it",
 }
 CANNOT.update({
     "test_ref_replaced_after_delete_and_create":

@@ -49,6 +49,8 @@ from agentsession_cas.exchange import operations as ex
 from agentsession_cas.exchange.local import open_transport
 from agentsession_cas.format.entry import short_id
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
+from agentsession_cas.maintenance.check import verify_stored
+from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.store import Store
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store
@@ -2285,6 +2287,55 @@ def test_unresolved_sidecar_blob_reported_not_refused(make_store):
     r = s.append({"type": "item", "ts": ts(), "item": {"type": "message", "role": "user",
                   "content": [{"type": "input_image", "image_url": f"sidecar:{missing}"}]}})
     assert r.outcome == "continued" and r.unresolved == [f"sidecar:{missing}"]
+
+
+def _image(name: str) -> dict:
+    return {"type": "item", "ts": ts(), "item": {"type": "message", "role": "user",
+            "content": [{"type": "input_image", "image_url": f"sidecar:{name}"}]}}
+
+
+def test_verify_holds_a_sidecar_blob_the_store_lacks_to_the_export(make_store):
+    """RFC 0001 File: a sidecar is part of the session. A blob an append named and the
+    store lacks (RFC 0002: reported, not refused) fails ``verify ID`` (its export cannot
+    carry it: ``missing-blob``, naming the blob and the line) and is a warning to fsck,
+    which fails nothing for it; once the blob is put, both are clean."""
+
+    st = make_store()
+    s = st.create(Header.new("s1", media="sidecar"))
+    held, missing = st.put_blob(b"held image"), sha256_ref(b"an image never put")
+    s.append(msg("look"))
+    s.append(_image(held))
+    s.append(_image(missing))
+    check = verify_stored(st, "s1", as_export=True)
+    [p] = check.problems
+    assert (p["code"], p["where"], p["object"], p["line"]) == ("missing-blob", "media", missing, 4)
+    assert missing in p["message"] and "line 4" in p["message"]
+    lenient = verify_stored(st, "s1")  # as fsck holds it
+    media = [(n["code"], n["severity"], n["object"]) for n in lenient.notes if n["where"] == "media"]
+    assert lenient.ok and media == [("missing-blob", "warning", missing)]
+    if make_store.name != "http":  # (fsck is local maintenance: RFC 0003 carries none)
+        report = fsck(st, deep=True)
+        assert not report.errors, report.errors
+        assert [(w.code, w.session, w.object) for w in report.warnings] == [("missing-blob", "s1", missing)]
+    assert st.put_blob(b"an image never put") == missing
+    assert verify_stored(st, "s1", as_export=True).ok
+    assert not [n for n in verify_stored(st, "s1").notes if n["where"] == "media"]
+
+
+def test_verify_and_fsck_name_a_corrupt_sidecar_blob(make_store):
+    """A sidecar blob whose bytes do not hash to its name is ``corrupt-object`` to
+    ``verify ID`` (where: media) and an error to fsck, naming the session it hurts."""
+
+    st = make_store()
+    s = st.create(Header.new("s1", media="sidecar"))
+    name = sha256_ref(b"the real image")
+    _put_corrupt(st, "blobs", name, b"other bytes")
+    s.append(_image(name))
+    for as_export in (True, False):
+        [p] = verify_stored(st, "s1", as_export=as_export).problems
+        assert (p["code"], p["where"], p["object"], p["space"]) == ("corrupt-object", "media", name, "blobs")
+    report = fsck(st, deep=True)
+    assert "s1" in {e.session for e in report.errors if e.code == "corrupt-object" and e.object == name}, report.errors
 
 
 def test_header_and_session_iteration(make_store):

@@ -484,8 +484,9 @@ def test_both_drivers_agree_on_every_case(name):
 
 def test_every_rule_is_provoked_by_some_case():
     seen = {code for data in FILES.values() for code in codes(agree(data))}
-    # The store-scope rules need another session's header: tests/test_links.py provokes them.
-    wanted = {c for c, r in RULES.items() if r.scope != "store"}
+    # The store-scope rules need another session's header: tests/test_links.py provokes them;
+    # the media rules, the files beside a session's: tests/test_media_check.py.
+    wanted = {c for c, r in RULES.items() if r.scope not in ("store", "media")}
     assert seen == wanted, sorted(wanted ^ seen)
 
 
@@ -539,13 +540,13 @@ def test_the_table_is_closed_and_consistent():
     for code, rule in RULES.items():
         assert rule.code == code
         assert rule.severity in ("error", "note")
-        assert rule.scope in ("line", "tree", "record", "context", "link", "store")
+        assert rule.scope in ("line", "tree", "record", "context", "link", "media", "store")
         assert rule.store in ("refuse", "finding", "note")
         assert (rule.store == "refuse") == (rule.error is not None)
         assert rule.error in (None, "bad_entry", "base_rule", "call_id_repeated", "no_entry", "format")
         assert rule.severity == "error" or rule.store == "note"
         assert rule.summary and rule.section.startswith("RFC 000")
-    assert [c for c, r in RULES.items() if r.store == "finding"] == ["request_hash"]
+    assert [c for c, r in RULES.items() if r.store == "finding"] == ["request_hash", "missing-blob", "blob-hash"]
     assert RULES["call-id-repeated"].error == "call_id_repeated"
     assert RULES["base"].error == "base_rule" and RULES["parent"].error == "no_entry"
 

@@ -1904,13 +1904,13 @@ def test_sidecar_blobs_travel_with_export_and_import(tmp_path):
     two.import_file(out)
     assert two.blob(name) == b"\x89PNG fake image bytes"
     two.close()
-    # a missing or corrupt blob refuses the import
+    # a missing or corrupt blob refuses the import (the file's problem: tests/test_media_check.py)
     blob_file.write_bytes(b"tampered")
     three = Store.init(tmp_path / "three")
-    with pytest.raises(StoreError, match="does not hash"):
+    with pytest.raises(SessionFormatError, match="does not hash"):
         three.import_file(out)
     blob_file.unlink()
-    with pytest.raises(StoreError, match="missing"):
+    with pytest.raises(SessionFormatError, match="missing"):
         three.import_file(out)
     assert "media-s" not in three
 

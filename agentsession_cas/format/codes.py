@@ -20,9 +20,10 @@ from ..lean import dataclass
 __all__ = ["RULES", "STORE_ONLY", "ErrorCode", "Rule", "Scope", "StorePolicy", "problem", "rule_of"]
 
 #: Where a rule is found: one line alone, where it hangs, what a path says, what the
-#: session's links say of the sessions they name, or what only a store can see (another session's header: checked by ``verify ID`` and
+#: session's links say of the sessions they name, the sidecar media its items name (beside
+#: a file, or in a store), or what only a store can see (another session's header: checked by ``verify ID`` and
 #: ``fsck --deep``, noted as unchecked by ``verify FILE``).
-Scope = Literal["line", "tree", "record", "context", "link", "store"]
+Scope = Literal["line", "tree", "record", "context", "link", "media", "store"]
 #: What a store does with an entry that brings the rule: refuse it, store it and
 #: report it, or only remark on it.
 StorePolicy = Literal["refuse", "finding", "note"]
@@ -127,6 +128,14 @@ RULES: Mapping[str, Rule] = _rules(
     Rule("request_hash", "error", "context", "finding", None, "a response's request_hash is the hash of the request its path rebuilds", "RFC 0001 Request hash"),
     _note("redacted-request", "context", "in a redacted file a request_hash names the original's request, which the redacted path need not rebuild", "RFC 0001 Header"),
     _note("of", "context", "an omitted list named by an of the path cannot resolve is kept as written", "RFC 0001 config"),
+    # -- the sidecar media a session's items name (format/media.py) ----------------------
+    Rule("missing-blob", "error", "media", "finding", None,
+         "a sidecar blob an item names lies beside the file (a store may hold an entry naming one it lacks, reported as "
+         "unresolved, and then holds the session to this rule only in its export)", "RFC 0001 File, RFC 0002 Media"),
+    Rule("blob-hash", "error", "media", "finding", None, "a sidecar blob's bytes hash to the name its reference gives",
+         "RFC 0001 File"),
+    _note("media-unchecked", "media", "the sidecar blobs of a session read from a stream are not checked: a stream has "
+          "no directory beside it", "RFC 0001 File"),
     # -- what only a store sees: the sessions links name (store/links.py) ----------------
     Rule("link-parent", "error", "store", "note", None, "a subsession a link names, when held, names this session as parent_session and the link's call as spawned_by", "RFC 0001 Header, link"),
     Rule("link-fork", "error", "store", "note", None, "the session a fork_of link names, when held, holds the fork's base", "RFC 0002 Sessions"),

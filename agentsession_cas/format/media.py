@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+from ..errors import Problem
 from ..fsutil import write_atomic, write_output
+from .codes import problem
 
 __all__ = [
     "SIDECAR",
     "SIDECAR_BYTES",
-    "read_sidecar",
+    "SidecarNames",
+    "check_sidecars",
+    "sidecar_blob",
     "sidecar_dir",
     "sidecar_names",
     "sidecar_path",
@@ -48,11 +52,60 @@ def sidecar_path(directory: str, name: str) -> str:
     return os.path.join(directory, name[7:])
 
 
-def read_sidecar(directory: str, name: str) -> bytes:
-    """The bytes of blob ``name`` in a sidecar directory (OSError when absent); the
-    caller verifies them against the name."""
-    with open(sidecar_path(directory, name), "rb") as f:
-        return f.read()
+def sidecar_blob(directory: str | None, name: str, line: int | None = None, *, keep: bool = True) -> tuple[bytes | None, Problem | None]:
+    """Blob ``name`` read from a sidecar directory and verified against its name (RFC 0001
+    File: a reader verifies a blob as it verifies a content), the one check of a file's
+    blob that ``verify FILE`` and import both make: its bytes (None unless ``keep``: a
+    check alone reads it a piece at a time), or the problem, ``missing-blob`` (no file
+    there, or none that reads; ``directory`` None: a stream, with none beside it) or
+    ``blob-hash``, naming the file and ``line``, the first line naming the blob."""
+    import hashlib
+
+    if directory is None:
+        return None, problem(line, "missing-blob", f"sidecar blob {name} is missing: a stream has no sidecar directory beside it")
+    where = sidecar_path(directory, name)
+    digest = hashlib.sha256()
+    pieces: list[bytes] = []
+    try:
+        with open(where, "rb") as f:
+            while piece := f.read(1 << 20):
+                digest.update(piece)
+                if keep:
+                    pieces.append(piece)
+    except OSError as exc:
+        why = "no such file" if isinstance(exc, FileNotFoundError) else f"it cannot be read: {exc.strerror or exc}"
+        return None, problem(line, "missing-blob", f"sidecar blob {name} is missing: {where}: {why}")
+    if "sha256:" + digest.hexdigest() != name:
+        return None, problem(line, "blob-hash", f"sidecar blob {where} does not hash to its name {name}")
+    return (b"".join(pieces) if keep else None), None
+
+
+class SidecarNames:
+    """The blobs a sidecar session's lines name, each with the first line naming it, as
+    a reader passes over the lines (a line's bytes searched only when they hold ``sidecar:``)."""
+
+    __slots__ = ("first",)
+
+    def __init__(self) -> None:
+        self.first: dict[str, int] = {}
+
+    def add(self, raw: bytes, line: int) -> None:
+        if b"sidecar:" in raw:
+            for name in sidecar_names(raw):
+                self.first.setdefault(name, line)
+
+    def add_block(self, joined: bytes, lines: list[bytes], first_line: int) -> None:
+        """A block of lines (``joined``: them with their LFs), the first numbered ``first_line``."""
+        if b"sidecar:" in joined:
+            for i, raw in enumerate(lines):
+                self.add(raw, first_line + i)
+
+
+def check_sidecars(directory: str | None, named: Mapping[str, int]) -> list[Problem]:
+    """Each blob ``named`` (name: the first line naming it) checked beside a file, by
+    :func:`sidecar_blob`: the problems, in line order."""
+    found = [sidecar_blob(directory, name, line, keep=False)[1] for name, line in sorted(named.items(), key=lambda kv: (kv[1], kv[0]))]
+    return [p for p in found if p is not None]
 
 
 def write_projection(

@@ -44,6 +44,7 @@ from .canonical import loads_canonical, loads_flagged
 from .entry import Entry, Header
 from .hashing import entry_hashes
 from .legacy import migrate_entry
+from .media import SidecarNames, check_sidecars, sidecar_dir
 from .rules import (
     CORE_TYPES,
     PathChecker,
@@ -228,7 +229,7 @@ def _first_line(f: BinaryIO, name: str) -> tuple[bytes, Header]:
 def verify_file(
     path: str | os.PathLike, *, on_entry: Callable[[Entry], None] | None = None, progress: Progress | None = None,
     processes: bool | None = None, on_ready: Callable[[list[parallel.Ready]], None] | None = None,
-    objects: bool = True, paths: bool = True,
+    objects: bool = True, paths: bool = True, sidecars: bool = True,
 ) -> VerifyReport:
     """What ``agentsession verify FILE`` reports (:func:`~agentsession_cas.format.rules.verify_session`
     of the file as read), in one pass over the file read line by line: each line through
@@ -261,14 +262,21 @@ def verify_file(
 
     ``paths=False`` applies the line and tree rules alone, not the record and context
     rules along each path (the report's record and context parts are then empty): for a
-    caller that reports no other, ``show FILE``'s listing."""
+    caller that reports no other, ``show FILE``'s listing.
+
+    ``sidecars``: a ``media: sidecar`` session's blobs, each read from the directory
+    beside the file and verified against its name (:func:`~.media.check_sidecars`;
+    ``missing-blob``, ``blob-hash``), once the lines are read. An import passes False: it
+    reads them itself, to store them, by the same check."""
     name = _session_file(path)
     with open(name, "rb") as f:
         first, header = _first_line(f, name)
         if header.is_legacy:  # migration assigns ids as it goes: entries are kept, not read again
             if on_entry is not None:
                 raise ValueError("a file before format 0.5 is migrated whole: it is not streamed")
-            return verify_bytes(first + f.read(), source=name, progress=progress)
+            return verify_bytes(first + f.read(), source=name, progress=progress,
+                                sidecars=sidecar_dir(name, str(header.id)) if sidecars else None)
+        named = SidecarNames() if sidecars and header.media == "sidecar" else None
         starts = array("q")  # each line's offset and length, to read it again
         sizes = array("q")
         # A line read again must be the line checked: its members must hash to the id it was
@@ -303,6 +311,8 @@ def verify_file(
                 parts = joined.split(b"\n")
                 buf[: end - cut - 1] = buf[cut + 1 : end]  # (a copy first: the two may overlap)
                 have = end - cut - 1
+                if named is not None:
+                    named.add_block(joined, parts, len(sizes) + 2)
                 lengths = list(map(len, parts))
                 sizes.extend(lengths)
                 offsets = list(accumulate([n + 1 for n in lengths], initial=pos))
@@ -316,6 +326,8 @@ def verify_file(
             del buf
             if last:  # the last line, with no LF after it
                 ending[0] = False
+                if named is not None:
+                    named.add(last, len(sizes) + 2)
                 starts.append(pos)
                 sizes.append(len(last))
                 pos += len(last)
@@ -362,28 +374,50 @@ def verify_file(
             return obj
 
         checker = PathChecker(header, loader=load)
+
+        def media() -> list[Problem]:
+            return [] if named is None else check_sidecars(sidecar_dir(name, str(header.id)), named.first)
+
         if not parallel.wanted(size, processes):
             lines = chain.from_iterable(parts for _, parts in blocks())
             return _verify(name, header, lines, checker, where, on_entry, Parking(wake), misstated, paths=paths,
-                           terminated=lambda: ending[0])
+                           terminated=lambda: ending[0], media=media)
         with parallel.LineHelper(objects=on_entry is not None and objects,
                                  on_ready=on_ready if on_entry is not None else None) as helper:
             return _verify(name, header, helper.lines(blocks()), checker, where, on_entry, Parking(wake), misstated,
-                           helper.known, paths=paths, terminated=lambda: ending[0])
+                           helper.known, paths=paths, terminated=lambda: ending[0], media=media)
 
 
 def verify_bytes(
     data: bytes, *, source: str = "<bytes>", progress: Progress | None = None, on_entry: Callable[[Entry], None] | None = None,
+    sidecars: str | None = None,
 ) -> VerifyReport:
     """:func:`verify_file` of a session held in memory (standard input, say): the entries
     are kept, since there is no file to read one again from. ``progress(lines, total)``;
-    ``on_entry`` as :func:`verify_file`'s (a file before format 0.5 too: it is migrated here)."""
+    ``on_entry`` as :func:`verify_file`'s (a file before format 0.5 too: it is migrated here).
+    A ``media: sidecar`` session's blobs are checked in the directory ``sidecars`` (a
+    file's, read whole); with none, a stream's, they are noted as not checked
+    (``media-unchecked``)."""
     lines = split_lines(data)
     if not lines:
         raise SessionFormatError(source, [problem(1, "header", "the file is empty: no header")])
     header = read_header(lines[0], source)
+
+    def media() -> list[Problem]:
+        if header.media != "sidecar":
+            return []
+        named = SidecarNames()
+        for i, raw in enumerate(lines[1:]):
+            named.add(raw, i + 2)
+        if sidecars is not None:
+            return check_sidecars(sidecars, named.first)
+        if not named.first:
+            return []
+        return [problem(None, "media-unchecked", f"the {len(named.first)} sidecar blob(s) its items name were not "
+                        f"checked: {source} is no file, with no sidecar directory beside it")]
+
     return _verify(source, header, reported(lines[1:], len(lines) - 1, progress), PathChecker(header), None, on_entry,
-                   terminated=_ends_with_lf(data))
+                   terminated=_ends_with_lf(data), media=media)
 
 
 def verify_lines(
@@ -525,15 +559,19 @@ def _verify(
     source: str, header: Header, lines: Iterable[bytes], checker: PathChecker, where: dict[str, int] | None,
     on_entry: Callable[[Entry], None] | None = None, parking: Parking | None = None,
     misstated: dict[str, str] | None = None, known: deque[parallel.Known] | None = None, *, paths: bool = True,
-    terminated: Callable[[], bool],
+    terminated: Callable[[], bool], media: Callable[[], list[Problem]] | None = None,
 ) -> VerifyReport:
-    """The pass of a streamed verify; ``paths=False``: ``checker`` is fed nothing (:func:`verify_file`'s)."""
+    """The pass of a streamed verify; ``paths=False``: ``checker`` is fed nothing (:func:`verify_file`'s).
+    ``media``: the sidecar blobs' problems (and note), asked once the lines are read."""
     with gc_paused():
         reader = _Reader(source, header, lines, checker=checker if paths else None, keep_entries=False, where=where,
                          on_entry=on_entry, parking=parking, misstated=misstated, known=known, terminated=terminated)
         sf = reader.run()
         checker.finish()
-    report = verify_report(source, header, reader.count, sf.migrated, sf.all_problems(), sf.unresolved, checker, reader.links)
+    found = media() if media is not None else []
+    read = sf.all_problems() + [p for p in found if p.severity == "error"]
+    unresolved = sf.unresolved + [p for p in found if p.severity != "error"]
+    report = verify_report(source, header, reader.count, sf.migrated, read, unresolved, checker, reader.links)
     if parking is not None:
         report._tidy = parking.tidy
     return report

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import field
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import FsckProblem, FsckReport
@@ -28,6 +29,7 @@ from ..errors import (
 from ..format import parallel
 from ..format.entry import short_id
 from ..format.hashing import lines_from_objects
+from ..format.media import SidecarNames
 from ..format.reader import verify_lines
 from ..format.rules import RULES, VerifyReport
 from ..lean import dataclass
@@ -102,14 +104,18 @@ def _one_line(text: str) -> str:
 
 
 def verify_stored(
-    store: Store, session_id: str, *, empty_ok: bool = True, progress: Progress | None = None
+    store: Store, session_id: str, *, as_export: bool = False, progress: Progress | None = None
 ) -> StoredCheck:
     """Verify a stored session: its log reads and replays, its indexes agree with it,
-    every object it needs is sound, and its projection verifies as a file.
-    ``empty_ok=False`` holds a session with no entry to what ``verify`` of its export
-    says (``empty``: nothing was checked); fsck keeps the default, since a store may
-    hold a session with no entry yet. ``progress(lines, total)`` is called as the
-    projection is verified (:mod:`agentsession_cas.progress`)."""
+    every object it needs is sound, the sidecar blobs its items name (``media:
+    sidecar``) are held and sound, and its projection verifies as a file.
+    ``as_export=True`` (``verify ID``) holds the session to what ``verify`` of its export
+    says: a session with no entry is ``empty`` (nothing was checked), and a blob the store
+    lacks is ``missing-blob`` (the export cannot carry it). fsck keeps the default: a
+    store may hold a session with no entry yet, and an append naming a blob it lacks
+    (RFC 0002: reported as unresolved, never refused), which is then a warning.
+    ``progress(lines, total)`` is called as the projection is verified
+    (:mod:`agentsession_cas.progress`)."""
     out = StoredCheck(session_id, stats={"entries": 0, "prefix": 0, "records": 0})
     history, state = _replayed(store, session_id)
     out.stats["records"] = len(history.records) if history.tail_from is None else history.tail_from
@@ -126,7 +132,7 @@ def verify_stored(
         elif (stale := stale_head(state, history.head_index)) is not None:
             out.problems.append(_problem("session", "stale-head", stale, entry=history.head_index))
     if out.problems:
-        _careful(store, session_id, history, state, out, empty_ok=empty_ok)
+        _careful(store, session_id, history, state, out, as_export=as_export)
         return out
     # The log is sound: its records are let go while the projection is verified (a
     # session's worth of them, a third of the pass's memory); the careful path, taken
@@ -141,19 +147,21 @@ def verify_stored(
     except AgentSessionError:
         session = None  # the careful path below says why
     if session is not None:
+        named = SidecarNames() if session.header.media == "sidecar" else None
         try:
-            report = _verify_projection(session, progress)
+            report = _verify_projection(session, progress, named)
         except AgentSessionError:
             report = None  # an object the projection needs is missing or corrupt: the careful path names it
         if report is not None:
             out.notes.extend(_finding("session", f) for f in session.recovered)
             out.stats["entries"], out.stats["prefix"] = len(session), len(session.prefix)
-            _check_projection(session, report, out, empty_ok=empty_ok)
+            _check_projection(session, report, out, as_export=as_export)
+            _check_blobs(store, named, out, as_export=as_export)
             session.close()
             return out
         session.close()
     history, state = _replayed(store, session_id)
-    _careful(store, session_id, history, state, out, empty_ok=empty_ok)
+    _careful(store, session_id, history, state, out, as_export=as_export)
     return out
 
 
@@ -163,7 +171,7 @@ def _replayed(store: Store, session_id: str) -> tuple[Any, SessionState]:
     return history, replay(history.records if history.tail_from is None else history.records[: history.tail_from])
 
 
-def _careful(store: Store, session_id: str, history: Any, state: SessionState, out: StoredCheck, *, empty_ok: bool) -> None:
+def _careful(store: Store, session_id: str, history: Any, state: SessionState, out: StoredCheck, *, as_export: bool) -> None:
     """Name every object the log and the prefix need that is missing or corrupt."""
     records = history.records if history.tail_from is None else history.records[: history.tail_from]
     positions = history.positions
@@ -208,7 +216,9 @@ def _careful(store: Store, session_id: str, history: Any, state: SessionState, o
         try:
             s = store.read(session_id)
             try:
-                _check_projection(s, _verify_projection(s), out, empty_ok=empty_ok)
+                named = SidecarNames() if s.header.media == "sidecar" else None
+                _check_projection(s, _verify_projection(s, None, named), out, as_export=as_export)
+                _check_blobs(store, named, out, as_export=as_export)
             finally:
                 s.close()
         except AgentSessionError as exc:
@@ -217,7 +227,9 @@ def _careful(store: Store, session_id: str, history: Any, state: SessionState, o
         out.notes.append(_note("session", "not-checked", "the projection was not checked: the log or the objects are damaged"))
 
 
-def _verify_projection(session: Session, progress: Progress | None = None) -> VerifyReport | SessionFormatError:
+def _verify_projection(
+    session: Session, progress: Progress | None = None, named: SidecarNames | None = None
+) -> VerifyReport | SessionFormatError:
     """The projection verified as a file is (the one rule set: the same problems, codes and
     notes ``verify FILE`` gives of its export), as its lines are made, an entry the
     checker goes back to read again from the store; or the error of a projection that
@@ -228,7 +240,8 @@ def _verify_projection(session: Session, progress: Progress | None = None) -> Ve
     (:func:`~agentsession_cas.format.parallel.wanted`, judged on its first objects'
     bytes), the helper is handed the entries' objects as the packs hold them and makes
     and checks their lines (``LineHelper.built``), so this process reads the objects
-    and runs the rules that need the lines in order."""
+    and runs the rules that need the lines in order. ``named`` is told each entry's
+    content with its line, for the sidecar blobs they name."""
     walk = _ProjectionWalk(session)
     chunks = walk.chunks()
     opening: list[list[_Walked]] = []
@@ -240,9 +253,13 @@ def _verify_projection(session: Session, progress: Progress | None = None) -> Ve
             break
 
     def walked() -> Iterator[list[_Walked]]:
-        while opening:  # (let go of as they are passed on: 8 MB of objects)
-            yield opening.pop(0)
-        yield from chunks
+        line = 2  # (the header's is the first)
+        for chunk in chain(_drained(opening), chunks):
+            if named is not None:
+                for _, _, content, _ in chunk:
+                    named.add(content, line)
+                    line += 1
+            yield chunk
 
     helper = parallel.LineHelper(built=True) if parallel.wanted(size, None) and not session.header.is_legacy else None
 
@@ -270,6 +287,12 @@ def _verify_projection(session: Session, progress: Progress | None = None) -> Ve
             helper.close()
 
 
+def _drained(chunks: list[list[_Walked]]) -> Iterator[list[_Walked]]:
+    """The chunks, each let go of as it is passed on (8 MB of objects)."""
+    while chunks:
+        yield chunks.pop(0)
+
+
 #: One entry as the projection's walk reads it: (id, envelope, content, the envelope's members but content).
 _Walked = tuple[str, dict[str, Any], bytes, "bytes | None"]
 
@@ -284,12 +307,12 @@ def _objects_blocks(chunks: Iterator[list[_Walked]]) -> Iterator[parallel.Object
         yield [(entry_id, content, members) for entry_id, _, content, members in chunk], make
 
 
-def _check_projection(session: Session, report: VerifyReport | SessionFormatError, out: StoredCheck, *, empty_ok: bool) -> None:
+def _check_projection(session: Session, report: VerifyReport | SessionFormatError, out: StoredCheck, *, as_export: bool) -> None:
     if isinstance(report, SessionFormatError):
         out.problems.extend({**p.as_dict(), "where": "projection"} for p in report.problems)
         return
     for p in report.problems:
-        if p.code != "empty" or not empty_ok:
+        if p.code != "empty" or as_export:
             out.problems.append({**p.as_dict(), "where": _WHERE.get(RULES[p.code].scope, "projection")})
     # What a file could not check, the store does: the sessions its links name.
     out.notes.extend({**p.as_dict(), "where": _WHERE.get(RULES[p.code].scope, "projection")}
@@ -305,12 +328,37 @@ def _check_projection(session: Session, report: VerifyReport | SessionFormatErro
         ))
 
 
+def _check_blobs(store: Store, named: SidecarNames | None, out: StoredCheck, *, as_export: bool) -> None:
+    """Each sidecar blob the projection's lines name, read (and so verified against its
+    name) from the store: a corrupt copy is ``corrupt-object``, as any object's; one the
+    store lacks is ``missing-blob``, a problem when held to the export (which cannot be
+    written without it), else a warning (see :func:`verify_stored`)."""
+    if named is None:
+        return
+    for name, line in sorted(named.first.items(), key=lambda kv: (kv[1], kv[0])):
+        try:
+            store.objects.get("blobs", name)
+        except CorruptObjectError as exc:
+            path = store_relative(exc.path, store.root)
+            out.problems.append(_problem("media", "corrupt-object", f"{_one_line(str(exc))}; named by projection line {line}",
+                                         line, object=name, space="blobs", path=path, file=path))
+        except NoSuchObjectError as exc:
+            said = f"sidecar blob {name}, named by projection line {line}, is not held: {_one_line(str(exc))}"
+            if as_export:
+                out.problems.append(_problem("media", "missing-blob", f"{said}; the export cannot carry it", line, object=name,
+                                             space="blobs"))
+            else:
+                out.notes.append({**_problem("media", "missing-blob", said, line, object=name, space="blobs"),
+                                  "severity": "warning"})
+
+
 def findings(check: StoredCheck) -> list[FsckProblem]:
     """A stored session's problems as fsck's findings (the shape fsck, pack, sweep and
     stats print), each naming the session."""
     sid = check.session
-    return [FsckProblem("error", p["code"], f"session {sid}: {p['message']}", session=sid, object=p.get("entry"),
-                        file=p.get("file")) for p in check.problems]
+    return [FsckProblem("error", p["code"], f"session {sid}: {p['message']}", session=sid,
+                        object=p.get("entry") or p.get("object"), space=p.get("space"), file=p.get("file"))
+            for p in check.problems]
 
 
 def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str], None] | None = None) -> None:
@@ -327,5 +375,6 @@ def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str]
             report.counts["sessions"] -= 1  # deleted since it was listed: nothing to check
             continue
         report.problems.extend(findings(check))
-        for n in check.notes:  # verify's remarks, with their codes, as --deep's
-            report.add("note", n["code"], f"session {sid}: {n['message']}", session=sid, file=n.get("file"))
+        for n in check.notes:  # verify's remarks and warnings, with their codes, as --deep's
+            report.add(n["severity"], n["code"], f"session {sid}: {n['message']}", session=sid, file=n.get("file"),
+                       object=n.get("object"), space=n.get("space"))

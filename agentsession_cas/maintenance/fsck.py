@@ -53,6 +53,10 @@ def fsck(
 def _deep(store: Store, report: FsckReport, progress: Callable[[str], None] | None) -> int:
     """Verify every session the walk found no error in as ``verify ID`` does; the number checked."""
     failed = {p.session for p in report.errors if p.session}
+    said: dict[str, set[tuple[str, str | None]]] = {}
+    for w in report.warnings:
+        if w.session:
+            said.setdefault(w.session, set()).add((w.code, w.object))
     checked = 0
     sids = [s for s in store.list() if s not in failed]
     for i, sid in enumerate(sids, start=1):
@@ -69,6 +73,8 @@ def _deep(store: Store, report: FsckReport, progress: Callable[[str], None] | No
             report.add("error", p.get("code") or "verify", f"session {sid}: {where}{message}",
                        session=sid, object=p.get("entry") or p.get("object"), file=p.get("file"))
         for n in check.notes:
-            report.add("note", n["code"], f"session {sid}: {' '.join(str(n['message']).splitlines())}", session=sid,
-                       file=n.get("file"))
+            if n["severity"] == "warning" and (n["code"], n.get("object")) in said.get(sid, ()):
+                continue  # (a warning the walk gave already: a missing sidecar blob)
+            report.add(n["severity"], n["code"], f"session {sid}: {' '.join(str(n['message']).splitlines())}", session=sid,
+                       file=n.get("file"), object=n.get("object"), space=n.get("space"))
     return checked

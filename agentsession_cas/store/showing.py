@@ -268,7 +268,8 @@ def read_file(path: str, *, hashes: bool = False, on_start: Callable[[Header], N
         on_start(header)
     read = ShowRead(path, header, hashes=hashes, keep=False)
     read.stat = _stat(path)
-    read.finish(verify_file(path, on_entry=_hook(read, on_entry), progress=progress, objects=False, paths=paths))
+    read.finish(verify_file(path, on_entry=_hook(read, on_entry), progress=progress, objects=False, paths=paths,
+                            sidecars=False))  # (a view reports the line and tree rules alone)
     read._reread = lambda positions: _lines_again(path, read, positions)
     read._wake = lambda e: _line_again(path, read, e)
     return read

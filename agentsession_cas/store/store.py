@@ -55,7 +55,7 @@ from ..format.canonical import canonical_bytes, loads_flagged
 from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
 from ..format.hashing import HASH_PREFIX, common_envelopes, entry_objects, is_hash, sha256_ref
 from ..format.links import continued_in_link, fork_of_link
-from ..format.media import read_sidecar, sidecar_dir, sidecar_names, sidecar_path, write_projection
+from ..format.media import sidecar_blob, sidecar_dir, sidecar_names, write_projection
 from ..format.names import check_session_id
 from ..format.timestamps import now_ts
 from ..lean import dataclass
@@ -865,7 +865,7 @@ class Store:
         # A stage that takes pack blocks made ready lets the helper process compress the
         # entries' objects on its core (not for sidecar media: their names are read here).
         ready = spill.add_ready if isinstance(spill, ReadyStage) and first.media != "sidecar" else None
-        report = verify_file(path, on_entry=taken.take, progress=progress, on_ready=ready)
+        report = verify_file(path, on_entry=taken.take, progress=progress, on_ready=ready, sidecars=False)  # (_import_blobs checks them)
         source = report.source
         problems = [p for p in report.problems if p.code != "empty"]  # a header alone is a session to hold
         if problems:
@@ -924,19 +924,16 @@ class Store:
 
     def _import_blobs(self, names: Iterable[str], source: str, directory: str | None) -> None:
         """A sidecar session's blobs come from ``<dir>/<id>/<hex>`` beside its file, each
-        verified against its name; one neither there nor held already refuses the import."""
+        verified against its name as ``verify FILE`` verifies it (:func:`sidecar_blob`); one
+        neither there nor held already refuses the import (:class:`SessionFormatError`,
+        with the file's problem: ``missing-blob`` or ``blob-hash``)."""
         for name in sorted(set(names)):
             if self.objects.is_sound("blobs", name):
                 continue
-            try:
-                if directory is None:
-                    raise OSError
-                blob = read_sidecar(directory, name)
-            except OSError:
-                where = sidecar_path(directory, name) if directory else None
-                raise StoreError(f"{source}: sidecar blob {name} is missing (looked for {where})") from None
-            if sha256_ref(blob) != name:
-                raise StoreError(f"{source}: sidecar blob {sidecar_path(directory, name)} does not hash to its name {name}")
+            blob, wrong = sidecar_blob(directory, name)
+            if wrong is not None:
+                raise SessionFormatError(source, [wrong])
+            assert blob is not None
             self.objects.put("blobs", name, blob, durable=True)
 
     def import_session(self, sf: SessionFile, *, record: bool = False, sidecar_dir: str | None = None) -> Session:
