@@ -47,6 +47,7 @@ from agentsession_cas.errors import (
 )
 from agentsession_cas.exchange import operations as ex
 from agentsession_cas.exchange.local import open_transport
+from agentsession_cas.exchange.transport import PushRequest
 from agentsession_cas.format.entry import short_id
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.store import Store
@@ -1918,6 +1919,46 @@ def test_push_carries_leaf_labels_and_head(remote_pair):
     assert snap.head == ids[2] and snap.log_order == s.log_order and snap.leaf_labels == s.leaf_labels
     snap.close()
     assert b.export("s1") == a.export("s1")
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_push_of_a_synthetic_label_refused_as_an_append_refuses_it(make_store, held):
+    """RFC 0002 "Head": a store MUST refuse a ``label`` carrying ``synthetic``; a push's
+    receiver refuses it as an append does (``synthetic``, RFC 0003's code for it, rule
+    ``synthetic``), over every transport (a local one; HTTP, whose problem body carries
+    the code), to a session it lacks or holds. It was ``bad_entry`` for a push."""
+    if not make_store.kind.reachable:
+        pytest.skip(f"the local transport does not reach a {make_store.name} store")
+    b = make_store("b")
+    s, ids = chain(b, "ref", n=1)
+    label = {"type": "label", "label": LEAF_LABEL, "target": ids[0], "parent": ids[0], "ts": ts(), "synthetic": True}
+    with pytest.raises(AppendRefusedError) as by_append:
+        s.append(dict(label))
+    src = Store("memory:")
+    p, pids = chain(src, "p1", n=1)
+    sent = []
+    for eid in pids:
+        env = src.objects.get("entries", eid)
+        chash = json.loads(env)["content"]
+        sent += [("contents", chash, src.objects.get("contents", chash)), ("entries", eid, env)]
+    lid, chash, content, env = entry_objects(dict(label, parent=pids[0], target=pids[0]))
+    sent += [("contents", chash, content), ("entries", lid, env)]
+    header = dict(src.header("p1").data)
+    transport = open_transport(make_store.url("b"))
+    try:
+        if held:
+            ex.push(src, transport, "p1")
+        transport.put_objects(sent, len(sent))
+        with unchanged(b), pytest.raises(AppendRefusedError) as by_push:
+            transport.push(PushRequest(header=header, prefix=[], entries=pids + [lid], to=pids[0],
+                                       expected=pids[0] if held else None))
+    finally:
+        transport.close()
+        src.close()
+    assert (by_push.value.code, by_push.value.rule) == (by_append.value.code, by_append.value.rule)
+    refused(by_push, "synthetic", "synthetic")
+    assert by_push.value.entry == lid
+    assert ("p1" in b) == held
 
 
 def test_push_raises_the_remote_header_format(remote_pair):
