@@ -545,13 +545,14 @@ def _say_where_it_went(store: Store, s: Session) -> None:
 @click.command("import")
 @click.argument("file", type=str)  # no stat() of a name holding NUL
 @click.option("--record", is_flag=True, help="Hold it as a record (appendable here), not a mirror.")
-@click.option("--json", "as_json", is_flag=True, help="Print {session, entries, prefix, head, mark}.")
+@click.option("--json", "as_json", is_flag=True, help="Print {session, entries, prefix, head, mark, head_adjusted}.")
 @whole_pass
 def import_cmd(file: str, record: bool, as_json: bool) -> None:
     """Import a session file; print the new session's id.
 
     The session is a mirror (it refuses local appends and head moves)
-    unless --record is given.
+    unless --record is given. When the file's resume rule lands where no
+    head may rest (a leaf label), a note says so and names the head held.
     """
     # a file is read by bytes (as verify FILE), standard input held whole and read by lines
     with write_store() as store, progressing("importing", "lines" if file == "-" else "bytes") as bar:
@@ -559,12 +560,16 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
             session = store.import_bytes(read_stdin(), record=record, source="<stdin>", progress=bar)
         else:
             session = store.import_file(file, record=record, progress=bar)
+        adjusted = session.head_adjusted
         facts = {"session": session.id, "entries": len(session), "prefix": len(session.prefix),
-                 "head": session.head, "mark": session.mark}
+                 "head": session.head, "mark": session.mark,
+                 "head_adjusted": adjusted.as_dict() if adjusted is not None else None}
     if as_json:
         emit_json(facts)
     else:
         echo(str(facts["session"]), fit=None)
+        if adjusted is not None:
+            note(f"{'<stdin>' if file == '-' else file}: {adjusted.message}")
     end_at_once_after()  # the session and its objects are durable, the store closed
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from agentsession_cas import make_entry, read_session
+from agentsession_cas import Header, make_entry, read_session, short_id
 from agentsession_cas.store import Store
 from agentsession_cli.main import main
 from storetools import interruptible
@@ -363,6 +363,35 @@ def test_import_record_accepts_appends(store):
     assert out["outcome"] == "continued"
 
 
+def test_import_notes_the_head_it_holds_in_place_of_the_files(store, tmp_path):
+    """RFC 0002 "Projection to JSONL": a file whose resume rule lands on a ``leaf`` label
+    (here its last line, naming what the file lacks) is held at the label's nearest
+    ancestor that is not one, "and the store reports" it: a note on stderr naming the
+    file, the entry its rule names and the head held; ``head_adjusted`` under --json
+    (null when the import holds the file's head). It was imported without a word."""
+    e1 = make_entry("item", None, ts="2026-09-17T12:00:00Z", item={"type": "message", "role": "user", "content": "a"})
+    e2 = make_entry("item", e1.id, ts="2026-09-17T12:00:01Z", item={"type": "message", "role": "user", "content": "b"})
+    lab = make_entry("label", e2.id, ts="2026-09-17T12:00:02Z", label="leaf", target="sha256:" + "0" * 64)
+    data = Header.new("adj").canonical_line() + b"".join(e.canonical_line() for e in (e1, e2, lab))
+    path = tmp_path / "adj.jsonl"
+    path.write_bytes(data)
+    r = cli(store, "import", str(path))
+    assert ok(r).strip() == "adj"
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"agentsession: note: {path}: "), r.stderr
+    assert "leaf label" in lines[0] and short_id(lab.id) in lines[0] and short_id(e2.id) in lines[0], lines[0]
+    assert ok(cli(store, "head", "adj")).strip() == e2.id
+    ok(cli(store, "delete", "adj"))
+    r = cli(store, "import", "--json", "-", input=data)
+    facts = json.loads(ok(r))
+    assert facts["head"] == e2.id
+    assert {k: facts["head_adjusted"][k] for k in ("named", "held", "why")} == {
+        "named": lab.id, "held": e2.id, "why": "leaf_label"}
+    assert short_id(lab.id) in facts["head_adjusted"]["message"]
+    r = cli(store, "import", "--json", str(FIXTURES / "basic.jsonl"))
+    assert json.loads(ok(r))["head_adjusted"] is None and "note" not in r.stderr
+
+
 def test_import_refusals_are_one_line(store, tmp_path):
     one_error(cli(store, "import", str(tmp_path / "nope.jsonl")), "no such file")
     one_error(cli(store, "import", str(FIXTURES / "truncated.jsonl")), "cut short")
@@ -695,7 +724,8 @@ def test_create_and_import_say_what_they_made_under_json(store, tmp_path):
     data = (FIXTURES / "basic.jsonl").read_bytes()
     got = json.loads(ok(cli(store, "import", "-", "--json", input=data)))
     sf = read_session(FIXTURES / "basic.jsonl")
-    assert got == {"session": str(sf.header.id), "entries": len(sf.entries), "prefix": 0, "head": sf.entries[-1].id, "mark": "mirror"}
+    assert got == {"session": str(sf.header.id), "entries": len(sf.entries), "prefix": 0, "head": sf.entries[-1].id, "mark": "mirror",
+                   "head_adjusted": None}
 
 
 def test_sessions_and_entries_are_named_as_git_names_revisions(store):

@@ -47,6 +47,7 @@ from agentsession_cas.errors import (
 )
 from agentsession_cas.exchange import operations as ex
 from agentsession_cas.exchange.local import open_transport
+from agentsession_cas.exchange.transport import PushRequest
 from agentsession_cas.format.entry import short_id
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.maintenance.check import verify_stored
@@ -1452,6 +1453,95 @@ def test_import_refuses_a_label_carrying_synthetic_that_is_no_marker(make_store,
     _import_refused_as_synthetic(st, tmp_path, data, how)
 
 
+def _item(parent: str | None, text: str, n: int):  # type: ignore[no-untyped-def]
+    return make_entry("item", parent, ts=f"2026-10-05T13:00:{n:02d}Z", item={"type": "message", "role": "user",
+                                                                            "content": text})
+
+
+def _leaf_entry(parent: str | None, target: str | None, n: int):  # type: ignore[no-untyped-def]
+    return make_entry("label", parent, ts=f"2026-10-05T13:00:{n:02d}Z", label=LEAF_LABEL, target=target)
+
+
+def _head_file(case: str) -> tuple[bytes, str, str | None]:
+    """A file whose resume rule lands on a ``leaf`` label (which no head may rest on), and
+    that label's id and the head the store holds: its nearest ancestor that is not one
+    (``own``, ``after-mark``), the base (``base``), or none in a baseless session (``root``)."""
+    if case == "base":  # a fork's only own entry a label naming a prefix entry (not in force)
+        p1 = _item(None, "p1", 1)
+        p2 = _item(p1.id, "p2", 2)
+        lab = _leaf_entry(p2.id, p1.id, 3)
+        return Header.new("adj", base=p2.id).canonical_line() + b"".join(
+            e.canonical_line() for e in (p1, p2, lab)), lab.id, p2.id
+    if case == "root":  # a baseless session's only entry a label naming what the file lacks
+        lab = _leaf_entry(None, UNHELD, 1)
+        return Header.new("adj").canonical_line() + lab.canonical_line(), lab.id, None
+    e1 = _item(None, "one", 1)
+    e2 = _item(e1.id, "two", 2)
+    if case == "own":  # the last line a label naming what the file lacks
+        lab = _leaf_entry(e2.id, UNHELD, 3)
+        entries = [e1, e2, lab]
+        held = e2.id
+    else:  # after-mark: a label in force names e1; the newest entry below e1 after it is a label naming nothing held
+        mark = _leaf_entry(e2.id, e1.id, 3)
+        lab = _leaf_entry(e1.id, UNHELD, 4)
+        entries = [e1, e2, mark, lab]
+        held = e1.id
+    return Header.new("adj").canonical_line() + b"".join(e.canonical_line() for e in entries), lab.id, held
+
+
+@pytest.mark.parametrize("how", ["bytes", "file"])
+@pytest.mark.parametrize("case", ["own", "after-mark", "base", "root"])
+def test_import_reports_the_head_it_holds_in_place_of_the_files(make_store, tmp_path, how, case):
+    """RFC 0002 "Projection to JSONL": an import's head is what RFC 0001's resume rule
+    gives, held to the head rule: when the rule names a ``leaf`` label the head is its
+    nearest ancestor that is not one, the base when none lies above the base, no head in
+    a baseless session with none, "and the store reports any of these". The imported
+    session says so (``head_adjusted``: the entry the file's rule named, the head held,
+    why); it held the same head silently before."""
+    st = make_store()
+    data, named, held = _head_file(case)
+    path = tmp_path / "adj.jsonl"
+    path.write_bytes(data)
+    s = st.import_bytes(data) if how == "bytes" else st.import_file(path)
+    assert s.head == held == read_session_bytes(data).leaf  # (what a reader of the file resumes at)
+    adjusted = s.head_adjusted
+    assert adjusted is not None
+    assert (adjusted.named, adjusted.held, adjusted.why) == (named, held, "leaf_label")
+    assert adjusted.as_dict() == {"named": named, "held": held, "why": "leaf_label", "message": adjusted.message}
+    assert short_id(named) in adjusted.message
+    assert (short_id(held) if held else "no head") in adjusted.message
+    s.close()
+    assert st.read("adj").head == held
+
+
+@pytest.mark.parametrize("how", ["bytes", "file"])
+@pytest.mark.parametrize("case", ["rich", "marker", "fork-at-base", "empty", "root-label"])
+def test_import_reports_no_adjustment_when_it_holds_the_files_head(make_store, tmp_path, how, case):
+    """An import that holds the head the file's rule names reports nothing: a genuine
+    ``leaf`` label in force, a projection's marker, a fork with no own entries (the rule
+    names the base, which a head may rest on), a header alone, a label naming the root
+    of a baseless session."""
+    src, dst = make_store("src"), make_store("dst")
+    if case == "rich":
+        s, _ = _rich_session(src)
+    elif case == "marker":
+        s, ids = chain(src, n=3)
+        s.set_head(ids[0], expected=ids[2])
+    elif case == "fork-at-base":
+        _, _, s = fork_of(src)
+    elif case == "empty":
+        s = src.create(Header.new("s1"))
+    else:
+        s, ids = chain(src, n=2)
+        s.append(leaf(None, ids[1]))
+    data = src.export(s.id)
+    path = tmp_path / "same.jsonl"
+    path.write_bytes(data)
+    m = dst.import_bytes(data) if how == "bytes" else dst.import_file(path)
+    assert m.head == s.head
+    assert m.head_adjusted is None
+
+
 def test_import_of_redacted_file_refused(make_store):
     """RFC 0002 "Projection to JSONL": a header carrying ``redacted`` is refused."""
     src, dst = make_store("src"), make_store("dst")
@@ -1920,6 +2010,46 @@ def test_push_carries_leaf_labels_and_head(remote_pair):
     assert snap.head == ids[2] and snap.log_order == s.log_order and snap.leaf_labels == s.leaf_labels
     snap.close()
     assert b.export("s1") == a.export("s1")
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_push_of_a_synthetic_label_refused_as_an_append_refuses_it(make_store, held):
+    """RFC 0002 "Head": a store MUST refuse a ``label`` carrying ``synthetic``; a push's
+    receiver refuses it as an append does (``synthetic``, RFC 0003's code for it, rule
+    ``synthetic``), over every transport (a local one; HTTP, whose problem body carries
+    the code), to a session it lacks or holds. It was ``bad_entry`` for a push."""
+    if not make_store.kind.reachable:
+        pytest.skip(f"the local transport does not reach a {make_store.name} store")
+    b = make_store("b")
+    s, ids = chain(b, "ref", n=1)
+    label = {"type": "label", "label": LEAF_LABEL, "target": ids[0], "parent": ids[0], "ts": ts(), "synthetic": True}
+    with pytest.raises(AppendRefusedError) as by_append:
+        s.append(dict(label))
+    src = Store("memory:")
+    p, pids = chain(src, "p1", n=1)
+    sent = []
+    for eid in pids:
+        env = src.objects.get("entries", eid)
+        chash = json.loads(env)["content"]
+        sent += [("contents", chash, src.objects.get("contents", chash)), ("entries", eid, env)]
+    lid, chash, content, env = entry_objects(dict(label, parent=pids[0], target=pids[0]))
+    sent += [("contents", chash, content), ("entries", lid, env)]
+    header = dict(src.header("p1").data)
+    transport = open_transport(make_store.url("b"))
+    try:
+        if held:
+            ex.push(src, transport, "p1")
+        transport.put_objects(sent, len(sent))
+        with unchanged(b), pytest.raises(AppendRefusedError) as by_push:
+            transport.push(PushRequest(header=header, prefix=[], entries=pids + [lid], to=pids[0],
+                                       expected=pids[0] if held else None))
+    finally:
+        transport.close()
+        src.close()
+    assert (by_push.value.code, by_push.value.rule) == (by_append.value.code, by_append.value.rule)
+    refused(by_push, "synthetic", "synthetic")
+    assert by_push.value.entry == lid
+    assert ("p1" in b) == held
 
 
 def test_push_raises_the_remote_header_format(remote_pair):

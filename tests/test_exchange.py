@@ -778,6 +778,7 @@ def test_a_push_breaking_the_parent_rule_is_refused_and_changes_no_session(ab, c
 
 
 @pytest.mark.parametrize("bad", [
+    {"type": "label", "label": "leaf", "target": None, "synthetic": True},  # (a label without target is refused as such)
     {"type": "label", "label": "leaf", "synthetic": True},
     {"type": "notcore", "x": 1},
     {"type": "item", "ts": "2026-09-17T12:00:00.000Z", "item": {}},
@@ -791,10 +792,18 @@ def test_entries_an_append_would_refuse_are_refused_by_a_push(ab, bad, checked):
     entry_id, objs = _raw_entry(data)
     with LocalTransport(broot) as t:
         t.put_objects(objs, len(objs))
-        with pytest.raises(AppendRefusedError):
+        with pytest.raises(AppendRefusedError) as by_push:
             t.push(PushRequest(header=dict(a.read("s1").header.data), prefix=[], entries=ids + [entry_id],
                                to=ids[-1], expected=ids[-1]))
     assert sessions_snapshot(broot) == snap
+    # refused as the append refuses it: the same code and rule (a synthetic label was
+    # bad_entry for a push, synthetic for an append)
+    with pytest.raises(AppendRefusedError) as by_append:
+        a.session("s1").append(dict(data))
+    assert (by_push.value.code, by_push.value.rule) == (by_append.value.code, by_append.value.rule)
+    assert by_push.value.entry == entry_id
+    if "target" in bad:
+        assert by_push.value.code == "synthetic"
 
 
 def test_non_canonical_objects_are_refused(ab, checked):

@@ -83,9 +83,12 @@ class _Checked:
     entry: Entry | None = None
 
 
-def _refuse(entry_id: str, why: str, rule: str | None = None) -> AppendRefusedError:
+def _refuse(entry_id: str, why: str, rule: str | None = None, code: str | None = None) -> AppendRefusedError:
+    """A pushed entry refused under ``rule``, with the code an append gives it: the rule
+    table's for a rule a file has (:data:`RULES`), else ``code`` (a rule only a store
+    holds, as ``synthetic``), else ``bad_entry``."""
     known = RULES.get(rule) if rule is not None else None
-    code = (known.error if known is not None else None) or "bad_entry"
+    code = (known.error if known is not None else None) or code or "bad_entry"
     return AppendRefusedError(f"entry {entry_id} refused: {why}", rule=rule, code=code, entry=entry_id)
 
 
@@ -330,7 +333,7 @@ def _admitted(entry_id: str, built: Entry, body: Mapping[str, Any], content: byt
     label; ``body``: its content's members, or the line's)."""
     type_ = built.type
     if carries_synthetic(type_, body):
-        raise _refuse(entry_id, SYNTHETIC_REFUSED, "synthetic")
+        raise _refuse(entry_id, SYNTHETIC_REFUSED, "synthetic", "synthetic")  # as an append refuses it
     leaf = type_ == "label" and body.get("label") == "leaf"
     blobs = tuple(sidecar_names(content))
     entry = None

@@ -5,12 +5,13 @@ Nothing in this package touches a file: it works through the seam of
 
 from .session import AppendResult, PreparedBatch, Session
 from .state import SessionState, replay
-from .store import DEFAULT_STORE, SYNC_POLICIES, Store, default_store_path
+from .store import DEFAULT_STORE, SYNC_POLICIES, HeadAdjusted, Store, default_store_path
 
 __all__ = [
     "DEFAULT_STORE",
     "SYNC_POLICIES",
     "AppendResult",
+    "HeadAdjusted",
     "PreparedBatch",
     "Session",
     "SessionState",

@@ -22,7 +22,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar, overload
 
 from ..backends.base import Append, FsckProblem, Mark, ObjectStore, Record, SessionLog
 from ..errors import (
@@ -64,7 +64,7 @@ from .summary import SessionSummary, SummaryBuilder
 if TYPE_CHECKING:
     from ..format.context import ContextHasher
     from ..format.rules import OpenRun, SessionChecker, Trial
-    from .store import Store
+    from .store import HeadAdjusted, Store
 
 # The rule set (format/rules.py, with the context and record machinery) is imported
 # where a session is checked or projected, not here: opening a session to read its
@@ -244,6 +244,9 @@ class Session:
         self.state = state
         self.writable = log.writable
         self.recovered: list[FsckProblem] = []  # what opening recovered, as coded notes
+        #: What an import held in place of the head its file names (RFC 0002: reported);
+        #: None when it held that head, and for a session opened rather than imported.
+        self.head_adjusted: HeadAdjusted | None = None
         self._closed = False
         self._prefix: list[str] | None = [] if state.base is None else None
         self._prefix_set: frozenset[str] | None = None
@@ -1639,12 +1642,23 @@ def _resume_leaf(
     """The resume rule over a projection's lines, from what :meth:`Session.projection_lines`
     kept of each (id, parent, a label's members): the format's :class:`Tree`, fed
     entries holding no more than the rule reads."""
+    return _resume_tree(stubs, base, above_base, Tree).resume_leaf()
+
+
+_T = TypeVar("_T", bound=Tree)
+
+
+def _resume_tree(
+    stubs: Iterable[tuple[str, str | None, Mapping[str, Any] | None]], base: str | None, above_base: Sequence[str],
+    kind: type[_T],
+) -> _T:
+    """The tree the resume rule reads (:func:`_resume_leaf`), of class ``kind``."""
     entries = []
     for entry_id, parent, label in stubs:
         data: dict[str, Any] = dict(label) if label is not None else {}
         data.update(id=entry_id, parent=parent, type="label" if label is not None else "")
         entries.append(Entry(data, computed_id=entry_id, content_hash=""))
-    return Tree(entries, base=base, prefix=above_base).resume_leaf()
+    return kind(entries, base=base, prefix=above_base)
 
 
 def _prefix_summary(session_id: str, state: SessionState, kept: Mapping[str, Any] | None) -> SessionSummary | None:
