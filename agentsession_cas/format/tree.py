@@ -130,12 +130,29 @@ class Tree:
     def resume_leaf(self) -> str | None:
         """The leaf a reader resumes at (RFC 0001 "File"), or None for the universal root
         (an empty tree, or a leaf label naming the root with nothing written after it)."""
+        found, named = self._resume_found()
+        if found is None:
+            return named
+        e = self._not_a_leaf_label(found)
+        return e.id if e is not None else None
+
+    def resume_named(self) -> str | None:
+        """Where the resume rule lands before a ``leaf`` label found there resolves to its
+        nearest ancestor that is not one (:meth:`resume_leaf` is that resolution): the
+        entry a file names as its head, which an import reports when it holds another
+        (RFC 0002 "Projection to JSONL")."""
+        found, named = self._resume_found()
+        return found.id if found is not None else named
+
+    def _resume_found(self) -> tuple[Entry | None, str | None]:
+        """The rule's landing: (the entry found, None): the last line, or the last entry
+        written below the label in force, after it; or (None, the id the label in force
+        names) when nothing was written below it after it (None: the root, or an empty tree)."""
         if not self.entries:
-            return None
+            return None, None
         mark = self.leaf_label_in_force()
         if mark is None:
-            e = self._not_a_leaf_label(self.entries[-1])
-            return e.id if e is not None else None
+            return self.entries[-1], None
         target = mark.get("target")
         start = self.position[mark.id]
         if target is None:
@@ -150,9 +167,8 @@ class Tree:
                         later.append(e)
         later = [e for e in later if e.id != mark.id]
         if not later:
-            return target
-        found = self._not_a_leaf_label(later[-1])
-        return found.id if found is not None else None
+            return None, target
+        return later[-1], None
 
 
 def head_may_rest(target: str | None, base: str | None, own: Container[str], leaf_labels: Container[str]) -> bool:

@@ -22,7 +22,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
 
 from ..backends.base import Append, FsckProblem, Mark, ObjectStore, Record, SessionLog
 from ..errors import (
@@ -1642,23 +1642,19 @@ def _resume_leaf(
     """The resume rule over a projection's lines, from what :meth:`Session.projection_lines`
     kept of each (id, parent, a label's members): the format's :class:`Tree`, fed
     entries holding no more than the rule reads."""
-    return _resume_tree(stubs, base, above_base, Tree).resume_leaf()
-
-
-_T = TypeVar("_T", bound=Tree)
+    return _resume_tree(stubs, base, above_base).resume_leaf()
 
 
 def _resume_tree(
     stubs: Iterable[tuple[str, str | None, Mapping[str, Any] | None]], base: str | None, above_base: Sequence[str],
-    kind: type[_T],
-) -> _T:
-    """The tree the resume rule reads (:func:`_resume_leaf`), of class ``kind``."""
+) -> Tree:
+    """The tree the resume rule reads (:func:`_resume_leaf`)."""
     entries = []
     for entry_id, parent, label in stubs:
         data: dict[str, Any] = dict(label) if label is not None else {}
         data.update(id=entry_id, parent=parent, type="label" if label is not None else "")
         entries.append(Entry(data, computed_id=entry_id, content_hash=""))
-    return kind(entries, base=base, prefix=above_base)
+    return Tree(entries, base=base, prefix=above_base)
 
 
 def _prefix_summary(session_id: str, state: SessionState, kept: Mapping[str, Any] | None) -> SessionSummary | None:

@@ -58,7 +58,6 @@ from ..format.links import continued_in_link, fork_of_link
 from ..format.media import sidecar_blob, sidecar_dir, sidecar_names, write_projection
 from ..format.names import check_session_id
 from ..format.timestamps import now_ts
-from ..format.tree import Tree
 from ..lean import dataclass
 from ..progress import Progress, reported
 from .links import CHAIN_LIMIT, Chain, resolve_current
@@ -897,7 +896,7 @@ class Store:
         # Where an own entry may hang (the base or another own entry) is the format's
         # tree rule ("base"), which verify_file held every line to above.
         own = taken.own()
-        named = _resume_tree(taken.stubs(), base, taken.above_base, _ResumeTree).resume_named()
+        named = _resume_tree(taken.stubs(), base, taken.above_base).resume_named()
         head = self._import_head(named, base, own, taken.entry)
         adjusted = _head_adjusted(named, head, base, taken.entry)
         if rules is not None and head != own[-1]:
@@ -972,7 +971,7 @@ class Store:
         base = header.base
         entries = sf.entries
         tree = sf.tree
-        named = _ResumeTree.named_in(tree)
+        named = tree.resume_named()
         markers = {e.id for e in entries if e.type == "label" and e.synthetic}
         kept = [e for e in entries if e.id not in markers] if markers else entries
         for e in kept:
@@ -1032,7 +1031,7 @@ class Store:
         named: str | None, base: str | None, own_ids: Container[str], entry: Callable[[str], tuple[str | None, bool]]
     ) -> str | None:
         """An imported session's head (RFC 0002 "Projection to JSONL"): the entry the
-        file's resume rule names (:meth:`_ResumeTree.resume_named`) held to the head rule.
+        file's resume rule names (:meth:`Tree.resume_named`) held to the head rule.
         A ``leaf`` label gives way to its nearest ancestor that is not one (a projection's
         marker too, which is no own entry); what is then no own entry (a prefix entry, the
         base itself) to the base; none to the base in a fork, where there always is a head.
@@ -1115,33 +1114,6 @@ def _head_adjusted(
                                                        f"label, which no head rests on: the store holds {instead}")
     return HeadAdjusted(named, held, "prefix", f"the file's resume rule lands on {short_id(named)}, on the prefix "
                                                f"above the base, which no head rests on: the store holds {instead}")
-
-
-class _ResumeTree(Tree):
-    """RFC 0001's resume rule (:meth:`Tree.resume_leaf`), noting where it landed before a
-    ``leaf`` label found there resolved to its nearest ancestor that is not one: the entry
-    the file's rule names, which an import holds to the head rule and reports. (A hook on
-    the tree's one resolution step, so the rule itself stays the format's alone.)"""
-
-    _found: Entry | None = None
-
-    def _not_a_leaf_label(self, e: Entry | None) -> Entry | None:
-        self._found = e
-        return super()._not_a_leaf_label(e)
-
-    def resume_named(self) -> str | None:
-        """The entry the resume rule lands on, a ``leaf`` label left as it is."""
-        self._found = None
-        leaf = self.resume_leaf()
-        return self._found.id if self._found is not None else leaf
-
-    @classmethod
-    def named_in(cls, tree: Tree) -> str | None:
-        """:meth:`resume_named` over a file's tree as the reader built it: its indexes
-        shared, not built again (that cost 0.2 s of CPU for 50,000 entries)."""
-        noting = cls.__new__(cls)
-        noting.__dict__.update(vars(tree))
-        return noting.resume_named()
 
 
 class _TakenImport:
