@@ -11,7 +11,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import httpx
 import pytest
 
 from agentsession_cas import Header
@@ -363,3 +368,86 @@ def test_an_append_and_a_head_move_whose_answers_were_lost_land_once(served, tok
     assert [(x.get("entry"), x.get("outcome"), x["head"]) for x in log] == [
         (a, "continued", a), (b, "continued", b), (None, None, a), (c, "continued", c)]
     assert facts["head"] == c and facts["length"] == 3
+
+
+@contextmanager
+def _flusher_waiting_to_retry(st, monkeypatch) -> Iterator[threading.Event]:
+    """The next batch the backend's flusher sends gets no answer, and the flusher's wait
+    before sending it again lasts until the event yielded is set (no clock: the wait is
+    held open, as a server's long Retry-After would hold it)."""
+    waiting, go = threading.Event(), threading.Event()
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        if threading.current_thread().name != "agentsession-remote-flush":
+            return real_sleep(seconds)
+        waiting.set()
+        assert go.wait(60)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    st.backend.http.sleep = sleep
+    client = st.backend.http._http
+    send = client.request
+    dropped: list[str] = []
+
+    def drop_once(method, url, **kwargs):
+        if method == "POST" and str(url).endswith("/entries") and not dropped:
+            dropped.append(str(url))
+            raise httpx.ConnectError("dropped before it was sent")
+        return send(method, url, **kwargs)
+
+    monkeypatch.setattr(client, "request", drop_once)
+    try:
+        yield waiting
+    finally:
+        go.set()
+
+
+def _answered_at_once(call) -> list:
+    """``call``'s result, run in a thread that must be done long before the flusher's wait
+    ends (it ends only when the test says)."""
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(call()))
+    t.start()
+    t.join(20)
+    assert out, "the call waited for the flusher's retry"
+    return out
+
+
+def test_a_lazy_append_is_answered_while_the_flusher_waits_to_send_a_batch_again(served, token, monkeypatch):
+    """The flusher sent a handle's held appends, and waited before each retry, with the
+    handle's lock held: the writer's next lazy append, which is answered at once by the
+    rule set, waited for the whole retry (up to a server's Retry-After within the
+    client's bound, a minute by default). Now only sends wait for sends (the server
+    must see the log in order); a lazy append is held meanwhile and goes after them."""
+    with open_store(served.url, sync="never") as st:
+        s = st.create(Header.new("batch-6"))
+        with _flusher_waiting_to_retry(st, monkeypatch) as waiting:
+            first = s.append(_msg("first"))
+            assert waiting.wait(60)  # the flusher took "first", lost its answer, and waits
+            (second,) = _answered_at_once(lambda: s.append(_msg("second")))
+            assert not second.durable
+        s.commit()  # after the flusher's batch has landed, then "second"
+    with open_store(served.url, readonly=True) as ro:
+        snap = ro.read("batch-6")
+        assert snap.log_order == [first.id, second.id] and snap.is_committed(second.id)
+
+
+def test_appends_held_while_a_failing_batch_waited_are_named_by_its_failure(served, token, monkeypatch):
+    """When the batch the flusher was sending fails (here its lease was broken while it
+    waited to send it again), the appends answered meanwhile are never sent: the
+    handle's failure says how many, at its next call and every later one."""
+    with open_store(served.url, sync="never") as st:
+        s = st.create(Header.new("batch-7"))
+        with _flusher_waiting_to_retry(st, monkeypatch) as waiting:
+            s.append(_msg("first"))
+            assert waiting.wait(60)
+            _answered_at_once(lambda: s.append(_msg("second")))
+            with served.client("all") as c:
+                c.post("/v1/sessions/batch-7/lease/break").raise_for_status()
+        with pytest.raises(LeaseLostError, match=r"1 append\(s\) .* were sent and 0 stored, and 1 held since was not sent"):
+            s.commit()
+        with pytest.raises(LeaseLostError):
+            s.close()
+    with open_store(served.url, readonly=True) as ro:
+        assert len(ro.read("batch-7")) == 0

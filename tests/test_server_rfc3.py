@@ -418,14 +418,18 @@ def test_behind_a_tls_proxy_the_operator_says_so_and_the_server_tells(tmp_path):
 
     Store.init(tmp_path / "st").close()
     with ServerProcess(tmp_path / "st", auth=token_file(tmp_path),
-                       extra=("--listen", "0.0.0.0:0", "--behind-tls-proxy", "--max-idempotency-keys", "7")) as server:
+                       extra=("--listen", "0.0.0.0:0", "--behind-tls-proxy", "--max-idempotency-keys", "7",
+                              "--max-idempotency-keys-per-token", "3")) as server:
         with server.client("reader") as c:
             caps = c.get("/v1/").json()
             assert caps["tls"] == "proxy" and caps["limits"]["idempotency_keys"] == 7
+            assert caps["limits"]["idempotency_keys_per_token"] == 3
         assert server.url.startswith("http://0.0.0.0:")
     assert b"TLS at a proxy in front" in b"".join(server.stderr)
     with ServerProcess(tmp_path / "st", auth=token_file(tmp_path)) as server, server.client("reader") as c:
-        assert c.get("/v1/").json()["tls"] == "none"
+        caps = c.get("/v1/").json()
+        assert caps["tls"] == "none"
+        assert caps["limits"]["idempotency_keys_per_token"] == caps["limits"]["idempotency_keys"] // 4  # the default share
     # The flag does not lift the need for tokens, nor go with a certificate of its own.
     r = _serve_cli(tmp_path / "st", "--listen", "0.0.0.0:0", "--behind-tls-proxy")
     assert r.returncode == 1 and "--auth" in r.stderr
@@ -470,4 +474,55 @@ def test_a_full_idempotency_table_refuses_new_keys_and_forgets_no_live_one(tmp_p
         state.replies[oldest].at -= state.limits.idempotency_ttl_ms / 1000 + 1
         assert create_keyed("k3").status_code == 201
         problem(create_keyed("k1"), 503, "store_fault")  # k1 forgotten (not replayed), the table full again
+    state.store.close()
+
+
+def test_one_token_over_its_share_of_idempotency_keys_leaves_the_others_writing(tmp_path):
+    """The table of first answers is bounded for all tokens together, and a token that
+    filled it refused every other token's keyed writes until its keys expired (20 min).
+    Now each token holds at most its share (`idempotency_keys_per_token`): past it, its
+    new keys are refused (503 store_fault, Retry-After the seconds until ITS oldest key
+    expires, not the table's oldest) while other tokens keep writing, and its own
+    retries of a remembered key still get their first answers (RFC 0003, Retries)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+    from agentsession_cas.server.app import Limits, ServerState, create_app
+    from agentsession_cas.server.auth import load_tokens
+    from agentsession_cas.store import Store
+    from server_helpers import TOKENS, token_file
+
+    limits = Limits(idempotency_keys=5, idempotency_keys_per_token=2)
+    state = ServerState(Store.init(tmp_path / "srv"), load_tokens(token_file(tmp_path)), limits)
+    ttl = limits.idempotency_ttl_ms / 1000
+    with TestClient(create_app(state), base_url="http://testserver/v1") as c:
+        def create_keyed(who: str, sid: str, key: str):
+            return c.post("/sessions", json=Header.new(sid, created_at=TS).data,
+                          headers={"Idempotency-Key": key, "Authorization": f"Bearer {TOKENS[who][0]}"})
+
+        assert c.get("/", headers={"Authorization": f"Bearer {TOKENS['reader'][0]}"}).json()["limits"][
+            "idempotency_keys_per_token"] == 2
+        # team-b's key is the table's oldest (aged: its Retry-After would be some 200 s).
+        assert create_keyed("team-b", "b-1", "k1").status_code == 201
+        state.replies[next(iter(state.replies))].at -= ttl - 200
+        first = create_keyed("team-a", "a-1", "k1")
+        assert first.status_code == 201 and create_keyed("team-a", "a-2", "k2").status_code == 201
+        over = create_keyed("team-a", "a-3", "k3")
+        problem(over, 503, "store_fault")
+        assert ttl - 5 <= int(over.headers["retry-after"]) <= ttl  # team-a's oldest, not team-b's
+        assert "team-a" in over.json()["detail"] and "2" in over.json()["detail"]
+        assert create_keyed("team-a", "a-1", "k1").headers["idempotent-replay"] == "true"
+        # The other tokens keep writing, up to their share and the table's bound.
+        assert create_keyed("team-b", "b-2", "k2").status_code == 201
+        assert create_keyed("all", "c-1", "k1").status_code == 201
+        full = create_keyed("all", "c-2", "k2")  # five keys held: the table is full
+        problem(full, 503, "store_fault")
+        assert 195 <= int(full.headers["retry-after"]) <= 200  # the table's oldest (team-b's first)
+        # Once the keys expire (aged, not waited for), team-a writes again.
+        for stored in state.replies.values():
+            stored.at -= ttl + 1
+        assert create_keyed("team-a", "a-3", "k3").status_code == 201
     state.store.close()

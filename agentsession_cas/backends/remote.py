@@ -117,6 +117,11 @@ def _sid(session_id: str) -> str:
     return quote(session_id, safe="")
 
 
+def _held_size(rec: Append) -> int:
+    """The bytes of a held append's objects (what :data:`BATCH_BYTES` counts)."""
+    return 0 if rec.objects is None else len(rec.objects[1]) + len(rec.objects[2])
+
+
 def records_from_log(session_id: str, frames: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(the session's facts, its log as records) from a log read's frames (see the module)."""
     view = next((f["session"] for f in frames if isinstance(f.get("session"), dict)), None)
@@ -264,7 +269,18 @@ class RemoteSessionLog(SessionLog):
         self._held_bytes = 0
         self._failed: AgentSessionError | None = None
         self._applied = 0
-        self._lock = threading.RLock()
+        # Two locks, taken in this order. ``_wire`` is held while this session's writes
+        # are on their way to the server, their retries' waits included (a lost answer,
+        # a 503's Retry-After: up to the client's bound, a minute by default). That is on
+        # purpose: the server must see the log in order, so another send, a commit, a
+        # head move, a close, and a read of the session through this backend (which sends
+        # what is held first, so a writer reads its writes) must wait for the send on its
+        # way. ``_lock`` guards what is held and the failure, and is never held while
+        # talking to the server, so a lazy append that does not fill the batch is held
+        # and answered at once even while another thread's send waits to go again (it
+        # waited for the whole retry before this release).
+        self._wire = threading.RLock()
+        self._lock = threading.Lock()
         if writable:
             backend.flusher.track(self)
 
@@ -298,27 +314,41 @@ class RemoteSessionLog(SessionLog):
 
     def write(self, records: Sequence[Record], *, commit: bool) -> str | None:
         """Appends that need no commit are held and sent together (see :meth:`flush`);
-        anything else sends what is held first, so the server sees the log in order."""
-        with self._lock:
+        anything else sends what is held first, so the server sees the log in order.
+        Appends that need no commit and leave the batch short of full are only held,
+        under ``_lock`` alone (see ``__init__``)."""
+        appends = [a for a in records if isinstance(a, Append)]
+        if not commit and self._lease is not None and len(appends) == len(records):
+            with self._lock:
+                self._check_failed()
+                size = sum(_held_size(a) for a in appends)
+                if len(self._held) + len(appends) < BATCH_ENTRIES and self._held_bytes + size < BATCH_BYTES:
+                    for a in appends:
+                        self._hold(a)
+                    self.backend.flusher.due(self, FLUSH_DELAY_S)
+                    return None
+        with self._wire:
             self._check_failed()
             if self._lease is None:  # a mirror: refused now (or a mark change sent now), nothing held
                 self._write_now(records, commit=commit)
                 return None
-            earlier = len(self._held)
+            own = 0  # this call's appends held since the last send
             for rec in records:
                 if isinstance(rec, Append):
-                    self._hold(rec)
+                    with self._lock:
+                        self._hold(rec)
+                    own += 1
                     continue
-                self._send(commit=False, earlier=earlier)
-                earlier = 0
+                self._send(commit=False, own=own)
+                own = 0
                 self._record(record_data(rec))
             if commit:
                 if self._held:
-                    self._send(commit=True, earlier=earlier)
+                    self._send(commit=True, own=own)
                 else:
                     self._commit()
             elif self._held_bytes >= BATCH_BYTES or len(self._held) >= BATCH_ENTRIES:
-                self._send(commit=False, earlier=earlier)
+                self._send(commit=False, own=own)
             elif self._held:
                 self.backend.flusher.due(self, FLUSH_DELAY_S)
         return None
@@ -335,30 +365,30 @@ class RemoteSessionLog(SessionLog):
         self._append(pending, commit=commit)
 
     def _hold(self, rec: Append) -> None:
-        """Keep a lazy append to send with the next batch; its objects go to the cache, so
-        this handle reads them before the server has them."""
+        """Keep a lazy append to send with the next batch (under ``_lock``); its objects
+        go to the cache, so this handle reads them before the server has them."""
         if rec.objects is not None:
             chash, content, env = rec.objects
             self.backend.objects.remember("contents", chash, content)
             self.backend.objects.remember("entries", rec.entry, env)
-            self._held_bytes += len(content) + len(env)
+        self._held_bytes += _held_size(rec)
         self._held.append(rec)
 
     def flush(self) -> None:
         """Send the appends held so far (one ``POST …/entries``, RFC 0003's batch form).
         Called when a batch is full, after :data:`FLUSH_DELAY_S` by the backend's flusher,
         and before anything else this handle or its backend does with the session."""
-        with self._lock:
+        with self._wire:
             self._check_failed()
-            self._send(commit=False, earlier=len(self._held))
+            self._send(commit=False, own=0)
 
     def _flush_due(self) -> None:
         """The flusher's call: a failure is kept and raised at this handle's next call."""
-        with self._lock:
+        with self._wire:
             if self._failed is not None or self._closed:
                 return
             try:
-                self._send(commit=False, earlier=len(self._held))
+                self._send(commit=False, own=0)
             except AgentSessionError:
                 pass  # kept in self._failed by _send
 
@@ -366,24 +396,30 @@ class RemoteSessionLog(SessionLog):
         if self._failed is not None:
             raise self._failed
 
-    def _send(self, *, commit: bool, earlier: int) -> None:
-        """Send what is held. ``earlier``: how many of those appends earlier calls made
-        (their callers were answered already). A refusal of only the current call's
-        appends, none stored, is that call's error: the domain takes them back. Any other
-        failure stops the handle: the domain counted in appends the server may not hold,
-        and every later call (close included) raises it."""
-        batch, self._held, self._held_bytes = self._held, [], 0
+    def _send(self, *, commit: bool, own: int) -> None:
+        """Send what is held (under ``_wire``). ``own``: how many of the held appends, the
+        last ones, the current call made; earlier calls made the rest, and their callers
+        were answered already. A refusal of only the current call's appends, none stored,
+        is that call's error: the domain takes them back. Any other failure stops the
+        handle: the domain counted in appends the server may not hold (and those held
+        while this batch was on its way, which are never sent), and every later call
+        (close included) raises it."""
+        with self._lock:
+            batch, self._held, self._held_bytes = self._held, [], 0
         if not batch:
             return
         self._applied = 0
         try:
             self._append(batch, commit=commit)
         except AgentSessionError as exc:
-            if earlier == 0 and self._applied == 0 and not isinstance(exc, TransportError):
+            if own == len(batch) and self._applied == 0 and not isinstance(exc, TransportError):
                 raise
-            exc.args = (f"session {self.session_id}: {len(batch)} append(s) from {batch[0].entry} on were sent and "
-                        f"{self._applied} stored: {exc}; reopen the session to see what the server holds",)
-            self._failed = exc
+            with self._lock:  # no append is held once the failure is set (write checks it)
+                since = len(self._held)
+                more = f", and {since} held since {'was' if since == 1 else 'were'} not sent" if since else ""
+                exc.args = (f"session {self.session_id}: {len(batch)} append(s) from {batch[0].entry} on were sent and "
+                            f"{self._applied} stored{more}: {exc}; reopen the session to see what the server holds",)
+                self._failed = exc
             raise
 
     def _line(self, rec: Append) -> bytes:
@@ -459,10 +495,10 @@ class RemoteSessionLog(SessionLog):
     def commit(self) -> None:
         if not self.writable or self._closed or self._lease is None:
             return
-        with self._lock:
+        with self._wire:
             self._check_failed()
             if self._held:
-                self._send(commit=True, earlier=len(self._held))
+                self._send(commit=True, own=0)
             else:
                 self._commit()
 
@@ -485,9 +521,9 @@ class RemoteSessionLog(SessionLog):
             return
         self.backend.flusher.forget(self)
         try:
-            with self._lock:
+            with self._wire:
                 if self._failed is None and self._held and self._lease is not None:
-                    self._send(commit=False, earlier=len(self._held))
+                    self._send(commit=False, own=0)
         except AgentSessionError:
             pass  # the session's close committed first and raised what failed; this only lets go
         finally:

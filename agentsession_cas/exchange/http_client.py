@@ -12,7 +12,12 @@ safe: reads, object uploads (idempotent by hash), ``missing``, and writes sent
 with an ``Idempotency-Key``, which the server answers with the first outcome
 (push, record, handover, and the HTTP store's writes: appends and head moves
 among them). A 502/503/504 is retried the same way (from a proxy, or the server's
-own when its table of keys is full).
+own when its table of keys is full). Before each retry the client waits its
+schedule (0.05, 0.2, 0.5, 1 s), or longer when the answer's ``Retry-After`` asks
+(seconds or an HTTP-date, RFC 9110), as long as one request's waits stay within a
+bound (:data:`RETRY_WAIT_ENV`, else :data:`RETRY_WAIT_S`; ``retry_wait=``): a wait
+that would pass it is not waited, and the request fails at once with the server's
+error, saying so.
 
 **Tokens.** The bearer token is ``AGENTSESSION_TOKEN``, else the entry for the
 remote in ``$AGENTSESSION_REMOTES`` (default
@@ -22,13 +27,16 @@ remote in ``$AGENTSESSION_REMOTES`` (default
 
 from __future__ import annotations
 
+import email.utils
 import json
+import math
 import os
 import socket
 import ssl
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import UTC
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -44,13 +52,21 @@ from ..errors import (
 from .transport import Admission, DeclareResult, PushRequest, RefResult, SessionView, Transport
 from .wire import OBJECTS, FrameReader, error_from_problem, object_frame, space_from_wire, space_to_wire
 
-__all__ = ["READ_BATCH", "RETRIES", "HttpTransport", "http_url", "no_delay_transport", "token_for"]
+__all__ = [
+    "READ_BATCH", "RETRIES", "RETRY_WAIT_ENV", "RETRY_WAIT_S", "HttpTransport", "http_url", "no_delay_transport",
+    "retry_after", "retry_wait_bound", "token_for",
+]
 
 #: How many times a request that got no answer is sent again (when safe).
 RETRIES = 4
 #: Seconds before each retry.
 _BACKOFF = (0.05, 0.2, 0.5, 1.0)
 _RETRY_STATUS = frozenset({502, 503, 504})
+#: The most seconds the retries of one request wait in all (a server's Retry-After
+#: included) when neither the caller nor :data:`RETRY_WAIT_ENV` says.
+RETRY_WAIT_S = 60.0
+#: The environment variable that sets that bound (seconds; 0: nothing is sent again).
+RETRY_WAIT_ENV = "AGENTSESSION_RETRY_WAIT"
 #: The most bytes of objects one batch upload carries.
 BATCH_BYTES = 16 * 1024 * 1024
 #: The most objects one batch read asks for (its answer streams: it is not held whole).
@@ -89,6 +105,41 @@ def http_url(remote: str) -> str:
     return f"{scheme}://{host}{path}"
 
 
+def retry_after(value: str | None, now: float) -> float | None:
+    """The seconds a ``Retry-After`` header asks to wait (RFC 9110: delay-seconds, or an
+    HTTP-date read against ``now``, the wall clock); None when there is none or it
+    cannot be read."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(value)  # past a float's range: inf, a wait no bound allows
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)  # "-0000" (RFC 5322): the HTTP-date is UTC
+    return max(0.0, when.timestamp() - now)
+
+
+def retry_wait_bound(value: float | None = None) -> float:
+    """The bound on one request's waits before its retries: ``value``, else
+    :data:`RETRY_WAIT_ENV`, else :data:`RETRY_WAIT_S`; TransportError naming what is
+    wrong with a bound that is not a number of seconds, 0 or more."""
+    text = os.environ.get(RETRY_WAIT_ENV, "") if value is None else str(value)
+    if not text:
+        return RETRY_WAIT_S
+    try:
+        bound = float(text)
+    except ValueError:
+        bound = math.nan
+    if not (0 <= bound < math.inf):
+        where = f"{RETRY_WAIT_ENV}={text!r}" if value is None else f"retry_wait={value!r}"
+        raise TransportError(f"{where}: expected the seconds one request's retries may wait in all (a number, 0 or more)")
+    return bound
+
+
 def token_for(url: str) -> str | None:
     """The bearer token for a remote (see the module's docstring)."""
     token = os.environ.get("AGENTSESSION_TOKEN")
@@ -108,15 +159,33 @@ def token_for(url: str) -> str | None:
     return None
 
 
+class _Busy(Exception):
+    """A batch read answered 502/503/504: asked again after the wait its answer names
+    (:meth:`HttpTransport._read_batch`, the one place that catches it; never raised
+    beyond it)."""
+
+    def __init__(self, response: httpx.Response):
+        super().__init__(response.status_code)
+        self.response = response
+
+
 class HttpTransport(Transport):
     """A store behind an RFC 0003 server."""
 
     def __init__(
-        self, remote: str, *, token: str | None = None, timeout: float = 300.0, verify: bool | str | ssl.SSLContext = True
+        self, remote: str, *, token: str | None = None, timeout: float = 300.0, verify: bool | str | ssl.SSLContext = True,
+        retry_wait: float | None = None,
     ):
         """``verify``: check the server's certificate against certifi's authorities
-        (True; ``SSL_CERT_FILE`` names others), a CA file's path, or an SSL context."""
+        (True; ``SSL_CERT_FILE`` names others), a CA file's path, or an SSL context.
+        ``retry_wait``: the most seconds one request's retries wait in all
+        (:func:`retry_wait_bound`)."""
         self.url = http_url(remote)
+        self.retry_wait = retry_wait_bound(retry_wait)
+        #: How a wait before a retry is waited, and the wall clock a Retry-After date is
+        #: read against (tests replace both, so that nothing sleeps).
+        self.sleep: Callable[[float], None] = time.sleep
+        self.clock: Callable[[], float] = time.time
         self._token = token if token is not None else token_for(self.url)
         headers = {"User-Agent": "agentsession"}
         if self._token:
@@ -149,24 +218,46 @@ class HttpTransport(Transport):
         if keyed:
             headers["Idempotency-Key"] = uuid.uuid4().hex
             safe = True
-        attempt = 0
+        attempt, waited = 0, 0.0
         while True:
             try:
                 response = self._http.request(method, path, headers=headers, **kwargs)
             except httpx.TransportError as exc:
+                landed = "" if safe else " (it may or may not have been carried out)"
+                lost = TransportError(f"remote {self.url}: {method} {path} got no answer: {exc}{landed}")
                 if safe and attempt < RETRIES:
-                    time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+                    waited = self._wait_to_retry(attempt, waited, None, lost)
                     attempt += 1
                     continue
-                landed = "" if safe else " (it may or may not have been carried out)"
-                raise TransportError(f"remote {self.url}: {method} {path} got no answer: {exc}{landed}") from None
+                raise lost from None
             if response.status_code in _RETRY_STATUS and safe and attempt < RETRIES:
-                time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+                waited = self._wait_to_retry(attempt, waited, response, self._error(response))
                 attempt += 1
                 continue
             if response.status_code >= 400 and response.status_code not in ok:
                 raise self._error(response)
             return response
+
+    def _wait_to_retry(
+        self, attempt: int, waited: float, response: httpx.Response | None, failure: AgentSessionError
+    ) -> float:
+        """Wait before sending a request again (the ``attempt``-th time; ``waited``: the
+        seconds its retries waited so far), and return the seconds waited in all. The wait
+        is the schedule's, or longer when ``response`` (a 502/503/504) asks it by
+        ``Retry-After``. A wait that would take the request's waits past
+        :attr:`retry_wait` is not waited: ``failure`` (the server's error for a
+        ``response``, its code kept) is raised at once, saying why."""
+        wait = _BACKOFF[min(attempt, len(_BACKOFF) - 1)]
+        asked = None if response is None else retry_after(response.headers.get("retry-after"), self.clock())
+        if asked is not None:
+            wait = max(wait, asked)
+        if waited + wait <= self.retry_wait:
+            self.sleep(wait)
+            return waited + wait
+        why = f"the server asked to wait {wait:g} s (Retry-After)" if asked is not None else f"a wait of {wait:g} s"
+        failure.args = (f"{failure.args[0] if failure.args else failure}; not sent again: {why}, past this client's "
+                        f"bound of {self.retry_wait:g} s on one request's waits ({RETRY_WAIT_ENV})",)
+        raise failure from None
 
     def _error(self, response: httpx.Response) -> AgentSessionError:
         try:
@@ -271,7 +362,7 @@ class HttpTransport(Transport):
         come: set[tuple[str, str]] = set()
         order = iter(dict.fromkeys(batch))
         nxt = next(order, None)
-        attempt = 0
+        attempt, waited = 0, 0.0
         while True:
             asked: dict[str, list[str]] = {}
             for space, name in dict.fromkeys(batch):
@@ -285,10 +376,12 @@ class HttpTransport(Transport):
                         yield nxt[0], nxt[1], got.pop(nxt)
                         nxt = next(order, None)
                 break
-            except TransportError:
+            except (TransportError, _Busy) as exc:
+                response = exc.response if isinstance(exc, _Busy) else None
+                failure = exc if isinstance(exc, TransportError) else self._error(exc.response)
                 if attempt >= RETRIES:
-                    raise
-                time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+                    raise failure from None
+                waited = self._wait_to_retry(attempt, waited, response, failure)
                 attempt += 1
         if nxt is not None:
             space, name = nxt
@@ -303,7 +396,8 @@ class HttpTransport(Transport):
         try:
             with self._http.stream("POST", "/objects/read", json=asked) as response:
                 if response.status_code in _RETRY_STATUS:
-                    raise TransportError(f"{where}: POST /objects/read answered HTTP {response.status_code}")
+                    response.read()
+                    raise _Busy(response)
                 if response.status_code >= 400:
                     response.read()
                     raise self._error(response)

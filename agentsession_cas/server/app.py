@@ -23,7 +23,7 @@ import math
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import field
 from itertools import islice
@@ -103,6 +103,9 @@ PROBLEM = "application/problem+json"
 OCTETS = "application/octet-stream"
 #: Entry lines an append batch may have and still be served in the event loop itself.
 QUICK_LINES = 8
+#: The part of the table of Idempotency-Keys one token may hold by default: at least four
+#: tokens must fill their shares before the table refuses a fifth.
+TOKEN_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,10 @@ class Limits:
     idempotency_ttl_ms: int = 20 * 60 * 1000
     #: First answers kept at once; past it a new key is refused (503), none forgotten early.
     idempotency_keys: int = 500_000
+    #: First answers one token's keys may hold at once (None: :data:`TOKEN_SHARE` of
+    #: ``idempotency_keys``), so one token cannot fill the table for every other: see
+    #: :meth:`keys_per_token`, the one place the share is decided.
+    idempotency_keys_per_token: int | None = None
     upload_grace_s: int = 3600
     max_streams: int = 256
     max_stream_age_s: int = 3600
@@ -128,11 +135,20 @@ class Limits:
             "max_lease_ttl_ms": self.max_lease_ttl_ms,
             "idempotency_ttl_ms": self.idempotency_ttl_ms,
             "idempotency_keys": self.idempotency_keys,
+            "idempotency_keys_per_token": self.keys_per_token(),
             "upload_grace_s": self.upload_grace_s,
             "max_streams": self.max_streams,
             "max_stream_age_s": self.max_stream_age_s,
             "snapshot_inline_bytes": SNAPSHOT_INLINE_BYTES,
         }
+
+    def keys_per_token(self) -> int:
+        """The most first answers one token's keys hold at once: as set, else
+        :data:`TOKEN_SHARE` of the table, never more than the table itself."""
+        share = self.idempotency_keys_per_token
+        if share is None:
+            share = max(1, int(self.idempotency_keys * TOKEN_SHARE))
+        return min(share, self.idempotency_keys)
 
 
 @dataclass
@@ -166,6 +182,11 @@ class ServerState:
         self.reach = Reach(self.store, self._held_session)
         self.leases = Leases(self.store, max_ttl_ms=self.limits.max_lease_ttl_ms)
         self.replies: OrderedDict[tuple[str, str], _Stored] = OrderedDict()
+        #: When each token's keys in ``replies`` were stored, oldest first (the table's
+        #: order, so the table's oldest is its token's oldest), and how many of each
+        #: token's are being served now: what its share counts.
+        self.token_replies: dict[str, deque[float]] = {}
+        self.token_inflight: Counter[str] = Counter()
         #: Objects each principal uploaded and no push has named yet: (space, name) -> time.
         self.uploads: dict[str, dict[tuple[str, str], float]] = {}
         self.changes = Changes()
@@ -353,16 +374,20 @@ class Api:
             stored = self._replayed(principal, key, request)
             if stored is not None:
                 return stored
-            full = self._keys_full()
+            full = self._keys_full(principal)
             if full is not None:
                 return full
             done = self.state.inflight[slot] = asyncio.Event()
+            self.state.token_inflight[principal.key] += 1
             try:
                 response = await self._answer(fn, request, principal)
                 self._remember(principal, key, request, response)
                 return response
             finally:
                 del self.state.inflight[slot]
+                self.state.token_inflight[principal.key] -= 1
+                if not self.state.token_inflight[principal.key]:
+                    del self.state.token_inflight[principal.key]
                 done.set()
 
         return endpoint
@@ -409,36 +434,54 @@ class Api:
                          response.media_type or JSON, headers, time.monotonic())
         with self.state.lock:
             self.state.replies[(principal.key, key)] = stored
+            self.state.token_replies.setdefault(principal.key, deque()).append(stored.at)
 
-    def _keys_full(self) -> Response | None:
-        """A 503 (retryable) when the table of keys holds :attr:`Limits.idempotency_keys`,
+    def _keys_full(self, principal: Principal) -> Response | None:
+        """A 503 (retryable) when the caller's token holds its share of the table of keys
+        (:meth:`Limits.keys_per_token`), or the table holds :attr:`Limits.idempotency_keys`,
         counting those being served; else None. A key is forgotten only once its
         ``idempotency_ttl_ms`` has passed (RFC 0003: the first outcome is returned "for at
         least the lease's longest TTL"), never to make room, so a new key waits until the
-        oldest expires, which ``Retry-After`` says."""
-        limits = self.state.limits
-        with self.state.lock:
+        oldest expires (the token's oldest when it is over its share), which
+        ``Retry-After`` says. A server without tokens has one caller, who may use the
+        whole table: there is no other to be fair to."""
+        state, limits = self.state, self.state.limits
+        with state.lock:
             self._expire_replies()
-            held = len(self.state.replies) + len(self.state.inflight)
-            if held < limits.idempotency_keys:
-                return None
-            oldest = next(iter(self.state.replies.values()), None)
-        wait = 1 if oldest is None else oldest.at + limits.idempotency_ttl_ms / 1000 - time.monotonic()
-        busy = StoreError(
-            f"this server remembers {held} Idempotency-Keys, its limit (each for {limits.idempotency_ttl_ms // 1000} s); "
-            f"nothing was done: send this request again in {math.ceil(max(wait, 1))} s"
-        )
+            mine = state.token_replies.get(principal.key) or deque()
+            held = len(mine) + state.token_inflight[principal.key]
+            if state.tokens is not None and held >= limits.keys_per_token():
+                oldest = mine[0] if mine else None
+                why = (f"this token ({principal.name}) has {held} Idempotency-Keys remembered, its share of the "
+                       f"{limits.idempotency_keys} this server keeps")
+            else:
+                held = len(state.replies) + len(state.inflight)
+                if held < limits.idempotency_keys:
+                    return None
+                first = next(iter(state.replies.values()), None)
+                oldest = None if first is None else first.at
+                why = f"this server remembers {held} Idempotency-Keys, its limit"
+        wait = math.ceil(max(1.0, 1.0 if oldest is None else oldest + limits.idempotency_ttl_ms / 1000 - time.monotonic()))
+        busy = StoreError(f"{why} (each for {limits.idempotency_ttl_ms // 1000} s); "
+                          f"nothing was done: send this request again in {wait} s")
         busy.status = 503
-        return _problem(busy, {"Retry-After": str(math.ceil(max(wait, 1)))})
+        return _problem(busy, {"Retry-After": str(wait)})
 
     def _expire_replies(self) -> None:
+        """Forget the keys older than ``idempotency_ttl_ms``: the oldest come first, in
+        the table and in each token's."""
         horizon = time.monotonic() - self.state.limits.idempotency_ttl_ms / 1000
-        replies = self.state.replies
+        replies, by_token = self.state.replies, self.state.token_replies
         while replies:
             first = next(iter(replies.values()))
             if first.at >= horizon:
                 break
-            replies.popitem(last=False)
+            (who, _), _ = replies.popitem(last=False)
+            mine = by_token.get(who)
+            if mine:
+                mine.popleft()
+            if not mine:
+                by_token.pop(who, None)
 
     async def work(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run store work in a worker thread, under the server's lock."""
