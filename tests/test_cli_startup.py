@@ -160,17 +160,26 @@ def test_the_script_ends_at_once_after_an_import_and_only_then(tmp_path):
     assert r.stdout.endswith("went on 0\n")
 
 
+#: The rules' table (``format.codes``, its ``Rule`` rows built at import), loaded where an
+#: entry, a header or a link is checked: an append loads it with the rule set, head and list
+#: check nothing. ``format.normalise``, only for an entry that records normalising.
+NOT_FOR_READING = ("agentsession_cas.format.codes", "agentsession_cas.format.normalise")
+NOT_FOR_APPENDING = ("agentsession_cas.format.normalise",)
+
+
 def test_head_list_and_append_load_nothing_they_do_not_use(tmp_path):
     """Start-up (issue 11): ``concurrent.futures`` brings ``logging`` (a few ms), which only
     a long writer's fsync and checkpoint pools need; no lock package is imported (the file
     backend's flock is its own, ``backends/files/locks.py``); ``shutil`` (which brings bz2
     and lzma), ``tempfile`` and ``subprocess`` are loaded only where a command uses them
-    (a terminal's width, a long ``--json``, a large pack's sorter, a search for libcrypto)."""
+    (a terminal's width, a long ``--json``, a large pack's sorter, a search for libcrypto);
+    nor is what checks rules a command does not check (``NOT_FOR_READING``)."""
     root, sid = _small_store(tmp_path)
     entry = tmp_path / "entry.json"
     entry.write_text('{"type":"config","model":"m"}')
     unwanted = ("logging", "concurrent.futures", "filelock", "shutil", "tempfile", "subprocess")
-    for argv, stdin in ((["head", sid], None), (["list"], None), (["append", sid], str(entry))):
+    for argv, stdin, ours in ((["head", sid], None, NOT_FOR_READING), (["list"], None, NOT_FOR_READING),
+                              (["append", sid], str(entry), NOT_FOR_APPENDING)):
         code = (
             "import sys\n"
             + (f"sys.stdin = open({stdin!r})\n" if stdin else "")
@@ -179,7 +188,7 @@ def test_head_list_and_append_load_nothing_they_do_not_use(tmp_path):
             f"    main({['--store', root, *argv]!r})\n"
             "except SystemExit as exc:\n"
             "    assert not exc.code, exc.code\n"
-            f"print(' '.join(m for m in {unwanted!r} if m in sys.modules), file=sys.stderr)\n"
+            f"print(' '.join(m for m in {unwanted + ours!r} if m in sys.modules), file=sys.stderr)\n"
         )
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         assert r.stderr.split() == [], (argv, r.stderr)

@@ -19,7 +19,6 @@ from typing import Any
 from ..errors import EntryError, Problem, SessionFormatError
 from ..lean import dataclass
 from .canonical import canonical_bytes, needs_careful
-from .codes import problem
 from .hashing import ENVELOPE_MEMBERS, RESERVED_MEMBERS, entry_hashes, is_hash
 from .timestamps import check_ts, format_ts, now_ts
 
@@ -354,6 +353,10 @@ class Header:
 
     def problems(self) -> list[Problem]:
         """What is wrong with this header as RFC 0001 defines it (line 1)."""
+        # The rules' table is loaded where a header is checked, not by head or list,
+        # which read headers and check none.
+        from .codes import problem
+
         out: list[Problem] = []
         d = self.data
         if d.get("type") != "session":
@@ -383,6 +386,8 @@ class Header:
         written; from 0.13 ``redacted_from`` names the original, and only a redacted
         session has one, never naming itself. Before 0.13 ``redacted_from`` is a member
         that minor does not define, kept as written and not read."""
+        from .codes import problem
+
         d = self.data
         out: list[Problem] = []
         redacted = d.get("redacted")
@@ -448,6 +453,8 @@ def make_entry(
 def header_or_error(obj: Any, source: str) -> Header:
     """Wrap a parsed first line as a header, raising when it cannot be one."""
     if not isinstance(obj, dict):
+        from .codes import problem
+
         raise SessionFormatError(source, [problem(1, "header", "the first line is not a JSON object")])
     header = Header(obj)
     problems = header.problems()

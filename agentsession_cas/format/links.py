@@ -16,7 +16,6 @@ from typing import Any
 
 from ..errors import EntryError, Problem
 from ..lean import dataclass
-from .codes import problem
 from .entry import Entry, Header, short_id
 
 __all__ = [
@@ -248,6 +247,10 @@ def derived_note(header: Header, link: Entry, earlier: Sequence[Entry]) -> Probl
     a subsession link whose session is not an id RFC 0001 recommends deriving. The
     k-th subsession link of a call may name attempt 0 to k-1 (a retry is the next
     attempt). None when the link is not a subsession link or its id derives."""
+    # The rules' table is loaded where a link is checked, not by head or list, which
+    # import this module with the store.
+    from .codes import problem
+
     cid = link.get("call_id")
     session = link.get("session")
     if (link.get("rel") != REL_SUBSESSION or not isinstance(cid, str) or not cid or not isinstance(session, str)
@@ -266,6 +269,8 @@ def derived_note(header: Header, link: Entry, earlier: Sequence[Entry]) -> Probl
 
 def store_note(links: Sequence[Entry]) -> list[Problem]:
     """The ``link-store`` note, once for a file whose own entries link other sessions."""
+    from .codes import problem
+
     named = [e for e in links if e.type == "link" and e.get("rel") in LINK_RELS and isinstance(e.get("session"), str)]
     if not named:
         return []

@@ -54,7 +54,6 @@ from .context import DIAGNOSE_LIMIT, Context, ContextBuilder, RequestCheck, Requ
 from .entry import ENTRY_ID, LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
 from .links import derived_note, link_notes, own_entries, store_note
-from .normalise import check_normalised
 from .runs import Inbox, RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, open_source_message
 from .timestamps import is_valid_ts
 from .tree import head_may_rest
@@ -324,6 +323,8 @@ def check_line(
     if not is_valid_ts(ts):
         out.append(problem(line, "ts", f"ts {_show(ts)} {_TS_FORM}"))
     if "normalised" in obj:
+        from .normalise import check_normalised  # (rare: an entry that records normalising; not loaded for the others)
+
         wrong = check_normalised(obj["normalised"])
         if wrong is not None:
             out.append(problem(line, "normalised", wrong, stated if isinstance(stated, str) else computed))

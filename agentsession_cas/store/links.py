@@ -15,7 +15,6 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AgentSessionError, ContinuationError, NoSuchSessionError, Problem
-from ..format.codes import problem
 from ..format.entry import Entry, Header, short_id
 from ..format.links import REL_FORK_OF, REL_SUBSESSION, CalleeLink, callees, judges
 from ..lean import dataclass
@@ -50,6 +49,8 @@ def check_links(store: Store, header: Header, own: Sequence[Entry]) -> list[Prob
     ``fork_of`` origin holds this fork's base (``link-fork``). A link on a fork's prefix
     is the origin's, checked there. A named session that cannot be read is reported
     under the same code, since the link cannot be checked."""
+    from ..format.codes import problem  # (the rules' table: for verify, not for head or list)
+
     out: list[Problem] = []
     for e in own:
         if e.type != "link" or not isinstance(e.get("session"), str):

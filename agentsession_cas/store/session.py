@@ -41,7 +41,6 @@ from ..errors import (
     SupersededError,
 )
 from ..format.canonical import canonical_bytes, loads, loads_flagged, needs_careful
-from ..format.codes import RULES
 from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
 from ..format.hashing import (
     HASH_PREFIX,
@@ -762,7 +761,12 @@ class Session:
         objects = built.objects if built is not None else None
         if built is not None:
             built.objects = None
-        refused = [p for p in problems if RULES[p.code].store == "refuse"] if problems else problems
+        refused = problems
+        if problems:
+            # The rules' table: loaded with the rule set by what appends, not by head or list.
+            from ..format.codes import RULES
+
+            refused = [p for p in problems if RULES[p.code].store == "refuse"]
         if refused or built is None or objects is None:
             if own is not None:
                 own.item_bytes = None
@@ -859,6 +863,8 @@ class Session:
         findings: list[Any] = []
         notes: list[Any] = []
         if problems:
+            from ..format.codes import RULES
+
             refused = [p for p in problems if RULES[p.code].store == "refuse"]
             if refused:
                 raise _refusal(refused[0])
@@ -1368,6 +1374,8 @@ def _continued_in(data: Mapping[str, Any]) -> str | None:
 def _refusal(p: Problem) -> AppendRefusedError:
     """The refusal of an entry that breaks a rule: the rule's own words and code, and the
     protocol's code for the refusal (``bad_entry``, ``base_rule``, ``no_entry``, ...)."""
+    from ..format.codes import RULES
+
     return AppendRefusedError(p.message, rule=p.code, code=RULES[p.code].error or "bad_entry", entry=p.entry)
 
 

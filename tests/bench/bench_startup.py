@@ -8,17 +8,23 @@ made in a temp directory. Then the Python import time of each command
 (``python -X importtime``: every module's import, summed over the top-level ones, the
 least of ``--repeat`` runs), the interpreter's own start-up included.
 
+With ``--callgrind`` (valgrind installed), also each command's instruction count
+(``valgrind --tool=callgrind``, ``PYTHONHASHSEED=0``): one run each, and unlike the
+times it does not move with the machine's load, so a change of a few per cent shows.
+
 Targets: ``--version`` wall time at most 3x ``python -c pass``; the import time of
 ``--version``, ``--help``, ``head``, ``list`` and ``append`` under 100 ms each. Each
 printed with ``MET`` or ``NOT MET``; the exit status is 0 either way, 2 on bad arguments.
 
-Run: ``.venv/bin/python tests/bench/bench_startup.py [--quick] [--repeat R]``.
+Run: ``.venv/bin/python tests/bench/bench_startup.py [--quick] [--repeat R] [--callgrind]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,11 +66,25 @@ def import_ms(argv: list[str], repeat: int, env: dict[str, str], stdin: bytes | 
     return best, modules
 
 
+def instructions(argv: list[str], env: dict[str, str], stdin: bytes | None) -> int:
+    """The instructions the process ran (callgrind's ``Collected``), one run."""
+    r = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+                       env=dict(env, PYTHONHASHSEED="0"), input=stdin, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, check=True)
+    found = re.search(rb"Collected : (\d+)", r.stderr)
+    if found is None:
+        raise RuntimeError("callgrind reported no instruction count")
+    return int(found.group(1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer runs")
     ap.add_argument("--repeat", type=int, default=None)
+    ap.add_argument("--callgrind", action="store_true", help="also each command's instruction count (valgrind)")
     args = ap.parse_args()
+    if args.callgrind and shutil.which("valgrind") is None:
+        ap.error("--callgrind needs valgrind on PATH")
     repeat = args.repeat or (5 if args.quick else 20)
     if repeat < 1:
         ap.error("--repeat must be at least 1")
@@ -88,13 +108,17 @@ def main() -> int:
                 best[name] = min(best[name], wall(argv, max(1, repeat // 2), env, stdin))
         imports = {name: import_ms(argv[1:] if argv[0] == sys.executable else argv, repeat, env, stdin)
                    for name, (argv, stdin) in runs.items()}
+        counts = {name: instructions(argv if argv[0] == sys.executable else [sys.executable, *argv], env, stdin)
+                  for name, (argv, stdin) in runs.items()} if args.callgrind else {}
     base = best["python -c pass"]
     print(f"bench_startup: Python {sys.version.split()[0]}, best of {repeat} runs each")
-    print(f"  {'':<24}  {'wall':>8}   {'vs python':>9}   {'import time':>11}  modules")
+    print(f"  {'':<24}  {'wall':>8}   {'vs python':>9}   {'import time':>11}  modules" + ("   instructions" if counts else ""))
     met_all = True
     for name, t in best.items():
         ms, modules = imports[name]
         line = f"  {name:<24}: {t * 1000:8.1f} ms {t / base:6.2f}x   {ms:8.1f} ms  {modules:5d}"
+        if counts:
+            line += f"   {counts[name] / 1e6:8.1f} M"
         if name != "python -c pass":
             ok = ms < TARGET_IMPORT_MS
             met_all &= ok
