@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from ..errors import Problem
 from ..fsutil import write_atomic, write_output
-from .codes import problem
+
+if TYPE_CHECKING:
+    from ..errors import Problem
 
 __all__ = [
     "SIDECAR",
@@ -60,6 +62,8 @@ def sidecar_blob(directory: str | None, name: str, line: int | None = None, *, k
     there, or none that reads; ``directory`` None: a stream, with none beside it) or
     ``blob-hash``, naming the file and ``line``, the first line naming the blob."""
     import hashlib
+
+    from .codes import problem  # (the rules' table: not loaded by a command that checks no blob)
 
     if directory is None:
         return None, problem(line, "missing-blob", f"sidecar blob {name} is missing: a stream has no sidecar directory beside it")
