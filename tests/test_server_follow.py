@@ -252,10 +252,31 @@ def test_follow_streams_are_bounded_in_number_and_age(tmp_path):
             assert snap["event"] == "snapshot"
             busy = c.get("/v1/sessions/s1/follow")
             assert busy.status_code == 503 and busy.json()["code"] == "store_fault"
+            # when to come back: by the open stream's age limit (1 s), at least a second
+            assert busy.headers["Retry-After"] == "1" and "within 1 s" in busy.json()["detail"]
             end = next(events)  # the stream's age runs out: an end event with the cursor to resume from
             assert end["event"] == "end" and end["data"]["reason"] == "max_stream_age"
             assert end["data"]["cursor"] == snap["id"].rsplit(".", 1)[0]
             assert next(events, None) is None
+
+
+def test_a_follower_refused_for_the_stream_limit_is_told_when_one_ends(tmp_path):
+    """Retry-After on the stream limit's 503: when the oldest open stream reaches its age
+    limit, the latest it ends (the HTTP client waits that long before it asks again)."""
+    st = Store.init(tmp_path / "st")
+    st.create(Header.new("s1", created_at="2026-09-17T12:00:00Z")).append(
+        {"type": "config", "ts": "2026-09-17T12:00:00Z", "model": "m"})
+    st.close()
+    # (an age of a few seconds: the server's shutdown waits for the open stream to end)
+    with ServerProcess(tmp_path / "st", extra=("--max-streams", "1", "--max-stream-age", "4")) as server, \
+            server.client() as c:
+        with c.stream("GET", "/v1/sessions/s1/follow") as r:
+            events = sse_events(r)  # (kept: letting go of it closes the stream)
+            assert next(events)["event"] == "snapshot"
+            busy = c.get("/v1/sessions/s1/follow")
+            assert busy.status_code == 503
+            wait = int(busy.headers["Retry-After"])  # (no sooner than a second, no later than the age)
+            assert 1 <= wait <= 4 and f"within {wait} s" in busy.json()["detail"]
 
 
 def _entry(n: int) -> dict:

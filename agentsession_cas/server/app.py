@@ -192,6 +192,9 @@ class ServerState:
         self.changes = Changes()
         self.tails = Tails(self.store)
         self.streams = 0
+        #: When each open follow stream began (time.monotonic()): the oldest ends by its
+        #: age limit at the latest, which is what a refused follower is told to wait.
+        self.stream_starts: list[float] = []
         self._snapshots: dict[str, tuple[int | None, Session]] = {}
         #: Idempotency keys whose first request is being served now.
         self.inflight: dict[tuple[str, str], asyncio.Event] = {}
@@ -880,9 +883,16 @@ class Api:
         accept = request.headers.get("accept", "")
         sse = "application/x-ndjson" not in accept
         if self.state.streams >= self.state.limits.max_streams:
-            busy = StoreError(f"this server has {self.state.streams} follow streams open, its limit; try again later")
+            # The oldest open stream ends by its age limit at the latest (sooner if its
+            # follower leaves): the wait a refused follower is given (RFC 0003 clients
+            # retry a 503 after Retry-After).
+            starts = self.state.stream_starts
+            age = float(self.state.limits.max_stream_age_s)
+            wait = math.ceil(max(1.0, (min(starts) + age - time.monotonic()) if starts else 1.0))
+            busy = StoreError(f"this server has {self.state.streams} follow streams open, its limit; "
+                              f"one ends within {wait} s: try again then")
             busy.status = 503
-            raise busy
+            return _problem(busy, {"Retry-After": str(wait)})
 
         def first() -> Any:
             self._readable_session(principal, sid, request)
@@ -896,11 +906,14 @@ class Api:
 
         async def body() -> Any:
             state.streams += 1
+            began = time.monotonic()
+            state.stream_starts.append(began)
             try:
                 async for chunk in stream.events(view, after):
                     yield chunk
             finally:
                 state.streams -= 1
+                state.stream_starts.remove(began)
 
         media = "text/event-stream" if sse else NDJSON
         return StreamingResponse(body(), media_type=media,
