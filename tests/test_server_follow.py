@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -237,12 +238,16 @@ def test_following_a_ref_sends_its_target_and_each_change(served):
             assert next(events)["data"]["target"] is None
 
 
+def _one_session(tmp_path) -> Path:
+    """A store holding session s1 with one entry: what a follow is opened on."""
+    with Store.init(tmp_path / "st") as st:
+        st.create(Header.new("s1", created_at="2026-09-17T12:00:00Z")).append(
+            {"type": "config", "ts": "2026-09-17T12:00:00Z", "model": "m"})
+    return tmp_path / "st"
+
+
 def test_follow_streams_are_bounded_in_number_and_age(tmp_path):
-    st = Store.init(tmp_path / "st")
-    st.create(Header.new("s1", created_at="2026-09-17T12:00:00Z")).append(
-        {"type": "config", "ts": "2026-09-17T12:00:00Z", "model": "m"})
-    st.close()
-    with ServerProcess(tmp_path / "st", extra=("--max-streams", "1", "--max-stream-age", "1")) as server, \
+    with ServerProcess(_one_session(tmp_path), extra=("--max-streams", "1", "--max-stream-age", "1")) as server, \
             server.client() as c:
         limits = c.get("/v1/").json()["limits"]
         assert limits["max_streams"] == 1 and limits["max_stream_age_s"] == 1
@@ -263,12 +268,8 @@ def test_follow_streams_are_bounded_in_number_and_age(tmp_path):
 def test_a_follower_refused_for_the_stream_limit_is_told_when_one_ends(tmp_path):
     """Retry-After on the stream limit's 503: when the oldest open stream reaches its age
     limit, the latest it ends (the HTTP client waits that long before it asks again)."""
-    st = Store.init(tmp_path / "st")
-    st.create(Header.new("s1", created_at="2026-09-17T12:00:00Z")).append(
-        {"type": "config", "ts": "2026-09-17T12:00:00Z", "model": "m"})
-    st.close()
-    # (an age of a few seconds: the server's shutdown waits for the open stream to end)
-    with ServerProcess(tmp_path / "st", extra=("--max-streams", "1", "--max-stream-age", "4")) as server, \
+    # (an age of seconds, not minutes: the server's shutdown waits for the open stream to end)
+    with ServerProcess(_one_session(tmp_path), extra=("--max-streams", "1", "--max-stream-age", "10")) as server, \
             server.client() as c:
         with c.stream("GET", "/v1/sessions/s1/follow") as r:
             events = sse_events(r)  # (kept: letting go of it closes the stream)
@@ -276,7 +277,7 @@ def test_a_follower_refused_for_the_stream_limit_is_told_when_one_ends(tmp_path)
             busy = c.get("/v1/sessions/s1/follow")
             assert busy.status_code == 503
             wait = int(busy.headers["Retry-After"])  # (no sooner than a second, no later than the age)
-            assert 1 <= wait <= 4 and f"within {wait} s" in busy.json()["detail"]
+            assert 1 <= wait <= 10 and f"within {wait} s" in busy.json()["detail"]
 
 
 def _entry(n: int) -> dict:
