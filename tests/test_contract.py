@@ -2454,7 +2454,8 @@ def test_verify_holds_a_sidecar_blob_the_store_lacks_to_the_export(make_store):
 
 def test_verify_and_fsck_name_a_corrupt_sidecar_blob(make_store):
     """A sidecar blob whose bytes do not hash to its name is ``corrupt-object`` to
-    ``verify ID`` (where: media) and an error to fsck, naming the session it hurts."""
+    ``verify ID`` (where: media) and an error to fsck, with or without ``--deep``,
+    naming the session it hurts, and not also a ``missing-blob`` warning."""
 
     st = make_store()
     s = st.create(Header.new("s1", media="sidecar"))
@@ -2464,8 +2465,10 @@ def test_verify_and_fsck_name_a_corrupt_sidecar_blob(make_store):
     for as_export in (True, False):
         [p] = verify_stored(st, "s1", as_export=as_export).problems
         assert (p["code"], p["where"], p["object"], p["space"]) == ("corrupt-object", "media", name, "blobs")
-    report = fsck(st, deep=True)
-    assert "s1" in {e.session for e in report.errors if e.code == "corrupt-object" and e.object == name}, report.errors
+    for deep in (False, True):
+        report = fsck(st, deep=deep)
+        assert "s1" in {e.session for e in report.errors if e.code == "corrupt-object" and e.object == name}, report.errors
+        assert not [w for w in report.warnings if w.code == "missing-blob"], report.warnings
 
 
 def test_header_and_session_iteration(make_store):

@@ -1105,11 +1105,18 @@ class _Walk:
 
     def check_sidecars(self, sid: str, r: Record, blobs: tuple[bytes, ...], logrel: str) -> None:
         """A sidecar blob an entry names and the store lacks: RFC 0002 lets an append
-        name one (reported as unresolved, never refused), so it is a warning."""
+        name one (reported as unresolved, never refused), so it is a warning. One the
+        store holds only damaged is an error naming the session, ``corrupt-object`` as
+        ``verify ID`` says (maintenance/check.py), beside the walk's finding on the object."""
         for blob in blobs:
-            if not self.confirm("blobs", blob):
-                self.warn("missing-blob", f"session {sid}: entry {r.get('entry')} (log line {r.line}) names sidecar blob "
-                          f"{_name(blob)}, which has {self.why_unsound('blobs', blob)}",
+            if self.confirm("blobs", blob):
+                continue
+            said = f"session {sid}: entry {r.get('entry')} (log line {r.line}) names sidecar blob {_name(blob)}, which has"
+            if ("blobs", blob) in self.unsound:
+                self.error("corrupt-object", f"{said} {self.why_unsound('blobs', blob)}",
+                           session=sid, object=_name(blob), space="blobs", file=logrel, line=r.line)
+            else:
+                self.warn("missing-blob", f"{said} {self.why_unsound('blobs', blob)}",
                           session=sid, object=_name(blob), space="blobs", file=logrel, line=r.line)
 
     def prefix_ids(self, base: bytes) -> set[str]:
