@@ -114,6 +114,7 @@ def retained(
                         said.add(entry)
             elif op == "create" and isinstance(d.get("base"), str):
                 bases.append(d["base"])
+        ret.blobs.update(src.blobs)  # named by contents its log alone holds yet
         if src.staged:
             ret.staged += 1
         else:
