@@ -32,11 +32,11 @@ import pytest
 import http_store
 import test_contract
 from agentsession_cas import Header
-from agentsession_cas.errors import NoSuchObjectError
+from agentsession_cas.errors import NoSuchObjectError, WritersActiveError
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.format.media import sidecar_names
 from agentsession_cas.maintenance.fsck import fsck
-from agentsession_cas.maintenance.sweep import SweepResult
+from agentsession_cas.maintenance.sweep import SAFE_GRACE, SweepResult
 from agentsession_cas.store import Store
 from agentsession_cas.store.refs import Refs
 from contract_helpers import StoreFactory, leaf, msg, ts
@@ -417,6 +417,28 @@ def test_a_sweep_stopped_midway_leaves_the_store_sound(make_store, monkeypatch):
     for name in ids["gone"]:
         assert not readable(where, name), name
     assert fsck(where).ok
+
+
+def test_a_short_grace_sweep_refuses_beside_a_writer(make_store):
+    """docs/reliability.md "Sweeping beside writers": a grace under SAFE_GRACE does not
+    protect what a writer has sent and not yet recorded (RFC 0002: only its age protects
+    an object no log names yet), so such a sweep refuses while a writer holds a session,
+    naming it, and changes nothing; a dry run, a longer grace or ``force`` go ahead."""
+    st = make_store()
+    loose = st.put_blob(b"sent, not yet named")
+    s = st.create(Header.new("held"))
+    s.append(msg("m0"))
+    where = served(make_store, st)
+    before = held(where)
+    with pytest.raises(WritersActiveError) as info:
+        where.sweep(grace=0)
+    assert info.value.code == "writers_active" and "held" in str(info.value)
+    assert held(where) == before
+    assert where.sweep(grace=0, dry_run=True).repack.dropped_names == [loose]
+    assert where.sweep(grace=SAFE_GRACE).repack.dropped == 0
+    s.close()
+    if make_store.name != "http":  # (the server holds the sessions it served: a lease ends, not a close)
+        assert where.sweep(grace=0).repack.dropped_names == [loose]
 
 
 def test_a_session_made_again_under_its_id_retains_nothing_of_the_old(make_store):
