@@ -540,3 +540,34 @@ def test_what_a_repair_kept_aside_goes_with_its_session(make_store, request):
     where = served(make_store, st)
     for eid in ids:
         assert not readable(where, eid), eid
+
+
+def test_media_is_held_once_and_kept_in_the_form_the_session_was_written_in(make_store):
+    """RFC 0002 "Media": a blob is one object however many items name it; a store MUST
+    NOT convert between a data URL and a sidecar blob (a projection carries media as the
+    session was written); a blob goes with the last content naming it by ``sidecar:``,
+    and a data URL, part of its content, retains no blob."""
+    st = make_store()
+    blob = st.put_blob(b"image bytes")
+    assert st.put_blob(b"image bytes") == blob
+    side = st.create(Header.new("side", media="sidecar"))
+    side.append(image(blob))
+    side.append(image(blob))
+    side.close()
+    data_url = "data:image/png;base64,aW1hZ2UgYnl0ZXM="  # the same bytes, inline
+    inline = st.create(Header.new("inline", media="inline"))
+    inline.append({"type": "item", "ts": ts(), "item": {"type": "message", "role": "user",
+                   "content": [{"type": "input_image", "image_url": data_url}]}})
+    inline.close()
+    where = served(make_store, st)
+    assert held(where)["blobs"] == {blob}
+    side_export, inline_export = st.export("side"), st.export("inline")
+    assert side_export.count(f"sidecar:{blob}".encode()) == 2 and b"data:" not in side_export
+    assert data_url.encode() in inline_export and b"sidecar:" not in inline_export
+    res = sweep(make_store, st, grace=0)
+    assert res.retained_blobs == 1 and res.repack.dropped == 0
+    st.delete("side")
+    res = sweep(make_store, st, grace=0)
+    assert res.repack.dropped_names.count(blob) == 1 and res.retained_blobs == 0
+    assert held(where)["blobs"] == set()
+    assert make_store.reopen().export("inline") == inline_export
