@@ -91,7 +91,7 @@ def run_sweep(url: str, rounds: int) -> None:
     store = open_store(url)
     start()
     for _ in range(rounds):
-        res = store.sweep(grace=0)
+        res = store.sweep(grace=0, force=True)  # racing the writers on purpose
         say(f"SWEPT {res.repack.dropped}")
     store.close()
     say("DONE")

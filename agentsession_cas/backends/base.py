@@ -728,11 +728,14 @@ class RetentionSource:
     """One log a sweep must honour, as the backend read it: its records (a crash's torn
     tail and records kept aside by repair included), the content each append's own
     copy of its objects names where the backend keeps one (so the envelope need not
-    be read), and whether it is a session being made (staged) rather than held."""
+    be read), the blobs those copies' contents name by ``sidecar:`` URL (a content the
+    log alone holds, not yet written to the objects, cannot be read there for them),
+    and whether it is a session being made (staged) rather than held."""
 
     records: list[dict[str, Any]]
     contents: dict[str, str] = field(default_factory=dict)
     staged: bool = False
+    blobs: set[str] = field(default_factory=set)
 
 
 #: Severities of a finding, from the one that fails the check to the one that only informs.

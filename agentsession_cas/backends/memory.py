@@ -438,6 +438,11 @@ class MemoryBackend(Backend):
     def close(self) -> None:
         """Nothing to release: the data lives as long as the process (or its registry entry)."""
 
+    def writers_holding(self) -> list[str] | None:
+        """The sessions a writing handle (of any store on this data) holds now."""
+        with self.data.lock:
+            return sorted(sid for sid, s in self.data.sessions.items() if s.holder is not None)
+
     def retention_sources(self) -> Iterator[RetentionSource]:
         with self.data.lock:
             logs = [list(s.records) for s in self.data.sessions.values()]

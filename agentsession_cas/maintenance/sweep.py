@@ -7,7 +7,9 @@ commit to its tree to its blobs, and never reachability from heads:
   append record, abandoned branches and uncommitted appends included) or it
   lies on a session's prefix (root..base);
 - a **content** while a retained envelope names it;
-- a **blob** while a retained content names it by a ``sidecar:`` URL.
+- a **blob** while a retained content names it by a ``sidecar:`` URL (a content
+  only a log's own copy holds yet, before a checkpoint writes it out, is read
+  there: :attr:`RetentionSource.blobs`).
 
 This module is the rule (:func:`retained`) and the command's entry point
 (:func:`sweep`). Where the logs are read from, how objects age and what
@@ -114,6 +116,7 @@ def retained(
                         said.add(entry)
             elif op == "create" and isinstance(d.get("base"), str):
                 bases.append(d["base"])
+        ret.blobs.update(src.blobs)  # named by contents its log alone holds yet
         if src.staged:
             ret.staged += 1
         else:

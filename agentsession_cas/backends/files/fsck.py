@@ -914,6 +914,9 @@ class _Walk:
         if env.get("parents") is not None:
             self.env_parents.setdefault(raw, env["parents"])
         self.ret_c.add(into[raw][0])
+        content = r.payload[0] if r.payload is not None else b""  # (payload_entry found one)
+        if b"sidecar:" in content:  # (the log alone may hold this content: its blobs are read here)
+            self._sidecars(into[raw][0], content)
         self.counts["in_log_only"] += 1
         self.carried.setdefault(("entries", raw), logrel)
         self.carried.setdefault(("contents", into[raw][0]), logrel)

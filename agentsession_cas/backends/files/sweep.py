@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 
 from ...errors import StoreError, SweepRefusedError
 from ...format.hashing import envelope_content
+from ...format.media import sidecar_names
 from ...fsutil import ATOMIC_TMP, read_dense, read_small
 from ..base import RepackResult, Retained, RetentionSource
 from .log import LogDamage, read_log, scan_log
@@ -172,12 +173,17 @@ def retention_sources(root: str) -> Iterator[RetentionSource]:
                 again = again or not staged
                 continue
             contents: dict[str, str] = {}
+            blobs: set[str] = set()
             for r in records:
                 if r.payload is not None and r.data.get("op") == "append" and isinstance(r.data.get("entry"), str):
                     c = envelope_content(r.payload[1])
                     if c:
                         contents[r.data["entry"]] = c
-            yield RetentionSource([r.data for r in records], contents, staged)
+                        # Until a checkpoint writes it out, the log alone holds the content:
+                        # the blobs it names are read here, not from objects/ (nor another
+                        # process's view of this log), or they would go with the writer open.
+                        blobs.update(sidecar_names(r.payload[0]))
+            yield RetentionSource([r.data for r in records], contents, staged, blobs)
 
 
 def sweep_objects(

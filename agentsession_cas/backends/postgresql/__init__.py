@@ -179,6 +179,20 @@ class PostgresBackend(Backend):
 
     # -- maintenance ------------------------------------------------------------------
 
+    def writers_holding(self) -> list[str] | None:
+        """The sessions whose writer's advisory lock (``lock_key("session/<id>")``, a
+        bigint key: its high half in ``classid``, its low in ``objid``) a connection holds
+        now, read from ``pg_locks`` (which every role may read) without taking any, as
+        the file backend reads the kernel's table."""
+        with translate(self.describe()):
+            rows = self.db.query(
+                "SELECT s.id FROM sessions s JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted "
+                "AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "AND ((l.classid::int8 << 32) | l.objid::int8) = hashtextextended(%s || s.id, 0) ORDER BY s.id",
+                [f"agentsession:{self.db.schema}:session/"],
+            )
+        return [sid for (sid,) in rows]
+
     def retention_sources(self) -> Iterator[RetentionSource]:
         """Each session's log (its create and append rows), then the rows repairs kept
         aside. A session whose log is damaged, or lost rows its head names (deleted, or
