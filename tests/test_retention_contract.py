@@ -508,19 +508,13 @@ def _damage_second_append(make_store: StoreFactory, st: Store, sid: str) -> None
             "AND session = (SELECT key FROM sessions WHERE id = %s)", [sid])
 
 
-def test_what_a_repair_kept_aside_goes_with_its_session(make_store, request):
+def test_what_a_repair_kept_aside_goes_with_its_session(make_store):
     """What a repair kept aside of a damaged log (the file backend's ``log.damaged-*``,
     PostgreSQL's ``log_aside``) retains what it names while the session is kept, and goes
     with the session when it is deleted (RFC 0002: entries no remaining log names may
     then be swept); the sweep then counts no session for it."""
     if make_store.name not in ("file", "postgresql"):
         pytest.skip(f"{make_store.name}: no log to damage from outside")
-    test_contract.known_bug(
-        request, make_store.name == "postgresql",
-        "BUG: PostgresSessions.delete (backends/postgresql/sessions.py) leaves the session's log_aside rows, "
-        "which go on retaining what they name; and repair (backends/postgresql/repair.py) stamps each aside row "
-        "with its own clock_timestamp(), so retention_sources makes one source, counted as a session, per row",
-    )
     st = make_store()
     s = st.create(Header.new("hurt"))
     ids = [s.append(msg(f"hurt {i}")).id for i in range(4)]

@@ -194,8 +194,10 @@ class PostgresBackend(Backend):
         return [sid for (sid,) in rows]
 
     def retention_sources(self) -> Iterator[RetentionSource]:
-        """Each session's log (its create and append rows), then the rows repairs kept
-        aside. A session whose log is damaged, or lost rows its head names (deleted, or
+        """Each session's log (its create and append rows) with the rows repairs kept
+        aside of it, one source a session, as the file backend reads a session's
+        ``log.damaged-*`` beside its log (rows kept aside of a session an older release
+        deleted without them: a source of their own). A session whose log is damaged, or lost rows its head names (deleted, or
         cut at a record: every row left reads), stops the sweep, as on the file backend:
         ``repair`` takes the lost entries back from the objects while they are held."""
         from ...store.state import log_loss  # the domain's rule (it sits above the backends)
@@ -209,6 +211,12 @@ class PostgresBackend(Backend):
             "ON m.session = s.key LEFT JOIN log l ON l.session = s.key AND l.op IN ('append', 'create') "
             "ORDER BY s.key, l.pos"
         )
+        # Read after the logs, so rows a repair moves between the two reads are in one or both.
+        aside: dict[int, list[dict[str, Any]]] = {}
+        for key, text in self.db.query("SELECT session, record FROM log_aside ORDER BY session, kept, pos"):
+            record = parse_record(text)
+            if not isinstance(record, str):
+                aside.setdefault(int(key), []).append(record)
         current: int | None = None
         records: list[dict[str, Any]] = []
         contents: dict[str, str] = {}
@@ -218,7 +226,8 @@ class PostgresBackend(Backend):
             lost = log_loss(records, head, length)
             if lost is not None:
                 raise _damaged_log(session_id, lost)
-            return RetentionSource(records, contents)
+            assert current is not None
+            return RetentionSource(records + aside.pop(current, []), contents)
 
         for key, sid, row_head, last_pos, last, pos, text, raw, content in rows:
             if key != current:
@@ -236,14 +245,8 @@ class PostgresBackend(Backend):
                 contents[hash_name(bytes(raw))] = hash_name(bytes(content))
         if current is not None:
             yield source()
-        aside = self.db.query("SELECT session, kept, record FROM log_aside ORDER BY session, kept, pos")
-        groups: dict[tuple[int, Any], list[dict[str, Any]]] = {}
-        for key, kept, text in aside:
-            record = parse_record(text)
-            if not isinstance(record, str):
-                groups.setdefault((key, kept), []).append(record)
-        for records in groups.values():
-            yield RetentionSource(records)
+        for kept in aside.values():  # (of sessions gone)
+            yield RetentionSource(kept)
 
     def sweep_objects(
         self, compute: Callable[[bool], Retained], *, grace: float, dry_run: bool, wait: float,

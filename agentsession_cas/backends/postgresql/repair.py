@@ -211,8 +211,9 @@ def _write(backend: PostgresBackend, conn: Any, session_id: str, report: RepairR
         key = int(row[0])
         backend.objects.write_rows(conn, [(s, n, b) for (s, n), b in objects.items()])
         kept = conn.execute(
-            "INSERT INTO log_aside (session, id, kept, pos, record) "
-            "SELECT session, %s, clock_timestamp(), pos, record FROM log WHERE session = %s RETURNING kept",
+            "INSERT INTO log_aside (session, id, kept, pos, record) "  # one time for the whole log set aside
+            "SELECT session, %s, t.kept, pos, record FROM log, (SELECT clock_timestamp() AS kept) t "
+            "WHERE session = %s RETURNING kept",
             [session_id, key],
         ).fetchone()
         conn.execute("DELETE FROM log WHERE session = %s", [key])

@@ -870,6 +870,7 @@ class PgSessions(SessionStore):
                     raise NoSuchSessionError(f"no such session: {session_id}")
                 conn.execute("DELETE FROM log WHERE session = %s", [row[0]])
                 conn.execute("DELETE FROM states WHERE session = %s", [row[0]])
+                conn.execute("DELETE FROM log_aside WHERE session = %s", [row[0]])  # (what repair kept goes with it)
         finally:
             if mine:
                 self.let_go(conn)
