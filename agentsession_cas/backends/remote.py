@@ -103,7 +103,7 @@ BATCH_ENTRIES = 256
 BATCH_BYTES = 1024 * 1024
 #: Seconds a held lazy append waits at most before it is sent (so followers see it).
 FLUSH_DELAY_S = 0.005
-#: Seconds a flusher's worker beyond the first idle one waits for a batch before it ends.
+#: Seconds a flusher's worker beyond the two idle ones waits for a batch before it ends.
 FLUSH_IDLE_S = 1.0
 #: The log read's outcomes, back to what the record says: (head moved, a leaf label).
 _OUTCOME_RECORD: dict[str, tuple[bool, bool]] = {
@@ -554,8 +554,9 @@ class Flusher:
     bound) holds up no other session's. A handle is given to one worker at a time (its
     batches go in its log's order: ``_wire``), and one made due again meanwhile waits
     for that worker to finish. A worker that takes a batch while no other is idle
-    starts one, so a due handle always finds one; one of those left idle stays for the
-    next batch, the others end after :data:`FLUSH_IDLE_S`."""
+    starts one, so a due handle always finds one; two of those left idle stay for the
+    next batches (a writer's next batch starts no thread), the others end after
+    :data:`FLUSH_IDLE_S`."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -602,7 +603,7 @@ class Flusher:
     def _next(self) -> RemoteSessionLog | None:
         """(under ``_cond``) The next due handle no worker is sending, once it is due; None
         when the flusher closes, or when this worker has waited :data:`FLUSH_IDLE_S` for one
-        while another waits too."""
+        while two others wait too."""
         self._idle += 1
         try:
             while not self._stop:
@@ -613,9 +614,9 @@ class Flusher:
                     del self._due[ready]
                     return ready
                 wait = free[ready] - now if ready is not None else None
-                if self._idle > 1 and (wait is None or wait > FLUSH_IDLE_S):
-                    if not self._cond.wait(FLUSH_IDLE_S) and self._idle > 1:
-                        return None  # another is idle: it takes the next batch
+                if self._idle > 2 and (wait is None or wait > FLUSH_IDLE_S):
+                    if not self._cond.wait(FLUSH_IDLE_S) and self._idle > 2:
+                        return None  # two others are idle: they take the next batches
                     continue
                 self._cond.wait(wait)
             return None
@@ -623,20 +624,21 @@ class Flusher:
             self._idle -= 1
 
     def _work(self) -> None:
-        me = threading.current_thread()
         with self._cond:
-            while (log := self._next()) is not None:
-                self._sending.add(log)
-                if self._idle == 0:
-                    self._start_worker()  # so the next due handle need not wait for this send
-                self._cond.release()
-                try:
-                    log._flush_due()
-                finally:
-                    self._cond.acquire()
-                    self._sending.discard(log)
-                    self._cond.notify_all()  # the handle may be due again; another may end
-            self._workers.discard(me)
+            try:
+                while (log := self._next()) is not None:
+                    self._sending.add(log)
+                    if self._idle == 0:
+                        self._start_worker()  # so the next due handle need not wait for this send
+                    self._cond.release()
+                    try:
+                        log._flush_due()
+                    finally:
+                        self._cond.acquire()
+                        self._sending.discard(log)
+                        self._cond.notify_all()  # the handle may be due again; another may end
+            finally:  # (a worker gone, the next due() starts one if none is left)
+                self._workers.discard(threading.current_thread())
 
     def close(self) -> None:
         """Stop taking batches and wait for the sends on their way (their handles keep a
