@@ -254,3 +254,17 @@ def test_a_dropped_follow_resumes_from_its_last_event_on_the_retry_schedule():
     with pytest.raises(TransportError, match="dropped.*connection refused"):
         _follow(t, [], 1)
     assert slept == [] and len(sent) == 1
+
+
+def test_a_follows_keep_alive_line_is_passed_over():
+    """An idle NDJSON follow gets an empty line every 15 s (the server's keep-alive, so
+    intermediaries keep it open); the follower read it as an event and failed with a
+    JSON decoding error, ending ``show -f --remote`` on a session idle for 15 s."""
+    class Stream(httpx.SyncByteStream):
+        def __iter__(self) -> Iterator[bytes]:
+            yield json.dumps(_head("c2", "sha256:a1")).encode() + b"\n"
+            yield b"\n"
+            yield json.dumps(_head("c3", "sha256:a2")).encode() + b"\n"
+
+    t, slept, _ = _transport([httpx.Response(200, stream=Stream())])
+    assert _follow(t, [], 2) == [("head", "sha256:a1"), ("head", "sha256:a2")] and slept == []

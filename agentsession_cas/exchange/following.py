@@ -131,6 +131,8 @@ def follow_remote(transport: Any, session_id: str) -> Iterator[Change]:
         return {"Accept": "application/x-ndjson", **({"Last-Event-ID": last_id} if last_id is not None else {})}
 
     for event in transport.stream_lines(f"/sessions/{session_id}/follow", params={"durable": "true"}, headers=headers):
+        if not event.strip():
+            continue  # the server's keep-alive on an idle stream (every 15 s)
         frame = json.loads(event)
         kind, data = frame.get("event"), frame.get("data") or {}
         if kind == "error":  # the problem it carries: no_session when the session went
