@@ -451,3 +451,65 @@ def test_appends_held_while_a_failing_batch_waited_are_named_by_its_failure(serv
             s.close()
     with open_store(served.url, readonly=True) as ro:
         assert len(ro.read("batch-7")) == 0
+
+
+@contextmanager
+def _answer_held_back(st, monkeypatch, session: str) -> Iterator[threading.Event]:
+    """The server's answer to the next batch of ``session``'s appends is held back until
+    the block ends (the request waits on an event: no clock); the event yielded is set
+    once that batch was sent."""
+    held, go = threading.Event(), threading.Event()
+    client = st.backend.http._http
+    send = client.request
+
+    def hold(method, url, **kwargs):
+        response = send(method, url, **kwargs)
+        if method == "POST" and str(url).endswith(f"/sessions/{session}/entries") and not held.is_set():
+            held.set()
+            assert go.wait(60)
+        return response
+
+    monkeypatch.setattr(client, "request", hold)
+    try:
+        yield held
+    finally:
+        go.set()
+
+
+@pytest.mark.parametrize("how", ["answer held back", "waiting to send it again"])
+def test_a_batch_held_up_does_not_hold_up_another_sessions(served, token, monkeypatch, how):
+    """The backend's flusher sent each due handle's batch in turn on its one thread, so
+    while one session's batch waited (for an answer, or to be sent again: a server's
+    Retry-After, up to the client's bound, a minute by default) every other session's
+    held appends waited behind it. Now each due handle's batch is sent on a task of its
+    own: the other session's batch reaches the server meanwhile, and the held-up one
+    lands after, in its log's order."""
+    with open_store(served.url, sync="never") as st, served.client("all") as c:
+        a, b = st.create(Header.new("flush-a")), st.create(Header.new("flush-b"))
+        b_sent = threading.Event()  # set by the hook once b's batch has its answer
+        st.backend.http._http.event_hooks["response"].append(
+            lambda response: b_sent.set() if response.request.url.path.endswith("/flush-b/entries") else None)
+        hold = (_answer_held_back(st, monkeypatch, "flush-a") if how == "answer held back"
+                else _flusher_waiting_to_retry(st, monkeypatch))
+        with hold as held:
+            a1 = a.append(_msg("a1"))
+            assert held.wait(60)  # the flusher took a's batch, and it is held up
+            a2 = a.append(_msg("a2"))  # (held for a's next batch)
+            b1 = b.append(_msg("b1"))  # due in 5 ms, sent by the flusher alone
+            assert b_sent.wait(30), "b's batch waited behind a's"
+            log = [json.loads(line) for line in c.get("/v1/sessions/flush-b/log").text.splitlines()]
+            assert [x["entry"] for x in log if "entry" in x] == [b1.id]
+            # a, due again, is not given to a second worker (it would wait there for the
+            # first): the workers are the one held up and two idle, however many appends
+            b_sent.clear()
+            for n in range(3):
+                a.append(_msg(f"a{n + 3}"))
+                b.append(_msg(f"b{n + 2}"))
+                assert b_sent.wait(30)
+                b_sent.clear()
+            assert len(st.backend.flusher._workers) <= 3
+        a.commit()
+        b.commit()
+    with open_store(served.url, readonly=True) as ro:
+        assert ro.read("flush-a").log_order[:2] == [a1.id, a2.id] and ro.read("flush-b").log_order[0] == b1.id
+        assert (len(ro.read("flush-a")), len(ro.read("flush-b"))) == (5, 4)

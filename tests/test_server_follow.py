@@ -280,6 +280,26 @@ def test_a_follower_refused_for_the_stream_limit_is_told_when_one_ends(tmp_path)
             assert 1 <= wait <= 10 and f"within {wait} s" in busy.json()["detail"]
 
 
+def test_show_f_refused_for_the_stream_limit_says_the_wait_past_its_bound(tmp_path):
+    """``show -f --remote`` on a server whose follow streams are at their limit: a wait
+    the server asks within the client's bound is waited (tests/test_server_retries.py,
+    where nothing sleeps); one past it ends the command at once with the server's error,
+    naming its code, the wait asked and the bound (it printed the server's detail alone,
+    the same whatever the wait)."""
+    with ServerProcess(_one_session(tmp_path), extra=("--max-streams", "1", "--max-stream-age", "10")) as server, \
+            server.client() as c:
+        with c.stream("GET", "/v1/sessions/s1/follow") as r:
+            events = sse_events(r)  # (kept: letting go of it closes the stream)
+            assert next(events)["event"] == "snapshot"
+            done = subprocess.run([sys.executable, "-m", "agentsession_cas", "show", "-f", "s1", "--remote", server.url],
+                                  capture_output=True, timeout=60,
+                                  env=dict(os.environ, AGENTSESSION_RETRY_WAIT="0.5"))
+    err = done.stderr.decode()
+    assert done.returncode == 1 and done.stdout == b"", err
+    assert "(store_fault): this server has 1 follow streams open" in err, err
+    assert "the server asked to wait" in err and "(Retry-After), past this client's bound of 0.5 s" in err, err
+
+
 def _entry(n: int) -> dict:
     return user(f"tail {n}", n)
 

@@ -103,6 +103,8 @@ BATCH_ENTRIES = 256
 BATCH_BYTES = 1024 * 1024
 #: Seconds a held lazy append waits at most before it is sent (so followers see it).
 FLUSH_DELAY_S = 0.005
+#: Seconds a flusher's worker beyond the two idle ones waits for a batch before it ends.
+FLUSH_IDLE_S = 1.0
 #: The log read's outcomes, back to what the record says: (head moved, a leaf label).
 _OUTCOME_RECORD: dict[str, tuple[bool, bool]] = {
     "continued": (True, False),
@@ -543,15 +545,26 @@ class RemoteSessionLog(SessionLog):
 
 
 class Flusher:
-    """The backend's one thread that sends what its handles hold once it has waited
-    :data:`FLUSH_DELAY_S`, and the handles open for writing, so a read of a session
-    through the backend first sends what its writer here holds (reads see the writes)."""
+    """What sends the backend's held appends once they have waited :data:`FLUSH_DELAY_S`,
+    and the handles open for writing, so a read of a session through the backend first
+    sends what its writer here holds (reads see the writes).
+
+    Each due handle's batch is sent by a worker thread of its own: a batch that waits
+    (for its answer, or to be sent again: a server's ``Retry-After``, up to the client's
+    bound) holds up no other session's. A handle is given to one worker at a time (its
+    batches go in its log's order: ``_wire``), and one made due again meanwhile waits
+    for that worker to finish. A worker that takes a batch while no other is idle
+    starts one, so a due handle always finds one; two of those left idle stay for the
+    next batches (a writer's next batch starts no thread), the others end after
+    :data:`FLUSH_IDLE_S`."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._due: dict[RemoteSessionLog, float] = {}
+        self._sending: set[RemoteSessionLog] = set()
         self._open: dict[str, RemoteSessionLog] = {}
-        self._thread: threading.Thread | None = None
+        self._workers: set[threading.Thread] = set()
+        self._idle = 0
         self._stop = False
 
     def track(self, log: RemoteSessionLog) -> None:
@@ -574,36 +587,69 @@ class Flusher:
     def due(self, log: RemoteSessionLog, delay: float) -> None:
         """Send what ``log`` holds after ``delay`` seconds (unless it was sent before)."""
         with self._cond:
-            if log in self._due:
+            if log in self._due or self._stop:
                 return
             self._due[log] = time.monotonic() + delay
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="agentsession-remote-flush", daemon=True)
-                self._thread.start()
-            self._cond.notify()
+            if not self._workers:
+                self._start_worker()
+            self._cond.notify_all()
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stop:
-                    now = time.monotonic()
-                    ready = [log for log, at in self._due.items() if at <= now]
-                    if ready:
-                        for log in ready:
-                            del self._due[log]
-                        break
-                    self._cond.wait(min(self._due.values()) - now if self._due else None)
-                if self._stop:
-                    return
-            for log in ready:
-                log._flush_due()
+    def _start_worker(self) -> None:
+        """(under ``_cond``)"""
+        worker = threading.Thread(target=self._work, name="agentsession-remote-flush", daemon=True)
+        self._workers.add(worker)
+        worker.start()
+
+    def _next(self) -> RemoteSessionLog | None:
+        """(under ``_cond``) The next due handle no worker is sending, once it is due; None
+        when the flusher closes, or when this worker has waited :data:`FLUSH_IDLE_S` for one
+        while two others wait too."""
+        self._idle += 1
+        try:
+            while not self._stop:
+                now = time.monotonic()
+                free = {log: at for log, at in self._due.items() if log not in self._sending}
+                ready = min(free, key=free.__getitem__, default=None)
+                if ready is not None and free[ready] <= now:
+                    del self._due[ready]
+                    return ready
+                wait = free[ready] - now if ready is not None else None
+                if self._idle > 2 and (wait is None or wait > FLUSH_IDLE_S):
+                    if not self._cond.wait(FLUSH_IDLE_S) and self._idle > 2:
+                        return None  # two others are idle: they take the next batches
+                    continue
+                self._cond.wait(wait)
+            return None
+        finally:
+            self._idle -= 1
+
+    def _work(self) -> None:
+        with self._cond:
+            try:
+                while (log := self._next()) is not None:
+                    self._sending.add(log)
+                    if self._idle == 0:
+                        self._start_worker()  # so the next due handle need not wait for this send
+                    self._cond.release()
+                    try:
+                        log._flush_due()
+                    finally:
+                        self._cond.acquire()
+                        self._sending.discard(log)
+                        self._cond.notify_all()  # the handle may be due again; another may end
+            finally:  # (a worker gone, the next due() starts one if none is left)
+                self._workers.discard(threading.current_thread())
 
     def close(self) -> None:
+        """Stop taking batches and wait for the sends on their way (their handles keep a
+        failure for their next call)."""
         with self._cond:
             self._stop = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join()
+            self._due.clear()
+            self._cond.notify_all()
+            workers = list(self._workers)
+        for worker in workers:
+            worker.join()
 
 
 class RemoteSessions(SessionStore):

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ..errors import BadObjectError, NoSuchSessionError, TransportError
+from ..errors import BadObjectError, NoSuchSessionError
 from ..format.canonical import canonical_bytes
 from ..format.entry import Entry
 from ..format.hashing import sha256_ref
@@ -116,41 +116,37 @@ def _snapshot_entries(transport: Any, session_id: str, data: Mapping[str, Any]) 
                          _verified_entry(entry_id, obj.get("envelope"), obj.get("content")), rec.get("cursor"))
 
 
-def follow_remote(transport: Any, session_id: str, *, retries: int = 5) -> Iterator[Change]:
+def follow_remote(transport: Any, session_id: str) -> Iterator[Change]:
     """The committed changes of a session a server holds (``GET .../follow?durable=true``),
-    from its first entry; a connection that drops is resumed from the last event seen
-    (a ``reset`` then says the session was replaced: :class:`NoSuchSessionError`)."""
+    from its first entry. The transport keeps the stream open (its ``stream_lines``): a
+    connection that drops or ends, or that the server refuses for a while (its follow
+    streams at their limit: 503, ``Retry-After``), is opened again after the wait its
+    retry rule gives, within its bound (``AGENTSESSION_RETRY_WAIT``), and resumes after
+    the last event seen (``Last-Event-ID``; a ``reset`` then says the session was
+    replaced: :class:`NoSuchSessionError`)."""
     last_id: str | None = None
-    failures = 0
     ident: str | None = None
-    while True:
-        headers = {"Accept": "application/x-ndjson"}
-        if last_id is not None:
-            headers["Last-Event-ID"] = last_id
-        try:
-            for event in transport.stream_lines(f"/sessions/{session_id}/follow", params={"durable": "true"},
-                                                headers=headers):
-                failures = 0
-                frame = json.loads(event)
-                kind, data = frame.get("event"), frame.get("data") or {}
-                if kind == "error":  # the problem it carries: no_session when the session went
-                    where = f"remote {getattr(transport, 'url', '?')}"
-                    raise error_from_problem(int(data.get("status") or 500), data, where=where)
-                if kind in ("snapshot", "reset"):
-                    if ident is not None:
-                        raise NoSuchSessionError(f"session {session_id} was replaced while followed")
-                    ident = data.get("incarnation")
-                    yield from _snapshot_entries(transport, session_id, data)
-                elif kind == "appended":
-                    entry = _verified_entry(str(data.get("entry")), data.get("envelope"), data.get("content"))
-                    yield Change("appended", session_id, data.get("head"), entry, data.get("cursor"))
-                elif kind == "head":
-                    yield Change("head", session_id, data.get("leaf"), None, data.get("cursor"))
-                elif kind == "end":
-                    pass  # the stream's age limit: resumed below from the last id
-                last_id = frame.get("id") or last_id
-        except (TransportError, OSError) as exc:
-            failures += 1
-            if failures > retries:
-                raise TransportError(f"following session {session_id}: the connection keeps dropping ({exc})") from None
-            time.sleep(min(2.0, 0.1 * 2 ** failures))
+
+    def headers() -> dict[str, str]:
+        return {"Accept": "application/x-ndjson", **({"Last-Event-ID": last_id} if last_id is not None else {})}
+
+    for event in transport.stream_lines(f"/sessions/{session_id}/follow", params={"durable": "true"}, headers=headers):
+        if not event.strip():
+            continue  # the server's keep-alive on an idle stream (every 15 s)
+        frame = json.loads(event)
+        kind, data = frame.get("event"), frame.get("data") or {}
+        if kind == "error":  # the problem it carries: no_session when the session went
+            where = f"remote {getattr(transport, 'url', '?')}"
+            raise error_from_problem(int(data.get("status") or 500), data, where=where)
+        if kind in ("snapshot", "reset"):
+            if ident is not None:
+                raise NoSuchSessionError(f"session {session_id} was replaced while followed")
+            ident = data.get("incarnation")
+            yield from _snapshot_entries(transport, session_id, data)
+        elif kind == "appended":
+            entry = _verified_entry(str(data.get("entry")), data.get("envelope"), data.get("content"))
+            yield Change("appended", session_id, data.get("head"), entry, data.get("cursor"))
+        elif kind == "head":
+            yield Change("head", session_id, data.get("leaf"), None, data.get("cursor"))
+        # (an "end" is the stream's age limit: the transport opens it again from its id)
+        last_id = frame.get("id") or last_id

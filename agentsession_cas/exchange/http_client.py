@@ -17,7 +17,9 @@ schedule (0.05, 0.2, 0.5, 1 s), or longer when the answer's ``Retry-After`` asks
 (seconds or an HTTP-date, RFC 9110), as long as one request's waits stay within a
 bound (:data:`RETRY_WAIT_ENV`, else :data:`RETRY_WAIT_S`; ``retry_wait=``): a wait
 that would pass it is not waited, and the request fails at once with the server's
-error, saying so.
+error, saying so. A follow's stream is kept open by the same rule
+(:meth:`HttpTransport.stream_lines`): dropped, ended early or refused, it is
+opened again after the same waits, within the same bound.
 
 **Tokens.** The bearer token is ``AGENTSESSION_TOKEN``, else the entry for the
 remote in ``$AGENTSESSION_REMOTES`` (default
@@ -282,18 +284,44 @@ class HttpTransport(Transport):
                 return frames
         raise TransportError(f"remote {self.url}: the answer to {path} was cut before its end frame")
 
-    def stream_lines(self, path: str, *, params: dict[str, str], headers: dict[str, str]) -> Iterator[str]:
-        """The lines of a long-lived stream (a follow), as they come; an error status is
-        raised as its problem, a dropped connection as TransportError."""
-        try:
-            with self._http.stream("GET", path, params=params, headers=headers,
-                                   timeout=httpx.Timeout(30.0, read=None)) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise self._error(response)
-                yield from response.iter_lines()
-        except httpx.TransportError as exc:
-            raise TransportError(f"remote {self.url}: the stream {path} dropped: {exc}") from None
+    def stream_lines(self, path: str, *, params: dict[str, str], headers: Callable[[], dict[str, str]]) -> Iterator[str]:
+        """The lines of a follow stream as they come, for as long as the caller reads them.
+        ``headers()`` gives each connection's headers (a follow's ``Last-Event-ID`` moves
+        as its events come). A stream the server ends (its age limit) is opened again at
+        once; one that drops or brings nothing, or that the server refuses with a
+        502/503/504 (503 when its follow streams are at their limit), again after the
+        request path's wait (:meth:`_wait_to_retry`: the schedule, or as long as the
+        server's ``Retry-After`` asks), up to :data:`RETRIES` times in a row and within
+        :attr:`retry_wait`, both counted afresh once a line comes. Past them the server's
+        error (its code kept) or TransportError is raised, saying why it was not asked
+        again; another error status is raised as its problem at once."""
+        attempt, waited = 0, 0.0
+        while True:
+            busy: httpx.Response | None = None
+            came = False
+            try:
+                with self._http.stream("GET", path, params=params, headers=headers(),
+                                       timeout=httpx.Timeout(30.0, read=None)) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        if response.status_code not in _RETRY_STATUS:
+                            raise self._error(response)
+                        busy = response
+                    else:
+                        for line in response.iter_lines():
+                            came, attempt, waited = True, 0, 0.0
+                            yield line
+                if came:
+                    continue  # the server ended it (its age limit): resumed at once
+                failure = (self._error(busy) if busy is not None else
+                           TransportError(f"remote {self.url}: the stream {path} ended before any event"))
+            except httpx.TransportError as exc:
+                failure = TransportError(f"remote {self.url}: the stream {path} dropped: {exc}")
+            if attempt >= RETRIES:
+                failure.args = (f"{failure.args[0]}; given up after {RETRIES} retries in a row",)
+                raise failure from None
+            waited = self._wait_to_retry(attempt, waited, busy, failure)
+            attempt += 1
 
     # -- the transport --------------------------------------------------------------------
 
