@@ -1095,7 +1095,7 @@ def _path_state(path: PathChecker) -> tuple:
     run = w.run
     return (
         [e.id for e in path.path],
-        dict(path._depth),
+        {eid: path._depth_at(eid) for eid in path.order},
         [e.id for e in w.path],
         sorted(w.on_path),
         list(w.last_resp),

@@ -41,6 +41,7 @@ import gc
 import json
 import re
 import weakref
+from array import array
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import field
@@ -51,7 +52,7 @@ from ..lean import dataclass
 from .canonical import loads, loads_flagged
 from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
 from .context import DIAGNOSE_LIMIT, Context, ContextBuilder, RequestCheck, RequestReport, check_tip
-from .entry import ENTRY_ID, LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
+from .entry import LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
 from .links import derived_note, link_notes, own_entries, store_note
 from .runs import Inbox, RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, open_source_message
@@ -640,6 +641,14 @@ class PathChecker:
         self.walker = RecordWalker(header, report=report, seq=self.seq)
         self.builder = ContextBuilder()
         self.path: list[Entry] = []
+        #: Each entry's depth on its path (fixed: its parent's and one), by its place in
+        #: the order (``seq``) less :attr:`_depths_from`: an entry stands on the path when
+        #: the path holds it at that depth (:meth:`_depth_at`). Machine integers, written
+        #: once an entry, never undone by a pop: not a map of the path's ids kept in step
+        #: with every move (a long linear path held an int and a map slot an entry).
+        self._depths: array[int] = array("i")
+        self._depths_from = 0
+        #: Depths of entries the order's array does not number (a restored checker's tip).
         self._depth: dict[str, int] = {}
         #: Every response's check, in the order added.
         self.requests: dict[str, RequestCheck] = {}
@@ -695,7 +704,6 @@ class PathChecker:
         if t is None:
             t = e.data.get("type")
         path = self.path
-        self._depth[e.id] = len(path)
         path.append(e)
         w = self.walker
         w.push(e, t)
@@ -721,9 +729,23 @@ class PathChecker:
                        f"{json.dumps(b.unresolved_of)}, which its path cannot resolve; the element is kept as "
                        "written, which is not corruption")
 
+    def _depth_at(self, entry_id: str) -> int | None:
+        """Where ``entry_id`` stands on the path (its depth), None when it is not on it."""
+        s = dict.get(self.seq, entry_id)  # (a plain lookup: a restored order's entries are not numbered here)
+        d: int | None = None
+        if s is not None:
+            i = s - self._depths_from
+            if 0 <= i < len(self._depths):
+                d = self._depths[i]
+        if d is None:
+            d = self._depth.get(entry_id)
+        path = self.path
+        if d is None or not 0 <= d < len(path) or path[d].id != entry_id:
+            return None
+        return d
+
     def _pop(self) -> None:
-        e = self.path.pop()
-        del self._depth[e.id]
+        self.path.pop()
         self.walker.pop()
         self.builder.pop()
 
@@ -736,13 +758,6 @@ class PathChecker:
             while len(path) > keep:
                 self._pop()
             return
-        depth = self._depth
-        if len(path) - keep > keep and len(depth) == len(path):  # (a restored path maps its tip alone)
-            depth.clear()
-            depth.update(zip(map(ENTRY_ID, path[:keep]), range(keep)))
-        else:
-            for e in path[keep:]:
-                del depth[e.id]
         del path[keep:]
         self.walker.pop_to(keep)
         self.builder.pop_to(keep)
@@ -755,16 +770,19 @@ class PathChecker:
             return
         if path and path[-1].id == target:
             return
-        d = self._depth.get(target)
+        d = self._depth_at(target)
         if d is not None:
             self._pop_to(d + 1)
             return
         chain: list[str] = []
         x: str | None = target
-        while x is not None and x not in self._depth:
+        while x is not None:
+            d = self._depth_at(x)
+            if d is not None:
+                break
             chain.append(x)
             x = self._parent[x]
-        self._pop_to(self._depth[x] + 1 if x is not None else 0)
+        self._pop_to(d + 1 if d is not None else 0)
         for eid in reversed(chain):
             self._push(self._load(eid))
 
@@ -807,22 +825,29 @@ class PathChecker:
                 parent = entry.parent  # (Entry.parent's reading of anything else)
             held = parent is not None and parent in seq  # before this entry is: it may name itself
             order = self._order
+            depths = self._depths
+            if not depths:
+                self._depths_from = len(order)
             seq[eid] = len(order)
             order.append(eid)
+            depths.append(-1)  # (its depth once the path stands at its parent)
             if self._entries is not None:
                 self._entries[eid] = entry
             if self._trial is not None:
                 self._trial.append(entry)
+            path = self.path
             if held:
-                self._parent[eid] = parent
-                path = self.path
                 if not path or path[-1].id != parent:  # (a linear session: the parent is the tip)
                     self._goto(parent)
+                # The parent's own id, held already, not the line's copy of it: one string an
+                # entry, not two.
+                self._parent[eid] = path[-1].id
             else:
                 self._parent[eid] = None
                 if parent is not None:
                     self._cut[eid] = f"its path is cut: parent {shown_id(parent)} of line {entry.line} is not in the file"
                 self._goto(None)
+            depths[-1] = len(path)
             t = data.get("type")
             if prefix:
                 self.walker.foreign.add(eid)
@@ -841,8 +866,11 @@ class PathChecker:
         eid = entry.id
         if eid in self.seq:
             return
+        if not self._depths:
+            self._depths_from = len(self._order)
         self.seq[eid] = len(self._order)
         self._order.append(eid)
+        self._depths.append(-1)  # (never on the path)
         if prefix:
             self.walker.foreign.add(eid)
         t = entry.data.get("type")
@@ -958,10 +986,8 @@ class PathChecker:
             calls.append(w.info(c))
             if tidy is not None:
                 tidy()
-        on_path = self._depth
-
         def here(p: Problem) -> bool:
-            return p.entry in on_path and RULES[p.code].scope == "record"
+            return p.entry is not None and self._depth_at(p.entry) is not None and RULES[p.code].scope == "record"
 
         problems = _by_line_code([p for p in self.problems if here(p)])
         notes = [p for p in self.notes if here(p) and p.code != "run-source-open"]
@@ -1017,6 +1043,7 @@ class PathChecker:
                 self._entries.pop(eid, None)
         self.walker.forget(gone, calls_checked)
         del self._order[n:]
+        del self._depths[max(0, n - self._depths_from):]
         if self._trial is not None:
             del self._trial[trial:]
         while len(self._rebuilt) > rebuilt:
