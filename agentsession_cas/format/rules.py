@@ -585,6 +585,45 @@ class OpenRun(NamedTuple):
     pending: tuple[str, ...]
 
 
+class _PathIndex:
+    """A :class:`PathChecker`'s context builder's ``index`` (id -> place on the path, for
+    the entries on it): the checker's :meth:`PathChecker._depth_at`, since the builder's
+    path is the checker's. The builder's writes to it are let go: nothing is kept. (The
+    checker is reached through a weak reference: it holds the builder, which holds this.)"""
+
+    __slots__ = ("_checker",)
+
+    def __init__(self, checker: weakref.ref[PathChecker]):
+        self._checker = checker
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        checker = self._checker()
+        assert checker is not None  # the builder lives only as long as its checker
+        d = checker._depth_at(key) if isinstance(key, str) else None
+        return default if d is None else d
+
+    def __getitem__(self, key: Any) -> int:
+        d = self.get(key)
+        if d is None:
+            raise KeyError(key)
+        return d
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None
+
+    def __setitem__(self, key: Any, value: int) -> None:
+        pass
+
+    def __delitem__(self, key: Any) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+    def update(self, *args: Any) -> None:
+        pass
+
+
 #: Pops :meth:`PathChecker._pop_to` makes one by one; more are undone at once.
 _FEW_POPS = 8
 
@@ -625,7 +664,10 @@ class PathChecker:
         self._order: list[str] = []
         self._loader = loader
         self._entries: dict[str, Entry] | None = {} if loader is None else None
-        #: The parent each entry hangs from on its path (None: a root, cut or not).
+        #: The parent each entry hangs from on its path, as the parent's place in the order
+        #: (-1: a root, cut or not), by the entry's place as :attr:`_depths` (:meth:`_parent_of`).
+        self._parents: array[int] = array("i")
+        #: Parents of entries the order's arrays do not number (a restored checker's).
         self._parent: dict[str, str | None] = {}
         #: Why the path from each cut root cannot be rebuilt.
         self._cut: dict[str, str] = {}
@@ -640,9 +682,13 @@ class PathChecker:
 
         self.walker = RecordWalker(header, report=report, seq=self.seq)
         self.builder = ContextBuilder()
+        # The builder's path is this checker's, pushed and popped with it: where an entry
+        # stands on it is read off the checker's depths, not kept in a map of its own.
+        self.builder.index = _PathIndex(me)  # type: ignore[assignment]  # (what the builder asks of a dict)
         self.path: list[Entry] = []
         #: Each entry's depth on its path (fixed: its parent's and one), by its place in
-        #: the order (``seq``) less :attr:`_depths_from`: an entry stands on the path when
+        #: the order (``seq``) less :attr:`_depths_from` (the place of the first entry these
+        #: arrays number: 0, but a restored checker's first added): an entry stands on the path when
         #: the path holds it at that depth (:meth:`_depth_at`). Machine integers, written
         #: once an entry, never undone by a pop: not a map of the path's ids kept in step
         #: with every move (a long linear path held an int and a map slot an entry).
@@ -703,11 +749,10 @@ class PathChecker:
         """Push ``e`` (of type ``t``, read from it when not given) on the path."""
         if t is None:
             t = e.data.get("type")
-        path = self.path
-        path.append(e)
+        self.builder.push(e, t)  # (first: its index reads the path, which does not hold ``e`` yet)
+        self.path.append(e)
         w = self.walker
         w.push(e, t)
-        self.builder.push(e, t)
         if t == "response" or t == "compaction" or t == "config":  # (the rest bring nothing more here)
             self._pushed(e, t)
         run = w.run
@@ -743,6 +788,14 @@ class PathChecker:
         if d is None or not 0 <= d < len(path) or path[d].id != entry_id:
             return None
         return d
+
+    def _parent_of(self, entry_id: str) -> str | None:
+        """The parent ``entry_id`` (an entry added) hangs from on its path: None for a root."""
+        i = self.seq[entry_id] - self._depths_from
+        if 0 <= i < len(self._parents):
+            p = self._parents[i]
+            return None if p < 0 else self._order[p]
+        return self._parent[entry_id]
 
     def _pop(self) -> None:
         self.path.pop()
@@ -781,7 +834,7 @@ class PathChecker:
             if d is not None:
                 break
             chain.append(x)
-            x = self._parent[x]
+            x = self._parent_of(x)
         self._pop_to(d + 1 if d is not None else 0)
         for eid in reversed(chain):
             self._push(self._load(eid))
@@ -831,6 +884,8 @@ class PathChecker:
             seq[eid] = len(order)
             order.append(eid)
             depths.append(-1)  # (its depth once the path stands at its parent)
+            parents = self._parents
+            parents.append(-1)
             if self._entries is not None:
                 self._entries[eid] = entry
             if self._trial is not None:
@@ -839,11 +894,8 @@ class PathChecker:
             if held:
                 if not path or path[-1].id != parent:  # (a linear session: the parent is the tip)
                     self._goto(parent)
-                # The parent's own id, held already, not the line's copy of it: one string an
-                # entry, not two.
-                self._parent[eid] = path[-1].id
+                parents[-1] = seq[path[-1].id]  # (the parent, now the tip)
             else:
-                self._parent[eid] = None
                 if parent is not None:
                     self._cut[eid] = f"its path is cut: parent {shown_id(parent)} of line {entry.line} is not in the file"
                 self._goto(None)
@@ -871,6 +923,7 @@ class PathChecker:
         self.seq[eid] = len(self._order)
         self._order.append(eid)
         self._depths.append(-1)  # (never on the path)
+        self._parents.append(-1)
         if prefix:
             self.walker.foreign.add(eid)
         t = entry.data.get("type")
@@ -903,9 +956,10 @@ class PathChecker:
             self.seen_before_finish = len(self._seen_log)
         try:
             if self._open:
-                parents = {p for p in self._parent.values() if p is not None}
+                parents = set(self._parents)
+                seq = self.seq
                 for eid, (start, run_id) in list(self._open.items()):
-                    if eid not in parents:
+                    if seq[eid] not in parents:
                         self._report(start, "run-source-open", open_source_message(run_id))
         finally:
             self._out = None
@@ -948,7 +1002,7 @@ class PathChecker:
             x = leaf
             while x is not None:
                 chain.append(x)
-                x = self._parent[x]
+                x = self._parent_of(x)
             inbox = Inbox()  # fed as the path is pushed: each entry read once
             given = iter(path) if path is not None else None
             for eid in reversed(chain):
@@ -1035,7 +1089,6 @@ class PathChecker:
         for e in gone:
             eid = e.id
             del seq[eid]
-            del self._parent[eid]
             self._cut.pop(eid, None)
             self.requests.pop(eid, None)
             self._open.pop(eid, None)
@@ -1044,6 +1097,7 @@ class PathChecker:
         self.walker.forget(gone, calls_checked)
         del self._order[n:]
         del self._depths[max(0, n - self._depths_from):]
+        del self._parents[max(0, n - self._depths_from):]
         if self._trial is not None:
             del self._trial[trial:]
         while len(self._rebuilt) > rebuilt:
