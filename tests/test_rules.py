@@ -1095,7 +1095,7 @@ def _path_state(path: PathChecker) -> tuple:
     run = w.run
     return (
         [e.id for e in path.path],
-        dict(path._depth),
+        {eid: path._depth_at(eid) for eid in path.order},
         [e.id for e in w.path],
         sorted(w.on_path),
         list(w.last_resp),
@@ -1109,7 +1109,7 @@ def _path_state(path: PathChecker) -> tuple:
         len(w._undo),
         list(w._marks),
         [e.id for e in b.path],
-        dict(b.index),
+        {eid: b.index.get(eid) for eid in path.order},
         list(b._models),
         (b.settings.model, b.settings.request_split(), repr(b.settings.omit), b.settings.omitted),
         b.compaction,

@@ -1077,7 +1077,12 @@ class ContextBuilder:
         self.error: str | None = None
         #: The ``of`` of an omitted ``keep`` in the config just pushed that the path cannot resolve.
         self.unresolved_of: str | None = None
-        self._undo: list[tuple] = []
+        #: What each push changed, by position: the item count before it, an int alone
+        #: when that is all (an entry first pushed, not a config nor a compaction: nearly
+        #: every one, and a long path keeps one each: an int, not a pair holding one), else
+        #: ``(previous index or None, item count)`` and, for a config or a compaction, the
+        #: settings, item list, compaction and error it replaced.
+        self._undo: list[int | tuple] = []
 
     # -- walking --------------------------------------------------------------
 
@@ -1094,9 +1099,10 @@ class ContextBuilder:
         if t == "config" or t == "compaction":
             self._undo.append((index.get(eid), len(items), self.settings, self._raw, self.compaction, self.error))
         else:
-            # Only a config or a compaction changes the rest; a pair of atomic values is
-            # one the collector stops tracking, and a long path keeps one per entry.
-            self._undo.append((index.get(eid), len(items)))
+            # Only a config or a compaction changes the rest; an entry pushed for the first
+            # time (not on the path already) leaves its item count alone.
+            prev = index.get(eid)
+            self._undo.append(len(items) if prev is None else (prev, len(items)))
         path.append(entry)
         index[eid] = pos
         self.unresolved_of = None
@@ -1149,10 +1155,13 @@ class ContextBuilder:
         entry = self.path.pop()
         self._models.pop()
         undo = self._undo.pop()
-        prev_index, n = undo[0], undo[1]
         raw = self._raw
-        if len(undo) > 2:
-            self.settings, raw, self.compaction, self.error = undo[2:]
+        if isinstance(undo, int):
+            prev_index, n = None, undo
+        else:
+            prev_index, n = undo[0], undo[1]
+            if len(undo) > 2:
+                self.settings, raw, self.compaction, self.error = undo[2:]
         if prev_index is None:
             del self.index[entry.id]
         else:
@@ -1181,7 +1190,7 @@ class ContextBuilder:
             index.update(zip(map(ENTRY_ID, path[:keep]), range(keep)))
         else:
             for entry, undo in zip(reversed(path[keep:]), reversed(undos), strict=True):
-                if undo[0] is None:
+                if isinstance(undo, int) or undo[0] is None:
                     del index[entry.id]
                 else:
                     index[entry.id] = undo[0]
@@ -1189,10 +1198,11 @@ class ContextBuilder:
         del self._models[keep:]
         del self._undo[keep:]
         for undo in undos:
-            if len(undo) > 2:
+            if not isinstance(undo, int) and len(undo) > 2:
                 self.settings, self._raw, self.compaction, self.error = undo[2:]
                 break
-        self._raw.truncate(undos[0][1])
+        first = undos[0]
+        self._raw.truncate(first if isinstance(first, int) else first[1])
         self.unresolved_of = None
 
     def settings_positions(self, start: int = 0) -> list[int]:
@@ -1202,7 +1212,7 @@ class ContextBuilder:
         undo = self._undo
         if self.compaction is not None:
             start = max(start, self.compaction[0])
-        return [i for i in range(start, len(undo)) if len(undo[i]) > 2]
+        return [i for i in range(start, len(undo)) if (u := undo[i]).__class__ is tuple and len(u) > 2]
 
     def extend(self, entries: Iterable[Entry]) -> ContextBuilder:
         for e in entries:

@@ -41,6 +41,7 @@ import gc
 import json
 import re
 import weakref
+from array import array
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import field
@@ -51,7 +52,7 @@ from ..lean import dataclass
 from .canonical import loads, loads_flagged
 from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
 from .context import DIAGNOSE_LIMIT, Context, ContextBuilder, RequestCheck, RequestReport, check_tip
-from .entry import ENTRY_ID, LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
+from .entry import LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
 from .links import derived_note, link_notes, own_entries, store_note
 from .runs import Inbox, RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, open_source_message
@@ -584,6 +585,45 @@ class OpenRun(NamedTuple):
     pending: tuple[str, ...]
 
 
+class _PathIndex:
+    """A :class:`PathChecker`'s context builder's ``index`` (id -> place on the path, for
+    the entries on it): the checker's :meth:`PathChecker._depth_at`, since the builder's
+    path is the checker's. The builder's writes to it are let go: nothing is kept. (The
+    checker is reached through a weak reference: it holds the builder, which holds this.)"""
+
+    __slots__ = ("_checker",)
+
+    def __init__(self, checker: weakref.ref[PathChecker]):
+        self._checker = checker
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        checker = self._checker()
+        assert checker is not None  # the builder lives only as long as its checker
+        d = checker._depth_at(key) if isinstance(key, str) else None
+        return default if d is None else d
+
+    def __getitem__(self, key: Any) -> int:
+        d = self.get(key)
+        if d is None:
+            raise KeyError(key)
+        return d
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None
+
+    def __setitem__(self, key: Any, value: int) -> None:
+        pass
+
+    def __delitem__(self, key: Any) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+    def update(self, *args: Any) -> None:
+        pass
+
+
 #: Pops :meth:`PathChecker._pop_to` makes one by one; more are undone at once.
 _FEW_POPS = 8
 
@@ -624,7 +664,10 @@ class PathChecker:
         self._order: list[str] = []
         self._loader = loader
         self._entries: dict[str, Entry] | None = {} if loader is None else None
-        #: The parent each entry hangs from on its path (None: a root, cut or not).
+        #: The parent each entry hangs from on its path, as the parent's place in the order
+        #: (-1: a root, cut or not), by the entry's place as :attr:`_depths` (:meth:`_parent_of`).
+        self._parents: array[int] = array("i")
+        #: Parents of entries the order's arrays do not number (a restored checker's).
         self._parent: dict[str, str | None] = {}
         #: Why the path from each cut root cannot be rebuilt.
         self._cut: dict[str, str] = {}
@@ -639,7 +682,19 @@ class PathChecker:
 
         self.walker = RecordWalker(header, report=report, seq=self.seq)
         self.builder = ContextBuilder()
+        # The builder's path is this checker's, pushed and popped with it: where an entry
+        # stands on it is read off the checker's depths, not kept in a map of its own.
+        self.builder.index = _PathIndex(me)  # type: ignore[assignment]  # (what the builder asks of a dict)
         self.path: list[Entry] = []
+        #: Each entry's depth on its path (fixed: its parent's and one), by its place in
+        #: the order (``seq``) less :attr:`_depths_from` (the place of the first entry these
+        #: arrays number: 0, but a restored checker's first added): an entry stands on the path when
+        #: the path holds it at that depth (:meth:`_depth_at`). Machine integers, written
+        #: once an entry, never undone by a pop: not a map of the path's ids kept in step
+        #: with every move (a long linear path held an int and a map slot an entry).
+        self._depths: array[int] = array("i")
+        self._depths_from = 0
+        #: Depths of entries the order's array does not number (a restored checker's tip).
         self._depth: dict[str, int] = {}
         #: Every response's check, in the order added.
         self.requests: dict[str, RequestCheck] = {}
@@ -694,12 +749,10 @@ class PathChecker:
         """Push ``e`` (of type ``t``, read from it when not given) on the path."""
         if t is None:
             t = e.data.get("type")
-        path = self.path
-        self._depth[e.id] = len(path)
-        path.append(e)
+        self.builder.push(e, t)  # (first: its index reads the path, which does not hold ``e`` yet)
+        self.path.append(e)
         w = self.walker
         w.push(e, t)
-        self.builder.push(e, t)
         if t == "response" or t == "compaction" or t == "config":  # (the rest bring nothing more here)
             self._pushed(e, t)
         run = w.run
@@ -721,9 +774,31 @@ class PathChecker:
                        f"{json.dumps(b.unresolved_of)}, which its path cannot resolve; the element is kept as "
                        "written, which is not corruption")
 
+    def _depth_at(self, entry_id: str) -> int | None:
+        """Where ``entry_id`` stands on the path (its depth), None when it is not on it."""
+        s = dict.get(self.seq, entry_id)  # (a plain lookup: a restored order's entries are not numbered here)
+        d: int | None = None
+        if s is not None:
+            i = s - self._depths_from
+            if 0 <= i < len(self._depths):
+                d = self._depths[i]
+        if d is None:
+            d = self._depth.get(entry_id)
+        path = self.path
+        if d is None or not 0 <= d < len(path) or path[d].id != entry_id:
+            return None
+        return d
+
+    def _parent_of(self, entry_id: str) -> str | None:
+        """The parent ``entry_id`` (an entry added) hangs from on its path: None for a root."""
+        i = self.seq[entry_id] - self._depths_from
+        if 0 <= i < len(self._parents):
+            p = self._parents[i]
+            return None if p < 0 else self._order[p]
+        return self._parent[entry_id]
+
     def _pop(self) -> None:
-        e = self.path.pop()
-        del self._depth[e.id]
+        self.path.pop()
         self.walker.pop()
         self.builder.pop()
 
@@ -736,13 +811,6 @@ class PathChecker:
             while len(path) > keep:
                 self._pop()
             return
-        depth = self._depth
-        if len(path) - keep > keep and len(depth) == len(path):  # (a restored path maps its tip alone)
-            depth.clear()
-            depth.update(zip(map(ENTRY_ID, path[:keep]), range(keep)))
-        else:
-            for e in path[keep:]:
-                del depth[e.id]
         del path[keep:]
         self.walker.pop_to(keep)
         self.builder.pop_to(keep)
@@ -755,16 +823,19 @@ class PathChecker:
             return
         if path and path[-1].id == target:
             return
-        d = self._depth.get(target)
+        d = self._depth_at(target)
         if d is not None:
             self._pop_to(d + 1)
             return
         chain: list[str] = []
         x: str | None = target
-        while x is not None and x not in self._depth:
+        while x is not None:
+            d = self._depth_at(x)
+            if d is not None:
+                break
             chain.append(x)
-            x = self._parent[x]
-        self._pop_to(self._depth[x] + 1 if x is not None else 0)
+            x = self._parent_of(x)
+        self._pop_to(d + 1 if d is not None else 0)
         for eid in reversed(chain):
             self._push(self._load(eid))
 
@@ -807,22 +878,28 @@ class PathChecker:
                 parent = entry.parent  # (Entry.parent's reading of anything else)
             held = parent is not None and parent in seq  # before this entry is: it may name itself
             order = self._order
+            depths = self._depths
+            if not depths:
+                self._depths_from = len(order)
             seq[eid] = len(order)
             order.append(eid)
+            depths.append(-1)  # (its depth once the path stands at its parent)
+            parents = self._parents
+            parents.append(-1)
             if self._entries is not None:
                 self._entries[eid] = entry
             if self._trial is not None:
                 self._trial.append(entry)
+            path = self.path
             if held:
-                self._parent[eid] = parent
-                path = self.path
                 if not path or path[-1].id != parent:  # (a linear session: the parent is the tip)
                     self._goto(parent)
+                parents[-1] = seq[path[-1].id]  # (the parent, now the tip)
             else:
-                self._parent[eid] = None
                 if parent is not None:
                     self._cut[eid] = f"its path is cut: parent {shown_id(parent)} of line {entry.line} is not in the file"
                 self._goto(None)
+            depths[-1] = len(path)
             t = data.get("type")
             if prefix:
                 self.walker.foreign.add(eid)
@@ -841,8 +918,12 @@ class PathChecker:
         eid = entry.id
         if eid in self.seq:
             return
+        if not self._depths:
+            self._depths_from = len(self._order)
         self.seq[eid] = len(self._order)
         self._order.append(eid)
+        self._depths.append(-1)  # (never on the path)
+        self._parents.append(-1)
         if prefix:
             self.walker.foreign.add(eid)
         t = entry.data.get("type")
@@ -875,9 +956,10 @@ class PathChecker:
             self.seen_before_finish = len(self._seen_log)
         try:
             if self._open:
-                parents = {p for p in self._parent.values() if p is not None}
+                parents = set(self._parents)
+                seq = self.seq
                 for eid, (start, run_id) in list(self._open.items()):
-                    if eid not in parents:
+                    if seq[eid] not in parents:
                         self._report(start, "run-source-open", open_source_message(run_id))
         finally:
             self._out = None
@@ -920,7 +1002,7 @@ class PathChecker:
             x = leaf
             while x is not None:
                 chain.append(x)
-                x = self._parent[x]
+                x = self._parent_of(x)
             inbox = Inbox()  # fed as the path is pushed: each entry read once
             given = iter(path) if path is not None else None
             for eid in reversed(chain):
@@ -958,10 +1040,8 @@ class PathChecker:
             calls.append(w.info(c))
             if tidy is not None:
                 tidy()
-        on_path = self._depth
-
         def here(p: Problem) -> bool:
-            return p.entry in on_path and RULES[p.code].scope == "record"
+            return p.entry is not None and self._depth_at(p.entry) is not None and RULES[p.code].scope == "record"
 
         problems = _by_line_code([p for p in self.problems if here(p)])
         notes = [p for p in self.notes if here(p) and p.code != "run-source-open"]
@@ -1009,7 +1089,6 @@ class PathChecker:
         for e in gone:
             eid = e.id
             del seq[eid]
-            del self._parent[eid]
             self._cut.pop(eid, None)
             self.requests.pop(eid, None)
             self._open.pop(eid, None)
@@ -1017,6 +1096,8 @@ class PathChecker:
                 self._entries.pop(eid, None)
         self.walker.forget(gone, calls_checked)
         del self._order[n:]
+        del self._depths[max(0, n - self._depths_from):]
+        del self._parents[max(0, n - self._depths_from):]
         if self._trial is not None:
             del self._trial[trial:]
         while len(self._rebuilt) > rebuilt:

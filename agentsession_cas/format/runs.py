@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import field
 from typing import Any, Literal, get_args
@@ -446,6 +447,10 @@ _UNDO_CALL = "call"  # (kind, call entry id, its call_id): the call was pushed
 _UNDO_EVENT = "event"  # (kind, call entry id): the call's last event came
 _UNDO_OUTPUT = "output"  # (kind, call entry id): the call's output came
 _UNDO_TAKE = "take"  # (kind, run, call entry id): the run took the call up
+# The records of a call opened and of one closed by its output: one tuple each, shared by
+# every call (a long linear session keeps them for every call on its path).
+_OPENED_ONE = (_UNDO_OPEN_CALLS, 1)
+_CLOSED_ONE = (_UNDO_OPEN_CALLS, -1)
 
 
 def output_calls(path: Sequence[Any], end: int, stop: int, rid: str) -> tuple[bool, bool]:
@@ -519,7 +524,9 @@ class RecordWalker:
         #: The depth of the last response on the path at each depth (None: none above it): an
         #: int each, not the entry, so the list holds nothing the collector walks.
         self.last_resp: list[int | None] = []
-        self._marks: list[int] = []
+        #: The length of :attr:`_undo` before each push on the path: machine integers, not
+        #: an int object and a list slot each (a long linear path keeps one per entry).
+        self._marks: array[int] = array("q")
         #: What each push changed, as plain tuples ``(op, ...)`` that :meth:`pop` undoes:
         #: not closures, which cost a function, its cells and a tuple each, and every
         #: entry of a long linear session keeps its records while it is on the path
@@ -736,7 +743,7 @@ class RecordWalker:
             self.by_call_id[cid] = call
             self.call_order.append(call)
             self.open_calls += 1
-            self._undo += ((_UNDO_CALL, eid, call.call_id), (_UNDO_OPEN_CALLS, 1))
+            self._undo += ((_UNDO_CALL, eid, call.call_id), _OPENED_ONE)
             if self.run is not None:
                 self._run_takes(self.run, call)
         elif kind == "function_call_output":
@@ -758,7 +765,7 @@ class RecordWalker:
                             )
                     found.output = e
                     self.open_calls -= 1
-                    self._undo += ((_UNDO_OUTPUT, found.entry.id), (_UNDO_OPEN_CALLS, -1))
+                    self._undo += ((_UNDO_OUTPUT, found.entry.id), _CLOSED_ONE)
                 self._event(found, ("output", e.id, None, False))
             if self.run is not None:
                 self._segment_event(e, found)
