@@ -108,6 +108,14 @@ def image(blob: str, **kw: Any) -> dict[str, Any]:
             "content": [{"type": "input_image", "image_url": f"sidecar:{blob}"}]}, **kw}
 
 
+def written(st: Store, header: Header, *entries: str | dict[str, Any]) -> list[str]:
+    """Create a session, append each entry (a text: a user message), close it; the ids."""
+    s = st.create(header)
+    ids = [s.append(msg(e) if isinstance(e, str) else e).id for e in entries]
+    s.close()
+    return ids
+
+
 def exports(st: Store) -> dict[str, bytes]:
     return {sid: st.export(sid) for sid in st.list()}
 
@@ -143,15 +151,9 @@ def test_a_fork_of_a_fork_keeps_its_whole_prefix_when_both_origins_go(make_store
     included; a prefix may run through the own entries of two deleted sessions (a fork
     made at an own entry of another fork). What no log and no prefix needs goes."""
     st = make_store()
-    a = st.create(Header.new("a"))
-    a_ids = [a.append(msg(f"a{i}")).id for i in range(4)]
-    a.close()
-    f = st.create(Header.new("f", base=a_ids[1]))
-    f_ids = [f.append(msg(f"f{i}")).id for i in range(3)]
-    f.close()
-    g = st.create(Header.new("g", base=f_ids[1]))
-    g_own = g.append(msg("g0")).id
-    g.close()
+    a_ids = written(st, Header.new("a"), *(f"a{i}" for i in range(4)))
+    f_ids = written(st, Header.new("f", base=a_ids[1]), *(f"f{i}" for i in range(3)))
+    [g_own] = written(st, Header.new("g", base=f_ids[1]), "g0")
     export_g = st.export("g")
     st.delete("a")
     st.delete("f")
@@ -174,12 +176,8 @@ def test_blobs_named_on_a_prefix_are_kept_when_its_session_goes(make_store):
     the blobs it names stay when the session that appended it is deleted."""
     st = make_store()
     above, at_base, below = (st.put_blob(f"blob {i}".encode()) for i in range(3))
-    a = st.create(Header.new("a", media="sidecar"))
-    ids = [a.append(image(above)).id, a.append(image(at_base)).id, a.append(image(below)).id]
-    a.close()
-    f = st.create(Header.new("f", base=ids[1], media="sidecar"))
-    f.append(msg("own"))
-    f.close()
+    ids = written(st, Header.new("a", media="sidecar"), image(above), image(at_base), image(below))
+    written(st, Header.new("f", base=ids[1], media="sidecar"), "own")
     export_f = st.export("f")
     st.delete("a")
     sweep(make_store, st, grace=0)
@@ -198,12 +196,8 @@ def test_a_content_shared_with_a_deleted_session_stays_with_its_blob(make_store)
     st = make_store()
     blob = st.put_blob(b"shared media")
     body = image(blob)
-    gone = st.create(Header.new("gone", media="sidecar"))
-    gone_id = gone.append(dict(body, ts=ts())).id
-    gone.close()
-    live = st.create(Header.new("live", media="sidecar"))
-    live_id = live.append(dict(body, ts=ts())).id
-    live.close()
+    [gone_id] = written(st, Header.new("gone", media="sidecar"), dict(body, ts=ts()))
+    [live_id] = written(st, Header.new("live", media="sidecar"), dict(body, ts=ts()))
     content = st.envelope(live_id)["content"]
     assert st.envelope(gone_id)["content"] == content
     st.delete("gone")
@@ -277,12 +271,8 @@ def test_refs_retain_nothing_and_survive_a_sweep(make_store):
     objects: a ref to a deleted session keeps none of its objects, and a sweep leaves
     the refs as they were (the dangling one still dangling)."""
     st = make_store()
-    s = st.create(Header.new("s"))
-    ids = [s.append(msg(f"m{i}")).id for i in range(2)]
-    s.close()
-    t = st.create(Header.new("t"))
-    t.append(msg("t0"))
-    t.close()
+    ids = written(st, Header.new("s"), "m0", "m1")
+    written(st, Header.new("t"), "t0")
     refs = Refs(st)
     refs.update("chat/gone", "s", expected=None)
     refs.update("chat/kept", "t", expected=None)
@@ -306,15 +296,9 @@ def garbage(st: Store) -> dict[str, Any]:
     a fork whose origin is deleted (sidecar media on both sides), a deleted session with
     a blob of its own, and objects no content names. Returns the ids."""
     b_live, b_gone, b_prefix = (st.put_blob(f"media {i}".encode()) for i in range(3))
-    a = st.create(Header.new("a", media="sidecar"))
-    a_ids = [a.append(msg("a0")).id, a.append(image(b_prefix)).id, a.append(msg("a2")).id]
-    a.close()
-    f = st.create(Header.new("f", base=a_ids[1], media="sidecar"))
-    f_ids = [f.append(image(b_live)).id]
-    f.close()
-    d = st.create(Header.new("d", media="sidecar"))
-    d_ids = [d.append(msg("d0")).id, d.append(image(b_gone)).id]
-    d.close()
+    a_ids = written(st, Header.new("a", media="sidecar"), "a0", image(b_prefix), "a2")
+    f_ids = written(st, Header.new("f", base=a_ids[1], media="sidecar"), image(b_live))
+    d_ids = written(st, Header.new("d", media="sidecar"), "d0", image(b_gone))
     st.delete("a")
     st.delete("d")
     loose_blob = st.put_blob(b"named by nothing")
@@ -447,13 +431,9 @@ def test_a_session_made_again_under_its_id_retains_nothing_of_the_old(make_store
     """RFC 0002: a session is deleted in one step, and one created afterwards under the
     same id starts from nothing: the old log's entries are no longer retained by it."""
     st = make_store()
-    old = st.create(Header.new("s"))
-    old_ids = [old.append(msg(f"old {i}")).id for i in range(2)]
-    old.close()
+    old_ids = written(st, Header.new("s"), "old 0", "old 1")
     st.delete("s")
-    new = st.create(Header.new("s"))
-    new_ids = [new.append(msg(f"new {i}")).id for i in range(2)]
-    new.close()
+    new_ids = written(st, Header.new("s"), "new 0", "new 1")
     export = st.export("s")
     res = sweep(make_store, st, grace=0)
     where = served(make_store, st)
@@ -516,12 +496,8 @@ def test_what_a_repair_kept_aside_goes_with_its_session(make_store):
     if make_store.name not in ("file", "postgresql"):
         pytest.skip(f"{make_store.name}: no log to damage from outside")
     st = make_store()
-    s = st.create(Header.new("hurt"))
-    ids = [s.append(msg(f"hurt {i}")).id for i in range(4)]
-    s.close()
-    keep = st.create(Header.new("keep"))
-    keep.append(msg("keep"))
-    keep.close()
+    ids = written(st, Header.new("hurt"), *(f"hurt {i}" for i in range(4)))
+    written(st, Header.new("keep"), "keep")
     _damage_second_append(make_store, st, "hurt")
     report = repair_session(st, "hurt")
     assert report.repaired and report.damaged_log
