@@ -27,11 +27,9 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     )
     from .format.canonical import canonical_bytes, loads
     from .format.context import (
-        Context,
         ContextBuilder,
         ContextHasher,
         RequestCheck,
-        RequestReport,
         Settings,
         build_context,
         canonical_request,
@@ -46,6 +44,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, ParentRef, make_entry, short_id
     from .format.hashing import content_hash, entry_hashes, is_hash
     from .format.reader import SessionFile, read_session, read_session_bytes
+    from .format.results import CallInfo, Context, RecordsCheck, RequestReport, RunInfo, RunsReport, VerifyReport
     from .format.rules import (
         RULES,
         OpenRun,
@@ -54,14 +53,13 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
         SessionChecker,
         TreeState,
         Trial,
-        VerifyReport,
         analyze_runs,
         check_line,
         verify_records,
         verify_requests,
         verify_session,
     )
-    from .format.runs import CallInfo, RecordsCheck, RunInfo, RunsReport, render_runs
+    from .format.runs import render_runs
     from .format.timestamps import check_ts, format_ts, is_valid_ts, now_ts
     from .format.tree import Tree
     from .format.writer import SessionBuilder, session_bytes, write_session
@@ -147,8 +145,8 @@ __all__ = [
 _EXPORTS: dict[str, str] = {
     "AgentSessionError": ".errors",
     "AppendResult": ".store",
-    "CallInfo": ".format.runs",
-    "Context": ".format.context",
+    "CallInfo": ".format.results",
+    "Context": ".format.results",
     "ContextBuilder": ".format.context",
     "ContextError": ".errors",
     "ContextHasher": ".format.context",
@@ -165,12 +163,12 @@ _EXPORTS: dict[str, str] = {
     "PreparedBatch": ".store",
     "Problem": ".errors",
     "RULES": ".format.rules",
-    "RecordsCheck": ".format.runs",
+    "RecordsCheck": ".format.results",
     "RequestCheck": ".format.context",
-    "RequestReport": ".format.context",
+    "RequestReport": ".format.results",
     "Rule": ".format.rules",
-    "RunInfo": ".format.runs",
-    "RunsReport": ".format.runs",
+    "RunInfo": ".format.results",
+    "RunsReport": ".format.results",
     "Session": ".store",
     "SessionBuilder": ".format.writer",
     "SessionChecker": ".format.rules",
@@ -182,7 +180,7 @@ _EXPORTS: dict[str, str] = {
     "Tree": ".format.tree",
     "TreeState": ".format.rules",
     "Trial": ".format.rules",
-    "VerifyReport": ".format.rules",
+    "VerifyReport": ".format.results",
     "analyze_runs": ".format.rules",
     "build_context": ".format.context",
     "canonical_bytes": ".format.canonical",

@@ -11,12 +11,21 @@ compares the fields of two instances of the same class, a frozen class hashes it
 compared fields and an unfrozen one is unhashable, and a method the class defines
 itself is kept. Any option beyond ``frozen``, ``slots``, ``kw_only`` and ``init`` goes
 to the standard decorator unchanged.
+
+A frozen class's ``__setattr__`` and ``__delattr__``, which the standard decorator also
+compiles for each (two of the three functions it compiles for a frozen class), are
+closures made by :func:`_frozen_methods` instead, of the same code: the standard
+decorator is handed it in place of its own maker for the time it makes a lean class
+(Python 3.11 and 3.12, whose maker has that shape; 3.13 compiles a class's functions
+together, and keeps its own). ``agentsession append`` makes a dozen frozen classes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import reprlib
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, dataclass_transform, overload
 
@@ -47,9 +56,44 @@ def _repr(self: Any) -> str:
     return f"{self.__class__.__qualname__}({shown})"
 
 
+def _frozen_methods(cls: Any, fields: list[dataclasses.Field], _globals: Any = None) -> tuple[Callable, Callable]:
+    """A frozen class's ``__setattr__`` and ``__delattr__``, as the standard decorator's
+    ``_frozen_get_del_attr`` makes them (``FrozenInstanceError`` for the class's own
+    instances and for its fields, else the next class's method), without compiling."""
+    names = tuple(f.name for f in fields)
+
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        if type(self) is cls or name in names:
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+        super(cls, self).__setattr__(name, value)
+
+    def __delattr__(self: Any, name: str) -> None:
+        if type(self) is cls or name in names:
+            raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+        super(cls, self).__delattr__(name)
+
+    return __setattr__, __delattr__
+
+
+#: Whether the standard decorator's maker of a frozen class's methods is the one
+#: :func:`_frozen_methods` stands in for (``(cls, fields, globals)`` -> the two functions).
+_SHARES_FROZEN = sys.version_info < (3, 13) and hasattr(dataclasses, "_frozen_get_del_attr")
+_swapping = threading.Lock()
+
+
 def _lean(cls: _T, options: dict[str, Any]) -> _T:
     own = cls.__dict__
-    out: Any = dataclasses.dataclass(cls, repr=False, eq=False, **options)
+    out: Any
+    if options.get("frozen") and _SHARES_FROZEN:
+        with _swapping:
+            standard = dataclasses._frozen_get_del_attr  # type: ignore[attr-defined]
+            dataclasses._frozen_get_del_attr = _frozen_methods  # type: ignore[attr-defined]
+            try:
+                out = dataclasses.dataclass(cls, repr=False, eq=False, **options)
+            finally:
+                dataclasses._frozen_get_del_attr = standard  # type: ignore[attr-defined]
+    else:
+        out = dataclasses.dataclass(cls, repr=False, eq=False, **options)
     if "__repr__" not in own:
         out.__repr__ = _repr
     if "__eq__" not in own:

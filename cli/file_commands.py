@@ -24,7 +24,6 @@ from agentsession_cas.errors import ContextError, ContinuationError, Problem
 from agentsession_cas.format.codes import problem
 from agentsession_cas.format.context import (
     NULL_CONTEXT_HASH,
-    Context,
     ContextBuilder,
     ContextHasher,
     build_context,
@@ -32,8 +31,9 @@ from agentsession_cas.format.context import (
 from agentsession_cas.format.entry import Entry, Header
 from agentsession_cas.format.links import CalleeLink, render_links, successor_of
 from agentsession_cas.format.reader import Parking, split_lines, verify_bytes, verify_file
-from agentsession_cas.format.rules import RULES, VerifyReport, parse_line
-from agentsession_cas.format.runs import RunsReport, render_runs
+from agentsession_cas.format.results import Context, RunsReport, VerifyReport
+from agentsession_cas.format.rules import RULES, parse_line
+from agentsession_cas.format.runs import render_runs
 from agentsession_cas.store import Session
 from agentsession_cas.store.session import ProjectionOutline
 from agentsession_cas.store.showing import OnEntry, PathWalk, ShowRead, path_links

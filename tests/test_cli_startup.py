@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import click
+import pytest
 
 from agentsession_cli.main import LAZY_COMMANDS, main
 
@@ -163,8 +164,8 @@ def test_the_script_ends_at_once_after_an_import_and_only_then(tmp_path):
 #: The rules' table (``format.codes``, its ``Rule`` rows built at import), loaded where an
 #: entry, a header or a link is checked: an append loads it with the rule set, head and list
 #: check nothing. ``format.normalise``, only for an entry that records normalising.
-NOT_FOR_READING = ("agentsession_cas.format.codes", "agentsession_cas.format.normalise")
-NOT_FOR_APPENDING = ("agentsession_cas.format.normalise",)
+NOT_FOR_READING = ("agentsession_cas.format.codes", "agentsession_cas.format.normalise", "agentsession_cas.format.results")
+NOT_FOR_APPENDING = ("agentsession_cas.format.normalise", "agentsession_cas.format.results")
 
 
 def test_head_list_and_append_load_nothing_they_do_not_use(tmp_path):
@@ -192,3 +193,54 @@ def test_head_list_and_append_load_nothing_they_do_not_use(tmp_path):
         )
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         assert r.stderr.split() == [], (argv, r.stderr)
+
+
+def test_append_builds_no_class_only_a_report_uses(tmp_path):
+    """Every ``@dataclass`` costs start-up (its methods compiled at import): what only a
+    report holds (a built context, a runs report, a verify report: ``format/results.py``)
+    is not made by an append, which checks its entry and reports none of them."""
+    from agentsession_cas.format import results
+
+    root, sid = _small_store(tmp_path)
+    entry = tmp_path / "entry.json"
+    entry.write_text('{"type":"config","model":"m"}')
+    code = (
+        "import dataclasses, sys\n"
+        "made = []\n"
+        "standard = dataclasses._process_class\n"
+        "def counted(cls, *args):\n"
+        "    made.append(cls.__qualname__)\n"
+        "    return standard(cls, *args)\n"
+        "dataclasses._process_class = counted\n"
+        f"sys.stdin = open({str(entry)!r})\n"
+        "from agentsession_cli.main import main\n"
+        "try:\n"
+        f"    main({['--store', root, 'append', sid]!r})\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print(' '.join(made), file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    made = set(r.stderr.split())
+    assert "AppendResult" in made  # (the count saw the append's own classes)
+    assert not made & set(results.__all__), sorted(made & set(results.__all__))
+
+
+def test_what_moved_to_results_is_importable_where_it_was():
+    """The classes moved to ``format/results.py`` are the same objects from the modules
+    that held them before (and from the package), loaded on first use."""
+    import agentsession_cas
+    from agentsession_cas.format import context, results, rules, runs
+
+    where = {context: ("Context", "OmittedItem", "ReplacedItem", "RequestReport"),
+             runs: ("CallEvent", "CallInfo", "QueuedInfo", "RecordsCheck", "RunInfo", "RunsReport"),
+             rules: ("VerifyReport",)}
+    assert sorted(n for names in where.values() for n in names) == sorted(results.__all__)
+    for module, names in where.items():
+        for name in names:
+            assert getattr(module, name) is getattr(results, name), (module.__name__, name)
+            assert name in module.__all__
+    for name in ("Context", "RequestReport", "CallInfo", "RunInfo", "RunsReport", "RecordsCheck", "VerifyReport"):
+        assert getattr(agentsession_cas, name) is getattr(results, name)
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        context.Nothing  # noqa: B018

@@ -96,3 +96,61 @@ def test_lean_passes_other_options_to_the_standard_decorator():
 
     assert Ordered(1) < Ordered(2) and Ordered(1) == Ordered(1)
     assert "__lt__" in Ordered.__dict__ and "__eq__" in Ordered.__dict__
+
+
+def _frozen_said(make):
+    """What assigning and deleting attributes of frozen instances does (the error and its
+    words, or the value after): of the class, of a plain subclass, with slots too."""
+
+    @make(frozen=True)
+    class Frozen:
+        a: int
+        b: str = "x"
+
+    class Sub(Frozen):
+        pass
+
+    @make(frozen=True, slots=True)
+    class FrozenSlots:
+        a: int
+
+    def attempt(act):
+        try:
+            return ("ok", act())
+        except (AttributeError, TypeError) as exc:
+            return (type(exc).__name__, str(exc))
+
+    f, s, fs = Frozen(1), Sub(1), FrozenSlots(1)
+    said = [attempt(lambda: setattr(f, "a", 2)), attempt(lambda: setattr(f, "new", 2)),
+            attempt(lambda: delattr(f, "b")), attempt(lambda: delattr(f, "new")),
+            attempt(lambda: setattr(s, "a", 2)), attempt(lambda: setattr(s, "new", 2)), attempt(lambda: s.new),
+            attempt(lambda: delattr(s, "new")), attempt(lambda: delattr(s, "a")),
+            attempt(lambda: setattr(fs, "a", 2)), attempt(lambda: delattr(fs, "a")),
+            attempt(lambda: dataclasses.replace(f, a=5).a), attempt(lambda: (f.a, f.b, s.a, fs.a))]
+    names = [Frozen.__setattr__.__qualname__, Frozen.__delattr__.__qualname__]
+    return said, names, dataclasses.fields(Frozen) == dataclasses.fields(Frozen)
+
+
+def test_lean_frozen_classes_refuse_and_allow_as_the_standard_ones():
+    """A lean frozen class's ``__setattr__`` and ``__delattr__`` (closures, not compiled)
+    refuse and allow what the standard ones do, in the same words; the standard decorator
+    keeps its own maker for every other class."""
+    assert _frozen_said(lean.dataclass) == _frozen_said(dataclasses.dataclass)
+    standard = dataclasses._frozen_get_del_attr  # type: ignore[attr-defined]
+    assert standard.__module__ == "dataclasses"
+
+    @dataclasses.dataclass(frozen=True)
+    class Standard:
+        a: int
+
+    assert Standard.__setattr__.__code__.co_filename == "<string>"  # (compiled, as ever)
+
+
+@pytest.mark.skipif(not lean._SHARES_FROZEN, reason="Python 3.13 on: the standard maker is kept")
+def test_lean_frozen_classes_compile_no_setattr_nor_delattr():
+    @lean.dataclass(frozen=True)
+    class Frozen:
+        a: int
+
+    assert Frozen.__setattr__.__code__.co_filename == lean.__file__
+    assert Frozen.__delattr__.__code__.co_filename == lean.__file__

@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import AgentSessionError, ContextError, Problem
+from ..errors import AgentSessionError, ContextError
 from ..lean import dataclass
 from . import resumable
 from .canonical import canonical_bytes, canonical_members, member_order
@@ -73,6 +72,18 @@ __all__ = [
     "context_hash_step",
     "context_hashes",
 ]
+
+if TYPE_CHECKING:  # (in results.py, loaded on first use: below)
+    from .results import Context, OmittedItem, ReplacedItem, RequestReport
+else:
+    def __getattr__(name: str) -> Any:
+        """What moved to ``results.py`` (loaded only by what builds or reports it),
+        importable from here as before."""
+        if name in ("Context", "OmittedItem", "ReplacedItem", "RequestReport"):
+            from . import results
+
+            return getattr(results, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 #: Instruction parts are joined with one blank line (RFC 0001 "Instructions as parts").
 PART_SEPARATOR = "\n\n"
@@ -632,77 +643,6 @@ def request_hash(request: Mapping[str, Any] | bytes) -> str:
 # contexts
 
 
-@dataclass(frozen=True)
-class OmittedItem:
-    """An item entry the request leaves out, and why (``items`` or ``other_models``)."""
-
-    entry: Entry
-    reason: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"entry": self.entry.id, "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class ReplacedItem:
-    """An item entry the request sends with a placeholder in place of part of it:
-    its output (``outputs``) or ``parts`` image parts (``images``)."""
-
-    entry: Entry
-    reason: str
-    parts: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"entry": self.entry.id, "reason": self.reason}
-        if self.reason == REASON_IMAGES:
-            out["parts"] = self.parts
-        return out
-
-
-@dataclass
-class Context:
-    """What a model call at a point on a path receives, with where each item came from."""
-
-    settings: Settings
-    #: A list, or with ``ContextBuilder.context(hold_items=False)`` the items read from
-    #: their entries as each is asked for (:class:`_Items`).
-    items: Sequence[Any]
-    #: The entries the algorithm selected, in order: after a compaction, the compaction,
-    #: then the kept entries from ``first_kept`` up to it, then everything after.
-    entries: list[Entry]
-    #: Aligned with ``items``: the entry each item came from (a compaction once for its
-    #: summary and once per pinned item).
-    item_entries: list[Entry]
-    omitted: list[OmittedItem] = field(default_factory=list)
-    replaced: list[ReplacedItem] = field(default_factory=list)
-
-    def request(self) -> dict[str, Any]:
-        return canonical_request(self.settings, self.items)
-
-    def request_bytes(self) -> bytes:
-        return request_bytes(self.settings, self.items)
-
-    def request_hash(self) -> str:
-        return sha256_ref(self.request_bytes())
-
-    def as_dict(self, *, lazy: bool = False) -> dict[str, Any]:
-        """The shape of a corpus context file's value: ``settings``, ``items``,
-        ``entries``, ``item_entries``, and ``omitted``/``replaced`` when any. ``lazy``:
-        ``items`` as the context holds them (read from their entries one at a time when it
-        was built with ``hold_items=False``), for a writer that writes them one by one."""
-        out: dict[str, Any] = {
-            "settings": self.settings.as_dict(),
-            "items": self.items if lazy else list(self.items),
-            "entries": [e.id for e in self.entries],
-            "item_entries": [e.id for e in self.item_entries],
-        }
-        if self.omitted:
-            out["omitted"] = [o.as_dict() for o in self.omitted]
-        if self.replaced:
-            out["replaced"] = [r.as_dict() for r in self.replaced]
-        return out
-
-
 class _Items(Sequence[Any]):
     """A context's items read from their entries only as each is asked for: what a
     caller that parks the path's entries (:meth:`Entry.park`) takes, so the items are
@@ -804,24 +744,32 @@ def _omit_reason(c: _Contribution, settings: Settings, omit_items: frozenset[str
     return None
 
 
+#: An item entry the omit in force leaves out, and why: an ``OmittedItem``'s fields.
+_Omitted = tuple[Entry, str]
+#: An item entry sent with a placeholder, why, and how many image parts: a ``ReplacedItem``'s.
+_Replaced = tuple[Entry, str, int]
+
+
 def _apply_omit(
     raw: Sequence[_Contribution], settings: Settings, path_index: Mapping[str, int]
-) -> tuple[list[tuple[_Contribution, Any]], list[OmittedItem], list[ReplacedItem]]:
+) -> tuple[list[tuple[_Contribution, Any]], list[_Omitted], list[_Replaced]]:
     """Apply the omit in force at the end of the path to the contributions: each kept
     contribution with the item as sent (the recorded object itself when unchanged),
-    and what was left out or sent with a placeholder."""
+    and what was left out or sent with a placeholder (as tuples: a request hash, which
+    an append computes, uses none of them; :meth:`ContextBuilder.context` makes them
+    ``OmittedItem`` and ``ReplacedItem``)."""
     omit = settings.omit
     if omit.zero:
         return [(c, c.item) for c in raw], [], []
     omit_items = frozenset(omit.items)
     outputs = frozenset(omit.outputs_items)
     kept: list[tuple[_Contribution, Any]] = []
-    omitted: list[OmittedItem] = []
-    replaced: list[ReplacedItem] = []
+    omitted: list[_Omitted] = []
+    replaced: list[_Replaced] = []
     for c in raw:
         reason = _omit_reason(c, settings, omit_items)
         if reason is not None:
-            omitted.append(OmittedItem(c.entry, reason))
+            omitted.append((c.entry, reason))
             continue
         item = c.item
         if (
@@ -832,7 +780,7 @@ def _apply_omit(
             and item.get("type") == "function_call_output"
         ):
             item = {**item, "output": omit.outputs_text}
-            replaced.append(ReplacedItem(c.entry, REASON_OUTPUTS))
+            replaced.append((c.entry, REASON_OUTPUTS, 0))
         kept.append((c, item))
     images = omit.images
     if images is not None:
@@ -854,8 +802,8 @@ def _apply_omit(
         for k in sorted(by_item):
             c, item = kept[k]
             kept[k] = (c, _replace_images(item, by_item[k], images["placeholder"]))
-            replaced.append(ReplacedItem(c.entry, REASON_IMAGES, len(by_item[k])))
-        replaced.sort(key=lambda r: path_index.get(r.entry.id, -1))
+            replaced.append((c.entry, REASON_IMAGES, len(by_item[k])))
+        replaced.sort(key=lambda r: path_index.get(r[0].id, -1))
     return kept, omitted, replaced
 
 
@@ -1234,6 +1182,8 @@ class ContextBuilder:
         as they are recorded (a diagnosis, not a context the format defines).
         ``hold_items=False``: the items are read from their entries as each is asked
         for (:class:`_Items`), when no omit is in force (one is applied to all at once)."""
+        from .results import Context, OmittedItem, ReplacedItem  # (loaded where a context is built: not by an append)
+
         if self.error is not None:
             raise ContextError(self.error)
         settings = self.settings if apply_omit else self.settings.without_omit()
@@ -1242,7 +1192,8 @@ class ContextBuilder:
             return Context(self.settings, _Items(raw), self.selected_entries(), [c.entry for c in raw])
         kept, omitted, replaced = _apply_omit(self._raw.take(0, len(self._raw.items)), settings, self.index)
         return Context(
-            self.settings, [item for _, item in kept], self.selected_entries(), [c.entry for c, _ in kept], omitted, replaced
+            self.settings, [item for _, item in kept], self.selected_entries(), [c.entry for c, _ in kept],
+            [OmittedItem(*o) for o in omitted], [ReplacedItem(*r) for r in replaced],
         )
 
     def response_hash(self, *, keep_outputs: bool = False, apply_omit: bool = True) -> str:
@@ -1376,36 +1327,6 @@ class RequestCheck:
         if self.status == "error":
             return f"ERROR {self.detail}"
         return f"MISMATCH recorded {self.recorded}" + (f", {self.detail}" if self.detail else "")
-
-
-@dataclass
-class RequestReport:
-    """Every response of a session checked, in file order, with what else the walk found."""
-
-    checks: list[RequestCheck] = field(default_factory=list)
-    #: Compactions whose ``first_kept`` names no entry on their path, and failed checks.
-    problems: list[Problem] = field(default_factory=list)
-    #: Remarks that are not failures (an omitted list named by an ``of`` the path cannot resolve).
-    notes: list[Problem] = field(default_factory=list)
-
-    @property
-    def verified(self) -> int:
-        return sum(1 for c in self.checks if c.status == "ok")
-
-    @property
-    def without_hash(self) -> int:
-        return sum(1 for c in self.checks if c.status == "no-hash")
-
-    @property
-    def failed(self) -> int:
-        return sum(1 for c in self.checks if c.failed)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def counts(self) -> dict[str, int]:
-        return {"responses": len(self.checks), "verified": self.verified, "without_hash": self.without_hash, "failed": self.failed}
 
 
 #: How many mismatches of one walk get the variants that rebuild a request from

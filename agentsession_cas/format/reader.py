@@ -45,11 +45,11 @@ from .entry import Entry, Header
 from .hashing import entry_hashes
 from .legacy import migrate_entry
 from .media import SidecarNames, check_sidecars, sidecar_dir
+from .results import VerifyReport
 from .rules import (
     CORE_TYPES,
     PathChecker,
     TreeState,
-    VerifyReport,
     check_line,
     clean_entry,
     gc_paused,

@@ -44,23 +44,32 @@ import weakref
 from array import array
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import AgentSessionError, EntryError, IJSONError, Problem, SessionFormatError
 from ..lean import dataclass
 from .canonical import loads, loads_flagged
 from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
-from .context import DIAGNOSE_LIMIT, Context, ContextBuilder, RequestCheck, RequestReport, check_tip
+from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, check_tip
 from .entry import LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
 from .links import derived_note, link_notes, own_entries, store_note
-from .runs import Inbox, RecordsCheck, RecordWalker, RunReason, RunsReport, format_notes, open_source_message
+from .runs import Inbox, RecordWalker, RunReason, format_notes, open_source_message
 from .timestamps import is_valid_ts
 from .tree import head_may_rest
 
-if TYPE_CHECKING:  # the reader builds on this module
+if TYPE_CHECKING:  # the reader builds on this module; the reports are in results.py, loaded on first use (below)
     from .reader import SessionFile
+    from .results import RecordsCheck, RequestReport, RunsReport, VerifyReport
+else:
+    def __getattr__(name: str) -> Any:
+        """``VerifyReport``, moved to ``results.py`` (loaded only by what reports it),
+        importable from here as before."""
+        if name == "VerifyReport":
+            from .results import VerifyReport
+
+            return VerifyReport
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "CORE_TYPES",
@@ -1025,6 +1034,8 @@ class PathChecker:
         it: what :meth:`report` makes after its walk, and what a caller that fed the
         checker that path in its one walk asks for. A run open at the leaf is closed
         there."""
+        from .results import RunsReport  # (loaded where a report is made: not by an append)
+
         w = self.walker
         open_note: Problem | None = None
         run = w.run
@@ -1271,123 +1282,6 @@ class SessionChecker:
 # verifying a file
 
 
-@dataclass
-class VerifyReport:
-    """Everything ``agentsession verify FILE`` reports, from one pass in file order."""
-
-    source: str
-    header: Header
-    entries: int
-    migrated: bool
-    #: Every problem of severity error: line and tree (from the read), context and
-    #: record, by line (on one line in that order, records by code).
-    problems: list[Problem]
-    #: Every note: migration, context, record, the file's format, redaction.
-    notes: list[Problem]
-    #: Every response's request check, in file order.
-    requests: list[RequestCheck]
-    runs_checked: int
-    ends_checked: int
-    calls_checked: int
-    _checker: PathChecker = field(repr=False)
-    #: The session's own ``link`` entries, for a store to check what the file cannot.
-    links: list[Entry] = field(default_factory=list, repr=False)
-    #: Parks again what the pass parked and a later read woke (a streamed verify's).
-    _tidy: Callable[[], None] | None = field(default=None, repr=False)
-
-    def tidy(self) -> None:
-        """Park again the entries the pass had parked that reading the report woke since
-        (a runs report reads the calls of the session), so a caller asking much of it
-        after the pass does not hold them all (``show --runs`` of a long session)."""
-        if self._tidy is not None:
-            self._tidy()
-
-    @property
-    def empty(self) -> bool:
-        """The file holds a header and no entries: nothing verified."""
-        return self.entries == 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def of_scope(self, *scopes: Scope, notes: bool = False) -> list[Problem]:
-        """The problems (or notes) of the given scopes, in report order."""
-        return [p for p in (self.notes if notes else self.problems) if RULES[p.code].scope in scopes]
-
-    def counts(self) -> dict[str, int]:
-        """Responses by their request check. In a redacted file a request that does not
-        rebuild is counted ``redacted``, not ``failed`` (RFC 0001: its hash is the
-        original's)."""
-        checks = self.requests
-        failed = sum(1 for c in checks if c.failed)
-        out = {
-            "responses": len(checks),
-            "verified": sum(1 for c in checks if c.status == "ok"),
-            "without_hash": sum(1 for c in checks if c.status == "no-hash"),
-            "failed": failed,
-        }
-        if self.header.data.get("redacted") is True:
-            out["failed"], out["redacted"] = 0, failed
-        return out
-
-    def request_report(self) -> RequestReport:
-        """The context part: request checks, context problems and notes."""
-        return RequestReport(
-            checks=list(self.requests),
-            problems=self.of_scope("context"),
-            notes=self.of_scope("context", notes=True),
-        )
-
-    def records_check(self) -> RecordsCheck:
-        """The record part: record problems, record notes (the file's format notes last) and counts."""
-        return RecordsCheck(
-            source=self.source,
-            problems=self.of_scope("record"),
-            notes=self.of_scope("record", notes=True),
-            runs_checked=self.runs_checked,
-            ends_checked=self.ends_checked,
-            calls_checked=self.calls_checked,
-        )
-
-    def runs_report(self, leaf: str | None, *, settle: Callable[[Entry], None] | None = None,
-                    tidy: Callable[[], None] | None = None, path: Iterable[Entry] | None = None) -> RunsReport:
-        """Runs and calls on the path to ``leaf``, with the record problems this report
-        holds for entries on it (``show --runs``); ``settle``, ``tidy`` and ``path`` as
-        :meth:`PathChecker.report`'s."""
-        return self._checker.report(leaf, source=self.source, settle=settle, tidy=tidy, path=path)
-
-    def context_at(self, leaf: str | None, *, hold_items: bool = True) -> Context:
-        """The context at ``leaf`` (None: the universal root), from the checker's builder
-        moved there (after :meth:`runs_report` of the same leaf it stands there already);
-        ``hold_items`` as :meth:`ContextBuilder.context`'s. Raises
-        :class:`~agentsession_cas.errors.ContextError` as ``build_context`` does."""
-        checker = self._checker
-        checker._goto(leaf)
-        return checker.builder.context(hold_items=hold_items)
-
-    def entry(self, entry_id: str) -> Entry:
-        """An entry of the session read again (from the file, the store, or the entries
-        held when there is neither), as the checker reads one it went back to."""
-        return self._checker._load(entry_id)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The object ``verify --json`` prints."""
-        problems = [p.as_dict() for p in self.problems]
-        records = self.records_check().as_dict()
-        return {
-            "source": self.source,
-            "ok": self.ok,
-            "entries": self.entries,
-            "migrated": self.migrated,
-            "requests": self.counts(),
-            "responses": [c.as_dict() for c in self.requests],
-            "records": records,
-            "problems": problems,
-            "notes": [p.as_dict() for p in self.notes],
-        }
-
-
 def verify_session(sf: SessionFile) -> VerifyReport:
     """Every rule a session file breaks, in one pass over its entries in file order.
 
@@ -1396,6 +1290,8 @@ def verify_session(sf: SessionFile) -> VerifyReport:
     every entry once, for the record and context rules. The result is kept on ``sf``,
     so ``verify_requests``, ``verify_records`` and ``analyze_runs`` over one file
     share it."""
+    from .results import VerifyReport  # (loaded where a report is made: not by an append)
+
     cached = sf._verified
     if isinstance(cached, VerifyReport) and cached.entries == len(sf.entries):
         return cached
@@ -1424,6 +1320,8 @@ def verify_report(
     fed to ``checker``, which has finished; ``links``: the session's own ``link``
     entries, for the notes only a store can settle): what :func:`verify_session` and a
     streamed verify of a file (``reader.verify_file``) both report."""
+    from .results import VerifyReport  # (loaded where a report is made: not by an append)
+
     context = _by_line([p for p in checker.problems if RULES[p.code].scope == "context"])
     records = _by_line_code([p for p in checker.problems if RULES[p.code].scope == "record"])
     problems = _by_line(read + context + records)

@@ -31,12 +31,10 @@ from __future__ import annotations
 import json
 import re
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import field
-from typing import Any, Literal, get_args
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from ..errors import AgentSessionError, Problem
-from ..lean import dataclass
+from ..errors import AgentSessionError
 from .entry import ENTRY_ID, Entry, Header, short_id, shown_id
 
 __all__ = [
@@ -51,6 +49,18 @@ __all__ = [
     "render_runs",
     "render_records_check",
 ]
+
+if TYPE_CHECKING:  # (in results.py, loaded on first use: below)
+    from .results import CallEvent, CallInfo, QueuedInfo, RecordsCheck, RunInfo, RunsReport
+else:
+    def __getattr__(name: str) -> Any:
+        """What moved to ``results.py`` (loaded only by what reports it), importable from
+        here as before."""
+        if name in ("CallEvent", "CallInfo", "QueuedInfo", "RecordsCheck", "RunInfo", "RunsReport"):
+            from . import results
+
+            return getattr(results, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 #: What the path says happened to a call, as the JSON names them.
 CallState = Literal["never_started", "in_flight", "held", "answered", "rejected", "completed", "unknown"]
@@ -72,277 +82,6 @@ _CONTEXT_TYPES = frozenset(("item", "config", "compaction", "branch_summary"))
 
 def _state_words(state: str) -> str:
     return state.replace("_", " ")
-
-
-# ---------------------------------------------------------------------------
-# results
-
-
-@dataclass(frozen=True)
-class CallEvent:
-    """One thing that happened to a call on the path: a decision, a dispatch or an output."""
-
-    kind: str  # "decision" | "dispatch" | "output"
-    entry: str
-    line: int | None
-    verdict: str | None = None
-    by: str | None = None
-    reason: str | None = None
-    args_rewritten: bool = False
-    idempotency_key: str | None = None
-    #: A dispatch withdrawn by the reject that directly follows it, or that reject.
-    withdrawn: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"kind": self.kind, "entry": self.entry, "line": self.line}
-        if self.kind == "decision":
-            d.update(verdict=self.verdict, by=self.by, reason=self.reason, args_rewritten=self.args_rewritten)
-        if self.kind == "dispatch":
-            d["idempotency_key"] = self.idempotency_key
-        if self.withdrawn:
-            d["withdrawn"] = True
-        return d
-
-
-@dataclass(frozen=True)
-class CallInfo:
-    """A call as the path holds it at one point (a run's end, or the leaf)."""
-
-    call_id: str
-    name: str | None
-    arguments: str | None
-    entry: str
-    line: int | None
-    state: CallState
-    #: Made after the base (the header's ``records`` promise covers it).
-    own: bool
-    events: tuple[CallEvent, ...]
-    output: str | None
-    #: A dispatch for the call exists in the session off this path.
-    dispatched_elsewhere: bool = False
-
-    @property
-    def pending(self) -> bool:
-        return self.output is None
-
-    @property
-    def dispatches(self) -> tuple[CallEvent, ...]:
-        return tuple(e for e in self.events if e.kind == "dispatch" and not e.withdrawn)
-
-    @property
-    def idempotency_key(self) -> str | None:
-        """The key of the last dispatch that was not withdrawn."""
-        ds = self.dispatches
-        return ds[-1].idempotency_key if ds else None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "call_id": self.call_id,
-            "name": self.name,
-            "arguments": self.arguments,
-            "entry": self.entry,
-            "line": self.line,
-            "state": self.state,
-            "own": self.own,
-            "output": self.output,
-            "dispatched_elsewhere": self.dispatched_elsewhere,
-            "events": [e.as_dict() for e in self.events],
-        }
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """One run's segment on the path, what its entries record and what the segment says."""
-
-    run_id: str | None
-    start: str
-    start_line: int | None
-    #: The end entry, or None when the run has none on the path.
-    end: str | None
-    end_line: int | None
-    #: How the segment closes: "end", "start" (the next run's start, with no end),
-    #: or "leaf" (open at the end of the path).
-    closed_by: Literal["end", "start", "leaf"]
-    source: str | None
-    computed_source: RunSource
-    ref: str | None
-    trigger: Any
-    recorded_reason: str | None
-    recorded_pending: tuple[str, ...] | None
-    end_ref: str | None
-    computed_reason: RunReason
-    #: Why the cascade gave ``computed_reason``, in words.
-    computed_why: str
-    pending: tuple[str, ...]
-    calls: tuple[CallInfo, ...]
-    #: The segment holds no context entry, response, dispatch or decision.
-    empty: bool
-    #: False for a run open at the leaf that has taken no call up: its source is
-    #: judged when it takes one up or ends, not before (``run-source-open``).
-    source_judged: bool = True
-
-    @property
-    def reason_agrees(self) -> bool | None:
-        """Whether the written reason stands against the segment (None without an end)."""
-        if self.end is None:
-            return None
-        if self.recorded_reason in WRITTEN_REASONS:
-            return True
-        return self.recorded_reason == self.computed_reason
-
-    @property
-    def pending_agrees(self) -> bool | None:
-        if self.end is None:
-            return None
-        if self.recorded_pending is None:
-            return False
-        return _same_ids(self.recorded_pending, self.pending)
-
-    @property
-    def source_agrees(self) -> bool:
-        if not self.source_judged or self.source == self.computed_source:
-            return True
-        return self.source == "resume" and self.empty
-
-    @property
-    def agrees(self) -> bool | None:
-        """The end agrees with the segment (None when the run has no end on the path)."""
-        if self.end is None:
-            return None
-        return bool(self.reason_agrees and self.pending_agrees)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "start": self.start,
-            "start_line": self.start_line,
-            "end": self.end,
-            "end_line": self.end_line,
-            "closed_by": self.closed_by,
-            "source": self.source,
-            "computed_source": self.computed_source,
-            "source_agrees": self.source_agrees,
-            "source_judged": self.source_judged,
-            "ref": self.ref,
-            "trigger": self.trigger,
-            "recorded_reason": self.recorded_reason,
-            "recorded_pending": list(self.recorded_pending) if self.recorded_pending is not None else None,
-            "end_ref": self.end_ref,
-            "computed_reason": self.computed_reason,
-            "computed_why": self.computed_why,
-            "pending": list(self.pending),
-            "agrees": self.agrees,
-            "empty": self.empty,
-            "calls": [c.as_dict() for c in self.calls],
-        }
-
-
-@dataclass(frozen=True)
-class QueuedInfo:
-    """A queued input the harness still owes the conversation (the inbox a resume drains)."""
-
-    entry: str
-    line: int | None
-    mode: str | None
-    item: Any
-    trigger: Any
-    ref: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"entry": self.entry, "line": self.line, "mode": self.mode, "item": self.item,
-                "trigger": self.trigger, "ref": self.ref}
-
-
-@dataclass
-class RunsReport:
-    """Runs and calls on one path, and every record rule broken on it."""
-
-    source: str
-    leaf: str | None
-    path_length: int
-    records: tuple[str, ...]
-    runs: list[RunInfo]
-    #: Every call on the path, in path order, with its state at the leaf.
-    calls: list[CallInfo]
-    inbox: list[QueuedInfo]
-    problems: list[Problem]
-    notes: list[Problem]
-
-    @property
-    def pending(self) -> list[CallInfo]:
-        """Calls with no output at the leaf: what a resume answers."""
-        return [c for c in self.calls if c.pending]
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def as_dict(self, *, lazy: bool = False) -> dict[str, Any]:
-        """The report as ``show --runs --json`` prints it; ``lazy``: its runs and calls
-        as sequences made one element at a time as they are read, for a writer that
-        writes them one by one (a long path's calls are never all made at once)."""
-        return {
-            "source": self.source,
-            "leaf": self.leaf,
-            "path_length": self.path_length,
-            "records": list(self.records),
-            "runs": _Each(self.runs, RunInfo.as_dict) if lazy else [r.as_dict() for r in self.runs],
-            "calls": _Each(self.calls, CallInfo.as_dict) if lazy else [c.as_dict() for c in self.calls],
-            "pending": [c.call_id for c in self.pending],
-            "inbox": [q.as_dict() for q in self.inbox],
-            "problems": [p.as_dict() for p in self.problems],
-            "notes": [p.as_dict() for p in self.notes],
-            "ok": self.ok,
-        }
-
-
-class _Each(Sequence[Any]):
-    """``make`` of each element of ``of``, made as it is read."""
-
-    __slots__ = ("_of", "_make")
-
-    def __init__(self, of: Sequence[Any], make: Callable[[Any], Any]) -> None:
-        self._of, self._make = of, make
-
-    def __len__(self) -> int:
-        return len(self._of)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self._make(x) for x in self._of[i]]
-        return self._make(self._of[i])
-
-    def __iter__(self) -> Iterator[Any]:
-        return map(self._make, self._of)
-
-
-@dataclass
-class RecordsCheck:
-    """The record rules checked on every path of a session (what ``verify`` reports)."""
-
-    source: str
-    problems: list[Problem] = field(default_factory=list)
-    notes: list[Problem] = field(default_factory=list)
-    #: Distinct runs (start entries) on any path.
-    runs_checked: int = 0
-    #: Distinct run ends compared with their segments.
-    ends_checked: int = 0
-    #: Distinct function calls.
-    calls_checked: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "runs_checked": self.runs_checked,
-            "ends_checked": self.ends_checked,
-            "calls_checked": self.calls_checked,
-            "problems": [p.as_dict() for p in self.problems],
-            "notes": [p.as_dict() for p in self.notes],
-            "ok": self.ok,
-        }
 
 
 # ---------------------------------------------------------------------------
@@ -1094,6 +833,8 @@ class RecordWalker:
                 )
         if not self.collect_runs:
             return
+        from .results import RunInfo  # (loaded where a report is made: not by an append)
+
         start = run.start
         listed = end.get("pending") if end is not None else None
         src, _ = self._computed_source(run)
@@ -1151,6 +892,8 @@ class RecordWalker:
         return "unknown"
 
     def info(self, call: _Call, state: CallState | None = None) -> CallInfo:
+        from .results import CallEvent, CallInfo  # (loaded where a report is made: not by an append)
+
         said = call.said
         if said is None:
             item = call.entry.get("item")
@@ -1270,6 +1013,8 @@ class Inbox:
             waiting.clear()
 
     def queued(self) -> list[QueuedInfo]:
+        from .results import QueuedInfo  # (loaded where a report is made: not by an append)
+
         return [
             QueuedInfo(
                 entry=e.id,

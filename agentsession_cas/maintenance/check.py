@@ -31,7 +31,8 @@ from ..format.entry import short_id
 from ..format.hashing import lines_from_objects
 from ..format.media import SidecarNames
 from ..format.reader import verify_lines
-from ..format.rules import RULES, VerifyReport
+from ..format.results import VerifyReport
+from ..format.rules import RULES
 from ..lean import dataclass
 from ..progress import Progress
 from ..store.links import check_links

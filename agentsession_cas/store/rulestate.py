@@ -33,15 +33,18 @@ import base64
 import binascii
 import hashlib
 from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backends.digests import DigestTable
 from ..errors import ContextError
 from ..format import resumable
 from ..format.context import ContextBuilder, Settings, _Raw, replay_settings, walk_outputs
 from ..format.entry import Entry, Header
-from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial, VerifyReport
+from ..format.rules import OpenRun, PathChecker, SessionChecker, TreeState, Trial
 from ..format.runs import RecordWalker, _Call, _Run, output_calls
+
+if TYPE_CHECKING:
+    from ..format.results import VerifyReport
 
 __all__ = [
     "NeedsRebuild", "RestoredChecker", "VERSION", "capture", "capture_pass", "check_form", "fork_state", "header_key", "restore", "stand_at",

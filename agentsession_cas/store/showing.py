@@ -28,8 +28,9 @@ from ..format.entry import Entry, Header
 from ..format.hashing import HASH_PREFIX
 from ..format.links import CalleeLink, callees, judges
 from ..format.reader import Parking, SessionFile, file_header, verify_bytes, verify_file, verify_lines
-from ..format.rules import PathChecker, VerifyReport, read_header
-from ..format.runs import Inbox, RunsReport
+from ..format.results import RunsReport, VerifyReport
+from ..format.rules import PathChecker, read_header
+from ..format.runs import Inbox
 from ..progress import Progress
 from .session import ProjectionOutline
 

@@ -6,7 +6,9 @@ baseline), and the installed ``agentsession`` with ``--version``, ``--help``, an
 ``head``, ``list`` and ``append`` (one small entry each run) on a one-session store
 made in a temp directory. Then the Python import time of each command
 (``python -X importtime``: every module's import, summed over the top-level ones, the
-least of ``--repeat`` runs), the interpreter's own start-up included.
+least of ``--repeat`` runs), the interpreter's own start-up included, and how many
+dataclasses each creates (the standard decorator's class processing counted in one run:
+each costs start-up, its methods compiled).
 
 With ``--callgrind`` (valgrind installed), also each command's instruction count
 (``valgrind --tool=callgrind``, ``PYTHONHASHSEED=0``): one run each, and unlike the
@@ -66,6 +68,33 @@ def import_ms(argv: list[str], repeat: int, env: dict[str, str], stdin: bytes | 
     return best, modules
 
 
+#: Run a script (argv[1], its arguments after it) counting the dataclasses it creates.
+_COUNT_DATACLASSES = (
+    "import atexit, dataclasses, runpy, sys\n"
+    "made = []\n"
+    "standard = dataclasses._process_class\n"
+    "def counted(cls, *args):\n"
+    "    made.append(cls)\n"
+    "    return standard(cls, *args)\n"
+    "dataclasses._process_class = counted\n"
+    "atexit.register(lambda: print(f'dataclasses: {len(made)}', file=sys.stderr))\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+
+
+def dataclasses_made(argv: list[str], env: dict[str, str], stdin: bytes | None) -> int:
+    """How many dataclasses a command creates (one run; 0 for a plain ``python``)."""
+    if argv[0] == sys.executable:
+        return 0
+    r = subprocess.run([sys.executable, "-c", _COUNT_DATACLASSES, *argv], env=env, input=stdin,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True)
+    found = re.search(rb"dataclasses: (\d+)", r.stderr)
+    if found is None:
+        raise RuntimeError("the dataclass count was not reported")
+    return int(found.group(1))
+
+
 def instructions(argv: list[str], env: dict[str, str], stdin: bytes | None) -> int:
     """The instructions the process ran (callgrind's ``Collected``), one run."""
     r = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
@@ -108,15 +137,17 @@ def main() -> int:
                 best[name] = min(best[name], wall(argv, max(1, repeat // 2), env, stdin))
         imports = {name: import_ms(argv[1:] if argv[0] == sys.executable else argv, repeat, env, stdin)
                    for name, (argv, stdin) in runs.items()}
+        made = {name: dataclasses_made(argv, env, stdin) for name, (argv, stdin) in runs.items()}
         counts = {name: instructions(argv if argv[0] == sys.executable else [sys.executable, *argv], env, stdin)
                   for name, (argv, stdin) in runs.items()} if args.callgrind else {}
     base = best["python -c pass"]
     print(f"bench_startup: Python {sys.version.split()[0]}, best of {repeat} runs each")
-    print(f"  {'':<24}  {'wall':>8}   {'vs python':>9}   {'import time':>11}  modules" + ("   instructions" if counts else ""))
+    print(f"  {'':<24}  {'wall':>8}   {'vs python':>9}   {'import time':>11}  modules  dataclasses"
+          + ("   instructions" if counts else ""))
     met_all = True
     for name, t in best.items():
         ms, modules = imports[name]
-        line = f"  {name:<24}: {t * 1000:8.1f} ms {t / base:6.2f}x   {ms:8.1f} ms  {modules:5d}"
+        line = f"  {name:<24}: {t * 1000:8.1f} ms {t / base:6.2f}x   {ms:8.1f} ms  {modules:5d}  {made[name]:11d}"
         if counts:
             line += f"   {counts[name] / 1e6:8.1f} M"
         if name != "python -c pass":
