@@ -1114,13 +1114,11 @@ class _Walk:
         for blob in blobs:
             if self.confirm("blobs", blob):
                 continue
-            said = f"session {sid}: entry {r.get('entry')} (log line {r.line}) names sidecar blob {_name(blob)}, which has"
-            if ("blobs", blob) in self.unsound:
-                self.error("corrupt-object", f"{said} {self.why_unsound('blobs', blob)}",
-                           session=sid, object=_name(blob), space="blobs", file=logrel, line=r.line)
-            else:
-                self.warn("missing-blob", f"{said} {self.why_unsound('blobs', blob)}",
-                          session=sid, object=_name(blob), space="blobs", file=logrel, line=r.line)
+            held = ("blobs", blob) in self.unsound  # (a copy, damaged)
+            self.report.add("error" if held else "warning", "corrupt-object" if held else "missing-blob",
+                            f"session {sid}: entry {r.get('entry')} (log line {r.line}) names sidecar blob "
+                            f"{_name(blob)}, which has {self.why_unsound('blobs', blob)}",
+                            session=sid, object=_name(blob), space="blobs", file=logrel, line=r.line)
 
     def prefix_ids(self, base: bytes) -> set[str]:
         """The ids on the path to ``base``, base included, once per base (forks share)."""
