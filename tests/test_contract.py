@@ -48,6 +48,7 @@ from agentsession_cas.errors import (
 from agentsession_cas.exchange import operations as ex
 from agentsession_cas.exchange.local import open_transport
 from agentsession_cas.exchange.transport import PushRequest
+from agentsession_cas.format.codes import STORE_ONLY
 from agentsession_cas.format.entry import short_id
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.maintenance.check import verify_stored
@@ -640,6 +641,7 @@ def test_refuse_synthetic_label(make_store, label):
     with unchanged(st, s), pytest.raises(AppendRefusedError) as ei:
         s.append(entry)
     refused(ei, "synthetic", "synthetic")
+    assert STORE_ONLY["synthetic"] in str(ei.value)  # the rule's one wording, as `rules` lists it
 
 
 def test_refuse_stated_id_that_differs(make_store):
@@ -1450,7 +1452,8 @@ def test_import_refuses_a_label_carrying_synthetic_that_is_no_marker(make_store,
     could have made and no push could carry."""
     st = make_store()
     data, _ = _marked_file(synthetic, child=False)
-    _import_refused_as_synthetic(st, tmp_path, data, how)
+    ei = _import_refused_as_synthetic(st, tmp_path, data, how)
+    assert STORE_ONLY["synthetic"] in str(ei.value)
 
 
 def _item(parent: str | None, text: str, n: int):  # type: ignore[no-untyped-def]

@@ -16,6 +16,7 @@ from typing import Literal
 
 from ..errors import AgentSessionError, Problem, Severity
 from ..lean import dataclass
+from .entry import SYNTHETIC_RULE
 
 __all__ = ["RULES", "STORE_ONLY", "ErrorCode", "Rule", "Scope", "StorePolicy", "problem", "rule_of"]
 
@@ -161,6 +162,6 @@ def problem(line: int | None, code: str, message: str, entry: str | None = None)
 #: The rules a store holds an entry or a head move to that a file has no counterpart
 #: of (``AppendRefusedError.rule``), by code: verify of a file never reports them.
 STORE_ONLY: Mapping[str, str] = MappingProxyType({
-    "synthetic": "a label carrying 'synthetic' is a projection's marker, never an entry of record (RFC 0002 Projection)",
+    "synthetic": SYNTHETIC_RULE,
     "head": "a head rests on the base or an own entry that is not a leaf label; on none only without a base (RFC 0002 Head)",
 })

@@ -29,6 +29,7 @@ __all__ = [
     "ParentRef",
     "FORMAT_WRITTEN",
     "LEAF_LABEL",
+    "SYNTHETIC_RULE",
     "make_entry",
     "short_id",
     "shown_id",
@@ -44,6 +45,9 @@ FORMAT_WRITTEN = f"agentsession/{FORMAT_MAJOR}.{FORMAT_MINOR}"
 FIRST_HASHED_MINOR = 5
 #: The label value that marks the branch a reader resumes on.
 LEAF_LABEL = "leaf"
+#: RFC 0002 Projection: why a store holds no label carrying ``synthetic``. The rule's one
+#: wording, which the rule table lists and every refusal (append, import, push) quotes.
+SYNTHETIC_RULE = "a label carrying 'synthetic' is a projection's marker, never an entry of record (RFC 0002 Projection)"
 
 _FORMAT = re.compile(r"agentsession/([0-9]+)\.([0-9]+)")
 

@@ -41,7 +41,7 @@ from ..errors import (
     SupersededError,
 )
 from ..format.canonical import canonical_bytes, loads, loads_flagged, needs_careful
-from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, Entry, Header, make_entry, parse_format, short_id
+from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, SYNTHETIC_RULE, Entry, Header, make_entry, parse_format, short_id
 from ..format.hashing import (
     HASH_PREFIX,
     common_envelopes,
@@ -75,7 +75,7 @@ __all__ = [
 ]
 
 #: Why a store refuses a label carrying ``synthetic`` (see :func:`carries_synthetic`).
-SYNTHETIC_REFUSED = "a label carrying 'synthetic' is a projection's marker; a store refuses it"
+SYNTHETIC_REFUSED = SYNTHETIC_RULE
 
 
 def carries_synthetic(type_: object, body: Mapping[str, Any]) -> bool:
