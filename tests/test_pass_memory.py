@@ -22,8 +22,9 @@ from bench_verify import generate  # the benchmark's coding-agent session
 
 #: Bytes an entry the pass may still hold once it is over, with its report (traced by
 #: tracemalloc, the 64 entries of the parking window and the file's line table included).
-#: Session 35 held 1,510 on this session; session 36, 1,185.
-RETAINED_PER_ENTRY = 1_350
+#: Session 35 held 1,510 on this session; session 36, 1,185; session 37, 1,070 (a parked
+#: entry drops its content hash, which only its own add read).
+RETAINED_PER_ENTRY = 1_130
 
 
 @pytest.fixture(scope="module")

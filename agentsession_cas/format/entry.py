@@ -128,7 +128,9 @@ class Entry:
         kept range, a request rebuilt under new settings), so its memory holds ids and
         line numbers, not the session; the rules read ``data`` as ever."""
         self._wake = wake
+        # (its content hash too: only an entry's own add reads it, the context hash's step)
         self.objects = self.item_bytes = None
+        self.content_hash = ""
         _DATA.__set__(self, None)
         self.__class__ = _ParkedEntry
 
