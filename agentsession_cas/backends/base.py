@@ -872,6 +872,12 @@ class Backend(ABC):
     def close(self) -> None:
         """Release everything; a writer's close may tidy storage (pack loose objects)."""
 
+    def follow_stream(self) -> Any:
+        """The transport of a server that follows this store's sessions itself (RFC 0003's
+        follow stream, which ``exchange.following.follow_store`` then reads instead of
+        polling the log), or None: a store this process reads is polled."""
+        return None
+
     # -- maintenance hooks: the physical half of what maintenance/ decides ----------------
 
     @abstractmethod

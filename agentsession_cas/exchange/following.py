@@ -48,7 +48,8 @@ def follow_store(
     """The session's committed entries from the first, then each one committed after,
     read from ``store`` every ``interval`` seconds (a store on this machine tells no
     one of a commit). Ends with :class:`NoSuchSessionError` when the session is
-    deleted or created again while followed.
+    deleted or created again while followed. A store served over HTTP is followed
+    through its server's follow stream instead (:func:`follow_remote`: no polling).
 
     A poll costs what was written since the last, not the session's size: it asks the
     backend for the log's records after those read
@@ -59,6 +60,10 @@ def follow_store(
     session opened and checked as a read opens it, first and whenever the backend says
     the log is no longer the one it read on from (``whole``: compacted, cut back,
     created again)."""
+    transport = store.backend.follow_stream()
+    if transport is not None:
+        yield from follow_remote(transport, session_id)
+        return
     sessions = store.backend.sessions
     ident: str | None = None
     head: Any = object()
@@ -146,7 +151,7 @@ def _batch(
 ) -> Generator[Change, None, Any]:
     """Entries committed since the last look, each (with its cursor) and the head after
     them all, then a head move they do not explain (``told``: the head last reported);
-    returns the head now reported. What a poll finds."""
+    returns the head now reported. What a poll finds, and what a server's snapshot holds."""
     last: Entry | None = None
     for entry, cursor in entries:
         last = entry
@@ -189,7 +194,7 @@ def _verified_entry(entry_id: str, envelope: Any, content: Any) -> Entry:
 SNAPSHOT_CHUNK = 1024
 
 
-def _snapshot_entries(transport: Any, session_id: str, data: Mapping[str, Any]) -> Iterator[Change]:
+def _snapshot_entries(transport: Any, data: Mapping[str, Any]) -> Iterator[tuple[Entry, str | None]]:
     """The entries a snapshot names, in its order: those sent inline as they are, the
     rest read a chunk at a time (:meth:`~.http_client.HttpTransport.get_objects`: a
     batch read where the server offers one, not two GETs an entry)."""
@@ -207,8 +212,7 @@ def _snapshot_entries(transport: Any, session_id: str, data: Mapping[str, Any]) 
         for rec in chunk:
             entry_id = str(rec["entry"])
             obj = inline.get(entry_id) or read.get(entry_id) or {}
-            yield Change("appended", session_id, rec.get("head"),
-                         _verified_entry(entry_id, obj.get("envelope"), obj.get("content")), rec.get("cursor"))
+            yield _verified_entry(entry_id, obj.get("envelope"), obj.get("content")), rec.get("cursor")
 
 
 def follow_remote(transport: Any, session_id: str) -> Iterator[Change]:
@@ -237,7 +241,9 @@ def follow_remote(transport: Any, session_id: str) -> Iterator[Change]:
             if ident is not None:
                 raise NoSuchSessionError(f"session {session_id} was replaced while followed")
             ident = data.get("incarnation")
-            yield from _snapshot_entries(transport, session_id, data)
+            # As a poll of a local store reports what it finds (show -f prints the same
+            # either way): each entry with the head now, then a head that is not the last.
+            yield from _batch(session_id, _snapshot_entries(transport, data), data.get("head"), object())
         elif kind == "appended":
             entry = _verified_entry(str(data.get("entry")), data.get("envelope"), data.get("content"))
             yield Change("appended", session_id, data.get("head"), entry, data.get("cursor"))
