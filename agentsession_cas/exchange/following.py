@@ -249,5 +249,6 @@ def follow_remote(transport: Any, session_id: str) -> Iterator[Change]:
             yield Change("appended", session_id, data.get("head"), entry, data.get("cursor"))
         elif kind == "head":
             yield Change("head", session_id, data.get("leaf"), None, data.get("cursor"))
-        # (an "end" is the stream's age limit: the transport opens it again from its id)
+        # (an "end" is the stream's age limit, or the server stopping: the transport opens it
+        # again from its id, at once, then by its retry rule while no server answers)
         last_id = frame.get("id") or last_id
