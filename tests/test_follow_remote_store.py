@@ -102,3 +102,30 @@ def test_show_f_of_a_store_over_http_prints_what_a_local_store_s_prints(served, 
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=60) == 130
     assert out["remote"] == out["local"] and out["local"][-1].startswith("head -> ")
+
+
+def test_an_empty_session_tells_no_head_until_its_first_entry(served, tmp_path):
+    """A session with no entry and no head: nothing to tell, locally or over HTTP (a local
+    follow gave a head change to no head, ``head -> -``, which a remote one did not)."""
+    remote = served()
+    local = Store.init(tmp_path / "local", sync="never")
+    for st in (remote, local):
+        st.create(Header.new("s1", created_at=TS)).close()
+    script: list[float] = []
+
+    def append_once(_interval: float) -> None:
+        script.append(_interval)
+        if len(script) == 1:
+            with local.session("s1") as s:
+                s.append(msg("first", ts=TS), durable=True)
+
+    local_changes = follow_store(local, "s1", sleep=append_once)
+    first = next(local_changes)
+    assert first.kind == "appended" and first.entry.data["item"]["content"] == "first"
+    with open_store(remote.backend.url) as writer, writer.session("s1") as s:
+        s.append(msg("first", ts=TS), durable=True)
+    remote_changes = follow_store(remote, "s1", sleep=no_sleep)
+    assert _seen(remote_changes, 1) == [("appended", first.entry.id, first.entry.id)]
+    local_changes.close()
+    remote_changes.close()
+    local.close()

@@ -66,7 +66,7 @@ def follow_store(
         return
     sessions = store.backend.sessions
     ident: str | None = None
-    head: Any = object()
+    head: str | None = None  # the head last told (no head: nothing to tell)
     seen = 0  # own entries given
     state = SessionState()  # the log through the last commit point read
     pending: list[dict[str, Any]] = []  # records read after it
@@ -147,11 +147,11 @@ def _entries(store: Store, session_id: str, ids: Sequence[str], logged: dict[str
 
 
 def _batch(
-    session_id: str, entries: Iterable[tuple[Entry, str | None]], head: str | None, told: Any
-) -> Generator[Change, None, Any]:
+    session_id: str, entries: Iterable[tuple[Entry, str | None]], head: str | None, told: str | None
+) -> Generator[Change, None, str | None]:
     """Entries committed since the last look, each (with its cursor) and the head after
-    them all, then a head move they do not explain (``told``: the head last reported);
-    returns the head now reported. What a poll finds, and what a server's snapshot holds."""
+    them all, then a head move they do not explain (``told``: the head last reported,
+    None at first: a session with no head has none to tell); returns the head now reported. What a poll finds, and what a server's snapshot holds."""
     last: Entry | None = None
     for entry, cursor in entries:
         last = entry
@@ -243,7 +243,7 @@ def follow_remote(transport: Any, session_id: str) -> Iterator[Change]:
             ident = data.get("incarnation")
             # As a poll of a local store reports what it finds (show -f prints the same
             # either way): each entry with the head now, then a head that is not the last.
-            yield from _batch(session_id, _snapshot_entries(transport, data), data.get("head"), object())
+            yield from _batch(session_id, _snapshot_entries(transport, data), data.get("head"), None)
         elif kind == "appended":
             entry = _verified_entry(str(data.get("entry")), data.get("envelope"), data.get("content"))
             yield Change("appended", session_id, data.get("head"), entry, data.get("cursor"))
