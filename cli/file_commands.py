@@ -51,7 +51,8 @@ from .terminal import start_pager as page
 
 def _follow(name: str, remote: str | None, as_json: bool, verbose: bool) -> None:
     """show -f: each committed entry of a session as one line, as it commits, from a store
-    (read every tenth of a second) or a server (its durable follow stream)."""
+    (read every tenth of a second, what was written since) or a server (its durable follow
+    stream; a store opened over HTTP is followed so too)."""
     # Exchange and its transports are loaded only by a follow: `show FILE` stays light.
     from agentsession_cas.exchange.following import follow_remote, follow_store
     from agentsession_cas.exchange.local import open_transport

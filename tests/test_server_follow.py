@@ -265,10 +265,37 @@ def test_follow_streams_are_bounded_in_number_and_age(tmp_path):
             assert next(events, None) is None
 
 
+def test_a_server_that_stops_ends_its_open_follow_streams_with_an_end_event(tmp_path):
+    """SIGTERM with follows open (SSE, NDJSON, a ref's): each ends at once with an ``end``
+    event, reason ``shutdown`` (a session's with the cursor to resume from, on the next
+    server), and the stream is then complete. Before, uvicorn's graceful shutdown waited
+    for them (5 s, its limit) and then cut them: no end event, a torn stream."""
+    server = ServerProcess(_one_session(tmp_path), extra=("--max-stream-age", "3600")).start()
+    try:
+        with server.client() as c, c.stream("GET", "/v1/sessions/s1/follow") as sse, \
+                c.stream("GET", "/v1/sessions/s1/follow", headers={"Accept": "application/x-ndjson"}) as nd, \
+                c.stream("GET", "/v1/refs/chat/one", params={"view": "follow"}) as ref:
+            sse_iter, nd_iter, ref_iter = sse_events(sse), ndjson_events(nd), sse_events(ref)
+            snap = next(sse_iter)
+            assert snap["event"] == "snapshot" and next(nd_iter)["event"] == "snapshot"
+            assert next(ref_iter)["event"] == "target"
+            assert server.stop() == 143
+            end = next(sse_iter)
+            assert end["event"] == "end" and end["data"] == {"reason": "shutdown", "cursor": snap["id"].rsplit(".", 1)[0]}
+            assert next(sse_iter, None) is None
+            end = next(nd_iter)
+            assert end["event"] == "end" and end["data"]["reason"] == "shutdown"
+            assert next(nd_iter, None) is None
+            end = next(ref_iter)
+            assert end["event"] == "end" and end["data"] == {"reason": "shutdown"}
+            assert next(ref_iter, None) is None
+    finally:
+        server.stop()
+
+
 def test_a_follower_refused_for_the_stream_limit_is_told_when_one_ends(tmp_path):
     """Retry-After on the stream limit's 503: when the oldest open stream reaches its age
     limit, the latest it ends (the HTTP client waits that long before it asks again)."""
-    # (an age of seconds, not minutes: the server's shutdown waits for the open stream to end)
     with ServerProcess(_one_session(tmp_path), extra=("--max-streams", "1", "--max-stream-age", "10")) as server, \
             server.client() as c:
         with c.stream("GET", "/v1/sessions/s1/follow") as r:

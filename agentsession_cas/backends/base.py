@@ -242,6 +242,16 @@ class LogTail:
     records: list[dict[str, Any]]
     total: int
     resume: Any = None
+    #: Read from the log's start, not on from ``resume`` (a first read; a note not given,
+    #: or no longer the log's: compacted, cut back, rewritten, another incarnation):
+    #: ``start`` then counts the records of the log as it is now, which need not be those
+    #: a caller counted before, so a caller keeping a position reads afresh.
+    whole: bool = True
+    #: The two objects (content, envelope) of appends among ``records`` whose log line
+    #: carries them, by entry id: the file store's payloads, which are in no other place
+    #: a reader without the log open can see until a checkpoint writes them to objects/.
+    #: Given where the backend read them on from ``resume``; empty otherwise.
+    objects: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)
 
 
 class ObjectStage(Protocol):
@@ -594,9 +604,10 @@ class SessionStore(ABC):
         """The log as held now, without recovery (what ``agentsession log`` shows)."""
 
     def history_since(self, session_id: str, start: int, resume: Any = None) -> LogTail:
-        """The records after the first ``start`` (a follower's read, RFC 0003), given the
-        ``resume`` note of the previous call; a backend that can read only the new ones
-        does (this one reads the whole log)."""
+        """The records after the first ``start`` (a follower's read, RFC 0003, and a local
+        ``show -f``'s poll), given the ``resume`` note of the previous call; a backend that
+        can read only the new ones does, and says so (:attr:`LogTail.whole` false; an idle
+        poll then costs it one small read). This one reads the whole log."""
         records = self.history(session_id).records
         return LogTail(records[start:], len(records))
 
@@ -860,6 +871,12 @@ class Backend(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release everything; a writer's close may tidy storage (pack loose objects)."""
+
+    def follow_stream(self) -> Any:
+        """The transport of a server that follows this store's sessions itself (RFC 0003's
+        follow stream, which ``exchange.following.follow_store`` then reads instead of
+        polling the log), or None: a store this process reads is polled."""
+        return None
 
     # -- maintenance hooks: the physical half of what maintenance/ decides ----------------
 

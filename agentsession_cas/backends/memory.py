@@ -39,6 +39,7 @@ from .base import (
     Capabilities,
     LogHistory,
     LogOpen,
+    LogTail,
     Mark,
     ObjectStore,
     Record,
@@ -351,6 +352,17 @@ class MemorySessions(SessionStore):
         if s is None:
             raise NoSuchSessionError(f"no such session: {session_id}")
         return LogHistory([dict(r) for r in s.records])
+
+    def history_since(self, session_id: str, start: int, resume: Any = None) -> LogTail:
+        """The records after the first ``start``, only those (``whole`` false) while
+        ``resume`` names this incarnation at that count: a log here only grows."""
+        with self.data.lock:
+            s = self.data.sessions.get(session_id)
+            if s is None:
+                raise NoSuchSessionError(f"no such session: {session_id}")
+            total = len(s.records)
+            on = resume is not None and resume[0] is s and resume[1] == start <= total
+            return LogTail([dict(r) for r in s.records[start:]], total, (s, total), whole=not on)
 
     def delete(self, session_id: str, log: SessionLog | None = None) -> None:
         self.backend.require_writable()

@@ -881,6 +881,10 @@ class RemoteBackend(Backend):
     def writers_holding(self) -> list[str] | None:
         return None
 
+    def follow_stream(self) -> HttpTransport:
+        """The server's follow stream carries each change as it commits (no polling)."""
+        return self.http
+
     def retention_sources(self) -> Iterator[RetentionSource]:
         raise UnsupportedError(f"{self.describe()}: sweep is the server's maintenance (run it where the store is)")
 

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import BadObjectError, NoSuchSessionError
-from ..format.canonical import canonical_bytes
+from ..backends.base import COMMIT_POINTS
+from ..errors import BadObjectError, CorruptObjectError, NoSuchObjectError, NoSuchSessionError
+from ..format.canonical import canonical_bytes, loads_flagged
 from ..format.entry import Entry
 from ..format.hashing import sha256_ref
 from ..lean import dataclass
 from ..store.refs import header_ident
-from ..store.session import entry_from_objects
+from ..store.session import entry_from_objects, envelope_parts
+from ..store.state import SessionState
 from ..store.store import Store
 from .wire import error_from_problem
 
@@ -46,38 +48,136 @@ def follow_store(
     """The session's committed entries from the first, then each one committed after,
     read from ``store`` every ``interval`` seconds (a store on this machine tells no
     one of a commit). Ends with :class:`NoSuchSessionError` when the session is
-    deleted or created again while followed."""
-    seen = 0
+    deleted or created again while followed. A store served over HTTP is followed
+    through its server's follow stream instead (:func:`follow_remote`: no polling).
+
+    A poll costs what was written since the last, not the session's size: it asks the
+    backend for the log's records after those read
+    (:meth:`~..backends.base.SessionStore.history_since`: on the file store the bytes
+    after the last read's end, on PostgreSQL the session's row and the rows after; an
+    idle poll is one small read) and replays the committed ones onto the state kept
+    from the last (:class:`~..store.state.SessionState`). The log is read afresh, its
+    session opened and checked as a read opens it, first and whenever the backend says
+    the log is no longer the one it read on from (``whole``: compacted, cut back,
+    created again)."""
+    transport = store.backend.follow_stream()
+    if transport is not None:
+        yield from follow_remote(transport, session_id)
+        return
+    sessions = store.backend.sessions
     ident: str | None = None
-    head: Any = object()
+    head: str | None = None  # the head last told (no head: nothing to tell)
+    seen = 0  # own entries given
+    state = SessionState()  # the log through the last commit point read
+    pending: list[dict[str, Any]] = []  # records read after it
+    logged: dict[str, tuple[bytes, bytes]] = {}  # objects the log's lines carried (see LogTail.objects)
+    total, note = -1, None  # records read (-1: read afresh), and the backend's note of where
     while True:
+        snapshot = None
         try:
-            s = store.read(session_id)
-        except NoSuchSessionError:
-            if ident is None:
-                raise
-            raise NoSuchSessionError(f"session {session_id} was deleted while followed") from None
-        try:
-            now = header_ident(s.header.data)
-            if ident is not None and now != ident:
-                raise NoSuchSessionError(f"session {session_id} was deleted and created again while followed")
-            ident = now
-            entries, current, _ = s.exchange_view()
-            fresh = list(entries[seen:])
-            # Read a chunk at a time as they are printed, the snapshot open meanwhile (an
-            # object may still be only in its log): a long session's first line comes at
-            # once, not after every entry was read (6 s for 100,000).
-            for entry in store.entries(fresh):
-                yield Change("appended", session_id, current, entry)
+            tail = _read(sessions.history_since, session_id, ident, total, note) if total >= 0 else None
+            if tail is None or tail.whole:
+                # Opened as a read opens it (what it checks, it checks), and held while this
+                # poll's entries are read: their objects may be only in the log still (the
+                # file store's payloads, until a checkpoint), which a snapshot serves.
+                snapshot = _read(store.read, session_id, ident)
+                now = header_ident(snapshot.header.data)
+                tail = _read(sessions.history_since, session_id, ident, 0, None)
+                after = _ident(store, session_id)  # (the log read is this incarnation's)
+                if after is None:
+                    raise NoSuchSessionError(f"session {session_id} was deleted while followed")
+                if now != after or (ident is not None and now != ident):
+                    raise NoSuchSessionError(f"session {session_id} was deleted and created again while followed")
+                ident, state, pending, logged = now, SessionState(), [], {}
+            total, note = tail.total, tail.resume
+            pending.extend(tail.records)
+            logged.update(tail.objects)
+            last = max((i for i, r in enumerate(pending) if r.get("op") in COMMIT_POINTS), default=-1)
+            for rec in pending[: last + 1]:
+                state.apply(rec)
+            del pending[: last + 1]
+            order = state.log_order
+            fresh = order[seen:]
+            seen = len(order)
+            # Read a chunk at a time as they are printed: a long session's first line comes
+            # at once, not after every entry was read (6 s for 100,000).
+            head = yield from _batch(session_id, ((e, None) for e in _entries(store, session_id, fresh, logged)), state.head, head)
         finally:
-            s.close()
-        if fresh and current == fresh[-1]:
-            head = current
-        if current != head:
-            head = current
-            yield Change("head", session_id, current)
-        seen += len(fresh)
+            if snapshot is not None:
+                snapshot.close()
         sleep(interval)
+
+
+def _entries(store: Store, session_id: str, ids: Sequence[str], logged: dict[str, tuple[bytes, bytes]]) -> Iterator[Entry]:
+    """The entries ``ids`` names, in order: from the objects a read of the log's lines
+    carried (``logged``, each taken out as it is used, checked against its name), the rest
+    from the store a chunk at a time (:meth:`Store.entries`)."""
+    at = 0
+    while at < len(ids):
+        end = at
+        while end < len(ids) and ids[end] not in logged:
+            end += 1
+        if end > at:
+            try:
+                for entry in store.entries(ids[at:end]):
+                    yield entry
+                    at += 1
+            except NoSuchObjectError:
+                # Only in the writer's log still, its lines read whole before they were
+                # committed (no objects carried): read as a snapshot, which serves them.
+                snapshot = store.read(session_id)
+                try:
+                    for entry in store.entries(ids[at:end]):
+                        yield entry
+                        at += 1
+                finally:
+                    snapshot.close()
+            continue
+        entry_id = ids[at]
+        content, env_bytes = logged.pop(entry_id)
+        env, env_careful = envelope_parts(env_bytes, entry_id, store.objects)
+        for space, name, data in (("entries", entry_id, env_bytes), ("contents", str(env["content"]), content)):
+            if sha256_ref(data) != name:
+                where = store.backend.sessions.log_source(session_id) or f"the log of session {session_id}"
+                raise CorruptObjectError(f"session {session_id}: its log carries {space} object {name} in bytes that "
+                                         f"do not hash to it ({where})", space=space, name=name, path=where)
+        body, body_careful = loads_flagged(content)
+        yield entry_from_objects(entry_id, env, body, env_careful or body_careful)
+        at += 1
+
+
+def _batch(
+    session_id: str, entries: Iterable[tuple[Entry, str | None]], head: str | None, told: str | None
+) -> Generator[Change, None, str | None]:
+    """Entries committed since the last look, each (with its cursor) and the head after
+    them all, then a head move they do not explain (``told``: the head last reported,
+    None at first: a session with no head has none to tell); returns the head now reported. What a poll finds, and what a server's snapshot holds."""
+    last: Entry | None = None
+    for entry, cursor in entries:
+        last = entry
+        yield Change("appended", session_id, head, entry, cursor)
+    if last is not None and head == last.id:
+        told = head
+    if head != told:
+        told = head
+        yield Change("head", session_id, head)
+    return told
+
+
+def _read(read: Callable[..., Any], session_id: str, ident: str | None, *args: Any) -> Any:
+    """``read(session_id, *args)``; its NoSuchSessionError said as a deletion once followed."""
+    try:
+        return read(session_id, *args)
+    except NoSuchSessionError:
+        if ident is None:
+            raise
+        raise NoSuchSessionError(f"session {session_id} was deleted while followed") from None
+
+
+def _ident(store: Store, session_id: str) -> str | None:
+    """The ident of the session's incarnation now (its header: one small read)."""
+    header = store.backend.sessions.header(session_id)
+    return header_ident(json.loads(header)) if header is not None else None
 
 
 def _verified_entry(entry_id: str, envelope: Any, content: Any) -> Entry:
@@ -94,7 +194,7 @@ def _verified_entry(entry_id: str, envelope: Any, content: Any) -> Entry:
 SNAPSHOT_CHUNK = 1024
 
 
-def _snapshot_entries(transport: Any, session_id: str, data: Mapping[str, Any]) -> Iterator[Change]:
+def _snapshot_entries(transport: Any, data: Mapping[str, Any]) -> Iterator[tuple[Entry, str | None]]:
     """The entries a snapshot names, in its order: those sent inline as they are, the
     rest read a chunk at a time (:meth:`~.http_client.HttpTransport.get_objects`: a
     batch read where the server offers one, not two GETs an entry)."""
@@ -112,8 +212,7 @@ def _snapshot_entries(transport: Any, session_id: str, data: Mapping[str, Any]) 
         for rec in chunk:
             entry_id = str(rec["entry"])
             obj = inline.get(entry_id) or read.get(entry_id) or {}
-            yield Change("appended", session_id, rec.get("head"),
-                         _verified_entry(entry_id, obj.get("envelope"), obj.get("content")), rec.get("cursor"))
+            yield _verified_entry(entry_id, obj.get("envelope"), obj.get("content")), rec.get("cursor")
 
 
 def follow_remote(transport: Any, session_id: str) -> Iterator[Change]:
@@ -142,11 +241,14 @@ def follow_remote(transport: Any, session_id: str) -> Iterator[Change]:
             if ident is not None:
                 raise NoSuchSessionError(f"session {session_id} was replaced while followed")
             ident = data.get("incarnation")
-            yield from _snapshot_entries(transport, session_id, data)
+            # As a poll of a local store reports what it finds (show -f prints the same
+            # either way): each entry with the head now, then a head that is not the last.
+            yield from _batch(session_id, _snapshot_entries(transport, data), data.get("head"), None)
         elif kind == "appended":
             entry = _verified_entry(str(data.get("entry")), data.get("envelope"), data.get("content"))
             yield Change("appended", session_id, data.get("head"), entry, data.get("cursor"))
         elif kind == "head":
             yield Change("head", session_id, data.get("leaf"), None, data.get("cursor"))
-        # (an "end" is the stream's age limit: the transport opens it again from its id)
+        # (an "end" is the stream's age limit, or the server stopping: the transport opens it
+        # again from its id, at once, then by its retry rule while no server answers)
         last_id = frame.get("id") or last_id

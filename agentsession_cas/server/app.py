@@ -1310,11 +1310,11 @@ class Api:
         state, changes = self.state, self.state.changes
         age = float(state.limits.max_stream_age_s)
 
-        def frame(data: dict[str, Any], n: int) -> bytes:
+        def frame(data: dict[str, Any], n: int, kind: str = "target") -> bytes:
             body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
             if sse:
-                return f"id: {n}\nevent: target\ndata: {body}\n\n".encode()
-            return _dumps({"event": "target", "id": str(n), "data": data}) + b"\n"
+                return f"id: {n}\nevent: {kind}\ndata: {body}\n\n".encode()
+            return _dumps({"event": kind, "id": str(n), "data": data}) + b"\n"
 
         async def body() -> Any:
             state.streams += 1
@@ -1327,6 +1327,9 @@ class Api:
                     except TimeoutError:
                         yield b": keep-alive\n\n" if sse else b"\n"
                         continue
+                    if changes.closing:  # the server is stopping: end now, not at the age limit
+                        yield frame({"reason": "shutdown"}, n, "end")
+                        return
                     now = await self.work(read)
                     if now != last:
                         n += 1

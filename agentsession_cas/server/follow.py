@@ -21,7 +21,9 @@ Every event's id is ``<cursor>.<n>``; a client resumes with ``Last-Event-ID`` (o
 ``after``), and a cursor the server cannot resume from (another incarnation,
 past the log's end) is answered with a ``reset``, never a silent skip. A stream
 lives at most ``max_stream_age_s`` and then ends with an ``end`` event carrying
-the cursor to resume from.
+the cursor to resume from (``reason``: ``max_stream_age``); a server that stops ends
+every open stream so at once (``reason``: ``shutdown``), rather than wait for it to
+reach its age.
 """
 
 from __future__ import annotations
@@ -54,17 +56,32 @@ TAILS = 256
 
 
 class Changes:
-    """Wakeups per session, set in the event loop after each write the server makes."""
+    """Wakeups per session, set in the event loop after each write the server makes, and
+    the server's stop (:meth:`close`), which wakes every follower to end its stream."""
 
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
+        #: The server is stopping: a follow stream ends (an ``end`` event, reason
+        #: ``shutdown``) rather than wait for a write or its age limit.
+        self.closing = False
 
     def event(self, session_id: str) -> asyncio.Event:
+        if self.closing:
+            done = asyncio.Event()
+            done.set()
+            return done
         return self._events.setdefault(session_id, asyncio.Event())
 
     def notify(self, session_id: str) -> None:
         event = self._events.pop(session_id, None)
         if event is not None:
+            event.set()
+
+    def close(self) -> None:
+        """Wake every follower for good (in the event loop, as the server begins to stop)."""
+        self.closing = True
+        events, self._events = self._events, {}
+        for event in events.values():
             event.set()
 
 
@@ -266,9 +283,10 @@ class Stream:
                 yield chunk
         while True:
             left = self.max_age_s - (time.monotonic() - self.started)
-            if left <= 0:
+            if left <= 0 or self.changes.closing:
                 cursor = cursor_of(self.position, self.ident)
-                yield self.frame("end", {"reason": "max_stream_age", "cursor": cursor}, cursor)
+                reason = "shutdown" if self.changes.closing else "max_stream_age"
+                yield self.frame("end", {"reason": reason, "cursor": cursor}, cursor)
                 return
             event = self.changes.event(self.session_id)
             try:
@@ -276,6 +294,8 @@ class Stream:
             except TimeoutError:
                 yield b": keep-alive\n\n" if self.sse else b"\n"
                 continue
+            if self.changes.closing:
+                continue  # (ended above, its cursor where a follower resumes on the next server)
             try:
                 view = await self.run(load_view, self.store, self.tails, self.session_id, self.durable)
             except NoSuchSessionError as exc:

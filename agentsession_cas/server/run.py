@@ -3,8 +3,10 @@
 ``serve`` binds the socket itself (so ``--listen 127.0.0.1:0`` picks a free
 port and says which), refuses a non-loopback address without what RFC 0003
 requires there (:func:`tls_mode`: tokens, and TLS of its own or at a proxy the
-operator names), and closes the store when uvicorn stops (SIGINT or SIGTERM),
-which commits and checkpoints every session it holds and keeps their summaries.
+operator names), ends every open follow stream as it begins to stop (an ``end`` event,
+reason ``shutdown``: uvicorn's graceful shutdown waits for open responses), and closes
+the store when uvicorn stops (SIGINT or SIGTERM), which commits and checkpoints every
+session it holds and keeps their summaries.
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def serve(
         create_app(state), log_level="warning", lifespan="off", ssl_certfile=tls_cert, ssl_keyfile=tls_key,
         timeout_graceful_shutdown=5, access_log=False,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, state)
     scheme = "https" if tls_cert else "http"
     shown = f"[{host}]" if ":" in host else host
     if ready is not None:
@@ -141,6 +143,20 @@ def serve(
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which ends every open follow stream as it begins to stop: its
+    graceful shutdown waits for open responses (up to ``timeout_graceful_shutdown``, then
+    cuts them), and a follow would otherwise run on to its age limit, idle."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState):
+        super().__init__(config)
+        self.state = state
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.state.changes.close()  # each stream sends its end event (reason shutdown) and returns
+        await super().shutdown(sockets)
 
 
 def _terminated(signum: int, frame: object) -> None:

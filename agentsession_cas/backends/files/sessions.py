@@ -577,7 +577,8 @@ class FileSessions(SessionStore):
     def history_since(self, session_id: str, start: int, resume: Any = None) -> LogTail:
         """Only the lines written after the point ``resume`` names (the log file's inode,
         the end of what was read, the records it held, the last line's checksum), while
-        the file is the same one and they all read and chain on; else :meth:`history`."""
+        the file is the same one and they all read and chain on; else :meth:`history`
+        (``whole``: a compaction, which rewrites the log as another file, comes here)."""
         path = os.path.join(self.dir(session_id), "log")
         if resume is not None and resume[2] == start:
             ino, offset, count, link = resume
@@ -595,7 +596,8 @@ class FileSessions(SessionStore):
                         tail = read_tail(data, link)
                         if tail is not None:
                             records, used, last = tail
-                            return LogTail(records, count + len(records), (ino, offset + used, count + len(records), last))
+                            return LogTail(records, count + len(records), (ino, offset + used, count + len(records), last),
+                                           whole=False, objects=_payloads(data[:used]))
                 finally:
                     os.close(fd)
         try:
@@ -639,6 +641,19 @@ class FileSessions(SessionStore):
             shutil.rmtree(trash, ignore_errors=True)
         finally:
             lock.release()
+
+
+def _payloads(lines: bytes) -> dict[str, tuple[bytes, bytes]]:
+    """The payloads (content, envelope) of the append lines of ``lines`` (whole lines that
+    read: a record is canonical JSON, so a tab on a line sets its payload off), by entry."""
+    out: dict[str, tuple[bytes, bytes]] = {}
+    if b"\t" not in lines:
+        return out
+    for raw in lines.split(b"\n"):
+        parts = raw.split(b"\t")
+        if len(parts) == 3 and (m := _ENTRY_IN_RECORD.search(parts[0])) is not None:
+            out[m.group(1).decode("ascii")] = (parts[1], parts[2])
+    return out
 
 
 class FileSessionLog(SessionLog):

@@ -57,6 +57,7 @@ from ..base import (
     FsckProblem,
     LogHistory,
     LogOpen,
+    LogTail,
     Mark,
     Record,
     SessionLog,
@@ -854,6 +855,36 @@ class PgSessions(SessionStore):
             else:
                 out.records.append(record)
         return out
+
+    def history_since(self, session_id: str, start: int, resume: Any = None) -> LogTail:
+        """The rows after the first ``start`` only (``whole`` false), while ``resume`` (the
+        incarnation's key, the rows read, the last one's text) still holds: the session's
+        row says how long its log is, so an idle poll is that one query; the rows after
+        are read with the last one read, which must be as it was (a repair rewrites rows).
+        Else every row, as :meth:`history` reads them."""
+        if resume is not None and resume[1] == start:
+            key, count, last = resume
+            with self.db.conn() as c:
+                row = c.execute("SELECT key, last_pos FROM sessions WHERE id = %s", [session_id]).fetchone()
+                if row is None:
+                    raise NoSuchSessionError(f"no such session: {session_id}")
+                if row[0] == key and row[1] == count:
+                    return LogTail([], count, resume, whole=False)
+                # (an append's rows and its last_pos commit together: these are whole appends)
+                texts = c.execute("SELECT pos, record FROM log WHERE session = %s AND pos >= %s ORDER BY pos",
+                                  [key, count]).fetchall() if row[0] == key and row[1] > count else None
+            if texts and texts[0] == (count, last) and texts[-1][0] == count + len(texts) - 1:
+                records = [r for _, text in texts[1:] if not isinstance(r := parse_record(text), str)]
+                if len(records) == len(texts) - 1:
+                    end = texts[-1][0]
+                    return LogTail(records, end, (key, end, texts[-1][1]), whole=False)
+        with self.db.conn() as c:
+            row, texts = self.rows(c, session_id)
+        parsed = [parse_record(text) for _, text in texts]
+        records = [r for r in parsed if not isinstance(r, str)]
+        sound = len(records) == len(texts) and all(pos == i + 1 for i, (pos, _) in enumerate(texts))
+        note = (row[0], len(texts), texts[-1][1]) if sound and texts else None
+        return LogTail(records[start:], len(records), note)
 
     def delete(self, session_id: str, log: SessionLog | None = None) -> None:
         self.backend.require_writable()
