@@ -12,7 +12,7 @@ suite runs (``make_store``: file, memory, PostgreSQL, and HTTP):
   only by a session's working state stays;
 - objects put ahead of an append are spared by the grace, and the append, once
   accepted, holds them again (written back after a sweep took them);
-- refs retain nothing and are left as they were;
+- refs retain nothing and are left as they were, and so do remote-tracking records;
 - the report: ``--dry-run`` names exactly what the sweep then removes, the counts say
   what was retained (checked against the sessions read through the API), fsck counts
   as unreferenced what a sweep removes, and a sweep stopped midway leaves a sound store.
@@ -36,6 +36,8 @@ import http_store
 import test_contract
 from agentsession_cas import Header
 from agentsession_cas.errors import NoSuchObjectError, WritersActiveError
+from agentsession_cas.exchange.local import remote_url
+from agentsession_cas.exchange.operations import fetch, push
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.format.media import sidecar_names
 from agentsession_cas.maintenance.fsck import fsck
@@ -289,6 +291,45 @@ def test_refs_retain_nothing_and_survive_a_sweep(make_store):
     assert {name: fresh.get(name) for name in before} == before
     assert fresh.state(fresh.get("chat/kept")) == "ok"
     assert fresh.state(fresh.get("chat/gone")) == "dangling"
+
+
+def test_remote_tracking_records_retain_nothing(make_store, tmp_path):
+    """RFC 0002: retention is over logs and prefixes. What a store remembers of a remote
+    (the head a push or a fetch saw there, the last entry pushed: ``exchange/remembered.py``)
+    is a hint, not a log: once the sessions are deleted here, a sweep removes the objects
+    only those records name and leaves the records as they were; fsck finds the store
+    sound, names none of those objects (a record naming an object the store lacks is no
+    damage) and counts none unreferenced once they are gone."""
+    st = make_store()
+    far_path = str(tmp_path / "far")
+    with Store.init(far_path) as far:
+        pulled = written(far, Header.new("pulled"), "p0", "p1")
+    pushed = written(st, Header.new("pushed"), "s0", "s1")
+    written(st, Header.new("kept"), "k0")
+    assert push(st, far_path, "pushed").head_moved
+    sids = ["pushed"]
+    if make_store.name != "http":  # (a store served over HTTP takes a session only by a push to it)
+        assert fetch(st, far_path, "pulled").head_moved
+        sids.append("pulled")
+    else:
+        pulled = []
+    url = remote_url(far_path)
+    records = {sid: st.backend.remotes.get(url, "sessions", sid) for sid in sids}
+    assert records["pushed"]["head"] == pushed[-1] and records["pushed"]["last"] == pushed[-1]
+    assert not pulled or records["pulled"]["head"] == pulled[-1]
+    gone = set(pushed + pulled)
+    gone |= {st.envelope(e)["content"] for e in gone}
+    for sid in sids:
+        st.delete(sid)
+    sweep(make_store, st, grace=0)
+    where = served(make_store, st)
+    for name in gone:
+        assert not readable(where, name), name
+    assert {sid: st.backend.remotes.get(url, "sessions", sid) for sid in records} == records
+    report = fsck(where)
+    assert report.ok, [p.message for p in report.errors]
+    assert not [p for p in report.problems if p.object in gone], report.problems
+    assert report.counts["unreferenced"] == {space: 0 for space in SPACES}
 
 
 # -- the sweep's report and its soundness ----------------------------------------------
