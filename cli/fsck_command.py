@@ -40,14 +40,15 @@ def run_fsck(as_json: bool, *, deep: bool = False, root: str | None = None) -> i
         echo(finding_line(p))
     for p in report.notes:
         echo(f"agentsession: note: {p.code}: {one_line(p.message)}", err=True)
-    u = counts.get("unreferenced", {})
+    u = counts.get("unreferenced")
+    unreferenced = "not counted (the store cannot be swept from here)" if u is None else (
+        f"{number(u.get('entries', 0))} entries, {number(u.get('contents', 0))} contents, {number(u.get('blobs', 0))} blobs")
     echo(
         f"fsck: {number(counts.get('objects', 0))} object(s) verified ({number(counts.get('packed', 0))} packed in "
         f"{number(counts.get('packs', 0))} pack(s), {number(counts.get('loose', 0))} loose), "
         f"{number(counts.get('sessions', 0))} session(s), {number(counts.get('log_records', 0))} log record(s)"
         + (f", {number(deep_checked)} session(s) verified in depth" if deep_checked is not None else "")
-        + f"; unreferenced: {number(u.get('entries', 0))} entries, {number(u.get('contents', 0))} contents, "
-        f"{number(u.get('blobs', 0))} blobs"
+        + f"; unreferenced: {unreferenced}"
     )
     echo(f"fsck: {number(len(report.errors))} problem(s), {number(len(report.warnings))} warning(s)")
     return 0 if report.ok else 1

@@ -12,7 +12,7 @@ suite runs (``make_store``: file, memory, PostgreSQL, and HTTP):
   only by a session's working state stays;
 - objects put ahead of an append are spared by the grace, and the append, once
   accepted, holds them again (written back after a sweep took them);
-- refs retain nothing and are left as they were;
+- refs retain nothing and are left as they were, and so do remote-tracking records;
 - the report: ``--dry-run`` names exactly what the sweep then removes, the counts say
   what was retained (checked against the sessions read through the API), fsck counts
   as unreferenced what a sweep removes, and a sweep stopped midway leaves a sound store.
@@ -24,16 +24,20 @@ lock); objects are then read through a fresh client, whose cache is empty.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 import http_store
 import test_contract
 from agentsession_cas import Header
 from agentsession_cas.errors import NoSuchObjectError, WritersActiveError
+from agentsession_cas.exchange.local import remote_url
+from agentsession_cas.exchange.operations import fetch, push
 from agentsession_cas.format.hashing import entry_objects, sha256_ref
 from agentsession_cas.format.media import sidecar_names
 from agentsession_cas.maintenance.fsck import fsck
@@ -41,6 +45,7 @@ from agentsession_cas.maintenance.repair import repair_session
 from agentsession_cas.maintenance.sweep import SAFE_GRACE, SweepResult
 from agentsession_cas.store import Store
 from agentsession_cas.store.refs import Refs
+from agentsession_cli.main import main
 from contract_helpers import StoreFactory, leaf, msg, ts
 
 SPACES = ("entries", "contents", "blobs")
@@ -235,8 +240,6 @@ def test_fsck_retains_a_blob_named_only_by_working_state(make_store):
     s.append(image(blob), durable=False)
     st.history("s")  # (as above: over HTTP, the server now has the append)
     report = fsck(served(make_store, st))
-    if "unreferenced" not in report.counts:
-        pytest.skip(f"{make_store.name}: fsck counts unreferenced objects only on the file backend (docs/fsck.md)")
     assert report.counts["unreferenced"] == {space: 0 for space in SPACES}
     res = sweep(make_store, st, grace=0, force=True)
     assert blob not in res.repack.dropped_names
@@ -288,6 +291,45 @@ def test_refs_retain_nothing_and_survive_a_sweep(make_store):
     assert {name: fresh.get(name) for name in before} == before
     assert fresh.state(fresh.get("chat/kept")) == "ok"
     assert fresh.state(fresh.get("chat/gone")) == "dangling"
+
+
+def test_remote_tracking_records_retain_nothing(make_store, tmp_path):
+    """RFC 0002: retention is over logs and prefixes. What a store remembers of a remote
+    (the head a push or a fetch saw there, the last entry pushed: ``exchange/remembered.py``)
+    is a hint, not a log: once the sessions are deleted here, a sweep removes the objects
+    only those records name and leaves the records as they were; fsck finds the store
+    sound, names none of those objects (a record naming an object the store lacks is no
+    damage) and counts none unreferenced once they are gone."""
+    st = make_store()
+    far_path = str(tmp_path / "far")
+    with Store.init(far_path) as far:
+        pulled = written(far, Header.new("pulled"), "p0", "p1")
+    pushed = written(st, Header.new("pushed"), "s0", "s1")
+    written(st, Header.new("kept"), "k0")
+    assert push(st, far_path, "pushed").head_moved
+    sids = ["pushed"]
+    if make_store.name != "http":  # (a store served over HTTP takes a session only by a push to it)
+        assert fetch(st, far_path, "pulled").head_moved
+        sids.append("pulled")
+    else:
+        pulled = []
+    url = remote_url(far_path)
+    records = {sid: st.backend.remotes.get(url, "sessions", sid) for sid in sids}
+    assert records["pushed"]["head"] == pushed[-1] and records["pushed"]["last"] == pushed[-1]
+    assert not pulled or records["pulled"]["head"] == pulled[-1]
+    gone = set(pushed + pulled)
+    gone |= {st.envelope(e)["content"] for e in gone}
+    for sid in sids:
+        st.delete(sid)
+    sweep(make_store, st, grace=0)
+    where = served(make_store, st)
+    for name in gone:
+        assert not readable(where, name), name
+    assert {sid: st.backend.remotes.get(url, "sessions", sid) for sid in records} == records
+    report = fsck(where)
+    assert report.ok, [p.message for p in report.errors]
+    assert not [p for p in report.problems if p.object in gone], report.problems
+    assert report.counts["unreferenced"] == {space: 0 for space in SPACES}
 
 
 # -- the sweep's report and its soundness ----------------------------------------------
@@ -362,13 +404,52 @@ def test_fsck_counts_as_unreferenced_what_a_sweep_removes(make_store):
     where = served(make_store, st)
     report = fsck(where)
     assert report.ok
-    if "unreferenced" not in report.counts:
-        pytest.skip(f"{make_store.name}: fsck counts unreferenced objects only on the file backend (docs/fsck.md)")
     before = held(where)
     sweep(make_store, st, grace=0)
     after = held(where)
     assert report.counts["unreferenced"] == {space: len(before[space] - after[space]) for space in SPACES}
     assert fsck(where).counts["unreferenced"] == {space: 0 for space in SPACES}
+
+
+def test_the_fsck_command_says_the_unreferenced_counts_on_every_backend(make_store):
+    """`agentsession fsck` prints the unreferenced objects per space wherever the store
+    lives, the same line and the same ``--json`` counts, run where the store is (for the
+    HTTP backend: on the directory the server serves, as sweep is; through the client,
+    which cannot sweep, the line says they are not counted rather than 0)."""
+    st = make_store()
+    garbage(st)
+    want = fsck(served(make_store, st)).counts["unreferenced"]
+    assert want["entries"] and want["contents"] and want["blobs"], want
+    url = http_store._PATHS[f"{make_store.tag}-a"] if make_store.name == "http" else make_store.url()
+    runner = CliRunner()
+    res = runner.invoke(main, ["--store", url, "fsck", "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["counts"]["unreferenced"] == want
+    res = runner.invoke(main, ["--store", url, "fsck"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    line = f"; unreferenced: {want['entries']} entries, {want['contents']} contents, {want['blobs']} blobs\n"
+    assert line in res.output, res.output
+    if make_store.name == "http":  # through the client, which cannot sweep: not counted, and not said to be 0
+        res = runner.invoke(main, ["--store", make_store.url(), "fsck"], catch_exceptions=False)
+        assert "; unreferenced: not counted" in res.output, res.output
+        res = runner.invoke(main, ["--store", make_store.url(), "fsck", "--json"], catch_exceptions=False)
+        assert "unreferenced" not in json.loads(res.output)["counts"], res.output
+
+
+def test_fsck_counts_what_a_damaged_log_retains(make_store):
+    """fsck reports a damaged log and still counts what nothing retains: what of the log
+    reads retains its objects (a sweep refuses the store until the session is repaired)."""
+    if make_store.name not in ("file", "postgresql"):
+        pytest.skip(f"{make_store.name}: no log to damage from outside")
+    st = make_store()
+    written(st, Header.new("hurt"), *(f"hurt {i}" for i in range(4)))
+    written(st, Header.new("gone"), "gone 0")
+    st.delete("gone")
+    _damage_second_append(make_store, st, "hurt", at=3)  # create, append, commit, append
+    report = fsck(make_store.reopen())
+    assert not report.ok
+    # the deleted session's entry and content, and the damaged record's (which no read names)
+    assert report.counts["unreferenced"] == {"entries": 2, "contents": 2, "blobs": 0}
 
 
 class _Stop(Exception):
@@ -475,19 +556,20 @@ def test_a_compacted_log_retains_every_entry_it_folded(make_store):
     assert fresh.entry(f_own).id == f_own
 
 
-def _damage_second_append(make_store: StoreFactory, st: Store, sid: str) -> None:
-    """Make the record of the session's second append unreadable, as damage would."""
+def _damage_second_append(make_store: StoreFactory, st: Store, sid: str, at: int = 2) -> None:
+    """Make the log's record ``at`` (from 0: the create, then each append and its commit)
+    unreadable, as damage would."""
     if make_store.name == "file":
         log = Path(st.root or "") / "sessions" / sid / "log"
         data = log.read_bytes()
         lines = data.split(b"\n")
-        lines[2] = b"x" * len(lines[2])  # create, first append, second append
+        lines[at] = b"x" * len(lines[at])
         log.write_bytes(b"\n".join(lines))
     else:
         from test_postgresql import sql
 
-        sql(make_store.url(), "UPDATE log SET record = '{not json' WHERE pos = 3 "
-            "AND session = (SELECT key FROM sessions WHERE id = %s)", [sid])
+        sql(make_store.url(), "UPDATE log SET record = '{not json' WHERE pos = %s "
+            "AND session = (SELECT key FROM sessions WHERE id = %s)", [at + 1, sid])
 
 
 def test_what_a_repair_kept_aside_goes_with_its_session(make_store):

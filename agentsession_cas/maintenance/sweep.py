@@ -45,11 +45,11 @@ Safety beside writers in other processes (the file backend):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..backends.base import RepackResult, Retained, RetentionSource
+from ..backends.base import SPACES, RepackResult, Retained, RetentionSource
 from ..errors import CorruptObjectError, CorruptPackError, NoSuchObjectError, ReadOnlyError, WritersActiveError, store_relative
 from ..format.canonical import loads
 from ..format.hashing import envelope_content
@@ -59,7 +59,10 @@ from ..lean import dataclass
 if TYPE_CHECKING:
     from ..store.store import Store
 
-__all__ = ["DEFAULT_GRACE", "SAFE_GRACE", "Retained", "RetentionSource", "SweepResult", "parse_duration", "retained", "sweep"]
+__all__ = [
+    "DEFAULT_GRACE", "SAFE_GRACE", "Retained", "RetentionSource", "RetentionObjects", "SweepResult", "parse_duration",
+    "retained", "sweep", "unreferenced",
+]
 
 #: Two weeks, as git's gc.pruneExpire.
 DEFAULT_GRACE = 14 * 24 * 3600.0
@@ -81,12 +84,25 @@ def parse_duration(text: str) -> float:
     return float(int(m.group(1)) * _UNITS[m.group(2)])
 
 
+class RetentionObjects(Protocol):
+    """What the retention rule reads of the objects: envelopes (for a prefix's parents and
+    the contents no log's copy said) and the ``sidecar:`` names of contents. A missing or
+    corrupt object raises :class:`NoSuchObjectError` or :class:`CorruptObjectError`."""
+
+    def read_order(self, names: Iterable[str]) -> list[str]: ...
+
+    def envelope(self, name: str) -> bytes: ...
+
+    def sidecars(self, name: str) -> list[str]: ...
+
+
 def retained(
     store: Store,
     sources: Iterable[RetentionSource] | None = None,
     *,
     progress: Callable[[str], None] | None = None,
     blobs: bool = True,
+    objects: RetentionObjects | None = None,
 ) -> Retained:
     """RFC 0002's retention, following references down from every log to blobs.
 
@@ -94,8 +110,11 @@ def retained(
     content while a retained envelope names it, a blob while a retained content
     names it by a ``sidecar:`` URL. ``sources`` are the logs to honour (by default
     every one the backend holds); ``blobs=False`` (the store holds no blob to decide
-    over) skips reading contents for ``sidecar:`` URLs."""
-    objects = _Unpacked(store)
+    over) skips reading contents for ``sidecar:`` URLs. ``objects`` is where envelopes
+    and contents are read (by default through the store; fsck hands what its walk over
+    every object read, so nothing is read twice)."""
+    if objects is None:
+        objects = _Unpacked(store)
     if sources is None:
         sources = store.backend.retention_sources()
     ret = Retained()
@@ -143,7 +162,7 @@ def retained(
         progress(f"reading {len(unsaid):,} envelope(s) for their contents")
     for name in objects.read_order(unsaid):
         try:
-            data = objects.get("entries", name)
+            data = objects.envelope(name)
         except (NoSuchObjectError, CorruptObjectError):
             continue
         c = envelope_content(data)
@@ -156,11 +175,27 @@ def retained(
             progress(f"reading {len(contents):,} content(s) for the blobs they name")
         for name in objects.read_order(contents):
             try:
-                data = objects.get("contents", name)
+                ret.blobs.update(objects.sidecars(name))
             except (NoSuchObjectError, CorruptObjectError):
                 continue
-            ret.blobs.update(sidecar_names(data))
     return ret
+
+
+def unreferenced(
+    store: Store,
+    sound: Mapping[str, Collection[str]],
+    sources: Iterable[RetentionSource] | None = None,
+    *,
+    objects: RetentionObjects | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, int]:
+    """How many of the objects ``sound`` names (per space: those held whose bytes hash to
+    their name) nothing retains: what a sweep with a grace of 0 would remove, by
+    :func:`retained` over ``sources`` (by default every log the backend holds). fsck's
+    ``counts["unreferenced"]`` on a backend whose walk does not count them itself."""
+    ret = retained(store, sources, progress=progress, blobs=bool(sound.get("blobs")), objects=objects)
+    kept: dict[str, set[str]] = {"entries": ret.envelopes, "contents": ret.contents, "blobs": ret.blobs}
+    return {space: sum(1 for name in sound.get(space, ()) if name not in kept[space]) for space in SPACES}
 
 
 class _Unpacked:
@@ -174,6 +209,12 @@ class _Unpacked:
     def read_order(self, names: Iterable[str]) -> list[str]:
         return self.objects.read_order(names)
 
+    def envelope(self, name: str) -> bytes:
+        return self.get("entries", name)
+
+    def sidecars(self, name: str) -> list[str]:
+        return sidecar_names(self.get("contents", name))
+
     def get(self, space: Any, name: str) -> bytes:
         try:
             return self.objects.get(space, name)
@@ -184,9 +225,9 @@ class _Unpacked:
             ) from None
 
 
-def _envelope(objects: Any, name: str) -> dict[str, Any]:
+def _envelope(objects: RetentionObjects, name: str) -> dict[str, Any]:
     try:
-        env = loads(objects.get("entries", name))
+        env = loads(objects.envelope(name))
     except CorruptObjectError as exc:
         raise NoSuchObjectError(str(exc)) from None
     return env if isinstance(env, dict) else {}

@@ -28,12 +28,19 @@ stores are) and, on the same machine, the file backend:
    (``--only open``, with ``import`` or on its own, which imports into PostgreSQL
    only). Issue 11: an open costs what changed since the last snapshot, not the
    session's length. No target: figures to compare between releases.
+6. **fsck** of the PostgreSQL store holding the imported session (and its forks,
+   after ``size``), ``FSCK_ROUNDS`` rounds: wall time, the client's CPU and the
+   server's, and the part of each spent counting the unreferenced objects (from
+   fsck's ``counting unreferenced objects`` phase to its end: the logs read in one
+   statement and the sweep's retention rule over what the walk read). With
+   ``import`` or on its own (``--only fsck``, which imports into PostgreSQL only).
+   No target: the count's cost beside the walk's.
 
 A missed target is a measurement, not a failure: the exit status is 0 either
 way; 1 when an export does not give back the imported bytes or a store fails.
 
 Run: ``.venv/bin/python tests/bench/bench_postgresql.py [--quick | --entries N]
-[--forks N] [--appends N] [--only appends,import,size,open] [--keep]``.
+[--forks N] [--appends N] [--only appends,import,size,open,fsck] [--keep]``.
 """
 
 from __future__ import annotations
@@ -81,9 +88,11 @@ TARGET_APPENDS = 1.0
 TARGET_IMPORT = 2.0
 TARGET_EXPORT = 1.5
 TARGET_SIZE = 3.0
-BENCHES = ("appends", "import", "size", "open")
+BENCHES = ("appends", "import", "size", "open", "fsck")
 #: Rounds of the open figure (open, one append, close), one after the other.
 OPEN_ROUNDS = 3
+#: Rounds of the fsck figure (fsck reads and writes nothing).
+FSCK_ROUNDS = 3
 
 
 def say(*args: object) -> None:
@@ -403,6 +412,36 @@ def bench_open(pg_url: str, server: pg_server.PgServer, sid: str, body: dict) ->
                 for step, cpu, srv, wall, q, rows in marks))
 
 
+def bench_fsck(pg_url: str, server: pg_server.PgServer) -> None:
+    from agentsession_cas.maintenance.fsck import fsck
+
+    say(f"\n[6] fsck of the PostgreSQL store ({FSCK_ROUNDS} rounds): the whole walk, and its count of unreferenced objects")
+    rows = []
+    for r in range(FSCK_ROUNDS):
+        gc.collect()
+        at: list[tuple[float, float, float]] = []
+
+        def phase(text: str, at: list[tuple[float, float, float]] = at) -> None:
+            if text.startswith("counting unreferenced") and not at:
+                at.append((time.perf_counter(), time.process_time(), _server_cpu(server)))
+
+        with open_store(pg_url, readonly=True) as st:
+            t0, c0, s0 = time.perf_counter(), time.process_time(), _server_cpu(server)
+            report = fsck(st, progress=phase)
+            t1, c1, s1 = time.perf_counter(), time.process_time(), _server_cpu(server)
+        if not report.ok or not at:
+            raise BenchError(f"fsck found the store damaged or did not count: {[p.message for p in report.errors][:3]}")
+        ta, ca, sa = at[0]
+        rows.append((t1 - t0, c1 - c0, s1 - s0, t1 - ta, c1 - ca, s1 - sa))
+        u = report.counts["unreferenced"]
+        say(f"    round {r + 1}: {t1 - t0:.2f} s ({c1 - c0:.2f} s CPU + {s1 - s0:.2f} s in the server); counting unreferenced "
+            f"{t1 - ta:.2f} s ({c1 - ca:.2f} s CPU + {s1 - sa:.2f} s in the server) of {report.counts['objects']:,} objects, "
+            f"{report.counts['log_records']:,} log records; unreferenced {u}")
+    med = [statistics.median(col) for col in zip(*rows)]
+    say(f"    medians: fsck {med[0]:.2f} s ({med[1]:.2f} s CPU + {med[2]:.2f} s in the server); of it, counting unreferenced "
+        f"{med[3]:.2f} s ({med[4]:.2f} s CPU + {med[5]:.2f} s in the server): {med[3] / med[0]:.0%} of the time")
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -460,6 +499,13 @@ def main(argv: list[str] | None = None) -> int:
                 _, cpu, sid = _import(pg_url, data, server)
                 say(f"\n    imported the {len(data) / 1e6:.1f} MB session into PostgreSQL ({cpu:.2f} s CPU, the server's included)")
             bench_open(pg_url, server, sid, body)
+        if "fsck" in benches:
+            if "import" not in benches and "open" not in benches:
+                pg_url = server.store_url("session")
+                open_store(pg_url, create=True).close()
+                _, cpu, sid = _import(pg_url, data, server)
+                say(f"\n    imported the {len(data) / 1e6:.1f} MB session into PostgreSQL ({cpu:.2f} s CPU, the server's included)")
+            bench_fsck(pg_url, server)
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

@@ -193,13 +193,15 @@ class PostgresBackend(Backend):
             )
         return [sid for (sid,) in rows]
 
-    def retention_sources(self) -> Iterator[RetentionSource]:
+    def retention_sources(self, *, refuse_damage: bool = True) -> Iterator[RetentionSource]:
         """Each session's log (its create and append rows) with the rows repairs kept
         aside of it, one source a session, as the file backend reads a session's
         ``log.damaged-*`` beside its log (rows kept aside of a session an older release
         deleted without them: a source of their own). A session whose log is damaged, or lost rows its head names (deleted, or
         cut at a record: every row left reads), stops the sweep, as on the file backend:
-        ``repair`` takes the lost entries back from the objects while they are held."""
+        ``repair`` takes the lost entries back from the objects while they are held.
+        ``refuse_damage=False`` (fsck, which reports the damage itself) yields what of
+        such a log reads instead, as the file backend's fsck counts it."""
         from ...store.state import log_loss  # the domain's rule (it sits above the backends)
 
         # One statement, one snapshot: an append writes its rows and the session's head in
@@ -223,7 +225,7 @@ class PostgresBackend(Backend):
         session_id, head, length = "", None, (0, 0)
 
         def source() -> RetentionSource:
-            lost = log_loss(records, head, length)
+            lost = log_loss(records, head, length) if refuse_damage else None
             if lost is not None:
                 raise _damaged_log(session_id, lost)
             assert current is not None
@@ -239,6 +241,8 @@ class PostgresBackend(Backend):
                 continue  # (a session with no create or append row: source() refuses it)
             record = parse_record(text)
             if isinstance(record, str):
+                if not refuse_damage:
+                    continue
                 raise _damaged_log(sid, f"log row {pos}: {record}")
             records.append(record)
             if raw is not None and content is not None:

@@ -1,7 +1,10 @@
 """fsck of a PostgreSQL store: every object read (decompressed) and re-hashed against its name,
 every log row and session row checked against the records they hold, each kept snapshot
 against the log it stands for, the edges index against the envelopes, and then every session against the one rule set
-(:func:`agentsession_cas.maintenance.check.check_sessions`, as a store of any backend).
+(:func:`agentsession_cas.maintenance.check.check_sessions`, as a store of any backend). Last, the
+objects nothing retains are counted per space by the sweep's rule
+(:func:`agentsession_cas.maintenance.sweep.unreferenced`), over the logs read in one statement
+and what the walk read of the objects: no object is read a second time.
 
 Imported when fsck runs (:meth:`PostgresBackend.fsck`), as the file backend's walk is:
 it uses the domain (replay, the rules' walk), which sits above the backends.
@@ -11,10 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ...errors import NoSuchObjectError
+from ...format.media import sidecar_names
 from ...maintenance.check import check_sessions
+from ...maintenance.sweep import unreferenced
 from ...store.state import index_damage, replay, stale_head
 from ..base import FsckReport
 from .objects import envelope_parents, hash_name
@@ -37,7 +43,7 @@ def fsck_walk(backend: PostgresBackend, store: Any, *, progress: Callable[[str],
         progress("re-hashing every object")
     counts: dict[str, int] = {}
     parents: set[tuple[bytes, bytes]] = set()  # what the edges index must hold
-    envelopes: set[bytes] = set()
+    kept = _Walked()  # the sound objects, and what the retention rule reads of them
     with db.conn() as c, c.transaction(), c.cursor(name="fsck_objects") as cur:
         cur.itersize = 500
         # The rows of a block together, so each block is read and decompressed once.
@@ -51,20 +57,86 @@ def fsck_walk(backend: PostgresBackend, store: Any, *, progress: Callable[[str],
                            object=name, space=sp, file="objects")
                 continue
             if space == 0:
-                envelopes.add(raw)
                 parents.update((p, raw) for p, _ in envelope_parents(data))
+                kept.envelopes[raw] = data
+            elif space == 1:
+                kept.contents.add(raw)
+                if b"sidecar:" in data:
+                    kept.named[raw] = sidecar_names(data)
+            else:
+                kept.blobs.append(raw)
     report.counts.update(objects=sum(counts.values()), **counts)
     if progress:
         progress("checking the edges index against the envelopes")
-    _check_edges(db, report, parents, envelopes)
+    _check_edges(db, report, parents, kept.envelopes.keys())
     if progress:
         progress("checking the session and log rows")
     _check_rows(db, report)
     check_sessions(store, report, progress=progress)
+    if progress:
+        progress("counting unreferenced objects")
+    # The logs read after the objects, as a sweep reads them: an append landing meanwhile
+    # is never counted unreferenced. A damaged log retains what of it reads (its damage is
+    # reported above; a sweep would refuse the store until it is repaired).
+    sound = {"entries": _Names(kept.envelopes.keys()), "contents": _Names(kept.contents), "blobs": _Names(kept.blobs)}
+    report.counts["unreferenced"] = unreferenced(
+        store, sound, backend.retention_sources(refuse_damage=False), objects=kept, progress=progress)
     return report
 
 
-def _check_edges(db: Database, report: FsckReport, wanted: set[tuple[bytes, bytes]], envelopes: set[bytes]) -> None:
+class _Walked:
+    """The sound objects as the walk read them, by raw hash, for the retention rule: each
+    envelope's bytes and each content's ``sidecar:`` names (none kept for the many that
+    name none), so counting what is unreferenced sends the database no query per object
+    (fsck's peak for the 100,000-entry benchmark session: 325 MB, 288 MB without them)."""
+
+    def __init__(self) -> None:
+        self.envelopes: dict[bytes, bytes] = {}
+        self.contents: set[bytes] = set()
+        self.named: dict[bytes, list[str]] = {}
+        self.blobs: list[bytes] = []
+
+    def read_order(self, names: Iterable[str]) -> list[str]:
+        return list(names)
+
+    def envelope(self, name: str) -> bytes:
+        data = self.envelopes.get(_raw(name))
+        if data is None:
+            raise NoSuchObjectError(f"no sound entries object {name}")
+        return data
+
+    def sidecars(self, name: str) -> list[str]:
+        raw = _raw(name)
+        if raw not in self.contents:
+            raise NoSuchObjectError(f"no sound contents object {name}")
+        return self.named.get(raw, [])
+
+
+class _Names:
+    """Raw hashes seen as the names the retention rule holds (``sha256:<hex>``), made one
+    at a time as they are counted rather than all kept."""
+
+    def __init__(self, raws: Collection[bytes]) -> None:
+        self.raws = raws
+
+    def __len__(self) -> int:
+        return len(self.raws)
+
+    def __iter__(self) -> Iterator[str]:
+        return map(hash_name, self.raws)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and _raw(name) in self.raws
+
+
+def _raw(name: str) -> bytes:
+    try:
+        return bytes.fromhex(name[7:]) if name.startswith("sha256:") else b""
+    except ValueError:
+        return b""
+
+
+def _check_edges(db: Database, report: FsckReport, wanted: set[tuple[bytes, bytes]], envelopes: Collection[bytes]) -> None:
     """Every parent a sound envelope names has its edge; every edge names a held envelope."""
     with db.conn() as c:
         edges = {(bytes(p), bytes(ch)) for p, ch in c.execute("SELECT parent, child FROM edges").fetchall()}
