@@ -197,7 +197,7 @@ def _migrate_postgresql(url: str, *, dry_run: bool, as_json: bool) -> None:
         echo(f"upgraded the store at {plan.url} from schema version {plan.found} to {plan.target} "
              f"({plural(len(plan.statements), 'statement')}, one transaction)")
     elif plan.status == "no-store":
-        fail(f"no store at {plan.url}: create one with `agentsession init`", code=LayoutError.code)
+        fail(str(LayoutError.no_store(f"no store at {plan.url}", plan.url)), code=LayoutError.code)
     elif plan.status == "newer":
         fail(f"the store at {plan.url} has schema version {plan.found}, newer than this release's {plan.target}: "
              "upgrade agentsession-cas", code=LayoutError.code)

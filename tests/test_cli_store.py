@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -141,7 +142,19 @@ def test_an_empty_store_option_is_a_usage_error_not_the_default_store(tmp_path, 
 
 @pytest.mark.parametrize("args", [["list"], ["log", "s1"], ["head", "s1"], ["import", str(FIXTURES / "basic.jsonl")]])
 def test_no_store_is_one_line_error(tmp_path, args):
-    one_error(cli(tmp_path / "none", *args), "no store at", "agentsession init")
+    """The hint makes the store the command was given: a bare `agentsession init` would
+    make the one the search finds (~/.agent/cas), not this one."""
+    one_error(cli(tmp_path / "none", *args), "no store at", f"create one with `agentsession --store {tmp_path / 'none'} init`")
+
+
+def test_no_store_hint_is_a_command_that_makes_that_store(tmp_path):
+    """The hint, read as a shell reads it, makes the store the command named (quoted)."""
+    where = tmp_path / "my store's dir"
+    line = one_error(cli(where, "list"), "no store at")
+    words = shlex.split(line.split("create one with `", 1)[1].rstrip("`"))
+    assert words == ["agentsession", "--store", str(where), "init"]
+    assert ok(cli(None, *words[1:])).strip() == f"created store at {where}"
+    assert ok(cli(where, "list")) == ""
 
 
 def test_newer_layout_is_refused(store):
