@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -395,3 +397,39 @@ def test_header_without_created_at_or_payload_is_refused(tmp_path):
     r = run("verify", str(path))
     assert r.exit_code == 1
     assert "created_at" in r.output and "payload" in r.output
+
+
+# -- help -------------------------------------------------------------------
+
+
+def _every_command() -> list[tuple[str, click.Command]]:
+    """Each subcommand, and each of a group's, by the words that run it."""
+    out: list[tuple[str, click.Command]] = []
+    ctx = click.Context(main)
+    for name in main.list_commands(ctx):
+        command = main.get_command(ctx, name)
+        assert command is not None, name
+        out.append((name, command))
+        if isinstance(command, click.Group):
+            out.extend((f"{name} {sub}", command.get_command(ctx, sub)) for sub in command.list_commands(ctx))
+    return out
+
+
+@pytest.mark.parametrize(("name", "command"), _every_command(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_help_names_its_values_as_the_docs_do(name, command):
+    """An option's value is named for what it is (N, WHEN, DIR, as README.md and docs/cli.md
+    write them), never click's type name (`--after TEXT`, `--limit INTEGER RANGE`)."""
+    r = run(*name.split(), "--help")
+    assert r.exit_code == 0, r.output
+    options = r.output.split("Options:", 1)[1]
+    for word in ("TEXT", "INTEGER", "FLOAT", "RANGE", "BOOLEAN", "FILENAME", "DIRECTORY"):
+        assert not re.search(rf"^\s+-.*\b{word}\b", options, re.M), (name, word, options)
+
+
+def test_a_group_lists_its_commands_with_whole_summaries():
+    """`ref --help` lists each subcommand with a whole line, not one cut with `...`."""
+    r = run("ref", "--help")
+    listed = r.output.split("Commands:", 1)[1].strip().splitlines()
+    assert [line.split()[0] for line in listed] == ["delete", "list", "show", "update"]
+    assert not any(line.rstrip().endswith("...") for line in listed), listed
+
