@@ -178,6 +178,15 @@ def test_show_leaf_option_accepts_prefix_and_refuses_unknown(tmp_path):
     assert "no such entry: deadbeef" in r.output
 
 
+def test_show_leaf_errors_name_the_file_searched(tmp_path):
+    """A `--leaf` that names no entry, or several, says where it was looked for."""
+    path = FIXTURES / "branches.jsonl"  # two of its entries' ids start with 1 (11524a74…, 1916159c…)
+    r = CliRunner().invoke(main, ["show", "--leaf", "deadbeef", str(path)])
+    assert r.exit_code == 1 and f"no such entry: deadbeef (no id, legacy_id or id prefix in {path})" in r.stderr
+    r = CliRunner().invoke(main, ["show", "--leaf", "1", str(path)])
+    assert r.exit_code == 1 and f"1 is the start of 2 entry ids in {path}" in r.stderr
+
+
 @needs_corpus
 def test_show_legacy_id_as_leaf():
     r = run("show", "--json", "--leaf", "r0000001", str(CORPUS / "basic.jsonl"))
