@@ -442,3 +442,14 @@ def test_a_group_lists_its_commands_with_whole_summaries():
     assert [line.split()[0] for line in listed] == ["delete", "list", "show", "update"]
     assert not any(line.rstrip().endswith("...") for line in listed), listed
 
+
+@pytest.mark.parametrize(("typed", "meant"), [("shw", "'show'"), ("lst", "'list'"), ("verfy", "'verify'")])
+def test_a_mistyped_command_names_the_one_meant(typed, meant):
+    """As git's "did you mean": click looks only among the commands it has loaded, and the
+    command loads none until one runs (LAZY_COMMANDS), so it suggested nothing."""
+    r = CliRunner().invoke(main, [typed, "x"])
+    assert r.exit_code == 2 and f"No such command '{typed}'. Did you mean {meant}?" in r.stderr
+    r = CliRunner().invoke(main, [typed, "--json"])
+    assert r.exit_code == 2 and json.loads(r.stderr)["error"] == {"code": "usage", "message": f"No such command '{typed}'. Did you mean {meant}?"}
+    r = CliRunner().invoke(main, ["xyzzy"])
+    assert r.exit_code == 2 and r.stderr.strip().endswith("Error: No such command 'xyzzy'.")
