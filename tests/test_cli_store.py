@@ -851,7 +851,12 @@ def test_delete_says_which_refs_dangle_and_takes_a_damaged_session(store):
     [["log", "ghost"], ["export", "ghost"], ["head", "ghost"], ["delete", "ghost"], ["show", "ghost"], ["verify", "ghost"]],
 )
 def test_unknown_session_is_one_line(store, args):
-    one_error(cli(store, *args), "ghost")
+    """The error names the session and the store it was looked for in."""
+    one_error(cli(store, *args), "ghost", f"the store at {store}")
+
+
+def test_unknown_session_for_a_ref_names_the_store(store):
+    one_error(cli(store, "ref", "update", "chat/x", "ghost"), "no such session: ghost", f"(none in the store at {store})")
 
 
 def test_unknown_session_for_append(store):
