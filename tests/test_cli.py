@@ -453,3 +453,10 @@ def test_a_mistyped_command_names_the_one_meant(typed, meant):
     assert r.exit_code == 2 and json.loads(r.stderr)["error"] == {"code": "usage", "message": f"No such command '{typed}'. Did you mean {meant}?"}
     r = CliRunner().invoke(main, ["xyzzy"])
     assert r.exit_code == 2 and r.stderr.strip().endswith("Error: No such command 'xyzzy'.")
+
+
+@pytest.mark.parametrize("command", ["import", "show", "verify"])
+def test_the_help_of_a_file_reader_says_dash_is_standard_input(command):
+    """README.md writes `import FILE|-`; the help said nothing of `-`."""
+    text = " ".join(run(command, "--help").output.split())
+    assert "- for standard input" in text, text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -1243,3 +1244,31 @@ def test_cat_object_takes_a_unique_prefix_and_json(store):
     one_error(cli(store, "cat-object", "abc"), "not an object name nor a prefix")
     absent = next(f"{i:04x}" for i in range(1 << 16) if f"{i:04x}" not in by4)
     one_error(cli(store, "cat-object", absent), "starts with")
+
+
+def _help_example(command: str) -> str:
+    """The shell lines under `Example` in a command's help."""
+    lines = ok(cli(None, command, "--help")).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Example"))
+    block = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        block.append(line.strip())
+    return "\n".join(block)
+
+
+@pytest.mark.parametrize("command", ["append", "create"])
+def test_the_help_example_runs_as_written(store, tmp_path, command):
+    """The examples `append --help` and `create --help` give run, ID being a session's id
+    (they were added with this test: neither help had one)."""
+    ids = new_session(store, "s1", 2)
+    example = re.sub(r"\bID\b", "s1", _help_example(command))
+    env = {**os.environ, "AGENTSESSION_STORE": str(store), "PATH": f"{EXE.parent}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", example], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, (example, r.stderr)
+    with Store(store, readonly=True) as st:
+        if command == "append":
+            assert st.read("s1").head == r.stdout.strip() and len(st.read("s1")) == 3
+        else:
+            assert st.read("s1-retry").base == ids[-1]
