@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 from agentsession_cas.progress import Progress
 
+from . import terminal
 from .common import (
     JsonStream,
     echo,
@@ -657,6 +658,9 @@ def append(session_id: str, as_json: bool) -> None:
       echo '{"type": "item", "item": {"type": "message", "role": "user", "content": "hi"}}' \\
         | agentsession append ID
     """
+    if terminal.isatty(sys.stdin):  # a person is to type the entry: a name naming no session is said first
+        with read_store() as store:
+            resolve_session(store, session_id)
     obj = _stdin_json("entry")
     if not isinstance(obj, dict):
         fail("stdin holds JSON but not an object; an entry is one JSON object", code=BAD_INPUT)

@@ -864,6 +864,19 @@ def test_unknown_session_for_append(store):
     one_error(cli(store, "append", "ghost", input="{}"), "no such session: ghost")
 
 
+def test_append_at_a_terminal_refuses_an_unknown_session_before_the_entry_is_typed(store, monkeypatch):
+    """At a terminal the person typed the entry, ended it with Ctrl-D, and only then heard
+    that the session name was mistyped: now the name is resolved first, and standard input
+    is not read (no "reading standard input" note)."""
+    from agentsession_cli import terminal
+
+    new_session(store, "s1", 1)
+    monkeypatch.setattr(terminal, "isatty", lambda stream: stream is sys.stdin)
+    one_error(cli(store, "append", "ghost", input=json.dumps(user("hi"))), "no such session: ghost")
+    r = cli(store, "append", "s1", input=json.dumps(user("hi")))
+    assert r.exit_code == 0 and r.stderr == "agentsession: note: reading standard input (end it with Ctrl-D)\n"
+
+
 @pytest.mark.parametrize("args", [["log", "../x"], ["head", "../x"], ["delete", "../x"], ["log", ".."], ["create", "--id", "a/b"]])
 def test_bad_session_id_is_refused_before_any_path(store, args):
     one_error(cli(store, *args), "not usable")
