@@ -1285,3 +1285,18 @@ def test_the_help_example_runs_as_written(store, tmp_path, command):
             assert st.read("s1").head == r.stdout.strip() and len(st.read("s1")) == 3
         else:
             assert st.read("s1-retry").base == ids[-1]
+
+
+def test_migrate_of_a_store_directory_needs_no_postgresql_driver(store, tmp_path):
+    """Without the `postgresql` extra (psycopg not installed), `migrate --help` and `migrate`
+    of a store directory work: they failed with `internal error (ModuleNotFoundError: No
+    module named 'psycopg')`, the command's module importing the PostgreSQL backend."""
+    code = (
+        "import sys; sys.modules['psycopg'] = None  # as where the extra is not installed\n"
+        "from agentsession_cli.main import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    for args in (["migrate", "--help"], ["--store", str(store), "migrate", "-y"]):
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 0 and "internal error" not in r.stderr, (args, r.stdout, r.stderr)
+    assert r.stdout.startswith("nothing to migrate"), r.stdout
