@@ -856,6 +856,14 @@ def test_unknown_session_is_one_line(store, args):
     one_error(cli(store, *args), "ghost", f"the store at {store}")
 
 
+def test_a_session_id_the_store_holds_is_refused_naming_the_store(store):
+    """import of a file twice, or create --id of a held id: the error says where it is held."""
+    ok(cli(store, "import", str(FIXTURES / "basic.jsonl")))
+    one_error(cli(store, "import", str(FIXTURES / "basic.jsonl")), "already exists in the store at", str(store))
+    ok(cli(store, "create", "--id", "s1"))
+    one_error(cli(store, "create", "--id", "s1"), f"session s1 already exists in the store at {store}")
+
+
 def test_unknown_session_for_a_ref_names_the_store(store):
     one_error(cli(store, "ref", "update", "chat/x", "ghost"), "no such session: ghost", f"(none in the store at {store})")
 

@@ -485,7 +485,7 @@ class Store:
         if header.data.get("redacted") is not None:
             raise StoreError("a redacted session is a record to read, not one to hold (RFC 0002)")
         if header.id in self:
-            raise SessionExistsError(f"session {header.id} already exists")
+            raise SessionExistsError(f"session {header.id} already exists in {self.describe()}")
         try:
             canonical_bytes(header.data)
         except IJSONError as exc:
