@@ -164,6 +164,15 @@ class LayoutError(StoreError):
     code = "layout"
     status = 500
 
+    @classmethod
+    def no_store(cls, what: str, url: str) -> LayoutError:
+        """No store at ``url`` (``what`` says how that was found), with the command that
+        makes one there: ``init`` with ``--store``, since a bare ``agentsession init`` makes
+        the store the search finds, which is not this one when ``--store`` named it."""
+        import shlex  # an error's path only: not on a command's start-up path
+
+        return cls(f"{what}; create one with `agentsession --store {shlex.quote(url)} init`")
+
 
 class MigrationError(StoreError):
     """A store of the earlier journal layout that cannot be migrated as it stands.

@@ -157,8 +157,8 @@ def show(
     would be sent: the settings in force, then each item with the entry it
     came from, and the items the omit setting leaves out.
 
-    FILE|ID is a session file, a session id in the store, or a path inside
-    a session's directory in a store. A stored session is shown as its
+    FILE|ID is a session file (- for standard input), a session
+    id in the store, or a path inside a session's directory in a store. A stored session is shown as its
     projection (what `export` prints) would be.
 
     With --graph, the entries are drawn as a tree instead (docs/cli.md).
@@ -799,7 +799,7 @@ def _summary(report: VerifyReport) -> str:
 def verify(file: str | None, as_json: bool, quiet: bool, verbose: bool) -> None:
     """Check a session file or a stored session; exit 1 on any problem.
 
-    For a file: each entry's id is recomputed from its members, its ts form
+    For a file (- for standard input): each entry's id is recomputed from its members, its ts form
     and I-JSON checked, and the parent, parents and base rules applied; then
     the request of every response is rebuilt from its path and its
     request_hash checked (a response without one is counted, never called

@@ -76,11 +76,11 @@ def _damaged(sid: str, exc: AgentSessionError, as_json: bool) -> dict[str, Any]:
 
 
 @click.command("list")
-@click.option("--limit", "-n", type=click.IntRange(min=0), help="Show at most N sessions (the newest).")
-@click.option("--harness", help="Only sessions recorded by this harness (its name, or name and version).")
-@click.option("--cwd", "cwd", help="Only sessions whose working directory is this one or below it.")
-@click.option("--after", help="Only sessions active at or after this (2026-01-02, 2026-01-02T03:04Z, or an age: 3d).")
-@click.option("--before", help="Only sessions last active before this (same forms as --after).")
+@click.option("--limit", "-n", type=click.IntRange(min=0), metavar="N", help="Show at most N sessions (the newest).")
+@click.option("--harness", metavar="NAME", help="Only sessions recorded by this harness (its name, or name and version).")
+@click.option("--cwd", "cwd", metavar="DIR", help="Only sessions whose working directory is DIR or below it.")
+@click.option("--after", metavar="WHEN", help="Only sessions active at or after WHEN (2026-01-02, 2026-01-02T03:04Z, or an age: 3d).")
+@click.option("--before", metavar="WHEN", help="Only sessions last active before WHEN (same forms as --after).")
 @click.option("--current", is_flag=True, help="Leave out sessions that were continued in a successor.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of the same fields instead of text.")
 def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after: str | None, before: str | None,

@@ -131,6 +131,19 @@ class App(click.Group):
                 return command
         raise RuntimeError(f"{module.__name__} does not define the command {cmd_name!r}")
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        """A mistyped command is a usage error naming the commands it is close to (as git's
+        "did you mean"): click looks only among the commands loaded, which here are none."""
+        name = args[0] if args else ""
+        if (name and not name.startswith("-") and not ctx.resilient_parsing and name not in LAZY_COMMANDS
+                and super().get_command(ctx, name) is None):
+            from difflib import get_close_matches  # a mistyped command's path only
+
+            close = [repr(c) for c in get_close_matches(name, self.list_commands(ctx))]
+            hint = "" if not close else f" Did you mean {close[0]}?" if len(close) == 1 else f" Did you mean one of {', '.join(close)}?"
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The command list from the table, so help imports no subcommand's module."""
         rows = [(name, LAZY_COMMANDS[name][1]) for name in sorted(LAZY_COMMANDS)]

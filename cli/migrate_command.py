@@ -16,7 +16,6 @@ from agentsession_cas import short_id
 from agentsession_cas.backends.files.layout import LAYOUT
 from agentsession_cas.backends.files.migrate import MigrationReport, SessionPlan, layout_state, layout_text
 from agentsession_cas.backends.files.migrate_reference import migrate_store
-from agentsession_cas.backends.postgresql import migrate_store as migrate_postgresql
 from agentsession_cas.errors import AgentSessionError, LayoutError, MigrationBusyError, MigrationError
 from agentsession_cas.store.url import store_url_kind
 
@@ -179,7 +178,12 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
 
 
 def _migrate_postgresql(url: str, *, dry_run: bool, as_json: bool) -> None:
-    """A PostgreSQL store's schema upgraded in one transaction (docs/postgresql.md)."""
+    """A PostgreSQL store's schema upgraded in one transaction (docs/postgresql.md). The
+    backend is imported here, for a postgresql:// store alone, as `serve` imports the
+    server: it needs psycopg, the `postgresql` extra, which `migrate` of a store directory
+    does not (it failed with an internal error where the extra was not installed)."""
+    from agentsession_cas.backends.postgresql import migrate_store as migrate_postgresql
+
     try:
         plan = migrate_postgresql(url, dry_run=dry_run)
     except AgentSessionError as exc:
@@ -197,7 +201,7 @@ def _migrate_postgresql(url: str, *, dry_run: bool, as_json: bool) -> None:
         echo(f"upgraded the store at {plan.url} from schema version {plan.found} to {plan.target} "
              f"({plural(len(plan.statements), 'statement')}, one transaction)")
     elif plan.status == "no-store":
-        fail(f"no store at {plan.url}: create one with `agentsession init`", code=LayoutError.code)
+        fail(str(LayoutError.no_store(f"no store at {plan.url}", plan.url)), code=LayoutError.code)
     elif plan.status == "newer":
         fail(f"the store at {plan.url} has schema version {plan.found}, newer than this release's {plan.target}: "
              "upgrade agentsession-cas", code=LayoutError.code)

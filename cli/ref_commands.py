@@ -40,7 +40,7 @@ def ref() -> None:
     """
 
 
-@ref.command("list")
+@ref.command("list", short_help="List the refs whose name begins with PREFIX: name, session, state.")
 @click.argument("prefix", metavar="[PREFIX]", required=False, default="")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of text.")
 def list_refs(prefix: str, as_json: bool) -> None:
@@ -69,7 +69,7 @@ def list_refs(prefix: str, as_json: bool) -> None:
         fail(str(error), code=error.code)
 
 
-@ref.command("show")
+@ref.command("show", short_help="Print a ref: the session it names and that session's state.")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
 def show_ref(name: str, as_json: bool) -> None:
@@ -93,7 +93,7 @@ def _expected(value: str | None) -> str | None:
     return value or None
 
 
-@ref.command("update")
+@ref.command("update", short_help="Point the ref NAME at SESSION, by compare-and-swap.")
 @click.argument("name")
 @click.argument("session_id", metavar="SESSION")
 @click.option(
@@ -122,7 +122,7 @@ def update_ref(name: str, session_id: str, expected: str | None, as_json: bool) 
         emit_json(result.as_dict())
 
 
-@ref.command("delete")
+@ref.command("delete", short_help="Delete the ref NAME (the session it names stays).")
 @click.argument("name")
 @click.option(
     "--expect",

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 from agentsession_cas.progress import Progress
 
+from . import terminal
 from .common import (
     JsonStream,
     echo,
@@ -550,6 +551,7 @@ def _say_where_it_went(store: Store, s: Session) -> None:
 def import_cmd(file: str, record: bool, as_json: bool) -> None:
     """Import a session file; print the new session's id.
 
+    FILE may be - for standard input.
     The session is a mirror (it refuses local appends and head moves)
     unless --record is given. When the file's resume rule lands where no
     head may rest (a leaf label), a note says so and names the head held.
@@ -590,6 +592,10 @@ def create(base: str | None, header_file: str | None, new_id: str | None, fork_l
     A fork (--base) whose header names no parent_session gets the session
     holding the base; --link also records that session in a fork_of link,
     the fork's first entry.
+
+    \b
+    Example (a fork of session ID at its head, to try another turn from there):
+      agentsession create --id ID-retry --base "$(agentsession head ID)" --link
     """
     if fork_link and base is None:
         fail("--link records the session a fork was made from: give --base", code=USAGE)
@@ -646,7 +652,15 @@ def append(session_id: str, as_json: bool) -> None:
     The entry may carry its id (it must match the hash) or not; `parent`
     defaults to the head and `ts` to now. The append is committed before
     the command exits.
+
+    \b
+    Example (a user message, appended at the head of session ID):
+      echo '{"type": "item", "item": {"type": "message", "role": "user", "content": "hi"}}' \\
+        | agentsession append ID
     """
+    if terminal.isatty(sys.stdin):  # a person is to type the entry: a name naming no session is said first
+        with read_store() as store:
+            resolve_session(store, session_id)
     obj = _stdin_json("entry")
     if not isinstance(obj, dict):
         fail("stdin holds JSON but not an object; an entry is one JSON object", code=BAD_INPUT)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -174,6 +176,15 @@ def test_show_leaf_option_accepts_prefix_and_refuses_unknown(tmp_path):
     r = CliRunner().invoke(main, ["show", "--leaf", "deadbeef", str(path)])
     assert r.exit_code == 1
     assert "no such entry: deadbeef" in r.output
+
+
+def test_show_leaf_errors_name_the_file_searched(tmp_path):
+    """A `--leaf` that names no entry, or several, says where it was looked for."""
+    path = FIXTURES / "branches.jsonl"  # two of its entries' ids start with 1 (11524a74…, 1916159c…)
+    r = CliRunner().invoke(main, ["show", "--leaf", "deadbeef", str(path)])
+    assert r.exit_code == 1 and f"no such entry: deadbeef (no id, legacy_id or id prefix in {path})" in r.stderr
+    r = CliRunner().invoke(main, ["show", "--leaf", "1", str(path)])
+    assert r.exit_code == 1 and f"1 is the start of 2 entry ids in {path}" in r.stderr
 
 
 @needs_corpus
@@ -395,3 +406,57 @@ def test_header_without_created_at_or_payload_is_refused(tmp_path):
     r = run("verify", str(path))
     assert r.exit_code == 1
     assert "created_at" in r.output and "payload" in r.output
+
+
+# -- help -------------------------------------------------------------------
+
+
+def _every_command() -> list[tuple[str, click.Command]]:
+    """Each subcommand, and each of a group's, by the words that run it."""
+    out: list[tuple[str, click.Command]] = []
+    ctx = click.Context(main)
+    for name in main.list_commands(ctx):
+        command = main.get_command(ctx, name)
+        assert command is not None, name
+        out.append((name, command))
+        if isinstance(command, click.Group):
+            out.extend((f"{name} {sub}", command.get_command(ctx, sub)) for sub in command.list_commands(ctx))
+    return out
+
+
+@pytest.mark.parametrize(("name", "command"), _every_command(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_help_names_its_values_as_the_docs_do(name, command):
+    """An option's value is named for what it is (N, WHEN, DIR, as README.md and docs/cli.md
+    write them), never click's type name (`--after TEXT`, `--limit INTEGER RANGE`)."""
+    r = run(*name.split(), "--help")
+    assert r.exit_code == 0, r.output
+    options = r.output.split("Options:", 1)[1]
+    for word in ("TEXT", "INTEGER", "FLOAT", "RANGE", "BOOLEAN", "FILENAME", "DIRECTORY"):
+        assert not re.search(rf"^\s+-.*\b{word}\b", options, re.M), (name, word, options)
+
+
+def test_a_group_lists_its_commands_with_whole_summaries():
+    """`ref --help` lists each subcommand with a whole line, not one cut with `...`."""
+    r = run("ref", "--help")
+    listed = r.output.split("Commands:", 1)[1].strip().splitlines()
+    assert [line.split()[0] for line in listed] == ["delete", "list", "show", "update"]
+    assert not any(line.rstrip().endswith("...") for line in listed), listed
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("shw", "'show'"), ("lst", "'list'"), ("verfy", "'verify'")])
+def test_a_mistyped_command_names_the_one_meant(typed, meant):
+    """As git's "did you mean": click looks only among the commands it has loaded, and the
+    command loads none until one runs (LAZY_COMMANDS), so it suggested nothing."""
+    r = CliRunner().invoke(main, [typed, "x"])
+    assert r.exit_code == 2 and f"No such command '{typed}'. Did you mean {meant}?" in r.stderr
+    r = CliRunner().invoke(main, [typed, "--json"])
+    assert r.exit_code == 2 and json.loads(r.stderr)["error"] == {"code": "usage", "message": f"No such command '{typed}'. Did you mean {meant}?"}
+    r = CliRunner().invoke(main, ["xyzzy"])
+    assert r.exit_code == 2 and r.stderr.strip().endswith("Error: No such command 'xyzzy'.")
+
+
+@pytest.mark.parametrize("command", ["import", "show", "verify"])
+def test_the_help_of_a_file_reader_says_dash_is_standard_input(command):
+    """README.md writes `import FILE|-`; the help said nothing of `-`."""
+    text = " ".join(run(command, "--help").output.split())
+    assert "- for standard input" in text, text

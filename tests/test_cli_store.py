@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -141,7 +143,19 @@ def test_an_empty_store_option_is_a_usage_error_not_the_default_store(tmp_path, 
 
 @pytest.mark.parametrize("args", [["list"], ["log", "s1"], ["head", "s1"], ["import", str(FIXTURES / "basic.jsonl")]])
 def test_no_store_is_one_line_error(tmp_path, args):
-    one_error(cli(tmp_path / "none", *args), "no store at", "agentsession init")
+    """The hint makes the store the command was given: a bare `agentsession init` would
+    make the one the search finds (~/.agent/cas), not this one."""
+    one_error(cli(tmp_path / "none", *args), "no store at", f"create one with `agentsession --store {tmp_path / 'none'} init`")
+
+
+def test_no_store_hint_is_a_command_that_makes_that_store(tmp_path):
+    """The hint, read as a shell reads it, makes the store the command named (quoted)."""
+    where = tmp_path / "my store's dir"
+    line = one_error(cli(where, "list"), "no store at")
+    words = shlex.split(line.split("create one with `", 1)[1].rstrip("`"))
+    assert words == ["agentsession", "--store", str(where), "init"]
+    assert ok(cli(None, *words[1:])).strip() == f"created store at {where}"
+    assert ok(cli(where, "list")) == ""
 
 
 def test_newer_layout_is_refused(store):
@@ -838,11 +852,37 @@ def test_delete_says_which_refs_dangle_and_takes_a_damaged_session(store):
     [["log", "ghost"], ["export", "ghost"], ["head", "ghost"], ["delete", "ghost"], ["show", "ghost"], ["verify", "ghost"]],
 )
 def test_unknown_session_is_one_line(store, args):
-    one_error(cli(store, *args), "ghost")
+    """The error names the session and the store it was looked for in."""
+    one_error(cli(store, *args), "ghost", f"the store at {store}")
+
+
+def test_a_session_id_the_store_holds_is_refused_naming_the_store(store):
+    """import of a file twice, or create --id of a held id: the error says where it is held."""
+    ok(cli(store, "import", str(FIXTURES / "basic.jsonl")))
+    one_error(cli(store, "import", str(FIXTURES / "basic.jsonl")), "already exists in the store at", str(store))
+    ok(cli(store, "create", "--id", "s1"))
+    one_error(cli(store, "create", "--id", "s1"), f"session s1 already exists in the store at {store}")
+
+
+def test_unknown_session_for_a_ref_names_the_store(store):
+    one_error(cli(store, "ref", "update", "chat/x", "ghost"), "no such session: ghost", f"(none in the store at {store})")
 
 
 def test_unknown_session_for_append(store):
     one_error(cli(store, "append", "ghost", input="{}"), "no such session: ghost")
+
+
+def test_append_at_a_terminal_refuses_an_unknown_session_before_the_entry_is_typed(store, monkeypatch):
+    """At a terminal the person typed the entry, ended it with Ctrl-D, and only then heard
+    that the session name was mistyped: now the name is resolved first, and standard input
+    is not read (no "reading standard input" note)."""
+    from agentsession_cli import terminal
+
+    new_session(store, "s1", 1)
+    monkeypatch.setattr(terminal, "isatty", lambda stream: stream is sys.stdin)
+    one_error(cli(store, "append", "ghost", input=json.dumps(user("hi"))), "no such session: ghost")
+    r = cli(store, "append", "s1", input=json.dumps(user("hi")))
+    assert r.exit_code == 0 and r.stderr == "agentsession: note: reading standard input (end it with Ctrl-D)\n"
 
 
 @pytest.mark.parametrize("args", [["log", "../x"], ["head", "../x"], ["delete", "../x"], ["log", ".."], ["create", "--id", "a/b"]])
@@ -1225,3 +1265,46 @@ def test_cat_object_takes_a_unique_prefix_and_json(store):
     one_error(cli(store, "cat-object", "abc"), "not an object name nor a prefix")
     absent = next(f"{i:04x}" for i in range(1 << 16) if f"{i:04x}" not in by4)
     one_error(cli(store, "cat-object", absent), "starts with")
+
+
+def _help_example(command: str) -> str:
+    """The shell lines under `Example` in a command's help."""
+    lines = ok(cli(None, command, "--help")).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Example"))
+    block = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        block.append(line.strip())
+    return "\n".join(block)
+
+
+@pytest.mark.parametrize("command", ["append", "create"])
+def test_the_help_example_runs_as_written(store, tmp_path, command):
+    """The examples `append --help` and `create --help` give run, ID being a session's id
+    (they were added with this test: neither help had one)."""
+    ids = new_session(store, "s1", 2)
+    example = re.sub(r"\bID\b", "s1", _help_example(command))
+    env = {**os.environ, "AGENTSESSION_STORE": str(store), "PATH": f"{EXE.parent}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", example], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, (example, r.stderr)
+    with Store(store, readonly=True) as st:
+        if command == "append":
+            assert st.read("s1").head == r.stdout.strip() and len(st.read("s1")) == 3
+        else:
+            assert st.read("s1-retry").base == ids[-1]
+
+
+def test_migrate_of_a_store_directory_needs_no_postgresql_driver(store, tmp_path):
+    """Without the `postgresql` extra (psycopg not installed), `migrate --help` and `migrate`
+    of a store directory work: they failed with `internal error (ModuleNotFoundError: No
+    module named 'psycopg')`, the command's module importing the PostgreSQL backend."""
+    code = (
+        "import sys; sys.modules['psycopg'] = None  # as where the extra is not installed\n"
+        "from agentsession_cli.main import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    for args in (["migrate", "--help"], ["--store", str(store), "migrate", "-y"]):
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 0 and "internal error" not in r.stderr, (args, r.stdout, r.stderr)
+    assert r.stdout.startswith("nothing to migrate"), r.stdout

@@ -100,7 +100,7 @@ def memory_store(name: str | None, *, create: bool = False) -> MemoryData:
             if not create:
                 raise LayoutError(
                     f"no store at memory:{name} (no memory store of that name in this process); "
-                    "create one with `agentsession init` or open_store(..., create=True)"
+                    f"open_store('memory:{name}', create=True) makes one"
                 )
             data = _REGISTRY[name] = MemoryData()
         return data

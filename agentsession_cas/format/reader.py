@@ -140,8 +140,9 @@ class SessionFile:
             if len(found) == 1:
                 return found[0]
             if len(found) > 1:
-                raise NoSuchEntryError(f"{name} names {len(found)} entries; give more of the hash")
-        raise NoSuchEntryError(f"no such entry: {name}")
+                raise NoSuchEntryError(f"{name} is the start of {len(found)} entry ids in {self.source}; "
+                                       "give more of the hash")
+        raise NoSuchEntryError(f"no such entry: {name} (no id, legacy_id or id prefix in {self.source})")
 
     def canonical_bytes(self) -> bytes:
         """The file written back out: the header, then each entry, as canonical lines.

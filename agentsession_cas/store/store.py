@@ -196,6 +196,10 @@ class Store:
         """The store named for a message: "the store at /path", "the memory store"."""
         return self.backend.describe()
 
+    def no_session(self, session_id: str) -> NoSuchSessionError:
+        """The error for a session id this store does not hold, naming the store."""
+        return NoSuchSessionError(f"no such session: {session_id} (none in {self.describe()})")
+
     def __enter__(self) -> Store:
         return self
 
@@ -264,7 +268,7 @@ class Store:
         if session_id in self._open:
             return self._open[session_id]
         if session_id not in self:
-            raise NoSuchSessionError(f"no such session: {session_id}")
+            raise self.no_session(session_id)
         session = Session._open(self, session_id, writable=not self.readonly)
         self._open[session_id] = session
         return session
@@ -275,7 +279,7 @@ class Store:
         """A read-only snapshot of a session, taking no hold, whatever the store's mode."""
         check_session_id(session_id)
         if session_id not in self:
-            raise NoSuchSessionError(f"no such session: {session_id}")
+            raise self.no_session(session_id)
         return Session._open(self, session_id, writable=False)
 
     def history(self, session_id: str) -> LogHistory:
@@ -320,7 +324,7 @@ class Store:
         """A session's header, read alone (one small read)."""
         raw = self.backend.sessions.header(check_session_id(session_id))
         if raw is None:
-            raise NoSuchSessionError(f"no such session: {session_id}")
+            raise self.no_session(session_id)
         try:
             data, _ = loads_flagged(raw)
         except (ValueError, AgentSessionError) as exc:
@@ -481,7 +485,7 @@ class Store:
         if header.data.get("redacted") is not None:
             raise StoreError("a redacted session is a record to read, not one to hold (RFC 0002)")
         if header.id in self:
-            raise SessionExistsError(f"session {header.id} already exists")
+            raise SessionExistsError(f"session {header.id} already exists in {self.describe()}")
         try:
             canonical_bytes(header.data)
         except IJSONError as exc:
@@ -625,7 +629,7 @@ class Store:
             self.backend.sessions.delete(session_id, session.log)
             return
         if session_id not in self:
-            raise NoSuchSessionError(f"no such session: {session_id}")
+            raise self.no_session(session_id)
         self.backend.sessions.delete(session_id)
 
     # -- objects and entries ------------------------------------------------------------

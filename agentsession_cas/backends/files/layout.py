@@ -144,7 +144,7 @@ def check_layout(root: str, *, readonly: bool) -> None:
         hint = old_layout_hint(root)
         if hint is not None:
             raise LayoutError(hint) from None
-        raise LayoutError(f"no store at {root} (no layout file); create one with `agentsession init`") from None
+        raise LayoutError.no_store(f"no store at {root} (no layout file)", root) from None
     except IsADirectoryError:
         raise LayoutError(f"{layout} is a directory, not a layout file") from None
     except NotADirectoryError:

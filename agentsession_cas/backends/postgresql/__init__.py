@@ -287,10 +287,7 @@ def init_schema(db: Database) -> bool:
 def check_version(db: Database, version: int | None) -> None:
     """Refuse a database holding no store, or a schema of another version."""
     if version is None:
-        raise LayoutError(
-            f"no store at {db.public} (no schema {db.schema!r} with a store's tables); "
-            "create one with `agentsession init` or open_store(..., create=True)"
-        )
+        raise LayoutError.no_store(f"no store at {db.public} (no schema {db.schema!r} with a store's tables)", db.public)
     if version > SCHEMA_VERSION:
         raise UnsupportedError(
             f"{db.describe()} has schema version {version}; this release reads version {SCHEMA_VERSION}: upgrade agentsession-cas"
