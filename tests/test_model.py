@@ -350,10 +350,13 @@ class Machine(RuleBasedStateMachine):
     # -- appends --------------------------------------------------------------------------
 
     def append_and_check(self, sid: str, entry: dict[str, Any], durable: bool | None,
-                         predicted: str | None, refusal: tuple[type, str | None] | None = None) -> None:
+                         predicted: str | None, refusal: tuple[type, str | None] | None = None,
+                         may_refuse: bool = False) -> None:
         """Append ``entry`` to ``sid`` on every store: the outcome and head the model
         predicts (``predicted`` None: the model does not say whether the rules admit it,
-        every backend must agree), or the refusal it predicts."""
+        every backend must agree), or the refusal it predicts. ``may_refuse``: the rules
+        the model does not keep (calls, runs) may refuse it; when they do not, it does
+        what the model predicts."""
         s = self.model.sessions[sid]
         expected_head = self.expected_head
         if s.mark != "record":
@@ -364,7 +367,8 @@ class Machine(RuleBasedStateMachine):
         if refusal is not None:
             self.expect_refused(got, refusal[0], refusal[1])
             return
-        if predicted is None and isinstance(got, Refused):
+        if (predicted is None or may_refuse) and isinstance(got, Refused):
+            assert got.cls is AppendRefusedError, got
             return
         assert not isinstance(got, Refused), f"refused, where the model predicts {predicted}: {got}"
         event(f"append: {got.outcome}")
@@ -457,6 +461,24 @@ class Machine(RuleBasedStateMachine):
         entry = {"type": "label", "label": LEAF_LABEL, "target": tgt, "parent": parent, "ts": self.ts()}
         predicted, refusal = self.predict(sid, parent, leaf_target=tgt)
         self.append_and_check(sid, entry, durable, predicted, refusal)
+
+    @precondition(lambda self: self.model.sessions)
+    @rule(i=pick, kind=hs.sampled_from(["function_call", "function_call_output", "response"]),
+          call=hs.sampled_from(["c1", "c2"]), durable=hs.sampled_from([None, False]))
+    def append_call(self, i: int, kind: str, call: str, durable: bool | None) -> None:
+        """A function call, its output, or a response, at the head: the call and run rules
+        (which the model does not keep) admit or refuse it alike on every backend."""
+        sid = self.choose(self.live(), i)
+        s = self.model.sessions[sid]
+        if kind == "response":
+            entry: dict[str, Any] = {"type": "response", "status": "completed"}
+        elif kind == "function_call":
+            entry = {"type": "item", "item": {"type": "function_call", "call_id": call, "name": "f", "arguments": "{}"}}
+        else:
+            entry = {"type": "item", "item": {"type": "function_call_output", "call_id": call, "output": "o"}}
+        entry.update(parent=s.head, ts=self.ts())
+        predicted, refusal = self.predict(sid, s.head)
+        self.append_and_check(sid, entry, durable, predicted, refusal, may_refuse=True)
 
     @precondition(lambda self: self.model.sessions)
     @rule(i=pick, j=pick, name=hs.sampled_from(["bookmark", "review"]))
