@@ -822,6 +822,6 @@ class FileMemoryPostgresql(Machine):
 
 
 TestFileMemoryPostgresql = pytest.mark.slow(FileMemoryPostgresql.TestCase)
-TestFileMemoryPostgresql.settings = settings(max_examples=_scaled(40), stateful_step_count=50, **_NO_SHRINK)
+TestFileMemoryPostgresql.settings = settings(max_examples=_scaled(25), stateful_step_count=50, **_NO_SHRINK)
 
 __all__ = ["BackendKind", "Machine"]
