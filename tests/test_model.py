@@ -277,7 +277,6 @@ class Machine(RuleBasedStateMachine):
             for k in range(n):
                 self.append_message(1, 0, "head", TEXTS[k], "assistant", None)
 
-
     @rule(i=pick, record=hs.booleans(), records_header=hs.booleans())
     def create(self, i: int, record: bool, records_header: bool) -> None:
         sid = self.choose(SESSION_IDS, i)
