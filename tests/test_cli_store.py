@@ -1308,3 +1308,19 @@ def test_migrate_of_a_store_directory_needs_no_postgresql_driver(store, tmp_path
         r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=tmp_path)
         assert r.returncode == 0 and "internal error" not in r.stderr, (args, r.stdout, r.stderr)
     assert r.stdout.startswith("nothing to migrate"), r.stdout
+
+
+def test_a_postgresql_store_without_the_driver_says_which_extra_to_install(tmp_path):
+    """Without the `postgresql` extra, `--store postgresql://…` is refused with the extra
+    to install (code `unsupported`), not `internal error (ModuleNotFoundError ...)`: the
+    backend's sessions module imported psycopg unguarded."""
+    code = (
+        "import sys; sys.modules['psycopg'] = None  # as where the extra is not installed\n"
+        "from agentsession_cli.main import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, "--store", "postgresql://localhost/none", "list", "--json"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "internal error" not in r.stderr and "agentsession-cas[postgresql]" in r.stderr, r.stderr
+    assert json.loads(r.stderr)["error"]["code"] == "unsupported", r.stderr

@@ -38,8 +38,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
-from psycopg import pq
-
 from ...errors import (
     AgentSessionError,
     NoSuchSessionError,
@@ -67,7 +65,7 @@ from ..base import (
 from ..files.log import AppendRow, chain, make_snapshot, read_log, record_body, run_snapshot, with_digests
 from ..files.sessions import APPEND_LINE_MIN, COMPACT_AT_CLOSE, COMPACT_WHILE_WRITING, append_row
 from .arrays import bool_array, boolean, bytea_array, int2_array, int4, int4_array, int8, text_array
-from .database import checked, psycopg, translate
+from .database import checked, pq, psycopg, translate
 from .objects import IN_PACKED, copy_rows, object_rows, packed, raw_hash
 
 if TYPE_CHECKING:
