@@ -148,7 +148,7 @@ def test_import_stores_the_same_with_the_helper(forced, tmp_path, monkeypatch):
             s.close()
             with pytest.raises(AgentSessionError) as got:
                 st.import_file(bad)
-            errors.append(str(got.value))
+            errors.append(str(got.value).replace(str(tmp_path / f"store{n}"), "STORE"))  # (a refusal names its store)
     assert errors[0] == errors[1]
     assert counted[0] >= 150 and helpers and helpers[0].objects
 

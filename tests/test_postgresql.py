@@ -108,7 +108,7 @@ def test_url_schema_member_is_ours_and_checked():
 
 
 def test_no_store_is_a_layout_error_until_init(url):
-    with pytest.raises(LayoutError, match="agentsession init"):
+    with pytest.raises(LayoutError, match=r"agentsession --store .* init"):
         open_store(url)
     st = open_store(url, create=True)
     st.close()

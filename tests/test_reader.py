@@ -651,7 +651,7 @@ def test_resolve_ambiguous_prefix():
     for e in s.entries:
         firsts[e.id[7]] = firsts.get(e.id[7], 0) + 1
     shared = next(d for d, n in firsts.items() if n > 1)  # 40 ids over 16 digits: one repeats
-    with pytest.raises(NoSuchEntryError, match="names"):
+    with pytest.raises(NoSuchEntryError, match="is the start of .* entry ids"):
         s.resolve(shared)
     with pytest.raises(NoSuchEntryError):
         s.resolve("sha256:" + shared)
