@@ -76,7 +76,7 @@ def _start() -> str:
     with _LOCK:
         if "url" in _SERVER:
             return str(_SERVER["url"])
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY: see server/run.py
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         config = uvicorn.Config(_mux, log_level="warning", lifespan="off", access_log=False)
