@@ -24,6 +24,7 @@ from agentsession_cas.backends import remote
 from agentsession_cas.errors import (
     AuthError,
     LeaseLostError,
+    MirrorError,
     NoSuchObjectError,
     ScopeError,
     SessionLockedError,
@@ -194,6 +195,25 @@ def test_what_the_protocol_does_not_carry_is_refused(served, token):
         with pytest.raises(UnsupportedError):
             list(st.objects.names("entries"))
         assert len(st.read("chat-8")) == 1
+
+
+def test_a_refused_delete_of_a_held_mirror_leaves_the_handle_held(served, token):
+    """RFC 0003: a mirror is never leased, so a client's delete of one is refused
+    (``mirror``); the refusal changes nothing, the client's handle on it included (it
+    was closed and forgotten before the server answered; the model test found it)."""
+    with open_store(served.url) as st:
+        st.create(Header.new("chat-m"), record=False)
+        held = st.session("chat-m")
+        with pytest.raises(MirrorError):
+            st.delete("chat-m")
+        assert st.opened("chat-m") is held and not held.closed
+        assert st.list() == ["chat-m"]
+        held.close()
+    with open_store(served.url) as st:  # a record's held handle is deleted as before
+        s = st.create(Header.new("chat-r"))
+        s.append(_msg("x"))
+        st.delete("chat-r")
+        assert st.opened("chat-r") is None and s.closed and "chat-r" not in st.list()
 
 
 def test_no_server_there_is_refused(tmp_path):

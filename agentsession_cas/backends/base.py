@@ -614,7 +614,9 @@ class SessionStore(ABC):
     @abstractmethod
     def delete(self, session_id: str, log: SessionLog | None = None) -> None:
         """Remove a session in one step (its header, log and indexes), holding it (or
-        through ``log``, the caller's writable handle, which is closed)."""
+        through ``log``, the caller's writable handle, which is closed). A refusal (an
+        :class:`~agentsession_cas.errors.AgentSessionError` raised because the session may
+        not be deleted here) changes nothing and leaves ``log`` held as it was."""
 
 
 class RefStore(ABC):

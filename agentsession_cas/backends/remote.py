@@ -762,8 +762,11 @@ class RemoteSessions(SessionStore):
             handle.flush()
             self.backend.http.request("DELETE", f"/sessions/{_sid(session_id)}", safe=False, keyed=True,
                                       headers=handle._token())
-        finally:
-            handle.close()
+        except AgentSessionError:
+            if handle is not log:  # the lease taken here; the caller's stays held, as the refusal leaves it
+                handle.close()
+            raise
+        handle.close()
         if log is not None and log is not handle:
             log.close()
 

@@ -622,11 +622,16 @@ class Store:
         """Remove a session in one step (its log and header; objects stay for a sweep)."""
         self._require_writable()
         check_session_id(session_id)
-        session = self._open.pop(session_id, None)
+        session = self._open.get(session_id)
         if session is not None:
+            session._closed = True  # no append while it goes
+            try:
+                self.backend.sessions.delete(session_id, session.log)
+            except AgentSessionError:
+                session._closed = False  # refused (a mirror held over RFC 0003): the handle stays as it was
+                raise
+            del self._open[session_id]
             session._drop_pending()
-            session._closed = True
-            self.backend.sessions.delete(session_id, session.log)
             return
         if session_id not in self:
             raise self.no_session(session_id)
