@@ -4,7 +4,8 @@ The contract suite (tests/test_contract.py) holds each RFC 0002 rule to one writ
 case; this drives *sequences* of operations nobody wrote down. A hypothesis
 ``RuleBasedStateMachine`` applies each step through the public Python API
 (``open_store``, ``Store``, ``Session``, ``Refs``, ``fsck``) to a store of each backend
-side by side (a file store and a memory store; PostgreSQL too in the ``slow`` variant),
+side by side (a file store and a memory store; a file store and one served over HTTP;
+PostgreSQL too in the ``slow`` variant),
 and after every step checks that they agree with each other and with a plain model kept
 here:
 
@@ -152,6 +153,9 @@ class Machine(RuleBasedStateMachine):
     """The stores of :attr:`kinds` side by side, and the model. Subclasses name the kinds."""
 
     kinds: tuple[str, ...] = ("file", "memory")
+    #: Kinds whose store is a server's, reached over RFC 0003: local maintenance (sweep)
+    #: is not carried, so the machine checks it is refused there and runs it elsewhere.
+    served: frozenset[str] = frozenset({"http"})
 
     def __init__(self) -> None:
         super().__init__()
@@ -170,6 +174,8 @@ class Machine(RuleBasedStateMachine):
                 memory_backend._REGISTRY.pop(f.url()[len("memory:"):], None)
             elif f.kind.name == "postgresql":
                 _drop_schema(f.url())
+            if f.kind.release is not None:
+                f.kind.release(self.root, f.tag)  # a served store's server side
         remove_tree(self.root)
         event(f"entries appended: {len(self.model.entries) // 10 * 10}+")
         assert not errors, errors
@@ -180,12 +186,14 @@ class Machine(RuleBasedStateMachine):
         self.tick += 1
         return (T0 + timedelta(seconds=self.tick)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    def each(self, op: Callable[[Store], Any]) -> list[Any] | Refused:
-        """``op`` on every store: the results, or :class:`Refused` when every store
-        refused it with the same error class and code (anything else fails the test)."""
+    def each(self, op: Callable[[Store], Any], stores: Sequence[Store] | None = None) -> list[Any] | Refused:
+        """``op`` on every store (or on ``stores``): the results, or :class:`Refused` when every
+        store refused it with the same error class and code (anything else fails the test)."""
         results: list[Any] = []
         errors: list[BaseException | None] = []
-        for store in self.stores:
+        stores = self.stores if stores is None else stores
+        kinds = [k for k, st in zip(self.kinds, self.stores, strict=True) if st in stores]
+        for store in stores:
             before = self.fingerprint(store)
             try:
                 results.append(op(store))
@@ -194,11 +202,11 @@ class Machine(RuleBasedStateMachine):
                 results.append(None)
                 errors.append(exc)
                 assert self.fingerprint(store) == before, f"a refused operation changed the store: {exc}"
-        kinds = [(type(e), e.code) if isinstance(e, AgentSessionError) else None for e in errors]
-        assert all(k == kinds[0] for k in kinds), (
-            f"the backends {self.kinds} disagree: " + "; ".join(
+        outcomes = [(type(e), e.code) if isinstance(e, AgentSessionError) else None for e in errors]
+        assert all(k == outcomes[0] for k in outcomes), (
+            f"the backends {kinds} disagree: " + "; ".join(
                 f"{name}: {'accepted' if e is None else f'{type(e).__name__}({e.code}): {e}'}"  # type: ignore[attr-defined]
-                for name, e in zip(self.kinds, errors, strict=True)))
+                for name, e in zip(kinds, errors, strict=True)))
         first = errors[0]
         caller = sys._getframe(1).f_code.co_name
         caller = sys._getframe(2).f_code.co_name if caller == "same" else caller
@@ -335,6 +343,12 @@ class Machine(RuleBasedStateMachine):
     @rule(i=pick)
     def delete(self, i: int) -> None:
         sid = self.choose(self.live(), i)
+        served = [st for kind, st in zip(self.kinds, self.stores, strict=True) if kind in self.served]
+        if served and self.model.sessions[sid].mark == "mirror":
+            # RFC 0003: deleting takes a lease and a mirror is never leased, so only the
+            # mirror's record deletes it; a client's delete is refused, nothing changed
+            self.expect_refused(self.each(lambda st: st.delete(sid), served), MirrorError, "mirror")
+            return
         got = self.each(lambda st: st.delete(sid))
         assert not isinstance(got, Refused), got
         del self.model.sessions[sid]
@@ -701,13 +715,20 @@ class Machine(RuleBasedStateMachine):
             for sid in self.live():
                 if self.model.sessions[sid].open:
                     self.close(sid)
+        local = [st for kind, st in zip(self.kinds, self.stores, strict=True) if kind not in self.served]
+        for kind, st in zip(self.kinds, self.stores, strict=True):
+            if kind in self.served:
+                # RFC 0003 carries no sweep (the server's own maintenance): refused, the
+                # store as it was (a grace of 0 is refused first: no client can tell
+                # whether a writer holds a session of the server's)
+                self.expect_refused(self.each(lambda st: st.sweep(grace=0), [st]), AgentSessionError)
         if any(s.open for s in self.model.sessions.values()):
-            self.expect_refused(self.each(lambda st: st.sweep(grace=0)), WritersActiveError, "writers_active")
+            self.expect_refused(self.each(lambda st: st.sweep(grace=0), local), WritersActiveError, "writers_active")
             return
-        before = [{sid: st.export(sid) for sid in self.live()} for st in self.stores]
-        got = self.each(lambda st: st.sweep(grace=0))
+        before = [{sid: st.export(sid) for sid in self.live()} for st in local]
+        got = self.each(lambda st: st.sweep(grace=0), local)
         assert not isinstance(got, Refused), got
-        after = [{sid: st.export(sid) for sid in self.live()} for st in self.stores]
+        after = [{sid: st.export(sid) for sid in self.live()} for st in local]
         assert after == before, "a sweep changed what a live session exports"
         self.maintained = True
 
@@ -814,6 +835,18 @@ class FileAndMemory(Machine):
 
 TestFileAndMemory = FileAndMemory.TestCase
 TestFileAndMemory.settings = settings(max_examples=_scaled(40), stateful_step_count=40, **_NO_SHRINK)
+
+
+class FileAndHttp(Machine):
+    """A file store beside a file store served over RFC 0003 (tests/http_store.py): what
+    the protocol carries behaves as the library does locally. Sweep is not carried
+    (refused there), and a client's delete of a mirror is refused (never leased)."""
+
+    kinds = ("file", "http")
+
+
+TestFileAndHttp = FileAndHttp.TestCase
+TestFileAndHttp.settings = settings(max_examples=_scaled(15), stateful_step_count=30, **_NO_SHRINK)
 
 
 class FileMemoryPostgresql(Machine):
