@@ -201,6 +201,13 @@ class BadNameError(StoreError, ValueError):
     status = 400
 
 
+def not_an_object_name(name: object) -> BadNameError:
+    """The error for what was given as an object's name (an entry id, a content or blob
+    name) and is none: one wording and one code (``bad_name``, as for a session id) for
+    every read of every backend."""
+    return BadNameError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
+
+
 class ReadOnlyError(StoreError):
     """A write through a store or session opened read-only."""
 
