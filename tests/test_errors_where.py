@@ -82,3 +82,33 @@ def test_a_name_that_is_no_object_name_is_bad_name_on_every_read(st, name):
         assert caught.value.code == "bad_name", what
         assert str(caught.value) == f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)", what
 
+def test_the_damage_hint_names_the_store_that_is_damaged(tmp_path, monkeypatch):
+    """`agentsession repair SESSION` repairs the store the search finds (here: another
+    one, in the working directory), not the damaged one `--store` named: the hint names it."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from agentsession_cas.store import Store
+    from agentsession_cli.main import main
+
+    here = tmp_path / "work"
+    Store.init(here).close()  # the store a bare command finds, from here
+    monkeypatch.chdir(here)
+    damaged = tmp_path / "the store's dir"
+    with Store.init(damaged) as st:
+        s = st.create(Header.new("s1"))
+        for i in range(3):
+            s.append(dict(ENTRY, ts=f"2026-12-04T02:00:0{i}Z"))
+    log = damaged / "sessions" / "s1" / "log"
+    data = bytearray(log.read_bytes())
+    line2 = data.index(b"\n") + 1
+    data[line2] = ord("0") if data[line2] != ord("0") else ord("1")  # the first append's checksum fails
+    log.write_bytes(bytes(data))
+    r = CliRunner().invoke(main, ["--store", str(damaged), "append", "s1"], input='{"type": "item"}')
+    assert r.exit_code == 1
+    assert f"run `agentsession --store {shlex.quote(str(damaged))} repair s1`" in r.stderr, r.stderr
+    # and that command repairs it
+    r = CliRunner().invoke(main, shlex.split(f"--store {shlex.quote(str(damaged))} repair s1"))
+    assert r.exit_code == 0, r.output
+

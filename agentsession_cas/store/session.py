@@ -282,7 +282,10 @@ class Session:
 
     @classmethod
     def _open(cls, store: Store, session_id: str, *, writable: bool) -> Session:
-        log, opened = store.backend.sessions.open(session_id, writable=writable)
+        try:
+            log, opened = store.backend.sessions.open(session_id, writable=writable)
+        except SessionDamagedError as exc:
+            raise exc.in_store(store.backend.public_url()) from None
         try:
             header = parse_header(session_id, opened.header)
             state = replay(opened.records)
@@ -293,6 +296,7 @@ class Session:
             if damage:
                 raise SessionDamagedError(
                     damage[0], session=session_id, line=0, offset=0, path=store.backend.sessions.log_source(session_id),
+                    store=store.backend.public_url(),
                 )
         except BaseException:
             log.close()
