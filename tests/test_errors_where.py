@@ -82,6 +82,7 @@ def test_a_name_that_is_no_object_name_is_bad_name_on_every_read(st, name):
         assert caught.value.code == "bad_name", what
         assert str(caught.value) == f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)", what
 
+
 def test_the_damage_hint_names_the_store_that_is_damaged(tmp_path, monkeypatch):
     """`agentsession repair SESSION` repairs the store the search finds (here: another
     one, in the working directory), not the damaged one `--store` named: the hint names it."""
@@ -112,3 +113,26 @@ def test_the_damage_hint_names_the_store_that_is_damaged(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, shlex.split(f"--store {shlex.quote(str(damaged))} repair s1"))
     assert r.exit_code == 0, r.output
 
+
+def test_verify_of_a_stored_session_with_no_entries_speaks_of_the_session(st):
+    from agentsession_cas.format.rules import empty_problem
+    from agentsession_cas.maintenance.check import verify_stored
+
+    st.create(Header.new("nothing")).close()
+    [p] = verify_stored(st, "nothing", as_export=True).problems
+    assert p["code"] == "empty"
+    assert p["message"] == empty_problem(stored=True).message == \
+        "the session holds no entries: its projection would be a header alone"
+    assert "file" not in p["message"]
+    assert verify_stored(st, "nothing").problems == []  # fsck's view: a store may hold a session with none yet
+
+
+def test_verify_of_a_file_with_no_entries_still_speaks_of_the_file(tmp_path):
+    from agentsession_cas.format.reader import verify_file
+
+    path = tmp_path / "empty.jsonl"
+    from agentsession_cas.format.writer import write_session
+
+    write_session(path, Header.new("nothing"), [])
+    [p] = verify_file(path).problems
+    assert (p.code, p.message) == ("empty", "the file holds a header and no entries")
