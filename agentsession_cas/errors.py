@@ -201,6 +201,13 @@ class BadNameError(StoreError, ValueError):
     status = 400
 
 
+def not_an_object_name(name: object) -> BadNameError:
+    """The error for what was given as an object's name (an entry id, a content or blob
+    name) and is none: one wording and one code (``bad_name``, as for a session id) for
+    every read of every backend."""
+    return BadNameError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
+
+
 class ReadOnlyError(StoreError):
     """A write through a store or session opened read-only."""
 
@@ -258,11 +265,17 @@ class SessionDamagedError(StoreError):
     code = "session_damaged"
     status = 500
 
-    def __init__(self, why: str, *, session: str, line: int, offset: int, path: str | None = None):
+    def __init__(self, why: str, *, session: str, line: int, offset: int, path: str | None = None,
+                 store: str | None = None):
+        import shlex  # an error's path only: not on a command's start-up path
+
         where = f" ({path})" if path else ""
+        # The store named as --store names it: a bare `agentsession repair` repairs the
+        # store the search finds, which need not be the damaged one (as LayoutError.no_store).
+        named = f" --store {shlex.quote(store)}" if store else ""
         super().__init__(
-            f"session {session} is damaged: {why}{where}; it refuses writes until repaired: run `agentsession repair "
-            f"{session}` (`--dry-run` first shows what it keeps and drops; the damaged log is kept aside)"
+            f"session {session} is damaged: {why}{where}; it refuses writes until repaired: run `agentsession{named} "
+            f"repair {session}` (`--dry-run` first shows what it keeps and drops; the damaged log is kept aside)"
         )
         #: What is wrong, without the session's name or the advice (for a report that names the session).
         self.why = why
@@ -271,13 +284,25 @@ class SessionDamagedError(StoreError):
         self.offset = offset
         #: The damaged log, relative to the store's root (None where the backend names no file).
         self.path = path
+        #: The damaged store, as ``--store`` names it (None where the raiser did not know it).
+        self.store = store
+
+    def in_store(self, store: str) -> SessionDamagedError:
+        """The same damage, its advice naming ``store`` (a layer that knows the store and
+        meets the error raised below it without one)."""
+        if self.store is not None:
+            return self
+        out = SessionDamagedError(self.why, session=self.session, line=self.line, offset=self.offset, path=self.path,
+                                  store=store)
+        out.__traceback__ = self.__traceback__
+        return out
 
     @classmethod
-    def header_lost(cls, session: str, path: str) -> SessionDamagedError:
+    def header_lost(cls, session: str, path: str, store: str | None = None) -> SessionDamagedError:
         """A session the store holds whose header file (``path``) is gone: it is listed no
         more, but it is damage, which repair makes good, not an absent session."""
         return cls("its header file is missing; the store lists it no more", session=session, line=0, offset=0,
-                   path=path)
+                   path=path, store=store)
 
     def as_dict(self) -> dict[str, Any]:
         out = super().as_dict()

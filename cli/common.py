@@ -43,6 +43,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a check failed, or an error
 EXIT_USAGE = 2  # click's: a bad option or argument
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped (kill, a service manager, a timeout)
 EXIT_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`| head`)
 
 

@@ -26,13 +26,36 @@ def finding_line(p: FsckProblem) -> str:
     return text
 
 
+def summary_line(counts: dict) -> str:
+    """What the walk counted, in the words of the store it walked: a store directory's
+    copies packed and loose; a database's (or the memory store's) objects per space, with
+    no pack words; through an HTTP client, which walks no objects, none of either (nor the
+    log records where none were counted)."""
+    parts = []
+    if "objects" in counts:
+        if "packs" in counts:
+            held = (f"{number(counts.get('packed', 0))} packed in {number(counts['packs'])} pack(s), "
+                    f"{number(counts.get('loose', 0))} loose")
+        else:
+            held = ", ".join(f"{number(counts.get(space, 0))} {space}" for space in ("entries", "contents", "blobs"))
+        parts.append(f"{number(counts['objects'])} object(s) verified ({held})")
+    parts.append(f"{number(counts.get('sessions', 0))} session(s)")
+    if "log_records" in counts:
+        parts.append(f"{number(counts['log_records'])} log record(s)")
+    if counts.get("deep_checked") is not None:
+        parts.append(f"{number(counts['deep_checked'])} session(s) verified in depth")
+    u = counts.get("unreferenced")
+    unreferenced = "not counted (the store cannot be swept from here)" if u is None else (
+        f"{number(u.get('entries', 0))} entries, {number(u.get('contents', 0))} contents, {number(u.get('blobs', 0))} blobs")
+    return f"fsck: {', '.join(parts)}; unreferenced: {unreferenced}"
+
+
 def run_fsck(as_json: bool, *, deep: bool = False, root: str | None = None) -> int:
     """Walk the store (``--store``, else the default) and print what was found; return
     the exit status (0 clean, 1 problems). `verify` with no argument calls this."""
     with progressing("fsck") as bar:
         report = fsck(root or store_root(), deep=deep, progress=bar.phase if bar is not None and not as_json else None)
     counts = report.counts
-    deep_checked = counts.get("deep_checked")
     if as_json:
         emit_json(report.as_dict())
         return 0 if report.ok else 1
@@ -40,16 +63,7 @@ def run_fsck(as_json: bool, *, deep: bool = False, root: str | None = None) -> i
         echo(finding_line(p))
     for p in report.notes:
         echo(f"agentsession: note: {p.code}: {one_line(p.message)}", err=True)
-    u = counts.get("unreferenced")
-    unreferenced = "not counted (the store cannot be swept from here)" if u is None else (
-        f"{number(u.get('entries', 0))} entries, {number(u.get('contents', 0))} contents, {number(u.get('blobs', 0))} blobs")
-    echo(
-        f"fsck: {number(counts.get('objects', 0))} object(s) verified ({number(counts.get('packed', 0))} packed in "
-        f"{number(counts.get('packs', 0))} pack(s), {number(counts.get('loose', 0))} loose), "
-        f"{number(counts.get('sessions', 0))} session(s), {number(counts.get('log_records', 0))} log record(s)"
-        + (f", {number(deep_checked)} session(s) verified in depth" if deep_checked is not None else "")
-        + f"; unreferenced: {unreferenced}"
-    )
+    echo(summary_line(counts))
     echo(f"fsck: {number(len(report.errors))} problem(s), {number(len(report.warnings))} warning(s)")
     return 0 if report.ok else 1
 

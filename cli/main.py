@@ -6,6 +6,7 @@ stopped the command; 2 a usage error (click's own).
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]
 import importlib
 import json
 import os
@@ -22,6 +23,7 @@ from . import terminal
 from .common import (
     EXIT_INTERRUPTED,
     EXIT_PIPE,
+    EXIT_TERMINATED,
     EXIT_USAGE,
     end_at_once_after,
     ended_at_once,
@@ -163,6 +165,14 @@ class App(click.Group):
             usage_json(exc)
 
     def invoke(self, ctx: click.Context) -> Any:
+        previous = _stop_on_sigterm()
+        try:
+            return self._invoke(ctx)
+        finally:
+            if previous is not None:
+                _signal.signal(_signal.SIGTERM, previous)
+
+    def _invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.meta.get("agentsession.json"))
         try:
             try:
@@ -184,6 +194,10 @@ class App(click.Group):
             # Ctrl-C: no traceback, no "Aborted!", 128+SIGINT as a shell reports it.
             sys.stderr.write("\n")
             sys.exit(EXIT_INTERRUPTED)
+        except Terminated:
+            # SIGTERM: what was being written was let go as Ctrl-C lets it go (an import's
+            # stage and partial packs removed), then 128+SIGTERM as a shell reports it.
+            sys.exit(EXIT_TERMINATED)
         except OSError as exc:
             fail(os_message(exc), code=os_code(exc), as_json=as_json)
         except click.UsageError as exc:
@@ -198,6 +212,28 @@ class App(click.Group):
             fail("a file name cannot hold a NUL character", code="bad_name", as_json=as_json)
         except Exception as exc:  # a bug of ours: still one line, never a traceback
             fail(f"internal error ({type(exc).__name__}: {exc}); please report it", code="internal", as_json=as_json)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, as Ctrl-C raises KeyboardInterrupt: not an
+    ``Exception``, so only the cleanups (``finally``, ``except BaseException``) see it
+    on its way out, and the temporary files of a write are removed as for Ctrl-C."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _stop_on_sigterm() -> Any:
+    """SIGTERM ends the command through :class:`Terminated` (default: the process dies
+    where it is, leaving an import's partial packs in tmp/); the handler it replaces, to
+    put back when the command returns (a program calling :func:`main` goes on), or None
+    off the main thread, where no handler can be set. (``_signal``: the built-in module,
+    loaded already; ``signal`` would cost a command's start-up its import.)"""
+    try:
+        return _signal.signal(_signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread
+        return None
 
 
 def usage_json(exc: click.UsageError) -> NoReturn:

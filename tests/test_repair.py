@@ -724,7 +724,7 @@ def test_the_damage_message_names_the_repair_command(tmp_path):
     root = tmp_path / "store"
     build(root)
     flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
-    with pytest.raises(SessionDamagedError, match=r"run `agentsession repair s1`"):
+    with pytest.raises(SessionDamagedError, match=r"run `agentsession --store \S+ repair s1`"):
         Store(root).session(SID)
 
 

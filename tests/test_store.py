@@ -1813,7 +1813,7 @@ def test_damaged_message_names_the_repair_command(root):
     data = bytearray(logp.read_bytes())
     data[30] ^= 0x01
     logp.write_bytes(bytes(data))
-    with pytest.raises(SessionDamagedError, match=r"run `agentsession repair dmg`"):
+    with pytest.raises(SessionDamagedError, match=r"run `agentsession --store \S+ repair dmg`"):
         Store(root).session("dmg")
 
 

@@ -870,6 +870,11 @@ class Backend(ABC):
         """The store, named for a message ("the store at /path", "the memory store")."""
         return f"the store at {self.url}"
 
+    def public_url(self) -> str:
+        """The store as ``--store`` names it in advice a message gives (a command to run):
+        its URL, with no secret in it."""
+        return self.url
+
     @abstractmethod
     def close(self) -> None:
         """Release everything; a writer's close may tidy storage (pack loose objects)."""

@@ -79,6 +79,7 @@ __all__ = [
     "StorePolicy",
     "ErrorCode",
     "problem",
+    "empty_problem",
     "rule_of",
     "parse_line",
     "line_failure",
@@ -1125,7 +1126,11 @@ class PathChecker:
         self._trial = None
 
 
-def _empty() -> Problem:
+def empty_problem(stored: bool = False) -> Problem:
+    """The one ``empty`` problem: a file that holds a header and no entries, or (``stored``)
+    a stored session that holds none, whose projection would be that file."""
+    if stored:
+        return problem(None, "empty", "the session holds no entries: its projection would be a header alone")
     return problem(None, "empty", "the file holds a header and no entries")
 
 
@@ -1228,7 +1233,7 @@ class SessionChecker:
         no entry at all, and the notes of :meth:`PathChecker.finish` and the header."""
         out = self.tree.finish()
         if not len(self.tree):
-            out.append(_empty())
+            out.append(empty_problem())
         out += self.path.finish() + _header_notes(self.header) + store_note(self._links)
         return out
 
@@ -1326,7 +1331,7 @@ def verify_report(
     records = _by_line_code([p for p in checker.problems if RULES[p.code].scope == "record"])
     problems = _by_line(read + context + records)
     if not entries:
-        problems.append(_empty())
+        problems.append(empty_problem())
     context_notes = _by_line([p for p in checker.notes if RULES[p.code].scope == "context"])
     record_notes = _by_line_code([p for p in checker.notes if RULES[p.code].scope == "record"])
     notes = list(unresolved) + context_notes + record_notes + checker.file_notes + _header_notes(header)

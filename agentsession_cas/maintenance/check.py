@@ -32,7 +32,7 @@ from ..format.hashing import lines_from_objects
 from ..format.media import SidecarNames
 from ..format.reader import verify_lines
 from ..format.results import VerifyReport
-from ..format.rules import RULES
+from ..format.rules import RULES, empty_problem
 from ..lean import dataclass
 from ..progress import Progress
 from ..store.links import check_links
@@ -313,8 +313,11 @@ def _check_projection(session: Session, report: VerifyReport | SessionFormatErro
         out.problems.extend({**p.as_dict(), "where": "projection"} for p in report.problems)
         return
     for p in report.problems:
-        if p.code != "empty" or as_export:
-            out.problems.append({**p.as_dict(), "where": _WHERE.get(RULES[p.code].scope, "projection")})
+        if p.code == "empty":
+            if not as_export:
+                continue  # (fsck: a store may hold a session with no entry yet)
+            p = empty_problem(stored=True)  # (said of the session, not of a file)
+        out.problems.append({**p.as_dict(), "where": _WHERE.get(RULES[p.code].scope, "projection")})
     # What a file could not check, the store does: the sessions its links name.
     out.notes.extend({**p.as_dict(), "where": _WHERE.get(RULES[p.code].scope, "projection")}
                      for p in report.notes if p.code != "link-store")

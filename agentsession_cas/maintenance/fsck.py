@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 
 from ..backends.base import SEVERITIES, SPACES, FsckProblem, FsckReport, Severity
-from ..errors import NoSuchSessionError
+from ..errors import CorruptObjectError, NoSuchSessionError
 from ..store.store import Store
 from ..store.url import open_store
 from .check import check_sessions, verify_stored
@@ -42,9 +42,10 @@ def fsck(
             report: FsckReport = walk(st, progress=progress)
         else:
             report = FsckReport(st.root or st.url)
+            sound = _objects(st, report, progress) if st.backend.capabilities.sweep else None
             check_sessions(st, report, progress=progress)
-            if st.backend.capabilities.sweep:
-                report.counts["unreferenced"] = _unreferenced(st, progress)
+            if sound is not None:
+                report.counts["unreferenced"] = unreferenced(st, sound, progress=progress)
         if deep:
             report.counts["deep_checked"] = _deep(st, report, progress)
         return report
@@ -53,18 +54,28 @@ def fsck(
             st.close()
 
 
-def _unreferenced(store: Store, progress: Callable[[str], None] | None) -> dict[str, int]:
-    """The sound objects of each space that nothing retains, by the sweep's rule, for a
-    backend whose walk does not count them itself (the memory store). The objects are
-    listed before the logs are read, as a sweep does, so an append landing meanwhile is
-    never counted unreferenced."""
+def _objects(store: Store, report: FsckReport, progress: Callable[[str], None] | None) -> dict[str, list[str]]:
+    """Every object read as the store reads it (verified against its name), for a backend
+    whose walk is not its own (the memory store): counted per space as a PostgreSQL store's
+    walk counts them, one that does not read an error, and the sound ones returned for the
+    count of what nothing retains. They are listed before the logs are read, as a sweep
+    lists them, so an append landing meanwhile is never counted unreferenced."""
     if progress:
-        progress("counting unreferenced objects")
+        progress("reading every object")
     sound: dict[str, list[str]] = {space: [] for space in SPACES}
+    counts = report.counts
+    counts.update(objects=0, **{space: 0 for space in SPACES})
     for space, name, data in store.objects.read_all(SPACES):
+        counts[space] += 1
         if isinstance(data, bytes):
             sound[space].append(name)
-    return unreferenced(store, sound, progress=progress)
+        elif isinstance(data, CorruptObjectError):
+            report.add("error", "corrupt-object", f"{space} object {name} does not hash to its name", object=name,
+                       space=space)
+        else:
+            report.add("error", "unreadable", f"{space} object {name} cannot be read: {data}", object=name, space=space)
+    counts["objects"] = sum(counts[space] for space in SPACES)
+    return sound
 
 
 def _deep(store: Store, report: FsckReport, progress: Callable[[str], None] | None) -> int:

@@ -45,12 +45,20 @@ Safety beside writers in other processes (the file backend):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..backends.base import SPACES, RepackResult, Retained, RetentionSource
-from ..errors import CorruptObjectError, CorruptPackError, NoSuchObjectError, ReadOnlyError, WritersActiveError, store_relative
+from ..errors import (
+    AgentSessionError,
+    CorruptObjectError,
+    CorruptPackError,
+    NoSuchObjectError,
+    ReadOnlyError,
+    WritersActiveError,
+    store_relative,
+)
 from ..format.canonical import loads
 from ..format.hashing import envelope_content
 from ..format.media import sidecar_names
@@ -60,7 +68,7 @@ if TYPE_CHECKING:
     from ..store.store import Store
 
 __all__ = [
-    "DEFAULT_GRACE", "SAFE_GRACE", "Retained", "RetentionSource", "RetentionObjects", "SweepResult", "parse_duration",
+    "DEFAULT_GRACE", "SAFE_GRACE", "EnvelopeBytes", "Retained", "RetentionSource", "RetentionObjects", "SweepResult", "parse_duration",
     "retained", "sweep", "unreferenced",
 ]
 
@@ -85,15 +93,63 @@ def parse_duration(text: str) -> float:
 
 
 class RetentionObjects(Protocol):
-    """What the retention rule reads of the objects: envelopes (for a prefix's parents and
-    the contents no log's copy said) and the ``sidecar:`` names of contents. A missing or
-    corrupt object raises :class:`NoSuchObjectError` or :class:`CorruptObjectError`."""
+    """What the retention rule reads of the objects: the contents a set of envelopes name
+    (those no log's copy said), the parent of one envelope (a prefix, walked up), and the
+    blobs a set of contents names by ``sidecar:`` URL. An object missing or corrupt names
+    nothing in the bulk reads; :meth:`parent_of` raises :class:`NoSuchObjectError` or
+    :class:`CorruptObjectError` for it. A reader holding the objects' bytes gets all three
+    from :class:`EnvelopeBytes`; the file backend's fsck walk, which holds its envelopes
+    parsed and its contents' ``sidecar:`` names found, answers from those."""
 
-    def read_order(self, names: Iterable[str]) -> list[str]: ...
+    def content_names(self, entries: Collection[str]) -> Iterable[str]: ...
 
-    def envelope(self, name: str) -> bytes: ...
+    def parent_of(self, entry: str) -> str | None: ...
 
-    def sidecars(self, name: str) -> list[str]: ...
+    def blob_names(self, contents: Collection[str]) -> Iterable[str]: ...
+
+
+class EnvelopeBytes:
+    """:class:`RetentionObjects` over a subclass's ``read_order(names)`` (the order to read
+    them in), ``envelope(name)`` (its bytes, verified) and ``sidecars(name)`` (a content's
+    ``sidecar:`` names), each raising :class:`NoSuchObjectError` or
+    :class:`CorruptObjectError` for an object missing or corrupt. An envelope's content is
+    read by the one reading of an envelope (:func:`envelope_content`, most with no parse),
+    its parent parsed (only a prefix's entries are asked it); bytes that are no envelope
+    name neither."""
+
+    def read_order(self, names: Iterable[str]) -> list[str]:
+        raise NotImplementedError
+
+    def envelope(self, name: str) -> bytes:
+        raise NotImplementedError
+
+    def sidecars(self, name: str) -> list[str]:
+        raise NotImplementedError
+
+    def content_names(self, entries: Collection[str]) -> Iterator[str]:
+        for name in self.read_order(entries):
+            try:
+                c = envelope_content(self.envelope(name))
+            except (NoSuchObjectError, CorruptObjectError):
+                continue
+            if c:
+                yield c
+
+    def parent_of(self, entry: str) -> str | None:
+        data = self.envelope(entry)  # (missing or corrupt: raised as it is)
+        try:
+            env = loads(data)
+        except (ValueError, AgentSessionError):
+            return None
+        parent = env.get("parent") if isinstance(env, dict) else None
+        return parent if isinstance(parent, str) else None
+
+    def blob_names(self, contents: Collection[str]) -> Iterator[str]:
+        for name in self.read_order(contents):
+            try:
+                yield from self.sidecars(name)
+            except (NoSuchObjectError, CorruptObjectError):
+                continue
 
 
 def retained(
@@ -151,33 +207,20 @@ def retained(
         while current is not None and current not in envelopes:
             envelopes.add(current)
             try:
-                env = _envelope(objects, current)
-            except NoSuchObjectError:
+                current = objects.parent_of(current)
+            except (NoSuchObjectError, CorruptObjectError):
                 break  # missing: fsck's business; nothing above it can be read either
-            parent = env.get("parent")
-            current = parent if isinstance(parent, str) else None
     # Contents of retained envelopes (those whose log copy did not already say).
     unsaid = envelopes - said
     if progress and unsaid:
         progress(f"reading {len(unsaid):,} envelope(s) for their contents")
-    for name in objects.read_order(unsaid):
-        try:
-            data = objects.envelope(name)
-        except (NoSuchObjectError, CorruptObjectError):
-            continue
-        c = envelope_content(data)
-        if c:
-            contents.add(c)
+    contents.update(objects.content_names(unsaid))
     # Blobs: any retained content may name one (RFC 0002 sets no condition on the
     # session's media), so contents are read whenever the store holds a blob.
     if blobs:
         if progress and contents:
             progress(f"reading {len(contents):,} content(s) for the blobs they name")
-        for name in objects.read_order(contents):
-            try:
-                ret.blobs.update(objects.sidecars(name))
-            except (NoSuchObjectError, CorruptObjectError):
-                continue
+        ret.blobs.update(objects.blob_names(contents))
     return ret
 
 
@@ -195,10 +238,12 @@ def unreferenced(
     ``counts["unreferenced"]`` on a backend whose walk does not count them itself."""
     ret = retained(store, sources, progress=progress, blobs=bool(sound.get("blobs")), objects=objects)
     kept: dict[str, set[str]] = {"entries": ret.envelopes, "contents": ret.contents, "blobs": ret.blobs}
-    return {space: sum(1 for name in sound.get(space, ()) if name not in kept[space]) for space in SPACES}
+    # (each name once: those held less those retained, with no call per name)
+    return {space: len(names) - len(kept[space].intersection(names))
+            for space, names in ((space, sound.get(space, ())) for space in SPACES)}
 
 
-class _Unpacked:
+class _Unpacked(EnvelopeBytes):
     """The store's objects as retention reads them: a pack that does not read stops the
     sweep (what its envelopes and contents name cannot be told, and a sweep never
     guesses), naming it relative to the store and what to run first."""
@@ -223,14 +268,6 @@ class _Unpacked:
                 f"{store_relative(str(exc), self.root)}: a sweep cannot tell what the {space} in it name; run "
                 "`agentsession pack` first (it copies what of the pack reads and sets it aside)", path=exc.path,
             ) from None
-
-
-def _envelope(objects: RetentionObjects, name: str) -> dict[str, Any]:
-    try:
-        env = loads(objects.envelope(name))
-    except CorruptObjectError as exc:
-        raise NoSuchObjectError(str(exc)) from None
-    return env if isinstance(env, dict) else {}
 
 
 @dataclass

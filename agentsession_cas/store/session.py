@@ -39,6 +39,7 @@ from ..errors import (
     SessionDamagedError,
     StoreError,
     SupersededError,
+    quoted,
 )
 from ..format.canonical import canonical_bytes, loads, loads_flagged, needs_careful
 from ..format.entry import FORMAT_WRITTEN, LEAF_LABEL, SYNTHETIC_RULE, Entry, Header, make_entry, parse_format, short_id
@@ -281,7 +282,10 @@ class Session:
 
     @classmethod
     def _open(cls, store: Store, session_id: str, *, writable: bool) -> Session:
-        log, opened = store.backend.sessions.open(session_id, writable=writable)
+        try:
+            log, opened = store.backend.sessions.open(session_id, writable=writable)
+        except SessionDamagedError as exc:
+            raise exc.in_store(store.backend.public_url()) from None
         try:
             header = parse_header(session_id, opened.header)
             state = replay(opened.records)
@@ -292,6 +296,7 @@ class Session:
             if damage:
                 raise SessionDamagedError(
                     damage[0], session=session_id, line=0, offset=0, path=store.backend.sessions.log_source(session_id),
+                    store=store.backend.public_url(),
                 )
         except BaseException:
             log.close()
@@ -738,6 +743,9 @@ class Session:
         if given is not None and "parent" in (d := given.data) and "ts" in d and d.get("id") == given.computed_id:
             data = d  # whole already, and an Entry's data is never changed: shared, not copied
         else:
+            if entry.__class__ is not dict and not isinstance(entry, (Entry, Mapping)):
+                raise AppendRefusedError(f"an entry is an Entry or a JSON object (a dict), not {type(entry).__name__}: "
+                                         f"{quoted(entry)}", rule="json")
             data = dict(entry.data if isinstance(entry, Entry) else entry)
             if "parent" not in data:
                 data["parent"] = head
@@ -787,6 +795,9 @@ class Session:
         raises :class:`AppendRefusedError` and the batch is not made. ``durable``
         overrides the store's sync policy for the whole batch."""
         self._check_writable("appends")
+        if isinstance(entries, (str, bytes, bytearray, Mapping, Entry)):
+            raise AppendRefusedError(f"prepare takes entries (an iterable of Entry or JSON objects), not one "
+                                     f"{type(entries).__name__}: {quoted(entries)}", rule="json")
         self._drop_pending()
         checker = self.rules()
         trial = checker.begin()

@@ -44,11 +44,13 @@ from ..errors import (
     IJSONError,
     NoSuchObjectError,
     NoSuchSessionError,
+    Problem,
     ReadOnlyError,
     SessionExistsError,
     SessionFormatError,
     StoreError,
     SupersededError,
+    not_an_object_name,
     quoted,
 )
 from ..format.canonical import canonical_bytes, loads_flagged
@@ -345,6 +347,9 @@ class Store:
         open for writing.
         """
         self._require_writable()
+        if not isinstance(header, (Header, Mapping)):
+            raise SessionFormatError("header", [Problem(1, "header", f"a header is a Header or a JSON object (a dict), "
+                                                                    f"not {type(header).__name__}: {quoted(header)}")])
         header = header if isinstance(header, Header) else Header(dict(header))
         header = self._checked_new_header(header)
         if header.base is None:
@@ -639,9 +644,19 @@ class Store:
 
     # -- objects and entries ------------------------------------------------------------
 
+    def _get(self, space: Space, name: str) -> bytes:
+        """An object's verified bytes, as every read of one by its name here gets them: a
+        name that is none (whatever the backend would say of it) is ``bad_name``."""
+        try:
+            return self.objects.get(space, name)
+        except (NoSuchObjectError, TypeError):  # (TypeError: a name given that is no string)
+            if not is_hash(name):
+                raise not_an_object_name(name) from None
+            raise
+
     def envelope(self, entry_id: str) -> dict[str, Any]:
         """An entry's envelope, parsed and checked to be one."""
-        return self._envelope(entry_id, self.objects.get("entries", entry_id))
+        return self._envelope(entry_id, self._get("entries", entry_id))
 
     def _envelope(self, entry_id: str, env_bytes: bytes) -> dict[str, Any]:
         """:meth:`envelope` of the bytes read for it."""
@@ -656,7 +671,7 @@ class Store:
 
     def entry(self, entry_id: str) -> Entry:
         """An entry rebuilt from its envelope and content objects, both verified."""
-        env_bytes = self.objects.get("entries", entry_id)
+        env_bytes = self._get("entries", entry_id)
         env, env_careful = envelope_parts(env_bytes, entry_id, self.objects)
         body, body_careful = loads_flagged(self.objects.get("contents", env["content"]))
         return entry_from_objects(entry_id, env, body, env_careful or body_careful)
@@ -670,7 +685,14 @@ class Store:
         step = _ProjectionWalk.CHUNK  # (the projection's walk reads so too)
         for at in range(0, len(entry_ids), step):
             chunk = entry_ids[at : at + step]
-            envs = [envelope_parts(b, eid, objects) for eid, b in zip(chunk, objects.get_many("entries", chunk))]
+            try:
+                envelopes = objects.get_many("entries", chunk)
+            except (NoSuchObjectError, TypeError):  # (TypeError: a name given that is no string)
+                for eid in chunk:
+                    if not is_hash(eid):
+                        raise not_an_object_name(eid) from None
+                raise
+            envs = [envelope_parts(b, eid, objects) for eid, b in zip(chunk, envelopes)]
             contents = objects.get_many("contents", [env["content"] for env, _ in envs])
             for eid, (env, env_careful), content in zip(chunk, envs, contents):
                 body, body_careful = loads_flagged(content)
@@ -773,12 +795,12 @@ class Store:
         return name
 
     def blob(self, name: str) -> bytes:
-        return self.objects.get("blobs", name)
+        return self._get("blobs", name)
 
     def cat_object(self, name: str, space: Space | None = None) -> tuple[Space, bytes]:
         """An object's verified bytes and its space, looked up in every space unless one is given."""
         if not is_hash(name):
-            raise AgentSessionError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
+            raise not_an_object_name(name)
         spaces: builtins.list[Space] = [space] if space else ["entries", "contents", "blobs"]
         unread = None
         for sp in spaces:

@@ -21,7 +21,9 @@ The walk, in order (``docs/fsck.md`` has the whole list of checks and codes):
    ``mark`` against the log;
 4. **refs**, staged sessions, leftovers, and stray names everywhere;
 5. **retention**: objects that no log or prefix retains are counted per
-   space (as git counts dangling objects), never reported as errors.
+   space (as git counts dangling objects), never reported as errors, by the
+   sweep's rule (:func:`~agentsession_cas.maintenance.sweep.unreferenced`)
+   over the logs the walk read, its reads answered from what the walk parsed.
 
 Each finding is a :class:`FsckProblem` of severity ``error`` (the store is
 damaged: exit 1), ``warning`` (something to look at that loses nothing) or
@@ -38,7 +40,7 @@ import itertools
 import operator
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ...errors import (
@@ -57,15 +59,16 @@ from ...format.names import check_session_id
 from ...format.rules import TreeState
 from ...fsutil import ATOMIC_TMP, NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
 from ...lean import dataclass
+from ...maintenance.sweep import unreferenced
 from ...store.state import index_damage, replay, stale_head
-from ..base import COMMIT_POINTS, FsckProblem, FsckReport
+from ..base import COMMIT_POINTS, FsckProblem, FsckReport, RetentionSource
 from . import FileBackend
 from .log import Record, header_of, read_log, read_snapshot_ids, scan_log, snapshot_ids_disagree
 from .objects import DROPPED_PACK, HASH_FIRST, FileObjects
 from .packs import SPACE_BITS, Pack, salvage_pack
 from .sessions import HEADER_LIMIT, payload_entry
 from .sessions import checkpoint_covers as _checkpoint_covers
-from .sweep import SESSION_FILES
+from .sweep import SESSION_FILES, retention_source
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -136,6 +139,21 @@ def _name(raw: bytes) -> str:
 
 def _raw(name: str) -> bytes:
     return binascii.unhexlify(name[7:])
+
+
+_IS_NAME = operator.methodcaller("startswith", HASH_PREFIX)
+_HEX = operator.itemgetter(slice(7, None))
+_FIRST = operator.itemgetter(0)
+
+
+def _raw_or_none(name: str) -> bytes | None:
+    """The digest an object name (``sha256:<hex>``) stands for; None for any other string."""
+    if len(name) != 71 or not name.startswith(HASH_PREFIX):
+        return None
+    try:
+        return binascii.unhexlify(name[7:])
+    except (binascii.Error, ValueError):
+        return None
 
 
 def _spaces_of(bits: int) -> str:
@@ -222,6 +240,67 @@ class _SessionState:
     rules_checked: bool
 
 
+class _Read:
+    """The objects as the walk read them (and, for one it did not find, as the store reads
+    them now: :meth:`_Walk.confirm`), for the retention rule: an envelope's content and
+    parent as the walk parsed them, a content's ``sidecar:`` names as it found them."""
+
+    __slots__ = ("walk",)
+
+    def __init__(self, walk: _Walk):
+        self.walk = walk
+
+    def content_names(self, entries: Collection[str]) -> Iterator[str]:
+        walk = self.walk
+        names = list(entries)
+        try:  # (most: every name an entry id, converted and looked up without a call per name)
+            if not all(map(_IS_NAME, names)):
+                raise ValueError
+            infos = list(map(walk.env.get, map(binascii.unhexlify, map(_HEX, names))))
+        except (binascii.Error, ValueError, TypeError):
+            infos = [walk.env.get(_raw_or_none(name)) for name in names]  # type: ignore[arg-type]
+        # (the walk's envelopes are all sound: it keeps none of a copy that is not)
+        yield from map(HASH_PREFIX.__add__, map(bytes.hex, map(_FIRST, filter(None, infos))))
+        for name in itertools.compress(names, map(operator.not_, infos)):
+            raw = _raw_or_none(name)  # not found in the walk: asked of the store (or not an entry id at all)
+            info = walk.envelope(raw) if raw is not None else None
+            if info is not None:
+                yield _name(info[0])
+
+    def parent_of(self, entry: str) -> str | None:
+        raw = _raw_or_none(entry)
+        info = self.walk.envelope(raw) if raw is not None else None
+        if info is None:
+            raise NoSuchObjectError(f"no sound entries object {entry}")
+        return _name(info[1]) if info[1] is not None else None
+
+    def blob_names(self, contents: Collection[str]) -> Iterator[str]:
+        named = self.walk.sidecars
+        for content in contents:
+            raw = _raw_or_none(content)
+            if raw is not None and raw in named:
+                yield from map(_name, named[raw])
+
+
+class _Names:
+    """Raw digests seen as the names the retention rule holds (``sha256:<hex>``), made one
+    at a time as they are counted rather than all kept."""
+
+    __slots__ = ("raws",)
+
+    def __init__(self, raws: set[bytes]):
+        self.raws = raws
+
+    def __len__(self) -> int:
+        return len(self.raws)
+
+    def __iter__(self) -> Iterator[str]:
+        return map(HASH_PREFIX.__add__, map(bytes.hex, self.raws))
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and _raw_or_none(name) in self.raws
+
+
 class _Walk:
     """One fsck run over one store. Every set of names holds raw 32-byte digests."""
 
@@ -253,10 +332,9 @@ class _Walk:
             "in_log_only": 0,
             "refs": 0,
         }
-        # Retention, as sweep follows it (RFC 0002 "Deletion and retention").
-        self.ret_e: set[bytes] = set()
-        self.ret_c: set[bytes] = set()
-        self.bases: list[bytes] = []
+        # The logs as the retention rule reads them (maintenance/sweep.py), every one the
+        # walk read, kept for the end: what a sweep would remove is counted by that rule.
+        self.sources: list[RetentionSource] = []
         self.owner: dict[bytes, str] = {}
         self.sessions: list[_SessionState] = []
         self.chain: dict[bytes, tuple[str, bytes, str] | None] = {}
@@ -732,7 +810,6 @@ class _Walk:
                 break
             path.append(cur)
             on_path.add(cur)
-            self.ret_e.add(cur)
             if not self.confirm("contents", info[0]):
                 result = ("missing-content", cur, f"its content {_name(info[0])} has {self.why_unsound('contents', info[0])}")
                 break
@@ -779,7 +856,7 @@ class _Walk:
                 # What of it reads retains its objects while it is kept, as a sweep counts it.
                 kept = _read_or_none(os.path.join(sdir, name))
                 if kept is not None:
-                    self.retain_records(ln.record for ln in scan_log(kept) if ln.record is not None)
+                    self.sources.append(retention_source(ln.record for ln in scan_log(kept) if ln.record is not None))
             elif name.startswith(ATOMIC_TMP):
                 self.note("temporary", f"session {sid}: {name} is a temporary file (a write in progress, or a crash's leftover)",
                           session=sid, file=f"{rel}/{name}")
@@ -829,7 +906,7 @@ class _Walk:
         if not records or records[0].op != "create":
             what = "is empty" if not data else "does not open with its create record"
             self.error("log-damage", f"session {sid}: its log {what}", session=sid, file=logrel, line=1, offset=0)
-            self.retain_records(records + lr.cut_records)
+            self.sources.append(retention_source(records + lr.cut_records))
             return
         if lr.cut is not None:
             c = lr.cut
@@ -839,7 +916,7 @@ class _Walk:
                 f"({1 + len(lr.cut_records)} line(s)), a writer in progress or a crash's loss; the next writing open drops it",
                 session=sid, file=logrel, line=c.line, offset=c.offset,
             )
-        self.retain_records(lr.cut_records)
+        self.sources.append(retention_source(records + lr.cut_records))  # (a tail a writing open drops still holds its objects)
         self.check_log(sid, records, logrel, media, head_file, mark_file, sdir, len(data))
 
     def check_header(self, sid: str, raw: bytes, rel: str) -> str | None:
@@ -861,7 +938,7 @@ class _Walk:
         """A damaged log: the entries its readable records name are still checked (and
         retained); the rules are not, since the damage may hide any record."""
         records = [ln.record for ln in scan_log(data) if ln.record is not None]
-        self.retain_records(records)
+        self.sources.append(retention_source(records))
         last_commit = max((i for i, r in enumerate(records) if r.op in COMMIT_POINTS), default=-1)
         for i, r in enumerate(records):
             if r.op == "append" and i <= last_commit and _is_hash(r.get("entry")):
@@ -869,21 +946,9 @@ class _Walk:
                 if not sound and not (r.payload is not None and self.payload_env(r, _raw(r.get("entry")), {}, logrel)):
                     self.report_missing(sid, r, info, logrel)
             elif r.op == "create" and _is_hash(r.get("base")):
-                base = _raw(r.get("base"))
-                self.bases.append(base)
-                self.report_chain(sid, base, logrel)
+                self.report_chain(sid, _raw(r.get("base")), logrel)
         self.note("not-checked", f"session {sid}: the parent, base and head rules and HEAD were not checked: "
                   f"its log is damaged (`agentsession repair {sid}`)", session=sid, file=logrel)
-
-    def retain_records(self, records: Iterable[Record]) -> None:
-        for r in records:
-            if r.op == "append" and _is_hash(r.get("entry")):
-                raw = _raw(r.get("entry"))
-                self.ret_e.add(raw)
-                if r.payload is not None:
-                    self.ret_c.add(hashlib.sha256(r.payload[0]).digest())
-            elif r.op == "create" and _is_hash(r.get("base")):
-                self.bases.append(_raw(r.get("base")))
 
     def entry_sound(self, raw: bytes) -> tuple[bool, tuple[bytes, bytes | None, bool] | None]:
         """Whether an entry's envelope and content are both sound, and its envelope."""
@@ -913,7 +978,6 @@ class _Walk:
                      env.get("type") == "label")
         if env.get("parents") is not None:
             self.env_parents.setdefault(raw, env["parents"])
-        self.ret_c.add(into[raw][0])
         content = r.payload[0] if r.payload is not None else b""  # (payload_entry found one)
         if b"sidecar:" in content:  # (the log alone may hold this content: its blobs are read here)
             self._sidecars(into[raw][0], content)
@@ -950,7 +1014,6 @@ class _Walk:
         if base is not None:
             if _is_hash(base):
                 base_raw = _raw(base)
-                self.bases.append(base_raw)
                 self.report_chain(sid, base_raw, logrel)
             else:
                 self.error("bad-log", f"session {sid}: its create record's base {base!r} is not an entry id",
@@ -1027,13 +1090,11 @@ class _Walk:
                 elif tree is not None:
                     tree.mark_broken(entry)
                 own_add(raw)
-        self.ret_e.update(own)
         owner = self.owner
         for raw in own:
             owner.setdefault(raw, sid)
         if len(set(seqs)) != len(seqs):
             self.report_seqs(sid, records, logrel)
-        self.retain_records(records[cut_at:])  # a dropped tail still holds its objects until a sweep
         if cut_at < len(records) or any(op != "checkpoint" for op in ops[last_commit + 1 : cut_at]):
             unclean = True
         self.sessions.append(_SessionState(sid, base_raw, media, rules))
@@ -1208,7 +1269,7 @@ class _Walk:
             if data is not None:
                 staged += 1
                 lr = read_log(data)
-                self.retain_records(lr.records + lr.cut_records)
+                self.sources.append(retention_source(lr.records + lr.cut_records, staged=True))
         if names:
             self.note("temporary", f"tmp/ holds {len(names)} temporary file(s) or director(ies)"
                       + (f", {staged} of them session(s) being staged" if staged else "")
@@ -1287,22 +1348,13 @@ class _Walk:
                 self.error("bad-base", f"session {s.id}: its media {s.media!r} differs from {headers.get(owner)!r} of "
                            f"session {owner}, which holds its base {_name(s.base)}",
                            session=s.id, object=_name(s.base), file=f"sessions/{s.id}/header")
-        for base in self.bases:
-            self.walk_chain(base)  # retains the prefix (reported per session already)
-        # A content is retained by a retained envelope (or by a payload, added as read).
-        env = self.env
-        self.ret_c.update(map(operator.itemgetter(0), map(env.__getitem__, self.ret_e & env.keys())))
-        ret_b: set[bytes] = set()
-        for c in self.ret_c:
-            blobs = self.sidecars.get(c)
-            if blobs:
-                ret_b.update(blobs)
-        self.counts["spaces"] = {s: len(self.sound[s]) for s in _SPACES}
-        self.counts["unreferenced"] = {
-            "entries": len(self.sound["entries"] - self.ret_e),
-            "contents": len(self.sound["contents"] - self.ret_c),
-            "blobs": len(self.sound["blobs"] - ret_b),
-        }
+        # What nothing retains, by the sweep's rule over the logs the walk read, reading
+        # the objects as the walk found them (nothing is read twice).
+        self.say("counting unreferenced objects")
+        spaces = self.counts["spaces"] = {}  # (filled after: the rule's reads may confirm objects moved meanwhile)
+        sound = {space: _Names(self.sound[space]) for space in _SPACES}
+        self.counts["unreferenced"] = unreferenced(self.store, sound, self.sources, objects=_Read(self))
+        spaces.update((s, len(self.sound[s])) for s in _SPACES)
         pack_dir = os.path.join(self.root, "objects", "pack")
         for key in self.orphan_packs:
             if not os.path.exists(os.path.join(pack_dir, key + ".idx")) and os.path.exists(os.path.join(pack_dir, key + ".pack")):

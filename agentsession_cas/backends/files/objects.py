@@ -37,7 +37,7 @@ from ...errors import (
     CorruptPackError,
     NoSuchObjectError,
     StoreError,
-    quoted,
+    not_an_object_name,
     store_relative,
 )
 from ...format.hashing import HASH_PREFIX, all_hashes, envelope_content, is_hash
@@ -175,7 +175,7 @@ class FileObjects(ObjectStore):
         if space not in SPACES:
             raise AgentSessionError(f"unknown object space {space!r}")
         if not is_hash(name):
-            raise AgentSessionError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
+            raise not_an_object_name(name)
         return f"{self.dir}{os.sep}{space}{os.sep}{name[7:9]}{os.sep}{name[9:]}"
 
     def relpath(self, space: str, name: str) -> str:

@@ -13,18 +13,18 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from ...errors import StoreError, SweepRefusedError
 from ...format.hashing import envelope_content
 from ...format.media import sidecar_names
 from ...fsutil import ATOMIC_TMP, read_dense, read_small
 from ..base import RepackResult, Retained, RetentionSource
-from .log import LogDamage, read_log, scan_log
+from .log import LogDamage, Record, read_log, scan_log
 from .objects import FileObjects, Snapshot
 from .packs import SPACE_BITS
 
-__all__ = ["SESSION_FILES", "TMP_MIN_AGE", "retention_sources", "sweep_objects", "writers_holding"]
+__all__ = ["SESSION_FILES", "TMP_MIN_AGE", "retention_source", "retention_sources", "sweep_objects", "writers_holding"]
 
 #: The files of a session directory: one holding any of them is a session's.
 SESSION_FILES = ("header", "log", "HEAD", "mark", "summary", "rules", "ids")
@@ -172,18 +172,27 @@ def retention_sources(root: str) -> Iterator[RetentionSource]:
             if records is None:
                 again = again or not staged
                 continue
-            contents: dict[str, str] = {}
-            blobs: set[str] = set()
-            for r in records:
-                if r.payload is not None and r.data.get("op") == "append" and isinstance(r.data.get("entry"), str):
-                    c = envelope_content(r.payload[1])
-                    if c:
-                        contents[r.data["entry"]] = c
-                        # Until a checkpoint writes it out, the log alone holds the content:
-                        # the blobs it names are read here, not from objects/ (nor another
-                        # process's view of this log), or they would go with the writer open.
-                        blobs.update(sidecar_names(r.payload[0]))
-            yield RetentionSource([r.data for r in records], contents, staged, blobs)
+            yield retention_source(records, staged)
+
+
+def retention_source(records: Iterable[Record], staged: bool = False) -> RetentionSource:
+    """A log's records (and those repair kept aside beside it) as the retention rule
+    reads them, for a sweep and for fsck's walk alike: with each append's own copy of
+    its objects, the content it names and the blobs that content names."""
+    contents: dict[str, str] = {}
+    blobs: set[str] = set()
+    datas = []
+    for r in records:
+        datas.append(r.data)
+        if r.payload is not None and r.data.get("op") == "append" and isinstance(r.data.get("entry"), str):
+            c = envelope_content(r.payload[1])
+            if c:
+                contents[r.data["entry"]] = c
+                # Until a checkpoint writes it out, the log alone holds the content:
+                # the blobs it names are read here, not from objects/ (nor another
+                # process's view of this log), or they would go with the writer open.
+                blobs.update(sidecar_names(r.payload[0]))
+    return RetentionSource(datas, contents, staged, blobs)
 
 
 def sweep_objects(

@@ -169,6 +169,9 @@ class PostgresBackend(Backend):
     def describe(self) -> str:
         return self.db.describe()
 
+    def public_url(self) -> str:
+        return self.db.public
+
     def require_writable(self) -> None:
         if self.readonly:
             raise ReadOnlyError(f"{self.describe()} is open read-only")

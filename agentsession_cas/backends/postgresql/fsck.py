@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import NoSuchObjectError
 from ...format.media import sidecar_names
 from ...maintenance.check import check_sessions
-from ...maintenance.sweep import unreferenced
+from ...maintenance.sweep import EnvelopeBytes, unreferenced
 from ...store.state import index_damage, replay, stale_head
 from ..base import FsckReport
 from .objects import envelope_parents, hash_name
@@ -84,7 +84,7 @@ def fsck_walk(backend: PostgresBackend, store: Any, *, progress: Callable[[str],
     return report
 
 
-class _Walked:
+class _Walked(EnvelopeBytes):
     """The sound objects as the walk read them, by raw hash, for the retention rule: each
     envelope's bytes and each content's ``sidecar:`` names (none kept for the many that
     name none), so counting what is unreferenced sends the database no query per object

@@ -1,0 +1,80 @@
+"""fsck's count of unreferenced objects is the sweep's rule (maintenance/sweep.py
+``retained``), on every backend: the file walk hands the rule what it read rather than
+following references itself. Damaged stores are where a second copy of the rule
+drifted, so they are what is tested here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentsession_cas import Header
+from agentsession_cas.maintenance.fsck import fsck
+from agentsession_cas.maintenance.sweep import retained
+from agentsession_cas.store import Store
+
+SPACES = ("entries", "contents", "blobs")
+
+
+def msg(text: str, n: int) -> dict:
+    return {"type": "item", "item": {"type": "message", "role": "user", "content": text},
+            "ts": f"2026-12-04T02:00:{n:02d}Z"}
+
+
+def loose(root: Path, space: str, name: str) -> Path:
+    h = name.split(":", 1)[1]
+    return root / "objects" / space / h[:2] / h[2:]
+
+
+def by_the_rule(root: Path) -> dict[str, int]:
+    """What nothing retains by the sweep's rule, over every object the store holds."""
+    st = Store(root, readonly=True)
+    try:
+        ret = retained(st)
+        held = {space: set(st.objects.names(space)) for space in SPACES}
+    finally:
+        st.close()
+    kept = {"entries": ret.envelopes, "contents": ret.contents, "blobs": ret.blobs}
+    return {space: len(held[space] - kept[space]) for space in SPACES}
+
+
+def test_a_prefix_past_a_missing_content_is_retained_as_the_sweep_retains_it(tmp_path):
+    """A fork whose session is deleted keeps its prefix by the fork's base alone. An entry
+    on it whose content is gone (an error fsck reports) does not end the prefix: its
+    envelope still names its parent, and a sweep keeps the parent. fsck counted the
+    entries above it unreferenced, which a sweep would never remove."""
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        s = st.create(Header.new("rec"))
+        ids = [s.append(msg(f"turn {i}", i)).id for i in range(6)]
+        s.close()
+        contents = [st.objects.get("entries", i) for i in ids]
+        f = st.create(Header.new("fork", base=ids[3]))
+        f.append(dict(msg("fork turn", 30), parent=ids[3]))
+        f.close()
+        st.delete("rec")
+    from agentsession_cas.format.hashing import envelope_content
+
+    lost = envelope_content(contents[1])
+    assert lost is not None
+    loose(root, "contents", lost).unlink()
+    report = fsck(root)
+    assert [p.code for p in report.errors] == ["missing-content"]
+    # ids[4] and ids[5] (rec's own, past the fork's base) and their contents go; the
+    # prefix ids[0..3] stays whole, ids[0] above the damaged entry included.
+    assert report.counts["unreferenced"] == by_the_rule(root) == {"entries": 2, "contents": 2, "blobs": 0}
+
+
+def test_a_content_the_log_still_carries_is_retained_when_its_envelope_is_lost(tmp_path):
+    """An append's record carries its entry's objects (until compaction), and a sweep reads
+    the content from that copy: the content stays while the log names it, even with its
+    envelope lost from objects/. fsck counted it unreferenced (it read the content of an
+    entry only through a sound envelope)."""
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        s = st.create(Header.new("rec"))
+        ids = [s.append(msg(f"turn {i}", i)).id for i in range(4)]
+        s.close()
+    loose(root, "entries", ids[2]).unlink()
+    report = fsck(root)
+    assert [p.code for p in report.errors] == ["missing-object"]
+    assert report.counts["unreferenced"] == by_the_rule(root) == {"entries": 0, "contents": 0, "blobs": 0}
