@@ -182,9 +182,10 @@ def test_bit_flip_in_the_middle(tmp_path, part):
     assert len(rec) == 1 and rec[0].get("damaged_log") == asides(root)[0] and rec[0].get("seq") == 6
 
 
-def test_a_flip_inside_an_entry_id_names_a_phantom_that_is_reported_not_kept(tmp_path):
+@pytest.mark.parametrize("checkpointed", [True, False], ids=["objects-written", "payload-only"])
+def test_a_flip_inside_an_entry_id_names_a_phantom_that_is_reported_not_kept(tmp_path, checkpointed):
     root = tmp_path / "store"
-    ids = build(root)
+    ids = build(root, checkpointed=checkpointed)
     start, _, raw = line_of(root, "append", 2)
     at = raw.index(b"sha256:") + 7 + 5  # a hex digit of the entry id in the record
     poke(root, start + at, ord("0") if raw[at : at + 1] != b"0" else ord("1"))
@@ -194,8 +195,10 @@ def test_a_flip_inside_an_entry_id_names_a_phantom_that_is_reported_not_kept(tmp
     assert [(d["entry"], d["reason"]) for d in out["dropped"]] == [(phantom, "objects-missing")]
     assert "may have changed the id" in out["dropped"][0]["message"]
     assert out["damage"][0]["legible"] == [phantom]
-    # the real entry is proved by its objects, whole in the damaged line's payload
-    assert [(r["entry"], r["how"]) for r in out["recovered"]] == [(ids[2], "salvaged")]
+    # the real entry is proved by the next append naming it its parent, and its objects
+    # whole (in objects/, or in the damaged line's payload); an envelope of a line whose
+    # record names another entry is never taken for an entry on its own word
+    assert [(r["entry"], r["how"]) for r in out["recovered"]] == [(ids[2], "hidden")]
     assert_healthy(root, ids)
 
 
@@ -887,6 +890,32 @@ def test_a_damaged_envelope_in_a_payload_is_not_taken_for_another_entry(tmp_path
     assert all(r["how"] != "salvaged" or r["entry"] in ids for r in out["recovered"]), out["recovered"]
     assert out["dropped"] == []
     assert_healthy(root, ids)
+
+
+@pytest.mark.parametrize("checkpointed", [True, False], ids=["objects-written", "payload-only"])
+@pytest.mark.parametrize("member", ["ts", "type"])
+def test_a_damaged_envelope_that_still_reads_as_one_is_not_taken_for_an_entry(tmp_path, member, checkpointed):
+    """A flip inside a value of an append's payload envelope (a digit of its ``ts``, a
+    letter of its ``type``) leaves an envelope as well formed as before, hashing to a name
+    no record gives: an entry nobody wrote. Where the line's record still reads (it names
+    the real entry), that envelope is the damage: repair never keeps it as a recovered
+    entry (it did, or failed its own read-back on the type), and keeps the real entry
+    where its objects are whole elsewhere, else drops it and what hangs from it."""
+    root = tmp_path / "store"
+    ids = build(root, checkpointed=checkpointed)
+    start, _, raw = line_of(root, "append", 2)
+    at = raw.rindex(b'"ts":"') + len(b'"ts":"') + 3 if member == "ts" else raw.rindex(b'"type":"') + len(b'"type":"')
+    flip(root, start + at)  # "2026" -> "2027"; "item" -> "htem"
+    out = repair_json(root, "--yes")
+    assert out["repaired"], out
+    assert all(r["entry"] in ids for r in out["recovered"]), out["recovered"]
+    if checkpointed:
+        assert out["dropped"] == []
+        assert_healthy(root, ids)
+    else:
+        assert [(d["entry"], d["reason"]) for d in out["dropped"]][0] == (ids[2], "objects-missing")
+        assert {d["entry"] for d in out["dropped"]} == set(ids[2:])
+        assert_healthy(root, ids[:2])
 
 
 def test_envelope_defect_names_what_is_wrong():

@@ -694,9 +694,15 @@ class RepairPlanner:
                     appended.add(data["entry"])
         # An envelope whole in a damaged line's payload, with its content whole too, is an
         # append of this session (only appends carry payloads) even when its record is gone.
+        # A line carries one append: where its record still reads, an envelope there that is
+        # not that record's entry is what the damage made of it (another ts, another type),
+        # an entry nobody wrote, and is never taken for one.
+        spelled = {i for items in legible.values() for data, _, i in items if data["op"] == "append"}
         payload_only: dict[int, dict[str, int]] = {r: {} for r in range(len(regions))}
         for r, idxs in enumerate(regions):
             for i in idxs:
+                if i in spelled:
+                    continue
                 for h, piece in line_pieces[i].items():
                     if h in appended or h == self.base or h in self.prefix:
                         continue
