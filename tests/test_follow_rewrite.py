@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -371,3 +372,87 @@ def test_a_local_follow_of_a_log_repaired_to_drop_what_it_gave_says_reset(tmp_pa
     assert [c.entry.id for c in rest] == ids[:3] + new
     changes.close()
     follower.close()
+
+
+# -- PostgreSQL and memory ----------------------------------------------------------------
+
+
+def test_a_memory_logs_resume_note_keeps_no_deleted_session_alive():
+    """The memory backend's note of where a read ended named the session's data itself: a
+    server's Tails (256 sessions) kept a deleted session's records alive. It names them
+    weakly now, and still tells another incarnation apart."""
+    st = Store("memory:")
+    _recorded(st, 2)
+    st.session("s1").close()
+    sessions = st.backend.sessions
+    got = sessions.history_since("s1", 0)
+    data = weakref.ref(sessions.data.sessions["s1"])
+    st.delete("s1")
+    import gc
+
+    gc.collect()
+    assert data() is None, "the note kept the deleted session's data"
+    _recorded(st, 1)
+    again = sessions.history_since("s1", got.total, got.resume)
+    assert again.whole and [r["op"] for r in again.records] == [r["op"] for r in sessions.history("s1").records][got.total:]
+    st.close()
+
+
+def test_the_servers_tails_let_go_of_a_deleted_session(tmp_path):
+    """A session deleted through the server: its Tail (the records read, the handle) goes
+    from the server's cache at once, not when 256 others push it out."""
+    from starlette.testclient import TestClient
+
+    from agentsession_cas.server.app import ServerState, create_app
+
+    state = ServerState(Store.init(tmp_path / "st", sync="never"), None)
+    with TestClient(create_app(state)) as c:
+        assert c.post("/v1/sessions", json=Header.new("s1", created_at=TS).data).status_code == 201
+        held = c.post("/v1/sessions/s1/lease", json={"holder": "test", "ttl_ms": 60_000}).json()
+        assert c.get("/v1/sessions/s1").json()["cursor"]
+        assert "s1" in state.tails._tails
+        assert c.delete("/v1/sessions/s1", headers={"Lease-Token": str(held["token"])}).status_code == 200
+        assert "s1" not in state.tails._tails
+    state.store.close()
+
+
+def test_a_postgresql_log_rewritten_to_the_same_length_is_read_whole(tmp_path):
+    """A repair writes a session's log rows anew in one transaction (the old ones set
+    aside); one that leaves the log as long as it was, ending in the same record (a repair
+    ends with a commit and a checkpoint, as many logs do), was not seen by the next
+    incremental read: the session's row said the same length, so it read nothing. Now the
+    read notes the last row's version, which a rewrite replaces, and reads the log whole."""
+    import psycopg
+
+    import pg_server
+    from agentsession_cas.backends.postgresql.database import parse_url
+    from agentsession_cas.store.url import open_store
+
+    url = pg_server.fresh_schema("fr")
+    st = open_store(url, create=True)
+    s = st.create(Header.new("s1", created_at=TS))
+    s.append(user("one", 1))
+    s.append(user("two", 2))
+    s.commit()
+    s.close()
+    sessions = st.backend.sessions
+    first = sessions.history_since("s1", 0)
+    assert [r["op"] for r in first.records][-2:] == ["append", "commit"]
+    conninfo, schema = parse_url(url)
+    with psycopg.connect(conninfo) as c:
+        c.execute(f"SET search_path TO {schema}")
+        (key,) = c.execute("SELECT key FROM sessions WHERE id = 's1'").fetchone()
+        rows = c.execute("SELECT pos, op, seq, hash, content, record FROM log WHERE session = %s ORDER BY pos",
+                         [key]).fetchall()
+        commit = rows[-1][1:]
+        rows = [*rows[:-2], (rows[-2][0], *commit), rows[-1]]  # "two" dropped: a commit in its place
+        c.execute("DELETE FROM log WHERE session = %s", [key])
+        for row in rows:
+            c.execute("INSERT INTO log (session, pos, op, seq, hash, content, record) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                      [key, *row])
+    got = sessions.history_since("s1", first.total, first.resume)
+    assert got.whole and got.total == first.total
+    assert got.records == sessions.history("s1").records[first.total:]
+    again = sessions.history_since("s1", 0)
+    assert [r["op"] for r in again.records][-2:] == ["commit", "commit"]
+    st.close()

@@ -796,6 +796,7 @@ class Api:
             ident = header_ident(s.header.data)
             self.state.store.delete(sid)
             self.state.reach.forget(sid)
+            self.state.tails.forget(sid)
             self.state.leases.drop(sid)
             return {"session": sid, "deleted": True, "incarnation": ident}
 
