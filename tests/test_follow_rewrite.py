@@ -142,6 +142,34 @@ def _compact(st: Store, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(after) < before and any(r["op"] == "head" for r in after), "no compaction ran"
 
 
+def test_a_compaction_keeps_the_state_a_cursor_checks(tmp_path, monkeypatch):
+    """What a cursor checks (``Told``: the own entries in order, the head, the highest
+    sequence number) is the same at the end of a log's records before a compaction and
+    after it, whether the snapshot is read expanded (as history gives it) or as itself."""
+    from agentsession_cas.backends.files.log import read_log
+    from agentsession_cas.server.follow import Told
+
+    def check(records: list[dict]) -> str:
+        told = Told()
+        for i, rec in enumerate(records):
+            told.apply(rec, i)
+        return told.check()
+
+    st = Store.init(tmp_path / "st", sync="never")
+    ids = _recorded(st, 10)
+    s = st.session("s1")
+    s.set_head(ids[4], expected=ids[-1])
+    s.commit()
+    before = st.backend.sessions.history("s1").records
+    _compact(st, "while writing", monkeypatch)
+    after = st.backend.sessions.history("s1").records
+    raw = [r.data for r in read_log((tmp_path / "st" / "sessions" / "s1" / "log").read_bytes(), expand=False).records]
+    assert [r["op"] for r in raw] == ["create", "snapshot"]
+    assert check(before) == check(after) == check(raw)
+    assert check(before[:-3]) != check(before)  # (and it tells states apart)
+    st.close()
+
+
 @pytest.mark.parametrize("durable", [False, True], ids=["live", "durable"])
 @pytest.mark.parametrize("how", ["while writing", "at close"])
 def test_an_open_follow_across_a_compaction_gets_each_entry_once(tmp_path, monkeypatch, how, durable):

@@ -118,11 +118,16 @@ class Told:
     def apply(self, rec: dict[str, Any], index: int) -> None:
         state = self.state
         state.apply(rec, index)
-        if rec.get("op") == "append":
+        op = rec.get("op")
+        if op == "append":
             n = len(state.log_order)
             if n > self._hashed:  # (an append adds its own entry, at the end, or nothing)
                 self._entries.update(str(rec["entry"]).encode("ascii", "replace"))
                 self._hashed = n
+        elif op == "snapshot":  # (a compacted log's, read as itself: its entries at once)
+            for entry_id in state.log_order[self._hashed :]:
+                self._entries.update(entry_id.encode("ascii", "replace"))
+            self._hashed = len(state.log_order)
         self._check = None
 
     def said(self) -> tuple[str | None, int, int]:
