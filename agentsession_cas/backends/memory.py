@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import field
@@ -355,14 +356,16 @@ class MemorySessions(SessionStore):
 
     def history_since(self, session_id: str, start: int, resume: Any = None) -> LogTail:
         """The records after the first ``start``, only those (``whole`` false) while
-        ``resume`` names this incarnation at that count: a log here only grows."""
+        ``resume`` names this incarnation at that count: a log here only grows. The note
+        names the incarnation weakly: a note kept (a server keeps one for each of 256
+        sessions) does not keep a deleted session's records alive."""
         with self.data.lock:
             s = self.data.sessions.get(session_id)
             if s is None:
                 raise NoSuchSessionError(f"no such session: {session_id}")
             total = len(s.records)
-            on = resume is not None and resume[0] is s and resume[1] == start <= total
-            return LogTail([dict(r) for r in s.records[start:]], total, (s, total), whole=not on)
+            on = resume is not None and resume[0]() is s and resume[1] == start <= total
+            return LogTail([dict(r) for r in s.records[start:]], total, (weakref.ref(s), total), whole=not on)
 
     def delete(self, session_id: str, log: SessionLog | None = None) -> None:
         self.backend.require_writable()

@@ -6,10 +6,16 @@ that prints is told what will survive a crash): each own entry once, in log
 order, and each head move. A remote follow reads the server's durable stream,
 verifies every entry it receives by its hashes, and resumes after a dropped
 connection from the last event it saw.
+
+A log rewritten under a follow (compacted, repaired) is read again; while it begins
+with the entries given, in their order, the follow goes on after them. When it does
+not (a repair dropped an entry given), a ``reset`` change says that what was given is
+void, and the session's entries are given afresh, as RFC 0003 asks of a ``reset``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -32,14 +38,42 @@ __all__ = ["Change", "follow_remote", "follow_store"]
 
 @dataclass
 class Change:
-    """One committed change: an entry appended (``entry``, and the head after it), or a
-    head move no append explains (``entry`` None)."""
+    """One committed change: an entry appended (``entry``, and the head after it), a
+    head move no append explains (``entry`` None), or a ``reset`` (``entry`` None, the
+    head now): the session's log was rewritten without an entry given before, so what
+    was given is void and the session's entries follow afresh, from its first."""
 
     kind: str
     session: str
     head: str | None
     entry: Entry | None = None
     cursor: str | None = None
+
+
+class _Given:
+    """The entries a follow has given, in order: how many, and a running hash of their ids,
+    which a log read afresh is checked against (it must begin with them)."""
+
+    __slots__ = ("count", "_hash")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._hash = hashlib.sha256()
+
+    def add(self, entry_id: str) -> None:
+        self._hash.update(entry_id.encode("ascii", "replace"))  # (ids are of one length: no separator needed)
+        self.count += 1
+
+    def begin(self, ids: Iterable[str]) -> bool:
+        """Whether ``ids`` (a log's entries in order) begin with the ones given."""
+        h = hashlib.sha256()
+        n = 0
+        for entry_id in ids:
+            if n == self.count:
+                break
+            h.update(entry_id.encode("ascii", "replace"))
+            n += 1
+        return n == self.count and h.digest() == self._hash.digest()
 
 
 def follow_store(
@@ -59,7 +93,8 @@ def follow_store(
     from the last (:class:`~..store.state.SessionState`). The log is read afresh, its
     session opened and checked as a read opens it, first and whenever the backend says
     the log is no longer the one it read on from (``whole``: compacted, cut back,
-    created again)."""
+    created again): it goes on after the entries given while the log begins with them,
+    and says ``reset`` and gives them afresh when it does not (a repair dropped one)."""
     transport = store.backend.follow_stream()
     if transport is not None:
         yield from follow_remote(transport, session_id)
@@ -67,7 +102,8 @@ def follow_store(
     sessions = store.backend.sessions
     ident: str | None = None
     head: str | None = None  # the head last told (no head: nothing to tell)
-    seen = 0  # own entries given
+    given = _Given()  # own entries given
+    afresh = False  # the log was read again whole: check it begins with what was given
     state = SessionState()  # the log through the last commit point read
     pending: list[dict[str, Any]] = []  # records read after it
     logged: dict[str, tuple[bytes, bytes]] = {}  # objects the log's lines carried (see LogTail.objects)
@@ -88,6 +124,7 @@ def follow_store(
                     raise NoSuchSessionError(f"session {session_id} was deleted while followed")
                 if now != after or (ident is not None and now != ident):
                     raise NoSuchSessionError(f"session {session_id} was deleted and created again while followed")
+                afresh = ident is not None
                 ident, state, pending, logged = now, SessionState(), [], {}
             total, note = tail.total, tail.resume
             pending.extend(tail.records)
@@ -97,8 +134,15 @@ def follow_store(
                 state.apply(rec)
             del pending[: last + 1]
             order = state.log_order
-            fresh = order[seen:]
-            seen = len(order)
+            if afresh and not given.begin(order):
+                # (what was given was committed: a log read afresh lacks one only when a
+                # repair dropped it)
+                yield Change("reset", session_id, state.head)
+                given, head = _Given(), None
+            afresh = False
+            fresh = order[given.count :]
+            for entry_id in fresh:
+                given.add(entry_id)
             # Read a chunk at a time as they are printed: a long session's first line comes
             # at once, not after every entry was read (6 s for 100,000).
             head = yield from _batch(session_id, ((e, None) for e in _entries(store, session_id, fresh, logged)), state.head, head)
@@ -194,12 +238,13 @@ def _verified_entry(entry_id: str, envelope: Any, content: Any) -> Entry:
 SNAPSHOT_CHUNK = 1024
 
 
-def _snapshot_entries(transport: Any, data: Mapping[str, Any]) -> Iterator[tuple[Entry, str | None]]:
-    """The entries a snapshot names, in its order: those sent inline as they are, the
-    rest read a chunk at a time (:meth:`~.http_client.HttpTransport.get_objects`: a
-    batch read where the server offers one, not two GETs an entry)."""
+def _snapshot_entries(transport: Any, data: Mapping[str, Any], skip: int = 0) -> Iterator[tuple[Entry, str | None]]:
+    """The entries a snapshot names, in its order, after the first ``skip``: those sent
+    inline as they are, the rest read a chunk at a time
+    (:meth:`~.http_client.HttpTransport.get_objects`: a batch read where the server
+    offers one, not two GETs an entry)."""
     inline = data.get("entries") or {}
-    records = [rec for rec in data.get("records") or [] if rec.get("entry") is not None]
+    records = [rec for rec in data.get("records") or [] if rec.get("entry") is not None][skip:]
     for at in range(0, len(records), SNAPSHOT_CHUNK):
         chunk = records[at : at + SNAPSHOT_CHUNK]
         lacking = [str(rec["entry"]) for rec in chunk if rec["entry"] not in inline]
@@ -221,10 +266,14 @@ def follow_remote(transport: Any, session_id: str) -> Iterator[Change]:
     connection that drops or ends, or that the server refuses for a while (its follow
     streams at their limit: 503, ``Retry-After``), is opened again after the wait its
     retry rule gives, within its bound (``AGENTSESSION_RETRY_WAIT``), and resumes after
-    the last event seen (``Last-Event-ID``; a ``reset`` then says the session was
-    replaced: :class:`NoSuchSessionError`)."""
+    the last event seen (``Last-Event-ID``). A ``reset`` of another incarnation says the
+    session was replaced (:class:`NoSuchSessionError`); one of the session followed (its
+    log rewritten) goes on after the entries given when it begins with them, else gives a
+    ``reset`` change and the session's entries afresh."""
     last_id: str | None = None
     ident: str | None = None
+    given = _Given()
+    told: str | None = None  # the head last told
 
     def headers() -> dict[str, str]:
         return {"Accept": "application/x-ndjson", **({"Last-Event-ID": last_id} if last_id is not None else {})}
@@ -238,17 +287,32 @@ def follow_remote(transport: Any, session_id: str) -> Iterator[Change]:
             where = f"remote {getattr(transport, 'url', '?')}"
             raise error_from_problem(int(data.get("status") or 500), data, where=where)
         if kind in ("snapshot", "reset"):
-            if ident is not None:
+            if ident is not None and data.get("incarnation") != ident:
                 raise NoSuchSessionError(f"session {session_id} was replaced while followed")
+            ids = (str(rec["entry"]) for rec in data.get("records") or [] if rec.get("entry") is not None)
+            if ident is not None and not given.begin(ids):
+                yield Change("reset", session_id, data.get("head"))
+                given, told = _Given(), None
             ident = data.get("incarnation")
             # As a poll of a local store reports what it finds (show -f prints the same
             # either way): each entry with the head now, then a head that is not the last.
-            yield from _batch(session_id, _snapshot_entries(transport, data), data.get("head"), None)
+            told = yield from _batch(session_id, _counted(given, _snapshot_entries(transport, data, given.count)),
+                                     data.get("head"), told)
         elif kind == "appended":
             entry = _verified_entry(str(data.get("entry")), data.get("envelope"), data.get("content"))
-            yield Change("appended", session_id, data.get("head"), entry, data.get("cursor"))
+            given.add(entry.id)
+            told = data.get("head")
+            yield Change("appended", session_id, told, entry, data.get("cursor"))
         elif kind == "head":
-            yield Change("head", session_id, data.get("leaf"), None, data.get("cursor"))
+            told = data.get("leaf")
+            yield Change("head", session_id, told, None, data.get("cursor"))
         # (an "end" is the stream's age limit, or the server stopping: the transport opens it
         # again from its id, at once, then by its retry rule while no server answers)
         last_id = frame.get("id") or last_id
+
+
+def _counted(given: _Given, entries: Iterable[tuple[Entry, str | None]]) -> Iterator[tuple[Entry, str | None]]:
+    """``entries``, each added to ``given`` as it is taken."""
+    for entry, cursor in entries:
+        given.add(entry.id)
+        yield entry, cursor

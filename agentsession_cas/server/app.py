@@ -85,11 +85,22 @@ from ..format.timestamps import normalise_ts
 from ..lean import dataclass
 from ..store.refs import Refs, header_ident
 from ..store.session import AppendResult, Session
-from ..store.state import SessionState
 from ..store.store import Store
 from ..store.summary import SessionSummary, select
 from .auth import LOCAL, Principal, Tokens
-from .follow import SNAPSHOT_INLINE_BYTES, Changes, Stream, Tails, cursor_of, load_view, log_line
+from .follow import (
+    LINES,
+    SNAPSHOT_INLINE_BYTES,
+    Changes,
+    Stream,
+    Tails,
+    Told,
+    cursor_of,
+    load_view,
+    locate,
+    log_line,
+    parse_cursor,
+)
 from .leases import Leases
 from .reach import Reach
 
@@ -686,7 +697,7 @@ class Api:
             facts = self._session_facts(s)
             lease = self.state.leases.current(sid)
             facts["leased"] = lease is not None
-            facts["cursor"] = _cursor(self.state.tails.length(s), facts["incarnation"])
+            facts["cursor"] = self.state.tails.cursor(s)
             return facts
 
         facts = await self.work(do)
@@ -785,6 +796,7 @@ class Api:
             ident = header_ident(s.header.data)
             self.state.store.delete(sid)
             self.state.reach.forget(sid)
+            self.state.tails.forget(sid)
             self.state.leases.drop(sid)
             return {"session": sid, "deleted": True, "incarnation": ident}
 
@@ -832,7 +844,7 @@ class Api:
                 origin = s.header.data.get("parent_session")
                 if not (isinstance(origin, str) and principal.may_read(origin)):
                     raise NoSuchEntryError(f"{target} is not an entry of a session this caller may read")
-            first = {"head": s.head, "cursor": _cursor(self.state.tails.length(s), ident), "incarnation": ident}
+            first = {"head": s.head, "cursor": self.state.tails.cursor(s), "incarnation": ident}
             return target, ident, first
 
         target, ident, first = await self.work(start)
@@ -1190,7 +1202,7 @@ class Api:
             s = self._writer(principal, request, sid)
             s.commit()
             ident = header_ident(s.header.data)
-            return {"session": sid, "cursor": _cursor(self.state.tails.length(s), ident), "head": s.head, "incarnation": ident}
+            return {"session": sid, "cursor": self.state.tails.cursor(s), "head": s.head, "incarnation": ident}
 
         out = self.quick(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
@@ -1213,7 +1225,7 @@ class Api:
                 raise HeadMovedError(str(exc), current=s.head) from None
             ident = header_ident(s.header.data)
             return {"session": sid, "head": s.head, "durable": True, "incarnation": ident,
-                    "cursor": _cursor(self.state.tails.length(s), ident)}
+                    "cursor": self.state.tails.cursor(s)}
 
         out = self.quick(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
@@ -1406,19 +1418,6 @@ def _need_any(principal: Principal, *scopes: str) -> None:
 
 
 #: A cursor: how many of the log's records were read, and the incarnation it is of.
-_cursor = cursor_of
-
-
-def _parse_cursor(cursor: str, ident: str, length: int) -> int:
-    pos, _, tag = cursor.partition("-")
-    if not pos.isdigit() or len(tag) != 16:
-        raise BadNameError(f"{cursor!r} is no cursor of this server")
-    if tag != ident[7:23]:
-        raise SessionReplacedError(f"cursor {cursor} is of another incarnation of this session: read it afresh")
-    n = int(pos)
-    if n > length:
-        raise SessionReplacedError(f"cursor {cursor} is past this session's log: it was replaced; read it afresh")
-    return n
 
 
 def _entry_line(line: bytes, i: int) -> dict[str, Any]:
@@ -1481,25 +1480,36 @@ _FOLDED = frozenset({"item", "branch_summary"})
 def _log_lines(sid: str, records: list[dict[str, Any]], header: dict[str, Any], durable: bool,
                after: str | None) -> list[bytes]:
     """The lines of a log read (RFC 0003, Reading) from a snapshot of the session's
-    records: pure work, done outside the store's lock."""
+    records: pure work, done outside the store's lock. A cursor ``after`` is resumed as a
+    follow resumes it (``server.follow.locate``): one this log cannot be resumed from is
+    ``session_replaced``, to be read afresh."""
     ident = header_ident(header)
-    upto = len(records)
-    if durable:
-        upto = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1) + 1
     last_commit = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1)
-    start = _parse_cursor(after, ident, len(records)) if after is not None else 0
-    state = SessionState()
+    upto = last_commit + 1 if durable else len(records)
+    told, start = Told(), 0
+    if after is not None:
+        parsed = parse_cursor(after)
+        if parsed is None:
+            raise BadNameError(f"{after!r} is no cursor of this server")
+        if parsed[1] != ident[7:23]:
+            raise SessionReplacedError(f"cursor {after} is of another incarnation of this session: read it afresh")
+        found = locate(records, len(records), parsed[0], parsed[2])
+        if found is None:
+            raise SessionReplacedError(f"cursor {after} is not of this session's log as it is now (it was rewritten, "
+                                       "or the records it counted were taken back): read it afresh")
+        start, told = found
+    state = told.state
     lines: list[dict[str, Any]] = []
-    for i, rec in enumerate(records[:upto]):
-        state.apply(rec, i)
-        if i < start:
-            continue
-        line = log_line(rec, state, i <= last_commit, _cursor(i + 1, ident))
-        if line is not None:
+    for i in range(start, upto):
+        rec = records[i]
+        told.apply(rec, i)
+        if rec.get("op") in LINES:
+            line = log_line(rec, state, i <= last_commit, cursor_of(i + 1, ident, told.check()))
+            assert line is not None
             lines.append(line)
     view = {"id": sid, "header": header, "incarnation": ident, "head": state.head,
             "mark": state.mark, "base": state.base, "length": len(state.log_order)}
-    end: dict[str, Any] = {"end": True, "cursor": _cursor(max(upto, start), ident)}
+    end: dict[str, Any] = {"end": True, "cursor": cursor_of(max(upto, start), ident, told.check())}
     if lines:
         lines[0]["session"] = view
     else:

@@ -18,8 +18,16 @@ one wakeup per write fans out to every stream) and sends what they added:
   ``no_session``, and the stream ends.
 
 Every event's id is ``<cursor>.<n>``; a client resumes with ``Last-Event-ID`` (or
-``after``), and a cursor the server cannot resume from (another incarnation,
-past the log's end) is answered with a ``reset``, never a silent skip. A stream
+``after``). A cursor is ``<records>-<incarnation>-<state>``: how many records of the
+log it follows, and a check of what a follower was told through them (:class:`Told`:
+the own entries in log order, the head, the highest sequence number), which a rewrite
+of the log (a compaction, a repair) keeps wherever it keeps the session as it was. So a
+cursor is resumed at its position while the log there is as it was, else at the place
+in the log as it is now where the session is what the follower was told (a compaction
+folds records: the position moves, the state is there), and otherwise, as for a cursor
+of another incarnation, of the earlier form (no check) or past the log's end, answered
+with a ``reset``: never a silent skip, nor a record sent twice. An open stream finds its
+place so too when the log it read is read again whole (:class:`Tails`). A stream
 lives at most ``max_stream_age_s`` and then ends with an ``end`` event carrying
 the cursor to resume from (``reason``: ``max_stream_age``); a server that stops ends
 every open stream so at once (``reason``: ``shutdown``), rather than wait for it to
@@ -29,6 +37,7 @@ reach its age.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections import OrderedDict
@@ -45,7 +54,10 @@ from ..store.session import Session
 from ..store.state import SessionState
 from ..store.store import Store
 
-__all__ = ["Changes", "LogView", "SNAPSHOT_INLINE_BYTES", "Stream", "Tail", "Tails", "cursor_of", "load_view", "log_line"]
+__all__ = [
+    "Changes", "LogView", "SNAPSHOT_INLINE_BYTES", "Stream", "Tail", "Tails", "Told", "cursor_of", "load_view", "locate",
+    "log_line", "parse_cursor",
+]
 
 #: Bytes of entries a snapshot carries inline before it leaves them to ``path``.
 SNAPSHOT_INLINE_BYTES = 4 * 1024 * 1024
@@ -53,6 +65,8 @@ SNAPSHOT_INLINE_BYTES = 4 * 1024 * 1024
 HEARTBEAT_S = 15.0
 #: Sessions whose log the server keeps what it read of (see :class:`Tails`).
 TAILS = 256
+#: The records a follower is told of (a line of the log read, an event of a follow).
+LINES = frozenset({"append", "head"})
 
 
 class Changes:
@@ -85,6 +99,50 @@ class Changes:
             event.set()
 
 
+class Told:
+    """What a follower has been told through a point of a session's log: the session's
+    state there (what each record's line says of it) and a running hash of its own entries
+    in log order; :meth:`check` is the part of a cursor that says so. A compaction keeps
+    the state at the point it folds to (the entries in order, the head, the highest
+    sequence number), and a repair keeps it up to the first record it drops: where the
+    check is found again, a follower resumes with nothing missed and nothing twice."""
+
+    __slots__ = ("state", "_entries", "_hashed", "_check")
+
+    def __init__(self) -> None:
+        self.state = SessionState()
+        self._entries = hashlib.sha256()
+        self._hashed = 0
+        self._check: str | None = None
+
+    def apply(self, rec: dict[str, Any], index: int) -> None:
+        state = self.state
+        state.apply(rec, index)
+        op = rec.get("op")
+        if op == "append":
+            n = len(state.log_order)
+            if n > self._hashed:  # (an append adds its own entry, at the end, or nothing)
+                self._entries.update(str(rec["entry"]).encode("ascii", "replace"))
+                self._hashed = n
+        elif op == "snapshot":  # (a compacted log's, read as itself: its entries at once)
+            for entry_id in state.log_order[self._hashed :]:
+                self._entries.update(entry_id.encode("ascii", "replace"))
+            self._hashed = len(state.log_order)
+        self._check = None
+
+    def said(self) -> tuple[str | None, int, int]:
+        """What :meth:`check` is made of, within one log (its entries grow only)."""
+        return self.state.head, self._hashed, self.state.max_seq
+
+    def check(self) -> str:
+        """16 hex digits of SHA-256 over the entries' hash, the head and the highest number."""
+        if self._check is None:
+            h = self._entries.copy()
+            h.update(f"|{self.state.head}|{self.state.max_seq}".encode("ascii", "replace"))
+            self._check = h.hexdigest()[:16]
+        return self._check
+
+
 @dataclass
 class LogView:
     """A session's log as a follower reads it: records (the first ``end`` of them are
@@ -111,12 +169,24 @@ class Tail:
     records: list[dict[str, Any]] = field(default_factory=list)
     last_commit: int = -1
     resume: Any = None
+    #: What the first ``_told_to`` records tell (brought to the end when a route asks
+    #: for the cursor at the log's end: :meth:`told`).
+    _told: Told = field(default_factory=Told)
+    _told_to: int = 0
 
     def extend(self, records: list[dict[str, Any]]) -> None:
         for rec in records:
             if rec.get("op") in ("commit", "create"):
                 self.last_commit = len(self.records)
             self.records.append(rec)
+
+    def told(self) -> Told:
+        """What the records read tell, through the last."""
+        told, records = self._told, self.records
+        for i in range(self._told_to, len(records)):
+            told.apply(records[i], i)
+        self._told_to = len(records)
+        return told
 
 
 class Tails:
@@ -128,21 +198,35 @@ class Tails:
         self._tails: OrderedDict[str, Tail] = OrderedDict()
 
     def read(self, session: Session) -> Tail:
-        """The session's log as it is now (the caller holds the server's lock)."""
+        """The session's log as it is now (the caller holds the server's lock).
+
+        What was written since the last read is added to the same :class:`Tail` while the
+        backend reads on from where that read ended (``whole`` false). A log the backend
+        reads from its start again (another handle, a log compacted, cut back or repaired)
+        keeps the Tail only when it begins with exactly the records read; else it is
+        another Tail, whose records a stream positioned in the old one finds its place in
+        again (:meth:`Stream.since`)."""
         sessions = self.store.backend.sessions
         session_id = session.id
         ident = header_ident(session.header.data)
         tail = self._tails.get(session_id)
-        if tail is not None and tail.ident == ident and tail.handle is session:
+        if tail is not None and tail.ident == ident:
             self._tails.move_to_end(session_id)
             start = len(tail.records)
-            got = sessions.history_since(session_id, start, tail.resume)
-            if got.total == start + len(got.records):
-                tail.extend(got.records)
-                tail.resume = got.resume
+            if tail.handle is session:
+                got = sessions.history_since(session_id, start, tail.resume)
+                if not got.whole and got.total == start + len(got.records):
+                    tail.extend(got.records)
+                    tail.resume = got.resume
+                    return tail
+            got = sessions.history_since(session_id, 0, None)
+            if len(got.records) >= start and got.records[:start] == tail.records:
+                tail.extend(got.records[start:])
+                tail.handle, tail.resume = session, got.resume
                 return tail
-        # First read, another incarnation, or a log cut back or rewritten: all of it.
-        got = sessions.history_since(session_id, 0, None)
+        else:
+            # First read, or another incarnation: all of it.
+            got = sessions.history_since(session_id, 0, None)
         tail = Tail(ident, session, resume=got.resume)
         tail.extend(got.records)
         self._tails[session_id] = tail
@@ -150,9 +234,15 @@ class Tails:
             self._tails.popitem(last=False)
         return tail
 
-    def length(self, session: Session) -> int:
-        """How many records the session's log holds (what a cursor counts)."""
-        return len(self.read(session).records)
+    def cursor(self, session: Session) -> str:
+        """The cursor at the end of the session's log as it is now."""
+        tail = self.read(session)
+        return cursor_of(len(tail.records), tail.ident, tail.told().check())
+
+    def forget(self, session_id: str) -> None:
+        """Let go of what was read of a session (deleted: its records and handle go now,
+        not when :data:`TAILS` others have pushed them out)."""
+        self._tails.pop(session_id, None)
 
 
 def load_view(store: Store, tails: Tails, session_id: str, durable: bool) -> LogView:
@@ -166,20 +256,56 @@ def load_view(store: Store, tails: Tails, session_id: str, durable: bool) -> Log
     return LogView(tail.ident, dict(s.header.data), tail.records, tail.last_commit, end)
 
 
-def cursor_of(position: int, ident: str) -> str:
-    return f"{position}-{ident[7:23]}"
+def cursor_of(position: int, ident: str, check: str) -> str:
+    """The cursor after the first ``position`` records of a log of incarnation ``ident``,
+    whose follower was told what :meth:`Told.check` gives there."""
+    return f"{position}-{ident[7:23]}-{check}"
 
 
-def resume_position(cursor: str | None, view: LogView) -> int | None:
-    """Where to resume after ``cursor`` (``<cursor>`` or an event id ``<cursor>.<n>``), or
-    None when it cannot be resumed from here (then a reset is sent)."""
-    if cursor is None:
-        return None
+def parse_cursor(cursor: str) -> tuple[int, str, str] | None:
+    """(position, incarnation tag, state check) of a cursor or an event id
+    (``<cursor>.<n>``); None for what is no cursor of this form (an earlier form's
+    ``<position>-<incarnation>`` among them: it says nothing to check the log against)."""
     text = cursor.rsplit(".", 1)[0] if "." in cursor else cursor
-    pos, _, tag = text.partition("-")
-    if not pos.isdigit() or tag != view.ident[7:23] or int(pos) > view.end:
+    parts = text.split("-")
+    if len(parts) != 3:
         return None
-    return int(pos)
+    pos, tag, check = parts
+    if not (pos.isdigit() and len(pos) <= 18 and len(tag) == 16 and len(check) == 16):
+        return None
+    return int(pos), tag, check
+
+
+def locate(records: list[dict[str, Any]], end: int, position: int, check: str) -> tuple[int, Told] | None:
+    """Where in ``records[:end]`` a follower whose cursor says (``position``, ``check``)
+    resumes, and what it was told there: at ``position`` when the state there checks; else
+    at the last place the state checks (the log was rewritten: a compaction folds what the
+    follower read into fewer records); None when it checks nowhere (a record it was sent
+    is gone, or was never committed, or the cursor is no cursor of this log)."""
+    told = Told()
+    if position <= end:
+        for i in range(position):
+            told.apply(records[i], i)
+        if told.check() == check:
+            return position, told
+        told = Told()
+    found = -1
+    said: tuple[str | None, int, int] | None = None  # what the check was last made of
+    matched = False
+    for i in range(end + 1):
+        now = told.said()
+        if now != said:
+            said, matched = now, told.check() == check
+        if matched:
+            found = i
+        if i < end:
+            told.apply(records[i], i)
+    if found < 0:
+        return None
+    told = Told()
+    for i in range(found):
+        told.apply(records[i], i)
+    return found, told
 
 
 @dataclass
@@ -198,8 +324,11 @@ class Stream:
     ident: str = ""
     uncommitted: bool = False
     started: float = field(default_factory=time.monotonic)
-    #: The session's state through ``position`` (what each record's line says of it).
-    state: SessionState = field(default_factory=SessionState)
+    #: What the stream has told through ``position`` (each record's line says the state).
+    told: Told = field(default_factory=Told)
+    #: The records ``position`` counts in (a :class:`Tail`'s): another list is the log
+    #: read again whole, in which the stream finds its place again (:func:`locate`).
+    records: list[dict[str, Any]] | None = None
 
     def frame(self, kind: str, data: dict[str, Any], cursor: str, index: int = 0) -> bytes:
         event_id = f"{cursor}.{index}"
@@ -209,6 +338,10 @@ class Stream:
         return (json.dumps({"event": kind, "id": event_id, "data": data}, ensure_ascii=False, separators=(",", ":"))
                 + "\n").encode()
 
+    def cursor(self) -> str:
+        """The cursor through what the stream has sent."""
+        return cursor_of(self.position, self.ident, self.told.check())
+
     def _entry(self, entry_id: str) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
         env_bytes = self.store.objects.get("entries", entry_id)
         chash = envelope_content(env_bytes)
@@ -217,47 +350,66 @@ class Stream:
 
     def whole(self, kind: str, view: LogView) -> bytes:
         """A snapshot or reset: every record, who the session is, entries inline."""
-        state = SessionState()
+        told = Told()
+        state = told.state
         lines: list[dict[str, Any]] = []
         inline: dict[str, Any] = {}
         budget = SNAPSHOT_INLINE_BYTES
         for i in range(view.end):
             rec = view.records[i]
-            state.apply(rec, i)
-            line = log_line(rec, state, i <= view.last_commit, cursor_of(i + 1, view.ident))
-            if line is None:
-                continue
+            told.apply(rec, i)
+            op = rec.get("op")
+            if op not in LINES:
+                continue  # (no line: log_line's None, without making the cursor)
+            line = log_line(rec, state, i <= view.last_commit, cursor_of(i + 1, view.ident, told.check()))
+            assert line is not None
             lines.append(line)
             entry = rec.get("entry")
-            if rec.get("op") == "append" and isinstance(entry, str) and budget > 0:
+            if op == "append" and isinstance(entry, str) and budget > 0:
                 env, content, size = self._entry(entry)
                 budget -= size
                 if budget >= 0:
                     inline[entry] = {"envelope": env, "content": content}
         self.position = view.end
-        self.state = state
+        self.told = told
+        self.records = view.records
         self.ident = view.ident
         self.uncommitted = any(not x["durable"] for x in lines)
         data = {"session": self.session_id, "header": view.header, "incarnation": view.ident, "head": state.head,
                 "mark": state.mark, "base": state.base, "records": lines, "entries": inline, "inline": budget >= 0}
-        return self.frame(kind, data, cursor_of(self.position, view.ident))
+        return self.frame(kind, data, self.cursor())
+
+    def resume(self, cursor: str | None, view: LogView) -> bool:
+        """Take up the stream after ``cursor`` (see :func:`locate`); False when it cannot be."""
+        parsed = parse_cursor(cursor) if cursor is not None else None
+        if parsed is None or parsed[1] != view.ident[7:23]:
+            return False
+        found = locate(view.records, view.end, parsed[0], parsed[2])
+        if found is None:
+            return False
+        self.position, self.told = found
+        self.records, self.ident = view.records, view.ident
+        return True
 
     def since(self, view: LogView) -> list[bytes]:
         """The events for the records after the stream's position (the stream's state is
-        kept from one call to the next, so each costs only the new records)."""
+        kept from one call to the next, so each costs only the new records). In a log read
+        again whole (another list of records) the stream first finds its place, or sends
+        a ``reset`` when the log no longer holds what it told."""
+        if view.records is not self.records and not self.resume(self.cursor(), view):
+            return [self.whole("reset", view)]
+        if view.end < self.position:
+            return [self.whole("reset", view)]  # records taken back (a failed commit)
         out: list[bytes] = []
-        if self.state.records != self.position:  # resumed from a cursor: the state up to it
-            self.state = SessionState()
-            for i in range(self.position):
-                self.state.apply(view.records[i], i)
-        state = self.state
+        told = self.told
+        state = told.state
         for i in range(self.position, view.end):
             rec = view.records[i]
-            state.apply(rec, i)
-            cursor = cursor_of(i + 1, view.ident)
-            durable = i <= view.last_commit
+            told.apply(rec, i)
             op = rec.get("op")
+            durable = i <= view.last_commit
             if op == "append":
+                cursor = cursor_of(i + 1, view.ident, told.check())
                 entry = str(rec.get("entry"))
                 env, content, _ = self._entry(entry)
                 line = log_line(rec, state, durable, cursor)
@@ -265,26 +417,31 @@ class Stream:
                 out.append(self.frame("appended", dict(line, envelope=env, content=content), cursor))
                 self.uncommitted |= not durable
             elif op == "head":
+                cursor = cursor_of(i + 1, view.ident, told.check())
                 out.append(self.frame("head", {"leaf": rec.get("head"), "durable": durable, "cursor": cursor}, cursor))
                 self.uncommitted |= not durable
             elif op in ("commit", "create") and self.uncommitted:
+                cursor = cursor_of(i + 1, view.ident, told.check())
                 out.append(self.frame("committed", {"cursor": cursor}, cursor))
                 self.uncommitted = False
         self.position = view.end
+        if self.uncommitted and view.last_commit + 1 >= self.position:
+            # Found again past the commit that covers what was sent as not durable.
+            cursor = self.cursor()
+            out.append(self.frame("committed", {"cursor": cursor}, cursor))
+            self.uncommitted = False
         return out
 
     async def events(self, first: LogView, after: str | None) -> AsyncIterator[bytes]:
-        resumed = resume_position(after, first)
-        if resumed is None:
+        if not self.resume(after, first):
             yield self.whole("snapshot" if after is None else "reset", first)
         else:
-            self.position, self.ident = resumed, first.ident
             for chunk in self.since(first):
                 yield chunk
         while True:
             left = self.max_age_s - (time.monotonic() - self.started)
             if left <= 0 or self.changes.closing:
-                cursor = cursor_of(self.position, self.ident)
+                cursor = self.cursor()
                 reason = "shutdown" if self.changes.closing else "max_stream_age"
                 yield self.frame("end", {"reason": reason, "cursor": cursor}, cursor)
                 return
@@ -298,25 +455,20 @@ class Stream:
                 continue  # (ended above, its cursor where a follower resumes on the next server)
             try:
                 view = await self.run(load_view, self.store, self.tails, self.session_id, self.durable)
-            except NoSuchSessionError as exc:
-                yield self.frame("error", problem_body(exc), cursor_of(self.position, self.ident))
-                return
-            except AgentSessionError as exc:
-                yield self.frame("error", problem_body(exc), cursor_of(self.position, self.ident))
+            except AgentSessionError as exc:  # NoSuchSessionError among them: no_session
+                yield self.frame("error", problem_body(exc), self.cursor())
                 return
             if view.ident != self.ident:
                 gone = NoSuchSessionError(f"session {self.session_id} was deleted (and created again) while followed")
-                yield self.frame("error", problem_body(gone), cursor_of(self.position, self.ident))
+                yield self.frame("error", problem_body(gone), self.cursor())
                 return
-            if view.end < self.position:
-                yield self.whole("reset", view)  # records taken back (a failed commit, a repair)
-                continue
             for chunk in self.since(view):
                 yield chunk
 
 
 def log_line(rec: dict[str, Any], state: SessionState, durable: bool, cursor: str) -> dict[str, Any] | None:
-    """A record in the log's line shape (None for one a follower is not told of)."""
+    """A record in the log's line shape (None for one a follower is not told of: one
+    whose op is not among :data:`LINES`)."""
     op = rec.get("op")
     if op == "append":
         leaf = bool(rec.get("leaf_label"))

@@ -856,32 +856,40 @@ class PgSessions(SessionStore):
 
     def history_since(self, session_id: str, start: int, resume: Any = None) -> LogTail:
         """The rows after the first ``start`` only (``whole`` false), while ``resume`` (the
-        incarnation's key, the rows read, the last one's text) still holds: the session's
-        row says how long its log is, so an idle poll is that one query; the rows after
-        are read with the last one read, which must be as it was (a repair rewrites rows).
+        incarnation's key, the rows read, the last one's text and row version) still
+        holds: the session's row says how long its log is, and the row the last read
+        ended at must be the very row read then (its ``xmin``, the transaction that wrote
+        it: a repair writes every row of the log anew, in one transaction, so a log
+        repaired to the same length, even ending in the same record, is not the one read),
+        so an idle poll is one query; the rows after are read with the last one read.
         Else every row, as :meth:`history` reads them."""
         if resume is not None and resume[1] == start:
-            key, count, last = resume
+            key, count, last, version = resume
             with self.db.conn() as c:
-                row = c.execute("SELECT key, last_pos FROM sessions WHERE id = %s", [session_id]).fetchone()
+                row = c.execute("SELECT s.key, s.last_pos, l.xmin::text FROM sessions s LEFT JOIN log l "
+                                "ON l.session = s.key AND l.pos = s.last_pos WHERE s.id = %s", [session_id]).fetchone()
                 if row is None:
                     raise NoSuchSessionError(f"no such session: {session_id}")
-                if row[0] == key and row[1] == count:
+                if row[0] == key and row[1] == count and row[2] == version:
                     return LogTail([], count, resume, whole=False)
                 # (an append's rows and its last_pos commit together: these are whole appends)
-                texts = c.execute("SELECT pos, record FROM log WHERE session = %s AND pos >= %s ORDER BY pos",
+                texts = c.execute("SELECT pos, record, xmin::text FROM log WHERE session = %s AND pos >= %s ORDER BY pos",
                                   [key, count]).fetchall() if row[0] == key and row[1] > count else None
-            if texts and texts[0] == (count, last) and texts[-1][0] == count + len(texts) - 1:
-                records = [r for _, text in texts[1:] if not isinstance(r := parse_record(text), str)]
+            if texts and texts[0] == (count, last, version) and texts[-1][0] == count + len(texts) - 1:
+                records = [r for _, text, _ in texts[1:] if not isinstance(r := parse_record(text), str)]
                 if len(records) == len(texts) - 1:
                     end = texts[-1][0]
-                    return LogTail(records, end, (key, end, texts[-1][1]), whole=False)
-        with self.db.conn() as c:
-            row, texts = self.rows(c, session_id)
-        parsed = [parse_record(text) for _, text in texts]
+                    return LogTail(records, end, (key, end, texts[-1][1], texts[-1][2]), whole=False)
+        with self.db.conn() as c:  # (one statement: the rows and the session's key as of one moment)
+            rows = c.execute("SELECT s.key, l.pos, l.record, l.xmin::text FROM sessions s LEFT JOIN log l "
+                             "ON l.session = s.key WHERE s.id = %s ORDER BY l.pos", [session_id]).fetchall()
+        if not rows:
+            raise NoSuchSessionError(f"no such session: {session_id}")
+        texts = [(pos, text, version) for _, pos, text, version in rows if pos is not None]
+        parsed = [parse_record(text) for _, text, _ in texts]
         records = [r for r in parsed if not isinstance(r, str)]
-        sound = len(records) == len(texts) and all(pos == i + 1 for i, (pos, _) in enumerate(texts))
-        note = (row[0], len(texts), texts[-1][1]) if sound and texts else None
+        sound = len(records) == len(texts) and all(pos == i + 1 for i, (pos, _, _) in enumerate(texts))
+        note = (rows[0][0], len(texts), texts[-1][1], texts[-1][2]) if sound and texts else None
         return LogTail(records[start:], len(records), note)
 
     def delete(self, session_id: str, log: SessionLog | None = None) -> None:
