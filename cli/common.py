@@ -48,6 +48,74 @@ EXIT_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`| head`)
 
 
 # ---------------------------------------------------------------------------
+# options: one habit for a value, one flag a letter, one --json (docs/cli.md "Options")
+
+
+class Parsed(click.ParamType):
+    """An option's value read by a parser of ours (a time, a duration, a pattern, an
+    address): a value it refuses (``ValueError``, or a library error) is a usage error, as
+    a value click's own types refuse (``IntRange``, ``Choice``) is: exit 2, under
+    ``--json`` code ``usage``, the option named. ``parse`` is given the text and returns
+    the value; ``keep_text`` hands the command the text as given, the parser only its
+    judge (what the command prints back, as ``sweep``'s grace)."""
+
+    def __init__(self, name: str, parse: Callable[[str], Any], *, keep_text: bool = False) -> None:
+        self.name, self._parse, self._keep = name, parse, keep_text
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value  # a default already made
+        from agentsession_cas.errors import AgentSessionError
+
+        try:
+            parsed = self._parse(value)
+        except (ValueError, AgentSessionError) as exc:
+            message = one_line(str(exc))
+            for name in param.opts if param is not None else ():
+                message = message.removeprefix(name + " ")  # (click names the option: once is enough)
+            self.fail(message, param, ctx)
+        return value if self._keep else parsed
+
+
+def _when(text: str) -> str:
+    from agentsession_cas.store.summary import parse_when  # (the one rule, with the summaries it reads)
+
+    return parse_when(text)
+
+
+def _duration(text: str) -> float:
+    from agentsession_cas.maintenance.sweep import parse_duration
+
+    return parse_duration(text)
+
+
+def _pattern(text: str) -> str:
+    from agentsession_cas.format.redact import RedactOptions  # what export --secret takes, said by the one place
+
+    RedactOptions(secrets=(text,)).rewriter()
+    return text
+
+
+#: A time an option is given (``list --after``): a date, a time, or an age (``3d``).
+WHEN = Parsed("when", _when)
+#: A duration (``sweep --grace 14d``): the text, which the parser accepts.
+DURATION = Parsed("duration", _duration, keep_text=True)
+#: A regular expression a redaction replaces (``export --secret``).
+SECRET = Parsed("regex", _pattern)
+
+#: The help of every ``--json`` (one wording; what each document holds: docs/cli.md).
+JSON_HELP = "Print one JSON document instead of text."
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def json_option(help: str | None = None) -> Callable[[_F], _F]:
+    """The ``--json`` flag, as every command has it: :data:`JSON_HELP`, with ``help`` added
+    when the command's document goes elsewhere than stdout or is a stream."""
+    return click.option("--json", "as_json", is_flag=True, help=JSON_HELP if help is None else f"{JSON_HELP} {help}")
+
+
+# ---------------------------------------------------------------------------
 # numbers, sizes and times: the one format of human output (docs/cli.md "Human output")
 
 
@@ -485,7 +553,6 @@ def os_message(exc: OSError) -> str:
     return f"{name}: {reason}" if name else reason
 
 
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 #: Whether the command run asked to end its process at once (:func:`end_at_once_after`).

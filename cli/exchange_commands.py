@@ -26,7 +26,7 @@ from agentsession_cas.format.names import check_session_id, is_session_id
 from agentsession_cas.store import Store
 from agentsession_cas.store.names import resolve_entry, resolve_session
 
-from .common import echo, emit_json, fail, note, plural, size
+from .common import echo, emit_json, fail, json_option, note, plural, size
 from .store_commands import write_store
 from .terminal import progressing
 
@@ -150,7 +150,7 @@ _REF_HELP = "A ref naming the session to move too, as NAME or NAME:EXPECTED (rep
 @click.option("--force", is_flag=True, help="Move the remote head whatever it is (reported as forced).")
 @click.option("--handover", is_flag=True, help="Make the remote the record and this store a mirror.")
 @click.option("--ref", "refs", multiple=True, metavar="NAME[:EXPECTED]", help=_REF_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+@json_option()
 def push(session_id: str, remote: str, expected: str | None, force: bool, handover: bool, refs: tuple[str, ...], as_json: bool) -> None:
     """Push session ID, of which this store is the record, to REMOTE (a store's path or URL, or an http(s) server).
 
@@ -174,7 +174,7 @@ def push(session_id: str, remote: str, expected: str | None, force: bool, handov
 @click.argument("session_id", metavar="ID")
 @click.argument("remote", metavar="REMOTE")
 @click.option("--ref", "refs", multiple=True, metavar="NAME[:EXPECTED]", help="A ref of the remote naming the session to set here too (repeatable).")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+@json_option()
 def fetch(session_id: str, remote: str, refs: tuple[str, ...], as_json: bool) -> None:
     """Fetch session ID from REMOTE, which may be its record or a mirror.
 
@@ -195,7 +195,7 @@ def fetch(session_id: str, remote: str, refs: tuple[str, ...], as_json: bool) ->
 @click.argument("remote", metavar="REMOTE")
 @click.option("--expect", "expected", metavar="HEAD", help="The remote head you expect ('' for none); default: the last one seen there.")
 @click.option("--ref", "refs", multiple=True, metavar="NAME[:EXPECTED]", help=_REF_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+@json_option()
 def handover(session_id: str, remote: str, expected: str | None, refs: tuple[str, ...], as_json: bool) -> None:
     """Hand session ID over to REMOTE: push it, make the remote the record, then make this store a mirror.
 
@@ -216,7 +216,7 @@ def handover(session_id: str, remote: str, expected: str | None, refs: tuple[str
 @click.argument("session_id", metavar="ID")
 @click.option("--remote", metavar="REMOTE", help="Declare REMOTE the record instead of this store.")
 @click.option("--expect", "expected", metavar="HEAD", help="The head the store must hold ('' for none).")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+@json_option()
 def declare_record(session_id: str, remote: str | None, expected: str | None, as_json: bool) -> None:
     """Make a store the record of session ID, which it holds as a mirror.
 
@@ -240,7 +240,7 @@ def declare_record(session_id: str, remote: str | None, expected: str | None, as
 @click.command("take-back")
 @click.argument("session_id", metavar="ID")
 @click.argument("remote", metavar="REMOTE")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+@json_option()
 def take_back(session_id: str, remote: str, as_json: bool) -> None:
     """Take the record of session ID back from REMOTE: fetch, declare it here, release it there.
 

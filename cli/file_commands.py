@@ -39,7 +39,21 @@ from agentsession_cas.store.session import ProjectionOutline
 from agentsession_cas.store.showing import OnEntry, PathWalk, ShowRead, path_links
 
 from . import fsck_command, store_commands, terminal
-from .common import JsonStream, echo, echo_lines, emit_json, fail, number, plural, read_stdin, table, table_line, when, whole_pass
+from .common import (
+    JsonStream,
+    echo,
+    echo_lines,
+    emit_json,
+    fail,
+    json_option,
+    number,
+    plural,
+    read_stdin,
+    table,
+    table_line,
+    when,
+    whole_pass,
+)
 from .common import note as say_note
 from .describe import describe, describe_item, settings_rows
 from .terminal import paint, progressing, visible
@@ -137,7 +151,7 @@ def _print_context(leaf: str | None, ctx: Context | None, error: str | None, con
 @click.command()
 @click.argument("file", metavar="FILE|ID", type=str)  # not click.Path: its stat() of a name holding NUL raised ValueError
 @click.option("--leaf", "leaf_name", metavar="ID", help="Entry to treat as the leaf: a full id, a legacy id or a unique hex prefix.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@json_option()
 @click.option("-v", "--verbose", is_flag=True, help="Show the data of custom and extension entries.")
 @click.option("--runs", "show_runs", is_flag=True, help="Also print the runs on the leaf's path: reasons, calls and their states.")
 @click.option("-n", "--first", "first", type=click.IntRange(min=0), metavar="N", help="List only the first N entries (the text listing).")
@@ -792,7 +806,7 @@ def _summary(report: VerifyReport) -> str:
 
 @click.command()
 @click.argument("file", metavar="[FILE|ID]", required=False, type=str)  # as show: no stat() of a name holding NUL
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@json_option()
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status says (0 sound, 1 not).")
 @click.option("-v", "--verbose", is_flag=True, help="Also print one line per response whose request hash checked.")
 @whole_pass
@@ -871,7 +885,7 @@ def _verify(file: str | None, as_json: bool, verbose: bool) -> None:
 
 @click.command("hash-object")
 @click.argument("file", default="-", type=str)  # no stat() of a name holding NUL
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of text.")
+@json_option()
 def hash_object(file: str, as_json: bool) -> None:
     """Print the computed id and content hash of each entry line in FILE (or stdin).
 

@@ -13,7 +13,7 @@ import click
 
 from agentsession_cas.maintenance.fsck import FsckProblem, fsck
 
-from .common import echo, emit_json, number, one_line
+from .common import echo, emit_json, json_option, number, one_line
 from .store_commands import store_root
 from .terminal import progressing
 
@@ -69,7 +69,7 @@ def run_fsck(as_json: bool, *, deep: bool = False, root: str | None = None) -> i
 
 
 @click.command("fsck")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@json_option()
 @click.option("--deep", is_flag=True, help="Also verify each sound session as `verify ID` does (slower: reads every projection).")
 def fsck_cmd(as_json: bool, deep: bool) -> None:
     """Check the whole store, as `git fsck --full` does; exit 1 if anything is damaged.

@@ -15,10 +15,10 @@ import click
 
 from agentsession_cas.errors import AgentSessionError, NoSuchSessionError, SessionDamagedError
 from agentsession_cas.format.entry import short_id
-from agentsession_cas.store.summary import parse_when, select
+from agentsession_cas.store.summary import select
 
 from . import terminal
-from .common import echo, emit_json, fail, number, one_line, table, when
+from .common import WHEN, echo, emit_json, json_option, number, one_line, table, when
 from .store_commands import read_store
 from .terminal import start_pager as page
 
@@ -32,15 +32,6 @@ ID_WIDTH = 40
 
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _when(value: str | None, option: str) -> str | None:
-    if value is None:
-        return None
-    try:
-        return parse_when(value)
-    except ValueError as exc:
-        fail(f"{option}: {exc}", code="bad_option")
 
 
 #: The columns a narrow terminal (or the 100 columns of a pipe) goes without, in order:
@@ -79,10 +70,10 @@ def _damaged(sid: str, exc: AgentSessionError, as_json: bool) -> dict[str, Any]:
 @click.option("--limit", "-n", type=click.IntRange(min=0), metavar="N", help="Show at most N sessions (the newest).")
 @click.option("--harness", metavar="NAME", help="Only sessions recorded by this harness (its name, or name and version).")
 @click.option("--cwd", "cwd", metavar="DIR", help="Only sessions whose working directory is DIR or below it.")
-@click.option("--after", metavar="WHEN", help="Only sessions active at or after WHEN (2026-01-02, 2026-01-02T03:04Z, or an age: 3d).")
-@click.option("--before", metavar="WHEN", help="Only sessions last active before WHEN (same forms as --after).")
+@click.option("--after", type=WHEN, metavar="WHEN", help="Only sessions active at or after WHEN (2026-01-02, 2026-01-02T03:04Z, or an age: 3d).")
+@click.option("--before", type=WHEN, metavar="WHEN", help="Only sessions last active before WHEN (same forms as --after).")
 @click.option("--current", is_flag=True, help="Leave out sessions that were continued in a successor.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of the same fields instead of text.")
+@json_option()
 def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after: str | None, before: str | None,
                   current: bool, as_json: bool) -> None:
     """List the store's sessions, newest activity first: title, model, harness, times, entries, head, mark.
@@ -95,7 +86,6 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
     a lost header file) is listed with mark `damaged`, reported on stderr (in its row, with the error's
     code, under --json), and the exit status is 1.
     """
-    after_ts, before_ts = _when(after, "--after"), _when(before, "--before")
     store = read_store()
     summaries = []
     damaged: list[dict[str, Any]] = []
@@ -110,7 +100,7 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
         damaged.append(_damaged(sid, SessionDamagedError.header_lost(sid, store.backend.sessions.header_lost(sid) or sid),
                                 as_json))
     chosen = select(summaries, harness=harness, cwd=os.path.abspath(cwd) if cwd else None,
-                    after=after_ts, before=before_ts, limit=limit, current=current)
+                    after=after, before=before, limit=limit, current=current)
     rows: list[dict[str, Any]] = []
     for s in chosen:
         row = s.as_dict()

@@ -17,7 +17,7 @@ from agentsession_cas.errors import AgentSessionError
 from agentsession_cas.maintenance.sweep import DEFAULT_GRACE, parse_duration
 
 from . import terminal
-from .common import echo, emit_json, fail, number, one_line, os_code, os_message, plural, size
+from .common import DURATION, echo, emit_json, fail, json_option, number, one_line, os_code, os_message, plural, size
 from .store_commands import read_store, write_store
 
 
@@ -35,7 +35,7 @@ def _report_problems(res: RepackResult, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@json_option()
 def pack(as_json: bool) -> None:
     """Move every loose object and every pack into one new pack, recompressed.
 
@@ -67,12 +67,12 @@ def pack(as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--grace", "grace_text", default=None, metavar="DURATION",
+@click.option("--grace", "grace_text", type=DURATION, default=None, metavar="DURATION",
               help="Keep anything younger than this (0, 90s, 15m, 12h, 14d, 2w). Default 14d.")
 @click.option("--dry-run", is_flag=True, help="List what would go and the bytes it would free; change nothing.")
 @click.option("--force", is_flag=True,
               help="Sweep with a grace under 1h even while writers hold sessions (their objects in flight may go).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@json_option()
 def sweep(grace_text: str | None, dry_run: bool, force: bool, as_json: bool) -> None:
     """Remove objects nothing retained names (RFC 0002 "Deletion and retention").
 
@@ -83,10 +83,7 @@ def sweep(grace_text: str | None, dry_run: bool, force: bool, as_json: bool) -> 
     than the grace period is repacked into one pack; younger files are left
     as they are.
     """
-    try:
-        grace = DEFAULT_GRACE if grace_text is None else parse_duration(grace_text)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--grace") from None
+    grace = DEFAULT_GRACE if grace_text is None else parse_duration(grace_text)  # (DURATION judged it)
     progress = terminal.progress("sweeping", "objects")
     try:
         try:

@@ -20,7 +20,7 @@ from agentsession_cas.errors import AgentSessionError, LayoutError, MigrationBus
 from agentsession_cas.store.url import store_url_kind
 
 from . import terminal
-from .common import echo, emit_json, fail, one_line, os_code, os_message, plural
+from .common import echo, emit_json, fail, json_option, one_line, os_code, os_message, plural
 from .store_commands import store_root
 
 #: Exit status when a writer of the earlier layout holds a lock (retry once it has stopped).
@@ -83,7 +83,8 @@ def _print_report(report: MigrationReport) -> None:
 
 @click.command("migrate")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (only a terminal is asked).")
-@click.option("-n", "--dry-run", is_flag=True, help="Say what would be done, and change nothing.")
+@click.option("--dry-run", is_flag=True, help="Say what would be done, and change nothing.")
+@click.option("-n", "dry_run_n", is_flag=True, hidden=True)  # --dry-run's spelling before session 38: -n is a count now
 @click.option(
     "--skip-damaged",
     is_flag=True,
@@ -98,8 +99,8 @@ def _print_report(report: MigrationReport) -> None:
     metavar="SECONDS",
     help="How long to wait for a commit of the earlier layout in flight.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, as_json: bool) -> None:
+@json_option()
+def migrate_cmd(yes: bool, dry_run: bool, dry_run_n: bool, skip_damaged: bool, lock_wait: float, as_json: bool) -> None:
     """Convert a store of the earlier journal layout, or of the reference library's,
     to this release's layout, in place.
 
@@ -120,6 +121,7 @@ def migrate_cmd(yes: bool, dry_run: bool, skip_damaged: bool, lock_wait: float, 
     changed, not confirmed, or stopped part way (run it again); 2 usage;
     3 a process of the earlier layout holds a lock of the store.
     """
+    dry_run = dry_run or dry_run_n
     root = store_root()
     if store_url_kind(root)[0] == "postgresql":
         _migrate_postgresql(root, dry_run=dry_run, as_json=as_json)

@@ -75,7 +75,8 @@ def export_projection(sf: SessionFile, store: Store | None, arg: str, fmt: str, 
     _sound(sf)
     if not sf.entries:
         fail(f"{arg}: the session has no entries, so it has no {fmt} projection", code="empty")
-    entry = sf.resolve(at).id if at is not None else None
+    where = f"session {sf.source}" if store is not None else None  # (a stored session's source is its id)
+    entry = sf.resolve(at, where=where).id if at is not None else None
     if fmt == "otel":
         data = _dumps(otlp_request(sf, at=entry), indent=2) + b"\n"
         if output is None or output == "-":

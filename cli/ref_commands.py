@@ -14,7 +14,7 @@ import click
 from agentsession_cas.errors import AgentSessionError, NoSuchRefError, RefMovedError
 from agentsession_cas.store.refs import Ref, Refs
 
-from .common import echo, emit_json, fail, note, table
+from .common import echo, emit_json, fail, json_option, note, table
 from .store_commands import read_store, write_store
 from .terminal import start_pager as page
 
@@ -42,7 +42,7 @@ def ref() -> None:
 
 @ref.command("list", short_help="List the refs whose name begins with PREFIX: name, session, state.")
 @click.argument("prefix", metavar="[PREFIX]", required=False, default="")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of text.")
+@json_option()
 def list_refs(prefix: str, as_json: bool) -> None:
     """List the refs whose name begins with PREFIX, in name order: name, session, state.
 
@@ -71,7 +71,7 @@ def list_refs(prefix: str, as_json: bool) -> None:
 
 @ref.command("show", short_help="Print a ref: the session it names and that session's state.")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+@json_option()
 def show_ref(name: str, as_json: bool) -> None:
     """Print a ref: its name, the session it names, and that session's state.
 
@@ -102,7 +102,7 @@ def _expected(value: str | None) -> str | None:
     metavar="OLD",
     help="The session the ref holds now (compare-and-swap). Omitted or '': the ref must not exist yet.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the update as a JSON object.")
+@json_option()
 def update_ref(name: str, session_id: str, expected: str | None, as_json: bool) -> None:
     """Point the ref NAME at SESSION, if it holds OLD (or, without --expect, does not exist).
 
@@ -130,7 +130,7 @@ def update_ref(name: str, session_id: str, expected: str | None, as_json: bool) 
     metavar="OLD",
     help="The session the ref holds now (compare-and-swap). Omitted: whatever it holds when read.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the deletion as a JSON object.")
+@json_option()
 def delete_ref(name: str, expected: str | None, as_json: bool) -> None:
     """Delete the ref NAME (the session it names stays).
 

@@ -17,7 +17,7 @@ from agentsession_cas.backends.files.repair import RepairReport
 from agentsession_cas.maintenance.repair import plan_repair, repair_session, repair_target
 
 from . import terminal
-from .common import echo, emit_json, fail, number, one_line, plural, size
+from .common import echo, emit_json, fail, json_option, number, one_line, plural, size
 from .store_commands import read_store, write_store
 
 
@@ -89,7 +89,7 @@ def _note_line(n: FsckProblem) -> str:
 @click.argument("session_id", metavar="ID")
 @click.option("--dry-run", is_flag=True, help="Print what would be kept, recovered and dropped; write nothing.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (for scripts).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@json_option()
 def repair(session_id: str, dry_run: bool, yes: bool, as_json: bool) -> None:
     """Rewrite a damaged session's log from the records that read.
 

@@ -10,12 +10,23 @@ import click
 from agentsession_cas.errors import UnsupportedError
 from agentsession_cas.store.url import open_store
 
-from .common import fail
+from .common import Parsed, fail
 from .store_commands import store_root
 
 
+def _listen(text: str) -> str:
+    """``--listen`` judged by the server's one reading of it; without the server's extra
+    it passes, and ``serve`` says which extra to install."""
+    try:
+        from agentsession_cas.server.run import parse_listen
+    except ImportError:
+        return text
+    parse_listen(text)
+    return text
+
+
 @click.command("serve")
-@click.option("--listen", default="127.0.0.1:8765", show_default=True, metavar="HOST:PORT",
+@click.option("--listen", type=Parsed("address", _listen), default="127.0.0.1:8765", show_default=True, metavar="HOST:PORT",
               help="Where to listen; port 0 picks a free one (the first line printed names it).")
 @click.option("--auth", "auth_file", metavar="FILE",
               help='Bearer tokens: {"tokens": [{"token", "scopes", "sessions"?}]}. Without it: loopback only.')

@@ -48,11 +48,13 @@ from agentsession_cas.progress import Progress
 
 from . import terminal
 from .common import (
+    SECRET,
     JsonStream,
     echo,
     emit_json,
     end_at_once_after,
     fail,
+    json_option,
     note,
     number,
     plural,
@@ -67,9 +69,8 @@ from .terminal import start_pager as page
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
-#: Codes of the refusals that are no library error: options that do not go together
-#: (exit 1, the command's own check), and standard input or a header file that is no JSON object.
-USAGE = "usage"
+#: The code of a refusal that is no library error: standard input or a header file that
+#: is no JSON object. (Options that do not go together are a click.UsageError: exit 2, code usage.)
 BAD_INPUT = "bad_input"
 
 
@@ -231,7 +232,7 @@ def _stdin_json(what: str) -> Any:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print {store, created}.")
+@json_option()
 def init(as_json: bool) -> None:
     """Create the store (or find the one there) and say which, with its path."""
     root = store_root()
@@ -278,7 +279,7 @@ def _detail(data: dict[str, Any]) -> str:
 
 @click.command("log")
 @click.argument("session_id", metavar="ID")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of records instead of text.")
+@json_option()
 def log_cmd(session_id: str, as_json: bool) -> None:
     """Print a session's log records: line, op, seq, entry, head.
 
@@ -416,10 +417,9 @@ def projection_file(target: Target, progress: Progress | None = None) -> Session
 @click.option("--at", metavar="ENTRY", help="With --format atif or otel: the path to this entry only.")
 @click.option("--redact-home", is_flag=True, help="Replace the home directory with ~ in every text (a redacted file).")
 @click.option("--redact-env", is_flag=True, help="Empty every env entry, keeping its place (a redacted file).")
-@click.option("--secret", "secrets", metavar="REGEX", multiple=True,
+@click.option("--secret", "secrets", type=SECRET, metavar="REGEX", multiple=True,
               help="Replace each match with REDACTED (repeatable; a redacted file).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print {session, head, output, bytes}: on stderr when the projection goes to stdout.")
+@json_option("A summary, on stderr when the projection goes to stdout.")
 @whole_pass
 def export(session: str, output: str | None, fmt: str, at: str | None, redact_home: bool, redact_env: bool,
            secrets: tuple[str, ...], as_json: bool) -> None:
@@ -436,10 +436,10 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
     refuse_output_in_store(output)
     if fmt != "jsonl":
         if as_json:
-            fail(f"--json summarises the jsonl projection; --format {fmt} prints JSON itself", code=USAGE)
+            raise click.UsageError(f"--json summarises the jsonl projection; --format {fmt} prints JSON itself")
         if redacting:
-            fail(f"--redact-home, --redact-env and --secret write a redacted session file; --format {fmt} would "
-                 "embed subsessions unredacted: export the redacted file, then project it", code=USAGE)
+            raise click.UsageError(f"--redact-home, --redact-env and --secret write a redacted session file; --format "
+                                   f"{fmt} would embed subsessions unredacted: export the redacted file, then project it")
         from agentsession_cas.format.reader import read_session_bytes
 
         from .projection_export import export_projection  # the reader and the projections: not for jsonl
@@ -450,7 +450,7 @@ def export(session: str, output: str | None, fmt: str, at: str | None, redact_ho
         store, s = open_target(located, files=True)
         return export_projection(read_session_bytes(s.projection(), source=s.id), store, session, fmt, at, output)
     if at is not None:
-        fail("--at builds the projection at one entry: give it with --format atif or otel", code=USAGE)
+        raise click.UsageError("--at builds the projection at one entry: give it with --format atif or otel")
     target = locate(session, files=False)
     if target.kind == "file":
         if not os.path.lexists(target.arg):
@@ -546,7 +546,7 @@ def _say_where_it_went(store: Store, s: Session) -> None:
 @click.command("import")
 @click.argument("file", type=str)  # no stat() of a name holding NUL
 @click.option("--record", is_flag=True, help="Hold it as a record (appendable here), not a mirror.")
-@click.option("--json", "as_json", is_flag=True, help="Print {session, entries, prefix, head, mark, head_adjusted}.")
+@json_option()
 @whole_pass
 def import_cmd(file: str, record: bool, as_json: bool) -> None:
     """Import a session file; print the new session's id.
@@ -585,7 +585,7 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
 @click.option("--id", "new_id", metavar="ID", help="The session id (default: a new uuid, or the header's).")
 @click.option("--link", "fork_link", is_flag=True,
               help="With --base: also append a fork_of link naming the session the fork was made from.")
-@click.option("--json", "as_json", is_flag=True, help="Print {session, base, head, mark}.")
+@json_option()
 def create(base: str | None, header_file: str | None, new_id: str | None, fork_link: bool, as_json: bool) -> None:
     """Create a session (a record) and print its id.
 
@@ -598,7 +598,7 @@ def create(base: str | None, header_file: str | None, new_id: str | None, fork_l
       agentsession create --id ID-retry --base "$(agentsession head ID)" --link
     """
     if fork_link and base is None:
-        fail("--link records the session a fork was made from: give --base", code=USAGE)
+        raise click.UsageError("--link records the session a fork was made from: give --base")
     if header_file is not None:
         if header_file == "-":
             data = _stdin_json("header")
@@ -645,7 +645,7 @@ _OUTCOME_NOTES = {
 
 @click.command()
 @click.argument("session_id", metavar="ID")
-@click.option("--json", "as_json", is_flag=True, help="Print the append's result as a JSON object.")
+@json_option()
 def append(session_id: str, as_json: bool) -> None:
     """Append one entry, given as a JSON object on stdin, and print its id.
 
@@ -689,7 +689,7 @@ def append(session_id: str, as_json: bool) -> None:
 @click.argument("session_id", metavar="ID")
 @click.argument("new", metavar="[NEW]", required=False)
 @click.option("--expect", "expected", metavar="OLD", help="The head you expect (compare-and-swap); '' for no head.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+@json_option()
 def head(session_id: str, new: str | None, expected: str | None, as_json: bool) -> None:
     """Print a session's head (nothing when it has none), or move it with NEW --expect OLD.
 
@@ -729,8 +729,7 @@ def head(session_id: str, new: str | None, expected: str | None, as_json: bool) 
 @click.command("cat-object")
 @click.argument("name", metavar="HASH")
 @click.option("-t", "show_space", is_flag=True, help="Print the object's space (entries, contents, blobs) instead.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print {object, space, size, json} (an envelope or content parsed) or {..., base64} (a blob).")
+@json_option()
 def cat_object(name: str, show_space: bool, as_json: bool) -> None:
     """Print an object's bytes, verified against its name (sha256:<64 hex>, or a unique prefix of 4+ hex digits)."""
     if _HEX64.fullmatch(name):
@@ -753,7 +752,7 @@ def cat_object(name: str, show_space: bool, as_json: bool) -> None:
 
 @click.command()
 @click.argument("session_id", metavar="ID")
-@click.option("--json", "as_json", is_flag=True, help="Print {session, deleted, head, dangling_refs}.")
+@json_option()
 def delete(session_id: str, as_json: bool) -> None:
     """Delete a session (its objects stay; other sessions may share them).
 
@@ -784,7 +783,7 @@ def delete(session_id: str, as_json: bool) -> None:
 @click.command("rev-parse")
 @click.argument("name", metavar="SESSION")
 @click.argument("entry", metavar="[ENTRY]", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print {session, entry}.")
+@json_option()
 def rev_parse(name: str, entry: str | None, as_json: bool) -> None:
     """Print the session id a name resolves to (and an entry's full id)."""
     store = read_store()

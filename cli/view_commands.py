@@ -13,7 +13,7 @@ from agentsession_cas.format.entry import Entry, short_id
 from agentsession_cas.store.names import resolve_entry, resolve_session
 from agentsession_cas.store.views import Diff, diff_paths, diff_sequences, grep_store
 
-from .common import JsonStream, echo, emit_json, number, one_line, plural, size, table
+from .common import JsonStream, echo, emit_json, json_option, number, one_line, plural, size, table
 from .describe import describe
 from .fsck_command import finding_line
 from .store_commands import read_store
@@ -40,7 +40,7 @@ def _entry_json(e: Entry) -> dict[str, Any]:
 @click.argument("b", metavar="B")
 @click.option("--session", "session_name", metavar="S",
               help="A and B are entries of session S (ids or unique prefixes): compare their paths.")
-@click.option("--json", "as_json", is_flag=True, help="Print {a, b, common, only_a, only_b, shared} as JSON.")
+@json_option()
 def diff(a: str, b: str, session_name: str | None, as_json: bool) -> None:
     """Compare two sessions, or two entries' paths: the common prefix, then what only each holds.
 
@@ -109,7 +109,7 @@ def diff(a: str, b: str, session_name: str | None, as_json: bool) -> None:
 @click.option("--type", "types", metavar="TYPE", multiple=True, help="Search only entries of this type (repeatable).")
 @click.option("-i", "--ignore-case", is_flag=True, help="Match upper and lower case alike.")
 @click.option("-l", "--files-with-matches", "list_only", is_flag=True, help="Print only the sessions that match.")
-@click.option("--json", "as_json", is_flag=True, help="Print the matches as a JSON array.")
+@json_option()
 def grep(pattern: str, sessions: tuple[str, ...], types: tuple[str, ...], ignore_case: bool, list_only: bool,
          as_json: bool) -> None:
     """Search entries' text for a regular expression; exit 1 when nothing matches.
@@ -156,7 +156,7 @@ def grep(pattern: str, sessions: tuple[str, ...], types: tuple[str, ...], ignore
 
 @click.command()
 @click.option("--by-session", is_flag=True, help="Also print each session's entries, bytes and what it shares.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@json_option()
 def stats(by_session: bool, as_json: bool) -> None:
     """Print the store's objects, logical versus stored bytes, and how much sessions share.
 

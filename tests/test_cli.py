@@ -183,8 +183,8 @@ def test_show_leaf_errors_name_the_file_searched(tmp_path):
     path = FIXTURES / "branches.jsonl"  # two of its entries' ids start with 1 (11524a74…, 1916159c…)
     r = CliRunner().invoke(main, ["show", "--leaf", "deadbeef", str(path)])
     assert r.exit_code == 1 and f"no such entry: deadbeef (no id, legacy_id or id prefix in {path})" in r.stderr
-    r = CliRunner().invoke(main, ["show", "--leaf", "1", str(path)])
-    assert r.exit_code == 1 and f"1 is the start of 2 entry ids in {path}" in r.stderr
+    r = CliRunner().invoke(main, ["show", "--leaf", "1", str(path)])  # fewer than 4 digits: no name at all
+    assert r.exit_code == 1 and "'1' is not an entry id nor a prefix of one" in r.stderr and str(path) in r.stderr
 
 
 @needs_corpus

@@ -400,15 +400,17 @@ def test_refusals_carry_a_specific_code(world, tmp_path):
     a = ["--store", world["a"]]
     cases = {
         "no_session": [*a, "show", "nosuch", "--json"],
-        "usage": [*a, "export", "talk", "--at", "abcd", "--json"],
         "bad_input": [*a, "append", "talk", "--json"],
-        "bad_option": [*a, "list", "--after", "yesterday-ish", "--json"],
         "os_error": ["-C", str(tmp_path / "missing"), "list", "--json"],
     }
     for code, argv in cases.items():
         r = cli(*argv, input="not json")
         assert r.exit_code == 1, (code, r.output)
         assert json.loads(r.stderr.strip().splitlines()[-1])["error"]["code"] == code, (code, r.stderr)
+    # options that do not go together, and an option's value refused: usage, exit 2 (docs/cli.md "Options")
+    for argv in ([*a, "export", "talk", "--at", "abcd", "--json"], [*a, "list", "--after", "yesterday-ish", "--json"]):
+        r = cli(*argv)
+        assert r.exit_code == 2 and json.loads(r.stderr)["error"]["code"] == "usage", (argv, r.stderr)
 
 
 def test_every_refusal_in_the_command_names_its_code():

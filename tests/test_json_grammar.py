@@ -164,7 +164,7 @@ def test_export_to_stdout_puts_its_summary_on_stderr(world):
 
 
 @pytest.mark.parametrize("argv", [
-    ["list", "--json", "--after", "nonsense"],
+    ["log", "--json", "no-such-session"],  # (list --after nonsense: a usage error now, exit 2: test_names_cli.py)
     ["head", "--json", "no-such-session"],
     ["cat-object", "--json", "ffff"],
     ["verify", "--json", "no-such-session"],

@@ -17,6 +17,7 @@ from agentsession_cas import (
     read_session,
     read_session_bytes,
 )
+from agentsession_cas.errors import AmbiguousNameError, BadNameError
 from agentsession_cas.format.reader import split_lines
 
 SID = "0199c000-0000-7000-8000-000000000001"
@@ -646,24 +647,38 @@ def test_resolve_by_full_id_and_prefix():
 
 
 def test_resolve_ambiguous_prefix():
-    s = read(build(40).to_bytes())
-    firsts: dict[str, int] = {}
+    """A prefix of 4 digits two ids share (the file grown until two do) is ``ambiguous``,
+    listing both, as the store's names say it (format.names.resolve_entry_name)."""
+    b = build(1500)
+    s = read(b.to_bytes())
+    firsts: dict[str, list[str]] = {}
     for e in s.entries:
-        firsts[e.id[7]] = firsts.get(e.id[7], 0) + 1
-    shared = next(d for d, n in firsts.items() if n > 1)  # 40 ids over 16 digits: one repeats
-    with pytest.raises(NoSuchEntryError, match="is the start of .* entry ids"):
+        firsts.setdefault(e.id[7:11], []).append(e.id)
+    shared, ids = next((d, ids) for d, ids in firsts.items() if len(ids) > 1)  # 1,500 ids over 65,536: one repeats
+    with pytest.raises(AmbiguousNameError, match=r"is the start of \d entry ids in test.jsonl: ") as info:
         s.resolve(shared)
-    with pytest.raises(NoSuchEntryError):
+    assert info.value.candidates == sorted(ids) and info.value.code == "ambiguous"
+    with pytest.raises(AmbiguousNameError):
         s.resolve("sha256:" + shared)
 
 
-@pytest.mark.parametrize("name", ["sha256:" + "f" * 64, "zzz", "", "sha256:", "c0000001"])
+@pytest.mark.parametrize("name", ["sha256:" + "f" * 64, "ffff" * 4, "c0000001"])
 def test_resolve_unknown(name):
     s = read(build(3).to_bytes())
-    if any(e.id.startswith("sha256:" + "f" * 64) for e in s.entries):  # pragma: no cover
+    if any(e.id.startswith("sha256:" + name[-16:]) for e in s.entries):  # pragma: no cover
         pytest.skip("astronomically unlikely")
-    with pytest.raises(NoSuchEntryError):
+    with pytest.raises(NoSuchEntryError, match=f"no such entry: {name} "):
         s.resolve(name)
+
+
+@pytest.mark.parametrize("name", ["zzz", "", "sha256:", "abc", "sha256:abc", "ABCD", "g" * 5])
+def test_resolve_refuses_what_is_no_name(name):
+    """Fewer than 4 hex digits, or not lowercase hex (and no legacy_id): ``bad_name``,
+    whatever the file holds (the old reader took any length, and answered no_entry)."""
+    s = read(build(3).to_bytes())
+    with pytest.raises(BadNameError, match="is not an entry id nor a prefix of one") as info:
+        s.resolve(name)
+    assert info.value.code == "bad_name"
 
 
 def test_resolve_by_legacy_id():

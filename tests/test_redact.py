@@ -186,7 +186,7 @@ def test_export_redact_on_the_command(tmp_path: Path):
     i = cli(path, "import", str(out))
     assert i.exit_code == 1 and "redacted" in i.stderr
     bad = cli(path, "export", "fork", "--secret", "(")
-    assert bad.exit_code == 1 and "not a regular expression" in bad.stderr
+    assert bad.exit_code == 2 and "not a regular expression" in bad.stderr  # a usage error (docs/cli.md "Options")
     plain = cli(path, "export", "fork")
     assert SECRET.encode() in plain.stdout_bytes and b'"redacted"' not in plain.stdout_bytes
     data = json.loads(cli(path, "verify", str(out), "--json").stdout)
@@ -200,4 +200,4 @@ def test_export_refuses_redaction_with_another_projection(tmp_path: Path):
     build(st)
     st.close()
     r = cli(path, "export", "fork", "--format", "atif", "--secret", "sk")
-    assert r.exit_code == 1 and "redacted session file" in r.stderr and r.stdout == ""
+    assert r.exit_code == 2 and "redacted session file" in r.stderr and r.stdout == ""

@@ -1,14 +1,17 @@
 """Names that become paths or keys: session ids and ref names (RFC 0002's rules on names),
-checked before any path is built from them."""
+checked before any path is built from them; and the one rule by which a person names an
+entry of a session (:func:`resolve_entry_name`), a file's or a stored session's alike."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from ..errors import BadNameError, BadRefNameError, RefConflictError
+from ..errors import AmbiguousNameError, BadNameError, BadRefNameError, NoSuchEntryError, RefConflictError, quoted
+from .hashing import HASH_PREFIX, is_hash
 
-__all__ = ["check_session_id", "is_session_id", "MAX_SESSION_ID", "MAX_REF_NAME", "check_ref_name", "check_ref_prefix", "check_ref_conflict"]
+__all__ = ["check_session_id", "is_session_id", "MAX_SESSION_ID", "MAX_REF_NAME", "check_ref_name", "check_ref_prefix",
+           "check_ref_conflict", "MIN_ENTRY_PREFIX", "resolve_entry_name", "the_one"]
 
 MAX_SESSION_ID = 200
 _SESSION_ID = re.compile(r"[A-Za-z0-9._-]+")
@@ -140,3 +143,74 @@ def check_ref_conflict(name: str, existing: Iterable[str]) -> None:
             raise RefConflictError(
                 f"invalid ref name {name!r}: it conflicts with the ref {other!r}: {why}", name=name, existing=other
             )
+
+
+# ---------------------------------------------------------------------------
+# entry names: the one rule (a file's entries and a stored session's)
+
+#: The fewest hex digits a prefix of an entry id may have (as git's short ids; also the
+#: fewest of an object name's or a session id's prefix, store/names.py).
+MIN_ENTRY_PREFIX = 4
+#: The most candidates an ambiguity error lists.
+_SHOWN = 10
+_HEX = re.compile(r"[0-9a-f]+")
+
+
+def resolve_entry_name(
+    name: str,
+    *,
+    held: Callable[[str], bool],
+    ids: Callable[[], Iterable[str]],
+    legacy: Callable[[], Iterable[tuple[str, str]]],
+    where: str,
+) -> str:
+    """The full id of the entry ``name`` names among a session's entries, by one rule
+    wherever an entry is named (``show --leaf``, ``export --at``, ``rev-parse``, ``head``,
+    ``push --expect``, ``diff --session``), first match wins:
+
+    1. a full id (``sha256:`` and 64 hex digits): that entry, when ``held``;
+    2. an entry's ``legacy_id`` (the id a file from before 0.5 gave it, RFC 0001
+       Versioning), exactly: an exact name before an abbreviation, as git's;
+    3. a prefix of at least :data:`MIN_ENTRY_PREFIX` lowercase hex digits of an id, with
+       or without ``sha256:`` (64 of them: the full id), naming one entry.
+
+    ``ids`` gives the ids to look prefixes up among, ``legacy`` the (legacy id, id) pairs
+    (each asked only when the step before found nothing), ``where`` what they are of, as
+    errors name it (``session ID``, a file's path). A prefix naming several is an
+    :class:`~agentsession_cas.errors.AmbiguousNameError` (code ``ambiguous``) listing them;
+    a name of the right form naming none is a
+    :class:`~agentsession_cas.errors.NoSuchEntryError` (``no_entry``); a name of none of
+    these forms (fewer than 4 digits, not lowercase hex) is a
+    :class:`~agentsession_cas.errors.BadNameError` (``bad_name``), whatever the session
+    holds: a 3-digit prefix unique today would name another entry, or several, tomorrow.
+    """
+    missing = f"no such entry: {name} (no id, legacy_id or id prefix in {where})"
+    if is_hash(name):
+        if held(name):
+            return name
+        raise NoSuchEntryError(missing)
+    for legacy_id, entry_id in legacy():
+        if legacy_id == name:
+            return entry_id
+    digits = name[len(HASH_PREFIX):] if name.startswith(HASH_PREFIX) else name
+    if not (MIN_ENTRY_PREFIX <= len(digits) <= 64 and _HEX.fullmatch(digits)):
+        raise BadNameError(
+            f"{quoted(name)} is not an entry id nor a prefix of one ({MIN_ENTRY_PREFIX} to 64 lowercase hex digits, "
+            f"with or without {HASH_PREFIX}), nor the legacy_id of an entry in {where}"
+        )
+    want = HASH_PREFIX + digits
+    found = sorted({e for e in ids() if e.startswith(want)})
+    if found:
+        return the_one(name, found, f"entry ids in {where}")
+    raise NoSuchEntryError(missing)
+
+
+def the_one(name: str, found: list[str], what: str) -> str:
+    """The one name a prefix matched; more than one is an
+    :class:`~agentsession_cas.errors.AmbiguousNameError` listing them (``what``: what they
+    are, ``entry ids in session ID``), the wording of every ambiguous name."""
+    if len(found) == 1:
+        return found[0]
+    shown = ", ".join(found[:_SHOWN]) + (f" and {len(found) - _SHOWN} more" if len(found) > _SHOWN else "")
+    raise AmbiguousNameError(f"{name} is the start of {len(found)} {what}: {shown}; give more of it",
+                             candidates=found)

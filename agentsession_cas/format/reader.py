@@ -33,7 +33,6 @@ import orjson
 
 from ..errors import (
     AgentSessionError,
-    NoSuchEntryError,
     Problem,
     SessionFormatError,
 )
@@ -45,6 +44,7 @@ from .entry import Entry, Header
 from .hashing import entry_hashes
 from .legacy import migrate_entry
 from .media import SidecarNames, check_sidecars, sidecar_dir
+from .names import resolve_entry_name
 from .results import VerifyReport
 from .rules import (
     CORE_TYPES,
@@ -126,23 +126,20 @@ class SessionFile:
         if problems:
             raise SessionFormatError(self.source, problems)
 
-    def resolve(self, name: str) -> Entry:
-        """Find an entry by full id, by ``legacy_id``, or by a unique prefix of its hex digest."""
+    def resolve(self, name: str, *, where: str | None = None) -> Entry:
+        """The entry ``name`` names: a full id, a ``legacy_id``, or a unique prefix of 4+
+        hex digits, by the one rule (:func:`~agentsession_cas.format.names.resolve_entry_name`,
+        whose errors name ``where``: by default the file's source)."""
         tree = self.tree
-        if name in tree:
-            return tree.by_id[name]
-        for e in self.entries:
-            if e.legacy_id == name:
-                return e
-        digits = name[7:] if name.startswith("sha256:") else name
-        if digits and all(c in "0123456789abcdef" for c in digits):
-            found = [e for e in self.entries if e.id.startswith("sha256:" + digits)]
-            if len(found) == 1:
-                return found[0]
-            if len(found) > 1:
-                raise NoSuchEntryError(f"{name} is the start of {len(found)} entry ids in {self.source}; "
-                                       "give more of the hash")
-        raise NoSuchEntryError(f"no such entry: {name} (no id, legacy_id or id prefix in {self.source})")
+        entries = self.entries
+        entry_id = resolve_entry_name(
+            name,
+            held=tree.__contains__,
+            ids=lambda: (e.id for e in entries),
+            legacy=lambda: ((e.legacy_id, e.id) for e in entries if e.legacy_id is not None),
+            where=self.source if where is None else where,
+        )
+        return tree.by_id[entry_id]
 
     def canonical_bytes(self) -> bytes:
         """The file written back out: the header, then each entry, as canonical lines.

@@ -2,23 +2,24 @@
 
 A session is named by its id, by ``ref:NAME``, by a bare ref name where no session
 has that id, or by a unique prefix of its id (at least :data:`MIN_ENTRY_PREFIX`
-characters); an entry by its full hash or a unique
-prefix of at least :data:`MIN_ENTRY_PREFIX` hex digits (with or without ``sha256:``)
-among the entries a session holds (its own and its prefix). A prefix that names
-several is an :class:`~agentsession_cas.errors.AmbiguousNameError` listing them; one
-that names none is the usual "no such" error, naming the store looked in.
+characters); an entry among the entries a session holds (its own and its prefix) by
+the one rule a session file's entries are named by too
+(:func:`~agentsession_cas.format.names.resolve_entry_name`: its full id, its
+``legacy_id``, or a unique prefix of at least :data:`MIN_ENTRY_PREFIX` hex digits, with
+or without ``sha256:``). A prefix that names several is an
+:class:`~agentsession_cas.errors.AmbiguousNameError` listing them
+(:func:`~agentsession_cas.format.names.the_one`, the one wording); one that names none
+is the usual "no such" error, naming the store or the session looked in.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import (
-    AmbiguousNameError,
     BadNameError,
-    NoSuchEntryError,
     NoSuchObjectError,
     NoSuchRefError,
     NoSuchSessionError,
@@ -26,7 +27,7 @@ from ..errors import (
     quoted,
 )
 from ..format.hashing import is_hash
-from ..format.names import check_session_id
+from ..format.names import MIN_ENTRY_PREFIX, check_session_id, resolve_entry_name, the_one
 from .refs import Refs
 
 if TYPE_CHECKING:
@@ -35,12 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MIN_ENTRY_PREFIX", "REF_PREFIX", "resolve_session", "resolve_entry", "resolve_object"]
 
-#: The fewest hex digits an entry prefix may have (as git's short ids).
-MIN_ENTRY_PREFIX = 4
 #: Names a ref explicitly, whatever session ids exist.
 REF_PREFIX = "ref:"
-#: The most candidates an ambiguity error lists.
-_SHOWN = 10
 _HEX = re.compile(r"[0-9a-f]+")
 
 
@@ -71,7 +68,7 @@ def resolve_session(store: Store, name: str) -> str:
     # must not take one letter for a session.
     found = [sid for sid in store.list() if sid.startswith(name)] if len(name) >= MIN_ENTRY_PREFIX else []
     if found:
-        return _the_one(name, found, f"session ids in {store.describe()}")
+        return the_one(name, found, f"session ids in {store.describe()}")
     lost = store.backend.sessions.header_lost(name)
     if lost is not None:
         raise SessionDamagedError.header_lost(name, lost)
@@ -79,20 +76,18 @@ def resolve_session(store: Store, name: str) -> str:
 
 
 def resolve_entry(session: Session, name: str) -> str:
-    """The id of the entry ``name`` names among the entries ``session`` holds."""
-    if is_hash(name):
-        return name
-    digits = name[len("sha256:"):] if name.startswith("sha256:") else name
-    if len(digits) < MIN_ENTRY_PREFIX or not _HEX.fullmatch(digits):
-        raise NoSuchEntryError(
-            f"{name!r} is not an entry id nor a prefix of one ({MIN_ENTRY_PREFIX} to 64 lowercase hex digits, "
-            "with or without sha256:)"
-        )
-    want = "sha256:" + digits
-    found = sorted({e for e in _held(session) if e.startswith(want)})
-    if found:
-        return _the_one(name, found, f"entries of session {session.id}")
-    raise NoSuchEntryError(f"no entry of session {session.id} starts with {name}")
+    """The id of the entry ``name`` names among the entries ``session`` holds (its own and
+    its prefix), by the one rule (:func:`~agentsession_cas.format.names.resolve_entry_name`).
+    Its ``legacy_id`` names are read from the entries' contents only when the session's
+    first entry has one (a session imported from a file before format 0.5, which RFC 0001
+    migrates whole): any other session's lookup reads that one content, no more."""
+    return resolve_entry_name(
+        name,
+        held=lambda e: e in session or (session.base is not None and e in session.prefix_set),
+        ids=lambda: _held(session),
+        legacy=lambda: _legacy_ids(session),
+        where=f"session {session.id}",
+    )
 
 
 def resolve_object(store: Store, name: str) -> str:
@@ -111,22 +106,22 @@ def resolve_object(store: Store, name: str) -> str:
         )
     found = sorted(store.objects.names_starting(digits))
     if found:
-        return _the_one(name, found, f"objects in {store.describe()}")
+        return the_one(name, found, f"objects in {store.describe()}")
     raise NoSuchObjectError(f"no object in {store.describe()} starts with {quoted(name)}")
 
 
-def _held(session: Session) -> Iterable[str]:
+def _held(session: Session) -> Iterator[str]:
     yield from session.log_order
     yield from session.prefix
 
 
-def _the_one(name: str, found: list[str], what: str) -> str:
-    """The one name a prefix matched; more than one is an error listing them."""
-    if len(found) == 1:
-        return found[0]
-    raise AmbiguousNameError(f"{name} is the start of {len(found)} {what}: {_listed(found)}", candidates=found)
-
-
-def _listed(names: list[str]) -> str:
-    shown = ", ".join(names[:_SHOWN])
-    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+def _legacy_ids(session: Session) -> Iterator[tuple[str, str]]:
+    """(legacy id, id) of each entry the session holds that has one; nothing, after one
+    content read, when its first entry has none."""
+    prefix = session.prefix
+    first = prefix[0] if prefix else next(iter(session.log_order), None)
+    if first is None or session.entry(first).legacy_id is None:
+        return
+    for e in session.store.entries([*prefix, *session.log_order]):
+        if e.legacy_id is not None:
+            yield e.legacy_id, e.id

@@ -47,6 +47,9 @@ class ShowRead:
 
     def __init__(self, source: str, header: Header, *, hashes: bool, keep: bool) -> None:
         self.source, self.header = source, header
+        #: What an entry name that names nothing was looked for in (errors say it): the
+        #: source, or ``session ID`` for a stored one, as the store's names say it.
+        self.where = source
         self.outline = ProjectionOutline()
         #: Each entry's line in the file (its position's).
         self.lines = array("q")
@@ -149,7 +152,7 @@ class ShowRead:
         without one the leaf the resume rule gives: both asked of the session as a file of
         stubs (:meth:`stub_file`), where those rules are."""
         if name:
-            return self.stub_file().resolve(name).id
+            return self.stub_file().resolve(name, where=self.where).id
         # The resume rule reads the labels and, when the session holds none, the last
         # entry alone: then that one is the file.
         return self.stub_file(whole=bool(self.outline.label_members)).leaf
@@ -301,6 +304,7 @@ def read_stored(session: Session, *, source: str, hashes: bool = False, on_start
     if on_start is not None:
         on_start(session.header)
     read = ShowRead(source, session.header, hashes=hashes, keep=False)
+    read.where = f"session {session.id}"
     read.finish(verify_lines(session.projection_lines(), source=source, loader=session.store.entry, progress=progress,
                              total=len(session.prefix) + len(session), on_entry=_hook(read, on_entry)))
     outline = read.outline
