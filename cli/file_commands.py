@@ -87,6 +87,9 @@ def _follow(name: str, remote: str | None, as_json: bool, verbose: bool) -> None
         elif e is not None:
             marks = "  (head)" if change.head == e.id else ""
             echo(f"{short_id(e.id)}  {short_id(e.parent)}  {e.type:<10} {describe(e, verbose)}{marks}")
+        elif change.kind == "reset":
+            echo(f"-- the log was rewritten (a repair, records taken back): the lines above are void; its entries follow afresh "
+                 f"(head {short_id(change.head)})")
         else:
             echo(f"head -> {short_id(change.head)}")
 

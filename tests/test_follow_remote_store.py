@@ -129,3 +129,29 @@ def test_an_empty_session_tells_no_head_until_its_first_entry(served, tmp_path):
     local_changes.close()
     remote_changes.close()
     local.close()
+
+
+def test_show_f_tells_a_reset_as_such_in_text(tmp_path, monkeypatch):
+    """A ``reset`` change (the log rewritten under the follow, the entries following
+    afresh) printed as a line saying so, not as a head move (it printed ``head -> X``)."""
+    from click.testing import CliRunner
+
+    from agentsession_cas.exchange import following
+    from agentsession_cli.main import main
+
+    st = Store.init(tmp_path / "st")
+    ids = _record(st)
+    st.close()
+    e = Store(tmp_path / "st", readonly=True).entry(ids[0])
+
+    def scripted(_store, sid, **_kw):
+        yield following.Change("appended", sid, ids[0], e)
+        yield following.Change("reset", sid, ids[0])
+        yield following.Change("appended", sid, ids[0], e)
+
+    monkeypatch.setattr(following, "follow_store", scripted)
+    r = CliRunner().invoke(main, ["--store", str(tmp_path / "st"), "show", "-f", "s1"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert len(lines) == 3 and lines[0] == lines[2] and not lines[1].startswith("head -> "), lines
+    assert "rewritten" in lines[1] and "void" in lines[1], lines
