@@ -134,7 +134,7 @@ class SessionFormatError(AgentSessionError):
 
 
 class NoSuchEntryError(AgentSessionError, LookupError):
-    """An entry id (or prefix) that names nothing, or names several entries."""
+    """An entry id (or prefix) that names nothing (a prefix naming several is an AmbiguousNameError)."""
 
     code = "no_entry"
     status = 404

@@ -1060,6 +1060,8 @@ def test_repair_writes_back_a_lost_header_file_from_the_log(store):
     header.unlink()
     r = cli(store, "fsck")
     assert r.exit_code == 1 and "missing-header" in r.stdout
+    named = cli(store, "show", sid)  # named, it is damaged, and the advice repairs this store
+    assert named.exit_code == 1 and f"agentsession --store {store} repair {sid}" in named.stderr, named.stderr
     dry = cli(store, "repair", "--dry-run", sid)
     assert dry.exit_code == 0 and "header" in dry.stdout and "to rewrite" in dry.stdout, (dry.stdout, dry.stderr)
     assert not header.exists()

@@ -71,7 +71,7 @@ def resolve_session(store: Store, name: str) -> str:
         return the_one(name, found, f"session ids in {store.describe()}")
     lost = store.backend.sessions.header_lost(name)
     if lost is not None:
-        raise SessionDamagedError.header_lost(name, lost)
+        raise SessionDamagedError.header_lost(name, lost, store.backend.public_url())
     raise NoSuchSessionError(f"no such session: {name} (no id, ref or id prefix in {store.describe()})")
 
 
