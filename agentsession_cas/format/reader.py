@@ -122,7 +122,9 @@ class SessionFile:
         """Raise :class:`SessionFormatError` unless the file read clean."""
         problems = self.all_problems()
         if not self.entries and not problems:
-            problems = [problem(None, "empty", "the file holds a header and no entries")]
+            from .rules import empty_problem  # the one wording; only on this error path
+
+            problems = [empty_problem()]
         if problems:
             raise SessionFormatError(self.source, problems)
 
