@@ -60,7 +60,7 @@ from ..errors import (
     store_relative,
 )
 from ..format.canonical import loads
-from ..format.hashing import envelope_content
+from ..format.hashing import HASH_PREFIX, envelope_content
 from ..format.media import sidecar_names
 from ..lean import dataclass
 
@@ -241,6 +241,31 @@ def unreferenced(
     # (each name once: those held less those retained, with no call per name)
     return {space: len(names) - len(kept[space].intersection(names))
             for space, names in ((space, sound.get(space, ())) for space in SPACES)}
+
+
+class RawNames:
+    """Raw 32-byte digests (as fsck's walks keep them) seen as the names the retention rule
+    holds (``sha256:<hex>``), made one at a time as :func:`unreferenced` counts them rather
+    than all kept."""
+
+    __slots__ = ("raws",)
+
+    def __init__(self, raws: Collection[bytes]) -> None:
+        self.raws = raws
+
+    def __len__(self) -> int:
+        return len(self.raws)
+
+    def __iter__(self) -> Iterator[str]:
+        return map(HASH_PREFIX.__add__, map(bytes.hex, self.raws))
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str) or len(name) != 71 or not name.startswith(HASH_PREFIX):
+            return False
+        try:
+            return bytes.fromhex(name[7:]) in self.raws
+        except ValueError:
+            return False
 
 
 class _Unpacked(EnvelopeBytes):

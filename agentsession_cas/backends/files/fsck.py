@@ -59,7 +59,7 @@ from ...format.names import check_session_id
 from ...format.rules import TreeState
 from ...fsutil import ATOMIC_TMP, NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
 from ...lean import dataclass
-from ...maintenance.sweep import unreferenced
+from ...maintenance.sweep import RawNames, unreferenced
 from ...store.state import index_damage, replay, stale_head
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport, RetentionSource
 from . import FileBackend
@@ -280,25 +280,6 @@ class _Read:
             raw = _raw_or_none(content)
             if raw is not None and raw in named:
                 yield from map(_name, named[raw])
-
-
-class _Names:
-    """Raw digests seen as the names the retention rule holds (``sha256:<hex>``), made one
-    at a time as they are counted rather than all kept."""
-
-    __slots__ = ("raws",)
-
-    def __init__(self, raws: set[bytes]):
-        self.raws = raws
-
-    def __len__(self) -> int:
-        return len(self.raws)
-
-    def __iter__(self) -> Iterator[str]:
-        return map(HASH_PREFIX.__add__, map(bytes.hex, self.raws))
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and _raw_or_none(name) in self.raws
 
 
 class _Walk:
@@ -1352,7 +1333,7 @@ class _Walk:
         # the objects as the walk found them (nothing is read twice).
         self.say("counting unreferenced objects")
         spaces = self.counts["spaces"] = {}  # (filled after: the rule's reads may confirm objects moved meanwhile)
-        sound = {space: _Names(self.sound[space]) for space in _SPACES}
+        sound = {space: RawNames(self.sound[space]) for space in _SPACES}
         self.counts["unreferenced"] = unreferenced(self.store, sound, self.sources, objects=_Read(self))
         spaces.update((s, len(self.sound[s])) for s in _SPACES)
         pack_dir = os.path.join(self.root, "objects", "pack")

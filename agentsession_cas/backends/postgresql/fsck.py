@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import NoSuchObjectError
 from ...format.media import sidecar_names
 from ...maintenance.check import check_sessions
-from ...maintenance.sweep import EnvelopeBytes, unreferenced
+from ...maintenance.sweep import EnvelopeBytes, RawNames, unreferenced
 from ...store.state import index_damage, replay, stale_head
 from ..base import FsckReport
-from .objects import envelope_parents, hash_name
+from .objects import envelope_parents, hash_name, raw_hash
 from .schema import SPACE_CODES
 from .sessions import SNAPSHOT, snapshot_problem
 
@@ -78,7 +78,7 @@ def fsck_walk(backend: PostgresBackend, store: Any, *, progress: Callable[[str],
     # The logs read after the objects, as a sweep reads them: an append landing meanwhile
     # is never counted unreferenced. A damaged log retains what of it reads (its damage is
     # reported above; a sweep would refuse the store until it is repaired).
-    sound = {"entries": _Names(kept.envelopes.keys()), "contents": _Names(kept.contents), "blobs": _Names(kept.blobs)}
+    sound = {"entries": RawNames(kept.envelopes.keys()), "contents": RawNames(kept.contents), "blobs": RawNames(kept.blobs)}
     report.counts["unreferenced"] = unreferenced(
         store, sound, backend.retention_sources(refuse_damage=False), objects=kept, progress=progress)
     return report
@@ -100,40 +100,16 @@ class _Walked(EnvelopeBytes):
         return list(names)
 
     def envelope(self, name: str) -> bytes:
-        data = self.envelopes.get(_raw(name))
+        data = self.envelopes.get(raw_hash(name) or b"")
         if data is None:
             raise NoSuchObjectError(f"no sound entries object {name}")
         return data
 
     def sidecars(self, name: str) -> list[str]:
-        raw = _raw(name)
+        raw = raw_hash(name) or b""
         if raw not in self.contents:
             raise NoSuchObjectError(f"no sound contents object {name}")
         return self.named.get(raw, [])
-
-
-class _Names:
-    """Raw hashes seen as the names the retention rule holds (``sha256:<hex>``), made one
-    at a time as they are counted rather than all kept."""
-
-    def __init__(self, raws: Collection[bytes]) -> None:
-        self.raws = raws
-
-    def __len__(self) -> int:
-        return len(self.raws)
-
-    def __iter__(self) -> Iterator[str]:
-        return map(hash_name, self.raws)
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and _raw(name) in self.raws
-
-
-def _raw(name: str) -> bytes:
-    try:
-        return bytes.fromhex(name[7:]) if name.startswith("sha256:") else b""
-    except ValueError:
-        return b""
 
 
 def _check_edges(db: Database, report: FsckReport, wanted: set[tuple[bytes, bytes]], envelopes: Collection[bytes]) -> None:
