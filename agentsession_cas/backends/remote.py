@@ -758,15 +758,17 @@ class RemoteSessions(SessionStore):
                 raise MirrorError(f"session {session_id} is a mirror at {self.backend.url}; only its record deletes it")
             handle = RemoteSessionLog(self.backend, session_id, writable=True, head=None, lease=lease)
         assert isinstance(handle, RemoteSessionLog)
+        refused = False
         try:
             handle.flush()
             self.backend.http.request("DELETE", f"/sessions/{_sid(session_id)}", safe=False, keyed=True,
                                       headers=handle._token())
         except AgentSessionError:
-            if handle is not log:  # the lease taken here; the caller's stays held, as the refusal leaves it
-                handle.close()
+            refused = True
             raise
-        handle.close()
+        finally:
+            if not (refused and handle is log):  # a refusal leaves the caller's lease held
+                handle.close()
         if log is not None and log is not handle:
             log.close()
 

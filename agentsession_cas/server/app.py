@@ -1417,9 +1417,6 @@ def _need_any(principal: Principal, *scopes: str) -> None:
         principal.need(scopes[0])
 
 
-#: A cursor: how many of the log's records were read, and the incarnation it is of.
-
-
 def _entry_line(line: bytes, i: int) -> dict[str, Any]:
     """Line ``i`` of an append batch as an entry object (``bad_entry`` ijson otherwise)."""
     try:
