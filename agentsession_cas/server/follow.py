@@ -117,6 +117,7 @@ class Told:
 
     def apply(self, rec: dict[str, Any], index: int) -> None:
         state = self.state
+        before = self.said()
         state.apply(rec, index)
         op = rec.get("op")
         if op == "append":
@@ -128,7 +129,8 @@ class Told:
             for entry_id in state.log_order[self._hashed :]:
                 self._entries.update(entry_id.encode("ascii", "replace"))
             self._hashed = len(state.log_order)
-        self._check = None
+        if self.said() != before:
+            self._check = None  # (the check is made of what said() gives, and of nothing else)
 
     def said(self) -> tuple[str | None, int, int]:
         """What :meth:`check` is made of, within one log (its entries grow only)."""
@@ -283,20 +285,11 @@ def locate(records: list[dict[str, Any]], end: int, position: int, check: str) -
     follower read into fewer records); None when it checks nowhere (a record it was sent
     is gone, or was never committed, or the cursor is no cursor of this log)."""
     told = Told()
-    if position <= end:
-        for i in range(position):
-            told.apply(records[i], i)
-        if told.check() == check:
-            return position, told
-        told = Told()
     found = -1
-    said: tuple[str | None, int, int] | None = None  # what the check was last made of
-    matched = False
     for i in range(end + 1):
-        now = told.said()
-        if now != said:
-            said, matched = now, told.check() == check
-        if matched:
+        if told.check() == check:
+            if i == position:
+                return position, told
             found = i
         if i < end:
             told.apply(records[i], i)
