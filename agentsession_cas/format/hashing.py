@@ -26,6 +26,7 @@ __all__ = [
     "ENVELOPE_MEMBERS",
     "RESERVED_MEMBERS",
     "HASH_PREFIX",
+    "raw_hash",
     "is_hash",
     "all_hashes",
     "sha256_ref",
@@ -797,3 +798,16 @@ def _after_item(members: dict[str, Any], body: dict[str, Any], content: bytes) -
 
 
 _MEMBER_KEYS = {_SPLICE_MEMBER: b'"' + _SPLICE_MEMBER.encode("ascii") + b'":'}
+
+
+def raw_hash(name: str) -> bytes | None:
+    """The 32 bytes of a ``sha256:<hex>`` name, or None when it is not one."""
+    if len(name) != 71 or not name.startswith(HASH_PREFIX):
+        return None
+    digits = name[7:]
+    try:
+        raw = bytes.fromhex(digits)
+    except ValueError:
+        return None
+    # fromhex takes upper case and skips spaces: only 64 lowercase digits spell the name.
+    return raw if raw.hex() == digits else None

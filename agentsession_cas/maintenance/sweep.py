@@ -60,7 +60,7 @@ from ..errors import (
     store_relative,
 )
 from ..format.canonical import loads
-from ..format.hashing import HASH_PREFIX, envelope_content
+from ..format.hashing import HASH_PREFIX, envelope_content, raw_hash
 from ..format.media import sidecar_names
 from ..lean import dataclass
 
@@ -260,12 +260,7 @@ class RawNames:
         return map(HASH_PREFIX.__add__, map(bytes.hex, self.raws))
 
     def __contains__(self, name: object) -> bool:
-        if not isinstance(name, str) or len(name) != 71 or not name.startswith(HASH_PREFIX):
-            return False
-        try:
-            return bytes.fromhex(name[7:]) in self.raws
-        except ValueError:
-            return False
+        return isinstance(name, str) and raw_hash(name) in self.raws
 
 
 class _Unpacked(EnvelopeBytes):

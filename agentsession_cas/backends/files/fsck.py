@@ -884,10 +884,10 @@ class _Walk:
             self.damaged_session(sid, data, logrel)
             return
         records = lr.records
+        self.sources.append(retention_source(records + lr.cut_records))  # (a tail a writing open drops still holds its objects)
         if not records or records[0].op != "create":
             what = "is empty" if not data else "does not open with its create record"
             self.error("log-damage", f"session {sid}: its log {what}", session=sid, file=logrel, line=1, offset=0)
-            self.sources.append(retention_source(records + lr.cut_records))
             return
         if lr.cut is not None:
             c = lr.cut
@@ -897,7 +897,6 @@ class _Walk:
                 f"({1 + len(lr.cut_records)} line(s)), a writer in progress or a crash's loss; the next writing open drops it",
                 session=sid, file=logrel, line=c.line, offset=c.offset,
             )
-        self.sources.append(retention_source(records + lr.cut_records))  # (a tail a writing open drops still holds its objects)
         self.check_log(sid, records, logrel, media, head_file, mark_file, sdir, len(data))
 
     def check_header(self, sid: str, raw: bytes, rel: str) -> str | None:

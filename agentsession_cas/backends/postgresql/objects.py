@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 import orjson
 
 from ...errors import AgentSessionError, CorruptObjectError, NoSuchObjectError
-from ...format.hashing import envelope_content
+from ...format.hashing import envelope_content, raw_hash
 from ..base import ObjectStore, Space
 from .arrays import int2
 from .compression import BLOCK, Compression, block_of, block_parts
@@ -89,19 +89,6 @@ def copy_rows(conn: Any, target: str, types: list[str], rows: Iterable[Sequence[
         cp.set_types(types)
         for row in rows:
             cp.write_row(row)
-
-
-def raw_hash(name: str) -> bytes | None:
-    """The 32 bytes of a ``sha256:<hex>`` name, or None when it is not one."""
-    if len(name) != 71 or not name.startswith(_PREFIX):
-        return None
-    digits = name[7:]
-    try:
-        raw = bytes.fromhex(digits)
-    except ValueError:
-        return None
-    # fromhex takes upper case and skips spaces: only 64 lowercase digits spell the name.
-    return raw if raw.hex() == digits else None
 
 
 #: ``hash IN`` the hashes of one packed bytea parameter (32 bytes each, end to end), as an
