@@ -908,7 +908,7 @@ def test_auto_pack_skips_while_another_process_packs(root, monkeypatch):
     o.close()
     st = Store(str(root))
     st.objects.wrote = True  # a store that wrote: its close would pack
-    with FileLock(str(root / "locks" / "pack.lock")):  # held "elsewhere" (another fd)
+    with FileLock(str(root / "pack.lock")):  # held "elsewhere" (another fd)
         t = threading.Thread(target=st.close, daemon=True)
         t.start()
         t.join(timeout=20)
@@ -1237,7 +1237,7 @@ def test_pack_refuses_a_read_only_or_busy_store(root):
     with Store(str(root), readonly=True) as rd:
         with pytest.raises(StoreError):
             rd.pack()
-    lock = FileLock(str(root / "locks" / "pack.lock"))
+    lock = FileLock(str(root / "pack.lock"))
     with lock:
         st = Store(str(root))
         try:

@@ -146,10 +146,26 @@ def test_a_read_only_store_only_dry_runs_and_a_busy_one_is_refused(root):
         with pytest.raises(StoreError):
             rd.sweep(grace=0)
         assert rd.sweep(grace=0, dry_run=True).repack.dry_run
-    with FileLock(str(root / "locks" / "pack.lock")):
+    with FileLock(str(root / "pack.lock")):
         with Store(str(root)) as st:
             with pytest.raises(StoreError, match="another process is packing or sweeping"):
                 st.sweep(grace=0, wait=0.1)
+
+
+@pytest.mark.parametrize("sid", ["pack", "refs", "layout"])
+def test_a_session_named_like_a_store_lock_holds_only_its_own_lock(root, sid):
+    """A session's writer lock is ``locks/<id>.lock``; the pack lock lived at
+    ``locks/pack.lock`` too, so holding a session named ``pack`` stalled every pack
+    and sweep (and deadlocked one in the same process). Names of other root files
+    are tried too."""
+    with Store(str(root)) as st:
+        held = st.create(Header.new(sid))
+        held.append(msg("held open while the store is maintained"), durable=True)
+        assert st.sweep(wait=0).repack is not None
+        assert st.pack(wait=0) is not None
+        held.append(msg("still ours"), durable=True)
+        held.close()
+        assert [e.type for e in st.open(sid).entries()] == ["item", "item"]
 
 
 def _one_session_and_garbage(root: Path) -> None:

@@ -23,7 +23,7 @@ one pack; what is dropped is removed only after that pack is durable.
 
 Safety beside writers in other processes (the file backend):
 
-- a sweep holds the store's pack lock (``locks/pack.lock``), so it never
+- a sweep holds the store's pack lock (``pack.lock``), so it never
   runs beside another sweep, a ``pack`` or a writer's pack merge;
 - it decides over a snapshot of the packs and loose files taken first, and
   reads the logs after it: an append whose record reaches a log before the

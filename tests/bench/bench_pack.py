@@ -550,7 +550,7 @@ def _hold_pack_lock(root: str) -> FileLock:
     of small packs (on a writer's checkpoint and close) then leave the packs as they
     are."""
     os.makedirs(os.path.join(root, "locks"), exist_ok=True)
-    lock = FileLock(os.path.join(root, "locks", "pack.lock"))
+    lock = FileLock(os.path.join(root, "pack.lock"))
     lock.acquire(timeout=0)
     return lock
 

@@ -98,6 +98,7 @@ _ROOT_NAMES = {
     "trash": "dir",
     "refs": "dir",
     "refs.lock": "file",
+    "pack.lock": "file",  # the pack lock (backends/files/locks.py)
     "refs.log": "file",  # the refs' history (backends/files/refs.py)
     "remotes": "dir",  # what exchange remembers of each remote (docs/storage-format.md)
     "migrated": "dir",  # what `migrate` kept for the operator (docs/migrate.md)

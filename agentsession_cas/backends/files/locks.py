@@ -1,7 +1,7 @@
 """The file backend's locks: an exclusive ``flock(2)`` on a file that is never removed.
 
-A session's writer lock (``locks/<id>.lock``), the pack lock (``locks/pack.lock``)
-and the refs lock (``refs.lock``) are each an exclusive ``flock`` on a small file,
+A session's writer lock (``locks/<id>.lock``), the pack lock (``pack.lock``, at the
+root, where no session's lock can be) and the refs lock (``refs.lock``) are each an exclusive ``flock`` on a small file,
 taken on a descriptor of the lock object's own. A ``flock`` belongs to an open file
 description, so two lock objects exclude each other in one process as in two, and
 a process that dies holds nothing. The files are made by the first taker and never
@@ -24,7 +24,12 @@ from types import TracebackType
 
 from ...errors import StoreError
 
-__all__ = ["FileLock", "LockTimeout"]
+__all__ = ["PACK_LOCK", "FileLock", "LockTimeout"]
+
+#: The store-wide lock of whatever removes packs or loose copies (``pack``, sweeps, a
+#: writer's pack merge), at the root: in ``locks/`` it was ``locks/pack.lock``, the
+#: writer lock of a session named ``pack`` (or ``PACK`` where names fold case).
+PACK_LOCK = "pack.lock"
 
 #: The first pause between tries of a lock that is waited for; it doubles up to
 #: :data:`_MAX_DELAY`.

@@ -53,7 +53,7 @@ from ...fsutil import (
 )
 from ...lean import dataclass
 from ..base import FsckProblem, ObjectStore, ReadyBlock, RepackResult, Space
-from .locks import FileLock, LockTimeout
+from .locks import PACK_LOCK, FileLock, LockTimeout
 from .packs import (
     BLOCK_TARGET,
     MAX_PACKED,
@@ -795,10 +795,7 @@ class FileObjects(ObjectStore):
     def _pack_lock(self) -> FileLock:
         """The store-wide lock of whatever removes packs or loose copies (merges,
         ``pack``, sweeps); writing a new pack needs none."""
-        locks = os.path.join(self.root, "locks")
-        if not os.path.isdir(locks):
-            os.makedirs(locks, exist_ok=True)
-        return FileLock(os.path.join(locks, "pack.lock"))
+        return FileLock(os.path.join(self.root, PACK_LOCK))
 
     def write_pack(
         self, items: Iterable[tuple[str, str, bytes]], *, level: int = 3, merge: bool = True, dedup: bool = True,
@@ -1059,7 +1056,7 @@ class FileObjects(ObjectStore):
             lock.acquire(timeout=wait)
         except LockTimeout:
             raise StoreError(
-                f"another process is packing or sweeping this store (it holds {os.path.join(self.root, 'locks', 'pack.lock')})"
+                f"another process is packing or sweeping this store (it holds {os.path.join(self.root, PACK_LOCK)})"
             ) from None
         try:
             self._undo_interrupted_drops()

@@ -357,7 +357,7 @@ def writers_holding(root: str) -> list[str] | None:
         return []
     out = []
     for name in names:
-        if not name.endswith(".lock") or name == "pack.lock":
+        if not name.endswith(".lock"):
             continue
         try:
             st = os.stat(os.path.join(locks, name))
