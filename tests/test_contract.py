@@ -2474,6 +2474,29 @@ def test_verify_and_fsck_name_a_corrupt_sidecar_blob(make_store):
         assert not [w for w in report.warnings if w.code == "missing-blob"], report.warnings
 
 
+def test_fsck_leaves_a_kept_request_hash_to_deep(make_store):
+    """A response whose ``request_hash`` does not rebuild is kept, a finding (refusing
+    would lose what a model returned; docs/rules.md), and fails ``verify ID``. Plain
+    fsck holds a store to what it enforces, so it is no error there on any backend (the
+    memory and PostgreSQL walks, which verify each projection, called it one where the
+    file walk did not); ``fsck --deep`` reports it, as ``verify`` does."""
+
+    st = make_store()
+    s = st.create(Header.new("s1"))
+    s.append({"type": "config", "ts": ts(), "config": {"model": "m", "instructions": "hi"}})
+    s.append(msg("q"))
+    wrong = "sha256:" + "0" * 64
+    res = s.append({"type": "response", "ts": ts(), "response": {"id": "r1", "model": "m", "status": "completed"},
+                    "request_hash": wrong})
+    assert [f.code for f in res.findings] == ["request_hash"]
+    assert [p["code"] for p in verify_stored(st, "s1", as_export=True).problems] == ["request_hash"]
+    plain = fsck(st)
+    assert not plain.errors, plain.errors
+    deep = fsck(st, deep=True)
+    assert [(e.code, e.session) for e in deep.errors] == [("request_hash", "s1")], deep.errors
+    assert wrong in deep.errors[0].message
+
+
 def test_header_and_session_iteration(make_store):
     st = make_store()
     s, ids = chain(st, n=2, harness={"name": "h", "version": "1"})

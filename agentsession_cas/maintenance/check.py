@@ -365,9 +365,17 @@ def findings(check: StoredCheck) -> list[FsckProblem]:
             for p in check.problems]
 
 
+def _kept_finding(code: str) -> bool:
+    """Whether a store keeps an entry that breaks the rule ``code`` (and reports it)."""
+    rule = RULES.get(code)
+    return rule is not None and rule.store == "finding"
+
+
 def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str], None] | None = None) -> None:
-    """fsck's walk over the seam: every session verified as :func:`verify_stored` does
-    (its objects and log; the projection's rules only under ``deep``, as fsck's are)."""
+    """fsck's walk over the seam: every session verified as :func:`verify_stored` does,
+    and held, as the file walk holds it, to what a store enforces: what the rule table
+    has a store keep and report (``request_hash``: store policy ``finding``) is
+    ``--deep``'s to report, as ``verify`` does, not damage."""
     ids = store.list()
     report.counts["sessions"] = len(ids)
     for i, sid in enumerate(ids, start=1):
@@ -378,7 +386,7 @@ def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str]
         except NoSuchSessionError:
             report.counts["sessions"] -= 1  # deleted since it was listed: nothing to check
             continue
-        report.problems.extend(findings(check))
+        report.problems.extend(p for p in findings(check) if not _kept_finding(p.code))
         for n in check.notes:  # verify's remarks and warnings, with their codes, as --deep's
             report.add(n["severity"], n["code"], f"session {sid}: {n['message']}", session=sid, file=n.get("file"),
                        object=n.get("object"), space=n.get("space"))
