@@ -13,7 +13,8 @@ one wakeup per write fans out to every stream) and sends what they added:
   after it and ``durable``;
 - ``head``: a head move no append explains;
 - ``committed``: the cursor through which the log is now durable, sent when a
-  commit covers records sent as not durable;
+  commit covers records sent as not durable: by this stream, or, to a follower back
+  with its cursor, by a stream or a log read before it (:meth:`Stream.resume`);
 - ``error``: the session was deleted (or created again) under a live follow:
   ``no_session``, and the stream ends.
 
@@ -45,6 +46,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import field
 from typing import Any
 
+from ..backends.base import COMMIT_POINTS
 from ..errors import AgentSessionError, NoSuchSessionError
 from ..exchange.wire import problem_body
 from ..format.hashing import envelope_content
@@ -178,7 +180,7 @@ class Tail:
 
     def extend(self, records: list[dict[str, Any]]) -> None:
         for rec in records:
-            if rec.get("op") in ("commit", "create"):
+            if rec.get("op") in COMMIT_POINTS:
                 self.last_commit = len(self.records)
             self.records.append(rec)
 
@@ -372,8 +374,21 @@ class Stream:
                 "mark": state.mark, "base": state.base, "records": lines, "entries": inline, "inline": budget >= 0}
         return self.frame(kind, data, self.cursor())
 
-    def resume(self, cursor: str | None, view: LogView) -> bool:
-        """Take up the stream after ``cursor`` (see :func:`locate`); False when it cannot be."""
+    def resume(self, cursor: str | None, view: LogView, *, back: bool = False) -> bool:
+        """Take up the stream after ``cursor`` (see :func:`locate`); False when it cannot be.
+
+        ``back``: the cursor is a follower's, come back (``Last-Event-ID``, ``after``), not
+        this stream's own. Such a follower may hold records it was told as not durable, by
+        a stream before this one or by a log read, which a commit has covered since or will
+        cover: the stream is then :attr:`uncommitted`, so it says ``committed`` at the
+        commit that covers them, or first when that commit lies before the follower's place
+        (:meth:`since`). It may when a lazy append lies after the last commit point before
+        its place (what it was told before that commit, it was told ``committed`` for, or
+        as durable; an append made durable came with its commit; :func:`_uncommitted`), or
+        when its place was found elsewhere than its cursor counts (a log rewritten: what it
+        was told is not known, and a ``committed`` too many says nothing false). It may not
+        when the event it resumes after is the ``committed`` sent at its place (index 1 of
+        its cursor)."""
         parsed = parse_cursor(cursor) if cursor is not None else None
         if parsed is None or parsed[1] != view.ident[7:23]:
             return False
@@ -382,6 +397,8 @@ class Stream:
             return False
         self.position, self.told = found
         self.records, self.ident = view.records, view.ident
+        if back and cursor is not None and _event_index(cursor) != _COMMITTED_INDEX:
+            self.uncommitted = self.position != parsed[0] or _uncommitted(view.records, self.position, lazy=True)
         return True
 
     def since(self, view: LogView) -> list[bytes]:
@@ -394,6 +411,16 @@ class Stream:
         if view.end < self.position:
             return [self.whole("reset", view)]  # records taken back (a failed commit)
         out: list[bytes] = []
+        if self.uncommitted and view.last_commit < self.position and not _uncommitted(
+                view.records, self.position, view.last_commit):
+            # What was sent as not durable is committed through the stream's place, by a
+            # commit before it (a log rewritten: a stream that found its place again past
+            # the commit, or a follower back after it), so no commit record ahead will say
+            # it: said before anything after that place. The second event of its cursor:
+            # the first was the record's own. (A commit ahead says it as the stream passes.)
+            cursor = self.cursor()
+            out.append(self.frame("committed", {"cursor": cursor}, cursor, _COMMITTED_INDEX))
+            self.uncommitted = False
         told = self.told
         state = told.state
         for i in range(self.position, view.end):
@@ -418,15 +445,10 @@ class Stream:
                 out.append(self.frame("committed", {"cursor": cursor}, cursor))
                 self.uncommitted = False
         self.position = view.end
-        if self.uncommitted and view.last_commit + 1 >= self.position:
-            # Found again past the commit that covers what was sent as not durable.
-            cursor = self.cursor()
-            out.append(self.frame("committed", {"cursor": cursor}, cursor))
-            self.uncommitted = False
         return out
 
     async def events(self, first: LogView, after: str | None) -> AsyncIterator[bytes]:
-        if not self.resume(after, first):
+        if not self.resume(after, first, back=True):
             yield self.whole("snapshot" if after is None else "reset", first)
         else:
             for chunk in self.since(first):
@@ -457,6 +479,40 @@ class Stream:
                 return
             for chunk in self.since(view):
                 yield chunk
+
+
+#: The index, among the events of one cursor, of a ``committed`` sent at a place the
+#: stream had already reached (after the record's own event, index 0).
+_COMMITTED_INDEX = 1
+
+
+def _event_index(event_id: str) -> int:
+    """The index among its cursor's events of the event ``event_id`` names (0 for a bare
+    cursor)."""
+    _, dot, n = event_id.rpartition(".")
+    return int(n) if dot and n.isdigit() and len(n) <= 4 else 0
+
+
+def _uncommitted(records: list[dict[str, Any]], position: int, last_commit: int = -1, *, lazy: bool = False) -> bool:
+    """Whether among the first ``position`` records, after the last commit point before
+    them (looked for back from ``position``, no further than ``last_commit`` when that is
+    known), lies a record a follower is told of (:data:`LINES`).
+
+    With ``lazy``, one it may have been told of as not durable: a lazy append (an append
+    made durable and a head move are written with their commit, which a follower reads
+    with them), or any, when the commit point before them is the ``create``: those may
+    be a compacted log's snapshot, expanded, whose appends keep no ``lazy`` flag."""
+    told = False
+    for i in range(position - 1, last_commit, -1):
+        rec = records[i]
+        op = rec.get("op")
+        if op in COMMIT_POINTS:
+            return lazy and told and op == "create"
+        if op in LINES:
+            if not lazy or rec.get("lazy"):
+                return True
+            told = True
+    return False
 
 
 def log_line(rec: dict[str, Any], state: SessionState, durable: bool, cursor: str) -> dict[str, Any] | None:

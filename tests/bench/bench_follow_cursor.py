@@ -12,7 +12,8 @@ machinery (``server.follow``: ``Tails``, ``load_view``, ``Stream``) is timed by
 * **snapshot**: a follow's ``snapshot`` event made (every record's line with its cursor,
   entries inline up to 4 MiB);
 * **resume**: a follow resumed from the cursor at the end (the state up to it replayed,
-  and since session 38 checked);
+  and since session 38 checked; since session 39 taken as a follower's, whose records
+  since the last commit are looked at for a lazy append);
 * **append**: what one durable append costs the server's follow machinery: the tail's
   read of it and one stream's ``appended`` event (the median of ``--appends``).
 
@@ -24,6 +25,7 @@ tests/bench/bench_follow_cursor.py [--quick | --entries N]``; exit status 0.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -62,7 +64,9 @@ def _stream(st: Store, tails: follow.Tails) -> follow.Stream:
 
 
 def _resume(stream: follow.Stream, view: follow.LogView, cursor: str) -> None:
-    if hasattr(stream, "resume"):  # (session 38)
+    if "back" in inspect.signature(stream.resume).parameters:  # (session 39: a follower's cursor)
+        assert stream.resume(cursor, view, back=True)
+    elif hasattr(stream, "resume"):  # (session 38)
         assert stream.resume(cursor, view)
     else:
         pos = follow.resume_position(cursor, view)  # type: ignore[attr-defined]
