@@ -524,15 +524,19 @@ class Machine(RuleBasedStateMachine):
         self.append_and_check(sid, entry, durable, predicted, refusal)
 
     @precondition(lambda self: self.model.sessions)
-    @rule(i=pick, kind=hs.sampled_from(["function_call", "function_call_output", "response"]),
+    @rule(i=pick, kind=hs.sampled_from(["function_call", "function_call_output", "response", "response_hash"]),
           call=hs.sampled_from(["c1", "c2"]), durable=hs.sampled_from([None, False]))
     def append_call(self, i: int, kind: str, call: str, durable: bool | None) -> None:
         """A function call, its output, or a response, at the head: the call and run rules
-        (which the model does not keep) admit or refuse it alike on every backend."""
+        (which the model does not keep) admit or refuse it alike on every backend. A
+        response may carry a request_hash its path does not rebuild: kept, a finding, which
+        plain fsck leaves to --deep on every backend (the invariant after maintenance)."""
         sid = self.choose(self.live(), i)
         s = self.model.sessions[sid]
         if kind == "response":
             entry: dict[str, Any] = {"type": "response", "status": "completed"}
+        elif kind == "response_hash":
+            entry = {"type": "response", "status": "completed", "request_hash": "sha256:" + "0" * 64}
         elif kind == "function_call":
             entry = {"type": "item", "item": {"type": "function_call", "call_id": call, "name": "f", "arguments": "{}"}}
         else:
