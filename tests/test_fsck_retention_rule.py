@@ -78,3 +78,33 @@ def test_a_content_the_log_still_carries_is_retained_when_its_envelope_is_lost(t
     report = fsck(root)
     assert [p.code for p in report.errors] == ["missing-object"]
     assert report.counts["unreferenced"] == by_the_rule(root) == {"entries": 0, "contents": 0, "blobs": 0}
+
+
+def test_the_walk_keeps_no_log_once_it_is_read(tmp_path, monkeypatch):
+    """fsck's file walk folds each log into the retention rule as it reads it
+    (maintenance/sweep.py ``Retention.add``) and keeps none of them: a store of millions of
+    records held them all until the count at the end (the walk kept every log's
+    ``RetentionSource`` in a list), which is where the rule now reads the objects."""
+    import gc
+
+    from agentsession_cas.backends.base import RetentionSource
+    from agentsession_cas.backends.files import fsck as files_fsck
+
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        for n in range(3):
+            s = st.create(Header.new(f"s{n}"))
+            for i in range(4):
+                s.append(msg(f"{n} turn {i}", i))
+            s.close()
+    alive: list[int] = []
+    reading = files_fsck._Read.content_names
+
+    def counting(self, entries):
+        alive.append(sum(isinstance(o, RetentionSource) for o in gc.get_objects()))
+        return reading(self, entries)
+
+    monkeypatch.setattr(files_fsck._Read, "content_names", counting)
+    report = fsck(root)
+    assert report.ok and report.counts["unreferenced"] == {"entries": 0, "contents": 0, "blobs": 0}
+    assert alive == [0]

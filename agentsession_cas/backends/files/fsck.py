@@ -22,8 +22,9 @@ The walk, in order (``docs/fsck.md`` has the whole list of checks and codes):
 4. **refs**, staged sessions, leftovers, and stray names everywhere;
 5. **retention**: objects that no log or prefix retains are counted per
    space (as git counts dangling objects), never reported as errors, by the
-   sweep's rule (:func:`~agentsession_cas.maintenance.sweep.unreferenced`)
-   over the logs the walk read, its reads answered from what the walk parsed.
+   sweep's rule (:class:`~agentsession_cas.maintenance.sweep.Retention`), each
+   log folded in as the walk reads it and not kept, its reads of the objects
+   answered from what the walk parsed.
 
 Each finding is a :class:`FsckProblem` of severity ``error`` (the store is
 damaged: exit 1), ``warning`` (something to look at that loses nothing) or
@@ -59,9 +60,9 @@ from ...format.names import check_session_id
 from ...format.rules import TreeState
 from ...fsutil import ATOMIC_TMP, NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
 from ...lean import dataclass
-from ...maintenance.sweep import RawNames, unreferenced
+from ...maintenance.sweep import RawNames, Retention
 from ...store.state import index_damage, replay, stale_head
-from ..base import COMMIT_POINTS, FsckProblem, FsckReport, RetentionSource
+from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
 from .log import Record, header_of, read_log, read_snapshot_ids, scan_log, snapshot_ids_disagree
 from .objects import DROPPED_PACK, HASH_FIRST, FileObjects
@@ -313,9 +314,9 @@ class _Walk:
             "in_log_only": 0,
             "refs": 0,
         }
-        # The logs as the retention rule reads them (maintenance/sweep.py), every one the
-        # walk read, kept for the end: what a sweep would remove is counted by that rule.
-        self.sources: list[RetentionSource] = []
+        # The retention rule (maintenance/sweep.py), each log the walk reads folded in as it
+        # is read and not kept: what a sweep would remove is counted by that rule at the end.
+        self.retention = Retention()
         self.owner: dict[bytes, str] = {}
         self.sessions: list[_SessionState] = []
         self.chain: dict[bytes, tuple[str, bytes, str] | None] = {}
@@ -837,7 +838,7 @@ class _Walk:
                 # What of it reads retains its objects while it is kept, as a sweep counts it.
                 kept = _read_or_none(os.path.join(sdir, name))
                 if kept is not None:
-                    self.sources.append(retention_source(ln.record for ln in scan_log(kept) if ln.record is not None))
+                    self.retention.add(retention_source(ln.record for ln in scan_log(kept) if ln.record is not None))
             elif name.startswith(ATOMIC_TMP):
                 self.note("temporary", f"session {sid}: {name} is a temporary file (a write in progress, or a crash's leftover)",
                           session=sid, file=f"{rel}/{name}")
@@ -884,7 +885,7 @@ class _Walk:
             self.damaged_session(sid, data, logrel)
             return
         records = lr.records
-        self.sources.append(retention_source(records + lr.cut_records))  # (a tail a writing open drops still holds its objects)
+        self.retention.add(retention_source(records + lr.cut_records))  # (a tail a writing open drops still holds its objects)
         if not records or records[0].op != "create":
             what = "is empty" if not data else "does not open with its create record"
             self.error("log-damage", f"session {sid}: its log {what}", session=sid, file=logrel, line=1, offset=0)
@@ -918,7 +919,7 @@ class _Walk:
         """A damaged log: the entries its readable records name are still checked (and
         retained); the rules are not, since the damage may hide any record."""
         records = [ln.record for ln in scan_log(data) if ln.record is not None]
-        self.sources.append(retention_source(records))
+        self.retention.add(retention_source(records))
         last_commit = max((i for i, r in enumerate(records) if r.op in COMMIT_POINTS), default=-1)
         for i, r in enumerate(records):
             if r.op == "append" and i <= last_commit and _is_hash(r.get("entry")):
@@ -1249,7 +1250,7 @@ class _Walk:
             if data is not None:
                 staged += 1
                 lr = read_log(data)
-                self.sources.append(retention_source(lr.records + lr.cut_records, staged=True))
+                self.retention.add(retention_source(lr.records + lr.cut_records, staged=True))
         if names:
             self.note("temporary", f"tmp/ holds {len(names)} temporary file(s) or director(ies)"
                       + (f", {staged} of them session(s) being staged" if staged else "")
@@ -1328,12 +1329,12 @@ class _Walk:
                 self.error("bad-base", f"session {s.id}: its media {s.media!r} differs from {headers.get(owner)!r} of "
                            f"session {owner}, which holds its base {_name(s.base)}",
                            session=s.id, object=_name(s.base), file=f"sessions/{s.id}/header")
-        # What nothing retains, by the sweep's rule over the logs the walk read, reading
-        # the objects as the walk found them (nothing is read twice).
+        # What nothing retains, by the sweep's rule over the logs the walk read (each added
+        # as it was read), reading the objects as the walk found them (nothing is read twice).
         self.say("counting unreferenced objects")
         spaces = self.counts["spaces"] = {}  # (filled after: the rule's reads may confirm objects moved meanwhile)
         sound = {space: RawNames(self.sound[space]) for space in _SPACES}
-        self.counts["unreferenced"] = unreferenced(self.store, sound, self.sources, objects=_Read(self))
+        self.counts["unreferenced"] = self.retention.unreferenced(sound, _Read(self))
         spaces.update((s, len(self.sound[s])) for s in _SPACES)
         pack_dir = os.path.join(self.root, "objects", "pack")
         for key in self.orphan_packs:
