@@ -58,10 +58,11 @@ from ..errors import (
     NoSuchObjectError,
     ReadOnlyError,
     WritersActiveError,
+    quoted,
     store_relative,
 )
 from ..format.canonical import loads
-from ..format.hashing import HASH_PREFIX, envelope_content, raw_hash
+from ..format.hashing import HASH_PREFIX, all_hashes, envelope_content, is_hash, raw_hash
 from ..format.media import sidecar_names
 from ..lean import dataclass
 
@@ -116,7 +117,9 @@ class EnvelopeBytes:
     :class:`CorruptObjectError` for an object missing or corrupt. An envelope's content is
     read by the one reading of an envelope (:func:`envelope_content`, most with no parse),
     its parent parsed (only a prefix's entries are asked it); bytes that are no envelope
-    name neither."""
+    name neither. A log may name what is no object name (``sha256:`` and 64 lowercase hex
+    digits, :func:`is_hash`; a damaged log kept aside, a hostile writer): it names no
+    object, so nothing is read for it, as an object missing."""
 
     def read_order(self, names: Iterable[str]) -> list[str]:
         raise NotImplementedError
@@ -128,7 +131,10 @@ class EnvelopeBytes:
         raise NotImplementedError
 
     def content_names(self, entries: Collection[str]) -> Iterator[str]:
-        for name in self.read_order(entries):
+        names = list(entries)
+        if not all_hashes(names):
+            names = [name for name in names if is_hash(name)]
+        for name in self.read_order(names):
             try:
                 c = envelope_content(self.envelope(name))
             except (NoSuchObjectError, CorruptObjectError):
@@ -137,6 +143,8 @@ class EnvelopeBytes:
                 yield c
 
     def parent_of(self, entry: str) -> str | None:
+        if not is_hash(entry):
+            raise NoSuchObjectError(f"{quoted(entry)} is not an object name: it names no entries object")
         data = self.envelope(entry)  # (missing or corrupt: raised as it is)
         try:
             env = loads(data)

@@ -55,7 +55,7 @@ from ...errors import (
 )
 from ...format.canonical import canonical_bytes, loads
 from ...format.entry import LEAF_LABEL, Entry, Header
-from ...format.hashing import HASH_PREFIX, is_hash
+from ...format.hashing import HASH_PREFIX, all_hashes, is_hash, raw_hash
 from ...format.names import check_session_id
 from ...format.rules import TreeState
 from ...fsutil import ATOMIC_TMP, NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
@@ -142,19 +142,8 @@ def _raw(name: str) -> bytes:
     return binascii.unhexlify(name[7:])
 
 
-_IS_NAME = operator.methodcaller("startswith", HASH_PREFIX)
 _HEX = operator.itemgetter(slice(7, None))
 _FIRST = operator.itemgetter(0)
-
-
-def _raw_or_none(name: str) -> bytes | None:
-    """The digest an object name (``sha256:<hex>``) stands for; None for any other string."""
-    if len(name) != 71 or not name.startswith(HASH_PREFIX):
-        return None
-    try:
-        return binascii.unhexlify(name[7:])
-    except (binascii.Error, ValueError):
-        return None
 
 
 def _spaces_of(bits: int) -> str:
@@ -254,22 +243,20 @@ class _Read:
     def content_names(self, entries: Collection[str]) -> Iterator[str]:
         walk = self.walk
         names = list(entries)
-        try:  # (most: every name an entry id, converted and looked up without a call per name)
-            if not all(map(_IS_NAME, names)):
-                raise ValueError
+        if all_hashes(names):  # (most: every name an entry id, converted and looked up without a call per name)
             infos = list(map(walk.env.get, map(binascii.unhexlify, map(_HEX, names))))
-        except (binascii.Error, ValueError, TypeError):
-            infos = [walk.env.get(_raw_or_none(name)) for name in names]  # type: ignore[arg-type]
+        else:  # (an object name is sha256: and 64 lowercase hex digits, format/hashing.py; anything else names none)
+            infos = [walk.env.get(raw_hash(name)) for name in names]  # type: ignore[arg-type]
         # (the walk's envelopes are all sound: it keeps none of a copy that is not)
         yield from map(HASH_PREFIX.__add__, map(bytes.hex, map(_FIRST, filter(None, infos))))
         for name in itertools.compress(names, map(operator.not_, infos)):
-            raw = _raw_or_none(name)  # not found in the walk: asked of the store (or not an entry id at all)
+            raw = raw_hash(name)  # not found in the walk: asked of the store (or not an entry id at all)
             info = walk.envelope(raw) if raw is not None else None
             if info is not None:
                 yield _name(info[0])
 
     def parent_of(self, entry: str) -> str | None:
-        raw = _raw_or_none(entry)
+        raw = raw_hash(entry)
         info = self.walk.envelope(raw) if raw is not None else None
         if info is None:
             raise NoSuchObjectError(f"no sound entries object {entry}")
@@ -278,7 +265,7 @@ class _Read:
     def blob_names(self, contents: Collection[str]) -> Iterator[str]:
         named = self.walk.sidecars
         for content in contents:
-            raw = _raw_or_none(content)
+            raw = raw_hash(content)
             if raw is not None and raw in named:
                 yield from map(_name, named[raw])
 
