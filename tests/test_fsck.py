@@ -602,6 +602,26 @@ def test_stray_names_are_warnings(store):
                       "sessions/empty", "sessions/rec/extra"]
 
 
+def test_object_and_pack_names_in_upper_case_are_stray(store):
+    """An object name is lowercase hex (format/hashing.py ``is_hash``): a loose file or a
+    pack named in upper case is no object of the store, a stray name as any other, and
+    none of its objects is counted."""
+    root, info = store
+    before = fsck(root).counts
+    f = next(p for p in sorted((root / "objects" / "entries").glob("??/*")) if p.is_file())
+    upper_file = f.with_name(f.name.upper())  # (62 hex digits: some of them letters)
+    shutil.copy(f, upper_file)
+    pack, idx = the_pack(root)
+    shutil.copy(idx, idx.with_name("pack-" + idx.name[5:-4].upper() + ".idx"))
+    shutil.copy(pack, pack.with_name("pack-" + pack.name[5:-5].upper() + ".pack"))
+    report = fsck(root)
+    assert report.ok
+    strays = sorted(p.file for p in report.warnings if p.code == "stray")
+    assert strays == sorted([os.path.relpath(upper_file, root), f"objects/pack/pack-{idx.name[5:-4].upper()}.idx",
+                             f"objects/pack/pack-{pack.name[5:-5].upper()}.pack"])
+    assert report.counts["objects"] == before["objects"] and report.counts["unreferenced"] == before["unreferenced"]
+
+
 def test_progress_only_on_a_terminal_and_never_under_json(store, capsys, monkeypatch):
     root, info = store
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)

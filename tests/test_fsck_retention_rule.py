@@ -78,3 +78,69 @@ def test_a_content_the_log_still_carries_is_retained_when_its_envelope_is_lost(t
     report = fsck(root)
     assert [p.code for p in report.errors] == ["missing-object"]
     assert report.counts["unreferenced"] == by_the_rule(root) == {"entries": 0, "contents": 0, "blobs": 0}
+
+
+def test_the_walk_keeps_no_log_once_it_is_read(tmp_path, monkeypatch):
+    """fsck's file walk folds each log into the retention rule as it reads it
+    (maintenance/sweep.py ``Retention.add``) and keeps none of them: a store of millions of
+    records held them all until the count at the end (the walk kept every log's
+    ``RetentionSource`` in a list), which is where the rule now reads the objects."""
+    import gc
+
+    from agentsession_cas.backends.base import RetentionSource
+    from agentsession_cas.backends.files import fsck as files_fsck
+
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        for n in range(3):
+            s = st.create(Header.new(f"s{n}"))
+            for i in range(4):
+                s.append(msg(f"{n} turn {i}", i))
+            s.close()
+    alive: list[int] = []
+    reading = files_fsck._Read.content_names
+
+    def counting(self, entries):
+        alive.append(sum(isinstance(o, RetentionSource) for o in gc.get_objects()))
+        return reading(self, entries)
+
+    monkeypatch.setattr(files_fsck._Read, "content_names", counting)
+    report = fsck(root)
+    assert report.ok and report.counts["unreferenced"] == {"entries": 0, "contents": 0, "blobs": 0}
+    assert alive == [0]
+
+
+def kept_aside_naming_in_upper_case(root: Path) -> list[str]:
+    """A store whose session ``rec`` (three entries) is deleted, and whose ``keeper`` has a
+    log repair kept aside that names rec's entries only in upper case: as the base of its
+    create record (ids[1]) and in an append (ids[2]). Returns rec's ids."""
+    from agentsession_cas.backends.files.log import encode_log
+
+    with Store.init(root) as st:
+        s = st.create(Header.new("rec"))
+        ids = [s.append(msg(f"turn {i}", i)).id for i in range(3)]
+        s.close()
+        k = st.create(Header.new("keeper"))
+        k.append(msg("kept", 40))
+        k.close()
+        st.delete("rec")
+    upper = ["sha256:" + i[7:].upper() for i in ids]
+    (root / "sessions" / "keeper" / "log.damaged-1").write_bytes(encode_log([
+        {"op": "create", "session": "keeper", "base": upper[1]},
+        {"op": "append", "seq": 1, "entry": upper[2]},
+    ]))
+    return ids
+
+
+def test_a_name_in_upper_case_names_no_object(tmp_path):
+    """An object name is ``sha256:`` and 64 lowercase hex digits (format/hashing.py
+    ``is_hash``, ``raw_hash``): a log naming an entry in upper case names no object, and
+    retains nothing. fsck's walk read such a name as the object's own (its digests made
+    raw with upper case taken), counting the content and the parent of what it named
+    retained, where the sweep's rule stopped on it (``bad_name``, naming no log)."""
+    root = tmp_path / "store"
+    kept_aside_naming_in_upper_case(root)
+    report = fsck(root)
+    assert report.ok and [p.code for p in report.notes] == ["damaged-log-kept"]
+    assert report.counts["unreferenced"] == {"entries": 3, "contents": 3, "blobs": 0}  # (was 2 and 0)
+    assert by_the_rule(root) == report.counts["unreferenced"]

@@ -283,6 +283,33 @@ def test_a_deleted_sessions_objects_go_and_a_live_ones_stay(root):
     assert r.stdout.startswith("removed 0 object(s), 0 bytes; kept ") and "retained by 1 session(s), grace 0)" in r.stdout
 
 
+def test_a_name_in_upper_case_in_a_kept_log_retains_nothing(root):
+    """A log repair kept aside may name what is no object name (upper-case hex): it names
+    no object, and the sweep goes on, removing what nothing else names (it stopped with
+    ``bad_name`` on the name, saying neither which log nor what to do)."""
+    from agentsession_cas.backends.files.log import encode_log
+
+    st = Store(str(root))
+    rec = st.create(Header.new("rec"))
+    ids = [rec.append(msg(f"rec {i}")).id for i in range(3)]
+    keeper = st.create(Header.new("keeper"))
+    keeper.append(msg("kept"))
+    st.close()
+    with Store(str(root), readonly=True) as rd:
+        rec_objs = objects_of(rd, ids)
+    with Store(str(root)) as st:
+        st.delete("rec")
+    (root / "sessions" / "keeper" / "log.damaged-1").write_bytes(encode_log([
+        {"op": "create", "session": "keeper", "base": "sha256:" + ids[1][7:].upper()},
+        {"op": "append", "seq": 1, "entry": "sha256:" + ids[2][7:].upper()},
+    ]))
+    age_all(root)
+    out = sweep_json(root, "--grace", "0")
+    assert set(out["dropped_names"]) == {n for _, n in rec_objs}
+    for sp, n in rec_objs:
+        assert not held(root, sp, n), n
+
+
 def test_abandoned_branches_and_uncommitted_appends_are_kept(root):
     st = Store(str(root), sync="never")
     s = st.create(Header.new("tree"))

@@ -11,7 +11,8 @@ commit to its tree to its blobs, and never reachability from heads:
   only a log's own copy holds yet, before a checkpoint writes it out, is read
   there: :attr:`RetentionSource.blobs`).
 
-This module is the rule (:func:`retained`) and the command's entry point
+This module is the rule (:class:`Retention`: each log folded in as it is read, then
+references followed down; :func:`retained` over a list of logs) and the command's entry point
 (:func:`sweep`). Where the logs are read from, how objects age and what
 removing one means are the backend's: the file backend reads the logs in
 ``sessions/``, those being staged in ``tmp/`` and those ``repair`` kept aside
@@ -57,10 +58,11 @@ from ..errors import (
     NoSuchObjectError,
     ReadOnlyError,
     WritersActiveError,
+    quoted,
     store_relative,
 )
 from ..format.canonical import loads
-from ..format.hashing import HASH_PREFIX, envelope_content, raw_hash
+from ..format.hashing import HASH_PREFIX, all_hashes, envelope_content, is_hash, raw_hash
 from ..format.media import sidecar_names
 from ..lean import dataclass
 
@@ -68,8 +70,8 @@ if TYPE_CHECKING:
     from ..store.store import Store
 
 __all__ = [
-    "DEFAULT_GRACE", "SAFE_GRACE", "EnvelopeBytes", "Retained", "RetentionSource", "RetentionObjects", "SweepResult", "parse_duration",
-    "retained", "sweep", "unreferenced",
+    "DEFAULT_GRACE", "SAFE_GRACE", "EnvelopeBytes", "Retained", "Retention", "RetentionSource", "RetentionObjects", "SweepResult",
+    "parse_duration", "retained", "sweep", "unreferenced",
 ]
 
 #: Two weeks, as git's gc.pruneExpire.
@@ -115,7 +117,9 @@ class EnvelopeBytes:
     :class:`CorruptObjectError` for an object missing or corrupt. An envelope's content is
     read by the one reading of an envelope (:func:`envelope_content`, most with no parse),
     its parent parsed (only a prefix's entries are asked it); bytes that are no envelope
-    name neither."""
+    name neither. A log may name what is no object name (``sha256:`` and 64 lowercase hex
+    digits, :func:`is_hash`; a damaged log kept aside, a hostile writer): it names no
+    object, so nothing is read for it, as an object missing."""
 
     def read_order(self, names: Iterable[str]) -> list[str]:
         raise NotImplementedError
@@ -127,7 +131,10 @@ class EnvelopeBytes:
         raise NotImplementedError
 
     def content_names(self, entries: Collection[str]) -> Iterator[str]:
-        for name in self.read_order(entries):
+        names = list(entries)
+        if not all_hashes(names):
+            names = [name for name in names if is_hash(name)]
+        for name in self.read_order(names):
             try:
                 c = envelope_content(self.envelope(name))
             except (NoSuchObjectError, CorruptObjectError):
@@ -136,6 +143,8 @@ class EnvelopeBytes:
                 yield c
 
     def parent_of(self, entry: str) -> str | None:
+        if not is_hash(entry):
+            raise NoSuchObjectError(f"{quoted(entry)} is not an object name: it names no entries object")
         data = self.envelope(entry)  # (missing or corrupt: raised as it is)
         try:
             env = loads(data)
@@ -152,33 +161,31 @@ class EnvelopeBytes:
                 continue
 
 
-def retained(
-    store: Store,
-    sources: Iterable[RetentionSource] | None = None,
-    *,
-    progress: Callable[[str], None] | None = None,
-    blobs: bool = True,
-    objects: RetentionObjects | None = None,
-) -> Retained:
-    """RFC 0002's retention, following references down from every log to blobs.
+class Retention:
+    """RFC 0002's retention, read one log at a time: :meth:`add` folds a log in (the
+    envelopes it names, the contents its own copy says, the bases of its prefix, the
+    blobs its copy's contents name) and keeps none of its records, so a walk over a
+    store of millions of records holds one log's at a time; :meth:`finish` then follows
+    references down through the objects (each prefix walked up from its base, the
+    contents of envelopes no log's copy said, the blobs every retained content names).
 
-    An envelope is retained while any log names it or it lies on a prefix, a
-    content while a retained envelope names it, a blob while a retained content
-    names it by a ``sidecar:`` URL. ``sources`` are the logs to honour (by default
-    every one the backend holds); ``blobs=False`` (the store holds no blob to decide
-    over) skips reading contents for ``sidecar:`` URLs. ``objects`` is where envelopes
-    and contents are read (by default through the store; fsck hands what its walk over
-    every object read, so nothing is read twice)."""
-    if objects is None:
-        objects = _Unpacked(store)
-    if sources is None:
-        sources = store.backend.retention_sources()
-    ret = Retained()
-    envelopes = ret.envelopes
-    contents = ret.contents
-    bases: list[str] = []
-    said: set[str] = set()  # envelopes whose content their log's own copy gave
-    for src in sources:
+    An envelope is retained while any log names it or it lies on a prefix, a content
+    while a retained envelope names it, a blob while a retained content names it by a
+    ``sidecar:`` URL. This class is that rule; :func:`retained` and :func:`unreferenced`
+    are it over a list of logs, and fsck's file walk adds each log as it reads it."""
+
+    __slots__ = ("ret", "bases", "said", "progress")
+
+    def __init__(self, *, progress: Callable[[str], None] | None = None) -> None:
+        self.ret = Retained()
+        self.bases: list[str] = []
+        self.said: set[str] = set()  # envelopes whose content their log's own copy gave
+        self.progress = progress
+
+    def add(self, src: RetentionSource) -> None:
+        """Fold in one log (its records are not kept)."""
+        ret = self.ret
+        envelopes, contents, said, bases = ret.envelopes, ret.contents, self.said, self.bases
         for d in src.records:
             op = d.get("op")
             if op == "append":
@@ -196,32 +203,81 @@ def retained(
             ret.staged += 1
         else:
             ret.sessions += 1
-        if progress and (ret.sessions + ret.staged) % 256 == 0:
-            progress(f"reading logs: {ret.sessions + ret.staged:,} read")
-    if progress:
-        progress(f"read {ret.sessions} session log(s), {ret.staged} staged")
-    # Prefixes: walk up from each base until an entry already retained, whose
-    # ancestors its own session's log and prefix retain in turn.
-    for base in bases:
-        current: str | None = base
-        while current is not None and current not in envelopes:
-            envelopes.add(current)
-            try:
-                current = objects.parent_of(current)
-            except (NoSuchObjectError, CorruptObjectError):
-                break  # missing: fsck's business; nothing above it can be read either
-    # Contents of retained envelopes (those whose log copy did not already say).
-    unsaid = envelopes - said
-    if progress and unsaid:
-        progress(f"reading {len(unsaid):,} envelope(s) for their contents")
-    contents.update(objects.content_names(unsaid))
-    # Blobs: any retained content may name one (RFC 0002 sets no condition on the
-    # session's media), so contents are read whenever the store holds a blob.
-    if blobs:
-        if progress and contents:
-            progress(f"reading {len(contents):,} content(s) for the blobs they name")
-        ret.blobs.update(objects.blob_names(contents))
-    return ret
+        if self.progress and (ret.sessions + ret.staged) % 256 == 0:
+            self.progress(f"reading logs: {ret.sessions + ret.staged:,} read")
+
+    def finish(self, objects: RetentionObjects, *, blobs: bool = True) -> Retained:
+        """What the logs added retain, following references down through ``objects``;
+        ``blobs=False`` (the store holds no blob to decide over) reads no content for
+        ``sidecar:`` URLs. Called once: the logs added are then spent."""
+        ret, progress = self.ret, self.progress
+        envelopes, contents = ret.envelopes, ret.contents
+        if progress:
+            progress(f"read {ret.sessions} session log(s), {ret.staged} staged")
+        # Prefixes: walk up from each base until an entry already retained, whose
+        # ancestors its own session's log and prefix retain in turn.
+        for base in self.bases:
+            current: str | None = base
+            while current is not None and current not in envelopes:
+                envelopes.add(current)
+                try:
+                    current = objects.parent_of(current)
+                except (NoSuchObjectError, CorruptObjectError):
+                    break  # missing: fsck's business; nothing above it can be read either
+        # Contents of retained envelopes (those whose log copy did not already say; when
+        # no copy said any, as of compacted logs, the set itself: a copy of it is as big).
+        unsaid = envelopes - self.said if self.said else envelopes
+        self.bases, self.said = [], set()
+        if progress and unsaid:
+            progress(f"reading {len(unsaid):,} envelope(s) for their contents")
+        contents.update(objects.content_names(unsaid))
+        del unsaid
+        # Blobs: any retained content may name one (RFC 0002 sets no condition on the
+        # session's media), so contents are read whenever the store holds a blob.
+        if blobs:
+            if progress and contents:
+                progress(f"reading {len(contents):,} content(s) for the blobs they name")
+            ret.blobs.update(objects.blob_names(contents))
+        return ret
+
+    def unreferenced(self, sound: Mapping[str, Collection[str]], objects: RetentionObjects) -> dict[str, int]:
+        """How many of the objects ``sound`` names (per space: those held whose bytes hash
+        to their name) nothing the logs added retains: what a sweep with a grace of 0 would
+        remove. Finishes the retention (blobs read only where ``sound`` holds some)."""
+        ret = self.finish(objects, blobs=bool(sound.get("blobs")))
+        kept: dict[str, set[str]] = {"entries": ret.envelopes, "contents": ret.contents, "blobs": ret.blobs}
+        # (each name once: those held less those retained, looked up with no Python call per
+        # name and kept in no set: a set of those retained would hold a string per object)
+        return {space: len(names) - sum(map(kept[space].__contains__, names))
+                for space, names in ((space, sound.get(space, ())) for space in SPACES)}
+
+
+def _added(
+    store: Store, sources: Iterable[RetentionSource] | None, progress: Callable[[str], None] | None,
+) -> Retention:
+    """A :class:`Retention` with ``sources`` added as they come (by default every log the
+    backend holds)."""
+    retention = Retention(progress=progress)
+    for src in store.backend.retention_sources() if sources is None else sources:
+        retention.add(src)
+    return retention
+
+
+def retained(
+    store: Store,
+    sources: Iterable[RetentionSource] | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+    blobs: bool = True,
+    objects: RetentionObjects | None = None,
+) -> Retained:
+    """RFC 0002's retention (:class:`Retention`), following references down from every log
+    to blobs. ``sources`` are the logs to honour (by default every one the backend holds),
+    each folded in as it comes and dropped; ``blobs=False`` (the store holds no blob to
+    decide over) skips reading contents for ``sidecar:`` URLs. ``objects`` is where
+    envelopes and contents are read (by default through the store; fsck hands what its
+    walk over every object read, so nothing is read twice)."""
+    return _added(store, sources, progress).finish(objects if objects is not None else _Unpacked(store), blobs=blobs)
 
 
 def unreferenced(
@@ -234,13 +290,10 @@ def unreferenced(
 ) -> dict[str, int]:
     """How many of the objects ``sound`` names (per space: those held whose bytes hash to
     their name) nothing retains: what a sweep with a grace of 0 would remove, by
-    :func:`retained` over ``sources`` (by default every log the backend holds). fsck's
-    ``counts["unreferenced"]`` on a backend whose walk does not count them itself."""
-    ret = retained(store, sources, progress=progress, blobs=bool(sound.get("blobs")), objects=objects)
-    kept: dict[str, set[str]] = {"entries": ret.envelopes, "contents": ret.contents, "blobs": ret.blobs}
-    # (each name once: those held less those retained, with no call per name)
-    return {space: len(names) - len(kept[space].intersection(names))
-            for space, names in ((space, sound.get(space, ())) for space in SPACES)}
+    :meth:`Retention.unreferenced` over ``sources`` (by default every log the backend
+    holds). fsck's ``counts["unreferenced"]`` on a backend whose walk does not count them
+    itself."""
+    return _added(store, sources, progress).unreferenced(sound, objects if objects is not None else _Unpacked(store))
 
 
 class RawNames:

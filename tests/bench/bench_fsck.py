@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""Benchmark: fsck's objects verified per second against `git fsck --full` on the same objects.
+"""Benchmark: fsck's objects verified per second against `git fsck --full` on the same objects,
+and what fsck costs in a fresh process (peak RSS, CPU).
 
 The 100,000-entry coding-agent session of ``bench_verify.py``
 (:func:`bench_verify.generate`) is imported into a new store
-(``Store.import_file``: one pack of its envelopes and contents, and the log).
+(``Store.import_file``: one pack of its envelopes and contents, and the log);
+``--sessions S`` imports S such sessions of ``--entries`` each instead (each
+generated from its own seed, under its own id: 20 x 5,000 is a store where the
+logs' records, not one log's, are what fsck must not hold all at once).
 Every object of that store is then written, as a git blob, into a new git
 repository with ``git fast-import``, with one commit whose tree names each
 blob (``<2 hex>/<62 hex>`` of its hash), so git's walk has a root and
@@ -20,6 +24,16 @@ Timed, alternately, each the best of ``--repeat`` runs on a warm cache:
   inflated and hashed, the trees and the commit parsed, connectivity.
   Objects = what ``git count-objects -v`` counts (blobs, trees, the commit).
 
+Then, ``--children`` times, fsck runs in a fresh process of its own
+(``python -c``: import, ``fsck(root)``, exit): its peak RSS (``VmHWM``, as
+the process reports it at its end), CPU (user + system, ``os.wait4``) and
+wall time, beside a process
+that only imports the same modules (what the interpreter and the imports hold
+before fsck reads anything); medians. ``--against DIR`` (a checkout of another
+release, such as ``git worktree add`` or ``git archive`` of it) runs that
+release's fsck in the same way, alternately with this one's, on the same store,
+and prints both and the change.
+
 It prints both rates, the ratio **fsck / git** and the target: **at least
 git's rate** (ratio >= 1.0), with ``RESULT: target MET`` or ``NOT MET``. The
 exit status is 0 either way; 1 when fsck finds a problem in the generated
@@ -27,7 +41,8 @@ store (the numbers would then mean nothing) or a git command fails; 2 on bad
 arguments. The store and the repository live in a temp directory under
 ``<repo>/.bench-tmp``, removed at the end unless ``--keep``.
 
-Run: ``.venv/bin/python tests/bench/bench_fsck.py [--quick | --entries N] [--repeat R]``.
+Run: ``.venv/bin/python tests/bench/bench_fsck.py [--quick | --entries N] [--sessions S] [--repeat R]
+[--children C] [--against DIR]``.
 """
 
 from __future__ import annotations
@@ -38,6 +53,7 @@ import os
 import platform
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,7 +70,7 @@ import agentsession_cas  # noqa: E402
 from agentsession_cas.backends.files.objects import SPACES, FileObjects  # noqa: E402
 from agentsession_cas.maintenance.fsck import fsck  # noqa: E402
 from agentsession_cas.store import Store  # noqa: E402
-from bench_verify import generate  # noqa: E402
+from bench_verify import SESSION_ID, generate  # noqa: E402
 
 DEFAULT_ENTRIES, QUICK_ENTRIES = 100_000, 10_000
 TARGET = 1.0  # fsck's objects/s over git's, at least
@@ -63,6 +79,52 @@ TARGET = 1.0  # fsck's objects/s over git's, at least
 def _cpu(who: int) -> float:
     r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime
+
+
+#: A fresh process's fsck of the store ``argv[1]`` (``argv[2]``: ``import`` only imports), with
+#: ``argv[3]`` (a tree, or empty) first on the path and the editable install's finder out of
+#: the way, so another release's tree is the one imported.
+_CHILD = """
+import sys
+tree = sys.argv[3]
+if tree:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "") + type(f).__module__]
+    sys.path.insert(0, tree)
+import agentsession_cas
+assert tree in agentsession_cas.__file__, agentsession_cas.__file__
+from agentsession_cas.maintenance.fsck import fsck
+ok = fsck(sys.argv[1]).ok if sys.argv[2] == "fsck" else True
+with open("/proc/self/status") as f:
+    print(next(line.split()[1] for line in f if line.startswith("VmHWM:")))
+sys.exit(0 if ok else 1)
+"""
+
+
+def child(root: str, what: str, tree: str) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS in MB) of one fresh process: ``what`` is
+    ``fsck`` or ``import``; ``tree`` the release's source tree. The peak is the process's
+    own (``VmHWM``, Linux): ``ru_maxrss`` of a child counts the parent's pages it was
+    forked with, the benchmark's hundreds of MB."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, root, what, tree], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.stdout.close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the {what} process ({tree}) exited {proc.returncode}")
+    return wall, ru.ru_utime + ru.ru_stime, int(out) / 1024
+
+
+def session_bytes(count: int, seed: int, index: int, sessions: int) -> bytes:
+    """A generated session; with more than one, each under an id of its own (the header's)."""
+    data, _, _ = generate(count, seed + index)
+    if sessions > 1:
+        head, sep, rest = data.partition(b"\n")
+        data = head.replace(SESSION_ID.encode(), f"{SESSION_ID[:-4]}{index:04x}".encode()) + sep + rest
+    return data
 
 
 def _git(*args: str, cwd: str, **kw) -> subprocess.CompletedProcess:
@@ -124,18 +186,54 @@ def build_git(store_root: str, repo: str) -> int:
     return int(counts["count"]) + int(counts["in-pack"])
 
 
+def fresh(root: str, runs: int, against: str | None) -> None:
+    """fsck in fresh processes: peak RSS, CPU and wall, medians of ``runs``, beside a process
+    that only imports; with ``against``, that tree's alternately with this one's."""
+    trees = {"this": str(ROOT)}
+    if against is not None:
+        trees = {"against": against, **trees}
+    got: dict[str, dict[str, list[tuple[float, float, float]]]] = {t: {"fsck": [], "import": []} for t in trees}
+    loads = []
+    for _ in range(runs):
+        for name, tree in trees.items():
+            for what in ("import", "fsck"):
+                got[name][what].append(child(root, what, tree))
+        loads.append(os.getloadavg()[0])
+    print(f"\nfsck in a fresh process, median of {runs} (load average {min(loads):.1f} to {max(loads):.1f} "
+          f"on {os.cpu_count()} CPUs):")
+    med: dict[str, list[float]] = {}
+    for name, tree in trees.items():
+        f = [statistics.median(x) for x in zip(*got[name]["fsck"])]
+        i = [statistics.median(x) for x in zip(*got[name]["import"])]
+        med[name] = f
+        label = "this tree" if name == "this" else f"--against {tree}"
+        print(f"  {label}: peak RSS {f[2]:6.1f} MB ({i[2]:.1f} MB of it the interpreter and imports), "
+              f"CPU {f[1]:6.2f} s, wall {f[0]:6.2f} s")
+    if against is not None:
+        a, t = med["against"], med["this"]
+        print(f"  change: peak RSS {t[2] - a[2]:+.1f} MB, CPU {t[1] - a[1]:+.2f} s, wall {t[0] - a[0]:+.2f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--entries", type=int, default=None, help=f"entries to generate (default {DEFAULT_ENTRIES:,})")
     size.add_argument("--quick", action="store_true", help=f"{QUICK_ENTRIES:,} entries")
+    ap.add_argument("--sessions", type=int, default=1, help="sessions of --entries each in the store (default 1)")
     ap.add_argument("--repeat", type=int, default=3, help="timed runs of each; the best is reported (default 3)")
+    ap.add_argument("--children", type=int, default=5,
+                    help="fsck runs in fresh processes for peak RSS and CPU; medians (default 5, 0: none)")
+    ap.add_argument("--against", metavar="DIR", default=None,
+                    help="a source tree of another release (holding agentsession_cas/): its fsck in the same children, alternately")
     ap.add_argument("--seed", type=int, default=20260917, help="generator seed")
     ap.add_argument("--keep", action="store_true", help="keep the temp directory (store and repository)")
     args = ap.parse_args(argv)
     count = args.entries if args.entries is not None else (QUICK_ENTRIES if args.quick else DEFAULT_ENTRIES)
-    if count < 1 or args.repeat < 1:
-        ap.error("--entries and --repeat must be positive")
+    if count < 1 or args.repeat < 1 or args.sessions < 1 or args.children < 0:
+        ap.error("--entries, --sessions and --repeat must be positive, --children not negative")
+    against = os.path.abspath(args.against) if args.against else None
+    if against is not None and not os.path.isfile(os.path.join(against, "agentsession_cas", "__init__.py")):
+        ap.error(f"--against {args.against}: no agentsession_cas/ there")
     if shutil.which("git") is None:
         print("bench_fsck: git is not installed; nothing to compare against")
         return 1
@@ -146,18 +244,24 @@ def main(argv: list[str] | None = None) -> int:
     base.mkdir(exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="bench-fsck-", dir=base)
     try:
-        t0 = time.perf_counter()
-        data, _, _ = generate(count, args.seed)
-        session_file = os.path.join(tmp, "session.jsonl")
-        with open(session_file, "wb") as f:
-            f.write(data)
-        print(f"session: {count:,} entries, {len(data) / 1e6:.1f} MB, generated in {time.perf_counter() - t0:.1f}s")
-        del data
         root = os.path.join(tmp, "store")
-        t0 = time.perf_counter()
+        session_file = os.path.join(tmp, "session.jsonl")
+        generated = imported = 0.0
+        size = 0
         with Store.init(root) as st:
-            st.import_file(session_file)
-        print(f"store: imported in {time.perf_counter() - t0:.1f}s")
+            for i in range(args.sessions):
+                t0 = time.perf_counter()
+                data = session_bytes(count, args.seed, i, args.sessions)
+                size += len(data)
+                with open(session_file, "wb") as f:
+                    f.write(data)
+                del data
+                generated += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                st.import_file(session_file)
+                imported += time.perf_counter() - t0
+        print(f"store: {args.sessions} session(s) of {count:,} entries, {size / 1e6:.1f} MB, generated in "
+              f"{generated:.1f}s, imported in {imported:.1f}s")
         repo = os.path.join(tmp, "git")
         t0 = time.perf_counter()
         git_objects = build_git(root, repo)
@@ -199,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(ratio {cpu_git / cpu_ours:.2f}; less sensitive to other load; load average now "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
         print(f"RESULT: target {'MET' if ratio >= TARGET else 'NOT MET'}")
+        if args.children:
+            fresh(root, args.children, against)
         return 0
     finally:
         if args.keep:

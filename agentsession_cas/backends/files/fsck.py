@@ -22,8 +22,9 @@ The walk, in order (``docs/fsck.md`` has the whole list of checks and codes):
 4. **refs**, staged sessions, leftovers, and stray names everywhere;
 5. **retention**: objects that no log or prefix retains are counted per
    space (as git counts dangling objects), never reported as errors, by the
-   sweep's rule (:func:`~agentsession_cas.maintenance.sweep.unreferenced`)
-   over the logs the walk read, its reads answered from what the walk parsed.
+   sweep's rule (:class:`~agentsession_cas.maintenance.sweep.Retention`), each
+   log folded in as the walk reads it and not kept, its reads of the objects
+   answered from what the walk parsed.
 
 Each finding is a :class:`FsckProblem` of severity ``error`` (the store is
 damaged: exit 1), ``warning`` (something to look at that loses nothing) or
@@ -54,14 +55,14 @@ from ...errors import (
 )
 from ...format.canonical import canonical_bytes, loads
 from ...format.entry import LEAF_LABEL, Entry, Header
-from ...format.hashing import HASH_PREFIX, is_hash
+from ...format.hashing import HASH_PREFIX, all_hashes, is_hash, raw_hash
 from ...format.names import check_session_id
 from ...format.rules import TreeState
 from ...fsutil import ATOMIC_TMP, NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
 from ...lean import dataclass
-from ...maintenance.sweep import RawNames, unreferenced
+from ...maintenance.sweep import RawNames, Retention
 from ...store.state import index_damage, replay, stale_head
-from ..base import COMMIT_POINTS, FsckProblem, FsckReport, RetentionSource
+from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
 from .log import Record, header_of, read_log, read_snapshot_ids, scan_log, snapshot_ids_disagree
 from .objects import DROPPED_PACK, HASH_FIRST, FileObjects
@@ -142,19 +143,8 @@ def _raw(name: str) -> bytes:
     return binascii.unhexlify(name[7:])
 
 
-_IS_NAME = operator.methodcaller("startswith", HASH_PREFIX)
 _HEX = operator.itemgetter(slice(7, None))
 _FIRST = operator.itemgetter(0)
-
-
-def _raw_or_none(name: str) -> bytes | None:
-    """The digest an object name (``sha256:<hex>``) stands for; None for any other string."""
-    if len(name) != 71 or not name.startswith(HASH_PREFIX):
-        return None
-    try:
-        return binascii.unhexlify(name[7:])
-    except (binascii.Error, ValueError):
-        return None
 
 
 def _spaces_of(bits: int) -> str:
@@ -254,22 +244,20 @@ class _Read:
     def content_names(self, entries: Collection[str]) -> Iterator[str]:
         walk = self.walk
         names = list(entries)
-        try:  # (most: every name an entry id, converted and looked up without a call per name)
-            if not all(map(_IS_NAME, names)):
-                raise ValueError
+        if all_hashes(names):  # (most: every name an entry id, converted and looked up without a call per name)
             infos = list(map(walk.env.get, map(binascii.unhexlify, map(_HEX, names))))
-        except (binascii.Error, ValueError, TypeError):
-            infos = [walk.env.get(_raw_or_none(name)) for name in names]  # type: ignore[arg-type]
+        else:  # (an object name is sha256: and 64 lowercase hex digits, format/hashing.py; anything else names none)
+            infos = [walk.env.get(raw_hash(name)) for name in names]  # type: ignore[arg-type]
         # (the walk's envelopes are all sound: it keeps none of a copy that is not)
         yield from map(HASH_PREFIX.__add__, map(bytes.hex, map(_FIRST, filter(None, infos))))
         for name in itertools.compress(names, map(operator.not_, infos)):
-            raw = _raw_or_none(name)  # not found in the walk: asked of the store (or not an entry id at all)
+            raw = raw_hash(name)  # not found in the walk: asked of the store (or not an entry id at all)
             info = walk.envelope(raw) if raw is not None else None
             if info is not None:
                 yield _name(info[0])
 
     def parent_of(self, entry: str) -> str | None:
-        raw = _raw_or_none(entry)
+        raw = raw_hash(entry)
         info = self.walk.envelope(raw) if raw is not None else None
         if info is None:
             raise NoSuchObjectError(f"no sound entries object {entry}")
@@ -278,7 +266,7 @@ class _Read:
     def blob_names(self, contents: Collection[str]) -> Iterator[str]:
         named = self.walk.sidecars
         for content in contents:
-            raw = _raw_or_none(content)
+            raw = raw_hash(content)
             if raw is not None and raw in named:
                 yield from map(_name, named[raw])
 
@@ -314,9 +302,9 @@ class _Walk:
             "in_log_only": 0,
             "refs": 0,
         }
-        # The logs as the retention rule reads them (maintenance/sweep.py), every one the
-        # walk read, kept for the end: what a sweep would remove is counted by that rule.
-        self.sources: list[RetentionSource] = []
+        # The retention rule (maintenance/sweep.py), each log the walk reads folded in as it
+        # is read and not kept: what a sweep would remove is counted by that rule at the end.
+        self.retention = Retention()
         self.owner: dict[bytes, str] = {}
         self.sessions: list[_SessionState] = []
         self.chain: dict[bytes, tuple[str, bytes, str] | None] = {}
@@ -838,7 +826,7 @@ class _Walk:
                 # What of it reads retains its objects while it is kept, as a sweep counts it.
                 kept = _read_or_none(os.path.join(sdir, name))
                 if kept is not None:
-                    self.sources.append(retention_source(ln.record for ln in scan_log(kept) if ln.record is not None))
+                    self.retention.add(retention_source(ln.record for ln in scan_log(kept) if ln.record is not None))
             elif name.startswith(ATOMIC_TMP):
                 self.note("temporary", f"session {sid}: {name} is a temporary file (a write in progress, or a crash's leftover)",
                           session=sid, file=f"{rel}/{name}")
@@ -885,7 +873,7 @@ class _Walk:
             self.damaged_session(sid, data, logrel)
             return
         records = lr.records
-        self.sources.append(retention_source(records + lr.cut_records))  # (a tail a writing open drops still holds its objects)
+        self.retention.add(retention_source(records + lr.cut_records))  # (a tail a writing open drops still holds its objects)
         if not records or records[0].op != "create":
             what = "is empty" if not data else "does not open with its create record"
             self.error("log-damage", f"session {sid}: its log {what}", session=sid, file=logrel, line=1, offset=0)
@@ -919,7 +907,7 @@ class _Walk:
         """A damaged log: the entries its readable records name are still checked (and
         retained); the rules are not, since the damage may hide any record."""
         records = [ln.record for ln in scan_log(data) if ln.record is not None]
-        self.sources.append(retention_source(records))
+        self.retention.add(retention_source(records))
         last_commit = max((i for i, r in enumerate(records) if r.op in COMMIT_POINTS), default=-1)
         for i, r in enumerate(records):
             if r.op == "append" and i <= last_commit and _is_hash(r.get("entry")):
@@ -1250,7 +1238,7 @@ class _Walk:
             if data is not None:
                 staged += 1
                 lr = read_log(data)
-                self.sources.append(retention_source(lr.records + lr.cut_records, staged=True))
+                self.retention.add(retention_source(lr.records + lr.cut_records, staged=True))
         if names:
             self.note("temporary", f"tmp/ holds {len(names)} temporary file(s) or director(ies)"
                       + (f", {staged} of them session(s) being staged" if staged else "")
@@ -1329,12 +1317,12 @@ class _Walk:
                 self.error("bad-base", f"session {s.id}: its media {s.media!r} differs from {headers.get(owner)!r} of "
                            f"session {owner}, which holds its base {_name(s.base)}",
                            session=s.id, object=_name(s.base), file=f"sessions/{s.id}/header")
-        # What nothing retains, by the sweep's rule over the logs the walk read, reading
-        # the objects as the walk found them (nothing is read twice).
+        # What nothing retains, by the sweep's rule over the logs the walk read (each added
+        # as it was read), reading the objects as the walk found them (nothing is read twice).
         self.say("counting unreferenced objects")
         spaces = self.counts["spaces"] = {}  # (filled after: the rule's reads may confirm objects moved meanwhile)
         sound = {space: RawNames(self.sound[space]) for space in _SPACES}
-        self.counts["unreferenced"] = unreferenced(self.store, sound, self.sources, objects=_Read(self))
+        self.counts["unreferenced"] = self.retention.unreferenced(sound, _Read(self))
         spaces.update((s, len(self.sound[s])) for s in _SPACES)
         pack_dir = os.path.join(self.root, "objects", "pack")
         for key in self.orphan_packs:
