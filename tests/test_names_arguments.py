@@ -1,15 +1,21 @@
 """A caller's bad argument is the caller's mistake (``BadArgumentError``, code
 ``bad_argument``), never the store's (``store_fault``), nor a raw ``TypeError``, nor a
-silent answer."""
+silent answer; and the exchange commands check the names they are given before any
+store or network work (docs/cli.md "Naming sessions and entries")."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+from click.testing import CliRunner
 
 from agentsession_cas import BadArgumentError, Header
 from agentsession_cas.errors import BadNameError, ReadOnlyError, StoreError
 from agentsession_cas.exchange.wire import error_from_problem, problem_body, wire_status
 from agentsession_cas.store import Store
+from agentsession_cli.main import main
 
 ITEM = {"type": "item", "item": {"type": "message", "role": "user", "content": "hi"}}
 
@@ -117,3 +123,129 @@ def test_bad_argument_crosses_the_wire_as_itself():
         "store_fault", "bad_argument", 400, 400)
     back = error_from_problem(400, body, where="remote http://x")
     assert type(back) is BadArgumentError and back.code == "bad_argument" and back.status == 400
+
+
+# -- the exchange commands: names checked before any work ------------------------------------
+
+SID = "s1"
+
+
+def cli(store: Path, *args: str):
+    return CliRunner().invoke(main, ["--store", str(store), *args], catch_exceptions=False)
+
+
+def tree_snapshot(root: Path) -> dict[str, bytes]:
+    """Every file of a store but its lock files, by path."""
+    return {str(p): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and "locks" not in p.parts}
+
+
+@pytest.fixture
+def pushed(tmp_path):
+    """A store holding session s1 (a record of 2 entries, ref chat/one) pushed to a remote."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with Store.init(a) as st:
+        s = st.create(Header.new(SID))
+        ids = [s.append(dict(ITEM, ts=f"2026-12-04T05:00:0{i}Z")).id for i in range(2)]
+    Store.init(b).close()
+    assert cli(a, "ref", "update", "chat/one", SID).exit_code == 0
+    assert cli(a, "push", SID, str(b)).exit_code == 0
+    return a, b, ids
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["push", SID, "{b}", "--ref", "chat//one"], "invalid ref name 'chat//one'"),
+    (["push", SID, "{b}", "--ref", "con"], "names a Windows device"),
+    (["push", SID, "{b}", "--ref", "chat/one:../x"], "EXPECTED, what the ref holds, is a session id"),
+    (["handover", SID, "{b}", "--ref", ":s1"], "invalid ref name ''"),
+    (["fetch", SID, "{b}", "--ref", "chat/one:a b"], "session id 'a b' is not usable"),
+    (["declare-record", "nope", "--remote", "{b}", "--expect", "abcd"],
+     "'abcd' is not a full entry id (sha256: and 64 lowercase hex digits, or the 64 digits; '' for no head)"),
+])
+def test_a_bad_ref_or_expected_head_is_a_usage_error_before_any_work(pushed, argv, words):
+    """--ref NAME[:EXPECTED] went to the library unchecked (a bad name refused after the
+    objects were sent, exit 1); --expect of a session this store lacks went to the remote
+    as it was. Both are now usage errors (exit 2, code usage), the remote untouched."""
+    a, b, _ = pushed
+    argv = [str(b) if x == "{b}" else x for x in argv]
+    snap = tree_snapshot(b)
+    r = cli(a, *argv, "--json")
+    assert r.exit_code == 2 and r.stdout == "", (argv, r.stderr)
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == "usage" and words in err["message"], err
+    assert tree_snapshot(b) == snap
+    r = cli(a, *argv)
+    assert r.exit_code == 2 and "Invalid value for '--" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_good_refs_and_expected_heads_still_pass(pushed):
+    a, b, ids = pushed
+    with Store(a) as st:
+        head = st.session(SID).append(dict(ITEM, ts="2026-12-04T05:00:09Z")).id
+    r = cli(a, "push", SID, str(b), "--ref", "chat/one:", "--expect", ids[-1][7:], "--json")  # 64 digits: the full id
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["head"]["expected"], out["head"]["after"]) == (ids[-1], head)
+    assert [(x["name"], x["moved"]) for x in out["refs"]] == [("chat/one", True)]
+    r = cli(a, "fetch", SID, str(b), "--ref", f"chat/one:{SID}", "--json")
+    assert r.exit_code == 0, r.stderr
+    # declare-record --remote of a session this store lacks: a full id goes to the remote as it stands
+    c = a.parent / "c"
+    Store.init(c).close()
+    r = cli(c, "declare-record", SID, "--remote", str(b), "--expect", "sha256:" + "0" * 64, "--json")
+    assert r.exit_code == 1 and json.loads(r.stderr)["error"]["code"] == "head_moved", r.stderr
+
+
+# -- create --base: an entry named as everywhere, among every entry the store holds ------------
+
+
+def test_create_base_takes_a_unique_prefix_of_any_sessions_entry(pushed):
+    """``create --base`` took a full id only (a prefix was refused as a base no session
+    holds); now the one rule, among the entries of every session."""
+    a, _, ids = pushed
+    with Store(a) as st:
+        st.fork(SID, ids[0], session_id="s2")  # s2 holds ids[0] on its prefix: one entry, one candidate
+    for name, new in ((ids[0][7:15], "f1"), (ids[1][:15], "f2"), (ids[1][7:], "f3")):
+        r = cli(a, "create", "--id", new, "--base", name, "--json")
+        assert r.exit_code == 0, (name, r.stderr)
+        assert json.loads(r.stdout)["base"] == json.loads(r.stdout)["head"] == (ids[0] if new == "f1" else ids[1])
+
+
+@pytest.mark.parametrize("name, code, words", [
+    ("abc", "bad_name", "'abc' is not an entry id nor a prefix of one (4 to 64 lowercase hex digits, with or without "
+                        "sha256:), for an entry in the store at "),
+    ("m0", "bad_name", "'m0' is not an entry id nor a prefix of one"),
+    ("ffffffff", "no_entry", "no such entry: ffffffff (no id or id prefix in the store at "),
+    ("sha256:" + "f" * 64, "no_entry", "is not an entry this store holds"),
+])
+def test_create_base_refuses_as_the_one_rule_does(pushed, name, code, words):
+    a, _, ids = pushed
+    if any(i.startswith("sha256:ffffffff") for i in ids):  # pragma: no cover
+        pytest.skip("astronomically unlikely")
+    r = cli(a, "create", "--id", "f9", "--base", name, "--json")
+    assert r.exit_code == 1, r.stderr
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == code and words in err["message"], err
+    with Store(a, readonly=True) as st:
+        assert "f9" not in st
+
+
+def test_create_base_prefix_of_two_entries_is_ambiguous_across_sessions(tmp_path):
+    """Two different entries sharing a prefix are ambiguous wherever they are held (here
+    in two sessions), listing both."""
+    root = tmp_path / "s"
+    seen: dict[str, str] = {}
+    with Store.init(root) as st:
+        i = 0
+        while True:
+            s = st.create(Header.new(f"s{i}"))
+            eid = s.append(dict(ITEM, ts="2026-12-04T05:00:00Z", item={**ITEM["item"], "content": f"m{i}"})).id
+            if eid[7:11] in seen:
+                shared, pair = eid[7:11], sorted([seen[eid[7:11]], eid])
+                break
+            seen[eid[7:11]] = eid
+            i += 1
+    r = cli(root, "create", "--id", "fork", "--base", shared, "--json")
+    assert r.exit_code == 1
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == "ambiguous" and err["candidates"] == pair
+    assert err["message"].startswith(f"{shared} is the start of 2 entry ids in the store at ")
