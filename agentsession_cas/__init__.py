@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .errors import (
         AgentSessionError,
+        BadArgumentError,
         ContextError,
         EntryError,
         IJSONError,
@@ -75,6 +76,7 @@ __all__ = [
     "Store",
     "open_store",
     "AgentSessionError",
+    "BadArgumentError",
     "Context",
     "ContextBuilder",
     "ContextError",
@@ -145,6 +147,7 @@ __all__ = [
 _EXPORTS: dict[str, str] = {
     "AgentSessionError": ".errors",
     "AppendResult": ".store",
+    "BadArgumentError": ".errors",
     "CallInfo": ".format.results",
     "Context": ".format.results",
     "ContextBuilder": ".format.context",

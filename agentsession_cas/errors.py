@@ -140,6 +140,18 @@ class NoSuchEntryError(AgentSessionError, LookupError):
     status = 404
 
 
+class BadArgumentError(AgentSessionError, ValueError):
+    """A caller's argument the library cannot take, whatever the store holds: a value of
+    the wrong type (a blob that is no bytes), out of its range (a negative limit), not
+    one of the values it names (a mark that is neither ``record`` nor ``mirror``, an
+    unknown sync policy or object space), or None where an entry is wanted. The caller's
+    mistake, never the store's: nothing was read or written (a name that is no name is
+    :class:`BadNameError`, a value the format refuses :class:`EntryError`)."""
+
+    code = "bad_argument"
+    status = 400
+
+
 class ContextError(AgentSessionError):
     """A context that cannot be built from a path: the last compaction's ``first_kept``
     names no entry on the path before it (RFC 0001 "compaction")."""

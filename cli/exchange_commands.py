@@ -21,12 +21,11 @@ from agentsession_cas import exchange
 from agentsession_cas.errors import BadNameError, HeadMovedError, NoSuchSessionError
 from agentsession_cas.exchange.operations import UNSET, ExchangeResult, Progress
 from agentsession_cas.format.entry import short_id
-from agentsession_cas.format.hashing import is_hash
-from agentsession_cas.format.names import check_session_id, is_session_id
+from agentsession_cas.format.names import check_ref_name, check_session_id, full_entry_id, is_session_id
 from agentsession_cas.store import Store
 from agentsession_cas.store.names import resolve_entry, resolve_session
 
-from .common import echo, emit_json, fail, json_option, note, plural, size
+from .common import Parsed, echo, emit_json, fail, json_option, note, plural, size
 from .store_commands import write_store
 from .terminal import progressing
 
@@ -42,23 +41,46 @@ def _run(label: str, action: Callable[[Progress | None], ExchangeResult]) -> Exc
 
 
 def _parse_ref(text: str) -> str | tuple[str, str | None]:
-    """NAME, or NAME:EXPECTED (EXPECTED empty: the ref must be absent there). A colon
-    is in no ref name and no session id, so the split is unambiguous."""
-    if ":" not in text:
-        return text
-    name, expected = text.split(":", 1)
+    """NAME, or NAME:EXPECTED (EXPECTED empty: the ref must be absent there), each
+    checked by the one rule for its kind: NAME a ref name, EXPECTED a session id (what a
+    ref holds). A colon is in no ref name and no session id, so the split is unambiguous."""
+    name, colon, expected = text.partition(":")
+    check_ref_name(name)
+    if not colon:
+        return name
+    if expected:
+        try:
+            check_session_id(expected)
+        except BadNameError as exc:
+            raise BadNameError(f"EXPECTED, what the ref holds, is a session id ('' for none): {exc}") from None
     return name, (expected or None)
 
 
-def _expect(value: str | None, store: Store | None = None, session_id: str | None = None) -> Any:
-    """--expect as given: UNSET when absent, None for '', else an entry id; a prefix of
-    4+ hex digits is resolved among the entries the session holds here."""
+#: --ref NAME[:EXPECTED] of push, fetch and handover, checked as the command line is read.
+REF = Parsed("NAME[:EXPECTED]", _parse_ref)
+
+
+def _expect(value: str | None, store: Store, session_id: str) -> Any:
+    """--expect as given: UNSET when absent, None for '', a full entry id as it stands (it
+    names the remote's head, which this store need not hold), and any other name of an
+    entry resolved by the one rule among the entries the session holds here; where this
+    store holds no session of that id (declare-record --remote), a usage error, before
+    the remote is asked anything."""
     if value is None:
         return UNSET
-    if value and store is not None and session_id is not None and not is_hash(value) and session_id in store:
+    if value == "":
+        return None
+    full = full_entry_id(value)
+    if full is not None:
+        return full
+    if session_id in store:
         with store.read(session_id) as s:
             return resolve_entry(s, value)
-    return value or None
+    raise click.BadParameter(
+        f"{value!r} is not a full entry id (sha256: and 64 lowercase hex digits, or the 64 digits; '' for no head), "
+        f"and a prefix or legacy_id names an entry this store holds: it holds no session {session_id}",
+        param_hint="'--expect'",
+    )
 
 
 def _local(store: Store, name: str, *, strict: bool = True) -> str:
@@ -149,9 +171,9 @@ _REF_HELP = "A ref naming the session to move too, as NAME or NAME:EXPECTED (rep
 @click.option("--expect", "expected", metavar="HEAD", help="The remote head you expect ('' for none); default: the last one seen there.")
 @click.option("--force", is_flag=True, help="Move the remote head whatever it is (reported as forced).")
 @click.option("--handover", is_flag=True, help="Make the remote the record and this store a mirror.")
-@click.option("--ref", "refs", multiple=True, metavar="NAME[:EXPECTED]", help=_REF_HELP)
+@click.option("--ref", "refs", type=REF, multiple=True, metavar="NAME[:EXPECTED]", help=_REF_HELP)
 @json_option()
-def push(session_id: str, remote: str, expected: str | None, force: bool, handover: bool, refs: tuple[str, ...], as_json: bool) -> None:
+def push(session_id: str, remote: str, expected: str | None, force: bool, handover: bool, refs: tuple[str | tuple[str, str | None], ...], as_json: bool) -> None:
     """Push session ID, of which this store is the record, to REMOTE (a store's path or URL, or an http(s) server).
 
     Sends only the objects the remote lacks, has it admit the entries (a
@@ -165,7 +187,7 @@ def push(session_id: str, remote: str, expected: str | None, force: bool, handov
         expect = _expect(expected, store, session_id)
         result = _run("sending objects", lambda bar: exchange.push(
             store, remote, session_id, expected=expect, force=force, handover=handover,
-            refs=[_parse_ref(r) for r in refs], progress=bar,
+            refs=list(refs), progress=bar,
         ))
     _report(result, as_json)
 
@@ -173,9 +195,10 @@ def push(session_id: str, remote: str, expected: str | None, force: bool, handov
 @click.command()
 @click.argument("session_id", metavar="ID")
 @click.argument("remote", metavar="REMOTE")
-@click.option("--ref", "refs", multiple=True, metavar="NAME[:EXPECTED]", help="A ref of the remote naming the session to set here too (repeatable).")
+@click.option("--ref", "refs", type=REF, multiple=True, metavar="NAME[:EXPECTED]",
+              help="A ref of the remote naming the session to set here too (repeatable).")
 @json_option()
-def fetch(session_id: str, remote: str, refs: tuple[str, ...], as_json: bool) -> None:
+def fetch(session_id: str, remote: str, refs: tuple[str | tuple[str, str | None], ...], as_json: bool) -> None:
     """Fetch session ID from REMOTE, which may be its record or a mirror.
 
     A session this store lacks is created as a mirror. Its head moves to the
@@ -185,7 +208,7 @@ def fetch(session_id: str, remote: str, refs: tuple[str, ...], as_json: bool) ->
     with write_store() as store:
         session_id = _session_first(store, "fetch", session_id, remote, strict=False)
         result = _run("receiving objects", lambda bar: exchange.fetch(
-            store, remote, session_id, refs=[_parse_ref(r) for r in refs], progress=bar,
+            store, remote, session_id, refs=list(refs), progress=bar,
         ))
     _report(result, as_json)
 
@@ -194,9 +217,9 @@ def fetch(session_id: str, remote: str, refs: tuple[str, ...], as_json: bool) ->
 @click.argument("session_id", metavar="ID")
 @click.argument("remote", metavar="REMOTE")
 @click.option("--expect", "expected", metavar="HEAD", help="The remote head you expect ('' for none); default: the last one seen there.")
-@click.option("--ref", "refs", multiple=True, metavar="NAME[:EXPECTED]", help=_REF_HELP)
+@click.option("--ref", "refs", type=REF, multiple=True, metavar="NAME[:EXPECTED]", help=_REF_HELP)
 @json_option()
-def handover(session_id: str, remote: str, expected: str | None, refs: tuple[str, ...], as_json: bool) -> None:
+def handover(session_id: str, remote: str, expected: str | None, refs: tuple[str | tuple[str, str | None], ...], as_json: bool) -> None:
     """Hand session ID over to REMOTE: push it, make the remote the record, then make this store a mirror.
 
     The remote's mark is committed before this store clears its own, so a
@@ -207,7 +230,7 @@ def handover(session_id: str, remote: str, expected: str | None, refs: tuple[str
         session_id = _session_first(store, "handover", session_id, remote)
         expect = _expect(expected, store, session_id)
         result = _run("sending objects", lambda bar: exchange.handover(
-            store, remote, session_id, expected=expect, refs=[_parse_ref(r) for r in refs], progress=bar,
+            store, remote, session_id, expected=expect, refs=list(refs), progress=bar,
         ))
     _report(result, as_json)
 

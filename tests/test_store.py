@@ -24,6 +24,7 @@ from agentsession_cas.backends.files.objects import FileObjects
 from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES, FileSessionLog
 from agentsession_cas.errors import (
     AppendRefusedError,
+    BadArgumentError,
     BadNameError,
     CorruptObjectError,
     HeadMovedError,
@@ -850,8 +851,9 @@ def test_set_mark(store, root):
         s.append(msg("x"))
     s.set_mark("record")
     s.append(msg("x"))
-    with pytest.raises(StoreError):
+    with pytest.raises(BadArgumentError) as caught:  # (a caller's mistake, not the store's: it was store_fault)
         s.set_mark("other")
+    assert caught.value.code == "bad_argument"
     store.close()
     with Store(root) as st:
         assert st.session("s1").mark == "record"
@@ -935,8 +937,9 @@ def test_sync_responses(root, entry, durable):
 
 def test_unknown_sync_policy_refused(root):
     Store.init(root).close()
-    with pytest.raises(StoreError):
+    with pytest.raises(BadArgumentError, match="unknown sync policy 'sometimes'") as caught:
         Store(root, sync="sometimes")
+    assert caught.value.code == "bad_argument"  # (it was store_fault)
 
 
 def test_lazy_appends_visible_to_a_reader_and_committed_on_close(root):

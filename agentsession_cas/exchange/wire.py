@@ -125,6 +125,7 @@ _PLAIN: dict[str, type[E.AgentSessionError]] = {
         E.BadBaseError, E.BadObjectError, E.ReadOnlyError, E.UnsupportedError, E.IncompletePushError,
         E.BadNameError, E.SessionReplacedError, E.LeaseLostError, E.AuthError, E.ScopeError, E.TooLargeError,
         E.TransportError, E.LayoutError, E.HandoverIncompleteError, E.BadRefTargetError, E.FormatVersionError,
+        E.BadArgumentError,
     )
 }
 

@@ -11,7 +11,7 @@ from ..errors import AmbiguousNameError, BadNameError, BadRefNameError, NoSuchEn
 from .hashing import HASH_PREFIX, is_hash
 
 __all__ = ["check_session_id", "is_session_id", "MAX_SESSION_ID", "MAX_REF_NAME", "check_ref_name", "check_ref_prefix",
-           "check_ref_conflict", "MIN_ENTRY_PREFIX", "resolve_entry_name", "the_one"]
+           "check_ref_conflict", "MIN_ENTRY_PREFIX", "full_entry_id", "resolve_entry_name", "the_one"]
 
 MAX_SESSION_ID = 200
 _SESSION_ID = re.compile(r"[A-Za-z0-9._-]+")
@@ -156,12 +156,24 @@ _SHOWN = 10
 _HEX = re.compile(r"[0-9a-f]+")
 
 
+def full_entry_id(name: object) -> str | None:
+    """The full entry id ``name`` spells whole, by the rule below (``sha256:`` and 64
+    lowercase hex digits, or the 64 digits alone, ``sha256:`` then added), else None: what
+    names an entry wherever it is, held here or not (an exchange's expected head, which
+    is the remote's)."""
+    if is_hash(name):
+        return name
+    if isinstance(name, str) and len(name) == 64 and _HEX.fullmatch(name):
+        return HASH_PREFIX + name
+    return None
+
+
 def resolve_entry_name(
     name: str,
     *,
     held: Callable[[str], bool],
     ids: Callable[[], Iterable[str]],
-    legacy: Callable[[], Iterable[tuple[str, str]]],
+    legacy: Callable[[], Iterable[tuple[str, str]]] | None,
     where: str,
 ) -> str:
     """The full id of the entry ``name`` names among a session's entries, by one rule
@@ -175,8 +187,10 @@ def resolve_entry_name(
        or without ``sha256:`` (64 of them: the full id), naming one entry.
 
     ``ids`` gives the ids to look prefixes up among, ``legacy`` the (legacy id, id) pairs
-    (each asked only when the step before found nothing), ``where`` what they are of, as
-    errors name it (``session ID``, a file's path). A prefix naming several is an
+    (each asked only when the step before found nothing; None where legacy ids name
+    nothing, step 2 then skipped: a whole store's entries, ``create --base``, where one
+    legacy id is in many sessions), ``where`` what they are of, as errors name it
+    (``session ID``, a file's path, a store). A prefix naming several is an
     :class:`~agentsession_cas.errors.AmbiguousNameError` (code ``ambiguous``) listing them;
     a name of the right form naming none is a
     :class:`~agentsession_cas.errors.NoSuchEntryError` (``no_entry``); a name of none of
@@ -184,19 +198,22 @@ def resolve_entry_name(
     :class:`~agentsession_cas.errors.BadNameError` (``bad_name``), whatever the session
     holds: a 3-digit prefix unique today would name another entry, or several, tomorrow.
     """
-    missing = f"no such entry: {name} (no id, legacy_id or id prefix in {where})"
+    forms = "id, legacy_id or id prefix" if legacy is not None else "id or id prefix"
+    missing = f"no such entry: {name} (no {forms} in {where})"
     if is_hash(name):
         if held(name):
             return name
         raise NoSuchEntryError(missing)
-    for legacy_id, entry_id in legacy():
-        if legacy_id == name:
-            return entry_id
+    if legacy is not None:
+        for legacy_id, entry_id in legacy():
+            if legacy_id == name:
+                return entry_id
     digits = name[len(HASH_PREFIX):] if name.startswith(HASH_PREFIX) else name
     if not (MIN_ENTRY_PREFIX <= len(digits) <= 64 and _HEX.fullmatch(digits)):
         raise BadNameError(
             f"{quoted(name)} is not an entry id nor a prefix of one ({MIN_ENTRY_PREFIX} to 64 lowercase hex digits, "
-            f"with or without {HASH_PREFIX}), nor the legacy_id of an entry in {where}"
+            f"with or without {HASH_PREFIX})"
+            + (f", nor the legacy_id of an entry in {where}" if legacy is not None else f", for an entry in {where}")
         )
     want = HASH_PREFIX + digits
     found = sorted({e for e in ids() if e.startswith(want)})

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AgentSessionError, ContinuationError, NoSuchSessionError, Problem
+from ..errors import AgentSessionError, BadArgumentError, ContinuationError, NoSuchSessionError, Problem, quoted
 from ..format.entry import Entry, Header, short_id
 from ..format.links import REL_FORK_OF, REL_SUBSESSION, CalleeLink, callees, judges
 from ..lean import dataclass
@@ -126,7 +126,10 @@ class Chain:
 def resolve_current(store: Store, session_id: str, *, limit: int = CHAIN_LIMIT) -> Chain:
     """The current session of the chain ``session_id`` starts: its ``continued_in``
     links followed to a session that was not continued. Raises
-    :class:`ContinuationError` for a cycle, or a chain longer than ``limit`` links."""
+    :class:`ContinuationError` for a cycle, or a chain longer than ``limit`` links (a whole
+    number, 0 or more: anything else is :class:`BadArgumentError`)."""
+    if limit.__class__ is not int or limit < 0:
+        raise BadArgumentError(f"limit is a whole number of links, 0 or more, not {quoted(limit)}")
     chain = [session_id]
     seen = {session_id}
     current = session_id

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .session import Session
     from .store import Store
 
-__all__ = ["MIN_ENTRY_PREFIX", "REF_PREFIX", "resolve_session", "resolve_entry", "resolve_object"]
+__all__ = ["MIN_ENTRY_PREFIX", "REF_PREFIX", "resolve_session", "resolve_entry", "resolve_store_entry", "resolve_object"]
 
 #: Names a ref explicitly, whatever session ids exist.
 REF_PREFIX = "ref:"
@@ -88,6 +88,29 @@ def resolve_entry(session: Session, name: str) -> str:
         legacy=lambda: _legacy_ids(session),
         where=f"session {session.id}",
     )
+
+
+def resolve_store_entry(store: Store, name: str) -> str:
+    """The id of the entry ``name`` names among every entry ``store`` holds, whichever
+    session holds it (``create --base H``: git's commit wanted, any revision taken), by
+    the one rule (:func:`~agentsession_cas.format.names.resolve_entry_name`) without its
+    ``legacy_id`` step: a legacy id names an entry within its session, and the same one
+    (``m0``) is in many. An entry is its id, content-addressed: an entry several sessions
+    hold (a fork's prefix, a pushed copy) is one candidate, two ids that share the prefix
+    are two, whichever sessions hold them, and, as git counts every object a short id
+    could name, an entry object no session holds any more (a deleted session's, until
+    ``sweep``) counts too. Looking a prefix up is the backend's
+    (:meth:`~agentsession_cas.backends.base.ObjectStore.names_starting`, then only the
+    names held as entries). A full id is taken as it stands: whether a session holds the
+    entry named is the caller's to ask (``Store.create`` refuses a base none holds, with
+    :class:`~agentsession_cas.errors.BaseNotHeldError`, code ``no_entry``)."""
+    objects = store.objects
+
+    def ids() -> list[str]:
+        digits = name[len("sha256:"):] if name.startswith("sha256:") else name
+        return [n for n in objects.names_starting(digits) if objects.held("entries", n)]
+
+    return resolve_entry_name(name, held=lambda e: True, ids=ids, legacy=None, where=store.describe())
 
 
 def resolve_object(store: Store, name: str) -> str:

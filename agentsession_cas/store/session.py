@@ -22,12 +22,13 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args, overload
 
 from ..backends.base import Append, FsckProblem, Mark, ObjectStore, Record, SessionLog
 from ..errors import (
     AgentSessionError,
     AppendRefusedError,
+    BadArgumentError,
     CorruptObjectError,
     HeadMovedError,
     IJSONError,
@@ -39,6 +40,7 @@ from ..errors import (
     SessionDamagedError,
     StoreError,
     SupersededError,
+    not_an_object_name,
     quoted,
 )
 from ..format.canonical import canonical_bytes, loads, loads_flagged, needs_careful
@@ -103,6 +105,8 @@ def iter_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> Ite
     parents is damaged objects, reported rather than looped on. The one ancestry
     walk: prefixes, paths, fork bases, repair and the server's path reads (a piece at
     a time) all go through it."""
+    if not isinstance(entry_id, str):  # (None too: an ancestry is of an entry, and None names none)
+        raise not_an_object_name(entry_id)
     seen: set[str] = set()
     current: str | None = entry_id
     while current is not None:
@@ -111,6 +115,17 @@ def iter_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> Ite
         seen.add(current)
         item, current = step(current)
         yield item
+
+
+#: The marks a session may carry (RFC 0002: its record, or a mirror of it).
+MARKS: tuple[Mark, ...] = get_args(Mark)
+
+
+def durable_given(durable: object) -> None:
+    """Refuse a ``durable=`` that is neither None (the sync policy's choice) nor a bool: a
+    string ``"false"`` would otherwise be taken as true."""
+    if durable is not None and durable.__class__ is not bool:
+        raise BadArgumentError(f"durable is True, False or None (the store's sync policy), not {quoted(durable)}")
 
 
 def walk_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> list[Any]:
@@ -225,6 +240,7 @@ class PreparedBatch:
         """Write the batch (one write of the log), committed when ``durable`` is True,
         or, by default, when any entry's sync policy asks for it. Returns each entry's
         result, in order."""
+        durable_given(durable)
         self.session._commit_batch(self, durable)
         return self.results
 
@@ -795,9 +811,10 @@ class Session:
         raises :class:`AppendRefusedError` and the batch is not made. ``durable``
         overrides the store's sync policy for the whole batch."""
         self._check_writable("appends")
-        if isinstance(entries, (str, bytes, bytearray, Mapping, Entry)):
+        if isinstance(entries, (str, bytes, bytearray, Mapping, Entry)) or not isinstance(entries, Iterable):
             raise AppendRefusedError(f"prepare takes entries (an iterable of Entry or JSON objects), not one "
                                      f"{type(entries).__name__}: {quoted(entries)}", rule="json")
+        durable_given(durable)
         self._drop_pending()
         checker = self.rules()
         trial = checker.begin()
@@ -1021,6 +1038,8 @@ class Session:
         """
         # prepare and commit of a batch of one, without the batch: its entry planned
         # as prepare plans each, written as commit writes a batch's
+        if durable is not None and durable.__class__ is not bool:
+            durable_given(durable)
         if self._closed or self.log.stopped or not self.writable or self.state.mark != "record":
             self._check_writable("appends")  # (which says why)
         if self._pending is not None:
@@ -1116,6 +1135,9 @@ class Session:
 
     def set_head(self, new: str | None, *, expected: str | None) -> None:
         """Compare-and-swap the head, durably. ``expected`` None means "no head"."""
+        if expected is not None and not is_hash(expected):
+            raise BadArgumentError(f"the expected head is an entry id (sha256: and 64 lowercase hex digits) or None "
+                                   f"(no head), not {quoted(expected)}")
         self._check_writable("head moves")
         self._drop_pending()
         if self.head != expected:
@@ -1134,10 +1156,10 @@ class Session:
 
     def set_mark(self, mark: Mark) -> None:
         """Set the record mark (``record`` or ``mirror``), committed before it returns."""
+        if mark not in MARKS:
+            raise BadArgumentError(f"a mark is 'record' or 'mirror', not {quoted(mark)}")
         if not self.writable or self._closed:
             raise ReadOnlyError(f"session {self.id} is open read-only")
-        if mark not in ("record", "mirror"):
-            raise StoreError(f"mark must be 'record' or 'mirror', not {mark!r}")
         self._check_open()
         self._drop_pending()
         self.log.write([{"op": "mark", "mark": mark}], commit=True)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..backends import DEFAULT_STORE, default_store_path, open_backend
 from ..backends.base import (
+    SPACES,
     Backend,
     CreatedRecords,
     LogHistory,
@@ -36,6 +37,7 @@ from ..backends.digests import EntryDigests
 from ..errors import (
     AgentSessionError,
     AppendRefusedError,
+    BadArgumentError,
     BadBaseError,
     BadNameError,
     BaseNotHeldError,
@@ -160,7 +162,7 @@ class Store:
 
     def __init__(self, target: str | PathLike[str] | Backend | None = None, *, readonly: bool = False, sync: str = "always"):
         if sync not in SYNC_POLICIES:
-            raise StoreError(f"unknown sync policy {sync!r}: use one of {', '.join(SYNC_POLICIES)}")
+            raise BadArgumentError(f"unknown sync policy {quoted(sync)}: use one of {', '.join(SYNC_POLICIES)}")
         if isinstance(target, Backend):
             self.backend = target
         else:
@@ -407,6 +409,9 @@ class Store:
             if base not in o and base != o.base and base not in o.prefix_set:
                 raise BaseNotHeldError(f"entry {base} is not on session {origin} (its own entries, base or prefix)")
             media, payload = o.header.data.get("media"), o.header.payload
+            if header is not None and not isinstance(header, Mapping):
+                raise BadArgumentError(f"a fork's header members are a JSON object (a dict), not "
+                                       f"{type(header).__name__}: {quoted(header)}")
             data: dict[str, Any] = dict(header or {})
             if session_id is not None:
                 data["id"] = session_id
@@ -443,6 +448,9 @@ class Store:
         A session continued already is refused (:class:`SupersededError`), and when
         the link cannot be appended the successor is deleted. Returns the successor,
         open for writing."""
+        if summary is not None and not isinstance(summary, Mapping):
+            raise BadArgumentError(f"a summary is an item, a JSON object (a dict), not {type(summary).__name__}: "
+                                   f"{quoted(summary)}")
         old = self.session(session_id)
         if old.superseded_by is not None:
             raise SupersededError(f"session {session_id} was continued in {old.superseded_by} already; continue that one",
@@ -650,8 +658,15 @@ class Store:
         try:
             return self.objects.get(space, name)
         except (NoSuchObjectError, TypeError):  # (TypeError: a name given that is no string)
-            if not is_hash(name):
-                raise not_an_object_name(name) from None
+            _refuse_no_names((name,))
+            raise
+
+    def _get_many(self, space: Space, names: Sequence[str]) -> builtins.list[bytes]:
+        """:meth:`_get` of each name, in one :meth:`ObjectStore.get_many`."""
+        try:
+            return self.objects.get_many(space, names)
+        except (NoSuchObjectError, TypeError):
+            _refuse_no_names(names)
             raise
 
     def envelope(self, entry_id: str) -> dict[str, Any]:
@@ -681,17 +696,14 @@ class Store:
         envelopes, then their contents: :meth:`ObjectStore.get_many`, every object
         verified), so a walk over a whole session costs a backend whose reads are round
         trips (PostgreSQL) a few hundred of them, not two an entry."""
+        if isinstance(entry_ids, (str, bytes)) or not isinstance(entry_ids, Sequence):
+            raise BadArgumentError(f"entries takes a sequence of entry ids, not {type(entry_ids).__name__}: "
+                                   f"{quoted(entry_ids)}")
         objects = self.objects
         step = _ProjectionWalk.CHUNK  # (the projection's walk reads so too)
         for at in range(0, len(entry_ids), step):
             chunk = entry_ids[at : at + step]
-            try:
-                envelopes = objects.get_many("entries", chunk)
-            except (NoSuchObjectError, TypeError):  # (TypeError: a name given that is no string)
-                for eid in chunk:
-                    if not is_hash(eid):
-                        raise not_an_object_name(eid) from None
-                raise
+            envelopes = self._get_many("entries", chunk)
             envs = [envelope_parts(b, eid, objects) for eid, b in zip(chunk, envelopes)]
             contents = objects.get_many("contents", [env["content"] for env, _ in envs])
             for eid, (env, env_careful), content in zip(chunk, envs, contents):
@@ -790,6 +802,8 @@ class Store:
     def put_blob(self, data: bytes) -> str:
         """Store a media blob durably; return its ``sha256:`` name (use as ``sidecar:<name>``)."""
         self._require_writable()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise BadArgumentError(f"a blob is bytes, not {type(data).__name__}: {quoted(data)}")
         name = sha256_ref(data)
         self.objects.put("blobs", name, data, durable=True)
         return name
@@ -801,7 +815,9 @@ class Store:
         """An object's verified bytes and its space, looked up in every space unless one is given."""
         if not is_hash(name):
             raise not_an_object_name(name)
-        spaces: builtins.list[Space] = [space] if space else ["entries", "contents", "blobs"]
+        if space is not None and space not in SPACES:
+            raise BadArgumentError(f"unknown object space {quoted(space)}: one of {', '.join(SPACES)}")
+        spaces: builtins.list[Space] = [space] if space else list(SPACES)
         unread = None
         for sp in spaces:
             try:
@@ -951,6 +967,9 @@ class Store:
     ) -> Session:
         from ..format.reader import gc_paused, read_session_bytes
 
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise BadArgumentError(f"import_bytes takes a session file's bytes, not {type(data).__name__}: "
+                                   f"{quoted(data)}")
         with gc_paused():
             sf = read_session_bytes(data, source=source, keep_objects=True, progress=progress)
             return self.import_session(sf, record=record)
@@ -1301,6 +1320,16 @@ def _objects_of(entries: list[Entry]) -> list[tuple[Space, str, bytes]]:
 
 #: The envelopes :meth:`Store.ancestry_along` reads at once: first, and at most.
 _ALONG_FIRST, _ALONG_MOST = 16, 256
+
+
+def _refuse_no_names(names: Iterable[object]) -> None:
+    """Where a read by name failed: the first of ``names`` that is no object name is
+    ``bad_name`` (:func:`~agentsession_cas.errors.not_an_object_name`), whatever the
+    backend said of it; when every one is a name, the backend's error stands. The one
+    handler of :meth:`Store._get` and :meth:`Store._get_many`."""
+    for name in names:
+        if not is_hash(name):
+            raise not_an_object_name(name) from None
 
 
 def _parent_of(env: Mapping[str, Any]) -> str | None:

@@ -1,0 +1,251 @@
+"""A caller's bad argument is the caller's mistake (``BadArgumentError``, code
+``bad_argument``), never the store's (``store_fault``), nor a raw ``TypeError``, nor a
+silent answer; and the exchange commands check the names they are given before any
+store or network work (docs/cli.md "Naming sessions and entries")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agentsession_cas import BadArgumentError, Header
+from agentsession_cas.errors import BadNameError, ReadOnlyError, StoreError
+from agentsession_cas.exchange.wire import error_from_problem, problem_body, wire_status
+from agentsession_cas.store import Store
+from agentsession_cli.main import main
+
+ITEM = {"type": "item", "item": {"type": "message", "role": "user", "content": "hi"}}
+
+
+@pytest.fixture
+def st():
+    with Store.init("memory:") as store:
+        yield store
+
+
+def _session(st: Store):
+    s = st.create(Header.new("s1"))
+    s.append(ITEM)
+    return s
+
+
+# Each public method given a value of the wrong type, out of range or not one it names:
+# (what, call, the words the error says). Each raised store_fault, a raw TypeError, or
+# answered as if nothing were wrong, before.
+BAD_ARGUMENTS = {
+    "Session.set_mark junk": (lambda st, s: s.set_mark("junk"), "a mark is 'record' or 'mirror', not 'junk'"),
+    "Session.set_mark None": (lambda st, s: s.set_mark(None), "a mark is 'record' or 'mirror', not None"),
+    "Store sync": (lambda st, s: Store("memory:", sync="bogus"), "unknown sync policy 'bogus'"),
+    "Store.put_blob str": (lambda st, s: st.put_blob("text"), "a blob is bytes, not str: 'text'"),
+    "Store.import_bytes str": (lambda st, s: st.import_bytes("text"), "import_bytes takes a session file's bytes, not str"),
+    "Store.cat_object space": (lambda st, s: st.cat_object(s.head, "media"), "unknown object space 'media'"),
+    "Store.entries str": (lambda st, s: list(st.entries(s.head)), "entries takes a sequence of entry ids, not str"),
+    "Store.fork header": (lambda st, s: st.fork("s1", header=[("id", "x")]), "a fork's header members are a JSON object"),
+    "Store.continue_session summary": (lambda st, s: st.continue_session("s1", summary="done"),
+                                       "a summary is an item, a JSON object (a dict), not str"),
+    "Store.resolve_current limit -1": (lambda st, s: st.resolve_current("s1", limit=-1),
+                                       "limit is a whole number of links, 0 or more, not -1"),
+    "Store.resolve_current limit str": (lambda st, s: st.resolve_current("s1", limit="9"),
+                                        "limit is a whole number of links, 0 or more, not '9'"),
+    "Session.append durable str": (lambda st, s: s.append(dict(ITEM, ts="2026-12-04T05:00:00Z"), durable="false"),
+                                   "durable is True, False or None"),
+    "Session.prepare durable int": (lambda st, s: s.prepare([dict(ITEM, ts="2026-12-04T05:00:00Z")], durable=0),
+                                    "durable is True, False or None"),
+    "PreparedBatch.commit durable": (lambda st, s: s.prepare([dict(ITEM, ts="2026-12-04T05:00:00Z")]).commit(durable="no"),
+                                     "durable is True, False or None"),
+    "Session.set_head expected": (lambda st, s: s.set_head(s.head, expected="abcd"),
+                                  "the expected head is an entry id (sha256: and 64 lowercase hex digits) or None"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(BAD_ARGUMENTS))
+def test_a_bad_argument_is_the_callers_mistake(st, what):
+    s = _session(st)
+    call, words = BAD_ARGUMENTS[what]
+    before = (s.head, len(s), s.mark, st.list())
+    with pytest.raises(BadArgumentError) as caught:
+        call(st, s)
+    err = caught.value
+    assert err.code == "bad_argument" and err.status == 400 and isinstance(err, ValueError)
+    assert not isinstance(err, StoreError)  # (not the store's fault: a caller catching StoreError is not told so)
+    assert words in str(err), str(err)
+    assert (s.head, len(s), s.mark, st.list()) == before  # nothing written
+
+
+def test_a_bad_mark_is_said_before_read_only(tmp_path):
+    Store.init(tmp_path / "s").close()
+    with Store.init(tmp_path / "s") as st:
+        _session(st)
+    with Store(tmp_path / "s", readonly=True) as ro:
+        s = ro.session("s1")
+        with pytest.raises(BadArgumentError):
+            s.set_mark("junk")
+        with pytest.raises(ReadOnlyError):
+            s.set_mark("mirror")
+
+
+@pytest.mark.parametrize("walk", ["Store.ancestry", "Store.path_to", "Store.ancestry_up", "Session.ancestry"])
+def test_the_ancestry_of_none_is_no_name_not_an_empty_path(st, walk):
+    """``Store.ancestry(None)`` answered ``[]``, as if None were a root's parent: now the
+    read by a name that is no name, as ``Store.entry(None)`` is (``bad_name``)."""
+    s = _session(st)
+    call = {"Store.ancestry": lambda: st.ancestry(None), "Store.path_to": lambda: st.path_to(None),
+            "Store.ancestry_up": lambda: list(st.ancestry_up(None)), "Session.ancestry": lambda: s.ancestry(None)}[walk]
+    with pytest.raises(BadNameError) as caught:
+        call()
+    assert caught.value.code == "bad_name"
+    assert str(caught.value) == "None is not an object name (sha256: and 64 lowercase hex digits)"
+
+
+def test_good_arguments_still_pass(st):
+    s = _session(st)
+    s.set_mark("mirror")
+    s.set_mark("record")
+    r = s.append(dict(ITEM, ts="2026-12-04T05:00:01Z"), durable=False)
+    s.prepare([dict(ITEM, ts="2026-12-04T05:00:02Z")], durable=None).commit(durable=True)
+    s.set_head(r.id, expected=s.head)
+    assert st.resolve_current("s1", limit=0).current == "s1"
+    assert st.cat_object(s.head, "entries")[0] == "entries"
+    assert st.blob(st.put_blob(bytearray(b"x"))) == b"x"
+    assert [e.id for e in st.entries((s.head,))] == [s.head]
+
+
+def test_bad_argument_crosses_the_wire_as_itself():
+    """Over RFC 0003 the code is the protocol's fallback (``store_fault``, which has no
+    code for a malformed request, as for ``bad_name``), the status 400, and the client
+    raises the same class from ``library_code``."""
+    exc = BadArgumentError("a mark is 'record' or 'mirror', not 'junk'")
+    body = problem_body(exc)
+    assert (body["code"], body["library_code"], body["status"], wire_status(exc)) == (
+        "store_fault", "bad_argument", 400, 400)
+    back = error_from_problem(400, body, where="remote http://x")
+    assert type(back) is BadArgumentError and back.code == "bad_argument" and back.status == 400
+
+
+# -- the exchange commands: names checked before any work ------------------------------------
+
+SID = "s1"
+
+
+def cli(store: Path, *args: str):
+    return CliRunner().invoke(main, ["--store", str(store), *args], catch_exceptions=False)
+
+
+def tree_snapshot(root: Path) -> dict[str, bytes]:
+    """Every file of a store but its lock files, by path."""
+    return {str(p): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and "locks" not in p.parts}
+
+
+@pytest.fixture
+def pushed(tmp_path):
+    """A store holding session s1 (a record of 2 entries, ref chat/one) pushed to a remote."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with Store.init(a) as st:
+        s = st.create(Header.new(SID))
+        ids = [s.append(dict(ITEM, ts=f"2026-12-04T05:00:0{i}Z")).id for i in range(2)]
+    Store.init(b).close()
+    assert cli(a, "ref", "update", "chat/one", SID).exit_code == 0
+    assert cli(a, "push", SID, str(b)).exit_code == 0
+    return a, b, ids
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["push", SID, "{b}", "--ref", "chat//one"], "invalid ref name 'chat//one'"),
+    (["push", SID, "{b}", "--ref", "con"], "names a Windows device"),
+    (["push", SID, "{b}", "--ref", "chat/one:../x"], "EXPECTED, what the ref holds, is a session id"),
+    (["handover", SID, "{b}", "--ref", ":s1"], "invalid ref name ''"),
+    (["fetch", SID, "{b}", "--ref", "chat/one:a b"], "session id 'a b' is not usable"),
+    (["declare-record", "nope", "--remote", "{b}", "--expect", "abcd"],
+     "'abcd' is not a full entry id (sha256: and 64 lowercase hex digits, or the 64 digits; '' for no head)"),
+])
+def test_a_bad_ref_or_expected_head_is_a_usage_error_before_any_work(pushed, argv, words):
+    """--ref NAME[:EXPECTED] went to the library unchecked (a bad name refused after the
+    objects were sent, exit 1); --expect of a session this store lacks went to the remote
+    as it was. Both are now usage errors (exit 2, code usage), the remote untouched."""
+    a, b, _ = pushed
+    argv = [str(b) if x == "{b}" else x for x in argv]
+    snap = tree_snapshot(b)
+    r = cli(a, *argv, "--json")
+    assert r.exit_code == 2 and r.stdout == "", (argv, r.stderr)
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == "usage" and words in err["message"], err
+    assert tree_snapshot(b) == snap
+    r = cli(a, *argv)
+    assert r.exit_code == 2 and "Invalid value for '--" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_good_refs_and_expected_heads_still_pass(pushed):
+    a, b, ids = pushed
+    with Store(a) as st:
+        head = st.session(SID).append(dict(ITEM, ts="2026-12-04T05:00:09Z")).id
+    r = cli(a, "push", SID, str(b), "--ref", "chat/one:", "--expect", ids[-1][7:], "--json")  # 64 digits: the full id
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["head"]["expected"], out["head"]["after"]) == (ids[-1], head)
+    assert [(x["name"], x["moved"]) for x in out["refs"]] == [("chat/one", True)]
+    r = cli(a, "fetch", SID, str(b), "--ref", f"chat/one:{SID}", "--json")
+    assert r.exit_code == 0, r.stderr
+    # declare-record --remote of a session this store lacks: a full id goes to the remote as it stands
+    c = a.parent / "c"
+    Store.init(c).close()
+    r = cli(c, "declare-record", SID, "--remote", str(b), "--expect", "sha256:" + "0" * 64, "--json")
+    assert r.exit_code == 1 and json.loads(r.stderr)["error"]["code"] == "head_moved", r.stderr
+
+
+# -- create --base: an entry named as everywhere, among every entry the store holds ------------
+
+
+def test_create_base_takes_a_unique_prefix_of_any_sessions_entry(pushed):
+    """``create --base`` took a full id only (a prefix was refused as a base no session
+    holds); now the one rule, among the entries of every session."""
+    a, _, ids = pushed
+    with Store(a) as st:
+        st.fork(SID, ids[0], session_id="s2")  # s2 holds ids[0] on its prefix: one entry, one candidate
+    for name, new in ((ids[0][7:15], "f1"), (ids[1][:15], "f2"), (ids[1][7:], "f3")):
+        r = cli(a, "create", "--id", new, "--base", name, "--json")
+        assert r.exit_code == 0, (name, r.stderr)
+        assert json.loads(r.stdout)["base"] == json.loads(r.stdout)["head"] == (ids[0] if new == "f1" else ids[1])
+
+
+@pytest.mark.parametrize("name, code, words", [
+    ("abc", "bad_name", "'abc' is not an entry id nor a prefix of one (4 to 64 lowercase hex digits, with or without "
+                        "sha256:), for an entry in the store at "),
+    ("m0", "bad_name", "'m0' is not an entry id nor a prefix of one"),
+    ("ffffffff", "no_entry", "no such entry: ffffffff (no id or id prefix in the store at "),
+    ("sha256:" + "f" * 64, "no_entry", "is not an entry this store holds"),
+])
+def test_create_base_refuses_as_the_one_rule_does(pushed, name, code, words):
+    a, _, ids = pushed
+    if any(i.startswith("sha256:ffffffff") for i in ids):  # pragma: no cover
+        pytest.skip("astronomically unlikely")
+    r = cli(a, "create", "--id", "f9", "--base", name, "--json")
+    assert r.exit_code == 1, r.stderr
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == code and words in err["message"], err
+    with Store(a, readonly=True) as st:
+        assert "f9" not in st
+
+
+def test_create_base_prefix_of_two_entries_is_ambiguous_across_sessions(tmp_path):
+    """Two different entries sharing a prefix are ambiguous wherever they are held (here
+    in two sessions), listing both."""
+    root = tmp_path / "s"
+    seen: dict[str, str] = {}
+    with Store.init(root) as st:
+        i = 0
+        while True:
+            s = st.create(Header.new(f"s{i}"))
+            eid = s.append(dict(ITEM, ts="2026-12-04T05:00:00Z", item={**ITEM["item"], "content": f"m{i}"})).id
+            if eid[7:11] in seen:
+                shared, pair = eid[7:11], sorted([seen[eid[7:11]], eid])
+                break
+            seen[eid[7:11]] = eid
+            i += 1
+    r = cli(root, "create", "--id", "fork", "--base", shared, "--json")
+    assert r.exit_code == 1
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == "ambiguous" and err["candidates"] == pair
+    assert err["message"].startswith(f"{shared} is the start of 2 entry ids in the store at ")
