@@ -81,6 +81,8 @@ KINDS = {k.name: k for k in BACKENDS}
 UNHELD = "sha256:" + "0" * 64  # an entry id no store holds
 T0 = datetime(2026, 10, 5, 12, 0, 0, tzinfo=UTC)
 
+#: A request_hash no path rebuilds (a response kept with a finding: append_call).
+WRONG_REQUEST_HASH = "sha256:" + "0" * 64
 #: Session ids: created and forked sessions take these, imported ones ``IMPORT_IDS``; a
 #: pool this small has ids taken again after a delete (a ref then finds it "replaced").
 SESSION_IDS = ("s0", "s1", "s2", "s3")
@@ -536,7 +538,7 @@ class Machine(RuleBasedStateMachine):
         if kind == "response":
             entry: dict[str, Any] = {"type": "response", "status": "completed"}
         elif kind == "response_hash":
-            entry = {"type": "response", "status": "completed", "request_hash": "sha256:" + "0" * 64}
+            entry = {"type": "response", "status": "completed", "request_hash": WRONG_REQUEST_HASH}
         elif kind == "function_call":
             entry = {"type": "item", "item": {"type": "function_call", "call_id": call, "name": "f", "arguments": "{}"}}
         else:
@@ -696,6 +698,13 @@ class Machine(RuleBasedStateMachine):
         renamed = Header(header).canonical_line() + rest
         got = self.same(lambda st: st.import_bytes(renamed, record=record),
                         lambda s: (s.id, s.head, s.base, list(s.log_order), s.head_adjusted))
+        if b'"request_hash":"' + WRONG_REQUEST_HASH.encode() in rest:
+            # A response kept with a request_hash its path does not rebuild (append_call):
+            # the store kept it, but an import refuses it, as verify fails it (docs/rules.md:
+            # refusing a file loses nothing), alike on every backend.
+            event("export_import: refused, a kept request_hash finding")
+            assert isinstance(got, Refused) and got.code == "bad_file" and "MISMATCH" in got.message, got
+            return
         if new in self.model.sessions:
             self.expect_refused(got, SessionExistsError, "session_exists")
             return
