@@ -599,6 +599,8 @@ def create(base: str | None, header_file: str | None, new_id: str | None, fork_l
     """
     if fork_link and base is None:
         raise click.UsageError("--link records the session a fork was made from: give --base")
+    if new_id is not None:
+        check_session_id(new_id)  # (before the header: '--id ""' is a bad id, not a header without one)
     if header_file is not None:
         if header_file == "-":
             data = _stdin_json("header")

@@ -885,7 +885,8 @@ def test_append_at_a_terminal_refuses_an_unknown_session_before_the_entry_is_typ
     assert r.exit_code == 0 and r.stderr == "agentsession: note: reading standard input (end it with Ctrl-D)\n"
 
 
-@pytest.mark.parametrize("args", [["log", "../x"], ["head", "../x"], ["delete", "../x"], ["log", ".."], ["create", "--id", "a/b"]])
+@pytest.mark.parametrize("args", [["log", "../x"], ["head", "../x"], ["delete", "../x"], ["log", ".."], ["create", "--id", "a/b"],
+                                  ["create", "--id", ""], ["create", "--id", "", "--header", "-"]])
 def test_bad_session_id_is_refused_before_any_path(store, args):
     one_error(cli(store, *args), "not usable")
 
