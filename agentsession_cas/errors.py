@@ -144,9 +144,9 @@ class BadArgumentError(AgentSessionError, ValueError):
     """A caller's argument the library cannot take, whatever the store holds: a value of
     the wrong type (a blob that is no bytes), out of its range (a negative limit), not
     one of the values it names (a mark that is neither ``record`` nor ``mirror``, an
-    unknown sync policy or object space), or None where an entry is wanted. The caller's
-    mistake, never the store's: nothing was read or written (a name that is no name is
-    :class:`BadNameError`, a value the format refuses :class:`EntryError`)."""
+    unknown sync policy or object space). The caller's mistake, never the store's:
+    nothing was read or written (a name that is no name, None where an entry is wanted
+    included, is :class:`BadNameError`; a value the format refuses :class:`EntryError`)."""
 
     code = "bad_argument"
     status = 400
