@@ -178,3 +178,17 @@ def test_an_open_stream_that_finds_its_place_past_the_commit_says_committed(tmp_
     assert lazy != later
     follow.close()
     st.close()
+
+
+def test_a_cursor_with_digits_that_are_not_ascii_is_no_cursor():
+    """A cursor comes from the client (``Last-Event-ID``, ``after``): digits ``int`` does
+    not take ('²' is a digit to ``str.isdigit``) are no cursor of this server's, never a
+    ValueError inside a stream already answering."""
+    from agentsession_cas.server.follow import _event_index
+
+    tag, check = "a" * 16, "b" * 16
+    assert parse_cursor(f"3-{tag}-{check}") is not None
+    assert parse_cursor(f"²-{tag}-{check}") is None
+    assert parse_cursor(f"٣-{tag}-{check}") is None  # (an Arabic-Indic three: decimal, not ASCII)
+    assert _event_index(f"3-{tag}-{check}.1") == 1
+    assert _event_index(f"3-{tag}-{check}.²") == 0

@@ -366,16 +366,19 @@ def findings(check: StoredCheck) -> list[FsckProblem]:
 
 
 def _kept_finding(code: str) -> bool:
-    """Whether a store keeps an entry that breaks the rule ``code`` (and reports it)."""
+    """Whether a store keeps an entry that breaks the rule ``code`` and reports it, where
+    the rule is found by what the entry's path records (``request_hash``). The media's
+    findings are not among them: a blob lacking or corrupt is the walk's to say."""
     rule = RULES.get(code)
-    return rule is not None and rule.store == "finding"
+    return rule is not None and rule.store == "finding" and rule.scope == "context"
 
 
 def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str], None] | None = None) -> None:
     """fsck's walk over the seam: every session verified as :func:`verify_stored` does,
     and held, as the file walk holds it, to what a store enforces: what the rule table
     has a store keep and report (``request_hash``: store policy ``finding``) is
-    ``--deep``'s to report, as ``verify`` does, not damage."""
+    ``--deep``'s to report, as ``verify`` does, not damage. A session with damage too
+    is reported whole, since ``--deep`` passes by a session the walk found damaged."""
     ids = store.list()
     report.counts["sessions"] = len(ids)
     for i, sid in enumerate(ids, start=1):
@@ -386,7 +389,11 @@ def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str]
         except NoSuchSessionError:
             report.counts["sessions"] -= 1  # deleted since it was listed: nothing to check
             continue
-        report.problems.extend(p for p in findings(check) if not _kept_finding(p.code))
+        found = findings(check)
+        if any(not _kept_finding(p.code) for p in found):
+            report.problems.extend(found)  # damaged: --deep passes it by, so all is said here
+        else:
+            report.problems.extend(p for p in found if not _kept_finding(p.code))
         for n in check.notes:  # verify's remarks and warnings, with their codes, as --deep's
             report.add(n["severity"], n["code"], f"session {sid}: {n['message']}", session=sid, file=n.get("file"),
                        object=n.get("object"), space=n.get("space"))

@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ..backends.base import Space
+from ..backends.base import COMMIT_POINTS, Space
 from ..errors import (
     AgentSessionError,
     AppendRefusedError,
@@ -1481,7 +1481,7 @@ def _log_lines(sid: str, records: list[dict[str, Any]], header: dict[str, Any], 
     follow resumes it (``server.follow.locate``): one this log cannot be resumed from is
     ``session_replaced``, to be read afresh."""
     ident = header_ident(header)
-    last_commit = max((i for i, r in enumerate(records) if r.get("op") in ("commit", "create")), default=-1)
+    last_commit = max((i for i, r in enumerate(records) if r.get("op") in COMMIT_POINTS), default=-1)
     upto = last_commit + 1 if durable else len(records)
     told, start = Told(), 0
     if after is not None:

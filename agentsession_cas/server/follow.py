@@ -275,7 +275,7 @@ def parse_cursor(cursor: str) -> tuple[int, str, str] | None:
     if len(parts) != 3:
         return None
     pos, tag, check = parts
-    if not (pos.isdigit() and len(pos) <= 18 and len(tag) == 16 and len(check) == 16):
+    if not (pos.isascii() and pos.isdecimal() and len(pos) <= 18 and len(tag) == 16 and len(check) == 16):
         return None
     return int(pos), tag, check
 
@@ -440,7 +440,7 @@ class Stream:
                 cursor = cursor_of(i + 1, view.ident, told.check())
                 out.append(self.frame("head", {"leaf": rec.get("head"), "durable": durable, "cursor": cursor}, cursor))
                 self.uncommitted |= not durable
-            elif op in ("commit", "create") and self.uncommitted:
+            elif op in COMMIT_POINTS and self.uncommitted:
                 cursor = cursor_of(i + 1, view.ident, told.check())
                 out.append(self.frame("committed", {"cursor": cursor}, cursor))
                 self.uncommitted = False
@@ -490,7 +490,7 @@ def _event_index(event_id: str) -> int:
     """The index among its cursor's events of the event ``event_id`` names (0 for a bare
     cursor)."""
     _, dot, n = event_id.rpartition(".")
-    return int(n) if dot and n.isdigit() and len(n) <= 4 else 0
+    return int(n) if dot and n.isascii() and n.isdecimal() and len(n) <= 4 else 0
 
 
 def _uncommitted(records: list[dict[str, Any]], position: int, last_commit: int = -1, *, lazy: bool = False) -> bool:
