@@ -400,6 +400,9 @@ class Store:
         session it was made from, which the header's provenance may not say). Returns
         the fork, open for writing."""
         self._require_writable()
+        if header is not None and not isinstance(header, Mapping):  # (the caller's, before anything is read)
+            raise BadArgumentError(f"a fork's header members are a JSON object (a dict), not "
+                                   f"{type(header).__name__}: {quoted(header)}")
         held = self._open.get(origin)  # open here: its head may be an append not yet committed
         o = held if held is not None else self.read(origin)
         try:
@@ -409,9 +412,6 @@ class Store:
             if base not in o and base != o.base and base not in o.prefix_set:
                 raise BaseNotHeldError(f"entry {base} is not on session {origin} (its own entries, base or prefix)")
             media, payload = o.header.data.get("media"), o.header.payload
-            if header is not None and not isinstance(header, Mapping):
-                raise BadArgumentError(f"a fork's header members are a JSON object (a dict), not "
-                                       f"{type(header).__name__}: {quoted(header)}")
             data: dict[str, Any] = dict(header or {})
             if session_id is not None:
                 data["id"] = session_id
@@ -860,6 +860,9 @@ class Store:
         raised before a file is put in place. The projection streams to the file.
         Returns how many blobs a stream output left unwritten. ``progress(lines, total)``
         is called as the lines are written (:mod:`agentsession_cas.progress`)."""
+        if not isinstance(path, (str, PathLike)):
+            raise BadArgumentError(f"export_to writes to a path (str or os.PathLike), not {type(path).__name__}: "
+                                   f"{quoted(path)}")
         blobs: dict[str, bytes] = {}
         lines: Iterator[bytes] = self.export_lines(session_id)
         if progress is not None:
