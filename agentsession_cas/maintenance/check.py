@@ -390,10 +390,9 @@ def check_sessions(store: Store, report: FsckReport, *, progress: Callable[[str]
             report.counts["sessions"] -= 1  # deleted since it was listed: nothing to check
             continue
         found = findings(check)
-        if any(not _kept_finding(p.code) for p in found):
-            report.problems.extend(found)  # damaged: --deep passes it by, so all is said here
-        else:
-            report.problems.extend(p for p in found if not _kept_finding(p.code))
+        if all(_kept_finding(p.code) for p in found):
+            found = []  # only what the store keeps: --deep's to say (a damaged session's is said here)
+        report.problems.extend(found)
         for n in check.notes:  # verify's remarks and warnings, with their codes, as --deep's
             report.add(n["severity"], n["code"], f"session {sid}: {n['message']}", session=sid, file=n.get("file"),
                        object=n.get("object"), space=n.get("space"))

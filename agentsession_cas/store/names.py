@@ -26,7 +26,7 @@ from ..errors import (
     SessionDamagedError,
     quoted,
 )
-from ..format.hashing import is_hash
+from ..format.hashing import HASH_PREFIX, is_hash
 from ..format.names import MIN_ENTRY_PREFIX, check_session_id, resolve_entry_name, the_one
 from .refs import Refs
 
@@ -107,7 +107,7 @@ def resolve_store_entry(store: Store, name: str) -> str:
     objects = store.objects
 
     def ids() -> list[str]:
-        digits = name[len("sha256:"):] if name.startswith("sha256:") else name
+        digits = name.removeprefix(HASH_PREFIX)
         return [n for n in objects.names_starting(digits) if objects.held("entries", n)]
 
     return resolve_entry_name(name, held=lambda e: True, ids=ids, legacy=None, where=store.describe())
