@@ -64,6 +64,7 @@ from ...maintenance.sweep import RawNames, Retention
 from ...store.state import index_damage, replay, stale_head
 from ..base import COMMIT_POINTS, FsckProblem, FsckReport
 from . import FileBackend
+from .locks import PACK_LOCK
 from .log import Record, header_of, read_log, read_snapshot_ids, scan_log, snapshot_ids_disagree
 from .objects import DROPPED_PACK, HASH_FIRST, FileObjects
 from .packs import SPACE_BITS, Pack, salvage_pack
@@ -99,7 +100,7 @@ _ROOT_NAMES = {
     "trash": "dir",
     "refs": "dir",
     "refs.lock": "file",
-    "pack.lock": "file",  # the pack lock (backends/files/locks.py)
+    PACK_LOCK: "file",  # the pack lock (backends/files/locks.py)
     "refs.log": "file",  # the refs' history (backends/files/refs.py)
     "remotes": "dir",  # what exchange remembers of each remote (docs/storage-format.md)
     "migrated": "dir",  # what `migrate` kept for the operator (docs/migrate.md)
