@@ -24,6 +24,7 @@ from agentsession_cas.errors import (
     AgentSessionError,
     BadNameError,
     ContinuationError,
+    DanglingRefError,
     IJSONError,
     LayoutError,
     NoSuchSessionError,
@@ -197,6 +198,8 @@ def open_target(target: Target, *, files: bool) -> tuple[Store, Session]:
         if files and not target.via_path:
             fail(f"{target.arg}: no such file, nor a session: {exc}", code=exc.code)
         raise
+    except DanglingRefError:
+        raise  # a ref that names a session no more: say so, not "no such file"
     except NoSuchSessionError as exc:
         if files and not target.via_path:
             fail(f"{target.arg}: no such file, nor a session of the store at {target.root}", code=exc.code)
@@ -387,6 +390,8 @@ def _open_for_verify(target: Target) -> Store:
     if not target.via_path:
         try:
             target.session_id = resolve_session(store, target.session_id)
+        except DanglingRefError:
+            raise  # as in open_target
         except NoSuchSessionError as exc:
             fail(f"{target.arg}: no such file, nor a session of the store at {target.root}", code=exc.code)
     if target.session_id not in store:

@@ -809,6 +809,22 @@ def test_cli_dangling_refs_are_shown(root):
     assert json.loads(ok(cli(root, "ref", "show", "gone", "--json")))["state"] == "dangling"
 
 
+@pytest.mark.parametrize("command", ["show", "verify", "export", "log", "head"])
+@pytest.mark.parametrize("written", ["ref:gone", "gone"])
+def test_cli_a_dangling_ref_read_says_it_dangles(root, command, written):
+    """Commands that take a file or a session said "no such file, nor a session" of a
+    dangling ref (a NoSuchSessionError they reworded): the ref's own error says more."""
+    ok(cli(root, "ref", "update", "gone", "s1"))
+    ok(cli(root, "delete", "s1"))
+    result = cli(root, command, written)
+    one_error(result, "ref gone is dangling")
+    assert "no such file" not in result.stderr
+    if command in ("show", "verify", "log"):
+        result = cli(root, command, "--json", written)
+        assert result.exit_code == 1 and result.stdout == ""
+        assert json.loads(result.stderr)["error"]["code"] == "ref_dangling"
+
+
 def test_cli_reads_write_nothing_and_a_damaged_file_fails_the_listing(root):
     ok(cli(root, "ref", "update", "a", "s1"))
     ok(cli(root, "ref", "update", "b", "s2"))
