@@ -175,3 +175,31 @@ def test_postgresql_fsck_names_a_missing_log_position_once():
             c.execute("DELETE FROM log WHERE pos = 5")
         gaps = [p for p in fsck(st).problems if p.code == "log-gap"]
     assert [(p.line, p.message) for p in gaps] == [(6, "session s1: log position 5 is missing (next is 6)")]
+
+
+def test_migrate_of_a_store_path_that_is_a_file_is_refused_as_no_store(tmp_path):
+    """Every command says `no store` of a --store that is a file; migrate said
+    "PATH/journal: Not a directory" (os_error), where its refusal report is due."""
+    path = tmp_path / "session.jsonl"
+    path.write_bytes((FIXTURES / "basic.jsonl").read_bytes())
+    r = cli("--store", str(path), "migrate", "--json")
+    assert r.exit_code == 1
+    out = json.loads(r.stdout)
+    assert (out["status"], out["code"]) == ("refused", "migration") and "no store" in out["error"], out
+    assert path.read_bytes() == (FIXTURES / "basic.jsonl").read_bytes()
+
+
+def test_a_lock_file_that_is_a_directory_is_named_so_not_a_session_file(tmp_path):
+    """Every EISDIR was "is a directory, not a session file", a lock's too: only a session
+    file named where one is read says that (the reader's own error)."""
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        st.create(Header.new("s1"))
+    lock = root / "locks" / "s1.lock"
+    lock.unlink()
+    lock.mkdir()
+    r = cli("--store", str(root), "repair", "s1", "--yes")
+    assert r.exit_code == 1
+    assert "s1.lock: Is a directory" in r.output and "session file" not in r.output, r.output
+    r = cli("--store", str(root), "import", str(tmp_path))
+    assert r.exit_code == 1 and "is a directory, not a session file" in r.output, r.output
