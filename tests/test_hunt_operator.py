@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 import pg_server
-from agentsession_cas import Header
+from agentsession_cas import Header, make_entry
 from agentsession_cas.backends.files.migrate_reference import migrate_store
 from agentsession_cas.backends.postgresql.database import parse_url
 from agentsession_cas.errors import MigrationError
@@ -203,3 +203,45 @@ def test_a_lock_file_that_is_a_directory_is_named_so_not_a_session_file(tmp_path
     assert "s1.lock: Is a directory" in r.output and "session file" not in r.output, r.output
     r = cli("--store", str(root), "import", str(tmp_path))
     assert r.exit_code == 1 and "is a directory, not a session file" in r.output, r.output
+
+
+# -- repair of a compacted log whose snapshot line is damaged -------------------------------
+
+
+def test_repair_keeps_what_a_damaged_snapshot_line_still_proves(tmp_path):
+    """A compaction folds a session's appends into one snapshot line (every id, 32 bytes
+    in base64). One flipped byte in it lost, at repair, every entry HEAD's path does not
+    reach (an abandoned branch), named nowhere (not in `dropped`, no note), and a sweep
+    then removed their objects; the numbers HEAD's path was taken back under ran into
+    the ones the snapshot had given out. The ids the line still spells whole, proved
+    by their objects, are kept now (`salvaged`), each at its place."""
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        s = st.create(Header.new("big"))
+        ids = [s.append({"type": "item", "item": {"type": "message", "role": "user", "content": f"m{i}"}}).id
+               for i in range(700)]
+        branch = s.append(make_entry("item", ids[10], item={"type": "message", "role": "user", "content": "aside"}).data)
+        assert branch.outcome == "branched"
+        tail = [s.append({"type": "item", "item": {"type": "message", "role": "user", "content": f"t{i}"}}).id
+                for i in range(3)]
+    log = root / "sessions" / "big" / "log"
+    lines = log.read_bytes().split(b"\n")
+    assert b'{"entries":"' in lines[1], "the log was not compacted"
+    with Store(root, readonly=True) as st:
+        want = st.read("big").log_order
+    assert want == ids + [branch.id] + tail
+    broken = bytearray(lines[1])
+    broken[2000] ^= 1  # inside the base64 of the ids: one entry's id no longer reads
+    log.write_bytes(b"\n".join([lines[0], bytes(broken), *lines[2:]]))
+    r = cli("--store", str(root), "repair", "big", "--json", "--yes")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["repaired"] and out["dropped"] == [], out["dropped"]
+    with Store(root, readonly=True) as st:
+        got = st.read("big")
+        assert got.head == tail[-1]
+        assert set(got.log_order) == set(want)  # the branch too
+        assert [e for e in got.log_order if e in set(ids)] == ids  # in their order
+    assert out["seq"] >= len(want)
+    assert fsck(root).ok
+    assert cli("--store", str(root), "verify", "big").exit_code == 0
