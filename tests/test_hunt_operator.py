@@ -245,3 +245,25 @@ def test_repair_keeps_what_a_damaged_snapshot_line_still_proves(tmp_path):
     assert out["seq"] >= len(want)
     assert fsck(root).ok
     assert cli("--store", str(root), "verify", "big").exit_code == 0
+
+
+def test_repair_of_a_session_whose_header_is_gone_everywhere_does_not_send_the_operator_back_to_repair(tmp_path):
+    """The header file gone and the log's create record (which holds the header) damaged
+    too: nothing says what the session is, and repair refuses, as repair.md says. It
+    refused with the damage's own advice, "run `agentsession repair s1`": the command
+    the operator had just run. It names what is missing and what to do now."""
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        s = st.create(Header.new("s1"))
+        s.append({"type": "item", "item": {"type": "message", "role": "user", "content": "hi"}})
+    sdir = root / "sessions" / "s1"
+    (sdir / "header").unlink()
+    data = bytearray((sdir / "log").read_bytes())
+    data[60] ^= 1  # inside the create record: its checksum fails
+    (sdir / "log").write_bytes(bytes(data))
+    before = {p.name: p.read_bytes() for p in sdir.iterdir()}
+    r = cli("--store", str(root), "repair", "s1", "--yes", "--json")
+    assert r.exit_code == 1
+    err = json.loads(r.stderr)["error"]
+    assert "repair s1`" not in err["message"] and "header" in err["message"], err
+    assert {p.name: p.read_bytes() for p in sdir.iterdir()} == before
