@@ -545,9 +545,10 @@ def os_message(exc: OSError) -> str:
         name = "''"
     if isinstance(name, (str, bytes)) and len(name) > 200:  # a hostile path: still one short line
         name = quoted(name, 120)
+    # (a directory where a session file was named says so itself: format/reader.py's
+    # IsADirectoryError; one met elsewhere, a lock file, a header, is the system's words)
     reason = {
         FileNotFoundError: "no such file",
-        IsADirectoryError: "is a directory, not a session file",
         PermissionError: "permission denied",
     }.get(type(exc), exc.strerror or str(exc))
     return f"{name}: {reason}" if name else reason

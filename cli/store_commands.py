@@ -561,10 +561,14 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
     unless --record is given. When the file's resume rule lands where no
     head may rest (a leaf label), a note says so and names the head held.
     """
-    # a file is read by bytes (as verify FILE), standard input held whole and read by lines
-    with write_store() as store, progressing("importing", "lines" if file == "-" else "bytes") as bar:
-        if file == "-":
-            session = store.import_bytes(read_stdin(), record=record, source="<stdin>", progress=bar)
+    from agentsession_cas.format.reader import read_if_stream  # the rule set: not for head or list
+
+    # a file is read by bytes (as verify FILE), standard input, or a file that is no regular
+    # file (a pipe, a FIFO: it can be read only once), held whole and read by lines
+    held = read_stdin() if file == "-" else read_if_stream(file)
+    with write_store() as store, progressing("importing", "bytes" if held is None else "lines") as bar:
+        if held is not None:
+            session = store.import_bytes(held, record=record, source="<stdin>" if file == "-" else file, progress=bar)
         else:
             session = store.import_file(file, record=record, progress=bar)
         adjusted = session.head_adjusted

@@ -22,6 +22,7 @@ second half of a verify (:func:`~agentsession_cas.format.rules.verify_session`).
 from __future__ import annotations
 
 import os
+import stat
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -66,7 +67,7 @@ _BLOCK = 1 << 20
 
 _orjson_loads = orjson.loads
 
-__all__ = ["CORE_TYPES", "Parking", "SessionFile", "file_header", "gc_paused", "read_session", "read_session_bytes", "split_lines", "verify_bytes", "verify_file", "verify_lines"]
+__all__ = ["CORE_TYPES", "Parking", "SessionFile", "file_header", "gc_paused", "read_if_stream", "read_session", "read_session_bytes", "split_lines", "verify_bytes", "verify_file", "verify_lines"]
 
 
 
@@ -203,6 +204,22 @@ def read_session_bytes(
                        terminated=_ends_with_lf(data)).run()
 
 
+def read_if_stream(path: str | os.PathLike) -> bytes | None:
+    """The whole of ``path`` when it is no regular file (a pipe, as ``<(zcat f.gz)`` gives,
+    a FIFO, a device), else None. Such a file is read once, as standard input is: a second
+    open of a FIFO waits for a writer that never comes, and of a pipe finds nothing, and a
+    line cannot be read again from either; so a caller that would open the file twice
+    (an import reads its header first) takes its bytes instead."""
+    name = _session_file(path)
+    with open(name, "rb") as f:
+        return None if _seekable(f) else f.read()
+
+
+def _seekable(f: BinaryIO) -> bool:
+    """Whether ``f`` is a regular file, whose lines can be read again where they lie."""
+    return stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+
+
 def file_header(path: str | os.PathLike) -> Header:
     """The header of the session file at ``path`` (its first line, checked), the rest
     unread. Raises as :func:`read_session` does for a file with no usable header."""
@@ -275,6 +292,9 @@ def verify_file(
             if on_entry is not None:
                 raise ValueError("a file before format 0.5 is migrated whole: it is not streamed")
             return verify_bytes(first + f.read(), source=name, progress=progress,
+                                sidecars=sidecar_dir(name, str(header.id)) if sidecars else None)
+        if not _seekable(f):  # a pipe or a FIFO: no line can be read again from it, so it is held
+            return verify_bytes(first + f.read(), source=name, progress=progress, on_entry=on_entry,
                                 sidecars=sidecar_dir(name, str(header.id)) if sidecars else None)
         named = SidecarNames() if sidecars and header.media == "sidecar" else None
         starts = array("q")  # each line's offset and length, to read it again

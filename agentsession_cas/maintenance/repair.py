@@ -22,6 +22,7 @@ from ..errors import (
     NoSuchObjectError,
     NoSuchSessionError,
     SessionDamagedError,
+    StoreError,
     UnsupportedError,
 )
 from ..format.hashing import envelope_content
@@ -40,9 +41,15 @@ def repair_target(store: Store, name: str) -> str:
 
     try:
         return resolve_session(store, name)
-    except (NoSuchSessionError, SessionDamagedError):  # (the latter: its header is lost)
+    except (NoSuchSessionError, SessionDamagedError) as exc:  # (the latter: its header is lost)
         if file_repair.lost_header(store, name) is not None:
             return name
+        if isinstance(exc, SessionDamagedError):  # and no record of its log that reads holds it: its advice is this
+            raise StoreError(
+                f"session {exc.session}: its header cannot be read (its file {exc.path} is gone, and no record of its "
+                "log that reads holds the header); repair needs it: put the file back (from a copy, or from another "
+                "store holding the session), then run repair again"
+            ) from None
         raise
 
 

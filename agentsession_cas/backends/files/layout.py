@@ -74,7 +74,7 @@ def _journal_kind(root: str) -> str | None:
     a migration's symbolic link), or None."""
     try:
         st = os.lstat(os.path.join(root, JOURNAL))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (a root that is a file holds no journal)
         return None
     return "file" if stat.S_ISREG(st.st_mode) else "tombstone"
 

@@ -64,7 +64,7 @@ __all__ = [
     "encode_log",
     "record_body", "append_body", "line_checksum", "ZERO_LINK", "header_of", "line_bodies", "LINE_OVERHEAD",
     "SnapshotIds", "snapshot_ids_file", "read_snapshot_ids", "snapshot_raw", "snapshot_ids_disagree",
-    "with_digests",
+    "with_digests", "spelled_snapshot_ids",
 ]
 
 #: Hex digits of the BLAKE3 checksum each line carries.
@@ -766,6 +766,41 @@ def _snapshot_ids(raw: bytes, start: int, stop: int) -> tuple[int, int] | None:
     if end < 0 or raw.find(b"\\", first, end) >= 0 or raw[end + 1 : end + 2] != b",":
         return None
     return first, end + 2
+
+
+def spelled_snapshot_ids(raw: bytes) -> list[str]:
+    """The entry ids a damaged line still spells where it holds a snapshot's base64 ids
+    (its record starts as a snapshot's does): each 4-character group of the base64 read
+    on its own, so a byte the damage changed (or zeroed) costs only the ids its group
+    lies in. An id a changed byte made into another is spelled too: a caller keeps only
+    what its objects prove. Empty when the line's record does not start as a snapshot's
+    (where a record stands in a line, after its checksum and link: never inside an
+    append's payload, whose text might spell the same)."""
+    at = next((n for n in (2 * CHECKSUM_HEX + 2, CHECKSUM_HEX + 1) if raw.startswith(_SNAPSHOT_START, n)), None)
+    if at is None:
+        return []
+    first = at + len(_SNAPSHOT_START)
+    end = raw.find(b'"', first)
+    text = raw[first : end if end >= 0 else len(raw)]
+    out: list[str] = []
+    digest = bytearray()
+    sound = True  # whether every byte of the digest being gathered decoded
+    for i in range(0, len(text) - len(text) % 4, 4):
+        try:
+            got = binascii.a2b_base64(text[i : i + 4], strict_mode=True)
+        except (binascii.Error, ValueError):
+            got, whole = b"\0\0\0", False
+        else:
+            whole = len(got) == 3 or i + 4 >= len(text)
+        for b in got:
+            digest.append(b)
+            sound = sound and whole
+            if len(digest) == 32:
+                if sound:
+                    out.append(_HASH_PREFIX + digest.hex())
+                digest.clear()
+                sound = True
+    return out
 
 
 def _is_count(v: Any) -> bool:

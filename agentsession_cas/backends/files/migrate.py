@@ -71,6 +71,7 @@ from ...errors import (
     MigrationBusyError,
     MigrationError,
     NoSuchObjectError,
+    quoted,
 )
 from ...format.canonical import loads
 from ...format.entry import LEAF_LABEL, short_id
@@ -222,18 +223,18 @@ def _segment(seg: bytes) -> dict[str, Any] | str:
     if not isinstance(obj, dict) or not isinstance(obj.get("op"), str) or not isinstance(obj.get("session"), str):
         return "record names no operation or session"
     if obj["op"] not in _OPS:
-        return f"unknown operation {obj['op']!r}"
+        return f"unknown operation {quoted(obj['op'])}"
     if obj["op"] != "journal":
         try:
             check_session_id(obj["session"])
         except AgentSessionError:
-            return f"record names an unusable session id {obj['session']!r}"
+            return f"record names an unusable session id {quoted(obj['session'])}"
         for name in ("entry", "head", "base"):
             v = obj.get(name)
             if v not in (None, "") and not is_hash(v):
-                return f"record's {name} {v!r} is not a sha256: hash"
+                return f"record's {name} {quoted(v)} is not a sha256: hash"
         if obj["op"] == "mark" and obj.get("mark") not in ("record", "mirror"):
-            return f"mark record names {obj.get('mark')!r}, neither record nor mirror"
+            return f"mark record names {quoted(obj.get('mark'))}, neither record nor mirror"
     return obj
 
 
@@ -933,7 +934,7 @@ class _Planner:
             if is_hash(text):
                 head = text
             elif text:
-                plan.add_problem("bad-head", f"its HEAD file holds {text!r}, not an entry id")
+                plan.add_problem("bad-head", f"its HEAD file holds {quoted(text)}, not an entry id")
         except FileNotFoundError:
             pass
         return entries, head, self._record_mark(sdir)

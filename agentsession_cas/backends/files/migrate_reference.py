@@ -43,7 +43,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import AgentSessionError, BadNameError, MigrationError
+from ...errors import AgentSessionError, BadNameError, MigrationError, quoted
 from ...format.canonical import loads
 from ...format.hashing import is_hash
 from ...format.names import check_ref_name, check_session_id
@@ -145,7 +145,7 @@ def read_session_log(sid: str, data: bytes) -> LogRead:
                     notes.append(LogFault(number, offset + s, "a record whose newline is one wrong byte (read)", "newline", sid))
             if isinstance(parsed, dict):
                 if parsed.get("session") != sid:
-                    bad.append((s, f"a record of session {parsed.get('session')!r} in this session's log"))
+                    bad.append((s, f"a record of session {quoted(parsed.get('session'))} in this session's log"))
                 else:
                     got.append(JournalRecord(number, offset + s, parsed))
             else:
@@ -255,7 +255,7 @@ class _ReferencePlanner(_Planner):
             try:
                 check_ref_name(name)
             except BadNameError:
-                report.add_problem("bad-ref", f"refs/{file}: not a ref name ({name!r})")
+                report.add_problem("bad-ref", f"refs/{file}: not a ref name ({quoted(name)})")
                 continue
             with open(os.path.join(refs_dir, file), "rb") as f:
                 data = f.read()
@@ -284,14 +284,14 @@ class _ReferencePlanner(_Planner):
                 continue
             if entry != "-":
                 report.add_problem("bad-ref",
-                    f"ref {name} pins entry {entry} of session {session}; this store's refs name a session only, "
+                    f"ref {name} pins entry {quoted(entry)} of session {quoted(session)}; this store's refs name a session only, "
                     "so the pin cannot be carried over (unpin it with the reference library first)"
                 )
                 continue
             try:
                 check_session_id(session)
             except BadNameError:
-                report.add_problem("bad-ref", f"ref {name} names {session!r}, not a session id")
+                report.add_problem("bad-ref", f"ref {name} names {quoted(session)}, not a session id")
                 continue
             held: str | None = ident
             if ident == "-":
@@ -299,7 +299,7 @@ class _ReferencePlanner(_Planner):
             elif re.fullmatch(r"[0-9a-f]{64}", ident):
                 held = "sha256:" + ident
             if held is not None and not is_hash(held):
-                report.add_problem("bad-ref", f"ref {name}: its ident {ident!r} is not a sha256 hash")
+                report.add_problem("bad-ref", f"ref {name}: its ident {quoted(ident)} is not a sha256 hash")
                 continue
             plans.append(RefPlan(file, name, session, held, note=note))
         return plans

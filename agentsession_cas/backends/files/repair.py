@@ -57,7 +57,7 @@ from ...store.session import Session, entry_from_objects, parse_header
 from ...store.state import replay
 from ..base import FsckProblem, Space
 from . import FileBackend
-from .log import ZERO_LINK, LogLine, encode_log, encode_record, header_of, read_log, scan_log
+from .log import ZERO_LINK, LogLine, encode_log, encode_record, header_of, read_log, scan_log, spelled_snapshot_ids
 from .sessions import HEADER_LIMIT, FileSessionLog, payload_entry, read_summary
 
 if TYPE_CHECKING:
@@ -664,10 +664,12 @@ class RepairPlanner:
         region_of = {i: r for r, idxs in enumerate(regions) for i in idxs}
         legible: dict[int, list[tuple[dict[str, Any], tuple[bytes, bytes] | None, int]]] = {}
         line_pieces: dict[int, dict[str, bytes]] = {}
+        snapshot_ids: dict[int, list[str]] = {}
         for idxs in regions:
             for i in idxs:
                 line_pieces[i] = _payload_pieces(lines[i].raw)
                 self.pieces.update(line_pieces[i])
+                snapshot_ids[i] = spelled_snapshot_ids(lines[i].raw)
         for r, idxs in enumerate(regions):
             items = []
             for i in idxs:
@@ -697,6 +699,8 @@ class RepairPlanner:
         # A line carries one append: where its record still reads, an envelope there that is
         # not that record's entry is what the damage made of it (another ts, another type),
         # an entry nobody wrote, and is never taken for one.
+        # A damaged snapshot line (a compaction's: every id it folded, in log order) still
+        # spells most of its ids: each one objects/ proves whole is an append of it too.
         spelled = {i for items in legible.values() for data, _, i in items if data["op"] == "append"}
         payload_only: dict[int, dict[str, int]] = {r: {} for r in range(len(regions))}
         for r, idxs in enumerate(regions):
@@ -714,6 +718,10 @@ class RepairPlanner:
                         if not isinstance(self.objects(h, None), tuple):
                             payload_only[r][h] = i
                             appended.add(h)
+                for h in snapshot_ids.get(i, ()):
+                    if h not in appended and h != self.base and h not in self.prefix and not isinstance(self.objects(h, None), tuple):
+                        payload_only[r][h] = i
+                        appended.add(h)
 
         # -- hidden entries: named by a kept record (parent, parents, head) but appended by
         # no record that reads; anchored at the last damaged region before the first name.
@@ -868,7 +876,8 @@ class RepairPlanner:
             else:
                 # Nothing after says where numbering went on: the lines may have held as
                 # many appends as their bytes allow, and every one of those numbers is spent.
-                hi = lo + sum(len(lines[i].raw) // MIN_APPEND_LINE + 1 for i in idxs) + 1
+                # (a snapshot line holds an append in the 43 bytes of its id's base64)
+                hi = lo + sum(max(len(lines[i].raw) // MIN_APPEND_LINE, len(snapshot_ids[i])) + 1 for i in idxs) + 1
                 spent = max(spent, hi - 1)
             ceiling = hi
             used: set[int] = set()

@@ -140,10 +140,12 @@ def _check_rows(db: Database, report: FsckReport) -> None:
             rows = c.execute("SELECT pos, op, seq, hash, record FROM log WHERE session = %s ORDER BY pos", [key]).fetchall()
             log_records += len(rows)
             records = []
-            for want, (pos, op, seq, raw, text) in enumerate(rows, start=1):
+            want = 1  # the position the next row should hold: one gap is one finding, not one per row after it
+            for pos, op, seq, raw, text in rows:
                 where = {"session": sid, "file": "log", "line": pos}
                 if pos != want:
                     report.add("error", "log-gap", f"session {sid}: log position {want} is missing (next is {pos})", **where)
+                want = pos + 1
                 try:
                     record = json.loads(text)
                 except ValueError:
