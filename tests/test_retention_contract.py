@@ -625,3 +625,29 @@ def test_media_is_held_once_and_kept_in_the_form_the_session_was_written_in(make
     assert res.repack.dropped_names.count(blob) == 1 and res.retained_blobs == 0
     assert held(where)["blobs"] == set()
     assert make_store.reopen().export("inline") == inline_export
+
+
+def test_postgresql_streams_the_logs_in_one_snapshot(make_store, monkeypatch):
+    """A PostgreSQL store's logs are read as they stream (two server-side cursors in one
+    read-only repeatable-read transaction), not fetched whole before the first session's
+    source: a sweep's memory does not grow with the store. While the first source is in
+    hand the read is still open on the server; a session made and one deleted meanwhile
+    are read as the snapshot had them (the deleted one read, the new one not)."""
+    if make_store.name != "postgresql":
+        pytest.skip(f"{make_store.name}: no server-side read of the logs")
+    import agentsession_cas.backends.postgresql as pg
+
+    st = make_store()
+    ids = {sid: written(st, Header.new(sid), f"{sid} turn") for sid in ("s0", "s1", "s2")}
+    monkeypatch.setattr(pg, "RETENTION_BATCH", 1, raising=False)
+    backend = st.backend
+    sources = backend.retention_sources()
+    first = next(sources)
+    reading = backend.db.query(
+        "SELECT query FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction'")
+    assert any("retention_log" in q for (q,) in reading), reading
+    late = written(st, Header.new("late"), "late turn")
+    st.delete("s2")
+    read = [first, *sources]
+    named = {r["entry"] for src in read for r in src.records if r.get("op") == "append"}
+    assert len(read) == 3 and named == {e for sid in ids for e in ids[sid]} and not named & set(late)
