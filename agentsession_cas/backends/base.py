@@ -29,6 +29,7 @@ except the hot path's :class:`Append`, which a backend encodes as it likes.
 
 from __future__ import annotations
 
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -36,7 +37,7 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, field
 from typing import Any, Literal, Protocol, overload, runtime_checkable
 
-from ..format.hashing import HASH_PREFIX, raw_hash
+from ..format.hashing import HASH_PREFIX, all_hashes, raw_hash
 from ..lean import dataclass
 from .digests import EntryDigests
 
@@ -728,6 +729,17 @@ class RepackResult:
                 "notes": [n.as_dict() for n in self.notes], "ok": self.ok}
 
 
+def digests(names: list[str]) -> list[bytes | None]:
+    """:func:`raw_hash` of each of ``names``, converted with no Python call per name where
+    all are object names (:func:`all_hashes`), as a log's appends are."""
+    if all_hashes(names):
+        return list(map(bytes.fromhex, map(_DIGITS, names)))
+    return list(map(raw_hash, names))
+
+
+_DIGITS = operator.itemgetter(slice(len(HASH_PREFIX), None))
+
+
 class Names(AbstractSet[str]):
     """A set of object names as the retention rule holds them: each ``sha256:<hex>`` name
     as its raw 32-byte digest in :attr:`raws` (65 bytes an object where its name is 120,
@@ -755,9 +767,15 @@ class Names(AbstractSet[str]):
         else:
             self.raws.add(raw)
 
-    def update(self, names: Iterable[str]) -> None:
-        for name in names:
-            self.add(name)
+    def update(self, names: Iterable[str]) -> list[bytes | None]:
+        """Add each of ``names``; their digests returned in their order (None for a name
+        that is no object name)."""
+        names = names if isinstance(names, list) else list(names)
+        raws = digests(names)
+        if None in raws:
+            self.odd.update(name for name, raw in zip(names, raws) if raw is None)
+        self.raws.update(filter(None, raws))
+        return raws
 
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):

@@ -45,6 +45,7 @@ Safety beside writers in other processes (the file backend):
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import field
@@ -184,26 +185,22 @@ class Retention:
 
     def add(self, src: RetentionSource) -> None:
         """Fold in one log (its records are not kept)."""
-        ret = self.ret
-        envelopes, odd, contents, said, bases = ret.envelopes.raws, ret.envelopes.odd, ret.contents, self.said, self.bases
-        copies = src.contents
+        ret, bases = self.ret, self.bases
+        appended: list[str] = []
         for d in src.records:
             op = d.get("op")
             if op == "append":
                 entry = d.get("entry")
                 if isinstance(entry, str):
-                    raw = raw_hash(entry)
-                    if raw is None:
-                        odd.add(entry)
-                    else:
-                        envelopes.add(raw)
-                    c = copies.get(entry)
-                    if c:
-                        contents.add(c)
-                        if raw is not None:
-                            said.add(raw)
+                    appended.append(entry)
             elif op == "create" and isinstance(d.get("base"), str):
                 bases.append(d["base"])
+        # (each name converted once, all of a log's together: no Python call per record)
+        raws = ret.envelopes.update(appended)
+        if src.contents:
+            said = list(map(src.contents.get, appended))
+            ret.contents.update(list(filter(None, said)))
+            self.said.update(filter(None, itertools.compress(raws, said)))
         ret.blobs.update(src.blobs)  # named by contents its log alone holds yet
         if src.staged:
             ret.staged += 1

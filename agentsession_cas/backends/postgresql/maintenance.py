@@ -7,7 +7,8 @@
   never blocked for longer than one batch's rows and an object a writer
   freshened meanwhile stays. What a log names is retained by the domain's
   rule; a fork made within the grace holds its prefix with one ``holds``
-  row (no row of the prefix rewritten), kept here by the same rule.
+  row (no row of the prefix rewritten), added by the same rule's walk
+  (:func:`agentsession_cas.maintenance.sweep.retain_prefixes`).
   A write committed after the logs were read either wrote its objects (a
   ``born`` after the barrier) or names entries some log read before held
   (a fork needs its base held by a session or a prefix), so it loses
