@@ -241,11 +241,16 @@ class Retention:
         retention (blobs read only where ``sound`` holds some)."""
         ret = self.finish(objects, blobs=bool(sound.get("blobs")))
         kept: dict[str, Names] = {"entries": ret.envelopes, "contents": ret.contents, "blobs": ret.blobs}
-        # (each name once: those held less those retained, looked up with no Python call per
-        # name and kept in no set: a set of those retained would hold a digest per object)
-        return {space: len(names) - sum(map(kept[space].raws.__contains__, names.raws)) if isinstance(names, RawNames)
-                else len(names) - sum(map(kept[space].__contains__, names))
-                for space, names in ((space, sound.get(space, ())) for space in SPACES)}
+        counts: dict[str, int] = {}
+        for space in SPACES:
+            names = sound.get(space, ())
+            # (each name once: those held less those retained, kept in no set: a set of those
+            # retained would hold a digest per object; raw digests, as the walks hold them,
+            # looked up with no Python call per name)
+            found = (map(kept[space].raws.__contains__, names.raws) if isinstance(names, RawNames)
+                     else map(kept[space].__contains__, names))
+            counts[space] = len(names) - sum(found)
+        return counts
 
 
 def _walk_prefixes(envelopes: Names, bases: Iterable[str], objects: RetentionObjects) -> list[bytes]:

@@ -144,7 +144,6 @@ def _raw(name: str) -> bytes:
     return binascii.unhexlify(name[7:])
 
 
-_HEX = operator.itemgetter(slice(7, None))
 _FIRST = operator.itemgetter(0)
 
 
@@ -1314,7 +1313,7 @@ class _Walk:
         # as it was read), reading the objects as the walk found them (nothing is read twice).
         self.say("counting unreferenced objects")
         spaces = self.counts["spaces"] = {}  # (filled after: the rule's reads may confirm objects moved meanwhile)
-        sound = {space: RawNames(self.sound[space]) for space in _SPACES}  # (counted by digest)
+        sound = {space: RawNames(self.sound[space]) for space in _SPACES}
         self.counts["unreferenced"] = self.retention.unreferenced(sound, _Read(self))
         spaces.update((s, len(self.sound[s])) for s in _SPACES)
         pack_dir = os.path.join(self.root, "objects", "pack")
