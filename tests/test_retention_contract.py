@@ -625,3 +625,40 @@ def test_media_is_held_once_and_kept_in_the_form_the_session_was_written_in(make
     assert res.repack.dropped_names.count(blob) == 1 and res.retained_blobs == 0
     assert held(where)["blobs"] == set()
     assert make_store.reopen().export("inline") == inline_export
+
+
+def test_postgresql_streams_the_logs_in_one_snapshot(make_store, monkeypatch):
+    """A PostgreSQL store's logs are read as they stream (two server-side cursors in one
+    read-only repeatable-read transaction), not fetched whole before the first session's
+    source: a sweep's memory does not grow with the store. While the first source is in
+    hand the read is still open on the server; a session made and one deleted meanwhile
+    are read as the snapshot had them (the deleted one read, the new one not); rows kept
+    aside join their session's source, or (of a session gone) make one of their own, a
+    row at a time."""
+    if make_store.name != "postgresql":
+        pytest.skip(f"{make_store.name}: no server-side read of the logs")
+    import agentsession_cas.backends.postgresql as pg
+    from test_postgresql import sql
+
+    st = make_store()
+    ids = {sid: written(st, Header.new(sid), f"{sid} turn") for sid in ("s0", "s1", "s2")}
+    # Rows kept aside: of s1, and of sessions gone (an older release deleted a session
+    # without them) keyed before and after every session held: each merged in its place.
+    aside = {"s1": "sha256:" + "1" * 64, "before": "sha256:" + "2" * 64, "after": "sha256:" + "3" * 64}
+    for key, entry in (("(SELECT key FROM sessions WHERE id = 's1')", aside["s1"]),
+                       ("-1", aside["before"]), ("(SELECT max(key) + 100 FROM sessions)", aside["after"])):
+        sql(make_store.url(), f"INSERT INTO log_aside (session, id, kept, pos, record) SELECT {key}, 'x', now(), 1, %s",
+            [json.dumps({"op": "append", "seq": 1, "entry": entry})])
+    monkeypatch.setattr(pg, "RETENTION_BATCH", 1, raising=False)
+    backend = st.backend
+    sources = backend.retention_sources()
+    first = next(sources)
+    reading = backend.db.query(
+        "SELECT query FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction'")
+    assert any("retention_log" in q for (q,) in reading), reading
+    late = written(st, Header.new("late"), "late turn")
+    st.delete("s2")
+    read = [first, *sources]
+    named = [sorted(r["entry"] for r in src.records if r.get("op") == "append") for src in read]
+    assert sorted(named) == sorted([[aside["before"]], ids["s0"], sorted(ids["s1"] + [aside["s1"]]), ids["s2"], [aside["after"]]])
+    assert not {e for n in named for e in n} & set(late)

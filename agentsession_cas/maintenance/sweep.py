@@ -45,12 +45,13 @@ Safety beside writers in other processes (the file backend):
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..backends.base import SPACES, RepackResult, Retained, RetentionSource
+from ..backends.base import SPACES, Names, ObjectStore, RepackResult, Retained, RetentionSource
 from ..errors import (
     AgentSessionError,
     CorruptObjectError,
@@ -58,11 +59,10 @@ from ..errors import (
     NoSuchObjectError,
     ReadOnlyError,
     WritersActiveError,
-    quoted,
     store_relative,
 )
 from ..format.canonical import loads
-from ..format.hashing import HASH_PREFIX, all_hashes, envelope_content, is_hash, raw_hash
+from ..format.hashing import HASH_PREFIX, envelope_content, raw_hash
 from ..format.media import sidecar_names
 from ..lean import dataclass
 
@@ -70,8 +70,8 @@ if TYPE_CHECKING:
     from ..store.store import Store
 
 __all__ = [
-    "DEFAULT_GRACE", "SAFE_GRACE", "EnvelopeBytes", "Retained", "Retention", "RetentionSource", "RetentionObjects", "SweepResult",
-    "parse_duration", "retained", "sweep", "unreferenced",
+    "DEFAULT_GRACE", "SAFE_GRACE", "EnvelopeBytes", "Names", "RawNames", "Retained", "Retention", "RetentionSource",
+    "RetentionObjects", "StoredObjects", "SweepResult", "parse_duration", "retain_prefixes", "retained", "sweep", "unreferenced",
 ]
 
 #: Two weeks, as git's gc.pruneExpire.
@@ -95,70 +95,68 @@ def parse_duration(text: str) -> float:
 
 
 class RetentionObjects(Protocol):
-    """What the retention rule reads of the objects: the contents a set of envelopes name
-    (those no log's copy said), the parent of one envelope (a prefix, walked up), and the
-    blobs a set of contents names by ``sidecar:`` URL. An object missing or corrupt names
-    nothing in the bulk reads; :meth:`parent_of` raises :class:`NoSuchObjectError` or
+    """What the retention rule reads of the objects, by raw 32-byte digest (the rule holds
+    names so, :class:`Names`): the contents a set of envelopes name (those no log's copy
+    said), the parent of one envelope (a prefix, walked up: its digest, or the name as it
+    is when it is no object name, which names nothing further), and the blobs a set of
+    contents names by ``sidecar:`` URL. An object missing or corrupt names nothing in the
+    bulk reads; :meth:`parent_of` raises :class:`NoSuchObjectError` or
     :class:`CorruptObjectError` for it. A reader holding the objects' bytes gets all three
     from :class:`EnvelopeBytes`; the file backend's fsck walk, which holds its envelopes
     parsed and its contents' ``sidecar:`` names found, answers from those."""
 
-    def content_names(self, entries: Collection[str]) -> Iterable[str]: ...
+    def content_names(self, entries: Collection[bytes]) -> Iterable[bytes]: ...
 
-    def parent_of(self, entry: str) -> str | None: ...
+    def parent_of(self, entry: bytes) -> bytes | str | None: ...
 
-    def blob_names(self, contents: Collection[str]) -> Iterable[str]: ...
+    def blob_names(self, contents: Collection[bytes]) -> Iterable[bytes]: ...
 
 
 class EnvelopeBytes:
-    """:class:`RetentionObjects` over a subclass's ``read_order(names)`` (the order to read
-    them in), ``envelope(name)`` (its bytes, verified) and ``sidecars(name)`` (a content's
+    """:class:`RetentionObjects` over a subclass's ``read_order(raws)`` (the order to read
+    them in), ``envelope(raw)`` (its bytes, verified) and ``sidecars(raw)`` (a content's
     ``sidecar:`` names), each raising :class:`NoSuchObjectError` or
     :class:`CorruptObjectError` for an object missing or corrupt. An envelope's content is
     read by the one reading of an envelope (:func:`envelope_content`, most with no parse),
     its parent parsed (only a prefix's entries are asked it); bytes that are no envelope
     name neither. A log may name what is no object name (``sha256:`` and 64 lowercase hex
     digits, :func:`is_hash`; a damaged log kept aside, a hostile writer): it names no
-    object, so nothing is read for it, as an object missing."""
+    object, so the rule holds it aside (:attr:`Names.odd`) and asks nothing of it."""
 
-    def read_order(self, names: Iterable[str]) -> list[str]:
+    def read_order(self, raws: Iterable[bytes]) -> list[bytes]:
         raise NotImplementedError
 
-    def envelope(self, name: str) -> bytes:
+    def envelope(self, raw: bytes) -> bytes:
         raise NotImplementedError
 
-    def sidecars(self, name: str) -> list[str]:
+    def sidecars(self, raw: bytes) -> list[str]:
         raise NotImplementedError
 
-    def content_names(self, entries: Collection[str]) -> Iterator[str]:
-        names = list(entries)
-        if not all_hashes(names):
-            names = [name for name in names if is_hash(name)]
-        for name in self.read_order(names):
+    def content_names(self, entries: Collection[bytes]) -> Iterator[bytes]:
+        for raw in self.read_order(entries):
             try:
-                c = envelope_content(self.envelope(name))
+                c = envelope_content(self.envelope(raw))
             except (NoSuchObjectError, CorruptObjectError):
                 continue
             if c:
-                yield c
+                yield bytes.fromhex(c[7:])  # (a name envelope_content gives is an object name)
 
-    def parent_of(self, entry: str) -> str | None:
-        if not is_hash(entry):
-            raise NoSuchObjectError(f"{quoted(entry)} is not an object name: it names no entries object")
+    def parent_of(self, entry: bytes) -> bytes | str | None:
         data = self.envelope(entry)  # (missing or corrupt: raised as it is)
         try:
             env = loads(data)
         except (ValueError, AgentSessionError):
             return None
         parent = env.get("parent") if isinstance(env, dict) else None
-        return parent if isinstance(parent, str) else None
+        return (raw_hash(parent) or parent) if isinstance(parent, str) else None
 
-    def blob_names(self, contents: Collection[str]) -> Iterator[str]:
-        for name in self.read_order(contents):
+    def blob_names(self, contents: Collection[bytes]) -> Iterator[bytes]:
+        for raw in self.read_order(contents):
             try:
-                yield from self.sidecars(name)
+                names = self.sidecars(raw)
             except (NoSuchObjectError, CorruptObjectError):
                 continue
+            yield from map(bytes.fromhex, (name[7:] for name in names))  # (a sidecar: URL names an object name)
 
 
 class Retention:
@@ -168,36 +166,41 @@ class Retention:
     store of millions of records holds one log's at a time; :meth:`finish` then follows
     references down through the objects (each prefix walked up from its base, the
     contents of envelopes no log's copy said, the blobs every retained content names).
+    Names are held as raw digests (:class:`Names`), converted once as a log is read.
 
     An envelope is retained while any log names it or it lies on a prefix, a content
     while a retained envelope names it, a blob while a retained content names it by a
     ``sidecar:`` URL. This class is that rule; :func:`retained` and :func:`unreferenced`
-    are it over a list of logs, and fsck's file walk adds each log as it reads it."""
+    are it over a list of logs, fsck's file walk adds each log as it reads it, and
+    :func:`retain_prefixes` adds prefixes to what it retained (a PostgreSQL store's
+    forks made within the grace)."""
 
     __slots__ = ("ret", "bases", "said", "progress")
 
     def __init__(self, *, progress: Callable[[str], None] | None = None) -> None:
         self.ret = Retained()
         self.bases: list[str] = []
-        self.said: set[str] = set()  # envelopes whose content their log's own copy gave
+        self.said: set[bytes] = set()  # envelopes whose content their log's own copy gave
         self.progress = progress
 
     def add(self, src: RetentionSource) -> None:
         """Fold in one log (its records are not kept)."""
-        ret = self.ret
-        envelopes, contents, said, bases = ret.envelopes, ret.contents, self.said, self.bases
+        ret, bases = self.ret, self.bases
+        appended: list[str] = []
         for d in src.records:
             op = d.get("op")
             if op == "append":
                 entry = d.get("entry")
                 if isinstance(entry, str):
-                    envelopes.add(entry)
-                    c = src.contents.get(entry)
-                    if c:
-                        contents.add(c)
-                        said.add(entry)
+                    appended.append(entry)
             elif op == "create" and isinstance(d.get("base"), str):
                 bases.append(d["base"])
+        # (each name converted once, all of a log's together: no Python call per record)
+        raws = ret.envelopes.update(appended)
+        if src.contents:
+            said = list(map(src.contents.get, appended))
+            ret.contents.update(list(filter(None, said)))
+            self.said.update(filter(None, itertools.compress(raws, said)))
         ret.blobs.update(src.blobs)  # named by contents its log alone holds yet
         if src.staged:
             ret.staged += 1
@@ -211,19 +214,10 @@ class Retention:
         ``blobs=False`` (the store holds no blob to decide over) reads no content for
         ``sidecar:`` URLs. Called once: the logs added are then spent."""
         ret, progress = self.ret, self.progress
-        envelopes, contents = ret.envelopes, ret.contents
+        envelopes, contents = ret.envelopes.raws, ret.contents.raws
         if progress:
             progress(f"read {ret.sessions} session log(s), {ret.staged} staged")
-        # Prefixes: walk up from each base until an entry already retained, whose
-        # ancestors its own session's log and prefix retain in turn.
-        for base in self.bases:
-            current: str | None = base
-            while current is not None and current not in envelopes:
-                envelopes.add(current)
-                try:
-                    current = objects.parent_of(current)
-                except (NoSuchObjectError, CorruptObjectError):
-                    break  # missing: fsck's business; nothing above it can be read either
+        _walk_prefixes(ret.envelopes, self.bases, objects)
         # Contents of retained envelopes (those whose log copy did not already say; when
         # no copy said any, as of compacted logs, the set itself: a copy of it is as big).
         unsaid = envelopes - self.said if self.said else envelopes
@@ -237,19 +231,62 @@ class Retention:
         if blobs:
             if progress and contents:
                 progress(f"reading {len(contents):,} content(s) for the blobs they name")
-            ret.blobs.update(objects.blob_names(contents))
+            ret.blobs.raws.update(objects.blob_names(contents))
         return ret
 
     def unreferenced(self, sound: Mapping[str, Collection[str]], objects: RetentionObjects) -> dict[str, int]:
         """How many of the objects ``sound`` names (per space: those held whose bytes hash
-        to their name) nothing the logs added retains: what a sweep with a grace of 0 would
-        remove. Finishes the retention (blobs read only where ``sound`` holds some)."""
+        to their name; :class:`RawNames` where the caller holds raw digests) nothing the
+        logs added retains: what a sweep with a grace of 0 would remove. Finishes the
+        retention (blobs read only where ``sound`` holds some)."""
         ret = self.finish(objects, blobs=bool(sound.get("blobs")))
-        kept: dict[str, set[str]] = {"entries": ret.envelopes, "contents": ret.contents, "blobs": ret.blobs}
-        # (each name once: those held less those retained, looked up with no Python call per
-        # name and kept in no set: a set of those retained would hold a string per object)
-        return {space: len(names) - sum(map(kept[space].__contains__, names))
-                for space, names in ((space, sound.get(space, ())) for space in SPACES)}
+        kept: dict[str, Names] = {"entries": ret.envelopes, "contents": ret.contents, "blobs": ret.blobs}
+        counts: dict[str, int] = {}
+        for space in SPACES:
+            names = sound.get(space, ())
+            # (each name once: those held less those retained, kept in no set: a set of those
+            # retained would hold a digest per object; raw digests, as the walks hold them,
+            # looked up with no Python call per name)
+            found = (map(kept[space].raws.__contains__, names.raws) if isinstance(names, RawNames)
+                     else map(kept[space].__contains__, names))
+            counts[space] = len(names) - sum(found)
+        return counts
+
+
+def _walk_prefixes(envelopes: Names, bases: Iterable[str], objects: RetentionObjects) -> list[bytes]:
+    """The rule's prefix walk: from each base up until an entry already retained (whose
+    ancestors its own session's log and prefix retain in turn), each added to
+    ``envelopes``; those added (by digest) returned."""
+    raws, odd = envelopes.raws, envelopes.odd
+    added: list[bytes] = []
+    for base in bases:
+        current: bytes | str | None = raw_hash(base) or base
+        while current is not None and current not in raws:
+            if isinstance(current, str):
+                odd.add(current)  # no object name: it names no parent
+                break
+            raws.add(current)
+            added.append(current)
+            try:
+                current = objects.parent_of(current)
+            except (NoSuchObjectError, CorruptObjectError):
+                break  # missing: fsck's business; nothing above it can be read either
+    return added
+
+
+def retain_prefixes(ret: Retained, bases: Iterable[str], objects: RetentionObjects, *, blobs: bool) -> None:
+    """Add to what :meth:`Retention.finish` retained the prefixes root..base of ``bases``
+    by the rule's own walk, with the contents of the envelopes that adds and, where
+    ``blobs`` (the store holds some), the blobs those new contents name: a PostgreSQL
+    store's forks made within the grace, whose ``holds`` rows keep their prefixes."""
+    added = _walk_prefixes(ret.envelopes, bases, objects)
+    if not added:
+        return
+    contents = ret.contents.raws
+    new = [c for c in objects.content_names(added) if c not in contents]
+    contents.update(new)
+    if blobs and new:
+        ret.blobs.raws.update(objects.blob_names(new))
 
 
 def _added(
@@ -277,7 +314,7 @@ def retained(
     decide over) skips reading contents for ``sidecar:`` URLs. ``objects`` is where
     envelopes and contents are read (by default through the store; fsck hands what its
     walk over every object read, so nothing is read twice)."""
-    return _added(store, sources, progress).finish(objects if objects is not None else _Unpacked(store), blobs=blobs)
+    return _added(store, sources, progress).finish(objects if objects is not None else StoredObjects(store.objects, store.root), blobs=blobs)
 
 
 def unreferenced(
@@ -293,13 +330,13 @@ def unreferenced(
     :meth:`Retention.unreferenced` over ``sources`` (by default every log the backend
     holds). fsck's ``counts["unreferenced"]`` on a backend whose walk does not count them
     itself."""
-    return _added(store, sources, progress).unreferenced(sound, objects if objects is not None else _Unpacked(store))
+    return _added(store, sources, progress).unreferenced(sound, objects if objects is not None else StoredObjects(store.objects, store.root))
 
 
 class RawNames:
-    """Raw 32-byte digests (as fsck's walks keep them) seen as the names the retention rule
-    holds (``sha256:<hex>``), made one at a time as :func:`unreferenced` counts them rather
-    than all kept."""
+    """Raw 32-byte digests (as fsck's walks keep them) seen as the names of a space,
+    counted by :meth:`Retention.unreferenced` against the digests the rule holds, with no
+    name made."""
 
     __slots__ = ("raws",)
 
@@ -316,26 +353,26 @@ class RawNames:
         return isinstance(name, str) and raw_hash(name) in self.raws
 
 
-class _Unpacked(EnvelopeBytes):
-    """The store's objects as retention reads them: a pack that does not read stops the
+class StoredObjects(EnvelopeBytes):
+    """A store's objects as retention reads them: a pack that does not read stops the
     sweep (what its envelopes and contents name cannot be told, and a sweep never
-    guesses), naming it relative to the store and what to run first."""
+    guesses), naming it relative to the store (``root``) and what to run first."""
 
-    def __init__(self, store: Store):
-        self.objects, self.root = store.objects, store.root
+    def __init__(self, objects: ObjectStore, root: str | None = None):
+        self.objects, self.root = objects, root
 
-    def read_order(self, names: Iterable[str]) -> list[str]:
-        return self.objects.read_order(names)
+    def read_order(self, raws: Iterable[bytes]) -> list[bytes]:
+        return [bytes.fromhex(name[7:]) for name in self.objects.read_order(map(HASH_PREFIX.__add__, map(bytes.hex, raws)))]
 
-    def envelope(self, name: str) -> bytes:
-        return self.get("entries", name)
+    def envelope(self, raw: bytes) -> bytes:
+        return self.get("entries", raw)
 
-    def sidecars(self, name: str) -> list[str]:
-        return sidecar_names(self.get("contents", name))
+    def sidecars(self, raw: bytes) -> list[str]:
+        return sidecar_names(self.get("contents", raw))
 
-    def get(self, space: Any, name: str) -> bytes:
+    def get(self, space: Any, raw: bytes) -> bytes:
         try:
-            return self.objects.get(space, name)
+            return self.objects.get(space, HASH_PREFIX + raw.hex())
         except CorruptPackError as exc:
             raise CorruptPackError(
                 f"{store_relative(str(exc), self.root)}: a sweep cannot tell what the {space} in it name; run "

@@ -55,7 +55,7 @@ from ...errors import (
 )
 from ...format.canonical import canonical_bytes, loads
 from ...format.entry import LEAF_LABEL, Entry, Header
-from ...format.hashing import HASH_PREFIX, all_hashes, is_hash, raw_hash
+from ...format.hashing import HASH_PREFIX, is_hash
 from ...format.names import check_session_id
 from ...format.rules import TreeState
 from ...fsutil import ATOMIC_TMP, NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
@@ -144,7 +144,6 @@ def _raw(name: str) -> bytes:
     return binascii.unhexlify(name[7:])
 
 
-_HEX = operator.itemgetter(slice(7, None))
 _FIRST = operator.itemgetter(0)
 
 
@@ -242,34 +241,26 @@ class _Read:
     def __init__(self, walk: _Walk):
         self.walk = walk
 
-    def content_names(self, entries: Collection[str]) -> Iterator[str]:
+    def content_names(self, entries: Collection[bytes]) -> Iterator[bytes]:
         walk = self.walk
-        names = list(entries)
-        if all_hashes(names):  # (most: every name an entry id, converted and looked up without a call per name)
-            infos = list(map(walk.env.get, map(binascii.unhexlify, map(_HEX, names))))
-        else:  # (an object name is sha256: and 64 lowercase hex digits, format/hashing.py; anything else names none)
-            infos = [walk.env.get(raw_hash(name)) for name in names]  # type: ignore[arg-type]
+        infos = list(map(walk.env.get, entries))  # (no Python call per name)
         # (the walk's envelopes are all sound: it keeps none of a copy that is not)
-        yield from map(HASH_PREFIX.__add__, map(bytes.hex, map(_FIRST, filter(None, infos))))
-        for name in itertools.compress(names, map(operator.not_, infos)):
-            raw = raw_hash(name)  # not found in the walk: asked of the store (or not an entry id at all)
-            info = walk.envelope(raw) if raw is not None else None
+        yield from map(_FIRST, filter(None, infos))
+        for raw in itertools.compress(entries, map(operator.not_, infos)):
+            info = walk.envelope(raw)  # not found in the walk: asked of the store
             if info is not None:
-                yield _name(info[0])
+                yield info[0]
 
-    def parent_of(self, entry: str) -> str | None:
-        raw = raw_hash(entry)
-        info = self.walk.envelope(raw) if raw is not None else None
+    def parent_of(self, entry: bytes) -> bytes | None:
+        info = self.walk.envelope(entry)
         if info is None:
-            raise NoSuchObjectError(f"no sound entries object {entry}")
-        return _name(info[1]) if info[1] is not None else None
+            raise NoSuchObjectError(f"no sound entries object {_name(entry)}")
+        return info[1]
 
-    def blob_names(self, contents: Collection[str]) -> Iterator[str]:
+    def blob_names(self, contents: Collection[bytes]) -> Iterator[bytes]:
         named = self.walk.sidecars
-        for content in contents:
-            raw = raw_hash(content)
-            if raw is not None and raw in named:
-                yield from map(_name, named[raw])
+        for raw in filter(named.__contains__, contents):
+            yield from named[raw]
 
 
 class _Walk:

@@ -223,15 +223,17 @@ def sweep_objects(
         old, young = _split_by_age(snapshot, now - grace)
         ret = compute(_holds_blobs(old))
         env_bit, con_bit, blob_bit = SPACE_BITS["entries"], SPACE_BITS["contents"], SPACE_BITS["blobs"]
+        envelopes, contents, blobs = ret.envelopes.raws, ret.contents.raws, ret.blobs.raws
 
         def keep(name: str, spaces: int, mtime: float) -> bool:
             if now - mtime < grace:
                 return True
-            if spaces & env_bit and name in ret.envelopes:
+            raw = bytes.fromhex(name[7:])  # (an object's name, as the repack reads it)
+            if spaces & env_bit and raw in envelopes:
                 return True
-            if spaces & con_bit and name in ret.contents:
+            if spaces & con_bit and raw in contents:
                 return True
-            if spaces & blob_bit and name in ret.blobs:
+            if spaces & blob_bit and raw in blobs:
                 return True
             return False
 

@@ -14,9 +14,11 @@ psycopg 3 and psycopg-pool come with the ``postgresql`` extra
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -29,6 +31,9 @@ from .schema import SCHEMA_VERSION, MigrationPlan, create_statements
 from .sessions import PgSessions, parse_record
 
 __all__ = ["PostgresBackend", "SCHEMA_VERSION", "MigrationPlan", "migrate_store"]
+
+#: Rows a sweep's (or fsck's) read of the logs fetches at a time.
+RETENTION_BATCH = 2000
 
 _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
@@ -207,53 +212,55 @@ class PostgresBackend(Backend):
         such a log reads instead, as the file backend's fsck counts it."""
         from ...store.state import log_loss  # the domain's rule (it sits above the backends)
 
-        # One statement, one snapshot: an append writes its rows and the session's head in
-        # one transaction, so the head read here is never ahead of the rows read with it.
-        # The row's length and the log's last row (of any op) with them: the length index.
-        rows = self.db.query(
-            "SELECT s.key, s.id, s.head, s.last_pos, coalesce(m.last, 0), l.pos, l.record, l.hash, l.content "
-            "FROM sessions s LEFT JOIN (SELECT session, max(pos) AS last FROM log GROUP BY session) m "
-            "ON m.session = s.key LEFT JOIN log l ON l.session = s.key AND l.op IN ('append', 'create') "
-            "ORDER BY s.key, l.pos"
-        )
-        # Read after the logs, so rows a repair moves between the two reads are in one or both.
-        aside: dict[int, list[dict[str, Any]]] = {}
-        for key, text in self.db.query("SELECT session, record FROM log_aside ORDER BY session, kept, pos"):
-            record = parse_record(text)
-            if not isinstance(record, str):
-                aside.setdefault(int(key), []).append(record)
-        current: int | None = None
-        records: list[dict[str, Any]] = []
-        contents: dict[str, str] = {}
-        session_id, head, length = "", None, (0, 0)
-
-        def source() -> RetentionSource:
-            lost = log_loss(records, head, length) if refuse_damage else None
-            if lost is not None:
-                raise _damaged_log(session_id, lost)
-            assert current is not None
-            return RetentionSource(records + aside.pop(current, []), contents)
-
-        for key, sid, row_head, last_pos, last, pos, text, raw, content in rows:
-            if key != current:
-                if current is not None:
-                    yield source()
-                current, records, contents, session_id, head = key, [], {}, sid, row_head
-                length = (int(last_pos), int(last))
-            if text is None:
-                continue  # (a session with no create or append row: source() refuses it)
-            record = parse_record(text)
-            if isinstance(record, str):
-                if not refuse_damage:
-                    continue
-                raise _damaged_log(sid, f"log row {pos}: {record}")
-            records.append(record)
-            if raw is not None and content is not None:
-                contents[hash_name(bytes(raw))] = hash_name(bytes(content))
-        if current is not None:
-            yield source()
-        for kept in aside.values():  # (of sessions gone)
-            yield RetentionSource(kept)
+        # One snapshot for all of it (a read-only repeatable-read transaction, its two
+        # cursors streamed, so no more than a batch of rows and one session's records are
+        # held at a time): an append writes its rows and the session's head in one
+        # transaction, so the head read here is never ahead of the rows read with it, and
+        # a repair moves rows to log_aside in one, so each is read in one place. The row's
+        # length and the log's last row (of any op) with them: the length index.
+        with self.db.conn() as c, c.transaction():
+            c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            with c.cursor(name="retention_log") as logs, c.cursor(name="retention_aside") as kept:
+                logs.itersize = kept.itersize = RETENTION_BATCH
+                logs.execute(
+                    "SELECT s.key, s.id, s.head, s.last_pos, coalesce(m.last, 0), l.pos, l.record, l.hash, l.content "
+                    "FROM sessions s LEFT JOIN (SELECT session, max(pos) AS last FROM log GROUP BY session) m "
+                    "ON m.session = s.key LEFT JOIN log l ON l.session = s.key AND l.op IN ('append', 'create') "
+                    "ORDER BY s.key, l.pos"
+                )
+                kept.execute("SELECT session, record FROM log_aside ORDER BY session, kept, pos")
+                aside = _aside_by_session(kept)
+                pending = next(aside, None)
+                for key, rows in itertools.groupby(logs, key=operator.itemgetter(0)):
+                    while pending is not None and pending[0] < key:  # (kept of a session gone)
+                        yield RetentionSource(pending[1])
+                        pending = next(aside, None)
+                    records: list[dict[str, Any]] = []
+                    contents: dict[str, str] = {}
+                    session_id = head = None
+                    length = (0, 0)
+                    for _, sid, row_head, last_pos, last, pos, text, raw, content in rows:
+                        session_id, head, length = sid, row_head, (int(last_pos), int(last))
+                        if text is None:
+                            continue  # (a session with no create or append row: log_loss refuses it)
+                        record = parse_record(text)
+                        if isinstance(record, str):
+                            if not refuse_damage:
+                                continue
+                            raise _damaged_log(sid, f"log row {pos}: {record}")
+                        records.append(record)
+                        if raw is not None and content is not None:
+                            contents[hash_name(bytes(raw))] = hash_name(bytes(content))
+                    lost = log_loss(records, head, length) if refuse_damage else None
+                    if lost is not None:
+                        raise _damaged_log(str(session_id), lost)
+                    if pending is not None and pending[0] == key:
+                        records += pending[1]
+                        pending = next(aside, None)
+                    yield RetentionSource(records, contents)
+                while pending is not None:
+                    yield RetentionSource(pending[1])
+                    pending = next(aside, None)
 
     def sweep_objects(
         self, compute: Callable[[bool], Retained], *, grace: float, dry_run: bool, wait: float,
@@ -310,6 +317,15 @@ def migrate_store(url: str, *, dry_run: bool = False) -> MigrationPlan:
         return migrate_schema(db, dry_run=dry_run)
     finally:
         db.close()
+
+
+def _aside_by_session(rows: Iterable[tuple[Any, str]]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """The records ``log_aside`` rows hold (in session order), a session's together; rows
+    that are no record name nothing and are left out."""
+    for key, group in itertools.groupby(rows, key=operator.itemgetter(0)):
+        records = [r for r in (parse_record(text) for _, text in group) if not isinstance(r, str)]
+        if records:
+            yield int(key), records
 
 
 def _damaged_log(session_id: str, why: str) -> SweepRefusedError:

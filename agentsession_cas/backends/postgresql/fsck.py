@@ -23,7 +23,7 @@ from ...maintenance.check import check_sessions
 from ...maintenance.sweep import EnvelopeBytes, RawNames, unreferenced
 from ...store.state import index_damage, replay, stale_head
 from ..base import FsckReport
-from .objects import envelope_parents, hash_name, raw_hash
+from .objects import envelope_parents, hash_name
 from .schema import SPACE_CODES
 from .sessions import SNAPSHOT, snapshot_problem
 
@@ -96,19 +96,18 @@ class _Walked(EnvelopeBytes):
         self.named: dict[bytes, list[str]] = {}
         self.blobs: list[bytes] = []
 
-    def read_order(self, names: Iterable[str]) -> list[str]:
-        return list(names)
+    def read_order(self, raws: Iterable[bytes]) -> list[bytes]:
+        return list(raws)
 
-    def envelope(self, name: str) -> bytes:
-        data = self.envelopes.get(raw_hash(name) or b"")
+    def envelope(self, raw: bytes) -> bytes:
+        data = self.envelopes.get(raw)
         if data is None:
-            raise NoSuchObjectError(f"no sound entries object {name}")
+            raise NoSuchObjectError(f"no sound entries object {hash_name(raw)}")
         return data
 
-    def sidecars(self, name: str) -> list[str]:
-        raw = raw_hash(name) or b""
+    def sidecars(self, raw: bytes) -> list[str]:
         if raw not in self.contents:
-            raise NoSuchObjectError(f"no sound contents object {name}")
+            raise NoSuchObjectError(f"no sound contents object {hash_name(raw)}")
         return self.named.get(raw, [])
 
 

@@ -7,7 +7,8 @@
   never blocked for longer than one batch's rows and an object a writer
   freshened meanwhile stays. What a log names is retained by the domain's
   rule; a fork made within the grace holds its prefix with one ``holds``
-  row (no row of the prefix rewritten), kept here by the same rule.
+  row (no row of the prefix rewritten), added by the same rule's walk
+  (:func:`agentsession_cas.maintenance.sweep.retain_prefixes`).
   A write committed after the logs were read either wrote its objects (a
   ``born`` after the barrier) or names entries some log read before held
   (a fork needs its base held by a session or a prefix), so it loses
@@ -25,10 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ...errors import AgentSessionError
-from ...format.canonical import loads
-from ...format.hashing import envelope_content
-from ...format.media import sidecar_names
 from ..base import RepackResult, Retained
 from .database import sql
 from .objects import hash_name
@@ -66,9 +63,13 @@ def sweep_objects(
         held = [b for (b,) in c.execute("SELECT base FROM holds WHERE at >= %s", [cutoff]).fetchall()]
     blobs = any(space == SPACE_CODES["blobs"] for space, _, _ in old)
     ret = compute(blobs)
-    retain_prefixes(backend, held, ret, blobs=blobs)  # forks made within the grace hold theirs
-    retained = {SPACE_CODES["entries"]: ret.envelopes, SPACE_CODES["contents"]: ret.contents, SPACE_CODES["blobs"]: ret.blobs}
-    drop = [(space, bytes(raw), n) for space, raw, n in old if hash_name(bytes(raw)) not in retained[space]]
+    # Forks made within the grace hold theirs, by the domain's rule (it sits above the backends).
+    from ...maintenance.sweep import StoredObjects, retain_prefixes
+
+    retain_prefixes(ret, held, StoredObjects(backend.objects), blobs=blobs)
+    retained = {SPACE_CODES["entries"]: ret.envelopes.raws, SPACE_CODES["contents"]: ret.contents.raws,
+                SPACE_CODES["blobs"]: ret.blobs.raws}
+    drop = [(space, bytes(raw), n) for space, raw, n in old if bytes(raw) not in retained[space]]
     result = RepackResult(dry_run=dry_run, loose_before=int(total), bytes_before=int(size))
     removed = 0
     removed_bytes = 0
@@ -114,34 +115,6 @@ def sweep_objects(
     result.objects = int(total) - removed
     result.bytes_after = int(size) - removed_bytes - int(block_bytes)
     return result, int(total) - len(old), [], ret
-
-
-def retain_prefixes(backend: PostgresBackend, bases: list[str], ret: Retained, *, blobs: bool) -> None:
-    """Add to ``ret`` the prefixes root..base of ``bases`` (walking up until an envelope
-    already retained), their contents and, where the store holds blobs, the blobs those
-    name: the sweep's rule for a prefix (:func:`agentsession_cas.maintenance.sweep.retained`)."""
-    objects = backend.objects
-    for base in bases:
-        current: str | None = base
-        while current is not None and current not in ret.envelopes:
-            ret.envelopes.add(current)
-            try:
-                env = objects.get("entries", current)
-            except AgentSessionError:
-                break  # missing or corrupt: fsck's business
-            content = envelope_content(env)
-            if content is not None and content not in ret.contents:
-                ret.contents.add(content)
-                if blobs:
-                    try:
-                        ret.blobs.update(sidecar_names(objects.get("contents", content)))
-                    except AgentSessionError:
-                        pass
-            try:
-                parent = loads(env).get("parent")
-            except (ValueError, AttributeError):
-                break
-            current = parent if isinstance(parent, str) else None
 
 
 def storage_report(backend: PostgresBackend) -> RepackResult:
