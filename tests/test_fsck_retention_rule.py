@@ -217,3 +217,37 @@ def test_the_rule_holds_a_log_of_many_entries_in_digests(tmp_path):
         tracemalloc.stop()
     assert len(ret.envelopes) == len(ret.contents) == 20_000
     assert held / 20_000 < 400, held / 20_000
+
+
+def test_stored_objects_pass_by_what_a_chunk_lacks_and_keep_the_rest():
+    """The rule reads a store's objects a chunk at a time (``get_many``); a chunk holding
+    one object missing or corrupt is read again one by one, that one passed by (it names
+    nothing, as when read alone), every other one of the chunk read."""
+    from agentsession_cas.errors import CorruptObjectError
+    from agentsession_cas.format.hashing import sha256_ref
+    from agentsession_cas.format.media import sidecar_names
+    from agentsession_cas.maintenance.sweep import StoredObjects
+
+    bodies = [f'{{"n":{i}}}'.encode() for i in range(5)]
+    held = {sha256_ref(b): b for b in bodies}
+    names = list(held)
+    missing, corrupt = "sha256:" + "0" * 64, names[3]
+
+    class Objects:
+        def read_order(self, order):
+            return list(order)
+
+        def get(self, space, name):
+            if name == corrupt:
+                raise CorruptObjectError(f"{name} is corrupt", space=space, name=name, path="x")
+            if name not in held:
+                raise NoSuchObjectError(f"no {space} object {name}")
+            return held[name]
+
+        def get_many(self, space, order):
+            return [self.get(space, name) for name in order]
+
+    stored = StoredObjects(Objects())  # type: ignore[arg-type]
+    asked = [bytes.fromhex(n[7:]) for n in (*names, missing)]
+    assert list(stored.envelopes_of(asked)) == [held[n] for n in names if n != corrupt]
+    assert list(stored.sidecars_of(asked)) == [sidecar_names(held[n]) for n in names if n != corrupt]
