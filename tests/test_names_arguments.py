@@ -252,3 +252,65 @@ def test_create_base_prefix_of_two_entries_is_ambiguous_across_sessions(tmp_path
     err = json.loads(r.stderr)["error"]
     assert err["code"] == "ambiguous" and err["candidates"] == pair
     assert err["message"].startswith(f"{shared} is the start of 2 entry ids in the store at ")
+
+
+# -- a name that is no object name: one wording, one code, wherever it is given --------------
+
+#: A hostile name: the old wordings (``{name!r}``) sent all 10,000 characters back.
+LONG = "x" * 10_000
+
+
+def test_a_long_name_that_is_no_object_name_is_cut_alike_on_every_route(tmp_path):
+    """The server's object routes, its ``missing`` parse and a batch upload's frame
+    spelled the wording out again with ``!r``: a 10,000-character name came back whole.
+    Now each raises ``errors.not_an_object_name``, cut by ``quoted()``."""
+    from starlette.testclient import TestClient
+
+    from agentsession_cas.errors import not_an_object_name
+    from agentsession_cas.server.app import ServerState, create_app
+
+    want = str(not_an_object_name(LONG))
+    assert len(want) < 200 and "(10000 characters)" in want
+    state = ServerState(Store.init(tmp_path / "srv"), None)
+    with TestClient(create_app(state), base_url="http://testserver/v1") as c:
+        answers = {
+            "GET object": c.get(f"/objects/entries/{LONG}"),
+            "PUT object": c.put(f"/objects/media/{LONG}", content=b"x"),
+            "missing": c.post("/objects/missing", json={"entries": [LONG]}),
+            # (a frame's line is at most 200 bytes: a name of 150 is cut all the same)
+            "batch upload": c.post("/objects", content=f"media {LONG[:150]} 1\nx".encode()),
+        }
+    framed = f"object frame 0: {not_an_object_name(LONG[:150])}"
+    assert "(150 characters)" in framed
+    for what, r in answers.items():
+        body = r.json()
+        assert (r.status_code, body["library_code"]) == (400, "bad_name"), (what, body)
+        assert body["detail"] == (want if what != "batch upload" else framed), what
+
+
+def test_a_name_that_is_no_object_name_is_bad_name_at_the_endpoint_and_every_put(tmp_path):
+    """``StoreEndpoint.missing`` says it by the one helper; a put of a name that is no
+    object name is ``bad_name`` on every backend: the memory store kept it as given, and
+    PostgreSQL's rows said ``no_object``, as if the name were merely absent."""
+    from agentsession_cas.backends.postgresql.objects import object_rows
+    from agentsession_cas.errors import not_an_object_name
+    from agentsession_cas.exchange.endpoint import StoreEndpoint
+
+    with Store.init("memory:") as mem, Store.init(tmp_path / "f") as files:
+        with pytest.raises(BadNameError) as caught:
+            StoreEndpoint(mem).missing({"entries": [LONG]})
+        assert str(caught.value) == str(not_an_object_name(LONG))
+        for objects in (mem.backend.objects, files.backend.objects):
+            for name in ("junk", "sha256:" + "A" * 64):
+                with pytest.raises(BadNameError) as caught:
+                    objects.put("blobs", name, b"x")
+                assert str(caught.value) == str(not_an_object_name(name)), objects
+                with pytest.raises(BadNameError) as caught:
+                    objects.put_many([("blobs", name, b"x")])
+                assert str(caught.value) == str(not_an_object_name(name)), objects
+        assert list(mem.backend.objects.names("blobs")) == []
+    for name in ("junk", "sha256:" + "A" * 64):
+        with pytest.raises(BadNameError) as caught:
+            object_rows([("blobs", name, b"x")], None)  # type: ignore[arg-type]  (refused before any is encoded)
+        assert caught.value.code == "bad_name" and str(caught.value) == str(not_an_object_name(name))
+
