@@ -60,7 +60,8 @@ BAD_ARGUMENTS = {
     "PreparedBatch.commit durable": (lambda st, s: s.prepare([dict(ITEM, ts="2026-12-04T05:00:00Z")]).commit(durable="no"),
                                      "durable is True, False or None"),
     "Session.set_head expected": (lambda st, s: s.set_head(s.head, expected="abcd"),
-                                  "the expected head is an entry id (sha256: and 64 lowercase hex digits) or None"),
+                                  "the expected head 'abcd' is not an entry id (sha256: and 64 lowercase hex digits) "
+                                  "nor None (no head)"),
 }
 
 
@@ -313,4 +314,66 @@ def test_a_name_that_is_no_object_name_is_bad_name_at_the_endpoint_and_every_put
         with pytest.raises(BadNameError) as caught:
             object_rows([("blobs", name, b"x")], None)  # type: ignore[arg-type]  (refused before any is encoded)
         assert caught.value.code == "bad_name" and str(caught.value) == str(not_an_object_name(name))
+
+
+# -- a header that is no header, entries that are no entries: the caller's argument ----------
+
+
+@pytest.mark.parametrize("given", ["hello", 42, None, ["id", "s1"]])
+def test_create_of_what_is_no_header_is_a_bad_argument_before_read_only(tmp_path, given):
+    """``Store.create("hello")`` was ``bad_file`` (a SessionFormatError, as if a file did not
+    read); it is an argument of the wrong type, said before the store's mode is."""
+    with Store.init("memory:") as st:
+        with pytest.raises(BadArgumentError) as caught:
+            st.create(given)  # type: ignore[arg-type]
+        assert caught.value.code == "bad_argument" and st.list() == []
+        assert f"a header is a Header or a JSON object (a dict), not {type(given).__name__}" in str(caught.value)
+    Store.init(tmp_path / "s").close()
+    with Store(tmp_path / "s", readonly=True) as ro:
+        with pytest.raises(BadArgumentError):
+            ro.create(given)  # type: ignore[arg-type]
+        with pytest.raises(ReadOnlyError):
+            ro.create(Header.new("s1"))
+
+
+@pytest.mark.parametrize("given", [42, None, "hello", ITEM])
+def test_prepare_of_what_is_no_iterable_of_entries_is_a_bad_argument(st, given):
+    """``prepare(42)`` was ``bad_entry`` (an AppendRefusedError, rule ``json``), as if an entry
+    were refused; it is the caller's argument of the wrong type. Nothing is written."""
+    s = _session(st)
+    before = (s.head, len(s))
+    with pytest.raises(BadArgumentError) as caught:
+        s.prepare(given)  # type: ignore[arg-type]
+    assert caught.value.code == "bad_argument" and not isinstance(caught.value, StoreError)
+    assert "prepare takes entries (an iterable of Entry or JSON objects)" in str(caught.value)
+    assert (s.head, len(s)) == before
+    assert s.prepare([dict(ITEM, ts="2026-12-04T05:00:03Z")]).results[0].outcome == "continued"
+
+
+# -- an expected head that is no entry id: one check, one code ---------------------------------
+
+
+@pytest.mark.parametrize("expected", ["abcd", "", 42, "sha256:" + "A" * 64])
+def test_a_malformed_expected_head_is_one_mistake_wherever_it_is_given(tmp_path, expected):
+    """A push's and ``declare_record``'s ``expected=`` said ``bad_name`` where ``set_head``
+    said ``bad_argument`` for the same mistake; now the one check (``bad_argument``), with
+    the one wording, before anything is sent."""
+    from agentsession_cas import exchange as ex
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    Store.init(b).close()
+    with Store.init(a) as st:
+        s = st.create(Header.new(SID))
+        s.append(ITEM)
+        messages = []
+        for call in (lambda: s.set_head(s.head, expected=expected),
+                     lambda: ex.push(st, b, SID, expected=expected),
+                     lambda: ex.declare_record(st, SID, expected=expected)):
+            with pytest.raises(BadArgumentError) as caught:
+                call()
+            assert caught.value.code == "bad_argument"
+            messages.append(str(caught.value))
+    assert len(set(messages)) == 1 and "is not an entry id" in messages[0], messages
+    with Store(b, readonly=True) as far:
+        assert far.list() == []  # nothing was sent
 
