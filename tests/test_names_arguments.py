@@ -377,3 +377,64 @@ def test_a_malformed_expected_head_is_one_mistake_wherever_it_is_given(tmp_path,
     with Store(b, readonly=True) as far:
         assert far.list() == []  # nothing was sent
 
+
+# -- create --base ID: a session stands for its head -------------------------------------------
+
+
+def _created(a: Path, *argv: str) -> dict:
+    r = cli(a, "create", *argv, "--json")
+    assert r.exit_code == 0, (argv, r.stderr)
+    out = json.loads(r.stdout)
+    with Store(a, readonly=True) as st:
+        out["parent_session"] = st.read(out["session"]).header.data.get("parent_session")
+    return out
+
+
+def test_create_base_takes_a_session_id_for_its_head(pushed):
+    """``create --base s1`` was refused (``'s1' is not an entry id nor a prefix``): a session's
+    id now names its head, as git takes a branch where a commit is wanted, and the session
+    named is the fork's parent_session (and its fork_of link's), even where its head is an
+    entry another session holds (a fork with no entries of its own: head = base)."""
+    a, _, ids = pushed
+    out = _created(a, "--id", "f1", "--base", SID, "--link")
+    assert (out["base"], out["parent_session"]) == (ids[-1], SID)
+    with Store(a) as st:
+        st.fork(SID, ids[0], session_id="bare")  # its head is its base, an entry of s1
+    out = _created(a, "--id", "f2", "--base", "bare")
+    assert (out["base"], out["head"], out["parent_session"]) == (ids[0], ids[0], "bare")
+    assert _created(a, "--id", "f3", "--base", ids[0][7:15])["parent_session"] == SID  # an entry: its holder
+
+
+def test_create_base_of_a_session_with_no_head_says_so(pushed):
+    a, _, _ = pushed
+    with Store(a) as st:
+        st.create(Header.new("empty"))
+    r = cli(a, "create", "--id", "f9", "--base", "empty", "--json")
+    assert r.exit_code == 1, r.stderr
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == "bad_base" and err["message"] == "session empty has no head to fork at; name an entry"
+    with Store(a, readonly=True) as st:
+        assert "f9" not in st
+
+
+def test_create_base_that_is_a_session_and_another_entry_is_ambiguous(pushed):
+    """A session id of hex digits that is also the start of another entry's id is refused
+    (code ``ambiguous``), naming both: neither reading wins silently. ``sha256:`` before the
+    digits names the entry; the head's id the session; both naming one entry is no ambiguity."""
+    a, _, ids = pushed
+    both = ids[1][7:15]
+    with Store(a) as st:
+        st.fork(SID, ids[0], session_id=both)  # its head: ids[0]; its id: the start of ids[1]
+        st.fork(SID, ids[0], session_id=ids[0][7:15])  # its id the start of its own head
+    r = cli(a, "create", "--id", "f9", "--base", both, "--json")
+    assert r.exit_code == 1, r.stderr
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == "ambiguous" and err["candidates"] == sorted([ids[0], ids[1]]), err
+    assert err["message"].startswith(f"{both} is both a session in the store at "), err
+    assert f"(its head: {ids[0]}) and the start of an entry id: {ids[1]}; give the head's id" in err["message"]
+    with Store(a, readonly=True) as st:
+        assert "f9" not in st
+    assert _created(a, "--id", "f1", "--base", "sha256:" + both)["base"] == ids[1]
+    assert _created(a, "--id", "f2", "--base", ids[0])["base"] == ids[0]
+    out = _created(a, "--id", "f3", "--base", ids[0][7:15])
+    assert (out["base"], out["parent_session"]) == (ids[0], ids[0][7:15])

@@ -407,7 +407,7 @@ class Store:
         try:
             base = o.head if at is None else at
             if base is None:
-                raise BadBaseError(f"session {origin} has no head to fork at; name an entry")
+                raise BadBaseError.no_head(origin)
             if base not in o and base != o.base and base not in o.prefix_set:
                 raise BaseNotHeldError(f"entry {base} is not on session {origin} (its own entries, base or prefix)")
             media, payload = o.header.data.get("media"), o.header.payload
