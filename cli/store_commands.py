@@ -591,9 +591,10 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
 def create(base: str | None, header_file: str | None, new_id: str | None, fork_link: bool, as_json: bool) -> None:
     """Create a session (a record) and print its id.
 
-    A fork (--base) whose header names no parent_session gets the session
-    holding the base; --link also records that session in a fork_of link,
-    the fork's first entry.
+    --base H is an entry (its id or a unique prefix) or a session's id, for its
+    head. A fork whose header names no parent_session gets the session named,
+    or the one holding the entry; --link also records that session in a
+    fork_of link, the fork's first entry.
 
     \b
     Example (a fork of session ID at its head, to try another turn from there):
