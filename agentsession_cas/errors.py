@@ -349,6 +349,12 @@ class BadBaseError(StoreError):
     code = "bad_base"
     status = 422
 
+    @classmethod
+    def no_head(cls, session: str) -> BadBaseError:
+        """A fork asked for at the head of a session that has none (``Store.fork`` at no
+        entry, ``create --base ID``): one wording wherever a session stands for its head."""
+        return cls(f"session {session} has no head to fork at; name an entry")
+
 
 class MirrorError(StoreError):
     """A local append or head move on a session this store is a mirror of."""

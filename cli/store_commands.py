@@ -38,7 +38,7 @@ from agentsession_cas.format.links import fork_of_link
 from agentsession_cas.format.names import check_session_id
 from agentsession_cas.lean import dataclass
 from agentsession_cas.store import Session, Store, default_store_path
-from agentsession_cas.store.names import REF_PREFIX, resolve_entry, resolve_object, resolve_session, resolve_store_entry
+from agentsession_cas.store.names import REF_PREFIX, resolve_base, resolve_entry, resolve_object, resolve_session
 from agentsession_cas.store.refs import Refs
 from agentsession_cas.store.url import open_store, store_url_kind
 
@@ -589,7 +589,9 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--base", metavar="H", help="Fork from entry H (its id, or a unique prefix of 4+ hex digits), which the store holds.")
+@click.option("--base", metavar="H",
+              help="Fork from entry H (its id, or a unique prefix of 4+ hex digits), which the store holds, "
+                   "or from the head of session H.")
 @click.option("--header", "header_file", metavar="FILE", help="Take the header from FILE (a JSON object; - for stdin).")
 @click.option("--id", "new_id", metavar="ID", help="The session id (default: a new uuid, or the header's).")
 @click.option("--link", "fork_link", is_flag=True,
@@ -598,13 +600,14 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
 def create(base: str | None, header_file: str | None, new_id: str | None, fork_link: bool, as_json: bool) -> None:
     """Create a session (a record) and print its id.
 
-    A fork (--base) whose header names no parent_session gets the session
-    holding the base; --link also records that session in a fork_of link,
-    the fork's first entry.
+    --base H is an entry (its id or a unique prefix) or a session's id, for its
+    head. A fork whose header names no parent_session gets the session named,
+    or the one holding the entry; --link also records that session in a
+    fork_of link, the fork's first entry.
 
     \b
     Example (a fork of session ID at its head, to try another turn from there):
-      agentsession create --id ID-retry --base "$(agentsession head ID)" --link
+      agentsession create --id ID-retry --base ID --link
     """
     if fork_link and base is None:
         raise click.UsageError("--link records the session a fork was made from: give --base")
@@ -635,8 +638,12 @@ def create(base: str | None, header_file: str | None, new_id: str | None, fork_l
     else:
         header = Header.new(str(uuid.uuid4()) if new_id is None else new_id, base=base)
     with write_store() as store:
-        if base is not None:  # (named as an entry is named, among every entry the store holds)
-            header = Header({**header.data, "base": resolve_store_entry(store, base)})
+        if base is not None:  # (a session's head, or an entry named among every entry the store holds)
+            entry, of = resolve_base(store, base)
+            data = {**header.data, "base": entry}
+            if of is not None and data.get("parent_session") is None:
+                data["parent_session"] = of  # the session named, which the store's holder of a prefix entry is not
+            header = Header(data)
         s = store.create(header)
         if fork_link:
             origin = s.header.data.get("parent_session")

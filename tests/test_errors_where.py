@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from agentsession_cas import Header
-from agentsession_cas.errors import AgentSessionError, AppendRefusedError, BadNameError, SessionFormatError
+from agentsession_cas.errors import (
+    AgentSessionError,
+    AppendRefusedError,
+    BadArgumentError,
+    BadNameError,
+    SessionFormatError,
+)
 from agentsession_cas.store.url import open_store
 from contract_helpers import BACKENDS
 
@@ -42,22 +48,27 @@ def test_an_append_of_what_is_no_entry_is_a_bad_entry_saying_what_was_given(st, 
     assert len(s) == 2
 
 
-@pytest.mark.parametrize("given, kind", [("hello", "str"), (ENTRY, "dict")])
+@pytest.mark.parametrize("given, kind", [("hello", "str"), (ENTRY, "dict"), (42, "int"), (None, "NoneType")])
 def test_prepare_of_one_entry_or_a_string_says_it_takes_several(st, given, kind):
+    """What is no iterable of entries is the caller's argument of the wrong type
+    (``bad_argument``, as every other), not an entry the rules refused (``bad_entry``,
+    which it was before session 40); an entry in the batch that is none stays that."""
     s = st.create(Header.new("s1"))
-    with pytest.raises(AppendRefusedError) as caught:
+    with pytest.raises(BadArgumentError) as caught:
         s.prepare(given)
-    assert caught.value.code == "bad_entry"
+    assert caught.value.code == "bad_argument"
     assert f"prepare takes entries (an iterable of Entry or JSON objects), not one {kind}" in str(caught.value)
     with pytest.raises(AppendRefusedError, match="an entry is an Entry or a JSON object"):
         s.prepare([ENTRY, "hello"])
     assert len(s) == 0
 
 
-def test_a_create_of_what_is_no_header_is_a_bad_file_saying_what_was_given(st):
-    with pytest.raises(SessionFormatError) as caught:
+def test_a_create_of_what_is_no_header_is_a_bad_argument_saying_what_was_given(st):
+    """A str where a header is wanted is the caller's argument of the wrong type
+    (``bad_argument``), not a session file that does not read (``bad_file``, before session 40)."""
+    with pytest.raises(BadArgumentError) as caught:
         st.create("hello")  # type: ignore[arg-type]
-    assert caught.value.code == "bad_file"
+    assert caught.value.code == "bad_argument" and not isinstance(caught.value, SessionFormatError)
     assert "a header is a Header or a JSON object (a dict), not str: 'hello'" in str(caught.value)
     assert st.list() == []
 

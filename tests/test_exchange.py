@@ -21,6 +21,7 @@ from agentsession_cas import Header, read_session_bytes
 from agentsession_cas.backends.files.remotes import remote_key
 from agentsession_cas.errors import (
     AppendRefusedError,
+    BadArgumentError,
     BadObjectError,
     HandoverIncompleteError,
     HeaderDiffersError,
@@ -1358,9 +1359,9 @@ def test_an_expected_head_that_is_no_entry_id_is_refused_before_anything_is_sent
     ex.push(a, broot, "s1")
     more(a, "s1", 1, "x")
     snap = tree_snapshot(broot)
-    with pytest.raises(StoreError, match="not an entry id"):
+    with pytest.raises(BadArgumentError, match="not an entry id"):  # (as set_head's: bad_name before session 40)
         ex.push(a, broot, "s1", expected=ids[-1][:19])  # a short id is not a head
-    with pytest.raises(StoreError, match="not an entry id"):
+    with pytest.raises(BadArgumentError, match="not an entry id"):
         ex.declare_record(b, "s1", expected="abc")
     assert tree_snapshot(broot) == snap
     a.close()

@@ -60,7 +60,8 @@ BAD_ARGUMENTS = {
     "PreparedBatch.commit durable": (lambda st, s: s.prepare([dict(ITEM, ts="2026-12-04T05:00:00Z")]).commit(durable="no"),
                                      "durable is True, False or None"),
     "Session.set_head expected": (lambda st, s: s.set_head(s.head, expected="abcd"),
-                                  "the expected head is an entry id (sha256: and 64 lowercase hex digits) or None"),
+                                  "the expected head 'abcd' is not an entry id (sha256: and 64 lowercase hex digits) "
+                                  "nor None (no head)"),
 }
 
 
@@ -252,3 +253,188 @@ def test_create_base_prefix_of_two_entries_is_ambiguous_across_sessions(tmp_path
     err = json.loads(r.stderr)["error"]
     assert err["code"] == "ambiguous" and err["candidates"] == pair
     assert err["message"].startswith(f"{shared} is the start of 2 entry ids in the store at ")
+
+
+# -- a name that is no object name: one wording, one code, wherever it is given --------------
+
+#: A hostile name: the old wordings (``{name!r}``) sent all 10,000 characters back.
+LONG = "x" * 10_000
+
+
+def test_a_long_name_that_is_no_object_name_is_cut_alike_on_every_route(tmp_path):
+    """The server's object routes, its ``missing`` parse and a batch upload's frame
+    spelled the wording out again with ``!r``: a 10,000-character name came back whole.
+    Now each raises ``errors.not_an_object_name``, cut by ``quoted()``."""
+    from starlette.testclient import TestClient
+
+    from agentsession_cas.errors import not_an_object_name
+    from agentsession_cas.server.app import ServerState, create_app
+
+    want = str(not_an_object_name(LONG))
+    assert len(want) < 200 and "(10000 characters)" in want
+    state = ServerState(Store.init(tmp_path / "srv"), None)
+    with TestClient(create_app(state), base_url="http://testserver/v1") as c:
+        answers = {
+            "GET object": c.get(f"/objects/entries/{LONG}"),
+            "PUT object": c.put(f"/objects/media/{LONG}", content=b"x"),
+            "missing": c.post("/objects/missing", json={"entries": [LONG]}),
+            # (a frame's line is at most 200 bytes: a name of 150 is cut all the same)
+            "batch upload": c.post("/objects", content=f"media {LONG[:150]} 1\nx".encode()),
+        }
+    framed = f"object frame 0: {not_an_object_name(LONG[:150])}"
+    assert "(150 characters)" in framed
+    for what, r in answers.items():
+        body = r.json()
+        assert (r.status_code, body["library_code"]) == (400, "bad_name"), (what, body)
+        assert body["detail"] == (want if what != "batch upload" else framed), what
+
+
+def test_a_name_that_is_no_object_name_is_bad_name_at_the_endpoint_and_every_put(tmp_path):
+    """``StoreEndpoint.missing`` says it by the one helper; a put of a name that is no
+    object name is ``bad_name`` on every backend: the memory store kept it as given, and
+    PostgreSQL's rows said ``no_object``, as if the name were merely absent."""
+    from agentsession_cas.backends.postgresql.objects import object_rows
+    from agentsession_cas.errors import not_an_object_name
+    from agentsession_cas.exchange.endpoint import StoreEndpoint
+
+    with Store.init("memory:") as mem, Store.init(tmp_path / "f") as files:
+        with pytest.raises(BadNameError) as caught:
+            StoreEndpoint(mem).missing({"entries": [LONG]})
+        assert str(caught.value) == str(not_an_object_name(LONG))
+        for objects in (mem.backend.objects, files.backend.objects):
+            for name in ("junk", "sha256:" + "A" * 64):
+                with pytest.raises(BadNameError) as caught:
+                    objects.put("blobs", name, b"x")
+                assert str(caught.value) == str(not_an_object_name(name)), objects
+                with pytest.raises(BadNameError) as caught:
+                    objects.put_many([("blobs", name, b"x")])
+                assert str(caught.value) == str(not_an_object_name(name)), objects
+        assert list(mem.backend.objects.names("blobs")) == []
+    for name in ("junk", "sha256:" + "A" * 64):
+        with pytest.raises(BadNameError) as caught:
+            object_rows([("blobs", name, b"x")], None)  # type: ignore[arg-type]  (refused before any is encoded)
+        assert caught.value.code == "bad_name" and str(caught.value) == str(not_an_object_name(name))
+
+
+# -- a header that is no header, entries that are no entries: the caller's argument ----------
+
+
+@pytest.mark.parametrize("given", ["hello", 42, None, ["id", "s1"]])
+def test_create_of_what_is_no_header_is_a_bad_argument_before_read_only(tmp_path, given):
+    """``Store.create("hello")`` was ``bad_file`` (a SessionFormatError, as if a file did not
+    read); it is an argument of the wrong type, said before the store's mode is."""
+    with Store.init("memory:") as st:
+        with pytest.raises(BadArgumentError) as caught:
+            st.create(given)  # type: ignore[arg-type]
+        assert caught.value.code == "bad_argument" and st.list() == []
+        assert f"a header is a Header or a JSON object (a dict), not {type(given).__name__}" in str(caught.value)
+    Store.init(tmp_path / "s").close()
+    with Store(tmp_path / "s", readonly=True) as ro:
+        with pytest.raises(BadArgumentError):
+            ro.create(given)  # type: ignore[arg-type]
+        with pytest.raises(ReadOnlyError):
+            ro.create(Header.new("s1"))
+
+
+@pytest.mark.parametrize("given", [42, None, "hello", ITEM])
+def test_prepare_of_what_is_no_iterable_of_entries_is_a_bad_argument(st, given):
+    """``prepare(42)`` was ``bad_entry`` (an AppendRefusedError, rule ``json``), as if an entry
+    were refused; it is the caller's argument of the wrong type. Nothing is written."""
+    s = _session(st)
+    before = (s.head, len(s))
+    with pytest.raises(BadArgumentError) as caught:
+        s.prepare(given)  # type: ignore[arg-type]
+    assert caught.value.code == "bad_argument" and not isinstance(caught.value, StoreError)
+    assert "prepare takes entries (an iterable of Entry or JSON objects)" in str(caught.value)
+    assert (s.head, len(s)) == before
+    assert s.prepare([dict(ITEM, ts="2026-12-04T05:00:03Z")]).results[0].outcome == "continued"
+
+
+# -- an expected head that is no entry id: one check, one code ---------------------------------
+
+
+@pytest.mark.parametrize("expected", ["abcd", "", 42, "sha256:" + "A" * 64])
+def test_a_malformed_expected_head_is_one_mistake_wherever_it_is_given(tmp_path, expected):
+    """A push's and ``declare_record``'s ``expected=`` said ``bad_name`` where ``set_head``
+    said ``bad_argument`` for the same mistake; now the one check (``bad_argument``), with
+    the one wording, before anything is sent."""
+    from agentsession_cas import exchange as ex
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    Store.init(b).close()
+    with Store.init(a) as st:
+        s = st.create(Header.new(SID))
+        s.append(ITEM)
+        messages = []
+        for call in (lambda: s.set_head(s.head, expected=expected),
+                     lambda: ex.push(st, b, SID, expected=expected),
+                     lambda: ex.declare_record(st, SID, expected=expected)):
+            with pytest.raises(BadArgumentError) as caught:
+                call()
+            assert caught.value.code == "bad_argument"
+            messages.append(str(caught.value))
+    assert len(set(messages)) == 1 and "is not an entry id" in messages[0], messages
+    with Store(b, readonly=True) as far:
+        assert far.list() == []  # nothing was sent
+
+
+# -- create --base ID: a session stands for its head -------------------------------------------
+
+
+def _created(a: Path, *argv: str) -> dict:
+    r = cli(a, "create", *argv, "--json")
+    assert r.exit_code == 0, (argv, r.stderr)
+    out = json.loads(r.stdout)
+    with Store(a, readonly=True) as st:
+        out["parent_session"] = st.read(out["session"]).header.data.get("parent_session")
+    return out
+
+
+def test_create_base_takes_a_session_id_for_its_head(pushed):
+    """``create --base s1`` was refused (``'s1' is not an entry id nor a prefix``): a session's
+    id now names its head, as git takes a branch where a commit is wanted, and the session
+    named is the fork's parent_session (and its fork_of link's), even where its head is an
+    entry another session holds (a fork with no entries of its own: head = base)."""
+    a, _, ids = pushed
+    out = _created(a, "--id", "f1", "--base", SID, "--link")
+    assert (out["base"], out["parent_session"]) == (ids[-1], SID)
+    with Store(a) as st:
+        st.fork(SID, ids[0], session_id="bare")  # its head is its base, an entry of s1
+    out = _created(a, "--id", "f2", "--base", "bare")
+    assert (out["base"], out["head"], out["parent_session"]) == (ids[0], ids[0], "bare")
+    assert _created(a, "--id", "f3", "--base", ids[0][7:15])["parent_session"] == SID  # an entry: its holder
+
+
+def test_create_base_of_a_session_with_no_head_says_so(pushed):
+    a, _, _ = pushed
+    with Store(a) as st:
+        st.create(Header.new("empty"))
+    r = cli(a, "create", "--id", "f9", "--base", "empty", "--json")
+    assert r.exit_code == 1, r.stderr
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == "bad_base" and err["message"] == "session empty has no head to fork at; name an entry"
+    with Store(a, readonly=True) as st:
+        assert "f9" not in st
+
+
+def test_create_base_that_is_a_session_and_another_entry_is_ambiguous(pushed):
+    """A session id of hex digits that is also the start of another entry's id is refused
+    (code ``ambiguous``), naming both: neither reading wins silently. ``sha256:`` before the
+    digits names the entry; the head's id the session; both naming one entry is no ambiguity."""
+    a, _, ids = pushed
+    both = ids[1][7:15]
+    with Store(a) as st:
+        st.fork(SID, ids[0], session_id=both)  # its head: ids[0]; its id: the start of ids[1]
+        st.fork(SID, ids[0], session_id=ids[0][7:15])  # its id the start of its own head
+    r = cli(a, "create", "--id", "f9", "--base", both, "--json")
+    assert r.exit_code == 1, r.stderr
+    err = json.loads(r.stderr)["error"]
+    assert err["code"] == "ambiguous" and err["candidates"] == sorted([ids[0], ids[1]]), err
+    assert err["message"].startswith(f"{both} is both a session in the store at "), err
+    assert f"(its head: {ids[0]}) and the start of an entry id: {ids[1]}; give the head's id" in err["message"]
+    with Store(a, readonly=True) as st:
+        assert "f9" not in st
+    assert _created(a, "--id", "f1", "--base", "sha256:" + both)["base"] == ids[1]
+    assert _created(a, "--id", "f2", "--base", ids[0])["base"] == ids[0]
+    out = _created(a, "--id", "f3", "--base", ids[0][7:15])
+    assert (out["base"], out["parent_session"]) == (ids[0], ids[0][7:15])

@@ -31,8 +31,9 @@ from ..errors import (
     SessionExistsError,
     SessionLockedError,
     StoreError,
+    not_an_object_name,
 )
-from ..format.hashing import sha256_ref
+from ..format.hashing import is_hash, sha256_ref
 from ..lean import dataclass
 from .base import (
     Append,
@@ -131,8 +132,11 @@ class MemoryObjects(ObjectStore):
 
     def put(self, space: Space, name: str, data: bytes, *, durable: bool = True) -> None:
         """Under the store's lock, as a sweep decides under it: a put beside a sweep in
-        another thread changed the dicts it was walking ("dictionary changed size")."""
+        another thread changed the dicts it was walking ("dictionary changed size"). A
+        name that is no object name is refused, as the other backends refuse it."""
         self.backend.require_writable()
+        if not is_hash(name):
+            raise not_an_object_name(name)
         key = (space, name)
         with self.data.lock:
             current = self.data.objects.get(key)

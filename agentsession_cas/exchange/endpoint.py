@@ -18,7 +18,6 @@ from ..backends.base import SPACES, ObjectStore, Space
 from ..errors import (
     AgentSessionError,
     AppendRefusedError,
-    BadNameError,
     BadObjectError,
     CorruptObjectError,
     CorruptPackError,
@@ -33,7 +32,7 @@ from ..errors import (
     RefMovedError,
     SessionLockedError,
     StoreError,
-    quoted,
+    not_an_object_name,
 )
 from ..format import parallel
 from ..format.canonical import loads_flagged
@@ -489,7 +488,7 @@ class StoreEndpoint:
             asked = list(dict.fromkeys(names))
             for name in asked:
                 if not is_hash(name):
-                    raise BadNameError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
+                    raise not_an_object_name(name)
             out[space] = self._lacking(space, asked)
         return out
 

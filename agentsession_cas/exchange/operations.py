@@ -35,7 +35,6 @@ from typing import Any
 from ..backends.base import SPACES
 from ..errors import (
     AgentSessionError,
-    BadNameError,
     BadObjectError,
     CorruptObjectError,
     CorruptPackError,
@@ -53,13 +52,13 @@ from ..errors import (
     StoreError,
     TransportError,
 )
-from ..format.hashing import envelope_content, is_hash, sha256_ref
+from ..format.hashing import envelope_content, sha256_ref
 from ..format.media import sidecar_names
 from ..format.names import check_session_id
 from ..format.rules import gc_paused
 from ..lean import dataclass
 from ..store.refs import Refs, check_ref_name, header_ident
-from ..store.session import Session
+from ..store.session import Session, expected_head_given
 from ..store.store import Store
 from .endpoint import UNSET, StoreEndpoint
 from .local import open_transport
@@ -180,13 +179,11 @@ class ExchangeResult:
 def _check_expected(expected: Any) -> Any:
     """An expected head as given: UNSET, None (no head), or a full entry id. Anything else
     (a short id, a typo) is refused before anything is sent, rather than posted as an
-    expectation no head can meet, which would land the entries as a branch."""
-    if expected is UNSET or expected is None:
-        return expected
-    if not isinstance(expected, str) or not is_hash(expected):
-        raise BadNameError(
-            f"expected head {expected!r} is not an entry id (sha256: and 64 lowercase hex digits; '' for no head)"
-        )
+    expectation no head can meet, which would land the entries as a branch: by the one
+    check ``set_head`` makes (:func:`~agentsession_cas.store.session.expected_head_given`,
+    ``bad_argument``)."""
+    if expected is not UNSET:
+        expected_head_given(expected)
     return expected
 
 

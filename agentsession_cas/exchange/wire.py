@@ -200,7 +200,7 @@ def _frame_head(line: bytes, n: int, max_object: int) -> tuple[Space, str, int]:
     space = space_from_wire(parts[0].decode("ascii", "replace"))
     name, size = parts[1].decode("ascii", "replace"), int(parts[2])
     if not is_hash(name):
-        raise E.BadNameError(f"object frame {n}: {name!r} is not an object name")
+        raise E.BadNameError(f"object frame {n}: {E.not_an_object_name(name)}")
     if size > max_object:
         raise E.TooLargeError(f"object {name} is {size} bytes; objects of at most {max_object} are taken")
     return space, name, size

@@ -62,6 +62,7 @@ from ..errors import (
     TimestampError,
     TooLargeError,
     UnsupportedError,
+    not_an_object_name,
 )
 from ..exchange.endpoint import StoreEndpoint
 from ..exchange.transport import PushRequest, RefPush, RefResult
@@ -549,7 +550,7 @@ class Api:
         space = space_from_wire(request.path_params["space"])
         name = request.path_params["hash"]
         if not is_hash(name):
-            raise BadNameError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+            raise not_an_object_name(name)
         return space, name
 
     async def get_object(self, request: Request, principal: Principal) -> Response:
@@ -617,7 +618,7 @@ class Api:
                 raise BadNameError(f"{wire_space} must be a list of hashes")
             for name in names:
                 if not isinstance(name, str) or not is_hash(name):
-                    raise BadNameError(f"{name!r} is not an object name (sha256: and 64 lowercase hex digits)")
+                    raise not_an_object_name(name)
             out.append((space, list(dict.fromkeys(names))))
         return out
 

@@ -19,7 +19,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import (
+    AmbiguousNameError,
+    BadBaseError,
     BadNameError,
+    NoSuchEntryError,
     NoSuchObjectError,
     NoSuchRefError,
     NoSuchSessionError,
@@ -34,7 +37,8 @@ if TYPE_CHECKING:
     from .session import Session
     from .store import Store
 
-__all__ = ["MIN_ENTRY_PREFIX", "REF_PREFIX", "resolve_session", "resolve_entry", "resolve_store_entry", "resolve_object"]
+__all__ = ["MIN_ENTRY_PREFIX", "REF_PREFIX", "resolve_session", "resolve_entry", "resolve_store_entry", "resolve_base",
+           "resolve_object"]
 
 #: Names a ref explicitly, whatever session ids exist.
 REF_PREFIX = "ref:"
@@ -111,6 +115,44 @@ def resolve_store_entry(store: Store, name: str) -> str:
         return [n for n in objects.names_starting(digits) if objects.held("entries", n)]
 
     return resolve_entry_name(name, held=lambda e: True, ids=ids, legacy=None, where=store.describe())
+
+
+def resolve_base(store: Store, name: str) -> tuple[str, str | None]:
+    """The entry ``create --base NAME`` forks from, and the session ``name`` named (None
+    when it named an entry): the head of the session whose id is ``name`` (as git takes a
+    branch where a commit is wanted), or the entry ``name`` names among every entry the
+    store holds (:func:`resolve_store_entry`, with its errors when no session has that
+    id). A session with no head is :meth:`BadBaseError.no_head
+    <agentsession_cas.errors.BadBaseError.no_head>`. A name that is both a session's id
+    and a name of another entry (a session id of hex digits, say ``beef``, and an entry
+    id starting ``sha256:beef``) is refused as :class:`AmbiguousNameError` listing what
+    each reading names, rather than one reading winning: a fork from the wrong entry is
+    a session that looks right and is not, and the choice would turn on what the store
+    holds that day. ``sha256:`` before the digits names the entry alone (no session id
+    has a ``:``); the head's id, the session alone. Both readings naming one entry is no
+    ambiguity."""
+    if name not in store:
+        return resolve_store_entry(store, name), None
+    with store.read(name) as session:
+        head = session.head
+    try:
+        entries = [resolve_store_entry(store, name)]
+    except AmbiguousNameError as exc:
+        entries = exc.candidates
+    except (BadNameError, NoSuchEntryError):  # no entry's name, or one naming none: the session's
+        entries = []
+    entries = [e for e in entries if e != head and store.objects.held("entries", e)]
+    if entries:
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        raise AmbiguousNameError(
+            f"{name} is both a session in {store.describe()} (its head: {head or 'none'}) and the start of "
+            f"{'an entry id' if len(entries) == 1 else f'{len(entries)} entry ids'}: {shown}; give the head's id for "
+            f"the session, or sha256: and the digits for the entry",
+            candidates=sorted({*entries, *([head] if head is not None else [])}),
+        )
+    if head is None:
+        raise BadBaseError.no_head(name)
+    return head, name
 
 
 def resolve_object(store: Store, name: str) -> str:

@@ -128,6 +128,16 @@ def durable_given(durable: object) -> None:
         raise BadArgumentError(f"durable is True, False or None (the store's sync policy), not {quoted(durable)}")
 
 
+def expected_head_given(expected: object) -> None:
+    """Refuse an expected head (a compare-and-swap's: :meth:`Session.set_head`'s, a push's,
+    a ``declare_record``'s) that is neither None (no head) nor a full entry id: a short
+    id or a typo is no head at all, and swapping from it would fail, or land a push's
+    entries as a branch. The caller's mistake, said before anything is read or sent."""
+    if expected is not None and not is_hash(expected):
+        raise BadArgumentError(f"the expected head {quoted(expected)} is not an entry id (sha256: and 64 lowercase "
+                               f"hex digits) nor None (no head)")
+
+
 def walk_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> list[Any]:
     """:func:`iter_up`'s items in root-first order."""
     out = list(iter_up(entry_id, step))
@@ -810,11 +820,11 @@ class Session:
         head as the batch leaves it) and ``ts`` (now) to be filled. A refused entry
         raises :class:`AppendRefusedError` and the batch is not made. ``durable``
         overrides the store's sync policy for the whole batch."""
-        self._check_writable("appends")
         if isinstance(entries, (str, bytes, bytearray, Mapping, Entry)) or not isinstance(entries, Iterable):
-            raise AppendRefusedError(f"prepare takes entries (an iterable of Entry or JSON objects), not one "
-                                     f"{type(entries).__name__}: {quoted(entries)}", rule="json")
+            raise BadArgumentError(f"prepare takes entries (an iterable of Entry or JSON objects), not one "
+                                   f"{type(entries).__name__}: {quoted(entries)}")
         durable_given(durable)
+        self._check_writable("appends")
         self._drop_pending()
         checker = self.rules()
         trial = checker.begin()
@@ -1135,9 +1145,7 @@ class Session:
 
     def set_head(self, new: str | None, *, expected: str | None) -> None:
         """Compare-and-swap the head, durably. ``expected`` None means "no head"."""
-        if expected is not None and not is_hash(expected):
-            raise BadArgumentError(f"the expected head is an entry id (sha256: and 64 lowercase hex digits) or None "
-                                   f"(no head), not {quoted(expected)}")
+        expected_head_given(expected)
         self._check_writable("head moves")
         self._drop_pending()
         if self.head != expected:

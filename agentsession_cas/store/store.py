@@ -46,7 +46,6 @@ from ..errors import (
     IJSONError,
     NoSuchObjectError,
     NoSuchSessionError,
-    Problem,
     ReadOnlyError,
     SessionExistsError,
     SessionFormatError,
@@ -348,10 +347,10 @@ class Store:
         with the media of the session owning it. Returns the new session,
         open for writing.
         """
+        if not isinstance(header, (Header, Mapping)):  # (the caller's mistake, said before read-only)
+            raise BadArgumentError(f"a header is a Header or a JSON object (a dict), not {type(header).__name__}: "
+                                   f"{quoted(header)}")
         self._require_writable()
-        if not isinstance(header, (Header, Mapping)):
-            raise SessionFormatError("header", [Problem(1, "header", f"a header is a Header or a JSON object (a dict), "
-                                                                    f"not {type(header).__name__}: {quoted(header)}")])
         header = header if isinstance(header, Header) else Header(dict(header))
         header = self._checked_new_header(header)
         if header.base is None:
@@ -408,7 +407,7 @@ class Store:
         try:
             base = o.head if at is None else at
             if base is None:
-                raise BadBaseError(f"session {origin} has no head to fork at; name an entry")
+                raise BadBaseError.no_head(origin)
             if base not in o and base != o.base and base not in o.prefix_set:
                 raise BaseNotHeldError(f"entry {base} is not on session {origin} (its own entries, base or prefix)")
             media, payload = o.header.data.get("media"), o.header.payload

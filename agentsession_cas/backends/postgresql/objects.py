@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
-from ...errors import AgentSessionError, CorruptObjectError, NoSuchObjectError
+from ...errors import AgentSessionError, CorruptObjectError, NoSuchObjectError, not_an_object_name
 from ...format.hashing import envelope_content, raw_hash
 from ..base import ObjectStore, Space
 from .arrays import int2
@@ -156,13 +156,14 @@ def object_rows(items: Iterable[tuple[Space, str, bytes]], codecs: Compression, 
                 block_ids: Callable[[int], list[int]] | None = None) -> Encoded:
     """The ``objects`` rows (space, hash, codec, data), ``edges`` rows (parent, child,
     first) and, given ``block_ids`` (a big write's), ``blocks`` rows (id, data) of some
-    objects (a name that is no hash: NoSuchObjectError)."""
+    objects (a name that is no hash: :func:`~agentsession_cas.errors.not_an_object_name`, code
+    ``bad_name``, as every backend's ``put``)."""
     rows: dict[tuple[int, bytes], bytes] = {}  # one row per object: an upsert may not meet one twice
     edges: dict[tuple[bytes, bytes], bool] = {}
     for space, name, data in items:
         raw = raw_hash(name)
         if raw is None:
-            raise NoSuchObjectError(f"{name!r} is not an object name (sha256:<64 hex>)")
+            raise not_an_object_name(name)
         rows[(SPACE_CODES[space], raw)] = bytes(data)
         if space == "entries":
             edges.update(((p, raw), first) for p, first in envelope_parents(data))
