@@ -12,8 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from agentsession_cas import BadArgumentError, Header
+from agentsession_cas.backends.files.objects import PACK_BATCH
 from agentsession_cas.errors import BadNameError, ReadOnlyError, StoreError
 from agentsession_cas.exchange.wire import error_from_problem, problem_body, wire_status
+from agentsession_cas.format.hashing import sha256_ref
 from agentsession_cas.store import Store
 from agentsession_cli.main import main
 
@@ -310,6 +312,16 @@ def test_a_name_that_is_no_object_name_is_bad_name_at_the_endpoint_and_every_put
                     objects.put_many([("blobs", name, b"x")])
                 assert str(caught.value) == str(not_an_object_name(name)), objects
         assert list(mem.backend.objects.names("blobs")) == []
+        # A batch big enough to be one pack: the pack's index holds raw digests, so an
+        # upper-case name was taken as the lower-case one, and "junk" was a ValueError.
+        for objects in (mem.backend.objects, files.backend.objects):
+            for name in ("junk", "sha256:" + "A" * 64):
+                batch = [("blobs", sha256_ref(b"%d" % i), b"%d" % i) for i in range(PACK_BATCH)]
+                batch.insert(PACK_BATCH // 2, ("blobs", name, b"x"))
+                with pytest.raises(BadNameError) as caught:
+                    objects.put_many(batch, count=len(batch))
+                assert str(caught.value) == str(not_an_object_name(name)), objects
+        assert list(files.backend.objects.names("blobs")) == []  # (the pack was not made)
     for name in ("junk", "sha256:" + "A" * 64):
         with pytest.raises(BadNameError) as caught:
             object_rows([("blobs", name, b"x")], None)  # type: ignore[arg-type]  (refused before any is encoded)

@@ -814,6 +814,7 @@ class FileObjects(ObjectStore):
             # A chunk at a time, handed to the writer at once (PackWriter.add_many): a
             # checkpoint's pack, written beside appends, so takes a few steps an object.
             while chunk := list(itertools.islice(source, _ADD_CHUNK)):
+                _check_names(chunk)
                 kept = chunk
                 if dedup or max([len(data) for _, _, data in chunk]) > MAX_PACKED:
                     kept = []
@@ -1598,3 +1599,15 @@ class Snapshot:
             for path in (p.path, p.idx_path):
                 total += os.stat(path).st_size if os.path.exists(path) else 0
         return total
+
+
+def _check_names(items: Sequence[tuple[str, str, bytes]]) -> None:
+    """Refuse a batch naming an object by what is no object name, or a space there is
+    not, as :meth:`FileObjects.path` refuses one loose object: a pack's index holds the
+    raw digest, so an upper-case name would be taken as the lower-case one, and anything
+    else would stop the writer with a raw ValueError."""
+    names = [name for _, name, _ in items]
+    if not all_hashes(names):
+        raise not_an_object_name(next(name for name in names if not is_hash(name)))
+    for space in {space for space, _, _ in items} - SPACE_BITS.keys():
+        raise AgentSessionError(f"unknown object space {space!r}")
