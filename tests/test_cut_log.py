@@ -125,3 +125,32 @@ def _copy_store(src: Path, dst: Path) -> None:
     import shutil
 
     shutil.copytree(src, dst)
+
+
+def test_a_cut_that_took_a_branch_gives_no_number_of_it_again(tmp_path):
+    """A(1), B(2) off A, C(3) off A (the head); the log cut after A's append. HEAD proves
+    C, not B, and B's number was given out: C comes back numbered after every number the
+    summary says the log spent (4), never as 2 (B's); the next append takes 5. When the
+    entries HEAD proves are exactly the numbers lost (the linear cut of
+    test_every_record_boundary_cut), they take those numbers back."""
+    root = tmp_path / "s"
+    with Store.init(root) as st:
+        s = st.create(Header.new(SID))
+        a = s.append(make_entry("item", None, item=item("a")).data).id
+        b = s.append(make_entry("item", a, item=item("b")).data)
+        c = s.append(make_entry("item", a, item=item("c")).data)
+        s.set_head(c.id, expected=b.id)
+        assert (b.seq, c.seq) == (2, 3) and s.head == c.id
+    log = root / "sessions" / SID / "log"
+    lines = log.read_bytes().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if kept_appends([line]) == [a]) + 1
+    log.write_bytes(b"".join(lines[:cut]))
+    with Store(root) as st:
+        report = repair_session(st, SID)
+    assert [(x.entry, x.how, x.seq) for x in report.recovered] == [(c.id, "head", 4)]
+    assert report.seq == 4
+    with Store(root) as st:
+        s = st.session(SID)
+        assert s.head == c.id
+        assert s.append(make_entry("item", s.head, item=item("after")).data).seq == 5
+    assert fsck(root).ok

@@ -957,8 +957,8 @@ class RepairPlanner:
         for (_r, entry_id), s in assigned.items():
             if entry_id in self.kept:
                 spent = max(spent, s)
-        spent = self.recover_from_head(spent, len(lines))
         claimed = self.seq_index()
+        spent = self.recover_from_head(spent, len(lines), claimed)
         if claimed > spent:
             rep.note("seq-from-summary", f"the session's summary says its log gave out sequence numbers up to {claimed}; "
                      f"none after {spent} is given out again (entries the log lost may hold them)", file=f"sessions/{self.sid}/summary")
@@ -986,12 +986,18 @@ class RepairPlanner:
             rep.head_note = "as the log last named it"
         return rep
 
-    def recover_from_head(self, spent: int, index: int) -> int:
+    def recover_from_head(self, spent: int, index: int, claimed: int = 0) -> int:
         """What the head index proves. A log cut short at a record boundary (committed
         appends gone, every remaining record sound) leaves HEAD naming an entry no record
         holds; the entries from it up to what is kept (or the base, or a root) are taken
         back from objects/, each under a sequence number after every one the log spent,
-        and the head goes back to where HEAD says. Returns the last number spent."""
+        and the head goes back to where HEAD says. Returns the last number spent.
+
+        ``claimed`` is the highest number the summary says the log gave out. When the
+        entries taken back are exactly as many as the numbers after ``spent`` up to it,
+        they are those appends (each spent one, a child after its parent), so they take
+        those numbers back; otherwise the lost numbers may belong to others (a branch
+        off HEAD's path, a repeat), and the entries are numbered after ``claimed``."""
         target = self.head_index()
         if target is None or target == self.base or target in self.kept:
             return spent
@@ -1026,6 +1032,13 @@ class RepairPlanner:
             self.report.note("head-unproved", f"HEAD names {short_id(target)}, which hangs from no entry of this fork: "
                              "not taken", object=target, file=self.head_file())
             return spent
+        if claimed > spent and len(chain) != claimed - spent:
+            self.report.note(
+                "seq-from-summary", f"the session's summary says its log gave out sequence numbers up to {claimed}; "
+                f"the {len(chain)} entr{'y' if len(chain) == 1 else 'ies'} HEAD proves are numbered after them (of the "
+                f"{claimed - spent} numbers the log lost, which each holds cannot be told)",
+                file=f"sessions/{self.sid}/summary")
+            spent = claimed
         for eid in reversed(chain):
             spent += 1
             self.take_append(eid, spent, None, None, line=None, index=index, how="head")
