@@ -215,6 +215,18 @@ def test_a_ref_prefix_that_breaks_the_rules_is_ref_name(hunt):
         assert lines(c.get("/v1/refs", params={"prefix": "no/such/"}))[-1] == {"end": True, "count": 0}
 
 
+def test_a_path_off_a_route_by_a_slash_is_a_problem_not_a_redirect(hunt):
+    """Starlette answered /v1 and /v1/sessions/ with a 307 to the other spelling: no
+    RFC 0003 answer (errors are problem bodies), and one a client following it would send
+    a write again to."""
+    with hunt.client("all") as c:
+        for method, path in (("GET", "/v1"), ("GET", "/v1/sessions/"), ("POST", "/v1/sessions/"),
+                             ("GET", "/v1/sessions/slash-1/"), ("PUT", "/v1/objects/entries/")):
+            r = c.request(method, path, json=header("slash-1"))
+            problem(r, 404, "unsupported")
+        problem(c.get("/v1/sessions/slash-1"), 404, "no_session")
+
+
 # -- a hand loop over every route --------------------------------------------------------------
 
 IDS = ["fuzz-1", "..", "a%2Fb", "a\0b", "\u00e9", "x" * 300, "fuzz-none", "%00", "."]

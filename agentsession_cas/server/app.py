@@ -1707,4 +1707,9 @@ def create_app(state: ServerState) -> Starlette:
             err.status = 404
         return _problem(err)
 
-    return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+    # A path off a route by a slash (/v1, /v1/sessions/) is a 404 problem like any other,
+    # not Starlette's 307 to the other spelling, which is no RFC 0003 answer (and would
+    # have a client send a write again elsewhere; this one follows no redirect).
+    app.router.redirect_slashes = False
+    return app
