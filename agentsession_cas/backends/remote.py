@@ -58,7 +58,6 @@ from ..errors import (
     LeaseLostError,
     MirrorError,
     NoSuchObjectError,
-    NoSuchRefError,
     NoSuchSessionError,
     ReadOnlyError,
     SessionExistsError,
@@ -68,7 +67,7 @@ from ..errors import (
 )
 from ..exchange.http_client import HttpTransport
 from ..exchange.transport import PushRequest
-from ..exchange.wire import OUTCOMES, error_from_problem
+from ..exchange.wire import OUTCOMES, frame_problem
 from ..format.canonical import canonical_bytes, loads
 from ..format.entry import FORMAT_WRITTEN
 from ..format.hashing import line_from_objects, sha256_ref
@@ -304,10 +303,10 @@ class RemoteSessionLog(SessionLog):
             )
         ttl = float(self._lease.get("ttl_ms", LEASE_TTL_MS)) / 1000
         if time.monotonic() - self._renewed > ttl / 3:
-            renewed = self.backend.http.request(
+            renewed = self.backend.http.answer(
                 "PUT", f"/sessions/{_sid(self.session_id)}/lease", safe=True,
                 headers={"Lease-ID": str(self._lease["lease_id"])}, json={"ttl_ms": self._lease.get("ttl_ms")},
-            ).json()
+            )
             self._lease.update(renewed)
             self._renewed = time.monotonic()
         return {"Lease-Token": str(self._lease["token"])}
@@ -443,11 +442,11 @@ class RemoteSessionLog(SessionLog):
         # Under an Idempotency-Key, sent again when no answer came (RFC 0003, Retries): the
         # server replays the first answer, so the outcomes and seqs read below are the ones
         # the batch had, never `held` for an append that landed before its answer was lost.
-        answer = self.backend.http.request(
+        answer = self.backend.http.answer(
             "POST", f"/sessions/{_sid(self.session_id)}/entries", safe=False, keyed=True, content=body,
             params={"commit": "true" if commit else "false"},
             headers=dict(headers, **{"Session-Format": FORMAT_WRITTEN, "Content-Type": "application/x-ndjson"}),
-        ).json()
+        )
         results = answer.get("results") or []
         self._applied = len(results)
         for rec, got in zip(batch, results, strict=False):
@@ -461,8 +460,8 @@ class RemoteSessionLog(SessionLog):
                 raise StoreError(f"session {self.session_id}: {self.stopped}; reopen it")
         stopped = answer.get("stopped")
         if stopped is not None:
-            problem = stopped.get("problem") or {}
-            raise error_from_problem(int(problem.get("status", 422)), problem, where=f"remote {self.backend.url}")
+            problem = stopped.get("problem") if isinstance(stopped, dict) else None
+            raise frame_problem(problem, where=f"remote {self.backend.url}")
         if len(results) != len(batch):
             raise StoreError(f"session {self.session_id}: the server answered {len(results)} of {len(batch)} appends")
         self._head = answer.get("head", self._head)
@@ -664,11 +663,8 @@ class RemoteSessions(SessionStore):
         return self.header(session_id) is not None
 
     def header(self, session_id: str) -> bytes | None:
-        try:
-            facts = self.backend.http.request("GET", f"/sessions/{_sid(session_id)}", safe=True).json()
-        except NoSuchSessionError:
-            return None
-        return canonical_bytes(facts["header"]) + b"\n"
+        header = self.backend.http.session_header(session_id)
+        return None if header is None else canonical_bytes(header) + b"\n"
 
     def _log(self, session_id: str) -> tuple[dict[str, Any], builtins.list[dict[str, Any]]]:
         self.backend.flusher.flush(session_id)
@@ -677,10 +673,10 @@ class RemoteSessions(SessionStore):
     def acquire(self, session_id: str) -> dict[str, Any] | None:
         """A lease on the session (None for a mirror, which the server never leases)."""
         try:
-            return dict(self.backend.http.request(
+            return self.backend.http.answer(
                 "POST", f"/sessions/{_sid(session_id)}/lease", safe=False, keyed=True,  # a lost answer is asked again
                 json={"holder": self.backend.holder, "ttl_ms": LEASE_TTL_MS},
-            ).json())
+            )
         except MirrorError:
             return None
 
@@ -718,8 +714,8 @@ class RemoteSessions(SessionStore):
         if not appends and mark == "record":
             if self.exists(session_id):
                 raise SessionExistsError(f"session {session_id} already exists")
-            facts = http.request("POST", "/sessions", safe=False, keyed=True, json=data,
-                                 params={"lease_ttl_ms": str(LEASE_TTL_MS), "holder": self.backend.holder}).json()
+            facts = http.answer("POST", "/sessions", safe=False, keyed=True, json=data,
+                                params={"lease_ttl_ms": str(LEASE_TTL_MS), "holder": self.backend.holder})
             if facts.get("header") != data:
                 raise SessionExistsError(f"session {session_id} already exists")
             return RemoteSessionLog(self.backend, session_id, writable=True, head=facts.get("head"),
@@ -784,14 +780,9 @@ class RemoteRefs(RefStore):
         return getattr(self._local, "read", None)
 
     def get(self, name: str) -> dict[str, Any] | None:
-        try:
-            response = self.backend.http.request("GET", f"/refs/{name}", safe=True, ok=(409,))
-        except NoSuchRefError:
-            record = None
-        else:
-            facts = response.json()
-            target = facts.get("target") or {}
-            record = {"ident": facts.get("incarnation"), "name": name, "session": target.get("session")}
+        facts = self.backend.http.resolve_ref(name)
+        record = None if facts is None else {"ident": facts.get("incarnation"), "name": name,
+                                             "session": facts["target"]["session"]}
         read = self._read()
         if read is not None and name not in read:
             read[name] = record["session"] if record is not None else None

@@ -22,7 +22,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Se
 from typing import Any
 
 from ..backends.base import COMMIT_POINTS
-from ..errors import BadObjectError, CorruptObjectError, NoSuchObjectError, NoSuchSessionError
+from ..errors import BadObjectError, CorruptObjectError, NoSuchObjectError, NoSuchSessionError, TransportError
 from ..format.canonical import canonical_bytes, loads_flagged
 from ..format.entry import Entry
 from ..format.hashing import sha256_ref
@@ -31,7 +31,7 @@ from ..store.refs import header_ident
 from ..store.session import entry_from_objects, envelope_parts
 from ..store.state import SessionState
 from ..store.store import Store
-from .wire import error_from_problem
+from .wire import frame_problem, stream_frame
 
 __all__ = ["Change", "follow_remote", "follow_store"]
 
@@ -278,14 +278,17 @@ def follow_remote(transport: Any, session_id: str) -> Iterator[Change]:
     def headers() -> dict[str, str]:
         return {"Accept": "application/x-ndjson", **({"Last-Event-ID": last_id} if last_id is not None else {})}
 
-    for event in transport.stream_lines(f"/sessions/{session_id}/follow", params={"durable": "true"}, headers=headers):
+    path = f"/sessions/{session_id}/follow"
+    for event in transport.stream_lines(path, params={"durable": "true"}, headers=headers):
         if not event.strip():
             continue  # the server's keep-alive on an idle stream (every 15 s)
-        frame = json.loads(event)
+        where = f"remote {getattr(transport, 'url', '?')}"
+        frame = stream_frame(event, where=f"{where}: the stream {path}")  # (no JSON object: TransportError)
         kind, data = frame.get("event"), frame.get("data") or {}
+        if not isinstance(data, dict):
+            raise TransportError(f"{where}: a {kind} event of the stream {path} carries no object")
         if kind == "error":  # the problem it carries: no_session when the session went
-            where = f"remote {getattr(transport, 'url', '?')}"
-            raise error_from_problem(int(data.get("status") or 500), data, where=where)
+            raise frame_problem(data, where=where)
         if kind in ("snapshot", "reset"):
             if ident is not None and data.get("incarnation") != ident:
                 raise NoSuchSessionError(f"session {session_id} was replaced while followed")

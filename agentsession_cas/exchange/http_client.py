@@ -52,7 +52,16 @@ from ..errors import (
     TransportError,
 )
 from .transport import Admission, DeclareResult, PushRequest, RefResult, SessionView, Transport
-from .wire import OBJECTS, FrameReader, error_from_problem, object_frame, space_from_wire, space_to_wire
+from .wire import (
+    OBJECTS,
+    FrameReader,
+    error_from_problem,
+    frame_problem,
+    object_frame,
+    space_from_wire,
+    space_to_wire,
+    stream_frame,
+)
 
 __all__ = [
     "READ_BATCH", "RETRIES", "RETRY_WAIT_ENV", "RETRY_WAIT_S", "HttpTransport", "http_url", "no_delay_transport",
@@ -161,6 +170,16 @@ def token_for(url: str) -> str | None:
     return None
 
 
+#: The object spaces as the wire names them (a ``missing`` answer's members).
+_SPACES = frozenset({"entries", "contents", "media"})
+
+
+def _kind(response: httpx.Response) -> str:
+    """What a response carries, for an error that says it is not what was asked."""
+    kind = response.headers.get("content-type") or "no Content-Type"
+    return f"{kind}, {len(response.content)} bytes"
+
+
 class _Busy(Exception):
     """A batch read answered 502/503/504: asked again after the wait its answer names
     (:meth:`HttpTransport._read_batch`, the one place that catches it; never raised
@@ -236,9 +255,27 @@ class HttpTransport(Transport):
                 waited = self._wait_to_retry(attempt, waited, response, self._error(response))
                 attempt += 1
                 continue
-            if response.status_code >= 400 and response.status_code not in ok:
+            if response.status_code >= 300 and response.status_code not in ok:
                 raise self._error(response)
             return response
+
+    def answer(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """:meth:`request`'s answer, a JSON object (every RFC 0003 answer that is not a
+        stream or an object's bytes is one)."""
+        return self.json_object(self.request(method, path, **kwargs))
+
+    def json_object(self, response: httpx.Response) -> dict[str, Any]:
+        """The JSON object a response carries; TransportError when it carries none (a
+        server, or something in front of it, that answered an HTML page, a list, or
+        bytes cut short), never the parser's own error."""
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise TransportError(f"remote {self.url}: {response.request.method} {response.request.url.path} answered "
+                                 f"HTTP {response.status_code} with no JSON object ({_kind(response)})")
+        return body
 
     def _wait_to_retry(
         self, attempt: int, waited: float, response: httpx.Response | None, failure: AgentSessionError
@@ -262,6 +299,15 @@ class HttpTransport(Transport):
         raise failure from None
 
     def _error(self, response: httpx.Response) -> AgentSessionError:
+        """The error an answer that is no success says: its problem as the library's error;
+        a redirect (3xx) as TransportError, since this client follows none (a remote that
+        moved is named anew, and a bearer token is not sent on to another place)."""
+        if 300 <= response.status_code < 400:
+            moved = response.headers.get("location")
+            return TransportError(
+                f"remote {self.url}: {response.request.method} {response.request.url.path} answered HTTP "
+                f"{response.status_code}, a redirect{f' to {moved}' if moved else ''}, which this client does not follow"
+            )
         try:
             body = response.json()
         except ValueError:
@@ -276,9 +322,9 @@ class HttpTransport(Transport):
         for line in response.text.splitlines():
             if not line.strip():
                 continue
-            frame = json.loads(line)
+            frame = stream_frame(line, where=f"remote {self.url}: the answer to {path}")
             if "error" in frame:
-                raise error_from_problem(int(frame["error"].get("status", 500)), frame["error"], where=f"remote {self.url}")
+                raise frame_problem(frame["error"], where=f"remote {self.url}")
             frames.append(frame)
             if frame.get("end") is True:
                 return frames
@@ -302,7 +348,7 @@ class HttpTransport(Transport):
             try:
                 with self._http.stream("GET", path, params=params, headers=headers(),
                                        timeout=httpx.Timeout(30.0, read=None)) as response:
-                    if response.status_code >= 400:
+                    if response.status_code >= 300:
                         response.read()
                         if response.status_code not in _RETRY_STATUS:
                             raise self._error(response)
@@ -327,13 +373,15 @@ class HttpTransport(Transport):
 
     def missing(self, wanted: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
         body = {space_to_wire(space): list(dict.fromkeys(names)) for space, names in wanted.items()}
-        answer = self.request("POST", "/objects/missing", safe=True, json=body).json()
+        answer = self.answer("POST", "/objects/missing", safe=True, json=body)
+        if not all(space in _SPACES and isinstance(names, list) for space, names in answer.items()):
+            raise TransportError(f"remote {self.url}: its answer to missing is not lists of hashes by space")
         return {space_from_wire(space): list(names) for space, names in answer.items()}
 
     def capabilities(self) -> dict[str, Any]:
         """The server's ``GET /v1/`` (read once per transport)."""
         if self._caps is None:
-            self._caps = self.request("GET", "/", safe=True).json()
+            self._caps = self.answer("GET", "/", safe=True)
         return self._caps
 
     def put_objects(self, items: Iterable[tuple[str, str, bytes]], count: int) -> None:
@@ -426,7 +474,7 @@ class HttpTransport(Transport):
                 if response.status_code in _RETRY_STATUS:
                     response.read()
                     raise _Busy(response)
-                if response.status_code >= 400:
+                if response.status_code >= 300:
                     response.read()
                     raise self._error(response)
                 for chunk in response.iter_bytes():
@@ -438,19 +486,21 @@ class HttpTransport(Transport):
 
     def session_header(self, session_id: str) -> dict[str, Any] | None:
         try:
-            facts = self.request("GET", f"/sessions/{quote(session_id, safe='')}", safe=True).json()
+            facts = self.answer("GET", f"/sessions/{quote(session_id, safe='')}", safe=True)
         except NoSuchSessionError:
             return None
         header = facts.get("header")
+        if not isinstance(header, dict):
+            raise TransportError(f"remote {self.url}: its answer about session {session_id} holds no header")
         if isinstance(facts.get("incarnation"), str):
             self._seen[session_id] = facts["incarnation"]
-        return dict(header) if isinstance(header, dict) else None
+        return dict(header)
 
     def session_view(self, session_id: str) -> SessionView:
         sid = quote(session_id, safe="")
         frames = self.ndjson(f"/sessions/{sid}/log", params={"durable": "true"})
         view = next((f["session"] for f in frames if isinstance(f.get("session"), dict)), None)
-        if view is None:
+        if view is None or not isinstance(view.get("header"), dict):
             raise TransportError(f"remote {self.url}: its log of session {session_id} names no session")
         entries = [f["entry"] for f in frames if isinstance(f.get("entry"), str)]
         header = dict(view["header"])
@@ -461,7 +511,7 @@ class HttpTransport(Transport):
         if isinstance(base, str):
             path = self.ndjson(f"/sessions/{sid}/path", params={"leaf": base, "contents": "none"})
             prefix = [f["entry"] for f in path if isinstance(f.get("entry"), str)]
-        return SessionView(session_id, header, str(view["mark"]), view.get("head"), entries, prefix)
+        return SessionView(session_id, header, str(view.get("mark")), view.get("head"), entries, prefix)
 
     def push(self, request: PushRequest) -> Admission:
         body = {
@@ -473,41 +523,58 @@ class HttpTransport(Transport):
             "refs": [{"name": r.name, "expected": r.expected, "next": r.next} for r in request.refs],
             "complete": request.complete,
         }
-        answer = self.request("POST", f"/sessions/{quote(request.session, safe='')}/push", safe=False, keyed=True,
-                              json=body).json()
-        head = answer.get("head") or {}
+        answer = self.answer("POST", f"/sessions/{quote(request.session, safe='')}/push", safe=False, keyed=True,
+                             json=body)
+        head, admitted, said = answer.get("head"), answer.get("admitted", 0), answer.get("refs") or []
+        if not (isinstance(head, dict) and isinstance(admitted, int) and isinstance(said, list)
+                and all(isinstance(r, dict) for r in said)):
+            raise TransportError(f"remote {self.url}: its answer to the push of {request.session} is not a push's answer")
         refs = [
             RefResult(str(r.get("name")), bool(r.get("moved")), r.get("current"), r.get("why"), bool(r.get("changed")))
-            for r in answer.get("refs") or []
+            for r in said
         ]
         return Admission(
-            session=request.session, created=bool(answer.get("created")), admitted=int(answer.get("admitted", 0)),
+            session=request.session, created=bool(answer.get("created")), admitted=admitted,
             previous=head.get("previous"), head=head.get("current"), outcome=str(head.get("outcome")),
             why=head.get("why"), mark=str(answer.get("mark")), refs=refs,
         )
 
     def _declared(self, session_id: str, answer: dict[str, Any]) -> DeclareResult:
-        return DeclareResult(session_id, bool(answer.get("changed")), answer.get("head"), str(answer.get("mark")))
+        mark = answer.get("mark")
+        if mark not in ("record", "mirror"):
+            raise TransportError(f"remote {self.url}: its answer about the mark of {session_id} names none")
+        return DeclareResult(session_id, bool(answer.get("changed")), answer.get("head"), str(mark))
 
     def _incarnation(self, session_id: str) -> dict[str, str]:
         seen = self._seen.get(session_id)
         return {"If-Incarnation": seen} if seen is not None else {}
 
     def declare_record(self, session_id: str, *, head: str | None) -> DeclareResult:
-        answer = self.request("POST", f"/sessions/{quote(session_id, safe='')}/record", safe=False, keyed=True,
-                              json={"basis": "sole_copy", "head": head}, headers=self._incarnation(session_id)).json()
+        answer = self.answer("POST", f"/sessions/{quote(session_id, safe='')}/record", safe=False, keyed=True,
+                             json={"basis": "sole_copy", "head": head}, headers=self._incarnation(session_id))
         return self._declared(session_id, answer)
 
     def release_record(self, session_id: str, *, head: str | None) -> DeclareResult:
-        answer = self.request("POST", f"/sessions/{quote(session_id, safe='')}/handover", safe=False, keyed=True,
-                              json={"to": "client", "head": head}, headers=self._incarnation(session_id)).json()
+        answer = self.answer("POST", f"/sessions/{quote(session_id, safe='')}/handover", safe=False, keyed=True,
+                             json={"to": "client", "head": head}, headers=self._incarnation(session_id))
         return self._declared(session_id, answer)
 
-    def get_ref(self, name: str) -> str | None:
+    def resolve_ref(self, name: str) -> dict[str, Any] | None:
+        """The server's facts of a ref (``GET /v1/refs/{name}``), a dangling one's (409
+        ``ref_dangling``) included, its ``target`` naming a session; None for no ref.
+        Another refusal is raised, and an answer naming no target is TransportError."""
         try:
             response = self.request("GET", f"/refs/{name}", safe=True, ok=(409,))
         except NoSuchRefError:
             return None
-        target = response.json().get("target") or {}
-        session = target.get("session")
-        return session if isinstance(session, str) else None
+        facts = self.json_object(response)
+        if response.status_code == 409 and facts.get("code") != "ref_dangling":
+            raise self._error(response)
+        target = facts.get("target")
+        if not (isinstance(target, dict) and isinstance(target.get("session"), str)):
+            raise TransportError(f"remote {self.url}: its answer about the ref {name} names no session")
+        return facts
+
+    def get_ref(self, name: str) -> str | None:
+        facts = self.resolve_ref(name)
+        return None if facts is None else str(facts["target"]["session"])

@@ -28,6 +28,8 @@ __all__ = [
     "parse_frames",
     "PROBLEM_TYPE",
     "error_from_problem",
+    "frame_problem",
+    "stream_frame",
     "problem_body",
     "wire_status",
     "space_from_wire",
@@ -144,7 +146,8 @@ def error_from_problem(status: int, body: Any, *, where: str) -> E.AgentSessionE
     if lib == "missing_object":
         missing = body["missing"] if isinstance(body.get("missing"), dict) else {}
         exc = E.MissingObjectsError(
-            detail, missing={space_from_wire(s): [str(h) for h in v] for s, v in missing.items() if isinstance(v, list)}
+            detail, missing={_SPACE_FROM_WIRE[s]: [str(h) for h in v] for s, v in missing.items()
+                             if s in _SPACE_FROM_WIRE and isinstance(v, list)}
         )
     elif lib == "ref_moved":
         exc = E.RefMovedError(detail, name=str(body.get("name")), expected=body.get("expected"), current=body.get("current"))
@@ -167,6 +170,26 @@ def error_from_problem(status: int, body: Any, *, where: str) -> E.AgentSessionE
     exc.status = status
     exc.args = (f"{where} ({body['code']}): {detail}",)
     return exc
+
+
+def stream_frame(line: str | bytes, *, where: str) -> dict[str, Any]:
+    """One line of a stream (an NDJSON answer's, a follow's) as the JSON object it is;
+    TransportError naming ``where`` (the remote and the stream) for a line that is none,
+    never the parser's own error."""
+    try:
+        frame = json.loads(line)
+    except ValueError:
+        frame = None
+    if not isinstance(frame, dict):
+        raise E.TransportError(f"{where} holds a line that is no JSON object")
+    return frame
+
+
+def frame_problem(body: Any, *, where: str) -> E.AgentSessionError:
+    """The error a stream's ``error`` frame (or event) carries: its problem body as
+    :func:`error_from_problem` reads one, a ``status`` that is no number read as 500."""
+    status = body.get("status") if isinstance(body, dict) else None
+    return error_from_problem(status if isinstance(status, int) else 500, body, where=where)
 
 
 # -- object frames ---------------------------------------------------------------------------
@@ -259,9 +282,11 @@ class FrameReader:
                         if size < 0:
                             raise E.TransportError(f"{self.where}: a malformed error frame")
                         return
-                    body = json.loads(bytes(buf[end + 1 : end + 1 + size]))
-                    status = body.get("status", 500) if isinstance(body, dict) else 500
-                    raise error_from_problem(int(status), body, where=self.where)
+                    try:
+                        body = json.loads(bytes(buf[end + 1 : end + 1 + size]))
+                    except ValueError:
+                        body = None  # (error_from_problem: an answer "without a problem body")
+                    raise frame_problem(body, where=self.where)
                 try:
                     space, name, size = _frame_head(line, self.count, self.max_object)
                 except E.AgentSessionError as exc:

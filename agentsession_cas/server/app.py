@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import field
 from itertools import islice
 from typing import Any
@@ -47,6 +47,7 @@ from ..errors import (
     FormatVersionError,
     HeaderDiffersError,
     HeadMovedError,
+    IJSONError,
     MirrorError,
     MissingObjectsError,
     NoSuchEntryError,
@@ -63,6 +64,7 @@ from ..errors import (
     TooLargeError,
     UnsupportedError,
     not_an_object_name,
+    quoted,
 )
 from ..exchange.endpoint import StoreEndpoint
 from ..exchange.transport import PushRequest, RefPush, RefResult
@@ -77,11 +79,11 @@ from ..exchange.wire import (
     space_from_wire,
     space_to_wire,
 )
-from ..format.canonical import canonical_bytes, loads_flagged
+from ..format.canonical import canonical_bytes, loads, loads_flagged
 from ..format.entry import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_WRITTEN, Header, parse_format
 from ..format.hashing import envelope_content, is_hash
 from ..format.media import sidecar_names
-from ..format.names import check_ref_name, check_session_id
+from ..format.names import check_ref_name, check_ref_prefix, check_session_id
 from ..format.timestamps import normalise_ts
 from ..lean import dataclass
 from ..store.refs import Refs, header_ident
@@ -334,10 +336,32 @@ async def _body(request: Request, cap: int) -> bytes:
 
 
 def _parse_json(data: bytes, what: str) -> Any:
+    """A request body read as the store reads a line (:func:`~..format.canonical.loads`,
+    I-JSON): a value nested past its bound, a repeated member, NaN, an infinity or bytes
+    that are no UTF-8 are this refusal (``bad_name``, 400), never a parser's failure (a
+    deep nesting was a RecursionError, 500) nor a value the store refused later as its
+    own fault."""
     try:
-        return json.loads(data)
-    except ValueError as exc:
-        raise BadNameError(f"{what} is not JSON: {exc}") from None
+        return loads(data)
+    except ValueError as exc:  # JSONDecodeError, IJSONError, UnicodeDecodeError
+        raise BadNameError(f"{what} is not I-JSON: {exc}") from None
+
+
+def _whole(text: str, what: str) -> int:
+    """A query parameter's whole number: ASCII digits, at most 18 of them; BadNameError
+    otherwise (``str.isdigit`` takes '\u00b2', which ``int()`` refuses, and a number of
+    5,000 digits is past what ``int()`` reads)."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 18):
+        raise BadNameError(f"{what} must be a whole number, not {quoted(text)}")
+    return int(text)
+
+
+def _ttl_ms(value: Any, what: str = "ttl_ms") -> int:
+    """A lease's time to live as a request gives it: a positive whole number of
+    milliseconds (:class:`.leases.Leases` caps it); BadNameError otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise BadNameError(f"{what} must be a positive whole number of milliseconds")
+    return value
 
 
 def _obj(value: Any, what: str) -> dict[str, Any]:
@@ -711,15 +735,16 @@ class Api:
             raise UnsupportedError("this server lists in one stream and hands out no page tokens")
         with_names, current = _flag(request, "with_names"), _flag(request, "current")
         top_level = _flag(request, "top_level")
-        limit = q.get("limit")
-        if limit is not None and not limit.isdigit():
-            raise BadNameError("limit must be a whole number")
+        limit = _whole(q["limit"], "limit") if "limit" in q else None
         extras: list[tuple[str, bytes]] = []
         for item in q.getlist("extra"):
             name, sep, value = item.partition(":")
             if not sep:
                 raise BadNameError("extra is written name:<canonical JSON value>")
-            extras.append((name, canonical_bytes(_parse_json(value.encode("utf-8"), f"extra {name}"))))
+            try:
+                extras.append((name, canonical_bytes(_parse_json(value.encode("utf-8"), f"extra {name}"))))
+            except IJSONError as exc:  # (a whole number past 2**53: the canonical form refuses it)
+                raise BadNameError(f"extra {name} is not I-JSON: {exc}") from None
 
         when = {k: _when(q[k], k) for k in ("after", "before") if k in q}
 
@@ -736,7 +761,7 @@ class Api:
                     summaries.append(self.state.store.summary(sid))
             # The library's List filter and order (agentsession list's): one rule.
             chosen = select(summaries, harness=q.get("harness"), cwd=q.get("cwd"), current=current,
-                            limit=int(limit) if limit is not None else None, **when)
+                            limit=limit, **when)
             rows: list[bytes] = []
             for summary in chosen:
                 header = headers[summary.id]
@@ -752,9 +777,9 @@ class Api:
 
     async def create_session(self, request: Request, principal: Principal) -> Response:
         header = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the header"), "the header")
-        ttl = request.query_params.get("lease_ttl_ms")
-        if ttl is not None and not ttl.isdigit():  # refused before anything lands
-            raise BadNameError("lease_ttl_ms must be a whole number of milliseconds")
+        q = request.query_params
+        # Refused before anything lands.
+        ttl = _ttl_ms(_whole(q["lease_ttl_ms"], "lease_ttl_ms"), "lease_ttl_ms") if "lease_ttl_ms" in q else None
         holder = request.query_params.get("holder", principal.name)
         data = dict(header)
         data.setdefault("id", str(uuid.uuid4()))
@@ -779,7 +804,7 @@ class Api:
             self.state.reach.forget(sid)
             facts = self._session_facts(s)
             if ttl is not None:
-                lease, _ = self.state.leases.acquire(sid, holder, int(ttl))
+                lease, _ = self.state.leases.acquire(sid, holder, ttl)
                 facts["lease"] = lease.as_dict()
             return 201, facts
 
@@ -895,17 +920,9 @@ class Api:
         after = request.headers.get("last-event-id") or request.query_params.get("after")
         accept = request.headers.get("accept", "")
         sse = "application/x-ndjson" not in accept
-        if self.state.streams >= self.state.limits.max_streams:
-            # The oldest open stream ends by its age limit at the latest (sooner if its
-            # follower leaves): the wait a refused follower is given (RFC 0003 clients
-            # retry a 503 after Retry-After).
-            starts = self.state.stream_starts
-            age = float(self.state.limits.max_stream_age_s)
-            wait = math.ceil(max(1.0, (min(starts) + age - time.monotonic()) if starts else 1.0))
-            busy = StoreError(f"this server has {self.state.streams} follow streams open, its limit; "
-                              f"one ends within {wait} s: try again then")
-            busy.status = 503
-            return _problem(busy, {"Retry-After": str(wait)})
+        busy = self._streams_full()
+        if busy is not None:
+            return busy
 
         def first() -> Any:
             self._readable_session(principal, sid, request)
@@ -915,22 +932,40 @@ class Api:
         # A durable follow commits before it reads (a wait on the disk): never in the loop.
         stream = Stream(self.state.store, sid, durable, sse, self.work if durable else self.soon, self.state.changes, self.state.tails,
                         float(self.state.limits.max_stream_age_s))
-        state = self.state
-
-        async def body() -> Any:
-            state.streams += 1
-            began = time.monotonic()
-            state.stream_starts.append(began)
-            try:
-                async for chunk in stream.events(view, after):
-                    yield chunk
-            finally:
-                state.streams -= 1
-                state.stream_starts.remove(began)
-
         media = "text/event-stream" if sse else NDJSON
-        return StreamingResponse(body(), media_type=media,
+        return StreamingResponse(self._counted(stream.events(view, after)), media_type=media,
                                  headers={"Cache-Control": "no-store", "Incarnation": view.ident, "X-Accel-Buffering": "no"})
+
+    def _streams_full(self) -> Response | None:
+        """A 503 with ``Retry-After`` when the open follow streams (a session's and a
+        ref's alike) are at ``max_streams`` (RFC 0003: a server SHOULD bound the number
+        of open streams); else None. The oldest open stream ends by its age limit at
+        the latest (sooner if its follower leaves): the wait a refused follower is given
+        (RFC 0003 clients retry a 503 after Retry-After)."""
+        state = self.state
+        if state.streams < state.limits.max_streams:
+            return None
+        starts = state.stream_starts
+        age = float(state.limits.max_stream_age_s)
+        wait = math.ceil(max(1.0, (min(starts) + age - time.monotonic()) if starts else 1.0))
+        busy = StoreError(f"this server has {state.streams} follow streams open, its limit; "
+                          f"one ends within {wait} s: try again then")
+        busy.status = 503
+        return _problem(busy, {"Retry-After": str(wait)})
+
+    async def _counted(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """``events``, counted among the open follow streams (:meth:`_streams_full`) while
+        they are sent."""
+        state = self.state
+        state.streams += 1
+        began = time.monotonic()
+        state.stream_starts.append(began)
+        try:
+            async for chunk in events:
+                yield chunk
+        finally:
+            state.streams -= 1
+            state.stream_starts.remove(began)
 
     # -- exchange --------------------------------------------------------------------------
 
@@ -1099,17 +1134,16 @@ class Api:
             if method == "POST":
                 if s.mark != "record":
                     raise MirrorError(f"session {sid} is held here as a mirror; a mirror is written only through exchange")
-                ttl = body.get("ttl_ms", 30_000)
-                if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0:
-                    raise BadNameError("ttl_ms must be a positive whole number")
+                ttl = _ttl_ms(body.get("ttl_ms", 30_000))
                 holder = body.get("holder", principal.name)
                 lease, old = leases.acquire(sid, str(holder), ttl)
                 if old is not None:
                     s.commit()  # a takeover resumes from a durable log
                 return 201, dict(lease.as_dict(), incarnation=ident)
             if method == "PUT":
-                ttl = body.get("ttl_ms")
-                lease = leases.renew(sid, lease_id, ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else None)
+                # A ttl_ms that is not one is refused, as an acquire refuses it (it was
+                # ignored, and one of 0 or less left a lease of 1 ms).
+                lease = leases.renew(sid, lease_id, _ttl_ms(body["ttl_ms"]) if "ttl_ms" in body else None)
                 return 200, dict(lease.as_dict(), incarnation=ident)
             lease = leases.release(sid, lease_id)
             s.commit()
@@ -1235,7 +1269,9 @@ class Api:
 
     async def list_refs(self, request: Request, principal: Principal) -> Response:
         _need_any(principal, "read", "refs")
-        prefix = request.query_params.get("prefix", "")
+        # A prefix that breaks the name rules is ref_name before the stream begins (RFC
+        # 0003: "ref_name on a read as on a write"), not a 200 ending in an error frame.
+        prefix = check_ref_prefix(request.query_params.get("prefix", ""))
 
         def do() -> Iterator[bytes]:
             refs = Refs(self.state.store)
@@ -1310,6 +1346,9 @@ class Api:
         """``?view=follow``: a ``target`` event with ``{name, target, state}`` on connect and
         whenever the target or its state (live, dangling) changes, as SSE or NDJSON."""
         sse = "application/x-ndjson" not in request.headers.get("accept", "")
+        busy = self._streams_full()  # (a ref's follows were not counted against the limit)
+        if busy is not None:
+            return busy
 
         def read() -> dict[str, Any]:
             refs = Refs(self.state.store)
@@ -1320,8 +1359,8 @@ class Api:
             return {"name": name, "target": facts["target"], "state": "live" if facts["state"] == "live" else "dangling"}
 
         first = await self.work(read)
-        state, changes = self.state, self.state.changes
-        age = float(state.limits.max_stream_age_s)
+        changes = self.state.changes
+        age = float(self.state.limits.max_stream_age_s)
 
         def frame(data: dict[str, Any], n: int, kind: str = "target") -> bytes:
             body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
@@ -1329,29 +1368,25 @@ class Api:
                 return f"id: {n}\nevent: {kind}\ndata: {body}\n\n".encode()
             return _dumps({"event": kind, "id": str(n), "data": data}) + b"\n"
 
-        async def body() -> Any:
-            state.streams += 1
-            try:
-                last, n, started = first, 0, time.monotonic()
-                yield frame(first, n)
-                while (left := age - (time.monotonic() - started)) > 0:
-                    try:
-                        await asyncio.wait_for(changes.event(REFS_CHANGED).wait(), timeout=min(15.0, left))
-                    except TimeoutError:
-                        yield b": keep-alive\n\n" if sse else b"\n"
-                        continue
-                    if changes.closing:  # the server is stopping: end now, not at the age limit
-                        yield frame({"reason": "shutdown"}, n, "end")
-                        return
-                    now = await self.work(read)
-                    if now != last:
-                        n += 1
-                        last = now
-                        yield frame(now, n)
-            finally:
-                state.streams -= 1
+        async def body() -> AsyncIterator[bytes]:
+            last, n, started = first, 0, time.monotonic()
+            yield frame(first, n)
+            while (left := age - (time.monotonic() - started)) > 0:
+                try:
+                    await asyncio.wait_for(changes.event(REFS_CHANGED).wait(), timeout=min(15.0, left))
+                except TimeoutError:
+                    yield b": keep-alive\n\n" if sse else b"\n"
+                    continue
+                if changes.closing:  # the server is stopping: end now, not at the age limit
+                    yield frame({"reason": "shutdown"}, n, "end")
+                    return
+                now = await self.work(read)
+                if now != last:
+                    n += 1
+                    last = now
+                    yield frame(now, n)
 
-        return StreamingResponse(body(), media_type="text/event-stream" if sse else NDJSON,
+        return StreamingResponse(self._counted(body()), media_type="text/event-stream" if sse else NDJSON,
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     async def _update_ref(self, request: Request, principal: Principal, name: str) -> Response:
@@ -1556,16 +1591,37 @@ def _push_request(sid: str, body: dict[str, Any]) -> PushRequest:
     mark = body.get("mark", "mirror")
     if mark not in ("mirror", "record"):
         raise BadNameError("mark is mirror or record")
+    pushed = body.get("refs")
+    if pushed is None:
+        pushed = []
+    if not isinstance(pushed, list):
+        raise BadNameError("refs is a list of {\"name\", \"expected\", \"next\"}")
     refs = []
-    for r in body.get("refs") or []:
+    for r in pushed:
         r = _obj(r, "a ref")
+        # A name that is no string is refused whole (it was pushed as the ref "None" or
+        # "5"); a string that breaks the name rules is that ref's refusal in the 200.
+        name = r.get("name")
+        name = name if isinstance(name, str) else check_ref_name(name)
         nxt = _target(r.get("next"), "next")
-        refs.append(RefPush(str(r.get("name")), _target(r.get("expected"), "expected"), str(nxt)))
+        if nxt is None:
+            raise BadRefTargetError(f"pushed ref {name} must name the pushed session {sid}, not none")
+        refs.append(RefPush(name, _target(r.get("expected"), "expected"), nxt))
     return PushRequest(
         header=header, prefix=[str(e) for e in prefix], entries=[str(e) for e in entries],
         to=_opt_hash(head.get("to"), "head.to"), expected=_opt_hash(head.get("expected"), "head.expected"),
-        force=bool(head.get("force", False)), mark=mark, refs=refs, complete=bool(body.get("complete", True)),
+        force=_bool(head, "force", False, "head.force"), mark=mark, refs=refs,
+        complete=_bool(body, "complete", True, "complete"),
     )
+
+
+def _bool(body: dict[str, Any], name: str, default: bool, what: str) -> bool:
+    """A member that is true or false when present (``bool("false")`` is true: a push
+    naming ``"force": "false"`` was a forced one); BadNameError otherwise."""
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise BadNameError(f"{what} must be true or false, not {quoted(value)}")
+    return value
 
 
 def _target(value: Any, what: str) -> str | None:
@@ -1652,4 +1708,9 @@ def create_app(state: ServerState) -> Starlette:
             err.status = 404
         return _problem(err)
 
-    return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+    # A path off a route by a slash (/v1, /v1/sessions/) is a 404 problem like any other,
+    # not Starlette's 307 to the other spelling, which is no RFC 0003 answer (and would
+    # have a client send a write again elsewhere; this one follows no redirect).
+    app.router.redirect_slashes = False
+    return app

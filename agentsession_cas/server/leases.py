@@ -94,7 +94,9 @@ class Leases:
 
     def _by_id(self, session_id: str, lease_id: str) -> Lease:
         lease = self._live.get(session_id)
-        if lease is None or not secrets.compare_digest(lease.lease_id, lease_id or ""):
+        # Compared as bytes: compare_digest refuses a str holding anything but ASCII with a
+        # TypeError, and a Lease-ID header may hold any byte (it answered 500).
+        if lease is None or not secrets.compare_digest(lease.lease_id.encode(), (lease_id or "").encode()):
             raise LeaseLostError(f"that lease of session {session_id} is not its current one (released, broken or taken)")
         if lease.expired(self.clock()):
             raise LeaseLostError(f"that lease of session {session_id} expired")

@@ -500,8 +500,8 @@ class Store:
             raise SessionExistsError(f"session {header.id} already exists in {self.describe()}")
         try:
             canonical_bytes(header.data)
-        except IJSONError as exc:
-            raise StoreError(f"header is not I-JSON: {exc}") from None
+        except IJSONError as exc:  # the caller's header, not the store's fault (it was a 500)
+            raise IJSONError(f"header is not I-JSON: {exc}") from None
         return header
 
     def _prefix_for_base(self, header: Header, owner: Holder | None) -> builtins.list[tuple[str, str]]:
