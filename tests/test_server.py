@@ -430,6 +430,39 @@ def test_appends_stop_at_the_first_refusal_and_keep_what_landed(served):
         problem(late, 422, "format")
 
 
+def test_an_append_raises_the_header_to_the_clients_format_not_past_it(served):
+    """RFC 0002/0003: the header's ``format`` is raised to the minor of the writer that
+    appends (its ``Session-Format``), before the append lands, and never lowered. The
+    server raised it to its own minor whatever the client said, so a reader of the
+    client's minor could no longer read a session that client alone had written."""
+    from agentsession_cas.format.entry import FORMAT_MINOR, FORMAT_WRITTEN
+
+    def fmt() -> str:
+        return c.get("/v1/sessions/s1").json()["header"]["format"]
+
+    def appended(text: str, minor: int | None) -> None:
+        headers = {"Lease-Token": str(held["token"])}
+        if minor is not None:
+            headers["Session-Format"] = f"agentsession/0.{minor}"
+        r = c.post("/v1/sessions/s1/entries", content=json.dumps(user(text)).encode(), headers=headers)
+        assert r.status_code == 200 and r.json()["stopped"] is None, r.text
+
+    old = FORMAT_MINOR - 2
+    with served.client("all") as c:
+        create(c, "s1", format=f"agentsession/0.{old}")
+        held = lease(c, "s1")
+        appended("at the session's own minor", old)
+        assert fmt() == f"agentsession/0.{old}"
+        appended("one minor later", old + 1)
+        assert fmt() == f"agentsession/0.{old + 1}"
+        r = c.post("/v1/sessions/s1/entries", content=json.dumps(user("x")).encode(),
+                   headers={"Lease-Token": str(held["token"]), "Session-Format": f"agentsession/0.{old}"})
+        problem(r, 422, "format")
+        assert fmt() == f"agentsession/0.{old + 1}"
+        appended("no Session-Format: the server's own", None)
+        assert fmt() == FORMAT_WRITTEN
+
+
 def test_head_compare_and_swap_and_commit_under_a_lease(served):
     with served.client("all") as c:
         held, ids = recorded(c, "s1", 2)

@@ -1192,7 +1192,7 @@ class Api:
 
         def do() -> dict[str, Any]:
             s = self._writer(principal, request, sid, "it is appended to")
-            _check_format(fmt, s)
+            s.writer_format = _check_format(fmt, s)
             objs: list[dict[str, Any]] = []
             stopped: dict[str, Any] | None = None
             for i, line in enumerate(lines):
@@ -1472,15 +1472,19 @@ def _check_incarnation(request: Request, s: Session) -> None:
         )
 
 
-def _check_format(fmt: str | None, s: Session) -> None:
+def _check_format(fmt: str | None, s: Session) -> str:
+    """The format the client's write is of (RFC 0003 ``Session-Format``; this server's own
+    when it names none), which the header is raised to and not past: refused when
+    earlier than the session's, or one this server does not read."""
     if fmt is None:
-        return
+        return FORMAT_WRITTEN
     version = parse_format(fmt)
     if version is None or version[0] != FORMAT_MAJOR or version[1] > FORMAT_MINOR:
         raise FormatVersionError(f"Session-Format {fmt!r} is not one this server reads (up to {FORMAT_WRITTEN})")
     theirs = s.header.format_version
     if theirs is not None and version < theirs:
         raise FormatVersionError(f"Session-Format {fmt} is earlier than session {s.id}'s {s.header.format}")
+    return FORMAT_WRITTEN if version == (FORMAT_MAJOR, FORMAT_MINOR) else f"agentsession/{version[0]}.{version[1]}"
 
 
 def _matches(header: Header, q: Any, top_level: bool, extras: list[tuple[str, bytes]]) -> bool:

@@ -280,7 +280,11 @@ class Session:
         self._prefix_view: _PrefixView | None = None
         #: The entry last found on no prefix by :meth:`on_prefix` (the prefix is fixed).
         self._off_prefix: str | None = None
-        self._format_raised = False
+        #: The format of whoever writes through this handle (RFC 0002: a header is raised to
+        #: its writer's minor): the library's own, or, on a server, the ``Session-Format``
+        #: of the client whose append it applies. ``_format_checked``: the one last raised to.
+        self.writer_format = FORMAT_WRITTEN
+        self._format_checked: str | None = None
         self._context_hashes: ContextHasher | None = None
         self._pending: PreparedBatch | None = None
         #: The rules' reduced state of the session (built on first need), and the
@@ -1006,7 +1010,7 @@ class Session:
             for p in planned:
                 if p.record is not None:
                     p.result.durable = True
-        if not self._format_raised:
+        if self._format_checked is not self.writer_format:
             self._raise_format()
         note = self.log.write(records, commit=commit)
         state = self.state
@@ -1098,15 +1102,15 @@ class Session:
         return [f"sidecar:{name}" for _, name in missing]
 
     def _raise_format(self) -> None:
-        """RFC 0002: a writer of a later minor raises the header's format, durably, first."""
-        if self._format_raised:
-            return
-        mine, theirs = parse_format(FORMAT_WRITTEN), self.header.format_version
+        """RFC 0002: a writer of a later minor raises the header's format, durably, first:
+        to the writer's minor (:attr:`writer_format`), not past it, so a reader of that
+        minor still reads the session."""
+        mine, theirs = parse_format(self.writer_format), self.header.format_version
         if theirs is not None and mine is not None and theirs < mine:
-            data = dict(self.header.data, format=FORMAT_WRITTEN)
+            data = dict(self.header.data, format=f"agentsession/{mine[0]}.{mine[1]}")
             self.log.set_header(canonical_bytes(data) + b"\n")
             self.header = Header(data)
-        self._format_raised = True
+        self._format_checked = self.writer_format
 
     def checkpoint(self) -> None:
         """Write out every object the log alone holds so far (a backend that batches
