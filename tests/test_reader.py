@@ -874,3 +874,40 @@ def test_keep_objects_keeps_exactly_the_bytes_a_store_writes(tmp_path):
         _, chash, want_content, want_env = entry_objects(p.data)
         assert (content, env) == (want_content, want_env)
         assert sha256_ref(content) == e.content_hash == chash and sha256_ref(env) == e.id
+
+
+@pytest.mark.parametrize("member, value, said", [
+    ("created_at", "yesterday", 'header created_at "yesterday" is not an RFC 3339 date-time'),
+    ("created_at", "2026-02-30T00:00:00Z", "is not an RFC 3339 date-time"),
+    ("created_at", "2026-01-01T00:00:00+24:00", "is not an RFC 3339 date-time"),
+    ("parent_session", 5, "header parent_session 5 is not a string"),
+    ("spawned_by", [1], "header spawned_by [1] is not a string"),
+    ("cwd", {"path": "/"}, "header cwd"),
+    ("records", "item", 'header records "item" is not a list of entry types'),
+    ("records", ["item", 3], "is not a list of entry types"),
+])
+def test_a_header_member_of_the_wrong_form_is_a_header_problem_everywhere(tmp_path, member, value, said):
+    """RFC 0001: ``created_at`` is an RFC 3339 time; ``parent_session`` a session id,
+    ``spawned_by`` a call_id, ``cwd`` a path, ``records`` a list of entry types. The one
+    header check (``Header.problems``) said nothing of these, so a verify passed such a
+    file and a store created such a session, locally and over the wire."""
+    from agentsession_cas.store import Store
+
+    data = b"".join(json.dumps(o).encode() + b"\n" for o in objs(build(2)))
+    first, rest = data.split(b"\n", 1)
+    header = dict(json.loads(first), **{member: value})
+    with pytest.raises(SessionFormatError) as caught:
+        read_session_bytes(json.dumps(header).encode() + b"\n" + rest, source="f")
+    assert said in str(caught.value)
+    with Store.init(tmp_path / "s") as st, pytest.raises(SessionFormatError) as caught:
+        st.create(Header(header))
+    assert said in str(caught.value) and st.list() == []
+
+
+@pytest.mark.parametrize("created_at", ["2026-10-05T10:00:00Z", "2026-10-05t10:00:00.25z", "2026-10-05 10:00:00+05:30",
+                                        "2016-12-31T23:59:60Z", "0000-01-01T00:00:00-00:00"])
+def test_any_rfc_3339_spelling_of_created_at_is_taken(created_at):
+    data = b"".join(json.dumps(o).encode() + b"\n" for o in objs(build(2)))
+    first, rest = data.split(b"\n", 1)
+    header = dict(json.loads(first), created_at=created_at)
+    assert read_session_bytes(json.dumps(header).encode() + b"\n" + rest, source="f").header.created_at == created_at
