@@ -33,6 +33,7 @@ from agentsession_cas.maintenance.fsck import fsck
 from agentsession_cas.store import Store
 from agentsession_cas.store.url import open_store
 from agentsession_cli.main import main
+from test_media_check import exported  # noqa: F401  (the fixture: a sidecar session's export)
 from test_migrate import old_layout
 from test_migrate_reference import reference_layout
 
@@ -267,3 +268,132 @@ def test_repair_of_a_session_whose_header_is_gone_everywhere_does_not_send_the_o
     err = json.loads(r.stderr)["error"]
     assert "repair s1`" not in err["message"] and "header" in err["message"], err
     assert {p.name: p.read_bytes() for p in sdir.iterdir()} == before
+
+
+# -- a damaged snapshot line, again: what a review of the repair above found ----------------
+
+
+def _msg(text: str) -> dict:
+    return {"type": "item", "item": {"type": "message", "role": "user", "content": text}}
+
+
+def _big_state(root: Path) -> tuple[str | None, dict[str, int | None]]:
+    """The session's head, and each entry's sequence number, in log order."""
+    with Store(root, readonly=True) as st:
+        s = st.read("big")
+        return s.head, {e: s.state.own.get(e) for e in s.log_order}
+
+
+def _damaged_snapshot(root: Path, *places: int, flip: bool = False) -> None:
+    """Change bytes of the compacted log's snapshot line (its second): each to ``!`` (no
+    base64 character), or with ``flip`` its low bit."""
+    log = root / "sessions" / "big" / "log"
+    lines = log.read_bytes().split(b"\n")
+    assert b'"op":"snapshot"' in lines[1], "the log was not compacted"
+    broken = bytearray(lines[1])
+    for at in places:
+        broken[at] = broken[at] ^ 1 if flip else 0x21
+    log.write_bytes(b"\n".join([lines[0], bytes(broken), *lines[2:]]))
+
+
+def _repaired(root: Path) -> dict:
+    r = cli("--store", str(root), "repair", "big", "--json", "--yes")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("where", ["an id", "the checksum"])
+def test_repair_of_a_damaged_snapshot_keeps_the_head_the_log_set(tmp_path, where):
+    """The head moved back (set_head) and a branch grew from there before the log was
+    compacted. The entries taken back from the damaged snapshot each continued the head
+    as an append does, so the head ended on the abandoned branch's last entry: the live
+    branch changed silently. The snapshot's own ``head`` member still reads: the head
+    goes there."""
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        s = st.create(Header.new("big"))
+        ids = [s.append(_msg(f"m{i}")).id for i in range(700)]
+        s.set_head(ids[5], expected=ids[-1])
+        live = s.append(_msg("the live branch, from m5")).id
+    head0, own0 = _big_state(root)
+    assert head0 == live
+    _damaged_snapshot(root, 2000 if where == "an id" else 3, flip=True)  # (the checksum: the record reads whole)
+    _repaired(root)
+    head1, own1 = _big_state(root)
+    assert head1 == live and own1 == own0
+
+
+@pytest.mark.parametrize("damaged", [(1000,), (1000, 5000), (46 + 4 * 3210,)])  # (the last: one group across two ids)
+def test_repair_of_a_snapshot_with_ids_it_cannot_spell_keeps_an_abandoned_branch(tmp_path, damaged):
+    """An id the damaged line no longer spells comes back (hidden) where a kept entry
+    names it, and needs a number too. The line's numbers were counted by the ids it still
+    spelled (plus one): with two such ids the first got none ('no-seq'), every entry after
+    it was dropped, and the branch off the path was lost. The line's ids are counted by
+    its base64's length, and each is numbered as the line's ``seqs`` say."""
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        s = st.create(Header.new("big"))
+        ids = [s.append(_msg(f"m{i}")).id for i in range(700)]
+        branch = s.append(make_entry("item", ids[600], item={"type": "message", "role": "user", "content": "aside"}).data).id
+    _, own0 = _big_state(root)
+    _damaged_snapshot(root, *damaged)
+    out = _repaired(root)
+    _, own1 = _big_state(root)
+    assert branch in own1 and own1 == own0, out["dropped"][:3]
+    assert out["dropped"] == [] and out["seq"] == 701
+    assert [n["code"] for n in out["notes"]] == ["snapshot-ids-unread"]
+
+
+def test_repair_of_a_damaged_snapshot_says_what_it_could_not_spell(tmp_path):
+    """The last id of a compacted log (a branch's entry, off HEAD's path, that nothing
+    names) lies in the damaged base64 group: it cannot come back. The report said nothing
+    of it, and every kept entry was numbered one higher (its number given to another).
+    Now a note says how many ids of the line did not read, and each kept entry keeps its
+    number; the lost one's is spent."""
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        s = st.create(Header.new("big"))
+        ids = [s.append(_msg(f"m{i}")).id for i in range(700)]
+        branch = s.append(make_entry("item", ids[10], item={"type": "message", "role": "user", "content": "aside"}).data).id
+    _, own0 = _big_state(root)
+    log = root / "sessions" / "big" / "log"
+    line = log.read_bytes().split(b"\n")[1]
+    _damaged_snapshot(root, line.index(b'"', line.index(b'{"entries":"') + 12) - 3, flip=True)
+    out = _repaired(root)
+    _, own1 = _big_state(root)
+    assert set(own0) - set(own1) == {branch}
+    assert all(own1[e] == own0[e] for e in own1) and out["seq"] == 701
+    notes = [n for n in out["notes"] if n["code"] == "snapshot-ids-unread"]
+    assert notes and "held 701 entries, and 1 of their ids" in notes[0]["message"], out["notes"]
+
+
+def test_migrate_cuts_a_huge_settled_count(tmp_path):
+    """The settled-count refusal quoted the journal's value whole: a 1 MB ``seq`` was a
+    1 MB problem."""
+    root = tmp_path / "old"
+    old_layout.build_scenario(root)
+    journal = root / "journal"
+    journal.write_bytes(journal.read_bytes().rstrip(b"\n") + b"\n"
+                        + b'{"op":"settled","session":"alpha","seq":"' + b"9" * 1_000_000 + b'"}\n')
+    r = cli("--store", str(root), "migrate", "--json")
+    assert r.exit_code == 1
+    assert max(len(p["message"]) for p in json.loads(r.stdout)["problems"]) < 400
+
+
+def test_verify_of_a_sidecar_file_through_a_pipe_leaves_its_media_unchecked_as_a_stream_does(exported):  # noqa: F811
+    """A pipe (``/dev/fd/N``) has no directory of blobs beside it: its media is unchecked,
+    as standard input's is, not reported missing from ``/dev/fd/<session id>/``."""
+    from agentsession_cas.format.reader import verify_bytes
+
+    out, _ = exported
+    data = out.read_bytes()
+    r, w = os.pipe()
+    os.write(w, data)  # (under the pipe's buffer: no writer thread needed)
+    os.close(w)
+    try:
+        report = verify_file(f"/dev/fd/{r}")
+    finally:
+        os.close(r)
+    stream = verify_bytes(data, source="<stdin>")
+    assert report.ok and [p.code for p in report.problems] == [p.code for p in stream.problems] == []
+    assert "media-unchecked" in [n.code for n in report.notes]

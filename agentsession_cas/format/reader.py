@@ -294,8 +294,11 @@ def verify_file(
             return verify_bytes(first + f.read(), source=name, progress=progress,
                                 sidecars=sidecar_dir(name, str(header.id)) if sidecars else None)
         if not _seekable(f):  # a pipe or a FIFO: no line can be read again from it, so it is held
+            # (its blobs are checked where a directory of them lies beside it, a FIFO's; a
+            # pipe, /dev/fd/N, has none: its media is unchecked, as standard input's is)
+            beside = sidecar_dir(name, str(header.id)) if sidecars else None
             return verify_bytes(first + f.read(), source=name, progress=progress, on_entry=on_entry,
-                                sidecars=sidecar_dir(name, str(header.id)) if sidecars else None)
+                                sidecars=beside if beside is not None and os.path.isdir(beside) else None)
         named = SidecarNames() if sidecars and header.media == "sidecar" else None
         starts = array("q")  # each line's offset and length, to read it again
         sizes = array("q")

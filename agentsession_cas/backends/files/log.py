@@ -47,6 +47,7 @@ import base64
 import binascii
 import itertools
 import json
+import re
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import field
 from typing import Any
@@ -64,7 +65,7 @@ __all__ = [
     "encode_log",
     "record_body", "append_body", "line_checksum", "ZERO_LINK", "header_of", "line_bodies", "LINE_OVERHEAD",
     "SnapshotIds", "snapshot_ids_file", "read_snapshot_ids", "snapshot_raw", "snapshot_ids_disagree",
-    "with_digests", "spelled_snapshot_ids",
+    "with_digests", "spelled_snapshot_ids", "spelled_snapshot_head", "spelled_snapshot_seqs", "snapshot_id_room",
 ]
 
 #: Hex digits of the BLAKE3 checksum each line carries.
@@ -768,22 +769,45 @@ def _snapshot_ids(raw: bytes, start: int, stop: int) -> tuple[int, int] | None:
     return first, end + 2
 
 
-def spelled_snapshot_ids(raw: bytes) -> list[str]:
-    """The entry ids a damaged line still spells where it holds a snapshot's base64 ids
+def _snapshot_start(raw: bytes) -> int | None:
+    """Where a damaged line's snapshot record starts (after its checksum and link), or
+    None when its record does not start as a snapshot's."""
+    return next((n for n in (2 * CHECKSUM_HEX + 2, CHECKSUM_HEX + 1) if raw.startswith(_SNAPSHOT_START, n)), None)
+
+
+def _snapshot_text(raw: bytes) -> bytes | None:
+    """A damaged snapshot line's base64 ids, up to the quote that ends them."""
+    at = _snapshot_start(raw)
+    if at is None:
+        return None
+    first = at + len(_SNAPSHOT_START)
+    end = raw.find(b'"', first)
+    return raw[first : end if end >= 0 else len(raw)]
+
+
+def snapshot_id_room(raw: bytes) -> int:
+    """How many ids a damaged snapshot line held, by its base64's length (each id 32
+    bytes), whether or not each still spells: the appends it stands for, each of which
+    spent a sequence number. 0 when the line is no snapshot's."""
+    text = _snapshot_text(raw)
+    return 0 if text is None else len(text) * 3 // 4 // 32  # (floor: the padding's bytes are none)
+
+
+def spelled_snapshot_ids(raw: bytes) -> list[tuple[int, str]]:
+    """The entry ids a damaged line still spells, each with its place among the line's
+    ids (from 0), where it holds a snapshot's base64 ids
     (its record starts as a snapshot's does): each 4-character group of the base64 read
     on its own, so a byte the damage changed (or zeroed) costs only the ids its group
     lies in. An id a changed byte made into another is spelled too: a caller keeps only
     what its objects prove. Empty when the line's record does not start as a snapshot's
     (where a record stands in a line, after its checksum and link: never inside an
     append's payload, whose text might spell the same)."""
-    at = next((n for n in (2 * CHECKSUM_HEX + 2, CHECKSUM_HEX + 1) if raw.startswith(_SNAPSHOT_START, n)), None)
-    if at is None:
+    text = _snapshot_text(raw)
+    if text is None:
         return []
-    first = at + len(_SNAPSHOT_START)
-    end = raw.find(b'"', first)
-    text = raw[first : end if end >= 0 else len(raw)]
-    out: list[str] = []
+    out: list[tuple[int, str]] = []
     digest = bytearray()
+    place = 0
     sound = True  # whether every byte of the digest being gathered decoded
     for i in range(0, len(text) - len(text) % 4, 4):
         try:
@@ -797,10 +821,48 @@ def spelled_snapshot_ids(raw: bytes) -> list[str]:
             sound = sound and whole
             if len(digest) == 32:
                 if sound:
-                    out.append(_HASH_PREFIX + digest.hex())
+                    out.append((place, _HASH_PREFIX + digest.hex()))
                 digest.clear()
+                place += 1
                 sound = True
     return out
+
+
+#: A snapshot's ``seqs`` member (runs of ``[first, count]``), where it still reads.
+_SNAPSHOT_SEQS = re.compile(rb'"records":[0-9]+,"seq":[0-9]+,"seqs":(\[\[[0-9]+,[0-9]+\](?:,\[[0-9]+,[0-9]+\])*\])\}')
+
+
+def spelled_snapshot_seqs(raw: bytes) -> list[int] | None:
+    """The sequence number of each id a damaged snapshot line held, in order, from its
+    ``seqs`` runs where they still read (None when they do not, or the line is no
+    snapshot's): what an id taken back from the line is numbered."""
+    at = _snapshot_start(raw)
+    m = _SNAPSHOT_SEQS.search(raw, at) if at is not None else None
+    if m is None:
+        return None
+    try:
+        runs = json.loads(m.group(1))
+    except ValueError:
+        return None
+    return [first + k for first, count in runs for k in range(count)]
+
+
+#: A snapshot record's own ``head`` member, as canonical JSON writes it: after its
+#: ``entries`` and before its ``leaf_labels`` (a record kept in ``others`` has its ``op``
+#: after its ``head``, so never matches).
+_SNAPSHOT_HEAD = re.compile(rb'","head":"(sha256:[0-9a-f]{64})","leaf_labels":\[')
+
+
+def spelled_snapshot_head(raw: bytes) -> str | None:
+    """The head a damaged line still spells where it holds a snapshot (as
+    :func:`spelled_snapshot_ids` finds one): where the log's records the snapshot
+    replaced left the head. None when the line is no snapshot's, or its ``head`` member
+    does not read (or is null)."""
+    at = _snapshot_start(raw)
+    if at is None:
+        return None
+    m = _SNAPSHOT_HEAD.search(raw, at + len(_SNAPSHOT_START))
+    return m.group(1).decode("ascii") if m else None
 
 
 def _is_count(v: Any) -> bool:

@@ -983,7 +983,7 @@ class _Planner:
                 count = settled.get("seq") or 0
                 if not isinstance(count, int) or count < 0 or count > len(entries):
                     plan.add_problem("bad-log",
-                        f"the journal's settled record (line {settled.line}) counts {count!r} entries; "
+                        f"the journal's settled record (line {settled.line}) counts {quoted(count)} entries; "
                         f"its index log holds {len(entries)}"
                     )
                     return
@@ -1470,7 +1470,7 @@ def migrate(
         )
     if state == "other":
         raise MigrationError(
-            f"the store at {root} has layout {layout_text(root)!r}: neither this release's "
+            f"the store at {root} has layout {quoted(layout_text(root))}: neither this release's "
             f"({LAYOUT!r}) nor the earlier journal layout this command migrates"
         )
     with _Locks(root, create=not dry_run, wait=lock_wait) as locks:

@@ -57,7 +57,19 @@ from ...store.session import Session, entry_from_objects, parse_header
 from ...store.state import replay
 from ..base import FsckProblem, Space
 from . import FileBackend
-from .log import ZERO_LINK, LogLine, encode_log, encode_record, header_of, read_log, scan_log, spelled_snapshot_ids
+from .log import (
+    ZERO_LINK,
+    LogLine,
+    encode_log,
+    encode_record,
+    header_of,
+    read_log,
+    scan_log,
+    snapshot_id_room,
+    spelled_snapshot_head,
+    spelled_snapshot_ids,
+    spelled_snapshot_seqs,
+)
 from .sessions import HEADER_LIMIT, FileSessionLog, payload_entry, read_summary
 
 if TYPE_CHECKING:
@@ -664,12 +676,17 @@ class RepairPlanner:
         region_of = {i: r for r, idxs in enumerate(regions) for i in idxs}
         legible: dict[int, list[tuple[dict[str, Any], tuple[bytes, bytes] | None, int]]] = {}
         line_pieces: dict[int, dict[str, bytes]] = {}
-        snapshot_ids: dict[int, list[str]] = {}
+        snapshot_ids: dict[int, list[tuple[int, str]]] = {}
+        snapshot_seqs: dict[int, list[int]] = {}  # (each held id's number, where the line's seqs read)
+        snapshot_seq: dict[str, int] = {}  # (a spelled id's number, so read)
         for idxs in regions:
             for i in idxs:
                 line_pieces[i] = _payload_pieces(lines[i].raw)
                 self.pieces.update(line_pieces[i])
                 snapshot_ids[i] = spelled_snapshot_ids(lines[i].raw)
+                seqs = spelled_snapshot_seqs(lines[i].raw) if snapshot_ids[i] else None
+                if seqs is not None:
+                    snapshot_seqs[i] = seqs
         for r, idxs in enumerate(regions):
             items = []
             for i in idxs:
@@ -718,10 +735,26 @@ class RepairPlanner:
                         if not isinstance(self.objects(h, None), tuple):
                             payload_only[r][h] = i
                             appended.add(h)
-                for h in snapshot_ids.get(i, ()):
-                    if h not in appended and h != self.base and h not in self.prefix and not isinstance(self.objects(h, None), tuple):
+                numbers = snapshot_seqs.get(i, [])
+                proved = 0
+                for place, h in snapshot_ids.get(i, ()):
+                    if h in appended or h == self.base or h in self.prefix:
+                        proved += 1
+                    elif not isinstance(self.objects(h, None), tuple):
+                        proved += 1
                         payload_only[r][h] = i
                         appended.add(h)
+                        if place < len(numbers):
+                            snapshot_seq[h] = numbers[place]
+                held = snapshot_id_room(lines[i].raw)
+                if held > proved:
+                    ln = lines[i]
+                    rep.note(
+                        "snapshot-ids-unread",
+                        f"log line {ln.line}: a damaged snapshot held {held} entr{'y' if held == 1 else 'ies'}, and "
+                        f"{held - proved} of their ids no longer read or name no whole objects: such an entry is taken "
+                        "back only where a kept entry or HEAD names it; what objects/ holds of it stays until a sweep",
+                        line=ln.line, offset=ln.offset)
 
         # -- hidden entries: named by a kept record (parent, parents, head) but appended by
         # no record that reads; anchored at the last damaged region before the first name.
@@ -840,6 +873,14 @@ class RepairPlanner:
                     plan.append((said_data["op"], (said_data, j)))
             for h in hidden_here:
                 emit(h)
+            # A snapshot line's entries taken back each continue the head as an append
+            # does, but the records the snapshot replaced may have left it elsewhere (a
+            # head moved back, then a branch): where its own head member still reads, the
+            # head goes there after them.
+            for j in regions[r]:
+                left = spelled_snapshot_head(lines[j].raw) if snapshot_ids.get(j) else None
+                if left is not None:
+                    plan.append(("head", ({"op": "head", "head": left}, j)))
             plans[r] = [(kind, x if kind != "append" else (x, salvaged_here.get(x))) for kind, x in plan]
 
         # -- sequence numbers: each recovered append takes one the damaged region may have
@@ -876,8 +917,11 @@ class RepairPlanner:
             else:
                 # Nothing after says where numbering went on: the lines may have held as
                 # many appends as their bytes allow, and every one of those numbers is spent.
-                # (a snapshot line holds an append in the 43 bytes of its id's base64)
-                hi = lo + sum(max(len(lines[i].raw) // MIN_APPEND_LINE, len(snapshot_ids[i])) + 1 for i in idxs) + 1
+                # (a snapshot line holds an append in the 43 bytes of its id's base64,
+                # each id it held counted, spelled or not)
+                hi = lo + sum(max(snapshot_id_room(lines[i].raw), len(snapshot_ids[i]))
+                              or len(lines[i].raw) // MIN_APPEND_LINE + 1 for i in idxs) + 1
+                hi = max([hi, *(max(snapshot_seqs[i], default=0) + 1 for i in idxs if i in snapshot_seqs)])
                 spent = max(spent, hi - 1)
             ceiling = hi
             used: set[int] = set()
@@ -885,7 +929,7 @@ class RepairPlanner:
                 if kind != "append":
                     continue
                 entry_id, salv = x
-                want = salv[0]["seq"] if salv is not None and salv[0] is not None else None
+                want = salv[0]["seq"] if salv is not None and salv[0] is not None else snapshot_seq.get(entry_id)
                 if want is not None and lo < want < ceiling and want not in readable_seqs and want not in used:
                     s = want
                 else:
