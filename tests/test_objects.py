@@ -168,3 +168,45 @@ def test_put_many_stores_every_object_soundly_either_way(objs, tmp_path, monkeyp
         assert len(calls) >= len(datas) - 1
         assert packs == []
         assert len(loose_new) == len(datas) - 2
+
+
+@pytest.mark.parametrize("read", ["get", "exists", "held", "held_many"])
+def test_a_lookup_that_missed_finds_an_object_another_thread_listed_meanwhile(tmp_path, monkeypatch, read):
+    """An object read while another process packs it (a sweep's repack, a merge) and
+    removes its loose copy: the lookup misses the old pack listing, then the loose file.
+    The reader lists the packs again, but asked refresh() whether the listing changed
+    *just now*: a thread of its own (a checkpoint's worker publishing its pack) had
+    listed the new pack in between, so the answer was no, and the object was reported
+    missing (a writer's fork then failed: test_sweeps_beside_writers_in_other_processes)."""
+    data = b'{"x":1}'
+    name = name_of(data)
+    reader = FileObjects(str(tmp_path))
+    reader.put("contents", name, data)
+    reader.packs.refresh(force=True)  # its listing: no pack holds it yet
+    other = FileObjects(str(tmp_path))
+    other.write_pack([("contents", name, data)], merge=False)
+    os.unlink(reader.path("contents", name))
+    original = reader._get_loose
+
+    def loose_after_another_thread_listed(*args):
+        reader.packs.refresh()  # (the other thread: it lists the new pack first)
+        return original(*args)
+
+    monkeypatch.setattr(reader, "_get_loose", loose_after_another_thread_listed)
+    real_exists = os.path.exists
+
+    def exists_after_another_thread_listed(path):
+        if path == reader.path("contents", name):
+            reader.packs.refresh()
+        return real_exists(path)
+
+    if read == "get":
+        assert reader.get("contents", name) == data
+        return
+    monkeypatch.setattr(os.path, "exists", exists_after_another_thread_listed)
+    if read == "exists":
+        assert reader.exists("contents", name)
+    elif read == "held":
+        assert reader.held("contents", name)
+    else:
+        assert reader.held_many("contents", [name]) == [True]

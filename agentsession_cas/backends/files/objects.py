@@ -184,7 +184,8 @@ class FileObjects(ObjectStore):
     def exists(self, space: str, name: str) -> bool:
         if self._packed(space, name) is not None or os.path.exists(self.path(space, name)):
             return True
-        return self.packs.refresh() and self._packed(space, name) is not None
+        self.packs.refresh()  # (looked up again whatever it says: see _get)
+        return self._packed(space, name) is not None
 
     def is_packed(self, space: str, name: str) -> bool:
         return self._packed(space, name) is not None
@@ -293,13 +294,16 @@ class FileObjects(ObjectStore):
             return self._get_loose(space, name, path)
         except NoSuchObjectError:
             # Packed (or merged, or swept and repacked) by another process since we looked?
-            if self.packs.refresh():
-                found = self._packed(space, name)
-                if found is not None:
-                    got = self._get_packed(space, name, *found)
-                    if isinstance(got, bytes):
-                        return got
-                    raise got from None
+            # Looked up again whatever refresh() says: it says whether the listing changed
+            # just now, and another thread of ours (a checkpoint's worker publishing its
+            # pack) may have listed the new pack since our lookup missed it.
+            self.packs.refresh()
+            found = self._packed(space, name)
+            if found is not None:
+                got = self._get_packed(space, name, *found)
+                if isinstance(got, bytes):
+                    return got
+                raise got from None
             if not self.packs.bad:
                 raise
             # Not "no such object" alone: a pack that could not be read may hold it.
@@ -480,7 +484,8 @@ class FileObjects(ObjectStore):
             return True
         if not os.path.exists(self.path(space, name)):
             # Packed by another process since we looked?
-            return self.packs.refresh() and self._packed_sound(space, name) is not None
+            self.packs.refresh()  # (looked up again whatever it says: see _get)
+            return self._packed_sound(space, name) is not None
         return self.is_sound_here(space, name)
 
     def held_many(self, space: Space, names: Sequence[str]) -> list[bool]:
@@ -488,6 +493,7 @@ class FileObjects(ObjectStore):
         all the names found nowhere (not once each) and, for many names, the loose files
         listed once (:data:`LIST_LOOSE`) rather than looked for one at a time."""
         loose = set(self.loose_names(space)) if len(names) >= LIST_LOOSE else None
+        listed = self.packs.packs  # (the listing the lookups below see; a relisting makes another list)
         out: list[bool] = []
         absent: list[int] = []
         for i, name in enumerate(names):
@@ -498,7 +504,9 @@ class FileObjects(ObjectStore):
                 absent.append(i)
             else:
                 out.append(self.is_sound_here(space, name))
-        if absent and self.packs.refresh():  # packed by another process since we looked?
+        if absent:  # packed by another process since we looked? (whatever refresh says: see _get)
+            self.packs.refresh()
+        if absent and self.packs.packs is not listed:
             for i in absent:
                 out[i] = self._packed_sound(space, names[i]) is not None
         return out
