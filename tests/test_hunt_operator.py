@@ -73,6 +73,27 @@ def test_import_of_a_pipe_reads_it_once(tmp_path):
         assert st.export(out["session"]) == data
 
 
+def test_show_and_the_library_import_of_a_pipe_read_it_once(tmp_path):
+    """``show <(cat f)`` opened the file for its header and again for the rest (the second
+    open found nothing: 'the header does not parse'); ``Store.import_file`` of a pipe did
+    the same for a library caller. Both now read such a file once, as standard input."""
+    data = (FIXTURES / "branches.jsonl").read_bytes()
+    path, fd = pipe_path(data)
+    try:
+        piped = cli("show", path)
+    finally:
+        os.close(fd)
+    assert piped.exit_code == 0, piped.output
+    assert piped.stdout == cli("show", str(FIXTURES / "branches.jsonl")).stdout
+    path, fd = pipe_path(data)
+    try:
+        with Store.init(tmp_path / "store") as st:
+            session = st.import_file(path)
+            assert st.export(session.id) == data
+    finally:
+        os.close(fd)
+
+
 def test_import_of_a_fifo_reads_it_once(tmp_path):
     """A FIFO opened a second time waits for a writer: the import must not open it twice.
     (So that the old fault fails rather than hangs, a second writer opens and closes the
@@ -296,6 +317,15 @@ def _damaged_snapshot(root: Path, *places: int, flip: bool = False) -> None:
     log.write_bytes(b"\n".join([lines[0], bytes(broken), *lines[2:]]))
 
 
+def _compacted_with_a_branch(root: Path, at: int) -> str:
+    """A session of 700 entries and one more off entry ``at`` (an abandoned branch), closed
+    (its log compacted); the branch's id."""
+    with Store.init(root) as st:
+        s = st.create(Header.new("big"))
+        ids = [s.append(_msg(f"m{i}")).id for i in range(700)]
+        return s.append(make_entry("item", ids[at], item={"type": "message", "role": "user", "content": "aside"}).data).id
+
+
 def _repaired(root: Path) -> dict:
     r = cli("--store", str(root), "repair", "big", "--json", "--yes")
     assert r.exit_code == 0, r.output
@@ -331,10 +361,7 @@ def test_repair_of_a_snapshot_with_ids_it_cannot_spell_keeps_an_abandoned_branch
     it was dropped, and the branch off the path was lost. The line's ids are counted by
     its base64's length, and each is numbered as the line's ``seqs`` say."""
     root = tmp_path / "store"
-    with Store.init(root) as st:
-        s = st.create(Header.new("big"))
-        ids = [s.append(_msg(f"m{i}")).id for i in range(700)]
-        branch = s.append(make_entry("item", ids[600], item={"type": "message", "role": "user", "content": "aside"}).data).id
+    branch = _compacted_with_a_branch(root, 600)
     _, own0 = _big_state(root)
     _damaged_snapshot(root, *damaged)
     out = _repaired(root)
@@ -351,10 +378,7 @@ def test_repair_of_a_damaged_snapshot_says_what_it_could_not_spell(tmp_path):
     Now a note says how many ids of the line did not read, and each kept entry keeps its
     number; the lost one's is spent."""
     root = tmp_path / "store"
-    with Store.init(root) as st:
-        s = st.create(Header.new("big"))
-        ids = [s.append(_msg(f"m{i}")).id for i in range(700)]
-        branch = s.append(make_entry("item", ids[10], item={"type": "message", "role": "user", "content": "aside"}).data).id
+    branch = _compacted_with_a_branch(root, 10)
     _, own0 = _big_state(root)
     log = root / "sessions" / "big" / "log"
     line = log.read_bytes().split(b"\n")[1]

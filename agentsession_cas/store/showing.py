@@ -27,7 +27,7 @@ from ..format.context import ContextHasher
 from ..format.entry import Entry, Header
 from ..format.hashing import HASH_PREFIX
 from ..format.links import CalleeLink, callees, judges
-from ..format.reader import Parking, SessionFile, file_header, verify_bytes, verify_file, verify_lines
+from ..format.reader import Parking, SessionFile, file_header, read_if_stream, verify_bytes, verify_file, verify_lines
 from ..format.results import RunsReport, VerifyReport
 from ..format.rules import PathChecker, read_header
 from ..format.runs import Inbox
@@ -264,6 +264,9 @@ def read_file(path: str, *, hashes: bool = False, on_start: Callable[[Header], N
     format before 0.5 is migrated whole, as any reader does, and its entries kept.
     ``paths=False``: the line and tree rules alone (``verify_file``'s), for a mode that
     prints no other (the listing, the graph): the report then holds no record fact."""
+    held = read_if_stream(path)  # a pipe or a FIFO: read once, whole, as standard input is
+    if held is not None:
+        return read_bytes(held, source=path, hashes=hashes, on_start=on_start, on_entry=on_entry, progress=progress)
     header = file_header(path)
     if header.is_legacy:
         with open(path, "rb") as f:

@@ -893,8 +893,11 @@ class Store:
         (the entries on the path the context rules stand on) and a few ids per entry, not
         the file. A file of a format before 0.5 is migrated whole, in memory.
         ``progress(done, total)`` is called as the file is read and checked."""
-        from ..format.reader import file_header, gc_paused, read_session
+        from ..format.reader import file_header, gc_paused, read_if_stream, read_session
 
+        held = read_if_stream(path)  # a pipe or a FIFO: read once, whole (a second open would wait or find nothing)
+        if held is not None:
+            return self.import_bytes(held, record=record, source=fspath(path), progress=progress)
         first = file_header(path)
         if first.is_legacy:
             with gc_paused():
