@@ -70,7 +70,7 @@ def _note(code: str, scope: Scope, summary: str, section: str) -> Rule:
 #: Every code the format core reports, by code.
 RULES: Mapping[str, Rule] = _rules(
     # -- one line ------------------------------------------------------------------
-    _line("header", "the first line is a header: an object of type session with an id, an RFC 3339 created_at and a payload (parent_session, spawned_by and cwd strings, records a list of entry types, where given)", "RFC 0001 Header"),
+    _line("header", "the first line is a header: an object of type session with an id, created_at and payload", "RFC 0001 Header"),
     _line("format", "the header's format is agentsession/<major>.<minor>, of a version this reader reads", "RFC 0001 Versioning", "format"),
     Rule("empty", "error", "line", "note", None, "a file holds at least one entry (a store may hold a session with none)", "RFC 0001 File"),
     _line("json", "every line is one JSON object (UTF-8)", "RFC 0001 File"),
