@@ -127,6 +127,16 @@ def _copy_store(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst)
 
 
+def _cut_after_and_repair(root: Path, entry: str):
+    """Cut the session's log just after the line appending ``entry``, then repair it."""
+    log = root / "sessions" / SID / "log"
+    lines = log.read_bytes().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if kept_appends([line]) == [entry]) + 1
+    log.write_bytes(b"".join(lines[:cut]))
+    with Store(root) as st:
+        return repair_session(st, SID)
+
+
 def test_a_cut_that_took_a_branch_gives_no_number_of_it_again(tmp_path):
     """A(1), B(2) off A, C(3) off A (the head); the log cut after A's append. HEAD proves
     C, not B, and B's number was given out: C comes back numbered after every number the
@@ -141,12 +151,7 @@ def test_a_cut_that_took_a_branch_gives_no_number_of_it_again(tmp_path):
         c = s.append(make_entry("item", a, item=item("c")).data)
         s.set_head(c.id, expected=b.id)
         assert (b.seq, c.seq) == (2, 3) and s.head == c.id
-    log = root / "sessions" / SID / "log"
-    lines = log.read_bytes().splitlines(keepends=True)
-    cut = next(i for i, line in enumerate(lines) if kept_appends([line]) == [a]) + 1
-    log.write_bytes(b"".join(lines[:cut]))
-    with Store(root) as st:
-        report = repair_session(st, SID)
+    report = _cut_after_and_repair(root, a)
     assert [(x.entry, x.how, x.seq) for x in report.recovered] == [(c.id, "head", 4)]
     assert report.seq == 4
     with Store(root) as st:
@@ -154,3 +159,26 @@ def test_a_cut_that_took_a_branch_gives_no_number_of_it_again(tmp_path):
         assert s.head == c.id
         assert s.append(make_entry("item", s.head, item=item("after")).data).seq == 5
     assert fsck(root).ok
+
+
+def test_a_summary_older_than_the_log_gives_no_lost_number_again(tmp_path):
+    """The summary is written at a close: a writer that appended after it and died left it
+    older than the log. A(1), B(2) off A, closed (the summary says 2, last B); then C(3)
+    off A as the head, and no close; the log cut after A. C is one entry for the one
+    number the summary says was lost, but that number was B's: the summary's last entry
+    is not HEAD's, so C is numbered after it (reviewer V9)."""
+    root = tmp_path / "s"
+    with Store.init(root) as st:
+        s = st.create(Header.new(SID))
+        a = s.append(make_entry("item", None, item=item("a")).data).id
+        b = s.append(make_entry("item", a, item=item("b")).data)
+    summary = (root / "sessions" / SID / "summary").read_bytes()
+    with Store(root) as st:
+        s = st.session(SID)
+        c = s.append(make_entry("item", a, item=item("c")).data)
+        s.set_head(c.id, expected=b.id)
+        s.commit()
+    (root / "sessions" / SID / "summary").write_bytes(summary)  # as if the writer died before its close
+    report = _cut_after_and_repair(root, a)
+    assert [(x.entry, x.how) for x in report.recovered] == [(c.id, "head")]
+    assert report.recovered[0].seq == 3 and report.seq == 3

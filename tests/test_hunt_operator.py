@@ -421,3 +421,28 @@ def test_verify_of_a_sidecar_file_through_a_pipe_leaves_its_media_unchecked_as_a
     stream = verify_bytes(data, source="<stdin>")
     assert report.ok and [p.code for p in report.problems] == [p.code for p in stream.problems] == []
     assert "media-unchecked" in [n.code for n in report.notes]
+
+
+def test_an_append_after_a_damaged_snapshot_in_its_damaged_region_keeps_the_head(tmp_path):
+    """The snapshot's head was put back after everything its damaged region took back, so
+    an append after the snapshot, damaged with it (one region), lost the head to the
+    snapshot's: the head went back to m699 with nothing said (reviewer V9). It is put
+    back at the snapshot line's own place, before the lines after it."""
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        s = st.create(Header.new("big"))
+        for i in range(700):
+            s.append(_msg(f"m{i}"))
+    with Store(root) as st:
+        d = st.session("big").append(_msg("after the compaction")).id
+    head0, own0 = _big_state(root)
+    assert head0 == d
+    log = root / "sessions" / "big" / "log"
+    lines = log.read_bytes().split(b"\n")
+    l1, l2 = bytearray(lines[1]), bytearray(lines[2])
+    l1[3] ^= 1  # both lines' checksums: every record still reads whole, one damaged region
+    l2[3] ^= 1
+    log.write_bytes(b"\n".join([lines[0], bytes(l1), bytes(l2), *lines[3:]]))
+    _repaired(root)
+    head1, own1 = _big_state(root)
+    assert head1 == d and own1 == own0

@@ -450,3 +450,16 @@ def test_create_base_that_is_a_session_and_another_entry_is_ambiguous(pushed):
     assert _created(a, "--id", "f2", "--base", ids[0])["base"] == ids[0]
     out = _created(a, "--id", "f3", "--base", ids[0][7:15])
     assert (out["base"], out["parent_session"]) == (ids[0], ids[0][7:15])
+
+
+@pytest.mark.parametrize("n", [2, PACK_BATCH])
+@pytest.mark.parametrize("bad", [None, b"sha256:" + b"0" * 64, 5])
+def test_a_name_that_is_no_string_is_bad_name_in_a_batch_of_any_size(tmp_path, n, bad):
+    """A pack-sized batch checks its names over them all at once (``all_hashes`` joins
+    them): a name that is no string was a raw TypeError there, and bad_name in a small
+    batch (reviewer V9)."""
+    with Store.init(tmp_path / "s") as st:
+        items = [("contents", sha256_ref(b"%d" % i), b"%d" % i) for i in range(n)]
+        items[n // 2] = ("contents", bad, b"zz")  # type: ignore[assignment]
+        with pytest.raises(BadNameError):
+            st.objects.put_many(items, count=n)  # type: ignore[arg-type]

@@ -1615,6 +1615,9 @@ def _check_names(items: Sequence[tuple[str, str, bytes]]) -> None:
     raw digest, so an upper-case name would be taken as the lower-case one, and anything
     else would stop the writer with a raw ValueError."""
     names = [name for _, name, _ in items]
+    for name in names:
+        if not isinstance(name, str):  # (all_hashes joins the names: strings only)
+            raise not_an_object_name(name)
     if not all_hashes(names):
         raise not_an_object_name(next(name for name in names if not is_hash(name)))
     for space in {space for space, _, _ in items} - SPACE_BITS.keys():

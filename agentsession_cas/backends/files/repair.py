@@ -859,6 +859,14 @@ class RepairPlanner:
                 (j, k, data, None) for k, (data, _, j) in enumerate(legible[r])
             ]
             said += [(j, len(said) + k, None, h) for k, (h, j) in enumerate(payload_only[r].items())]
+            # A snapshot line's entries taken back each continue the head as an append
+            # does, but the records the snapshot replaced may have left it elsewhere (a
+            # head moved back, then a branch): where its own head member still reads, the
+            # head goes there after them, at the line's own place (before later lines).
+            for j in regions[r]:
+                left = spelled_snapshot_head(lines[j].raw) if snapshot_ids.get(j) else None
+                if left is not None:
+                    said.append((j, len(said) + len(lines[j].raw), {"op": "head", "head": left}, None))
             said.sort(key=lambda t: (t[0], t[1]))
             for j, _, said_data, said_h in said:
                 if said_data is None:
@@ -873,14 +881,6 @@ class RepairPlanner:
                     plan.append((said_data["op"], (said_data, j)))
             for h in hidden_here:
                 emit(h)
-            # A snapshot line's entries taken back each continue the head as an append
-            # does, but the records the snapshot replaced may have left it elsewhere (a
-            # head moved back, then a branch): where its own head member still reads, the
-            # head goes there after them.
-            for j in regions[r]:
-                left = spelled_snapshot_head(lines[j].raw) if snapshot_ids.get(j) else None
-                if left is not None:
-                    plan.append(("head", ({"op": "head", "head": left}, j)))
             plans[r] = [(kind, x if kind != "append" else (x, salvaged_here.get(x))) for kind, x in plan]
 
         # -- sequence numbers: each recovered append takes one the damaged region may have
@@ -1002,7 +1002,7 @@ class RepairPlanner:
             if entry_id in self.kept:
                 spent = max(spent, s)
         claimed = self.seq_index()
-        spent = self.recover_from_head(spent, len(lines), claimed)
+        spent = self.recover_from_head(spent, len(lines), claimed, self.summary_last())
         if claimed > spent:
             rep.note("seq-from-summary", f"the session's summary says its log gave out sequence numbers up to {claimed}; "
                      f"none after {spent} is given out again (entries the log lost may hold them)", file=f"sessions/{self.sid}/summary")
@@ -1030,18 +1030,21 @@ class RepairPlanner:
             rep.head_note = "as the log last named it"
         return rep
 
-    def recover_from_head(self, spent: int, index: int, claimed: int = 0) -> int:
+    def recover_from_head(self, spent: int, index: int, claimed: int = 0, last: str | None = None) -> int:
         """What the head index proves. A log cut short at a record boundary (committed
         appends gone, every remaining record sound) leaves HEAD naming an entry no record
         holds; the entries from it up to what is kept (or the base, or a root) are taken
         back from objects/, each under a sequence number after every one the log spent,
         and the head goes back to where HEAD says. Returns the last number spent.
 
-        ``claimed`` is the highest number the summary says the log gave out. When the
-        entries taken back are exactly as many as the numbers after ``spent`` up to it,
-        they are those appends (each spent one, a child after its parent), so they take
-        those numbers back; otherwise the lost numbers may belong to others (a branch
-        off HEAD's path, a repeat), and the entries are numbered after ``claimed``."""
+        ``claimed`` is the highest number the summary says the log gave out, and
+        ``last`` the entry it gave that number. When the entries taken back are exactly
+        as many as the numbers after ``spent`` up to it, and the last of them (HEAD's) is
+        ``last``, they are those appends (each spent one, a child after its parent), so
+        they take those numbers back. Otherwise the lost numbers may belong to others (a
+        branch off HEAD's path, a repeat), or the summary is older than the log (written
+        at an earlier close: entries after it are unknown), and the entries are
+        numbered after ``claimed``."""
         target = self.head_index()
         if target is None or target == self.base or target in self.kept:
             return spent
@@ -1076,7 +1079,7 @@ class RepairPlanner:
             self.report.note("head-unproved", f"HEAD names {short_id(target)}, which hangs from no entry of this fork: "
                              "not taken", object=target, file=self.head_file())
             return spent
-        if claimed > spent and len(chain) != claimed - spent:
+        if claimed > spent and (len(chain) != claimed - spent or last != target):
             self.report.note(
                 "seq-from-summary", f"the session's summary says its log gave out sequence numbers up to {claimed}; "
                 f"the {len(chain)} entr{'y' if len(chain) == 1 else 'ies'} HEAD proves are numbered after them (of the "
@@ -1097,6 +1100,13 @@ class RepairPlanner:
             )
             self.last_head_read = index
         return spent
+
+    def summary_last(self) -> str | None:
+        """The entry the session's ``summary`` (used only when its checksum holds) names as
+        the last it counted, numbered :meth:`seq_index`."""
+        kept = read_summary(_files(self.store).sessions.dir(self.sid))
+        last = kept[0].get("last_entry") if kept is not None else None
+        return last if isinstance(last, str) else None
 
     def seq_index(self) -> int:
         """The highest sequence number the session's ``summary`` (an index, used only when
