@@ -1001,8 +1001,8 @@ class RepairPlanner:
         for (_r, entry_id), s in assigned.items():
             if entry_id in self.kept:
                 spent = max(spent, s)
-        claimed = self.seq_index()
-        spent = self.recover_from_head(spent, len(lines), claimed, self.summary_last())
+        claimed, last = self.summary_index()
+        spent = self.recover_from_head(spent, len(lines), claimed, last)
         if claimed > spent:
             rep.note("seq-from-summary", f"the session's summary says its log gave out sequence numbers up to {claimed}; "
                      f"none after {spent} is given out again (entries the log lost may hold them)", file=f"sessions/{self.sid}/summary")
@@ -1101,20 +1101,16 @@ class RepairPlanner:
             self.last_head_read = index
         return spent
 
-    def summary_last(self) -> str | None:
-        """The entry the session's ``summary`` (used only when its checksum holds) names as
-        the last it counted, numbered :meth:`seq_index`."""
-        kept = read_summary(_files(self.store).sessions.dir(self.sid))
-        last = kept[0].get("last_entry") if kept is not None else None
-        return last if isinstance(last, str) else None
-
-    def seq_index(self) -> int:
+    def summary_index(self) -> tuple[int, str | None]:
         """The highest sequence number the session's ``summary`` (an index, used only when
-        its checksum holds) says the log gave out, else 0: more numbers spent than the
-        damage shows costs nothing, one given again could name two entries."""
+        its checksum holds) says the log gave out (else 0: more numbers spent than the
+        damage shows costs nothing, one given again could name two entries), and the
+        entry it says it gave that number (the last it counted), when it names one."""
         kept = read_summary(_files(self.store).sessions.dir(self.sid))
-        seq = kept[0].get("seq") if kept is not None else None
-        return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else 0
+        data = kept[0] if kept is not None else {}
+        seq, last = data.get("seq"), data.get("last_entry")
+        return (seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else 0,
+                last if isinstance(last, str) else None)
 
     def head_file(self) -> str:
         """Where the head index lies, relative to the store (what a note on it names)."""

@@ -51,8 +51,8 @@ class _RowPlanner(RepairPlanner):
     def head_index(self) -> str | None:
         return self.row_head if isinstance(self.row_head, str) and is_hash(self.row_head) else None
 
-    def seq_index(self) -> int:
-        return 0  # the file backend's summary file: a database's rows are its only account
+    def summary_index(self) -> tuple[int, str | None]:
+        return 0, None  # the file backend's summary file: a database's rows are its only account
 
     def mark_index(self) -> tuple[str, str]:
         if self.row_mark in ("record", "mirror"):
