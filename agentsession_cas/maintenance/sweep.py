@@ -391,39 +391,36 @@ class StoredObjects(EnvelopeBytes):
         """The bytes of each of ``raws`` the store holds sound, read a chunk at a time
         (:meth:`ObjectStore.get_many`: a pack's block, or one query of the database, for
         many objects; one read each was a query per envelope on PostgreSQL, minutes for a
-        100,000-entry store), in :meth:`read_order`; a chunk holding one missing or corrupt
-        is read again one by one, passing that one by, as :class:`EnvelopeBytes` does."""
-        order = self.read_order(raws)
+        100,000-entry store), in the store's read order; a chunk holding one missing or
+        corrupt is read again one by one, passing that one by, as :class:`EnvelopeBytes`
+        does."""
+        order = self.objects.read_order(map(HASH_PREFIX.__add__, map(bytes.hex, raws)))
         for i in range(0, len(order), _SOUND_CHUNK):
             chunk = order[i:i + _SOUND_CHUNK]
             try:
-                yield from self._get_many(space, chunk)
+                yield from self._read(self.objects.get_many, space, chunk)
                 continue
             except (NoSuchObjectError, CorruptObjectError):
                 pass
-            for raw in chunk:
+            for name in chunk:
                 try:
-                    yield self.get(space, raw)
+                    yield self._read(self.objects.get, space, name)
                 except (NoSuchObjectError, CorruptObjectError):
                     continue
 
-    def _get_many(self, space: Any, raws: list[bytes]) -> list[bytes]:
-        try:
-            return self.objects.get_many(space, [HASH_PREFIX + raw.hex() for raw in raws])
-        except CorruptPackError as exc:
-            raise self._unreadable(space, exc) from None
-
     def get(self, space: Any, raw: bytes) -> bytes:
-        try:
-            return self.objects.get(space, HASH_PREFIX + raw.hex())
-        except CorruptPackError as exc:
-            raise self._unreadable(space, exc) from None
+        return self._read(self.objects.get, space, HASH_PREFIX + raw.hex())
 
-    def _unreadable(self, space: Any, exc: CorruptPackError) -> CorruptPackError:
-        return CorruptPackError(
-            f"{store_relative(str(exc), self.root)}: a sweep cannot tell what the {space} in it name; run "
-            "`agentsession pack` first (it copies what of the pack reads and sets it aside)", path=exc.path,
-        )
+    def _read(self, read: Callable[[Any, Any], Any], space: Any, names: Any) -> Any:
+        """``read(space, names)`` (a get, or a get_many), a pack that does not read named
+        relative to the store, with what to run first."""
+        try:
+            return read(space, names)
+        except CorruptPackError as exc:
+            raise CorruptPackError(
+                f"{store_relative(str(exc), self.root)}: a sweep cannot tell what the {space} in it name; run "
+                "`agentsession pack` first (it copies what of the pack reads and sets it aside)", path=exc.path,
+            ) from None
 
 
 #: Objects :class:`StoredObjects` reads at once for the retention rule.

@@ -679,11 +679,13 @@ class RepairPlanner:
         snapshot_ids: dict[int, list[tuple[int, str]]] = {}
         snapshot_seqs: dict[int, list[int]] = {}  # (each held id's number, where the line's seqs read)
         snapshot_seq: dict[str, int] = {}  # (a spelled id's number, so read)
+        snapshot_held: dict[int, int] = {}  # (how many ids a snapshot line held, read or not)
         for idxs in regions:
             for i in idxs:
                 line_pieces[i] = _payload_pieces(lines[i].raw)
                 self.pieces.update(line_pieces[i])
                 snapshot_ids[i] = spelled_snapshot_ids(lines[i].raw)
+                snapshot_held[i] = max(snapshot_id_room(lines[i].raw), len(snapshot_ids[i]))
                 seqs = spelled_snapshot_seqs(lines[i].raw) if snapshot_ids[i] else None
                 if seqs is not None:
                     snapshot_seqs[i] = seqs
@@ -746,7 +748,7 @@ class RepairPlanner:
                         appended.add(h)
                         if place < len(numbers):
                             snapshot_seq[h] = numbers[place]
-                held = snapshot_id_room(lines[i].raw)
+                held = snapshot_held[i]
                 if held > proved:
                     ln = lines[i]
                     rep.note(
@@ -919,8 +921,7 @@ class RepairPlanner:
                 # many appends as their bytes allow, and every one of those numbers is spent.
                 # (a snapshot line holds an append in the 43 bytes of its id's base64,
                 # each id it held counted, spelled or not)
-                hi = lo + sum(max(snapshot_id_room(lines[i].raw), len(snapshot_ids[i]))
-                              or len(lines[i].raw) // MIN_APPEND_LINE + 1 for i in idxs) + 1
+                hi = lo + sum(snapshot_held[i] or len(lines[i].raw) // MIN_APPEND_LINE + 1 for i in idxs) + 1
                 hi = max([hi, *(max(snapshot_seqs[i], default=0) + 1 for i in idxs if i in snapshot_seqs)])
                 spent = max(spent, hi - 1)
             ceiling = hi
