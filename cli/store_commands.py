@@ -563,14 +563,13 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
     """
     from agentsession_cas.format.reader import read_if_stream  # the rule set: not for head or list
 
-    # a file is read by bytes (as verify FILE), standard input, or a file that is no regular
-    # file (a pipe, a FIFO: it can be read only once), held whole and read by lines
-    held = read_stdin() if file == "-" else read_if_stream(file)
-    with write_store() as store, progressing("importing", "bytes" if held is None else "lines") as bar:
-        if held is not None:
-            session = store.import_bytes(held, record=record, source="<stdin>" if file == "-" else file, progress=bar)
-        else:
-            session = store.import_file(file, record=record, progress=bar)
+    with write_store() as store:
+        # a file is read by bytes (as verify FILE), standard input, or a file that is no regular
+        # file (a pipe, a FIFO: it can be read only once), held whole and read by lines: read
+        # once the store is open, so a wrong --store leaves the stream for the next try
+        held = read_stdin() if file == "-" else read_if_stream(file)
+        with progressing("importing", "bytes" if held is None else "lines") as bar:
+            session = _import_into(store, file, held, record, bar)
         adjusted = session.head_adjusted
         facts = {"session": session.id, "entries": len(session), "prefix": len(session.prefix),
                  "head": session.head, "mark": session.mark,
@@ -582,6 +581,13 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
         if adjusted is not None:
             note(f"{'<stdin>' if file == '-' else file}: {adjusted.message}")
     end_at_once_after()  # the session and its objects are durable, the store closed
+
+
+def _import_into(store: Store, file: str, held: bytes | None, record: bool, bar: Any) -> Session:
+    """The session ``import`` makes, from bytes already read (standard input, a pipe) or the file."""
+    if held is not None:
+        return store.import_bytes(held, record=record, source="<stdin>" if file == "-" else file, progress=bar)
+    return store.import_file(file, record=record, progress=bar)
 
 
 # ---------------------------------------------------------------------------

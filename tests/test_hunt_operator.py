@@ -126,6 +126,28 @@ def test_import_of_a_fifo_reads_it_once(tmp_path):
     assert json.loads(r.stdout)["entries"] == 7
 
 
+def test_import_of_a_fifo_into_no_store_leaves_the_fifo_unread(tmp_path):
+    """A wrong ``--store`` is refused before the FIFO is opened: its writer's bytes wait for
+    the next try instead of being read and dropped (the import read the stream first)."""
+    data = (FIXTURES / "basic.jsonl").read_bytes()
+    fifo = tmp_path / "session.fifo"
+    os.mkfifo(fifo)
+    t = threading.Thread(target=lambda: fifo.write_bytes(data), daemon=True)
+    t.start()  # waits in open() until a reader opens the FIFO
+    r = cli("--store", str(tmp_path / "nowhere"), "import", str(fifo))
+    assert r.exit_code != 0 and "store" in r.output, r.output
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # never waits, whether a writer waits or not
+    try:
+        t.join(10)  # the writer, let in by this reader, writes and closes
+        assert not t.is_alive()
+        got = b""
+        while chunk := os.read(fd, 1 << 16):
+            got += chunk
+    finally:
+        os.close(fd)
+    assert got == data
+
+
 def test_verify_of_a_pipe_holding_branches(tmp_path):
     """Checking a branch's entries reads lines again; from a pipe they are held instead."""
     data = (FIXTURES / "branches.jsonl").read_bytes()
