@@ -297,6 +297,28 @@ def test_stats_after_pack_and_as_text(store):
     assert out[-3].split()[:3] == ["fork", "4", "1"]
 
 
+def test_stats_of_a_session_whose_writer_did_not_close(store):
+    """A writer that did not close (a crash, or one still writing) holds its last appends
+    in its log, not yet in objects/: a reader is served them from the log while the
+    session is open. stats measured every line after closing the sessions, so it called
+    those entries missing (`missing-object`, exit 1) on a sound store."""
+    from storetools import crash
+
+    st = Store(str(store), sync="never")
+    s = st.session("other")
+    s.append({"type": "item", "ts": TS, "item": msg("user", "still here")})
+    s.append({"type": "item", "ts": TS, "item": msg("assistant", "yes")})
+    crash(st)
+    assert not (store / "objects" / "entries" / s.head[7:9] / s.head[9:]).exists()  # in the log only
+    data = json.loads(ok(cli(store, "stats", "--json", "--by-session")))
+    assert data["problems"] == []
+    with Store(str(store), readonly=True) as ro:
+        exported = ro.export("other").splitlines(keepends=True)[1:]
+    by = {x["session"]: x for x in data["by_session"]}
+    assert by["other"]["entries"] == 3 and by["other"]["logical_bytes"] == sum(len(line) for line in exported)
+    assert data["distinct_entries"] == 7 + 1 + 3
+
+
 def test_stats_of_an_empty_store(tmp_path):
     Store.init(str(tmp_path / "empty")).close()
     data = json.loads(ok(cli(tmp_path / "empty", "stats", "--json")))

@@ -116,11 +116,18 @@ def store_stats(store: Store) -> StoreStats:
     objects = store.objects
     holders: dict[str, int] = {}
     held: list[tuple[SessionStats, list[str]]] = []
+    in_logs: dict[str, int] = {}  # the lines of entries only an open log holds, measured while it is open
     for sid in sorted(store.list()):
         try:
             with store.read(sid) as s:
                 ids = [*s.prefix, *s.log_order]
                 stats = SessionStats(sid, entries=len(ids), own=len(s.log_order))
+                if any(p.code == "in-log-only" for p in s.recovered):
+                    # A writer that did not close (a crash, or one writing now): its last
+                    # appends are in its log, not yet in objects/, and served from the log
+                    # only while this session is open.
+                    pending = [e for e in s.log_order if e not in in_logs and not objects.exists("entries", e)]
+                    in_logs.update(_line_bytes(store, pending, {}, {})[0])
         except AgentSessionError as exc:
             found = findings(verify_stored(store, sid))  # the damage named as fsck names it
             out.problems.extend(found or [FsckProblem("error", exc.code, f"session {sid}: {exc}", session=sid)])
@@ -160,7 +167,8 @@ def store_stats(store: Store) -> StoreStats:
         out.problems.append(FsckProblem("error", "bad-pack", f"{why}: {n:,} object(s) in it do not read and are left out of "
                                         "the figures", file=store_relative(path, store.root)))
     out.stored = objects.stored_bytes()
-    line_bytes, unread = _line_bytes(store, holders, envelopes, sizes)
+    line_bytes, unread = _line_bytes(store, [e for e in holders if e not in in_logs], envelopes, sizes)
+    line_bytes.update(in_logs)
     for stats, ids in held:
         for entry_id in ids:
             length = line_bytes.get(entry_id)
