@@ -35,7 +35,7 @@ from agentsession_cas.errors import (
 from agentsession_cas.format.canonical import loads
 from agentsession_cas.format.entry import Header, short_id
 from agentsession_cas.format.links import fork_of_link
-from agentsession_cas.format.names import check_session_id
+from agentsession_cas.format.names import check_session_id, names_an_entry
 from agentsession_cas.lean import dataclass
 from agentsession_cas.store import Session, Store, default_store_path
 from agentsession_cas.store.names import REF_PREFIX, resolve_base, resolve_entry, resolve_object, resolve_session
@@ -172,6 +172,8 @@ def locate(arg: str, *, files: bool) -> Target:
         except BadNameError as exc:
             if "\x00" in arg:  # no path holds NUL: neither a file nor a session
                 raise BadNameError(f"{quoted(arg)} is no file (a path cannot hold NUL) and {exc}") from None
+            if names_an_entry(arg):  # an id pasted from show or log: no file, and no session's name
+                fail(f"{arg}: no such file, nor a session{names_an_entry(arg)}", code=NoSuchSessionError.code)
             return Target("file", arg)
     return Target("session", arg, store_root(), arg)
 

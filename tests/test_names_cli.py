@@ -208,3 +208,17 @@ def test_every_json_option_has_the_one_help():
     assert len(helps) >= 25
     odd = {n: h for n, h in helps.items() if not (h or "").startswith(JSON_HELP)}
     assert not odd, odd
+
+
+@pytest.mark.parametrize("argv", [["show", "{id}"], ["verify", "{short}"], ["log", "{short}"], ["export", "{id}"],
+                                  ["head", "{short}"], ["rev-parse", "{id}"]])
+def test_an_entry_id_where_a_session_is_asked_for_is_named_as_one(named, argv):
+    """An id pasted from `show` or `log` where a session is asked for: the error says it
+    names an entry (and what prints one), not only that no file or session has that name."""
+    store, _, _, head, _, _ = named
+    r = cli(store, *[a.format(id=head, short=head[:15]) for a in argv])
+    assert r.exit_code == 1
+    assert "it names an entry or object, not a session (`agentsession cat-object` prints one)" in r.output
+    if argv[0] in ("show", "verify", "rev-parse"):  # (the commands of the three kinds with --json)
+        err = json.loads(cli(store, *[a.format(id=head, short=head[:15]) for a in argv], "--json").stderr)["error"]
+        assert err["code"] == ("bad_name" if argv[0] == "rev-parse" else "no_session")

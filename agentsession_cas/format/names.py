@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from ..errors import AmbiguousNameError, BadNameError, BadRefNameError, NoSuchEntryError, RefConflictError, quoted
 from .hashing import HASH_PREFIX, is_hash
 
-__all__ = ["check_session_id", "is_session_id", "MAX_SESSION_ID", "MAX_REF_NAME", "check_ref_name", "check_ref_prefix",
+__all__ = ["check_session_id", "is_session_id", "names_an_entry", "MAX_SESSION_ID", "MAX_REF_NAME", "check_ref_name", "check_ref_prefix",
            "check_ref_conflict", "MIN_ENTRY_PREFIX", "full_entry_id", "resolve_entry_name", "the_one"]
 
 MAX_SESSION_ID = 200
@@ -34,12 +34,22 @@ def check_session_id(session_id: object) -> str:
     if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
         raise BadNameError(
             f"session id {session_id!r} is not usable: use 1 to {MAX_SESSION_ID} of A-Z a-z 0-9 . _ -"
+            + names_an_entry(session_id)
         )
     if session_id in (".", ".."):
         raise BadNameError(f"session id {session_id!r} is not usable")
     if len(session_id) > MAX_SESSION_ID:
         raise BadNameError(f"session id is {len(session_id)} characters long; at most {MAX_SESSION_ID} are allowed")
     return session_id
+
+
+def names_an_entry(name: object) -> str:
+    """What to add where a session was asked for and ``name`` spells an entry or object id
+    (``sha256:`` and hex digits): a pasted id from ``show`` or ``log`` names no session."""
+    if isinstance(name, str) and name.startswith("sha256:") and 0 < len(name) - 7 <= 64 \
+            and all(c in "0123456789abcdef" for c in name[7:]):
+        return "; it names an entry or object, not a session (`agentsession cat-object` prints one)"
+    return ""
 
 
 def is_session_id(text: object) -> bool:
