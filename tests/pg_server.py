@@ -26,8 +26,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-__all__ = ["PgServer", "pg_bindir", "shared", "store_url", "fresh_schema"]
+__all__ = ["PgServer", "pg_bindir", "shared", "store_url", "fresh_schema", "sql"]
 
 DATABASE = "agentsession_test"
 USER = "agentsession"
@@ -204,3 +205,16 @@ def store_url(name: str) -> str:
 def fresh_schema(prefix: str = "s") -> str:
     """A store URL no test used yet in this process."""
     return store_url(f"{prefix}_{os.getpid()}_{next(_COUNTER)}")
+
+
+def sql(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """Run SQL in the schema of the store at ``url``, as an operator (or damage) would."""
+    import psycopg
+
+    from agentsession_cas.backends.postgresql.database import parse_url
+
+    conninfo, schema_name = parse_url(url)
+    with psycopg.connect(conninfo, autocommit=True) as c:
+        c.execute(f"SET search_path TO {schema_name}")
+        cur = c.execute(statement, params)
+        return cur.fetchall() if cur.description is not None else []

@@ -360,8 +360,10 @@ def findings(check: StoredCheck) -> list[FsckProblem]:
     """A stored session's problems as fsck's findings (the shape fsck, pack, sweep and
     stats print), each naming the session."""
     sid = check.session
+    # (a log's fault keeps its place in the log; a projection's line is no place in the store)
     return [FsckProblem("error", p["code"], f"session {sid}: {p['message']}", session=sid,
-                        object=p.get("entry") or p.get("object"), space=p.get("space"), file=p.get("file"))
+                        object=p.get("entry") or p.get("object"), space=p.get("space"), file=p.get("file"),
+                        line=p.get("line") if p.get("where") == "log" else None)
             for p in check.problems]
 
 

@@ -28,7 +28,7 @@ from .database import Database, sql, translate
 from .maintenance import migrate_schema, storage_report, sweep_objects
 from .objects import PgObjects, hash_name
 from .schema import SCHEMA_VERSION, MigrationPlan, create_statements
-from .sessions import PgSessions, parse_record
+from .sessions import PgSessions, gap_message, log_gaps, parse_record
 
 __all__ = ["PostgresBackend", "SCHEMA_VERSION", "MigrationPlan", "migrate_store"]
 
@@ -205,9 +205,11 @@ class PostgresBackend(Backend):
         """Each session's log (its create and append rows) with the rows repairs kept
         aside of it, one source a session, as the file backend reads a session's
         ``log.damaged-*`` beside its log (rows kept aside of a session an older release
-        deleted without them: a source of their own). A session whose log is damaged, or lost rows its head names (deleted, or
-        cut at a record: every row left reads), stops the sweep, as on the file backend:
-        ``repair`` takes the lost entries back from the objects while they are held.
+        deleted without them: a source of their own). A session whose log is damaged, lost
+        rows its head names (deleted, or cut at a record: every row left reads), or lost a
+        row between two it holds (a gap: its record may have been the only one naming an
+        entry), stops the sweep, as on the file backend: ``repair`` takes the lost entries
+        back from the objects while they are held.
         ``refuse_damage=False`` (fsck, which reports the damage itself) yields what of
         such a log reads instead, as the file backend's fsck counts it."""
         from ...store.state import log_loss  # the domain's rule (it sits above the backends)
@@ -223,8 +225,9 @@ class PostgresBackend(Backend):
             with c.cursor(name="retention_log") as logs, c.cursor(name="retention_aside") as kept:
                 logs.itersize = kept.itersize = RETENTION_BATCH
                 logs.execute(
-                    "SELECT s.key, s.id, s.head, s.last_pos, coalesce(m.last, 0), l.pos, l.record, l.hash, l.content "
-                    "FROM sessions s LEFT JOIN (SELECT session, max(pos) AS last FROM log GROUP BY session) m "
+                    "SELECT s.key, s.id, s.head, s.last_pos, coalesce(m.last, 0), coalesce(m.n, 0), l.pos, l.record, l.hash, "
+                    "l.content FROM sessions s LEFT JOIN (SELECT session, max(pos) AS last, count(*) AS n FROM log "
+                    "GROUP BY session) m "
                     "ON m.session = s.key LEFT JOIN log l ON l.session = s.key AND l.op IN ('append', 'create') "
                     "ORDER BY s.key, l.pos"
                 )
@@ -239,8 +242,9 @@ class PostgresBackend(Backend):
                     contents: dict[str, str] = {}
                     session_id = head = None
                     length = (0, 0)
-                    for _, sid, row_head, last_pos, last, pos, text, raw, content in rows:
-                        session_id, head, length = sid, row_head, (int(last_pos), int(last))
+                    held = 0  # (the log's rows, of any op)
+                    for _, sid, row_head, last_pos, last, count, pos, text, raw, content in rows:
+                        session_id, head, length, held = sid, row_head, (int(last_pos), int(last)), int(count)
                         if text is None:
                             continue  # (a session with no create or append row: log_loss refuses it)
                         record = parse_record(text)
@@ -251,6 +255,12 @@ class PostgresBackend(Backend):
                         records.append(record)
                         if raw is not None and content is not None:
                             contents[hash_name(bytes(raw))] = hash_name(bytes(content))
+                    if refuse_damage and held < length[1]:
+                        # Fewer rows than the last one's position: a gap, whose lost record may
+                        # have named entries nothing else does (repair takes them back).
+                        gap = _first_gap(c, key)
+                        if gap is not None:
+                            raise _damaged_log(str(session_id), f"{gap}: a record lost")
                     lost = log_loss(records, head, length) if refuse_damage else None
                     if lost is not None:
                         raise _damaged_log(str(session_id), lost)
@@ -326,6 +336,12 @@ def _aside_by_session(rows: Iterable[tuple[Any, str]]) -> Iterator[tuple[int, li
         records = [r for r in (parse_record(text) for _, text in group) if not isinstance(r, str)]
         if records:
             yield int(key), records
+
+
+def _first_gap(conn: Any, key: int) -> str | None:
+    """The first gap in the log of the session incarnation ``key`` (:func:`.sessions.log_gaps`), in words."""
+    gaps = log_gaps(pos for (pos,) in conn.execute("SELECT pos FROM log WHERE session = %s ORDER BY pos", [key]))
+    return gap_message(*gaps[0]) if gaps else None
 
 
 def _damaged_log(session_id: str, why: str) -> SweepRefusedError:

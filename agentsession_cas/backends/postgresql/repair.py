@@ -31,7 +31,7 @@ from ..files.log import encode_record, read_log
 from ..files.repair import RepairPlanner, RepairReport, build_log, check_repairable
 from . import PostgresBackend
 from .objects import copy_rows
-from .sessions import LOG_COLUMNS, LOG_TYPES, SNAPSHOT, log_rows, parse_record, snapshot_problem
+from .sessions import LOG_COLUMNS, LOG_TYPES, SNAPSHOT, gap_message, log_gaps, log_rows, parse_record, snapshot_problem
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -67,28 +67,40 @@ def _backend(store: Store) -> PostgresBackend:
     return backend
 
 
+#: What a position missing from the log is spelled as for the planner: a line that does not
+#: read and holds nothing (shorter than any append: it may have held one, and spent its number).
+_MISSING_ROW = b"missing-row\n"
+
+
+def _missing(texts: list[tuple[int, str]]) -> list[int]:
+    """Each position missing from the log (:func:`.sessions.log_gaps`, the one rule)."""
+    return [pos for missing, after in log_gaps(pos for pos, _ in texts) for pos in range(missing, after)]
+
+
 def _as_log(texts: list[tuple[int, str]]) -> bytes:
-    """The rows as the file backend's log lines: a row that is no record as a line that
-    does not read (its text, newlines made spaces)."""
-    out = []
-    for _, text in texts:
+    """The rows as the file backend's log lines, line N the log's position N: a row that is
+    no record as a line that does not read (its text, newlines made spaces), and a position
+    missing from the log (a gap) as one too, holding nothing: the planner then recovers what
+    the lost record appended, where a kept record or the row's head names it, and numbers it
+    as for any damaged line."""
+    lines = dict.fromkeys(_missing(texts), _MISSING_ROW)
+    for pos, text in texts:
         record = parse_record(text)
         if isinstance(record, str):
-            out.append(b"damaged-row " + text.replace("\n", " ").encode("utf-8", "replace") + b"\n")
+            lines[pos] = b"damaged-row " + text.replace("\n", " ").encode("utf-8", "replace") + b"\n"
         else:
-            out.append(encode_record(record))
-    return b"".join(out)
+            lines[pos] = encode_record(record)
+    return b"".join(line for _, line in sorted(lines.items()))
 
 
 def _columns(op: str, seq: int | None, raw: bytes | None) -> str:
     return f"op {op}, seq {'none' if seq is None else seq}, entry {'none' if raw is None else 'sha256:' + raw.hex()}"
 
 
-def _row_fixes(conn: Any, key: int, texts: list[tuple[int, str]]) -> tuple[list[tuple[int, str, tuple[Any, ...]]], list[str]]:
+def _row_fixes(conn: Any, key: int, texts: list[tuple[int, str]]) -> list[tuple[int, str, tuple[Any, ...]]]:
     """The log rows whose op, seq and hash columns are not what their record says, as
     (position, what the columns say, what they should hold: the columns :func:`log_rows`
-    writes of that record); and, in words, each position missing from the log: a
-    record lost, which no repair brings back (the rows are left as they are)."""
+    writes of that record)."""
     records = {pos: parse_record(text) for pos, text in texts}
     fixes: list[tuple[int, str, tuple[Any, ...]]] = []
     for pos, op, seq, raw in conn.execute("SELECT pos, op, seq, hash FROM log WHERE session = %s ORDER BY pos", [key]).fetchall():
@@ -99,10 +111,7 @@ def _row_fixes(conn: Any, key: int, texts: list[tuple[int, str]]) -> tuple[list[
         have = (op, seq, None if raw is None else bytes(raw))
         if have != want:
             fixes.append((pos, _columns(*have), want))
-    gaps = [f"log position {want} is missing (the next row is {pos}): the record it held is lost, which a repair "
-            "cannot make good; the rows are left as they are (another store holding the session can)"
-            for want, (pos, _) in enumerate(texts, start=1) if pos != want][:1]
-    return fixes, gaps
+    return fixes
 
 
 def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None] | None = None) -> RepairReport:
@@ -111,7 +120,7 @@ def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None
     backend = _backend(store)
     with backend.db.conn() as c:
         row, texts = backend.sessions.rows(c, session_id)
-        fixes, gaps = _row_fixes(c, row[0], texts)
+        fixes = _row_fixes(c, row[0], texts)
     key, header_bytes, row_head, row_mark, last_pos, _ = row
     try:
         with backend.sessions.whole_log():  # (damage in the rows a kept snapshot stands for is sought too)
@@ -131,12 +140,11 @@ def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None
             report.stale_indexes.append(("mark", row_mark, probe.mark))
         # The row's length and each log row's op, seq and hash columns index its records
         # (what every read takes, and what fsck holds them to: log-length, log-row).
-        if last_pos != len(texts) and not gaps:
+        # (a gap is damage: the probe's open refuses it, whole_log reading every row)
+        if last_pos != len(texts):
             report.stale_indexes.append(("log length", str(last_pos), str(len(texts))))
         for pos, said, (op, seq, raw) in fixes:
             report.stale_indexes.append((f"log row {pos}", said, _columns(op, seq, raw)))
-        for gap in gaps:
-            report.note("log-gap", gap, file="log")  # (fsck's code for the same fault)
         kept = backend.db.query("SELECT pos, data FROM states WHERE session = %s AND kind = %s", [key, SNAPSHOT])
         if kept and snapshot_problem(int(kept[0][0]), bytes(kept[0][1]), dict(texts)) is not None:
             report.stale_indexes.append(("snapshot", f"states kind 2 at log row {kept[0][0]}", "dropped"))
@@ -146,6 +154,14 @@ def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None
     planner = _RowPlanner(store, session_id, header, header_bytes, _as_log(texts), why, progress)
     planner.row_head, planner.row_mark = row_head, row_mark
     report = planner.run()
+    missing = set(_missing(texts))
+    for d in report.damage:
+        if d.line in missing:
+            d.reason = f"log position {d.line} is missing: the record it held is lost"
+    for first, after in log_gaps(pos for pos, _ in texts):
+        report.note("log-gap", f"{gap_message(first, after)}: a record lost at each; the repair reads each as a damaged "
+                    "line holding nothing (what a kept record or the session's head names of it comes back from the "
+                    "objects) and rewrites the rows", file="log", line=after)  # (fsck's code and line for the same fault)
     report._source = repr([(pos, text) for pos, text in texts]).encode()
     return report
 
@@ -170,12 +186,10 @@ def repair_session(
                     key, = conn.execute("UPDATE sessions SET head = %s, mark = %s WHERE id = %s RETURNING key",
                                         [report.head, report.mark, session_id]).fetchone()
                     texts = conn.execute("SELECT pos, record FROM log WHERE session = %s ORDER BY pos", [key]).fetchall()
-                    fixes, gaps = _row_fixes(conn, key, texts)
-                    for pos, _, (op, seq, raw) in fixes:
+                    for pos, _, (op, seq, raw) in _row_fixes(conn, key, texts):
                         conn.execute("UPDATE log SET op = %s, seq = %s, hash = %s WHERE session = %s AND pos = %s",
                                      [op, seq, raw, key, pos])
-                    if not gaps:  # (with one, the next append's position is the last row's, not the count)
-                        conn.execute("UPDATE sessions SET last_pos = %s WHERE key = %s", [len(texts), key])
+                    conn.execute("UPDATE sessions SET last_pos = %s WHERE key = %s", [len(texts), key])
                     if any(name == "snapshot" for name, _, _ in report.stale_indexes):
                         conn.execute("DELETE FROM states WHERE session = %s AND kind = %s", [key, SNAPSHOT])
                 report.indexes_fixed = True

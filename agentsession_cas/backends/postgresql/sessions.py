@@ -71,7 +71,7 @@ from .objects import IN_PACKED, copy_rows, object_rows, packed, raw_hash
 if TYPE_CHECKING:
     from . import PostgresBackend
 
-__all__ = ["PgSessions", "PgSessionLog", "SNAPSHOT", "kept_snapshot", "snapshot_bytes", "snapshot_disagrees", "snapshot_problem"]
+__all__ = ["PgSessions", "PgSessionLog", "SNAPSHOT", "gap_message", "log_gaps", "kept_snapshot", "snapshot_bytes", "snapshot_disagrees", "snapshot_problem"]
 
 #: The log's columns and their types, for COPY.
 LOG_COLUMNS = "log (session, pos, op, seq, hash, content, record)"
@@ -180,6 +180,28 @@ def parse_record(text: str) -> dict[str, Any] | str:
     if not isinstance(record, dict) or not isinstance(record.get("op"), str):
         return "is not a record (a JSON object with an op)"
     return record
+
+
+def log_gaps(positions: Iterable[int], start: int = 1) -> list[tuple[int, int]]:
+    """The positions missing from a log's rows, given in order from ``start`` (the
+    first position expected): as (the first missing, the row after them), one per run
+    of missing positions. The one rule of a log gap (fsck's ``log-gap``): each position
+    missing held a record the log lost, which an open, ``verify``, a sweep and repair
+    all treat as damage, as the file backend treats a record removed from its log."""
+    gaps: list[tuple[int, int]] = []
+    want = start
+    for pos in positions:
+        if pos > want:
+            gaps.append((want, pos))
+        want = pos + 1
+    return gaps
+
+
+def gap_message(missing: int, after: int) -> str:
+    """A gap in words, as every finding and refusal says it."""
+    if after - missing > 1:
+        return f"log positions {missing} to {after - 1} are missing (next is {after})"
+    return f"log position {missing} is missing (next is {after})"
 
 
 def _uncommitted_tail(records: list[dict[str, Any]]) -> bool:
@@ -653,13 +675,19 @@ class PgSessions(SessionStore):
     ) -> tuple[tuple[Any, ...], _Records, dict[int, dict[str, Any]]]:
         """The session's row, its log's records (from its kept snapshot where one is
         trusted) and the states of ``kinds`` that parse; SessionDamagedError at a row that
-        is no record."""
+        is no record, or a position missing among the rows read (a gap: a record lost)."""
         row, texts, kept, start = self._snapshot(conn, session_id, kinds, start=True)
         records: builtins.list[dict[str, Any]] = []
         skip = 0
         if start is not None:
             records, skip = [start.create, start.snapshot], 2  # (rows 1 and pos: the snapshot stands for them)
         tail = texts[skip:]
+        first = start.pos + 1 if start is not None else 1
+        # (rising positions: only a gap leaves the last beyond the count, so most opens walk none)
+        gaps = log_gaps((pos for pos, _ in tail), first) if tail and tail[-1][0] != first + len(tail) - 1 else []
+        if gaps:
+            raise SessionDamagedError(f"{gap_message(*gaps[0])}: a record lost", session=session_id,
+                                      line=gaps[0][1], offset=0, path=self.log_source(session_id))
         for pos, text in tail:
             record = parse_record(text)
             if isinstance(record, str):
@@ -846,6 +874,8 @@ class PgSessions(SessionStore):
         # domain holds it to the records, as the file backend's HEAD (read in one snapshot).
         out = LogHistory([], source=self.log_source(session_id), head_index=row[2] if isinstance(row[2], str) else None,
                          length_index=(row[4], texts[-1][0] if texts else 0))
+        for missing, after in log_gaps(pos for pos, _ in texts):
+            out.damaged("log-gap", gap_message(missing, after), after)  # (fsck's line: the row after it)
         for pos, text in texts:
             record = parse_record(text)
             if isinstance(record, str):
