@@ -63,6 +63,7 @@ from ..errors import (
     TimestampError,
     TooLargeError,
     UnsupportedError,
+    not_an_entry_id,
     not_an_object_name,
     quoted,
 )
@@ -87,7 +88,7 @@ from ..format.names import check_ref_name, check_ref_prefix, check_session_id
 from ..format.timestamps import normalise_ts
 from ..lean import dataclass
 from ..store.refs import Refs, header_ident
-from ..store.session import AppendResult, Session
+from ..store.session import AppendResult, Session, expected_head_given, head_target_given
 from ..store.store import Store
 from ..store.summary import SessionSummary, select
 from .auth import LOCAL, Principal, Tokens
@@ -370,11 +371,11 @@ def _obj(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
-def _opt_hash(value: Any, what: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not is_hash(value):
-        raise BadNameError(f"{what} must be an entry id (sha256: and 64 lowercase hex digits) or null")
+def _expected(value: Any) -> str | None:
+    """An expected head as a request gives it (a push's ``head.expected``, a head move's
+    ``expected``, a handover's or a declare's ``head``), refused by the library's one rule
+    (:func:`~..store.session.expected_head_given`: ``bad_argument``), as a local caller's is."""
+    expected_head_given(value)
     return value
 
 
@@ -1037,7 +1038,7 @@ class Api:
 
         for eid in list(req.prefix) + list(req.entries):
             if not is_hash(eid):
-                raise AppendRefusedError(f"{eid!r} is not an entry id (sha256: and 64 lowercase hex digits)")
+                raise not_an_entry_id(eid)
             if eid in mine:
                 continue
             if not proven("entries", eid):
@@ -1069,7 +1070,7 @@ class Api:
         body = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the handover"), "the handover")
         if body.get("to") != "client":
             raise BadNameError("a handover names {\"to\": \"client\", \"head\": ...}; a push hands over to this server")
-        head = _opt_hash(body.get("head"), "head")
+        head = _expected(body.get("head"))
 
         def do() -> dict[str, Any]:
             s = self.state.session(sid)
@@ -1102,7 +1103,7 @@ class Api:
             raise BadNameError("basis must be record_deleted or sole_copy")
         if "head" not in body:
             raise BadNameError("a declare-record carries the head the caller believes this server holds")
-        head = _opt_hash(body.get("head"), "head")
+        head = _expected(body.get("head"))
 
         def do() -> dict[str, Any]:
             s = self.state.session(sid)
@@ -1248,9 +1249,8 @@ class Api:
         body = _obj(_parse_json(await _body(request, 64 * 1024), "the request"), "the request")
         if "expected" not in body or "to" not in body:
             raise BadNameError("a head move is {\"expected\": e|null, \"to\": t, \"durable\": bool}")
-        expected, to = _opt_hash(body["expected"], "expected"), body["to"]
-        if to is not None and not isinstance(to, str):
-            raise BadNameError("to must be an entry id or null")
+        expected, to = _expected(body["expected"]), body["to"]
+        head_target_given(to)
 
         def do() -> dict[str, Any]:
             s = self._writer(principal, request, sid, "its head moves")
@@ -1613,10 +1613,17 @@ def _push_request(sid: str, body: dict[str, Any]) -> PushRequest:
         refs.append(RefPush(name, _target(r.get("expected"), "expected"), nxt))
     return PushRequest(
         header=header, prefix=[str(e) for e in prefix], entries=[str(e) for e in entries],
-        to=_opt_hash(head.get("to"), "head.to"), expected=_opt_hash(head.get("expected"), "head.expected"),
+        to=_head_to(head.get("to")), expected=_expected(head.get("expected")),
         force=_bool(head, "force", False, "head.force"), mark=mark, refs=refs,
         complete=_bool(body, "complete", True, "complete"),
     )
+
+
+def _head_to(value: Any) -> str | None:
+    """A push's ``head.to``: None or an entry id (:func:`~..store.session.head_target_given`);
+    which entry ids the session may take is the receiving rules' (``head_target``)."""
+    head_target_given(value)
+    return value
 
 
 def _bool(body: dict[str, Any], name: str, default: bool, what: str) -> bool:
