@@ -14,6 +14,7 @@ since a verifier wants all of them.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from .lean import dataclass
@@ -152,6 +153,14 @@ class BadArgumentError(AgentSessionError, ValueError):
     status = 400
 
 
+def unknown_object_space(space: object, known: Sequence[str]) -> BadArgumentError:
+    """The error for an object space that is none of ``known`` (the library's spaces, or
+    the wire's, which name ``blobs`` ``media``): one wording and one code
+    (``bad_argument``, 400 over HTTP) for the store, the backends, the exchange and the
+    server alike."""
+    return BadArgumentError(f"unknown object space {quoted(space)}: one of {', '.join(known)}")
+
+
 class ContextError(AgentSessionError):
     """A context that cannot be built from a path: the last compaction's ``first_kept``
     names no entry on the path before it (RFC 0001 "compaction")."""
@@ -213,11 +222,15 @@ class BadNameError(StoreError, ValueError):
     status = 400
 
 
+#: How a full object name (an entry id among them) is spelled, as the refusals say it.
+HASH_FORM = "sha256: and 64 lowercase hex digits"
+
+
 def not_an_object_name(name: object) -> BadNameError:
     """The error for what was given as an object's name (an entry id, a content or blob
     name) and is none: one wording and one code (``bad_name``, as for a session id) for
     every read of every backend."""
-    return BadNameError(f"{quoted(name)} is not an object name (sha256: and 64 lowercase hex digits)")
+    return BadNameError(f"{quoted(name)} is not an object name ({HASH_FORM})")
 
 
 class ReadOnlyError(StoreError):
@@ -443,6 +456,13 @@ class AppendRefusedError(StoreError, EntryError):
         out = super().as_dict()
         out["error"].update(rule=self.rule, entry=self.entry)
         return out
+
+
+def not_an_entry_id(value: object, *, rule: str | None = None, code: str | None = None) -> AppendRefusedError:
+    """The refusal of what an entry's place holds (a pushed entry, a head target) and is no
+    entry id: one wording for the store, the exchange's receiver and the server (``rule``
+    and ``code`` as :class:`AppendRefusedError` takes them: ``bad_entry`` by default)."""
+    return AppendRefusedError(f"{quoted(value)} is not an entry id ({HASH_FORM})", rule=rule, code=code)
 
 
 class NoSuchObjectError(StoreError, LookupError):

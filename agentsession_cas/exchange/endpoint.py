@@ -32,6 +32,7 @@ from ..errors import (
     RefMovedError,
     SessionLockedError,
     StoreError,
+    not_an_entry_id,
     not_an_object_name,
 )
 from ..format import parallel
@@ -245,7 +246,7 @@ def _check_read(objects: ObjectStore, r: _Read, missing: dict[str, list[str]], k
 
 def _check_one(objects: ObjectStore, entry_id: str, missing: dict[str, list[str]], keep: bool) -> _Checked | None:
     if not is_hash(entry_id):
-        raise AppendRefusedError(f"{entry_id!r} is not an entry id (sha256: and 64 lowercase hex digits)")
+        raise not_an_entry_id(entry_id)
     try:
         env_bytes = objects.get("entries", entry_id)
     except _UNREADABLE:

@@ -32,7 +32,7 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import SPACES, Space
-from ..errors import StoreError
+from ..errors import unknown_object_space
 from ..lean import dataclass
 
 if TYPE_CHECKING:
@@ -251,5 +251,5 @@ class Transport(ABC):
 
 def check_space(space: object) -> Space:
     if space not in SPACES:
-        raise StoreError(f"unknown object space {space!r}: one of {', '.join(SPACES)}")
+        raise unknown_object_space(space, SPACES)
     return space

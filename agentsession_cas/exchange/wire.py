@@ -68,7 +68,7 @@ def space_from_wire(space: str) -> Space:
     try:
         return _SPACE_FROM_WIRE[space]
     except KeyError:
-        raise E.BadNameError(f"unknown object space {space!r}: one of entries, contents, media") from None
+        raise E.unknown_object_space(space, list(_SPACE_FROM_WIRE)) from None
 
 
 #: The status RFC 0003's error table gives each code (a class whose code a refusal

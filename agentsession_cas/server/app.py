@@ -28,10 +28,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from dataclasses import field
 from itertools import islice
 from typing import Any
+from urllib.parse import unquote
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -63,6 +65,7 @@ from ..errors import (
     TimestampError,
     TooLargeError,
     UnsupportedError,
+    not_an_entry_id,
     not_an_object_name,
     quoted,
 )
@@ -87,12 +90,13 @@ from ..format.names import check_ref_name, check_ref_prefix, check_session_id
 from ..format.timestamps import normalise_ts
 from ..lean import dataclass
 from ..store.refs import Refs, header_ident
-from ..store.session import AppendResult, Session
+from ..store.session import AppendResult, Session, expected_head_given, head_target_given
 from ..store.store import Store
 from ..store.summary import SessionSummary, select
 from .auth import LOCAL, Principal, Tokens
 from .follow import (
     LINES,
+    MAX_RESUME_RECORDS,
     SNAPSHOT_INLINE_BYTES,
     Changes,
     Stream,
@@ -140,6 +144,9 @@ class Limits:
     upload_grace_s: int = 3600
     max_streams: int = 256
     max_stream_age_s: int = 3600
+    #: Records a follow resumed from a cursor replays at most; a follower further behind
+    #: gets a ``reset`` (the session afresh, as a new follower's ``snapshot``).
+    max_resume_records: int = MAX_RESUME_RECORDS
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -153,6 +160,7 @@ class Limits:
             "upload_grace_s": self.upload_grace_s,
             "max_streams": self.max_streams,
             "max_stream_age_s": self.max_stream_age_s,
+            "max_resume_records": self.max_resume_records,
             "snapshot_inline_bytes": SNAPSHOT_INLINE_BYTES,
         }
 
@@ -370,12 +378,58 @@ def _obj(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
-def _opt_hash(value: Any, what: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not is_hash(value):
-        raise BadNameError(f"{what} must be an entry id (sha256: and 64 lowercase hex digits) or null")
+def _expected(value: Any) -> str | None:
+    """An expected head as a request gives it (a push's ``head.expected``, a head move's
+    ``expected``, a handover's or a declare's ``head``), refused by the library's one rule
+    (:func:`~..store.session.expected_head_given`: ``bad_argument``), as a local caller's is."""
+    expected_head_given(value)
     return value
+
+
+def _headers_only(status: int, headers: dict[str, str] | None, media_type: str | None,
+                  raw: list[tuple[bytes, bytes]] | None = None) -> Response:
+    """A ``HEAD``'s answer: the status and headers a ``GET`` answers with (``headers`` and
+    ``media_type``, or another answer's ``raw`` headers), and no content. No
+    ``Content-Length`` either: it is known only by making the content, which a HEAD does
+    not (RFC 9110 lets a server leave such a header out of a HEAD's answer)."""
+    response = Response(None, status, headers, media_type=media_type)
+    kept = response.raw_headers if raw is None else raw
+    response.raw_headers = [(k, v) for k, v in kept if k != b"content-length"]
+    return response
+
+
+class _StreamSlot:
+    """One open follow stream's place among ``max_streams``, taken at admission
+    (:meth:`Api._admit_stream`) and given back once, when the stream ends or is never
+    sent."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+        self.began = time.monotonic()
+        self.held = True
+        state.streams += 1
+        state.stream_starts.append(self.began)
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.state.streams -= 1
+            self.state.stream_starts.remove(self.began)
+
+
+class _CountedStream(StreamingResponse):
+    """A follow's stream, its place (:class:`_StreamSlot`) given back when it ends: sent
+    whole, its follower gone, or not sent at all."""
+
+    def __init__(self, slot: _StreamSlot, content: AsyncIterator[bytes], **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self.slot = slot
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.slot.release()
 
 
 def _flag(request: Request, name: str) -> bool:
@@ -436,10 +490,21 @@ class Api:
         try:
             response = await fn(request, principal)
         except AgentSessionError as exc:
-            return _problem(exc)
+            response = _problem(exc)
         except Exception as exc:  # a bug or a failure the store did not name: still a problem body
             log.exception("unexpected failure serving %s %s", request.method, request.url.path)
-            return _problem(StoreError(f"the server failed: {type(exc).__name__}: {exc}"))
+            response = _problem(StoreError(f"the server failed: {type(exc).__name__}: {exc}"))
+        if request.method == "HEAD":
+            # A GET route's HEAD (Starlette routes HEAD to it): the handlers skip their
+            # body work for it; a body made all the same (a small one: the capabilities, a
+            # problem) is not sent, its length said, and no stream is begun.
+            if isinstance(response, StreamingResponse):
+                if isinstance(response, _CountedStream):
+                    response.slot.release()
+                return _headers_only(response.status_code, None, None, response.raw_headers)
+            out = Response(None, response.status_code)
+            out.raw_headers = response.raw_headers
+            return out
         if request.method not in ("GET", "HEAD"):
             sid = request.path_params.get("id")
             if sid is not None:
@@ -581,15 +646,17 @@ class Api:
         _need_any(principal, "read", "exchange")
         space, name = self._object_name(request)
 
+        head = request.method == "HEAD"
+
         def do() -> bytes:
             if not self.state.reachable(principal, space, name):
                 raise NoSuchObjectError(f"no {space_to_wire(space)} object {name} here that this caller may read")
-            return self.state.store.objects.get(space, name)
+            return b"" if head else self.state.store.objects.get(space, name)  # (a HEAD: held, not read)
 
         data = await self.work(do)
-        headers = {"Cache-Control": "private, max-age=31536000, immutable", "Content-Length": str(len(data))}
-        if request.method == "HEAD":
-            return Response(b"", 200, headers, media_type=OCTETS)
+        headers = {"Cache-Control": "private, max-age=31536000, immutable"}
+        if head:
+            return _headers_only(200, headers, OCTETS)
         return Response(data, 200, headers, media_type=OCTETS)
 
     async def put_object(self, request: Request, principal: Principal) -> Response:
@@ -714,8 +781,17 @@ class Api:
         _check_incarnation(request, s)
         return s
 
+    async def _session_head(self, request: Request, principal: Principal, sid: str, media: str,
+                            headers: dict[str, str] | None = None) -> Response:
+        """A ``HEAD`` of a route about one session: the session checked as its GET checks it
+        (scope, held, ``If-Incarnation``) and named by its ``Incarnation``; nothing more read."""
+        s = await self.work(self._readable_session, principal, sid, request)
+        return _headers_only(200, dict(headers or {}, Incarnation=header_ident(s.header.data)), media)
+
     async def get_session(self, request: Request, principal: Principal) -> Response:
         sid = request.path_params["id"]
+        if request.method == "HEAD":  # its facts (a read of its log) are not made
+            return await self._session_head(request, principal, sid, JSON)
 
         def do() -> dict[str, Any]:
             s = self._readable_session(principal, sid, request)
@@ -747,6 +823,8 @@ class Api:
                 raise BadNameError(f"extra {name} is not I-JSON: {exc}") from None
 
         when = {k: _when(q[k], k) for k in ("after", "before") if k in q}
+        if request.method == "HEAD":  # the query checked; no session read
+            return _headers_only(200, None, NDJSON)
 
         def do() -> list[bytes]:
             headers: dict[str, Header] = {}
@@ -835,6 +913,8 @@ class Api:
         sid = request.path_params["id"]
         durable = _flag(request, "durable")
         after = request.query_params.get("after")
+        if request.method == "HEAD":  # no log read, nothing committed
+            return await self._session_head(request, principal, sid, NDJSON)
 
         def snapshot() -> tuple[list[dict[str, Any]], dict[str, Any]]:
             s = self._readable_session(principal, sid, request)
@@ -859,6 +939,7 @@ class Api:
             raise BadNameError(f"contents must be all, since-fold or none, not {contents!r}")
         leaf = request.query_params.get("leaf")
         store = self.state.store
+        head = request.method == "HEAD"
 
         def start() -> tuple[str | None, str, dict[str, Any]]:
             s = self._readable_session(principal, sid, request)
@@ -870,10 +951,14 @@ class Api:
                 origin = s.header.data.get("parent_session")
                 if not (isinstance(origin, str) and principal.may_read(origin)):
                     raise NoSuchEntryError(f"{target} is not an entry of a session this caller may read")
+            if head:  # the session and the leaf checked; no cursor made, no path walked
+                return target, ident, {}
             first = {"head": s.head, "cursor": self.state.tails.cursor(s), "incarnation": ident}
             return target, ident, first
 
         target, ident, first = await self.work(start)
+        if head:
+            return _headers_only(200, {"Incarnation": ident}, NDJSON)
         # The walk keeps each entry's id, type and content hash (what since-fold reads).
         steps: list[tuple[str, Any, Any]] = []
         if target is not None:
@@ -910,7 +995,10 @@ class Api:
             except AgentSessionError as exc:
                 yield _dumps({"error": problem_body(exc)}) + b"\n"
                 return
-            yield _dumps({"end": True, "count": len(ids), "incarnation": ident}) + b"\n"
+            end: dict[str, Any] = {"end": True, "count": len(ids), "incarnation": ident}
+            if not ids:  # no first line to carry them (a session with no entry): the end frame does, as a log read's
+                end.update(first)
+            yield _dumps(end) + b"\n"
 
         return StreamingResponse(body(), media_type=NDJSON, headers={"Incarnation": ident})
 
@@ -920,31 +1008,40 @@ class Api:
         after = request.headers.get("last-event-id") or request.query_params.get("after")
         accept = request.headers.get("accept", "")
         sse = "application/x-ndjson" not in accept
-        busy = self._streams_full()
-        if busy is not None:
-            return busy
-
-        def first() -> Any:
-            self._readable_session(principal, sid, request)
-            return load_view(self.state.store, self.state.tails, sid, durable)
-
-        view = await self.work(first)
-        # A durable follow commits before it reads (a wait on the disk): never in the loop.
-        stream = Stream(self.state.store, sid, durable, sse, self.work if durable else self.soon, self.state.changes, self.state.tails,
-                        float(self.state.limits.max_stream_age_s))
         media = "text/event-stream" if sse else NDJSON
-        return StreamingResponse(self._counted(stream.events(view, after)), media_type=media,
-                                 headers={"Cache-Control": "no-store", "Incarnation": view.ident, "X-Accel-Buffering": "no"})
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        if request.method == "HEAD":  # no stream opened, no log read
+            return await self._session_head(request, principal, sid, media, headers)
+        slot = self._admit_stream()
+        if isinstance(slot, Response):
+            return slot
+        try:
 
-    def _streams_full(self) -> Response | None:
-        """A 503 with ``Retry-After`` when the open follow streams (a session's and a
-        ref's alike) are at ``max_streams`` (RFC 0003: a server SHOULD bound the number
-        of open streams); else None. The oldest open stream ends by its age limit at
-        the latest (sooner if its follower leaves): the wait a refused follower is given
-        (RFC 0003 clients retry a 503 after Retry-After)."""
+            def first() -> Any:
+                self._readable_session(principal, sid, request)
+                return load_view(self.state.store, self.state.tails, sid, durable)
+
+            view = await self.work(first)
+            # A durable follow commits before it reads (a wait on the disk): never in the loop.
+            stream = Stream(self.state.store, sid, durable, sse, self.work if durable else self.soon, self.state.changes,
+                            self.state.tails, float(self.state.limits.max_stream_age_s),
+                            self.state.limits.max_resume_records)
+        except BaseException:
+            slot.release()
+            raise
+        return _CountedStream(slot, stream.events(view, after), media_type=media,
+                              headers=dict(headers, Incarnation=view.ident))
+
+    def _admit_stream(self) -> _StreamSlot | Response:
+        """A place among the open follow streams (a session's and a ref's alike), taken at
+        once, at admission, so requests admitted together cannot pass ``max_streams`` while
+        each reads its session before its stream begins (RFC 0003: a server SHOULD bound
+        the number of open streams). At the limit, a 503 with ``Retry-After``: the oldest
+        open stream ends by its age limit at the latest (sooner if its follower leaves),
+        the wait a refused follower is given (RFC 0003 clients retry a 503 after it)."""
         state = self.state
         if state.streams < state.limits.max_streams:
-            return None
+            return _StreamSlot(state)
         starts = state.stream_starts
         age = float(state.limits.max_stream_age_s)
         wait = math.ceil(max(1.0, (min(starts) + age - time.monotonic()) if starts else 1.0))
@@ -952,20 +1049,6 @@ class Api:
                           f"one ends within {wait} s: try again then")
         busy.status = 503
         return _problem(busy, {"Retry-After": str(wait)})
-
-    async def _counted(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """``events``, counted among the open follow streams (:meth:`_streams_full`) while
-        they are sent."""
-        state = self.state
-        state.streams += 1
-        began = time.monotonic()
-        state.stream_starts.append(began)
-        try:
-            async for chunk in events:
-                yield chunk
-        finally:
-            state.streams -= 1
-            state.stream_starts.remove(began)
 
     # -- exchange --------------------------------------------------------------------------
 
@@ -1037,7 +1120,7 @@ class Api:
 
         for eid in list(req.prefix) + list(req.entries):
             if not is_hash(eid):
-                raise AppendRefusedError(f"{eid!r} is not an entry id (sha256: and 64 lowercase hex digits)")
+                raise not_an_entry_id(eid)
             if eid in mine:
                 continue
             if not proven("entries", eid):
@@ -1069,7 +1152,7 @@ class Api:
         body = _obj(_parse_json(await _body(request, self.state.limits.max_body_bytes), "the handover"), "the handover")
         if body.get("to") != "client":
             raise BadNameError("a handover names {\"to\": \"client\", \"head\": ...}; a push hands over to this server")
-        head = _opt_hash(body.get("head"), "head")
+        head = _expected(body.get("head"))
 
         def do() -> dict[str, Any]:
             s = self.state.session(sid)
@@ -1102,7 +1185,7 @@ class Api:
             raise BadNameError("basis must be record_deleted or sole_copy")
         if "head" not in body:
             raise BadNameError("a declare-record carries the head the caller believes this server holds")
-        head = _opt_hash(body.get("head"), "head")
+        head = _expected(body.get("head"))
 
         def do() -> dict[str, Any]:
             s = self.state.session(sid)
@@ -1248,9 +1331,8 @@ class Api:
         body = _obj(_parse_json(await _body(request, 64 * 1024), "the request"), "the request")
         if "expected" not in body or "to" not in body:
             raise BadNameError("a head move is {\"expected\": e|null, \"to\": t, \"durable\": bool}")
-        expected, to = _opt_hash(body["expected"], "expected"), body["to"]
-        if to is not None and not isinstance(to, str):
-            raise BadNameError("to must be an entry id or null")
+        expected, to = _expected(body["expected"]), body["to"]
+        head_target_given(to)
 
         def do() -> dict[str, Any]:
             s = self._writer(principal, request, sid, "its head moves")
@@ -1272,6 +1354,8 @@ class Api:
         # A prefix that breaks the name rules is ref_name before the stream begins (RFC
         # 0003: "ref_name on a read as on a write"), not a 200 ending in an error frame.
         prefix = check_ref_prefix(request.query_params.get("prefix", ""))
+        if request.method == "HEAD":  # the prefix checked; no ref read
+            return _headers_only(200, None, NDJSON)
 
         def do() -> Iterator[bytes]:
             refs = Refs(self.state.store)
@@ -1303,6 +1387,8 @@ class Api:
             return await self._follow_ref(request, principal, name)
         if view == "log":
             _need_any(principal, "read", "refs")
+            if request.method == "HEAD":  # no history read
+                return _headers_only(200, None, NDJSON)
             return await self._ref_log(principal, name)
         if view is not None:
             raise BadNameError(f"view must be log or follow, not {view!r}")
@@ -1346,9 +1432,10 @@ class Api:
         """``?view=follow``: a ``target`` event with ``{name, target, state}`` on connect and
         whenever the target or its state (live, dangling) changes, as SSE or NDJSON."""
         sse = "application/x-ndjson" not in request.headers.get("accept", "")
-        busy = self._streams_full()  # (a ref's follows were not counted against the limit)
-        if busy is not None:
-            return busy
+        media = "text/event-stream" if sse else NDJSON
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        if request.method == "HEAD":  # no stream opened, the ref not read
+            return _headers_only(200, headers, media)
 
         def read() -> dict[str, Any]:
             refs = Refs(self.state.store)
@@ -1358,7 +1445,14 @@ class Api:
             facts = _ref_facts(refs, ref)
             return {"name": name, "target": facts["target"], "state": "live" if facts["state"] == "live" else "dangling"}
 
-        first = await self.work(read)
+        slot = self._admit_stream()  # (a ref's follows were not counted against the limit)
+        if isinstance(slot, Response):
+            return slot
+        try:
+            first = await self.work(read)
+        except BaseException:
+            slot.release()
+            raise
         changes = self.state.changes
         age = float(self.state.limits.max_stream_age_s)
 
@@ -1386,8 +1480,7 @@ class Api:
                     last = now
                     yield frame(now, n)
 
-        return StreamingResponse(self._counted(body()), media_type="text/event-stream" if sse else NDJSON,
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        return _CountedStream(slot, body(), media_type=media, headers=headers)
 
     async def _update_ref(self, request: Request, principal: Principal, name: str) -> Response:
         principal.need("refs")
@@ -1613,10 +1706,17 @@ def _push_request(sid: str, body: dict[str, Any]) -> PushRequest:
         refs.append(RefPush(name, _target(r.get("expected"), "expected"), nxt))
     return PushRequest(
         header=header, prefix=[str(e) for e in prefix], entries=[str(e) for e in entries],
-        to=_opt_hash(head.get("to"), "head.to"), expected=_opt_hash(head.get("expected"), "head.expected"),
+        to=_head_to(head.get("to")), expected=_expected(head.get("expected")),
         force=_bool(head, "force", False, "head.force"), mark=mark, refs=refs,
         complete=_bool(body, "complete", True, "complete"),
     )
+
+
+def _head_to(value: Any) -> str | None:
+    """A push's ``head.to``: None or an entry id (:func:`~..store.session.head_target_given`);
+    which entry ids the session may take is the receiving rules' (``head_target``)."""
+    head_target_given(value)
+    return value
 
 
 def _bool(body: dict[str, Any], name: str, default: bool, what: str) -> bool:
@@ -1672,6 +1772,58 @@ def _dangling(name: str, session: str, state: str) -> AgentSessionError:
 # -- the application -------------------------------------------------------------------------
 
 
+class _WholeSegments:
+    """Routing by the path's segments as they were sent. Starlette routes the decoded path,
+    so a session id sent as ``a%2Flog`` was routed as two segments, ``/v1/sessions/a/log``
+    (the log of ``a``). A segment whose bytes spell a ``/`` (``%2F``) is refused before
+    routing as what its place holds: a bad session id, object space or object name, a ref
+    name's segment (a ref name's ``/`` is sent as it is: RFC 0003, Conventions), or no route."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            refusal = _split_segment(scope.get("raw_path") or b"")
+            if refusal is not None:
+                response = _problem(refusal)
+                if scope["method"] == "HEAD":
+                    response = _headers_only(response.status_code, None, None, response.raw_headers)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _split_segment(raw_path: bytes) -> AgentSessionError | None:
+    """The refusal of a path (as sent, ``raw_path``) one of whose segments decodes to
+    something holding a ``/``; None for a path whose segments are whole."""
+    raw = raw_path.split(b"?", 1)[0]
+    if b"%2f" not in raw.lower():
+        return None
+    parts = [unquote(part.decode("ascii", "replace")) for part in raw.split(b"/")]
+    for i, text in enumerate(parts):
+        if "/" not in text:
+            continue
+        kind = parts[2] if len(parts) > 2 and parts[1] == "v1" else None
+        try:
+            if kind == "sessions" and i == 3:
+                check_session_id(text)
+            elif kind == "objects" and i == 3:
+                space_from_wire(text)
+            elif kind == "objects" and i == 4:
+                return not_an_object_name(text)
+            elif kind == "refs" and i >= 3:
+                return BadRefNameError(f"a ref name's segment {quoted(text)} holds a '/': a ref name is sent with "
+                                       "its '/' as it is, each of its segments a segment of the path")
+        except AgentSessionError as exc:
+            return exc
+        err = UnsupportedError(f"no route {quoted(raw.decode('ascii', 'replace'))} here: a segment of the path holds "
+                               "an encoded '/' (RFC 0003 routes are under /v1/; see GET /v1/)")
+        err.status = 404
+        return err
+    return None
+
+
 def create_app(state: ServerState) -> Starlette:
     """The ASGI application over ``state``."""
     api = Api(state)
@@ -1712,7 +1864,8 @@ def create_app(state: ServerState) -> Starlette:
             err.status = 404
         return _problem(err)
 
-    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found},
+                    middleware=[Middleware(_WholeSegments)])
     # A path off a route by a slash (/v1, /v1/sessions/) is a 404 problem like any other,
     # not Starlette's 307 to the other spelling, which is no RFC 0003 answer (and would
     # have a client send a write again elsewhere; this one follows no redirect).

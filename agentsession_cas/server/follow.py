@@ -27,7 +27,9 @@ cursor is resumed at its position while the log there is as it was, else at the 
 in the log as it is now where the session is what the follower was told (a compaction
 folds records: the position moves, the state is there), and otherwise, as for a cursor
 of another incarnation, of the earlier form (no check) or past the log's end, answered
-with a ``reset``: never a silent skip, nor a record sent twice. An open stream finds its
+with a ``reset``: never a silent skip, nor a record sent twice. A cursor further behind
+than the stream's ``max_resume`` records is answered with a ``reset`` too, so a resume
+costs at most what a ``snapshot`` does. An open stream finds its
 place so too when the log it read is read again whole (:class:`Tails`). A stream
 lives at most ``max_stream_age_s`` and then ends with an ``end`` event carrying
 the cursor to resume from (``reason``: ``max_stream_age``); a server that stops ends
@@ -57,12 +59,16 @@ from ..store.state import SessionState
 from ..store.store import Store
 
 __all__ = [
-    "Changes", "LogView", "SNAPSHOT_INLINE_BYTES", "Stream", "Tail", "Tails", "Told", "cursor_of", "load_view", "locate",
+    "Changes", "LogView", "MAX_RESUME_RECORDS", "SNAPSHOT_INLINE_BYTES", "Stream", "Tail", "Tails", "Told", "cursor_of", "load_view", "locate",
     "log_line", "parse_cursor",
 ]
 
 #: Bytes of entries a snapshot carries inline before it leaves them to ``path``.
 SNAPSHOT_INLINE_BYTES = 4 * 1024 * 1024
+#: Records a resumed follow replays at most (each append an event, its objects read); a
+#: follower further behind is sent a ``reset``, the session afresh, which costs what a
+#: new follower's ``snapshot`` costs (RFC 0003: bound "the work a resume may cost").
+MAX_RESUME_RECORDS = 4096
 #: Seconds between keep-alive comments on an idle stream.
 HEARTBEAT_S = 15.0
 #: Sessions whose log the server keeps what it read of (see :class:`Tails`).
@@ -315,6 +321,8 @@ class Stream:
     changes: Changes
     tails: Tails
     max_age_s: float
+    #: Records a resume replays at most (:data:`MAX_RESUME_RECORDS`): past it, a ``reset``.
+    max_resume: int = MAX_RESUME_RECORDS
     position: int = 0
     ident: str = ""
     uncommitted: bool = False
@@ -448,7 +456,10 @@ class Stream:
         return out
 
     async def events(self, first: LogView, after: str | None) -> AsyncIterator[bytes]:
-        if not self.resume(after, first, back=True):
+        # A resume further behind than max_resume records is a reset: it then costs what
+        # a snapshot does (finding its place, each record's line, the entries inline up to
+        # SNAPSHOT_INLINE_BYTES), not an event and two object reads for every record since.
+        if not self.resume(after, first, back=True) or first.end - self.position > self.max_resume:
             yield self.whole("snapshot" if after is None else "reset", first)
         else:
             for chunk in self.since(first):

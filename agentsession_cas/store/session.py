@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args, overload
 
 from ..backends.base import Append, FsckProblem, Mark, ObjectStore, Record, SessionLog
 from ..errors import (
+    HASH_FORM,
     AgentSessionError,
     AppendRefusedError,
     BadArgumentError,
@@ -40,6 +41,7 @@ from ..errors import (
     SessionDamagedError,
     StoreError,
     SupersededError,
+    not_an_entry_id,
     not_an_object_name,
     quoted,
 )
@@ -134,8 +136,15 @@ def expected_head_given(expected: object) -> None:
     id or a typo is no head at all, and swapping from it would fail, or land a push's
     entries as a branch. The caller's mistake, said before anything is read or sent."""
     if expected is not None and not is_hash(expected):
-        raise BadArgumentError(f"the expected head {quoted(expected)} is not an entry id (sha256: and 64 lowercase "
-                               f"hex digits) nor None (no head)")
+        raise BadArgumentError(f"the expected head {quoted(expected)} is not an entry id ({HASH_FORM}) nor None (no head)")
+
+
+def head_target_given(new: object) -> None:
+    """Refuse a head target (:meth:`Session.set_head`'s ``new``, a push's ``head.to``) that
+    is neither None (no head) nor an entry id, as ``head_target``: whether an entry id is
+    one the session may take as its head is the session's to say (``head_refusal``)."""
+    if new is not None and not is_hash(new):
+        raise not_an_entry_id(new, rule="head", code="head_target")
 
 
 def walk_up(entry_id: str, step: Callable[[str], tuple[Any, str | None]]) -> list[Any]:
@@ -1156,8 +1165,7 @@ class Session:
             raise HeadMovedError(
                 f"the head of session {self.id} moved: it is {self.head or 'no head'}, not {expected or 'no head'}"
             )
-        if new is not None and not is_hash(new):
-            raise AppendRefusedError(f"{new!r} is not an entry id", rule="head", code="head_target")
+        head_target_given(new)
         refusal = head_refusal(new, self.base, self.own, self.leaf_labels, self.id)
         if refusal is not None:
             raise AppendRefusedError(refusal[0], rule="head", code=refusal[1])

@@ -53,6 +53,7 @@ from ..errors import (
     SupersededError,
     not_an_object_name,
     quoted,
+    unknown_object_space,
 )
 from ..format.canonical import canonical_bytes, loads_flagged
 from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
@@ -815,7 +816,7 @@ class Store:
         if not is_hash(name):
             raise not_an_object_name(name)
         if space is not None and space not in SPACES:
-            raise BadArgumentError(f"unknown object space {quoted(space)}: one of {', '.join(SPACES)}")
+            raise unknown_object_space(space, SPACES)
         spaces: builtins.list[Space] = [space] if space else list(SPACES)
         unread = None
         for sp in spaces:

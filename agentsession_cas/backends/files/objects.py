@@ -39,6 +39,7 @@ from ...errors import (
     StoreError,
     not_an_object_name,
     store_relative,
+    unknown_object_space,
 )
 from ...format.hashing import HASH_PREFIX, all_hashes, envelope_content, is_hash
 from ...fsutil import (
@@ -173,7 +174,7 @@ class FileObjects(ObjectStore):
     def path(self, space: str, name: str) -> str:
         """Where the loose object ``name`` of ``space`` lives (the name is checked first)."""
         if space not in SPACES:
-            raise _unknown_space(space)
+            raise unknown_object_space(space, SPACES)
         if not is_hash(name):
             raise not_an_object_name(name)
         return f"{self.dir}{os.sep}{space}{os.sep}{name[7:9]}{os.sep}{name[9:]}"
@@ -1621,9 +1622,5 @@ def _check_names(items: Sequence[tuple[str, str, bytes]]) -> None:
     if not all_hashes(names):
         raise not_an_object_name(next(name for name in names if not is_hash(name)))
     for space in {space for space, _, _ in items} - SPACE_BITS.keys():
-        raise _unknown_space(space)
+        raise unknown_object_space(space, SPACES)
 
-
-def _unknown_space(space: object) -> AgentSessionError:
-    """What this backend says of a space there is not (the store checks its callers' first)."""
-    return AgentSessionError(f"unknown object space {space!r}")
