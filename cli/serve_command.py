@@ -47,10 +47,12 @@ def _listen(text: str) -> str:
               help="The most Idempotency-Key answers kept at once (default 500000, each 20 min); past it a keyed write is 503.")
 @click.option("--max-idempotency-keys-per-token", type=click.IntRange(min=1), default=None, metavar="N",
               help="The most of them one token's keys hold at once (default a quarter of the total); past it its keyed writes are 503.")
+@click.option("--max-resume-records", type=click.IntRange(min=1), default=None, metavar="N",
+              help="The most log records a follow resumes across (default 4096); further behind, it is sent a reset.")
 def serve(
     listen: str, auth_file: str | None, tls_cert: str | None, tls_key: str | None, behind_tls_proxy: bool, sync: str,
     read_only: bool, max_body_bytes: int | None, max_streams: int | None, max_stream_age: int | None,
-    max_idempotency_keys: int | None, max_idempotency_keys_per_token: int | None,
+    max_idempotency_keys: int | None, max_idempotency_keys_per_token: int | None, max_resume_records: int | None,
 ) -> None:
     """Serve the store over HTTP (RFC 0003) until interrupted.
 
@@ -90,6 +92,8 @@ def serve(
         limits = replace(limits, idempotency_keys=max_idempotency_keys)
     if max_idempotency_keys_per_token is not None:
         limits = replace(limits, idempotency_keys_per_token=max_idempotency_keys_per_token)
+    if max_resume_records is not None:
+        limits = replace(limits, max_resume_records=max_resume_records)
     run(store, listen=listen, tokens=tokens, tls_cert=tls_cert, tls_key=tls_key, behind_tls_proxy=behind_tls_proxy,
         limits=limits, ready=ready)
 

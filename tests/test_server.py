@@ -360,8 +360,10 @@ def test_a_batch_upload_verifies_every_object_and_keeps_none_of_a_bad_batch(serv
 
 def test_request_bodies_are_bounded(tmp_path):
     Store.init(tmp_path / "st").close()
-    with ServerProcess(tmp_path / "st", extra=("--max-body-bytes", "4096")) as server, server.client() as c:
-        assert c.get("/v1/").json()["limits"]["max_body_bytes"] == 4096
+    with ServerProcess(tmp_path / "st", extra=("--max-body-bytes", "4096", "--max-resume-records", "7")) as server, \
+            server.client() as c:
+        limits = c.get("/v1/").json()["limits"]
+        assert limits["max_body_bytes"] == 4096 and limits["max_resume_records"] == 7
         big = b"x" * 5000
         problem(c.put(f"/v1/objects/contents/{sha256_ref(big)}", content=big), 413, "store_fault")
         problem(c.post("/v1/objects/missing", content=b"[" + b" " * 5000 + b"]"), 413, "store_fault")
