@@ -789,3 +789,38 @@ def test_corpus_ids_recomputed_from_the_rfc(corpus):
             obj = json.loads(line)
             assert ref_hashes(obj)[0] == obj["id"], (path.name, obj["id"])
             assert held[obj["id"]].content_hash == ref_hashes(obj)[1]
+
+
+# ---------------------------------------------------------------------------
+# Header `redacted`: the redactor is a rewriter, and keeps what it does not define
+
+
+def test_redaction_keeps_the_members_of_a_parents_reference_it_does_not_define():
+    """RFC 0001 Entry envelope: a member this document does not define inside an object it
+    does is preserved by any tool that rewrites the file; the redactor re-points a
+    reference into this file (Header `redacted`) and keeps the rest of it as written, a
+    reference into another session whole (a `session` of another type included)."""
+    from agentsession_cas.format.redact import RedactOptions, redact
+
+    objs = straight(3)
+    other = "0199c000-0000-7000-8000-0000000000f2"
+    merged = rehash({
+        "type": "item", "parent": objs[2]["id"], "ts": ts(5), "item": item("merged /home/alice"),
+        "parents": [
+            {"entry": objs[1]["id"], "via": "worker-2"},
+            {"entry": "sha256:" + "7" * 64, "session": other, "x-attempt": 2},
+            {"entry": "sha256:" + "8" * 64, "session": 7},
+        ],
+    })
+    sf = read_session_bytes(header_line() + lines_of([*objs, merged]), source="t")
+    assert sf.all_problems() == []
+    done = redact(sf, RedactOptions(home="/home/alice"))
+    out = read_session_bytes(done.data, source="r")
+    assert [p.code for p in out.all_problems()] == []
+    last = out.entries[-1].data
+    assert last["item"]["content"][0]["text"] == "merged ~"
+    assert sorted(last["parents"], key=json.dumps) == sorted([
+        {"entry": done.ids[objs[1]["id"]], "via": "worker-2"},
+        {"entry": "sha256:" + "7" * 64, "session": other, "x-attempt": 2},
+        {"entry": "sha256:" + "8" * 64, "session": 7},
+    ], key=json.dumps)
