@@ -717,6 +717,10 @@ def _random_session(rnd: random.Random) -> tuple[bytes, list[dict[str, Any]]]:
                 if rnd.random() < 0.3:
                     leaf = add({"type": rnd.choice(["custom", "acme:guard", "info"]), "parent": leaf, "ts": ts(i),
                                 "name": f"x{k}"})["id"]
+                elif rnd.random() < 0.1:  # context entries among the outputs: they stay in the request context
+                    extra = rnd.choice([{"type": "config", "model": f"m{k}"},
+                                        {"type": "branch_summary", "from": objs[0]["id"], "summary": item(f"bs{k}")}])
+                    leaf = add({**extra, "parent": leaf, "ts": ts(i)})["id"]
                 leaf = add({"type": "item", "parent": leaf, "ts": ts(i), "item": item(f"o{resp}.{k}", "assistant"),
                             "response": rid})["id"]
             r: dict[str, Any] = {"type": "response", "parent": leaf, "ts": ts(i)}
@@ -824,3 +828,219 @@ def test_redaction_keeps_the_members_of_a_parents_reference_it_does_not_define()
         {"entry": "sha256:" + "7" * 64, "session": other, "x-attempt": 2},
         {"entry": "sha256:" + "8" * 64, "session": 7},
     ], key=json.dumps)
+
+
+# ---------------------------------------------------------------------------
+# run: the end reason's cascade and the start's source, shape by shape from the RFC
+
+
+def _call(cid: str, rid: str) -> dict[str, Any]:
+    return {"type": "function_call", "call_id": cid, "name": "a", "arguments": "{}"}
+
+
+class _Path:
+    """A straight path written with the RFC's entries, for the run cascade."""
+
+    def __init__(self, records: tuple[str, ...] = ("run", "dispatch", "decision")):
+        self.objs: list[dict[str, Any]] = []
+        self.records = records
+        self.calls: dict[str, str] = {}
+        self.add("config", model="m")
+
+    def add(self, type_: str, **body: Any) -> str:
+        parent = self.objs[-1]["id"] if self.objs else None
+        obj = rehash({"type": type_, "parent": parent, "ts": ts(len(self.objs)), **body})
+        self.objs.append(obj)
+        return obj["id"]
+
+    def start(self, run: str, source: str = "input") -> None:
+        self.add("run", run_id=run, phase="start", source=source)
+
+    def user(self, text: str = "hi") -> None:
+        self.add("item", item=item(text))
+
+    def model(self, rid: str, *calls: str, text: str | None = None, **response: Any) -> None:
+        if text is not None:
+            self.add("item", item=item(text, "assistant"), response=rid)
+        for cid in calls:
+            self.calls[cid] = self.add("item", item=_call(cid, rid), response=rid)
+        self.add("response", response_id=rid, **response)
+
+    def output(self, cid: str) -> None:
+        self.add("item", item={"type": "function_call_output", "call_id": cid, "output": "ok"})
+
+    def dispatch(self, cid: str) -> None:
+        self.add("dispatch", call_id=cid, target=self.calls[cid])
+
+    def decide(self, cid: str, verdict: str, **more: Any) -> None:
+        self.add("decision", call_id=cid, target=self.calls[cid], verdict=verdict, **more)
+
+    def end(self, run: str, reason: str, pending: tuple[str, ...] = ()) -> None:
+        self.add("run", run_id=run, phase="end", reason=reason, pending=list(pending))
+
+    def read(self):
+        data = header_line(records=list(self.records)) + lines_of(self.objs)
+        return read_session_bytes(data, source="t.jsonl"), verify_bytes(data, source="t.jsonl")
+
+
+def _cascade(build) -> tuple[list[tuple[str, tuple[str, ...]]], list[str]]:
+    p = _Path()
+    build(p)
+    sf, report = p.read()
+    from agentsession_cas.format.rules import analyze_runs
+
+    runs = analyze_runs(sf).runs
+    return [(r.computed_reason, r.pending) for r in runs], [x.code for x in report.problems]
+
+
+@pytest.mark.parametrize(
+    ("name", "reason", "pending"),
+    [
+        ("done", "done", ()),
+        ("error", "error", ("c1",)),  # the call the failed response made is pending
+        ("held", "input_required", ("c1",)),
+        ("held-after-dispatch", "input_required", ("c1",)),
+        ("in-flight", "aborted", ("c1",)),
+        ("incomplete", "aborted", ()),
+        ("stopped", "stopped", ()),
+        ("nothing", "aborted", ()),
+        ("held-and-in-flight", "aborted", ("c1", "c2")),
+    ],
+)
+def test_run_end_reason_is_the_first_step_of_the_cascade_its_segment_matches(name, reason, pending):
+    """RFC 0001 run: error (the last response's error), input_required (a held call, none
+    in flight), aborted (a pending call, or an incomplete last response), done (the last
+    response made no call), stopped (the calls answered, no response after), aborted
+    (anything left); a written end that agrees verifies."""
+
+    def build(p: _Path) -> None:
+        p.start("r1")
+        p.user()
+        if name == "done":
+            p.model("resp1", text="hello")
+        elif name == "error":
+            p.model("resp1", "c1", error={"code": "server_error", "message": "x"})
+        elif name == "held":
+            p.model("resp1", "c1")
+            p.decide("c1", "hold", by="policy")
+        elif name == "held-after-dispatch":
+            p.model("resp1", "c1")
+            p.dispatch("c1")
+            p.decide("c1", "hold", by="human")
+        elif name == "in-flight":
+            p.model("resp1", "c1")
+            p.dispatch("c1")
+        elif name == "incomplete":
+            p.model("resp1", text="cut", incomplete={"reason": "max_output_tokens"})
+        elif name == "stopped":
+            p.model("resp1", "c1")
+            p.dispatch("c1")
+            p.output("c1")
+        elif name == "held-and-in-flight":
+            p.model("resp1", "c1", "c2")
+            p.decide("c1", "hold")
+            p.dispatch("c2")
+        p.end("r1", reason, pending)
+
+    runs, problems = _cascade(build)
+    assert runs == [(reason, pending)]
+    assert problems == []
+
+
+def test_a_written_end_that_the_segment_contradicts_is_reported():
+    """RFC 0001 run: "when the written value is computable and the two disagree the segment
+    is authoritative"; error and interrupted are written values and stand."""
+
+    def build(reason: str):
+        def go(p: _Path) -> None:
+            p.start("r1")
+            p.user()
+            p.model("resp1", text="hello")
+            p.end("r1", reason)
+
+        return go
+
+    assert _cascade(build("stopped"))[1] == ["run-reason"]
+    assert _cascade(build("interrupted"))[1] == []
+    assert _cascade(build("error"))[1] == []
+
+
+def test_a_resume_takes_up_a_held_call_and_ends_stopped():
+    """RFC 0001 run: `resume` when the segment's first output, decision or dispatch takes up
+    a call left without an output; `stopped` reads the response before the segment."""
+
+    def build(source: str):
+        def go(p: _Path) -> None:
+            p.start("r1")
+            p.user()
+            p.model("resp1", "c1")
+            p.decide("c1", "hold", by="human")
+            p.end("r1", "input_required", ("c1",))
+            p.start("r2", source)
+            p.user("approved")  # a message before the take-up does not change the shape
+            p.decide("c1", "proceed", by="human")
+            p.dispatch("c1")
+            p.output("c1")
+            p.end("r2", "stopped")
+
+        return go
+
+    runs, problems = _cascade(build("resume"))
+    assert runs == [("input_required", ("c1",)), ("stopped", ())] and problems == []
+    assert _cascade(build("input"))[1] == ["run-source"]
+
+
+@pytest.mark.parametrize(
+    ("case", "code"),
+    [
+        ("dispatch after reject", "dispatch-after-reject"),
+        ("dispatch after answer", "dispatch-after-answer"),
+        ("dispatch after output", "dispatch-after-output"),
+        ("decision after reject", "decision-after-reject"),
+        ("reject after dispatch", "reject-after-dispatch"),
+        ("reject after output", "decision-after-output"),
+        ("target names another call", "bad-target"),
+        ("repeated call_id", "call-id-repeated"),
+        ("empty call_id", "call-id-empty"),
+        ("output without a promised dispatch", "dispatch-missing"),
+    ],
+)
+def test_the_conformance_suites_negative_record_cases(case, code):
+    """RFC 0001 Conformance: each a file broken in one way, reported for that reason."""
+    p = _Path()
+    p.user()
+    if case == "repeated call_id":
+        p.model("resp1", "c1")
+        p.output("c1")
+        p.model("resp2", "c1")
+    elif case == "empty call_id":
+        p.model("resp1", "")
+    else:
+        p.model("resp1", "c1", "c2")
+        if case == "dispatch after reject":
+            p.decide("c1", "reject", reason="no")
+            p.dispatch("c1")
+        elif case == "dispatch after answer":
+            p.dispatch("c1")
+            p.decide("c1", "answer", reason="done elsewhere")
+            p.dispatch("c1")
+        elif case == "dispatch after output":
+            p.dispatch("c1")
+            p.output("c1")
+            p.dispatch("c1")
+        elif case == "decision after reject":
+            p.decide("c1", "reject", reason="no")
+            p.decide("c1", "hold")
+        elif case == "reject after dispatch":
+            p.dispatch("c1")
+            p.decide("c1", "reject", reason="no")
+        elif case == "reject after output":
+            p.dispatch("c1")
+            p.output("c1")
+            p.decide("c1", "reject", reason="no")
+        elif case == "target names another call":
+            p.add("dispatch", call_id="c1", target=p.calls["c2"])
+        elif case == "output without a promised dispatch":
+            p.output("c1")
+    sf, report = p.read()
+    assert code in {x.code for x in report.problems}, [str(x) for x in report.problems]
