@@ -1044,3 +1044,18 @@ def test_the_conformance_suites_negative_record_cases(case, code):
             p.output("c1")
     sf, report = p.read()
     assert code in {x.code for x in report.problems}, [str(x) for x in report.problems]
+
+
+def test_a_parents_reference_with_a_session_of_another_type_names_no_entry_of_this_file():
+    """RFC 0001 Convergence: `session` MAY be omitted when the entry is in this file; one
+    present names another session. The tree rule (which checks only references into this
+    file) and Entry.parents (which every other reader of the references uses: the store's
+    unresolved names, a fork's base check, repair) read such a reference alike."""
+    objs = straight(2)
+    far = "sha256:" + "8" * 64
+    merged = rehash({"type": "item", "parent": objs[1]["id"], "ts": ts(5), "item": item("m"),
+                     "parents": [{"entry": far, "session": 7}]})
+    sf = read_session_bytes(header_line() + lines_of([*objs, merged]), source="t")
+    assert sf.all_problems() == []  # not checked as this file's
+    (ref,) = sf.entries[-1].parents
+    assert ref.entry == far and ref.session is not None and ref.session != SID

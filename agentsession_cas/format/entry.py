@@ -170,11 +170,17 @@ class Entry:
 
     @property
     def parents(self) -> list[ParentRef]:
+        """The ``parents`` references naming an entry by a string. A reference names this
+        file only when it omits ``session`` (or names this session): one whose ``session``
+        is present and no string names another session, as the tree rule reads it
+        (``rules.TreeState``), and keeps the value as its JSON text."""
         out = []
         for ref in self.data.get("parents") or ():
             if isinstance(ref, dict) and isinstance(ref.get("entry"), str):
                 session = ref.get("session")
-                out.append(ParentRef(ref["entry"], session if isinstance(session, str) else None))
+                if session is not None and not isinstance(session, str):
+                    session = json.dumps(session)
+                out.append(ParentRef(ref["entry"], session))
         return out
 
     @property
