@@ -1059,3 +1059,46 @@ def test_a_parents_reference_with_a_session_of_another_type_names_no_entry_of_th
     assert sf.all_problems() == []  # not checked as this file's
     (ref,) = sf.entries[-1].parents
     assert ref.entry == far and ref.session is not None and ref.session != SID
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_resume_rule_agrees_with_its_sentence_in_a_fork(corpus, seed):
+    """RFC 0001 File: in a file with a base, a `leaf` label naming an entry on the prefix
+    above the base, or the root, is not in force; own entries and labels at random below
+    the corpus's fork."""
+    path = corpus / "sessions" / "fork.jsonl"
+    raw = split_lines(path.read_bytes())
+    header = json.loads(raw[0])
+    objs = [json.loads(line) for line in raw[1:]]
+    base = header["base"]
+    prefix = [o["id"] for o in objs[: [o["id"] for o in objs].index(base)]]
+    rnd = random.Random(seed)
+    own = [o["id"] for o in objs[len(prefix):]]
+    for i in range(rnd.randint(1, 10)):
+        parent = rnd.choice(own)
+        if rnd.random() < 0.35:
+            target = rnd.choice(own + prefix + [None, base])
+            o = {"type": "label", "parent": parent, "ts": f"2026-09-17T13:00:{i:02d}Z", "target": target,
+                 "label": rnd.choice(["leaf", "leaf", None])}
+        else:
+            o = {"type": "item", "parent": parent, "ts": f"2026-09-17T13:00:{i:02d}Z", "item": item(f"f{i}")}
+        o = rehash(o)
+        objs.append(o)
+        own.append(o["id"])
+    sf = read_session_bytes(raw[0] + b"\n" + lines_of(objs), source="fork.jsonl")
+    assert sf.all_problems() == []
+    assert sf.leaf == resume_oracle(objs, base)
+
+
+@pytest.mark.parametrize(
+    ("at", "ok"),
+    [("", True), ("/", True), ("/a/0", True), ("/a~1b/~0", True), ("//x", True),
+     ("a", False), ("/a~2", False), ("/a~", False), ("/~x/b", False)],
+)
+def test_normalised_at_is_an_rfc6901_pointer(at, ok):
+    """RFC 0001 Entry hash: `at` is an RFC 6901 JSON Pointer relative to the body; in one,
+    "~" is escaped as "~0" or "~1" and stands nowhere else. A reader reports another."""
+    from agentsession_cas.format.normalise import check_normalised, pointer
+
+    assert (check_normalised([{"at": at, "was": "1"}]) is None) is ok
+    assert check_normalised([{"at": pointer(["a~/b", "~1", ""]), "was": "1"}]) is None

@@ -42,6 +42,9 @@ __all__ = ["check_normalised", "normalise", "normalise_json", "normalised_body",
 _LONE = re.compile(r"[\ud800-\udfff]")
 _NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _WS = b" \t\n\r"
+#: An RFC 6901 JSON Pointer: empty, or reference tokens each after a "/", in which "~"
+#: is only ever "~0" (a "~") or "~1" (a "/"), as :func:`pointer` writes them.
+_POINTER = re.compile(r"(?:/(?:[^/~]|~[01])*)*")
 
 
 def pointer(parts: list[str]) -> str:
@@ -66,8 +69,8 @@ def _base64(text: str) -> bool:
 
 def check_normalised(value: Any) -> str | None:
     """What is wrong with an entry's ``normalised`` member as RFC 0001 defines it, or
-    None: an array of objects, each with ``at`` (a JSON Pointer: empty or starting with
-    ``/``) and ``was`` (a string) or, without ``was``, ``raw`` (padded standard
+    None: an array of objects, each with ``at`` (an RFC 6901 JSON Pointer: empty, or
+    tokens each after a ``/``, a ``~`` only as ``~0`` or ``~1``) and ``was`` (a string) or, without ``was``, ``raw`` (padded standard
     base64), in ascending order of ``at`` as UTF-16 code units. Other members of an
     element are kept as any member is."""
     if not isinstance(value, list):
@@ -77,7 +80,7 @@ def check_normalised(value: Any) -> str | None:
         if not isinstance(el, dict):
             return f"normalised[{i}] is not an object"
         at = el.get("at")
-        if not isinstance(at, str) or (at and not at.startswith("/")):
+        if not isinstance(at, str) or _POINTER.fullmatch(at) is None:
             return f"normalised[{i}].at is not a JSON Pointer"
         if "was" in el:
             if not isinstance(el["was"], str):
