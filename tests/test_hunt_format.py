@@ -1102,3 +1102,19 @@ def test_normalised_at_is_an_rfc6901_pointer(at, ok):
 
     assert (check_normalised([{"at": at, "was": "1"}]) is None) is ok
     assert check_normalised([{"at": pointer(["a~/b", "~1", ""]), "was": "1"}]) is None
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_a_huge_line_verifies_in_the_streamed_pass(tmp_path, processes):
+    """RFC 0001 File: one JSON object per line, whatever its length: a line longer than the
+    streamed reader's blocks and buffer, in the middle and as a last line without LF."""
+    from agentsession_cas.format.reader import verify_file
+
+    objs = straight(2)
+    big = rehash({"type": "item", "parent": objs[-1]["id"], "ts": ts(3), "item": item("x" * (5 << 20))})
+    after = rehash({"type": "item", "parent": big["id"], "ts": ts(4), "item": item("y")})
+    for n, data in enumerate([header_line() + lines_of([*objs, big, after]), (header_line() + lines_of([*objs, big]))[:-1]]):
+        path = tmp_path / f"huge{n}.jsonl"
+        path.write_bytes(data)
+        report = verify_file(path, processes=processes)
+        assert report.ok and report.entries == (4 if n == 0 else 3), [str(p) for p in report.problems]
