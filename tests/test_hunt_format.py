@@ -834,7 +834,7 @@ def test_redaction_keeps_the_members_of_a_parents_reference_it_does_not_define()
 # run: the end reason's cascade and the start's source, shape by shape from the RFC
 
 
-def _call(cid: str, rid: str) -> dict[str, Any]:
+def _call(cid: str) -> dict[str, Any]:
     return {"type": "function_call", "call_id": cid, "name": "a", "arguments": "{}"}
 
 
@@ -863,7 +863,7 @@ class _Path:
         if text is not None:
             self.add("item", item=item(text, "assistant"), response=rid)
         for cid in calls:
-            self.calls[cid] = self.add("item", item=_call(cid, rid), response=rid)
+            self.calls[cid] = self.add("item", item=_call(cid), response=rid)
         self.add("response", response_id=rid, **response)
 
     def output(self, cid: str) -> None:
