@@ -170,11 +170,17 @@ class Entry:
 
     @property
     def parents(self) -> list[ParentRef]:
+        """The ``parents`` references naming an entry by a string. A reference names this
+        file only when it omits ``session`` (or names this session): one whose ``session``
+        is present and no string names another session, as the tree rule reads it
+        (``rules.TreeState``), and keeps the value as its JSON text."""
         out = []
         for ref in self.data.get("parents") or ():
             if isinstance(ref, dict) and isinstance(ref.get("entry"), str):
                 session = ref.get("session")
-                out.append(ParentRef(ref["entry"], session if isinstance(session, str) else None))
+                if session is not None and not isinstance(session, str):
+                    session = json.dumps(session)
+                out.append(ParentRef(ref["entry"], session))
         return out
 
     @property
@@ -450,10 +456,18 @@ def make_entry(
             else:
                 d = dict(ref)
             refs.append(d)
-        refs.sort(key=lambda r: (r.get("session") is not None, r.get("session") or "", r["entry"]))
+        refs.sort(key=_reference_order)
         data["parents"] = refs
     data.update(body)
     return Entry.from_dict(data)
+
+
+def _reference_order(ref: Mapping[str, Any]) -> tuple[bool, str, str]:
+    """Where a ``parents`` reference sorts (RFC 0001 Convergence): by ``session``, those
+    without one first, then by ``entry``. A total order over any reference a reader
+    admits: a ``session`` that is no string (no other session's id) sorts by its JSON."""
+    session = ref.get("session")
+    return session is not None, session if isinstance(session, str) else json.dumps(session), ref["entry"]
 
 
 def header_or_error(obj: Any, source: str) -> Header:

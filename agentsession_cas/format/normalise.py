@@ -42,6 +42,9 @@ __all__ = ["check_normalised", "normalise", "normalise_json", "normalised_body",
 _LONE = re.compile(r"[\ud800-\udfff]")
 _NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _WS = b" \t\n\r"
+#: An RFC 6901 JSON Pointer: empty, or reference tokens each after a "/", in which "~"
+#: is only ever "~0" (a "~") or "~1" (a "/"), as :func:`pointer` writes them.
+_POINTER = re.compile(r"(?:/(?:[^/~]|~[01])*)*")
 
 
 def pointer(parts: list[str]) -> str:
@@ -66,8 +69,8 @@ def _base64(text: str) -> bool:
 
 def check_normalised(value: Any) -> str | None:
     """What is wrong with an entry's ``normalised`` member as RFC 0001 defines it, or
-    None: an array of objects, each with ``at`` (a JSON Pointer: empty or starting with
-    ``/``) and ``was`` (a string) or, without ``was``, ``raw`` (padded standard
+    None: an array of objects, each with ``at`` (an RFC 6901 JSON Pointer: empty, or
+    tokens each after a ``/``, a ``~`` only as ``~0`` or ``~1``) and ``was`` (a string) or, without ``was``, ``raw`` (padded standard
     base64), in ascending order of ``at`` as UTF-16 code units. Other members of an
     element are kept as any member is."""
     if not isinstance(value, list):
@@ -77,7 +80,7 @@ def check_normalised(value: Any) -> str | None:
         if not isinstance(el, dict):
             return f"normalised[{i}] is not an object"
         at = el.get("at")
-        if not isinstance(at, str) or (at and not at.startswith("/")):
+        if not isinstance(at, str) or _POINTER.fullmatch(at) is None:
             return f"normalised[{i}].at is not a JSON Pointer"
         if "was" in el:
             if not isinstance(el["was"], str):
@@ -97,19 +100,22 @@ def _escaped(text: str) -> str:
     return _LONE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(text, ensure_ascii=False))
 
 
-def _number(value: Any, at: list[str], spelled: str, found: list[dict[str, str]]) -> Any:
-    """A whole number no double holds, rounded and recorded; a non-finite one refused."""
-    exact = int(value) if isinstance(value, int) else None
+def _number(exact: int | Decimal, at: list[str], spelled: str | None, found: list[dict[str, str]]) -> float | None:
+    """A whole number's exact value held to the whole-number rule: None when it passes (the
+    number is kept as it is); else rounded to its double, recorded (``was`` its digits:
+    ``spelled``, the source text, or for a value held decoded its decimal form), and the
+    double returned; a number not finite in binary64 refused, however many digits it has."""
     try:
-        if exact is not None:
-            check_whole_number(exact, spelled)
-        return value
-    except IJSONError:
-        as_float = float(exact) if exact is not None and abs(exact).bit_length() <= 1024 else math.inf
+        check_whole_number(exact, spelled)
+        return None
+    except IJSONError as exc:
+        try:
+            as_float = float(exact)
+        except OverflowError:  # (an int beyond binary64; a Decimal gives inf)
+            as_float = math.inf
         if math.isinf(as_float):
-            raise NormalisationError(f"{pointer(at) or '/'}: number {spelled} is not finite in binary64; "
-                                     "no normalisation can make it I-JSON") from None
-        found.append({"at": pointer(at), "was": spelled})
+            raise NormalisationError(f"{pointer(at) or '/'}: {exc}; no normalisation can make it I-JSON") from None
+        found.append({"at": pointer(at), "was": spelled if spelled is not None else str(exact)})
         return as_float
 
 
@@ -128,7 +134,8 @@ def normalise(value: Any) -> tuple[Any, list[dict[str, str]]]:
         if isinstance(v, bool) or v is None:
             return v
         if isinstance(v, int):
-            return _number(v, at, str(v), found)
+            rounded = _number(v, at, None, found)
+            return v if rounded is None else rounded
         if isinstance(v, float):
             if math.isinf(v) or v != v:
                 raise NormalisationError(f"{pointer(at) or '/'}: number {v!r} is not finite; no normalisation can make it I-JSON")
@@ -187,20 +194,17 @@ class _Scanner:
             raise self.fail("not a JSON value (NaN and Infinity are not JSON)")
         self.i = m.end()
         spelled = m.group().decode("ascii")
+        exact = Decimal(spelled)  # (any length: int() refuses a literal of more than 4300 digits)
         if any(ch in spelled for ch in ".eE"):
             as_float = float(spelled)
             if math.isinf(as_float):
                 raise NormalisationError(f"{pointer(at) or '/'}: number {spelled} is not finite in binary64; "
                                          "no normalisation can make it I-JSON")
-            exact = Decimal(spelled)
             if exact == exact.to_integral_value():
-                try:
-                    check_whole_number(exact, spelled)
-                except IJSONError:
-                    self.found.append({"at": pointer(at), "was": spelled})
-                    return as_float
+                _number(exact, at, spelled, self.found)
             return as_float
-        return _number(int(spelled), at, spelled, self.found)
+        rounded = _number(exact, at, spelled, self.found)
+        return int(spelled) if rounded is None else rounded  # (a number that passes is no longer than a double's)
 
     def obj(self, at: list[str]) -> dict[str, Any]:
         self.i += 1

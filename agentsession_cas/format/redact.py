@@ -157,16 +157,21 @@ def _body(e: Entry, f: Callable[[str], str], options: RedactOptions, ids: Mappin
     return out
 
 
-def _parents(e: Entry, session: str, ids: Mapping[str, str]) -> list[dict[str, str]] | None:
-    if not e.parents:
+def _parents(e: Entry, session: str, ids: Mapping[str, str]) -> list[Any] | None:
+    """``parents`` re-pointed: a reference into this file (no ``session``, or this one)
+    names the id assigned its entry; every reference keeps its other members as written
+    (RFC 0001 preserves a member it does not define inside an object it does, and
+    ``parents`` is envelope, not text to redact), a reference into another session all of
+    them."""
+    refs = e.data.get("parents")
+    if not refs:
         return None
     out = []
-    for ref in e.parents:
-        local = ref.session is None or ref.session == session
-        d = {"entry": ids.get(ref.entry, ref.entry) if local else ref.entry}
-        if ref.session is not None:
-            d["session"] = ref.session
-        out.append(d)
+    for ref in refs:  # (every one a reference with a string entry: a file with a problem is refused)
+        named = ref.get("session")
+        if named is None or named == session:
+            ref = {**ref, "entry": ids.get(ref["entry"], ref["entry"])}
+        out.append(ref)
     return out
 
 
