@@ -573,15 +573,20 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
         with progressing("importing", "bytes" if held is None else "lines") as bar:
             session = _import_into(store, file, held, record, bar)
         adjusted = session.head_adjusted
+        kept = session.header_findings
         facts = {"session": session.id, "entries": len(session), "prefix": len(session.prefix),
                  "head": session.head, "mark": session.mark,
-                 "head_adjusted": adjusted.as_dict() if adjusted is not None else None}
+                 "head_adjusted": adjusted.as_dict() if adjusted is not None else None,
+                 "warnings": [p.as_dict() for p in kept]}
     if as_json:
         emit_json(facts)
     else:
         echo(str(facts["session"]), fit=None)
+        source = "<stdin>" if file == "-" else file
         if adjusted is not None:
-            note(f"{'<stdin>' if file == '-' else file}: {adjusted.message}")
+            note(f"{source}: {adjusted.message}")
+        for p in kept:
+            note(f"{source}: {p.message}; kept as written (warning: {p.code})")
     end_at_once_after()  # the session and its objects are durable, the store closed
 
 

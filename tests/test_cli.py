@@ -72,12 +72,14 @@ def test_verify_bad_ts_is_reported_like_a_bad_hash(tmp_path):
     assert 'line 5: ts "2026-09-17T12:00:03+00:00" is not in the admitted form' in r.output
 
 
-def test_verify_header_only_is_a_failure(tmp_path):
+def test_verify_header_only_is_a_session_with_a_note(tmp_path):
+    """A header alone is a session just created, which import takes: verify notes it and
+    succeeds (it said 'nothing to verify' and exit 1 while import took the file)."""
     path = tmp_path / "h.jsonl"
     path.write_bytes(Header.new("x", created_at="2026-09-17T12:00:00Z").canonical_line())
     r = run("verify", str(path))
-    assert r.exit_code == 1
-    assert "nothing to verify" in r.output
+    assert r.exit_code == 0
+    assert "note: the file holds a header and no entries" in r.output and "0 problem(s)" in r.output
 
 
 @needs_corpus

@@ -1790,6 +1790,41 @@ def test_push_creates_mirror_and_moves_head(remote_pair):
     assert s.mark == "record"
 
 
+def test_a_header_a_store_took_before_the_member_rule_still_moves_and_continues(remote_pair):
+    """docs/rules.md "Header members": a session whose header a store took before the
+    rule (created_at "yesterday", cwd null: written here as the old create wrote it)
+    still pushes, fetches back, exports, imports and continues, its header kept byte for
+    byte and each step warning (7b290e7, which refused it everywhere, failed each)."""
+    a_f, b_f = remote_pair
+    a, b = a_f("a"), b_f("b")
+    bad = Header(dict(Header.new("old").data, created_at="yesterday", cwd=None))
+    try:
+        s = a._create(a._defaulted_header(bad), own=[], head=None, record=True)
+    except AgentSessionError:
+        pytest.skip(f"{a_f.name}: no way to write a header but through the store's create, which makes it")
+    s.append(msg("m0"))
+    s.close()
+    want = a.header("old").canonical_line()
+    warned = ["created_at \"yesterday\"", "cwd null"]
+    r = ex.push(a, b_f.url("b"), "old")
+    assert r.created and all(any(w in n and "kept as written" in n for n in r.notes) for w in warned)
+    assert b.header("old").canonical_line() == want
+    c = a_f("c")
+    r = ex.fetch(c, b_f.url("b"), "old")
+    assert r.created and all(any(w in n for n in r.notes) for w in warned)
+    assert c.header("old").canonical_line() == want
+    d = a_f("d")
+    imported = d.import_bytes(c.export("old"), record=True)
+    assert [p.code for p in imported.header_findings] == ["header-member"] * 2
+    imported.close()
+    assert d.header("old").canonical_line() == want
+    new = d.continue_session("old", successor_id="next")
+    assert "cwd" not in new.header.data and new.header.member_problems() == []
+    new.close()
+    report = fsck(d)
+    assert report.ok and [w.code for w in report.warnings if w.session == "old"] == ["header-member"] * 2
+
+
 def test_push_incremental(remote_pair):
     """RFC 0002 "Exchange": a later push carries what the remote lacks, and moves the head
     by compare-and-swap from the head last seen there."""

@@ -127,12 +127,14 @@ def test_verify_of_a_stored_session_with_no_entries_speaks_of_the_session(st):
     from agentsession_cas.maintenance.check import verify_stored
 
     st.create(Header.new("nothing")).close()
-    [p] = verify_stored(st, "nothing", as_export=True).problems
-    assert p["code"] == "empty"
+    check = verify_stored(st, "nothing", as_export=True)
+    [p] = check.notes  # a note: a header alone is a session just created (docs/rules.md)
+    assert check.problems == [] and (p["code"], p["severity"]) == ("empty", "note")
     assert p["message"] == empty_problem(stored=True).message == \
         "the session holds no entries: its projection would be a header alone"
     assert "file" not in p["message"]
-    assert verify_stored(st, "nothing").problems == []  # fsck's view: a store may hold a session with none yet
+    quiet = verify_stored(st, "nothing")  # fsck's view: a store may hold a session with none yet
+    assert quiet.problems == [] and quiet.notes == []
 
 
 def test_verify_of_a_file_with_no_entries_still_speaks_of_the_file(tmp_path):
@@ -142,5 +144,7 @@ def test_verify_of_a_file_with_no_entries_still_speaks_of_the_file(tmp_path):
     from agentsession_cas.format.writer import write_session
 
     write_session(path, Header.new("nothing"), [])
-    [p] = verify_file(path).problems
-    assert (p.code, p.message) == ("empty", "the file holds a header and no entries")
+    report = verify_file(path)
+    [p] = report.notes
+    assert report.ok and report.problems == []
+    assert (p.code, p.severity, p.message) == ("empty", "note", "the file holds a header and no entries")

@@ -14,6 +14,9 @@ the same entries:
   with the rule's code, and admits the others;
 * **stored verify** and ``fsck --deep`` of a session holding the same entries
   (written through the backend seam, which checks nothing) name verify's codes;
+* a rule whose store policy is ``keep`` (``header-member``) refuses nothing an
+  import, a push or a stored session holds: import keeps the header and returns
+  the problems as ``header_findings``, ``fsck`` calls them warnings;
 * ``fsck`` of a store holding every corpus file verify accepts is clean.
 """
 
@@ -72,6 +75,11 @@ def refusing(problems: list[Any]) -> list[Any]:
     return [p for p in problems if RULES[p.code].store == "refuse"]
 
 
+def kept(problems: list[Any]) -> list[Any]:
+    """What a store keeps as a session has it and reports (store policy ``keep``)."""
+    return [p for p in problems if RULES[p.code].store == "keep"]
+
+
 def parsed_lines(data: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     """The header and entry lines as plain JSON objects, or None when one does not parse."""
     try:
@@ -126,16 +134,17 @@ def _header_reads(header: dict[str, Any]) -> bool:
 # the consumers
 
 
-def import_codes(data: bytes, tmp: Path) -> list[str] | None:
-    """The codes an import refuses the file with, or None when it is imported."""
+def import_codes(data: bytes, tmp: Path) -> list[str] | None | tuple[str, ...]:
+    """The codes an import refuses the file with, or, when it is imported, the codes of
+    the problems it kept (a tuple, empty when none)."""
     path = tmp / "case.jsonl"
     path.write_bytes(data)
     with memory_store() as st:
         try:
-            st.import_file(path)
+            s = st.import_file(path)
         except SessionFormatError as exc:
             return sorted({p.code for p in exc.problems})
-    return None
+        return tuple(sorted({p.code for p in s.header_findings}))
 
 
 def append_outcomes(header: dict[str, Any], entries: list[dict[str, Any]]) -> list[tuple[str, Any]]:
@@ -228,7 +237,7 @@ def _codes(problems: list[Any]) -> list[str]:
 @pytest.mark.parametrize("name", sorted(FILES))
 def test_every_consulting_command_agrees(name, tmp_path):
     data = FILES[name]
-    errors = [p for p in verdict(data) if p.code != "empty"]  # a store holds a session with no entry
+    errors = verdict(data)
     policy = store_policy(data)
     if policy is not None:
         # RFC 0002 keeps some sessions out of a store that verify reads as files.
@@ -240,16 +249,19 @@ def test_every_consulting_command_agrees(name, tmp_path):
 
     # import: refuses exactly what verify rejects, naming only codes verify names.
     refused = import_codes(data, tmp_path)
-    if errors:
-        assert refused, f"import took a file verify rejects with {_codes(errors)}"
+    if len(kept(errors)) < len(errors):
+        assert isinstance(refused, list), f"import took a file verify rejects with {_codes(errors)}"
         assert set(refused) <= set(_codes(errors))
         assert min(errors, key=lambda p: (p.line or 0)).code in refused or refused == _codes(errors[:1])
     else:
-        assert refused is None, f"import refused a file verify accepts: {refused}"
+        assert refused == tuple(_codes(errors)), f"import refused a file verify accepts, or kept otherwise: {refused}"
+    errors = [p for p in errors if p not in kept(errors)]  # (a header: an append brings none)
 
     found = parsed_lines(data)
     if found is None or not _header_reads(found[0]) or found[0].get("base") is not None:
         return  # append takes JSON objects, to a session of this format made without a prefix
+    if Header(dict(found[0])).member_problems():
+        return  # a store makes no such header to append to (create refuses it, tested above)
     header, entries = found
 
     # append: the first entry a refusing rule is broken at is refused with that rule; the
@@ -297,7 +309,8 @@ def test_push_and_stored_verify_agree_with_verify(name):
     found = whole_entries(data)
     assert found is not None
     header, entries = found
-    errors = [p for p in verdict(data) if p.code not in ("empty", "duplicate")]
+    every = [p for p in verdict(data) if p.code != "duplicate"]
+    errors = [p for p in every if p not in kept(every)]
     try:
         leaf = read_session_bytes(data).tree.resume_leaf()
     except SessionFormatError:
@@ -318,6 +331,8 @@ def test_push_and_stored_verify_agree_with_verify(name):
         report = fsck(st, deep=True)
         for code in _codes(errors):
             assert any(p.code == code for p in report.errors), (code, [str(p) for p in report.errors])
+        for code in _codes(kept(every)):  # kept as the session has it: a warning, never damage
+            assert any(p.code == code for p in report.warnings) and not any(p.code == code for p in report.errors)
 
 
 def test_the_walk_covers_every_refusing_rule():

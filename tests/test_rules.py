@@ -217,6 +217,15 @@ def case_empty():
     return Header.new(SID, created_at=T0).canonical_line()
 
 
+def case_header_member():
+    s = S()
+    s.user()
+    lines = s.lines()
+    header = json.loads(lines[0])
+    lines[0] = json.dumps(dict(header, created_at="yesterday", cwd=None)).encode()
+    return b"\n".join(lines) + b"\n"
+
+
 def case_json():
     s = S()
     s.user()
@@ -496,6 +505,7 @@ def test_every_rule_is_provoked_by_some_case():
         ("header-0", ["header"]),
         ("format-0", ["format"]),
         ("empty-0", ["empty"]),
+        ("header_member-0", ["header-member", "header-member"]),
         ("json-0", ["json"]),
         ("truncated-0", ["truncated"]),
         ("ijson-0", ["ijson"]),
@@ -541,12 +551,13 @@ def test_the_table_is_closed_and_consistent():
         assert rule.code == code
         assert rule.severity in ("error", "note")
         assert rule.scope in ("line", "tree", "record", "context", "link", "media", "store")
-        assert rule.store in ("refuse", "finding", "note")
+        assert rule.store in ("refuse", "finding", "keep", "note")
         assert (rule.store == "refuse") == (rule.error is not None)
         assert rule.error in (None, "bad_entry", "base_rule", "call_id_repeated", "no_entry", "format")
         assert rule.severity == "error" or rule.store == "note"
         assert rule.summary and rule.section.startswith("RFC 000")
     assert [c for c, r in RULES.items() if r.store == "finding"] == ["request_hash", "missing-blob", "blob-hash"]
+    assert [c for c, r in RULES.items() if r.store == "keep"] == ["header-member"]
     assert RULES["call-id-repeated"].error == "call_id_repeated"
     assert RULES["base"].error == "base_rule" and RULES["parent"].error == "no_entry"
 

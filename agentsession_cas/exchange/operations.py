@@ -52,6 +52,7 @@ from ..errors import (
     StoreError,
     TransportError,
 )
+from ..format.entry import Header
 from ..format.hashing import envelope_content, sha256_ref
 from ..format.media import sidecar_names
 from ..format.names import check_session_id
@@ -432,7 +433,7 @@ def _push(
     elif state is None and there is not None:
         held = _held_there(transport, session_id, entries)
     ref_pushes = _ref_pushes(store, remembered, session_id, refs)
-    result = ExchangeResult(what, session_id, transport.url, expected=exp, to=head)
+    result = ExchangeResult(what, session_id, transport.url, expected=exp, to=head, notes=_kept_notes(sess.header))
     adm = None
     for complete in ([False, True] if held else [True]):
         start = 0 if complete else held
@@ -633,7 +634,7 @@ def _fetch(
     need = [e for e in view.entries if e not in own_here]
     if local is None:
         need = list(view.prefix) + need
-    result = ExchangeResult("fetch", session_id, transport.url, to=view.head)
+    result = ExchangeResult("fetch", session_id, transport.url, to=view.head, notes=_kept_notes(Header(dict(view.header))))
     # Envelopes first (small, kept), then the contents they name, then blobs.
     envs: dict[str, bytes] = {}
     lacking = endpoint._lacking("entries", need)
@@ -708,6 +709,13 @@ def _fetch(
         state.head = view.head
         remembered.set(state)
     return result, view
+
+
+def _kept_notes(header: Header) -> list[str]:
+    """What an exchange says of a header it carries as the session has it, rather than
+    refusing (store policy ``keep``: a member of another form than RFC 0001's, which a
+    store made before the rule took): a warning each, the header sent byte for byte."""
+    return [f"session {header.id}: {p.message}; kept as written (warning: {p.code})" for p in header.member_problems()]
 
 
 def _fetch_ref(store: Store, transport: Transport, session_id: str, item: str | tuple[str, Any]) -> RefResult:

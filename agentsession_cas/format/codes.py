@@ -26,8 +26,10 @@ __all__ = ["RULES", "STORE_ONLY", "ErrorCode", "Rule", "Scope", "StorePolicy", "
 #: ``fsck --deep``, noted as unchecked by ``verify FILE``).
 Scope = Literal["line", "tree", "record", "context", "link", "media", "store"]
 #: What a store does with an entry that brings the rule: refuse it, store it and
-#: report it, or only remark on it.
-StorePolicy = Literal["refuse", "finding", "note"]
+#: report it, or only remark on it. ``keep`` is a header's: a header a store makes
+#: (create, fork, continue, the recorder) is refused, one a session already has (an
+#: import, a push, a fetch) is kept byte for byte and reported as a warning.
+StorePolicy = Literal["refuse", "finding", "keep", "note"]
 #: The RFC 0003 error a store's refusal carries.
 ErrorCode = Literal["bad_entry", "base_rule", "call_id_repeated", "no_entry", "format"]
 
@@ -72,7 +74,12 @@ RULES: Mapping[str, Rule] = _rules(
     # -- one line ------------------------------------------------------------------
     _line("header", "the first line is a header: an object of type session with an id, created_at and payload", "RFC 0001 Header"),
     _line("format", "the header's format is agentsession/<major>.<minor>, of a version this reader reads", "RFC 0001 Versioning", "format"),
-    Rule("empty", "error", "line", "note", None, "a file holds at least one entry (a store may hold a session with none)", "RFC 0001 File"),
+    Rule("header-member", "error", "line", "keep", None,
+         "the header's members are of their RFC 0001 forms: created_at an RFC 3339 date-time, parent_session and "
+         "spawned_by non-empty strings, cwd a non-empty string, records a list of entry types, harness an object "
+         "whose name and version are strings", "RFC 0001 Header"),
+    _note("empty", "line", "a file may hold a header and no entries: a session just created (RFC 0002 imports it "
+          "with no head)", "RFC 0001 Terminology, RFC 0002 Projection to JSONL"),
     _line("json", "every line is one JSON object (UTF-8)", "RFC 0001 File"),
     _line("truncated", "the last line parses (a reader tolerates and reports one cut short)", "RFC 0001 File"),
     _line("ijson", "every hashed member is I-JSON", "RFC 0001 Entry hash"),

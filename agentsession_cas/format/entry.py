@@ -20,9 +20,11 @@ from ..errors import EntryError, Problem, SessionFormatError
 from ..lean import dataclass
 from .canonical import canonical_bytes, needs_careful
 from .hashing import ENVELOPE_MEMBERS, RESERVED_MEMBERS, entry_hashes, is_hash
-from .timestamps import check_ts, format_ts, now_ts
+from .timestamps import check_ts, format_ts, is_rfc3339, now_ts
 
 __all__ = [
+    "CORE_TYPES",
+    "HEADER_MEMBERS",
     "Entry",
     "ENTRY_ID",
     "Header",
@@ -30,9 +32,12 @@ __all__ = [
     "FORMAT_WRITTEN",
     "LEAF_LABEL",
     "SYNTHETIC_RULE",
+    "header_member_problem",
+    "is_entry_type",
     "make_entry",
     "short_id",
     "shown_id",
+    "shown_value",
     "parse_format",
 ]
 
@@ -49,7 +54,19 @@ LEAF_LABEL = "leaf"
 #: wording, which the rule table lists and every refusal (append, import, push) quotes.
 SYNTHETIC_RULE = "a label carrying 'synthetic' is a projection's marker, never an entry of record (RFC 0002 Projection)"
 
+#: Entry types RFC 0001 defines; any other type must be namespaced (``ns:type``).
+CORE_TYPES = frozenset(
+    {"item", "response", "config", "compaction", "branch_summary", "run", "dispatch",
+     "decision", "queued", "label", "info", "env", "outcome", "link", "custom"}
+)
+
 _FORMAT = re.compile(r"agentsession/([0-9]+)\.([0-9]+)")
+
+
+def is_entry_type(value: object) -> bool:
+    """Whether ``value`` names an entry type RFC 0001 admits, a core type or a namespaced
+    one (``ns:type``): the ``type`` rule's test, and what a header's ``records`` lists."""
+    return isinstance(value, str) and (value in CORE_TYPES or ":" in value)
 
 
 def parse_format(value: object) -> tuple[int, int] | None:
@@ -75,6 +92,22 @@ def shown_id(value: object) -> str:
     if isinstance(value, str) and is_hash(value):
         return value[7:19]
     return json.dumps(value)
+
+
+def shown_value(value: object) -> str:
+    """An untrusted value for a one-line message: a hash as is, anything else
+    JSON-quoted, so a newline or an escape sequence cannot break the line."""
+    if isinstance(value, str) and is_hash(value):
+        return value
+    text = json.dumps(value)
+    if len(text) > _SHOW_MAX:  # a 10 MB value is still a one-line message
+        size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters as JSON"
+        return f"{text[:_SHOW_MAX]}... ({size})"
+    return text
+
+
+#: How much of an untrusted value a message quotes.
+_SHOW_MAX = 120
 
 
 @dataclass(frozen=True)
@@ -393,6 +426,15 @@ class Header:
             out.append(problem(1, "header", f"header media {json.dumps(media)} is neither 'inline' nor 'sidecar'"))
         return out + self._redaction_problems(version)
 
+    def member_problems(self) -> list[Problem]:
+        """Every ``header-member`` problem of this header (:func:`header_member_problem`
+        of each of :data:`HEADER_MEMBERS` it has): apart from :meth:`problems`, since the
+        rule's store policy is ``keep``: a store refuses such a header only where it makes
+        one (``check_new_header(made=True)``) and keeps one a session already has."""
+        d = self.data
+        found = (header_member_problem(name, d[name]) for name in HEADER_MEMBERS if name in d)
+        return [p for p in found if p is not None]
+
     def _redaction_problems(self, version: tuple[int, int] | None) -> list[Problem]:
         """RFC 0001's ``redacted`` is true when bodies were changed after they were
         written; from 0.13 ``redacted_from`` names the original, and only a redacted
@@ -421,6 +463,39 @@ class Header:
 
     def __repr__(self) -> str:
         return f"Header({self.id!r}, {self.format!r})"
+
+
+#: The header members RFC 0001 types beyond what :meth:`Header.problems` holds, whose
+#: form is the ``header-member`` rule, in the order they are reported.
+HEADER_MEMBERS = ("created_at", "parent_session", "spawned_by", "cwd", "records", "harness")
+
+
+def header_member_problem(name: str, value: Any) -> Problem | None:
+    """The ``header-member`` problem of a header holding ``value`` as member ``name``, or
+    None when it is of its RFC 0001 form (or ``name`` is none of :data:`HEADER_MEMBERS`):
+    ``created_at`` an RFC 3339 date-time; ``parent_session`` (a session id), ``spawned_by``
+    (a call_id, never empty) and ``cwd`` (a path) non-empty strings; ``records`` a list of
+    entry types; ``harness`` an object whose ``name`` and ``version``, where given, are
+    strings. The message names the member and its value."""
+    if name == "created_at":
+        fits = is_rfc3339(value)
+        form = "an RFC 3339 date-time"
+    elif name in ("parent_session", "spawned_by", "cwd"):
+        fits = isinstance(value, str) and bool(value)
+        form = "a non-empty string"
+    elif name == "records":
+        fits = isinstance(value, list) and all(is_entry_type(t) for t in value)
+        form = "a list of entry types (core or ns:type)"
+    elif name == "harness":
+        fits = isinstance(value, dict) and all(isinstance(value[k], str) for k in ("name", "version") if k in value)
+        form = "an object whose name and version are strings"
+    else:
+        return None
+    if fits:
+        return None
+    from .codes import problem  # (the table: loaded where a header is checked, as in Header.problems)
+
+    return problem(1, "header-member", f"header {name} {shown_value(value)} is not {form} (RFC 0001 Header)")
 
 
 def make_entry(

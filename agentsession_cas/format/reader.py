@@ -116,16 +116,13 @@ class SessionFile:
 
     @property
     def ok(self) -> bool:
-        """True when every line verified, nothing was cut short, and there is an entry."""
-        return not self.problems and self.truncated is None and bool(self.entries)
+        """True when every line verified and nothing was cut short (a header alone
+        included: a session just created, which the ``empty`` note remarks on)."""
+        return not self.problems and self.truncated is None
 
     def raise_for_problems(self) -> None:
         """Raise :class:`SessionFormatError` unless the file read clean."""
         problems = self.all_problems()
-        if not self.entries and not problems:
-            from .rules import empty_problem  # the one wording; only on this error path
-
-            problems = [empty_problem()]
         if problems:
             raise SessionFormatError(self.source, problems)
 

@@ -51,7 +51,8 @@ from ..lean import dataclass
 from .canonical import loads, loads_flagged
 from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
 from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, check_tip
-from .entry import LEAF_LABEL, Entry, Header, header_or_error, short_id, shown_id
+from .entry import CORE_TYPES, LEAF_LABEL, Entry, Header, header_or_error, is_entry_type, short_id, shown_id
+from .entry import shown_value as _show
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
 from .links import derived_note, link_notes, own_entries, store_note
 from .runs import Inbox, RecordWalker, RunReason, format_notes, open_source_message
@@ -103,20 +104,6 @@ __all__ = [
     "verify_requests",
 ]
 
-def _show(value: object) -> str:
-    """An untrusted value for a one-line message: a hash as is, anything else
-    JSON-quoted, so a newline or an escape sequence cannot break the line."""
-    if isinstance(value, str) and is_hash(value):
-        return value
-    text = json.dumps(value)
-    if len(text) > _SHOW_MAX:  # a 10 MB value is still a one-line message
-        size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters as JSON"
-        return f"{text[:_SHOW_MAX]}... ({size})"
-    return text
-
-
-#: How much of an untrusted value a message quotes.
-_SHOW_MAX = 120
 
 
 @contextmanager
@@ -229,12 +216,6 @@ def read_header(raw: bytes, source: str) -> Header:
     return header_or_error(obj, source)
 
 
-#: Entry types RFC 0001 defines; any other type must be namespaced (``ns:type``).
-CORE_TYPES = frozenset(
-    {"item", "response", "config", "compaction", "branch_summary", "run", "dispatch",
-     "decision", "queued", "label", "info", "env", "outcome", "link", "custom"}
-)
-
 _TS_FORM = "is not in the admitted form (UTC, 'T' and 'Z', fraction only when non-zero, no trailing zeros, at most nine digits)"
 
 
@@ -299,7 +280,7 @@ def check_line(
     if type_ == "session":
         return None, [problem(line, "entry", "a second header: only the first line may be of type 'session'")]
     out: list[Problem] = []
-    if type_ not in CORE_TYPES and ":" not in type_:
+    if not is_entry_type(type_):
         out.append(problem(line, "type", f"unknown entry type {_show(type_)}: neither a core type nor namespaced (ns:type)"))
     stated = obj.get("id")
     objects = None
@@ -1127,8 +1108,10 @@ class PathChecker:
 
 
 def empty_problem(stored: bool = False) -> Problem:
-    """The one ``empty`` problem: a file that holds a header and no entries, or (``stored``)
-    a stored session that holds none, whose projection would be that file."""
+    """The one ``empty`` note: a file that holds a header and no entries, or (``stored``)
+    a stored session that holds none, whose projection would be that file. A note, not
+    an error: RFC 0001's session is a header, a base or none, a head and the entries,
+    and RFC 0002 imports such a file as a session with no head (a session just created)."""
     if stored:
         return problem(None, "empty", "the session holds no entries: its projection would be a header alone")
     return problem(None, "empty", "the file holds a header and no entries")
@@ -1230,8 +1213,9 @@ class SessionChecker:
 
     def finish(self) -> list[Problem]:
         """The rules of the session as a whole, once every entry is in: a base never held,
-        no entry at all, and the notes of :meth:`PathChecker.finish` and the header."""
-        out = self.tree.finish()
+        no entry at all, the header's members of another form (``header-member``), and
+        the notes of :meth:`PathChecker.finish` and the header."""
+        out = self.header.member_problems() + self.tree.finish()
         if not len(self.tree):
             out.append(empty_problem())
         out += self.path.finish() + _header_notes(self.header) + store_note(self._links)
@@ -1329,12 +1313,11 @@ def verify_report(
 
     context = _by_line([p for p in checker.problems if RULES[p.code].scope == "context"])
     records = _by_line_code([p for p in checker.problems if RULES[p.code].scope == "record"])
-    problems = _by_line(read + context + records)
-    if not entries:
-        problems.append(empty_problem())
+    problems = _by_line(header.member_problems() + read + context + records)
     context_notes = _by_line([p for p in checker.notes if RULES[p.code].scope == "context"])
     record_notes = _by_line_code([p for p in checker.notes if RULES[p.code].scope == "record"])
-    notes = list(unresolved) + context_notes + record_notes + checker.file_notes + _header_notes(header)
+    notes = [empty_problem()] if not entries else []
+    notes += list(unresolved) + context_notes + record_notes + checker.file_notes + _header_notes(header)
     notes += link_notes(header, links)
     w = checker.walker
     return VerifyReport(

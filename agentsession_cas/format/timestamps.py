@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from ..errors import TimestampError, quoted
 
-__all__ = ["is_valid_ts", "check_ts", "format_ts", "now_ts", "normalise_ts", "ts_unix_nanos"]
+__all__ = ["is_valid_ts", "is_rfc3339", "check_ts", "format_ts", "now_ts", "normalise_ts", "ts_unix_nanos"]
 
 _TS = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{0,8}[1-9]))?Z"
@@ -55,6 +55,20 @@ def is_valid_ts(value: object) -> bool:
         return False
     m = _TS_FAST.fullmatch(value)
     return m is not None and _valid_date(m.group(1))
+
+
+def is_rfc3339(value: object) -> bool:
+    """True when ``value`` is an RFC 3339 date-time in any of its spellings (an offset, a
+    lower-case ``t`` or ``z``, a leap second, year 0000): what a header's ``created_at``
+    is, which is not hashed as an entry's ``ts`` is and so needs no one form."""
+    m = _RFC3339.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        return False
+    y, mo, d, h, mi, s = (int(m.group(i)) for i in range(1, 7))
+    offset = m.group(8)
+    if offset not in ("Z", "z") and (int(offset[1:3]) > 23 or int(offset[4:6]) > 59):
+        return False
+    return _valid_fields(y, mo, d, h, mi, 59 if s == 60 else s)
 
 
 def check_ts(value: object) -> str:

@@ -313,14 +313,17 @@ def _check_projection(session: Session, report: VerifyReport | SessionFormatErro
         out.problems.extend({**p.as_dict(), "where": "projection"} for p in report.problems)
         return
     for p in report.problems:
+        if RULES[p.code].store == "keep" and not as_export:
+            continue  # (fsck: a header a store keeps as it was stored, which fsck's pass over the headers says)
+        out.problems.append({**p.as_dict(), "where": _WHERE.get(RULES[p.code].scope, "projection")})
+    # What a file could not check, the store does: the sessions its links name.
+    for p in report.notes:
         if p.code == "empty":
             if not as_export:
                 continue  # (fsck: a store may hold a session with no entry yet)
             p = empty_problem(stored=True)  # (said of the session, not of a file)
-        out.problems.append({**p.as_dict(), "where": _WHERE.get(RULES[p.code].scope, "projection")})
-    # What a file could not check, the store does: the sessions its links name.
-    out.notes.extend({**p.as_dict(), "where": _WHERE.get(RULES[p.code].scope, "projection")}
-                     for p in report.notes if p.code != "link-store")
+        if p.code != "link-store":
+            out.notes.append({**p.as_dict(), "where": _WHERE.get(RULES[p.code].scope, "projection")})
     for p in check_links(session.store, report.header, report.links):
         out.problems.append({**p.as_dict(), "where": "links"})
     out.stats["requests"] = report.counts()

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 
 from ..backends.base import SEVERITIES, SPACES, FsckProblem, FsckReport, Severity
-from ..errors import CorruptObjectError, NoSuchSessionError
+from ..errors import AgentSessionError, CorruptObjectError, NoSuchSessionError
 from ..store.store import Store
 from ..store.url import open_store
 from .check import check_sessions, verify_stored
@@ -46,12 +46,28 @@ def fsck(
             check_sessions(st, report, progress=progress)
             if sound is not None:
                 report.counts["unreferenced"] = unreferenced(st, sound, progress=progress)
+        _kept_headers(st, report)
         if deep:
             report.counts["deep_checked"] = _deep(st, report, progress)
         return report
     finally:
         if st is not store:
             st.close()
+
+
+def _kept_headers(store: Store, report: FsckReport) -> None:
+    """A warning for each header member of another form than RFC 0001's (store policy
+    ``keep``: ``header-member``), which a store kept from before the rule or from an
+    import, push or fetch: what the session holds, never damage. Said here, for every
+    backend (``verify_stored`` leaves it to this pass); a header that does not read is
+    the walk's to say."""
+    for sid in store.list():
+        try:
+            header = store.header(sid)
+        except (AgentSessionError, ValueError):
+            continue
+        for p in header.member_problems():
+            report.add("warning", p.code, f"session {sid}: {p.message}; kept as written", session=sid)
 
 
 def _objects(store: Store, report: FsckReport, progress: Callable[[str], None] | None) -> dict[str, list[str]]:

@@ -282,6 +282,9 @@ class Session:
         #: What an import held in place of the head its file names (RFC 0002: reported);
         #: None when it held that head, and for a session opened rather than imported.
         self.head_adjusted: HeadAdjusted | None = None
+        #: What an import kept of the header and reports rather than refused (store policy
+        #: ``keep``: ``header-member`` problems, as warnings); empty otherwise.
+        self.header_findings: list[Problem] = []
         self._closed = False
         self._prefix: list[str] | None = [] if state.base is None else None
         self._prefix_set: frozenset[str] | None = None

@@ -46,6 +46,7 @@ from ..errors import (
     IJSONError,
     NoSuchObjectError,
     NoSuchSessionError,
+    Problem,
     ReadOnlyError,
     SessionExistsError,
     SessionFormatError,
@@ -56,7 +57,7 @@ from ..errors import (
     unknown_object_space,
 )
 from ..format.canonical import canonical_bytes, loads_flagged
-from ..format.entry import FORMAT_WRITTEN, Entry, Header, parse_format, short_id
+from ..format.entry import FORMAT_WRITTEN, Entry, Header, header_member_problem, parse_format, short_id
 from ..format.hashing import HASH_PREFIX, common_envelopes, entry_objects, is_hash, sha256_ref
 from ..format.links import continued_in_link, fork_of_link
 from ..format.media import sidecar_blob, sidecar_dir, sidecar_names, write_projection
@@ -95,14 +96,20 @@ __all__ = [
 ]
 
 
-def check_new_header(header: Header, where: str) -> None:
+def check_new_header(header: Header, where: str, *, made: bool = False) -> None:
     """Refuse a header no store may take as a new session's (a create, a push or fetch of
     a session the store lacks): a format it does not read, or one before 0.5 (before
     hashed ids, which a store holds), is :class:`FormatVersionError` (RFC 0003's
-    ``format``); any other problem is :class:`SessionFormatError` with the problems."""
+    ``format``); any other problem is :class:`SessionFormatError` with the problems.
+    ``made``: a header the store makes (a create, a fork, a continue, the recorder's),
+    also held to the rules whose store policy is ``keep`` (``header-member``: a member
+    of another form than RFC 0001's), which a header a session already has (an import,
+    a push, a fetch) is kept with, byte for byte, and reported (``Header.member_problems``)."""
     problems = header.problems()
     if any(p.code == "format" for p in problems):
         raise FormatVersionError(str(SessionFormatError(where, problems)))
+    if made:
+        problems += header.member_problems()
     if problems:
         raise SessionFormatError(where, problems)
     if header.is_legacy:
@@ -353,7 +360,7 @@ class Store:
                                    f"{quoted(header)}")
         self._require_writable()
         header = header if isinstance(header, Header) else Header(dict(header))
-        header = self._checked_new_header(header)
+        header = self._checked_new_header(header, made=True)
         if header.base is None:
             return self._create(header, own=[], head=None, record=record)
         owner = self.holder_of(header.base)
@@ -424,7 +431,7 @@ class Store:
                 data.setdefault("payload", payload)
             # The origin holds the base (an own entry, or on its prefix): no scan of the
             # store for its holder, and the origin stays open until the fork is made.
-            fork = self._create_fork(self._checked_new_header(Header(data)), self._holder_in(o, base), record=True,
+            fork = self._create_fork(self._checked_new_header(Header(data), made=True), self._holder_in(o, base), record=True,
                                      origin=o)
         finally:
             if held is None:
@@ -459,7 +466,11 @@ class Store:
         from ..format.context import build_context
 
         settings = build_context(self.path_to(old.head)).settings if old.head is not None else None
-        kept = {k: old.header.data[k] for k in ("harness", "cwd", "records", "media") if k in old.header.data}
+        # A member the old header holds in another form than RFC 0001's (a session stored
+        # before the header-member rule: cwd null, say) is not copied: the successor's
+        # header is one this store makes, held to every header rule; the old keeps its own.
+        kept = {k: v for k, v in old.header.data.items()
+                if k in ("harness", "cwd", "records", "media") and header_member_problem(k, v) is None}
         header = Header.new(successor_id or str(uuid.uuid4()), parent_session=session_id, **kept)
         if old.header.payload is not None:
             header.data["payload"] = old.header.payload
@@ -491,9 +502,11 @@ class Store:
         data.setdefault("created_at", now_ts())
         return header if data == header.data else Header(data)
 
-    def _checked_new_header(self, header: Header) -> Header:
+    def _checked_new_header(self, header: Header, *, made: bool = False) -> Header:
+        """The header a new session is created with, defaulted and checked
+        (:func:`check_new_header`; ``made``: the store makes it, not an import)."""
         header = self._defaulted_header(header)
-        check_new_header(header, "header")
+        check_new_header(header, "header", made=made)
         check_session_id(header.id)
         if header.data.get("redacted") is not None:
             raise StoreError("a redacted session is a record to read, not one to hold (RFC 0002)")
@@ -920,9 +933,7 @@ class Store:
         ready = spill.add_ready if isinstance(spill, ReadyStage) and first.media != "sidecar" else None
         report = verify_file(path, on_entry=taken.take, progress=progress, on_ready=ready, sidecars=False)  # (_import_blobs checks them)
         source = report.source
-        problems = [p for p in report.problems if p.code != "empty"]  # a header alone is a session to hold
-        if problems:
-            raise SessionFormatError(source, problems)
+        header_kept = _refused_or_kept(source, report.problems)
         if taken.refusal is not None:
             raise taken.refusal
         if report.header.data != first.data:
@@ -962,6 +973,7 @@ class Store:
         taken.release()
         session = self._create(header, own=own, leaf_labels=taken.leaf_labels, head=head, record=record, objects=spill)
         session.head_adjusted = adjusted
+        session.header_findings = header_kept
         session._builder = taken.summary
         session.prefix = taken.prefix
         if rules is not None:
@@ -1006,11 +1018,9 @@ class Store:
         # Every rule verify holds a file to, the one rule set: a file verify rejects is
         # refused here with the same codes. A request_hash that does not match is
         # refused too (unlike at append, nothing is lost: the file stays as it is); a
-        # header alone is a session to hold, though verify has nothing to check in it.
+        # header member of another form is kept (store policy keep: _refused_or_kept).
         report = verify_session(sf)
-        problems = [p for p in report.problems if p.code != "empty"]
-        if problems:
-            raise SessionFormatError(sf.source, problems)
+        header_kept = _refused_or_kept(sf.source, report.problems)
         header = sf.header
         if sf.migrated:
             # RFC 0001 Versioning: a file before 0.5 is migrated on read (ids hashed, each
@@ -1065,6 +1075,7 @@ class Store:
         session = self._create(header, own=ids, leaf_labels=leaf_labels, head=head, record=record,
                                objects=_objects_of(prefix + own))
         session.head_adjusted = adjusted
+        session.header_findings = header_kept
         for e in own:
             session._summarize_created(e)
         session.prefix = [e.id for e in prefix]
@@ -1307,6 +1318,21 @@ class _TakenImport:
             self.stage.add_entry(e.content_hash, eid, objects)
             if self._sidecar:
                 self.sidecars.extend(sidecar_names(objects[0]))
+
+
+def _refused_or_kept(source: str, problems: Sequence[Problem]) -> list[Problem]:
+    """What an import does with the problems verify found in a file: refuses the file for
+    any (:class:`SessionFormatError`, every one named), unless each is of a rule whose
+    store policy is ``keep`` (``header-member``), which it returns, to be kept with the
+    header byte for byte and reported. An import cannot tell a file a store exported
+    from one written fresh, and its header is the session's, not one the store makes:
+    so a header of another form is kept and said, wherever the file came from."""
+    from ..format.codes import RULES  # (the table: loaded by what checks, not by head or list)
+
+    kept = [p for p in problems if RULES[p.code].store == "keep"]
+    if len(kept) < len(problems):
+        raise SessionFormatError(source, list(problems))
+    return kept
 
 
 def _objects_of(entries: list[Entry]) -> list[tuple[Space, str, bytes]]:

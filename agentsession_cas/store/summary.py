@@ -19,18 +19,26 @@ from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ..errors import TimestampError
 from ..format.entry import Entry, Header
 from ..format.links import REL_CONTINUED_IN
+from ..format.timestamps import normalise_ts
 from ..lean import dataclass
 
 __all__ = ["SessionSummary", "SummaryBuilder", "parse_when", "seconds", "select"]
 
 
 def seconds(ts: str | None) -> str | None:
-    """A ``ts`` to the second (``2026-01-02T03:04:05Z``): what a person reads in a list."""
-    if not isinstance(ts, str) or len(ts) < 20:
+    """A ``ts`` or a header's ``created_at`` to the second, in UTC (``2026-01-02T03:04:05Z``):
+    what a person reads in a list. Any RFC 3339 spelling names its instant (an offset
+    converted to UTC, as :func:`~..format.timestamps.normalise_ts` converts it); what is
+    none (a ``created_at`` of another form, a store kept) is shown as written."""
+    if not isinstance(ts, str):
         return ts
-    return ts[:19] + "Z"
+    try:
+        return normalise_ts(ts)[:19] + "Z"
+    except TimestampError:
+        return ts
 
 
 @dataclass
