@@ -48,7 +48,7 @@ def _listen(text: str) -> str:
 @click.option("--max-idempotency-keys-per-token", type=click.IntRange(min=1), default=None, metavar="N",
               help="The most of them one token's keys hold at once (default a quarter of the total); past it its keyed writes are 503.")
 @click.option("--max-resume-records", type=click.IntRange(min=1), default=None, metavar="N",
-              help="The most log records a follow resumes across (default 4096); further behind, it is sent a reset.")
+              help="The most log records a follow resumes across (default: no bound); further behind, it is sent a reset.")
 def serve(
     listen: str, auth_file: str | None, tls_cert: str | None, tls_key: str | None, behind_tls_proxy: bool, sync: str,
     read_only: bool, max_body_bytes: int | None, max_streams: int | None, max_stream_age: int | None,

@@ -236,7 +236,23 @@ def test_a_resume_further_behind_than_the_bound_is_a_reset(tmp_path):
         assert [r["entry"] for r in far[0]["data"]["records"]] == ids
         # A log read's resume costs no more than the log read itself: not bounded.
         assert len(lines(c.get("/v1/sessions/s1/log", params={"after": log[0]["cursor"]}))) == len(ids)
-    assert Limits().as_dict()["max_resume_records"] == MAX_RESUME_RECORDS
+    assert Limits().as_dict()["max_resume_records"] is MAX_RESUME_RECORDS is None  # (off unless set)
+
+
+def test_by_default_a_resume_replays_from_its_cursor_however_far_back(tmp_path):
+    """RFC 0003: "the server resumes after exactly that event". A reset for a cursor it can
+    resume from makes the client drop what it derived and costs the whole session (a line
+    per record and the oldest entries inline), more than the replay for most resumes, so
+    the bound is the operator's choice (``--max-resume-records``), off by default."""
+    state = ServerState(Store.init(tmp_path / "st"), None, Limits(max_stream_age_s=0))
+    with TestClient(create_app(state)) as c:
+        assert c.get("/v1/").json()["limits"]["max_resume_records"] is None
+        _, ids = recorded(c, "s1", 4)
+        log = lines(c.get("/v1/sessions/s1/log"))[:-1]
+        nd = {"Accept": "application/x-ndjson"}
+        far = events(c.get("/v1/sessions/s1/follow", params={"after": log[0]["cursor"]}, headers=nd))
+        got = [e for e in far if e["event"] == "appended"]
+        assert "reset" not in [e["event"] for e in far] and [e["data"]["entry"] for e in got] == ids[1:]
 
 
 # -- 5. HEAD --------------------------------------------------------------------------------

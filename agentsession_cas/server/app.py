@@ -145,10 +145,11 @@ class Limits:
     max_streams: int = 256
     max_stream_age_s: int = 3600
     #: Records a follow resumed from a cursor replays at most; a follower further behind
-    #: gets a ``reset`` (the session afresh, as a new follower's ``snapshot``).
-    max_resume_records: int = MAX_RESUME_RECORDS
+    #: gets a ``reset`` (the session afresh, as a new follower's ``snapshot``). None: no
+    #: bound, every resume replays from its cursor, as RFC 0003 has it.
+    max_resume_records: int | None = MAX_RESUME_RECORDS
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | None]:
         return {
             "max_body_bytes": self.max_body_bytes,
             "max_object_bytes": self.max_object_bytes,

@@ -27,9 +27,9 @@ cursor is resumed at its position while the log there is as it was, else at the 
 in the log as it is now where the session is what the follower was told (a compaction
 folds records: the position moves, the state is there), and otherwise, as for a cursor
 of another incarnation, of the earlier form (no check) or past the log's end, answered
-with a ``reset``: never a silent skip, nor a record sent twice. A cursor further behind
-than the stream's ``max_resume`` records is answered with a ``reset`` too, so a resume
-costs at most what a ``snapshot`` does. An open stream finds its
+with a ``reset``: never a silent skip, nor a record sent twice. With a ``max_resume``
+(off unless the operator sets one), a cursor further behind than that many records is
+answered with a ``reset`` too. An open stream finds its
 place so too when the log it read is read again whole (:class:`Tails`). A stream
 lives at most ``max_stream_age_s`` and then ends with an ``end`` event carrying
 the cursor to resume from (``reason``: ``max_stream_age``); a server that stops ends
@@ -66,9 +66,10 @@ __all__ = [
 #: Bytes of entries a snapshot carries inline before it leaves them to ``path``.
 SNAPSHOT_INLINE_BYTES = 4 * 1024 * 1024
 #: Records a resumed follow replays at most (each append an event, its objects read); a
-#: follower further behind is sent a ``reset``, the session afresh, which costs what a
-#: new follower's ``snapshot`` costs (RFC 0003: bound "the work a resume may cost").
-MAX_RESUME_RECORDS = 4096
+#: follower further behind is sent a ``reset``, the session afresh, as a new follower's
+#: ``snapshot``. None by default: RFC 0003 has a server resume "after exactly that event",
+#: and a reset costs the whole session (docs/server.md, Decisions, "Resumes").
+MAX_RESUME_RECORDS: int | None = None
 #: Seconds between keep-alive comments on an idle stream.
 HEARTBEAT_S = 15.0
 #: Sessions whose log the server keeps what it read of (see :class:`Tails`).
@@ -322,7 +323,7 @@ class Stream:
     tails: Tails
     max_age_s: float
     #: Records a resume replays at most (:data:`MAX_RESUME_RECORDS`): past it, a ``reset``.
-    max_resume: int = MAX_RESUME_RECORDS
+    max_resume: int | None = MAX_RESUME_RECORDS
     position: int = 0
     ident: str = ""
     uncommitted: bool = False
@@ -456,10 +457,11 @@ class Stream:
         return out
 
     async def events(self, first: LogView, after: str | None) -> AsyncIterator[bytes]:
-        # A resume further behind than max_resume records is a reset: it then costs what
-        # a snapshot does (finding its place, each record's line, the entries inline up to
+        # With a max_resume, a resume further behind is a reset: it then costs what a
+        # snapshot does (finding its place, each record's line, the entries inline up to
         # SNAPSHOT_INLINE_BYTES), not an event and two object reads for every record since.
-        if not self.resume(after, first, back=True) or first.end - self.position > self.max_resume:
+        if not self.resume(after, first, back=True) or (
+                self.max_resume is not None and first.end - self.position > self.max_resume):
             yield self.whole("snapshot" if after is None else "reset", first)
         else:
             for chunk in self.since(first):
