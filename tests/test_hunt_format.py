@@ -830,6 +830,34 @@ def test_redaction_keeps_the_members_of_a_parents_reference_it_does_not_define()
     ], key=json.dumps)
 
 
+def test_redaction_rewrites_the_text_of_a_parents_reference_and_points_this_session_at_the_copy():
+    """The members a reference keeps are text like any other: a secret or a home path in
+    one is redacted (kept whole, they leaked past ``--secret``). A reference that names
+    this session by its id names the redacted copy's id, which holds the re-pointed entry
+    (it named the original session by an id that session does not hold)."""
+    from agentsession_cas.format.redact import RedactOptions, redact
+
+    objs = straight(3)
+    other = "0199c000-0000-7000-8000-0000000000f2"
+    merged = rehash({
+        "type": "item", "parent": objs[2]["id"], "ts": ts(5), "item": item("merged"),
+        "parents": [
+            {"entry": objs[1]["id"], "session": SID, "x-token": "sk-live-0123", "x-tree": "/home/alice/wt"},
+            {"entry": "sha256:" + "7" * 64, "session": other, "x-cmd": "cd /home/alice && deploy sk-live-0123"},
+        ],
+    })
+    sf = read_session_bytes(header_line() + lines_of([*objs, merged]), source="t")
+    assert sf.all_problems() == []
+    done = redact(sf, RedactOptions(home="/home/alice", secrets=[r"sk-live-\w+"]))
+    assert b"sk-live" not in done.data and b"/home/alice" not in done.data
+    out = read_session_bytes(done.data, source="r")
+    assert [p.code for p in out.all_problems()] == []
+    assert sorted(out.entries[-1].data["parents"], key=json.dumps) == sorted([
+        {"entry": done.ids[objs[1]["id"]], "session": done.session_id, "x-token": "REDACTED", "x-tree": "~/wt"},
+        {"entry": "sha256:" + "7" * 64, "session": other, "x-cmd": "cd ~ && deploy REDACTED"},
+    ], key=json.dumps)
+
+
 # ---------------------------------------------------------------------------
 # run: the end reason's cascade and the start's source, shape by shape from the RFC
 

@@ -157,20 +157,23 @@ def _body(e: Entry, f: Callable[[str], str], options: RedactOptions, ids: Mappin
     return out
 
 
-def _parents(e: Entry, session: str, ids: Mapping[str, str]) -> list[Any] | None:
+def _parents(e: Entry, session: str, new_id: str, ids: Mapping[str, str], f: Callable[[str], str]) -> list[Any] | None:
     """``parents`` re-pointed: a reference into this file (no ``session``, or this one)
-    names the id assigned its entry; every reference keeps its other members as written
-    (RFC 0001 preserves a member it does not define inside an object it does, and
-    ``parents`` is envelope, not text to redact), a reference into another session all of
-    them."""
+    names the id assigned its entry (and, naming this session, the redacted session's
+    id); every reference keeps the members RFC 0001 does not define (it preserves them),
+    their strings redacted as any other text, and a reference into another session keeps
+    its ``entry`` and ``session``."""
     refs = e.data.get("parents")
     if not refs:
         return None
     out = []
     for ref in refs:  # (every one a reference with a string entry: a file with a problem is refused)
         named = ref.get("session")
+        ref = {k: v if k in ("entry", "session") else _text(v, f, key=k) for k, v in ref.items()}
         if named is None or named == session:
-            ref = {**ref, "entry": ids.get(ref["entry"], ref["entry"])}
+            ref["entry"] = ids.get(ref["entry"], ref["entry"])
+            if named is not None:
+                ref["session"] = new_id
         out.append(ref)
     return out
 
@@ -204,13 +207,14 @@ def redact(sf: SessionFile, options: RedactOptions) -> Redacted:
         raise RedactionError(f"{sf.source}: does not verify ({first}); a redaction would hide what is wrong")
     f = options.rewriter()
     session = sf.header.id
+    new_id = redacted_session_id(session, options.profile())
     ids: dict[str, str] = {}
     lines: list[bytes] = []
     made: dict[str, int | None] = {}
     for e in sf.entries:
         body = _body(e, f, options, ids)
         parent = ids.get(e.parent, e.parent) if e.parent is not None else None
-        new = make_entry(e.type, parent, ts=e.ts, parents=_parents(e, session, ids), **body)
+        new = make_entry(e.type, parent, ts=e.ts, parents=_parents(e, session, new_id, ids, f), **body)
         if new.id in made:
             raise RedactionError(f"line {e.line}: the redaction makes it the same entry as line {made[new.id]}; "
                                  "redact with other rules")
@@ -218,7 +222,6 @@ def redact(sf: SessionFile, options: RedactOptions) -> Redacted:
         ids[e.id] = new.id
         lines.append(new.canonical_line())
     base = sf.header.base
-    new_id = redacted_session_id(session, options.profile())
     header = _header(sf.header, f, options, new_id, ids.get(base, base) if base is not None else None)
     data = canonical_bytes(header) + b"\n" + b"".join(lines)
     return Redacted(data, new_id, ids)
