@@ -1089,6 +1089,25 @@ def test_a_parents_reference_with_a_session_of_another_type_names_no_entry_of_th
     assert ref.entry == far and ref.session is not None and ref.session != SID
 
 
+@pytest.mark.parametrize(("sid", "named"), [("5", 5), ("true", True), ("1.5", 1.5), ("100000.0", 1e5)])
+def test_a_parents_session_of_another_type_is_another_session_whatever_this_one_is_named(sid, named):
+    """The JSON text of a `session` that is no string could be a session id ("5" for 5):
+    the store read such a reference as naming this session, refusing its fork (a base
+    below a merge) where the tree rule read it as another session's."""
+    from agentsession_cas import open_store
+
+    store = open_store(f"memory:parents-{sid}", create=True)
+    s = store.create(Header.new(sid))
+    s.append({"type": "item", "item": item("a")})
+    far = "sha256:" + "8" * 64
+    r = s.append({"type": "item", "item": item("b"), "parents": [{"entry": far, "session": named}]})
+    assert r.unresolved == []
+    (ref,) = store.entry(r.id).parents
+    assert ref.session != sid
+    fork = store.fork(sid, r.id, session_id="f")
+    assert fork.base == r.id
+
+
 @pytest.mark.parametrize("seed", range(150))
 def test_resume_rule_agrees_with_its_sentence_in_a_fork(corpus, seed):
     """RFC 0001 File: in a file with a base, a `leaf` label naming an entry on the prefix

@@ -206,13 +206,15 @@ class Entry:
         """The ``parents`` references naming an entry by a string. A reference names this
         file only when it omits ``session`` (or names this session): one whose ``session``
         is present and no string names another session, as the tree rule reads it
-        (``rules.TreeState``), and keeps the value as its JSON text."""
+        (``rules.TreeState``), and is kept as its JSON text in angle brackets (``<5>``),
+        which no session id can be (ids hold none of ``<>``), so it never equals this
+        session's id (a session named ``5``) nor any other's."""
         out = []
         for ref in self.data.get("parents") or ():
             if isinstance(ref, dict) and isinstance(ref.get("entry"), str):
                 session = ref.get("session")
                 if session is not None and not isinstance(session, str):
-                    session = json.dumps(session)
+                    session = f"<{json.dumps(session)}>"
                 out.append(ParentRef(ref["entry"], session))
         return out
 
