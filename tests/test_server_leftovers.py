@@ -258,6 +258,26 @@ def test_by_default_a_resume_replays_from_its_cursor_however_far_back(tmp_path):
 # -- 5. HEAD --------------------------------------------------------------------------------
 
 
+def test_head_refuses_what_its_get_refuses_from_the_query_or_the_backend(tmp_path, monkeypatch):
+    """A HEAD answers the status its GET answers: a log read's ``after`` that is no cursor
+    is 400, and a ref's history on a backend that keeps none (PostgreSQL) 501 (both were
+    200 when the HEAD returned before these checks)."""
+    from agentsession_cas.backends.files.refs import FileRefs
+    from agentsession_cas.store.refs import Refs
+
+    st = Store.init(tmp_path / "st")
+    state = ServerState(st, None, Limits(max_stream_age_s=0))
+    with TestClient(create_app(state)) as c:
+        recorded(c, "s1", 1)
+        Refs(st).update("r", "s1", expected=None)
+        for method in ("GET", "HEAD"):
+            assert c.request(method, "/v1/sessions/s1/log", params={"after": "x"}).status_code == 400
+            assert c.request(method, "/v1/refs/r", params={"view": "log"}).status_code == 200
+        monkeypatch.setattr(FileRefs, "keeps_moves", False)  # a backend that keeps no ref history
+        for method in ("GET", "HEAD"):
+            assert c.request(method, "/v1/refs/r", params={"view": "log"}).status_code == 501
+
+
 def test_head_answers_the_headers_without_the_body_work(served, monkeypatch):
     """Starlette routes HEAD to a GET route's handler, which did the GET's work and sent
     its body for nothing: a HEAD of a follow held a stream (until its age limit, counted

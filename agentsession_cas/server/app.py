@@ -915,6 +915,8 @@ class Api:
         durable = _flag(request, "durable")
         after = request.query_params.get("after")
         if request.method == "HEAD":  # no log read, nothing committed
+            if after is not None:
+                _cursor_given(after)
             return await self._session_head(request, principal, sid, NDJSON)
 
         def snapshot() -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -1389,6 +1391,7 @@ class Api:
         if view == "log":
             _need_any(principal, "read", "refs")
             if request.method == "HEAD":  # no history read
+                Refs(self.state.store).require_log()
                 return _headers_only(200, None, NDJSON)
             return await self._ref_log(principal, name)
         if view is not None:
@@ -1608,6 +1611,15 @@ def _when(value: str, what: str) -> str:
 _FOLDED = frozenset({"item", "branch_summary"})
 
 
+def _cursor_given(after: str) -> tuple[Any, ...]:
+    """A log read's ``after``, parsed; one of another form is ``bad_name`` (a GET's and a
+    HEAD's answer alike)."""
+    parsed = parse_cursor(after)
+    if parsed is None:
+        raise BadNameError(f"{after!r} is no cursor of this server")
+    return parsed
+
+
 def _log_lines(sid: str, records: list[dict[str, Any]], header: dict[str, Any], durable: bool,
                after: str | None) -> list[bytes]:
     """The lines of a log read (RFC 0003, Reading) from a snapshot of the session's
@@ -1619,9 +1631,7 @@ def _log_lines(sid: str, records: list[dict[str, Any]], header: dict[str, Any], 
     upto = last_commit + 1 if durable else len(records)
     told, start = Told(), 0
     if after is not None:
-        parsed = parse_cursor(after)
-        if parsed is None:
-            raise BadNameError(f"{after!r} is no cursor of this server")
+        parsed = _cursor_given(after)
         if parsed[1] != ident[7:23]:
             raise SessionReplacedError(f"cursor {after} is of another incarnation of this session: read it afresh")
         found = locate(records, len(records), parsed[0], parsed[2])

@@ -265,10 +265,15 @@ class Refs:
         """The ref's changes, newest first (RFC 0003's ref log): each ``{name, old, new,
         ident, at[, reason]}``. :class:`UnsupportedError` when the backend keeps none."""
         check_ref_name(name)
-        moves = self.backend.moves(name)
-        if moves is None:
+        self.require_log()
+        return list(reversed(self.backend.moves(name) or ()))
+
+    def require_log(self) -> None:
+        """:class:`UnsupportedError` when the backend keeps no history of its refs
+        (``keeps_moves``, which says whether ``moves`` answers None): what :meth:`log`
+        raises, asked without reading one (a server's ``HEAD``)."""
+        if not self.backend.keeps_moves:
             raise UnsupportedError(f"{self.store.describe()} keeps no history of its refs")
-        return list(reversed(moves))
 
     def delete(self, name: str, *, expected: str) -> RefUpdate:
         """Delete the ref ``name`` if it holds ``expected`` (compare-and-swap); a ref that
