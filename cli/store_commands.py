@@ -577,7 +577,7 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
         facts = {"session": session.id, "entries": len(session), "prefix": len(session.prefix),
                  "head": session.head, "mark": session.mark,
                  "head_adjusted": adjusted.as_dict() if adjusted is not None else None,
-                 "warnings": [p.as_dict() for p in kept]}
+                 "warnings": [dict(p.as_dict(), severity="warning") for p in kept]}  # (kept: fsck's severity)
     if as_json:
         emit_json(facts)
     else:

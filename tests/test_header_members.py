@@ -208,6 +208,27 @@ def test_the_cli_import_keeps_it_and_warns(old, tmp_path):
     assert _warned(r.stderr.splitlines())
     out = json.loads(cli(again2, "import", "--json", str(path)).stdout)
     assert [w["code"] for w in out["warnings"]] == ["header-member", "header-member"]
+    assert {w["severity"] for w in out["warnings"]} == {"warning"}  # (kept: what fsck calls it, not an error)
+
+
+def test_a_header_alone_imports_as_a_record_into_a_store_over_http(tmp_path, request):
+    """A record with no entries reaches a server as its create route (a push carries
+    entries): the route held the header to the rules of a header the store makes, and
+    refused what the import of the same file keeps everywhere else."""
+    import http_store
+    from agentsession_cas.store.url import open_store
+
+    path = tmp_path / "old.jsonl"
+    path.write_bytes(header_with("cwd", None).canonical_line())
+    url = http_store.served_url(tmp_path, request.node.name, "served")
+    try:
+        with open_store(url, create=True) as st:
+            s = st.import_file(path, record=True)
+            assert [p.code for p in s.header_findings] == ["header-member"] and s.mark == "record"
+            s.close()
+            assert st.header("old").data.get("cwd", "absent") is None
+    finally:
+        http_store.release(tmp_path, request.node.name)
 
 
 def test_an_import_still_refuses_a_file_with_another_problem_too(tmp_path):
@@ -302,3 +323,14 @@ def test_a_header_only_file_is_a_session_to_verify_and_to_import(tmp_path):
     assert cli(store, "import", str(path)).exit_code == 0
     r = cli(store, "verify", "h")
     assert r.exit_code == 0 and "no entries" in r.stdout
+
+
+def test_an_import_that_keeps_a_member_keeps_the_rules_state_too(tmp_path):
+    """The import's pass stands for the session's rules whatever its header's members
+    say: a kept member left the state unsaved, so the first append built the rules
+    from every entry again."""
+    e = make_entry("item", None, ts="2026-09-17T12:00:01Z", item={"type": "message", "role": "user", "content": "hi"})
+    (tmp_path / "f.jsonl").write_bytes(header_with("cwd", None).canonical_line() + e.canonical_line())
+    with Store.init(tmp_path / "s") as st:
+        st.import_file(tmp_path / "f.jsonl").close()
+    assert (tmp_path / "s" / "sessions" / "old" / "rules").exists()

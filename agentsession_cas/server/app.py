@@ -879,7 +879,9 @@ class Api:
             base = data.get("base")
             if base is not None and not self.state.reachable(principal, "entries", str(base)):
                 raise NoSuchEntryError(f"base {base} is not an entry of a session this caller may read")
-            s = store.create(Header(data))
+            # The client's store made the header (and checked it) or imports one a session
+            # has: a member of another form is kept, as an import and a push keep it.
+            s = store.create(Header(data), given=True)
             self.state.reach.forget(sid)
             facts = self._session_facts(s)
             if ttl is not None:

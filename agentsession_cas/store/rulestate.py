@@ -617,7 +617,11 @@ def capture_pass(
     completes, or whose order the log does not keep, is left to be built: never guessed).
     The appends of a session created whole are numbered from 1
     (:class:`~agentsession_cas.backends.base.CreatedRecords`)."""
-    if not own or report.header.data != header.data or not report.ok:
+    if not own or report.header.data != header.data:
+        return None
+    from ..format.codes import RULES  # (what refuses: a kept header member leaves the rules' state sound)
+
+    if any(RULES[p.code].store != "keep" for p in report.problems):
         return None
     held = set(prefix)
     prefix_leaf_labels = [x for x in leaf_labels if x in held]

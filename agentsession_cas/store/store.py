@@ -348,21 +348,26 @@ class Store:
         """The ident of a session's incarnation (see :func:`~.refs.header_ident`)."""
         return header_ident(self.header(session_id).data)
 
-    def create(self, header: Header | Mapping[str, Any], *, record: bool = True) -> Session:
+    def create(self, header: Header | Mapping[str, Any], *, record: bool = True, given: bool = False) -> Session:
         """Create a session from its header, in one step that fails if the id is held.
 
         A fork names a ``base`` the store holds, that is not a ``leaf`` label,
         with the media of the session owning it. Returns the new session,
-        open for writing.
+        open for writing. ``given``: the header is one a session already has, which
+        its maker checked (a server's create, asked by a client's store for an import
+        of a header alone): a member of another form than RFC 0001's is kept, as an
+        import keeps it (``header_findings``), not refused as a header made here is.
         """
         if not isinstance(header, (Header, Mapping)):  # (the caller's mistake, said before read-only)
             raise BadArgumentError(f"a header is a Header or a JSON object (a dict), not {type(header).__name__}: "
                                    f"{quoted(header)}")
         self._require_writable()
         header = header if isinstance(header, Header) else Header(dict(header))
-        header = self._checked_new_header(header, made=True)
+        header = self._checked_new_header(header, made=not given)
         if header.base is None:
-            return self._create(header, own=[], head=None, record=record)
+            session = self._create(header, own=[], head=None, record=record)
+            session.header_findings = header.member_problems() if given else []
+            return session
         owner = self.holder_of(header.base)
         # The session owning the base is the one a fork at its head starts its rules from.
         origin = None
