@@ -61,6 +61,8 @@ def report_lines(rep: RepairReport) -> list[str]:
     for r in rep.recovered:
         if r.how == "salvaged":
             how = f"salvaged from damaged line {r.line}: its record or its payload still reads there, and its objects are whole"
+        elif r.how == "snapshot":
+            how = "named by the kept snapshot (PostgreSQL) that stands for the rows the log lost; its objects are whole"
         elif r.how == "head":
             how = "named by HEAD (or on its path), which no record holds: the log lost committed records; its objects are whole"
         else:

@@ -115,8 +115,10 @@ class Recovered:
 
     ``how`` is ``salvaged`` (a damaged line still spells its append record),
     ``hidden`` (no line spells it; a kept record names it, and its objects
-    are whole in ``objects/``) or ``head`` (the ``HEAD`` index names it, or
-    an entry below it, and no record does: the log lost committed records)."""
+    are whole in ``objects/``), ``head`` (the ``HEAD`` index names it, or
+    an entry below it, and no record does: the log lost committed records) or
+    ``snapshot`` (PostgreSQL: a kept snapshot an open trusts names it, standing
+    for log rows that were lost)."""
 
     entry: str
     seq: int

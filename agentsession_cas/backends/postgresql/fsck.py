@@ -161,7 +161,12 @@ def _check_rows(db: Database, report: FsckReport) -> None:
                 if problem is not None:
                     report.add(problem[0], problem[1], f"session {sid}: {problem[2]}", session=sid, file="states")
             if gapped:
-                continue  # (its row's length and head held to a log that lost records would name the gap again)
+                # (its row's head, and a length past its last row, held to a log that lost records
+                # would name the gap again; rows past the row's length are a fault of their own)
+                if rows[-1][0] > last_pos:
+                    report.add("error", "log-length", f"session {sid}: its row says {last_pos} log record(s), the log "
+                               f"holds rows up to position {rows[-1][0]}", session=sid, file="sessions")
+                continue
             state = replay(records)
             if len(records) == len(rows) and index_damage(state, head, (last_pos, rows[-1][0] if rows else 0)):
                 continue  # the row's head or length ahead of the log: the session's walk names it (log-cut), once

@@ -18,20 +18,33 @@ It uses the domain (sessions, replay), so nothing in ``backends/`` imports it:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import SessionDamagedError, StoreError
+from ...format.entry import short_id
 from ...format.hashing import is_hash, sha256_ref
 from ...format.names import check_session_id
+from ...lean import dataclass
 from ...store.session import Session, parse_header
 from ...store.state import replay
 from ..base import Space
-from ..files.log import encode_record, read_log
-from ..files.repair import RepairPlanner, RepairReport, build_log, check_repairable
+from ..files.log import encode_record, expand_snapshot, read_log
+from ..files.repair import DamagedLine, Recovered, RepairPlanner, RepairReport, build_log, check_repairable
 from . import PostgresBackend
 from .objects import copy_rows
-from .sessions import LOG_COLUMNS, LOG_TYPES, SNAPSHOT, gap_message, log_gaps, log_rows, parse_record, snapshot_problem
+from .sessions import (
+    LOG_COLUMNS,
+    LOG_TYPES,
+    SNAPSHOT,
+    gap_message,
+    kept_snapshot,
+    log_gaps,
+    log_rows,
+    parse_record,
+    snapshot_problem,
+)
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -40,10 +53,36 @@ __all__ = ["plan_repair", "repair_session"]
 
 
 class _RowPlanner(RepairPlanner):
-    """The file backend's planner, with the session's row for its index files."""
+    """The file backend's planner, with the session's row for its index files.
+
+    The row is written in the transaction of the records it follows (``append_records``),
+    so where the records that read leave the head or the mark elsewhere than the row says,
+    a record the damage took moved it (a ``head`` record lost, a ``mark`` record lost): the
+    row's head, when it names a kept entry, and its mark are kept, with a note
+    (``head-from-row``, ``mark-from-row``). The file backend's ``HEAD`` is written after the
+    log, so there the log's replay stands (docs/repair.md)."""
 
     row_head: str | None = None
     row_mark: str = ""
+
+    def run(self) -> RepairReport:
+        rep = super().run()
+        head = self.head_index()
+        if head is not None and head != rep.head and head in self.kept and self.may_hold(head):
+            rep.note("head-from-row", f"the session's row names head {short_id(head)}, a kept entry, where the records "
+                     f"that read leave it at {short_id(rep.head) if rep.head else 'none'}: the row is written with the "
+                     "records it follows, so a record the damage took moved it there; the head stays where the row "
+                     "says", object=head, file=self.head_file())
+            self.out.append(({"op": "head", "head": head}, None))
+            self.head = rep.head = head
+            rep.head_note = "as the session's row names it (written with the records; a lost record moved it there)"
+        if self.row_mark in ("record", "mirror") and self.row_mark != rep.mark:
+            rep.note("mark-from-row", f"the session's row says mark {self.row_mark}, where the records that read leave "
+                     f"{rep.mark}: the row is written with the records it follows, so a mark record the damage took "
+                     "set it; the mark stays what the row says", file=self.head_file())
+            self.out.append(({"op": "mark", "mark": self.row_mark}, None))
+            self.mark = rep.mark = self.row_mark
+        return rep
 
     def head_file(self) -> str:
         return "sessions"  # the session's row holds its head (fsck's file for it)
@@ -77,13 +116,21 @@ def _missing(texts: list[tuple[int, str]]) -> list[int]:
     return [pos for missing, after in log_gaps(pos for pos, _ in texts) for pos in range(missing, after)]
 
 
-def _as_log(texts: list[tuple[int, str]]) -> bytes:
+def _as_log(texts: list[tuple[int, str]], start: _Snapshot | None = None) -> bytes:
     """The rows as the file backend's log lines, line N the log's position N: a row that is
     no record as a line that does not read (its text, newlines made spaces), and a position
     missing from the log (a gap) as one too, holding nothing: the planner then recovers what
     the lost record appended, where a kept record or the row's head names it, and numbers it
-    as for any damaged line."""
+    as for any damaged line. From a kept snapshot (``start``), the rows it stands for are
+    its create and snapshot records (lines 1 and 2, as a compacted file log holds them),
+    then a commit for each row after line 2 (so line N is still position N), then the rows
+    after it."""
     lines = dict.fromkeys(_missing(texts), _MISSING_ROW)
+    if start is not None:
+        lines = {pos: line for pos, line in lines.items() if pos > start.pos}
+        lines.update({1: encode_record(start.create), 2: encode_record(start.snapshot)})
+        lines.update(dict.fromkeys(range(3, start.pos + 1), encode_record({"op": "commit"})))
+        texts = [(pos, text) for pos, text in texts if pos > start.pos]
     for pos, text in texts:
         record = parse_record(text)
         if isinstance(record, str):
@@ -91,6 +138,66 @@ def _as_log(texts: list[tuple[int, str]]) -> bytes:
         else:
             lines[pos] = encode_record(record)
     return b"".join(line for _, line in sorted(lines.items()))
+
+
+@dataclass
+class _Snapshot:
+    """A kept snapshot a repair plans from: the log's first ``pos`` rows as its ``create``
+    and ``snapshot`` records, and what of those rows was lost (``lost``: position -> why)."""
+
+    pos: int
+    create: dict[str, Any]
+    snapshot: dict[str, Any]
+    lost: dict[int, str]
+    #: Why it is not planned from, in words (it says other than the rows under it that read).
+    disagrees: str | None = None
+
+
+def _record_key(record: dict[str, Any]) -> str:
+    """What a record says that a snapshot keeps of it: an append its entry and number, any
+    other record whole (a row's JSON, which need not be canonical: no error)."""
+    if record.get("op") == "append":
+        return json.dumps([record.get("entry"), record.get("seq")])
+    return json.dumps(record, sort_keys=True)
+
+
+def _snapshot_start(kept: tuple[int, bytes] | None, texts: list[tuple[int, str]]) -> _Snapshot | None:
+    """The kept snapshot (``kept``: the log's length it stands for, its bytes) a repair plans
+    from instead of the rows it stands for, when one of those rows is lost (a gap) or is no
+    record: one an open trusts (:func:`.sessions.kept_snapshot`) is proof of what they held,
+    as a kept record is. None when there is none, it is not trusted, or the rows under it
+    read whole; ``disagrees`` says why not when it says other than those that read (each
+    must be one of its records, in its order, and it may hold no more records than were lost)."""
+    if kept is None:
+        return None
+    pos, data = kept
+    rows = dict(texts)
+    got = kept_snapshot(data, pos, rows.get(1), rows.get(pos))
+    if isinstance(got, str):
+        return None
+    create, snapshot = got
+    lost: dict[int, str] = {}
+    said: list[str] = []  # (what each row under it that reads says, in order)
+    for p in range(2, pos + 1):
+        record = parse_record(rows[p]) if p in rows else "is missing: the record it held is lost"
+        if isinstance(record, str):
+            lost[p] = record
+        elif record["op"] not in ("commit", "checkpoint"):
+            said.append(_record_key(record))
+    if not lost:
+        return None
+    records = expand_snapshot(snapshot)
+    records = records[: len(records) - (3 if snapshot["mark"] is not None else 2)]  # (not its closing head, mark, commit)
+    holds = [_record_key(r) for r in records if r["op"] not in ("commit", "checkpoint")]
+    keys = iter(holds)
+    for key in said:  # (each in the snapshot's order: what is left of ``keys`` after it)
+        if key not in keys:
+            return _Snapshot(pos, create, snapshot, lost, f"a record that reads under it ({key[:100]}) is not "
+                             "one of its own, in its order")
+    if len(holds) - len(said) > len(lost):
+        return _Snapshot(pos, create, snapshot, lost, f"it holds {len(holds) - len(said)} record(s) the rows under "
+                         f"it do not, more than the {len(lost)} row(s) lost")
+    return _Snapshot(pos, create, snapshot, lost)
 
 
 def _columns(op: str, seq: int | None, raw: bytes | None) -> str:
@@ -112,6 +219,26 @@ def _row_fixes(conn: Any, key: int, texts: list[tuple[int, str]]) -> list[tuple[
         if have != want:
             fixes.append((pos, _columns(*have), want))
     return fixes
+
+
+def _from_snapshot(report: RepairReport, start: _Snapshot, texts: list[tuple[int, str]]) -> None:
+    """What a plan made from a kept snapshot reports of the rows it stands for: each row lost
+    as a damaged line, and each entry it names that no row under it that reads appends as
+    recovered (``snapshot``); and the commits that held the rows' places (:func:`_as_log`)
+    left out of the rows written, a commit after a commit saying nothing."""
+    report._records[:] = [r for k, r in enumerate(report._records)
+                          if not (k and r[0] == {"op": "commit"} and report._records[k - 1][0] == {"op": "commit"})]
+    where = f"the kept snapshot (states kind 2, log row {start.pos}) stands for it"
+    report.damage.extend(DamagedLine(pos, 0, 0, f"log {'position' if why.startswith('is missing') else 'row'} {pos} {why}; {where}")
+                         for pos, why in start.lost.items())
+    report.damage.sort(key=lambda d: d.line)
+    read: set[str] = set()
+    for pos, text in texts:
+        record = parse_record(text)
+        if 1 < pos <= start.pos and not isinstance(record, str) and record["op"] == "append":
+            read.add(record.get("entry"))  # type: ignore[arg-type]
+    report.recovered.extend(Recovered(e, report._kept_seqs[e], "snapshot") for e in start.snapshot["entries"]
+                            if e not in read and e in report._kept_seqs)
 
 
 def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None] | None = None) -> RepairReport:
@@ -151,17 +278,36 @@ def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None
         return report
     header_bytes = bytes(header_bytes)
     header = parse_header(session_id, header_bytes)
-    planner = _RowPlanner(store, session_id, header, header_bytes, _as_log(texts), why, progress)
+    kept = backend.db.query("SELECT pos, data FROM states WHERE session = %s AND kind = %s", [key, SNAPSHOT])
+    start = _snapshot_start((int(kept[0][0]), bytes(kept[0][1])) if kept else None, texts)
+    planner = _RowPlanner(store, session_id, header, header_bytes,
+                          _as_log(texts, start if start is not None and start.disagrees is None else None), why, progress)
     planner.row_head, planner.row_mark = row_head, row_mark
     report = planner.run()
     missing = set(_missing(texts))
     for d in report.damage:
         if d.line in missing:
             d.reason = f"log position {d.line} is missing: the record it held is lost"
+    under = 0
+    if start is not None and start.disagrees is None:
+        under = start.pos
+        _from_snapshot(report, start, texts)
+    elif start is not None:
+        names = [e for e in start.snapshot["entries"] if e not in report._kept_seqs]
+        report.note("snapshot-disagrees", f"the kept snapshot (states kind 2, log row {start.pos}) stands for rows the "
+                    f"log lost, but is not planned from: {start.disagrees}; the rows are, and of the entries it names "
+                    f"{len(names)} {'is' if len(names) == 1 else 'are'} not kept{': ' + ', '.join(names) if names else ''}",
+                    file="states")
     for first, after in log_gaps(pos for pos, _ in texts):
-        report.note("log-gap", f"{gap_message(first, after)}: a record lost at each; the repair reads each as a damaged "
-                    "line holding nothing (what a kept record or the session's head names of it comes back from the "
-                    "objects) and rewrites the rows", file="log", line=after)  # (fsck's code and line for the same fault)
+        if after <= under:
+            how = (f"among the rows the kept snapshot (states kind 2, log row {under}) stands for: it names what they "
+                   "held, as a kept record does, so the repair plans from it and the rows after it (every entry it names "
+                   "comes back with its own number) and rewrites the rows")
+        else:
+            how = ("the repair reads each as a damaged line holding nothing (what a kept record or the session's head "
+                   "names of it comes back from the objects) and rewrites the rows")
+        report.note("log-gap", f"{gap_message(first, after)}: a record lost at each; {how}",
+                    file="log", line=after)  # (fsck's code and line for the same fault)
     report._source = repr([(pos, text) for pos, text in texts]).encode()
     return report
 

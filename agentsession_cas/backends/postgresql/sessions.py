@@ -905,7 +905,7 @@ class PgSessions(SessionStore):
                 # (an append's rows and its last_pos commit together: these are whole appends)
                 texts = c.execute("SELECT pos, record, xmin::text FROM log WHERE session = %s AND pos >= %s ORDER BY pos",
                                   [key, count]).fetchall() if row[0] == key and row[1] > count else None
-            if texts and texts[0] == (count, last, version) and texts[-1][0] == count + len(texts) - 1:
+            if texts and texts[0] == (count, last, version) and not log_gaps((pos for pos, _, _ in texts), count):
                 records = [r for _, text, _ in texts[1:] if not isinstance(r := parse_record(text), str)]
                 if len(records) == len(texts) - 1:
                     end = texts[-1][0]
@@ -918,7 +918,7 @@ class PgSessions(SessionStore):
         texts = [(pos, text, version) for _, pos, text, version in rows if pos is not None]
         parsed = [parse_record(text) for _, text, _ in texts]
         records = [r for r in parsed if not isinstance(r, str)]
-        sound = len(records) == len(texts) and all(pos == i + 1 for i, (pos, _, _) in enumerate(texts))
+        sound = len(records) == len(texts) and not log_gaps(pos for pos, _, _ in texts)
         note = (rows[0][0], len(texts), texts[-1][1], texts[-1][2]) if sound and texts else None
         return LogTail(records[start:], len(records), note)
 
