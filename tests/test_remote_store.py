@@ -185,6 +185,19 @@ def test_tokens_and_scopes_apply(served, monkeypatch, tmp_path):
             st.session("chat-7")
 
 
+def test_a_refused_head_is_the_error_its_status_says(served, monkeypatch, tmp_path):
+    """An object's ``exists`` is a HEAD, whose answer has no problem body: a token without
+    the scope got TransportError ("without a problem body"), not the ScopeError a GET's
+    403 gives."""
+    monkeypatch.setenv("AGENTSESSION_REMOTES", str(tmp_path / "no-remotes.json"))
+    monkeypatch.setenv("AGENTSESSION_TOKEN", TOKENS["all"][0])
+    with open_store(served.url) as st:
+        entry = st.create(Header.new("chat-h")).append(_msg("x")).id
+    monkeypatch.setenv("AGENTSESSION_TOKEN", TOKENS["nobody"][0])
+    with open_store(served.url) as st, pytest.raises(ScopeError):
+        st.objects.exists("entries", entry)
+
+
 def test_what_the_protocol_does_not_carry_is_refused(served, token):
     """Sweep and listing objects are the server's maintenance: ``unsupported``, and the
     store is left as it was."""

@@ -312,7 +312,8 @@ class HttpTransport(Transport):
             body = response.json()
         except ValueError:
             body = None
-        return error_from_problem(response.status_code, body, where=f"remote {self.url}")
+        return error_from_problem(response.status_code, body, where=f"remote {self.url}",
+                                  head=response.request.method == "HEAD")
 
     def ndjson(self, path: str, **kwargs: Any) -> list[dict[str, Any]]:
         """The frames of a stream that ends with ``{"end": true}``; an ``error`` frame is

@@ -132,12 +132,21 @@ _PLAIN: dict[str, type[E.AgentSessionError]] = {
 }
 
 
-def error_from_problem(status: int, body: Any, *, where: str) -> E.AgentSessionError:
+#: What a bodiless answer's status says, where RFC 0003 gives the status one code: a
+#: ``HEAD``'s answer carries no problem body, so its status is all it says.
+_BY_STATUS: dict[int, type[E.AgentSessionError]] = {401: E.AuthError, 403: E.ScopeError}
+
+
+def error_from_problem(status: int, body: Any, *, where: str, head: bool = False) -> E.AgentSessionError:
     """The library error a problem body stands for, its message led by ``where`` (the
     remote that answered) and the protocol's code: ``remote URL (no_session): no such
     session: x``, so a person sees which store refused and how, and a caller branches
     on ``code`` as ever."""
     if not isinstance(body, dict) or not isinstance(body.get("code"), str):
+        if head and status in _BY_STATUS:  # (``head``: the request was a HEAD, whose answer has no body)
+            said = _BY_STATUS[status](f"{where} ({_BY_STATUS[status].code}): HTTP {status} to a HEAD")
+            said.status = status
+            return said
         return E.TransportError(f"{where} answered HTTP {status} without a problem body")
     code = body["code"]
     lib: str = body["library_code"] if isinstance(body.get("library_code"), str) else code
