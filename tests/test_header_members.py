@@ -304,6 +304,30 @@ def test_list_shows_the_instant_a_created_at_with_an_offset_names(tmp_path):
     assert ids == ["z", "o"]  # z is the later instant
 
 
+def test_a_summary_kept_with_the_old_cut_is_put_right_by_the_next_write(tmp_path):
+    """A summary kept before session 41 holds an offset's created_at cut to Z (the wrong
+    instant); the next writer builds its summary from the kept one, and now takes the
+    header's instant over it."""
+    from agentsession_cas.backends.files.log import checksummed_line
+    from agentsession_cas.backends.files.sessions import read_summary
+    from agentsession_cas.format.canonical import canonical_bytes, loads
+
+    store = tmp_path / "s"
+    with Store.init(store) as st:
+        st.create(Header.new("o", created_at="2026-01-02T03:04:05+05:00")).append(USER)
+    d = store / "sessions" / "o"
+    kept = read_summary(str(d))
+    assert kept is not None and kept[0]["created"] == "2026-01-01T22:04:05Z"
+    raw = (d / "summary").read_bytes()
+    data = loads(raw[raw.index(b" ") + 1:].rstrip(b"\n"))
+    data["summary"]["created"] = "2026-01-02T03:04:05Z"  # as the old code cut it
+    (d / "summary").write_bytes(checksummed_line(canonical_bytes(data)))
+    assert json.loads(cli(store, "list", "--json").stdout)[0]["created"] == "2026-01-02T03:04:05Z"
+    with Store(store) as st:
+        st.session("o").append(dict(USER, ts="2026-09-17T12:00:02Z"))
+    assert json.loads(cli(store, "list", "--json").stdout)[0]["created"] == "2026-01-01T22:04:05Z"
+
+
 # -- a header alone ----------------------------------------------------------------------
 
 

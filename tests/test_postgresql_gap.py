@@ -353,6 +353,71 @@ def test_a_lost_mark_record_leaves_the_mark_the_session_row_says(store, url):
     assert fsck(store).ok
 
 
+def test_the_session_row_does_not_win_where_no_lost_row_can_explain_it(store, url):
+    """The row's head and mark stand over the replay only where a line the damage took lies
+    after the last head move (mark) that reads: a commit row lost before every append that
+    moved the head, or a mark row that still reads after the gap, say the row is what is
+    wrong (a second fault), and the replay stands; so do rows past the row's length (the row
+    is older than the log), whatever the gap."""
+    ids = build(store)
+    delete_row(url, 3)  # a commit row: appends at rows 4, 6 and 8 each moved the head after it
+    sql(url, "UPDATE sessions SET head = %s", [ids[0]])
+    report = repair_session(store, "s1")
+    assert report.repaired and report.head == ids[3] and not any(n.code == "head-from-row" for n in report.notes)
+    with store.read("s1") as s:
+        assert s.head == ids[3]
+    assert fsck(store).ok
+
+
+def test_a_mark_that_reads_after_the_gap_stands_over_the_row(store, url):
+    ids = build(store)
+    s = store.session("s1")
+    s.set_mark("mirror")
+    s.close()
+    delete_row(url, 3)
+    sql(url, "UPDATE sessions SET mark = 'record'")  # the row says otherwise than the mark row that reads
+    report = repair_session(store, "s1")
+    assert report.repaired and report.mark == "mirror" and report.kept == ids
+    assert not any(n.code == "mark-from-row" for n in report.notes)
+    assert sql(url, "SELECT mark FROM sessions") == [("mirror",)]
+
+
+def test_rows_past_the_row_length_leave_the_replay_s_head(store, url):
+    """A head row past a stale last_pos, and a gap: the row's head is older than the log's."""
+    ids = build(store)
+    s = store.session("s1")
+    s.set_head(ids[1], expected=ids[3])
+    s.close()
+    ((last,),) = sql(url, "SELECT max(pos) FROM log")
+    sql(url, "UPDATE sessions SET last_pos = 9, head = %s", [ids[3]])
+    delete_row(url, 3)
+    report = repair_session(store, "s1")
+    assert report.repaired and report.head == ids[1], (last, report.head)
+    assert not any(n.code == "head-from-row" for n in report.notes)
+    assert fsck(store).ok
+
+
+def test_a_snapshot_the_gap_leaves_untrusted_still_names_what_the_plan_loses(store, url, monkeypatch):
+    """A gap over the row a kept snapshot ends at leaves it untrusted (an open would not
+    read it), so the repair plans from the rows; an entry only the snapshot names was lost
+    without a word. The note says it, by name."""
+    monkeypatch.setattr(pg_sessions, "COMPACT_AT_CLOSE", 1)
+    ids = build(store, n=3)
+    s = store.session("s1")
+    leaf = s.append(make_entry("item", ids[1], item=item("a side leaf")).data).id
+    s.close()
+    monkeypatch.setattr(pg_sessions, "COMPACT_AT_CLOSE", 10**9)
+    s = store.session("s1")
+    s.append(make_entry("item", s.head, item=item("more")).data)
+    s.close()
+    ((end,),) = sql(url, "SELECT pos FROM states WHERE kind = 2")
+    for pos in (end - 1, end):  # the leaf's append and its commit, the row the snapshot ends at
+        delete_row(url, pos)
+    report = repair_session(store, "s1")
+    notes = [n.message for n in report.notes if n.code == "snapshot-disagrees"]
+    assert len(notes) == 1 and "not trusted" in notes[0] and leaf in notes[0], report.notes
+
+
 def test_rows_past_the_row_length_are_named_beside_a_gap(store, url):
     """A gap and a row past the session row's length: fsck named only the gap; both now."""
     build(store)

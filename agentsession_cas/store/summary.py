@@ -120,10 +120,13 @@ class SummaryBuilder:
         if isinstance(harness, Mapping) and isinstance(harness.get("name"), str):
             name = harness["name"] + (f" {harness['version']}" if isinstance(harness.get("version"), str) else "")
         cwd = h.get("cwd")
+        created = seconds(h.get("created_at") if isinstance(h.get("created_at"), str) else None)
         self.summary = base if base is not None else SessionSummary(
-            id=str(h.get("id")), harness=name, cwd=cwd if isinstance(cwd, str) else None,
-            created=seconds(h.get("created_at") if isinstance(h.get("created_at"), str) else None),
+            id=str(h.get("id")), harness=name, cwd=cwd if isinstance(cwd, str) else None, created=created,
         )
+        # (from the header even over a kept summary: one kept before session 41 cut an
+        # offset's time to Z, and the next write puts the instant right)
+        self.summary.created = created
         self.count = self.summary.entries
         #: The last entry fed since :meth:`finish` (its ``ts`` and id are read there).
         self._last: Entry | None = None

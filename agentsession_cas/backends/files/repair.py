@@ -350,6 +350,7 @@ class RepairPlanner:
         self.head_skipped: str | None = None
         self.head_fallback = ""
         self.last_head_read = -1  # index of the last line whose head move was read (or -1: the create)
+        self.last_mark_read = -1  # index of the last line whose mark was read (0: the create's)
 
     # placing recovered entries
 
@@ -630,6 +631,7 @@ class RepairPlanner:
         if first is not None and first.record is not None and first.record.op == "create":
             create = dict(first.record.data)
             start = 1
+            self.last_mark_read = 0
         else:
             legible_create = None
             if first is not None and first.record is None:
@@ -971,6 +973,7 @@ class RepairPlanner:
                     elif kind == "mark":
                         data, j = x
                         self.mark = data["mark"]
+                        self.last_mark_read = j
                         self.out.append((dict(data), None))
                 continue
             rec = ln.record
@@ -989,6 +992,7 @@ class RepairPlanner:
             elif op == "mark":
                 if rec.get("mark") in ("record", "mirror"):
                     self.mark = rec.get("mark")
+                    self.last_mark_read = i
                 self.out.append((dict(rec.data), None))
             elif op == "create":
                 rep.note("log-order", f"log line {ln.line}: a second create record (only line 1 may hold one) is left out",

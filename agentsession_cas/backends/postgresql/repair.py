@@ -1,12 +1,13 @@
 """Repair of a damaged session in a PostgreSQL store: its log rows rewritten from what can
 be proved, the damaged rows kept aside in ``log_aside``.
 
-The rules are the file backend's repair planner's, run unchanged over this
-session's rows (:class:`agentsession_cas.backends.files.repair.RepairPlanner`, which
-consults the one rule set): each row is spelled as a log line, a row that is no
+The rules are the file backend's repair planner's, run over this session's rows
+(:class:`agentsession_cas.backends.files.repair.RepairPlanner`, which consults the one
+rule set; the session's row may keep its head and mark: ``_RowPlanner``): each row is spelled as a log line, a row that is no
 record as a line that does not read, and the session's row stands where the
-file backend reads its ``HEAD`` and ``mark`` index files (and its log is read whole, not
-from a kept snapshot). What the plan keeps is
+file backend reads its ``HEAD`` and ``mark`` index files. The log is read whole; a kept
+snapshot is planned from when rows it stands for are lost and it agrees with the rest
+(``_snapshot_start``). What the plan keeps is
 written in one transaction: the objects it recovered, the damaged rows copied to
 ``log_aside``, the new rows, and the session's row, conditional on the log
 being as the plan read it. ``docs/repair.md`` states the rules; ``docs/postgresql.md``
@@ -57,18 +58,27 @@ class _RowPlanner(RepairPlanner):
 
     The row is written in the transaction of the records it follows (``append_records``),
     so where the records that read leave the head or the mark elsewhere than the row says,
-    a record the damage took moved it (a ``head`` record lost, a ``mark`` record lost): the
-    row's head, when it names a kept entry, and its mark are kept, with a note
-    (``head-from-row``, ``mark-from-row``). The file backend's ``HEAD`` is written after the
-    log, so there the log's replay stands (docs/repair.md)."""
+    and a line the damage took lies after the last head move (mark) that reads, that line's
+    record may have moved it (a ``head`` record lost, a ``mark`` record lost): the row's
+    head, when it names a kept entry, and its mark are kept, with a note (``head-from-row``,
+    ``mark-from-row``). Not when a move reads after the last damage (nothing lost can have
+    moved it since: the row is what is wrong), nor when rows lie past the row's length
+    (``row_stale``: the row is older than the log). The file backend's ``HEAD`` is written
+    after the log, so there the log's replay stands (docs/repair.md)."""
 
     row_head: str | None = None
     row_mark: str = ""
+    #: Rows lie past the session row's ``last_pos``: the row is older than the log.
+    row_stale: bool = False
 
     def run(self) -> RepairReport:
         rep = super().run()
+        if self.row_stale:
+            return rep
+        last_bad = max((i for i, ln in enumerate(self.lines) if ln.record is None and i > 0), default=-1)
         head = self.head_index()
-        if head is not None and head != rep.head and head in self.kept and self.may_hold(head):
+        if (head is not None and head != rep.head and last_bad > self.last_head_read and head in self.kept
+                and self.may_hold(head)):
             rep.note("head-from-row", f"the session's row names head {short_id(head)}, a kept entry, where the records "
                      f"that read leave it at {short_id(rep.head) if rep.head else 'none'}: the row is written with the "
                      "records it follows, so a record the damage took moved it there; the head stays where the row "
@@ -76,7 +86,7 @@ class _RowPlanner(RepairPlanner):
             self.out.append(({"op": "head", "head": head}, None))
             self.head = rep.head = head
             rep.head_note = "as the session's row names it (written with the records; a lost record moved it there)"
-        if self.row_mark in ("record", "mirror") and self.row_mark != rep.mark:
+        if self.row_mark in ("record", "mirror") and self.row_mark != rep.mark and last_bad > self.last_mark_read:
             rep.note("mark-from-row", f"the session's row says mark {self.row_mark}, where the records that read leave "
                      f"{rep.mark}: the row is written with the records it follows, so a mark record the damage took "
                      "set it; the mark stays what the row says", file=self.head_file())
@@ -161,6 +171,11 @@ def _record_key(record: dict[str, Any]) -> str:
     return json.dumps(record, sort_keys=True)
 
 
+#: The entries a ``snapshot-disagrees`` note names at most (a long snapshot's would make one
+#: note of megabytes); it counts the rest.
+_NAMES_SHOWN = 20
+
+
 def _snapshot_start(kept: tuple[int, bytes] | None, texts: list[tuple[int, str]]) -> _Snapshot | None:
     """The kept snapshot (``kept``: the log's length it stands for, its bytes) a repair plans
     from instead of the rows it stands for, when one of those rows is lost (a gap) or is no
@@ -174,7 +189,13 @@ def _snapshot_start(kept: tuple[int, bytes] | None, texts: list[tuple[int, str]]
     rows = dict(texts)
     got = kept_snapshot(data, pos, rows.get(1), rows.get(pos))
     if isinstance(got, str):
-        return None
+        # Not trusted (the row it ends at, or row 1, lost among others): not planned from,
+        # but what it names that the plan does not keep is said, never dropped unsaid.
+        read = read_log(data, expand=False)
+        whole = all(p in rows and not isinstance(parse_record(rows[p]), str) for p in range(1, pos + 1))
+        if whole or read.damage or read.cut or [r.op for r in read.records] != ["create", "snapshot"]:
+            return None
+        return _Snapshot(pos, read.records[0].data, read.records[1].data, {}, f"it is not trusted: {got}")
     create, snapshot = got
     lost: dict[int, str] = {}
     said: list[str] = []  # (what each row under it that reads says, in order)
@@ -283,6 +304,7 @@ def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None
     planner = _RowPlanner(store, session_id, header, header_bytes,
                           _as_log(texts, start if start is not None and start.disagrees is None else None), why, progress)
     planner.row_head, planner.row_mark = row_head, row_mark
+    planner.row_stale = bool(texts) and max(pos for pos, _ in texts) > last_pos
     report = planner.run()
     missing = set(_missing(texts))
     for d in report.damage:
@@ -294,9 +316,10 @@ def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None
         _from_snapshot(report, start, texts)
     elif start is not None:
         names = [e for e in start.snapshot["entries"] if e not in report._kept_seqs]
+        shown = ", ".join(names[:_NAMES_SHOWN]) + (f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else "")
         report.note("snapshot-disagrees", f"the kept snapshot (states kind 2, log row {start.pos}) stands for rows the "
                     f"log lost, but is not planned from: {start.disagrees}; the rows are, and of the entries it names "
-                    f"{len(names)} {'is' if len(names) == 1 else 'are'} not kept{': ' + ', '.join(names) if names else ''}",
+                    f"{len(names)} {'is' if len(names) == 1 else 'are'} not kept{': ' + shown if names else ''}",
                     file="states")
     for first, after in log_gaps(pos for pos, _ in texts):
         if after <= under:
