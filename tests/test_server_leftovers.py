@@ -272,6 +272,10 @@ def test_head_refuses_what_its_get_refuses_from_the_query_or_the_backend(tmp_pat
         Refs(st).update("r", "s1", expected=None)
         for method in ("GET", "HEAD"):
             assert c.request(method, "/v1/sessions/s1/log", params={"after": "x"}).status_code == 400
+            # the session's checks first, as the GET makes them: no session, another incarnation
+            assert c.request(method, "/v1/sessions/nope/log", params={"after": "x"}).status_code == 404
+            assert c.request(method, "/v1/sessions/s1/log", params={"after": "x"},
+                             headers={"If-Incarnation": "sha256:" + "0" * 64}).status_code == 409
             assert c.request(method, "/v1/refs/r", params={"view": "log"}).status_code == 200
         monkeypatch.setattr(FileRefs, "keeps_moves", False)  # a backend that keeps no ref history
         for method in ("GET", "HEAD"):

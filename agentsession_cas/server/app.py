@@ -917,9 +917,10 @@ class Api:
         durable = _flag(request, "durable")
         after = request.query_params.get("after")
         if request.method == "HEAD":  # no log read, nothing committed
-            if after is not None:
+            answer = await self._session_head(request, principal, sid, NDJSON)
+            if after is not None and answer.status_code < 300:  # (after the session's checks, as the GET)
                 _cursor_given(after)
-            return await self._session_head(request, principal, sid, NDJSON)
+            return answer
 
         def snapshot() -> tuple[list[dict[str, Any]], dict[str, Any]]:
             s = self._readable_session(principal, sid, request)
