@@ -351,6 +351,7 @@ class RepairPlanner:
         self.head_fallback = ""
         self.last_head_read = -1  # index of the last line whose head move was read (or -1: the create)
         self.last_mark_read = -1  # index of the last line whose mark was read (0: the create's)
+        self.last_bad = -1  # index of the last damaged line after the create (set by run)
 
     # placing recovered entries
 
@@ -1023,8 +1024,8 @@ class RepairPlanner:
         rep.damage = [self.damage_by_line[k] for k in sorted(self.damage_by_line)]
         rep._records = self.out
         # A damaged create line sets no head: only later damaged lines make the head uncertain.
-        last_bad = max((i for i, ln in enumerate(lines) if ln.record is None and i > 0), default=-1)
-        if last_bad > self.last_head_read:
+        self.last_bad = max((i for i, ln in enumerate(lines) if ln.record is None and i > 0), default=-1)
+        if self.last_bad > self.last_head_read:
             rep.head_note = (
                 "the last head the repair could read; a damaged line after it may have moved the head "
                 "or appended entries the repair cannot name"

@@ -75,9 +75,8 @@ class _RowPlanner(RepairPlanner):
         rep = super().run()
         if self.row_stale:
             return rep
-        last_bad = max((i for i, ln in enumerate(self.lines) if ln.record is None and i > 0), default=-1)
         head = self.head_index()
-        if (head is not None and head != rep.head and last_bad > self.last_head_read and head in self.kept
+        if (head is not None and head != rep.head and self.last_bad > self.last_head_read and head in self.kept
                 and self.may_hold(head)):
             rep.note("head-from-row", f"the session's row names head {short_id(head)}, a kept entry, where the records "
                      f"that read leave it at {short_id(rep.head) if rep.head else 'none'}: the row is written with the "
@@ -86,7 +85,7 @@ class _RowPlanner(RepairPlanner):
             self.out.append(({"op": "head", "head": head}, None))
             self.head = rep.head = head
             rep.head_note = "as the session's row names it (written with the records; a lost record moved it there)"
-        if self.row_mark in ("record", "mirror") and self.row_mark != rep.mark and last_bad > self.last_mark_read:
+        if self.row_mark in ("record", "mirror") and self.row_mark != rep.mark and self.last_bad > self.last_mark_read:
             rep.note("mark-from-row", f"the session's row says mark {self.row_mark}, where the records that read leave "
                      f"{rep.mark}: the row is written with the records it follows, so a mark record the damage took "
                      "set it; the mark stays what the row says", file=self.head_file())
