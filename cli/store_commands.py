@@ -33,7 +33,7 @@ from agentsession_cas.errors import (
     quoted,
 )
 from agentsession_cas.format.canonical import loads
-from agentsession_cas.format.entry import Header, short_id
+from agentsession_cas.format.entry import Header, kept_member_note, short_id
 from agentsession_cas.format.links import fork_of_link
 from agentsession_cas.format.names import check_session_id, names_an_entry
 from agentsession_cas.lean import dataclass
@@ -586,7 +586,7 @@ def import_cmd(file: str, record: bool, as_json: bool) -> None:
         if adjusted is not None:
             note(f"{source}: {adjusted.message}")
         for p in kept:
-            note(f"{source}: {p.message}; kept as written (warning: {p.code})")
+            note(kept_member_note(source, p))
     end_at_once_after()  # the session and its objects are durable, the store closed
 
 

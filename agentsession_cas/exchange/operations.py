@@ -52,7 +52,7 @@ from ..errors import (
     StoreError,
     TransportError,
 )
-from ..format.entry import Header
+from ..format.entry import Header, kept_member_note
 from ..format.hashing import envelope_content, sha256_ref
 from ..format.media import sidecar_names
 from ..format.names import check_session_id
@@ -715,7 +715,7 @@ def _kept_notes(header: Header) -> list[str]:
     """What an exchange says of a header it carries as the session has it, rather than
     refusing (store policy ``keep``: a member of another form than RFC 0001's, which a
     store made before the rule took): a warning each, the header sent byte for byte."""
-    return [f"session {header.id}: {p.message}; kept as written (warning: {p.code})" for p in header.member_problems()]
+    return [kept_member_note(f"session {header.id}", p) for p in header.member_problems()]
 
 
 def _fetch_ref(store: Store, transport: Transport, session_id: str, item: str | tuple[str, Any]) -> RefResult:

@@ -472,6 +472,13 @@ class Header:
 HEADER_MEMBERS = ("created_at", "parent_session", "spawned_by", "cwd", "records", "harness")
 
 
+def kept_member_note(where: str, p: Problem) -> str:
+    """The one line an import, push or fetch says of a ``header-member`` problem it
+    carried through rather than refused (store policy ``keep``): a warning, the member
+    kept byte for byte."""
+    return f"{where}: {p.message}; kept as written (warning: {p.code})"
+
+
 def header_member_problem(name: str, value: Any) -> Problem | None:
     """The ``header-member`` problem of a header holding ``value`` as member ``name``, or
     None when it is of its RFC 0001 form (or ``name`` is none of :data:`HEADER_MEMBERS`):
