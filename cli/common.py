@@ -513,9 +513,8 @@ def write_stream(chunks: Iterable[bytes]) -> None:
 def table(rows: list[list[str]], shrink: int | None = None) -> list[str]:
     """Rows as aligned lines that fit the width: column ``shrink`` (default: the last) is
     cut to what the others leave. Print them with ``echo(line, fit="cut")``."""
-    rows = fit_table(rows, shrink)
-    widths = [max(len(visible(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
-    return [table_line(r, widths) for r in rows]
+    rows, widths = fit_table(rows, shrink)
+    return [table_line(r, widths[:-1]) for r in rows]
 
 
 def table_line(row: list[str], widths: list[int]) -> str:

@@ -18,7 +18,7 @@ from agentsession_cas.format.entry import short_id
 from agentsession_cas.store.summary import select
 
 from . import terminal
-from .common import WHEN, echo, emit_json, json_option, number, one_line, table, when
+from .common import WHEN, echo, echo_lines, emit_json, json_option, number, one_line, table, when
 from .store_commands import read_store
 from .terminal import start_pager as page
 
@@ -44,15 +44,19 @@ TITLE_MIN = 12
 def _narrowed(lines: list[list[str]]) -> list[list[str]]:
     """The table without the optional columns it cannot hold in the width, dropped one at a
     time (ID, ACTIVE, ENTRIES, HEAD and MARK always stay)."""
+    names = list(lines[0])
+    widths = [max(map(len, cells)) for cells in zip(*lines)]
     for name in OPTIONAL_COLUMNS:
-        widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
-        title = lines[0].index("TITLE")
+        title = names.index("TITLE")
         need = sum(widths) - widths[title] + min(widths[title], TITLE_MIN) + 2 * (len(widths) - 1)
         if need <= terminal.width():
             break
-        drop = lines[0].index(name)
-        lines = [r[:drop] + r[drop + 1:] for r in lines]
-    return lines
+        drop = names.index(name)
+        del names[drop], widths[drop]
+    if len(names) == len(lines[0]):
+        return lines
+    keep = [i for i, name in enumerate(lines[0]) if name in names]
+    return [[r[i] for i in keep] for r in lines]
 
 
 def _damaged(sid: str, exc: AgentSessionError, as_json: bool) -> dict[str, Any]:
@@ -124,8 +128,7 @@ def list_sessions(limit: int | None, harness: str | None, cwd: str | None, after
                 "-" if r.get("entries") is None else number(r["entries"]),
                 short_id(r.get("head")), r["mark"],
             ] + ([r.get("continued_in") or "-"] if continued else []))
-        for line in table(_narrowed(lines), shrink=1):  # the title gives way last
-            echo(line, fit="cut")
+        echo_lines(table(_narrowed(lines), shrink=1), fit="cut")  # the title gives way last
     if damaged:
         sys.exit(1)
 

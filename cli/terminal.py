@@ -233,23 +233,22 @@ def _wrap_plain(line: str, columns: int, indent: str) -> list[str]:
     return out or [""]
 
 
-def fit_table(rows: list[list[str]], shrink: int | None = None) -> list[list[str]]:
-    """Rows whose lines fit the width: column ``shrink`` (default: the last) is cut to what
-    the others leave (never under 8 columns)."""
+def fit_table(rows: list[list[str]], shrink: int | None = None) -> tuple[list[list[str]], list[int]]:
+    """Rows whose lines fit the width, and each column's width in them: column ``shrink``
+    (default: the last) is cut to what the others leave (never under 8 columns)."""
     if not rows:
-        return rows
+        return rows, []
     columns = width()
     n = len(rows[0])
     col = n - 1 if shrink is None else shrink
-    widths = [max(len(visible(r[i])) for r in rows) for i in range(n)]
-    if col == n - 1:
-        fixed = sum(widths[:-1]) + 2 * (n - 1)
-    else:
-        fixed = sum(w for i, w in enumerate(widths) if i != col) + 2 * (n - 1)
+    widths = [max(map(len, map(visible, cells))) for cells in zip(*rows)]
+    fixed = sum(widths) - widths[col] + 2 * (n - 1)
     room = max(8, columns - fixed)
     if widths[col] <= room:
-        return rows
-    return [[cut(c, room) if i == col else c for i, c in enumerate(r)] for r in rows]
+        return rows, widths
+    rows = [[cut(c, room) if i == col else c for i, c in enumerate(r)] for r in rows]
+    widths[col] = max(len(visible(r[col])) for r in rows)
+    return rows, widths
 
 
 # ---------------------------------------------------------------------------

@@ -201,6 +201,11 @@ def test_from_dict_refuses_what_is_no_summary():
     assert SessionSummary.from_dict({"id": 3}) is None
     assert SessionSummary.from_dict({"id": "x", "title": ["no"]}) is None
     assert SessionSummary.from_dict({"id": "x", "entries": 2, "continued_in": None, "bogus": 1}) == SessionSummary(id="x", entries=2)
+    # each member checked with continued_in present (without it every dict is refused first)
+    for bad in ({"entries": "3"}, {"id": 3}, {"id": None}, {"title": ["no"]}, {"head": 5}, {"continued_in": 1},
+                {"seq": True}, {"entries": 2.0}, {"created": {"at": 1}}):
+        assert SessionSummary.from_dict({"id": "x", "continued_in": None, **bad}) is None, bad
+    assert SessionSummary.from_dict({"continued_in": None, "entries": 1}) is None  # no id
     assert select([SessionSummary(id="z", created="2026-01-01T00:00:00Z"), SessionSummary(id="y")]) [0].id == "z"
 
 

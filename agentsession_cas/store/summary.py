@@ -76,18 +76,18 @@ class SessionSummary:
         it cannot say whether the session was continued."""
         if "continued_in" not in data:
             return None
-        try:
-            kw = {name: data[name] for name in _FIELDS if name in data}
-            out = cls(**kw)
-        except (TypeError, KeyError):
+        get = data.get  # checked before the summary is made (list reads one per session)
+        if not isinstance(get("id"), str):
             return None
-        text = ("title", "model", "harness", "cwd", "created", "last_activity", "head", "base", "last_entry",
-                "continued_in")
-        if not isinstance(out.id, str) or any(getattr(out, n) is not None and not isinstance(getattr(out, n), str) for n in text):
-            return None
-        if not all(isinstance(getattr(out, n), int) and not isinstance(getattr(out, n), bool) for n in ("entries", "seq")):
-            return None
-        return out
+        for name in _TEXT:
+            v = get(name)
+            if v is not None and not isinstance(v, str):
+                return None
+        for name in ("entries", "seq"):
+            v = get(name, 0)
+            if not isinstance(v, int) or isinstance(v, bool):
+                return None
+        return cls(**{name: data[name] for name in _FIELDS if name in data})
 
 
 #: The entry types that set a member of the summary besides the last activity.
@@ -95,6 +95,8 @@ _TITLED = frozenset({"config", "info", "env", "link"})
 
 #: The members of a summary, in order.
 _FIELDS = tuple(f.name for f in fields(SessionSummary))
+#: The members that are a string or None.
+_TEXT = ("title", "model", "harness", "cwd", "created", "last_activity", "head", "base", "last_entry", "continued_in")
 
 
 def summary_form(entry: Entry) -> Entry:

@@ -182,9 +182,15 @@ def _read_index(directory: str, name: str, limit: int, parse: Callable[[bytes], 
     return data if isinstance(data, dict) else None
 
 
+def _header_lost_at(sdir: str) -> bool:
+    """A session directory holding a log but no header: a session a listing no longer
+    shows (its header file lost), damaged rather than gone."""
+    return not os.path.lexists(sdir + "/header") and os.path.lexists(sdir + "/log")
+
+
 def read_summary(directory: str) -> tuple[dict[str, Any], list[str]] | None:
     """(summary, log identity) from a session's ``summary`` file, or None."""
-    data = _read_index(directory, "summary", _SMALL, loads)
+    data = _read_index(directory, "summary", _SMALL, json.loads)  # checksummed, ours: C's parser
     if data is None:
         return None
     summary, ident = data.get("summary"), data.get("log")
@@ -344,7 +350,7 @@ class FileSessions(SessionStore):
     # -- SessionStore -------------------------------------------------------------------
 
     def list(self) -> list[str]:
-        return sorted(name for name, path in self._named_dirs() if os.path.exists(os.path.join(path, "header")))
+        return sorted(name for name, path in self._named_dirs() if os.path.exists(path + "/header"))
 
     def unlisted(self) -> Sequence[str]:
         """Session directories holding a session's files but no header file, which
@@ -366,27 +372,23 @@ class FileSessions(SessionStore):
             names = os.listdir(base)
         except FileNotFoundError:
             return
+        base += "/"
         for name in names:
             try:
                 check_session_id(name)
             except AgentSessionError:
                 continue
-            yield name, os.path.join(base, name)
+            yield name, base + name
 
     def header_lost(self, session_id: str) -> str | None:
         try:
             sdir = self.dir(session_id)
         except AgentSessionError:
             return None  # not an id: nothing is held under it
-        gone = not os.path.lexists(os.path.join(sdir, "header")) and os.path.lexists(os.path.join(sdir, "log"))
-        return f"sessions/{session_id}/header" if gone else None
+        return f"sessions/{session_id}/header" if _header_lost_at(sdir) else None
 
     def lost_headers(self) -> builtins.list[str]:
-        try:
-            names = os.listdir(os.path.join(self.root, "sessions"))
-        except FileNotFoundError:
-            return []
-        return sorted(name for name in names if self.header_lost(name) is not None)
+        return sorted(name for name, path in self._named_dirs() if _header_lost_at(path))
 
     def log_source(self, session_id: str) -> str:
         return f"sessions/{session_id}/log"
@@ -511,12 +513,13 @@ class FileSessions(SessionStore):
         """``summary``: one checksummed line (as a log record is) holding the domain's
         summary and the log's identity (inode, size, mtime) when it was written; current
         while the log is still that file at that size and time."""
-        kept = read_summary(self.dir(session_id))
+        sdir = self.dir(session_id)
+        kept = read_summary(sdir)
         if kept is None:
             return None
         data, ident = kept
         try:
-            st = os.stat(os.path.join(self.dir(session_id), "log"))
+            st = os.stat(sdir + "/log")
         except OSError:
             return data, False
         return data, ident == _identity(st)
