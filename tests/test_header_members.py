@@ -110,6 +110,26 @@ def test_a_fork_refuses_a_member_the_caller_gives(tmp_path):
         assert st.list() == ["o"]
 
 
+def test_a_given_header_keeps_its_findings_for_a_fork_as_for_a_root(tmp_path):
+    """``Store.create(given=True)`` (a server's create for a client's import) keeps a
+    member of another form and names it in ``header_findings``, a fork's header as a
+    root's (a fork's findings were left empty)."""
+    with Store.init(tmp_path / "s") as st:
+        s = st.create(Header.new("o"))
+        s.append(USER)
+        base = s.head
+        s.close()
+        root = st.create(header_with("spawned_by", 7, "r"), given=True)
+        fork_header = Header(dict(header_with("spawned_by", 7, "f").data, base=base))
+        fork = st.create(fork_header, given=True)
+        assert [p.code for p in root.header_findings] == ["header-member"]
+        assert [p.code for p in fork.header_findings] == ["header-member"]
+        assert "header spawned_by 7" in fork.header_findings[0].message
+        root.close()
+        fork.close()
+        assert st.header("f").data["spawned_by"] == 7
+
+
 def test_agentsession_create_refuses_it(tmp_path):
     store = tmp_path / "s"
     assert cli(store, "init").exit_code == 0

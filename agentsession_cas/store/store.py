@@ -366,14 +366,15 @@ class Store:
         header = self._checked_new_header(header, made=not given)
         if header.base is None:
             session = self._create(header, own=[], head=None, record=record)
-            session.header_findings = header.member_problems() if given else []
-            return session
-        owner = self.holder_of(header.base)
-        # The session owning the base is the one a fork at its head starts its rules from.
-        origin = None
-        if owner is not None and owner.owns:
-            origin = owner.snapshot if owner.snapshot is not None else self._open.get(owner.session)
-        return self._create_fork(header, owner, record=record, origin=origin)
+        else:
+            owner = self.holder_of(header.base)
+            # The session owning the base is the one a fork at its head starts its rules from.
+            origin = None
+            if owner is not None and owner.owns:
+                origin = owner.snapshot if owner.snapshot is not None else self._open.get(owner.session)
+            session = self._create_fork(header, owner, record=record, origin=origin)
+        session.header_findings = header.member_problems() if given else []
+        return session
 
     def _create_fork(self, header: Header, owner: Holder | None, *, record: bool, origin: Session | None = None) -> Session:
         """Create a fork (its header checked, ``owner`` the session holding its base, closed
