@@ -291,6 +291,7 @@ class JsonStream:
     same bytes unless a non-ASCII character was written before it (the same JSON value)."""
 
     BATCH = 1 << 20  # characters written at once
+    TEXTS = 1024  # elements of a list of texts made at once
 
     def __init__(self, *, spool: bool = False, tidy: Callable[[], None] | None = None, array: bool = False) -> None:
         #: With ``array``, the document is a list (``log --json``'s): :meth:`item` writes its elements.
@@ -344,6 +345,15 @@ class JsonStream:
         member or an element at a time (a long list's text is never made whole: json's
         indenting encoder holds each of its pieces), a lazy sequence at any depth."""
         inner = indent + "  "
+        if value.__class__ is list and depth > 0 and value and not self._ascii and all(
+                v.__class__ is str and v.isascii() for v in value):
+            # a list of ASCII texts (a path's ids): a slice of them made at a time, not a
+            # call or three an element (nor the list's text at once: a copy of each element)
+            sep, enc, step = ",\n" + inner, self._str, self.TEXTS
+            for at in range(0, len(value), step):
+                self._put(("[\n" if at == 0 else ",\n") + inner + sep.join(map(enc, value[at : at + step])))
+            self._put("\n" + indent + "]")
+            return
         if isinstance(value, dict) and value and depth > 0:
             self._put("{")
             for i, (k, v) in enumerate(value.items()):

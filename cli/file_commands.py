@@ -543,13 +543,12 @@ def _show_read(target: store_commands.Target, file: str, leaf_name: str | None, 
 
 
 def _print_runs(runs: RunsReport, links: tuple[list[CalleeLink], list[Entry]], held: Callable[[str], bool] | None) -> None:
-    """show --runs's text after the context: the runs report, then the path's callees and judges."""
+    """show --runs's text after the context: the runs report, then the path's callees and judges
+    (a batch of lines a write: a long path's report is tens of thousands of lines)."""
     echo()
-    for line in render_runs(runs):
-        echo(line)
+    echo_lines(render_runs(runs))
     echo()
-    for line in render_links(*links, held):
-        echo(line)
+    echo_lines(render_links(*links, held))
 
 
 _ROW_HEADER = ["LINE", "ID", "PARENT", "TYPE", "SUMMARY"]

@@ -61,6 +61,8 @@ def test_the_runs_walk_and_the_context_hold_a_window_of_the_path(session):
     {"a": 1, "b": [1, 2.5, 1e-07, 1e21, 2**70, None, True], "c": {}, "d": [], "e": "caf\u00e9 \u2028 \x1f \\ \""},
     {"nested": {"deep": [{"x": [[]]}], "s": "plain"}, "n": -0.0},
     {"ascii": "before", "lone": "\ud800 after"},
+    {"ids": ["sha256:ab", "caf\u00e9", "x\ny \"q\""], "one": ["z"], "deep": {"ids": ["a", "b"]}},
+    {"ids": ["a", "b\ud800", "caf\u00e9"], "after": ["x", "y"]},
 ])
 def test_the_json_stream_writes_what_emit_json_writes(value, capsys):
     emit_json(value)
