@@ -423,14 +423,12 @@ class _ItemTexts:
     WINDOW = 1 << 20  # bytes written, and read back, at once
 
     def __init__(self, outline: ProjectionOutline) -> None:
-        import tempfile
         from array import array
 
         self._outline = outline
         self._at = array("q", bytes(8 * len(outline)))
         self._size = array("l", bytes(array("l").itemsize * len(outline)))  # (0: no text)
         self._file: IO[bytes] | None = None
-        self._tempfile = tempfile.TemporaryFile
         self._parts: list[bytes] = []
         self._end = self._written = 0
         self._window, self._window_at = b"", 0
@@ -448,7 +446,9 @@ class _ItemTexts:
 
     def _flush(self) -> None:
         if self._file is None:
-            self._file = self._tempfile()
+            import tempfile  # (with the random module it brings: only when there is something to spool)
+
+            self._file = tempfile.TemporaryFile()
         self._file.write(b"".join(self._parts))
         self._file.flush()  # (read back by pread, beneath the file object's buffer)
         self._parts.clear()
@@ -461,11 +461,14 @@ class _ItemTexts:
         at = self._at[pos]
         start = at - self._window_at
         if start < 0 or start + size > len(self._window):
-            if self._parts:
-                self._flush()
-            assert self._file is not None
-            self._window, self._window_at = os.pread(self._file.fileno(), max(size, self.WINDOW), at), at
-            start = 0
+            if self._file is None:  # (less than a window made: held, never written out)
+                self._window, self._window_at = b"".join(self._parts), 0
+                start = at
+            else:
+                if self._parts:
+                    self._flush()
+                self._window, self._window_at = os.pread(self._file.fileno(), max(size, self.WINDOW), at), at
+                start = 0
         return self._window[start : start + size].decode("utf-8")
 
     def items(self, ctx: Context) -> Sequence[object]:

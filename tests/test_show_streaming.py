@@ -133,11 +133,17 @@ def test_a_stored_session_and_its_file_show_the_same_json(tmp_path, session):
     assert stored == as_file
 
 
-def test_a_stored_sessions_json_reads_each_content_once(tmp_path, session, monkeypatch):
+@pytest.mark.parametrize("window", [None, 4096])
+def test_a_stored_sessions_json_reads_each_content_once(tmp_path, session, monkeypatch, window):
     """show --json of a stored session reads each entry from the store once: its context's
     items are written from the text made of them as the walk read them, not read back
-    from the store at the end (half the command's time on a long session)."""
+    from the store at the end (half the command's time on a long session). With a small
+    window the texts go through the temporary file, read back a window at a time."""
     from agentsession_cas.store import views
+    from agentsession_cli import file_commands
+
+    if window is not None:
+        monkeypatch.setattr(file_commands._ItemTexts, "WINDOW", window)
 
     root = tmp_path / "store"
     with Store.init(root) as st:
