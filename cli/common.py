@@ -263,6 +263,18 @@ def _spool_file() -> IO[str]:
     return tempfile.TemporaryFile("w+", encoding="utf-8")
 
 
+class Made:
+    """An element of a lazy sequence given to :class:`JsonStream` with its JSON text made
+    ahead (``json.dumps(value, ensure_ascii=False, indent=2)``'s, as :func:`indented`
+    made it, at no indent): the stream indents and writes that text, and asks ``value()``
+    for the value only when it escapes every non-ASCII character (a lone surrogate met)."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self, text: str, value: Callable[[], Any]) -> None:
+        self.text, self.value = text, value
+
+
 class JsonStream:
     """:func:`emit_json`'s document (one object, or a list), written as its members are known: the
     same bytes (its key order, two-space indentation, the line after), a member at a time,
@@ -279,6 +291,7 @@ class JsonStream:
     same bytes unless a non-ASCII character was written before it (the same JSON value)."""
 
     BATCH = 1 << 20  # characters written at once
+    TEXTS = 1024  # elements of a list of texts made at once
 
     def __init__(self, *, spool: bool = False, tidy: Callable[[], None] | None = None, array: bool = False) -> None:
         #: With ``array``, the document is a list (``log --json``'s): :meth:`item` writes its elements.
@@ -332,6 +345,15 @@ class JsonStream:
         member or an element at a time (a long list's text is never made whole: json's
         indenting encoder holds each of its pieces), a lazy sequence at any depth."""
         inner = indent + "  "
+        if value.__class__ is list and depth > 0 and value and not self._ascii and all(
+                v.__class__ is str and v.isascii() for v in value):
+            # a list of ASCII texts (a path's ids): a slice of them made at a time, not a
+            # call or three an element (nor the list's text at once: a copy of each element)
+            sep, enc, step = ",\n" + inner, self._str, self.TEXTS
+            for at in range(0, len(value), step):
+                self._put(("[\n" if at == 0 else ",\n") + inner + sep.join(map(enc, value[at : at + step])))
+            self._put("\n" + indent + "]")
+            return
         if isinstance(value, dict) and value and depth > 0:
             self._put("{")
             for i, (k, v) in enumerate(value.items()):
@@ -354,7 +376,11 @@ class JsonStream:
     def _text(self, value: Any, indent: str) -> str:
         """``value`` as :func:`emit_json` writes it at ``indent``: a flat object (every
         member a string, number, bool or null: an entry's row) made here, the rest by
-        ``json.dumps``."""
+        ``json.dumps``; a :class:`Made` element's text as made."""
+        if value.__class__ is Made:
+            if not self._ascii:
+                return value.text.replace("\n", "\n" + indent)
+            value = value.value()
         if value.__class__ is str and not self._ascii:
             return self._checked(self._str(value), value, indent)
         if value.__class__ is dict and value and not self._ascii:
@@ -373,7 +399,7 @@ class JsonStream:
                 rows.append(f"{inner}{enc(k)}: {text}")
             else:
                 return self._checked("{\n" + ",\n".join(rows) + "\n" + indent + "}", value, indent)
-        made = None if self._ascii else _indented(value)
+        made = None if self._ascii else indented(value)
         return (made if made is not None else self._dumps(value)).replace("\n", "\n" + indent)
 
     def _dumps(self, value: Any) -> str:
@@ -408,7 +434,7 @@ class JsonStream:
             click.echo(text, nl=False)
 
 
-def _indented(value: Any) -> str | None:
+def indented(value: Any) -> str | None:
     """``json.dumps(value, ensure_ascii=False, indent=2)``, made by orjson (json's indenting
     encoder is Python's own, a context's items are most of a ``show --json``): only when
     orjson writes every token as json does, which their compact forms being equal proves

@@ -9,6 +9,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import IO, Any
 
 import click
 
@@ -41,10 +42,12 @@ from agentsession_cas.store.showing import OnEntry, PathWalk, ShowRead, path_lin
 from . import fsck_command, store_commands, terminal
 from .common import (
     JsonStream,
+    Made,
     echo,
     echo_lines,
     emit_json,
     fail,
+    indented,
     json_option,
     number,
     plural,
@@ -324,10 +327,15 @@ def _json_end(
     out: JsonStream, ctx: Context | None, ctx_error: str | None, leaf_hash: str, runs: Callable[[], RunsReport | None],
     continued: tuple[str | None, str | None, Callable[[str], bool] | None],
     links: tuple[list[CalleeLink], list[Entry]], truncated: Problem | None, problems: list[Problem],
+    items: Callable[[Context], Sequence[object]] | None = None,
 ) -> None:
     """show --json's members after the leaf and its path, and the document's end; ``runs()``
-    made once the context is written (its calls and the context's items not held at once)."""
-    out.member("context", ctx.as_dict(lazy=True) if ctx is not None else None)
+    made once the context is written (its calls and the context's items not held at once);
+    ``items(ctx)``: the context's items as written, when not ``ctx.items``."""
+    context = ctx.as_dict(lazy=True) if ctx is not None else None
+    if context is not None and items is not None:
+        context["items"] = items(ctx)  # type: ignore[arg-type]
+    out.member("context", context)
     if ctx_error is not None:
         out.member("context_error", ctx_error)
     out.member("context_hash", leaf_hash)
@@ -372,7 +380,8 @@ def _show_json_stored(session: Session, outline: ProjectionOutline, leaf: str | 
     on_path = set(path)
     walk = PathWalk(session, outline, path)
     hasher = ContextHasher(OutlineHashes(outline))
-    types, take, add, item = outline.types, hasher.take, walk.add, out.item
+    texts = _ItemTexts(outline)
+    types, take, add, item, keep = outline.types, hasher.take, walk.add, out.item, texts.add
     bar = terminal.progress("reading", "entries")
     for pos, e in listing_entries(session, outline, range(n)):
         if bar is not None and pos % 1024 == 0:
@@ -380,8 +389,12 @@ def _show_json_stored(session: Session, outline: ProjectionOutline, leaf: str | 
         e.line = pos + 2
         item(_json_row(e, take(e)))
         t = types[pos]
-        if pos in on_path or t in ASIDE:
-            add(pos, e, t, pos in on_path)
+        if pos in on_path:
+            if t == "item":
+                keep(pos, e.data["item"])  # (before the walk parks it)
+            add(pos, e, t, True)
+        elif t in ASIDE:
+            add(pos, e, t, False)
     if bar is not None:
         bar.end()
     out.close_list()
@@ -393,7 +406,105 @@ def _show_json_stored(session: Session, outline: ProjectionOutline, leaf: str | 
     out.tidy = walk.parking.tidy  # each item of the context read, its entry parked again
     successor = session.superseded_by
     _json_end(out, ctx, ctx_error, leaf_hash, lambda: walk.runs(leaf, source) if n else None,
-              (successor, _current(session, successor), session.store.__contains__), walk.links(), None, [])
+              (successor, _current(session, successor), session.store.__contains__), walk.links(), None, [],
+              items=texts.items)
+
+
+class _ItemTexts:
+    """The JSON text of each ``item`` entry's item on a stored session's path, made as the
+    walk reads the entry (``indented``'s) and spooled to a temporary file, by position:
+    the context's items are then written from there (:class:`~cli.common.Made`) instead
+    of each entry read back from the store and its item made again (reading them back
+    was half of ``show --json``'s time on a long session: its context is most of the
+    document). What is held is two numbers a position; an item whose text was not made
+    (one ``indented`` declines), or any other contribution (a compaction's summary or
+    pins, a branch summary), is read from its entry as before."""
+
+    WINDOW = 1 << 20  # bytes written, and read back, at once
+
+    def __init__(self, outline: ProjectionOutline) -> None:
+        from array import array
+
+        self._outline = outline
+        self._at = array("q", bytes(8 * len(outline)))
+        self._size = array("l", bytes(array("l").itemsize * len(outline)))  # (0: no text)
+        self._file: IO[bytes] | None = None
+        self._parts: list[bytes] = []
+        self._end = self._written = 0
+        self._window, self._window_at = b"", 0
+
+    def add(self, pos: int, item: object) -> None:
+        text = indented(item)
+        if text is None:
+            return
+        raw = text.encode("utf-8")
+        self._at[pos], self._size[pos] = self._end, len(raw)
+        self._end += len(raw)
+        self._parts.append(raw)
+        if self._end - self._written >= self.WINDOW:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._file is None:
+            import tempfile  # (with the random module it brings: only when there is something to spool)
+
+            self._file = tempfile.TemporaryFile()
+        self._file.write(b"".join(self._parts))
+        self._file.flush()  # (read back by pread, beneath the file object's buffer)
+        self._parts.clear()
+        self._written = self._end
+
+    def text(self, pos: int) -> str | None:
+        size = self._size[pos]
+        if not size:
+            return None
+        at = self._at[pos]
+        start = at - self._window_at
+        if start < 0 or start + size > len(self._window):
+            if self._file is None:  # (less than a window made: held, never written out)
+                self._window, self._window_at = b"".join(self._parts), 0
+                start = at
+            else:
+                if self._parts:
+                    self._flush()
+                self._window, self._window_at = os.pread(self._file.fileno(), max(size, self.WINDOW), at), at
+                start = 0
+        return self._window[start : start + size].decode("utf-8")
+
+    def items(self, ctx: Context) -> Sequence[object]:
+        """The context's items, each made ahead where its text was (a held list, as an
+        omit in force makes, is written as it is)."""
+        if isinstance(ctx.items, list):
+            return ctx.items
+        return _MadeItems(ctx, self)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+class _MadeItems(Sequence[object]):
+    """:meth:`_ItemTexts.items`: each item read from its entry only when no text was made
+    of it (an ``item`` entry's contribution is always its ``item``: another type's is
+    its summary or a pin)."""
+
+    def __init__(self, ctx: Context, texts: _ItemTexts) -> None:
+        self._ctx, self._texts = ctx, texts
+
+    def __len__(self) -> int:
+        return len(self._ctx.items)
+
+    def __getitem__(self, i: Any) -> Any:  # (the stream iterates; an index reads the entry)
+        return self._ctx.items[i]
+
+    def __iter__(self) -> Iterator[object]:
+        items, texts = self._ctx.items, self._texts
+        index, types = texts._outline.index, texts._outline.types
+        for i, e in enumerate(self._ctx.item_entries):  # (an entry's id: no wake)
+            pos = index.get(e.id)
+            text = texts.text(pos) if pos is not None and types[pos] == "item" else None
+            yield items[i] if text is None else Made(text, functools.partial(items.__getitem__, i))
+        texts.close()
 
 
 @whole_pass
@@ -435,13 +546,12 @@ def _show_read(target: store_commands.Target, file: str, leaf_name: str | None, 
 
 
 def _print_runs(runs: RunsReport, links: tuple[list[CalleeLink], list[Entry]], held: Callable[[str], bool] | None) -> None:
-    """show --runs's text after the context: the runs report, then the path's callees and judges."""
+    """show --runs's text after the context: the runs report, then the path's callees and judges
+    (a batch of lines a write: a long path's report is tens of thousands of lines)."""
     echo()
-    for line in render_runs(runs):
-        echo(line)
+    echo_lines(render_runs(runs))
     echo()
-    for line in render_links(*links, held):
-        echo(line)
+    echo_lines(render_links(*links, held))
 
 
 _ROW_HEADER = ["LINE", "ID", "PARENT", "TYPE", "SUMMARY"]

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from agentsession_cas.format.entry import Entry
 from agentsession_cas.format.reader import Parking
 from agentsession_cas.store import Store, showing
-from agentsession_cli.common import JsonStream, emit_json
+from agentsession_cli.common import JsonStream, Made, emit_json, indented
 from agentsession_cli.main import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
@@ -61,6 +61,8 @@ def test_the_runs_walk_and_the_context_hold_a_window_of_the_path(session):
     {"a": 1, "b": [1, 2.5, 1e-07, 1e21, 2**70, None, True], "c": {}, "d": [], "e": "caf\u00e9 \u2028 \x1f \\ \""},
     {"nested": {"deep": [{"x": [[]]}], "s": "plain"}, "n": -0.0},
     {"ascii": "before", "lone": "\ud800 after"},
+    {"ids": ["sha256:ab", "caf\u00e9", "x\ny \"q\""], "one": ["z"], "deep": {"ids": ["a", "b"]}},
+    {"ids": ["a", "b\ud800", "caf\u00e9"], "after": ["x", "y"]},
 ])
 def test_the_json_stream_writes_what_emit_json_writes(value, capsys):
     emit_json(value)
@@ -77,9 +79,15 @@ def test_the_json_stream_writes_what_emit_json_writes(value, capsys):
         out.item({"key": k, "value": value[k]})
     out.close_list()
     out.member("lazy", {"items": _Lazy(list(value.values())), "n": len(value)})
+    # elements whose text was made ahead (show --json's context items): that text, unless
+    # the stream escapes every non-ASCII character by then (a lone surrogate met), when
+    # the value is written as any is
+    made = [Made(text, lambda v=v: v) if (text := indented(v)) is not None else v for v in value.values()]
+    out.member("made", _Lazy(made))
     out.end()
     streamed = capsys.readouterr().out
-    emit_json({"rows": [{"key": k, "value": value[k]} for k in value], "lazy": {"items": list(value.values()), "n": len(value)}})
+    emit_json({"rows": [{"key": k, "value": value[k]} for k in value], "lazy": {"items": list(value.values()), "n": len(value)},
+               "made": list(value.values())})
     assert streamed == capsys.readouterr().out
 
 
@@ -123,6 +131,39 @@ def test_a_stored_session_and_its_file_show_the_same_json(tmp_path, session):
     for doc, source in ((stored, sid), (as_file, str(session))):
         assert doc.pop("source") == doc["runs"].pop("source") == source
     assert stored == as_file
+
+
+@pytest.mark.parametrize("window", [None, 4096])
+def test_a_stored_sessions_json_reads_each_content_once(tmp_path, session, monkeypatch, window):
+    """show --json of a stored session reads each entry from the store once: its context's
+    items are written from the text made of them as the walk read them, not read back
+    from the store at the end (half the command's time on a long session). With a small
+    window the texts go through the temporary file, read back a window at a time."""
+    from agentsession_cas.store import views
+    from agentsession_cli import file_commands
+
+    if window is not None:
+        monkeypatch.setattr(file_commands._ItemTexts, "WINDOW", window)
+
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        sid = st.import_file(session).id
+    ref = CliRunner().invoke(main, ["show", str(session), "--json"])
+    read: list[int] = []
+    listing = views.listing_entries
+
+    def counted(s: Any, outline: Any, positions: Any) -> Any:
+        for pos, e in listing(s, outline, positions):
+            read.append(pos)
+            yield pos, e
+
+    monkeypatch.setattr(views, "listing_entries", counted)
+    r = CliRunner().invoke(main, ["--store", str(root), "show", sid, "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert len(doc["context"]["items"]) > 100
+    assert sorted(read) == list(range(len(doc["entries"])))
+    assert doc["context"] == json.loads(ref.stdout)["context"]
 
 
 def test_standard_input_shows_as_its_file(session):
