@@ -681,6 +681,31 @@ def test_a_store_opened_again_in_the_process_reuses_the_packs_it_checked(root, s
         third.close()
 
 
+def test_a_shared_pack_counts_its_lookups_for_one_store(root, settled, monkeypatch):
+    """A pack's lookups are counted, and the dict they build past DICT_AFTER kept, for one
+    store, as before packs were shared: a process that opens the store again and again
+    for a few lookups each builds no dict, and keeps none for a store that has closed."""
+    monkeypatch.setattr(Pack, "DICT_AFTER", 3)
+    writer = other(root)
+    a = items(PACK_BATCH, seed=1)
+    writer.write_pack(a, merge=False)
+    writer.close()
+    first = other(root)
+    assert [first.get(sp, n) for sp, n, _ in a[:2]] == [d for _, _, d in a[:2]]
+    (pack,) = first.packs.packs
+    assert pack._index is None and pack._finds >= 2
+    first.close()
+    second = other(root)
+    try:
+        assert [second.get(sp, n) for sp, n, _ in a[2:4]] == [d for _, _, d in a[2:4]]
+        assert second.packs.packs == [pack] and pack._index is None  # counted afresh: 2 lookups, not 4
+        assert all(second.get(sp, n) == d for sp, n, d in a)
+        assert pack._index is not None  # a bulk reader's
+    finally:
+        second.close()
+    assert pack._index is None and pack._finds == 0
+
+
 def test_a_pack_whose_index_changed_is_opened_and_checked_again(root, settled, monkeypatch):
     """Reuse asks the index file to be the one opened (inode, size, mtime, ctime): one
     rewritten (here: corrupt) or replaced since is opened and checked again."""

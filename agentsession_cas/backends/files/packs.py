@@ -2063,9 +2063,10 @@ class PackSet:
         for p in self.packs:
             if not p.shared:
                 p.close()
-            elif p._index is not None:
-                # (what a bulk read built is not kept for a store that may never come back;
-                # another store reading the pack meanwhile builds it again if it needs it)
+            else:
+                # (the lookups are counted, and what a bulk read built kept, for one store as
+                # before: not for a process that may never read this pack in bulk; another
+                # store reading it meanwhile builds the dict again if it needs it)
                 p._index, p._finds = None, 0
         self.packs = []
         self._cache.clear()
