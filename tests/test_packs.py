@@ -729,6 +729,7 @@ def test_a_pack_whose_index_changed_is_opened_and_checked_again(root, settled, m
         with pytest.raises(NoSuchObjectError, match="could not be read"):
             second.get("contents", a[0][1])
         assert set(checks) == {idx.name} and idx.name[: -len(".idx")] in second.packs.bad  # (the other one reused)
+        assert str(idx) not in packs_mod._OPENED  # the pack opened from the old file is handed out no more
         assert second.get("contents", b[0][1]) == b[0][2]
     finally:
         second.close()

@@ -488,16 +488,18 @@ def open_pack(idx_path: str) -> Pack:
             if _OPENED.get(idx_path) is held:
                 _OPENED.move_to_end(idx_path)
         return held
+    if held is not None:
+        with _OPENED_LOCK:
+            if _OPENED.get(idx_path) is held:
+                del _OPENED[idx_path]  # changed (or closed) since: never handed out again
     pack = Pack(idx_path)
-    with _OPENED_LOCK:
-        if pack.settled:
+    if pack.settled:
+        with _OPENED_LOCK:
             pack.shared = True
             _OPENED[idx_path] = pack
             _OPENED.move_to_end(idx_path)
             while len(_OPENED) > OPENED_PACKS:
                 _OPENED.popitem(last=False)
-        elif _OPENED.get(idx_path) is held:
-            _OPENED.pop(idx_path, None)  # changed since: the old one is not handed out again
     return pack
 
 
