@@ -627,6 +627,155 @@ def test_a_reader_holding_a_pack_reads_on_after_a_merge_unlinks_it(root, objs):
         writer.close()
 
 
+@pytest.fixture
+def settled(monkeypatch):
+    """Every pack counts as settled when opened (as one written two seconds before would),
+    so :func:`packs.open_pack` may hand it out again; its cache is left empty after."""
+    monkeypatch.setattr(packs_mod, "SETTLED_NS", 0, raising=False)
+    yield
+    packs_mod.drop_opened_packs()
+
+
+def _checks(monkeypatch) -> list[str]:
+    """The index paths whose checks run from now on (each a pack opened anew)."""
+    seen: list[str] = []
+    real = Pack._check_index
+
+    def spy(self, size):
+        seen.append(os.path.basename(self.idx_path))
+        return real(self, size)
+
+    monkeypatch.setattr(Pack, "_check_index", spy)
+    return seen
+
+
+def test_a_store_opened_again_in_the_process_reuses_the_packs_it_checked(root, settled, monkeypatch):
+    """Opening and checking a pack's index costs about 50 us: a harness that opens the
+    store for each append paid it for every pack at every open (50 packs: more than the
+    rest of the open, append and close). A pack seen before, its index unchanged, is
+    handed out again; closing one store leaves it readable by another."""
+    writer = other(root)
+    batches = [items(PACK_BATCH, seed=s) for s in range(3)]
+    for b in batches:
+        writer.write_pack(b, merge=False)
+    writer.close()
+    first = other(root)
+    assert first.get("contents", batches[0][0][1]) == batches[0][0][2]
+    held = list(first.packs.packs)
+    assert len(held) == 3
+    checks = _checks(monkeypatch)
+    second = other(root)
+    try:
+        assert second.get("contents", batches[1][0][1]) == batches[1][0][2]
+        assert checks == [] and all(a is b for a, b in zip(second.packs.packs, held))
+        first.close()  # closes none of the packs the second store holds
+        assert all(second.get(sp, n) == d for b in batches for sp, n, d in b)
+    finally:
+        second.close()
+    held[0].close()  # closed by whoever held it: never handed out again
+    third = other(root)
+    try:
+        assert all(third.get(sp, n) == d for b in batches for sp, n, d in b)
+        assert checks == [os.path.basename(held[0].idx_path)]
+    finally:
+        third.close()
+
+
+def test_a_shared_pack_counts_its_lookups_for_one_store(root, settled, monkeypatch):
+    """A pack's lookups are counted, and the dict they build past DICT_AFTER kept, for one
+    store, as before packs were shared: a process that opens the store again and again
+    for a few lookups each builds no dict, and keeps none for a store that has closed."""
+    monkeypatch.setattr(Pack, "DICT_AFTER", 3)
+    writer = other(root)
+    a = items(PACK_BATCH, seed=1)
+    writer.write_pack(a, merge=False)
+    writer.close()
+    first = other(root)
+    assert [first.get(sp, n) for sp, n, _ in a[:2]] == [d for _, _, d in a[:2]]
+    (pack,) = first.packs.packs
+    assert pack._index is None and pack._finds >= 2
+    first.close()
+    second = other(root)
+    try:
+        assert [second.get(sp, n) for sp, n, _ in a[2:4]] == [d for _, _, d in a[2:4]]
+        assert second.packs.packs == [pack] and pack._index is None  # counted afresh: 2 lookups, not 4
+        assert all(second.get(sp, n) == d for sp, n, d in a)
+        assert pack._index is not None  # a bulk reader's
+    finally:
+        second.close()
+    assert pack._index is None and pack._finds == 0
+
+
+def test_a_pack_whose_index_changed_is_opened_and_checked_again(root, settled, monkeypatch):
+    """Reuse asks the index file to be the one opened (inode, size, mtime, ctime): one
+    rewritten (here: corrupt) or replaced since is opened and checked again."""
+    writer = other(root)
+    a, b = items(PACK_BATCH, seed=1), items(PACK_BATCH, seed=2)
+    writer.write_pack(a, merge=False)
+    writer.write_pack(b, merge=False)
+    writer.close()
+    first = other(root)
+    assert first.get("contents", a[0][1]) == a[0][2]
+    found = first.packs.locate(a[0][1])
+    assert found is not None
+    idx = Path(found[0].idx_path)
+    first.close()
+    st = os.stat(idx)
+    flip(idx, 8 + 8 + 1024 + 5)  # a name's byte: the checksum fails
+    os.utime(idx, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # (a clock tick on)
+    checks = _checks(monkeypatch)
+    second = other(root)
+    try:
+        with pytest.raises(NoSuchObjectError, match="could not be read"):
+            second.get("contents", a[0][1])
+        assert set(checks) == {idx.name} and idx.name[: -len(".idx")] in second.packs.bad  # (the other one reused)
+        assert str(idx) not in packs_mod._OPENED  # the pack opened from the old file is handed out no more
+        assert second.get("contents", b[0][1]) == b[0][2]
+    finally:
+        second.close()
+
+
+def test_a_pack_opened_within_the_clock_tick_of_its_write_is_not_reused(root, objs, monkeypatch):
+    """A file written again within the same tick of the file clock may keep its size,
+    mtime and ctime: a pack opened less than SETTLED_NS after its index last changed is
+    never handed out again (git's racy rule), so its next open checks it again."""
+    writer = other(root)
+    a = items(PACK_BATCH, seed=1)
+    writer.write_pack(a, merge=False)
+    writer.close()
+    assert objs.get("contents", a[0][1]) == a[0][2]
+    (idx,) = idx_files(root)
+    st = os.stat(idx)
+    flip(idx, 8 + 8 + 1024 + 5)
+    os.utime(idx, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same mtime: as if within one tick
+    checks = _checks(monkeypatch)
+    second = other(root)
+    try:
+        with pytest.raises(NoSuchObjectError, match="could not be read"):
+            second.get("contents", a[0][1])
+        assert set(checks) == {idx.name}
+    finally:
+        second.close()
+
+
+def test_packs_merged_away_leave_the_process_cache(root, settled):
+    writer = other(root)
+    batches = [items(PACK_BATCH, seed=s) for s in range(8)]
+    for b in batches:
+        writer.write_pack(b, merge=False)
+    reader = other(root)
+    try:
+        assert reader.get("contents", batches[0][0][1]) == batches[0][0][2]
+        pack_dir = str(root / "objects" / "pack")
+        assert sum(p.startswith(pack_dir) for p in packs_mod._OPENED) == 8
+        assert writer.merge_small_packs()
+        assert writer.get("contents", batches[7][0][1]) == batches[7][0][2]  # the merged one listed
+        assert [os.path.basename(p) for p in packs_mod._OPENED if p.startswith(pack_dir)] == [i.name for i in idx_files(root)]
+    finally:
+        reader.close()
+        writer.close()
+
+
 # -- batches, dedup, freshening -----------------------------------------------------------
 
 
