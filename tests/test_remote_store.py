@@ -198,6 +198,30 @@ def test_a_refused_head_is_the_error_its_status_says(served, monkeypatch, tmp_pa
         st.objects.exists("entries", entry)
 
 
+@pytest.mark.parametrize("status, error", [(401, "AuthError"), (403, "ScopeError"), (501, "UnsupportedError")])
+def test_a_bodiless_answer_to_a_head_is_the_error_its_status_names(status, error):
+    """RFC 0003 gives each of these statuses one code, so a HEAD's answer (no problem body)
+    says its error by its status alone: a 501 (a server that offers no objects) was a
+    TransportError where the same answer to a GET is UnsupportedError. Any other status
+    without a body stays a TransportError."""
+    import httpx
+
+    from agentsession_cas import errors as E
+    from agentsession_cas.exchange.http_client import HttpTransport
+
+    def answering(code: int) -> HttpTransport:
+        t = HttpTransport("http://example.invalid/", token="x")
+        t._http = httpx.Client(base_url=t.url + "v1", transport=httpx.MockTransport(lambda req: httpx.Response(code)))
+        return t
+
+    name = "/objects/entries/sha256:" + "0" * 64
+    with pytest.raises(getattr(E, error)) as caught:
+        answering(status).request("HEAD", name, safe=True, ok=(404,))
+    assert f"HTTP {status} to a HEAD" in str(caught.value)
+    with pytest.raises(E.TransportError):
+        answering(502).request("HEAD", name, safe=True, ok=(404,))
+
+
 def test_what_the_protocol_does_not_carry_is_refused(served, token):
     """Sweep and listing objects are the server's maintenance: ``unsupported``, and the
     store is left as it was."""

@@ -134,7 +134,7 @@ _PLAIN: dict[str, type[E.AgentSessionError]] = {
 
 #: What a bodiless answer's status says, where RFC 0003 gives the status one code: a
 #: ``HEAD``'s answer carries no problem body, so its status is all it says.
-_BY_STATUS: dict[int, type[E.AgentSessionError]] = {401: E.AuthError, 403: E.ScopeError}
+_BY_STATUS: dict[int, type[E.AgentSessionError]] = {401: E.AuthError, 403: E.ScopeError, 501: E.UnsupportedError}
 
 
 def error_from_problem(status: int, body: Any, *, where: str, head: bool = False) -> E.AgentSessionError:
