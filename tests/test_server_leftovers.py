@@ -282,6 +282,36 @@ def test_head_refuses_what_its_get_refuses_from_the_query_or_the_backend(tmp_pat
             assert c.request(method, "/v1/refs/r", params={"view": "log"}).status_code == 501
 
 
+def test_head_answers_what_its_get_answers_without_reading_the_log_or_opening_a_stream(tmp_path):
+    """Two statuses a GET decides before its body that a HEAD answered 200 to (a reviewer's
+    finding): a log read's ``after`` of another incarnation (its tag says so, no log read)
+    is 409 ``session_replaced``; a follow (a session's, a ref's) at ``max_streams`` is the
+    503 with ``Retry-After``, and the HEAD takes no place."""
+    from agentsession_cas.server.app import _StreamSlot
+
+    st = Store.init(tmp_path / "st")
+    state = ServerState(st, None, Limits(max_stream_age_s=0, max_streams=1))
+    with TestClient(create_app(state)) as c:
+        recorded(c, "s1", 1)
+        pos, _tag, check = lines(c.get("/v1/sessions/s1/log"))[-1]["cursor"].split("-")
+        other = f"{pos}-{'f' * 16}-{check}"
+        for method in ("GET", "HEAD"):
+            r = c.request(method, "/v1/sessions/s1/log", params={"after": other})
+            assert r.status_code == 409, method
+        problem(c.get("/v1/sessions/s1/log", params={"after": other}), 409, "session_replaced")
+        assert c.head("/v1/sessions/s1/follow").status_code == 200  # below the limit: no place taken
+        assert state.streams == 0
+        held = _StreamSlot(state)  # the one place taken
+        try:
+            for route in ("/v1/sessions/s1/follow", "/v1/refs/r?view=follow"):
+                for method in ("GET", "HEAD"):
+                    r = c.request(method, route)
+                    assert r.status_code == 503 and r.headers["Retry-After"], (method, route)
+            assert state.streams == 1
+        finally:
+            held.release()
+
+
 def test_head_answers_the_headers_without_the_body_work(served, monkeypatch):
     """Starlette routes HEAD to a GET route's handler, which did the GET's work and sent
     its body for nothing: a HEAD of a follow held a stream (until its age limit, counted

@@ -919,7 +919,7 @@ class Api:
         if request.method == "HEAD":  # no log read, nothing committed
             answer = await self._session_head(request, principal, sid, NDJSON)
             if after is not None and answer.status_code < 300:  # (after the session's checks, as the GET)
-                _cursor_given(after)
+                _cursor_of(after, answer.headers["Incarnation"])
             return answer
 
         def snapshot() -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -1016,8 +1016,8 @@ class Api:
         sse = "application/x-ndjson" not in accept
         media = "text/event-stream" if sse else NDJSON
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        if request.method == "HEAD":  # no stream opened, no log read
-            return await self._session_head(request, principal, sid, media, headers)
+        if request.method == "HEAD":  # no stream opened, no log read; at the limit, the GET's 503
+            return self._streams_busy() or await self._session_head(request, principal, sid, media, headers)
         slot = self._admit_stream()
         if isinstance(slot, Response):
             return slot
@@ -1045,9 +1045,15 @@ class Api:
         the number of open streams). At the limit, a 503 with ``Retry-After``: the oldest
         open stream ends by its age limit at the latest (sooner if its follower leaves),
         the wait a refused follower is given (RFC 0003 clients retry a 503 after it)."""
+        busy = self._streams_busy()
+        return _StreamSlot(self.state) if busy is None else busy
+
+    def _streams_busy(self) -> Response | None:
+        """The 503 :meth:`_admit_stream` answers at the limit, or None below it: what a
+        follow's ``HEAD`` answers too (the status its GET would get), taking no place."""
         state = self.state
         if state.streams < state.limits.max_streams:
-            return _StreamSlot(state)
+            return None
         starts = state.stream_starts
         age = float(state.limits.max_stream_age_s)
         wait = math.ceil(max(1.0, (min(starts) + age - time.monotonic()) if starts else 1.0))
@@ -1441,8 +1447,8 @@ class Api:
         sse = "application/x-ndjson" not in request.headers.get("accept", "")
         media = "text/event-stream" if sse else NDJSON
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        if request.method == "HEAD":  # no stream opened, the ref not read
-            return _headers_only(200, headers, media)
+        if request.method == "HEAD":  # no stream opened, the ref not read; at the limit, the GET's 503
+            return self._streams_busy() or _headers_only(200, headers, media)
 
         def read() -> dict[str, Any]:
             refs = Refs(self.state.store)
@@ -1623,6 +1629,15 @@ def _cursor_given(after: str) -> tuple[Any, ...]:
     return parsed
 
 
+def _cursor_of(after: str, ident: str) -> tuple[Any, ...]:
+    """:func:`_cursor_given` of a cursor that must be of the incarnation ``ident``; one of
+    another is ``session_replaced`` (its tag says so: no log read, so a HEAD says it too)."""
+    parsed = _cursor_given(after)
+    if parsed[1] != ident[7:23]:
+        raise SessionReplacedError(f"cursor {after} is of another incarnation of this session: read it afresh")
+    return parsed
+
+
 def _log_lines(sid: str, records: list[dict[str, Any]], header: dict[str, Any], durable: bool,
                after: str | None) -> list[bytes]:
     """The lines of a log read (RFC 0003, Reading) from a snapshot of the session's
@@ -1634,9 +1649,7 @@ def _log_lines(sid: str, records: list[dict[str, Any]], header: dict[str, Any], 
     upto = last_commit + 1 if durable else len(records)
     told, start = Told(), 0
     if after is not None:
-        parsed = _cursor_given(after)
-        if parsed[1] != ident[7:23]:
-            raise SessionReplacedError(f"cursor {after} is of another incarnation of this session: read it afresh")
+        parsed = _cursor_of(after, ident)
         found = locate(records, len(records), parsed[0], parsed[2])
         if found is None:
             raise SessionReplacedError(f"cursor {after} is not of this session's log as it is now (it was rewritten, "
