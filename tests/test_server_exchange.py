@@ -347,14 +347,19 @@ def test_a_fetch_reads_its_objects_in_batches_where_the_server_offers_them(serve
     c.close()
 
 
-def test_a_batch_read_cut_part_way_is_asked_again_for_the_rest(served, tmp_path, monkeypatch):
+def _pushed_envelopes(served, tmp_path: Path) -> list[tuple[str, str]]:
+    """A session of 4 entries recorded and pushed to ``served``: its path's envelopes there."""
     st = Store.init(tmp_path / "a")
     record(st, "s1", 4)
     st.close()
     ok(cli(tmp_path / "a", "push", "s1", served.url))
     with served.client("all") as c:
         path = [json.loads(x) for x in c.get("/v1/sessions/s1/path").text.splitlines()][:-1]
-    wanted = [("entries", f["entry"]) for f in path]
+    return [("entries", f["entry"]) for f in path]
+
+
+def test_a_batch_read_cut_part_way_is_asked_again_for_the_rest(served, tmp_path, monkeypatch):
+    wanted = _pushed_envelopes(served, tmp_path)
     stream = HttpTransport._read_stream
     asked: list[int] = []
 
@@ -388,13 +393,7 @@ def test_a_batch_read_of_several_batches_asks_for_the_next_while_the_last_is_tak
     """Session 42: the next batch is read (on a worker thread) while the caller takes the
     one before, so the server's work overlaps the caller's; the objects still come in the
     order asked, and one the server does not serve in a later batch is still named."""
-    st = Store.init(tmp_path / "a")
-    record(st, "s1", 4)
-    st.close()
-    ok(cli(tmp_path / "a", "push", "s1", served.url))
-    with served.client("all") as c:
-        path = [json.loads(x) for x in c.get("/v1/sessions/s1/path").text.splitlines()][:-1]
-    wanted = [("entries", f["entry"]) for f in path]
+    wanted = _pushed_envelopes(served, tmp_path)
     stream = HttpTransport._read_stream
     asked: list[int] = []
 
