@@ -10,6 +10,7 @@ import json
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -27,6 +28,7 @@ from agentsession_cas.errors import (
     SessionReplacedError,
     TransportError,
 )
+from agentsession_cas.exchange import http_client
 from agentsession_cas.exchange import operations as ex
 from agentsession_cas.exchange.http_client import HttpTransport, http_url, token_for
 from agentsession_cas.exchange.recorder import Recorder
@@ -345,14 +347,19 @@ def test_a_fetch_reads_its_objects_in_batches_where_the_server_offers_them(serve
     c.close()
 
 
-def test_a_batch_read_cut_part_way_is_asked_again_for_the_rest(served, tmp_path, monkeypatch):
+def _pushed_envelopes(served, tmp_path: Path) -> list[tuple[str, str]]:
+    """A session of 4 entries recorded and pushed to ``served``: its path's envelopes there."""
     st = Store.init(tmp_path / "a")
     record(st, "s1", 4)
     st.close()
     ok(cli(tmp_path / "a", "push", "s1", served.url))
     with served.client("all") as c:
         path = [json.loads(x) for x in c.get("/v1/sessions/s1/path").text.splitlines()][:-1]
-    wanted = [("entries", f["entry"]) for f in path]
+    return [("entries", f["entry"]) for f in path]
+
+
+def test_a_batch_read_cut_part_way_is_asked_again_for_the_rest(served, tmp_path, monkeypatch):
+    wanted = _pushed_envelopes(served, tmp_path)
     stream = HttpTransport._read_stream
     asked: list[int] = []
 
@@ -380,6 +387,34 @@ def test_a_batch_read_cut_part_way_is_asked_again_for_the_rest(served, tmp_path,
     finally:
         proxy.close()
     assert proxy.dropped == 1
+
+
+def test_a_batch_read_of_several_batches_asks_for_the_next_while_the_last_is_taken(served, tmp_path, monkeypatch):
+    """Session 42: the next batch is read (on a worker thread) while the caller takes the
+    one before, so the server's work overlaps the caller's; the objects still come in the
+    order asked, and one the server does not serve in a later batch is still named."""
+    wanted = _pushed_envelopes(served, tmp_path)
+    stream = HttpTransport._read_stream
+    asked: list[int] = []
+
+    def counted(self, names):
+        asked.append(sum(len(v) for v in names.values()))
+        yield from stream(self, names)
+
+    monkeypatch.setattr(HttpTransport, "_read_stream", counted)
+    monkeypatch.setattr(http_client, "READ_BATCH", 2)
+    with HttpTransport(served.url, token=TOKENS["all"][0]) as t:
+        objects = t.get_objects(wanted)
+        first = next(objects)
+        deadline = time.monotonic() + 10
+        while len(asked) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert asked == [2, 2]  # the second batch asked for while the first is being taken
+        got = [first, *objects]
+        assert [(s, n) for s, n, _ in got] == wanted and asked == [2, 2, 1]
+        absent = sha256_ref(b'{"nowhere":1}')
+        with pytest.raises(NoSuchObjectError, match=absent):
+            list(t.get_objects([*wanted, ("contents", absent)]))
 
 
 def test_the_server_serves_https_with_its_own_certificate(tmp_path):

@@ -38,6 +38,7 @@ import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -414,22 +415,34 @@ class HttpTransport(Transport):
         self, wanted: Iterable[tuple[str, str]], *, session: str | None = None
     ) -> Iterator[tuple[str, str, bytes]]:
         """One GET per object, or, where the server offers ``object_read``, batch reads of
-        up to :data:`READ_BATCH` objects, each answer read as it streams in. The objects
-        come in the order asked either way; one the server does not serve is
-        NoSuchObjectError, as its GET's 404 would be."""
+        up to :data:`READ_BATCH` objects. The objects come in the order asked either way;
+        one the server does not serve is NoSuchObjectError, as its GET's 404 would be.
+
+        Of several batches, each is read whole on a worker thread while the caller takes
+        the one before (one batch ahead, so at most two are held): the server reads the
+        next batch, and the answer crosses, while this process stores the last, where
+        the two used to take turns (a 100,000-entry fetch took 1.6 times a fetch from a
+        path; the server's work was the difference). A lone batch is taken as it streams in."""
         if not self.capabilities().get("features", {}).get("object_read"):
             for space, name in wanted:
                 response = self.request("GET", f"/objects/{space_to_wire(space)}/{name}", safe=True)
                 yield space, name, response.content
             return
-        batch: list[tuple[str, str]] = []
-        for item in wanted:
-            batch.append(item)
-            if len(batch) == READ_BATCH:
-                yield from self._read_batch(batch)
-                batch = []
-        if batch:
-            yield from self._read_batch(batch)
+        asked = list(wanted)
+        if len(asked) <= READ_BATCH:
+            if asked:
+                yield from self._read_batch(asked)
+            return
+        batches = [asked[i : i + READ_BATCH] for i in range(0, len(asked), READ_BATCH)]
+        del asked
+        with ThreadPoolExecutor(1, thread_name_prefix="agentsession-read-ahead") as ahead:
+            coming = ahead.submit(_whole, self._read_batch, batches[0])
+            for k in range(len(batches)):
+                got = coming.result()
+                if k + 1 < len(batches):
+                    coming = ahead.submit(_whole, self._read_batch, batches[k + 1])
+                yield from got
+                del got
 
     def _read_batch(self, batch: list[tuple[str, str]]) -> Iterator[tuple[str, str, bytes]]:
         """A batch read (``POST /v1/objects/read``), its objects yielded in the order asked.
@@ -579,3 +592,9 @@ class HttpTransport(Transport):
     def get_ref(self, name: str) -> str | None:
         facts = self.resolve_ref(name)
         return None if facts is None else str(facts["target"]["session"])
+
+
+def _whole(read: Callable[[list[tuple[str, str]]], Iterator[tuple[str, str, bytes]]],
+           batch: list[tuple[str, str]]) -> list[tuple[str, str, bytes]]:
+    """A batch read taken whole (on the read-ahead thread)."""
+    return list(read(batch))
