@@ -66,13 +66,7 @@ import agentsession_cas  # noqa: E402
 from agentsession_cas import Header  # noqa: E402
 from agentsession_cas.backends.files.locks import FileLock  # noqa: E402
 from agentsession_cas.backends.files.objects import REPACK_BLOCK, REPACK_LEVEL, REPACK_THREADS, SPACES  # noqa: E402
-from agentsession_cas.backends.files.packs import (  # noqa: E402
-    BLOCK_TARGET,
-    SPACE_BITS,
-    Pack,
-    PackWriter,
-    drop_opened_packs,
-)
+from agentsession_cas.backends.files.packs import BLOCK_TARGET, SPACE_BITS, Pack, PackWriter  # noqa: E402
 from agentsession_cas.backends.files.sessions import CHECKPOINT_ENTRIES  # noqa: E402 - after the sys.path set-up
 from agentsession_cas.store import Store  # noqa: E402
 from bench_verify import generate  # noqa: E402
@@ -670,17 +664,6 @@ def bench_latency(tmp: str, entries: list, packs: int, per_session: int, reps: i
         say(f"    Store(path).session(id) + append + close: 1 pack median {o_med * 1e3:7.2f} ms (p90 {o_p90 * 1e3:.2f}), "
             f"{packs} packs median {m_med * 1e3:7.2f} ms (p90 {m_p90 * 1e3:.2f}); ratio {r1:.3f}  (target <= {TARGET_LATENCY})")
         res.add(f"open+append+close: {packs} packs / 1 pack", r1, f"<= {TARGET_LATENCY}", r1 <= TARGET_LATENCY)
-        # Shown, not a target: the same with no pack opened before in this process, as one
-        # command pays (the repetitions above reuse the packs a store of this process
-        # opened and checked before: packs.open_pack).
-        def first_open(p, a):
-            drop_opened_packs()
-            _open_append_close(p, a)
-
-        c_many, c_one = _time_interleaved(first_open, [many, one], list(range(max(reps // 4, 10))))
-        cm, co = statistics.median(c_many), statistics.median(c_one)
-        say(f"      the first open in a process (each index opened and checked, as one command does): 1 pack median "
-            f"{co * 1e3:.2f} ms, {packs} packs median {cm * 1e3:.2f} ms; ratio {cm / co:.3f} (shown, not a target)")
 
         # A random entry, through a store kept open (its block cache of 16 blocks mostly misses).
         rng = Random(seed ^ 0xE17)

@@ -451,75 +451,6 @@ class _FlatBlock:
         return self.data[offset:end]
 
 
-#: A file unchanged for this long when it is opened keeps its mtime until it changes
-#: again: file times come from a coarse clock, so a change within the same tick may leave
-#: them as they were (git's "racy" rule; :attr:`PackSet.RACY_NS` is the same rule for the
-#: pack directory).
-SETTLED_NS = 2_000_000_000
-#: Packs this process opened and checked and may hand out again (:func:`open_pack`), by
-#: index path, least recently listed first; at most :data:`OPENED_PACKS` of them, each
-#: holding its pack's descriptor and its index's mapping.
-_OPENED: OrderedDict[str, Pack] = OrderedDict()
-_OPENED_LOCK = threading.Lock()
-OPENED_PACKS = 128
-
-
-def _file_identity(st: os.stat_result) -> tuple[int, ...]:
-    """What says a file is the one seen before, unchanged: its device and inode (not
-    replaced), its size, mtime and ctime (not written; ctime also moves when the mtime is
-    set back)."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def open_pack(idx_path: str) -> Pack:
-    """The pack of ``idx_path``, opened and its index checked (:class:`Pack`), or the one
-    this process opened from the same index file before, handed out again while that file
-    is unchanged: the same inode, size, mtime and ctime (``lstat``: a link put in its place
-    is another file), and settled when it was opened (:data:`SETTLED_NS`). A store opened
-    again in one process (a harness that opens it for each append) then neither opens nor
-    checks again the indexes of packs it has seen, which cost about 50 us a pack: with 50
-    packs, more than the rest of an open, append and close. A pack handed out so may be
-    shared by several :class:`PackSet` s: none closes it (:meth:`PackSet.close`); it
-    closes itself once none holds it and it has left this cache."""
-    with _OPENED_LOCK:
-        held = _OPENED.get(idx_path)
-    if held is not None and held._fd is not None and held.identity == _file_identity(os.lstat(idx_path)):
-        with _OPENED_LOCK:
-            if _OPENED.get(idx_path) is held:
-                _OPENED.move_to_end(idx_path)
-        return held
-    if held is not None:
-        with _OPENED_LOCK:
-            if _OPENED.get(idx_path) is held:
-                del _OPENED[idx_path]  # changed (or closed) since: never handed out again
-    pack = Pack(idx_path)
-    if pack.settled:
-        with _OPENED_LOCK:
-            pack.shared = True
-            _OPENED[idx_path] = pack
-            _OPENED.move_to_end(idx_path)
-            while len(_OPENED) > OPENED_PACKS:
-                _OPENED.popitem(last=False)
-    return pack
-
-
-def drop_opened_packs() -> None:
-    """Forget every pack :func:`open_pack` would hand out again (each closes once no store
-    holds it): the next open of a store opens and checks each index, as a new process
-    does (what a benchmark of one command's open measures)."""
-    with _OPENED_LOCK:
-        _OPENED.clear()
-
-
-def _forget_packs(pack_dir: str, listed: set[str]) -> None:
-    """Drop from :func:`open_pack`'s cache the packs of ``pack_dir`` no longer listed
-    (merged or swept away): their descriptors close once no store holds them."""
-    prefix = pack_dir + os.sep
-    with _OPENED_LOCK:
-        for path in [p for p in _OPENED if p.startswith(prefix) and p[len(prefix) : -len(".idx")] not in listed]:
-            del _OPENED[path]
-
-
 def open_regular(path: str, what: str) -> int:
     """A read-only descriptor of ``path``, which must be a regular file and no symbolic
     link: a FIFO would block the open (O_NONBLOCK spares that), a device or a link to
@@ -554,16 +485,7 @@ class Pack:
         self.path = idx_path[: -len(".idx")] + ".pack"
         self.name = os.path.basename(idx_path)[: -len(".idx")]
         with os.fdopen(open_regular(idx_path, "pack index"), "rb") as f:
-            st = os.fstat(f.fileno())
-            size = st.st_size
-            #: The index file this pack was opened from, as :func:`_file_identity` says:
-            #: what :func:`open_pack` compares before it hands this pack out again.
-            self.identity = _file_identity(st)
-            #: The file had not changed for :data:`SETTLED_NS` when it was opened and
-            #: checked: a change made since moves its mtime (see :func:`open_pack`).
-            self.settled = time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= SETTLED_NS
-            #: Held by :func:`open_pack`'s cache, so perhaps by several stores: none closes it.
-            self.shared = False
+            size = os.fstat(f.fileno()).st_size
             if size < len(IDX_MAGIC) + _HEAD.size + _FANOUT.size + 2 * _SUM:
                 raise CorruptPackError(f"pack index {idx_path} is too short ({size} bytes)", path=idx_path)
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -663,10 +585,7 @@ class Pack:
     def find(self, name: str) -> Located | None:
         """Where ``name`` lies, or None: a binary search within its fan-out slot
         (a dict once this pack has been asked often)."""
-        return self.find_raw(_raw(name))
-
-    def find_raw(self, raw: bytes) -> Located | None:
-        """:meth:`find` of a raw name (a lookup in every pack makes it once)."""
+        raw = _raw(name)
         index = self._index
         if index is not None:
             i = index.get(raw)
@@ -674,7 +593,7 @@ class Pack:
         self._finds += 1
         if self._finds > self.DICT_AFTER:
             self.index()
-            return self.find_raw(raw)
+            return self.find(name)
         i = self.position(raw)
         return None if i is None else self._located(i)
 
@@ -1887,7 +1806,7 @@ class PackSet:
                 packs.append(old.pop(key))
                 continue
             try:
-                packs.append(open_pack(os.path.join(self.dir, n)))
+                packs.append(Pack(os.path.join(self.dir, n)))
             except FileNotFoundError:
                 continue  # removed between the listing and the open
             except (CorruptPackError, OSError, ValueError) as exc:
@@ -1896,7 +1815,6 @@ class PackSet:
                 self.bad[key] = store_relative(str(exc), os.path.dirname(os.path.dirname(self.dir)))  # (a read's error says it)
                 continue
             self.bad.pop(key, None)
-        _forget_packs(self.dir, listed)
         # Packs gone from the listing are not closed here: another thread may be
         # reading one this moment; each closes itself when no longer referenced.
         # Biggest first: most lookups are answered by the first pack asked.
@@ -1908,12 +1826,8 @@ class PackSet:
     def locate(self, name: str) -> tuple[Pack, Located] | None:
         if self._seen is None:
             self.refresh()
-        packs = self.packs
-        if not packs:
-            return None
-        raw = _raw(name)  # (once, not once a pack: a miss asks every one)
-        for p in packs:
-            loc = p.find_raw(raw)
+        for p in self.packs:
+            loc = p.find(name)
             if loc is not None:
                 return p, loc
         return None
@@ -2063,13 +1977,7 @@ class PackSet:
 
     def close(self) -> None:
         for p in self.packs:
-            if not p.shared:
-                p.close()
-            else:
-                # (the lookups are counted, and what a bulk read built kept, for one store as
-                # before: not for a process that may never read this pack in bulk; another
-                # store reading it meanwhile builds the dict again if it needs it)
-                p._index, p._finds = None, 0
+            p.close()
         self.packs = []
         self._cache.clear()
         self._batches.clear()
