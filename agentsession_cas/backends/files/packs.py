@@ -585,7 +585,10 @@ class Pack:
     def find(self, name: str) -> Located | None:
         """Where ``name`` lies, or None: a binary search within its fan-out slot
         (a dict once this pack has been asked often)."""
-        raw = _raw(name)
+        return self.find_raw(_raw(name))
+
+    def find_raw(self, raw: bytes) -> Located | None:
+        """:meth:`find` of a raw name (a lookup in every pack makes it once)."""
         index = self._index
         if index is not None:
             i = index.get(raw)
@@ -593,7 +596,7 @@ class Pack:
         self._finds += 1
         if self._finds > self.DICT_AFTER:
             self.index()
-            return self.find(name)
+            return self.find_raw(raw)
         i = self.position(raw)
         return None if i is None else self._located(i)
 
@@ -1826,8 +1829,12 @@ class PackSet:
     def locate(self, name: str) -> tuple[Pack, Located] | None:
         if self._seen is None:
             self.refresh()
-        for p in self.packs:
-            loc = p.find(name)
+        packs = self.packs
+        if not packs:
+            return None
+        raw = _raw(name)  # (once, not once a pack: a miss asks every one)
+        for p in packs:
+            loc = p.find_raw(raw)
             if loc is not None:
                 return p, loc
         return None
