@@ -33,7 +33,7 @@ import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import asdict, field
 from typing import Any, Literal, Protocol, overload, runtime_checkable
 
@@ -48,7 +48,6 @@ __all__ = [
     "Mark",
     "Append",
     "CreatedRecords",
-    "DeferredSync",
     "Record",
     "LogHistory",
     "LogOpen",
@@ -445,23 +444,6 @@ class ObjectStore(ABC):
         """Let go of whatever is held open."""
 
 
-class DeferredSync:
-    """The waits for the disk that writes left owed under :meth:`SessionLog.syncs_deferred`.
-    :meth:`sync` makes them, outside whatever lock the caller held for the writes: a
-    server, whose one lock orders every write, lets go of it before it waits. This one
-    owes none (a backend whose commit is durable when it returns)."""
-
-    owed = False
-
-    def sync(self) -> None:
-        """Make the deferred commits durable; raise as the commit would have. A commit
-        is durable, and may be acknowledged, only once this has returned."""
-
-
-#: What a log that defers nothing hands out.
-NO_SYNC_OWED = DeferredSync()
-
-
 class SessionLog(ABC):
     """One session's log, open for writing (holding the session) or as a snapshot.
 
@@ -499,15 +481,6 @@ class SessionLog(ABC):
     @abstractmethod
     def set_indexes(self, head: str | None, mark: Mark) -> None:
         """Record the committed head and mark where readers find them cheaply."""
-
-    def syncs_deferred(self) -> AbstractContextManager[DeferredSync]:
-        """Within the block, a commit writes its records but does not wait for the disk:
-        the :class:`DeferredSync` it yields does, once the caller has let go of its own
-        lock (concurrent waits then overlap, and the file system commits them together).
-        Until its ``sync()`` returns the commit is not durable and must not be
-        acknowledged as such. A backend whose commit is durable when it returns (a
-        database transaction, memory) defers nothing."""
-        return nullcontext(NO_SYNC_OWED)
 
     def set_summary(self, summary: Mapping[str, Any]) -> None:  # noqa: B027 - a hook: a backend may keep none
         """Keep what ``list`` shows of the session (a JSON object the domain made) with

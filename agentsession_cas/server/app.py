@@ -38,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ..backends.base import COMMIT_POINTS, DeferredSync, Space
+from ..backends.base import COMMIT_POINTS, Space
 from ..errors import (
     AgentSessionError,
     AppendRefusedError,
@@ -608,29 +608,6 @@ class Api:
             finally:
                 self.state.lock.release()
         return await self.work(fn, *args)
-
-    async def work_synced(self, fn: Callable[[], tuple[Any, DeferredSync]]) -> Any:
-        """:meth:`work` for a write whose commit's fsync is deferred (``fn`` returns what
-        it answers and the :class:`DeferredSync` of :meth:`SessionLog.syncs_deferred
-        <agentsession_cas.backends.base.SessionLog.syncs_deferred>`): the worker thread
-        waits for the disk once it has let go of the lock, so writers of other sessions
-        (each its own log) write meanwhile and their fsyncs overlap (the file system
-        makes them one journal commit) instead of queueing one after another under the
-        lock. The write is answered only once its fsync has returned."""
-
-        def locked() -> Any:
-            with self.state.lock:
-                out, owed = fn()
-            owed.sync()
-            return out
-
-        return await run_in_threadpool(locked)
-
-    async def synced(self, owed: DeferredSync) -> None:
-        """The deferred fsync of a write :meth:`quick` made, in a worker thread (never the
-        event loop's: it waits for the disk)."""
-        if owed.owed:
-            await run_in_threadpool(owed.sync)
 
     def quick(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run small store work (one append batch, a commit, a lease) in the event loop
@@ -1308,13 +1285,9 @@ class Api:
         if not lines:
             raise BadNameError("an append carries one entry line, or several as newline-delimited lines")
 
-        def do() -> tuple[dict[str, Any], DeferredSync]:
+        def do() -> dict[str, Any]:
             s = self._writer(principal, request, sid, "it is appended to")
             s.writer_format = _check_format(fmt, s)
-            with s.log.syncs_deferred() as owed:  # (the fsync waited for below, the lock let go)
-                return write(s), owed
-
-        def write(s: Session) -> dict[str, Any]:
             objs: list[dict[str, Any]] = []
             stopped: dict[str, Any] | None = None
             for i, line in enumerate(lines):
@@ -1348,26 +1321,20 @@ class Api:
             return {"session": sid, "results": results, "stopped": stopped, "head": s.head, "incarnation": ident}
 
         # A commit waits on the disk and a long batch takes a while: both off the event loop.
-        if commit or len(lines) > QUICK_LINES:
-            out = await self.work_synced(do)
-        else:
-            out, owed = self.quick(do)
-            await self.synced(owed)
+        out = await self.work(do) if commit or len(lines) > QUICK_LINES else self.quick(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
 
     async def commit(self, request: Request, principal: Principal) -> Response:
         sid = request.path_params["id"]
         principal.need_session(sid, "write")
 
-        def do() -> tuple[dict[str, Any], DeferredSync]:
+        def do() -> dict[str, Any]:
             s = self._writer(principal, request, sid)
-            with s.log.syncs_deferred() as owed:
-                s.commit()
+            s.commit()
             ident = header_ident(s.header.data)
-            return {"session": sid, "cursor": self.state.tails.cursor(s), "head": s.head, "incarnation": ident}, owed
+            return {"session": sid, "cursor": self.state.tails.cursor(s), "head": s.head, "incarnation": ident}
 
-        out, owed = self.quick(do)
-        await self.synced(owed)
+        out = self.quick(do)
         return _json(out, headers={"Incarnation": out["incarnation"]})
 
     async def set_head(self, request: Request, principal: Principal) -> Response:

@@ -30,10 +30,8 @@ import json
 import os
 import re
 import stat
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
-from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from ...errors import (
@@ -52,7 +50,6 @@ from ..base import (
     COMMIT_POINTS,
     Append,
     CreatedRecords,
-    DeferredSync,
     FsckProblem,
     LogHistory,
     LogOpen,
@@ -662,60 +659,6 @@ def _payloads(lines: bytes) -> dict[str, tuple[bytes, bytes]]:
     return out
 
 
-class _OwedSync(DeferredSync):
-    """The fsync a log's commits owe under :meth:`FileSessionLog.syncs_deferred`: made
-    on a duplicate of the log's descriptor, so a close or a compaction of the log
-    meanwhile (the caller's lock let go) never leaves it a descriptor closed or reused;
-    a compaction's new file was fsynced before its rename, with every record the old
-    one held. One fsync at a time per log (``_sync_lock``): a commit whose records an
-    fsync begun after them covered waits for that one and makes none of its own."""
-
-    def __init__(self, log: FileSessionLog):
-        self.log = log
-        self.fds: list[int] = []  # (one more should a compaction change the descriptor between two writes)
-        self.end = 0
-        self.gen = -1
-
-    @property
-    def owed(self) -> bool:  # type: ignore[override]
-        return bool(self.fds)
-
-    def note(self, fd: int, gen: int, end: int) -> None:
-        """Records written up to ``end`` of the log's file ``gen``, not yet fsynced."""
-        if gen != self.gen or not self.fds:
-            self.fds.append(os.dup(fd))
-        self.gen, self.end = gen, end
-
-    def sync(self) -> None:
-        log, fds = self.log, self.fds
-        self.fds = []
-        try:
-            with log._sync_lock:
-                if log.stopped:
-                    raise StoreError(
-                        f"session {log.session_id} stopped writing after an fsync failed ({log.stopped}); "
-                        "this commit is not durable"
-                    )
-                gen, end = log._synced
-                if gen == self.gen and end >= self.end:
-                    return  # an fsync begun after these records were written covered them
-                # What this fsync covers: everything written before it begins (the length
-                # read first; a write that ends after the read is not counted).
-                covered = log._written
-                for fd in fds:
-                    try:
-                        os.fsync(fd)
-                    except OSError as exc:
-                        # As in _put: pages a failed fsync covered may never reach the disk.
-                        log.stopped = log.stopped or str(exc)
-                        raise
-                if covered[0] == self.gen:
-                    log._synced = covered
-        finally:
-            for fd in fds:
-                os.close(fd)
-
-
 class FileSessionLog(SessionLog):
     """One session's ``log`` file, open for appending (locked) or read as a snapshot."""
 
@@ -771,16 +714,6 @@ class FileSessionLog(SessionLog):
         self._summary: dict[str, Any] | None = None
         #: The rules' state the domain handed over, written with the summary.
         self._rule_state: dict[str, Any] | None = None
-        #: Under :meth:`syncs_deferred`: the fsync the commits written owe.
-        self._owed: _OwedSync | None = None
-        #: Which file ``_fd`` is (counted up as a compaction or a resume opens another),
-        #: with the length written to it (``_written``) and the length an fsync is known
-        #: to cover (``_synced``), each (generation, length): what lets a deferred commit
-        #: that an fsync made after it covered skip its own.
-        self._fd_gen = 0
-        self._written = (0, 0)
-        self._synced = (0, 0)
-        self._sync_lock = threading.Lock()
 
     # -- opening and recovery -------------------------------------------------------------
 
@@ -952,7 +885,6 @@ class FileSessionLog(SessionLog):
             self._committed_to = len(rewrite)  # it ends with a commit
             self._held = None  # compaction reads what recovery wrote
         self._fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._fd_gen += 1
         if since_checkpoint:
             # Finish the checkpoint the last writer did not reach: every object since
             # it written (where missing or torn) and fsynced, then the record.
@@ -1148,9 +1080,7 @@ class FileSessionLog(SessionLog):
             written = os.write(self._fd, data)
             if written != len(data):
                 raise OSError(f"short write to the log of session {self.session_id}")
-            if sync and self._owed is not None:
-                self._owed.note(self._fd, self._fd_gen, size + written)
-            elif sync:
+            if sync:
                 try:
                     os.fsync(self._fd)
                 except OSError as exc:
@@ -1165,22 +1095,7 @@ class FileSessionLog(SessionLog):
                 self._size = None  # unknown now: ask the file next time
             raise
         self._size = size + len(data)
-        self._written = (self._fd_gen, self._size)
         return size
-
-    @contextmanager
-    def syncs_deferred(self) -> Iterator[DeferredSync]:
-        owed = self._owed = _OwedSync(self)
-        try:
-            yield owed
-        except BaseException:
-            # The caller will not wait for it: what was committed before the failure is
-            # made durable here, as it would have been (a failed fsync stops the log).
-            with suppress(OSError, StoreError):
-                owed.sync()
-            raise
-        finally:
-            self._owed = None
 
     def commit(self) -> None:
         if not self.writable or self._closed:
@@ -1202,8 +1117,6 @@ class FileSessionLog(SessionLog):
         open or close sets it from the log."""
         if not self.writable or self._closed or self.stopped:
             return
-        if self._owed is not None and self._owed.owed:
-            return  # the commit is not on disk yet: HEAD would lead it; the next commit or close sets them
         for name, text, last in (("HEAD", (head or "") + "\n", self._head), ("mark", mark + "\n", self._mark)):
             value = text[:-1]
             if value == last:
@@ -1425,8 +1338,6 @@ class FileSessionLog(SessionLog):
             raise
         os.close(self._fd)
         self._fd = fd
-        self._fd_gen += 1
-        self._synced = self._written = (self._fd_gen, len(head_lines) + len(tail))  # (fsynced whole)
         self._write_snapshot_ids(link, snapshot)
         self._last = last
         self._size = len(head_lines) + len(tail)
@@ -1522,7 +1433,6 @@ class FileSessionLog(SessionLog):
             return False
         self.lock = lock
         self._fd = os.open(os.path.join(self.dir, "log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._fd_gen += 1
         self._size = None  # asked of the file at the next write
         self._identity = None
         return True
