@@ -417,6 +417,39 @@ def test_a_batch_read_of_several_batches_asks_for_the_next_while_the_last_is_tak
             list(t.get_objects([*wanted, ("contents", absent)]))
 
 
+def test_a_batch_read_stopped_early_does_not_wait_for_the_batch_read_ahead(served, tmp_path, monkeypatch):
+    """A caller that stops taking objects (an error storing a batch, an interrupt) closes
+    the read at once: it did wait for the whole batch being read ahead (a reviewer: 3 s
+    for a slow second batch). Forced: the second batch's stream is held until after the
+    close, so a close that waits for it would see it finished."""
+    import threading
+
+    wanted = _pushed_envelopes(served, tmp_path)
+    stream = HttpTransport._read_stream
+    release, held, state = threading.Event(), threading.Event(), {"finished": False}
+
+    def slow_second(self, names):
+        if state.setdefault("calls", 0) == 1:  # the batch read ahead: held until released
+            state["calls"] += 1
+            held.set()
+            release.wait(60)
+            yield from stream(self, names)
+            state["finished"] = True
+            return
+        state["calls"] += 1
+        yield from stream(self, names)
+
+    monkeypatch.setattr(HttpTransport, "_read_stream", slow_second)
+    monkeypatch.setattr(http_client, "READ_BATCH", 2)
+    with HttpTransport(served.url, token=TOKENS["all"][0]) as t:
+        objects = t.get_objects(wanted)
+        next(objects)
+        assert held.wait(60)  # the second batch is being read ahead, and held
+        objects.close()  # returns without waiting for it
+        assert not state["finished"]
+        release.set()
+
+
 def test_the_server_serves_https_with_its_own_certificate(tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),

@@ -35,6 +35,7 @@ import math
 import os
 import socket
 import ssl
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -435,14 +436,22 @@ class HttpTransport(Transport):
             return
         batches = [asked[i : i + READ_BATCH] for i in range(0, len(asked), READ_BATCH)]
         del asked
-        with ThreadPoolExecutor(1, thread_name_prefix="agentsession-read-ahead") as ahead:
-            coming = ahead.submit(_whole, self._read_batch, batches[0])
+        # A caller that stops early (an error storing a batch, an interrupt) is not kept
+        # waiting for the batch being read ahead: that read stops at its next object and
+        # its result, or error, is dropped.
+        stop = threading.Event()
+        ahead = ThreadPoolExecutor(1, thread_name_prefix="agentsession-read-ahead")
+        try:
+            coming = ahead.submit(_whole, self._read_batch, batches[0], stop)
             for k in range(len(batches)):
                 got = coming.result()
                 if k + 1 < len(batches):
-                    coming = ahead.submit(_whole, self._read_batch, batches[k + 1])
+                    coming = ahead.submit(_whole, self._read_batch, batches[k + 1], stop)
                 yield from got
                 del got
+        finally:
+            stop.set()
+            ahead.shutdown(wait=False, cancel_futures=True)
 
     def _read_batch(self, batch: list[tuple[str, str]]) -> Iterator[tuple[str, str, bytes]]:
         """A batch read (``POST /v1/objects/read``), its objects yielded in the order asked.
@@ -595,6 +604,12 @@ class HttpTransport(Transport):
 
 
 def _whole(read: Callable[[list[tuple[str, str]]], Iterator[tuple[str, str, bytes]]],
-           batch: list[tuple[str, str]]) -> list[tuple[str, str, bytes]]:
-    """A batch read taken whole (on the read-ahead thread)."""
-    return list(read(batch))
+           batch: list[tuple[str, str]], stop: threading.Event) -> list[tuple[str, str, bytes]]:
+    """A batch read taken whole (on the read-ahead thread), or as far as it got when
+    ``stop`` is set (its caller gone: what it read is dropped)."""
+    out = []
+    for got in read(batch):
+        if stop.is_set():
+            break
+        out.append(got)
+    return out
