@@ -4,9 +4,7 @@ against the log it stands for, the edges index against the envelopes, and then e
 (:func:`agentsession_cas.maintenance.check.check_sessions`, as a store of any backend). Last, the
 objects nothing retains are counted per space by the sweep's rule
 (:func:`agentsession_cas.maintenance.sweep.unreferenced`), over the logs read in one statement
-and what the walk read of the objects: no object is read a second time. The sessions'
-check is served the envelopes the walk found sound (:meth:`PgObjects.serving`), so a
-fork's prefix costs it no read of them; their contents are read, each verified.
+and what the walk read of the objects: no object is read a second time.
 
 Imported when fsck runs (:meth:`PostgresBackend.fsck`), as the file backend's walk is:
 it uses the domain (replay, the rules' walk), which sits above the backends.
@@ -74,10 +72,7 @@ def fsck_walk(backend: PostgresBackend, store: Any, *, progress: Callable[[str],
     if progress:
         progress("checking the session and log rows")
     _check_rows(db, report)
-    # The sessions checked with the envelopes the walk found sound (a fork's prefix is
-    # not read again for each fork); an envelope it did not is read, and refused, as ever.
-    with backend.objects.serving(kept.envelopes):
-        check_sessions(store, report, progress=progress)
+    check_sessions(store, report, progress=progress)
     if progress:
         progress("counting unreferenced objects")
     # The logs read after the objects, as a sweep reads them: an append landing meanwhile

@@ -16,19 +16,15 @@ and hashes what it returns against the name. A reader that walks a session's
 entries in order (a projection, an export) is served by a read-ahead: the first
 miss fetches the next entries of the order the session registered and their
 contents (the blocks that hold them, a few at a query, else their rows in two
-queries), and each is verified as it is served. fsck, which re-hashes every
-object first, has the envelopes it found sound served from what it read while it
-checks the sessions (:meth:`PgObjects.serving`): each fork's prefix is then not
-read up the edges and out of the table again.
+queries), and each is verified as it is served.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from itertools import compress
 from typing import TYPE_CHECKING, Any, cast
 
@@ -207,9 +203,6 @@ class PgObjects(ObjectStore):
         #: blocks the next one reads at once; None before the first).
         self._per_block: float | None = None
         self._next: tuple[int, int, Future[Fetched]] | None = None
-        #: Envelopes verified already, by name, served while fsck checks the sessions
-        #: (:meth:`serving`); None otherwise.
-        self._sound: dict[str, bytes] | None = None
 
     def barrier(self, conn: Any) -> None:
         """Inside a write transaction: the sweep barrier, shared (see the module)."""
@@ -242,27 +235,7 @@ class PgObjects(ObjectStore):
         conn.execute(_UPSERT.replace("VALUES (%s, %s, %s, %s)", "SELECT * FROM incoming_objects"))
         conn.execute("INSERT INTO edges (parent, child, first) SELECT * FROM incoming_edges ON CONFLICT DO NOTHING")
 
-    @contextmanager
-    def serving(self, envelopes: Mapping[bytes, bytes]) -> Iterator[None]:
-        """Serve the envelopes of ``envelopes`` (raw hash -> bytes, each hashed against its
-        name already: fsck's walk of the table) from it while the block runs, every other
-        object read as before (an envelope it lacks, absent or corrupt in the table, reads
-        and is refused as it would be). fsck checks every session against the rules with
-        it: a fork's prefix, its ancestry and then its projection's envelopes, cost the
-        fork no read of them (a hundred forks of a 100,000-entry session read 5 million).
-        Held by name while it serves (a name is looked up as it is asked: only a name
-        spelled as the store spells it is found, any other read and refused as ever)."""
-        self._sound = {hash_name(raw): data for raw, data in envelopes.items()}
-        try:
-            yield
-        finally:
-            self._sound = None
-
     def get(self, space: Space, name: str) -> bytes:
-        if self._sound is not None and space == "entries":
-            known = self._sound.get(name)
-            if known is not None:
-                return known
         row = self._take_many(space, [name])[0]
         if row is None:
             row = self._miss(space, name)
@@ -277,11 +250,6 @@ class PgObjects(ObjectStore):
         they go on along the expected order, as :meth:`get` does); a name that is no hash
         or an object the table lacks by :meth:`get`, which says so. A projection's walk
         reads this way, a few hundred entries, then their contents."""
-        if space == "entries" and self._sound is not None:
-            sound = self._sound
-            known = [sound.get(name) for name in names]
-            if None not in known:
-                return known  # type: ignore[return-value]  # (every one found)
         rows = self._take_many(space, names)
         missing = [i for i, row in enumerate(rows) if row is None]
         while missing and space == "entries" and self._walks_on(names, missing[0]):
