@@ -432,8 +432,11 @@ class _ItemTexts:
         self._parts: list[bytes] = []
         self._end = self._written = 0
         self._window, self._window_at = b"", 0
+        self._off = False  # (the spool failed: every item is read from its entry, as before it)
 
     def add(self, pos: int, item: object) -> None:
+        if self._off:
+            return
         text = indented(item)
         if text is None:
             return
@@ -445,14 +448,30 @@ class _ItemTexts:
             self._flush()
 
     def _flush(self) -> None:
-        if self._file is None:
-            import tempfile  # (with the random module it brings: only when there is something to spool)
+        try:
+            if self._file is None:
+                import tempfile  # (with the random module it brings: only when there is something to spool)
 
-            self._file = tempfile.TemporaryFile()
-        self._file.write(b"".join(self._parts))
-        self._file.flush()  # (read back by pread, beneath the file object's buffer)
+                self._file = tempfile.TemporaryFile()
+            self._file.write(b"".join(self._parts))
+            self._file.flush()  # (read back by pread, beneath the file object's buffer)
+        except OSError:
+            self._give_up()
+            return
         self._parts.clear()
         self._written = self._end
+
+    def _give_up(self) -> None:
+        """No spool (its directory full, unwritable, a file size limit): every item is
+        then read from its entry, as when no text is made, the same bytes written; a
+        shortcut's failure is never the command's."""
+        self._off = True
+        from array import array
+
+        self._size = array("l", bytes(self._size.itemsize * len(self._size)))
+        self._parts.clear()
+        self._window = b""
+        self.close()
 
     def text(self, pos: int) -> str | None:
         size = self._size[pos]
@@ -467,7 +486,13 @@ class _ItemTexts:
             else:
                 if self._parts:
                     self._flush()
-                self._window, self._window_at = os.pread(self._file.fileno(), max(size, self.WINDOW), at), at
+                try:
+                    if self._off:
+                        return None
+                    self._window, self._window_at = os.pread(self._file.fileno(), max(size, self.WINDOW), at), at
+                except OSError:
+                    self._give_up()
+                    return None
                 start = 0
         return self._window[start : start + size].decode("utf-8")
 
@@ -481,6 +506,7 @@ class _ItemTexts:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+            self._file = None
 
 
 class _MadeItems(Sequence[object]):

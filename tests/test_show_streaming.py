@@ -166,6 +166,64 @@ def test_a_stored_sessions_json_reads_each_content_once(tmp_path, session, monke
     assert doc["context"] == json.loads(ref.stdout)["context"]
 
 
+@pytest.mark.parametrize("fails", ["open", "write", "read"])
+def test_a_stored_sessions_json_is_whole_when_its_spool_cannot_be_written(tmp_path, session, monkeypatch, fails):
+    """The temporary file show --json spools its items' texts to is a shortcut: where it
+    cannot be made, written (its directory full) or read back, every item is read from its
+    entry as before it, the same bytes, exit 0 (a reviewer: a full TMPDIR cut the document
+    short with a no_space error blaming the store)."""
+    import errno
+    import tempfile
+
+    from agentsession_cli import file_commands
+
+    root = tmp_path / "store"
+    with Store.init(root) as st:
+        sid = st.import_file(session).id
+    whole = CliRunner().invoke(main, ["--store", str(root), "show", sid, "--json"])
+    assert whole.exit_code == 0
+    monkeypatch.setattr(file_commands._ItemTexts, "WINDOW", 4096)
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise full
+
+    if fails == "open":
+        monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    elif fails == "write":
+        made = tempfile.TemporaryFile
+
+        class Full:
+            def __init__(self) -> None:
+                self.f, self.n = made(), 0
+
+            def write(self, data: bytes) -> int:
+                self.n += 1
+                if self.n > 1:  # (the second window: some texts already spooled)
+                    raise full
+                return self.f.write(data)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.f, name)
+
+        monkeypatch.setattr(tempfile, "TemporaryFile", Full)
+    else:
+        made, spools, pread = tempfile.TemporaryFile, set(), file_commands.os.pread
+
+        def spool() -> Any:
+            f = made()
+            spools.add(f.fileno())
+            return f
+
+        monkeypatch.setattr(tempfile, "TemporaryFile", spool)
+        # (os.pread is every reader's: only the spool's read back fails, after its first window)
+        monkeypatch.setattr(file_commands.os, "pread",
+                            lambda fd, n, at: refuse() if fd in spools and at > 0 else pread(fd, n, at))
+    r = CliRunner().invoke(main, ["--store", str(root), "show", sid, "--json"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout == whole.stdout
+
+
 def test_standard_input_shows_as_its_file(session):
     """A session read from standard input is held (nowhere to read it again from): every
     mode prints what the file's does (a long path once parked what it could not wake)."""
