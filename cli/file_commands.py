@@ -500,6 +500,7 @@ class _ItemTexts:
         """The context's items, each made ahead where its text was (a held list, as an
         omit in force makes, is written as it is)."""
         if isinstance(ctx.items, list):
+            self.close()  # (no text is read: the spool goes now)
             return ctx.items
         return _MadeItems(ctx, self)
 
