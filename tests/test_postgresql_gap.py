@@ -485,3 +485,21 @@ def test_an_imported_session_s_snapshot_proves_a_branch_leaf(store, url, tmp_pat
     assert fsck(store).ok and verify_stored(store, "big", as_export=True).problems == []
     with store.read("big") as s:  # (an import is a mirror: no local append to try)
         assert s.log_order == [*ids, leaf] and s.head == ids[-1] and s.mark == "mirror"
+
+
+def test_the_log_command_numbers_each_record_by_its_row_after_a_gap(store, url):
+    """``agentsession log`` of a gapped PostgreSQL log: each record keeps its row's number
+    (the line a finding names), where it was numbered by its place among the records that
+    read, so every record after the gap was named one row early."""
+    build(store)
+    rows = [pos for (pos,) in sql(url, "SELECT pos FROM log WHERE session = (SELECT key FROM sessions WHERE id = 's1') "
+                                  "ORDER BY pos", [])]
+    delete_row(url, 3)
+    r = CliRunner().invoke(main, ["--store", url, "log", "s1", "--json"])
+    assert r.exit_code == 1  # (the gap is damage, said with its code)
+    import json
+
+    lines = [d["line"] for d in json.loads(r.stdout)]
+    assert lines == [p for p in rows if p != 3]
+    text = CliRunner().invoke(main, ["--store", url, "log", "s1"]).stdout.splitlines()[1:]
+    assert [int(t.split()[0]) for t in text] == lines

@@ -220,7 +220,7 @@ class LogHistory:
     an index may lag the log, never lead it)."""
 
     records: list[dict[str, Any]]
-    positions: list[tuple[int, int]] | None = None
+    positions: list[tuple[int, int | None]] | None = None
     damage: list[FsckProblem] = field(default_factory=list)
     tail: str | None = None
     tail_from: int | None = None

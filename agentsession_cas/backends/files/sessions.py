@@ -616,7 +616,9 @@ class FileSessions(SessionStore):
                 fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
                 try:
                     after = os.fstat(fd)
-                    last = os.pread(fd, CHECKSUM_HEX, history.positions[-1][1]).decode("ascii", "replace")
+                    offset = history.positions[-1][1]
+                    assert offset is not None  # (a file's lines have offsets)
+                    last = os.pread(fd, CHECKSUM_HEX, offset).decode("ascii", "replace")
                 finally:
                     os.close(fd)
             except OSError:
