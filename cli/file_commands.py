@@ -466,16 +466,13 @@ class _ItemTexts:
         then read from its entry, as when no text is made, the same bytes written; a
         shortcut's failure is never the command's."""
         self._off = True
-        from array import array
-
-        self._size = array("l", bytes(self._size.itemsize * len(self._size)))
         self._parts.clear()
         self._window = b""
         self.close()
 
     def text(self, pos: int) -> str | None:
         size = self._size[pos]
-        if not size:
+        if not size or self._off:
             return None
         at = self._at[pos]
         start = at - self._window_at
@@ -486,9 +483,9 @@ class _ItemTexts:
             else:
                 if self._parts:
                     self._flush()
+                if self._off:  # (the flush just failed)
+                    return None
                 try:
-                    if self._off:
-                        return None
                     self._window, self._window_at = os.pread(self._file.fileno(), max(size, self.WINDOW), at), at
                 except OSError:
                     self._give_up()

@@ -873,8 +873,8 @@ class PgSessions(SessionStore):
         # The row's head is the log's index (written in the append's transaction): the
         # domain holds it to the records, as the file backend's HEAD (read in one snapshot).
         out = LogHistory([], source=self.log_source(session_id), head_index=row[2] if isinstance(row[2], str) else None,
-                         length_index=(row[4], texts[-1][0] if texts else 0), positions=[])
-        assert out.positions is not None
+                         length_index=(row[4], texts[-1][0] if texts else 0))
+        out.positions = positions = []
         for missing, after in log_gaps(pos for pos, _ in texts):
             out.damaged("log-gap", gap_message(missing, after), after)  # (fsck's line: the row after it)
         for pos, text in texts:
@@ -883,7 +883,7 @@ class PgSessions(SessionStore):
                 out.damaged("log-damage", f"log row {pos} {record}", pos)
             else:
                 out.records.append(record)
-                out.positions.append((pos, None))  # (its row: a record after a gap keeps its number)
+                positions.append((pos, None))  # (its row: a record after a gap keeps its number)
         return out
 
     def history_since(self, session_id: str, start: int, resume: Any = None) -> LogTail:
