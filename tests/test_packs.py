@@ -682,7 +682,7 @@ def test_put_and_small_put_many_freshen_the_file_holding_an_object(root, objs):
         if how == "put":
             assert objs.put(sp, n, d, durable=True) is None
         else:
-            objs.put_many([(sp, n, d)], dedup=False)
+            objs.put_many([(sp, n, d)])
         assert os.stat(pack).st_mtime_ns > t, how
         assert loose_files(root) == []  # not written again
     loose = items(3, seed=2)
@@ -695,6 +695,28 @@ def test_put_and_small_put_many_freshen_the_file_holding_an_object(root, objs):
         else:
             objs.put_many([loose[0]])
         assert os.stat(lp).st_mtime_ns > t, how
+
+
+def test_a_checkpoints_small_put_many_opens_no_pack(root, objs):
+    """``put_many(dedup=False)`` (a checkpoint's) of a few objects writes them loose
+    without opening a pack index to look for them: a close's cost must not grow with
+    the number of packs. An object already packed is then held twice, both copies
+    sound, until the next pack; the fresh loose copy is what a sweep spares."""
+    packed = items(PACK_BATCH, seed=1)
+    objs.write_pack(packed)
+    [idx] = idx_files(root)
+    fresh = FileObjects(str(root))
+    try:
+        sp, n, d = packed[5]
+        new = items(1, seed=3)[0]
+        fresh.put_many([(sp, n, d), new], dedup=False)
+        assert fresh.packs._seen is None and fresh.packs.packs == []  # never listed
+        assert loose_path(root, sp, n).read_bytes() == d
+        assert loose_path(root, *new[:2]).read_bytes() == new[2]
+        assert fresh.get(sp, n) == d and fresh.get(*new[:2]) == new[2]
+    finally:
+        fresh.close()
+    assert objs.get(sp, n) == d
 
 
 def test_a_touch_always_moves_the_mtime(root, objs, monkeypatch):

@@ -444,8 +444,10 @@ class FileObjects(ObjectStore):
         streamed from ``items`` when ``count`` says it is that big. A smaller one becomes
         loose files, created and written, then every file (new, or present from another
         writer) and its directory fsynced on the pool. ``dedup=False`` skips looking for
-        each object in the packs first (a checkpoint's objects are new but for the odd
-        repeat, which a repack drops). Handed this store's :meth:`stage`, it makes the
+        each object in the packs first, for a pack and for loose files alike (a
+        checkpoint's objects are new but for the odd repeat, which the next pack or
+        auto-pack drops; looking would open every pack's index, so a close's cost
+        would grow with the number of packs). Handed this store's :meth:`stage`, it makes the
         stage's pack visible, then stores the objects the pack does not hold."""
         self.wrote = True
         if isinstance(items, PackStage):
@@ -462,7 +464,7 @@ class FileObjects(ObjectStore):
             return
         paths: list[str] = []
         for space, name, data in items:
-            found = self._packed_sound(space, name)
+            found = self._packed_sound(space, name) if dedup else None
             if found is not None:
                 if _freshen(found[0].path):
                     continue  # packs are durable before they are visible
