@@ -907,3 +907,27 @@ def test_ref_log_file_skips_a_torn_last_line_and_refuses_a_damaged_one(tmp_path)
     path.write_bytes(b"{torn\n" + good)
     with Store(tmp_path / "st") as st, pytest.raises(StoreError, match="line 1"):
         Refs(st).log("r")
+
+
+def test_a_move_after_a_torn_last_line_cuts_the_tear_first(tmp_path):
+    """The next move after a crash tore ``refs.log``'s last line appends after the last
+    whole line: appended to the tear, it would make a damaged line in the middle, and
+    every ref's history would stop reading."""
+    with Store.init(tmp_path / "st") as st:
+        for sid in ("s1", "s2", "s3"):
+            st.create(Header.new(sid)).close()
+        Refs(st).update("r", "s1", expected=None)
+        Refs(st).update("other", "s2", expected=None)
+    path = tmp_path / "st" / "refs.log"
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"name":"r","old":"s1","ne')
+    with Store(tmp_path / "st") as st:
+        refs = Refs(st)
+        refs.update("r", "s3", expected="s1")
+        assert [(m["old"], m["new"]) for m in refs.log("r")] == [("s1", "s3"), (None, "s1")]
+        assert [(m["old"], m["new"]) for m in refs.log("other")] == [(None, "s2")]
+    assert path.read_bytes().startswith(whole) and path.read_bytes().count(b"\n") == 3
+    path.write_bytes(b'{"name":"r","ol')  # a tear with no whole line before it
+    with Store(tmp_path / "st") as st:
+        Refs(st).update("r", "s1", expected="s3")
+        assert [(m["old"], m["new"]) for m in Refs(st).log("r")] == [("s3", "s1")]

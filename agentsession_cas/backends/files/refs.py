@@ -77,6 +77,24 @@ def _name_of_file(file_name: str) -> str | None:
         return None
 
 
+
+def _cut_torn_line(fd: int, size: int) -> None:
+    """Cut the refs' log back to its last whole line: a crash (or a full disk) left the
+    end of an append without its newline, which the reader forgives only as the last
+    line, and the next move, appended to it, would make it a line in the middle that
+    no history read gets past. The torn line never read as a move, so nothing is lost.
+    Called under the refs lock."""
+    end, chunk = size, 65536
+    while end > 0:
+        start = max(0, end - chunk)
+        data = os.pread(fd, end - start, start)
+        at = data.rfind(b"\n")
+        if at >= 0:
+            os.ftruncate(fd, start + at + 1)
+            return
+        end = start
+    os.ftruncate(fd, 0)
+
 class FileRefs(RefStore):
     def __init__(self, root: str):
         self.root = root
@@ -162,10 +180,13 @@ class FileRefs(RefStore):
     def record_move(self, name: str, move: Mapping[str, Any]) -> None:
         path = os.path.join(self.root, "refs.log")
         made = not os.path.exists(path)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise StoreError(f"the refs' log {path} is not a regular file; the ref moved, its history was not kept")
+            if st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
+                _cut_torn_line(fd, st.st_size)
             write_all(fd, canonical_bytes(dict(move, name=name)) + b"\n")
             os.fsync(fd)
         finally:
