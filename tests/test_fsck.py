@@ -27,6 +27,7 @@ from agentsession_cas.backends.files.fsck import writer_holds
 from agentsession_cas.backends.files.log import encode_record, read_log
 from agentsession_cas.backends.files.objects import FileObjects
 from agentsession_cas.backends.files.packs import Pack
+from agentsession_cas.errors import StoreError
 from agentsession_cas.format.hashing import entry_objects
 from agentsession_cas.format.writer import write_session
 from agentsession_cas.maintenance.fsck import FsckReport, fsck
@@ -644,6 +645,38 @@ def test_a_damaged_ref_and_a_dangling_one(store):
     [bad] = report.errors
     assert (bad.code, bad.file) == ("bad-ref", "refs/chat%one")
     assert [(p.code, p.session) for p in report.notes if p.code.endswith("-ref")] == [("dangling-ref", "side")]
+
+
+def test_a_garbled_refs_log_line_is_an_error_as_reading_a_refs_history_finds_it(store):
+    """fsck reads refs.log by the rule a ref's log reads it by (refs.py read_refs_log):
+    each line before the last that does not read is an error naming the file (relative
+    to the store) and the line, which Refs.log fails on; a torn last line is a note, which
+    no read takes. fsck said nothing of a garbled line, and exited 0."""
+    root, info = store
+    with Store(root) as st:
+        st.create(Header.new("s2")).close()
+        Refs(st).update("chat/one", "s2", expected="rec")
+        Refs(st).update("chat/two", "s2", expected=None)
+    path = root / "refs.log"
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert len(lines) == 3
+    garbled = [b"z" + lines[0][1:], lines[1], b"[" + lines[2][1:]]
+    path.write_bytes(b"".join(garbled) + lines[2][:-9])
+    report = fsck(root)
+    bad = errors(report)
+    assert [(p.code, p.file, p.line) for p in bad] == [("bad-refs-log", "refs.log", 1), ("bad-refs-log", "refs.log", 3)]
+    assert str(root) not in bad[0].message and "refs.log line 1 does not read" in bad[0].message
+    assert [(p.code, p.file, p.line) for p in report.notes if p.file == "refs.log"] == [("log-tail", "refs.log", 4)]
+    with Store(root) as st, pytest.raises(StoreError, match="line 1 does not read"):
+        Refs(st).log("chat/one")
+    path.write_bytes(b"".join(lines) + lines[2][:-9])  # a torn last line alone: read past, no error
+    report = fsck(root)
+    assert report.ok and [p.line for p in report.notes if p.file == "refs.log"] == [4]
+    with Store(root) as st:
+        assert [m["new"] for m in Refs(st).log("chat/one")] == ["s2", "rec"]
+    path.unlink()
+    path.mkdir()  # no file a read can take: an error, as a ref's log refuses it
+    assert [(p.code, p.file) for p in errors(fsck(root))] == [("bad-refs-log", "refs.log")]
 
 
 def test_unreferenced_objects_are_counted_as_sweep_would_see_them(store):

@@ -907,6 +907,9 @@ def test_ref_log_file_skips_a_torn_last_line_and_refuses_a_damaged_one(tmp_path)
     path.write_bytes(b"{torn\n" + good)
     with Store(tmp_path / "st") as st, pytest.raises(StoreError, match="line 1"):
         Refs(st).log("r")
+    path.write_bytes(good + b"[1]\n" + good)  # JSON, but no move: damage too (it was skipped unsaid)
+    with Store(tmp_path / "st") as st, pytest.raises(StoreError, match="line 2 does not read as a JSON object"):
+        Refs(st).log("r")
 
 
 def test_a_move_after_a_torn_last_line_cuts_the_tear_first(tmp_path):

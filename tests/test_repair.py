@@ -689,6 +689,39 @@ def test_on_a_terminal_it_asks_and_a_no_writes_nothing(tmp_path, monkeypatch):
     assert_healthy(root, ids)
 
 
+@pytest.mark.parametrize("damage", ["garbled line", "cut log"])
+def test_a_no_writes_nothing_when_the_header_file_is_lost_too(tmp_path, monkeypatch, damage):
+    """A session whose header file is gone and whose log is damaged (a garbled line; or a
+    log cut at a record boundary, which reads line by line but HEAD names an entry it
+    lost): repair plans from the header the log holds, in memory, and writes the file only
+    with the rest, after the confirmation. A no leaves the session and tmp/ as they were;
+    it wrote the header back before it asked (and said "nothing written")."""
+    root = tmp_path / "store"
+    ids = build(root)
+    if damage == "garbled line":
+        flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
+    else:  # (the entry HEAD names is taken back from objects/)
+        start = line_of(root, "append", 5)[0]
+        log_path(root).write_bytes(log_path(root).read_bytes()[:start])
+    header = root / "sessions" / SID / "header"
+    held = header.read_bytes()
+    header.unlink()
+    before = files(root)
+    asked: list = []
+    with Store(root) as st:
+        rep = repair_session(st, SID, confirm=lambda plan: asked.append(plan) or False)
+    assert rep.cancelled and not rep.indexes_fixed and [p.damaged for p in asked] == [True]
+    assert ("header", None, held.decode().strip()) in asked[0].stale_indexes
+    assert files(root) == before and not header.exists() and os.listdir(root / "tmp") == []
+    monkeypatch.setattr(repair_command, "_on_terminal", lambda: True)
+    r = cli(root, "repair", SID, input="n\n")
+    assert r.exit_code == 1 and "cancelled; nothing written" in r.stderr and files(root) == before
+    with Store(root) as st:
+        rep = repair_session(st, SID, confirm=lambda plan: True)
+    assert rep.repaired and rep.indexes_fixed and header.read_bytes() == held
+    assert_healthy(root, ids)
+
+
 def test_yes_skips_the_question(tmp_path, monkeypatch):
     root = tmp_path / "store"
     build(root)

@@ -68,6 +68,7 @@ from .locks import PACK_LOCK
 from .log import Record, header_of, read_log, read_snapshot_ids, scan_log, snapshot_ids_disagree
 from .objects import DROPPED_PACK, HASH_FIRST, FileObjects
 from .packs import SPACE_BITS, Pack, salvage_pack
+from .refs import read_refs_log
 from .sessions import HEADER_LIMIT, payload_entry
 from .sessions import checkpoint_covers as _checkpoint_covers
 from .sweep import SESSION_FILES, retention_source
@@ -351,6 +352,7 @@ class _Walk:
         self.walk_sessions()
         self.walk_staged()
         self.walk_refs()
+        self.walk_refs_log()
         self.walk_locks()
         self.finish()
         # Objects first, then sessions, then the rest, each in the order found.
@@ -1264,6 +1266,22 @@ class _Walk:
                 what = "is not in the store" if state == "dangling" else "was deleted and another created under its id"
                 self.note(f"{state}-ref", f"ref {name} names session {ref.session}, which {what}",
                           session=ref.session, file=self.rel(path))
+
+    def walk_refs_log(self) -> None:
+        """``refs.log`` read as a ref's log reads it (refs.py ``read_refs_log``, the one
+        rule): each line that does not read is an error (every ref's log fails on it), a
+        torn last line a note (an append a crash cut, which no read takes)."""
+        try:
+            log = read_refs_log(self.root)
+        except StoreError as exc:
+            self.error("bad-refs-log", _short(exc, self.root), file="refs.log")
+            return
+        for n in log.bad:
+            self.error("bad-refs-log", f"{_short(log.damage(n), self.root)}: reading any ref's history fails on it",
+                       file="refs.log", line=n)
+        if log.torn is not None:
+            self.note("log-tail", f"refs.log line {log.torn} is torn (an append a crash cut); no read takes it",
+                      file="refs.log", line=log.torn)
 
     def walk_locks(self) -> None:
         base = os.path.join(self.root, "locks")

@@ -12,7 +12,8 @@ is another ref, not this one.
 Each change is also a line of ``refs.log`` (canonical JSON and LF, appended and
 fsynced under the same lock, after the ref file is durable): the refs' history
 RFC 0003 serves as a ref's log. A crash between the two loses the line, never a
-move; a torn last line (a crash inside the append) is not read.
+move; a torn last line (a crash inside the append) is not read. A ref's log and fsck
+read the file by one rule (:func:`read_refs_log`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from ...errors import AgentSessionError, BadRefNameError, StoreError
 from ...format.canonical import canonical_bytes, loads
 from ...format.names import check_ref_name
 from ...fsutil import NotAFileError, fsync_dir, read_small, read_whole, write_all, write_atomic
+from ...lean import dataclass
 from ..base import RefStore
 from .locks import FileLock, LockTimeout
 
-__all__ = ["FileRefs", "LOCK_TIMEOUT", "ref_file_bytes", "ref_file_name"]
+__all__ = ["FileRefs", "LOCK_TIMEOUT", "RefsLog", "read_refs_log", "ref_file_bytes", "ref_file_name"]
 
 #: How long a writer waits for another's ref update before giving up. Updates hold the
 #: lock for a read, a file write and two fsyncs, so a wait this long means a stuck process.
@@ -195,24 +197,54 @@ class FileRefs(RefStore):
             fsync_dir(self.root)
 
     def moves(self, name: str) -> list[dict[str, Any]] | None:
-        path = os.path.join(self.root, "refs.log")
+        log = read_refs_log(self.root)
+        if log.bad:
+            raise log.damage(log.bad[0])
+        return [move for _, move in log.moves if move.get("name") == name]
+
+
+@dataclass
+class RefsLog:
+    """``refs.log`` as read: each line that reads, with its number (from 1); the lines
+    that do not (before the last), each damage; and a torn last line (an append a crash
+    cut, no LF after it), which is not read and is no damage."""
+
+    path: str
+    moves: list[tuple[int, dict[str, Any]]]
+    bad: list[int]
+    torn: int | None = None
+
+    def damage(self, line: int) -> StoreError:
+        """What reading the history says of a line that does not read (naming the file
+        whole, as the ref files' errors do; fsck names it relative to the store)."""
+        return StoreError(f"the refs' log {self.path} line {line} does not read as a JSON object")
+
+
+def read_refs_log(root: str) -> RefsLog:
+    """The refs' history of the store at ``root``, read by the one rule both a ref's log
+    and fsck use: a line reads when it is a JSON object; one that does not is damage,
+    except a last line without its LF (a torn append), which is skipped. A file that is
+    not a regular one is a :class:`StoreError` naming it; no file is an empty history."""
+    path = os.path.join(root, "refs.log")
+    try:
+        data = read_whole(path)
+    except FileNotFoundError:
+        return RefsLog(path, [], [])
+    except (NotAFileError, IsADirectoryError) as exc:
+        raise StoreError(f"the refs' log {path} cannot be read: {exc}") from None
+    lines = data.split(b"\n")
+    out = RefsLog(path, [], [])
+    for n, line in enumerate(lines, start=1):
+        if not line:
+            continue
         try:
-            data = read_whole(path)
-        except FileNotFoundError:
-            return []
-        except NotAFileError as exc:
-            raise StoreError(f"the refs' log {path} cannot be read: {exc}") from None
-        lines = data.split(b"\n")
-        out: list[dict[str, Any]] = []
-        for n, line in enumerate(lines, start=1):
-            if not line:
-                continue
-            try:
-                move = loads(line)
-            except (ValueError, AgentSessionError):
-                if n == len(lines):  # a torn last line: an append a crash cut
-                    break
-                raise StoreError(f"the refs' log {path} line {n} does not read as JSON") from None
-            if isinstance(move, dict) and move.get("name") == name:
-                out.append(move)
-        return out
+            move = loads(line)
+        except (ValueError, AgentSessionError):
+            move = None
+        if isinstance(move, dict):
+            out.moves.append((n, move))
+        elif n == len(lines):  # a torn last line: an append a crash cut
+            out.torn = n
+        else:
+            out.bad.append(n)
+    return out

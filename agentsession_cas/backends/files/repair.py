@@ -32,7 +32,9 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -54,7 +56,7 @@ from ...format.timestamps import now_ts
 from ...fsutil import fsync_dir, read_dense, read_small, write_all, write_atomic
 from ...lean import dataclass
 from ...store.session import Session, entry_from_objects, parse_header
-from ...store.state import replay
+from ...store.state import index_damage, replay
 from ..base import FsckProblem, Space
 from . import FileBackend
 from .log import (
@@ -71,6 +73,7 @@ from .log import (
     spelled_snapshot_seqs,
 )
 from .sessions import HEADER_LIMIT, FileSessionLog, payload_entry, read_summary
+from .sweep import SESSION_FILES
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -1172,33 +1175,45 @@ def plan_repair(
             session=session_id, damaged=False, why="its header file is missing, and its log holds the header",
             stale_indexes=[("header", None, lost.decode("utf-8").strip())],
         )
-        lost_report.note("missing-header", "the rest of the session is planned once the header file is written again "
-                         "(a repair writes it from the log, then goes on)", file=f"sessions/{session_id}/header")
+        lost_report.note("missing-header", "the rest of the session is planned when the repair runs, from the header "
+                         "its log holds (the file is written with the rest)", file=f"sessions/{session_id}/header")
         return lost_report
     try:
         probe = Session._open(store, session_id, writable=False)
     except SessionDamagedError as exc:
-        why = exc.why  # the report names the session itself
-    else:
+        return _plan_damaged(store, session_id, exc.why, progress)  # (the report names the session itself)
+    try:
+        return _plan_sound(store, probe)
+    finally:
         probe.close()
-        sdir = _files(store).sessions.dir(session_id)
-        report = RepairReport(
-            session=session_id, damaged=False, why="its log reads whole", kept=list(probe.log_order),
-            head=probe.head, mark=probe.mark, seq=probe.state.max_seq, head_note="as the log names it",
-            _kept_seqs=dict(probe.own),
-            stale_indexes=_stale_indexes(sdir, probe.head, probe.mark),
-        )
-        try:
-            logged = _logged_header(read_dense(os.path.join(sdir, "log")))
-        except OSError:
-            logged = None
-        if logged is not None:
-            # The log holds the header: a header file that differs (garbled, edited) is a stale
-            # index of it (fsck's stale-header), already served from the log; rewritten as a lost one is.
-            report.stale_indexes[:0] = _stale_indexes(sdir, header=logged)
-        report._objects = _restorable_objects(store, sdir)
-        report.restorable = [(space, name) for space, name, _ in report._objects]
-        return report
+
+
+def _plan_sound(store: Store, probe: Session) -> RepairReport:
+    """The report on a session whose log reads whole (``probe``, opened read-only): its
+    index files that disagree with the log, and the objects only the log holds."""
+    sdir = _files(store).sessions.dir(probe.id)
+    report = RepairReport(
+        session=probe.id, damaged=False, why="its log reads whole", kept=list(probe.log_order),
+        head=probe.head, mark=probe.mark, seq=probe.state.max_seq, head_note="as the log names it",
+        _kept_seqs=dict(probe.own),
+        stale_indexes=_stale_indexes(sdir, probe.head, probe.mark),
+    )
+    try:
+        logged = _logged_header(read_dense(os.path.join(sdir, "log")))
+    except OSError:
+        logged = None
+    if logged is not None:
+        # The log holds the header: a header file that differs (garbled, edited, lost) is a stale
+        # index of it (fsck's stale-header, missing-header), already served from the log.
+        report.stale_indexes[:0] = _stale_indexes(sdir, header=logged)
+    report._objects = _restorable_objects(store, sdir)
+    report.restorable = [(space, name) for space, name, _ in report._objects]
+    return report
+
+
+def _plan_damaged(store: Store, session_id: str, why: str, progress: Callable[[str], None] | None) -> RepairReport:
+    """The plan for a session whose open found it damaged (``why``), from its log's bytes,
+    the header its log holds (else its header file) and the objects."""
     sdir = _files(store).sessions.dir(session_id)
     source: bytes | None
     try:
@@ -1225,6 +1240,39 @@ def plan_repair(
     return report
 
 
+def _plan_lost_header(
+    store: Store, session_id: str, lost: bytes, progress: Callable[[str], None] | None
+) -> RepairReport:
+    """The plan for a session whose header file is gone, from the header its log holds
+    (``lost``), held in memory: nothing is written in the session directory. Its files
+    are opened as the store opens them (the log, its replay, its indexes) from a stage in
+    ``tmp/`` holding hard links to them and the header, removed before this returns; the
+    header file is written by the repair with the rest (after a confirmation, where one
+    is asked), or not at all."""
+    backend = _files(store)
+    sdir = backend.sessions.dir(session_id)
+    stage = os.path.join(backend.root, "tmp", f"repair-plan-{session_id}-{os.getpid()}-{os.urandom(4).hex()}")
+    os.makedirs(stage)
+    try:
+        for name in os.listdir(sdir):
+            if name in SESSION_FILES:
+                _link_or_copy(os.path.join(sdir, name), os.path.join(stage, name))
+        with open(os.path.join(stage, "header"), "wb") as f:
+            f.write(lost)
+        try:
+            with _staged_session(store, session_id, stage) as (probe, damage):
+                if not damage:
+                    return _plan_sound(store, probe)
+                why = damage[0]
+        except SessionDamagedError as exc:
+            why = exc.why
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    report = _plan_damaged(store, session_id, why, progress)
+    report.stale_indexes.insert(0, ("header", None, lost.decode("utf-8").strip()))
+    return report
+
+
 def build_log(report: RepairReport, damaged_log: str | None) -> bytes:
     repair: dict[str, Any] = {
         "op": "repair",
@@ -1243,9 +1291,12 @@ def build_log(report: RepairReport, damaged_log: str | None) -> bytes:
     return encode_log(records)
 
 
-def _check_staged(store: Store, session_id: str, stage: str, report: RepairReport) -> None:
-    """Open the new log as the store would (from a staging directory) and project it: the
-    repaired session must open, replay to the plan, and verify, before it replaces anything."""
+@contextmanager
+def _staged_session(store: Store, session_id: str, stage: str) -> Iterator[tuple[Session, list[str]]]:
+    """The session whose files are in ``stage`` opened read-only, as an open from the
+    store would (the log read and recovered as a snapshot, replayed, its ``HEAD`` held to
+    it), and why it is damaged: the replay's faults, then an index that leads the log.
+    A log that does not read raises :class:`SessionDamagedError`, as the open does."""
     backend = store.backend
     assert isinstance(backend, FileBackend)
     log = FileSessionLog(backend, session_id)
@@ -1253,20 +1304,34 @@ def _check_staged(store: Store, session_id: str, stage: str, report: RepairRepor
     try:
         opened = log._open(False)
         state = replay(opened.records)
-        problems = [why for _, why in state.damage]
-        if state.log_order != report.kept:
-            problems.append("the entries it replays differ from the plan")
-        if state.head != report.head or state.mark != report.mark:
-            problems.append("its head or mark differ from the plan")
-        if opened.recovered or log.payloads:
-            problems.append("it would need recovery when opened")
+        damage = [why for _, why in state.damage]
+        lead = index_damage(state, opened.head_index, opened.length_index)
+        if lead is not None:
+            damage.append(lead)
         s = Session(store, session_id, log, Header(loads(opened.header)), state)
-        sf = read_session_bytes(s.projection(), source=session_id)
-        problems.extend(str(p) for p in sf.all_problems())
-    except AgentSessionError as exc:
-        problems = [str(exc)]
+        s.recovered = list(opened.recovered)
+        yield s, damage
     finally:
         log.close()
+
+
+def _check_staged(store: Store, session_id: str, stage: str, report: RepairReport) -> None:
+    """Open the new log as the store would (from a staging directory) and project it: the
+    repaired session must open, replay to the plan, and verify, before it replaces anything."""
+    try:
+        with _staged_session(store, session_id, stage) as (s, problems):
+            state = s.state
+            if state.log_order != report.kept:
+                problems.append("the entries it replays differ from the plan")
+            if state.head != report.head or state.mark != report.mark:
+                problems.append("its head or mark differ from the plan")
+            assert isinstance(s.log, FileSessionLog)
+            if s.recovered or s.log.payloads:
+                problems.append("it would need recovery when opened")
+            sf = read_session_bytes(s.projection(), source=session_id)
+            problems.extend(str(p) for p in sf.all_problems())
+    except AgentSessionError as exc:
+        problems = [str(exc)]
     if problems:
         raise StoreError(
             f"session {session_id} was not repaired: the log the repair built does not read back ({problems[0]}); "
@@ -1274,20 +1339,28 @@ def _check_staged(store: Store, session_id: str, stage: str, report: RepairRepor
         )
 
 
-def _keep_aside(log_path: str, aside: str) -> None:
-    """The damaged log under its new name, durably, before anything replaces it: a hard
-    link where the filesystem allows (no copy), else a copy fsynced."""
+def _link_or_copy(src: str, dst: str) -> None:
+    """``src`` under the name ``dst`` too: a hard link where the filesystem allows (no
+    copy; a link or a FIFO is linked as it is, never followed or read), else a copy of a
+    regular file, fsynced (in pieces: a sparse log of gigabytes is never held)."""
     try:
-        os.link(log_path, aside)
+        os.link(src, dst, follow_symlinks=False)
     except OSError:
-        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        if not stat.S_ISREG(os.lstat(src).st_mode):
+            raise
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            with open(log_path, "rb") as src:  # in pieces: a sparse log of gigabytes is never held
-                while chunk := src.read(1 << 22):
+            with open(src, "rb") as f:
+                while chunk := f.read(1 << 22):
                     write_all(fd, chunk)
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _keep_aside(log_path: str, aside: str) -> None:
+    """The damaged log under its new name, durably, before anything replaces it."""
+    _link_or_copy(log_path, aside)
     fsync_dir(os.path.dirname(log_path))
 
 
@@ -1408,12 +1481,10 @@ def repair_session(
     check_repairable(store, session_id, held=lost is not None)
     lock = _files(store).sessions.lock(session_id)
     try:
-        if lost is not None:  # the log's header, written back first: the session is then listed and read
-            write_atomic(os.path.join(_files(store).sessions.dir(session_id), "header"), lost, durable=True)
-        report = plan_repair(store, session_id, progress=progress)
-        if lost is not None:
-            report.stale_indexes.insert(0, ("header", None, lost.decode("utf-8").strip()))
-            report.indexes_fixed = True
+        # A lost header file is planned from the header the log holds, in memory: it is
+        # written with the rest (a stale index), after the confirmation, never before.
+        report = (plan_repair(store, session_id, progress=progress) if lost is None
+                  else _plan_lost_header(store, session_id, lost, progress))
         if not report.damaged:
             if report._objects:
                 store.objects.put_many(report._objects)
@@ -1491,6 +1562,7 @@ def repair_session(
             same = False
         if not same:
             write_atomic(header_path, report._header_bytes, durable=True)
+        report.indexes_fixed = report.indexes_fixed or lost is not None
         return report
     finally:
         lock.release()
