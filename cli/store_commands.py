@@ -36,6 +36,7 @@ from agentsession_cas.format.canonical import loads
 from agentsession_cas.format.entry import Header, kept_member_note, short_id
 from agentsession_cas.format.links import fork_of_link
 from agentsession_cas.format.names import check_session_id, names_an_entry
+from agentsession_cas.format.rules import BOM_WORDS, UTF8_BOM
 from agentsession_cas.lean import dataclass
 from agentsession_cas.store import Session, Store, default_store_path
 from agentsession_cas.store.names import REF_PREFIX, resolve_base, resolve_entry, resolve_object, resolve_session
@@ -224,12 +225,20 @@ def _stdin_json(what: str) -> Any:
     raw = read_stdin()
     if not raw.strip():
         fail(f"no {what} on stdin: give one JSON object", code=BAD_INPUT)
+    return _json_object(raw, "stdin", what)
+
+
+def _json_object(raw: bytes, where: str, what: str) -> Any:
+    """``raw`` (stdin's or a file's bytes) parsed as the JSON ``what`` is, or the command's
+    error naming ``where``; a byte order mark is named as import and verify name it."""
+    if raw.startswith(UTF8_BOM):
+        fail(f"{where} {BOM_WORDS} ({what} is one JSON object)", code=BAD_INPUT)
     try:
         return loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        fail(f"stdin is not UTF-8; {what} is one JSON object", code=BAD_INPUT)
+        fail(f"{where} is not UTF-8; {what} is one JSON object", code=BAD_INPUT)
     except (ValueError, IJSONError) as exc:
-        fail(f"stdin is not a JSON object ({what}): {exc}", code=BAD_INPUT)
+        fail(f"{where} is not a JSON object ({what}): {exc}", code=BAD_INPUT)
 
 
 # ---------------------------------------------------------------------------
@@ -631,13 +640,7 @@ def create(base: str | None, header_file: str | None, new_id: str | None, fork_l
             data = _stdin_json("header")
         else:
             with open(header_file, "rb") as f:
-                raw = f.read()
-            try:
-                data = loads(raw.decode("utf-8"))
-            except UnicodeDecodeError:
-                fail(f"{header_file}: not UTF-8; a header is one JSON object", code=BAD_INPUT)
-            except (ValueError, IJSONError) as exc:
-                fail(f"{header_file}: not a JSON object: {exc}", code=BAD_INPUT)
+                data = _json_object(f.read(), header_file, "a header")
         if not isinstance(data, dict):
             fail(f"{header_file}: the header must be a JSON object", code=BAD_INPUT)
         data = dict(data)

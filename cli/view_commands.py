@@ -126,6 +126,11 @@ def grep(pattern: str, sessions: tuple[str, ...], types: tuple[str, ...], ignore
     except re.error as exc:
         raise click.BadParameter(f"not a regular expression: {exc}", param_hint="PATTERN") from None
     store = read_store()
+    if not sessions:
+        # Every session held: one whose header file is lost is its damage (exit 1), as a
+        # damaged log is, where leaving it out would call a store searched that was not.
+        for sid in store.backend.sessions.lost_headers():
+            resolve_session(store, sid)  # (raises the session's damage)
     ids = [resolve_session(store, name) for name in sessions] if sessions else sorted(store.list())
     found: list[dict[str, Any]] = []
     matched = False

@@ -212,6 +212,8 @@ def test_create_from_header_file(store, tmp_path):
     assert ok(cli(store, "create", "--header", str(hfile), "--id", "other")).strip() == "other"
     hfile.write_text("{not json")
     one_error(cli(store, "create", "--header", str(hfile)), "not a JSON object")
+    hfile.write_bytes(b'\xef\xbb\xbf{"id": "bom"}')
+    one_error(cli(store, "create", "--header", str(hfile)), f"{hfile} begins with a UTF-8 byte order mark")
     hfile.write_text("[1]")
     one_error(cli(store, "create", "--header", str(hfile)), "must be a JSON object")
 
@@ -271,6 +273,7 @@ def test_append_leaf_label_moves_the_head(store):
         ('{"type": "item", "ts": "yesterday"}', "is not in the admitted form"),
         (b"\xff\xfe", "not UTF-8"),
         ('{"type": "item"}\n{"type": "item"}', "not a JSON object"),
+        (b'\xef\xbb\xbf{"type": "custom", "data": 1}', "stdin begins with a UTF-8 byte order mark"),
     ],
 )
 def test_append_bad_input_is_one_line(store, stdin, needle):

@@ -222,3 +222,29 @@ def test_an_entry_id_where_a_session_is_asked_for_is_named_as_one(named, argv):
     if argv[0] in ("show", "verify", "rev-parse"):  # (the commands of the three kinds with --json)
         err = json.loads(cli(store, *[a.format(id=head, short=head[:15]) for a in argv], "--json").stderr)["error"]
         assert err["code"] == ("bad_name" if argv[0] == "rev-parse" else "no_session")
+
+
+def test_a_session_whose_header_file_is_lost_is_a_candidate_of_every_name(tmp_path):
+    """A session whose header file is lost is held still (``list`` shows it damaged): a
+    prefix naming it and another is ambiguous (``delete`` took the other), its own id is
+    its damage (not the longer id it begins), and ``grep`` over the store reports it
+    rather than calling the store searched."""
+    store = tmp_path / "st"
+    assert cli(store, "init").exit_code == 0
+    for sid in ("task-1", "task-10", "task-2"):
+        assert cli(store, "create", "--id", sid).exit_code == 0
+    r = CliRunner().invoke(main, ["--store", str(store), "append", "task-1"],
+                           input='{"type":"custom","data":"needle"}', catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    (store / "sessions" / "task-1" / "header").unlink()
+    r = cli(store, "rev-parse", "task", "--json")
+    assert r.exit_code == 1 and json.loads(r.output)["error"]["code"] == "ambiguous"
+    assert cli(store, "delete", "task").exit_code == 1
+    assert sorted(p.name for p in (store / "sessions").iterdir()) == ["task-1", "task-10", "task-2"]
+    for name in ("task-1", "task-"):
+        r = cli(store, "rev-parse", name, "--json")
+        assert r.exit_code == 1, name
+        assert json.loads(r.output)["error"]["code"] == ("session_damaged" if name == "task-1" else "ambiguous")
+    assert cli(store, "rev-parse", "task-2").output.strip() == "task-2"
+    r = cli(store, "grep", "needle", "--json")
+    assert r.exit_code == 1 and json.loads(r.output)["error"]["session"] == "task-1"

@@ -130,14 +130,19 @@ _CLAIMED_ID = re.compile(rb'"id"\s*:\s*"(sha256:[0-9a-f]{64})"')
 _NO_CLAIMS: tuple[str, ...] = ()
 
 
+#: What a text saved "UTF-8 with BOM" is told, wherever JSON is read (a line, a header,
+#: an entry or header on stdin): RFC 0001's lines are I-JSON, which carries none.
+BOM_WORDS = "begins with a UTF-8 byte order mark (U+FEFF), which JSON text does not carry; save it as UTF-8 without one"
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def describe_json_error(exc: Exception) -> str:
     """Why a line (or the header) does not parse, in words."""
     if isinstance(exc, UnicodeDecodeError):
         return f"is not valid UTF-8 (byte {exc.start})"
     if isinstance(exc, json.JSONDecodeError):
         if exc.pos == 0 and exc.doc[:1] == "\ufeff":
-            # A file saved "UTF-8 with BOM": RFC 0001's lines are I-JSON, which carries none.
-            return "begins with a UTF-8 byte order mark (U+FEFF), which JSON text does not carry; save it as UTF-8 without one"
+            return BOM_WORDS
         # Some of the parser's messages end in "at" already ("Unterminated string starting at").
         msg = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
         return f"does not parse as JSON: {msg} at column {exc.colno}"

@@ -70,12 +70,23 @@ def resolve_session(store: Store, name: str) -> str:
         raise unusable
     # A prefix of at least as many characters as an entry prefix: a command that deletes
     # must not take one letter for a session.
-    found = [sid for sid in store.list() if sid.startswith(name)] if len(name) >= MIN_ENTRY_PREFIX else []
-    if found:
-        return the_one(name, found, f"session ids in {store.describe()}")
-    lost = store.backend.sessions.header_lost(name)
+    # A session whose header file is lost is held still (``list`` shows it damaged): it is
+    # a candidate as any other, so a prefix naming it and another stays ambiguous (a
+    # ``delete`` must not take the other), and one naming it alone is its damage.
+    sessions = store.backend.sessions
+    found = []
+    if len(name) >= MIN_ENTRY_PREFIX:
+        found = [sid for sid in store.list() if sid.startswith(name)]
+        found += [sid for sid in sessions.lost_headers() if sid.startswith(name)]
+    if name in found or not found:
+        sid = name  # (an exact id whose header is lost: not `in store`, yet this one)
+    else:
+        sid = the_one(name, sorted(found), f"session ids in {store.describe()}")
+    lost = sessions.header_lost(sid)
     if lost is not None:
-        raise SessionDamagedError.header_lost(name, lost, store.backend.public_url())
+        raise SessionDamagedError.header_lost(sid, lost, store.backend.public_url())
+    if found:
+        return sid
     raise NoSuchSessionError(f"no such session: {name} (no id, ref or id prefix in {store.describe()})")
 
 
