@@ -15,6 +15,7 @@ import threading
 import warnings
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytest.importorskip("starlette")
@@ -125,9 +126,13 @@ def test_a_failure_after_the_path_stream_began_is_its_last_frame(served, monkeyp
     assert got[-1]["error"]["code"] == "store_fault" and "forced" in got[-1]["error"]["detail"], got[-1]
     # the project's client raises it rather than taking the first piece for the path
     calls["entries"] = 0
-    transport = HttpTransport.__new__(HttpTransport)
-    transport.url = "test"
-    transport.request = lambda method, path, **kw: client.get("/v1" + path, params=kw.get("params"))  # type: ignore[method-assign]
+    transport = HttpTransport("http://testserver/", token="x")
+
+    def relay(req: httpx.Request) -> httpx.Response:
+        r = client.request(req.method, req.url.raw_path.decode(), headers=dict(req.headers))
+        return httpx.Response(r.status_code, headers=r.headers, content=r.content)
+
+    transport._http = httpx.Client(base_url=transport.url + "v1", transport=httpx.MockTransport(relay))
     with pytest.raises(StoreError, match="forced"):
         transport.ndjson("/sessions/long/path")
 

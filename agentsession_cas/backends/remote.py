@@ -184,7 +184,7 @@ class RemoteObjects(ObjectStore):
         if data is not None:
             return data
         try:
-            data = self.backend.http.request("GET", self._path(space, name), safe=True).content
+            data = self.backend.http.get_object(space, name)  # (streamed, within the object limit)
         except NoSuchObjectError:
             raise self._absent(space, name) from None
         self.remember(space, name, self._checked(space, name, data))

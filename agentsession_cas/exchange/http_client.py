@@ -18,8 +18,13 @@ schedule (0.05, 0.2, 0.5, 1 s), or longer when the answer's ``Retry-After`` asks
 bound (:data:`RETRY_WAIT_ENV`, else :data:`RETRY_WAIT_S`; ``retry_wait=``): a wait
 that would pass it is not waited, and the request fails at once with the server's
 error, saying so. A follow's stream is kept open by the same rule
-(:meth:`HttpTransport.stream_lines`): dropped, ended early or refused, it is
-opened again after the same waits, within the same bound.
+(:meth:`HttpTransport.stream_lines`): dropped (or silent past
+:data:`FOLLOW_READ_TIMEOUT_S`), ended early or refused, it is opened again after the
+same waits, within the same bound.
+
+**Bounds.** No answer a server could make endless is held whole: an object's GET
+stops past the object limit (:meth:`HttpTransport.object_limit`), an NDJSON answer
+is parsed a line at a time and a line past its bound is refused.
 
 **Tokens.** The bearer token is ``AGENTSESSION_TOKEN``, else the entry for the
 remote in ``$AGENTSESSION_REMOTES`` (default
@@ -66,8 +71,8 @@ from .wire import (
 )
 
 __all__ = [
-    "READ_BATCH", "RETRIES", "RETRY_WAIT_ENV", "RETRY_WAIT_S", "HttpTransport", "http_url", "no_delay_transport",
-    "retry_after", "retry_wait_bound", "token_for",
+    "FOLLOW_READ_TIMEOUT_S", "MAX_OBJECT_BYTES", "READ_BATCH", "RETRIES", "RETRY_WAIT_ENV", "RETRY_WAIT_S",
+    "HttpTransport", "http_url", "no_delay_transport", "retry_after", "retry_wait_bound", "token_for",
 ]
 
 #: How many times a request that got no answer is sent again (when safe).
@@ -84,6 +89,15 @@ RETRY_WAIT_ENV = "AGENTSESSION_RETRY_WAIT"
 BATCH_BYTES = 16 * 1024 * 1024
 #: The most objects one batch read asks for (its answer streams: it is not held whole).
 READ_BATCH = 4096
+#: The most bytes of one object this client reads when the server publishes no
+#: ``max_object_bytes`` (the reference server's default), and its own cap otherwise.
+MAX_OBJECT_BYTES = 64 * 1024 * 1024
+#: What a stream's line may hold beyond its objects (its members, escapes).
+_LINE_SLACK = 1 << 20
+#: Seconds a follow's stream may bring nothing before it is taken as dropped (and opened
+#: again after ``Last-Event-ID``): four of the 15 s keep-alive intervals RFC 0003 has an
+#: idle stream's server keep (a server, or a half-open connection, gone silent).
+FOLLOW_READ_TIMEOUT_S = 60.0
 
 
 def no_delay_transport(verify: bool | ssl.SSLContext = True) -> httpx.HTTPTransport:
@@ -209,6 +223,10 @@ class HttpTransport(Transport):
         #: read against (tests replace both, so that nothing sleeps).
         self.sleep: Callable[[float], None] = time.sleep
         self.clock: Callable[[], float] = time.time
+        #: Seconds a follow's stream may bring nothing before it counts as dropped.
+        self.follow_read_timeout = FOLLOW_READ_TIMEOUT_S
+        #: This client's cap on one object's bytes (:meth:`object_limit`).
+        self.max_object_bytes = MAX_OBJECT_BYTES
         self._token = token if token is not None else token_for(self.url)
         headers = {"User-Agent": "agentsession"}
         if self._token:
@@ -231,12 +249,15 @@ class HttpTransport(Transport):
     # -- one request, with the retry rules ----------------------------------------------
 
     def request(
-        self, method: str, path: str, *, safe: bool, keyed: bool = False, ok: Iterable[int] = (), **kwargs: Any
+        self, method: str, path: str, *, safe: bool, keyed: bool = False, ok: Iterable[int] = (),
+        read: Callable[[httpx.Response], None] | None = None, **kwargs: Any
     ) -> httpx.Response:
         """Send a request; raise the server's problem as the library's error. ``safe``: it
         may be sent again when no answer came; ``keyed``: it carries an Idempotency-Key
         (the same on every attempt), which makes it safe. ``ok``: error statuses the
-        caller reads itself."""
+        caller reads itself. ``read``: a success's body is not held whole but given to
+        ``read`` as it streams in (each attempt's afresh; a read cut part way is an answer
+        that did not come), which keeps what it wants and stops past its bound."""
         headers = dict(kwargs.pop("headers", None) or {})
         if keyed:
             headers["Idempotency-Key"] = uuid.uuid4().hex
@@ -244,7 +265,7 @@ class HttpTransport(Transport):
         attempt, waited = 0, 0.0
         while True:
             try:
-                response = self._http.request(method, path, headers=headers, **kwargs)
+                response = self._send(method, path, headers, read, kwargs)
             except httpx.TransportError as exc:
                 landed = "" if safe else " (it may or may not have been carried out)"
                 lost = TransportError(f"remote {self.url}: {method} {path} got no answer: {exc}{landed}")
@@ -260,6 +281,47 @@ class HttpTransport(Transport):
             if response.status_code >= 300 and response.status_code not in ok:
                 raise self._error(response)
             return response
+
+    def _send(self, method: str, path: str, headers: dict[str, str], read: Callable[[httpx.Response], None] | None,
+              kwargs: dict[str, Any]) -> httpx.Response:
+        if read is None:
+            return self._http.request(method, path, headers=headers, **kwargs)
+        response = self._http.send(self._http.build_request(method, path, headers=headers, **kwargs), stream=True)
+        try:
+            if response.status_code < 300:
+                read(response)
+            else:
+                response.read()  # (a problem body, read as request() reads one)
+        finally:
+            response.close()
+        return response
+
+    def object_limit(self) -> int:
+        """The most bytes one object may hold as this client reads it: the server's
+        ``max_object_bytes`` (its capabilities), else :data:`MAX_OBJECT_BYTES`, and never
+        more than :attr:`max_object_bytes` (this client's own cap)."""
+        published = self.capabilities().get("limits", {}).get("max_object_bytes")
+        limit = published if isinstance(published, int) and not isinstance(published, bool) else MAX_OBJECT_BYTES
+        return min(limit, self.max_object_bytes)
+
+    def get_object(self, space: str, name: str) -> bytes:
+        """An object's bytes (``GET /v1/objects/{space}/{hash}``), read as they stream in
+        and refused (TransportError) once they pass :meth:`object_limit`: a server that
+        answers one GET with an endless body does not take this process's memory. The
+        caller verifies the hash."""
+        limit, path = self.object_limit(), f"/objects/{space_to_wire(space)}/{name}"
+        got = bytearray()
+
+        def read(response: httpx.Response) -> None:
+            got.clear()
+            for chunk in response.iter_bytes():
+                got.extend(chunk)
+                if len(got) > limit:
+                    raise TransportError(f"remote {self.url}: GET {path} answered more than {limit} bytes, the most "
+                                         "an object may hold there; not read further")
+
+        self.request("GET", path, safe=True, read=read)
+        return bytes(got)
 
     def answer(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """:meth:`request`'s answer, a JSON object (every RFC 0003 answer that is not a
@@ -319,27 +381,52 @@ class HttpTransport(Transport):
 
     def ndjson(self, path: str, **kwargs: Any) -> list[dict[str, Any]]:
         """The frames of a stream that ends with ``{"end": true}``; an ``error`` frame is
-        raised, and a stream cut before its end is an error, never a short result."""
-        response = self.request("GET", path, safe=True, **kwargs)
+        raised, and a stream cut before its end is an error, never a short result. Each
+        line is parsed as it streams in, and one longer than two objects of this client's
+        cap (:attr:`max_object_bytes`) and :data:`_LINE_SLACK` (a path line carries an
+        envelope and a content) is refused, TransportError, rather than held."""
+        limit = 2 * self.max_object_bytes + _LINE_SLACK
+        where = f"remote {self.url}: the answer to {path}"
         frames: list[dict[str, Any]] = []
-        for line in response.text.splitlines():
+
+        def read(response: httpx.Response) -> None:
+            frames.clear()
+            buf = bytearray()
+            for chunk in response.iter_bytes():
+                buf += chunk
+                start = 0
+                while (end := buf.find(b"\n", start)) >= 0:
+                    if take(buf[start:end]):
+                        return
+                    start = end + 1
+                del buf[:start]
+                if len(buf) > limit:
+                    raise TransportError(f"{where}: a line passes {limit} bytes, more than a frame holds; not read further")
+            if buf:
+                take(buf)
+
+        def take(line: bytes | bytearray) -> bool:
             if not line.strip():
-                continue
-            frame = stream_frame(line, where=f"remote {self.url}: the answer to {path}")
+                return False
+            frame = stream_frame(line.decode("utf-8", "replace"), where=where)
             if "error" in frame:
                 raise frame_problem(frame["error"], where=f"remote {self.url}")
             frames.append(frame)
-            if frame.get("end") is True:
-                return frames
+            return frame.get("end") is True
+
+        self.request("GET", path, safe=True, read=read, **kwargs)
+        if frames and frames[-1].get("end") is True:
+            return frames
         raise TransportError(f"remote {self.url}: the answer to {path} was cut before its end frame")
 
     def stream_lines(self, path: str, *, params: dict[str, str], headers: Callable[[], dict[str, str]]) -> Iterator[str]:
         """The lines of a follow stream as they come, for as long as the caller reads them.
         ``headers()`` gives each connection's headers (a follow's ``Last-Event-ID`` moves
         as its events come). A stream the server ends (its age limit) is opened again at
-        once; one that drops or brings nothing, or that the server refuses with a
-        502/503/504 (503 when its follow streams are at their limit), again after the
-        request path's wait (:meth:`_wait_to_retry`: the schedule, or as long as the
+        once; one that drops (silent for :attr:`follow_read_timeout` seconds, not even the
+        keep-alive due every 15 s, counts as dropped) or brings nothing, or that the server
+        refuses with a 502/503/504 (503 when its follow streams are at their limit), again
+        after the request path's wait (:meth:`_wait_to_retry`: the schedule, or as long as the
         server's ``Retry-After`` asks), up to :data:`RETRIES` times in a row and within
         :attr:`retry_wait`, both counted afresh once a line comes. Past them the server's
         error (its code kept) or TransportError is raised, saying why it was not asked
@@ -350,7 +437,7 @@ class HttpTransport(Transport):
             came = False
             try:
                 with self._http.stream("GET", path, params=params, headers=headers(),
-                                       timeout=httpx.Timeout(30.0, read=None)) as response:
+                                       timeout=httpx.Timeout(30.0, read=self.follow_read_timeout)) as response:
                     if response.status_code >= 300:
                         response.read()
                         if response.status_code not in _RETRY_STATUS:
@@ -426,8 +513,7 @@ class HttpTransport(Transport):
         path; the server's work was the difference). A lone batch is taken as it streams in."""
         if not self.capabilities().get("features", {}).get("object_read"):
             for space, name in wanted:
-                response = self.request("GET", f"/objects/{space_to_wire(space)}/{name}", safe=True)
-                yield space, name, response.content
+                yield space, name, self.get_object(space, name)
             return
         asked = list(wanted)
         if len(asked) <= READ_BATCH:
@@ -490,8 +576,7 @@ class HttpTransport(Transport):
         """The frames of one batch read's answer as they arrive; TransportError when the
         connection drops or the answer ends before its end frame."""
         where = f"remote {self.url}"
-        max_object = int(self.capabilities().get("limits", {}).get("max_object_bytes", 1 << 62))
-        reader = FrameReader(where=where, max_object=max_object)
+        reader = FrameReader(where=where, max_object=self.object_limit())
         try:
             with self._http.stream("POST", "/objects/read", json=asked) as response:
                 if response.status_code in _RETRY_STATUS:
@@ -550,15 +635,18 @@ class HttpTransport(Transport):
                              json=body)
         head, admitted, said = answer.get("head"), answer.get("admitted", 0), answer.get("refs") or []
         if not (isinstance(head, dict) and isinstance(admitted, int) and isinstance(said, list)
+                and isinstance(head.get("moved"), bool) and isinstance(head.get("forced", False), bool)
                 and all(isinstance(r, dict) for r in said)):
-            raise TransportError(f"remote {self.url}: its answer to the push of {request.session} is not a push's answer")
+            raise TransportError(f"remote {self.url}: its answer to the push of {request.session} is not a push's "
+                                 "answer (RFC 0003: head.moved, a boolean, says whether the head moved)")
         refs = [
             RefResult(str(r.get("name")), bool(r.get("moved")), r.get("current"), r.get("why"), bool(r.get("changed")))
             for r in said
         ]
+        outcome, previous = _push_outcome(request, head)
         return Admission(
             session=request.session, created=bool(answer.get("created")), admitted=admitted,
-            previous=head.get("previous"), head=head.get("current"), outcome=str(head.get("outcome")),
+            previous=previous, head=head.get("current"), outcome=outcome,
             why=head.get("why"), mark=str(answer.get("mark")), refs=refs,
         )
 
@@ -601,6 +689,27 @@ class HttpTransport(Transport):
     def get_ref(self, name: str) -> str | None:
         facts = self.resolve_ref(name)
         return None if facts is None else str(facts["target"]["session"])
+
+
+def _push_outcome(request: PushRequest, head: Mapping[str, Any]) -> tuple[str, str | None]:
+    """A push's head step (:attr:`Admission.outcome`) and the head before it, from RFC
+    0003's members of the answer's ``head``: ``moved``, ``forced`` and ``current``. This
+    server's extras (``outcome``, ``previous``) only tell apart what those leave open,
+    and are used only where they agree with them: a compare-and-swap that moved the head
+    (``fast-forward`` or ``moved``; ``fast-forward`` when a server does not say), and the
+    head a forced move replaced (None when a server does not say). A head that did not
+    move was ``current`` before, and the step was ``unchanged`` when that is the pushed
+    head, else ``refused`` (a handover's ``not-moved``: the receiver is the record
+    already, its writers past the pushed head; a handover refused is a 409)."""
+    said, previous = head.get("outcome"), head.get("previous")
+    current = head.get("current")
+    if head["moved"]:
+        if head.get("forced", False):
+            return "forced", previous if isinstance(previous, str) else None
+        return (said if said in ("fast-forward", "moved") else "fast-forward"), request.expected
+    if current == request.to:
+        return "unchanged", current
+    return ("not-moved" if request.mark == "record" else "refused"), current
 
 
 def _whole(read: Callable[[list[tuple[str, str]]], Iterator[tuple[str, str, bytes]]],

@@ -383,7 +383,7 @@ def _held_there(transport: Transport, session_id: str, entries: Sequence[str]) -
     otherwise), so that only the rest is sent, not the whole closure (every object of a
     100,000-entry session asked after). 0 when its log is not a prefix of this one."""
     try:
-        there = transport.session_view(session_id).entries
+        there = _served_view(transport, session_id).entries
     except NoSuchSessionError:
         return 0
     n = len(there)
@@ -408,6 +408,8 @@ def _push(
     header = dict(sess.header.data)
     ident = header_ident(header)
     there = transport.session_header(session_id)
+    if there is not None:
+        _same_session(transport, session_id, there)
     if there is not None and header_ident(there) != ident:
         raise HeaderDiffersError(
             f"the remote {transport.url} holds another session under the id {session_id} (the headers differ "
@@ -607,6 +609,27 @@ def fetch(
             transport.close()
 
 
+def _served_view(transport: Transport, session_id: str) -> SessionView:
+    """The session as the remote serves it (:meth:`Transport.session_view`), every caller's
+    one way to read it: an answer about another session than the one asked for (a broken
+    router or proxy, a hostile remote) is refused before anything is written here."""
+    view = transport.session_view(session_id)
+    _same_session(transport, session_id, view.header)
+    return view
+
+
+def _same_session(transport: Transport, session_id: str, header: Mapping[str, Any]) -> None:
+    """TransportError unless ``header`` (what the remote served as ``session_id``'s) is
+    that session's: nothing of another session's answer is used."""
+    served = header.get("id")
+    if served != session_id:
+        shown = served if isinstance(served, str) and len(served) <= 200 else type(served).__name__
+        raise TransportError(
+            f"the remote {transport.url} answered about session {shown!r} when asked for {session_id}: "
+            "its answer is refused and nothing of it is used"
+        )
+
+
 def _verified(items: Iterable[tuple[str, str, bytes]]) -> Iterator[tuple[str, str, bytes]]:
     for space, name, data in items:
         if sha256_ref(data) != name:
@@ -622,7 +645,7 @@ def _fetch(
     if store.readonly:
         raise ReadOnlyError(f"{store.describe()} is open read-only; a fetch writes to it")
     check_session_id(session_id)
-    view = transport.session_view(session_id)
+    view = _served_view(transport, session_id)
     endpoint = StoreEndpoint(store, keep_sent=True)
     local = store.session(session_id) if session_id in store else None
     if local is not None and header_ident(local.header.data) != header_ident(view.header):
@@ -774,7 +797,7 @@ def declare_record(
     try:
         _not_self(store, transport)
         if expected is UNSET:
-            expected = transport.session_view(session_id).head
+            expected = _served_view(transport, session_id).head
         return transport.declare_record(session_id, head=expected)
     finally:
         if owned:
@@ -811,7 +834,7 @@ def _take_back(store: Store, transport: Transport, session_id: str, *, progress:
     if session_id in store:
         local = store.session(session_id)
         if local.mark == "record":
-            view = transport.session_view(session_id)
+            view = _served_view(transport, session_id)
             result = ExchangeResult("take-back", session_id, transport.url, head_before=local.head,
                                     head_after=local.head, to=view.head, mark="record")
             if view.mark != "record":

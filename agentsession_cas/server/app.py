@@ -782,6 +782,23 @@ class Api:
         _check_incarnation(request, s)
         return s
 
+    def _origins_readable(self, principal: Principal, s: Session) -> bool:
+        """Whether the caller may read every session a fork's prefix crosses into: its
+        origin (``parent_session``), and, where that is a fork too, its origin's, and so
+        on (a deleted origin ends the chain: its prefix is no longer told apart)."""
+        if not principal.sessions:
+            return True  # a caller who may read every session
+        header, seen = s.header.data, {s.id}
+        while header.get("base") is not None:
+            origin = header.get("parent_session")
+            if not (isinstance(origin, str) and principal.may_read(origin)):
+                return False
+            if origin in seen or origin not in self.state.store:
+                return True
+            seen.add(origin)
+            header = self.state.store.header(origin).data
+        return True
+
     async def _session_head(self, request: Request, principal: Principal, sid: str, media: str,
                             headers: dict[str, str] | None = None) -> Response:
         """A ``HEAD`` of a route about one session: the session checked as its GET checks it
@@ -953,10 +970,12 @@ class Api:
             target = leaf if leaf is not None else s.head
             if target is not None and not (target in s.own or target in s.prefix_set):
                 raise NoSuchEntryError(f"{target} is not an entry of session {sid}")
-            if target is not None and target in s.prefix_set and principal.sessions:
-                origin = s.header.data.get("parent_session")
-                if not (isinstance(origin, str) and principal.may_read(origin)):
-                    raise NoSuchEntryError(f"{target} is not an entry of a session this caller may read")
+            if target is not None and s.base is not None and not self._origins_readable(principal, s):
+                # RFC 0003, Reading: the walk from any entry of a fork crosses its base into
+                # the origin's entries, which this caller may not read: the base is no_entry,
+                # and so is every entry whose path crosses it (the head's, by default).
+                raise NoSuchEntryError(f"{target} is not an entry of a session this caller may read: its path "
+                                       "crosses the fork's base into a session this caller may not read")
             if head:  # the session and the leaf checked; no cursor made, no path walked
                 return target, ident, {}
             first = {"head": s.head, "cursor": self.state.tails.cursor(s), "incarnation": ident}
@@ -1878,7 +1897,10 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/sessions/{id}/commit", r(api.commit, replay=True), methods=["POST"]),
         Route("/v1/sessions/{id}/head", r(api.set_head, replay=True), methods=["PUT"]),
         Route("/v1/refs", r(api.list_refs), methods=["GET"]),
-        Route("/v1/refs/{name:path}", r(api.ref), methods=["GET", "PUT"]),
+        # A ref's read and its update are one handler, but only the update is replayed
+        # under its Idempotency-Key (a read carrying one is read afresh).
+        Route("/v1/refs/{name:path}", r(api.ref), methods=["GET"]),
+        Route("/v1/refs/{name:path}", r(api.ref, replay=True), methods=["PUT"]),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
