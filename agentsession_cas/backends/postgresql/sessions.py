@@ -294,6 +294,8 @@ class PgSessionLog(SessionLog):
         self.mark = mark
         self.committed = True
         self._recover: list[dict[str, Any]] = []
+        #: What a writing open read, for :meth:`_know` once the domain accepts the log (:meth:`recover`).
+        self._known: tuple[Any, ...] | None = None
         self._closed = False
         self._parked = False
         #: What the domain handed over to keep at close (``states``), by kind.
@@ -377,6 +379,11 @@ class PgSessionLog(SessionLog):
         raise SessionLockedError(f"session {self.session_id}: {self.stopped}; nothing was written")
 
     def recover(self) -> None:
+        """The domain found the log sound: what the open read is known for the next
+        snapshot, and the uncommitted tail adopted."""
+        known, self._known = self._known, None
+        if known is not None:
+            self._know(*known)
         if self._recover:
             self._write(self._recover, durable=True)
             self._recover = []
@@ -762,8 +769,9 @@ class PgSessions(SessionStore):
         records = got.records
         log = PgSessionLog(self.backend, session_id, key, writable=True, conn=conn, fence=int(fence),
                            last_pos=last_pos, head=head, mark=mark)
-        if not cut:  # (a log the domain refuses keeps no snapshot at close)
-            log._know(records[0] if records else None, records[1] if got.since == 2 else None, records[got.since :],
+        # Known for the next snapshot only once the domain found the log sound (recover): a
+        # handle whose log it refused keeps no state of it at close.
+        log._known = (records[0] if records else None, records[1] if got.since == 2 else None, records[got.since :],
                       got.since_bytes, got.base_bytes)
         recovered: builtins.list[FsckProblem] = []
         if _uncommitted_tail(records):
