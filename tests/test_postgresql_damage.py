@@ -16,8 +16,9 @@ import pg_server
 from agentsession_cas import Header
 from agentsession_cas.backends.postgresql import PostgresBackend
 from agentsession_cas.backends.postgresql import sessions as pg_sessions
-from agentsession_cas.errors import SessionDamagedError
+from agentsession_cas.errors import SessionDamagedError, SweepRefusedError
 from agentsession_cas.maintenance.fsck import fsck
+from agentsession_cas.maintenance.repair import repair_session
 from agentsession_cas.maintenance.sweep import sweep
 from agentsession_cas.store import Store
 from agentsession_cas.store.url import open_store
@@ -116,3 +117,78 @@ def test_a_refused_writing_open_keeps_no_snapshot_of_the_damaged_log(url: str, m
             with pytest.raises(SessionDamagedError, match="head move"):
                 st.open("S")
     assert sql(url, "SELECT kind FROM states WHERE kind = 2") == []
+
+
+def _damage_columns(url: str, case: str) -> None:
+    if case == "op":  # an append's row says commit: a sweep keyed on the column skipped its entry
+        sql(url, "UPDATE log SET op = 'commit' WHERE pos = 2")
+    elif case == "hash":  # row 4's hash column names row 2's entry, its record its own
+        sql(url, "UPDATE log SET hash = (SELECT hash FROM log WHERE pos = 2) WHERE pos = 4")
+    else:  # row 2's content column names row 4's entry's content
+        sql(url, "UPDATE log SET content = (SELECT content FROM log WHERE pos = 4) WHERE pos = 2")
+
+
+@pytest.mark.parametrize("case", ["op", "hash", "content"])
+def test_log_row_columns_that_disagree_with_the_record_are_found_fixed_and_never_trusted_by_a_sweep(
+        url: str, case: str) -> None:
+    """A log row's op, seq, hash and content columns index its record (and its entry's
+    envelope): fsck names any that disagree (log-row; the content column was not checked),
+    repair sets them to what the record and envelope say, and a sweep reads the record,
+    never the columns: it refuses the store on op, seq or hash columns that disagree (as
+    on a record that does not read) and reads each envelope for its content. Until session
+    43 a sweep trusted them and deleted an entry's objects its log names."""
+    build(url)
+    sql(url, "UPDATE objects SET born = now() - interval '30 days'")  # written before the grace
+    _damage_columns(url, case)
+    with open_store(url) as st:
+        assert "log-row" in codes(st)
+        if case == "content":
+            assert sweep(st).repack.dropped == 0  # (it reads the envelope, not the column)
+        else:
+            with pytest.raises(SweepRefusedError, match="log row"):
+                sweep(st)
+        report = repair_session(st, "S")
+        assert report.indexes_fixed and not report.damaged, report.stale_indexes
+        assert codes(st) == []
+        assert sweep(st).repack.dropped == 0
+        assert codes(st) == []
+
+
+@pytest.mark.parametrize("case", ["same seq", "new seq", "seq spent"])
+def test_a_repeated_append_row_is_damage_every_reader_refuses_and_repair_drops(url: str, case: str) -> None:
+    """A log holds one append row of each entry and each sequence number (RFC 0002's
+    reference schema keys its log on (session, seq) and (session, hash); no writer writes
+    a repeat: a re-append is a no-op). A row copied in (the last append's or an earlier
+    one's, with its number or a new one) or an append given a number spent before it is
+    log-order damage: verify and fsck name it, every open and a sweep refuse the session,
+    and repair drops the row. Until session 43 it went unreported and every open moved
+    the head back to the repeated entry, where the next append continued."""
+    ids = build(url, n=4)
+    if case == "seq spent":  # row 6 (the append of entry 2) given entry 1's number
+        record = json.loads(sql(url, "SELECT record FROM log WHERE pos = 6")[0][0])
+        sql(url, "UPDATE log SET seq = 2, record = %s WHERE pos = 6", [json.dumps({**record, "seq": 2})])
+    else:  # rows 10 and 11: a copy of row 4 (the append of entry 1, which moved the head) and a commit
+        record = json.loads(sql(url, "SELECT record FROM log WHERE pos = 4")[0][0])
+        if case == "new seq":
+            record["seq"] = 5
+        sql(url, "INSERT INTO log SELECT session, 10, op, %s, hash, content, %s FROM log WHERE pos = 4",
+            [record["seq"], json.dumps(record)])
+        sql(url, "INSERT INTO log SELECT session, 11, op, seq, hash, content, record FROM log WHERE pos = 9")
+        sql(url, "UPDATE sessions SET last_pos = 11")
+    with open_store(url) as st:
+        assert "log-order" in codes(st)
+        with pytest.raises(SessionDamagedError, match="second time|spent"):
+            st.open("S")
+        with pytest.raises(SessionDamagedError, match="second time|spent"):
+            st.read("S")
+        with pytest.raises(SweepRefusedError, match="second time|spent"):
+            sweep(st)
+        report = repair_session(st, "S")
+        assert report.repaired
+        assert codes(st) == []
+        s = st.open("S")
+        assert set(s.log_order) == set(ids)
+        if case != "seq spent":
+            assert s.head == ids[-1]
+        s.append(msg("after"), durable=True)
+        s.close()
