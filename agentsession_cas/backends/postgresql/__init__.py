@@ -26,9 +26,9 @@ from ...errors import LayoutError, ReadOnlyError, SweepRefusedError, Unsupported
 from ..base import Backend, Capabilities, RefStore, RemoteStore, RepackResult, Retained, RetentionSource
 from .database import Database, sql, translate
 from .maintenance import migrate_schema, storage_report, sweep_objects
-from .objects import PgObjects, hash_name
+from .objects import PgObjects
 from .schema import SCHEMA_VERSION, MigrationPlan, create_statements
-from .sessions import PgSessions, gap_message, log_gaps, parse_record
+from .sessions import PgSessions, gap_message, log_gaps, log_repeats, parse_record, row_disagrees
 
 __all__ = ["PostgresBackend", "SCHEMA_VERSION", "MigrationPlan", "migrate_store"]
 
@@ -205,7 +205,8 @@ class PostgresBackend(Backend):
         """Each session's log (its create and append rows) with the rows repairs kept
         aside of it, one source a session, as the file backend reads a session's
         ``log.damaged-*`` beside its log (rows kept aside of a session an older release
-        deleted without them: a source of their own). A session whose log is damaged, lost
+        deleted without them: a source of their own). A session whose log is damaged (a
+        row that is no record, or whose columns are not its record's: ``row_disagrees``), lost
         rows its head names (deleted, or cut at a record: every row left reads), or lost a
         row between two it holds (a gap: its record may have been the only one naming an
         entry), stops the sweep, as on the file backend: ``repair`` takes the lost entries
@@ -225,11 +226,10 @@ class PostgresBackend(Backend):
             with c.cursor(name="retention_log") as logs, c.cursor(name="retention_aside") as kept:
                 logs.itersize = kept.itersize = RETENTION_BATCH
                 logs.execute(
-                    "SELECT s.key, s.id, s.head, s.last_pos, coalesce(m.last, 0), coalesce(m.n, 0), l.pos, l.record, l.hash, "
-                    "l.content FROM sessions s LEFT JOIN (SELECT session, max(pos) AS last, count(*) AS n FROM log "
-                    "GROUP BY session) m "
-                    "ON m.session = s.key LEFT JOIN log l ON l.session = s.key AND l.op IN ('append', 'create') "
-                    "ORDER BY s.key, l.pos"
+                    "SELECT s.key, s.id, s.head, s.last_pos, coalesce(m.last, 0), coalesce(m.n, 0), l.pos, l.record, l.op, "
+                    "l.seq, l.hash, l.content FROM sessions s LEFT JOIN (SELECT session, max(pos) AS last, count(*) AS n "
+                    "FROM log GROUP BY session) m "
+                    "ON m.session = s.key LEFT JOIN log l ON l.session = s.key ORDER BY s.key, l.pos"
                 )
                 kept.execute("SELECT session, record FROM log_aside ORDER BY session, kept, pos")
                 aside = _aside_by_session(kept)
@@ -239,35 +239,45 @@ class PostgresBackend(Backend):
                         yield RetentionSource(pending[1])
                         pending = next(aside, None)
                     records: list[dict[str, Any]] = []
-                    contents: dict[str, str] = {}
+                    rows_of: list[int] = []  # (each record's row)
                     session_id = head = None
                     length = (0, 0)
                     held = 0  # (the log's rows, of any op)
-                    for _, sid, row_head, last_pos, last, count, pos, text, raw, content in rows:
+                    for _, sid, row_head, last_pos, last, count, pos, text, op, seq, raw, content in rows:
                         session_id, head, length, held = sid, row_head, (int(last_pos), int(last)), int(count)
                         if text is None:
-                            continue  # (a session with no create or append row: log_loss refuses it)
+                            continue  # (a session with no row: log_loss refuses it)
                         record = parse_record(text)
                         if isinstance(record, str):
                             if not refuse_damage:
                                 continue
                             raise _damaged_log(sid, f"log row {pos}: {record}")
-                        records.append(record)
-                        if raw is not None and content is not None:
-                            contents[hash_name(bytes(raw))] = hash_name(bytes(content))
+                        # The record is what is read (its op and entry), never the row's columns,
+                        # which index it; columns that disagree with it are damage (fsck's
+                        # log-row), as a record that does not read is. The content column is
+                        # not read: only the entry's envelope says its content.
+                        why = row_disagrees(record, op, seq, raw, content) if refuse_damage else None
+                        if why is not None:
+                            raise _damaged_log(sid, f"log row {pos}: {why}")
+                        if record["op"] in ("append", "create"):
+                            records.append(record)
+                            rows_of.append(pos)
                     if refuse_damage and held < length[1]:
                         # Fewer rows than the last one's position: a gap, whose lost record may
                         # have named entries nothing else does (repair takes them back).
                         gap = _first_gap(c, key)
                         if gap is not None:
                             raise _damaged_log(str(session_id), f"{gap}: a record lost")
+                    repeat = log_repeats(zip(rows_of, records)) if refuse_damage else None
+                    if repeat is not None:
+                        raise _damaged_log(str(session_id), repeat[1])
                     lost = log_loss(records, head, length) if refuse_damage else None
                     if lost is not None:
                         raise _damaged_log(str(session_id), lost)
                     if pending is not None and pending[0] == key:
                         records += pending[1]
                         pending = next(aside, None)
-                    yield RetentionSource(records, contents)
+                    yield RetentionSource(records)
                 while pending is not None:
                     yield RetentionSource(pending[1])
                     pending = next(aside, None)

@@ -13,11 +13,11 @@ it uses the domain (replay, the rules' walk), which sits above the backends.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import NoSuchObjectError
+from ...format.hashing import envelope_content, raw_hash
 from ...format.media import sidecar_names
 from ...maintenance.check import check_sessions
 from ...maintenance.sweep import EnvelopeBytes, RawNames, unreferenced
@@ -25,7 +25,7 @@ from ...store.state import index_damage, replay, stale_head
 from ..base import FsckReport
 from .objects import envelope_parents, hash_name
 from .schema import SPACE_CODES
-from .sessions import SNAPSHOT, log_gaps, snapshot_problem
+from .sessions import SNAPSHOT, log_gaps, parse_record, row_disagrees, snapshot_problem
 
 if TYPE_CHECKING:
     from . import PostgresBackend
@@ -71,7 +71,7 @@ def fsck_walk(backend: PostgresBackend, store: Any, *, progress: Callable[[str],
     _check_edges(db, report, parents, kept.envelopes.keys())
     if progress:
         progress("checking the session and log rows")
-    _check_rows(db, report)
+    _check_rows(db, report, kept.content_of)
     check_sessions(store, report, progress=progress)
     if progress:
         progress("counting unreferenced objects")
@@ -98,6 +98,12 @@ class _Walked(EnvelopeBytes):
 
     def read_order(self, raws: Iterable[bytes]) -> list[bytes]:
         return list(raws)
+
+    def content_of(self, raw: bytes) -> bytes | None:
+        """The raw digest of the content a sound envelope names (None: no sound envelope)."""
+        data = self.envelopes.get(raw)
+        name = envelope_content(data) if data is not None else None
+        return raw_hash(name) if name is not None else None
 
     def envelope(self, raw: bytes) -> bytes:
         data = self.envelopes.get(raw)
@@ -126,7 +132,7 @@ def _check_edges(db: Database, report: FsckReport, wanted: set[tuple[bytes, byte
     report.counts["edges"] = len(edges)
 
 
-def _check_rows(db: Database, report: FsckReport) -> None:
+def _check_rows(db: Database, report: FsckReport, content_of: Callable[[bytes], bytes | None]) -> None:
     """Each session's row against its log's rows, and each log row's columns against its record,
     all read in one snapshot: an append or a delete committed while fsck reads is not a
     row disagreeing with its log."""
@@ -136,28 +142,24 @@ def _check_rows(db: Database, report: FsckReport) -> None:
         orphans = c.execute("SELECT count(*) FROM log WHERE session NOT IN (SELECT key FROM sessions)").fetchone()[0]
         log_records = 0
         for key, sid, head, mark, last_pos in sessions:
-            rows = c.execute("SELECT pos, op, seq, hash, record FROM log WHERE session = %s ORDER BY pos", [key]).fetchall()
+            rows = c.execute("SELECT pos, op, seq, hash, content, record FROM log WHERE session = %s ORDER BY pos",
+                             [key]).fetchall()
             log_records += len(rows)
             records = []
             # A position missing (log-gap) is the session's walk's to name, once (its log's
             # history says so, as verify ID does: log_gaps is the one rule).
             gapped = bool(log_gaps(pos for pos, *_ in rows))
-            for pos, op, seq, raw, text in rows:
-                where = {"session": sid, "file": "log", "line": pos}
-                try:
-                    record = json.loads(text)
-                except ValueError:
+            for pos, op, seq, raw, content, text in rows:
+                record = parse_record(text)
+                if isinstance(record, str):
                     continue  # a row that is no record: the session's walk names it (log-damage), once
-                if not isinstance(record, dict) or record.get("op") != op:
-                    report.add("error", "log-row", f"session {sid}: log row {pos}'s op column {op!r} is not its record's", **where)
-                    continue
-                entry = record.get("entry")
-                if (raw is not None and hash_name(bytes(raw)) != entry) or (seq is not None and record.get("seq") != seq):
-                    report.add("error", "log-row", f"session {sid}: log row {pos}'s columns disagree with its record", **where)
+                why = row_disagrees(record, op, seq, raw, content, content_of)
+                if why is not None:  # (the record is what every read takes: the columns index it)
+                    report.add("error", "log-row", f"session {sid}: log row {pos}: {why}", session=sid, file="log", line=pos)
                 records.append(record)
             kept = c.execute("SELECT pos, data FROM states WHERE session = %s AND kind = %s", [key, SNAPSHOT]).fetchone()
             if kept is not None:
-                problem = snapshot_problem(int(kept[0]), bytes(kept[1]), {pos: text for pos, _, _, _, text in rows})
+                problem = snapshot_problem(int(kept[0]), bytes(kept[1]), {pos: text for pos, *_, text in rows})
                 if problem is not None:
                     report.add(problem[0], problem[1], f"session {sid}: {problem[2]}", session=sid, file="states")
             if gapped:

@@ -10,9 +10,12 @@
   row (no row of the prefix rewritten), added by the same rule's walk
   (:func:`agentsession_cas.maintenance.sweep.retain_prefixes`).
   A write committed after the logs were read either wrote its objects (a
-  ``born`` after the barrier) or names entries some log read before held
-  (a fork needs its base held by a session or a prefix), so it loses
-  nothing. Then it deletes the blocks no row names any more (all their objects
+  ``born`` after the barrier) or is a fork, whose base's session may have
+  been deleted before the logs were read: each delete batch takes the
+  barrier whole and reads the ``holds`` again, walking the prefix of a fork
+  committed since, and a fork not committed yet checks its prefix is there
+  after the batch (blobs, which it does not check, go in the last batches).
+  So it loses nothing. Then it deletes the blocks no row names any more (all their objects
   swept, or stored again elsewhere) and made before the cut-off: a block is
   written in the transaction of the rows that name it, and no row is ever made
   to name a block written before, so one no row names stays so.
@@ -24,7 +27,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..base import RepackResult, Retained
 from .database import sql
@@ -60,16 +63,22 @@ def sweep_objects(
         # (the bytes stored: the rows' own and the blocks' that block-coded rows point into)
         total, size = c.execute(f"SELECT {_STORED} FROM objects").fetchone()
         old = c.execute("SELECT space, hash, octet_length(data) FROM objects WHERE born < %s", [cutoff]).fetchall()
-        held = [b for (b,) in c.execute("SELECT base FROM holds WHERE at >= %s", [cutoff]).fetchall()]
+        holds = _holds(c, cutoff, set())
     blobs = any(space == SPACE_CODES["blobs"] for space, _, _ in old)
     ret = compute(blobs)
     # Forks made within the grace hold theirs, by the domain's rule (it sits above the backends).
     from ...maintenance.sweep import StoredObjects, retain_prefixes
 
-    retain_prefixes(ret, held, StoredObjects(backend.objects), blobs=blobs)
+    def hold(bases: list[str]) -> None:
+        retain_prefixes(ret, bases, StoredObjects(backend.objects), blobs=blobs)
+
+    hold(list(holds.values()))
     retained = {SPACE_CODES["entries"]: ret.envelopes.raws, SPACE_CODES["contents"]: ret.contents.raws,
                 SPACE_CODES["blobs"]: ret.blobs.raws}
-    drop = [(space, bytes(raw), n) for space, raw, n in old if bytes(raw) not in retained[space]]
+    # (blobs last: a fork's create checks its prefix's envelopes and contents are there, not
+    # the blobs they name, so a batch of blobs comes after every batch that could refuse it)
+    drop = sorted(((space, bytes(raw), n) for space, raw, n in old if bytes(raw) not in retained[space]),
+                  key=lambda d: d[0] == SPACE_CODES["blobs"])
     result = RepackResult(dry_run=dry_run, loose_before=int(total), bytes_before=int(size))
     removed = 0
     removed_bytes = 0
@@ -82,6 +91,16 @@ def sweep_objects(
         else:
             gone = []
             with db.conn() as c, c.transaction():
+                # Under the barrier, taken whole: a fork committed since the holds were read
+                # (its origin deleted before the logs were read, its own log after) holds its
+                # prefix, walked now; one not committed yet checks its prefix is still here
+                # once this batch has gone (_hold_prefix) and refuses where it is not.
+                c.execute("SELECT pg_advisory_xact_lock(%s)", [db.lock_key("sweep")])
+                new = _holds(c, cutoff, set(holds))
+                if new:
+                    holds.update(new)
+                    hold(list(new.values()))
+                    batch = [d for d in batch if d[1] not in retained[d[0]]]
                 for space in {s for s, _, _ in batch}:
                     raws = [r for s, r, _ in batch if s == space]
                     rows = c.execute(
@@ -115,6 +134,12 @@ def sweep_objects(
     result.objects = int(total) - removed
     result.bytes_after = int(size) - removed_bytes - int(block_bytes)
     return result, int(total) - len(old), [], ret
+
+
+def _holds(conn: Any, cutoff: Any, seen: set[int]) -> dict[int, str]:
+    """The ``holds`` rows younger than the cut-off not in ``seen`` (id -> base)."""
+    rows = conn.execute("SELECT id, base FROM holds WHERE at >= %s", [cutoff]).fetchall()
+    return {int(i): b for i, b in rows if int(i) not in seen}
 
 
 def storage_report(backend: PostgresBackend) -> RepackResult:

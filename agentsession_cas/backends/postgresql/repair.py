@@ -23,9 +23,9 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...errors import SessionDamagedError, StoreError
+from ...errors import AgentSessionError, SessionDamagedError, StoreError
 from ...format.entry import short_id
-from ...format.hashing import is_hash, sha256_ref
+from ...format.hashing import envelope_content, is_hash, raw_hash, sha256_ref
 from ...format.names import check_session_id
 from ...lean import dataclass
 from ...store.session import Session, parse_header
@@ -34,7 +34,7 @@ from ..base import Space
 from ..files.log import encode_record, expand_snapshot, read_log
 from ..files.repair import DamagedLine, Recovered, RepairPlanner, RepairReport, build_log, check_repairable
 from . import PostgresBackend
-from .objects import copy_rows
+from .objects import copy_rows, hash_name
 from .sessions import (
     LOG_COLUMNS,
     LOG_TYPES,
@@ -42,8 +42,12 @@ from .sessions import (
     gap_message,
     kept_snapshot,
     log_gaps,
+    log_repeats,
     log_rows,
     parse_record,
+    row_columns,
+    row_disagrees,
+    row_text,
     snapshot_problem,
 )
 
@@ -128,7 +132,8 @@ def _missing(texts: list[tuple[int, str]]) -> list[int]:
 def _as_log(texts: list[tuple[int, str]], start: _Snapshot | None = None) -> bytes:
     """The rows as the file backend's log lines, line N the log's position N: a row that is
     no record as a line that does not read (its text, newlines made spaces), and a position
-    missing from the log (a gap) as one too, holding nothing: the planner then recovers what
+    missing from the log (a gap) as one too, holding nothing, and a repeated append row
+    (:func:`.sessions.log_repeats`) as one, so the first is kept: the planner then recovers what
     the lost record appended, where a kept record or the row's head names it, and numbers it
     as for any damaged line. From a kept snapshot (``start``), the rows it stands for are
     its create and snapshot records (lines 1 and 2, as a compacted file log holds them),
@@ -140,12 +145,20 @@ def _as_log(texts: list[tuple[int, str]], start: _Snapshot | None = None) -> byt
         lines.update({1: encode_record(start.create), 2: encode_record(start.snapshot)})
         lines.update(dict.fromkeys(range(3, start.pos + 1), encode_record({"op": "commit"})))
         texts = [(pos, text) for pos, text in texts if pos > start.pos]
+    read: list[tuple[int, dict[str, Any]]] = []
     for pos, text in texts:
         record = parse_record(text)
         if isinstance(record, str):
             lines[pos] = b"damaged-row " + text.replace("\n", " ").encode("utf-8", "replace") + b"\n"
         else:
             lines[pos] = encode_record(record)
+            read.append((pos, record))
+    # A repeated append row (log_repeats: a second append of an entry, a number spent
+    # again) as a line that does not read: the planner keeps the first and drops it.
+    spent = start.snapshot["seq"] if start is not None else 0
+    while (repeat := log_repeats(read, spent)) is not None:
+        lines[repeat[0]] = b"repeated-row " + lines[repeat[0]]
+        read = [(pos, r) for pos, r in read if pos != repeat[0]]
     return b"".join(line for _, line in sorted(lines.items()))
 
 
@@ -220,24 +233,33 @@ def _snapshot_start(kept: tuple[int, bytes] | None, texts: list[tuple[int, str]]
     return _Snapshot(pos, create, snapshot, lost)
 
 
-def _columns(op: str, seq: int | None, raw: bytes | None) -> str:
-    return f"op {op}, seq {'none' if seq is None else seq}, entry {'none' if raw is None else 'sha256:' + raw.hex()}"
-
-
-def _row_fixes(conn: Any, key: int, texts: list[tuple[int, str]]) -> list[tuple[int, str, tuple[Any, ...]]]:
-    """The log rows whose op, seq and hash columns are not what their record says, as
-    (position, what the columns say, what they should hold: the columns :func:`log_rows`
-    writes of that record)."""
+def _row_fixes(backend: PostgresBackend, conn: Any, key: int,
+               texts: list[tuple[int, str]]) -> list[tuple[int, str, tuple[Any, ...]]]:
+    """The log rows whose columns are not an index of their record (``row_disagrees``, the
+    one rule), as (position, what the columns say, what they should hold: the op, seq and
+    hash :func:`log_rows` writes of that record, and the content its entry's envelope
+    names where the row named one and the envelope reads, else none)."""
     records = {pos: parse_record(text) for pos, text in texts}
+
+    def content_of(raw: bytes) -> bytes | None:
+        try:
+            name = envelope_content(backend.objects.get("entries", hash_name(raw)))
+        except AgentSessionError:
+            return None
+        return raw_hash(name) if name is not None else None
+
     fixes: list[tuple[int, str, tuple[Any, ...]]] = []
-    for pos, op, seq, raw in conn.execute("SELECT pos, op, seq, hash FROM log WHERE session = %s ORDER BY pos", [key]).fetchall():
+    for pos, op, seq, raw, content in conn.execute(
+            "SELECT pos, op, seq, hash, content FROM log WHERE session = %s ORDER BY pos", [key]).fetchall():
         record = records.get(pos)
         if not isinstance(record, dict):
             continue  # not a record: the planner's damage, not an index's
-        want = log_rows(key, pos - 1, [record])[0][2:5]
-        have = (op, seq, None if raw is None else bytes(raw))
-        if have != want:
-            fixes.append((pos, _columns(*have), want))
+        if row_disagrees(record, op, seq, raw, content, content_of) is None:
+            continue
+        want = row_columns(record)
+        have = (op, seq, None if raw is None else bytes(raw), None if content is None else bytes(content))
+        named = content_of(want[2]) if content is not None and want[0] == "append" and want[2] is not None else None
+        fixes.append((pos, row_text(*have), (*want, named)))
     return fixes
 
 
@@ -267,7 +289,7 @@ def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None
     backend = _backend(store)
     with backend.db.conn() as c:
         row, texts = backend.sessions.rows(c, session_id)
-        fixes = _row_fixes(c, row[0], texts)
+        fixes = _row_fixes(backend, c, row[0], texts)
     key, header_bytes, row_head, row_mark, last_pos, _ = row
     try:
         with backend.sessions.whole_log():  # (damage in the rows a kept snapshot stands for is sought too)
@@ -290,8 +312,8 @@ def plan_repair(store: Store, session_id: str, *, progress: Callable[[str], None
         # (a gap is damage: the probe's open refuses it, whole_log reading every row)
         if last_pos != len(texts):
             report.stale_indexes.append(("log length", str(last_pos), str(len(texts))))
-        for pos, said, (op, seq, raw) in fixes:
-            report.stale_indexes.append((f"log row {pos}", said, _columns(op, seq, raw)))
+        for pos, said, want in fixes:
+            report.stale_indexes.append((f"log row {pos}", said, row_text(*want)))
         kept = backend.db.query("SELECT pos, data FROM states WHERE session = %s AND kind = %s", [key, SNAPSHOT])
         if kept and snapshot_problem(int(kept[0][0]), bytes(kept[0][1]), dict(texts)) is not None:
             report.stale_indexes.append(("snapshot", f"states kind 2 at log row {kept[0][0]}", "dropped"))
@@ -354,9 +376,9 @@ def repair_session(
                     key, = conn.execute("UPDATE sessions SET head = %s, mark = %s WHERE id = %s RETURNING key",
                                         [report.head, report.mark, session_id]).fetchone()
                     texts = conn.execute("SELECT pos, record FROM log WHERE session = %s ORDER BY pos", [key]).fetchall()
-                    for pos, _, (op, seq, raw) in _row_fixes(conn, key, texts):
-                        conn.execute("UPDATE log SET op = %s, seq = %s, hash = %s WHERE session = %s AND pos = %s",
-                                     [op, seq, raw, key, pos])
+                    for pos, _, (op, seq, raw, content) in _row_fixes(backend, conn, key, texts):
+                        conn.execute("UPDATE log SET op = %s, seq = %s, hash = %s, content = %s WHERE session = %s AND pos = %s",
+                                     [op, seq, raw, content, key, pos])
                     conn.execute("UPDATE sessions SET last_pos = %s WHERE key = %s", [len(texts), key])
                     if any(name == "snapshot" for name, _, _ in report.stale_indexes):
                         conn.execute("DELETE FROM states WHERE session = %s AND kind = %s", [key, SNAPSHOT])

@@ -34,7 +34,7 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -66,12 +66,12 @@ from ..files.log import AppendRow, chain, make_snapshot, read_log, record_body, 
 from ..files.sessions import APPEND_LINE_MIN, COMPACT_AT_CLOSE, COMPACT_WHILE_WRITING, append_row
 from .arrays import bool_array, boolean, bytea_array, int2_array, int4, int4_array, int8, text_array
 from .database import checked, pq, psycopg, translate
-from .objects import IN_PACKED, copy_rows, object_rows, packed, raw_hash
+from .objects import IN_PACKED, copy_rows, hash_name, object_rows, packed, raw_hash
 
 if TYPE_CHECKING:
     from . import PostgresBackend
 
-__all__ = ["PgSessions", "PgSessionLog", "SNAPSHOT", "gap_message", "log_gaps", "kept_snapshot", "snapshot_bytes", "snapshot_disagrees", "snapshot_problem"]
+__all__ = ["PgSessions", "PgSessionLog", "SNAPSHOT", "gap_message", "log_gaps", "log_repeats", "kept_snapshot", "row_columns", "row_disagrees", "row_text", "snapshot_bytes", "snapshot_disagrees", "snapshot_problem"]
 
 #: The log's columns and their types, for COPY.
 LOG_COLUMNS = "log (session, pos, op, seq, hash, content, record)"
@@ -131,11 +131,44 @@ def log_rows(key: int, start: int, records: Sequence[Record]) -> list[tuple[Any,
             content = raw_hash(r.objects[0]) if r.objects is not None else None
             rows.append((key, pos, "append", r.seq, raw_hash(r.entry), content, _DUMPS(r.as_record())))
         else:
-            entry = r.get("entry")
-            seq = r.get("seq")
-            rows.append((key, pos, str(r.get("op")), seq if isinstance(seq, int) else None,
-                         raw_hash(entry) if isinstance(entry, str) else None, None, _DUMPS(r)))
+            rows.append((key, pos, *row_columns(r), None, _DUMPS(r)))
     return rows
+
+
+def row_columns(record: Mapping[str, Any]) -> tuple[str, int | None, bytes | None]:
+    """The ``op``, ``seq`` and ``hash`` columns of the log row holding ``record`` (an
+    index of it, for SQL: what :func:`log_rows` writes)."""
+    entry, seq = record.get("entry"), record.get("seq")
+    return str(record.get("op")), seq if isinstance(seq, int) else None, raw_hash(entry) if isinstance(entry, str) else None
+
+
+def row_disagrees(record: Mapping[str, Any], op: str, seq: int | None, raw: bytes | None, content: bytes | None,
+                  content_of: Callable[[bytes], bytes | None] | None = None) -> str | None:
+    """Why a log row's columns are not an index of its record, in words (None where they
+    are): the one rule of whoever trusts or checks them (fsck's ``log-row``, repair's
+    fixes, a sweep's refusal). ``op``, ``seq`` and ``hash`` must be what :func:`log_rows`
+    writes of the record; ``content``, where set, belongs to an append, and names the
+    content its entry's envelope names where ``content_of`` reads it (the envelope's
+    content by the entry's raw digest; None where it cannot be read: fsck names that)."""
+    want = row_columns(record)
+    have = (op, seq, None if raw is None else bytes(raw))
+    if have != want:
+        return f"its columns ({row_text(*have)}) are not its record's ({row_text(*want)})"
+    if content is None:
+        return None
+    if want[0] != "append" or want[2] is None:
+        return f"its content column names {hash_name(bytes(content))} for a record that appends no entry"
+    named = content_of(want[2]) if content_of is not None else None
+    if named is not None and named != bytes(content):
+        return (f"its content column names {hash_name(bytes(content))}, where its entry's envelope names "
+                f"{hash_name(named)}")
+    return None
+
+
+def row_text(op: str, seq: int | None, raw: bytes | None, content: bytes | None = None) -> str:
+    """A log row's columns in words."""
+    out = f"op {op}, seq {'none' if seq is None else seq}, entry {'none' if raw is None else hash_name(raw)}"
+    return out if content is None else f"{out}, content {hash_name(content)}"
 
 
 def indexes_after(records: Sequence[Record], head: str | None, mark: str) -> tuple[str | None, str]:
@@ -195,6 +228,29 @@ def log_gaps(positions: Iterable[int], start: int = 1) -> list[tuple[int, int]]:
             gaps.append((want, pos))
         want = pos + 1
     return gaps
+
+
+def log_repeats(rows: Iterable[tuple[int, Mapping[str, Any]]], spent: int = 0) -> tuple[int, str] | None:
+    """The first of a log's records (row, record; in order) that appends an entry an
+    earlier one appended, or spends a sequence number not above those spent before it
+    (``spent``: the highest a kept snapshot's records spent), as (its row, why), or None:
+    the one rule of a repeated append row (``log-order``), which an open, ``verify``,
+    fsck, a sweep and repair all treat as damage. No writer writes one (a re-append is a
+    no-op, RFC 0002), and RFC 0002's reference schema keys its log on (session, seq) and
+    (session, hash); a repeat's head member would move the head back on every open."""
+    seen: set[Any] = set()
+    for pos, record in rows:
+        op, seq = record.get("op"), record.get("seq")
+        if op == "append":
+            entry = record.get("entry")
+            if entry in seen:
+                return pos, f"log row {pos} appends entry {entry} a second time"
+            seen.add(entry)
+            if isinstance(seq, int) and not isinstance(seq, bool) and seq <= spent:
+                return pos, f"log row {pos} appends with sequence number {seq}, which the log spent before it"
+        if op in ("append", "loss", "repair") and isinstance(seq, int) and not isinstance(seq, bool):
+            spent = max(spent, seq)
+    return None
 
 
 def gap_message(missing: int, after: int) -> str:
@@ -294,6 +350,8 @@ class PgSessionLog(SessionLog):
         self.mark = mark
         self.committed = True
         self._recover: list[dict[str, Any]] = []
+        #: What a writing open read, for :meth:`_know` once the domain accepts the log (:meth:`recover`).
+        self._known: tuple[Any, ...] | None = None
         self._closed = False
         self._parked = False
         #: What the domain handed over to keep at close (``states``), by kind.
@@ -377,6 +435,11 @@ class PgSessionLog(SessionLog):
         raise SessionLockedError(f"session {self.session_id}: {self.stopped}; nothing was written")
 
     def recover(self) -> None:
+        """The domain found the log sound: what the open read is known for the next
+        snapshot, and the uncommitted tail adopted."""
+        known, self._known = self._known, None
+        if known is not None:
+            self._know(*known)
         if self._recover:
             self._write(self._recover, durable=True)
             self._recover = []
@@ -694,6 +757,10 @@ class PgSessions(SessionStore):
                 raise SessionDamagedError(f"log row {pos} {record}", session=session_id, line=pos, offset=0,
                                           path=self.log_source(session_id))
             records.append(record)
+        repeat = log_repeats(zip((pos for pos, _ in tail), records[skip:]), start.snapshot["seq"] if start is not None else 0)
+        if repeat is not None:
+            raise SessionDamagedError(repeat[1], session=session_id, line=repeat[0], offset=0,
+                                      path=self.log_source(session_id))
         out = _Records(records, skip or 1, sum(len(t) for _, t in tail[0 if skip else 1 :]),
                        start.pos + len(tail) if start is not None else len(tail), start.size if start is not None else 0,
                        texts[-1][0] if texts else 0)
@@ -762,8 +829,9 @@ class PgSessions(SessionStore):
         records = got.records
         log = PgSessionLog(self.backend, session_id, key, writable=True, conn=conn, fence=int(fence),
                            last_pos=last_pos, head=head, mark=mark)
-        if not cut:  # (a log the domain refuses keeps no snapshot at close)
-            log._know(records[0] if records else None, records[1] if got.since == 2 else None, records[got.since :],
+        # Known for the next snapshot only once the domain found the log sound (recover): a
+        # handle whose log it refused keeps no state of it at close.
+        log._known = (records[0] if records else None, records[1] if got.since == 2 else None, records[got.since :],
                       got.since_bytes, got.base_bytes)
         recovered: builtins.list[FsckProblem] = []
         if _uncommitted_tail(records):
@@ -884,6 +952,9 @@ class PgSessions(SessionStore):
             else:
                 out.records.append(record)
                 positions.append((pos, None))  # (its row: a record after a gap keeps its number)
+        repeat = log_repeats(zip((pos for pos, _ in positions), out.records))
+        if repeat is not None:
+            out.damaged("log-order", repeat[1], repeat[0])
         return out
 
     def history_since(self, session_id: str, start: int, resume: Any = None) -> LogTail:
