@@ -192,3 +192,21 @@ def test_a_repeated_append_row_is_damage_every_reader_refuses_and_repair_drops(u
             assert s.head == ids[-1]
         s.append(msg("after"), durable=True)
         s.close()
+
+
+def test_a_parked_handle_is_not_resumed_after_another_writer_held_the_session(url):
+    """A parked handle (the server's, between two exchanges) resumes only if no one held
+    the session since: a repair bumps the fence and may give the log back at its length,
+    rewritten, and the handle's state would then append onto a log it does not describe."""
+    build(url)
+    with open_store(url) as st:
+        s = st.session("S")
+        assert s.exchange_park()
+        assert s.exchange_resume()  # nothing happened meanwhile
+        assert s.exchange_park()
+        with open_store(url) as other:
+            other.session("S").close()  # another writer's hold (as a repair's), no row written
+        assert not s.exchange_resume()
+        s.close()
+        with st.session("S") as again:
+            again.append(msg("after"), durable=True)

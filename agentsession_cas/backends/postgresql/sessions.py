@@ -552,14 +552,18 @@ class PgSessionLog(SessionLog):
         conn = self.backend.sessions.take(self.session_id)
         try:
             with translate(self.backend.describe()):
+                # The fence as well as the log's length: a repair bumps the fence and may
+                # give the log back at its length, rewritten, which this handle's state no
+                # longer describes; any other writer's hold is taken for a write so too.
                 row = conn.execute(
-                    "UPDATE sessions SET fence = fence + 1, holder = %s WHERE key = %s AND last_pos = %s RETURNING fence",
-                    [_holder(), self.key, self.last_pos],
+                    "UPDATE sessions SET fence = fence + 1, holder = %s"
+                    " WHERE key = %s AND last_pos = %s AND fence = %s RETURNING fence",
+                    [_holder(), self.key, self.last_pos, self.fence],
                 ).fetchone()
         except BaseException:
             self.backend.sessions.let_go(conn)
             raise
-        if row is None:  # written (or deleted) since: the caller reopens it
+        if row is None:  # written, held by another (or deleted) since: the caller reopens it
             self.backend.sessions.let_go(conn)
             return False
         self.conn, self.fence, self._parked = conn, int(row[0]), False
