@@ -191,6 +191,13 @@ def test_a_fetch_answered_about_another_session_is_refused_before_anything_is_wr
     assert local2.list() == []
     # The same remote fetched as what it is holds s2.
     assert fetch(local2, through(app, route), "s2").entries == 1
+    # The HTTP client's own reads (a store over HTTP reads a header so) refuse it too,
+    # before the other session's incarnation is remembered as s1's.
+    t = through(app, route)
+    for read in (t.session_header, t.session_view):
+        with pytest.raises(TransportError, match="answered about session 's2' when asked for s1"):
+            read("s1")
+        assert "s1" not in t._seen
 
 
 # -- 3. a push's answer read by RFC 0003's members -------------------------------------------

@@ -58,7 +58,7 @@ from ..errors import (
     NoSuchSessionError,
     TransportError,
 )
-from .transport import Admission, DeclareResult, PushRequest, RefResult, SessionView, Transport
+from .transport import Admission, DeclareResult, PushRequest, RefResult, SessionView, Transport, check_served_session
 from .wire import (
     OBJECTS,
     FrameReader,
@@ -600,6 +600,7 @@ class HttpTransport(Transport):
         header = facts.get("header")
         if not isinstance(header, dict):
             raise TransportError(f"remote {self.url}: its answer about session {session_id} holds no header")
+        check_served_session(self.url, session_id, header)  # (before its incarnation is remembered)
         if isinstance(facts.get("incarnation"), str):
             self._seen[session_id] = facts["incarnation"]
         return dict(header)
@@ -610,6 +611,7 @@ class HttpTransport(Transport):
         view = next((f["session"] for f in frames if isinstance(f.get("session"), dict)), None)
         if view is None or not isinstance(view.get("header"), dict):
             raise TransportError(f"remote {self.url}: its log of session {session_id} names no session")
+        check_served_session(self.url, session_id, view["header"])  # (before its incarnation is remembered)
         entries = [f["entry"] for f in frames if isinstance(f.get("entry"), str)]
         header = dict(view["header"])
         if isinstance(view.get("incarnation"), str):

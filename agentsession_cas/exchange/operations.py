@@ -64,7 +64,16 @@ from ..store.store import Store
 from .endpoint import UNSET, StoreEndpoint
 from .local import open_transport
 from .remembered import Remembered, RemoteState
-from .transport import Admission, DeclareResult, PushRequest, RefPush, RefResult, SessionView, Transport
+from .transport import (
+    Admission,
+    DeclareResult,
+    PushRequest,
+    RefPush,
+    RefResult,
+    SessionView,
+    Transport,
+    check_served_session,
+)
 
 __all__ = [
     "UNSET",
@@ -409,7 +418,7 @@ def _push(
     ident = header_ident(header)
     there = transport.session_header(session_id)
     if there is not None:
-        _same_session(transport, session_id, there)
+        check_served_session(transport.url, session_id, there)
     if there is not None and header_ident(there) != ident:
         raise HeaderDiffersError(
             f"the remote {transport.url} holds another session under the id {session_id} (the headers differ "
@@ -614,20 +623,8 @@ def _served_view(transport: Transport, session_id: str) -> SessionView:
     one way to read it: an answer about another session than the one asked for (a broken
     router or proxy, a hostile remote) is refused before anything is written here."""
     view = transport.session_view(session_id)
-    _same_session(transport, session_id, view.header)
+    check_served_session(transport.url, session_id, view.header)
     return view
-
-
-def _same_session(transport: Transport, session_id: str, header: Mapping[str, Any]) -> None:
-    """TransportError unless ``header`` (what the remote served as ``session_id``'s) is
-    that session's: nothing of another session's answer is used."""
-    served = header.get("id")
-    if served != session_id:
-        shown = served if isinstance(served, str) and len(served) <= 200 else type(served).__name__
-        raise TransportError(
-            f"the remote {transport.url} answered about session {shown!r} when asked for {session_id}: "
-            "its answer is refused and nothing of it is used"
-        )
 
 
 def _verified(items: Iterable[tuple[str, str, bytes]]) -> Iterator[tuple[str, str, bytes]]:

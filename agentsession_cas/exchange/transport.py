@@ -32,7 +32,7 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import SPACES, Space
-from ..errors import unknown_object_space
+from ..errors import TransportError, unknown_object_space
 from ..lean import dataclass
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ __all__ = [
     "RefResult",
     "SessionView",
     "Transport",
+    "check_served_session",
     "check_space",
 ]
 
@@ -253,3 +254,16 @@ def check_space(space: object) -> Space:
     if space not in SPACES:
         raise unknown_object_space(space, SPACES)
     return space
+
+
+def check_served_session(url: str, session_id: str, header: Mapping[str, Any]) -> None:
+    """TransportError unless ``header`` (what the remote at ``url`` served as
+    ``session_id``'s) is that session's: an answer about another session (a broken router
+    or proxy, a hostile remote) is refused before anything of it is used or remembered."""
+    served = header.get("id")
+    if served != session_id:
+        shown = served if isinstance(served, str) and len(served) <= 200 else type(served).__name__
+        raise TransportError(
+            f"the remote {url} answered about session {shown!r} when asked for {session_id}: "
+            "its answer is refused and nothing of it is used"
+        )
