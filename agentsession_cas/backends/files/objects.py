@@ -29,6 +29,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 from ...errors import (
@@ -197,15 +198,48 @@ class FileObjects(ObjectStore):
             return found
         return None
 
+    def _packed_copies(self, space: str, name: str) -> Iterator[tuple[Pack, Any]]:
+        """Every pack naming the object in ``space``, biggest first (:meth:`_packed`'s is
+        the first): where a read looks on when a copy is damaged."""
+        seen: set[str] = set()
+        while (found := self.packs.locate(name, seen)) is not None:
+            seen.add(found[0].name)
+            if found[1].spaces & SPACE_BITS[space]:
+                yield found
+
+    def _sound_packed(self, space: str, name: str) -> tuple[tuple[Pack, Any], bytes] | AgentSessionError | None:
+        """The first packed copy that reads and hashes to its name (where, and its bytes);
+        else, when every pack naming it holds a damaged copy, the first one's error; None
+        when no pack names it. A damaged copy never hides a sound one in another pack (a
+        writer that found a copy corrupt writes a sound one, in a pack when its batch is big)."""
+        error: AgentSessionError | None = None
+        for found in self._packed_copies(space, name):
+            got = self._get_packed(space, name, *found)
+            if isinstance(got, bytes):
+                return found, got
+            error = error or got
+        return error
+
     def _packed_sound(self, space: str, name: str) -> tuple[Pack, object] | None:
         """Where a pack holds the object and its copy reads and hashes to its name: a
         writer that finds it there need not write it, a receiver need not be sent it. A
         corrupt packed copy counts as absent, so a sound loose copy is written beside it
         (and served first, see :meth:`_get`); a pack index is no proof of the bytes."""
-        found = self._packed(space, name)
-        if found is not None and isinstance(self._get_packed(space, name, *found), bytes):
-            return found
-        return None
+        got = self._sound_packed(space, name)
+        return got[0] if isinstance(got, tuple) else None
+
+    def _held_packed(self, space: str, name: str, fresh: dict[str, bool]) -> bool:
+        """A pack holds a sound copy of the object and that pack was freshened (once per
+        pack: ``fresh`` maps a pack's path to whether it still was there): a batch being
+        packed need not hold the object again. False when it must (no sound packed copy,
+        or its pack swept away meanwhile)."""
+        found = self._packed_sound(space, name)
+        if found is None:
+            return False
+        there = fresh.get(found[0].path)
+        if there is None:
+            there = fresh[found[0].path] = _freshen(found[0].path)
+        return there
 
     def get(self, space: str, name: str) -> bytes:
         """The object's bytes, from a pack or a loose file (or a log that holds it until
@@ -281,16 +315,15 @@ class FileObjects(ObjectStore):
                 if data is not None and HASH_PREFIX + hashlib.sha256(data).hexdigest() == name:
                     return data
         path = self.path(space, name)  # the name checked; anything else as it always was
-        found = self._packed(space, name)
-        if found is not None:
-            bad = self._get_packed(space, name, *found)
-            if isinstance(bad, bytes):
-                return bad
-            # A corrupt packed copy: a sound loose one may still be there.
+        got = self._sound_packed(space, name)
+        if isinstance(got, tuple):
+            return got[1]
+        if got is not None:
+            # Every packed copy corrupt: a sound loose one may still be there.
             try:
                 return self._get_loose(space, name, path)
             except NoSuchObjectError:
-                raise bad from None
+                raise got from None
         try:
             return self._get_loose(space, name, path)
         except NoSuchObjectError:
@@ -299,11 +332,10 @@ class FileObjects(ObjectStore):
             # just now, and another thread of ours (a checkpoint's worker publishing its
             # pack) may have listed the new pack since our lookup missed it.
             self.packs.refresh()
-            found = self._packed(space, name)
-            if found is not None:
-                got = self._get_packed(space, name, *found)
-                if isinstance(got, bytes):
-                    return got
+            got = self._sound_packed(space, name)
+            if isinstance(got, tuple):
+                return got[1]
+            if got is not None:
                 raise got from None
             if not self.packs.bad:
                 raise
@@ -318,8 +350,8 @@ class FileObjects(ObjectStore):
         """The packed copy's bytes, or the error that says why they cannot be served."""
         try:
             data = self.packs.read(pack, loc)  # type: ignore[arg-type]
-        except CorruptPackError as exc:
-            return exc
+        except CorruptPackError as exc:  # (named relative to the store, as the object's own error is)
+            return CorruptPackError(store_relative(str(exc), self.root), path=exc.path)
         if HASH_PREFIX + hashlib.sha256(data).hexdigest() != name:
             return CorruptObjectError(
                 f"corrupt object: {space} object {name} in {os.path.relpath(pack.path, self.root)} "
@@ -833,13 +865,8 @@ class FileObjects(ObjectStore):
                         if len(data) > MAX_PACKED:
                             big.append((space, name, data))
                             continue
-                        found = self._packed_sound(space, name) if dedup else None
-                        if found is not None:
-                            there = fresh.get(found[0].path)
-                            if there is None:
-                                there = fresh[found[0].path] = _freshen(found[0].path)
-                            if there:
-                                continue  # else swept away meanwhile: written again here
+                        if dedup and self._held_packed(space, name, fresh):
+                            continue  # (one swept away meanwhile is written again here)
                         kept.append((space, name, data))
                 if kept:
                     writer.add_many([name for _, name, _ in kept], bytes([SPACE_BITS[space] for space, _, _ in kept]),
@@ -972,7 +999,9 @@ class FileObjects(ObjectStore):
             return 0, None
         try:
             self._undo_interrupted_drops()
-            moved: list[tuple[str, str]] = []
+            moved: list[tuple[str, str]] = []  # into the new pack
+            held: list[tuple[str, str]] = []  # a sound copy in a pack already (freshened)
+            fresh: dict[str, bool] = {}
 
             def loose() -> Iterator[tuple[str, str, bytes]]:
                 for space in SPACES:
@@ -982,21 +1011,32 @@ class FileObjects(ObjectStore):
                             data = self._get_loose(space, name, path)
                         except (NoSuchObjectError, CorruptObjectError):
                             continue  # gone meanwhile, or corrupt: fsck reports it, we do not pack it
-                        if len(data) <= MAX_PACKED:
-                            moved.append((space, name))
-                            yield space, name, data
+                        if len(data) > MAX_PACKED:
+                            continue
+                        if self._held_packed(space, name, fresh):
+                            held.append((space, name))
+                            continue
+                        moved.append((space, name))
+                        yield space, name, data
 
-            idx = self.write_pack(loose(), level=level, merge=False)
+            idx = self.write_pack(loose(), level=level, merge=False, dedup=False)
+            # A loose copy goes only where a sound copy is durable: in the pack just
+            # written (its own index says so), or in a pack whose copy was read sound
+            # above. A pack merely naming the object (its copy damaged) is no copy.
+            new = Pack(idx) if idx is not None else None
+            try:
+                gone = held + [(space, name) for space, name in moved
+                               if new is not None and (loc := new.find(name)) is not None and loc.spaces & SPACE_BITS[space]]
+            finally:
+                if new is not None:
+                    new.close()
+            for space, name in gone:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path(space, name))
             self.packs.refresh(force=True)
-            for space, name in moved:
-                if self._packed(space, name) is not None:
-                    try:
-                        os.unlink(self.path(space, name))
-                    except FileNotFoundError:
-                        pass
         finally:
             lock.release()
-        return len(moved), idx
+        return len(moved) + len(held), idx
 
     # -- repacking ------------------------------------------------------------------
 
@@ -1345,18 +1385,21 @@ class FileObjects(ObjectStore):
         one that comes after finds it gone and writes its object again. Comparing
         in place and then unlinking would lose an object a writer touched between
         the two. ``index`` (a pack's) is removed once the pack is known untouched."""
-        aside = os.path.join(self.tmp, f"drop-{os.getpid()}-{os.urandom(6).hex()}-{os.path.basename(path)}")
+        # (a loose object's drop name says its space and whole name: see DROPPED_LOOSE)
+        where = os.path.relpath(path, self.dir).split(os.sep)
+        own = f"{where[0]}-{where[1]}{where[2]}" if len(where) == 3 and where[0] in SPACES else os.path.basename(path)
+        aside = os.path.join(self.tmp, f"drop-{os.getpid()}-{os.urandom(6).hex()}-{own}")
         try:
             os.rename(path, aside)
         except FileNotFoundError:
             return True
-        if os.stat(aside).st_mtime_ns != mtime_ns:
-            try:
-                os.link(aside, path)  # put back (a writer may have written a new copy meanwhile)
-            except FileExistsError:
-                pass
-            os.unlink(aside)
-            fsync_dir(os.path.dirname(path))
+        try:
+            touched = os.stat(aside).st_mtime_ns != mtime_ns
+        except BaseException:
+            _put_back(aside, path)  # interrupted (Ctrl-C, SIGTERM) before it was decided: rolled back
+            raise
+        if touched:
+            _put_back(aside, path)
             return False
         if index is not None:
             try:
@@ -1381,6 +1424,13 @@ class FileObjects(ObjectStore):
             return
         moved = False
         for name in names:
+            m = DROPPED_LOOSE.fullmatch(name)
+            if m is not None:
+                # A loose object moved aside (a kill before its mtime was compared, or
+                # before it was removed): back under its name, unless a writer wrote it again.
+                aside, target = os.path.join(self.tmp, name), self.path(m.group(1), HASH_PREFIX + m.group(2))
+                self._in_fanout(target, partial(_put_back, aside, target))
+                continue
             m = DROPPED_PACK.fullmatch(name)
             if m is None:
                 continue
@@ -1410,6 +1460,19 @@ class FileObjects(ObjectStore):
 
 #: A pack a drop moved aside (:meth:`FileObjects._remove_untouched`): ``drop-<pid>-<12 hex>-<pack>.pack``.
 DROPPED_PACK = re.compile(r"drop-[0-9]+-[0-9a-f]{12}-(pack-[0-9a-f]{64})\.pack")
+#: A loose object a drop moved aside: ``drop-<pid>-<12 hex>-<space>-<64 hex of its name>``.
+DROPPED_LOOSE = re.compile(r"drop-[0-9]+-[0-9a-f]{12}-(entries|contents|blobs)-([0-9a-f]{64})")
+
+
+def _put_back(aside: str, path: str) -> None:
+    """Undo a drop's move: the file back under its name (left as it is when a writer
+    wrote a new copy there meanwhile), and made durable there."""
+    try:
+        os.link(aside, path)
+    except FileExistsError:
+        pass
+    os.unlink(aside)
+    fsync_dir(os.path.dirname(path))
 
 #: The space of each space bit, and an entry's two objects' bits (its content, then its envelope).
 _SPACE_OF_BITS = {bits: space for space, bits in SPACE_BITS.items()}

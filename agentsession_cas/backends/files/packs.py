@@ -75,7 +75,7 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 import blake3
@@ -831,8 +831,10 @@ class Pack:
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
 
-    def check_pack_checksum(self) -> None:
-        """Read the whole pack and compare its checksum with its trailer and the index."""
+    def check_pack_checksum(self, held: tuple[int, bytes] | None = None) -> None:
+        """Read the whole pack and compare its checksum with its trailer and the index.
+        ``held``: (offset, bytes) of the pack the caller read already (a merge's blocks),
+        hashed as they are, not read again."""
         h = blake3.blake3()
         fd = self._pack_fd()
         size = os.fstat(fd).st_size
@@ -840,8 +842,12 @@ class Pack:
             raise CorruptPackError(f"pack {self.path} is too short ({size} bytes)", path=self.path)
         magic = PACK_MAGIC if self.version == 2 else PACK_MAGIC_V1
         pos, end = 0, size - _SUM
+        at, data = held if held is not None and 0 < held[0] and held[0] + len(held[1]) <= end else (end, b"")
         while pos < end:
-            chunk = os.pread(fd, min(1 << 22, end - pos), pos)
+            if pos == at and data:
+                chunk = data
+            else:
+                chunk = os.pread(fd, min(1 << 22, (at if pos < at else end) - pos), pos)
             if not chunk:
                 raise CorruptPackError(f"pack {self.path} could not be read to its end", path=self.path)
             if pos == 0 and chunk[: len(magic)] != magic:
@@ -1085,6 +1091,7 @@ class PackWriter:
         if not pack.nblocks:
             return
         if pack.version == 1:
+            pack.check_pack_checksum()  # (see below)
             for b, objs in enumerate(pack.objects_by_block()):
                 if objs:
                     blk = pack.read_block(b)
@@ -1099,6 +1106,10 @@ class PackWriter:
         data = os.pread(pack._pack_fd(), end - start, start)
         if len(data) != end - start:
             raise CorruptPackError(f"pack {pack.path} ends inside its blocks", path=pack.path)
+        # A merge removes the packs it copies: their bytes are checked first (the blocks
+        # just read, hashed as they are), so a damaged pack is never copied unread and
+        # deleted, but stays for fsck and `pack` (its sound copies elsewhere still serve).
+        pack.check_pack_checksum((start, data))
         shift = self._pos - start
         base = self._slots
         self._check_room(pack.slots)
@@ -1826,7 +1837,9 @@ class PackSet:
         self.packs = packs
         return changed
 
-    def locate(self, name: str) -> tuple[Pack, Located] | None:
+    def locate(self, name: str, skip: Collection[str] = ()) -> tuple[Pack, Located] | None:
+        """The first pack (biggest first) naming ``name``, and where; packs named in
+        ``skip`` passed over (a read whose copy there is damaged looks on)."""
         if self._seen is None:
             self.refresh()
         packs = self.packs
@@ -1834,6 +1847,8 @@ class PackSet:
             return None
         raw = _raw(name)  # (once, not once a pack: a miss asks every one)
         for p in packs:
+            if skip and p.name in skip:
+                continue
             loc = p.find_raw(raw)
             if loc is not None:
                 return p, loc

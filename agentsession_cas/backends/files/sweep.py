@@ -15,7 +15,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from ...errors import StoreError, SweepRefusedError
+from ...errors import CorruptPackError, StoreError, SweepRefusedError
 from ...format.hashing import envelope_content
 from ...format.media import sidecar_names
 from ...fsutil import ATOMIC_TMP, read_dense, read_small
@@ -216,6 +216,7 @@ def sweep_objects(
         lost = objects.index_lost(dry_run)
         # The snapshot first, the logs after it (see the module docstring).
         snapshot = objects.snapshot()
+        _refuse_unread_packs(root, lost, snapshot)
         now = time.time()
         # Files younger than the grace period are left as they are, not rewritten:
         # a rewrite would make the unretained objects in them young again, and
@@ -245,6 +246,34 @@ def sweep_objects(
         age = max(grace, TMP_MIN_AGE)
         tmp_removed = [] if dry_run else _clean_tmp(root, age, now) + _clean_atomic_temps(root, age, now)
         return result, len(young.packs) + len(young.loose), tmp_removed, ret
+
+
+def _refuse_unread_packs(root: str, lost: RepackResult, snap: Snapshot) -> None:
+    """Stop the sweep, before any log is read or any file removed, while a pack's index
+    does not read (damaged: the pack set skips it) or a pack without one could not be
+    indexed (it does not read whole). No read sees such a pack's objects, so the
+    retention rule would read none of its envelopes: the contents and blobs they name
+    would go as unretained (and a pack read without its index with them). A sweep never
+    guesses: ``pack`` reads a pack whose index is damaged without it and copies what
+    reads into a new pack, whose index the sweep then reads."""
+    if snap.bad:
+        key, why = min(snap.bad.items())
+        raise CorruptPackError(
+            f"{why}; a sweep cannot tell what the objects of its pack name, so it removed nothing: run "
+            "`agentsession pack` first (it reads the pack without its index and copies what reads into a "
+            f"new pack){_and_more(len(snap.bad))}", path=os.path.join(root, "objects", "pack", key + ".idx"),
+        )
+    unindexed = [p for p in lost.problems if p.code == "bad-pack"]
+    if unindexed:
+        raise CorruptPackError(
+            f"{unindexed[0].message}; a sweep cannot tell what the objects of that pack name, so it removed "
+            "nothing: move the pack out of objects/pack/ (keep it for whoever can read it) or put its index "
+            f"back, then sweep{_and_more(len(unindexed))}", path=os.path.join(root, unindexed[0].file or ""),
+        )
+
+
+def _and_more(count: int) -> str:
+    return f" ({count - 1} more pack(s) like it: `agentsession fsck` names them)" if count > 1 else ""
 
 
 def _split_by_age(snap: Snapshot, cutoff: float) -> tuple[Snapshot, Snapshot]:
