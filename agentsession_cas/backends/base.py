@@ -228,6 +228,8 @@ class LogHistory:
     #: As :attr:`LogOpen.length_index`: (the log's length an index apart from it says, the
     #: position of its last record), where the backend keeps one.
     length_index: tuple[int, int] | None = None
+    #: As :attr:`LogOpen.summary`, read before the log (it may lag it, never lead it).
+    summary: dict[str, Any] | None = None
     #: Where the log lies, relative to the store's root (the ``file`` its findings name).
     source: str | None = None
 

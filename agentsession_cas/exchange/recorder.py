@@ -283,7 +283,9 @@ class Recorder:
         """Append several entries at the head as one batch (``Session.prepare`` then
         ``commit``): each is checked against the session and the ones before it, and
         none is written if any is refused. Durable when any of them asks it (a batch is
-        all durable or all lazy)."""
+        all durable or all lazy). One write of the log, but not all or nothing across a
+        crash on the file backend: a prefix of it may be kept, each entry whole and
+        committed by the recovery (``docs/store-api.md``)."""
         if self._closed:
             raise StoreError(f"the recorder of session {self.session.id} is closed")
         bodies = [dict(e) for e in entries]

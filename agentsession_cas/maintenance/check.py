@@ -127,7 +127,7 @@ def verify_stored(
     if not history.damage:  # (a log that does not read replays to what its damage already says)
         for code, why in state.damage:
             out.problems.append(_problem("log", code, why, file=history.source))
-        lost = index_damage(state, history.head_index, history.length_index)
+        lost = index_damage(state, history.head_index, history.length_index, summary=history.summary)
         if lost is not None:
             out.problems.append(_problem("log", "log-cut", lost, file=history.source))
         elif (stale := stale_head(state, history.head_index)) is not None:

@@ -332,7 +332,7 @@ class Session:
             header = parse_header(session_id, opened.header)
             state = replay(opened.records)
             damage = [message for _, message in state.damage]
-            why = index_damage(state, opened.head_index, opened.length_index)
+            why = index_damage(state, opened.head_index, opened.length_index, summary=opened.summary, rules=opened.rule_state)
             if why is not None:
                 damage.append(why)
             if damage:
@@ -747,7 +747,7 @@ class Session:
             raise StoreError(f"session {self.id} is closed")
         if self.log.stopped:
             raise StoreError(
-                f"session {self.id} stopped writing after an fsync failed ({self.log.stopped}); "
+                f"session {self.id} stopped writing ({self.log.stopped}); "
                 "reopen it to recover from what the disk holds"
             )
 

@@ -193,7 +193,8 @@ def committed_view(records: Sequence[Mapping[str, Any]]) -> SessionState:
 
 
 def log_loss(
-    records: Sequence[Mapping[str, Any]], head_index: str | None, length_index: tuple[int, int] | None = None
+    records: Sequence[Mapping[str, Any]], head_index: str | None, length_index: tuple[int, int] | None = None,
+    *, summary: Mapping[str, Any] | None = None, rules: Mapping[str, Any] | None = None,
 ) -> str | None:
     """Why a whole-reading log lost records a sweep must not sweep the objects of, or None:
     it is empty or does not open with its create record, or an index contradicts it
@@ -203,11 +204,12 @@ def log_loss(
     from the objects while they are held; every backend's sweep refuses the store on this."""
     if not records or records[0].get("op") != "create":
         return "it is empty or does not open with its create record"
-    return index_damage(replay(records), head_index, length_index)
+    return index_damage(replay(records), head_index, length_index, summary=summary, rules=rules)
 
 
 def index_damage(
-    state: SessionState, head_index: str | None, length_index: tuple[int, int] | None = None
+    state: SessionState, head_index: str | None, length_index: tuple[int, int] | None = None,
+    *, summary: Mapping[str, Any] | None = None, rules: Mapping[str, Any] | None = None,
 ) -> str | None:
     """Why an index contradicts the log, or None: committed records were lost (the log
     was cut short: fsck's ``log-cut``, what every backend's open refuses on).
@@ -219,7 +221,17 @@ def index_damage(
     log's last record)``, where the backend keeps one: PostgreSQL's ``last_pos``)
     beyond the log's last record, means committed records were lost, and the log must
     not be written over (the sequence numbers and the head would be reused and the
-    evidence erased)."""
+    evidence erased).
+
+    The head alone misses a loss the head does not point into (an append on a branch,
+    or after the head was moved back), so the other indexes written only after a commit
+    are held to the log the same way, where the backend keeps them: the ``summary``
+    (``list``'s, :mod:`.summary`: ``seq``, ``last_entry``) and the append ``rules``'
+    state (:mod:`.rulestate`: ``last_seq``, ``last``). A number beyond every one the
+    log spent (``max_seq``: loss and repair records and a compacted log's snapshot keep
+    the numbers of what they drop, so a repaired or compacted log still reaches it), or,
+    for the rules' state, a last entry the log does not hold (a repair removes that file;
+    it keeps the summary, whose last entry may be one it dropped), means the same."""
     if head_index is not None and is_hash(head_index) and head_index != state.base and head_index not in state.own:
         return (
             f"its head index names {head_index}, which the log does not hold: the log has lost committed records "
@@ -231,6 +243,21 @@ def index_damage(
             f"its length index says the log holds {said} record(s), its last is record {last}: the log has lost "
             "committed records (cut short?)"
         )
+    for what, kept, seq_key, entry_key in (("summary", summary, "seq", "last_entry"), ("rules' state", rules, "last_seq", "last")):
+        if not kept:
+            continue
+        seq, entry = kept.get(seq_key), kept.get(entry_key)
+        if type(seq) is int and seq > state.max_seq:
+            return (
+                f"its kept {what} counts sequence number {seq}"
+                + (f" (entry {entry})" if isinstance(entry, str) else "")
+                + f", beyond every one the log spent ({state.max_seq}): the log has lost committed records (cut short?)"
+            )
+        if kept is rules and isinstance(entry, str) and is_hash(entry) and entry != state.base and entry not in state.own:
+            return (
+                f"its kept {what} names {entry} as its last entry, which the log does not hold: the log has lost "
+                "committed records (cut short?)"
+            )
     return None
 
 

@@ -306,7 +306,7 @@ class Store:
         after = history.positions[len(records) - 1][0] + 1 if history.positions and records else len(records) + 1
         for code, why in state.damage:
             history.damaged(code, why, after)
-        lost = index_damage(state, history.head_index, history.length_index)
+        lost = index_damage(state, history.head_index, history.length_index, summary=history.summary)
         if lost is not None:
             history.damaged("log-cut", lost, after)
         return history

@@ -69,7 +69,7 @@ from .log import Record, header_of, read_log, read_snapshot_ids, scan_log, snaps
 from .objects import DROPPED_PACK, HASH_FIRST, FileObjects
 from .packs import SPACE_BITS, Pack, salvage_pack
 from .refs import read_refs_log
-from .sessions import HEADER_LIMIT, payload_entry
+from .sessions import HEADER_LIMIT, kept_summary, payload_entry
 from .sessions import checkpoint_covers as _checkpoint_covers
 from .sweep import SESSION_FILES, retention_source
 
@@ -830,6 +830,7 @@ class _Walk:
         # stands, so read this way the index can lag the log but never lead it.
         head_file = _read_or_none(os.path.join(sdir, "HEAD"), _INDEX_LIMIT)
         mark_file = _read_or_none(os.path.join(sdir, "mark"), _INDEX_LIMIT)
+        summary = kept_summary(sdir)
         header_bytes = _read_or_none(os.path.join(sdir, "header"), HEADER_LIMIT)
         data = _read_or_none(os.path.join(sdir, "log"))
         if header_bytes is None and data is None and not os.path.isdir(sdir):
@@ -880,7 +881,7 @@ class _Walk:
                 f"({1 + len(lr.cut_records)} line(s)), a writer in progress or a crash's loss; the next writing open drops it",
                 session=sid, file=logrel, line=c.line, offset=c.offset,
             )
-        self.check_log(sid, records, logrel, media, head_file, mark_file, sdir, len(data))
+        self.check_log(sid, records, logrel, media, head_file, mark_file, sdir, len(data), summary)
 
     def check_header(self, sid: str, raw: bytes, rel: str) -> str | None:
         where = dict(session=sid, file=f"{rel}/header")
@@ -963,6 +964,7 @@ class _Walk:
     def check_log(
         self, sid: str, records: list[Record], logrel: str, media: str,
         head_file: bytes | None, mark_file: bytes | None, sdir: str, log_size: int,
+        summary: dict[str, Any] | None = None,
     ) -> None:
         """One pass over the records a reader keeps: the objects each append needs and the
         parent and ``parents`` rules; then the state the log replays to (the domain's
@@ -1084,6 +1086,11 @@ class _Walk:
                 return
             # A HEAD where no head rests (a leaf label) is no writer's lag: stale however the session is held.
             stale = stale_head(state, head_index)
+        lost = index_damage(state, None, summary=summary)
+        if lost is not None:
+            self.error("log-cut", f"session {sid}: {lost}; `agentsession repair {sid}` gives none of the lost numbers "
+                       "out again", session=sid, file=f"sessions/{sid}/summary")
+            return
         self.check_indexes(sid, head, mark, head_file, mark_file, sdir, log_size, unclean, stale=stale)
         self.check_summary(sid, state)
 

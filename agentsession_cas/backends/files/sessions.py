@@ -93,7 +93,9 @@ if TYPE_CHECKING:
 
     from . import FileBackend
 
-__all__ = ["CHECKPOINT_ENTRIES", "FileSessionLog", "FileSessions", "payload_entry", "checkpoint_covers", "read_summary"]
+__all__ = [
+    "CHECKPOINT_ENTRIES", "FileSessionLog", "FileSessions", "payload_entry", "checkpoint_covers", "read_summary", "kept_summary",
+]
 
 #: Appends whose objects live only in the log (their payloads) before a checkpoint
 #: writes them to objects/.
@@ -113,6 +115,15 @@ COMPACT_WHILE_WRITING = 8 << 20
 _COMMIT = record_body({"op": "commit"})
 _ENTRY_IN_RECORD = re.compile(rb'"entry":"(sha256:[0-9a-f]{64})"')
 _SEQ_IN_RECORD = re.compile(rb'"seq":([0-9]{1,18})[,}]')
+#: How an append record begins (its members in canonical order: ``entry`` first).
+_APPEND_START = b'{"entry":"'
+
+
+def _may_be_append(torn: bytes) -> bool:
+    """Whether a torn line may be an append whose entry id did not survive: what can be
+    read of its record (up to any zeroed bytes) is the start of an append's, or nothing."""
+    part = torn[LINE_OVERHEAD - 1 :].split(b"\0", 1)[0][: len(_APPEND_START)]
+    return _APPEND_START.startswith(part)
 
 _CHECKPOINT_POOL: ThreadPoolExecutor | None = None
 
@@ -199,6 +210,15 @@ def read_summary(directory: str) -> tuple[dict[str, Any], list[str]] | None:
     if not isinstance(summary, dict) or not (isinstance(ident, list) and len(ident) == 3):
         return None
     return summary, ident
+
+
+def kept_summary(directory: str) -> dict[str, Any] | None:
+    """The summary a session's ``summary`` file holds, current or not (what the domain
+    holds to the log: :func:`~...store.state.index_damage`). Read it before the log, as
+    HEAD: a writer rewrites it only after a commit, so read first it can lag what is read
+    of the log, never lead it."""
+    kept = read_summary(directory)
+    return kept[0] if kept is not None else None
 
 
 #: The side file holding a compacted log's snapshot ids raw (``docs/storage-format.md``),
@@ -549,6 +569,7 @@ class FileSessions(SessionStore):
             head_index: str | None = read_small(os.path.join(self.dir(session_id), "HEAD"), _SMALL).decode("ascii", "replace").strip()
         except OSError:
             head_index = None
+        summary = kept_summary(self.dir(session_id))
         try:
             data = read_dense(path)
         except NotAFileError as exc:
@@ -569,7 +590,7 @@ class FileSessions(SessionStore):
                 "a write in progress or a crash's loss that the next writing open drops"
             )
             out.tail_from = len(lr.records)
-        out.head_index = head_index
+        out.head_index, out.summary = head_index, summary
         if data is None:
             out.damaged("missing-log", f"the log is missing ({out.source}): nothing says what the session holds")
         elif not data:
@@ -735,9 +756,14 @@ class FileSessionLog(SessionLog):
         # names, so read in this order HEAD can lag what is read of the log, never lead it
         # (read after, a snapshot beside a live writer saw a head "the log does not hold").
         head_index, mark_index = self._read_indexes()
+        summary = kept_summary(self.dir)
         try:
             data = read_dense(os.path.join(self.dir, "log"))  # a FIFO, device or link there is refused, never waited on; holes are not read
         except FileNotFoundError:
+            if not os.path.lexists(os.path.join(self.dir, "header")):
+                # Deleted since its header was read (a delete renames the directory away):
+                # gone, not damaged (a log lost beside its header is the damage below).
+                raise NoSuchSessionError(f"no such session: {sid}") from None
             data = b""
         except OSError as exc:
             raise StoreError(f"session {sid}: its log cannot be read: {exc.strerror or exc}") from None
@@ -814,12 +840,8 @@ class FileSessionLog(SessionLog):
                 "log's is used" + (" and the file rewritten" if writable else ""), session=sid, file=f"{rel}/header"))
             if not writable:
                 self._header_fix = None
-        if lost or logread.cut:
-            recovered.append(FsckProblem(  # (fsck's codes: an append whose objects are gone, else a torn tail)
-                "note", "dropped-on-open" if lost else "log-tail", f"recovered session {sid}: dropped {len(lost)} uncommitted record(s) after the last "
-                "commit" + (f", from a torn line {logread.cut.line} on" if logread.cut else ""),
-                session=sid, file=f"{rel}/log", line=logread.cut.line if logread.cut else None))
         losses: list[dict[str, Any]] = [{"op": "loss", "entry": r.get("entry"), "seq": r.get("seq")} for r in lost]
+        torn_append = False
         if logread.cut is not None:
             # The cut line itself is no record; name what can be read of it.
             cut = logread.cut
@@ -830,14 +852,24 @@ class FileSessionLog(SessionLog):
                 "op": "loss", "entry": m.group(1).decode() if m else None,
                 "line": cut.line, "offset": cut.offset, "reason": cut.reason,
             }
-            if m:
-                # An append's sequence number is spent even when its line was torn;
-                # read it from the bytes, or take the next one, never reusing it.
-                sq = _SEQ_IN_RECORD.search(torn)
+            torn_append = m is not None
+            if m or (writable and _may_be_append(torn)):
+                # An append's sequence number is spent even when its line was torn (a lazy
+                # append was acknowledged with it): read it from the bytes, or take the
+                # next one, never reusing it. A writer, which gives the next numbers out,
+                # spends one for a line too torn to say it was no append too (a reader's
+                # would only hide a kept summary's number from index_damage).
+                sq = _SEQ_IN_RECORD.search(torn) if m else None
                 loss["seq"] = int(sq.group(1)) if sq else max_seq + 1
                 max_seq = max(max_seq, loss["seq"])
             losses.insert(0, loss)
         self._max_seq = max_seq
+        if lost or logread.cut:
+            recovered.append(FsckProblem(  # (fsck's codes: an append whose objects are gone, else a torn tail)
+                "note", "dropped-on-open" if lost else "log-tail", f"recovered session {sid}: dropped "
+                f"{len(lost) + torn_append} uncommitted append(s) after the last commit"
+                + (f", from a torn line {logread.cut.line} on" if logread.cut else ""),
+                session=sid, file=f"{rel}/log", line=logread.cut.line if logread.cut else None))
         if to_restore:
             recovered.append(FsckProblem(
                 "note", "in-log-only",
@@ -853,7 +885,7 @@ class FileSessionLog(SessionLog):
                 objects.register(self)
             if losses or cut_at < len(records):
                 out_records = out_records + losses + [{"op": "commit"}]
-            return LogOpen(header, out_records, head_index, mark_index, recovered, self._kept_summary())
+            return LogOpen(header, out_records, head_index, mark_index, recovered, summary)
         self.writable = True
         # A checkpoint record needs no commit (lost, it only makes recovery check the
         # objects again): a log whose tail after the last commit holds only checkpoints
@@ -870,7 +902,7 @@ class FileSessionLog(SessionLog):
             out_records = out_records + losses + [{"op": "commit"}]
         # Nothing is written yet: the domain checks the log first (recover() writes).
         self._recovery = (rewrite, since_checkpoint)
-        return LogOpen(header, out_records, head_index, mark_index, recovered, self._kept_summary(),
+        return LogOpen(header, out_records, head_index, mark_index, recovered, summary,
                        _read_rule_state(self.dir))
 
     def recover(self) -> None:
@@ -897,10 +929,6 @@ class FileSessionLog(SessionLog):
                 self.unmaterialized[r.get("entry")] = (sha256_ref(content), content, env_bytes)
             self.backend.objects.register(self)
             self._checkpoint()
-
-    def _kept_summary(self) -> dict[str, Any] | None:
-        kept = read_summary(self.dir)
-        return kept[0] if kept is not None else None
 
     def set_summary(self, summary: Mapping[str, Any]) -> None:
         if self.writable and not self._closed:
@@ -981,7 +1009,7 @@ class FileSessionLog(SessionLog):
     def _refuse_if_stopped(self) -> None:
         if self.stopped:
             raise StoreError(
-                f"session {self.session_id} stopped writing after an fsync failed ({self.stopped}); "
+                f"session {self.session_id} stopped writing ({self.stopped}); "
                 "reopen it to recover from what the disk holds"
             )
 
@@ -1090,13 +1118,17 @@ class FileSessionLog(SessionLog):
                 except OSError as exc:
                     # Pages a failed fsync covered may never reach the disk and a later
                     # fsync can succeed without them: write nothing more until reopened.
-                    self.stopped = str(exc)
+                    self.stopped = f"an fsync failed: {exc}"
                     raise
         except BaseException:
             try:
                 os.ftruncate(self._fd, size)
-            except OSError:
-                self._size = None  # unknown now: ask the file next time
+            except OSError as exc:
+                # A partial line may stay at the end: anything written after it would
+                # follow torn bytes (the log would not read past them). Stop as after a
+                # failed fsync: the next open recovers from what the file holds.
+                self._size = None
+                self.stopped = self.stopped or f"a failed write could not be taken back ({exc.strerror or exc})"
             raise
         self._size = size + len(data)
         return size
@@ -1194,7 +1226,7 @@ class FileSessionLog(SessionLog):
             try:
                 self.backend.objects.put_many(items, dedup=False)
             except OSError as exc:
-                self.stopped = str(exc)
+                self.stopped = f"a checkpoint failed: {exc}"
                 raise
             self._checkpoint_done(ids, seq)
             return

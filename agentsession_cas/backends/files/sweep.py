@@ -71,7 +71,10 @@ def _read_logs(path: str, staged: bool) -> list | None:
     with damage, and for a session's log that lost what its HEAD names (empty, without its
     create record, or cut short at a record boundary: every line left reads), whose lost
     entries ``repair`` takes back from objects/ while they are there."""
+    from .sessions import kept_summary  # (sessions imports this module)
+
     head = None if staged else _head_index(path)  # before the log: HEAD may lag it, never lead it
+    summary = None if staged else kept_summary(path)  # (so may the summary)
     try:
         data = read_dense(os.path.join(path, "log"))
     except FileNotFoundError:
@@ -85,7 +88,7 @@ def _read_logs(path: str, staged: bool) -> list | None:
     if not staged:  # (a stage is a session being written: its log may not be whole yet)
         from ...store.state import log_loss  # the domain's rule (it sits above the backends)
 
-        lost = log_loss([r.data for r in logread.records], head)
+        lost = log_loss([r.data for r in logread.records], head, summary=summary)
         if lost is not None:
             where = (len(logread.records) + 1, len(data)) if logread.records and logread.records[0].op == "create" else (1, 0)
             raise _Damaged(LogDamage(*where, lost))
