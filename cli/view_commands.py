@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from agentsession_cas.errors import SessionDamagedError
 from agentsession_cas.format.entry import Entry, short_id
 from agentsession_cas.store.names import resolve_entry, resolve_session
 from agentsession_cas.store.views import Diff, diff_paths, diff_sequences, grep_store
@@ -130,7 +131,9 @@ def grep(pattern: str, sessions: tuple[str, ...], types: tuple[str, ...], ignore
         # Every session held: one whose header file is lost is its damage (exit 1), as a
         # damaged log is, where leaving it out would call a store searched that was not.
         for sid in store.backend.sessions.lost_headers():
-            resolve_session(store, sid)  # (raises the session's damage)
+            lost = store.backend.sessions.header_lost(sid)
+            if lost is not None:  # (not a name to resolve: a ref may be called so)
+                raise SessionDamagedError.header_lost(sid, lost, store.backend.public_url())
     ids = [resolve_session(store, name) for name in sessions] if sessions else sorted(store.list())
     found: list[dict[str, Any]] = []
     matched = False

@@ -248,3 +248,6 @@ def test_a_session_whose_header_file_is_lost_is_a_candidate_of_every_name(tmp_pa
     assert cli(store, "rev-parse", "task-2").output.strip() == "task-2"
     r = cli(store, "grep", "needle", "--json")
     assert r.exit_code == 1 and json.loads(r.output)["error"]["session"] == "task-1"
+    assert cli(store, "ref", "update", "task-1", "task-2").exit_code == 0  # a ref of its id's name
+    r = cli(store, "grep", "needle", "--json")
+    assert r.exit_code == 1 and json.loads(r.output)["error"]["session"] == "task-1"

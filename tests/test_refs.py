@@ -934,3 +934,37 @@ def test_a_move_after_a_torn_last_line_cuts_the_tear_first(tmp_path):
     with Store(tmp_path / "st") as st:
         Refs(st).update("r", "s1", expected="s3")
         assert [(m["old"], m["new"]) for m in Refs(st).log("r")] == [("s3", "s1")]
+
+
+def test_a_whole_last_line_without_its_newline_is_kept_by_the_next_move(tmp_path):
+    """A move whose append lost only its LF (a write cut a byte short) reads as a move;
+    the next move ends that line rather than cutting it, so the history keeps it."""
+    with Store.init(tmp_path / "st") as st:
+        for sid in ("s1", "s2", "s3"):
+            st.create(Header.new(sid)).close()
+        Refs(st).update("r", "s1", expected=None)
+        Refs(st).update("r", "s2", expected="s1")
+    path = tmp_path / "st" / "refs.log"
+    path.write_bytes(path.read_bytes()[:-1])
+    with Store(tmp_path / "st") as st:
+        assert [(m["old"], m["new"]) for m in Refs(st).log("r")] == [("s1", "s2"), (None, "s1")]
+        Refs(st).update("r", "s3", expected="s2")
+        assert [(m["old"], m["new"]) for m in Refs(st).log("r")] == [("s2", "s3"), ("s1", "s2"), (None, "s1")]
+
+
+def test_a_refs_log_that_is_a_symbolic_link_is_named_by_fsck(tmp_path):
+    """``refs.log`` as a link (the store makes none; a move's append refuses to follow
+    one) is a ``bad-refs-log`` finding, and one that links to itself no crash of fsck."""
+    with Store.init(tmp_path / "st") as st:
+        st.create(Header.new("s1")).close()
+    root = tmp_path / "st"
+    from agentsession_cas.maintenance.fsck import fsck
+
+    (root / "real.log").write_bytes(b"")
+    for target in ("real.log", "refs.log"):
+        link = root / "refs.log"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        os.symlink(target, link)
+        report = fsck(root)
+        assert not report.ok and any(p.code == "bad-refs-log" for p in report.errors), target

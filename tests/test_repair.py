@@ -1010,3 +1010,50 @@ def test_a_header_file_that_differs_from_the_log_is_written_again_from_it(tmp_pa
     report = fsck(root)
     assert report.ok and not report.warnings, [str(p) for p in report.problems]
     assert_healthy(root, ids)
+
+
+def test_a_repairs_plan_a_kill_left_in_tmp_stops_no_sweep(tmp_path):
+    """A repair of a session whose header file is lost plans from links to its files in
+    ``tmp/repair-plan-*``; a kill there leaves them, the damaged log among them. That is
+    no stage a sweep must honour (the session's own log is read as the session): the
+    sweep goes on (it refused for good, the session repaired or not); the leftover goes
+    once old, as any in tmp/."""
+    root = tmp_path / "st"
+    build(root)
+    flip(root, line_of(root, "append", 2)[0] + RECORD + 3)
+    left = root / "tmp" / "repair-plan-s1-1-00000000"
+    left.mkdir(parents=True)
+    os.link(log_path(root, SID), left / "log")
+    (left / "header").write_bytes((root / "sessions" / SID / "header").read_bytes())
+    assert cli(root, "repair", "--yes", SID).exit_code == 0
+    r = cli(root, "sweep", "--grace", "0")
+    assert r.exit_code == 0, r.output
+
+
+def test_repair_of_a_lost_header_session_named_by_a_prefix(tmp_path):
+    """``repair PREFIX`` of a session whose header file is lost repairs it, as its full id
+    does: the prefix resolves to it (its damage), and the repair takes the id it names."""
+    root = tmp_path / "st"
+    build(root, sid="session-alpha")
+    build(root, sid="other-1")
+    (root / "sessions" / "session-alpha" / "header").unlink()
+    r = cli(root, "repair", "--dry-run", "sess")
+    assert r.exit_code == 0 and "session-alpha" in r.output, r.output
+    assert cli(root, "repair", "--yes", "sess").exit_code == 0
+    assert (root / "sessions" / "session-alpha" / "header").exists()
+    assert cli(root, "verify", "session-alpha").exit_code == 0
+
+
+def test_a_lost_header_repair_beside_an_index_that_is_no_file(tmp_path):
+    """A session file that is no regular file (a directory where ``summary`` goes) is left
+    out of the plan's links, as the open leaves it: the repair writes the header back."""
+    root = tmp_path / "st"
+    build(root)
+    sdir = root / "sessions" / SID
+    (sdir / "header").unlink()
+    if (sdir / "summary").exists():
+        (sdir / "summary").unlink()
+    (sdir / "summary").mkdir()
+    r = cli(root, "repair", "--yes", SID)
+    assert r.exit_code == 0, r.output
+    assert (sdir / "header").exists()

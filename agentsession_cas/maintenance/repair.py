@@ -42,8 +42,10 @@ def repair_target(store: Store, name: str) -> str:
     try:
         return resolve_session(store, name)
     except (NoSuchSessionError, SessionDamagedError) as exc:  # (the latter: its header is lost)
-        if file_repair.lost_header(store, name) is not None:
-            return name
+        # The session the error names (a prefix or a ref resolved to it), else the name given.
+        sid = exc.session if isinstance(exc, SessionDamagedError) and exc.session else name
+        if file_repair.lost_header(store, sid) is not None:
+            return sid
         if isinstance(exc, SessionDamagedError):  # and no record of its log that reads holds it: its advice is this
             raise StoreError(
                 f"session {exc.session}: its header cannot be read (its file {exc.path} is gone, and no record of its "

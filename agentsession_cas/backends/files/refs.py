@@ -18,6 +18,7 @@ read the file by one rule (:func:`read_refs_log`).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -28,7 +29,7 @@ from typing import Any
 from ...errors import AgentSessionError, BadRefNameError, StoreError
 from ...format.canonical import canonical_bytes, loads
 from ...format.names import check_ref_name
-from ...fsutil import NotAFileError, fsync_dir, read_small, read_whole, write_all, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, read_small, write_all, write_atomic
 from ...lean import dataclass
 from ..base import RefStore
 from .locks import FileLock, LockTimeout
@@ -80,22 +81,28 @@ def _name_of_file(file_name: str) -> str | None:
 
 
 
-def _cut_torn_line(fd: int, size: int) -> None:
-    """Cut the refs' log back to its last whole line: a crash (or a full disk) left the
-    end of an append without its newline, which the reader forgives only as the last
-    line, and the next move, appended to it, would make it a line in the middle that
-    no history read gets past. The torn line never read as a move, so nothing is lost.
-    Called under the refs lock."""
+def _end_last_line(fd: int, size: int) -> None:
+    """Make the refs' log end with a whole line before a move is appended: a crash (or a
+    full disk) left an append without its newline, which the reader takes only as the
+    last line, and the next move, appended to it, would make one line of the two, which
+    no history read gets past. A last line that reads as a move (cut just before its
+    newline) gets its newline; one that does not (torn, never read) is cut off, so
+    nothing a history showed is lost. Called under the refs lock."""
     end, chunk = size, 65536
     while end > 0:
         start = max(0, end - chunk)
         data = os.pread(fd, end - start, start)
         at = data.rfind(b"\n")
         if at >= 0:
-            os.ftruncate(fd, start + at + 1)
-            return
+            cut = start + at + 1
+            break
         end = start
-    os.ftruncate(fd, 0)
+    else:
+        cut = 0
+    if _move_of(os.pread(fd, size - cut, cut)) is not None:
+        write_all(fd, b"\n")
+    else:
+        os.ftruncate(fd, cut)
 
 class FileRefs(RefStore):
     def __init__(self, root: str):
@@ -188,7 +195,7 @@ class FileRefs(RefStore):
             if not stat.S_ISREG(st.st_mode):
                 raise StoreError(f"the refs' log {path} is not a regular file; the ref moved, its history was not kept")
             if st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
-                _cut_torn_line(fd, st.st_size)
+                _end_last_line(fd, st.st_size)
             write_all(fd, canonical_bytes(dict(move, name=name)) + b"\n")
             os.fsync(fd)
         finally:
@@ -227,24 +234,47 @@ def read_refs_log(root: str) -> RefsLog:
     not a regular one is a :class:`StoreError` naming it; no file is an empty history."""
     path = os.path.join(root, "refs.log")
     try:
-        data = read_whole(path)
+        # Not followed when a link (the store makes none; a move's append refuses one).
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return RefsLog(path, [], [])
-    except (NotAFileError, IsADirectoryError) as exc:
-        raise StoreError(f"the refs' log {path} cannot be read: {exc}") from None
+    except OSError as exc:
+        why = "a symbolic link; the store makes none" if exc.errno == errno.ELOOP else exc.strerror
+        raise StoreError(f"the refs' log {path} cannot be read: {why}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StoreError(f"the refs' log {path} cannot be read: it is not a regular file")
+        data = _read_fd(fd)
+    except OSError as exc:
+        raise StoreError(f"the refs' log {path} cannot be read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     lines = data.split(b"\n")
     out = RefsLog(path, [], [])
     for n, line in enumerate(lines, start=1):
         if not line:
             continue
-        try:
-            move = loads(line)
-        except (ValueError, AgentSessionError):
-            move = None
-        if isinstance(move, dict):
+        move = _move_of(line)
+        if move is not None:
             out.moves.append((n, move))
         elif n == len(lines):  # a torn last line: an append a crash cut
             out.torn = n
         else:
             out.bad.append(n)
     return out
+
+
+def _move_of(line: bytes) -> dict[str, Any] | None:
+    """A line of ``refs.log`` as a move, or None when it does not read (a JSON object)."""
+    try:
+        move = loads(line)
+    except (ValueError, AgentSessionError):
+        return None
+    return move if isinstance(move, dict) else None
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -73,7 +73,7 @@ from .log import (
     spelled_snapshot_seqs,
 )
 from .sessions import HEADER_LIMIT, FileSessionLog, payload_entry, read_summary
-from .sweep import SESSION_FILES
+from .sweep import REPAIR_PLAN_PREFIX, SESSION_FILES
 
 if TYPE_CHECKING:
     from ...store.store import Store
@@ -1251,11 +1251,13 @@ def _plan_lost_header(
     is asked), or not at all."""
     backend = _files(store)
     sdir = backend.sessions.dir(session_id)
-    stage = os.path.join(backend.root, "tmp", f"repair-plan-{session_id}-{os.getpid()}-{os.urandom(4).hex()}")
+    stage = os.path.join(backend.root, "tmp", f"{REPAIR_PLAN_PREFIX}{session_id}-{os.getpid()}-{os.urandom(4).hex()}")
     os.makedirs(stage)
     try:
         for name in os.listdir(sdir):
-            if name in SESSION_FILES:
+            # Regular files only: the open takes an index that is no file as absent, and
+            # a log that is none as the damage the plan then reads from the session itself.
+            if name in SESSION_FILES and stat.S_ISREG(os.lstat(os.path.join(sdir, name)).st_mode):
                 _link_or_copy(os.path.join(sdir, name), os.path.join(stage, name))
         with open(os.path.join(stage, "header"), "wb") as f:
             f.write(lost)

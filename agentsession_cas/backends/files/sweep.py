@@ -34,6 +34,13 @@ SESSION_FILES = ("header", "log", "HEAD", "mark", "summary", "rules", "ids")
 TMP_MIN_AGE = 3600.0
 
 
+#: A repair's plan of a session whose header file is lost opens the session from a
+#: directory in ``tmp/`` of this name holding links to its files (backends/files/repair.py):
+#: nothing a sweep must honour beyond the session itself, and one a killed repair left is
+#: a leftover like any other (removed once old), never a stage that stops the sweep.
+REPAIR_PLAN_PREFIX = "repair-plan-"
+
+
 def _session_dirs(root: str) -> Iterator[tuple[str, bool, bool]]:
     """Every name in ``tmp/`` and ``sessions/``: (path, staged, holds a log). A directory
     holding a log is one a sweep must honour.
@@ -49,6 +56,8 @@ def _session_dirs(root: str) -> Iterator[tuple[str, bool, bool]]:
         except FileNotFoundError:
             continue
         for name in names:
+            if staged and name.startswith(REPAIR_PLAN_PREFIX):
+                continue  # links to a session's own files, for a repair's plan: no stage
             path = os.path.join(base, name)
             # lexists, not isfile: a log that is no regular file (a FIFO, a link) is a
             # session whose records cannot be read, never one without a log.
