@@ -367,3 +367,65 @@ def test_cat_object_names_a_damaged_pack_relative_to_the_store(root):
     r = CliRunner().invoke(main, ["--store", str(root), "cat-object", PRECIOUS[1]])
     assert r.exit_code == 1, r.output
     assert f"objects/pack/{os.path.basename(p)[: -len('.idx')]}.pack" in r.stderr and str(root) not in r.stderr, r.stderr
+
+
+def test_a_loose_file_a_killed_sweep_left_aside_is_put_back_without_hard_links(root, monkeypatch):
+    """On a filesystem without hard links the put-back renames the file back: the link it
+    tried failed there, and every later pack, sweep and big import stopped on it."""
+    import errno
+
+    obj = _garbage_loose(root)
+    _kill_at_the_drops_stat(monkeypatch, obj[1])
+    monkeypatch.setattr(objects_mod, "_put_back", lambda aside, path: None, raising=False)  # (killed: no rollback)
+    with Store(str(root)) as st, pytest.raises(Killed):
+        st.sweep(grace=0)
+    monkeypatch.undo()
+
+    def no_link(*args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_link)
+    r = cli(root, "sweep", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert os.listdir(root / "tmp") == []
+    o = FileObjects(str(root))
+    assert o.get(*obj[:2]) == obj[2]
+    o.close()
+
+
+def test_an_append_naming_an_object_touches_every_copy_a_sweep_could_take(root):
+    """``freshen`` (a writer naming an object it did not just write) touches every pack
+    naming it and a loose copy, not the first pack alone: the first may hold a damaged
+    copy a read passes over, and a sweep spares only what was touched."""
+    o = FileObjects(str(root))
+    first = o.write_pack([PRECIOUS] + [("contents", sha256_ref(b'{"n":%d}' % i), b'{"n":%d}' % i)
+                                       for i in range(100)], merge=False)
+    second = o.write_pack([PRECIOUS] + [("contents", sha256_ref(b'{"m":%d}' % i), b'{"m":%d}' % i)
+                                        for i in range(70)], merge=False, dedup=False)
+    o.close()
+    assert first is not None and second is not None
+    first, second = first[: -len(".idx")] + ".pack", second[: -len(".idx")] + ".pack"
+    then = time.time() - 30 * 86400
+    for p in (first, second):
+        os.utime(p, (then, then))
+    o = FileObjects(str(root))
+    assert o.freshen(*PRECIOUS[:2]) is not None
+    o.close()
+    assert all(os.stat(p).st_mtime > then + 86400 for p in (first, second))
+
+
+def test_a_damaged_index_whose_pack_is_gone_stops_no_sweep(root):
+    """An index that does not read and has no pack beside it names objects no read could
+    give: nothing to lose, so the sweep goes on, the index reported as damage met (it
+    refused for good, and `pack`, which it advised, leaves such an index alone)."""
+    o = FileObjects(str(root))
+    idx = o.write_pack([("contents", sha256_ref(b'{"n":%d}' % i), b'{"n":%d}' % i) for i in range(100)], merge=False)
+    o.close()
+    assert idx is not None
+    os.unlink(idx[: -len(".idx")] + ".pack")
+    data = bytearray(Path(idx).read_bytes())
+    data[40] ^= 0xFF
+    Path(idx).write_bytes(bytes(data))
+    r = cli(root, "sweep")
+    assert "removed" in r.output and "cannot tell" not in r.output, r.output  # it swept (exit 1: damage met)
+    assert cli(root, "fsck").exit_code == 1

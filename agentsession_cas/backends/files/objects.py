@@ -399,17 +399,24 @@ class FileObjects(ObjectStore):
         not here (any more), which the caller treats as missing. A pack whose path is in
         ``touched`` is not touched again (the caller touched it for another object)."""
         for _ in range(2):
-            found = self._packed(space, name)
-            if found is not None:
-                if touched is not None and found[0].path in touched:
-                    return found[0].path
-                if _freshen(found[0].path):
+            # Every copy is touched, not the first pack's alone: that copy may be a damaged
+            # one a read passes over for a sound one in another pack or a loose file, and a
+            # sweep spares only what was touched.
+            held: str | None = None
+            found, passed = self._packed(space, name), set()
+            while found is not None:
+                pack = found[0]
+                if (touched is not None and pack.path in touched) or _freshen(pack.path):
                     if touched is not None:
-                        touched.add(found[0].path)
-                    return found[0].path
+                        touched.add(pack.path)
+                    held = held or pack.path
+                passed.add(pack.name)
+                found = self.packs.locate(name, passed)
             path = self.path(space, name)
             if os.path.exists(path) and _freshen(path):
-                return path
+                held = held or path
+            if held is not None:
+                return held
             if not self.packs.refresh():
                 break
         return None
@@ -1429,7 +1436,10 @@ class FileObjects(ObjectStore):
                 # A loose object moved aside (a kill before its mtime was compared, or
                 # before it was removed): back under its name, unless a writer wrote it again.
                 aside, target = os.path.join(self.tmp, name), self.path(m.group(1), HASH_PREFIX + m.group(2))
-                self._in_fanout(target, partial(_put_back, aside, target))
+                try:
+                    self._in_fanout(target, partial(_put_back, aside, target))
+                except OSError:
+                    pass  # left for the next one (fsck notes it): no reason to stop this pack or merge
                 continue
             m = DROPPED_PACK.fullmatch(name)
             if m is None:
@@ -1466,11 +1476,19 @@ DROPPED_LOOSE = re.compile(r"drop-[0-9]+-[0-9a-f]{12}-(entries|contents|blobs)-(
 
 def _put_back(aside: str, path: str) -> None:
     """Undo a drop's move: the file back under its name (left as it is when a writer
-    wrote a new copy there meanwhile), and made durable there."""
+    wrote a new copy there meanwhile), and made durable there. On a filesystem without
+    hard links, by a rename (over a copy a writer made meanwhile at worst: the same bytes)."""
     try:
         os.link(aside, path)
     except FileExistsError:
         pass
+    except OSError as exc:
+        if exc.errno not in _NO_LINKS:
+            raise
+        if not os.path.lexists(path):
+            os.rename(aside, path)
+            fsync_dir(os.path.dirname(path))
+            return
     os.unlink(aside)
     fsync_dir(os.path.dirname(path))
 

@@ -268,12 +268,14 @@ def _refuse_unread_packs(root: str, lost: RepackResult, snap: Snapshot) -> None:
     would go as unretained (and a pack read without its index with them). A sweep never
     guesses: ``pack`` reads a pack whose index is damaged without it and copies what
     reads into a new pack, whose index the sweep then reads."""
-    if snap.bad:
-        key, why = min(snap.bad.items())
+    # (an index whose pack is gone holds nothing to lose: fsck names it, the sweep goes on)
+    bad = {key: why for key, why in snap.bad.items() if os.path.lexists(os.path.join(root, "objects", "pack", key + ".pack"))}
+    if bad:
+        key, why = min(bad.items())
         raise CorruptPackError(
             f"{why}; a sweep cannot tell what the objects of its pack name, so it removed nothing: run "
             "`agentsession pack` first (it reads the pack without its index and copies what reads into a "
-            f"new pack){_and_more(len(snap.bad))}", path=os.path.join(root, "objects", "pack", key + ".idx"),
+            f"new pack){_and_more(len(bad))}", path=os.path.join(root, "objects", "pack", key + ".idx"),
         )
     unindexed = [p for p in lost.problems if p.code == "bad-pack"]
     if unindexed:
