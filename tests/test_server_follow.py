@@ -456,3 +456,46 @@ def test_following_a_local_session_yields_its_first_entry_before_reading_the_res
     with pytest.raises(NoSuchSessionError):
         next(changes)
     st.close()
+
+
+def test_a_follow_woken_often_without_an_event_still_sends_its_keep_alive(monkeypatch):
+    """The keep-alive is due 15 s after the last byte sent, not after the last wake: a
+    request on the session that makes no event (a lease's renewal every 10 s) woke the
+    stream and reset its timer, so it sent nothing for good and a follower took it for
+    dead. Forced: a fake clock a second a look, and every wait woken at once."""
+    import asyncio
+    import types
+
+    from agentsession_cas.server import follow as follow_mod
+
+    clock = [0.0]
+
+    def tick() -> float:
+        clock[0] += 1.0
+        return clock[0]
+
+    monkeypatch.setattr(follow_mod.time, "monotonic", tick)
+
+    class Woken:
+        closing = False
+
+        def event(self, session_id: str) -> asyncio.Event:
+            e = asyncio.Event()
+            e.set()  # a renewal: woken, nothing new
+            return e
+
+    async def run(fn, *args):
+        return types.SimpleNamespace(ident="i", end=0)
+
+    fake = types.SimpleNamespace(
+        resume=lambda after, first, back: True, max_resume=None, position=0, since=lambda view: [],
+        max_age_s=100.0, started=0.0, changes=Woken(), run=run, store=None, tails=None, session_id="s",
+        durable=False, ident="i", sse=False, cursor=lambda: "c",
+        frame=lambda kind, data, cursor: f"{kind}\n".encode())
+
+    async def collect() -> list[bytes]:
+        return [chunk async for chunk in follow_mod.Stream.events(fake, types.SimpleNamespace(end=0), "c")]
+
+    out = asyncio.run(collect())
+    assert out[-1] == b"end\n"
+    assert out.count(b"\n") >= 3, out  # a keep-alive every 15 s of the 100 s stream

@@ -71,7 +71,7 @@ from .wire import (
 )
 
 __all__ = [
-    "FOLLOW_READ_TIMEOUT_S", "MAX_OBJECT_BYTES", "READ_BATCH", "RETRIES", "RETRY_WAIT_ENV", "RETRY_WAIT_S",
+    "FOLLOW_READ_TIMEOUT_S", "MAX_OBJECT_BYTES", "MAX_READ_OBJECT_BYTES", "READ_BATCH", "RETRIES", "RETRY_WAIT_ENV", "RETRY_WAIT_S",
     "HttpTransport", "http_url", "no_delay_transport", "retry_after", "retry_wait_bound", "token_for",
 ]
 
@@ -89,9 +89,13 @@ RETRY_WAIT_ENV = "AGENTSESSION_RETRY_WAIT"
 BATCH_BYTES = 16 * 1024 * 1024
 #: The most objects one batch read asks for (its answer streams: it is not held whole).
 READ_BATCH = 4096
-#: The most bytes of one object this client reads when the server publishes no
-#: ``max_object_bytes`` (the reference server's default), and its own cap otherwise.
+#: The most bytes of one object this client reads when the server publishes no limits
+#: (the reference server's ``max_object_bytes``), and its own cap otherwise.
 MAX_OBJECT_BYTES = 64 * 1024 * 1024
+#: This client's own cap on one object read: the reference server's ``max_body_bytes``,
+#: since a session's append through a store over HTTP carries its content in the body,
+#: so a server may hold a content larger than the objects it takes alone.
+MAX_READ_OBJECT_BYTES = 256 * 1024 * 1024
 #: What a stream's line may hold beyond its objects (its members, escapes).
 _LINE_SLACK = 1 << 20
 #: Seconds a follow's stream may bring nothing before it is taken as dropped (and opened
@@ -226,7 +230,7 @@ class HttpTransport(Transport):
         #: Seconds a follow's stream may bring nothing before it counts as dropped.
         self.follow_read_timeout = FOLLOW_READ_TIMEOUT_S
         #: This client's cap on one object's bytes (:meth:`object_limit`).
-        self.max_object_bytes = MAX_OBJECT_BYTES
+        self.max_object_bytes = MAX_READ_OBJECT_BYTES
         self._token = token if token is not None else token_for(self.url)
         headers = {"User-Agent": "agentsession"}
         if self._token:
@@ -297,12 +301,15 @@ class HttpTransport(Transport):
         return response
 
     def object_limit(self) -> int:
-        """The most bytes one object may hold as this client reads it: the server's
-        ``max_object_bytes`` (its capabilities), else :data:`MAX_OBJECT_BYTES`, and never
-        more than :attr:`max_object_bytes` (this client's own cap)."""
-        published = self.capabilities().get("limits", {}).get("max_object_bytes")
-        limit = published if isinstance(published, int) and not isinstance(published, bool) else MAX_OBJECT_BYTES
-        return min(limit, self.max_object_bytes)
+        """The most bytes one object may hold as this client reads it: the larger of the
+        server's published ``max_object_bytes`` and ``max_body_bytes`` (an append carries
+        its content in a body, so a server may hold a content past its object limit), else
+        :data:`MAX_OBJECT_BYTES`, and never more than :attr:`max_object_bytes` (this
+        client's own cap, :data:`MAX_READ_OBJECT_BYTES`)."""
+        limits = self.capabilities().get("limits", {})
+        published = [v for v in (limits.get("max_object_bytes"), limits.get("max_body_bytes"))
+                     if isinstance(v, int) and not isinstance(v, bool)]
+        return min(max(published) if published else MAX_OBJECT_BYTES, self.max_object_bytes)
 
     def get_object(self, space: str, name: str) -> bytes:
         """An object's bytes (``GET /v1/objects/{space}/{hash}``), read as they stream in

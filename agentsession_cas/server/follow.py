@@ -466,19 +466,29 @@ class Stream:
         else:
             for chunk in self.since(first):
                 yield chunk
+        # The keep-alive is due HEARTBEAT_S after the last byte sent, not after the last
+        # wake: a request on the session that makes no event (a lease's renewal) wakes
+        # the stream, and a renewal more often than the heartbeat kept it silent for good,
+        # which a follower takes for a stream gone dead.
+        said = time.monotonic()
         while True:
-            left = self.max_age_s - (time.monotonic() - self.started)
+            now = time.monotonic()
+            left = self.max_age_s - (now - self.started)
             if left <= 0 or self.changes.closing:
                 cursor = self.cursor()
                 reason = "shutdown" if self.changes.closing else "max_stream_age"
                 yield self.frame("end", {"reason": reason, "cursor": cursor}, cursor)
                 return
-            event = self.changes.event(self.session_id)
-            try:
-                await asyncio.wait_for(event.wait(), timeout=min(HEARTBEAT_S, left))
-            except TimeoutError:
+            due = HEARTBEAT_S - (now - said)
+            if due <= 0:
+                said = now
                 yield b": keep-alive\n\n" if self.sse else b"\n"
                 continue
+            event = self.changes.event(self.session_id)
+            try:
+                await asyncio.wait_for(event.wait(), timeout=min(due, left))
+            except TimeoutError:
+                continue  # (the keep-alive, or the end, is due: said above)
             if self.changes.closing:
                 continue  # (ended above, its cursor where a follower resumes on the next server)
             try:
@@ -491,6 +501,7 @@ class Stream:
                 yield self.frame("error", problem_body(gone), self.cursor())
                 return
             for chunk in self.since(view):
+                said = time.monotonic()
                 yield chunk
 
 
