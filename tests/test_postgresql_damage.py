@@ -49,12 +49,18 @@ def codes(st: Store) -> list[str]:
     return [p.code for p in fsck(st).problems if p.severity == "error"]
 
 
+@pytest.mark.parametrize("batch", [500, 2])
 def test_a_sweep_keeps_the_prefix_of_a_fork_committed_while_it_ran_after_its_origin_went(
-        url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        url: str, monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
     """The fork read its origin's prefix; the origin is deleted before the sweep reads the
     logs, and the fork commits after: no log read names the prefix, and the holds row the
     sweep read came before the fork's. Each delete batch reads the holds again under the
-    barrier (it deleted the prefix: the fork's base was gone)."""
+    barrier (it deleted the prefix: the fork's base was gone), and what a new hold retains
+    is kept by every later batch too (batches of 2: the prefix spans several; the first
+    mend filtered only the batch that found the hold)."""
+    from agentsession_cas.backends.postgresql import maintenance as pg_maintenance
+
+    monkeypatch.setattr(pg_maintenance, "SWEEP_BATCH", batch)
     build(url, "A")
     build(url, "B", 1)
     sql(url, "UPDATE objects SET born = now() - interval '30 days'")  # written long before the grace

@@ -90,26 +90,35 @@ def sweep_objects(
             gone = [(s, r) for s, r, _ in batch]
         else:
             gone = []
-            with db.conn() as c, c.transaction():
-                # Under the barrier, taken whole: a fork committed since the holds were read
-                # (its origin deleted before the logs were read, its own log after) holds its
-                # prefix, walked now; one not committed yet checks its prefix is still here
-                # once this batch has gone (_hold_prefix) and refuses where it is not.
-                c.execute("SELECT pg_advisory_xact_lock(%s)", [db.lock_key("sweep")])
-                new = _holds(c, cutoff, set(holds))
+            while True:
+                # A fork committed since the holds were read (its origin deleted before the
+                # logs were read, its own log after) holds its prefix: walked here, outside
+                # the barrier (a walk of a long prefix under it stopped every write of the
+                # store), its objects then retained for this batch and every later one.
+                with db.conn() as c:
+                    new = _holds(c, cutoff, set(holds))
                 if new:
                     holds.update(new)
                     hold(list(new.values()))
+                with db.conn() as c, c.transaction():
+                    # Under the barrier, taken whole: no fork commits meanwhile, so the holds
+                    # read again here are all there are (one committed since the walk: walked
+                    # first, then this again); one not committed yet checks its prefix is
+                    # still here once this batch has gone (_hold_prefix) and refuses if not.
+                    c.execute("SELECT pg_advisory_xact_lock(%s)", [db.lock_key("sweep")])
+                    if _holds(c, cutoff, set(holds)):
+                        continue
                     batch = [d for d in batch if d[1] not in retained[d[0]]]
-                for space in {s for s, _, _ in batch}:
-                    raws = [r for s, r, _ in batch if s == space]
-                    rows = c.execute(
-                        "DELETE FROM objects WHERE space = %s AND hash = ANY(%s) AND born < %s RETURNING hash",
-                        [space, raws, cutoff],
-                    ).fetchall()
-                    gone.extend((space, bytes(r[0])) for r in rows)
-                    if space == SPACE_CODES["entries"] and rows:
-                        c.execute("DELETE FROM edges WHERE child = ANY(%s)", [[bytes(r[0]) for r in rows]])
+                    for space in {s for s, _, _ in batch}:
+                        raws = [r for s, r, _ in batch if s == space]
+                        rows = c.execute(
+                            "DELETE FROM objects WHERE space = %s AND hash = ANY(%s) AND born < %s RETURNING hash",
+                            [space, raws, cutoff],
+                        ).fetchall()
+                        gone.extend((space, bytes(r[0])) for r in rows)
+                        if space == SPACE_CODES["entries"] and rows:
+                            c.execute("DELETE FROM edges WHERE child = ANY(%s)", [[bytes(r[0]) for r in rows]])
+                break
         sizes = {(s, r): n for s, r, n in batch}
         for key in gone:
             removed += 1
