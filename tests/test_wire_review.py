@@ -280,6 +280,41 @@ def test_a_forks_path_is_no_entry_wherever_it_crosses_into_an_origin_the_caller_
     state.store.close()
 
 
+def test_a_forks_named_origin_must_hold_its_base(tmp_path):
+    """``parent_session`` is provenance the writer states: a fork whose header names a
+    session the caller may read, but whose base that session does not hold (it lies on
+    another tenant's prefix), is no_entry across the base, never its origin's word taken;
+    a same-tenant fork, and one with no ``parent_session`` (the store names it), read."""
+    state = ServerState(Store.init(tmp_path / "st", sync="never"), load_tokens(token_file(tmp_path)), Limits(max_stream_age_s=0))
+
+    def h(who: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {TOKENS[who][0]}"}
+
+    def write(c: TestClient, sid: str, text: str, who: str = "all", **fork: Any) -> str:
+        assert c.post("/v1/sessions", json=Header.new(sid, created_at=TS, **fork).data, headers=h(who)).status_code == 201
+        tok = c.post(f"/v1/sessions/{sid}/lease", json={"ttl_ms": 60000}, headers=h(who)).json()["token"]
+        r = c.post(f"/v1/sessions/{sid}/entries", content=json.dumps(user(text)).encode(), params={"commit": "true"},
+                   headers={**h(who), "Lease-Token": str(tok)})
+        assert r.status_code == 200, r.text
+        return str(r.json()["results"][0]["id"])
+
+    with TestClient(create_app(state)) as c:
+        secret = write(c, "b-secret", "TEAM B SECRET PLAN", "team-b")
+        write(c, "a-fork", "a's own turn", base=secret, parent_session="b-secret")  # the admin's fork
+        mine = write(c, "a-mine", "a's first", "team-a")
+        r = c.post("/v1/sessions", json=Header.new("a-sneak", created_at=TS, base=secret, parent_session="a-mine").data,
+                   headers=h("team-a"))
+        assert r.status_code == 201, r.text
+        r = c.get("/v1/sessions/a-sneak/path", headers=h("team-a"))
+        assert r.status_code == 404 and "TEAM B SECRET PLAN" not in r.text, r.text
+        write(c, "a-f", "a's fork turn", "team-a", base=mine, parent_session="a-mine")
+        write(c, "a-g", "a's other fork turn", "team-a", base=mine)
+        for sid in ("a-f", "a-g"):
+            r = c.get(f"/v1/sessions/{sid}/path", headers=h("team-a"))
+            assert r.status_code == 200 and r.text.count('"entry"') == 2, (sid, r.text)
+    state.store.close()
+
+
 # -- 5. a silent follow stream ----------------------------------------------------------------
 
 

@@ -785,18 +785,25 @@ class Api:
     def _origins_readable(self, principal: Principal, s: Session) -> bool:
         """Whether the caller may read every session a fork's prefix crosses into: its
         origin (``parent_session``), and, where that is a fork too, its origin's, and so
-        on (a deleted origin ends the chain: its prefix is no longer told apart)."""
+        on (a deleted origin ends the chain: its prefix is no longer told apart). The
+        origin must hold the fork's base (as its own entry or on its prefix; its own
+        origin is asked next, where it is a fork): ``parent_session`` is provenance the writer states, and a fork
+        whose header names a readable session that does not hold its base is refused,
+        not taken at its word."""
         if not principal.sessions:
             return True  # a caller who may read every session
         header, seen = s.header.data, {s.id}
-        while header.get("base") is not None:
+        while (base := header.get("base")) is not None:
             origin = header.get("parent_session")
             if not (isinstance(origin, str) and principal.may_read(origin)):
                 return False
             if origin in seen or origin not in self.state.store:
                 return True
             seen.add(origin)
-            header = self.state.store.header(origin).data
+            o = self.state.session(origin)
+            if base not in o and (o.base is None or base not in o.prefix_set):
+                return False  # the named origin does not hold the base
+            header = o.header.data  # (a path through it crosses its own base in turn)
         return True
 
     async def _session_head(self, request: Request, principal: Principal, sid: str, media: str,
