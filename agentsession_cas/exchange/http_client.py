@@ -22,9 +22,10 @@ error, saying so. A follow's stream is kept open by the same rule
 :data:`FOLLOW_READ_TIMEOUT_S`), ended early or refused, it is opened again after the
 same waits, within the same bound.
 
-**Bounds.** No answer a server could make endless is held whole: an object's GET
-stops past the object limit (:meth:`HttpTransport.object_limit`), an NDJSON answer
-is parsed a line at a time and a line past its bound is refused.
+**Bounds.** The answers that carry objects are bounded: an object's GET stops past
+the object limit (:meth:`HttpTransport.object_limit`), an NDJSON answer is parsed a
+line at a time and a line past its bound is refused. (A JSON answer and a follow
+stream's line are read whole, unbounded as yet.)
 
 **Tokens.** The bearer token is ``AGENTSESSION_TOKEN``, else the entry for the
 remote in ``$AGENTSESSION_REMOTES`` (default
