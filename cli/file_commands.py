@@ -108,7 +108,7 @@ def _children_counts(sf: SessionFile) -> dict[str, int]:
 def _context_at(sf: SessionFile, leaf: str | None) -> tuple[Context | None, str | None]:
     """The context at the leaf (the empty context at the universal root), or why not."""
     try:
-        return build_context(sf.tree.path(leaf) if leaf is not None else [], sf.header.minor), None
+        return build_context(sf.tree.path(leaf) if leaf is not None else []), None
     except ContextError as exc:
         return None, str(exc)
 
@@ -553,7 +553,7 @@ def _show_read(target: store_commands.Target, file: str, leaf_name: str | None, 
     page()
     _print_info(read.header, read.migrated, n, outline.roots(), outline.leaves(), leaf, successor=successor, current=current)
     path = _print_listing(outline, leaf, leaf_name, verbose, first, last, read.entries, read.listing_parking(), read.lines,
-                          leaf_hash=leaf_hash, minor=read.header.minor)
+                          leaf_hash=leaf_hash)
     if show_runs and n:
         report = read.report
         assert report is not None
@@ -684,7 +684,7 @@ def _show_stored(session: Session, outline: ProjectionOutline, leaf: str | None,
 def _print_listing(
     outline: ProjectionOutline, leaf: str | None, leaf_name: str | None, verbose: bool, first: int | None, last: int | None,
     entries: Callable[[Sequence[int]], Iterable[tuple[int, Entry]]], parking: Parking, lines: Sequence[int] | None = None,
-    walk: PathWalk | None = None, leaf_hash: str | None = None, minor: int | None = None,
+    walk: PathWalk | None = None, leaf_hash: str | None = None,
 ) -> list[int]:
     """The listing, the leaf and the context at it, from an outline of the entries (what
     the head of the listing and the column widths need) and ``entries(positions)``, which
@@ -697,15 +697,14 @@ def _print_listing(
     :class:`~agentsession_cas.store.showing.PathWalk`, given the path's entries (it pushes
     them to its context builder, and parks them) and the calls and dispatches off it.
     ``leaf_hash``: the context hash at the leaf, when the read took it (else it is taken
-    along the path here). ``minor``: the file's format minor (without a walk), whose rules
-    the context is built under. Returns the path."""
+    along the path here). Returns the path."""
     from agentsession_cas.store.showing import ASIDE, OutlineHashes
 
     n = len(outline)
     path = outline.path(leaf) if leaf is not None else []
     on_path = set(path)
     listed = _listed(n, first, last)
-    builder = walk.builder if walk is not None else ContextBuilder() if minor is None else ContextBuilder(minor)
+    builder = walk.builder if walk is not None else ContextBuilder()
     # (beside a walk's record state, the path's hashes are packed by their place; alone, a dict is quicker)
     hasher = ContextHasher(OutlineHashes(outline)) if walk is not None else ContextHasher()
     said: dict[str, bytes] = {}  # the item an entry puts in the context, described (an item's for its row too)

@@ -526,8 +526,7 @@ def test_a_parent_on_the_prefix_above_the_base(store):
 def test_the_parents_rule(store):
     root, info = store
     rec = info["rec"]
-    data = msg("converges", parent=rec[5], parents=sorted([{"entry": rec[5]}, {"entry": "sha256:" + "1" * 64}],
-                                                          key=lambda r: r["entry"]))  # (sorted: only those two rules broken)
+    data = msg("converges", parent=rec[5], parents=[{"entry": rec[5]}, {"entry": "sha256:" + "1" * 64}])
     eid, content, env = put_entry(root, data)
     append_raw(root, "rec", encode_record({"op": "append", "seq": 7, "entry": eid}, payload=(content, env)),
                encode_record({"op": "commit"}))

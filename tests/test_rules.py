@@ -362,12 +362,6 @@ def case_base():
     return with_line(data, {"type": "info", "parent": None, "ts": s.ts(), "name": "y"})
 
 
-def case_instructions_join():
-    s = S()
-    s.add("config", instructions="not the join", instructions_parts=[{"id": "a", "text": "A"}])
-    return s.bytes()
-
-
 def case_base_missing():
     s = S(base=BAD_HASH)
     s.b.leaf = None
@@ -535,7 +529,6 @@ def test_every_rule_is_provoked_by_some_case():
         ("early_09-0", ["dispatch-after-reject", "early-0.9"]),
         ("context-0", ["first_kept", "of", "request_hash"]),
         ("base_missing-0", ["base"]),
-        ("instructions_join-0", ["instructions-join"]),
     ],
 )
 def test_each_case_breaks_its_rule(name, expected):

@@ -375,7 +375,7 @@ class _Builder:
     def build(self) -> dict[str, Any]:
         sf, leaf = self.sf, self.leaf
         path = sf.tree.path(leaf.id)
-        builder = ContextBuilder(sf.header.minor).extend(path)
+        builder = ContextBuilder().extend(path)
         if builder.error is not None:
             raise ContextError(builder.error)
         shown = builder.selected_entries()

@@ -82,7 +82,7 @@ RULES: Mapping[str, Rule] = _rules(
           "with no head)", "RFC 0001 Terminology, RFC 0002 Projection to JSONL"),
     _line("json", "every line is one JSON object (UTF-8)", "RFC 0001 File"),
     _line("truncated", "the last line parses (a reader tolerates and reports one cut short)", "RFC 0001 File"),
-    _line("ijson", "every hashed member is I-JSON, and every member of the header", "RFC 0001 Entry hash"),
+    _line("ijson", "every hashed member is I-JSON", "RFC 0001 Entry hash"),
     _line("entry", "an entry has a string type, a ts and envelope members of the right types; only line 1 is a header", "RFC 0001 Entry envelope"),
     _line("type", "a type is a core type or namespaced (ns:type)", "RFC 0001 Core entry types, Namespaced types"),
     _line("reserved", "a body carries no member by a name the envelope reserves", "RFC 0001 Entry hash"),
@@ -101,8 +101,8 @@ RULES: Mapping[str, Rule] = _rules(
     # -- where an entry hangs --------------------------------------------------------
     Rule("duplicate", "error", "tree", "note", None, "an id appears once in a file; a repeat is read as the first (a store's re-append is a no-op)", "RFC 0001 Entry hash"),
     Rule("parent", "error", "tree", "refuse", "no_entry", "an entry has a parent, held before it, or null for a root", "RFC 0001 Entry envelope, RFC 0002 Entries"),
-    Rule("parents", "error", "tree", "refuse", "bad_entry", "parents, when present, is a non-empty array of references naming earlier entries, not the parent, none twice, sorted by session then entry (those without one first)", "RFC 0001 Convergence"),
-    Rule("base", "error", "tree", "refuse", "base_rule", "a file opens with the path to its base, which is never a leaf label, and own entries hang from the base or each other", "RFC 0001 File, RFC 0002 Sessions"),
+    Rule("parents", "error", "tree", "refuse", "bad_entry", "parents is an array of references naming earlier entries, not the parent, none twice", "RFC 0001 Convergence"),
+    Rule("base", "error", "tree", "refuse", "base_rule", "a file opens with the path to its base, and own entries hang from the base or each other", "RFC 0001 File, RFC 0002 Sessions"),
     # -- what a path records -----------------------------------------------------------
     _record("call-id-empty", "a function call's call_id is never empty", "RFC 0001 item"),
     _record("call-id-repeated", "a call_id names one function call in the session, on any branch", "RFC 0001 item", "call_id_repeated"),
@@ -133,7 +133,6 @@ RULES: Mapping[str, Rule] = _rules(
     _note("link-store", "link", "the sessions a file's links name are checked only where a store holds them", "RFC 0001 link"),
     # -- what a path sends ----------------------------------------------------------------
     Rule("first_kept", "error", "context", "refuse", "bad_entry", "a compaction's first_kept names an entry on its path before it", "RFC 0001 compaction"),
-    Rule("instructions-join", "error", "context", "refuse", "bad_entry", "a config carrying instructions and instructions_parts (all resolved) has instructions equal to the parts' texts joined with a blank line", "RFC 0001 config"),
     Rule("request_hash", "error", "context", "finding", None, "a response's request_hash is the hash of the request its path rebuilds", "RFC 0001 Request hash"),
     _note("redacted-request", "context", "in a redacted file a request_hash names the original's request, which the redacted path need not rebuild", "RFC 0001 Header"),
     _note("of", "context", "an omitted list named by an of the path cannot resolve is kept as written", "RFC 0001 config"),

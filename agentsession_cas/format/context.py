@@ -37,7 +37,7 @@ from ..errors import AgentSessionError, ContextError
 from ..lean import dataclass
 from . import resumable
 from .canonical import canonical_bytes, canonical_members, member_order
-from .entry import ENTRY_ID, FORMAT_MINOR, OMIT_MINOR, Entry, short_id
+from .entry import ENTRY_ID, Entry, short_id
 from .hashing import HASH_PREFIX, is_hash, sha256_ref
 
 __all__ = [
@@ -228,20 +228,19 @@ class OmittedElement:
 
 
 def _resolve_omitted(
-    elements: list, old: Sequence[OmittedElement], lists: Mapping[str, tuple[OmittedElement, ...]], of: bool = True
+    elements: list, old: Sequence[OmittedElement], lists: Mapping[str, tuple[OmittedElement, ...]]
 ) -> tuple[tuple[OmittedElement, ...], str | None]:
     """Resolve a delta's ``instructions_omitted`` (``keep``, ``keep`` + ``of``) against the
     list in force and the lists earlier config entries put in force. Returns the new list
     and the ``of`` of the first ``keep`` that could not be resolved (a note, not
-    corruption), or None. ``of=False`` (a file before 0.11) ignores every ``of``, a member
-    beside ``keep`` its minor does not define."""
+    corruption), or None."""
     named = {n for el in elements if isinstance(el, dict) and (n := _name(el.get("id"))) is not None}
     sources: dict[str | None, Sequence[OmittedElement] | None] = {None: old}
     for el in elements:
         if isinstance(el, dict) and _name(el.get("id")) is None and _positive_int(el.get("keep")):
-            key = _name(el.get("of")) if of else None
-            if key is not None:
-                sources[key] = lists.get(key)
+            of = _name(el.get("of"))
+            if of is not None:
+                sources[of] = lists.get(of)
     positions: dict[str | None, dict[str, int]] = {}
     for key, lst in sources.items():
         pos: dict[str, int] = {}
@@ -261,7 +260,7 @@ def _resolve_omitted(
                     cursors[key] = pos[pid] + 1
         elif isinstance(el, dict) and _positive_int(el.get("keep")):
             n = el["keep"]
-            key = _name(el.get("of")) if of else None
+            key = _name(el.get("of"))
             lst = sources.get(key)
             start = cursors[key]
             cursors[key] = start + n
@@ -426,20 +425,14 @@ class Settings:
 
     # -- replay -------------------------------------------------------------
 
-    def apply(self, delta: Mapping[str, Any], entry_id: str | None = None, minor: int = FORMAT_MINOR) -> Settings:
+    def apply(self, delta: Mapping[str, Any], entry_id: str | None = None) -> Settings:
         """The settings after the ``config`` delta ``delta`` (an entry's members)."""
-        s, _ = self.apply_checked(delta, entry_id, minor)
+        s, _ = self.apply_checked(delta, entry_id)
         return s
 
-    def apply_checked(
-        self, delta: Mapping[str, Any], entry_id: str | None = None, minor: int = FORMAT_MINOR
-    ) -> tuple[Settings, str | None]:
+    def apply_checked(self, delta: Mapping[str, Any], entry_id: str | None = None) -> tuple[Settings, str | None]:
         """:meth:`apply`, and the ``of`` of an omitted-parts ``keep`` in the delta that the
-        path cannot resolve (which a verifier notes), or None. ``minor`` is the file's
-        format minor: before :data:`~.entry.OMIT_MINOR` (0.11) ``omit`` and an omitted
-        ``keep``'s ``of`` are members that minor does not define (not read), and a part's
-        ``hash`` names only a part in force."""
-        later = minor >= OMIT_MINOR
+        path cannot resolve (which a verifier notes), or None."""
         base = EMPTY_SETTINGS if delta.get("replace") is True else self
         s = base._copy()
         model = delta.get("model")
@@ -448,7 +441,7 @@ class Settings:
         instructions = delta.get("instructions")
         parts = delta.get("instructions_parts")
         if isinstance(parts, list):
-            resolved, s._history = _resolve_parts(parts, base.parts or (), base._history if later else {})
+            resolved, s._history = _resolve_parts(parts, base.parts or (), base._history)
             s.parts = resolved
             if any(p.unresolved for p in resolved) and isinstance(instructions, str):
                 s.instructions = instructions  # the only record of what was sent
@@ -460,7 +453,7 @@ class Settings:
         bad_of: str | None = None
         omitted = delta.get("instructions_omitted")
         if isinstance(omitted, list):
-            s.omitted, bad_of = _resolve_omitted(omitted, base.omitted, base._lists, later)
+            s.omitted, bad_of = _resolve_omitted(omitted, base.omitted, base._lists)
             if entry_id is not None:
                 s._lists = {**base._lists, entry_id: s.omitted}
         if delta.get("reasoning") is not None:
@@ -491,15 +484,13 @@ class Settings:
                 else:
                     merged[key] = value
             s.extra = merged
-        if later:
-            s.omit = base.omit.apply(delta.get("omit"))
+        s.omit = base.omit.apply(delta.get("omit"))
         return s, bad_of
 
     @classmethod
-    def from_checkpoint(cls, config: Any, minor: int = FORMAT_MINOR) -> Settings:
+    def from_checkpoint(cls, config: Any) -> Settings:
         """Settings from a compaction's ``config``: the full settings, taken as they stand
-        (parts each with its text, the omitted list with no ``keep`` resolved); ``omit``
-        from 0.11 only, as :meth:`apply_checked`."""
+        (parts each with its text, the omitted list with no ``keep`` resolved)."""
         s = cls()
         if not isinstance(config, dict):
             return s
@@ -525,8 +516,7 @@ class Settings:
         omitted = config.get("instructions_omitted")
         if isinstance(omitted, list):
             s.omitted = tuple(OmittedElement(el, _name(el.get("id")) is None if isinstance(el, dict) else True) for el in omitted)
-        if minor >= OMIT_MINOR:
-            s.omit = Omit.from_object(config.get("omit"))
+        s.omit = Omit.from_object(config.get("omit"))
         if config.get("reasoning") is not None:
             s.reasoning = config["reasoning"]
         if config.get("text") is not None:
@@ -614,16 +604,16 @@ class Settings:
 EMPTY_SETTINGS = Settings()
 
 
-def replay_settings(entries: Iterable[Entry], minor: int = FORMAT_MINOR) -> Settings:
+def replay_settings(entries: Iterable[Entry]) -> Settings:
     """The settings a builder holds after the ``config`` and ``compaction`` entries of a
     path, in path order (the others change none): what :meth:`ContextBuilder.push` folds
     entry by entry, for a caller that kept only those entries (store/rulestate.py)."""
     s = EMPTY_SETTINGS
     for e in entries:
         if e.type == "compaction":
-            s = Settings.from_checkpoint(e.data.get("config"), minor)
+            s = Settings.from_checkpoint(e.data.get("config"))
         else:
-            s, _ = s.apply_checked(e.data, e.id, minor)
+            s, _ = s.apply_checked(e.data, e.id)
     return s
 
 
@@ -1022,10 +1012,7 @@ class ContextBuilder:
     of contributions; :meth:`context` applies the omit in force at the tip.
     """
 
-    def __init__(self, minor: int = FORMAT_MINOR) -> None:
-        #: The format minor of the file the path is of (:attr:`~.entry.Header.minor`): which
-        #: members of a ``config`` the settings replay reads.
-        self.minor = minor
+    def __init__(self) -> None:
         self.path: list[Entry] = []
         #: id -> position, for the entries on the path only.
         self.index: dict[str, int] = {}
@@ -1071,7 +1058,7 @@ class ContextBuilder:
             if data.get("item").__class__ is dict or isinstance(data.get("item"), dict):
                 items.append((pos, "item", self.settings.model, 0))
         elif t == "config":
-            self.settings, self.unresolved_of = self.settings.apply_checked(data, entry.id, self.minor)
+            self.settings, self.unresolved_of = self.settings.apply_checked(data, entry.id)
         elif t == "branch_summary":
             summary = data.get("summary")
             if isinstance(summary, dict):
@@ -1084,7 +1071,7 @@ class ContextBuilder:
         data = entry.data
         fk = data.get("first_kept")
         fk_pos = self.index.get(fk) if isinstance(fk, str) else None
-        self.settings = Settings.from_checkpoint(data.get("config"), self.minor)
+        self.settings = Settings.from_checkpoint(data.get("config"))
         contributions: list[_Placed] = []
         summary = data.get("summary")
         if isinstance(summary, dict):
@@ -1249,7 +1236,7 @@ class ContextBuilder:
                 if e.data.get("response") != rid:
                     break
                 outputs.add(id(e))
-            rebuilt = ContextBuilder(self.minor).extend(e for e in path if id(e) not in outputs)
+            rebuilt = ContextBuilder().extend(e for e in path if id(e) not in outputs)
             ctx = rebuilt.context(apply_omit=apply_omit)
             return sha256_ref(request_bytes(settings, ctx.items))
         if self.error is not None:
@@ -1257,26 +1244,24 @@ class ContextBuilder:
         return self._raw.hash_request(len(self._raw.items) - k, settings, self.index)
 
 
-def build_context(path: Sequence[Entry], minor: int = FORMAT_MINOR) -> Context:
-    """The context at the end of a root-first path (raises :class:`ContextError`), read
-    under the rules of format minor ``minor`` (a file's :attr:`~.entry.Header.minor`)."""
-    return ContextBuilder(minor).extend(path).context()
+def build_context(path: Sequence[Entry]) -> Context:
+    """The context at the end of a root-first path (raises :class:`ContextError`)."""
+    return ContextBuilder().extend(path).context()
 
 
 def context_at(sf: Any, entry_id: str) -> Context:
     """The context at an entry of a :class:`~agentsession_cas.reader.SessionFile` (or any
-    object with a ``tree`` and a ``header``): the request a model call appended after it
-    would receive."""
-    return build_context(sf.tree.path(entry_id), sf.header.minor)
+    object with a ``tree``): the request a model call appended after it would receive."""
+    return build_context(sf.tree.path(entry_id))
 
 
-def request_context(path: Sequence[Entry], minor: int = FORMAT_MINOR) -> Context:
+def request_context(path: Sequence[Entry]) -> Context:
     """The context of the request that produced the response ``path`` ends at: the path
     with the response's own output items removed."""
     if not path or path[-1].type != "response":
         raise ContextError("a request context is built at a response entry")
     outputs = {id(e) for e in output_entries(path, path[-1])}
-    return build_context([e for e in path if id(e) not in outputs], minor)
+    return build_context([e for e in path if id(e) not in outputs])
 
 
 def request_hash_for(path: Sequence[Entry], response: Mapping[str, Any]) -> str:
@@ -1384,11 +1369,11 @@ def _show(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)[:80]
 
 
-def verify_response(path: Sequence[Entry], minor: int = FORMAT_MINOR) -> RequestCheck:
+def verify_response(path: Sequence[Entry]) -> RequestCheck:
     """Check the ``request_hash`` of the response ``path`` ends at."""
     if not path or path[-1].type != "response":
         raise ContextError("a request hash is checked at a response entry")
-    return check_tip(ContextBuilder(minor).extend(path))
+    return check_tip(ContextBuilder().extend(path))
 
 
 # ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ..errors import EntryError, IJSONError, Problem, SessionFormatError
+from ..errors import EntryError, Problem, SessionFormatError
 from ..lean import dataclass
 from .canonical import canonical_bytes, needs_careful
 from .hashing import ENVELOPE_MEMBERS, RESERVED_MEMBERS, entry_hashes, is_hash
@@ -45,15 +45,6 @@ __all__ = [
 FORMAT_MAJOR, FORMAT_MINOR = 0, 14
 #: The first minor that defines the header's ``redacted_from``.
 REDACTED_FROM_MINOR = 13
-#: The first minor that defines a config's ``omit`` setting, the ``of`` of an omitted
-#: ``keep``, and a part's ``hash`` naming a text that has left force (RFC 0001 0.11). A
-#: file of an earlier minor holds such a member as one its minor does not define: kept as
-#: written, and read as that minor reads it (``omit`` not at all, ``of`` ignored beside a
-#: ``keep``, a ``hash`` resolved against the parts in force alone). RFC 0001 Versioning:
-#: a minor's rules, how a reader reads a file of it included, do not change. (0.14's
-#: additions, ``from_link`` and ``omit``'s ``outputs`` and ``images`` among them, are read
-#: by their form in a file of any minor, as the reference reads them.)
-OMIT_MINOR = 11
 FORMAT_WRITTEN = f"agentsession/{FORMAT_MAJOR}.{FORMAT_MINOR}"
 #: The earliest minor read as it stands; earlier ones are migrated in memory.
 FIRST_HASHED_MINOR = 5
@@ -371,14 +362,6 @@ class Header:
         return parse_format(self.data.get("format"))
 
     @property
-    def minor(self) -> int:
-        """The minor whose reading rules apply to this file: the header's own for a 0.x
-        format, else the one this package writes (a header naming another major is
-        refused anyway, and its entries are checked under the rules this package knows)."""
-        v = parse_format(self.data.get("format"))
-        return v[1] if v is not None and v[0] == FORMAT_MAJOR else FORMAT_MINOR
-
-    @property
     def is_legacy(self) -> bool:
         """A format before 0.5, whose ids are not hashes and which is migrated on read."""
         v = self.format_version
@@ -443,10 +426,6 @@ class Header:
         media = d.get("media", "inline")
         if media not in ("inline", "sidecar"):
             out.append(problem(1, "header", f"header media {json.dumps(media)} is neither 'inline' nor 'sidecar'"))
-        try:
-            canonical_bytes(d)  # (RFC 0001 File: every line is I-JSON, the header's too)
-        except IJSONError as exc:
-            out.append(problem(1, "ijson", f"header is not I-JSON: {exc}"))
         return out + self._redaction_problems(version)
 
     def member_problems(self) -> list[Problem]:
@@ -561,13 +540,13 @@ def make_entry(
             else:
                 d = dict(ref)
             refs.append(d)
-        refs.sort(key=reference_order)
+        refs.sort(key=_reference_order)
         data["parents"] = refs
     data.update(body)
     return Entry.from_dict(data)
 
 
-def reference_order(ref: Mapping[str, Any]) -> tuple[bool, str, str]:
+def _reference_order(ref: Mapping[str, Any]) -> tuple[bool, str, str]:
     """Where a ``parents`` reference sorts (RFC 0001 Convergence): by ``session``, those
     without one first, then by ``entry``. A total order over any reference a reader
     admits: a ``session`` that is no string (no other session's id) sorts by its JSON."""

@@ -31,15 +31,10 @@ __all__ = [
     "write_sidecars",
 ]
 
-#: A sidecar URL: a whole string value exactly ``sidecar:sha256:<64 hex>``, in the JSON
-#: text of a line or a content (canonical or not); group 1 is the blob's name
-#: (``sha256:<hex>``). A string opens after ``:``, ``,`` or ``[`` (and JSON whitespace)
-#: and a value closes before ``,``, ``}`` or ``]``, never ``:`` (a member name); a
-#: quote inside a string is escaped, so text that quotes such a URL, or a longer token
-#: that begins like one, is not a reference (RFC 0001 File: a reference is the URL).
-SIDECAR_BYTES = re.compile(rb'(?:^|[:,\[])[ \t\r\n]*"sidecar:(sha256:[0-9a-f]{64})"(?=[ \t\r\n]*(?:[,}\]]|$))')
-#: The same over text.
-SIDECAR = re.compile(SIDECAR_BYTES.pattern.decode("ascii"))
+#: A sidecar URL in text; group 1 is the blob's name (``sha256:<hex>``).
+SIDECAR = re.compile(r"sidecar:(sha256:[0-9a-f]{64})")
+#: The same over bytes (a content object's canonical JSON).
+SIDECAR_BYTES = re.compile(rb"sidecar:(sha256:[0-9a-f]{64})")
 
 
 def sidecar_names(content: bytes) -> list[str]:

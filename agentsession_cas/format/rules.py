@@ -51,7 +51,7 @@ from ..lean import dataclass
 from .canonical import loads, loads_flagged
 from .codes import RULES, ErrorCode, Rule, Scope, StorePolicy, problem, rule_of
 from .context import DIAGNOSE_LIMIT, ContextBuilder, RequestCheck, check_tip
-from .entry import CORE_TYPES, LEAF_LABEL, Entry, Header, header_or_error, is_entry_type, reference_order, short_id, shown_id
+from .entry import CORE_TYPES, LEAF_LABEL, Entry, Header, header_or_error, is_entry_type, short_id, shown_id
 from .entry import shown_value as _show
 from .hashing import ReservedMemberError, entry_hashes, entry_objects_item, is_hash
 from .links import derived_note, link_notes, own_entries, store_note
@@ -463,23 +463,12 @@ class TreeState:
             out.append(problem(entry.line, "parent", f"parent {_show(parent)} does not appear earlier in the session", entry.id))
 
     def _parents(self, entry: Entry, out: list[Problem]) -> None:
-        """RFC 0001 Convergence and Entry hash: ``parents``, when present, is a non-empty
-        array (a writer omits an empty one, and the envelope leaves it out, so ``[]`` or
-        ``null`` would be dropped by every rewrite unnoticed), its references sorted by
-        session then entry (:func:`~.entry.reference_order`), each naming an earlier
-        entry, never the parent nor one twice. (A reference into another session is not
-        held to the hash form: the reference corpus's converge.jsonl names entries of
-        sessions migrated from before 0.5 by their old ids, as RFC 0001 Versioning keeps them.)"""
-        data = entry.data
-        if "parents" not in data:
+        refs = entry.data.get("parents")
+        if refs is None:
             return
-        refs = data["parents"]
         line, eid = entry.line, entry.id
         if not isinstance(refs, list):
-            out.append(problem(line, "parents", f"'parents' is {_show(refs)}, not an array", eid))
-            return
-        if not refs:
-            out.append(problem(line, "parents", "'parents' is empty: a writer omits an empty one (RFC 0001 Entry hash)", eid))
+            out.append(problem(line, "parents", "'parents' is not an array", eid))
             return
         seen: set[str] = set()
         for ref in refs:
@@ -495,11 +484,6 @@ class TreeState:
             seen.add(target)
             if (session is None or session == self.session) and not self._known(target):
                 out.append(problem(line, "parents", f"'parents' names {_show(target)}, which does not appear earlier in this session", eid))
-        # (an entry migrated from a file before 0.5 carries legacy_id: its references were
-        # renamed in place, in its writer's order, which the new names need not keep)
-        if len(seen) == len(refs) and "legacy_id" not in data and refs != sorted(refs, key=reference_order):
-            out.append(problem(line, "parents", "'parents' is not sorted by session then entry, references without a "
-                                                "session first (RFC 0001 Convergence)", eid))
 
     def _base(self, entry: Entry, out: list[Problem], hold: bool) -> None:
         """The file opens with the path to the base; every own entry hangs from it."""
@@ -515,9 +499,6 @@ class TreeState:
                     f"this entry's parent is {_show(entry.parent)}, expected {expected}",
                     entry.id,
                 ))
-            if entry.id == base and entry.is_leaf_label:
-                out.append(problem(entry.line, "base", f"base {short_id(base)} is a leaf label; the base is a fork's first "
-                                                       "head, never a leaf label (RFC 0001 Header)", entry.id))
             if not hold:
                 return
             self._prefix_prev = entry.id
@@ -696,7 +677,7 @@ class PathChecker:
             checker._report(entry, code, message)
 
         self.walker = RecordWalker(header, report=report, seq=self.seq)
-        self.builder = ContextBuilder(header.minor)
+        self.builder = ContextBuilder()
         # The builder's path is this checker's, pushed and popped with it: where an entry
         # stands on it is read off the checker's depths, not kept in a map of its own.
         self.builder.index = _PathIndex(me)  # type: ignore[assignment]  # (what the builder asks of a dict)
@@ -784,17 +765,10 @@ class PathChecker:
         elif t == "compaction":
             if b.error is not None:
                 self._keep(e, "first_kept", b.error)
-        else:
-            if b.unresolved_of is not None:
-                self._keep(e, "of", f"config {shown_id(e.id)}: an omitted keep names the list of config "
-                           f"{json.dumps(b.unresolved_of)}, which its path cannot resolve; the element is kept as "
-                           "written, which is not corruption")
-            instructions = e.data.get("instructions")
-            # (with a part the path cannot rebuild the string stands, as the settings hold it)
-            if (isinstance(instructions, str) and isinstance(e.data.get("instructions_parts"), list)
-                    and b.settings.instructions != instructions):
-                self._report(e, "instructions-join", "its instructions are not its instructions_parts' texts joined "
-                             "with a blank line, which RFC 0001 requires them to equal (the request carries the join)")
+        elif b.unresolved_of is not None:
+            self._keep(e, "of", f"config {shown_id(e.id)}: an omitted keep names the list of config "
+                       f"{json.dumps(b.unresolved_of)}, which its path cannot resolve; the element is kept as "
+                       "written, which is not corruption")
 
     def _depth_at(self, entry_id: str) -> int | None:
         """Where ``entry_id`` stands on the path (its depth), None when it is not on it."""

@@ -405,7 +405,7 @@ class _RestoredBuilder(ContextBuilder):
         if t == "config" and not self.replayed:
             if self.settings_ids is None:
                 raise NeedsRebuild("a config below the restored tip (the settings in force were not kept)")
-            settings = replay_settings([self.loader(i) for i in self.settings_ids], self.minor)
+            settings = replay_settings([self.loader(i) for i in self.settings_ids])
             if settings.request_split() != self.settings.request_split() or settings.model != self.settings.model:
                 raise NeedsRebuild("the settings in force, replayed, are not those the state kept")
             self.settings, self.replayed = settings, True
@@ -933,13 +933,11 @@ def check_form(data: Mapping[str, Any], count: int) -> None:
              "context's settings")
 
 
-def _restore_builder(
-    context: Mapping[str, Any], depth: int, tip: _Partial, loader: Callable[[str], Entry], minor: int
-) -> _RestoredBuilder:
+def _restore_builder(context: Mapping[str, Any], depth: int, tip: _Partial, loader: Callable[[str], Entry]) -> _RestoredBuilder:
     """The context builder :func:`_context_form`'s ``context`` stands for, at a tip of
     ``depth`` (ValueError on a hash state not of the form); ``loader`` reads the entries
-    the settings in force fold, under the rules of format minor ``minor``."""
-    b = _RestoredBuilder(minor)
+    the settings in force fold."""
+    b = _RestoredBuilder()
     b.settings_ids = context.get("settings")
     b.loader = loader
     b.floor = depth
@@ -1038,7 +1036,7 @@ def restore(
     if context is None or not resumable.available():
         path.builder = _NoBuilder()  # type: ignore[assignment]
     else:
-        path.builder = _restore_builder(context, depth, tip_entry, loader, header.minor)
+        path.builder = _restore_builder(context, depth, tip_entry, loader)
         if depth > 1:
             path.path[0] = _Partial(context["root"])  # type: ignore[call-overload]  # (a response's check asks whether its root was cut)
 

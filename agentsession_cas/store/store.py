@@ -43,6 +43,7 @@ from ..errors import (
     BaseNotHeldError,
     CorruptObjectError,
     FormatVersionError,
+    IJSONError,
     NoSuchObjectError,
     NoSuchSessionError,
     Problem,
@@ -470,7 +471,7 @@ class Store:
         from ..format.builders import config_from_settings  # the context machinery: not for head or list
         from ..format.context import build_context
 
-        settings = build_context(self.path_to(old.head), old.header.minor).settings if old.head is not None else None
+        settings = build_context(self.path_to(old.head)).settings if old.head is not None else None
         # A member the old header holds in another form than RFC 0001's (a session stored
         # before the header-member rule: cwd null, say) is not copied: the successor's
         # header is one this store makes, held to every header rule; the old keeps its own.
@@ -517,6 +518,10 @@ class Store:
             raise StoreError("a redacted session is a record to read, not one to hold (RFC 0002)")
         if header.id in self:
             raise SessionExistsError(f"session {header.id} already exists in {self.describe()}")
+        try:
+            canonical_bytes(header.data)
+        except IJSONError as exc:  # the caller's header, not the store's fault (it was a 500)
+            raise IJSONError(f"header is not I-JSON: {exc}") from None
         return header
 
     def _prefix_for_base(self, header: Header, owner: Holder | None) -> builtins.list[tuple[str, str]]:
@@ -948,6 +953,8 @@ class Store:
                     f"{source}: the header names base {base}, which the file does not hold; "
                     "a fork's projection carries its prefix (RFC 0001 ingress)"
                 )
+            if taken.base_is_leaf_label:
+                raise BadBaseError(f"{source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
             self._check_holder(base, header)
         # The rules' state the pass leaves, kept for the session's first append (else
         # built then from every entry: seconds for a big session) if it stands at the head.
@@ -1050,6 +1057,8 @@ class Store:
                     f"{sf.source}: the header names base {base}, which the file does not hold; "
                     "a fork's projection carries its prefix (RFC 0001 ingress)"
                 )
+            if kept[cut].is_leaf_label:
+                raise BadBaseError(f"{sf.source}: base {short_id(base)} is a leaf label; the base is a fork's first head")
             cut += 1
             prefix, own = kept[:cut], kept[cut:]
             self._check_holder(base, header)
@@ -1212,6 +1221,7 @@ class _TakenImport:
         self.own_from = 0 if header.base is None else -1
         self.prefix: list[str] = []  # the kept entries up to the base, the base included
         self.sidecars: list[str] = []
+        self.base_is_leaf_label = False
         #: The summary of the own entries taken.
         self.summary = SummaryBuilder(header)
         self._by_id: dict[str, str | None] | None = None
@@ -1309,6 +1319,7 @@ class _TakenImport:
             self.prefix.append(eid)
             if eid == self._base:
                 self.own_from = len(self.ids)
+                self.base_is_leaf_label = leaf_label
         if objects is not self._packed:
             self.stage.add_entry(e.content_hash, eid, objects)
             if self._sidecar:

@@ -56,7 +56,6 @@ from ...errors import (
 from ...format.canonical import canonical_bytes, loads
 from ...format.entry import LEAF_LABEL, Entry, Header
 from ...format.hashing import HASH_PREFIX, is_hash
-from ...format.media import SIDECAR_BYTES
 from ...format.names import check_session_id
 from ...format.rules import TreeState
 from ...fsutil import ATOMIC_TMP, NotAFileError, has_hole, hash_file, read_dense, read_small, read_whole
@@ -91,6 +90,7 @@ _ENVELOPE = re.compile(
     rb'\{"content":"sha256:([0-9a-f]{64})","parent":(?:null|"sha256:([0-9a-f]{64})")'
     rb'(,"parents":\[[^\t\n]*\])?,"ts":"[^"\\]*","type":"([^"\\]*)"\}'
 )
+_SIDECAR = re.compile(rb"sidecar:sha256:([0-9a-f]{64})")
 #: Names a writer of this store leaves at its root, in ``locks/`` and beside files.
 _ROOT_NAMES = {
     "layout": "file",
@@ -589,7 +589,7 @@ class _Walk:
                 self.unsound.setdefault((space, raw), why)
 
     def _sidecars(self, content: bytes, data: bytes) -> None:
-        found = tuple(dict.fromkeys(binascii.unhexlify(m[7:]) for m in SIDECAR_BYTES.findall(data)))
+        found = tuple(dict.fromkeys(binascii.unhexlify(m) for m in _SIDECAR.findall(data)))
         if found:
             self.sidecars[content] = found
 

@@ -76,7 +76,6 @@ from ...errors import (
 from ...format.canonical import loads
 from ...format.entry import LEAF_LABEL, short_id
 from ...format.hashing import HASH_PREFIX, is_hash, sha256_ref
-from ...format.media import sidecar_names
 from ...format.names import check_session_id
 from ...fsutil import fsync_dir, write_atomic
 from ..base import FsckProblem
@@ -110,6 +109,7 @@ _OPS = frozenset({"create", "append", "head", "mark", "delete", "sync", "lost", 
 _OPEN = b'{"op":"'
 _CRC_HEX = re.compile(rb"0|[1-9a-f][0-9a-f]{0,7}")
 _SESSION_IN = re.compile(rb'"session":"([A-Za-z0-9._*-]{1,200})"')
+_SIDECAR = re.compile(rb"sidecar:(sha256:[0-9a-f]{64})")
 _OLD_LOG_LINE = re.compile(rb"(sha256:[0-9a-f]{64})(?: [0-9]{1,18})?")
 _NEW_LOG = re.compile(rb"[0-9a-f]{16} ")
 _PACK_MAGIC = b"CASPACK\x00"
@@ -793,7 +793,7 @@ class _Planner:
                     info = f"the content of entry {entry_id} is not a JSON object"
                 else:
                     parent = env.get("parent")
-                    blobs = tuple(sidecar_names(body_bytes))
+                    blobs = tuple(sorted({m.decode() for m in _SIDECAR.findall(body_bytes)}))
                     info = _EntryInfo(
                         parent=parent if isinstance(parent, str) else None,
                         leaf_label=env.get("type") == "label" and body.get("label") == LEAF_LABEL,
