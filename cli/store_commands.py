@@ -36,7 +36,6 @@ from agentsession_cas.format.canonical import loads
 from agentsession_cas.format.entry import Header, kept_member_note, short_id
 from agentsession_cas.format.links import fork_of_link
 from agentsession_cas.format.names import check_session_id, names_an_entry
-from agentsession_cas.format.rules import BOM_WORDS, UTF8_BOM
 from agentsession_cas.lean import dataclass
 from agentsession_cas.store import Session, Store, default_store_path
 from agentsession_cas.store.names import REF_PREFIX, resolve_base, resolve_entry, resolve_object, resolve_session
@@ -231,7 +230,9 @@ def _stdin_json(what: str) -> Any:
 def _json_object(raw: bytes, where: str, what: str) -> Any:
     """``raw`` (stdin's or a file's bytes) parsed as the JSON ``what`` is, or the command's
     error naming ``where``; a byte order mark is named as import and verify name it."""
-    if raw.startswith(UTF8_BOM):
+    if raw.startswith(b"\xef\xbb\xbf"):
+        from agentsession_cas.format.rules import BOM_WORDS  # (here: head and list load no rule set)
+
         fail(f"{where} {BOM_WORDS} ({what} is one JSON object)", code=BAD_INPUT)
     try:
         return loads(raw.decode("utf-8"))

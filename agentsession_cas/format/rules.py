@@ -133,7 +133,6 @@ _NO_CLAIMS: tuple[str, ...] = ()
 #: What a text saved "UTF-8 with BOM" is told, wherever JSON is read (a line, a header,
 #: an entry or header on stdin): RFC 0001's lines are I-JSON, which carries none.
 BOM_WORDS = "begins with a UTF-8 byte order mark (U+FEFF), which JSON text does not carry; save it as UTF-8 without one"
-UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def describe_json_error(exc: Exception) -> str:
