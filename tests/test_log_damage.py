@@ -230,3 +230,23 @@ def test_a_torn_commit_spends_no_number(tmp_path):
     with Store(str(root)) as st:
         s = st.session(SID)
         assert s.append(make_entry("item", s.head, item=item("two")).data).seq == 2
+
+
+def test_a_loss_only_the_kept_indexes_show_is_repaired(tmp_path):
+    """Zeroes over a committed branch append's payload: the read-only open reads the torn
+    line's number back from its bytes and saw a sound log, so `repair` said "nothing to
+    repair" while fsck, the sweep and every writing open refused the session for good.
+    Repair reads the log as they do (without its torn tail, against the kept summary)."""
+    root = tmp_path / "s"
+    branched(root)
+    data, at = third_line_at(root)
+    start = data.index(b"\t", at) + 5
+    log_of(root).write_bytes(data[:start] + b"\0" * (len(data) - start))
+    assert [p.code for p in fsck(str(root)).errors] == ["log-cut"]
+    with Store(str(root)) as st:
+        rep = repair_session(st, SID)
+        assert rep.repaired and rep.damaged
+    assert fsck(str(root)).errors == []
+    with Store(str(root)) as st:
+        st.session(SID).close()
+        st.sweep(grace=0)

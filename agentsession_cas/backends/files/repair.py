@@ -1183,6 +1183,13 @@ def plan_repair(
     except SessionDamagedError as exc:
         return _plan_damaged(store, session_id, exc.why, progress)  # (the report names the session itself)
     try:
+        # The read-only open reads a torn line's number back from its bytes; the log as
+        # fsck, a sweep and the writing open read it (without its torn tail, against the
+        # kept summary) may have lost committed records all the same: repaired as they
+        # see it, or the session and every sweep stayed refused with nothing to repair.
+        cut = next((p.message for p in store.history(session_id).damage if p.code == "log-cut"), None)
+        if cut is not None:
+            return _plan_damaged(store, session_id, cut, progress)
         return _plan_sound(store, probe)
     finally:
         probe.close()
