@@ -268,17 +268,24 @@ def test_a_sweep_interrupted_after_moving_a_loose_file_aside_puts_it_back(root, 
     o.close()
 
 
-@pytest.mark.parametrize("then", ["pack", "sweep --dry-run", "auto-pack"])
-def test_a_loose_file_a_killed_sweep_left_aside_is_put_back(root, monkeypatch, then):
-    """Killed outright (no way out runs) right after the move: the next holder of the pack
-    lock puts the loose file back, as it puts back a pack, so nothing retained since is
-    lost (a writer naming it again finds it, and an unretained one goes at a later sweep)."""
+def _killed_sweep_left_aside(root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, bytes]:
+    """A garbage loose object a sweep moved aside into tmp/ and was killed outright after
+    (no way out ran): the object, for the caller to find put back."""
     obj = _garbage_loose(root)
     _kill_at_the_drops_stat(monkeypatch, obj[1])
     monkeypatch.setattr(objects_mod, "_put_back", lambda aside, path: None, raising=False)  # (killed: no rollback)
     with Store(str(root)) as st, pytest.raises(Killed):
         st.sweep(grace=0)
     monkeypatch.undo()
+    return obj
+
+
+@pytest.mark.parametrize("then", ["pack", "sweep --dry-run", "auto-pack"])
+def test_a_loose_file_a_killed_sweep_left_aside_is_put_back(root, monkeypatch, then):
+    """Killed outright (no way out runs) right after the move: the next holder of the pack
+    lock puts the loose file back, as it puts back a pack, so nothing retained since is
+    lost (a writer naming it again finds it, and an unretained one goes at a later sweep)."""
+    obj = _killed_sweep_left_aside(root, monkeypatch)
     [left] = os.listdir(root / "tmp")
     assert left.startswith("drop-"), left
     if then == "auto-pack":
@@ -374,12 +381,7 @@ def test_a_loose_file_a_killed_sweep_left_aside_is_put_back_without_hard_links(r
     tried failed there, and every later pack, sweep and big import stopped on it."""
     import errno
 
-    obj = _garbage_loose(root)
-    _kill_at_the_drops_stat(monkeypatch, obj[1])
-    monkeypatch.setattr(objects_mod, "_put_back", lambda aside, path: None, raising=False)  # (killed: no rollback)
-    with Store(str(root)) as st, pytest.raises(Killed):
-        st.sweep(grace=0)
-    monkeypatch.undo()
+    obj = _killed_sweep_left_aside(root, monkeypatch)
 
     def no_link(*args, **kwargs):
         raise OSError(errno.EPERM, "Operation not permitted")

@@ -245,19 +245,22 @@ def test_a_push_answer_without_the_rfcs_moved_is_no_push_answer(tmp_path, app):
 # -- 4. a fork's path across an origin the caller may not read ------------------------------
 
 
+def h(who: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[who][0]}"}
+
+
+def write(c: TestClient, sid: str, text: str, who: str = "all", **fork: Any) -> str:
+    """Session ``sid`` created (a fork where ``fork`` says) and one user turn appended, as ``who``."""
+    assert c.post("/v1/sessions", json=Header.new(sid, created_at=TS, **fork).data, headers=h(who)).status_code == 201
+    tok = c.post(f"/v1/sessions/{sid}/lease", json={"ttl_ms": 60000}, headers=h(who)).json()["token"]
+    r = c.post(f"/v1/sessions/{sid}/entries", content=json.dumps(user(text)).encode(), params={"commit": "true"},
+               headers={**h(who), "Lease-Token": str(tok)})
+    assert r.status_code == 200, r.text
+    return str(r.json()["results"][0]["id"])
+
+
 def test_a_forks_path_is_no_entry_wherever_it_crosses_into_an_origin_the_caller_may_not_read(tmp_path):
     state = ServerState(Store.init(tmp_path / "st", sync="never"), load_tokens(token_file(tmp_path)), Limits(max_stream_age_s=0))
-
-    def h(who: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {TOKENS[who][0]}"}
-
-    def write(c: TestClient, sid: str, text: str, who: str = "all", **fork: Any) -> str:
-        assert c.post("/v1/sessions", json=Header.new(sid, created_at=TS, **fork).data, headers=h(who)).status_code == 201
-        tok = c.post(f"/v1/sessions/{sid}/lease", json={"ttl_ms": 60000}, headers=h(who)).json()["token"]
-        r = c.post(f"/v1/sessions/{sid}/entries", content=json.dumps(user(text)).encode(), params={"commit": "true"},
-                   headers={**h(who), "Lease-Token": str(tok)})
-        assert r.status_code == 200, r.text
-        return str(r.json()["results"][0]["id"])
 
     with TestClient(create_app(state)) as c:
         base = write(c, "b-secret", "TEAM B SECRET PLAN", "team-b")
@@ -286,17 +289,6 @@ def test_a_forks_named_origin_must_hold_its_base(tmp_path):
     another tenant's prefix), is no_entry across the base, never its origin's word taken;
     a same-tenant fork, and one with no ``parent_session`` (the store names it), read."""
     state = ServerState(Store.init(tmp_path / "st", sync="never"), load_tokens(token_file(tmp_path)), Limits(max_stream_age_s=0))
-
-    def h(who: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {TOKENS[who][0]}"}
-
-    def write(c: TestClient, sid: str, text: str, who: str = "all", **fork: Any) -> str:
-        assert c.post("/v1/sessions", json=Header.new(sid, created_at=TS, **fork).data, headers=h(who)).status_code == 201
-        tok = c.post(f"/v1/sessions/{sid}/lease", json={"ttl_ms": 60000}, headers=h(who)).json()["token"]
-        r = c.post(f"/v1/sessions/{sid}/entries", content=json.dumps(user(text)).encode(), params={"commit": "true"},
-                   headers={**h(who), "Lease-Token": str(tok)})
-        assert r.status_code == 200, r.text
-        return str(r.json()["results"][0]["id"])
 
     with TestClient(create_app(state)) as c:
         secret = write(c, "b-secret", "TEAM B SECRET PLAN", "team-b")
