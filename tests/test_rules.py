@@ -1190,3 +1190,38 @@ def test_a_json_failure_is_worded_once(text, said):
         assert describe_json_error(exc) == said
     else:
         raise AssertionError("the text parsed")
+
+
+@pytest.mark.parametrize("value", [[], None])
+def test_an_empty_or_null_parents_is_a_problem_not_a_member_dropped(tmp_path, value):
+    """RFC 0001: a writer MUST omit an empty ``parents``. The id hashes an empty or null one
+    as absent and a store keeps no member its envelope leaves out, so such a line came back
+    from import and export without it (verify said nothing): now verify reports it, and an
+    import and a store's append refuse it, where a line without the member is taken."""
+    from agentsession_cas.store import Store
+
+    header = Header.new("s-parents", created_at="2026-09-17T12:00:00Z")
+    first = make_entry("item", parent=None, ts="2026-09-17T12:00:00Z",
+                       item={"type": "message", "role": "user", "content": "hi"})
+    body: dict = {"type": "item", "parent": first.id, "ts": "2026-09-17T12:00:01Z",
+                  "item": {"type": "message", "role": "user", "content": "x"}}
+    line = dict(body, parents=value)
+    line["id"] = entry_hashes(line)[0]
+    assert line["id"] == entry_hashes(body)[0]  # (hashed as absent)
+    data = b"".join(json.dumps(o, separators=(",", ":")).encode() + b"\n" for o in (header.data, first.data, line))
+    problems = [p for p in read_session_bytes(data).all_problems() if p.code == "parents"]
+    assert problems and ("empty" in problems[0].message or "null" in problems[0].message)
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(data)
+    with Store.init(tmp_path / "st") as st:
+        with pytest.raises(AgentSessionError):
+            st.import_file(str(path))
+        assert st.list() == []
+        s = st.create(Header.new("s2"))
+        s.append(dict(first.data))
+        with pytest.raises(AgentSessionError):
+            s.append({k: v for k, v in line.items() if k != "id"})
+        assert len(s) == 1
+        s.append({k: v for k, v in body.items()})
+        assert len(s) == 2
+        s.close()

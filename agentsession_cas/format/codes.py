@@ -101,7 +101,7 @@ RULES: Mapping[str, Rule] = _rules(
     # -- where an entry hangs --------------------------------------------------------
     Rule("duplicate", "error", "tree", "note", None, "an id appears once in a file; a repeat is read as the first (a store's re-append is a no-op)", "RFC 0001 Entry hash"),
     Rule("parent", "error", "tree", "refuse", "no_entry", "an entry has a parent, held before it, or null for a root", "RFC 0001 Entry envelope, RFC 0002 Entries"),
-    Rule("parents", "error", "tree", "refuse", "bad_entry", "parents is an array of references naming earlier entries, not the parent, none twice", "RFC 0001 Convergence"),
+    Rule("parents", "error", "tree", "refuse", "bad_entry", "parents is an array of references naming earlier entries, not the parent, none twice; an empty or null one is refused (a writer omits it: the id hashes it as absent and a store keeps no such member, so a round trip would drop it)", "RFC 0001 Convergence, Entry hash"),
     Rule("base", "error", "tree", "refuse", "base_rule", "a file opens with the path to its base, and own entries hang from the base or each other", "RFC 0001 File, RFC 0002 Sessions"),
     # -- what a path records -----------------------------------------------------------
     _record("call-id-empty", "a function call's call_id is never empty", "RFC 0001 item"),

@@ -463,9 +463,15 @@ class TreeState:
 
     def _parents(self, entry: Entry, out: list[Problem]) -> None:
         refs = entry.data.get("parents")
-        if refs is None:
-            return
         line, eid = entry.line, entry.id
+        if refs is None or refs == []:
+            # RFC 0001: a writer MUST omit an empty one. The id hashes it as absent, and a
+            # store holds no member the envelope leaves out, so a line that carries one
+            # would come back from a round trip without it: refused here, not altered.
+            if "parents" in entry.data:
+                out.append(problem(line, "parents", f"'parents' is {'null' if refs is None else 'empty'}: a writer "
+                                   "omits the member when it names no entry", eid))
+            return
         if not isinstance(refs, list):
             out.append(problem(line, "parents", "'parents' is not an array", eid))
             return
