@@ -431,3 +431,29 @@ def test_a_damaged_index_whose_pack_is_gone_stops_no_sweep(root):
     r = cli(root, "sweep")
     assert "removed" in r.output and "cannot tell" not in r.output, r.output  # it swept (exit 1: damage met)
     assert cli(root, "fsck").exit_code == 1
+
+
+def test_a_drop_whose_put_back_fails_is_never_cleaned_out_of_tmp(root, monkeypatch):
+    """A put-back that fails (EIO, a full disk) stops nothing, and the drop stays in tmp/
+    for the next one: the sweep's clean-up of old tmp/ leftovers passes over drops (a
+    drop keeps its object's own mtime, old, and may be the one copy of a held object)."""
+    import errno
+
+    obj = _killed_sweep_left_aside(root, monkeypatch)
+    [left] = os.listdir(root / "tmp")
+    real = os.link
+
+    def link(src, dst, *args, **kwargs):
+        if os.path.basename(os.fspath(src)).startswith("drop-"):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", link)
+    cli(root, "sweep", "--grace", "0", "--force")
+    assert os.listdir(root / "tmp") == [left]
+    monkeypatch.setattr(os, "link", real)
+    assert cli(root, "pack").exit_code == 0  # the next holder puts it back
+    assert os.listdir(root / "tmp") == []
+    o = FileObjects(str(root))
+    assert o.get(*obj[:2]) == obj[2]
+    o.close()

@@ -307,6 +307,28 @@ def test_a_forks_named_origin_must_hold_its_base(tmp_path):
     state.store.close()
 
 
+def test_a_forks_origin_named_twice_absent_or_gone_vouches_for_nothing(tmp_path):
+    """An origin the chain names twice (the fork itself, a cycle), one never created, or
+    one deleted cannot vouch for the prefix the fork crosses: a scoped caller gets
+    no_entry (each read another tenant's prefix); a same-tenant fork of a sound origin
+    reads whole."""
+    state = ServerState(Store.init(tmp_path / "st", sync="never"), load_tokens(token_file(tmp_path)), Limits(max_stream_age_s=0))
+    with TestClient(create_app(state)) as c:
+        secret = write(c, "b-secret", "TEAM B SECRET PLAN", "team-b")
+        write(c, "a-fork", "a's own turn", base=secret, parent_session="b-secret")  # the admin's fork
+        for sid, named in (("a-self", "a-self"), ("a-x", "a-y"), ("a-y", "a-x"), ("a-ghost", "a-never-was")):
+            r = c.post("/v1/sessions", json=Header.new(sid, created_at=TS, base=secret, parent_session=named).data,
+                       headers=h("team-a"))
+            assert r.status_code == 201, r.text
+        for sid in ("a-self", "a-x", "a-ghost"):
+            r = c.get(f"/v1/sessions/{sid}/path", headers=h("team-a"))
+            assert r.status_code == 404 and "TEAM B SECRET PLAN" not in r.text, (sid, r.text)
+        mine = write(c, "a-orig", "a's own", "team-a")
+        write(c, "a-fk", "a's fork turn", "team-a", base=mine, parent_session="a-orig")
+        assert c.get("/v1/sessions/a-fk/path", headers=h("team-a")).status_code == 200
+    state.store.close()
+
+
 # -- 5. a silent follow stream ----------------------------------------------------------------
 
 

@@ -785,25 +785,29 @@ class Api:
     def _origins_readable(self, principal: Principal, s: Session) -> bool:
         """Whether the caller may read every session a fork's prefix crosses into: its
         origin (``parent_session``), and, where that is a fork too, its origin's, and so
-        on (a deleted origin ends the chain: its prefix is no longer told apart). The
-        origin must hold the fork's base (as its own entry or on its prefix; its own
-        origin is asked next, where it is a fork): ``parent_session`` is provenance the writer states, and a fork
-        whose header names a readable session that does not hold its base is refused,
-        not taken at its word."""
+        on. ``parent_session`` is provenance the writer states, so the origin must be
+        there and hold the fork's base (its own entry or on its prefix), looked at
+        read-only (a path read takes no writer's hold of it); an origin deleted, damaged,
+        named twice in the chain or not holding the base cannot vouch for what the prefix
+        crosses, and a caller whose scope is limited is refused (``no_entry``)."""
         if not principal.sessions:
             return True  # a caller who may read every session
         header, seen = s.header.data, {s.id}
         while (base := header.get("base")) is not None:
             origin = header.get("parent_session")
-            if not (isinstance(origin, str) and principal.may_read(origin)):
+            if not (isinstance(origin, str) and principal.may_read(origin)) or origin in seen:
                 return False
-            if origin in seen or origin not in self.state.store:
-                return True
             seen.add(origin)
-            o = self.state.session(origin)
-            if base not in o and (o.base is None or base not in o.prefix_set):
-                return False  # the named origin does not hold the base
-            header = o.header.data  # (a path through it crosses its own base in turn)
+            try:
+                o = self.state.store.read(origin)
+            except AgentSessionError:  # deleted, or damaged
+                return False
+            try:
+                if base not in o and (o.base is None or base not in o.prefix_set):
+                    return False  # the named origin does not hold the base
+                header = o.header.data  # (a path through it crosses its own base in turn)
+            finally:
+                o.close()
         return True
 
     async def _session_head(self, request: Request, principal: Principal, sid: str, media: str,

@@ -21,7 +21,7 @@ from ...format.media import sidecar_names
 from ...fsutil import ATOMIC_TMP, read_dense, read_small
 from ..base import RepackResult, Retained, RetentionSource
 from .log import LogDamage, Record, read_log, scan_log
-from .objects import FileObjects, Snapshot
+from .objects import DROPPED_LOOSE, DROPPED_PACK, FileObjects, Snapshot
 from .packs import SPACE_BITS
 
 __all__ = ["SESSION_FILES", "TMP_MIN_AGE", "retention_source", "retention_sources", "sweep_objects", "writers_holding"]
@@ -337,6 +337,10 @@ def _clean_tmp(root: str, age: float, now: float) -> list[str]:
     except FileNotFoundError:
         return removed
     for name in sorted(names):
+        if DROPPED_LOOSE.fullmatch(name) or DROPPED_PACK.fullmatch(name):
+            # A drop a killed sweep left (its mtime the object's own, so it looks old): it
+            # may be the one copy of what a writer touched; only a put-back moves it.
+            continue
         path = os.path.join(base, name)
         try:
             st = os.lstat(path)
