@@ -11,6 +11,7 @@ import errno
 import hashlib
 import os
 import stat
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -367,6 +368,13 @@ def read_prefix(path: str, limit: int) -> bytes:
     :func:`read_small` opens one (non-blocking, no final symbolic link followed, a
     regular file only), whatever its size."""
     return _read_regular(path, limit, whole=False)
+
+
+def read_regular(path: str) -> bytes:
+    """A file the store keeps that grows without bound (``refs.log``), read whole, opened
+    as :func:`read_small` opens one (non-blocking, no final symbolic link followed, a
+    regular file only), with its errors."""
+    return _read_regular(path, sys.maxsize, whole=False)
 
 
 def read_small(path: str, limit: int) -> bytes:

@@ -403,15 +403,11 @@ class FileObjects(ObjectStore):
             # one a read passes over for a sound one in another pack or a loose file, and a
             # sweep spares only what was touched.
             held: str | None = None
-            found, passed = self._packed(space, name), set()
-            while found is not None:
-                pack = found[0]
+            for pack, _ in self._packed_copies(space, name):
                 if (touched is not None and pack.path in touched) or _freshen(pack.path):
                     if touched is not None:
                         touched.add(pack.path)
                     held = held or pack.path
-                passed.add(pack.name)
-                found = self.packs.locate(name, passed)
             path = self.path(space, name)
             if os.path.exists(path) and _freshen(path):
                 held = held or path

@@ -18,7 +18,6 @@ read the file by one rule (:func:`read_refs_log`).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
@@ -29,7 +28,7 @@ from typing import Any
 from ...errors import AgentSessionError, BadRefNameError, StoreError
 from ...format.canonical import canonical_bytes, loads
 from ...format.names import check_ref_name
-from ...fsutil import NotAFileError, fsync_dir, read_small, write_all, write_atomic
+from ...fsutil import NotAFileError, fsync_dir, read_regular, read_small, write_all, write_atomic
 from ...lean import dataclass
 from ..base import RefStore
 from .locks import FileLock, LockTimeout
@@ -80,7 +79,6 @@ def _name_of_file(file_name: str) -> str | None:
         return None
 
 
-
 def _end_last_line(fd: int, size: int) -> None:
     """Make the refs' log end with a whole line before a move is appended: a crash (or a
     full disk) left an append without its newline, which the reader takes only as the
@@ -103,6 +101,7 @@ def _end_last_line(fd: int, size: int) -> None:
         write_all(fd, b"\n")
     else:
         os.ftruncate(fd, cut)
+
 
 class FileRefs(RefStore):
     def __init__(self, root: str):
@@ -234,21 +233,13 @@ def read_refs_log(root: str) -> RefsLog:
     not a regular one is a :class:`StoreError` naming it; no file is an empty history."""
     path = os.path.join(root, "refs.log")
     try:
-        # Not followed when a link (the store makes none; a move's append refuses one).
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        data = read_regular(path)  # (no link followed: the store makes none, a move's append refuses one)
     except FileNotFoundError:
         return RefsLog(path, [], [])
-    except OSError as exc:
-        why = "a symbolic link; the store makes none" if exc.errno == errno.ELOOP else exc.strerror
-        raise StoreError(f"the refs' log {path} cannot be read: {why}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise StoreError(f"the refs' log {path} cannot be read: it is not a regular file")
-        data = _read_fd(fd)
+    except NotAFileError as exc:
+        raise StoreError(f"the refs' log {path} cannot be read: {exc}") from None
     except OSError as exc:
         raise StoreError(f"the refs' log {path} cannot be read: {exc.strerror}") from None
-    finally:
-        os.close(fd)
     lines = data.split(b"\n")
     out = RefsLog(path, [], [])
     for n, line in enumerate(lines, start=1):
@@ -272,9 +263,3 @@ def _move_of(line: bytes) -> dict[str, Any] | None:
         return None
     return move if isinstance(move, dict) else None
 
-
-def _read_fd(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)

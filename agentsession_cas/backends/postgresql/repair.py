@@ -240,13 +240,17 @@ def _row_fixes(backend: PostgresBackend, conn: Any, key: int,
     hash :func:`log_rows` writes of that record, and the content its entry's envelope
     names where the row named one and the envelope reads, else none)."""
     records = {pos: parse_record(text) for pos, text in texts}
+    named_by: dict[bytes, bytes | None] = {}  # (each envelope read once: a fix asks again)
 
     def content_of(raw: bytes) -> bytes | None:
-        try:
-            name = envelope_content(backend.objects.get("entries", hash_name(raw)))
-        except AgentSessionError:
-            return None
-        return raw_hash(name) if name is not None else None
+        raw = bytes(raw)
+        if raw not in named_by:
+            try:
+                name = envelope_content(backend.objects.get("entries", hash_name(raw)))
+            except AgentSessionError:
+                name = None
+            named_by[raw] = raw_hash(name) if name is not None else None
+        return named_by[raw]
 
     fixes: list[tuple[int, str, tuple[Any, ...]]] = []
     for pos, op, seq, raw, content in conn.execute(
